@@ -1,0 +1,117 @@
+//! The crate's one error type: every failure names the path it concerns and why it failed.
+
+use std::path::PathBuf;
+
+/// Everything that can go wrong while indexing, reading, generating or inspecting a dataset.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// A file-system call failed on `path`.
+    #[error("i/o error on {path}: {source}")]
+    Io {
+        /// The file or folder the call was about.
+        path: PathBuf,
+        /// What the operating system reported.
+        source: std::io::Error,
+    },
+
+    /// The dataset root does not exist.
+    #[error("dataset root {0} does not exist")]
+    RootNotFound(PathBuf),
+
+    /// The path exists but is a file (or something else), where a folder was expected.
+    #[error("{0} is not a directory")]
+    NotADirectory(PathBuf),
+
+    /// The root holds no subfolders, so there is no class to index.
+    #[error("found no class folder in {0}: an image folder holds one subfolder per class")]
+    NoClasses(PathBuf),
+
+    /// Class folders exist but none of them holds a file with an image extension.
+    #[error("found no image file in any class folder of {0}")]
+    EmptyDataset(PathBuf),
+
+    /// Some class folders hold no image file; torchvision refuses such a folder too.
+    #[error("found no image file for the classes {} in {root}", classes.join(", "))]
+    EmptyClasses {
+        /// The dataset root.
+        root: PathBuf,
+        /// The class folders without an image, in class order.
+        classes: Vec<String>,
+    },
+
+    /// A sample index past the end of the dataset.
+    #[error("sample index {index} is out of range for a dataset of {len} samples")]
+    IndexOutOfRange {
+        /// The index asked for.
+        index: u64,
+        /// The number of samples in the dataset.
+        len: u64,
+    },
+
+    /// A dataset index that would not fit the compact in-memory layout.
+    #[error("dataset under {0} is too large to index (more than 2^32 folders or classes)")]
+    TooLarge(PathBuf),
+
+    /// The generator was asked for something it cannot make.
+    #[error("invalid synthetic dataset spec: {0}")]
+    InvalidSpec(String),
+
+    /// The generator's output folder holds files that are not a generated dataset.
+    #[error(
+        "{0} is not empty and is not a stoker-generated dataset; \
+         choose an empty or new folder"
+    )]
+    OutputNotEmpty(PathBuf),
+
+    /// The generator's output folder holds a generated dataset made from another spec.
+    #[error(
+        "{path} already holds a generated dataset with {found}; \
+         delete it or choose another folder"
+    )]
+    OutputHoldsOtherDataset {
+        /// The output folder.
+        path: PathBuf,
+        /// The spec of the set found there, in words.
+        found: String,
+    },
+
+    /// A dataset manifest could not be read or written.
+    #[error("bad dataset manifest {path}: {source}")]
+    Manifest {
+        /// The manifest file.
+        path: PathBuf,
+        /// Why it could not be parsed or written.
+        source: serde_json::Error,
+    },
+
+    /// libjpeg-turbo failed to encode a generated image.
+    #[error("jpeg encoding failed for {path}: {source}")]
+    JpegEncode {
+        /// The file being written.
+        path: PathBuf,
+        /// What libjpeg-turbo reported.
+        source: turbojpeg::Error,
+    },
+
+    /// The PNG encoder failed on a generated image.
+    #[error("png encoding failed for {path}: {source}")]
+    PngEncode {
+        /// The file being written.
+        path: PathBuf,
+        /// What the encoder reported.
+        source: png::EncodingError,
+    },
+}
+
+/// The crate's result type.
+pub type Result<T> = std::result::Result<T, Error>;
+
+impl Error {
+    /// Wraps an I/O error with the path it concerns.
+    pub(crate) fn io(path: impl Into<PathBuf>, source: std::io::Error) -> Error {
+        Error::Io {
+            path: path.into(),
+            source,
+        }
+    }
+}

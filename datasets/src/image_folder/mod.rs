@@ -1,0 +1,257 @@
+//! `ImageFolder`: a `root/<class>/**/<image>` tree indexed exactly like torchvision's
+//! `datasets.ImageFolder`, kept compact enough for tens of millions of files.
+
+mod listing;
+mod python_order;
+
+use std::fmt;
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use rayon::prelude::*;
+use tracing::info;
+
+use crate::error::{Error, Result};
+use crate::sample_source::SampleSource;
+use listing::{find_classes, list_class, FolderListing};
+use python_order::path_from_bytes;
+
+/// A folder of images with one subfolder per class, indexed the way torchvision's
+/// `ImageFolder` indexes it: sample `i` and its label are the same in both.
+///
+/// The index holds no `PathBuf` per sample: file names live in one byte buffer with one end
+/// offset each, and the folder (hence the label) of a sample is found by binary search over
+/// the folders, which are few. That is about `name length + 8` bytes per sample.
+pub struct ImageFolder {
+    root: PathBuf,
+    class_names: Vec<String>,
+    folders: Vec<IndexedFolder>,
+    names: Vec<u8>,
+    name_ends: Vec<u64>,
+}
+
+/// A folder holding at least one image; its samples are `first_sample..` up to the next
+/// folder's first sample.
+struct IndexedFolder {
+    first_sample: u64,
+    label: u32,
+    relative: Box<[u8]>,
+}
+
+impl ImageFolder {
+    /// Indexes the image folder at `root`.
+    ///
+    /// Fails when `root` is missing or not a folder, holds no class folder, or when a class
+    /// folder holds no image (torchvision refuses that too).
+    pub fn open(root: &Path) -> Result<ImageFolder> {
+        let started = Instant::now();
+        let metadata = match std::fs::metadata(root) {
+            Ok(metadata) => metadata,
+            Err(source) if source.kind() == std::io::ErrorKind::NotFound => {
+                return Err(Error::RootNotFound(root.to_path_buf()));
+            }
+            Err(source) => return Err(Error::io(root, source)),
+        };
+        if !metadata.is_dir() {
+            return Err(Error::NotADirectory(root.to_path_buf()));
+        }
+        let classes = find_classes(root)?;
+        if classes.is_empty() {
+            return Err(Error::NoClasses(root.to_path_buf()));
+        }
+        if u32::try_from(classes.len()).is_err() {
+            return Err(Error::TooLarge(root.to_path_buf()));
+        }
+
+        let listings: Vec<Vec<FolderListing>> = classes
+            .par_iter()
+            .map(|class| list_class(root, &class.name_bytes))
+            .collect();
+
+        let class_names: Vec<String> = classes.into_iter().map(|class| class.name).collect();
+        let empty_classes: Vec<String> = listings
+            .iter()
+            .zip(&class_names)
+            .filter(|(folders, _)| folders.is_empty())
+            .map(|(_, name)| name.clone())
+            .collect();
+        if empty_classes.len() == class_names.len() {
+            return Err(Error::EmptyDataset(root.to_path_buf()));
+        }
+        if !empty_classes.is_empty() {
+            return Err(Error::EmptyClasses {
+                root: root.to_path_buf(),
+                classes: empty_classes,
+            });
+        }
+
+        let mut folder = ImageFolder {
+            root: root.to_path_buf(),
+            class_names,
+            folders: Vec::new(),
+            names: Vec::new(),
+            name_ends: Vec::new(),
+        };
+        for (label, class_folders) in (0u32..).zip(listings) {
+            for listing in class_folders {
+                folder.append(label, listing);
+            }
+        }
+        folder.names.shrink_to_fit();
+        folder.name_ends.shrink_to_fit();
+        info!(
+            root = %root.display(),
+            classes = folder.class_names.len(),
+            samples = folder.len(),
+            elapsed_ms = started.elapsed().as_millis() as u64,
+            "indexed image folder"
+        );
+        Ok(folder)
+    }
+
+    fn append(&mut self, label: u32, listing: FolderListing) {
+        self.folders.push(IndexedFolder {
+            first_sample: self.name_ends.len() as u64,
+            label,
+            relative: listing.relative.into_boxed_slice(),
+        });
+        let base = self.names.len() as u64;
+        self.names.extend_from_slice(&listing.names);
+        self.name_ends
+            .extend(listing.name_ends.iter().map(|end| base + *end as u64));
+    }
+
+    /// The folder the dataset was opened from.
+    pub fn root(&self) -> &Path {
+        &self.root
+    }
+
+    /// The full path of sample `index`, or `None` past the end.
+    pub fn path(&self, index: u64) -> Option<PathBuf> {
+        let (folder, name) = self.locate(index)?;
+        let mut path = self.root.join(path_from_bytes(&folder.relative));
+        path.push(path_from_bytes(name));
+        Some(path)
+    }
+
+    /// The folder holding sample `index` and the sample's file name.
+    fn locate(&self, index: u64) -> Option<(&IndexedFolder, &[u8])> {
+        let position = usize::try_from(index).ok()?;
+        let end = usize::try_from(*self.name_ends.get(position)?).ok()?;
+        let start = match position {
+            0 => 0,
+            _ => usize::try_from(self.name_ends[position - 1]).ok()?,
+        };
+        let folder_position = self
+            .folders
+            .partition_point(|folder| folder.first_sample <= index)
+            .checked_sub(1)?;
+        Some((&self.folders[folder_position], &self.names[start..end]))
+    }
+}
+
+impl SampleSource for ImageFolder {
+    fn len(&self) -> u64 {
+        self.name_ends.len() as u64
+    }
+
+    fn label(&self, index: u64) -> i64 {
+        match self.locate(index) {
+            Some((folder, _)) => i64::from(folder.label),
+            None => panic!(
+                "sample index {index} is out of range for an image folder of {} samples",
+                self.len()
+            ),
+        }
+    }
+
+    fn describe(&self, index: u64) -> String {
+        match self.path(index) {
+            Some(path) => path.display().to_string(),
+            None => format!(
+                "sample {index} (out of range for {} with {} samples)",
+                self.root.display(),
+                self.len()
+            ),
+        }
+    }
+
+    fn read(&self, index: u64) -> Result<Vec<u8>> {
+        let path = self.path(index).ok_or(Error::IndexOutOfRange {
+            index,
+            len: self.len(),
+        })?;
+        std::fs::read(&path).map_err(|source| Error::io(path, source))
+    }
+
+    fn class_names(&self) -> &[String] {
+        &self.class_names
+    }
+}
+
+impl fmt::Debug for ImageFolder {
+    fn fmt(&self, formatter: &mut fmt::Formatter<'_>) -> fmt::Result {
+        formatter
+            .debug_struct("ImageFolder")
+            .field("root", &self.root)
+            .field("classes", &self.class_names.len())
+            .field("samples", &self.len())
+            .finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn touch(root: &Path, relative: &str) {
+        let path = root.join(relative);
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        std::fs::write(path, relative.as_bytes()).unwrap();
+    }
+
+    #[test]
+    fn locate_finds_folder_boundaries() {
+        let temp = tempfile::tempdir().unwrap();
+        touch(temp.path(), "a/1.jpg");
+        touch(temp.path(), "a/x/2.jpg");
+        touch(temp.path(), "a/x/3.jpg");
+        touch(temp.path(), "b/4.png");
+        let folder = ImageFolder::open(temp.path()).unwrap();
+        let labels: Vec<i64> = (0..folder.len()).map(|index| folder.label(index)).collect();
+        assert_eq!(labels, [0, 0, 0, 1]);
+        assert_eq!(folder.read(2).unwrap(), b"a/x/3.jpg");
+        assert_eq!(folder.read(3).unwrap(), b"b/4.png");
+        assert!(folder.path(4).is_none());
+        assert!(folder.describe(4).contains("out of range"));
+    }
+
+    #[test]
+    #[should_panic(expected = "out of range")]
+    fn label_past_the_end_panics_with_a_message() {
+        let temp = tempfile::tempdir().unwrap();
+        touch(temp.path(), "a/1.jpg");
+        let folder = ImageFolder::open(temp.path()).unwrap();
+        folder.label(1);
+    }
+
+    #[cfg(unix)]
+    #[test]
+    fn symlinked_folders_are_followed_and_loops_stop() {
+        let temp = tempfile::tempdir().unwrap();
+        touch(temp.path(), "a/1.jpg");
+        touch(temp.path(), "elsewhere/2.jpg");
+        std::os::unix::fs::symlink(temp.path().join("elsewhere"), temp.path().join("a/link"))
+            .unwrap();
+        std::os::unix::fs::symlink(temp.path().join("a"), temp.path().join("a/loop")).unwrap();
+        let folder = ImageFolder::open(&temp.path().join("a").join("..")).unwrap();
+        let paths: Vec<String> = (0..folder.len())
+            .map(|index| folder.describe(index))
+            .collect();
+        // Classes "a" and "elsewhere"; "a/loop" leads back to "a", so it is not walked.
+        assert_eq!(paths.len(), 3, "{paths:?}");
+        assert!(paths[0].ends_with("a/1.jpg"), "{paths:?}");
+        assert!(paths[1].ends_with("a/link/2.jpg"), "{paths:?}");
+        assert!(paths[2].ends_with("elsewhere/2.jpg"), "{paths:?}");
+    }
+}

@@ -1,0 +1,247 @@
+//! Dataset statistics from image headers alone (`stoker inspect`): formats, sizes and pixel
+//! counts, to size decode buffers and choose a pixel limit before training.
+
+use std::collections::BTreeMap;
+use std::fs::File;
+use std::io::{BufRead, BufReader};
+use std::path::Path;
+
+use rayon::prelude::*;
+use serde::Serialize;
+use tracing::{debug, info};
+
+use crate::error::Result;
+use crate::image_folder::ImageFolder;
+use crate::image_format::{sniff_format, ImageFormat};
+use crate::sample_source::SampleSource;
+
+/// Statistics of an image folder, read from file headers only.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct DatasetReport {
+    /// Number of samples.
+    pub samples: u64,
+    /// Each class name with its number of samples, in label order.
+    pub classes: Vec<(String, u64)>,
+    /// Sample count per format: `"jpeg"`, `"png"`, `"other:EXT"` (by lowercased extension, for
+    /// files whose size could be read but that are neither), and `"unreadable"` (missing,
+    /// truncated or unknown headers). Most frequent first.
+    pub formats: Vec<(String, u64)>,
+    /// Widths in pixels, over readable samples.
+    pub width: Summary,
+    /// Heights in pixels, over readable samples.
+    pub height: Summary,
+    /// File sizes in bytes, over readable samples.
+    pub file_bytes: Summary,
+    /// Readable samples with more than `pixel_limit` pixels (width x height).
+    pub pixels_over_limit: u64,
+}
+
+/// Minimum, mean, maximum and median of a quantity; all zero when there is no value.
+#[derive(Debug, Clone, Copy, PartialEq, Default, Serialize)]
+pub struct Summary {
+    /// Smallest value.
+    pub min: f64,
+    /// Arithmetic mean.
+    pub mean: f64,
+    /// Largest value.
+    pub max: f64,
+    /// Median (the mean of the two middle values when their number is even).
+    pub p50: f64,
+}
+
+impl Summary {
+    /// Summarises `values`, reordering them.
+    fn of(values: &mut [u64]) -> Summary {
+        if values.is_empty() {
+            return Summary::default();
+        }
+        values.sort_unstable();
+        let count = values.len();
+        let total: u128 = values.iter().map(|value| u128::from(*value)).sum();
+        let middle = count / 2;
+        let p50 = if count % 2 == 1 {
+            values[middle] as f64
+        } else {
+            (values[middle - 1] as f64 + values[middle] as f64) / 2.0
+        };
+        Summary {
+            min: values[0] as f64,
+            mean: total as f64 / count as f64,
+            max: values[count - 1] as f64,
+            p50,
+        }
+    }
+}
+
+/// What one file's header said.
+enum HeaderFacts {
+    Readable {
+        format: ImageFormat,
+        width: u64,
+        height: u64,
+        file_bytes: u64,
+    },
+    Unreadable,
+}
+
+/// Reads every sample's header in parallel and summarises formats and sizes.
+///
+/// A file that is missing or whose header cannot be parsed counts as `"unreadable"`; it never
+/// fails the report. `pixel_limit` is the decode limit to check against (see
+/// [`DatasetReport::pixels_over_limit`]).
+pub fn inspect_image_folder(folder: &ImageFolder, pixel_limit: u64) -> Result<DatasetReport> {
+    let started = std::time::Instant::now();
+    let facts: Vec<(HeaderFacts, Option<String>)> = (0..folder.len())
+        .into_par_iter()
+        .map(|index| {
+            let Some(path) = folder.path(index) else {
+                return (HeaderFacts::Unreadable, None);
+            };
+            let facts = read_header_facts(&path);
+            let extension = match facts {
+                HeaderFacts::Readable {
+                    format: ImageFormat::Other,
+                    ..
+                } => Some(lowercase_extension(&path)),
+                _ => None,
+            };
+            (facts, extension)
+        })
+        .collect();
+
+    let mut class_counts = vec![0u64; folder.class_names().len()];
+    for index in 0..folder.len() {
+        if let Some(count) = usize::try_from(folder.label(index))
+            .ok()
+            .and_then(|label| class_counts.get_mut(label))
+        {
+            *count += 1;
+        }
+    }
+
+    let mut format_counts: BTreeMap<String, u64> = BTreeMap::new();
+    let mut widths = Vec::with_capacity(facts.len());
+    let mut heights = Vec::with_capacity(facts.len());
+    let mut file_sizes = Vec::with_capacity(facts.len());
+    let mut pixels_over_limit = 0;
+    for (facts, extension) in facts {
+        let format_name = match (&facts, extension) {
+            (HeaderFacts::Unreadable, _) => "unreadable".to_owned(),
+            (_, Some(extension)) => format!("other:{extension}"),
+            (
+                HeaderFacts::Readable {
+                    format: ImageFormat::Png,
+                    ..
+                },
+                None,
+            ) => "png".to_owned(),
+            (HeaderFacts::Readable { .. }, None) => "jpeg".to_owned(),
+        };
+        *format_counts.entry(format_name).or_default() += 1;
+        if let HeaderFacts::Readable {
+            width,
+            height,
+            file_bytes,
+            ..
+        } = facts
+        {
+            widths.push(width);
+            heights.push(height);
+            file_sizes.push(file_bytes);
+            if width.saturating_mul(height) > pixel_limit {
+                pixels_over_limit += 1;
+            }
+        }
+    }
+    let mut formats: Vec<(String, u64)> = format_counts.into_iter().collect();
+    formats.sort_by(|left, right| right.1.cmp(&left.1).then_with(|| left.0.cmp(&right.0)));
+
+    let report = DatasetReport {
+        samples: folder.len(),
+        classes: folder
+            .class_names()
+            .iter()
+            .cloned()
+            .zip(class_counts)
+            .collect(),
+        formats,
+        width: Summary::of(&mut widths),
+        height: Summary::of(&mut heights),
+        file_bytes: Summary::of(&mut file_sizes),
+        pixels_over_limit,
+    };
+    info!(
+        root = %folder.root().display(),
+        samples = report.samples,
+        elapsed_ms = started.elapsed().as_millis() as u64,
+        "inspected image folder"
+    );
+    Ok(report)
+}
+
+fn read_header_facts(path: &Path) -> HeaderFacts {
+    let file = match File::open(path) {
+        Ok(file) => file,
+        Err(error) => {
+            debug!(path = %path.display(), %error, "cannot open sample");
+            return HeaderFacts::Unreadable;
+        }
+    };
+    let file_bytes = match file.metadata() {
+        Ok(metadata) => metadata.len(),
+        Err(error) => {
+            debug!(path = %path.display(), %error, "cannot stat sample");
+            return HeaderFacts::Unreadable;
+        }
+    };
+    let mut reader = BufReader::new(file);
+    // Peeking through the buffer leaves the reader at offset 0 for the size parser.
+    let format = match reader.fill_buf() {
+        Ok(head) => sniff_format(head),
+        Err(error) => {
+            debug!(path = %path.display(), %error, "cannot read sample");
+            return HeaderFacts::Unreadable;
+        }
+    };
+    match imagesize::reader_size(reader) {
+        Ok(size) => HeaderFacts::Readable {
+            format,
+            width: size.width as u64,
+            height: size.height as u64,
+            file_bytes,
+        },
+        Err(error) => {
+            debug!(path = %path.display(), %error, "cannot parse image header");
+            HeaderFacts::Unreadable
+        }
+    }
+}
+
+fn lowercase_extension(path: &Path) -> String {
+    path.extension()
+        .map(|extension| extension.to_string_lossy().to_ascii_lowercase())
+        .unwrap_or_default()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn summary_of_odd_and_even_counts() {
+        let odd = Summary::of(&mut [5, 1, 3]);
+        assert_eq!(
+            odd,
+            Summary {
+                min: 1.0,
+                mean: 3.0,
+                max: 5.0,
+                p50: 3.0
+            }
+        );
+        let even = Summary::of(&mut [4, 1, 3, 2]);
+        assert_eq!(even.p50, 2.5);
+        assert_eq!(even.mean, 2.5);
+        assert_eq!(Summary::of(&mut []), Summary::default());
+    }
+}

@@ -1,0 +1,44 @@
+//! Stoker's data sources: where samples come from before workers decode them.
+//!
+//! - [`SampleSource`]: the interface the pipeline reads through, samples addressed by a dense
+//!   index `0..len` with a label each.
+//! - [`ImageFolder`]: a `root/<class>/**/<image>` tree indexed exactly like torchvision's
+//!   `datasets.ImageFolder`, so sample `i` and its label match a PyTorch run.
+//! - [`generate_imagenet_like`]: writes a seeded, ImageNet-like image folder for benchmarks.
+//! - [`inspect_image_folder`]: format and size statistics from image headers.
+//! - [`sniff_format`]: tells JPEG from PNG by magic bytes, for decode decisions.
+//!
+//! ```
+//! use stoker_datasets::{
+//!     generate_imagenet_like, sniff_format, ImageFolder, ImageFormat, SampleSource,
+//!     SyntheticImageNetSpec,
+//! };
+//!
+//! let out = tempfile::tempdir()?;
+//! let spec = SyntheticImageNetSpec { count: 12, seed: 7, classes: 3 };
+//! let generated = generate_imagenet_like(out.path(), &spec, &|_files_done| {})?;
+//! assert_eq!(generated.files, 12);
+//!
+//! let folder = ImageFolder::open(out.path())?;
+//! assert_eq!(folder.len(), 12);
+//! assert_eq!(folder.class_names(), ["class_00", "class_01", "class_02"]);
+//! assert_eq!(folder.label(0), 0);
+//! assert_eq!(sniff_format(&folder.read(0)?), ImageFormat::Jpeg);
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+
+#![cfg_attr(test, allow(clippy::unwrap_used))]
+
+mod error;
+mod image_folder;
+mod image_format;
+mod inspect;
+mod sample_source;
+mod synthetic;
+
+pub use error::{Error, Result};
+pub use image_folder::ImageFolder;
+pub use image_format::{sniff_format, ImageFormat};
+pub use inspect::{inspect_image_folder, DatasetReport, Summary};
+pub use sample_source::SampleSource;
+pub use synthetic::{generate_imagenet_like, GeneratedDataset, SyntheticImageNetSpec};

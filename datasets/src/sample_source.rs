@@ -1,0 +1,39 @@
+//! The interface every dataset format offers to the pipeline: samples addressed by a dense index.
+
+use crate::error::Result;
+
+/// A dataset of (encoded bytes, label) samples addressed by a dense index `0..len`.
+///
+/// Implementations are shared between decode threads, so they are `Send + Sync` and reading
+/// takes `&self`.
+pub trait SampleSource: Send + Sync {
+    /// Number of samples.
+    fn len(&self) -> u64;
+
+    /// Whether the dataset holds no sample.
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The class label of sample `index`.
+    ///
+    /// # Panics
+    ///
+    /// May panic when `index >= len()`, like slice indexing: indices come from the epoch
+    /// planner, which never goes past `len()`.
+    fn label(&self, index: u64) -> i64;
+
+    /// Human-readable location of the sample (its file path) for logs and errors.
+    ///
+    /// Never fails: an index out of range is described as such.
+    fn describe(&self, index: u64) -> String;
+
+    /// Reads the sample's encoded bytes.
+    ///
+    /// A missing or unreadable file gives an error naming its path; an index out of range gives
+    /// [`Error::IndexOutOfRange`](crate::Error::IndexOutOfRange).
+    fn read(&self, index: u64) -> Result<Vec<u8>>;
+
+    /// Class names, indexed by label.
+    fn class_names(&self) -> &[String];
+}

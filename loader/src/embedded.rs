@@ -1,0 +1,273 @@
+//! The embedded loader: one process plans the epoch, decodes on its own thread pool and yields
+//! batches in step order, with a bounded number of batches in flight.
+//!
+//! Each batch is one rayon task whose samples run in parallel on the same pool, so the first
+//! batch arrives after one batch's worth of work spread over every thread. At most `prefetch`
+//! batches are being built or waiting at any time: memory stays bounded however slowly the
+//! consumer pulls. Every wait has a deadline, and a timeout names the step it waited for.
+
+use std::collections::BTreeMap;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
+use stoker_proto::v1::{Batch, JobSpec};
+
+use crate::error::{Error, Result};
+use crate::job::Job;
+use crate::planner::EpochPlan;
+use crate::stats::{LoaderStats, StatsRecorder};
+
+/// How the embedded loader runs.
+#[derive(Debug, Clone)]
+pub struct LoaderOptions {
+    /// Decode threads (0: one per available core).
+    pub threads: usize,
+    /// Batches in flight or waiting (0: twice the thread count, at least 2).
+    pub prefetch: usize,
+    /// The longest `next()` waits for one batch before it fails with [`Error::Timeout`].
+    pub deadline: Duration,
+}
+
+impl Default for LoaderOptions {
+    fn default() -> Self {
+        Self {
+            threads: 0,
+            prefetch: 0,
+            deadline: Duration::from_secs(600),
+        }
+    }
+}
+
+/// The embedded loader of one job.
+pub struct Loader {
+    job: Arc<Job>,
+    pool: Arc<rayon::ThreadPool>,
+    threads: usize,
+    prefetch: usize,
+    deadline: Duration,
+    stats: Arc<Mutex<StatsRecorder>>,
+}
+
+impl Loader {
+    /// Opens the job and starts its decode threads.
+    pub fn new(spec: JobSpec, options: LoaderOptions) -> Result<Loader> {
+        Self::from_job(Job::open(spec)?, options)
+    }
+
+    /// A loader over an opened job.
+    pub fn from_job(job: Job, options: LoaderOptions) -> Result<Loader> {
+        let threads = if options.threads == 0 {
+            std::thread::available_parallelism().map_or(1, |n| n.get())
+        } else {
+            options.threads
+        };
+        let prefetch = if options.prefetch == 0 {
+            (threads * 2).max(2)
+        } else {
+            options.prefetch
+        };
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(threads)
+            .thread_name(|i| format!("stoker-decode-{i}"))
+            .panic_handler(|_| tracing::error!("decode thread panicked"))
+            .build()
+            .map_err(|e| Error::Threads(e.to_string()))?;
+        Ok(Loader {
+            job: Arc::new(job),
+            pool: Arc::new(pool),
+            threads,
+            prefetch,
+            deadline: options.deadline,
+            stats: Arc::new(Mutex::new(StatsRecorder::new())),
+        })
+    }
+
+    /// The job.
+    pub fn job(&self) -> &Job {
+        &self.job
+    }
+
+    /// Decode threads.
+    pub fn threads(&self) -> usize {
+        self.threads
+    }
+
+    /// Batches in flight or waiting, at most.
+    pub fn prefetch(&self) -> usize {
+        self.prefetch
+    }
+
+    /// Steps per epoch for this rank.
+    pub fn steps_per_epoch(&self) -> Result<u64> {
+        Ok(self.job.plan(0)?.steps())
+    }
+
+    /// Statistics so far, over every epoch this loader ran.
+    pub fn stats(&self) -> LoaderStats {
+        self.stats
+            .lock()
+            .map(|recorder| recorder.snapshot())
+            .unwrap_or_default()
+    }
+
+    /// Starts `epoch` at `start_step` (0 for the beginning; a later step resumes mid-epoch
+    /// with no replay).
+    pub fn epoch(&self, epoch: u64, start_step: u64) -> Result<EpochStream> {
+        let plan = Arc::new(self.job.plan(epoch)?);
+        if start_step > plan.steps() {
+            return Err(Error::InvalidSpec(format!(
+                "start step {start_step} is past the end of the epoch ({} steps)",
+                plan.steps()
+            )));
+        }
+        let (sender, receiver) = crossbeam_channel::unbounded();
+        let mut stream = EpochStream {
+            job: Arc::clone(&self.job),
+            pool: Arc::clone(&self.pool),
+            plan,
+            sender,
+            receiver,
+            cancelled: Arc::new(AtomicBool::new(false)),
+            ready: BTreeMap::new(),
+            next_step: start_step,
+            next_to_dispatch: start_step,
+            prefetch: self.prefetch,
+            threads: self.threads,
+            deadline: self.deadline,
+            stats: Arc::clone(&self.stats),
+        };
+        if let Ok(mut stats) = self.stats.lock() {
+            stats.epoch_started();
+        }
+        stream.top_up();
+        Ok(stream)
+    }
+}
+
+type BatchResult = (u64, Result<Batch>);
+
+/// The batches of one epoch, in step order. Dropping it cancels the work not yet started.
+pub struct EpochStream {
+    job: Arc<Job>,
+    pool: Arc<rayon::ThreadPool>,
+    plan: Arc<EpochPlan>,
+    sender: Sender<BatchResult>,
+    receiver: Receiver<BatchResult>,
+    cancelled: Arc<AtomicBool>,
+    ready: BTreeMap<u64, Result<Batch>>,
+    next_step: u64,
+    next_to_dispatch: u64,
+    prefetch: usize,
+    threads: usize,
+    deadline: Duration,
+    stats: Arc<Mutex<StatsRecorder>>,
+}
+
+impl EpochStream {
+    /// The plan being walked.
+    pub fn plan(&self) -> &EpochPlan {
+        &self.plan
+    }
+
+    /// The step the next batch will have.
+    pub fn next_step(&self) -> u64 {
+        self.next_step
+    }
+
+    /// Batches being built or waiting right now.
+    pub fn in_flight(&self) -> usize {
+        (self.next_to_dispatch - self.next_step) as usize
+    }
+
+    fn top_up(&mut self) {
+        while self.next_to_dispatch < self.plan.steps()
+            && (self.next_to_dispatch - self.next_step) < self.prefetch as u64
+        {
+            let step = self.next_to_dispatch;
+            self.next_to_dispatch += 1;
+            let job = Arc::clone(&self.job);
+            let plan = Arc::clone(&self.plan);
+            let sender = self.sender.clone();
+            let cancelled = Arc::clone(&self.cancelled);
+            self.pool.spawn(move || {
+                if cancelled.load(Ordering::Relaxed) {
+                    return;
+                }
+                let result = catch_unwind(AssertUnwindSafe(|| job.batch(&plan, step)))
+                    .unwrap_or_else(|panic| {
+                        let message = panic
+                            .downcast_ref::<&str>()
+                            .map(|s| s.to_string())
+                            .or_else(|| panic.downcast_ref::<String>().cloned())
+                            .unwrap_or_else(|| "unknown panic".into());
+                        Err(Error::Stopped(format!(
+                            "a decode thread panicked building step {step}: {message}"
+                        )))
+                    });
+                // The stream may be gone; then nobody wants the batch.
+                let _ = sender.send((step, result));
+            });
+        }
+    }
+
+    /// The next batch in step order, `None` at the end of the epoch.
+    pub fn next_batch(&mut self) -> Result<Option<Batch>> {
+        if self.next_step >= self.plan.steps() {
+            return Ok(None);
+        }
+        let started = Instant::now();
+        let step = self.next_step;
+        while !self.ready.contains_key(&step) {
+            let remaining = self.deadline.saturating_sub(started.elapsed());
+            match self.receiver.recv_timeout(remaining) {
+                Ok((done, result)) => {
+                    self.ready.insert(done, result);
+                }
+                Err(RecvTimeoutError::Timeout) => {
+                    let error = Error::Timeout {
+                        epoch: self.plan.epoch(),
+                        step,
+                        rank: self.plan.config().rank,
+                        waited: started.elapsed(),
+                        in_flight: self.in_flight(),
+                        threads: self.threads,
+                    };
+                    tracing::error!(%error, "loader.next timed out");
+                    return Err(error);
+                }
+                Err(RecvTimeoutError::Disconnected) => {
+                    return Err(Error::Stopped("the decode pool shut down".into()))
+                }
+            }
+        }
+        let waited = started.elapsed();
+        let result = self
+            .ready
+            .remove(&step)
+            .ok_or_else(|| Error::Stopped(format!("step {step} vanished")))?;
+        self.next_step += 1;
+        self.top_up();
+        let batch = result?;
+        if let Ok(mut stats) = self.stats.lock() {
+            stats.record_batch(&batch, waited, self.in_flight());
+        }
+        Ok(Some(batch))
+    }
+}
+
+impl Iterator for EpochStream {
+    type Item = Result<Batch>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        self.next_batch().transpose()
+    }
+}
+
+impl Drop for EpochStream {
+    fn drop(&mut self) {
+        self.cancelled.store(true, Ordering::Relaxed);
+    }
+}

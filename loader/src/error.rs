@@ -1,0 +1,42 @@
+//! The loader's error type.
+
+use std::time::Duration;
+
+/// Everything that can stop the loader from yielding a batch.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The job spec is not usable; the message names the field.
+    #[error("invalid job spec: {0}")]
+    InvalidSpec(String),
+    /// The dataset could not be opened.
+    #[error(transparent)]
+    Dataset(#[from] stoker_datasets::Error),
+    /// A worker-side failure (bad pipeline, bad sample under the fail policy).
+    #[error(transparent)]
+    Worker(#[from] stoker_worker::Error),
+    /// `next()` waited past its deadline.
+    #[error("timed out after {waited:?} waiting for epoch {epoch} step {step} (rank {rank}); {in_flight} batches in flight on {threads} threads")]
+    Timeout {
+        /// Epoch waited for.
+        epoch: u64,
+        /// Step waited for.
+        step: u64,
+        /// Rank.
+        rank: u32,
+        /// How long.
+        waited: Duration,
+        /// Batches being produced at the time.
+        in_flight: usize,
+        /// Decode threads.
+        threads: usize,
+    },
+    /// The loader's threads are gone (a panic in a decode thread, or shutdown).
+    #[error("the loader stopped: {0}")]
+    Stopped(String),
+    /// A thread pool could not be built.
+    #[error("cannot start decode threads: {0}")]
+    Threads(String),
+}
+
+/// Result alias for the loader crate.
+pub type Result<T> = std::result::Result<T, Error>;

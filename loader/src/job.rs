@@ -1,0 +1,127 @@
+//! A job opened from its spec: the dataset, the checked pipeline and the planner inputs. Every
+//! batch of the job is a pure function of (spec, epoch, rank, step); [`Job::batch`] computes one.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use stoker_datasets::{ImageFolder, SampleSource};
+use stoker_proto::v1::{self as proto, BadSamplePolicy, DatasetFormat, JobSpec, UnevenTail};
+use stoker_worker::{BatchAssembler, BatchKey, Pipeline};
+
+use crate::error::{Error, Result};
+use crate::planner::{EpochPlan, PlanConfig};
+
+/// Larger batches than this are refused as a likely mistake (a 1M-image batch of 224x224 RGB
+/// would need 150 GB).
+pub const MAX_BATCH_SIZE: u32 = 65_536;
+
+/// A job ready to produce batches.
+pub struct Job {
+    spec: JobSpec,
+    assembler: BatchAssembler,
+    plan_config: PlanConfig,
+}
+
+/// Opens the dataset a spec names.
+pub fn open_source(dataset: &proto::DatasetSource) -> Result<Arc<dyn SampleSource>> {
+    let uri = dataset.uri.trim();
+    if uri.is_empty() {
+        return Err(Error::InvalidSpec("dataset.uri is empty".into()));
+    }
+    let path = uri.strip_prefix("file://").unwrap_or(uri);
+    match dataset.format() {
+        DatasetFormat::Auto | DatasetFormat::ImageFolder => {
+            Ok(Arc::new(ImageFolder::open(Path::new(path))?))
+        }
+    }
+}
+
+impl Job {
+    /// Checks `spec`, opens its dataset and compiles its pipeline.
+    pub fn open(spec: JobSpec) -> Result<Job> {
+        let dataset = spec
+            .dataset
+            .as_ref()
+            .ok_or_else(|| Error::InvalidSpec("dataset is missing".into()))?;
+        let source = open_source(dataset)?;
+        Self::with_source(spec, source)
+    }
+
+    /// Like [`Job::open`] with an already opened source.
+    pub fn with_source(spec: JobSpec, source: Arc<dyn SampleSource>) -> Result<Job> {
+        if spec.batch_size == 0 || spec.batch_size > MAX_BATCH_SIZE {
+            return Err(Error::InvalidSpec(format!(
+                "batch_size must be in 1..={MAX_BATCH_SIZE}, got {}",
+                spec.batch_size
+            )));
+        }
+        if BadSamplePolicy::try_from(spec.on_error).is_err() {
+            return Err(Error::InvalidSpec(format!(
+                "on_error {} is not a known policy",
+                spec.on_error
+            )));
+        }
+        if UnevenTail::try_from(spec.uneven_tail).is_err() {
+            return Err(Error::InvalidSpec(format!(
+                "uneven_tail {} is not a known mode",
+                spec.uneven_tail
+            )));
+        }
+        let pipeline = Pipeline::from_ops(&spec.pipeline)?;
+        let plan_config = PlanConfig {
+            num_samples: source.len(),
+            batch_size: spec.batch_size,
+            seed: spec.seed,
+            shuffle: spec.shuffle,
+            drop_last: spec.drop_last,
+            rank: spec.rank,
+            // proto3 cannot tell 0 from unset; a world of 0 ranks means a single process.
+            world_size: spec.world_size.max(1),
+            uneven_tail: spec.uneven_tail(),
+        };
+        // Surface rank/world/batch errors now rather than at the first epoch.
+        EpochPlan::new(plan_config, 0)?;
+        let assembler = BatchAssembler::new(source, pipeline, spec.seed, spec.on_error());
+        Ok(Job {
+            spec,
+            assembler,
+            plan_config,
+        })
+    }
+
+    /// The spec.
+    pub fn spec(&self) -> &JobSpec {
+        &self.spec
+    }
+
+    /// The batch builder.
+    pub fn assembler(&self) -> &BatchAssembler {
+        &self.assembler
+    }
+
+    /// The planner inputs.
+    pub fn plan_config(&self) -> PlanConfig {
+        self.plan_config
+    }
+
+    /// The plan of `epoch` for this job's rank.
+    pub fn plan(&self, epoch: u64) -> Result<EpochPlan> {
+        EpochPlan::new(self.plan_config, epoch)
+    }
+
+    /// Builds batch `step` of `plan` on the current rayon pool.
+    pub fn batch(&self, plan: &EpochPlan, step: u64) -> Result<proto::Batch> {
+        if step >= plan.steps() {
+            return Err(Error::InvalidSpec(format!(
+                "step {step} is past the end of the epoch ({} steps)",
+                plan.steps()
+            )));
+        }
+        let key = BatchKey {
+            epoch: plan.epoch(),
+            rank: self.plan_config.rank,
+            step,
+        };
+        Ok(self.assembler.assemble(key, &plan.batch_indices(step))?)
+    }
+}

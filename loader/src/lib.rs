@@ -1,0 +1,35 @@
+//! Stoker's loader: the epoch planner, jobs opened from their spec, and the embedded loader that
+//! runs a whole pipeline in one process.
+//!
+//! A batch is a pure function of (job spec, epoch, rank, step): the [`EpochPlan`] says which
+//! samples it holds, and `stoker-worker` turns them into tensors with random draws seeded by
+//! (seed, epoch, sample index). The embedded [`Loader`] runs that on its own thread pool and
+//! yields batches in step order.
+//!
+//! ```
+//! use stoker_loader::{EpochPlan, PlanConfig};
+//! use stoker_proto::v1::UnevenTail;
+//! let config = PlanConfig {
+//!     num_samples: 10, batch_size: 4, seed: 7, shuffle: true, drop_last: false,
+//!     rank: 0, world_size: 1, uneven_tail: UnevenTail::Pad,
+//! };
+//! let plan = EpochPlan::new(config, 0).unwrap();
+//! assert_eq!(plan.steps(), 3);
+//! let mut seen: Vec<u64> = (0..3).flat_map(|s| plan.batch_indices(s)).collect();
+//! seen.sort();
+//! assert_eq!(seen, (0..10).collect::<Vec<_>>());
+//! ```
+
+mod digest;
+mod embedded;
+mod error;
+mod job;
+mod planner;
+mod stats;
+
+pub use digest::BatchDigest;
+pub use embedded::{EpochStream, Loader, LoaderOptions};
+pub use error::{Error, Result};
+pub use job::{open_source, Job, MAX_BATCH_SIZE};
+pub use planner::{EpochPlan, Permutation, PlanConfig};
+pub use stats::LoaderStats;

@@ -1,0 +1,88 @@
+//! What the loader measured: throughput, the time the consumer waited inside `next()`, and the
+//! stage timings the decode threads reported with each batch.
+
+use std::time::{Duration, Instant};
+
+use serde::Serialize;
+use stoker_proto::v1::Batch;
+
+/// A snapshot of the loader's figures since it was created.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct LoaderStats {
+    /// Batches yielded.
+    pub batches: u64,
+    /// Samples yielded.
+    pub samples: u64,
+    /// Seconds since the first epoch started.
+    pub elapsed_s: f64,
+    /// Samples per second over `elapsed_s`.
+    pub samples_per_s: f64,
+    /// Seconds the consumer spent waiting inside `next()`.
+    pub wait_s: f64,
+    /// Seconds from the start of the first epoch to its first batch.
+    pub first_batch_s: Option<f64>,
+    /// Decode-thread seconds spent reading bytes.
+    pub read_s: f64,
+    /// Decode-thread seconds spent decoding.
+    pub decode_s: f64,
+    /// Decode-thread seconds spent on crop, resize and flip.
+    pub augment_s: f64,
+    /// Decode-thread seconds spent writing the output layout.
+    pub assemble_s: f64,
+    /// Samples replaced under the skip policy.
+    pub bad_samples: u64,
+    /// Batches in flight after the last `next()`.
+    pub in_flight: usize,
+}
+
+/// Accumulates [`LoaderStats`].
+#[derive(Debug)]
+pub(crate) struct StatsRecorder {
+    started: Option<Instant>,
+    first_batch: Option<Duration>,
+    totals: LoaderStats,
+}
+
+impl StatsRecorder {
+    pub(crate) fn new() -> Self {
+        Self {
+            started: None,
+            first_batch: None,
+            totals: LoaderStats::default(),
+        }
+    }
+
+    pub(crate) fn epoch_started(&mut self) {
+        self.started.get_or_insert_with(Instant::now);
+    }
+
+    pub(crate) fn record_batch(&mut self, batch: &Batch, waited: Duration, in_flight: usize) {
+        if self.first_batch.is_none() {
+            self.first_batch = self.started.map(|s| s.elapsed());
+        }
+        let totals = &mut self.totals;
+        totals.batches += 1;
+        totals.samples += batch.sample_indices.len() as u64;
+        totals.wait_s += waited.as_secs_f64();
+        if let Some(t) = &batch.timings {
+            totals.read_s += t.read_ns as f64 * 1e-9;
+            totals.decode_s += t.decode_ns as f64 * 1e-9;
+            totals.augment_s += t.augment_ns as f64 * 1e-9;
+            totals.assemble_s += t.assemble_ns as f64 * 1e-9;
+        }
+        totals.bad_samples += batch.bad_samples.len() as u64;
+        totals.in_flight = in_flight;
+    }
+
+    pub(crate) fn snapshot(&self) -> LoaderStats {
+        let mut stats = self.totals.clone();
+        stats.elapsed_s = self.started.map_or(0.0, |s| s.elapsed().as_secs_f64());
+        stats.samples_per_s = if stats.elapsed_s > 0.0 {
+            stats.samples as f64 / stats.elapsed_s
+        } else {
+            0.0
+        };
+        stats.first_batch_s = self.first_batch.map(|d| d.as_secs_f64());
+        stats
+    }
+}

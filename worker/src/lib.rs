@@ -1,0 +1,37 @@
+//! Stoker's decode workers: the pipeline ops that turn encoded samples into tensors, and batch
+//! assembly.
+//!
+//! A job's op list (protobuf, see `stoker-proto`) is checked and fused into a [`Pipeline`]:
+//! the crop window is drawn from the image size alone, so JPEGs are decoded only over that
+//! region (and at a reduced DCT scale when it is much larger than the output), resampled once
+//! with PIL's antialiased bilinear filter, flipped, and written straight into the batch buffer.
+//! Every random draw comes from [`SampleRng`], seeded by (seed, epoch, sample index): batches
+//! do not depend on thread counts or timing.
+//!
+//! ```
+//! use stoker_worker::{presets, Pipeline};
+//! let pipeline = Pipeline::from_ops(&presets::imagenet_train(224)).unwrap();
+//! assert_eq!(pipeline.image_shape(64), vec![64, 224, 224, 3]);
+//! assert_eq!(pipeline.bytes_per_sample(), 224 * 224 * 3);
+//! ```
+
+mod batch;
+mod error;
+mod ops;
+mod pipeline;
+pub mod presets;
+mod rng;
+
+pub use batch::{BatchAssembler, BatchKey, MAX_SUBSTITUTE_TRIES};
+pub use error::{Error, Result, SampleError};
+pub use ops::decode::{
+    decode, read_header, DecodeRequest, DecodedImage, ImageHeader, DEFAULT_MAX_PIXELS,
+};
+pub use ops::geometry::{
+    center_crop_offset, random_resized_crop_window, resize_shorter_side, CropWindow,
+    RandomResizedCropRange,
+};
+pub use ops::resample::{flip_horizontal, resample, SourceWindow};
+pub use ops::tensor::{ImageDtype, ImageLayout, OutputFormat};
+pub use pipeline::{Geometry, Pipeline, SampleTimings, Scratch};
+pub use rng::SampleRng;

@@ -1,0 +1,405 @@
+//! A job's op list, checked and fused into one plan per sample: decode only the region the
+//! crop needs, resample it once into the output size, flip, and write the output tensor.
+
+use std::time::Instant;
+
+use fast_image_resize::Resizer;
+use stoker_proto::v1::{self as proto, op::Op as OpKind};
+
+use crate::error::{Error, Result, SampleError};
+use crate::ops::decode::{self, DecodeRequest, DecodedImage, ImageHeader, DEFAULT_MAX_PIXELS};
+use crate::ops::geometry::{
+    center_crop_offset, random_resized_crop_window, resize_shorter_side, RandomResizedCropRange,
+};
+use crate::ops::resample::{flip_horizontal, resample, SourceWindow};
+use crate::ops::tensor::{ImageDtype, ImageLayout, OutputFormat};
+use crate::rng::SampleRng;
+
+/// How the output window is chosen.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Geometry {
+    /// RandomResizedCrop to (height, width).
+    RandomResizedCrop {
+        /// Output height.
+        height: u32,
+        /// Output width.
+        width: u32,
+        /// Area and ratio ranges.
+        range: RandomResizedCropRange,
+    },
+    /// Optional Resize (shorter side), then CenterCrop to (height, width).
+    CenterCrop {
+        /// Shorter side after Resize, if there is one.
+        resize_shorter: Option<u32>,
+        /// Output height.
+        height: u32,
+        /// Output width.
+        width: u32,
+    },
+}
+
+/// Per-sample time spent in each stage, in nanoseconds.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct SampleTimings {
+    /// Reading the bytes.
+    pub read_ns: u64,
+    /// Decoding.
+    pub decode_ns: u64,
+    /// Crop, resize, flip.
+    pub augment_ns: u64,
+    /// Writing into the batch buffer.
+    pub assemble_ns: u64,
+}
+
+impl SampleTimings {
+    /// Adds `other` into `self`.
+    pub fn add(&mut self, other: &SampleTimings) {
+        self.read_ns += other.read_ns;
+        self.decode_ns += other.decode_ns;
+        self.augment_ns += other.augment_ns;
+        self.assemble_ns += other.assemble_ns;
+    }
+}
+
+/// Reusable per-thread buffers, so steady-state processing allocates nothing.
+#[derive(Default)]
+pub struct Scratch {
+    decoded: DecodedImage,
+    rgb: Vec<u8>,
+    resizer: Resizer,
+}
+
+/// A checked, fused image pipeline.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Pipeline {
+    /// Pixel limit for decoding.
+    pub max_pixels: u64,
+    /// Whether DCT-domain downscaling may be used.
+    pub allow_dct_scaling: bool,
+    /// The output window.
+    pub geometry: Geometry,
+    /// Probability of a horizontal flip (0 when there is no flip op).
+    pub flip_probability: f64,
+    /// The output tensor.
+    pub output: OutputFormat,
+    float_tables: Box<[[f32; 256]; 3]>,
+}
+
+fn invalid(message: impl Into<String>) -> Error {
+    Error::InvalidPipeline(message.into())
+}
+
+fn positive(value: u32, what: &str) -> Result<u32> {
+    if value == 0 || value > 16_384 {
+        return Err(invalid(format!("{what} must be in 1..=16384, got {value}")));
+    }
+    Ok(value)
+}
+
+fn finite_range(low: f32, high: f32, what: &str, min: f32) -> Result<(f64, f64)> {
+    if !(low.is_finite() && high.is_finite()) || low < min || low > high {
+        return Err(invalid(format!(
+            "{what} must satisfy {min} <= low <= high, got ({low}, {high})"
+        )));
+    }
+    Ok((f64::from(low), f64::from(high)))
+}
+
+const SUPPORTED_FORMS: &str = "supported: [DecodeImage, RandomResizedCrop, (RandomHorizontalFlip), (Normalize), (ToTensor)] or [DecodeImage, (Resize), CenterCrop, (RandomHorizontalFlip), (Normalize), (ToTensor)]";
+
+impl Pipeline {
+    /// Checks an op list and fuses it. Errors name the op at fault and what was expected.
+    pub fn from_ops(ops: &[proto::Op]) -> Result<Pipeline> {
+        let kinds: Vec<&OpKind> = ops
+            .iter()
+            .enumerate()
+            .map(|(position, op)| {
+                op.op
+                    .as_ref()
+                    .ok_or_else(|| invalid(format!("op {position} is empty")))
+            })
+            .collect::<Result<_>>()?;
+        let mut rest = kinds.as_slice();
+        let (max_pixels, allow_dct_scaling) = match rest.first() {
+            Some(OpKind::DecodeImage(decode)) => {
+                rest = &rest[1..];
+                let limit = if decode.max_pixels == 0 {
+                    DEFAULT_MAX_PIXELS
+                } else {
+                    decode.max_pixels
+                };
+                (limit, decode.allow_dct_scaling)
+            }
+            _ => {
+                return Err(invalid(format!(
+                    "the first op must be DecodeImage; {SUPPORTED_FORMS}"
+                )))
+            }
+        };
+
+        let geometry = match rest {
+            [OpKind::RandomResizedCrop(crop), tail @ ..] => {
+                rest = tail;
+                let scale = if crop.scale_min == 0.0 && crop.scale_max == 0.0 {
+                    (0.08, 1.0)
+                } else {
+                    finite_range(crop.scale_min, crop.scale_max, "RandomResizedCrop scale", 0.0)?
+                };
+                if scale.1 <= 0.0 || scale.1 > 1.0 {
+                    return Err(invalid(format!(
+                        "RandomResizedCrop scale upper bound must be in (0, 1], got {}",
+                        scale.1
+                    )));
+                }
+                let ratio = if crop.ratio_min == 0.0 && crop.ratio_max == 0.0 {
+                    (3.0 / 4.0, 4.0 / 3.0)
+                } else {
+                    finite_range(crop.ratio_min, crop.ratio_max, "RandomResizedCrop ratio", 0.0)?
+                };
+                if ratio.0 <= 0.0 {
+                    return Err(invalid("RandomResizedCrop ratio must be positive"));
+                }
+                Geometry::RandomResizedCrop {
+                    height: positive(crop.height, "RandomResizedCrop height")?,
+                    width: positive(crop.width, "RandomResizedCrop width")?,
+                    range: RandomResizedCropRange { scale, ratio },
+                }
+            }
+            [OpKind::Resize(resize), OpKind::CenterCrop(crop), tail @ ..] => {
+                rest = tail;
+                Geometry::CenterCrop {
+                    resize_shorter: Some(positive(resize.shorter_side, "Resize shorter_side")?),
+                    height: positive(crop.height, "CenterCrop height")?,
+                    width: positive(crop.width, "CenterCrop width")?,
+                }
+            }
+            [OpKind::CenterCrop(crop), tail @ ..] => {
+                rest = tail;
+                Geometry::CenterCrop {
+                    resize_shorter: None,
+                    height: positive(crop.height, "CenterCrop height")?,
+                    width: positive(crop.width, "CenterCrop width")?,
+                }
+            }
+            [OpKind::Resize(_), ..] => {
+                return Err(invalid(format!(
+                    "Resize alone gives images of different sizes, which cannot be batched: add CenterCrop after it; {SUPPORTED_FORMS}"
+                )))
+            }
+            _ => {
+                return Err(invalid(format!(
+                    "after DecodeImage comes RandomResizedCrop, Resize + CenterCrop, or CenterCrop; {SUPPORTED_FORMS}"
+                )))
+            }
+        };
+
+        let mut flip_probability = 0.0;
+        let mut normalize = None;
+        let mut to_tensor: Option<&proto::ToTensor> = None;
+        for op in rest {
+            match op {
+                OpKind::RandomHorizontalFlip(flip)
+                    if normalize.is_none() && to_tensor.is_none() =>
+                {
+                    if !(0.0..=1.0).contains(&flip.p) {
+                        return Err(invalid(format!(
+                            "RandomHorizontalFlip p must be in [0, 1], got {}",
+                            flip.p
+                        )));
+                    }
+                    flip_probability = f64::from(flip.p);
+                }
+                OpKind::Normalize(norm) if normalize.is_none() => {
+                    if norm.mean.len() != 3 || norm.std.len() != 3 {
+                        return Err(invalid(format!(
+                            "Normalize needs 3 means and 3 stds (RGB), got {} and {}",
+                            norm.mean.len(),
+                            norm.std.len()
+                        )));
+                    }
+                    if norm.std.iter().any(|s| !s.is_finite() || *s == 0.0)
+                        || norm.mean.iter().any(|m| !m.is_finite())
+                    {
+                        return Err(invalid("Normalize std must be finite and non-zero"));
+                    }
+                    normalize = Some((
+                        [norm.mean[0], norm.mean[1], norm.mean[2]],
+                        [norm.std[0], norm.std[1], norm.std[2]],
+                    ));
+                }
+                OpKind::ToTensor(tensor) if to_tensor.is_none() => to_tensor = Some(tensor),
+                other => {
+                    return Err(invalid(format!(
+                        "{} is out of place or repeated; {SUPPORTED_FORMS}",
+                        op_name(other)
+                    )))
+                }
+            }
+        }
+
+        let layout = match to_tensor.map(|t| t.layout()) {
+            Some(proto::Layout::Nchw) => ImageLayout::Nchw,
+            Some(proto::Layout::Nhwc) => ImageLayout::Nhwc,
+            // torchvision's Normalize works on CHW tensors.
+            None if normalize.is_some() => ImageLayout::Nchw,
+            None => ImageLayout::Nhwc,
+        };
+        let dtype = match to_tensor.map(|t| t.dtype()) {
+            Some(proto::Dtype::Uint8) if normalize.is_some() => {
+                return Err(invalid(
+                    "Normalize gives float32; ToTensor dtype uint8 contradicts it",
+                ))
+            }
+            Some(proto::Dtype::Uint8) => ImageDtype::Uint8,
+            Some(proto::Dtype::Float32) => ImageDtype::Float32,
+            Some(proto::Dtype::Unspecified) | None if normalize.is_some() => ImageDtype::Float32,
+            Some(proto::Dtype::Unspecified) | None => ImageDtype::Uint8,
+            Some(other) => {
+                return Err(invalid(format!(
+                    "ToTensor dtype must be uint8 or float32, got {}",
+                    other.as_str_name()
+                )))
+            }
+        };
+        let output = OutputFormat {
+            dtype,
+            layout,
+            normalize,
+        };
+        let float_tables = Box::new(output.float_tables());
+        Ok(Pipeline {
+            max_pixels,
+            allow_dct_scaling,
+            geometry,
+            flip_probability,
+            output,
+            float_tables,
+        })
+    }
+
+    /// Output (height, width).
+    pub fn output_size(&self) -> (u32, u32) {
+        match self.geometry {
+            Geometry::RandomResizedCrop { height, width, .. }
+            | Geometry::CenterCrop { height, width, .. } => (height, width),
+        }
+    }
+
+    /// Shape of a batch of `batch` images in the output layout.
+    pub fn image_shape(&self, batch: usize) -> Vec<u64> {
+        let (height, width) = self.output_size();
+        let (b, h, w) = (batch as u64, u64::from(height), u64::from(width));
+        match self.output.layout {
+            ImageLayout::Nhwc => vec![b, h, w, 3],
+            ImageLayout::Nchw => vec![b, 3, h, w],
+        }
+    }
+
+    /// The wire dtype of the image tensor.
+    pub fn image_dtype(&self) -> proto::Dtype {
+        match self.output.dtype {
+            ImageDtype::Uint8 => proto::Dtype::Uint8,
+            ImageDtype::Float32 => proto::Dtype::Float32,
+        }
+    }
+
+    /// Bytes of one sample's image in the batch buffer.
+    pub fn bytes_per_sample(&self) -> usize {
+        let (height, width) = self.output_size();
+        height as usize * width as usize * 3 * self.output.element_size()
+    }
+
+    /// Draws this sample's output window and flip from `rng` (always in the same order).
+    pub fn plan(&self, header: &ImageHeader, rng: &mut SampleRng) -> (SourceWindow, bool) {
+        let window = match &self.geometry {
+            Geometry::RandomResizedCrop { range, .. } => SourceWindow::CropThenResize(
+                random_resized_crop_window(header.width, header.height, range, rng),
+            ),
+            Geometry::CenterCrop {
+                resize_shorter,
+                height,
+                width,
+            } => {
+                let resized = match resize_shorter {
+                    Some(size) => resize_shorter_side(header.width, header.height, *size),
+                    None => (header.width, header.height),
+                };
+                SourceWindow::ResizeThenCrop {
+                    resized,
+                    left: center_crop_offset(resized.0, *width),
+                    top: center_crop_offset(resized.1, *height),
+                }
+            }
+        };
+        // torchvision draws `torch.rand(1) < p`; drawing even when p is 0 or 1 keeps the stream
+        // the same shape for every pipeline with a flip.
+        let flip = self.flip_probability > 0.0 && rng.unit_f64() < self.flip_probability;
+        (window, flip)
+    }
+
+    /// Turns one sample's encoded bytes into its output tensor in `dest`
+    /// (`bytes_per_sample()` bytes).
+    pub fn process(
+        &self,
+        bytes: &[u8],
+        rng: &mut SampleRng,
+        dest: &mut [u8],
+        scratch: &mut Scratch,
+        timings: &mut SampleTimings,
+    ) -> std::result::Result<(), SampleError> {
+        let started = Instant::now();
+        let header = decode::read_header(bytes, self.max_pixels)?;
+        let (window, flip) = self.plan(&header, rng);
+        let (out_h, out_w) = self.output_size();
+        let request = DecodeRequest {
+            region: window.needed_region(),
+            target: match window {
+                SourceWindow::CropThenResize(_) => (out_w, out_h),
+                SourceWindow::ResizeThenCrop { resized, .. } => resized,
+            },
+            allow_dct_scaling: self.allow_dct_scaling,
+            max_pixels: self.max_pixels,
+        };
+        decode::decode(bytes, &header, &request, &mut scratch.decoded)?;
+        let decoded_at = Instant::now();
+        timings.decode_ns += (decoded_at - started).as_nanos() as u64;
+
+        let packed = self.output.is_packed_rgb8();
+        let rgb_len = out_w as usize * out_h as usize * 3;
+        let target: &mut [u8] = if packed {
+            dest
+        } else {
+            scratch.rgb.resize(rgb_len, 0);
+            &mut scratch.rgb
+        };
+        resample(
+            &scratch.decoded,
+            &window,
+            (out_w, out_h),
+            target,
+            &mut scratch.resizer,
+        )?;
+        if flip {
+            flip_horizontal(target, out_w);
+        }
+        let augmented_at = Instant::now();
+        timings.augment_ns += (augmented_at - decoded_at).as_nanos() as u64;
+        if !packed {
+            self.output.write(&scratch.rgb, dest, &self.float_tables);
+            timings.assemble_ns += augmented_at.elapsed().as_nanos() as u64;
+        }
+        Ok(())
+    }
+}
+
+fn op_name(op: &OpKind) -> &'static str {
+    match op {
+        OpKind::DecodeImage(_) => "DecodeImage",
+        OpKind::RandomResizedCrop(_) => "RandomResizedCrop",
+        OpKind::Resize(_) => "Resize",
+        OpKind::CenterCrop(_) => "CenterCrop",
+        OpKind::RandomHorizontalFlip(_) => "RandomHorizontalFlip",
+        OpKind::Normalize(_) => "Normalize",
+        OpKind::ToTensor(_) => "ToTensor",
+    }
+}
