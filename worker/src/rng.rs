@@ -83,7 +83,7 @@ mod tests {
         let draws: Vec<u64> = (0..3).map(|_| rng.below(1000)).collect();
         assert_eq!(draws, PINNED_DRAWS);
     }
-    const PINNED_DRAWS: [u64; 3] = [0, 0, 0];
+    const PINNED_DRAWS: [u64; 3] = [895, 803, 608];
 
     #[test]
     fn below_stays_in_range_and_covers_it() {

@@ -412,7 +412,8 @@ mod tuning {
         let mut by_quality = std::collections::BTreeMap::new();
         for i in 0..count {
             let plan = ImagePlan::for_index(0, i);
-            let bytes = std::fs::metadata(folder.path(i).unwrap()).unwrap().len();
+            let ext = if plan.encoding == Encoding::Png { "png" } else { "jpg" };
+            let bytes = std::fs::metadata(FileLayout::new(temp, &spec).image_path(i, ext)).unwrap().len();
             let px = (plan.width * plan.height) as f64;
             let key = match plan.encoding {
                 Encoding::Jpeg { quality, .. } => quality / 5 * 5,
@@ -423,7 +424,7 @@ mod tuning {
             e.1 += px;
             e.2 += 1;
         }
-        for i in 0..6u64 {
+        for i in 0..3u64 {
             let mut plan = ImagePlan::for_index(0, i);
             plan.style.grayscale = false;
             let mut rng = Pcg64Mcg::new(plan.paint_seed);

@@ -22,10 +22,11 @@ pub(crate) struct PhotoStyle {
 }
 
 /// Amplitude, in 8-bit levels, of the coarsest texture octave at detail 1.
-const TEXTURE_AMPLITUDE: f32 = 34.0;
+fn knob(name: &str, default: f32) -> f32 { std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default) }
+const TEXTURE_AMPLITUDE: f32 = 30.0;
 /// Each octave half as large is this much weaker: 0.5 would be an exact `1/f` spectrum;
 /// photographs resized down from camera resolution keep a little more fine detail.
-const OCTAVE_GAIN: f32 = 0.62;
+const OCTAVE_GAIN: f32 = 0.8;
 /// Standard deviation of the luminance grain at detail 1, in 8-bit levels.
 const GRAIN_LEVELS: f32 = 3.2;
 /// Amplitude of the speckle layer at detail 1, in 8-bit levels.
@@ -43,7 +44,7 @@ pub(crate) fn paint_photo(
 
     let palette_size = 3 + (rng.next_u32() % 4) as usize;
     let palette: Vec<[f32; 3]> = (0..palette_size).map(|_| random_color(rng)).collect();
-    let edge_sharpness = 6.0 + 18.0 * unit(rng);
+    let edge_sharpness = 20.0 + 60.0 * unit(rng);
     let tint = [
         0.8 + 0.4 * unit(rng),
         0.8 + 0.4 * unit(rng),
@@ -65,12 +66,12 @@ pub(crate) fn paint_photo(
     let mut texture_layers = Vec::new();
     let mut texture_amplitudes = Vec::new();
     let mut cell = coarsest;
-    let mut amplitude = TEXTURE_AMPLITUDE * style.detail.sqrt();
+    let mut amplitude = knob("TA", TEXTURE_AMPLITUDE) * style.detail.sqrt();
     while cell >= 1.5 {
         texture_layers.push(NoiseLayer::new(width, height, cell.round() as usize, rng));
         texture_amplitudes.push(amplitude);
         cell /= 2.0;
-        amplitude *= OCTAVE_GAIN;
+        amplitude *= knob("TG", OCTAVE_GAIN);
     }
     let speckle_cell = 3 + (rng.next_u32() % 6) as usize;
     let mut speckle_layer = NoiseLayer::new(width, height, speckle_cell, rng);
@@ -84,12 +85,13 @@ pub(crate) fn paint_photo(
             1.0 + light_slope_x * position - vignette * position * position
         })
         .collect();
-    let grain_levels = GRAIN_LEVELS * style.detail;
-    let speckle_levels = SPECKLE_LEVELS * style.detail.sqrt();
+    let grain_levels = knob("TGR", GRAIN_LEVELS) * style.detail;
+    let speckle_levels = knob("TS", SPECKLE_LEVELS) * style.detail.sqrt();
 
     let mut region = vec![0.0f32; width];
     let mut busy = vec![0.0f32; width];
     let mut texture = vec![0.0f32; width];
+    let mut scratch = vec![0.0f32; width];
     let mut speckle = vec![0.0f32; width];
     let mut chroma = vec![vec![0.0f32; width]; channels];
     let mut grain = vec![0.0f32; width * channels];
@@ -103,8 +105,20 @@ pub(crate) fn paint_photo(
         busy.fill(0.0);
         busy_mask.add_row(y, 1.0, &mut busy);
         texture.fill(0.0);
-        for (layer, amplitude) in texture_layers.iter_mut().zip(&texture_amplitudes) {
-            layer.add_row(y, *amplitude, &mut texture);
+        for (octave, (layer, amplitude)) in texture_layers.iter_mut().zip(&texture_amplitudes).enumerate() {
+            let mode = knob("TR", 1.0) as usize;
+            if mode == 1 && octave % 2 == 1 {
+                scratch.fill(0.0);
+                layer.add_row(y, 1.0, &mut scratch);
+                for (t, s) in texture.iter_mut().zip(&scratch) { *t += amplitude * (1.0 - 2.0 * s.abs()); }
+            } else if mode == 2 && (octave % 2 == 1 || knob("TALL", 0.0) > 0.5) {
+                scratch.fill(0.0);
+                layer.add_row(y, 1.0, &mut scratch);
+                let hard = knob("TH", 4.0);
+                for (t, s) in texture.iter_mut().zip(&scratch) { *t += amplitude * (s * hard).clamp(-1.0, 1.0); }
+            } else {
+                layer.add_row(y, *amplitude, &mut texture);
+            }
         }
         speckle.fill(0.0);
         speckle_layer.add_row(y, 1.0, &mut speckle);

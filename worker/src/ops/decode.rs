@@ -79,10 +79,17 @@ pub fn read_header(bytes: &[u8], max_pixels: u64) -> Result<ImageHeader, SampleE
     }
     let format = sniff_format(bytes);
     let (width, height) = match format {
-        ImageFormat::Jpeg => JPEG_DECOMPRESSOR.with(|cell| {
-            let mut decompressor = cell.borrow_mut();
-            decompressor.get()?.read_header(bytes)
-        })?,
+        // TurboJPEG's header call reports success without touching its stored size when the
+        // data ends before the frame header (it takes that for a tables-only stream), so the
+        // size comes from a marker scan of our own bytes instead.
+        ImageFormat::Jpeg => {
+            let size = imagesize::blob_size(bytes)
+                .map_err(|e| SampleError::Corrupt(format!("JPEG header: {e}")))?;
+            (
+                u32::try_from(size.width).unwrap_or(u32::MAX),
+                u32::try_from(size.height).unwrap_or(u32::MAX),
+            )
+        }
         ImageFormat::Png => png_header(bytes)?,
         ImageFormat::Other => return Err(SampleError::UnsupportedFormat),
     };
@@ -203,7 +210,13 @@ impl JpegDecompressor {
         request: &DecodeRequest,
         out: &mut DecodedImage,
     ) -> Result<(), SampleError> {
-        self.read_header(bytes)?;
+        let size = self.read_header(bytes)?;
+        if size != (header.width, header.height) {
+            return Err(SampleError::Corrupt(format!(
+                "JPEG header gives {}x{} to libjpeg-turbo but {}x{} to the marker scan",
+                size.0, size.1, header.width, header.height
+            )));
+        }
         let max_pixels = i32::try_from(request.max_pixels).unwrap_or(i32::MAX);
         // SAFETY: valid handle and parameter; the value is checked by the library.
         self.check(unsafe {

@@ -1,0 +1,72 @@
+#!/usr/bin/env bash
+# Stoker against torch's DataLoader on one ImageNet-like image set: prepares what the comparison
+# needs (a venv with torch, the release `stoker` binary, the image set) and runs
+# compare_torch.py, which runs both loaders on the same files and cores and prints the ratios.
+#
+# Usage: benches/compare_torch.sh [--count N] [--data DIR] [--batch-size 64]
+#                                 [--workers 2 | --threads 2] [--batches K] [--cpus 0,1] [--json]
+#   --count N   images in the generated set (default 5000); generated once, reused after.
+#   --data DIR  image folder; with --count it is generated (or reused) there, without it DIR is
+#               used as it is (any torchvision ImageFolder tree works).
+#   Everything else goes to compare_torch.py. STOKER_BENCH_VENV overrides the venv path
+#   (default <repo>/.venv-bench).
+set -euo pipefail
+
+repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+venv="${STOKER_BENCH_VENV:-$repo/.venv-bench}"
+
+count=""
+data=""
+passthrough=()
+while (($# > 0)); do
+    case "$1" in
+        --count)
+            count="${2:?--count needs a number}"
+            shift 2
+            ;;
+        --data)
+            data="${2:?--data needs a folder}"
+            shift 2
+            ;;
+        -h | --help)
+            sed -n '2,12p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'
+            exit 0
+            ;;
+        *)
+            passthrough+=("$1")
+            shift
+            ;;
+    esac
+done
+
+# The script moves to the repo root below; a relative --data means the caller's folder.
+if [[ -n "$data" && "$data" != /* ]]; then
+    data="$PWD/$data"
+fi
+
+# Progress goes to stderr throughout so that `--json` leaves stdout to the one JSON object.
+if [[ ! -x "$venv/bin/python" ]]; then
+    echo "creating venv $venv" >&2
+    python3 -m venv "$venv"
+fi
+if ! "$venv/bin/python" -c 'import numpy, PIL, torch, torchvision' 2>/dev/null; then
+    echo "installing torch, torchvision, pillow, numpy into $venv" >&2
+    "$venv/bin/python" -m pip install --quiet --upgrade pip >&2
+    "$venv/bin/python" -m pip install --quiet torch torchvision pillow numpy >&2
+fi
+
+cd "$repo"
+cargo build --release -p stoker-loader >&2
+# Honour CARGO_TARGET_DIR and .cargo/config overrides instead of assuming ./target.
+target_dir="$(cargo metadata --format-version 1 --no-deps |
+    "$venv/bin/python" -c 'import json, sys; print(json.load(sys.stdin)["target_directory"])')"
+stoker="$target_dir/release/stoker"
+
+if [[ -z "$data" || -n "$count" ]]; then
+    count="${count:-5000}"
+    data="${data:-$target_dir/bench-data/imagenet-like-$count}"
+    "$stoker" make-dataset --count "$count" --out "$data" >&2
+fi
+
+exec "$venv/bin/python" "$repo/benches/compare_torch.py" \
+    --stoker "$stoker" --data "$data" ${passthrough[@]+"${passthrough[@]}"}

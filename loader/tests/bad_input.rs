@@ -1,0 +1,174 @@
+//! Bad input never crashes the loader: missing, zero-byte, truncated and corrupt files,
+//! non-images and images over the pixel limit, under both the skip and the fail policy.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use stoker_loader::{Loader, LoaderOptions};
+use stoker_proto::v1::{BadSamplePolicy, JobSpec};
+
+/// Bad files added to class_00 (they sort after the generated `img_*` files), with a word the
+/// reason must contain.
+const BAD_KINDS: [(&str, &str); 7] = [
+    ("zz_1_empty.jpg", "empty file"),
+    ("zz_2_truncated.jpg", "corrupt"),
+    ("zz_3_garbage_after_magic.jpg", "corrupt"),
+    ("zz_4_scrambled_body.jpg", "corrupt"),
+    ("zz_5_text.jpg", "not a JPEG or PNG"),
+    ("zz_6_huge.jpg", "exceeds the limit"),
+    ("zz_7_missing.jpg", "unreadable"),
+];
+
+fn first_jpeg(dir: &Path) -> Vec<u8> {
+    let mut files: Vec<PathBuf> = std::fs::read_dir(dir.join("class_00"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e == "jpg"))
+        .collect();
+    files.sort();
+    std::fs::read(&files[0]).unwrap()
+}
+
+/// A small deterministic byte stream for scrambling.
+fn noise(len: usize, mut state: u64) -> Vec<u8> {
+    (0..len)
+        .map(|_| {
+            state = state.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            (state >> 33) as u8
+        })
+        .collect()
+}
+
+fn with_huge_frame_header(jpeg: &[u8]) -> Vec<u8> {
+    let mut bytes = jpeg.to_vec();
+    let sof = bytes
+        .windows(2)
+        .position(|w| w[0] == 0xFF && (w[1] == 0xC0 || w[1] == 0xC2))
+        .expect("frame header");
+    // 50000 x 50000 = 2.5 gigapixels, far over the 89.5 MP default.
+    bytes[sof + 5..sof + 7].copy_from_slice(&50_000u16.to_be_bytes());
+    bytes[sof + 7..sof + 9].copy_from_slice(&50_000u16.to_be_bytes());
+    bytes
+}
+
+/// 20 good images plus every bad kind; the missing one is deleted after the loader indexed it.
+fn bad_dataset(dir: &Path) {
+    common::make_images(dir, 20);
+    let good = first_jpeg(dir);
+    let class = dir.join("class_00");
+    let mut scrambled = good.clone();
+    let body = scrambled.len() / 3;
+    let tail = noise(scrambled.len() - body, 7);
+    scrambled[body..].copy_from_slice(&tail);
+    let mut garbage = vec![0xFF, 0xD8, 0xFF];
+    garbage.extend(noise(5000, 9));
+    let contents: [Vec<u8>; 7] = [
+        Vec::new(),
+        good[..good.len() * 2 / 5].to_vec(),
+        garbage,
+        scrambled,
+        b"this is not an image\n".to_vec(),
+        with_huge_frame_header(&good),
+        good.clone(),
+    ];
+    for ((name, _), bytes) in BAD_KINDS.iter().zip(contents) {
+        std::fs::write(class.join(name), bytes).unwrap();
+    }
+}
+
+fn spec(dir: &Path, batch_size: u32, policy: BadSamplePolicy) -> JobSpec {
+    JobSpec {
+        shuffle: false,
+        on_error: policy as i32,
+        ..common::train_spec(dir, batch_size)
+    }
+}
+
+fn open(dir: &Path, spec: JobSpec) -> Loader {
+    let loader = Loader::new(spec, LoaderOptions { threads: 2, ..LoaderOptions::default() }).unwrap();
+    std::fs::remove_file(dir.join("class_00").join(BAD_KINDS[6].0)).ok();
+    loader
+}
+
+#[test]
+fn skip_replaces_each_bad_sample_and_keeps_batch_shapes() {
+    let dir = tempfile::tempdir().unwrap();
+    bad_dataset(dir.path());
+    let loader = open(dir.path(), spec(dir.path(), 9, BadSamplePolicy::Skip));
+    let mut reported = BTreeMap::new();
+    let mut samples = 0;
+    for batch in loader.epoch(0, 0).unwrap() {
+        let batch = batch.unwrap();
+        let n = batch.sample_indices.len();
+        samples += n;
+        assert_eq!(batch.tensors[0].data.len(), n * 32 * 32 * 3, "batch keeps its shape");
+        for bad in batch.bad_samples {
+            assert_ne!(bad.substitute_index, bad.sample_index);
+            reported.insert(bad.path.clone(), bad.reason.clone());
+        }
+    }
+    assert_eq!(samples, 27);
+    for (name, word) in BAD_KINDS {
+        let (_, reason) = reported
+            .iter()
+            .find(|(path, _)| path.ends_with(name))
+            .unwrap_or_else(|| panic!("{name} was not reported: {reported:?}"));
+        assert!(reason.contains(word), "{name}: {reason:?} lacks {word:?}");
+    }
+    assert_eq!(loader.stats().bad_samples, 7);
+}
+
+#[test]
+fn skip_is_deterministic_across_thread_counts() {
+    let dir = tempfile::tempdir().unwrap();
+    bad_dataset(dir.path());
+    let mut digests = Vec::new();
+    for threads in [1, 3] {
+        let loader = Loader::new(spec(dir.path(), 5, BadSamplePolicy::Skip), LoaderOptions { threads, ..LoaderOptions::default() }).unwrap();
+        let mut digest = stoker_loader::BatchDigest::new();
+        for batch in loader.epoch(0, 0).unwrap() {
+            digest.update(&batch.unwrap());
+        }
+        digests.push(digest.hex());
+    }
+    assert_eq!(digests[0], digests[1]);
+}
+
+#[test]
+fn fail_names_each_bad_file() {
+    let dir = tempfile::tempdir().unwrap();
+    bad_dataset(dir.path());
+    let loader = open(dir.path(), spec(dir.path(), 1, BadSamplePolicy::Fail));
+    let mut errors = Vec::new();
+    let mut good = 0;
+    for result in loader.epoch(0, 0).unwrap() {
+        match result {
+            Ok(_) => good += 1,
+            Err(error) => errors.push(error.to_string()),
+        }
+    }
+    assert_eq!(good, 20);
+    assert_eq!(errors.len(), 7, "{errors:#?}");
+    for (name, word) in BAD_KINDS {
+        let message = errors
+            .iter()
+            .find(|m| m.contains(name))
+            .unwrap_or_else(|| panic!("no error names {name}: {errors:#?}"));
+        assert!(message.contains(word), "{message:?} lacks {word:?}");
+    }
+}
+
+#[test]
+fn a_dataset_of_only_bad_files_fails_clearly_even_when_skipping() {
+    let dir = tempfile::tempdir().unwrap();
+    let class = dir.path().join("only");
+    std::fs::create_dir_all(&class).unwrap();
+    for i in 0..3 {
+        std::fs::write(class.join(format!("{i}.jpg")), b"nope").unwrap();
+    }
+    let loader = Loader::new(spec(dir.path(), 2, BadSamplePolicy::Skip), LoaderOptions { threads: 1, ..LoaderOptions::default() }).unwrap();
+    let message = loader.epoch(0, 0).unwrap().next().unwrap().unwrap_err().to_string();
+    assert!(message.contains("could replace it"), "{message}");
+}

@@ -1,0 +1,108 @@
+//! The `stoker` binary as a user runs it: help on every subcommand, digest reproducibility,
+//! bench's JSON, inspect, make-dataset and a short demo.
+
+mod common;
+
+use std::process::{Command, Output};
+
+fn stoker(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_stoker"))
+        .args(args)
+        .output()
+        .expect("stoker runs")
+}
+
+fn stdout_of(args: &[&str]) -> String {
+    let output = stoker(args);
+    assert!(
+        output.status.success(),
+        "stoker {args:?} failed: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    String::from_utf8_lossy(&output.stdout).into_owned()
+}
+
+fn last_line(text: &str) -> String {
+    text.lines().last().unwrap_or_default().to_string()
+}
+
+#[test]
+fn every_subcommand_has_help() {
+    for sub in ["demo", "bench", "digest", "inspect", "make-dataset"] {
+        let out = stdout_of(&[sub, "--help"]);
+        assert!(out.contains("Usage: stoker"), "{sub}: {out}");
+    }
+    assert!(stdout_of(&["--help"]).contains("make-dataset"));
+}
+
+#[test]
+fn digest_depends_on_seed_and_epoch_but_not_threads() {
+    let dir = tempfile::tempdir().unwrap();
+    common::make_images(dir.path(), 48);
+    let data = dir.path().to_str().unwrap();
+    let run = |extra: &[&str]| {
+        let mut args = vec!["digest", "--data", data, "--batch-size", "8", "--batches", "3", "--size", "64"];
+        args.extend_from_slice(extra);
+        last_line(&stdout_of(&args))
+    };
+    let one = run(&["--threads", "1"]);
+    assert_eq!(one.len(), 64, "sha-256 hex: {one}");
+    assert_eq!(one, run(&["--threads", "2"]));
+    assert_ne!(one, run(&["--threads", "2", "--seed", "1"]));
+    assert_ne!(one, run(&["--threads", "2", "--epoch", "1"]));
+    assert_ne!(one, run(&["--threads", "2", "--rank", "1", "--world", "2"]));
+    assert_ne!(one, run(&["--no-shuffle"]));
+}
+
+#[test]
+fn bench_json_has_the_figures() {
+    let dir = tempfile::tempdir().unwrap();
+    common::make_images(dir.path(), 40);
+    let out = stdout_of(&["bench", "--data", dir.path().to_str().unwrap(), "--batch-size", "8", "--threads", "2", "--json"]);
+    let report: serde_json::Value = serde_json::from_str(last_line(&out).trim()).unwrap();
+    for key in ["images_per_s", "cpu_s_per_image", "first_batch_ms", "peak_rss_mb", "decode_floor_s_per_image"] {
+        assert!(report[key].as_f64().is_some_and(|v| v > 0.0), "{key} in {report}");
+    }
+    assert_eq!(report["images"], 40);
+}
+
+#[test]
+fn make_dataset_then_inspect() {
+    let dir = tempfile::tempdir().unwrap();
+    let out_dir = dir.path().join("set");
+    let out = stdout_of(&["make-dataset", "--count", "30", "--out", out_dir.to_str().unwrap(), "--seed", "2"]);
+    assert!(out.contains("wrote 30 images"), "{out}");
+    let report = stdout_of(&["inspect", "--data", out_dir.to_str().unwrap()]);
+    assert!(report.contains("samples   30"), "{report}");
+    assert!(report.contains("classes   10"), "{report}");
+    let json = stdout_of(&["inspect", "--data", out_dir.to_str().unwrap(), "--json"]);
+    let value: serde_json::Value = serde_json::from_str(json.trim()).unwrap();
+    assert_eq!(value["samples"], 30);
+}
+
+#[test]
+fn demo_makes_its_own_data_and_summarises() {
+    let tmp = tempfile::tempdir().unwrap();
+    let output = Command::new(env!("CARGO_BIN_EXE_stoker"))
+        .args(["demo", "--seconds", "1.5", "--sample-images", "64", "--batch-size", "16", "--step-ms", "5"])
+        .env("TMPDIR", tmp.path())
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&output.stdout);
+    assert!(output.status.success(), "{text}\n{}", String::from_utf8_lossy(&output.stderr));
+    assert!(text.contains("images/s"), "{text}");
+    assert!(last_line(&text).starts_with("summary:"), "{text}");
+    assert!(tmp.path().join("stoker-sample-64").join("class_00").is_dir());
+}
+
+#[test]
+fn bad_arguments_fail_with_a_message() {
+    let output = stoker(&["digest", "--data", "/nonexistent/stoker-test"]);
+    assert!(!output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("nonexistent"), "{stderr}");
+    let output = stoker(&["bench", "--data", ".", "--pipeline", "made-up"]);
+    assert!(!output.status.success());
+    let output = stoker(&["demo", "--seconds", "-1"]);
+    assert!(!output.status.success());
+}

@@ -1,0 +1,207 @@
+//! The embedded loader end to end on real files: order, determinism across thread counts,
+//! exact resume, bounded prefetch, deadlines, and panics that must not take the process down.
+
+mod common;
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use stoker_datasets::SampleSource;
+use stoker_loader::{BatchDigest, Error, Job, Loader, LoaderOptions};
+use stoker_proto::v1::{Batch, JobSpec};
+
+fn epoch_batches(spec: &JobSpec, threads: usize, epoch: u64) -> Vec<Batch> {
+    let loader = Loader::new(spec.clone(), LoaderOptions { threads, ..LoaderOptions::default() }).unwrap();
+    loader.epoch(epoch, 0).unwrap().map(|b| b.unwrap()).collect()
+}
+
+fn digest(batches: &[Batch]) -> String {
+    let mut digest = BatchDigest::new();
+    batches.iter().for_each(|b| digest.update(b));
+    digest.hex()
+}
+
+#[test]
+fn batches_are_bit_identical_for_any_thread_count() {
+    let dir = tempfile::tempdir().unwrap();
+    common::make_images(dir.path(), 90);
+    let spec = common::train_spec(dir.path(), 16);
+    let one = epoch_batches(&spec, 1, 0);
+    assert_eq!(one.len(), 6);
+    for threads in [2, 3, 5] {
+        assert_eq!(digest(&epoch_batches(&spec, threads, 0)), digest(&one), "threads={threads}");
+    }
+    // Another epoch or seed changes the batches.
+    assert_ne!(digest(&epoch_batches(&spec, 2, 1)), digest(&one));
+    let reseeded = JobSpec { seed: 4, ..spec.clone() };
+    assert_ne!(digest(&epoch_batches(&reseeded, 2, 0)), digest(&one));
+}
+
+#[test]
+fn batches_come_in_step_order_and_cover_the_epoch() {
+    let dir = tempfile::tempdir().unwrap();
+    common::make_images(dir.path(), 50);
+    let spec = common::train_spec(dir.path(), 8);
+    let batches = epoch_batches(&spec, 2, 0);
+    let mut seen: Vec<u64> = Vec::new();
+    for (step, batch) in batches.iter().enumerate() {
+        assert_eq!(batch.step, step as u64);
+        let image = &batch.tensors[0];
+        assert_eq!(image.name, "image");
+        assert_eq!(image.shape, vec![batch.sample_indices.len() as u64, 32, 32, 3]);
+        assert_eq!(image.data.len(), batch.sample_indices.len() * 32 * 32 * 3);
+        let label = &batch.tensors[1];
+        assert_eq!(label.name, "label");
+        assert_eq!(label.data.len(), batch.sample_indices.len() * 8);
+        seen.extend(&batch.sample_indices);
+    }
+    // 50 samples in batches of 8: six full batches and one of 2, like DataLoader.
+    assert_eq!(batches.last().unwrap().sample_indices.len(), 2);
+    seen.sort();
+    assert_eq!(seen, (0..50).collect::<Vec<_>>());
+}
+
+#[test]
+fn labels_follow_the_class_folders() {
+    let dir = tempfile::tempdir().unwrap();
+    common::make_images(dir.path(), 40);
+    let spec = JobSpec { shuffle: false, ..common::train_spec(dir.path(), 40) };
+    let batch = epoch_batches(&spec, 2, 0).remove(0);
+    let folder = stoker_datasets::ImageFolder::open(dir.path()).unwrap();
+    let labels: Vec<i64> = batch.tensors[1].data.chunks_exact(8).map(|c| i64::from_le_bytes(c.try_into().unwrap())).collect();
+    for (slot, index) in batch.sample_indices.iter().enumerate() {
+        assert_eq!(labels[slot], folder.label(*index));
+        let path = folder.path(*index).unwrap();
+        let class = path.parent().unwrap().file_name().unwrap().to_string_lossy().into_owned();
+        assert_eq!(folder.class_names()[labels[slot] as usize], class);
+    }
+}
+
+#[test]
+fn resuming_mid_epoch_gives_the_same_batches() {
+    let dir = tempfile::tempdir().unwrap();
+    common::make_images(dir.path(), 70);
+    let spec = common::train_spec(dir.path(), 10);
+    let full = epoch_batches(&spec, 2, 3);
+    let loader = Loader::new(spec, LoaderOptions { threads: 2, ..LoaderOptions::default() }).unwrap();
+    let resumed: Vec<Batch> = loader.epoch(3, 4).unwrap().map(|b| b.unwrap()).collect();
+    assert_eq!(resumed.len(), full.len() - 4);
+    assert_eq!(digest(&resumed), digest(&full[4..]));
+    assert!(loader.epoch(3, 99).is_err());
+}
+
+/// A source that counts reads and can be slowed down or made to panic.
+struct TestSource {
+    inner: stoker_datasets::ImageFolder,
+    reads: AtomicU64,
+    delay: Duration,
+    panic_on: Option<u64>,
+}
+
+impl SampleSource for TestSource {
+    fn len(&self) -> u64 {
+        self.inner.len()
+    }
+    fn label(&self, index: u64) -> i64 {
+        self.inner.label(index)
+    }
+    fn describe(&self, index: u64) -> String {
+        self.inner.describe(index)
+    }
+    fn read(&self, index: u64) -> stoker_datasets::Result<Vec<u8>> {
+        self.reads.fetch_add(1, Ordering::SeqCst);
+        assert_ne!(Some(index), self.panic_on, "test source told to panic");
+        std::thread::sleep(self.delay);
+        self.inner.read(index)
+    }
+    fn class_names(&self) -> &[String] {
+        self.inner.class_names()
+    }
+}
+
+fn test_loader(dir: &std::path::Path, delay: Duration, panic_on: Option<u64>, options: LoaderOptions) -> (Loader, Arc<TestSource>) {
+    let source = Arc::new(TestSource {
+        inner: stoker_datasets::ImageFolder::open(dir).unwrap(),
+        reads: AtomicU64::new(0),
+        delay,
+        panic_on,
+    });
+    let spec = JobSpec { shuffle: false, ..common::train_spec(dir, 4) };
+    let job = Job::with_source(spec, source.clone()).unwrap();
+    (Loader::from_job(job, options).unwrap(), source)
+}
+
+#[test]
+fn prefetch_stays_bounded_when_the_consumer_is_slow() {
+    let dir = tempfile::tempdir().unwrap();
+    common::make_images(dir.path(), 80);
+    let (loader, source) = test_loader(dir.path(), Duration::ZERO, None, LoaderOptions { threads: 2, prefetch: 3, ..LoaderOptions::default() });
+    let mut stream = loader.epoch(0, 0).unwrap();
+    stream.next_batch().unwrap().unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    // One batch taken, three more at most in flight or waiting: 4 batches of 4 samples read.
+    assert!(stream.in_flight() <= 3);
+    assert!(source.reads.load(Ordering::SeqCst) <= 16, "read {} samples", source.reads.load(Ordering::SeqCst));
+}
+
+#[test]
+fn a_wait_past_the_deadline_names_the_step() {
+    let dir = tempfile::tempdir().unwrap();
+    common::make_images(dir.path(), 12);
+    let (loader, _) = test_loader(dir.path(), Duration::from_millis(200), None, LoaderOptions { threads: 1, prefetch: 1, deadline: Duration::from_millis(50) });
+    let mut stream = loader.epoch(0, 0).unwrap();
+    match stream.next_batch() {
+        Err(Error::Timeout { step, epoch, .. }) => assert_eq!((epoch, step), (0, 0)),
+        other => panic!("expected a timeout, got {other:?}"),
+    }
+    let message = stream.next_batch().map(|_| ()).unwrap_err().to_string();
+    assert!(message.contains("step 0"), "{message}");
+}
+
+#[test]
+fn a_panic_in_a_decode_thread_is_an_error_not_a_crash() {
+    let dir = tempfile::tempdir().unwrap();
+    common::make_images(dir.path(), 12);
+    let (loader, _) = test_loader(dir.path(), Duration::ZERO, Some(5), LoaderOptions { threads: 2, ..LoaderOptions::default() });
+    let results: Vec<_> = loader.epoch(0, 0).unwrap().collect();
+    assert!(results[0].is_ok());
+    let message = results[1].as_ref().unwrap_err().to_string();
+    assert!(message.contains("panicked building step 1"), "{message}");
+    assert!(results[2].is_ok());
+}
+
+#[test]
+fn stats_count_samples_and_waits() {
+    let dir = tempfile::tempdir().unwrap();
+    common::make_images(dir.path(), 30);
+    let loader = Loader::new(common::train_spec(dir.path(), 10), LoaderOptions { threads: 2, ..LoaderOptions::default() }).unwrap();
+    let batches: Vec<_> = loader.epoch(0, 0).unwrap().collect();
+    assert_eq!(batches.len(), 3);
+    let stats = loader.stats();
+    assert_eq!((stats.batches, stats.samples), (3, 30));
+    assert!(stats.samples_per_s > 0.0 && stats.first_batch_s.is_some());
+    assert!(stats.decode_s > 0.0);
+}
+
+#[test]
+fn bad_specs_are_refused_before_any_work() {
+    let dir = tempfile::tempdir().unwrap();
+    common::make_images(dir.path(), 10);
+    let good = common::train_spec(dir.path(), 4);
+    for (spec, needle) in [
+        (JobSpec { batch_size: 0, ..good.clone() }, "batch_size"),
+        (JobSpec { batch_size: 10_000_000, ..good.clone() }, "batch_size"),
+        (JobSpec { rank: 3, world_size: 2, ..good.clone() }, "rank 3"),
+        (JobSpec { pipeline: vec![], ..good.clone() }, "DecodeImage"),
+        (JobSpec { dataset: None, ..good.clone() }, "dataset"),
+        (JobSpec { on_error: 9, ..good.clone() }, "on_error"),
+    ] {
+        let message = Loader::new(spec, LoaderOptions::default()).err().map(|e| e.to_string()).unwrap_or_default();
+        assert!(message.contains(needle), "{message:?} lacks {needle:?}");
+    }
+    let mut missing = good.clone();
+    missing.dataset.as_mut().unwrap().uri = dir.path().join("nope").to_string_lossy().into_owned();
+    let message = Loader::new(missing, LoaderOptions::default()).err().unwrap().to_string();
+    assert!(message.contains("nope"), "{message}");
+}
