@@ -12,8 +12,8 @@ use std::time::Duration;
 use criterion::{criterion_group, criterion_main, Criterion, SamplingMode, Throughput};
 use stoker_benches::{full_decode_request, imagenet_like_jpegs, JpegFixture};
 use stoker_worker::{
-    decode, presets, random_resized_crop_window, CropWindow, DecodeRequest, DecodedImage,
-    Pipeline, RandomResizedCropRange, SampleRng, SampleTimings, Scratch, DEFAULT_MAX_PIXELS,
+    decode, presets, random_resized_crop_window, CropWindow, DecodeRequest, DecodedImage, Pipeline,
+    RandomResizedCropRange, SampleRng, SampleTimings, Scratch, DEFAULT_MAX_PIXELS,
 };
 use zune_jpeg::zune_core::bytestream::ZCursor;
 use zune_jpeg::JpegDecoder;

@@ -21,8 +21,8 @@ const SOURCE_SIZE: (u32, u32) = (500, 375);
 const OUT_SIDE: u32 = 224;
 
 fn load_source() -> DecodedImage {
-    let decoded = imagenet_like_jpegs()
-        .and_then(|jpegs| decoded_near(&jpegs, SOURCE_SIZE.0, SOURCE_SIZE.1));
+    let decoded =
+        imagenet_like_jpegs().and_then(|jpegs| decoded_near(&jpegs, SOURCE_SIZE.0, SOURCE_SIZE.1));
     match decoded {
         Ok(image) => image,
         Err(error) => panic!("cannot prepare the bench image: {error}"),
@@ -30,15 +30,11 @@ fn load_source() -> DecodedImage {
 }
 
 fn bench_resizers(c: &mut Criterion, group_name: &str, source: &DecodedImage) {
-    let source_ref = match ImageRef::new(
-        source.width,
-        source.height,
-        &source.pixels,
-        PixelType::U8x3,
-    ) {
-        Ok(image) => image,
-        Err(error) => panic!("source image: {error}"),
-    };
+    let source_ref =
+        match ImageRef::new(source.width, source.height, &source.pixels, PixelType::U8x3) {
+            Ok(image) => image,
+            Err(error) => panic!("source image: {error}"),
+        };
     let mut target = Image::new(OUT_SIDE, OUT_SIDE, PixelType::U8x3);
     let mut resizer = Resizer::new();
     let mut group = c.benchmark_group(group_name);
@@ -102,10 +98,7 @@ fn bench_resizers(c: &mut Criterion, group_name: &str, source: &DecodedImage) {
 
 fn resize_to_224(c: &mut Criterion) {
     let source = load_source();
-    let group_name = format!(
-        "resize_{}x{}_to_{OUT_SIDE}",
-        source.width, source.height
-    );
+    let group_name = format!("resize_{}x{}_to_{OUT_SIDE}", source.width, source.height);
     bench_resizers(c, &group_name, &source);
 }
 

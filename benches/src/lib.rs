@@ -13,8 +13,7 @@ use stoker_datasets::{
     SyntheticImageNetSpec,
 };
 use stoker_worker::{
-    decode, read_header, DecodeRequest, DecodedImage, ImageHeader, SampleError,
-    DEFAULT_MAX_PIXELS,
+    decode, read_header, DecodeRequest, DecodedImage, ImageHeader, SampleError, DEFAULT_MAX_PIXELS,
 };
 
 /// Images in the criterion set: enough to cover the generator's spread of sizes, qualities and
@@ -112,7 +111,8 @@ pub fn imagenet_like_jpegs() -> Result<Vec<JpegFixture>> {
 /// The fixture whose size is closest to `(width, height)`, decoded in full to packed RGB8.
 pub fn decoded_near(jpegs: &[JpegFixture], width: u32, height: u32) -> Result<DecodedImage> {
     let distance = |jpeg: &JpegFixture| {
-        u64::from(jpeg.header.width.abs_diff(width)) + u64::from(jpeg.header.height.abs_diff(height))
+        u64::from(jpeg.header.width.abs_diff(width))
+            + u64::from(jpeg.header.height.abs_diff(height))
     };
     let (index, nearest) = jpegs
         .iter()

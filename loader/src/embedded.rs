@@ -18,6 +18,7 @@ use stoker_proto::v1::{Batch, JobSpec};
 use crate::error::{Error, Result};
 use crate::job::Job;
 use crate::planner::EpochPlan;
+use crate::slots::SlotPool;
 use crate::stats::{LoaderStats, StatsRecorder};
 
 /// How the embedded loader runs.
@@ -29,6 +30,9 @@ pub struct LoaderOptions {
     pub prefetch: usize,
     /// The longest `next()` waits for one batch before it fails with [`Error::Timeout`].
     pub deadline: Duration,
+    /// Batches the consumer may keep alive beyond the prefetch before the loader waits for
+    /// one to be released: the slot pool holds `prefetch + max_held_batches` buffers.
+    pub max_held_batches: usize,
 }
 
 impl Default for LoaderOptions {
@@ -37,6 +41,7 @@ impl Default for LoaderOptions {
             threads: 0,
             prefetch: 0,
             deadline: Duration::from_secs(600),
+            max_held_batches: 4,
         }
     }
 }
@@ -48,6 +53,7 @@ pub struct Loader {
     threads: usize,
     prefetch: usize,
     deadline: Duration,
+    slots: Arc<SlotPool>,
     stats: Arc<Mutex<StatsRecorder>>,
 }
 
@@ -75,12 +81,16 @@ impl Loader {
             .panic_handler(|_| tracing::error!("decode thread panicked"))
             .build()
             .map_err(|e| Error::Threads(e.to_string()))?;
+        let slot_bytes = job
+            .assembler()
+            .image_bytes(job.plan_config().batch_size as usize);
         Ok(Loader {
             job: Arc::new(job),
             pool: Arc::new(pool),
             threads,
             prefetch,
             deadline: options.deadline,
+            slots: SlotPool::new(slot_bytes, prefetch + options.max_held_batches),
             stats: Arc::new(Mutex::new(StatsRecorder::new())),
         })
     }
@@ -103,6 +113,11 @@ impl Loader {
     /// Steps per epoch for this rank.
     pub fn steps_per_epoch(&self) -> Result<u64> {
         Ok(self.job.plan(0)?.steps())
+    }
+
+    /// The pool of batch buffers.
+    pub fn slots(&self) -> &Arc<SlotPool> {
+        &self.slots
     }
 
     /// Statistics so far, over every epoch this loader ran.
@@ -137,6 +152,7 @@ impl Loader {
             prefetch: self.prefetch,
             threads: self.threads,
             deadline: self.deadline,
+            slots: Arc::clone(&self.slots),
             stats: Arc::clone(&self.stats),
         };
         if let Ok(mut stats) = self.stats.lock() {
@@ -163,6 +179,7 @@ pub struct EpochStream {
     prefetch: usize,
     threads: usize,
     deadline: Duration,
+    slots: Arc<SlotPool>,
     stats: Arc<Mutex<StatsRecorder>>,
 }
 
@@ -182,35 +199,58 @@ impl EpochStream {
         (self.next_to_dispatch - self.next_step) as usize
     }
 
+    /// Starts batches until `prefetch` are in flight or no free slot is left.
     fn top_up(&mut self) {
         while self.next_to_dispatch < self.plan.steps()
             && (self.next_to_dispatch - self.next_step) < self.prefetch as u64
         {
-            let step = self.next_to_dispatch;
-            self.next_to_dispatch += 1;
-            let job = Arc::clone(&self.job);
-            let plan = Arc::clone(&self.plan);
-            let sender = self.sender.clone();
-            let cancelled = Arc::clone(&self.cancelled);
-            self.pool.spawn(move || {
-                if cancelled.load(Ordering::Relaxed) {
-                    return;
-                }
-                let result = catch_unwind(AssertUnwindSafe(|| job.batch(&plan, step)))
-                    .unwrap_or_else(|panic| {
-                        let message = panic
-                            .downcast_ref::<&str>()
-                            .map(|s| s.to_string())
-                            .or_else(|| panic.downcast_ref::<String>().cloned())
-                            .unwrap_or_else(|| "unknown panic".into());
-                        Err(Error::Stopped(format!(
-                            "a decode thread panicked building step {step}: {message}"
-                        )))
-                    });
-                // The stream may be gone; then nobody wants the batch.
-                let _ = sender.send((step, result));
-            });
+            let len = self.image_bytes(self.next_to_dispatch);
+            let Some(slot) = self.slots.try_take(len) else {
+                break;
+            };
+            self.dispatch(slot);
         }
+    }
+
+    fn image_bytes(&self, step: u64) -> usize {
+        self.job.assembler().image_bytes(self.plan.batch_len(step))
+    }
+
+    fn dispatch(&mut self, mut slot: crate::slots::Slot) {
+        let step = self.next_to_dispatch;
+        self.next_to_dispatch += 1;
+        let job = Arc::clone(&self.job);
+        let plan = Arc::clone(&self.plan);
+        let sender = self.sender.clone();
+        let cancelled = Arc::clone(&self.cancelled);
+        self.pool.spawn(move || {
+            if cancelled.load(Ordering::Relaxed) {
+                return;
+            }
+            let result = catch_unwind(AssertUnwindSafe(|| {
+                let indices = plan.batch_indices(step);
+                let key = stoker_worker::BatchKey {
+                    epoch: plan.epoch(),
+                    rank: plan.config().rank,
+                    step,
+                };
+                let assembler = job.assembler();
+                let assembled = assembler.assemble_into(key, &indices, slot.as_mut_slice())?;
+                Ok(assembled.into_proto(assembler.pipeline(), &indices, slot.into_bytes()))
+            }))
+            .unwrap_or_else(|panic| {
+                let message = panic
+                    .downcast_ref::<&str>()
+                    .map(|s| s.to_string())
+                    .or_else(|| panic.downcast_ref::<String>().cloned())
+                    .unwrap_or_else(|| "unknown panic".into());
+                Err(Error::Stopped(format!(
+                    "a decode thread panicked building step {step}: {message}"
+                )))
+            });
+            // The stream may be gone; then nobody wants the batch.
+            let _ = sender.send((step, result));
+        });
     }
 
     /// The next batch in step order, `None` at the end of the epoch.
@@ -222,6 +262,25 @@ impl EpochStream {
         let step = self.next_step;
         while !self.ready.contains_key(&step) {
             let remaining = self.deadline.saturating_sub(started.elapsed());
+            if self.next_to_dispatch == step {
+                // Nothing in flight: every slot is held by batches the consumer kept.
+                match self.slots.take_timeout(self.image_bytes(step), remaining) {
+                    Some(slot) => {
+                        self.dispatch(slot);
+                        self.top_up();
+                        continue;
+                    }
+                    None => {
+                        let error = Error::SlotsHeld {
+                            step,
+                            capacity: self.slots.capacity(),
+                            waited: started.elapsed(),
+                        };
+                        tracing::error!(%error, "loader.next found no free batch slot");
+                        return Err(error);
+                    }
+                }
+            }
             match self.receiver.recv_timeout(remaining) {
                 Ok((done, result)) => {
                     self.ready.insert(done, result);

@@ -30,6 +30,16 @@ pub enum Error {
         /// Decode threads.
         threads: usize,
     },
+    /// Every batch buffer is still referenced by batches the consumer kept.
+    #[error("no free batch buffer for step {step} after {waited:?}: all {capacity} are held by batches still referenced (drop old batches, or raise max_held_batches)")]
+    SlotsHeld {
+        /// Step that could not start.
+        step: u64,
+        /// Buffers in the pool.
+        capacity: usize,
+        /// How long.
+        waited: Duration,
+    },
     /// The loader's threads are gone (a panic in a decode thread, or shutdown).
     #[error("the loader stopped: {0}")]
     Stopped(String),

@@ -149,7 +149,7 @@ fn prefetch_stays_bounded_when_the_consumer_is_slow() {
 fn a_wait_past_the_deadline_names_the_step() {
     let dir = tempfile::tempdir().unwrap();
     common::make_images(dir.path(), 12);
-    let (loader, _) = test_loader(dir.path(), Duration::from_millis(200), None, LoaderOptions { threads: 1, prefetch: 1, deadline: Duration::from_millis(50) });
+    let (loader, _) = test_loader(dir.path(), Duration::from_millis(200), None, LoaderOptions { threads: 1, prefetch: 1, deadline: Duration::from_millis(50), ..LoaderOptions::default() });
     let mut stream = loader.epoch(0, 0).unwrap();
     match stream.next_batch() {
         Err(Error::Timeout { step, epoch, .. }) => assert_eq!((epoch, step), (0, 0)),
@@ -204,4 +204,28 @@ fn bad_specs_are_refused_before_any_work() {
     missing.dataset.as_mut().unwrap().uri = dir.path().join("nope").to_string_lossy().into_owned();
     let message = Loader::new(missing, LoaderOptions::default()).err().unwrap().to_string();
     assert!(message.contains("nope"), "{message}");
+}
+
+#[test]
+fn kept_batches_bound_memory_and_released_ones_are_reused() {
+    let dir = tempfile::tempdir().unwrap();
+    common::make_images(dir.path(), 40);
+    let options = LoaderOptions { threads: 2, prefetch: 2, max_held_batches: 1, deadline: Duration::from_millis(300) };
+    let loader = Loader::new(common::train_spec(dir.path(), 4), options).unwrap();
+    assert_eq!(loader.slots().capacity(), 3);
+    let mut stream = loader.epoch(0, 0).unwrap();
+    let mut kept = Vec::new();
+    for _ in 0..3 {
+        kept.push(stream.next_batch().unwrap().unwrap());
+    }
+    // All three buffers are referenced by kept batches: the loader waits, then says why.
+    let message = stream.next_batch().unwrap_err().to_string();
+    assert!(message.contains("all 3 are held"), "{message}");
+    assert_eq!(loader.slots().in_use(), 3);
+    // Dropping batches frees their buffers and the epoch goes on from the same step.
+    kept.clear();
+    let next = stream.next_batch().unwrap().unwrap();
+    assert_eq!(next.step, 3);
+    let rest: Vec<_> = stream.map(|b| b.unwrap().step).collect();
+    assert_eq!(rest, (4..10).collect::<Vec<_>>());
 }

@@ -45,6 +45,55 @@ pub struct BatchAssembler {
     bad_samples_seen: AtomicU64,
 }
 
+/// What a batch holds besides its image bytes.
+#[derive(Debug, Clone)]
+pub struct AssembledBatch {
+    /// Where the batch belongs.
+    pub key: BatchKey,
+    /// One label per sample (the substitute's label for replaced samples).
+    pub labels: Vec<i64>,
+    /// Stage timings summed over the samples.
+    pub timings: SampleTimings,
+    /// Samples replaced under the skip policy.
+    pub bad_samples: Vec<proto::BadSample>,
+}
+
+impl AssembledBatch {
+    /// The wire form, with `images` as the image tensor's bytes.
+    pub fn into_proto(self, pipeline: &Pipeline, indices: &[u64], images: Bytes) -> proto::Batch {
+        let count = indices.len();
+        let labels: Vec<u8> = self.labels.iter().flat_map(|l| l.to_le_bytes()).collect();
+        proto::Batch {
+            epoch: self.key.epoch,
+            rank: self.key.rank,
+            step: self.key.step,
+            tensors: vec![
+                proto::Tensor {
+                    name: "image".into(),
+                    dtype: pipeline.image_dtype() as i32,
+                    shape: pipeline.image_shape(count),
+                    data: images,
+                },
+                proto::Tensor {
+                    name: "label".into(),
+                    dtype: proto::Dtype::Int64 as i32,
+                    shape: vec![count as u64],
+                    data: Bytes::from(labels),
+                },
+            ],
+            sample_indices: indices.to_vec(),
+            timings: Some(proto::StageTimings {
+                read_ns: self.timings.read_ns,
+                decode_ns: self.timings.decode_ns,
+                augment_ns: self.timings.augment_ns,
+                assemble_ns: self.timings.assemble_ns,
+                transfer_ns: 0,
+            }),
+            bad_samples: self.bad_samples,
+        }
+    }
+}
+
 struct SampleOutcome {
     label: i64,
     timings: SampleTimings,
@@ -83,55 +132,53 @@ impl BatchAssembler {
         self.bad_samples_seen.load(Ordering::Relaxed)
     }
 
-    /// Builds the batch of `indices` (dataset indices in batch order). Runs the samples in
-    /// parallel on the current rayon pool; the bytes depend only on the arguments and the job.
-    pub fn assemble(&self, key: BatchKey, indices: &[u64]) -> Result<proto::Batch> {
+    /// Bytes of the image tensor of a batch of `samples`.
+    pub fn image_bytes(&self, samples: usize) -> usize {
+        self.pipeline.bytes_per_sample() * samples
+    }
+
+    /// Builds the batch of `indices` (dataset indices in batch order) into `images`, which must
+    /// hold exactly [`BatchAssembler::image_bytes`] bytes. Runs the samples in parallel on the
+    /// current rayon pool; the bytes depend only on the arguments and the job.
+    pub fn assemble_into(
+        &self,
+        key: BatchKey,
+        indices: &[u64],
+        images: &mut [u8],
+    ) -> Result<AssembledBatch> {
         let sample_bytes = self.pipeline.bytes_per_sample();
-        let mut images = vec![0u8; sample_bytes * indices.len()];
+        if images.len() != sample_bytes * indices.len() {
+            return Err(Error::InvalidSpec(format!(
+                "batch buffer of {} bytes for {} samples of {sample_bytes} bytes",
+                images.len(),
+                indices.len()
+            )));
+        }
         let outcomes: Vec<Result<SampleOutcome>> = images
-            .par_chunks_mut(sample_bytes)
+            .par_chunks_mut(sample_bytes.max(1))
             .zip(indices.par_iter())
             .map(|(dest, &index)| self.fill_slot(key.epoch, index, dest))
             .collect();
-
-        let mut labels = Vec::with_capacity(indices.len() * 8);
-        let mut timings = SampleTimings::default();
-        let mut bad_samples = Vec::new();
+        let mut assembled = AssembledBatch {
+            key,
+            labels: Vec::with_capacity(indices.len()),
+            timings: SampleTimings::default(),
+            bad_samples: Vec::new(),
+        };
         for outcome in outcomes {
             let outcome = outcome?;
-            labels.extend_from_slice(&outcome.label.to_le_bytes());
-            timings.add(&outcome.timings);
-            bad_samples.extend(outcome.bad);
+            assembled.labels.push(outcome.label);
+            assembled.timings.add(&outcome.timings);
+            assembled.bad_samples.extend(outcome.bad);
         }
-        let count = indices.len() as u64;
-        Ok(proto::Batch {
-            epoch: key.epoch,
-            rank: key.rank,
-            step: key.step,
-            tensors: vec![
-                proto::Tensor {
-                    name: "image".into(),
-                    dtype: self.pipeline.image_dtype() as i32,
-                    shape: self.pipeline.image_shape(indices.len()),
-                    data: Bytes::from(images),
-                },
-                proto::Tensor {
-                    name: "label".into(),
-                    dtype: proto::Dtype::Int64 as i32,
-                    shape: vec![count],
-                    data: Bytes::from(labels),
-                },
-            ],
-            sample_indices: indices.to_vec(),
-            timings: Some(proto::StageTimings {
-                read_ns: timings.read_ns,
-                decode_ns: timings.decode_ns,
-                augment_ns: timings.augment_ns,
-                assemble_ns: timings.assemble_ns,
-                transfer_ns: 0,
-            }),
-            bad_samples,
-        })
+        Ok(assembled)
+    }
+
+    /// Builds the batch of `indices` in a new buffer; see [`BatchAssembler::assemble_into`].
+    pub fn assemble(&self, key: BatchKey, indices: &[u64]) -> Result<proto::Batch> {
+        let mut images = vec![0u8; self.image_bytes(indices.len())];
+        let assembled = self.assemble_into(key, indices, &mut images)?;
+        Ok(assembled.into_proto(&self.pipeline, indices, Bytes::from(images)))
     }
 
     fn try_sample(

@@ -22,7 +22,7 @@ mod pipeline;
 pub mod presets;
 mod rng;
 
-pub use batch::{BatchAssembler, BatchKey, MAX_SUBSTITUTE_TRIES};
+pub use batch::{AssembledBatch, BatchAssembler, BatchKey, MAX_SUBSTITUTE_TRIES};
 pub use error::{Error, Result, SampleError};
 pub use ops::decode::{
     decode, read_header, DecodeRequest, DecodedImage, ImageHeader, DEFAULT_MAX_PIXELS,

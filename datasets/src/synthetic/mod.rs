@@ -429,6 +429,14 @@ mod tuning {
             plan.style.grayscale = false;
             let mut rng = Pcg64Mcg::new(plan.paint_seed);
             let pixels = paint_photo(plan.width, plan.height, plan.style, &mut rng);
+            let w = plan.width * 3;
+            let mut acc = 0.0f64; let mut n = 0.0;
+            for y in 1..plan.height-1 { for x in 1..plan.width-1 { let c = |xx: usize, yy: usize| pixels[yy*w + xx*3] as f64;
+                let d = c(x,y) - (c(x-1,y)+c(x+1,y)+c(x,y-1)+c(x,y+1))/4.0; acc += d*d; n += 1.0; } }
+            println!("highpass rms {:.2}", (acc/n).sqrt());
+            let jpeg = turbojpeg::compress(turbojpeg::Image { pixels: &pixels[..], width: plan.width, pitch: w, height: plan.height, format: turbojpeg::PixelFormat::RGB }, 90, turbojpeg::Subsamp::Sub2x2).unwrap();
+            let gray = turbojpeg::compress(turbojpeg::Image { pixels: &pixels[..], width: plan.width, pitch: w, height: plan.height, format: turbojpeg::PixelFormat::RGB }, 90, turbojpeg::Subsamp::Gray).unwrap();
+            println!("q90 420 bpp {:.3} luma-only {:.3}", jpeg.len() as f64 / (plan.width*plan.height) as f64, gray.len() as f64 / (plan.width*plan.height) as f64);
             let sat = pixels.iter().filter(|v| **v == 0 || **v == 255).count() as f64
                 / pixels.len() as f64;
             println!(
@@ -453,5 +461,30 @@ mod tuning {
             report.file_bytes,
             report.formats
         );
+    }
+}
+#[cfg(test)]
+mod sanity {
+    #[test]
+    #[ignore]
+    fn white_noise_jpeg() {
+        use rand_core::Rng;
+        let mut rng = rand_pcg::Pcg64Mcg::new(5);
+        for sigma in [5.0f32, 10.0, 20.0, 60.0] {
+            let (w, h) = (400usize, 352usize);
+            let mut px = vec![0u8; w * h * 3];
+            for p in px.iter_mut() {
+                let a = (rng.next_u32() >> 8) as f32 / 16777216.0;
+                let b = (rng.next_u32() >> 8) as f32 / 16777216.0;
+                *p = (128.0 + (a + b - 1.0) * sigma * 2.449).clamp(0.0, 255.0) as u8;
+            }
+            for (q, s) in [(90, turbojpeg::Subsamp::Sub2x2), (90, turbojpeg::Subsamp::None), (75, turbojpeg::Subsamp::Sub2x2)] {
+                let jpeg = turbojpeg::compress(turbojpeg::Image { pixels: &px[..], width: w, pitch: w * 3, height: h, format: turbojpeg::PixelFormat::RGB }, q, s).unwrap();
+                let dec = turbojpeg::decompress(&jpeg, turbojpeg::PixelFormat::RGB).unwrap();
+                let mse: f64 = px.iter().zip(dec.pixels.iter()).map(|(a, b)| { let d = *a as f64 - *b as f64; d * d }).sum::<f64>() / px.len() as f64;
+                let hdr = turbojpeg::read_header(&jpeg).unwrap();
+                println!("sigma {sigma} q{q} {s:?} bpp {:.3} rmse {:.2} hdr {:?} len {}", jpeg.len() as f64 / (w * h) as f64, mse.sqrt(), hdr, jpeg.len());
+            }
+        }
     }
 }

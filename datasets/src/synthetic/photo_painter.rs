@@ -29,8 +29,6 @@ const TEXTURE_AMPLITUDE: f32 = 30.0;
 const OCTAVE_GAIN: f32 = 0.8;
 /// Standard deviation of the luminance grain at detail 1, in 8-bit levels.
 const GRAIN_LEVELS: f32 = 3.2;
-/// Amplitude of the speckle layer at detail 1, in 8-bit levels.
-const SPECKLE_LEVELS: f32 = 36.0;
 
 /// Paints a `width` x `height` picture; returns RGB (or gray) bytes, rows packed.
 pub(crate) fn paint_photo(
@@ -45,12 +43,12 @@ pub(crate) fn paint_photo(
     let palette_size = 3 + (rng.next_u32() % 4) as usize;
     let palette: Vec<[f32; 3]> = (0..palette_size).map(|_| random_color(rng)).collect();
     let edge_sharpness = 20.0 + 60.0 * unit(rng);
+    let tint_spread = knob("TT", 0.4);
     let tint = [
-        0.8 + 0.4 * unit(rng),
-        0.8 + 0.4 * unit(rng),
-        0.8 + 0.4 * unit(rng),
+        1.0 + tint_spread * (unit(rng) - 0.5),
+        1.0 + tint_spread * (unit(rng) - 0.5),
+        1.0 + tint_spread * (unit(rng) - 0.5),
     ];
-    let speckle_threshold = 0.25 + 0.4 * unit(rng);
     let light_slope_x = 0.3 * (unit(rng) - 0.5);
     let light_slope_y = 0.3 * (unit(rng) - 0.5);
     let vignette = 0.25 * unit(rng);
@@ -62,19 +60,18 @@ pub(crate) fn paint_photo(
         NoiseLayer::new(width, height, (region_cell / 9).max(2), rng),
     ];
     let mut busy_mask = NoiseLayer::new(width, height, (long_side / 3.0) as usize, rng);
-    let coarsest = (long_side / 5.0).max(16.0);
     let mut texture_layers = Vec::new();
     let mut texture_amplitudes = Vec::new();
-    let mut cell = coarsest;
+    let mut cell = knob("TC", 16.0);
     let mut amplitude = knob("TA", TEXTURE_AMPLITUDE) * style.detail.sqrt();
-    while cell >= 1.5 {
+    while cell >= knob("TMIN", 1.9) {
         texture_layers.push(NoiseLayer::new(width, height, cell.round() as usize, rng));
         texture_amplitudes.push(amplitude);
         cell /= 2.0;
         amplitude *= knob("TG", OCTAVE_GAIN);
     }
-    let speckle_cell = 3 + (rng.next_u32() % 6) as usize;
-    let mut speckle_layer = NoiseLayer::new(width, height, speckle_cell, rng);
+    let hardness = knob("TH", 4.0);
+    let leaves = LeafMap::scatter(width, height, style.detail, rng);
     let mut chroma_layers: Vec<NoiseLayer> = (0..channels)
         .map(|_| NoiseLayer::new(width, height, (long_side / 6.0) as usize, rng))
         .collect();
@@ -86,15 +83,13 @@ pub(crate) fn paint_photo(
         })
         .collect();
     let grain_levels = knob("TGR", GRAIN_LEVELS) * style.detail;
-    let speckle_levels = knob("TS", SPECKLE_LEVELS) * style.detail.sqrt();
 
     let mut region = vec![0.0f32; width];
     let mut busy = vec![0.0f32; width];
     let mut texture = vec![0.0f32; width];
-    let mut scratch = vec![0.0f32; width];
-    let mut speckle = vec![0.0f32; width];
+    let mut octave_row = vec![0.0f32; width];
     let mut chroma = vec![vec![0.0f32; width]; channels];
-    let mut grain = vec![0.0f32; width * channels];
+    let mut grain = vec![0.0f32; width];
     let mut pixels = vec![0u8; width * height * channels];
 
     for (y, pixel_row) in pixels.chunks_exact_mut(width * channels).enumerate() {
@@ -105,37 +100,28 @@ pub(crate) fn paint_photo(
         busy.fill(0.0);
         busy_mask.add_row(y, 1.0, &mut busy);
         texture.fill(0.0);
-        for (octave, (layer, amplitude)) in texture_layers.iter_mut().zip(&texture_amplitudes).enumerate() {
-            let mode = knob("TR", 1.0) as usize;
-            if mode == 1 && octave % 2 == 1 {
-                scratch.fill(0.0);
-                layer.add_row(y, 1.0, &mut scratch);
-                for (t, s) in texture.iter_mut().zip(&scratch) { *t += amplitude * (1.0 - 2.0 * s.abs()); }
-            } else if mode == 2 && (octave % 2 == 1 || knob("TALL", 0.0) > 0.5) {
-                scratch.fill(0.0);
-                layer.add_row(y, 1.0, &mut scratch);
-                let hard = knob("TH", 4.0);
-                for (t, s) in texture.iter_mut().zip(&scratch) { *t += amplitude * (s * hard).clamp(-1.0, 1.0); }
-            } else {
-                layer.add_row(y, *amplitude, &mut texture);
+        for (layer, amplitude) in texture_layers.iter_mut().zip(&texture_amplitudes) {
+            octave_row.fill(0.0);
+            layer.add_row(y, 1.0, &mut octave_row);
+            for (value, octave) in texture.iter_mut().zip(&octave_row) {
+                *value += amplitude * (octave * hardness).clamp(-1.0, 1.0);
             }
         }
-        speckle.fill(0.0);
-        speckle_layer.add_row(y, 1.0, &mut speckle);
         for (layer, row) in chroma_layers.iter_mut().zip(chroma.iter_mut()) {
             row.fill(0.0);
             layer.add_row(y, 14.0, row);
         }
         fill_grain(rng, grain_levels, &mut grain);
+        let leaf_row = leaves.row(y);
 
         let row_position = y as f32 / height as f32 - 0.5;
         let row_light = 1.0 + light_slope_y * row_position - vignette * row_position * row_position;
         for x in 0..width {
             let color = blend_palette(&palette, region[x], edge_sharpness);
+            let leaf = leaves.leaf(leaf_row[x]);
             // Busy areas (foliage, fabric) next to quiet ones (sky, walls), as in photos.
-            let busyness = (0.55 + 0.9 * busy[x]).clamp(0.08, 1.6);
-            let spots = ((speckle[x] - speckle_threshold) * 5.0).clamp(0.0, 1.0);
-            let luminance = texture[x] * busyness - spots * speckle_levels * busyness;
+            let busyness = (0.55 + 0.9 * busy[x]).clamp(0.08, 1.6) * leaf.texture_gain;
+            let luminance = leaf.luminance + texture[x] * busyness;
             let light = row_light * column_light[x];
             if channels == 1 {
                 let gray = 0.299 * color[0] + 0.587 * color[1] + 0.114 * color[2];
@@ -143,15 +129,112 @@ pub(crate) fn paint_photo(
                 pixel_row[x] = to_byte(value);
             } else {
                 for channel in 0..3 {
-                    let value = (color[channel] + luminance * tint[channel] + chroma[channel][x])
+                    let value = (color[channel]
+                        + leaf.tint[channel]
+                        + luminance * tint[channel]
+                        + chroma[channel][x])
                         * light
-                        + grain[x * 3 + channel];
+                        + grain[x];
                     pixel_row[x * 3 + channel] = to_byte(value);
                 }
             }
         }
     }
     pixels
+}
+
+/// One occluding object of the "dead leaves" layer: an ellipse or a rotated rectangle that
+/// shifts the colour and the surface texture of what lies under it.
+#[derive(Debug, Clone, Copy)]
+struct Leaf {
+    luminance: f32,
+    tint: [f32; 3],
+    texture_gain: f32,
+}
+
+/// The dead-leaves layer: objects of sizes drawn from a power law, stacked front over back.
+///
+/// This model reproduces the scale invariance and the sharp occlusion edges of natural images,
+/// which is where a JPEG spends most of its bits.
+struct LeafMap {
+    width: usize,
+    /// Index into `leaves` for every pixel; 0 is "no leaf".
+    ids: Vec<u32>,
+    leaves: Vec<Leaf>,
+}
+
+impl LeafMap {
+    fn scatter(width: usize, height: usize, detail: f32, rng: &mut Pcg64Mcg) -> LeafMap {
+        let mut ids = vec![0u32; width * height];
+        let mut leaves = vec![Leaf {
+            luminance: 0.0,
+            tint: [0.0; 3],
+            texture_gain: 1.0,
+        }];
+        let long_side = width.max(height) as f32;
+        let smallest = knob("LMIN", 2.0);
+        let largest = long_side * knob("LMAX", 0.15);
+        let target_area = knob("LCOV", 1.5) * detail.sqrt() * (width * height) as f32;
+        let luminance_spread = knob("LL", 40.0);
+        let tint_spread = knob("LT", 12.0);
+        let mut area = 0.0;
+        while area < target_area && leaves.len() < 1 << 20 {
+            // Inverse-CDF draw from p(r) ~ r^-3, the exponent that makes the pattern look the
+            // same at every scale.
+            let radius = (smallest / (1.0 - unit(rng)).sqrt()).min(largest);
+            let elongation = 0.4 + 0.6 * unit(rng);
+            let (major, minor) = (radius / elongation.sqrt(), radius * elongation.sqrt());
+            let angle = std::f32::consts::PI * unit(rng);
+            let center_x = width as f32 * unit(rng);
+            let center_y = height as f32 * unit(rng);
+            let rectangular = unit(rng) < 0.4;
+            let leaf = Leaf {
+                luminance: luminance_spread * (2.0 * unit(rng) - 1.0),
+                tint: [
+                    tint_spread * (2.0 * unit(rng) - 1.0),
+                    tint_spread * (2.0 * unit(rng) - 1.0),
+                    tint_spread * (2.0 * unit(rng) - 1.0),
+                ],
+                texture_gain: 0.2 + 1.6 * unit(rng),
+            };
+            let id = leaves.len() as u32;
+            leaves.push(leaf);
+            area += std::f32::consts::PI * major * minor;
+
+            let (sin, cos) = angle.sin_cos();
+            let reach = (major * major + minor * minor).sqrt().ceil();
+            let top = (center_y - reach).max(0.0) as usize;
+            let bottom = ((center_y + reach).ceil() as usize).min(height);
+            let left = (center_x - reach).max(0.0) as usize;
+            let right = ((center_x + reach).ceil() as usize).min(width);
+            for y in top..bottom {
+                let dy = y as f32 + 0.5 - center_y;
+                let row = &mut ids[y * width..(y + 1) * width];
+                for (x, slot) in row.iter_mut().enumerate().take(right).skip(left) {
+                    let dx = x as f32 + 0.5 - center_x;
+                    let along = (dx * cos + dy * sin) / major;
+                    let across = (dy * cos - dx * sin) / minor;
+                    let inside = if rectangular {
+                        along.abs() <= 1.0 && across.abs() <= 1.0
+                    } else {
+                        along * along + across * across <= 1.0
+                    };
+                    if inside {
+                        *slot = id;
+                    }
+                }
+            }
+        }
+        LeafMap { width, ids, leaves }
+    }
+
+    fn row(&self, y: usize) -> &[u32] {
+        &self.ids[y * self.width..(y + 1) * self.width]
+    }
+
+    fn leaf(&self, id: u32) -> Leaf {
+        self.leaves[id as usize]
+    }
 }
 
 /// Mixes the palette along the region field with sharp transitions, which make the borders
@@ -171,7 +254,7 @@ fn blend_palette(palette: &[[f32; 3]], field: f32, sharpness: f32) -> [f32; 3] {
 
 /// A muted, photo-like colour: mostly luminance, moderate saturation.
 fn random_color(rng: &mut Pcg64Mcg) -> [f32; 3] {
-    let luminance = 35.0 + 185.0 * unit(rng);
+    let luminance = knob("PL0", 50.0) + knob("PL1", 160.0) * unit(rng);
     let saturation = 55.0 * unit(rng);
     let red_shift = saturation * (unit(rng) - 0.5) * 2.0;
     let blue_shift = saturation * (unit(rng) - 0.5) * 2.0;
@@ -197,8 +280,20 @@ fn fill_grain(rng: &mut Pcg64Mcg, levels: f32, grain: &mut [f32]) {
     }
 }
 
+/// Rounds to 8 bits through a soft shoulder at both ends, as a camera's tone curve does, so
+/// stacked layers roll off into the highlights and shadows instead of clipping flat.
 fn to_byte(value: f32) -> u8 {
-    (value + 0.5).clamp(0.0, 255.0) as u8
+    const KNEE_LOW: f32 = 40.0;
+    const KNEE_HIGH: f32 = 215.0;
+    const SHOULDER_SLOPE: f32 = 0.35;
+    let toned = if value > KNEE_HIGH {
+        KNEE_HIGH + (value - KNEE_HIGH) * SHOULDER_SLOPE
+    } else if value < KNEE_LOW {
+        KNEE_LOW + (value - KNEE_LOW) * SHOULDER_SLOPE
+    } else {
+        value
+    };
+    (toned + 0.5).clamp(0.0, 255.0) as u8
 }
 
 /// A uniform draw in `[0, 1)`.
