@@ -1,0 +1,263 @@
+//! `stoker._native`: the Rust side of Stoker's Python package. It runs the embedded loader and
+//! hands batches to Python as [`Buffer`]s (zero-copy through the buffer protocol). The public
+//! API is the pure-Python `stoker` package; this module is its private engine.
+
+mod buffer;
+mod errors;
+mod ops;
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use pyo3::exceptions::PyValueError;
+use pyo3::prelude::*;
+use pyo3::types::{PyDict, PyList, PyTuple};
+use stoker_loader::{EpochStream, Loader, LoaderOptions};
+use stoker_proto::v1::{self as proto, BadSamplePolicy, JobSpec};
+
+use buffer::Buffer;
+use errors::{from_dataset, from_loader, raise, Kind};
+
+/// The embedded loader of one job, driven from Python.
+#[pyclass(module = "stoker._native")]
+struct NativeLoader {
+    loader: Option<Arc<Loader>>,
+    stream: Option<EpochStream>,
+    class_names: Vec<String>,
+    num_samples: u64,
+    steps_per_epoch: u64,
+}
+
+fn dtype_name(dtype: i32) -> &'static str {
+    match proto::Dtype::try_from(dtype) {
+        Ok(proto::Dtype::Uint8) => "uint8",
+        Ok(proto::Dtype::Float32) => "float32",
+        Ok(proto::Dtype::Int64) => "int64",
+        Ok(proto::Dtype::Int32) => "int32",
+        Ok(proto::Dtype::Uint16) => "uint16",
+        Ok(proto::Dtype::Uint32) => "uint32",
+        _ => "unknown",
+    }
+}
+
+impl NativeLoader {
+    fn loader(&self) -> PyResult<&Arc<Loader>> {
+        self.loader
+            .as_ref()
+            .ok_or_else(|| raise(Kind::Stoker, "the loader is closed".into()))
+    }
+}
+
+#[pymethods]
+impl NativeLoader {
+    #[new]
+    #[pyo3(signature = (source, ops, batch_size, shuffle, seed, drop_last, num_threads, rank, world_size, prefetch, on_error, timeout_s, max_held_batches))]
+    #[allow(clippy::too_many_arguments)]
+    fn new(
+        py: Python<'_>,
+        source: PathBuf,
+        ops: Vec<Bound<'_, PyDict>>,
+        batch_size: u32,
+        shuffle: bool,
+        seed: u64,
+        drop_last: bool,
+        num_threads: usize,
+        rank: u32,
+        world_size: u32,
+        prefetch: usize,
+        on_error: &str,
+        timeout_s: f64,
+        max_held_batches: usize,
+    ) -> PyResult<Self> {
+        let on_error = match on_error {
+            "skip" => BadSamplePolicy::Skip,
+            "fail" => BadSamplePolicy::Fail,
+            other => {
+                return Err(PyValueError::new_err(format!(
+                    "on_error must be \"skip\" or \"fail\", got {other:?}"
+                )))
+            }
+        };
+        if !(timeout_s.is_finite() && timeout_s > 0.0) {
+            return Err(PyValueError::new_err(format!(
+                "timeout must be a positive number of seconds, got {timeout_s}"
+            )));
+        }
+        let spec = JobSpec {
+            dataset: Some(proto::DatasetSource {
+                uri: source.to_string_lossy().into_owned(),
+                format: proto::DatasetFormat::Auto as i32,
+            }),
+            pipeline: ops::from_python(&ops)?,
+            batch_size,
+            seed,
+            shuffle,
+            drop_last,
+            rank,
+            world_size,
+            uneven_tail: proto::UnevenTail::Pad as i32,
+            on_error: on_error as i32,
+        };
+        let options = LoaderOptions {
+            threads: num_threads,
+            prefetch,
+            deadline: Duration::from_secs_f64(timeout_s),
+            max_held_batches,
+        };
+        let loader = py
+            .detach(|| Loader::new(spec, options))
+            .map_err(from_loader)?;
+        let source = loader.job().assembler().source();
+        let class_names = source.class_names().to_vec();
+        let num_samples = source.len();
+        let steps_per_epoch = loader.steps_per_epoch().map_err(from_loader)?;
+        Ok(Self {
+            loader: Some(Arc::new(loader)),
+            stream: None,
+            class_names,
+            num_samples,
+            steps_per_epoch,
+        })
+    }
+
+    /// Steps (batches) per epoch for this rank.
+    #[getter]
+    fn steps_per_epoch(&self) -> u64 {
+        self.steps_per_epoch
+    }
+
+    /// Samples in the dataset.
+    #[getter]
+    fn num_samples(&self) -> u64 {
+        self.num_samples
+    }
+
+    /// Class names, in label order.
+    #[getter]
+    fn class_names(&self) -> Vec<String> {
+        self.class_names.clone()
+    }
+
+    /// Decode threads.
+    #[getter]
+    fn num_threads(&self) -> PyResult<usize> {
+        Ok(self.loader()?.threads())
+    }
+
+    /// Batches in flight at most.
+    #[getter]
+    fn prefetch(&self) -> PyResult<usize> {
+        Ok(self.loader()?.prefetch())
+    }
+
+    /// Batch buffers in the pool.
+    #[getter]
+    fn slot_capacity(&self) -> PyResult<usize> {
+        Ok(self.loader()?.slots().capacity())
+    }
+
+    /// Starts `epoch` at `start_step` (a later step resumes mid-epoch with no replay).
+    fn start_epoch(&mut self, py: Python<'_>, epoch: u64, start_step: u64) -> PyResult<()> {
+        let loader = Arc::clone(self.loader()?);
+        // Drop the previous stream first: its unstarted work is cancelled.
+        self.stream = None;
+        let stream = py
+            .detach(|| loader.epoch(epoch, start_step))
+            .map_err(from_loader)?;
+        self.stream = Some(stream);
+        Ok(())
+    }
+
+    /// The next batch as (epoch, step, tensors, sample_indices, bad_samples); None at the end
+    /// of the epoch. Waits with the GIL released.
+    fn next_batch<'py>(&mut self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyTuple>>> {
+        self.loader()?;
+        let stream = self
+            .stream
+            .as_mut()
+            .ok_or_else(|| raise(Kind::Stoker, "no epoch started: call start_epoch".into()))?;
+        let batch = py.detach(|| stream.next_batch()).map_err(from_loader)?;
+        let Some(batch) = batch else {
+            return Ok(None);
+        };
+        let tensors = PyList::empty(py);
+        for tensor in batch.tensors {
+            let shape = PyTuple::new(py, tensor.shape.iter().copied())?;
+            let buffer = Bound::new(py, Buffer::new(tensor.data))?;
+            tensors.append((tensor.name, dtype_name(tensor.dtype), shape, buffer))?;
+        }
+        let bad = PyList::empty(py);
+        for sample in batch.bad_samples {
+            let entry = PyDict::new(py);
+            entry.set_item("sample_index", sample.sample_index)?;
+            entry.set_item("path", sample.path)?;
+            entry.set_item("reason", sample.reason)?;
+            entry.set_item("substitute_index", sample.substitute_index)?;
+            bad.append(entry)?;
+        }
+        let tuple = (batch.epoch, batch.step, tensors, batch.sample_indices, bad).into_pyobject(py)?;
+        Ok(Some(tuple))
+    }
+
+    /// Throughput, stall and queue figures so far.
+    fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let loader = self.loader()?;
+        let stats = loader.stats();
+        let dict = PyDict::new(py);
+        dict.set_item("samples", stats.samples)?;
+        dict.set_item("batches", stats.batches)?;
+        dict.set_item("elapsed_s", stats.elapsed_s)?;
+        dict.set_item("samples_per_s", stats.samples_per_s)?;
+        dict.set_item("wait_s", stats.wait_s)?;
+        dict.set_item("first_batch_s", stats.first_batch_s)?;
+        dict.set_item("read_s", stats.read_s)?;
+        dict.set_item("decode_s", stats.decode_s)?;
+        dict.set_item("augment_s", stats.augment_s)?;
+        dict.set_item("assemble_s", stats.assemble_s)?;
+        dict.set_item("bad_samples", stats.bad_samples)?;
+        dict.set_item("in_flight", stats.in_flight)?;
+        dict.set_item("slots_in_use", loader.slots().in_use())?;
+        dict.set_item("slot_capacity", loader.slots().capacity())?;
+        Ok(dict)
+    }
+
+    /// Stops the decode threads; later calls raise StokerError. Batches already handed out
+    /// stay valid.
+    fn close(&mut self, py: Python<'_>) {
+        let stream = self.stream.take();
+        let loader = self.loader.take();
+        py.detach(|| {
+            drop(stream);
+            drop(loader);
+        });
+    }
+}
+
+/// Writes (or reuses) a seeded ImageNet-like ImageFolder of `count` JPEGs under `out` and
+/// returns its root.
+#[pyfunction]
+#[pyo3(signature = (out, count, seed = 0))]
+fn make_dataset(py: Python<'_>, out: PathBuf, count: u64, seed: u64) -> PyResult<PathBuf> {
+    let spec = stoker_datasets::SyntheticImageNetSpec {
+        count,
+        seed,
+        classes: 10,
+    };
+    py.detach(|| stoker_datasets::generate_imagenet_like(&out, &spec, &|_| {}))
+        .map(|generated| generated.root)
+        .map_err(from_dataset)
+}
+
+#[pymodule]
+fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    let classes = errors::classes(m.py())?;
+    for (name, class) in errors::NAMES.iter().zip(classes) {
+        m.add(*name, class.bind(m.py()))?;
+    }
+    m.add_class::<NativeLoader>()?;
+    m.add_class::<Buffer>()?;
+    m.add_function(wrap_pyfunction!(make_dataset, m)?)?;
+    m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+    Ok(())
+}
