@@ -1,6 +1,8 @@
 //! Bad input never crashes the loader: missing, zero-byte, truncated and corrupt files,
 //! non-images and images over the pixel limit, under both the skip and the fail policy.
 
+#![allow(clippy::unwrap_used)] // tests fail loudly by design
+
 mod common;
 
 use std::collections::BTreeMap;
@@ -35,7 +37,9 @@ fn first_jpeg(dir: &Path) -> Vec<u8> {
 fn noise(len: usize, mut state: u64) -> Vec<u8> {
     (0..len)
         .map(|_| {
-            state = state.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            state = state
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
             (state >> 33) as u8
         })
         .collect()
@@ -87,7 +91,14 @@ fn spec(dir: &Path, batch_size: u32, policy: BadSamplePolicy) -> JobSpec {
 }
 
 fn open(dir: &Path, spec: JobSpec) -> Loader {
-    let loader = Loader::new(spec, LoaderOptions { threads: 2, ..LoaderOptions::default() }).unwrap();
+    let loader = Loader::new(
+        spec,
+        LoaderOptions {
+            threads: 2,
+            ..LoaderOptions::default()
+        },
+    )
+    .unwrap();
     std::fs::remove_file(dir.join("class_00").join(BAD_KINDS[6].0)).ok();
     loader
 }
@@ -103,7 +114,11 @@ fn skip_replaces_each_bad_sample_and_keeps_batch_shapes() {
         let batch = batch.unwrap();
         let n = batch.sample_indices.len();
         samples += n;
-        assert_eq!(batch.tensors[0].data.len(), n * 32 * 32 * 3, "batch keeps its shape");
+        assert_eq!(
+            batch.tensors[0].data.len(),
+            n * 32 * 32 * 3,
+            "batch keeps its shape"
+        );
         for bad in batch.bad_samples {
             assert_ne!(bad.substitute_index, bad.sample_index);
             reported.insert(bad.path.clone(), bad.reason.clone());
@@ -126,7 +141,14 @@ fn skip_is_deterministic_across_thread_counts() {
     bad_dataset(dir.path());
     let mut digests = Vec::new();
     for threads in [1, 3] {
-        let loader = Loader::new(spec(dir.path(), 5, BadSamplePolicy::Skip), LoaderOptions { threads, ..LoaderOptions::default() }).unwrap();
+        let loader = Loader::new(
+            spec(dir.path(), 5, BadSamplePolicy::Skip),
+            LoaderOptions {
+                threads,
+                ..LoaderOptions::default()
+            },
+        )
+        .unwrap();
         let mut digest = stoker_loader::BatchDigest::new();
         for batch in loader.epoch(0, 0).unwrap() {
             digest.update(&batch.unwrap());
@@ -168,7 +190,20 @@ fn a_dataset_of_only_bad_files_fails_clearly_even_when_skipping() {
     for i in 0..3 {
         std::fs::write(class.join(format!("{i}.jpg")), b"nope").unwrap();
     }
-    let loader = Loader::new(spec(dir.path(), 2, BadSamplePolicy::Skip), LoaderOptions { threads: 1, ..LoaderOptions::default() }).unwrap();
-    let message = loader.epoch(0, 0).unwrap().next().unwrap().unwrap_err().to_string();
+    let loader = Loader::new(
+        spec(dir.path(), 2, BadSamplePolicy::Skip),
+        LoaderOptions {
+            threads: 1,
+            ..LoaderOptions::default()
+        },
+    )
+    .unwrap();
+    let message = loader
+        .epoch(0, 0)
+        .unwrap()
+        .next()
+        .unwrap()
+        .unwrap_err()
+        .to_string();
     assert!(message.contains("could replace it"), "{message}");
 }

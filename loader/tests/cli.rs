@@ -1,6 +1,8 @@
 //! The `stoker` binary as a user runs it: help on every subcommand, digest reproducibility,
 //! bench's JSON, inspect, make-dataset and a short demo.
 
+#![allow(clippy::unwrap_used)] // tests fail loudly by design
+
 mod common;
 
 use std::process::{Command, Output};
@@ -41,7 +43,17 @@ fn digest_depends_on_seed_and_epoch_but_not_threads() {
     common::make_images(dir.path(), 48);
     let data = dir.path().to_str().unwrap();
     let run = |extra: &[&str]| {
-        let mut args = vec!["digest", "--data", data, "--batch-size", "8", "--batches", "3", "--size", "64"];
+        let mut args = vec![
+            "digest",
+            "--data",
+            data,
+            "--batch-size",
+            "8",
+            "--batches",
+            "3",
+            "--size",
+            "64",
+        ];
         args.extend_from_slice(extra);
         last_line(&stdout_of(&args))
     };
@@ -58,10 +70,28 @@ fn digest_depends_on_seed_and_epoch_but_not_threads() {
 fn bench_json_has_the_figures() {
     let dir = tempfile::tempdir().unwrap();
     common::make_images(dir.path(), 40);
-    let out = stdout_of(&["bench", "--data", dir.path().to_str().unwrap(), "--batch-size", "8", "--threads", "2", "--json"]);
+    let out = stdout_of(&[
+        "bench",
+        "--data",
+        dir.path().to_str().unwrap(),
+        "--batch-size",
+        "8",
+        "--threads",
+        "2",
+        "--json",
+    ]);
     let report: serde_json::Value = serde_json::from_str(last_line(&out).trim()).unwrap();
-    for key in ["images_per_s", "cpu_s_per_image", "first_batch_ms", "peak_rss_mb", "decode_floor_s_per_image"] {
-        assert!(report[key].as_f64().is_some_and(|v| v > 0.0), "{key} in {report}");
+    for key in [
+        "images_per_s",
+        "cpu_s_per_image",
+        "first_batch_ms",
+        "peak_rss_mb",
+        "decode_floor_s_per_image",
+    ] {
+        assert!(
+            report[key].as_f64().is_some_and(|v| v > 0.0),
+            "{key} in {report}"
+        );
     }
     assert_eq!(report["images"], 40);
 }
@@ -70,7 +100,15 @@ fn bench_json_has_the_figures() {
 fn make_dataset_then_inspect() {
     let dir = tempfile::tempdir().unwrap();
     let out_dir = dir.path().join("set");
-    let out = stdout_of(&["make-dataset", "--count", "30", "--out", out_dir.to_str().unwrap(), "--seed", "2"]);
+    let out = stdout_of(&[
+        "make-dataset",
+        "--count",
+        "30",
+        "--out",
+        out_dir.to_str().unwrap(),
+        "--seed",
+        "2",
+    ]);
     assert!(out.contains("wrote 30 images"), "{out}");
     let report = stdout_of(&["inspect", "--data", out_dir.to_str().unwrap()]);
     assert!(report.contains("samples   30"), "{report}");
@@ -84,15 +122,33 @@ fn make_dataset_then_inspect() {
 fn demo_makes_its_own_data_and_summarises() {
     let tmp = tempfile::tempdir().unwrap();
     let output = Command::new(env!("CARGO_BIN_EXE_stoker"))
-        .args(["demo", "--seconds", "1.5", "--sample-images", "64", "--batch-size", "16", "--step-ms", "5"])
+        .args([
+            "demo",
+            "--seconds",
+            "1.5",
+            "--sample-images",
+            "64",
+            "--batch-size",
+            "16",
+            "--step-ms",
+            "5",
+        ])
         .env("TMPDIR", tmp.path())
         .output()
         .unwrap();
     let text = String::from_utf8_lossy(&output.stdout);
-    assert!(output.status.success(), "{text}\n{}", String::from_utf8_lossy(&output.stderr));
+    assert!(
+        output.status.success(),
+        "{text}\n{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
     assert!(text.contains("images/s"), "{text}");
     assert!(last_line(&text).starts_with("summary:"), "{text}");
-    assert!(tmp.path().join("stoker-sample-64").join("class_00").is_dir());
+    assert!(tmp
+        .path()
+        .join("stoker-sample-64")
+        .join("class_00")
+        .is_dir());
 }
 
 #[test]

@@ -1,6 +1,8 @@
 //! The embedded loader end to end on real files: order, determinism across thread counts,
 //! exact resume, bounded prefetch, deadlines, and panics that must not take the process down.
 
+#![allow(clippy::unwrap_used)] // tests fail loudly by design
+
 mod common;
 
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -12,8 +14,19 @@ use stoker_loader::{BatchDigest, Error, Job, Loader, LoaderOptions};
 use stoker_proto::v1::{Batch, JobSpec};
 
 fn epoch_batches(spec: &JobSpec, threads: usize, epoch: u64) -> Vec<Batch> {
-    let loader = Loader::new(spec.clone(), LoaderOptions { threads, ..LoaderOptions::default() }).unwrap();
-    loader.epoch(epoch, 0).unwrap().map(|b| b.unwrap()).collect()
+    let loader = Loader::new(
+        spec.clone(),
+        LoaderOptions {
+            threads,
+            ..LoaderOptions::default()
+        },
+    )
+    .unwrap();
+    loader
+        .epoch(epoch, 0)
+        .unwrap()
+        .map(|b| b.unwrap())
+        .collect()
 }
 
 fn digest(batches: &[Batch]) -> String {
@@ -30,11 +43,18 @@ fn batches_are_bit_identical_for_any_thread_count() {
     let one = epoch_batches(&spec, 1, 0);
     assert_eq!(one.len(), 6);
     for threads in [2, 3, 5] {
-        assert_eq!(digest(&epoch_batches(&spec, threads, 0)), digest(&one), "threads={threads}");
+        assert_eq!(
+            digest(&epoch_batches(&spec, threads, 0)),
+            digest(&one),
+            "threads={threads}"
+        );
     }
     // Another epoch or seed changes the batches.
     assert_ne!(digest(&epoch_batches(&spec, 2, 1)), digest(&one));
-    let reseeded = JobSpec { seed: 4, ..spec.clone() };
+    let reseeded = JobSpec {
+        seed: 4,
+        ..spec.clone()
+    };
     assert_ne!(digest(&epoch_batches(&reseeded, 2, 0)), digest(&one));
 }
 
@@ -49,7 +69,10 @@ fn batches_come_in_step_order_and_cover_the_epoch() {
         assert_eq!(batch.step, step as u64);
         let image = &batch.tensors[0];
         assert_eq!(image.name, "image");
-        assert_eq!(image.shape, vec![batch.sample_indices.len() as u64, 32, 32, 3]);
+        assert_eq!(
+            image.shape,
+            vec![batch.sample_indices.len() as u64, 32, 32, 3]
+        );
         assert_eq!(image.data.len(), batch.sample_indices.len() * 32 * 32 * 3);
         let label = &batch.tensors[1];
         assert_eq!(label.name, "label");
@@ -66,14 +89,27 @@ fn batches_come_in_step_order_and_cover_the_epoch() {
 fn labels_follow_the_class_folders() {
     let dir = tempfile::tempdir().unwrap();
     common::make_images(dir.path(), 40);
-    let spec = JobSpec { shuffle: false, ..common::train_spec(dir.path(), 40) };
+    let spec = JobSpec {
+        shuffle: false,
+        ..common::train_spec(dir.path(), 40)
+    };
     let batch = epoch_batches(&spec, 2, 0).remove(0);
     let folder = stoker_datasets::ImageFolder::open(dir.path()).unwrap();
-    let labels: Vec<i64> = batch.tensors[1].data.chunks_exact(8).map(|c| i64::from_le_bytes(c.try_into().unwrap())).collect();
+    let labels: Vec<i64> = batch.tensors[1]
+        .data
+        .chunks_exact(8)
+        .map(|c| i64::from_le_bytes(c.try_into().unwrap()))
+        .collect();
     for (slot, index) in batch.sample_indices.iter().enumerate() {
         assert_eq!(labels[slot], folder.label(*index));
         let path = folder.path(*index).unwrap();
-        let class = path.parent().unwrap().file_name().unwrap().to_string_lossy().into_owned();
+        let class = path
+            .parent()
+            .unwrap()
+            .file_name()
+            .unwrap()
+            .to_string_lossy()
+            .into_owned();
         assert_eq!(folder.class_names()[labels[slot] as usize], class);
     }
 }
@@ -84,7 +120,14 @@ fn resuming_mid_epoch_gives_the_same_batches() {
     common::make_images(dir.path(), 70);
     let spec = common::train_spec(dir.path(), 10);
     let full = epoch_batches(&spec, 2, 3);
-    let loader = Loader::new(spec, LoaderOptions { threads: 2, ..LoaderOptions::default() }).unwrap();
+    let loader = Loader::new(
+        spec,
+        LoaderOptions {
+            threads: 2,
+            ..LoaderOptions::default()
+        },
+    )
+    .unwrap();
     let resumed: Vec<Batch> = loader.epoch(3, 4).unwrap().map(|b| b.unwrap()).collect();
     assert_eq!(resumed.len(), full.len() - 4);
     assert_eq!(digest(&resumed), digest(&full[4..]));
@@ -120,14 +163,22 @@ impl SampleSource for TestSource {
     }
 }
 
-fn test_loader(dir: &std::path::Path, delay: Duration, panic_on: Option<u64>, options: LoaderOptions) -> (Loader, Arc<TestSource>) {
+fn test_loader(
+    dir: &std::path::Path,
+    delay: Duration,
+    panic_on: Option<u64>,
+    options: LoaderOptions,
+) -> (Loader, Arc<TestSource>) {
     let source = Arc::new(TestSource {
         inner: stoker_datasets::ImageFolder::open(dir).unwrap(),
         reads: AtomicU64::new(0),
         delay,
         panic_on,
     });
-    let spec = JobSpec { shuffle: false, ..common::train_spec(dir, 4) };
+    let spec = JobSpec {
+        shuffle: false,
+        ..common::train_spec(dir, 4)
+    };
     let job = Job::with_source(spec, source.clone()).unwrap();
     (Loader::from_job(job, options).unwrap(), source)
 }
@@ -136,20 +187,43 @@ fn test_loader(dir: &std::path::Path, delay: Duration, panic_on: Option<u64>, op
 fn prefetch_stays_bounded_when_the_consumer_is_slow() {
     let dir = tempfile::tempdir().unwrap();
     common::make_images(dir.path(), 80);
-    let (loader, source) = test_loader(dir.path(), Duration::ZERO, None, LoaderOptions { threads: 2, prefetch: 3, ..LoaderOptions::default() });
+    let (loader, source) = test_loader(
+        dir.path(),
+        Duration::ZERO,
+        None,
+        LoaderOptions {
+            threads: 2,
+            prefetch: 3,
+            ..LoaderOptions::default()
+        },
+    );
     let mut stream = loader.epoch(0, 0).unwrap();
     stream.next_batch().unwrap().unwrap();
     std::thread::sleep(Duration::from_millis(300));
     // One batch taken, three more at most in flight or waiting: 4 batches of 4 samples read.
     assert!(stream.in_flight() <= 3);
-    assert!(source.reads.load(Ordering::SeqCst) <= 16, "read {} samples", source.reads.load(Ordering::SeqCst));
+    assert!(
+        source.reads.load(Ordering::SeqCst) <= 16,
+        "read {} samples",
+        source.reads.load(Ordering::SeqCst)
+    );
 }
 
 #[test]
 fn a_wait_past_the_deadline_names_the_step() {
     let dir = tempfile::tempdir().unwrap();
     common::make_images(dir.path(), 12);
-    let (loader, _) = test_loader(dir.path(), Duration::from_millis(200), None, LoaderOptions { threads: 1, prefetch: 1, deadline: Duration::from_millis(50), ..LoaderOptions::default() });
+    let (loader, _) = test_loader(
+        dir.path(),
+        Duration::from_millis(200),
+        None,
+        LoaderOptions {
+            threads: 1,
+            prefetch: 1,
+            deadline: Duration::from_millis(50),
+            ..LoaderOptions::default()
+        },
+    );
     let mut stream = loader.epoch(0, 0).unwrap();
     match stream.next_batch() {
         Err(Error::Timeout { step, epoch, .. }) => assert_eq!((epoch, step), (0, 0)),
@@ -163,7 +237,15 @@ fn a_wait_past_the_deadline_names_the_step() {
 fn a_panic_in_a_decode_thread_is_an_error_not_a_crash() {
     let dir = tempfile::tempdir().unwrap();
     common::make_images(dir.path(), 12);
-    let (loader, _) = test_loader(dir.path(), Duration::ZERO, Some(5), LoaderOptions { threads: 2, ..LoaderOptions::default() });
+    let (loader, _) = test_loader(
+        dir.path(),
+        Duration::ZERO,
+        Some(5),
+        LoaderOptions {
+            threads: 2,
+            ..LoaderOptions::default()
+        },
+    );
     let results: Vec<_> = loader.epoch(0, 0).unwrap().collect();
     assert!(results[0].is_ok());
     let message = results[1].as_ref().unwrap_err().to_string();
@@ -175,7 +257,14 @@ fn a_panic_in_a_decode_thread_is_an_error_not_a_crash() {
 fn stats_count_samples_and_waits() {
     let dir = tempfile::tempdir().unwrap();
     common::make_images(dir.path(), 30);
-    let loader = Loader::new(common::train_spec(dir.path(), 10), LoaderOptions { threads: 2, ..LoaderOptions::default() }).unwrap();
+    let loader = Loader::new(
+        common::train_spec(dir.path(), 10),
+        LoaderOptions {
+            threads: 2,
+            ..LoaderOptions::default()
+        },
+    )
+    .unwrap();
     let batches: Vec<_> = loader.epoch(0, 0).unwrap().collect();
     assert_eq!(batches.len(), 3);
     let stats = loader.stats();
@@ -190,19 +279,62 @@ fn bad_specs_are_refused_before_any_work() {
     common::make_images(dir.path(), 10);
     let good = common::train_spec(dir.path(), 4);
     for (spec, needle) in [
-        (JobSpec { batch_size: 0, ..good.clone() }, "batch_size"),
-        (JobSpec { batch_size: 10_000_000, ..good.clone() }, "batch_size"),
-        (JobSpec { rank: 3, world_size: 2, ..good.clone() }, "rank 3"),
-        (JobSpec { pipeline: vec![], ..good.clone() }, "DecodeImage"),
-        (JobSpec { dataset: None, ..good.clone() }, "dataset"),
-        (JobSpec { on_error: 9, ..good.clone() }, "on_error"),
+        (
+            JobSpec {
+                batch_size: 0,
+                ..good.clone()
+            },
+            "batch_size",
+        ),
+        (
+            JobSpec {
+                batch_size: 10_000_000,
+                ..good.clone()
+            },
+            "batch_size",
+        ),
+        (
+            JobSpec {
+                rank: 3,
+                world_size: 2,
+                ..good.clone()
+            },
+            "rank 3",
+        ),
+        (
+            JobSpec {
+                pipeline: vec![],
+                ..good.clone()
+            },
+            "DecodeImage",
+        ),
+        (
+            JobSpec {
+                dataset: None,
+                ..good.clone()
+            },
+            "dataset",
+        ),
+        (
+            JobSpec {
+                on_error: 9,
+                ..good.clone()
+            },
+            "on_error",
+        ),
     ] {
-        let message = Loader::new(spec, LoaderOptions::default()).err().map(|e| e.to_string()).unwrap_or_default();
+        let message = Loader::new(spec, LoaderOptions::default())
+            .err()
+            .map(|e| e.to_string())
+            .unwrap_or_default();
         assert!(message.contains(needle), "{message:?} lacks {needle:?}");
     }
     let mut missing = good.clone();
     missing.dataset.as_mut().unwrap().uri = dir.path().join("nope").to_string_lossy().into_owned();
-    let message = Loader::new(missing, LoaderOptions::default()).err().unwrap().to_string();
+    let message = Loader::new(missing, LoaderOptions::default())
+        .err()
+        .unwrap()
+        .to_string();
     assert!(message.contains("nope"), "{message}");
 }
 
@@ -210,7 +342,12 @@ fn bad_specs_are_refused_before_any_work() {
 fn kept_batches_bound_memory_and_released_ones_are_reused() {
     let dir = tempfile::tempdir().unwrap();
     common::make_images(dir.path(), 40);
-    let options = LoaderOptions { threads: 2, prefetch: 2, max_held_batches: 1, deadline: Duration::from_millis(300) };
+    let options = LoaderOptions {
+        threads: 2,
+        prefetch: 2,
+        max_held_batches: 1,
+        deadline: Duration::from_millis(300),
+    };
     let loader = Loader::new(common::train_spec(dir.path(), 4), options).unwrap();
     assert_eq!(loader.slots().capacity(), 3);
     let mut stream = loader.epoch(0, 0).unwrap();

@@ -1,5 +1,7 @@
 //! Property tests of the epoch planner: the invariants the determinism contract rests on.
 
+#![allow(clippy::unwrap_used)] // tests fail loudly by design
+
 use proptest::prelude::*;
 use stoker_loader::{EpochPlan, Permutation, PlanConfig};
 use stoker_proto::v1::UnevenTail;

@@ -90,7 +90,9 @@ pub fn from_loader(error: stoker_loader::Error) -> PyErr {
     let message = error.to_string();
     match error {
         LoaderError::InvalidSpec(_) => PyValueError::new_err(message),
-        LoaderError::Dataset(DatasetError::RootNotFound(_)) => PyFileNotFoundError::new_err(message),
+        LoaderError::Dataset(DatasetError::RootNotFound(_)) => {
+            PyFileNotFoundError::new_err(message)
+        }
         LoaderError::Dataset(DatasetError::NotADirectory(_)) => {
             PyNotADirectoryError::new_err(message)
         }

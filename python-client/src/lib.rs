@@ -196,7 +196,8 @@ impl NativeLoader {
             entry.set_item("substitute_index", sample.substitute_index)?;
             bad.append(entry)?;
         }
-        let tuple = (batch.epoch, batch.step, tensors, batch.sample_indices, bad).into_pyobject(py)?;
+        let tuple =
+            (batch.epoch, batch.step, tensors, batch.sample_indices, bad).into_pyobject(py)?;
         Ok(Some(tuple))
     }
 

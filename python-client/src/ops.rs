@@ -34,7 +34,10 @@ fn pair<'py>(op: &Bound<'py, PyDict>, index: usize, key: &str) -> PyResult<(f64,
     let values: Vec<f64> = get(op, index, key)?;
     match values.as_slice() {
         [a, b] => Ok((*a, *b)),
-        _ => Err(bad(index, format!("{key:?} needs two numbers, got {}", values.len()))),
+        _ => Err(bad(
+            index,
+            format!("{key:?} needs two numbers, got {}", values.len()),
+        )),
     }
 }
 
@@ -49,7 +52,10 @@ fn size<'py>(op: &Bound<'py, PyDict>, index: usize) -> PyResult<(u32, u32)> {
 fn triple<'py>(op: &Bound<'py, PyDict>, index: usize, key: &str) -> PyResult<Vec<f32>> {
     let values: Vec<f32> = get(op, index, key)?;
     if values.len() != 3 {
-        return Err(bad(index, format!("{key:?} needs 3 values (RGB), got {}", values.len())));
+        return Err(bad(
+            index,
+            format!("{key:?} needs 3 values (RGB), got {}", values.len()),
+        ));
     }
     Ok(values)
 }
@@ -101,14 +107,20 @@ pub fn from_python(ops: &[Bound<'_, PyDict>]) -> PyResult<Vec<proto::Op>> {
                         "NHWC" => proto::Layout::Nhwc,
                         "NCHW" => proto::Layout::Nchw,
                         other => {
-                            return Err(bad(index, format!("layout {other:?}: use \"NHWC\" or \"NCHW\"")))
+                            return Err(bad(
+                                index,
+                                format!("layout {other:?}: use \"NHWC\" or \"NCHW\""),
+                            ))
                         }
                     };
                     let dtype = match dtype.as_str() {
                         "uint8" => proto::Dtype::Uint8,
                         "float32" => proto::Dtype::Float32,
                         other => {
-                            return Err(bad(index, format!("dtype {other:?}: use \"uint8\" or \"float32\"")))
+                            return Err(bad(
+                                index,
+                                format!("dtype {other:?}: use \"uint8\" or \"float32\""),
+                            ))
                         }
                     };
                     OpKind::ToTensor(proto::ToTensor {

@@ -2,6 +2,8 @@
 //! pattern (fixtures/torchvision_expected.json, written by fixtures/torchvision_expected.py),
 //! decoder round trips, and the pipeline's checks.
 
+#![allow(clippy::unwrap_used)] // tests fail loudly by design
+
 use serde_json::Value;
 use stoker_proto::v1::{self as proto, op::Op as OpKind};
 use stoker_worker::{
@@ -51,19 +53,39 @@ fn numbers(value: &Value) -> Vec<u8> {
 
 fn max_difference(a: &[u8], b: &[u8]) -> u8 {
     assert_eq!(a.len(), b.len());
-    a.iter().zip(b).map(|(x, y)| x.abs_diff(*y)).max().unwrap_or(0)
+    a.iter()
+        .zip(b)
+        .map(|(x, y)| x.abs_diff(*y))
+        .max()
+        .unwrap_or(0)
 }
 
 fn run_case(case: &Value) -> Vec<u8> {
     let doc = expected();
-    let (width, height) = (doc["width"].as_u64().unwrap() as u32, doc["height"].as_u64().unwrap() as u32);
+    let (width, height) = (
+        doc["width"].as_u64().unwrap() as u32,
+        doc["height"].as_u64().unwrap() as u32,
+    );
     let image = full_image(pattern(width, height), width, height);
     let out = case["out"].as_array().unwrap();
-    let (out_w, out_h) = (out[0].as_u64().unwrap() as u32, out[1].as_u64().unwrap() as u32);
+    let (out_w, out_h) = (
+        out[0].as_u64().unwrap() as u32,
+        out[1].as_u64().unwrap() as u32,
+    );
     let window = match case["kind"].as_str().unwrap() {
         "crop_then_resize" => {
-            let w: Vec<u32> = case["window"].as_array().unwrap().iter().map(|v| v.as_u64().unwrap() as u32).collect();
-            SourceWindow::CropThenResize(CropWindow { top: w[0], left: w[1], height: w[2], width: w[3] })
+            let w: Vec<u32> = case["window"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|v| v.as_u64().unwrap() as u32)
+                .collect();
+            SourceWindow::CropThenResize(CropWindow {
+                top: w[0],
+                left: w[1],
+                height: w[2],
+                width: w[3],
+            })
         }
         _ => {
             let shorter = case["shorter"].as_u64().unwrap() as u32;
@@ -73,7 +95,11 @@ fn run_case(case: &Value) -> Vec<u8> {
                 stoker_worker::resize_shorter_side(width, height, shorter)
             };
             let r = case["resized"].as_array().unwrap();
-            assert_eq!((resized.0 as u64, resized.1 as u64), (r[0].as_u64().unwrap(), r[1].as_u64().unwrap()), "resize size differs from torchvision");
+            assert_eq!(
+                (resized.0 as u64, resized.1 as u64),
+                (r[0].as_u64().unwrap(), r[1].as_u64().unwrap()),
+                "resize size differs from torchvision"
+            );
             SourceWindow::ResizeThenCrop {
                 resized,
                 left: stoker_worker::center_crop_offset(resized.0, out_w),
@@ -94,14 +120,23 @@ fn crops_and_resizes_match_torchvision_within_one_level() {
         let ours = run_case(case);
         let theirs = numbers(&case["pixels"]);
         let diff = max_difference(&ours, &theirs);
-        assert!(diff <= 1, "{}: max difference {diff} from torchvision", case["name"]);
+        assert!(
+            diff <= 1,
+            "{}: max difference {diff} from torchvision",
+            case["name"]
+        );
     }
 }
 
 #[test]
 fn padded_center_crop_is_black_where_torchvision_pads() {
     let doc = expected();
-    let case = doc["cases"].as_array().unwrap().iter().find(|c| c["name"] == "resize_center_crop_padded").unwrap();
+    let case = doc["cases"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["name"] == "resize_center_crop_padded")
+        .unwrap();
     let ours = run_case(case);
     // Resized to 51x40, cropped 48x48: four black rows on top and bottom.
     assert!(ours[..48 * 4 * 3].iter().all(|&v| v == 0));
@@ -129,15 +164,29 @@ fn normalize_matches_torchvision() {
     };
     let mut dest = vec![0u8; pixels.len() * 4];
     format.write(&pixels, &mut dest, &format.float_tables());
-    let theirs: Vec<f64> = doc["normalize_of_crop_downscale_chw"].as_array().unwrap().iter().map(|v| v.as_f64().unwrap()).collect();
+    let theirs: Vec<f64> = doc["normalize_of_crop_downscale_chw"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_f64().unwrap())
+        .collect();
     for (chunk, expected) in dest.chunks_exact(4).zip(theirs) {
         let value = f32::from_le_bytes([chunk[0], chunk[1], chunk[2], chunk[3]]);
-        assert!((f64::from(value) - expected).abs() < 1e-6, "{value} vs {expected}");
+        assert!(
+            (f64::from(value) - expected).abs() < 1e-6,
+            "{value} vs {expected}"
+        );
     }
 }
 
 fn encode_jpeg(pixels: &[u8], width: u32, height: u32, subsamp: turbojpeg::Subsamp) -> Vec<u8> {
-    let image = turbojpeg::Image { pixels, width: width as usize, pitch: width as usize * 3, height: height as usize, format: turbojpeg::PixelFormat::RGB };
+    let image = turbojpeg::Image {
+        pixels,
+        width: width as usize,
+        pitch: width as usize * 3,
+        height: height as usize,
+        format: turbojpeg::PixelFormat::RGB,
+    };
     let mut compressor = turbojpeg::Compressor::new().unwrap();
     compressor.set_quality(95).unwrap();
     compressor.set_subsamp(subsamp).unwrap();
@@ -158,14 +207,35 @@ fn smooth_photo(width: u32, height: u32) -> Vec<u8> {
 }
 
 fn psnr(a: &[u8], b: &[u8]) -> f64 {
-    let mse: f64 = a.iter().zip(b).map(|(x, y)| (f64::from(*x) - f64::from(*y)).powi(2)).sum::<f64>() / a.len() as f64;
+    let mse: f64 = a
+        .iter()
+        .zip(b)
+        .map(|(x, y)| (f64::from(*x) - f64::from(*y)).powi(2))
+        .sum::<f64>()
+        / a.len() as f64;
     10.0 * (255.0f64 * 255.0 / mse.max(1e-9)).log10()
 }
 
-fn decode_with(bytes: &[u8], region: Option<CropWindow>, target: (u32, u32), dct: bool) -> DecodedImage {
+fn decode_with(
+    bytes: &[u8],
+    region: Option<CropWindow>,
+    target: (u32, u32),
+    dct: bool,
+) -> DecodedImage {
     let header = read_header(bytes, DEFAULT_MAX_PIXELS).unwrap();
     let mut out = DecodedImage::default();
-    decode(bytes, &header, &DecodeRequest { region, target, allow_dct_scaling: dct, max_pixels: DEFAULT_MAX_PIXELS }, &mut out).unwrap();
+    decode(
+        bytes,
+        &header,
+        &DecodeRequest {
+            region,
+            target,
+            allow_dct_scaling: dct,
+            max_pixels: DEFAULT_MAX_PIXELS,
+        },
+        &mut out,
+    )
+    .unwrap();
     out
 }
 
@@ -188,7 +258,12 @@ fn region_decode_equals_the_same_part_of_a_full_decode() {
     for subsamp in [turbojpeg::Subsamp::None, turbojpeg::Subsamp::Sub2x2] {
         let bytes = encode_jpeg(&source, w, h, subsamp);
         let full = decode_with(&bytes, None, (w, h), false);
-        let window = CropWindow { top: 37, left: 51, height: 70, width: 90 };
+        let window = CropWindow {
+            top: 37,
+            left: 51,
+            height: 70,
+            width: 90,
+        };
         let part = decode_with(&bytes, Some(window), (64, 64), false);
         // The region starts on an iMCU column and covers the window.
         assert!(part.offset_x <= 51 && part.offset_x % 8 == 0);
@@ -196,12 +271,18 @@ fn region_decode_equals_the_same_part_of_a_full_decode() {
         assert!(part.offset_x + part.width >= 141 && part.height == 70);
         let mut worst = 0u8;
         for row in 0..part.height {
-            let full_row = &full.pixels[(((row + 37) * w + part.offset_x) * 3) as usize..][..(part.width * 3) as usize];
-            let part_row = &part.pixels[(row * part.width * 3) as usize..][..(part.width * 3) as usize];
+            let full_row = &full.pixels[(((row + 37) * w + part.offset_x) * 3) as usize..]
+                [..(part.width * 3) as usize];
+            let part_row =
+                &part.pixels[(row * part.width * 3) as usize..][..(part.width * 3) as usize];
             worst = worst.max(max_difference(full_row, part_row));
         }
         // 4:4:4 is exact; 4:2:0 upsampling at the region's edge may differ by a level or two.
-        let allowed = if subsamp == turbojpeg::Subsamp::None { 0 } else { 3 };
+        let allowed = if subsamp == turbojpeg::Subsamp::None {
+            0
+        } else {
+            3
+        };
         assert!(worst <= allowed, "{subsamp:?}: region differs by {worst}");
     }
 }
@@ -240,19 +321,38 @@ fn png_of_every_color_type_decodes_to_rgb() {
     let expected: Vec<u8> = gray.iter().flat_map(|&g| [g, g, g]).collect();
     assert_eq!(decode_with(&bytes, None, (5, 4), false).pixels, expected);
 
-    let rgba: Vec<u8> = rgb.chunks_exact(3).flat_map(|p| [p[0], p[1], p[2], 7]).collect();
+    let rgba: Vec<u8> = rgb
+        .chunks_exact(3)
+        .flat_map(|p| [p[0], p[1], p[2], 7])
+        .collect();
     let bytes = encode_png(5, 4, png::ColorType::Rgba, &rgba);
     assert_eq!(decode_with(&bytes, None, (5, 4), false).pixels, rgb);
 }
 
 #[test]
 fn headers_refuse_what_is_not_an_image_or_too_large() {
-    assert_eq!(read_header(b"", DEFAULT_MAX_PIXELS), Err(SampleError::Empty));
-    assert_eq!(read_header(b"hello, world", DEFAULT_MAX_PIXELS), Err(SampleError::UnsupportedFormat));
+    assert_eq!(
+        read_header(b"", DEFAULT_MAX_PIXELS),
+        Err(SampleError::Empty)
+    );
+    assert_eq!(
+        read_header(b"hello, world", DEFAULT_MAX_PIXELS),
+        Err(SampleError::UnsupportedFormat)
+    );
     let bytes = encode_jpeg(&smooth_photo(64, 48), 64, 48, turbojpeg::Subsamp::Sub2x2);
-    assert!(matches!(read_header(&bytes, 1000), Err(SampleError::TooManyPixels { width: 64, height: 48, limit: 1000 })));
+    assert!(matches!(
+        read_header(&bytes, 1000),
+        Err(SampleError::TooManyPixels {
+            width: 64,
+            height: 48,
+            limit: 1000
+        })
+    ));
     let truncated = read_header(&bytes[..20], DEFAULT_MAX_PIXELS);
-    assert!(matches!(truncated, Err(SampleError::Corrupt(_))), "{truncated:?}");
+    assert!(
+        matches!(truncated, Err(SampleError::Corrupt(_))),
+        "{truncated:?}"
+    );
 }
 
 fn op(kind: OpKind) -> proto::Op {
@@ -260,11 +360,21 @@ fn op(kind: OpKind) -> proto::Op {
 }
 
 fn decode_op() -> proto::Op {
-    op(OpKind::DecodeImage(proto::DecodeImage { max_pixels: 0, allow_dct_scaling: false }))
+    op(OpKind::DecodeImage(proto::DecodeImage {
+        max_pixels: 0,
+        allow_dct_scaling: false,
+    }))
 }
 
 fn crop_op(size: u32) -> proto::Op {
-    op(OpKind::RandomResizedCrop(proto::RandomResizedCrop { height: size, width: size, scale_min: 0.08, scale_max: 1.0, ratio_min: 0.75, ratio_max: 4.0 / 3.0 }))
+    op(OpKind::RandomResizedCrop(proto::RandomResizedCrop {
+        height: size,
+        width: size,
+        scale_min: 0.08,
+        scale_max: 1.0,
+        ratio_min: 0.75,
+        ratio_max: 4.0 / 3.0,
+    }))
 }
 
 #[test]
@@ -273,18 +383,72 @@ fn pipeline_checks_name_the_op_at_fault() {
         (vec![], "first op must be DecodeImage"),
         (vec![crop_op(224)], "first op must be DecodeImage"),
         (vec![decode_op()], "RandomResizedCrop, Resize + CenterCrop"),
-        (vec![decode_op(), op(OpKind::Resize(proto::Resize { shorter_side: 256 }))], "add CenterCrop"),
+        (
+            vec![
+                decode_op(),
+                op(OpKind::Resize(proto::Resize { shorter_side: 256 })),
+            ],
+            "add CenterCrop",
+        ),
         (vec![decode_op(), crop_op(0)], "RandomResizedCrop height"),
-        (vec![decode_op(), crop_op(224), op(OpKind::RandomHorizontalFlip(proto::RandomHorizontalFlip { p: 1.5 }))], "p must be in [0, 1]"),
-        (vec![decode_op(), crop_op(224), op(OpKind::Normalize(proto::Normalize { mean: vec![0.5], std: vec![0.5] }))], "3 means"),
-        (vec![decode_op(), crop_op(224), op(OpKind::Normalize(proto::Normalize { mean: vec![0.5; 3], std: vec![0.0; 3] }))], "non-zero"),
-        (vec![decode_op(), crop_op(224), crop_op(224)], "RandomResizedCrop is out of place"),
-        (vec![decode_op(), crop_op(224), op(OpKind::Normalize(proto::Normalize { mean: vec![0.5; 3], std: vec![0.5; 3] })), op(OpKind::ToTensor(proto::ToTensor { layout: 0, dtype: proto::Dtype::Uint8 as i32 }))], "contradicts"),
+        (
+            vec![
+                decode_op(),
+                crop_op(224),
+                op(OpKind::RandomHorizontalFlip(proto::RandomHorizontalFlip {
+                    p: 1.5,
+                })),
+            ],
+            "p must be in [0, 1]",
+        ),
+        (
+            vec![
+                decode_op(),
+                crop_op(224),
+                op(OpKind::Normalize(proto::Normalize {
+                    mean: vec![0.5],
+                    std: vec![0.5],
+                })),
+            ],
+            "3 means",
+        ),
+        (
+            vec![
+                decode_op(),
+                crop_op(224),
+                op(OpKind::Normalize(proto::Normalize {
+                    mean: vec![0.5; 3],
+                    std: vec![0.0; 3],
+                })),
+            ],
+            "non-zero",
+        ),
+        (
+            vec![decode_op(), crop_op(224), crop_op(224)],
+            "RandomResizedCrop is out of place",
+        ),
+        (
+            vec![
+                decode_op(),
+                crop_op(224),
+                op(OpKind::Normalize(proto::Normalize {
+                    mean: vec![0.5; 3],
+                    std: vec![0.5; 3],
+                })),
+                op(OpKind::ToTensor(proto::ToTensor {
+                    layout: 0,
+                    dtype: proto::Dtype::Uint8 as i32,
+                })),
+            ],
+            "contradicts",
+        ),
         (vec![decode_op(), proto::Op { op: None }], "op 1 is empty"),
     ];
     for (ops, needle) in cases {
         match Pipeline::from_ops(&ops) {
-            Err(Error::InvalidPipeline(message)) => assert!(message.contains(needle), "{message:?} lacks {needle:?}"),
+            Err(Error::InvalidPipeline(message)) => {
+                assert!(message.contains(needle), "{message:?} lacks {needle:?}")
+            }
             other => panic!("expected InvalidPipeline containing {needle:?}, got {other:?}"),
         }
     }
@@ -298,7 +462,15 @@ fn pipeline_output_is_a_function_of_the_rng_stream() {
     let run = |index: u64| {
         let mut out = vec![0u8; pipeline.bytes_per_sample()];
         let mut timings = SampleTimings::default();
-        pipeline.process(&bytes, &mut SampleRng::new(5, 0, index), &mut out, &mut Scratch::default(), &mut timings).unwrap();
+        pipeline
+            .process(
+                &bytes,
+                &mut SampleRng::new(5, 0, index),
+                &mut out,
+                &mut Scratch::default(),
+                &mut timings,
+            )
+            .unwrap();
         out
     };
     assert_eq!(run(1), run(1));
@@ -310,15 +482,29 @@ fn normalized_pipeline_gives_float_chw() {
     let ops = vec![
         decode_op(),
         op(OpKind::Resize(proto::Resize { shorter_side: 40 })),
-        op(OpKind::CenterCrop(proto::CenterCrop { height: 32, width: 32 })),
-        op(OpKind::Normalize(proto::Normalize { mean: vec![0.5; 3], std: vec![0.25; 3] })),
+        op(OpKind::CenterCrop(proto::CenterCrop {
+            height: 32,
+            width: 32,
+        })),
+        op(OpKind::Normalize(proto::Normalize {
+            mean: vec![0.5; 3],
+            std: vec![0.25; 3],
+        })),
     ];
     let pipeline = Pipeline::from_ops(&ops).unwrap();
     assert_eq!(pipeline.image_shape(2), vec![2, 3, 32, 32]);
     assert_eq!(pipeline.image_dtype(), proto::Dtype::Float32);
     let bytes = encode_png(8, 8, png::ColorType::Rgb, &[255u8; 8 * 8 * 3]);
     let mut out = vec![0u8; pipeline.bytes_per_sample()];
-    pipeline.process(&bytes, &mut SampleRng::new(0, 0, 0), &mut out, &mut Scratch::default(), &mut SampleTimings::default()).unwrap();
+    pipeline
+        .process(
+            &bytes,
+            &mut SampleRng::new(0, 0, 0),
+            &mut out,
+            &mut Scratch::default(),
+            &mut SampleTimings::default(),
+        )
+        .unwrap();
     let first = f32::from_le_bytes([out[0], out[1], out[2], out[3]]);
     assert_eq!(first, (1.0 - 0.5) / 0.25);
 }
