@@ -16,6 +16,9 @@ use super::photo_painter::{unit, PhotoStyle};
 const PNG_PERIOD: u64 = 200;
 /// One grayscale JPEG in every this many consecutive indices (about 1.6%).
 const GRAYSCALE_PERIOD: u64 = 64;
+/// Decorrelate the PNG and grayscale slots from each other ("PNG" and "GRAY" in ASCII).
+const PNG_SALT: u64 = 0x0050_4E47;
+const GRAYSCALE_SALT: u64 = 0x4752_4159;
 
 /// How an image is encoded.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -49,8 +52,8 @@ impl ImagePlan {
 
         // Where the PNG and grayscale slots fall within their periods depends on the seed, but
         // every window of PNG_PERIOD consecutive indices holds exactly one PNG.
-        let png_slot = mix64(seed ^ 0x504E_47) % PNG_PERIOD;
-        let grayscale_slot = mix64(seed ^ 0x4752_4159) % GRAYSCALE_PERIOD;
+        let png_slot = mix64(seed ^ PNG_SALT) % PNG_PERIOD;
+        let grayscale_slot = mix64(seed ^ GRAYSCALE_SALT) % GRAYSCALE_PERIOD;
         let is_png = index % PNG_PERIOD == png_slot;
         let grayscale = !is_png && index % GRAYSCALE_PERIOD == grayscale_slot;
 
@@ -90,10 +93,10 @@ fn draw_dimensions(rng: &mut Pcg64Mcg) -> (usize, usize) {
         r if r < 0.90 => (16.0 / 9.0, 0.1),
         _ => (1.05 + 1.2 * unit(rng) * unit(rng), 0.35),
     };
-    let long_side = if unit(rng) < 0.45 {
+    let long_side = if unit(rng) < 0.4 {
         500.0
     } else {
-        (420.0 * (0.32 * normal(rng)).exp()).clamp(150.0, 1000.0)
+        (360.0 * (0.35 * normal(rng)).exp()).clamp(150.0, 1000.0)
     };
     let short_side = (long_side / aspect).round().max(100.0);
     let long_side = long_side.round();

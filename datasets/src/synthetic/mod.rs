@@ -65,9 +65,9 @@ pub struct GeneratedDataset {
 /// with 14% 4:4:4 and 4% 4:2:2, 3% progressive, 1.6% grayscale JPEGs, 0.5% PNGs, and
 /// photo-like content so that files average about 110 KB.
 ///
-/// Measured (release, 2 cores), seed 0:
-/// - 500 images: mean file 111.5 KB, mean decoded size 401 x 348;
-/// - 5,000 images: mean file 111.0 KB, mean size 402 x 350, generated in 21 s.
+/// Measured (release build, 2 cores shared with other work), seed 0, 10 classes:
+/// - 500 images: mean file 109.5 KB, mean decoded size 394 x 338;
+/// - 5,000 images: mean file 114.5 KB, mean decoded size 405 x 349, 25 PNGs, in 18.5 s.
 ///
 /// Deterministic in `(count, seed, classes)`: pixels come from an RNG seeded by
 /// `(seed, image index)`, so threads and scheduling never change a byte. Images are made in
@@ -156,6 +156,9 @@ pub fn generate_imagenet_like(
     })
 }
 
+/// Appended to a file's name while it is being written.
+const TEMPORARY_SUFFIX: &str = ".partial";
+
 /// What the output folder holds before a run.
 enum OutputState {
     /// Nothing yet: generate everything.
@@ -194,9 +197,16 @@ fn prepare_output(out: &Path, record: &SpecRecord) -> Result<OutputState> {
             found: format!("{} (incomplete)", in_progress.describe()),
         });
     }
-    let mut entries = std::fs::read_dir(out).map_err(|source| Error::io(out, source))?;
-    if entries.next().is_some() {
-        return Err(Error::OutputNotEmpty(out.to_path_buf()));
+    // Temporary files are all a run killed before writing its marker can have left.
+    for entry in std::fs::read_dir(out).map_err(|source| Error::io(out, source))? {
+        let entry = entry.map_err(|source| Error::io(out, source))?;
+        if !entry
+            .file_name()
+            .to_string_lossy()
+            .ends_with(TEMPORARY_SUFFIX)
+        {
+            return Err(Error::OutputNotEmpty(out.to_path_buf()));
+        }
     }
     Ok(OutputState::Fresh)
 }
@@ -337,7 +347,7 @@ fn encode_png(plan: &ImagePlan, pixels: &[u8]) -> std::result::Result<Vec<u8>, p
 /// image reader takes for an image.
 pub(crate) fn write_atomically(path: &Path, bytes: &[u8]) -> Result<()> {
     let mut temporary = path.as_os_str().to_owned();
-    temporary.push(".partial");
+    temporary.push(TEMPORARY_SUFFIX);
     let temporary = PathBuf::from(temporary);
     std::fs::write(&temporary, bytes).map_err(|source| Error::io(&temporary, source))?;
     std::fs::rename(&temporary, path).map_err(|source| Error::io(path, source))
@@ -375,6 +385,26 @@ mod tests {
     }
 
     #[test]
+    fn leftover_temporary_files_do_not_block_a_fresh_run() {
+        let temp = tempfile::tempdir().unwrap();
+        std::fs::write(
+            temp.path().join("stoker-dataset.in-progress.json.partial"),
+            b"{",
+        )
+        .unwrap();
+        let record = SpecRecord::new(3, 0, 1);
+        assert!(matches!(
+            prepare_output(temp.path(), &record),
+            Ok(OutputState::Fresh)
+        ));
+        std::fs::write(temp.path().join("notes.txt"), b"mine").unwrap();
+        assert!(matches!(
+            prepare_output(temp.path(), &record),
+            Err(Error::OutputNotEmpty(_))
+        ));
+    }
+
+    #[test]
     fn empty_specs_are_refused() {
         let temp = tempfile::tempdir().unwrap();
         let spec = SyntheticImageNetSpec {
@@ -383,108 +413,5 @@ mod tests {
         };
         let error = generate_imagenet_like(temp.path(), &spec, &|_| {}).unwrap_err();
         assert!(matches!(error, Error::InvalidSpec(_)), "{error}");
-    }
-}
-
-#[cfg(test)]
-mod tuning {
-    use super::*;
-    #[test]
-    #[ignore]
-    fn measure() {
-        let count: u64 = std::env::var("TUNE_COUNT")
-            .map(|v| v.parse().unwrap())
-            .unwrap_or(500);
-        let temp_dir = tempfile::tempdir().unwrap();
-        let keep = std::env::var("TUNE_OUT").ok().map(PathBuf::from);
-        let temp = keep.unwrap_or(temp_dir.path().to_path_buf());
-        let temp: &Path = &temp;
-        let spec = SyntheticImageNetSpec {
-            count,
-            seed: 0,
-            classes: 10,
-        };
-        let started = Instant::now();
-        let generated = generate_imagenet_like(temp, &spec, &|_| {}).unwrap();
-        let elapsed = started.elapsed();
-        let folder = crate::ImageFolder::open(temp).unwrap();
-        let report = crate::inspect_image_folder(&folder, 1 << 24).unwrap();
-        let mut by_quality = std::collections::BTreeMap::new();
-        for i in 0..count {
-            let plan = ImagePlan::for_index(0, i);
-            let ext = if plan.encoding == Encoding::Png { "png" } else { "jpg" };
-            let bytes = std::fs::metadata(FileLayout::new(temp, &spec).image_path(i, ext)).unwrap().len();
-            let px = (plan.width * plan.height) as f64;
-            let key = match plan.encoding {
-                Encoding::Jpeg { quality, .. } => quality / 5 * 5,
-                Encoding::Png => 0,
-            };
-            let e = by_quality.entry(key).or_insert((0.0, 0.0, 0));
-            e.0 += bytes as f64;
-            e.1 += px;
-            e.2 += 1;
-        }
-        for i in 0..3u64 {
-            let mut plan = ImagePlan::for_index(0, i);
-            plan.style.grayscale = false;
-            let mut rng = Pcg64Mcg::new(plan.paint_seed);
-            let pixels = paint_photo(plan.width, plan.height, plan.style, &mut rng);
-            let w = plan.width * 3;
-            let mut acc = 0.0f64; let mut n = 0.0;
-            for y in 1..plan.height-1 { for x in 1..plan.width-1 { let c = |xx: usize, yy: usize| pixels[yy*w + xx*3] as f64;
-                let d = c(x,y) - (c(x-1,y)+c(x+1,y)+c(x,y-1)+c(x,y+1))/4.0; acc += d*d; n += 1.0; } }
-            println!("highpass rms {:.2}", (acc/n).sqrt());
-            let jpeg = turbojpeg::compress(turbojpeg::Image { pixels: &pixels[..], width: plan.width, pitch: w, height: plan.height, format: turbojpeg::PixelFormat::RGB }, 90, turbojpeg::Subsamp::Sub2x2).unwrap();
-            let gray = turbojpeg::compress(turbojpeg::Image { pixels: &pixels[..], width: plan.width, pitch: w, height: plan.height, format: turbojpeg::PixelFormat::RGB }, 90, turbojpeg::Subsamp::Gray).unwrap();
-            println!("q90 420 bpp {:.3} luma-only {:.3}", jpeg.len() as f64 / (plan.width*plan.height) as f64, gray.len() as f64 / (plan.width*plan.height) as f64);
-            let sat = pixels.iter().filter(|v| **v == 0 || **v == 255).count() as f64
-                / pixels.len() as f64;
-            println!(
-                "img {i} {}x{} detail {:.2} saturated {:.3}",
-                plan.width, plan.height, plan.style.detail, sat
-            );
-            std::fs::write(
-                temp.join(format!("preview_{i}.png")),
-                encode_png(&plan, &pixels).unwrap(),
-            )
-            .unwrap();
-        }
-        for (q, (b, p, n)) in by_quality {
-            println!("q{q}: n={n} bpp={:.3}", b / p);
-        }
-        println!(
-            "elapsed {:?} mean KB {:.1} w {:?} h {:?} bytes {:?} formats {:?}",
-            elapsed,
-            generated.total_bytes as f64 / count as f64 / 1000.0,
-            report.width,
-            report.height,
-            report.file_bytes,
-            report.formats
-        );
-    }
-}
-#[cfg(test)]
-mod sanity {
-    #[test]
-    #[ignore]
-    fn white_noise_jpeg() {
-        use rand_core::Rng;
-        let mut rng = rand_pcg::Pcg64Mcg::new(5);
-        for sigma in [5.0f32, 10.0, 20.0, 60.0] {
-            let (w, h) = (400usize, 352usize);
-            let mut px = vec![0u8; w * h * 3];
-            for p in px.iter_mut() {
-                let a = (rng.next_u32() >> 8) as f32 / 16777216.0;
-                let b = (rng.next_u32() >> 8) as f32 / 16777216.0;
-                *p = (128.0 + (a + b - 1.0) * sigma * 2.449).clamp(0.0, 255.0) as u8;
-            }
-            for (q, s) in [(90, turbojpeg::Subsamp::Sub2x2), (90, turbojpeg::Subsamp::None), (75, turbojpeg::Subsamp::Sub2x2)] {
-                let jpeg = turbojpeg::compress(turbojpeg::Image { pixels: &px[..], width: w, pitch: w * 3, height: h, format: turbojpeg::PixelFormat::RGB }, q, s).unwrap();
-                let dec = turbojpeg::decompress(&jpeg, turbojpeg::PixelFormat::RGB).unwrap();
-                let mse: f64 = px.iter().zip(dec.pixels.iter()).map(|(a, b)| { let d = *a as f64 - *b as f64; d * d }).sum::<f64>() / px.len() as f64;
-                let hdr = turbojpeg::read_header(&jpeg).unwrap();
-                println!("sigma {sigma} q{q} {s:?} bpp {:.3} rmse {:.2} hdr {:?} len {}", jpeg.len() as f64 / (w * h) as f64, mse.sqrt(), hdr, jpeg.len());
-            }
-        }
     }
 }
