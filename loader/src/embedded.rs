@@ -18,6 +18,7 @@ use stoker_proto::v1::{Batch, JobSpec};
 use crate::error::{Error, Result};
 use crate::job::Job;
 use crate::planner::EpochPlan;
+use crate::prefetch::{ControllerConfig, ControllerSnapshot, PrefetchController};
 use crate::slots::SlotPool;
 use crate::stats::{LoaderStats, StatsRecorder};
 
@@ -26,8 +27,11 @@ use crate::stats::{LoaderStats, StatsRecorder};
 pub struct LoaderOptions {
     /// Decode threads (0: one per available core).
     pub threads: usize,
-    /// Batches in flight or waiting (0: twice the thread count, at least 2).
+    /// Batches in flight or waiting: 0 lets the prefetch controller size it from the stall,
+    /// latency and step time it observes; any other value fixes it.
     pub prefetch: usize,
+    /// Memory budget for batches in flight or waiting (the controller never goes past it).
+    pub max_prefetch_bytes: u64,
     /// The longest `next()` waits for one batch before it fails with [`Error::Timeout`].
     pub deadline: Duration,
     /// Batches the consumer may keep alive beyond the prefetch before the loader waits for
@@ -40,18 +44,24 @@ impl Default for LoaderOptions {
         Self {
             threads: 0,
             prefetch: 0,
+            max_prefetch_bytes: 2 << 30,
             deadline: Duration::from_secs(600),
             max_held_batches: 4,
         }
     }
 }
 
+/// Most batches the controller may keep in flight, whatever the budget allows.
+const MAX_AUTO_DEPTH: usize = 64;
+
 /// The embedded loader of one job.
 pub struct Loader {
     job: Arc<Job>,
     pool: Arc<rayon::ThreadPool>,
     threads: usize,
+    /// Fixed depth, or the controller's ceiling when `controller` is set.
     prefetch: usize,
+    controller: Option<Arc<Mutex<PrefetchController>>>,
     deadline: Duration,
     slots: Arc<SlotPool>,
     stats: Arc<Mutex<StatsRecorder>>,
@@ -70,10 +80,28 @@ impl Loader {
         } else {
             options.threads
         };
-        let prefetch = if options.prefetch == 0 {
-            (threads * 2).max(2)
+        let batch_bytes = job
+            .assembler()
+            .image_bytes(job.plan_config().batch_size as usize) as u64;
+        let (prefetch, controller) = if options.prefetch == 0 {
+            let controller = PrefetchController::new(ControllerConfig {
+                min_depth: 2,
+                max_depth: MAX_AUTO_DEPTH,
+                max_bytes: options.max_prefetch_bytes,
+                batch_bytes,
+                initial_depth: (threads * 2).max(2),
+            });
+            if controller.budget_too_small() {
+                tracing::warn!(
+                    batch_bytes,
+                    max_prefetch_bytes = options.max_prefetch_bytes,
+                    "prefetch budget holds fewer than two batches; keeping two"
+                );
+            }
+            let ceiling = controller.budget_depth();
+            (ceiling, Some(Arc::new(Mutex::new(controller))))
         } else {
-            options.prefetch
+            (options.prefetch, None)
         };
         let pool = rayon::ThreadPoolBuilder::new()
             .num_threads(threads)
@@ -81,16 +109,14 @@ impl Loader {
             .panic_handler(|_| tracing::error!("decode thread panicked"))
             .build()
             .map_err(|e| Error::Threads(e.to_string()))?;
-        let slot_bytes = job
-            .assembler()
-            .image_bytes(job.plan_config().batch_size as usize);
         Ok(Loader {
             job: Arc::new(job),
             pool: Arc::new(pool),
             threads,
             prefetch,
+            controller,
             deadline: options.deadline,
-            slots: SlotPool::new(slot_bytes, prefetch + options.max_held_batches),
+            slots: SlotPool::new(batch_bytes as usize, prefetch + options.max_held_batches),
             stats: Arc::new(Mutex::new(StatsRecorder::new())),
         })
     }
@@ -105,9 +131,27 @@ impl Loader {
         self.threads
     }
 
-    /// Batches in flight or waiting, at most.
+    /// Batches in flight or waiting, at most (the controller's ceiling in auto mode).
     pub fn prefetch(&self) -> usize {
         self.prefetch
+    }
+
+    /// The current target depth: the controller's in auto mode, else the fixed depth.
+    pub fn prefetch_depth(&self) -> usize {
+        match &self.controller {
+            Some(controller) => controller
+                .lock()
+                .map(|c| c.target_depth())
+                .unwrap_or(self.prefetch),
+            None => self.prefetch,
+        }
+    }
+
+    /// What the prefetch controller sees and decided, in auto mode.
+    pub fn controller_snapshot(&self) -> Option<ControllerSnapshot> {
+        self.controller
+            .as_ref()
+            .and_then(|c| c.lock().ok().map(|c| c.snapshot()))
     }
 
     /// Steps per epoch for this rank.
@@ -149,7 +193,11 @@ impl Loader {
             ready: BTreeMap::new(),
             next_step: start_step,
             next_to_dispatch: start_step,
-            prefetch: self.prefetch,
+            prefetch: self.prefetch_depth(),
+            controller: self.controller.clone(),
+            dispatched_at: BTreeMap::new(),
+            arrived_latencies: Vec::new(),
+            last_return: None,
             threads: self.threads,
             deadline: self.deadline,
             slots: Arc::clone(&self.slots),
@@ -176,7 +224,12 @@ pub struct EpochStream {
     ready: BTreeMap<u64, Result<Batch>>,
     next_step: u64,
     next_to_dispatch: u64,
+    /// Batches allowed in flight or waiting (besides the one the consumer holds).
     prefetch: usize,
+    controller: Option<Arc<Mutex<PrefetchController>>>,
+    dispatched_at: BTreeMap<u64, Instant>,
+    arrived_latencies: Vec<Duration>,
+    last_return: Option<Instant>,
     threads: usize,
     deadline: Duration,
     slots: Arc<SlotPool>,
@@ -219,6 +272,7 @@ impl EpochStream {
     fn dispatch(&mut self, mut slot: crate::slots::Slot) {
         let step = self.next_to_dispatch;
         self.next_to_dispatch += 1;
+        self.dispatched_at.insert(step, Instant::now());
         let job = Arc::clone(&self.job);
         let plan = Arc::clone(&self.plan);
         let sender = self.sender.clone();
@@ -253,6 +307,23 @@ impl EpochStream {
         });
     }
 
+    /// Feeds the controller what this call saw and takes its new depth.
+    fn adjust_depth(&mut self, started: Instant, waited: Duration) {
+        let step_time = self
+            .last_return
+            .map_or(Duration::ZERO, |at| started.saturating_duration_since(at));
+        self.last_return = Some(Instant::now());
+        let Some(controller) = &self.controller else {
+            return;
+        };
+        if let Ok(mut controller) = controller.lock() {
+            controller.observe(waited, step_time, &self.arrived_latencies);
+            // The controller counts the batch the consumer holds; the stream does not.
+            self.prefetch = controller.target_depth().saturating_sub(1).max(1);
+        }
+        self.arrived_latencies.clear();
+    }
+
     /// The next batch in step order, `None` at the end of the epoch.
     pub fn next_batch(&mut self) -> Result<Option<Batch>> {
         if self.next_step >= self.plan.steps() {
@@ -283,6 +354,9 @@ impl EpochStream {
             }
             match self.receiver.recv_timeout(remaining) {
                 Ok((done, result)) => {
+                    if let Some(at) = self.dispatched_at.remove(&done) {
+                        self.arrived_latencies.push(at.elapsed());
+                    }
                     self.ready.insert(done, result);
                 }
                 Err(RecvTimeoutError::Timeout) => {
@@ -308,10 +382,11 @@ impl EpochStream {
             .remove(&step)
             .ok_or_else(|| Error::Stopped(format!("step {step} vanished")))?;
         self.next_step += 1;
+        self.adjust_depth(started, waited);
         self.top_up();
         let batch = result?;
         if let Ok(mut stats) = self.stats.lock() {
-            stats.record_batch(&batch, waited, self.in_flight());
+            stats.record_batch(&batch, waited, self.in_flight(), self.prefetch);
         }
         Ok(Some(batch))
     }

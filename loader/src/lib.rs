@@ -25,6 +25,7 @@ mod embedded;
 mod error;
 mod job;
 mod planner;
+mod prefetch;
 mod slots;
 mod stats;
 
@@ -33,5 +34,6 @@ pub use embedded::{EpochStream, Loader, LoaderOptions};
 pub use error::{Error, Result};
 pub use job::{open_source, Job, MAX_BATCH_SIZE};
 pub use planner::{EpochPlan, Permutation, PlanConfig};
+pub use prefetch::{ChangeReason, ControllerConfig, ControllerSnapshot, PrefetchController};
 pub use slots::{Slot, SlotPool};
 pub use stats::LoaderStats;

@@ -33,6 +33,8 @@ pub struct LoaderStats {
     pub bad_samples: u64,
     /// Batches in flight after the last `next()`.
     pub in_flight: usize,
+    /// Batches allowed in flight after the last `next()` (the controller's choice in auto mode).
+    pub prefetch_depth: usize,
 }
 
 /// Accumulates [`LoaderStats`].
@@ -56,7 +58,13 @@ impl StatsRecorder {
         self.started.get_or_insert_with(Instant::now);
     }
 
-    pub(crate) fn record_batch(&mut self, batch: &Batch, waited: Duration, in_flight: usize) {
+    pub(crate) fn record_batch(
+        &mut self,
+        batch: &Batch,
+        waited: Duration,
+        in_flight: usize,
+        prefetch_depth: usize,
+    ) {
         if self.first_batch.is_none() {
             self.first_batch = self.started.map(|s| s.elapsed());
         }
@@ -72,6 +80,7 @@ impl StatsRecorder {
         }
         totals.bad_samples += batch.bad_samples.len() as u64;
         totals.in_flight = in_flight;
+        totals.prefetch_depth = prefetch_depth;
     }
 
     pub(crate) fn snapshot(&self) -> LoaderStats {

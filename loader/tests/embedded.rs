@@ -347,6 +347,7 @@ fn kept_batches_bound_memory_and_released_ones_are_reused() {
         prefetch: 2,
         max_held_batches: 1,
         deadline: Duration::from_millis(300),
+        ..LoaderOptions::default()
     };
     let loader = Loader::new(common::train_spec(dir.path(), 4), options).unwrap();
     assert_eq!(loader.slots().capacity(), 3);

@@ -52,7 +52,7 @@ impl NativeLoader {
 #[pymethods]
 impl NativeLoader {
     #[new]
-    #[pyo3(signature = (source, ops, batch_size, shuffle, seed, drop_last, num_threads, rank, world_size, prefetch, on_error, timeout_s, max_held_batches))]
+    #[pyo3(signature = (source, ops, batch_size, shuffle, seed, drop_last, num_threads, rank, world_size, prefetch, on_error, timeout_s, max_held_batches, max_prefetch_bytes = 2 << 30))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -69,6 +69,7 @@ impl NativeLoader {
         on_error: &str,
         timeout_s: f64,
         max_held_batches: usize,
+        max_prefetch_bytes: u64,
     ) -> PyResult<Self> {
         let on_error = match on_error {
             "skip" => BadSamplePolicy::Skip,
@@ -102,6 +103,7 @@ impl NativeLoader {
         let options = LoaderOptions {
             threads: num_threads,
             prefetch,
+            max_prefetch_bytes,
             deadline: Duration::from_secs_f64(timeout_s),
             max_held_batches,
         };
@@ -218,6 +220,7 @@ impl NativeLoader {
         dict.set_item("assemble_s", stats.assemble_s)?;
         dict.set_item("bad_samples", stats.bad_samples)?;
         dict.set_item("in_flight", stats.in_flight)?;
+        dict.set_item("prefetch_depth", stats.prefetch_depth)?;
         dict.set_item("slots_in_use", loader.slots().in_use())?;
         dict.set_item("slot_capacity", loader.slots().capacity())?;
         Ok(dict)
