@@ -6,9 +6,9 @@
 //! batches are being built or waiting at any time: memory stays bounded however slowly the
 //! consumer pulls. Every wait has a deadline, and a timeout names the step it waited for.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, VecDeque};
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -50,6 +50,9 @@ impl Default for LoaderOptions {
         }
     }
 }
+
+/// Calls over which the producer's idle time is weighed against a stall.
+const IDLE_WINDOW_CALLS: usize = 64;
 
 /// Most batches the controller may keep in flight, whatever the budget allows.
 const MAX_AUTO_DEPTH: usize = 64;
@@ -183,19 +186,36 @@ impl Loader {
             )));
         }
         let (sender, receiver) = crossbeam_channel::unbounded();
+        let (jobs, job_receiver) = crossbeam_channel::unbounded();
+        let cancelled = Arc::new(AtomicBool::new(false));
+        let producer_idle_ns = Arc::new(AtomicU64::new(0));
+        {
+            let (job, plan, pool) = (
+                Arc::clone(&self.job),
+                Arc::clone(&plan),
+                Arc::clone(&self.pool),
+            );
+            let cancelled = Arc::clone(&cancelled);
+            let idle_ns = Arc::clone(&producer_idle_ns);
+            std::thread::Builder::new()
+                .name(format!("stoker-producer-{epoch}"))
+                .spawn(move || produce(job, plan, pool, job_receiver, sender, cancelled, idle_ns))
+                .map_err(|e| Error::Threads(e.to_string()))?;
+        }
         let mut stream = EpochStream {
             job: Arc::clone(&self.job),
-            pool: Arc::clone(&self.pool),
             plan,
-            sender,
             receiver,
-            cancelled: Arc::new(AtomicBool::new(false)),
+            cancelled,
             ready: BTreeMap::new(),
             next_step: start_step,
             next_to_dispatch: start_step,
             prefetch: self.prefetch_depth(),
             controller: self.controller.clone(),
-            dispatched_at: BTreeMap::new(),
+            jobs,
+            producer_idle_ns,
+            idle_seen_ns: 0,
+            recent_idle_ns: VecDeque::new(),
             arrived_latencies: Vec::new(),
             last_return: None,
             threads: self.threads,
@@ -211,15 +231,78 @@ impl Loader {
     }
 }
 
-type BatchResult = (u64, Result<Batch>);
+/// Builds queued steps one at a time, each with every pool thread on its samples.
+///
+/// One batch at a time, on purpose: with several batch tasks in a rayon pool, a thread waiting
+/// in a batch's parallel loop steals and runs a whole later batch first, so a batch can wait
+/// behind many later ones (stalls of 100 ms were seen). Here steps start in order and finish in
+/// order, and the first batch gets all threads.
+fn produce(
+    job: Arc<Job>,
+    plan: Arc<EpochPlan>,
+    pool: Arc<rayon::ThreadPool>,
+    jobs: Receiver<(u64, crate::slots::Slot)>,
+    sender: Sender<Built>,
+    cancelled: Arc<AtomicBool>,
+    idle_ns: Arc<AtomicU64>,
+) {
+    loop {
+        let asked = Instant::now();
+        let Ok((step, mut slot)) = jobs.recv() else {
+            return;
+        };
+        idle_ns.fetch_add(asked.elapsed().as_nanos() as u64, Ordering::Relaxed);
+        if cancelled.load(Ordering::Relaxed) {
+            return;
+        }
+        let started = Instant::now();
+        let result = pool.install(|| {
+            catch_unwind(AssertUnwindSafe(|| {
+                let indices = plan.batch_indices(step);
+                let key = stoker_worker::BatchKey {
+                    epoch: plan.epoch(),
+                    rank: plan.config().rank,
+                    step,
+                };
+                let assembler = job.assembler();
+                let assembled = assembler.assemble_into(key, &indices, slot.as_mut_slice())?;
+                Ok(assembled.into_proto(assembler.pipeline(), &indices, slot.into_bytes()))
+            }))
+            .unwrap_or_else(|panic| {
+                let message = panic
+                    .downcast_ref::<&str>()
+                    .map(|s| s.to_string())
+                    .or_else(|| panic.downcast_ref::<String>().cloned())
+                    .unwrap_or_else(|| "unknown panic".into());
+                Err(Error::Stopped(format!(
+                    "a decode thread panicked building step {step}: {message}"
+                )))
+            })
+        });
+        let built = Built {
+            step,
+            service: started.elapsed(),
+            result,
+        };
+        if sender.send(built).is_err() {
+            return;
+        }
+    }
+}
+
+/// A finished batch and how long building it took once started (queueing excluded: the
+/// controller sizes the queue, so its latency input must not grow with the queue).
+struct Built {
+    step: u64,
+    service: Duration,
+    result: Result<Batch>,
+}
 
 /// The batches of one epoch, in step order. Dropping it cancels the work not yet started.
 pub struct EpochStream {
     job: Arc<Job>,
-    pool: Arc<rayon::ThreadPool>,
     plan: Arc<EpochPlan>,
-    sender: Sender<BatchResult>,
-    receiver: Receiver<BatchResult>,
+    receiver: Receiver<Built>,
     cancelled: Arc<AtomicBool>,
     ready: BTreeMap<u64, Result<Batch>>,
     next_step: u64,
@@ -227,7 +310,11 @@ pub struct EpochStream {
     /// Batches allowed in flight or waiting (besides the one the consumer holds).
     prefetch: usize,
     controller: Option<Arc<Mutex<PrefetchController>>>,
-    dispatched_at: BTreeMap<u64, Instant>,
+    jobs: Sender<(u64, crate::slots::Slot)>,
+    /// Time the producer spent with nothing queued, and how much of it the controller has seen.
+    producer_idle_ns: Arc<AtomicU64>,
+    idle_seen_ns: u64,
+    recent_idle_ns: VecDeque<u64>,
     arrived_latencies: Vec<Duration>,
     last_return: Option<Instant>,
     threads: usize,
@@ -269,42 +356,13 @@ impl EpochStream {
         self.job.assembler().image_bytes(self.plan.batch_len(step))
     }
 
-    fn dispatch(&mut self, mut slot: crate::slots::Slot) {
+    /// Queues the next step for the stream's producer thread.
+    fn dispatch(&mut self, slot: crate::slots::Slot) {
         let step = self.next_to_dispatch;
         self.next_to_dispatch += 1;
-        self.dispatched_at.insert(step, Instant::now());
-        let job = Arc::clone(&self.job);
-        let plan = Arc::clone(&self.plan);
-        let sender = self.sender.clone();
-        let cancelled = Arc::clone(&self.cancelled);
-        self.pool.spawn(move || {
-            if cancelled.load(Ordering::Relaxed) {
-                return;
-            }
-            let result = catch_unwind(AssertUnwindSafe(|| {
-                let indices = plan.batch_indices(step);
-                let key = stoker_worker::BatchKey {
-                    epoch: plan.epoch(),
-                    rank: plan.config().rank,
-                    step,
-                };
-                let assembler = job.assembler();
-                let assembled = assembler.assemble_into(key, &indices, slot.as_mut_slice())?;
-                Ok(assembled.into_proto(assembler.pipeline(), &indices, slot.into_bytes()))
-            }))
-            .unwrap_or_else(|panic| {
-                let message = panic
-                    .downcast_ref::<&str>()
-                    .map(|s| s.to_string())
-                    .or_else(|| panic.downcast_ref::<String>().cloned())
-                    .unwrap_or_else(|| "unknown panic".into());
-                Err(Error::Stopped(format!(
-                    "a decode thread panicked building step {step}: {message}"
-                )))
-            });
-            // The stream may be gone; then nobody wants the batch.
-            let _ = sender.send((step, result));
-        });
+        if self.jobs.send((step, slot)).is_err() {
+            tracing::error!(step, "the producer thread is gone");
+        }
     }
 
     /// Feeds the controller what this call saw and takes its new depth.
@@ -316,10 +374,38 @@ impl EpochStream {
         let Some(controller) = &self.controller else {
             return;
         };
+        // A wait while the producer never ran dry means decoding is slower than the consumer:
+        // a deeper queue would not shorten it, only cost memory. Only waits behind an idle
+        // producer count as stall, and the consumer's pace is what it actually got (step plus
+        // wait), so Little's law sizes the queue to the real flow.
+        let idle_total = self.producer_idle_ns.load(Ordering::Relaxed);
+        let idle = idle_total - self.idle_seen_ns;
+        self.idle_seen_ns = idle_total;
+        self.recent_idle_ns.push_back(idle);
+        if self.recent_idle_ns.len() > IDLE_WINDOW_CALLS {
+            self.recent_idle_ns.pop_front();
+        }
+        // If the producer sat idle for at least as long as this wait over the recent calls,
+        // a deeper queue would have used that time to prevent it (bursty consumers idle the
+        // producer during a long step and stall a few steps later, when the queue drains).
+        let recent_idle = Duration::from_nanos(self.recent_idle_ns.iter().sum());
+        let stall = if recent_idle >= waited {
+            waited
+        } else {
+            Duration::ZERO
+        };
         if let Ok(mut controller) = controller.lock() {
-            controller.observe(waited, step_time, &self.arrived_latencies);
+            controller.observe(stall, step_time + waited, &self.arrived_latencies);
             // The controller counts the batch the consumer holds; the stream does not.
             self.prefetch = controller.target_depth().saturating_sub(1).max(1);
+            tracing::trace!(
+                step = self.next_step - 1,
+                waited_us = waited.as_micros() as u64,
+                step_us = step_time.as_micros() as u64,
+                depth = self.prefetch,
+                in_flight = self.in_flight(),
+                "loader.prefetch"
+            );
         }
         self.arrived_latencies.clear();
     }
@@ -353,11 +439,9 @@ impl EpochStream {
                 }
             }
             match self.receiver.recv_timeout(remaining) {
-                Ok((done, result)) => {
-                    if let Some(at) = self.dispatched_at.remove(&done) {
-                        self.arrived_latencies.push(at.elapsed());
-                    }
-                    self.ready.insert(done, result);
+                Ok(built) => {
+                    self.arrived_latencies.push(built.service);
+                    self.ready.insert(built.step, built.result);
                 }
                 Err(RecvTimeoutError::Timeout) => {
                     let error = Error::Timeout {

@@ -17,6 +17,9 @@ use super::JobArgs;
 /// Arguments of `stoker bench`.
 #[derive(Debug, Args)]
 pub struct BenchArgs {
+    /// Other benchmarks.
+    #[command(subcommand)]
+    pub which: Option<BenchKind>,
     #[command(flatten)]
     pub job: JobArgs,
     /// Decode threads (0: all cores).
@@ -31,6 +34,14 @@ pub struct BenchArgs {
     /// Print one JSON object instead of text.
     #[arg(long)]
     pub json: bool,
+}
+
+/// Benchmarks other than the end-to-end image pipeline.
+#[derive(Debug, clap::Subcommand)]
+pub enum BenchKind {
+    /// Stall and buffered bytes of the prefetch controller against fixed depths, under a
+    /// simulated training loop with constant, jittered and bursty step times.
+    Stall(super::bench_stall::StallArgs),
 }
 
 /// The figures `stoker bench --json` prints.
@@ -64,6 +75,9 @@ struct Stages {
 
 /// Runs the command.
 pub fn run(args: BenchArgs) -> anyhow::Result<()> {
+    if let Some(BenchKind::Stall(stall)) = args.which {
+        return super::bench_stall::run(stall);
+    }
     let spec = args.job.spec()?;
     let wall_start = Instant::now();
     let usage_start = usage();

@@ -1,6 +1,7 @@
 //! Argument parsing and dispatch of the `stoker` subcommands.
 
 mod bench;
+mod bench_stall;
 mod demo;
 mod digest;
 mod inspect;
@@ -28,6 +29,7 @@ enum Command {
     /// Run the embedded loader against a simulated training step, printing throughput and stall.
     Demo(demo::DemoArgs),
     /// Measure end-to-end throughput, CPU cost, first-batch time, memory, and the decode floor.
+    #[command(args_conflicts_with_subcommands = true, subcommand_negates_reqs = true)]
     Bench(bench::BenchArgs),
     /// Print the SHA-256 of the first K batches (last line), to check reproducibility.
     Digest(digest::DigestArgs),
@@ -75,9 +77,9 @@ pub enum OnError {
 /// Options shared by the commands that run a job.
 #[derive(Debug, Args)]
 pub struct JobArgs {
-    /// ImageFolder root (class folders of JPEG/PNG files).
+    /// ImageFolder root (class folders of JPEG/PNG files). Required.
     #[arg(long)]
-    pub data: PathBuf,
+    pub data: Option<PathBuf>,
     /// Pipeline preset.
     #[arg(long, default_value = "imagenet-train", value_parser = ["imagenet-train", "imagenet-eval"])]
     pub pipeline: String,
@@ -110,9 +112,13 @@ pub struct JobArgs {
 impl JobArgs {
     /// The job spec these options describe.
     pub fn spec(&self) -> anyhow::Result<JobSpec> {
+        let data = self
+            .data
+            .as_ref()
+            .ok_or_else(|| anyhow::anyhow!("--data DIR is required (an ImageFolder root)"))?;
         Ok(JobSpec {
             dataset: Some(proto::DatasetSource {
-                uri: self.data.to_string_lossy().into_owned(),
+                uri: data.to_string_lossy().into_owned(),
                 format: proto::DatasetFormat::Auto as i32,
             }),
             pipeline: stoker_worker::presets::by_name(&self.pipeline, self.size)?,
