@@ -51,6 +51,9 @@ impl Default for LoaderOptions {
     }
 }
 
+/// How often a waiting `next()` asks whether it should give up (Ctrl-C).
+pub const INTERRUPT_CHECK: Duration = Duration::from_millis(100);
+
 /// Calls over which the producer's idle time is weighed against a stall.
 const IDLE_WINDOW_CALLS: usize = 64;
 
@@ -365,6 +368,13 @@ impl EpochStream {
         }
     }
 
+    /// Counts a wait that ended without a batch (timeout, interruption) in the stall figures.
+    fn record_wait(&self, waited: Duration) {
+        if let Ok(mut stats) = self.stats.lock() {
+            stats.record_wait(waited);
+        }
+    }
+
     /// Feeds the controller what this call saw and takes its new depth.
     fn adjust_depth(&mut self, started: Instant, waited: Duration) {
         let step_time = self
@@ -412,6 +422,15 @@ impl EpochStream {
 
     /// The next batch in step order, `None` at the end of the epoch.
     pub fn next_batch(&mut self) -> Result<Option<Batch>> {
+        self.next_batch_checked(&mut || false)
+    }
+
+    /// Like [`EpochStream::next_batch`], asking `interrupted` every [`INTERRUPT_CHECK`] while
+    /// it waits, and giving up with [`Error::Interrupted`] when it says so (Ctrl-C in Python).
+    pub fn next_batch_checked(
+        &mut self,
+        interrupted: &mut dyn FnMut() -> bool,
+    ) -> Result<Option<Batch>> {
         if self.next_step >= self.plan.steps() {
             return Ok(None);
         }
@@ -419,29 +438,40 @@ impl EpochStream {
         let step = self.next_step;
         while !self.ready.contains_key(&step) {
             let remaining = self.deadline.saturating_sub(started.elapsed());
+            let slice = remaining.min(INTERRUPT_CHECK);
             if self.next_to_dispatch == step {
                 // Nothing in flight: every slot is held by batches the consumer kept.
-                match self.slots.take_timeout(self.image_bytes(step), remaining) {
-                    Some(slot) => {
-                        self.dispatch(slot);
-                        self.top_up();
-                        continue;
-                    }
-                    None => {
-                        let error = Error::SlotsHeld {
-                            step,
-                            capacity: self.slots.capacity(),
-                            waited: started.elapsed(),
-                        };
-                        tracing::error!(%error, "loader.next found no free batch slot");
-                        return Err(error);
-                    }
+                if let Some(slot) = self.slots.take_timeout(self.image_bytes(step), slice) {
+                    self.dispatch(slot);
+                    self.top_up();
+                    continue;
                 }
+                if started.elapsed() >= self.deadline {
+                    let error = Error::SlotsHeld {
+                        step,
+                        capacity: self.slots.capacity(),
+                        waited: started.elapsed(),
+                    };
+                    tracing::error!(%error, "loader.next found no free batch slot");
+                    self.record_wait(started.elapsed());
+                    return Err(error);
+                }
+                if interrupted() {
+                    self.record_wait(started.elapsed());
+                    return Err(Error::Interrupted);
+                }
+                continue;
             }
-            match self.receiver.recv_timeout(remaining) {
+            match self.receiver.recv_timeout(slice) {
                 Ok(built) => {
                     self.arrived_latencies.push(built.service);
                     self.ready.insert(built.step, built.result);
+                }
+                Err(RecvTimeoutError::Timeout) if started.elapsed() < self.deadline => {
+                    if interrupted() {
+                        self.record_wait(started.elapsed());
+                        return Err(Error::Interrupted);
+                    }
                 }
                 Err(RecvTimeoutError::Timeout) => {
                     let error = Error::Timeout {
@@ -453,6 +483,7 @@ impl EpochStream {
                         threads: self.threads,
                     };
                     tracing::error!(%error, "loader.next timed out");
+                    self.record_wait(started.elapsed());
                     return Err(error);
                 }
                 Err(RecvTimeoutError::Disconnected) => {

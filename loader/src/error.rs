@@ -40,6 +40,9 @@ pub enum Error {
         /// How long.
         waited: Duration,
     },
+    /// The caller asked a waiting `next()` to stop (Ctrl-C in Python).
+    #[error("interrupted while waiting for a batch")]
+    Interrupted,
     /// The loader's threads are gone (a panic in a decode thread, or shutdown).
     #[error("the loader stopped: {0}")]
     Stopped(String),

@@ -83,6 +83,10 @@ impl StatsRecorder {
         totals.prefetch_depth = prefetch_depth;
     }
 
+    pub(crate) fn record_wait(&mut self, waited: Duration) {
+        self.totals.wait_s += waited.as_secs_f64();
+    }
+
     pub(crate) fn snapshot(&self) -> LoaderStats {
         let mut stats = self.totals.clone();
         stats.elapsed_s = self.started.map_or(0.0, |s| s.elapsed().as_secs_f64());

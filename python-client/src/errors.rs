@@ -106,7 +106,9 @@ pub fn from_loader(error: stoker_loader::Error) -> PyErr {
         LoaderError::Timeout { .. } | LoaderError::SlotsHeld { .. } => {
             raise(Kind::Timeout, message)
         }
-        LoaderError::Stopped(_) | LoaderError::Threads(_) => raise(Kind::Stoker, message),
+        LoaderError::Stopped(_) | LoaderError::Threads(_) | LoaderError::Interrupted => {
+            raise(Kind::Stoker, message)
+        }
     }
 }
 

@@ -179,7 +179,23 @@ impl NativeLoader {
             .stream
             .as_mut()
             .ok_or_else(|| raise(Kind::Stoker, "no epoch started: call start_epoch".into()))?;
-        let batch = py.detach(|| stream.next_batch()).map_err(from_loader)?;
+        // Wait with the GIL released, looking for Ctrl-C every INTERRUPT_CHECK.
+        let mut signal: Option<PyErr> = None;
+        let batch = py.detach(|| {
+            stream.next_batch_checked(&mut || {
+                Python::attach(|py| match py.check_signals() {
+                    Ok(()) => false,
+                    Err(error) => {
+                        signal = Some(error);
+                        true
+                    }
+                })
+            })
+        });
+        let batch = match (batch, signal) {
+            (Err(stoker_loader::Error::Interrupted), Some(error)) => return Err(error),
+            (batch, _) => batch.map_err(from_loader)?,
+        };
         let Some(batch) = batch else {
             return Ok(None);
         };

@@ -1,0 +1,364 @@
+#!/usr/bin/env python3
+"""stoker.Loader against torch.utils.data.DataLoader, from Python, side by side.
+
+Both loaders read the same ImageFolder with the same recipe (RandomResizedCrop(224), random
+horizontal flip, uint8 tensors out, batches of 64) and hand torch tensors to a Python loop.
+Each configuration runs in a fresh child interpreter so that its memory is measured alone:
+
+- images/s: images delivered / seconds from building the loader to the last batch
+  (startup included, as a training epoch sees it); "steady" leaves the first batch out.
+- first batch: seconds from building the loader (dataset indexing included) to the first
+  batch in the loop's hands.
+- added memory: peak PSS of the child's whole process tree (itself and any worker processes,
+  sampled every 50 ms) minus the child's own PSS right after ``import torch``. PSS splits
+  shared pages between the processes that map them, so forked workers are not counted twice.
+  Whatever is imported after torch (torchvision, stoker) counts as the loader's; imports are
+  done before the clock starts. "loader only" is the same peak minus the PSS after those
+  imports, i.e. what building and running the loader adds (torchvision's import alone is
+  ~160 MiB with torchvision 0.29).
+
+Stoker runs with ``--threads`` decode threads; DataLoader with num_workers 0, 1 and 2,
+pin_memory=True and its default prefetch_factor of 2. Stoker gets the same number of batches
+in flight as DataLoader with ``--threads`` workers (prefetch = 2 x workers) and room for the
+one batch the loop holds (max_held_batches=1).
+
+Usually started by compare_loader.sh, which prepares the venv, the package and the image set.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+CROP_SIZE = 224
+SAMPLE_PERIOD_S = 0.05
+# DataLoader's default prefetch_factor: batches in flight per worker.
+PREFETCH_FACTOR = 2
+KIB = 1024
+MIB = 1024 * 1024
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--data", type=Path, required=True, help="ImageFolder root")
+    parser.add_argument("--batch-size", type=int, default=64)
+    parser.add_argument("--threads", type=int, default=2, help="stoker decode threads (default 2)")
+    parser.add_argument(
+        "--workers",
+        default="0,1,2",
+        help="DataLoader num_workers values to run, comma-separated (default 0,1,2)",
+    )
+    parser.add_argument("--batches", type=int, default=0, help="batches per run (0: one epoch)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--repeat", type=int, default=1, help="runs per configuration; each figure is the median"
+    )
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+    parser.add_argument("--child", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    try:
+        args.worker_counts = [int(w) for w in args.workers.split(",") if w.strip()]
+    except ValueError:
+        parser.error(f"--workers must be comma-separated ints, got {args.workers!r}")
+    if (
+        args.batch_size < 1
+        or args.threads < 1
+        or args.repeat < 1
+        or args.batches < 0
+        or any(w < 0 for w in args.worker_counts)
+    ):
+        parser.error(
+            "--batch-size, --threads and --repeat must be >= 1, --batches and --workers >= 0"
+        )
+    if not args.data.is_dir():
+        parser.error(f"--data {args.data} is not a folder")
+    return args
+
+
+# -- memory ---------------------------------------------------------------------------------
+
+
+def pss_bytes(pid: int) -> int:
+    """The process's proportional set size, or 0 when it is gone."""
+    try:
+        with open(f"/proc/{pid}/smaps_rollup") as rollup:
+            for line in rollup:
+                if line.startswith("Pss:"):
+                    return int(line.split()[1]) * KIB
+    except (FileNotFoundError, ProcessLookupError, PermissionError):
+        pass
+    return 0
+
+
+def child_pids(pid: int) -> list[int]:
+    """Direct children of ``pid``, from every thread's ``children`` list."""
+    children: list[int] = []
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except FileNotFoundError:
+        return children
+    for task in tasks:
+        try:
+            with open(f"/proc/{pid}/task/{task}/children") as listing:
+                children.extend(int(c) for c in listing.read().split())
+        except (FileNotFoundError, ProcessLookupError):
+            continue
+    return children
+
+
+def tree_pss_bytes(root: int) -> int:
+    """Summed PSS of ``root`` and all its descendants."""
+    total, pending, seen = 0, [root], set()
+    while pending:
+        pid = pending.pop()
+        if pid in seen:
+            continue
+        seen.add(pid)
+        total += pss_bytes(pid)
+        pending.extend(child_pids(pid))
+    return total
+
+
+class PeakSampler:
+    """Samples the process tree's PSS in a background thread and keeps the peak."""
+
+    def __init__(self) -> None:
+        self.peak = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="pss-sampler", daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self.sample()
+            self._stop.wait(SAMPLE_PERIOD_S)
+
+    def sample(self) -> None:
+        self.peak = max(self.peak, tree_pss_bytes(os.getpid()))
+
+    def __enter__(self) -> PeakSampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+# -- one configuration, in a child interpreter --------------------------------------------
+
+
+def import_loader(config: str) -> None:
+    """Imports what the configuration needs, so the timed part does not include imports."""
+    if config == "stoker":
+        import stoker  # noqa: F401
+    else:
+        import torchvision  # noqa: F401
+
+
+def build_stoker(args: argparse.Namespace) -> Any:
+    import stoker
+
+    return stoker.Loader(
+        args.data,
+        pipeline=stoker.vision.imagenet_train(CROP_SIZE),
+        batch_size=args.batch_size,
+        shuffle=True,
+        seed=args.seed,
+        num_threads=args.threads,
+        prefetch=PREFETCH_FACTOR * args.threads,
+        max_held_batches=1,
+        output="torch",
+    )
+
+
+def build_dataloader(args: argparse.Namespace, workers: int) -> Any:
+    import torch
+    from torchvision import datasets, transforms
+
+    recipe = transforms.Compose(
+        [
+            transforms.RandomResizedCrop(CROP_SIZE),
+            transforms.RandomHorizontalFlip(),
+            transforms.PILToTensor(),
+        ]
+    )
+    return torch.utils.data.DataLoader(
+        datasets.ImageFolder(str(args.data), transform=recipe),
+        batch_size=args.batch_size,
+        shuffle=True,
+        num_workers=workers,
+        pin_memory=True,
+        generator=torch.Generator().manual_seed(args.seed),
+    )
+
+
+def run_child(args: argparse.Namespace) -> dict[str, Any]:
+    import warnings
+
+    import torch
+
+    baseline = pss_bytes(os.getpid())
+    import_loader(args.child)
+    after_imports = pss_bytes(os.getpid())
+    # pin_memory without CUDA only warns; the comparison is CPU-side either way.
+    warnings.filterwarnings("ignore", message=".*pin_memory.*")
+    images = batches = 0
+    with PeakSampler() as sampler:
+        started = time.perf_counter()
+        if args.child == "stoker":
+            loader = build_stoker(args)
+        else:
+            loader = build_dataloader(args, int(args.child.removeprefix("torch")))
+        limit = args.batches or len(loader)
+        first_batch_s = math.nan
+        for batch in loader:
+            if args.child == "stoker":
+                labels = batch["label"]
+            else:
+                _, labels = batch
+            images += int(labels.shape[0])
+            batches += 1
+            if batches == 1:
+                first_batch_s = time.perf_counter() - started
+            if batches == limit:
+                break
+        elapsed = time.perf_counter() - started
+        # One sample with the loader still alive and at its fullest.
+        sampler.sample()
+        extra: dict[str, Any] = {}
+        if args.child == "stoker":
+            stats = loader.stats()
+            extra = {
+                "stall_fraction": stats["stall_fraction"],
+                "slot_capacity": stats["slot_capacity"],
+            }
+            loader.close()
+        del batch, loader
+    steady_images = images - args.batch_size
+    return {
+        "config": args.child,
+        "images": images,
+        "batches": batches,
+        "seconds": elapsed,
+        "images_per_s": images / elapsed,
+        "steady_images_per_s": steady_images / (elapsed - first_batch_s)
+        if steady_images > 0
+        else math.nan,
+        "first_batch_s": first_batch_s,
+        "baseline_pss_mib": baseline / MIB,
+        "peak_tree_pss_mib": sampler.peak / MIB,
+        "added_mib": (sampler.peak - baseline) / MIB,
+        "loader_only_mib": (sampler.peak - after_imports) / MIB,
+        "torch": torch.__version__,
+        **extra,
+    }
+
+
+# -- the parent: run every configuration, print the table ----------------------------------
+
+
+def run_once(config: str, argv: list[str]) -> dict[str, Any]:
+    completed = subprocess.run(
+        [sys.executable, __file__, *argv, "--child", config],
+        stdout=subprocess.PIPE,
+        text=True,
+        check=False,
+    )
+    if completed.returncode != 0:
+        raise SystemExit(f"{config} failed with exit code {completed.returncode}")
+    return json.loads(completed.stdout.strip().splitlines()[-1])
+
+
+def run_config(args: argparse.Namespace, config: str, argv: list[str]) -> dict[str, Any]:
+    """The configuration's figures, each the median over ``--repeat`` fresh processes."""
+    print(f"running {config} ({args.repeat}x) ...", file=sys.stderr, flush=True)
+    runs = [run_once(config, argv) for _ in range(args.repeat)]
+    merged = dict(runs[0])
+    for key, value in runs[0].items():
+        if isinstance(value, float):
+            merged[key] = statistics.median(run[key] for run in runs)
+    merged["runs"] = runs
+    return merged
+
+
+def label(config: str, args: argparse.Namespace) -> str:
+    if config == "stoker":
+        return f"stoker.Loader, {args.threads} threads"
+    return f"DataLoader, {config.removeprefix('torch')} workers"
+
+
+def main(argv: list[str]) -> int:
+    args = parse_args(argv)
+    if args.child:
+        print(json.dumps(run_child(args)))
+        return 0
+
+    configs = ["stoker", *(f"torch{w}" for w in args.worker_counts)]
+    results = {config: run_config(args, config, argv) for config in configs}
+    reference_name = f"torch{args.threads}" if f"torch{args.threads}" in results else configs[-1]
+    reference, ours = results[reference_name], results["stoker"]
+    ratios = {
+        "reference": reference_name,
+        "images_per_s": ours["images_per_s"] / reference["images_per_s"],
+        "steady_images_per_s": ours["steady_images_per_s"] / reference["steady_images_per_s"],
+        "added_memory": ours["added_mib"] / reference["added_mib"]
+        if reference["added_mib"] > 0
+        else math.nan,
+        "loader_only_memory": (
+            ours["loader_only_mib"] / reference["loader_only_mib"]
+            if reference["loader_only_mib"] > 0
+            else math.nan
+        ),
+        "first_batch_speedup": reference["first_batch_s"] / ours["first_batch_s"],
+    }
+    if args.json:
+        print(
+            json.dumps(
+                {
+                    "data": str(args.data),
+                    "batch_size": args.batch_size,
+                    "results": results,
+                    "ratios": ratios,
+                }
+            )
+        )
+        return 0
+
+    print(
+        f"{args.data}, batch {args.batch_size}, {results['stoker']['images']} images per run, "
+        f"median of {args.repeat} run(s) each"
+    )
+    header = (
+        f"{'loader':<28}{'images/s':>10}{'steady':>10}{'first batch':>13}{'added MiB':>11}"
+        f"{'loader only':>13}{'peak MiB':>10}"
+    )
+    print(header)
+    print("-" * len(header))
+    for config, result in results.items():
+        print(
+            f"{label(config, args):<28}{result['images_per_s']:>10.0f}"
+            f"{result['steady_images_per_s']:>10.0f}"
+            f"{result['first_batch_s']:>12.3f}s{result['added_mib']:>11.0f}{result['loader_only_mib']:>13.0f}"
+            f"{result['peak_tree_pss_mib']:>10.0f}"
+        )
+    print(
+        f"\nstoker vs {label(reference_name, args)}: {ratios['images_per_s']:.2f}x images/s "
+        f"({ratios['steady_images_per_s']:.2f}x steady), "
+        f"{ratios['added_memory']:.2f}x the added memory "
+        f"({ratios['loader_only_memory']:.2f}x loader only), "
+        f"first batch {ratios['first_batch_speedup']:.1f}x sooner"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

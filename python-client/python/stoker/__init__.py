@@ -1,0 +1,49 @@
+"""Stoker: a data loader that keeps GPUs fed, written in Rust.
+
+``stoker.Loader`` reads an image folder, decodes and augments images on Rust threads (the GIL
+released), and yields batches as zero-copy numpy arrays or torch tensors, deterministically:
+a batch depends on the seed, epoch, rank and step only, so runs reproduce and resume exactly.
+
+    import stoker
+    loader = stoker.Loader("/data/train", pipeline=stoker.vision.imagenet_train(224),
+                           batch_size=256)
+    for batch in loader:
+        images, labels = batch["image"], batch["label"]
+
+Modules: :mod:`stoker.ops` (pipeline ops), :mod:`stoker.vision` (ready-made pipelines),
+:mod:`stoker.errors` (the exceptions, also exported here).
+"""
+
+from __future__ import annotations
+
+from importlib.metadata import PackageNotFoundError, version
+
+from stoker import ops, vision
+from stoker.errors import (
+    DatasetError,
+    DecodeError,
+    LoaderTimeoutError,
+    PipelineError,
+    StokerError,
+    WorkerUnavailableError,
+)
+from stoker.loader import BatchIterator, Loader
+
+try:
+    __version__: str = version("stoker")
+except PackageNotFoundError:  # running from a source tree that was never installed
+    __version__ = "0+unknown"
+
+__all__ = [
+    "BatchIterator",
+    "DatasetError",
+    "DecodeError",
+    "Loader",
+    "LoaderTimeoutError",
+    "PipelineError",
+    "StokerError",
+    "WorkerUnavailableError",
+    "__version__",
+    "ops",
+    "vision",
+]

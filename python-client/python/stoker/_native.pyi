@@ -1,0 +1,129 @@
+"""Type stubs of ``stoker._native``, the Rust extension module under the ``stoker`` package.
+
+The public API is :class:`stoker.Loader`; this module is its engine and may change between
+releases. Every method that waits or works releases the GIL.
+"""
+
+from typing import Any, Final, Literal, TypedDict, final
+
+TensorDtype = Literal["uint8", "float32", "int64"]
+
+class BadSample(TypedDict):
+    """A sample that could not be read or decoded, and what replaced it under ``skip``."""
+
+    sample_index: int
+    path: str
+    reason: str
+    substitute_index: int | None
+
+class NativeStats(TypedDict):
+    """Counters since the loader was made; times in seconds."""
+
+    samples: int
+    batches: int
+    elapsed_s: float
+    samples_per_s: float
+    wait_s: float
+    first_batch_s: float | None
+    read_s: float
+    decode_s: float
+    augment_s: float
+    assemble_s: float
+    bad_samples: int
+    in_flight: int
+    prefetch_depth: int
+    slots_in_use: int
+    slot_capacity: int
+
+@final
+class Buffer:
+    """A Rust-owned batch slot, exposed through the buffer protocol (1-D, unsigned bytes,
+    writable). The slot returns to the loader's pool when the last view of it is released."""
+
+    @property
+    def address(self) -> int:
+        """The address of the first byte."""
+    @property
+    def nbytes(self) -> int:
+        """The size in bytes."""
+    def __buffer__(self, flags: int, /) -> memoryview: ...
+    def __release_buffer__(self, buffer: memoryview, /) -> None: ...
+
+TensorEntry = tuple[str, TensorDtype, tuple[int, ...], Buffer]
+"""``(name, dtype, shape, data)``: ``"image"`` first, then ``"label"`` (int64, ``(n,)``)."""
+
+NativeBatch = tuple[int, int, list[TensorEntry], list[int], list[BadSample]]
+"""``(epoch, step, tensors, sample_indices, bad_samples)``."""
+
+@final
+class NativeLoader:
+    """The embedded loader: planner, decode threads and the slot pool of one job and rank."""
+
+    steps_per_epoch: Final[int]
+    num_samples: Final[int]
+    class_names: Final[list[str]]
+    num_threads: Final[int]
+    prefetch: Final[int]
+    slot_capacity: Final[int]
+
+    def __init__(
+        self,
+        source: str,
+        ops: list[dict[str, Any]],
+        batch_size: int,
+        shuffle: bool,
+        seed: int,
+        drop_last: bool,
+        num_threads: int,
+        rank: int,
+        world_size: int,
+        prefetch: int,
+        on_error: Literal["skip", "fail"],
+        timeout_s: float,
+        max_held_batches: int,
+        max_prefetch_bytes: int = 2 << 30,
+    ) -> None:
+        """Opens ``source`` and checks ``ops``; ``num_threads`` 0 means all cores, ``prefetch``
+        0 lets a controller size the depth from the stall it observes, within
+        ``max_prefetch_bytes``.
+
+        Raises:
+            PipelineError: ``ops`` is not a supported pipeline.
+            FileNotFoundError: ``source`` does not exist.
+            DatasetError: ``source`` is not a usable image folder.
+        """
+    def start_epoch(self, epoch: int, start_step: int) -> None:
+        """Starts producing ``epoch`` from ``start_step`` (no replay of earlier steps)."""
+    def next_batch(self) -> NativeBatch | None:
+        """The next batch in step order, or ``None`` at the end of the epoch.
+
+        Raises:
+            DecodeError: a bad sample under ``on_error="fail"``.
+            LoaderTimeoutError: no batch within ``timeout_s``, or every slot is held.
+        """
+    def stats(self) -> NativeStats:
+        """Throughput, stall and queue counters so far."""
+    def close(self) -> None:
+        """Stops the threads; buffers already handed out stay valid."""
+
+def make_dataset(out: str, count: int, seed: int = 0) -> str:
+    """Writes a seeded ImageNet-like image folder (10 classes, JPEG) of ``count`` images under
+    ``out`` and returns its root; reuses one already there with the same spec."""
+
+class StokerError(Exception):
+    """The root of every Stoker exception."""
+
+class DatasetError(StokerError):
+    """The source cannot be opened or indexed."""
+
+class DecodeError(StokerError):
+    """A sample could not be read or decoded under ``on_error="fail"``; names the file."""
+
+class PipelineError(StokerError, ValueError):
+    """The pipeline's ops or their order were refused."""
+
+class LoaderTimeoutError(StokerError, TimeoutError):
+    """A wait passed its deadline, or every batch slot is held; the message says which."""
+
+class WorkerUnavailableError(StokerError):
+    """The workers stopped; no more batches can come."""

@@ -1,0 +1,676 @@
+"""``stoker.Loader``: Stoker's training-loop side, a drop-in for torch's ``DataLoader``.
+
+This module holds the Python half of the loader: argument checking (everything is checked
+before any thread starts or any file is read), epoch and resume bookkeeping, rank defaults,
+fork detection, and turning the native module's batch slots into numpy arrays or torch
+tensors without copying them. Decoding, augmenting and batching happen in Rust
+(:mod:`stoker._native`), with the GIL released.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import logging
+import math
+import os
+import sys
+import weakref
+from collections.abc import Iterable, Iterator, Mapping
+from typing import TYPE_CHECKING, Any, Final, Literal, TypeGuard
+
+import numpy as np
+
+from stoker import _native
+from stoker.errors import StokerError
+from stoker.ops import Op, check_pipeline
+
+if TYPE_CHECKING:
+    from stoker._native import BadSample, NativeBatch
+
+__all__ = ["BatchIterator", "Loader"]
+
+_log = logging.getLogger("stoker")
+
+STATE_VERSION: Final = 1
+# Keys of state_dict() that must match on load: a batch is a function of these and the position.
+_STATE_SPEC_KEYS: Final = (
+    "seed",
+    "batch_size",
+    "num_samples",
+    "rank",
+    "world_size",
+    "shuffle",
+    "drop_last",
+)
+# Per-sample logs are capped: a folder full of bad files should not drown the training log.
+_MAX_LOGGED_BAD_SAMPLES: Final = 20
+_MAX_U64: Final = 2**64 - 1
+_MAX_U32: Final = 2**32 - 1
+
+# DataLoader arguments with no Stoker meaning, and what to use instead.
+_DATALOADER_ONLY: Final[Mapping[str, str]] = {
+    "num_workers": "use num_threads=N (decode threads in this process; no worker processes)",
+    "sampler": "use shuffle, seed, rank and world_size (the order is planned in Rust)",
+    "batch_sampler": "use batch_size and drop_last (batches are planned in Rust)",
+    "collate_fn": "batches are assembled in Rust as a dict of tensors; post-process them in "
+    "the training loop",
+    "pin_memory": "batch slots are pinned automatically when CUDA is available",
+    "pin_memory_device": "batch slots are pinned automatically when CUDA is available",
+    "worker_init_fn": "there are no worker processes; pipelines are declarative stoker.ops",
+    "persistent_workers": "decode threads live as long as the Loader; close() stops them",
+    "prefetch_factor": "use prefetch=N (batches in flight) or prefetch='auto'",
+    "generator": "use seed=N (every random draw is seeded by seed, epoch and sample index)",
+    "multiprocessing_context": "there are no worker processes",
+    "in_order": "batches always come in step order, which makes runs reproducible",
+    "dataset": "pass the image folder path as the first argument, source",
+    "transform": "use pipeline=[stoker.ops...] or stoker.vision.imagenet_train()",
+}
+
+# Every live loader, so a fork can mark them all unusable in the child.
+_LIVE_LOADERS: weakref.WeakSet[Loader] = weakref.WeakSet()
+
+
+def _after_fork_in_child() -> None:
+    for loader in list(_LIVE_LOADERS):
+        loader._inherited_by_fork()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+def _is_int(value: object) -> TypeGuard[int]:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _check_int(value: object, name: str, low: int, high: int) -> int:
+    if not _is_int(value) or not low <= value <= high:
+        raise ValueError(f"{name} must be an int in {low}..={high}, got {value!r}")
+    return int(value)
+
+
+def _check_bool(value: object, name: str) -> bool:
+    if not isinstance(value, bool):
+        raise ValueError(f"{name} must be True or False, got {value!r}")
+    return value
+
+
+def _source_path(source: object) -> str:
+    """The local folder ``source`` names; ``file://`` URLs are accepted."""
+    if not isinstance(source, (str, os.PathLike)):
+        raise ValueError(
+            f"source must be a path (str or os.PathLike) of an image folder, got {source!r}"
+        )
+    path = os.fspath(source)
+    if isinstance(path, bytes):
+        path = os.fsdecode(path)
+    if path.startswith("file://"):
+        path = path[len("file://") :]
+    elif "://" in path:
+        scheme = path.split("://", 1)[0]
+        raise ValueError(
+            f"source {path!r}: {scheme}:// sources are not available in this build; "
+            "pass a local folder path (or a file:// URL)"
+        )
+    if not path:
+        raise ValueError("source must not be empty")
+    if not os.path.exists(path):
+        raise FileNotFoundError(errno.ENOENT, f"source {path!r} does not exist", path)
+    return path
+
+
+def _distributed_defaults() -> tuple[int | None, int | None, str]:
+    """(rank, world_size, where they came from), from torch.distributed or the environment."""
+    # Only look at torch.distributed when it is already imported: initialising it needs the
+    # import, and importing torch just to find it uninitialised costs seconds.
+    dist = sys.modules.get("torch.distributed")
+    if dist is not None and dist.is_available() and dist.is_initialized():
+        return int(dist.get_rank()), int(dist.get_world_size()), "torch.distributed"
+    values: list[int | None] = []
+    for variable in ("RANK", "WORLD_SIZE"):
+        text = os.environ.get(variable)
+        if text is None or text.strip() == "":
+            values.append(None)
+            continue
+        try:
+            values.append(int(text))
+        except ValueError:
+            raise ValueError(
+                f"environment variable {variable}={text!r} is not an int; fix it or pass "
+                f"{variable.lower()}= to Loader"
+            ) from None
+    return values[0], values[1], "the RANK / WORLD_SIZE environment variables"
+
+
+def _resolve_rank(rank: object, world_size: object) -> tuple[int, int]:
+    """Explicit values first, then torch.distributed / the environment, then 0 of 1."""
+    rank_origin = world_origin = ""
+    if rank is None or world_size is None:
+        default_rank, default_world, origin = _distributed_defaults()
+        if rank is None and default_rank is not None:
+            rank, rank_origin = default_rank, f" (from {origin})"
+        if world_size is None and default_world is not None:
+            world_size, world_origin = default_world, f" (from {origin})"
+    world_size = _check_int(
+        1 if world_size is None else world_size, f"world_size{world_origin}", 1, _MAX_U32
+    )
+    rank = _check_int(0 if rank is None else rank, f"rank{rank_origin}", 0, _MAX_U32)
+    if rank >= world_size:
+        raise ValueError(
+            f"rank {rank}{rank_origin} is out of range for world_size {world_size}{world_origin}: "
+            f"it must be in 0..{world_size}"
+        )
+    return rank, world_size
+
+
+def _import_torch(reason: str) -> Any:
+    try:
+        import torch
+    except ImportError as error:
+        raise ImportError(
+            f"{reason} needs PyTorch, which cannot be imported ({error}); install it "
+            "(pip install 'stoker[torch]' or see pytorch.org) or pass output='numpy'"
+        ) from error
+    return torch
+
+
+def _torch_importable() -> bool:
+    try:
+        import torch  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+class Loader:
+    """Loads batches of images from a folder, decoded and augmented in Rust threads.
+
+    Iterating yields one epoch of batches, each a dict of named tensors: ``"image"`` (uint8
+    ``(B, H, W, 3)`` by default, see :mod:`stoker.ops`) and ``"label"`` (int64 ``(B,)``, the
+    index of the sample's class folder in sorted order, like torchvision's ImageFolder). The
+    tensors are views of the loader's batch slots, not copies. Iterating again runs the next
+    epoch, reshuffled. Argument names follow ``torch.utils.data.DataLoader`` where the meaning
+    is the same; DataLoader-only arguments raise a ValueError naming the alternative.
+
+    Example::
+
+        import stoker
+        with stoker.Loader("/data/train", pipeline=stoker.vision.imagenet_train(224),
+                           batch_size=256, num_threads=8) as loader:
+            for batch in loader:
+                train_step(batch["image"].cuda(non_blocking=True), batch["label"].cuda())
+
+    A batch is a pure function of (source, pipeline, seed, epoch, rank, world_size, step):
+    the same whatever ``num_threads`` and ``prefetch``, and :meth:`load_state_dict` resumes
+    at the exact batch an uninterrupted run would have yielded next.
+
+    **Memory is bounded.** The loader owns ``prefetch + max_held_batches`` image slots
+    (with ``prefetch="auto"``, the controller's ceiling) and never more. Each yielded batch
+    keeps its slot until the last array or tensor viewing its image is released
+    (``del batch``, or the loop variable moving on). The usual ``for batch in loader`` holds
+    one batch (the one bound to ``batch``) while it asks for the next, well within the
+    default bound. Keeping batches around (a list of them, an image stored in a metrics dict)
+    holds slots: once ``max_held_batches`` are held beyond those in flight, the loader has no
+    slot to fill, ``next()`` waits up to ``timeout`` seconds for one to come back, then raises
+    :class:`~stoker.LoaderTimeoutError` saying that all slots are held. Release the batches
+    (or copy what you keep: ``tensor.clone()``) and iteration goes on from where it stopped.
+
+    Args:
+        source: path of an image folder laid out like torchvision's ImageFolder
+            (``root/<class>/<image>``); a ``file://`` URL is accepted.
+        pipeline: the ops, e.g. ``stoker.vision.imagenet_train(224)`` or a list of
+            :mod:`stoker.ops`; checked before any work starts.
+        batch_size: samples per batch, >= 1.
+        shuffle: reshuffle every epoch (``False``: dataset order).
+        seed: seed of the shuffle and of every random augmentation, in 0..2**64.
+        drop_last: drop the last, partial batch of each epoch (per rank), like DataLoader.
+        num_threads: decode threads; ``None`` uses every core.
+        rank: this process's part of each epoch; default: ``torch.distributed`` when it is
+            initialised, else the ``RANK`` environment variable, else 0.
+        world_size: how many parts; default: as for ``rank`` (``WORLD_SIZE``), else 1. Ranks
+            get disjoint parts of the same number of batches (short ranks wrap around).
+        prefetch: batches prepared ahead of the training loop, or ``"auto"``: a controller
+            starts at twice the threads and sizes the depth from the stall, batch latency and
+            step time it observes, within a 2 GiB budget.
+        output: ``"torch"`` (tensors) or ``"numpy"`` (arrays); default: ``"torch"`` when torch
+            can be imported, else ``"numpy"``.
+        on_error: what a sample that cannot be read or decoded does: ``"skip"`` replaces it
+            with a deterministic substitute (batch shapes hold; it is logged with its path and
+            counted in :meth:`stats`), ``"fail"`` raises :class:`~stoker.DecodeError` naming
+            the file.
+        address: a Stoker coordinator to join. Distributed mode is not available in this
+            build: anything but ``None`` raises ValueError.
+        timeout: seconds ``next()`` waits for a batch (or for a held slot to come back)
+            before it raises :class:`~stoker.LoaderTimeoutError`; default 600.
+        max_held_batches: batches the caller may keep alive at once beyond those in flight
+            (see *Memory is bounded* above); default 4.
+
+    Raises:
+        ValueError: an argument is out of range, a DataLoader-only argument was passed, or
+            the pipeline is not supported (the message says what is accepted).
+        TypeError: an unknown keyword argument.
+        FileNotFoundError: ``source`` does not exist.
+        ImportError: ``output="torch"`` without an importable torch.
+        stoker.DatasetError: ``source`` is not a usable image folder.
+    """
+
+    def __init__(
+        self,
+        source: str | os.PathLike[str],
+        *,
+        pipeline: Iterable[Op],
+        batch_size: int,
+        shuffle: bool = True,
+        seed: int = 0,
+        drop_last: bool = False,
+        num_threads: int | None = None,
+        rank: int | None = None,
+        world_size: int | None = None,
+        prefetch: int | Literal["auto"] = "auto",
+        output: Literal["torch", "numpy"] | None = None,
+        on_error: Literal["skip", "fail"] = "skip",
+        address: str | None = None,
+        timeout: float = 600.0,
+        max_held_batches: int = 4,
+        **unsupported: Any,
+    ) -> None:
+        # Attributes close() and __del__ rely on come first, so a failing __init__ leaves an
+        # object they can handle.
+        self._native: _native.NativeLoader | None = None
+        self._closed = False
+        self._forked = False
+
+        for name in unsupported:
+            if name in _DATALOADER_ONLY:
+                raise ValueError(
+                    f"Loader does not take DataLoader's {name}=: {_DATALOADER_ONLY[name]}"
+                )
+        if unsupported:
+            names = ", ".join(sorted(unsupported))
+            raise TypeError(f"Loader got unexpected keyword argument(s): {names}")
+
+        if address is not None:
+            raise ValueError(
+                f"address={address!r}: distributed mode (joining a Stoker coordinator) is not "
+                "available in this build; address=None runs the loader in this process"
+            )
+        self._batch_size = _check_int(batch_size, "batch_size", 1, _MAX_U32)
+        self._shuffle = _check_bool(shuffle, "shuffle")
+        self._seed = _check_int(seed, "seed", 0, _MAX_U64)
+        self._drop_last = _check_bool(drop_last, "drop_last")
+        threads = (
+            0
+            if num_threads is None
+            else _check_int(num_threads, "num_threads (None: all cores)", 1, 4096)
+        )
+        if prefetch == "auto":
+            prefetch_count = 0
+        elif _is_int(prefetch) and 1 <= prefetch <= 4096:
+            prefetch_count = int(prefetch)
+        else:
+            raise ValueError(f"prefetch must be 'auto' or an int in 1..=4096, got {prefetch!r}")
+        if on_error not in ("skip", "fail"):
+            raise ValueError(f"on_error must be 'skip' or 'fail', got {on_error!r}")
+        if (
+            not isinstance(timeout, (int, float))
+            or isinstance(timeout, bool)
+            or not (math.isfinite(timeout) and timeout > 0)
+        ):
+            raise ValueError(
+                f"timeout must be a positive, finite number of seconds, got {timeout!r}"
+            )
+        self._timeout = float(timeout)
+        self._max_held_batches = _check_int(max_held_batches, "max_held_batches", 1, 4096)
+        if output is None:
+            output = "torch" if _torch_importable() else "numpy"
+        elif output not in ("torch", "numpy"):
+            raise ValueError(
+                f"output must be 'torch' or 'numpy' (None: torch when importable), got {output!r}"
+            )
+        self._torch = _import_torch("output='torch'") if output == "torch" else None
+        self._output: str = output
+        self._rank, self._world_size = _resolve_rank(rank, world_size)
+        self._ops = check_pipeline(pipeline)
+        self._source = _source_path(source)
+
+        self._native = _native.NativeLoader(
+            self._source,
+            [op.to_dict() for op in self._ops],
+            self._batch_size,
+            self._shuffle,
+            self._seed,
+            self._drop_last,
+            threads,
+            self._rank,
+            self._world_size,
+            prefetch_count,
+            on_error,
+            self._timeout,
+            self._max_held_batches,
+        )
+        # Read once: state_dict() must work after close() and in a forked child, where the
+        # handle may not be touched.
+        self._num_samples: int = self._native.num_samples
+        # The position of the next batch to yield, which is what state_dict() saves.
+        self._epoch = 0
+        self._step = 0
+        # A position from load_state_dict() that the next iter() starts at.
+        self._resume_epoch = 0
+        self._resume_step: int | None = None
+        # Bumped by every iter(), set_epoch() and load_state_dict(): an older iterator then
+        # refuses to go on instead of yielding batches of a position nobody asked for.
+        self._generation = 0
+        self._bad_samples_logged = 0
+        self._pid = os.getpid()
+        _LIVE_LOADERS.add(self)
+
+    # -- properties -------------------------------------------------------------------------
+
+    @property
+    def batch_size(self) -> int:
+        """Samples per batch (the last batch of an epoch may be smaller unless ``drop_last``)."""
+        return self._batch_size
+
+    @property
+    def num_samples(self) -> int:
+        """Samples in the source (all ranks)."""
+        return self._handle().num_samples
+
+    @property
+    def classes(self) -> list[str]:
+        """Class folder names, sorted; a label is an index into this list."""
+        return list(self._handle().class_names)
+
+    @property
+    def epoch(self) -> int:
+        """The epoch the next ``iter()`` runs."""
+        return self._epoch
+
+    @property
+    def rank(self) -> int:
+        """This loader's rank."""
+        return self._rank
+
+    @property
+    def world_size(self) -> int:
+        """The number of ranks."""
+        return self._world_size
+
+    @property
+    def num_threads(self) -> int:
+        """Decode threads in use."""
+        return self._handle().num_threads
+
+    @property
+    def prefetch(self) -> int:
+        """Batches prepared ahead of the training loop (with ``"auto"``, the ceiling)."""
+        return self._handle().prefetch
+
+    @property
+    def pipeline(self) -> list[Op]:
+        """The checked pipeline, led by its ``DecodeImage``."""
+        return list(self._ops)
+
+    # -- iteration --------------------------------------------------------------------------
+
+    def __len__(self) -> int:
+        """Batches per epoch for this rank."""
+        return self._handle().steps_per_epoch
+
+    def __iter__(self) -> BatchIterator:
+        """Starts the current epoch (at the resume step after :meth:`load_state_dict`).
+
+        Only the newest iterator of a loader is live: starting another, or calling
+        :meth:`set_epoch` or :meth:`load_state_dict`, ends the previous one.
+        """
+        native = self._handle()
+        epoch = self._epoch
+        step = self._resume_step if self._resume_step is not None else 0
+        native.start_epoch(epoch, step)
+        self._resume_step = None
+        self._step = step
+        self._generation += 1
+        return BatchIterator(self, self._generation, epoch)
+
+    def set_epoch(self, epoch: int) -> None:
+        """Sets the epoch the next ``iter()`` runs, like ``DistributedSampler.set_epoch``.
+
+        Not needed for shuffling (each completed epoch advances it), but makes the epoch
+        explicit. It keeps a resume position from :meth:`load_state_dict` for the same epoch,
+        so ``load_state_dict(s)`` then ``set_epoch(s["epoch"])`` still resumes mid-epoch.
+        """
+        self._handle()
+        self._epoch = _check_int(epoch, "epoch", 0, _MAX_U64)
+        if self._resume_step is not None and self._resume_epoch != self._epoch:
+            self._resume_step = None
+        self._step = self._resume_step if self._resume_step is not None else 0
+        self._generation += 1
+
+    def state_dict(self) -> dict[str, Any]:
+        """The position of the next batch, and the settings a resume must match.
+
+        ``load_state_dict`` on a loader made with the same arguments then yields, as its next
+        batch, exactly the batch this one would have yielded next. Works after :meth:`close`.
+        """
+        return {
+            "version": STATE_VERSION,
+            "epoch": self._epoch,
+            "step": self._resume_step if self._resume_step is not None else self._step,
+            "seed": self._seed,
+            "batch_size": self._batch_size,
+            "num_samples": self._num_samples,
+            "rank": self._rank,
+            "world_size": self._world_size,
+            "shuffle": self._shuffle,
+            "drop_last": self._drop_last,
+        }
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Resumes at the position saved by :meth:`state_dict`: the next ``iter()`` starts there.
+
+        Raises:
+            ValueError: ``state`` is not a Stoker state, or was saved by a loader with other
+                settings (the message names the mismatch).
+        """
+        self._handle()
+        if not isinstance(state, Mapping):
+            raise ValueError(
+                f"state must be a dict from Loader.state_dict(), got {type(state).__name__}"
+            )
+        missing = [
+            key for key in ("version", "epoch", "step", *_STATE_SPEC_KEYS) if key not in state
+        ]
+        if missing:
+            raise ValueError(
+                f"state is missing {', '.join(missing)}: it does not come from Loader.state_dict()"
+            )
+        if state["version"] != STATE_VERSION:
+            raise ValueError(
+                f"state version {state['version']!r} is not supported "
+                f"(this build reads {STATE_VERSION})"
+            )
+        ours = self.state_dict()
+        mismatched = [
+            f"{key}: saved {state[key]!r}, this loader {ours[key]!r}"
+            for key in _STATE_SPEC_KEYS
+            if state[key] != ours[key]
+        ]
+        if mismatched:
+            raise ValueError(
+                "state was saved by a loader with other settings, so its positions name other "
+                "batches; " + "; ".join(mismatched)
+            )
+        epoch = _check_int(state["epoch"], "state['epoch']", 0, _MAX_U64)
+        steps = len(self)
+        step = _check_int(state["step"], "state['step']", 0, _MAX_U64)
+        if step > steps:
+            raise ValueError(f"state['step'] {step} is past the end of the epoch ({steps} steps)")
+        if step == steps:
+            # Saved right after the last batch: the epoch is over, the next one starts.
+            epoch, step = epoch + 1, 0
+        self._epoch = epoch
+        self._step = step
+        self._resume_epoch = epoch
+        self._resume_step = step
+        self._generation += 1
+
+    # -- stats and lifetime -----------------------------------------------------------------
+
+    def stats(self) -> dict[str, Any]:
+        """Counters since the loader was made.
+
+        Returns:
+            The native counters (``samples``, ``batches``, ``elapsed_s``, ``samples_per_s``,
+            ``wait_s`` (time the caller waited inside ``next()``), ``first_batch_s``,
+            ``read_s``, ``decode_s``, ``augment_s``, ``assemble_s`` (thread-seconds per
+            stage), ``bad_samples``, ``in_flight``, ``prefetch_depth`` (the current depth,
+            which ``prefetch="auto"`` adjusts), ``slots_in_use``, ``slot_capacity``) and
+            ``stall_fraction``: ``wait_s / elapsed_s``, the share of time the training loop
+            spent waiting for data.
+        """
+        stats: dict[str, Any] = dict(self._handle().stats())
+        elapsed = float(stats.get("elapsed_s") or 0.0)
+        stats["stall_fraction"] = float(stats.get("wait_s", 0.0)) / elapsed if elapsed > 0 else 0.0
+        return stats
+
+    def close(self) -> None:
+        """Stops the decode threads. Idempotent; batches already yielded stay valid."""
+        if self._closed:
+            return
+        self._closed = True
+        _LIVE_LOADERS.discard(self)
+        if self._native is not None and not self._forked:
+            self._native.close()
+
+    @property
+    def closed(self) -> bool:
+        """Whether :meth:`close` was called."""
+        return self._closed
+
+    def __enter__(self) -> Loader:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        if self._native is None:
+            return "Loader(<not initialised>)"
+        state = "closed" if self._closed else f"epoch={self._epoch}, step={self._step}"
+        return (
+            f"Loader({self._source!r}, batch_size={self._batch_size}, rank={self._rank}, "
+            f"world_size={self._world_size}, output={self._output!r}, {state})"
+        )
+
+    # -- internals --------------------------------------------------------------------------
+
+    def _handle(self) -> _native.NativeLoader:
+        """The native loader, or a StokerError saying why it cannot be used."""
+        if self._forked:
+            raise StokerError(
+                f"this Loader was made in process {self._pid} and inherited by fork(); its "
+                "decode threads did not survive the fork, so it cannot be used here. Make the "
+                "Loader in the child process (e.g. after the fork, or with the 'spawn' start "
+                "method)"
+            )
+        if self._closed or self._native is None:
+            raise StokerError("this Loader is closed; make a new one")
+        return self._native
+
+    def _inherited_by_fork(self) -> None:
+        if self._forked or self._closed:
+            return
+        self._forked = True
+        # Dropping the handle would stop and join decode threads that exist only in the
+        # parent, and could wait forever on a lock one of them held at the fork. A reference
+        # the interpreter does not know about (it clears module globals at exit, so a list
+        # would not do) keeps the handle's destructor from ever running in this process.
+        ctypes.pythonapi.Py_IncRef(ctypes.py_object(self._native))
+
+    def _finish_epoch(self, epoch: int) -> None:
+        self._epoch = epoch + 1
+        self._step = 0
+
+    def _to_batch(
+        self, item: NativeBatch
+    ) -> tuple[int, dict[str, Any], list[int], list[BadSample]]:
+        _, step, tensors, indices, bad = item
+        batch: dict[str, Any] = {}
+        for name, dtype, shape, data in tensors:
+            count = math.prod(shape)
+            # frombuffer keeps a reference to `data`, so the slot stays out of the pool as long
+            # as this array, or any view of it, is alive.
+            array = np.frombuffer(memoryview(data), dtype=np.dtype(dtype), count=count).reshape(
+                shape
+            )
+            batch[name] = self._torch.from_numpy(array) if self._torch is not None else array
+        if bad:
+            self._log_bad_samples(bad)
+        return step, batch, list(indices), list(bad)
+
+    def _log_bad_samples(self, bad: list[BadSample]) -> None:
+        for sample in bad:
+            self._bad_samples_logged += 1
+            if self._bad_samples_logged <= _MAX_LOGGED_BAD_SAMPLES:
+                _log.warning(
+                    "skipped bad sample %s (index %s): %s; replaced by sample %s",
+                    sample.get("path"),
+                    sample.get("sample_index"),
+                    sample.get("reason"),
+                    sample.get("substitute_index"),
+                )
+            if self._bad_samples_logged == _MAX_LOGGED_BAD_SAMPLES:
+                _log.warning(
+                    "further bad samples are not logged; stats()['bad_samples'] counts them"
+                )
+
+
+class BatchIterator(Iterator[dict[str, Any]]):
+    """One epoch of a :class:`Loader`; what ``iter(loader)`` returns.
+
+    Besides yielding batches it tells where the last one came from, which is handy for
+    debugging and for checking coverage: :attr:`epoch`, :attr:`step`,
+    :attr:`sample_indices` (dataset indices of the batch's samples, in order) and
+    :attr:`bad_samples` (samples of that batch replaced under ``on_error="skip"``).
+    """
+
+    def __init__(self, loader: Loader, generation: int, epoch: int) -> None:
+        self._loader = loader
+        self._generation = generation
+        self._done = False
+        self.epoch: int = epoch
+        """The epoch this iterator runs."""
+        self.step: int | None = None
+        """The step of the last batch yielded."""
+        self.sample_indices: list[int] = []
+        """Dataset indices of the last batch's samples."""
+        self.bad_samples: list[BadSample] = []
+        """Samples of the last batch that were replaced (``sample_index``, ``path``, ``reason``,
+        ``substitute_index``)."""
+
+    def __iter__(self) -> BatchIterator:
+        return self
+
+    def __next__(self) -> dict[str, Any]:
+        if self._done:
+            raise StopIteration
+        loader = self._loader
+        native = loader._handle()
+        if loader._generation != self._generation:
+            raise StokerError(
+                "this iterator is stale: iter(), set_epoch() or load_state_dict() was called on "
+                "its Loader since; iterate the Loader again"
+            )
+        item = native.next_batch()
+        if item is None:
+            self._done = True
+            loader._finish_epoch(self.epoch)
+            raise StopIteration
+        step, batch, self.sample_indices, self.bad_samples = loader._to_batch(item)
+        self.step = step
+        loader._step = step + 1
+        return batch
+
+    def __len__(self) -> int:
+        return len(self._loader)

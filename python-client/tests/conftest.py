@@ -1,0 +1,116 @@
+"""Shared fixtures of the stoker Python tests: the sample image folders and a loader factory.
+
+One 120-image ImageNet-like folder is generated per session (by the native generator, seeded,
+so every run sees the same files), plus a tiny folder mixing good JPEGs with bad files (empty,
+truncated, text named .jpg) for the bad-input tests.
+"""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+import stoker
+from stoker import _native
+
+SAMPLE_COUNT = 120
+SMALL_CROP = 32
+
+
+@pytest.fixture(scope="session")
+def dataset(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A 120-image, 10-class ImageFolder."""
+    root = _native.make_dataset(str(tmp_path_factory.mktemp("imagenet-like")), SAMPLE_COUNT, seed=1)
+    return Path(root)
+
+
+@pytest.fixture(scope="session")
+def bad_dataset(dataset: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Two classes: four good JPEGs each, and three bad files in ``b_bad``."""
+    root = tmp_path_factory.mktemp("bad-set")
+    good = sorted(p for p in dataset.rglob("*") if p.is_file())
+    for class_name, files in (("a_good", good[:4]), ("b_bad", good[4:8])):
+        (root / class_name).mkdir()
+        for source in files:
+            shutil.copy(source, root / class_name / source.name)
+    bad = root / "b_bad"
+    (bad / "empty.jpg").write_bytes(b"")
+    whole = good[8].read_bytes()
+    (bad / "truncated.jpg").write_bytes(whole[: len(whole) // 3])
+    (bad / "notes.jpg").write_text("this is a text file, not a JPEG\n")
+    return root
+
+
+def image_files(root: Path) -> list[Path]:
+    """The folder's samples in ImageFolder order: sorted classes, then sorted file names."""
+    return [
+        file
+        for cls in sorted(p for p in root.iterdir() if p.is_dir())
+        for file in sorted(cls.iterdir())
+    ]
+
+
+def class_index_of(root: Path) -> list[int]:
+    """Label of each sample index: the position of its class folder among the sorted ones."""
+    classes = sorted(p.name for p in root.iterdir() if p.is_dir())
+    return [classes.index(path.parent.name) for path in image_files(root)]
+
+
+@pytest.fixture
+def make_loader(dataset: Path) -> Iterator[Callable[..., stoker.Loader]]:
+    """Builds loaders over ``dataset`` with small, fast defaults, and closes them afterwards."""
+    made: list[stoker.Loader] = []
+
+    def make(source: Any = None, **overrides: Any) -> stoker.Loader:
+        options: dict[str, Any] = {
+            "pipeline": stoker.vision.imagenet_train(SMALL_CROP),
+            "batch_size": 16,
+            "num_threads": 2,
+            "output": "numpy",
+            "timeout": 30,
+        }
+        options.update(overrides)
+        loader = stoker.Loader(dataset if source is None else source, **options)
+        made.append(loader)
+        return loader
+
+    yield make
+    for loader in made:
+        loader.close()
+
+
+def epoch_batches(loader: stoker.Loader) -> list[dict[str, np.ndarray]]:
+    """One epoch, each tensor copied (so the slots go back and later epochs can run)."""
+    return [{name: np.array(value, copy=True) for name, value in batch.items()} for batch in loader]
+
+
+def assert_same_batches(
+    left: list[dict[str, np.ndarray]], right: list[dict[str, np.ndarray]]
+) -> None:
+    assert len(left) == len(right)
+    for step, (a, b) in enumerate(zip(left, right, strict=True)):
+        assert a.keys() == b.keys()
+        for name in a:
+            assert a[name].dtype == b[name].dtype and a[name].shape == b[name].shape, (step, name)
+            assert np.array_equal(a[name], b[name]), f"step {step}: {name} differs"
+
+
+def torch_or_skip() -> Any:
+    """The torch module, or a pytest skip saying why the test cannot run."""
+    try:
+        import torch
+    except ImportError as error:
+        pytest.skip(f"torch is not importable ({error}); the torch output path is untested here")
+    return torch
+
+
+@pytest.fixture(autouse=True)
+def _no_rank_from_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    # A RANK set by the shell (or a torchrun parent) would shard every loader in the suite.
+    monkeypatch.delenv("RANK", raising=False)
+    monkeypatch.delenv("WORLD_SIZE", raising=False)

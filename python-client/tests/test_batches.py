@@ -1,0 +1,278 @@
+"""What the loader yields: shapes, dtypes, labels, epochs, determinism, resume and sharding."""
+
+from __future__ import annotations
+
+import math
+import types
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import stoker
+from conftest import SAMPLE_COUNT, SMALL_CROP, assert_same_batches, class_index_of, epoch_batches
+from stoker import ops, vision
+
+
+def test_default_batch_is_uint8_nhwc_images_and_int64_labels(
+    make_loader: Callable[..., stoker.Loader],
+) -> None:
+    loader = make_loader(batch_size=16)
+    batches = list(loader)
+    assert len(batches) == len(loader) == math.ceil(SAMPLE_COUNT / 16)
+    for batch in batches:
+        assert list(batch) == ["image", "label"]
+    for batch in batches[:-1]:
+        assert batch["image"].shape == (16, SMALL_CROP, SMALL_CROP, 3)
+        assert batch["image"].dtype == np.uint8
+        assert batch["label"].shape == (16,)
+        assert batch["label"].dtype == np.int64
+    assert batches[-1]["image"].shape == (SAMPLE_COUNT % 16, SMALL_CROP, SMALL_CROP, 3)
+    # Real pictures, not a zeroed buffer.
+    assert batches[0]["image"].std() > 10
+
+
+@pytest.mark.parametrize(
+    ("pipeline", "shape", "dtype"),
+    [
+        (vision.imagenet_eval(24), (8, 24, 24, 3), np.uint8),
+        ([ops.RandomResizedCrop((20, 30)), ops.ToTensor("NCHW")], (8, 3, 20, 30), np.uint8),
+        ([ops.CenterCrop(16), ops.ToTensor("NHWC", "float32")], (8, 16, 16, 3), np.float32),
+        (
+            [ops.RandomResizedCrop(16), ops.Normalize(vision.IMAGENET_MEAN, vision.IMAGENET_STD)],
+            (8, 3, 16, 16),
+            np.float32,
+        ),
+        (
+            [
+                ops.Resize(20),
+                ops.CenterCrop(16),
+                ops.Normalize((0.5,) * 3, (0.5,) * 3),
+                ops.ToTensor("NHWC", "float32"),
+            ],
+            (8, 16, 16, 3),
+            np.float32,
+        ),
+    ],
+)
+def test_pipelines_give_their_layout_and_dtype(
+    make_loader: Callable[..., stoker.Loader],
+    pipeline: list[ops.Op],
+    shape: tuple[int, ...],
+    dtype: type,
+) -> None:
+    image = next(iter(make_loader(pipeline=pipeline, batch_size=8)))["image"]
+    assert image.shape == shape
+    assert image.dtype == dtype
+
+
+def test_normalize_gives_standardised_values(make_loader: Callable[..., stoker.Loader]) -> None:
+    unit_scaled = make_loader(
+        pipeline=[ops.CenterCrop(16), ops.ToTensor("NCHW", "float32")], shuffle=False, batch_size=8
+    )
+    normalized = make_loader(
+        pipeline=[ops.CenterCrop(16), ops.Normalize((0.5, 0.25, 0.0), (0.5, 0.25, 2.0))],
+        shuffle=False,
+        batch_size=8,
+    )
+    unit = next(iter(unit_scaled))["image"]
+    assert unit.min() >= 0.0 and unit.max() <= 1.0  # float32 is unit-scaled, like torchvision
+    expected = (unit - np.array([0.5, 0.25, 0.0]).reshape(1, 3, 1, 1)) / np.array(
+        [0.5, 0.25, 2.0]
+    ).reshape(1, 3, 1, 1)
+    np.testing.assert_allclose(next(iter(normalized))["image"], expected, atol=1e-5)
+
+
+def test_labels_are_the_sorted_class_folder_index(
+    make_loader: Callable[..., stoker.Loader], dataset: Path
+) -> None:
+    expected = class_index_of(dataset)
+    loader = make_loader(batch_size=16)
+    assert loader.num_samples == len(expected) == SAMPLE_COUNT
+    assert loader.classes == sorted(p.name for p in dataset.iterdir() if p.is_dir())
+    iterator = iter(loader)
+    seen = []
+    for batch in iterator:
+        assert batch["label"].tolist() == [expected[i] for i in iterator.sample_indices]
+        seen.extend(iterator.sample_indices)
+    assert sorted(seen) == list(range(SAMPLE_COUNT))
+
+
+def test_no_shuffle_is_dataset_order(make_loader: Callable[..., stoker.Loader]) -> None:
+    iterator = iter(make_loader(shuffle=False, batch_size=50))
+    order = [index for _ in iterator for index in iterator.sample_indices]
+    assert order == list(range(SAMPLE_COUNT))
+
+
+def test_drop_last(make_loader: Callable[..., stoker.Loader]) -> None:
+    loader = make_loader(batch_size=50, drop_last=True)
+    assert len(loader) == SAMPLE_COUNT // 50
+    assert [len(batch["label"]) for batch in loader] == [50] * (SAMPLE_COUNT // 50)
+    assert [len(batch["label"]) for batch in make_loader(batch_size=50)] == [50, 50, 20]
+
+
+def _order(loader: stoker.Loader) -> list[int]:
+    iterator = iter(loader)
+    return [index for _ in iterator for index in iterator.sample_indices]
+
+
+def test_each_epoch_reshuffles_and_set_epoch_replays_one(
+    make_loader: Callable[..., stoker.Loader],
+) -> None:
+    loader = make_loader(batch_size=40)
+    assert loader.epoch == 0
+    first = _order(loader)
+    assert loader.epoch == 1
+    second = _order(loader)
+    assert sorted(first) == sorted(second) == list(range(SAMPLE_COUNT))
+    assert first != second
+    loader.set_epoch(0)
+    assert _order(loader) == first
+    loader.set_epoch(1)
+    assert _order(loader) == second
+    # The epoch, not the number of iterations, decides: a fresh loader at epoch 1 agrees.
+    fresh = make_loader(batch_size=40)
+    fresh.set_epoch(1)
+    assert _order(fresh) == second
+
+
+def test_seed_changes_the_order(make_loader: Callable[..., stoker.Loader]) -> None:
+    assert _order(make_loader(seed=1)) != _order(make_loader(seed=2))
+
+
+def test_batches_are_identical_whatever_the_thread_count(
+    make_loader: Callable[..., stoker.Loader],
+) -> None:
+    runs = [
+        epoch_batches(make_loader(num_threads=threads, prefetch=prefetch, seed=7))
+        for threads, prefetch in ((1, 1), (2, "auto"), (3, 5))
+    ]
+    assert_same_batches(runs[0], runs[1])
+    assert_same_batches(runs[0], runs[2])
+
+
+@pytest.mark.parametrize("stop_after", [1, 4])
+def test_resume_mid_epoch_is_exact(
+    make_loader: Callable[..., stoker.Loader], stop_after: int
+) -> None:
+    reference = make_loader(batch_size=16, seed=3)
+    reference.set_epoch(1)
+    expected = epoch_batches(reference)
+
+    interrupted = make_loader(batch_size=16, seed=3)
+    interrupted.set_epoch(1)
+    iterator = iter(interrupted)
+    for _ in range(stop_after):
+        next(iterator)
+    state = interrupted.state_dict()
+    assert state["epoch"] == 1 and state["step"] == stop_after
+    interrupted.close()
+
+    resumed = make_loader(batch_size=16, seed=3, num_threads=1)
+    resumed.load_state_dict(state)
+    resumed.set_epoch(1)  # the usual `for epoch in ...: set_epoch(epoch)` keeps the position
+    assert_same_batches(epoch_batches(resumed), expected[stop_after:])
+    # The resumed epoch completed, so the next one starts at its beginning.
+    assert resumed.state_dict()["epoch"] == 2 and resumed.state_dict()["step"] == 0
+
+
+def test_state_after_an_epoch_points_at_the_next(make_loader: Callable[..., stoker.Loader]) -> None:
+    loader = make_loader(batch_size=40)
+    assert loader.state_dict()["epoch"] == 0 and loader.state_dict()["step"] == 0
+    for _ in loader:
+        pass
+    state = loader.state_dict()
+    assert (state["epoch"], state["step"]) == (1, 0)
+    saved_at_end = dict(state, epoch=0, step=len(loader))
+    other = make_loader(batch_size=40)
+    other.load_state_dict(saved_at_end)
+    assert other.epoch == 1
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"seed": 99}, "seed"),
+        ({"batch_size": 8}, "batch_size"),
+        ({"world_size": 2}, "world_size"),
+        ({"num_samples": 7}, "num_samples"),
+        ({"version": 2}, "version"),
+        ({"step": 1000}, "past the end"),
+    ],
+)
+def test_load_state_dict_names_the_mismatch(
+    make_loader: Callable[..., stoker.Loader], change: dict[str, int], message: str
+) -> None:
+    loader = make_loader()
+    with pytest.raises(ValueError, match=message):
+        loader.load_state_dict(dict(loader.state_dict(), **change))
+    with pytest.raises(ValueError, match="missing"):
+        loader.load_state_dict({"epoch": 0})
+
+
+@pytest.mark.parametrize("world_size", [2, 3, 4])
+def test_ranks_cover_the_epoch_disjointly_and_completely(
+    make_loader: Callable[..., stoker.Loader], world_size: int
+) -> None:
+    parts = []
+    for rank in range(world_size):
+        loader = make_loader(batch_size=8, rank=rank, world_size=world_size, seed=5)
+        parts.append(_order(loader))
+        assert len(loader) == math.ceil(SAMPLE_COUNT / world_size / 8)
+    for a in range(world_size):
+        for b in range(a + 1, world_size):
+            assert not set(parts[a]) & set(parts[b]), f"ranks {a} and {b} overlap"
+    assert sorted(index for part in parts for index in part) == list(range(SAMPLE_COUNT))
+
+
+def test_uneven_ranks_get_the_same_number_of_batches(
+    make_loader: Callable[..., stoker.Loader],
+) -> None:
+    world_size = 7  # 120 samples do not divide by 7
+    parts = [
+        _order(make_loader(batch_size=8, rank=rank, world_size=world_size))
+        for rank in range(world_size)
+    ]
+    assert len({len(part) for part in parts}) == 1
+    assert set(index for part in parts for index in part) == set(range(SAMPLE_COUNT))
+
+
+def test_rank_and_world_size_come_from_the_environment(
+    make_loader: Callable[..., stoker.Loader], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("RANK", "2")
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    loader = make_loader()
+    assert (loader.rank, loader.world_size) == (2, 4)
+    assert (make_loader(rank=1).rank, make_loader(world_size=8).world_size) == (1, 8)
+    monkeypatch.setenv("RANK", "4")
+    with pytest.raises(ValueError, match="environment"):
+        make_loader()
+    monkeypatch.setenv("RANK", "two")
+    with pytest.raises(ValueError, match="RANK"):
+        make_loader()
+
+
+def test_defaults_are_rank_0_of_1(make_loader: Callable[..., stoker.Loader]) -> None:
+    loader = make_loader()
+    assert (loader.rank, loader.world_size) == (0, 1)
+
+
+def test_rank_and_world_size_come_from_torch_distributed_first(
+    make_loader: Callable[..., stoker.Loader], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A stand-in for an initialised process group: the loader only reads these four functions.
+    fake = types.SimpleNamespace(
+        is_available=lambda: True,
+        is_initialized=lambda: True,
+        get_rank=lambda: 3,
+        get_world_size=lambda: 5,
+    )
+    monkeypatch.setitem(__import__("sys").modules, "torch.distributed", fake)
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    loader = make_loader()
+    assert (loader.rank, loader.world_size) == (3, 5)
+    fake.is_initialized = lambda: False
+    assert (make_loader().rank, make_loader().world_size) == (0, 2)

@@ -1,0 +1,221 @@
+"""Bad input, lifetime and fork: errors arrive as Python exceptions that name the cause."""
+
+from __future__ import annotations
+
+import os
+import pickle
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import stoker
+from stoker import _native
+
+BAD_FILES = ("empty.jpg", "notes.jpg", "truncated.jpg")
+
+
+def test_exception_hierarchy() -> None:
+    for error in (
+        stoker.DatasetError,
+        stoker.DecodeError,
+        stoker.PipelineError,
+        stoker.LoaderTimeoutError,
+        stoker.WorkerUnavailableError,
+    ):
+        assert issubclass(error, stoker.StokerError)
+        assert error is getattr(_native, error.__name__)
+    assert issubclass(stoker.PipelineError, ValueError)
+    assert issubclass(stoker.LoaderTimeoutError, TimeoutError)
+
+
+def test_fail_policy_names_the_bad_file(
+    make_loader: Callable[..., stoker.Loader], bad_dataset: Path
+) -> None:
+    loader = make_loader(bad_dataset, on_error="fail", shuffle=False, batch_size=4)
+    with pytest.raises(stoker.DecodeError) as raised:
+        for _ in loader:
+            pass
+    message = str(raised.value)
+    assert any(name in message for name in BAD_FILES), message
+
+
+def test_skip_policy_keeps_batch_shapes_and_reports(
+    make_loader: Callable[..., stoker.Loader], bad_dataset: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    loader = make_loader(bad_dataset, on_error="skip", shuffle=False, batch_size=4)
+    assert loader.num_samples == 11
+    iterator = iter(loader)
+    reported = []
+    for batch in iterator:
+        assert batch["image"].shape[1:] == (32, 32, 3)
+        assert batch["image"].shape[0] == len(iterator.sample_indices)
+        reported.extend(iterator.bad_samples)
+    assert sorted(Path(bad["path"]).name for bad in reported) == sorted(BAD_FILES)
+    for bad in reported:
+        assert bad["reason"]
+    assert loader.stats()["bad_samples"] == len(BAD_FILES)
+    assert sum("skipped bad sample" in record.message for record in caplog.records) == len(
+        BAD_FILES
+    )
+
+
+def test_skip_policy_is_deterministic(
+    make_loader: Callable[..., stoker.Loader], bad_dataset: Path
+) -> None:
+    runs = [
+        [
+            batch["image"].copy()
+            for batch in make_loader(bad_dataset, batch_size=4, num_threads=threads)
+        ]
+        for threads in (1, 2)
+    ]
+    assert all(np.array_equal(a, b) for a, b in zip(*runs, strict=True))
+
+
+def test_close_is_idempotent_and_a_closed_loader_refuses_work(
+    make_loader: Callable[..., stoker.Loader],
+) -> None:
+    loader = make_loader()
+    batch = next(iter(loader))
+    loader.close()
+    loader.close()
+    assert loader.closed
+    # Batches already yielded stay readable after close.
+    assert batch["image"].sum() >= 0
+    for use in (
+        lambda: iter(loader),
+        loader.stats,
+        lambda: loader.set_epoch(1),
+        lambda: len(loader),
+    ):
+        with pytest.raises(stoker.StokerError, match="closed"):
+            use()
+    assert loader.state_dict()["step"] == 1
+
+
+def test_iterating_after_close_mid_epoch_raises(make_loader: Callable[..., stoker.Loader]) -> None:
+    loader = make_loader()
+    iterator = iter(loader)
+    next(iterator)
+    loader.close()
+    with pytest.raises(stoker.StokerError, match="closed"):
+        next(iterator)
+
+
+def test_context_manager_closes(make_loader: Callable[..., stoker.Loader]) -> None:
+    with make_loader() as loader:
+        assert next(iter(loader))["label"].shape == (16,)
+    assert loader.closed
+    with pytest.raises(stoker.StokerError):
+        next(iter(loader))
+
+
+def test_a_new_iteration_makes_the_old_iterator_stale(
+    make_loader: Callable[..., stoker.Loader],
+) -> None:
+    loader = make_loader()
+    first = iter(loader)
+    next(first)
+    second = iter(loader)
+    with pytest.raises(stoker.StokerError, match="stale"):
+        next(first)
+    assert len(list(second)) == len(loader)
+
+
+def test_stats_report_throughput_stall_and_queue(make_loader: Callable[..., stoker.Loader]) -> None:
+    loader = make_loader()
+    for _ in loader:
+        pass
+    stats = loader.stats()
+    for key in (
+        "samples",
+        "batches",
+        "elapsed_s",
+        "samples_per_s",
+        "wait_s",
+        "first_batch_s",
+        "read_s",
+        "decode_s",
+        "augment_s",
+        "assemble_s",
+        "bad_samples",
+        "in_flight",
+        "slots_in_use",
+        "slot_capacity",
+        "stall_fraction",
+    ):
+        assert key in stats, key
+    assert stats["samples"] == loader.num_samples
+    assert stats["batches"] == len(loader)
+    assert stats["samples_per_s"] > 0
+    assert stats["first_batch_s"] is not None and stats["first_batch_s"] > 0
+    assert 0.0 <= stats["stall_fraction"] <= 1.0
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="no fork() on this platform")
+def test_a_loader_inherited_by_fork_fails_clearly(
+    make_loader: Callable[..., stoker.Loader],
+) -> None:
+    loader = make_loader()
+    next(iter(loader))
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: report what using the loader does, then leave without cleanup
+        try:
+            os.close(read_end)
+            try:
+                iter(loader)
+                outcome = ("no error", "")
+            except stoker.StokerError as error:
+                outcome = ("StokerError", str(error))
+            except BaseException as error:
+                outcome = (type(error).__name__, str(error))
+            os.write(write_end, pickle.dumps(outcome))
+        finally:
+            os._exit(0)
+    os.close(write_end)
+    with os.fdopen(read_end, "rb") as pipe:
+        kind, message = pickle.loads(pipe.read())
+    os.waitpid(pid, 0)
+    assert kind == "StokerError", message
+    assert "fork" in message
+    # The parent's loader is untouched.
+    assert len(list(loader)) == len(loader)
+
+
+CTRL_C_SCRIPT = """
+import os, signal, sys, threading, time
+import stoker
+
+loader = stoker.Loader(sys.argv[1], pipeline=stoker.vision.imagenet_train(32), batch_size=8,
+                       num_threads=1, prefetch=1, max_held_batches=1, timeout=6, output="numpy")
+iterator = iter(loader)
+held = [next(iterator), next(iterator)]  # every slot held: the next call waits its full timeout
+threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGINT)).start()
+started = time.monotonic()
+try:
+    next(iterator)
+    print("no error")
+except KeyboardInterrupt:
+    print(f"KeyboardInterrupt after {time.monotonic() - started:.1f} s")
+except BaseException as error:
+    print(f"{type(error).__name__} after {time.monotonic() - started:.1f} s")
+"""
+
+
+def test_ctrl_c_interrupts_a_waiting_next(dataset: Path) -> None:
+    # In a child process: a KeyboardInterrupt that escaped here would end the pytest session.
+    result = subprocess.run(
+        [sys.executable, "-c", CTRL_C_SCRIPT, str(dataset)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    outcome = result.stdout.strip()
+    assert outcome.startswith("KeyboardInterrupt"), outcome or result.stderr
+    assert float(outcome.split()[2]) < 3, outcome
