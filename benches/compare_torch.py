@@ -21,6 +21,7 @@ import json
 import math
 import os
 import resource
+import statistics
 import subprocess
 import sys
 import time
@@ -48,14 +49,20 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(
+        "--repeat",
+        type=int,
+        default=1,
+        help="runs of each loader, alternating; the table shows the medians",
+    )
+    parser.add_argument(
         "--cpus",
         help="comma-separated CPU ids both loaders are pinned to (default: inherited)",
     )
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.add_argument("--torch-child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
-    if args.batch_size < 1 or args.workers < 1 or args.batches < 0:
-        parser.error("--batch-size and --workers must be >= 1, --batches >= 0")
+    if args.batch_size < 1 or args.workers < 1 or args.repeat < 1 or args.batches < 0:
+        parser.error("--batch-size, --workers and --repeat must be >= 1, --batches >= 0")
     if not args.torch_child and args.stoker is None:
         parser.error("--stoker is required")
     return args
@@ -198,15 +205,13 @@ def run_stoker(args: argparse.Namespace) -> dict:
     return report
 
 
-def warm_page_cache(root: Path) -> int:
+def warm_page_cache(root: Path) -> None:
     """Reads every file once so neither loader pays for cold storage the other does not."""
-    total = 0
     for directory, _subdirs, files in os.walk(root):
         for name in files:
             with open(os.path.join(directory, name), "rb") as handle:
-                while chunk := handle.read(1 << 20):
-                    total += len(chunk)
-    return total
+                while handle.read(1 << 20):
+                    pass
 
 
 def count_class_files(root: Path) -> int:
@@ -214,6 +219,39 @@ def count_class_files(root: Path) -> int:
     return sum(
         len(files) for directory, _subdirs, files in os.walk(root) if Path(directory) != root
     )
+
+
+def busy_cpu_seconds() -> float:
+    """CPU time the whole machine has spent busy, from the first line of /proc/stat."""
+    with open("/proc/stat") as stat:
+        fields = stat.readline().split()
+    # user nice system idle iowait irq softirq steal: everything but idle and iowait.
+    ticks = [int(value) for value in fields[1:9]]
+    busy = sum(ticks) - ticks[3] - ticks[4]
+    return busy / os.sysconf("SC_CLK_TCK")
+
+
+def measured(run, args: argparse.Namespace) -> dict:
+    """Runs one loader and adds how much CPU the rest of the machine used meanwhile.
+
+    Other processes on the same cores slow both loaders' wall clock and, through cache and
+    frequency effects, their CPU time too; `background_cpu_s` says when a run was disturbed.
+    """
+    busy_before = busy_cpu_seconds()
+    children_before = cpu_seconds(resource.getrusage(resource.RUSAGE_CHILDREN))
+    report = run(args)
+    children = cpu_seconds(resource.getrusage(resource.RUSAGE_CHILDREN)) - children_before
+    report["background_cpu_s"] = max(0.0, busy_cpu_seconds() - busy_before - children)
+    return report
+
+
+def median_report(runs: list[dict]) -> dict:
+    """The median of every per-run figure; the rest (names, versions) from the first run."""
+    summary = dict(runs[0])
+    for key, value in runs[0].items():
+        if isinstance(value, float):
+            summary[key] = statistics.median(run[key] for run in runs)
+    return summary
 
 
 def ratio(numerator: float, denominator: float) -> float:
@@ -230,6 +268,8 @@ def print_table(stoker: dict, torch_: dict, ratios: dict, config: dict) -> None:
         f"{'loader':<8} {'images':>7} {'wall s':>8} {'images/s':>9} "
         f"{'CPU ms/image':>13} {'images/CPU-s':>13} {'first batch ms':>15} {'peak RSS MiB':>20}"
     )
+    if config["repeat"] > 1:
+        print(f"medians of {config['repeat']} alternating runs per loader")
     print(header)
     print("-" * len(header))
     for row in (stoker, torch_):
@@ -251,6 +291,12 @@ def print_table(stoker: dict, torch_: dict, ratios: dict, config: dict) -> None:
         "first-batch speedup (torch ms / stoker ms): "
         f"{ratios['first_batch_speedup']:.2f}x"
     )
+    for row in (stoker, torch_):
+        if row["background_cpu_s"] > 0.05 * row["cpu_s"]:
+            print(
+                f"warning: other processes used {row['background_cpu_s']:.1f} CPU-s during "
+                f"the {row['loader']} run ({row['cpu_s']:.1f} CPU-s): figures are disturbed"
+            )
     print(
         "(forked workers share pages with the main process, so torch's RSS figures overlap; "
         f"torch {torch_['versions']['torch']}, torchvision {torch_['versions']['torchvision']}, "
@@ -272,8 +318,11 @@ def main(argv: list[str]) -> int:
         os.sched_setaffinity(0, {int(cpu) for cpu in args.cpus.split(",")})
 
     warm_page_cache(args.data)
-    stoker = run_stoker(args)
-    torch_ = torch_in_child(args)
+    stoker_runs, torch_runs = [], []
+    for _ in range(args.repeat):
+        stoker_runs.append(measured(run_stoker, args))
+        torch_runs.append(measured(torch_in_child, args))
+    stoker, torch_ = median_report(stoker_runs), median_report(torch_runs)
     if stoker["images"] != torch_["images"]:
         print(
             f"compare_torch: warning: stoker ran {stoker['images']} images, "
@@ -291,11 +340,17 @@ def main(argv: list[str]) -> int:
         "batch_size": args.batch_size,
         "workers": args.workers,
         "batches": args.batches,
+        "repeat": args.repeat,
         "cpus": len(os.sched_getaffinity(0)),
         "date": time.strftime("%Y-%m-%d"),
     }
     if args.json:
-        print(json.dumps({"config": config, "stoker": stoker, "torch": torch_, "ratios": ratios}))
+        runs = {"stoker": stoker_runs, "torch": torch_runs}
+        print(
+            json.dumps(
+                {"config": config, "stoker": stoker, "torch": torch_, "ratios": ratios, "runs": runs}
+            )
+        )
     else:
         print_table(stoker, torch_, ratios, config)
     return 0

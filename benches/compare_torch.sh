@@ -4,7 +4,8 @@
 # compare_torch.py, which runs both loaders on the same files and cores and prints the ratios.
 #
 # Usage: benches/compare_torch.sh [--count N] [--data DIR] [--batch-size 64]
-#                                 [--workers 2 | --threads 2] [--batches K] [--cpus 0,1] [--json]
+#                                 [--workers 2 | --threads 2] [--batches K] [--repeat R]
+#                                 [--cpus 0,1] [--json]
 #   --count N   images in the generated set (default 5000); generated once, reused after.
 #   --data DIR  image folder; with --count it is generated (or reused) there, without it DIR is
 #               used as it is (any torchvision ImageFolder tree works).
@@ -29,7 +30,7 @@ while (($# > 0)); do
             shift 2
             ;;
         -h | --help)
-            sed -n '2,12p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'
+            sed -n '2,13p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'
             exit 0
             ;;
         *)

@@ -16,7 +16,7 @@ pub(crate) const IN_PROGRESS_NAME: &str = "stoker-dataset.in-progress.json";
 /// Names this generator; bumped whenever the same spec would produce different bytes, so a set
 /// made by an older generator is not mistaken for the current one.
 const GENERATOR: &str = "stoker synthetic imagenet-like";
-const GENERATOR_VERSION: u32 = 1;
+const GENERATOR_VERSION: u32 = 2;
 
 /// The inputs that fully determine a generated set's bytes.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
