@@ -153,6 +153,18 @@ impl Loader {
         }
     }
 
+    /// A cheap, shareable handle that reads this loader's figures from any thread (for a
+    /// dashboard or a metrics endpoint); it keeps no thread or batch alive.
+    pub fn monitor(&self) -> LoaderMonitor {
+        LoaderMonitor {
+            stats: Arc::clone(&self.stats),
+            controller: self.controller.clone(),
+            slots: Arc::clone(&self.slots),
+            threads: self.threads,
+            fixed_prefetch: self.controller.is_none().then_some(self.prefetch),
+        }
+    }
+
     /// What the prefetch controller sees and decided, in auto mode.
     pub fn controller_snapshot(&self) -> Option<ControllerSnapshot> {
         self.controller
@@ -231,6 +243,53 @@ impl Loader {
         }
         stream.top_up();
         Ok(stream)
+    }
+}
+
+/// Reads a loader's figures from any thread; see [`Loader::monitor`].
+#[derive(Clone)]
+pub struct LoaderMonitor {
+    stats: Arc<Mutex<StatsRecorder>>,
+    controller: Option<Arc<Mutex<PrefetchController>>>,
+    slots: Arc<SlotPool>,
+    threads: usize,
+    fixed_prefetch: Option<usize>,
+}
+
+/// One reading of a [`LoaderMonitor`].
+#[derive(Debug, Clone)]
+pub struct MonitorSnapshot {
+    /// Throughput, waits, stage times.
+    pub stats: LoaderStats,
+    /// The prefetch controller's view, in auto mode.
+    pub controller: Option<ControllerSnapshot>,
+    /// The fixed depth, when not in auto mode.
+    pub fixed_prefetch: Option<usize>,
+    /// Batch buffers in use (in flight, waiting, or held by the consumer).
+    pub slots_in_use: usize,
+    /// Batch buffers that may exist.
+    pub slot_capacity: usize,
+    /// Bytes per batch buffer.
+    pub slot_bytes: usize,
+    /// Decode threads.
+    pub threads: usize,
+}
+
+impl LoaderMonitor {
+    /// The figures now.
+    pub fn snapshot(&self) -> MonitorSnapshot {
+        MonitorSnapshot {
+            stats: self.stats.lock().map(|s| s.snapshot()).unwrap_or_default(),
+            controller: self
+                .controller
+                .as_ref()
+                .and_then(|c| c.lock().ok().map(|c| c.snapshot())),
+            fixed_prefetch: self.fixed_prefetch,
+            slots_in_use: self.slots.in_use(),
+            slot_capacity: self.slots.capacity(),
+            slot_bytes: self.slots.slot_bytes(),
+            threads: self.threads,
+        }
     }
 }
 

@@ -30,7 +30,9 @@ mod slots;
 mod stats;
 
 pub use digest::BatchDigest;
-pub use embedded::{EpochStream, Loader, LoaderOptions, INTERRUPT_CHECK};
+pub use embedded::{
+    EpochStream, Loader, LoaderMonitor, LoaderOptions, MonitorSnapshot, INTERRUPT_CHECK,
+};
 pub use error::{Error, Result};
 pub use job::{open_source, Job, MAX_BATCH_SIZE};
 pub use planner::{EpochPlan, Permutation, PlanConfig};
