@@ -20,6 +20,7 @@
 //! assert_eq!(seen, (0..10).collect::<Vec<_>>());
 //! ```
 
+mod dashboard;
 mod digest;
 mod embedded;
 mod error;
@@ -29,6 +30,7 @@ mod prefetch;
 mod slots;
 mod stats;
 
+pub use dashboard::{Dashboard, DashboardError};
 pub use digest::BatchDigest;
 pub use embedded::{
     EpochStream, Loader, LoaderMonitor, LoaderOptions, MonitorSnapshot, INTERRUPT_CHECK,

@@ -1,11 +1,12 @@
 //! `stoker demo`: the embedded loader feeding a simulated training step, with a line of
 //! throughput and stall each second and a summary at the end.
 
+use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use clap::Args;
-use stoker_loader::{Loader, LoaderOptions, LoaderStats};
+use stoker_loader::{Dashboard, Loader, LoaderOptions, LoaderStats};
 use stoker_proto::v1::{self as proto, JobSpec};
 
 use super::make_dataset::generate_with_progress;
@@ -31,6 +32,13 @@ pub struct DemoArgs {
     /// Images in the generated sample set.
     #[arg(long, default_value_t = 1000)]
     pub sample_images: u64,
+    /// Serve the dashboard (live charts, /api/jobs, /metrics) on this address, e.g.
+    /// 127.0.0.1:8321 (port 0: any free port; the URL is printed).
+    #[arg(long, value_name = "ADDR")]
+    pub dashboard: Option<SocketAddr>,
+    /// Keep the dashboard serving this many seconds after the run ends.
+    #[arg(long, default_value_t = 0.0, value_name = "SECONDS")]
+    pub linger: f64,
 }
 
 /// Runs the command.
@@ -40,6 +48,14 @@ pub fn run(args: DemoArgs) -> anyhow::Result<()> {
     }
     if !(args.step_ms >= 0.0 && args.step_ms.is_finite()) {
         anyhow::bail!("--step-ms must be zero or positive, got {}", args.step_ms);
+    }
+    if !(args.linger >= 0.0 && args.linger.is_finite()) {
+        anyhow::bail!("--linger must be zero or positive, got {}", args.linger);
+    }
+    // Started first, so the page can be opened while the sample set is being made.
+    let dashboard = args.dashboard.map(Dashboard::start).transpose()?;
+    if let Some(dashboard) = &dashboard {
+        println!("dashboard: {}", dashboard.url());
     }
     let data = match &args.data {
         Some(path) => path.clone(),
@@ -73,8 +89,11 @@ pub fn run(args: DemoArgs) -> anyhow::Result<()> {
             ..LoaderOptions::default()
         },
     )?;
+    if let Some(dashboard) = &dashboard {
+        dashboard.register_job("demo", 0, loader.monitor());
+    }
     println!(
-        "demo: imagenet-train 224, batch {}, {} decode threads, prefetch {}, simulated step {} ms, {} s",
+        "demo: imagenet-train 224, batch {}, {} decode threads, prefetch auto (at most {}), simulated step {} ms, {} s",
         args.batch_size,
         loader.threads(),
         loader.prefetch(),
@@ -97,11 +116,12 @@ pub fn run(args: DemoArgs) -> anyhow::Result<()> {
                 let images = now.samples - last_report.1.samples;
                 let waited = now.wait_s - last_report.1.wait_s;
                 println!(
-                    "t={:>5.1}s  epoch {epoch}  {:>6.0} images/s  stall {:>5.1}%  in flight {}",
+                    "t={:>5.1}s  epoch {epoch}  {:>6.0} images/s  stall {:>5.1}%  in flight {}  depth {}",
                     started.elapsed().as_secs_f64(),
                     images as f64 / seconds,
                     100.0 * waited / seconds,
-                    now.in_flight
+                    now.in_flight,
+                    now.prefetch_depth
                 );
                 last_report = (Instant::now(), now);
             }
@@ -121,5 +141,15 @@ pub fn run(args: DemoArgs) -> anyhow::Result<()> {
         stats.first_batch_s.unwrap_or(0.0) * 1e3,
         stats.bad_samples
     );
+    if let Some(dashboard) = &dashboard {
+        if args.linger > 0.0 {
+            println!(
+                "dashboard: still serving {} for {} s",
+                dashboard.url(),
+                args.linger
+            );
+            std::thread::sleep(Duration::from_secs_f64(args.linger));
+        }
+    }
     Ok(())
 }

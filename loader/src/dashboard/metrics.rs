@@ -1,0 +1,231 @@
+//! `/metrics`: every job's figures in the Prometheus text exposition format (version 0.0.4),
+//! labelled `job` and `rank`. Counters come from the newest reading's totals; per-interval
+//! gauges from the newest point, so they agree with the JSON API.
+
+use std::fmt::Write;
+
+use super::series::{JobSeries, Registry, STAGES};
+
+/// The `Content-Type` of the text format.
+pub(crate) const CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
+
+/// A family's samples for one job: an optional extra label and the value (`None`: not known,
+/// left out).
+type Samples = Vec<(Option<(&'static str, String)>, Option<f64>)>;
+
+/// One metric family: its name, type, help, and how to read its samples off a job.
+struct Family {
+    name: &'static str,
+    kind: &'static str,
+    help: &'static str,
+    samples: fn(&JobSeries) -> Samples,
+}
+
+/// A sample with only the job labels.
+fn one(value: Option<f64>) -> Samples {
+    vec![(None, value)]
+}
+
+const FAMILIES: &[Family] = &[
+    Family {
+        name: "stoker_stall_ratio",
+        kind: "gauge",
+        help: "Share of the last sampling interval the trainer spent waiting for a batch.",
+        samples: |job| one(job.points.back().and_then(|p| p.stall_pct).map(|p| p / 100.0)),
+    },
+    Family {
+        name: "stoker_stall_ratio_window",
+        kind: "gauge",
+        help: "Share of the last 10 seconds the trainer spent waiting for a batch.",
+        samples: |job| {
+            let window = job
+                .points
+                .len()
+                .checked_sub(1)
+                .map(|end| job.window_ending(end));
+            one(window.and_then(|w| w.stall_pct).map(|p| p / 100.0))
+        },
+    },
+    Family {
+        name: "stoker_wait_seconds_total",
+        kind: "counter",
+        help: "Seconds the trainer spent waiting inside next() since the loader started.",
+        samples: |job| one(job.latest.as_ref().map(|s| s.stats.wait_s)),
+    },
+    Family {
+        name: "stoker_run_seconds_total",
+        kind: "counter",
+        help: "Seconds since the loader's first epoch started (divide wait by this for the stall share).",
+        samples: |job| one(job.latest.as_ref().map(|s| s.stats.elapsed_s)),
+    },
+    Family {
+        name: "stoker_samples_per_second",
+        kind: "gauge",
+        help: "Samples yielded per second over the last sampling interval.",
+        samples: |job| one(job.points.back().and_then(|p| p.samples_per_s)),
+    },
+    Family {
+        name: "stoker_samples_total",
+        kind: "counter",
+        help: "Samples yielded since the loader started.",
+        samples: |job| one(job.latest.as_ref().map(|s| s.stats.samples as f64)),
+    },
+    Family {
+        name: "stoker_batches_total",
+        kind: "counter",
+        help: "Batches yielded since the loader started.",
+        samples: |job| one(job.latest.as_ref().map(|s| s.stats.batches as f64)),
+    },
+    Family {
+        name: "stoker_bad_samples_total",
+        kind: "counter",
+        help: "Unreadable samples replaced under the skip policy.",
+        samples: |job| one(job.latest.as_ref().map(|s| s.stats.bad_samples as f64)),
+    },
+    Family {
+        name: "stoker_stage_seconds_total",
+        kind: "counter",
+        help: "Decode-thread seconds spent in each pipeline stage.",
+        samples: |job| {
+            let stats = job.latest.as_ref().map(|s| &s.stats);
+            let values = stats.map(|s| [s.read_s, s.decode_s, s.augment_s, s.assemble_s]);
+            STAGES
+                .iter()
+                .enumerate()
+                .map(|(index, stage)| {
+                    (
+                        Some(("stage", (*stage).to_string())),
+                        values.map(|v| v[index]),
+                    )
+                })
+                .collect()
+        },
+    },
+    Family {
+        name: "stoker_prefetch_depth",
+        kind: "gauge",
+        help: "Batches the loader may keep in flight.",
+        samples: |job| one(job.latest.as_ref().map(|s| s.stats.prefetch_depth as f64)),
+    },
+    Family {
+        name: "stoker_in_flight_batches",
+        kind: "gauge",
+        help: "Batches being built.",
+        samples: |job| one(job.latest.as_ref().map(|s| s.stats.in_flight as f64)),
+    },
+    Family {
+        name: "stoker_batch_latency_seconds",
+        kind: "gauge",
+        help: "Smoothed time from requesting a batch to its arrival (automatic prefetch only).",
+        samples: |job| {
+            one(job
+                .latest
+                .as_ref()
+                .and_then(|s| s.controller)
+                .map(|c| c.latency_mean.as_secs_f64()))
+        },
+    },
+    Family {
+        name: "stoker_trainer_step_seconds",
+        kind: "gauge",
+        help: "Smoothed time the trainer spends between next() calls (automatic prefetch only).",
+        samples: |job| {
+            one(job
+                .latest
+                .as_ref()
+                .and_then(|s| s.controller)
+                .map(|c| c.step_mean.as_secs_f64()))
+        },
+    },
+    Family {
+        name: "stoker_decode_threads",
+        kind: "gauge",
+        help: "Decode threads of the loader.",
+        samples: |job| one(job.latest.as_ref().map(|s| s.threads as f64)),
+    },
+    Family {
+        name: "stoker_decode_busy_ratio",
+        kind: "gauge",
+        help: "Share of the decode threads' time spent working over the last sampling interval.",
+        samples: |job| one(job.points.back().and_then(|p| p.busy_pct).map(|p| p / 100.0)),
+    },
+    Family {
+        name: "stoker_batch_slots_in_use",
+        kind: "gauge",
+        help: "Batch buffers in use (in flight, waiting, or held by the trainer).",
+        samples: |job| one(job.latest.as_ref().map(|s| s.slots_in_use as f64)),
+    },
+    Family {
+        name: "stoker_batch_slots",
+        kind: "gauge",
+        help: "Batch buffers that may exist.",
+        samples: |job| one(job.latest.as_ref().map(|s| s.slot_capacity as f64)),
+    },
+    Family {
+        name: "stoker_verdict",
+        kind: "gauge",
+        help: "1 for what holds the job back over the last 10 seconds, as the page says it.",
+        samples: |job| match job.points.len().checked_sub(1) {
+            Some(end) => vec![(
+                Some(("verdict", job.window_ending(end).verdict.to_string())),
+                Some(1.0),
+            )],
+            None => Vec::new(),
+        },
+    },
+];
+
+/// The whole exposition.
+pub(crate) fn render(registry: &Registry) -> String {
+    let mut out = String::new();
+    for family in FAMILIES {
+        // Writing to a String cannot fail.
+        let _ = writeln!(out, "# HELP {} {}", family.name, family.help);
+        let _ = writeln!(out, "# TYPE {} {}", family.name, family.kind);
+        for job in &registry.jobs {
+            for (extra, value) in (family.samples)(job) {
+                let Some(value) = value.filter(|v| v.is_finite()) else {
+                    continue;
+                };
+                let _ = write!(
+                    out,
+                    "{}{{job=\"{}\",rank=\"{}\"",
+                    family.name,
+                    escape(&job.name),
+                    job.rank
+                );
+                if let Some((label, label_value)) = extra {
+                    let _ = write!(out, ",{label}=\"{}\"", escape(&label_value));
+                }
+                let _ = writeln!(out, "}} {value}");
+            }
+        }
+    }
+    out
+}
+
+/// Escapes a label value: backslash, double quote and newline.
+fn escape(value: &str) -> String {
+    value
+        .replace('\\', "\\\\")
+        .replace('"', "\\\"")
+        .replace('\n', "\\n")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn label_values_are_escaped() {
+        assert_eq!(escape("a\"b\\c\nd"), "a\\\"b\\\\c\\nd");
+    }
+
+    #[test]
+    fn empty_registry_still_declares_families() {
+        let text = render(&Registry::default());
+        assert!(text.contains("# TYPE stoker_stall_ratio gauge"));
+        assert!(text.contains("# TYPE stoker_samples_total counter"));
+        assert!(!text.lines().any(|l| !l.starts_with('#')));
+    }
+}

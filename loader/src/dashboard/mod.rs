@@ -1,0 +1,182 @@
+//! The dashboard: an HTTP page with live charts of each registered job's stall, throughput,
+//! queue depth and where the time goes, the JSON API the page polls, and `/metrics` in the
+//! Prometheus text format.
+//!
+//! The server runs on its own thread with a single-threaded tokio runtime, so it never takes a
+//! core from the decode pool for long: every request only formats figures the sampler already
+//! holds. The sampler reads each job's [`LoaderMonitor`] every 500 ms and keeps the last ten
+//! minutes of readings (see `series`).
+//!
+//! Routes: `/` (the page, compiled into the binary), `/api/jobs` (JSON; `?since=<unix ms>` for
+//! only newer points, `?at=<unix ms>` for the figures as they were at that reading), and
+//! `/metrics`.
+
+mod metrics;
+mod routes;
+mod series;
+
+use std::net::{SocketAddr, TcpListener};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use tokio::sync::oneshot;
+
+use crate::LoaderMonitor;
+
+use series::{Registry, SAMPLE_INTERVAL};
+
+/// Why the dashboard could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum DashboardError {
+    /// The address could not be bound (in use, not local, no permission).
+    #[error("cannot listen on {addr}: {source}")]
+    Bind {
+        /// Address asked for.
+        addr: SocketAddr,
+        /// What the system said.
+        source: std::io::Error,
+    },
+    /// The runtime or thread that serves the page could not be created.
+    #[error("cannot start the dashboard's server thread: {0}")]
+    Thread(std::io::Error),
+}
+
+/// A running dashboard server; it stops when dropped.
+///
+/// ```no_run
+/// # fn demo(loader: &stoker_loader::Loader) -> Result<(), stoker_loader::DashboardError> {
+/// let dashboard = stoker_loader::Dashboard::start("127.0.0.1:0".parse().unwrap())?;
+/// dashboard.register_job("train", 0, loader.monitor());
+/// println!("dashboard: {}", dashboard.url());
+/// # Ok(()) }
+/// ```
+pub struct Dashboard {
+    address: SocketAddr,
+    registry: Arc<Mutex<Registry>>,
+    shutdown: Option<oneshot::Sender<()>>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl Dashboard {
+    /// Binds `address` (port 0 picks a free port; see [`Dashboard::local_addr`]) and starts
+    /// serving and sampling on a thread of its own.
+    pub fn start(address: SocketAddr) -> Result<Self, DashboardError> {
+        let listener = TcpListener::bind(address).map_err(|source| DashboardError::Bind {
+            addr: address,
+            source,
+        })?;
+        let bound = listener
+            .local_addr()
+            .and_then(|bound| listener.set_nonblocking(true).map(|()| bound))
+            .map_err(|source| DashboardError::Bind {
+                addr: address,
+                source,
+            })?;
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_io()
+            .enable_time()
+            .thread_name("stoker-dashboard")
+            .build()
+            .map_err(DashboardError::Thread)?;
+        let registry = Arc::new(Mutex::new(Registry::default()));
+        let (shutdown, stop) = oneshot::channel();
+        let state = Arc::clone(&registry);
+        let thread = std::thread::Builder::new()
+            .name("stoker-dashboard".into())
+            .spawn(move || runtime.block_on(serve(listener, state, stop)))
+            .map_err(DashboardError::Thread)?;
+        tracing::info!(address = %bound, "dashboard listening");
+        Ok(Self {
+            address: bound,
+            registry,
+            shutdown: Some(shutdown),
+            thread: Some(thread),
+        })
+    }
+
+    /// The address the server listens on, with the real port when 0 was asked for.
+    pub fn local_addr(&self) -> SocketAddr {
+        self.address
+    }
+
+    /// The page's URL, e.g. `http://127.0.0.1:8321/`.
+    pub fn url(&self) -> String {
+        format!("http://{}/", self.address)
+    }
+
+    /// Starts charting a loader as `name`, rank `rank`. Registering the same name and rank
+    /// again replaces the earlier monitor and starts its history afresh.
+    pub fn register_job(&self, name: &str, rank: u32, monitor: LoaderMonitor) {
+        match self.registry.lock() {
+            Ok(mut registry) => registry.register(name, rank, monitor),
+            Err(_) => tracing::warn!(job = name, "dashboard registry poisoned; job not shown"),
+        }
+    }
+}
+
+impl Drop for Dashboard {
+    fn drop(&mut self) {
+        if let Some(shutdown) = self.shutdown.take() {
+            // The server thread may already be gone; nothing to stop then.
+            let _ = shutdown.send(());
+        }
+        if let Some(thread) = self.thread.take() {
+            if thread.join().is_err() {
+                tracing::warn!("dashboard thread panicked");
+            }
+        }
+    }
+}
+
+impl std::fmt::Debug for Dashboard {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Dashboard")
+            .field("address", &self.address)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Serves requests and samples the jobs until `stop` fires. Open connections are dropped with
+/// the runtime rather than drained: a browser's keep-alive connection would otherwise hold the
+/// shutdown for as long as the tab stays open.
+async fn serve(listener: TcpListener, registry: Arc<Mutex<Registry>>, stop: oneshot::Receiver<()>) {
+    let listener = match tokio::net::TcpListener::from_std(listener) {
+        Ok(listener) => listener,
+        Err(error) => {
+            tracing::error!(%error, "dashboard cannot use its socket");
+            return;
+        }
+    };
+    let app = routes::router(Arc::clone(&registry));
+    let sampler = sample_forever(registry);
+    tokio::select! {
+        result = axum::serve(listener, app) => {
+            if let Err(error) = result {
+                tracing::error!(%error, "dashboard server stopped");
+            }
+        }
+        () = sampler => {}
+        _ = stop => {}
+    }
+}
+
+/// Takes a reading of every job each [`SAMPLE_INTERVAL`].
+async fn sample_forever(registry: Arc<Mutex<Registry>>) {
+    let mut ticks = tokio::time::interval(SAMPLE_INTERVAL);
+    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        ticks.tick().await;
+        match registry.lock() {
+            Ok(mut registry) => registry.sample_all(),
+            Err(_) => {
+                tracing::error!("dashboard registry poisoned; sampling stops");
+                // Keep the server up so the page still loads and shows what it can.
+                std::future::pending::<()>().await;
+            }
+        }
+    }
+}
+
+/// How often the page asks for new figures (it reads this from the API).
+pub(crate) const POLL_PERIOD: Duration = Duration::from_secs(1);

@@ -1,0 +1,478 @@
+//! Per-job time series: readings of a [`LoaderMonitor`] turned into per-interval figures, kept
+//! in a bounded ring, and the verdict drawn from the last few seconds of them.
+//!
+//! Figures are rounded once here (stall and throughput to 0.1, milliseconds to 0.01), so the
+//! JSON API, the page and `/metrics` all show the same numbers.
+
+use std::collections::VecDeque;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use serde::Serialize;
+
+use crate::{LoaderMonitor, LoaderStats, MonitorSnapshot};
+
+/// Time between two readings of a job.
+pub const SAMPLE_INTERVAL: Duration = Duration::from_millis(500);
+
+/// How much history each job keeps.
+pub const HISTORY: Duration = Duration::from_secs(600);
+
+/// The stretch the verdict and the time breakdown look back over.
+pub const VERDICT_WINDOW: Duration = Duration::from_secs(10);
+
+/// Loader time a window must cover before a verdict is given.
+const MIN_VERDICT_SECONDS: f64 = 2.0;
+
+/// Stall above this share of the time means the input pipeline holds the trainer back.
+const INPUT_BOUND_STALL_PCT: f64 = 5.0;
+
+/// Stall below this share of the time means the trainer is the bottleneck.
+const COMPUTE_BOUND_STALL_PCT: f64 = 1.0;
+
+/// The decode-thread stages, in pipeline order (names as in `/metrics` and the API).
+pub(crate) const STAGES: [&str; 4] = ["read", "decode", "augment", "assemble"];
+
+/// What holds a job back, in words.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(into = "String")]
+pub enum Verdict {
+    /// Too little data yet.
+    Starting,
+    /// No batches were taken over the window (the run ended or the trainer paused).
+    Idle,
+    /// The trainer waited more than 5% of the time; the named stage costs the most.
+    InputBound(&'static str),
+    /// The trainer waited between 1% and 5% of the time.
+    Balanced,
+    /// The trainer waited less than 1% of the time.
+    ComputeBound,
+}
+
+impl std::fmt::Display for Verdict {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Starting => f.write_str("starting"),
+            Self::Idle => f.write_str("idle"),
+            Self::InputBound(stage) => write!(f, "input-bound: {stage}"),
+            Self::Balanced => f.write_str("balanced"),
+            Self::ComputeBound => f.write_str("compute-bound"),
+        }
+    }
+}
+
+impl From<Verdict> for String {
+    fn from(verdict: Verdict) -> Self {
+        verdict.to_string()
+    }
+}
+
+/// Raw differences between two readings, kept to aggregate windows exactly.
+#[derive(Debug, Clone, Copy, Default)]
+struct Delta {
+    wall_s: f64,
+    elapsed_s: f64,
+    wait_s: f64,
+    samples: u64,
+    batches: u64,
+    stages_s: [f64; 4],
+}
+
+impl Delta {
+    fn between(before: &LoaderStats, after: &LoaderStats, wall_s: f64) -> Self {
+        Self {
+            wall_s,
+            elapsed_s: (after.elapsed_s - before.elapsed_s).max(0.0),
+            wait_s: (after.wait_s - before.wait_s).max(0.0),
+            samples: after.samples.saturating_sub(before.samples),
+            batches: after.batches.saturating_sub(before.batches),
+            stages_s: [
+                (after.read_s - before.read_s).max(0.0),
+                (after.decode_s - before.decode_s).max(0.0),
+                (after.augment_s - before.augment_s).max(0.0),
+                (after.assemble_s - before.assemble_s).max(0.0),
+            ],
+        }
+    }
+
+    fn add(&mut self, other: &Self) {
+        self.wall_s += other.wall_s;
+        self.elapsed_s += other.elapsed_s;
+        self.wait_s += other.wait_s;
+        self.samples += other.samples;
+        self.batches += other.batches;
+        for (sum, stage) in self.stages_s.iter_mut().zip(other.stages_s) {
+            *sum += stage;
+        }
+    }
+
+    fn stall_pct(&self) -> Option<f64> {
+        (self.elapsed_s > 0.0).then(|| round(100.0 * self.wait_s / self.elapsed_s, 1))
+    }
+
+    fn samples_per_s(&self) -> Option<f64> {
+        (self.elapsed_s > 0.0).then(|| round(self.samples as f64 / self.elapsed_s, 1))
+    }
+
+    /// Decode-pool wall milliseconds per sample for each stage: the threads' time divided by
+    /// their number, which is what a sample costs in wall time with every thread busy and so
+    /// compares directly with the trainer's time per sample.
+    fn stage_ms_per_sample(&self, threads: usize) -> [Option<f64>; 4] {
+        self.stages_s.map(|seconds| {
+            (self.samples > 0 && threads > 0)
+                .then(|| round(1e3 * seconds / (self.samples as f64 * threads as f64), 2))
+        })
+    }
+
+    /// Share of the decode threads' time spent working, in percent.
+    fn busy_pct(&self, threads: usize) -> Option<f64> {
+        let capacity = threads as f64 * self.wall_s;
+        (capacity > 0.0).then(|| round(100.0 * self.stages_s.iter().sum::<f64>() / capacity, 1))
+    }
+
+    /// Samples per batch over this stretch.
+    fn batch_size(&self) -> Option<f64> {
+        (self.batches > 0).then(|| self.samples as f64 / self.batches as f64)
+    }
+}
+
+/// The time breakdown of one sample, in milliseconds.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
+pub(crate) struct TimePerSample {
+    /// Reading bytes (decode-pool wall ms per sample).
+    pub read_ms: Option<f64>,
+    /// Decoding.
+    pub decode_ms: Option<f64>,
+    /// Crop, resize, flip.
+    pub augment_ms: Option<f64>,
+    /// Writing the output layout.
+    pub assemble_ms: Option<f64>,
+    /// The trainer's step time between `next()` calls, per sample ("waiting for the trainer");
+    /// known only when the prefetch depth is automatic.
+    pub trainer_ms: Option<f64>,
+}
+
+impl TimePerSample {
+    fn new(delta: &Delta, threads: usize, step: Option<Duration>, batch_size: Option<f64>) -> Self {
+        let [read_ms, decode_ms, augment_ms, assemble_ms] = delta.stage_ms_per_sample(threads);
+        let trainer_ms = match (step, batch_size) {
+            (Some(step), Some(size)) if size > 0.0 => {
+                Some(round(step.as_secs_f64() * 1e3 / size, 2))
+            }
+            _ => None,
+        };
+        Self {
+            read_ms,
+            decode_ms,
+            augment_ms,
+            assemble_ms,
+            trainer_ms,
+        }
+    }
+}
+
+/// One reading of a job, as the API and the page show it.
+#[derive(Debug, Clone, Serialize)]
+pub(crate) struct Point {
+    /// When the reading was taken, in Unix milliseconds (one value per sampler tick, shared by
+    /// every job).
+    pub t_ms: u64,
+    /// Share of the interval the trainer spent waiting for a batch, percent.
+    pub stall_pct: Option<f64>,
+    /// Samples yielded per second over the interval.
+    pub samples_per_s: Option<f64>,
+    /// Batches being built.
+    pub in_flight: usize,
+    /// Batches allowed in flight.
+    pub prefetch_depth: usize,
+    /// Smoothed time from requesting a batch to its arrival, ms (automatic prefetch only).
+    pub batch_latency_ms: Option<f64>,
+    /// Where a sample's time went over the interval.
+    #[serde(flatten)]
+    pub time: TimePerSample,
+    /// Share of the decode threads' time spent working over the interval, percent.
+    pub busy_pct: Option<f64>,
+    /// Batches yielded per second over the interval (a "task" in embedded mode).
+    pub batches_per_s: Option<f64>,
+    /// Samples yielded since the loader started.
+    pub samples_total: u64,
+    /// Samples replaced under the skip policy since the loader started.
+    pub bad_samples: u64,
+    #[serde(skip)]
+    delta: Delta,
+}
+
+/// The figures over the verdict window that ends at some reading.
+#[derive(Debug, Clone, Serialize)]
+pub(crate) struct Window {
+    /// Loader seconds the window covers.
+    pub seconds: f64,
+    /// Share of the window the trainer waited, percent.
+    pub stall_pct: Option<f64>,
+    /// Samples per second over the window.
+    pub samples_per_s: Option<f64>,
+    /// Where a sample's time went over the window.
+    #[serde(flatten)]
+    pub time: TimePerSample,
+    /// What holds the job back.
+    pub verdict: Verdict,
+}
+
+/// A job's series and the monitor it reads.
+pub(crate) struct JobSeries {
+    /// Name given at registration.
+    pub name: String,
+    /// Rank given at registration.
+    pub rank: u32,
+    /// `<name>-<rank>` with anything but ASCII letters, digits, `-` and `_` replaced by `_`: safe
+    /// in HTML ids.
+    pub key: String,
+    monitor: LoaderMonitor,
+    previous: Option<(Instant, LoaderStats)>,
+    /// The newest reading, for `/metrics`.
+    pub latest: Option<MonitorSnapshot>,
+    /// Readings, oldest first, at most [`HISTORY`] long.
+    pub points: VecDeque<Point>,
+}
+
+impl JobSeries {
+    fn new(name: &str, rank: u32, monitor: LoaderMonitor) -> Self {
+        let key = format!("{name}-{rank}")
+            .chars()
+            .map(|c| {
+                if c.is_ascii_alphanumeric() || c == '-' || c == '_' {
+                    c
+                } else {
+                    '_'
+                }
+            })
+            .collect();
+        Self {
+            name: name.to_string(),
+            rank,
+            key,
+            monitor,
+            previous: None,
+            latest: None,
+            points: VecDeque::new(),
+        }
+    }
+
+    fn sample(&mut self, t_ms: u64, now: Instant) {
+        let snapshot = self.monitor.snapshot();
+        let stats = snapshot.stats.clone();
+        if let Some((then, before)) = &self.previous {
+            let wall_s = now.saturating_duration_since(*then).as_secs_f64();
+            let delta = Delta::between(before, &stats, wall_s);
+            let threads = snapshot.threads;
+            let batch_size = delta.batch_size().or_else(|| {
+                (stats.batches > 0).then(|| stats.samples as f64 / stats.batches as f64)
+            });
+            let controller = snapshot.controller.as_ref();
+            let point = Point {
+                t_ms,
+                stall_pct: delta.stall_pct(),
+                samples_per_s: delta.samples_per_s(),
+                in_flight: stats.in_flight,
+                prefetch_depth: stats.prefetch_depth,
+                batch_latency_ms: controller
+                    .filter(|c| !c.latency_mean.is_zero())
+                    .map(|c| round(c.latency_mean.as_secs_f64() * 1e3, 2)),
+                time: TimePerSample::new(
+                    &delta,
+                    threads,
+                    controller
+                        .map(|c| c.step_mean)
+                        .filter(|step| !step.is_zero()),
+                    batch_size,
+                ),
+                busy_pct: delta.busy_pct(threads),
+                batches_per_s: (delta.elapsed_s > 0.0)
+                    .then(|| round(delta.batches as f64 / delta.elapsed_s, 1)),
+                samples_total: stats.samples,
+                bad_samples: stats.bad_samples,
+                delta,
+            };
+            self.points.push_back(point);
+            let capacity = capacity();
+            while self.points.len() > capacity {
+                self.points.pop_front();
+            }
+        }
+        self.previous = Some((now, stats));
+        self.latest = Some(snapshot);
+    }
+
+    /// The position of the newest reading taken at or before `at_ms` (the newest of all
+    /// without `at_ms`).
+    pub fn position_at(&self, at_ms: Option<u64>) -> Option<usize> {
+        match at_ms {
+            None => self.points.len().checked_sub(1),
+            Some(at) => self.points.iter().rposition(|p| p.t_ms <= at),
+        }
+    }
+
+    /// The verdict window that ends with the reading at `end`.
+    pub fn window_ending(&self, end: usize) -> Window {
+        let mut sum = Delta::default();
+        let mut step = None;
+        let mut threads = None;
+        let readings = (VERDICT_WINDOW.as_millis() / SAMPLE_INTERVAL.as_millis()).max(1) as usize;
+        let first = (end + 1).saturating_sub(readings);
+        for point in self
+            .points
+            .range(first..=end.min(self.points.len().saturating_sub(1)))
+        {
+            sum.add(&point.delta);
+        }
+        if let Some(point) = self.points.get(end) {
+            // The trainer's step is already a smoothed figure: the newest one stands for the window.
+            step = point.time.trainer_ms;
+        }
+        if let Some(snapshot) = &self.latest {
+            threads = Some(snapshot.threads);
+        }
+        let mut time = TimePerSample::new(&sum, threads.unwrap_or(0), None, None);
+        time.trainer_ms = step;
+        let stall_pct = sum.stall_pct();
+        let verdict = if sum.elapsed_s < MIN_VERDICT_SECONDS {
+            Verdict::Starting
+        } else if sum.samples == 0 {
+            Verdict::Idle
+        } else {
+            match stall_pct {
+                Some(stall) if stall > INPUT_BOUND_STALL_PCT => {
+                    Verdict::InputBound(dominant_stage(&sum.stages_s))
+                }
+                Some(stall) if stall < COMPUTE_BOUND_STALL_PCT => Verdict::ComputeBound,
+                Some(_) => Verdict::Balanced,
+                None => Verdict::Starting,
+            }
+        };
+        Window {
+            seconds: round(sum.elapsed_s, 1),
+            stall_pct,
+            samples_per_s: sum.samples_per_s(),
+            time,
+            verdict,
+        }
+    }
+}
+
+/// The stage that took the most decode-thread time.
+fn dominant_stage(stages_s: &[f64; 4]) -> &'static str {
+    let mut best = 0;
+    for (index, seconds) in stages_s.iter().enumerate() {
+        if *seconds > stages_s[best] {
+            best = index;
+        }
+    }
+    STAGES[best]
+}
+
+/// Readings kept per job.
+fn capacity() -> usize {
+    (HISTORY.as_millis() / SAMPLE_INTERVAL.as_millis()).max(1) as usize
+}
+
+/// Rounds to `decimals` places (half away from zero), so the same value prints the same in
+/// Rust and in JavaScript's `toFixed`.
+pub(crate) fn round(value: f64, decimals: i32) -> f64 {
+    let scale = 10f64.powi(decimals);
+    (value * scale).round() / scale
+}
+
+/// Every registered job.
+#[derive(Default)]
+pub(crate) struct Registry {
+    /// Jobs in registration order.
+    pub jobs: Vec<JobSeries>,
+}
+
+impl Registry {
+    /// Adds a job, or replaces the one with the same name and rank.
+    pub fn register(&mut self, name: &str, rank: u32, monitor: LoaderMonitor) {
+        let mut job = JobSeries::new(name, rank, monitor);
+        // A first reading now, so the first interval figures come one tick later.
+        job.sample(unix_ms(), Instant::now());
+        match self
+            .jobs
+            .iter_mut()
+            .find(|existing| existing.name == name && existing.rank == rank)
+        {
+            Some(existing) => *existing = job,
+            None => self.jobs.push(job),
+        }
+        tracing::info!(job = name, rank, "dashboard charting job");
+    }
+
+    /// Takes one reading of every job.
+    pub fn sample_all(&mut self) {
+        let t_ms = unix_ms();
+        let now = Instant::now();
+        for job in &mut self.jobs {
+            job.sample(t_ms, now);
+        }
+    }
+}
+
+/// Milliseconds since the Unix epoch (0 if the clock is before it).
+pub(crate) fn unix_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn delta(elapsed_s: f64, wait_s: f64, samples: u64, stages_s: [f64; 4]) -> Delta {
+        Delta {
+            wall_s: elapsed_s,
+            elapsed_s,
+            wait_s,
+            samples,
+            batches: samples / 16,
+            stages_s,
+        }
+    }
+
+    #[test]
+    fn stall_is_waiting_over_elapsed() {
+        let d = delta(0.5, 0.1, 32, [0.0; 4]);
+        assert_eq!(d.stall_pct(), Some(20.0));
+        assert_eq!(d.samples_per_s(), Some(64.0));
+        assert_eq!(Delta::default().stall_pct(), None);
+    }
+
+    #[test]
+    fn stage_costs_are_pool_wall_time_per_sample() {
+        // 4 threads spent 0.4 s decoding 100 samples: 1 ms of pool time per sample.
+        let d = delta(0.5, 0.0, 100, [0.0, 0.4, 0.0, 0.0]);
+        assert_eq!(d.stage_ms_per_sample(4)[1], Some(1.0));
+        assert_eq!(d.busy_pct(4), Some(20.0));
+    }
+
+    #[test]
+    fn dominant_stage_is_the_largest() {
+        assert_eq!(dominant_stage(&[0.1, 0.5, 0.2, 0.0]), "decode");
+        assert_eq!(dominant_stage(&[0.9, 0.5, 0.2, 0.0]), "read");
+        assert_eq!(dominant_stage(&[0.1, 0.5, 0.7, 0.0]), "augment");
+    }
+
+    #[test]
+    fn verdict_text() {
+        assert_eq!(
+            Verdict::InputBound("decode").to_string(),
+            "input-bound: decode"
+        );
+        assert_eq!(Verdict::ComputeBound.to_string(), "compute-bound");
+    }
+
+    #[test]
+    fn rounding_matches_to_fixed() {
+        assert_eq!(round(12.345_67, 1), 12.3);
+        assert_eq!(round(0.25, 1), 0.3);
+        assert_eq!(round(2.0 / 3.0, 2), 0.67);
+    }
+}
