@@ -13,7 +13,7 @@ use std::time::Duration;
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList, PyTuple};
-use stoker_loader::{EpochStream, Loader, LoaderOptions};
+use stoker_loader::{Dashboard, EpochStream, Loader, LoaderOptions};
 use stoker_proto::v1::{self as proto, BadSamplePolicy, JobSpec};
 
 use buffer::Buffer;
@@ -27,6 +27,7 @@ struct NativeLoader {
     class_names: Vec<String>,
     num_samples: u64,
     steps_per_epoch: u64,
+    dashboard: Option<Dashboard>,
 }
 
 fn dtype_name(dtype: i32) -> &'static str {
@@ -52,7 +53,7 @@ impl NativeLoader {
 #[pymethods]
 impl NativeLoader {
     #[new]
-    #[pyo3(signature = (source, ops, batch_size, shuffle, seed, drop_last, num_threads, rank, world_size, prefetch, on_error, timeout_s, max_held_batches, max_prefetch_bytes = 2 << 30))]
+    #[pyo3(signature = (source, ops, batch_size, shuffle, seed, drop_last, num_threads, rank, world_size, prefetch, on_error, timeout_s, max_held_batches, max_prefetch_bytes = 2 << 30, dashboard = None, job_name = "python".to_string()))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -70,6 +71,8 @@ impl NativeLoader {
         timeout_s: f64,
         max_held_batches: usize,
         max_prefetch_bytes: u64,
+        dashboard: Option<String>,
+        job_name: String,
     ) -> PyResult<Self> {
         let on_error = match on_error {
             "skip" => BadSamplePolicy::Skip,
@@ -114,12 +117,27 @@ impl NativeLoader {
         let class_names = source.class_names().to_vec();
         let num_samples = source.len();
         let steps_per_epoch = loader.steps_per_epoch().map_err(from_loader)?;
+        let dashboard = match dashboard {
+            Some(address) => {
+                let address: std::net::SocketAddr = address.parse().map_err(|e| {
+                    PyValueError::new_err(format!(
+                        "dashboard address {address:?} is not host:port ({e})"
+                    ))
+                })?;
+                let dashboard = Dashboard::start(address)
+                    .map_err(|e| raise(Kind::Stoker, format!("cannot start the dashboard: {e}")))?;
+                dashboard.register_job(&job_name, rank, loader.monitor());
+                Some(dashboard)
+            }
+            None => None,
+        };
         Ok(Self {
             loader: Some(Arc::new(loader)),
             stream: None,
             class_names,
             num_samples,
             steps_per_epoch,
+            dashboard,
         })
     }
 
@@ -151,6 +169,12 @@ impl NativeLoader {
     #[getter]
     fn prefetch(&self) -> PyResult<usize> {
         Ok(self.loader()?.prefetch())
+    }
+
+    /// The dashboard's URL, when one was asked for.
+    #[getter]
+    fn dashboard_url(&self) -> Option<String> {
+        self.dashboard.as_ref().map(|d| d.url())
     }
 
     /// Batch buffers in the pool.
@@ -247,9 +271,11 @@ impl NativeLoader {
     fn close(&mut self, py: Python<'_>) {
         let stream = self.stream.take();
         let loader = self.loader.take();
+        let dashboard = self.dashboard.take();
         py.detach(|| {
             drop(stream);
             drop(loader);
+            drop(dashboard);
         });
     }
 }

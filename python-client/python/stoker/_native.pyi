@@ -65,6 +65,7 @@ class NativeLoader:
     num_threads: Final[int]
     prefetch: Final[int]
     slot_capacity: Final[int]
+    dashboard_url: Final[str | None]
 
     def __init__(
         self,
@@ -82,6 +83,8 @@ class NativeLoader:
         timeout_s: float,
         max_held_batches: int,
         max_prefetch_bytes: int = 2 << 30,
+        dashboard: str | None = None,
+        job_name: str = "python",
     ) -> None:
         """Opens ``source`` and checks ``ops``; ``num_threads`` 0 means all cores, ``prefetch``
         0 lets a controller size the depth from the stall it observes, within

@@ -245,6 +245,9 @@ class Loader:
             before it raises :class:`~stoker.LoaderTimeoutError`; default 600.
         max_held_batches: batches the caller may keep alive at once beyond those in flight
             (see *Memory is bounded* above); default 4.
+        dashboard: serve the stall dashboard (live charts, ``/api/jobs``, ``/metrics``) on
+            this port of 127.0.0.1 (0: any free port) or ``"host:port"``; the URL is
+            :attr:`dashboard_url`. Served until :meth:`close`.
 
     Raises:
         ValueError: an argument is out of range, a DataLoader-only argument was passed, or
@@ -273,6 +276,7 @@ class Loader:
         address: str | None = None,
         timeout: float = 600.0,
         max_held_batches: int = 4,
+        dashboard: int | str | None = None,
         **unsupported: Any,
     ) -> None:
         # Attributes close() and __del__ rely on come first, so a failing __init__ leaves an
@@ -322,6 +326,7 @@ class Loader:
             )
         self._timeout = float(timeout)
         self._max_held_batches = _check_int(max_held_batches, "max_held_batches", 1, 4096)
+        dashboard_address = _dashboard_address(dashboard)
         if output is None:
             output = "torch" if _torch_importable() else "numpy"
         elif output not in ("torch", "numpy"):
@@ -348,6 +353,8 @@ class Loader:
             on_error,
             self._timeout,
             self._max_held_batches,
+            dashboard=dashboard_address,
+            job_name=os.path.basename(os.path.normpath(self._source)) or "python",
         )
         # Read once: state_dict() must work after close() and in a forked child, where the
         # handle may not be touched.
@@ -517,6 +524,12 @@ class Loader:
 
     # -- stats and lifetime -----------------------------------------------------------------
 
+    @property
+    def dashboard_url(self) -> str | None:
+        """URL of the stall dashboard (``/`` the page, ``/api/jobs``, ``/metrics``), or None
+        when the loader was built without ``dashboard=``."""
+        return self._handle().dashboard_url
+
     def stats(self) -> dict[str, Any]:
         """Counters since the loader was made.
 
@@ -624,6 +637,24 @@ class Loader:
                 _log.warning(
                     "further bad samples are not logged; stats()['bad_samples'] counts them"
                 )
+
+
+def _dashboard_address(dashboard: int | str | None) -> str | None:
+    """``dashboard=`` as the native side wants it: a port serves on 127.0.0.1."""
+    if dashboard is None:
+        return None
+    if isinstance(dashboard, bool):
+        raise TypeError("dashboard must be a port (int) or 'host:port' (str), not bool")
+    if isinstance(dashboard, int):
+        if not 0 <= dashboard <= 65535:
+            raise ValueError(f"dashboard port must be in 0..65535 (0: any free port), got {dashboard}")
+        return f"127.0.0.1:{dashboard}"
+    if isinstance(dashboard, str):
+        host, sep, port = dashboard.rpartition(":")
+        if not sep or not host or not port.isdigit():
+            raise ValueError(f"dashboard must be a port or 'host:port', got {dashboard!r}")
+        return dashboard
+    raise TypeError(f"dashboard must be a port (int) or 'host:port' (str), got {type(dashboard).__name__}")
 
 
 class BatchIterator(Iterator[dict[str, Any]]):
