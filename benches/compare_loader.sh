@@ -13,48 +13,9 @@
 #   (default <repo>/.venv-bench); STOKER_BENCH_SKIP_INSTALL=1 keeps the installed package.
 set -euo pipefail
 
-repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-venv="${STOKER_BENCH_VENV:-$repo/.venv-bench}"
-
-count=""
-data=""
-passthrough=()
-while (($# > 0)); do
-    case "$1" in
-        --count)
-            count="${2:?--count needs a number}"
-            shift 2
-            ;;
-        --data)
-            data="${2:?--data needs a folder}"
-            shift 2
-            ;;
-        -h | --help)
-            sed -n '2,14p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'
-            exit 0
-            ;;
-        *)
-            passthrough+=("$1")
-            shift
-            ;;
-    esac
-done
-
-# The script moves to the repo root below; a relative --data means the caller's folder.
-if [[ -n "$data" && "$data" != /* ]]; then
-    data="$PWD/$data"
-fi
-
-# Progress goes to stderr throughout so that `--json` leaves stdout to the one JSON object.
-if [[ ! -x "$venv/bin/python" ]]; then
-    echo "creating venv $venv" >&2
-    python3 -m venv "$venv"
-fi
-if ! "$venv/bin/python" -c 'import numpy, PIL, torch, torchvision' 2>/dev/null; then
-    echo "installing torch, torchvision, pillow, numpy into $venv" >&2
-    "$venv/bin/python" -m pip install --quiet --upgrade pip >&2
-    "$venv/bin/python" -m pip install --quiet torch torchvision pillow numpy >&2
-fi
+usage_lines="2,13"
+# shellcheck source=bench_env.sh
+source "$(dirname "${BASH_SOURCE[0]}")/bench_env.sh"
 
 cd "$repo"
 if [[ "${STOKER_BENCH_SKIP_INSTALL:-0}" != 1 ]] || ! "$venv/bin/python" -c 'import stoker' 2>/dev/null; then

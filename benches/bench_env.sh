@@ -1,0 +1,48 @@
+# Shared by compare_torch.sh and compare_loader.sh (sourced, not run): parses --count / --data
+# (everything else is kept in `passthrough` for the Python script), makes a relative --data
+# absolute, and makes sure the bench venv has torch, torchvision, pillow and numpy.
+# Expects `usage_lines` (the line range of the caller's header to print for --help).
+# Sets: repo, venv, count, data, passthrough.
+
+repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+venv="${STOKER_BENCH_VENV:-$repo/.venv-bench}"
+
+count=""
+data=""
+passthrough=()
+while (($# > 0)); do
+    case "$1" in
+        --count)
+            count="${2:?--count needs a number}"
+            shift 2
+            ;;
+        --data)
+            data="${2:?--data needs a folder}"
+            shift 2
+            ;;
+        -h | --help)
+            sed -n "${usage_lines}p" "$0" | sed 's/^# \{0,1\}//'
+            exit 0
+            ;;
+        *)
+            passthrough+=("$1")
+            shift
+            ;;
+    esac
+done
+
+# The callers move to the repo root; a relative --data means the caller's folder.
+if [[ -n "$data" && "$data" != /* ]]; then
+    data="$PWD/$data"
+fi
+
+# Progress goes to stderr throughout so that `--json` leaves stdout to the one JSON object.
+if [[ ! -x "$venv/bin/python" ]]; then
+    echo "creating venv $venv" >&2
+    python3 -m venv "$venv"
+fi
+if ! "$venv/bin/python" -c 'import numpy, PIL, torch, torchvision' 2>/dev/null; then
+    echo "installing torch, torchvision, pillow, numpy into $venv" >&2
+    "$venv/bin/python" -m pip install --quiet --upgrade pip >&2
+    "$venv/bin/python" -m pip install --quiet torch torchvision pillow numpy >&2
+fi
