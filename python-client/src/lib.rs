@@ -1,5 +1,5 @@
 //! `stoker._native`: the Rust side of Stoker's Python package. It runs the embedded loader and
-//! hands batches to Python as [`Buffer`]s (zero-copy through the buffer protocol). The public
+//! hands batches to Python as `Buffer`s (zero-copy through the buffer protocol). The public
 //! API is the pure-Python `stoker` package; this module is its private engine.
 
 mod buffer;
