@@ -101,6 +101,58 @@ pub enum Error {
         /// What the encoder reported.
         source: png::EncodingError,
     },
+
+    /// A tar shard set path names a folder without any `*.tar` file.
+    #[error("found no *.tar shard in {0}")]
+    NoShards(PathBuf),
+
+    /// Tar shards were found but no member group formed a complete sample (image + label).
+    #[error(
+        "found no complete sample (an image member and a .cls or .json label member with the \
+         same key) in the tar shards at {0}"
+    )]
+    NoTarSamples(PathBuf),
+
+    /// A tar member's data runs past the end of its shard: the shard was cut short.
+    #[error(
+        "tar shard {shard} is truncated: member {member} needs {size} bytes but only {available} \
+         are left in the file"
+    )]
+    TruncatedMember {
+        /// The shard file.
+        shard: PathBuf,
+        /// The member's path inside the shard.
+        member: String,
+        /// The member's size according to its header.
+        size: u64,
+        /// The bytes of the member present in the file.
+        available: u64,
+    },
+
+    /// Reading a tar member failed for another reason than truncation.
+    #[error("cannot read member {member} of tar shard {shard}: {source}")]
+    ShardRead {
+        /// The shard file.
+        shard: PathBuf,
+        /// The member's path inside the shard.
+        member: String,
+        /// What the operating system reported.
+        source: std::io::Error,
+    },
+
+    /// The folder tar shards were to be written to already holds files.
+    #[error("{0} is not empty; write tar shards to an empty or new folder")]
+    ShardOutputNotEmpty(PathBuf),
+
+    /// A sample to be written to a tar shard is neither JPEG nor PNG.
+    #[error(
+        "cannot put {sample} in a tar shard: it is neither JPEG nor PNG (by its bytes or its \
+         file name), and tar shards hold .jpg/.jpeg/.png images only"
+    )]
+    UnsupportedShardImage {
+        /// The sample, as its source describes it.
+        sample: String,
+    },
 }
 
 /// The crate's result type.

@@ -4,6 +4,8 @@
 //!   index `0..len` with a label each.
 //! - [`ImageFolder`]: a `root/<class>/**/<image>` tree indexed exactly like torchvision's
 //!   `datasets.ImageFolder`, so sample `i` and its label match a PyTorch run.
+//! - [`TarShards`]: WebDataset-style tar shards read by random access through a cached index;
+//!   [`write_tar_shards`] writes any source in that layout.
 //! - [`generate_imagenet_like`]: writes a seeded, ImageNet-like image folder for benchmarks.
 //! - [`inspect_image_folder`]: format and size statistics from image headers.
 //! - [`sniff_format`]: tells JPEG from PNG by magic bytes, for decode decisions.
@@ -35,6 +37,7 @@ mod image_format;
 mod inspect;
 mod sample_source;
 mod synthetic;
+mod tar_shards;
 
 pub use error::{Error, Result};
 pub use image_folder::ImageFolder;
@@ -42,3 +45,7 @@ pub use image_format::{sniff_format, ImageFormat};
 pub use inspect::{inspect_image_folder, DatasetReport, Summary};
 pub use sample_source::SampleSource;
 pub use synthetic::{generate_imagenet_like, GeneratedDataset, SyntheticImageNetSpec};
+pub use tar_shards::{
+    looks_like_tar_shards, write_tar_shards, TarIndexStats, TarShards, TarShardsWriterOptions,
+    TarShardsWritten, CLASSES_FILE,
+};

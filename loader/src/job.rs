@@ -4,7 +4,7 @@
 use std::path::Path;
 use std::sync::Arc;
 
-use stoker_datasets::{ImageFolder, SampleSource};
+use stoker_datasets::{looks_like_tar_shards, ImageFolder, SampleSource, TarShards};
 use stoker_proto::v1::{self as proto, BadSamplePolicy, DatasetFormat, JobSpec, UnevenTail};
 use stoker_worker::{BatchAssembler, BatchKey, Pipeline};
 
@@ -29,10 +29,13 @@ pub fn open_source(dataset: &proto::DatasetSource) -> Result<Arc<dyn SampleSourc
         return Err(Error::InvalidSpec("dataset.uri is empty".into()));
     }
     let path = uri.strip_prefix("file://").unwrap_or(uri);
+    let path = Path::new(path);
     match dataset.format() {
-        DatasetFormat::Auto | DatasetFormat::ImageFolder => {
-            Ok(Arc::new(ImageFolder::open(Path::new(path))?))
-        }
+        // A `.tar` file or a folder holding `*.tar` files is a shard set; anything else is read
+        // as an image folder (whose root holds class folders, not tar files).
+        DatasetFormat::Auto if looks_like_tar_shards(path) => Ok(Arc::new(TarShards::open(path)?)),
+        DatasetFormat::Auto | DatasetFormat::ImageFolder => Ok(Arc::new(ImageFolder::open(path)?)),
+        DatasetFormat::TarShards => Ok(Arc::new(TarShards::open(path)?)),
     }
 }
 

@@ -20,6 +20,7 @@
 //! assert_eq!(seen, (0..10).collect::<Vec<_>>());
 //! ```
 
+mod coordinator;
 mod dashboard;
 mod digest;
 mod embedded;
@@ -30,6 +31,11 @@ mod prefetch;
 mod slots;
 mod stats;
 
+pub use coordinator::{
+    AckOutcome, Coordinator, CoordinatorConfig, CoordinatorError, CoordinatorResult,
+    CoordinatorStats, ExpireReport, JobId, Lease, LeaseId, LeaseOutcome, SessionId, Step, TaskKey,
+    WorkerId, JOURNAL_FILE,
+};
 pub use dashboard::{Dashboard, DashboardError};
 pub use digest::BatchDigest;
 pub use embedded::{

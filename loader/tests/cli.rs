@@ -30,7 +30,14 @@ fn last_line(text: &str) -> String {
 
 #[test]
 fn every_subcommand_has_help() {
-    for sub in ["demo", "bench", "digest", "inspect", "make-dataset"] {
+    for sub in [
+        "demo",
+        "bench",
+        "digest",
+        "inspect",
+        "make-dataset",
+        "convert",
+    ] {
         let out = stdout_of(&[sub, "--help"]);
         assert!(out.contains("Usage: stoker"), "{sub}: {out}");
     }

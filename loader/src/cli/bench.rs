@@ -42,6 +42,9 @@ pub enum BenchKind {
     /// Stall and buffered bytes of the prefetch controller against fixed depths, under a
     /// simulated training loop with constant, jittered and bursty step times.
     Stall(super::bench_stall::StallArgs),
+    /// Task assignments per second and memory of the coordinator core, driven in process by
+    /// many simulated workers and ranks on one thread.
+    Coordinator(super::bench_coordinator::CoordinatorArgs),
 }
 
 /// The figures `stoker bench --json` prints.
@@ -75,8 +78,12 @@ struct Stages {
 
 /// Runs the command.
 pub fn run(args: BenchArgs) -> anyhow::Result<()> {
-    if let Some(BenchKind::Stall(stall)) = args.which {
-        return super::bench_stall::run(stall);
+    match args.which {
+        Some(BenchKind::Stall(stall)) => return super::bench_stall::run(stall),
+        Some(BenchKind::Coordinator(coordinator)) => {
+            return super::bench_coordinator::run(coordinator)
+        }
+        None => {}
     }
     let spec = args.job.spec()?;
     let wall_start = Instant::now();

@@ -21,7 +21,7 @@ pub struct DemoArgs {
     #[arg(long, default_value_t = 10.0)]
     pub seconds: f64,
     /// Simulated training step per batch, in milliseconds (time the "GPU" is busy).
-    #[arg(long, default_value_t = 40.0)]
+    #[arg(long, default_value_t = 60.0)]
     pub step_ms: f64,
     /// Samples per batch.
     #[arg(long, default_value_t = 64)]

@@ -3,7 +3,7 @@
 use std::path::PathBuf;
 
 use clap::Args;
-use stoker_datasets::{inspect_image_folder, ImageFolder};
+use stoker_datasets::{inspect_image_folder, ImageFolder, SampleSource};
 use stoker_worker::DEFAULT_MAX_PIXELS;
 
 /// Arguments of `stoker inspect`.
@@ -19,6 +19,19 @@ pub struct InspectArgs {
 
 /// Runs the command.
 pub fn run(args: InspectArgs) -> anyhow::Result<()> {
+    if stoker_datasets::looks_like_tar_shards(&args.data) {
+        let shards = stoker_datasets::TarShards::open(&args.data)?;
+        let stats = shards.index_stats();
+        println!("dataset   {} (tar shards)", args.data.display());
+        println!("samples   {}", shards.len());
+        println!("classes   {}", shards.class_names().len());
+        println!(
+            "shards    {} ({} index files reused, {} built, {} problems)",
+            stats.shards, stats.loaded_from_cache, stats.built, stats.problems
+        );
+        println!("(size statistics are computed for ImageFolder datasets only so far)");
+        return Ok(());
+    }
     let folder = ImageFolder::open(&args.data)?;
     let report = inspect_image_folder(&folder, DEFAULT_MAX_PIXELS)?;
     if args.json {

@@ -1,7 +1,9 @@
 //! Argument parsing and dispatch of the `stoker` subcommands.
 
 mod bench;
+mod bench_coordinator;
 mod bench_stall;
+mod convert;
 mod demo;
 mod digest;
 mod inspect;
@@ -33,6 +35,8 @@ enum Command {
     Bench(bench::BenchArgs),
     /// Print the SHA-256 of the first K batches (last line), to check reproducibility.
     Digest(digest::DigestArgs),
+    /// Rewrite an ImageFolder as tar shards (WebDataset layout), sample for sample.
+    Convert(convert::ConvertArgs),
     /// Describe a dataset: samples, classes, formats, sizes.
     Inspect(inspect::InspectArgs),
     /// Write a seeded ImageNet-like sample set (JPEG/PNG class folders).
@@ -60,6 +64,7 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Demo(args) => demo::run(args),
         Command::Bench(args) => bench::run(args),
         Command::Digest(args) => digest::run(args),
+        Command::Convert(args) => convert::run(args),
         Command::Inspect(args) => inspect::run(args),
         Command::MakeDataset(args) => make_dataset::run(args),
     }
@@ -77,7 +82,8 @@ pub enum OnError {
 /// Options shared by the commands that run a job.
 #[derive(Debug, Args)]
 pub struct JobArgs {
-    /// ImageFolder root (class folders of JPEG/PNG files). Required.
+    /// Dataset: an ImageFolder root (class folders of JPEG/PNG files), or a folder of
+    /// WebDataset-style `.tar` shards (or one `.tar`). Required.
     #[arg(long)]
     pub data: Option<PathBuf>,
     /// Pipeline preset.

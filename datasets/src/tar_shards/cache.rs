@@ -1,0 +1,345 @@
+//! The on-disk cache of a shard's index, so a shard's headers are walked once.
+//!
+//! The cache lives beside the shard as `<shard file name>.stoker-idx`; where that folder cannot
+//! be written, under the user cache folder (`$XDG_CACHE_HOME/stoker`, else `~/.cache/stoker`) in
+//! a file named after a hash of the shard's absolute path. Either way the file records the
+//! shard's absolute path, size and modification time, and is used only when size and time still
+//! match (and, in the user cache, the path too).
+//!
+//! A cache file is untrusted input: magic, version, every length and a trailing checksum are
+//! checked before anything is allocated or used, and a file that fails a check is rebuilt.
+//!
+//! Layout, little-endian:
+//!
+//! ```text
+//! magic "STKTARIX" | version u32 | shard size u64 | mtime seconds i64 | mtime nanoseconds i64
+//! | path length u32 | absolute path bytes | problems u64 | samples u64 | name bytes u64
+//! | samples x (data offset u64, size u64, label i64, name end u64) | name bytes
+//! | FNV-1a 64 checksum of everything before it
+//! ```
+
+use std::fs::Metadata;
+use std::io::Write;
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+
+use tracing::{debug, warn};
+
+use super::scan::{IndexedSample, ShardIndex};
+
+const MAGIC: &[u8; 8] = b"STKTARIX";
+const VERSION: u32 = 1;
+/// The extension of cache files.
+pub(super) const CACHE_SUFFIX: &str = "stoker-idx";
+const SAMPLE_BYTES: u64 = 32;
+
+/// What identifies a shard's content for the cache: where it is, its size and its mtime.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) struct ShardStamp {
+    pub(super) absolute_path: PathBuf,
+    pub(super) len: u64,
+    pub(super) mtime_seconds: i64,
+    pub(super) mtime_nanoseconds: i64,
+}
+
+impl ShardStamp {
+    /// The stamp of the shard at `absolute_path` with metadata `metadata`.
+    pub(super) fn new(absolute_path: PathBuf, metadata: &Metadata) -> ShardStamp {
+        ShardStamp {
+            absolute_path,
+            len: metadata.len(),
+            mtime_seconds: metadata.mtime(),
+            mtime_nanoseconds: metadata.mtime_nsec(),
+        }
+    }
+}
+
+/// Where the cache of `shard` goes when its folder is writable.
+pub(super) fn beside_path(shard: &Path) -> PathBuf {
+    let mut name = shard.file_name().unwrap_or_default().to_os_string();
+    name.push(".");
+    name.push(CACHE_SUFFIX);
+    shard.with_file_name(name)
+}
+
+/// Where the cache of the shard `stamp` describes goes inside the user cache folder `dir`.
+pub(super) fn user_cache_path(dir: &Path, stamp: &ShardStamp) -> PathBuf {
+    let hash = fnv1a(stamp.absolute_path.as_os_str().as_bytes());
+    dir.join(format!("{hash:016x}.{CACHE_SUFFIX}"))
+}
+
+/// `$XDG_CACHE_HOME/stoker`, else `$HOME/.cache/stoker`; `None` when neither is set.
+pub(super) fn default_user_cache_dir() -> Option<PathBuf> {
+    let from_xdg = std::env::var_os("XDG_CACHE_HOME")
+        .map(PathBuf::from)
+        .filter(|path| path.is_absolute());
+    let base = from_xdg.or_else(|| {
+        std::env::var_os("HOME")
+            .map(PathBuf::from)
+            .filter(|path| path.is_absolute())
+            .map(|home| home.join(".cache"))
+    })?;
+    Some(base.join("stoker"))
+}
+
+/// FNV-1a, 64 bits: a checksum against torn or damaged files, not against tampering.
+fn fnv1a(bytes: &[u8]) -> u64 {
+    bytes.iter().fold(0xcbf2_9ce4_8422_2325, |hash, byte| {
+        (hash ^ u64::from(*byte)).wrapping_mul(0x0100_0000_01b3)
+    })
+}
+
+/// Serialises `index` for the shard `stamp` describes.
+pub(super) fn encode(stamp: &ShardStamp, index: &ShardIndex) -> Vec<u8> {
+    let path = stamp.absolute_path.as_os_str().as_bytes();
+    let mut out = Vec::with_capacity(
+        64 + path.len() + index.samples.len() * SAMPLE_BYTES as usize + index.names.len(),
+    );
+    out.extend_from_slice(MAGIC);
+    out.extend_from_slice(&VERSION.to_le_bytes());
+    out.extend_from_slice(&stamp.len.to_le_bytes());
+    out.extend_from_slice(&stamp.mtime_seconds.to_le_bytes());
+    out.extend_from_slice(&stamp.mtime_nanoseconds.to_le_bytes());
+    out.extend_from_slice(&(path.len() as u32).to_le_bytes());
+    out.extend_from_slice(path);
+    out.extend_from_slice(&index.problems.to_le_bytes());
+    out.extend_from_slice(&(index.samples.len() as u64).to_le_bytes());
+    out.extend_from_slice(&(index.names.len() as u64).to_le_bytes());
+    for (sample, name_end) in index.samples.iter().zip(&index.name_ends) {
+        out.extend_from_slice(&sample.data_offset.to_le_bytes());
+        out.extend_from_slice(&sample.size.to_le_bytes());
+        out.extend_from_slice(&sample.label.to_le_bytes());
+        out.extend_from_slice(&name_end.to_le_bytes());
+    }
+    out.extend_from_slice(&index.names);
+    let checksum = fnv1a(&out);
+    out.extend_from_slice(&checksum.to_le_bytes());
+    out
+}
+
+/// Why a cache file was not used.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) enum Rejected {
+    /// Well formed, but for another version of the shard (or another shard).
+    Stale,
+    /// Not a cache file this version of Stoker wrote, or damaged.
+    Corrupt(&'static str),
+}
+
+/// A cursor over untrusted bytes: every read is bounds-checked.
+struct Reader<'a> {
+    bytes: &'a [u8],
+}
+
+impl<'a> Reader<'a> {
+    fn take(&mut self, count: usize) -> Result<&'a [u8], Rejected> {
+        if count > self.bytes.len() {
+            return Err(Rejected::Corrupt("file ends early"));
+        }
+        let (head, tail) = self.bytes.split_at(count);
+        self.bytes = tail;
+        Ok(head)
+    }
+
+    fn array<const N: usize>(&mut self) -> Result<[u8; N], Rejected> {
+        let mut array = [0u8; N];
+        array.copy_from_slice(self.take(N)?);
+        Ok(array)
+    }
+
+    fn u32(&mut self) -> Result<u32, Rejected> {
+        Ok(u32::from_le_bytes(self.array()?))
+    }
+
+    fn u64(&mut self) -> Result<u64, Rejected> {
+        Ok(u64::from_le_bytes(self.array()?))
+    }
+
+    fn i64(&mut self) -> Result<i64, Rejected> {
+        Ok(i64::from_le_bytes(self.array()?))
+    }
+}
+
+/// Parses a cache file and checks it describes the shard `stamp` describes.
+///
+/// `check_path`: also require the recorded absolute path to match (user cache files, whose
+/// names are hashes). A cache beside its shard stays valid when the folder is moved.
+pub(super) fn decode(
+    bytes: &[u8],
+    stamp: &ShardStamp,
+    check_path: bool,
+) -> Result<ShardIndex, Rejected> {
+    let Some(body_len) = bytes.len().checked_sub(8) else {
+        return Err(Rejected::Corrupt("file too short"));
+    };
+    let (body, checksum) = bytes.split_at(body_len);
+    let mut reader = Reader { bytes: body };
+    if reader.take(MAGIC.len())? != MAGIC {
+        return Err(Rejected::Corrupt("not a stoker tar index (bad magic)"));
+    }
+    if reader.u32()? != VERSION {
+        return Err(Rejected::Corrupt("unknown index version"));
+    }
+    let mut checksum_bytes = [0u8; 8];
+    checksum_bytes.copy_from_slice(checksum);
+    if u64::from_le_bytes(checksum_bytes) != fnv1a(body) {
+        return Err(Rejected::Corrupt("checksum mismatch"));
+    }
+    let len = reader.u64()?;
+    let mtime_seconds = reader.i64()?;
+    let mtime_nanoseconds = reader.i64()?;
+    let path_len = reader.u32()? as usize;
+    let path = reader.take(path_len)?;
+    if len != stamp.len
+        || mtime_seconds != stamp.mtime_seconds
+        || mtime_nanoseconds != stamp.mtime_nanoseconds
+        || (check_path && path != stamp.absolute_path.as_os_str().as_bytes())
+    {
+        return Err(Rejected::Stale);
+    }
+    let problems = reader.u64()?;
+    let samples = reader.u64()?;
+    let names_len = reader.u64()?;
+    let expected = samples
+        .checked_mul(SAMPLE_BYTES)
+        .and_then(|table| table.checked_add(names_len));
+    if expected != Some(reader.bytes.len() as u64) {
+        return Err(Rejected::Corrupt("lengths do not match the file size"));
+    }
+    // Both fit in memory now: they are bounded by the file's length.
+    let samples = samples as usize;
+    let mut index = ShardIndex {
+        samples: Vec::with_capacity(samples),
+        names: Vec::new(),
+        name_ends: Vec::with_capacity(samples),
+        problems,
+    };
+    let mut previous_end = 0u64;
+    for _ in 0..samples {
+        let sample = IndexedSample {
+            data_offset: reader.u64()?,
+            size: reader.u64()?,
+            label: reader.i64()?,
+        };
+        let name_end = reader.u64()?;
+        if name_end < previous_end || name_end > names_len || sample.label < 0 {
+            return Err(Rejected::Corrupt("sample table out of order"));
+        }
+        previous_end = name_end;
+        index.samples.push(sample);
+        index.name_ends.push(name_end);
+    }
+    index.names = reader.bytes.to_vec();
+    Ok(index)
+}
+
+/// Loads the cache at `path` if it describes the shard `stamp` describes; logs why not.
+pub(super) fn load(path: &Path, stamp: &ShardStamp, check_path: bool) -> Option<ShardIndex> {
+    let bytes = match std::fs::read(path) {
+        Ok(bytes) => bytes,
+        Err(source) if source.kind() == std::io::ErrorKind::NotFound => return None,
+        Err(source) => {
+            debug!(cache = %path.display(), error = %source, "cannot read tar index cache");
+            return None;
+        }
+    };
+    match decode(&bytes, stamp, check_path) {
+        Ok(index) => Some(index),
+        Err(Rejected::Stale) => {
+            debug!(cache = %path.display(), "tar index cache is stale; rebuilding");
+            None
+        }
+        Err(Rejected::Corrupt(why)) => {
+            warn!(cache = %path.display(), problem = why, "corrupt tar index cache; rebuilding");
+            None
+        }
+    }
+}
+
+/// Writes `bytes` to `path` through a temporary file in the same folder and a rename, so a
+/// reader never sees half a cache.
+pub(super) fn store(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    let mut temporary_name = path.file_name().unwrap_or_default().to_os_string();
+    temporary_name.push(format!(".tmp-{}", std::process::id()));
+    let temporary = path.with_file_name(temporary_name);
+    let written = std::fs::File::create(&temporary)
+        .and_then(|mut file| file.write_all(bytes))
+        .and_then(|()| std::fs::rename(&temporary, path));
+    if written.is_err() {
+        // Best effort: the temporary may not exist.
+        let _ = std::fs::remove_file(&temporary);
+    }
+    written
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn stamp() -> ShardStamp {
+        ShardStamp {
+            absolute_path: PathBuf::from("/data/shard-000000.tar"),
+            len: 10_240,
+            mtime_seconds: 1_700_000_000,
+            mtime_nanoseconds: 5,
+        }
+    }
+
+    fn index() -> ShardIndex {
+        let mut index = ShardIndex {
+            problems: 2,
+            ..ShardIndex::default()
+        };
+        for (position, name) in ["0.jpg", "1.png"].iter().enumerate() {
+            index.names.extend_from_slice(name.as_bytes());
+            index.name_ends.push(index.names.len() as u64);
+            index.samples.push(IndexedSample {
+                data_offset: 512 + 1024 * position as u64,
+                size: 100,
+                label: position as i64,
+            });
+        }
+        index
+    }
+
+    #[test]
+    fn round_trips() {
+        let bytes = encode(&stamp(), &index());
+        assert_eq!(decode(&bytes, &stamp(), true), Ok(index()));
+    }
+
+    #[test]
+    fn another_size_time_or_path_is_stale() {
+        let bytes = encode(&stamp(), &index());
+        let mut other = stamp();
+        other.len += 1;
+        assert_eq!(decode(&bytes, &other, false), Err(Rejected::Stale));
+        let mut other = stamp();
+        other.mtime_nanoseconds += 1;
+        assert_eq!(decode(&bytes, &other, false), Err(Rejected::Stale));
+        let mut other = stamp();
+        other.absolute_path = PathBuf::from("/elsewhere/shard-000000.tar");
+        assert_eq!(decode(&bytes, &other, true), Err(Rejected::Stale));
+        assert!(decode(&bytes, &other, false).is_ok());
+    }
+
+    #[test]
+    fn every_truncation_and_bit_flip_is_rejected() {
+        let bytes = encode(&stamp(), &index());
+        for cut in 0..bytes.len() {
+            assert!(
+                decode(&bytes[..cut], &stamp(), true).is_err(),
+                "cut at {cut}"
+            );
+        }
+        for position in 0..bytes.len() {
+            let mut damaged = bytes.clone();
+            damaged[position] ^= 0x10;
+            assert!(
+                decode(&damaged, &stamp(), true).is_err(),
+                "flip at {position}"
+            );
+        }
+    }
+}

@@ -1,0 +1,421 @@
+//! `TarShards`: samples stored in tar files in the WebDataset layout, read by random access.
+//!
+//! Members are grouped into samples by key, the member path up to the first dot of its file
+//! name (`dir/0001.jpg` and `dir/0001.cls` form sample `dir/0001`). A sample holds one image
+//! member (`.jpg`, `.jpeg`, `.png`) and one label member: `.cls` (an ASCII integer) or `.json`
+//! (an object with an integer `label` or `cls` field). Other members are ignored.
+//!
+//! Each shard's index (data offset, size and label per sample) is built once by walking the tar
+//! headers and cached (see `cache.rs`); reading a sample is one positioned read on a file handle
+//! shared by all threads.
+
+mod cache;
+mod scan;
+mod write;
+
+use std::fs::File;
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
+use std::time::Instant;
+
+use rayon::prelude::*;
+use tracing::{debug, info, warn};
+
+use crate::error::{Error, Result};
+use crate::sample_source::SampleSource;
+use cache::ShardStamp;
+use scan::ShardIndex;
+
+pub use write::{write_tar_shards, TarShardsWriterOptions, TarShardsWritten};
+
+/// The file next to the shards that names the classes, one per line, in label order.
+pub const CLASSES_FILE: &str = "classes.txt";
+
+/// Whether `path` looks like a tar shard set: a `.tar` file, or a folder holding at least one
+/// `*.tar` file. Used to pick the format of a dataset path automatically.
+pub fn looks_like_tar_shards(path: &Path) -> bool {
+    if path.is_file() {
+        return has_tar_extension(path);
+    }
+    match list_shards(path) {
+        Ok(shards) => !shards.is_empty(),
+        Err(_) => false,
+    }
+}
+
+fn has_tar_extension(path: &Path) -> bool {
+    path.extension()
+        .is_some_and(|extension| extension.eq_ignore_ascii_case("tar"))
+}
+
+/// The `*.tar` files directly in `folder`, sorted by name.
+fn list_shards(folder: &Path) -> Result<Vec<PathBuf>> {
+    let entries = std::fs::read_dir(folder).map_err(|source| Error::io(folder, source))?;
+    let mut shards = Vec::new();
+    for entry in entries {
+        let entry = entry.map_err(|source| Error::io(folder, source))?;
+        let path = entry.path();
+        // Follows symbolic links, like the rest of the dataset code.
+        if has_tar_extension(&path) && path.is_file() {
+            shards.push(path);
+        }
+    }
+    shards.sort();
+    Ok(shards)
+}
+
+/// How the shard indexes of a [`TarShards`] were obtained.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct TarIndexStats {
+    /// Number of shard files.
+    pub shards: usize,
+    /// Shards whose index came from a cache file.
+    pub loaded_from_cache: usize,
+    /// Shards whose index was built by walking their tar headers.
+    pub built: usize,
+    /// Members or samples reported while indexing: left out (incomplete sample, bad label,
+    /// everything after a corrupt header) or truncated.
+    pub problems: u64,
+}
+
+/// One shard: its file, its index, and a read handle opened on first use.
+struct Shard {
+    path: PathBuf,
+    len: u64,
+    index: ShardIndex,
+    file: OnceLock<File>,
+}
+
+impl Shard {
+    fn file(&self) -> std::io::Result<&File> {
+        if let Some(file) = self.file.get() {
+            return Ok(file);
+        }
+        let file = File::open(&self.path)?;
+        // Another thread may have won the race; either handle is as good.
+        let _ = self.file.set(file);
+        self.file
+            .get()
+            .ok_or_else(|| std::io::Error::other("shard handle vanished"))
+    }
+}
+
+/// A set of tar shards in the WebDataset layout, read by random access.
+///
+/// Sample `i` is found in shard order (shards sorted by file name), then member order inside
+/// the shard. Reading takes `&self` and uses positioned reads, so any number of threads can
+/// read at once.
+pub struct TarShards {
+    root: PathBuf,
+    shards: Vec<Shard>,
+    /// The index of each shard's first sample.
+    first_samples: Vec<u64>,
+    len: u64,
+    class_names: Vec<String>,
+    stats: TarIndexStats,
+}
+
+impl TarShards {
+    /// Opens a folder of `*.tar` shards (sorted by name) or one `.tar` file, caching each
+    /// shard's index beside it or, where that folder is read-only, in the user cache folder
+    /// (`$XDG_CACHE_HOME/stoker` or `~/.cache/stoker`).
+    ///
+    /// Problems inside the shards are logged and counted (see [`TarShards::index_stats`]);
+    /// opening fails only when the path is missing, a shard cannot be read at all, or no
+    /// complete sample is found.
+    pub fn open(path: &Path) -> Result<TarShards> {
+        Self::open_with_cache_dir(path, cache::default_user_cache_dir().as_deref())
+    }
+
+    /// Like [`TarShards::open`], with `fallback_cache_dir` in place of the user cache folder
+    /// (`None`: keep indexes of read-only shards in memory only).
+    pub fn open_with_cache_dir(
+        path: &Path,
+        fallback_cache_dir: Option<&Path>,
+    ) -> Result<TarShards> {
+        let started = Instant::now();
+        let metadata = match std::fs::metadata(path) {
+            Ok(metadata) => metadata,
+            Err(source) if source.kind() == std::io::ErrorKind::NotFound => {
+                return Err(Error::RootNotFound(path.to_path_buf()));
+            }
+            Err(source) => return Err(Error::io(path, source)),
+        };
+        let (root, shard_paths) = if metadata.is_dir() {
+            (path.to_path_buf(), list_shards(path)?)
+        } else {
+            let root = path
+                .parent()
+                .map_or_else(|| PathBuf::from("."), Path::to_path_buf);
+            (root, vec![path.to_path_buf()])
+        };
+        if shard_paths.is_empty() {
+            return Err(Error::NoShards(path.to_path_buf()));
+        }
+
+        let opened: Vec<(Shard, bool)> = shard_paths
+            .into_par_iter()
+            .map(|shard| open_shard(shard, fallback_cache_dir))
+            .collect::<Result<_>>()?;
+
+        let mut stats = TarIndexStats {
+            shards: opened.len(),
+            ..TarIndexStats::default()
+        };
+        let mut shards = Vec::with_capacity(opened.len());
+        let mut first_samples = Vec::with_capacity(opened.len());
+        let mut len = 0u64;
+        let mut max_label = None;
+        for (shard, from_cache) in opened {
+            if from_cache {
+                stats.loaded_from_cache += 1;
+            } else {
+                stats.built += 1;
+            }
+            stats.problems += shard.index.problems;
+            first_samples.push(len);
+            len += shard.index.samples.len() as u64;
+            let shard_max = shard.index.samples.iter().map(|sample| sample.label).max();
+            max_label = max_label.max(shard_max);
+            shards.push(shard);
+        }
+        if len == 0 {
+            return Err(Error::NoTarSamples(path.to_path_buf()));
+        }
+        let class_names = class_names(&root, max_label)?;
+        if stats.problems > 0 {
+            warn!(
+                path = %path.display(),
+                problems = stats.problems,
+                "tar shards have members that could not be indexed or are truncated"
+            );
+        }
+        info!(
+            path = %path.display(),
+            shards = stats.shards,
+            samples = len,
+            classes = class_names.len(),
+            indexes_from_cache = stats.loaded_from_cache,
+            elapsed_ms = started.elapsed().as_millis() as u64,
+            "indexed tar shards"
+        );
+        Ok(TarShards {
+            root,
+            shards,
+            first_samples,
+            len,
+            class_names,
+            stats,
+        })
+    }
+
+    /// The folder holding the shards.
+    pub fn root(&self) -> &Path {
+        &self.root
+    }
+
+    /// The shard files, in sample order.
+    pub fn shard_paths(&self) -> impl Iterator<Item = &Path> {
+        self.shards.iter().map(|shard| shard.path.as_path())
+    }
+
+    /// How the shard indexes were obtained, and how many problems they hold.
+    pub fn index_stats(&self) -> TarIndexStats {
+        self.stats
+    }
+
+    /// The shard holding sample `index` and the sample's position inside it.
+    fn locate(&self, index: u64) -> Option<(&Shard, usize)> {
+        if index >= self.len {
+            return None;
+        }
+        let shard_position = self
+            .first_samples
+            .partition_point(|first| *first <= index)
+            .checked_sub(1)?;
+        let shard = self.shards.get(shard_position)?;
+        let local = usize::try_from(index - self.first_samples[shard_position]).ok()?;
+        (local < shard.index.samples.len()).then_some((shard, local))
+    }
+}
+
+/// Indexes one shard, from a cache when a valid one exists. The flag tells whether it did.
+fn open_shard(path: PathBuf, fallback_cache_dir: Option<&Path>) -> Result<(Shard, bool)> {
+    let metadata = std::fs::metadata(&path).map_err(|source| Error::io(&path, source))?;
+    let absolute = std::path::absolute(&path).map_err(|source| Error::io(&path, source))?;
+    let stamp = ShardStamp::new(absolute, &metadata);
+    let beside = cache::beside_path(&path);
+    let in_user_cache = fallback_cache_dir.map(|dir| cache::user_cache_path(dir, &stamp));
+
+    let cached = cache::load(&beside, &stamp, false).or_else(|| {
+        in_user_cache
+            .as_deref()
+            .and_then(|cache_path| cache::load(cache_path, &stamp, true))
+    });
+    let from_cache = cached.is_some();
+    let index = match cached {
+        Some(index) => index,
+        None => {
+            let index = scan::scan_shard(&path, stamp.len)?;
+            save_index(&beside, in_user_cache.as_deref(), &stamp, &index);
+            index
+        }
+    };
+    let shard = Shard {
+        path,
+        len: stamp.len,
+        index,
+        file: OnceLock::new(),
+    };
+    Ok((shard, from_cache))
+}
+
+/// Caches a freshly built index beside its shard, else in the user cache; failing both, keeps
+/// it in memory only (with a warning: the next open walks the headers again).
+fn save_index(beside: &Path, in_user_cache: Option<&Path>, stamp: &ShardStamp, index: &ShardIndex) {
+    let bytes = cache::encode(stamp, index);
+    let beside_error = match cache::store(beside, &bytes) {
+        Ok(()) => return,
+        Err(error) => error,
+    };
+    debug!(cache = %beside.display(), error = %beside_error, "cannot cache tar index beside its shard");
+    let Some(user_cache) = in_user_cache else {
+        warn!(shard = %stamp.absolute_path.display(), error = %beside_error, "cannot cache tar index; it will be rebuilt next time");
+        return;
+    };
+    let stored = match user_cache.parent() {
+        Some(dir) => std::fs::create_dir_all(dir).and_then(|()| cache::store(user_cache, &bytes)),
+        None => cache::store(user_cache, &bytes),
+    };
+    if let Err(error) = stored {
+        warn!(
+            shard = %stamp.absolute_path.display(),
+            cache = %user_cache.display(),
+            error = %error,
+            "cannot cache tar index; it will be rebuilt next time"
+        );
+    }
+}
+
+/// Class names from `classes.txt` in `root` when present, else `"0"` to `max_label`.
+fn class_names(root: &Path, max_label: Option<i64>) -> Result<Vec<String>> {
+    let classes_file = root.join(CLASSES_FILE);
+    let by_label = || -> Vec<String> {
+        let count = max_label.map_or(0, |max| max.saturating_add(1));
+        (0..count).map(|label| label.to_string()).collect()
+    };
+    let text = match std::fs::read_to_string(&classes_file) {
+        Ok(text) => text,
+        Err(source) if source.kind() == std::io::ErrorKind::NotFound => return Ok(by_label()),
+        Err(source) => return Err(Error::io(classes_file, source)),
+    };
+    let names: Vec<String> = text
+        .lines()
+        .map(|line| line.trim_end_matches('\r').to_string())
+        .collect();
+    // A trailing empty line is a file ending, not a class.
+    let names = match names.iter().rposition(|name| !name.is_empty()) {
+        Some(last) => names[..=last].to_vec(),
+        None => Vec::new(),
+    };
+    if let Some(max) = max_label {
+        if usize::try_from(max).map_or(true, |max| max >= names.len()) {
+            warn!(
+                classes_file = %classes_file.display(),
+                classes = names.len(),
+                max_label = max,
+                "labels go past the class names of classes.txt"
+            );
+        }
+    }
+    Ok(names)
+}
+
+impl SampleSource for TarShards {
+    fn len(&self) -> u64 {
+        self.len
+    }
+
+    fn label(&self, index: u64) -> i64 {
+        match self.locate(index) {
+            Some((shard, local)) => shard.index.samples[local].label,
+            None => panic!(
+                "sample index {index} is out of range for tar shards of {} samples",
+                self.len
+            ),
+        }
+    }
+
+    fn describe(&self, index: u64) -> String {
+        match self.locate(index) {
+            Some((shard, local)) => {
+                format!(
+                    "{}:{}",
+                    shard.path.display(),
+                    shard.index.member_name(local)
+                )
+            }
+            None => format!(
+                "sample {index} (out of range for the tar shards at {} with {} samples)",
+                self.root.display(),
+                self.len
+            ),
+        }
+    }
+
+    fn read(&self, index: u64) -> Result<Vec<u8>> {
+        let (shard, local) = self.locate(index).ok_or(Error::IndexOutOfRange {
+            index,
+            len: self.len,
+        })?;
+        let sample = shard.index.samples[local];
+        let member = || shard.index.member_name(local).into_owned();
+        let truncated = || Error::TruncatedMember {
+            shard: shard.path.clone(),
+            member: member(),
+            size: sample.size,
+            available: shard.len.saturating_sub(sample.data_offset),
+        };
+        if sample.data_offset.saturating_add(sample.size) > shard.len {
+            return Err(truncated());
+        }
+        let size = usize::try_from(sample.size).map_err(|_| Error::ShardRead {
+            shard: shard.path.clone(),
+            member: member(),
+            source: std::io::Error::other("member larger than the address space"),
+        })?;
+        let file = shard.file().map_err(|source| Error::ShardRead {
+            shard: shard.path.clone(),
+            member: member(),
+            source,
+        })?;
+        let mut bytes = vec![0u8; size];
+        match file.read_exact_at(&mut bytes, sample.data_offset) {
+            Ok(()) => Ok(bytes),
+            // The shard shrank after it was indexed.
+            Err(source) if source.kind() == std::io::ErrorKind::UnexpectedEof => Err(truncated()),
+            Err(source) => Err(Error::ShardRead {
+                shard: shard.path.clone(),
+                member: member(),
+                source,
+            }),
+        }
+    }
+
+    fn class_names(&self) -> &[String] {
+        &self.class_names
+    }
+}
+
+impl std::fmt::Debug for TarShards {
+    fn fmt(&self, formatter: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        formatter
+            .debug_struct("TarShards")
+            .field("root", &self.root)
+            .field("shards", &self.shards.len())
+            .field("samples", &self.len)
+            .field("classes", &self.class_names.len())
+            .finish()
+    }
+}

@@ -1,0 +1,360 @@
+//! Builds one shard's sample index by walking its tar headers.
+//!
+//! Image data is never read: the walk seeks from header to header. Only label members (`.cls`,
+//! `.json`, a few bytes each) are read, since the label is part of the index. Members are grouped
+//! into samples by key, WebDataset style: consecutive members whose paths agree up to the first
+//! dot of the file name form one sample.
+//!
+//! Bad input never aborts the walk: a corrupt header ends the shard's index (nothing after it
+//! can be located reliably), incomplete samples are left out, a member cut short by the end of
+//! the file is kept (so that reading it reports the truncation against the sample). Each problem
+//! is counted and logged, the first few individually.
+
+use std::borrow::Cow;
+use std::fs::File;
+use std::io::Read;
+use std::path::Path;
+
+use tracing::warn;
+
+use crate::error::{Error, Result};
+
+/// Label members larger than this are not labels; they are reported and ignored.
+const MAX_LABEL_BYTES: u64 = 64 * 1024;
+
+/// Problems logged one by one per shard; the rest are summed up in one line.
+const PROBLEMS_LOGGED: u64 = 10;
+
+/// One sample of a shard: where its image member's data lies and its label.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct IndexedSample {
+    /// Byte offset of the image data in the shard file.
+    pub(super) data_offset: u64,
+    /// Size of the image data in bytes.
+    pub(super) size: u64,
+    /// The class label.
+    pub(super) label: i64,
+}
+
+/// The samples of one shard, in tar order, with their image member names.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub(super) struct ShardIndex {
+    pub(super) samples: Vec<IndexedSample>,
+    /// The image member names, concatenated.
+    pub(super) names: Vec<u8>,
+    /// End offset in `names` of each sample's member name.
+    pub(super) name_ends: Vec<u64>,
+    /// Members or samples that were reported while indexing (left out or truncated).
+    pub(super) problems: u64,
+}
+
+impl ShardIndex {
+    /// The image member name of sample `position` (lossy for non-UTF-8 names).
+    pub(super) fn member_name(&self, position: usize) -> Cow<'_, str> {
+        let end = self
+            .name_ends
+            .get(position)
+            .and_then(|end| usize::try_from(*end).ok());
+        let start = match position {
+            0 => Some(0),
+            _ => self
+                .name_ends
+                .get(position - 1)
+                .and_then(|start| usize::try_from(*start).ok()),
+        };
+        match (start, end) {
+            (Some(start), Some(end)) if start <= end && end <= self.names.len() => {
+                String::from_utf8_lossy(&self.names[start..end])
+            }
+            _ => Cow::Borrowed("<unknown member>"),
+        }
+    }
+
+    fn push(&mut self, name: &str, sample: IndexedSample) {
+        self.names.extend_from_slice(name.as_bytes());
+        self.name_ends.push(self.names.len() as u64);
+        self.samples.push(sample);
+    }
+}
+
+/// What a member contributes to its sample, by extension.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum MemberKind {
+    Image,
+    ClassLabel,
+    JsonLabel,
+    Other,
+}
+
+/// Splits a member path into its sample key and lowercased extension: `dir/0001.jpg` gives
+/// `("dir/0001", "jpg")`. The extension is everything after the first dot of the file name
+/// (`0001.seg.png` has extension `seg.png`). `None` when the file name has no dot.
+pub(super) fn split_key(name: &str) -> Option<(&str, String)> {
+    let file_start = name.rfind('/').map_or(0, |slash| slash + 1);
+    let dot = file_start + name[file_start..].find('.')?;
+    Some((&name[..dot], name[dot + 1..].to_ascii_lowercase()))
+}
+
+fn member_kind(extension: &str) -> MemberKind {
+    match extension {
+        "jpg" | "jpeg" | "png" => MemberKind::Image,
+        "cls" => MemberKind::ClassLabel,
+        "json" => MemberKind::JsonLabel,
+        _ => MemberKind::Other,
+    }
+}
+
+/// Parses a `.cls` member: an ASCII integer, surrounding whitespace allowed.
+pub(super) fn parse_class_label(bytes: &[u8]) -> Option<i64> {
+    std::str::from_utf8(bytes).ok()?.trim().parse().ok()
+}
+
+/// Parses a `.json` member: an object with an integer `label` (or else `cls`) field.
+pub(super) fn parse_json_label(bytes: &[u8]) -> Option<i64> {
+    let value: serde_json::Value = serde_json::from_slice(bytes).ok()?;
+    let object = value.as_object()?;
+    object
+        .get("label")
+        .or_else(|| object.get("cls"))
+        .and_then(serde_json::Value::as_i64)
+}
+
+/// The image member of the sample being gathered.
+struct ImageMember {
+    name: String,
+    data_offset: u64,
+    size: u64,
+}
+
+/// Members gathered for the current key.
+#[derive(Default)]
+struct PendingSample {
+    key: String,
+    image: Option<ImageMember>,
+    /// The label and the member it came from.
+    label: Option<(i64, String)>,
+    /// Whether `label` came from a `.cls` member (preferred over `.json`).
+    label_from_cls: bool,
+    /// A label member that could not be used (already reported).
+    bad_label: bool,
+    /// Whether the pending sample holds any member.
+    started: bool,
+}
+
+/// Accumulates one shard's index and reports problems against the shard.
+struct IndexBuilder<'a> {
+    shard: &'a Path,
+    shard_len: u64,
+    index: ShardIndex,
+    pending: PendingSample,
+}
+
+impl<'a> IndexBuilder<'a> {
+    fn problem(&mut self, member: &str, what: &str) {
+        self.index.problems += 1;
+        if self.index.problems <= PROBLEMS_LOGGED {
+            warn!(shard = %self.shard.display(), member, problem = what, "tar shard problem");
+        }
+    }
+
+    fn member(&mut self, key: &str) {
+        if self.pending.started && self.pending.key != key {
+            self.finish_sample();
+        }
+        if !self.pending.started {
+            self.pending.key = key.to_string();
+            self.pending.started = true;
+        }
+    }
+
+    fn finish_sample(&mut self) {
+        let pending = std::mem::take(&mut self.pending);
+        match (pending.image, pending.label) {
+            (Some(image), Some((label, _))) => {
+                let sample = IndexedSample {
+                    data_offset: image.data_offset,
+                    size: image.size,
+                    label,
+                };
+                self.index.push(&image.name, sample);
+            }
+            (Some(image), None) => {
+                if !pending.bad_label {
+                    self.problem(&image.name, "image without a .cls or .json label member");
+                }
+            }
+            (None, Some((_, label_member))) => {
+                self.problem(&label_member, "label without an image member");
+            }
+            (None, None) => {}
+        }
+    }
+
+    fn image(&mut self, name: String, data_offset: u64, size: u64) {
+        if self.pending.image.is_some() {
+            self.problem(&name, "second image member for the same key; ignored");
+            return;
+        }
+        if data_offset.saturating_add(size) > self.shard_len {
+            // Kept: reading the sample reports the truncation, and the bad-sample policy applies.
+            self.problem(
+                &name,
+                "member data runs past the end of the shard (truncated)",
+            );
+        }
+        self.pending.image = Some(ImageMember {
+            name,
+            data_offset,
+            size,
+        });
+    }
+
+    fn label(&mut self, name: String, label: Option<i64>, from_cls: bool) {
+        let Some(label) = label.filter(|label| *label >= 0) else {
+            self.pending.bad_label = true;
+            self.problem(&name, "label member is not a non-negative integer label");
+            return;
+        };
+        let replace = match self.pending.label {
+            None => true,
+            // A `.cls` label wins over a `.json` one.
+            Some(_) => from_cls && !self.pending.label_from_cls,
+        };
+        if replace {
+            self.pending.label = Some((label, name));
+            self.pending.label_from_cls = from_cls;
+        }
+    }
+
+    fn finish(mut self) -> ShardIndex {
+        self.finish_sample();
+        if self.index.problems > PROBLEMS_LOGGED {
+            warn!(
+                shard = %self.shard.display(),
+                problems = self.index.problems,
+                "tar shard has more problems than were logged one by one"
+            );
+        }
+        self.index.samples.shrink_to_fit();
+        self.index.names.shrink_to_fit();
+        self.index.name_ends.shrink_to_fit();
+        self.index
+    }
+}
+
+/// Indexes the shard at `shard`, whose file is `shard_len` bytes long.
+///
+/// Fails only when the shard cannot be opened; problems inside it are reported and counted.
+pub(super) fn scan_shard(shard: &Path, shard_len: u64) -> Result<ShardIndex> {
+    let file = File::open(shard).map_err(|source| Error::io(shard, source))?;
+    let mut archive = tar::Archive::new(&file);
+    let entries = archive
+        .entries_with_seek()
+        .map_err(|source| Error::io(shard, source))?;
+    let mut builder = IndexBuilder {
+        shard,
+        shard_len,
+        index: ShardIndex::default(),
+        pending: PendingSample::default(),
+    };
+    let mut last_member = String::from("<start of shard>");
+    for entry in entries {
+        let mut entry = match entry {
+            Ok(entry) => entry,
+            Err(source) => {
+                let what = format!("corrupt or cut tar header after this member ({source}); the rest of the shard is not indexed");
+                builder.problem(&last_member, &what);
+                break;
+            }
+        };
+        let name = String::from_utf8_lossy(&entry.path_bytes()).into_owned();
+        last_member.clone_from(&name);
+        if !entry.header().entry_type().is_file() {
+            continue;
+        }
+        let Some((key, extension)) = split_key(&name) else {
+            continue;
+        };
+        let kind = member_kind(&extension);
+        if kind == MemberKind::Other {
+            continue;
+        }
+        builder.member(key);
+        let data_offset = entry.raw_file_position();
+        let size = entry.size();
+        match kind {
+            MemberKind::Image => builder.image(name, data_offset, size),
+            MemberKind::ClassLabel | MemberKind::JsonLabel => {
+                if data_offset.saturating_add(size) > shard_len {
+                    builder.pending.bad_label = true;
+                    builder.problem(&name, "label member runs past the end of the shard");
+                    continue;
+                }
+                if size > MAX_LABEL_BYTES {
+                    builder.pending.bad_label = true;
+                    builder.problem(&name, "label member is too large to be a label");
+                    continue;
+                }
+                let mut bytes = Vec::new();
+                if let Err(source) = entry.read_to_end(&mut bytes) {
+                    builder.pending.bad_label = true;
+                    builder.problem(&name, &format!("cannot read label member: {source}"));
+                    continue;
+                }
+                let from_cls = kind == MemberKind::ClassLabel;
+                let label = if from_cls {
+                    parse_class_label(&bytes)
+                } else {
+                    parse_json_label(&bytes)
+                };
+                builder.label(name, label, from_cls);
+            }
+            MemberKind::Other => {}
+        }
+    }
+    Ok(builder.finish())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keys_stop_at_the_first_dot_of_the_file_name() {
+        assert_eq!(split_key("dir/0001.jpg"), Some(("dir/0001", "jpg".into())));
+        assert_eq!(
+            split_key("a.b/0001.JPEG"),
+            Some(("a.b/0001", "jpeg".into()))
+        );
+        assert_eq!(
+            split_key("0001.seg.png"),
+            Some(("0001", "seg.png".to_string()))
+        );
+        assert_eq!(split_key("dir/README"), None);
+    }
+
+    #[test]
+    fn labels_parse_from_cls_and_json() {
+        assert_eq!(parse_class_label(b" 7\n"), Some(7));
+        assert_eq!(parse_class_label(b"seven"), None);
+        assert_eq!(parse_json_label(br#"{"label": 3}"#), Some(3));
+        assert_eq!(parse_json_label(br#"{"cls": 4, "x": 1}"#), Some(4));
+        assert_eq!(parse_json_label(br#"{"label": "3"}"#), None);
+        assert_eq!(parse_json_label(b"[3]"), None);
+    }
+
+    #[test]
+    fn member_names_are_found_by_position() {
+        let mut index = ShardIndex::default();
+        let sample = IndexedSample {
+            data_offset: 512,
+            size: 3,
+            label: 1,
+        };
+        index.push("a.jpg", sample);
+        index.push("bb.png", sample);
+        assert_eq!(index.member_name(0), "a.jpg");
+        assert_eq!(index.member_name(1), "bb.png");
+        assert_eq!(index.member_name(2), "<unknown member>");
+    }
+}

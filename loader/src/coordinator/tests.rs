@@ -1,0 +1,375 @@
+//! Unit tests of the coordinator core: fairness, credits, dead workers, restarts, acks and
+//! refusals, all on an explicit clock.
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use stoker_proto::v1::JobSpec;
+
+use super::*;
+
+fn spec(world_size: u32, seed: u64) -> JobSpec {
+    JobSpec {
+        batch_size: 4,
+        seed,
+        world_size,
+        ..JobSpec::default()
+    }
+}
+
+fn config() -> CoordinatorConfig {
+    CoordinatorConfig {
+        lease_timeout: Duration::from_secs(10),
+        journal_every: 4,
+        ..CoordinatorConfig::default()
+    }
+}
+
+fn at(base: Instant, ms: u64) -> Instant {
+    base + Duration::from_millis(ms)
+}
+
+#[test]
+fn most_starved_session_first_across_jobs() {
+    let t0 = Instant::now();
+    let mut c = Coordinator::in_memory(config());
+    let job_a = c.register_job(spec(1, 1), 100).unwrap();
+    let job_b = c.register_job(spec(1, 2), 100).unwrap();
+    let a = c.open_session(job_a, 0, 0, Step(0)).unwrap();
+    let b = c.open_session(job_b, 0, 0, Step(0)).unwrap();
+    c.grant_credits(a, 2).unwrap();
+    c.grant_credits(b, 5).unwrap();
+    let w = c.register_worker(t0);
+    // b is starved by 5 against 2: it gets tasks until both are at 2, then they alternate.
+    let sessions: Vec<SessionId> = c
+        .lease(w, 7, t0)
+        .unwrap()
+        .iter()
+        .map(|l| l.session)
+        .collect();
+    assert_eq!(sessions[..3], [b, b, b]);
+    assert_eq!(sessions.iter().filter(|s| **s == a).count(), 2);
+    assert_eq!(sessions.iter().filter(|s| **s == b).count(), 5);
+    assert!(c.lease(w, 1, t0).unwrap().is_empty(), "credits exhausted");
+}
+
+#[test]
+fn credits_bound_leasing() {
+    let t0 = Instant::now();
+    let mut c = Coordinator::in_memory(config());
+    let job = c.register_job(spec(1, 0), 50).unwrap();
+    let s = c.open_session(job, 0, 0, Step(0)).unwrap();
+    let w = c.register_worker(t0);
+    assert!(
+        c.lease(w, 10, t0).unwrap().is_empty(),
+        "no credits, no tasks"
+    );
+    c.grant_credits(s, 3).unwrap();
+    let leases = c.lease(w, 10, t0).unwrap();
+    let steps: Vec<u64> = leases.iter().map(|l| l.task.step.0).collect();
+    assert_eq!(steps, [0, 1, 2]);
+    // Completing does not free a credit: the batch still fills a client slot.
+    for l in &leases {
+        assert_eq!(c.complete(w, l.lease_id).unwrap(), LeaseOutcome::Applied);
+    }
+    assert!(c.lease(w, 10, t0).unwrap().is_empty());
+    c.grant_credits(s, 1).unwrap();
+    assert_eq!(c.lease(w, 10, t0).unwrap()[0].task.step, Step(3));
+}
+
+/// Runs every session to the end of the epoch with the given workers: lease, complete, ack,
+/// re-grant. Returns (session, step) -> times received.
+fn drain(
+    c: &mut Coordinator,
+    workers: &[WorkerId],
+    now: Instant,
+    received: &mut BTreeMap<(SessionId, u64), u32>,
+) {
+    loop {
+        let mut any = false;
+        for &w in workers {
+            for lease in c.lease(w, 3, now).unwrap() {
+                any = true;
+                if c.complete(w, lease.lease_id).unwrap() == LeaseOutcome::Applied {
+                    *received
+                        .entry((lease.session, lease.task.step.0))
+                        .or_default() += 1;
+                    c.acknowledge(lease.session, lease.task.step).unwrap();
+                    c.grant_credits(lease.session, 1).unwrap();
+                }
+            }
+        }
+        if !any {
+            return;
+        }
+    }
+}
+
+#[test]
+fn dead_worker_tasks_are_redone_by_another_exactly_once() {
+    let t0 = Instant::now();
+    let steps = 40;
+    let mut c = Coordinator::in_memory(config());
+    let job = c.register_job(spec(2, 0), steps).unwrap();
+    let sessions = [
+        c.open_session(job, 0, 0, Step(0)).unwrap(),
+        c.open_session(job, 1, 0, Step(0)).unwrap(),
+    ];
+    for &s in &sessions {
+        c.grant_credits(s, 4).unwrap();
+    }
+    let alive = c.register_worker(t0);
+    let doomed = c.register_worker(t0);
+    let mut received = BTreeMap::new();
+    // Half an epoch with both workers; the doomed one then takes tasks and goes silent.
+    while c.stats().acknowledgements < steps {
+        for w in [alive, doomed] {
+            for lease in c.lease(w, 2, at(t0, 1)).unwrap() {
+                c.complete(w, lease.lease_id).unwrap();
+                *received
+                    .entry((lease.session, lease.task.step.0))
+                    .or_default() += 1;
+                c.acknowledge(lease.session, lease.task.step).unwrap();
+                c.grant_credits(lease.session, 1).unwrap();
+            }
+        }
+    }
+    let lost = c.lease(doomed, 4, at(t0, 2)).unwrap();
+    assert_eq!(lost.len(), 4);
+    c.heartbeat(alive, at(t0, 9_000)).unwrap();
+    assert!(c.expire(at(t0, 9_000)).workers.is_empty());
+    let report = c.expire(at(t0, 10_002));
+    assert_eq!(report.workers, [doomed]);
+    assert_eq!(report.requeued_tasks, 4);
+    assert!(matches!(
+        c.lease(doomed, 1, at(t0, 10_003)),
+        Err(CoordinatorError::WorkerExpired(_))
+    ));
+    // The requeued steps come back first, in step order.
+    let first = c.lease(alive, 1, at(t0, 10_003)).unwrap();
+    let lost_steps: Vec<(SessionId, u64)> =
+        lost.iter().map(|l| (l.session, l.task.step.0)).collect();
+    assert!(lost_steps.contains(&(first[0].session, first[0].task.step.0)));
+    c.fail(alive, first[0].lease_id, "simulated decode error")
+        .unwrap();
+    drain(&mut c, &[alive], at(t0, 10_004), &mut received);
+    // The doomed worker's late report on an expired lease is dropped.
+    assert_eq!(
+        c.complete(doomed, lost[0].lease_id).unwrap(),
+        LeaseOutcome::Stale
+    );
+    for &s in &sessions {
+        assert_eq!(c.acknowledged_position(s).unwrap(), Step(steps));
+        for step in 0..steps {
+            assert_eq!(received.get(&(s, step)), Some(&1), "{s} step {step}");
+        }
+    }
+    let stats = c.stats();
+    assert_eq!(stats.expired_leases, 4);
+    assert_eq!(stats.failed_leases, 1);
+    assert_eq!(stats.leased_tasks, 0);
+    assert_eq!(stats.queued_tasks, 0);
+    assert_eq!(stats.duplicates_dropped, 1);
+}
+
+#[test]
+fn restart_resumes_from_the_journal_and_redoes_the_rest_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let t0 = Instant::now();
+    let steps = 30;
+    let (job, acked_before) = {
+        let mut c = Coordinator::open(dir.path(), config()).unwrap();
+        let job = c.register_job(spec(2, 9), steps).unwrap();
+        let s0 = c.open_session(job, 0, 3, Step(0)).unwrap();
+        let s1 = c.open_session(job, 1, 3, Step(0)).unwrap();
+        c.grant_credits(s0, 8).unwrap();
+        c.grant_credits(s1, 8).unwrap();
+        let w = c.register_worker(t0);
+        let leases = c.lease(w, 16, t0).unwrap();
+        // Rank 0 acks 0..6, rank 1 acks 0..3 and 5; the rest stays in flight at the "crash".
+        for l in &leases {
+            c.complete(w, l.lease_id).unwrap();
+            let s = l.task.step.0;
+            if (l.session == s0 && s < 6) || (l.session == s1 && (s < 3 || s == 5)) {
+                c.acknowledge(l.session, l.task.step).unwrap();
+            }
+        }
+        c.flush().unwrap();
+        (job, [6, 3])
+    };
+    let mut c = Coordinator::open(dir.path(), config()).unwrap();
+    assert_eq!(c.job_spec(job).unwrap().seed, 9);
+    assert_eq!(c.steps_per_epoch(job).unwrap(), steps);
+    let s0 = c.open_session(job, 0, 3, Step(0)).unwrap();
+    let s1 = c.open_session(job, 1, 3, Step(0)).unwrap();
+    assert_eq!(c.acknowledged_position(s0).unwrap(), Step(acked_before[0]));
+    assert_eq!(c.acknowledged_position(s1).unwrap(), Step(acked_before[1]));
+    c.grant_credits(s0, 4).unwrap();
+    c.grant_credits(s1, 4).unwrap();
+    let w = c.register_worker(t0);
+    let mut received = BTreeMap::new();
+    drain(&mut c, &[w], t0, &mut received);
+    for (s, from) in [(s0, 6), (s1, 3)] {
+        let got: Vec<u64> = received.keys().filter(|k| k.0 == s).map(|k| k.1).collect();
+        assert_eq!(got, (from..steps).collect::<Vec<_>>());
+        assert!(received.iter().all(|(_, &n)| n == 1));
+        assert_eq!(c.acknowledged_position(s).unwrap(), Step(steps));
+    }
+    // A job registered after the restart gets a fresh id.
+    assert_eq!(c.register_job(spec(1, 0), 1).unwrap(), JobId(job.0 + 1));
+}
+
+#[test]
+fn journal_writes_are_batched_until_flush() {
+    let dir = tempfile::tempdir().unwrap();
+    let t0 = Instant::now();
+    let job = {
+        let mut c = Coordinator::open(
+            dir.path(),
+            CoordinatorConfig {
+                journal_every: 1000,
+                ..config()
+            },
+        )
+        .unwrap();
+        let job = c.register_job(spec(1, 0), 10).unwrap();
+        let s = c.open_session(job, 0, 0, Step(0)).unwrap();
+        c.grant_credits(s, 5).unwrap();
+        let w = c.register_worker(t0);
+        for l in c.lease(w, 5, t0).unwrap() {
+            c.acknowledge(l.session, l.task.step).unwrap();
+        }
+        assert_eq!(c.stats().journal_commits, 1, "only the job so far");
+        job
+    };
+    let mut c = Coordinator::open(dir.path(), config()).unwrap();
+    let s = c.open_session(job, 0, 0, Step(2)).unwrap();
+    // Unflushed acks are lost; the client's own start step still counts.
+    assert_eq!(c.acknowledged_position(s).unwrap(), Step(2));
+}
+
+#[test]
+fn worker_joining_mid_epoch_gets_tasks() {
+    let t0 = Instant::now();
+    let mut c = Coordinator::in_memory(config());
+    let job = c.register_job(spec(1, 0), 20).unwrap();
+    let s = c.open_session(job, 0, 0, Step(0)).unwrap();
+    c.grant_credits(s, 6).unwrap();
+    let first = c.register_worker(t0);
+    assert_eq!(c.lease(first, 3, t0).unwrap().len(), 3);
+    let late = c.register_worker(at(t0, 500));
+    let leases = c.lease(late, 3, at(t0, 500)).unwrap();
+    let steps: Vec<u64> = leases.iter().map(|l| l.task.step.0).collect();
+    assert_eq!(steps, [3, 4, 5]);
+    assert_eq!(c.stats().workers, 2);
+}
+
+#[test]
+fn out_of_order_acks_move_the_position_when_the_gap_fills() {
+    let mut c = Coordinator::in_memory(config());
+    let job = c.register_job(spec(1, 0), 8).unwrap();
+    let s = c.open_session(job, 0, 0, Step(0)).unwrap();
+    let position = |o: AckOutcome| match o {
+        AckOutcome::Recorded { position } => position.0,
+        AckOutcome::Duplicate => u64::MAX,
+    };
+    assert_eq!(position(c.acknowledge(s, Step(2)).unwrap()), 0);
+    assert_eq!(position(c.acknowledge(s, Step(1)).unwrap()), 0);
+    assert_eq!(c.acknowledge(s, Step(2)).unwrap(), AckOutcome::Duplicate);
+    assert_eq!(position(c.acknowledge(s, Step(0)).unwrap()), 3);
+    assert_eq!(c.acknowledge(s, Step(0)).unwrap(), AckOutcome::Duplicate);
+    assert_eq!(c.stats().duplicates_dropped, 2);
+    // Acknowledged steps are never leased.
+    c.acknowledge(s, Step(4)).unwrap();
+    c.grant_credits(s, 8).unwrap();
+    let t0 = Instant::now();
+    let w = c.register_worker(t0);
+    let steps: Vec<u64> = c
+        .lease(w, 8, t0)
+        .unwrap()
+        .iter()
+        .map(|l| l.task.step.0)
+        .collect();
+    assert_eq!(steps, [3, 5, 6, 7]);
+}
+
+#[test]
+fn reopened_session_redoes_unacknowledged_steps() {
+    let t0 = Instant::now();
+    let mut c = Coordinator::in_memory(config());
+    let job = c.register_job(spec(1, 0), 10).unwrap();
+    let s = c.open_session(job, 0, 0, Step(0)).unwrap();
+    c.grant_credits(s, 4).unwrap();
+    let w = c.register_worker(t0);
+    let old = c.lease(w, 4, t0).unwrap();
+    c.acknowledge(s, Step(0)).unwrap();
+    assert_eq!(c.open_session(job, 0, 0, Step(0)).unwrap(), s);
+    assert_eq!(c.complete(w, old[1].lease_id).unwrap(), LeaseOutcome::Stale);
+    c.grant_credits(s, 2).unwrap();
+    let steps: Vec<u64> = c
+        .lease(w, 4, t0)
+        .unwrap()
+        .iter()
+        .map(|l| l.task.step.0)
+        .collect();
+    assert_eq!(steps, [1, 2]);
+}
+
+#[test]
+fn absurd_inputs_are_refused_by_name() {
+    let t0 = Instant::now();
+    let mut c = Coordinator::in_memory(config());
+    let job = c.register_job(spec(2, 0), 10).unwrap();
+    let s = c.open_session(job, 0, 0, Step(0)).unwrap();
+    let w = c.register_worker(t0);
+    let message = |e: CoordinatorError| e.to_string();
+
+    assert_eq!(
+        message(c.open_session(JobId(7), 0, 0, Step(0)).unwrap_err()),
+        "unknown job 7"
+    );
+    assert!(message(c.open_session(job, 2, 0, Step(0)).unwrap_err()).contains("rank 2"));
+    assert!(message(c.open_session(job, 1, 0, Step(11)).unwrap_err()).contains("step 11"));
+    assert!(c.register_job(spec(1, 0), 0).is_err());
+    assert_eq!(
+        message(c.grant_credits(SessionId(99), 1).unwrap_err()),
+        "unknown session 99"
+    );
+    assert!(message(c.grant_credits(s, 0).unwrap_err()).contains("cannot grant 0"));
+    assert!(matches!(
+        c.grant_credits(s, u64::MAX),
+        Err(CoordinatorError::InvalidCredits { .. })
+    ));
+    assert!(matches!(
+        c.grant_credits(s, 65_537),
+        Err(CoordinatorError::InvalidCredits { .. })
+    ));
+    assert!(message(c.acknowledge(s, Step(10)).unwrap_err()).contains("past the end"));
+    assert_eq!(
+        message(c.lease(WorkerId(5), 1, t0).unwrap_err()),
+        "unknown worker 5"
+    );
+    assert!(c.lease(w, 0, t0).is_err());
+    assert!(c.heartbeat(WorkerId(5), t0).is_err());
+    assert!(matches!(
+        c.complete(w, LeaseId(12345)),
+        Err(CoordinatorError::UnknownLease(_))
+    ));
+    c.grant_credits(s, 1).unwrap();
+    let lease = c.lease(w, 1, t0).unwrap()[0];
+    let other = c.register_worker(t0);
+    assert!(matches!(
+        c.complete(other, lease.lease_id),
+        Err(CoordinatorError::LeaseNotHeld { .. })
+    ));
+    assert_eq!(
+        c.complete(w, lease.lease_id).unwrap(),
+        LeaseOutcome::Applied
+    );
+    assert_eq!(c.complete(w, lease.lease_id).unwrap(), LeaseOutcome::Stale);
+    c.close_session(s).unwrap();
+    assert!(matches!(
+        c.acknowledge(s, Step(1)),
+        Err(CoordinatorError::SessionClosed(_))
+    ));
+}
