@@ -36,4 +36,12 @@ pub trait SampleSource: Send + Sync {
 
     /// Class names, indexed by label.
     fn class_names(&self) -> &[String];
+
+    /// Samples per shard, in shard order, for sources made of shards whose samples are
+    /// contiguous per shard in index order (shard 0 holds `0..sizes[0]`, and so on); the sizes
+    /// sum to `len()`. `None` (the default) for sources without shards. The epoch planner uses
+    /// it to keep reads mostly sequential.
+    fn shard_sizes(&self) -> Option<Vec<u64>> {
+        None
+    }
 }

@@ -20,6 +20,9 @@ pub struct Job {
     spec: JobSpec,
     assembler: BatchAssembler,
     plan_config: PlanConfig,
+    /// Samples per shard when the plan is shard-aware (shuffle, a shuffle window and a source
+    /// with shards).
+    shard_sizes: Option<Arc<[u64]>>,
 }
 
 /// Opens the dataset a spec names.
@@ -36,6 +39,14 @@ pub fn open_source(dataset: &proto::DatasetSource) -> Result<Arc<dyn SampleSourc
         DatasetFormat::Auto if looks_like_tar_shards(path) => Ok(Arc::new(TarShards::open(path)?)),
         DatasetFormat::Auto | DatasetFormat::ImageFolder => Ok(Arc::new(ImageFolder::open(path)?)),
         DatasetFormat::TarShards => Ok(Arc::new(TarShards::open(path)?)),
+    }
+}
+
+/// The plan of `epoch`: shard-aware when shard sizes are given.
+fn plan_for(config: PlanConfig, shard_sizes: Option<&[u64]>, epoch: u64) -> Result<EpochPlan> {
+    match shard_sizes {
+        Some(sizes) => EpochPlan::new_sharded(config, epoch, sizes),
+        None => EpochPlan::new(config, epoch),
     }
 }
 
@@ -81,14 +92,21 @@ impl Job {
             // proto3 cannot tell 0 from unset; a world of 0 ranks means a single process.
             world_size: spec.world_size.max(1),
             uneven_tail: spec.uneven_tail(),
+            shuffle_window: spec.shuffle_window,
         };
-        // Surface rank/world/batch errors now rather than at the first epoch.
-        EpochPlan::new(plan_config, 0)?;
+        let shard_sizes = if spec.shuffle && spec.shuffle_window > 0 {
+            source.shard_sizes().map(Arc::from)
+        } else {
+            None
+        };
+        // Surface rank/world/batch/shard errors now rather than at the first epoch.
+        plan_for(plan_config, shard_sizes.as_deref(), 0)?;
         let assembler = BatchAssembler::new(source, pipeline, spec.seed, spec.on_error());
         Ok(Job {
             spec,
             assembler,
             plan_config,
+            shard_sizes,
         })
     }
 
@@ -109,7 +127,7 @@ impl Job {
 
     /// The plan of `epoch` for this job's rank.
     pub fn plan(&self, epoch: u64) -> Result<EpochPlan> {
-        EpochPlan::new(self.plan_config, epoch)
+        plan_for(self.plan_config, self.shard_sizes.as_deref(), epoch)
     }
 
     /// Builds batch `step` of `plan` on the current rayon pool.

@@ -11,7 +11,7 @@
 //! use stoker_proto::v1::UnevenTail;
 //! let config = PlanConfig {
 //!     num_samples: 10, batch_size: 4, seed: 7, shuffle: true, drop_last: false,
-//!     rank: 0, world_size: 1, uneven_tail: UnevenTail::Pad,
+//!     rank: 0, world_size: 1, uneven_tail: UnevenTail::Pad, shuffle_window: 0,
 //! };
 //! let plan = EpochPlan::new(config, 0).unwrap();
 //! assert_eq!(plan.steps(), 3);

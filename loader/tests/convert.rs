@@ -84,6 +84,13 @@ fn tar_shards_give_the_same_batches_as_the_folder() {
         shuffled,
         digest(&shards, &["--threads", "2", "--seed", "3"])
     );
+    // The shard-aware shuffle is deterministic too, and a different order from the global one.
+    let windowed = digest(&shards, &["--threads", "1", "--shuffle-window", "2"]);
+    assert_eq!(
+        windowed,
+        digest(&shards, &["--threads", "2", "--shuffle-window", "2"])
+    );
+    assert_ne!(windowed, shuffled);
 
     let inspected = stdout_of(&["inspect", "--data", folder.to_str().unwrap()]);
     assert!(inspected.contains("samples   40"), "{inspected}");

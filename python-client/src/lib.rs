@@ -102,6 +102,7 @@ impl NativeLoader {
             world_size,
             uneven_tail: proto::UnevenTail::Pad as i32,
             on_error: on_error as i32,
+            shuffle_window: 0,
         };
         let options = LoaderOptions {
             threads: num_threads,

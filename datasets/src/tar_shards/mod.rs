@@ -406,6 +406,15 @@ impl SampleSource for TarShards {
     fn class_names(&self) -> &[String] {
         &self.class_names
     }
+
+    fn shard_sizes(&self) -> Option<Vec<u64>> {
+        Some(
+            self.shards
+                .iter()
+                .map(|shard| shard.index.samples.len() as u64)
+                .collect(),
+        )
+    }
 }
 
 impl std::fmt::Debug for TarShards {
@@ -417,5 +426,48 @@ impl std::fmt::Debug for TarShards {
             .field("samples", &self.len)
             .field("classes", &self.class_names.len())
             .finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Writes a shard of `samples` complete samples (`.cls` + `.jpg`) keyed under `prefix`.
+    fn write_shard(path: &Path, prefix: &str, samples: usize) {
+        let mut builder = tar::Builder::new(Vec::new());
+        for index in 0..samples {
+            for (extension, data) in [
+                ("cls", (index % 2).to_string().into_bytes()),
+                ("jpg", format!("image {index}").into_bytes()),
+            ] {
+                let mut header = tar::Header::new_gnu();
+                header.set_size(data.len() as u64);
+                header.set_mode(0o644);
+                builder
+                    .append_data(
+                        &mut header,
+                        format!("{prefix}/{index:04}.{extension}"),
+                        data.as_slice(),
+                    )
+                    .unwrap();
+            }
+        }
+        std::fs::write(path, builder.into_inner().unwrap()).unwrap();
+    }
+
+    #[test]
+    fn shard_sizes_list_samples_per_shard_and_sum_to_len() {
+        let dir = tempfile::tempdir().unwrap();
+        write_shard(&dir.path().join("a.tar"), "a", 3);
+        write_shard(&dir.path().join("b.tar"), "b", 1);
+        write_shard(&dir.path().join("c.tar"), "c", 5);
+        let shards = TarShards::open_with_cache_dir(dir.path(), None).unwrap();
+        let sizes = shards.shard_sizes().unwrap();
+        assert_eq!(sizes, vec![3, 1, 5]);
+        assert_eq!(sizes.iter().sum::<u64>(), shards.len());
+        // Samples are contiguous per shard in index order.
+        assert!(shards.describe(3).contains("b.tar"));
+        assert!(shards.describe(4).contains("c.tar"));
     }
 }

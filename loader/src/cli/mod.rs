@@ -104,6 +104,10 @@ pub struct JobArgs {
     /// Drop each rank's last partial batch.
     #[arg(long)]
     pub drop_last: bool,
+    /// Shards per shuffle window for tar shards (0: global shuffle; W >= 1: shuffle the shard
+    /// order, then samples within windows of W shards, keeping reads mostly sequential).
+    #[arg(long, default_value_t = 0)]
+    pub shuffle_window: u32,
     /// This rank.
     #[arg(long, default_value_t = 0)]
     pub rank: u32,
@@ -139,6 +143,7 @@ impl JobArgs {
                 OnError::Skip => BadSamplePolicy::Skip as i32,
                 OnError::Fail => BadSamplePolicy::Fail as i32,
             },
+            shuffle_window: self.shuffle_window,
         })
     }
 }

@@ -1,7 +1,11 @@
 //! The epoch planner: which dataset sample lands at each (epoch, rank, step, slot), computed on
 //! demand from the job spec alone (the determinism contract of DESIGN.md).
 //!
-//! The epoch order is a seeded [`Permutation`] (or the identity without shuffle). Rank `r` of
+//! The epoch order is a seeded [`Permutation`] (or the identity without shuffle). For sources
+//! made of shards (tar shards) a shard-aware order keeps reads mostly sequential: the shard order
+//! is permuted, consecutive permuted shards are grouped into windows of `shuffle_window` shards,
+//! and the samples of each window are permuted among themselves (see
+//! [`EpochPlan::new_sharded`]). Rank `r` of
 //! `world` takes positions `r, r + world, r + 2 * world, ...` of that order, as PyTorch's
 //! `DistributedSampler` does; when the sample count does not divide by `world`, the tail is
 //! padded by wrapping around or dropped, so every rank has the same number of steps. Within a
@@ -11,6 +15,8 @@
 mod permutation;
 
 pub use permutation::Permutation;
+
+use std::sync::Arc;
 
 use stoker_proto::v1::UnevenTail;
 
@@ -35,6 +41,10 @@ pub struct PlanConfig {
     pub world_size: u32,
     /// How to even out ranks.
     pub uneven_tail: UnevenTail,
+    /// Shards per shuffle window of the shard-aware order: 0 shuffles globally; `W >= 1`
+    /// shuffles the shard order, then the samples within each window of `W` consecutive
+    /// shards. Only used with `shuffle` and by [`EpochPlan::new_sharded`].
+    pub shuffle_window: u32,
 }
 
 /// The plan of one epoch for one rank.
@@ -42,14 +52,120 @@ pub struct PlanConfig {
 pub struct EpochPlan {
     config: PlanConfig,
     epoch: u64,
-    order: Option<Permutation>,
+    order: Order,
     samples_per_rank: u64,
     steps: u64,
+}
+
+/// The epoch order: which epoch position holds which dataset sample.
+#[derive(Debug, Clone)]
+enum Order {
+    /// Dataset order.
+    Identity,
+    /// One permutation of all samples.
+    Global(Permutation),
+    /// Shard order permuted, then samples permuted within windows of shards.
+    Sharded(Arc<ShardedOrder>),
+}
+
+/// The per-epoch table of the shard-aware order: O(shards) memory, O(log shards) per lookup.
+///
+/// A "slot" is a place in the permuted shard order; slot `j` holds the shard the shard
+/// permutation maps `j` to, and its samples fill epoch positions `starts[j]..starts[j + 1]`
+/// before the within-window shuffle.
+#[derive(Debug)]
+struct ShardedOrder {
+    /// Slots per window (at least 1).
+    window: u64,
+    /// The first epoch position of each slot, plus the sample count at the end (`slots + 1`
+    /// entries, non-decreasing).
+    starts: Vec<u64>,
+    /// The dataset index of the first sample of the shard at each slot.
+    slot_first: Vec<u64>,
+    /// The key of the epoch; window keys derive from it.
+    epoch_key: u64,
+}
+
+impl ShardedOrder {
+    /// Builds the table of `epoch` from the sizes of the shards in dataset order, which must
+    /// sum to `num_samples`.
+    fn new(shard_sizes: &[u64], num_samples: u64, window: u32, epoch_key: u64) -> Result<Self> {
+        if shard_sizes.is_empty() {
+            return Err(Error::InvalidSpec("the source lists no shards".into()));
+        }
+        let mut firsts = Vec::with_capacity(shard_sizes.len());
+        let mut total = 0u64;
+        for &size in shard_sizes {
+            firsts.push(total);
+            total = total
+                .checked_add(size)
+                .ok_or_else(|| Error::InvalidSpec("shard sizes overflow".into()))?;
+        }
+        if total != num_samples {
+            return Err(Error::InvalidSpec(format!(
+                "shard sizes sum to {total}, but the dataset has {num_samples} samples"
+            )));
+        }
+        let shards = shard_sizes.len() as u64;
+        let shard_order = Permutation::new(shards, epoch_key);
+        let mut starts = Vec::with_capacity(shard_sizes.len() + 1);
+        let mut slot_first = Vec::with_capacity(shard_sizes.len());
+        let mut position = 0u64;
+        for slot in 0..shards {
+            // The permutation maps into `[0, shards)`, which indexes the slices.
+            let shard = shard_order.apply(slot) as usize;
+            starts.push(position);
+            slot_first.push(firsts[shard]);
+            position += shard_sizes[shard];
+        }
+        starts.push(position);
+        Ok(Self {
+            window: u64::from(window.max(1)),
+            starts,
+            slot_first,
+            epoch_key,
+        })
+    }
+
+    /// Number of slots (shards).
+    fn slots(&self) -> usize {
+        self.slot_first.len()
+    }
+
+    /// The non-empty slot whose positions hold `position` (which is below the sample count).
+    fn slot_of(&self, position: u64) -> usize {
+        // The last slot starting at or before `position`; a later slot starts past it, so this
+        // one is non-empty and holds it.
+        self.starts[..self.slots()]
+            .partition_point(|&start| start <= position)
+            .saturating_sub(1)
+    }
+
+    /// The dataset index at epoch `position`.
+    fn apply(&self, position: u64) -> u64 {
+        let window = self.slot_of(position) as u64 / self.window;
+        // Window bounds fit in usize: they are at most the number of slots.
+        let first_slot = (window * self.window) as usize;
+        let end_slot = ((window + 1) * self.window).min(self.slots() as u64) as usize;
+        let low = self.starts[first_slot];
+        let high = self.starts[end_slot];
+        let inside = Permutation::new(high - low, window_key(self.epoch_key, window));
+        let target = low + inside.apply(position - low);
+        let slot = self.slot_of(target);
+        self.slot_first[slot] + (target - self.starts[slot])
+    }
 }
 
 /// The key of the epoch order: a function of the seed and the epoch only.
 fn epoch_key(seed: u64, epoch: u64) -> u64 {
     seed.rotate_left(17) ^ epoch.wrapping_mul(0xd6e8_feb8_6659_fd93) ^ 0x5354_4f4b_4552_4550
+}
+
+/// The key of the within-window order of `window` in an epoch keyed by `epoch_key`.
+fn window_key(epoch_key: u64, window: u64) -> u64 {
+    epoch_key.rotate_left(29)
+        ^ window.wrapping_add(1).wrapping_mul(0x9e37_79b9_7f4a_7c15)
+        ^ 0x5748_4e44_4f57_5f4b
 }
 
 impl EpochPlan {
@@ -84,9 +200,14 @@ impl EpochPlan {
         } else {
             samples_per_rank.div_ceil(batch)
         };
-        let order = config
-            .shuffle
-            .then(|| Permutation::new(config.num_samples, epoch_key(config.seed, epoch)));
+        let order = if config.shuffle {
+            Order::Global(Permutation::new(
+                config.num_samples,
+                epoch_key(config.seed, epoch),
+            ))
+        } else {
+            Order::Identity
+        };
         Ok(Self {
             config,
             epoch,
@@ -94,6 +215,29 @@ impl EpochPlan {
             samples_per_rank,
             steps,
         })
+    }
+
+    /// Plans `epoch` of a source made of shards, whose samples are contiguous per shard in
+    /// index order: `shard_sizes` lists the samples of each shard in that order and must sum to
+    /// `num_samples`.
+    ///
+    /// With `shuffle` and `shuffle_window >= 1`, the epoch order permutes the shard order (keyed
+    /// by seed and epoch), groups consecutive permuted shards into windows of `shuffle_window`
+    /// shards and permutes the samples of each window among themselves (keyed by seed, epoch
+    /// and window), so reads stay within a few shards at a time. Otherwise it is the order of
+    /// [`EpochPlan::new`] and `shard_sizes` is not used. The per-epoch table takes O(shards)
+    /// memory; a lookup costs O(log shards).
+    pub fn new_sharded(config: PlanConfig, epoch: u64, shard_sizes: &[u64]) -> Result<Self> {
+        let mut plan = Self::new(config, epoch)?;
+        if config.shuffle && config.shuffle_window > 0 {
+            plan.order = Order::Sharded(Arc::new(ShardedOrder::new(
+                shard_sizes,
+                config.num_samples,
+                config.shuffle_window,
+                epoch_key(config.seed, epoch),
+            )?));
+        }
+        Ok(plan)
     }
 
     /// The configuration.
@@ -131,8 +275,9 @@ impl EpochPlan {
         // Padding wraps around to the start of the epoch order.
         let global = global % self.config.num_samples;
         match &self.order {
-            Some(permutation) => permutation.apply(global),
-            None => global,
+            Order::Identity => global,
+            Order::Global(permutation) => permutation.apply(global),
+            Order::Sharded(sharded) => sharded.apply(global),
         }
     }
 
@@ -159,6 +304,7 @@ mod tests {
             rank: 0,
             world_size: world,
             uneven_tail: UnevenTail::Pad,
+            shuffle_window: 0,
         }
     }
 

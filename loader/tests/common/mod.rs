@@ -33,5 +33,6 @@ pub fn train_spec(dir: &Path, batch_size: u32) -> JobSpec {
         world_size: 1,
         uneven_tail: 0,
         on_error: BadSamplePolicy::Skip as i32,
+        shuffle_window: 0,
     }
 }
