@@ -5,24 +5,9 @@
 
 mod common;
 
-use std::process::{Command, Output};
+use std::process::Command;
 
-fn stoker(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_stoker"))
-        .args(args)
-        .output()
-        .expect("stoker runs")
-}
-
-fn stdout_of(args: &[&str]) -> String {
-    let output = stoker(args);
-    assert!(
-        output.status.success(),
-        "stoker {args:?} failed: {}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    String::from_utf8_lossy(&output.stdout).into_owned()
-}
+use common::{stdout_of, stoker};
 
 fn last_line(text: &str) -> String {
     text.lines().last().unwrap_or_default().to_string()

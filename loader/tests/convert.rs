@@ -7,24 +7,8 @@
 mod common;
 
 use std::path::Path;
-use std::process::{Command, Output};
 
-fn stoker(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_stoker"))
-        .args(args)
-        .output()
-        .expect("stoker runs")
-}
-
-fn stdout_of(args: &[&str]) -> String {
-    let output = stoker(args);
-    assert!(
-        output.status.success(),
-        "stoker {args:?} failed: {}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    String::from_utf8_lossy(&output.stdout).into_owned()
-}
+use common::{stdout_of, stoker};
 
 fn digest(data: &Path, extra: &[&str]) -> String {
     let mut args = vec![

@@ -3,6 +3,7 @@
 #![allow(dead_code)]
 
 use std::path::Path;
+use std::process::{Command, Output};
 
 use stoker_datasets::{generate_imagenet_like, SyntheticImageNetSpec};
 use stoker_proto::v1::{self as proto, BadSamplePolicy, JobSpec};
@@ -35,4 +36,23 @@ pub fn train_spec(dir: &Path, batch_size: u32) -> JobSpec {
         on_error: BadSamplePolicy::Skip as i32,
         shuffle_window: 0,
     }
+}
+
+/// Runs the `stoker` binary built for these tests.
+pub fn stoker(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_stoker"))
+        .args(args)
+        .output()
+        .expect("stoker runs")
+}
+
+/// Runs `stoker` and returns its stdout, failing the test (with its stderr) if it fails.
+pub fn stdout_of(args: &[&str]) -> String {
+    let output = stoker(args);
+    assert!(
+        output.status.success(),
+        "stoker {args:?} failed: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    String::from_utf8_lossy(&output.stdout).into_owned()
 }
