@@ -310,7 +310,7 @@ fn produce(
 ) {
     loop {
         let asked = Instant::now();
-        let Ok((step, mut slot)) = jobs.recv() else {
+        let Ok((step, slot)) = jobs.recv() else {
             return;
         };
         idle_ns.fetch_add(asked.elapsed().as_nanos() as u64, Ordering::Relaxed);
@@ -319,27 +319,18 @@ fn produce(
         }
         let started = Instant::now();
         let result = pool.install(|| {
-            catch_unwind(AssertUnwindSafe(|| {
-                let indices = plan.batch_indices(step);
-                let key = stoker_worker::BatchKey {
-                    epoch: plan.epoch(),
-                    rank: plan.config().rank,
-                    step,
-                };
-                let assembler = job.assembler();
-                let assembled = assembler.assemble_into(key, &indices, slot.as_mut_slice())?;
-                Ok(assembled.into_proto(assembler.pipeline(), &indices, slot.into_bytes()))
-            }))
-            .unwrap_or_else(|panic| {
-                let message = panic
-                    .downcast_ref::<&str>()
-                    .map(|s| s.to_string())
-                    .or_else(|| panic.downcast_ref::<String>().cloned())
-                    .unwrap_or_else(|| "unknown panic".into());
-                Err(Error::Stopped(format!(
-                    "a decode thread panicked building step {step}: {message}"
-                )))
-            })
+            catch_unwind(AssertUnwindSafe(|| job.batch_into(&plan, step, slot))).unwrap_or_else(
+                |panic| {
+                    let message = panic
+                        .downcast_ref::<&str>()
+                        .map(|s| s.to_string())
+                        .or_else(|| panic.downcast_ref::<String>().cloned())
+                        .unwrap_or_else(|| "unknown panic".into());
+                    Err(Error::Stopped(format!(
+                        "a decode thread panicked building step {step}: {message}"
+                    )))
+                },
+            )
         });
         let built = Built {
             step,

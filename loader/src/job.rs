@@ -10,6 +10,7 @@ use stoker_worker::{BatchAssembler, BatchKey, Pipeline};
 
 use crate::error::{Error, Result};
 use crate::planner::{EpochPlan, PlanConfig};
+use crate::slots::Slot;
 
 /// Larger batches than this are refused as a likely mistake (a 1M-image batch of 224x224 RGB
 /// would need 150 GB).
@@ -130,8 +131,23 @@ impl Job {
         plan_for(self.plan_config, self.shard_sizes.as_deref(), epoch)
     }
 
-    /// Builds batch `step` of `plan` on the current rayon pool.
+    /// Builds batch `step` of `plan` on the current rayon pool, in a new buffer.
     pub fn batch(&self, plan: &EpochPlan, step: u64) -> Result<proto::Batch> {
+        let (key, indices) = self.batch_key(plan, step)?;
+        Ok(self.assembler.assemble(key, &indices)?)
+    }
+
+    /// Builds batch `step` of `plan` on the current rayon pool into `slot`; the image tensor's
+    /// bytes are the slot, which goes back to its pool when the last reference drops.
+    pub fn batch_into(&self, plan: &EpochPlan, step: u64, mut slot: Slot) -> Result<proto::Batch> {
+        let (key, indices) = self.batch_key(plan, step)?;
+        let assembled = self
+            .assembler
+            .assemble_into(key, &indices, slot.as_mut_slice())?;
+        Ok(assembled.into_proto(self.assembler.pipeline(), &indices, slot.into_bytes()))
+    }
+
+    fn batch_key(&self, plan: &EpochPlan, step: u64) -> Result<(BatchKey, Vec<u64>)> {
         if step >= plan.steps() {
             return Err(Error::InvalidSpec(format!(
                 "step {step} is past the end of the epoch ({} steps)",
@@ -143,6 +159,6 @@ impl Job {
             rank: self.plan_config.rank,
             step,
         };
-        Ok(self.assembler.assemble(key, &plan.batch_indices(step))?)
+        Ok((key, plan.batch_indices(step)))
     }
 }
