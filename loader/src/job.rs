@@ -40,6 +40,12 @@ pub fn open_source(dataset: &proto::DatasetSource) -> Result<Arc<dyn SampleSourc
         DatasetFormat::Auto if looks_like_tar_shards(path) => Ok(Arc::new(TarShards::open(path)?)),
         DatasetFormat::Auto | DatasetFormat::ImageFolder => Ok(Arc::new(ImageFolder::open(path)?)),
         DatasetFormat::TarShards => Ok(Arc::new(TarShards::open(path)?)),
+        DatasetFormat::Parquet | DatasetFormat::TokenFile | DatasetFormat::Jsonl => {
+            Err(Error::InvalidSpec(format!(
+                "dataset format {:?} is not supported yet",
+                dataset.format()
+            )))
+        }
     }
 }
 

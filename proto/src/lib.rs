@@ -7,7 +7,7 @@
 //! ```
 //! use stoker_proto::v1::{JobSpec, DatasetSource};
 //! let spec = JobSpec {
-//!     dataset: Some(DatasetSource { uri: "data/train".into(), format: 0 }),
+//!     dataset: Some(DatasetSource { uri: "data/train".into(), ..Default::default() }),
 //!     batch_size: 64,
 //!     ..Default::default()
 //! };

@@ -92,6 +92,7 @@ impl NativeLoader {
             dataset: Some(proto::DatasetSource {
                 uri: source.to_string_lossy().into_owned(),
                 format: proto::DatasetFormat::Auto as i32,
+                ..Default::default()
             }),
             pipeline: ops::from_python(&ops)?,
             batch_size,

@@ -401,5 +401,9 @@ fn op_name(op: &OpKind) -> &'static str {
         OpKind::RandomHorizontalFlip(_) => "RandomHorizontalFlip",
         OpKind::Normalize(_) => "Normalize",
         OpKind::ToTensor(_) => "ToTensor",
+        OpKind::TokenWindows(_) => "TokenWindows",
+        OpKind::Tokenize(_) => "Tokenize",
+        OpKind::PackSequences(_) => "PackSequences",
+        OpKind::SelectColumns(_) => "SelectColumns",
     }
 }

@@ -175,6 +175,7 @@ fn run_one(args: &StallArgs, pattern: Pattern, prefetch: usize) -> anyhow::Resul
         dataset: Some(proto::DatasetSource {
             uri: "paced://".into(),
             format: 0,
+            ..Default::default()
         }),
         pipeline: vec![
             op(OpKind::DecodeImage(proto::DecodeImage::default())),

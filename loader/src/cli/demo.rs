@@ -74,6 +74,7 @@ pub fn run(args: DemoArgs) -> anyhow::Result<()> {
         dataset: Some(proto::DatasetSource {
             uri: data.to_string_lossy().into_owned(),
             format: proto::DatasetFormat::Auto as i32,
+            ..Default::default()
         }),
         pipeline: stoker_worker::presets::imagenet_train(224),
         batch_size: args.batch_size,

@@ -130,6 +130,7 @@ impl JobArgs {
             dataset: Some(proto::DatasetSource {
                 uri: data.to_string_lossy().into_owned(),
                 format: proto::DatasetFormat::Auto as i32,
+                ..Default::default()
             }),
             pipeline: stoker_worker::presets::by_name(&self.pipeline, self.size)?,
             batch_size: self.batch_size,

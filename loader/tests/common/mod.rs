@@ -24,6 +24,7 @@ pub fn train_spec(dir: &Path, batch_size: u32) -> JobSpec {
         dataset: Some(proto::DatasetSource {
             uri: dir.to_string_lossy().into_owned(),
             format: 0,
+            ..Default::default()
         }),
         pipeline: stoker_worker::presets::imagenet_train(32),
         batch_size,
