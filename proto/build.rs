@@ -8,7 +8,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     unsafe { std::env::set_var("PROTOC", protoc) };
 
     let root = PathBuf::from(std::env::var("CARGO_MANIFEST_DIR")?);
-    let files = ["stoker/v1/job.proto", "stoker/v1/batch.proto"];
+    let files = [
+        "stoker/v1/job.proto",
+        "stoker/v1/batch.proto",
+        "stoker/v1/service.proto",
+    ];
     for file in files {
         println!("cargo:rerun-if-changed={}", root.join(file).display());
     }

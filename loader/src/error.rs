@@ -46,6 +46,10 @@ pub enum Error {
     /// The loader's threads are gone (a panic in a decode thread, or shutdown).
     #[error("the loader stopped: {0}")]
     Stopped(String),
+    /// The coordinator or a worker refused a request or could not be reached in time; the
+    /// message says which and why.
+    #[error("distributed mode: {0}")]
+    Remote(String),
     /// A thread pool could not be built.
     #[error("cannot start decode threads: {0}")]
     Threads(String),

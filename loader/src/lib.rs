@@ -23,6 +23,7 @@
 mod coordinator;
 mod dashboard;
 mod digest;
+pub mod distributed;
 mod embedded;
 mod error;
 mod job;

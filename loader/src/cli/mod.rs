@@ -4,6 +4,7 @@ mod bench;
 mod bench_coordinator;
 mod bench_stall;
 mod convert;
+mod coordinator;
 mod demo;
 mod digest;
 mod inspect;
@@ -41,6 +42,8 @@ enum Command {
     Inspect(inspect::InspectArgs),
     /// Write a seeded ImageNet-like sample set (JPEG/PNG class folders).
     MakeDataset(make_dataset::MakeDatasetArgs),
+    /// Run the coordinator daemon of the distributed mode (workers: `stoker-worker`).
+    Coordinator(coordinator::CoordinatorArgs),
 }
 
 /// Sets up `tracing` on stderr.
@@ -58,6 +61,21 @@ pub fn init_logging(verbose: u8) {
         .init();
 }
 
+/// Resolves at Ctrl-C or SIGTERM, for daemons to stop cleanly.
+pub async fn shutdown_signal() {
+    let mut terminate =
+        tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        _ = async {
+            match terminate.as_mut() {
+                Some(signal) => { signal.recv().await; }
+                None => std::future::pending::<()>().await,
+            }
+        } => {}
+    }
+}
+
 /// Runs the chosen subcommand.
 pub fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
@@ -67,6 +85,7 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Convert(args) => convert::run(args),
         Command::Inspect(args) => inspect::run(args),
         Command::MakeDataset(args) => make_dataset::run(args),
+        Command::Coordinator(args) => coordinator::run(args),
     }
 }
 

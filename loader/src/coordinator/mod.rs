@@ -285,6 +285,13 @@ impl Coordinator {
             .ok_or(CoordinatorError::UnknownJob(job))
     }
 
+    /// The registered jobs with their specs and steps per epoch, in id order.
+    pub fn jobs(&self) -> impl Iterator<Item = (JobId, &JobSpec, u64)> {
+        self.jobs
+            .iter()
+            .map(|(id, job)| (*id, &job.spec, job.steps_per_epoch))
+    }
+
     /// Steps per epoch of a job.
     pub fn steps_per_epoch(&self, job: JobId) -> CoordinatorResult<u64> {
         self.jobs

@@ -1,0 +1,116 @@
+//! `stoker-worker`: a decode worker daemon of the distributed mode. It registers with the
+//! coordinator, pulls tasks, builds batches with the same code as the embedded loader and
+//! streams them to the clients that own them.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use anyhow::Context;
+use clap::Parser;
+use stoker_loader::distributed::{run_worker, WorkerConfig};
+
+/// A Stoker decode worker.
+#[derive(Debug, Parser)]
+#[command(name = "stoker-worker", version, about, long_about = None)]
+struct Args {
+    /// The coordinator's host:port.
+    #[arg(long)]
+    coordinator: String,
+    /// Address of this worker's data server (port 0: any free port; the chosen address is
+    /// printed).
+    #[arg(long, default_value = "127.0.0.1:0")]
+    listen: SocketAddr,
+    /// Address clients reach the data server at, when it differs from --listen (for example
+    /// when listening on 0.0.0.0).
+    #[arg(long)]
+    advertise: Option<SocketAddr>,
+    /// Decode threads (0: one per core).
+    #[arg(long, default_value_t = 0)]
+    threads: usize,
+    /// Folders datasets may be read from (repeatable; default: the working directory). Jobs
+    /// naming anything else are refused.
+    #[arg(long = "data-root")]
+    data_roots: Vec<PathBuf>,
+    /// Tasks leased ahead of the one being built.
+    #[arg(long, default_value_t = 2)]
+    lease_ahead: u32,
+    /// Log more (-v: info, -vv: debug). RUST_LOG overrides.
+    #[arg(short, long, action = clap::ArgAction::Count)]
+    verbose: u8,
+}
+
+fn init_logging(verbose: u8) {
+    let default = match verbose {
+        0 => "warn",
+        1 => "info",
+        _ => "debug",
+    };
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .init();
+}
+
+async fn shutdown_signal() {
+    let mut terminate =
+        tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        _ = async {
+            match terminate.as_mut() {
+                Some(signal) => { signal.recv().await; }
+                None => std::future::pending::<()>().await,
+            }
+        } => {}
+    }
+}
+
+fn run(args: Args) -> anyhow::Result<()> {
+    let data_roots = if args.data_roots.is_empty() {
+        vec![std::env::current_dir().context("no --data-root and no working directory")?]
+    } else {
+        args.data_roots
+    };
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
+    runtime.block_on(async move {
+        let listener = tokio::net::TcpListener::bind(args.listen)
+            .await
+            .with_context(|| format!("cannot listen on {}", args.listen))?;
+        let local = listener.local_addr()?;
+        let advertise = match args.advertise {
+            Some(address) => address,
+            None if local.ip().is_unspecified() => {
+                anyhow::bail!("--listen {local} is a wildcard address: give --advertise HOST:PORT")
+            }
+            None => local,
+        };
+        println!("stoker-worker listening on {advertise}");
+        let config = WorkerConfig {
+            coordinator: args.coordinator,
+            advertise,
+            threads: args.threads,
+            data_roots,
+            lease_ahead: args.lease_ahead,
+        };
+        run_worker(config, listener, shutdown_signal()).await?;
+        Ok(())
+    })
+}
+
+fn main() -> ExitCode {
+    let args = Args::parse();
+    init_logging(args.verbose);
+    match run(args) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(error) => {
+            eprintln!("error: {error:#}");
+            ExitCode::FAILURE
+        }
+    }
+}

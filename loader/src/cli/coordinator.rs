@@ -1,0 +1,46 @@
+//! `stoker coordinator`: the coordinator daemon of the distributed mode.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::Context;
+use clap::Args;
+use stoker_loader::distributed::{CoordinatorService, CoordinatorServiceConfig};
+
+/// Arguments of `stoker coordinator`.
+#[derive(Debug, Args)]
+pub struct CoordinatorArgs {
+    /// Address to serve gRPC on (port 0: any free port; the chosen address is printed).
+    #[arg(long, default_value = "127.0.0.1:7070")]
+    pub listen: SocketAddr,
+    /// Folder of the journal (job specs and acknowledged positions); created if missing.
+    #[arg(long)]
+    pub state: PathBuf,
+    /// A worker silent for this long loses its leases, which go back to the queue.
+    #[arg(long, default_value_t = 3000)]
+    pub lease_timeout_ms: u64,
+}
+
+/// Runs the daemon until Ctrl-C or SIGTERM.
+pub fn run(args: CoordinatorArgs) -> anyhow::Result<()> {
+    let mut config = CoordinatorServiceConfig::default();
+    config.core.lease_timeout = Duration::from_millis(args.lease_timeout_ms.max(100));
+    let service = CoordinatorService::open(&args.state, config)
+        .with_context(|| format!("opening the coordinator state in {}", args.state.display()))?;
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
+    runtime.block_on(async move {
+        let listener = tokio::net::TcpListener::bind(args.listen)
+            .await
+            .with_context(|| format!("cannot listen on {}", args.listen))?;
+        let address = listener.local_addr()?;
+        println!("stoker coordinator listening on {address}");
+        tracing::info!(%address, state = %args.state.display(), "coordinator serving");
+        service.serve(listener, super::shutdown_signal()).await?;
+        tracing::info!("coordinator stopped");
+        Ok(())
+    })
+}

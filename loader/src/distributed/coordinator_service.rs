@@ -1,0 +1,715 @@
+//! The coordinator daemon: the gRPC face of the scheduling core ([`Coordinator`]), plus what only
+//! a daemon needs: the worker registry with data addresses, long-polled leases, a timer that
+//! expires silent workers and sessions, a timer that flushes the journal, and job checks done by
+//! asking a worker to open the job (`WorkerData.DescribeJob`).
+//!
+//! The core sits behind one mutex that is never held across an `.await`; every call is a few
+//! microseconds of work under it (see `stoker bench coordinator`).
+
+use std::collections::{BTreeMap, HashMap};
+use std::net::SocketAddr;
+use std::path::Path;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use stoker_proto::v1::coordinator_server::{self, CoordinatorServer};
+use stoker_proto::v1::worker_data_client::WorkerDataClient;
+use stoker_proto::v1::{
+    self as proto, ClientStats, CloseSessionRequest, CloseSessionResponse, DescribeJobRequest,
+    GetJobRequest, GetJobResponse, HeartbeatRequest, HeartbeatResponse, JobSpec, LeaseRequest,
+    LeaseResponse, OpenSessionRequest, OpenSessionResponse, RegisterJobRequest,
+    RegisterJobResponse, RegisterWorkerRequest, RegisterWorkerResponse, ReportRequest,
+    ReportResponse, SessionToken, SessionUpdateRequest, SessionUpdateResponse, TaskLease,
+    WorkerInfo,
+};
+use tokio::sync::Notify;
+use tonic::{Request, Response, Status};
+
+use super::transport::{self, coordinator_status, MAX_MESSAGE_BYTES};
+use crate::coordinator::{
+    Coordinator, CoordinatorConfig, CoordinatorError, JobId, Lease, LeaseId, SessionId, Step,
+    WorkerId,
+};
+use crate::job::MAX_BATCH_SIZE;
+
+/// Tuning of the coordinator daemon.
+#[derive(Debug, Clone)]
+pub struct CoordinatorServiceConfig {
+    /// The core's settings (lease timeout, journal cadence, credit and lease limits).
+    pub core: CoordinatorConfig,
+    /// A session whose client sent nothing for this long is closed (its credits freed).
+    pub session_timeout: Duration,
+    /// Longest a worker's lease call waits for work.
+    pub max_lease_wait: Duration,
+    /// How long a job check (`DescribeJob` on a worker) may take.
+    pub describe_timeout: Duration,
+    /// How long a job registration waits for a first worker to register.
+    pub worker_wait: Duration,
+    /// How often acknowledged positions are written to the journal.
+    pub flush_every: Duration,
+}
+
+impl Default for CoordinatorServiceConfig {
+    fn default() -> Self {
+        Self {
+            core: CoordinatorConfig {
+                lease_timeout: Duration::from_secs(3),
+                // Positions are flushed on a timer instead.
+                journal_every: u64::MAX,
+                ..CoordinatorConfig::default()
+            },
+            session_timeout: Duration::from_secs(60),
+            max_lease_wait: Duration::from_secs(2),
+            describe_timeout: Duration::from_secs(120),
+            worker_wait: Duration::from_secs(15),
+            flush_every: Duration::from_millis(100),
+        }
+    }
+}
+
+/// A registered worker as the daemon knows it.
+#[derive(Debug, Clone)]
+pub struct WorkerEntry {
+    /// Id in the core.
+    pub id: u64,
+    /// Where clients reach its data server.
+    pub data_address: String,
+    /// Its decode threads.
+    pub threads: u32,
+    /// Its `--data-root` folders.
+    pub data_roots: Vec<String>,
+    /// When it registered.
+    pub registered_at: Instant,
+    /// Leases it reported completed.
+    pub completed: u64,
+    /// Leases it reported failed.
+    pub failed: u64,
+    /// Samples it replaced under the skip policy.
+    pub bad_samples: u64,
+}
+
+/// The latest figures a client reported for one (job, rank).
+#[derive(Debug, Clone)]
+pub struct ClientEntry {
+    /// The job.
+    pub job: u64,
+    /// The rank.
+    pub rank: u32,
+    /// The epoch of the session that reported.
+    pub epoch: u64,
+    /// Cumulative figures as reported.
+    pub stats: ClientStats,
+    /// Every step below this is acknowledged.
+    pub acknowledged_position: u64,
+    /// Steps in the epoch.
+    pub steps_per_epoch: u64,
+    /// When the report came.
+    pub at: Instant,
+}
+
+struct SessionEntry {
+    job: u64,
+    rank: u32,
+    epoch: u64,
+    steps_per_epoch: u64,
+    last_seen: Instant,
+}
+
+struct State {
+    core: Coordinator,
+    workers: BTreeMap<u64, WorkerEntry>,
+    sessions: HashMap<u64, SessionEntry>,
+    clients: BTreeMap<(u64, u32), ClientEntry>,
+}
+
+/// The coordinator's gRPC service; cheap to clone (shared state).
+#[derive(Clone)]
+pub struct CoordinatorService {
+    state: Arc<Mutex<State>>,
+    incarnation: u64,
+    work: Arc<Notify>,
+    config: Arc<CoordinatorServiceConfig>,
+}
+
+fn lock(state: &Mutex<State>) -> MutexGuard<'_, State> {
+    // A panic under the lock leaves the core consistent (every method checks before it
+    // mutates), so carry on with it.
+    state
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+/// Spec of a job as the coordinator keys it: ranks are sessions of one job.
+fn job_key(mut spec: JobSpec) -> JobSpec {
+    spec.rank = 0;
+    spec
+}
+
+impl CoordinatorService {
+    /// A service over the journal in `state_dir` (created if missing).
+    pub fn open(
+        state_dir: &Path,
+        config: CoordinatorServiceConfig,
+    ) -> Result<Self, CoordinatorError> {
+        let core = Coordinator::open(state_dir, config.core.clone())?;
+        Ok(Self::with_core(core, config))
+    }
+
+    /// A service over an existing core (tests, in-memory use).
+    pub fn with_core(core: Coordinator, config: CoordinatorServiceConfig) -> Self {
+        let incarnation = transport::random_u64();
+        tracing::info!(
+            incarnation,
+            jobs = core.jobs().count(),
+            "coordinator started"
+        );
+        Self {
+            state: Arc::new(Mutex::new(State {
+                core,
+                workers: BTreeMap::new(),
+                sessions: HashMap::new(),
+                clients: BTreeMap::new(),
+            })),
+            incarnation,
+            work: Arc::new(Notify::new()),
+            config: Arc::new(config),
+        }
+    }
+
+    /// This run's incarnation (part of every session token).
+    pub fn incarnation(&self) -> u64 {
+        self.incarnation
+    }
+
+    /// The live workers.
+    pub fn workers(&self) -> Vec<WorkerEntry> {
+        lock(&self.state).workers.values().cloned().collect()
+    }
+
+    /// The latest client reports, per (job, rank).
+    pub fn clients(&self) -> Vec<ClientEntry> {
+        lock(&self.state).clients.values().cloned().collect()
+    }
+
+    /// The core's counters.
+    pub fn core_stats(&self) -> crate::coordinator::CoordinatorStats {
+        lock(&self.state).core.stats()
+    }
+
+    /// Serves on `listener` until `shutdown` resolves, with the expiry and flush timers.
+    pub async fn serve(
+        self,
+        listener: tokio::net::TcpListener,
+        shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+    ) -> Result<(), tonic::transport::Error> {
+        let timers = tokio::spawn(self.clone().run_timers());
+        let server = CoordinatorServer::new(self.clone())
+            .max_decoding_message_size(MAX_MESSAGE_BYTES)
+            .max_encoding_message_size(MAX_MESSAGE_BYTES);
+        let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
+        let result = transport::server()
+            .add_service(server)
+            .serve_with_incoming_shutdown(incoming, shutdown)
+            .await;
+        timers.abort();
+        let mut state = lock(&self.state);
+        if let Err(error) = state.core.flush() {
+            tracing::error!(%error, "coordinator could not flush its journal at shutdown");
+        }
+        result
+    }
+
+    async fn run_timers(self) {
+        let mut flush = tokio::time::interval(self.config.flush_every);
+        let mut expire = tokio::time::interval(Duration::from_millis(250));
+        loop {
+            tokio::select! {
+                _ = flush.tick() => {
+                    if let Err(error) = lock(&self.state).core.flush() {
+                        tracing::error!(%error, "coordinator journal flush failed");
+                    }
+                }
+                _ = expire.tick() => self.expire(Instant::now()),
+            }
+        }
+    }
+
+    fn expire(&self, now: Instant) {
+        let mut state = lock(&self.state);
+        let report = state.core.expire(now);
+        for worker in &report.workers {
+            if let Some(entry) = state.workers.remove(&worker.0) {
+                tracing::warn!(
+                    worker = worker.0,
+                    address = %entry.data_address,
+                    requeued = report.requeued_tasks,
+                    "worker lost (no heartbeat within the lease timeout); its tasks go back to the queue"
+                );
+            }
+        }
+        let stale: Vec<u64> = state
+            .sessions
+            .iter()
+            .filter(|(_, s)| {
+                now.saturating_duration_since(s.last_seen) >= self.config.session_timeout
+            })
+            .map(|(id, _)| *id)
+            .collect();
+        for id in stale {
+            state.sessions.remove(&id);
+            if let Err(error) = state.core.close_session(SessionId(id)) {
+                tracing::debug!(%error, session = id, "closing a silent session");
+            } else {
+                tracing::warn!(session = id, "client silent too long; session closed");
+            }
+        }
+        drop(state);
+        if report.requeued_tasks > 0 {
+            self.work.notify_waiters();
+        }
+    }
+
+    fn check_token(&self, token: Option<&SessionToken>) -> Result<u64, Status> {
+        let token = token.ok_or_else(|| Status::invalid_argument("session token is missing"))?;
+        if token.incarnation != self.incarnation {
+            return Err(Status::failed_precondition(format!(
+                "session {} belongs to an earlier run of the coordinator; open the session again",
+                token.session_id
+            )));
+        }
+        Ok(token.session_id)
+    }
+
+    fn token(&self, session: SessionId) -> SessionToken {
+        SessionToken {
+            incarnation: self.incarnation,
+            session_id: session.0,
+        }
+    }
+
+    fn worker_infos(state: &State) -> Vec<WorkerInfo> {
+        state
+            .workers
+            .values()
+            .map(|w| WorkerInfo {
+                worker_id: w.id,
+                data_address: w.data_address.clone(),
+            })
+            .collect()
+    }
+
+    /// Asks live workers, in turn, to open the job; the first answer decides.
+    async fn describe(&self, spec: &JobSpec) -> Result<proto::DescribeJobResponse, Status> {
+        let waited_since = Instant::now();
+        loop {
+            let workers = {
+                let state = lock(&self.state);
+                Self::worker_infos(&state)
+            };
+            if workers.is_empty() {
+                if waited_since.elapsed() >= self.config.worker_wait {
+                    return Err(Status::unavailable(
+                        "no worker is registered with the coordinator (start stoker-worker --coordinator ADDR)",
+                    ));
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                continue;
+            }
+            let mut last_error = None;
+            for worker in &workers {
+                let channel = transport::channel(&worker.data_address)
+                    .map_err(|e| Status::internal(e.to_string()))?;
+                let mut client = WorkerDataClient::new(channel);
+                let request = DescribeJobRequest {
+                    spec: Some(spec.clone()),
+                };
+                match tokio::time::timeout(
+                    self.config.describe_timeout,
+                    client.describe_job(request),
+                )
+                .await
+                {
+                    Ok(Ok(response)) => return Ok(response.into_inner()),
+                    Ok(Err(status)) if transport::is_transient(&status) => {
+                        tracing::warn!(worker = worker.worker_id, %status, "worker unreachable while checking a job");
+                        last_error = Some(status);
+                    }
+                    Ok(Err(status)) => {
+                        return Err(Status::new(
+                            status.code(),
+                            format!(
+                                "worker {} ({}) refused the job: {}",
+                                worker.worker_id,
+                                worker.data_address,
+                                status.message()
+                            ),
+                        ))
+                    }
+                    Err(_) => {
+                        last_error = Some(Status::deadline_exceeded(format!(
+                            "worker {} took over {:?} to open the job",
+                            worker.worker_id, self.config.describe_timeout
+                        )))
+                    }
+                }
+            }
+            return Err(
+                last_error.unwrap_or_else(|| Status::unavailable("no worker could check the job"))
+            );
+        }
+    }
+}
+
+fn validate_spec(spec: &JobSpec) -> Result<(), Status> {
+    if spec.batch_size == 0 || spec.batch_size > MAX_BATCH_SIZE {
+        return Err(Status::invalid_argument(format!(
+            "batch_size must be in 1..={MAX_BATCH_SIZE}, got {}",
+            spec.batch_size
+        )));
+    }
+    let dataset = spec
+        .dataset
+        .as_ref()
+        .ok_or_else(|| Status::invalid_argument("job spec has no dataset"))?;
+    if dataset.uri.trim().is_empty() {
+        return Err(Status::invalid_argument("dataset.uri is empty"));
+    }
+    if spec.world_size > 1 << 20 {
+        return Err(Status::invalid_argument(format!(
+            "world_size {} is more ranks than one coordinator serves (at most {})",
+            spec.world_size,
+            1 << 20
+        )));
+    }
+    Ok(())
+}
+
+fn task_lease(lease: &Lease, incarnation: u64) -> TaskLease {
+    TaskLease {
+        lease_id: lease.lease_id.0,
+        job_id: lease.task.job.0,
+        epoch: lease.task.epoch,
+        rank: lease.task.rank,
+        step: lease.task.step.0,
+        session: Some(SessionToken {
+            incarnation,
+            session_id: lease.session.0,
+        }),
+    }
+}
+
+#[tonic::async_trait]
+impl coordinator_server::Coordinator for CoordinatorService {
+    async fn register_worker(
+        &self,
+        request: Request<RegisterWorkerRequest>,
+    ) -> Result<Response<RegisterWorkerResponse>, Status> {
+        let request = request.into_inner();
+        let address = request.data_address.trim();
+        if address.parse::<SocketAddr>().is_err() {
+            return Err(Status::invalid_argument(format!(
+                "data_address {address:?} is not ip:port"
+            )));
+        }
+        let mut state = lock(&self.state);
+        let id = state.core.register_worker(Instant::now());
+        state.workers.insert(
+            id.0,
+            WorkerEntry {
+                id: id.0,
+                data_address: address.to_string(),
+                threads: request.threads,
+                data_roots: request.data_roots,
+                registered_at: Instant::now(),
+                completed: 0,
+                failed: 0,
+                bad_samples: 0,
+            },
+        );
+        tracing::info!(
+            worker = id.0,
+            address,
+            threads = request.threads,
+            "worker registered"
+        );
+        Ok(Response::new(RegisterWorkerResponse {
+            worker_id: id.0,
+            incarnation: self.incarnation,
+            lease_timeout_ms: self.config.core.lease_timeout.as_millis() as u64,
+        }))
+    }
+
+    async fn heartbeat(
+        &self,
+        request: Request<HeartbeatRequest>,
+    ) -> Result<Response<HeartbeatResponse>, Status> {
+        let worker = WorkerId(request.into_inner().worker_id);
+        lock(&self.state)
+            .core
+            .heartbeat(worker, Instant::now())
+            .map_err(coordinator_status)?;
+        Ok(Response::new(HeartbeatResponse {}))
+    }
+
+    async fn lease(
+        &self,
+        request: Request<LeaseRequest>,
+    ) -> Result<Response<LeaseResponse>, Status> {
+        let request = request.into_inner();
+        let worker = WorkerId(request.worker_id);
+        let wait =
+            Duration::from_millis(u64::from(request.wait_ms)).min(self.config.max_lease_wait);
+        let deadline = Instant::now() + wait;
+        let mut leases = Vec::new();
+        loop {
+            // Register for a wake-up before looking, so a grant in between is not missed.
+            let notified = self.work.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            lock(&self.state)
+                .core
+                .lease_into(
+                    worker,
+                    request.max_tasks as usize,
+                    Instant::now(),
+                    &mut leases,
+                )
+                .map_err(coordinator_status)?;
+            let now = Instant::now();
+            if !leases.is_empty() || now >= deadline {
+                break;
+            }
+            let _ = tokio::time::timeout(deadline - now, notified).await;
+        }
+        Ok(Response::new(LeaseResponse {
+            tasks: leases
+                .iter()
+                .map(|l| task_lease(l, self.incarnation))
+                .collect(),
+        }))
+    }
+
+    async fn report(
+        &self,
+        request: Request<ReportRequest>,
+    ) -> Result<Response<ReportResponse>, Status> {
+        let request = request.into_inner();
+        let worker = WorkerId(request.worker_id);
+        let mut state = lock(&self.state);
+        let mut requeued = false;
+        for lease in &request.completed {
+            match state.core.complete(worker, LeaseId(*lease)) {
+                Ok(_) => {}
+                Err(
+                    error @ (CoordinatorError::UnknownWorker(_)
+                    | CoordinatorError::WorkerExpired(_)),
+                ) => return Err(coordinator_status(error)),
+                Err(error) => tracing::warn!(%error, worker = worker.0, "completion refused"),
+            }
+        }
+        for failed in &request.failed {
+            tracing::warn!(worker = worker.0, lease = failed.lease_id, reason = %failed.reason, "task failed on a worker; requeued");
+            match state
+                .core
+                .fail(worker, LeaseId(failed.lease_id), &failed.reason)
+            {
+                Ok(_) => requeued = true,
+                Err(
+                    error @ (CoordinatorError::UnknownWorker(_)
+                    | CoordinatorError::WorkerExpired(_)),
+                ) => return Err(coordinator_status(error)),
+                Err(error) => tracing::warn!(%error, worker = worker.0, "failure report refused"),
+            }
+        }
+        if let Some(entry) = state.workers.get_mut(&worker.0) {
+            entry.completed += request.completed.len() as u64;
+            entry.failed += request.failed.len() as u64;
+            entry.bad_samples += request.bad_samples;
+        }
+        drop(state);
+        if requeued {
+            self.work.notify_waiters();
+        }
+        Ok(Response::new(ReportResponse {}))
+    }
+
+    async fn get_job(
+        &self,
+        request: Request<GetJobRequest>,
+    ) -> Result<Response<GetJobResponse>, Status> {
+        let job = JobId(request.into_inner().job_id);
+        let state = lock(&self.state);
+        let spec = state
+            .core
+            .job_spec(job)
+            .map_err(coordinator_status)?
+            .clone();
+        let steps_per_epoch = state
+            .core
+            .steps_per_epoch(job)
+            .map_err(coordinator_status)?;
+        Ok(Response::new(GetJobResponse {
+            spec: Some(spec),
+            steps_per_epoch,
+        }))
+    }
+
+    async fn register_job(
+        &self,
+        request: Request<RegisterJobRequest>,
+    ) -> Result<Response<RegisterJobResponse>, Status> {
+        let spec = request
+            .into_inner()
+            .spec
+            .ok_or_else(|| Status::invalid_argument("job spec is missing"))?;
+        validate_spec(&spec)?;
+        let spec = job_key(spec);
+        let find = |state: &State| {
+            state
+                .core
+                .jobs()
+                .find(|(_, known, _)| **known == spec)
+                .map(|(id, _, steps)| (id, steps))
+        };
+        if let Some((id, steps)) = find(&lock(&self.state)) {
+            return Ok(Response::new(RegisterJobResponse {
+                job_id: id.0,
+                steps_per_epoch: steps,
+                num_samples: 0,
+            }));
+        }
+        let described = self.describe(&spec).await?;
+        let mut state = lock(&self.state);
+        // Another rank may have registered the same job while this one was being checked.
+        if let Some((id, steps)) = find(&state) {
+            return Ok(Response::new(RegisterJobResponse {
+                job_id: id.0,
+                steps_per_epoch: steps,
+                num_samples: described.num_samples,
+            }));
+        }
+        let id = state
+            .core
+            .register_job(spec, described.steps_per_epoch)
+            .map_err(coordinator_status)?;
+        Ok(Response::new(RegisterJobResponse {
+            job_id: id.0,
+            steps_per_epoch: described.steps_per_epoch,
+            num_samples: described.num_samples,
+        }))
+    }
+
+    async fn open_session(
+        &self,
+        request: Request<OpenSessionRequest>,
+    ) -> Result<Response<OpenSessionResponse>, Status> {
+        let request = request.into_inner();
+        let job = JobId(request.job_id);
+        let mut state = lock(&self.state);
+        let session = state
+            .core
+            .open_session(job, request.rank, request.epoch, Step(request.start_step))
+            .map_err(coordinator_status)?;
+        let position = state
+            .core
+            .acknowledged_position(session)
+            .map_err(coordinator_status)?;
+        let steps_per_epoch = state
+            .core
+            .steps_per_epoch(job)
+            .map_err(coordinator_status)?;
+        state.sessions.insert(
+            session.0,
+            SessionEntry {
+                job: job.0,
+                rank: request.rank,
+                epoch: request.epoch,
+                steps_per_epoch,
+                last_seen: Instant::now(),
+            },
+        );
+        let workers = Self::worker_infos(&state);
+        tracing::info!(
+            session = session.0,
+            job = job.0,
+            rank = request.rank,
+            epoch = request.epoch,
+            position = position.0,
+            "session opened"
+        );
+        Ok(Response::new(OpenSessionResponse {
+            session: Some(self.token(session)),
+            acknowledged_position: position.0,
+            steps_per_epoch,
+            workers,
+        }))
+    }
+
+    async fn update_session(
+        &self,
+        request: Request<SessionUpdateRequest>,
+    ) -> Result<Response<SessionUpdateResponse>, Status> {
+        let request = request.into_inner();
+        let id = self.check_token(request.session.as_ref())?;
+        let session = SessionId(id);
+        let mut state = lock(&self.state);
+        for step in &request.acknowledged {
+            state
+                .core
+                .acknowledge(session, Step(*step))
+                .map_err(coordinator_status)?;
+        }
+        if request.grant_credits > 0 {
+            state
+                .core
+                .grant_credits(session, request.grant_credits)
+                .map_err(coordinator_status)?;
+        }
+        let position = state
+            .core
+            .acknowledged_position(session)
+            .map_err(coordinator_status)?;
+        let now = Instant::now();
+        let entry = state.sessions.get_mut(&id).map(|entry| {
+            entry.last_seen = now;
+            (entry.job, entry.rank, entry.epoch, entry.steps_per_epoch)
+        });
+        if let (Some((job, rank, epoch, steps_per_epoch)), Some(stats)) = (entry, request.stats) {
+            state.clients.insert(
+                (job, rank),
+                ClientEntry {
+                    job,
+                    rank,
+                    epoch,
+                    stats,
+                    acknowledged_position: position.0,
+                    steps_per_epoch,
+                    at: now,
+                },
+            );
+        }
+        let workers = Self::worker_infos(&state);
+        drop(state);
+        if request.grant_credits > 0 {
+            self.work.notify_waiters();
+        }
+        Ok(Response::new(SessionUpdateResponse {
+            acknowledged_position: position.0,
+            workers,
+        }))
+    }
+
+    async fn close_session(
+        &self,
+        request: Request<CloseSessionRequest>,
+    ) -> Result<Response<CloseSessionResponse>, Status> {
+        let id = self.check_token(request.into_inner().session.as_ref())?;
+        let mut state = lock(&self.state);
+        state.sessions.remove(&id);
+        state
+            .core
+            .close_session(SessionId(id))
+            .map_err(coordinator_status)?;
+        Ok(Response::new(CloseSessionResponse {}))
+    }
+}

@@ -1,0 +1,576 @@
+//! The worker daemon (`stoker-worker`): registers with the coordinator, pulls tasks (one task is
+//! one batch), builds each batch with the same job code as the embedded mode, and streams it to
+//! the client that owns the session, on the stream that client opened (`WorkerData.Subscribe`).
+//!
+//! - It reads datasets only under its `--data-root` folders; a job naming anything else is
+//!   refused with `PERMISSION_DENIED` saying so.
+//! - It produces only what it was leased, and the coordinator leases a session only against the
+//!   credits its client granted: memory stays bounded at both ends.
+//! - When the coordinator goes away it re-registers with backoff (a restarted coordinator gets a
+//!   new incarnation; streams of the old one end and clients open new ones).
+//! - A batch it cannot deliver (no stream from the client within [`SUBSCRIBE_WAIT`]) is reported
+//!   failed and goes back to the queue.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use stoker_datasets::SampleSource;
+use stoker_proto::v1::coordinator_client::CoordinatorClient;
+use stoker_proto::v1::worker_data_server::{self, WorkerDataServer};
+use stoker_proto::v1::{
+    Batch, DescribeJobRequest, DescribeJobResponse, FailedTask, GetJobRequest, HeartbeatRequest,
+    JobSpec, LeaseRequest, RegisterWorkerRequest, ReportRequest, SubscribeRequest, TaskLease,
+};
+use tokio::sync::{mpsc, Notify, Semaphore};
+use tonic::transport::Channel;
+use tonic::{Code, Request, Response, Status};
+
+use super::transport::{self, loader_status, Backoff, MAX_MESSAGE_BYTES};
+use crate::error::{Error, Result};
+use crate::job::{open_source, Job};
+use crate::planner::EpochPlan;
+
+/// How long a finished batch waits for its client's stream before it is reported failed.
+pub const SUBSCRIBE_WAIT: Duration = Duration::from_secs(10);
+
+/// Batches queued per client stream (credits bound it too).
+const STREAM_QUEUE: usize = 8;
+
+/// How the worker runs.
+#[derive(Debug, Clone)]
+pub struct WorkerConfig {
+    /// The coordinator's `host:port`.
+    pub coordinator: String,
+    /// The address clients reach this worker's data server at (registered with the coordinator).
+    pub advertise: SocketAddr,
+    /// Decode threads (0: one per core).
+    pub threads: usize,
+    /// Folders datasets may be read from.
+    pub data_roots: Vec<PathBuf>,
+    /// Tasks leased ahead of the one being built.
+    pub lease_ahead: u32,
+}
+
+type Key = (u64, u64);
+
+struct Subscription {
+    sender: mpsc::Sender<std::result::Result<Batch, Status>>,
+}
+
+struct JobEntry {
+    spec: JobSpec,
+    source: Arc<dyn SampleSource>,
+    ranks: Mutex<HashMap<u32, Arc<Job>>>,
+    plans: Mutex<HashMap<(u32, u64), Arc<EpochPlan>>>,
+}
+
+struct Shared {
+    roots: Vec<PathBuf>,
+    subscriptions: Mutex<HashMap<Key, Subscription>>,
+    subscribed: Notify,
+    jobs: Mutex<HashMap<u64, Arc<JobEntry>>>,
+    pool: rayon::ThreadPool,
+    threads: usize,
+    bad_samples: AtomicU64,
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Canonical forms of the data roots; a root that does not exist is an error naming it.
+pub fn canonical_roots(roots: &[PathBuf]) -> Result<Vec<PathBuf>> {
+    roots
+        .iter()
+        .map(|root| {
+            std::fs::canonicalize(root).map_err(|e| {
+                Error::InvalidSpec(format!("--data-root {} is not usable: {e}", root.display()))
+            })
+        })
+        .collect()
+}
+
+/// Checks that a job's dataset lies under one of `roots`.
+fn check_root(roots: &[PathBuf], spec: &JobSpec) -> std::result::Result<(), Status> {
+    let uri = spec
+        .dataset
+        .as_ref()
+        .map(|d| d.uri.trim())
+        .ok_or_else(|| Status::invalid_argument("job spec has no dataset"))?;
+    if uri.contains("://") && !uri.starts_with("file://") {
+        // Remote sources are read with the worker's own credentials, not from its disks.
+        return Ok(());
+    }
+    let path = Path::new(uri.strip_prefix("file://").unwrap_or(uri));
+    let canonical = std::fs::canonicalize(path).map_err(|e| {
+        Status::not_found(format!(
+            "dataset {} cannot be opened on this worker: {e}",
+            path.display()
+        ))
+    })?;
+    if roots.iter().any(|root| canonical.starts_with(root)) {
+        return Ok(());
+    }
+    let listed: Vec<String> = roots.iter().map(|r| r.display().to_string()).collect();
+    Err(Status::permission_denied(format!(
+        "dataset {} is outside this worker's --data-root ({})",
+        path.display(),
+        listed.join(", ")
+    )))
+}
+
+impl Shared {
+    fn open_job(&self, spec: &JobSpec) -> std::result::Result<Job, Status> {
+        check_root(&self.roots, spec)?;
+        Job::open(spec.clone()).map_err(|e| loader_status(&e))
+    }
+
+    fn job_for(&self, entry: &JobEntry, rank: u32) -> Result<Arc<Job>> {
+        if let Some(job) = lock(&entry.ranks).get(&rank) {
+            return Ok(job.clone());
+        }
+        let mut spec = entry.spec.clone();
+        spec.rank = rank;
+        let job = Arc::new(Job::with_source(spec, entry.source.clone())?);
+        lock(&entry.ranks).insert(rank, job.clone());
+        Ok(job)
+    }
+
+    /// Builds the leased batch on the decode pool.
+    fn build(&self, entry: &JobEntry, task: &TaskLease) -> Result<Batch> {
+        let job = self.job_for(entry, task.rank)?;
+        let key = (task.rank, task.epoch);
+        let cached = lock(&entry.plans).get(&key).cloned();
+        let plan = match cached {
+            Some(plan) => plan,
+            None => {
+                let plan = Arc::new(job.plan(task.epoch)?);
+                let mut plans = lock(&entry.plans);
+                if plans.len() > 64 {
+                    plans.clear();
+                }
+                plans.insert(key, plan.clone());
+                plan
+            }
+        };
+        let batch = self.pool.install(|| job.batch(&plan, task.step))?;
+        self.bad_samples
+            .fetch_add(batch.bad_samples.len() as u64, Ordering::Relaxed);
+        Ok(batch)
+    }
+
+    /// Waits until the client of `key` has opened its stream, up to `wait`.
+    async fn subscription(
+        &self,
+        key: Key,
+        wait: Duration,
+    ) -> Option<mpsc::Sender<std::result::Result<Batch, Status>>> {
+        let deadline = tokio::time::Instant::now() + wait;
+        loop {
+            let notified = self.subscribed.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            if let Some(sub) = lock(&self.subscriptions).get(&key) {
+                if !sub.sender.is_closed() {
+                    return Some(sub.sender.clone());
+                }
+            }
+            if tokio::time::timeout_at(deadline, notified).await.is_err() {
+                return None;
+            }
+        }
+    }
+}
+
+/// The data server clients stream batches from.
+#[derive(Clone)]
+struct DataService {
+    shared: Arc<Shared>,
+}
+
+#[tonic::async_trait]
+impl worker_data_server::WorkerData for DataService {
+    async fn describe_job(
+        &self,
+        request: Request<DescribeJobRequest>,
+    ) -> std::result::Result<Response<DescribeJobResponse>, Status> {
+        let spec = request
+            .into_inner()
+            .spec
+            .ok_or_else(|| Status::invalid_argument("job spec is missing"))?;
+        let shared = self.shared.clone();
+        let answer = tokio::task::spawn_blocking(move || {
+            let job = shared.open_job(&spec)?;
+            let plan = job.plan(0).map_err(|e| loader_status(&e))?;
+            let batch_size = job.plan_config().batch_size as usize;
+            Ok::<_, Status>(DescribeJobResponse {
+                num_samples: job.plan_config().num_samples,
+                steps_per_epoch: plan.steps(),
+                batch_bytes: job.assembler().image_bytes(batch_size) as u64,
+            })
+        })
+        .await
+        .map_err(|e| Status::internal(format!("job check panicked: {e}")))??;
+        Ok(Response::new(answer))
+    }
+
+    type SubscribeStream =
+        tokio_stream::wrappers::ReceiverStream<std::result::Result<Batch, Status>>;
+
+    async fn subscribe(
+        &self,
+        request: Request<SubscribeRequest>,
+    ) -> std::result::Result<Response<Self::SubscribeStream>, Status> {
+        let request = request.into_inner();
+        let token = request
+            .session
+            .ok_or_else(|| Status::invalid_argument("session token is missing"))?;
+        let (sender, receiver) = mpsc::channel(STREAM_QUEUE);
+        let key = (token.incarnation, token.session_id);
+        {
+            let mut subscriptions = lock(&self.shared.subscriptions);
+            subscriptions.retain(|_, sub| !sub.sender.is_closed());
+            subscriptions.insert(key, Subscription { sender });
+        }
+        self.shared.subscribed.notify_waiters();
+        tracing::debug!(
+            session = token.session_id,
+            job = request.job_id,
+            "client stream opened"
+        );
+        Ok(Response::new(tokio_stream::wrappers::ReceiverStream::new(
+            receiver,
+        )))
+    }
+}
+
+/// What the reporter sends the coordinator.
+enum Outcome {
+    Completed(u64),
+    Failed(u64, String),
+}
+
+/// Runs a worker until `shutdown` resolves: the data server on `listener` and the task loop
+/// against the coordinator.
+pub async fn run_worker(
+    config: WorkerConfig,
+    listener: tokio::net::TcpListener,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> Result<()> {
+    let threads = if config.threads == 0 {
+        std::thread::available_parallelism().map_or(1, |n| n.get())
+    } else {
+        config.threads
+    };
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(threads)
+        .thread_name(|i| format!("stoker-worker-decode-{i}"))
+        .build()
+        .map_err(|e| Error::Threads(e.to_string()))?;
+    let shared = Arc::new(Shared {
+        roots: canonical_roots(&config.data_roots)?,
+        subscriptions: Mutex::new(HashMap::new()),
+        subscribed: Notify::new(),
+        jobs: Mutex::new(HashMap::new()),
+        pool,
+        threads,
+        bad_samples: AtomicU64::new(0),
+    });
+    let service = WorkerDataServer::new(DataService {
+        shared: shared.clone(),
+    })
+    .max_decoding_message_size(MAX_MESSAGE_BYTES)
+    .max_encoding_message_size(MAX_MESSAGE_BYTES);
+    let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
+    let (stop_tx, mut stop_rx) = tokio::sync::watch::channel(false);
+    let server = tokio::spawn(async move {
+        let result = transport::server()
+            .add_service(service)
+            .serve_with_incoming_shutdown(incoming, shutdown)
+            .await;
+        let _ = stop_tx.send(true);
+        result
+    });
+    let tasks = tokio::spawn(task_loop(config, shared));
+    let _ = stop_rx.changed().await;
+    tasks.abort();
+    server
+        .await
+        .map_err(|e| Error::Stopped(format!("worker server task: {e}")))?
+        .map_err(|e| Error::Stopped(format!("worker server: {e}")))
+}
+
+/// Register, lease, build, deliver, report; again from registration when the coordinator is
+/// lost or forgets this worker.
+async fn task_loop(config: WorkerConfig, shared: Arc<Shared>) {
+    let channel = match transport::channel(&config.coordinator) {
+        Ok(channel) => channel,
+        Err(error) => {
+            tracing::error!(%error, "bad coordinator address");
+            return;
+        }
+    };
+    let mut backoff = Backoff::new(Duration::from_secs(2));
+    let mut incarnation = None;
+    loop {
+        let mut client =
+            CoordinatorClient::new(channel.clone()).max_decoding_message_size(MAX_MESSAGE_BYTES);
+        let registered = client
+            .register_worker(RegisterWorkerRequest {
+                data_address: config.advertise.to_string(),
+                threads: shared.threads as u32,
+                data_roots: shared
+                    .roots
+                    .iter()
+                    .map(|r| r.display().to_string())
+                    .collect(),
+            })
+            .await;
+        let registered = match registered {
+            Ok(response) => response.into_inner(),
+            Err(status) => {
+                let delay = backoff.next_delay();
+                tracing::warn!(%status, retry_in = ?delay, coordinator = %config.coordinator, "cannot register with the coordinator");
+                tokio::time::sleep(delay).await;
+                continue;
+            }
+        };
+        backoff.reset();
+        if incarnation != Some(registered.incarnation) {
+            // A new coordinator run: job ids may mean other jobs now.
+            lock(&shared.jobs).clear();
+            incarnation = Some(registered.incarnation);
+        }
+        tracing::info!(worker = registered.worker_id, coordinator = %config.coordinator, "registered with the coordinator");
+        let status = serve_leases(
+            &config,
+            &shared,
+            client,
+            registered.worker_id,
+            registered.lease_timeout_ms,
+        )
+        .await;
+        tracing::warn!(%status, "lost the coordinator; registering again");
+        tokio::time::sleep(backoff.next_delay()).await;
+    }
+}
+
+/// Leases and builds until a call to the coordinator fails; returns that failure.
+async fn serve_leases(
+    config: &WorkerConfig,
+    shared: &Arc<Shared>,
+    mut client: CoordinatorClient<Channel>,
+    worker_id: u64,
+    lease_timeout_ms: u64,
+) -> Status {
+    let (outcomes_tx, outcomes_rx) = mpsc::unbounded_channel();
+    let (lost_tx, mut lost_rx) = mpsc::channel::<Status>(4);
+    let heartbeat = tokio::spawn(heartbeat_loop(
+        client.clone(),
+        worker_id,
+        lease_timeout_ms,
+        lost_tx.clone(),
+    ));
+    let reporter = tokio::spawn(report_loop(
+        client.clone(),
+        worker_id,
+        shared.clone(),
+        outcomes_rx,
+        lost_tx,
+    ));
+    // Deliveries in flight: each holds one finished batch.
+    let deliveries = Arc::new(Semaphore::new(config.lease_ahead.max(1) as usize * 2));
+    let status = loop {
+        if let Ok(status) = lost_rx.try_recv() {
+            break status;
+        }
+        let leased = client
+            .lease(LeaseRequest {
+                worker_id,
+                max_tasks: config.lease_ahead.max(1),
+                wait_ms: 1000,
+            })
+            .await;
+        let tasks = match leased {
+            Ok(response) => response.into_inner().tasks,
+            Err(status) => break status,
+        };
+        for task in tasks {
+            let permit = match deliveries.clone().acquire_owned().await {
+                Ok(permit) => permit,
+                Err(_) => break,
+            };
+            let entry = match job_entry(shared, &mut client, task.job_id).await {
+                Ok(entry) => entry,
+                Err(status) => {
+                    let _ = outcomes_tx
+                        .send(Outcome::Failed(task.lease_id, status.message().to_string()));
+                    continue;
+                }
+            };
+            let built = {
+                let shared = shared.clone();
+                let task = task.clone();
+                tokio::task::spawn_blocking(move || shared.build(&entry, &task)).await
+            };
+            let batch = match built {
+                Ok(Ok(batch)) => batch,
+                Ok(Err(error)) => {
+                    // Under the fail policy a bad sample fails the batch: the client must hear
+                    // about it, not wait for a retry that fails the same way.
+                    let status = loader_status(&error);
+                    send_error(shared, &task, status).await;
+                    let _ = outcomes_tx.send(Outcome::Completed(task.lease_id));
+                    continue;
+                }
+                Err(panic) => {
+                    let _ = outcomes_tx.send(Outcome::Failed(
+                        task.lease_id,
+                        format!("batch build panicked: {panic}"),
+                    ));
+                    continue;
+                }
+            };
+            let shared = shared.clone();
+            let outcomes = outcomes_tx.clone();
+            tokio::spawn(async move {
+                let outcome = deliver(&shared, &task, batch).await;
+                let _ = outcomes.send(outcome);
+                drop(permit);
+            });
+        }
+    };
+    heartbeat.abort();
+    reporter.abort();
+    status
+}
+
+async fn send_error(shared: &Shared, task: &TaskLease, status: Status) {
+    let Some(token) = &task.session else { return };
+    if let Some(sender) = shared
+        .subscription((token.incarnation, token.session_id), SUBSCRIBE_WAIT)
+        .await
+    {
+        let _ = sender.send(Err(status)).await;
+    }
+}
+
+async fn deliver(shared: &Shared, task: &TaskLease, batch: Batch) -> Outcome {
+    let Some(token) = &task.session else {
+        return Outcome::Failed(task.lease_id, "lease without a session".into());
+    };
+    let key = (token.incarnation, token.session_id);
+    let Some(sender) = shared.subscription(key, SUBSCRIBE_WAIT).await else {
+        return Outcome::Failed(
+            task.lease_id,
+            format!(
+                "no stream from the client of session {} within {SUBSCRIBE_WAIT:?}",
+                token.session_id
+            ),
+        );
+    };
+    match sender.send(Ok(batch)).await {
+        Ok(()) => Outcome::Completed(task.lease_id),
+        Err(_) => Outcome::Failed(
+            task.lease_id,
+            format!(
+                "the client of session {} closed its stream",
+                token.session_id
+            ),
+        ),
+    }
+}
+
+async fn job_entry(
+    shared: &Arc<Shared>,
+    client: &mut CoordinatorClient<Channel>,
+    job_id: u64,
+) -> std::result::Result<Arc<JobEntry>, Status> {
+    if let Some(entry) = lock(&shared.jobs).get(&job_id) {
+        return Ok(entry.clone());
+    }
+    let spec = client
+        .get_job(GetJobRequest { job_id })
+        .await?
+        .into_inner()
+        .spec
+        .ok_or_else(|| Status::internal(format!("coordinator sent job {job_id} without a spec")))?;
+    let opened = {
+        let shared = shared.clone();
+        let spec = spec.clone();
+        tokio::task::spawn_blocking(move || {
+            check_root(&shared.roots, &spec)?;
+            let dataset = spec
+                .dataset
+                .as_ref()
+                .ok_or_else(|| Status::invalid_argument("job spec has no dataset"))?;
+            open_source(dataset).map_err(|e| loader_status(&e))
+        })
+        .await
+        .map_err(|e| Status::internal(format!("opening job {job_id} panicked: {e}")))??
+    };
+    let entry = Arc::new(JobEntry {
+        spec,
+        source: opened,
+        ranks: Mutex::new(HashMap::new()),
+        plans: Mutex::new(HashMap::new()),
+    });
+    lock(&shared.jobs).insert(job_id, entry.clone());
+    tracing::info!(job = job_id, "job opened");
+    Ok(entry)
+}
+
+async fn heartbeat_loop(
+    mut client: CoordinatorClient<Channel>,
+    worker_id: u64,
+    lease_timeout_ms: u64,
+    lost: mpsc::Sender<Status>,
+) {
+    let every = Duration::from_millis((lease_timeout_ms / 4).clamp(50, 5_000));
+    loop {
+        tokio::time::sleep(every).await;
+        if let Err(status) = client.heartbeat(HeartbeatRequest { worker_id }).await {
+            if !transport::is_transient(&status) || status.code() == Code::Unavailable {
+                let _ = lost.send(status).await;
+                return;
+            }
+        }
+    }
+}
+
+async fn report_loop(
+    mut client: CoordinatorClient<Channel>,
+    worker_id: u64,
+    shared: Arc<Shared>,
+    mut outcomes: mpsc::UnboundedReceiver<Outcome>,
+    lost: mpsc::Sender<Status>,
+) {
+    let mut reported_bad = 0;
+    while let Some(first) = outcomes.recv().await {
+        let mut request = ReportRequest {
+            worker_id,
+            ..ReportRequest::default()
+        };
+        let mut next = Some(first);
+        while let Some(outcome) = next {
+            match outcome {
+                Outcome::Completed(lease) => request.completed.push(lease),
+                Outcome::Failed(lease_id, reason) => {
+                    request.failed.push(FailedTask { lease_id, reason })
+                }
+            }
+            next = outcomes.try_recv().ok();
+        }
+        let bad = shared.bad_samples.load(Ordering::Relaxed);
+        request.bad_samples = bad - reported_bad;
+        reported_bad = bad;
+        if let Err(status) = client.report(request).await {
+            let _ = lost.send(status).await;
+            return;
+        }
+    }
+}
