@@ -1,0 +1,316 @@
+//! Distributed mode with real processes on 127.0.0.1: a coordinator daemon, `stoker-worker`
+//! daemons, and the client in this process. Workers are killed with SIGKILL, the coordinator is
+//! killed and restarted on the same port and state folder, a worker joins mid-epoch; every
+//! sample must still arrive exactly once per rank, with the bytes of the embedded mode.
+
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::io::{BufRead, BufReader};
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use stoker_loader::distributed::{RemoteLoader, RemoteOptions};
+use stoker_loader::{BatchDigest, Loader, LoaderOptions};
+use stoker_proto::v1::coordinator_client::CoordinatorClient;
+use stoker_proto::v1::{JobSpec, OpenSessionRequest, RegisterJobRequest};
+
+/// A child daemon, SIGKILLed and reaped when dropped.
+struct Daemon {
+    child: Child,
+    address: String,
+}
+
+impl Daemon {
+    fn start(program: &str, args: &[&str]) -> Daemon {
+        let mut child = Command::new(program)
+            .args(args)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("daemon starts");
+        let stdout = child.stdout.take().unwrap();
+        let (tx, rx) = mpsc::channel();
+        std::thread::spawn(move || {
+            let mut line = String::new();
+            let _ = BufReader::new(stdout).read_line(&mut line);
+            let _ = tx.send(line);
+        });
+        let line = rx
+            .recv_timeout(Duration::from_secs(30))
+            .expect("daemon prints its address");
+        let address = line
+            .split_whitespace()
+            .last()
+            .expect("address on the first line")
+            .to_string();
+        Daemon { child, address }
+    }
+
+    fn coordinator(state: &Path, listen: &str) -> Daemon {
+        Daemon::start(
+            env!("CARGO_BIN_EXE_stoker"),
+            &[
+                "coordinator",
+                "--listen",
+                listen,
+                "--state",
+                state.to_str().unwrap(),
+                "--lease-timeout-ms",
+                "800",
+            ],
+        )
+    }
+
+    fn worker(coordinator: &str, root: &Path) -> Daemon {
+        Daemon::start(
+            env!("CARGO_BIN_EXE_stoker-worker"),
+            &[
+                "--coordinator",
+                coordinator,
+                "--data-root",
+                root.to_str().unwrap(),
+                "--threads",
+                "1",
+            ],
+        )
+    }
+
+    fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+fn spec(data: &Path, rank: u32) -> JobSpec {
+    let mut spec = common::train_spec(data, 8);
+    spec.world_size = 2;
+    spec.rank = rank;
+    spec
+}
+
+fn options() -> RemoteOptions {
+    RemoteOptions {
+        prefetch: 4,
+        deadline: Duration::from_secs(60),
+        connect_timeout: Duration::from_secs(30),
+        stall_reopen: Duration::from_secs(3),
+    }
+}
+
+/// Every batch of the rank's epoch from the embedded loader: digest and step -> indices.
+fn embedded(spec: JobSpec) -> (String, BTreeMap<u64, Vec<u64>>) {
+    let loader = Loader::new(
+        spec,
+        LoaderOptions {
+            threads: 1,
+            ..LoaderOptions::default()
+        },
+    )
+    .unwrap();
+    let mut digest = BatchDigest::new();
+    let mut steps = BTreeMap::new();
+    for batch in loader.epoch(0, 0).unwrap() {
+        let batch = batch.unwrap();
+        digest.update(&batch);
+        steps.insert(batch.step, batch.sample_indices.clone());
+    }
+    (digest.hex(), steps)
+}
+
+/// Reads both ranks' epochs through the coordinator, one batch of each rank in turn, calling
+/// `halfway` once half of rank 0's steps have been taken. Returns per rank the digest and
+/// step -> indices.
+fn distributed(
+    address: &str,
+    data: &Path,
+    mut halfway: impl FnMut(),
+) -> Vec<(String, BTreeMap<u64, Vec<u64>>)> {
+    let loaders: Vec<RemoteLoader> = (0..2)
+        .map(|rank| RemoteLoader::connect(address, spec(data, rank), options()).unwrap())
+        .collect();
+    let mut streams: Vec<_> = loaders.iter().map(|l| l.epoch(0, 0).unwrap()).collect();
+    let steps = loaders[0].steps_per_epoch();
+    let mut digests = vec![BatchDigest::new(), BatchDigest::new()];
+    let mut seen = vec![BTreeMap::new(), BTreeMap::new()];
+    let started = Instant::now();
+    for step in 0..steps {
+        if step == steps / 2 {
+            halfway();
+        }
+        for rank in 0..2 {
+            let batch = streams[rank].next_batch().unwrap().expect("a batch per step");
+            assert_eq!(batch.step, step, "rank {rank} yields in step order");
+            assert_eq!(batch.rank, rank as u32);
+            digests[rank].update(&batch);
+            assert!(
+                seen[rank]
+                    .insert(batch.step, batch.sample_indices.clone())
+                    .is_none(),
+                "rank {rank} step {step} delivered twice"
+            );
+        }
+        // A training step: lets work pile up at the workers so a kill hits tasks in flight.
+        std::thread::sleep(Duration::from_millis(15));
+    }
+    for stream in &mut streams {
+        assert!(stream.next_batch().unwrap().is_none(), "the epoch ends");
+    }
+    assert!(started.elapsed() < Duration::from_secs(120));
+    digests
+        .into_iter()
+        .zip(seen)
+        .map(|(d, s)| (d.hex(), s))
+        .collect()
+}
+
+fn assert_matches_embedded(data: &Path, got: &[(String, BTreeMap<u64, Vec<u64>>)]) {
+    let mut all = Vec::new();
+    for (rank, (digest, steps)) in got.iter().enumerate() {
+        let (want_digest, want_steps) = embedded(spec(data, rank as u32));
+        assert_eq!(steps, &want_steps, "rank {rank}: the same samples at the same steps");
+        assert_eq!(digest, &want_digest, "rank {rank}: bit-identical to the embedded mode");
+        all.extend(steps.values().flatten().copied());
+    }
+    // 200 samples, 2 ranks: each sample exactly once over the ranks (the split is even).
+    all.sort_unstable();
+    assert_eq!(all, (0..200).collect::<Vec<u64>>());
+}
+
+fn fixture() -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    common::make_images(&dir.path().join("data"), 200);
+    dir
+}
+
+#[test]
+fn a_worker_killed_mid_epoch_costs_no_sample_and_duplicates_none() {
+    let dir = fixture();
+    let data = dir.path().join("data");
+    let coordinator = Daemon::coordinator(&dir.path().join("state"), "127.0.0.1:0");
+    let mut first = Daemon::worker(&coordinator.address, dir.path());
+    let _second = Daemon::worker(&coordinator.address, dir.path());
+    let got = distributed(&coordinator.address, &data, || first.kill());
+    assert_matches_embedded(&data, &got);
+}
+
+#[test]
+fn a_coordinator_restarted_mid_epoch_resumes_from_its_journal() {
+    let dir = fixture();
+    let data = dir.path().join("data");
+    let state = dir.path().join("state");
+    let mut coordinator = Daemon::coordinator(&state, "127.0.0.1:0");
+    let address = coordinator.address.clone();
+    let _first = Daemon::worker(&address, dir.path());
+    let _second = Daemon::worker(&address, dir.path());
+    let mut restarted = None;
+    let got = distributed(&address, &data, || {
+        coordinator.kill();
+        restarted = Some(Daemon::coordinator(&state, &address));
+    });
+    assert_matches_embedded(&data, &got);
+    assert_eq!(restarted.map(|d| d.address.clone()), Some(address));
+}
+
+#[test]
+fn a_worker_that_joins_mid_epoch_takes_tasks() {
+    let dir = fixture();
+    let data = dir.path().join("data");
+    let coordinator = Daemon::coordinator(&dir.path().join("state"), "127.0.0.1:0");
+    let mut first = Daemon::worker(&coordinator.address, dir.path());
+    let mut second = Daemon::worker(&coordinator.address, dir.path());
+    let mut third = None;
+    let got = distributed(&coordinator.address, &data, || {
+        third = Some(Daemon::worker(&coordinator.address, dir.path()));
+        // Only the newcomer is left: the rest of the epoch is its work.
+        std::thread::sleep(Duration::from_millis(300));
+        first.kill();
+        second.kill();
+    });
+    assert_matches_embedded(&data, &got);
+    assert!(third.is_some());
+}
+
+#[test]
+fn malformed_and_unauthorised_requests_get_errors_that_name_the_problem() {
+    let dir = fixture();
+    let data = dir.path().join("data");
+    let outside = tempfile::tempdir().unwrap();
+    common::make_images(outside.path(), 4);
+    let coordinator = Daemon::coordinator(&dir.path().join("state"), "127.0.0.1:0");
+    let _worker = Daemon::worker(&coordinator.address, &data);
+
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    runtime.block_on(async {
+        let mut client = CoordinatorClient::connect(format!("http://{}", coordinator.address))
+            .await
+            .unwrap();
+        let register = |spec: JobSpec| RegisterJobRequest { spec: Some(spec) };
+
+        let status = client
+            .register_job(register(spec(outside.path(), 0)))
+            .await
+            .unwrap_err();
+        assert_eq!(status.code(), tonic::Code::PermissionDenied, "{status:?}");
+        assert!(
+            status.message().contains("outside this worker's --data-root"),
+            "{status:?}"
+        );
+
+        let mut absurd = spec(&data, 0);
+        absurd.batch_size = 1 << 30;
+        let status = client.register_job(register(absurd)).await.unwrap_err();
+        assert_eq!(status.code(), tonic::Code::InvalidArgument);
+        assert!(status.message().contains("batch_size"), "{status:?}");
+
+        let status = client
+            .open_session(OpenSessionRequest {
+                job_id: 999,
+                rank: 0,
+                epoch: 0,
+                start_step: 0,
+            })
+            .await
+            .unwrap_err();
+        assert_eq!(status.code(), tonic::Code::NotFound);
+        assert!(status.message().contains("unknown job 999"), "{status:?}");
+
+        let job = client
+            .register_job(register(spec(&data, 0)))
+            .await
+            .unwrap()
+            .into_inner();
+        let status = client
+            .open_session(OpenSessionRequest {
+                job_id: job.job_id,
+                rank: 7,
+                epoch: 0,
+                start_step: 0,
+            })
+            .await
+            .unwrap_err();
+        assert_eq!(status.code(), tonic::Code::InvalidArgument);
+        assert!(status.message().contains("rank 7"), "{status:?}");
+    });
+
+    // The daemons kept serving: a whole epoch still comes through, identical to the embedded one.
+    let loader = RemoteLoader::connect(&coordinator.address, spec(&data, 1), options()).unwrap();
+    let mut digest = BatchDigest::new();
+    for batch in loader.epoch(0, 0).unwrap() {
+        digest.update(&batch.unwrap());
+    }
+    assert_eq!(digest.hex(), embedded(spec(&data, 1)).0);
+}
