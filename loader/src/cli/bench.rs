@@ -45,6 +45,9 @@ pub enum BenchKind {
     /// Task assignments per second and memory of the coordinator core, driven in process by
     /// many simulated workers and ranks on one thread.
     Coordinator(super::bench_coordinator::CoordinatorArgs),
+    /// Batch streaming throughput of the distributed mode's gRPC transport over loopback, beside
+    /// a memcpy bandwidth measured in the same run.
+    Transport(super::bench_transport::TransportArgs),
 }
 
 /// The figures `stoker bench --json` prints.
@@ -80,6 +83,7 @@ struct Stages {
 pub fn run(args: BenchArgs) -> anyhow::Result<()> {
     match args.which {
         Some(BenchKind::Stall(stall)) => return super::bench_stall::run(stall),
+        Some(BenchKind::Transport(transport)) => return super::bench_transport::run(transport),
         Some(BenchKind::Coordinator(coordinator)) => {
             return super::bench_coordinator::run(coordinator)
         }

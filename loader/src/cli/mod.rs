@@ -3,6 +3,7 @@
 mod bench;
 mod bench_coordinator;
 mod bench_stall;
+mod bench_transport;
 mod convert;
 mod coordinator;
 mod demo;

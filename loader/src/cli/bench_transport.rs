@@ -1,0 +1,221 @@
+//! `stoker bench transport`: batch streaming throughput over loopback with the distributed
+//! mode's transport (the `WorkerData.Subscribe` stream, its message limits, windows and frame
+//! size), printed beside a memcpy bandwidth measured in the same run, and their ratio.
+//!
+//! The server streams one pre-built batch again and again (cloning `Bytes` costs no copy), so the
+//! figure is what the transport alone costs: the socket's two copies plus tonic's framing, and on
+//! the receiving side the decode into a `Batch` whose tensor bytes are a slice of tonic's buffer.
+//! Server and client each run a single-threaded runtime on their own thread, as a worker's
+//! stream and a client's stream do.
+
+use std::hint::black_box;
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use bytes::Bytes;
+use clap::Args;
+use serde::Serialize;
+use stoker_loader::distributed::transport::{self, MAX_MESSAGE_BYTES};
+use stoker_proto::v1::worker_data_client::WorkerDataClient;
+use stoker_proto::v1::worker_data_server::{WorkerData, WorkerDataServer};
+use stoker_proto::v1::{
+    Batch, DescribeJobRequest, DescribeJobResponse, Dtype, SessionToken, SubscribeRequest, Tensor,
+};
+use tokio::sync::mpsc;
+use tonic::{Request, Response, Status};
+
+/// Arguments of `stoker bench transport`.
+#[derive(Debug, Args)]
+pub struct TransportArgs {
+    /// Bytes of image tensor per batch, in MiB (64 images of 224x224x3 are 9.2 MiB).
+    #[arg(long, default_value_t = 8)]
+    pub batch_mib: usize,
+    /// Total bytes to stream, in MiB.
+    #[arg(long, default_value_t = 4096)]
+    pub total_mib: usize,
+    /// Print one JSON object as the last line.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Debug, Serialize)]
+struct TransportReport {
+    batch_bytes: u64,
+    batches: u64,
+    wall_s: f64,
+    stream_gb_per_s: f64,
+    memcpy_gb_per_s: f64,
+    ratio: f64,
+}
+
+/// A data server that streams the same batch `count` times.
+struct Repeater {
+    batch: Batch,
+    count: u64,
+}
+
+#[tonic::async_trait]
+impl WorkerData for Repeater {
+    async fn describe_job(
+        &self,
+        _request: Request<DescribeJobRequest>,
+    ) -> Result<Response<DescribeJobResponse>, Status> {
+        Err(Status::unimplemented("bench server"))
+    }
+
+    type SubscribeStream = tokio_stream::wrappers::ReceiverStream<Result<Batch, Status>>;
+
+    async fn subscribe(
+        &self,
+        _request: Request<SubscribeRequest>,
+    ) -> Result<Response<Self::SubscribeStream>, Status> {
+        let (sender, receiver) = mpsc::channel(4);
+        let batch = self.batch.clone();
+        let count = self.count;
+        tokio::spawn(async move {
+            for step in 0..count {
+                let mut next = batch.clone();
+                next.step = step;
+                if sender.send(Ok(next)).await.is_err() {
+                    return;
+                }
+            }
+        });
+        Ok(Response::new(tokio_stream::wrappers::ReceiverStream::new(
+            receiver,
+        )))
+    }
+}
+
+/// memcpy bandwidth of one thread over 64 MiB buffers (read + write counted once, as a copy).
+fn memcpy_gb_per_s() -> f64 {
+    let size = 64 << 20;
+    let source: Vec<u8> = (0..size).map(|i| (i * 31 % 251) as u8).collect();
+    let mut target = vec![0u8; size];
+    target.copy_from_slice(&source); // fault the pages in
+    let rounds = 24;
+    let started = Instant::now();
+    for _ in 0..rounds {
+        target.copy_from_slice(black_box(&source));
+        black_box(&mut target);
+    }
+    (size * rounds) as f64 / started.elapsed().as_secs_f64() / 1e9
+}
+
+fn single_thread_runtime() -> anyhow::Result<tokio::runtime::Runtime> {
+    Ok(tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?)
+}
+
+/// Runs the benchmark.
+pub fn run(args: TransportArgs) -> anyhow::Result<()> {
+    anyhow::ensure!(
+        args.batch_mib >= 1 && args.batch_mib << 20 <= MAX_MESSAGE_BYTES / 2,
+        "--batch-mib must be in 1..={}",
+        MAX_MESSAGE_BYTES / 2 >> 20
+    );
+    let batch_bytes = args.batch_mib << 20;
+    let batches = (args.total_mib / args.batch_mib).max(4) as u64;
+    let data: Bytes = (0..batch_bytes).map(|i| (i % 253) as u8).collect::<Vec<u8>>().into();
+    let batch = Batch {
+        tensors: vec![Tensor {
+            name: "image".into(),
+            dtype: Dtype::Uint8 as i32,
+            shape: vec![batch_bytes as u64],
+            data,
+        }],
+        ..Batch::default()
+    };
+
+    let (address_tx, address_rx) = std::sync::mpsc::channel::<SocketAddr>();
+    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+    let server = std::thread::Builder::new()
+        .name("bench-transport-server".into())
+        .spawn(move || -> anyhow::Result<()> {
+            single_thread_runtime()?.block_on(async move {
+                let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+                address_tx.send(listener.local_addr()?)?;
+                let service = WorkerDataServer::new(Repeater {
+                    batch,
+                    count: batches,
+                })
+                .max_encoding_message_size(MAX_MESSAGE_BYTES)
+                .max_decoding_message_size(MAX_MESSAGE_BYTES);
+                transport::server()
+                    .add_service(service)
+                    .serve_with_incoming_shutdown(
+                        tokio_stream::wrappers::TcpListenerStream::new(listener),
+                        async {
+                            let _ = stop_rx.await;
+                        },
+                    )
+                    .await?;
+                Ok(())
+            })
+        })?;
+    let address = address_rx
+        .recv_timeout(Duration::from_secs(10))
+        .context("the bench server did not start")?;
+
+    let memcpy_before = memcpy_gb_per_s();
+    let (received, wall) = single_thread_runtime()?.block_on(async move {
+        let channel = transport::channel(&address.to_string())?;
+        let mut client = WorkerDataClient::new(channel)
+            .max_decoding_message_size(MAX_MESSAGE_BYTES)
+            .max_encoding_message_size(MAX_MESSAGE_BYTES);
+        let mut stream = client
+            .subscribe(SubscribeRequest {
+                session: Some(SessionToken::default()),
+                job_id: 0,
+            })
+            .await?
+            .into_inner();
+        // The first batch warms the connection and windows up; time the rest.
+        let mut received = 0u64;
+        let mut started = Instant::now();
+        let mut first = true;
+        while let Some(batch) = stream.message().await? {
+            if first {
+                first = false;
+                started = Instant::now();
+                continue;
+            }
+            received += batch.tensors.iter().map(|t| t.data.len() as u64).sum::<u64>();
+            black_box(&batch);
+        }
+        anyhow::Ok((received, started.elapsed()))
+    })?;
+    let _ = stop_tx.send(());
+    server
+        .join()
+        .map_err(|_| anyhow::anyhow!("the bench server thread panicked"))??;
+    let memcpy = (memcpy_before + memcpy_gb_per_s()) / 2.0;
+
+    let stream = received as f64 / wall.as_secs_f64() / 1e9;
+    let report = TransportReport {
+        batch_bytes: batch_bytes as u64,
+        batches,
+        wall_s: wall.as_secs_f64(),
+        stream_gb_per_s: stream,
+        memcpy_gb_per_s: memcpy,
+        ratio: stream / memcpy,
+    };
+    println!(
+        "transport: {} batches of {} MiB over loopback in {:.2} s",
+        batches - 1,
+        args.batch_mib,
+        report.wall_s
+    );
+    println!("  stream   {:>6.2} GB/s", report.stream_gb_per_s);
+    println!("  memcpy   {:>6.2} GB/s (one thread, same run)", report.memcpy_gb_per_s);
+    println!(
+        "  ratio    {:>6.1} % of memcpy (a loopback socket costs two copies: ~50% is the ceiling)",
+        report.ratio * 100.0
+    );
+    if args.json {
+        println!("{}", serde_json::to_string(&report)?);
+    }
+    Ok(())
+}
