@@ -157,11 +157,13 @@ impl Loader {
     /// dashboard or a metrics endpoint); it keeps no thread or batch alive.
     pub fn monitor(&self) -> LoaderMonitor {
         LoaderMonitor {
-            stats: Arc::clone(&self.stats),
-            controller: self.controller.clone(),
-            slots: Arc::clone(&self.slots),
-            threads: self.threads,
-            fixed_prefetch: self.controller.is_none().then_some(self.prefetch),
+            source: MonitorSource::Local {
+                stats: Arc::clone(&self.stats),
+                controller: self.controller.clone(),
+                slots: Arc::clone(&self.slots),
+                threads: self.threads,
+                fixed_prefetch: self.controller.is_none().then_some(self.prefetch),
+            },
         }
     }
 
@@ -246,18 +248,29 @@ impl Loader {
     }
 }
 
-/// Reads a loader's figures from any thread; see [`Loader::monitor`].
+/// Reads a loader's figures from any thread; see [`Loader::monitor`]. A coordinator builds
+/// monitors of remote clients from their reports with [`LoaderMonitor::reported`].
 #[derive(Clone)]
 pub struct LoaderMonitor {
-    stats: Arc<Mutex<StatsRecorder>>,
-    controller: Option<Arc<Mutex<PrefetchController>>>,
-    slots: Arc<SlotPool>,
-    threads: usize,
-    fixed_prefetch: Option<usize>,
+    source: MonitorSource,
+}
+
+#[derive(Clone)]
+enum MonitorSource {
+    /// A loader in this process.
+    Local {
+        stats: Arc<Mutex<StatsRecorder>>,
+        controller: Option<Arc<Mutex<PrefetchController>>>,
+        slots: Arc<SlotPool>,
+        threads: usize,
+        fixed_prefetch: Option<usize>,
+    },
+    /// The latest figures a remote client reported.
+    Reported(Arc<Mutex<MonitorSnapshot>>),
 }
 
 /// One reading of a [`LoaderMonitor`].
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Default)]
 pub struct MonitorSnapshot {
     /// Throughput, waits, stage times.
     pub stats: LoaderStats,
@@ -276,19 +289,37 @@ pub struct MonitorSnapshot {
 }
 
 impl LoaderMonitor {
+    /// A monitor that shows whatever is written into `latest` (a remote client's reports).
+    pub fn reported(latest: Arc<Mutex<MonitorSnapshot>>) -> Self {
+        Self {
+            source: MonitorSource::Reported(latest),
+        }
+    }
+
     /// The figures now.
     pub fn snapshot(&self) -> MonitorSnapshot {
-        MonitorSnapshot {
-            stats: self.stats.lock().map(|s| s.snapshot()).unwrap_or_default(),
-            controller: self
-                .controller
-                .as_ref()
-                .and_then(|c| c.lock().ok().map(|c| c.snapshot())),
-            fixed_prefetch: self.fixed_prefetch,
-            slots_in_use: self.slots.in_use(),
-            slot_capacity: self.slots.capacity(),
-            slot_bytes: self.slots.slot_bytes(),
-            threads: self.threads,
+        match &self.source {
+            MonitorSource::Local {
+                stats,
+                controller,
+                slots,
+                threads,
+                fixed_prefetch,
+            } => MonitorSnapshot {
+                stats: stats.lock().map(|s| s.snapshot()).unwrap_or_default(),
+                controller: controller
+                    .as_ref()
+                    .and_then(|c| c.lock().ok().map(|c| c.snapshot())),
+                fixed_prefetch: *fixed_prefetch,
+                slots_in_use: slots.in_use(),
+                slot_capacity: slots.capacity(),
+                slot_bytes: slots.slot_bytes(),
+                threads: *threads,
+            },
+            MonitorSource::Reported(latest) => latest
+                .lock()
+                .map(|s| s.clone())
+                .unwrap_or_else(|p| p.into_inner().clone()),
         }
     }
 }

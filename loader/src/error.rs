@@ -50,6 +50,20 @@ pub enum Error {
     /// message says which and why.
     #[error("distributed mode: {0}")]
     Remote(String),
+    /// `next()` in distributed mode waited past its deadline.
+    #[error("timed out after {waited:?} waiting for epoch {epoch} step {step} (rank {rank}) from the workers of coordinator {coordinator}")]
+    RemoteTimeout {
+        /// Epoch waited for.
+        epoch: u64,
+        /// Step waited for.
+        step: u64,
+        /// Rank.
+        rank: u32,
+        /// How long.
+        waited: Duration,
+        /// The coordinator's address.
+        coordinator: String,
+    },
     /// A thread pool could not be built.
     #[error("cannot start decode threads: {0}")]
     Threads(String),

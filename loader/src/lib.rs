@@ -37,7 +37,7 @@ pub use coordinator::{
     CoordinatorStats, ExpireReport, JobId, Lease, LeaseId, LeaseOutcome, SessionId, Step, TaskKey,
     WorkerId, JOURNAL_FILE,
 };
-pub use dashboard::{Dashboard, DashboardError};
+pub use dashboard::{Dashboard, DashboardError, WorkerLoad};
 pub use digest::BatchDigest;
 pub use embedded::{
     EpochStream, Loader, LoaderMonitor, LoaderOptions, MonitorSnapshot, INTERRUPT_CHECK,

@@ -23,6 +23,8 @@ use stoker_proto::v1::{JobSpec, OpenSessionRequest, RegisterJobRequest};
 struct Daemon {
     child: Child,
     address: String,
+    /// The first line it printed.
+    banner: String,
 }
 
 impl Daemon {
@@ -43,12 +45,17 @@ impl Daemon {
         let line = rx
             .recv_timeout(Duration::from_secs(30))
             .expect("daemon prints its address");
-        let address = line
-            .split_whitespace()
-            .last()
-            .expect("address on the first line")
-            .to_string();
-        Daemon { child, address }
+        let words: Vec<&str> = line.split_whitespace().collect();
+        let on = words
+            .iter()
+            .position(|w| *w == "on")
+            .expect("'listening on ADDR' on the first line");
+        let address = words[on + 1].to_string();
+        Daemon {
+            child,
+            address,
+            banner: line.trim().to_string(),
+        }
     }
 
     fn coordinator(state: &Path, listen: &str) -> Daemon {
@@ -149,7 +156,10 @@ fn distributed(
             halfway();
         }
         for rank in 0..2 {
-            let batch = streams[rank].next_batch().unwrap().expect("a batch per step");
+            let batch = streams[rank]
+                .next_batch()
+                .unwrap()
+                .expect("a batch per step");
             assert_eq!(batch.step, step, "rank {rank} yields in step order");
             assert_eq!(batch.rank, rank as u32);
             digests[rank].update(&batch);
@@ -178,8 +188,14 @@ fn assert_matches_embedded(data: &Path, got: &[(String, BTreeMap<u64, Vec<u64>>)
     let mut all = Vec::new();
     for (rank, (digest, steps)) in got.iter().enumerate() {
         let (want_digest, want_steps) = embedded(spec(data, rank as u32));
-        assert_eq!(steps, &want_steps, "rank {rank}: the same samples at the same steps");
-        assert_eq!(digest, &want_digest, "rank {rank}: bit-identical to the embedded mode");
+        assert_eq!(
+            steps, &want_steps,
+            "rank {rank}: the same samples at the same steps"
+        );
+        assert_eq!(
+            digest, &want_digest,
+            "rank {rank}: bit-identical to the embedded mode"
+        );
         all.extend(steps.values().flatten().copied());
     }
     // 200 samples, 2 ranks: each sample exactly once over the ranks (the split is even).
@@ -266,7 +282,9 @@ fn malformed_and_unauthorised_requests_get_errors_that_name_the_problem() {
             .unwrap_err();
         assert_eq!(status.code(), tonic::Code::PermissionDenied, "{status:?}");
         assert!(
-            status.message().contains("outside this worker's --data-root"),
+            status
+                .message()
+                .contains("outside this worker's --data-root"),
             "{status:?}"
         );
 
@@ -282,6 +300,7 @@ fn malformed_and_unauthorised_requests_get_errors_that_name_the_problem() {
                 rank: 0,
                 epoch: 0,
                 start_step: 0,
+                resume_from_journal: false,
             })
             .await
             .unwrap_err();
@@ -299,6 +318,7 @@ fn malformed_and_unauthorised_requests_get_errors_that_name_the_problem() {
                 rank: 7,
                 epoch: 0,
                 start_step: 0,
+                resume_from_journal: false,
             })
             .await
             .unwrap_err();
@@ -313,4 +333,94 @@ fn malformed_and_unauthorised_requests_get_errors_that_name_the_problem() {
         digest.update(&batch.unwrap());
     }
     assert_eq!(digest.hex(), embedded(spec(&data, 1)).0);
+}
+
+/// GET over HTTP/1.0; the body.
+fn http_get(address: &str, path: &str) -> String {
+    use std::io::{Read, Write};
+    let mut stream = std::net::TcpStream::connect(address).unwrap();
+    stream
+        .set_read_timeout(Some(Duration::from_secs(5)))
+        .unwrap();
+    write!(stream, "GET {path} HTTP/1.0\r\nHost: {address}\r\n\r\n").unwrap();
+    let mut response = String::new();
+    stream.read_to_string(&mut response).unwrap();
+    let (head, body) = response.split_once("\r\n\r\n").unwrap();
+    assert!(
+        head.starts_with("HTTP/1.1 200") || head.starts_with("HTTP/1.0 200"),
+        "{head}"
+    );
+    body.to_string()
+}
+
+#[test]
+fn clients_report_to_the_coordinator_dashboard() {
+    let dir = fixture();
+    let data = dir.path().join("data");
+    let coordinator = Daemon::start(
+        env!("CARGO_BIN_EXE_stoker"),
+        &[
+            "coordinator",
+            "--listen",
+            "127.0.0.1:0",
+            "--state",
+            dir.path().join("state").to_str().unwrap(),
+            "--http",
+            "127.0.0.1:0",
+        ],
+    );
+    let http = coordinator
+        .banner
+        .split_whitespace()
+        .last()
+        .unwrap()
+        .trim_start_matches("http://")
+        .to_string();
+    let _workers = [
+        Daemon::worker(&coordinator.address, dir.path()),
+        Daemon::worker(&coordinator.address, dir.path()),
+    ];
+    let loader = RemoteLoader::connect(&coordinator.address, spec(&data, 0), options()).unwrap();
+    let mut samples = 0;
+    for batch in loader.epoch(0, 0).unwrap() {
+        samples += batch.unwrap().sample_indices.len() as u64;
+        // A slow trainer: the client reports twice a second.
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert_eq!(samples, 100, "rank 0's half of 200 samples");
+
+    // The dashboard samples reports every 500 ms: wait for the figures to show.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let job = loop {
+        let body: serde_json::Value = serde_json::from_str(&http_get(&http, "/api/jobs")).unwrap();
+        let job = body["jobs"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|job| job["rank"] == 0)
+            .cloned();
+        if let Some(job) = job {
+            if job["current"]["samples_total"].as_u64().unwrap_or(0) > 0
+                && job["workers"].as_array().is_some_and(|w| w.len() == 2)
+            {
+                break job;
+            }
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no report reached the dashboard: {body}"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    assert!(job["name"].as_str().unwrap().contains("data"), "{job}");
+    let workers = job["workers"].as_array().unwrap();
+    assert!(workers.iter().all(|w| w["kind"] == "daemon"), "{job}");
+    let metrics = http_get(&http, "/metrics");
+    assert!(
+        metrics
+            .lines()
+            .any(|l| l.starts_with("stoker_samples_total{") && l.contains("rank=\"0\"")),
+        "{metrics}"
+    );
+    assert!(metrics.contains("stoker_stall_ratio"), "{metrics}");
 }

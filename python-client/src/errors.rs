@@ -103,12 +103,13 @@ pub fn from_loader(error: stoker_loader::Error) -> PyErr {
         LoaderError::Worker(WorkerError::InvalidSpec(_)) => PyValueError::new_err(message),
         LoaderError::Worker(WorkerError::BadSample { .. }) => raise(Kind::Decode, message),
         LoaderError::Worker(WorkerError::Io { .. }) => raise(Kind::Dataset, message),
-        LoaderError::Timeout { .. } | LoaderError::SlotsHeld { .. } => {
-            raise(Kind::Timeout, message)
-        }
-        LoaderError::Stopped(_) | LoaderError::Threads(_) | LoaderError::Interrupted => {
-            raise(Kind::Stoker, message)
-        }
+        LoaderError::Timeout { .. }
+        | LoaderError::SlotsHeld { .. }
+        | LoaderError::RemoteTimeout { .. } => raise(Kind::Timeout, message),
+        LoaderError::Stopped(_)
+        | LoaderError::Threads(_)
+        | LoaderError::Interrupted
+        | LoaderError::Remote(_) => raise(Kind::Stoker, message),
     }
 }
 

@@ -5,6 +5,7 @@
 mod buffer;
 mod errors;
 mod ops;
+mod remote;
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -205,44 +206,7 @@ impl NativeLoader {
             .stream
             .as_mut()
             .ok_or_else(|| raise(Kind::Stoker, "no epoch started: call start_epoch".into()))?;
-        // Wait with the GIL released, looking for Ctrl-C every INTERRUPT_CHECK.
-        let mut signal: Option<PyErr> = None;
-        let batch = py.detach(|| {
-            stream.next_batch_checked(&mut || {
-                Python::attach(|py| match py.check_signals() {
-                    Ok(()) => false,
-                    Err(error) => {
-                        signal = Some(error);
-                        true
-                    }
-                })
-            })
-        });
-        let batch = match (batch, signal) {
-            (Err(stoker_loader::Error::Interrupted), Some(error)) => return Err(error),
-            (batch, _) => batch.map_err(from_loader)?,
-        };
-        let Some(batch) = batch else {
-            return Ok(None);
-        };
-        let tensors = PyList::empty(py);
-        for tensor in batch.tensors {
-            let shape = PyTuple::new(py, tensor.shape.iter().copied())?;
-            let buffer = Bound::new(py, Buffer::new(tensor.data))?;
-            tensors.append((tensor.name, dtype_name(tensor.dtype), shape, buffer))?;
-        }
-        let bad = PyList::empty(py);
-        for sample in batch.bad_samples {
-            let entry = PyDict::new(py);
-            entry.set_item("sample_index", sample.sample_index)?;
-            entry.set_item("path", sample.path)?;
-            entry.set_item("reason", sample.reason)?;
-            entry.set_item("substitute_index", sample.substitute_index)?;
-            bad.append(entry)?;
-        }
-        let tuple =
-            (batch.epoch, batch.step, tensors, batch.sample_indices, bad).into_pyobject(py)?;
-        Ok(Some(tuple))
+        wait_for_batch(py, |interrupted| stream.next_batch_checked(interrupted))
     }
 
     /// Throughput, stall and queue figures so far.
@@ -282,6 +246,55 @@ impl NativeLoader {
     }
 }
 
+/// Runs a blocking `next_batch_checked` with the GIL released, looking for Ctrl-C every
+/// `INTERRUPT_CHECK`, and turns the batch into its Python tuple.
+fn wait_for_batch<'py>(
+    py: Python<'py>,
+    next: impl Send + FnOnce(&mut dyn FnMut() -> bool) -> stoker_loader::Result<Option<proto::Batch>>,
+) -> PyResult<Option<Bound<'py, PyTuple>>> {
+    let mut signal: Option<PyErr> = None;
+    let batch = py.detach(|| {
+        next(&mut || {
+            Python::attach(|py| match py.check_signals() {
+                Ok(()) => false,
+                Err(error) => {
+                    signal = Some(error);
+                    true
+                }
+            })
+        })
+    });
+    let batch = match (batch, signal) {
+        (Err(stoker_loader::Error::Interrupted), Some(error)) => return Err(error),
+        (batch, _) => batch.map_err(from_loader)?,
+    };
+    match batch {
+        Some(batch) => batch_tuple(py, batch).map(Some),
+        None => Ok(None),
+    }
+}
+
+/// A batch as Python sees it: (epoch, step, [(name, dtype, shape, Buffer)], sample_indices,
+/// [bad sample dicts]). Tensor bytes are shared, not copied.
+fn batch_tuple(py: Python<'_>, batch: proto::Batch) -> PyResult<Bound<'_, PyTuple>> {
+    let tensors = PyList::empty(py);
+    for tensor in batch.tensors {
+        let shape = PyTuple::new(py, tensor.shape.iter().copied())?;
+        let buffer = Bound::new(py, Buffer::new(tensor.data))?;
+        tensors.append((tensor.name, dtype_name(tensor.dtype), shape, buffer))?;
+    }
+    let bad = PyList::empty(py);
+    for sample in batch.bad_samples {
+        let entry = PyDict::new(py);
+        entry.set_item("sample_index", sample.sample_index)?;
+        entry.set_item("path", sample.path)?;
+        entry.set_item("reason", sample.reason)?;
+        entry.set_item("substitute_index", sample.substitute_index)?;
+        bad.append(entry)?;
+    }
+    (batch.epoch, batch.step, tensors, batch.sample_indices, bad).into_pyobject(py)
+}
+
 /// Writes (or reuses) a seeded ImageNet-like ImageFolder of `count` JPEGs under `out` and
 /// returns its root.
 #[pyfunction]
@@ -304,6 +317,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
         m.add(*name, class.bind(m.py()))?;
     }
     m.add_class::<NativeLoader>()?;
+    m.add_class::<remote::RemoteNativeLoader>()?;
     m.add_class::<Buffer>()?;
     m.add_function(wrap_pyfunction!(make_dataset, m)?)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;

@@ -114,11 +114,14 @@ pub fn run(args: TransportArgs) -> anyhow::Result<()> {
     anyhow::ensure!(
         args.batch_mib >= 1 && args.batch_mib << 20 <= MAX_MESSAGE_BYTES / 2,
         "--batch-mib must be in 1..={}",
-        MAX_MESSAGE_BYTES / 2 >> 20
+        (MAX_MESSAGE_BYTES / 2) >> 20
     );
     let batch_bytes = args.batch_mib << 20;
     let batches = (args.total_mib / args.batch_mib).max(4) as u64;
-    let data: Bytes = (0..batch_bytes).map(|i| (i % 253) as u8).collect::<Vec<u8>>().into();
+    let data: Bytes = (0..batch_bytes)
+        .map(|i| (i % 253) as u8)
+        .collect::<Vec<u8>>()
+        .into();
     let batch = Batch {
         tensors: vec![Tensor {
             name: "image".into(),
@@ -182,7 +185,11 @@ pub fn run(args: TransportArgs) -> anyhow::Result<()> {
                 started = Instant::now();
                 continue;
             }
-            received += batch.tensors.iter().map(|t| t.data.len() as u64).sum::<u64>();
+            received += batch
+                .tensors
+                .iter()
+                .map(|t| t.data.len() as u64)
+                .sum::<u64>();
             black_box(&batch);
         }
         anyhow::Ok((received, started.elapsed()))
@@ -209,7 +216,10 @@ pub fn run(args: TransportArgs) -> anyhow::Result<()> {
         report.wall_s
     );
     println!("  stream   {:>6.2} GB/s", report.stream_gb_per_s);
-    println!("  memcpy   {:>6.2} GB/s (one thread, same run)", report.memcpy_gb_per_s);
+    println!(
+        "  memcpy   {:>6.2} GB/s (one thread, same run)",
+        report.memcpy_gb_per_s
+    );
     println!(
         "  ratio    {:>6.1} % of memcpy (a loopback socket costs two copies: ~50% is the ceiling)",
         report.ratio * 100.0

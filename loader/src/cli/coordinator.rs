@@ -7,6 +7,7 @@ use std::time::Duration;
 use anyhow::Context;
 use clap::Args;
 use stoker_loader::distributed::{CoordinatorService, CoordinatorServiceConfig};
+use stoker_loader::Dashboard;
 
 /// Arguments of `stoker coordinator`.
 #[derive(Debug, Args)]
@@ -17,6 +18,10 @@ pub struct CoordinatorArgs {
     /// Folder of the journal (job specs and acknowledged positions); created if missing.
     #[arg(long)]
     pub state: PathBuf,
+    /// Serve the stall dashboard (page, `/api/jobs`, `/metrics`) on this address: every
+    /// client's stall, throughput and queue, and every worker's load.
+    #[arg(long)]
+    pub http: Option<SocketAddr>,
     /// A worker silent for this long loses its leases, which go back to the queue.
     #[arg(long, default_value_t = 3000)]
     pub lease_timeout_ms: u64,
@@ -26,8 +31,17 @@ pub struct CoordinatorArgs {
 pub fn run(args: CoordinatorArgs) -> anyhow::Result<()> {
     let mut config = CoordinatorServiceConfig::default();
     config.core.lease_timeout = Duration::from_millis(args.lease_timeout_ms.max(100));
-    let service = CoordinatorService::open(&args.state, config)
+    let mut service = CoordinatorService::open(&args.state, config)
         .with_context(|| format!("opening the coordinator state in {}", args.state.display()))?;
+    let dashboard = match args.http {
+        Some(address) => Some(std::sync::Arc::new(
+            Dashboard::start(address).context("starting the dashboard")?,
+        )),
+        None => None,
+    };
+    if let Some(dashboard) = &dashboard {
+        service = service.with_dashboard(dashboard.clone());
+    }
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -37,7 +51,13 @@ pub fn run(args: CoordinatorArgs) -> anyhow::Result<()> {
             .await
             .with_context(|| format!("cannot listen on {}", args.listen))?;
         let address = listener.local_addr()?;
-        println!("stoker coordinator listening on {address}");
+        match &dashboard {
+            Some(dashboard) => println!(
+                "stoker coordinator listening on {address} dashboard {}",
+                dashboard.url().trim_end_matches('/')
+            ),
+            None => println!("stoker coordinator listening on {address}"),
+        }
         tracing::info!(%address, state = %args.state.display(), "coordinator serving");
         service.serve(listener, super::shutdown_signal()).await?;
         tracing::info!("coordinator stopped");

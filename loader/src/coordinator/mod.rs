@@ -379,6 +379,20 @@ impl Coordinator {
         epoch: u64,
         start_step: Step,
     ) -> CoordinatorResult<SessionId> {
+        self.open_session_at(job, rank, epoch, start_step, false)
+    }
+
+    /// Like [`open_session`](Self::open_session); with `exact`, the session starts at
+    /// `start_step` even when earlier runs acknowledged further: a client resuming from a
+    /// checkpoint older than what it was sent gets those steps again.
+    pub fn open_session_at(
+        &mut self,
+        job: JobId,
+        rank: u32,
+        epoch: u64,
+        start_step: Step,
+        exact: bool,
+    ) -> CoordinatorResult<SessionId> {
         let entry = self
             .jobs
             .get(&job)
@@ -404,7 +418,11 @@ impl Coordinator {
             if session.is_ready() {
                 self.ready.remove(&session.ready_key());
             }
-            session.reset(start_step.0);
+            if exact {
+                session.reset_exact(start_step.0);
+            } else {
+                session.reset(start_step.0);
+            }
             tracing::info!(
                 session = index,
                 job = job.0,
@@ -418,7 +436,11 @@ impl Coordinator {
         let index = u32::try_from(self.sessions.len())
             .map_err(|_| CoordinatorError::InvalidArgument("too many sessions".into()))?;
         let journaled = self.resume_positions.remove(&key).unwrap_or(0);
-        let position = start_step.0.max(journaled).min(steps_per_epoch);
+        let position = if exact {
+            start_step.0
+        } else {
+            start_step.0.max(journaled).min(steps_per_epoch)
+        };
         let id = SessionId(u64::from(index));
         self.sessions.push(Session::new(
             id,

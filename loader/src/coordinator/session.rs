@@ -88,6 +88,15 @@ impl Session {
         self.next_fresh = self.acked_position;
     }
 
+    /// Restarts the window at exactly `position`, forgetting acknowledgements at or above it:
+    /// what a client resuming from an older checkpoint asks for.
+    pub fn reset_exact(&mut self, position: u64) {
+        self.reset(0);
+        self.acked_position = position;
+        self.acked_ahead.clear();
+        self.next_fresh = position;
+    }
+
     /// Whether any step may still need a lease (a cheap upper bound: acknowledged fresh steps
     /// are skipped when taken).
     pub fn has_work(&self) -> bool {

@@ -373,3 +373,30 @@ fn absurd_inputs_are_refused_by_name() {
         Err(CoordinatorError::SessionClosed(_))
     ));
 }
+
+#[test]
+fn an_exact_reopen_redelivers_steps_acknowledged_before() {
+    let t0 = Instant::now();
+    let mut c = Coordinator::in_memory(config());
+    let job = c.register_job(spec(1, 0), 6).unwrap();
+    let s = c.open_session(job, 0, 0, Step(0)).unwrap();
+    for step in 0..6 {
+        c.acknowledge(s, Step(step)).unwrap();
+    }
+    c.close_session(s).unwrap();
+    // A plain reopen keeps the acknowledged position: nothing left to do.
+    let s = c.open_session(job, 0, 0, Step(2)).unwrap();
+    assert_eq!(c.acknowledged_position(s).unwrap(), Step(6));
+    // A client resuming from an older checkpoint gets steps 2.. again.
+    let s = c.open_session_at(job, 0, 0, Step(2), true).unwrap();
+    assert_eq!(c.acknowledged_position(s).unwrap(), Step(2));
+    c.grant_credits(s, 10).unwrap();
+    let w = c.register_worker(t0);
+    let steps: Vec<u64> = c
+        .lease(w, 10, t0)
+        .unwrap()
+        .iter()
+        .map(|l| l.task.step.0)
+        .collect();
+    assert_eq!(steps, [2, 3, 4, 5]);
+}

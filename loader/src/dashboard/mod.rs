@@ -42,6 +42,23 @@ pub enum DashboardError {
     Thread(std::io::Error),
 }
 
+/// One worker daemon's load, as a coordinator's dashboard lists it.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct WorkerLoad {
+    /// How the worker is named on the page (id and address).
+    pub name: String,
+    /// Decode threads.
+    pub threads: usize,
+    /// Tasks (batches) completed per second over the last interval.
+    pub tasks_per_s: Option<f64>,
+    /// Tasks completed since it registered.
+    pub tasks: u64,
+    /// Tasks it reported failed.
+    pub failed: u64,
+    /// Samples it replaced under the skip policy.
+    pub bad_samples: u64,
+}
+
 /// A running dashboard server; it stops when dropped.
 ///
 /// ```no_run
@@ -103,6 +120,15 @@ impl Dashboard {
     /// The page's URL, e.g. `http://127.0.0.1:8321/`.
     pub fn url(&self) -> String {
         format!("http://{}/", self.address)
+    }
+
+    /// Shows `workers` as the worker table of every job (a coordinator's dashboard; replaces
+    /// the previous list).
+    pub fn set_workers(&self, workers: Vec<WorkerLoad>) {
+        match self.registry.lock() {
+            Ok(mut registry) => registry.workers = Some(workers),
+            Err(_) => tracing::warn!("dashboard registry poisoned; workers not shown"),
+        }
     }
 
     /// Starts charting a loader as `name`, rank `rank`. Registering the same name and rank

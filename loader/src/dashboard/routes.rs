@@ -118,13 +118,17 @@ async fn jobs(State(registry): State<Shared>, Query(query): Query<JobsQuery>) ->
         jobs: registry
             .jobs
             .iter()
-            .map(|job| job_view(job, &query))
+            .map(|job| job_view(job, &query, registry.workers.as_deref()))
             .collect(),
     };
     ([(header::CACHE_CONTROL, "no-store")], Json(body)).into_response()
 }
 
-fn job_view<'a>(job: &'a JobSeries, query: &JobsQuery) -> JobView<'a> {
+fn job_view<'a>(
+    job: &'a JobSeries,
+    query: &JobsQuery,
+    workers: Option<&[super::WorkerLoad]>,
+) -> JobView<'a> {
     let position = job.position_at(query.at);
     let current = position.and_then(|p| job.points.get(p));
     let window = position.map(|p| job.window_ending(p));
@@ -151,14 +155,27 @@ fn job_view<'a>(job: &'a JobSeries, query: &JobsQuery) -> JobView<'a> {
             .map_or(Verdict::Starting, |w| w.verdict.clone()),
         current,
         series,
-        workers: vec![WorkerView {
-            name: "decode threads (this process)".to_string(),
-            kind: "embedded",
-            threads,
-            busy_pct: current.and_then(|p| p.busy_pct),
-            tasks_per_s: current.and_then(|p| p.batches_per_s),
-            bad_samples: current.map_or(0, |p| p.bad_samples),
-        }],
+        workers: match workers {
+            Some(workers) => workers
+                .iter()
+                .map(|w| WorkerView {
+                    name: w.name.clone(),
+                    kind: "daemon",
+                    threads: w.threads,
+                    busy_pct: None,
+                    tasks_per_s: w.tasks_per_s,
+                    bad_samples: w.bad_samples,
+                })
+                .collect(),
+            None => vec![WorkerView {
+                name: "decode threads (this process)".to_string(),
+                kind: "embedded",
+                threads,
+                busy_pct: current.and_then(|p| p.busy_pct),
+                tasks_per_s: current.and_then(|p| p.batches_per_s),
+                bad_samples: current.map_or(0, |p| p.bad_samples),
+            }],
+        },
         window,
     }
 }

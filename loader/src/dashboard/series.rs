@@ -386,6 +386,9 @@ pub(crate) fn round(value: f64, decimals: i32) -> f64 {
 pub(crate) struct Registry {
     /// Jobs in registration order.
     pub jobs: Vec<JobSeries>,
+    /// The distributed mode's workers (a coordinator's dashboard); `None` in embedded mode,
+    /// where the decode pool of the process is the one worker.
+    pub workers: Option<Vec<super::WorkerLoad>>,
 }
 
 impl Registry {

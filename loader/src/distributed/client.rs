@@ -174,6 +174,7 @@ impl RemoteLoader {
             address: self.address.clone(),
             stats,
             started: Instant::now(),
+            depth: self.options.prefetch.max(1),
         })
     }
 }
@@ -229,6 +230,7 @@ pub struct RemoteEpochStream {
     address: String,
     stats: Arc<Mutex<ClientStats>>,
     started: Instant,
+    depth: usize,
 }
 
 impl RemoteEpochStream {
@@ -260,13 +262,13 @@ impl RemoteEpochStream {
         while !self.ready.contains_key(&step) {
             let remaining = self.deadline.saturating_sub(started.elapsed());
             if remaining.is_zero() {
-                return Err(Error::Remote(format!(
-                    "timed out after {:?} waiting for epoch {} step {step} (rank {}) from the workers of coordinator {}",
-                    started.elapsed(),
-                    self.epoch,
-                    self.rank,
-                    self.address
-                )));
+                return Err(Error::RemoteTimeout {
+                    epoch: self.epoch,
+                    step,
+                    rank: self.rank,
+                    waited: started.elapsed(),
+                    coordinator: self.address.clone(),
+                });
             }
             match self.receiver.recv_timeout(remaining.min(INTERRUPT_CHECK)) {
                 Ok(Ok(batch)) => {
@@ -298,6 +300,7 @@ impl RemoteEpochStream {
             stats.wait_ns += waited.as_nanos() as u64;
             stats.elapsed_ns = self.started.elapsed().as_nanos() as u64;
             stats.queue_depth = self.ready.len() as u32;
+            stats.prefetch_target = self.depth as u32;
             stats.bad_samples += batch.bad_samples.len() as u64;
             stats.bytes += batch
                 .tensors
@@ -413,6 +416,7 @@ impl Driver {
                     rank: self.rank,
                     epoch: self.epoch,
                     start_step: floor,
+                    resume_from_journal: false,
                 })
                 .await;
             match opened {
@@ -491,7 +495,9 @@ impl Driver {
         subscribe_all(&workers, &mut streams);
 
         let mut outstanding = 0u64;
-        let mut acks: Vec<u64> = Vec::new();
+        // Steps received beyond the floor are acknowledged again first (before any credit of
+        // the new window), so the reopened session does not lease them again.
+        let mut acks: Vec<u64> = ahead.iter().copied().collect();
         let mut last_arrival = Instant::now();
         let mut last_stats = Instant::now();
         let mut tick = tokio::time::interval(Duration::from_millis(50));
@@ -510,7 +516,7 @@ impl Driver {
             if want > 0 || !acks.is_empty() || last_stats.elapsed() >= Duration::from_millis(500) {
                 let stats = if last_stats.elapsed() >= Duration::from_millis(500) {
                     last_stats = Instant::now();
-                    self.stats.lock().ok().map(|s| s.clone())
+                    self.stats.lock().ok().map(|s| *s)
                 } else {
                     None
                 };

@@ -31,6 +31,7 @@ use crate::coordinator::{
     WorkerId,
 };
 use crate::job::MAX_BATCH_SIZE;
+use crate::{Dashboard, LoaderMonitor, LoaderStats, MonitorSnapshot, WorkerLoad};
 
 /// Tuning of the coordinator daemon.
 #[derive(Debug, Clone)]
@@ -117,15 +118,22 @@ struct SessionEntry {
 
 struct State {
     core: Coordinator,
+    /// What the dashboard charts per (job, rank): the latest client report.
+    monitors: HashMap<(u64, u32), Arc<Mutex<MonitorSnapshot>>>,
+    /// Completed tasks per worker at the last dashboard refresh, for tasks/s.
+    completed_at_refresh: HashMap<u64, u64>,
     workers: BTreeMap<u64, WorkerEntry>,
     sessions: HashMap<u64, SessionEntry>,
     clients: BTreeMap<(u64, u32), ClientEntry>,
+    /// Samples per job, as a worker counted them (this run only; 0 when unknown).
+    num_samples: HashMap<u64, u64>,
 }
 
 /// The coordinator's gRPC service; cheap to clone (shared state).
 #[derive(Clone)]
 pub struct CoordinatorService {
     state: Arc<Mutex<State>>,
+    dashboard: Option<Arc<Dashboard>>,
     incarnation: u64,
     work: Arc<Notify>,
     config: Arc<CoordinatorServiceConfig>,
@@ -166,14 +174,24 @@ impl CoordinatorService {
         Self {
             state: Arc::new(Mutex::new(State {
                 core,
+                monitors: HashMap::new(),
+                completed_at_refresh: HashMap::new(),
                 workers: BTreeMap::new(),
                 sessions: HashMap::new(),
                 clients: BTreeMap::new(),
+                num_samples: HashMap::new(),
             })),
+            dashboard: None,
             incarnation,
             work: Arc::new(Notify::new()),
             config: Arc::new(config),
         }
+    }
+
+    /// Charts every client's reports and lists the workers on `dashboard`.
+    pub fn with_dashboard(mut self, dashboard: Arc<Dashboard>) -> Self {
+        self.dashboard = Some(dashboard);
+        self
     }
 
     /// This run's incarnation (part of every session token).
@@ -222,8 +240,10 @@ impl CoordinatorService {
     async fn run_timers(self) {
         let mut flush = tokio::time::interval(self.config.flush_every);
         let mut expire = tokio::time::interval(Duration::from_millis(250));
+        let mut refresh = tokio::time::interval(DASHBOARD_REFRESH);
         loop {
             tokio::select! {
+                _ = refresh.tick() => self.refresh_dashboard(),
                 _ = flush.tick() => {
                     if let Err(error) = lock(&self.state).core.flush() {
                         tracing::error!(%error, "coordinator journal flush failed");
@@ -232,6 +252,31 @@ impl CoordinatorService {
                 _ = expire.tick() => self.expire(Instant::now()),
             }
         }
+    }
+
+    fn refresh_dashboard(&self) {
+        let Some(dashboard) = &self.dashboard else {
+            return;
+        };
+        let mut state = lock(&self.state);
+        let state = &mut *state;
+        let loads = state
+            .workers
+            .values()
+            .map(|w| {
+                let before = state.completed_at_refresh.insert(w.id, w.completed);
+                WorkerLoad {
+                    name: format!("worker {} ({})", w.id, w.data_address),
+                    threads: w.threads as usize,
+                    tasks_per_s: before
+                        .map(|b| (w.completed - b) as f64 / DASHBOARD_REFRESH.as_secs_f64()),
+                    tasks: w.completed,
+                    failed: w.failed,
+                    bad_samples: w.bad_samples,
+                }
+            })
+            .collect();
+        dashboard.set_workers(loads);
     }
 
     fn expire(&self, now: Instant) {
@@ -357,6 +402,56 @@ impl CoordinatorService {
                 last_error.unwrap_or_else(|| Status::unavailable("no worker could check the job"))
             );
         }
+    }
+}
+
+/// How often the dashboard's worker table is refreshed.
+const DASHBOARD_REFRESH: Duration = Duration::from_millis(500);
+
+/// A job's name on the dashboard: its id and the last part of its dataset path.
+fn job_name(core: &Coordinator, job: u64) -> String {
+    let dataset = core
+        .job_spec(JobId(job))
+        .ok()
+        .and_then(|spec| spec.dataset.as_ref())
+        .map(|d| {
+            let uri = d.uri.trim_end_matches('/');
+            uri.rsplit('/').next().unwrap_or(uri).to_string()
+        })
+        .unwrap_or_default();
+    format!("job {job} {dataset}")
+}
+
+/// A client's report in the form the dashboard charts (the same as an embedded loader's).
+fn client_snapshot(stats: &ClientStats, threads: usize) -> MonitorSnapshot {
+    let elapsed_s = stats.elapsed_ns as f64 / 1e9;
+    let stages = stats.stage_ns.unwrap_or_default();
+    MonitorSnapshot {
+        stats: LoaderStats {
+            batches: stats.batches,
+            samples: stats.samples,
+            elapsed_s,
+            samples_per_s: if elapsed_s > 0.0 {
+                stats.samples as f64 / elapsed_s
+            } else {
+                0.0
+            },
+            wait_s: stats.wait_ns as f64 / 1e9,
+            first_batch_s: None,
+            read_s: stages.read_ns as f64 / 1e9,
+            decode_s: stages.decode_ns as f64 / 1e9,
+            augment_s: stages.augment_ns as f64 / 1e9,
+            assemble_s: stages.assemble_ns as f64 / 1e9,
+            bad_samples: stats.bad_samples,
+            in_flight: stats.queue_depth as usize,
+            prefetch_depth: stats.prefetch_target as usize,
+        },
+        controller: None,
+        fixed_prefetch: Some(stats.prefetch_target as usize),
+        slots_in_use: stats.queue_depth as usize,
+        slot_capacity: stats.prefetch_target as usize,
+        slot_bytes: 0,
+        threads,
     }
 }
 
@@ -571,12 +666,15 @@ impl coordinator_server::Coordinator for CoordinatorService {
                 .find(|(_, known, _)| **known == spec)
                 .map(|(id, _, steps)| (id, steps))
         };
-        if let Some((id, steps)) = find(&lock(&self.state)) {
-            return Ok(Response::new(RegisterJobResponse {
-                job_id: id.0,
-                steps_per_epoch: steps,
-                num_samples: 0,
-            }));
+        {
+            let state = lock(&self.state);
+            if let Some((id, steps)) = find(&state) {
+                return Ok(Response::new(RegisterJobResponse {
+                    job_id: id.0,
+                    steps_per_epoch: steps,
+                    num_samples: state.num_samples.get(&id.0).copied().unwrap_or(0),
+                }));
+            }
         }
         let described = self.describe(&spec).await?;
         let mut state = lock(&self.state);
@@ -592,6 +690,7 @@ impl coordinator_server::Coordinator for CoordinatorService {
             .core
             .register_job(spec, described.steps_per_epoch)
             .map_err(coordinator_status)?;
+        state.num_samples.insert(id.0, described.num_samples);
         Ok(Response::new(RegisterJobResponse {
             job_id: id.0,
             steps_per_epoch: described.steps_per_epoch,
@@ -608,7 +707,13 @@ impl coordinator_server::Coordinator for CoordinatorService {
         let mut state = lock(&self.state);
         let session = state
             .core
-            .open_session(job, request.rank, request.epoch, Step(request.start_step))
+            .open_session_at(
+                job,
+                request.rank,
+                request.epoch,
+                Step(request.start_step),
+                !request.resume_from_journal,
+            )
             .map_err(coordinator_status)?;
         let position = state
             .core
@@ -674,6 +779,23 @@ impl coordinator_server::Coordinator for CoordinatorService {
             entry.last_seen = now;
             (entry.job, entry.rank, entry.epoch, entry.steps_per_epoch)
         });
+        if let (Some((job, rank, _, _)), Some(stats)) = (entry, request.stats.as_ref()) {
+            let threads = state.workers.values().map(|w| w.threads as usize).sum();
+            let snapshot = client_snapshot(stats, threads);
+            match state.monitors.get(&(job, rank)) {
+                Some(latest) => {
+                    *latest.lock().unwrap_or_else(|p| p.into_inner()) = snapshot;
+                }
+                None => {
+                    let latest = Arc::new(Mutex::new(snapshot));
+                    state.monitors.insert((job, rank), latest.clone());
+                    if let Some(dashboard) = &self.dashboard {
+                        let name = job_name(&state.core, job);
+                        dashboard.register_job(&name, rank, LoaderMonitor::reported(latest));
+                    }
+                }
+            }
+        }
         if let (Some((job, rank, epoch, steps_per_epoch)), Some(stats)) = (entry, request.stats) {
             state.clients.insert(
                 (job, rank),

@@ -414,7 +414,6 @@ async fn serve_leases(
             };
             let built = {
                 let shared = shared.clone();
-                let task = task.clone();
                 tokio::task::spawn_blocking(move || shared.build(&entry, &task)).await
             };
             let batch = match built {

@@ -109,6 +109,48 @@ class NativeLoader:
     def close(self) -> None:
         """Stops the threads; buffers already handed out stay valid."""
 
+class RemoteNativeLoader:
+    """Distributed mode: a job served by a Stoker coordinator's workers."""
+
+    steps_per_epoch: Final[int]
+    num_samples: Final[int]
+    class_names: Final[list[str]]
+    num_threads: Final[int]
+    prefetch: Final[int]
+    slot_capacity: Final[int]
+    dashboard_url: Final[str | None]
+    address: Final[str]
+
+    def __init__(
+        self,
+        address: str,
+        source: str,
+        ops: list[dict[str, Any]],
+        batch_size: int,
+        shuffle: bool,
+        seed: int,
+        drop_last: bool,
+        rank: int,
+        world_size: int,
+        prefetch: int,
+        on_error: Literal["skip", "fail"],
+        timeout_s: float,
+    ) -> None:
+        """Registers the job with the coordinator at ``address`` (a worker opens it, so a
+        dataset outside the workers' ``--data-root`` is refused here, with their reason).
+
+        Raises:
+            StokerError: the coordinator refused the job or could not be reached.
+        """
+    def start_epoch(self, epoch: int, start_step: int) -> None:
+        """Opens the session of ``epoch`` from ``start_step``."""
+    def next_batch(self) -> NativeBatch | None:
+        """The next batch in step order, or ``None`` at the end of the epoch."""
+    def stats(self) -> dict[str, Any]:
+        """The coordinator address and credit depth."""
+    def close(self) -> None:
+        """Closes the session; buffers already handed out stay valid."""
+
 def make_dataset(out: str, count: int, seed: int = 0) -> str:
     """Writes a seeded ImageNet-like image folder (10 classes, JPEG) of ``count`` images under
     ``out`` and returns its root; reuses one already there with the same spec."""

@@ -96,6 +96,21 @@ def _check_bool(value: object, name: str) -> bool:
     return value
 
 
+def _remote_source_path(source: object) -> str:
+    """``source`` as the workers will open it: a local path that exists here is made absolute
+    (workers resolve relative paths against their own working directory)."""
+    if not isinstance(source, (str, os.PathLike)):
+        raise ValueError(f"source must be a path (str or os.PathLike), got {source!r}")
+    path = os.fspath(source)
+    if isinstance(path, bytes):
+        path = os.fsdecode(path)
+    if not path:
+        raise ValueError("source must not be empty")
+    if "://" not in path and os.path.exists(path):
+        path = os.path.abspath(path)
+    return path
+
+
 def _source_path(source: object) -> str:
     """The local folder ``source`` names; ``file://`` URLs are accepted."""
     if not isinstance(source, (str, os.PathLike)):
@@ -239,8 +254,13 @@ class Loader:
             with a deterministic substitute (batch shapes hold; it is logged with its path and
             counted in :meth:`stats`), ``"fail"`` raises :class:`~stoker.DecodeError` naming
             the file.
-        address: a Stoker coordinator to join. Distributed mode is not available in this
-            build: anything but ``None`` raises ValueError.
+        address: ``"host:port"`` of a Stoker coordinator (``stoker coordinator``) whose
+            workers (``stoker-worker``) build the batches: distributed mode. ``source`` is then
+            a path on the workers (under their ``--data-root``); batches are bit-identical to
+            the in-process mode for the same arguments. ``None`` (default) runs in-process.
+            In distributed mode ``num_threads``, ``max_held_batches`` and ``dashboard`` do not
+            apply (the coordinator serves the dashboard), and ``prefetch`` is the number of
+            batches the workers may send ahead (``"auto"``: 8).
         timeout: seconds ``next()`` waits for a batch (or for a held slot to come back)
             before it raises :class:`~stoker.LoaderTimeoutError`; default 600.
         max_held_batches: batches the caller may keep alive at once beyond those in flight
@@ -281,7 +301,7 @@ class Loader:
     ) -> None:
         # Attributes close() and __del__ rely on come first, so a failing __init__ leaves an
         # object they can handle.
-        self._native: _native.NativeLoader | None = None
+        self._native: _native.NativeLoader | _native.RemoteNativeLoader | None = None
         self._closed = False
         self._forked = False
 
@@ -294,11 +314,10 @@ class Loader:
             names = ", ".join(sorted(unsupported))
             raise TypeError(f"Loader got unexpected keyword argument(s): {names}")
 
-        if address is not None:
-            raise ValueError(
-                f"address={address!r}: distributed mode (joining a Stoker coordinator) is not "
-                "available in this build; address=None runs the loader in this process"
-            )
+        if address is not None and (
+            not isinstance(address, str) or ":" not in address or address.strip() != address
+        ):
+            raise ValueError(f"address must be 'host:port' of a Stoker coordinator, got {address!r}")
         self._batch_size = _check_int(batch_size, "batch_size", 1, _MAX_U32)
         self._shuffle = _check_bool(shuffle, "shuffle")
         self._seed = _check_int(seed, "seed", 0, _MAX_U64)
@@ -337,9 +356,36 @@ class Loader:
         self._output: str = output
         self._rank, self._world_size = _resolve_rank(rank, world_size)
         self._ops = check_pipeline(pipeline)
-        self._source = _source_path(source)
+        if address is not None:
+            self._source = _remote_source_path(source)
+            if dashboard_address is not None:
+                raise ValueError(
+                    "dashboard= is served by the coordinator in distributed mode "
+                    "(stoker coordinator --http ADDR); pass address= or dashboard=, not both"
+                )
+            self._native = _native.RemoteNativeLoader(
+                address,
+                self._source,
+                [op.to_dict() for op in self._ops],
+                self._batch_size,
+                self._shuffle,
+                self._seed,
+                self._drop_last,
+                self._rank,
+                self._world_size,
+                prefetch_count,
+                on_error,
+                self._timeout,
+            )
+        else:
+            self._source = _source_path(source)
+            self._native = self._embedded(threads, prefetch_count, on_error, dashboard_address)
+        self._finish_init()
 
-        self._native = _native.NativeLoader(
+    def _embedded(
+        self, threads: int, prefetch_count: int, on_error: str, dashboard_address: str | None
+    ) -> _native.NativeLoader:
+        return _native.NativeLoader(
             self._source,
             [op.to_dict() for op in self._ops],
             self._batch_size,
@@ -356,6 +402,9 @@ class Loader:
             dashboard=dashboard_address,
             job_name=os.path.basename(os.path.normpath(self._source)) or "python",
         )
+
+    def _finish_init(self) -> None:
+        assert self._native is not None
         # Read once: state_dict() must work after close() and in a forked child, where the
         # handle may not be touched.
         self._num_samples: int = self._native.num_samples
@@ -578,7 +627,7 @@ class Loader:
 
     # -- internals --------------------------------------------------------------------------
 
-    def _handle(self) -> _native.NativeLoader:
+    def _handle(self) -> _native.NativeLoader | _native.RemoteNativeLoader:
         """The native loader, or a StokerError saying why it cannot be used."""
         if self._forked:
             raise StokerError(

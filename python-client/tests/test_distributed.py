@@ -1,0 +1,123 @@
+"""Distributed mode from Python: ``stoker.Loader(..., address=...)`` against a real coordinator
+and two real worker processes on 127.0.0.1, compared batch for batch with the in-process mode."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import stoker
+
+from conftest import SMALL_CROP, assert_same_batches, epoch_batches
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _binary(name: str) -> Path:
+    """The release build of ``name`` (``./dev test`` builds it before pytest runs)."""
+    folder = Path(os.environ.get("STOKER_BIN_DIR", REPO / "target" / "release"))
+    path = folder / name
+    if not path.exists():
+        pytest.fail(f"{path} is missing: build it with `cargo build --release -p stoker-loader`")
+    return path
+
+
+def _start(args: list[str]) -> tuple[subprocess.Popen[str], str]:
+    process = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=sys.stderr, text=True)
+    assert process.stdout is not None
+    line = process.stdout.readline()
+    if not line:
+        process.kill()
+        pytest.fail(f"{args[0]} exited before printing its address")
+    return process, line.split()[-1]
+
+
+@pytest.fixture
+def cluster(dataset: Path, tmp_path: Path) -> Iterator[str]:
+    """A coordinator and two workers allowed to read ``dataset``; yields the coordinator."""
+    processes = []
+    try:
+        coordinator, address = _start(
+            [str(_binary("stoker")), "coordinator", "--listen", "127.0.0.1:0",
+             "--state", str(tmp_path / "state")]
+        )
+        processes.append(coordinator)
+        for _ in range(2):
+            worker, _ = _start(
+                [str(_binary("stoker-worker")), "--coordinator", address,
+                 "--data-root", str(dataset), "--threads", "1"]
+            )
+            processes.append(worker)
+        yield address
+    finally:
+        for process in processes:
+            process.kill()
+            process.wait(timeout=10)
+
+
+def _options(**overrides: object) -> dict[str, object]:
+    options: dict[str, object] = {
+        "pipeline": stoker.vision.imagenet_train(SMALL_CROP),
+        "batch_size": 16,
+        "output": "numpy",
+        "timeout": 60,
+        "seed": 5,
+        "world_size": 2,
+    }
+    options.update(overrides)
+    return options
+
+
+def test_batches_from_workers_equal_the_in_process_ones(dataset: Path, cluster: str) -> None:
+    for rank in (0, 1):
+        remote = stoker.Loader(dataset, address=cluster, rank=rank, **_options())
+        local = stoker.Loader(dataset, rank=rank, num_threads=1, **_options())
+        try:
+            assert len(remote) == len(local)
+            assert_same_batches(epoch_batches(remote), epoch_batches(local))
+        finally:
+            remote.close()
+            local.close()
+
+
+def test_resume_mid_epoch_in_distributed_mode(dataset: Path, cluster: str) -> None:
+    loader = stoker.Loader(dataset, address=cluster, rank=0, **_options())
+    try:
+        batches = epoch_batches(loader)
+        state = {"epoch": 0, "step": 2}
+        loader.load_state_dict({**loader.state_dict(), **state})
+        rest = epoch_batches(loader)
+        assert_same_batches(rest, batches[2:])
+    finally:
+        loader.close()
+
+
+def test_a_dataset_outside_the_workers_roots_is_refused(tmp_path: Path, cluster: str) -> None:
+    outside = Path(stoker._native.make_dataset(str(tmp_path / "elsewhere"), 4))
+    with pytest.raises(stoker.StokerError, match="outside this worker's --data-root"):
+        stoker.Loader(outside, address=cluster, **_options())
+
+
+def test_bad_addresses_are_value_errors(dataset: Path) -> None:
+    with pytest.raises(ValueError, match="host:port"):
+        stoker.Loader(dataset, address="nowhere", **_options())
+    with pytest.raises(ValueError, match="dashboard"):
+        stoker.Loader(dataset, address="127.0.0.1:1", dashboard=0, **_options())
+
+
+def test_distributed_batches_are_zero_copy_views(dataset: Path, cluster: str) -> None:
+    loader = stoker.Loader(dataset, address=cluster, **_options(world_size=1))
+    try:
+        batch = next(iter(loader))
+        image = batch["image"]
+        assert isinstance(image, np.ndarray)
+        assert not image.flags.owndata
+        assert image.shape == (16, SMALL_CROP, SMALL_CROP, 3)
+    finally:
+        loader.close()
