@@ -51,7 +51,7 @@ pub use inspect::{inspect_image_folder, DatasetReport, Summary};
 pub use jsonl::{
     looks_like_jsonl, JsonlDocuments, JsonlReport, DEFAULT_LABEL_FIELD, DEFAULT_TEXT_FIELD,
 };
-pub use sample_source::SampleSource;
+pub use sample_source::{SampleSource, TokenWindowShape};
 pub use synthetic::{generate_imagenet_like, GeneratedDataset, SyntheticImageNetSpec};
 pub use tar_shards::{
     looks_like_tar_shards, write_tar_shards, TarIndexStats, TarShards, TarShardsWriterOptions,

@@ -16,7 +16,7 @@ use serde::Serialize;
 use tracing::info;
 
 use crate::error::{Error, Result};
-use crate::sample_source::SampleSource;
+use crate::sample_source::{SampleSource, TokenWindowShape};
 
 pub use synthetic::{write_synthetic_tokens, SyntheticTokensSpec};
 
@@ -207,6 +207,13 @@ impl SampleSource for TokenFile {
 
     fn class_names(&self) -> &[String] {
         &[]
+    }
+
+    fn token_windows(&self) -> Option<TokenWindowShape> {
+        Some(TokenWindowShape {
+            dtype: self.dtype,
+            seq_len: self.seq_len,
+        })
     }
 }
 
