@@ -28,7 +28,10 @@ fn a_folder_of_files_is_indexed_in_name_order_skipping_blank_lines() {
         (0..4).map(|i| text(&documents, i)).collect::<Vec<_>>(),
         ["first", "sécond", "third", "fourth\nline"]
     );
-    assert_eq!((0..4).map(|i| documents.label(i)).collect::<Vec<_>>(), [0, 1, 2, 5]);
+    assert_eq!(
+        (0..4).map(|i| documents.label(i)).collect::<Vec<_>>(),
+        [0, 1, 2, 5]
+    );
     assert_eq!(documents.shard_sizes(), Some(vec![2, 2]));
     let b = dir.path().join("b.jsonl");
     assert_eq!(documents.describe(3), format!("{}:3", b.display()));
@@ -83,7 +86,10 @@ fn malformed_lines_are_bad_samples_naming_file_and_line() {
             matches!(error, Error::MalformedRecord { line: l, .. } if l == line),
             "{message}"
         );
-        assert!(message.starts_with(&format!("{}:{line}: ", path.display())), "{message}");
+        assert!(
+            message.starts_with(&format!("{}:{line}: ", path.display())),
+            "{message}"
+        );
         assert!(message.contains(needle), "{message}");
     }
     let report = documents.report();

@@ -41,7 +41,10 @@ fn windows_overlap_by_one_token_and_drop_the_incomplete_tail() {
     assert_eq!(file.describe(1), format!("{}:tokens[4..9)", path.display()));
     // Exactly one more token makes one more window: 25 tokens -> (25 - 1) / 4 = 6.
     write_u16(&path, 0..25);
-    assert_eq!(TokenFile::open(&path, TokenDtype::Uint16, 4).unwrap().len(), 6);
+    assert_eq!(
+        TokenFile::open(&path, TokenDtype::Uint16, 4).unwrap().len(),
+        6
+    );
 }
 
 #[test]
@@ -49,7 +52,14 @@ fn uint32_files_read_four_bytes_per_token() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("train.u32.bin");
     let tokens: Vec<u32> = (0..11).map(|t| t * 100_000).collect();
-    std::fs::write(&path, tokens.iter().flat_map(|t| t.to_le_bytes()).collect::<Vec<_>>()).unwrap();
+    std::fs::write(
+        &path,
+        tokens
+            .iter()
+            .flat_map(|t| t.to_le_bytes())
+            .collect::<Vec<_>>(),
+    )
+    .unwrap();
     assert_eq!(TokenDtype::from_file_name(&path), TokenDtype::Uint32);
     let file = TokenFile::open(&path, TokenDtype::Uint32, 5).unwrap();
     assert_eq!(file.len(), 2);
@@ -69,7 +79,10 @@ fn odd_sized_and_short_files_are_clear_errors() {
     let odd = dir.path().join("odd.bin");
     std::fs::write(&odd, [1u8, 0, 2, 0, 3]).unwrap();
     let error = TokenFile::open(&odd, TokenDtype::Uint16, 1).err().unwrap();
-    assert!(matches!(error, Error::TokenFileSize { bytes: 5, .. }), "{error}");
+    assert!(
+        matches!(error, Error::TokenFileSize { bytes: 5, .. }),
+        "{error}"
+    );
     assert!(error.to_string().contains("not a multiple"), "{error}");
     // 6 bytes are 3 uint16 tokens but not a whole number of uint32 ones.
     let six = dir.path().join("six.bin");
@@ -81,7 +94,11 @@ fn odd_sized_and_short_files_are_clear_errors() {
     ));
     assert!(matches!(
         TokenFile::open(&six, TokenDtype::Uint16, 3),
-        Err(Error::TokenFileTooShort { tokens: 3, window: 4, .. })
+        Err(Error::TokenFileTooShort {
+            tokens: 3,
+            window: 4,
+            ..
+        })
     ));
     let empty = dir.path().join("empty.bin");
     std::fs::write(&empty, []).unwrap();
@@ -119,9 +136,15 @@ fn synthetic_token_files_are_seeded_and_within_the_vocabulary() {
     assert_ne!(bytes, std::fs::read(&c).unwrap());
     let ids = as_u16(&bytes);
     assert!(ids.iter().all(|&t| u32::from(t) < 50_257));
-    assert!(ids.iter().any(|&t| t > 40_000), "ids spread over the vocabulary");
+    assert!(
+        ids.iter().any(|&t| t > 40_000),
+        "ids spread over the vocabulary"
+    );
     assert!(looks_like_token_file(&a));
     assert!(!looks_like_token_file(dir.path()));
-    let too_big = SyntheticTokensSpec { vocab: 70_000, ..spec };
+    let too_big = SyntheticTokensSpec {
+        vocab: 70_000,
+        ..spec
+    };
     assert!(write_synthetic_tokens(&a, &too_big).is_err());
 }

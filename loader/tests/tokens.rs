@@ -10,7 +10,7 @@ use std::collections::BTreeMap;
 use std::path::Path;
 
 use stoker_loader::{BatchDigest, Error, Loader, LoaderOptions};
-use stoker_proto::v1::{self as proto, op::Op as OpKind, Batch, BadSamplePolicy, JobSpec};
+use stoker_proto::v1::{self as proto, op::Op as OpKind, BadSamplePolicy, Batch, JobSpec};
 use stoker_worker::{pack_documents, PackSpec, PackedRowsMut, TextTokenizer};
 
 fn op(kind: OpKind) -> proto::Op {
@@ -42,7 +42,11 @@ fn epoch(spec: &JobSpec, threads: usize, epoch: u64) -> Vec<Batch> {
         ..LoaderOptions::default()
     };
     let loader = Loader::new(spec.clone(), options).unwrap();
-    loader.epoch(epoch, 0).unwrap().map(|b| b.unwrap()).collect()
+    loader
+        .epoch(epoch, 0)
+        .unwrap()
+        .map(|b| b.unwrap())
+        .collect()
 }
 
 fn digest(batches: &[Batch]) -> String {
@@ -101,7 +105,11 @@ fn token_windows_cover_the_file_once_per_epoch_across_ranks() {
                     .map(|c| u16::from_le_bytes([c[0], c[1]]))
                     .collect();
                 let start = window as u16 * 16;
-                assert_eq!(ids, (start..start + 17).collect::<Vec<_>>(), "window {window}");
+                assert_eq!(
+                    ids,
+                    (start..start + 17).collect::<Vec<_>>(),
+                    "window {window}"
+                );
                 *seen.entry(window).or_insert(0) += 1;
             }
         }
@@ -126,7 +134,11 @@ fn token_batches_are_bit_identical_for_any_thread_count() {
     assert_eq!(tensor(&one[0], "tokens").dtype, proto::Dtype::Uint32 as i32);
     assert_eq!(tensor(&one[0], "tokens").shape, [16, 129]);
     for threads in [2, 4] {
-        assert_eq!(digest(&epoch(&spec, threads, 0)), digest(&one), "threads={threads}");
+        assert_eq!(
+            digest(&epoch(&spec, threads, 0)),
+            digest(&one),
+            "threads={threads}"
+        );
     }
     assert_ne!(digest(&epoch(&spec, 2, 1)), digest(&one));
 }
@@ -147,7 +159,17 @@ fn a_token_file_needs_token_windows_of_a_known_dtype() {
 }
 
 const WORDS: [&str; 12] = [
-    "stoker", "feeds", "the", "gpu", "with", "tokens", "packed", "into", "rows", "of", "text",
+    "stoker",
+    "feeds",
+    "the",
+    "gpu",
+    "with",
+    "tokens",
+    "packed",
+    "into",
+    "rows",
+    "of",
+    "text",
     "documents",
 ];
 
@@ -219,7 +241,10 @@ fn packed_text_follows_the_packing_rule_and_covers_every_document_once() {
             let rows = batch.sample_indices.len();
             for name in ["input_ids", "position_ids", "document_ids"] {
                 let t = tensor(&batch, name);
-                assert_eq!((t.dtype, t.shape.as_slice()), (proto::Dtype::Int32 as i32, &[rows as u64, 24][..]));
+                assert_eq!(
+                    (t.dtype, t.shape.as_slice()),
+                    (proto::Dtype::Int32 as i32, &[rows as u64, 24][..])
+                );
             }
             // The same documents, tokenised and packed here, give the same rows.
             let documents: Vec<Vec<u32>> = batch
@@ -275,7 +300,11 @@ fn packed_text_is_bit_identical_for_any_thread_count_and_fails_on_request() {
     let one = epoch(&spec, 1, 0);
     assert_eq!(one.len(), 6);
     for threads in [2, 3] {
-        assert_eq!(digest(&epoch(&spec, threads, 0)), digest(&one), "threads={threads}");
+        assert_eq!(
+            digest(&epoch(&spec, threads, 0)),
+            digest(&one),
+            "threads={threads}"
+        );
     }
     assert_ne!(digest(&epoch(&spec, 2, 1)), digest(&one));
     let strict = JobSpec {
@@ -305,12 +334,26 @@ fn the_cli_inspects_benches_and_digests_token_files_and_jsonl() {
     assert!(inspect.contains("dtype     uint16"), "{inspect}");
     assert!(inspect.contains("windows   390 of 257 tokens"), "{inspect}");
     let bench = common::stdout_of(&[
-        "bench", "--data", path_str, "--seq-len", "256", "--batch-size", "8", "--threads", "2",
+        "bench",
+        "--data",
+        path_str,
+        "--seq-len",
+        "256",
+        "--batch-size",
+        "8",
+        "--threads",
+        "2",
     ]);
     assert!(bench.contains("M tokens/s"), "{bench}");
     let hash = |threads: &str| {
         let out = common::stdout_of(&[
-            "digest", "--data", path_str, "--seq-len", "256", "--threads", threads,
+            "digest",
+            "--data",
+            path_str,
+            "--seq-len",
+            "256",
+            "--threads",
+            threads,
         ]);
         out.lines().last().unwrap().to_string()
     };
@@ -323,11 +366,24 @@ fn the_cli_inspects_benches_and_digests_token_files_and_jsonl() {
     assert!(inspect.contains("malformed 1"), "{inspect}");
     let tokenizer = fixture.tokenizer.to_str().unwrap();
     let args = |threads: &'static str| {
-        vec!["digest", "--data", jsonl, "--tokenizer", tokenizer, "--seq-len", "64", "--threads", threads]
+        vec![
+            "digest",
+            "--data",
+            jsonl,
+            "--tokenizer",
+            tokenizer,
+            "--seq-len",
+            "64",
+            "--threads",
+            threads,
+        ]
     };
     let one = common::stdout_of(&args("1"));
     assert!(one.contains("bad samples replaced 1"), "{one}");
-    assert_eq!(one.lines().last(), common::stdout_of(&args("2")).lines().last());
+    assert_eq!(
+        one.lines().last(),
+        common::stdout_of(&args("2")).lines().last()
+    );
     let missing = common::stoker(&["bench", "--data", jsonl]);
     assert!(!missing.status.success());
     assert!(String::from_utf8_lossy(&missing.stderr).contains("--tokenizer"));

@@ -10,13 +10,14 @@ from typing import Any
 
 import numpy as np
 import pytest
+from test_zero_copy import buffer_behind
 
 import stoker
 from stoker import _native, ops
-from test_zero_copy import buffer_behind
 
 SEQ_LEN = 32
-WORDS = "stoker feeds the gpu with tokens packed into rows of text documents".split()
+WORDS = ["stoker", "feeds", "the", "gpu", "with", "tokens", "packed", "into", "rows", "of", "text",
+         "documents"]
 
 
 def document(i: int) -> str:
@@ -88,7 +89,7 @@ def test_token_batches_do_not_depend_on_threads(token_file: Path) -> None:
 
     one, three = epoch(1), epoch(3)
     assert len(one) == len(three) == 13
-    for a, b in zip(one, three):
+    for a, b in zip(one, three, strict=True):
         np.testing.assert_array_equal(a, b)
 
 
@@ -109,7 +110,9 @@ def test_packed_text_rows_eos_and_boundaries(text: tuple[Path, Path]) -> None:
         rows = batch["input_ids"].shape[0]
         for name in batch:
             assert batch[name].dtype == np.int32 and batch[name].shape == (rows, SEQ_LEN)
-        ids, positions, documents = (batch[k] for k in ("input_ids", "position_ids", "document_ids"))
+        ids, positions, documents = (
+            batch[k] for k in ("input_ids", "position_ids", "document_ids")
+        )
         assert (positions[:, 0] == 0).all()
         # EOS (id 0, the tokenizer's <|endoftext|>) ends a document wherever the next starts.
         flat_docs, flat_ids = documents.ravel(), ids.ravel()
@@ -118,7 +121,7 @@ def test_packed_text_rows_eos_and_boundaries(text: tuple[Path, Path]) -> None:
         pad = flat_docs == -1
         assert (flat_ids[pad] == 1).all()
     again = load(folder, pipeline, seed=3, num_threads=1)
-    for a, b in zip(batches, again):
+    for a, b in zip(batches, again, strict=True):
         for name in a:
             np.testing.assert_array_equal(a[name], b[name])
 

@@ -268,7 +268,11 @@ impl BatchAssembler {
         };
         match &self.pipeline {
             JobPipeline::Image(_) | JobPipeline::TokenWindows { .. } => {
-                let row_bytes = if indices.is_empty() { 1 } else { expected / indices.len() };
+                let row_bytes = if indices.is_empty() {
+                    1
+                } else {
+                    expected / indices.len()
+                };
                 let labelled = matches!(self.pipeline, JobPipeline::Image(_));
                 let outcomes: Vec<Result<SampleOutcome<()>>> = buffer
                     .par_chunks_mut(row_bytes.max(1))

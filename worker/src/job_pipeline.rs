@@ -121,9 +121,9 @@ impl JobPipeline {
             [OpKind::Tokenize(_)] => Err(invalid(format!(
                 "Tokenize needs PackSequences after it to make fixed-size rows; {TOKEN_FORMS}"
             ))),
-            [OpKind::TokenWindows(_) | OpKind::Tokenize(_) | OpKind::PackSequences(_), ..] => Err(invalid(format!(
-                "unsupported token op list; {TOKEN_FORMS}"
-            ))),
+            [OpKind::TokenWindows(_) | OpKind::Tokenize(_) | OpKind::PackSequences(_), ..] => {
+                Err(invalid(format!("unsupported token op list; {TOKEN_FORMS}")))
+            }
             _ => Pipeline::from_ops(ops).map(JobPipeline::Image),
         }
     }
@@ -181,14 +181,18 @@ mod tests {
         let tokenize = op(OpKind::Tokenize(proto::Tokenize {
             tokenizer_path: "/nonexistent/tokenizer.json".into(),
         }));
-        let error = JobPipeline::from_ops(&[tokenize.clone()]).unwrap_err().to_string();
+        let error = JobPipeline::from_ops(std::slice::from_ref(&tokenize))
+            .unwrap_err()
+            .to_string();
         assert!(error.contains("needs PackSequences"), "{error}");
         let pack = op(OpKind::PackSequences(proto::PackSequences {
             seq_len: 16,
             eos_id: -1,
             pad_id: 0,
         }));
-        let error = JobPipeline::from_ops(&[tokenize, pack.clone()]).unwrap_err().to_string();
+        let error = JobPipeline::from_ops(&[tokenize, pack.clone()])
+            .unwrap_err()
+            .to_string();
         assert!(error.contains("/nonexistent/tokenizer.json"), "{error}");
         let error = JobPipeline::from_ops(&[pack]).unwrap_err().to_string();
         assert!(error.contains("token pipelines are"), "{error}");
@@ -219,7 +223,10 @@ mod tests {
         let JobPipeline::PackedText(own) = JobPipeline::from_ops(&ops(-1)).unwrap() else {
             panic!("not packed text")
         };
-        assert_eq!((own.pack.eos_id, own.pack.pad_id, own.pack.seq_len), (0, 3, 32));
+        assert_eq!(
+            (own.pack.eos_id, own.pack.pad_id, own.pack.seq_len),
+            (0, 3, 32)
+        );
         let JobPipeline::PackedText(given) = JobPipeline::from_ops(&ops(42)).unwrap() else {
             panic!("not packed text")
         };

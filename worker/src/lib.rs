@@ -31,6 +31,7 @@ mod rng;
 
 pub use batch::{AssembledBatch, BatchAssembler, BatchKey, TensorLayout, MAX_SUBSTITUTE_TRIES};
 pub use error::{Error, Result, SampleError};
+pub use job_pipeline::{token_dtype_proto, JobPipeline, PackedText};
 pub use ops::decode::{
     decode, read_header, DecodeRequest, DecodedImage, ImageHeader, DEFAULT_MAX_PIXELS,
 };
@@ -38,10 +39,9 @@ pub use ops::geometry::{
     center_crop_offset, random_resized_crop_window, resize_shorter_side, CropWindow,
     RandomResizedCropRange,
 };
-pub use job_pipeline::{token_dtype_proto, JobPipeline, PackedText};
 pub use ops::pack::{pack_documents, PackSpec, PackSummary, PackedRowsMut};
-pub use ops::tokenize::{train_bpe_tokenizer, TextTokenizer, EOS_CANDIDATES};
 pub use ops::resample::{flip_horizontal, resample, SourceWindow};
 pub use ops::tensor::{ImageDtype, ImageLayout, OutputFormat};
+pub use ops::tokenize::{train_bpe_tokenizer, TextTokenizer, EOS_CANDIDATES};
 pub use pipeline::{Geometry, Pipeline, SampleTimings, Scratch};
 pub use rng::SampleRng;

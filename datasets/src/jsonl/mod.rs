@@ -249,7 +249,11 @@ impl JsonlDocuments {
                 line,
                 format!("expected a JSON object, found {}", json_kind(&other)),
             )),
-            Err(error) => Err(Self::malformed(file, line, format!("invalid JSON: {error}"))),
+            Err(error) => Err(Self::malformed(
+                file,
+                line,
+                format!("invalid JSON: {error}"),
+            )),
         }
     }
 

@@ -33,7 +33,11 @@ pub fn write_synthetic_tokens(path: &Path, spec: &SyntheticTokensSpec) -> Result
             "vocab {} does not fit {} tokens (1..={})",
             spec.vocab,
             spec.dtype.name(),
-            if spec.dtype == TokenDtype::Uint16 { 1u64 << 16 } else { 1u64 << 32 }
+            if spec.dtype == TokenDtype::Uint16 {
+                1u64 << 16
+            } else {
+                1u64 << 32
+            }
         )));
     }
     let file = std::fs::File::create(path).map_err(|source| Error::io(path, source))?;

@@ -75,11 +75,14 @@ struct BenchReport {
 /// Training tokens in a batch: `batch x seq_len` of its `tokens` (windows of seq_len + 1) or
 /// `input_ids` tensor; `None` for image batches.
 fn batch_tokens(batch: &stoker_proto::v1::Batch) -> Option<u64> {
-    batch.tensors.iter().find_map(|t| match (t.name.as_str(), t.shape.as_slice()) {
-        ("tokens", [rows, window]) => Some(rows * window.saturating_sub(1)),
-        ("input_ids", [rows, seq_len]) => Some(rows * seq_len),
-        _ => None,
-    })
+    batch
+        .tensors
+        .iter()
+        .find_map(|t| match (t.name.as_str(), t.shape.as_slice()) {
+            ("tokens", [rows, window]) => Some(rows * window.saturating_sub(1)),
+            ("input_ids", [rows, seq_len]) => Some(rows * seq_len),
+            _ => None,
+        })
 }
 
 #[derive(Debug, Serialize)]
@@ -230,11 +233,15 @@ fn decode_floor(args: &BenchArgs, indices: &[u64]) -> anyhow::Result<f64> {
 }
 
 fn print_report(r: &BenchReport) {
+    let unit = if r.tokens.is_some() {
+        "samples"
+    } else {
+        "images"
+    };
     println!(
-        "pipeline {}  batch {}  threads {}  batches {}  images {}",
+        "pipeline {}  batch {}  threads {}  batches {}  {unit} {}",
         r.pipeline, r.batch_size, r.threads, r.batches, r.images
     );
-    let unit = if r.tokens.is_some() { "samples" } else { "images" };
     println!(
         "throughput        {:.0} {unit}/s ({:.2} s wall)",
         r.images_per_s, r.wall_s

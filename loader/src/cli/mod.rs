@@ -142,7 +142,9 @@ impl JobArgs {
     /// The job spec these options describe.
     pub fn spec(&self) -> anyhow::Result<JobSpec> {
         let data = self.data.as_ref().ok_or_else(|| {
-            anyhow::anyhow!("--data PATH is required (an ImageFolder root, tar shards, a token file or JSONL)")
+            anyhow::anyhow!(
+                "--data PATH is required (an ImageFolder root, tar shards, a token file or JSONL)"
+            )
         })?;
         let token_dtype = match self.token_dtype.as_str() {
             "uint16" => proto::Dtype::Uint16,

@@ -366,7 +366,9 @@ class PackSequences(Op):
     def __init__(self, seq_len: int, eos_id: int = -1, pad_id: int = 0) -> None:
         self.seq_len = _seq_len(seq_len, "PackSequences")
         if not _is_int(eos_id) or not -1 <= eos_id <= MAX_ID:
-            raise ValueError(f"PackSequences eos_id must be -1 or an id in 0..2**31, got {eos_id!r}")
+            raise ValueError(
+                f"PackSequences eos_id must be -1 or an id in 0..2**31, got {eos_id!r}"
+            )
         if not _is_int(pad_id) or not 0 <= pad_id <= MAX_ID:
             raise ValueError(f"PackSequences pad_id must be an id in 0..2**31, got {pad_id!r}")
         self.eos_id = int(eos_id)

@@ -52,7 +52,11 @@ fn put(bytes: &mut [u8], at: usize, value: i32) {
 
 /// Packs `documents` (token ids without EOS) into `out`; see the module docs for the rule.
 /// Ids are written as int32: the pipeline checks that every id fits.
-pub fn pack_documents(spec: &PackSpec, documents: &[Vec<u32>], out: PackedRowsMut<'_>) -> PackSummary {
+pub fn pack_documents(
+    spec: &PackSpec,
+    documents: &[Vec<u32>],
+    out: PackedRowsMut<'_>,
+) -> PackSummary {
     let seq_len = spec.seq_len as usize;
     let capacity = out.input_ids.len() / 4;
     debug_assert_eq!(capacity % seq_len.max(1), 0);
@@ -113,7 +117,8 @@ mod tests {
             pad_id: 7,
         };
         let len = rows * seq_len as usize * 4;
-        let (mut ids, mut positions, mut doc_ids) = (vec![0xAB; len], vec![0xAB; len], vec![0xAB; len]);
+        let (mut ids, mut positions, mut doc_ids) =
+            (vec![0xAB; len], vec![0xAB; len], vec![0xAB; len]);
         let summary = pack_documents(
             &spec,
             documents,
@@ -188,7 +193,10 @@ mod tests {
         let documents: Vec<Vec<u32>> = (0..50u32).map(|d| (0..d * 7 % 23).collect()).collect();
         let a = pack(16, 10, &documents);
         let b = pack(16, 10, &documents);
-        assert_eq!((a.ids, a.positions, a.documents), (b.ids, b.positions, b.documents));
+        assert_eq!(
+            (a.ids, a.positions, a.documents),
+            (b.ids, b.positions, b.documents)
+        );
         assert_eq!(a.summary.tokens + a.summary.padding, 160);
         let total: u64 = documents.iter().map(|d| d.len() as u64 + 1).sum();
         assert_eq!(a.summary.tokens + a.summary.dropped_tokens, total);

@@ -5,8 +5,8 @@
 use std::path::{Path, PathBuf};
 
 use tokenizers::models::bpe::{BpeTrainerBuilder, BPE};
-use tokenizers::pre_tokenizers::byte_level::ByteLevel;
 use tokenizers::normalizers::NormalizerWrapper;
+use tokenizers::pre_tokenizers::byte_level::ByteLevel;
 use tokenizers::processors::PostProcessorWrapper;
 use tokenizers::{AddedToken, Tokenizer, TokenizerBuilder, TokenizerImpl};
 
@@ -131,12 +131,19 @@ mod tests {
     fn a_trained_tokenizer_round_trips_and_knows_its_eos() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("tokenizer.json");
-        let texts = ["the cat sat on the mat", "the dog sat on the log", "a cat and a dog"];
+        let texts = [
+            "the cat sat on the mat",
+            "the dog sat on the log",
+            "a cat and a dog",
+        ];
         train_bpe_tokenizer(&texts, 300, "<|endoftext|>", &path).unwrap();
         let tokenizer = TextTokenizer::load(&path).unwrap();
         assert_eq!(tokenizer.eos_id(), Some(0));
         let ids = tokenizer.encode("the cat sat").unwrap();
-        assert!(!ids.is_empty() && ids.len() < "the cat sat".len(), "{ids:?}");
+        assert!(
+            !ids.is_empty() && ids.len() < "the cat sat".len(),
+            "{ids:?}"
+        );
         assert!(!ids.contains(&0));
         // Byte-level: text never seen still encodes (no unknown token).
         assert!(!tokenizer.encode("zebra ünïcode 🦀").unwrap().is_empty());
@@ -151,6 +158,9 @@ mod tests {
         let junk = dir.path().join("junk.json");
         std::fs::write(&junk, "{not json").unwrap();
         let error = TextTokenizer::load(&junk).unwrap_err();
-        assert!(error.to_string().contains("cannot load the tokenizer"), "{error}");
+        assert!(
+            error.to_string().contains("cannot load the tokenizer"),
+            "{error}"
+        );
     }
 }
