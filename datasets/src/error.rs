@@ -153,6 +153,54 @@ pub enum Error {
         /// The sample, as its source describes it.
         sample: String,
     },
+
+    /// An argument out of range (a window length).
+    #[error("invalid argument: {0}")]
+    InvalidArgument(String),
+
+    /// A token file whose length is not a whole number of tokens.
+    #[error(
+        "token file {path} has {bytes} bytes, not a multiple of the {dtype} token size: wrong \
+         dtype (set token_dtype, or name the file *.u32.bin for uint32) or a truncated file"
+    )]
+    TokenFileSize {
+        /// The file.
+        path: PathBuf,
+        /// Its length.
+        bytes: u64,
+        /// The dtype it was read as.
+        dtype: &'static str,
+    },
+
+    /// A token file with fewer tokens than one window.
+    #[error("token file {path} holds {tokens} tokens, fewer than one window of {window}")]
+    TokenFileTooShort {
+        /// The file.
+        path: PathBuf,
+        /// Tokens in the file.
+        tokens: u64,
+        /// Tokens per window (seq_len + 1).
+        window: u64,
+    },
+
+    /// A JSONL dataset path names a folder without any `*.jsonl` file.
+    #[error("found no *.jsonl file in {0}")]
+    NoJsonlFiles(PathBuf),
+
+    /// The JSONL files hold no non-blank line.
+    #[error("found no document (non-blank line) in the JSONL files at {0}")]
+    EmptyJsonl(PathBuf),
+
+    /// One record (a JSONL line) cannot be used: not JSON, not an object, no text field.
+    #[error("{}:{line}: {reason}", path.display())]
+    MalformedRecord {
+        /// The file.
+        path: PathBuf,
+        /// 1-based line number.
+        line: u64,
+        /// What is wrong.
+        reason: String,
+    },
 }
 
 /// The crate's result type.

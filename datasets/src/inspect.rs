@@ -51,7 +51,7 @@ pub struct Summary {
 
 impl Summary {
     /// Summarises `values`, reordering them.
-    fn of(values: &mut [u64]) -> Summary {
+    pub(crate) fn of(values: &mut [u64]) -> Summary {
         if values.is_empty() {
             return Summary::default();
         }

@@ -6,6 +6,9 @@
 //!   `datasets.ImageFolder`, so sample `i` and its label match a PyTorch run.
 //! - [`TarShards`]: WebDataset-style tar shards read by random access through a cached index;
 //!   [`write_tar_shards`] writes any source in that layout.
+//! - [`TokenFile`]: a memory-mapped nanoGPT-style token array served as windows of
+//!   `seq_len + 1` tokens; [`write_synthetic_tokens`] writes a seeded one.
+//! - [`JsonlDocuments`]: JSON Lines documents, one sample per line, read as UTF-8 text.
 //! - [`generate_imagenet_like`]: writes a seeded, ImageNet-like image folder for benchmarks.
 //! - [`inspect_image_folder`]: format and size statistics from image headers.
 //! - [`sniff_format`]: tells JPEG from PNG by magic bytes, for decode decisions.
@@ -35,17 +38,26 @@ mod error;
 mod image_folder;
 mod image_format;
 mod inspect;
+mod jsonl;
 mod sample_source;
 mod synthetic;
 mod tar_shards;
+mod token_file;
 
 pub use error::{Error, Result};
 pub use image_folder::ImageFolder;
 pub use image_format::{sniff_format, ImageFormat};
 pub use inspect::{inspect_image_folder, DatasetReport, Summary};
-pub use sample_source::SampleSource;
+pub use jsonl::{
+    looks_like_jsonl, JsonlDocuments, JsonlReport, DEFAULT_LABEL_FIELD, DEFAULT_TEXT_FIELD,
+};
+pub use sample_source::{SampleSource, TokenWindowShape};
 pub use synthetic::{generate_imagenet_like, GeneratedDataset, SyntheticImageNetSpec};
 pub use tar_shards::{
     looks_like_tar_shards, write_tar_shards, TarIndexStats, TarShards, TarShardsWriterOptions,
     TarShardsWritten, CLASSES_FILE,
+};
+pub use token_file::{
+    looks_like_token_file, write_synthetic_tokens, SyntheticTokensSpec, TokenDtype, TokenFile,
+    TokenFileReport, MAX_SEQ_LEN,
 };

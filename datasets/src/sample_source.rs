@@ -1,6 +1,16 @@
 //! The interface every dataset format offers to the pipeline: samples addressed by a dense index.
 
 use crate::error::Result;
+use crate::token_file::TokenDtype;
+
+/// The shape of a token-window source's samples: each is `seq_len + 1` tokens of `dtype`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TokenWindowShape {
+    /// Element type of the tokens.
+    pub dtype: TokenDtype,
+    /// Tokens per window minus one.
+    pub seq_len: u32,
+}
 
 /// A dataset of (encoded bytes, label) samples addressed by a dense index `0..len`.
 ///
@@ -42,6 +52,12 @@ pub trait SampleSource: Send + Sync {
     /// sum to `len()`. `None` (the default) for sources without shards. The epoch planner uses
     /// it to keep reads mostly sequential.
     fn shard_sizes(&self) -> Option<Vec<u64>> {
+        None
+    }
+
+    /// For sources of fixed token windows (token files): their dtype and length, so a pipeline
+    /// can size its tensor. `None` (the default) for every other source.
+    fn token_windows(&self) -> Option<TokenWindowShape> {
         None
     }
 }

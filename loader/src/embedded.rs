@@ -88,7 +88,7 @@ impl Loader {
         };
         let batch_bytes = job
             .assembler()
-            .image_bytes(job.plan_config().batch_size as usize) as u64;
+            .batch_bytes(job.plan_config().batch_size as usize) as u64;
         let (prefetch, controller) = if options.prefetch == 0 {
             let controller = PrefetchController::new(ControllerConfig {
                 min_depth: 2,
@@ -428,7 +428,7 @@ impl EpochStream {
         while self.next_to_dispatch < self.plan.steps()
             && (self.next_to_dispatch - self.next_step) < self.prefetch as u64
         {
-            let len = self.image_bytes(self.next_to_dispatch);
+            let len = self.batch_bytes(self.next_to_dispatch);
             let Some(slot) = self.slots.try_take(len) else {
                 break;
             };
@@ -436,8 +436,8 @@ impl EpochStream {
         }
     }
 
-    fn image_bytes(&self, step: u64) -> usize {
-        self.job.assembler().image_bytes(self.plan.batch_len(step))
+    fn batch_bytes(&self, step: u64) -> usize {
+        self.job.assembler().batch_bytes(self.plan.batch_len(step))
     }
 
     /// Queues the next step for the stream's producer thread.
@@ -522,7 +522,7 @@ impl EpochStream {
             let slice = remaining.min(INTERRUPT_CHECK);
             if self.next_to_dispatch == step {
                 // Nothing in flight: every slot is held by batches the consumer kept.
-                if let Some(slot) = self.slots.take_timeout(self.image_bytes(step), slice) {
+                if let Some(slot) = self.slots.take_timeout(self.batch_bytes(step), slice) {
                     self.dispatch(slot);
                     self.top_up();
                     continue;

@@ -4,9 +4,14 @@
 use std::path::Path;
 use std::sync::Arc;
 
-use stoker_datasets::{looks_like_tar_shards, ImageFolder, SampleSource, TarShards};
-use stoker_proto::v1::{self as proto, BadSamplePolicy, DatasetFormat, JobSpec, UnevenTail};
-use stoker_worker::{BatchAssembler, BatchKey, Pipeline};
+use stoker_datasets::{
+    looks_like_jsonl, looks_like_tar_shards, looks_like_token_file, ImageFolder, JsonlDocuments,
+    SampleSource, TarShards, TokenDtype, TokenFile,
+};
+use stoker_proto::v1::{
+    self as proto, op::Op as OpKind, BadSamplePolicy, DatasetFormat, JobSpec, UnevenTail,
+};
+use stoker_worker::{BatchAssembler, BatchKey, JobPipeline};
 
 use crate::error::{Error, Result};
 use crate::planner::{EpochPlan, PlanConfig};
@@ -26,27 +31,70 @@ pub struct Job {
     shard_sizes: Option<Arc<[u64]>>,
 }
 
-/// Opens the dataset a spec names.
-pub fn open_source(dataset: &proto::DatasetSource) -> Result<Arc<dyn SampleSource>> {
+/// Opens the dataset a spec names. `ops` is the job's pipeline: a token file is cut into the
+/// windows of its `TokenWindows` op.
+///
+/// `AUTO` picks the format from the files: a `.tar` file or a folder of them is tar shards, a
+/// `.bin` file a token file, a `.jsonl` file or a folder of them JSONL documents, anything else
+/// an image folder.
+pub fn open_source(
+    dataset: &proto::DatasetSource,
+    ops: &[proto::Op],
+) -> Result<Arc<dyn SampleSource>> {
     let uri = dataset.uri.trim();
     if uri.is_empty() {
         return Err(Error::InvalidSpec("dataset.uri is empty".into()));
     }
     let path = uri.strip_prefix("file://").unwrap_or(uri);
     let path = Path::new(path);
-    match dataset.format() {
-        // A `.tar` file or a folder holding `*.tar` files is a shard set; anything else is read
-        // as an image folder (whose root holds class folders, not tar files).
-        DatasetFormat::Auto if looks_like_tar_shards(path) => Ok(Arc::new(TarShards::open(path)?)),
+    let format = match dataset.format() {
+        DatasetFormat::Auto if looks_like_tar_shards(path) => DatasetFormat::TarShards,
+        DatasetFormat::Auto if looks_like_token_file(path) => DatasetFormat::TokenFile,
+        DatasetFormat::Auto if looks_like_jsonl(path) => DatasetFormat::Jsonl,
+        DatasetFormat::Auto => DatasetFormat::ImageFolder,
+        other => other,
+    };
+    match format {
         DatasetFormat::Auto | DatasetFormat::ImageFolder => Ok(Arc::new(ImageFolder::open(path)?)),
         DatasetFormat::TarShards => Ok(Arc::new(TarShards::open(path)?)),
-        DatasetFormat::Parquet | DatasetFormat::TokenFile | DatasetFormat::Jsonl => {
-            Err(Error::InvalidSpec(format!(
-                "dataset format {:?} is not supported yet",
-                dataset.format()
-            )))
+        DatasetFormat::TokenFile => {
+            let seq_len = token_windows_seq_len(ops).ok_or_else(|| {
+                Error::InvalidSpec(format!(
+                    "{} is a token file: its pipeline must be [TokenWindows{{seq_len}}]",
+                    path.display()
+                ))
+            })?;
+            let dtype = match dataset.token_dtype() {
+                proto::Dtype::Unspecified => TokenDtype::from_file_name(path),
+                proto::Dtype::Uint16 => TokenDtype::Uint16,
+                proto::Dtype::Uint32 => TokenDtype::Uint32,
+                other => {
+                    return Err(Error::InvalidSpec(format!(
+                        "dataset.token_dtype must be UINT16 or UINT32, got {}",
+                        other.as_str_name()
+                    )))
+                }
+            };
+            Ok(Arc::new(TokenFile::open(path, dtype, seq_len)?))
         }
+        DatasetFormat::Jsonl => Ok(Arc::new(JsonlDocuments::open(
+            path,
+            dataset.text_column.trim(),
+            dataset.label_column.trim(),
+        )?)),
+        DatasetFormat::Parquet => Err(Error::InvalidSpec(format!(
+            "dataset format {:?} is not supported yet",
+            dataset.format()
+        ))),
     }
+}
+
+/// The `seq_len` of the op list's `TokenWindows` op, if it has one.
+fn token_windows_seq_len(ops: &[proto::Op]) -> Option<u32> {
+    ops.iter().find_map(|op| match &op.op {
+        Some(OpKind::TokenWindows(windows)) => Some(windows.seq_len),
+        _ => None,
+    })
 }
 
 /// The plan of `epoch`: shard-aware when shard sizes are given.
@@ -64,7 +112,7 @@ impl Job {
             .dataset
             .as_ref()
             .ok_or_else(|| Error::InvalidSpec("dataset is missing".into()))?;
-        let source = open_source(dataset)?;
+        let source = open_source(dataset, &spec.pipeline)?;
         Self::with_source(spec, source)
     }
 
@@ -88,7 +136,7 @@ impl Job {
                 spec.uneven_tail
             )));
         }
-        let pipeline = Pipeline::from_ops(&spec.pipeline)?;
+        let pipeline = JobPipeline::from_ops(&spec.pipeline)?;
         let plan_config = PlanConfig {
             num_samples: source.len(),
             batch_size: spec.batch_size,
@@ -108,7 +156,7 @@ impl Job {
         };
         // Surface rank/world/batch/shard errors now rather than at the first epoch.
         plan_for(plan_config, shard_sizes.as_deref(), 0)?;
-        let assembler = BatchAssembler::new(source, pipeline, spec.seed, spec.on_error());
+        let assembler = BatchAssembler::new(source, pipeline, spec.seed, spec.on_error())?;
         Ok(Job {
             spec,
             assembler,
@@ -143,14 +191,15 @@ impl Job {
         Ok(self.assembler.assemble(key, &indices)?)
     }
 
-    /// Builds batch `step` of `plan` on the current rayon pool into `slot`; the image tensor's
-    /// bytes are the slot, which goes back to its pool when the last reference drops.
+    /// Builds batch `step` of `plan` on the current rayon pool into `slot`; the batch tensors'
+    /// bytes are the slot (slices of it), which goes back to its pool when the last reference
+    /// drops.
     pub fn batch_into(&self, plan: &EpochPlan, step: u64, mut slot: Slot) -> Result<proto::Batch> {
         let (key, indices) = self.batch_key(plan, step)?;
         let assembled = self
             .assembler
             .assemble_into(key, &indices, slot.as_mut_slice())?;
-        Ok(assembled.into_proto(self.assembler.pipeline(), &indices, slot.into_bytes()))
+        Ok(assembled.into_proto(&indices, slot.into_bytes()))
     }
 
     fn batch_key(&self, plan: &EpochPlan, step: u64) -> Result<(BatchKey, Vec<u64>)> {

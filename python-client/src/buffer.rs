@@ -21,7 +21,8 @@ pub struct Buffer {
 static FORMAT_UNSIGNED_BYTE: &std::ffi::CStr = c"B";
 
 impl Buffer {
-    /// Wraps `data`, which nothing else may reference: Python may write into it.
+    /// Wraps `data`, whose bytes nothing else reads or writes (several buffers may be disjoint
+    /// slices of one batch slot): Python may write into it.
     pub fn new(data: Bytes) -> Self {
         let len = data.len() as ffi::Py_ssize_t;
         Self {

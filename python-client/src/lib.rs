@@ -54,7 +54,7 @@ impl NativeLoader {
 #[pymethods]
 impl NativeLoader {
     #[new]
-    #[pyo3(signature = (source, ops, batch_size, shuffle, seed, drop_last, num_threads, rank, world_size, prefetch, on_error, timeout_s, max_held_batches, max_prefetch_bytes = 2 << 30, dashboard = None, job_name = "python".to_string()))]
+    #[pyo3(signature = (source, ops, batch_size, shuffle, seed, drop_last, num_threads, rank, world_size, prefetch, on_error, timeout_s, max_held_batches, max_prefetch_bytes = 2 << 30, dashboard = None, job_name = "python".to_string(), format = "auto", shuffle_window = 0, text_column = String::new()))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -74,38 +74,27 @@ impl NativeLoader {
         max_prefetch_bytes: u64,
         dashboard: Option<String>,
         job_name: String,
+        format: &str,
+        shuffle_window: u32,
+        text_column: String,
     ) -> PyResult<Self> {
-        let on_error = match on_error {
-            "skip" => BadSamplePolicy::Skip,
-            "fail" => BadSamplePolicy::Fail,
-            other => {
-                return Err(PyValueError::new_err(format!(
-                    "on_error must be \"skip\" or \"fail\", got {other:?}"
-                )))
-            }
-        };
-        if !(timeout_s.is_finite() && timeout_s > 0.0) {
-            return Err(PyValueError::new_err(format!(
-                "timeout must be a positive number of seconds, got {timeout_s}"
-            )));
-        }
-        let spec = JobSpec {
-            dataset: Some(proto::DatasetSource {
-                uri: source.to_string_lossy().into_owned(),
-                format: proto::DatasetFormat::Auto as i32,
-                ..Default::default()
-            }),
-            pipeline: ops::from_python(&ops)?,
-            batch_size,
-            seed,
-            shuffle,
-            drop_last,
-            rank,
-            world_size,
-            uneven_tail: proto::UnevenTail::Pad as i32,
-            on_error: on_error as i32,
-            shuffle_window: 0,
-        };
+        let spec = job_spec(
+            source.to_string_lossy().into_owned(),
+            &ops,
+            JobSettings {
+                batch_size,
+                shuffle,
+                seed,
+                drop_last,
+                rank,
+                world_size,
+                on_error,
+                timeout_s,
+                format,
+                shuffle_window,
+                text_column,
+            },
+        )?;
         let options = LoaderOptions {
             threads: num_threads,
             prefetch,
@@ -246,6 +235,88 @@ impl NativeLoader {
     }
 }
 
+/// The job settings both loader classes take from Python.
+pub(crate) struct JobSettings<'a> {
+    pub batch_size: u32,
+    pub shuffle: bool,
+    pub seed: u64,
+    pub drop_last: bool,
+    pub rank: u32,
+    pub world_size: u32,
+    pub on_error: &'a str,
+    pub timeout_s: f64,
+    pub format: &'a str,
+    pub shuffle_window: u32,
+    pub text_column: String,
+}
+
+/// Checks the settings and builds the job spec (the pipeline from the ops' dicts).
+pub(crate) fn job_spec(
+    source: String,
+    ops: &[Bound<'_, PyDict>],
+    settings: JobSettings<'_>,
+) -> PyResult<JobSpec> {
+    let JobSettings {
+        batch_size,
+        shuffle,
+        seed,
+        drop_last,
+        rank,
+        world_size,
+        on_error,
+        timeout_s,
+        format,
+        shuffle_window,
+        text_column,
+    } = settings;
+    let format = match format {
+        "auto" => proto::DatasetFormat::Auto,
+        "image_folder" => proto::DatasetFormat::ImageFolder,
+        "tar" => proto::DatasetFormat::TarShards,
+        "parquet" => proto::DatasetFormat::Parquet,
+        "tokens" => proto::DatasetFormat::TokenFile,
+        "jsonl" => proto::DatasetFormat::Jsonl,
+        other => {
+            return Err(PyValueError::new_err(format!(
+                "format must be \"auto\", \"image_folder\", \"tar\", \"parquet\", \"tokens\" \
+                 or \"jsonl\", got {other:?}"
+            )))
+        }
+    };
+    let on_error = match on_error {
+        "skip" => BadSamplePolicy::Skip,
+        "fail" => BadSamplePolicy::Fail,
+        other => {
+            return Err(PyValueError::new_err(format!(
+                "on_error must be \"skip\" or \"fail\", got {other:?}"
+            )))
+        }
+    };
+    if !(timeout_s.is_finite() && timeout_s > 0.0) {
+        return Err(PyValueError::new_err(format!(
+            "timeout must be a positive number of seconds, got {timeout_s}"
+        )));
+    }
+    Ok(JobSpec {
+        dataset: Some(proto::DatasetSource {
+            uri: source,
+            format: format as i32,
+            text_column,
+            ..Default::default()
+        }),
+        pipeline: ops::from_python(ops)?,
+        batch_size,
+        seed,
+        shuffle,
+        drop_last,
+        rank,
+        world_size,
+        uneven_tail: proto::UnevenTail::Pad as i32,
+        on_error: on_error as i32,
+        shuffle_window,
+    })
+}
+
 /// Runs a blocking `next_batch_checked` with the GIL released, looking for Ctrl-C every
 /// `INTERRUPT_CHECK`, and turns the batch into its Python tuple.
 fn wait_for_batch<'py>(
@@ -310,6 +381,55 @@ fn make_dataset(py: Python<'_>, out: PathBuf, count: u64, seed: u64) -> PyResult
         .map_err(from_dataset)
 }
 
+/// Trains a small byte-level BPE tokenizer on `texts` (at most `vocab_size` ids, `eos` being
+/// id 0) and writes its `tokenizer.json` to `out`: for tests and examples, no hub needed.
+#[pyfunction]
+#[pyo3(signature = (texts, out, vocab_size = 1000, eos = "<|endoftext|>".to_string()))]
+fn train_bpe_tokenizer(
+    py: Python<'_>,
+    texts: Vec<String>,
+    out: PathBuf,
+    vocab_size: usize,
+    eos: String,
+) -> PyResult<()> {
+    py.detach(|| {
+        let texts: Vec<&str> = texts.iter().map(String::as_str).collect();
+        stoker_worker::train_bpe_tokenizer(&texts, vocab_size, &eos, &out)
+    })
+    .map_err(|e| raise(Kind::Stoker, e.to_string()))
+}
+
+/// Writes a seeded token file of `tokens` random ids below `vocab` (uint16, or uint32 with
+/// `dtype="uint32"`) to `out`.
+#[pyfunction]
+#[pyo3(signature = (out, tokens, vocab = 50_257, dtype = "uint16", seed = 0))]
+fn make_tokens(
+    py: Python<'_>,
+    out: PathBuf,
+    tokens: u64,
+    vocab: u32,
+    dtype: &str,
+    seed: u64,
+) -> PyResult<()> {
+    let dtype = match dtype {
+        "uint16" => stoker_datasets::TokenDtype::Uint16,
+        "uint32" => stoker_datasets::TokenDtype::Uint32,
+        other => {
+            return Err(PyValueError::new_err(format!(
+                "dtype must be \"uint16\" or \"uint32\", got {other:?}"
+            )))
+        }
+    };
+    let spec = stoker_datasets::SyntheticTokensSpec {
+        tokens,
+        vocab,
+        dtype,
+        seed,
+    };
+    py.detach(|| stoker_datasets::write_synthetic_tokens(&out, &spec))
+        .map_err(from_dataset)
+}
+
 #[pymodule]
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     let classes = errors::classes(m.py())?;
@@ -320,6 +440,8 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<remote::RemoteNativeLoader>()?;
     m.add_class::<Buffer>()?;
     m.add_function(wrap_pyfunction!(make_dataset, m)?)?;
+    m.add_function(wrap_pyfunction!(make_tokens, m)?)?;
+    m.add_function(wrap_pyfunction!(train_bpe_tokenizer, m)?)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     Ok(())
 }

@@ -128,6 +128,17 @@ pub fn from_python(ops: &[Bound<'_, PyDict>]) -> PyResult<Vec<proto::Op>> {
                         dtype: dtype as i32,
                     })
                 }
+                "token_windows" => OpKind::TokenWindows(proto::TokenWindows {
+                    seq_len: get(op, index, "seq_len")?,
+                }),
+                "tokenize" => OpKind::Tokenize(proto::Tokenize {
+                    tokenizer_path: get(op, index, "tokenizer_path")?,
+                }),
+                "pack_sequences" => OpKind::PackSequences(proto::PackSequences {
+                    seq_len: get(op, index, "seq_len")?,
+                    eos_id: get(op, index, "eos_id")?,
+                    pad_id: get(op, index, "pad_id")?,
+                }),
                 other => return Err(bad(index, format!("unknown op {other:?}"))),
             };
             Ok(proto::Op { op: Some(kind) })

@@ -3,14 +3,11 @@
 
 use std::time::Duration;
 
-use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyTuple};
 use stoker_loader::distributed::{RemoteEpochStream, RemoteLoader, RemoteOptions};
-use stoker_proto::v1::{self as proto, BadSamplePolicy, JobSpec};
 
 use crate::errors::{from_loader, raise, Kind};
-use crate::ops;
 
 /// A job served by a coordinator, driven from Python.
 #[pyclass(module = "stoker._native")]
@@ -32,7 +29,7 @@ impl RemoteNativeLoader {
 #[pymethods]
 impl RemoteNativeLoader {
     #[new]
-    #[pyo3(signature = (address, source, ops, batch_size, shuffle, seed, drop_last, rank, world_size, prefetch, on_error, timeout_s))]
+    #[pyo3(signature = (address, source, ops, batch_size, shuffle, seed, drop_last, rank, world_size, prefetch, on_error, timeout_s, format = "auto", shuffle_window = 0, text_column = String::new()))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -48,38 +45,27 @@ impl RemoteNativeLoader {
         prefetch: usize,
         on_error: &str,
         timeout_s: f64,
+        format: &str,
+        shuffle_window: u32,
+        text_column: String,
     ) -> PyResult<Self> {
-        let on_error = match on_error {
-            "skip" => BadSamplePolicy::Skip,
-            "fail" => BadSamplePolicy::Fail,
-            other => {
-                return Err(PyValueError::new_err(format!(
-                    "on_error must be \"skip\" or \"fail\", got {other:?}"
-                )))
-            }
-        };
-        if !(timeout_s.is_finite() && timeout_s > 0.0) {
-            return Err(PyValueError::new_err(format!(
-                "timeout must be a positive number of seconds, got {timeout_s}"
-            )));
-        }
-        let spec = JobSpec {
-            dataset: Some(proto::DatasetSource {
-                uri: source,
-                format: proto::DatasetFormat::Auto as i32,
-                ..Default::default()
-            }),
-            pipeline: ops::from_python(&ops)?,
-            batch_size,
-            seed,
-            shuffle,
-            drop_last,
-            rank,
-            world_size,
-            uneven_tail: proto::UnevenTail::Pad as i32,
-            on_error: on_error as i32,
-            shuffle_window: 0,
-        };
+        let spec = crate::job_spec(
+            source,
+            &ops,
+            crate::JobSettings {
+                batch_size,
+                shuffle,
+                seed,
+                drop_last,
+                rank,
+                world_size,
+                on_error,
+                timeout_s,
+                format,
+                shuffle_window,
+                text_column,
+            },
+        )?;
         // prefetch 0 ("auto") keeps the default credit depth.
         let defaults = RemoteOptions::default();
         let options = RemoteOptions {

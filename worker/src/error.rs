@@ -54,6 +54,17 @@ pub enum SampleError {
     /// The decoder rejected the bytes (truncated or corrupt data).
     #[error("corrupt image: {0}")]
     Corrupt(String),
+    /// A text sample is not UTF-8, or the tokenizer refused it.
+    #[error("invalid text: {0}")]
+    InvalidText(String),
+    /// A token window has another size than the pipeline expects.
+    #[error("token window of {found} bytes where {expected} were expected")]
+    WindowSize {
+        /// Bytes read.
+        found: usize,
+        /// Bytes of a window of the pipeline's seq_len and the source's dtype.
+        expected: usize,
+    },
     /// The image has more pixels than the job allows.
     #[error("image of {width}x{height} exceeds the limit of {limit} pixels")]
     TooManyPixels {

@@ -8,6 +8,12 @@
 //! Every random draw comes from [`SampleRng`], seeded by (seed, epoch, sample index): batches
 //! do not depend on thread counts or timing.
 //!
+//! Token pipelines sit beside it in [`JobPipeline`]: fixed windows of a token file
+//! (`TokenWindows`), or text tokenised with a Hugging Face `tokenizer.json` and packed into rows
+//! of `seq_len` tokens with EOS between documents (`Tokenize`, `PackSequences`; the packing rule
+//! is documented on [`pack_documents`]). [`BatchAssembler`] runs any of them under the same
+//! bad-input policy and stage timings.
+//!
 //! ```
 //! use stoker_worker::{presets, Pipeline};
 //! let pipeline = Pipeline::from_ops(&presets::imagenet_train(224)).unwrap();
@@ -17,13 +23,15 @@
 
 mod batch;
 mod error;
+mod job_pipeline;
 mod ops;
 mod pipeline;
 pub mod presets;
 mod rng;
 
-pub use batch::{AssembledBatch, BatchAssembler, BatchKey, MAX_SUBSTITUTE_TRIES};
+pub use batch::{AssembledBatch, BatchAssembler, BatchKey, TensorLayout, MAX_SUBSTITUTE_TRIES};
 pub use error::{Error, Result, SampleError};
+pub use job_pipeline::{token_dtype_proto, JobPipeline, PackedText};
 pub use ops::decode::{
     decode, read_header, DecodeRequest, DecodedImage, ImageHeader, DEFAULT_MAX_PIXELS,
 };
@@ -31,7 +39,9 @@ pub use ops::geometry::{
     center_crop_offset, random_resized_crop_window, resize_shorter_side, CropWindow,
     RandomResizedCropRange,
 };
+pub use ops::pack::{pack_documents, PackSpec, PackSummary, PackedRowsMut};
 pub use ops::resample::{flip_horizontal, resample, SourceWindow};
 pub use ops::tensor::{ImageDtype, ImageLayout, OutputFormat};
+pub use ops::tokenize::{train_bpe_tokenizer, TextTokenizer, EOS_CANDIDATES};
 pub use pipeline::{Geometry, Pipeline, SampleTimings, Scratch};
 pub use rng::SampleRng;

@@ -1,5 +1,6 @@
 //! `stoker bench`: end-to-end images/s, CPU seconds per image, time to first batch, peak RSS,
-//! where the time goes, and the decode floor (a plain full decode of the same images).
+//! where the time goes, and the decode floor (a plain full decode of the same images). On token
+//! files and JSONL text it also reports tokens/s (the floor applies to images only).
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -69,6 +70,22 @@ struct BenchReport {
     decode_floor_s_per_image: Option<f64>,
     pipeline_over_floor: Option<f64>,
     bad_samples: u64,
+    /// Token pipelines: training tokens delivered (batch x seq_len per batch).
+    tokens: Option<u64>,
+    tokens_per_s: Option<f64>,
+}
+
+/// Training tokens in a batch: `batch x seq_len` of its `tokens` (windows of seq_len + 1) or
+/// `input_ids` tensor; `None` for image batches.
+fn batch_tokens(batch: &stoker_proto::v1::Batch) -> Option<u64> {
+    batch
+        .tensors
+        .iter()
+        .find_map(|t| match (t.name.as_str(), t.shape.as_slice()) {
+            ("tokens", [rows, window]) => Some(rows * window.saturating_sub(1)),
+            ("input_ids", [rows, seq_len]) => Some(rows * seq_len),
+            _ => None,
+        })
 }
 
 #[derive(Debug, Serialize)]
@@ -106,6 +123,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
         args.batches
     };
     let mut images = 0u64;
+    let mut tokens: Option<u64> = None;
     let mut first_batch = None;
     let mut indices = Vec::new();
     let mut done = 0u64;
@@ -115,7 +133,10 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
         while let Some(batch) = stream.next_batch()? {
             first_batch.get_or_insert_with(|| wall_start.elapsed());
             images += batch.sample_indices.len() as u64;
-            if (indices.len() as u64) < args.floor_images {
+            if let Some(count) = batch_tokens(&batch) {
+                *tokens.get_or_insert(0) += count;
+            }
+            if tokens.is_none() && (indices.len() as u64) < args.floor_images {
                 indices.extend_from_slice(&batch.sample_indices);
             }
             done += 1;
@@ -140,7 +161,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
     };
     let cpu_s_per_image = cpu / images.max(1) as f64;
     let report = BenchReport {
-        pipeline: args.job.pipeline.clone(),
+        pipeline: args.job.pipeline_name(),
         batch_size: args.job.batch_size,
         threads: stats_threads(args.threads),
         batches: done,
@@ -161,6 +182,8 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
         decode_floor_s_per_image: floor,
         pipeline_over_floor: floor.map(|f| cpu_s_per_image / f),
         bad_samples: stats.bad_samples,
+        tokens,
+        tokens_per_s: tokens.map(|t| t as f64 / wall.as_secs_f64()),
     };
     if args.json {
         println!("{}", serde_json::to_string(&report)?);
@@ -182,7 +205,7 @@ fn stats_threads(requested: usize) -> usize {
 fn decode_floor(args: &BenchArgs, indices: &[u64]) -> anyhow::Result<f64> {
     let spec = args.job.spec()?;
     let dataset = spec.dataset.context("job has no dataset")?;
-    let source = open_source(&dataset)?;
+    let source = open_source(&dataset, &spec.pipeline)?;
     let bytes: Vec<Vec<u8>> = indices
         .iter()
         .filter_map(|&i| source.read(i).ok())
@@ -214,14 +237,25 @@ fn decode_floor(args: &BenchArgs, indices: &[u64]) -> anyhow::Result<f64> {
 }
 
 fn print_report(r: &BenchReport) {
+    let unit = if r.tokens.is_some() {
+        "samples"
+    } else {
+        "images"
+    };
     println!(
-        "pipeline {}  batch {}  threads {}  batches {}  images {}",
+        "pipeline {}  batch {}  threads {}  batches {}  {unit} {}",
         r.pipeline, r.batch_size, r.threads, r.batches, r.images
     );
     println!(
-        "throughput        {:.0} images/s ({:.2} s wall)",
+        "throughput        {:.0} {unit}/s ({:.2} s wall)",
         r.images_per_s, r.wall_s
     );
+    if let (Some(tokens), Some(per_s)) = (r.tokens, r.tokens_per_s) {
+        println!(
+            "tokens            {:.1} M tokens/s ({tokens} tokens)",
+            per_s / 1e6
+        );
+    }
     println!(
         "cpu               {:.3} ms/image ({:.0} images per CPU-second)",
         r.cpu_s_per_image * 1e3,

@@ -190,7 +190,7 @@ fn run_one(args: &StallArgs, pattern: Pattern, prefetch: usize) -> anyhow::Resul
         ..JobSpec::default()
     };
     let job = Job::with_source(spec, source)?;
-    let batch_bytes = job.assembler().image_bytes(args.batch_size as usize) as u64;
+    let batch_bytes = job.assembler().batch_bytes(args.batch_size as usize) as u64;
     let loader = Loader::from_job(
         job,
         LoaderOptions {

@@ -3,15 +3,26 @@
 use std::path::PathBuf;
 
 use clap::Args;
-use stoker_datasets::{inspect_image_folder, ImageFolder, SampleSource};
+use stoker_datasets::{inspect_image_folder, ImageFolder, JsonlDocuments, SampleSource};
+use stoker_datasets::{TokenDtype, TokenFile};
 use stoker_worker::DEFAULT_MAX_PIXELS;
 
 /// Arguments of `stoker inspect`.
 #[derive(Debug, Args)]
 pub struct InspectArgs {
-    /// ImageFolder root.
+    /// ImageFolder root, tar shards, a token file (`*.bin`) or JSONL (a `.jsonl` file or a
+    /// folder of them).
     #[arg(long)]
     pub data: PathBuf,
+    /// Token files: the window length to count windows for.
+    #[arg(long, default_value_t = 1024)]
+    pub seq_len: u32,
+    /// Token files: element type (auto: from the file name).
+    #[arg(long, default_value = "auto", value_parser = ["auto", "uint16", "uint32"])]
+    pub token_dtype: String,
+    /// JSONL: the text field.
+    #[arg(long, default_value = "text")]
+    pub text_field: String,
     /// Print one JSON object instead of text.
     #[arg(long)]
     pub json: bool,
@@ -19,6 +30,12 @@ pub struct InspectArgs {
 
 /// Runs the command.
 pub fn run(args: InspectArgs) -> anyhow::Result<()> {
+    if stoker_datasets::looks_like_token_file(&args.data) {
+        return inspect_tokens(&args);
+    }
+    if stoker_datasets::looks_like_jsonl(&args.data) {
+        return inspect_jsonl(&args);
+    }
     if stoker_datasets::looks_like_tar_shards(&args.data) {
         let shards = stoker_datasets::TarShards::open(&args.data)?;
         let stats = shards.index_stats();
@@ -69,5 +86,55 @@ pub fn run(args: InspectArgs) -> anyhow::Result<()> {
             report.pixels_over_limit
         );
     }
+    Ok(())
+}
+
+fn inspect_tokens(args: &InspectArgs) -> anyhow::Result<()> {
+    let dtype = match args.token_dtype.as_str() {
+        "uint16" => TokenDtype::Uint16,
+        "uint32" => TokenDtype::Uint32,
+        _ => TokenDtype::from_file_name(&args.data),
+    };
+    let file = TokenFile::open(&args.data, dtype, args.seq_len)?;
+    let report = file.report();
+    if args.json {
+        println!("{}", serde_json::to_string(&report)?);
+        return Ok(());
+    }
+    println!("dataset   {} (token file)", args.data.display());
+    println!("tokens    {}", report.tokens);
+    println!("dtype     {}", report.dtype.name());
+    println!("bytes     {}", report.bytes);
+    println!(
+        "windows   {} of {} tokens (seq_len {} + 1)",
+        report.windows,
+        report.seq_len + 1,
+        report.seq_len
+    );
+    println!("max id    {}", report.max_token);
+    Ok(())
+}
+
+fn inspect_jsonl(args: &InspectArgs) -> anyhow::Result<()> {
+    let documents = JsonlDocuments::open(&args.data, &args.text_field, "")?;
+    let report = documents.report();
+    if args.json {
+        println!("{}", serde_json::to_string(&report)?);
+        return Ok(());
+    }
+    println!("dataset   {} (jsonl)", args.data.display());
+    println!("files     {}", report.files);
+    println!("documents {}", report.documents);
+    println!("malformed {}", report.malformed);
+    println!(
+        "fields    text {:?}, label {}",
+        report.text_field,
+        report.label_field.as_deref().unwrap_or("none")
+    );
+    let s = &report.text_bytes;
+    println!(
+        "text      min {:.0} B  median {:.0} B  mean {:.0} B  max {:.0} B",
+        s.min, s.p50, s.mean, s.max
+    );
     Ok(())
 }

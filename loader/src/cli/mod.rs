@@ -10,6 +10,7 @@ mod demo;
 mod digest;
 mod inspect;
 mod make_dataset;
+mod make_tokens;
 mod resources;
 
 use std::path::PathBuf;
@@ -45,6 +46,8 @@ enum Command {
     MakeDataset(make_dataset::MakeDatasetArgs),
     /// Run the coordinator daemon of the distributed mode (workers: `stoker-worker`).
     Coordinator(coordinator::CoordinatorArgs),
+    /// Write a seeded token file (random ids, nanoGPT `.bin` layout) for benchmarks.
+    MakeTokens(make_tokens::MakeTokensArgs),
 }
 
 /// Sets up `tracing` on stderr.
@@ -87,6 +90,7 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Inspect(args) => inspect::run(args),
         Command::MakeDataset(args) => make_dataset::run(args),
         Command::Coordinator(args) => coordinator::run(args),
+        Command::MakeTokens(args) => make_tokens::run(args),
     }
 }
 
@@ -102,11 +106,26 @@ pub enum OnError {
 /// Options shared by the commands that run a job.
 #[derive(Debug, Args)]
 pub struct JobArgs {
-    /// Dataset: an ImageFolder root (class folders of JPEG/PNG files), or a folder of
-    /// WebDataset-style `.tar` shards (or one `.tar`). Required.
+    /// Dataset: an ImageFolder root (class folders of JPEG/PNG files), a folder of
+    /// WebDataset-style `.tar` shards (or one `.tar`), a token file (`*.bin`, served as windows
+    /// of --seq-len + 1 tokens) or JSON Lines text (a `.jsonl` file or a folder of them,
+    /// tokenised with --tokenizer and packed into rows of --seq-len). Required.
     #[arg(long)]
     pub data: Option<PathBuf>,
-    /// Pipeline preset.
+    /// Tokens per row for token files and packed text.
+    #[arg(long, default_value_t = 1024)]
+    pub seq_len: u32,
+    /// Token file element type (auto: from the file name, `*.u32.bin` is uint32, else uint16).
+    #[arg(long, default_value = "auto", value_parser = ["auto", "uint16", "uint32"])]
+    pub token_dtype: String,
+    /// JSONL text: the `tokenizer.json` to tokenise with.
+    #[arg(long)]
+    pub tokenizer: Option<PathBuf>,
+    /// JSONL text: the field holding the text.
+    #[arg(long, default_value = "text")]
+    pub text_field: String,
+    /// Image pipeline preset (image datasets only; token files and JSONL text get their
+    /// token pipeline).
     #[arg(long, default_value = "imagenet-train", value_parser = ["imagenet-train", "imagenet-eval"])]
     pub pipeline: String,
     /// Output image size (square).
@@ -142,17 +161,25 @@ pub struct JobArgs {
 impl JobArgs {
     /// The job spec these options describe.
     pub fn spec(&self) -> anyhow::Result<JobSpec> {
-        let data = self
-            .data
-            .as_ref()
-            .ok_or_else(|| anyhow::anyhow!("--data DIR is required (an ImageFolder root)"))?;
+        let data = self.data.as_ref().ok_or_else(|| {
+            anyhow::anyhow!(
+                "--data PATH is required (an ImageFolder root, tar shards, a token file or JSONL)"
+            )
+        })?;
+        let token_dtype = match self.token_dtype.as_str() {
+            "uint16" => proto::Dtype::Uint16,
+            "uint32" => proto::Dtype::Uint32,
+            _ => proto::Dtype::Unspecified,
+        };
         Ok(JobSpec {
             dataset: Some(proto::DatasetSource {
                 uri: data.to_string_lossy().into_owned(),
                 format: proto::DatasetFormat::Auto as i32,
+                text_column: self.text_field.clone(),
+                token_dtype: token_dtype as i32,
                 ..Default::default()
             }),
-            pipeline: stoker_worker::presets::by_name(&self.pipeline, self.size)?,
+            pipeline: self.pipeline_ops(data)?,
             batch_size: self.batch_size,
             seed: self.seed,
             shuffle: !self.no_shuffle,
@@ -166,5 +193,46 @@ impl JobArgs {
             },
             shuffle_window: self.shuffle_window,
         })
+    }
+
+    /// The op list for `data`: token windows for a token file, Tokenize + PackSequences for
+    /// JSONL text, the image preset otherwise.
+    fn pipeline_ops(&self, data: &std::path::Path) -> anyhow::Result<Vec<proto::Op>> {
+        use proto::op::Op as OpKind;
+        let op = |kind| proto::Op { op: Some(kind) };
+        if stoker_datasets::looks_like_token_file(data) {
+            return Ok(vec![op(OpKind::TokenWindows(proto::TokenWindows {
+                seq_len: self.seq_len,
+            }))]);
+        }
+        if stoker_datasets::looks_like_jsonl(data) {
+            let tokenizer = self.tokenizer.as_ref().ok_or_else(|| {
+                anyhow::anyhow!("JSONL text needs --tokenizer PATH (a tokenizer.json)")
+            })?;
+            return Ok(vec![
+                op(OpKind::Tokenize(proto::Tokenize {
+                    tokenizer_path: tokenizer.to_string_lossy().into_owned(),
+                })),
+                op(OpKind::PackSequences(proto::PackSequences {
+                    seq_len: self.seq_len,
+                    eos_id: -1,
+                    pad_id: 0,
+                })),
+            ]);
+        }
+        Ok(stoker_worker::presets::by_name(&self.pipeline, self.size)?)
+    }
+
+    /// The pipeline in words, for reports.
+    pub fn pipeline_name(&self) -> String {
+        match &self.data {
+            Some(data) if stoker_datasets::looks_like_token_file(data) => {
+                format!("token-windows({})", self.seq_len)
+            }
+            Some(data) if stoker_datasets::looks_like_jsonl(data) => {
+                format!("tokenize+pack({})", self.seq_len)
+            }
+            _ => self.pipeline.clone(),
+        }
     }
 }

@@ -210,7 +210,7 @@ impl worker_data_server::WorkerData for DataService {
             Ok::<_, Status>(DescribeJobResponse {
                 num_samples: job.plan_config().num_samples,
                 steps_per_epoch: plan.steps(),
-                batch_bytes: job.assembler().image_bytes(batch_size) as u64,
+                batch_bytes: job.assembler().batch_bytes(batch_size) as u64,
             })
         })
         .await
@@ -507,7 +507,7 @@ async fn job_entry(
                 .dataset
                 .as_ref()
                 .ok_or_else(|| Status::invalid_argument("job spec has no dataset"))?;
-            open_source(dataset).map_err(|e| loader_status(&e))
+            open_source(dataset, &spec.pipeline).map_err(|e| loader_status(&e))
         })
         .await
         .map_err(|e| Status::internal(format!("opening job {job_id} panicked: {e}")))??

@@ -4,9 +4,10 @@ The public API is :class:`stoker.Loader`; this module is its engine and may chan
 releases. Every method that waits or works releases the GIL.
 """
 
+import os
 from typing import Any, Final, Literal, TypedDict, final
 
-TensorDtype = Literal["uint8", "float32", "int64"]
+TensorDtype = Literal["uint8", "float32", "int64", "int32", "uint16", "uint32"]
 
 class BadSample(TypedDict):
     """A sample that could not be read or decoded, and what replaced it under ``skip``."""
@@ -85,6 +86,9 @@ class NativeLoader:
         max_prefetch_bytes: int = 2 << 30,
         dashboard: str | None = None,
         job_name: str = "python",
+        format: str = "auto",
+        shuffle_window: int = 0,
+        text_column: str = "",
     ) -> None:
         """Opens ``source`` and checks ``ops``; ``num_threads`` 0 means all cores, ``prefetch``
         0 lets a controller size the depth from the stall it observes, within
@@ -135,6 +139,9 @@ class RemoteNativeLoader:
         prefetch: int,
         on_error: Literal["skip", "fail"],
         timeout_s: float,
+        format: str = "auto",
+        shuffle_window: int = 0,
+        text_column: str = "",
     ) -> None:
         """Registers the job with the coordinator at ``address`` (a worker opens it, so a
         dataset outside the workers' ``--data-root`` is refused here, with their reason).
@@ -154,6 +161,24 @@ class RemoteNativeLoader:
 def make_dataset(out: str, count: int, seed: int = 0) -> str:
     """Writes a seeded ImageNet-like image folder (10 classes, JPEG) of ``count`` images under
     ``out`` and returns its root; reuses one already there with the same spec."""
+
+def make_tokens(
+    out: str | os.PathLike[str],
+    tokens: int,
+    vocab: int = 50257,
+    dtype: str = "uint16",
+    seed: int = 0,
+) -> None:
+    """Writes a seeded token file of ``tokens`` random ids below ``vocab`` to ``out``."""
+
+def train_bpe_tokenizer(
+    texts: list[str],
+    out: str | os.PathLike[str],
+    vocab_size: int = 1000,
+    eos: str = "<|endoftext|>",
+) -> None:
+    """Trains a small byte-level BPE on ``texts`` (``eos`` is id 0) and writes its
+    ``tokenizer.json`` to ``out``."""
 
 class StokerError(Exception):
     """The root of every Stoker exception."""

@@ -109,13 +109,14 @@ def _remote_source_path(source: object) -> str:
     if "://" not in path and os.path.exists(path):
         path = os.path.abspath(path)
     return path
+_FORMATS: Final = ("image_folder", "tar", "parquet", "tokens", "jsonl")
 
 
 def _source_path(source: object) -> str:
-    """The local folder ``source`` names; ``file://`` URLs are accepted."""
+    """The local path ``source`` names; ``file://`` URLs are accepted."""
     if not isinstance(source, (str, os.PathLike)):
         raise ValueError(
-            f"source must be a path (str or os.PathLike) of an image folder, got {source!r}"
+            f"source must be a path (str or os.PathLike) of a dataset, got {source!r}"
         )
     path = os.fspath(source)
     if isinstance(path, bytes):
@@ -126,7 +127,7 @@ def _source_path(source: object) -> str:
         scheme = path.split("://", 1)[0]
         raise ValueError(
             f"source {path!r}: {scheme}:// sources are not available in this build; "
-            "pass a local folder path (or a file:// URL)"
+            "pass a local path (or a file:// URL)"
         )
     if not path:
         raise ValueError("source must not be empty")
@@ -199,12 +200,15 @@ def _torch_importable() -> bool:
 
 
 class Loader:
-    """Loads batches of images from a folder, decoded and augmented in Rust threads.
+    """Loads batches of images or tokens, decoded, augmented or tokenised in Rust threads.
 
     Iterating yields one epoch of batches, each a dict of named tensors: ``"image"`` (uint8
     ``(B, H, W, 3)`` by default, see :mod:`stoker.ops`) and ``"label"`` (int64 ``(B,)``, the
-    index of the sample's class folder in sorted order, like torchvision's ImageFolder). The
-    tensors are views of the loader's batch slots, not copies. Iterating again runs the next
+    index of the sample's class folder in sorted order, like torchvision's ImageFolder); for
+    token files (``pipeline=[ops.TokenWindows(seq_len)]``) ``"tokens"`` ``(B, seq_len + 1)``;
+    for text (``[ops.Tokenize(path), ops.PackSequences(seq_len)]``) ``"input_ids"``,
+    ``"position_ids"`` and ``"document_ids"``, int32 ``(B, seq_len)``. The tensors are views
+    of the loader's batch slots, not copies. Iterating again runs the next
     epoch, reshuffled. Argument names follow ``torch.utils.data.DataLoader`` where the meaning
     is the same; DataLoader-only arguments raise a ValueError naming the alternative.
 
@@ -232,8 +236,11 @@ class Loader:
     (or copy what you keep: ``tensor.clone()``) and iteration goes on from where it stopped.
 
     Args:
-        source: path of an image folder laid out like torchvision's ImageFolder
-            (``root/<class>/<image>``); a ``file://`` URL is accepted.
+        source: path (or ``file://`` URL) of the dataset: an image folder laid out like
+            torchvision's ImageFolder (``root/<class>/<image>``), tar shards, a token file
+            (``*.bin``; ``*.u32.bin`` holds uint32 tokens, any other name uint16) or JSON Lines
+            text (a ``.jsonl`` file or a folder of them). The format is picked from the files
+            unless ``format`` names it.
         pipeline: the ops, e.g. ``stoker.vision.imagenet_train(224)`` or a list of
             :mod:`stoker.ops`; checked before any work starts.
         batch_size: samples per batch, >= 1.
@@ -268,6 +275,12 @@ class Loader:
         dashboard: serve the stall dashboard (live charts, ``/api/jobs``, ``/metrics``) on
             this port of 127.0.0.1 (0: any free port) or ``"host:port"``; the URL is
             :attr:`dashboard_url`. Served until :meth:`close`.
+        format: ``None`` (default: from the files), or one of ``"image_folder"``, ``"tar"``,
+            ``"parquet"``, ``"tokens"``, ``"jsonl"``.
+        shuffle_window: shards per shuffle window for sharded sources (tar shards, a folder
+            of JSONL files): 0 (default) shuffles globally; W >= 1 shuffles the shard order,
+            then samples within windows of W shards, keeping reads mostly sequential.
+        text_column: the text field of JSONL documents (default ``"text"``).
 
     Raises:
         ValueError: an argument is out of range, a DataLoader-only argument was passed, or
@@ -297,6 +310,9 @@ class Loader:
         timeout: float = 600.0,
         max_held_batches: int = 4,
         dashboard: int | str | None = None,
+        format: str | None = None,
+        shuffle_window: int = 0,
+        text_column: str | None = None,
         **unsupported: Any,
     ) -> None:
         # Attributes close() and __del__ rely on come first, so a failing __init__ leaves an
@@ -345,6 +361,16 @@ class Loader:
             )
         self._timeout = float(timeout)
         self._max_held_batches = _check_int(max_held_batches, "max_held_batches", 1, 4096)
+        if format is not None and format not in _FORMATS:
+            raise ValueError(
+                f"format must be None (pick it from the files) or one of "
+                f"{', '.join(repr(f) for f in _FORMATS)}, got {format!r}"
+            )
+        self._shuffle_window = _check_int(shuffle_window, "shuffle_window", 0, _MAX_U32)
+        if text_column is not None and not isinstance(text_column, str):
+            raise ValueError(f"text_column must be a str or None, got {text_column!r}")
+        self._format: str = format or "auto"
+        self._text_column: str = text_column or ""
         dashboard_address = _dashboard_address(dashboard)
         if output is None:
             output = "torch" if _torch_importable() else "numpy"
@@ -376,6 +402,9 @@ class Loader:
                 prefetch_count,
                 on_error,
                 self._timeout,
+                format=self._format,
+                shuffle_window=self._shuffle_window,
+                text_column=self._text_column,
             )
         else:
             self._source = _source_path(source)
@@ -401,6 +430,9 @@ class Loader:
             self._max_held_batches,
             dashboard=dashboard_address,
             job_name=os.path.basename(os.path.normpath(self._source)) or "python",
+            format=self._format,
+            shuffle_window=self._shuffle_window,
+            text_column=self._text_column,
         )
 
     def _finish_init(self) -> None:

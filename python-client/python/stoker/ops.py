@@ -11,12 +11,19 @@ A pipeline is a list of ops in one of two orders (brackets mark optional ops)::
     DecodeImage, [Resize], CenterCrop, [RandomHorizontalFlip], [Normalize], [ToTensor]
 
 A list that does not start with :class:`DecodeImage` gets ``DecodeImage()`` put in front.
+
+Token sources take one of two token pipelines instead::
+
+    TokenWindows(seq_len)                          # token files (nanoGPT .bin)
+    Tokenize(tokenizer_path), PackSequences(...)   # text (JSONL, Parquet text columns)
+
 :func:`check_pipeline` enforces all of this; :class:`stoker.Loader` calls it for you.
 """
 
 from __future__ import annotations
 
 import math
+import os
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Sequence
 from typing import Any, Final, TypeGuard
@@ -27,10 +34,13 @@ __all__ = [
     "DecodeImage",
     "Normalize",
     "Op",
+    "PackSequences",
     "RandomHorizontalFlip",
     "RandomResizedCrop",
     "Resize",
     "ToTensor",
+    "TokenWindows",
+    "Tokenize",
     "check_pipeline",
 ]
 
@@ -45,6 +55,10 @@ SUPPORTED_ORDERS: Final = (
     "[DecodeImage, RandomResizedCrop, (RandomHorizontalFlip), (Normalize), (ToTensor)] or "
     "[DecodeImage, (Resize), CenterCrop, (RandomHorizontalFlip), (Normalize), (ToTensor)]"
 )
+TOKEN_ORDERS: Final = "[TokenWindows] (token files) or [Tokenize, PackSequences] (text)"
+# The Rust side's longest token row.
+MAX_SEQ_LEN: Final = 1 << 24
+MAX_ID: Final = 2**31 - 1
 
 
 def _is_int(value: object) -> TypeGuard[int]:
@@ -292,13 +306,102 @@ class ToTensor(Op):
         return {"op": "to_tensor", "layout": self.layout, "dtype": self.dtype}
 
 
+def _seq_len(value: object, what: str) -> int:
+    if not _is_int(value) or not 1 <= value <= MAX_SEQ_LEN:
+        raise ValueError(f"{what} seq_len must be an int in 1..={MAX_SEQ_LEN}, got {value!r}")
+    return int(value)
+
+
+class TokenWindows(Op):
+    """Cuts a token file into windows of ``seq_len + 1`` tokens, one window per sample.
+
+    Window ``i`` is tokens ``[i * seq_len, i * seq_len + seq_len + 1)``, so input
+    ``tokens[:, :-1]`` and target ``tokens[:, 1:]`` come from one tensor, as in nanoGPT. The
+    batch holds ``"tokens"``: ``(B, seq_len + 1)`` in the file's dtype (uint16 or uint32).
+    """
+
+    def __init__(self, seq_len: int) -> None:
+        self.seq_len = _seq_len(seq_len, "TokenWindows")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"op": "token_windows", "seq_len": self.seq_len}
+
+
+class Tokenize(Op):
+    """Tokenises text samples with a Hugging Face ``tokenizer.json`` (read by the workers).
+
+    Args:
+        tokenizer_path: path of the ``tokenizer.json``; must be followed by
+            :class:`PackSequences`.
+    """
+
+    def __init__(self, tokenizer_path: str | os.PathLike[str]) -> None:
+        if not isinstance(tokenizer_path, (str, os.PathLike)) or not os.fspath(tokenizer_path):
+            raise ValueError(
+                f"Tokenize tokenizer_path must be the path of a tokenizer.json, "
+                f"got {tokenizer_path!r}"
+            )
+        self.tokenizer_path = os.fsdecode(os.fspath(tokenizer_path))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"op": "tokenize", "tokenizer_path": self.tokenizer_path}
+
+
+class PackSequences(Op):
+    """Packs tokenised documents into rows of ``seq_len`` tokens, EOS after each document.
+
+    A batch's documents (``batch_size`` of them) are laid end to end in order and cut into
+    ``batch_size`` rows; tokens past the last row are dropped, a short last row is padded.
+    The batch holds int32 ``(B, seq_len)`` tensors ``"input_ids"``, ``"position_ids"``
+    (0 at each document start and each row start) and ``"document_ids"`` (the document's
+    place in the batch, -1 on padding: attend where they are equal).
+
+    Args:
+        seq_len: tokens per row.
+        eos_id: the id put after each document; -1 (default) takes the tokenizer's own EOS
+            token (``<|endoftext|>``, ``</s>``, ``<eos>``...).
+        pad_id: the id that fills a short last row (default 0).
+    """
+
+    def __init__(self, seq_len: int, eos_id: int = -1, pad_id: int = 0) -> None:
+        self.seq_len = _seq_len(seq_len, "PackSequences")
+        if not _is_int(eos_id) or not -1 <= eos_id <= MAX_ID:
+            raise ValueError(
+                f"PackSequences eos_id must be -1 or an id in 0..2**31, got {eos_id!r}"
+            )
+        if not _is_int(pad_id) or not 0 <= pad_id <= MAX_ID:
+            raise ValueError(f"PackSequences pad_id must be an id in 0..2**31, got {pad_id!r}")
+        self.eos_id = int(eos_id)
+        self.pad_id = int(pad_id)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "op": "pack_sequences",
+            "seq_len": self.seq_len,
+            "eos_id": self.eos_id,
+            "pad_id": self.pad_id,
+        }
+
+
+_TOKEN_OPS: Final = (TokenWindows, Tokenize, PackSequences)
+
+
+def _check_token_pipeline(ops: list[Op]) -> list[Op]:
+    kinds = [type(op) for op in ops]
+    if kinds in ([TokenWindows], [Tokenize, PackSequences]):
+        return ops
+    names = ", ".join(type(op).__name__ for op in ops)
+    raise ValueError(f"unsupported token pipeline [{names}]; supported: {TOKEN_ORDERS}")
+
+
 def _order_error(message: str, ops: Sequence[Op]) -> ValueError:
     names = ", ".join(type(op).__name__ for op in ops)
     return ValueError(f"{message}; got [{names}]; supported orders: {SUPPORTED_ORDERS}")
 
 
 def check_pipeline(pipeline: Iterable[Op]) -> list[Op]:
-    """Checks a pipeline's ops and their order; returns it with ``DecodeImage()`` in front.
+    """Checks a pipeline's ops and their order; returns it with ``DecodeImage()`` in front
+    (image pipelines) or as it is (token pipelines, :data:`TOKEN_ORDERS`).
 
     Args:
         pipeline: the ops, in order.
@@ -322,6 +425,8 @@ def check_pipeline(pipeline: Iterable[Op]) -> list[Op]:
                 f"pipeline[{position}] must be a stoker.ops op (torchvision transforms and "
                 f"Python callables cannot run in the Rust workers), got {op!r}"
             )
+    if any(isinstance(op, _TOKEN_OPS) for op in ops):
+        return _check_token_pipeline(ops)
     if not ops or not isinstance(ops[0], DecodeImage):
         ops.insert(0, DecodeImage())
     rest = ops[1:]

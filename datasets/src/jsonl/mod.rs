@@ -1,0 +1,369 @@
+//! `JsonlDocuments`: JSON Lines files (one file or a folder of `*.jsonl`), one document per
+//! non-blank line, read by random access.
+//!
+//! The files are memory-mapped and their line starts indexed once at open (a `memchr` scan, a
+//! few GB/s, so no index is cached on disk). Reading sample `i` parses its one line and returns
+//! the UTF-8 text of the text field. A line that is not a JSON object, lacks the field, or holds
+//! something other than a string there is a bad sample whose error names `file:line`; it never
+//! stops the index from being built.
+
+use std::fs::File;
+use std::path::{Path, PathBuf};
+
+use memmap2::Mmap;
+use serde::Serialize;
+use serde_json::Value;
+use tracing::info;
+
+use crate::error::{Error, Result};
+use crate::inspect::Summary;
+use crate::sample_source::SampleSource;
+
+/// The text field read when none is named.
+pub const DEFAULT_TEXT_FIELD: &str = "text";
+
+/// The label field used, when none is named, if the first document has an integer one.
+pub const DEFAULT_LABEL_FIELD: &str = "label";
+
+fn has_jsonl_extension(path: &Path) -> bool {
+    path.extension()
+        .is_some_and(|extension| extension.eq_ignore_ascii_case("jsonl"))
+}
+
+/// The `*.jsonl` files directly in `folder`, sorted by name.
+fn list_jsonl(folder: &Path) -> Result<Vec<PathBuf>> {
+    let entries = std::fs::read_dir(folder).map_err(|source| Error::io(folder, source))?;
+    let mut files = Vec::new();
+    for entry in entries {
+        let path = entry.map_err(|source| Error::io(folder, source))?.path();
+        if has_jsonl_extension(&path) && path.is_file() {
+            files.push(path);
+        }
+    }
+    files.sort();
+    Ok(files)
+}
+
+/// Whether `path` is a `.jsonl` file or a folder holding at least one, for picking a format
+/// automatically.
+pub fn looks_like_jsonl(path: &Path) -> bool {
+    if path.is_file() {
+        return has_jsonl_extension(path);
+    }
+    list_jsonl(path).is_ok_and(|files| !files.is_empty())
+}
+
+/// One indexed line.
+#[derive(Debug, Clone, Copy)]
+struct LineRef {
+    /// Byte offset of the line in its file.
+    start: u64,
+    /// Length without the line ending.
+    len: u32,
+    /// 1-based line number, for errors.
+    line: u32,
+}
+
+struct JsonlFile {
+    path: PathBuf,
+    map: Option<Mmap>,
+    lines: Vec<LineRef>,
+}
+
+impl JsonlFile {
+    fn open(path: PathBuf) -> Result<JsonlFile> {
+        let file = File::open(&path).map_err(|source| Error::io(&path, source))?;
+        let len = file
+            .metadata()
+            .map_err(|source| Error::io(&path, source))?
+            .len();
+        // An empty file cannot be mapped; it simply holds no line.
+        let map = if len == 0 {
+            None
+        } else {
+            // SAFETY: read-only map of a file not expected to change under the job; bytes are
+            // only copied out or parsed.
+            Some(unsafe { Mmap::map(&file) }.map_err(|source| Error::io(&path, source))?)
+        };
+        let bytes: &[u8] = map.as_deref().unwrap_or(&[]);
+        let mut lines = Vec::new();
+        let mut start = 0usize;
+        let mut number = 0u32;
+        let ends = memchr::memchr_iter(b'\n', bytes).chain(std::iter::once(bytes.len()));
+        for end in ends {
+            number = number.checked_add(1).ok_or(Error::TooLarge(path.clone()))?;
+            let mut line = &bytes[start..end];
+            if let [head @ .., b'\r'] = line {
+                line = head;
+            }
+            if !line.iter().all(u8::is_ascii_whitespace) {
+                let len = u32::try_from(line.len()).map_err(|_| Error::MalformedRecord {
+                    path: path.clone(),
+                    line: u64::from(number),
+                    reason: "line longer than 4 GiB".into(),
+                })?;
+                lines.push(LineRef {
+                    start: start as u64,
+                    len,
+                    line: number,
+                });
+            }
+            start = end + 1;
+        }
+        Ok(JsonlFile { path, map, lines })
+    }
+
+    fn line(&self, line: LineRef) -> &[u8] {
+        let bytes: &[u8] = self.map.as_deref().unwrap_or(&[]);
+        &bytes[line.start as usize..line.start as usize + line.len as usize]
+    }
+}
+
+/// JSON Lines documents: sample `i` is the `i`-th non-blank line over the files in name order.
+pub struct JsonlDocuments {
+    root: PathBuf,
+    files: Vec<JsonlFile>,
+    /// Index of each file's first sample.
+    first_samples: Vec<u64>,
+    len: u64,
+    text_field: String,
+    label_field: Option<String>,
+}
+
+impl JsonlDocuments {
+    /// Opens a `.jsonl` file or a folder of `*.jsonl` files (sorted by name).
+    ///
+    /// `text_field` is the field read (`""`: `"text"`); `label_field` the integer label field
+    /// (`""`: `"label"` when the first document has an integer one, else no label, and every
+    /// label is -1).
+    pub fn open(path: &Path, text_field: &str, label_field: &str) -> Result<JsonlDocuments> {
+        let metadata = match std::fs::metadata(path) {
+            Ok(metadata) => metadata,
+            Err(source) if source.kind() == std::io::ErrorKind::NotFound => {
+                return Err(Error::RootNotFound(path.to_path_buf()));
+            }
+            Err(source) => return Err(Error::io(path, source)),
+        };
+        let paths = if metadata.is_dir() {
+            list_jsonl(path)?
+        } else {
+            vec![path.to_path_buf()]
+        };
+        if paths.is_empty() {
+            return Err(Error::NoJsonlFiles(path.to_path_buf()));
+        }
+        let files = paths
+            .into_iter()
+            .map(JsonlFile::open)
+            .collect::<Result<Vec<_>>>()?;
+        let mut first_samples = Vec::with_capacity(files.len());
+        let mut len = 0u64;
+        for file in &files {
+            first_samples.push(len);
+            len += file.lines.len() as u64;
+        }
+        if len == 0 {
+            return Err(Error::EmptyJsonl(path.to_path_buf()));
+        }
+        let text_field = if text_field.is_empty() {
+            DEFAULT_TEXT_FIELD.to_string()
+        } else {
+            text_field.to_string()
+        };
+        let mut documents = JsonlDocuments {
+            root: path.to_path_buf(),
+            files,
+            first_samples,
+            len,
+            text_field,
+            label_field: None,
+        };
+        documents.label_field = if label_field.is_empty() {
+            let first = documents.record(0).ok();
+            first
+                .and_then(|record| record.get(DEFAULT_LABEL_FIELD).and_then(Value::as_i64))
+                .map(|_| DEFAULT_LABEL_FIELD.to_string())
+        } else {
+            Some(label_field.to_string())
+        };
+        info!(
+            path = %path.display(),
+            files = documents.files.len(),
+            documents = len,
+            text_field = %documents.text_field,
+            "indexed jsonl documents"
+        );
+        Ok(documents)
+    }
+
+    /// The path opened.
+    pub fn root(&self) -> &Path {
+        &self.root
+    }
+
+    /// The files, in sample order.
+    pub fn file_paths(&self) -> impl Iterator<Item = &Path> {
+        self.files.iter().map(|file| file.path.as_path())
+    }
+
+    /// The field read as text.
+    pub fn text_field(&self) -> &str {
+        &self.text_field
+    }
+
+    /// The label field, if labels are read.
+    pub fn label_field(&self) -> Option<&str> {
+        self.label_field.as_deref()
+    }
+
+    fn locate(&self, index: u64) -> Option<(&JsonlFile, LineRef)> {
+        if index >= self.len {
+            return None;
+        }
+        let file = self.first_samples.partition_point(|first| *first <= index) - 1;
+        let file_ref = &self.files[file];
+        Some((
+            file_ref,
+            file_ref.lines[(index - self.first_samples[file]) as usize],
+        ))
+    }
+
+    fn malformed(file: &JsonlFile, line: LineRef, reason: impl Into<String>) -> Error {
+        Error::MalformedRecord {
+            path: file.path.clone(),
+            line: u64::from(line.line),
+            reason: reason.into(),
+        }
+    }
+
+    /// The parsed JSON object of sample `index`.
+    fn record(&self, index: u64) -> Result<serde_json::Map<String, Value>> {
+        let (file, line) = self.locate(index).ok_or(Error::IndexOutOfRange {
+            index,
+            len: self.len,
+        })?;
+        match serde_json::from_slice::<Value>(file.line(line)) {
+            Ok(Value::Object(record)) => Ok(record),
+            Ok(other) => Err(Self::malformed(
+                file,
+                line,
+                format!("expected a JSON object, found {}", json_kind(&other)),
+            )),
+            Err(error) => Err(Self::malformed(
+                file,
+                line,
+                format!("invalid JSON: {error}"),
+            )),
+        }
+    }
+
+    /// Document statistics for `stoker inspect`: reads every line once.
+    pub fn report(&self) -> JsonlReport {
+        let mut text_bytes = Vec::with_capacity(self.len as usize);
+        let mut malformed = 0u64;
+        for index in 0..self.len {
+            match self.read(index) {
+                Ok(text) => text_bytes.push(text.len() as u64),
+                Err(_) => malformed += 1,
+            }
+        }
+        JsonlReport {
+            files: self.files.len(),
+            documents: self.len,
+            malformed,
+            text_field: self.text_field.clone(),
+            label_field: self.label_field.clone(),
+            text_bytes: Summary::of(&mut text_bytes),
+        }
+    }
+}
+
+fn json_kind(value: &Value) -> &'static str {
+    match value {
+        Value::Null => "null",
+        Value::Bool(_) => "a boolean",
+        Value::Number(_) => "a number",
+        Value::String(_) => "a string",
+        Value::Array(_) => "an array",
+        Value::Object(_) => "an object",
+    }
+}
+
+impl SampleSource for JsonlDocuments {
+    fn len(&self) -> u64 {
+        self.len
+    }
+
+    /// The integer label field of the document, -1 when labels are off or the document has
+    /// no usable label (reading it parses the line again).
+    fn label(&self, index: u64) -> i64 {
+        let Some(field) = &self.label_field else {
+            return -1;
+        };
+        self.record(index)
+            .ok()
+            .and_then(|record| record.get(field).and_then(Value::as_i64))
+            .unwrap_or(-1)
+    }
+
+    fn describe(&self, index: u64) -> String {
+        match self.locate(index) {
+            Some((file, line)) => format!("{}:{}", file.path.display(), line.line),
+            None => format!(
+                "document {index} (out of range for the JSONL documents at {} with {} lines)",
+                self.root.display(),
+                self.len
+            ),
+        }
+    }
+
+    fn read(&self, index: u64) -> Result<Vec<u8>> {
+        let (file, line) = self.locate(index).ok_or(Error::IndexOutOfRange {
+            index,
+            len: self.len,
+        })?;
+        let mut record = self.record(index)?;
+        match record.remove(&self.text_field) {
+            Some(Value::String(text)) => Ok(text.into_bytes()),
+            Some(other) => Err(Self::malformed(
+                file,
+                line,
+                format!(
+                    "field {:?} holds {}, not a string",
+                    self.text_field,
+                    json_kind(&other)
+                ),
+            )),
+            None => Err(Self::malformed(
+                file,
+                line,
+                format!("no field {:?}", self.text_field),
+            )),
+        }
+    }
+
+    fn class_names(&self) -> &[String] {
+        &[]
+    }
+
+    fn shard_sizes(&self) -> Option<Vec<u64>> {
+        Some(self.files.iter().map(|f| f.lines.len() as u64).collect())
+    }
+}
+
+/// What `stoker inspect` reports about JSONL documents.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct JsonlReport {
+    /// Files read.
+    pub files: usize,
+    /// Non-blank lines (samples).
+    pub documents: u64,
+    /// Lines that are not a JSON object with a string text field.
+    pub malformed: u64,
+    /// The text field.
+    pub text_field: String,
+    /// The label field, if labels are read.
+    pub label_field: Option<String>,
+    /// UTF-8 bytes of the text, over well-formed documents.
+    pub text_bytes: Summary,
+}

@@ -1,0 +1,159 @@
+"""Token files and tokenised JSONL text through stoker.Loader: formats by URI or format=,
+token ops, zero-copy tensors, every sample once per epoch, determinism, bad lines."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from test_zero_copy import buffer_behind
+
+import stoker
+from stoker import _native, ops
+
+SEQ_LEN = 32
+WORDS = ["stoker", "feeds", "the", "gpu", "with", "tokens", "packed", "into", "rows", "of", "text",
+         "documents"]
+
+
+def document(i: int) -> str:
+    return " ".join(WORDS[(i * 31 + w * 17) % len(WORDS)] for w in range(1 + (i * 7919) % 40))
+
+
+@pytest.fixture(scope="module")
+def token_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Token i is i % 65521, so a window's first token names its start; 100 windows + tail."""
+    path = tmp_path_factory.mktemp("tokens") / "train.bin"
+    (np.arange(100 * SEQ_LEN + 1 + 5) % 65521).astype("<u2").tofile(path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def text(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """(folder of two JSONL files, 50 documents with line 2 of b.jsonl malformed; tokenizer)."""
+    root = tmp_path_factory.mktemp("text")
+    folder = root / "docs"
+    folder.mkdir()
+    lines = [json.dumps({"text": document(i)}) for i in range(50)]
+    lines[31] = '{"text": "cut short'
+    (folder / "a.jsonl").write_text("\n".join(lines[:30]) + "\n")
+    (folder / "b.jsonl").write_text("\n".join(lines[30:]) + "\n")
+    tokenizer = root / "tokenizer.json"
+    _native.train_bpe_tokenizer([document(i) for i in range(300)], str(tokenizer), vocab_size=400)
+    return folder, tokenizer
+
+
+def load(source: Any, pipeline: list[ops.Op], **kwargs: Any) -> list[dict[str, Any]]:
+    kwargs.setdefault("batch_size", 8)
+    kwargs.setdefault("num_threads", 2)
+    kwargs.setdefault("output", "numpy")
+    with stoker.Loader(source, pipeline=pipeline, **kwargs) as loader:
+        return list(loader)
+
+
+def test_token_windows_come_as_zero_copy_uint16_rows(token_file: Path) -> None:
+    with stoker.Loader(
+        token_file, pipeline=[ops.TokenWindows(SEQ_LEN)], batch_size=8, output="numpy"
+    ) as loader:
+        assert loader.num_samples == 100
+        assert len(loader) == 13
+        batch = next(iter(loader))
+    tokens = batch["tokens"]
+    assert set(batch) == {"tokens"}
+    assert tokens.dtype == np.uint16 and tokens.shape == (8, SEQ_LEN + 1)
+    assert tokens.ctypes.data == buffer_behind(tokens).address
+    for row in tokens:
+        start = int(row[0])
+        assert start % SEQ_LEN == 0
+        np.testing.assert_array_equal(row, np.arange(start, start + SEQ_LEN + 1))
+
+
+def test_every_window_once_per_epoch_across_ranks_by_uri_and_format(token_file: Path) -> None:
+    seen: Counter[int] = Counter()
+    for rank in range(4):
+        source = f"file://{token_file}" if rank % 2 else str(token_file)
+        for batch in load(source, [ops.TokenWindows(SEQ_LEN)], rank=rank, world_size=4,
+                          format="tokens"):
+            seen.update(int(t) // SEQ_LEN for t in batch["tokens"][:, 0])
+    assert seen == Counter(range(100))
+
+
+def test_token_batches_do_not_depend_on_threads(token_file: Path) -> None:
+    def epoch(threads: int) -> list[np.ndarray]:
+        return [b["tokens"].copy() for b in load(token_file, [ops.TokenWindows(SEQ_LEN)],
+                                                 num_threads=threads, seed=5)]
+
+    one, three = epoch(1), epoch(3)
+    assert len(one) == len(three) == 13
+    for a, b in zip(one, three, strict=True):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_token_files_can_reach_torch(token_file: Path) -> None:
+    torch = pytest.importorskip("torch")
+    batch = load(token_file, [ops.TokenWindows(SEQ_LEN)], output="torch")[0]
+    assert batch["tokens"].dtype == torch.uint16
+    assert tuple(batch["tokens"].shape) == (8, SEQ_LEN + 1)
+
+
+def test_packed_text_rows_eos_and_boundaries(text: tuple[Path, Path]) -> None:
+    folder, tokenizer = text
+    pipeline = [ops.Tokenize(tokenizer), ops.PackSequences(SEQ_LEN, pad_id=1)]
+    batches = load(folder, pipeline, seed=3)
+    assert len(batches) == 7
+    for batch in batches:
+        assert set(batch) == {"input_ids", "position_ids", "document_ids"}
+        rows = batch["input_ids"].shape[0]
+        for name in batch:
+            assert batch[name].dtype == np.int32 and batch[name].shape == (rows, SEQ_LEN)
+        ids, positions, documents = (
+            batch[k] for k in ("input_ids", "position_ids", "document_ids")
+        )
+        assert (positions[:, 0] == 0).all()
+        # EOS (id 0, the tokenizer's <|endoftext|>) ends a document wherever the next starts.
+        flat_docs, flat_ids = documents.ravel(), ids.ravel()
+        changes = np.nonzero(flat_docs[1:] != flat_docs[:-1])[0]
+        assert (flat_ids[changes] == 0).all()
+        pad = flat_docs == -1
+        assert (flat_ids[pad] == 1).all()
+    again = load(folder, pipeline, seed=3, num_threads=1)
+    for a, b in zip(batches, again, strict=True):
+        for name in a:
+            np.testing.assert_array_equal(a[name], b[name])
+
+
+def test_bad_lines_are_skipped_or_fail_naming_file_and_line(text: tuple[Path, Path]) -> None:
+    folder, tokenizer = text
+    pipeline = [ops.Tokenize(tokenizer), ops.PackSequences(SEQ_LEN)]
+    with stoker.Loader(folder, pipeline=pipeline, batch_size=10, output="numpy",
+                       format="jsonl", shuffle_window=1) as loader:
+        for _ in loader:
+            pass
+        assert loader.stats()["bad_samples"] == 1
+    with pytest.raises(stoker.DecodeError, match=r"b\.jsonl:2"):
+        load(folder, pipeline, on_error="fail", shuffle=False)
+
+
+def test_token_arguments_are_checked() -> None:
+    with pytest.raises(ValueError, match="seq_len"):
+        ops.TokenWindows(0)
+    with pytest.raises(ValueError, match="eos_id"):
+        ops.PackSequences(16, eos_id=-2)
+    with pytest.raises(ValueError, match="unsupported token pipeline"):
+        stoker.ops.check_pipeline([ops.PackSequences(16)])
+    with pytest.raises(ValueError, match="unsupported token pipeline"):
+        stoker.ops.check_pipeline([ops.TokenWindows(8), ops.RandomHorizontalFlip()])
+    assert ops.PackSequences(16).to_dict() == {
+        "op": "pack_sequences", "seq_len": 16, "eos_id": -1, "pad_id": 0,
+    }
+
+
+def test_format_must_be_known_and_match(token_file: Path) -> None:
+    with pytest.raises(ValueError, match="format must be"):
+        stoker.Loader(token_file, pipeline=[ops.TokenWindows(8)], batch_size=2, format="csv")
+    with pytest.raises(ValueError, match="TokenWindows reads token files only"):
+        stoker.Loader(token_file, pipeline=[ops.TokenWindows(8)], batch_size=2, format="jsonl")

@@ -1,0 +1,235 @@
+//! A job's pipeline of any kind, chosen from its op list: images (decode + augment, see
+//! [`Pipeline`]), fixed token windows from a token file, or text tokenised and packed into rows.
+//!
+//! | op list | batch tensors |
+//! |---|---|
+//! | `DecodeImage, ...` | `image` (uint8 NHWC or float32), `label` int64 `[B]` |
+//! | `TokenWindows{seq_len}` | `tokens` `[B, seq_len + 1]` in the file's dtype (uint16/uint32) |
+//! | `Tokenize{path}, PackSequences{seq_len, eos_id, pad_id}` | `input_ids`, `position_ids`, `document_ids`: int32 `[B, seq_len]` |
+//!
+//! A packed batch has one row per document of its step: `B` documents give `B` rows, and the
+//! packing rule is in [`pack_documents`](crate::pack_documents)'s module docs.
+
+use std::sync::Arc;
+
+use stoker_datasets::{TokenDtype, MAX_SEQ_LEN};
+use stoker_proto::v1::{self as proto, op::Op as OpKind};
+
+use crate::error::{Error, Result};
+use crate::ops::pack::PackSpec;
+use crate::ops::tokenize::TextTokenizer;
+use crate::pipeline::Pipeline;
+
+/// Text tokenised on the workers and packed into rows.
+#[derive(Debug, Clone)]
+pub struct PackedText {
+    /// The tokenizer, shared by the decode threads.
+    pub tokenizer: Arc<TextTokenizer>,
+    /// Row length, EOS and padding ids.
+    pub pack: PackSpec,
+}
+
+/// A checked pipeline of any kind.
+#[derive(Debug, Clone)]
+pub enum JobPipeline {
+    /// Decode, crop, resize, flip, normalise images.
+    Image(Pipeline),
+    /// Windows of `seq_len + 1` tokens read from a token file as they are.
+    TokenWindows {
+        /// Input length of a window.
+        seq_len: u32,
+    },
+    /// Tokenise text samples and pack them into rows.
+    PackedText(PackedText),
+}
+
+impl From<Pipeline> for JobPipeline {
+    fn from(pipeline: Pipeline) -> Self {
+        JobPipeline::Image(pipeline)
+    }
+}
+
+fn invalid(message: impl Into<String>) -> Error {
+    Error::InvalidPipeline(message.into())
+}
+
+const TOKEN_FORMS: &str =
+    "token pipelines are [TokenWindows] (token files) or [Tokenize, PackSequences] (text)";
+
+fn seq_len(value: u32, op: &str) -> Result<u32> {
+    if value == 0 || value > MAX_SEQ_LEN {
+        return Err(invalid(format!(
+            "{op} seq_len must be in 1..={MAX_SEQ_LEN}, got {value}"
+        )));
+    }
+    Ok(value)
+}
+
+impl JobPipeline {
+    /// Checks an op list; the first op decides the kind. Loads the tokenizer of a Tokenize op.
+    pub fn from_ops(ops: &[proto::Op]) -> Result<JobPipeline> {
+        let kinds: Vec<&OpKind> = ops
+            .iter()
+            .enumerate()
+            .map(|(position, op)| {
+                op.op
+                    .as_ref()
+                    .ok_or_else(|| invalid(format!("op {position} is empty")))
+            })
+            .collect::<Result<_>>()?;
+        match kinds.as_slice() {
+            [OpKind::TokenWindows(windows)] => Ok(JobPipeline::TokenWindows {
+                seq_len: seq_len(windows.seq_len, "TokenWindows")?,
+            }),
+            [OpKind::Tokenize(tokenize), OpKind::PackSequences(pack)] => {
+                let path = std::path::Path::new(tokenize.tokenizer_path.trim());
+                if path.as_os_str().is_empty() {
+                    return Err(invalid("Tokenize needs tokenizer_path (a tokenizer.json)"));
+                }
+                let tokenizer = TextTokenizer::load(path)?;
+                let eos_id = if pack.eos_id < 0 {
+                    tokenizer.eos_id().ok_or_else(|| {
+                        invalid(format!(
+                            "PackSequences: the tokenizer {} has none of the EOS tokens {:?}; \
+                             give eos_id",
+                            path.display(),
+                            crate::ops::tokenize::EOS_CANDIDATES
+                        ))
+                    })?
+                } else {
+                    u32::try_from(pack.eos_id)
+                        .ok()
+                        .filter(|id| *id <= i32::MAX as u32)
+                        .ok_or_else(|| {
+                            invalid(format!("PackSequences eos_id {} is too large", pack.eos_id))
+                        })?
+                };
+                if tokenizer.vocab_size() > i32::MAX as usize || pack.pad_id > i32::MAX as u32 {
+                    return Err(invalid(
+                        "ids do not fit int32 (vocabulary or pad_id above 2^31 - 1)",
+                    ));
+                }
+                Ok(JobPipeline::PackedText(PackedText {
+                    tokenizer: Arc::new(tokenizer),
+                    pack: PackSpec {
+                        seq_len: seq_len(pack.seq_len, "PackSequences")?,
+                        eos_id,
+                        pad_id: pack.pad_id,
+                    },
+                }))
+            }
+            [OpKind::Tokenize(_)] => Err(invalid(format!(
+                "Tokenize needs PackSequences after it to make fixed-size rows; {TOKEN_FORMS}"
+            ))),
+            [OpKind::TokenWindows(_) | OpKind::Tokenize(_) | OpKind::PackSequences(_), ..] => {
+                Err(invalid(format!("unsupported token op list; {TOKEN_FORMS}")))
+            }
+            _ => Pipeline::from_ops(ops).map(JobPipeline::Image),
+        }
+    }
+
+    /// The image pipeline, if this is one.
+    pub fn image(&self) -> Option<&Pipeline> {
+        match self {
+            JobPipeline::Image(pipeline) => Some(pipeline),
+            _ => None,
+        }
+    }
+
+    /// The `seq_len` of a TokenWindows pipeline: a token file source needs it to cut windows.
+    pub fn token_windows_seq_len(&self) -> Option<u32> {
+        match self {
+            JobPipeline::TokenWindows { seq_len } => Some(*seq_len),
+            _ => None,
+        }
+    }
+}
+
+/// The wire dtype of a token file's tokens.
+pub fn token_dtype_proto(dtype: TokenDtype) -> proto::Dtype {
+    match dtype {
+        TokenDtype::Uint16 => proto::Dtype::Uint16,
+        TokenDtype::Uint32 => proto::Dtype::Uint32,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn op(kind: OpKind) -> proto::Op {
+        proto::Op { op: Some(kind) }
+    }
+
+    #[test]
+    fn the_first_op_picks_the_kind() {
+        let windows = JobPipeline::from_ops(&[op(OpKind::TokenWindows(proto::TokenWindows {
+            seq_len: 128,
+        }))])
+        .unwrap();
+        assert_eq!(windows.token_windows_seq_len(), Some(128));
+        let image = JobPipeline::from_ops(&crate::presets::imagenet_eval(32)).unwrap();
+        assert!(image.image().is_some());
+        assert_eq!(image.token_windows_seq_len(), None);
+    }
+
+    #[test]
+    fn bad_token_op_lists_name_what_is_wrong() {
+        let windows = op(OpKind::TokenWindows(proto::TokenWindows { seq_len: 0 }));
+        let error = JobPipeline::from_ops(&[windows]).unwrap_err().to_string();
+        assert!(error.contains("seq_len must be in 1..="), "{error}");
+        let tokenize = op(OpKind::Tokenize(proto::Tokenize {
+            tokenizer_path: "/nonexistent/tokenizer.json".into(),
+        }));
+        let error = JobPipeline::from_ops(std::slice::from_ref(&tokenize))
+            .unwrap_err()
+            .to_string();
+        assert!(error.contains("needs PackSequences"), "{error}");
+        let pack = op(OpKind::PackSequences(proto::PackSequences {
+            seq_len: 16,
+            eos_id: -1,
+            pad_id: 0,
+        }));
+        let error = JobPipeline::from_ops(&[tokenize, pack.clone()])
+            .unwrap_err()
+            .to_string();
+        assert!(error.contains("/nonexistent/tokenizer.json"), "{error}");
+        let error = JobPipeline::from_ops(&[pack]).unwrap_err().to_string();
+        assert!(error.contains("token pipelines are"), "{error}");
+        let mixed = [
+            op(OpKind::TokenWindows(proto::TokenWindows { seq_len: 8 })),
+            op(OpKind::DecodeImage(proto::DecodeImage::default())),
+        ];
+        assert!(JobPipeline::from_ops(&mixed).is_err());
+    }
+
+    #[test]
+    fn eos_comes_from_the_tokenizer_unless_given() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("tokenizer.json");
+        crate::train_bpe_tokenizer(&["hello world", "hello there"], 280, "</s>", &path).unwrap();
+        let ops = |eos_id| {
+            [
+                op(OpKind::Tokenize(proto::Tokenize {
+                    tokenizer_path: path.to_string_lossy().into_owned(),
+                })),
+                op(OpKind::PackSequences(proto::PackSequences {
+                    seq_len: 32,
+                    eos_id,
+                    pad_id: 3,
+                })),
+            ]
+        };
+        let JobPipeline::PackedText(own) = JobPipeline::from_ops(&ops(-1)).unwrap() else {
+            panic!("not packed text")
+        };
+        assert_eq!(
+            (own.pack.eos_id, own.pack.pad_id, own.pack.seq_len),
+            (0, 3, 32)
+        );
+        let JobPipeline::PackedText(given) = JobPipeline::from_ops(&ops(42)).unwrap() else {
+            panic!("not packed text")
+        };
+        assert_eq!(given.pack.eos_id, 42);
+    }
+}
