@@ -6,8 +6,12 @@
 //!   `datasets.ImageFolder`, so sample `i` and its label match a PyTorch run.
 //! - [`TarShards`]: WebDataset-style tar shards read by random access through a cached index;
 //!   [`write_tar_shards`] writes any source in that layout.
+//! - [`ParquetDataset`]: rows of Parquet files (image bytes or text, plus labels), read by
+//!   row group; [`write_parquet`] writes any source as Parquet, and
+//!   [`ParquetDataset::read_f32_columns`] reads numeric columns as tensors.
 //! - [`generate_imagenet_like`]: writes a seeded, ImageNet-like image folder for benchmarks.
-//! - [`inspect_image_folder`]: format and size statistics from image headers.
+//! - [`inspect_image_folder`]: format and size statistics from image headers;
+//!   [`inspect_samples`] computes the same from any source's bytes.
 //! - [`sniff_format`]: tells JPEG from PNG by magic bytes, for decode decisions.
 //!
 //! ```
@@ -35,6 +39,7 @@ mod error;
 mod image_folder;
 mod image_format;
 mod inspect;
+mod parquet_files;
 mod sample_source;
 mod synthetic;
 mod tar_shards;
@@ -42,7 +47,11 @@ mod tar_shards;
 pub use error::{Error, Result};
 pub use image_folder::ImageFolder;
 pub use image_format::{sniff_format, ImageFormat};
-pub use inspect::{inspect_image_folder, DatasetReport, Summary};
+pub use inspect::{inspect_image_folder, inspect_samples, DatasetReport, Summary};
+pub use parquet_files::{
+    looks_like_parquet, write_parquet, ParquetColumnInfo, ParquetDataset, ParquetOptions,
+    ParquetSampleKind, ParquetSummary, ParquetWriterOptions, ParquetWritten, CLASS_NAMES_KEY,
+};
 pub use sample_source::SampleSource;
 pub use synthetic::{generate_imagenet_like, GeneratedDataset, SyntheticImageNetSpec};
 pub use tar_shards::{
