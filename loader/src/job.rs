@@ -4,7 +4,10 @@
 use std::path::Path;
 use std::sync::Arc;
 
-use stoker_datasets::{looks_like_tar_shards, ImageFolder, SampleSource, TarShards};
+use stoker_datasets::{
+    looks_like_parquet, looks_like_tar_shards, ImageFolder, ParquetDataset, ParquetOptions,
+    SampleSource, TarShards,
+};
 use stoker_proto::v1::{self as proto, BadSamplePolicy, DatasetFormat, JobSpec, UnevenTail};
 use stoker_worker::{BatchAssembler, BatchKey, Pipeline};
 
@@ -35,18 +38,34 @@ pub fn open_source(dataset: &proto::DatasetSource) -> Result<Arc<dyn SampleSourc
     let path = uri.strip_prefix("file://").unwrap_or(uri);
     let path = Path::new(path);
     match dataset.format() {
-        // A `.tar` file or a folder holding `*.tar` files is a shard set; anything else is read
-        // as an image folder (whose root holds class folders, not tar files).
+        // A `.tar` / `.parquet` file or a folder holding such files is a shard set or a
+        // Parquet dataset; anything else is read as an image folder (whose root holds class
+        // folders, not tar or Parquet files).
         DatasetFormat::Auto if looks_like_tar_shards(path) => Ok(Arc::new(TarShards::open(path)?)),
+        DatasetFormat::Auto if looks_like_parquet(path) => open_parquet(path, dataset),
         DatasetFormat::Auto | DatasetFormat::ImageFolder => Ok(Arc::new(ImageFolder::open(path)?)),
         DatasetFormat::TarShards => Ok(Arc::new(TarShards::open(path)?)),
-        DatasetFormat::Parquet | DatasetFormat::TokenFile | DatasetFormat::Jsonl => {
-            Err(Error::InvalidSpec(format!(
-                "dataset format {:?} is not supported yet",
-                dataset.format()
-            )))
-        }
+        DatasetFormat::Parquet => open_parquet(path, dataset),
+        DatasetFormat::TokenFile | DatasetFormat::Jsonl => Err(Error::InvalidSpec(format!(
+            "dataset format {:?} is not supported yet",
+            dataset.format()
+        ))),
     }
+}
+
+/// Opens a Parquet dataset with the columns the spec names ("" = pick by name).
+fn open_parquet(path: &Path, dataset: &proto::DatasetSource) -> Result<Arc<dyn SampleSource>> {
+    let named = |column: &str| {
+        let column = column.trim();
+        (!column.is_empty()).then(|| column.to_string())
+    };
+    let options = ParquetOptions {
+        image_column: named(&dataset.image_column),
+        text_column: named(&dataset.text_column),
+        label_column: named(&dataset.label_column),
+        ..ParquetOptions::default()
+    };
+    Ok(Arc::new(ParquetDataset::open(path, &options)?))
 }
 
 /// The plan of `epoch`: shard-aware when shard sizes are given.

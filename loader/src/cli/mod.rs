@@ -82,8 +82,9 @@ pub enum OnError {
 /// Options shared by the commands that run a job.
 #[derive(Debug, Args)]
 pub struct JobArgs {
-    /// Dataset: an ImageFolder root (class folders of JPEG/PNG files), or a folder of
-    /// WebDataset-style `.tar` shards (or one `.tar`). Required.
+    /// Dataset: an ImageFolder root (class folders of JPEG/PNG files), a folder of
+    /// WebDataset-style `.tar` shards (or one `.tar`), or a folder of `.parquet` files (or one
+    /// `.parquet`; `image` + `label` columns, as `stoker convert --to parquet` writes). Required.
     #[arg(long)]
     pub data: Option<PathBuf>,
     /// Pipeline preset.
@@ -122,10 +123,11 @@ pub struct JobArgs {
 impl JobArgs {
     /// The job spec these options describe.
     pub fn spec(&self) -> anyhow::Result<JobSpec> {
-        let data = self
-            .data
-            .as_ref()
-            .ok_or_else(|| anyhow::anyhow!("--data DIR is required (an ImageFolder root)"))?;
+        let data = self.data.as_ref().ok_or_else(|| {
+            anyhow::anyhow!(
+                "--data DIR is required (an ImageFolder root, tar shards or parquet files)"
+            )
+        })?;
         Ok(JobSpec {
             dataset: Some(proto::DatasetSource {
                 uri: data.to_string_lossy().into_owned(),
