@@ -52,7 +52,7 @@ pub use parquet_files::{
     looks_like_parquet, write_parquet, ParquetColumnInfo, ParquetDataset, ParquetOptions,
     ParquetSampleKind, ParquetSummary, ParquetWriterOptions, ParquetWritten, CLASS_NAMES_KEY,
 };
-pub use sample_source::SampleSource;
+pub use sample_source::{NumericColumns, NumericKind, SampleSource};
 pub use synthetic::{generate_imagenet_like, GeneratedDataset, SyntheticImageNetSpec};
 pub use tar_shards::{
     looks_like_tar_shards, write_tar_shards, TarIndexStats, TarShards, TarShardsWriterOptions,

@@ -16,8 +16,9 @@ use arrow_schema::{DataType, Field, Fields};
 use parquet::arrow::ArrowWriter;
 use parquet::file::properties::WriterProperties;
 use stoker_datasets::{
-    generate_imagenet_like, looks_like_parquet, write_parquet, Error, ImageFolder, ParquetDataset,
-    ParquetOptions, ParquetSampleKind, ParquetWriterOptions, SampleSource, SyntheticImageNetSpec,
+    generate_imagenet_like, looks_like_parquet, write_parquet, Error, ImageFolder, NumericKind,
+    ParquetDataset, ParquetOptions, ParquetSampleKind, ParquetWriterOptions, SampleSource,
+    SyntheticImageNetSpec,
 };
 
 /// Named columns of a file to write.
@@ -368,6 +369,23 @@ fn numeric_columns_read_as_row_major_tensors() {
         assert!(message.contains(word), "{message:?} lacks {word:?}");
         assert!(message.contains("table.parquet"), "{message}");
     }
+    // The same reads through the source trait, as a pipeline op holding the source sees it.
+    let source: &dyn SampleSource = &dataset;
+    let columns = source.numeric_columns().unwrap();
+    assert_eq!(columns.numeric_kind("x").unwrap(), NumericKind::Float);
+    assert_eq!(columns.numeric_kind("z").unwrap(), NumericKind::Integer);
+    assert!(columns.numeric_kind("s").is_err());
+    assert!(columns.numeric_kind("nope").is_err());
+    let mut through_trait = Vec::new();
+    columns
+        .read_f32_columns(&["y", "x"], &[20, 0, 7], &mut through_trait)
+        .unwrap();
+    assert_eq!(through_trait, floats[1..]);
+    let folder_dir = tempfile::tempdir().unwrap();
+    assert!(generated_folder(folder_dir.path(), 3)
+        .numeric_columns()
+        .is_none());
+
     // Errors leave the buffer as it was.
     assert_eq!(integers, [224, 24, 224, 206, 6, 206]);
     assert!(matches!(

@@ -761,6 +761,10 @@ impl SampleSource for ParquetDataset {
     fn shard_sizes(&self) -> Option<Vec<u64>> {
         Some(self.groups.iter().map(|span| span.rows).collect())
     }
+
+    fn numeric_columns(&self) -> Option<&dyn crate::sample_source::NumericColumns> {
+        Some(self)
+    }
 }
 
 impl std::fmt::Debug for ParquetDataset {

@@ -8,8 +8,58 @@ use arrow_array::ArrayRef;
 use super::columns::{self, Cell};
 use super::ParquetDataset;
 use crate::error::{Error, Result};
+use crate::sample_source::{NumericColumns, NumericKind};
+
+impl NumericColumns for ParquetDataset {
+    fn numeric_kind(&self, name: &str) -> Result<NumericKind> {
+        ParquetDataset::numeric_kind(self, name)
+    }
+
+    fn read_f32_columns(
+        &self,
+        columns: &[&str],
+        indices: &[u64],
+        out: &mut Vec<f32>,
+    ) -> Result<()> {
+        ParquetDataset::read_f32_columns(self, columns, indices, out)
+    }
+
+    fn read_i64_columns(
+        &self,
+        columns: &[&str],
+        indices: &[u64],
+        out: &mut Vec<i64>,
+    ) -> Result<()> {
+        ParquetDataset::read_i64_columns(self, columns, indices, out)
+    }
+}
 
 impl ParquetDataset {
+    /// Whether column `name` (in the first file's schema) holds integers or floats.
+    pub fn numeric_kind(&self, name: &str) -> Result<NumericKind> {
+        let Some(file) = self.files.first() else {
+            return Err(Error::EmptyDataset(self.root.clone()));
+        };
+        let schema = file.metadata.schema();
+        let problem = |problem: String| Error::ParquetColumn {
+            path: file.path.clone(),
+            problem,
+        };
+        let index = schema
+            .index_of(name)
+            .map_err(|_| problem(format!("no numeric column named {name:?}")))?;
+        let data_type = schema.field(index).data_type();
+        if columns::is_integer(data_type) {
+            Ok(NumericKind::Integer)
+        } else if columns::is_numeric(data_type) {
+            Ok(NumericKind::Float)
+        } else {
+            Err(problem(format!(
+                "column {name:?} has type {data_type}, which is not numeric"
+            )))
+        }
+    }
+
     /// Appends the values of `columns` for each of `rows` to `out` as `f32`, row-major: row
     /// `rows[0]`'s columns in the order given, then `rows[1]`'s, and so on (a `[rows.len(),
     /// columns.len()]` tensor). Integer and floating-point columns are accepted; 64-bit values
