@@ -158,6 +158,10 @@ pub enum Error {
     #[error("found no *.parquet file in {0}")]
     NoParquetFiles(PathBuf),
 
+    /// The Parquet files of a dataset hold no row.
+    #[error("the parquet files at {0} hold no row")]
+    NoParquetRows(PathBuf),
+
     /// A Parquet file's footer (its metadata) cannot be read: the file is truncated, is not
     /// Parquet, or its metadata is corrupt.
     #[error("cannot read the parquet file {path}: {source}")]

@@ -423,6 +423,9 @@ fn files_that_are_not_parquet_fail_at_open_naming_the_file() {
 
     let empty = tempfile::tempdir().unwrap();
     assert!(matches!(open(empty.path()), Err(Error::NoParquetFiles(_))));
+    let no_rows = dir.path().join("no_rows.parquet");
+    write_file(&no_rows, image_columns(0), 8);
+    assert!(matches!(open(&no_rows), Err(Error::NoParquetRows(_))));
     assert!(matches!(
         open(&dir.path().join("missing")),
         Err(Error::RootNotFound(_))

@@ -526,7 +526,7 @@ impl ParquetDataset {
             files.push(opened.file);
         }
         if len == 0 {
-            return Err(Error::EmptyDataset(path.to_path_buf()));
+            return Err(Error::NoParquetRows(path.to_path_buf()));
         }
         let class_names = match (&label_column, class_names_from_metadata) {
             (None, _) => Vec::new(),

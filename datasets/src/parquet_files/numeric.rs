@@ -38,7 +38,7 @@ impl ParquetDataset {
     /// Whether column `name` (in the first file's schema) holds integers or floats.
     pub fn numeric_kind(&self, name: &str) -> Result<NumericKind> {
         let Some(file) = self.files.first() else {
-            return Err(Error::EmptyDataset(self.root.clone()));
+            return Err(Error::NoParquetRows(self.root.clone()));
         };
         let schema = file.metadata.schema();
         let problem = |problem: String| Error::ParquetColumn {
