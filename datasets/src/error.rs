@@ -201,6 +201,88 @@ pub enum Error {
         /// What is wrong.
         reason: String,
     },
+    /// A Parquet dataset path names a folder without any `*.parquet` file.
+    #[error("found no *.parquet file in {0}")]
+    NoParquetFiles(PathBuf),
+
+    /// The Parquet files of a dataset hold no row.
+    #[error("the parquet files at {0} hold no row")]
+    NoParquetRows(PathBuf),
+
+    /// A Parquet file's footer (its metadata) cannot be read: the file is truncated, is not
+    /// Parquet, or its metadata is corrupt.
+    #[error("cannot read the parquet file {path}: {source}")]
+    ParquetFile {
+        /// The Parquet file.
+        path: PathBuf,
+        /// What the Parquet reader reported.
+        source: parquet::errors::ParquetError,
+    },
+
+    /// A row group could not be read or decoded (corrupt pages, a file cut short or changed
+    /// since it was opened).
+    #[error(
+        "cannot decode row group {row_group} (rows {first_row}..{end_row}) of the parquet file \
+         {path}: {source}"
+    )]
+    ParquetRowGroup {
+        /// The Parquet file.
+        path: PathBuf,
+        /// The row group's number inside the file.
+        row_group: usize,
+        /// The file row of the group's first row.
+        first_row: u64,
+        /// One past the file row of the group's last row.
+        end_row: u64,
+        /// What the Parquet reader reported.
+        source: parquet::errors::ParquetError,
+    },
+
+    /// A Parquet file lacks a column the dataset needs, or holds it with an unusable type.
+    #[error("parquet file {path}: {problem}")]
+    ParquetColumn {
+        /// The Parquet file.
+        path: PathBuf,
+        /// What is wrong with which column, in words.
+        problem: String,
+    },
+
+    /// A cell the dataset needs is null.
+    #[error("row {row} of the parquet file {path} has no value (null) in column {column}")]
+    ParquetNullCell {
+        /// The Parquet file.
+        path: PathBuf,
+        /// The column.
+        column: String,
+        /// The row inside the file.
+        row: u64,
+    },
+
+    /// A value does not fit the type asked for (an unsigned 64-bit label over `i64::MAX`).
+    #[error("row {row} of the parquet file {path}: the value in column {column} {problem}")]
+    ParquetValue {
+        /// The Parquet file.
+        path: PathBuf,
+        /// The column.
+        column: String,
+        /// The row inside the file.
+        row: u64,
+        /// What is wrong with the value.
+        problem: String,
+    },
+
+    /// Writing a Parquet file failed.
+    #[error("cannot write the parquet file {path}: {source}")]
+    ParquetWrite {
+        /// The file being written.
+        path: PathBuf,
+        /// What the Parquet writer reported.
+        source: parquet::errors::ParquetError,
+    },
+
+    /// The folder Parquet files were to be written to already holds files.
+    #[error("{0} is not empty; write parquet files to an empty or new folder")]
+    ParquetOutputNotEmpty(PathBuf),
 }
 
 /// The crate's result type.

@@ -109,9 +109,35 @@ pub fn inspect_image_folder(folder: &ImageFolder, pixel_limit: u64) -> Result<Da
         })
         .collect();
 
-    let mut class_counts = vec![0u64; folder.class_names().len()];
-    for index in 0..folder.len() {
-        if let Some(count) = usize::try_from(folder.label(index))
+    let labels = (0..folder.len()).map(|index| folder.label(index));
+    let report = summarise(
+        folder.len(),
+        folder.class_names(),
+        labels,
+        facts,
+        pixel_limit,
+    );
+    info!(
+        root = %folder.root().display(),
+        samples = report.samples,
+        elapsed_ms = started.elapsed().as_millis() as u64,
+        "inspected image folder"
+    );
+    Ok(report)
+}
+
+/// Counts classes and formats and summarises sizes. `facts` holds each sample's header facts
+/// with, for readable non-JPEG/PNG samples, the extension to report (empty: none known).
+fn summarise(
+    samples: u64,
+    class_names: &[String],
+    labels: impl Iterator<Item = i64>,
+    facts: Vec<(HeaderFacts, Option<String>)>,
+    pixel_limit: u64,
+) -> DatasetReport {
+    let mut class_counts = vec![0u64; class_names.len()];
+    for label in labels {
+        if let Some(count) = usize::try_from(label)
             .ok()
             .and_then(|label| class_counts.get_mut(label))
         {
@@ -127,6 +153,7 @@ pub fn inspect_image_folder(folder: &ImageFolder, pixel_limit: u64) -> Result<Da
     for (facts, extension) in facts {
         let format_name = match (&facts, extension) {
             (HeaderFacts::Unreadable, _) => "unreadable".to_owned(),
+            (_, Some(extension)) if extension.is_empty() => "other".to_owned(),
             (_, Some(extension)) => format!("other:{extension}"),
             (
                 HeaderFacts::Readable {
@@ -156,27 +183,81 @@ pub fn inspect_image_folder(folder: &ImageFolder, pixel_limit: u64) -> Result<Da
     let mut formats: Vec<(String, u64)> = format_counts.into_iter().collect();
     formats.sort_by(|left, right| right.1.cmp(&left.1).then_with(|| left.0.cmp(&right.0)));
 
-    let report = DatasetReport {
-        samples: folder.len(),
-        classes: folder
-            .class_names()
-            .iter()
-            .cloned()
-            .zip(class_counts)
-            .collect(),
+    DatasetReport {
+        samples,
+        classes: class_names.iter().cloned().zip(class_counts).collect(),
         formats,
         width: Summary::of(&mut widths),
         height: Summary::of(&mut heights),
         file_bytes: Summary::of(&mut file_sizes),
         pixels_over_limit,
-    };
+    }
+}
+
+/// Like [`inspect_image_folder`] for any source, from each sample's bytes (read through
+/// [`SampleSource::read`], in index order per thread so sources read by block, such as
+/// Parquet row groups, decode each block once). Formats are `"jpeg"`, `"png"`, `"other"` and
+/// `"unreadable"` (the read failed or the header did not parse); sizes are the samples' byte
+/// counts.
+pub fn inspect_samples(source: &dyn SampleSource, pixel_limit: u64) -> Result<DatasetReport> {
+    const RUN: u64 = 256;
+    let started = std::time::Instant::now();
+    let runs = source.len().div_ceil(RUN);
+    let facts: Vec<HeaderFacts> = (0..runs)
+        .into_par_iter()
+        .flat_map_iter(|run| {
+            let end = ((run + 1) * RUN).min(source.len());
+            (run * RUN..end).map(|index| match source.read(index) {
+                Ok(bytes) => bytes_header_facts(&bytes),
+                Err(error) => {
+                    debug!(sample = %source.describe(index), %error, "cannot read sample");
+                    HeaderFacts::Unreadable
+                }
+            })
+        })
+        .collect();
+    let facts = facts
+        .into_iter()
+        .map(|facts| {
+            let extension = match facts {
+                HeaderFacts::Readable {
+                    format: ImageFormat::Other,
+                    ..
+                } => Some(String::new()),
+                _ => None,
+            };
+            (facts, extension)
+        })
+        .collect();
+    let labels = (0..source.len()).map(|index| source.label(index));
+    let report = summarise(
+        source.len(),
+        source.class_names(),
+        labels,
+        facts,
+        pixel_limit,
+    );
     info!(
-        root = %folder.root().display(),
         samples = report.samples,
         elapsed_ms = started.elapsed().as_millis() as u64,
-        "inspected image folder"
+        "inspected samples"
     );
     Ok(report)
+}
+
+fn bytes_header_facts(bytes: &[u8]) -> HeaderFacts {
+    match imagesize::blob_size(bytes) {
+        Ok(size) => HeaderFacts::Readable {
+            format: sniff_format(bytes),
+            width: size.width as u64,
+            height: size.height as u64,
+            file_bytes: bytes.len() as u64,
+        },
+        Err(error) => {
+            debug!(%error, "cannot parse image header");
+            HeaderFacts::Unreadable
+        }
+    }
 }
 
 fn read_header_facts(path: &Path) -> HeaderFacts {

@@ -9,8 +9,12 @@
 //! - [`TokenFile`]: a memory-mapped nanoGPT-style token array served as windows of
 //!   `seq_len + 1` tokens; [`write_synthetic_tokens`] writes a seeded one.
 //! - [`JsonlDocuments`]: JSON Lines documents, one sample per line, read as UTF-8 text.
+//! - [`ParquetDataset`]: rows of Parquet files (image bytes or text, plus labels), read by
+//!   row group; [`write_parquet`] writes any source as Parquet, and
+//!   [`ParquetDataset::read_f32_columns`] reads numeric columns as tensors.
 //! - [`generate_imagenet_like`]: writes a seeded, ImageNet-like image folder for benchmarks.
-//! - [`inspect_image_folder`]: format and size statistics from image headers.
+//! - [`inspect_image_folder`]: format and size statistics from image headers;
+//!   [`inspect_samples`] computes the same from any source's bytes.
 //! - [`sniff_format`]: tells JPEG from PNG by magic bytes, for decode decisions.
 //!
 //! ```
@@ -39,6 +43,7 @@ mod image_folder;
 mod image_format;
 mod inspect;
 mod jsonl;
+mod parquet_files;
 mod sample_source;
 mod synthetic;
 mod tar_shards;
@@ -47,11 +52,15 @@ mod token_file;
 pub use error::{Error, Result};
 pub use image_folder::ImageFolder;
 pub use image_format::{sniff_format, ImageFormat};
-pub use inspect::{inspect_image_folder, DatasetReport, Summary};
+pub use inspect::{inspect_image_folder, inspect_samples, DatasetReport, Summary};
 pub use jsonl::{
     looks_like_jsonl, JsonlDocuments, JsonlReport, DEFAULT_LABEL_FIELD, DEFAULT_TEXT_FIELD,
 };
-pub use sample_source::{SampleSource, TokenWindowShape};
+pub use parquet_files::{
+    looks_like_parquet, write_parquet, ParquetColumnInfo, ParquetDataset, ParquetOptions,
+    ParquetSampleKind, ParquetSummary, ParquetWriterOptions, ParquetWritten, CLASS_NAMES_KEY,
+};
+pub use sample_source::{NumericColumns, NumericKind, SampleSource, TokenWindowShape};
 pub use synthetic::{generate_imagenet_like, GeneratedDataset, SyntheticImageNetSpec};
 pub use tar_shards::{
     looks_like_tar_shards, write_tar_shards, TarIndexStats, TarShards, TarShardsWriterOptions,

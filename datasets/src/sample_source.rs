@@ -60,4 +60,35 @@ pub trait SampleSource: Send + Sync {
     fn token_windows(&self) -> Option<TokenWindowShape> {
         None
     }
+
+    /// Typed reads of named numeric columns, for sources that have them (Parquet); `None`
+    /// (the default) for sources of encoded samples only.
+    fn numeric_columns(&self) -> Option<&dyn NumericColumns> {
+        None
+    }
+}
+
+/// The element type a numeric column reads as without conversion.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NumericKind {
+    /// Integer columns (any width, signed or not), read as `i64`.
+    Integer,
+    /// Floating-point columns, read as `f32`.
+    Float,
+}
+
+/// Named numeric columns read as tensors for a list of samples (the SelectColumns op).
+pub trait NumericColumns {
+    /// Whether column `name` holds integers or floats; an error when it is missing or not
+    /// numeric.
+    fn numeric_kind(&self, name: &str) -> Result<NumericKind>;
+
+    /// Appends the values of `columns` for each of `indices` to `out` as `f32`, row-major (a
+    /// `[indices.len(), columns.len()]` tensor). Integer and floating-point columns convert.
+    fn read_f32_columns(&self, columns: &[&str], indices: &[u64], out: &mut Vec<f32>)
+        -> Result<()>;
+
+    /// Like [`NumericColumns::read_f32_columns`] as `i64`, for integer columns only.
+    fn read_i64_columns(&self, columns: &[&str], indices: &[u64], out: &mut Vec<i64>)
+        -> Result<()>;
 }

@@ -5,8 +5,9 @@ use std::path::Path;
 use std::sync::Arc;
 
 use stoker_datasets::{
-    looks_like_jsonl, looks_like_tar_shards, looks_like_token_file, ImageFolder, JsonlDocuments,
-    SampleSource, TarShards, TokenDtype, TokenFile,
+    looks_like_jsonl, looks_like_parquet, looks_like_tar_shards, looks_like_token_file,
+    ImageFolder, JsonlDocuments, ParquetDataset, ParquetOptions, SampleSource, TarShards,
+    TokenDtype, TokenFile,
 };
 use stoker_proto::v1::{
     self as proto, op::Op as OpKind, BadSamplePolicy, DatasetFormat, JobSpec, UnevenTail,
@@ -49,6 +50,7 @@ pub fn open_source(
     let path = Path::new(path);
     let format = match dataset.format() {
         DatasetFormat::Auto if looks_like_tar_shards(path) => DatasetFormat::TarShards,
+        DatasetFormat::Auto if looks_like_parquet(path) => DatasetFormat::Parquet,
         DatasetFormat::Auto if looks_like_token_file(path) => DatasetFormat::TokenFile,
         DatasetFormat::Auto if looks_like_jsonl(path) => DatasetFormat::Jsonl,
         DatasetFormat::Auto => DatasetFormat::ImageFolder,
@@ -82,10 +84,7 @@ pub fn open_source(
             dataset.text_column.trim(),
             dataset.label_column.trim(),
         )?)),
-        DatasetFormat::Parquet => Err(Error::InvalidSpec(format!(
-            "dataset format {:?} is not supported yet",
-            dataset.format()
-        ))),
+        DatasetFormat::Parquet => open_parquet(path, dataset),
     }
 }
 
@@ -95,6 +94,21 @@ fn token_windows_seq_len(ops: &[proto::Op]) -> Option<u32> {
         Some(OpKind::TokenWindows(windows)) => Some(windows.seq_len),
         _ => None,
     })
+}
+
+/// Opens a Parquet dataset with the columns the spec names ("" = pick by name).
+fn open_parquet(path: &Path, dataset: &proto::DatasetSource) -> Result<Arc<dyn SampleSource>> {
+    let named = |column: &str| {
+        let column = column.trim();
+        (!column.is_empty()).then(|| column.to_string())
+    };
+    let options = ParquetOptions {
+        image_column: named(&dataset.image_column),
+        text_column: named(&dataset.text_column),
+        label_column: named(&dataset.label_column),
+        ..ParquetOptions::default()
+    };
+    Ok(Arc::new(ParquetDataset::open(path, &options)?))
 }
 
 /// The plan of `epoch`: shard-aware when shard sizes are given.

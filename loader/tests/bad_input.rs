@@ -207,3 +207,152 @@ fn a_dataset_of_only_bad_files_fails_clearly_even_when_skipping() {
         .to_string();
     assert!(message.contains("could replace it"), "{message}");
 }
+
+/// A folder whose samples 3 and 11 read back as a truncated and a scrambled JPEG, to write
+/// Parquet files with corrupt image cells.
+struct CorruptCells {
+    folder: stoker_datasets::ImageFolder,
+}
+
+impl stoker_datasets::SampleSource for CorruptCells {
+    fn len(&self) -> u64 {
+        self.folder.len()
+    }
+    fn label(&self, index: u64) -> i64 {
+        self.folder.label(index)
+    }
+    fn describe(&self, index: u64) -> String {
+        self.folder.describe(index)
+    }
+    fn read(&self, index: u64) -> stoker_datasets::Result<Vec<u8>> {
+        let mut bytes = self.folder.read(index)?;
+        match index {
+            3 => bytes.truncate(bytes.len() * 2 / 5),
+            11 => {
+                let body = bytes.len() / 3;
+                let tail = noise(bytes.len() - body, 5);
+                bytes[body..].copy_from_slice(&tail);
+            }
+            _ => {}
+        }
+        Ok(bytes)
+    }
+    fn class_names(&self) -> &[String] {
+        self.folder.class_names()
+    }
+}
+
+/// 16 images as Parquet (row groups of 5) with corrupt JPEG cells at rows 3 and 11.
+fn parquet_with_corrupt_cells(dir: &Path) -> PathBuf {
+    let folder = dir.join("folder");
+    common::make_images(&folder, 16);
+    let source = CorruptCells {
+        folder: stoker_datasets::ImageFolder::open(&folder).unwrap(),
+    };
+    let out = dir.join("parquet");
+    stoker_datasets::write_parquet(
+        &source,
+        &out,
+        &stoker_datasets::ParquetWriterOptions {
+            file_bytes: u64::MAX,
+            rows_per_group: 5,
+        },
+        &|_| {},
+    )
+    .unwrap();
+    out
+}
+
+#[test]
+fn corrupt_parquet_cells_are_skipped_or_named_by_file_and_row() {
+    let dir = tempfile::tempdir().unwrap();
+    let parquet = parquet_with_corrupt_cells(dir.path());
+
+    let loader = open(dir.path(), spec(&parquet, 4, BadSamplePolicy::Skip));
+    let mut reported = Vec::new();
+    let mut samples = 0;
+    for batch in loader.epoch(0, 0).unwrap() {
+        let batch = batch.unwrap();
+        samples += batch.sample_indices.len();
+        assert_eq!(
+            batch.tensors[0].data.len(),
+            batch.sample_indices.len() * 32 * 32 * 3
+        );
+        for bad in batch.bad_samples {
+            reported.push((bad.sample_index, bad.path, bad.reason));
+        }
+    }
+    assert_eq!(samples, 16);
+    reported.sort();
+    assert_eq!(reported.len(), 2, "{reported:?}");
+    for ((index, path, reason), row) in reported.iter().zip([3, 11]) {
+        assert_eq!(*index, row);
+        assert!(
+            path.ends_with(&format!("part-000000.parquet:row {row}")),
+            "{path}"
+        );
+        assert!(reason.contains("corrupt"), "{reason}");
+    }
+
+    let loader = open(dir.path(), spec(&parquet, 1, BadSamplePolicy::Fail));
+    let errors: Vec<String> = loader
+        .epoch(0, 0)
+        .unwrap()
+        .filter_map(|result| result.err().map(|error| error.to_string()))
+        .collect();
+    assert_eq!(errors.len(), 2, "{errors:#?}");
+    assert!(
+        errors[0].contains("part-000000.parquet:row 3"),
+        "{}",
+        errors[0]
+    );
+    assert!(
+        errors[1].contains("part-000000.parquet:row 11"),
+        "{}",
+        errors[1]
+    );
+}
+
+#[test]
+fn a_damaged_parquet_row_group_fails_its_samples_not_the_loader() {
+    let dir = tempfile::tempdir().unwrap();
+    let parquet = parquet_with_corrupt_cells(dir.path());
+    let file = parquet.join("part-000000.parquet");
+    // Row group 1 starts at sample 5: its image page holds sample 5's JPEG first, preceded by
+    // the page header and a 4-byte length. Overwrite the header.
+    let folder = stoker_datasets::ImageFolder::open(&dir.path().join("folder")).unwrap();
+    let fifth = stoker_datasets::SampleSource::read(&folder, 5).unwrap();
+    let mut bytes = std::fs::read(&file).unwrap();
+    let at = bytes
+        .windows(fifth.len())
+        .position(|window| window == fifth.as_slice())
+        .unwrap();
+    bytes[at - 16..at - 4].fill(0xFF);
+    std::fs::write(&file, bytes).unwrap();
+
+    let loader = open(dir.path(), spec(&parquet, 1, BadSamplePolicy::Fail));
+    let errors: Vec<String> = loader
+        .epoch(0, 0)
+        .unwrap()
+        .filter_map(|result| result.err().map(|error| error.to_string()))
+        .collect();
+    // Rows 5..10 (row group 1) fail with the group named; row 3 and 11 are corrupt JPEGs.
+    let group_errors: Vec<&String> = errors
+        .iter()
+        .filter(|error| error.contains("row group 1 (rows 5..10)"))
+        .collect();
+    assert_eq!(group_errors.len(), 5, "{errors:#?}");
+    assert_eq!(errors.len(), 7, "{errors:#?}");
+
+    // A file cut short fails the open, naming the file.
+    let bytes = std::fs::read(&file).unwrap();
+    std::fs::write(&file, &bytes[..bytes.len() / 2]).unwrap();
+    let error = Loader::new(
+        spec(&parquet, 4, BadSamplePolicy::Skip),
+        LoaderOptions::default(),
+    )
+    .err()
+    .unwrap()
+    .to_string();
+    assert!(error.contains("part-000000.parquet"), "{error}");
+}

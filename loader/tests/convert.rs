@@ -1,6 +1,6 @@
-//! `stoker convert` as a user runs it: an ImageFolder rewritten as tar shards gives the same
-//! batches as the folder, whatever the shuffle and thread count; unsupported targets and
-//! non-empty outputs are refused clearly.
+//! `stoker convert` as a user runs it: an ImageFolder rewritten as tar shards or as Parquet
+//! gives the same batches as the folder, whatever the shuffle and thread count; non-empty
+//! outputs are refused clearly; `inspect` reads all three.
 
 #![allow(clippy::unwrap_used)] // tests fail loudly by design
 
@@ -81,13 +81,14 @@ fn tar_shards_give_the_same_batches_as_the_folder() {
 }
 
 #[test]
-fn parquet_and_non_empty_outputs_are_refused_clearly() {
+fn parquet_gives_the_same_batches_as_the_folder_and_the_tar_shards() {
     let dir = tempfile::tempdir().unwrap();
     let folder = dir.path().join("folder");
-    common::make_images(&folder, 4);
-    let out = dir.path().join("out");
-    let convert = |to: &str| {
-        stoker(&[
+    let shards = dir.path().join("shards");
+    let parquet = dir.path().join("parquet");
+    common::make_images(&folder, 40);
+    let convert = |to: &str, out: &Path, extra: &[&str]| {
+        let mut args = vec![
             "convert",
             "--from",
             folder.to_str().unwrap(),
@@ -95,20 +96,105 @@ fn parquet_and_non_empty_outputs_are_refused_clearly() {
             to,
             "--out",
             out.to_str().unwrap(),
-        ])
+            "--shard-size",
+            "1",
+        ];
+        args.extend_from_slice(extra);
+        stdout_of(&args)
     };
-    let parquet = convert("parquet");
-    assert!(!parquet.status.success());
-    let message = String::from_utf8_lossy(&parquet.stderr);
-    assert!(message.contains("not built yet"), "{message}");
-    assert!(!out.exists());
+    convert("tar", &shards, &[]);
+    let out = convert("parquet", &parquet, &["--row-group-size", "8"]);
+    assert!(out.contains("wrote 40 samples"), "{out}");
+    let mut names: Vec<String> = std::fs::read_dir(&parquet)
+        .unwrap()
+        .map(|entry| entry.unwrap().file_name().into_string().unwrap())
+        .collect();
+    names.sort();
+    assert!(names.len() >= 2, "several files expected: {names:?}");
+    assert!(
+        names.iter().all(|name| name.ends_with(".parquet")),
+        "{names:?}"
+    );
+    assert_eq!(names[0], "part-000000.parquet");
 
-    assert!(convert("tar").status.success());
-    let again = convert("tar");
-    assert!(!again.status.success());
-    let message = String::from_utf8_lossy(&again.stderr);
-    assert!(message.contains("not empty"), "{message}");
+    let unshuffled = digest(&folder, &["--no-shuffle"]);
+    assert_eq!(unshuffled, digest(&shards, &["--no-shuffle"]));
+    assert_eq!(unshuffled, digest(&parquet, &["--no-shuffle"]));
+    // One file of the set on its own is a dataset too.
+    let first_batch = |data: &Path| {
+        let out = stdout_of(&[
+            "digest",
+            "--data",
+            data.to_str().unwrap(),
+            "--batch-size",
+            "8",
+            "--batches",
+            "1",
+            "--size",
+            "64",
+            "--no-shuffle",
+        ]);
+        out.lines().last().unwrap_or_default().to_string()
+    };
+    assert_eq!(first_batch(&parquet.join(&names[0])), first_batch(&folder));
+
+    let shuffled = digest(&folder, &["--threads", "1"]);
+    assert_eq!(shuffled, digest(&parquet, &["--threads", "1"]));
+    assert_eq!(shuffled, digest(&parquet, &["--threads", "2"]));
+    let windowed = digest(&parquet, &["--threads", "1", "--shuffle-window", "2"]);
+    assert_eq!(
+        windowed,
+        digest(&parquet, &["--threads", "2", "--shuffle-window", "2"])
+    );
+    assert_ne!(windowed, shuffled);
+
+    let inspected = stdout_of(&["inspect", "--data", parquet.to_str().unwrap()]);
+    for expected in [
+        "(parquet)",
+        "row groups, 40 rows",
+        "Binary  (images)",
+        "(labels)",
+        "samples   40",
+        "classes   10",
+        "jpeg",
+    ] {
+        assert!(
+            inspected.contains(expected),
+            "{expected:?} missing: {inspected}"
+        );
+    }
+    let json = stdout_of(&["inspect", "--data", parquet.to_str().unwrap(), "--json"]);
+    let json: serde_json::Value = serde_json::from_str(json.trim()).unwrap();
+    assert_eq!(json["rows"], 40);
+    assert_eq!(json["images"]["samples"], 40);
+}
+
+#[test]
+fn non_empty_outputs_are_refused_clearly() {
+    let dir = tempfile::tempdir().unwrap();
+    let folder = dir.path().join("folder");
+    common::make_images(&folder, 4);
+    for to in ["tar", "parquet"] {
+        let out = dir.path().join(to);
+        let convert = || {
+            stoker(&[
+                "convert",
+                "--from",
+                folder.to_str().unwrap(),
+                "--to",
+                to,
+                "--out",
+                out.to_str().unwrap(),
+            ])
+        };
+        assert!(convert().status.success());
+        let again = convert();
+        assert!(!again.status.success());
+        let message = String::from_utf8_lossy(&again.stderr);
+        assert!(message.contains("not empty"), "{message}");
+    }
 
     let help = stdout_of(&["convert", "--help"]);
     assert!(help.contains("--shard-size"), "{help}");
+    assert!(help.contains("--row-group-size"), "{help}");
 }

@@ -1,21 +1,26 @@
 //! `stoker convert`: rewrites an ImageFolder in another storage format, with a progress bar.
 //!
-//! `--to tar` writes WebDataset-style tar shards whose sample `i` is sample `i` of the folder,
-//! so a job gives the same batches on either. `--to parquet` is planned and refused for now.
+//! `--to tar` writes WebDataset-style tar shards, `--to parquet` Parquet files (`key`, `image`,
+//! `label` columns); either way sample `i` of the output is sample `i` of the folder, so a job
+//! gives the same batches on all three.
 
 use std::path::PathBuf;
 
 use anyhow::Context;
 use clap::{Args, ValueEnum};
 use indicatif::{ProgressBar, ProgressStyle};
-use stoker_datasets::{write_tar_shards, ImageFolder, SampleSource, TarShardsWriterOptions};
+use stoker_datasets::{
+    write_parquet, write_tar_shards, ImageFolder, ParquetWriterOptions, SampleSource,
+    TarShardsWriterOptions,
+};
 
 /// Target formats of `stoker convert`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum TargetFormat {
     /// Tar shards, WebDataset layout: `<index>.<ext>` image and `<index>.cls` label members.
     Tar,
-    /// Parquet files (not built yet).
+    /// Parquet files: `key`, `image` (binary) and `label` (int64) columns, class names in the
+    /// file metadata.
     Parquet,
 }
 
@@ -31,41 +36,66 @@ pub struct ConvertArgs {
     /// Output folder (created; must be empty).
     #[arg(long)]
     pub out: PathBuf,
-    /// Largest shard size in MB (10^6 bytes); a shard always holds one sample at least.
+    /// Largest shard (tar) or file (Parquet) size in MB (10^6 bytes); each holds one sample at
+    /// least.
     #[arg(long, default_value_t = 256, value_parser = clap::value_parser!(u64).range(1..))]
     pub shard_size: u64,
+    /// Parquet only: rows per row group, the unit a reader decodes at once.
+    #[arg(long, default_value_t = 256, value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
+    pub row_group_size: u64,
 }
 
 /// Runs the command.
 pub fn run(args: ConvertArgs) -> anyhow::Result<()> {
-    if args.to == TargetFormat::Parquet {
-        anyhow::bail!(
-            "converting to parquet is not built yet; use --to tar (WebDataset-style tar shards)"
-        );
-    }
     let folder = ImageFolder::open(&args.from)
         .with_context(|| format!("cannot open the image folder {}", args.from.display()))?;
-    let options = TarShardsWriterOptions {
-        shard_bytes: args.shard_size.saturating_mul(1_000_000),
-    };
+    let max_bytes = args.shard_size.saturating_mul(1_000_000);
     let bar = ProgressBar::new(folder.len());
     bar.set_style(
         ProgressStyle::with_template("{msg} [{bar:40}] {pos}/{len} samples ({per_sec}, eta {eta})")
             .context("progress bar template")?
             .progress_chars("=> "),
     );
-    bar.set_message("writing tar shards");
     let progress = |done: u64| bar.set_position(done);
-    let written = write_tar_shards(&folder, &args.out, &options, &progress)
-        .with_context(|| format!("cannot write tar shards to {}", args.out.display()));
-    bar.finish_and_clear();
-    let written = written?;
-    println!(
-        "wrote {} samples in {} shards ({:.1} MB) to {}",
-        written.samples,
-        written.shards.len(),
-        written.bytes as f64 / 1e6,
-        args.out.display()
-    );
+    let summary = match args.to {
+        TargetFormat::Tar => {
+            bar.set_message("writing tar shards");
+            let options = TarShardsWriterOptions {
+                shard_bytes: max_bytes,
+            };
+            let written = write_tar_shards(&folder, &args.out, &options, &progress)
+                .with_context(|| format!("cannot write tar shards to {}", args.out.display()));
+            bar.finish_and_clear();
+            let written = written?;
+            format!(
+                "wrote {} samples in {} shards ({:.1} MB) to {}",
+                written.samples,
+                written.shards.len(),
+                written.bytes as f64 / 1e6,
+                args.out.display()
+            )
+        }
+        TargetFormat::Parquet => {
+            bar.set_message("writing parquet files");
+            let options = ParquetWriterOptions {
+                file_bytes: max_bytes,
+                rows_per_group: usize::try_from(args.row_group_size)
+                    .context("--row-group-size does not fit this machine")?,
+            };
+            let written = write_parquet(&folder, &args.out, &options, &progress)
+                .with_context(|| format!("cannot write parquet files to {}", args.out.display()));
+            bar.finish_and_clear();
+            let written = written?;
+            format!(
+                "wrote {} samples in {} parquet files, {} row groups ({:.1} MB) to {}",
+                written.samples,
+                written.files.len(),
+                written.row_groups,
+                written.bytes as f64 / 1e6,
+                args.out.display()
+            )
+        }
+    };
+    println!("{summary}");
     Ok(())
 }

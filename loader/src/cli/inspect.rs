@@ -3,15 +3,19 @@
 use std::path::PathBuf;
 
 use clap::Args;
-use stoker_datasets::{inspect_image_folder, ImageFolder, JsonlDocuments, SampleSource};
+use stoker_datasets::{
+    inspect_image_folder, inspect_samples, DatasetReport, ImageFolder, JsonlDocuments,
+    ParquetDataset, ParquetOptions, ParquetSampleKind, SampleSource,
+};
 use stoker_datasets::{TokenDtype, TokenFile};
 use stoker_worker::DEFAULT_MAX_PIXELS;
 
 /// Arguments of `stoker inspect`.
 #[derive(Debug, Args)]
 pub struct InspectArgs {
-    /// ImageFolder root, tar shards, a token file (`*.bin`) or JSONL (a `.jsonl` file or a
-    /// folder of them).
+    /// ImageFolder root, tar shards (a folder of `*.tar` or one file), Parquet (a folder of
+    /// `*.parquet` or one file), a token file (`*.bin`) or JSONL (a `.jsonl` file or a folder
+    /// of them).
     #[arg(long)]
     pub data: PathBuf,
     /// Token files: the window length to count windows for.
@@ -49,6 +53,9 @@ pub fn run(args: InspectArgs) -> anyhow::Result<()> {
         println!("(size statistics are computed for ImageFolder datasets only so far)");
         return Ok(());
     }
+    if stoker_datasets::looks_like_parquet(&args.data) {
+        return inspect_parquet(&args);
+    }
     let folder = ImageFolder::open(&args.data)?;
     let report = inspect_image_folder(&folder, DEFAULT_MAX_PIXELS)?;
     if args.json {
@@ -56,6 +63,69 @@ pub fn run(args: InspectArgs) -> anyhow::Result<()> {
         return Ok(());
     }
     println!("dataset   {}", args.data.display());
+    print_report(&report);
+    Ok(())
+}
+
+/// Files, row groups and columns, then the image statistics of the sample column (read from
+/// every row).
+fn inspect_parquet(args: &InspectArgs) -> anyhow::Result<()> {
+    let dataset = ParquetDataset::open(&args.data, &ParquetOptions::default())?;
+    let summary = dataset.summary();
+    let report = match summary.sample_kind {
+        ParquetSampleKind::Image => Some(inspect_samples(&dataset, DEFAULT_MAX_PIXELS)?),
+        ParquetSampleKind::Text => None,
+    };
+    if args.json {
+        let columns: Vec<serde_json::Value> = summary
+            .columns
+            .iter()
+            .map(|column| serde_json::json!({"name": column.name, "type": column.data_type}))
+            .collect();
+        let json = serde_json::json!({
+            "format": "parquet",
+            "files": summary.files,
+            "rows": summary.rows,
+            "row_groups": summary.row_groups,
+            "file_bytes": summary.file_bytes,
+            "columns": columns,
+            "sample_column": summary.sample_column,
+            "label_column": summary.label_column,
+            "images": report,
+        });
+        println!("{json}");
+        return Ok(());
+    }
+    println!("dataset   {} (parquet)", args.data.display());
+    println!(
+        "files     {} ({:.1} MB), {} row groups, {} rows",
+        summary.files,
+        summary.file_bytes as f64 / 1e6,
+        summary.row_groups,
+        summary.rows
+    );
+    println!("columns");
+    for column in &summary.columns {
+        let role = if column.name == summary.sample_column {
+            match summary.sample_kind {
+                ParquetSampleKind::Image => "  (images)",
+                ParquetSampleKind::Text => "  (text)",
+            }
+        } else if summary.label_column.as_deref() == Some(column.name.as_str()) {
+            "  (labels)"
+        } else {
+            ""
+        };
+        println!("  {:<24} {}{role}", column.name, column.data_type);
+    }
+    match report {
+        Some(report) => print_report(&report),
+        None => println!("samples   {}", summary.rows),
+    }
+    Ok(())
+}
+
+fn print_report(report: &DatasetReport) {
     println!("samples   {}", report.samples);
     println!("classes   {}", report.classes.len());
     for (name, count) in &report.classes {
@@ -86,7 +156,6 @@ pub fn run(args: InspectArgs) -> anyhow::Result<()> {
             report.pixels_over_limit
         );
     }
-    Ok(())
 }
 
 fn inspect_tokens(args: &InspectArgs) -> anyhow::Result<()> {

@@ -107,9 +107,11 @@ pub enum OnError {
 #[derive(Debug, Args)]
 pub struct JobArgs {
     /// Dataset: an ImageFolder root (class folders of JPEG/PNG files), a folder of
-    /// WebDataset-style `.tar` shards (or one `.tar`), a token file (`*.bin`, served as windows
-    /// of --seq-len + 1 tokens) or JSON Lines text (a `.jsonl` file or a folder of them,
-    /// tokenised with --tokenizer and packed into rows of --seq-len). Required.
+    /// WebDataset-style `.tar` shards (or one `.tar`), a folder of `.parquet` files (or one
+    /// `.parquet`; `image` + `label` columns, as `stoker convert --to parquet` writes), a token
+    /// file (`*.bin`, served as windows of --seq-len + 1 tokens) or JSON Lines text (a `.jsonl`
+    /// file or a folder of them, tokenised with --tokenizer and packed into rows of --seq-len).
+    /// Required.
     #[arg(long)]
     pub data: Option<PathBuf>,
     /// Tokens per row for token files and packed text.
@@ -163,7 +165,7 @@ impl JobArgs {
     pub fn spec(&self) -> anyhow::Result<JobSpec> {
         let data = self.data.as_ref().ok_or_else(|| {
             anyhow::anyhow!(
-                "--data PATH is required (an ImageFolder root, tar shards, a token file or JSONL)"
+                "--data PATH is required (an ImageFolder root, tar shards, parquet files, a token file or JSONL)"
             )
         })?;
         let token_dtype = match self.token_dtype.as_str() {

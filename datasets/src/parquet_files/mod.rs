@@ -1,0 +1,782 @@
+//! `ParquetDataset`: samples stored as the rows of Parquet files, read by row group.
+//!
+//! A dataset is one `.parquet` file or a folder of `*.parquet` files (sorted by name); sample
+//! `i` is row `i` counting through the files in that order. Each row holds the sample's bytes
+//! in one column: encoded images (a binary column, or a Hugging Face-style struct with a
+//! binary `bytes` field) or text (a UTF-8 column, served as its UTF-8 bytes for a tokenising
+//! pipeline), and optionally an integer label column.
+//!
+//! Opening reads each file's footer (row counts, schema) and the label column, which is small
+//! and must be known before any sample is read. Samples are read by row group, the unit of
+//! Parquet's layout: the first read of a row decodes the sample column of its whole group,
+//! which stays in a small shared cache (`row_group_cache.rs`) for the rows after it.
+//! [`SampleSource::shard_sizes`] reports rows per row group, so a shard-aware shuffle
+//! (`shuffle_window`) keeps reads within a few groups.
+
+mod columns;
+mod numeric;
+mod row_group_cache;
+mod write;
+
+use std::fs::File;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Instant;
+
+use arrow_array::cast::AsArray;
+use arrow_array::{Array, ArrayRef};
+use arrow_schema::DataType;
+use parquet::arrow::arrow_reader::{
+    ArrowReaderMetadata, ArrowReaderOptions, ParquetRecordBatchReaderBuilder,
+};
+use parquet::arrow::ProjectionMask;
+use parquet::errors::ParquetError;
+use rayon::prelude::*;
+use tracing::info;
+
+use crate::error::{Error, Result};
+use crate::sample_source::SampleSource;
+use columns::Cell;
+use row_group_cache::RowGroupCache;
+
+pub use write::{write_parquet, ParquetWriterOptions, ParquetWritten};
+
+/// The file key-value metadata key under which `write_parquet` stores the class names (a JSON
+/// array of strings, indexed by label).
+pub const CLASS_NAMES_KEY: &str = "stoker.class_names";
+
+/// Image columns looked for, in this order, when no image column is named.
+const IMAGE_COLUMN_NAMES: [&str; 3] = ["image", "jpg", "png"];
+/// The text column looked for when neither an image nor a text column is named.
+const TEXT_COLUMN_NAME: &str = "text";
+/// The label column looked for when none is named.
+const LABEL_COLUMN_NAME: &str = "label";
+
+/// Whether `path` looks like a Parquet dataset: a `.parquet` file, or a folder holding at
+/// least one `*.parquet` file. Used to pick the format of a dataset path automatically.
+pub fn looks_like_parquet(path: &Path) -> bool {
+    if path.is_file() {
+        return has_parquet_extension(path);
+    }
+    list_parquet_files(path).is_ok_and(|files| !files.is_empty())
+}
+
+fn has_parquet_extension(path: &Path) -> bool {
+    path.extension()
+        .is_some_and(|extension| extension.eq_ignore_ascii_case("parquet"))
+}
+
+/// The `*.parquet` files directly in `folder`, sorted by name.
+fn list_parquet_files(folder: &Path) -> Result<Vec<PathBuf>> {
+    let entries = std::fs::read_dir(folder).map_err(|source| Error::io(folder, source))?;
+    let mut files = Vec::new();
+    for entry in entries {
+        let entry = entry.map_err(|source| Error::io(folder, source))?;
+        let path = entry.path();
+        if has_parquet_extension(&path) && path.is_file() {
+            files.push(path);
+        }
+    }
+    files.sort();
+    Ok(files)
+}
+
+/// Which columns a [`ParquetDataset`] reads, and how much decoded data it keeps.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ParquetOptions {
+    /// The column of encoded images. `None`: the first of `image`, `jpg`, `png` present, and
+    /// failing those the text column.
+    pub image_column: Option<String>,
+    /// The text column, read when no image column is named or found. `None`: `text`.
+    pub text_column: Option<String>,
+    /// The integer label column. `None`: `label` when present, else every label is 0 and the
+    /// dataset has no class names.
+    pub label_column: Option<String>,
+    /// Bytes of decoded row groups kept for the rows read after them (the latest group is
+    /// kept whatever its size).
+    pub cache_bytes: usize,
+}
+
+impl Default for ParquetOptions {
+    /// Columns picked by name; 512 MB of decoded row groups, room for a shuffle window of a
+    /// dozen 256-image groups of ImageNet-sized JPEGs.
+    fn default() -> Self {
+        ParquetOptions {
+            image_column: None,
+            text_column: None,
+            label_column: None,
+            cache_bytes: 512_000_000,
+        }
+    }
+}
+
+/// What the sample column holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ParquetSampleKind {
+    /// Encoded images (bytes), read as they are.
+    Image,
+    /// UTF-8 text, read as its bytes.
+    Text,
+}
+
+/// A column of a Parquet dataset's schema, for reports.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ParquetColumnInfo {
+    /// The column name.
+    pub name: String,
+    /// Its Arrow type, in words.
+    pub data_type: String,
+}
+
+/// Facts about an opened [`ParquetDataset`] (`stoker inspect`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ParquetSummary {
+    /// Number of files.
+    pub files: usize,
+    /// Number of rows (samples).
+    pub rows: u64,
+    /// Number of row groups, over all files.
+    pub row_groups: usize,
+    /// The first file's columns, in schema order.
+    pub columns: Vec<ParquetColumnInfo>,
+    /// The column samples are read from.
+    pub sample_column: String,
+    /// What it holds.
+    pub sample_kind: ParquetSampleKind,
+    /// The label column, if any.
+    pub label_column: Option<String>,
+    /// Total size of the files in bytes.
+    pub file_bytes: u64,
+}
+
+/// One Parquet file of the dataset.
+struct ParquetFile {
+    path: PathBuf,
+    bytes: u64,
+    metadata: ArrowReaderMetadata,
+    /// The root column holding the samples.
+    sample_column: usize,
+    /// When the sample column is a struct, the index of its binary `bytes` field.
+    struct_field: Option<usize>,
+}
+
+/// One row group, placed in the dataset's sample index.
+#[derive(Debug, Clone, Copy)]
+struct RowGroupSpan {
+    file: usize,
+    /// The group's number inside its file.
+    group_in_file: usize,
+    /// The file row of its first row.
+    first_row_in_file: u64,
+    rows: u64,
+}
+
+/// The decoded sample column of one row group.
+struct DecodedGroup {
+    /// Record batches of the group, in row order.
+    chunks: Vec<ArrayRef>,
+}
+
+impl DecodedGroup {
+    /// The bytes of row `row` of the group, or `None` when the cell is null.
+    fn cell(&self, mut row: usize) -> Option<&[u8]> {
+        for chunk in &self.chunks {
+            if row < chunk.len() {
+                return columns::bytes_cell(chunk.as_ref(), row);
+            }
+            row -= chunk.len();
+        }
+        None
+    }
+}
+
+/// A set of Parquet files read as samples (encoded images or text) with labels.
+///
+/// Reading takes `&self`; any number of threads can read at once, and decoded row groups are
+/// shared between them.
+pub struct ParquetDataset {
+    root: PathBuf,
+    files: Vec<ParquetFile>,
+    groups: Vec<RowGroupSpan>,
+    /// The sample index of each group's first row.
+    group_starts: Vec<u64>,
+    len: u64,
+    /// Per-sample labels; empty when there is no label column (every label is 0).
+    labels: Vec<i64>,
+    class_names: Vec<String>,
+    sample_column: String,
+    sample_kind: ParquetSampleKind,
+    label_column: Option<String>,
+    cache: RowGroupCache<DecodedGroup>,
+}
+
+/// A file's footer read, its columns resolved.
+struct OpenedFile {
+    file: ParquetFile,
+    sample_column_name: String,
+    kind: ParquetSampleKind,
+    label_column: Option<usize>,
+    class_names: Option<Vec<String>>,
+}
+
+/// Runs `parse` on untrusted bytes, turning a panic in the Parquet code into its message.
+fn without_panics<T>(parse: impl FnOnce() -> T) -> std::result::Result<T, String> {
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(parse)).map_err(|panic| {
+        let message = panic
+            .downcast_ref::<&str>()
+            .map(|text| (*text).to_string())
+            .or_else(|| panic.downcast_ref::<String>().cloned())
+            .unwrap_or_else(|| "unknown panic".to_string());
+        format!("the parquet decoder panicked: {message}")
+    })
+}
+
+/// Reads the footer of `path` and finds the sample and label columns in its schema.
+fn open_file(path: PathBuf, options: &ParquetOptions) -> Result<OpenedFile> {
+    let handle = File::open(&path).map_err(|source| Error::io(&path, source))?;
+    let bytes = handle
+        .metadata()
+        .map_err(|source| Error::io(&path, source))?
+        .len();
+    let metadata = without_panics(|| ArrowReaderMetadata::load(&handle, ArrowReaderOptions::new()))
+        .unwrap_or_else(|message| Err(ParquetError::General(message)))
+        .map_err(|source| Error::ParquetFile {
+            path: path.clone(),
+            source,
+        })?;
+    let schema = Arc::clone(metadata.schema());
+    let column_problem = |problem: String| Error::ParquetColumn {
+        path: path.clone(),
+        problem,
+    };
+    let names: Vec<&str> = schema
+        .fields()
+        .iter()
+        .map(|field| field.name().as_str())
+        .collect();
+    let find = |name: &str| schema.index_of(name).ok();
+
+    let image = match &options.image_column {
+        Some(name) => Some((
+            find(name).ok_or_else(|| {
+                column_problem(format!(
+                    "no image column named {name:?} (columns: {})",
+                    names.join(", ")
+                ))
+            })?,
+            name.clone(),
+        )),
+        None => IMAGE_COLUMN_NAMES
+            .iter()
+            .find_map(|name| find(name).map(|index| (index, (*name).to_string()))),
+    };
+    let (sample_column, sample_column_name, kind, struct_field) = match image {
+        Some((index, name)) => {
+            let data_type = schema.field(index).data_type();
+            let struct_field = match data_type {
+                data_type if columns::is_binary(data_type) => None,
+                DataType::Struct(fields) => Some(
+                    fields
+                        .iter()
+                        .position(|field| {
+                            field.name() == "bytes" && columns::is_binary(field.data_type())
+                        })
+                        .ok_or_else(|| {
+                            column_problem(format!(
+                                "image column {name:?} is a struct without a binary \"bytes\" \
+                                 field ({data_type})"
+                            ))
+                        })?,
+                ),
+                other => {
+                    return Err(column_problem(format!(
+                        "image column {name:?} has type {other}; images need a binary column"
+                    )))
+                }
+            };
+            (index, name, ParquetSampleKind::Image, struct_field)
+        }
+        None => {
+            let name = options
+                .text_column
+                .clone()
+                .unwrap_or_else(|| TEXT_COLUMN_NAME.to_string());
+            let index = find(&name).ok_or_else(|| {
+                column_problem(format!(
+                    "found no sample column: no image column ({}) and no text column {name:?} \
+                     (columns: {})",
+                    IMAGE_COLUMN_NAMES.join(", "),
+                    names.join(", ")
+                ))
+            })?;
+            let data_type = schema.field(index).data_type();
+            if !columns::is_text(data_type) {
+                return Err(column_problem(format!(
+                    "text column {name:?} has type {data_type}; text needs a UTF-8 string column"
+                )));
+            }
+            (index, name, ParquetSampleKind::Text, None)
+        }
+    };
+
+    let label_column = match &options.label_column {
+        Some(name) => Some(find(name).ok_or_else(|| {
+            column_problem(format!(
+                "no label column named {name:?} (columns: {})",
+                names.join(", ")
+            ))
+        })?),
+        None => find(LABEL_COLUMN_NAME),
+    };
+    if let Some(index) = label_column {
+        let field = schema.field(index);
+        if !columns::is_integer(field.data_type()) {
+            return Err(column_problem(format!(
+                "label column {:?} has type {}; labels need an integer column",
+                field.name(),
+                field.data_type()
+            )));
+        }
+    }
+
+    let class_names = metadata
+        .metadata()
+        .file_metadata()
+        .key_value_metadata()
+        .and_then(|pairs| pairs.iter().find(|pair| pair.key == CLASS_NAMES_KEY))
+        .and_then(|pair| pair.value.as_deref())
+        .map(|json| {
+            serde_json::from_str::<Vec<String>>(json).map_err(|error| {
+                column_problem(format!(
+                    "the {CLASS_NAMES_KEY} metadata is not a JSON list of strings: {error}"
+                ))
+            })
+        })
+        .transpose()?;
+
+    Ok(OpenedFile {
+        file: ParquetFile {
+            path,
+            bytes,
+            metadata,
+            sample_column,
+            struct_field,
+        },
+        sample_column_name,
+        kind,
+        label_column,
+        class_names,
+    })
+}
+
+/// Reads the whole label column of a file as `i64`.
+fn read_labels(file: &ParquetFile, column: usize) -> Result<Vec<i64>> {
+    let file_error = |source: ParquetError| Error::ParquetFile {
+        path: file.path.clone(),
+        source,
+    };
+    let handle = File::open(&file.path).map_err(|source| Error::io(&file.path, source))?;
+    let mask = ProjectionMask::roots(file.metadata.parquet_schema(), [column]);
+    let column_name = file.metadata.schema().field(column).name().clone();
+    let reader = ParquetRecordBatchReaderBuilder::new_with_metadata(handle, file.metadata.clone())
+        .with_projection(mask)
+        .with_batch_size(64 * 1024)
+        .build()
+        .map_err(file_error)?;
+    let mut labels = Vec::new();
+    for batch in reader {
+        let batch = batch.map_err(|error| file_error(error.into()))?;
+        let values = batch.column(0);
+        for row in 0..values.len() {
+            let file_row = labels.len() as u64;
+            match columns::integer_cell(values.as_ref(), row) {
+                Cell::Value(label) => labels.push(label),
+                Cell::Null => {
+                    return Err(Error::ParquetNullCell {
+                        path: file.path.clone(),
+                        column: column_name,
+                        row: file_row,
+                    })
+                }
+                Cell::Unfit => {
+                    return Err(Error::ParquetValue {
+                        path: file.path.clone(),
+                        column: column_name,
+                        row: file_row,
+                        problem: "does not fit a 64-bit signed label".into(),
+                    })
+                }
+            }
+        }
+    }
+    Ok(labels)
+}
+
+impl ParquetDataset {
+    /// Opens a folder of `*.parquet` files (sorted by name) or one `.parquet` file.
+    ///
+    /// Fails when the path is missing, holds no Parquet file, a file's footer cannot be read
+    /// (a truncated or non-Parquet file), a file lacks the columns asked for or holds them
+    /// with unusable types, or a label is null. Damage inside the sample column shows up
+    /// later, as an error from [`SampleSource::read`] for the samples concerned.
+    pub fn open(path: &Path, options: &ParquetOptions) -> Result<ParquetDataset> {
+        let started = Instant::now();
+        let metadata = match std::fs::metadata(path) {
+            Ok(metadata) => metadata,
+            Err(source) if source.kind() == std::io::ErrorKind::NotFound => {
+                return Err(Error::RootNotFound(path.to_path_buf()));
+            }
+            Err(source) => return Err(Error::io(path, source)),
+        };
+        let (root, paths) = if metadata.is_dir() {
+            (path.to_path_buf(), list_parquet_files(path)?)
+        } else {
+            let root = path
+                .parent()
+                .map_or_else(|| PathBuf::from("."), Path::to_path_buf);
+            (root, vec![path.to_path_buf()])
+        };
+        if paths.is_empty() {
+            return Err(Error::NoParquetFiles(path.to_path_buf()));
+        }
+
+        let opened: Vec<(OpenedFile, Option<Vec<i64>>)> = paths
+            .into_par_iter()
+            .map(|path| {
+                let opened = open_file(path, options)?;
+                let labels = opened
+                    .label_column
+                    .map(|column| {
+                        without_panics(|| read_labels(&opened.file, column)).unwrap_or_else(
+                            |message| {
+                                Err(Error::ParquetFile {
+                                    path: opened.file.path.clone(),
+                                    source: ParquetError::General(message),
+                                })
+                            },
+                        )
+                    })
+                    .transpose()?;
+                Ok((opened, labels))
+            })
+            .collect::<Result<_>>()?;
+
+        let first = &opened[0].0;
+        let sample_column = first.sample_column_name.clone();
+        let sample_kind = first.kind;
+        let label_column = first
+            .label_column
+            .map(|index| first.file.metadata.schema().field(index).name().clone());
+        let class_names_from_metadata = first.class_names.clone();
+        let mut files = Vec::with_capacity(opened.len());
+        let mut groups = Vec::new();
+        let mut group_starts = Vec::new();
+        let mut labels = Vec::new();
+        let mut len = 0u64;
+        for (file_number, (opened, file_labels)) in opened.into_iter().enumerate() {
+            let same_columns = opened.sample_column_name == sample_column
+                && opened.kind == sample_kind
+                && opened.label_column.is_some() == label_column.is_some();
+            if !same_columns {
+                return Err(Error::ParquetColumn {
+                    path: opened.file.path,
+                    problem: format!(
+                        "its columns differ from the first file's (samples from {:?}, labels \
+                         from {:?} there)",
+                        sample_column, label_column
+                    ),
+                });
+            }
+            let mut first_row_in_file = 0u64;
+            for (group_in_file, group) in opened
+                .file
+                .metadata
+                .metadata()
+                .row_groups()
+                .iter()
+                .enumerate()
+            {
+                let rows = u64::try_from(group.num_rows()).unwrap_or(0);
+                if rows == 0 {
+                    continue;
+                }
+                groups.push(RowGroupSpan {
+                    file: file_number,
+                    group_in_file,
+                    first_row_in_file,
+                    rows,
+                });
+                group_starts.push(len);
+                first_row_in_file += rows;
+                len += rows;
+            }
+            if let Some(file_labels) = file_labels {
+                if file_labels.len() as u64 != first_row_in_file {
+                    return Err(Error::ParquetColumn {
+                        path: opened.file.path,
+                        problem: format!(
+                            "the label column has {} values but the row groups hold {} rows",
+                            file_labels.len(),
+                            first_row_in_file
+                        ),
+                    });
+                }
+                labels.extend(file_labels);
+            }
+            files.push(opened.file);
+        }
+        if len == 0 {
+            return Err(Error::NoParquetRows(path.to_path_buf()));
+        }
+        let class_names = match (&label_column, class_names_from_metadata) {
+            (None, _) => Vec::new(),
+            (Some(_), Some(names)) => names,
+            (Some(_), None) => {
+                let count = labels.iter().max().map_or(0, |max| max.saturating_add(1));
+                (0..count).map(|label| label.to_string()).collect()
+            }
+        };
+        info!(
+            path = %path.display(),
+            files = files.len(),
+            row_groups = groups.len(),
+            samples = len,
+            sample_column = %sample_column,
+            classes = class_names.len(),
+            elapsed_ms = started.elapsed().as_millis() as u64,
+            "opened parquet dataset"
+        );
+        Ok(ParquetDataset {
+            root,
+            files,
+            groups,
+            group_starts,
+            len,
+            labels,
+            class_names,
+            sample_column,
+            sample_kind,
+            label_column,
+            cache: RowGroupCache::new(options.cache_bytes),
+        })
+    }
+
+    /// The folder holding the files.
+    pub fn root(&self) -> &Path {
+        &self.root
+    }
+
+    /// The Parquet files, in sample order.
+    pub fn file_paths(&self) -> impl Iterator<Item = &Path> {
+        self.files.iter().map(|file| file.path.as_path())
+    }
+
+    /// What the sample column holds.
+    pub fn sample_kind(&self) -> ParquetSampleKind {
+        self.sample_kind
+    }
+
+    /// Number of row-group decodes so far: how often a read missed the row-group cache.
+    pub fn row_group_decodes(&self) -> u64 {
+        self.cache.decodes()
+    }
+
+    /// Files, rows, row groups and columns.
+    pub fn summary(&self) -> ParquetSummary {
+        let columns = self
+            .files
+            .first()
+            .map(|file| {
+                file.metadata
+                    .schema()
+                    .fields()
+                    .iter()
+                    .map(|field| ParquetColumnInfo {
+                        name: field.name().clone(),
+                        data_type: columns::type_name(field.data_type()),
+                    })
+                    .collect()
+            })
+            .unwrap_or_default();
+        ParquetSummary {
+            files: self.files.len(),
+            rows: self.len,
+            row_groups: self.groups.len(),
+            columns,
+            sample_column: self.sample_column.clone(),
+            sample_kind: self.sample_kind,
+            label_column: self.label_column.clone(),
+            file_bytes: self.files.iter().map(|file| file.bytes).sum(),
+        }
+    }
+
+    /// The row group holding sample `index`, its number, and the sample's row inside it.
+    fn locate(&self, index: u64) -> Option<(usize, &RowGroupSpan, u64)> {
+        if index >= self.len {
+            return None;
+        }
+        let group = self
+            .group_starts
+            .partition_point(|start| *start <= index)
+            .checked_sub(1)?;
+        let span = self.groups.get(group)?;
+        let row = index - self.group_starts[group];
+        (row < span.rows).then_some((group, span, row))
+    }
+
+    /// Decodes `columns` (root indices) of one row group, as record-batch columns in the
+    /// order of the projection, which is schema order.
+    fn decode_columns(&self, span: &RowGroupSpan, columns: &[usize]) -> Result<Vec<Vec<ArrayRef>>> {
+        let file = &self.files[span.file];
+        let group_error = |source: ParquetError| Error::ParquetRowGroup {
+            path: file.path.clone(),
+            row_group: span.group_in_file,
+            first_row: span.first_row_in_file,
+            end_row: span.first_row_in_file + span.rows,
+            source,
+        };
+        let decode = || -> Result<Vec<Vec<ArrayRef>>> {
+            let handle = File::open(&file.path).map_err(|source| Error::io(&file.path, source))?;
+            let mask =
+                ProjectionMask::roots(file.metadata.parquet_schema(), columns.iter().copied());
+            let batch_rows = usize::try_from(span.rows).unwrap_or(usize::MAX).max(1);
+            let reader =
+                ParquetRecordBatchReaderBuilder::new_with_metadata(handle, file.metadata.clone())
+                    .with_row_groups(vec![span.group_in_file])
+                    .with_projection(mask)
+                    .with_batch_size(batch_rows)
+                    .build()
+                    .map_err(group_error)?;
+            let mut decoded = vec![Vec::new(); columns.len()];
+            let mut rows = 0u64;
+            for batch in reader {
+                let batch = batch.map_err(|error| group_error(error.into()))?;
+                rows += batch.num_rows() as u64;
+                for (column, chunks) in batch.columns().iter().zip(decoded.iter_mut()) {
+                    chunks.push(Arc::clone(column));
+                }
+            }
+            if rows != span.rows {
+                return Err(group_error(ParquetError::General(format!(
+                    "decoded {rows} rows where the footer announces {}",
+                    span.rows
+                ))));
+            }
+            Ok(decoded)
+        };
+        // The decoder parses untrusted bytes; a panic in it is one bad row group, not a dead
+        // decode thread.
+        without_panics(decode)
+            .unwrap_or_else(|message| Err(group_error(ParquetError::General(message))))
+    }
+
+    /// The decoded sample column of group `group`, from the cache when it is there.
+    fn sample_group(&self, group: usize, span: &RowGroupSpan) -> Result<Arc<DecodedGroup>> {
+        self.cache.get_or_decode(group, || {
+            let file = &self.files[span.file];
+            let mut decoded = self.decode_columns(span, &[file.sample_column])?;
+            let mut chunks = decoded.pop().unwrap_or_default();
+            if let Some(field) = file.struct_field {
+                chunks = chunks
+                    .iter()
+                    .map(|chunk| {
+                        chunk
+                            .as_struct_opt()
+                            .map(|values| Arc::clone(values.column(field)))
+                            .ok_or_else(|| Error::ParquetColumn {
+                                path: file.path.clone(),
+                                problem: format!(
+                                    "image column {:?} did not decode as a struct",
+                                    self.sample_column
+                                ),
+                            })
+                    })
+                    .collect::<Result<_>>()?;
+            }
+            let bytes = chunks
+                .iter()
+                .map(|chunk| chunk.get_array_memory_size())
+                .sum();
+            Ok((DecodedGroup { chunks }, bytes))
+        })
+    }
+}
+
+impl SampleSource for ParquetDataset {
+    fn len(&self) -> u64 {
+        self.len
+    }
+
+    fn label(&self, index: u64) -> i64 {
+        if index >= self.len {
+            panic!(
+                "sample index {index} is out of range for a parquet dataset of {} samples",
+                self.len
+            );
+        }
+        usize::try_from(index)
+            .ok()
+            .and_then(|index| self.labels.get(index))
+            .copied()
+            .unwrap_or(0)
+    }
+
+    fn describe(&self, index: u64) -> String {
+        match self.locate(index) {
+            Some((_, span, row)) => format!(
+                "{}:row {}",
+                self.files[span.file].path.display(),
+                span.first_row_in_file + row
+            ),
+            None => format!(
+                "sample {index} (out of range for the parquet dataset at {} with {} samples)",
+                self.root.display(),
+                self.len
+            ),
+        }
+    }
+
+    fn read(&self, index: u64) -> Result<Vec<u8>> {
+        let (group, span, row) = self.locate(index).ok_or(Error::IndexOutOfRange {
+            index,
+            len: self.len,
+        })?;
+        let decoded = self.sample_group(group, span)?;
+        let row_in_group = usize::try_from(row).unwrap_or(usize::MAX);
+        decoded
+            .cell(row_in_group)
+            .map(<[u8]>::to_vec)
+            .ok_or_else(|| Error::ParquetNullCell {
+                path: self.files[span.file].path.clone(),
+                column: self.sample_column.clone(),
+                row: span.first_row_in_file + row,
+            })
+    }
+
+    fn class_names(&self) -> &[String] {
+        &self.class_names
+    }
+
+    /// Rows per row group: groups are the unit Parquet is read and decoded by.
+    fn shard_sizes(&self) -> Option<Vec<u64>> {
+        Some(self.groups.iter().map(|span| span.rows).collect())
+    }
+
+    fn numeric_columns(&self) -> Option<&dyn crate::sample_source::NumericColumns> {
+        Some(self)
+    }
+}
+
+impl std::fmt::Debug for ParquetDataset {
+    fn fmt(&self, formatter: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        formatter
+            .debug_struct("ParquetDataset")
+            .field("root", &self.root)
+            .field("files", &self.files.len())
+            .field("row_groups", &self.groups.len())
+            .field("samples", &self.len)
+            .field("sample_column", &self.sample_column)
+            .field("classes", &self.class_names.len())
+            .finish()
+    }
+}

@@ -1,0 +1,71 @@
+"""Parquet datasets from Python: a folder converted with ``stoker convert --to parquet`` is found
+by its files (no format argument) and gives the same batches as the folder itself."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+import stoker
+from conftest import SAMPLE_COUNT, assert_same_batches, epoch_batches
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def stoker_binary() -> Path:
+    """The release `stoker` CLI that `cargo test --release` (run before pytest) builds."""
+    target = Path(os.environ.get("CARGO_TARGET_DIR", REPO / "target"))
+    binary = target / "release" / "stoker"
+    if not binary.is_file():
+        pytest.skip(
+            f"{binary} is missing: build it with `cargo build --release -p stoker-loader` "
+            "(./dev test does) to run the Parquet conversion test"
+        )
+    return binary
+
+
+@pytest.fixture(scope="module")
+def parquet_dataset(dataset: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("parquet") / "set"
+    subprocess.run(
+        [
+            str(stoker_binary()),
+            "convert",
+            "--from",
+            str(dataset),
+            "--to",
+            "parquet",
+            "--out",
+            str(out),
+            "--shard-size",
+            "2",
+            "--row-group-size",
+            "16",
+        ],
+        check=True,
+        capture_output=True,
+        timeout=120,
+    )
+    return out
+
+
+def test_a_converted_folder_reads_the_same_as_the_folder(
+    dataset: Path, parquet_dataset: Path, make_loader: Callable[..., stoker.Loader]
+) -> None:
+    files = sorted(parquet_dataset.glob("*.parquet"))
+    assert len(files) >= 2, files
+    from_parquet = make_loader(parquet_dataset, seed=5)
+    from_folder = make_loader(dataset, seed=5)
+    assert from_parquet.num_samples == SAMPLE_COUNT
+    assert from_parquet.classes == from_folder.classes
+    batches = epoch_batches(from_parquet)
+    assert sum(len(batch["label"]) for batch in batches) == SAMPLE_COUNT
+    assert_same_batches(batches, epoch_batches(from_folder))
+    # One file of the set is a dataset too.
+    single = make_loader(files[0], shuffle=False)
+    assert 0 < single.num_samples < SAMPLE_COUNT
+    assert len(list(single)) == len(single)
