@@ -6,6 +6,8 @@
 //!   `datasets.ImageFolder`, so sample `i` and its label match a PyTorch run.
 //! - [`TarShards`]: WebDataset-style tar shards read by random access through a cached index;
 //!   [`write_tar_shards`] writes any source in that layout.
+//! - [`ObjectCache`], [`RemoteTarShards`], [`parse_dataset_uri`]: `s3://` sources read through
+//!   a local cache tier on disk (size cap, LRU eviction, safe across processes).
 //! - [`generate_imagenet_like`]: writes a seeded, ImageNet-like image folder for benchmarks.
 //! - [`inspect_image_folder`]: format and size statistics from image headers.
 //! - [`sniff_format`]: tells JPEG from PNG by magic bytes, for decode decisions.
@@ -36,6 +38,7 @@ mod image_folder;
 mod image_format;
 mod inspect;
 mod sample_source;
+mod storage;
 mod synthetic;
 mod tar_shards;
 
@@ -44,6 +47,11 @@ pub use image_folder::ImageFolder;
 pub use image_format::{sniff_format, ImageFormat};
 pub use inspect::{inspect_image_folder, DatasetReport, Summary};
 pub use sample_source::SampleSource;
+pub use storage::{
+    parse_dataset_uri, CacheStats, CachedObject, DatasetLocation, ObjectCache, ObjectCacheOptions,
+    RemoteLocation, RemoteTarShards, S3Settings, DEFAULT_CONCURRENCY, DEFAULT_MAX_BYTES,
+    DEFAULT_PART_SIZE,
+};
 pub use synthetic::{generate_imagenet_like, GeneratedDataset, SyntheticImageNetSpec};
 pub use tar_shards::{
     looks_like_tar_shards, write_tar_shards, TarIndexStats, TarShards, TarShardsWriterOptions,

@@ -1,6 +1,7 @@
 //! The interface every dataset format offers to the pipeline: samples addressed by a dense index.
 
 use crate::error::Result;
+use crate::storage::CacheStats;
 
 /// A dataset of (encoded bytes, label) samples addressed by a dense index `0..len`.
 ///
@@ -42,6 +43,12 @@ pub trait SampleSource: Send + Sync {
     /// sum to `len()`. `None` (the default) for sources without shards. The epoch planner uses
     /// it to keep reads mostly sequential.
     fn shard_sizes(&self) -> Option<Vec<u64>> {
+        None
+    }
+
+    /// What the local cache tier did for this source (hits, misses, bytes fetched), for
+    /// sources read from an object store; `None` (the default) for local ones.
+    fn cache_stats(&self) -> Option<CacheStats> {
         None
     }
 }
