@@ -1,10 +1,12 @@
 //! A job opened from its spec: the dataset, the checked pipeline and the planner inputs. Every
 //! batch of the job is a pure function of (spec, epoch, rank, step); [`Job::batch`] computes one.
 
-use std::path::Path;
 use std::sync::Arc;
 
-use stoker_datasets::{looks_like_tar_shards, ImageFolder, SampleSource, TarShards};
+use stoker_datasets::{
+    looks_like_tar_shards, parse_dataset_uri, DatasetLocation, ImageFolder, ObjectCache,
+    RemoteTarShards, SampleSource, TarShards,
+};
 use stoker_proto::v1::{self as proto, BadSamplePolicy, DatasetFormat, JobSpec, UnevenTail};
 use stoker_worker::{BatchAssembler, BatchKey, Pipeline};
 
@@ -26,14 +28,19 @@ pub struct Job {
     shard_sizes: Option<Arc<[u64]>>,
 }
 
-/// Opens the dataset a spec names.
+/// Opens the dataset a spec names: a local path (or `file://PATH`), or `s3://BUCKET/PREFIX`
+/// read through the local object cache (configured by `STOKER_CACHE_DIR`,
+/// `STOKER_CACHE_MAX_BYTES` and the `AWS_*` variables). Other schemes are refused.
 pub fn open_source(dataset: &proto::DatasetSource) -> Result<Arc<dyn SampleSource>> {
     let uri = dataset.uri.trim();
     if uri.is_empty() {
         return Err(Error::InvalidSpec("dataset.uri is empty".into()));
     }
-    let path = uri.strip_prefix("file://").unwrap_or(uri);
-    let path = Path::new(path);
+    let path = match parse_dataset_uri(uri)? {
+        DatasetLocation::Local(path) => path,
+        DatasetLocation::S3(_) => return open_remote_source(uri, dataset.format()),
+    };
+    let path = path.as_path();
     match dataset.format() {
         // A `.tar` file or a folder holding `*.tar` files is a shard set; anything else is read
         // as an image folder (whose root holds class folders, not tar files).
@@ -46,6 +53,20 @@ pub fn open_source(dataset: &proto::DatasetSource) -> Result<Arc<dyn SampleSourc
                 dataset.format()
             )))
         }
+    }
+}
+
+/// Opens an `s3://` dataset; tar shards are the one format read from object stores so far.
+fn open_remote_source(uri: &str, format: DatasetFormat) -> Result<Arc<dyn SampleSource>> {
+    match format {
+        DatasetFormat::Auto | DatasetFormat::TarShards => {
+            let cache = Arc::new(ObjectCache::from_env()?);
+            Ok(Arc::new(RemoteTarShards::open(uri, cache)?))
+        }
+        other => Err(Error::InvalidSpec(format!(
+            "dataset format {other:?} cannot be read from {uri} yet: s3:// sources hold tar \
+             shards (format AUTO or TAR_SHARDS)"
+        ))),
     }
 }
 

@@ -8,6 +8,7 @@ use anyhow::Context;
 use clap::Args;
 use rayon::prelude::*;
 use serde::Serialize;
+use stoker_datasets::CacheStats;
 use stoker_loader::{open_source, Loader, LoaderOptions};
 use stoker_worker::{decode, read_header, DecodeRequest, DecodedImage, DEFAULT_MAX_PIXELS};
 
@@ -66,6 +67,8 @@ struct BenchReport {
     decode_floor_s_per_image: Option<f64>,
     pipeline_over_floor: Option<f64>,
     bad_samples: u64,
+    /// The object cache's counters, for `s3://` datasets.
+    object_cache: Option<CacheStats>,
 }
 
 #[derive(Debug, Serialize)]
@@ -124,6 +127,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
     let wall = wall_start.elapsed();
     let usage_end = usage();
     let stats = loader.stats();
+    let object_cache = loader.job().assembler().source().cache_stats();
     drop(loader);
     let cpu = (usage_end.cpu - usage_start.cpu).as_secs_f64();
     let per_image_ms = |seconds: f64| seconds * 1e3 / images.max(1) as f64;
@@ -157,6 +161,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
         decode_floor_s_per_image: floor,
         pipeline_over_floor: floor.map(|f| cpu_s_per_image / f),
         bad_samples: stats.bad_samples,
+        object_cache,
     };
     if args.json {
         println!("{}", serde_json::to_string(&report)?);
@@ -239,5 +244,8 @@ fn print_report(r: &BenchReport) {
     }
     if r.bad_samples > 0 {
         println!("bad samples       {} replaced", r.bad_samples);
+    }
+    if let Some(cache) = &r.object_cache {
+        println!("{cache}");
     }
 }

@@ -83,7 +83,8 @@ pub enum OnError {
 #[derive(Debug, Args)]
 pub struct JobArgs {
     /// Dataset: an ImageFolder root (class folders of JPEG/PNG files), or a folder of
-    /// WebDataset-style `.tar` shards (or one `.tar`). Required.
+    /// WebDataset-style `.tar` shards (or one `.tar`), or `s3://BUCKET/PREFIX` of `.tar` shards
+    /// (read through the local cache: STOKER_CACHE_DIR, STOKER_CACHE_MAX_BYTES, AWS_*). Required.
     #[arg(long)]
     pub data: Option<PathBuf>,
     /// Pipeline preset.
