@@ -97,10 +97,12 @@ def _check_bool(value: object, name: str) -> bool:
 
 
 def _source_path(source: object) -> str:
-    """The local folder ``source`` names; ``file://`` URLs are accepted."""
+    """The dataset ``source`` names: a local path (``file://`` URLs accepted, and checked to
+    exist here) or an ``s3://BUCKET/PREFIX`` URI (checked when the loader opens it)."""
     if not isinstance(source, (str, os.PathLike)):
         raise ValueError(
-            f"source must be a path (str or os.PathLike) of an image folder, got {source!r}"
+            "source must be a path (str or os.PathLike) or an s3://BUCKET/PREFIX URI, "
+            f"got {source!r}"
         )
     path = os.fspath(source)
     if isinstance(path, bytes):
@@ -109,9 +111,11 @@ def _source_path(source: object) -> str:
         path = path[len("file://") :]
     elif "://" in path:
         scheme = path.split("://", 1)[0]
+        if scheme.lower() == "s3":
+            return path
         raise ValueError(
-            f"source {path!r}: {scheme}:// sources are not available in this build; "
-            "pass a local folder path (or a file:// URL)"
+            f"source {path!r}: {scheme}:// sources are not supported; pass a local path, "
+            "a file:// URL or an s3://BUCKET/PREFIX URI"
         )
     if not path:
         raise ValueError("source must not be empty")
@@ -218,7 +222,10 @@ class Loader:
 
     Args:
         source: path of an image folder laid out like torchvision's ImageFolder
-            (``root/<class>/<image>``); a ``file://`` URL is accepted.
+            (``root/<class>/<image>``) or of WebDataset tar shards; a ``file://`` URL is
+            accepted, and ``s3://BUCKET/PREFIX`` reads the tar shards under that prefix
+            through the local object cache (``STOKER_CACHE_DIR``, ``STOKER_CACHE_MAX_BYTES``;
+            credentials and endpoint from the ``AWS_*`` environment variables).
         pipeline: the ops, e.g. ``stoker.vision.imagenet_train(224)`` or a list of
             :mod:`stoker.ops`; checked before any work starts.
         batch_size: samples per batch, >= 1.
