@@ -16,7 +16,7 @@ use s3_server::{S3Server, ACCESS_KEY, SECRET_KEY};
 use stoker_datasets::{write_tar_shards, ImageFolder, TarShardsWriterOptions};
 
 /// Runs `stoker` with the server's endpoint and credentials and a cache in `cache_dir`;
-/// returns (last stdout line, stderr).
+/// returns (last stdout line, stderr), after checking the run read the whole 40-sample epoch.
 fn stoker_s3(server: &S3Server, cache_dir: &Path, args: &[&str]) -> (String, String) {
     let output = Command::new(env!("CARGO_BIN_EXE_stoker"))
         .args(args)
@@ -30,6 +30,9 @@ fn stoker_s3(server: &S3Server, cache_dir: &Path, args: &[&str]) -> (String, Str
     let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
     let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
     assert!(output.status.success(), "stoker {args:?} failed: {stderr}");
+    if args.contains(&"100") {
+        assert!(stdout.contains("samples 40 "), "{stdout}");
+    }
     (
         stdout.lines().last().unwrap_or_default().to_string(),
         stderr,
@@ -72,8 +75,9 @@ fn digest_over_s3_equals_the_local_digest_cold_and_warm() {
     for extra in [&["--no-shuffle"][..], &["--shuffle-window", "2"][..]] {
         let mut args = vec![
             "digest",
+            // The whole epoch (5 batches of 8): every sample, once, in the same order.
             "--batches",
-            "3",
+            "100",
             "--batch-size",
             "8",
             "--size",
