@@ -24,6 +24,11 @@
 //! when the store gives no ETag) and the data file has that size; a changed object or a cut
 //! short copy is fetched again. Nothing is kept in memory between runs: the folder is the
 //! cache, so a restarted process finds everything a previous one fetched.
+//!
+//! Limits: a copy is checked by size and ETag, not by a checksum of its bytes (a same-size
+//! corruption on local disk goes unnoticed); an object changed in the store while another
+//! process still reads the old copy is refetched only once that process lets go (the wait has
+//! the lock timeout as its deadline); each entry in use keeps one file descriptor open.
 
 use std::fs::{File, OpenOptions};
 use std::path::{Path, PathBuf};
@@ -948,6 +953,39 @@ mod tests {
         assert!(copy.matches(&listed));
         copy.size = 11;
         assert!(!copy.matches(&listed));
+    }
+
+    #[test]
+    fn keys_that_would_escape_or_clash_with_cache_files_are_refused() {
+        let location = RemoteLocation {
+            bucket: "b".into(),
+            prefix: String::new(),
+        };
+        let object = |key: &str| ObjectMeta {
+            location: object_store::path::Path::from(key),
+            last_modified: Default::default(),
+            size: 1,
+            e_tag: None,
+            version: None,
+        };
+        let entry =
+            Entry::new(Path::new("/cache"), &location, &object("train/shard-0.tar")).unwrap();
+        assert_eq!(entry.data, Path::new("/cache/s3/b/train/shard-0.tar"));
+        assert_eq!(
+            entry.lock,
+            Path::new("/cache/s3/b/train/shard-0.tar.stoker-lock")
+        );
+        for key in [
+            "x.tar.stoker-meta",
+            "x.stoker-lock",
+            "x.tar.stoker-idx",
+            "a.stoker-part-1-2",
+        ] {
+            assert!(
+                Entry::new(Path::new("/cache"), &location, &object(key)).is_err(),
+                "{key}"
+            );
+        }
     }
 
     #[test]
