@@ -283,6 +283,71 @@ pub enum Error {
     /// The folder Parquet files were to be written to already holds files.
     #[error("{0} is not empty; write parquet files to an empty or new folder")]
     ParquetOutputNotEmpty(PathBuf),
+    /// A dataset URI names a scheme Stoker cannot read.
+    #[error(
+        "cannot read {uri}: the scheme {scheme}:// is not supported; use a local path, \
+         file://PATH or s3://BUCKET/PREFIX"
+    )]
+    UnsupportedScheme {
+        /// The URI as given.
+        uri: String,
+        /// Its scheme.
+        scheme: String,
+    },
+
+    /// A dataset URI that cannot be parsed.
+    #[error("invalid dataset uri {uri}: {reason}")]
+    InvalidUri {
+        /// The URI as given.
+        uri: String,
+        /// What is wrong with it.
+        reason: String,
+    },
+
+    /// An object store request failed (after its retries).
+    #[error("object store request for {uri} failed: {source}")]
+    ObjectStore {
+        /// The object or prefix the request was about.
+        uri: String,
+        /// What the object store client reported.
+        source: object_store::Error,
+    },
+
+    /// A prefix of an object store holds no object the format reads.
+    #[error("found no {what} under {uri}")]
+    NoRemoteObjects {
+        /// The prefix listed.
+        uri: String,
+        /// What was looked for, in words.
+        what: String,
+    },
+
+    /// A downloaded object does not have the size its listing announced.
+    #[error("object {uri} should hold {expected} bytes but {received} arrived")]
+    IncompleteObject {
+        /// The object.
+        uri: String,
+        /// The size the listing gave.
+        expected: u64,
+        /// The bytes received.
+        received: u64,
+    },
+
+    /// Another process held a cache entry's lock for longer than the deadline.
+    #[error(
+        "waited {waited_seconds} s for the lock of cache entry {path} (another process is \
+         fetching or evicting it); raise STOKER_CACHE_LOCK_TIMEOUT_SECS or check that process"
+    )]
+    CacheLockTimeout {
+        /// The entry's lock file.
+        path: PathBuf,
+        /// How long the wait lasted.
+        waited_seconds: u64,
+    },
+
+    /// The cache tier's configuration (environment variables or options) is invalid.
+    #[error("invalid object cache setting: {0}")]
+    CacheConfig(String),
 }
 
 /// The crate's result type.

@@ -12,6 +12,8 @@
 //! - [`ParquetDataset`]: rows of Parquet files (image bytes or text, plus labels), read by
 //!   row group; [`write_parquet`] writes any source as Parquet, and
 //!   [`ParquetDataset::read_f32_columns`] reads numeric columns as tensors.
+//! - [`ObjectCache`], [`RemoteTarShards`], [`parse_dataset_uri`]: `s3://` sources read through
+//!   a local cache tier on disk (size cap, LRU eviction, safe across processes).
 //! - [`generate_imagenet_like`]: writes a seeded, ImageNet-like image folder for benchmarks.
 //! - [`inspect_image_folder`]: format and size statistics from image headers;
 //!   [`inspect_samples`] computes the same from any source's bytes.
@@ -45,6 +47,7 @@ mod inspect;
 mod jsonl;
 mod parquet_files;
 mod sample_source;
+mod storage;
 mod synthetic;
 mod tar_shards;
 mod token_file;
@@ -61,6 +64,11 @@ pub use parquet_files::{
     ParquetSampleKind, ParquetSummary, ParquetWriterOptions, ParquetWritten, CLASS_NAMES_KEY,
 };
 pub use sample_source::{NumericColumns, NumericKind, SampleSource, TokenWindowShape};
+pub use storage::{
+    parse_dataset_uri, CacheStats, CachedObject, DatasetLocation, ObjectCache, ObjectCacheOptions,
+    RemoteLocation, RemoteTarShards, S3Settings, DEFAULT_CONCURRENCY, DEFAULT_MAX_BYTES,
+    DEFAULT_PART_SIZE,
+};
 pub use synthetic::{generate_imagenet_like, GeneratedDataset, SyntheticImageNetSpec};
 pub use tar_shards::{
     looks_like_tar_shards, write_tar_shards, TarIndexStats, TarShards, TarShardsWriterOptions,

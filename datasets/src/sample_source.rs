@@ -1,6 +1,7 @@
 //! The interface every dataset format offers to the pipeline: samples addressed by a dense index.
 
 use crate::error::Result;
+use crate::storage::CacheStats;
 use crate::token_file::TokenDtype;
 
 /// The shape of a token-window source's samples: each is `seq_len + 1` tokens of `dtype`.
@@ -64,6 +65,12 @@ pub trait SampleSource: Send + Sync {
     /// Typed reads of named numeric columns, for sources that have them (Parquet); `None`
     /// (the default) for sources of encoded samples only.
     fn numeric_columns(&self) -> Option<&dyn NumericColumns> {
+        None
+    }
+
+    /// What the local cache tier did for this source (hits, misses, bytes fetched), for
+    /// sources read from an object store; `None` (the default) for local ones.
+    fn cache_stats(&self) -> Option<CacheStats> {
         None
     }
 }

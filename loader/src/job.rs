@@ -6,8 +6,8 @@ use std::sync::Arc;
 
 use stoker_datasets::{
     looks_like_jsonl, looks_like_parquet, looks_like_tar_shards, looks_like_token_file,
-    ImageFolder, JsonlDocuments, ParquetDataset, ParquetOptions, SampleSource, TarShards,
-    TokenDtype, TokenFile,
+    parse_dataset_uri, DatasetLocation, ImageFolder, JsonlDocuments, ObjectCache, ParquetDataset,
+    ParquetOptions, RemoteTarShards, SampleSource, TarShards, TokenDtype, TokenFile,
 };
 use stoker_proto::v1::{
     self as proto, op::Op as OpKind, BadSamplePolicy, DatasetFormat, JobSpec, UnevenTail,
@@ -37,7 +37,9 @@ pub struct Job {
 ///
 /// `AUTO` picks the format from the files: a `.tar` file or a folder of them is tar shards, a
 /// `.bin` file a token file, a `.jsonl` file or a folder of them JSONL documents, anything else
-/// an image folder.
+/// an image folder. `s3://BUCKET/PREFIX` is read through the local object cache (configured by
+/// `STOKER_CACHE_DIR`, `STOKER_CACHE_MAX_BYTES` and the `AWS_*` variables); other schemes are
+/// refused.
 pub fn open_source(
     dataset: &proto::DatasetSource,
     ops: &[proto::Op],
@@ -46,8 +48,11 @@ pub fn open_source(
     if uri.is_empty() {
         return Err(Error::InvalidSpec("dataset.uri is empty".into()));
     }
-    let path = uri.strip_prefix("file://").unwrap_or(uri);
-    let path = Path::new(path);
+    let path = match parse_dataset_uri(uri)? {
+        DatasetLocation::Local(path) => path,
+        DatasetLocation::S3(_) => return open_remote_source(uri, dataset.format()),
+    };
+    let path = path.as_path();
     let format = match dataset.format() {
         DatasetFormat::Auto if looks_like_tar_shards(path) => DatasetFormat::TarShards,
         DatasetFormat::Auto if looks_like_parquet(path) => DatasetFormat::Parquet,
@@ -109,6 +114,20 @@ fn open_parquet(path: &Path, dataset: &proto::DatasetSource) -> Result<Arc<dyn S
         ..ParquetOptions::default()
     };
     Ok(Arc::new(ParquetDataset::open(path, &options)?))
+}
+
+/// Opens an `s3://` dataset; tar shards are the one format read from object stores so far.
+fn open_remote_source(uri: &str, format: DatasetFormat) -> Result<Arc<dyn SampleSource>> {
+    match format {
+        DatasetFormat::Auto | DatasetFormat::TarShards => {
+            let cache = Arc::new(ObjectCache::from_env()?);
+            Ok(Arc::new(RemoteTarShards::open(uri, cache)?))
+        }
+        other => Err(Error::InvalidSpec(format!(
+            "dataset format {other:?} cannot be read from {uri} yet: s3:// sources hold tar \
+             shards (format AUTO or TAR_SHARDS)"
+        ))),
+    }
 }
 
 /// The plan of `epoch`: shard-aware when shard sizes are given.

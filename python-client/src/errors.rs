@@ -96,6 +96,8 @@ pub fn from_loader(error: stoker_loader::Error) -> PyErr {
         LoaderError::Dataset(DatasetError::NotADirectory(_)) => {
             PyNotADirectoryError::new_err(message)
         }
+        LoaderError::Dataset(DatasetError::UnsupportedScheme { .. })
+        | LoaderError::Dataset(DatasetError::InvalidUri { .. }) => PyValueError::new_err(message),
         LoaderError::Dataset(_) | LoaderError::Worker(WorkerError::Dataset(_)) => {
             raise(Kind::Dataset, message)
         }

@@ -70,7 +70,7 @@ pub(super) fn user_cache_path(dir: &Path, stamp: &ShardStamp) -> PathBuf {
 }
 
 /// `$XDG_CACHE_HOME/stoker`, else `$HOME/.cache/stoker`; `None` when neither is set.
-pub(super) fn default_user_cache_dir() -> Option<PathBuf> {
+pub(crate) fn default_user_cache_dir() -> Option<PathBuf> {
     let from_xdg = std::env::var_os("XDG_CACHE_HOME")
         .map(PathBuf::from)
         .filter(|path| path.is_absolute());

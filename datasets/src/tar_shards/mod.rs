@@ -27,6 +27,7 @@ use crate::sample_source::SampleSource;
 use cache::ShardStamp;
 use scan::ShardIndex;
 
+pub(crate) use cache::default_user_cache_dir;
 pub use write::{write_tar_shards, TarShardsWriterOptions, TarShardsWritten};
 
 /// The file next to the shards that names the classes, one per line, in label order.
@@ -153,7 +154,36 @@ impl TarShards {
         if shard_paths.is_empty() {
             return Err(Error::NoShards(path.to_path_buf()));
         }
+        Self::open_listed(path, root, shard_paths, fallback_cache_dir, started)
+    }
 
+    /// Opens the given shard files, in this order, with class names from `root`'s
+    /// `classes.txt`: for shard sets whose files were gathered elsewhere (the object cache).
+    pub(crate) fn open_files(
+        root: &Path,
+        shard_paths: Vec<PathBuf>,
+        fallback_cache_dir: Option<&Path>,
+    ) -> Result<TarShards> {
+        if shard_paths.is_empty() {
+            return Err(Error::NoShards(root.to_path_buf()));
+        }
+        Self::open_listed(
+            root,
+            root.to_path_buf(),
+            shard_paths,
+            fallback_cache_dir,
+            Instant::now(),
+        )
+    }
+
+    /// Indexes `shard_paths` (`path` names the set in messages).
+    fn open_listed(
+        path: &Path,
+        root: PathBuf,
+        shard_paths: Vec<PathBuf>,
+        fallback_cache_dir: Option<&Path>,
+        started: Instant,
+    ) -> Result<TarShards> {
         let opened: Vec<(Shard, bool)> = shard_paths
             .into_par_iter()
             .map(|shard| open_shard(shard, fallback_cache_dir))

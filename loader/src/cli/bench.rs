@@ -9,6 +9,7 @@ use anyhow::Context;
 use clap::Args;
 use rayon::prelude::*;
 use serde::Serialize;
+use stoker_datasets::CacheStats;
 use stoker_loader::{open_source, Loader, LoaderOptions};
 use stoker_worker::{decode, read_header, DecodeRequest, DecodedImage, DEFAULT_MAX_PIXELS};
 
@@ -70,6 +71,8 @@ struct BenchReport {
     decode_floor_s_per_image: Option<f64>,
     pipeline_over_floor: Option<f64>,
     bad_samples: u64,
+    /// The object cache's counters, for `s3://` datasets.
+    object_cache: Option<CacheStats>,
     /// Token pipelines: training tokens delivered (batch x seq_len per batch).
     tokens: Option<u64>,
     tokens_per_s: Option<f64>,
@@ -149,6 +152,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
     let wall = wall_start.elapsed();
     let usage_end = usage();
     let stats = loader.stats();
+    let object_cache = loader.job().assembler().source().cache_stats();
     drop(loader);
     let cpu = (usage_end.cpu - usage_start.cpu).as_secs_f64();
     let per_image_ms = |seconds: f64| seconds * 1e3 / images.max(1) as f64;
@@ -184,6 +188,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
         bad_samples: stats.bad_samples,
         tokens,
         tokens_per_s: tokens.map(|t| t as f64 / wall.as_secs_f64()),
+        object_cache,
     };
     if args.json {
         println!("{}", serde_json::to_string(&report)?);
@@ -277,5 +282,8 @@ fn print_report(r: &BenchReport) {
     }
     if r.bad_samples > 0 {
         println!("bad samples       {} replaced", r.bad_samples);
+    }
+    if let Some(cache) = &r.object_cache {
+        println!("{cache}");
     }
 }

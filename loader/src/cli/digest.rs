@@ -57,6 +57,10 @@ pub fn run(args: DigestArgs) -> anyhow::Result<()> {
         bad,
         loader.threads()
     );
+    // On stderr: the last line of stdout stays the digest.
+    if let Some(cache) = loader.job().assembler().source().cache_stats() {
+        eprintln!("{cache}");
+    }
     println!("{}", digest.hex());
     Ok(())
 }

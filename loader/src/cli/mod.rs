@@ -111,7 +111,8 @@ pub struct JobArgs {
     /// `.parquet`; `image` + `label` columns, as `stoker convert --to parquet` writes), a token
     /// file (`*.bin`, served as windows of --seq-len + 1 tokens) or JSON Lines text (a `.jsonl`
     /// file or a folder of them, tokenised with --tokenizer and packed into rows of --seq-len).
-    /// Required.
+    /// `s3://BUCKET/PREFIX` of `.tar` shards is read through the local cache (STOKER_CACHE_DIR,
+    /// STOKER_CACHE_MAX_BYTES, AWS_*). Required.
     #[arg(long)]
     pub data: Option<PathBuf>,
     /// Tokens per row for token files and packed text.

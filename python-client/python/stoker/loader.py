@@ -113,10 +113,12 @@ _FORMATS: Final = ("image_folder", "tar", "parquet", "tokens", "jsonl")
 
 
 def _source_path(source: object) -> str:
-    """The local path ``source`` names; ``file://`` URLs are accepted."""
+    """The dataset ``source`` names: a local path (``file://`` URLs accepted, and checked to
+    exist here) or an ``s3://BUCKET/PREFIX`` URI (checked when the loader opens it)."""
     if not isinstance(source, (str, os.PathLike)):
         raise ValueError(
-            f"source must be a path (str or os.PathLike) of a dataset, got {source!r}"
+            "source must be a path (str or os.PathLike) or an s3://BUCKET/PREFIX URI, "
+            f"got {source!r}"
         )
     path = os.fspath(source)
     if isinstance(path, bytes):
@@ -125,9 +127,11 @@ def _source_path(source: object) -> str:
         path = path[len("file://") :]
     elif "://" in path:
         scheme = path.split("://", 1)[0]
+        if scheme.lower() == "s3":
+            return path
         raise ValueError(
-            f"source {path!r}: {scheme}:// sources are not available in this build; "
-            "pass a local path (or a file:// URL)"
+            f"source {path!r}: {scheme}:// sources are not supported; pass a local path, "
+            "a file:// URL or an s3://BUCKET/PREFIX URI"
         )
     if not path:
         raise ValueError("source must not be empty")
@@ -240,7 +244,9 @@ class Loader:
             torchvision's ImageFolder (``root/<class>/<image>``), tar shards, a token file
             (``*.bin``; ``*.u32.bin`` holds uint32 tokens, any other name uint16) or JSON Lines
             text (a ``.jsonl`` file or a folder of them). The format is picked from the files
-            unless ``format`` names it.
+            unless ``format`` names it. ``s3://BUCKET/PREFIX`` reads the tar shards under that
+            prefix through the local object cache (``STOKER_CACHE_DIR``,
+            ``STOKER_CACHE_MAX_BYTES``; credentials and endpoint from the ``AWS_*`` variables).
         pipeline: the ops, e.g. ``stoker.vision.imagenet_train(224)`` or a list of
             :mod:`stoker.ops`; checked before any work starts.
         batch_size: samples per batch, >= 1.

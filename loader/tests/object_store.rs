@@ -1,0 +1,138 @@
+//! The `stoker` binary on `s3://` tar shards served by a real S3-compatible server (s3s-fs on
+//! 127.0.0.1, started by the test; credentials and endpoint through the standard `AWS_*`
+//! variables): the digest equals the local one, for any thread count, cold or warm cache, and
+//! the cache counters reach stderr.
+
+#![allow(clippy::unwrap_used)] // tests fail loudly by design
+
+mod common;
+#[path = "../../datasets/tests/support/s3_server.rs"]
+mod s3_server;
+
+use std::path::Path;
+use std::process::Command;
+
+use s3_server::{S3Server, ACCESS_KEY, SECRET_KEY};
+use stoker_datasets::{write_tar_shards, ImageFolder, TarShardsWriterOptions};
+
+/// Runs `stoker` with the server's endpoint and credentials and a cache in `cache_dir`;
+/// returns (last stdout line, stderr), after checking the run read the whole 40-sample epoch.
+fn stoker_s3(server: &S3Server, cache_dir: &Path, args: &[&str]) -> (String, String) {
+    let output = Command::new(env!("CARGO_BIN_EXE_stoker"))
+        .args(args)
+        .env("AWS_ENDPOINT_URL", server.endpoint())
+        .env("AWS_ACCESS_KEY_ID", ACCESS_KEY)
+        .env("AWS_SECRET_ACCESS_KEY", SECRET_KEY)
+        .env("AWS_REGION", "us-east-1")
+        .env("STOKER_CACHE_DIR", cache_dir)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
+    let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
+    assert!(output.status.success(), "stoker {args:?} failed: {stderr}");
+    if args.contains(&"100") {
+        assert!(stdout.contains("samples 40 "), "{stdout}");
+    }
+    (
+        stdout.lines().last().unwrap_or_default().to_string(),
+        stderr,
+    )
+}
+
+#[test]
+fn digest_over_s3_equals_the_local_digest_cold_and_warm() {
+    let dir = tempfile::tempdir().unwrap();
+    let images = dir.path().join("images");
+    common::make_images(&images, 40);
+    let shards = dir.path().join("shards");
+    let options = TarShardsWriterOptions {
+        shard_bytes: 700_000,
+    };
+    write_tar_shards(
+        &ImageFolder::open(&images).unwrap(),
+        &shards,
+        &options,
+        &|_| {},
+    )
+    .unwrap();
+
+    let server = S3Server::start(&dir.path().join("server"));
+    let bucket = server.bucket_dir("data").join("train");
+    std::fs::create_dir_all(&bucket).unwrap();
+    let mut objects = 0;
+    for entry in std::fs::read_dir(&shards).unwrap() {
+        let path = entry.unwrap().path();
+        let name = path.file_name().unwrap().to_string_lossy().into_owned();
+        if name.ends_with(".tar") || name == "classes.txt" {
+            std::fs::copy(&path, bucket.join(&name)).unwrap();
+            objects += 1;
+        }
+    }
+    assert!(objects >= 3, "several shards and classes.txt");
+    let cache = dir.path().join("cache");
+    let local = shards.to_str().unwrap();
+
+    for extra in [&["--no-shuffle"][..], &["--shuffle-window", "2"][..]] {
+        let mut args = vec![
+            "digest",
+            // The whole epoch (5 batches of 8): every sample, once, in the same order.
+            "--batches",
+            "100",
+            "--batch-size",
+            "8",
+            "--size",
+            "32",
+        ];
+        args.extend_from_slice(extra);
+        let expected = common::stdout_of(&[&args[..], &["--data", local]].concat());
+        let expected = expected.lines().last().unwrap().to_string();
+        for threads in ["1", "2"] {
+            let remote_args = [
+                &args[..],
+                &["--data", "s3://data/train", "--threads", threads],
+            ]
+            .concat();
+            let (digest, stderr) = stoker_s3(&server, &cache, &remote_args);
+            assert_eq!(digest, expected, "{remote_args:?}");
+            assert!(stderr.contains("object cache: "), "{stderr}");
+        }
+    }
+    // The first run fetched everything; every later one was served by the cache.
+    let gets = server.counts.object_gets();
+    assert!(gets >= objects);
+    let (_, stderr) = stoker_s3(
+        &server,
+        &cache,
+        &[
+            "digest",
+            "--batches",
+            "1",
+            "--size",
+            "32",
+            "--data",
+            "s3://data/train",
+        ],
+    );
+    assert!(
+        stderr.contains(&format!(
+            "object cache: {objects} hits, 0 misses, 0 bytes fetched"
+        )),
+        "{stderr}"
+    );
+    assert_eq!(
+        server.counts.object_gets(),
+        gets,
+        "the warm run read no object"
+    );
+}
+
+#[test]
+fn unknown_schemes_are_refused_by_name() {
+    let output = common::stoker(&["digest", "--data", "gs://bucket/train"]);
+    assert!(!output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains("gs://") && stderr.contains("s3://BUCKET/PREFIX"),
+        "{stderr}"
+    );
+}
