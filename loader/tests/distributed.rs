@@ -424,3 +424,26 @@ fn clients_report_to_the_coordinator_dashboard() {
     );
     assert!(metrics.contains("stoker_stall_ratio"), "{metrics}");
 }
+
+#[test]
+fn digest_with_an_address_prints_the_embedded_hash() {
+    let dir = fixture();
+    let data = dir.path().join("data");
+    let coordinator = Daemon::coordinator(&dir.path().join("state"), "127.0.0.1:0");
+    let _workers = [
+        Daemon::worker(&coordinator.address, dir.path()),
+        Daemon::worker(&coordinator.address, dir.path()),
+    ];
+    let data = data.to_str().unwrap();
+    let job = [
+        "--data", data, "--size", "32", "--batch-size", "8", "--seed", "9", "--rank", "1",
+        "--world", "2", "--batches", "100",
+    ];
+    let last_line = |out: String| out.lines().last().unwrap().to_string();
+    let embedded = last_line(common::stdout_of(&[&["digest"][..], &job[..]].concat()));
+    let remote = last_line(common::stdout_of(
+        &[&["digest"][..], &job[..], &["--address", &coordinator.address][..]].concat(),
+    ));
+    assert_eq!(embedded.len(), 64, "{embedded}");
+    assert_eq!(remote, embedded);
+}
