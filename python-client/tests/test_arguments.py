@@ -35,7 +35,7 @@ from stoker import ops
         ({"timeout": 0}, "timeout"),
         ({"timeout": float("inf")}, "timeout"),
         ({"max_held_batches": 0}, "max_held_batches"),
-        ({"address": "grpc://coordinator:7070"}, "not available in this build"),
+        ({"address": "grpc://coordinator:7070"}, "host:port"),
         ({"pipeline": [ops.Resize(64)]}, "Resize alone"),
         ({"pipeline": "imagenet_train"}, "pipeline"),
     ],

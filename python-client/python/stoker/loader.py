@@ -337,7 +337,10 @@ class Loader:
             raise TypeError(f"Loader got unexpected keyword argument(s): {names}")
 
         if address is not None and (
-            not isinstance(address, str) or ":" not in address or address.strip() != address
+            not isinstance(address, str)
+            or ":" not in address
+            or "://" in address
+            or address.strip() != address
         ):
             raise ValueError(f"address must be 'host:port' of a Stoker coordinator, got {address!r}")
         self._batch_size = _check_int(batch_size, "batch_size", 1, _MAX_U32)
