@@ -127,7 +127,7 @@ impl AssembledBatch {
             .tensors
             .into_iter()
             .map(|layout| proto::Tensor {
-                name: layout.name.into(),
+                name: layout.name,
                 dtype: layout.dtype as i32,
                 shape: layout.shape,
                 data: data.slice(layout.bytes),
