@@ -139,6 +139,24 @@ pub fn from_python(ops: &[Bound<'_, PyDict>]) -> PyResult<Vec<proto::Op>> {
                     eos_id: get(op, index, "eos_id")?,
                     pad_id: get(op, index, "pad_id")?,
                 }),
+                "select_columns" => {
+                    let dtype: Option<String> = get(op, index, "dtype")?;
+                    let dtype = match dtype.as_deref() {
+                        None => proto::Dtype::Unspecified,
+                        Some("float32") => proto::Dtype::Float32,
+                        Some("int64") => proto::Dtype::Int64,
+                        Some(other) => {
+                            return Err(bad(
+                                index,
+                                format!("dtype {other:?}: use \"float32\", \"int64\" or None"),
+                            ))
+                        }
+                    };
+                    OpKind::SelectColumns(proto::SelectColumns {
+                        names: get(op, index, "names")?,
+                        dtype: dtype as i32,
+                    })
+                }
                 other => return Err(bad(index, format!("unknown op {other:?}"))),
             };
             Ok(proto::Op { op: Some(kind) })

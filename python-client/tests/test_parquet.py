@@ -8,6 +8,7 @@ import subprocess
 from collections.abc import Callable
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 import stoker
@@ -69,3 +70,30 @@ def test_a_converted_folder_reads_the_same_as_the_folder(
     single = make_loader(files[0], shuffle=False)
     assert 0 < single.num_samples < SAMPLE_COUNT
     assert len(list(single)) == len(single)
+
+
+def test_select_columns_reads_numeric_columns_per_sample(
+    parquet_dataset: Path, make_loader: Callable[..., stoker.Loader]
+) -> None:
+    # A converted set's numeric column is its label: SelectColumns(["label"]) must give, per
+    # batch, the labels the image pipeline gives for the same plan (and no second "label").
+    images = epoch_batches(make_loader(parquet_dataset, seed=7))
+    columns = epoch_batches(
+        make_loader(parquet_dataset, seed=7, pipeline=[stoker.ops.SelectColumns(["label"])])
+    )
+    assert len(columns) == len(images)
+    for from_columns, from_images in zip(columns, images):
+        assert list(from_columns) == ["label"]
+        assert from_columns["label"].dtype == np.int64
+        np.testing.assert_array_equal(from_columns["label"], from_images["label"])
+    as_float = epoch_batches(
+        make_loader(
+            parquet_dataset,
+            seed=7,
+            pipeline=[stoker.ops.SelectColumns(["label"], dtype="float32")],
+        )
+    )
+    assert as_float[0]["label"].dtype == np.float32
+    np.testing.assert_array_equal(as_float[0]["label"], images[0]["label"].astype(np.float32))
+    with pytest.raises(ValueError, match="not numeric"):
+        make_loader(parquet_dataset, pipeline=[stoker.ops.SelectColumns(["image"])])

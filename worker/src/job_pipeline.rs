@@ -6,6 +6,7 @@
 //! | `DecodeImage, ...` | `image` (uint8 NHWC or float32), `label` int64 `[B]` |
 //! | `TokenWindows{seq_len}` | `tokens` `[B, seq_len + 1]` in the file's dtype (uint16/uint32) |
 //! | `Tokenize{path}, PackSequences{seq_len, eos_id, pad_id}` | `input_ids`, `position_ids`, `document_ids`: int32 `[B, seq_len]` |
+//! | `SelectColumns{names, dtype}` | one tensor per column, named like it: float32 or int64 `[B]`; `label` int64 `[B]` |
 //!
 //! A packed batch has one row per document of its step: `B` documents give `B` rows, and the
 //! packing rule is in [`pack_documents`](crate::pack_documents)'s module docs.
@@ -29,6 +30,16 @@ pub struct PackedText {
     pub pack: PackSpec,
 }
 
+/// Named numeric columns of a Parquet source, each read as a `[B]` tensor.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SelectedColumns {
+    /// Column names, non-empty and distinct, in tensor order.
+    pub names: Vec<String>,
+    /// The element type asked for: `Float32`, `Int64`, or `Unspecified` (each column's own
+    /// type: float32 for floating-point columns, int64 for integer ones).
+    pub dtype: proto::Dtype,
+}
+
 /// A checked pipeline of any kind.
 #[derive(Debug, Clone)]
 pub enum JobPipeline {
@@ -41,6 +52,8 @@ pub enum JobPipeline {
     },
     /// Tokenise text samples and pack them into rows.
     PackedText(PackedText),
+    /// Numeric Parquet columns as tensors, one per column.
+    Columns(SelectedColumns),
 }
 
 impl From<Pipeline> for JobPipeline {
@@ -65,6 +78,46 @@ fn seq_len(value: u32, op: &str) -> Result<u32> {
     Ok(value)
 }
 
+const COLUMNS_FORM: &str = "SelectColumns is a pipeline of its own: [SelectColumns]";
+
+fn selected_columns(select: &proto::SelectColumns) -> Result<SelectedColumns> {
+    if select.names.is_empty() {
+        return Err(invalid("SelectColumns needs at least one column name"));
+    }
+    let mut seen = std::collections::HashSet::new();
+    for name in &select.names {
+        if name.is_empty() {
+            return Err(invalid("SelectColumns: a column name is empty"));
+        }
+        if !seen.insert(name.as_str()) {
+            return Err(invalid(format!(
+                "SelectColumns names column {name:?} twice"
+            )));
+        }
+    }
+    let dtype = match proto::Dtype::try_from(select.dtype) {
+        Ok(dtype @ (proto::Dtype::Unspecified | proto::Dtype::Float32 | proto::Dtype::Int64)) => {
+            dtype
+        }
+        Ok(other) => {
+            return Err(invalid(format!(
+                "SelectColumns dtype {}: use FLOAT32, INT64 or UNSPECIFIED (the column's own type)",
+                other.as_str_name()
+            )))
+        }
+        Err(_) => {
+            return Err(invalid(format!(
+                "SelectColumns dtype {} is not a known dtype",
+                select.dtype
+            )))
+        }
+    };
+    Ok(SelectedColumns {
+        names: select.names.clone(),
+        dtype,
+    })
+}
+
 impl JobPipeline {
     /// Checks an op list; the first op decides the kind. Loads the tokenizer of a Tokenize op.
     pub fn from_ops(ops: &[proto::Op]) -> Result<JobPipeline> {
@@ -78,6 +131,14 @@ impl JobPipeline {
             })
             .collect::<Result<_>>()?;
         match kinds.as_slice() {
+            [OpKind::SelectColumns(select)] => Ok(JobPipeline::Columns(selected_columns(select)?)),
+            kinds
+                if kinds
+                    .iter()
+                    .any(|kind| matches!(kind, OpKind::SelectColumns(_))) =>
+            {
+                Err(invalid(COLUMNS_FORM))
+            }
             [OpKind::TokenWindows(windows)] => Ok(JobPipeline::TokenWindows {
                 seq_len: seq_len(windows.seq_len, "TokenWindows")?,
             }),
@@ -231,5 +292,46 @@ mod tests {
             panic!("not packed text")
         };
         assert_eq!(given.pack.eos_id, 42);
+    }
+
+    #[test]
+    fn select_columns_is_checked_alone() {
+        let select = |names: &[&str], dtype: proto::Dtype| {
+            op(OpKind::SelectColumns(proto::SelectColumns {
+                names: names.iter().map(|name| name.to_string()).collect(),
+                dtype: dtype as i32,
+            }))
+        };
+        let JobPipeline::Columns(columns) =
+            JobPipeline::from_ops(&[select(&["x", "y"], proto::Dtype::Int64)]).unwrap()
+        else {
+            panic!("not columns")
+        };
+        assert_eq!(columns.names, ["x", "y"]);
+        assert_eq!(columns.dtype, proto::Dtype::Int64);
+        let error_of = |ops: &[proto::Op]| JobPipeline::from_ops(ops).unwrap_err().to_string();
+        let error = error_of(&[select(&[], proto::Dtype::Unspecified)]);
+        assert!(error.contains("at least one column"), "{error}");
+        let error = error_of(&[select(&["x", ""], proto::Dtype::Unspecified)]);
+        assert!(error.contains("empty"), "{error}");
+        let error = error_of(&[select(&["x", "y", "x"], proto::Dtype::Float32)]);
+        assert!(error.contains("\"x\" twice"), "{error}");
+        let error = error_of(&[select(&["x"], proto::Dtype::Uint8)]);
+        assert!(error.contains("DTYPE_UINT8"), "{error}");
+        let error = error_of(&[op(OpKind::SelectColumns(proto::SelectColumns {
+            names: vec!["x".into()],
+            dtype: 99,
+        }))]);
+        assert!(error.contains("99"), "{error}");
+        let with_image = [
+            op(OpKind::DecodeImage(proto::DecodeImage::default())),
+            select(&["x"], proto::Dtype::Unspecified),
+        ];
+        assert!(error_of(&with_image).contains("[SelectColumns]"));
+        let then_windows = [
+            select(&["x"], proto::Dtype::Unspecified),
+            op(OpKind::TokenWindows(proto::TokenWindows { seq_len: 8 })),
+        ];
+        assert!(error_of(&then_windows).contains("[SelectColumns]"));
     }
 }

@@ -31,7 +31,7 @@ mod rng;
 
 pub use batch::{AssembledBatch, BatchAssembler, BatchKey, TensorLayout, MAX_SUBSTITUTE_TRIES};
 pub use error::{Error, Result, SampleError};
-pub use job_pipeline::{token_dtype_proto, JobPipeline, PackedText};
+pub use job_pipeline::{token_dtype_proto, JobPipeline, PackedText, SelectedColumns};
 pub use ops::decode::{
     decode, read_header, DecodeRequest, DecodedImage, ImageHeader, DEFAULT_MAX_PIXELS,
 };

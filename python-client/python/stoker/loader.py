@@ -211,7 +211,9 @@ class Loader:
     index of the sample's class folder in sorted order, like torchvision's ImageFolder); for
     token files (``pipeline=[ops.TokenWindows(seq_len)]``) ``"tokens"`` ``(B, seq_len + 1)``;
     for text (``[ops.Tokenize(path), ops.PackSequences(seq_len)]``) ``"input_ids"``,
-    ``"position_ids"`` and ``"document_ids"``, int32 ``(B, seq_len)``. The tensors are views
+    ``"position_ids"`` and ``"document_ids"``, int32 ``(B, seq_len)``; for Parquet numeric
+    columns (``[ops.SelectColumns(names)]``) one ``(B,)`` array per column, named like it, and
+    ``"label"``. The tensors are views
     of the loader's batch slots, not copies. Iterating again runs the next
     epoch, reshuffled. Argument names follow ``torch.utils.data.DataLoader`` where the meaning
     is the same; DataLoader-only arguments raise a ValueError naming the alternative.

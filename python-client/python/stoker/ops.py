@@ -17,6 +17,10 @@ Token sources take one of two token pipelines instead::
     TokenWindows(seq_len)                          # token files (nanoGPT .bin)
     Tokenize(tokenizer_path), PackSequences(...)   # text (JSONL, Parquet text columns)
 
+Parquet numeric columns come as tensors through a pipeline of one op::
+
+    SelectColumns(names, dtype=None)               # one (B,) array per column
+
 :func:`check_pipeline` enforces all of this; :class:`stoker.Loader` calls it for you.
 """
 
@@ -38,6 +42,7 @@ __all__ = [
     "RandomHorizontalFlip",
     "RandomResizedCrop",
     "Resize",
+    "SelectColumns",
     "ToTensor",
     "TokenWindows",
     "Tokenize",
@@ -383,6 +388,42 @@ class PackSequences(Op):
         }
 
 
+class SelectColumns(Op):
+    """Reads numeric columns of a Parquet dataset as tensors: a pipeline of its own.
+
+    The batch holds one ``(B,)`` array per column, named like the column, and ``"label"``
+    (int64, the dataset's label column, 0 when it has none) unless a selected column is itself
+    named ``label``. A null cell is a bad sample, handled by ``on_error`` like an unreadable
+    image.
+
+    Args:
+        names: the columns, at least one, each once.
+        dtype: ``"float32"``, ``"int64"`` (integer columns only), or ``None`` (default) for
+            each column's own type: int64 for integer columns, float32 for floating-point ones.
+    """
+
+    def __init__(self, names: Sequence[str], dtype: str | None = None) -> None:
+        if isinstance(names, (str, bytes)) or not isinstance(names, Sequence):
+            raise ValueError(f"SelectColumns names must be a list of column names, got {names!r}")
+        if not names:
+            raise ValueError("SelectColumns needs at least one column name")
+        for name in names:
+            if not isinstance(name, str) or not name:
+                raise ValueError(f"SelectColumns names must be non-empty strings, got {name!r}")
+        repeated = sorted({name for name in names if names.count(name) > 1})
+        if repeated:
+            raise ValueError(f"SelectColumns names a column more than once: {repeated}")
+        if dtype not in (None, "float32", "int64"):
+            raise ValueError(
+                f"SelectColumns dtype must be 'float32', 'int64' or None, got {dtype!r}"
+            )
+        self.names = list(names)
+        self.dtype = dtype
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"op": "select_columns", "names": list(self.names), "dtype": self.dtype}
+
+
 _TOKEN_OPS: Final = (TokenWindows, Tokenize, PackSequences)
 
 
@@ -425,6 +466,11 @@ def check_pipeline(pipeline: Iterable[Op]) -> list[Op]:
                 f"pipeline[{position}] must be a stoker.ops op (torchvision transforms and "
                 f"Python callables cannot run in the Rust workers), got {op!r}"
             )
+    if any(isinstance(op, SelectColumns) for op in ops):
+        if len(ops) != 1:
+            names = ", ".join(type(op).__name__ for op in ops)
+            raise ValueError(f"SelectColumns is a pipeline of its own; got [{names}]")
+        return ops
     if any(isinstance(op, _TOKEN_OPS) for op in ops):
         return _check_token_pipeline(ops)
     if not ops or not isinstance(ops[0], DecodeImage):
