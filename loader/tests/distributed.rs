@@ -436,13 +436,30 @@ fn digest_with_an_address_prints_the_embedded_hash() {
     ];
     let data = data.to_str().unwrap();
     let job = [
-        "--data", data, "--size", "32", "--batch-size", "8", "--seed", "9", "--rank", "1",
-        "--world", "2", "--batches", "100",
+        "--data",
+        data,
+        "--size",
+        "32",
+        "--batch-size",
+        "8",
+        "--seed",
+        "9",
+        "--rank",
+        "1",
+        "--world",
+        "2",
+        "--batches",
+        "100",
     ];
     let last_line = |out: String| out.lines().last().unwrap().to_string();
     let embedded = last_line(common::stdout_of(&[&["digest"][..], &job[..]].concat()));
     let remote = last_line(common::stdout_of(
-        &[&["digest"][..], &job[..], &["--address", &coordinator.address][..]].concat(),
+        &[
+            &["digest"][..],
+            &job[..],
+            &["--address", &coordinator.address][..],
+        ]
+        .concat(),
     ));
     assert_eq!(embedded.len(), 64, "{embedded}");
     assert_eq!(remote, embedded);
