@@ -388,3 +388,49 @@ fn the_cli_inspects_benches_and_digests_token_files_and_jsonl() {
     assert!(!missing.status.success());
     assert!(String::from_utf8_lossy(&missing.stderr).contains("--tokenizer"));
 }
+
+#[test]
+fn parquet_text_packs_like_the_same_documents_in_jsonl() {
+    use std::sync::Arc;
+
+    use arrow_array::{ArrayRef, RecordBatch, StringArray};
+    use parquet::arrow::ArrowWriter;
+
+    let fixture = text_fixture();
+    // The same 45 documents as a Parquet text column (the malformed JSONL line excepted:
+    // document 31 is replaced by 32 in both, as the skip policy does for JSONL).
+    let texts: Vec<String> = (0..45)
+        .map(|i| document(if i == 31 { 32 } else { i }))
+        .collect();
+    let column: ArrayRef = Arc::new(StringArray::from_iter_values(texts));
+    let batch = RecordBatch::try_from_iter([("text", column)]).unwrap();
+    let parquet = fixture.tokenizer.with_file_name("docs.parquet");
+    let mut writer = ArrowWriter::try_new(
+        std::fs::File::create(&parquet).unwrap(),
+        batch.schema(),
+        None,
+    )
+    .unwrap();
+    writer.write(&batch).unwrap();
+    writer.close().unwrap();
+
+    let from_jsonl = packed_spec(&fixture, 24, 4);
+    let mut from_parquet = from_jsonl.clone();
+    from_parquet.dataset = Some(proto::DatasetSource {
+        uri: parquet.to_string_lossy().into_owned(),
+        ..Default::default()
+    });
+    let jsonl = epoch(&from_jsonl, 2, 0);
+    let table = epoch(&from_parquet, 2, 0);
+    assert_eq!(jsonl.len(), table.len());
+    for (a, b) in jsonl.iter().zip(&table) {
+        for name in ["input_ids", "position_ids", "document_ids"] {
+            assert_eq!(
+                tensor(a, name).data,
+                tensor(b, name).data,
+                "step {} {name}",
+                a.step
+            );
+        }
+    }
+}
