@@ -124,6 +124,32 @@ fn digest_over_s3_equals_the_local_digest_cold_and_warm() {
         gets,
         "the warm run read no object"
     );
+
+    // `stoker inspect` takes the same URI, and describes the same 40 images as the local set.
+    let inspected = |data: &str| {
+        let output = Command::new(env!("CARGO_BIN_EXE_stoker"))
+            .args(["inspect", "--json", "--data", data])
+            .env("AWS_ENDPOINT_URL", server.endpoint())
+            .env("AWS_ACCESS_KEY_ID", ACCESS_KEY)
+            .env("AWS_SECRET_ACCESS_KEY", SECRET_KEY)
+            .env("AWS_REGION", "us-east-1")
+            .env("STOKER_CACHE_DIR", &cache)
+            .output()
+            .unwrap();
+        assert!(
+            output.status.success(),
+            "{}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        let json: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
+        json
+    };
+    let remote = inspected("s3://data/train");
+    let local = inspected(images.to_str().unwrap());
+    for key in ["samples", "classes", "width", "height", "file_bytes"] {
+        assert_eq!(remote[key], local[key], "{key}: {remote} vs {local}");
+    }
+    assert_eq!(remote["samples"], 40);
 }
 
 #[test]

@@ -34,6 +34,10 @@ pub struct InspectArgs {
 
 /// Runs the command.
 pub fn run(args: InspectArgs) -> anyhow::Result<()> {
+    let uri = args.data.to_string_lossy().into_owned();
+    if uri.starts_with("s3://") {
+        return inspect_remote(&args, uri);
+    }
     if stoker_datasets::looks_like_token_file(&args.data) {
         return inspect_tokens(&args);
     }
@@ -63,6 +67,34 @@ pub fn run(args: InspectArgs) -> anyhow::Result<()> {
         return Ok(());
     }
     println!("dataset   {}", args.data.display());
+    print_report(&report);
+    Ok(())
+}
+
+/// An object-store dataset (tar shards under an `s3://` prefix, fetched into the local cache):
+/// samples, classes and shards, then the image statistics read from every sample.
+fn inspect_remote(args: &InspectArgs, uri: String) -> anyhow::Result<()> {
+    let dataset = stoker_proto::v1::DatasetSource {
+        uri,
+        ..Default::default()
+    };
+    let source = stoker_loader::open_source(&dataset, &[])?;
+    let report = inspect_samples(source.as_ref(), DEFAULT_MAX_PIXELS)?;
+    if let Some(cache) = source.cache_stats() {
+        eprintln!("{cache}");
+    }
+    if args.json {
+        println!("{}", serde_json::to_string(&report)?);
+        return Ok(());
+    }
+    println!(
+        "dataset   {} (tar shards, through the local object cache)",
+        dataset.uri
+    );
+    println!("classes   {}", source.class_names().len());
+    if let Some(shards) = source.shard_sizes() {
+        println!("shards    {}", shards.len());
+    }
     print_report(&report);
     Ok(())
 }
