@@ -26,6 +26,34 @@ pub struct DigestArgs {
     pub address: Option<String>,
 }
 
+/// What the batches of a digest run added up to.
+struct Digested {
+    digest: BatchDigest,
+    samples: u64,
+    bad: usize,
+}
+
+/// Hashes up to `limit` batches from `next` (which says `None` at the end of the epoch).
+fn digest_batches(
+    limit: u64,
+    mut next: impl FnMut() -> stoker_loader::Result<Option<stoker_proto::v1::Batch>>,
+) -> anyhow::Result<Digested> {
+    let mut digested = Digested {
+        digest: BatchDigest::new(),
+        samples: 0,
+        bad: 0,
+    };
+    while digested.digest.batches() < limit {
+        let Some(batch) = next()? else {
+            break;
+        };
+        digested.samples += batch.sample_indices.len() as u64;
+        digested.bad += batch.bad_samples.len();
+        digested.digest.update(&batch);
+    }
+    Ok(digested)
+}
+
 /// Runs the command.
 pub fn run(args: DigestArgs) -> anyhow::Result<()> {
     if let Some(address) = &args.address {
@@ -39,52 +67,32 @@ pub fn run(args: DigestArgs) -> anyhow::Result<()> {
         },
     )?;
     let mut stream = loader.epoch(args.epoch, 0)?;
-    let mut digest = BatchDigest::new();
-    let mut samples = 0u64;
-    let mut bad = 0usize;
-    while digest.batches() < args.batches {
-        let Some(batch) = stream.next_batch()? else {
-            break;
-        };
-        samples += batch.sample_indices.len() as u64;
-        bad += batch.bad_samples.len();
-        digest.update(&batch);
-    }
+    let done = digest_batches(args.batches, || stream.next_batch())?;
     println!(
         "batches {}  samples {}  bad samples replaced {}  threads {}",
-        digest.batches(),
-        samples,
-        bad,
+        done.digest.batches(),
+        done.samples,
+        done.bad,
         loader.threads()
     );
     // On stderr: the last line of stdout stays the digest.
     if let Some(cache) = loader.job().assembler().source().cache_stats() {
         eprintln!("{cache}");
     }
-    println!("{}", digest.hex());
+    println!("{}", done.digest.hex());
     Ok(())
 }
 
 fn run_remote(args: &DigestArgs, address: &str) -> anyhow::Result<()> {
     let loader = RemoteLoader::connect(address, args.job.spec()?, RemoteOptions::default())?;
     let mut stream = loader.epoch(args.epoch, 0)?;
-    let mut digest = BatchDigest::new();
-    let mut samples = 0u64;
-    let mut bad = 0usize;
-    while digest.batches() < args.batches {
-        let Some(batch) = stream.next_batch()? else {
-            break;
-        };
-        samples += batch.sample_indices.len() as u64;
-        bad += batch.bad_samples.len();
-        digest.update(&batch);
-    }
+    let done = digest_batches(args.batches, || stream.next_batch())?;
     println!(
         "batches {}  samples {}  bad samples replaced {}  coordinator {address}",
-        digest.batches(),
-        samples,
-        bad,
+        done.digest.batches(),
+        done.samples,
+        done.bad,
     );
-    println!("{}", digest.hex());
+    println!("{}", done.digest.hex());
     Ok(())
 }
