@@ -41,6 +41,7 @@
 #![cfg_attr(test, allow(clippy::unwrap_used))]
 
 mod error;
+mod files;
 mod image_folder;
 mod image_format;
 mod inspect;

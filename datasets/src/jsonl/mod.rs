@@ -16,6 +16,7 @@ use serde_json::Value;
 use tracing::info;
 
 use crate::error::{Error, Result};
+use crate::files::{files_with_extension, has_extension};
 use crate::inspect::Summary;
 use crate::sample_source::SampleSource;
 
@@ -25,32 +26,13 @@ pub const DEFAULT_TEXT_FIELD: &str = "text";
 /// The label field used, when none is named, if the first document has an integer one.
 pub const DEFAULT_LABEL_FIELD: &str = "label";
 
-fn has_jsonl_extension(path: &Path) -> bool {
-    path.extension()
-        .is_some_and(|extension| extension.eq_ignore_ascii_case("jsonl"))
-}
-
-/// The `*.jsonl` files directly in `folder`, sorted by name.
-fn list_jsonl(folder: &Path) -> Result<Vec<PathBuf>> {
-    let entries = std::fs::read_dir(folder).map_err(|source| Error::io(folder, source))?;
-    let mut files = Vec::new();
-    for entry in entries {
-        let path = entry.map_err(|source| Error::io(folder, source))?.path();
-        if has_jsonl_extension(&path) && path.is_file() {
-            files.push(path);
-        }
-    }
-    files.sort();
-    Ok(files)
-}
-
 /// Whether `path` is a `.jsonl` file or a folder holding at least one, for picking a format
 /// automatically.
 pub fn looks_like_jsonl(path: &Path) -> bool {
     if path.is_file() {
-        return has_jsonl_extension(path);
+        return has_extension(path, "jsonl");
     }
-    list_jsonl(path).is_ok_and(|files| !files.is_empty())
+    files_with_extension(path, "jsonl").is_ok_and(|files| !files.is_empty())
 }
 
 /// One indexed line.
@@ -145,7 +127,7 @@ impl JsonlDocuments {
             Err(source) => return Err(Error::io(path, source)),
         };
         let paths = if metadata.is_dir() {
-            list_jsonl(path)?
+            files_with_extension(path, "jsonl")?
         } else {
             vec![path.to_path_buf()]
         };

@@ -35,6 +35,7 @@ use rayon::prelude::*;
 use tracing::info;
 
 use crate::error::{Error, Result};
+use crate::files::{files_with_extension, has_extension};
 use crate::sample_source::SampleSource;
 use columns::Cell;
 use row_group_cache::RowGroupCache;
@@ -56,29 +57,9 @@ const LABEL_COLUMN_NAME: &str = "label";
 /// least one `*.parquet` file. Used to pick the format of a dataset path automatically.
 pub fn looks_like_parquet(path: &Path) -> bool {
     if path.is_file() {
-        return has_parquet_extension(path);
+        return has_extension(path, "parquet");
     }
-    list_parquet_files(path).is_ok_and(|files| !files.is_empty())
-}
-
-fn has_parquet_extension(path: &Path) -> bool {
-    path.extension()
-        .is_some_and(|extension| extension.eq_ignore_ascii_case("parquet"))
-}
-
-/// The `*.parquet` files directly in `folder`, sorted by name.
-fn list_parquet_files(folder: &Path) -> Result<Vec<PathBuf>> {
-    let entries = std::fs::read_dir(folder).map_err(|source| Error::io(folder, source))?;
-    let mut files = Vec::new();
-    for entry in entries {
-        let entry = entry.map_err(|source| Error::io(folder, source))?;
-        let path = entry.path();
-        if has_parquet_extension(&path) && path.is_file() {
-            files.push(path);
-        }
-    }
-    files.sort();
-    Ok(files)
+    files_with_extension(path, "parquet").is_ok_and(|files| !files.is_empty())
 }
 
 /// Which columns a [`ParquetDataset`] reads, and how much decoded data it keeps.
@@ -429,7 +410,7 @@ impl ParquetDataset {
             Err(source) => return Err(Error::io(path, source)),
         };
         let (root, paths) = if metadata.is_dir() {
-            (path.to_path_buf(), list_parquet_files(path)?)
+            (path.to_path_buf(), files_with_extension(path, "parquet")?)
         } else {
             let root = path
                 .parent()

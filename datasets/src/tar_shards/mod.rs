@@ -23,6 +23,7 @@ use rayon::prelude::*;
 use tracing::{debug, info, warn};
 
 use crate::error::{Error, Result};
+use crate::files::{files_with_extension, has_extension};
 use crate::sample_source::SampleSource;
 use cache::ShardStamp;
 use scan::ShardIndex;
@@ -37,33 +38,12 @@ pub const CLASSES_FILE: &str = "classes.txt";
 /// `*.tar` file. Used to pick the format of a dataset path automatically.
 pub fn looks_like_tar_shards(path: &Path) -> bool {
     if path.is_file() {
-        return has_tar_extension(path);
+        return has_extension(path, "tar");
     }
-    match list_shards(path) {
+    match files_with_extension(path, "tar") {
         Ok(shards) => !shards.is_empty(),
         Err(_) => false,
     }
-}
-
-fn has_tar_extension(path: &Path) -> bool {
-    path.extension()
-        .is_some_and(|extension| extension.eq_ignore_ascii_case("tar"))
-}
-
-/// The `*.tar` files directly in `folder`, sorted by name.
-fn list_shards(folder: &Path) -> Result<Vec<PathBuf>> {
-    let entries = std::fs::read_dir(folder).map_err(|source| Error::io(folder, source))?;
-    let mut shards = Vec::new();
-    for entry in entries {
-        let entry = entry.map_err(|source| Error::io(folder, source))?;
-        let path = entry.path();
-        // Follows symbolic links, like the rest of the dataset code.
-        if has_tar_extension(&path) && path.is_file() {
-            shards.push(path);
-        }
-    }
-    shards.sort();
-    Ok(shards)
 }
 
 /// How the shard indexes of a [`TarShards`] were obtained.
@@ -144,7 +124,7 @@ impl TarShards {
             Err(source) => return Err(Error::io(path, source)),
         };
         let (root, shard_paths) = if metadata.is_dir() {
-            (path.to_path_buf(), list_shards(path)?)
+            (path.to_path_buf(), files_with_extension(path, "tar")?)
         } else {
             let root = path
                 .parent()
