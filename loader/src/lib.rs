@@ -20,17 +20,14 @@
 //! assert_eq!(seen, (0..10).collect::<Vec<_>>());
 //! ```
 
+mod client;
 mod coordinator;
 mod dashboard;
 mod digest;
 pub mod distributed;
-mod embedded;
 mod error;
 mod job;
 mod planner;
-mod prefetch;
-mod slots;
-mod stats;
 
 pub use coordinator::{
     AckOutcome, Coordinator, CoordinatorConfig, CoordinatorError, CoordinatorResult,
@@ -39,12 +36,17 @@ pub use coordinator::{
 };
 pub use dashboard::{Dashboard, DashboardError, WorkerLoad};
 pub use digest::BatchDigest;
-pub use embedded::{
-    EpochStream, Loader, LoaderMonitor, LoaderOptions, MonitorSnapshot, INTERRUPT_CHECK,
+pub use client::embedded::EmbeddedSource;
+pub use client::loader::{Loader, LoaderOptions};
+pub use client::monitor::{LoaderMonitor, MonitorSnapshot};
+pub use client::prefetch::{
+    ChangeReason, ControllerConfig, ControllerSnapshot, PrefetchController,
 };
-pub use error::{Error, Result};
+pub use client::remote::{RemoteOptions, RemoteSource};
+pub use client::slots::{Slot, SlotPool};
+pub use client::source::{BatchSource, Built, EpochFeed, SourceInfo};
+pub use client::stats::LoaderStats;
+pub use client::stream::{EpochStream, INTERRUPT_CHECK};
+pub use error::{Error, ErrorKind, Result};
 pub use job::{open_source, Job, MAX_BATCH_SIZE};
 pub use planner::{EpochPlan, Permutation, PlanConfig};
-pub use prefetch::{ChangeReason, ControllerConfig, ControllerSnapshot, PrefetchController};
-pub use slots::{Slot, SlotPool};
-pub use stats::LoaderStats;

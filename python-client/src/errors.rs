@@ -2,7 +2,9 @@
 //! Rust errors onto it (and onto Python's built-ins where one fits: a missing dataset is a
 //! `FileNotFoundError`, a bad argument a `ValueError`).
 
-use pyo3::exceptions::{PyFileNotFoundError, PyNotADirectoryError, PyValueError};
+use pyo3::exceptions::{
+    PyFileNotFoundError, PyNotADirectoryError, PyPermissionError, PyValueError,
+};
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
 use pyo3::types::{PyDict, PyType};
@@ -31,7 +33,7 @@ class LoaderTimeoutError(StokerError, TimeoutError):
     __module__ = 'stoker'
 
 class WorkerUnavailableError(StokerError):
-    'No worker can serve the job.'
+    'Distributed mode: no worker served the job for longer than worker_grace.'
     __module__ = 'stoker'
 ";
 
@@ -53,6 +55,7 @@ pub enum Kind {
     Decode = 2,
     Pipeline = 3,
     Timeout = 4,
+    WorkerUnavailable = 5,
 }
 
 static CLASSES: PyOnceLock<Vec<Py<PyType>>> = PyOnceLock::new();
@@ -82,36 +85,22 @@ pub fn raise(kind: Kind, message: String) -> PyErr {
     })
 }
 
-/// Maps a loader error to the Python exception that names its cause.
+/// Maps a loader error to the Python exception that names its cause, by its kind: the same
+/// class whether the error happened in this process or came back from a daemon.
 pub fn from_loader(error: stoker_loader::Error) -> PyErr {
-    use stoker_datasets::Error as DatasetError;
-    use stoker_loader::Error as LoaderError;
-    use stoker_worker::Error as WorkerError;
+    use stoker_loader::ErrorKind;
     let message = error.to_string();
-    match error {
-        LoaderError::InvalidSpec(_) => PyValueError::new_err(message),
-        LoaderError::Dataset(DatasetError::RootNotFound(_)) => {
-            PyFileNotFoundError::new_err(message)
-        }
-        LoaderError::Dataset(DatasetError::NotADirectory(_)) => {
-            PyNotADirectoryError::new_err(message)
-        }
-        LoaderError::Dataset(DatasetError::UnsupportedScheme { .. })
-        | LoaderError::Dataset(DatasetError::InvalidUri { .. }) => PyValueError::new_err(message),
-        LoaderError::Dataset(_) | LoaderError::Worker(WorkerError::Dataset(_)) => {
-            raise(Kind::Dataset, message)
-        }
-        LoaderError::Worker(WorkerError::InvalidPipeline(_)) => raise(Kind::Pipeline, message),
-        LoaderError::Worker(WorkerError::InvalidSpec(_)) => PyValueError::new_err(message),
-        LoaderError::Worker(WorkerError::BadSample { .. }) => raise(Kind::Decode, message),
-        LoaderError::Worker(WorkerError::Io { .. }) => raise(Kind::Dataset, message),
-        LoaderError::Timeout { .. }
-        | LoaderError::SlotsHeld { .. }
-        | LoaderError::RemoteTimeout { .. } => raise(Kind::Timeout, message),
-        LoaderError::Stopped(_)
-        | LoaderError::Threads(_)
-        | LoaderError::Interrupted
-        | LoaderError::Remote(_) => raise(Kind::Stoker, message),
+    match error.kind() {
+        ErrorKind::InvalidArgument => PyValueError::new_err(message),
+        ErrorKind::NotFound => PyFileNotFoundError::new_err(message),
+        ErrorKind::NotADirectory => PyNotADirectoryError::new_err(message),
+        ErrorKind::PermissionDenied => PyPermissionError::new_err(message),
+        ErrorKind::Dataset => raise(Kind::Dataset, message),
+        ErrorKind::Decode => raise(Kind::Decode, message),
+        ErrorKind::Pipeline => raise(Kind::Pipeline, message),
+        ErrorKind::Timeout => raise(Kind::Timeout, message),
+        ErrorKind::WorkerUnavailable => raise(Kind::WorkerUnavailable, message),
+        ErrorKind::Interrupted | ErrorKind::Internal => raise(Kind::Stoker, message),
     }
 }
 

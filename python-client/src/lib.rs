@@ -1,11 +1,10 @@
-//! `stoker._native`: the Rust side of Stoker's Python package. It runs the embedded loader and
-//! hands batches to Python as `Buffer`s (zero-copy through the buffer protocol). The public
+//! `stoker._native`: the Rust side of Stoker's Python package. It runs the loader (in-process,
+//! or as the client of a coordinator's workers) and hands batches to Python as `Buffer`s (zero-copy through the buffer protocol). The public
 //! API is the pure-Python `stoker` package; this module is its private engine.
 
 mod buffer;
 mod errors;
 mod ops;
-mod remote;
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -14,20 +13,19 @@ use std::time::Duration;
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList, PyTuple};
-use stoker_loader::{Dashboard, EpochStream, Loader, LoaderOptions};
+use stoker_loader::{Dashboard, EpochStream, Loader, LoaderOptions, RemoteOptions};
 use stoker_proto::v1::{self as proto, BadSamplePolicy, JobSpec};
 
 use buffer::Buffer;
 use errors::{from_dataset, from_loader, raise, Kind};
 
-/// The embedded loader of one job, driven from Python.
+/// One job's loader, driven from Python: in-process (decode threads here) or, with an
+/// address, served by a coordinator's workers. Both go through the same `stoker_loader::Loader`.
 #[pyclass(module = "stoker._native")]
 struct NativeLoader {
     loader: Option<Arc<Loader>>,
     stream: Option<EpochStream>,
-    class_names: Vec<String>,
-    num_samples: u64,
-    steps_per_epoch: u64,
+    address: Option<String>,
     dashboard: Option<Dashboard>,
 }
 
@@ -54,7 +52,7 @@ impl NativeLoader {
 #[pymethods]
 impl NativeLoader {
     #[new]
-    #[pyo3(signature = (source, ops, batch_size, shuffle, seed, drop_last, num_threads, rank, world_size, prefetch, on_error, timeout_s, max_held_batches, max_prefetch_bytes = 2 << 30, dashboard = None, job_name = "python".to_string(), format = "auto", shuffle_window = 0, text_column = String::new()))]
+    #[pyo3(signature = (source, ops, batch_size, shuffle, seed, drop_last, num_threads, rank, world_size, prefetch, on_error, timeout_s, max_held_batches, max_prefetch_bytes = 2 << 30, dashboard = None, job_name = "python".to_string(), format = "auto", shuffle_window = 0, text_column = String::new(), address = None, worker_grace_s = 120.0))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -77,6 +75,8 @@ impl NativeLoader {
         format: &str,
         shuffle_window: u32,
         text_column: String,
+        address: Option<String>,
+        worker_grace_s: f64,
     ) -> PyResult<Self> {
         let spec = job_spec(
             source.to_string_lossy().into_owned(),
@@ -95,20 +95,30 @@ impl NativeLoader {
                 text_column,
             },
         )?;
+        if !(worker_grace_s.is_finite() && worker_grace_s > 0.0) {
+            return Err(PyValueError::new_err(format!(
+                "worker_grace must be a positive number of seconds, got {worker_grace_s}"
+            )));
+        }
         let options = LoaderOptions {
             threads: num_threads,
             prefetch,
             max_prefetch_bytes,
             deadline: Duration::from_secs_f64(timeout_s),
             max_held_batches,
+            ..LoaderOptions::default()
         };
-        let loader = py
-            .detach(|| Loader::new(spec, options))
-            .map_err(from_loader)?;
-        let source = loader.job().assembler().source();
-        let class_names = source.class_names().to_vec();
-        let num_samples = source.len();
-        let steps_per_epoch = loader.steps_per_epoch().map_err(from_loader)?;
+        let loader = match &address {
+            Some(address) => {
+                let remote = RemoteOptions {
+                    worker_grace: Duration::from_secs_f64(worker_grace_s),
+                    ..RemoteOptions::default()
+                };
+                py.detach(|| Loader::remote(address, spec, options, remote))
+            }
+            None => py.detach(|| Loader::new(spec, options)),
+        }
+        .map_err(from_loader)?;
         let dashboard = match dashboard {
             Some(address) => {
                 let address: std::net::SocketAddr = address.parse().map_err(|e| {
@@ -126,32 +136,30 @@ impl NativeLoader {
         Ok(Self {
             loader: Some(Arc::new(loader)),
             stream: None,
-            class_names,
-            num_samples,
-            steps_per_epoch,
+            address,
             dashboard,
         })
     }
 
     /// Steps (batches) per epoch for this rank.
     #[getter]
-    fn steps_per_epoch(&self) -> u64 {
-        self.steps_per_epoch
+    fn steps_per_epoch(&self) -> PyResult<u64> {
+        Ok(self.loader()?.steps_per_epoch())
     }
 
     /// Samples in the dataset.
     #[getter]
-    fn num_samples(&self) -> u64 {
-        self.num_samples
+    fn num_samples(&self) -> PyResult<u64> {
+        Ok(self.loader()?.info().num_samples)
     }
 
     /// Class names, in label order.
     #[getter]
-    fn class_names(&self) -> Vec<String> {
-        self.class_names.clone()
+    fn class_names(&self) -> PyResult<Vec<String>> {
+        Ok(self.loader()?.info().class_names.clone())
     }
 
-    /// Decode threads.
+    /// Decode threads in this process (0 in distributed mode: the workers decode).
     #[getter]
     fn num_threads(&self) -> PyResult<usize> {
         Ok(self.loader()?.threads())
@@ -169,6 +177,12 @@ impl NativeLoader {
         self.dashboard.as_ref().map(|d| d.url())
     }
 
+    /// The coordinator's address in distributed mode, else None.
+    #[getter]
+    fn address(&self) -> Option<String> {
+        self.address.clone()
+    }
+
     /// Batch buffers in the pool.
     #[getter]
     fn slot_capacity(&self) -> PyResult<usize> {
@@ -178,10 +192,14 @@ impl NativeLoader {
     /// Starts `epoch` at `start_step` (a later step resumes mid-epoch with no replay).
     fn start_epoch(&mut self, py: Python<'_>, epoch: u64, start_step: u64) -> PyResult<()> {
         let loader = Arc::clone(self.loader()?);
-        // Drop the previous stream first: its unstarted work is cancelled.
-        self.stream = None;
+        // Drop the previous stream first: its unstarted work is cancelled (except the next
+        // epoch's start, which `epoch` takes over when it asks for that epoch).
+        let previous = self.stream.take();
         let stream = py
-            .detach(|| loader.epoch(epoch, start_step))
+            .detach(|| {
+                drop(previous);
+                loader.epoch(epoch, start_step)
+            })
             .map_err(from_loader)?;
         self.stream = Some(stream);
         Ok(())
@@ -208,6 +226,7 @@ impl NativeLoader {
         dict.set_item("elapsed_s", stats.elapsed_s)?;
         dict.set_item("samples_per_s", stats.samples_per_s)?;
         dict.set_item("wait_s", stats.wait_s)?;
+        dict.set_item("epoch_start_wait_s", stats.epoch_start_wait_s)?;
         dict.set_item("first_batch_s", stats.first_batch_s)?;
         dict.set_item("read_s", stats.read_s)?;
         dict.set_item("decode_s", stats.decode_s)?;
@@ -218,11 +237,14 @@ impl NativeLoader {
         dict.set_item("prefetch_depth", stats.prefetch_depth)?;
         dict.set_item("slots_in_use", loader.slots().in_use())?;
         dict.set_item("slot_capacity", loader.slots().capacity())?;
+        if let Some(address) = &self.address {
+            dict.set_item("address", address)?;
+        }
         Ok(dict)
     }
 
-    /// Stops the decode threads; later calls raise StokerError. Batches already handed out
-    /// stay valid.
+    /// Stops the decode threads (or closes the session); later calls raise StokerError.
+    /// Batches already handed out stay valid.
     fn close(&mut self, py: Python<'_>) {
         let stream = self.stream.take();
         let loader = self.loader.take();
@@ -235,7 +257,7 @@ impl NativeLoader {
     }
 }
 
-/// The job settings both loader classes take from Python.
+/// The job settings the loader takes from Python.
 pub(crate) struct JobSettings<'a> {
     pub batch_size: u32,
     pub shuffle: bool,
@@ -437,7 +459,6 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
         m.add(*name, class.bind(m.py()))?;
     }
     m.add_class::<NativeLoader>()?;
-    m.add_class::<remote::RemoteNativeLoader>()?;
     m.add_class::<Buffer>()?;
     m.add_function(wrap_pyfunction!(make_dataset, m)?)?;
     m.add_function(wrap_pyfunction!(make_tokens, m)?)?;

@@ -54,7 +54,7 @@ def test_bad_arguments_raise_value_errors(
         ("sampler", "shuffle, seed, rank and world_size"),
         ("batch_sampler", "batch_size and drop_last"),
         ("collate_fn", "dict of tensors"),
-        ("pin_memory", "pinned automatically"),
+        ("pin_memory", "not page-locked"),
         ("worker_init_fn", "no worker processes"),
         ("persistent_workers", "close"),
         ("prefetch_factor", "prefetch="),

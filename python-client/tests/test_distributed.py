@@ -100,7 +100,7 @@ def test_resume_mid_epoch_in_distributed_mode(dataset: Path, cluster: str) -> No
 
 def test_a_dataset_outside_the_workers_roots_is_refused(tmp_path: Path, cluster: str) -> None:
     outside = Path(stoker._native.make_dataset(str(tmp_path / "elsewhere"), 4))
-    with pytest.raises(stoker.StokerError, match="outside this worker's --data-root"):
+    with pytest.raises(PermissionError, match="outside this worker's --data-root"):
         stoker.Loader(outside, address=cluster, **_options())
 
 

@@ -152,7 +152,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
     let wall = wall_start.elapsed();
     let usage_end = usage();
     let stats = loader.stats();
-    let object_cache = loader.job().assembler().source().cache_stats();
+    let object_cache = loader.cache_stats();
     drop(loader);
     let cpu = (usage_end.cpu - usage_start.cpu).as_secs_f64();
     let per_image_ms = |seconds: f64| seconds * 1e3 / images.max(1) as f64;

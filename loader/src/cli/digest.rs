@@ -1,8 +1,7 @@
 //! `stoker digest`: the SHA-256 of the first K batches, as the last line of output.
 
 use clap::Args;
-use stoker_loader::distributed::{RemoteLoader, RemoteOptions};
-use stoker_loader::{BatchDigest, Loader, LoaderOptions};
+use stoker_loader::{BatchDigest, Loader, LoaderOptions, RemoteOptions};
 
 use super::JobArgs;
 
@@ -56,43 +55,31 @@ fn digest_batches(
 
 /// Runs the command.
 pub fn run(args: DigestArgs) -> anyhow::Result<()> {
-    if let Some(address) = &args.address {
-        return run_remote(&args, address);
-    }
-    let loader = Loader::new(
-        args.job.spec()?,
-        LoaderOptions {
-            threads: args.threads,
-            ..LoaderOptions::default()
-        },
-    )?;
+    let spec = args.job.spec()?;
+    let options = LoaderOptions {
+        threads: args.threads,
+        ..LoaderOptions::default()
+    };
+    let loader = match &args.address {
+        Some(address) => Loader::remote(address, spec, options, RemoteOptions::default())?,
+        None => Loader::new(spec, options)?,
+    };
     let mut stream = loader.epoch(args.epoch, 0)?;
     let done = digest_batches(args.batches, || stream.next_batch())?;
+    let served_by = match &args.address {
+        Some(address) => format!("coordinator {address}"),
+        None => format!("threads {}", loader.threads()),
+    };
     println!(
-        "batches {}  samples {}  bad samples replaced {}  threads {}",
+        "batches {}  samples {}  bad samples replaced {}  {served_by}",
         done.digest.batches(),
         done.samples,
         done.bad,
-        loader.threads()
     );
     // On stderr: the last line of stdout stays the digest.
-    if let Some(cache) = loader.job().assembler().source().cache_stats() {
+    if let Some(cache) = loader.cache_stats() {
         eprintln!("{cache}");
     }
-    println!("{}", done.digest.hex());
-    Ok(())
-}
-
-fn run_remote(args: &DigestArgs, address: &str) -> anyhow::Result<()> {
-    let loader = RemoteLoader::connect(address, args.job.spec()?, RemoteOptions::default())?;
-    let mut stream = loader.epoch(args.epoch, 0)?;
-    let done = digest_batches(args.batches, || stream.next_batch())?;
-    println!(
-        "batches {}  samples {}  bad samples replaced {}  coordinator {address}",
-        done.digest.batches(),
-        done.samples,
-        done.bad,
-    );
     println!("{}", done.digest.hex());
     Ok(())
 }

@@ -30,6 +30,7 @@ use crate::coordinator::{
     Coordinator, CoordinatorConfig, CoordinatorError, JobId, Lease, LeaseId, SessionId, Step,
     WorkerId,
 };
+use crate::error::ErrorKind;
 use crate::job::MAX_BATCH_SIZE;
 use crate::{Dashboard, LoaderMonitor, LoaderStats, MonitorSnapshot, WorkerLoad};
 
@@ -126,7 +127,9 @@ struct State {
     sessions: HashMap<u64, SessionEntry>,
     clients: BTreeMap<(u64, u32), ClientEntry>,
     /// Samples per job, as a worker counted them (this run only; 0 when unknown).
-    num_samples: HashMap<u64, u64>,
+    /// What a worker said of each job when it was registered (kept in memory: after a restart
+    /// the job is described again when a client registers it).
+    descriptions: HashMap<u64, proto::DescribeJobResponse>,
 }
 
 /// The coordinator's gRPC service; cheap to clone (shared state).
@@ -179,7 +182,7 @@ impl CoordinatorService {
                 workers: BTreeMap::new(),
                 sessions: HashMap::new(),
                 clients: BTreeMap::new(),
-                num_samples: HashMap::new(),
+                descriptions: HashMap::new(),
             })),
             dashboard: None,
             incarnation,
@@ -353,7 +356,8 @@ impl CoordinatorService {
             };
             if workers.is_empty() {
                 if waited_since.elapsed() >= self.config.worker_wait {
-                    return Err(Status::unavailable(
+                    return Err(transport::status(
+                        ErrorKind::WorkerUnavailable,
                         "no worker is registered with the coordinator (start stoker-worker --coordinator ADDR)",
                     ));
                 }
@@ -380,7 +384,8 @@ impl CoordinatorService {
                         last_error = Some(status);
                     }
                     Ok(Err(status)) => {
-                        return Err(Status::new(
+                        // The worker's kind metadata goes back with its reason.
+                        return Err(Status::with_metadata(
                             status.code(),
                             format!(
                                 "worker {} ({}) refused the job: {}",
@@ -388,6 +393,7 @@ impl CoordinatorService {
                                 worker.data_address,
                                 status.message()
                             ),
+                            status.metadata().clone(),
                         ))
                     }
                     Err(_) => {
@@ -437,12 +443,14 @@ fn client_snapshot(stats: &ClientStats, threads: usize) -> MonitorSnapshot {
                 0.0
             },
             wait_s: stats.wait_ns as f64 / 1e9,
+            epoch_start_wait_s: stats.epoch_start_wait_ns as f64 / 1e9,
             first_batch_s: None,
             read_s: stages.read_ns as f64 / 1e9,
             decode_s: stages.decode_ns as f64 / 1e9,
             augment_s: stages.augment_ns as f64 / 1e9,
             assemble_s: stages.assemble_ns as f64 / 1e9,
             bad_samples: stats.bad_samples,
+            bytes: stats.bytes,
             in_flight: stats.queue_depth as usize,
             prefetch_depth: stats.prefetch_target as usize,
         },
@@ -664,38 +672,38 @@ impl coordinator_server::Coordinator for CoordinatorService {
                 .core
                 .jobs()
                 .find(|(_, known, _)| **known == spec)
-                .map(|(id, _, steps)| (id, steps))
+                .map(|(id, _, _)| id)
+        };
+        let answer = |id: JobId, described: &proto::DescribeJobResponse| {
+            Response::new(RegisterJobResponse {
+                job_id: id.0,
+                steps_per_epoch: described.steps_per_epoch,
+                num_samples: described.num_samples,
+                batch_bytes: described.batch_bytes,
+                class_names: described.class_names.clone(),
+            })
         };
         {
             let state = lock(&self.state);
-            if let Some((id, steps)) = find(&state) {
-                return Ok(Response::new(RegisterJobResponse {
-                    job_id: id.0,
-                    steps_per_epoch: steps,
-                    num_samples: state.num_samples.get(&id.0).copied().unwrap_or(0),
-                }));
+            if let Some(id) = find(&state) {
+                if let Some(described) = state.descriptions.get(&id.0) {
+                    return Ok(answer(id, described));
+                }
             }
         }
         let described = self.describe(&spec).await?;
         let mut state = lock(&self.state);
-        // Another rank may have registered the same job while this one was being checked.
-        if let Some((id, steps)) = find(&state) {
-            return Ok(Response::new(RegisterJobResponse {
-                job_id: id.0,
-                steps_per_epoch: steps,
-                num_samples: described.num_samples,
-            }));
-        }
-        let id = state
-            .core
-            .register_job(spec, described.steps_per_epoch)
-            .map_err(coordinator_status)?;
-        state.num_samples.insert(id.0, described.num_samples);
-        Ok(Response::new(RegisterJobResponse {
-            job_id: id.0,
-            steps_per_epoch: described.steps_per_epoch,
-            num_samples: described.num_samples,
-        }))
+        // Another rank may have registered the same job while this one was being checked (or
+        // the journal had it from before a restart).
+        let id = match find(&state) {
+            Some(id) => id,
+            None => state
+                .core
+                .register_job(spec, described.steps_per_epoch)
+                .map_err(coordinator_status)?,
+        };
+        state.descriptions.insert(id.0, described.clone());
+        Ok(answer(id, &described))
     }
 
     async fn open_session(

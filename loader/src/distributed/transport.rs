@@ -1,5 +1,8 @@
 //! gRPC settings shared by the daemons and the client: message limits and HTTP/2 windows sized
-//! for multi-MB batches, endpoints, retry backoff, and the mapping of our errors to statuses.
+//! for multi-MB batches, endpoints, retry backoff, and the one two-way table between our errors
+//! and gRPC statuses: a status carries a code (for gRPC tooling) and, in its
+//! [`KIND_METADATA`] entry, the exact [`ErrorKind`], which the client turns back into the same
+//! kind of error (a code alone cannot: every dataset error is `FAILED_PRECONDITION`).
 //!
 //! Copies between the socket and the consumer: the kernel copies into hyper's read buffer, tonic
 //! gathers a message's frames into its decode buffer (a second copy when a message spans more
@@ -12,7 +15,10 @@ use tonic::transport::{Channel, Endpoint, Server};
 use tonic::{Code, Status};
 
 use crate::coordinator::CoordinatorError;
-use crate::error::Error;
+use crate::error::{Error, ErrorKind};
+
+/// The status metadata entry that carries an error's [`ErrorKind`].
+pub const KIND_METADATA: &str = "stoker-error-kind";
 
 /// Largest gRPC message either side accepts or sends (a 1024-image 224x224 RGB batch is
 /// 154 MB).
@@ -123,42 +129,102 @@ pub fn is_transient(status: &Status) -> bool {
     )
 }
 
+/// The gRPC code an error of `kind` travels with.
+fn code_of(kind: ErrorKind) -> Code {
+    match kind {
+        ErrorKind::InvalidArgument | ErrorKind::Pipeline => Code::InvalidArgument,
+        ErrorKind::NotFound => Code::NotFound,
+        ErrorKind::NotADirectory | ErrorKind::Dataset => Code::FailedPrecondition,
+        ErrorKind::Decode => Code::DataLoss,
+        ErrorKind::Timeout => Code::DeadlineExceeded,
+        ErrorKind::PermissionDenied => Code::PermissionDenied,
+        ErrorKind::WorkerUnavailable => Code::Unavailable,
+        ErrorKind::Interrupted => Code::Cancelled,
+        ErrorKind::Internal => Code::Internal,
+    }
+}
+
+/// The kind a status without [`KIND_METADATA`] (from tonic itself, or an older daemon) is
+/// taken as.
+fn kind_of(code: Code) -> ErrorKind {
+    match code {
+        Code::InvalidArgument | Code::OutOfRange => ErrorKind::InvalidArgument,
+        Code::NotFound => ErrorKind::NotFound,
+        Code::FailedPrecondition => ErrorKind::Dataset,
+        Code::DataLoss => ErrorKind::Decode,
+        Code::DeadlineExceeded => ErrorKind::Timeout,
+        Code::PermissionDenied | Code::Unauthenticated => ErrorKind::PermissionDenied,
+        Code::Cancelled => ErrorKind::Interrupted,
+        _ => ErrorKind::Internal,
+    }
+}
+
+/// A status for an error of `kind`: its code, its message and the kind in the metadata.
+pub fn status(kind: ErrorKind, message: impl Into<String>) -> Status {
+    let mut status = Status::new(code_of(kind), message);
+    status.metadata_mut().insert(
+        KIND_METADATA,
+        tonic::metadata::MetadataValue::from_static(kind.as_str()),
+    );
+    status
+}
+
+/// The error a status stands for, with the kind its daemon gave it; `context` says which call
+/// failed.
+pub fn error_from_status(context: &str, status: &Status) -> Error {
+    let kind = status
+        .metadata()
+        .get(KIND_METADATA)
+        .and_then(|value| value.to_str().ok())
+        .and_then(ErrorKind::from_name)
+        .unwrap_or_else(|| kind_of(status.code()));
+    Error::Remote {
+        kind,
+        context: context.to_string(),
+        message: status.message().to_string(),
+    }
+}
+
 /// The status a coordinator refusal travels as.
 pub fn coordinator_status(error: CoordinatorError) -> Status {
     let message = error.to_string();
-    match error {
+    let kind = match error {
         CoordinatorError::UnknownJob(_)
         | CoordinatorError::UnknownWorker(_)
         | CoordinatorError::UnknownSession(_)
-        | CoordinatorError::UnknownLease(_) => Status::not_found(message),
-        CoordinatorError::WorkerExpired(_) | CoordinatorError::SessionClosed(_) => {
-            Status::failed_precondition(message)
+        | CoordinatorError::UnknownLease(_) => {
+            // Not a missing file: a name the coordinator does not know (the code says so).
+            return with_kind(Status::not_found(message), ErrorKind::InvalidArgument);
         }
-        CoordinatorError::LeaseNotHeld { .. } => Status::permission_denied(message),
+        CoordinatorError::WorkerExpired(_) | CoordinatorError::SessionClosed(_) => {
+            return with_kind(
+                Status::failed_precondition(message),
+                ErrorKind::InvalidArgument,
+            );
+        }
+        CoordinatorError::LeaseNotHeld { .. } => ErrorKind::PermissionDenied,
         CoordinatorError::InvalidCredits { .. }
         | CoordinatorError::StepOutOfRange { .. }
         | CoordinatorError::RankOutOfRange { .. }
-        | CoordinatorError::InvalidArgument(_) => Status::invalid_argument(message),
+        | CoordinatorError::InvalidArgument(_) => ErrorKind::InvalidArgument,
         CoordinatorError::Journal(_)
         | CoordinatorError::StateDir { .. }
-        | CoordinatorError::CorruptSpec { .. } => Status::internal(message),
-    }
+        | CoordinatorError::CorruptSpec { .. } => ErrorKind::Internal,
+    };
+    status(kind, message)
+}
+
+fn with_kind(mut status: Status, kind: ErrorKind) -> Status {
+    status.metadata_mut().insert(
+        KIND_METADATA,
+        tonic::metadata::MetadataValue::from_static(kind.as_str()),
+    );
+    status
 }
 
 /// The status a loader error (opening a job, building a batch) travels as.
 pub fn loader_status(error: &Error) -> Status {
-    let message = error.to_string();
-    match error {
-        Error::InvalidSpec(_) => Status::invalid_argument(message),
-        Error::Dataset(stoker_datasets::Error::Io { .. }) => Status::not_found(message),
-        Error::Dataset(_) => Status::failed_precondition(message),
-        Error::Worker(stoker_worker::Error::InvalidPipeline(_)) => {
-            Status::invalid_argument(message)
-        }
-        Error::Worker(_) => Status::data_loss(message),
-        Error::Timeout { .. } => Status::deadline_exceeded(message),
-        _ => Status::internal(message),
-    }
+    status(error.kind(), error.to_string())
 }
 
 #[cfg(test)]
@@ -175,6 +241,29 @@ mod tests {
         }
         backoff.reset();
         assert!(backoff.next_delay() < Duration::from_millis(75));
+    }
+
+    #[test]
+    fn every_kind_survives_the_wire() {
+        for kind in [
+            ErrorKind::InvalidArgument,
+            ErrorKind::NotFound,
+            ErrorKind::NotADirectory,
+            ErrorKind::Dataset,
+            ErrorKind::Decode,
+            ErrorKind::Pipeline,
+            ErrorKind::Timeout,
+            ErrorKind::PermissionDenied,
+            ErrorKind::WorkerUnavailable,
+            ErrorKind::Interrupted,
+            ErrorKind::Internal,
+        ] {
+            let error = error_from_status("call", &status(kind, "why"));
+            assert_eq!(error.kind(), kind);
+            assert_eq!(error.to_string(), "call: why");
+        }
+        let bare = error_from_status("call", &Status::data_loss("corrupt"));
+        assert_eq!(bare.kind(), ErrorKind::Decode);
     }
 
     #[tokio::test]

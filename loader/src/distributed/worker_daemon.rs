@@ -30,7 +30,7 @@ use tonic::transport::Channel;
 use tonic::{Code, Request, Response, Status};
 
 use super::transport::{self, loader_status, Backoff, MAX_MESSAGE_BYTES};
-use crate::error::{Error, Result};
+use crate::error::{Error, ErrorKind, Result};
 use crate::job::{open_source, Job};
 use crate::planner::EpochPlan;
 
@@ -107,7 +107,7 @@ fn check_root(roots: &[PathBuf], spec: &JobSpec) -> std::result::Result<(), Stat
     }
     let path = Path::new(uri.strip_prefix("file://").unwrap_or(uri));
     let canonical = std::fs::canonicalize(path).map_err(|e| {
-        Status::not_found(format!(
+        transport::status(ErrorKind::NotFound, format!(
             "dataset {} cannot be opened on this worker: {e}",
             path.display()
         ))
@@ -116,7 +116,7 @@ fn check_root(roots: &[PathBuf], spec: &JobSpec) -> std::result::Result<(), Stat
         return Ok(());
     }
     let listed: Vec<String> = roots.iter().map(|r| r.display().to_string()).collect();
-    Err(Status::permission_denied(format!(
+    Err(transport::status(ErrorKind::PermissionDenied, format!(
         "dataset {} is outside this worker's --data-root ({})",
         path.display(),
         listed.join(", ")
@@ -211,6 +211,7 @@ impl worker_data_server::WorkerData for DataService {
                 num_samples: job.plan_config().num_samples,
                 steps_per_epoch: plan.steps(),
                 batch_bytes: job.assembler().batch_bytes(batch_size) as u64,
+                class_names: job.assembler().source().class_names().to_vec(),
             })
         })
         .await

@@ -5,7 +5,7 @@ releases. Every method that waits or works releases the GIL.
 """
 
 import os
-from typing import Any, Final, Literal, TypedDict, final
+from typing import Any, Final, Literal, NotRequired, TypedDict, final
 
 TensorDtype = Literal["uint8", "float32", "int64", "int32", "uint16", "uint32"]
 
@@ -25,6 +25,7 @@ class NativeStats(TypedDict):
     elapsed_s: float
     samples_per_s: float
     wait_s: float
+    epoch_start_wait_s: float
     first_batch_s: float | None
     read_s: float
     decode_s: float
@@ -35,6 +36,7 @@ class NativeStats(TypedDict):
     prefetch_depth: int
     slots_in_use: int
     slot_capacity: int
+    address: NotRequired[str]
 
 @final
 class Buffer:
@@ -58,7 +60,9 @@ NativeBatch = tuple[int, int, list[TensorEntry], list[int], list[BadSample]]
 
 @final
 class NativeLoader:
-    """The embedded loader: planner, decode threads and the slot pool of one job and rank."""
+    """One job's loader for one rank: in-process (planner, decode threads), or with ``address``
+    the client of a coordinator's workers; the slot pool, prefetch controller and statistics
+    are the same in both modes."""
 
     steps_per_epoch: Final[int]
     num_samples: Final[int]
@@ -67,6 +71,7 @@ class NativeLoader:
     prefetch: Final[int]
     slot_capacity: Final[int]
     dashboard_url: Final[str | None]
+    address: Final[str | None]
 
     def __init__(
         self,
@@ -89,15 +94,19 @@ class NativeLoader:
         format: str = "auto",
         shuffle_window: int = 0,
         text_column: str = "",
+        address: str | None = None,
+        worker_grace_s: float = 120.0,
     ) -> None:
         """Opens ``source`` and checks ``ops``; ``num_threads`` 0 means all cores, ``prefetch``
         0 lets a controller size the depth from the stall it observes, within
-        ``max_prefetch_bytes``.
+        ``max_prefetch_bytes``. With ``address`` the job is registered with that coordinator
+        (a worker opens it, so a dataset outside the workers' ``--data-root`` is refused here).
 
         Raises:
             PipelineError: ``ops`` is not a supported pipeline.
             FileNotFoundError: ``source`` does not exist.
-            DatasetError: ``source`` is not a usable image folder.
+            PermissionError: distributed mode: ``source`` is outside the workers' data roots.
+            DatasetError: ``source`` is not a usable dataset.
         """
     def start_epoch(self, epoch: int, start_step: int) -> None:
         """Starts producing ``epoch`` from ``start_step`` (no replay of earlier steps)."""
@@ -107,56 +116,13 @@ class NativeLoader:
         Raises:
             DecodeError: a bad sample under ``on_error="fail"``.
             LoaderTimeoutError: no batch within ``timeout_s``, or every slot is held.
+            WorkerUnavailableError: distributed mode: no worker served the job for
+                ``worker_grace_s``.
         """
     def stats(self) -> NativeStats:
         """Throughput, stall and queue counters so far."""
     def close(self) -> None:
         """Stops the threads; buffers already handed out stay valid."""
-
-class RemoteNativeLoader:
-    """Distributed mode: a job served by a Stoker coordinator's workers."""
-
-    steps_per_epoch: Final[int]
-    num_samples: Final[int]
-    class_names: Final[list[str]]
-    num_threads: Final[int]
-    prefetch: Final[int]
-    slot_capacity: Final[int]
-    dashboard_url: Final[str | None]
-    address: Final[str]
-
-    def __init__(
-        self,
-        address: str,
-        source: str,
-        ops: list[dict[str, Any]],
-        batch_size: int,
-        shuffle: bool,
-        seed: int,
-        drop_last: bool,
-        rank: int,
-        world_size: int,
-        prefetch: int,
-        on_error: Literal["skip", "fail"],
-        timeout_s: float,
-        format: str = "auto",
-        shuffle_window: int = 0,
-        text_column: str = "",
-    ) -> None:
-        """Registers the job with the coordinator at ``address`` (a worker opens it, so a
-        dataset outside the workers' ``--data-root`` is refused here, with their reason).
-
-        Raises:
-            StokerError: the coordinator refused the job or could not be reached.
-        """
-    def start_epoch(self, epoch: int, start_step: int) -> None:
-        """Opens the session of ``epoch`` from ``start_step``."""
-    def next_batch(self) -> NativeBatch | None:
-        """The next batch in step order, or ``None`` at the end of the epoch."""
-    def stats(self) -> dict[str, Any]:
-        """The coordinator address and credit depth."""
-    def close(self) -> None:
-        """Closes the session; buffers already handed out stay valid."""
 
 def make_dataset(out: str, count: int, seed: int = 0) -> str:
     """Writes a seeded ImageNet-like image folder (10 classes, JPEG) of ``count`` images under
@@ -196,4 +162,4 @@ class LoaderTimeoutError(StokerError, TimeoutError):
     """A wait passed its deadline, or every batch slot is held; the message says which."""
 
 class WorkerUnavailableError(StokerError):
-    """The workers stopped; no more batches can come."""
+    """Distributed mode: no worker served the job for longer than ``worker_grace``."""

@@ -15,7 +15,11 @@ Some also derive from the built-in a caller would reach for: :class:`PipelineErr
 - :class:`PipelineError`: the pipeline was refused by the native side.
 - :class:`LoaderTimeoutError`: a wait for a batch passed its deadline, or every batch slot is
   held by the caller; the message says which.
-- :class:`WorkerUnavailableError`: the workers stopped and no batch can come.
+- :class:`WorkerUnavailableError`: distributed mode: no worker served the job for longer
+  than ``worker_grace``; the message names the job and how long.
+
+The same class is raised for the same cause in both modes: an error from a worker or the
+coordinator carries its kind back over the wire.
 """
 
 from __future__ import annotations

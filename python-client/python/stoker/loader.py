@@ -55,8 +55,9 @@ _DATALOADER_ONLY: Final[Mapping[str, str]] = {
     "batch_sampler": "use batch_size and drop_last (batches are planned in Rust)",
     "collate_fn": "batches are assembled in Rust as a dict of tensors; post-process them in "
     "the training loop",
-    "pin_memory": "batch slots are pinned automatically when CUDA is available",
-    "pin_memory_device": "batch slots are pinned automatically when CUDA is available",
+    "pin_memory": "batch slots are plain host memory (not page-locked); a .cuda() copy of "
+    "a batch is synchronous",
+    "pin_memory_device": "batch slots are plain host memory (not page-locked)",
     "worker_init_fn": "there are no worker processes; pipelines are declarative stoker.ops",
     "persistent_workers": "decode threads live as long as the Loader; close() stops them",
     "prefetch_factor": "use prefetch=N (batches in flight) or prefetch='auto'",
@@ -224,7 +225,7 @@ class Loader:
         with stoker.Loader("/data/train", pipeline=stoker.vision.imagenet_train(224),
                            batch_size=256, num_threads=8) as loader:
             for batch in loader:
-                train_step(batch["image"].cuda(non_blocking=True), batch["label"].cuda())
+                train_step(batch["image"].cuda(), batch["label"].cuda())
 
     A batch is a pure function of (source, pipeline, seed, epoch, rank, world_size, step):
     the same whatever ``num_threads`` and ``prefetch``, and :meth:`load_state_dict` resumes
@@ -273,11 +274,16 @@ class Loader:
             workers (``stoker-worker``) build the batches: distributed mode. ``source`` is then
             a path on the workers (under their ``--data-root``); batches are bit-identical to
             the in-process mode for the same arguments. ``None`` (default) runs in-process.
-            In distributed mode ``num_threads``, ``max_held_batches`` and ``dashboard`` do not
-            apply (the coordinator serves the dashboard), and ``prefetch`` is the number of
-            batches the workers may send ahead (``"auto"``: 8).
+            In distributed mode ``num_threads`` does not apply, ``prefetch`` is the number of
+            batches the workers may send ahead (``"auto"``: the controller, starting at 8), and
+            each batch lands in one of the loader's slots as in-process; the coordinator serves
+            its own dashboard (``stoker coordinator --http ADDR``) beside any ``dashboard=``.
         timeout: seconds ``next()`` waits for a batch (or for a held slot to come back)
             before it raises :class:`~stoker.LoaderTimeoutError`; default 600.
+        worker_grace: distributed mode: seconds batches may be wanted with no worker stream
+            open before ``next()`` raises :class:`~stoker.WorkerUnavailableError` naming the
+            job; default 120. Separate from ``timeout``, so workers leaving during a scale-down
+            or a rolling update (others take over) do not trip it.
         max_held_batches: batches the caller may keep alive at once beyond those in flight
             (see *Memory is bounded* above); default 4.
         dashboard: serve the stall dashboard (live charts, ``/api/jobs``, ``/metrics``) on
@@ -316,6 +322,7 @@ class Loader:
         on_error: Literal["skip", "fail"] = "skip",
         address: str | None = None,
         timeout: float = 600.0,
+        worker_grace: float = 120.0,
         max_held_batches: int = 4,
         dashboard: int | str | None = None,
         format: str | None = None,
@@ -325,7 +332,7 @@ class Loader:
     ) -> None:
         # Attributes close() and __del__ rely on come first, so a failing __init__ leaves an
         # object they can handle.
-        self._native: _native.NativeLoader | _native.RemoteNativeLoader | None = None
+        self._native: _native.NativeLoader | None = None
         self._closed = False
         self._forked = False
 
@@ -371,6 +378,14 @@ class Loader:
                 f"timeout must be a positive, finite number of seconds, got {timeout!r}"
             )
         self._timeout = float(timeout)
+        if (
+            not isinstance(worker_grace, (int, float))
+            or isinstance(worker_grace, bool)
+            or not (math.isfinite(worker_grace) and worker_grace > 0)
+        ):
+            raise ValueError(
+                f"worker_grace must be a positive, finite number of seconds, got {worker_grace!r}"
+            )
         self._max_held_batches = _check_int(max_held_batches, "max_held_batches", 1, 4096)
         if format is not None and format not in _FORMATS:
             raise ValueError(
@@ -393,39 +408,10 @@ class Loader:
         self._output: str = output
         self._rank, self._world_size = _resolve_rank(rank, world_size)
         self._ops = check_pipeline(pipeline)
-        if address is not None:
-            self._source = _remote_source_path(source)
-            if dashboard_address is not None:
-                raise ValueError(
-                    "dashboard= is served by the coordinator in distributed mode "
-                    "(stoker coordinator --http ADDR); pass address= or dashboard=, not both"
-                )
-            self._native = _native.RemoteNativeLoader(
-                address,
-                self._source,
-                [op.to_dict() for op in self._ops],
-                self._batch_size,
-                self._shuffle,
-                self._seed,
-                self._drop_last,
-                self._rank,
-                self._world_size,
-                prefetch_count,
-                on_error,
-                self._timeout,
-                format=self._format,
-                shuffle_window=self._shuffle_window,
-                text_column=self._text_column,
-            )
-        else:
-            self._source = _source_path(source)
-            self._native = self._embedded(threads, prefetch_count, on_error, dashboard_address)
-        self._finish_init()
-
-    def _embedded(
-        self, threads: int, prefetch_count: int, on_error: str, dashboard_address: str | None
-    ) -> _native.NativeLoader:
-        return _native.NativeLoader(
+        self._source = (
+            _remote_source_path(source) if address is not None else _source_path(source)
+        )
+        self._native = _native.NativeLoader(
             self._source,
             [op.to_dict() for op in self._ops],
             self._batch_size,
@@ -444,7 +430,10 @@ class Loader:
             format=self._format,
             shuffle_window=self._shuffle_window,
             text_column=self._text_column,
+            address=address,
+            worker_grace_s=worker_grace,
         )
+        self._finish_init()
 
     def _finish_init(self) -> None:
         assert self._native is not None
@@ -670,7 +659,7 @@ class Loader:
 
     # -- internals --------------------------------------------------------------------------
 
-    def _handle(self) -> _native.NativeLoader | _native.RemoteNativeLoader:
+    def _handle(self) -> _native.NativeLoader:
         """The native loader, or a StokerError saying why it cannot be used."""
         if self._forked:
             raise StokerError(

@@ -1,4 +1,4 @@
-//! The prefetch controller: decides how many batches the embedded loader keeps requested ahead of
+//! The prefetch controller: decides how many batches the loader (either mode) keeps requested ahead of
 //! the training loop. It is pure bookkeeping (no threads, no clocks, no I/O): the loader reports
 //! what it measured on every `next()` and reads back a target depth, so the same sequence of
 //! observations always yields the same sequence of depths.

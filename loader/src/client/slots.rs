@@ -112,6 +112,16 @@ impl SlotPool {
 }
 
 impl Slot {
+    /// Uses the first `len` bytes of the buffer (at most the slot's size).
+    pub fn set_len(&mut self, len: usize) {
+        self.len = len.min(self.buffer.len());
+    }
+
+    /// The buffer's size, whatever length is in use.
+    pub fn capacity(&self) -> usize {
+        self.buffer.len()
+    }
+
     /// The slot's bytes.
     pub fn as_mut_slice(&mut self) -> &mut [u8] {
         &mut self.buffer[..self.len]

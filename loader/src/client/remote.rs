@@ -1,9 +1,10 @@
-//! The distributed-mode client: registers the job with the coordinator, opens the session of
-//! its (job, rank, epoch), opens a stream to every worker, grants credits, acknowledges what
-//! arrives, drops duplicates by step number and yields batches in step order.
+//! The remote batch source (distributed mode): registers the job with the coordinator, opens
+//! the session of its (job, rank, epoch), opens a stream to every worker, grants one credit for
+//! every step the loader asks for, acknowledges what arrives, drops duplicates by step number,
+//! and lands each batch in the slot the loader gave for it (one copy, off the consumer's thread).
 //!
-//! A driver task (on the client's own small tokio runtime) owns the session; the consumer's
-//! thread only waits on a channel. The driver recovers on its own:
+//! A driver task (on the source's own small tokio runtime) owns each epoch's session; the
+//! consumer's thread only waits on a channel. The driver recovers on its own:
 //! - a worker stream that ends after it was open may have swallowed batches the worker already
 //!   reported delivered, so the session is reopened: every unacknowledged step is leased again
 //!   and identical bytes arrive (determinism contract); copies of steps already received are
@@ -11,12 +12,15 @@
 //! - a coordinator that goes away is reconnected with backoff; the restarted coordinator has its
 //!   journal, a new incarnation, and the client opens its session again from the first step it
 //!   still needs;
-//! - a worker that joins shows up in the coordinator's answers and gets a stream.
+//! - a worker that joins shows up in the coordinator's answers and gets a stream;
 //! - no batch for [`RemoteOptions::stall_reopen`] while the consumer waits: the session is
-//!   reopened as well (and logged), so a lost batch costs a delay, never a hang.
+//!   reopened as well (and logged), so a lost batch costs a delay, never a hang;
+//! - no worker stream open for [`RemoteOptions::worker_grace`] while batches are wanted: the
+//!   consumer gets [`Error::WorkerUnavailable`] naming the job and how long it went unserved.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
-use std::sync::{Arc, Mutex};
+use std::collections::{BTreeSet, HashMap, HashSet, VecDeque};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
@@ -30,58 +34,65 @@ use tokio::sync::mpsc;
 use tonic::transport::Channel;
 use tonic::{Code, Status};
 
-use super::transport::{self, Backoff, MAX_MESSAGE_BYTES};
-use crate::embedded::INTERRUPT_CHECK;
+use super::monitor::LoaderMonitor;
+use super::slots::Slot;
+use super::source::{BatchSource, Built, EpochFeed, SourceInfo};
+use crate::distributed::transport::{self, error_from_status, Backoff, MAX_MESSAGE_BYTES};
 use crate::error::{Error, Result};
 
-/// How the client runs.
+/// How the remote source runs.
 #[derive(Debug, Clone)]
 pub struct RemoteOptions {
-    /// Batches the client accepts ahead of the consumer (credits).
-    pub prefetch: usize,
-    /// The longest `next()` waits for one batch.
-    pub deadline: Duration,
     /// How long connecting and registering the job may take in all.
     pub connect_timeout: Duration,
     /// No batch for this long while the consumer waits: reopen the session.
     pub stall_reopen: Duration,
+    /// No worker stream open for this long while batches are wanted: fail with
+    /// [`Error::WorkerUnavailable`]. Separate from the `next()` deadline, so that workers
+    /// leaving during a scale-down or a rolling update do not trip it.
+    pub worker_grace: Duration,
 }
 
 impl Default for RemoteOptions {
     fn default() -> Self {
         Self {
-            prefetch: 8,
-            deadline: Duration::from_secs(600),
             connect_timeout: Duration::from_secs(60),
             stall_reopen: Duration::from_secs(10),
+            worker_grace: Duration::from_secs(120),
         }
     }
 }
 
+/// Credits a remote loader starts with when the prefetch controller sizes the depth.
+const INITIAL_CREDITS: usize = 8;
+
+/// Room past the batch's bytes in a slot, for aligning each tensor.
+const SLOT_ALIGN: usize = 64;
+
 /// A job served by a coordinator and its workers.
-pub struct RemoteLoader {
+pub struct RemoteSource {
     runtime: Arc<tokio::runtime::Runtime>,
     address: String,
     channel: Channel,
     spec: JobSpec,
     job_id: u64,
-    steps_per_epoch: u64,
-    num_samples: u64,
+    info: SourceInfo,
     options: RemoteOptions,
 }
 
-fn remote(context: &str, status: &Status) -> Error {
-    Error::Remote(format!(
-        "{context}: {} ({:?})",
-        status.message(),
-        status.code()
-    ))
+/// What the coordinator said about a registered job.
+struct Registered {
+    job_id: u64,
+    steps_per_epoch: u64,
+    num_samples: u64,
+    batch_bytes: u64,
+    class_names: Vec<String>,
 }
 
-impl RemoteLoader {
+impl RemoteSource {
     /// Connects to the coordinator at `address` and registers the job (the coordinator has a
     /// worker open it, so a spec no worker can serve is refused here, with the worker's reason).
-    pub fn connect(address: &str, spec: JobSpec, options: RemoteOptions) -> Result<RemoteLoader> {
+    pub fn connect(address: &str, spec: JobSpec, options: RemoteOptions) -> Result<RemoteSource> {
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
             .thread_name("stoker-client-io")
@@ -97,18 +108,28 @@ impl RemoteLoader {
         ))?;
         tracing::info!(
             coordinator = address,
-            job = registered.0,
-            steps_per_epoch = registered.1,
+            job = registered.job_id,
+            steps_per_epoch = registered.steps_per_epoch,
             "job registered"
         );
-        Ok(RemoteLoader {
+        // Tensors are laid out again in the slot, each at an aligned offset.
+        let tensors = 8;
+        let info = SourceInfo {
+            steps_per_epoch: registered.steps_per_epoch,
+            num_samples: registered.num_samples,
+            class_names: registered.class_names,
+            batch_bytes: registered.batch_bytes as usize + tensors * SLOT_ALIGN,
+            threads: 0,
+            rank: spec.rank,
+            initial_depth: INITIAL_CREDITS,
+        };
+        Ok(RemoteSource {
             runtime: Arc::new(runtime),
             address: address.to_string(),
             channel,
             spec,
-            job_id: registered.0,
-            steps_per_epoch: registered.1,
-            num_samples: registered.2,
+            job_id: registered.job_id,
+            info,
             options,
         })
     }
@@ -118,33 +139,32 @@ impl RemoteLoader {
         self.job_id
     }
 
-    /// Steps in each epoch of this rank.
-    pub fn steps_per_epoch(&self) -> u64 {
-        self.steps_per_epoch
+    /// The coordinator's address.
+    pub fn address(&self) -> &str {
+        &self.address
+    }
+}
+
+impl BatchSource for RemoteSource {
+    fn info(&self) -> &SourceInfo {
+        &self.info
     }
 
-    /// Samples in the dataset (as a worker counted them when the job was registered; 0 when the
-    /// job was registered earlier by another client).
-    pub fn num_samples(&self) -> u64 {
-        self.num_samples
-    }
-
-    /// The spec.
-    pub fn spec(&self) -> &JobSpec {
-        &self.spec
-    }
-
-    /// Batches of `epoch` from `start_step` on, in step order.
-    pub fn epoch(&self, epoch: u64, start_step: u64) -> Result<RemoteEpochStream> {
-        if start_step > self.steps_per_epoch {
+    fn open_epoch(
+        &self,
+        epoch: u64,
+        start_step: u64,
+        monitor: LoaderMonitor,
+    ) -> Result<Box<dyn EpochFeed>> {
+        let steps = self.info.steps_per_epoch;
+        if start_step > steps {
             return Err(Error::InvalidSpec(format!(
-                "start step {start_step} is past the end of the epoch ({} steps)",
-                self.steps_per_epoch
+                "start step {start_step} is past the end of the epoch ({steps} steps)"
             )));
         }
         let (batches_tx, batches_rx) = crossbeam_channel::unbounded();
-        let (consumed_tx, consumed_rx) = mpsc::unbounded_channel();
-        let stats = Arc::new(Mutex::new(ClientStats::default()));
+        let (requests_tx, requests_rx) = mpsc::unbounded_channel();
+        let idle_ns = Arc::new(AtomicU64::new(0));
         let driver = Driver {
             channel: self.channel.clone(),
             address: self.address.clone(),
@@ -152,30 +172,28 @@ impl RemoteLoader {
             job_id: self.job_id,
             rank: self.spec.rank,
             epoch,
-            steps: self.steps_per_epoch,
-            depth: self.options.prefetch.max(1) as u64,
+            steps,
             stall_reopen: self.options.stall_reopen,
+            worker_grace: self.options.worker_grace,
             batches: batches_tx,
-            consumed: consumed_rx,
-            stats: stats.clone(),
+            requests: requests_rx,
+            free_slots: VecDeque::new(),
+            requested: start_step,
+            monitor,
+            idle_ns: Arc::clone(&idle_ns),
+            idle_since: Some(Instant::now()),
+            unserved_since: None,
         };
         let task = self.runtime.spawn(driver.run(start_step));
-        Ok(RemoteEpochStream {
-            _runtime: self.runtime.clone(),
+        Ok(Box::new(RemoteFeed {
+            _runtime: Arc::clone(&self.runtime),
             task,
             receiver: batches_rx,
-            consumed: consumed_tx,
-            ready: BTreeMap::new(),
-            next_step: start_step,
-            steps: self.steps_per_epoch,
-            epoch,
-            rank: self.spec.rank,
-            deadline: self.options.deadline,
+            requests: requests_tx,
+            steps,
+            idle_ns,
             address: self.address.clone(),
-            stats,
-            started: Instant::now(),
-            depth: self.options.prefetch.max(1),
-        })
+        }))
     }
 }
 
@@ -185,7 +203,7 @@ async fn register_job(
     spec: &JobSpec,
     timeout: Duration,
     address: &str,
-) -> Result<(u64, u64, u64)> {
+) -> Result<Registered> {
     let started = Instant::now();
     let mut backoff = Backoff::new(Duration::from_secs(2));
     let mut client = CoordinatorClient::new(channel).max_decoding_message_size(MAX_MESSAGE_BYTES);
@@ -198,7 +216,13 @@ async fn register_job(
         {
             Ok(response) => {
                 let r = response.into_inner();
-                return Ok((r.job_id, r.steps_per_epoch, r.num_samples));
+                return Ok(Registered {
+                    job_id: r.job_id,
+                    steps_per_epoch: r.steps_per_epoch,
+                    num_samples: r.num_samples,
+                    batch_bytes: r.batch_bytes,
+                    class_names: r.class_names,
+                });
             }
             Err(status) if transport::is_transient(&status) && started.elapsed() < timeout => {
                 let delay = backoff.next_delay();
@@ -206,7 +230,7 @@ async fn register_job(
                 tokio::time::sleep(delay).await;
             }
             Err(status) => {
-                return Err(remote(
+                return Err(error_from_status(
                     &format!("coordinator {address} refused the job"),
                     &status,
                 ))
@@ -215,120 +239,51 @@ async fn register_job(
     }
 }
 
-/// One epoch of batches from the workers, in step order.
-pub struct RemoteEpochStream {
+/// One epoch of a [`RemoteSource`]: what the driver task sends, and the slots sent to it.
+struct RemoteFeed {
     _runtime: Arc<tokio::runtime::Runtime>,
     task: tokio::task::JoinHandle<()>,
-    receiver: Receiver<Result<Batch>>,
-    consumed: mpsc::UnboundedSender<u64>,
-    ready: BTreeMap<u64, Batch>,
-    next_step: u64,
+    receiver: Receiver<Result<Built>>,
+    requests: mpsc::UnboundedSender<Slot>,
     steps: u64,
-    epoch: u64,
-    rank: u32,
-    deadline: Duration,
+    idle_ns: Arc<AtomicU64>,
     address: String,
-    stats: Arc<Mutex<ClientStats>>,
-    started: Instant,
-    depth: usize,
 }
 
-impl RemoteEpochStream {
-    /// The step the next batch will have.
-    pub fn next_step(&self) -> u64 {
-        self.next_step
-    }
-
-    /// Steps in the epoch.
-    pub fn steps(&self) -> u64 {
+impl EpochFeed for RemoteFeed {
+    fn steps(&self) -> u64 {
         self.steps
     }
 
-    /// The next batch in step order, `None` at the end of the epoch.
-    pub fn next_batch(&mut self) -> Result<Option<Batch>> {
-        self.next_batch_checked(&mut || false)
+    fn request(&mut self, step: u64, slot: Slot) {
+        // The workers build steps in the order the coordinator leases them, so a request is a
+        // credit and a slot for whichever batch arrives next.
+        if self.requests.send(slot).is_err() {
+            tracing::debug!(step, "the session driver has stopped");
+        }
     }
 
-    /// Like [`RemoteEpochStream::next_batch`], asking `interrupted` every [`INTERRUPT_CHECK`].
-    pub fn next_batch_checked(
-        &mut self,
-        interrupted: &mut dyn FnMut() -> bool,
-    ) -> Result<Option<Batch>> {
-        if self.next_step >= self.steps {
-            return Ok(None);
+    fn recv(&mut self, timeout: Duration) -> Result<Option<Built>> {
+        match self.receiver.recv_timeout(timeout) {
+            Ok(Ok(built)) => Ok(Some(built)),
+            Ok(Err(error)) => Err(error),
+            Err(RecvTimeoutError::Timeout) => Ok(None),
+            Err(RecvTimeoutError::Disconnected) => Err(Error::Stopped(
+                "the distributed client's session driver stopped".into(),
+            )),
         }
-        let started = Instant::now();
-        let step = self.next_step;
-        while !self.ready.contains_key(&step) {
-            let remaining = self.deadline.saturating_sub(started.elapsed());
-            if remaining.is_zero() {
-                return Err(Error::RemoteTimeout {
-                    epoch: self.epoch,
-                    step,
-                    rank: self.rank,
-                    waited: started.elapsed(),
-                    coordinator: self.address.clone(),
-                });
-            }
-            match self.receiver.recv_timeout(remaining.min(INTERRUPT_CHECK)) {
-                Ok(Ok(batch)) => {
-                    self.ready.insert(batch.step, batch);
-                }
-                Ok(Err(error)) => return Err(error),
-                Err(RecvTimeoutError::Timeout) => {
-                    if interrupted() {
-                        return Err(Error::Interrupted);
-                    }
-                }
-                Err(RecvTimeoutError::Disconnected) => {
-                    return Err(Error::Stopped(
-                        "the distributed client's driver stopped".into(),
-                    ))
-                }
-            }
-        }
-        let waited = started.elapsed();
-        let batch = self
-            .ready
-            .remove(&step)
-            .ok_or_else(|| Error::Stopped(format!("step {step} vanished")))?;
-        self.next_step += 1;
-        let _ = self.consumed.send(step);
-        if let Ok(mut stats) = self.stats.lock() {
-            stats.batches += 1;
-            stats.samples += batch.sample_indices.len() as u64;
-            stats.wait_ns += waited.as_nanos() as u64;
-            stats.elapsed_ns = self.started.elapsed().as_nanos() as u64;
-            stats.queue_depth = self.ready.len() as u32;
-            stats.prefetch_target = self.depth as u32;
-            stats.bad_samples += batch.bad_samples.len() as u64;
-            stats.bytes += batch
-                .tensors
-                .iter()
-                .map(|t| t.data.len() as u64)
-                .sum::<u64>();
-            if let Some(t) = &batch.timings {
-                let sum = stats.stage_ns.get_or_insert_with(StageTimings::default);
-                sum.read_ns += t.read_ns;
-                sum.decode_ns += t.decode_ns;
-                sum.augment_ns += t.augment_ns;
-                sum.assemble_ns += t.assemble_ns;
-                sum.transfer_ns += t.transfer_ns;
-            }
-        }
-        Ok(Some(batch))
+    }
+
+    fn producer_idle(&self) -> Duration {
+        Duration::from_nanos(self.idle_ns.load(Ordering::Relaxed))
+    }
+
+    fn waiting_on(&self) -> String {
+        format!("from the workers of coordinator {}", self.address)
     }
 }
 
-impl Iterator for RemoteEpochStream {
-    type Item = Result<Batch>;
-
-    fn next(&mut self) -> Option<Self::Item> {
-        self.next_batch().transpose()
-    }
-}
-
-impl Drop for RemoteEpochStream {
+impl Drop for RemoteFeed {
     fn drop(&mut self) {
         self.task.abort();
     }
@@ -336,9 +291,13 @@ impl Drop for RemoteEpochStream {
 
 /// What a worker stream tells the driver.
 enum Arrival {
+    /// The stream is open.
+    Opened { worker: u64 },
     Batch {
         incarnation: u64,
         batch: Batch,
+        /// When the batch's bytes had arrived.
+        received: Instant,
     },
     /// A batch the worker could not build (fail policy): the consumer gets the error.
     Failed(Status),
@@ -358,11 +317,21 @@ struct Driver {
     rank: u32,
     epoch: u64,
     steps: u64,
-    depth: u64,
     stall_reopen: Duration,
-    batches: Sender<Result<Batch>>,
-    consumed: mpsc::UnboundedReceiver<u64>,
-    stats: Arc<Mutex<ClientStats>>,
+    worker_grace: Duration,
+    batches: Sender<Result<Built>>,
+    /// One slot per step the loader asks for.
+    requests: mpsc::UnboundedReceiver<Slot>,
+    /// Slots for batches not yet arrived, with when they were asked for.
+    free_slots: VecDeque<(Slot, Instant)>,
+    /// Steps asked for so far (all below this).
+    requested: u64,
+    monitor: LoaderMonitor,
+    /// Time with every asked-for step received (the workers had nothing to do for us).
+    idle_ns: Arc<AtomicU64>,
+    idle_since: Option<Instant>,
+    /// Since when no worker stream has been open while batches were wanted.
+    unserved_since: Option<Instant>,
 }
 
 /// Why a session ended.
@@ -375,19 +344,65 @@ enum SessionEnd {
     Stop,
 }
 
+/// Copies a batch's tensors into `slot`, each at an aligned offset, and points the tensors
+/// there; keeps the batch as it came when it does not fit.
+fn land_in_slot(mut batch: Batch, mut slot: Slot) -> Batch {
+    let align = |n: usize| n.div_ceil(SLOT_ALIGN) * SLOT_ALIGN;
+    let needed: usize = batch.tensors.iter().map(|t| align(t.data.len())).sum();
+    if needed > slot.capacity() {
+        tracing::debug!(needed, slot = slot.capacity(), "batch larger than its slot; kept in the receive buffer");
+        return batch;
+    }
+    slot.set_len(needed);
+    let mut offsets = Vec::with_capacity(batch.tensors.len());
+    let buffer = slot.as_mut_slice();
+    let mut offset = 0;
+    for tensor in &batch.tensors {
+        let len = tensor.data.len();
+        buffer[offset..offset + len].copy_from_slice(&tensor.data);
+        offsets.push((offset, len));
+        offset += align(len);
+    }
+    let bytes = slot.into_bytes();
+    for (tensor, (offset, len)) in batch.tensors.iter_mut().zip(offsets) {
+        tensor.data = bytes.slice(offset..offset + len);
+    }
+    batch
+}
+
+/// The figures a client reports to its coordinator, from its loader's monitor.
+fn client_stats(monitor: &LoaderMonitor) -> ClientStats {
+    let snapshot = monitor.snapshot();
+    let stats = &snapshot.stats;
+    let ns = |s: f64| (s * 1e9) as u64;
+    ClientStats {
+        batches: stats.batches,
+        samples: stats.samples,
+        wait_ns: ns(stats.wait_s),
+        epoch_start_wait_ns: ns(stats.epoch_start_wait_s),
+        elapsed_ns: ns(stats.elapsed_s),
+        queue_depth: stats.in_flight as u32,
+        prefetch_target: stats.prefetch_depth as u32,
+        bad_samples: stats.bad_samples,
+        bytes: stats.bytes,
+        stage_ns: Some(StageTimings {
+            read_ns: ns(stats.read_s),
+            decode_ns: ns(stats.decode_s),
+            augment_ns: ns(stats.augment_s),
+            assemble_ns: ns(stats.assemble_s),
+            transfer_ns: 0,
+        }),
+    }
+}
+
 impl Driver {
     async fn run(mut self, start_step: u64) {
         // Steps passed to the consumer: all below `floor`, plus `ahead`.
         let mut floor = start_step;
         let mut ahead = BTreeSet::new();
-        // Steps the consumer took (it takes them in order from `start_step`).
-        let mut consumed = start_step;
         let mut backoff = Backoff::new(Duration::from_secs(2));
         loop {
-            match self
-                .session(&mut floor, &mut ahead, &mut consumed, &mut backoff)
-                .await
-            {
+            match self.session(&mut floor, &mut ahead, &mut backoff).await {
                 SessionEnd::Done | SessionEnd::Stop => return,
                 SessionEnd::Reopen => {}
             }
@@ -400,6 +415,26 @@ impl Driver {
         }
     }
 
+    /// Takes the loader's new requests (credits and their slots) without waiting.
+    fn take_requests(&mut self) -> bool {
+        loop {
+            match self.requests.try_recv() {
+                Ok(slot) => self.add_request(slot),
+                Err(mpsc::error::TryRecvError::Empty) => return true,
+                Err(mpsc::error::TryRecvError::Disconnected) => return false,
+            }
+        }
+    }
+
+    fn add_request(&mut self, slot: Slot) {
+        self.free_slots.push_back((slot, Instant::now()));
+        self.requested += 1;
+        if let Some(since) = self.idle_since.take() {
+            self.idle_ns
+                .fetch_add(since.elapsed().as_nanos() as u64, Ordering::Relaxed);
+        }
+    }
+
     async fn open(
         &mut self,
         client: &mut CoordinatorClient<Channel>,
@@ -407,7 +442,7 @@ impl Driver {
         backoff: &mut Backoff,
     ) -> Option<(SessionToken, Vec<WorkerInfo>)> {
         loop {
-            if self.batches.is_empty() && self.consumer_gone() {
+            if !self.take_requests() {
                 return None;
             }
             let opened = client
@@ -437,7 +472,7 @@ impl Driver {
                         Err(status) => {
                             let _ = self
                                 .batches
-                                .send(Err(remote("registering the job again", &status)));
+                                .send(Err(error_from_status("registering the job again", &status)));
                             return None;
                         }
                     }
@@ -450,22 +485,37 @@ impl Driver {
                 Err(status) => {
                     let _ = self
                         .batches
-                        .send(Err(remote("opening the session", &status)));
+                        .send(Err(error_from_status("opening the session", &status)));
                     return None;
                 }
             }
         }
     }
 
-    fn consumer_gone(&self) -> bool {
-        self.consumed.is_closed()
+    /// Whether batches have been wanted with no worker serving them for longer than the
+    /// grace; if so the consumer is told.
+    fn unserved_too_long(&mut self) -> bool {
+        let Some(since) = self.unserved_since else {
+            return false;
+        };
+        if since.elapsed() < self.worker_grace {
+            return false;
+        }
+        let error = Error::WorkerUnavailable {
+            job: format!("{} (id {}, rank {})", job_label(&self.spec), self.job_id, self.rank),
+            coordinator: self.address.clone(),
+            unserved: since.elapsed(),
+            grace: self.worker_grace,
+        };
+        tracing::error!(%error, "no worker serves the job");
+        let _ = self.batches.send(Err(error));
+        true
     }
 
     async fn session(
         &mut self,
         floor: &mut u64,
         ahead: &mut BTreeSet<u64>,
-        consumed: &mut u64,
         backoff: &mut Backoff,
     ) -> SessionEnd {
         let mut client = CoordinatorClient::new(self.channel.clone())
@@ -476,6 +526,7 @@ impl Driver {
         tracing::debug!(session = token.session_id, floor = *floor, "session open");
         let (arrivals_tx, mut arrivals) = mpsc::unbounded_channel();
         let mut streams: HashMap<u64, tokio::task::JoinHandle<()>> = HashMap::new();
+        let mut open_streams: HashSet<u64> = HashSet::new();
         let job_id = self.job_id;
         let subscribe_all =
             |workers: &[WorkerInfo], streams: &mut HashMap<u64, tokio::task::JoinHandle<()>>| {
@@ -506,20 +557,17 @@ impl Driver {
             if received >= self.steps && acks.is_empty() {
                 break SessionEnd::Done;
             }
-            // Credits: keep (batches waiting at the consumer + credits not yet used) at depth.
-            let buffered = received.saturating_sub(*consumed);
-            let remaining = self.steps - received;
+            // Credits: one for every step asked for and not yet received.
             let want = self
-                .depth
-                .saturating_sub(buffered + outstanding)
-                .min(remaining.saturating_sub(outstanding));
-            if want > 0 || !acks.is_empty() || last_stats.elapsed() >= Duration::from_millis(500) {
-                let stats = if last_stats.elapsed() >= Duration::from_millis(500) {
+                .requested
+                .min(self.steps)
+                .saturating_sub(received + outstanding);
+            let report = last_stats.elapsed() >= Duration::from_millis(500);
+            if want > 0 || !acks.is_empty() || report {
+                let stats = report.then(|| {
                     last_stats = Instant::now();
-                    self.stats.lock().ok().map(|s| *s)
-                } else {
-                    None
-                };
+                    client_stats(&self.monitor)
+                });
                 let update = client
                     .update_session(SessionUpdateRequest {
                         session: Some(token),
@@ -544,7 +592,11 @@ impl Driver {
             }
             tokio::select! {
                 arrival = arrivals.recv() => match arrival {
-                    Some(Arrival::Batch { incarnation, batch }) => {
+                    Some(Arrival::Opened { worker }) => {
+                        open_streams.insert(worker);
+                        self.unserved_since = None;
+                    }
+                    Some(Arrival::Batch { incarnation, batch, received }) => {
                         let step = batch.step;
                         if batch.epoch != self.epoch || batch.rank != self.rank || step >= self.steps {
                             tracing::warn!(epoch = batch.epoch, rank = batch.rank, step, "batch for another session dropped");
@@ -564,15 +616,25 @@ impl Driver {
                             *floor += 1;
                         }
                         acks.push(step);
-                        if self.batches.send(Ok(batch)).is_err() {
+                        // Latency: from the oldest open request (credits are served in order).
+                        let (batch, service) = match self.free_slots.pop_front() {
+                            Some((slot, asked)) => (land_in_slot(batch, slot), asked.elapsed()),
+                            None => (batch, received.elapsed()),
+                        };
+                        if *floor + ahead.len() as u64 >= self.requested {
+                            self.idle_since.get_or_insert_with(Instant::now);
+                        }
+                        let built = Built { step, service, result: Ok(batch) };
+                        if self.batches.send(Ok(built)).is_err() {
                             break SessionEnd::Stop;
                         }
                     }
                     Some(Arrival::Failed(status)) => {
-                        let _ = self.batches.send(Err(remote("a worker could not build a batch", &status)));
+                        let _ = self.batches.send(Err(error_from_status("a worker could not build a batch", &status)));
                         break SessionEnd::Stop;
                     }
                     Some(Arrival::Lost { worker, opened, status }) => {
+                        open_streams.remove(&worker);
                         if opened {
                             tracing::warn!(worker, %status, "worker stream lost; opening the session again so its undelivered batches are redone");
                             break SessionEnd::Reopen;
@@ -581,13 +643,20 @@ impl Driver {
                     }
                     None => break SessionEnd::Stop,
                 },
-                step = self.consumed.recv() => match step {
-                    Some(_) => *consumed += 1,
+                slot = self.requests.recv() => match slot {
+                    Some(slot) => self.add_request(slot),
                     None => break SessionEnd::Stop,
                 },
                 _ = tick.tick() => {
-                    let waiting = *consumed >= received;
-                    if waiting && outstanding > 0 && last_arrival.elapsed() >= self.stall_reopen {
+                    let received = *floor + ahead.len() as u64;
+                    let wanted = self.requested.min(self.steps) > received;
+                    if open_streams.is_empty() && wanted {
+                        self.unserved_since.get_or_insert_with(Instant::now);
+                        if self.unserved_too_long() {
+                            break SessionEnd::Stop;
+                        }
+                    }
+                    if wanted && outstanding > 0 && last_arrival.elapsed() >= self.stall_reopen {
                         tracing::warn!(step = *floor, waited = ?last_arrival.elapsed(), "no batch arrived; opening the session again");
                         break SessionEnd::Reopen;
                     }
@@ -606,6 +675,13 @@ impl Driver {
         }
         end
     }
+}
+
+/// A short name for the job in messages: its dataset.
+fn job_label(spec: &JobSpec) -> String {
+    spec.dataset
+        .as_ref()
+        .map_or_else(|| "without a dataset".to_string(), |d| d.uri.clone())
 }
 
 /// Opens the worker's stream for the session and forwards what arrives.
@@ -643,12 +719,16 @@ async fn stream_worker(
             return;
         }
     };
+    let _ = arrivals.send(Arrival::Opened {
+        worker: worker.worker_id,
+    });
     loop {
         match stream.message().await {
             Ok(Some(batch)) => {
                 let arrival = Arrival::Batch {
                     incarnation: token.incarnation,
                     batch,
+                    received: Instant::now(),
                 };
                 if arrivals.send(arrival).is_err() {
                     return;

@@ -19,6 +19,9 @@ pub struct LoaderStats {
     pub samples_per_s: f64,
     /// Seconds the consumer spent waiting inside `next()`.
     pub wait_s: f64,
+    /// The part of `wait_s` spent waiting for the first batch of an epoch after the first
+    /// epoch (an epoch-boundary stall).
+    pub epoch_start_wait_s: f64,
     /// Seconds from the start of the first epoch to its first batch.
     pub first_batch_s: Option<f64>,
     /// Decode-thread seconds spent reading bytes.
@@ -31,6 +34,8 @@ pub struct LoaderStats {
     pub assemble_s: f64,
     /// Samples replaced under the skip policy.
     pub bad_samples: u64,
+    /// Tensor bytes yielded.
+    pub bytes: u64,
     /// Batches in flight after the last `next()`.
     pub in_flight: usize,
     /// Batches allowed in flight after the last `next()` (the controller's choice in auto mode).
@@ -62,11 +67,14 @@ impl StatsRecorder {
         &mut self,
         batch: &Batch,
         waited: Duration,
+        epoch_start: bool,
         in_flight: usize,
         prefetch_depth: usize,
     ) {
         if self.first_batch.is_none() {
             self.first_batch = self.started.map(|s| s.elapsed());
+        } else if epoch_start {
+            self.totals.epoch_start_wait_s += waited.as_secs_f64();
         }
         let totals = &mut self.totals;
         totals.batches += 1;
@@ -79,12 +87,16 @@ impl StatsRecorder {
             totals.assemble_s += t.assemble_ns as f64 * 1e-9;
         }
         totals.bad_samples += batch.bad_samples.len() as u64;
+        totals.bytes += batch.tensors.iter().map(|t| t.data.len() as u64).sum::<u64>();
         totals.in_flight = in_flight;
         totals.prefetch_depth = prefetch_depth;
     }
 
-    pub(crate) fn record_wait(&mut self, waited: Duration) {
+    pub(crate) fn record_wait(&mut self, waited: Duration, epoch_start: bool) {
         self.totals.wait_s += waited.as_secs_f64();
+        if epoch_start && self.first_batch.is_some() {
+            self.totals.epoch_start_wait_s += waited.as_secs_f64();
+        }
     }
 
     pub(crate) fn snapshot(&self) -> LoaderStats {

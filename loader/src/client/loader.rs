@@ -1,0 +1,263 @@
+//! [`Loader`]: one job's batches for the training loop, over any [`BatchSource`] — the
+//! embedded producer (decode threads in this process) or the remote client (a coordinator's
+//! workers). It owns what both share: the slot pool, the prefetch controller, the statistics,
+//! the deadline, and the next epoch's speculative start.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use stoker_proto::v1::JobSpec;
+
+use super::embedded::EmbeddedSource;
+use super::monitor::LoaderMonitor;
+use super::prefetch::{ControllerConfig, ControllerSnapshot, PrefetchController};
+use super::remote::{RemoteOptions, RemoteSource};
+use super::slots::SlotPool;
+use super::source::{BatchSource, SourceInfo};
+use super::stats::{LoaderStats, StatsRecorder};
+use super::stream::{EpochStream, Successor};
+use crate::error::{Error, Result};
+use crate::job::Job;
+
+/// How a loader runs, in either mode.
+#[derive(Debug, Clone)]
+pub struct LoaderOptions {
+    /// Decode threads of the embedded mode (0: one per available core).
+    pub threads: usize,
+    /// Batches in flight or waiting: 0 lets the prefetch controller size it from the stall,
+    /// latency and step time it observes; any other value fixes it. In distributed mode the
+    /// depth is the number of credits granted to the workers.
+    pub prefetch: usize,
+    /// Memory budget for batches in flight or waiting (the controller never goes past it).
+    pub max_prefetch_bytes: u64,
+    /// The longest `next()` waits for one batch before it fails with [`Error::Timeout`].
+    pub deadline: Duration,
+    /// Batches the consumer may keep alive beyond the prefetch before the loader waits for
+    /// one to be released: the slot pool holds `prefetch + max_held_batches` buffers.
+    pub max_held_batches: usize,
+    /// Start building the next epoch's first batches while the last ones of the current epoch
+    /// are consumed (dropped unused when another epoch or step is asked for next).
+    pub prefetch_next_epoch: bool,
+}
+
+impl Default for LoaderOptions {
+    fn default() -> Self {
+        Self {
+            threads: 0,
+            prefetch: 0,
+            max_prefetch_bytes: 2 << 30,
+            deadline: Duration::from_secs(600),
+            max_held_batches: 4,
+            prefetch_next_epoch: true,
+        }
+    }
+}
+
+/// Most batches the controller may keep in flight, whatever the budget allows.
+const MAX_AUTO_DEPTH: usize = 64;
+
+/// What a loader and its streams share.
+pub(crate) struct Core {
+    pub(crate) source: Box<dyn BatchSource>,
+    /// Fixed depth, or the controller's ceiling when `controller` is set.
+    pub(crate) prefetch: usize,
+    pub(crate) controller: Option<Arc<Mutex<PrefetchController>>>,
+    pub(crate) deadline: Duration,
+    pub(crate) slots: Arc<SlotPool>,
+    pub(crate) stats: Arc<Mutex<StatsRecorder>>,
+    pub(crate) prefetch_next_epoch: bool,
+    /// The next epoch's feed, started by a stream that reached its end, waiting to be adopted.
+    pub(crate) successor: Mutex<Option<Successor>>,
+}
+
+impl Core {
+    pub(crate) fn monitor(&self) -> LoaderMonitor {
+        LoaderMonitor::local(
+            Arc::clone(&self.stats),
+            self.controller.clone(),
+            Arc::clone(&self.slots),
+            self.source.info().threads,
+            self.controller.is_none().then_some(self.prefetch),
+        )
+    }
+
+    /// The current target depth: the controller's in auto mode, else the fixed depth.
+    pub(crate) fn prefetch_depth(&self) -> usize {
+        match &self.controller {
+            Some(controller) => controller
+                .lock()
+                .map(|c| c.target_depth())
+                .unwrap_or(self.prefetch),
+            None => self.prefetch,
+        }
+    }
+}
+
+/// The batches of one job, for one rank, epoch after epoch.
+pub struct Loader {
+    core: Arc<Core>,
+}
+
+impl Loader {
+    /// The embedded mode: opens the job and starts its decode threads in this process.
+    pub fn new(spec: JobSpec, options: LoaderOptions) -> Result<Loader> {
+        Self::from_job(Job::open(spec)?, options)
+    }
+
+    /// The embedded mode over an opened job.
+    pub fn from_job(job: Job, options: LoaderOptions) -> Result<Loader> {
+        let source = EmbeddedSource::start(job, options.threads)?;
+        Self::with_source(Box::new(source), options)
+    }
+
+    /// The distributed mode: registers the job with the coordinator at `address`, whose
+    /// workers then build the batches.
+    pub fn remote(
+        address: &str,
+        spec: JobSpec,
+        options: LoaderOptions,
+        remote: RemoteOptions,
+    ) -> Result<Loader> {
+        let source = RemoteSource::connect(address, spec, remote)?;
+        Self::with_source(Box::new(source), options)
+    }
+
+    /// A loader over any batch source.
+    pub fn with_source(source: Box<dyn BatchSource>, options: LoaderOptions) -> Result<Loader> {
+        let info = source.info();
+        let batch_bytes = info.batch_bytes as u64;
+        let (prefetch, controller) = if options.prefetch == 0 {
+            let controller = PrefetchController::new(ControllerConfig {
+                min_depth: 2,
+                max_depth: MAX_AUTO_DEPTH,
+                max_bytes: options.max_prefetch_bytes,
+                batch_bytes,
+                initial_depth: info.initial_depth.max(2),
+            });
+            if controller.budget_too_small() {
+                tracing::warn!(
+                    batch_bytes,
+                    max_prefetch_bytes = options.max_prefetch_bytes,
+                    "prefetch budget holds fewer than two batches; keeping two"
+                );
+            }
+            let ceiling = controller.budget_depth();
+            (ceiling, Some(Arc::new(Mutex::new(controller))))
+        } else {
+            (options.prefetch, None)
+        };
+        let slots = SlotPool::new(info.batch_bytes, prefetch + options.max_held_batches);
+        Ok(Loader {
+            core: Arc::new(Core {
+                source,
+                prefetch,
+                controller,
+                deadline: options.deadline,
+                slots,
+                stats: Arc::new(Mutex::new(StatsRecorder::new())),
+                prefetch_next_epoch: options.prefetch_next_epoch,
+                successor: Mutex::new(None),
+            }),
+        })
+    }
+
+    /// What the source knows about the job (steps, samples, class names, threads).
+    pub fn info(&self) -> &SourceInfo {
+        self.core.source.info()
+    }
+
+    /// The object cache's counters, when the dataset is read through one.
+    pub fn cache_stats(&self) -> Option<stoker_datasets::CacheStats> {
+        self.core.source.cache_stats()
+    }
+
+    /// Decode threads in this process (0 in distributed mode).
+    pub fn threads(&self) -> usize {
+        self.info().threads
+    }
+
+    /// Steps per epoch for this rank.
+    pub fn steps_per_epoch(&self) -> u64 {
+        self.info().steps_per_epoch
+    }
+
+    /// Batches in flight or waiting, at most (the controller's ceiling in auto mode).
+    pub fn prefetch(&self) -> usize {
+        self.core.prefetch
+    }
+
+    /// The current target depth: the controller's in auto mode, else the fixed depth.
+    pub fn prefetch_depth(&self) -> usize {
+        self.core.prefetch_depth()
+    }
+
+    /// A cheap, shareable handle that reads this loader's figures from any thread (for a
+    /// dashboard or a metrics endpoint); it keeps no thread or batch alive.
+    pub fn monitor(&self) -> LoaderMonitor {
+        self.core.monitor()
+    }
+
+    /// What the prefetch controller sees and decided, in auto mode.
+    pub fn controller_snapshot(&self) -> Option<ControllerSnapshot> {
+        self.core
+            .controller
+            .as_ref()
+            .and_then(|c| c.lock().ok().map(|c| c.snapshot()))
+    }
+
+    /// The pool of batch buffers.
+    pub fn slots(&self) -> &Arc<SlotPool> {
+        &self.core.slots
+    }
+
+    /// Statistics so far, over every epoch this loader ran.
+    pub fn stats(&self) -> LoaderStats {
+        self.core
+            .stats
+            .lock()
+            .map(|recorder| recorder.snapshot())
+            .unwrap_or_default()
+    }
+
+    /// Starts `epoch` at `start_step` (0 for the beginning; a later step resumes mid-epoch
+    /// with no replay). When the previous epoch's stream already started this one (epoch-
+    /// boundary prefetch), its batches in flight are taken over; otherwise they are dropped.
+    pub fn epoch(&self, epoch: u64, start_step: u64) -> Result<EpochStream> {
+        let steps = self.steps_per_epoch();
+        if start_step > steps {
+            return Err(Error::InvalidSpec(format!(
+                "start step {start_step} is past the end of the epoch ({steps} steps)"
+            )));
+        }
+        let successor = self
+            .core
+            .successor
+            .lock()
+            .map(|mut s| s.take())
+            .unwrap_or_default();
+        if let Ok(mut stats) = self.core.stats.lock() {
+            stats.epoch_started();
+        }
+        match successor {
+            Some(successor) if successor.epoch == epoch && start_step == 0 => {
+                tracing::debug!(epoch, "taking over the epoch started ahead");
+                Ok(EpochStream::adopt(Arc::clone(&self.core), successor))
+            }
+            other => {
+                // A speculative start of another epoch is cancelled here, before the new
+                // epoch's work is queued behind it.
+                drop(other);
+                let feed = self
+                    .core
+                    .source
+                    .open_epoch(epoch, start_step, self.monitor())?;
+                Ok(EpochStream::start(
+                    Arc::clone(&self.core),
+                    epoch,
+                    start_step,
+                    feed,
+                ))
+            }
+        }
+    }
+}

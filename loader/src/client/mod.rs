@@ -1,0 +1,17 @@
+//! The training loop's side: a [`Loader`] over one [`BatchSource`] seam.
+//!
+//! Below the seam, the two ways batches are made: [`embedded`] (decode threads in this process)
+//! and [`remote`] (a coordinator's workers, over gRPC). Above it, once for both: the slot pool
+//! ([`slots`]), the prefetch controller ([`prefetch`]), the reorder buffer, deadline and
+//! epoch-boundary prefetch ([`stream`]), the statistics ([`stats`]) and the monitor the
+//! dashboard reads ([`monitor`]).
+
+pub(crate) mod embedded;
+pub(crate) mod loader;
+pub(crate) mod monitor;
+pub(crate) mod prefetch;
+pub(crate) mod remote;
+pub(crate) mod slots;
+pub(crate) mod source;
+pub(crate) mod stats;
+pub(crate) mod stream;

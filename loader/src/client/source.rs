@@ -1,0 +1,83 @@
+//! The batch-source seam. The embedded producer ([`super::embedded`]) and the remote client
+//! ([`super::remote`]) both implement [`BatchSource`]: they build (or fetch) the batches of the
+//! steps they are asked for, into the slots they are given, and hand them back in any order.
+//! Everything above the seam (reorder, slot pool, prefetch controller, stall figures, resume,
+//! epoch-boundary prefetch, bad-sample reports) lives once, in [`super::stream`].
+
+use std::time::Duration;
+
+use stoker_proto::v1::Batch;
+
+use super::monitor::LoaderMonitor;
+use super::slots::Slot;
+use crate::error::Result;
+
+/// What a source knows about its job once it is open.
+#[derive(Debug, Clone, Default)]
+pub struct SourceInfo {
+    /// Steps in every epoch of this rank.
+    pub steps_per_epoch: u64,
+    /// Samples in the dataset.
+    pub num_samples: u64,
+    /// Class names, in label order (empty for sources without classes).
+    pub class_names: Vec<String>,
+    /// Bytes the largest batch needs in a slot.
+    pub batch_bytes: usize,
+    /// Decode threads in this process (0 when the batches are built elsewhere).
+    pub threads: usize,
+    /// This rank.
+    pub rank: u32,
+    /// The depth the prefetch controller starts from.
+    pub initial_depth: usize,
+}
+
+/// A finished batch, and how long building it took once started (queueing excluded: the
+/// controller sizes the queue, so its latency input must not grow with the queue).
+pub struct Built {
+    /// The batch's step.
+    pub step: u64,
+    /// Time spent building it.
+    pub service: Duration,
+    /// The batch, or why it could not be built.
+    pub result: Result<Batch>,
+}
+
+/// Something that builds the batches of a job.
+pub trait BatchSource: Send + Sync {
+    /// What the source knows about its job.
+    fn info(&self) -> &SourceInfo;
+
+    /// Starts `epoch`. Steps from `start_step` on are then asked for, in order, through the
+    /// returned feed; `monitor` reads the loader's figures (a remote source reports them).
+    fn open_epoch(
+        &self,
+        epoch: u64,
+        start_step: u64,
+        monitor: LoaderMonitor,
+    ) -> Result<Box<dyn EpochFeed>>;
+
+    /// The object cache's counters, for sources read through one.
+    fn cache_stats(&self) -> Option<stoker_datasets::CacheStats> {
+        None
+    }
+}
+
+/// One epoch of a [`BatchSource`]. Dropping it cancels the work not yet started.
+pub trait EpochFeed: Send {
+    /// Steps in the epoch.
+    fn steps(&self) -> u64;
+
+    /// Asks for `step`, to be built into `slot` (steps are asked for in increasing order).
+    fn request(&mut self, step: u64, slot: Slot);
+
+    /// Waits up to `timeout` for a finished batch; `Ok(None)` when none came in time, an error
+    /// when no batch can come any more.
+    fn recv(&mut self, timeout: Duration) -> Result<Option<Built>>;
+
+    /// Time the producer had nothing asked of it so far: a wait behind an idle producer is
+    /// stall that a deeper queue would have prevented; a wait behind a busy one is not.
+    fn producer_idle(&self) -> Duration;
+
+    /// Where the batches come from, for timeout messages ("on 4 decode threads").
+    fn waiting_on(&self) -> String;
+}

@@ -1,0 +1,329 @@
+//! [`EpochStream`]: the batches of one epoch in step order, over any [`EpochFeed`]. It keeps
+//! the prefetch depth (asking the feed for steps, each with a slot from the pool), reorders
+//! what arrives, feeds the controller, records the stall figures, and enforces the deadline.
+//! Near the end of an epoch it starts the next one's first steps, so an epoch does not open
+//! with a stall; the loader hands that start to the next epoch's stream, or drops it.
+
+use std::collections::{BTreeMap, VecDeque};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use stoker_proto::v1::Batch;
+
+use super::loader::Core;
+use super::source::EpochFeed;
+use crate::error::{Error, Result};
+
+/// How often a waiting `next()` asks whether it should give up (Ctrl-C).
+pub const INTERRUPT_CHECK: Duration = Duration::from_millis(100);
+
+/// Calls over which the producer's idle time is weighed against a stall.
+const IDLE_WINDOW_CALLS: usize = 64;
+
+/// The next epoch's feed, started before its stream exists.
+pub(crate) struct Successor {
+    pub(crate) epoch: u64,
+    feed: Box<dyn EpochFeed>,
+    /// Steps already asked for (from 0).
+    dispatched: u64,
+}
+
+/// The batches of one epoch, in step order. Dropping it cancels the work not yet started
+/// (except the next epoch's start, which the loader keeps for the next stream).
+pub struct EpochStream {
+    core: Arc<Core>,
+    feed: Box<dyn EpochFeed>,
+    epoch: u64,
+    steps: u64,
+    ready: BTreeMap<u64, Result<Batch>>,
+    next_step: u64,
+    next_to_dispatch: u64,
+    /// Batches allowed in flight or waiting (besides the one the consumer holds).
+    prefetch: usize,
+    /// Producer idle time the controller has seen, and the recent calls' share of it.
+    idle_seen: Duration,
+    recent_idle: VecDeque<Duration>,
+    arrived_latencies: Vec<Duration>,
+    last_return: Option<Instant>,
+    successor: Option<Successor>,
+    /// Whether starting the next epoch failed once (then it is not tried again).
+    successor_failed: bool,
+}
+
+impl EpochStream {
+    pub(crate) fn start(
+        core: Arc<Core>,
+        epoch: u64,
+        start_step: u64,
+        feed: Box<dyn EpochFeed>,
+    ) -> EpochStream {
+        let mut stream = Self::new(core, epoch, start_step, feed);
+        stream.top_up();
+        stream
+    }
+
+    pub(crate) fn adopt(core: Arc<Core>, successor: Successor) -> EpochStream {
+        let Successor {
+            epoch,
+            feed,
+            dispatched,
+        } = successor;
+        let mut stream = Self::new(core, epoch, 0, feed);
+        stream.next_to_dispatch = dispatched;
+        stream.top_up();
+        stream
+    }
+
+    fn new(core: Arc<Core>, epoch: u64, start_step: u64, feed: Box<dyn EpochFeed>) -> Self {
+        let idle_seen = feed.producer_idle();
+        EpochStream {
+            prefetch: core.prefetch_depth(),
+            steps: feed.steps(),
+            core,
+            feed,
+            epoch,
+            ready: BTreeMap::new(),
+            next_step: start_step,
+            next_to_dispatch: start_step,
+            idle_seen,
+            recent_idle: VecDeque::new(),
+            arrived_latencies: Vec::new(),
+            last_return: None,
+            successor: None,
+            successor_failed: false,
+        }
+    }
+
+    /// The epoch being walked.
+    pub fn epoch(&self) -> u64 {
+        self.epoch
+    }
+
+    /// Steps in the epoch.
+    pub fn steps(&self) -> u64 {
+        self.steps
+    }
+
+    /// The step the next batch will have.
+    pub fn next_step(&self) -> u64 {
+        self.next_step
+    }
+
+    /// Batches asked for and not yet yielded (this epoch's, and the next one's started early).
+    pub fn in_flight(&self) -> usize {
+        (self.next_to_dispatch - self.next_step) as usize
+            + self.successor.as_ref().map_or(0, |s| s.dispatched as usize)
+    }
+
+    /// Asks for steps until `prefetch` are in flight or no free slot is left; past the last
+    /// step, asks for the next epoch's first steps.
+    fn top_up(&mut self) {
+        while self.in_flight() < self.prefetch {
+            if self.next_to_dispatch < self.steps {
+                let Some(slot) = self.core.slots.try_take(self.core.slots.slot_bytes()) else {
+                    return;
+                };
+                self.feed.request(self.next_to_dispatch, slot);
+                self.next_to_dispatch += 1;
+                continue;
+            }
+            if !self.core.prefetch_next_epoch || self.successor_failed {
+                return;
+            }
+            if self.successor.is_none() {
+                let next = self.epoch + 1;
+                match self
+                    .core
+                    .source
+                    .open_epoch(next, 0, self.core.monitor())
+                {
+                    Ok(feed) => {
+                        self.successor = Some(Successor {
+                            epoch: next,
+                            feed,
+                            dispatched: 0,
+                        })
+                    }
+                    Err(error) => {
+                        tracing::debug!(%error, epoch = next, "cannot start the next epoch early");
+                        self.successor_failed = true;
+                        return;
+                    }
+                }
+            }
+            let Some(successor) = self.successor.as_mut() else {
+                return;
+            };
+            if successor.dispatched >= successor.feed.steps() {
+                return;
+            }
+            let Some(slot) = self.core.slots.try_take(self.core.slots.slot_bytes()) else {
+                return;
+            };
+            successor.feed.request(successor.dispatched, slot);
+            successor.dispatched += 1;
+        }
+    }
+
+    /// Counts a wait that ended without a batch (timeout, interruption) in the stall figures.
+    fn record_wait(&self, waited: Duration) {
+        if let Ok(mut stats) = self.core.stats.lock() {
+            stats.record_wait(waited, self.next_step == 0);
+        }
+    }
+
+    /// Feeds the controller what this call saw and takes its new depth.
+    fn adjust_depth(&mut self, started: Instant, waited: Duration) {
+        let step_time = self
+            .last_return
+            .map_or(Duration::ZERO, |at| started.saturating_duration_since(at));
+        self.last_return = Some(Instant::now());
+        let Some(controller) = &self.core.controller else {
+            return;
+        };
+        // A wait while the producer never ran dry means building is slower than the consumer:
+        // a deeper queue would not shorten it, only cost memory. Only waits behind an idle
+        // producer count as stall, and the consumer's pace is what it actually got (step plus
+        // wait), so Little's law sizes the queue to the real flow.
+        let idle_total = self.feed.producer_idle();
+        let idle = idle_total.saturating_sub(self.idle_seen);
+        self.idle_seen = idle_total;
+        self.recent_idle.push_back(idle);
+        if self.recent_idle.len() > IDLE_WINDOW_CALLS {
+            self.recent_idle.pop_front();
+        }
+        // If the producer sat idle for at least as long as this wait over the recent calls,
+        // a deeper queue would have used that time to prevent it (bursty consumers idle the
+        // producer during a long step and stall a few steps later, when the queue drains).
+        let recent_idle: Duration = self.recent_idle.iter().sum();
+        let stall = if recent_idle >= waited {
+            waited
+        } else {
+            Duration::ZERO
+        };
+        if let Ok(mut controller) = controller.lock() {
+            controller.observe(stall, step_time + waited, &self.arrived_latencies);
+            // The controller counts the batch the consumer holds; the stream does not.
+            self.prefetch = controller.target_depth().saturating_sub(1).max(1);
+            tracing::trace!(
+                step = self.next_step - 1,
+                waited_us = waited.as_micros() as u64,
+                step_us = step_time.as_micros() as u64,
+                depth = self.prefetch,
+                in_flight = self.in_flight(),
+                "loader.prefetch"
+            );
+        }
+        self.arrived_latencies.clear();
+    }
+
+    /// The next batch in step order, `None` at the end of the epoch.
+    pub fn next_batch(&mut self) -> Result<Option<Batch>> {
+        self.next_batch_checked(&mut || false)
+    }
+
+    /// Like [`EpochStream::next_batch`], asking `interrupted` every [`INTERRUPT_CHECK`] while
+    /// it waits, and giving up with [`Error::Interrupted`] when it says so (Ctrl-C in Python).
+    pub fn next_batch_checked(
+        &mut self,
+        interrupted: &mut dyn FnMut() -> bool,
+    ) -> Result<Option<Batch>> {
+        if self.next_step >= self.steps {
+            return Ok(None);
+        }
+        let started = Instant::now();
+        let step = self.next_step;
+        let deadline = self.core.deadline;
+        while !self.ready.contains_key(&step) {
+            let remaining = deadline.saturating_sub(started.elapsed());
+            let slice = remaining.min(INTERRUPT_CHECK);
+            if self.next_to_dispatch == step {
+                // Nothing in flight: every slot is held by batches the consumer kept.
+                let slots = &self.core.slots;
+                if let Some(slot) = slots.take_timeout(slots.slot_bytes(), slice) {
+                    self.feed.request(step, slot);
+                    self.next_to_dispatch += 1;
+                    self.top_up();
+                    continue;
+                }
+                if started.elapsed() >= deadline {
+                    let error = Error::SlotsHeld {
+                        step,
+                        capacity: slots.capacity(),
+                        waited: started.elapsed(),
+                    };
+                    tracing::error!(%error, "loader.next found no free batch slot");
+                    self.record_wait(started.elapsed());
+                    return Err(error);
+                }
+                if interrupted() {
+                    self.record_wait(started.elapsed());
+                    return Err(Error::Interrupted);
+                }
+                continue;
+            }
+            match self.feed.recv(slice) {
+                Ok(Some(built)) => {
+                    self.arrived_latencies.push(built.service);
+                    self.ready.insert(built.step, built.result);
+                }
+                Ok(None) if started.elapsed() < deadline => {
+                    if interrupted() {
+                        self.record_wait(started.elapsed());
+                        return Err(Error::Interrupted);
+                    }
+                }
+                Ok(None) => {
+                    let error = Error::Timeout {
+                        epoch: self.epoch,
+                        step,
+                        rank: self.core.source.info().rank,
+                        waited: started.elapsed(),
+                        in_flight: self.in_flight(),
+                        waiting_on: self.feed.waiting_on(),
+                    };
+                    tracing::error!(%error, "loader.next timed out");
+                    self.record_wait(started.elapsed());
+                    return Err(error);
+                }
+                Err(error) => {
+                    self.record_wait(started.elapsed());
+                    return Err(error);
+                }
+            }
+        }
+        let waited = started.elapsed();
+        let result = self
+            .ready
+            .remove(&step)
+            .ok_or_else(|| Error::Stopped(format!("step {step} vanished")))?;
+        self.next_step += 1;
+        self.adjust_depth(started, waited);
+        self.top_up();
+        let batch = result?;
+        if let Ok(mut stats) = self.core.stats.lock() {
+            stats.record_batch(&batch, waited, step == 0, self.in_flight(), self.prefetch);
+        }
+        Ok(Some(batch))
+    }
+}
+
+impl Iterator for EpochStream {
+    type Item = Result<Batch>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        self.next_batch().transpose()
+    }
+}
+
+impl Drop for EpochStream {
+    fn drop(&mut self) {
+        // The next epoch's start goes to the loader, for the next stream to take over; an older
+        // one still waiting there is dropped (cancelled).
+        if let Some(successor) = self.successor.take() {
+            if let Ok(mut slot) = self.core.successor.lock() {
+                *slot = Some(successor);
+            }
+        }
+    }
+}
