@@ -5,7 +5,7 @@
 
 #![allow(clippy::unwrap_used)] // tests fail loudly by design
 
-#[path = "../../../datasets/tests/support/s3_server.rs"]
+#[path = "../../../datasets/tests/it/s3_server.rs"]
 mod s3_server;
 
 use std::path::Path;
