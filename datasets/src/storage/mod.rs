@@ -27,12 +27,19 @@
 
 mod cache;
 mod download;
+mod entry;
+mod entry_lock;
+mod eviction;
+mod options;
 mod remote_tar;
+mod stats;
 mod uri;
 
-pub use cache::{
-    CacheStats, CachedObject, ObjectCache, ObjectCacheOptions, S3Settings, DEFAULT_CONCURRENCY,
-    DEFAULT_MAX_BYTES, DEFAULT_PART_SIZE,
+pub use cache::ObjectCache;
+pub use entry::CachedObject;
+pub use options::{
+    ObjectCacheOptions, S3Settings, DEFAULT_CONCURRENCY, DEFAULT_MAX_BYTES, DEFAULT_PART_SIZE,
 };
 pub use remote_tar::RemoteTarShards;
+pub use stats::CacheStats;
 pub use uri::{parse_dataset_uri, DatasetLocation, RemoteLocation};

@@ -3,7 +3,9 @@
 use std::path::Path;
 use std::sync::Arc;
 
-use super::cache::{CacheStats, CachedObject, ObjectCache};
+use super::cache::ObjectCache;
+use super::entry::CachedObject;
+use super::stats::CacheStats;
 use super::uri::RemoteLocation;
 use crate::error::{Error, Result};
 use crate::sample_source::SampleSource;
