@@ -51,6 +51,7 @@ mod sample_source;
 mod storage;
 mod synthetic;
 mod tar_shards;
+mod token_dtype;
 mod token_file;
 
 pub use error::{Error, Result};
@@ -75,7 +76,8 @@ pub use tar_shards::{
     looks_like_tar_shards, write_tar_shards, TarIndexStats, TarShards, TarShardsWriterOptions,
     TarShardsWritten, CLASSES_FILE,
 };
+pub use token_dtype::TokenDtype;
 pub use token_file::{
-    looks_like_token_file, write_synthetic_tokens, SyntheticTokensSpec, TokenDtype, TokenFile,
-    TokenFileReport, MAX_SEQ_LEN,
+    looks_like_token_file, write_synthetic_tokens, SyntheticTokensSpec, TokenFile, TokenFileReport,
+    MAX_SEQ_LEN,
 };

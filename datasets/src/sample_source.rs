@@ -2,7 +2,7 @@
 
 use crate::error::Result;
 use crate::storage::CacheStats;
-use crate::token_file::TokenDtype;
+use crate::token_dtype::TokenDtype;
 
 /// The shape of a token-window source's samples: each is `seq_len + 1` tokens of `dtype`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
