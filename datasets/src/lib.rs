@@ -40,6 +40,7 @@
 
 #![cfg_attr(test, allow(clippy::unwrap_used))]
 
+mod cache_stats;
 mod error;
 mod files;
 mod image_folder;
@@ -54,6 +55,7 @@ mod tar_shards;
 mod token_dtype;
 mod token_file;
 
+pub use cache_stats::CacheStats;
 pub use error::{Error, Result};
 pub use image_folder::ImageFolder;
 pub use image_format::{sniff_format, ImageFormat};
@@ -67,7 +69,7 @@ pub use parquet_files::{
 };
 pub use sample_source::{NumericColumns, NumericKind, SampleSource, TokenWindowShape};
 pub use storage::{
-    parse_dataset_uri, CacheStats, CachedObject, DatasetLocation, ObjectCache, ObjectCacheOptions,
+    parse_dataset_uri, CachedObject, DatasetLocation, ObjectCache, ObjectCacheOptions,
     RemoteLocation, RemoteTarShards, S3Settings, DEFAULT_CONCURRENCY, DEFAULT_MAX_BYTES,
     DEFAULT_PART_SIZE,
 };

@@ -38,8 +38,9 @@ use super::entry::{commit, with_suffix, CachedObject, Entry, PartFile, Validity,
 use super::entry_lock::{downgrade, touch, try_lock, unlock, wait_for_lock};
 use super::eviction::evict_to_cap;
 use super::options::ObjectCacheOptions;
-use super::stats::{CacheStats, Counters};
+use super::stats::Counters;
 use super::uri::{parse_dataset_uri, DatasetLocation, RemoteLocation};
+use crate::cache_stats::CacheStats;
 use crate::error::{Error, Result};
 
 /// The local cache tier for remote objects. See the module docs for layout and guarantees.

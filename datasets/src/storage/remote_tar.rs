@@ -5,8 +5,8 @@ use std::sync::Arc;
 
 use super::cache::ObjectCache;
 use super::entry::CachedObject;
-use super::stats::CacheStats;
 use super::uri::RemoteLocation;
+use crate::cache_stats::CacheStats;
 use crate::error::{Error, Result};
 use crate::sample_source::SampleSource;
 use crate::tar_shards::{TarShards, CLASSES_FILE};
