@@ -40,6 +40,7 @@
 
 #![cfg_attr(test, allow(clippy::unwrap_used))]
 
+mod cache_stats;
 mod error;
 mod files;
 mod image_folder;
@@ -51,8 +52,10 @@ mod sample_source;
 mod storage;
 mod synthetic;
 mod tar_shards;
+mod token_dtype;
 mod token_file;
 
+pub use cache_stats::CacheStats;
 pub use error::{Error, Result};
 pub use image_folder::ImageFolder;
 pub use image_format::{sniff_format, ImageFormat};
@@ -66,7 +69,7 @@ pub use parquet_files::{
 };
 pub use sample_source::{NumericColumns, NumericKind, SampleSource, TokenWindowShape};
 pub use storage::{
-    parse_dataset_uri, CacheStats, CachedObject, DatasetLocation, ObjectCache, ObjectCacheOptions,
+    parse_dataset_uri, CachedObject, DatasetLocation, ObjectCache, ObjectCacheOptions,
     RemoteLocation, RemoteTarShards, S3Settings, DEFAULT_CONCURRENCY, DEFAULT_MAX_BYTES,
     DEFAULT_PART_SIZE,
 };
@@ -75,7 +78,8 @@ pub use tar_shards::{
     looks_like_tar_shards, write_tar_shards, TarIndexStats, TarShards, TarShardsWriterOptions,
     TarShardsWritten, CLASSES_FILE,
 };
+pub use token_dtype::TokenDtype;
 pub use token_file::{
-    looks_like_token_file, write_synthetic_tokens, SyntheticTokensSpec, TokenDtype, TokenFile,
-    TokenFileReport, MAX_SEQ_LEN,
+    looks_like_token_file, write_synthetic_tokens, SyntheticTokensSpec, TokenFile, TokenFileReport,
+    MAX_SEQ_LEN,
 };

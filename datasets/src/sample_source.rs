@@ -1,8 +1,8 @@
 //! The interface every dataset format offers to the pipeline: samples addressed by a dense index.
 
+use crate::cache_stats::CacheStats;
 use crate::error::Result;
-use crate::storage::CacheStats;
-use crate::token_file::TokenDtype;
+use crate::token_dtype::TokenDtype;
 
 /// The shape of a token-window source's samples: each is `seq_len + 1` tokens of `dtype`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

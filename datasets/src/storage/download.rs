@@ -23,7 +23,8 @@ use object_store::{
 };
 use tracing::{debug, warn};
 
-use super::cache::{Counters, S3Settings};
+use super::options::S3Settings;
+use super::stats::Counters;
 use super::uri::RemoteLocation;
 use crate::error::{Error, Result};
 

@@ -6,7 +6,7 @@
 //! - [`ObjectCache`]: whole remote objects materialised as local files (parallel ranged GETs
 //!   of [`DEFAULT_PART_SIZE`], retried with backoff; size cap with LRU eviction; safe for
 //!   concurrent threads and processes; survives restarts) with hit / miss / byte counters
-//!   ([`CacheStats`]). [`ObjectCache::fetch`] turns a URI into local paths, the step any
+//!   ([`CacheStats`](crate::CacheStats)). [`ObjectCache::fetch`] turns a URI into local paths, the step any
 //!   format can build on.
 //! - [`RemoteTarShards`]: tar shards under an `s3://` prefix, as a [`SampleSource`].
 //!
@@ -27,12 +27,18 @@
 
 mod cache;
 mod download;
+mod entry;
+mod entry_lock;
+mod eviction;
+mod options;
 mod remote_tar;
+mod stats;
 mod uri;
 
-pub use cache::{
-    CacheStats, CachedObject, ObjectCache, ObjectCacheOptions, S3Settings, DEFAULT_CONCURRENCY,
-    DEFAULT_MAX_BYTES, DEFAULT_PART_SIZE,
+pub use cache::ObjectCache;
+pub use entry::CachedObject;
+pub use options::{
+    ObjectCacheOptions, S3Settings, DEFAULT_CONCURRENCY, DEFAULT_MAX_BYTES, DEFAULT_PART_SIZE,
 };
 pub use remote_tar::RemoteTarShards;
 pub use uri::{parse_dataset_uri, DatasetLocation, RemoteLocation};

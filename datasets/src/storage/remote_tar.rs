@@ -3,8 +3,10 @@
 use std::path::Path;
 use std::sync::Arc;
 
-use super::cache::{CacheStats, CachedObject, ObjectCache};
+use super::cache::ObjectCache;
+use super::entry::CachedObject;
 use super::uri::RemoteLocation;
+use crate::cache_stats::CacheStats;
 use crate::error::{Error, Result};
 use crate::sample_source::SampleSource;
 use crate::tar_shards::{TarShards, CLASSES_FILE};

@@ -17,54 +17,13 @@ use tracing::info;
 
 use crate::error::{Error, Result};
 use crate::sample_source::{SampleSource, TokenWindowShape};
+use crate::token_dtype::TokenDtype;
 
 pub use synthetic::{write_synthetic_tokens, SyntheticTokensSpec};
 
 /// Longest window (`seq_len`) a token file may be cut into; longer is refused as a likely
 /// mistake (a window is one sample and lives in one batch row).
 pub const MAX_SEQ_LEN: u32 = 1 << 24;
-
-/// The element type of a token file.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum TokenDtype {
-    /// Little-endian `u16` (nanoGPT's default, vocabularies up to 65,536).
-    Uint16,
-    /// Little-endian `u32`.
-    Uint32,
-}
-
-impl TokenDtype {
-    /// Bytes per token.
-    pub fn size(self) -> usize {
-        match self {
-            TokenDtype::Uint16 => 2,
-            TokenDtype::Uint32 => 4,
-        }
-    }
-
-    /// The dtype a file name implies: `*.u32.bin` / `*.uint32.bin` are `Uint32`, anything else
-    /// `Uint16` (nanoGPT's convention), as `job.proto` documents.
-    pub fn from_file_name(path: &Path) -> TokenDtype {
-        let name = path
-            .file_name()
-            .map(|n| n.to_string_lossy().to_ascii_lowercase())
-            .unwrap_or_default();
-        if name.ends_with(".u32.bin") || name.ends_with(".uint32.bin") {
-            TokenDtype::Uint32
-        } else {
-            TokenDtype::Uint16
-        }
-    }
-
-    /// Lowercase name (`"uint16"`, `"uint32"`), as NumPy spells it.
-    pub fn name(self) -> &'static str {
-        match self {
-            TokenDtype::Uint16 => "uint16",
-            TokenDtype::Uint32 => "uint32",
-        }
-    }
-}
 
 /// Whether `path` looks like a token file (`*.bin`), for picking a format automatically.
 pub fn looks_like_token_file(path: &Path) -> bool {
@@ -256,24 +215,6 @@ impl TokenFile {
             seq_len: self.seq_len,
             windows: self.windows,
             max_token: max_token.unwrap_or(0),
-        }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn dtype_follows_the_file_name_rule() {
-        for (name, dtype) in [
-            ("train.bin", TokenDtype::Uint16),
-            ("train.u32.bin", TokenDtype::Uint32),
-            ("train.UINT32.bin", TokenDtype::Uint32),
-            ("u32.bin", TokenDtype::Uint16),
-            ("train.u16.bin", TokenDtype::Uint16),
-        ] {
-            assert_eq!(TokenDtype::from_file_name(Path::new(name)), dtype, "{name}");
         }
     }
 }

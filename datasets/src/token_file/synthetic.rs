@@ -6,8 +6,8 @@ use std::path::Path;
 use rand_core::Rng;
 use rand_pcg::Pcg64Mcg;
 
-use super::TokenDtype;
 use crate::error::{Error, Result};
+use crate::token_dtype::TokenDtype;
 
 /// What [`write_synthetic_tokens`] writes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -5,8 +5,7 @@
 
 #![allow(clippy::unwrap_used)] // tests fail loudly by design
 
-mod common;
-#[path = "../../datasets/tests/support/s3_server.rs"]
+#[path = "../../../datasets/tests/it/s3_server.rs"]
 mod s3_server;
 
 use std::path::Path;
@@ -14,6 +13,8 @@ use std::process::Command;
 
 use s3_server::{S3Server, ACCESS_KEY, SECRET_KEY};
 use stoker_datasets::{write_tar_shards, ImageFolder, TarShardsWriterOptions};
+
+use crate::common;
 
 /// Runs `stoker` with the server's endpoint and credentials and a cache in `cache_dir`;
 /// returns (last stdout line, stderr), after checking the run read the whole 40-sample epoch.

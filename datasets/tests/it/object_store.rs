@@ -5,19 +5,17 @@
 
 #![allow(clippy::unwrap_used)] // tests fail loudly by design
 
-#[path = "support/s3_server.rs"]
-mod s3_server;
-
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Barrier};
 use std::time::Duration;
 
-use s3_server::{S3Server, ACCESS_KEY, SECRET_KEY};
 use stoker_datasets::{
     generate_imagenet_like, write_tar_shards, CacheStats, ImageFolder, ObjectCache,
     ObjectCacheOptions, RemoteTarShards, S3Settings, SampleSource, SyntheticImageNetSpec,
     TarShards, TarShardsWriterOptions,
 };
+
+use crate::s3_server::{S3Server, ACCESS_KEY, SECRET_KEY};
 
 const BUCKET: &str = "data";
 

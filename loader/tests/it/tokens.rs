@@ -4,14 +4,14 @@
 
 #![allow(clippy::unwrap_used)] // tests fail loudly by design
 
-mod common;
-
 use std::collections::BTreeMap;
 use std::path::Path;
 
 use stoker_loader::{BatchDigest, Error, Loader, LoaderOptions};
 use stoker_proto::v1::{self as proto, op::Op as OpKind, BadSamplePolicy, Batch, JobSpec};
 use stoker_worker::{pack_documents, PackSpec, PackedRowsMut, TextTokenizer};
+
+use crate::common;
 
 fn op(kind: OpKind) -> proto::Op {
     proto::Op { op: Some(kind) }

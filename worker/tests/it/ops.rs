@@ -1,6 +1,6 @@
 //! Stoker's image ops against fixed expected outputs: torchvision's own results on a known
-//! pattern (fixtures/torchvision_expected.json, written by fixtures/torchvision_expected.py),
-//! decoder round trips, and the pipeline's checks.
+//! pattern (`tests/fixtures/torchvision_expected.json`, written by
+//! `tests/fixtures/torchvision_expected.py`), decoder round trips, and the pipeline's checks.
 
 #![allow(clippy::unwrap_used)] // tests fail loudly by design
 
@@ -38,7 +38,7 @@ fn full_image(pixels: Vec<u8>, width: u32, height: u32) -> DecodedImage {
 }
 
 fn expected() -> Value {
-    let text = include_str!("fixtures/torchvision_expected.json");
+    let text = include_str!("../fixtures/torchvision_expected.json");
     serde_json::from_str(text).expect("fixture parses")
 }
 

@@ -3,7 +3,7 @@
 //! can be stopped (every connection dropped at once) and restarted on the same port, by the
 //! test or by itself after a given number of object GETs.
 //!
-//! Shared by the datasets and loader integration tests (`#[path]`-included).
+//! A module of the datasets integration tests, also `#[path]`-included by the loader's.
 
 #![allow(dead_code, clippy::unwrap_used)]
 

@@ -1,7 +1,5 @@
 //! Shared fixtures of the loader's integration tests: small generated image sets and specs.
 
-#![allow(dead_code)]
-
 use std::path::Path;
 use std::process::{Command, Output};
 

@@ -3,13 +3,13 @@
 
 #![allow(clippy::unwrap_used)] // tests fail loudly by design
 
-mod common;
-
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use stoker_loader::{Loader, LoaderOptions};
 use stoker_proto::v1::{BadSamplePolicy, JobSpec};
+
+use crate::common;
 
 /// Bad files added to class_00 (they sort after the generated `img_*` files), with a word the
 /// reason must contain.

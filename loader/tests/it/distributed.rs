@@ -5,8 +5,6 @@
 
 #![allow(clippy::unwrap_used)]
 
-mod common;
-
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader};
 use std::path::Path;
@@ -18,6 +16,8 @@ use stoker_loader::distributed::{RemoteLoader, RemoteOptions};
 use stoker_loader::{BatchDigest, Loader, LoaderOptions};
 use stoker_proto::v1::coordinator_client::CoordinatorClient;
 use stoker_proto::v1::{JobSpec, OpenSessionRequest, RegisterJobRequest};
+
+use crate::common;
 
 /// A child daemon, SIGKILLed and reaped when dropped.
 struct Daemon {

@@ -4,11 +4,9 @@
 
 #![allow(clippy::unwrap_used)] // tests fail loudly by design
 
-mod common;
-
 use std::path::Path;
 
-use common::{stdout_of, stoker};
+use crate::common::{self, stdout_of, stoker};
 
 fn digest(data: &Path, extra: &[&str]) -> String {
     let mut args = vec![

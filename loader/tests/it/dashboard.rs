@@ -7,8 +7,6 @@
 
 #![allow(clippy::unwrap_used)] // tests fail loudly by design
 
-mod common;
-
 use std::collections::{HashMap, HashSet};
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpStream};
@@ -19,6 +17,8 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 use stoker_loader::{Dashboard, Loader, LoaderOptions};
+
+use crate::common;
 
 const CHROMIUM: &str = "/usr/bin/chromium";
 

@@ -3,8 +3,6 @@
 
 #![allow(clippy::unwrap_used)] // tests fail loudly by design
 
-mod common;
-
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -12,6 +10,8 @@ use std::time::Duration;
 use stoker_datasets::SampleSource;
 use stoker_loader::{BatchDigest, Error, Job, Loader, LoaderOptions};
 use stoker_proto::v1::{Batch, JobSpec};
+
+use crate::common;
 
 fn epoch_batches(spec: &JobSpec, threads: usize, epoch: u64) -> Vec<Batch> {
     let loader = Loader::new(

@@ -3,11 +3,9 @@
 
 #![allow(clippy::unwrap_used)] // tests fail loudly by design
 
-mod common;
-
 use std::process::Command;
 
-use common::{stdout_of, stoker};
+use crate::common::{self, stdout_of, stoker};
 
 fn last_line(text: &str) -> String {
     text.lines().last().unwrap_or_default().to_string()

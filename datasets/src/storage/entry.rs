@@ -1,0 +1,336 @@
+//! One entry of the cache tier on disk: where its files lie, the recorded identity of the
+//! copy and its check against the listing, the download in progress, and the commit that makes
+//! a complete download the entry.
+//!
+//! Layout under the cache folder, mirroring the bucket so the files read like the remote set:
+//!
+//! ```text
+//! s3/<bucket>/<key>                       the object's bytes, complete and verified
+//! s3/<bucket>/<key>.stoker-meta           JSON: size, ETag and last-modified of that copy
+//! s3/<bucket>/<key>.stoker-lock           the entry's lock file; its mtime is the last use
+//! s3/<bucket>/<key>.stoker-part-<pid>-<n> a download in progress
+//! s3/<bucket>/<key>.stoker-idx            a tar shard's index (written by `TarShards`)
+//! ```
+
+use std::fs::{File, OpenOptions};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use object_store::ObjectMeta;
+use serde::{Deserialize, Serialize};
+use tracing::{info, warn};
+
+use super::uri::RemoteLocation;
+use crate::error::{Error, Result};
+
+pub(super) const META_SUFFIX: &str = ".stoker-meta";
+pub(super) const LOCK_SUFFIX: &str = ".stoker-lock";
+pub(super) const PART_MARKER: &str = ".stoker-part-";
+pub(super) const INDEX_SUFFIX: &str = ".stoker-idx";
+
+/// A remote object materialised in the cache. While it lives, its entry is locked shared:
+/// no process evicts or replaces it.
+#[derive(Debug)]
+pub struct CachedObject {
+    key: String,
+    uri: String,
+    path: PathBuf,
+    size: u64,
+    /// Holds the entry's shared lock; closing it releases the lock.
+    _lock: File,
+}
+
+impl CachedObject {
+    /// The object's key in its bucket.
+    pub fn key(&self) -> &str {
+        &self.key
+    }
+
+    /// The object's `s3://` URI.
+    pub fn uri(&self) -> &str {
+        &self.uri
+    }
+
+    /// The local file holding the object's bytes.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// The object's size in bytes.
+    pub fn size(&self) -> u64 {
+        self.size
+    }
+
+    /// The last segment of the key.
+    pub fn file_name(&self) -> &str {
+        self.key.rsplit('/').next().unwrap_or(&self.key)
+    }
+}
+
+/// The recorded identity of a cached copy.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub(super) struct EntryMeta {
+    pub(super) size: u64,
+    e_tag: Option<String>,
+    last_modified: String,
+}
+
+impl EntryMeta {
+    fn of(object: &ObjectMeta) -> EntryMeta {
+        EntryMeta {
+            size: object.size,
+            e_tag: object.e_tag.clone(),
+            last_modified: object.last_modified.to_rfc3339(),
+        }
+    }
+
+    /// Whether a copy described by `self` is the object the listing describes.
+    fn matches(&self, listed: &EntryMeta) -> bool {
+        self.size == listed.size
+            && match (&self.e_tag, &listed.e_tag) {
+                (Some(mine), Some(theirs)) => mine == theirs,
+                _ => self.last_modified == listed.last_modified,
+            }
+    }
+}
+
+/// The files of one cache entry.
+pub(super) struct Entry {
+    pub(super) key: String,
+    pub(super) uri: String,
+    pub(super) data: PathBuf,
+    pub(super) meta: PathBuf,
+    pub(super) lock: PathBuf,
+    pub(super) listed: EntryMeta,
+}
+
+/// The state of an entry's copy against the listing.
+#[derive(Debug, PartialEq, Eq)]
+pub(super) enum Validity {
+    Valid,
+    Missing,
+    Stale,
+    Damaged(String),
+}
+
+pub(super) fn with_suffix(path: &Path, suffix: &str) -> PathBuf {
+    let mut name = path.as_os_str().to_os_string();
+    name.push(suffix);
+    PathBuf::from(name)
+}
+
+impl Entry {
+    pub(super) fn new(dir: &Path, location: &RemoteLocation, object: &ObjectMeta) -> Result<Entry> {
+        let key = object.location.to_string();
+        let uri = location.uri_of(&key);
+        let bad_segment = |segment: &str| {
+            segment.is_empty()
+                || segment == "."
+                || segment == ".."
+                || [META_SUFFIX, LOCK_SUFFIX, INDEX_SUFFIX]
+                    .iter()
+                    .any(|suffix| segment.ends_with(suffix))
+                || segment.contains(PART_MARKER)
+        };
+        if bad_segment(&location.bucket) || key.split('/').any(bad_segment) {
+            return Err(Error::InvalidUri {
+                uri,
+                reason: "the key cannot be cached: it has an empty, `.` or `..` segment or \
+                         ends like one of the cache's own files (.stoker-meta, .stoker-lock, \
+                         .stoker-idx)"
+                    .into(),
+            });
+        }
+        let mut data = dir.join("s3").join(&location.bucket);
+        data.extend(key.split('/'));
+        Ok(Entry {
+            meta: with_suffix(&data, META_SUFFIX),
+            lock: with_suffix(&data, LOCK_SUFFIX),
+            data,
+            key,
+            uri,
+            listed: EntryMeta::of(object),
+        })
+    }
+
+    pub(super) fn open_lock(&self) -> Result<File> {
+        if let Some(parent) = self.lock.parent() {
+            std::fs::create_dir_all(parent).map_err(|source| Error::io(parent, source))?;
+        }
+        OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(&self.lock)
+            .map_err(|source| Error::io(&self.lock, source))
+    }
+
+    pub(super) fn validity(&self) -> Validity {
+        let text = match std::fs::read(&self.meta) {
+            Ok(text) => text,
+            Err(error) if error.kind() == std::io::ErrorKind::NotFound => return Validity::Missing,
+            Err(error) => return Validity::Damaged(format!("metadata unreadable: {error}")),
+        };
+        let recorded: EntryMeta = match serde_json::from_slice(&text) {
+            Ok(recorded) => recorded,
+            Err(error) => return Validity::Damaged(format!("metadata unparsable: {error}")),
+        };
+        if !recorded.matches(&self.listed) {
+            return Validity::Stale;
+        }
+        match std::fs::metadata(&self.data) {
+            Ok(metadata) if metadata.len() == self.listed.size => Validity::Valid,
+            Ok(metadata) => Validity::Damaged(format!(
+                "data file holds {} bytes, {} expected",
+                metadata.len(),
+                self.listed.size
+            )),
+            Err(error) => Validity::Damaged(format!("data file unreadable: {error}")),
+        }
+    }
+
+    /// The entry as a [`CachedObject`] holding `lock` (locked shared by the caller).
+    pub(super) fn into_cached(self, lock: File) -> CachedObject {
+        CachedObject {
+            key: self.key,
+            uri: self.uri,
+            path: self.data,
+            size: self.listed.size,
+            _lock: lock,
+        }
+    }
+
+    /// Whether the copy is valid; logs why not when it is there but unusable.
+    pub(super) fn is_valid(&self) -> bool {
+        match self.validity() {
+            Validity::Valid => true,
+            Validity::Missing => false,
+            Validity::Stale => {
+                info!(uri = %self.uri, "cached copy is of another version of the object; fetching it again");
+                false
+            }
+            Validity::Damaged(why) => {
+                warn!(uri = %self.uri, cache = %self.data.display(), problem = %why, "cached copy is damaged; fetching it again");
+                false
+            }
+        }
+    }
+}
+
+/// A temporary download file, removed unless committed.
+pub(super) struct PartFile {
+    pub(super) path: PathBuf,
+    pub(super) file: Arc<File>,
+    pub(super) committed: bool,
+}
+
+impl Drop for PartFile {
+    fn drop(&mut self) {
+        if !self.committed {
+            // Best effort: nothing else can be done about a leftover, which a later eviction
+            // scan removes once stale.
+            let _ = std::fs::remove_file(&self.path);
+        }
+    }
+}
+
+/// Moves a complete download over the entry, then records its metadata.
+pub(super) fn commit(entry: &Entry, part: &PartFile) -> Result<()> {
+    part.file
+        .sync_all()
+        .map_err(|source| Error::io(&part.path, source))?;
+    let received = part
+        .file
+        .metadata()
+        .map_err(|source| Error::io(&part.path, source))?
+        .len();
+    if received != entry.listed.size {
+        return Err(Error::IncompleteObject {
+            uri: entry.uri.clone(),
+            expected: entry.listed.size,
+            received,
+        });
+    }
+    // Invalidate first so no reader trusts old metadata with new bytes in between.
+    match std::fs::remove_file(&entry.meta) {
+        Ok(()) => {}
+        Err(error) if error.kind() == std::io::ErrorKind::NotFound => {}
+        Err(source) => return Err(Error::io(&entry.meta, source)),
+    }
+    std::fs::rename(&part.path, &entry.data).map_err(|source| Error::io(&entry.data, source))?;
+    let meta = serde_json::to_vec(&entry.listed).map_err(|source| Error::Manifest {
+        path: entry.meta.clone(),
+        source,
+    })?;
+    write_atomically(&entry.meta, &meta).map_err(|source| Error::io(&entry.meta, source))
+}
+
+/// Writes `bytes` to `path` through a temporary file and a rename.
+fn write_atomically(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    let temporary = with_suffix(path, &format!("{PART_MARKER}{}-meta", std::process::id()));
+    let written =
+        std::fs::write(&temporary, bytes).and_then(|()| std::fs::rename(&temporary, path));
+    if written.is_err() {
+        let _ = std::fs::remove_file(&temporary);
+    }
+    written
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn metadata_matches_by_etag_else_by_time() {
+        let listed = EntryMeta {
+            size: 10,
+            e_tag: Some("\"a\"".into()),
+            last_modified: "t1".into(),
+        };
+        let mut copy = listed.clone();
+        copy.last_modified = "t0".into();
+        assert!(copy.matches(&listed), "same etag: same object");
+        copy.e_tag = Some("\"b\"".into());
+        assert!(!copy.matches(&listed));
+        copy.e_tag = None;
+        assert!(!copy.matches(&listed), "no etag: times differ");
+        copy.last_modified = "t1".into();
+        assert!(copy.matches(&listed));
+        copy.size = 11;
+        assert!(!copy.matches(&listed));
+    }
+
+    #[test]
+    fn keys_that_would_escape_or_clash_with_cache_files_are_refused() {
+        let location = RemoteLocation {
+            bucket: "b".into(),
+            prefix: String::new(),
+        };
+        let object = |key: &str| ObjectMeta {
+            location: object_store::path::Path::from(key),
+            last_modified: Default::default(),
+            size: 1,
+            e_tag: None,
+            version: None,
+        };
+        let entry =
+            Entry::new(Path::new("/cache"), &location, &object("train/shard-0.tar")).unwrap();
+        assert_eq!(entry.data, Path::new("/cache/s3/b/train/shard-0.tar"));
+        assert_eq!(
+            entry.lock,
+            Path::new("/cache/s3/b/train/shard-0.tar.stoker-lock")
+        );
+        for key in [
+            "x.tar.stoker-meta",
+            "x.stoker-lock",
+            "x.tar.stoker-idx",
+            "a.stoker-part-1-2",
+        ] {
+            assert!(
+                Entry::new(Path::new("/cache"), &location, &object(key)).is_err(),
+                "{key}"
+            );
+        }
+    }
+}

@@ -1,0 +1,102 @@
+//! The cache entries' file locks (`flock` through fs4): shared while an entry is read, exclusive
+//! to fetch or evict it, waits with a deadline, and the lock file's mtime as the entry's last use.
+
+use std::fs::File;
+use std::path::Path;
+use std::time::{Duration, Instant, SystemTime};
+
+use fs4::FileExt;
+use fs4::TryLockError;
+use tracing::{debug, info};
+
+use crate::error::{Error, Result};
+
+/// Tries to lock `file` without waiting. `Ok(false)`: someone else holds a conflicting lock.
+pub(super) fn try_lock(file: &File, exclusive: bool, path: &Path) -> Result<bool> {
+    let attempt = if exclusive {
+        FileExt::try_lock(file)
+    } else {
+        FileExt::try_lock_shared(file)
+    };
+    match attempt {
+        Ok(()) => Ok(true),
+        Err(TryLockError::WouldBlock) => Ok(false),
+        Err(TryLockError::Error(source)) => Err(Error::io(path, source)),
+    }
+}
+
+/// Waits for a lock on `file`, polling, up to `timeout` (every wait has a deadline).
+pub(super) fn wait_for_lock(
+    file: &File,
+    exclusive: bool,
+    path: &Path,
+    timeout: Duration,
+) -> Result<()> {
+    let started = Instant::now();
+    let mut pause = Duration::from_millis(5);
+    let mut logged = false;
+    loop {
+        if try_lock(file, exclusive, path)? {
+            return Ok(());
+        }
+        if started.elapsed() >= timeout {
+            return Err(Error::CacheLockTimeout {
+                path: path.to_path_buf(),
+                waited_seconds: started.elapsed().as_secs(),
+            });
+        }
+        if !logged && started.elapsed() >= Duration::from_secs(2) {
+            info!(lock = %path.display(), "waiting for a cache entry another process is fetching");
+            logged = true;
+        }
+        std::thread::sleep(pause);
+        pause = (pause * 2).min(Duration::from_millis(200));
+    }
+}
+
+pub(super) fn unlock(file: &File, path: &Path) -> Result<()> {
+    FileExt::unlock(file).map_err(|source| Error::io(path, source))
+}
+
+/// Turns the exclusive lock held on `file` into a shared one.
+pub(super) fn downgrade(file: &File, path: &Path) -> Result<()> {
+    FileExt::lock_shared(file).map_err(|source| Error::io(path, source))
+}
+
+/// Marks the entry as just used (the eviction order reads it back).
+pub(super) fn touch(lock: &File, path: &Path) {
+    if let Err(error) = lock.set_modified(SystemTime::now()) {
+        debug!(lock = %path.display(), %error, "cannot record the last use of a cache entry");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn locks_exclude_across_handles_of_one_process() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("entry.stoker-lock");
+        let first = File::create(&path).unwrap();
+        let second = File::open(&path).unwrap();
+        assert!(try_lock(&first, false, &path).unwrap());
+        assert!(
+            try_lock(&second, false, &path).unwrap(),
+            "shared locks coexist"
+        );
+        unlock(&second, &path).unwrap();
+        assert!(
+            !try_lock(&second, true, &path).unwrap(),
+            "a reader blocks eviction"
+        );
+        unlock(&first, &path).unwrap();
+        assert!(try_lock(&second, true, &path).unwrap());
+        assert!(
+            !try_lock(&first, false, &path).unwrap(),
+            "a fetch blocks readers"
+        );
+        let error = wait_for_lock(&first, false, &path, Duration::from_millis(50)).unwrap_err();
+        assert!(matches!(error, Error::CacheLockTimeout { .. }));
+    }
+}

@@ -1,0 +1,139 @@
+//! Keeping the cache tier under its cap: a scan of the entries on disk (removing downloads left
+//! by dead processes), then least-recently-used eviction of the entries no process holds.
+
+use std::fs::OpenOptions;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::Ordering;
+use std::time::{Duration, SystemTime};
+
+use tracing::{debug, warn};
+
+use super::entry::{with_suffix, INDEX_SUFFIX, LOCK_SUFFIX, META_SUFFIX, PART_MARKER};
+use super::entry_lock::try_lock;
+use super::stats::Counters;
+use crate::error::Result;
+
+/// Parts left behind by a process that died are removed once this old.
+const STALE_PART_AGE: Duration = Duration::from_secs(24 * 60 * 60);
+
+/// Evicts least-recently-used entries nobody holds from the cache in `dir` until the cached
+/// objects add up to `max_bytes` at most, counting evictions in `counters`. Entries in use
+/// (locked by any process) are skipped; leftover downloads of dead processes are removed on
+/// the way.
+pub(super) fn evict_to_cap(dir: &Path, max_bytes: u64, counters: &Counters) -> Result<()> {
+    let root = dir.join("s3");
+    let mut entries = Vec::new();
+    scan(&root, &mut entries);
+    let mut total: u64 = entries.iter().map(|entry| entry.size).sum();
+    if total <= max_bytes {
+        return Ok(());
+    }
+    entries.sort_by_key(|entry| entry.last_use);
+    for entry in &entries {
+        if total <= max_bytes {
+            break;
+        }
+        let lock = match OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(&entry.lock)
+        {
+            Ok(lock) => lock,
+            Err(error) => {
+                debug!(lock = %entry.lock.display(), %error, "cannot open a cache lock; not evicting");
+                continue;
+            }
+        };
+        if !try_lock(&lock, true, &entry.lock)? {
+            continue;
+        }
+        // The metadata goes first: without it the entry is invalid whatever is left.
+        for path in [
+            &entry.meta,
+            &entry.data,
+            &with_suffix(&entry.data, INDEX_SUFFIX),
+        ] {
+            match std::fs::remove_file(path) {
+                Ok(()) => {}
+                Err(error) if error.kind() == std::io::ErrorKind::NotFound => {}
+                Err(error) => {
+                    warn!(path = %path.display(), %error, "cannot remove an evicted cache file")
+                }
+            }
+        }
+        total -= entry.size;
+        counters.evictions.fetch_add(1, Ordering::Relaxed);
+        counters
+            .bytes_evicted
+            .fetch_add(entry.size, Ordering::Relaxed);
+        debug!(path = %entry.data.display(), bytes = entry.size, "evicted from the object cache");
+    }
+    if total > max_bytes {
+        warn!(
+            cache = %dir.display(),
+            bytes = total,
+            cap = max_bytes,
+            "object cache is over its cap: every entry left is in use"
+        );
+    }
+    Ok(())
+}
+
+/// An entry found by the eviction scan.
+struct ScannedEntry {
+    data: PathBuf,
+    meta: PathBuf,
+    lock: PathBuf,
+    size: u64,
+    last_use: SystemTime,
+}
+
+/// Finds every entry (by its metadata file) under `folder`, removing stale leftovers.
+fn scan(folder: &Path, entries: &mut Vec<ScannedEntry>) {
+    let Ok(listing) = std::fs::read_dir(folder) else {
+        return;
+    };
+    for item in listing.flatten() {
+        let path = item.path();
+        let Ok(file_type) = item.file_type() else {
+            continue;
+        };
+        if file_type.is_dir() {
+            scan(&path, entries);
+            continue;
+        }
+        let name = item.file_name();
+        let name = name.to_string_lossy();
+        if name.contains(PART_MARKER) {
+            let old = item
+                .metadata()
+                .and_then(|metadata| metadata.modified())
+                .ok()
+                .and_then(|modified| modified.elapsed().ok())
+                .is_some_and(|age| age > STALE_PART_AGE);
+            if old {
+                let _ = std::fs::remove_file(&path);
+            }
+            continue;
+        }
+        let Some(data_name) = name.strip_suffix(META_SUFFIX) else {
+            continue;
+        };
+        let data = path.with_file_name(data_name);
+        let lock = with_suffix(&data, LOCK_SUFFIX);
+        let size = std::fs::metadata(&data).map_or(0, |metadata| metadata.len());
+        let last_use = std::fs::metadata(&lock)
+            .or_else(|_| item.metadata())
+            .and_then(|metadata| metadata.modified())
+            .unwrap_or(SystemTime::UNIX_EPOCH);
+        entries.push(ScannedEntry {
+            data,
+            meta: path,
+            lock,
+            size,
+            last_use,
+        });
+    }
+}

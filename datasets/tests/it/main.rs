@@ -1,0 +1,11 @@
+//! The datasets crate's integration tests, one binary (one link, one process): one module per
+//! format or area, on temporary folders; `s3_server` is the in-test S3-compatible server the
+//! object-store tests (and the loader's, through `#[path]`) start on 127.0.0.1.
+
+mod image_folder;
+mod jsonl;
+mod object_store;
+mod parquet;
+mod s3_server;
+mod tar_shards;
+mod token_file;

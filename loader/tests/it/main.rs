@@ -1,0 +1,15 @@
+//! The loader's integration tests, one binary (one link, one process): each module is one
+//! area, `common` holds the shared fixtures. Tests that start daemons or the dashboard bind
+//! port 0 and keep their state in their own temporary folders, so they run side by side.
+
+mod bad_input;
+mod cli;
+mod columns;
+mod common;
+mod convert;
+mod dashboard;
+mod distributed;
+mod embedded;
+mod object_store;
+mod planner;
+mod tokens;

@@ -1,0 +1,144 @@
+//! Where a batch's tensors lie in its buffer ([`TensorLayout`], one after the other, column
+//! tensors 8-byte aligned) and the batch's wire form ([`AssembledBatch::into_proto`]).
+
+use bytes::Bytes;
+use stoker_datasets::TokenDtype;
+use stoker_proto::v1 as proto;
+
+use super::{BatchAssembler, BatchKey};
+use crate::job_pipeline::{token_dtype_proto, JobPipeline};
+use crate::pipeline::SampleTimings;
+
+/// Where one tensor lies in a batch buffer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TensorLayout {
+    /// Tensor name (`image`, `tokens`, `input_ids`, a column's name, ...).
+    pub name: String,
+    /// Element type.
+    pub dtype: proto::Dtype,
+    /// Shape, batch first.
+    pub shape: Vec<u64>,
+    /// Byte range in the batch buffer.
+    pub bytes: std::ops::Range<usize>,
+}
+
+/// What a batch holds besides its buffer's bytes.
+#[derive(Debug, Clone)]
+pub struct AssembledBatch {
+    /// Where the batch belongs.
+    pub key: BatchKey,
+    /// The tensors in the batch buffer, in wire order.
+    pub tensors: Vec<TensorLayout>,
+    /// One label per sample (the substitute's label for replaced samples); image and column
+    /// batches, where they become the `label` tensor.
+    pub labels: Vec<i64>,
+    /// Stage timings summed over the samples.
+    pub timings: SampleTimings,
+    /// Samples replaced under the skip policy.
+    pub bad_samples: Vec<proto::BadSample>,
+    /// Packed text: document tokens (EOS included) that did not fit in the batch's rows.
+    pub dropped_tokens: u64,
+}
+
+impl AssembledBatch {
+    /// The wire form; `data` is the batch buffer the tensors were written into.
+    pub fn into_proto(self, indices: &[u64], data: Bytes) -> proto::Batch {
+        let mut tensors: Vec<proto::Tensor> = self
+            .tensors
+            .into_iter()
+            .map(|layout| proto::Tensor {
+                name: layout.name,
+                dtype: layout.dtype as i32,
+                shape: layout.shape,
+                data: data.slice(layout.bytes),
+            })
+            .collect();
+        if !self.labels.is_empty() {
+            let labels: Vec<u8> = self.labels.iter().flat_map(|l| l.to_le_bytes()).collect();
+            tensors.push(proto::Tensor {
+                name: "label".into(),
+                dtype: proto::Dtype::Int64 as i32,
+                shape: vec![self.labels.len() as u64],
+                data: Bytes::from(labels),
+            });
+        }
+        proto::Batch {
+            epoch: self.key.epoch,
+            rank: self.key.rank,
+            step: self.key.step,
+            tensors,
+            sample_indices: indices.to_vec(),
+            timings: Some(proto::StageTimings {
+                read_ns: self.timings.read_ns,
+                decode_ns: self.timings.decode_ns,
+                augment_ns: self.timings.augment_ns,
+                assemble_ns: self.timings.assemble_ns,
+                transfer_ns: 0,
+            }),
+            bad_samples: self.bad_samples,
+        }
+    }
+}
+
+impl BatchAssembler {
+    /// The tensors of a batch of `samples`, laid out one after the other in its buffer.
+    pub fn layout(&self, samples: usize) -> Vec<TensorLayout> {
+        let batch = samples as u64;
+        match &self.pipeline {
+            JobPipeline::Image(pipeline) => vec![TensorLayout {
+                name: "image".into(),
+                dtype: pipeline.image_dtype(),
+                shape: pipeline.image_shape(samples),
+                bytes: 0..pipeline.bytes_per_sample() * samples,
+            }],
+            JobPipeline::TokenWindows { seq_len } => {
+                let dtype = self.window_dtype.unwrap_or(TokenDtype::Uint16);
+                let row = (*seq_len as usize + 1) * dtype.size();
+                vec![TensorLayout {
+                    name: "tokens".into(),
+                    dtype: token_dtype_proto(dtype),
+                    shape: vec![batch, u64::from(*seq_len) + 1],
+                    bytes: 0..row * samples,
+                }]
+            }
+            JobPipeline::PackedText(packed) => {
+                let seq_len = packed.pack.seq_len;
+                let len = samples * seq_len as usize * 4;
+                ["input_ids", "position_ids", "document_ids"]
+                    .into_iter()
+                    .enumerate()
+                    .map(|(i, name)| TensorLayout {
+                        name: name.into(),
+                        dtype: proto::Dtype::Int32,
+                        shape: vec![batch, u64::from(seq_len)],
+                        bytes: i * len..(i + 1) * len,
+                    })
+                    .collect()
+            }
+            JobPipeline::Columns(_) => {
+                let mut start = 0usize;
+                self.columns
+                    .iter()
+                    .map(|column| {
+                        // Each tensor starts 8-byte aligned so int64 views need no copy.
+                        start = start.next_multiple_of(8);
+                        let end = start + column.size() * samples;
+                        let layout = TensorLayout {
+                            name: column.name.clone(),
+                            dtype: column.dtype(),
+                            shape: vec![batch],
+                            bytes: start..end,
+                        };
+                        start = end;
+                        layout
+                    })
+                    .collect()
+            }
+        }
+    }
+
+    /// Bytes of the buffer of a batch of `samples` (all its tensors but labels).
+    pub fn batch_bytes(&self, samples: usize) -> usize {
+        self.layout(samples).last().map_or(0, |t| t.bytes.end)
+    }
+}

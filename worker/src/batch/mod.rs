@@ -1,0 +1,304 @@
+//! Batch assembly: the samples of one step processed in parallel (rayon), with the bad-input
+//! policy applied per sample, into one batch buffer. Images and token windows are written
+//! straight into their row; text documents are tokenised in parallel, then packed in order.
+//! Numeric columns are read for the whole batch at once, and sample by sample (under the
+//! policy) only when that read fails.
+//! The buffer holds the batch's tensors one after the other ([`AssembledBatch::tensors`]).
+//!
+//! This module builds the rows; `layout` says where each tensor lies in the buffer and makes
+//! the wire form, `columns` reads Parquet numeric columns, `bad_sample_policy` replaces or
+//! reports samples that cannot be read.
+
+mod bad_sample_policy;
+mod columns;
+mod layout;
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Instant;
+
+use bytes::Bytes;
+use rayon::prelude::*;
+use stoker_datasets::{SampleSource, TokenDtype};
+use stoker_proto::v1::{self as proto, BadSamplePolicy};
+
+use crate::error::{Error, Result, SampleError};
+use crate::job_pipeline::{JobPipeline, PackedText};
+use crate::ops::pack::{pack_documents, PackedRowsMut};
+use crate::pipeline::{SampleTimings, Scratch};
+use crate::rng::SampleRng;
+
+use bad_sample_policy::SampleOutcome;
+pub use bad_sample_policy::MAX_SUBSTITUTE_TRIES;
+use columns::{output_columns, OutputColumn};
+pub use layout::{AssembledBatch, TensorLayout};
+
+thread_local! {
+    static SCRATCH: std::cell::RefCell<Scratch> = std::cell::RefCell::new(Scratch::default());
+}
+
+/// The coordinates of one batch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct BatchKey {
+    /// Epoch.
+    pub epoch: u64,
+    /// Rank.
+    pub rank: u32,
+    /// Step within the rank's epoch.
+    pub step: u64,
+}
+
+/// Turns lists of sample indices into batches for one job.
+pub struct BatchAssembler {
+    source: Arc<dyn SampleSource>,
+    pipeline: JobPipeline,
+    /// The source's token dtype, for TokenWindows pipelines.
+    window_dtype: Option<TokenDtype>,
+    /// SelectColumns: each column's output type, in tensor order.
+    columns: Vec<OutputColumn>,
+    /// SelectColumns: whether batches carry the source's `label` tensor (not when a selected
+    /// column is itself named `label`).
+    column_labels: bool,
+    seed: u64,
+    policy: BadSamplePolicy,
+    bad_samples_seen: AtomicU64,
+    tokens_dropped: AtomicU64,
+}
+
+impl BatchAssembler {
+    /// An assembler reading from `source` through `pipeline`. Fails when the two do not fit
+    /// (token windows need a token file of the same `seq_len`; a token file needs them).
+    pub fn new(
+        source: Arc<dyn SampleSource>,
+        pipeline: impl Into<JobPipeline>,
+        seed: u64,
+        policy: BadSamplePolicy,
+    ) -> Result<Self> {
+        let pipeline = pipeline.into();
+        let windows = source.token_windows();
+        let window_dtype = match (&pipeline, windows) {
+            (JobPipeline::TokenWindows { seq_len }, Some(shape)) if shape.seq_len == *seq_len => {
+                Some(shape.dtype)
+            }
+            (JobPipeline::TokenWindows { seq_len }, Some(shape)) => {
+                return Err(Error::InvalidSpec(format!(
+                    "the token file was opened with windows of seq_len {} but the pipeline's \
+                     TokenWindows asks for {seq_len}",
+                    shape.seq_len
+                )))
+            }
+            (JobPipeline::TokenWindows { .. }, None) => {
+                return Err(Error::InvalidSpec(
+                    "TokenWindows reads token files only; for text use [Tokenize, PackSequences]"
+                        .into(),
+                ))
+            }
+            (_, Some(_)) => {
+                return Err(Error::InvalidSpec(
+                    "a token file is read through a [TokenWindows] pipeline".into(),
+                ))
+            }
+            (_, None) => None,
+        };
+        let (columns, column_labels) = match &pipeline {
+            JobPipeline::Columns(selected) => (
+                output_columns(source.as_ref(), selected)?,
+                !selected.names.iter().any(|name| name == "label"),
+            ),
+            _ => (Vec::new(), false),
+        };
+        Ok(Self {
+            source,
+            pipeline,
+            window_dtype,
+            columns,
+            column_labels,
+            seed,
+            policy,
+            bad_samples_seen: AtomicU64::new(0),
+            tokens_dropped: AtomicU64::new(0),
+        })
+    }
+
+    /// The pipeline.
+    pub fn pipeline(&self) -> &JobPipeline {
+        &self.pipeline
+    }
+
+    /// The data source.
+    pub fn source(&self) -> &Arc<dyn SampleSource> {
+        &self.source
+    }
+
+    /// Bad samples met so far (under either policy).
+    pub fn bad_samples_seen(&self) -> u64 {
+        self.bad_samples_seen.load(Ordering::Relaxed)
+    }
+
+    /// Packed text: document tokens dropped so far because they did not fit their batch.
+    pub fn tokens_dropped(&self) -> u64 {
+        self.tokens_dropped.load(Ordering::Relaxed)
+    }
+
+    /// Builds the batch of `indices` (dataset indices in batch order) into `buffer`, which must
+    /// hold exactly [`BatchAssembler::batch_bytes`] bytes. Runs the samples in parallel on the
+    /// current rayon pool; the bytes depend only on the arguments and the job.
+    pub fn assemble_into(
+        &self,
+        key: BatchKey,
+        indices: &[u64],
+        buffer: &mut [u8],
+    ) -> Result<AssembledBatch> {
+        let tensors = self.layout(indices.len());
+        let expected = tensors.last().map_or(0, |t| t.bytes.end);
+        if buffer.len() != expected {
+            return Err(Error::InvalidSpec(format!(
+                "batch buffer of {} bytes for {} samples needing {expected} bytes",
+                buffer.len(),
+                indices.len()
+            )));
+        }
+        let mut assembled = AssembledBatch {
+            key,
+            tensors,
+            labels: Vec::new(),
+            timings: SampleTimings::default(),
+            bad_samples: Vec::new(),
+            dropped_tokens: 0,
+        };
+        match &self.pipeline {
+            JobPipeline::Image(_) | JobPipeline::TokenWindows { .. } => {
+                let row_bytes = if indices.is_empty() {
+                    1
+                } else {
+                    expected / indices.len()
+                };
+                let labelled = matches!(self.pipeline, JobPipeline::Image(_));
+                let outcomes: Vec<Result<SampleOutcome<()>>> = buffer
+                    .par_chunks_mut(row_bytes.max(1))
+                    .zip(indices.par_iter())
+                    .map(|(dest, &index)| {
+                        self.with_policy(index, |source_index, timings| {
+                            self.try_row(key.epoch, index, source_index, dest, timings)
+                        })
+                    })
+                    .collect();
+                for outcome in outcomes {
+                    let outcome = outcome?;
+                    if labelled {
+                        assembled.labels.push(self.source.label(outcome.used));
+                    }
+                    assembled.timings.add(&outcome.timings);
+                    assembled.bad_samples.extend(outcome.bad);
+                }
+            }
+            JobPipeline::Columns(_) => {
+                self.assemble_columns(indices, buffer, &mut assembled)?;
+            }
+            JobPipeline::PackedText(packed) => {
+                let outcomes: Vec<Result<SampleOutcome<Vec<u32>>>> = indices
+                    .par_iter()
+                    .map(|&index| {
+                        self.with_policy(index, |source_index, timings| {
+                            self.try_document(packed, source_index, timings)
+                        })
+                    })
+                    .collect();
+                let mut documents = Vec::with_capacity(indices.len());
+                for outcome in outcomes {
+                    let outcome = outcome?;
+                    documents.push(outcome.value);
+                    assembled.timings.add(&outcome.timings);
+                    assembled.bad_samples.extend(outcome.bad);
+                }
+                let started = Instant::now();
+                let third = buffer.len() / 3;
+                let (input_ids, rest) = buffer.split_at_mut(third);
+                let (position_ids, document_ids) = rest.split_at_mut(third);
+                let summary = pack_documents(
+                    &packed.pack,
+                    &documents,
+                    PackedRowsMut {
+                        input_ids,
+                        position_ids,
+                        document_ids,
+                    },
+                );
+                assembled.timings.assemble_ns += started.elapsed().as_nanos() as u64;
+                assembled.dropped_tokens = summary.dropped_tokens;
+                self.tokens_dropped
+                    .fetch_add(summary.dropped_tokens, Ordering::Relaxed);
+            }
+        }
+        Ok(assembled)
+    }
+
+    /// Builds the batch of `indices` in a new buffer; see [`BatchAssembler::assemble_into`].
+    pub fn assemble(&self, key: BatchKey, indices: &[u64]) -> Result<proto::Batch> {
+        let mut buffer = vec![0u8; self.batch_bytes(indices.len())];
+        let assembled = self.assemble_into(key, indices, &mut buffer)?;
+        Ok(assembled.into_proto(indices, Bytes::from(buffer)))
+    }
+
+    /// One image or token window into its row `dest`. Images draw from the stream of
+    /// `rng_index` (the slot's sample, also when a substitute is read).
+    fn try_row(
+        &self,
+        epoch: u64,
+        rng_index: u64,
+        index: u64,
+        dest: &mut [u8],
+        timings: &mut SampleTimings,
+    ) -> std::result::Result<(), SampleError> {
+        let started = Instant::now();
+        let bytes = self
+            .source
+            .read(index)
+            .map_err(|e| SampleError::Unreadable(e.to_string()))?;
+        let read_at = Instant::now();
+        timings.read_ns += (read_at - started).as_nanos() as u64;
+        match &self.pipeline {
+            JobPipeline::Image(pipeline) => {
+                let mut rng = SampleRng::new(self.seed, epoch, rng_index);
+                SCRATCH.with(|scratch| {
+                    pipeline.process(&bytes, &mut rng, dest, &mut scratch.borrow_mut(), timings)
+                })
+            }
+            JobPipeline::TokenWindows { .. } => {
+                if bytes.len() != dest.len() {
+                    return Err(SampleError::WindowSize {
+                        found: bytes.len(),
+                        expected: dest.len(),
+                    });
+                }
+                dest.copy_from_slice(&bytes);
+                timings.assemble_ns += read_at.elapsed().as_nanos() as u64;
+                Ok(())
+            }
+            JobPipeline::PackedText(_) | JobPipeline::Columns(_) => Err(SampleError::Unreadable(
+                "this pipeline is not assembled row by row".into(),
+            )),
+        }
+    }
+
+    /// One text document, tokenised (read = read, decode = tokenise).
+    fn try_document(
+        &self,
+        packed: &PackedText,
+        index: u64,
+        timings: &mut SampleTimings,
+    ) -> std::result::Result<Vec<u32>, SampleError> {
+        let started = Instant::now();
+        let bytes = self
+            .source
+            .read(index)
+            .map_err(|e| SampleError::Unreadable(e.to_string()))?;
+        let read_at = Instant::now();
+        timings.read_ns += (read_at - started).as_nanos() as u64;
+        let text = std::str::from_utf8(&bytes)
+            .map_err(|e| SampleError::InvalidText(format!("not UTF-8: {e}")))?;
+        let ids = packed.tokenizer.encode(text)?;
+        timings.decode_ns += read_at.elapsed().as_nanos() as u64;
+        Ok(ids)
+    }
+}

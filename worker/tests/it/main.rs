@@ -1,0 +1,4 @@
+//! The worker crate's integration tests, one binary: `ops` checks the image ops against
+//! torchvision's outputs (`tests/fixtures/`) and the pipeline's checks.
+
+mod ops;
