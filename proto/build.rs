@@ -1,4 +1,6 @@
-//! Compiles `stoker/v1/*.proto` with the vendored protoc, so no system protoc is needed.
+//! Compiles `stoker/v1/*.proto` with the vendored protoc, so no system protoc is needed, and
+//! keeps protoc's descriptor set of them (`stoker.v1.bin`, comments included): the crate embeds
+//! it so the op language can be listed from the proto itself (`stoker_proto::op_schema`).
 
 use std::path::PathBuf;
 
@@ -13,10 +15,13 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         "stoker/v1/batch.proto",
         "stoker/v1/service.proto",
     ];
+    println!("cargo:rerun-if-changed=build.rs");
     for file in files {
         println!("cargo:rerun-if-changed={}", root.join(file).display());
     }
+    let out_dir = PathBuf::from(std::env::var("OUT_DIR")?);
     tonic_prost_build::configure()
+        .file_descriptor_set_path(out_dir.join("stoker.v1.bin"))
         .build_server(true)
         .build_client(true)
         .bytes(".stoker.v1")

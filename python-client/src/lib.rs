@@ -463,6 +463,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(make_dataset, m)?)?;
     m.add_function(wrap_pyfunction!(make_tokens, m)?)?;
     m.add_function(wrap_pyfunction!(train_bpe_tokenizer, m)?)?;
+    ops::register(m)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     Ok(())
 }

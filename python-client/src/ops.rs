@@ -1,165 +1,146 @@
-//! Python op dicts (`{"op": "random_resized_crop", "size": [224, 224], ...}`) to protobuf ops.
-//! The Python layer checks arguments first; this checks again, since the native module can be
-//! called directly, and names the op and key at fault.
+//! Pipeline ops between Python and Rust, with the proto as the one definition of the language.
+//!
+//! An op crosses as a dict whose `"op"` key names a variant of the proto's `Op` oneof and whose
+//! other keys are that message's fields (`{"op": "center_crop", "height": 224, "width": 224}`);
+//! [`stoker_proto::build_op`] turns it into a typed op through the embedded descriptor, so this
+//! file lists no op. The checks are the workers' own ([`stoker_worker::check_op`],
+//! [`stoker_worker::JobPipeline::check`]); Python calls them instead of keeping copies.
+//! `op_schema()` shows Python the language: the ops, their fields, types and comments.
 
 use pyo3::prelude::*;
-use pyo3::types::{PyDict, PyDictMethods};
-use stoker_proto::v1::{self as proto, op::Op as OpKind};
+use pyo3::types::{PyBool, PyDict, PyDictMethods, PyFloat, PyInt, PyList, PyString, PyTuple};
+use stoker_proto::v1 as proto;
+use stoker_proto::{FieldKind, Value};
 
 use crate::errors::{raise, Kind};
 
-fn bad(index: usize, message: impl std::fmt::Display) -> PyErr {
-    raise(Kind::Pipeline, format!("op {index}: {message}"))
+fn pipeline_error(message: impl std::fmt::Display) -> PyErr {
+    raise(Kind::Pipeline, message.to_string())
 }
 
-fn get<'py, T: FromPyObjectOwned<'py>>(
-    op: &Bound<'py, PyDict>,
-    index: usize,
-    key: &str,
-) -> PyResult<T> {
-    let value = op
-        .get_item(key)?
-        .ok_or_else(|| bad(index, format!("missing key {key:?}")))?;
-    let type_name = value
-        .get_type()
-        .name()
-        .map(|n| n.to_string())
-        .unwrap_or_else(|_| "?".into());
-    value
-        .extract::<T>()
-        .map_err(|_| bad(index, format!("{key:?} has the wrong type ({type_name})")))
-}
-
-fn pair<'py>(op: &Bound<'py, PyDict>, index: usize, key: &str) -> PyResult<(f64, f64)> {
-    let values: Vec<f64> = get(op, index, key)?;
-    match values.as_slice() {
-        [a, b] => Ok((*a, *b)),
-        _ => Err(bad(
-            index,
-            format!("{key:?} needs two numbers, got {}", values.len()),
-        )),
+fn value(object: &Bound<'_, PyAny>) -> PyResult<Value> {
+    // bool before int: Python's bool is an int subclass.
+    if object.is_none() {
+        Ok(Value::Unset)
+    } else if object.is_instance_of::<PyBool>() {
+        Ok(Value::Bool(object.extract()?))
+    } else if object.is_instance_of::<PyInt>() {
+        // Wider than any proto integer, so an out-of-range value gets the field's own message.
+        match object.extract::<i128>() {
+            Ok(number) => Ok(Value::Int(number)),
+            Err(_) => Ok(Value::Other(object.repr()?.to_string())),
+        }
+    } else if object.is_instance_of::<PyFloat>() {
+        Ok(Value::Float(object.extract()?))
+    } else if object.is_instance_of::<PyString>() {
+        Ok(Value::Str(object.extract()?))
+    } else if object.is_instance_of::<PyList>() || object.is_instance_of::<PyTuple>() {
+        object
+            .try_iter()?
+            .map(|item| value(&item?))
+            .collect::<PyResult<_>>()
+            .map(Value::List)
+    } else {
+        Ok(Value::Other(object.repr()?.to_string()))
     }
 }
 
-fn size<'py>(op: &Bound<'py, PyDict>, index: usize) -> PyResult<(u32, u32)> {
-    let values: Vec<u32> = get(op, index, "size")?;
-    match values.as_slice() {
-        [h, w] => Ok((*h, *w)),
-        _ => Err(bad(index, "\"size\" needs [height, width]")),
+/// One op dict to a proto op; the error names the op and the field.
+fn op_from_dict(op: &Bound<'_, PyDict>) -> PyResult<Result<proto::Op, String>> {
+    let Some(name) = op.get_item("op")? else {
+        return Ok(Err("an op dict needs the key \"op\" (the op's name)".into()));
+    };
+    let Ok(name) = name.extract::<String>() else {
+        return Ok(Err(format!("the \"op\" key must be a string, got {name}")));
+    };
+    let mut fields = Vec::with_capacity(op.len());
+    for (key, item) in op.iter() {
+        let key: String = key.str()?.extract()?;
+        if key != "op" {
+            fields.push((key, value(&item)?));
+        }
     }
+    Ok(stoker_proto::build_op(&name, &fields).map_err(|error| error.to_string()))
 }
 
-fn triple<'py>(op: &Bound<'py, PyDict>, index: usize, key: &str) -> PyResult<Vec<f32>> {
-    let values: Vec<f32> = get(op, index, key)?;
-    if values.len() != 3 {
-        return Err(bad(
-            index,
-            format!("{key:?} needs 3 values (RGB), got {}", values.len()),
-        ));
-    }
-    Ok(values)
-}
-
-/// Converts the list of op dicts.
+/// Converts the list of op dicts (nothing is checked beyond the field types).
 pub fn from_python(ops: &[Bound<'_, PyDict>]) -> PyResult<Vec<proto::Op>> {
     ops.iter()
         .enumerate()
         .map(|(index, op)| {
-            let name: String = get(op, index, "op")?;
-            let kind = match name.as_str() {
-                "decode_image" => OpKind::DecodeImage(proto::DecodeImage {
-                    max_pixels: get(op, index, "max_pixels")?,
-                    allow_dct_scaling: get(op, index, "allow_dct_scaling")?,
-                }),
-                "random_resized_crop" => {
-                    let (height, width) = size(op, index)?;
-                    let scale = pair(op, index, "scale")?;
-                    let ratio = pair(op, index, "ratio")?;
-                    OpKind::RandomResizedCrop(proto::RandomResizedCrop {
-                        height,
-                        width,
-                        scale_min: scale.0 as f32,
-                        scale_max: scale.1 as f32,
-                        ratio_min: ratio.0 as f32,
-                        ratio_max: ratio.1 as f32,
-                    })
-                }
-                "resize" => OpKind::Resize(proto::Resize {
-                    shorter_side: get(op, index, "size")?,
-                }),
-                "center_crop" => {
-                    let (height, width) = size(op, index)?;
-                    OpKind::CenterCrop(proto::CenterCrop { height, width })
-                }
-                "random_horizontal_flip" => {
-                    OpKind::RandomHorizontalFlip(proto::RandomHorizontalFlip {
-                        p: get::<f64>(op, index, "p")? as f32,
-                    })
-                }
-                "normalize" => OpKind::Normalize(proto::Normalize {
-                    mean: triple(op, index, "mean")?,
-                    std: triple(op, index, "std")?,
-                }),
-                "to_tensor" => {
-                    let layout: String = get(op, index, "layout")?;
-                    let dtype: String = get(op, index, "dtype")?;
-                    let layout = match layout.as_str() {
-                        "NHWC" => proto::Layout::Nhwc,
-                        "NCHW" => proto::Layout::Nchw,
-                        other => {
-                            return Err(bad(
-                                index,
-                                format!("layout {other:?}: use \"NHWC\" or \"NCHW\""),
-                            ))
-                        }
-                    };
-                    let dtype = match dtype.as_str() {
-                        "uint8" => proto::Dtype::Uint8,
-                        "float32" => proto::Dtype::Float32,
-                        other => {
-                            return Err(bad(
-                                index,
-                                format!("dtype {other:?}: use \"uint8\" or \"float32\""),
-                            ))
-                        }
-                    };
-                    OpKind::ToTensor(proto::ToTensor {
-                        layout: layout as i32,
-                        dtype: dtype as i32,
-                    })
-                }
-                "token_windows" => OpKind::TokenWindows(proto::TokenWindows {
-                    seq_len: get(op, index, "seq_len")?,
-                }),
-                "tokenize" => OpKind::Tokenize(proto::Tokenize {
-                    tokenizer_path: get(op, index, "tokenizer_path")?,
-                }),
-                "pack_sequences" => OpKind::PackSequences(proto::PackSequences {
-                    seq_len: get(op, index, "seq_len")?,
-                    eos_id: get(op, index, "eos_id")?,
-                    pad_id: get(op, index, "pad_id")?,
-                }),
-                "select_columns" => {
-                    let dtype: Option<String> = get(op, index, "dtype")?;
-                    let dtype = match dtype.as_deref() {
-                        None => proto::Dtype::Unspecified,
-                        Some("float32") => proto::Dtype::Float32,
-                        Some("int64") => proto::Dtype::Int64,
-                        Some(other) => {
-                            return Err(bad(
-                                index,
-                                format!("dtype {other:?}: use \"float32\", \"int64\" or None"),
-                            ))
-                        }
-                    };
-                    OpKind::SelectColumns(proto::SelectColumns {
-                        names: get(op, index, "names")?,
-                        dtype: dtype as i32,
-                    })
-                }
-                other => return Err(bad(index, format!("unknown op {other:?}"))),
-            };
-            Ok(proto::Op { op: Some(kind) })
+            op_from_dict(op)?.map_err(|message| pipeline_error(format!("op {index}: {message}")))
         })
         .collect()
+}
+
+/// Checks one op dict's field types and arguments, as the workers would.
+#[pyfunction]
+fn check_op(op: &Bound<'_, PyDict>) -> PyResult<()> {
+    let op = op_from_dict(op)?.map_err(pipeline_error)?;
+    stoker_worker::check_op(&op).map_err(pipeline_error)
+}
+
+/// Checks an op list's ops and order without reading a file. Returns whether it is an image
+/// list lacking its leading `DecodeImage` (checked with `DecodeImage()` put in front).
+#[pyfunction]
+fn check_pipeline(ops: Vec<Bound<'_, PyDict>>) -> PyResult<bool> {
+    let mut ops = from_python(&ops)?;
+    let lacks_decode = stoker_worker::lacks_decode_image(&ops);
+    if lacks_decode {
+        ops.insert(
+            0,
+            proto::Op {
+                op: Some(proto::op::Op::DecodeImage(proto::DecodeImage::default())),
+            },
+        );
+    }
+    stoker_worker::JobPipeline::check(&ops).map_err(pipeline_error)?;
+    Ok(lacks_decode)
+}
+
+/// The op language as the proto defines it: one dict per op (`name`, `message`, `number`,
+/// `doc`, `fields`), each field a dict (`name`, `number`, `type`, `repeated`, `doc`, and
+/// `values` for enums: the value names without the enum's prefix).
+#[pyfunction]
+fn op_schema(py: Python<'_>) -> PyResult<Bound<'_, PyList>> {
+    let schema = stoker_proto::op_schema().map_err(|e| raise(Kind::Stoker, e.to_string()))?;
+    let ops = PyList::empty(py);
+    for op in schema {
+        let fields = PyList::empty(py);
+        for field in &op.fields {
+            let entry = PyDict::new(py);
+            entry.set_item("name", &field.name)?;
+            entry.set_item("number", field.number)?;
+            entry.set_item("type", field.kind.type_name())?;
+            entry.set_item("repeated", field.repeated)?;
+            entry.set_item("doc", &field.doc)?;
+            if let FieldKind::Enum(schema) = &field.kind {
+                let values: Vec<&str> = schema.values.iter().map(|v| v.name.as_str()).collect();
+                entry.set_item("values", values)?;
+            }
+            fields.append(entry)?;
+        }
+        let entry = PyDict::new(py);
+        entry.set_item("name", &op.name)?;
+        entry.set_item("message", &op.message)?;
+        entry.set_item("number", op.number)?;
+        entry.set_item("doc", &op.doc)?;
+        entry.set_item("fields", fields)?;
+        ops.append(entry)?;
+    }
+    Ok(ops)
+}
+
+/// Adds the op functions and the limits and orders the checks use to the module.
+pub fn register(module: &Bound<'_, PyModule>) -> PyResult<()> {
+    module.add_function(wrap_pyfunction!(check_op, module)?)?;
+    module.add_function(wrap_pyfunction!(check_pipeline, module)?)?;
+    module.add_function(wrap_pyfunction!(op_schema, module)?)?;
+    module.add("IMAGE_ORDERS", stoker_worker::IMAGE_ORDERS)?;
+    module.add("TOKEN_ORDERS", stoker_worker::TOKEN_ORDERS)?;
+    module.add("COLUMNS_ORDER", stoker_worker::COLUMNS_ORDER)?;
+    module.add("MAX_SIDE", stoker_worker::MAX_SIDE)?;
+    module.add("MAX_SEQ_LEN", stoker_datasets::MAX_SEQ_LEN)?;
+    module.add("DEFAULT_MAX_PIXELS", stoker_worker::DEFAULT_MAX_PIXELS)?;
+    Ok(())
 }

@@ -1,12 +1,17 @@
-"""Pipeline ops and ready-made pipelines: argument and order checks, the dicts sent to Rust."""
+"""Pipeline ops and ready-made pipelines: argument and order checks, the dicts sent to Rust,
+and the Python classes and stubs against the op language the proto defines."""
 
 from __future__ import annotations
 
+import ast
+import os
+from pathlib import Path
 from typing import Any
 
 import pytest
 
-from stoker import ops, vision
+import stoker
+from stoker import _native, ops, vision
 from stoker.ops import (
     CenterCrop,
     DecodeImage,
@@ -23,7 +28,7 @@ def test_sizes_accept_int_or_pair_like_torchvision() -> None:
     assert RandomResizedCrop(224).size == (224, 224)
     assert RandomResizedCrop((200, 300)).size == (200, 300)
     assert CenterCrop([7]).size == (7, 7)
-    assert CenterCrop((5, 9)).to_dict() == {"op": "center_crop", "size": [5, 9]}
+    assert CenterCrop((5, 9)).to_dict() == {"op": "center_crop", "height": 5, "width": 9}
 
 
 def test_to_dict_matches_the_native_contract() -> None:
@@ -39,11 +44,14 @@ def test_to_dict_matches_the_native_contract() -> None:
     }
     assert RandomResizedCrop(8, scale=(0.5, 1), ratio=(1, 2)).to_dict() == {
         "op": "random_resized_crop",
-        "size": [8, 8],
-        "scale": [0.5, 1.0],
-        "ratio": [1.0, 2.0],
+        "height": 8,
+        "width": 8,
+        "scale_min": 0.5,
+        "scale_max": 1.0,
+        "ratio_min": 1.0,
+        "ratio_max": 2.0,
     }
-    assert Resize(256).to_dict() == {"op": "resize", "size": 256}
+    assert Resize(256).to_dict() == {"op": "resize", "shorter_side": 256}
     assert RandomHorizontalFlip().to_dict() == {"op": "random_horizontal_flip", "p": 0.5}
     assert Normalize((0.5, 0.5, 0.5), [1, 2, 3]).to_dict() == {
         "op": "normalize",
@@ -79,7 +87,8 @@ def test_to_dict_matches_the_native_contract() -> None:
         (lambda: RandomResizedCrop(8, ratio=(2, 1)), "ratio"),
         (lambda: Resize(0), "Resize size"),
         (lambda: Resize((224, 224)), "Resize size"),
-        (lambda: CenterCrop(-1), "CenterCrop size"),
+        (lambda: CenterCrop(-1), "CenterCrop height"),
+        (lambda: CenterCrop("8"), "CenterCrop size"),
         (lambda: RandomHorizontalFlip(1.5), "p"),
         (lambda: RandomHorizontalFlip(-0.1), "p"),
         (lambda: RandomHorizontalFlip("0.5"), "p"),
@@ -92,7 +101,7 @@ def test_to_dict_matches_the_native_contract() -> None:
     ],
 )
 def test_bad_op_arguments_raise_value_errors_naming_them(make: Any, names: str) -> None:
-    with pytest.raises(ValueError, match=names):
+    with pytest.raises(stoker.PipelineError, match=names):
         make()
 
 
@@ -139,7 +148,7 @@ def test_supported_orders_pass(pipeline: list[ops.Op]) -> None:
             [CenterCrop(8), RandomHorizontalFlip(), RandomHorizontalFlip()],
             "out of place or repeated",
         ),
-        ([CenterCrop(8), DecodeImage()], "DecodeImage may appear only first"),
+        ([CenterCrop(8), DecodeImage()], "DecodeImage is out of place"),
         ([CenterCrop(8), Normalize((0, 0, 0), (1, 1, 1)), ToTensor(dtype="uint8")], "contradicts"),
     ],
 )
@@ -172,3 +181,115 @@ def test_vision_recipes() -> None:
         vision.imagenet_eval(0)
     with pytest.raises(ValueError, match="imagenet_train size"):
         vision.imagenet_train((224, 224))  # type: ignore[arg-type]
+
+
+# One valid instance of each op class: a new op in the proto fails the schema tests until it
+# has a class here (and in stoker.ops and the stubs).
+EXAMPLES: dict[str, ops.Op] = {
+    op.to_dict()["op"]: op
+    for op in [
+        DecodeImage(),
+        RandomResizedCrop(8),
+        Resize(8),
+        CenterCrop(8),
+        RandomHorizontalFlip(),
+        Normalize((0, 0, 0), (1, 1, 1)),
+        ToTensor(),
+        ops.TokenWindows(8),
+        ops.Tokenize("tokenizer.json"),
+        ops.PackSequences(8),
+        ops.SelectColumns(["x"]),
+    ]
+}
+
+
+def _schema() -> dict[str, Any]:
+    return {op["name"]: op for op in _native.op_schema()}
+
+
+def test_every_proto_op_has_a_class_sending_each_of_its_fields() -> None:
+    for name, schema in _schema().items():
+        assert schema["message"] in ops.__all__, f"stoker.ops lacks the op {schema['message']}"
+        cls = getattr(ops, schema["message"])
+        assert cls.proto_name == name
+        assert name in EXAMPLES, f"no {schema['message']} example in this test"
+        sent = set(EXAMPLES[name].to_dict()) - {"op"}
+        fields = {field["name"] for field in schema["fields"]}
+        assert sent == fields, f"{schema['message']}.to_dict() sends {sent}, the proto has {fields}"
+        assert cls.__doc__, f"{schema['message']} has no docstring"
+    assert set(EXAMPLES) == set(_schema()), "an op class has no op in the proto"
+
+
+def test_the_stubs_declare_every_op_dict_with_the_proto_fields() -> None:
+    stubs = Path(_native.__file__).with_name("_native.pyi")
+    if not stubs.exists():  # an installed wheel next to a source checkout
+        stubs = Path(ops.__file__).with_name("_native.pyi")
+    declared: dict[str, dict[str, str]] = {}
+    for node in ast.parse(stubs.read_text()).body:
+        if isinstance(node, ast.ClassDef) and any(
+            isinstance(base, ast.Name) and base.id == "TypedDict" for base in node.bases
+        ):
+            fields = {
+                item.target.id: ast.unparse(item.annotation)
+                for item in node.body
+                if isinstance(item, ast.AnnAssign) and isinstance(item.target, ast.Name)
+            }
+            if fields.get("op", "").startswith("Literal["):
+                declared[ast.literal_eval(fields.pop("op")[len("Literal[") : -1])] = fields
+    for name, schema in _schema().items():
+        assert name in declared, f"_native.pyi lacks the TypedDict of {name!r}"
+        fields = {field["name"]: field for field in schema["fields"]}
+        assert set(declared[name]) == set(fields), (
+            f"_native.pyi's {name!r} has {sorted(declared[name])}, the proto {sorted(fields)}"
+        )
+        for field_name, annotation in declared[name].items():
+            repeated = fields[field_name]["repeated"]
+            assert annotation.startswith("list[") == repeated, (
+                f"{name}.{field_name}: {annotation} (repeated in the proto: {repeated})"
+            )
+    assert set(declared) == set(_schema()), "_native.pyi declares an op the proto lacks"
+
+
+def test_the_schema_reads_the_proto_comments() -> None:
+    schema = _schema()
+    assert list(schema)[:2] == ["decode_image", "random_resized_crop"]
+    crop = schema["random_resized_crop"]
+    assert "torchvision" in crop["doc"]
+    assert [f["name"] for f in crop["fields"]][:2] == ["height", "width"]
+    dtype = next(f for f in schema["to_tensor"]["fields"] if f["name"] == "dtype")
+    assert dtype["type"] == "Dtype" and "FLOAT32" in dtype["values"]
+
+
+def test_native_checks_name_the_op_and_field() -> None:
+    with pytest.raises(stoker.PipelineError, match='unknown op "blur"'):
+        _native.check_op({"op": "blur"})
+    with pytest.raises(stoker.PipelineError, match='Resize has no argument "size"'):
+        _native.check_op({"op": "resize", "size": 8})
+    with pytest.raises(stoker.PipelineError, match="op 1: ToTensor dtype"):
+        _native.check_pipeline(
+            [{"op": "center_crop", "height": 8, "width": 8}, {"op": "to_tensor", "dtype": 3.5}]
+        )
+    # Enum values by name in any case; the native check is the workers' own.
+    assert _native.check_pipeline(
+        [{"op": "center_crop", "height": 8, "width": 8}, {"op": "to_tensor", "layout": "nchw"}]
+    )
+    assert not _native.check_pipeline([{"op": "token_windows", "seq_len": 8}])
+
+
+def test_the_python_surface_only_shapes_arguments() -> None:
+    # The constants the checks use come from Rust; the orders are the workers' messages.
+    assert ops.SUPPORTED_ORDERS == _native.IMAGE_ORDERS
+    assert ops.MAX_SIDE == 16_384
+    assert ops.Tokenize(Path("a") / "tokenizer.json").tokenizer_path == os.path.join(
+        "a", "tokenizer.json"
+    )
+    with pytest.raises(stoker.PipelineError, match="Tokenize tokenizer_path must be a string"):
+        ops.Tokenize(3)  # type: ignore[arg-type]
+    with pytest.raises(stoker.PipelineError, match="Tokenize needs tokenizer_path"):
+        ops.Tokenize("")
+    with pytest.raises(stoker.PipelineError, match='column "x" twice'):
+        ops.SelectColumns(["x", "y", "x"])
+    with pytest.raises(stoker.PipelineError, match="SelectColumns dtype"):
+        ops.SelectColumns(["x"], dtype="uint8")
+    with pytest.raises(stoker.PipelineError, match="supported token pipelines"):
+        check_pipeline([ops.PackSequences(8), ops.Tokenize("t.json")])

@@ -143,7 +143,7 @@ def test_token_arguments_are_checked() -> None:
         ops.TokenWindows(0)
     with pytest.raises(ValueError, match="eos_id"):
         ops.PackSequences(16, eos_id=-2)
-    with pytest.raises(ValueError, match="unsupported token pipeline"):
+    with pytest.raises(stoker.PipelineError, match="unsupported token pipeline"):
         stoker.ops.check_pipeline([ops.PackSequences(16)])
     with pytest.raises(ValueError, match="unsupported token pipeline"):
         stoker.ops.check_pipeline([ops.TokenWindows(8), ops.RandomHorizontalFlip()])

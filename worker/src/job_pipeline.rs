@@ -10,6 +10,9 @@
 //!
 //! A packed batch has one row per document of its step: `B` documents give `B` rows, and the
 //! packing rule is in [`pack_documents`](crate::pack_documents)'s module docs.
+//!
+//! These are the only checks of op arguments and order: clients ask them through
+//! [`check_op`] and [`JobPipeline::check`] rather than keep their own copies.
 
 use std::sync::Arc;
 
@@ -19,7 +22,10 @@ use stoker_proto::v1::{self as proto, op::Op as OpKind};
 use crate::error::{Error, Result};
 use crate::ops::pack::PackSpec;
 use crate::ops::tokenize::TextTokenizer;
-use crate::pipeline::Pipeline;
+use crate::pipeline::{
+    center_crop, flip_probability, normalize_parameters, op_name, random_resized_crop, resize_side,
+    tensor_dtype, Pipeline,
+};
 
 /// Text tokenised on the workers and packed into rows.
 #[derive(Debug, Clone)]
@@ -66,8 +72,11 @@ fn invalid(message: impl Into<String>) -> Error {
     Error::InvalidPipeline(message.into())
 }
 
-const TOKEN_FORMS: &str =
-    "token pipelines are [TokenWindows] (token files) or [Tokenize, PackSequences] (text)";
+/// The op lists a token source takes.
+pub const TOKEN_ORDERS: &str = "[TokenWindows] (token files) or [Tokenize, PackSequences] (text)";
+
+/// The op list of Parquet numeric columns: one op alone.
+pub const COLUMNS_ORDER: &str = "[SelectColumns]";
 
 fn seq_len(value: u32, op: &str) -> Result<u32> {
     if value == 0 || value > MAX_SEQ_LEN {
@@ -78,7 +87,42 @@ fn seq_len(value: u32, op: &str) -> Result<u32> {
     Ok(value)
 }
 
-const COLUMNS_FORM: &str = "SelectColumns is a pipeline of its own: [SelectColumns]";
+fn tokenizer_path(tokenize: &proto::Tokenize) -> Result<&std::path::Path> {
+    let path = std::path::Path::new(tokenize.tokenizer_path.trim());
+    if path.as_os_str().is_empty() {
+        return Err(invalid(
+            "Tokenize needs tokenizer_path (the path of a tokenizer.json)",
+        ));
+    }
+    Ok(path)
+}
+
+/// PackSequences' arguments, the EOS id still `None` when the tokenizer is to give it.
+fn pack_arguments(pack: &proto::PackSequences) -> Result<(u32, Option<u32>)> {
+    let eos_id = if pack.eos_id < 0 {
+        None
+    } else {
+        Some(
+            u32::try_from(pack.eos_id)
+                .ok()
+                .filter(|id| *id <= i32::MAX as u32)
+                .ok_or_else(|| {
+                    invalid(format!(
+                        "PackSequences eos_id must be negative (the tokenizer's EOS) or an id \
+                         in 0..2^31, got {}",
+                        pack.eos_id
+                    ))
+                })?,
+        )
+    };
+    if pack.pad_id > i32::MAX as u32 {
+        return Err(invalid(format!(
+            "PackSequences pad_id must be an id in 0..2^31, got {}",
+            pack.pad_id
+        )));
+    }
+    Ok((seq_len(pack.seq_len, "PackSequences")?, eos_id))
+}
 
 fn selected_columns(select: &proto::SelectColumns) -> Result<SelectedColumns> {
     if select.names.is_empty() {
@@ -118,74 +162,175 @@ fn selected_columns(select: &proto::SelectColumns) -> Result<SelectedColumns> {
     })
 }
 
-impl JobPipeline {
-    /// Checks an op list; the first op decides the kind. Loads the tokenizer of a Tokenize op.
-    pub fn from_ops(ops: &[proto::Op]) -> Result<JobPipeline> {
-        let kinds: Vec<&OpKind> = ops
-            .iter()
-            .enumerate()
-            .map(|(position, op)| {
-                op.op
-                    .as_ref()
-                    .ok_or_else(|| invalid(format!("op {position} is empty")))
+/// Checks one op's arguments, whatever list it ends up in: the same checks
+/// [`JobPipeline::from_ops`] makes, so a client can report a bad op where it was built.
+pub fn check_op(op: &proto::Op) -> Result<()> {
+    let Some(kind) = op.op.as_ref() else {
+        return Err(invalid("the op is empty"));
+    };
+    match kind {
+        OpKind::DecodeImage(_) => Ok(()),
+        OpKind::RandomResizedCrop(crop) => random_resized_crop(crop).map(drop),
+        OpKind::Resize(resize) => resize_side(resize).map(drop),
+        OpKind::CenterCrop(crop) => center_crop(None, crop).map(drop),
+        OpKind::RandomHorizontalFlip(flip) => flip_probability(flip).map(drop),
+        OpKind::Normalize(normalize) => normalize_parameters(normalize).map(drop),
+        OpKind::ToTensor(tensor) => tensor_dtype(tensor).map(drop),
+        OpKind::TokenWindows(windows) => seq_len(windows.seq_len, "TokenWindows").map(drop),
+        OpKind::Tokenize(tokenize) => tokenizer_path(tokenize).map(drop),
+        OpKind::PackSequences(pack) => pack_arguments(pack).map(drop),
+        OpKind::SelectColumns(select) => selected_columns(select).map(drop),
+    }
+}
+
+/// Whether `ops` is an image op list missing its leading DecodeImage: not a token or columns
+/// list, and not starting with DecodeImage (an empty list included). Clients may put
+/// `DecodeImage` with default arguments in front of such a list; the wire contract itself
+/// wants it written out.
+pub fn lacks_decode_image(ops: &[proto::Op]) -> bool {
+    let image_op = |op: &proto::Op| match &op.op {
+        Some(
+            OpKind::TokenWindows(_)
+            | OpKind::Tokenize(_)
+            | OpKind::PackSequences(_)
+            | OpKind::SelectColumns(_),
+        ) => false,
+        Some(
+            OpKind::DecodeImage(_)
+            | OpKind::RandomResizedCrop(_)
+            | OpKind::Resize(_)
+            | OpKind::CenterCrop(_)
+            | OpKind::RandomHorizontalFlip(_)
+            | OpKind::Normalize(_)
+            | OpKind::ToTensor(_),
+        )
+        | None => true,
+    };
+    ops.iter().all(image_op)
+        && !matches!(
+            ops.first().and_then(|op| op.op.as_ref()),
+            Some(OpKind::DecodeImage(_))
+        )
+}
+
+/// A checked op list before any file is read: what [`JobPipeline`] becomes once the tokenizer
+/// of a text pipeline is loaded.
+enum CheckedOps<'a> {
+    Image(Pipeline),
+    TokenWindows {
+        seq_len: u32,
+    },
+    Text {
+        tokenizer_path: &'a std::path::Path,
+        seq_len: u32,
+        eos_id: Option<u32>,
+        pad_id: u32,
+    },
+    Columns(SelectedColumns),
+}
+
+fn check_ops(ops: &[proto::Op]) -> Result<CheckedOps<'_>> {
+    let kinds: Vec<&OpKind> = ops
+        .iter()
+        .enumerate()
+        .map(|(position, op)| {
+            op.op
+                .as_ref()
+                .ok_or_else(|| invalid(format!("op {position} is empty")))
+        })
+        .collect::<Result<_>>()?;
+    let names = || {
+        let names: Vec<&str> = kinds.iter().map(|kind| op_name(kind)).collect();
+        names.join(", ")
+    };
+    let is_token_op = |kind: &&OpKind| {
+        matches!(
+            kind,
+            OpKind::TokenWindows(_) | OpKind::Tokenize(_) | OpKind::PackSequences(_)
+        )
+    };
+    match kinds.as_slice() {
+        [OpKind::SelectColumns(select)] => Ok(CheckedOps::Columns(selected_columns(select)?)),
+        kinds
+            if kinds
+                .iter()
+                .any(|kind| matches!(kind, OpKind::SelectColumns(_))) =>
+        {
+            Err(invalid(format!(
+                "SelectColumns is a pipeline of its own; got [{}]; supported: {COLUMNS_ORDER}",
+                names()
+            )))
+        }
+        [OpKind::TokenWindows(windows)] => Ok(CheckedOps::TokenWindows {
+            seq_len: seq_len(windows.seq_len, "TokenWindows")?,
+        }),
+        [OpKind::Tokenize(tokenize), OpKind::PackSequences(pack)] => {
+            let (seq_len, eos_id) = pack_arguments(pack)?;
+            Ok(CheckedOps::Text {
+                tokenizer_path: tokenizer_path(tokenize)?,
+                seq_len,
+                eos_id,
+                pad_id: pack.pad_id,
             })
-            .collect::<Result<_>>()?;
-        match kinds.as_slice() {
-            [OpKind::SelectColumns(select)] => Ok(JobPipeline::Columns(selected_columns(select)?)),
-            kinds
-                if kinds
-                    .iter()
-                    .any(|kind| matches!(kind, OpKind::SelectColumns(_))) =>
-            {
-                Err(invalid(COLUMNS_FORM))
-            }
-            [OpKind::TokenWindows(windows)] => Ok(JobPipeline::TokenWindows {
-                seq_len: seq_len(windows.seq_len, "TokenWindows")?,
-            }),
-            [OpKind::Tokenize(tokenize), OpKind::PackSequences(pack)] => {
-                let path = std::path::Path::new(tokenize.tokenizer_path.trim());
-                if path.as_os_str().is_empty() {
-                    return Err(invalid("Tokenize needs tokenizer_path (a tokenizer.json)"));
-                }
-                let tokenizer = TextTokenizer::load(path)?;
-                let eos_id = if pack.eos_id < 0 {
-                    tokenizer.eos_id().ok_or_else(|| {
+        }
+        [OpKind::Tokenize(_)] => Err(invalid(format!(
+            "Tokenize needs PackSequences after it to make fixed-size rows; got [{}]; \
+             supported token pipelines: {TOKEN_ORDERS}",
+            names()
+        ))),
+        kinds if kinds.iter().any(is_token_op) => Err(invalid(format!(
+            "unsupported token pipeline [{}]; supported token pipelines: {TOKEN_ORDERS}",
+            names()
+        ))),
+        _ => Pipeline::from_ops(ops).map(CheckedOps::Image),
+    }
+}
+
+impl JobPipeline {
+    /// Checks an op list without reading any file (a Tokenize op's tokenizer is not loaded):
+    /// every error [`from_ops`](Self::from_ops) gives but a missing or unusable tokenizer.
+    pub fn check(ops: &[proto::Op]) -> Result<()> {
+        check_ops(ops).map(drop)
+    }
+
+    /// Checks an op list; the ops decide the kind. Loads the tokenizer of a Tokenize op.
+    pub fn from_ops(ops: &[proto::Op]) -> Result<JobPipeline> {
+        match check_ops(ops)? {
+            CheckedOps::Image(pipeline) => Ok(JobPipeline::Image(pipeline)),
+            CheckedOps::TokenWindows { seq_len } => Ok(JobPipeline::TokenWindows { seq_len }),
+            CheckedOps::Columns(columns) => Ok(JobPipeline::Columns(columns)),
+            CheckedOps::Text {
+                tokenizer_path,
+                seq_len,
+                eos_id,
+                pad_id,
+            } => {
+                let tokenizer = TextTokenizer::load(tokenizer_path)?;
+                let eos_id = match eos_id {
+                    Some(id) => id,
+                    None => tokenizer.eos_id().ok_or_else(|| {
                         invalid(format!(
                             "PackSequences: the tokenizer {} has none of the EOS tokens {:?}; \
                              give eos_id",
-                            path.display(),
+                            tokenizer_path.display(),
                             crate::ops::tokenize::EOS_CANDIDATES
                         ))
-                    })?
-                } else {
-                    u32::try_from(pack.eos_id)
-                        .ok()
-                        .filter(|id| *id <= i32::MAX as u32)
-                        .ok_or_else(|| {
-                            invalid(format!("PackSequences eos_id {} is too large", pack.eos_id))
-                        })?
+                    })?,
                 };
-                if tokenizer.vocab_size() > i32::MAX as usize || pack.pad_id > i32::MAX as u32 {
+                if tokenizer.vocab_size() > i32::MAX as usize {
                     return Err(invalid(
-                        "ids do not fit int32 (vocabulary or pad_id above 2^31 - 1)",
+                        "token ids do not fit int32 (a vocabulary above 2^31 - 1)",
                     ));
                 }
                 Ok(JobPipeline::PackedText(PackedText {
                     tokenizer: Arc::new(tokenizer),
                     pack: PackSpec {
-                        seq_len: seq_len(pack.seq_len, "PackSequences")?,
+                        seq_len,
                         eos_id,
-                        pad_id: pack.pad_id,
+                        pad_id,
                     },
                 }))
             }
-            [OpKind::Tokenize(_)] => Err(invalid(format!(
-                "Tokenize needs PackSequences after it to make fixed-size rows; {TOKEN_FORMS}"
-            ))),
-            [OpKind::TokenWindows(_) | OpKind::Tokenize(_) | OpKind::PackSequences(_), ..] => {
-                Err(invalid(format!("unsupported token op list; {TOKEN_FORMS}")))
-            }
-            _ => Pipeline::from_ops(ops).map(JobPipeline::Image),
         }
     }
 
@@ -217,6 +362,7 @@ pub fn token_dtype_proto(dtype: TokenDtype) -> proto::Dtype {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::pipeline::IMAGE_ORDERS;
 
     fn op(kind: OpKind) -> proto::Op {
         proto::Op { op: Some(kind) }
@@ -256,7 +402,7 @@ mod tests {
             .to_string();
         assert!(error.contains("/nonexistent/tokenizer.json"), "{error}");
         let error = JobPipeline::from_ops(&[pack]).unwrap_err().to_string();
-        assert!(error.contains("token pipelines are"), "{error}");
+        assert!(error.contains("supported token pipelines"), "{error}");
         let mixed = [
             op(OpKind::TokenWindows(proto::TokenWindows { seq_len: 8 })),
             op(OpKind::DecodeImage(proto::DecodeImage::default())),
@@ -333,5 +479,77 @@ mod tests {
             op(OpKind::TokenWindows(proto::TokenWindows { seq_len: 8 })),
         ];
         assert!(error_of(&then_windows).contains("[SelectColumns]"));
+    }
+
+    #[test]
+    fn check_reads_no_file_and_check_op_sees_one_op() {
+        // The tokenizer is the workers' to load: checking the list does not open it.
+        let text = [
+            op(OpKind::Tokenize(proto::Tokenize {
+                tokenizer_path: "/nonexistent/tokenizer.json".into(),
+            })),
+            op(OpKind::PackSequences(proto::PackSequences {
+                seq_len: 16,
+                eos_id: -1,
+                pad_id: 0,
+            })),
+        ];
+        JobPipeline::check(&text).unwrap();
+        let error = check_op(&op(OpKind::PackSequences(proto::PackSequences {
+            seq_len: 16,
+            eos_id: 1 << 40,
+            pad_id: 0,
+        })))
+        .unwrap_err()
+        .to_string();
+        assert!(error.contains("eos_id"), "{error}");
+        let error = check_op(&op(OpKind::CenterCrop(proto::CenterCrop {
+            height: 0,
+            width: 8,
+        })))
+        .unwrap_err()
+        .to_string();
+        assert!(
+            error.contains("CenterCrop height must be in 1..=16384"),
+            "{error}"
+        );
+        check_op(&op(OpKind::Resize(proto::Resize { shorter_side: 8 }))).unwrap();
+    }
+
+    #[test]
+    fn order_errors_name_the_list_and_the_orders() {
+        let flip = || {
+            op(OpKind::RandomHorizontalFlip(proto::RandomHorizontalFlip {
+                p: 0.5,
+            }))
+        };
+        let crop = op(OpKind::CenterCrop(proto::CenterCrop {
+            height: 8,
+            width: 8,
+        }));
+        let decode = op(OpKind::DecodeImage(proto::DecodeImage::default()));
+        let error = JobPipeline::check(&[decode.clone(), crop.clone(), flip(), flip()])
+            .unwrap_err()
+            .to_string();
+        assert!(
+            error.contains("RandomHorizontalFlip is out of place or repeated"),
+            "{error}"
+        );
+        assert!(
+            error.contains(
+                "got [DecodeImage, CenterCrop, RandomHorizontalFlip, RandomHorizontalFlip]"
+            ),
+            "{error}"
+        );
+        assert!(error.contains(IMAGE_ORDERS), "{error}");
+        let windows = op(OpKind::TokenWindows(proto::TokenWindows { seq_len: 8 }));
+        let error = JobPipeline::check(&[flip(), windows.clone()])
+            .unwrap_err()
+            .to_string();
+        assert!(error.contains(TOKEN_ORDERS), "{error}");
+        assert!(lacks_decode_image(&[]));
+        assert!(lacks_decode_image(std::slice::from_ref(&crop)));
+        assert!(!lacks_decode_image(&[decode, crop]));
+        assert!(!lacks_decode_image(&[windows]));
     }
 }

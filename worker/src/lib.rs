@@ -31,7 +31,10 @@ mod rng;
 
 pub use batch::{AssembledBatch, BatchAssembler, BatchKey, TensorLayout, MAX_SUBSTITUTE_TRIES};
 pub use error::{Error, Result, SampleError};
-pub use job_pipeline::{token_dtype_proto, JobPipeline, PackedText, SelectedColumns};
+pub use job_pipeline::{
+    check_op, lacks_decode_image, token_dtype_proto, JobPipeline, PackedText, SelectedColumns,
+    COLUMNS_ORDER, TOKEN_ORDERS,
+};
 pub use ops::decode::{
     decode, read_header, DecodeRequest, DecodedImage, ImageHeader, DEFAULT_MAX_PIXELS,
 };
@@ -43,5 +46,5 @@ pub use ops::pack::{pack_documents, PackSpec, PackSummary, PackedRowsMut};
 pub use ops::resample::{flip_horizontal, resample, SourceWindow};
 pub use ops::tensor::{ImageDtype, ImageLayout, OutputFormat};
 pub use ops::tokenize::{train_bpe_tokenizer, TextTokenizer, EOS_CANDIDATES};
-pub use pipeline::{Geometry, Pipeline, SampleTimings, Scratch};
+pub use pipeline::{Geometry, Pipeline, SampleTimings, Scratch, IMAGE_ORDERS, MAX_SIDE};
 pub use rng::SampleRng;

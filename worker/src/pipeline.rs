@@ -89,9 +89,17 @@ fn invalid(message: impl Into<String>) -> Error {
     Error::InvalidPipeline(message.into())
 }
 
-fn positive(value: u32, what: &str) -> Result<u32> {
-    if value == 0 || value > 16_384 {
-        return Err(invalid(format!("{what} must be in 1..=16384, got {value}")));
+/// The largest output side (height, width, or Resize's shorter side) an image op accepts.
+pub const MAX_SIDE: u32 = 16_384;
+
+/// The orders an image pipeline may take; ops in parentheses are optional.
+pub const IMAGE_ORDERS: &str = "[DecodeImage, RandomResizedCrop, (RandomHorizontalFlip), (Normalize), (ToTensor)] or [DecodeImage, (Resize), CenterCrop, (RandomHorizontalFlip), (Normalize), (ToTensor)]";
+
+fn side(value: u32, what: &str) -> Result<u32> {
+    if value == 0 || value > MAX_SIDE {
+        return Err(invalid(format!(
+            "{what} must be in 1..={MAX_SIDE}, got {value}"
+        )));
     }
     Ok(value)
 }
@@ -105,7 +113,121 @@ fn finite_range(low: f32, high: f32, what: &str, min: f32) -> Result<(f64, f64)>
     Ok((f64::from(low), f64::from(high)))
 }
 
-const SUPPORTED_FORMS: &str = "supported: [DecodeImage, RandomResizedCrop, (RandomHorizontalFlip), (Normalize), (ToTensor)] or [DecodeImage, (Resize), CenterCrop, (RandomHorizontalFlip), (Normalize), (ToTensor)]";
+/// RandomResizedCrop's output window; an unset (0, 0) range takes torchvision's default.
+pub(crate) fn random_resized_crop(crop: &proto::RandomResizedCrop) -> Result<Geometry> {
+    let scale = if crop.scale_min == 0.0 && crop.scale_max == 0.0 {
+        (0.08, 1.0)
+    } else {
+        finite_range(
+            crop.scale_min,
+            crop.scale_max,
+            "RandomResizedCrop scale",
+            0.0,
+        )?
+    };
+    if scale.1 <= 0.0 || scale.1 > 1.0 {
+        return Err(invalid(format!(
+            "RandomResizedCrop scale upper bound must be in (0, 1], got {}",
+            scale.1
+        )));
+    }
+    let ratio = if crop.ratio_min == 0.0 && crop.ratio_max == 0.0 {
+        (3.0 / 4.0, 4.0 / 3.0)
+    } else {
+        finite_range(
+            crop.ratio_min,
+            crop.ratio_max,
+            "RandomResizedCrop ratio",
+            0.0,
+        )?
+    };
+    if ratio.0 <= 0.0 {
+        return Err(invalid(format!(
+            "RandomResizedCrop ratio must be positive, got ({}, {})",
+            ratio.0, ratio.1
+        )));
+    }
+    Ok(Geometry::RandomResizedCrop {
+        height: side(crop.height, "RandomResizedCrop height")?,
+        width: side(crop.width, "RandomResizedCrop width")?,
+        range: RandomResizedCropRange { scale, ratio },
+    })
+}
+
+/// Resize's shorter side.
+pub(crate) fn resize_side(resize: &proto::Resize) -> Result<u32> {
+    side(resize.shorter_side, "Resize size (shorter_side)")
+}
+
+/// CenterCrop's output window, after an optional Resize.
+pub(crate) fn center_crop(
+    resize: Option<&proto::Resize>,
+    crop: &proto::CenterCrop,
+) -> Result<Geometry> {
+    Ok(Geometry::CenterCrop {
+        resize_shorter: resize.map(resize_side).transpose()?,
+        height: side(crop.height, "CenterCrop height")?,
+        width: side(crop.width, "CenterCrop width")?,
+    })
+}
+
+/// RandomHorizontalFlip's probability.
+pub(crate) fn flip_probability(flip: &proto::RandomHorizontalFlip) -> Result<f64> {
+    if !(0.0..=1.0).contains(&flip.p) {
+        return Err(invalid(format!(
+            "RandomHorizontalFlip p must be in [0, 1], got {}",
+            flip.p
+        )));
+    }
+    Ok(f64::from(flip.p))
+}
+
+/// Normalize's per-channel mean and std.
+pub(crate) fn normalize_parameters(norm: &proto::Normalize) -> Result<([f32; 3], [f32; 3])> {
+    let (Ok(mean), Ok(std)) = (
+        <[f32; 3]>::try_from(norm.mean.as_slice()),
+        <[f32; 3]>::try_from(norm.std.as_slice()),
+    ) else {
+        return Err(invalid(format!(
+            "Normalize needs 3 means and 3 stds (RGB), got {} and {}",
+            norm.mean.len(),
+            norm.std.len()
+        )));
+    };
+    if mean.iter().any(|m| !m.is_finite()) {
+        return Err(invalid(format!(
+            "Normalize mean must be finite, got {mean:?}"
+        )));
+    }
+    if std.iter().any(|s| !s.is_finite() || *s == 0.0) {
+        return Err(invalid(format!(
+            "Normalize std must be finite and non-zero, got {std:?}"
+        )));
+    }
+    Ok((mean, std))
+}
+
+/// ToTensor's element type; `None` when unspecified (uint8, or float32 after Normalize).
+pub(crate) fn tensor_dtype(tensor: &proto::ToTensor) -> Result<Option<ImageDtype>> {
+    match tensor.dtype() {
+        proto::Dtype::Uint8 => Ok(Some(ImageDtype::Uint8)),
+        proto::Dtype::Float32 => Ok(Some(ImageDtype::Float32)),
+        proto::Dtype::Unspecified => Ok(None),
+        other => Err(invalid(format!(
+            "ToTensor dtype must be uint8 or float32, got {}",
+            other.as_str_name()
+        ))),
+    }
+}
+
+/// An order error: what is wrong, the op list as given, and the orders there are.
+fn order_error(problem: &str, kinds: &[&OpKind]) -> Error {
+    let names: Vec<&str> = kinds.iter().map(|kind| op_name(kind)).collect();
+    invalid(format!(
+        "{problem}; got [{}]; supported orders: {IMAGE_ORDERS}",
+        names.join(", ")
+    ))
+}
 
 impl Pipeline {
     /// Checks an op list and fuses it. Errors name the op at fault and what was expected.
@@ -130,109 +252,56 @@ impl Pipeline {
                 };
                 (limit, decode.allow_dct_scaling)
             }
-            _ => {
-                return Err(invalid(format!(
-                    "the first op must be DecodeImage; {SUPPORTED_FORMS}"
-                )))
-            }
+            _ => return Err(order_error("the first op must be DecodeImage", &kinds)),
         };
 
         let geometry = match rest {
             [OpKind::RandomResizedCrop(crop), tail @ ..] => {
                 rest = tail;
-                let scale = if crop.scale_min == 0.0 && crop.scale_max == 0.0 {
-                    (0.08, 1.0)
-                } else {
-                    finite_range(crop.scale_min, crop.scale_max, "RandomResizedCrop scale", 0.0)?
-                };
-                if scale.1 <= 0.0 || scale.1 > 1.0 {
-                    return Err(invalid(format!(
-                        "RandomResizedCrop scale upper bound must be in (0, 1], got {}",
-                        scale.1
-                    )));
-                }
-                let ratio = if crop.ratio_min == 0.0 && crop.ratio_max == 0.0 {
-                    (3.0 / 4.0, 4.0 / 3.0)
-                } else {
-                    finite_range(crop.ratio_min, crop.ratio_max, "RandomResizedCrop ratio", 0.0)?
-                };
-                if ratio.0 <= 0.0 {
-                    return Err(invalid("RandomResizedCrop ratio must be positive"));
-                }
-                Geometry::RandomResizedCrop {
-                    height: positive(crop.height, "RandomResizedCrop height")?,
-                    width: positive(crop.width, "RandomResizedCrop width")?,
-                    range: RandomResizedCropRange { scale, ratio },
-                }
+                random_resized_crop(crop)?
             }
             [OpKind::Resize(resize), OpKind::CenterCrop(crop), tail @ ..] => {
                 rest = tail;
-                Geometry::CenterCrop {
-                    resize_shorter: Some(positive(resize.shorter_side, "Resize shorter_side")?),
-                    height: positive(crop.height, "CenterCrop height")?,
-                    width: positive(crop.width, "CenterCrop width")?,
-                }
+                center_crop(Some(resize), crop)?
             }
             [OpKind::CenterCrop(crop), tail @ ..] => {
                 rest = tail;
-                Geometry::CenterCrop {
-                    resize_shorter: None,
-                    height: positive(crop.height, "CenterCrop height")?,
-                    width: positive(crop.width, "CenterCrop width")?,
-                }
+                center_crop(None, crop)?
             }
             [OpKind::Resize(_), ..] => {
-                return Err(invalid(format!(
-                    "Resize alone gives images of different sizes, which cannot be batched: add CenterCrop after it; {SUPPORTED_FORMS}"
-                )))
+                return Err(order_error(
+                    "Resize alone gives images of different sizes, which cannot be batched: add CenterCrop after it",
+                    &kinds,
+                ))
             }
             _ => {
-                return Err(invalid(format!(
-                    "after DecodeImage comes RandomResizedCrop, Resize + CenterCrop, or CenterCrop; {SUPPORTED_FORMS}"
-                )))
+                return Err(order_error(
+                    "after DecodeImage comes RandomResizedCrop, Resize + CenterCrop, or CenterCrop",
+                    &kinds,
+                ))
             }
         };
 
-        let mut flip_probability = 0.0;
+        // What may follow the geometry, in this order, each at most once.
+        let mut flip = None;
         let mut normalize = None;
         let mut to_tensor: Option<&proto::ToTensor> = None;
         for op in rest {
             match op {
-                OpKind::RandomHorizontalFlip(flip)
-                    if normalize.is_none() && to_tensor.is_none() =>
+                OpKind::RandomHorizontalFlip(random_flip)
+                    if flip.is_none() && normalize.is_none() && to_tensor.is_none() =>
                 {
-                    if !(0.0..=1.0).contains(&flip.p) {
-                        return Err(invalid(format!(
-                            "RandomHorizontalFlip p must be in [0, 1], got {}",
-                            flip.p
-                        )));
-                    }
-                    flip_probability = f64::from(flip.p);
+                    flip = Some(flip_probability(random_flip)?);
                 }
-                OpKind::Normalize(norm) if normalize.is_none() => {
-                    if norm.mean.len() != 3 || norm.std.len() != 3 {
-                        return Err(invalid(format!(
-                            "Normalize needs 3 means and 3 stds (RGB), got {} and {}",
-                            norm.mean.len(),
-                            norm.std.len()
-                        )));
-                    }
-                    if norm.std.iter().any(|s| !s.is_finite() || *s == 0.0)
-                        || norm.mean.iter().any(|m| !m.is_finite())
-                    {
-                        return Err(invalid("Normalize std must be finite and non-zero"));
-                    }
-                    normalize = Some((
-                        [norm.mean[0], norm.mean[1], norm.mean[2]],
-                        [norm.std[0], norm.std[1], norm.std[2]],
-                    ));
+                OpKind::Normalize(norm) if normalize.is_none() && to_tensor.is_none() => {
+                    normalize = Some(normalize_parameters(norm)?);
                 }
                 OpKind::ToTensor(tensor) if to_tensor.is_none() => to_tensor = Some(tensor),
                 other => {
-                    return Err(invalid(format!(
-                        "{} is out of place or repeated; {SUPPORTED_FORMS}",
-                        op_name(other)
-                    )))
+                    return Err(order_error(
+                        &format!("{} is out of place or repeated", op_name(other)),
+                        &kinds,
+                    ))
                 }
             }
         }
@@ -244,22 +313,16 @@ impl Pipeline {
             None if normalize.is_some() => ImageLayout::Nchw,
             None => ImageLayout::Nhwc,
         };
-        let dtype = match to_tensor.map(|t| t.dtype()) {
-            Some(proto::Dtype::Uint8) if normalize.is_some() => {
+        let dtype = match to_tensor.map(tensor_dtype).transpose()?.flatten() {
+            Some(ImageDtype::Uint8) if normalize.is_some() => {
                 return Err(invalid(
-                    "Normalize gives float32; ToTensor dtype uint8 contradicts it",
+                    "Normalize gives float32; ToTensor dtype uint8 contradicts it: leave the \
+                     ToTensor dtype unset or make it float32",
                 ))
             }
-            Some(proto::Dtype::Uint8) => ImageDtype::Uint8,
-            Some(proto::Dtype::Float32) => ImageDtype::Float32,
-            Some(proto::Dtype::Unspecified) | None if normalize.is_some() => ImageDtype::Float32,
-            Some(proto::Dtype::Unspecified) | None => ImageDtype::Uint8,
-            Some(other) => {
-                return Err(invalid(format!(
-                    "ToTensor dtype must be uint8 or float32, got {}",
-                    other.as_str_name()
-                )))
-            }
+            Some(dtype) => dtype,
+            None if normalize.is_some() => ImageDtype::Float32,
+            None => ImageDtype::Uint8,
         };
         let output = OutputFormat {
             dtype,
@@ -271,7 +334,7 @@ impl Pipeline {
             max_pixels,
             allow_dct_scaling,
             geometry,
-            flip_probability,
+            flip_probability: flip.unwrap_or(0.0),
             output,
             float_tables,
         })
@@ -392,7 +455,8 @@ impl Pipeline {
     }
 }
 
-fn op_name(op: &OpKind) -> &'static str {
+/// The op's message name, for errors.
+pub(crate) fn op_name(op: &OpKind) -> &'static str {
     match op {
         OpKind::DecodeImage(_) => "DecodeImage",
         OpKind::RandomResizedCrop(_) => "RandomResizedCrop",

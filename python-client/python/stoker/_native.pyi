@@ -124,6 +124,136 @@ class NativeLoader:
     def close(self) -> None:
         """Stops the threads; buffers already handed out stay valid."""
 
+# The op language. Each op crosses as a dict: "op" names a variant of the proto's Op oneof
+# (proto/stoker/v1/job.proto), the other keys are that message's fields, enum values by name
+# (any case, with or without the enum's prefix), None or a missing key for the proto default.
+# tests/test_ops.py checks these TypedDicts against op_schema().
+
+class DecodeImageDict(TypedDict):
+    op: Literal["decode_image"]
+    max_pixels: int
+    allow_dct_scaling: bool
+
+class RandomResizedCropDict(TypedDict):
+    op: Literal["random_resized_crop"]
+    height: int
+    width: int
+    scale_min: float
+    scale_max: float
+    ratio_min: float
+    ratio_max: float
+
+class ResizeDict(TypedDict):
+    op: Literal["resize"]
+    shorter_side: int
+
+class CenterCropDict(TypedDict):
+    op: Literal["center_crop"]
+    height: int
+    width: int
+
+class RandomHorizontalFlipDict(TypedDict):
+    op: Literal["random_horizontal_flip"]
+    p: float
+
+class NormalizeDict(TypedDict):
+    op: Literal["normalize"]
+    mean: list[float]
+    std: list[float]
+
+class ToTensorDict(TypedDict):
+    op: Literal["to_tensor"]
+    layout: str
+    dtype: str
+
+class TokenWindowsDict(TypedDict):
+    op: Literal["token_windows"]
+    seq_len: int
+
+class TokenizeDict(TypedDict):
+    op: Literal["tokenize"]
+    tokenizer_path: str
+
+class PackSequencesDict(TypedDict):
+    op: Literal["pack_sequences"]
+    seq_len: int
+    eos_id: int
+    pad_id: int
+
+class SelectColumnsDict(TypedDict):
+    op: Literal["select_columns"]
+    names: list[str]
+    dtype: str | None
+
+OpDict = (
+    DecodeImageDict
+    | RandomResizedCropDict
+    | ResizeDict
+    | CenterCropDict
+    | RandomHorizontalFlipDict
+    | NormalizeDict
+    | ToTensorDict
+    | TokenWindowsDict
+    | TokenizeDict
+    | PackSequencesDict
+    | SelectColumnsDict
+)
+"""What ``stoker.ops.Op.to_dict()`` gives and the loaders take."""
+
+class FieldSchema(TypedDict):
+    """A field of an op's message."""
+
+    name: str
+    number: int
+    type: str
+    repeated: bool
+    doc: str
+    values: NotRequired[list[str]]
+
+class OpSchema(TypedDict):
+    """An op: a variant of the proto's ``Op`` oneof and its message."""
+
+    name: str
+    message: str
+    number: int
+    doc: str
+    fields: list[FieldSchema]
+
+IMAGE_ORDERS: Final[str]
+"""The orders an image pipeline may take (``stoker.ops.SUPPORTED_ORDERS``)."""
+TOKEN_ORDERS: Final[str]
+"""The op lists a token source takes."""
+COLUMNS_ORDER: Final[str]
+"""The op list of Parquet numeric columns."""
+MAX_SIDE: Final[int]
+"""The largest output side an image op accepts."""
+MAX_SEQ_LEN: Final[int]
+"""The longest token row."""
+DEFAULT_MAX_PIXELS: Final[int]
+"""DecodeImage's pixel limit when none is given."""
+
+def op_schema() -> list[OpSchema]:
+    """The ops of the proto's ``Op`` oneof in field-number order, with their fields' names,
+    types (proto spelling; an enum's name, its values under ``values``) and comments."""
+
+def check_op(op: dict[str, Any]) -> None:
+    """Checks one op dict's field types and arguments, as the workers would.
+
+    Raises:
+        PipelineError: an unknown op or field, a value of the wrong type, or an argument out
+            of range; the message names the op and the field.
+    """
+
+def check_pipeline(ops: list[dict[str, Any]]) -> bool:
+    """Checks an op list's ops and order, as the workers would, reading no file. Returns
+    whether it is an image list lacking its leading ``decode_image`` (it was checked with one
+    of default arguments put in front).
+
+    Raises:
+        PipelineError: the list is not a supported pipeline; the message names the problem,
+            the ops given and the orders there are.
+    """
+
 def make_dataset(out: str, count: int, seed: int = 0) -> str:
     """Writes a seeded ImageNet-like image folder (10 classes, JPEG) of ``count`` images under
     ``out`` and returns its root; reuses one already there with the same spec."""
