@@ -27,6 +27,8 @@ import sys
 import time
 from pathlib import Path
 
+from measure import busy_cpu_seconds
+
 PIPELINE = "imagenet-train"
 CROP_SIZE = 224
 
@@ -219,16 +221,6 @@ def count_class_files(root: Path) -> int:
     return sum(
         len(files) for directory, _subdirs, files in os.walk(root) if Path(directory) != root
     )
-
-
-def busy_cpu_seconds() -> float:
-    """CPU time the whole machine has spent busy, from the first line of /proc/stat."""
-    with open("/proc/stat") as stat:
-        fields = stat.readline().split()
-    # user nice system idle iowait irq softirq steal: everything but idle and iowait.
-    ticks = [int(value) for value in fields[1:9]]
-    busy = sum(ticks) - ticks[3] - ticks[4]
-    return busy / os.sysconf("SC_CLK_TCK")
 
 
 def measured(run, args: argparse.Namespace) -> dict:
