@@ -7,19 +7,20 @@ and any worker processes it forks), each page counted once. PSS (proportional se
 a shared page between the processes that map it, so a forked worker adds only the pages it has
 copied or made, where summed RSS would count the parent's ~700 MiB again for every worker.
 
-Reading PSS is not free. ``/proc/PID/smaps_rollup`` walks every page table of the process with
-its mmap lock held (~8.5 ms for an interpreter with torch loaded), and while it does, the
-process's threads wait in page faults and in mmap/munmap. Sampled every 50 ms from inside the
-loader's process, that cost the in-process Stoker loader a quarter of its images/s. So the
-tree is read from the parent process, rarely (``PeakWatch``, once a second by default: under 1%
-of the run), plus once by the loader's process after its clock has stopped, with the loader
-still alive and at its fullest. A peak shorter than the period between two samples can be
-missed; the final sample catches the steady state, which is where both loaders peak.
+Reading PSS is not free. For ``/proc/PID/smaps_rollup`` the kernel walks every page table of
+the process under its memory-map lock: 8.5-19 ms of CPU for an interpreter with torch loaded,
+during which the process's own page faults and mmap/munmap calls contend with the walk. Read
+every 50 ms from inside the loader's process, that took a fifth to a third of a core from two
+decode threads on a 2-core machine, and the benchmark measured a slower loader than the one
+users get. So the tree is read from the parent process, rarely (``PeakWatch``, once a second by
+default: 1-2% of a core), plus once by the loader's process after its clock has stopped, with
+the loader still alive and at its fullest. A peak shorter than the period between two samples
+can be missed; the final sample catches the steady state, which is where both loaders peak.
 
 Not cgroups: a cgroup's peak (``memory.peak``, cgroup v2) would be exact and free to read, but
 it needs a delegated cgroup v2 subtree with the memory controller (the dev machines mount the
-memory controller as cgroup v1 under the session's own cgroup), and it charges the page cache of
-the images read to whichever cgroup first reads them, which PSS leaves out.
+memory controller on cgroup v1), and it charges the page cache of the images read to whichever
+cgroup first reads them, which PSS leaves out.
 """
 
 from __future__ import annotations
