@@ -9,13 +9,18 @@ Each configuration runs in a fresh child interpreter so that its memory is measu
   (startup included, as a training epoch sees it); "steady" leaves the first batch out.
 - first batch: seconds from building the loader (dataset indexing included) to the first
   batch in the loop's hands.
-- added memory: peak PSS of the child's whole process tree (itself and any worker processes,
-  sampled every 50 ms) minus the child's own PSS right after ``import torch``. PSS splits
-  shared pages between the processes that map them, so forked workers are not counted twice.
-  Whatever is imported after torch (torchvision, stoker) counts as the loader's; imports are
-  done before the clock starts. "loader only" is the same peak minus the PSS after those
-  imports, i.e. what building and running the loader adds (torchvision's import alone is
-  ~160 MiB with torchvision 0.29).
+- added memory: peak PSS of the child's whole process tree (itself and any worker processes)
+  minus the child's own PSS right after ``import torch``. PSS splits shared pages between the
+  processes that map them, so forked workers are not counted twice. The peak is the largest of
+  the samples this (parent) process takes of the child's tree once every ``--memory-period``
+  seconds and of one the child takes after its clock stops, with the loader still alive:
+  reading PSS stalls the process read, so it is read rarely and never from inside the timed
+  loop (measure.py says why and how much). Whatever is imported after torch (torchvision,
+  stoker) counts as the loader's; imports are done before the clock starts. "loader only" is
+  the same peak minus the PSS after those imports, i.e. what building and running the loader
+  adds (torchvision's import alone is ~160 MiB with torchvision 0.29).
+- background CPU: CPU-seconds the rest of the machine used while a child ran (``/proc/stat``
+  less this process tree's own); a warning follows the table when it passes 5% of the child's.
 
 Stoker runs with ``--threads`` decode threads; DataLoader with num_workers 0, 1 and 2,
 pin_memory=True and its default prefetch_factor of 2. Stoker gets the same number of batches
@@ -31,20 +36,21 @@ import argparse
 import json
 import math
 import os
+import resource
 import statistics
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 from typing import Any
 
+from measure import MIB, PeakWatch, busy_cpu_seconds, pss_bytes, tree_pss_bytes
+
 CROP_SIZE = 224
-SAMPLE_PERIOD_S = 0.05
 # DataLoader's default prefetch_factor: batches in flight per worker.
 PREFETCH_FACTOR = 2
-KIB = 1024
-MIB = 1024 * 1024
+# Background CPU above this share of the measured run's own CPU makes the table warn.
+BACKGROUND_WARN_FRACTION = 0.05
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -62,6 +68,12 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument(
         "--repeat", type=int, default=1, help="runs per configuration; each figure is the median"
     )
+    parser.add_argument(
+        "--memory-period",
+        type=float,
+        default=1.0,
+        help="seconds between PSS samples of a running child (default 1; 0: only the final one)",
+    )
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -74,83 +86,16 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         or args.threads < 1
         or args.repeat < 1
         or args.batches < 0
+        or args.memory_period < 0
         or any(w < 0 for w in args.worker_counts)
     ):
         parser.error(
-            "--batch-size, --threads and --repeat must be >= 1, --batches and --workers >= 0"
+            "--batch-size, --threads and --repeat must be >= 1, "
+            "--batches, --workers and --memory-period >= 0"
         )
     if not args.data.is_dir():
         parser.error(f"--data {args.data} is not a folder")
     return args
-
-
-# -- memory ---------------------------------------------------------------------------------
-
-
-def pss_bytes(pid: int) -> int:
-    """The process's proportional set size, or 0 when it is gone."""
-    try:
-        with open(f"/proc/{pid}/smaps_rollup") as rollup:
-            for line in rollup:
-                if line.startswith("Pss:"):
-                    return int(line.split()[1]) * KIB
-    except (FileNotFoundError, ProcessLookupError, PermissionError):
-        pass
-    return 0
-
-
-def child_pids(pid: int) -> list[int]:
-    """Direct children of ``pid``, from every thread's ``children`` list."""
-    children: list[int] = []
-    try:
-        tasks = os.listdir(f"/proc/{pid}/task")
-    except FileNotFoundError:
-        return children
-    for task in tasks:
-        try:
-            with open(f"/proc/{pid}/task/{task}/children") as listing:
-                children.extend(int(c) for c in listing.read().split())
-        except (FileNotFoundError, ProcessLookupError):
-            continue
-    return children
-
-
-def tree_pss_bytes(root: int) -> int:
-    """Summed PSS of ``root`` and all its descendants."""
-    total, pending, seen = 0, [root], set()
-    while pending:
-        pid = pending.pop()
-        if pid in seen:
-            continue
-        seen.add(pid)
-        total += pss_bytes(pid)
-        pending.extend(child_pids(pid))
-    return total
-
-
-class PeakSampler:
-    """Samples the process tree's PSS in a background thread and keeps the peak."""
-
-    def __init__(self) -> None:
-        self.peak = 0
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="pss-sampler", daemon=True)
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            self.sample()
-            self._stop.wait(SAMPLE_PERIOD_S)
-
-    def sample(self) -> None:
-        self.peak = max(self.peak, tree_pss_bytes(os.getpid()))
-
-    def __enter__(self) -> PeakSampler:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        self._stop.set()
-        self._thread.join()
 
 
 # -- one configuration, in a child interpreter --------------------------------------------
@@ -212,37 +157,37 @@ def run_child(args: argparse.Namespace) -> dict[str, Any]:
     # pin_memory without CUDA only warns; the comparison is CPU-side either way.
     warnings.filterwarnings("ignore", message=".*pin_memory.*")
     images = batches = 0
-    with PeakSampler() as sampler:
-        started = time.perf_counter()
+    started = time.perf_counter()
+    if args.child == "stoker":
+        loader = build_stoker(args)
+    else:
+        loader = build_dataloader(args, int(args.child.removeprefix("torch")))
+    limit = args.batches or len(loader)
+    first_batch_s = math.nan
+    for batch in loader:
         if args.child == "stoker":
-            loader = build_stoker(args)
+            labels = batch["label"]
         else:
-            loader = build_dataloader(args, int(args.child.removeprefix("torch")))
-        limit = args.batches or len(loader)
-        first_batch_s = math.nan
-        for batch in loader:
-            if args.child == "stoker":
-                labels = batch["label"]
-            else:
-                _, labels = batch
-            images += int(labels.shape[0])
-            batches += 1
-            if batches == 1:
-                first_batch_s = time.perf_counter() - started
-            if batches == limit:
-                break
-        elapsed = time.perf_counter() - started
-        # One sample with the loader still alive and at its fullest.
-        sampler.sample()
-        extra: dict[str, Any] = {}
-        if args.child == "stoker":
-            stats = loader.stats()
-            extra = {
-                "stall_fraction": stats["stall_fraction"],
-                "slot_capacity": stats["slot_capacity"],
-            }
-            loader.close()
-        del batch, loader
+            _, labels = batch
+        images += int(labels.shape[0])
+        batches += 1
+        if batches == 1:
+            first_batch_s = time.perf_counter() - started
+        if batches == limit:
+            break
+    elapsed = time.perf_counter() - started
+    # The clock has stopped, so this read slows nothing measured; the loader is still alive
+    # and at its fullest (slots filled, workers running).
+    end_tree_pss = tree_pss_bytes(os.getpid())
+    extra: dict[str, Any] = {}
+    if args.child == "stoker":
+        stats = loader.stats()
+        extra = {
+            "stall_fraction": stats["stall_fraction"],
+            "slot_capacity": stats["slot_capacity"],
+        }
+        loader.close()
+    del batch, loader
     steady_images = images - args.batch_size
     return {
         "config": args.child,
@@ -255,9 +200,8 @@ def run_child(args: argparse.Namespace) -> dict[str, Any]:
         else math.nan,
         "first_batch_s": first_batch_s,
         "baseline_pss_mib": baseline / MIB,
-        "peak_tree_pss_mib": sampler.peak / MIB,
-        "added_mib": (sampler.peak - baseline) / MIB,
-        "loader_only_mib": (sampler.peak - after_imports) / MIB,
+        "after_imports_pss_mib": after_imports / MIB,
+        "end_tree_pss_mib": end_tree_pss / MIB,
         "torch": torch.__version__,
         **extra,
     }
@@ -266,22 +210,50 @@ def run_child(args: argparse.Namespace) -> dict[str, Any]:
 # -- the parent: run every configuration, print the table ----------------------------------
 
 
-def run_once(config: str, argv: list[str]) -> dict[str, Any]:
-    completed = subprocess.run(
-        [sys.executable, __file__, *argv, "--child", config],
-        stdout=subprocess.PIPE,
-        text=True,
-        check=False,
+def cpu_seconds(who: int) -> float:
+    usage = resource.getrusage(who)
+    return usage.ru_utime + usage.ru_stime
+
+
+def run_once(args: argparse.Namespace, config: str, argv: list[str]) -> dict[str, Any]:
+    """One fresh child running ``config``, its memory watched from here."""
+    busy_before = busy_cpu_seconds()
+    self_before = cpu_seconds(resource.RUSAGE_SELF)
+    children_before = cpu_seconds(resource.RUSAGE_CHILDREN)
+    with (
+        subprocess.Popen(
+            [sys.executable, __file__, *argv, "--child", config],
+            stdout=subprocess.PIPE,
+            text=True,
+        ) as child,
+        PeakWatch(child.pid, args.memory_period) as watch,
+    ):
+        stdout, _ = child.communicate()
+    if child.returncode != 0:
+        raise SystemExit(f"{config} failed with exit code {child.returncode}")
+    # The child's CPU reaches RUSAGE_CHILDREN once it is reaped, its forked workers' once the
+    # child has joined them (DataLoader does on shutdown).
+    child_cpu = cpu_seconds(resource.RUSAGE_CHILDREN) - children_before
+    # Our own share is mostly the PSS reads; neither is the rest of the machine's.
+    own_cpu = child_cpu + cpu_seconds(resource.RUSAGE_SELF) - self_before
+    background_cpu = max(0.0, busy_cpu_seconds() - busy_before - own_cpu)
+    result: dict[str, Any] = json.loads(stdout.strip().splitlines()[-1])
+    peak_mib = max(watch.peak / MIB, result["end_tree_pss_mib"])
+    result.update(
+        peak_tree_pss_mib=peak_mib,
+        added_mib=peak_mib - result["baseline_pss_mib"],
+        loader_only_mib=peak_mib - result["after_imports_pss_mib"],
+        pss_samples=watch.samples + 1,
+        cpu_s=child_cpu,
+        background_cpu_s=background_cpu,
     )
-    if completed.returncode != 0:
-        raise SystemExit(f"{config} failed with exit code {completed.returncode}")
-    return json.loads(completed.stdout.strip().splitlines()[-1])
+    return result
 
 
 def run_config(args: argparse.Namespace, config: str, argv: list[str]) -> dict[str, Any]:
     """The configuration's figures, each the median over ``--repeat`` fresh processes."""
     print(f"running {config} ({args.repeat}x) ...", file=sys.stderr, flush=True)
-    runs = [run_once(config, argv) for _ in range(args.repeat)]
+    runs = [run_once(args, config, argv) for _ in range(args.repeat)]
     merged = dict(runs[0])
     for key, value in runs[0].items():
         if isinstance(value, float):
@@ -357,6 +329,13 @@ def main(argv: list[str]) -> int:
         f"({ratios['loader_only_memory']:.2f}x loader only), "
         f"first batch {ratios['first_batch_speedup']:.1f}x sooner"
     )
+    for config, result in results.items():
+        if result["background_cpu_s"] > BACKGROUND_WARN_FRACTION * result["cpu_s"]:
+            print(
+                f"warning: other processes used {result['background_cpu_s']:.1f} CPU-s during "
+                f"the run of {label(config, args)} ({result['cpu_s']:.1f} CPU-s): figures "
+                "are disturbed"
+            )
     return 0
 
 

@@ -185,7 +185,9 @@ def main(argv: list[str]) -> int:
         for key in ("tokens_per_s", "steady_tokens_per_s", "first_batch_s"):
             report[f"{name}_{key}"] = median(name, key)
     report["ratio"] = report["stoker_tokens_per_s"] / report["torch_tokens_per_s"]
-    report["steady_ratio"] = report["stoker_steady_tokens_per_s"] / report["torch_steady_tokens_per_s"]
+    report["steady_ratio"] = (
+        report["stoker_steady_tokens_per_s"] / report["torch_steady_tokens_per_s"]
+    )
     if args.json:
         print(json.dumps(report))
         return 0

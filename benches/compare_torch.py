@@ -27,6 +27,8 @@ import sys
 import time
 from pathlib import Path
 
+from measure import busy_cpu_seconds
+
 PIPELINE = "imagenet-train"
 CROP_SIZE = 224
 
@@ -44,9 +46,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         default=2,
         help="torch DataLoader num_workers and stoker decode threads",
     )
-    parser.add_argument(
-        "--batches", type=int, default=0, help="batches per loader (0: one epoch)"
-    )
+    parser.add_argument("--batches", type=int, default=0, help="batches per loader (0: one epoch)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(
         "--repeat",
@@ -221,16 +221,6 @@ def count_class_files(root: Path) -> int:
     )
 
 
-def busy_cpu_seconds() -> float:
-    """CPU time the whole machine has spent busy, from the first line of /proc/stat."""
-    with open("/proc/stat") as stat:
-        fields = stat.readline().split()
-    # user nice system idle iowait irq softirq steal: everything but idle and iowait.
-    ticks = [int(value) for value in fields[1:9]]
-    busy = sum(ticks) - ticks[3] - ticks[4]
-    return busy / os.sysconf("SC_CLK_TCK")
-
-
 def measured(run, args: argparse.Namespace) -> dict:
     """Runs one loader and adds how much CPU the rest of the machine used meanwhile.
 
@@ -282,15 +272,9 @@ def print_table(stoker: dict, torch_: dict, ratios: dict, config: dict) -> None:
             f"{row['images_per_cpu_s']:>13.1f} {row['first_batch_ms']:>15.1f} {rss:>20}"
         )
     print()
-    print(
-        "ratio images per CPU-second (stoker / torch): "
-        f"{ratios['images_per_cpu_s']:.2f}x"
-    )
+    print(f"ratio images per CPU-second (stoker / torch): {ratios['images_per_cpu_s']:.2f}x")
     print(f"ratio images/s (stoker / torch): {ratios['images_per_s']:.2f}x")
-    print(
-        "first-batch speedup (torch ms / stoker ms): "
-        f"{ratios['first_batch_speedup']:.2f}x"
-    )
+    print(f"first-batch speedup (torch ms / stoker ms): {ratios['first_batch_speedup']:.2f}x")
     for row in (stoker, torch_):
         if row["background_cpu_s"] > 0.05 * row["cpu_s"]:
             print(
@@ -348,7 +332,13 @@ def main(argv: list[str]) -> int:
         runs = {"stoker": stoker_runs, "torch": torch_runs}
         print(
             json.dumps(
-                {"config": config, "stoker": stoker, "torch": torch_, "ratios": ratios, "runs": runs}
+                {
+                    "config": config,
+                    "stoker": stoker,
+                    "torch": torch_,
+                    "ratios": ratios,
+                    "runs": runs,
+                }
             )
         )
     else:

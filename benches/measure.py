@@ -1,0 +1,114 @@
+"""How the Python comparisons measure a loader's process without slowing it down.
+
+Shared by compare_loader.py (memory and background CPU) and compare_torch.py (background CPU).
+
+Memory: the figure wanted is the peak memory of a loader's whole process tree (the interpreter
+and any worker processes it forks), each page counted once. PSS (proportional set size) splits
+a shared page between the processes that map it, so a forked worker adds only the pages it has
+copied or made, where summed RSS would count the parent's ~700 MiB again for every worker.
+
+Reading PSS is not free. For ``/proc/PID/smaps_rollup`` the kernel walks every page table of
+the process under its memory-map lock: 8.5-19 ms of CPU for an interpreter with torch loaded,
+during which the process's own page faults and mmap/munmap calls contend with the walk. Read
+every 50 ms from inside the loader's process, that took a fifth to a third of a core from two
+decode threads on a 2-core machine, and the benchmark measured a slower loader than the one
+users get. So the tree is read from the parent process, rarely (``PeakWatch``, once a second by
+default: 1-2% of a core), plus once by the loader's process after its clock has stopped, with
+the loader still alive and at its fullest. A peak shorter than the period between two samples
+can be missed; the final sample catches the steady state, which is where both loaders peak.
+
+Not cgroups: a cgroup's peak (``memory.peak``, cgroup v2) would be exact and free to read, but
+it needs a delegated cgroup v2 subtree with the memory controller (the dev machines mount the
+memory controller on cgroup v1), and it charges the page cache of the images read to whichever
+cgroup first reads them, which PSS leaves out.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+
+KIB = 1024
+MIB = 1024 * 1024
+
+
+def pss_bytes(pid: int) -> int:
+    """The process's proportional set size, or 0 when it is gone."""
+    try:
+        with open(f"/proc/{pid}/smaps_rollup") as rollup:
+            for line in rollup:
+                if line.startswith("Pss:"):
+                    return int(line.split()[1]) * KIB
+    except (FileNotFoundError, ProcessLookupError, PermissionError):
+        pass
+    return 0
+
+
+def child_pids(pid: int) -> list[int]:
+    """Direct children of ``pid``, from every thread's ``children`` list."""
+    children: list[int] = []
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except FileNotFoundError:
+        return children
+    for task in tasks:
+        try:
+            with open(f"/proc/{pid}/task/{task}/children") as listing:
+                children.extend(int(c) for c in listing.read().split())
+        except (FileNotFoundError, ProcessLookupError):
+            continue
+    return children
+
+
+def tree_pss_bytes(root: int) -> int:
+    """Summed PSS of ``root`` and all its descendants."""
+    total, pending, seen = 0, [root], set()
+    while pending:
+        pid = pending.pop()
+        if pid in seen:
+            continue
+        seen.add(pid)
+        total += pss_bytes(pid)
+        pending.extend(child_pids(pid))
+    return total
+
+
+class PeakWatch:
+    """Samples the PSS of another process's tree every ``period_s`` seconds, keeping the peak.
+
+    Runs in the process that started the measured one, so the reads cost the measured process
+    only the mmap lock they hold, ``period_s`` apart. ``period_s`` 0 takes no samples at all.
+    """
+
+    def __init__(self, root: int, period_s: float) -> None:
+        self.peak = 0
+        self.samples = 0
+        self._root = root
+        self._period_s = period_s
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="pss-watch", daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self._period_s):
+            self.peak = max(self.peak, tree_pss_bytes(self._root))
+            self.samples += 1
+
+    def __enter__(self) -> PeakWatch:
+        if self._period_s > 0:
+            self._thread.start()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join()
+
+
+def busy_cpu_seconds() -> float:
+    """CPU time the whole machine has spent busy, from the first line of /proc/stat."""
+    with open("/proc/stat") as stat:
+        fields = stat.readline().split()
+    # user nice system idle iowait irq softirq steal: everything but idle and iowait.
+    ticks = [int(value) for value in fields[1:9]]
+    busy = sum(ticks) - ticks[3] - ticks[4]
+    return busy / os.sysconf("SC_CLK_TCK")
