@@ -14,9 +14,9 @@ use stoker_proto::v1::{
 };
 use stoker_worker::{BatchAssembler, BatchKey, JobPipeline};
 
+use crate::client::slots::Slot;
 use crate::error::{Error, Result};
 use crate::planner::{EpochPlan, PlanConfig};
-use crate::client::slots::Slot;
 
 /// Larger batches than this are refused as a likely mistake (a 1M-image batch of 224x224 RGB
 /// would need 150 GB).

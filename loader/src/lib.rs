@@ -29,13 +29,6 @@ mod error;
 mod job;
 mod planner;
 
-pub use coordinator::{
-    AckOutcome, Coordinator, CoordinatorConfig, CoordinatorError, CoordinatorResult,
-    CoordinatorStats, ExpireReport, JobId, Lease, LeaseId, LeaseOutcome, SessionId, Step, TaskKey,
-    WorkerId, JOURNAL_FILE,
-};
-pub use dashboard::{Dashboard, DashboardError, WorkerLoad};
-pub use digest::BatchDigest;
 pub use client::embedded::EmbeddedSource;
 pub use client::loader::{Loader, LoaderOptions};
 pub use client::monitor::{LoaderMonitor, MonitorSnapshot};
@@ -47,6 +40,13 @@ pub use client::slots::{Slot, SlotPool};
 pub use client::source::{BatchSource, Built, EpochFeed, SourceInfo};
 pub use client::stats::LoaderStats;
 pub use client::stream::{EpochStream, INTERRUPT_CHECK};
+pub use coordinator::{
+    AckOutcome, Coordinator, CoordinatorConfig, CoordinatorError, CoordinatorResult,
+    CoordinatorStats, ExpireReport, JobId, Lease, LeaseId, LeaseOutcome, SessionId, Step, TaskKey,
+    WorkerId, JOURNAL_FILE,
+};
+pub use dashboard::{Dashboard, DashboardError, WorkerLoad};
+pub use digest::BatchDigest;
 pub use error::{Error, ErrorKind, Result};
 pub use job::{open_source, Job, MAX_BATCH_SIZE};
 pub use planner::{EpochPlan, Permutation, PlanConfig};

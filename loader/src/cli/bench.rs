@@ -119,7 +119,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
             ..LoaderOptions::default()
         },
     )?;
-    let steps = loader.steps_per_epoch()?;
+    let steps = loader.steps_per_epoch();
     let batches = if args.batches == 0 {
         steps
     } else {

@@ -199,6 +199,7 @@ fn run_one(args: &StallArgs, pattern: Pattern, prefetch: usize) -> anyhow::Resul
             max_prefetch_bytes: batch_bytes * args.budget_batches,
             deadline: Duration::from_secs(60),
             max_held_batches: 1,
+            ..LoaderOptions::default()
         },
     )?;
     let mut stream = loader.epoch(0, 0)?;

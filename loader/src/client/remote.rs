@@ -350,7 +350,11 @@ fn land_in_slot(mut batch: Batch, mut slot: Slot) -> Batch {
     let align = |n: usize| n.div_ceil(SLOT_ALIGN) * SLOT_ALIGN;
     let needed: usize = batch.tensors.iter().map(|t| align(t.data.len())).sum();
     if needed > slot.capacity() {
-        tracing::debug!(needed, slot = slot.capacity(), "batch larger than its slot; kept in the receive buffer");
+        tracing::debug!(
+            needed,
+            slot = slot.capacity(),
+            "batch larger than its slot; kept in the receive buffer"
+        );
         return batch;
     }
     slot.set_len(needed);
@@ -502,7 +506,12 @@ impl Driver {
             return false;
         }
         let error = Error::WorkerUnavailable {
-            job: format!("{} (id {}, rank {})", job_label(&self.spec), self.job_id, self.rank),
+            job: format!(
+                "{} (id {}, rank {})",
+                job_label(&self.spec),
+                self.job_id,
+                self.rank
+            ),
             coordinator: self.address.clone(),
             unserved: since.elapsed(),
             grace: self.worker_grace,

@@ -87,7 +87,11 @@ impl StatsRecorder {
             totals.assemble_s += t.assemble_ns as f64 * 1e-9;
         }
         totals.bad_samples += batch.bad_samples.len() as u64;
-        totals.bytes += batch.tensors.iter().map(|t| t.data.len() as u64).sum::<u64>();
+        totals.bytes += batch
+            .tensors
+            .iter()
+            .map(|t| t.data.len() as u64)
+            .sum::<u64>();
         totals.in_flight = in_flight;
         totals.prefetch_depth = prefetch_depth;
     }

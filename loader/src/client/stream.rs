@@ -132,11 +132,7 @@ impl EpochStream {
             }
             if self.successor.is_none() {
                 let next = self.epoch + 1;
-                match self
-                    .core
-                    .source
-                    .open_epoch(next, 0, self.core.monitor())
-                {
+                match self.core.source.open_epoch(next, 0, self.core.monitor()) {
                     Ok(feed) => {
                         self.successor = Some(Successor {
                             epoch: next,

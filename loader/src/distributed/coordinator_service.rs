@@ -394,7 +394,7 @@ impl CoordinatorService {
                                 status.message()
                             ),
                             status.metadata().clone(),
-                        ))
+                        ));
                     }
                     Err(_) => {
                         last_error = Some(Status::deadline_exceeded(format!(

@@ -107,20 +107,26 @@ fn check_root(roots: &[PathBuf], spec: &JobSpec) -> std::result::Result<(), Stat
     }
     let path = Path::new(uri.strip_prefix("file://").unwrap_or(uri));
     let canonical = std::fs::canonicalize(path).map_err(|e| {
-        transport::status(ErrorKind::NotFound, format!(
-            "dataset {} cannot be opened on this worker: {e}",
-            path.display()
-        ))
+        transport::status(
+            ErrorKind::NotFound,
+            format!(
+                "dataset {} cannot be opened on this worker: {e}",
+                path.display()
+            ),
+        )
     })?;
     if roots.iter().any(|root| canonical.starts_with(root)) {
         return Ok(());
     }
     let listed: Vec<String> = roots.iter().map(|r| r.display().to_string()).collect();
-    Err(transport::status(ErrorKind::PermissionDenied, format!(
-        "dataset {} is outside this worker's --data-root ({})",
-        path.display(),
-        listed.join(", ")
-    )))
+    Err(transport::status(
+        ErrorKind::PermissionDenied,
+        format!(
+            "dataset {} is outside this worker's --data-root ({})",
+            path.display(),
+            listed.join(", ")
+        ),
+    ))
 }
 
 impl Shared {

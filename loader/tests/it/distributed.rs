@@ -12,8 +12,7 @@ use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use stoker_loader::distributed::{RemoteLoader, RemoteOptions};
-use stoker_loader::{BatchDigest, Loader, LoaderOptions};
+use stoker_loader::{BatchDigest, ErrorKind, Loader, LoaderOptions, RemoteOptions};
 use stoker_proto::v1::coordinator_client::CoordinatorClient;
 use stoker_proto::v1::{JobSpec, OpenSessionRequest, RegisterJobRequest};
 
@@ -106,13 +105,30 @@ fn spec(data: &Path, rank: u32) -> JobSpec {
     spec
 }
 
-fn options() -> RemoteOptions {
-    RemoteOptions {
-        prefetch: 4,
-        deadline: Duration::from_secs(60),
-        connect_timeout: Duration::from_secs(30),
-        stall_reopen: Duration::from_secs(3),
-    }
+/// The remote loader of `spec` at the coordinator `address`.
+fn remote(address: &str, spec: JobSpec) -> stoker_loader::Result<Loader> {
+    remote_with_grace(address, spec, Duration::from_secs(60))
+}
+
+fn remote_with_grace(
+    address: &str,
+    spec: JobSpec,
+    worker_grace: Duration,
+) -> stoker_loader::Result<Loader> {
+    Loader::remote(
+        address,
+        spec,
+        LoaderOptions {
+            prefetch: 4,
+            deadline: Duration::from_secs(60),
+            ..LoaderOptions::default()
+        },
+        RemoteOptions {
+            connect_timeout: Duration::from_secs(30),
+            stall_reopen: Duration::from_secs(3),
+            worker_grace,
+        },
+    )
 }
 
 /// Every batch of the rank's epoch from the embedded loader: digest and step -> indices.
@@ -143,8 +159,8 @@ fn distributed(
     data: &Path,
     mut halfway: impl FnMut(),
 ) -> Vec<(String, BTreeMap<u64, Vec<u64>>)> {
-    let loaders: Vec<RemoteLoader> = (0..2)
-        .map(|rank| RemoteLoader::connect(address, spec(data, rank), options()).unwrap())
+    let loaders: Vec<Loader> = (0..2)
+        .map(|rank| remote(address, spec(data, rank)).unwrap())
         .collect();
     let mut streams: Vec<_> = loaders.iter().map(|l| l.epoch(0, 0).unwrap()).collect();
     let steps = loaders[0].steps_per_epoch();
@@ -327,7 +343,7 @@ fn malformed_and_unauthorised_requests_get_errors_that_name_the_problem() {
     });
 
     // The daemons kept serving: a whole epoch still comes through, identical to the embedded one.
-    let loader = RemoteLoader::connect(&coordinator.address, spec(&data, 1), options()).unwrap();
+    let loader = remote(&coordinator.address, spec(&data, 1)).unwrap();
     let mut digest = BatchDigest::new();
     for batch in loader.epoch(0, 0).unwrap() {
         digest.update(&batch.unwrap());
@@ -380,7 +396,7 @@ fn clients_report_to_the_coordinator_dashboard() {
         Daemon::worker(&coordinator.address, dir.path()),
         Daemon::worker(&coordinator.address, dir.path()),
     ];
-    let loader = RemoteLoader::connect(&coordinator.address, spec(&data, 0), options()).unwrap();
+    let loader = remote(&coordinator.address, spec(&data, 0)).unwrap();
     let mut samples = 0;
     for batch in loader.epoch(0, 0).unwrap() {
         samples += batch.unwrap().sample_indices.len() as u64;
@@ -463,4 +479,119 @@ fn digest_with_an_address_prints_the_embedded_hash() {
     ));
     assert_eq!(embedded.len(), 64, "{embedded}");
     assert_eq!(remote, embedded);
+}
+
+#[test]
+fn a_job_whose_workers_all_died_fails_with_worker_unavailable() {
+    let dir = fixture();
+    let data = dir.path().join("data");
+    let coordinator = Daemon::coordinator(&dir.path().join("state"), "127.0.0.1:0");
+    let mut workers = [
+        Daemon::worker(&coordinator.address, dir.path()),
+        Daemon::worker(&coordinator.address, dir.path()),
+    ];
+    let grace = Duration::from_secs(2);
+    let loader = remote_with_grace(&coordinator.address, spec(&data, 0), grace).unwrap();
+    assert_eq!(
+        loader.info().class_names.len(),
+        10,
+        "class names come from the workers"
+    );
+    assert!(loader.info().num_samples > 0);
+    let mut stream = loader.epoch(0, 0).unwrap();
+    assert!(stream.next_batch().unwrap().is_some());
+    for worker in &mut workers {
+        worker.kill();
+    }
+    let started = Instant::now();
+    let error = loop {
+        match stream.next_batch() {
+            // Batches already delivered before the kill may still come.
+            Ok(Some(_)) => continue,
+            Ok(None) => panic!("the epoch cannot end without workers"),
+            Err(error) => break error,
+        }
+    };
+    assert!(
+        started.elapsed() < Duration::from_secs(30),
+        "well before the 60 s deadline: {:?}",
+        started.elapsed()
+    );
+    assert_eq!(error.kind(), ErrorKind::WorkerUnavailable, "{error}");
+    let message = error.to_string();
+    assert!(message.contains("no worker has served job"), "{message}");
+    assert!(
+        message.contains("data"),
+        "names the job's dataset: {message}"
+    );
+}
+
+#[test]
+fn errors_keep_their_kind_across_the_wire() {
+    let dir = fixture();
+    let data = dir.path().join("data");
+    let coordinator = Daemon::coordinator(&dir.path().join("state"), "127.0.0.1:0");
+    let _worker = Daemon::worker(&coordinator.address, dir.path());
+    let kind_of = |spec: JobSpec| match remote(&coordinator.address, spec) {
+        Ok(_) => panic!("the job should be refused"),
+        Err(error) => (error.kind(), error.to_string()),
+    };
+
+    let mut missing = spec(&data, 0);
+    missing.dataset.as_mut().unwrap().uri = dir.path().join("nope").display().to_string();
+    let (kind, message) = kind_of(missing);
+    assert_eq!(kind, ErrorKind::NotFound, "{message}");
+
+    let mut outside = spec(&data, 0);
+    outside.dataset.as_mut().unwrap().uri = "/".into();
+    let (kind, message) = kind_of(outside);
+    assert_eq!(kind, ErrorKind::PermissionDenied, "{message}");
+
+    let not_images = dir.path().join("not_images");
+    std::fs::create_dir_all(&not_images).unwrap();
+    let mut empty = spec(&data, 0);
+    empty.dataset.as_mut().unwrap().uri = not_images.display().to_string();
+    let (kind, message) = kind_of(empty);
+    assert_eq!(kind, ErrorKind::Dataset, "{message}");
+
+    let mut flips = spec(&data, 0);
+    let flip = flips
+        .pipeline
+        .iter()
+        .find(|op| {
+            matches!(
+                op.op,
+                Some(stoker_proto::v1::op::Op::RandomHorizontalFlip(_))
+            )
+        })
+        .cloned()
+        .expect("the train spec flips");
+    flips.pipeline.push(flip);
+    let (kind, message) = kind_of(flips);
+    assert_eq!(kind, ErrorKind::Pipeline, "{message}");
+
+    // A corrupt sample under the fail policy: a decode error from the worker's stream.
+    let class = std::fs::read_dir(&data)
+        .unwrap()
+        .flatten()
+        .find(|e| e.path().is_dir())
+        .unwrap()
+        .path();
+    std::fs::write(
+        class.join("zz_corrupt.jpg"),
+        b"\xff\xd8\xff\xe0 not really a jpeg",
+    )
+    .unwrap();
+    let mut strict = spec(&data, 0);
+    strict.on_error = stoker_proto::v1::BadSamplePolicy::Fail as i32;
+    strict.shuffle = false;
+    strict.world_size = 1;
+    let loader = remote(&coordinator.address, strict).unwrap();
+    let error = loader
+        .epoch(0, 0)
+        .unwrap()
+        .find_map(|batch| batch.err())
+        .expect("the corrupt sample fails its batch");
+    assert_eq!(error.kind(), ErrorKind::Decode, "{error}");
+    assert!(error.to_string().contains("zz_corrupt.jpg"), "{error}");
 }
