@@ -107,8 +107,61 @@ def test_a_dataset_outside_the_workers_roots_is_refused(tmp_path: Path, cluster:
 def test_bad_addresses_are_value_errors(dataset: Path) -> None:
     with pytest.raises(ValueError, match="host:port"):
         stoker.Loader(dataset, address="nowhere", **_options())
-    with pytest.raises(ValueError, match="dashboard"):
-        stoker.Loader(dataset, address="127.0.0.1:1", dashboard=0, **_options())
+    with pytest.raises(ValueError, match="worker_grace"):
+        stoker.Loader(dataset, address="127.0.0.1:1", worker_grace=0, **_options())
+
+
+def _describe(loader: stoker.Loader) -> dict[str, object]:
+    """What a training script asks a loader, besides its batches."""
+    first = next(iter(loader))
+    return {
+        "classes": loader.classes,
+        "len": len(loader),
+        "num_samples": loader.num_samples,
+        "state_after_one": loader.state_dict(),
+        "keys": sorted(first),
+        "shapes": {name: tuple(value.shape) for name, value in first.items()},
+        "stats_keys": {"samples", "wait_s", "epoch_start_wait_s", "slot_capacity"}
+        <= set(loader.stats()),
+    }
+
+
+def test_remote_and_embedded_loaders_answer_alike(dataset: Path, cluster: str) -> None:
+    remote = stoker.Loader(dataset, address=cluster, rank=1, **_options())
+    local = stoker.Loader(dataset, rank=1, num_threads=1, **_options())
+    try:
+        described = _describe(remote)
+        assert described == _describe(local)
+        assert described["classes"], "class names come back from the workers"
+        assert remote.stats()["slot_capacity"] > 0, "remote batches land in pooled slots"
+    finally:
+        remote.close()
+        local.close()
+
+
+def test_all_workers_gone_raises_worker_unavailable(dataset: Path, tmp_path: Path) -> None:
+    coordinator, address = _start(
+        [str(_binary("stoker")), "coordinator", "--listen", "127.0.0.1:0",
+         "--state", str(tmp_path / "state")]
+    )
+    worker, _ = _start(
+        [str(_binary("stoker-worker")), "--coordinator", address,
+         "--data-root", str(dataset), "--threads", "1"]
+    )
+    try:
+        loader = stoker.Loader(dataset, address=address, worker_grace=2, **_options())
+        batches = iter(loader)
+        next(batches)
+        worker.kill()
+        worker.wait(timeout=10)
+        with pytest.raises(stoker.WorkerUnavailableError, match="no worker has served job"):
+            for _ in batches:
+                pass
+        loader.close()
+    finally:
+        for process in (worker, coordinator):
+            process.kill()
+            process.wait(timeout=10)
 
 
 def test_distributed_batches_are_zero_copy_views(dataset: Path, cluster: str) -> None:

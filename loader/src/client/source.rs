@@ -63,7 +63,7 @@ pub trait BatchSource: Send + Sync {
 }
 
 /// One epoch of a [`BatchSource`]. Dropping it cancels the work not yet started.
-pub trait EpochFeed: Send {
+pub trait EpochFeed: Send + Sync {
     /// Steps in the epoch.
     fn steps(&self) -> u64;
 
