@@ -12,7 +12,13 @@ use stoker_loader::distributed::{init_logging, run_worker, shutdown_signal, Work
 
 /// A Stoker decode worker.
 #[derive(Debug, Parser)]
-#[command(name = "stoker-worker", version, about, long_about = None)]
+#[command(
+    name = "stoker-worker",
+    version,
+    about = "Stoker's decode worker daemon: registers with a coordinator, builds the batches it is \
+             leased and streams them to the clients that own them.",
+    long_about = None
+)]
 struct Args {
     /// The coordinator's host:port.
     #[arg(long)]

@@ -20,7 +20,13 @@ use stoker_proto::v1::{self as proto, BadSamplePolicy, JobSpec};
 
 /// Stoker: a data loader that keeps GPUs fed.
 #[derive(Debug, Parser)]
-#[command(name = "stoker", version, about, long_about = None)]
+#[command(
+    name = "stoker",
+    version,
+    about = "Stoker: a data loader that keeps GPUs fed. Runs the embedded loader, benchmarks, \
+             dataset tools and the coordinator daemon.",
+    long_about = None
+)]
 pub struct Cli {
     /// Log more (-v: info, -vv: debug). RUST_LOG overrides.
     #[arg(short, long, global = true, action = clap::ArgAction::Count)]
@@ -38,7 +44,8 @@ enum Command {
     Bench(bench::BenchArgs),
     /// Print the SHA-256 of the first K batches (last line), to check reproducibility.
     Digest(digest::DigestArgs),
-    /// Rewrite an ImageFolder as tar shards (WebDataset layout), sample for sample.
+    /// Rewrite an ImageFolder as tar shards (WebDataset layout) or Parquet files, sample for
+    /// sample.
     Convert(convert::ConvertArgs),
     /// Describe a dataset: samples, classes, formats, sizes.
     Inspect(inspect::InspectArgs),

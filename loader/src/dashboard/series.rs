@@ -42,6 +42,8 @@ pub enum Verdict {
     Idle,
     /// The trainer waited more than 5% of the time; the named stage costs the most.
     InputBound(&'static str),
+    /// The trainer waited more than 5% of the time, mostly for the first batch of an epoch.
+    EpochBoundary,
     /// The trainer waited between 1% and 5% of the time.
     Balanced,
     /// The trainer waited less than 1% of the time.
@@ -54,6 +56,7 @@ impl std::fmt::Display for Verdict {
             Self::Starting => f.write_str("starting"),
             Self::Idle => f.write_str("idle"),
             Self::InputBound(stage) => write!(f, "input-bound: {stage}"),
+            Self::EpochBoundary => f.write_str("input-bound: epoch boundary"),
             Self::Balanced => f.write_str("balanced"),
             Self::ComputeBound => f.write_str("compute-bound"),
         }
@@ -72,6 +75,8 @@ struct Delta {
     wall_s: f64,
     elapsed_s: f64,
     wait_s: f64,
+    /// The part of `wait_s` spent on the first batch of an epoch.
+    epoch_start_wait_s: f64,
     samples: u64,
     batches: u64,
     stages_s: [f64; 4],
@@ -83,6 +88,7 @@ impl Delta {
             wall_s,
             elapsed_s: (after.elapsed_s - before.elapsed_s).max(0.0),
             wait_s: (after.wait_s - before.wait_s).max(0.0),
+            epoch_start_wait_s: (after.epoch_start_wait_s - before.epoch_start_wait_s).max(0.0),
             samples: after.samples.saturating_sub(before.samples),
             batches: after.batches.saturating_sub(before.batches),
             stages_s: [
@@ -98,6 +104,7 @@ impl Delta {
         self.wall_s += other.wall_s;
         self.elapsed_s += other.elapsed_s;
         self.wait_s += other.wait_s;
+        self.epoch_start_wait_s += other.epoch_start_wait_s;
         self.samples += other.samples;
         self.batches += other.batches;
         for (sum, stage) in self.stages_s.iter_mut().zip(other.stages_s) {
@@ -341,7 +348,11 @@ impl JobSeries {
         } else {
             match stall_pct {
                 Some(stall) if stall > INPUT_BOUND_STALL_PCT => {
-                    Verdict::InputBound(dominant_stage(&sum.stages_s))
+                    if sum.epoch_start_wait_s * 2.0 >= sum.wait_s {
+                        Verdict::EpochBoundary
+                    } else {
+                        Verdict::InputBound(dominant_stage(&sum.stages_s))
+                    }
                 }
                 Some(stall) if stall < COMPUTE_BOUND_STALL_PCT => Verdict::ComputeBound,
                 Some(_) => Verdict::Balanced,
@@ -434,6 +445,7 @@ mod tests {
             wall_s: elapsed_s,
             elapsed_s,
             wait_s,
+            epoch_start_wait_s: 0.0,
             samples,
             batches: samples / 16,
             stages_s,
@@ -470,6 +482,10 @@ mod tests {
             "input-bound: decode"
         );
         assert_eq!(Verdict::ComputeBound.to_string(), "compute-bound");
+        assert_eq!(
+            Verdict::EpochBoundary.to_string(),
+            "input-bound: epoch boundary"
+        );
     }
 
     #[test]

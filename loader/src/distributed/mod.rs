@@ -30,7 +30,8 @@ pub async fn shutdown_signal() {
 }
 
 /// Sets up `tracing` on stderr for the command-line tools: warnings by default, `-v` info,
-/// `-vv` debug; `RUST_LOG` overrides.
+/// `-vv` debug; `RUST_LOG` overrides. Colours only when stderr is a terminal (a log file or a
+/// pipe gets plain text).
 pub fn init_logging(verbose: u8) {
     let default = match verbose {
         0 => "warn",
@@ -42,5 +43,6 @@ pub fn init_logging(verbose: u8) {
     tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
 }
