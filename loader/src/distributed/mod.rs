@@ -5,6 +5,7 @@
 //! stream the client opened, against credits the client granted. See `../shared/DESIGN.md`
 //! ("Data plane and control plane") for the contract and each module for its part.
 
+mod client_reports;
 mod coordinator_service;
 pub mod transport;
 mod worker_daemon;

@@ -2,6 +2,7 @@
 //! area, `common` holds the shared fixtures. Tests that start daemons or the dashboard bind
 //! port 0 and keep their state in their own temporary folders, so they run side by side.
 
+mod architecture;
 mod bad_input;
 mod cli;
 mod columns;

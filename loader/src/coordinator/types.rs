@@ -1,0 +1,104 @@
+//! The coordinator core's settings and the values its calls return.
+
+use std::time::{Duration, Instant};
+
+use super::ids::{LeaseId, SessionId, Step, TaskKey, WorkerId};
+
+/// Tuning of a [`Coordinator`].
+#[derive(Debug, Clone)]
+pub struct CoordinatorConfig {
+    /// A worker whose last heartbeat is older than this is dead, and its leases with it.
+    pub lease_timeout: Duration,
+    /// Acknowledgements between two journal writes of the acknowledged positions.
+    pub journal_every: u64,
+    /// Most credits one session may hold.
+    pub max_credits: u32,
+    /// Most tasks one `lease` call may return.
+    pub max_lease_batch: usize,
+}
+
+impl Default for CoordinatorConfig {
+    fn default() -> Self {
+        Self {
+            lease_timeout: Duration::from_secs(10),
+            journal_every: 1024,
+            max_credits: 65_536,
+            max_lease_batch: 4096,
+        }
+    }
+}
+
+/// One task leased to a worker.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Lease {
+    /// The batch to produce.
+    pub task: TaskKey,
+    /// The session (client stream) to send it to.
+    pub session: SessionId,
+    /// What the worker quotes when it reports completion or failure.
+    pub lease_id: LeaseId,
+    /// When the lease dies unless the worker heartbeats before (heartbeats extend it).
+    pub deadline: Instant,
+}
+
+/// What a worker's report on a lease did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LeaseOutcome {
+    /// The report was applied.
+    Applied,
+    /// The lease had already expired (its task was requeued, maybe redone) or its session was
+    /// reopened: the report was ignored and counted as a duplicate.
+    Stale,
+}
+
+/// What an acknowledgement did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AckOutcome {
+    /// Recorded; the session's acknowledged position is `position`.
+    Recorded {
+        /// Every step below this was acknowledged.
+        position: Step,
+    },
+    /// The step was already acknowledged; ignored and counted.
+    Duplicate,
+}
+
+/// What [`Coordinator::expire`] did.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ExpireReport {
+    /// Workers dropped for missing their heartbeats.
+    pub workers: Vec<WorkerId>,
+    /// Tasks of theirs put back in their sessions' queues.
+    pub requeued_tasks: u64,
+}
+
+/// Counters and sizes, for logs, the dashboard and the bench.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct CoordinatorStats {
+    /// Jobs registered (journaled).
+    pub jobs: u64,
+    /// Live workers.
+    pub workers: u64,
+    /// Open sessions.
+    pub sessions: u64,
+    /// Tasks waiting for a lease (steps not yet handed out plus requeued ones).
+    pub queued_tasks: u64,
+    /// Live leases.
+    pub leased_tasks: u64,
+    /// Tasks leased since start (a redone task counts again).
+    pub assignments: u64,
+    /// Completions reported.
+    pub completions: u64,
+    /// Acknowledgements recorded (duplicates excluded).
+    pub acknowledgements: u64,
+    /// Duplicate acknowledgements and stale lease reports ignored.
+    pub duplicates_dropped: u64,
+    /// Leases that died with their worker.
+    pub expired_leases: u64,
+    /// Leases the worker reported failed.
+    pub failed_leases: u64,
+    /// Journal transactions committed.
+    pub journal_commits: u64,
+    /// Estimated bytes held by the coordinator's data structures (from their capacities).
+    pub memory_bytes: u64,
+}

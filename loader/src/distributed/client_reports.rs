@@ -1,0 +1,56 @@
+//! What the coordinator's dashboard shows of the jobs and clients it serves: job names, and
+//! clients' reports turned into the same figures an embedded loader's monitor gives.
+
+use stoker_proto::v1::ClientStats;
+
+use crate::coordinator::{Coordinator, JobId};
+use crate::{LoaderStats, MonitorSnapshot};
+
+/// A job's name on the dashboard: its id and the last part of its dataset path.
+pub(super) fn job_name(core: &Coordinator, job: u64) -> String {
+    let dataset = core
+        .job_spec(JobId(job))
+        .ok()
+        .and_then(|spec| spec.dataset.as_ref())
+        .map(|d| {
+            let uri = d.uri.trim_end_matches('/');
+            uri.rsplit('/').next().unwrap_or(uri).to_string()
+        })
+        .unwrap_or_default();
+    format!("job {job} {dataset}")
+}
+
+/// A client's report in the form the dashboard charts (the same as an embedded loader's).
+pub(super) fn client_snapshot(stats: &ClientStats, threads: usize) -> MonitorSnapshot {
+    let elapsed_s = stats.elapsed_ns as f64 / 1e9;
+    let stages = stats.stage_ns.unwrap_or_default();
+    MonitorSnapshot {
+        stats: LoaderStats {
+            batches: stats.batches,
+            samples: stats.samples,
+            elapsed_s,
+            samples_per_s: if elapsed_s > 0.0 {
+                stats.samples as f64 / elapsed_s
+            } else {
+                0.0
+            },
+            wait_s: stats.wait_ns as f64 / 1e9,
+            epoch_start_wait_s: stats.epoch_start_wait_ns as f64 / 1e9,
+            first_batch_s: None,
+            read_s: stages.read_ns as f64 / 1e9,
+            decode_s: stages.decode_ns as f64 / 1e9,
+            augment_s: stages.augment_ns as f64 / 1e9,
+            assemble_s: stages.assemble_ns as f64 / 1e9,
+            bad_samples: stats.bad_samples,
+            bytes: stats.bytes,
+            in_flight: stats.queue_depth as usize,
+            prefetch_depth: stats.prefetch_target as usize,
+        },
+        controller: None,
+        fixed_prefetch: Some(stats.prefetch_target as usize),
+        slots_in_use: stats.queue_depth as usize,
+        slot_capacity: stats.prefetch_target as usize,
+        slot_bytes: 0,
+        threads,
+    }
+}
