@@ -107,8 +107,8 @@ pub enum ErrorKind {
     Internal,
 }
 
-/// Every kind, for the round-trip test and lookups.
-const KINDS: [ErrorKind; 11] = [
+/// Every kind.
+pub const ERROR_KINDS: [ErrorKind; 11] = [
     ErrorKind::InvalidArgument,
     ErrorKind::NotFound,
     ErrorKind::NotADirectory,
@@ -142,7 +142,7 @@ impl ErrorKind {
 
     /// The kind named `name`, if it is one.
     pub fn from_name(name: &str) -> Option<ErrorKind> {
-        KINDS.into_iter().find(|kind| kind.as_str() == name)
+        ERROR_KINDS.into_iter().find(|kind| kind.as_str() == name)
     }
 }
 
@@ -184,7 +184,7 @@ mod tests {
 
     #[test]
     fn kinds_round_trip_by_name() {
-        for kind in KINDS {
+        for kind in ERROR_KINDS {
             assert_eq!(ErrorKind::from_name(kind.as_str()), Some(kind));
         }
         assert_eq!(ErrorKind::from_name("no such kind"), None);

@@ -47,6 +47,6 @@ pub use coordinator::{
 };
 pub use dashboard::{Dashboard, DashboardError, WorkerLoad};
 pub use digest::BatchDigest;
-pub use error::{Error, ErrorKind, Result};
+pub use error::{Error, ErrorKind, Result, ERROR_KINDS};
 pub use job::{open_source, Job, MAX_BATCH_SIZE};
 pub use planner::{EpochPlan, Permutation, PlanConfig};

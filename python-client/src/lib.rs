@@ -278,20 +278,7 @@ pub(crate) fn job_spec(
     ops: &[Bound<'_, PyDict>],
     settings: JobSettings<'_>,
 ) -> PyResult<JobSpec> {
-    let JobSettings {
-        batch_size,
-        shuffle,
-        seed,
-        drop_last,
-        rank,
-        world_size,
-        on_error,
-        timeout_s,
-        format,
-        shuffle_window,
-        text_column,
-    } = settings;
-    let format = match format {
+    let format = match settings.format {
         "auto" => proto::DatasetFormat::Auto,
         "image_folder" => proto::DatasetFormat::ImageFolder,
         "tar" => proto::DatasetFormat::TarShards,
@@ -305,7 +292,7 @@ pub(crate) fn job_spec(
             )))
         }
     };
-    let on_error = match on_error {
+    let on_error = match settings.on_error {
         "skip" => BadSamplePolicy::Skip,
         "fail" => BadSamplePolicy::Fail,
         other => {
@@ -314,6 +301,7 @@ pub(crate) fn job_spec(
             )))
         }
     };
+    let timeout_s = settings.timeout_s;
     if !(timeout_s.is_finite() && timeout_s > 0.0) {
         return Err(PyValueError::new_err(format!(
             "timeout must be a positive number of seconds, got {timeout_s}"
@@ -323,19 +311,19 @@ pub(crate) fn job_spec(
         dataset: Some(proto::DatasetSource {
             uri: source,
             format: format as i32,
-            text_column,
+            text_column: settings.text_column,
             ..Default::default()
         }),
         pipeline: ops::from_python(ops)?,
-        batch_size,
-        seed,
-        shuffle,
-        drop_last,
-        rank,
-        world_size,
+        batch_size: settings.batch_size,
+        seed: settings.seed,
+        shuffle: settings.shuffle,
+        drop_last: settings.drop_last,
+        rank: settings.rank,
+        world_size: settings.world_size,
         uneven_tail: proto::UnevenTail::Pad as i32,
         on_error: on_error as i32,
-        shuffle_window,
+        shuffle_window: settings.shuffle_window,
     })
 }
 

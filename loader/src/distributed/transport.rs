@@ -245,19 +245,7 @@ mod tests {
 
     #[test]
     fn every_kind_survives_the_wire() {
-        for kind in [
-            ErrorKind::InvalidArgument,
-            ErrorKind::NotFound,
-            ErrorKind::NotADirectory,
-            ErrorKind::Dataset,
-            ErrorKind::Decode,
-            ErrorKind::Pipeline,
-            ErrorKind::Timeout,
-            ErrorKind::PermissionDenied,
-            ErrorKind::WorkerUnavailable,
-            ErrorKind::Interrupted,
-            ErrorKind::Internal,
-        ] {
+        for kind in crate::error::ERROR_KINDS {
             let error = error_from_status("call", &status(kind, "why"));
             assert_eq!(error.kind(), kind);
             assert_eq!(error.to_string(), "call: why");
