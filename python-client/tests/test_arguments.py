@@ -69,6 +69,21 @@ def test_dataloader_only_arguments_name_the_alternative(
     assert name in str(raised.value)
 
 
+@pytest.mark.parametrize("device", ["cuda", "cuda:1"])
+def test_a_cuda_device_is_refused_naming_what_is_missing(
+    make_loader: Callable[..., stoker.Loader], device: str
+) -> None:
+    with pytest.raises(ValueError, match="no GPU stage"):
+        make_loader(device=device)
+
+
+def test_device_cpu_is_host_delivery(make_loader: Callable[..., stoker.Loader]) -> None:
+    with make_loader(device="cpu") as loader:
+        assert len(loader) > 0
+    with pytest.raises(ValueError, match="device must be"):
+        make_loader(device="tpu")
+
+
 def test_unknown_keyword_is_a_type_error(make_loader: Callable[..., stoker.Loader]) -> None:
     with pytest.raises(TypeError, match="batchsize"):
         make_loader(batchsize=3)

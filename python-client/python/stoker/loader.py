@@ -295,6 +295,9 @@ class Loader:
             of JSONL files): 0 (default) shuffles globally; W >= 1 shuffles the shard order,
             then samples within windows of W shards, keeping reads mostly sequential.
         text_column: the text field of JSONL documents (default ``"text"``).
+        device: ``None`` or ``"cpu"``: batches are delivered in host memory. This build has
+            no GPU stage yet: ``"cuda"`` / ``"cuda:N"`` raise a ValueError saying so (move the
+            tensors with ``.cuda()`` in the training loop).
 
     Raises:
         ValueError: an argument is out of range, a DataLoader-only argument was passed, or
@@ -328,6 +331,7 @@ class Loader:
         format: str | None = None,
         shuffle_window: int = 0,
         text_column: str | None = None,
+        device: str | None = None,
         **unsupported: Any,
     ) -> None:
         # Attributes close() and __del__ rely on come first, so a failing __init__ leaves an
@@ -352,6 +356,7 @@ class Loader:
             or address.strip() != address
         ):
             raise ValueError(f"address must be 'host:port' of a Stoker coordinator, got {address!r}")
+        _check_device(device)
         self._batch_size = _check_int(batch_size, "batch_size", 1, _MAX_U32)
         self._shuffle = _check_bool(shuffle, "shuffle")
         self._seed = _check_int(seed, "seed", 0, _MAX_U64)
@@ -718,6 +723,19 @@ class Loader:
                 _log.warning(
                     "further bad samples are not logged; stats()['bad_samples'] counts them"
                 )
+
+
+def _check_device(device: object) -> None:
+    """Only host delivery exists in this build; a CUDA device is refused, saying what is missing."""
+    if device is None or device == "cpu":
+        return
+    if isinstance(device, str) and (device == "cuda" or device.startswith("cuda:")):
+        raise ValueError(
+            f"device={device!r}: this build of Stoker has no GPU stage (no pinned slots, no "
+            "device delivery); batches come in host memory, so pass device=None and move them "
+            "with .cuda() in the training loop"
+        )
+    raise ValueError(f"device must be None, 'cpu', 'cuda' or 'cuda:N', got {device!r}")
 
 
 def _dashboard_address(dashboard: int | str | None) -> str | None:
