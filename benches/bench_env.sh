@@ -1,4 +1,4 @@
-# Shared by compare_torch.sh and compare_loader.sh (sourced, not run): parses --count / --data
+# Shared by compare_torch.sh, compare_loader.sh and compare_tokens.sh (sourced, not run): parses --count / --data
 # (everything else is kept in `passthrough` for the Python script), makes a relative --data
 # absolute, and makes sure the bench venv has torch, torchvision, pillow and numpy.
 # Expects `usage_lines` (the line range of the caller's header to print for --help).
@@ -46,3 +46,22 @@ if ! "$venv/bin/python" -c 'import numpy, PIL, torch, torchvision' 2>/dev/null; 
     "$venv/bin/python" -m pip install --quiet --upgrade pip >&2
     "$venv/bin/python" -m pip install --quiet torch torchvision pillow numpy >&2
 fi
+
+# Builds ./python-client into the venv (release) unless STOKER_BENCH_SKIP_INSTALL=1 and it is
+# already there; moves to the repo root.
+install_stoker() {
+    cd "$repo"
+    if [[ "${STOKER_BENCH_SKIP_INSTALL:-0}" != 1 ]] || ! "$venv/bin/python" -c 'import stoker' 2>/dev/null; then
+        echo "building and installing ./python-client into $venv (release profile)" >&2
+        "$venv/bin/python" -m pip install --quiet ./python-client >&2
+    fi
+}
+
+# Where generated bench data lives: <target>/bench-data, honouring CARGO_TARGET_DIR and
+# .cargo/config overrides instead of assuming ./target.
+bench_data_dir() {
+    local target_dir
+    target_dir="$(cargo metadata --format-version 1 --no-deps |
+        "$venv/bin/python" -c 'import json, sys; print(json.load(sys.stdin)["target_directory"])')"
+    echo "$target_dir/bench-data"
+}

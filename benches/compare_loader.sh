@@ -17,18 +17,11 @@ usage_lines="2,13"
 # shellcheck source=bench_env.sh
 source "$(dirname "${BASH_SOURCE[0]}")/bench_env.sh"
 
-cd "$repo"
-if [[ "${STOKER_BENCH_SKIP_INSTALL:-0}" != 1 ]] || ! "$venv/bin/python" -c 'import stoker' 2>/dev/null; then
-    echo "building and installing ./python-client into $venv (release profile)" >&2
-    "$venv/bin/python" -m pip install --quiet ./python-client >&2
-fi
+install_stoker
 
 if [[ -z "$data" || -n "$count" ]]; then
     count="${count:-5000}"
-    # Honour CARGO_TARGET_DIR and .cargo/config overrides instead of assuming ./target.
-    target_dir="$(cargo metadata --format-version 1 --no-deps |
-        "$venv/bin/python" -c 'import json, sys; print(json.load(sys.stdin)["target_directory"])')"
-    data="${data:-$target_dir/bench-data/imagenet-like-$count}"
+    data="${data:-$(bench_data_dir)/imagenet-like-$count}"
     echo "making (or reusing) $count images in $data" >&2
     data="$("$venv/bin/python" -c 'import sys; from stoker._native import make_dataset; print(make_dataset(sys.argv[1], int(sys.argv[2])))' "$data" "$count")"
 fi

@@ -12,7 +12,9 @@ use std::sync::Arc;
 use arrow_array::{ArrayRef, Float64Array, Int32Array, Int64Array, RecordBatch, StringArray};
 use parquet::arrow::ArrowWriter;
 use parquet::file::properties::WriterProperties;
-use stoker_loader::{BatchDigest, Loader, LoaderOptions};
+use stoker_loader::{Loader, LoaderOptions};
+
+use crate::common::{digest, tensor, try_epoch as epoch};
 use stoker_proto::v1::{self as proto, op::Op as OpKind, BadSamplePolicy, Batch, JobSpec};
 
 const ROWS: i32 = 45;
@@ -84,25 +86,6 @@ fn spec(path: &Path, names: &[&str], dtype: proto::Dtype, on_error: BadSamplePol
         on_error: on_error as i32,
         shuffle_window: 0,
     }
-}
-
-fn epoch(spec: &JobSpec, threads: usize, epoch: u64) -> stoker_loader::Result<Vec<Batch>> {
-    let options = LoaderOptions {
-        threads,
-        ..LoaderOptions::default()
-    };
-    let loader = Loader::new(spec.clone(), options)?;
-    loader.epoch(epoch, 0)?.collect()
-}
-
-fn digest(batches: &[Batch]) -> String {
-    let mut digest = BatchDigest::new();
-    batches.iter().for_each(|b| digest.update(b));
-    digest.hex()
-}
-
-fn tensor<'a>(batch: &'a Batch, name: &str) -> &'a proto::Tensor {
-    batch.tensors.iter().find(|t| t.name == name).unwrap()
 }
 
 fn int64s(tensor: &proto::Tensor) -> Vec<i64> {

@@ -4,6 +4,7 @@ use std::path::Path;
 use std::process::{Command, Output};
 
 use stoker_datasets::{generate_imagenet_like, SyntheticImageNetSpec};
+use stoker_loader::{BatchDigest, Loader, LoaderOptions};
 use stoker_proto::v1::{self as proto, BadSamplePolicy, JobSpec};
 
 /// Writes a seeded ImageNet-like set of `count` images under `dir`.
@@ -54,4 +55,39 @@ pub fn stdout_of(args: &[&str]) -> String {
         String::from_utf8_lossy(&output.stderr)
     );
     String::from_utf8_lossy(&output.stdout).into_owned()
+}
+
+/// Every batch of `epoch` of `spec`, from an embedded loader with `threads` decode threads.
+pub fn try_epoch(
+    spec: &JobSpec,
+    threads: usize,
+    epoch: u64,
+) -> stoker_loader::Result<Vec<proto::Batch>> {
+    let options = LoaderOptions {
+        threads,
+        ..LoaderOptions::default()
+    };
+    let loader = Loader::new(spec.clone(), options)?;
+    loader.epoch(epoch, 0)?.collect()
+}
+
+/// Like [`try_epoch`], failing the test on any error.
+pub fn epoch_batches(spec: &JobSpec, threads: usize, epoch: u64) -> Vec<proto::Batch> {
+    try_epoch(spec, threads, epoch).expect("an epoch of batches")
+}
+
+/// The SHA-256 of `batches`, as `stoker digest` prints it.
+pub fn digest(batches: &[proto::Batch]) -> String {
+    let mut digest = BatchDigest::new();
+    batches.iter().for_each(|b| digest.update(b));
+    digest.hex()
+}
+
+/// The tensor `name` of `batch`.
+pub fn tensor<'a>(batch: &'a proto::Batch, name: &str) -> &'a proto::Tensor {
+    batch
+        .tensors
+        .iter()
+        .find(|t| t.name == name)
+        .expect("the tensor is in the batch")
 }

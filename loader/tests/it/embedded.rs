@@ -8,32 +8,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use stoker_datasets::SampleSource;
-use stoker_loader::{BatchDigest, Error, Job, Loader, LoaderOptions};
+use stoker_loader::{Error, Job, Loader, LoaderOptions};
 use stoker_proto::v1::{Batch, JobSpec};
 
-use crate::common;
-
-fn epoch_batches(spec: &JobSpec, threads: usize, epoch: u64) -> Vec<Batch> {
-    let loader = Loader::new(
-        spec.clone(),
-        LoaderOptions {
-            threads,
-            ..LoaderOptions::default()
-        },
-    )
-    .unwrap();
-    loader
-        .epoch(epoch, 0)
-        .unwrap()
-        .map(|b| b.unwrap())
-        .collect()
-}
-
-fn digest(batches: &[Batch]) -> String {
-    let mut digest = BatchDigest::new();
-    batches.iter().for_each(|b| digest.update(b));
-    digest.hex()
-}
+use crate::common::{self, digest, epoch_batches};
 
 #[test]
 fn batches_are_bit_identical_for_any_thread_count() {

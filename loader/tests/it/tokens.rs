@@ -7,11 +7,11 @@
 use std::collections::BTreeMap;
 use std::path::Path;
 
-use stoker_loader::{BatchDigest, Error, Loader, LoaderOptions};
-use stoker_proto::v1::{self as proto, op::Op as OpKind, BadSamplePolicy, Batch, JobSpec};
+use stoker_loader::{Error, Loader, LoaderOptions};
+use stoker_proto::v1::{self as proto, op::Op as OpKind, BadSamplePolicy, JobSpec};
 use stoker_worker::{pack_documents, PackSpec, PackedRowsMut, TextTokenizer};
 
-use crate::common;
+use crate::common::{self, digest, epoch_batches as epoch, tensor};
 
 fn op(kind: OpKind) -> proto::Op {
     proto::Op { op: Some(kind) }
@@ -34,29 +34,6 @@ fn spec(uri: &Path, pipeline: Vec<proto::Op>, batch_size: u32) -> JobSpec {
         on_error: BadSamplePolicy::Skip as i32,
         shuffle_window: 0,
     }
-}
-
-fn epoch(spec: &JobSpec, threads: usize, epoch: u64) -> Vec<Batch> {
-    let options = LoaderOptions {
-        threads,
-        ..LoaderOptions::default()
-    };
-    let loader = Loader::new(spec.clone(), options).unwrap();
-    loader
-        .epoch(epoch, 0)
-        .unwrap()
-        .map(|b| b.unwrap())
-        .collect()
-}
-
-fn digest(batches: &[Batch]) -> String {
-    let mut digest = BatchDigest::new();
-    batches.iter().for_each(|b| digest.update(b));
-    digest.hex()
-}
-
-fn tensor<'a>(batch: &'a Batch, name: &str) -> &'a proto::Tensor {
-    batch.tensors.iter().find(|t| t.name == name).unwrap()
 }
 
 fn ints(bytes: &[u8]) -> Vec<i32> {
