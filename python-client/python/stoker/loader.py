@@ -185,6 +185,29 @@ def _resolve_rank(rank: object, world_size: object) -> tuple[int, int]:
     return rank, world_size
 
 
+def _default_threads() -> tuple[int, str]:
+    """Decode threads for ``num_threads=None`` and the rule that chose them (0: every CPU the
+    native side finds available, which honours affinity and cgroup quota)."""
+    text = os.environ.get("LOCAL_WORLD_SIZE", "").strip()
+    try:
+        local_world = int(text) if text else 1
+    except ValueError:
+        raise ValueError(
+            f"environment variable LOCAL_WORLD_SIZE={text!r} is not an int; fix it or pass "
+            "num_threads="
+        ) from None
+    affinity = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None
+    node = os.cpu_count()
+    if local_world > 1 and affinity is not None and node is not None and affinity >= node:
+        return (
+            max(1, affinity // local_world),
+            f"{affinity} CPUs of the node divided by LOCAL_WORLD_SIZE={local_world}",
+        )
+    if local_world > 1:
+        return 0, f"the {affinity} CPUs of this rank's affinity (already split by the launcher)"
+    return 0, "the CPUs available to this process"
+
+
 def _import_torch(reason: str) -> Any:
     try:
         import torch
@@ -256,7 +279,13 @@ class Loader:
         shuffle: reshuffle every epoch (``False``: dataset order).
         seed: seed of the shuffle and of every random augmentation, in 0..2**64.
         drop_last: drop the last, partial batch of each epoch (per rank), like DataLoader.
-        num_threads: decode threads; ``None`` uses every core.
+        num_threads: decode threads; ``None``: the CPUs this process may run on (affinity and
+            cgroup quota), except under a launcher such as ``torchrun`` that starts
+            ``LOCAL_WORLD_SIZE`` ranks on a node without pinning them: when this process's
+            affinity covers every CPU of the node, that count is divided by
+            ``LOCAL_WORLD_SIZE`` (so 8 ranks do not start 8 node's worth of threads); an
+            affinity already narrowed by the launcher is used as it is. ``stats()["thread_rule"]``
+            says which rule applied.
         rank: this process's part of each epoch; default: ``torch.distributed`` when it is
             initialised, else the ``RANK`` environment variable, else 0.
         world_size: how many parts; default: as for ``rank`` (``WORLD_SIZE``), else 1. Ranks
@@ -361,11 +390,11 @@ class Loader:
         self._shuffle = _check_bool(shuffle, "shuffle")
         self._seed = _check_int(seed, "seed", 0, _MAX_U64)
         self._drop_last = _check_bool(drop_last, "drop_last")
-        threads = (
-            0
-            if num_threads is None
-            else _check_int(num_threads, "num_threads (None: all cores)", 1, 4096)
-        )
+        if num_threads is None:
+            threads, self._thread_rule = _default_threads()
+        else:
+            threads = _check_int(num_threads, "num_threads (None: all cores)", 1, 4096)
+            self._thread_rule = "num_threads"
         if prefetch == "auto":
             prefetch_count = 0
         elif _is_int(prefetch) and 1 <= prefetch <= 4096:
@@ -625,10 +654,12 @@ class Loader:
             ``read_s``, ``decode_s``, ``augment_s``, ``assemble_s`` (thread-seconds per
             stage), ``bad_samples``, ``in_flight``, ``prefetch_depth`` (the current depth,
             which ``prefetch="auto"`` adjusts), ``slots_in_use``, ``slot_capacity``) and
+            ``thread_rule`` (how ``num_threads`` was chosen) and
             ``stall_fraction``: ``wait_s / elapsed_s``, the share of time the training loop
             spent waiting for data.
         """
         stats: dict[str, Any] = dict(self._handle().stats())
+        stats["thread_rule"] = self._thread_rule
         elapsed = float(stats.get("elapsed_s") or 0.0)
         stats["stall_fraction"] = float(stats.get("wait_s", 0.0)) / elapsed if elapsed > 0 else 0.0
         return stats
