@@ -8,7 +8,9 @@ use std::process::ExitCode;
 
 use anyhow::Context;
 use clap::Parser;
-use stoker_loader::distributed::{init_logging, run_worker, shutdown_signal, WorkerConfig};
+use stoker_loader::distributed::{
+    daemon_runtime, init_logging, listen, run_worker, shutdown_signal, WorkerConfig,
+};
 
 /// A Stoker decode worker.
 #[derive(Debug, Parser)]
@@ -52,14 +54,9 @@ fn run(args: Args) -> anyhow::Result<()> {
     } else {
         args.data_roots
     };
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()?;
+    let runtime = daemon_runtime()?;
     runtime.block_on(async move {
-        let listener = tokio::net::TcpListener::bind(args.listen)
-            .await
-            .with_context(|| format!("cannot listen on {}", args.listen))?;
+        let listener = listen(args.listen).await?;
         let local = listener.local_addr()?;
         let advertise = match args.advertise {
             Some(address) => address,

@@ -6,7 +6,9 @@ use std::time::Duration;
 
 use anyhow::Context;
 use clap::Args;
-use stoker_loader::distributed::{CoordinatorService, CoordinatorServiceConfig};
+use stoker_loader::distributed::{
+    daemon_runtime, listen, CoordinatorService, CoordinatorServiceConfig,
+};
 use stoker_loader::Dashboard;
 
 /// Arguments of `stoker coordinator`.
@@ -42,14 +44,9 @@ pub fn run(args: CoordinatorArgs) -> anyhow::Result<()> {
     if let Some(dashboard) = &dashboard {
         service = service.with_dashboard(dashboard.clone());
     }
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()?;
+    let runtime = daemon_runtime()?;
     runtime.block_on(async move {
-        let listener = tokio::net::TcpListener::bind(args.listen)
-            .await
-            .with_context(|| format!("cannot listen on {}", args.listen))?;
+        let listener = listen(args.listen).await?;
         let address = listener.local_addr()?;
         match &dashboard {
             Some(dashboard) => println!(

@@ -15,6 +15,21 @@ pub use coordinator_service::{
 };
 pub use worker_daemon::{canonical_roots, run_worker, WorkerConfig, SUBSCRIBE_WAIT};
 
+/// The daemons' runtime: two tokio threads for the network (decoding has its own pool).
+pub fn daemon_runtime() -> std::io::Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+}
+
+/// Binds a daemon's listening socket; the error names the address.
+pub async fn listen(address: std::net::SocketAddr) -> std::io::Result<tokio::net::TcpListener> {
+    tokio::net::TcpListener::bind(address)
+        .await
+        .map_err(|e| std::io::Error::new(e.kind(), format!("cannot listen on {address}: {e}")))
+}
+
 /// Resolves at Ctrl-C or SIGTERM, for the daemons to stop cleanly.
 pub async fn shutdown_signal() {
     let mut terminate =

@@ -65,26 +65,16 @@ fn write_table(path: &Path, null_row: Option<i32>) {
 }
 
 fn spec(path: &Path, names: &[&str], dtype: proto::Dtype, on_error: BadSamplePolicy) -> JobSpec {
+    let select = proto::Op {
+        op: Some(OpKind::SelectColumns(proto::SelectColumns {
+            names: names.iter().map(|name| name.to_string()).collect(),
+            dtype: dtype as i32,
+        })),
+    };
+    let uri = format!("file://{}", path.display());
     JobSpec {
-        dataset: Some(proto::DatasetSource {
-            uri: format!("file://{}", path.display()),
-            ..Default::default()
-        }),
-        pipeline: vec![proto::Op {
-            op: Some(OpKind::SelectColumns(proto::SelectColumns {
-                names: names.iter().map(|name| name.to_string()).collect(),
-                dtype: dtype as i32,
-            })),
-        }],
-        batch_size: 8,
-        seed: 3,
-        shuffle: true,
-        drop_last: false,
-        rank: 0,
-        world_size: 1,
-        uneven_tail: 0,
         on_error: on_error as i32,
-        shuffle_window: 0,
+        ..crate::common::spec_over(&uri, vec![select], 8)
     }
 }
 

@@ -19,13 +19,21 @@ pub fn make_images(dir: &Path, count: u64) {
 
 /// The imagenet-train spec over `dir` at a small output size (fast tests).
 pub fn train_spec(dir: &Path, batch_size: u32) -> JobSpec {
+    spec_over(
+        &dir.to_string_lossy(),
+        stoker_worker::presets::imagenet_train(32),
+        batch_size,
+    )
+}
+
+/// A shuffled single-rank spec (seed 3, skip policy) of `pipeline` over the dataset at `uri`.
+pub fn spec_over(uri: &str, pipeline: Vec<proto::Op>, batch_size: u32) -> JobSpec {
     JobSpec {
         dataset: Some(proto::DatasetSource {
-            uri: dir.to_string_lossy().into_owned(),
-            format: 0,
+            uri: uri.to_string(),
             ..Default::default()
         }),
-        pipeline: stoker_worker::presets::imagenet_train(32),
+        pipeline,
         batch_size,
         seed: 3,
         shuffle: true,

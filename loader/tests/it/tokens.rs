@@ -18,21 +18,10 @@ fn op(kind: OpKind) -> proto::Op {
 }
 
 fn spec(uri: &Path, pipeline: Vec<proto::Op>, batch_size: u32) -> JobSpec {
+    let uri = format!("file://{}", uri.display());
     JobSpec {
-        dataset: Some(proto::DatasetSource {
-            uri: format!("file://{}", uri.display()),
-            ..Default::default()
-        }),
-        pipeline,
-        batch_size,
         seed: 9,
-        shuffle: true,
-        drop_last: false,
-        rank: 0,
-        world_size: 1,
-        uneven_tail: 0,
-        on_error: BadSamplePolicy::Skip as i32,
-        shuffle_window: 0,
+        ..common::spec_over(&uri, pipeline, batch_size)
     }
 }
 
