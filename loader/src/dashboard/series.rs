@@ -341,24 +341,7 @@ impl JobSeries {
         let mut time = TimePerSample::new(&sum, threads.unwrap_or(0), None, None);
         time.trainer_ms = step;
         let stall_pct = sum.stall_pct();
-        let verdict = if sum.elapsed_s < MIN_VERDICT_SECONDS {
-            Verdict::Starting
-        } else if sum.samples == 0 {
-            Verdict::Idle
-        } else {
-            match stall_pct {
-                Some(stall) if stall > INPUT_BOUND_STALL_PCT => {
-                    if sum.epoch_start_wait_s * 2.0 >= sum.wait_s {
-                        Verdict::EpochBoundary
-                    } else {
-                        Verdict::InputBound(dominant_stage(&sum.stages_s))
-                    }
-                }
-                Some(stall) if stall < COMPUTE_BOUND_STALL_PCT => Verdict::ComputeBound,
-                Some(_) => Verdict::Balanced,
-                None => Verdict::Starting,
-            }
-        };
+        let verdict = verdict_of(&sum);
         Window {
             seconds: round(sum.elapsed_s, 1),
             stall_pct,
@@ -366,6 +349,30 @@ impl JobSeries {
             time,
             verdict,
         }
+    }
+}
+
+/// What held the job back over a window's figures.
+fn verdict_of(sum: &Delta) -> Verdict {
+    if sum.elapsed_s < MIN_VERDICT_SECONDS {
+        return Verdict::Starting;
+    }
+    if sum.samples == 0 {
+        return Verdict::Idle;
+    }
+    match sum.stall_pct() {
+        // Most of the wait was for the first batch of an epoch: the boundary, not a stage.
+        Some(stall)
+            if stall > INPUT_BOUND_STALL_PCT && sum.epoch_start_wait_s * 2.0 >= sum.wait_s =>
+        {
+            Verdict::EpochBoundary
+        }
+        Some(stall) if stall > INPUT_BOUND_STALL_PCT => {
+            Verdict::InputBound(dominant_stage(&sum.stages_s))
+        }
+        Some(stall) if stall < COMPUTE_BOUND_STALL_PCT => Verdict::ComputeBound,
+        Some(_) => Verdict::Balanced,
+        None => Verdict::Starting,
     }
 }
 
@@ -486,6 +493,19 @@ mod tests {
             Verdict::EpochBoundary.to_string(),
             "input-bound: epoch boundary"
         );
+    }
+
+    #[test]
+    fn a_stall_mostly_at_epoch_starts_is_named_as_such() {
+        let mut boundary = delta(10.0, 1.0, 1000, [0.0, 4.0, 1.0, 0.0]);
+        boundary.epoch_start_wait_s = 0.8;
+        assert_eq!(verdict_of(&boundary), Verdict::EpochBoundary);
+        let mut decode = delta(10.0, 1.0, 1000, [0.0, 4.0, 1.0, 0.0]);
+        decode.epoch_start_wait_s = 0.2;
+        assert_eq!(verdict_of(&decode), Verdict::InputBound("decode"));
+        let mut quiet = delta(10.0, 0.05, 1000, [0.0, 4.0, 1.0, 0.0]);
+        quiet.epoch_start_wait_s = 0.05;
+        assert_eq!(verdict_of(&quiet), Verdict::ComputeBound);
     }
 
     #[test]
