@@ -230,15 +230,7 @@ enum CheckedOps<'a> {
 }
 
 fn check_ops(ops: &[proto::Op]) -> Result<CheckedOps<'_>> {
-    let kinds: Vec<&OpKind> = ops
-        .iter()
-        .enumerate()
-        .map(|(position, op)| {
-            op.op
-                .as_ref()
-                .ok_or_else(|| invalid(format!("op {position} is empty")))
-        })
-        .collect::<Result<_>>()?;
+    let kinds = crate::pipeline::op_kinds(ops)?;
     let names = || {
         let names: Vec<&str> = kinds.iter().map(|kind| op_name(kind)).collect();
         names.join(", ")

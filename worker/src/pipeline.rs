@@ -85,6 +85,18 @@ pub struct Pipeline {
     float_tables: Box<[[f32; 256]; 3]>,
 }
 
+/// The kind of each op, or an error naming the first op that has none.
+pub(crate) fn op_kinds(ops: &[proto::Op]) -> Result<Vec<&OpKind>> {
+    ops.iter()
+        .enumerate()
+        .map(|(position, op)| {
+            op.op
+                .as_ref()
+                .ok_or_else(|| invalid(format!("op {position} is empty")))
+        })
+        .collect()
+}
+
 fn invalid(message: impl Into<String>) -> Error {
     Error::InvalidPipeline(message.into())
 }
@@ -232,15 +244,7 @@ fn order_error(problem: &str, kinds: &[&OpKind]) -> Error {
 impl Pipeline {
     /// Checks an op list and fuses it. Errors name the op at fault and what was expected.
     pub fn from_ops(ops: &[proto::Op]) -> Result<Pipeline> {
-        let kinds: Vec<&OpKind> = ops
-            .iter()
-            .enumerate()
-            .map(|(position, op)| {
-                op.op
-                    .as_ref()
-                    .ok_or_else(|| invalid(format!("op {position} is empty")))
-            })
-            .collect::<Result<_>>()?;
+        let kinds = op_kinds(ops)?;
         let mut rest = kinds.as_slice();
         let (max_pixels, allow_dct_scaling) = match rest.first() {
             Some(OpKind::DecodeImage(decode)) => {

@@ -156,12 +156,8 @@ impl BatchSource for RemoteSource {
         start_step: u64,
         monitor: LoaderMonitor,
     ) -> Result<Box<dyn EpochFeed>> {
+        // `Loader::epoch` has checked `start_step` against the epoch's length.
         let steps = self.info.steps_per_epoch;
-        if start_step > steps {
-            return Err(Error::InvalidSpec(format!(
-                "start step {start_step} is past the end of the epoch ({steps} steps)"
-            )));
-        }
         let (batches_tx, batches_rx) = crossbeam_channel::unbounded();
         let (requests_tx, requests_rx) = mpsc::unbounded_channel();
         let idle_ns = Arc::new(AtomicU64::new(0));

@@ -161,12 +161,7 @@ fn kind_of(code: Code) -> ErrorKind {
 
 /// A status for an error of `kind`: its code, its message and the kind in the metadata.
 pub fn status(kind: ErrorKind, message: impl Into<String>) -> Status {
-    let mut status = Status::new(code_of(kind), message);
-    status.metadata_mut().insert(
-        KIND_METADATA,
-        tonic::metadata::MetadataValue::from_static(kind.as_str()),
-    );
-    status
+    with_kind(Status::new(code_of(kind), message), kind)
 }
 
 /// The error a status stands for, with the kind its daemon gave it; `context` says which call
@@ -214,6 +209,7 @@ pub fn coordinator_status(error: CoordinatorError) -> Status {
     status(kind, message)
 }
 
+/// `status` with `kind` in its metadata (its code stays as it is).
 fn with_kind(mut status: Status, kind: ErrorKind) -> Status {
     status.metadata_mut().insert(
         KIND_METADATA,
