@@ -183,9 +183,19 @@ pub enum Error {
         window: u64,
     },
 
-    /// A JSONL dataset path names a folder without any `*.jsonl` file.
-    #[error("found no *.jsonl file in {0}")]
+    /// A JSONL dataset path names a folder without any JSONL file.
+    #[error("found no JSONL file (*.jsonl, *.jsonl.gz, *.jsonl.zst) in {0}")]
     NoJsonlFiles(PathBuf),
+
+    /// A compressed file could not be decompressed: damaged or cut short, or its content
+    /// would not fit the cache tier's cap.
+    #[error("cannot decompress {path}: {source}")]
+    Decompress {
+        /// The compressed file.
+        path: PathBuf,
+        /// What the decoder (or the capped copy) reported.
+        source: std::io::Error,
+    },
 
     /// The JSONL files hold no non-blank line.
     #[error("found no document (non-blank line) in the JSONL files at {0}")]

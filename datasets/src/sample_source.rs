@@ -62,6 +62,13 @@ pub trait SampleSource: Send + Sync {
         None
     }
 
+    /// Whether [`SampleSource::read`] gives samples' bytes. `false` for a numeric-only Parquet
+    /// dataset, whose rows only [`SampleSource::numeric_columns`] reads; `true` (the default)
+    /// for every other source.
+    fn has_sample_bytes(&self) -> bool {
+        true
+    }
+
     /// Typed reads of named numeric columns, for sources that have them (Parquet); `None`
     /// (the default) for sources of encoded samples only.
     fn numeric_columns(&self) -> Option<&dyn NumericColumns> {

@@ -2,7 +2,9 @@
 //! non-blank line, read by random access.
 //!
 //! The files are memory-mapped and their line starts indexed once at open (a `memchr` scan, a
-//! few GB/s, so no index is cached on disk). Reading sample `i` parses its one line and returns
+//! few GB/s, so no index is cached on disk). Compressed files (`.jsonl.gz`, `.jsonl.zst`) are
+//! decompressed once into the local cache tier (`compressed.rs`) and read from there the same
+//! way; errors still name the compressed file. Reading sample `i` parses its one line and returns
 //! the UTF-8 text of the text field. A line that is not a JSON object, lacks the field, or holds
 //! something other than a string there is a bad sample whose error names `file:line`; it never
 //! stops the index from being built.
@@ -16,9 +18,13 @@ use serde_json::Value;
 use tracing::info;
 
 use crate::error::{Error, Result};
-use crate::files::{files_with_extension, has_extension};
 use crate::inspect::Summary;
 use crate::sample_source::SampleSource;
+use crate::storage::{CachedObject, ObjectCacheOptions};
+
+mod compressed;
+
+pub use compressed::is_jsonl_file_name;
 
 /// The text field read when none is named.
 pub const DEFAULT_TEXT_FIELD: &str = "text";
@@ -26,13 +32,13 @@ pub const DEFAULT_TEXT_FIELD: &str = "text";
 /// The label field used, when none is named, if the first document has an integer one.
 pub const DEFAULT_LABEL_FIELD: &str = "label";
 
-/// Whether `path` is a `.jsonl` file or a folder holding at least one, for picking a format
-/// automatically.
+/// Whether `path` is a JSONL file (`.jsonl`, `.jsonl.gz`, `.jsonl.zst`) or a folder holding at
+/// least one, for picking a format automatically.
 pub fn looks_like_jsonl(path: &Path) -> bool {
     if path.is_file() {
-        return has_extension(path, "jsonl");
+        return is_jsonl_file_name(path);
     }
-    files_with_extension(path, "jsonl").is_ok_and(|files| !files.is_empty())
+    compressed::jsonl_files(path).is_ok_and(|files| !files.is_empty())
 }
 
 /// One indexed line.
@@ -47,14 +53,19 @@ struct LineRef {
 }
 
 struct JsonlFile {
+    /// The file as the user named it (the compressed one, when compressed).
     path: PathBuf,
     map: Option<Mmap>,
     lines: Vec<LineRef>,
+    /// The decompressed copy in the cache tier, locked while the file is read.
+    _copy: Option<CachedObject>,
 }
 
 impl JsonlFile {
-    fn open(path: PathBuf) -> Result<JsonlFile> {
-        let file = File::open(&path).map_err(|source| Error::io(&path, source))?;
+    /// Indexes `path`, reading it from `copy` (its decompressed copy) when given.
+    fn open(path: PathBuf, copy: Option<CachedObject>) -> Result<JsonlFile> {
+        let read_from = copy.as_ref().map_or(path.as_path(), CachedObject::path);
+        let file = File::open(read_from).map_err(|source| Error::io(&path, source))?;
         let len = file
             .metadata()
             .map_err(|source| Error::io(&path, source))?
@@ -92,7 +103,12 @@ impl JsonlFile {
             }
             start = end + 1;
         }
-        Ok(JsonlFile { path, map, lines })
+        Ok(JsonlFile {
+            path,
+            map,
+            lines,
+            _copy: copy,
+        })
     }
 
     fn line(&self, line: LineRef) -> &[u8] {
@@ -113,12 +129,25 @@ pub struct JsonlDocuments {
 }
 
 impl JsonlDocuments {
-    /// Opens a `.jsonl` file or a folder of `*.jsonl` files (sorted by name).
+    /// Opens a JSONL file or a folder of them (sorted by name), compressed ones decompressed
+    /// into the cache tier that [`ObjectCacheOptions::from_env`] configures (read only when a
+    /// compressed file is there).
     ///
     /// `text_field` is the field read (`""`: `"text"`); `label_field` the integer label field
     /// (`""`: `"label"` when the first document has an integer one, else no label, and every
     /// label is -1).
     pub fn open(path: &Path, text_field: &str, label_field: &str) -> Result<JsonlDocuments> {
+        Self::open_with_cache(path, text_field, label_field, &ObjectCacheOptions::from_env)
+    }
+
+    /// Like [`JsonlDocuments::open`], with the cache tier's options given by `cache` (called
+    /// once, when a compressed file is there).
+    pub fn open_with_cache(
+        path: &Path,
+        text_field: &str,
+        label_field: &str,
+        cache: &dyn Fn() -> Result<ObjectCacheOptions>,
+    ) -> Result<JsonlDocuments> {
         let metadata = match std::fs::metadata(path) {
             Ok(metadata) => metadata,
             Err(source) if source.kind() == std::io::ErrorKind::NotFound => {
@@ -127,17 +156,30 @@ impl JsonlDocuments {
             Err(source) => return Err(Error::io(path, source)),
         };
         let paths = if metadata.is_dir() {
-            files_with_extension(path, "jsonl")?
+            compressed::jsonl_files(path)?
         } else {
             vec![path.to_path_buf()]
         };
         if paths.is_empty() {
             return Err(Error::NoJsonlFiles(path.to_path_buf()));
         }
-        let files = paths
-            .into_iter()
-            .map(JsonlFile::open)
-            .collect::<Result<Vec<_>>>()?;
+        let mut options = None;
+        let mut files = Vec::with_capacity(paths.len());
+        for path in paths {
+            let copy = match compressed::Compression::of(&path) {
+                Some(compression) => {
+                    let in_force = match options.take() {
+                        Some(in_force) => in_force,
+                        None => cache()?,
+                    };
+                    let copy = compression.decompressed_copy(&in_force, &path)?;
+                    options = Some(in_force);
+                    Some(copy)
+                }
+                None => None,
+            };
+            files.push(JsonlFile::open(path, copy)?);
+        }
         let mut first_samples = Vec::with_capacity(files.len());
         let mut len = 0u64;
         for file in &files {
@@ -257,6 +299,19 @@ impl JsonlDocuments {
             label_field: self.label_field.clone(),
             text_bytes: Summary::of(&mut text_bytes),
         }
+    }
+}
+
+impl std::fmt::Debug for JsonlDocuments {
+    fn fmt(&self, formatter: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        formatter
+            .debug_struct("JsonlDocuments")
+            .field("root", &self.root)
+            .field("files", &self.files.len())
+            .field("documents", &self.len)
+            .field("text_field", &self.text_field)
+            .field("label_field", &self.label_field)
+            .finish()
     }
 }
 

@@ -4,7 +4,9 @@
 //! `i` is row `i` counting through the files in that order. Each row holds the sample's bytes
 //! in one column: encoded images (a binary column, or a Hugging Face-style struct with a
 //! binary `bytes` field) or text (a UTF-8 column, served as its UTF-8 bytes for a tokenising
-//! pipeline), and optionally an integer label column.
+//! pipeline), and optionally an integer label column. A file with neither, whose columns are
+//! numeric, opens as numeric-only: its rows are read through the SelectColumns op
+//! ([`ParquetDataset::read_f32_columns`]), and [`SampleSource::read`] refuses them.
 //!
 //! Opening reads each file's footer (row counts, schema) and the label column, which is small
 //! and must be known before any sample is read. Samples are read by row group, the unit of
@@ -98,6 +100,8 @@ pub enum ParquetSampleKind {
     Image,
     /// UTF-8 text, read as its bytes.
     Text,
+    /// No sample column: the files hold numeric columns only, read by SelectColumns.
+    Numeric,
 }
 
 /// A column of a Parquet dataset's schema, for reports.
@@ -120,8 +124,8 @@ pub struct ParquetSummary {
     pub row_groups: usize,
     /// The first file's columns, in schema order.
     pub columns: Vec<ParquetColumnInfo>,
-    /// The column samples are read from.
-    pub sample_column: String,
+    /// The column samples are read from; `None` for a numeric-only dataset.
+    pub sample_column: Option<String>,
     /// What it holds.
     pub sample_kind: ParquetSampleKind,
     /// The label column, if any.
@@ -135,8 +139,8 @@ struct ParquetFile {
     path: PathBuf,
     bytes: u64,
     metadata: ArrowReaderMetadata,
-    /// The root column holding the samples.
-    sample_column: usize,
+    /// The root column holding the samples; `None` when numeric-only.
+    sample_column: Option<usize>,
     /// When the sample column is a struct, the index of its binary `bytes` field.
     struct_field: Option<usize>,
 }
@@ -185,16 +189,21 @@ pub struct ParquetDataset {
     /// Per-sample labels; empty when there is no label column (every label is 0).
     labels: Vec<i64>,
     class_names: Vec<String>,
-    sample_column: String,
+    /// The column samples are read from; `None` when numeric-only.
+    sample_column: Option<String>,
     sample_kind: ParquetSampleKind,
     label_column: Option<String>,
     cache: RowGroupCache<DecodedGroup>,
 }
 
+/// The numeric-only sample name, in messages and the summary.
+const NO_SAMPLE_COLUMN: &str = "(none: numeric columns only)";
+
 /// A file's footer read, its columns resolved.
 struct OpenedFile {
     file: ParquetFile,
-    sample_column_name: String,
+    /// `None` for a numeric-only file.
+    sample_column_name: Option<String>,
     kind: ParquetSampleKind,
     label_column: Option<usize>,
     class_names: Option<Vec<String>>,
@@ -210,6 +219,15 @@ fn without_panics<T>(parse: impl FnOnce() -> T) -> std::result::Result<T, String
             .unwrap_or_else(|| "unknown panic".to_string());
         format!("the parquet decoder panicked: {message}")
     })
+}
+
+/// Whether every column of `schema` is numeric (and there is at least one).
+fn all_numeric(schema: &arrow_schema::Schema) -> bool {
+    !schema.fields().is_empty()
+        && schema
+            .fields()
+            .iter()
+            .all(|field| columns::is_numeric(field.data_type()))
 }
 
 /// Reads the footer of `path` and finds the sample and label columns in its schema.
@@ -275,28 +293,43 @@ fn open_file(path: PathBuf, options: &ParquetOptions) -> Result<OpenedFile> {
                     )))
                 }
             };
-            (index, name, ParquetSampleKind::Image, struct_field)
+            (
+                Some(index),
+                Some(name),
+                ParquetSampleKind::Image,
+                struct_field,
+            )
         }
         None => {
             let name = options
                 .text_column
                 .clone()
                 .unwrap_or_else(|| TEXT_COLUMN_NAME.to_string());
-            let index = find(&name).ok_or_else(|| {
-                column_problem(format!(
-                    "found no sample column: no image column ({}) and no text column {name:?} \
-                     (columns: {})",
-                    IMAGE_COLUMN_NAMES.join(", "),
-                    names.join(", ")
-                ))
-            })?;
-            let data_type = schema.field(index).data_type();
-            if !columns::is_text(data_type) {
-                return Err(column_problem(format!(
-                    "text column {name:?} has type {data_type}; text needs a UTF-8 string column"
-                )));
+            match find(&name) {
+                Some(index) => {
+                    let data_type = schema.field(index).data_type();
+                    if !columns::is_text(data_type) {
+                        return Err(column_problem(format!(
+                            "text column {name:?} has type {data_type}; text needs a UTF-8 \
+                             string column"
+                        )));
+                    }
+                    (Some(index), Some(name), ParquetSampleKind::Text, None)
+                }
+                // Neither images nor text asked for or found: numeric-only when every column
+                // is a number.
+                None if options.text_column.is_none() && all_numeric(&schema) => {
+                    (None, None, ParquetSampleKind::Numeric, None)
+                }
+                None => {
+                    return Err(column_problem(format!(
+                        "found no sample column: no image column ({}), no text column {name:?}, \
+                         and not only numeric columns (columns: {})",
+                        IMAGE_COLUMN_NAMES.join(", "),
+                        names.join(", ")
+                    )))
+                }
             }
-            (index, name, ParquetSampleKind::Text, None)
         }
     };
 
@@ -462,9 +495,10 @@ impl ParquetDataset {
                 return Err(Error::ParquetColumn {
                     path: opened.file.path,
                     problem: format!(
-                        "its columns differ from the first file's (samples from {:?}, labels \
+                        "its columns differ from the first file's (samples from {}, labels \
                          from {:?} there)",
-                        sample_column, label_column
+                        sample_column.as_deref().unwrap_or(NO_SAMPLE_COLUMN),
+                        label_column
                     ),
                 });
             }
@@ -522,7 +556,7 @@ impl ParquetDataset {
             files = files.len(),
             row_groups = groups.len(),
             samples = len,
-            sample_column = %sample_column,
+            sample_column = sample_column.as_deref().unwrap_or(NO_SAMPLE_COLUMN),
             classes = class_names.len(),
             elapsed_ms = started.elapsed().as_millis() as u64,
             "opened parquet dataset"
@@ -653,9 +687,17 @@ impl ParquetDataset {
 
     /// The decoded sample column of group `group`, from the cache when it is there.
     fn sample_group(&self, group: usize, span: &RowGroupSpan) -> Result<Arc<DecodedGroup>> {
+        let file = &self.files[span.file];
+        let Some(sample_column) = file.sample_column else {
+            return Err(Error::ParquetColumn {
+                path: file.path.clone(),
+                problem: "the file has numeric columns only, no image or text column: read it \
+                          with a [SelectColumns] pipeline"
+                    .into(),
+            });
+        };
         self.cache.get_or_decode(group, || {
-            let file = &self.files[span.file];
-            let mut decoded = self.decode_columns(span, &[file.sample_column])?;
+            let mut decoded = self.decode_columns(span, &[sample_column])?;
             let mut chunks = decoded.pop().unwrap_or_default();
             if let Some(field) = file.struct_field {
                 chunks = chunks
@@ -667,8 +709,8 @@ impl ParquetDataset {
                             .ok_or_else(|| Error::ParquetColumn {
                                 path: file.path.clone(),
                                 problem: format!(
-                                    "image column {:?} did not decode as a struct",
-                                    self.sample_column
+                                    "image column {} did not decode as a struct",
+                                    self.sample_column.as_deref().unwrap_or(NO_SAMPLE_COLUMN)
                                 ),
                             })
                     })
@@ -729,7 +771,7 @@ impl SampleSource for ParquetDataset {
             .map(<[u8]>::to_vec)
             .ok_or_else(|| Error::ParquetNullCell {
                 path: self.files[span.file].path.clone(),
-                column: self.sample_column.clone(),
+                column: self.sample_column.clone().unwrap_or_default(),
                 row: span.first_row_in_file + row,
             })
     }
@@ -741,6 +783,10 @@ impl SampleSource for ParquetDataset {
     /// Rows per row group: groups are the unit Parquet is read and decoded by.
     fn shard_sizes(&self) -> Option<Vec<u64>> {
         Some(self.groups.iter().map(|span| span.rows).collect())
+    }
+
+    fn has_sample_bytes(&self) -> bool {
+        self.sample_kind != ParquetSampleKind::Numeric
     }
 
     fn numeric_columns(&self) -> Option<&dyn crate::sample_source::NumericColumns> {

@@ -65,6 +65,17 @@ impl CachedObject {
     pub fn file_name(&self) -> &str {
         self.key.rsplit('/').next().unwrap_or(&self.key)
     }
+    /// A copy made from the local file `source` (see `derived.rs`), holding `lock` (locked
+    /// shared by the caller).
+    pub(super) fn local(source: &Path, path: PathBuf, size: u64, lock: File) -> CachedObject {
+        CachedObject {
+            key: source.to_string_lossy().into_owned(),
+            uri: format!("file://{}", source.display()),
+            path,
+            size,
+            _lock: lock,
+        }
+    }
 }
 
 /// The recorded identity of a cached copy.
@@ -267,7 +278,7 @@ pub(super) fn commit(entry: &Entry, part: &PartFile) -> Result<()> {
 }
 
 /// Writes `bytes` to `path` through a temporary file and a rename.
-fn write_atomically(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+pub(super) fn write_atomically(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
     let temporary = with_suffix(path, &format!("{PART_MARKER}{}-meta", std::process::id()));
     let written =
         std::fs::write(&temporary, bytes).and_then(|()| std::fs::rename(&temporary, path));

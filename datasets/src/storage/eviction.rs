@@ -21,9 +21,10 @@ const STALE_PART_AGE: Duration = Duration::from_secs(24 * 60 * 60);
 /// (locked by any process) are skipped; leftover downloads of dead processes are removed on
 /// the way.
 pub(super) fn evict_to_cap(dir: &Path, max_bytes: u64, counters: &Counters) -> Result<()> {
-    let root = dir.join("s3");
     let mut entries = Vec::new();
-    scan(&root, &mut entries);
+    // Remote objects, and copies made from local files (`derived.rs`).
+    scan(&dir.join("s3"), &mut entries);
+    scan(&dir.join(super::derived::LOCAL_ROOT), &mut entries);
     let mut total: u64 = entries.iter().map(|entry| entry.size).sum();
     if total <= max_bytes {
         return Ok(());

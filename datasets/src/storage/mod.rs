@@ -9,6 +9,8 @@
 //!   ([`CacheStats`](crate::CacheStats)). [`ObjectCache::fetch`] turns a URI into local paths, the step any
 //!   format can build on.
 //! - [`RemoteTarShards`]: tar shards under an `s3://` prefix, as a [`SampleSource`].
+//! - `derived_copy`: a file made once from a local file (a compressed JSONL file
+//!   decompressed) and kept in the same tier, under the same cap and locks.
 //!
 //! Design choice: whole-object caching, fetched at open. A shard's sample count must be known
 //! when the epoch is planned, and a tar shard's index needs its headers, which are spread over
@@ -26,6 +28,7 @@
 //! [`SampleSource`]: crate::SampleSource
 
 mod cache;
+mod derived;
 mod download;
 mod entry;
 mod entry_lock;
@@ -36,6 +39,7 @@ mod stats;
 mod uri;
 
 pub use cache::ObjectCache;
+pub(crate) use derived::derived_copy;
 pub use entry::CachedObject;
 pub use options::{
     ObjectCacheOptions, S3Settings, DEFAULT_CONCURRENCY, DEFAULT_MAX_BYTES, DEFAULT_PART_SIZE,

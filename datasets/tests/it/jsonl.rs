@@ -1,7 +1,9 @@
 //! JSONL documents: the line index over files, text and label fields, malformed lines.
 #![allow(clippy::unwrap_used)]
 
-use stoker_datasets::{looks_like_jsonl, Error, JsonlDocuments, SampleSource};
+use std::path::Path;
+
+use stoker_datasets::{looks_like_jsonl, Error, JsonlDocuments, ObjectCacheOptions, SampleSource};
 
 fn text(documents: &JsonlDocuments, index: u64) -> String {
     String::from_utf8(documents.read(index).unwrap()).unwrap()
@@ -118,4 +120,151 @@ fn empty_inputs_are_clear_errors() {
         JsonlDocuments::open(&dir.path().join("nope.jsonl"), "", ""),
         Err(Error::RootNotFound(_))
     ));
+}
+
+/// Writes `text` gzip-compressed (two members, as `cat a.gz b.gz` makes) or zstd-compressed,
+/// by the name's ending.
+fn write_compressed(path: &Path, text: &str) {
+    use std::io::Write;
+    let out = std::fs::File::create(path).unwrap();
+    if path.to_string_lossy().ends_with(".gz") {
+        let (head, tail) = text.as_bytes().split_at(text.len() / 2);
+        for part in [head, tail] {
+            let mut encoder = flate2::write::GzEncoder::new(
+                out.try_clone().unwrap(),
+                flate2::Compression::default(),
+            );
+            encoder.write_all(part).unwrap();
+            encoder.finish().unwrap();
+        }
+    } else {
+        zstd::stream::copy_encode(text.as_bytes(), out, 3).unwrap();
+    }
+}
+
+fn open_cached(path: &Path, cache: &Path) -> Result<JsonlDocuments, Error> {
+    let options = || Ok(ObjectCacheOptions::new(cache));
+    JsonlDocuments::open_with_cache(path, "", "", &options)
+}
+
+const DOCUMENTS: &str = "{\"text\": \"one\", \"label\": 1}\n\n{\"text\": \"two\", \"label\": 2}\n\
+                         {\"text\": \"three\"}\n[1]\n{\"text\": \"five\", \"label\": 5}\n";
+
+#[test]
+fn gzip_and_zstd_files_read_like_the_plain_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let cache = dir.path().join("cache");
+    let plain = dir.path().join("docs.jsonl");
+    std::fs::write(&plain, DOCUMENTS).unwrap();
+    let expected = JsonlDocuments::open(&plain, "", "").unwrap();
+    for name in ["docs.jsonl.gz", "docs.jsonl.zst", "DOCS.JSONL.ZSTD"] {
+        let path = dir.path().join(name);
+        write_compressed(&path, DOCUMENTS);
+        assert!(looks_like_jsonl(&path), "{name}");
+        let documents = open_cached(&path, &cache).unwrap();
+        assert_eq!(documents.len(), expected.len(), "{name}");
+        for index in 0..expected.len() {
+            assert_eq!(
+                documents.read(index).ok(),
+                expected.read(index).ok(),
+                "{name} #{index}"
+            );
+            assert_eq!(documents.label(index), expected.label(index));
+        }
+        // Errors and descriptions name the compressed file the user gave.
+        let message = documents.read(3).unwrap_err().to_string();
+        assert!(
+            message.starts_with(&format!("{}:5: ", path.display())),
+            "{message}"
+        );
+        assert_eq!(documents.describe(0), format!("{}:1", path.display()));
+    }
+
+    // A folder mixes plain and compressed files, in name order.
+    let folder = dir.path().join("folder");
+    std::fs::create_dir(&folder).unwrap();
+    std::fs::write(folder.join("b.jsonl"), "{\"text\": \"b\"}\n").unwrap();
+    write_compressed(&folder.join("a.jsonl.gz"), "{\"text\": \"a\"}\n");
+    write_compressed(&folder.join("c.jsonl.zst"), "{\"text\": \"c\"}\n");
+    std::fs::write(folder.join("d.json.gz"), "not jsonl").unwrap();
+    assert!(looks_like_jsonl(&folder));
+    let documents = open_cached(&folder, &cache).unwrap();
+    assert_eq!(
+        (0..3).map(|i| text(&documents, i)).collect::<Vec<_>>(),
+        ["a", "b", "c"]
+    );
+}
+
+#[test]
+fn a_compressed_file_is_decompressed_once_per_version() {
+    let dir = tempfile::tempdir().unwrap();
+    let cache = dir.path().join("cache");
+    let path = dir.path().join("docs.jsonl.gz");
+    write_compressed(&path, DOCUMENTS);
+    let first = open_cached(&path, &cache).unwrap();
+    let copy = std::fs::read_dir(
+        cache.join("local").join(
+            dir.path()
+                .canonicalize()
+                .unwrap()
+                .strip_prefix("/")
+                .unwrap(),
+        ),
+    )
+    .unwrap()
+    .flatten()
+    .map(|entry| entry.path())
+    .find(|path| path.to_string_lossy().ends_with(".decompressed"))
+    .unwrap();
+    let made = std::fs::metadata(&copy).unwrap().modified().unwrap();
+    drop(first);
+    let again = open_cached(&path, &cache).unwrap();
+    assert_eq!(again.len(), 5);
+    assert_eq!(
+        std::fs::metadata(&copy).unwrap().modified().unwrap(),
+        made,
+        "the copy is reused"
+    );
+    drop(again);
+    // A new version of the file (other size) is decompressed again.
+    write_compressed(&path, "{\"text\": \"only\"}\n");
+    let changed = open_cached(&path, &cache).unwrap();
+    assert_eq!(changed.len(), 1);
+    assert_eq!(text(&changed, 0), "only");
+}
+
+#[test]
+fn damaged_or_oversized_compressed_files_are_errors_naming_the_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let cache = dir.path().join("cache");
+    for name in ["cut.jsonl.gz", "cut.jsonl.zst"] {
+        let path = dir.path().join(name);
+        write_compressed(&path, &DOCUMENTS.repeat(50));
+        let bytes = std::fs::read(&path).unwrap();
+        // Inside the last gzip member (cutting between members leaves a valid file).
+        std::fs::write(&path, &bytes[..bytes.len() * 2 / 3]).unwrap();
+        let error = open_cached(&path, &cache).unwrap_err();
+        assert!(matches!(error, Error::Decompress { .. }), "{error:?}");
+        assert!(error.to_string().contains(name), "{error}");
+    }
+    let garbage = dir.path().join("garbage.jsonl.gz");
+    std::fs::write(&garbage, b"plain text, not gzip").unwrap();
+    let error = open_cached(&garbage, &cache).unwrap_err();
+    assert!(error.to_string().contains("garbage.jsonl.gz"), "{error}");
+
+    // A bomb: 10 MB of zeros is refused against a 1 MB cap, leaving no copy behind.
+    let bomb = dir.path().join("bomb.jsonl.zst");
+    zstd::stream::copy_encode(
+        vec![b'\n'; 10 << 20].as_slice(),
+        std::fs::File::create(&bomb).unwrap(),
+        19,
+    )
+    .unwrap();
+    let capped = || {
+        let mut options = ObjectCacheOptions::new(&cache);
+        options.max_bytes = 1 << 20;
+        Ok(options)
+    };
+    let error = JsonlDocuments::open_with_cache(&bomb, "", "", &capped).unwrap_err();
+    assert!(error.to_string().contains("cache cap"), "{error}");
 }

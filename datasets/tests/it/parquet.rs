@@ -395,6 +395,75 @@ fn numeric_columns_read_as_row_major_tensors() {
 }
 
 #[test]
+fn numeric_only_files_open_and_read_through_their_columns() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("features.parquet");
+    let count: i32 = 10;
+    write_file(
+        &path,
+        vec![
+            (
+                "x",
+                Arc::new(Float64Array::from_iter_values(
+                    (0..count).map(|i| f64::from(i) * 0.5),
+                )) as ArrayRef,
+            ),
+            ("y", Arc::new(Int32Array::from_iter_values(0..count))),
+            (
+                "label",
+                Arc::new(Int64Array::from_iter_values(
+                    (0..count).map(|i| i64::from(i % 2)),
+                )),
+            ),
+        ],
+        4,
+    );
+    assert!(looks_like_parquet(&path));
+    let dataset = open(&path).unwrap();
+    assert_eq!(dataset.len(), 10);
+    assert_eq!(dataset.sample_kind(), ParquetSampleKind::Numeric);
+    assert!(!dataset.has_sample_bytes());
+    assert_eq!(dataset.label(3), 1);
+    assert_eq!(dataset.class_names(), ["0", "1"]);
+    let summary = dataset.summary();
+    assert_eq!(summary.sample_column, None);
+    assert_eq!(summary.label_column.as_deref(), Some("label"));
+    let mut values = Vec::new();
+    dataset
+        .read_f32_columns(&["x", "y"], &[9, 2], &mut values)
+        .unwrap();
+    assert_eq!(values, [4.5, 9.0, 1.0, 2.0]);
+    // There are no bytes to read: the error names the file and the way to read it.
+    let message = dataset.read(0).unwrap_err().to_string();
+    assert!(
+        message.contains("features.parquet") && message.contains("SelectColumns"),
+        "{message}"
+    );
+
+    // A text column asked for by name is still required, and a file with a column that is
+    // neither numeric nor a sample column is not numeric-only.
+    let options = ParquetOptions {
+        text_column: Some("text".into()),
+        ..ParquetOptions::default()
+    };
+    let message = ParquetDataset::open(&path, &options)
+        .unwrap_err()
+        .to_string();
+    assert!(message.contains("no text column \"text\""), "{message}");
+    let mixed = dir.path().join("mixed.parquet");
+    write_file(
+        &mixed,
+        vec![
+            ("x", Arc::new(Int32Array::from(vec![1])) as ArrayRef),
+            ("name", Arc::new(StringArray::from(vec!["a"]))),
+        ],
+        4,
+    );
+    let message = open(&mixed).unwrap_err().to_string();
+    assert!(message.contains("not only numeric columns"), "{message}");
+}
+
+#[test]
 fn files_that_are_not_parquet_fail_at_open_naming_the_file() {
     let dir = tempfile::tempdir().unwrap();
     let good = dir.path().join("good.parquet");

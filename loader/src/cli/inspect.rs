@@ -106,7 +106,7 @@ fn inspect_parquet(args: &InspectArgs) -> anyhow::Result<()> {
     let summary = dataset.summary();
     let report = match summary.sample_kind {
         ParquetSampleKind::Image => Some(inspect_samples(&dataset, DEFAULT_MAX_PIXELS)?),
-        ParquetSampleKind::Text => None,
+        ParquetSampleKind::Text | ParquetSampleKind::Numeric => None,
     };
     if args.json {
         let columns: Vec<serde_json::Value> = summary
@@ -138,10 +138,11 @@ fn inspect_parquet(args: &InspectArgs) -> anyhow::Result<()> {
     );
     println!("columns");
     for column in &summary.columns {
-        let role = if column.name == summary.sample_column {
+        let role = if summary.sample_column.as_deref() == Some(column.name.as_str()) {
             match summary.sample_kind {
                 ParquetSampleKind::Image => "  (images)",
                 ParquetSampleKind::Text => "  (text)",
+                ParquetSampleKind::Numeric => "",
             }
         } else if summary.label_column.as_deref() == Some(column.name.as_str()) {
             "  (labels)"

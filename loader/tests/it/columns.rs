@@ -27,33 +27,42 @@ fn n_of(row: i32) -> i64 {
     i64::from(row) * 7 - 50
 }
 
-/// A table of `ROWS` rows in row groups of 7: a text column (the sample column a Parquet
-/// dataset needs), float `x`, int32 `n` (null at `null_row`) and `label`.
+/// A table of `ROWS` rows in row groups of 7: a text column, float `x`, int32 `n` (null at
+/// `null_row`) and `label`.
 fn write_table(path: &Path, null_row: Option<i32>) {
-    let columns: Vec<(&str, ArrayRef)> = vec![
-        (
-            "text",
-            Arc::new(StringArray::from_iter_values(
-                (0..ROWS).map(|i| format!("row {i}")),
-            )),
-        ),
+    write_columns(path, null_row, true);
+}
+
+/// Like [`write_table`], with the text column only when `text` (without it the file holds
+/// numbers only).
+fn write_columns(path: &Path, null_row: Option<i32>, text: bool) {
+    let mut columns: Vec<(&str, ArrayRef)> = vec![(
+        "text",
+        Arc::new(StringArray::from_iter_values(
+            (0..ROWS).map(|i| format!("row {i}")),
+        )),
+    )];
+    if !text {
+        columns.clear();
+    }
+    columns.extend([
         (
             "x",
-            Arc::new(Float64Array::from_iter_values((0..ROWS).map(x_of))),
+            Arc::new(Float64Array::from_iter_values((0..ROWS).map(x_of))) as ArrayRef,
         ),
         (
             "n",
             Arc::new(Int32Array::from_iter(
                 (0..ROWS).map(|i| (Some(i) != null_row).then_some(n_of(i) as i32)),
-            )),
+            )) as ArrayRef,
         ),
         (
             "label",
             Arc::new(Int64Array::from_iter_values(
                 (0..ROWS).map(|i| i64::from(i % 5)),
-            )),
+            )) as ArrayRef,
         ),
-    ];
+    ]);
     let batch = RecordBatch::try_from_iter(columns).unwrap();
     let properties = WriterProperties::builder()
         .set_max_row_group_row_count(Some(7))
@@ -243,4 +252,42 @@ fn bad_column_lists_are_refused_when_the_job_opens() {
     let error = open(&["n", "n"], proto::Dtype::Unspecified);
     assert!(error.contains("twice"), "{error}");
     assert_eq!(open(&["n"], proto::Dtype::Int64), "");
+}
+
+#[test]
+fn a_numeric_only_file_reads_like_the_same_columns_beside_text() {
+    let dir = tempfile::tempdir().unwrap();
+    let with_text = dir.path().join("with_text.parquet");
+    let numbers = dir.path().join("numbers.parquet");
+    write_columns(&with_text, None, true);
+    write_columns(&numbers, None, false);
+    let names = ["x", "n"];
+    let of = |path: &Path| {
+        spec(
+            path,
+            &names,
+            proto::Dtype::Unspecified,
+            BadSamplePolicy::Fail,
+        )
+    };
+    let batches = epoch(&of(&numbers), 2, 0).unwrap();
+    assert_eq!(per_sample(&batches).len(), ROWS as usize, "every row once");
+    assert_eq!(
+        digest(&batches),
+        digest(&epoch(&of(&with_text), 2, 0).unwrap())
+    );
+
+    // A pipeline that reads samples' bytes has nothing to read: refused when the job opens.
+    let uri = format!("file://{}", numbers.display());
+    let error = Loader::new(
+        crate::common::spec_over(&uri, stoker_worker::presets::imagenet_train(32), 8),
+        LoaderOptions::default(),
+    )
+    .err()
+    .map(|error| error.to_string())
+    .unwrap_or_default();
+    assert!(
+        error.contains("numeric columns only") && error.contains("[SelectColumns]"),
+        "{error}"
+    );
 }

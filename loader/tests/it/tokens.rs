@@ -400,3 +400,95 @@ fn parquet_text_packs_like_the_same_documents_in_jsonl() {
         }
     }
 }
+
+/// Compresses `from` into `to` with gzip (as two members, as `cat a.gz b.gz` makes) or zstd.
+fn compress(from: &Path, to: &Path) {
+    use std::io::Write;
+    let bytes = std::fs::read(from).unwrap();
+    let out = std::fs::File::create(to).unwrap();
+    if to.to_string_lossy().ends_with(".gz") {
+        let (head, tail) = bytes.split_at(bytes.len() / 2);
+        for part in [head, tail] {
+            let mut encoder = flate2::write::GzEncoder::new(
+                out.try_clone().unwrap(),
+                flate2::Compression::fast(),
+            );
+            encoder.write_all(part).unwrap();
+            encoder.finish().unwrap();
+        }
+    } else {
+        zstd::stream::copy_encode(bytes.as_slice(), out, 3).unwrap();
+    }
+}
+
+#[test]
+fn compressed_jsonl_digests_like_the_plain_files() {
+    let fixture = text_fixture();
+    let compressed = fixture.jsonl.with_file_name("compressed");
+    std::fs::create_dir(&compressed).unwrap();
+    compress(
+        &fixture.jsonl.join("a.jsonl"),
+        &compressed.join("a.jsonl.gz"),
+    );
+    compress(
+        &fixture.jsonl.join("b.jsonl"),
+        &compressed.join("b.jsonl.zst"),
+    );
+    let cache = tempfile::tempdir().unwrap();
+    let tokenizer = fixture.tokenizer.to_str().unwrap();
+    let digest_of = |data: &Path| {
+        let output = std::process::Command::new(env!("CARGO_BIN_EXE_stoker"))
+            .args(["digest", "--data", data.to_str().unwrap()])
+            .args([
+                "--tokenizer",
+                tokenizer,
+                "--seq-len",
+                "64",
+                "--threads",
+                "2",
+            ])
+            .env("STOKER_CACHE_DIR", cache.path())
+            .output()
+            .unwrap();
+        let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
+        assert!(
+            output.status.success(),
+            "{}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        stdout
+    };
+    let plain = digest_of(&fixture.jsonl);
+    let from_compressed = digest_of(&compressed);
+    assert_eq!(plain.lines().last(), from_compressed.lines().last());
+    assert!(
+        from_compressed.contains("bad samples replaced 1"),
+        "{from_compressed}"
+    );
+    // Decompressed once, into the cache tier: a second run reads the copies made by the first.
+    let copies: Vec<std::path::PathBuf> = walk(cache.path())
+        .into_iter()
+        .filter(|path| path.to_string_lossy().ends_with(".decompressed"))
+        .collect();
+    assert_eq!(copies.len(), 2, "{copies:?}");
+    let made = std::fs::metadata(&copies[0]).unwrap().modified().unwrap();
+    assert_eq!(digest_of(&compressed), from_compressed);
+    assert_eq!(
+        std::fs::metadata(&copies[0]).unwrap().modified().unwrap(),
+        made
+    );
+}
+
+/// Every file under `dir`.
+fn walk(dir: &Path) -> Vec<std::path::PathBuf> {
+    let mut files = Vec::new();
+    for entry in std::fs::read_dir(dir).unwrap().flatten() {
+        let path = entry.path();
+        if path.is_dir() {
+            files.extend(walk(&path));
+        } else {
+            files.push(path);
+        }
+    }
+    files
+}

@@ -269,7 +269,8 @@ class Loader:
         source: path (or ``file://`` URL) of the dataset: an image folder laid out like
             torchvision's ImageFolder (``root/<class>/<image>``), tar shards, a token file
             (``*.bin``; ``*.u32.bin`` holds uint32 tokens, any other name uint16) or JSON Lines
-            text (a ``.jsonl`` file or a folder of them). The format is picked from the files
+            text (a ``.jsonl`` file or a folder of them; ``.jsonl.gz`` and ``.jsonl.zst`` are
+            decompressed once into the cache tier). The format is picked from the files
             unless ``format`` names it. ``s3://BUCKET/PREFIX`` reads the tar shards under that
             prefix through the local object cache (``STOKER_CACHE_DIR``,
             ``STOKER_CACHE_MAX_BYTES``; credentials and endpoint from the ``AWS_*`` variables).

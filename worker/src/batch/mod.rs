@@ -100,6 +100,13 @@ impl BatchAssembler {
             }
             (_, None) => None,
         };
+        if !source.has_sample_bytes() && !matches!(pipeline, JobPipeline::Columns(_)) {
+            return Err(Error::InvalidSpec(
+                "the dataset has numeric columns only (no image or text column); read it with \
+                 a [SelectColumns] pipeline"
+                    .into(),
+            ));
+        }
         let (columns, column_labels) = match &pipeline {
             JobPipeline::Columns(selected) => (
                 output_columns(source.as_ref(), selected)?,

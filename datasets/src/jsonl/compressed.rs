@@ -1,0 +1,110 @@
+//! Compressed JSON Lines: which file names are JSONL (plain, gzip or zstd), and the
+//! decompression of a compressed file into the local cache tier, done once per file version
+//! (a changed file is decompressed again), so that it is then indexed and read at random like
+//! a plain file.
+
+use std::io::{Read, Write};
+use std::path::{Path, PathBuf};
+
+use crate::error::{Error, Result};
+use crate::storage::{derived_copy, CachedObject, ObjectCacheOptions};
+
+/// How a JSONL file is compressed, told by its name.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Compression {
+    /// `.jsonl.gz`: gzip (every member of a multi-member file).
+    Gzip,
+    /// `.jsonl.zst` or `.jsonl.zstd`: Zstandard (every frame).
+    Zstd,
+}
+
+/// The lowercase file name of `path`.
+fn lowercase_name(path: &Path) -> String {
+    path.file_name()
+        .map(|name| name.to_string_lossy().to_ascii_lowercase())
+        .unwrap_or_default()
+}
+
+impl Compression {
+    /// The compression of a `.jsonl.gz` / `.jsonl.zst` file; `None` for any other name.
+    pub(super) fn of(path: &Path) -> Option<Compression> {
+        let name = lowercase_name(path);
+        if name.ends_with(".jsonl.gz") {
+            Some(Compression::Gzip)
+        } else if name.ends_with(".jsonl.zst") || name.ends_with(".jsonl.zstd") {
+            Some(Compression::Zstd)
+        } else {
+            None
+        }
+    }
+
+    /// The decompressed copy of `path` in the cache tier, made now unless a copy of this
+    /// version of the file is there already.
+    pub(super) fn decompressed_copy(
+        self,
+        options: &ObjectCacheOptions,
+        path: &Path,
+    ) -> Result<CachedObject> {
+        derived_copy(options, path, "decompressed", &|source, out| {
+            self.decompress(source, out)
+        })
+    }
+
+    fn decompress(self, source: &Path, out: &mut dyn Write) -> Result<()> {
+        let file = std::fs::File::open(source).map_err(|error| Error::io(source, error))?;
+        let input = std::io::BufReader::new(file);
+        let mut reader: Box<dyn Read> = match self {
+            Compression::Gzip => Box::new(flate2::read::MultiGzDecoder::new(input)),
+            Compression::Zstd => Box::new(
+                zstd::stream::read::Decoder::with_buffer(input)
+                    .map_err(|error| Error::io(source, error))?,
+            ),
+        };
+        std::io::copy(&mut reader, out).map_err(|error| Error::Decompress {
+            path: source.to_path_buf(),
+            source: error,
+        })?;
+        Ok(())
+    }
+}
+
+/// Whether `path`'s name is a JSONL file's: `.jsonl`, `.jsonl.gz`, `.jsonl.zst` (any case).
+pub fn is_jsonl_file_name(path: &Path) -> bool {
+    lowercase_name(path).ends_with(".jsonl") || Compression::of(path).is_some()
+}
+
+/// The JSONL files directly in `folder` (plain and compressed), sorted by name.
+pub(super) fn jsonl_files(folder: &Path) -> Result<Vec<PathBuf>> {
+    let entries = std::fs::read_dir(folder).map_err(|error| Error::io(folder, error))?;
+    let mut files = Vec::new();
+    for entry in entries {
+        let path = entry.map_err(|error| Error::io(folder, error))?.path();
+        if is_jsonl_file_name(&path) && path.is_file() {
+            files.push(path);
+        }
+    }
+    files.sort();
+    Ok(files)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_tell_the_compression() {
+        assert_eq!(
+            Compression::of(Path::new("a/b.JSONL.GZ")),
+            Some(Compression::Gzip)
+        );
+        assert_eq!(
+            Compression::of(Path::new("b.jsonl.zst")),
+            Some(Compression::Zstd)
+        );
+        assert_eq!(Compression::of(Path::new("b.jsonl")), None);
+        assert_eq!(Compression::of(Path::new("b.tar.gz")), None);
+        assert!(is_jsonl_file_name(Path::new("b.jsonl")));
+        assert!(is_jsonl_file_name(Path::new("b.jsonl.zstd")));
+        assert!(!is_jsonl_file_name(Path::new("b.json.gz")));
+    }
+}

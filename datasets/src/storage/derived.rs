@@ -1,0 +1,274 @@
+//! Files made from local files, kept in the cache tier beside the remote objects: a compressed
+//! JSONL file decompressed once, then read at random like a plain one.
+//!
+//! A derived copy lives under `<cache>/local/` at its source's absolute path plus a suffix
+//! naming the transformation (`<cache>/local/data/a.jsonl.gz.decompressed`), with the same
+//! companions as a remote entry: a `.stoker-meta` file recording the source's size and
+//! modification time and the copy's size, and a `.stoker-lock` file locked shared while the
+//! copy is read. So the protocol is the remote one: a copy whose source changed is made again;
+//! two processes take turns making it (the second finds the first's copy valid); the copy is
+//! written to a part file renamed into place when complete; the size cap and LRU eviction count
+//! it like any entry, and never evict one in use.
+
+use std::fs::{File, OpenOptions};
+use std::io::Write;
+use std::path::{Component, Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::UNIX_EPOCH;
+
+use serde::{Deserialize, Serialize};
+use tracing::info;
+
+use super::entry::{
+    with_suffix, write_atomically, CachedObject, LOCK_SUFFIX, META_SUFFIX, PART_MARKER,
+};
+use super::entry_lock::{downgrade, touch, try_lock, unlock, wait_for_lock};
+use super::eviction::evict_to_cap;
+use super::options::ObjectCacheOptions;
+use super::stats::Counters;
+use crate::error::{Error, Result};
+
+/// The folder of derived copies inside the cache folder.
+pub(super) const LOCAL_ROOT: &str = "local";
+
+/// Numbers the part files of this process.
+static NEXT_PART: AtomicU64 = AtomicU64::new(0);
+
+/// What a derived copy was made from, and its own size.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+struct DerivedMeta {
+    source_size: u64,
+    /// The source's modification time in nanoseconds since the epoch.
+    source_modified_ns: u128,
+    size: u64,
+}
+
+/// The source's identity: its size and modification time.
+fn source_identity(source: &Path) -> Result<(u64, u128)> {
+    let metadata = std::fs::metadata(source).map_err(|error| Error::io(source, error))?;
+    let modified = metadata
+        .modified()
+        .ok()
+        .and_then(|time| time.duration_since(UNIX_EPOCH).ok())
+        .map_or(0, |since| since.as_nanos());
+    Ok((metadata.len(), modified))
+}
+
+/// Where the copy of `source` made by `transform` lives in the cache folder `dir`.
+fn copy_path(dir: &Path, source: &Path, transform: &str) -> Result<PathBuf> {
+    let absolute = std::fs::canonicalize(source).map_err(|error| Error::io(source, error))?;
+    let mut path = dir.join(LOCAL_ROOT);
+    for component in absolute.components() {
+        if let Component::Normal(segment) = component {
+            path.push(segment);
+        }
+    }
+    Ok(with_suffix(&path, &format!(".{transform}")))
+}
+
+/// Whether the copy at `data` is the one `meta` records for a source of identity `source`.
+fn is_valid(data: &Path, meta: &Path, source: (u64, u128)) -> Option<u64> {
+    let recorded: DerivedMeta = serde_json::from_slice(&std::fs::read(meta).ok()?).ok()?;
+    let size = std::fs::metadata(data).ok()?.len();
+    (recorded.source_size == source.0
+        && recorded.source_modified_ns == source.1
+        && recorded.size == size)
+        .then_some(size)
+}
+
+/// The copy of the local file `source` that `make` writes (`transform` names it, e.g.
+/// `decompressed`), made once and kept in the cache tier of `options`. The copy stays locked
+/// shared (never evicted) while the returned object lives.
+///
+/// `make` writes the whole copy to the file it is given; a copy larger than the cache's cap is
+/// refused, so a decompression bomb fills no disk beyond it.
+pub fn derived_copy(
+    options: &ObjectCacheOptions,
+    source: &Path,
+    transform: &str,
+    make: &dyn Fn(&Path, &mut dyn Write) -> Result<()>,
+) -> Result<CachedObject> {
+    let identity = source_identity(source)?;
+    let data = copy_path(&options.dir, source, transform)?;
+    let meta = with_suffix(&data, META_SUFFIX);
+    let lock_path = with_suffix(&data, LOCK_SUFFIX);
+    if let Some(parent) = data.parent() {
+        std::fs::create_dir_all(parent).map_err(|error| Error::io(parent, error))?;
+    }
+    let lock = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .open(&lock_path)
+        .map_err(|error| Error::io(&lock_path, error))?;
+    let cached = |size: u64, lock: File| {
+        touch(&lock, &lock_path);
+        CachedObject::local(source, data.clone(), size, lock)
+    };
+    if try_lock(&lock, false, &lock_path)? {
+        if let Some(size) = is_valid(&data, &meta, identity) {
+            return Ok(cached(size, lock));
+        }
+        unlock(&lock, &lock_path)?;
+    }
+    wait_for_lock(&lock, true, &lock_path, options.lock_timeout)?;
+    if let Some(size) = is_valid(&data, &meta, identity) {
+        downgrade(&lock, &lock_path)?;
+        return Ok(cached(size, lock));
+    }
+
+    let started = std::time::Instant::now();
+    let part = with_suffix(
+        &data,
+        &format!(
+            "{PART_MARKER}{}-{}",
+            std::process::id(),
+            NEXT_PART.fetch_add(1, Ordering::Relaxed)
+        ),
+    );
+    let made = write_part(&part, source, options.max_bytes, make);
+    let size = match made {
+        Ok(size) => size,
+        Err(error) => {
+            let _ = std::fs::remove_file(&part);
+            return Err(error);
+        }
+    };
+    // Invalidate first so no reader trusts old metadata with new bytes in between.
+    match std::fs::remove_file(&meta) {
+        Ok(()) => {}
+        Err(error) if error.kind() == std::io::ErrorKind::NotFound => {}
+        Err(error) => return Err(Error::io(&meta, error)),
+    }
+    std::fs::rename(&part, &data).map_err(|error| Error::io(&data, error))?;
+    let recorded = DerivedMeta {
+        source_size: identity.0,
+        source_modified_ns: identity.1,
+        size,
+    };
+    let text = serde_json::to_vec(&recorded).map_err(|error| Error::Manifest {
+        path: meta.clone(),
+        source: error,
+    })?;
+    write_atomically(&meta, &text).map_err(|error| Error::io(&meta, error))?;
+    downgrade(&lock, &lock_path)?;
+    info!(
+        source = %source.display(),
+        copy = %data.display(),
+        bytes = size,
+        elapsed_ms = started.elapsed().as_millis() as u64,
+        "made a derived copy in the cache tier"
+    );
+    let object = cached(size, lock);
+    evict_to_cap(&options.dir, options.max_bytes, &Counters::default())?;
+    Ok(object)
+}
+
+/// Writes the copy into `part` through a writer that refuses to pass `max_bytes`; its size.
+fn write_part(
+    part: &Path,
+    source: &Path,
+    max_bytes: u64,
+    make: &dyn Fn(&Path, &mut dyn Write) -> Result<()>,
+) -> Result<u64> {
+    let file = File::create(part).map_err(|error| Error::io(part, error))?;
+    let mut capped = CappedWriter {
+        inner: std::io::BufWriter::new(file),
+        written: 0,
+        max_bytes,
+    };
+    make(source, &mut capped)?;
+    let file = capped
+        .inner
+        .into_inner()
+        .map_err(|error| Error::io(part, error.into_error()))?;
+    file.sync_all().map_err(|error| Error::io(part, error))?;
+    Ok(capped.written)
+}
+
+/// A writer that fails once more than `max_bytes` would be written.
+struct CappedWriter<W> {
+    inner: W,
+    written: u64,
+    max_bytes: u64,
+}
+
+impl<W: Write> Write for CappedWriter<W> {
+    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+        let after = self.written.saturating_add(bytes.len() as u64);
+        if after > self.max_bytes {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::StorageFull,
+                format!(
+                    "the copy would pass the cache cap of {} bytes (STOKER_CACHE_MAX_BYTES)",
+                    self.max_bytes
+                ),
+            ));
+        }
+        let written = self.inner.write(bytes)?;
+        self.written += written as u64;
+        Ok(written)
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.inner.flush()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn upper(source: &Path, out: &mut dyn Write) -> Result<()> {
+        let text = std::fs::read(source).map_err(|error| Error::io(source, error))?;
+        out.write_all(&text.to_ascii_uppercase())
+            .map_err(|error| Error::io(source, error))
+    }
+
+    #[test]
+    fn a_copy_is_made_once_and_again_when_its_source_changes() {
+        let dir = tempfile::tempdir().unwrap();
+        let source = dir.path().join("a.txt");
+        std::fs::write(&source, "abc").unwrap();
+        let options = ObjectCacheOptions::new(dir.path().join("cache"));
+        let calls = AtomicU64::new(0);
+        let make = |source: &Path, out: &mut dyn Write| {
+            calls.fetch_add(1, Ordering::Relaxed);
+            upper(source, out)
+        };
+        let first = derived_copy(&options, &source, "upper", &make).unwrap();
+        assert_eq!(std::fs::read(first.path()).unwrap(), b"ABC");
+        assert!(first
+            .path()
+            .starts_with(dir.path().join("cache").join(LOCAL_ROOT)));
+        assert!(first.path().to_string_lossy().ends_with("a.txt.upper"));
+        drop(first);
+        let again = derived_copy(&options, &source, "upper", &make).unwrap();
+        assert_eq!(calls.load(Ordering::Relaxed), 1, "the valid copy is reused");
+        drop(again);
+        std::fs::write(&source, "abcd").unwrap();
+        let changed = derived_copy(&options, &source, "upper", &make).unwrap();
+        assert_eq!(std::fs::read(changed.path()).unwrap(), b"ABCD");
+        assert_eq!(calls.load(Ordering::Relaxed), 2);
+    }
+
+    #[test]
+    fn a_copy_over_the_cap_is_refused_and_leaves_nothing() {
+        let dir = tempfile::tempdir().unwrap();
+        let source = dir.path().join("big.txt");
+        std::fs::write(&source, vec![b'x'; 100]).unwrap();
+        let mut options = ObjectCacheOptions::new(dir.path().join("cache"));
+        options.max_bytes = 10;
+        let error = derived_copy(&options, &source, "upper", &upper).unwrap_err();
+        assert!(error.to_string().contains("big.txt"), "{error}");
+        let copy = copy_path(&options.dir, &source, "upper").unwrap();
+        let leftovers: Vec<_> = std::fs::read_dir(copy.parent().unwrap())
+            .unwrap()
+            .flatten()
+            .map(|entry| entry.file_name())
+            .filter(|name| !name.to_string_lossy().ends_with(LOCK_SUFFIX))
+            .collect();
+        assert!(leftovers.is_empty(), "{leftovers:?}");
+    }
+}
