@@ -9,9 +9,11 @@
 //! `Value`s are numeric columns for the SelectColumns op.
 //!
 //! An `Image` cell whose `bytes` are null but whose `path` is set (an image kept as a file
-//! reference rather than embedded) is read from that file: an absolute path as it is, a
-//! relative one from the dataset folder. Current `datasets` releases embed the bytes in
-//! `save_to_disk`, so this is the rarer case.
+//! reference rather than embedded) is read from that file when the path is relative and stays
+//! inside the dataset folder. Absolute paths and paths leaving the folder are refused (that
+//! sample's read fails, naming the path): a worker reads only under its data roots, and a
+//! dataset must not make it read elsewhere. Current `datasets` releases embed the bytes in
+//! `save_to_disk` (re-saving an older folder embeds them), so this is the rarer case.
 //!
 //! A `DatasetDict` folder (`dataset_dict.json`, one subfolder per split) is not a dataset:
 //! opening it fails with an error naming the splits to pick.
@@ -27,7 +29,7 @@ mod layout;
 mod numeric;
 
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+use std::path::{Component, Path, PathBuf};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -354,8 +356,28 @@ impl HfDataset {
         })
     }
 
-    /// Reads an image kept as a file reference: absolute, or relative to the dataset folder.
-    fn read_referenced_image(&self, reference: &str) -> Result<Vec<u8>> {
+    /// Reads an image kept as a file reference, relative to the dataset folder and inside it.
+    fn read_referenced_image(
+        &self,
+        reference: &str,
+        span: &BatchSpan,
+        row: u64,
+    ) -> Result<Vec<u8>> {
+        let inside = Path::new(reference)
+            .components()
+            .all(|component| matches!(component, Component::Normal(_) | Component::CurDir));
+        if !inside {
+            return Err(Error::HfValue {
+                path: self.files[span.file].path.clone(),
+                column: self.choice.sample_column_name.clone(),
+                row: span.first_row_in_file + row,
+                problem: format!(
+                    "the image is not embedded but refers to {reference:?}, outside the dataset \
+                     folder; Stoker reads referenced images only inside it (re-save the dataset \
+                     with a recent `datasets`, whose save_to_disk embeds the images)"
+                ),
+            });
+        }
         let path = self.root.join(reference);
         std::fs::read(&path).map_err(|source| Error::io(path, source))
     }
@@ -411,7 +433,7 @@ impl SampleSource for HfDataset {
             .and_then(|paths| columns::bytes_cell(paths.as_ref(), row_in_batch))
             .and_then(|path| std::str::from_utf8(path).ok());
         match reference {
-            Some(reference) => self.read_referenced_image(reference),
+            Some(reference) => self.read_referenced_image(reference, span, row),
             None => Err(Error::HfValue {
                 path: self.files[span.file].path.clone(),
                 column: self.choice.sample_column_name.clone(),

@@ -9,6 +9,7 @@
 use std::path::Path;
 use std::sync::Arc;
 
+use arrow_array::cast::AsArray;
 use arrow_array::{
     ArrayRef, BinaryArray, Float64Array, Int32Array, Int64Array, RecordBatch, StringArray,
     StructArray,
@@ -293,6 +294,30 @@ fn an_image_kept_as_a_path_is_read_from_the_folder() {
     std::fs::remove_file(root.join("ref.png")).unwrap();
     let error = dataset.read(8).unwrap_err().to_string();
     assert!(error.contains("ref.png"), "{error}");
+
+    // References leaving the folder are refused, even to a file that exists.
+    let outside = dir.path().join("outside.png");
+    std::fs::write(&outside, b"not for this dataset").unwrap();
+    for reference in [outside.display().to_string(), "../outside.png".to_string()] {
+        let escaping = dir.path().join("escaping");
+        let _ = std::fs::remove_dir_all(&escaping);
+        let mut batch = table(0..2, Some(1));
+        let image = batch.column(0).as_struct().clone();
+        let (fields, mut arrays, nulls) = image.into_parts();
+        arrays[1] = Arc::new(StringArray::from(vec![None, Some(reference.as_str())]));
+        let image = StructArray::new(fields, arrays, nulls);
+        let mut columns = batch.columns().to_vec();
+        columns[0] = Arc::new(image);
+        batch = RecordBatch::try_new(batch.schema(), columns).unwrap();
+        write_hf_folder(&escaping, &[vec![batch]], &features());
+        let dataset = open(&escaping).unwrap();
+        assert_eq!(dataset.read(0).unwrap(), image_bytes(0));
+        let error = dataset.read(1).unwrap_err().to_string();
+        assert!(
+            error.contains("outside the dataset folder"),
+            "{reference}: {error}"
+        );
+    }
 }
 
 #[test]
