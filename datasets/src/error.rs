@@ -293,6 +293,55 @@ pub enum Error {
     /// The folder Parquet files were to be written to already holds files.
     #[error("{0} is not empty; write parquet files to an empty or new folder")]
     ParquetOutputNotEmpty(PathBuf),
+
+    /// A Hugging Face `datasets` folder whose layout or features Stoker cannot use: a missing
+    /// or malformed `state.json` / `dataset_info.json`, shards that differ, or columns missing
+    /// or of an unusable type.
+    #[error("hugging face dataset {path}: {problem}")]
+    HfDataset {
+        /// The folder, or the file of it concerned.
+        path: PathBuf,
+        /// What is wrong, in words.
+        problem: String,
+    },
+
+    /// The path is a `DatasetDict` folder (one subfolder per split), not one dataset.
+    #[error(
+        "{path} is a hugging face DatasetDict with the splits {}: open one split's folder, \
+         e.g. {}",
+        splits.join(", "),
+        path.join(splits.first().map_or("train", String::as_str)).display()
+    )]
+    HfDatasetDict {
+        /// The folder holding `dataset_dict.json`.
+        path: PathBuf,
+        /// Its splits, as `dataset_dict.json` lists them.
+        splits: Vec<String>,
+    },
+
+    /// An Arrow IPC stream file (a `save_to_disk` shard) that cannot be read: truncated,
+    /// corrupt, or using a feature Stoker does not read (compressed or dictionary batches).
+    #[error("cannot read the arrow stream file {path}: {problem}")]
+    ArrowStream {
+        /// The `.arrow` file.
+        path: PathBuf,
+        /// What is wrong, in words.
+        problem: String,
+    },
+
+    /// A cell of a Hugging Face dataset that cannot be used: null where a value is needed, or
+    /// a value that does not fit the type asked for.
+    #[error("row {row} of the arrow file {path}, column {column}: {problem}")]
+    HfValue {
+        /// The `.arrow` file.
+        path: PathBuf,
+        /// The column.
+        column: String,
+        /// The row inside the file.
+        row: u64,
+        /// What is wrong with the value.
+        problem: String,
+    },
     /// A dataset URI names a scheme Stoker cannot read.
     #[error(
         "cannot read {uri}: the scheme {scheme}:// is not supported; use a local path, \

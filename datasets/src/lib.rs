@@ -12,6 +12,9 @@
 //! - [`ParquetDataset`]: rows of Parquet files (image bytes or text, plus labels), read by
 //!   row group; [`write_parquet`] writes any source as Parquet, and
 //!   [`ParquetDataset::read_f32_columns`] reads numeric columns as tensors.
+//! - [`HfDataset`]: a Hugging Face `datasets` folder as `save_to_disk` writes it (Arrow IPC
+//!   stream shards + `dataset_info.json`), its `Image`, string, `ClassLabel` and numeric
+//!   features mapped to samples, labels, class names and numeric columns; read by record batch.
 //! - [`ObjectCache`], [`RemoteTarShards`], [`parse_dataset_uri`]: `s3://` sources read through
 //!   a local cache tier on disk (size cap, LRU eviction, safe across processes).
 //! - [`generate_imagenet_like`]: writes a seeded, ImageNet-like image folder for benchmarks.
@@ -43,6 +46,7 @@
 mod cache_stats;
 mod error;
 mod files;
+mod hf_folder;
 mod image_folder;
 mod image_format;
 mod inspect;
@@ -57,6 +61,7 @@ mod token_file;
 
 pub use cache_stats::CacheStats;
 pub use error::{Error, Result};
+pub use hf_folder::{looks_like_hf_dataset, HfColumnInfo, HfDataset, HfFeature, HfSummary};
 pub use image_folder::ImageFolder;
 pub use image_format::{sniff_format, ImageFormat};
 pub use inspect::{inspect_image_folder, inspect_samples, DatasetReport, Summary};

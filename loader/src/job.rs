@@ -5,9 +5,10 @@ use std::path::Path;
 use std::sync::Arc;
 
 use stoker_datasets::{
-    looks_like_jsonl, looks_like_parquet, looks_like_tar_shards, looks_like_token_file,
-    parse_dataset_uri, DatasetLocation, ImageFolder, JsonlDocuments, ObjectCache, ParquetDataset,
-    ParquetOptions, RemoteTarShards, SampleSource, TarShards, TokenDtype, TokenFile,
+    looks_like_hf_dataset, looks_like_jsonl, looks_like_parquet, looks_like_tar_shards,
+    looks_like_token_file, parse_dataset_uri, DatasetLocation, HfDataset, ImageFolder,
+    JsonlDocuments, ObjectCache, ParquetDataset, ParquetOptions, RemoteTarShards, SampleSource,
+    TarShards, TokenDtype, TokenFile,
 };
 use stoker_proto::v1::{
     self as proto, op::Op as OpKind, BadSamplePolicy, DatasetFormat, JobSpec, UnevenTail,
@@ -36,7 +37,8 @@ pub struct Job {
 /// windows of its `TokenWindows` op.
 ///
 /// `AUTO` picks the format from the files: a `.tar` file or a folder of them is tar shards, a
-/// `.bin` file a token file, a `.jsonl` file or a folder of them JSONL documents, anything else
+/// folder with `state.json` and `dataset_info.json` (or `dataset_dict.json`) a Hugging Face
+/// `datasets` folder, `.parquet` files Parquet, a `.bin` file a token file, a `.jsonl` file or a folder of them JSONL documents, anything else
 /// an image folder. `s3://BUCKET/PREFIX` is read through the local object cache (configured by
 /// `STOKER_CACHE_DIR`, `STOKER_CACHE_MAX_BYTES` and the `AWS_*` variables); other schemes are
 /// refused.
@@ -55,6 +57,7 @@ pub fn open_source(
     let path = path.as_path();
     let format = match dataset.format() {
         DatasetFormat::Auto if looks_like_tar_shards(path) => DatasetFormat::TarShards,
+        DatasetFormat::Auto if looks_like_hf_dataset(path) => DatasetFormat::HfDataset,
         DatasetFormat::Auto if looks_like_parquet(path) => DatasetFormat::Parquet,
         DatasetFormat::Auto if looks_like_token_file(path) => DatasetFormat::TokenFile,
         DatasetFormat::Auto if looks_like_jsonl(path) => DatasetFormat::Jsonl,
@@ -90,6 +93,7 @@ pub fn open_source(
             dataset.label_column.trim(),
         )?)),
         DatasetFormat::Parquet => open_parquet(path, dataset),
+        DatasetFormat::HfDataset => Ok(Arc::new(HfDataset::open(path, &column_options(dataset))?)),
     }
 }
 
@@ -103,17 +107,24 @@ fn token_windows_seq_len(ops: &[proto::Op]) -> Option<u32> {
 
 /// Opens a Parquet dataset with the columns the spec names ("" = pick by name).
 fn open_parquet(path: &Path, dataset: &proto::DatasetSource) -> Result<Arc<dyn SampleSource>> {
+    Ok(Arc::new(ParquetDataset::open(
+        path,
+        &column_options(dataset),
+    )?))
+}
+
+/// The columns the spec names for a Parquet or HF dataset ("" = pick by name).
+fn column_options(dataset: &proto::DatasetSource) -> ParquetOptions {
     let named = |column: &str| {
         let column = column.trim();
         (!column.is_empty()).then(|| column.to_string())
     };
-    let options = ParquetOptions {
+    ParquetOptions {
         image_column: named(&dataset.image_column),
         text_column: named(&dataset.text_column),
         label_column: named(&dataset.label_column),
         ..ParquetOptions::default()
-    };
-    Ok(Arc::new(ParquetDataset::open(path, &options)?))
+    }
 }
 
 /// Opens an `s3://` dataset; tar shards are the one format read from object stores so far.

@@ -285,10 +285,11 @@ pub(crate) fn job_spec(
         "parquet" => proto::DatasetFormat::Parquet,
         "tokens" => proto::DatasetFormat::TokenFile,
         "jsonl" => proto::DatasetFormat::Jsonl,
+        "hf" => proto::DatasetFormat::HfDataset,
         other => {
             return Err(PyValueError::new_err(format!(
-                "format must be \"auto\", \"image_folder\", \"tar\", \"parquet\", \"tokens\" \
-                 or \"jsonl\", got {other:?}"
+                "format must be \"auto\", \"image_folder\", \"tar\", \"parquet\", \"tokens\", \
+                 \"jsonl\" or \"hf\", got {other:?}"
             )))
         }
     };

@@ -15,9 +15,9 @@
 //! [`SampleSource::shard_sizes`] reports rows per row group, so a shard-aware shuffle
 //! (`shuffle_window`) keeps reads within a few groups.
 
-mod columns;
+pub(crate) mod columns;
 mod numeric;
-mod row_group_cache;
+pub(crate) mod row_group_cache;
 mod write;
 
 use std::fs::File;
@@ -49,11 +49,11 @@ pub use write::{write_parquet, ParquetWriterOptions, ParquetWritten};
 pub const CLASS_NAMES_KEY: &str = "stoker.class_names";
 
 /// Image columns looked for, in this order, when no image column is named.
-const IMAGE_COLUMN_NAMES: [&str; 3] = ["image", "jpg", "png"];
+pub(crate) const IMAGE_COLUMN_NAMES: [&str; 3] = ["image", "jpg", "png"];
 /// The text column looked for when neither an image nor a text column is named.
-const TEXT_COLUMN_NAME: &str = "text";
+pub(crate) const TEXT_COLUMN_NAME: &str = "text";
 /// The label column looked for when none is named.
-const LABEL_COLUMN_NAME: &str = "label";
+pub(crate) const LABEL_COLUMN_NAME: &str = "label";
 
 /// Whether `path` looks like a Parquet dataset: a `.parquet` file, or a folder holding at
 /// least one `*.parquet` file. Used to pick the format of a dataset path automatically.

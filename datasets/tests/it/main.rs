@@ -2,6 +2,7 @@
 //! format or area, on temporary folders; `s3_server` is the in-test S3-compatible server the
 //! object-store tests (and the loader's, through `#[path]`) start on 127.0.0.1.
 
+mod hf_folder;
 mod image_folder;
 mod jsonl;
 mod object_store;

@@ -1,5 +1,7 @@
 //! `stoker inspect`: samples, classes, formats and size statistics of a dataset.
 
+mod hf;
+
 use std::path::PathBuf;
 
 use clap::Args;
@@ -14,7 +16,7 @@ use stoker_worker::DEFAULT_MAX_PIXELS;
 #[derive(Debug, Args)]
 pub struct InspectArgs {
     /// ImageFolder root, tar shards (a folder of `*.tar` or one file), Parquet (a folder of
-    /// `*.parquet` or one file), a token file (`*.bin`) or JSONL (a `.jsonl` file or a folder
+    /// `*.parquet` or one file), a Hugging Face `save_to_disk` folder, a token file (`*.bin`) or JSONL (a `.jsonl` file or a folder
     /// of them).
     #[arg(long)]
     pub data: PathBuf,
@@ -56,6 +58,9 @@ pub fn run(args: InspectArgs) -> anyhow::Result<()> {
         );
         println!("(size statistics are computed for ImageFolder datasets only so far)");
         return Ok(());
+    }
+    if stoker_datasets::looks_like_hf_dataset(&args.data) {
+        return hf::inspect_hf(&args);
     }
     if stoker_datasets::looks_like_parquet(&args.data) {
         return inspect_parquet(&args);

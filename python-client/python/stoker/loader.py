@@ -110,7 +110,7 @@ def _remote_source_path(source: object) -> str:
     if "://" not in path and os.path.exists(path):
         path = os.path.abspath(path)
     return path
-_FORMATS: Final = ("image_folder", "tar", "parquet", "tokens", "jsonl")
+_FORMATS: Final = ("image_folder", "tar", "parquet", "tokens", "jsonl", "hf")
 
 
 def _source_path(source: object) -> str:
@@ -268,9 +268,12 @@ class Loader:
     Args:
         source: path (or ``file://`` URL) of the dataset: an image folder laid out like
             torchvision's ImageFolder (``root/<class>/<image>``), tar shards, a token file
-            (``*.bin``; ``*.u32.bin`` holds uint32 tokens, any other name uint16) or JSON Lines
+            (``*.bin``; ``*.u32.bin`` holds uint32 tokens, any other name uint16), JSON Lines
             text (a ``.jsonl`` file or a folder of them; ``.jsonl.gz`` and ``.jsonl.zst`` are
-            decompressed once into the cache tier). The format is picked from the files
+            decompressed once into the cache tier), Parquet files, or a Hugging Face
+            ``datasets`` folder as ``Dataset.save_to_disk`` writes it (its ``Image`` or string
+            column gives the samples, its ``ClassLabel`` the labels and :attr:`classes`; for a
+            ``DatasetDict`` pass one split's folder). The format is picked from the files
             unless ``format`` names it. ``s3://BUCKET/PREFIX`` reads the tar shards under that
             prefix through the local object cache (``STOKER_CACHE_DIR``,
             ``STOKER_CACHE_MAX_BYTES``; credentials and endpoint from the ``AWS_*`` variables).
@@ -320,7 +323,7 @@ class Loader:
             this port of 127.0.0.1 (0: any free port) or ``"host:port"``; the URL is
             :attr:`dashboard_url`. Served until :meth:`close`.
         format: ``None`` (default: from the files), or one of ``"image_folder"``, ``"tar"``,
-            ``"parquet"``, ``"tokens"``, ``"jsonl"``.
+            ``"parquet"``, ``"tokens"``, ``"jsonl"``, ``"hf"`` (a ``save_to_disk`` folder).
         shuffle_window: shards per shuffle window for sharded sources (tar shards, a folder
             of JSONL files): 0 (default) shuffles globally; W >= 1 shuffles the shard order,
             then samples within windows of W shards, keeping reads mostly sequential.

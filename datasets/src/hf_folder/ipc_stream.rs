@@ -1,0 +1,400 @@
+//! One Arrow IPC *stream* file, the format `Dataset.save_to_disk` writes its `.arrow` shards in.
+//!
+//! A stream has no footer, so opening walks its messages from the start: each message is a
+//! length-prefixed flatbuffer header (verified by `arrow_ipc::root_as_message`) followed by a
+//! body whose length the header gives. Only the headers are read; bodies are skipped by
+//! offset. The walk records each record batch's header, body position and row count, and must
+//! end at the end-of-stream marker: a file cut short anywhere (even between two batches) is an
+//! error naming it.
+//!
+//! Reading columns of one batch reads, with positioned reads (`read_exact_at`, no memory map:
+//! a file truncated later is an I/O error, never a `SIGBUS`), only the byte ranges of those
+//! columns' buffers, into a zeroed body of the batch's layout, and lets arrow-ipc decode them
+//! with a projection: the other columns' buffers are skipped by the decoder and never read,
+//! so the label column of an image dataset is read at open without touching its images.
+
+use std::collections::HashMap;
+use std::fs::File;
+use std::ops::Range;
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use arrow_array::RecordBatch;
+use arrow_buffer::{Buffer, MutableBuffer};
+use arrow_ipc::{MessageHeader, MetadataVersion};
+use arrow_schema::{DataType, SchemaRef, UnionMode};
+
+use crate::error::{Error, Result};
+
+/// The marker before each message's header length (since Arrow 0.15).
+const CONTINUATION_MARKER: [u8; 4] = [0xff; 4];
+
+/// One record batch of a stream file, located by its header.
+pub(super) struct BatchBlock {
+    /// The message's flatbuffer header (a `Message` holding a `RecordBatch`).
+    header: Vec<u8>,
+    /// Where the batch's body starts in the file.
+    body_offset: u64,
+    /// The body's length in bytes.
+    body_len: u64,
+    /// Rows in the batch.
+    pub(super) rows: u64,
+}
+
+/// An opened stream file: its schema and record batches.
+pub(super) struct StreamFile {
+    pub(super) path: PathBuf,
+    /// File size in bytes.
+    pub(super) bytes: u64,
+    file: File,
+    pub(super) schema: SchemaRef,
+    pub(super) batches: Vec<BatchBlock>,
+}
+
+/// Runs `decode` on untrusted bytes, turning a panic in the Arrow code into its message.
+pub(super) fn without_panics<T>(decode: impl FnOnce() -> T) -> std::result::Result<T, String> {
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(decode)).map_err(|panic| {
+        let message = panic
+            .downcast_ref::<&str>()
+            .map(|text| (*text).to_string())
+            .or_else(|| panic.downcast_ref::<String>().cloned())
+            .unwrap_or_else(|| "unknown panic".to_string());
+        format!("the arrow decoder panicked: {message}")
+    })
+}
+
+fn stream_error(path: &Path, problem: impl Into<String>) -> Error {
+    Error::ArrowStream {
+        path: path.to_path_buf(),
+        problem: problem.into(),
+    }
+}
+
+/// Reads `buf.len()` bytes at `offset`; a short file is a truncation error naming it.
+fn read_at(file: &File, path: &Path, buf: &mut [u8], offset: u64) -> Result<()> {
+    file.read_exact_at(buf, offset).map_err(|source| {
+        if source.kind() == std::io::ErrorKind::UnexpectedEof {
+            stream_error(
+                path,
+                format!(
+                    "the file ends before byte {} (it is truncated or was changed since it was \
+                     opened)",
+                    offset + buf.len() as u64
+                ),
+            )
+        } else {
+            Error::io(path, source)
+        }
+    })
+}
+
+/// Converts a header's signed length or offset, refusing negative values.
+fn non_negative(value: i64, what: &str, path: &Path) -> Result<u64> {
+    u64::try_from(value).map_err(|_| stream_error(path, format!("negative {what} {value}")))
+}
+
+impl StreamFile {
+    /// Opens `path` and indexes its record batches from the message headers.
+    pub(super) fn open(path: PathBuf) -> Result<StreamFile> {
+        let file = File::open(&path).map_err(|source| Error::io(&path, source))?;
+        let bytes = file
+            .metadata()
+            .map_err(|source| Error::io(&path, source))?
+            .len();
+        let truncated = |position: u64, needed: u64| {
+            stream_error(
+                &path,
+                format!(
+                    "the file is truncated: the message at byte {position} needs bytes up to \
+                     {needed} but the file has {bytes} (a complete stream ends with an \
+                     end-of-stream marker)"
+                ),
+            )
+        };
+        let mut schema = None;
+        let mut batches = Vec::new();
+        let mut position = 0u64;
+        loop {
+            let mut word = [0u8; 4];
+            if position + 4 > bytes {
+                return Err(truncated(position, position + 4));
+            }
+            read_at(&file, &path, &mut word, position)?;
+            let mut prefix = 4;
+            if word == CONTINUATION_MARKER {
+                if position + 8 > bytes {
+                    return Err(truncated(position, position + 8));
+                }
+                read_at(&file, &path, &mut word, position + 4)?;
+                prefix = 8;
+            }
+            let header_len = i32::from_le_bytes(word);
+            if header_len == 0 {
+                break; // The end-of-stream marker.
+            }
+            let header_len = non_negative(i64::from(header_len), "message length", &path)?;
+            let header_end = position + prefix + header_len;
+            if header_end > bytes {
+                return Err(truncated(position, header_end));
+            }
+            let mut header = vec![0u8; usize::try_from(header_len).unwrap_or(usize::MAX)];
+            read_at(&file, &path, &mut header, position + prefix)?;
+            let message = arrow_ipc::root_as_message(&header).map_err(|error| {
+                stream_error(
+                    &path,
+                    format!("the message at byte {position} is not an arrow message: {error}"),
+                )
+            })?;
+            let body_len = non_negative(message.bodyLength(), "body length", &path)?;
+            let body_end = header_end.saturating_add(body_len);
+            if body_end > bytes {
+                return Err(truncated(position, body_end));
+            }
+            match message.header_type() {
+                MessageHeader::Schema => {
+                    let fb_schema = message
+                        .header_as_schema()
+                        .ok_or_else(|| stream_error(&path, "unreadable schema message"))?;
+                    if schema.is_some() {
+                        return Err(stream_error(&path, "the stream holds a second schema"));
+                    }
+                    let parsed = without_panics(|| arrow_ipc::convert::fb_to_schema(fb_schema))
+                        .map_err(|problem| stream_error(&path, problem))?;
+                    schema = Some(Arc::new(parsed));
+                }
+                MessageHeader::RecordBatch => {
+                    let batch = message.header_as_record_batch().ok_or_else(|| {
+                        stream_error(&path, format!("unreadable record batch at byte {position}"))
+                    })?;
+                    if schema.is_none() {
+                        return Err(stream_error(
+                            &path,
+                            "a record batch comes before the schema",
+                        ));
+                    }
+                    if batch.compression().is_some() {
+                        return Err(stream_error(
+                            &path,
+                            "its record batches are compressed (lz4/zstd IPC compression), \
+                             which Stoker does not read; save the dataset without compression",
+                        ));
+                    }
+                    let rows = non_negative(batch.length(), "row count", &path)?;
+                    batches.push(BatchBlock {
+                        header,
+                        body_offset: header_end,
+                        body_len,
+                        rows,
+                    });
+                }
+                MessageHeader::DictionaryBatch => {
+                    return Err(stream_error(
+                        &path,
+                        "it holds dictionary-encoded columns, which Stoker does not read",
+                    ))
+                }
+                other => {
+                    return Err(stream_error(
+                        &path,
+                        format!("unexpected message {other:?} at byte {position}"),
+                    ))
+                }
+            }
+            position = body_end;
+        }
+        let schema = schema.ok_or_else(|| stream_error(&path, "the stream has no schema"))?;
+        Ok(StreamFile {
+            path,
+            bytes,
+            file,
+            schema,
+            batches,
+        })
+    }
+
+    /// Reads and decodes root columns `columns` (schema indices) of batch `batch`, in the
+    /// order given.
+    pub(super) fn read_columns(&self, batch: usize, columns: &[usize]) -> Result<RecordBatch> {
+        let block = self.batches.get(batch).ok_or_else(|| {
+            stream_error(&self.path, format!("the file has no record batch {batch}"))
+        })?;
+        let corrupt = |problem: String| {
+            stream_error(
+                &self.path,
+                format!("record batch {batch} is corrupt: {problem}"),
+            )
+        };
+        let message = arrow_ipc::root_as_message(&block.header)
+            .map_err(|error| corrupt(error.to_string()))?;
+        let record = message
+            .header_as_record_batch()
+            .ok_or_else(|| corrupt("not a record batch".into()))?;
+        let buffers = record
+            .buffers()
+            .ok_or_else(|| corrupt("no buffer list".into()))?;
+        let version = message.version();
+        let mut variadic = record.variadicBufferCounts().into_iter().flatten();
+
+        // The byte range of each wanted column's buffers inside the body.
+        let mut spans: Vec<Range<u64>> = Vec::new();
+        // The decoder slices every wanted buffer, empty ones too: the body must reach past all.
+        let mut body_len = 0u64;
+        let mut next_buffer = 0usize;
+        for (index, field) in self.schema.fields().iter().enumerate() {
+            let count = buffer_count(field.data_type(), &mut variadic, version)
+                .map_err(|problem| corrupt(problem.to_string()))?;
+            let range = next_buffer..next_buffer + count;
+            next_buffer = range.end;
+            if !columns.contains(&index) {
+                continue;
+            }
+            let mut span: Option<Range<u64>> = None;
+            for position in range {
+                if position >= buffers.len() {
+                    break; // Reported below, against the whole list.
+                }
+                let buffer = buffers.get(position);
+                let start = non_negative(buffer.offset(), "buffer offset", &self.path)?;
+                let length = non_negative(buffer.length(), "buffer length", &self.path)?;
+                let end = start.saturating_add(length);
+                if end > block.body_len {
+                    return Err(corrupt(format!(
+                        "a buffer runs to byte {end} of a {}-byte body",
+                        block.body_len
+                    )));
+                }
+                body_len = body_len.max(end);
+                if length > 0 {
+                    span = Some(match span {
+                        Some(span) => span.start.min(start)..span.end.max(end),
+                        None => start..end,
+                    });
+                }
+            }
+            spans.extend(span);
+        }
+        if next_buffer != buffers.len() {
+            return Err(corrupt(format!(
+                "it lists {} buffers where the schema needs {next_buffer}",
+                buffers.len()
+            )));
+        }
+
+        let body_len = usize::try_from(body_len)
+            .map_err(|_| corrupt(format!("a body of {body_len} bytes does not fit memory")))?;
+        // Zeroed pages cost nothing until written: only the wanted spans are read into it.
+        let mut body = MutableBuffer::from_len_zeroed(body_len);
+        for span in &spans {
+            let (Ok(start), Ok(end)) = (usize::try_from(span.start), usize::try_from(span.end))
+            else {
+                continue;
+            };
+            read_at(
+                &self.file,
+                &self.path,
+                &mut body.as_slice_mut()[start..end],
+                block.body_offset + span.start,
+            )?;
+        }
+        let body: Buffer = body.into();
+        let dictionaries = HashMap::new();
+        without_panics(|| {
+            arrow_ipc::reader::read_record_batch(
+                &body,
+                record,
+                Arc::clone(&self.schema),
+                &dictionaries,
+                Some(columns),
+                &version,
+            )
+        })
+        .map_err(corrupt)?
+        .map_err(|error| corrupt(error.to_string()))
+    }
+}
+
+/// How many IPC buffers a column of `data_type` has (the layout arrow-ipc's reader walks).
+fn buffer_count(
+    data_type: &DataType,
+    variadic: &mut dyn Iterator<Item = i64>,
+    version: MetadataVersion,
+) -> std::result::Result<usize, &'static str> {
+    Ok(match data_type {
+        DataType::Null => 0,
+        DataType::Utf8 | DataType::LargeUtf8 | DataType::Binary | DataType::LargeBinary => 3,
+        DataType::Utf8View | DataType::BinaryView => {
+            let extra = variadic
+                .next()
+                .ok_or("a view column has no variadic buffer count")?;
+            2 + usize::try_from(extra).map_err(|_| "negative variadic buffer count")?
+        }
+        DataType::List(child) | DataType::LargeList(child) | DataType::Map(child, _) => {
+            2 + buffer_count(child.data_type(), variadic, version)?
+        }
+        DataType::ListView(child) | DataType::LargeListView(child) => {
+            3 + buffer_count(child.data_type(), variadic, version)?
+        }
+        DataType::FixedSizeList(child, _) => {
+            1 + buffer_count(child.data_type(), variadic, version)?
+        }
+        DataType::Struct(fields) => {
+            1 + children_buffer_count(fields.iter().map(|f| f.data_type()), variadic, version)?
+        }
+        DataType::RunEndEncoded(run_ends, values) => children_buffer_count(
+            [run_ends.data_type(), values.data_type()].into_iter(),
+            variadic,
+            version,
+        )?,
+        DataType::Union(fields, mode) => {
+            let own = usize::from(version < MetadataVersion::V5)
+                + 1
+                + usize::from(*mode == UnionMode::Dense);
+            own + children_buffer_count(
+                fields.iter().map(|(_, field)| field.data_type()),
+                variadic,
+                version,
+            )?
+        }
+        // Validity and values (fixed-width, boolean, fixed-size binary, dictionary keys).
+        _ => 2,
+    })
+}
+
+/// The buffers of a list of child columns.
+fn children_buffer_count<'a>(
+    children: impl Iterator<Item = &'a DataType>,
+    variadic: &mut dyn Iterator<Item = i64>,
+    version: MetadataVersion,
+) -> std::result::Result<usize, &'static str> {
+    let mut total = 0;
+    for child in children {
+        total += buffer_count(child, variadic, version)?;
+    }
+    Ok(total)
+}
+
+#[cfg(test)]
+mod tests {
+    use arrow_schema::{Field, Fields};
+
+    use super::*;
+
+    #[test]
+    fn buffer_counts_follow_the_ipc_layout() {
+        let mut none = std::iter::empty();
+        let v5 = MetadataVersion::V5;
+        assert_eq!(buffer_count(&DataType::Int64, &mut none, v5), Ok(2));
+        assert_eq!(buffer_count(&DataType::LargeUtf8, &mut none, v5), Ok(3));
+        let image = DataType::Struct(Fields::from(vec![
+            Field::new("bytes", DataType::Binary, true),
+            Field::new("path", DataType::Utf8, true),
+        ]));
+        assert_eq!(buffer_count(&image, &mut none, v5), Ok(7));
+        let list = DataType::List(Arc::new(Field::new("item", DataType::Float32, true)));
+        assert_eq!(buffer_count(&list, &mut none, v5), Ok(4));
+        let mut counts = [3i64].into_iter();
+        assert_eq!(buffer_count(&DataType::Utf8View, &mut counts, v5), Ok(5));
+        assert!(buffer_count(&DataType::Utf8View, &mut counts, v5).is_err());
+    }
+}

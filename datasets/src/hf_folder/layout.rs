@@ -1,0 +1,331 @@
+//! The JSON files of a `save_to_disk` folder and the choice of columns from its features.
+//!
+//! - `state.json`: `_data_files`, the `.arrow` shards in sample order (`[{"filename": ...}]`).
+//! - `dataset_info.json`: `features`, what each column means (`{"_type": "Image"}`,
+//!   `{"_type": "ClassLabel", "names": [...]}`, `{"_type": "Value", "dtype": "string"}`...).
+//! - `dataset_dict.json` (a `DatasetDict`, one subfolder per split): `{"splits": [...]}`.
+//!
+//! Columns are chosen by the Parquet rules (`crate::parquet_files`), with the features filling
+//! what names cannot tell: the image column is the one named, else the first of `image`,
+//! `jpg`, `png`, else the first `Image` feature; without one, the text column (named, else
+//! `text`); labels come from the column named, else `label`, else the first `ClassLabel`
+//! feature, and a `ClassLabel`'s `names` are the class names.
+
+use std::collections::BTreeMap;
+use std::path::{Component, Path, PathBuf};
+
+use arrow_schema::{DataType, Schema};
+use serde_json::Value;
+
+use crate::error::{Error, Result};
+use crate::parquet_files::columns;
+use crate::parquet_files::{
+    ParquetOptions, ParquetSampleKind, IMAGE_COLUMN_NAMES, LABEL_COLUMN_NAME, TEXT_COLUMN_NAME,
+};
+
+/// The file listing a dataset's shards, in order.
+pub(crate) const STATE_FILE: &str = "state.json";
+/// The file holding a dataset's features.
+pub(crate) const INFO_FILE: &str = "dataset_info.json";
+/// The file marking a `DatasetDict` folder.
+pub(crate) const DICT_FILE: &str = "dataset_dict.json";
+
+/// What a column means, as `dataset_info.json` declares it (the kinds Stoker maps).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum HfFeature {
+    /// `Image`: a struct of encoded `bytes` and a `path`.
+    Image,
+    /// `ClassLabel`: integer labels with class names.
+    ClassLabel {
+        /// The class names, indexed by label.
+        names: Vec<String>,
+    },
+    /// `Value`: a scalar of `dtype` (`string`, `int64`, `float32`...).
+    Value {
+        /// The `datasets` dtype name.
+        dtype: String,
+    },
+    /// Any other feature (`Sequence`, `Audio`, nested dicts...), kept by its `_type` (or
+    /// `list` / `struct`); read only through its Arrow type.
+    Other {
+        /// The `_type`, or what the JSON shape says.
+        kind: String,
+    },
+}
+
+fn layout_error(path: &Path, problem: impl Into<String>) -> Error {
+    Error::HfDataset {
+        path: path.to_path_buf(),
+        problem: problem.into(),
+    }
+}
+
+/// Reads and parses one JSON file of the folder.
+fn read_json(path: &Path) -> Result<Value> {
+    let text = std::fs::read_to_string(path).map_err(|source| Error::io(path, source))?;
+    serde_json::from_str(&text).map_err(|source| Error::Manifest {
+        path: path.to_path_buf(),
+        source,
+    })
+}
+
+/// The splits of a `DatasetDict` folder, or `None` when `root` is not one.
+pub(crate) fn dict_splits(root: &Path) -> Result<Option<Vec<String>>> {
+    let path = root.join(DICT_FILE);
+    if !path.is_file() {
+        return Ok(None);
+    }
+    let json = read_json(&path)?;
+    let splits = json
+        .get("splits")
+        .and_then(Value::as_array)
+        .ok_or_else(|| layout_error(&path, "no \"splits\" list"))?
+        .iter()
+        .filter_map(|split| split.as_str().map(str::to_string))
+        .collect();
+    Ok(Some(splits))
+}
+
+/// The shard files `state.json` lists, in order, as paths inside `root`.
+///
+/// A file name with a folder part (`../x.arrow`, `/abs.arrow`) is refused: the shards of a
+/// saved dataset sit beside `state.json`, and a dataset must not name files outside itself.
+pub(crate) fn data_files(root: &Path) -> Result<Vec<PathBuf>> {
+    let path = root.join(STATE_FILE);
+    let json = read_json(&path)?;
+    let entries = json
+        .get("_data_files")
+        .and_then(Value::as_array)
+        .ok_or_else(|| layout_error(&path, "no \"_data_files\" list"))?;
+    let mut files = Vec::with_capacity(entries.len());
+    for entry in entries {
+        let name = entry
+            .get("filename")
+            .and_then(Value::as_str)
+            .ok_or_else(|| layout_error(&path, format!("a data file without filename: {entry}")))?;
+        let mut components = Path::new(name).components();
+        match (components.next(), components.next()) {
+            (Some(Component::Normal(_)), None) => files.push(root.join(name)),
+            _ => {
+                return Err(layout_error(
+                    &path,
+                    format!("data file {name:?} is not a file name inside the folder"),
+                ))
+            }
+        }
+    }
+    if files.is_empty() {
+        return Err(layout_error(&path, "\"_data_files\" is empty"));
+    }
+    Ok(files)
+}
+
+/// The features `dataset_info.json` declares, by column name.
+pub(crate) fn features(root: &Path) -> Result<BTreeMap<String, HfFeature>> {
+    let path = root.join(INFO_FILE);
+    let json = read_json(&path)?;
+    let declared = json
+        .get("features")
+        .and_then(Value::as_object)
+        .ok_or_else(|| layout_error(&path, "no \"features\" object"))?;
+    let mut features = BTreeMap::new();
+    for (name, feature) in declared {
+        features.insert(name.clone(), parse_feature(feature, &path, name)?);
+    }
+    Ok(features)
+}
+
+fn parse_feature(feature: &Value, path: &Path, name: &str) -> Result<HfFeature> {
+    let Some(object) = feature.as_object() else {
+        return Ok(HfFeature::Other {
+            kind: if feature.is_array() {
+                "list"
+            } else {
+                "unknown"
+            }
+            .into(),
+        });
+    };
+    let Some(kind) = object.get("_type").and_then(Value::as_str) else {
+        return Ok(HfFeature::Other {
+            kind: "struct".into(),
+        });
+    };
+    Ok(match kind {
+        "Image" => HfFeature::Image,
+        "ClassLabel" => {
+            let names = object
+                .get("names")
+                .and_then(Value::as_array)
+                .ok_or_else(|| {
+                    layout_error(
+                        path,
+                        format!("ClassLabel feature {name:?} has no names list"),
+                    )
+                })?
+                .iter()
+                .map(|class| {
+                    class.as_str().map(str::to_string).ok_or_else(|| {
+                        layout_error(
+                            path,
+                            format!("ClassLabel feature {name:?} has a non-string name {class}"),
+                        )
+                    })
+                })
+                .collect::<Result<_>>()?;
+            HfFeature::ClassLabel { names }
+        }
+        "Value" => HfFeature::Value {
+            dtype: object
+                .get("dtype")
+                .and_then(Value::as_str)
+                .unwrap_or("unknown")
+                .to_string(),
+        },
+        other => HfFeature::Other { kind: other.into() },
+    })
+}
+
+/// The columns a dataset is read from.
+#[derive(Debug, Clone)]
+pub(crate) struct ColumnChoice {
+    /// The root column holding the samples.
+    pub(crate) sample_column: usize,
+    pub(crate) sample_column_name: String,
+    pub(crate) kind: ParquetSampleKind,
+    /// For a struct image column: the indices of its binary `bytes` field and of its UTF-8
+    /// `path` field (when it has one).
+    pub(crate) image_fields: Option<(usize, Option<usize>)>,
+    /// The integer label column.
+    pub(crate) label_column: Option<usize>,
+    /// The class names of a `ClassLabel` label column.
+    pub(crate) class_names: Option<Vec<String>>,
+}
+
+/// Picks the sample and label columns of `schema` (the first shard's) by the rules in the
+/// module doc; `path` names the folder in errors.
+pub(crate) fn choose_columns(
+    schema: &Schema,
+    features: &BTreeMap<String, HfFeature>,
+    options: &ParquetOptions,
+    path: &Path,
+) -> Result<ColumnChoice> {
+    let names: Vec<&str> = schema.fields().iter().map(|f| f.name().as_str()).collect();
+    let find = |name: &str| schema.index_of(name).ok();
+    let missing = |what: &str, name: &str| {
+        layout_error(
+            path,
+            format!(
+                "no {what} column named {name:?} (columns: {})",
+                names.join(", ")
+            ),
+        )
+    };
+    let is_feature = |index: usize, wanted: fn(&HfFeature) -> bool| {
+        features.get(schema.field(index).name()).is_some_and(wanted)
+    };
+
+    let image = match &options.image_column {
+        Some(name) => Some(find(name).ok_or_else(|| missing("image", name))?),
+        None => IMAGE_COLUMN_NAMES
+            .iter()
+            .find_map(|name| find(name))
+            .or_else(|| {
+                (0..schema.fields().len())
+                    .find(|&index| is_feature(index, |f| *f == HfFeature::Image))
+            }),
+    };
+    let (sample_column, kind, image_fields) = match image {
+        Some(index) => {
+            let field = schema.field(index);
+            let image_fields = match field.data_type() {
+                data_type if columns::is_binary(data_type) => None,
+                DataType::Struct(fields) => {
+                    let position = |name: &str, accepts: fn(&DataType) -> bool| {
+                        fields
+                            .iter()
+                            .position(|f| f.name() == name && accepts(f.data_type()))
+                    };
+                    let bytes = position("bytes", columns::is_binary).ok_or_else(|| {
+                        layout_error(
+                            path,
+                            format!(
+                                "image column {:?} is a struct without a binary \"bytes\" field \
+                                 ({})",
+                                field.name(),
+                                field.data_type()
+                            ),
+                        )
+                    })?;
+                    Some((bytes, position("path", columns::is_text)))
+                }
+                other => {
+                    return Err(layout_error(
+                        path,
+                        format!(
+                            "image column {:?} has type {other}; images need an Image feature \
+                             or a binary column",
+                            field.name()
+                        ),
+                    ))
+                }
+            };
+            (index, ParquetSampleKind::Image, image_fields)
+        }
+        None => {
+            let name = options.text_column.as_deref().unwrap_or(TEXT_COLUMN_NAME);
+            let index = find(name).ok_or_else(|| {
+                layout_error(
+                    path,
+                    format!(
+                        "found no sample column: no image column ({}, or an Image feature) and \
+                         no text column {name:?} (columns: {})",
+                        IMAGE_COLUMN_NAMES.join(", "),
+                        names.join(", ")
+                    ),
+                )
+            })?;
+            let data_type = schema.field(index).data_type();
+            if !columns::is_text(data_type) {
+                return Err(layout_error(
+                    path,
+                    format!("text column {name:?} has type {data_type}; text needs a string Value"),
+                ));
+            }
+            (index, ParquetSampleKind::Text, None)
+        }
+    };
+
+    let label_column = match &options.label_column {
+        Some(name) => Some(find(name).ok_or_else(|| missing("label", name))?),
+        None => find(LABEL_COLUMN_NAME).or_else(|| {
+            (0..schema.fields().len())
+                .find(|&index| is_feature(index, |f| matches!(f, HfFeature::ClassLabel { .. })))
+        }),
+    };
+    let mut class_names = None;
+    if let Some(index) = label_column {
+        let field = schema.field(index);
+        if !columns::is_integer(field.data_type()) {
+            return Err(layout_error(
+                path,
+                format!(
+                    "label column {:?} has type {}; labels need a ClassLabel or an integer Value",
+                    field.name(),
+                    field.data_type()
+                ),
+            ));
+        }
+        if let Some(HfFeature::ClassLabel { names }) = features.get(field.name()) {
+            class_names = Some(names.clone());
+        }
+    }
+    Ok(ColumnChoice {
+        sample_column,
+        sample_column_name: schema.field(sample_column).name().clone(),
+        kind,
+        image_fields,
+        label_column,
+        class_names,
+    })
+}

@@ -1,0 +1,475 @@
+//! `HfDataset`: a Hugging Face `datasets` folder as `Dataset.save_to_disk` writes it, read by
+//! record batch.
+//!
+//! The folder holds `state.json` (the `data-0000x-of-0000N.arrow` shards in sample order),
+//! `dataset_info.json` (the features) and the shards, Arrow IPC *stream* files. Sample `i` is
+//! row `i` counting through the shards in that order. Features map to Stoker's columns
+//! (`layout.rs` has the rules): an `Image` column gives image samples (its `bytes`), a string
+//! `Value` text samples, a `ClassLabel` the labels and class names, and integer or float
+//! `Value`s are numeric columns for the SelectColumns op.
+//!
+//! An `Image` cell whose `bytes` are null but whose `path` is set (an image kept as a file
+//! reference rather than embedded) is read from that file when the path is relative and stays
+//! inside the dataset folder. Absolute paths and paths leaving the folder are refused (that
+//! sample's read fails, naming the path): a worker reads only under its data roots, and a
+//! dataset must not make it read elsewhere. Current `datasets` releases embed the bytes in
+//! `save_to_disk` (re-saving an older folder embeds them), so this is the rarer case.
+//!
+//! A `DatasetDict` folder (`dataset_dict.json`, one subfolder per split) is not a dataset:
+//! opening it fails with an error naming the splits to pick.
+//!
+//! Opening reads the JSON files, walks each shard's message headers (`ipc_stream.rs`: no body
+//! is read but the label column's) and reads the labels. Samples are read by record batch, the
+//! unit of the stream: the first read of a row decodes the sample column of its batch, which
+//! stays in the same small cache as Parquet's row groups. [`SampleSource::shard_sizes`]
+//! reports rows per record batch, so a shard-aware shuffle keeps reads within a few batches.
+
+mod ipc_stream;
+mod layout;
+mod numeric;
+
+use std::collections::BTreeMap;
+use std::path::{Component, Path, PathBuf};
+use std::sync::Arc;
+use std::time::Instant;
+
+use arrow_array::cast::AsArray;
+use arrow_array::{Array, ArrayRef};
+use rayon::prelude::*;
+use tracing::info;
+
+use crate::error::{Error, Result};
+use crate::parquet_files::columns::{self, Cell};
+use crate::parquet_files::row_group_cache::RowGroupCache;
+use crate::parquet_files::{ParquetOptions, ParquetSampleKind};
+use crate::sample_source::SampleSource;
+use ipc_stream::StreamFile;
+use layout::ColumnChoice;
+
+pub use layout::HfFeature;
+
+/// Whether `path` looks like a Hugging Face `datasets` folder: one holding `state.json` and
+/// `dataset_info.json` (a `Dataset`), or `dataset_dict.json` (a `DatasetDict`, which
+/// [`HfDataset::open`] refuses with the splits to pick). Used to pick the format of a dataset
+/// path automatically.
+pub fn looks_like_hf_dataset(path: &Path) -> bool {
+    path.is_dir()
+        && ((path.join(layout::STATE_FILE).is_file() && path.join(layout::INFO_FILE).is_file())
+            || path.join(layout::DICT_FILE).is_file())
+}
+
+/// A column of a Hugging Face dataset, for reports.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HfColumnInfo {
+    /// The column name.
+    pub name: String,
+    /// Its Arrow type, in words.
+    pub data_type: String,
+    /// Its feature in `dataset_info.json`, if declared there.
+    pub feature: Option<HfFeature>,
+}
+
+/// Facts about an opened [`HfDataset`] (`stoker inspect`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HfSummary {
+    /// Number of `.arrow` shards.
+    pub files: usize,
+    /// Number of rows (samples).
+    pub rows: u64,
+    /// Number of record batches, over all shards.
+    pub record_batches: usize,
+    /// The columns, in schema order.
+    pub columns: Vec<HfColumnInfo>,
+    /// The column samples are read from.
+    pub sample_column: String,
+    /// What it holds.
+    pub sample_kind: ParquetSampleKind,
+    /// The label column, if any.
+    pub label_column: Option<String>,
+    /// Total size of the shards in bytes.
+    pub file_bytes: u64,
+}
+
+/// One record batch, placed in the dataset's sample index.
+#[derive(Debug, Clone, Copy)]
+struct BatchSpan {
+    file: usize,
+    /// The batch's number inside its file.
+    batch_in_file: usize,
+    /// The file row of its first row.
+    first_row_in_file: u64,
+    rows: u64,
+}
+
+/// The decoded sample column of one record batch.
+struct DecodedBatch {
+    /// The bytes (or text) of each row.
+    values: ArrayRef,
+    /// An image struct's `path` field, for rows whose bytes are null.
+    paths: Option<ArrayRef>,
+}
+
+/// A Hugging Face `datasets` folder read as samples (encoded images or text) with labels.
+///
+/// Reading takes `&self`; any number of threads can read at once, and decoded record batches
+/// are shared between them.
+pub struct HfDataset {
+    root: PathBuf,
+    files: Vec<StreamFile>,
+    batches: Vec<BatchSpan>,
+    /// The sample index of each batch's first row.
+    batch_starts: Vec<u64>,
+    len: u64,
+    features: BTreeMap<String, HfFeature>,
+    choice: ColumnChoice,
+    /// Per-sample labels; empty when there is no label column (every label is 0).
+    labels: Vec<i64>,
+    class_names: Vec<String>,
+    cache: RowGroupCache<DecodedBatch>,
+}
+
+/// Reads the label column of every batch of `file` as `i64`.
+fn read_labels(file: &StreamFile, column: usize) -> Result<Vec<i64>> {
+    let name = file.schema.field(column).name().clone();
+    let mut labels = Vec::new();
+    for batch in 0..file.batches.len() {
+        let decoded = file.read_columns(batch, &[column])?;
+        let values = decoded.column(0);
+        for row in 0..values.len() {
+            let problem = match columns::integer_cell(values.as_ref(), row) {
+                Cell::Value(label) => {
+                    labels.push(label);
+                    continue;
+                }
+                Cell::Null => "has no value (null); labels need one",
+                Cell::Unfit => "does not fit a 64-bit signed label",
+            };
+            return Err(Error::HfValue {
+                path: file.path.clone(),
+                column: name,
+                row: labels.len() as u64,
+                problem: problem.into(),
+            });
+        }
+    }
+    Ok(labels)
+}
+
+impl HfDataset {
+    /// Opens the `save_to_disk` folder `path`, with the columns `options` names (`None`: by the
+    /// rules in the module doc; `cache_bytes` bounds the decoded batches kept).
+    ///
+    /// Fails when the path is missing, is a `DatasetDict` (the error names its splits), lacks
+    /// `state.json` or `dataset_info.json`, a shard is truncated or corrupt (the error names
+    /// it), the shards' schemas differ, the columns asked for are missing or unusable, or a
+    /// label is null.
+    pub fn open(path: &Path, options: &ParquetOptions) -> Result<HfDataset> {
+        let started = Instant::now();
+        match std::fs::metadata(path) {
+            Ok(metadata) if metadata.is_dir() => {}
+            Ok(_) => return Err(Error::NotADirectory(path.to_path_buf())),
+            Err(source) if source.kind() == std::io::ErrorKind::NotFound => {
+                return Err(Error::RootNotFound(path.to_path_buf()))
+            }
+            Err(source) => return Err(Error::io(path, source)),
+        }
+        if let Some(splits) = layout::dict_splits(path)? {
+            return Err(Error::HfDatasetDict {
+                path: path.to_path_buf(),
+                splits,
+            });
+        }
+        let paths = layout::data_files(path)?;
+        let features = layout::features(path)?;
+
+        let files: Vec<StreamFile> = paths
+            .into_par_iter()
+            .map(StreamFile::open)
+            .collect::<Result<_>>()?;
+        let schema = Arc::clone(&files[0].schema);
+        if let Some(other) = files
+            .iter()
+            .find(|file| file.schema.fields() != schema.fields())
+        {
+            return Err(Error::HfDataset {
+                path: other.path.clone(),
+                problem: format!(
+                    "its columns differ from those of {}",
+                    files[0].path.display()
+                ),
+            });
+        }
+        let choice = layout::choose_columns(&schema, &features, options, path)?;
+        let labels: Vec<i64> = match choice.label_column {
+            Some(column) => files
+                .par_iter()
+                .map(|file| read_labels(file, column))
+                .collect::<Result<Vec<_>>>()?
+                .concat(),
+            None => Vec::new(),
+        };
+
+        let mut batches = Vec::new();
+        let mut batch_starts = Vec::new();
+        let mut len = 0u64;
+        for (file_number, file) in files.iter().enumerate() {
+            let mut first_row_in_file = 0;
+            for (batch_in_file, block) in file.batches.iter().enumerate() {
+                if block.rows == 0 {
+                    continue;
+                }
+                batches.push(BatchSpan {
+                    file: file_number,
+                    batch_in_file,
+                    first_row_in_file,
+                    rows: block.rows,
+                });
+                batch_starts.push(len);
+                first_row_in_file += block.rows;
+                len += block.rows;
+            }
+        }
+        if len == 0 {
+            return Err(Error::HfDataset {
+                path: path.to_path_buf(),
+                problem: "its shards hold no row".into(),
+            });
+        }
+        let class_names = match (&choice.label_column, &choice.class_names) {
+            (None, _) => Vec::new(),
+            (Some(_), Some(names)) => names.clone(),
+            (Some(_), None) => {
+                let count = labels.iter().max().map_or(0, |max| max.saturating_add(1));
+                (0..count).map(|label| label.to_string()).collect()
+            }
+        };
+        info!(
+            path = %path.display(),
+            files = files.len(),
+            record_batches = batches.len(),
+            samples = len,
+            sample_column = %choice.sample_column_name,
+            classes = class_names.len(),
+            elapsed_ms = started.elapsed().as_millis() as u64,
+            "opened hugging face dataset"
+        );
+        Ok(HfDataset {
+            root: path.to_path_buf(),
+            files,
+            batches,
+            batch_starts,
+            len,
+            features,
+            choice,
+            labels,
+            class_names,
+            cache: RowGroupCache::new(options.cache_bytes),
+        })
+    }
+
+    /// The dataset folder.
+    pub fn root(&self) -> &Path {
+        &self.root
+    }
+
+    /// What the sample column holds.
+    pub fn sample_kind(&self) -> ParquetSampleKind {
+        self.choice.kind
+    }
+
+    /// Number of record-batch decodes so far: how often a read missed the cache.
+    pub fn batch_decodes(&self) -> u64 {
+        self.cache.decodes()
+    }
+
+    /// Shards, rows, record batches and columns.
+    pub fn summary(&self) -> HfSummary {
+        let schema = &self.files[0].schema;
+        HfSummary {
+            files: self.files.len(),
+            rows: self.len,
+            record_batches: self.batches.len(),
+            columns: schema
+                .fields()
+                .iter()
+                .map(|field| HfColumnInfo {
+                    name: field.name().clone(),
+                    data_type: columns::type_name(field.data_type()),
+                    feature: self.features.get(field.name()).cloned(),
+                })
+                .collect(),
+            sample_column: self.choice.sample_column_name.clone(),
+            sample_kind: self.choice.kind,
+            label_column: self
+                .choice
+                .label_column
+                .map(|index| schema.field(index).name().clone()),
+            file_bytes: self.files.iter().map(|file| file.bytes).sum(),
+        }
+    }
+
+    /// The record batch holding sample `index`, its number, and the sample's row inside it.
+    fn locate(&self, index: u64) -> Option<(usize, &BatchSpan, u64)> {
+        if index >= self.len {
+            return None;
+        }
+        let batch = self
+            .batch_starts
+            .partition_point(|start| *start <= index)
+            .checked_sub(1)?;
+        let span = self.batches.get(batch)?;
+        let row = index - self.batch_starts[batch];
+        (row < span.rows).then_some((batch, span, row))
+    }
+
+    /// The decoded sample column of batch `batch`, from the cache when it is there.
+    fn sample_batch(&self, batch: usize, span: &BatchSpan) -> Result<Arc<DecodedBatch>> {
+        self.cache.get_or_decode(batch, || {
+            let file = &self.files[span.file];
+            let decoded = file.read_columns(span.batch_in_file, &[self.choice.sample_column])?;
+            let column = Arc::clone(decoded.column(0));
+            let decoded = match self.choice.image_fields {
+                None => DecodedBatch {
+                    values: column,
+                    paths: None,
+                },
+                Some((bytes, path)) => {
+                    let values = column.as_struct_opt().ok_or_else(|| Error::ArrowStream {
+                        path: file.path.clone(),
+                        problem: format!(
+                            "image column {:?} did not decode as a struct",
+                            self.choice.sample_column_name
+                        ),
+                    })?;
+                    DecodedBatch {
+                        values: Arc::clone(values.column(bytes)),
+                        paths: path.map(|path| Arc::clone(values.column(path))),
+                    }
+                }
+            };
+            let bytes = decoded.values.get_array_memory_size()
+                + decoded
+                    .paths
+                    .as_ref()
+                    .map_or(0, |paths| paths.get_array_memory_size());
+            Ok((decoded, bytes))
+        })
+    }
+
+    /// Reads an image kept as a file reference, relative to the dataset folder and inside it.
+    fn read_referenced_image(
+        &self,
+        reference: &str,
+        span: &BatchSpan,
+        row: u64,
+    ) -> Result<Vec<u8>> {
+        let inside = Path::new(reference)
+            .components()
+            .all(|component| matches!(component, Component::Normal(_) | Component::CurDir));
+        if !inside {
+            return Err(Error::HfValue {
+                path: self.files[span.file].path.clone(),
+                column: self.choice.sample_column_name.clone(),
+                row: span.first_row_in_file + row,
+                problem: format!(
+                    "the image is not embedded but refers to {reference:?}, outside the dataset \
+                     folder; Stoker reads referenced images only inside it (re-save the dataset \
+                     with a recent `datasets`, whose save_to_disk embeds the images)"
+                ),
+            });
+        }
+        let path = self.root.join(reference);
+        std::fs::read(&path).map_err(|source| Error::io(path, source))
+    }
+}
+
+impl SampleSource for HfDataset {
+    fn len(&self) -> u64 {
+        self.len
+    }
+
+    fn label(&self, index: u64) -> i64 {
+        if index >= self.len {
+            panic!(
+                "sample index {index} is out of range for a hugging face dataset of {} samples",
+                self.len
+            );
+        }
+        usize::try_from(index)
+            .ok()
+            .and_then(|index| self.labels.get(index))
+            .copied()
+            .unwrap_or(0)
+    }
+
+    fn describe(&self, index: u64) -> String {
+        match self.locate(index) {
+            Some((_, span, row)) => format!(
+                "{}:row {}",
+                self.files[span.file].path.display(),
+                span.first_row_in_file + row
+            ),
+            None => format!(
+                "sample {index} (out of range for the hugging face dataset at {} with {} samples)",
+                self.root.display(),
+                self.len
+            ),
+        }
+    }
+
+    fn read(&self, index: u64) -> Result<Vec<u8>> {
+        let (batch, span, row) = self.locate(index).ok_or(Error::IndexOutOfRange {
+            index,
+            len: self.len,
+        })?;
+        let decoded = self.sample_batch(batch, span)?;
+        let row_in_batch = usize::try_from(row).unwrap_or(usize::MAX);
+        if let Some(bytes) = columns::bytes_cell(decoded.values.as_ref(), row_in_batch) {
+            return Ok(bytes.to_vec());
+        }
+        let reference = decoded
+            .paths
+            .as_ref()
+            .and_then(|paths| columns::bytes_cell(paths.as_ref(), row_in_batch))
+            .and_then(|path| std::str::from_utf8(path).ok());
+        match reference {
+            Some(reference) => self.read_referenced_image(reference, span, row),
+            None => Err(Error::HfValue {
+                path: self.files[span.file].path.clone(),
+                column: self.choice.sample_column_name.clone(),
+                row: span.first_row_in_file + row,
+                problem: match self.choice.image_fields {
+                    Some(_) => "the image has neither bytes nor a path (null)".into(),
+                    None => "has no value (null)".into(),
+                },
+            }),
+        }
+    }
+
+    fn class_names(&self) -> &[String] {
+        &self.class_names
+    }
+
+    /// Rows per record batch: batches are the unit a stream file is read and decoded by.
+    fn shard_sizes(&self) -> Option<Vec<u64>> {
+        Some(self.batches.iter().map(|span| span.rows).collect())
+    }
+
+    fn numeric_columns(&self) -> Option<&dyn crate::sample_source::NumericColumns> {
+        Some(self)
+    }
+}
+
+impl std::fmt::Debug for HfDataset {
+    fn fmt(&self, formatter: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        formatter
+            .debug_struct("HfDataset")
+            .field("root", &self.root)
+            .field("files", &self.files.len())
+            .field("record_batches", &self.batches.len())
+            .field("samples", &self.len)
+            .field("sample_column", &self.choice.sample_column_name)
+            .field("classes", &self.class_names.len())
+            .finish()
+    }
+}
