@@ -30,7 +30,7 @@ pub mod presets;
 mod rng;
 
 pub use batch::{AssembledBatch, BatchAssembler, BatchKey, TensorLayout, MAX_SUBSTITUTE_TRIES};
-pub use error::{Error, Result, SampleError};
+pub use error::{Error, ErrorKind, Result, SampleError, ERROR_KINDS};
 pub use job_pipeline::{
     check_op, lacks_decode_image, token_dtype_proto, JobPipeline, PackedText, SelectedColumns,
     COLUMNS_ORDER, TOKEN_ORDERS,
