@@ -10,7 +10,8 @@ use clap::Args;
 use rayon::prelude::*;
 use serde::Serialize;
 use stoker_datasets::CacheStats;
-use stoker_loader::{open_source, Loader, LoaderOptions};
+use stoker_loader::{Loader, LoaderOptions};
+use stoker_worker::open_source;
 use stoker_worker::{decode, read_header, DecodeRequest, DecodedImage, DEFAULT_MAX_PIXELS};
 
 use super::resources::usage;

@@ -15,8 +15,9 @@ use anyhow::Context;
 use clap::Args;
 use serde::Serialize;
 use stoker_datasets::SampleSource;
-use stoker_loader::{Job, Loader, LoaderOptions};
+use stoker_loader::{Loader, LoaderOptions};
 use stoker_proto::v1::{self as proto, op::Op as OpKind, JobSpec};
+use stoker_worker::Job;
 
 /// Arguments of `stoker bench stall`.
 #[derive(Debug, Args)]

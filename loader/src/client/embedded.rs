@@ -15,13 +15,12 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
+use stoker_worker::{EpochPlan, Job};
 
 use super::monitor::LoaderMonitor;
 use super::slots::Slot;
 use super::source::{BatchSource, Built, EpochFeed, SourceInfo};
 use crate::error::{Error, Result};
-use crate::job::Job;
-use crate::planner::EpochPlan;
 
 /// One step for the producer thread to build.
 struct Task {
@@ -142,18 +141,19 @@ fn produce(pool: rayon::ThreadPool, queue: Receiver<Task>, idle_ns: Arc<AtomicU6
         } = task;
         let started = Instant::now();
         let result = pool.install(|| {
-            catch_unwind(AssertUnwindSafe(|| job.batch_into(&plan, step, slot))).unwrap_or_else(
-                |panic| {
-                    let message = panic
-                        .downcast_ref::<&str>()
-                        .map(|s| s.to_string())
-                        .or_else(|| panic.downcast_ref::<String>().cloned())
-                        .unwrap_or_else(|| "unknown panic".into());
-                    Err(Error::Stopped(format!(
-                        "a decode thread panicked building step {step}: {message}"
-                    )))
-                },
-            )
+            catch_unwind(AssertUnwindSafe(|| {
+                job.batch_into(&plan, step, slot).map_err(Error::from)
+            }))
+            .unwrap_or_else(|panic| {
+                let message = panic
+                    .downcast_ref::<&str>()
+                    .map(|s| s.to_string())
+                    .or_else(|| panic.downcast_ref::<String>().cloned())
+                    .unwrap_or_else(|| "unknown panic".into());
+                Err(Error::Stopped(format!(
+                    "a decode thread panicked building step {step}: {message}"
+                )))
+            })
         });
         // A stream that went away no longer wants the batch; that is not an error.
         let _ = reply.send(Built {

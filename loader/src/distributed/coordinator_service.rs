@@ -32,8 +32,8 @@ use crate::coordinator::{
     WorkerId,
 };
 use crate::error::ErrorKind;
-use crate::job::MAX_BATCH_SIZE;
 use crate::{Dashboard, LoaderMonitor, MonitorSnapshot, WorkerLoad};
+use stoker_worker::MAX_BATCH_SIZE;
 
 /// Tuning of the coordinator daemon.
 #[derive(Debug, Clone)]

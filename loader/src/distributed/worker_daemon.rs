@@ -25,14 +25,13 @@ use stoker_proto::v1::{
     Batch, DescribeJobRequest, DescribeJobResponse, FailedTask, GetJobRequest, HeartbeatRequest,
     JobSpec, LeaseRequest, RegisterWorkerRequest, ReportRequest, SubscribeRequest, TaskLease,
 };
+use stoker_worker::{open_source, EpochPlan, Job};
 use tokio::sync::{mpsc, Notify, Semaphore};
 use tonic::transport::Channel;
 use tonic::{Code, Request, Response, Status};
 
 use super::transport::{self, loader_status, Backoff, MAX_MESSAGE_BYTES};
 use crate::error::{Error, ErrorKind, Result};
-use crate::job::{open_source, Job};
-use crate::planner::EpochPlan;
 
 /// How long a finished batch waits for its client's stream before it is reported failed.
 pub const SUBSCRIBE_WAIT: Duration = Duration::from_secs(10);
@@ -132,7 +131,7 @@ fn check_root(roots: &[PathBuf], spec: &JobSpec) -> std::result::Result<(), Stat
 impl Shared {
     fn open_job(&self, spec: &JobSpec) -> std::result::Result<Job, Status> {
         check_root(&self.roots, spec)?;
-        Job::open(spec.clone()).map_err(|e| loader_status(&e))
+        Job::open(spec.clone()).map_err(|e| loader_status(&e.into()))
     }
 
     fn job_for(&self, entry: &JobEntry, rank: u32) -> Result<Arc<Job>> {
@@ -211,7 +210,7 @@ impl worker_data_server::WorkerData for DataService {
         let shared = self.shared.clone();
         let answer = tokio::task::spawn_blocking(move || {
             let job = shared.open_job(&spec)?;
-            let plan = job.plan(0).map_err(|e| loader_status(&e))?;
+            let plan = job.plan(0).map_err(|e| loader_status(&e.into()))?;
             let batch_size = job.plan_config().batch_size as usize;
             Ok::<_, Status>(DescribeJobResponse {
                 num_samples: job.plan_config().num_samples,
@@ -514,7 +513,7 @@ async fn job_entry(
                 .dataset
                 .as_ref()
                 .ok_or_else(|| Status::invalid_argument("job spec has no dataset"))?;
-            open_source(dataset, &spec.pipeline).map_err(|e| loader_status(&e))
+            open_source(dataset, &spec.pipeline).map_err(|e| loader_status(&e.into()))
         })
         .await
         .map_err(|e| Status::internal(format!("opening job {job_id} panicked: {e}")))??

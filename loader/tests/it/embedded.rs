@@ -8,8 +8,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use stoker_datasets::SampleSource;
-use stoker_loader::{Error, Job, Loader, LoaderOptions};
+use stoker_loader::{Error, Loader, LoaderOptions};
 use stoker_proto::v1::{Batch, JobSpec};
+use stoker_worker::Job;
 
 use crate::common::{self, digest, epoch_batches};
 

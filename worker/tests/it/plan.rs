@@ -3,8 +3,8 @@
 #![allow(clippy::unwrap_used)] // tests fail loudly by design
 
 use proptest::prelude::*;
-use stoker_loader::{EpochPlan, Permutation, PlanConfig};
 use stoker_proto::v1::UnevenTail;
+use stoker_worker::{EpochPlan, Permutation, PlanConfig};
 
 fn all_ranks(config: PlanConfig, epoch: u64) -> Vec<Vec<u64>> {
     (0..config.world_size)
