@@ -95,3 +95,30 @@ impl Error {
         }
     }
 }
+
+/// The error a status from a daemon stands for, with the kind the daemon gave it; `context` says
+/// which call failed.
+pub(crate) fn error_from_status(context: &str, status: &tonic::Status) -> Error {
+    Error::Remote {
+        kind: stoker_worker::transport::kind_of_status(status),
+        context: context.to_string(),
+        message: status.message().to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use stoker_worker::transport::status;
+
+    #[test]
+    fn every_kind_survives_the_wire() {
+        for kind in ERROR_KINDS {
+            let error = error_from_status("call", &status(kind, "why"));
+            assert_eq!(error.kind(), kind);
+            assert_eq!(error.to_string(), "call: why");
+        }
+        let bare = error_from_status("call", &tonic::Status::data_loss("corrupt"));
+        assert_eq!(bare.kind(), ErrorKind::Decode);
+    }
+}

@@ -39,6 +39,12 @@ pub enum Error {
         /// The cause.
         source: std::io::Error,
     },
+    /// The decode thread pool could not be built.
+    #[error("cannot start decode threads: {0}")]
+    Threads(String),
+    /// The worker daemon's server failed.
+    #[error("the worker daemon stopped: {0}")]
+    Stopped(String),
 }
 
 /// Result alias for the worker crate.
@@ -137,6 +143,7 @@ impl Error {
             Error::Dataset(_) | Error::Io { .. } => ErrorKind::Dataset,
             Error::InvalidPipeline(_) => ErrorKind::Pipeline,
             Error::BadSample { .. } => ErrorKind::Decode,
+            Error::Threads(_) | Error::Stopped(_) => ErrorKind::Internal,
         }
     }
 }

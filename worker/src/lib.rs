@@ -1,9 +1,11 @@
 //! Stoker's decode workers: the epoch plan and the job spec, the pipeline ops that turn encoded
-//! samples into tensors, and batch assembly.
+//! samples into tensors, batch assembly, and the worker daemon of the distributed mode.
 //!
 //! A batch is a pure function of (job spec, epoch, rank, step): the [`EpochPlan`] says which
 //! samples it holds, and a [`Job`] (a spec opened: dataset, checked pipeline, plan) builds it.
-//! The coordinator, the embedded loader and the worker daemon all plan with the same code.
+//! The coordinator, the embedded loader and the worker daemon ([`run_worker`], the
+//! `stoker-worker` binary) all plan with the same code; [`transport`] holds the gRPC settings
+//! and the error/status table every daemon and client shares.
 //!
 //! A job's op list (protobuf, see `stoker-proto`) is checked and fused into a [`Pipeline`]:
 //! the crop window is drawn from the image size alone, so JPEGs are decoded only over that
@@ -40,6 +42,7 @@
 //! ```
 
 mod batch;
+mod daemon;
 mod error;
 mod job;
 mod job_pipeline;
@@ -50,6 +53,10 @@ pub mod presets;
 mod rng;
 
 pub use batch::{AssembledBatch, BatchAssembler, BatchKey, TensorLayout, MAX_SUBSTITUTE_TRIES};
+pub use daemon::{
+    canonical_roots, daemon_runtime, init_logging, listen, run_worker, shutdown_signal, transport,
+    WorkerConfig, SUBSCRIBE_WAIT,
+};
 pub use error::{Error, ErrorKind, Result, SampleError, ERROR_KINDS};
 pub use job::{open_source, BatchBuffer, Job, MAX_BATCH_SIZE};
 pub use job_pipeline::{

@@ -16,12 +16,12 @@ use anyhow::Context;
 use bytes::Bytes;
 use clap::Args;
 use serde::Serialize;
-use stoker_loader::distributed::transport::{self, MAX_MESSAGE_BYTES};
 use stoker_proto::v1::worker_data_client::WorkerDataClient;
 use stoker_proto::v1::worker_data_server::{WorkerData, WorkerDataServer};
 use stoker_proto::v1::{
     Batch, DescribeJobRequest, DescribeJobResponse, Dtype, SessionToken, SubscribeRequest, Tensor,
 };
+use stoker_worker::transport::{self, MAX_MESSAGE_BYTES};
 use tokio::sync::mpsc;
 use tonic::{Request, Response, Status};
 

@@ -6,10 +6,9 @@ use std::time::Duration;
 
 use anyhow::Context;
 use clap::Args;
-use stoker_loader::distributed::{
-    daemon_runtime, listen, CoordinatorService, CoordinatorServiceConfig,
-};
+use stoker_loader::distributed::{CoordinatorService, CoordinatorServiceConfig};
 use stoker_loader::Dashboard;
+use stoker_worker::{daemon_runtime, listen};
 
 /// Arguments of `stoker coordinator`.
 #[derive(Debug, Args)]

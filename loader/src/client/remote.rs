@@ -30,6 +30,7 @@ use stoker_proto::v1::{
     Batch, ClientStats, CloseSessionRequest, JobSpec, OpenSessionRequest, RegisterJobRequest,
     SessionToken, SessionUpdateRequest, StageTimings, SubscribeRequest, WorkerInfo,
 };
+use stoker_worker::transport::{self, Backoff, MAX_MESSAGE_BYTES};
 use tokio::sync::mpsc;
 use tonic::transport::Channel;
 use tonic::{Code, Status};
@@ -37,8 +38,7 @@ use tonic::{Code, Status};
 use super::monitor::LoaderMonitor;
 use super::slots::Slot;
 use super::source::{BatchSource, Built, EpochFeed, SourceInfo};
-use crate::distributed::transport::{self, error_from_status, Backoff, MAX_MESSAGE_BYTES};
-use crate::error::{Error, Result};
+use crate::error::{error_from_status, Error, Result};
 
 /// How the remote source runs.
 #[derive(Debug, Clone)]

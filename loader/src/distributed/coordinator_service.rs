@@ -22,18 +22,18 @@ use stoker_proto::v1::{
     ReportResponse, SessionToken, SessionUpdateRequest, SessionUpdateResponse, TaskLease,
     WorkerInfo,
 };
+use stoker_worker::transport::{self, MAX_MESSAGE_BYTES};
+use stoker_worker::{ErrorKind, MAX_BATCH_SIZE};
 use tokio::sync::Notify;
 use tonic::{Request, Response, Status};
 
 use super::client_reports::{client_snapshot, job_name};
-use super::transport::{self, coordinator_status, MAX_MESSAGE_BYTES};
+use super::coordinator_status::coordinator_status;
 use crate::coordinator::{
     Coordinator, CoordinatorConfig, CoordinatorError, JobId, Lease, LeaseId, SessionId, Step,
     WorkerId,
 };
-use crate::error::ErrorKind;
 use crate::{Dashboard, LoaderMonitor, MonitorSnapshot, WorkerLoad};
-use stoker_worker::MAX_BATCH_SIZE;
 
 /// Tuning of the coordinator daemon.
 #[derive(Debug, Clone)]

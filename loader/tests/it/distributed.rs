@@ -27,7 +27,7 @@ struct Daemon {
 }
 
 impl Daemon {
-    fn start(program: &str, args: &[&str]) -> Daemon {
+    fn start(program: impl AsRef<std::ffi::OsStr>, args: &[&str]) -> Daemon {
         let mut child = Command::new(program)
             .args(args)
             .stdout(Stdio::piped())
@@ -74,7 +74,7 @@ impl Daemon {
 
     fn worker(coordinator: &str, root: &Path) -> Daemon {
         Daemon::start(
-            env!("CARGO_BIN_EXE_stoker-worker"),
+            common::worker_binary(),
             &[
                 "--coordinator",
                 coordinator,
