@@ -101,6 +101,25 @@ pub struct Coordinator {
     stats: CoordinatorStats,
 }
 
+/// The index of entry `id` of `entries` (worker and session ids are indices) when `live` says
+/// it still is; else `ended` (issued, but expired or closed) or `unknown` (never issued).
+fn live_index<T>(
+    entries: &[T],
+    id: u64,
+    live: impl Fn(&T) -> bool,
+    ended: CoordinatorError,
+    unknown: CoordinatorError,
+) -> CoordinatorResult<usize> {
+    match usize::try_from(id)
+        .ok()
+        .and_then(|i| entries.get(i).map(|e| (i, e)))
+    {
+        Some((index, entry)) if live(entry) => Ok(index),
+        Some(_) => Err(ended),
+        None => Err(unknown),
+    }
+}
+
 impl Coordinator {
     /// A coordinator without a journal: nothing survives it. For tests and benches.
     pub fn in_memory(config: CoordinatorConfig) -> Self {
@@ -226,14 +245,9 @@ impl Coordinator {
     }
 
     fn live_worker(&self, worker: WorkerId) -> CoordinatorResult<usize> {
-        match usize::try_from(worker.0)
-            .ok()
-            .and_then(|i| self.workers.get(i).map(|w| (i, w)))
-        {
-            Some((index, w)) if w.alive => Ok(index),
-            Some(_) => Err(CoordinatorError::WorkerExpired(worker)),
-            None => Err(CoordinatorError::UnknownWorker(worker)),
-        }
+        let expired = CoordinatorError::WorkerExpired(worker);
+        let unknown = CoordinatorError::UnknownWorker(worker);
+        live_index(&self.workers, worker.0, |w| w.alive, expired, unknown)
     }
 
     /// Drops the workers whose last heartbeat is at least the lease timeout before `now`, and
@@ -384,14 +398,9 @@ impl Coordinator {
     }
 
     fn open_session_index(&self, session: SessionId) -> CoordinatorResult<usize> {
-        match usize::try_from(session.0)
-            .ok()
-            .and_then(|i| self.sessions.get(i).map(|s| (i, s)))
-        {
-            Some((index, s)) if s.open => Ok(index),
-            Some(_) => Err(CoordinatorError::SessionClosed(session)),
-            None => Err(CoordinatorError::UnknownSession(session)),
-        }
+        let closed = CoordinatorError::SessionClosed(session);
+        let unknown = CoordinatorError::UnknownSession(session);
+        live_index(&self.sessions, session.0, |s| s.open, closed, unknown)
     }
 
     /// Adds `credits` to what the session's client will accept. Zero, or a total above
@@ -519,13 +528,17 @@ impl Coordinator {
         self.stats.leased_tasks -= 1;
     }
 
-    /// Finds the live lease `lease_id` of `worker`: `Ok(None)` when it is stale (expired, or
-    /// already reported), an error when it was never issued or belongs to another worker.
-    fn find_lease(
+    /// Ends the live lease `lease_id` of `worker` (its slot is freed) and returns it: `Ok(None)`
+    /// when it is stale (expired, or already reported), an error when the worker or the lease
+    /// was never issued or the lease belongs to another worker.
+    fn end_lease(
         &mut self,
         worker: WorkerId,
         lease_id: LeaseId,
-    ) -> CoordinatorResult<Option<(usize, LeaseEntry)>> {
+    ) -> CoordinatorResult<Option<LeaseEntry>> {
+        if worker.0 >= self.workers.len() as u64 {
+            return Err(CoordinatorError::UnknownWorker(worker));
+        }
         let index = (lease_id.0 & u64::from(u32::MAX)) as usize;
         let generation = (lease_id.0 >> 32) as u32;
         let slot = self
@@ -541,7 +554,8 @@ impl Coordinator {
                         caller: worker,
                     });
                 }
-                Ok(Some((index, entry)))
+                self.free_slot(index);
+                Ok(Some(entry))
             }
             _ if generation > slot.generation => Err(CoordinatorError::UnknownLease(lease_id)),
             _ => {
@@ -558,13 +572,9 @@ impl Coordinator {
         worker: WorkerId,
         lease_id: LeaseId,
     ) -> CoordinatorResult<LeaseOutcome> {
-        if worker.0 >= self.workers.len() as u64 {
-            return Err(CoordinatorError::UnknownWorker(worker));
-        }
-        let Some((index, entry)) = self.find_lease(worker, lease_id)? else {
+        let Some(entry) = self.end_lease(worker, lease_id)? else {
             return Ok(LeaseOutcome::Stale);
         };
-        self.free_slot(index);
         if self.sessions[entry.session as usize].incarnation != entry.incarnation {
             self.stats.duplicates_dropped += 1;
             return Ok(LeaseOutcome::Stale);
@@ -581,13 +591,9 @@ impl Coordinator {
         lease_id: LeaseId,
         reason: &str,
     ) -> CoordinatorResult<LeaseOutcome> {
-        if worker.0 >= self.workers.len() as u64 {
-            return Err(CoordinatorError::UnknownWorker(worker));
-        }
-        let Some((index, entry)) = self.find_lease(worker, lease_id)? else {
+        let Some(entry) = self.end_lease(worker, lease_id)? else {
             return Ok(LeaseOutcome::Stale);
         };
-        self.free_slot(index);
         self.stats.failed_leases += 1;
         let session = &self.sessions[entry.session as usize];
         tracing::warn!(

@@ -91,14 +91,7 @@ fn spec(dir: &Path, batch_size: u32, policy: BadSamplePolicy) -> JobSpec {
 }
 
 fn open(dir: &Path, spec: JobSpec) -> Loader {
-    let loader = Loader::new(
-        spec,
-        LoaderOptions {
-            threads: 2,
-            ..LoaderOptions::default()
-        },
-    )
-    .unwrap();
+    let loader = common::embedded_loader(spec, 2).unwrap();
     std::fs::remove_file(dir.join("class_00").join(BAD_KINDS[6].0)).ok();
     loader
 }
@@ -141,14 +134,8 @@ fn skip_is_deterministic_across_thread_counts() {
     bad_dataset(dir.path());
     let mut digests = Vec::new();
     for threads in [1, 3] {
-        let loader = Loader::new(
-            spec(dir.path(), 5, BadSamplePolicy::Skip),
-            LoaderOptions {
-                threads,
-                ..LoaderOptions::default()
-            },
-        )
-        .unwrap();
+        let loader =
+            common::embedded_loader(spec(dir.path(), 5, BadSamplePolicy::Skip), threads).unwrap();
         let mut digest = stoker_loader::BatchDigest::new();
         for batch in loader.epoch(0, 0).unwrap() {
             digest.update(&batch.unwrap());
@@ -190,14 +177,7 @@ fn a_dataset_of_only_bad_files_fails_clearly_even_when_skipping() {
     for i in 0..3 {
         std::fs::write(class.join(format!("{i}.jpg")), b"nope").unwrap();
     }
-    let loader = Loader::new(
-        spec(dir.path(), 2, BadSamplePolicy::Skip),
-        LoaderOptions {
-            threads: 1,
-            ..LoaderOptions::default()
-        },
-    )
-    .unwrap();
+    let loader = common::embedded_loader(spec(dir.path(), 2, BadSamplePolicy::Skip), 1).unwrap();
     let message = loader
         .epoch(0, 0)
         .unwrap()

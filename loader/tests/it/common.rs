@@ -112,18 +112,26 @@ pub fn stdout_of(args: &[&str]) -> String {
     String::from_utf8_lossy(&output.stdout).into_owned()
 }
 
+/// An embedded loader of `spec` with `threads` decode threads and default options otherwise.
+pub fn embedded_loader(spec: JobSpec, threads: usize) -> stoker_loader::Result<Loader> {
+    Loader::new(
+        spec,
+        LoaderOptions {
+            threads,
+            ..LoaderOptions::default()
+        },
+    )
+}
+
 /// Every batch of `epoch` of `spec`, from an embedded loader with `threads` decode threads.
 pub fn try_epoch(
     spec: &JobSpec,
     threads: usize,
     epoch: u64,
 ) -> stoker_loader::Result<Vec<proto::Batch>> {
-    let options = LoaderOptions {
-        threads,
-        ..LoaderOptions::default()
-    };
-    let loader = Loader::new(spec.clone(), options)?;
-    loader.epoch(epoch, 0)?.collect()
+    embedded_loader(spec.clone(), threads)?
+        .epoch(epoch, 0)?
+        .collect()
 }
 
 /// Like [`try_epoch`], failing the test on any error.
