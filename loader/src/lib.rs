@@ -16,7 +16,6 @@ mod client;
 mod coordinator;
 mod dashboard;
 mod digest;
-pub mod distributed;
 mod error;
 
 pub use client::embedded::EmbeddedSource;
@@ -31,9 +30,9 @@ pub use client::source::{BatchSource, Built, EpochFeed, SourceInfo};
 pub use client::stats::LoaderStats;
 pub use client::stream::{EpochStream, INTERRUPT_CHECK};
 pub use coordinator::{
-    AckOutcome, Coordinator, CoordinatorConfig, CoordinatorError, CoordinatorResult,
-    CoordinatorStats, ExpireReport, JobId, Lease, LeaseId, LeaseOutcome, SessionId, Step, TaskKey,
-    WorkerId, JOURNAL_FILE,
+    AckOutcome, ClientEntry, Coordinator, CoordinatorConfig, CoordinatorError, CoordinatorResult,
+    CoordinatorService, CoordinatorServiceConfig, CoordinatorStats, ExpireReport, JobId, Lease,
+    LeaseId, LeaseOutcome, SessionId, Step, TaskKey, WorkerEntry, WorkerId, JOURNAL_FILE,
 };
 pub use dashboard::{Dashboard, DashboardError, WorkerLoad};
 pub use digest::BatchDigest;

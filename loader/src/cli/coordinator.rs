@@ -6,8 +6,7 @@ use std::time::Duration;
 
 use anyhow::Context;
 use clap::Args;
-use stoker_loader::distributed::{CoordinatorService, CoordinatorServiceConfig};
-use stoker_loader::Dashboard;
+use stoker_loader::{CoordinatorService, CoordinatorServiceConfig, Dashboard};
 use stoker_worker::{daemon_runtime, listen};
 
 /// Arguments of `stoker coordinator`.

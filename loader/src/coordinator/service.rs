@@ -28,7 +28,7 @@ use tokio::sync::Notify;
 use tonic::{Request, Response, Status};
 
 use super::client_reports::{client_snapshot, job_name};
-use super::coordinator_status::coordinator_status;
+use super::status::coordinator_status;
 use crate::coordinator::{
     Coordinator, CoordinatorConfig, CoordinatorError, JobId, Lease, LeaseId, SessionId, Step,
     WorkerId,
