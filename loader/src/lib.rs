@@ -3,7 +3,8 @@
 //! gRPC service, journal) and the stall dashboard; the `stoker` command-line tool sits on top.
 //!
 //! Jobs and their epoch plans come from `stoker-worker`; the loader runs them in process or
-//! asks the workers of a coordinator for their batches, and yields them in step order.
+//! asks the workers of a coordinator for their batches, and yields them in step order. The
+//! harnesses `stoker bench` runs sit apart, in [`bench`].
 //!
 //! ```
 //! use stoker_loader::{Error, ErrorKind};
@@ -12,6 +13,7 @@
 //! assert_eq!(ErrorKind::from_name(error.kind().as_str()), Some(ErrorKind::InvalidArgument));
 //! ```
 
+pub mod bench;
 mod client;
 mod coordinator;
 mod dashboard;
