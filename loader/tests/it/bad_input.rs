@@ -96,11 +96,17 @@ fn open(dir: &Path, spec: JobSpec) -> Loader {
     loader
 }
 
-#[test]
-fn skip_replaces_each_bad_sample_and_keeps_batch_shapes() {
+/// A loader over a new [`bad_dataset`] in a temporary folder (kept alive by the caller).
+fn open_bad_dataset(batch_size: u32, policy: BadSamplePolicy) -> (tempfile::TempDir, Loader) {
     let dir = tempfile::tempdir().unwrap();
     bad_dataset(dir.path());
-    let loader = open(dir.path(), spec(dir.path(), 9, BadSamplePolicy::Skip));
+    let loader = open(dir.path(), spec(dir.path(), batch_size, policy));
+    (dir, loader)
+}
+
+#[test]
+fn skip_replaces_each_bad_sample_and_keeps_batch_shapes() {
+    let (_dir, loader) = open_bad_dataset(9, BadSamplePolicy::Skip);
     let mut reported = BTreeMap::new();
     let mut samples = 0;
     for batch in loader.epoch(0, 0).unwrap() {
@@ -147,9 +153,7 @@ fn skip_is_deterministic_across_thread_counts() {
 
 #[test]
 fn fail_names_each_bad_file() {
-    let dir = tempfile::tempdir().unwrap();
-    bad_dataset(dir.path());
-    let loader = open(dir.path(), spec(dir.path(), 1, BadSamplePolicy::Fail));
+    let (_dir, loader) = open_bad_dataset(1, BadSamplePolicy::Fail);
     let mut errors = Vec::new();
     let mut good = 0;
     for result in loader.epoch(0, 0).unwrap() {
