@@ -1,8 +1,9 @@
-//! The loader's error type, and the kinds its errors fall into: the same kinds whether the error
-//! happened in this process or came back from a daemon over gRPC, so callers (and Python's
-//! exception classes) can tell a missing dataset from a corrupt sample in both modes.
+//! The loader's error type. Its kinds ([`ErrorKind`], defined in `stoker-worker`) are the same
+//! whether the error happened in this process or came back from a daemon over gRPC.
 
 use std::time::Duration;
+
+pub use stoker_worker::{ErrorKind, ERROR_KINDS};
 
 /// Everything that can stop the loader from yielding a batch.
 #[derive(Debug, thiserror::Error)]
@@ -79,96 +80,13 @@ pub enum Error {
 /// Result alias for the loader crate.
 pub type Result<T> = std::result::Result<T, Error>;
 
-/// What went wrong, as callers tell errors apart. Travels with every error a daemon returns
-/// (the `stoker-error-kind` metadata of its gRPC status), so remote errors keep their kind.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ErrorKind {
-    /// A request or setting is not acceptable (bad spec, out-of-range value).
-    InvalidArgument,
-    /// A path that does not exist.
-    NotFound,
-    /// A path that is not a directory where one is needed.
-    NotADirectory,
-    /// A dataset that cannot be opened, indexed or read.
-    Dataset,
-    /// A sample that cannot be decoded (under the fail policy).
-    Decode,
-    /// A pipeline the workers refuse.
-    Pipeline,
-    /// A wait that passed its deadline.
-    Timeout,
-    /// A request the daemon is not allowed to serve (a path outside `--data-root`).
-    PermissionDenied,
-    /// No worker serves the job.
-    WorkerUnavailable,
-    /// The caller interrupted a wait.
-    Interrupted,
-    /// Anything else: the loader stopped, a daemon failed internally.
-    Internal,
-}
-
-/// Every kind.
-pub const ERROR_KINDS: [ErrorKind; 11] = [
-    ErrorKind::InvalidArgument,
-    ErrorKind::NotFound,
-    ErrorKind::NotADirectory,
-    ErrorKind::Dataset,
-    ErrorKind::Decode,
-    ErrorKind::Pipeline,
-    ErrorKind::Timeout,
-    ErrorKind::PermissionDenied,
-    ErrorKind::WorkerUnavailable,
-    ErrorKind::Interrupted,
-    ErrorKind::Internal,
-];
-
-impl ErrorKind {
-    /// The name it travels as.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            ErrorKind::InvalidArgument => "invalid_argument",
-            ErrorKind::NotFound => "not_found",
-            ErrorKind::NotADirectory => "not_a_directory",
-            ErrorKind::Dataset => "dataset",
-            ErrorKind::Decode => "decode",
-            ErrorKind::Pipeline => "pipeline",
-            ErrorKind::Timeout => "timeout",
-            ErrorKind::PermissionDenied => "permission_denied",
-            ErrorKind::WorkerUnavailable => "worker_unavailable",
-            ErrorKind::Interrupted => "interrupted",
-            ErrorKind::Internal => "internal",
-        }
-    }
-
-    /// The kind named `name`, if it is one.
-    pub fn from_name(name: &str) -> Option<ErrorKind> {
-        ERROR_KINDS.into_iter().find(|kind| kind.as_str() == name)
-    }
-}
-
 impl Error {
     /// The kind of this error.
     pub fn kind(&self) -> ErrorKind {
-        use stoker_datasets::Error as DatasetError;
-        use stoker_worker::Error as WorkerError;
         match self {
-            Error::InvalidSpec(_) | Error::Worker(WorkerError::InvalidSpec(_)) => {
-                ErrorKind::InvalidArgument
-            }
-            Error::Dataset(DatasetError::RootNotFound(_)) => ErrorKind::NotFound,
-            Error::Dataset(DatasetError::Io { source, .. })
-                if source.kind() == std::io::ErrorKind::NotFound =>
-            {
-                ErrorKind::NotFound
-            }
-            Error::Dataset(DatasetError::NotADirectory(_)) => ErrorKind::NotADirectory,
-            Error::Dataset(DatasetError::UnsupportedScheme { .. })
-            | Error::Dataset(DatasetError::InvalidUri { .. }) => ErrorKind::InvalidArgument,
-            Error::Dataset(_) | Error::Worker(WorkerError::Dataset(_) | WorkerError::Io { .. }) => {
-                ErrorKind::Dataset
-            }
-            Error::Worker(WorkerError::InvalidPipeline(_)) => ErrorKind::Pipeline,
-            Error::Worker(WorkerError::BadSample { .. }) => ErrorKind::Decode,
+            Error::InvalidSpec(_) => ErrorKind::InvalidArgument,
+            Error::Dataset(error) => ErrorKind::of_opening(error),
+            Error::Worker(error) => error.kind(),
             Error::Timeout { .. } | Error::SlotsHeld { .. } => ErrorKind::Timeout,
             Error::Interrupted => ErrorKind::Interrupted,
             Error::WorkerUnavailable { .. } => ErrorKind::WorkerUnavailable,
@@ -178,15 +96,29 @@ impl Error {
     }
 }
 
+/// The error a status from a daemon stands for, with the kind the daemon gave it; `context` says
+/// which call failed.
+pub(crate) fn error_from_status(context: &str, status: &tonic::Status) -> Error {
+    Error::Remote {
+        kind: stoker_worker::transport::kind_of_status(status),
+        context: context.to_string(),
+        message: status.message().to_string(),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+    use stoker_worker::transport::status;
 
     #[test]
-    fn kinds_round_trip_by_name() {
+    fn every_kind_survives_the_wire() {
         for kind in ERROR_KINDS {
-            assert_eq!(ErrorKind::from_name(kind.as_str()), Some(kind));
+            let error = error_from_status("call", &status(kind, "why"));
+            assert_eq!(error.kind(), kind);
+            assert_eq!(error.to_string(), "call: why");
         }
-        assert_eq!(ErrorKind::from_name("no such kind"), None);
+        let bare = error_from_status("call", &tonic::Status::data_loss("corrupt"));
+        assert_eq!(bare.kind(), ErrorKind::Decode);
     }
 }

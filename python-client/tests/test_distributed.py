@@ -24,7 +24,10 @@ def _binary(name: str) -> Path:
     folder = Path(os.environ.get("STOKER_BIN_DIR", REPO / "target" / "release"))
     path = folder / name
     if not path.exists():
-        pytest.fail(f"{path} is missing: build it with `cargo build --release -p stoker-loader`")
+        pytest.fail(
+            f"{path} is missing: build it with "
+            "`cargo build --release -p stoker-loader -p stoker-worker`"
+        )
     return path
 
 

@@ -1,5 +1,11 @@
-//! Stoker's decode workers: the pipeline ops that turn encoded samples into tensors, and batch
-//! assembly.
+//! Stoker's decode workers: the epoch plan and the job spec, the pipeline ops that turn encoded
+//! samples into tensors, batch assembly, and the worker daemon of the distributed mode.
+//!
+//! A batch is a pure function of (job spec, epoch, rank, step): the [`EpochPlan`] says which
+//! samples it holds, and a [`Job`] (a spec opened: dataset, checked pipeline, plan) builds it.
+//! The coordinator, the embedded loader and the worker daemon ([`run_worker`], the
+//! `stoker-worker` binary) all plan with the same code; [`transport`] holds the gRPC settings
+//! and the error/status table every daemon and client shares.
 //!
 //! A job's op list (protobuf, see `stoker-proto`) is checked and fused into a [`Pipeline`]:
 //! the crop window is drawn from the image size alone, so JPEGs are decoded only over that
@@ -15,6 +21,20 @@
 //! bad-input policy and stage timings.
 //!
 //! ```
+//! use stoker_worker::{EpochPlan, PlanConfig};
+//! use stoker_proto::v1::UnevenTail;
+//! let config = PlanConfig {
+//!     num_samples: 10, batch_size: 4, seed: 7, shuffle: true, drop_last: false,
+//!     rank: 0, world_size: 1, uneven_tail: UnevenTail::Pad, shuffle_window: 0,
+//! };
+//! let plan = EpochPlan::new(config, 0).unwrap();
+//! assert_eq!(plan.steps(), 3);
+//! let mut seen: Vec<u64> = (0..3).flat_map(|s| plan.batch_indices(s)).collect();
+//! seen.sort();
+//! assert_eq!(seen, (0..10).collect::<Vec<_>>());
+//! ```
+//!
+//! ```
 //! use stoker_worker::{presets, Pipeline};
 //! let pipeline = Pipeline::from_ops(&presets::imagenet_train(224)).unwrap();
 //! assert_eq!(pipeline.image_shape(64), vec![64, 224, 224, 3]);
@@ -22,15 +42,23 @@
 //! ```
 
 mod batch;
+mod daemon;
 mod error;
+mod job;
 mod job_pipeline;
 mod ops;
 mod pipeline;
+mod plan;
 pub mod presets;
 mod rng;
 
 pub use batch::{AssembledBatch, BatchAssembler, BatchKey, TensorLayout, MAX_SUBSTITUTE_TRIES};
-pub use error::{Error, Result, SampleError};
+pub use daemon::{
+    canonical_roots, daemon_runtime, init_logging, listen, run_worker, shutdown_signal, transport,
+    WorkerConfig, SUBSCRIBE_WAIT,
+};
+pub use error::{Error, ErrorKind, Result, SampleError, ERROR_KINDS};
+pub use job::{open_source, BatchBuffer, Job, MAX_BATCH_SIZE};
 pub use job_pipeline::{
     check_op, lacks_decode_image, token_dtype_proto, JobPipeline, PackedText, SelectedColumns,
     COLUMNS_ORDER, TOKEN_ORDERS,
@@ -47,4 +75,5 @@ pub use ops::resample::{flip_horizontal, resample, SourceWindow};
 pub use ops::tensor::{ImageDtype, ImageLayout, OutputFormat};
 pub use ops::tokenize::{train_bpe_tokenizer, TextTokenizer, EOS_CANDIDATES};
 pub use pipeline::{Geometry, Pipeline, SampleTimings, Scratch, IMAGE_ORDERS, MAX_SIDE};
+pub use plan::{EpochPlan, Permutation, PlanConfig};
 pub use rng::SampleRng;

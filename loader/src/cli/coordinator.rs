@@ -6,10 +6,8 @@ use std::time::Duration;
 
 use anyhow::Context;
 use clap::Args;
-use stoker_loader::distributed::{
-    daemon_runtime, listen, CoordinatorService, CoordinatorServiceConfig,
-};
-use stoker_loader::Dashboard;
+use stoker_loader::{CoordinatorService, CoordinatorServiceConfig, Dashboard};
+use stoker_worker::{daemon_runtime, listen};
 
 /// Arguments of `stoker coordinator`.
 #[derive(Debug, Args)]

@@ -83,7 +83,7 @@ fn inspect_remote(args: &InspectArgs, uri: String) -> anyhow::Result<()> {
         uri,
         ..Default::default()
     };
-    let source = stoker_loader::open_source(&dataset, &[])?;
+    let source = stoker_worker::open_source(&dataset, &[])?;
     let report = inspect_samples(source.as_ref(), DEFAULT_MAX_PIXELS)?;
     if let Some(cache) = source.cache_stats() {
         eprintln!("{cache}");

@@ -1,9 +1,6 @@
 //! Argument parsing and dispatch of the `stoker` subcommands.
 
 mod bench;
-mod bench_coordinator;
-mod bench_stall;
-mod bench_transport;
 mod convert;
 mod coordinator;
 mod demo;
@@ -11,7 +8,6 @@ mod digest;
 mod inspect;
 mod make_dataset;
 mod make_tokens;
-mod resources;
 
 use std::path::PathBuf;
 
@@ -57,7 +53,7 @@ enum Command {
     MakeTokens(make_tokens::MakeTokensArgs),
 }
 
-pub use stoker_loader::distributed::{init_logging, shutdown_signal};
+pub use stoker_worker::{init_logging, shutdown_signal};
 
 /// Runs the chosen subcommand.
 pub fn run(cli: Cli) -> anyhow::Result<()> {

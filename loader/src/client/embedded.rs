@@ -10,18 +10,17 @@
 //! steps of the current one.
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
+use crossbeam_channel::{Receiver, Sender};
+use stoker_worker::{EpochPlan, Job};
 
 use super::monitor::LoaderMonitor;
 use super::slots::Slot;
-use super::source::{BatchSource, Built, EpochFeed, SourceInfo};
+use super::source::{receive, BatchSource, Built, EpochFeed, IdleClock, SourceInfo};
 use crate::error::{Error, Result};
-use crate::job::Job;
-use crate::planner::EpochPlan;
 
 /// One step for the producer thread to build.
 struct Task {
@@ -38,7 +37,7 @@ pub struct EmbeddedSource {
     job: Arc<Job>,
     info: SourceInfo,
     tasks: Sender<Task>,
-    idle_ns: Arc<AtomicU64>,
+    idle: IdleClock,
 }
 
 impl EmbeddedSource {
@@ -61,6 +60,7 @@ impl EmbeddedSource {
             threads,
             rank: job.plan_config().rank,
             initial_depth: threads * 2,
+            waiting_on: format!("on {threads} decode threads"),
         };
         let pool = rayon::ThreadPoolBuilder::new()
             .num_threads(threads)
@@ -69,19 +69,19 @@ impl EmbeddedSource {
             .build()
             .map_err(|e| Error::Threads(e.to_string()))?;
         let (tasks, queue) = crossbeam_channel::unbounded();
-        let idle_ns = Arc::new(AtomicU64::new(0));
+        let idle = IdleClock::default();
         {
-            let idle_ns = Arc::clone(&idle_ns);
+            let idle = idle.clone();
             std::thread::Builder::new()
                 .name("stoker-producer".into())
-                .spawn(move || produce(pool, queue, idle_ns))
+                .spawn(move || produce(pool, queue, idle))
                 .map_err(|e| Error::Threads(e.to_string()))?;
         }
         Ok(EmbeddedSource {
             job: Arc::new(job),
             info,
             tasks,
-            idle_ns,
+            idle,
         })
     }
 
@@ -110,8 +110,7 @@ impl BatchSource for EmbeddedSource {
             reply,
             receiver,
             cancelled: Arc::new(AtomicBool::new(false)),
-            idle_ns: Arc::clone(&self.idle_ns),
-            threads: self.info.threads,
+            idle: self.idle.clone(),
         }))
     }
 
@@ -122,13 +121,13 @@ impl BatchSource for EmbeddedSource {
 
 /// Builds queued steps one at a time, each with every pool thread on its samples; stops when
 /// the source (the last sender) is gone.
-fn produce(pool: rayon::ThreadPool, queue: Receiver<Task>, idle_ns: Arc<AtomicU64>) {
+fn produce(pool: rayon::ThreadPool, queue: Receiver<Task>, idle: IdleClock) {
     loop {
         let asked = Instant::now();
         let Ok(task) = queue.recv() else {
             return;
         };
-        idle_ns.fetch_add(asked.elapsed().as_nanos() as u64, Ordering::Relaxed);
+        idle.add(asked.elapsed());
         if task.cancelled.load(Ordering::Relaxed) {
             continue;
         }
@@ -142,18 +141,19 @@ fn produce(pool: rayon::ThreadPool, queue: Receiver<Task>, idle_ns: Arc<AtomicU6
         } = task;
         let started = Instant::now();
         let result = pool.install(|| {
-            catch_unwind(AssertUnwindSafe(|| job.batch_into(&plan, step, slot))).unwrap_or_else(
-                |panic| {
-                    let message = panic
-                        .downcast_ref::<&str>()
-                        .map(|s| s.to_string())
-                        .or_else(|| panic.downcast_ref::<String>().cloned())
-                        .unwrap_or_else(|| "unknown panic".into());
-                    Err(Error::Stopped(format!(
-                        "a decode thread panicked building step {step}: {message}"
-                    )))
-                },
-            )
+            catch_unwind(AssertUnwindSafe(|| {
+                job.batch_into(&plan, step, slot).map_err(Error::from)
+            }))
+            .unwrap_or_else(|panic| {
+                let message = panic
+                    .downcast_ref::<&str>()
+                    .map(|s| s.to_string())
+                    .or_else(|| panic.downcast_ref::<String>().cloned())
+                    .unwrap_or_else(|| "unknown panic".into());
+                Err(Error::Stopped(format!(
+                    "a decode thread panicked building step {step}: {message}"
+                )))
+            })
         });
         // A stream that went away no longer wants the batch; that is not an error.
         let _ = reply.send(Built {
@@ -172,8 +172,7 @@ struct EmbeddedFeed {
     reply: Sender<Built>,
     receiver: Receiver<Built>,
     cancelled: Arc<AtomicBool>,
-    idle_ns: Arc<AtomicU64>,
-    threads: usize,
+    idle: IdleClock,
 }
 
 impl EpochFeed for EmbeddedFeed {
@@ -197,21 +196,11 @@ impl EpochFeed for EmbeddedFeed {
     }
 
     fn recv(&mut self, timeout: Duration) -> Result<Option<Built>> {
-        match self.receiver.recv_timeout(timeout) {
-            Ok(built) => Ok(Some(built)),
-            Err(RecvTimeoutError::Timeout) => Ok(None),
-            Err(RecvTimeoutError::Disconnected) => {
-                Err(Error::Stopped("the decode pool shut down".into()))
-            }
-        }
+        receive(&self.receiver, timeout, "the decode pool shut down")
     }
 
     fn producer_idle(&self) -> Duration {
-        Duration::from_nanos(self.idle_ns.load(Ordering::Relaxed))
-    }
-
-    fn waiting_on(&self) -> String {
-        format!("on {} decode threads", self.threads)
+        self.idle.total()
     }
 }
 

@@ -7,6 +7,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use stoker_proto::v1::JobSpec;
+use stoker_worker::Job;
 
 use super::embedded::EmbeddedSource;
 use super::monitor::LoaderMonitor;
@@ -17,7 +18,6 @@ use super::source::{BatchSource, SourceInfo};
 use super::stats::{LoaderStats, StatsRecorder};
 use super::stream::{EpochStream, Successor};
 use crate::error::{Error, Result};
-use crate::job::Job;
 
 /// How a loader runs, in either mode.
 #[derive(Debug, Clone)]

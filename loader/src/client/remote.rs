@@ -19,26 +19,25 @@
 //!   consumer gets [`Error::WorkerUnavailable`] naming the job and how long it went unserved.
 
 use std::collections::{BTreeSet, HashMap, HashSet, VecDeque};
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
+use crossbeam_channel::{Receiver, Sender};
 use stoker_proto::v1::coordinator_client::CoordinatorClient;
 use stoker_proto::v1::worker_data_client::WorkerDataClient;
 use stoker_proto::v1::{
     Batch, ClientStats, CloseSessionRequest, JobSpec, OpenSessionRequest, RegisterJobRequest,
     SessionToken, SessionUpdateRequest, StageTimings, SubscribeRequest, WorkerInfo,
 };
+use stoker_worker::transport::{self, Backoff, MAX_MESSAGE_BYTES};
 use tokio::sync::mpsc;
 use tonic::transport::Channel;
 use tonic::{Code, Status};
 
 use super::monitor::LoaderMonitor;
 use super::slots::Slot;
-use super::source::{BatchSource, Built, EpochFeed, SourceInfo};
-use crate::distributed::transport::{self, error_from_status, Backoff, MAX_MESSAGE_BYTES};
-use crate::error::{Error, Result};
+use super::source::{receive, BatchSource, Built, EpochFeed, IdleClock, SourceInfo};
+use crate::error::{error_from_status, Error, Result};
 
 /// How the remote source runs.
 #[derive(Debug, Clone)]
@@ -122,6 +121,7 @@ impl RemoteSource {
             threads: 0,
             rank: spec.rank,
             initial_depth: INITIAL_CREDITS,
+            waiting_on: format!("from the workers of coordinator {address}"),
         };
         Ok(RemoteSource {
             runtime: Arc::new(runtime),
@@ -160,7 +160,7 @@ impl BatchSource for RemoteSource {
         let steps = self.info.steps_per_epoch;
         let (batches_tx, batches_rx) = crossbeam_channel::unbounded();
         let (requests_tx, requests_rx) = mpsc::unbounded_channel();
-        let idle_ns = Arc::new(AtomicU64::new(0));
+        let idle = IdleClock::default();
         let driver = Driver {
             channel: self.channel.clone(),
             address: self.address.clone(),
@@ -176,7 +176,7 @@ impl BatchSource for RemoteSource {
             free_slots: VecDeque::new(),
             requested: start_step,
             monitor,
-            idle_ns: Arc::clone(&idle_ns),
+            idle: idle.clone(),
             idle_since: Some(Instant::now()),
             unserved_since: None,
         };
@@ -187,8 +187,7 @@ impl BatchSource for RemoteSource {
             receiver: batches_rx,
             requests: requests_tx,
             steps,
-            idle_ns,
-            address: self.address.clone(),
+            idle,
         }))
     }
 }
@@ -242,8 +241,7 @@ struct RemoteFeed {
     receiver: Receiver<Result<Built>>,
     requests: mpsc::UnboundedSender<Slot>,
     steps: u64,
-    idle_ns: Arc<AtomicU64>,
-    address: String,
+    idle: IdleClock,
 }
 
 impl EpochFeed for RemoteFeed {
@@ -260,22 +258,12 @@ impl EpochFeed for RemoteFeed {
     }
 
     fn recv(&mut self, timeout: Duration) -> Result<Option<Built>> {
-        match self.receiver.recv_timeout(timeout) {
-            Ok(Ok(built)) => Ok(Some(built)),
-            Ok(Err(error)) => Err(error),
-            Err(RecvTimeoutError::Timeout) => Ok(None),
-            Err(RecvTimeoutError::Disconnected) => Err(Error::Stopped(
-                "the distributed client's session driver stopped".into(),
-            )),
-        }
+        let stopped = "the distributed client's session driver stopped";
+        receive(&self.receiver, timeout, stopped)?.transpose()
     }
 
     fn producer_idle(&self) -> Duration {
-        Duration::from_nanos(self.idle_ns.load(Ordering::Relaxed))
-    }
-
-    fn waiting_on(&self) -> String {
-        format!("from the workers of coordinator {}", self.address)
+        self.idle.total()
     }
 }
 
@@ -324,7 +312,7 @@ struct Driver {
     requested: u64,
     monitor: LoaderMonitor,
     /// Time with every asked-for step received (the workers had nothing to do for us).
-    idle_ns: Arc<AtomicU64>,
+    idle: IdleClock,
     idle_since: Option<Instant>,
     /// Since when no worker stream has been open while batches were wanted.
     unserved_since: Option<Instant>,
@@ -430,8 +418,7 @@ impl Driver {
         self.free_slots.push_back((slot, Instant::now()));
         self.requested += 1;
         if let Some(since) = self.idle_since.take() {
-            self.idle_ns
-                .fetch_add(since.elapsed().as_nanos() as u64, Ordering::Relaxed);
+            self.idle.add(since.elapsed());
         }
     }
 

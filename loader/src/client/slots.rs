@@ -133,6 +133,17 @@ impl Slot {
     }
 }
 
+/// Embedded jobs build their batches straight into a slot.
+impl stoker_worker::BatchBuffer for Slot {
+    fn as_mut_slice(&mut self) -> &mut [u8] {
+        Slot::as_mut_slice(self)
+    }
+
+    fn into_bytes(self) -> Bytes {
+        Slot::into_bytes(self)
+    }
+}
+
 impl AsRef<[u8]> for Slot {
     fn as_ref(&self) -> &[u8] {
         &self.buffer[..self.len]

@@ -4,13 +4,16 @@
 //! Everything above the seam (reorder, slot pool, prefetch controller, stall figures, resume,
 //! epoch-boundary prefetch, bad-sample reports) lives once, in [`super::stream`].
 
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
+use crossbeam_channel::{Receiver, RecvTimeoutError};
 use stoker_proto::v1::Batch;
 
 use super::monitor::LoaderMonitor;
 use super::slots::Slot;
-use crate::error::Result;
+use crate::error::{Error, Result};
 
 /// What a source knows about its job once it is open.
 #[derive(Debug, Clone, Default)]
@@ -29,6 +32,8 @@ pub struct SourceInfo {
     pub rank: u32,
     /// The depth the prefetch controller starts from.
     pub initial_depth: usize,
+    /// Where the batches come from, for timeout messages ("on 4 decode threads").
+    pub waiting_on: String,
 }
 
 /// A finished batch, and how long building it took once started (queueing excluded: the
@@ -77,7 +82,35 @@ pub trait EpochFeed: Send + Sync {
     /// Time the producer had nothing asked of it so far: a wait behind an idle producer is
     /// stall that a deeper queue would have prevented; a wait behind a busy one is not.
     fn producer_idle(&self) -> Duration;
+}
 
-    /// Where the batches come from, for timeout messages ("on 4 decode threads").
-    fn waiting_on(&self) -> String;
+/// The time a producer had nothing asked of it, added up by the producer and read by its feeds
+/// ([`EpochFeed::producer_idle`]).
+#[derive(Debug, Clone, Default)]
+pub(crate) struct IdleClock(Arc<AtomicU64>);
+
+impl IdleClock {
+    /// Counts `idle` more.
+    pub(crate) fn add(&self, idle: Duration) {
+        self.0.fetch_add(idle.as_nanos() as u64, Ordering::Relaxed);
+    }
+
+    /// The idle time so far.
+    pub(crate) fn total(&self) -> Duration {
+        Duration::from_nanos(self.0.load(Ordering::Relaxed))
+    }
+}
+
+/// Waits up to `timeout` for what a producer sends a feed: `Ok(None)` when nothing came in
+/// time, [`Error::Stopped`] saying `stopped` when the producer is gone.
+pub(crate) fn receive<T>(
+    receiver: &Receiver<T>,
+    timeout: Duration,
+    stopped: &str,
+) -> Result<Option<T>> {
+    match receiver.recv_timeout(timeout) {
+        Ok(sent) => Ok(Some(sent)),
+        Err(RecvTimeoutError::Timeout) => Ok(None),
+        Err(RecvTimeoutError::Disconnected) => Err(Error::Stopped(stopped.into())),
+    }
 }

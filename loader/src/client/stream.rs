@@ -276,7 +276,7 @@ impl EpochStream {
                         rank: self.core.source.info().rank,
                         waited: started.elapsed(),
                         in_flight: self.in_flight(),
-                        waiting_on: self.feed.waiting_on(),
+                        waiting_on: self.core.source.info().waiting_on.clone(),
                     };
                     tracing::error!(%error, "loader.next timed out");
                     self.record_wait(started.elapsed());

@@ -91,23 +91,22 @@ fn spec(dir: &Path, batch_size: u32, policy: BadSamplePolicy) -> JobSpec {
 }
 
 fn open(dir: &Path, spec: JobSpec) -> Loader {
-    let loader = Loader::new(
-        spec,
-        LoaderOptions {
-            threads: 2,
-            ..LoaderOptions::default()
-        },
-    )
-    .unwrap();
+    let loader = common::embedded_loader(spec, 2).unwrap();
     std::fs::remove_file(dir.join("class_00").join(BAD_KINDS[6].0)).ok();
     loader
 }
 
-#[test]
-fn skip_replaces_each_bad_sample_and_keeps_batch_shapes() {
+/// A loader over a new [`bad_dataset`] in a temporary folder (kept alive by the caller).
+fn open_bad_dataset(batch_size: u32, policy: BadSamplePolicy) -> (tempfile::TempDir, Loader) {
     let dir = tempfile::tempdir().unwrap();
     bad_dataset(dir.path());
-    let loader = open(dir.path(), spec(dir.path(), 9, BadSamplePolicy::Skip));
+    let loader = open(dir.path(), spec(dir.path(), batch_size, policy));
+    (dir, loader)
+}
+
+#[test]
+fn skip_replaces_each_bad_sample_and_keeps_batch_shapes() {
+    let (_dir, loader) = open_bad_dataset(9, BadSamplePolicy::Skip);
     let mut reported = BTreeMap::new();
     let mut samples = 0;
     for batch in loader.epoch(0, 0).unwrap() {
@@ -141,14 +140,8 @@ fn skip_is_deterministic_across_thread_counts() {
     bad_dataset(dir.path());
     let mut digests = Vec::new();
     for threads in [1, 3] {
-        let loader = Loader::new(
-            spec(dir.path(), 5, BadSamplePolicy::Skip),
-            LoaderOptions {
-                threads,
-                ..LoaderOptions::default()
-            },
-        )
-        .unwrap();
+        let loader =
+            common::embedded_loader(spec(dir.path(), 5, BadSamplePolicy::Skip), threads).unwrap();
         let mut digest = stoker_loader::BatchDigest::new();
         for batch in loader.epoch(0, 0).unwrap() {
             digest.update(&batch.unwrap());
@@ -160,9 +153,7 @@ fn skip_is_deterministic_across_thread_counts() {
 
 #[test]
 fn fail_names_each_bad_file() {
-    let dir = tempfile::tempdir().unwrap();
-    bad_dataset(dir.path());
-    let loader = open(dir.path(), spec(dir.path(), 1, BadSamplePolicy::Fail));
+    let (_dir, loader) = open_bad_dataset(1, BadSamplePolicy::Fail);
     let mut errors = Vec::new();
     let mut good = 0;
     for result in loader.epoch(0, 0).unwrap() {
@@ -190,14 +181,7 @@ fn a_dataset_of_only_bad_files_fails_clearly_even_when_skipping() {
     for i in 0..3 {
         std::fs::write(class.join(format!("{i}.jpg")), b"nope").unwrap();
     }
-    let loader = Loader::new(
-        spec(dir.path(), 2, BadSamplePolicy::Skip),
-        LoaderOptions {
-            threads: 1,
-            ..LoaderOptions::default()
-        },
-    )
-    .unwrap();
+    let loader = common::embedded_loader(spec(dir.path(), 2, BadSamplePolicy::Skip), 1).unwrap();
     let message = loader
         .epoch(0, 0)
         .unwrap()

@@ -1,6 +1,6 @@
 //! Shared fixtures of the loader's integration tests: small generated image sets and specs.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
 use stoker_datasets::{generate_imagenet_like, SyntheticImageNetSpec};
@@ -54,6 +54,53 @@ pub fn stoker(args: &[&str]) -> Output {
         .expect("stoker runs")
 }
 
+/// The `stoker-worker` binary, beside `stoker`: cargo names only a package's own binaries to
+/// its tests, and the daemon is the worker crate's. `cargo test --workspace` builds it; a
+/// missing one, or one older than the sources it is built from, fails the test with the
+/// command that builds it.
+pub fn worker_binary() -> PathBuf {
+    let stoker = Path::new(env!("CARGO_BIN_EXE_stoker"));
+    let binary = stoker.with_file_name(format!("stoker-worker{}", std::env::consts::EXE_SUFFIX));
+    let build = "cargo build --release -p stoker-worker (or cargo test --workspace)";
+    let built = std::fs::metadata(&binary)
+        .and_then(|m| m.modified())
+        .unwrap_or_else(|e| panic!("{} is not usable ({e}): {build}", binary.display()));
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("the workspace root");
+    for sources in ["worker/src", "datasets/src", "proto/src", "proto/stoker"] {
+        if let Some((path, modified)) = newest_file(&root.join(sources)) {
+            assert!(
+                modified <= built,
+                "{} is older than {}: {build}",
+                binary.display(),
+                path.display()
+            );
+        }
+    }
+    binary
+}
+
+/// The most recently modified file below `dir`, and when.
+fn newest_file(dir: &Path) -> Option<(PathBuf, std::time::SystemTime)> {
+    let mut newest: Option<(PathBuf, std::time::SystemTime)> = None;
+    for entry in std::fs::read_dir(dir).ok()?.flatten() {
+        let path = entry.path();
+        let candidate = if path.is_dir() {
+            newest_file(&path)
+        } else {
+            let modified = entry.metadata().and_then(|m| m.modified());
+            modified.ok().map(|modified| (path, modified))
+        };
+        if let Some(candidate) = candidate {
+            if newest.as_ref().is_none_or(|(_, time)| candidate.1 > *time) {
+                newest = Some(candidate);
+            }
+        }
+    }
+    newest
+}
+
 /// Runs `stoker` and returns its stdout, failing the test (with its stderr) if it fails.
 pub fn stdout_of(args: &[&str]) -> String {
     let output = stoker(args);
@@ -65,18 +112,26 @@ pub fn stdout_of(args: &[&str]) -> String {
     String::from_utf8_lossy(&output.stdout).into_owned()
 }
 
+/// An embedded loader of `spec` with `threads` decode threads and default options otherwise.
+pub fn embedded_loader(spec: JobSpec, threads: usize) -> stoker_loader::Result<Loader> {
+    Loader::new(
+        spec,
+        LoaderOptions {
+            threads,
+            ..LoaderOptions::default()
+        },
+    )
+}
+
 /// Every batch of `epoch` of `spec`, from an embedded loader with `threads` decode threads.
 pub fn try_epoch(
     spec: &JobSpec,
     threads: usize,
     epoch: u64,
 ) -> stoker_loader::Result<Vec<proto::Batch>> {
-    let options = LoaderOptions {
-        threads,
-        ..LoaderOptions::default()
-    };
-    let loader = Loader::new(spec.clone(), options)?;
-    loader.epoch(epoch, 0)?.collect()
+    embedded_loader(spec.clone(), threads)?
+        .epoch(epoch, 0)?
+        .collect()
 }
 
 /// Like [`try_epoch`], failing the test on any error.

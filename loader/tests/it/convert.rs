@@ -27,6 +27,22 @@ fn digest(data: &Path, extra: &[&str]) -> String {
     last
 }
 
+/// The converted set shuffles like the folder it came from, whatever the thread count; its
+/// shard-aware shuffle is deterministic too, and a different order from the global one. Returns
+/// the digest of the shuffled epoch.
+fn assert_shuffles_like(folder: &Path, converted: &Path) -> String {
+    let shuffled = digest(folder, &["--threads", "1"]);
+    assert_eq!(shuffled, digest(converted, &["--threads", "1"]));
+    assert_eq!(shuffled, digest(converted, &["--threads", "2"]));
+    let windowed = digest(converted, &["--threads", "1", "--shuffle-window", "2"]);
+    assert_eq!(
+        windowed,
+        digest(converted, &["--threads", "2", "--shuffle-window", "2"])
+    );
+    assert_ne!(windowed, shuffled);
+    shuffled
+}
+
 #[test]
 fn tar_shards_give_the_same_batches_as_the_folder() {
     let dir = tempfile::tempdir().unwrap();
@@ -59,20 +75,11 @@ fn tar_shards_give_the_same_batches_as_the_folder() {
         digest(&folder, &["--no-shuffle"]),
         digest(&shards, &["--no-shuffle"])
     );
-    let shuffled = digest(&folder, &["--threads", "1"]);
-    assert_eq!(shuffled, digest(&shards, &["--threads", "1"]));
-    assert_eq!(shuffled, digest(&shards, &["--threads", "2"]));
+    let shuffled = assert_shuffles_like(&folder, &shards);
     assert_ne!(
         shuffled,
         digest(&shards, &["--threads", "2", "--seed", "3"])
     );
-    // The shard-aware shuffle is deterministic too, and a different order from the global one.
-    let windowed = digest(&shards, &["--threads", "1", "--shuffle-window", "2"]);
-    assert_eq!(
-        windowed,
-        digest(&shards, &["--threads", "2", "--shuffle-window", "2"])
-    );
-    assert_ne!(windowed, shuffled);
 
     let inspected = stdout_of(&["inspect", "--data", folder.to_str().unwrap()]);
     assert!(inspected.contains("samples   40"), "{inspected}");
@@ -136,15 +143,7 @@ fn parquet_gives_the_same_batches_as_the_folder_and_the_tar_shards() {
     };
     assert_eq!(first_batch(&parquet.join(&names[0])), first_batch(&folder));
 
-    let shuffled = digest(&folder, &["--threads", "1"]);
-    assert_eq!(shuffled, digest(&parquet, &["--threads", "1"]));
-    assert_eq!(shuffled, digest(&parquet, &["--threads", "2"]));
-    let windowed = digest(&parquet, &["--threads", "1", "--shuffle-window", "2"]);
-    assert_eq!(
-        windowed,
-        digest(&parquet, &["--threads", "2", "--shuffle-window", "2"])
-    );
-    assert_ne!(windowed, shuffled);
+    assert_shuffles_like(&folder, &parquet);
 
     let inspected = stdout_of(&["inspect", "--data", parquet.to_str().unwrap()]);
     for expected in [

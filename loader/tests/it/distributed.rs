@@ -27,7 +27,7 @@ struct Daemon {
 }
 
 impl Daemon {
-    fn start(program: &str, args: &[&str]) -> Daemon {
+    fn start(program: impl AsRef<std::ffi::OsStr>, args: &[&str]) -> Daemon {
         let mut child = Command::new(program)
             .args(args)
             .stdout(Stdio::piped())
@@ -74,7 +74,7 @@ impl Daemon {
 
     fn worker(coordinator: &str, root: &Path) -> Daemon {
         Daemon::start(
-            env!("CARGO_BIN_EXE_stoker-worker"),
+            common::worker_binary(),
             &[
                 "--coordinator",
                 coordinator,
@@ -133,14 +133,7 @@ fn remote_with_grace(
 
 /// Every batch of the rank's epoch from the embedded loader: digest and step -> indices.
 fn embedded(spec: JobSpec) -> (String, BTreeMap<u64, Vec<u64>>) {
-    let loader = Loader::new(
-        spec,
-        LoaderOptions {
-            threads: 1,
-            ..LoaderOptions::default()
-        },
-    )
-    .unwrap();
+    let loader = common::embedded_loader(spec, 1).unwrap();
     let mut digest = BatchDigest::new();
     let mut steps = BTreeMap::new();
     for batch in loader.epoch(0, 0).unwrap() {

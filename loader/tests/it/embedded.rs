@@ -8,8 +8,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use stoker_datasets::SampleSource;
-use stoker_loader::{Error, Job, Loader, LoaderOptions};
+use stoker_loader::{Error, Loader, LoaderOptions};
 use stoker_proto::v1::{Batch, JobSpec};
+use stoker_worker::Job;
 
 use crate::common::{self, digest, epoch_batches};
 
@@ -98,14 +99,7 @@ fn resuming_mid_epoch_gives_the_same_batches() {
     common::make_images(dir.path(), 70);
     let spec = common::train_spec(dir.path(), 10);
     let full = epoch_batches(&spec, 2, 3);
-    let loader = Loader::new(
-        spec,
-        LoaderOptions {
-            threads: 2,
-            ..LoaderOptions::default()
-        },
-    )
-    .unwrap();
+    let loader = common::embedded_loader(spec, 2).unwrap();
     let resumed: Vec<Batch> = loader.epoch(3, 4).unwrap().map(|b| b.unwrap()).collect();
     assert_eq!(resumed.len(), full.len() - 4);
     assert_eq!(digest(&resumed), digest(&full[4..]));
@@ -235,14 +229,7 @@ fn a_panic_in_a_decode_thread_is_an_error_not_a_crash() {
 fn stats_count_samples_and_waits() {
     let dir = tempfile::tempdir().unwrap();
     common::make_images(dir.path(), 30);
-    let loader = Loader::new(
-        common::train_spec(dir.path(), 10),
-        LoaderOptions {
-            threads: 2,
-            ..LoaderOptions::default()
-        },
-    )
-    .unwrap();
+    let loader = common::embedded_loader(common::train_spec(dir.path(), 10), 2).unwrap();
     let batches: Vec<_> = loader.epoch(0, 0).unwrap().collect();
     assert_eq!(batches.len(), 3);
     let stats = loader.stats();

@@ -12,5 +12,4 @@ mod dashboard;
 mod distributed;
 mod embedded;
 mod object_store;
-mod planner;
 mod tokens;

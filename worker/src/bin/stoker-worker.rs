@@ -8,7 +8,7 @@ use std::process::ExitCode;
 
 use anyhow::Context;
 use clap::Parser;
-use stoker_loader::distributed::{
+use stoker_worker::{
     daemon_runtime, init_logging, listen, run_worker, shutdown_signal, WorkerConfig,
 };
 

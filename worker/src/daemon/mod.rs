@@ -1,18 +1,16 @@
-//! Distributed mode: the coordinator daemon and the worker daemon (the client that reads from
-//! them is the remote batch source, `crate::client::remote`), over gRPC (`stoker.v1.Coordinator`, `stoker.v1.WorkerData`).
+//! The worker daemon of the distributed mode (`stoker-worker`) and the gRPC plumbing every
+//! Stoker daemon and client shares: [`transport`] (message limits, HTTP/2 windows, backoff, the
+//! two-way table between errors and statuses), the daemons' runtime, listening socket, shutdown
+//! signal and logging.
 //!
-//! Control messages go to the coordinator; batches go from a worker straight to the client, on a
-//! stream the client opened, against credits the client granted. See `../shared/DESIGN.md`
-//! ("Data plane and control plane") for the contract and each module for its part.
+//! The daemon registers with the coordinator, leases tasks (one task is one batch), builds them
+//! with the same [`Job`](crate::Job) as the embedded loader and streams them to the client that
+//! owns the session, against the credits that client granted. See `../shared/DESIGN.md`
+//! ("Data plane and control plane") for the contract.
 
-mod client_reports;
-mod coordinator_service;
 pub mod transport;
 mod worker_daemon;
 
-pub use coordinator_service::{
-    ClientEntry, CoordinatorService, CoordinatorServiceConfig, WorkerEntry,
-};
 pub use worker_daemon::{canonical_roots, run_worker, WorkerConfig, SUBSCRIBE_WAIT};
 
 /// The daemons' runtime: two tokio threads for the network (decoding has its own pool).

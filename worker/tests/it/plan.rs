@@ -3,8 +3,33 @@
 #![allow(clippy::unwrap_used)] // tests fail loudly by design
 
 use proptest::prelude::*;
-use stoker_loader::{EpochPlan, Permutation, PlanConfig};
 use stoker_proto::v1::UnevenTail;
+use stoker_worker::{EpochPlan, Permutation, PlanConfig};
+
+/// Checks the padded ranks of `n` samples over `world`: each rank has `n / world` samples
+/// (rounded up), every sample is seen, and the repeats add up to the padding. Returns how often
+/// each sample is seen, and the padding.
+fn padded_coverage(
+    ranks: &[Vec<u64>],
+    n: u64,
+    world: u32,
+) -> Result<(Vec<u32>, u64), TestCaseError> {
+    let per_rank = n.div_ceil(u64::from(world));
+    let mut counts = vec![0u32; n as usize];
+    for indices in ranks {
+        prop_assert_eq!(indices.len() as u64, per_rank);
+        for &i in indices {
+            counts[i as usize] += 1;
+        }
+    }
+    let padding = per_rank * u64::from(world) - n;
+    prop_assert!(counts.iter().all(|&c| c >= 1));
+    prop_assert_eq!(
+        counts.iter().map(|&c| u64::from(c - 1)).sum::<u64>(),
+        padding
+    );
+    Ok((counts, padding))
+}
 
 fn all_ranks(config: PlanConfig, epoch: u64) -> Vec<Vec<u64>> {
     (0..config.world_size)
@@ -94,19 +119,11 @@ proptest! {
             num_samples: n, batch_size: batch, seed, shuffle, drop_last: false,
             rank: 0, world_size: world, uneven_tail: UnevenTail::Pad, shuffle_window: 0,
         };
-        let ranks = all_ranks(config, epoch);
-        let per_rank = n.div_ceil(u64::from(world));
-        let mut counts = vec![0u32; n as usize];
-        for indices in &ranks {
-            prop_assert_eq!(indices.len() as u64, per_rank);
-            for &i in indices { counts[i as usize] += 1; }
-        }
-        // Every sample is seen; only the wrap-around padding repeats, spread evenly (it wraps
-        // more than once only when there are fewer samples than ranks).
-        let padding = per_rank * u64::from(world) - n;
+        let (counts, padding) = padded_coverage(&all_ranks(config, epoch), n, world)?;
+        // Only the wrap-around padding repeats, spread evenly (it wraps more than once only
+        // when there are fewer samples than ranks).
         let most = 1 + padding.div_ceil(n) as u32;
-        prop_assert!(counts.iter().all(|&c| c >= 1 && c <= most));
-        prop_assert_eq!(counts.iter().map(|&c| u64::from(c - 1)).sum::<u64>(), padding);
+        prop_assert!(counts.iter().all(|&c| c <= most));
         if padding == 0 {
             prop_assert!(counts.iter().all(|&c| c == 1));
         }
@@ -173,16 +190,7 @@ proptest! {
         let n: u64 = sizes.iter().sum();
         prop_assume!(n > 0);
         let config = PlanConfig { batch_size: batch, world_size: world, ..sharded_config(&sizes, seed, window) };
-        let ranks = all_ranks_sharded(config, epoch, &sizes);
-        let per_rank = n.div_ceil(u64::from(world));
-        let mut counts = vec![0u32; n as usize];
-        for indices in &ranks {
-            prop_assert_eq!(indices.len() as u64, per_rank);
-            for &i in indices { counts[i as usize] += 1; }
-        }
-        let padding = per_rank * u64::from(world) - n;
-        prop_assert!(counts.iter().all(|&c| c >= 1));
-        prop_assert_eq!(counts.iter().map(|&c| u64::from(c - 1)).sum::<u64>(), padding);
+        padded_coverage(&all_ranks_sharded(config, epoch, &sizes), n, world)?;
     }
 
     #[test]

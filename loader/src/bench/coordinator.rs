@@ -9,15 +9,16 @@
 
 use std::time::{Duration, Instant};
 
-use anyhow::Context;
 use clap::Args;
 use serde::Serialize;
-use stoker_loader::{Coordinator, CoordinatorConfig, Lease, LeaseOutcome, Step};
 use stoker_proto::v1::JobSpec;
 
-/// Arguments of `stoker bench coordinator`.
-#[derive(Debug, Args)]
-pub struct CoordinatorArgs {
+use super::{Error, Result};
+use crate::{Coordinator, CoordinatorConfig, Lease, LeaseOutcome, Step};
+
+/// Settings of `stoker bench coordinator`.
+#[derive(Debug, Clone, Args)]
+pub struct CoordinatorBench {
     /// Simulated workers.
     #[arg(long, default_value_t = 2000)]
     pub workers: u64,
@@ -78,14 +79,18 @@ fn current_rss_bytes() -> u64 {
         .map_or(0, |pages| pages * page)
 }
 
-/// Runs the command.
-pub fn run(args: CoordinatorArgs) -> anyhow::Result<()> {
-    anyhow::ensure!(args.workers > 0, "--workers must be at least 1");
-    anyhow::ensure!(args.ranks > 0, "--ranks must be at least 1");
-    anyhow::ensure!(
-        (1..=args.ranks).contains(&args.ranks_per_job),
-        "--ranks-per-job must be 1..=--ranks"
-    );
+/// Runs the assignments and prints the report.
+pub fn run(args: &CoordinatorBench) -> Result<()> {
+    let invalid = |message: &str| Err(Error::InvalidArgument(message.into()));
+    if args.workers == 0 {
+        return invalid("--workers must be at least 1");
+    }
+    if args.ranks == 0 {
+        return invalid("--ranks must be at least 1");
+    }
+    if !(1..=args.ranks).contains(&args.ranks_per_job) {
+        return invalid("--ranks-per-job must be 1..=--ranks");
+    }
     let rss_start = current_rss_bytes();
     let setup_start = Instant::now();
     let config = CoordinatorConfig {
@@ -93,7 +98,8 @@ pub fn run(args: CoordinatorArgs) -> anyhow::Result<()> {
         journal_every: args.journal_every.max(1),
         ..CoordinatorConfig::default()
     };
-    let state_dir = tempfile::tempdir().context("creating the journal's temporary directory")?;
+    let state_dir = tempfile::tempdir()
+        .map_err(|e| Error::Failed(format!("creating the journal's temporary directory: {e}")))?;
     let mut coordinator = if args.no_journal {
         Coordinator::in_memory(config)
     } else {
@@ -146,16 +152,17 @@ pub fn run(args: CoordinatorArgs) -> anyhow::Result<()> {
             }
         }
         let expired = coordinator.expire(now);
-        anyhow::ensure!(expired.workers.is_empty(), "a simulated worker expired");
+        if !expired.workers.is_empty() {
+            return Err(Error::Failed("a simulated worker expired".into()));
+        }
     }
     coordinator.flush()?;
     let wall = run_start.elapsed();
     let rss_delta = current_rss_bytes().saturating_sub(rss_start);
     let stats = coordinator.stats();
-    anyhow::ensure!(
-        stats.duplicates_dropped == 0 && stats.leased_tasks == 0,
-        "bookkeeping is off: {stats:?}"
-    );
+    if stats.duplicates_dropped != 0 || stats.leased_tasks != 0 {
+        return Err(Error::Failed(format!("bookkeeping is off: {stats:?}")));
+    }
 
     let wall_s = wall.as_secs_f64();
     let report = CoordinatorReport {

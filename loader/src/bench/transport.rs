@@ -12,22 +12,23 @@ use std::hint::black_box;
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
-use anyhow::Context;
 use bytes::Bytes;
 use clap::Args;
 use serde::Serialize;
-use stoker_loader::distributed::transport::{self, MAX_MESSAGE_BYTES};
 use stoker_proto::v1::worker_data_client::WorkerDataClient;
 use stoker_proto::v1::worker_data_server::{WorkerData, WorkerDataServer};
 use stoker_proto::v1::{
     Batch, DescribeJobRequest, DescribeJobResponse, Dtype, SessionToken, SubscribeRequest, Tensor,
 };
+use stoker_worker::transport::{self, MAX_MESSAGE_BYTES};
 use tokio::sync::mpsc;
 use tonic::{Request, Response, Status};
 
-/// Arguments of `stoker bench transport`.
-#[derive(Debug, Args)]
-pub struct TransportArgs {
+use super::Error;
+
+/// Settings of `stoker bench transport`.
+#[derive(Debug, Clone, Args)]
+pub struct TransportBench {
     /// Bytes of image tensor per batch, in MiB (64 images of 224x224x3 are 9.2 MiB).
     #[arg(long, default_value_t = 8)]
     pub batch_mib: usize,
@@ -103,19 +104,20 @@ fn memcpy_gb_per_s() -> f64 {
     (size * rounds) as f64 / started.elapsed().as_secs_f64() / 1e9
 }
 
-fn single_thread_runtime() -> anyhow::Result<tokio::runtime::Runtime> {
+fn single_thread_runtime() -> super::Result<tokio::runtime::Runtime> {
     Ok(tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?)
 }
 
-/// Runs the benchmark.
-pub fn run(args: TransportArgs) -> anyhow::Result<()> {
-    anyhow::ensure!(
-        args.batch_mib >= 1 && args.batch_mib << 20 <= MAX_MESSAGE_BYTES / 2,
-        "--batch-mib must be in 1..={}",
-        (MAX_MESSAGE_BYTES / 2) >> 20
-    );
+/// Runs the benchmark and prints the report.
+pub fn run(args: &TransportBench) -> super::Result<()> {
+    if !(args.batch_mib >= 1 && args.batch_mib << 20 <= MAX_MESSAGE_BYTES / 2) {
+        return Err(Error::InvalidArgument(format!(
+            "--batch-mib must be in 1..={}",
+            (MAX_MESSAGE_BYTES / 2) >> 20
+        )));
+    }
     let batch_bytes = args.batch_mib << 20;
     let batches = (args.total_mib / args.batch_mib).max(4) as u64;
     let data: Bytes = (0..batch_bytes)
@@ -136,10 +138,12 @@ pub fn run(args: TransportArgs) -> anyhow::Result<()> {
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
     let server = std::thread::Builder::new()
         .name("bench-transport-server".into())
-        .spawn(move || -> anyhow::Result<()> {
+        .spawn(move || -> super::Result<()> {
             single_thread_runtime()?.block_on(async move {
                 let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
-                address_tx.send(listener.local_addr()?)?;
+                address_tx
+                    .send(listener.local_addr()?)
+                    .map_err(|_| Error::Failed("the bench client went away".into()))?;
                 let service = WorkerDataServer::new(Repeater {
                     batch,
                     count: batches,
@@ -160,7 +164,7 @@ pub fn run(args: TransportArgs) -> anyhow::Result<()> {
         })?;
     let address = address_rx
         .recv_timeout(Duration::from_secs(10))
-        .context("the bench server did not start")?;
+        .map_err(|_| Error::Failed("the bench server did not start".into()))?;
 
     let memcpy_before = memcpy_gb_per_s();
     let (received, wall) = single_thread_runtime()?.block_on(async move {
@@ -192,12 +196,12 @@ pub fn run(args: TransportArgs) -> anyhow::Result<()> {
                 .sum::<u64>();
             black_box(&batch);
         }
-        anyhow::Ok((received, started.elapsed()))
+        Ok::<_, Error>((received, started.elapsed()))
     })?;
     let _ = stop_tx.send(());
     server
         .join()
-        .map_err(|_| anyhow::anyhow!("the bench server thread panicked"))??;
+        .map_err(|_| Error::Failed("the bench server thread panicked".into()))??;
     let memcpy = (memcpy_before + memcpy_gb_per_s()) / 2.0;
 
     let stream = received as f64 / wall.as_secs_f64() / 1e9;

@@ -29,10 +29,10 @@ use tokio::sync::{mpsc, Notify, Semaphore};
 use tonic::transport::Channel;
 use tonic::{Code, Request, Response, Status};
 
-use super::transport::{self, loader_status, Backoff, MAX_MESSAGE_BYTES};
+use super::transport::{self, error_status, Backoff, MAX_MESSAGE_BYTES};
 use crate::error::{Error, ErrorKind, Result};
 use crate::job::{open_source, Job};
-use crate::planner::EpochPlan;
+use crate::plan::EpochPlan;
 
 /// How long a finished batch waits for its client's stream before it is reported failed.
 pub const SUBSCRIBE_WAIT: Duration = Duration::from_secs(10);
@@ -132,7 +132,7 @@ fn check_root(roots: &[PathBuf], spec: &JobSpec) -> std::result::Result<(), Stat
 impl Shared {
     fn open_job(&self, spec: &JobSpec) -> std::result::Result<Job, Status> {
         check_root(&self.roots, spec)?;
-        Job::open(spec.clone()).map_err(|e| loader_status(&e))
+        Job::open(spec.clone()).map_err(|e| error_status(&e))
     }
 
     fn job_for(&self, entry: &JobEntry, rank: u32) -> Result<Arc<Job>> {
@@ -211,7 +211,7 @@ impl worker_data_server::WorkerData for DataService {
         let shared = self.shared.clone();
         let answer = tokio::task::spawn_blocking(move || {
             let job = shared.open_job(&spec)?;
-            let plan = job.plan(0).map_err(|e| loader_status(&e))?;
+            let plan = job.plan(0).map_err(|e| error_status(&e))?;
             let batch_size = job.plan_config().batch_size as usize;
             Ok::<_, Status>(DescribeJobResponse {
                 num_samples: job.plan_config().num_samples,
@@ -428,7 +428,7 @@ async fn serve_leases(
                 Ok(Err(error)) => {
                     // Under the fail policy a bad sample fails the batch: the client must hear
                     // about it, not wait for a retry that fails the same way.
-                    let status = loader_status(&error);
+                    let status = error_status(&error);
                     send_error(shared, &task, status).await;
                     let _ = outcomes_tx.send(Outcome::Completed(task.lease_id));
                     continue;
@@ -514,7 +514,7 @@ async fn job_entry(
                 .dataset
                 .as_ref()
                 .ok_or_else(|| Status::invalid_argument("job spec has no dataset"))?;
-            open_source(dataset, &spec.pipeline).map_err(|e| loader_status(&e))
+            open_source(dataset, &spec.pipeline).map_err(|e| error_status(&e))
         })
         .await
         .map_err(|e| Status::internal(format!("opening job {job_id} panicked: {e}")))??

@@ -22,17 +22,17 @@ use stoker_proto::v1::{
     ReportResponse, SessionToken, SessionUpdateRequest, SessionUpdateResponse, TaskLease,
     WorkerInfo,
 };
+use stoker_worker::transport::{self, MAX_MESSAGE_BYTES};
+use stoker_worker::{ErrorKind, MAX_BATCH_SIZE};
 use tokio::sync::Notify;
 use tonic::{Request, Response, Status};
 
 use super::client_reports::{client_snapshot, job_name};
-use super::transport::{self, coordinator_status, MAX_MESSAGE_BYTES};
+use super::status::coordinator_status;
 use crate::coordinator::{
     Coordinator, CoordinatorConfig, CoordinatorError, JobId, Lease, LeaseId, SessionId, Step,
     WorkerId,
 };
-use crate::error::ErrorKind;
-use crate::job::MAX_BATCH_SIZE;
 use crate::{Dashboard, LoaderMonitor, MonitorSnapshot, WorkerLoad};
 
 /// Tuning of the coordinator daemon.

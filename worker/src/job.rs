@@ -4,6 +4,10 @@
 use std::path::Path;
 use std::sync::Arc;
 
+use crate::batch::{BatchAssembler, BatchKey};
+use crate::error::{Error, Result};
+use crate::job_pipeline::JobPipeline;
+use crate::plan::{EpochPlan, PlanConfig};
 use stoker_datasets::{
     looks_like_hf_dataset, looks_like_jsonl, looks_like_parquet, looks_like_tar_shards,
     looks_like_token_file, parse_dataset_uri, DatasetLocation, HfDataset, ImageFolder,
@@ -13,15 +17,19 @@ use stoker_datasets::{
 use stoker_proto::v1::{
     self as proto, op::Op as OpKind, BadSamplePolicy, DatasetFormat, JobSpec, UnevenTail,
 };
-use stoker_worker::{BatchAssembler, BatchKey, JobPipeline};
-
-use crate::client::slots::Slot;
-use crate::error::{Error, Result};
-use crate::planner::{EpochPlan, PlanConfig};
 
 /// Larger batches than this are refused as a likely mistake (a 1M-image batch of 224x224 RGB
 /// would need 150 GB).
 pub const MAX_BATCH_SIZE: u32 = 65_536;
+
+/// A buffer a batch is built in, in place (the client's pooled slots): the batch's tensors
+/// become slices of it.
+pub trait BatchBuffer {
+    /// The bytes to write the batch into.
+    fn as_mut_slice(&mut self) -> &mut [u8];
+    /// The written bytes, shared by the batch's tensors.
+    fn into_bytes(self) -> bytes::Bytes;
+}
 
 /// A job ready to produce batches.
 pub struct Job {
@@ -50,7 +58,7 @@ pub fn open_source(
     if uri.is_empty() {
         return Err(Error::InvalidSpec("dataset.uri is empty".into()));
     }
-    let path = match parse_dataset_uri(uri)? {
+    let path = match parse_dataset_uri(uri).map_err(Error::OpenDataset)? {
         DatasetLocation::Local(path) => path,
         DatasetLocation::S3(_) => return open_remote_source(uri, dataset.format()),
     };
@@ -65,8 +73,12 @@ pub fn open_source(
         other => other,
     };
     match format {
-        DatasetFormat::Auto | DatasetFormat::ImageFolder => Ok(Arc::new(ImageFolder::open(path)?)),
-        DatasetFormat::TarShards => Ok(Arc::new(TarShards::open(path)?)),
+        DatasetFormat::Auto | DatasetFormat::ImageFolder => Ok(Arc::new(
+            ImageFolder::open(path).map_err(Error::OpenDataset)?,
+        )),
+        DatasetFormat::TarShards => {
+            Ok(Arc::new(TarShards::open(path).map_err(Error::OpenDataset)?))
+        }
         DatasetFormat::TokenFile => {
             let seq_len = token_windows_seq_len(ops).ok_or_else(|| {
                 Error::InvalidSpec(format!(
@@ -85,15 +97,22 @@ pub fn open_source(
                     )))
                 }
             };
-            Ok(Arc::new(TokenFile::open(path, dtype, seq_len)?))
+            Ok(Arc::new(
+                TokenFile::open(path, dtype, seq_len).map_err(Error::OpenDataset)?,
+            ))
         }
-        DatasetFormat::Jsonl => Ok(Arc::new(JsonlDocuments::open(
-            path,
-            dataset.text_column.trim(),
-            dataset.label_column.trim(),
-        )?)),
+        DatasetFormat::Jsonl => Ok(Arc::new(
+            JsonlDocuments::open(
+                path,
+                dataset.text_column.trim(),
+                dataset.label_column.trim(),
+            )
+            .map_err(Error::OpenDataset)?,
+        )),
         DatasetFormat::Parquet => open_parquet(path, dataset),
-        DatasetFormat::HfDataset => Ok(Arc::new(HfDataset::open(path, &column_options(dataset))?)),
+        DatasetFormat::HfDataset => Ok(Arc::new(
+            HfDataset::open(path, &column_options(dataset)).map_err(Error::OpenDataset)?,
+        )),
     }
 }
 
@@ -107,10 +126,9 @@ fn token_windows_seq_len(ops: &[proto::Op]) -> Option<u32> {
 
 /// Opens a Parquet dataset with the columns the spec names ("" = pick by name).
 fn open_parquet(path: &Path, dataset: &proto::DatasetSource) -> Result<Arc<dyn SampleSource>> {
-    Ok(Arc::new(ParquetDataset::open(
-        path,
-        &column_options(dataset),
-    )?))
+    Ok(Arc::new(
+        ParquetDataset::open(path, &column_options(dataset)).map_err(Error::OpenDataset)?,
+    ))
 }
 
 /// The columns the spec names for a Parquet or HF dataset ("" = pick by name).
@@ -131,8 +149,10 @@ fn column_options(dataset: &proto::DatasetSource) -> ParquetOptions {
 fn open_remote_source(uri: &str, format: DatasetFormat) -> Result<Arc<dyn SampleSource>> {
     match format {
         DatasetFormat::Auto | DatasetFormat::TarShards => {
-            let cache = Arc::new(ObjectCache::from_env()?);
-            Ok(Arc::new(RemoteTarShards::open(uri, cache)?))
+            let cache = Arc::new(ObjectCache::from_env().map_err(Error::OpenDataset)?);
+            Ok(Arc::new(
+                RemoteTarShards::open(uri, cache).map_err(Error::OpenDataset)?,
+            ))
         }
         other => Err(Error::InvalidSpec(format!(
             "dataset format {other:?} cannot be read from {uri} yet: s3:// sources hold tar \
@@ -232,13 +252,18 @@ impl Job {
     /// Builds batch `step` of `plan` on the current rayon pool, in a new buffer.
     pub fn batch(&self, plan: &EpochPlan, step: u64) -> Result<proto::Batch> {
         let (key, indices) = self.batch_key(plan, step)?;
-        Ok(self.assembler.assemble(key, &indices)?)
+        self.assembler.assemble(key, &indices)
     }
 
     /// Builds batch `step` of `plan` on the current rayon pool into `slot`; the batch tensors'
     /// bytes are the slot (slices of it), which goes back to its pool when the last reference
     /// drops.
-    pub fn batch_into(&self, plan: &EpochPlan, step: u64, mut slot: Slot) -> Result<proto::Batch> {
+    pub fn batch_into(
+        &self,
+        plan: &EpochPlan,
+        step: u64,
+        mut slot: impl BatchBuffer,
+    ) -> Result<proto::Batch> {
         let (key, indices) = self.batch_key(plan, step)?;
         let assembled = self
             .assembler

@@ -14,7 +14,6 @@ use std::time::Duration;
 use tonic::transport::{Channel, Endpoint, Server};
 use tonic::{Code, Status};
 
-use crate::coordinator::CoordinatorError;
 use crate::error::{Error, ErrorKind};
 
 /// The status metadata entry that carries an error's [`ErrorKind`].
@@ -164,53 +163,19 @@ pub fn status(kind: ErrorKind, message: impl Into<String>) -> Status {
     with_kind(Status::new(code_of(kind), message), kind)
 }
 
-/// The error a status stands for, with the kind its daemon gave it; `context` says which call
-/// failed.
-pub fn error_from_status(context: &str, status: &Status) -> Error {
-    let kind = status
+/// The kind of the error a status stands for: the one its daemon gave it in
+/// [`KIND_METADATA`], or else the one its code suggests.
+pub fn kind_of_status(status: &Status) -> ErrorKind {
+    status
         .metadata()
         .get(KIND_METADATA)
         .and_then(|value| value.to_str().ok())
         .and_then(ErrorKind::from_name)
-        .unwrap_or_else(|| kind_of(status.code()));
-    Error::Remote {
-        kind,
-        context: context.to_string(),
-        message: status.message().to_string(),
-    }
-}
-
-/// The status a coordinator refusal travels as.
-pub fn coordinator_status(error: CoordinatorError) -> Status {
-    let message = error.to_string();
-    let kind = match error {
-        CoordinatorError::UnknownJob(_)
-        | CoordinatorError::UnknownWorker(_)
-        | CoordinatorError::UnknownSession(_)
-        | CoordinatorError::UnknownLease(_) => {
-            // Not a missing file: a name the coordinator does not know (the code says so).
-            return with_kind(Status::not_found(message), ErrorKind::InvalidArgument);
-        }
-        CoordinatorError::WorkerExpired(_) | CoordinatorError::SessionClosed(_) => {
-            return with_kind(
-                Status::failed_precondition(message),
-                ErrorKind::InvalidArgument,
-            );
-        }
-        CoordinatorError::LeaseNotHeld { .. } => ErrorKind::PermissionDenied,
-        CoordinatorError::InvalidCredits { .. }
-        | CoordinatorError::StepOutOfRange { .. }
-        | CoordinatorError::RankOutOfRange { .. }
-        | CoordinatorError::InvalidArgument(_) => ErrorKind::InvalidArgument,
-        CoordinatorError::Journal(_)
-        | CoordinatorError::StateDir { .. }
-        | CoordinatorError::CorruptSpec { .. } => ErrorKind::Internal,
-    };
-    status(kind, message)
+        .unwrap_or_else(|| kind_of(status.code()))
 }
 
 /// `status` with `kind` in its metadata (its code stays as it is).
-fn with_kind(mut status: Status, kind: ErrorKind) -> Status {
+pub fn with_kind(mut status: Status, kind: ErrorKind) -> Status {
     status.metadata_mut().insert(
         KIND_METADATA,
         tonic::metadata::MetadataValue::from_static(kind.as_str()),
@@ -218,8 +183,8 @@ fn with_kind(mut status: Status, kind: ErrorKind) -> Status {
     status
 }
 
-/// The status a loader error (opening a job, building a batch) travels as.
-pub fn loader_status(error: &Error) -> Status {
+/// The status a worker error (opening a job, building a batch) travels as.
+pub fn error_status(error: &Error) -> Status {
     status(error.kind(), error.to_string())
 }
 
@@ -242,12 +207,12 @@ mod tests {
     #[test]
     fn every_kind_survives_the_wire() {
         for kind in crate::error::ERROR_KINDS {
-            let error = error_from_status("call", &status(kind, "why"));
-            assert_eq!(error.kind(), kind);
-            assert_eq!(error.to_string(), "call: why");
+            assert_eq!(kind_of_status(&status(kind, "why")), kind);
         }
-        let bare = error_from_status("call", &Status::data_loss("corrupt"));
-        assert_eq!(bare.kind(), ErrorKind::Decode);
+        assert_eq!(
+            kind_of_status(&Status::data_loss("corrupt")),
+            ErrorKind::Decode
+        );
     }
 
     #[tokio::test]

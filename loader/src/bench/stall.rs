@@ -11,16 +11,18 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use anyhow::Context;
 use clap::Args;
 use serde::Serialize;
 use stoker_datasets::SampleSource;
-use stoker_loader::{Job, Loader, LoaderOptions};
 use stoker_proto::v1::{self as proto, op::Op as OpKind, JobSpec};
+use stoker_worker::Job;
 
-/// Arguments of `stoker bench stall`.
-#[derive(Debug, Args)]
-pub struct StallArgs {
+use super::{Error, Result};
+use crate::{Loader, LoaderOptions};
+
+/// Settings of `stoker bench stall`.
+#[derive(Debug, Clone, Args)]
+pub struct StallBench {
     /// Steps per run (after the first batch).
     #[arg(long, default_value_t = 500)]
     pub steps: u64,
@@ -102,7 +104,7 @@ fn pace(delay: Duration) {
     }
 }
 
-fn tiny_png() -> anyhow::Result<Vec<u8>> {
+fn tiny_png() -> Result<Vec<u8>> {
     let mut bytes = Vec::new();
     {
         let mut encoder = png::Encoder::new(&mut bytes, SIDE, SIDE);
@@ -158,7 +160,7 @@ struct RunResult {
     final_depth: usize,
 }
 
-fn run_one(args: &StallArgs, pattern: Pattern, prefetch: usize) -> anyhow::Result<RunResult> {
+fn run_one(args: &StallBench, pattern: Pattern, prefetch: usize) -> Result<RunResult> {
     let step = Duration::from_secs_f64(args.step_ms / 1e3);
     // Threads x (1 / delay) samples per second = capacity x batch / step.
     let per_sample = Duration::from_secs_f64(
@@ -204,7 +206,11 @@ fn run_one(args: &StallArgs, pattern: Pattern, prefetch: usize) -> anyhow::Resul
     )?;
     let mut stream = loader.epoch(0, 0)?;
     // The first batch fills the pipeline: that is start-up time, not stall.
-    drop(stream.next_batch()?.context("empty epoch")?);
+    drop(
+        stream
+            .next_batch()?
+            .ok_or_else(|| Error::Failed("empty epoch".into()))?,
+    );
     let slot_bytes = loader.slots().slot_bytes() as u64;
     let mut noise = 0x5eed_u64;
     let mut waited = Duration::ZERO;
@@ -218,7 +224,9 @@ fn run_one(args: &StallArgs, pattern: Pattern, prefetch: usize) -> anyhow::Resul
         let factor = pattern.step_factor(index, &mut noise);
         std::thread::sleep(step.mul_f64(factor));
         let before = Instant::now();
-        let batch = stream.next_batch()?.context("epoch ended early")?;
+        let batch = stream
+            .next_batch()?
+            .ok_or_else(|| Error::Failed("epoch ended early".into()))?;
         waited += before.elapsed();
         // Buffered: every slot taken, the one just handed over included.
         peak_bytes = peak_bytes.max(loader.slots().in_use() as u64 * slot_bytes);
@@ -232,17 +240,21 @@ fn run_one(args: &StallArgs, pattern: Pattern, prefetch: usize) -> anyhow::Resul
     })
 }
 
-/// Runs the command.
-pub fn run(args: StallArgs) -> anyhow::Result<()> {
+/// Runs every pattern under the controller and each fixed depth, and prints the report.
+pub fn run(args: &StallBench) -> Result<()> {
     if !(args.capacity > 0.0 && args.step_ms > 0.0) {
-        anyhow::bail!("--capacity and --step-ms must be positive");
+        return Err(Error::InvalidArgument(
+            "--capacity and --step-ms must be positive".into(),
+        ));
     }
     let batch_bytes = u64::from(SIDE * SIDE * 3) * u64::from(args.batch_size);
     let budget_bytes = batch_bytes * args.budget_batches;
     let mut configs = vec![("auto".to_string(), 0usize)];
     for depth in &args.fixed {
         if *depth == 0 {
-            anyhow::bail!("--fixed depths must be positive");
+            return Err(Error::InvalidArgument(
+                "--fixed depths must be positive".into(),
+            ));
         }
         configs.push((format!("fixed{depth}"), *depth));
     }
@@ -260,7 +272,7 @@ pub fn run(args: StallArgs) -> anyhow::Result<()> {
     for pattern in [Pattern::Constant, Pattern::Jittered, Pattern::Bursty] {
         for (name, prefetch) in &configs {
             let (name, prefetch) = (name.clone(), *prefetch);
-            let result = run_one(&args, pattern, prefetch)?;
+            let result = run_one(args, pattern, prefetch)?;
             if !args.json {
                 println!(
                     "{:<10} {:<7} {:>8.2} {:>12} {:>6}",

@@ -1,0 +1,57 @@
+//! The bench harnesses `stoker bench` runs, as a library below the command line (which only
+//! parses their settings and calls them): the end-to-end pipeline ([`pipeline`]), the prefetch
+//! controller's stall under simulated training loops ([`stall`]), the coordinator core's
+//! assignment rate ([`coordinator`]) and the gRPC transport's streaming rate ([`transport`]).
+//! Each prints its report, as text or as one JSON object.
+//!
+//! They are measuring tools, not part of the loader: nothing else in this crate uses them.
+
+pub mod coordinator;
+pub mod pipeline;
+mod resources;
+pub mod stall;
+pub mod transport;
+
+/// Why a bench could not run or finish.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// A setting is out of range; the message names it.
+    #[error("{0}")]
+    InvalidArgument(String),
+    /// The run went wrong in a way its checks caught; the message says how.
+    #[error("{0}")]
+    Failed(String),
+    /// The loader failed.
+    #[error(transparent)]
+    Loader(#[from] crate::Error),
+    /// Opening or building a job failed.
+    #[error(transparent)]
+    Worker(#[from] stoker_worker::Error),
+    /// The coordinator core refused a call.
+    #[error(transparent)]
+    Coordinator(#[from] crate::CoordinatorError),
+    /// A system call failed (threads, sockets, temporary files).
+    #[error(transparent)]
+    Io(#[from] std::io::Error),
+    /// The gRPC transport failed.
+    #[error(transparent)]
+    Transport(#[from] tonic::transport::Error),
+    /// A gRPC call failed.
+    #[error(transparent)]
+    Status(Box<tonic::Status>),
+    /// The test image could not be encoded.
+    #[error(transparent)]
+    Png(#[from] png::EncodingError),
+    /// A report could not be written as JSON.
+    #[error(transparent)]
+    Json(#[from] serde_json::Error),
+}
+
+impl From<tonic::Status> for Error {
+    fn from(status: tonic::Status) -> Self {
+        Error::Status(Box::new(status))
+    }
+}
+
+/// Result alias for the bench harnesses.
+pub type Result<T> = std::result::Result<T, Error>;

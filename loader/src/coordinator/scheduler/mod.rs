@@ -1,0 +1,749 @@
+//! The coordinator's core: workers, sessions, task leases and the journal, in process and
+//! without sockets (the gRPC service is a thin layer over exactly this API).
+//!
+//! - Workers [`register_worker`](Coordinator::register_worker) and prove they are alive with
+//!   [`heartbeat`](Coordinator::heartbeat) (leasing counts as one). A worker silent for longer
+//!   than the lease timeout is dropped by [`expire`](Coordinator::expire): its leased tasks go
+//!   back to the front of their sessions' queues and another worker redoes them.
+//! - A client [`open_session`](Coordinator::open_session)s for (job, rank, epoch) and grants
+//!   credits: how many batches it will accept. A session is never leased more tasks than its
+//!   uncovered credits.
+//! - [`lease`](Coordinator::lease) hands a worker tasks (one task = one batch), **most-starved
+//!   session first** across all jobs. A session's starvation is its credits that no leased or
+//!   delivered task covers yet (empty slots at the client); ties go to the session served
+//!   longest ago. Sessions with credits and work sit in an ordered set keyed that way, so a
+//!   lease costs O(log sessions), not a scan.
+//! - The worker reports [`complete`](Coordinator::complete) (the batch went to the client) or
+//!   [`fail`](Coordinator::fail) (requeue it); the client
+//!   [`acknowledge`](Coordinator::acknowledge)s each step it received, in any order.
+//!   Duplicates (a step acknowledged twice, a late report on a lease that expired) are ignored
+//!   and counted.
+//! - Job specs and each (job, rank, epoch)'s acknowledged position (every step below it was
+//!   received) are journaled in redb. Job registrations are durable when the call returns;
+//!   positions are written every [`CoordinatorConfig::journal_every`] acknowledgements and on
+//!   [`flush`](Coordinator::flush). A crash loses at most the unflushed positions, whose steps
+//!   are then redone: batches are a pure function of (spec, epoch, rank, step), so the client
+//!   receives identical bytes and drops them by step number.
+//!
+//! Time is passed in (`now: Instant`), so tests run without sleeping.
+
+mod error;
+mod ids;
+mod journal;
+mod session;
+#[cfg(test)]
+mod tests;
+mod types;
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::mem::size_of;
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use prost::Message;
+use stoker_proto::v1::JobSpec;
+
+pub use error::{CoordinatorError, CoordinatorResult};
+pub use ids::{JobId, LeaseId, SessionId, Step, TaskKey, WorkerId};
+pub use journal::JOURNAL_FILE;
+pub use types::{
+    AckOutcome, CoordinatorConfig, CoordinatorStats, ExpireReport, Lease, LeaseOutcome,
+};
+
+use journal::{Journal, PositionKey};
+use session::{AckEffect, ReadyKey, Session};
+
+struct Job {
+    spec: JobSpec,
+    steps_per_epoch: u64,
+}
+
+struct Worker {
+    last_heartbeat: Instant,
+    alive: bool,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct LeaseEntry {
+    worker: u32,
+    session: u32,
+    incarnation: u32,
+    step: u64,
+}
+
+/// A lease slot; the id of a lease is (generation << 32 | slot index), so a slot reused for a
+/// later lease never answers to the old id.
+struct LeaseSlot {
+    generation: u32,
+    entry: Option<LeaseEntry>,
+}
+
+/// The coordinator core: workers, sessions, task leases (most-starved session first) and the
+/// journal of job specs and acknowledged positions. Single-threaded (`&mut self`); a service
+/// wraps it in a lock or an actor.
+pub struct Coordinator {
+    config: CoordinatorConfig,
+    journal: Option<Journal>,
+    jobs: BTreeMap<JobId, Job>,
+    workers: Vec<Worker>,
+    sessions: Vec<Session>,
+    session_index: HashMap<PositionKey, u32>,
+    /// Acknowledged positions of (job, rank, epoch)s without a session (from the journal, or
+    /// closed), consulted when one opens.
+    resume_positions: HashMap<PositionKey, u64>,
+    /// Positions changed since the last journal write.
+    dirty_positions: HashMap<PositionKey, u64>,
+    acks_since_flush: u64,
+    ready: BTreeSet<ReadyKey>,
+    leases: Vec<LeaseSlot>,
+    free_lease_slots: Vec<u32>,
+    serve_clock: u64,
+    stats: CoordinatorStats,
+}
+
+/// The index of entry `id` of `entries` (worker and session ids are indices) when `live` says
+/// it still is; else `ended` (issued, but expired or closed) or `unknown` (never issued).
+fn live_index<T>(
+    entries: &[T],
+    id: u64,
+    live: impl Fn(&T) -> bool,
+    ended: CoordinatorError,
+    unknown: CoordinatorError,
+) -> CoordinatorResult<usize> {
+    match usize::try_from(id)
+        .ok()
+        .and_then(|i| entries.get(i).map(|e| (i, e)))
+    {
+        Some((index, entry)) if live(entry) => Ok(index),
+        Some(_) => Err(ended),
+        None => Err(unknown),
+    }
+}
+
+impl Coordinator {
+    /// A coordinator without a journal: nothing survives it. For tests and benches.
+    pub fn in_memory(config: CoordinatorConfig) -> Self {
+        Self {
+            config,
+            journal: None,
+            jobs: BTreeMap::new(),
+            workers: Vec::new(),
+            sessions: Vec::new(),
+            session_index: HashMap::new(),
+            resume_positions: HashMap::new(),
+            dirty_positions: HashMap::new(),
+            acks_since_flush: 0,
+            ready: BTreeSet::new(),
+            leases: Vec::new(),
+            free_lease_slots: Vec::new(),
+            serve_clock: 0,
+            stats: CoordinatorStats::default(),
+        }
+    }
+
+    /// Opens the coordinator journaled in `state_dir` (created if missing): registered jobs and
+    /// acknowledged positions come back; workers and leases do not (workers re-register, and
+    /// unacknowledged steps are redone).
+    pub fn open(state_dir: &Path, config: CoordinatorConfig) -> CoordinatorResult<Self> {
+        let (journal, contents) = Journal::open(state_dir)?;
+        let mut coordinator = Self::in_memory(config);
+        for job in contents.jobs {
+            let id = JobId(job.id);
+            let spec = JobSpec::decode(job.spec.as_slice())
+                .map_err(|source| CoordinatorError::CorruptSpec { job: id, source })?;
+            coordinator.jobs.insert(
+                id,
+                Job {
+                    spec,
+                    steps_per_epoch: job.steps_per_epoch,
+                },
+            );
+        }
+        coordinator.resume_positions = contents.positions;
+        coordinator.journal = Some(journal);
+        Ok(coordinator)
+    }
+
+    /// The journal file, when there is one.
+    pub fn journal_path(&self) -> Option<PathBuf> {
+        self.journal.as_ref().map(|j| j.path().to_path_buf())
+    }
+
+    /// Registers a job whose ranks each run `steps_per_epoch` steps; durable on return.
+    pub fn register_job(
+        &mut self,
+        spec: JobSpec,
+        steps_per_epoch: u64,
+    ) -> CoordinatorResult<JobId> {
+        if steps_per_epoch == 0 {
+            return Err(CoordinatorError::InvalidArgument(
+                "steps_per_epoch must be at least 1".into(),
+            ));
+        }
+        let id = JobId(self.jobs.keys().next_back().map_or(0, |last| last.0 + 1));
+        if let Some(journal) = &self.journal {
+            journal.put_job(id.0, steps_per_epoch, &spec.encode_to_vec())?;
+            self.stats.journal_commits += 1;
+        }
+        tracing::info!(
+            job = id.0,
+            steps_per_epoch,
+            world_size = spec.world_size,
+            "job registered"
+        );
+        self.jobs.insert(
+            id,
+            Job {
+                spec,
+                steps_per_epoch,
+            },
+        );
+        Ok(id)
+    }
+
+    /// The spec of a job (workers need it to produce its batches).
+    pub fn job_spec(&self, job: JobId) -> CoordinatorResult<&JobSpec> {
+        self.jobs
+            .get(&job)
+            .map(|j| &j.spec)
+            .ok_or(CoordinatorError::UnknownJob(job))
+    }
+
+    /// The registered jobs with their specs and steps per epoch, in id order.
+    pub fn jobs(&self) -> impl Iterator<Item = (JobId, &JobSpec, u64)> {
+        self.jobs
+            .iter()
+            .map(|(id, job)| (*id, &job.spec, job.steps_per_epoch))
+    }
+
+    /// Steps per epoch of a job.
+    pub fn steps_per_epoch(&self, job: JobId) -> CoordinatorResult<u64> {
+        self.jobs
+            .get(&job)
+            .map(|j| j.steps_per_epoch)
+            .ok_or(CoordinatorError::UnknownJob(job))
+    }
+
+    /// Registers a worker, alive as of `now`. A worker that joins mid-epoch takes tasks at its
+    /// first `lease`.
+    pub fn register_worker(&mut self, now: Instant) -> WorkerId {
+        let id = WorkerId(self.workers.len() as u64);
+        self.workers.push(Worker {
+            last_heartbeat: now,
+            alive: true,
+        });
+        tracing::debug!(worker = id.0, "worker registered");
+        id
+    }
+
+    /// Records that `worker` is alive at `now`, which renews all its leases.
+    pub fn heartbeat(&mut self, worker: WorkerId, now: Instant) -> CoordinatorResult<()> {
+        let index = self.live_worker(worker)?;
+        let entry = &mut self.workers[index];
+        entry.last_heartbeat = entry.last_heartbeat.max(now);
+        Ok(())
+    }
+
+    fn live_worker(&self, worker: WorkerId) -> CoordinatorResult<usize> {
+        let expired = CoordinatorError::WorkerExpired(worker);
+        let unknown = CoordinatorError::UnknownWorker(worker);
+        live_index(&self.workers, worker.0, |w| w.alive, expired, unknown)
+    }
+
+    /// Drops the workers whose last heartbeat is at least the lease timeout before `now`, and
+    /// puts their leased tasks back at the front of their sessions' queues, in step order.
+    /// Costs a pass over the workers, plus one over the lease table when someone died.
+    pub fn expire(&mut self, now: Instant) -> ExpireReport {
+        let mut report = ExpireReport::default();
+        for (index, worker) in self.workers.iter_mut().enumerate() {
+            if worker.alive
+                && now.saturating_duration_since(worker.last_heartbeat) >= self.config.lease_timeout
+            {
+                worker.alive = false;
+                report.workers.push(WorkerId(index as u64));
+            }
+        }
+        if report.workers.is_empty() {
+            return report;
+        }
+        for slot_index in 0..self.leases.len() {
+            let Some(entry) = self.leases[slot_index].entry else {
+                continue;
+            };
+            if self.workers[entry.worker as usize].alive {
+                continue;
+            }
+            self.free_slot(slot_index);
+            self.stats.expired_leases += 1;
+            if self.requeue(entry) {
+                report.requeued_tasks += 1;
+            }
+        }
+        tracing::warn!(
+            workers = ?report.workers.iter().map(|w| w.0).collect::<Vec<_>>(),
+            requeued_tasks = report.requeued_tasks,
+            "workers expired, their tasks requeued"
+        );
+        report
+    }
+
+    /// Opens the session of (job, rank, epoch), starting at `start_step` or at the journaled
+    /// acknowledged position if that is further. Opening an open session again (a client
+    /// reconnecting) restarts its window: unacknowledged steps are redone, earlier leases
+    /// become stale, and credits must be granted again.
+    pub fn open_session(
+        &mut self,
+        job: JobId,
+        rank: u32,
+        epoch: u64,
+        start_step: Step,
+    ) -> CoordinatorResult<SessionId> {
+        self.open_session_at(job, rank, epoch, start_step, false)
+    }
+
+    /// Like [`open_session`](Self::open_session); with `exact`, the session starts at
+    /// `start_step` even when earlier runs acknowledged further: a client resuming from a
+    /// checkpoint older than what it was sent gets those steps again.
+    pub fn open_session_at(
+        &mut self,
+        job: JobId,
+        rank: u32,
+        epoch: u64,
+        start_step: Step,
+        exact: bool,
+    ) -> CoordinatorResult<SessionId> {
+        let entry = self
+            .jobs
+            .get(&job)
+            .ok_or(CoordinatorError::UnknownJob(job))?;
+        let world_size = entry.spec.world_size.max(1);
+        if rank >= world_size {
+            return Err(CoordinatorError::RankOutOfRange {
+                job,
+                rank,
+                world_size,
+            });
+        }
+        let steps_per_epoch = entry.steps_per_epoch;
+        if start_step.0 > steps_per_epoch {
+            return Err(CoordinatorError::StepOutOfRange {
+                step: start_step,
+                steps_per_epoch,
+            });
+        }
+        let key = (job.0, rank, epoch);
+        if let Some(&index) = self.session_index.get(&key) {
+            let session = &mut self.sessions[index as usize];
+            if session.is_ready() {
+                self.ready.remove(&session.ready_key());
+            }
+            if exact {
+                session.reset_exact(start_step.0);
+            } else {
+                session.reset(start_step.0);
+            }
+            tracing::info!(
+                session = index,
+                job = job.0,
+                rank,
+                epoch,
+                position = session.acked_position,
+                "session reopened"
+            );
+            return Ok(session.id);
+        }
+        let index = u32::try_from(self.sessions.len())
+            .map_err(|_| CoordinatorError::InvalidArgument("too many sessions".into()))?;
+        let journaled = self.resume_positions.remove(&key).unwrap_or(0);
+        let position = if exact {
+            start_step.0
+        } else {
+            start_step.0.max(journaled).min(steps_per_epoch)
+        };
+        let id = SessionId(u64::from(index));
+        self.sessions.push(Session::new(
+            id,
+            job,
+            rank,
+            epoch,
+            steps_per_epoch,
+            position,
+        ));
+        self.session_index.insert(key, index);
+        tracing::debug!(
+            session = index,
+            job = job.0,
+            rank,
+            epoch,
+            position,
+            "session opened"
+        );
+        Ok(id)
+    }
+
+    /// Closes a session; its acknowledged position is kept (journaled) for a later reopening,
+    /// and its live leases become stale.
+    pub fn close_session(&mut self, session: SessionId) -> CoordinatorResult<()> {
+        let index = self.open_session_index(session)?;
+        let entry = &mut self.sessions[index];
+        if entry.is_ready() {
+            self.ready.remove(&entry.ready_key());
+        }
+        entry.open = false;
+        entry.incarnation = entry.incarnation.wrapping_add(1);
+        let key = (entry.job.0, entry.rank, entry.epoch);
+        self.resume_positions.insert(key, entry.acked_position);
+        self.session_index.remove(&key);
+        Ok(())
+    }
+
+    fn open_session_index(&self, session: SessionId) -> CoordinatorResult<usize> {
+        let closed = CoordinatorError::SessionClosed(session);
+        let unknown = CoordinatorError::UnknownSession(session);
+        live_index(&self.sessions, session.0, |s| s.open, closed, unknown)
+    }
+
+    /// Adds `credits` to what the session's client will accept. Zero, or a total above
+    /// [`CoordinatorConfig::max_credits`], is refused.
+    pub fn grant_credits(&mut self, session: SessionId, credits: u64) -> CoordinatorResult<()> {
+        let index = self.open_session_index(session)?;
+        let limit = self.config.max_credits;
+        let entry = &mut self.sessions[index];
+        let held = entry.credits;
+        let total = u64::from(held).saturating_add(credits);
+        if credits == 0 || total > u64::from(limit) {
+            return Err(CoordinatorError::InvalidCredits {
+                session,
+                granted: credits,
+                held: u64::from(held),
+                limit: u64::from(limit),
+            });
+        }
+        if entry.is_ready() {
+            self.ready.remove(&entry.ready_key());
+        }
+        entry.credits = total as u32;
+        if entry.is_ready() {
+            self.ready.insert(entry.ready_key());
+        }
+        Ok(())
+    }
+
+    /// Leases up to `max_tasks` tasks to `worker`, most-starved session first; counts as a
+    /// heartbeat. Returns fewer (maybe none) when no session has both credits and work.
+    /// `max_tasks` must be 1..=[`CoordinatorConfig::max_lease_batch`].
+    pub fn lease(
+        &mut self,
+        worker: WorkerId,
+        max_tasks: usize,
+        now: Instant,
+    ) -> CoordinatorResult<Vec<Lease>> {
+        let mut leases = Vec::with_capacity(max_tasks.min(self.config.max_lease_batch));
+        self.lease_into(worker, max_tasks, now, &mut leases)?;
+        Ok(leases)
+    }
+
+    /// [`lease`](Self::lease) appending to `out`, so a caller can reuse one vector.
+    pub fn lease_into(
+        &mut self,
+        worker: WorkerId,
+        max_tasks: usize,
+        now: Instant,
+        out: &mut Vec<Lease>,
+    ) -> CoordinatorResult<usize> {
+        if max_tasks == 0 || max_tasks > self.config.max_lease_batch {
+            return Err(CoordinatorError::InvalidArgument(format!(
+                "max_tasks must be 1..={}, not {max_tasks}",
+                self.config.max_lease_batch
+            )));
+        }
+        let worker_index = self.live_worker(worker)?;
+        let heartbeat = &mut self.workers[worker_index].last_heartbeat;
+        *heartbeat = (*heartbeat).max(now);
+        let deadline = *heartbeat + self.config.lease_timeout;
+        let mut leased = 0;
+        while leased < max_tasks {
+            let Some(key) = self.ready.pop_first() else {
+                break;
+            };
+            let session_index = key.2 as usize;
+            let session = &mut self.sessions[session_index];
+            let Some(step) = session.take_step() else {
+                continue;
+            };
+            session.credits -= 1;
+            self.serve_clock += 1;
+            session.last_served = self.serve_clock;
+            if session.is_ready() {
+                self.ready.insert(session.ready_key());
+            }
+            let task = TaskKey {
+                job: session.job,
+                epoch: session.epoch,
+                rank: session.rank,
+                step: Step(step),
+            };
+            let entry = LeaseEntry {
+                worker: worker_index as u32,
+                session: session_index as u32,
+                incarnation: session.incarnation,
+                step,
+            };
+            let session_id = session.id;
+            let lease_id = self.alloc_slot(entry);
+            out.push(Lease {
+                task,
+                session: session_id,
+                lease_id,
+                deadline,
+            });
+            leased += 1;
+        }
+        self.stats.assignments += leased as u64;
+        Ok(leased)
+    }
+
+    fn alloc_slot(&mut self, entry: LeaseEntry) -> LeaseId {
+        self.stats.leased_tasks += 1;
+        let index = match self.free_lease_slots.pop() {
+            Some(index) => index,
+            None => {
+                self.leases.push(LeaseSlot {
+                    generation: 0,
+                    entry: None,
+                });
+                (self.leases.len() - 1) as u32
+            }
+        };
+        let slot = &mut self.leases[index as usize];
+        slot.entry = Some(entry);
+        LeaseId((u64::from(slot.generation) << 32) | u64::from(index))
+    }
+
+    fn free_slot(&mut self, index: usize) {
+        let slot = &mut self.leases[index];
+        slot.entry = None;
+        slot.generation = slot.generation.wrapping_add(1);
+        self.free_lease_slots.push(index as u32);
+        self.stats.leased_tasks -= 1;
+    }
+
+    /// Ends the live lease `lease_id` of `worker` (its slot is freed) and returns it: `Ok(None)`
+    /// when it is stale (expired, or already reported), an error when the worker or the lease
+    /// was never issued or the lease belongs to another worker.
+    fn end_lease(
+        &mut self,
+        worker: WorkerId,
+        lease_id: LeaseId,
+    ) -> CoordinatorResult<Option<LeaseEntry>> {
+        if worker.0 >= self.workers.len() as u64 {
+            return Err(CoordinatorError::UnknownWorker(worker));
+        }
+        let index = (lease_id.0 & u64::from(u32::MAX)) as usize;
+        let generation = (lease_id.0 >> 32) as u32;
+        let slot = self
+            .leases
+            .get(index)
+            .ok_or(CoordinatorError::UnknownLease(lease_id))?;
+        match slot.entry {
+            Some(entry) if slot.generation == generation => {
+                if entry.worker as u64 != worker.0 {
+                    return Err(CoordinatorError::LeaseNotHeld {
+                        lease: lease_id,
+                        holder: WorkerId(u64::from(entry.worker)),
+                        caller: worker,
+                    });
+                }
+                self.free_slot(index);
+                Ok(Some(entry))
+            }
+            _ if generation > slot.generation => Err(CoordinatorError::UnknownLease(lease_id)),
+            _ => {
+                self.stats.duplicates_dropped += 1;
+                Ok(None)
+            }
+        }
+    }
+
+    /// The worker sent the leased batch to its client. A report on a lease that expired (its
+    /// task requeued, perhaps redone) is ignored and counted as a duplicate.
+    pub fn complete(
+        &mut self,
+        worker: WorkerId,
+        lease_id: LeaseId,
+    ) -> CoordinatorResult<LeaseOutcome> {
+        let Some(entry) = self.end_lease(worker, lease_id)? else {
+            return Ok(LeaseOutcome::Stale);
+        };
+        if self.sessions[entry.session as usize].incarnation != entry.incarnation {
+            self.stats.duplicates_dropped += 1;
+            return Ok(LeaseOutcome::Stale);
+        }
+        self.stats.completions += 1;
+        Ok(LeaseOutcome::Applied)
+    }
+
+    /// The worker could not produce the leased batch: the task goes back to the front of its
+    /// session's queue for another try.
+    pub fn fail(
+        &mut self,
+        worker: WorkerId,
+        lease_id: LeaseId,
+        reason: &str,
+    ) -> CoordinatorResult<LeaseOutcome> {
+        let Some(entry) = self.end_lease(worker, lease_id)? else {
+            return Ok(LeaseOutcome::Stale);
+        };
+        self.stats.failed_leases += 1;
+        let session = &self.sessions[entry.session as usize];
+        tracing::warn!(
+            worker = worker.0,
+            job = session.job.0,
+            rank = session.rank,
+            epoch = session.epoch,
+            step = entry.step,
+            reason,
+            "task failed, requeued"
+        );
+        if self.requeue(entry) {
+            Ok(LeaseOutcome::Applied)
+        } else {
+            Ok(LeaseOutcome::Stale)
+        }
+    }
+
+    /// Puts the task of a dead lease back in its session's queue and returns its credit;
+    /// false when the lease was stale or the step was acknowledged meanwhile.
+    fn requeue(&mut self, entry: LeaseEntry) -> bool {
+        let session = &mut self.sessions[entry.session as usize];
+        if !session.open || session.incarnation != entry.incarnation {
+            return false;
+        }
+        if session.is_ready() {
+            self.ready.remove(&session.ready_key());
+        }
+        let requeued = session.requeue(entry.step);
+        if requeued {
+            session.credits = session.credits.saturating_add(1);
+        }
+        if session.is_ready() {
+            self.ready.insert(session.ready_key());
+        }
+        requeued
+    }
+
+    /// The session's client received `step`. Acknowledgements may arrive in any order; a step
+    /// acknowledged twice is ignored and counted. The acknowledged position is journaled every
+    /// [`CoordinatorConfig::journal_every`] acknowledgements (and on [`flush`](Self::flush)).
+    pub fn acknowledge(&mut self, session: SessionId, step: Step) -> CoordinatorResult<AckOutcome> {
+        let index = self.open_session_index(session)?;
+        let entry = &mut self.sessions[index];
+        if step.0 >= entry.steps_per_epoch {
+            return Err(CoordinatorError::StepOutOfRange {
+                step,
+                steps_per_epoch: entry.steps_per_epoch,
+            });
+        }
+        let was_ready = entry.is_ready();
+        let old_key = entry.ready_key();
+        let before = entry.acked_position;
+        match entry.acknowledge(step.0) {
+            AckEffect::Duplicate => {
+                self.stats.duplicates_dropped += 1;
+                return Ok(AckOutcome::Duplicate);
+            }
+            AckEffect::Recorded { was_queued } => {
+                // A step received without a live lease (a redone or pre-restart batch) fills a
+                // client slot all the same.
+                if was_queued {
+                    entry.credits = entry.credits.saturating_sub(1);
+                }
+            }
+        }
+        if was_ready && (!entry.is_ready() || entry.ready_key() != old_key) {
+            self.ready.remove(&old_key);
+            if entry.is_ready() {
+                self.ready.insert(entry.ready_key());
+            }
+        }
+        let position = entry.acked_position;
+        self.stats.acknowledgements += 1;
+        if position != before && self.journal.is_some() {
+            self.dirty_positions
+                .insert((entry.job.0, entry.rank, entry.epoch), position);
+        }
+        self.acks_since_flush += 1;
+        if self.acks_since_flush >= self.config.journal_every {
+            self.flush()?;
+        }
+        Ok(AckOutcome::Recorded {
+            position: Step(position),
+        })
+    }
+
+    /// Writes the acknowledged positions changed since the last write, durably.
+    pub fn flush(&mut self) -> CoordinatorResult<()> {
+        self.acks_since_flush = 0;
+        let Some(journal) = &self.journal else {
+            return Ok(());
+        };
+        if self.dirty_positions.is_empty() {
+            return Ok(());
+        }
+        // In key order: redb's B-tree takes sorted inserts several times faster.
+        let mut positions: Vec<(PositionKey, u64)> = self.dirty_positions.drain().collect();
+        positions.sort_unstable();
+        let count = positions.len();
+        journal.put_positions(positions.into_iter())?;
+        self.stats.journal_commits += 1;
+        tracing::debug!(positions = count, "acknowledged positions journaled");
+        Ok(())
+    }
+
+    /// The acknowledged position of a session: every step below it was received.
+    pub fn acknowledged_position(&self, session: SessionId) -> CoordinatorResult<Step> {
+        let index = self.open_session_index(session)?;
+        Ok(Step(self.sessions[index].acked_position))
+    }
+
+    /// Counters, sizes and the memory estimate. Costs a pass over the sessions.
+    pub fn stats(&self) -> CoordinatorStats {
+        let mut stats = self.stats.clone();
+        stats.jobs = self.jobs.len() as u64;
+        stats.workers = self.workers.iter().filter(|w| w.alive).count() as u64;
+        let open = self.sessions.iter().filter(|s| s.open);
+        stats.sessions = open.clone().count() as u64;
+        stats.queued_tasks = open.map(Session::queued).sum();
+        stats.memory_bytes = self.memory_bytes() as u64;
+        stats
+    }
+
+    /// Estimated heap bytes of the coordinator's data structures, from their capacities (job
+    /// specs and the journal's own cache excluded).
+    fn memory_bytes(&self) -> usize {
+        // Ordered sets: about 16 bytes of node overhead per key besides the key.
+        let ready = self.ready.len() * (size_of::<ReadyKey>() + 16);
+        // Hash maps: key, value and one control byte per bucket, buckets ~8/7 of capacity.
+        let map = |cap: usize, entry: usize| cap * 8 / 7 * (entry + 1);
+        size_of::<Self>()
+            + self.workers.capacity() * size_of::<Worker>()
+            + self.sessions.capacity() * size_of::<Session>()
+            + self.sessions.iter().map(Session::heap_bytes).sum::<usize>()
+            + map(
+                self.session_index.capacity(),
+                size_of::<(PositionKey, u32)>(),
+            )
+            + map(
+                self.resume_positions.capacity(),
+                size_of::<(PositionKey, u64)>(),
+            )
+            + map(
+                self.dirty_positions.capacity(),
+                size_of::<(PositionKey, u64)>(),
+            )
+            + ready
+            + self.leases.capacity() * size_of::<LeaseSlot>()
+            + self.free_lease_slots.capacity() * size_of::<u32>()
+            + self.jobs.len() * (size_of::<(JobId, Job)>() + 16)
+    }
+}

@@ -1,0 +1,37 @@
+//! The coordinator's side of the error/status table (the rest is
+//! `stoker_worker::transport`): the status each refusal of the core travels as.
+
+use stoker_worker::transport::{status, with_kind};
+use stoker_worker::ErrorKind;
+use tonic::Status;
+
+use crate::coordinator::CoordinatorError;
+
+/// The status a coordinator refusal travels as.
+pub fn coordinator_status(error: CoordinatorError) -> Status {
+    let message = error.to_string();
+    let kind = match error {
+        CoordinatorError::UnknownJob(_)
+        | CoordinatorError::UnknownWorker(_)
+        | CoordinatorError::UnknownSession(_)
+        | CoordinatorError::UnknownLease(_) => {
+            // Not a missing file: a name the coordinator does not know (the code says so).
+            return with_kind(Status::not_found(message), ErrorKind::InvalidArgument);
+        }
+        CoordinatorError::WorkerExpired(_) | CoordinatorError::SessionClosed(_) => {
+            return with_kind(
+                Status::failed_precondition(message),
+                ErrorKind::InvalidArgument,
+            );
+        }
+        CoordinatorError::LeaseNotHeld { .. } => ErrorKind::PermissionDenied,
+        CoordinatorError::InvalidCredits { .. }
+        | CoordinatorError::StepOutOfRange { .. }
+        | CoordinatorError::RankOutOfRange { .. }
+        | CoordinatorError::InvalidArgument(_) => ErrorKind::InvalidArgument,
+        CoordinatorError::Journal(_)
+        | CoordinatorError::StateDir { .. }
+        | CoordinatorError::CorruptSpec { .. } => ErrorKind::Internal,
+    };
+    status(kind, message)
+}
