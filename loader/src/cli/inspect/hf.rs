@@ -23,7 +23,7 @@ pub(super) fn inspect_hf(args: &InspectArgs) -> anyhow::Result<()> {
     let summary = dataset.summary();
     let report = match summary.sample_kind {
         ParquetSampleKind::Image => Some(inspect_samples(&dataset, DEFAULT_MAX_PIXELS)?),
-        ParquetSampleKind::Text => None,
+        ParquetSampleKind::Text | ParquetSampleKind::Numeric => None,
     };
     if args.json {
         let columns: Vec<serde_json::Value> = summary
@@ -65,6 +65,7 @@ pub(super) fn inspect_hf(args: &InspectArgs) -> anyhow::Result<()> {
             match summary.sample_kind {
                 ParquetSampleKind::Image => "  (images)",
                 ParquetSampleKind::Text => "  (text)",
+                ParquetSampleKind::Numeric => "",
             }
         } else if summary.label_column.as_deref() == Some(column.name.as_str()) {
             "  (labels)"
