@@ -183,6 +183,22 @@ pub enum Error {
         window: u64,
     },
 
+    /// A file read by position ends before a range its index promises: it was truncated or
+    /// replaced after the dataset was opened. The dataset no longer is the one the job planned
+    /// over, so this is never one bad sample.
+    #[error(
+        "{path} changed under the running job: it was opened with {opened_len} bytes but now \
+         ends before byte {end} (truncated or replaced after the dataset was opened)"
+    )]
+    FileChanged {
+        /// The file.
+        path: PathBuf,
+        /// Its length when the dataset was opened.
+        opened_len: u64,
+        /// The end of the range that could not be read.
+        end: u64,
+    },
+
     /// A JSONL dataset path names a folder without any JSONL file.
     #[error("found no JSONL file (*.jsonl, *.jsonl.gz, *.jsonl.zst) in {0}")]
     NoJsonlFiles(PathBuf),
@@ -392,6 +408,17 @@ pub enum Error {
         received: u64,
     },
 
+    /// A cached object a running job reads was evicted, and fetched again it is no longer the
+    /// version the job indexed (it changed in the store).
+    #[error(
+        "object {uri} changed in the store while a job was reading it from the cache; the \
+         shard index no longer fits it: restart the job"
+    )]
+    ObjectChanged {
+        /// The object.
+        uri: String,
+    },
+
     /// Another process held a cache entry's lock for longer than the deadline.
     #[error(
         "waited {waited_seconds} s for the lock of cache entry {path} (another process is \
@@ -412,12 +439,125 @@ pub enum Error {
 /// The crate's result type.
 pub type Result<T> = std::result::Result<T, Error>;
 
+/// Whose fault a failed read is: the bad-input policy may replace a sample only for
+/// [`ReadFault::Sample`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ReadFault {
+    /// The sample's own bytes are missing or wrong (a deleted file, a truncated member, a
+    /// malformed record): a bad sample.
+    Sample,
+    /// The process or the machine ran short of something (descriptors, memory, kernel
+    /// buffers): the same read may succeed after a pause.
+    Resource,
+    /// The storage or the dataset failed as a whole (an I/O error of the device, a full or
+    /// stale file system, a file changed under the job): neither the sample's fault nor worth
+    /// retrying.
+    Source,
+}
+
 impl Error {
+    /// Whose fault this error is when it comes from reading one sample.
+    pub fn read_fault(&self) -> ReadFault {
+        match self {
+            Error::Io { source, .. } | Error::ShardRead { source, .. } => io_fault(source),
+            Error::ParquetFile { source, .. } | Error::ParquetRowGroup { source, .. } => {
+                match source {
+                    parquet::errors::ParquetError::External(inner) => inner
+                        .downcast_ref::<std::io::Error>()
+                        .map_or(ReadFault::Sample, io_fault),
+                    _ => ReadFault::Sample,
+                }
+            }
+            Error::FileChanged { .. }
+            | Error::ObjectChanged { .. }
+            | Error::CacheLockTimeout { .. }
+            | Error::ObjectStore { .. }
+            | Error::IncompleteObject { .. } => ReadFault::Source,
+            _ => ReadFault::Sample,
+        }
+    }
+
     /// Wraps an I/O error with the path it concerns.
     pub(crate) fn io(path: impl Into<PathBuf>, source: std::io::Error) -> Error {
         Error::Io {
             path: path.into(),
             source,
         }
+    }
+}
+
+/// Whose fault a failed system call is; see [`ReadFault`].
+pub(crate) fn io_fault(error: &std::io::Error) -> ReadFault {
+    if error.kind() == std::io::ErrorKind::OutOfMemory {
+        return ReadFault::Resource;
+    }
+    match error.raw_os_error() {
+        Some(
+            libc::EMFILE
+            | libc::ENFILE
+            | libc::ENOMEM
+            | libc::ENOBUFS
+            | libc::EAGAIN
+            | libc::EINTR
+            | libc::ENOLCK,
+        ) => ReadFault::Resource,
+        Some(
+            libc::EIO
+            | libc::ENOSPC
+            | libc::EDQUOT
+            | libc::ESTALE
+            | libc::ENODEV
+            | libc::ENXIO
+            | libc::EROFS
+            | libc::ETIMEDOUT
+            | libc::ENOTCONN
+            | libc::EHOSTDOWN
+            | libc::EREMOTEIO,
+        ) => ReadFault::Source,
+        _ => ReadFault::Sample,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn io_error(code: i32) -> Error {
+        Error::io("/data/x", std::io::Error::from_raw_os_error(code))
+    }
+
+    #[test]
+    fn resource_and_storage_failures_are_not_the_samples_fault() {
+        for code in [libc::EMFILE, libc::ENFILE, libc::ENOMEM, libc::ENOBUFS] {
+            assert_eq!(io_error(code).read_fault(), ReadFault::Resource, "{code}");
+        }
+        for code in [libc::EIO, libc::ENOSPC, libc::ESTALE] {
+            assert_eq!(io_error(code).read_fault(), ReadFault::Source, "{code}");
+        }
+        let changed = Error::FileChanged {
+            path: "/data/tokens.bin".into(),
+            opened_len: 100,
+            end: 80,
+        };
+        assert_eq!(changed.read_fault(), ReadFault::Source);
+        assert!(changed.to_string().contains("/data/tokens.bin"));
+        let shard = Error::ShardRead {
+            shard: "/data/a.tar".into(),
+            member: "x.jpg".into(),
+            source: std::io::Error::from_raw_os_error(libc::EMFILE),
+        };
+        assert_eq!(shard.read_fault(), ReadFault::Resource);
+    }
+
+    #[test]
+    fn a_missing_or_cut_short_sample_is_the_samples_fault() {
+        assert_eq!(io_error(libc::ENOENT).read_fault(), ReadFault::Sample);
+        let truncated = Error::TruncatedMember {
+            shard: "/data/a.tar".into(),
+            member: "x.jpg".into(),
+            size: 10,
+            available: 4,
+        };
+        assert_eq!(truncated.read_fault(), ReadFault::Sample);
     }
 }

@@ -6,8 +6,8 @@
 //!   `datasets.ImageFolder`, so sample `i` and its label match a PyTorch run.
 //! - [`TarShards`]: WebDataset-style tar shards read by random access through a cached index;
 //!   [`write_tar_shards`] writes any source in that layout.
-//! - [`TokenFile`]: a memory-mapped nanoGPT-style token array served as windows of
-//!   `seq_len + 1` tokens; [`write_synthetic_tokens`] writes a seeded one.
+//! - [`TokenFile`]: a nanoGPT-style token array served as windows of `seq_len + 1` tokens,
+//!   read with positioned reads (a file cut short under a job is an error, not SIGBUS); [`write_synthetic_tokens`] writes a seeded one.
 //! - [`JsonlDocuments`]: JSON Lines documents, one sample per line, read as UTF-8 text.
 //! - [`ParquetDataset`]: rows of Parquet files (image bytes or text, plus labels), read by
 //!   row group; [`write_parquet`] writes any source as Parquet, and
@@ -21,6 +21,12 @@
 //! - [`inspect_image_folder`]: format and size statistics from image headers;
 //!   [`inspect_samples`] computes the same from any source's bytes.
 //! - [`sniff_format`]: tells JPEG from PNG by magic bytes, for decode decisions.
+//! - [`ReadFault`]: whose fault a failed read is (the sample's, the machine's resources, or the
+//!   storage's), so only a sample's own bad bytes ever count as a bad sample.
+//!
+//! Files read by position (tar shards, JSONL files, cached objects with their locks) are held
+//! open in one bounded pool per process (`file_pool.rs`), sized from the soft descriptor limit,
+//! so the number of files in a dataset is not bounded by `ulimit -n`.
 //!
 //! ```
 //! use stoker_datasets::{
@@ -45,6 +51,7 @@
 
 mod cache_stats;
 mod error;
+mod file_pool;
 mod files;
 mod hf_folder;
 mod image_folder;
@@ -60,7 +67,7 @@ mod token_dtype;
 mod token_file;
 
 pub use cache_stats::CacheStats;
-pub use error::{Error, Result};
+pub use error::{Error, ReadFault, Result};
 pub use hf_folder::{looks_like_hf_dataset, HfColumnInfo, HfDataset, HfFeature, HfSummary};
 pub use image_folder::ImageFolder;
 pub use image_format::{sniff_format, ImageFormat};

@@ -45,6 +45,22 @@ pub trait SampleSource: Send + Sync {
     /// [`Error::IndexOutOfRange`](crate::Error::IndexOutOfRange).
     fn read(&self, index: u64) -> Result<Vec<u8>>;
 
+    /// Reads the sample's bytes into `dest`, which must be exactly as long as the sample
+    /// (fixed-size samples: token windows). The default reads and copies; a source that can
+    /// read straight into `dest` (one copy fewer) overrides it.
+    fn read_into(&self, index: u64, dest: &mut [u8]) -> Result<()> {
+        let bytes = self.read(index)?;
+        if bytes.len() != dest.len() {
+            return Err(crate::Error::InvalidArgument(format!(
+                "sample {index} holds {} bytes, not the {} asked for",
+                bytes.len(),
+                dest.len()
+            )));
+        }
+        dest.copy_from_slice(&bytes);
+        Ok(())
+    }
+
     /// Class names, indexed by label.
     fn class_names(&self) -> &[String];
 

@@ -1,23 +1,28 @@
 //! `JsonlDocuments`: JSON Lines files (one file or a folder of `*.jsonl`), one document per
 //! non-blank line, read by random access.
 //!
-//! The files are memory-mapped and their line starts indexed once at open (a `memchr` scan, a
-//! few GB/s, so no index is cached on disk). Compressed files (`.jsonl.gz`, `.jsonl.zst`) are
-//! decompressed once into the local cache tier (`compressed.rs`) and read from there the same
-//! way; errors still name the compressed file. Reading sample `i` parses its one line and returns
-//! the UTF-8 text of the text field. A line that is not a JSON object, lacks the field, or holds
+//! The files' line starts are indexed once at open (a `memchr` scan of the file read in chunks,
+//! a few GB/s, so no index is cached on disk). Reading sample `i` reads its one line with a
+//! positioned read on a file from the process's pool of open files (so a file cut short under
+//! a running job is an error naming it, never SIGBUS, and many files hold few descriptors),
+//! parses it and returns the UTF-8 text of the text field. Compressed files (`.jsonl.gz`,
+//! `.jsonl.zst`) are decompressed once into the local cache tier (`compressed.rs`) and read from
+//! there the same way; errors still name the compressed file. A line that is not a JSON object, lacks the field, or holds
 //! something other than a string there is a bad sample whose error names `file:line`; it never
 //! stops the index from being built.
 
 use std::fs::File;
+use std::io::Read;
+use std::ops::Range;
+use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
-use memmap2::Mmap;
 use serde::Serialize;
 use serde_json::Value;
 use tracing::info;
 
 use crate::error::{Error, Result};
+use crate::file_pool::{is_out_of_descriptors, FileKey, FilePool, PooledFile};
 use crate::inspect::Summary;
 use crate::sample_source::SampleSource;
 use crate::storage::{CachedObject, ObjectCacheOptions};
@@ -53,67 +58,123 @@ struct LineRef {
 }
 
 struct JsonlFile {
-    /// The file as the user named it (the compressed one, when compressed).
+    /// The file as the user named it (the compressed one, when compressed), for messages.
     path: PathBuf,
-    map: Option<Mmap>,
+    /// The file read: `path`, or its decompressed copy.
+    read_from: PathBuf,
+    /// The file's length when it was indexed.
+    bytes: u64,
     lines: Vec<LineRef>,
     /// The decompressed copy in the cache tier, locked while the file is read.
     _copy: Option<CachedObject>,
 }
 
+/// The line being scanned at open.
+struct LineScan {
+    start: u64,
+    blank: bool,
+    ends_with_cr: bool,
+    number: u32,
+}
+
+impl LineScan {
+    fn take(&mut self, bytes: &[u8]) {
+        if let Some(last) = bytes.last() {
+            self.blank &= bytes.iter().all(u8::is_ascii_whitespace);
+            self.ends_with_cr = *last == b'\r';
+        }
+    }
+
+    /// Ends the line at byte `end` (its newline or the end of the file).
+    fn finish(&mut self, end: u64, path: &Path, lines: &mut Vec<LineRef>) -> Result<()> {
+        self.number = self
+            .number
+            .checked_add(1)
+            .ok_or_else(|| Error::TooLarge(path.to_path_buf()))?;
+        if !self.blank {
+            let len = end - self.start - u64::from(self.ends_with_cr);
+            let len = u32::try_from(len).map_err(|_| Error::MalformedRecord {
+                path: path.to_path_buf(),
+                line: u64::from(self.number),
+                reason: "line longer than 4 GiB".into(),
+            })?;
+            lines.push(LineRef {
+                start: self.start,
+                len,
+                line: self.number,
+            });
+        }
+        self.start = end + 1;
+        self.blank = true;
+        self.ends_with_cr = false;
+        Ok(())
+    }
+}
+
 impl JsonlFile {
     /// Indexes `path`, reading it from `copy` (its decompressed copy) when given.
     fn open(path: PathBuf, copy: Option<CachedObject>) -> Result<JsonlFile> {
-        let read_from = copy.as_ref().map_or(path.as_path(), CachedObject::path);
-        let file = File::open(read_from).map_err(|source| Error::io(&path, source))?;
-        let len = file
-            .metadata()
-            .map_err(|source| Error::io(&path, source))?
-            .len();
-        // An empty file cannot be mapped; it simply holds no line.
-        let map = if len == 0 {
-            None
-        } else {
-            // SAFETY: read-only map of a file not expected to change under the job; bytes are
-            // only copied out or parsed.
-            Some(unsafe { Mmap::map(&file) }.map_err(|source| Error::io(&path, source))?)
-        };
-        let bytes: &[u8] = map.as_deref().unwrap_or(&[]);
+        const CHUNK: usize = 1 << 20;
+        let read_from = copy
+            .as_ref()
+            .map_or_else(|| path.clone(), |copy| copy.path().to_path_buf());
+        let mut file = File::open(&read_from).map_err(|source| Error::io(&path, source))?;
+        let mut chunk = vec![0u8; CHUNK];
         let mut lines = Vec::new();
-        let mut start = 0usize;
-        let mut number = 0u32;
-        let ends = memchr::memchr_iter(b'\n', bytes).chain(std::iter::once(bytes.len()));
-        for end in ends {
-            number = number.checked_add(1).ok_or(Error::TooLarge(path.clone()))?;
-            let mut line = &bytes[start..end];
-            if let [head @ .., b'\r'] = line {
-                line = head;
+        let mut scan = LineScan {
+            start: 0,
+            blank: true,
+            ends_with_cr: false,
+            number: 0,
+        };
+        let mut offset = 0u64;
+        loop {
+            let filled = match file.read(&mut chunk) {
+                Ok(0) => break,
+                Ok(filled) => filled,
+                Err(source) if source.kind() == std::io::ErrorKind::Interrupted => continue,
+                Err(source) => return Err(Error::io(&path, source)),
+            };
+            let bytes = &chunk[..filled];
+            let mut segment_start = 0;
+            for newline in memchr::memchr_iter(b'\n', bytes) {
+                scan.take(&bytes[segment_start..newline]);
+                scan.finish(offset + newline as u64, &path, &mut lines)?;
+                segment_start = newline + 1;
             }
-            if !line.iter().all(u8::is_ascii_whitespace) {
-                let len = u32::try_from(line.len()).map_err(|_| Error::MalformedRecord {
-                    path: path.clone(),
-                    line: u64::from(number),
-                    reason: "line longer than 4 GiB".into(),
-                })?;
-                lines.push(LineRef {
-                    start: start as u64,
-                    len,
-                    line: number,
-                });
-            }
-            start = end + 1;
+            scan.take(&bytes[segment_start..]);
+            offset += filled as u64;
         }
+        scan.finish(offset, &path, &mut lines)?;
         Ok(JsonlFile {
             path,
-            map,
+            read_from,
+            bytes: offset,
             lines,
             _copy: copy,
         })
     }
 
-    fn line(&self, line: LineRef) -> &[u8] {
-        let bytes: &[u8] = self.map.as_deref().unwrap_or(&[]);
-        &bytes[line.start as usize..line.start as usize + line.len as usize]
+    /// The bytes of `line`, read from the file of pool key `key`.
+    fn line(&self, pool: &FilePool, key: FileKey, line: LineRef) -> Result<Vec<u8>> {
+        let opened = pool.get_or_open(
+            key,
+            || File::open(&self.read_from).map(PooledFile::plain),
+            is_out_of_descriptors,
+        );
+        let opened = opened.map_err(|source| Error::io(&self.path, source))?;
+        let mut bytes = vec![0u8; line.len as usize];
+        match opened.file.read_exact_at(&mut bytes, line.start) {
+            Ok(()) => Ok(bytes),
+            Err(source) if source.kind() == std::io::ErrorKind::UnexpectedEof => {
+                Err(Error::FileChanged {
+                    path: self.path.clone(),
+                    opened_len: self.bytes,
+                    end: line.start + u64::from(line.len),
+                })
+            }
+            Err(source) => Err(Error::io(&self.path, source)),
+        }
     }
 }
 
@@ -126,6 +187,14 @@ pub struct JsonlDocuments {
     len: u64,
     text_field: String,
     label_field: Option<String>,
+    /// The files' keys in the pool of open files (one per file, in order).
+    pool_keys: Range<FileKey>,
+}
+
+impl Drop for JsonlDocuments {
+    fn drop(&mut self) {
+        FilePool::global().forget(self.pool_keys.clone());
+    }
 }
 
 impl JsonlDocuments {
@@ -194,6 +263,7 @@ impl JsonlDocuments {
         } else {
             text_field.to_string()
         };
+        let files_count = files.len();
         let mut documents = JsonlDocuments {
             root: path.to_path_buf(),
             files,
@@ -201,6 +271,7 @@ impl JsonlDocuments {
             len,
             text_field,
             label_field: None,
+            pool_keys: FilePool::global().reserve_keys(files_count),
         };
         documents.label_field = if label_field.is_empty() {
             let first = documents.record(0).ok();
@@ -241,15 +312,24 @@ impl JsonlDocuments {
     }
 
     fn locate(&self, index: u64) -> Option<(&JsonlFile, LineRef)> {
+        self.locate_with_key(index)
+            .map(|(file, line, _)| (file, line))
+    }
+
+    /// The file holding sample `index`, its line, and the file's key in the pool.
+    fn locate_with_key(&self, index: u64) -> Option<(&JsonlFile, LineRef, FileKey)> {
         if index >= self.len {
             return None;
         }
-        let file = self.first_samples.partition_point(|first| *first <= index) - 1;
-        let file_ref = &self.files[file];
-        Some((
-            file_ref,
-            file_ref.lines[(index - self.first_samples[file]) as usize],
-        ))
+        let file = self
+            .first_samples
+            .partition_point(|first| *first <= index)
+            .checked_sub(1)?;
+        let file_ref = self.files.get(file)?;
+        let line = *file_ref
+            .lines
+            .get(usize::try_from(index - self.first_samples[file]).ok()?)?;
+        Some((file_ref, line, self.pool_keys.start + file as u64))
     }
 
     fn malformed(file: &JsonlFile, line: LineRef, reason: impl Into<String>) -> Error {
@@ -262,11 +342,12 @@ impl JsonlDocuments {
 
     /// The parsed JSON object of sample `index`.
     fn record(&self, index: u64) -> Result<serde_json::Map<String, Value>> {
-        let (file, line) = self.locate(index).ok_or(Error::IndexOutOfRange {
+        let (file, line, key) = self.locate_with_key(index).ok_or(Error::IndexOutOfRange {
             index,
             len: self.len,
         })?;
-        match serde_json::from_slice::<Value>(file.line(line)) {
+        let bytes = file.line(FilePool::global(), key, line)?;
+        match serde_json::from_slice::<Value>(&bytes) {
             Ok(Value::Object(record)) => Ok(record),
             Ok(other) => Err(Self::malformed(
                 file,

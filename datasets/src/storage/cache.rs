@@ -23,7 +23,14 @@
 //! Limits: a copy is checked by size and ETag, not by a checksum of its bytes (a same-size
 //! corruption on local disk goes unnoticed); an object changed in the store while another
 //! process still reads the old copy is refetched only once that process lets go (the wait has
-//! the lock timeout as its deadline); each entry in use keeps one file descriptor open.
+//! the lock timeout as its deadline).
+//!
+//! Descriptors: a [`CachedObject`] holds its lock until its user lets go of it
+//! ([`CachedObject::release`]). [`RemoteTarShards`](super::RemoteTarShards) does so once the
+//! shards are indexed and takes each lock again while that shard's file is open in the
+//! process's bounded pool of open files, so an entry is protected from eviction while it is
+//! being read, not for the source's whole life; an entry evicted in between is fetched again
+//! on its next read.
 
 use std::fs::{File, OpenOptions};
 use std::sync::atomic::{AtomicU64, Ordering};

@@ -15,11 +15,13 @@
 use std::fs::{File, OpenOptions};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::time::Duration;
 
 use object_store::ObjectMeta;
 use serde::{Deserialize, Serialize};
 use tracing::{info, warn};
 
+use super::entry_lock::{touch, wait_for_lock};
 use super::uri::RemoteLocation;
 use crate::error::{Error, Result};
 
@@ -28,52 +30,96 @@ pub(super) const LOCK_SUFFIX: &str = ".stoker-lock";
 pub(super) const PART_MARKER: &str = ".stoker-part-";
 pub(super) const INDEX_SUFFIX: &str = ".stoker-idx";
 
-/// A remote object materialised in the cache. While it lives, its entry is locked shared:
-/// no process evicts or replaces it.
+/// A remote object materialised in the cache. While it holds its lock, its entry is locked
+/// shared: no process evicts or replaces it. A source that reads many objects lets go of the
+/// locks once it has indexed them and takes each again while that object's file is open (see
+/// [`CachedObject::release`] and `CachedObject::lock_again`), so its descriptors stay bounded.
 #[derive(Debug)]
 pub struct CachedObject {
-    key: String,
-    uri: String,
-    path: PathBuf,
-    size: u64,
+    entry: Entry,
     /// Holds the entry's shared lock; closing it releases the lock.
-    _lock: File,
+    lock: Option<File>,
 }
 
 impl CachedObject {
     /// The object's key in its bucket.
     pub fn key(&self) -> &str {
-        &self.key
+        &self.entry.key
     }
 
     /// The object's `s3://` URI.
     pub fn uri(&self) -> &str {
-        &self.uri
+        &self.entry.uri
     }
 
     /// The local file holding the object's bytes.
     pub fn path(&self) -> &Path {
-        &self.path
+        &self.entry.data
     }
 
     /// The object's size in bytes.
     pub fn size(&self) -> u64 {
-        self.size
+        self.entry.listed.size
     }
 
     /// The last segment of the key.
     pub fn file_name(&self) -> &str {
-        self.key.rsplit('/').next().unwrap_or(&self.key)
+        let key = &self.entry.key;
+        key.rsplit('/').next().unwrap_or(key)
     }
+
+    /// Whether the entry's lock is held.
+    pub fn is_locked(&self) -> bool {
+        self.lock.is_some()
+    }
+
+    /// Lets go of the entry's lock (and its descriptor): the entry may be evicted from now on.
+    pub fn release(&mut self) {
+        self.lock = None;
+    }
+
+    /// Takes the entry's shared lock again (waiting up to `timeout` for a process fetching or
+    /// evicting it) and returns the lock with the open data file, when the copy in the cache
+    /// is still this object. `Ok(None)`: the entry was evicted or replaced meanwhile.
+    pub(super) fn lock_again(&self, timeout: Duration) -> Result<Option<(File, File)>> {
+        let lock = self.entry.open_lock()?;
+        wait_for_lock(&lock, false, &self.entry.lock, timeout)?;
+        if self.entry.validity() != Validity::Valid {
+            return Ok(None);
+        }
+        let data =
+            File::open(&self.entry.data).map_err(|source| Error::io(&self.entry.data, source))?;
+        touch(&lock, &self.entry.lock);
+        Ok(Some((data, lock)))
+    }
+
+    /// Whether `other` is a copy of the same version of the same object.
+    pub(super) fn same_object(&self, other: &CachedObject) -> bool {
+        self.entry.key == other.entry.key && self.entry.listed.matches(&other.entry.listed)
+    }
+
+    /// The entry's lock, still held, for a caller that keeps it past this object.
+    pub(super) fn into_lock(self) -> Option<File> {
+        self.lock
+    }
+
     /// A copy made from the local file `source` (see `derived.rs`), holding `lock` (locked
     /// shared by the caller).
     pub(super) fn local(source: &Path, path: PathBuf, size: u64, lock: File) -> CachedObject {
         CachedObject {
-            key: source.to_string_lossy().into_owned(),
-            uri: format!("file://{}", source.display()),
-            path,
-            size,
-            _lock: lock,
+            entry: Entry {
+                key: source.to_string_lossy().into_owned(),
+                uri: format!("file://{}", source.display()),
+                meta: with_suffix(&path, META_SUFFIX),
+                lock: with_suffix(&path, LOCK_SUFFIX),
+                data: path,
+                listed: EntryMeta {
+                    size,
+                    e_tag: None,
+                    last_modified: String::new(),
+                },
+            },
+            lock: Some(lock),
         }
     }
 }
@@ -106,6 +152,7 @@ impl EntryMeta {
 }
 
 /// The files of one cache entry.
+#[derive(Debug)]
 pub(super) struct Entry {
     pub(super) key: String,
     pub(super) uri: String,
@@ -204,11 +251,8 @@ impl Entry {
     /// The entry as a [`CachedObject`] holding `lock` (locked shared by the caller).
     pub(super) fn into_cached(self, lock: File) -> CachedObject {
         CachedObject {
-            key: self.key,
-            uri: self.uri,
-            path: self.data,
-            size: self.listed.size,
-            _lock: lock,
+            entry: self,
+            lock: Some(lock),
         }
     }
 

@@ -16,8 +16,9 @@
 //! when the epoch is planned, and a tar shard's index needs its headers, which are spread over
 //! the whole file; fetching the shards at open (all of them in parallel) and indexing the local
 //! copies keeps the reading path exactly the local one. The price is that a dataset larger than
-//! the cache cap is still fetched whole (the entries in use are never evicted; a warning says
-//! the cap is exceeded). Lazy per-shard fetching, with the counts taken from the cached index
+//! the cache cap is still fetched whole (the entries are locked while it is indexed, so the cap
+//! is exceeded with a warning; afterwards an entry is locked only while its file is open in the
+//! pool of open files, and one evicted meanwhile is fetched again when next read). Lazy per-shard fetching, with the counts taken from the cached index
 //! files, is the next step for sets larger than the local disk.
 //!
 //! Credentials and endpoint come from the standard environment variables (`AWS_ACCESS_KEY_ID`,

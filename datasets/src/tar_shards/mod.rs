@@ -7,22 +7,26 @@
 //!
 //! Each shard's index (data offset, size and label per sample) is built once by walking the tar
 //! headers and cached (see `cache.rs`); reading a sample is one positioned read on a file handle
-//! shared by all threads.
+//! shared by all threads. Shard files are held open in the process's bounded pool of open files
+//! (`file_pool.rs`), so the number of shards is not bounded by the descriptor limit: a shard
+//! not read for a while is closed and opened again when next read.
 
 mod cache;
 mod scan;
 mod write;
 
 use std::fs::File;
+use std::ops::Range;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
-use std::sync::OnceLock;
+use std::sync::Arc;
 use std::time::Instant;
 
 use rayon::prelude::*;
 use tracing::{debug, info, warn};
 
 use crate::error::{Error, Result};
+use crate::file_pool::{is_out_of_descriptors, FileKey, FilePool, PooledFile};
 use crate::files::{files_with_extension, has_extension};
 use crate::sample_source::SampleSource;
 use cache::ShardStamp;
@@ -60,26 +64,18 @@ pub struct TarIndexStats {
     pub problems: u64,
 }
 
-/// One shard: its file, its index, and a read handle opened on first use.
+/// One shard: its file and its index.
 struct Shard {
     path: PathBuf,
     len: u64,
     index: ShardIndex,
-    file: OnceLock<File>,
 }
 
-impl Shard {
-    fn file(&self) -> std::io::Result<&File> {
-        if let Some(file) = self.file.get() {
-            return Ok(file);
-        }
-        let file = File::open(&self.path)?;
-        // Another thread may have won the race; either handle is as good.
-        let _ = self.file.set(file);
-        self.file
-            .get()
-            .ok_or_else(|| std::io::Error::other("shard handle vanished"))
-    }
+/// Opens shard files for reading where a plain open is not enough (a cached object also takes
+/// its cache entry's lock for as long as the file is open).
+pub(crate) trait ShardOpener: Send + Sync {
+    /// Opens shard number `shard` (in sample order), whose file is `path`.
+    fn open(&self, shard: usize, path: &Path) -> Result<PooledFile>;
 }
 
 /// A set of tar shards in the WebDataset layout, read by random access.
@@ -95,6 +91,16 @@ pub struct TarShards {
     len: u64,
     class_names: Vec<String>,
     stats: TarIndexStats,
+    /// The shards' keys in the pool of open files (one per shard, in order).
+    pool_keys: Range<FileKey>,
+    /// How shard files are opened; `None`: a plain read-only open.
+    opener: Option<Arc<dyn ShardOpener>>,
+}
+
+impl Drop for TarShards {
+    fn drop(&mut self) {
+        FilePool::global().forget(self.pool_keys.clone());
+    }
 }
 
 impl TarShards {
@@ -210,6 +216,7 @@ impl TarShards {
             elapsed_ms = started.elapsed().as_millis() as u64,
             "indexed tar shards"
         );
+        let pool_keys = FilePool::global().reserve_keys(shards.len());
         Ok(TarShards {
             root,
             shards,
@@ -217,7 +224,14 @@ impl TarShards {
             len,
             class_names,
             stats,
+            pool_keys,
+            opener: None,
         })
+    }
+
+    /// Opens shard files through `opener` from now on.
+    pub(crate) fn set_opener(&mut self, opener: Arc<dyn ShardOpener>) {
+        self.opener = Some(opener);
     }
 
     /// The folder holding the shards.
@@ -237,6 +251,12 @@ impl TarShards {
 
     /// The shard holding sample `index` and the sample's position inside it.
     fn locate(&self, index: u64) -> Option<(&Shard, usize)> {
+        self.locate_position(index)
+            .map(|(position, local)| (&self.shards[position], local))
+    }
+
+    /// The position of the shard holding sample `index`, and the sample's inside it.
+    fn locate_position(&self, index: u64) -> Option<(usize, usize)> {
         if index >= self.len {
             return None;
         }
@@ -246,7 +266,33 @@ impl TarShards {
             .checked_sub(1)?;
         let shard = self.shards.get(shard_position)?;
         let local = usize::try_from(index - self.first_samples[shard_position]).ok()?;
-        (local < shard.index.samples.len()).then_some((shard, local))
+        (local < shard.index.samples.len()).then_some((shard_position, local))
+    }
+
+    /// The open file of shard `position`, from the pool or opened now.
+    fn shard_file(&self, position: usize, member: &dyn Fn() -> String) -> Result<Arc<PooledFile>> {
+        let shard = &self.shards[position];
+        let open = || match &self.opener {
+            Some(opener) => opener.open(position, &shard.path),
+            None => File::open(&shard.path)
+                .map(PooledFile::plain)
+                .map_err(|source| Error::ShardRead {
+                    shard: shard.path.clone(),
+                    member: member(),
+                    source,
+                }),
+        };
+        let out_of_descriptors = |error: &Error| match error {
+            Error::ShardRead { source, .. } | Error::Io { source, .. } => {
+                is_out_of_descriptors(source)
+            }
+            _ => false,
+        };
+        FilePool::global().get_or_open(
+            self.pool_keys.start + position as u64,
+            open,
+            out_of_descriptors,
+        )
     }
 }
 
@@ -276,7 +322,6 @@ fn open_shard(path: PathBuf, fallback_cache_dir: Option<&Path>) -> Result<(Shard
         path,
         len: stamp.len,
         index,
-        file: OnceLock::new(),
     };
     Ok((shard, from_cache))
 }
@@ -375,10 +420,11 @@ impl SampleSource for TarShards {
     }
 
     fn read(&self, index: u64) -> Result<Vec<u8>> {
-        let (shard, local) = self.locate(index).ok_or(Error::IndexOutOfRange {
+        let (position, local) = self.locate_position(index).ok_or(Error::IndexOutOfRange {
             index,
             len: self.len,
         })?;
+        let shard = &self.shards[position];
         let sample = shard.index.samples[local];
         let member = || shard.index.member_name(local).into_owned();
         let truncated = || Error::TruncatedMember {
@@ -395,13 +441,9 @@ impl SampleSource for TarShards {
             member: member(),
             source: std::io::Error::other("member larger than the address space"),
         })?;
-        let file = shard.file().map_err(|source| Error::ShardRead {
-            shard: shard.path.clone(),
-            member: member(),
-            source,
-        })?;
+        let opened = self.shard_file(position, &member)?;
         let mut bytes = vec![0u8; size];
-        match file.read_exact_at(&mut bytes, sample.data_offset) {
+        match opened.file.read_exact_at(&mut bytes, sample.data_offset) {
             Ok(()) => Ok(bytes),
             // The shard shrank after it was indexed.
             Err(source) if source.kind() == std::io::ErrorKind::UnexpectedEof => Err(truncated()),

@@ -1,17 +1,23 @@
-//! `TokenFile`: a flat little-endian array of token ids (nanoGPT / Megatron `.bin`), memory-mapped
-//! and served as fixed windows of `seq_len + 1` tokens.
+//! `TokenFile`: a flat little-endian array of token ids (nanoGPT / Megatron `.bin`), served as
+//! fixed windows of `seq_len + 1` tokens.
 //!
 //! Window `i` holds tokens `[i * seq_len, i * seq_len + seq_len + 1)`: consecutive windows share
 //! one token, so every token but the first is a training target exactly once per epoch (input
 //! `window[..seq_len]`, target `window[1..]`, as nanoGPT's `get_batch` cuts them). The last
 //! incomplete window is dropped.
+//!
+//! Windows are read with positioned reads (`pread`) straight into the caller's buffer, not out
+//! of a memory map: a file truncated under a running job then gives an error naming the file
+//! ([`Error::FileChanged`]) where a map would kill the process with SIGBUS, and the copy out of
+//! the page cache is the only copy (a map costs a fault per page on first touch and a copy
+//! out of the map as well).
 
 mod synthetic;
 
 use std::fs::File;
+use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
-use memmap2::Mmap;
 use serde::Serialize;
 use tracing::info;
 
@@ -33,11 +39,13 @@ pub fn looks_like_token_file(path: &Path) -> bool {
             .is_some_and(|extension| extension.eq_ignore_ascii_case("bin"))
 }
 
-/// A memory-mapped token array cut into windows of `seq_len + 1` tokens; one window is one
-/// sample. Reading copies the window's bytes out of the map (little-endian, the file's dtype).
+/// A token array cut into windows of `seq_len + 1` tokens; one window is one sample. Reading
+/// copies the window's bytes out of the file (little-endian, the file's dtype).
 pub struct TokenFile {
     path: PathBuf,
-    map: Mmap,
+    file: File,
+    /// The file's length when it was opened.
+    bytes: u64,
     dtype: TokenDtype,
     seq_len: u32,
     tokens: u64,
@@ -45,7 +53,7 @@ pub struct TokenFile {
 }
 
 impl TokenFile {
-    /// Maps `path` as tokens of `dtype` cut into windows of `seq_len + 1` tokens.
+    /// Opens `path` as tokens of `dtype` cut into windows of `seq_len + 1` tokens.
     ///
     /// Fails when the file is missing, its length is not a multiple of the token size, or it
     /// holds fewer than `seq_len + 1` tokens (no complete window).
@@ -82,20 +90,12 @@ impl TokenFile {
                 window,
             });
         }
-        // SAFETY: the map is read-only and only ever copied out of. A file truncated by another
-        // process while mapped would fault on access, as with any reader of mapped files; the
-        // training data is not expected to change under a running job.
-        let map = unsafe { Mmap::map(&file) }.map_err(|source| Error::io(path, source))?;
-        // Windows are visited in shuffled order.
-        #[cfg(unix)]
-        if let Err(error) = map.advise(memmap2::Advice::Random) {
-            tracing::debug!(%error, "madvise(random) failed; reading with default readahead");
-        }
         let windows = (tokens - 1) / u64::from(seq_len);
-        info!(path = %path.display(), tokens, windows, dtype = dtype.name(), "mapped token file");
+        info!(path = %path.display(), tokens, windows, dtype = dtype.name(), "opened token file");
         Ok(TokenFile {
             path: path.to_path_buf(),
-            map,
+            file,
+            bytes,
             dtype,
             seq_len,
             tokens,
@@ -128,16 +128,42 @@ impl TokenFile {
         (self.seq_len as usize + 1) * self.dtype.size()
     }
 
-    /// The bytes of window `index`, borrowed from the map.
-    pub fn window(&self, index: u64) -> Result<&[u8]> {
+    /// Reads window `index` into `dest` ([`TokenFile::window_bytes`] long).
+    ///
+    /// A file that has become shorter than the window's end since it was opened gives
+    /// [`Error::FileChanged`].
+    pub fn read_window_into(&self, index: u64, dest: &mut [u8]) -> Result<()> {
         if index >= self.windows {
             return Err(Error::IndexOutOfRange {
                 index,
                 len: self.windows,
             });
         }
-        let start = index as usize * self.seq_len as usize * self.dtype.size();
-        Ok(&self.map[start..start + self.window_bytes()])
+        if dest.len() != self.window_bytes() {
+            return Err(Error::InvalidArgument(format!(
+                "a window of {} holds {} bytes, not {}",
+                self.path.display(),
+                self.window_bytes(),
+                dest.len()
+            )));
+        }
+        let start = index * u64::from(self.seq_len) * self.dtype.size() as u64;
+        self.read_at(dest, start)
+    }
+
+    /// Fills `dest` from byte `offset` of the file.
+    fn read_at(&self, dest: &mut [u8], offset: u64) -> Result<()> {
+        match self.file.read_exact_at(dest, offset) {
+            Ok(()) => Ok(()),
+            Err(source) if source.kind() == std::io::ErrorKind::UnexpectedEof => {
+                Err(Error::FileChanged {
+                    path: self.path.clone(),
+                    opened_len: self.bytes,
+                    end: offset.saturating_add(dest.len() as u64),
+                })
+            }
+            Err(source) => Err(Error::io(&self.path, source)),
+        }
     }
 }
 
@@ -161,7 +187,13 @@ impl SampleSource for TokenFile {
     }
 
     fn read(&self, index: u64) -> Result<Vec<u8>> {
-        self.window(index).map(<[u8]>::to_vec)
+        let mut window = vec![0u8; self.window_bytes()];
+        self.read_window_into(index, &mut window)?;
+        Ok(window)
+    }
+
+    fn read_into(&self, index: u64, dest: &mut [u8]) -> Result<()> {
+        self.read_window_into(index, dest)
     }
 
     fn class_names(&self) -> &[String] {
@@ -194,27 +226,38 @@ pub struct TokenFileReport {
 }
 
 impl TokenFile {
-    /// Counts, dtype, windows and the largest token id (reads the whole file once).
-    pub fn report(&self) -> TokenFileReport {
-        let max_token = match self.dtype {
-            TokenDtype::Uint16 => self
-                .map
-                .chunks_exact(2)
-                .map(|c| u64::from(u16::from_le_bytes([c[0], c[1]])))
-                .max(),
-            TokenDtype::Uint32 => self
-                .map
-                .chunks_exact(4)
-                .map(|c| u64::from(u32::from_le_bytes([c[0], c[1], c[2], c[3]])))
-                .max(),
-        };
-        TokenFileReport {
+    /// Counts, dtype, windows and the largest token id (reads the whole file once, in chunks).
+    pub fn report(&self) -> Result<TokenFileReport> {
+        const CHUNK: u64 = 1 << 20;
+        let size = self.dtype.size() as u64;
+        let end = self.tokens * size;
+        let mut chunk = Vec::new();
+        let mut max_token = None;
+        let mut offset = 0u64;
+        while offset < end {
+            let len = (end - offset).min(CHUNK - CHUNK % size);
+            chunk.resize(len as usize, 0);
+            self.read_at(&mut chunk, offset)?;
+            let chunk_max = match self.dtype {
+                TokenDtype::Uint16 => chunk
+                    .chunks_exact(2)
+                    .map(|c| u64::from(u16::from_le_bytes([c[0], c[1]])))
+                    .max(),
+                TokenDtype::Uint32 => chunk
+                    .chunks_exact(4)
+                    .map(|c| u64::from(u32::from_le_bytes([c[0], c[1], c[2], c[3]])))
+                    .max(),
+            };
+            max_token = max_token.max(chunk_max);
+            offset += len;
+        }
+        Ok(TokenFileReport {
             tokens: self.tokens,
             dtype: self.dtype,
-            bytes: self.map.len() as u64,
+            bytes: self.bytes,
             seq_len: self.seq_len,
             windows: self.windows,
             max_token: max_token.unwrap_or(0),
-        }
+        })
     }
 }

@@ -326,3 +326,36 @@ fn missing_prefixes_and_bad_credentials_give_clear_errors() {
         .unwrap();
     assert!(error.to_string().contains("s3://data/x"), "{error}");
 }
+
+#[test]
+fn shards_evicted_while_not_open_are_fetched_again_and_open_ones_stay() {
+    let dir = tempfile::tempdir().unwrap();
+    let local_dir = local_shards(dir.path(), 24);
+    let local = TarShards::open_with_cache_dir(&local_dir, None).unwrap();
+    let shards = local.shard_sizes().unwrap().len() as u64;
+    assert!(shards >= 2, "several shards");
+    let server = S3Server::start(&dir.path().join("server"));
+    upload(&server, &local_dir, "train/v1");
+    let cache_dir = dir.path().join("cache");
+    let remote = RemoteTarShards::open("s3://data/train/v1", cache(&server, &cache_dir)).unwrap();
+    let fetched = remote.cache_stats().unwrap().misses;
+
+    // Another process with a cap of zero: once indexed, no shard is locked until it is read.
+    let mut zero = options(&server, &cache_dir);
+    zero.max_bytes = 0;
+    let evictor = ObjectCache::new(zero).unwrap();
+    evictor.enforce_cap().unwrap();
+    assert!(
+        remote.local().shard_paths().all(|path| !path.exists()),
+        "every shard was evictable"
+    );
+    assert_same_samples(&remote, &local);
+    assert_eq!(
+        remote.cache_stats().unwrap().misses,
+        fetched + shards,
+        "each shard fetched again once"
+    );
+    // Now every shard is open in the pool, hence locked: none can go.
+    evictor.enforce_cap().unwrap();
+    assert!(remote.local().shard_paths().all(Path::exists));
+}

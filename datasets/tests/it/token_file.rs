@@ -70,7 +70,7 @@ fn uint32_files_read_four_bytes_per_token() {
         .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]))
         .collect();
     assert_eq!(window, tokens[5..11]);
-    assert_eq!(file.report().max_token, 1_000_000);
+    assert_eq!(file.report().unwrap().max_token, 1_000_000);
 }
 
 #[test]
@@ -147,4 +147,41 @@ fn synthetic_token_files_are_seeded_and_within_the_vocabulary() {
         ..spec
     };
     assert!(write_synthetic_tokens(&a, &too_big).is_err());
+}
+
+#[test]
+fn a_file_truncated_after_opening_is_an_error_naming_it_not_a_signal() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("train.bin");
+    write_u16(&path, 0..1001);
+    let file = TokenFile::open(&path, TokenDtype::Uint16, 10).unwrap();
+    assert_eq!(file.len(), 100);
+    let mut window = vec![0u8; file.window_bytes()];
+    file.read_into(99, &mut window).unwrap();
+    assert_eq!(as_u16(&window), (990..1001).collect::<Vec<_>>());
+
+    // Another process cuts the file to 100 tokens while the job runs.
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&path)
+        .unwrap()
+        .set_len(200)
+        .unwrap();
+    file.read_into(5, &mut window).unwrap();
+    for read in [file.read(99).map(drop), file.read_into(50, &mut window)] {
+        let error = read.unwrap_err();
+        assert!(
+            matches!(
+                error,
+                Error::FileChanged {
+                    opened_len: 2002,
+                    ..
+                }
+            ),
+            "{error}"
+        );
+        assert!(error.to_string().contains(&path.display().to_string()));
+        assert_eq!(error.read_fault(), stoker_datasets::ReadFault::Source);
+    }
+    assert!(matches!(file.report(), Err(Error::FileChanged { .. })));
 }

@@ -203,7 +203,7 @@ fn inspect_tokens(args: &InspectArgs) -> anyhow::Result<()> {
         _ => TokenDtype::from_file_name(&args.data),
     };
     let file = TokenFile::open(&args.data, dtype, args.seq_len)?;
-    let report = file.report();
+    let report = file.report()?;
     if args.json {
         println!("{}", serde_json::to_string(&report)?);
         return Ok(());

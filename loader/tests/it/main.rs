@@ -12,4 +12,5 @@ mod dashboard;
 mod distributed;
 mod embedded;
 mod object_store;
+mod resources;
 mod tokens;

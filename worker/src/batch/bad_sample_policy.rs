@@ -1,12 +1,14 @@
 //! The bad-input policy, sample by sample: under `skip` a sample that cannot be read or decoded
 //! is replaced by the next readable one in dataset order (deterministic, the batch keeps its
 //! shape) and reported; under `fail` it is an error naming the sample. Bad samples are counted
-//! and logged at a bounded rate.
+//! and logged at a bounded rate. A read that failed for another reason than the sample's own
+//! bytes (see `source_reads`) is an error under both policies, never a bad sample.
 
 use std::sync::atomic::Ordering;
 
 use stoker_proto::v1::{self as proto, BadSamplePolicy};
 
+use super::source_reads::AttemptError;
 use super::BatchAssembler;
 use crate::error::{Error, Result, SampleError};
 use crate::pipeline::SampleTimings;
@@ -30,11 +32,12 @@ pub(super) struct SampleOutcome<T> {
 impl BatchAssembler {
     /// Runs `attempt` on sample `index`; under the skip policy a failed sample is replaced by
     /// the next readable one in dataset order (the attempt is told which index to read), so the
-    /// batch keeps its shape and stays deterministic.
+    /// batch keeps its shape and stays deterministic. A source failure (of the sample or of a
+    /// substitute) ends the batch with that error.
     pub(super) fn with_policy<T>(
         &self,
         index: u64,
-        mut attempt: impl FnMut(u64, &mut SampleTimings) -> std::result::Result<T, SampleError>,
+        mut attempt: impl FnMut(u64, &mut SampleTimings) -> std::result::Result<T, AttemptError>,
     ) -> Result<SampleOutcome<T>> {
         let mut timings = SampleTimings::default();
         let first_error = match attempt(index, &mut timings) {
@@ -46,7 +49,8 @@ impl BatchAssembler {
                     bad: None,
                 })
             }
-            Err(error) => error,
+            Err(AttemptError::Sample(error)) => error,
+            Err(AttemptError::Source(error)) => return Err(self.source_failed(index, error)),
         };
         let path = self.source.describe(index);
         self.note_bad_sample(index, &path, &first_error);
@@ -74,9 +78,12 @@ impl BatchAssembler {
                         }),
                     })
                 }
-                Err(error) => {
+                Err(AttemptError::Sample(error)) => {
                     let substitute_path = self.source.describe(substitute);
                     self.note_bad_sample(substitute, &substitute_path, &error);
+                }
+                Err(AttemptError::Source(error)) => {
+                    return Err(self.source_failed(substitute, error))
                 }
             }
         }
@@ -89,10 +96,109 @@ impl BatchAssembler {
         })
     }
 
+    /// The error for a read of sample `index` that failed through no fault of the sample.
+    fn source_failed(&self, index: u64, error: stoker_datasets::Error) -> Error {
+        tracing::error!(
+            index,
+            sample = %self.source.describe(index),
+            %error,
+            "reading from the data source failed through no fault of the sample"
+        );
+        Error::Dataset(error)
+    }
+
     fn note_bad_sample(&self, index: u64, path: &str, error: &SampleError) {
         let seen = self.bad_samples_seen.fetch_add(1, Ordering::Relaxed) + 1;
         if seen <= BAD_SAMPLE_LOG_FIRST || seen % BAD_SAMPLE_LOG_EVERY == 0 {
             tracing::warn!(index, path, reason = %error, bad_samples = seen, "bad sample");
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use stoker_datasets::{SampleSource, TokenDtype, TokenWindowShape};
+
+    use super::*;
+    use crate::batch::BatchKey;
+    use crate::job_pipeline::JobPipeline;
+
+    /// Token windows of 2 + 1 uint16 tokens, each filled with its index; sample 3 cannot be
+    /// read for lack of descriptors, samples 2 and 5 are missing (their own fault).
+    struct Windows;
+
+    impl SampleSource for Windows {
+        fn len(&self) -> u64 {
+            10
+        }
+        fn label(&self, _index: u64) -> i64 {
+            0
+        }
+        fn describe(&self, index: u64) -> String {
+            format!("window {index}")
+        }
+        fn read(&self, index: u64) -> stoker_datasets::Result<Vec<u8>> {
+            let failure = |code| {
+                Err(stoker_datasets::Error::Io {
+                    path: format!("tokens.bin:{index}").into(),
+                    source: std::io::Error::from_raw_os_error(code),
+                })
+            };
+            match index {
+                3 => failure(libc::EMFILE),
+                2 | 5 => failure(libc::ENOENT),
+                _ => Ok([index as u8, 0].repeat(3)),
+            }
+        }
+        fn class_names(&self) -> &[String] {
+            &[]
+        }
+        fn token_windows(&self) -> Option<TokenWindowShape> {
+            Some(TokenWindowShape {
+                dtype: TokenDtype::Uint16,
+                seq_len: 2,
+            })
+        }
+    }
+
+    fn assembler() -> BatchAssembler {
+        BatchAssembler::new(
+            Arc::new(Windows),
+            JobPipeline::TokenWindows { seq_len: 2 },
+            1,
+            BadSamplePolicy::Skip,
+        )
+        .unwrap()
+    }
+
+    const KEY: BatchKey = BatchKey {
+        epoch: 0,
+        rank: 0,
+        step: 0,
+    };
+
+    #[test]
+    fn a_sample_missing_by_its_own_fault_is_replaced() {
+        let assembler = assembler();
+        let batch = assembler.assemble(KEY, &[0, 5]).unwrap();
+        assert_eq!(batch.bad_samples.len(), 1);
+        assert_eq!(batch.bad_samples[0].substitute_index, 6);
+        assert_eq!(assembler.bad_samples_seen(), 1);
+    }
+
+    #[test]
+    fn running_out_of_descriptors_fails_the_batch_and_replaces_nothing() {
+        let assembler = assembler();
+        let error = assembler.assemble(KEY, &[0, 3, 4]).unwrap_err();
+        assert!(matches!(error, Error::Dataset(_)), "{error}");
+        assert!(error.to_string().contains("tokens.bin:3"), "{error}");
+        assert_eq!(assembler.bad_samples_seen(), 0);
+        // Nor does it stand in as a substitute's failure: 2 is bad, its substitute 3 cannot
+        // be read for lack of descriptors, so the batch fails rather than trying 4.
+        let error = assembler.assemble(KEY, &[2]).unwrap_err();
+        assert!(matches!(error, Error::Dataset(_)), "{error}");
+        assert_eq!(assembler.bad_samples_seen(), 1, "only 2 itself is bad");
     }
 }

@@ -7,11 +7,13 @@
 //!
 //! This module builds the rows; `layout` says where each tensor lies in the buffer and makes
 //! the wire form, `columns` reads Parquet numeric columns, `bad_sample_policy` replaces or
-//! reports samples that cannot be read.
+//! reports samples that cannot be read, `source_reads` tells those from reads that failed for
+//! want of resources or storage (retried, or raised; never a bad sample).
 
 mod bad_sample_policy;
 mod columns;
 mod layout;
+mod source_reads;
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -32,6 +34,7 @@ use bad_sample_policy::SampleOutcome;
 pub use bad_sample_policy::MAX_SUBSTITUTE_TRIES;
 use columns::{output_columns, OutputColumn};
 pub use layout::{AssembledBatch, TensorLayout};
+use source_reads::{read_from_source, AttemptError};
 
 thread_local! {
     static SCRATCH: std::cell::RefCell<Scratch> = std::cell::RefCell::new(Scratch::default());
@@ -248,7 +251,8 @@ impl BatchAssembler {
     }
 
     /// One image or token window into its row `dest`. Images draw from the stream of
-    /// `rng_index` (the slot's sample, also when a substitute is read).
+    /// `rng_index` (the slot's sample, also when a substitute is read). Token windows are read
+    /// straight into the row.
     fn try_row(
         &self,
         epoch: u64,
@@ -256,35 +260,38 @@ impl BatchAssembler {
         index: u64,
         dest: &mut [u8],
         timings: &mut SampleTimings,
-    ) -> std::result::Result<(), SampleError> {
+    ) -> std::result::Result<(), AttemptError> {
         let started = Instant::now();
-        let bytes = self
-            .source
-            .read(index)
-            .map_err(|e| SampleError::Unreadable(e.to_string()))?;
-        let read_at = Instant::now();
-        timings.read_ns += (read_at - started).as_nanos() as u64;
         match &self.pipeline {
             JobPipeline::Image(pipeline) => {
+                let bytes = read_from_source(|| self.source.read(index))?;
+                timings.read_ns += started.elapsed().as_nanos() as u64;
                 let mut rng = SampleRng::new(self.seed, epoch, rng_index);
                 SCRATCH.with(|scratch| {
                     pipeline.process(&bytes, &mut rng, dest, &mut scratch.borrow_mut(), timings)
-                })
+                })?;
+                Ok(())
             }
             JobPipeline::TokenWindows { .. } => {
-                if bytes.len() != dest.len() {
+                let expected = self
+                    .source
+                    .token_windows()
+                    .map(|shape| (shape.seq_len as usize + 1) * shape.dtype.size());
+                if expected != Some(dest.len()) {
                     return Err(SampleError::WindowSize {
-                        found: bytes.len(),
+                        found: expected.unwrap_or(0),
                         expected: dest.len(),
-                    });
+                    }
+                    .into());
                 }
-                dest.copy_from_slice(&bytes);
-                timings.assemble_ns += read_at.elapsed().as_nanos() as u64;
+                read_from_source(|| self.source.read_into(index, dest))?;
+                timings.read_ns += started.elapsed().as_nanos() as u64;
                 Ok(())
             }
             JobPipeline::PackedText(_) | JobPipeline::Columns(_) => Err(SampleError::Unreadable(
                 "this pipeline is not assembled row by row".into(),
-            )),
+            )
+            .into()),
         }
     }
 
@@ -294,12 +301,9 @@ impl BatchAssembler {
         packed: &PackedText,
         index: u64,
         timings: &mut SampleTimings,
-    ) -> std::result::Result<Vec<u32>, SampleError> {
+    ) -> std::result::Result<Vec<u32>, AttemptError> {
         let started = Instant::now();
-        let bytes = self
-            .source
-            .read(index)
-            .map_err(|e| SampleError::Unreadable(e.to_string()))?;
+        let bytes = read_from_source(|| self.source.read(index))?;
         let read_at = Instant::now();
         timings.read_ns += (read_at - started).as_nanos() as u64;
         let text = std::str::from_utf8(&bytes)

@@ -1,0 +1,236 @@
+//! Resource safety end to end (issue 16): a token file truncated under a running loader is an
+//! error naming it, not SIGBUS; thousands of tar shards run under a small descriptor limit
+//! (the shard files live in a bounded pool); and running out of descriptors never turns good
+//! samples into replaced "bad samples". The limits are set in a child `stoker` process (`sh -c
+//! 'ulimit -n N && exec ...'`), never in the test process.
+
+#![allow(clippy::unwrap_used)] // tests fail loudly by design
+
+use std::path::Path;
+use std::process::{Command, Output};
+
+use stoker_datasets::{write_tar_shards, SampleSource, TarShardsWriterOptions};
+use stoker_loader::{Loader, LoaderOptions};
+use stoker_proto::v1::{self as proto, op::Op as OpKind};
+
+use crate::common;
+
+/// A 4x4 RGB PNG whose pixels encode `index`, so every sample is distinct.
+fn tiny_png(index: u64) -> Vec<u8> {
+    let mut bytes = Vec::new();
+    let mut encoder = png::Encoder::new(&mut bytes, 4, 4);
+    encoder.set_color(png::ColorType::Rgb);
+    encoder.set_depth(png::BitDepth::Eight);
+    let mut writer = encoder.write_header().unwrap();
+    let pixels: Vec<u8> = (0..48u64)
+        .map(|byte| (index.wrapping_mul(31).wrapping_add(byte * 7) % 251) as u8)
+        .collect();
+    writer.write_image_data(&pixels).unwrap();
+    writer.finish().unwrap();
+    bytes
+}
+
+/// `count` distinct tiny images in 10 classes, to be written as tar shards.
+struct TinyImages {
+    count: u64,
+    classes: Vec<String>,
+}
+
+impl SampleSource for TinyImages {
+    fn len(&self) -> u64 {
+        self.count
+    }
+
+    fn label(&self, index: u64) -> i64 {
+        (index % 10) as i64
+    }
+
+    fn describe(&self, index: u64) -> String {
+        format!("tiny_{index:05}.png")
+    }
+
+    fn read(&self, index: u64) -> stoker_datasets::Result<Vec<u8>> {
+        Ok(tiny_png(index))
+    }
+
+    fn class_names(&self) -> &[String] {
+        &self.classes
+    }
+}
+
+/// Writes `count` tiny samples as tar shards of at most `shard_bytes` into `dir`.
+fn write_shards(dir: &Path, count: u64, shard_bytes: u64) -> usize {
+    let source = TinyImages {
+        count,
+        classes: (0..10).map(|class| format!("class_{class}")).collect(),
+    };
+    let written = write_tar_shards(
+        &source,
+        dir,
+        &TarShardsWriterOptions { shard_bytes },
+        &|_| {},
+    )
+    .unwrap();
+    assert_eq!(written.samples, count);
+    written.shards.len()
+}
+
+/// `stoker digest` over a whole epoch of `dir` (batches of 100), under `ulimit -n` when given.
+fn digest_run(dir: &Path, open_files: Option<u32>) -> Output {
+    let stoker = env!("CARGO_BIN_EXE_stoker");
+    let data = dir.to_string_lossy();
+    let args = [
+        "digest",
+        "--data",
+        &data,
+        "--pipeline",
+        "imagenet-eval",
+        "--size",
+        "4",
+        "--batch-size",
+        "100",
+        "--batches",
+        "1000000",
+        "--threads",
+        "2",
+    ];
+    let mut command = match open_files {
+        Some(limit) => {
+            let mut command = Command::new("sh");
+            command
+                .arg("-c")
+                .arg(format!("ulimit -n {limit} && exec \"$0\" \"$@\""))
+                .arg(stoker);
+            command
+        }
+        None => Command::new(stoker),
+    };
+    command
+        .args(args)
+        .env("RUST_LOG", "warn")
+        .env("XDG_CACHE_HOME", dir.join("no-user-cache"));
+    command.output().unwrap()
+}
+
+/// The figures line (`batches N  samples M  bad samples replaced B ...`) and the digest.
+fn summary_and_digest(output: &Output) -> (String, String) {
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let lines: Vec<&str> = stdout.lines().collect();
+    assert!(
+        output.status.success() && lines.len() >= 2,
+        "stoker digest failed: {}\n{}",
+        stdout,
+        String::from_utf8_lossy(&output.stderr)
+    );
+    (
+        lines[lines.len() - 2].to_string(),
+        lines[lines.len() - 1].to_string(),
+    )
+}
+
+#[test]
+fn five_thousand_shards_read_a_whole_epoch_under_ulimit_256() {
+    let dir = tempfile::tempdir().unwrap();
+    let many = dir.path().join("many");
+    let few = dir.path().join("few");
+    assert_eq!(write_shards(&many, 5000, 1), 5000);
+    let few_shards = write_shards(&few, 5000, 2_000_000);
+    assert!(few_shards < 10, "{few_shards} shards");
+
+    let (summary, digest) = summary_and_digest(&digest_run(&many, Some(256)));
+    assert!(
+        summary.starts_with("batches 50  samples 5000  bad samples replaced 0"),
+        "{summary}"
+    );
+    let (reference_summary, reference) = summary_and_digest(&digest_run(&few, None));
+    assert!(
+        reference_summary.starts_with("batches 50  samples 5000  bad samples replaced 0"),
+        "{reference_summary}"
+    );
+    assert_eq!(
+        digest, reference,
+        "5,000 one-sample shards and the same samples in {few_shards} shards differ"
+    );
+}
+
+#[test]
+fn running_short_of_descriptors_never_replaces_a_sample() {
+    let dir = tempfile::tempdir().unwrap();
+    let shards = dir.path().join("shards");
+    assert_eq!(write_shards(&shards, 600, 1), 600);
+    let output = digest_run(&shards, Some(64));
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        !stderr.contains("bad sample"),
+        "a sample was treated as bad under the descriptor limit:\n{stderr}"
+    );
+    if output.status.success() {
+        let (summary, _) = summary_and_digest(&output);
+        assert!(
+            summary.starts_with("batches 6  samples 600  bad samples replaced 0"),
+            "{summary}"
+        );
+    } else {
+        // A loud failure is allowed; it must say why.
+        assert!(
+            stderr.contains("open files") || stderr.contains("descriptor"),
+            "a failure that does not name its cause:\n{stderr}"
+        );
+    }
+}
+
+#[test]
+fn a_token_file_truncated_under_a_running_loader_is_an_error_naming_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("train.bin");
+    // 4,000 windows of 16 + 1 tokens.
+    let tokens: Vec<u8> = (0..4000u32 * 16 + 1)
+        .flat_map(|token| ((token % 60_000) as u16).to_le_bytes())
+        .collect();
+    std::fs::write(&path, &tokens).unwrap();
+    let windows = proto::Op {
+        op: Some(OpKind::TokenWindows(proto::TokenWindows { seq_len: 16 })),
+    };
+    let spec = common::spec_over(&path.to_string_lossy(), vec![windows], 8);
+    let loader = Loader::new(
+        spec.clone(),
+        LoaderOptions {
+            threads: 2,
+            ..LoaderOptions::default()
+        },
+    )
+    .unwrap();
+    let mut stream = loader.epoch(0, 0).unwrap();
+    assert!(stream.next_batch().unwrap().is_some());
+
+    // Another process cuts the file to 40 windows while the loader runs.
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&path)
+        .unwrap()
+        .set_len(40 * 16 * 2)
+        .unwrap();
+    let error = loop {
+        match stream.next_batch() {
+            Ok(Some(_)) => continue,
+            Ok(None) => panic!("the epoch ended without noticing the truncation"),
+            Err(error) => break error,
+        }
+    };
+    let message = error.to_string();
+    assert!(
+        message.contains(&path.display().to_string()) && message.contains("changed"),
+        "{message}"
+    );
+    assert_eq!(
+        loader.stats().bad_samples,
+        0,
+        "truncation is not a bad sample"
+    );
+    drop(stream);
+    drop(loader);
+
+    // The process lives on: a loader over the file as it is now reads it.
+    let batches = common::epoch_batches(&spec, 2, 0);
+    assert_eq!(batches.len(), 5);
+}
