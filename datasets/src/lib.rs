@@ -43,6 +43,8 @@
 mod cache_stats;
 mod error;
 mod files;
+#[doc(hidden)]
+pub mod fuzz_targets;
 mod image_folder;
 mod image_format;
 mod inspect;

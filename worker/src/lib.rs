@@ -23,6 +23,8 @@
 
 mod batch;
 mod error;
+#[doc(hidden)]
+pub mod fuzz_targets;
 mod job_pipeline;
 mod ops;
 mod pipeline;

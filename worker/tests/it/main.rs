@@ -1,4 +1,6 @@
 //! The worker crate's integration tests, one binary: `ops` checks the image ops against
-//! torchvision's outputs (`tests/fixtures/`) and the pipeline's checks.
+//! torchvision's outputs (`tests/fixtures/`) and the pipeline's checks; `fuzz_replay` replays
+//! the committed fuzz inputs of the image, tokenizer and job-spec targets.
 
+mod fuzz_replay;
 mod ops;
