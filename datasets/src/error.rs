@@ -158,6 +158,22 @@ pub enum Error {
     #[error("invalid argument: {0}")]
     InvalidArgument(String),
 
+    /// Labels without class names that go too far to name the classes by number: far more
+    /// likely a damaged file than a real class count.
+    #[error(
+        "labels under {path} go up to {max_label}, more classes than are named by number \
+         (at most {limit}); give the class names (classes.txt beside tar shards, the \
+         stoker.class_names metadata in Parquet)"
+    )]
+    TooManyClasses {
+        /// The dataset.
+        path: PathBuf,
+        /// The largest label.
+        max_label: i64,
+        /// [`crate::MAX_NUMBERED_CLASSES`].
+        limit: u64,
+    },
+
     /// A token file whose length is not a whole number of tokens.
     #[error(
         "token file {path} has {bytes} bytes, not a multiple of the {dtype} token size: wrong \

@@ -53,6 +53,8 @@ mod cache_stats;
 mod error;
 mod file_pool;
 mod files;
+#[doc(hidden)]
+pub mod fuzz_targets;
 mod hf_folder;
 mod image_folder;
 mod image_format;
@@ -79,7 +81,9 @@ pub use parquet_files::{
     looks_like_parquet, write_parquet, ParquetColumnInfo, ParquetDataset, ParquetOptions,
     ParquetSampleKind, ParquetSummary, ParquetWriterOptions, ParquetWritten, CLASS_NAMES_KEY,
 };
-pub use sample_source::{NumericColumns, NumericKind, SampleSource, TokenWindowShape};
+pub use sample_source::{
+    NumericColumns, NumericKind, SampleSource, TokenWindowShape, MAX_NUMBERED_CLASSES,
+};
 pub use storage::{
     parse_dataset_uri, CachedObject, DatasetLocation, ObjectCache, ObjectCacheOptions,
     RemoteLocation, RemoteTarShards, S3Settings, DEFAULT_CONCURRENCY, DEFAULT_MAX_BYTES,

@@ -122,3 +122,28 @@ pub trait NumericColumns {
     fn read_i64_columns(&self, columns: &[&str], indices: &[u64], out: &mut Vec<i64>)
         -> Result<()>;
 }
+
+/// Most classes a dataset with labels but no class names gets, named `"0"`, `"1"`, ...: a label
+/// past it is far more likely damage than a class, and naming it would take gigabytes (a
+/// `.cls` member or a Parquet label of 10^18 once did).
+pub const MAX_NUMBERED_CLASSES: u64 = 1 << 22;
+
+/// The class names `"0"` to `max_label` (none without labels), or an error naming `path`
+/// when that is more than [`MAX_NUMBERED_CLASSES`].
+pub(crate) fn numbered_class_names(
+    path: &std::path::Path,
+    max_label: Option<i64>,
+) -> Result<Vec<String>> {
+    let Some(max_label) = max_label else {
+        return Ok(Vec::new());
+    };
+    let count = u64::try_from(max_label.saturating_add(1)).unwrap_or(0);
+    if count > MAX_NUMBERED_CLASSES {
+        return Err(crate::Error::TooManyClasses {
+            path: path.to_path_buf(),
+            max_label,
+            limit: MAX_NUMBERED_CLASSES,
+        });
+    }
+    Ok((0..count).map(|label| label.to_string()).collect())
+}

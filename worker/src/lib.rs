@@ -44,6 +44,8 @@
 mod batch;
 mod daemon;
 mod error;
+#[doc(hidden)]
+pub mod fuzz_targets;
 mod job;
 mod job_pipeline;
 mod ops;

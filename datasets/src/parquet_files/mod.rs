@@ -38,7 +38,7 @@ use tracing::info;
 
 use crate::error::{Error, Result};
 use crate::files::{files_with_extension, has_extension};
-use crate::sample_source::SampleSource;
+use crate::sample_source::{numbered_class_names, SampleSource};
 use columns::Cell;
 use row_group_cache::RowGroupCache;
 
@@ -546,10 +546,7 @@ impl ParquetDataset {
         let class_names = match (&label_column, class_names_from_metadata) {
             (None, _) => Vec::new(),
             (Some(_), Some(names)) => names,
-            (Some(_), None) => {
-                let count = labels.iter().max().map_or(0, |max| max.saturating_add(1));
-                (0..count).map(|label| label.to_string()).collect()
-            }
+            (Some(_), None) => numbered_class_names(path, labels.iter().max().copied())?,
         };
         info!(
             path = %path.display(),

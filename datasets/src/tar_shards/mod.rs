@@ -28,7 +28,7 @@ use tracing::{debug, info, warn};
 use crate::error::{Error, Result};
 use crate::file_pool::{is_out_of_descriptors, FileKey, FilePool, PooledFile};
 use crate::files::{files_with_extension, has_extension};
-use crate::sample_source::SampleSource;
+use crate::sample_source::{numbered_class_names, SampleSource};
 use cache::ShardStamp;
 use scan::ShardIndex;
 
@@ -356,13 +356,11 @@ fn save_index(beside: &Path, in_user_cache: Option<&Path>, stamp: &ShardStamp, i
 /// Class names from `classes.txt` in `root` when present, else `"0"` to `max_label`.
 fn class_names(root: &Path, max_label: Option<i64>) -> Result<Vec<String>> {
     let classes_file = root.join(CLASSES_FILE);
-    let by_label = || -> Vec<String> {
-        let count = max_label.map_or(0, |max| max.saturating_add(1));
-        (0..count).map(|label| label.to_string()).collect()
-    };
     let text = match std::fs::read_to_string(&classes_file) {
         Ok(text) => text,
-        Err(source) if source.kind() == std::io::ErrorKind::NotFound => return Ok(by_label()),
+        Err(source) if source.kind() == std::io::ErrorKind::NotFound => {
+            return numbered_class_names(root, max_label)
+        }
         Err(source) => return Err(Error::io(classes_file, source)),
     };
     let names: Vec<String> = text

@@ -343,10 +343,35 @@ fn png_header(bytes: &[u8]) -> Result<(u32, u32), SampleError> {
     Ok((info.width, info.height))
 }
 
+/// Refuses palettes the `png` crate (0.18.1) would panic on while expanding them: a PLTE chunk
+/// whose length is not a multiple of 3, and a tRNS chunk with more entries than the palette
+/// (both invalid PNG; the crate stores them unchecked and slices past their ends). Found by the
+/// `image` fuzz target; `fuzz/regressions/image/` keeps the inputs.
+fn check_png_palette(info: &png::Info<'_>) -> Result<(), SampleError> {
+    let Some(palette) = info.palette.as_deref() else {
+        return Ok(());
+    };
+    if palette.len() % 3 != 0 {
+        return Err(SampleError::Corrupt(format!(
+            "png: PLTE chunk of {} bytes is not a whole number of RGB entries",
+            palette.len()
+        )));
+    }
+    let transparent = info.trns.as_deref().map_or(0, <[u8]>::len);
+    if info.color_type == png::ColorType::Indexed && transparent > palette.len() / 3 {
+        return Err(SampleError::Corrupt(format!(
+            "png: tRNS chunk has {transparent} entries for a palette of {}",
+            palette.len() / 3
+        )));
+    }
+    Ok(())
+}
+
 fn decode_png(bytes: &[u8], max_pixels: u64, out: &mut DecodedImage) -> Result<(), SampleError> {
     let mut decoder = png::Decoder::new(Cursor::new(bytes));
     decoder.set_transformations(png::Transformations::EXPAND | png::Transformations::STRIP_16);
     let mut reader = decoder.read_info().map_err(png_error)?;
+    check_png_palette(reader.info())?;
     let (width, height) = (reader.info().width, reader.info().height);
     if u64::from(width) * u64::from(height) > max_pixels {
         return Err(SampleError::TooManyPixels {

@@ -49,12 +49,23 @@ impl TextTokenizer {
                 ),
             });
         }
-        let tokenizer = Tokenizer::from_file(path).map_err(|error| {
+        let cannot_load = |error: String| {
             Error::InvalidPipeline(format!(
                 "Tokenize: cannot load the tokenizer {}: {error}",
                 path.display()
             ))
+        };
+        // tokenizers 0.23 panics on some malformed files (a `decoder` it cannot deserialise:
+        // found by the `tokenizer` fuzz target); a bad file is an error, not a dead worker.
+        let loaded = std::panic::catch_unwind(|| Tokenizer::from_file(path)).map_err(|panic| {
+            let message = panic
+                .downcast_ref::<&str>()
+                .map(|text| (*text).to_string())
+                .or_else(|| panic.downcast_ref::<String>().cloned())
+                .unwrap_or_else(|| "unknown panic".to_string());
+            cannot_load(format!("the tokenizer parser panicked: {message}"))
         })?;
+        let tokenizer = loaded.map_err(|error| cannot_load(error.to_string()))?;
         Ok(TextTokenizer {
             path: path.to_path_buf(),
             tokenizer,

@@ -1,0 +1,135 @@
+//! The bodies of the fuzz targets for this crate's parsers of untrusted bytes, as plain functions.
+//!
+//! `fuzz/` (libFuzzer, see its README) and the corpus replay in `tests/it/fuzz_replay.rs` call
+//! the same function, so every seed and every crash input kept as a regression case is replayed
+//! by the ordinary test run, without an instrumented build. A body returns normally whatever the
+//! input; a panic (or an abort, a hang, an out-of-memory) is a bug in the parser.
+//!
+//! The formats are opened through their public entry points, which take paths: a body writes
+//! the input into `scratch` (a folder the caller owns; emptied first) and opens that, so the
+//! index caches, memory maps and file handles take the same paths as in production.
+//! Errors from the parsers are the expected outcome for most inputs and are dropped; only an
+//! error of the scratch folder itself is returned.
+
+use std::io;
+use std::path::{Path, PathBuf};
+
+use crate::sample_source::SampleSource;
+use crate::{JsonlDocuments, ParquetDataset, ParquetOptions, TarShards, TokenDtype, TokenFile};
+
+/// Samples read back per input at most: enough to reach every code path, bounded in time.
+const SAMPLES_READ: u64 = 64;
+
+/// Decoded row groups kept by the Parquet target (the default of 512 MB would let one input
+/// hold that much).
+const PARQUET_CACHE_BYTES: usize = 16 << 20;
+
+/// Empties `scratch` (creating it when missing) and writes `data` to `scratch/name`.
+fn write_input(scratch: &Path, name: &str, data: &[u8]) -> io::Result<PathBuf> {
+    match std::fs::remove_dir_all(scratch) {
+        Ok(()) => {}
+        Err(error) if error.kind() == io::ErrorKind::NotFound => {}
+        Err(error) => return Err(error),
+    }
+    std::fs::create_dir_all(scratch)?;
+    let path = scratch.join(name);
+    std::fs::write(&path, data)?;
+    Ok(path)
+}
+
+/// Reads the first samples of `source`, their labels and descriptions.
+fn read_some(source: &dyn SampleSource) {
+    for index in 0..source.len().min(SAMPLES_READ) {
+        let _ = source.read(index);
+        let _ = source.label(index);
+        let _ = source.describe(index);
+    }
+    // Past the end must be an error, not a panic.
+    let _ = source.read(source.len());
+    let _ = source.class_names();
+    let _ = source.shard_sizes();
+}
+
+/// A tar shard: its header walk (the sample index), the index cache written beside it and
+/// read back on a second open, and the samples it indexed.
+pub fn tar_shards(data: &[u8], scratch: &Path) -> io::Result<()> {
+    let shard = write_input(scratch, "shard.tar", data)?;
+    for _cold_then_cached in 0..2 {
+        if let Ok(shards) = TarShards::open_with_cache_dir(&shard, None) {
+            read_some(&shards);
+        }
+    }
+    Ok(())
+}
+
+/// A Parquet file: footer and schema (open), the label column, the first rows of the sample
+/// column, and every numeric column read as `f32` and `i64`.
+pub fn parquet(data: &[u8], scratch: &Path) -> io::Result<()> {
+    let file = write_input(scratch, "data.parquet", data)?;
+    let options = ParquetOptions {
+        cache_bytes: PARQUET_CACHE_BYTES,
+        ..ParquetOptions::default()
+    };
+    let Ok(dataset) = ParquetDataset::open(&file, &options) else {
+        return Ok(());
+    };
+    read_some(&dataset);
+    let summary = dataset.summary();
+    let rows: Vec<u64> = (0..dataset.len().min(SAMPLES_READ)).collect();
+    for column in &summary.columns {
+        let _ = dataset.numeric_kind(&column.name);
+        let _ = dataset.read_f32_columns(&[&column.name], &rows, &mut Vec::new());
+        let _ = dataset.read_i64_columns(&[&column.name], &rows, &mut Vec::new());
+    }
+    Ok(())
+}
+
+/// A token file. The first three bytes choose how it is opened (bit 0 of the first: `uint32`
+/// rather than `uint16`; the next two, little-endian, plus one: `seq_len`); the rest is the
+/// file. Checks the sizes `open` promises against what the windows hold.
+pub fn token_file(data: &[u8], scratch: &Path) -> io::Result<()> {
+    let (dtype, seq_len, body) = match data {
+        [flags, low, high, body @ ..] => {
+            let dtype = if flags & 1 == 1 {
+                TokenDtype::Uint32
+            } else {
+                TokenDtype::Uint16
+            };
+            (
+                dtype,
+                u32::from(u16::from_le_bytes([*low, *high])) + 1,
+                body,
+            )
+        }
+        _ => return Ok(()),
+    };
+    let file = write_input(scratch, "tokens.bin", body)?;
+    let Ok(tokens) = TokenFile::open(&file, dtype, seq_len) else {
+        return Ok(());
+    };
+    assert_eq!(tokens.tokens() * dtype.size() as u64, body.len() as u64);
+    for index in 0..tokens.len().min(SAMPLES_READ) {
+        let window = tokens.read(index).map(|window| window.len());
+        assert_eq!(window.ok(), Some(tokens.window_bytes()));
+    }
+    assert!(tokens.read(tokens.len()).is_err());
+    // The file does not change under the target: its report must read.
+    match tokens.report() {
+        Ok(report) => assert_eq!(report.windows, tokens.len()),
+        Err(error) => panic!("the report of an opened token file failed: {error}"),
+    }
+    Ok(())
+}
+
+/// A JSONL file: the line index built at open, the default label detection, the first
+/// documents' text, and the report.
+pub fn jsonl(data: &[u8], scratch: &Path) -> io::Result<()> {
+    let file = write_input(scratch, "docs.jsonl", data)?;
+    for (text_field, label_field) in [("", ""), ("body", "y")] {
+        if let Ok(documents) = JsonlDocuments::open(&file, text_field, label_field) {
+            read_some(&documents);
+            let _ = documents.report();
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,238 @@
+//! Replays the committed fuzz inputs of this crate's targets (`fuzz/corpus/<target>/` and the
+//! crash inputs kept in `fuzz/regressions/<target>/`) through the same functions the libFuzzer
+//! targets call, in an ordinary build: a panic in any of them fails the test and names the
+//! file. `write_seed_corpora` (ignored) writes the seed files from code in this repo.
+
+use std::io;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use arrow_array::{ArrayRef, Float32Array, Int64Array, RecordBatch, StringArray};
+use parquet::arrow::ArrowWriter;
+use stoker_datasets::fuzz_targets;
+use stoker_datasets::{
+    write_parquet, write_synthetic_tokens, write_tar_shards, ParquetWriterOptions, SampleSource,
+    SyntheticTokensSpec, TarShardsWriterOptions, TokenDtype,
+};
+
+type TestResult<T> = Result<T, Box<dyn std::error::Error>>;
+
+/// The repository's `fuzz/` folder.
+fn fuzz_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../fuzz")
+}
+
+/// Every committed input of `target`: seeds and kept crash inputs, in name order.
+fn inputs(target: &str) -> Vec<PathBuf> {
+    let mut files = Vec::new();
+    for kind in ["corpus", "regressions"] {
+        let Ok(entries) = std::fs::read_dir(fuzz_dir().join(kind).join(target)) else {
+            continue;
+        };
+        files.extend(
+            entries
+                .filter_map(|entry| entry.ok().map(|entry| entry.path()))
+                .filter(|path| path.is_file()),
+        );
+    }
+    files.sort();
+    files
+}
+
+fn replay(target: &str, body: fn(&[u8], &Path) -> io::Result<()>) -> TestResult<()> {
+    let files = inputs(target);
+    assert!(
+        !files.is_empty(),
+        "no committed fuzz inputs for {target} under {}",
+        fuzz_dir().display()
+    );
+    let scratch = tempfile::tempdir()?;
+    for file in &files {
+        // Shown only when the body panics: which input did it.
+        eprintln!("replaying {}", file.display());
+        let data = std::fs::read(file)?;
+        body(&data, &scratch.path().join("input"))?;
+    }
+    Ok(())
+}
+
+#[test]
+fn tar_shards_corpus_replays() -> TestResult<()> {
+    replay("tar_shards", fuzz_targets::tar_shards)
+}
+
+#[test]
+fn parquet_corpus_replays() -> TestResult<()> {
+    replay("parquet", fuzz_targets::parquet)
+}
+
+#[test]
+fn token_file_corpus_replays() -> TestResult<()> {
+    replay("token_file", fuzz_targets::token_file)
+}
+
+#[test]
+fn jsonl_corpus_replays() -> TestResult<()> {
+    replay("jsonl", fuzz_targets::jsonl)
+}
+
+/// Two tiny "images" (a JPEG and a PNG signature followed by a few bytes), labels 0 and 1.
+struct TwoSamples;
+
+impl SampleSource for TwoSamples {
+    fn len(&self) -> u64 {
+        2
+    }
+
+    fn label(&self, index: u64) -> i64 {
+        index as i64
+    }
+
+    fn describe(&self, index: u64) -> String {
+        format!("seed {index}")
+    }
+
+    fn read(&self, index: u64) -> stoker_datasets::Result<Vec<u8>> {
+        Ok(match index {
+            0 => vec![
+                0xFF, 0xD8, 0xFF, 0xE0, 0, 16, b'J', b'F', b'I', b'F', 0, 0xFF, 0xD9,
+            ],
+            _ => b"\x89PNG\r\n\x1a\n\0\0\0\rIHDR".to_vec(),
+        })
+    }
+
+    fn class_names(&self) -> &[String] {
+        static NAMES: std::sync::OnceLock<Vec<String>> = std::sync::OnceLock::new();
+        NAMES.get_or_init(|| vec!["cat".into(), "dog".into()])
+    }
+}
+
+/// The only file `write_*` put in `dir` with extension `extension`.
+fn only_file(dir: &Path, extension: &str) -> TestResult<PathBuf> {
+    let mut found = std::fs::read_dir(dir)?
+        .filter_map(|entry| entry.ok().map(|entry| entry.path()))
+        .filter(|path| path.extension().is_some_and(|ext| ext == extension));
+    let file = found
+        .next()
+        .ok_or_else(|| io::Error::other(format!("no .{extension} file in {}", dir.display())))?;
+    Ok(file)
+}
+
+/// A tar with labels from `.cls` and `.json`, a member without a sample, a directory and a
+/// long (GNU) member name.
+fn hand_made_tar() -> TestResult<Vec<u8>> {
+    let mut builder = tar::Builder::new(Vec::new());
+    let mut append = |name: &str, data: &[u8]| -> io::Result<()> {
+        let mut header = tar::Header::new_gnu();
+        header.set_size(data.len() as u64);
+        header.set_mode(0o644);
+        header.set_entry_type(tar::EntryType::Regular);
+        builder.append_data(&mut header, name, data)
+    };
+    append("d/a.jpg", &[0xFF, 0xD8, 0xFF, 0xD9])?;
+    append("d/a.cls", b" 2\n")?;
+    append("d/b.png", b"\x89PNG\r\n\x1a\n")?;
+    append("d/b.json", br#"{"label": 1, "cls": 4}"#)?;
+    append("d/c.txt", b"no sample")?;
+    append(&format!("d/{}.jpg", "long".repeat(40)), &[0xFF, 0xD8])?;
+    append(&format!("d/{}.cls", "long".repeat(40)), b"0")?;
+    let mut dir = tar::Header::new_gnu();
+    dir.set_entry_type(tar::EntryType::Directory);
+    dir.set_size(0);
+    dir.set_mode(0o755);
+    builder.append_data(&mut dir, "d/sub/", io::empty())?;
+    Ok(builder.into_inner()?)
+}
+
+/// A Parquet file of text documents with an integer label and a float column.
+fn text_parquet() -> TestResult<Vec<u8>> {
+    let columns: Vec<(&str, ArrayRef)> = vec![
+        (
+            "text",
+            Arc::new(StringArray::from(vec!["one doc", "", "three \u{e9}"])),
+        ),
+        ("label", Arc::new(Int64Array::from(vec![0, 2, 1]))),
+        ("x", Arc::new(Float32Array::from(vec![0.5, -1.0, 3.25]))),
+    ];
+    let batch = RecordBatch::try_from_iter(columns)?;
+    let mut out = Vec::new();
+    let mut writer = ArrowWriter::try_new(&mut out, batch.schema(), None)?;
+    writer.write(&batch)?;
+    writer.close()?;
+    Ok(out)
+}
+
+/// Writes the seed corpora of this crate's targets into `fuzz/corpus/`; run by hand when a
+/// format changes (`cargo test --release -p stoker-datasets --test it write_seed_corpora --
+/// --ignored`), then commit what changed.
+#[test]
+#[ignore = "writes into the source tree; run by hand to refresh the seeds"]
+fn write_seed_corpora() -> TestResult<()> {
+    let corpus = fuzz_dir().join("corpus");
+    let put = |target: &str, name: &str, data: &[u8]| -> io::Result<()> {
+        let dir = corpus.join(target);
+        std::fs::create_dir_all(&dir)?;
+        std::fs::write(dir.join(name), data)
+    };
+    let work = tempfile::tempdir()?;
+
+    let shards = work.path().join("shards");
+    write_tar_shards(
+        &TwoSamples,
+        &shards,
+        &TarShardsWriterOptions::default(),
+        &|_| {},
+    )?;
+    put(
+        "tar_shards",
+        "written.tar",
+        &std::fs::read(only_file(&shards, "tar")?)?,
+    )?;
+    let tar = hand_made_tar()?;
+    put("tar_shards", "hand_made.tar", &tar)?;
+    put("tar_shards", "cut.tar", &tar[..tar.len() - 700])?;
+
+    let parquet_dir = work.path().join("parquet");
+    let options = ParquetWriterOptions {
+        rows_per_group: 1,
+        ..ParquetWriterOptions::default()
+    };
+    write_parquet(&TwoSamples, &parquet_dir, &options, &|_| {})?;
+    put(
+        "parquet",
+        "written.parquet",
+        &std::fs::read(only_file(&parquet_dir, "parquet")?)?,
+    )?;
+    put("parquet", "text.parquet", &text_parquet()?)?;
+
+    for (name, flags, seq_len, dtype, tokens) in [
+        ("u16_seq8", 0u8, 8u16, TokenDtype::Uint16, 40u64),
+        ("u32_seq3", 1, 3, TokenDtype::Uint32, 13),
+    ] {
+        let file = work.path().join(format!("{name}.bin"));
+        let spec = SyntheticTokensSpec {
+            tokens,
+            vocab: 1000,
+            dtype,
+            seed: 5,
+        };
+        write_synthetic_tokens(&file, &spec)?;
+        // The target's three leading bytes: dtype flag, then `seq_len - 1` little-endian.
+        let mut data = vec![flags];
+        data.extend_from_slice(&(seq_len - 1).to_le_bytes());
+        data.extend_from_slice(&std::fs::read(&file)?);
+        put("token_file", name, &data)?;
+    }
+
+    put(
+        "jsonl",
+        "labelled.jsonl",
+        b"{\"text\": \"first\", \"label\": 3}\n\n{\"text\": \"caf\\u00e9\", \"label\": 0}\r\n",
+    )?;
+    put(
+        "jsonl",
+        "mixed.jsonl",
+        b"{\"body\": \"x\", \"y\": 1}\n[1, 2]\n{\"text\": 5}\n   \nnot json\n{\"text\": \"end\"}",
+    )?;
+    Ok(())
+}

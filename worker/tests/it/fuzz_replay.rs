@@ -1,0 +1,253 @@
+//! Replays the committed fuzz inputs of the worker's targets (`fuzz/corpus/<target>/` and the
+//! crash inputs kept in `fuzz/regressions/<target>/`) through the same functions the libFuzzer
+//! targets call, in an ordinary build: a panic in any of them fails the test and names the
+//! file. `write_seed_corpora` (ignored) writes the seed files from code in this repo.
+
+use std::io;
+use std::path::{Path, PathBuf};
+
+use prost::Message;
+use stoker_proto::v1::{self as proto, op::Op as OpKind};
+use stoker_worker::{fuzz_targets, presets, train_bpe_tokenizer};
+use turbojpeg::{Compressor, Image, PixelFormat, Subsamp};
+
+type TestResult<T> = Result<T, Box<dyn std::error::Error>>;
+
+/// The repository's `fuzz/` folder.
+fn fuzz_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../fuzz")
+}
+
+/// Every committed input of `target`: seeds and kept crash inputs, in name order.
+fn inputs(target: &str) -> Vec<PathBuf> {
+    let mut files = Vec::new();
+    for kind in ["corpus", "regressions"] {
+        let Ok(entries) = std::fs::read_dir(fuzz_dir().join(kind).join(target)) else {
+            continue;
+        };
+        files.extend(
+            entries
+                .filter_map(|entry| entry.ok().map(|entry| entry.path()))
+                .filter(|path| path.is_file()),
+        );
+    }
+    files.sort();
+    assert!(
+        !files.is_empty(),
+        "no committed fuzz inputs for {target} under {}",
+        fuzz_dir().display()
+    );
+    files
+}
+
+#[test]
+fn image_corpus_replays() -> TestResult<()> {
+    for file in inputs("image") {
+        // Shown only when the body panics: which input did it.
+        eprintln!("replaying {}", file.display());
+        fuzz_targets::image(&std::fs::read(&file)?);
+    }
+    Ok(())
+}
+
+#[test]
+fn job_spec_corpus_replays() -> TestResult<()> {
+    for file in inputs("job_spec") {
+        eprintln!("replaying {}", file.display());
+        fuzz_targets::job_spec(&std::fs::read(&file)?);
+    }
+    Ok(())
+}
+
+#[test]
+fn tokenizer_corpus_replays() -> TestResult<()> {
+    let scratch = tempfile::tempdir()?;
+    for file in inputs("tokenizer") {
+        eprintln!("replaying {}", file.display());
+        fuzz_targets::tokenizer(&std::fs::read(&file)?, &scratch.path().join("input"))?;
+    }
+    Ok(())
+}
+
+/// A small gradient, so that the encoders have something to compress.
+fn gradient(width: u32, height: u32, channels: u32) -> Vec<u8> {
+    (0..width * height * channels)
+        .map(|i| ((i % (width * channels)) * 5 + (i / (width * channels)) * 11) as u8)
+        .collect()
+}
+
+fn jpeg(setup: impl FnOnce(&mut Compressor) -> turbojpeg::Result<()>) -> TestResult<Vec<u8>> {
+    let (width, height) = (20, 12);
+    let pixels = gradient(width as u32, height as u32, 3);
+    let mut compressor = Compressor::new()?;
+    compressor.set_quality(80)?;
+    setup(&mut compressor)?;
+    let image = Image {
+        pixels: pixels.as_slice(),
+        width,
+        pitch: width * 3,
+        height,
+        format: PixelFormat::RGB,
+    };
+    Ok(compressor.compress_to_vec(image)?)
+}
+
+fn png(color: png::ColorType, depth: png::BitDepth, channels: u32) -> TestResult<Vec<u8>> {
+    let (width, height) = (9, 7);
+    let bytes_per_sample = if depth == png::BitDepth::Sixteen {
+        2
+    } else {
+        1
+    };
+    let mut out = Vec::new();
+    let mut encoder = png::Encoder::new(&mut out, width, height);
+    encoder.set_color(color);
+    encoder.set_depth(depth);
+    if color == png::ColorType::Indexed {
+        encoder.set_palette(vec![0, 0, 0, 255, 0, 0, 0, 255, 0, 0, 0, 255]);
+    }
+    let mut writer = encoder.write_header()?;
+    let data: Vec<u8> = if color == png::ColorType::Indexed {
+        (0..width * height).map(|i| (i % 4) as u8).collect()
+    } else {
+        gradient(width, height, channels * bytes_per_sample)
+    };
+    writer.write_image_data(&data)?;
+    writer.finish()?;
+    Ok(out)
+}
+
+fn op(kind: OpKind) -> proto::Op {
+    proto::Op { op: Some(kind) }
+}
+
+/// Writes the seed corpora of the worker's targets into `fuzz/corpus/`; run by hand when a
+/// format changes (`cargo test --release -p stoker-worker --test it write_seed_corpora --
+/// --ignored`), then commit what changed.
+#[test]
+#[ignore = "writes into the source tree; run by hand to refresh the seeds"]
+fn write_seed_corpora() -> TestResult<()> {
+    let corpus = fuzz_dir().join("corpus");
+    let put = |target: &str, name: &str, data: &[u8]| -> io::Result<()> {
+        let dir = corpus.join(target);
+        std::fs::create_dir_all(&dir)?;
+        std::fs::write(dir.join(name), data)
+    };
+
+    put(
+        "image",
+        "420.jpg",
+        &jpeg(|c| c.set_subsamp(Subsamp::Sub2x2))?,
+    )?;
+    put(
+        "image",
+        "444_progressive.jpg",
+        &jpeg(|c| {
+            c.set_subsamp(Subsamp::None)?;
+            c.set_progressive(true)
+        })?,
+    )?;
+    put(
+        "image",
+        "gray.jpg",
+        &jpeg(|c| c.set_subsamp(Subsamp::Gray))?,
+    )?;
+    put(
+        "image",
+        "422_arithmetic.jpg",
+        &jpeg(|c| {
+            c.set_subsamp(Subsamp::Sub2x1)?;
+            c.set_arithmetic(true)
+        })?,
+    )?;
+    put(
+        "image",
+        "rgb.png",
+        &png(png::ColorType::Rgb, png::BitDepth::Eight, 3)?,
+    )?;
+    put(
+        "image",
+        "gray_alpha.png",
+        &png(png::ColorType::GrayscaleAlpha, png::BitDepth::Eight, 2)?,
+    )?;
+    put(
+        "image",
+        "rgba16.png",
+        &png(png::ColorType::Rgba, png::BitDepth::Sixteen, 4)?,
+    )?;
+    put(
+        "image",
+        "palette.png",
+        &png(png::ColorType::Indexed, png::BitDepth::Eight, 1)?,
+    )?;
+
+    let scratch = tempfile::tempdir()?;
+    let tokenizer = scratch.path().join("tokenizer.json");
+    let texts = ["the cat sat on the mat", "a dog ran", "caf\u{e9} au lait"];
+    train_bpe_tokenizer(&texts, 300, "<|endoftext|>", &tokenizer)?;
+    put("tokenizer", "bpe.json", &std::fs::read(&tokenizer)?)?;
+
+    let spec = |pipeline: Vec<proto::Op>| proto::JobSpec {
+        dataset: Some(proto::DatasetSource {
+            uri: "data/train".into(),
+            ..Default::default()
+        }),
+        batch_size: 4,
+        seed: 7,
+        shuffle: true,
+        pipeline,
+        ..Default::default()
+    };
+    let specs = [
+        ("train", spec(presets::imagenet_train(32))),
+        ("eval", spec(presets::imagenet_eval(32))),
+        (
+            "normalize_float",
+            spec(vec![
+                op(OpKind::DecodeImage(proto::DecodeImage::default())),
+                op(OpKind::Resize(proto::Resize { shorter_side: 16 })),
+                op(OpKind::CenterCrop(proto::CenterCrop {
+                    height: 8,
+                    width: 12,
+                })),
+                op(OpKind::Normalize(proto::Normalize {
+                    mean: vec![0.5, 0.4, 0.3],
+                    std: vec![0.2, 0.25, 0.3],
+                })),
+                op(OpKind::ToTensor(proto::ToTensor {
+                    layout: proto::Layout::Nchw as i32,
+                    dtype: proto::Dtype::Float32 as i32,
+                })),
+            ]),
+        ),
+        (
+            "token_windows",
+            spec(vec![op(OpKind::TokenWindows(proto::TokenWindows {
+                seq_len: 64,
+            }))]),
+        ),
+        (
+            "tokenize_pack",
+            spec(vec![
+                op(OpKind::Tokenize(proto::Tokenize {
+                    tokenizer_path: "tokenizer.json".into(),
+                })),
+                op(OpKind::PackSequences(proto::PackSequences {
+                    seq_len: 128,
+                    ..Default::default()
+                })),
+            ]),
+        ),
+        (
+            "select_columns",
+            spec(vec![op(OpKind::SelectColumns(proto::SelectColumns {
+                names: vec!["x".into(), "label".into()],
+                ..Default::default()
+            }))]),
+        ),
+    ];
+    for (name, spec) in specs {
+        put("job_spec", name, &spec.encode_to_vec())?;
+    }
+    Ok(())
+}
