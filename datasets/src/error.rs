@@ -534,6 +534,22 @@ pub(crate) fn io_fault(error: &std::io::Error) -> ReadFault {
     }
 }
 
+/// Runs `decode` on untrusted bytes, turning a panic in a third-party `decoder` (named in the
+/// message, e.g. "parquet") into its message: one bad file or row group, not a dead thread.
+pub(crate) fn without_panics<T>(
+    decoder: &str,
+    decode: impl FnOnce() -> T,
+) -> std::result::Result<T, String> {
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(decode)).map_err(|panic| {
+        let message = panic
+            .downcast_ref::<&str>()
+            .map(|text| (*text).to_string())
+            .or_else(|| panic.downcast_ref::<String>().cloned())
+            .unwrap_or_else(|| "unknown panic".to_string());
+        format!("the {decoder} decoder panicked: {message}")
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -133,3 +133,30 @@ pub fn jsonl(data: &[u8], scratch: &Path) -> io::Result<()> {
     }
     Ok(())
 }
+
+/// Every committed input of `target` under the `fuzz/` folder `fuzz_dir`: the seeds in
+/// `corpus/<target>/` and the crash inputs kept in `regressions/<target>/`, in name order. The
+/// corpus replay tests of every crate list their inputs with it.
+pub fn committed_inputs(fuzz_dir: &Path, target: &str) -> Vec<PathBuf> {
+    let mut files = Vec::new();
+    for kind in ["corpus", "regressions"] {
+        let Ok(entries) = std::fs::read_dir(fuzz_dir.join(kind).join(target)) else {
+            continue;
+        };
+        files.extend(
+            entries
+                .filter_map(|entry| entry.ok().map(|entry| entry.path()))
+                .filter(|path| path.is_file()),
+        );
+    }
+    files.sort();
+    files
+}
+
+/// Writes one seed input of `target` into `fuzz_dir`'s corpus (the seed writers of the replay
+/// tests, run by hand when a format changes).
+pub fn write_seed(fuzz_dir: &Path, target: &str, name: &str, data: &[u8]) -> io::Result<()> {
+    let dir = fuzz_dir.join("corpus").join(target);
+    std::fs::create_dir_all(&dir)?;
+    std::fs::write(dir.join(name), data)
+}

@@ -25,7 +25,7 @@ use arrow_buffer::{Buffer, MutableBuffer};
 use arrow_ipc::{MessageHeader, MetadataVersion};
 use arrow_schema::{DataType, SchemaRef, UnionMode};
 
-use crate::error::{Error, Result};
+use crate::error::{without_panics, Error, Result};
 
 /// The marker before each message's header length (since Arrow 0.15).
 const CONTINUATION_MARKER: [u8; 4] = [0xff; 4];
@@ -50,18 +50,6 @@ pub(super) struct StreamFile {
     file: File,
     pub(super) schema: SchemaRef,
     pub(super) batches: Vec<BatchBlock>,
-}
-
-/// Runs `decode` on untrusted bytes, turning a panic in the Arrow code into its message.
-pub(super) fn without_panics<T>(decode: impl FnOnce() -> T) -> std::result::Result<T, String> {
-    std::panic::catch_unwind(std::panic::AssertUnwindSafe(decode)).map_err(|panic| {
-        let message = panic
-            .downcast_ref::<&str>()
-            .map(|text| (*text).to_string())
-            .or_else(|| panic.downcast_ref::<String>().cloned())
-            .unwrap_or_else(|| "unknown panic".to_string());
-        format!("the arrow decoder panicked: {message}")
-    })
 }
 
 fn stream_error(path: &Path, problem: impl Into<String>) -> Error {
@@ -159,8 +147,9 @@ impl StreamFile {
                     if schema.is_some() {
                         return Err(stream_error(&path, "the stream holds a second schema"));
                     }
-                    let parsed = without_panics(|| arrow_ipc::convert::fb_to_schema(fb_schema))
-                        .map_err(|problem| stream_error(&path, problem))?;
+                    let parsed =
+                        without_panics("arrow", || arrow_ipc::convert::fb_to_schema(fb_schema))
+                            .map_err(|problem| stream_error(&path, problem))?;
                     schema = Some(Arc::new(parsed));
                 }
                 MessageHeader::RecordBatch => {
@@ -299,7 +288,7 @@ impl StreamFile {
         }
         let body: Buffer = body.into();
         let dictionaries = HashMap::new();
-        without_panics(|| {
+        without_panics("arrow", || {
             arrow_ipc::reader::read_record_batch(
                 &body,
                 record,

@@ -36,7 +36,7 @@ use parquet::errors::ParquetError;
 use rayon::prelude::*;
 use tracing::info;
 
-use crate::error::{Error, Result};
+use crate::error::{without_panics, Error, Result};
 use crate::files::{files_with_extension, has_extension};
 use crate::sample_source::{numbered_class_names, SampleSource};
 use columns::Cell;
@@ -209,18 +209,6 @@ struct OpenedFile {
     class_names: Option<Vec<String>>,
 }
 
-/// Runs `parse` on untrusted bytes, turning a panic in the Parquet code into its message.
-fn without_panics<T>(parse: impl FnOnce() -> T) -> std::result::Result<T, String> {
-    std::panic::catch_unwind(std::panic::AssertUnwindSafe(parse)).map_err(|panic| {
-        let message = panic
-            .downcast_ref::<&str>()
-            .map(|text| (*text).to_string())
-            .or_else(|| panic.downcast_ref::<String>().cloned())
-            .unwrap_or_else(|| "unknown panic".to_string());
-        format!("the parquet decoder panicked: {message}")
-    })
-}
-
 /// Whether every column of `schema` is numeric (and there is at least one).
 fn all_numeric(schema: &arrow_schema::Schema) -> bool {
     !schema.fields().is_empty()
@@ -237,12 +225,14 @@ fn open_file(path: PathBuf, options: &ParquetOptions) -> Result<OpenedFile> {
         .metadata()
         .map_err(|source| Error::io(&path, source))?
         .len();
-    let metadata = without_panics(|| ArrowReaderMetadata::load(&handle, ArrowReaderOptions::new()))
-        .unwrap_or_else(|message| Err(ParquetError::General(message)))
-        .map_err(|source| Error::ParquetFile {
-            path: path.clone(),
-            source,
-        })?;
+    let metadata = without_panics("parquet", || {
+        ArrowReaderMetadata::load(&handle, ArrowReaderOptions::new())
+    })
+    .unwrap_or_else(|message| Err(ParquetError::General(message)))
+    .map_err(|source| Error::ParquetFile {
+        path: path.clone(),
+        source,
+    })?;
     let schema = Arc::clone(metadata.schema());
     let column_problem = |problem: String| Error::ParquetColumn {
         path: path.clone(),
@@ -461,14 +451,13 @@ impl ParquetDataset {
                 let labels = opened
                     .label_column
                     .map(|column| {
-                        without_panics(|| read_labels(&opened.file, column)).unwrap_or_else(
-                            |message| {
+                        without_panics("parquet", || read_labels(&opened.file, column))
+                            .unwrap_or_else(|message| {
                                 Err(Error::ParquetFile {
                                     path: opened.file.path.clone(),
                                     source: ParquetError::General(message),
                                 })
-                            },
-                        )
+                            })
                     })
                     .transpose()?;
                 Ok((opened, labels))
@@ -678,7 +667,7 @@ impl ParquetDataset {
         };
         // The decoder parses untrusted bytes; a panic in it is one bad row group, not a dead
         // decode thread.
-        without_panics(decode)
+        without_panics("parquet", decode)
             .unwrap_or_else(|message| Err(group_error(ParquetError::General(message))))
     }
 

@@ -24,19 +24,7 @@ fn fuzz_dir() -> PathBuf {
 
 /// Every committed input of `target`: seeds and kept crash inputs, in name order.
 fn inputs(target: &str) -> Vec<PathBuf> {
-    let mut files = Vec::new();
-    for kind in ["corpus", "regressions"] {
-        let Ok(entries) = std::fs::read_dir(fuzz_dir().join(kind).join(target)) else {
-            continue;
-        };
-        files.extend(
-            entries
-                .filter_map(|entry| entry.ok().map(|entry| entry.path()))
-                .filter(|path| path.is_file()),
-        );
-    }
-    files.sort();
-    files
+    fuzz_targets::committed_inputs(&fuzz_dir(), target)
 }
 
 fn replay(target: &str, body: fn(&[u8], &Path) -> io::Result<()>) -> TestResult<()> {
@@ -168,11 +156,8 @@ fn text_parquet() -> TestResult<Vec<u8>> {
 #[test]
 #[ignore = "writes into the source tree; run by hand to refresh the seeds"]
 fn write_seed_corpora() -> TestResult<()> {
-    let corpus = fuzz_dir().join("corpus");
-    let put = |target: &str, name: &str, data: &[u8]| -> io::Result<()> {
-        let dir = corpus.join(target);
-        std::fs::create_dir_all(&dir)?;
-        std::fs::write(dir.join(name), data)
+    let put = |target: &str, name: &str, data: &[u8]| {
+        fuzz_targets::write_seed(&fuzz_dir(), target, name, data)
     };
     let work = tempfile::tempdir()?;
 

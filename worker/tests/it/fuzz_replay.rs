@@ -3,7 +3,6 @@
 //! targets call, in an ordinary build: a panic in any of them fails the test and names the
 //! file. `write_seed_corpora` (ignored) writes the seed files from code in this repo.
 
-use std::io;
 use std::path::{Path, PathBuf};
 
 use prost::Message;
@@ -20,18 +19,7 @@ fn fuzz_dir() -> PathBuf {
 
 /// Every committed input of `target`: seeds and kept crash inputs, in name order.
 fn inputs(target: &str) -> Vec<PathBuf> {
-    let mut files = Vec::new();
-    for kind in ["corpus", "regressions"] {
-        let Ok(entries) = std::fs::read_dir(fuzz_dir().join(kind).join(target)) else {
-            continue;
-        };
-        files.extend(
-            entries
-                .filter_map(|entry| entry.ok().map(|entry| entry.path()))
-                .filter(|path| path.is_file()),
-        );
-    }
-    files.sort();
+    let files = stoker_datasets::fuzz_targets::committed_inputs(&fuzz_dir(), target);
     assert!(
         !files.is_empty(),
         "no committed fuzz inputs for {target} under {}",
@@ -127,11 +115,8 @@ fn op(kind: OpKind) -> proto::Op {
 #[test]
 #[ignore = "writes into the source tree; run by hand to refresh the seeds"]
 fn write_seed_corpora() -> TestResult<()> {
-    let corpus = fuzz_dir().join("corpus");
-    let put = |target: &str, name: &str, data: &[u8]| -> io::Result<()> {
-        let dir = corpus.join(target);
-        std::fs::create_dir_all(&dir)?;
-        std::fs::write(dir.join(name), data)
+    let put = |target: &str, name: &str, data: &[u8]| {
+        stoker_datasets::fuzz_targets::write_seed(&fuzz_dir(), target, name, data)
     };
 
     put(
