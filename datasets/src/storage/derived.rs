@@ -20,16 +20,13 @@ use serde::{Deserialize, Serialize};
 use tracing::info;
 
 use super::entry::{
-    with_suffix, write_atomically, CachedObject, LOCK_SUFFIX, META_SUFFIX, PART_MARKER,
+    with_suffix, write_atomically, CachedObject, LOCAL_ROOT, LOCK_SUFFIX, META_SUFFIX, PART_MARKER,
 };
 use super::entry_lock::{downgrade, touch, try_lock, unlock, wait_for_lock};
 use super::eviction::evict_to_cap;
 use super::options::ObjectCacheOptions;
 use super::stats::Counters;
 use crate::error::{Error, Result};
-
-/// The folder of derived copies inside the cache folder.
-pub(super) const LOCAL_ROOT: &str = "local";
 
 /// Numbers the part files of this process.
 static NEXT_PART: AtomicU64 = AtomicU64::new(0);

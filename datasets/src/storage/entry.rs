@@ -10,6 +10,8 @@
 //! s3/<bucket>/<key>.stoker-lock           the entry's lock file; its mtime is the last use
 //! s3/<bucket>/<key>.stoker-part-<pid>-<n> a download in progress
 //! s3/<bucket>/<key>.stoker-idx            a tar shard's index (written by `TarShards`)
+//! local/<absolute path>.<transform>      a copy made from a local file (`derived.rs`), with
+//!                                         the same .stoker-meta / .stoker-lock companions
 //! ```
 
 use std::fs::{File, OpenOptions};
@@ -29,6 +31,8 @@ pub(super) const META_SUFFIX: &str = ".stoker-meta";
 pub(super) const LOCK_SUFFIX: &str = ".stoker-lock";
 pub(super) const PART_MARKER: &str = ".stoker-part-";
 pub(super) const INDEX_SUFFIX: &str = ".stoker-idx";
+/// The folder of copies made from local files (`derived.rs`), beside `s3/`.
+pub(super) const LOCAL_ROOT: &str = "local";
 
 /// A remote object materialised in the cache. While it holds its lock, its entry is locked
 /// shared: no process evicts or replaces it. A source that reads many objects lets go of the

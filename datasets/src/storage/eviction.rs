@@ -8,7 +8,7 @@ use std::time::{Duration, SystemTime};
 
 use tracing::{debug, warn};
 
-use super::entry::{with_suffix, INDEX_SUFFIX, LOCK_SUFFIX, META_SUFFIX, PART_MARKER};
+use super::entry::{with_suffix, INDEX_SUFFIX, LOCAL_ROOT, LOCK_SUFFIX, META_SUFFIX, PART_MARKER};
 use super::entry_lock::try_lock;
 use super::stats::Counters;
 use crate::error::Result;
@@ -24,7 +24,7 @@ pub(super) fn evict_to_cap(dir: &Path, max_bytes: u64, counters: &Counters) -> R
     let mut entries = Vec::new();
     // Remote objects, and copies made from local files (`derived.rs`).
     scan(&dir.join("s3"), &mut entries);
-    scan(&dir.join(super::derived::LOCAL_ROOT), &mut entries);
+    scan(&dir.join(LOCAL_ROOT), &mut entries);
     let mut total: u64 = entries.iter().map(|entry| entry.size).sum();
     if total <= max_bytes {
         return Ok(());
