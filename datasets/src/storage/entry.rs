@@ -10,7 +10,7 @@
 //! s3/<bucket>/<key>.stoker-lock           the entry's lock file; its mtime is the last use
 //! s3/<bucket>/<key>.stoker-part-<pid>-<n> a download in progress
 //! s3/<bucket>/<key>.stoker-idx            a tar shard's index (written by `TarShards`)
-//! local/<absolute path>.<transform>      a copy made from a local file (`derived.rs`), with
+//! local/<absolute path>.<transform>       a copy made from a local file (`derived.rs`), with
 //!                                         the same .stoker-meta / .stoker-lock companions
 //! ```
 
