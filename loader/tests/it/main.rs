@@ -13,4 +13,5 @@ mod distributed;
 mod embedded;
 mod object_store;
 mod resources;
+mod soak;
 mod tokens;
