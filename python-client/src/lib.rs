@@ -325,6 +325,7 @@ pub(crate) fn job_spec(
         uneven_tail: proto::UnevenTail::Pad as i32,
         on_error: on_error as i32,
         shuffle_window: settings.shuffle_window,
+        resized_epoch: None,
     })
 }
 

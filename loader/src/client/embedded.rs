@@ -48,7 +48,7 @@ impl EmbeddedSource {
         } else {
             threads
         };
-        let plan = job.plan(0)?;
+        let plan = job.plan(job.first_epoch())?;
         let source = job.assembler().source();
         let info = SourceInfo {
             steps_per_epoch: plan.steps(),

@@ -108,6 +108,7 @@ pub(crate) fn spec(data: &Path, kind: DataKind, rank: u32, world: u32, batch: u3
         // Every sample is good: any failed read must show, not be replaced.
         on_error: proto::BadSamplePolicy::Fail as i32,
         shuffle_window: 0,
+        resized_epoch: None,
     }
 }
 
