@@ -201,18 +201,7 @@ impl Job {
             )));
         }
         let pipeline = JobPipeline::from_ops(&spec.pipeline)?;
-        let plan_config = PlanConfig {
-            num_samples: source.len(),
-            batch_size: spec.batch_size,
-            seed: spec.seed,
-            shuffle: spec.shuffle,
-            drop_last: spec.drop_last,
-            rank: spec.rank,
-            // proto3 cannot tell 0 from unset; a world of 0 ranks means a single process.
-            world_size: spec.world_size.max(1),
-            uneven_tail: spec.uneven_tail(),
-            shuffle_window: spec.shuffle_window,
-        };
+        let plan_config = PlanConfig::from_spec(&spec, source.len());
         let shard_sizes = if spec.shuffle && spec.shuffle_window > 0 {
             source.shard_sizes().map(Arc::from)
         } else {

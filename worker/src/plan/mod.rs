@@ -19,7 +19,7 @@ mod permutation;
 pub mod resize;
 
 pub use permutation::Permutation;
-pub use resize::Resize;
+pub use resize::{resized_spec, Resize};
 
 use std::sync::Arc;
 
@@ -50,6 +50,24 @@ pub struct PlanConfig {
     /// shuffles the shard order, then the samples within each window of `W` consecutive
     /// shards. Only used with `shuffle` and by [`EpochPlan::new_sharded`].
     pub shuffle_window: u32,
+}
+
+impl PlanConfig {
+    /// The planner inputs of `spec` over a dataset of `num_samples`.
+    pub fn from_spec(spec: &stoker_proto::v1::JobSpec, num_samples: u64) -> PlanConfig {
+        PlanConfig {
+            num_samples,
+            batch_size: spec.batch_size,
+            seed: spec.seed,
+            shuffle: spec.shuffle,
+            drop_last: spec.drop_last,
+            rank: spec.rank,
+            // proto3 cannot tell 0 from unset; a world of 0 ranks means a single process.
+            world_size: spec.world_size.max(1),
+            uneven_tail: spec.uneven_tail(),
+            shuffle_window: spec.shuffle_window,
+        }
+    }
 }
 
 /// The plan of one epoch for one rank.

@@ -8,6 +8,9 @@
 //! resize in the same epoch does the same to that shorter order: a chain of [`Resize`]s maps a
 //! position of the last order back to the epoch order, one lookup per resize.
 
+use stoker_proto::v1::{JobSpec, ResizedEpoch};
+
+use super::{EpochPlan, PlanConfig};
 use crate::error::{Error, Result};
 
 /// One change of world size inside an epoch (the proto's `WorldResize`).
@@ -57,6 +60,34 @@ impl Resize {
             skipped = below;
         }
     }
+}
+
+/// The spec that resumes `epoch` on `spec`'s own world size and rank, after the ranks of
+/// `old_world` — striding what `earlier` resizes of that epoch left, oldest first — read
+/// `steps[r]` batches each (rank `r`; give every rank the same count when all are at the same
+/// step). `num_samples` is the dataset's size. The order does not matter here: only positions
+/// are counted, so no dataset needs to be open.
+pub fn resized_spec(
+    spec: &JobSpec,
+    num_samples: u64,
+    epoch: u64,
+    old_world: u32,
+    earlier: Vec<Resize>,
+    steps: &[u64],
+) -> Result<JobSpec> {
+    let old = PlanConfig {
+        rank: 0,
+        world_size: old_world.max(1),
+        ..PlanConfig::from_spec(spec, num_samples)
+    };
+    let plan = EpochPlan::new(old, epoch)?.resized(earlier)?;
+    let resize = plan.resize_after(steps)?;
+    let mut resizes: Vec<stoker_proto::v1::WorldResize> =
+        plan.resizes().iter().map(Into::into).collect();
+    resizes.push((&resize).into());
+    let mut resumed = spec.clone();
+    resumed.resized_epoch = Some(ResizedEpoch { epoch, resizes });
+    Ok(resumed)
 }
 
 impl From<&stoker_proto::v1::WorldResize> for Resize {
