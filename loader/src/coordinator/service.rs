@@ -552,6 +552,9 @@ impl coordinator_server::Coordinator for CoordinatorService {
         let worker = WorkerId(request.worker_id);
         let mut state = lock(&self.state);
         let mut requeued = false;
+        // A lease that was never issued, or is another worker's: the rest of the report still
+        // counts, and the caller hears of the first such lease.
+        let mut refused = None;
         for lease in &request.completed {
             match state.core.complete(worker, LeaseId(*lease)) {
                 Ok(_) => {}
@@ -559,7 +562,10 @@ impl coordinator_server::Coordinator for CoordinatorService {
                     error @ (CoordinatorError::UnknownWorker(_)
                     | CoordinatorError::WorkerExpired(_)),
                 ) => return Err(coordinator_status(error)),
-                Err(error) => tracing::warn!(%error, worker = worker.0, "completion refused"),
+                Err(error) => {
+                    tracing::warn!(%error, worker = worker.0, "completion refused");
+                    refused.get_or_insert(error);
+                }
             }
         }
         for failed in &request.failed {
@@ -573,7 +579,10 @@ impl coordinator_server::Coordinator for CoordinatorService {
                     error @ (CoordinatorError::UnknownWorker(_)
                     | CoordinatorError::WorkerExpired(_)),
                 ) => return Err(coordinator_status(error)),
-                Err(error) => tracing::warn!(%error, worker = worker.0, "failure report refused"),
+                Err(error) => {
+                    tracing::warn!(%error, worker = worker.0, "failure report refused");
+                    refused.get_or_insert(error);
+                }
             }
         }
         if let Some(entry) = state.workers.get_mut(&worker.0) {
@@ -585,7 +594,10 @@ impl coordinator_server::Coordinator for CoordinatorService {
         if requeued {
             self.work.notify_waiters();
         }
-        Ok(Response::new(ReportResponse {}))
+        match refused {
+            Some(error) => Err(coordinator_status(error)),
+            None => Ok(Response::new(ReportResponse {})),
+        }
     }
 
     async fn get_job(
