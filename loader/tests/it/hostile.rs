@@ -39,8 +39,10 @@ fn refused<T: std::fmt::Debug>(result: Result<T, tonic::Status>, code: Code, wor
     assert!(status.message().contains(words), "{words:?}: {status:?}");
 }
 
+/// `spec` with `op` before its last op (ToTensor), where the image orders allow Normalize.
 fn with_op(mut spec: JobSpec, op: OpKind) -> RegisterJobRequest {
-    spec.pipeline.insert(1, proto::Op { op: Some(op) });
+    let last = spec.pipeline.len() - 1;
+    spec.pipeline.insert(last, proto::Op { op: Some(op) });
     RegisterJobRequest { spec: Some(spec) }
 }
 
@@ -73,13 +75,22 @@ async fn malformed_jobs(client: &mut CoordinatorClient<Channel>, root: &Path, ou
     refused(
         client.register_job(request).await,
         Code::InvalidArgument,
-        "op is empty",
+        "op 1 is empty",
     );
-    let zero_side = OpKind::Resize(proto::Resize { shorter_side: 0 });
+    let mut zero_side = good.clone();
+    zero_side.pipeline = stoker_worker::presets::imagenet_eval(32);
+    for op in &mut zero_side.pipeline {
+        if let Some(OpKind::Resize(resize)) = &mut op.op {
+            resize.shorter_side = 0;
+        }
+    }
+    let request = RegisterJobRequest {
+        spec: Some(zero_side),
+    };
     refused(
-        client.register_job(with_op(good.clone(), zero_side)).await,
+        client.register_job(request).await,
         Code::InvalidArgument,
-        "Resize",
+        "Resize size (shorter_side)",
     );
     let zero_std = OpKind::Normalize(proto::Normalize {
         mean: vec![0.5; 3],
@@ -91,12 +102,11 @@ async fn malformed_jobs(client: &mut CoordinatorClient<Channel>, root: &Path, ou
         "std must be finite and non-zero",
     );
     let mut unknown_dtype = good.clone();
-    unknown_dtype.pipeline.push(proto::Op {
-        op: Some(OpKind::ToTensor(proto::ToTensor {
-            layout: 0,
-            dtype: -7,
-        })),
-    });
+    for op in &mut unknown_dtype.pipeline {
+        if let Some(OpKind::ToTensor(tensor)) = &mut op.op {
+            tensor.dtype = -7;
+        }
+    }
     refused(
         client
             .register_job(RegisterJobRequest {
