@@ -11,6 +11,7 @@ mod convert;
 mod dashboard;
 mod distributed;
 mod embedded;
+mod hostile;
 mod object_store;
 mod resources;
 mod soak;

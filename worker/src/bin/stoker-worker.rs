@@ -5,11 +5,13 @@
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::time::Duration;
 
 use anyhow::Context;
 use clap::Parser;
 use stoker_worker::{
     daemon_runtime, init_logging, listen, run_worker, shutdown_signal, WorkerConfig,
+    DELIVERY_TIMEOUT,
 };
 
 /// A Stoker decode worker.
@@ -43,6 +45,10 @@ struct Args {
     /// Tasks leased ahead of the one being built.
     #[arg(long, default_value_t = 2)]
     lease_ahead: u32,
+    /// How long a finished batch waits for its client's stream to open, or to take it, before
+    /// it goes back to the queue; a stream that took nothing for that long is ended.
+    #[arg(long, default_value_t = DELIVERY_TIMEOUT.as_millis() as u64)]
+    delivery_timeout_ms: u64,
     /// Log more (-v: info, -vv: debug). RUST_LOG overrides.
     #[arg(short, long, action = clap::ArgAction::Count)]
     verbose: u8,
@@ -72,6 +78,7 @@ fn run(args: Args) -> anyhow::Result<()> {
             threads: args.threads,
             data_roots,
             lease_ahead: args.lease_ahead,
+            delivery_timeout: Duration::from_millis(args.delivery_timeout_ms.max(10)),
         };
         run_worker(config, listener, shutdown_signal()).await?;
         Ok(())

@@ -4,15 +4,16 @@
 
 use std::collections::BTreeMap;
 use std::path::Path;
+use std::sync::{mpsc, Arc, Mutex};
 
 use super::client::EpochRead;
 use super::{spec, SoakBench};
-use crate::bench::Result;
+use crate::bench::{Error, Result};
 use crate::{BatchDigest, Loader, LoaderOptions};
 
-/// The embedded loaders of every rank, and the tallies so far.
-pub struct Checker {
-    ranks: Vec<Loader>,
+/// The tallies of the epochs checked so far.
+#[derive(Debug, Clone, Default)]
+pub struct Tally {
     /// Epochs checked per rank.
     checked: Vec<u64>,
     /// Batches checked, all ranks.
@@ -25,9 +26,24 @@ pub struct Checker {
     pub mismatches: u64,
 }
 
+impl Tally {
+    /// Epochs every rank has had checked.
+    pub fn epochs(&self) -> u64 {
+        self.checked.iter().copied().min().unwrap_or(0)
+    }
+}
+
+/// The embedded loaders of every rank, checking on a thread of their own so that the soak's
+/// clock (readings each second, the kill schedule) never waits for a check.
+pub struct Checker {
+    sender: Option<mpsc::Sender<EpochRead>>,
+    tally: Arc<Mutex<Tally>>,
+    thread: Option<std::thread::JoinHandle<Result<()>>>,
+}
+
 impl Checker {
     /// One embedded loader (one decode thread) per rank of the soak's job.
-    pub fn new(data: &Path, args: &SoakBench) -> Result<Checker> {
+    pub fn start(data: &Path, args: &SoakBench) -> Result<Checker> {
         let ranks = (0..args.clients)
             .map(|rank| {
                 Loader::new(
@@ -39,54 +55,91 @@ impl Checker {
                 )
             })
             .collect::<crate::Result<Vec<_>>>()?;
-        Ok(Checker {
+        let tally = Arc::new(Mutex::new(Tally {
             checked: vec![0; ranks.len()],
-            ranks,
-            batches: 0,
-            lost: 0,
-            duplicated: 0,
-            mismatches: 0,
+            ..Tally::default()
+        }));
+        let (sender, reads) = mpsc::channel::<EpochRead>();
+        let shared = tally.clone();
+        let thread = std::thread::spawn(move || {
+            for read in reads {
+                check(&ranks, &read, &shared)?;
+            }
+            Ok(())
+        });
+        Ok(Checker {
+            sender: Some(sender),
+            tally,
+            thread: Some(thread),
         })
     }
 
-    /// Epochs every rank has had checked.
-    pub fn epochs(&self) -> u64 {
-        self.checked.iter().copied().min().unwrap_or(0)
+    /// Queues one epoch of one rank for checking.
+    pub fn submit(&self, read: EpochRead) {
+        if let Some(sender) = &self.sender {
+            // A send fails only when the thread stopped on an error, which `finish` returns.
+            let _ = sender.send(read);
+        }
     }
 
-    /// Checks one epoch of one rank.
-    pub fn check(&mut self, read: &EpochRead) -> Result<()> {
-        let Some(loader) = self.ranks.get(read.rank as usize) else {
-            return Err(crate::bench::Error::Failed(format!(
-                "a client reported rank {} of {}",
-                read.rank,
-                self.ranks.len()
-            )));
-        };
-        let mut digest = BatchDigest::new();
-        let mut want = Vec::new();
-        for batch in loader.epoch(read.epoch, 0)? {
-            let batch = batch?;
-            digest.update(&batch);
-            want.extend_from_slice(&batch.sample_indices);
-        }
-        let (lost, duplicated) = difference(&want, &read.samples);
-        if lost + duplicated > 0 || digest.hex() != read.digest {
-            tracing::error!(
-                rank = read.rank,
-                epoch = read.epoch,
-                lost,
-                duplicated,
-                "a rank's epoch differs from the embedded loader's"
-            );
-        }
-        self.lost += lost;
-        self.duplicated += duplicated;
-        self.mismatches += u64::from(digest.hex() != read.digest);
-        self.batches += read.batches;
-        self.checked[read.rank as usize] += 1;
-        Ok(())
+    /// The tallies so far.
+    pub fn tally(&self) -> Tally {
+        lock(&self.tally).clone()
     }
+
+    /// Checks what is queued, then returns the tallies.
+    pub fn finish(mut self) -> Result<Tally> {
+        self.sender.take();
+        if let Some(thread) = self.thread.take() {
+            thread
+                .join()
+                .map_err(|_| Error::Failed("the soak's checker panicked".into()))??;
+        }
+        Ok(self.tally())
+    }
+}
+
+fn lock(tally: &Mutex<Tally>) -> std::sync::MutexGuard<'_, Tally> {
+    tally
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// Checks one epoch of one rank against `ranks`' embedded loaders.
+fn check(ranks: &[Loader], read: &EpochRead, tally: &Mutex<Tally>) -> Result<()> {
+    let Some(loader) = ranks.get(read.rank as usize) else {
+        return Err(Error::Failed(format!(
+            "a client reported rank {} of {}",
+            read.rank,
+            ranks.len()
+        )));
+    };
+    let mut digest = BatchDigest::new();
+    let mut want = Vec::new();
+    for batch in loader.epoch(read.epoch, 0)? {
+        let batch = batch?;
+        digest.update(&batch);
+        want.extend_from_slice(&batch.sample_indices);
+    }
+    let (lost, duplicated) = difference(&want, &read.samples);
+    let mismatch = digest.hex() != read.digest;
+    if lost + duplicated > 0 || mismatch {
+        tracing::error!(
+            rank = read.rank,
+            epoch = read.epoch,
+            lost,
+            duplicated,
+            mismatch,
+            "a rank's epoch differs from the embedded loader's"
+        );
+    }
+    let mut tally = lock(tally);
+    tally.lost += lost;
+    tally.duplicated += duplicated;
+    tally.mismatches += u64::from(mismatch);
+    tally.batches += read.batches;
+    tally.checked[read.rank as usize] += 1;
+    Ok(())
 }
 
 /// (lost, duplicated): how many of `want`'s samples are missing from `got`, and how many of

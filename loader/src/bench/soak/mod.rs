@@ -375,7 +375,7 @@ pub fn run(args: &SoakBench) -> Result<()> {
     }
     drop(lines_tx);
 
-    let mut checker = Checker::new(&data, args)?;
+    let checker = Checker::start(&data, args)?;
     let mut rng = rand_pcg::Pcg64::seed_from_u64(args.seed);
     let end = args.minutes * 60.0;
     let mut next_kill = jitter(&mut rng, args.kill_every_s);
@@ -401,7 +401,7 @@ pub fn run(args: &SoakBench) -> Result<()> {
                 Ok(ClientLine::Epoch(read)) => {
                     let at = soak.now();
                     soak.epoch_times[rank as usize].push(at);
-                    checker.check(&read)?;
+                    checker.submit(read);
                 }
                 Ok(ClientLine::Failed(error)) => failures.push(format!("rank {rank}: {error}")),
                 Err(_) => failures.push(format!("rank {rank} printed {line:?}")),
@@ -459,12 +459,13 @@ pub fn run(args: &SoakBench) -> Result<()> {
                     next_restart = now + jitter(&mut rng, args.restart_every_s);
                 }
                 if now >= next_progress {
+                    let tally = checker.tally();
                     eprintln!(
-                        "soak: {:.0} min, epochs {}, kills {kills}, restarts {restarts}, lost {}, duplicated {}",
+                        "soak: {:.0} min, epochs checked {}, kills {kills}, restarts {restarts}, lost {}, duplicated {}",
                         now / 60.0,
-                        checker.epochs(),
-                        checker.lost,
-                        checker.duplicated
+                        tally.epochs(),
+                        tally.lost,
+                        tally.duplicated
                     );
                     next_progress += 60.0;
                 }
@@ -479,9 +480,10 @@ pub fn run(args: &SoakBench) -> Result<()> {
     }
     while let Ok((_, line)) = lines.try_recv() {
         if let Ok(ClientLine::Epoch(read)) = serde_json::from_str::<ClientLine>(&line) {
-            checker.check(&read)?;
+            checker.submit(read);
         }
     }
+    let checked = checker.finish()?;
     let minutes = soak.now() / 60.0;
     let (processes, long_lived) = trend::fit(&soak.incarnations, |i| soak.warm_after(i));
     let flat = processes
@@ -494,24 +496,24 @@ pub fn run(args: &SoakBench) -> Result<()> {
         )
         .all(|(rss, fds)| trend::is_flat(rss, fds));
     let flat_judged = args.minutes >= JUDGED_FROM_MINUTES;
-    let ok = checker.lost == 0
-        && checker.duplicated == 0
-        && checker.mismatches == 0
+    let ok = checked.lost == 0
+        && checked.duplicated == 0
+        && checked.mismatches == 0
         && crashes == 0
         && failures.is_empty()
-        && checker.epochs() > 0
+        && checked.epochs() > 0
         && (flat || !flat_judged);
     let report = SoakReport {
         minutes,
         kind: args.kind,
-        epochs: checker.epochs(),
-        batches: checker.batches,
+        epochs: checked.epochs(),
+        batches: checked.batches,
         kills,
         restarts,
         crashes,
-        lost: checker.lost,
-        duplicated: checker.duplicated,
-        digest_mismatches: checker.mismatches,
+        lost: checked.lost,
+        duplicated: checked.duplicated,
+        digest_mismatches: checked.mismatches,
         processes,
         long_lived,
         flat,
