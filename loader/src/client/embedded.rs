@@ -61,6 +61,7 @@ impl EmbeddedSource {
             rank: job.plan_config().rank,
             initial_depth: threads * 2,
             waiting_on: format!("on {threads} decode threads"),
+            only_epoch: job.spec().resized_epoch.as_ref().map(|r| r.epoch),
         };
         let pool = rayon::ThreadPoolBuilder::new()
             .num_threads(threads)
