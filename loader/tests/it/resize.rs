@@ -39,6 +39,8 @@ fn loader(mode: Mode<'_>, spec: JobSpec) -> Loader {
             spec,
             LoaderOptions {
                 deadline: Duration::from_secs(60),
+                // The runs stop mid-epoch: no session for the next epoch.
+                prefetch_next_epoch: false,
                 ..LoaderOptions::default()
             },
             RemoteOptions {
@@ -131,8 +133,16 @@ fn distributed_four_ranks_resumed_on_two_and_two_on_three_read_each_sample_once(
     let data = dir.path().join("data");
     common::make_images(&data, SAMPLES);
     let coordinator = Daemon::coordinator(&dir.path().join("state"), "127.0.0.1:0");
+    // A run stopped mid-epoch leaves leased batches nobody will take; a short delivery timeout
+    // hands the workers back to the next run sooner.
     let _workers: Vec<Daemon> = (0..2)
-        .map(|_| Daemon::worker(&coordinator.address, dir.path()))
+        .map(|_| {
+            Daemon::worker_with(
+                &coordinator.address,
+                dir.path(),
+                &["--delivery-timeout-ms", "1000"],
+            )
+        })
         .collect();
     let mode = Mode::Remote(&coordinator.address);
     assert_exactly_once(resize_run(mode, &data, 4, 3, 2));
