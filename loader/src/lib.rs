@@ -33,9 +33,10 @@ pub use client::stats::LoaderStats;
 pub use client::stream::{EpochStream, INTERRUPT_CHECK};
 pub use coordinator::{
     AckOutcome, ClientEntry, Coordinator, CoordinatorConfig, CoordinatorError, CoordinatorResult,
-    CoordinatorService, CoordinatorServiceConfig, CoordinatorStats, ExpireReport, JobId, Lease,
-    LeaseId, LeaseOutcome, SessionId, Step, TaskKey, WorkerEntry, WorkerId, JOURNAL_FILE,
+    CoordinatorService, CoordinatorServiceConfig, CoordinatorStats, ExpireReport, JobId,
+    JobShareStats, Lease, LeaseId, LeaseOutcome, SessionId, Step, TaskKey, WorkerEntry, WorkerId,
+    JOURNAL_FILE,
 };
-pub use dashboard::{Dashboard, DashboardError, WorkerLoad};
+pub use dashboard::{Dashboard, DashboardError, JobShare, WorkerLoad};
 pub use digest::BatchDigest;
 pub use error::{Error, ErrorKind, Result, ERROR_KINDS};

@@ -33,6 +33,11 @@ pub struct CoordinatorArgs {
     /// it is refused with RESOURCE_EXHAUSTED until one closes or times out.
     #[arg(long, default_value_t = 65_536)]
     pub max_sessions: usize,
+    /// Largest weight a job may ask for at registration (a client's `job_weight`): jobs whose
+    /// clients wait at the same time get leases in proportion to their weights, so this caps
+    /// how much of the pool one job can claim against a job of weight 1.
+    #[arg(long, default_value_t = 8)]
+    pub max_job_weight: u32,
 }
 
 /// Runs the daemon until Ctrl-C or SIGTERM.
@@ -41,6 +46,7 @@ pub fn run(args: CoordinatorArgs) -> anyhow::Result<()> {
     config.core.lease_timeout = Duration::from_millis(args.lease_timeout_ms.max(100));
     config.session_timeout = Duration::from_millis(args.session_timeout_ms.max(100));
     config.core.max_sessions = args.max_sessions.max(1);
+    config.core.max_job_weight = args.max_job_weight.max(1);
     let mut service = CoordinatorService::open(&args.state, config)
         .with_context(|| format!("opening the coordinator state in {}", args.state.display()))?;
     let dashboard = match args.http {

@@ -52,6 +52,10 @@ pub struct RemoteOptions {
     /// [`Error::WorkerUnavailable`]. Separate from the `next()` deadline, so that workers
     /// leaving during a scale-down or a rolling update do not trip it.
     pub worker_grace: Duration,
+    /// The job's weight against other jobs waiting on the same coordinator (sent when the job
+    /// registers; capped by the coordinator's `--max-job-weight`); 0 leaves it as the
+    /// coordinator has it (1 for a new job).
+    pub job_weight: u32,
 }
 
 impl Default for RemoteOptions {
@@ -60,6 +64,7 @@ impl Default for RemoteOptions {
             connect_timeout: Duration::from_secs(60),
             stall_reopen: Duration::from_secs(10),
             worker_grace: Duration::from_secs(120),
+            job_weight: 0,
         }
     }
 }
@@ -103,7 +108,7 @@ impl RemoteSource {
         let channel = runtime.block_on(async { transport::channel(address) })?;
         let registered = runtime.block_on(register_job(
             channel.clone(),
-            &spec,
+            register_request(&spec, &options),
             options.connect_timeout,
             address,
         ))?;
@@ -168,6 +173,7 @@ impl BatchSource for RemoteSource {
             channel: self.channel.clone(),
             address: self.address.clone(),
             spec: self.spec.clone(),
+            job_weight: self.options.job_weight,
             job_id: self.job_id,
             rank: self.spec.rank,
             epoch,
@@ -196,9 +202,17 @@ impl BatchSource for RemoteSource {
 }
 
 /// Registers (or finds) the job, retrying while the coordinator is unreachable.
+/// What registering `spec` asks of the coordinator.
+fn register_request(spec: &JobSpec, options: &RemoteOptions) -> RegisterJobRequest {
+    RegisterJobRequest {
+        spec: Some(spec.clone()),
+        weight: options.job_weight,
+    }
+}
+
 async fn register_job(
     channel: Channel,
-    spec: &JobSpec,
+    request: RegisterJobRequest,
     timeout: Duration,
     address: &str,
 ) -> Result<Registered> {
@@ -206,12 +220,7 @@ async fn register_job(
     let mut backoff = Backoff::new(Duration::from_secs(2));
     let mut client = CoordinatorClient::new(channel).max_decoding_message_size(MAX_MESSAGE_BYTES);
     loop {
-        match client
-            .register_job(RegisterJobRequest {
-                spec: Some(spec.clone()),
-            })
-            .await
-        {
+        match client.register_job(request.clone()).await {
             Ok(response) => {
                 let r = response.into_inner();
                 return Ok(Registered {
@@ -300,6 +309,7 @@ struct Driver {
     channel: Channel,
     address: String,
     spec: JobSpec,
+    job_weight: u32,
     job_id: u64,
     rank: u32,
     epoch: u64,
@@ -403,6 +413,7 @@ impl Driver {
     fn register_request(&self) -> RegisterJobRequest {
         RegisterJobRequest {
             spec: Some(self.spec.clone()),
+            weight: self.job_weight,
         }
     }
 

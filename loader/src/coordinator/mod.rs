@@ -10,13 +10,14 @@
 //! in `stoker-worker`, the client in `crate::client::remote`.
 
 mod client_reports;
+mod dashboard_feed;
 mod scheduler;
 mod service;
 mod status;
 
 pub use scheduler::{
     AckOutcome, Coordinator, CoordinatorConfig, CoordinatorError, CoordinatorResult,
-    CoordinatorStats, ExpireReport, JobId, Lease, LeaseId, LeaseOutcome, SessionId, Step, TaskKey,
-    WorkerId, JOURNAL_FILE,
+    CoordinatorStats, ExpireReport, JobId, JobShareStats, Lease, LeaseId, LeaseOutcome, SessionId,
+    Step, TaskKey, WorkerId, JOURNAL_FILE,
 };
 pub use service::{ClientEntry, CoordinatorService, CoordinatorServiceConfig, WorkerEntry};

@@ -28,12 +28,13 @@ use tokio::sync::Notify;
 use tonic::{Request, Response, Status};
 
 use super::client_reports::{client_snapshot, job_name};
+use super::dashboard_feed::{job_shares, worker_loads, LastRefresh};
 use super::status::coordinator_status;
 use crate::coordinator::{
     Coordinator, CoordinatorConfig, CoordinatorError, JobId, Lease, LeaseId, SessionId, Step,
     WorkerId,
 };
-use crate::{Dashboard, LoaderMonitor, MonitorSnapshot, WorkerLoad};
+use crate::{Dashboard, LoaderMonitor, MonitorSnapshot};
 
 /// Tuning of the coordinator daemon.
 #[derive(Debug, Clone)]
@@ -122,8 +123,8 @@ struct State {
     core: Coordinator,
     /// What the dashboard charts per (job, rank): the latest client report.
     monitors: HashMap<(u64, u32), Arc<Mutex<MonitorSnapshot>>>,
-    /// Completed tasks per worker at the last dashboard refresh, for tasks/s.
-    completed_at_refresh: HashMap<u64, u64>,
+    /// Counters at the last dashboard refresh, for the per-second figures.
+    last_refresh: LastRefresh,
     workers: BTreeMap<u64, WorkerEntry>,
     sessions: HashMap<u64, SessionEntry>,
     clients: BTreeMap<(u64, u32), ClientEntry>,
@@ -178,7 +179,7 @@ impl CoordinatorService {
             state: Arc::new(Mutex::new(State {
                 core,
                 monitors: HashMap::new(),
-                completed_at_refresh: HashMap::new(),
+                last_refresh: LastRefresh::default(),
                 workers: BTreeMap::new(),
                 sessions: HashMap::new(),
                 clients: BTreeMap::new(),
@@ -263,23 +264,9 @@ impl CoordinatorService {
         };
         let mut state = lock(&self.state);
         let state = &mut *state;
-        let loads = state
-            .workers
-            .values()
-            .map(|w| {
-                let before = state.completed_at_refresh.insert(w.id, w.completed);
-                WorkerLoad {
-                    name: format!("worker {} ({})", w.id, w.data_address),
-                    threads: w.threads as usize,
-                    tasks_per_s: before
-                        .map(|b| (w.completed - b) as f64 / DASHBOARD_REFRESH.as_secs_f64()),
-                    tasks: w.completed,
-                    failed: w.failed,
-                    bad_samples: w.bad_samples,
-                }
-            })
-            .collect();
-        dashboard.set_workers(loads);
+        let last = &mut state.last_refresh;
+        dashboard.set_workers(worker_loads(&state.workers, last, DASHBOARD_REFRESH));
+        dashboard.set_shares(job_shares(&state.core, last, DASHBOARD_REFRESH));
     }
 
     fn expire(&self, now: Instant) {
@@ -413,6 +400,15 @@ impl CoordinatorService {
 
 /// How often the dashboard's worker table is refreshed.
 const DASHBOARD_REFRESH: Duration = Duration::from_millis(500);
+
+/// A registration's weight, when it asks for one (0 leaves the job's as it is).
+fn set_weight(core: &mut Coordinator, job: JobId, weight: u32) -> Result<(), Status> {
+    if weight > 0 {
+        core.set_job_weight(job, weight)
+            .map_err(coordinator_status)?;
+    }
+    Ok(())
+}
 
 fn validate_spec(spec: &JobSpec) -> Result<(), Status> {
     if spec.batch_size == 0 || spec.batch_size > MAX_BATCH_SIZE {
@@ -616,10 +612,8 @@ impl coordinator_server::Coordinator for CoordinatorService {
         &self,
         request: Request<RegisterJobRequest>,
     ) -> Result<Response<RegisterJobResponse>, Status> {
-        let spec = request
-            .into_inner()
-            .spec
-            .ok_or_else(|| Status::invalid_argument("job spec is missing"))?;
+        let RegisterJobRequest { spec, weight } = request.into_inner();
+        let spec = spec.ok_or_else(|| Status::invalid_argument("job spec is missing"))?;
         validate_spec(&spec)?;
         let spec = job_key(spec);
         let find = |state: &State| {
@@ -639,10 +633,11 @@ impl coordinator_server::Coordinator for CoordinatorService {
             })
         };
         {
-            let state = lock(&self.state);
+            let mut state = lock(&self.state);
             if let Some(id) = find(&state) {
-                if let Some(described) = state.descriptions.get(&id.0) {
-                    return Ok(answer(id, described));
+                if let Some(described) = state.descriptions.get(&id.0).cloned() {
+                    set_weight(&mut state.core, id, weight)?;
+                    return Ok(answer(id, &described));
                 }
             }
         }
@@ -657,6 +652,7 @@ impl coordinator_server::Coordinator for CoordinatorService {
                 .register_job(spec, described.steps_per_epoch)
                 .map_err(coordinator_status)?,
         };
+        set_weight(&mut state.core, id, weight)?;
         state.descriptions.insert(id.0, described.clone());
         Ok(answer(id, &described))
     }

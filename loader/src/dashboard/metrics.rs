@@ -201,7 +201,50 @@ pub(crate) fn render(registry: &Registry) -> String {
             }
         }
     }
+    if let Some(shares) = &registry.shares {
+        render_shares(&mut out, shares);
+    }
     out
+}
+
+/// The coordinator's families: each job's share of the workers, labelled `job` alone.
+fn render_shares(out: &mut String, shares: &[super::JobShare]) {
+    type Read = fn(&super::JobShare) -> Option<f64>;
+    let families: [(&str, &str, &str, Read); 4] = [
+        (
+            "stoker_job_weight",
+            "gauge",
+            "The job's weight against other jobs waiting for workers (capped by --max-job-weight).",
+            |s| Some(f64::from(s.weight)),
+        ),
+        (
+            "stoker_job_leases_total",
+            "counter",
+            "Tasks (batches) leased to the job's sessions since the coordinator started.",
+            |s| Some(s.leases as f64),
+        ),
+        (
+            "stoker_job_lease_fraction",
+            "gauge",
+            "The job's share of all tasks leased over the last interval, 0 to 1.",
+            |s| s.lease_fraction,
+        ),
+        (
+            "stoker_job_waiting_sessions",
+            "gauge",
+            "The job's sessions whose clients wait for batches no task covers yet.",
+            |s| Some(s.waiting_sessions as f64),
+        ),
+    ];
+    for (name, kind, help, read) in families {
+        let _ = writeln!(out, "# HELP {name} {help}");
+        let _ = writeln!(out, "# TYPE {name} {kind}");
+        for share in shares {
+            if let Some(value) = read(share).filter(|v| v.is_finite()) {
+                let _ = writeln!(out, "{name}{{job=\"{}\"}} {value}", escape(&share.name));
+            }
+        }
+    }
 }
 
 /// Escapes a label value: backslash, double quote and newline.

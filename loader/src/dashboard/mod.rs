@@ -59,6 +59,23 @@ pub struct WorkerLoad {
     pub bad_samples: u64,
 }
 
+/// One job's share of the workers, as a coordinator's dashboard shows it.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct JobShare {
+    /// The job's name on the dashboard (the one its clients' charts carry).
+    pub name: String,
+    /// Its weight against other waiting jobs (capped by `--max-job-weight`).
+    pub weight: u32,
+    /// Tasks leased to it since the coordinator started.
+    pub leases: u64,
+    /// Tasks leased to it per second over the last interval.
+    pub leases_per_s: Option<f64>,
+    /// Its share of all tasks leased over the last interval, 0 to 1.
+    pub lease_fraction: Option<f64>,
+    /// Its sessions waiting for a lease now.
+    pub waiting_sessions: u64,
+}
+
 /// A running dashboard server; it stops when dropped.
 ///
 /// ```no_run
@@ -128,6 +145,15 @@ impl Dashboard {
         match self.registry.lock() {
             Ok(mut registry) => registry.workers = Some(workers),
             Err(_) => tracing::warn!("dashboard registry poisoned; workers not shown"),
+        }
+    }
+
+    /// Shows each job's share of the workers (a coordinator's dashboard; replaces the previous
+    /// list): on its charts' card, in `/api/jobs` and on `/metrics`.
+    pub fn set_shares(&self, shares: Vec<JobShare>) {
+        match self.registry.lock() {
+            Ok(mut registry) => registry.shares = Some(shares),
+            Err(_) => tracing::warn!("dashboard registry poisoned; shares not shown"),
         }
     }
 

@@ -92,6 +92,8 @@ struct JobView<'a> {
     /// Load per worker. In embedded mode the one "worker" is the decode pool of this process;
     /// the distributed mode lists its workers here.
     workers: Vec<WorkerView>,
+    /// The job's share of the workers (distributed mode).
+    share: Option<&'a super::JobShare>,
 }
 
 /// One worker's load.
@@ -118,7 +120,14 @@ async fn jobs(State(registry): State<Shared>, Query(query): Query<JobsQuery>) ->
         jobs: registry
             .jobs
             .iter()
-            .map(|job| job_view(job, &query, registry.workers.as_deref()))
+            .map(|job| {
+                let share = registry
+                    .shares
+                    .iter()
+                    .flatten()
+                    .find(|share| share.name == job.name);
+                job_view(job, &query, registry.workers.as_deref(), share)
+            })
             .collect(),
     };
     ([(header::CACHE_CONTROL, "no-store")], Json(body)).into_response()
@@ -128,6 +137,7 @@ fn job_view<'a>(
     job: &'a JobSeries,
     query: &JobsQuery,
     workers: Option<&[super::WorkerLoad]>,
+    share: Option<&'a super::JobShare>,
 ) -> JobView<'a> {
     let position = job.position_at(query.at);
     let current = position.and_then(|p| job.points.get(p));
@@ -176,6 +186,7 @@ fn job_view<'a>(
                 bad_samples: current.map_or(0, |p| p.bad_samples),
             }],
         },
+        share,
         window,
     }
 }

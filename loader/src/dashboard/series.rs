@@ -407,6 +407,8 @@ pub(crate) struct Registry {
     /// The distributed mode's workers (a coordinator's dashboard); `None` in embedded mode,
     /// where the decode pool of the process is the one worker.
     pub workers: Option<Vec<super::WorkerLoad>>,
+    /// Each job's share of the workers (a coordinator's dashboard).
+    pub shares: Option<Vec<super::JobShare>>,
 }
 
 impl Registry {

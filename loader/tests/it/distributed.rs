@@ -44,6 +44,7 @@ fn remote_with_grace(
             connect_timeout: Duration::from_secs(30),
             stall_reopen: Duration::from_secs(3),
             worker_grace,
+            ..RemoteOptions::default()
         },
     )
 }
@@ -200,7 +201,10 @@ fn malformed_and_unauthorised_requests_get_errors_that_name_the_problem() {
         let mut client = CoordinatorClient::connect(format!("http://{}", coordinator.address))
             .await
             .unwrap();
-        let register = |spec: JobSpec| RegisterJobRequest { spec: Some(spec) };
+        let register = |spec: JobSpec| RegisterJobRequest {
+            spec: Some(spec),
+            ..Default::default()
+        };
 
         let status = client
             .register_job(register(spec(outside.path(), 0)))
@@ -262,7 +266,7 @@ fn malformed_and_unauthorised_requests_get_errors_that_name_the_problem() {
 }
 
 /// GET over HTTP/1.0; the body.
-fn http_get(address: &str, path: &str) -> String {
+pub(crate) fn http_get(address: &str, path: &str) -> String {
     use std::io::{Read, Write};
     let mut stream = std::net::TcpStream::connect(address).unwrap();
     stream

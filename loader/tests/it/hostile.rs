@@ -43,12 +43,18 @@ fn refused<T: std::fmt::Debug>(result: Result<T, tonic::Status>, code: Code, wor
 fn with_op(mut spec: JobSpec, op: OpKind) -> RegisterJobRequest {
     let last = spec.pipeline.len() - 1;
     spec.pipeline.insert(last, proto::Op { op: Some(op) });
-    RegisterJobRequest { spec: Some(spec) }
+    RegisterJobRequest {
+        spec: Some(spec),
+        ..Default::default()
+    }
 }
 
 fn at_uri(mut spec: JobSpec, uri: &Path) -> RegisterJobRequest {
     spec.dataset.as_mut().unwrap().uri = uri.display().to_string();
-    RegisterJobRequest { spec: Some(spec) }
+    RegisterJobRequest {
+        spec: Some(spec),
+        ..Default::default()
+    }
 }
 
 /// Job specs the worker or the coordinator must refuse, each with the words naming why.
@@ -59,7 +65,10 @@ async fn malformed_jobs(client: &mut CoordinatorClient<Channel>, root: &Path, ou
     let mut zero = good.clone();
     zero.batch_size = 0;
     for bad in [huge, zero] {
-        let request = RegisterJobRequest { spec: Some(bad) };
+        let request = RegisterJobRequest {
+            spec: Some(bad),
+            ..Default::default()
+        };
         refused(
             client.register_job(request).await,
             Code::InvalidArgument,
@@ -71,6 +80,7 @@ async fn malformed_jobs(client: &mut CoordinatorClient<Channel>, root: &Path, ou
     unknown_op.pipeline.insert(1, proto::Op { op: None });
     let request = RegisterJobRequest {
         spec: Some(unknown_op),
+        ..Default::default()
     };
     refused(
         client.register_job(request).await,
@@ -86,6 +96,7 @@ async fn malformed_jobs(client: &mut CoordinatorClient<Channel>, root: &Path, ou
     }
     let request = RegisterJobRequest {
         spec: Some(zero_side),
+        ..Default::default()
     };
     refused(
         client.register_job(request).await,
@@ -111,6 +122,7 @@ async fn malformed_jobs(client: &mut CoordinatorClient<Channel>, root: &Path, ou
         client
             .register_job(RegisterJobRequest {
                 spec: Some(unknown_dtype),
+                ..Default::default()
             })
             .await,
         Code::InvalidArgument,
@@ -122,6 +134,7 @@ async fn malformed_jobs(client: &mut CoordinatorClient<Channel>, root: &Path, ou
         client
             .register_job(RegisterJobRequest {
                 spec: Some(huge_world),
+                ..Default::default()
             })
             .await,
         Code::InvalidArgument,
@@ -426,7 +439,10 @@ fn hostile_requests_get_clear_errors_while_a_good_client_reads_on() {
         let mut big = common::train_spec(&data, 8);
         big.pipeline = stoker_worker::presets::imagenet_train(224);
         let big = client
-            .register_job(RegisterJobRequest { spec: Some(big) })
+            .register_job(RegisterJobRequest {
+                spec: Some(big),
+                ..Default::default()
+            })
             .await
             .unwrap()
             .into_inner();

@@ -15,5 +15,6 @@ mod hostile;
 mod object_store;
 mod resize;
 mod resources;
+mod shares;
 mod soak;
 mod tokens;

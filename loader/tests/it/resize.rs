@@ -47,6 +47,7 @@ fn loader(mode: Mode<'_>, spec: JobSpec) -> Loader {
                 connect_timeout: Duration::from_secs(30),
                 stall_reopen: Duration::from_secs(3),
                 worker_grace: Duration::from_secs(60),
+                ..RemoteOptions::default()
             },
         )
         .unwrap(),

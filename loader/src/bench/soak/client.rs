@@ -105,6 +105,7 @@ fn read_epochs(args: &SoakClient, stop: &AtomicBool) -> Result<()> {
             connect_timeout: Duration::from_secs(60),
             stall_reopen: Duration::from_secs(3),
             worker_grace: Duration::from_secs(120),
+            ..RemoteOptions::default()
         },
     )?;
     let step = Duration::from_millis(args.step_ms);

@@ -17,6 +17,9 @@ const JOBS: TableDefinition<u64, (u64, &[u8])> = TableDefinition::new("jobs");
 /// (job id, rank, epoch) -> acknowledged position (every step below it was acknowledged).
 const ACKED: TableDefinition<(u64, u32, u64), u64> = TableDefinition::new("acked");
 
+/// job id -> its weight (jobs never given one are absent: weight 1).
+const WEIGHTS: TableDefinition<u64, u32> = TableDefinition::new("weights");
+
 /// Name of the redb file inside the state directory.
 pub const JOURNAL_FILE: &str = "coordinator.redb";
 
@@ -34,6 +37,8 @@ pub(crate) struct JournaledJob {
 pub(crate) struct JournalContents {
     pub jobs: Vec<JournaledJob>,
     pub positions: HashMap<PositionKey, u64>,
+    /// Weights of the jobs given one.
+    pub weights: HashMap<u64, u32>,
 }
 
 /// An open redb journal.
@@ -55,6 +60,7 @@ impl Journal {
         let txn = database.begin_write().map_err(journal_error)?;
         txn.open_table(JOBS).map_err(journal_error)?;
         txn.open_table(ACKED).map_err(journal_error)?;
+        txn.open_table(WEIGHTS).map_err(journal_error)?;
         txn.commit().map_err(journal_error)?;
 
         let txn = database.begin_read().map_err(journal_error)?;
@@ -83,13 +89,30 @@ impl Journal {
             let (key, position) = row.map_err(journal_error)?;
             positions.insert(key.value(), position.value());
         }
+        let mut weights = HashMap::new();
+        for row in txn
+            .open_table(WEIGHTS)
+            .map_err(journal_error)?
+            .iter()
+            .map_err(journal_error)?
+        {
+            let (job, weight) = row.map_err(journal_error)?;
+            weights.insert(job.value(), weight.value());
+        }
         tracing::info!(
             path = %path.display(),
             jobs = jobs.len(),
             positions = positions.len(),
             "coordinator journal opened"
         );
-        Ok((Self { database, path }, JournalContents { jobs, positions }))
+        Ok((
+            Self { database, path },
+            JournalContents {
+                jobs,
+                positions,
+                weights,
+            },
+        ))
     }
 
     /// Durably records a job.
@@ -98,6 +121,16 @@ impl Journal {
         txn.open_table(JOBS)
             .map_err(journal_error)?
             .insert(id, (steps_per_epoch, spec))
+            .map_err(journal_error)?;
+        txn.commit().map_err(journal_error)
+    }
+
+    /// Durably records a job's weight.
+    pub fn put_weight(&self, job: u64, weight: u32) -> CoordinatorResult<()> {
+        let txn = self.database.begin_write().map_err(journal_error)?;
+        txn.open_table(WEIGHTS)
+            .map_err(journal_error)?
+            .insert(job, weight)
             .map_err(journal_error)?;
         txn.commit().map_err(journal_error)
     }

@@ -8,11 +8,14 @@
 //! - A client [`open_session`](Coordinator::open_session)s for (job, rank, epoch) and grants
 //!   credits: how many batches it will accept. A session is never leased more tasks than its
 //!   uncovered credits.
-//! - [`lease`](Coordinator::lease) hands a worker tasks (one task = one batch), **most-starved
-//!   session first** across all jobs. A session's starvation is its credits that no leased or
-//!   delivered task covers yet (empty slots at the client); ties go to the session served
-//!   longest ago. Sessions with credits and work sit in an ordered set keyed that way, so a
-//!   lease costs O(log sessions), not a scan.
+//! - [`lease`](Coordinator::lease) hands a worker tasks (one task = one batch). Between jobs,
+//!   **by weight among the jobs whose clients wait** (stride scheduling, [`shares`]: a job's
+//!   weight is what it asked for at registration, capped by
+//!   [`CoordinatorConfig::max_job_weight`]; no waiting job is passed over forever); within a
+//!   job, **most-starved session first**. A session's starvation is its credits that no leased
+//!   or delivered task covers yet (empty slots at the client); ties go to the session served
+//!   longest ago. Sessions with credits and work sit in ordered sets keyed that way, so a lease
+//!   costs O(log sessions), not a scan.
 //! - The worker reports [`complete`](Coordinator::complete) (the batch went to the client) or
 //!   [`fail`](Coordinator::fail) (requeue it); the client
 //!   [`acknowledge`](Coordinator::acknowledge)s each step it received, in any order.
@@ -34,11 +37,12 @@ mod error;
 mod ids;
 mod journal;
 mod session;
+mod shares;
 #[cfg(test)]
 mod tests;
 mod types;
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, HashMap};
 use std::mem::size_of;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
@@ -55,6 +59,8 @@ pub use types::{
 
 use journal::{Journal, PositionKey};
 use session::{AckEffect, ReadyKey, Session};
+pub use shares::JobShareStats;
+use shares::ReadySet;
 
 struct Job {
     spec: JobSpec,
@@ -102,7 +108,7 @@ pub struct Coordinator {
     /// Positions dropped since the last journal write, to be deleted from it.
     pruned_positions: Vec<PositionKey>,
     acks_since_flush: u64,
-    ready: BTreeSet<ReadyKey>,
+    ready: ReadySet,
     leases: Vec<LeaseSlot>,
     free_lease_slots: Vec<u32>,
     serve_clock: u64,
@@ -169,7 +175,7 @@ impl Coordinator {
             dirty_positions: HashMap::new(),
             pruned_positions: Vec::new(),
             acks_since_flush: 0,
-            ready: BTreeSet::new(),
+            ready: ReadySet::default(),
             leases: Vec::new(),
             free_lease_slots: Vec::new(),
             serve_clock: 0,
@@ -196,6 +202,9 @@ impl Coordinator {
             );
         }
         coordinator.resume_positions = contents.positions;
+        for (job, weight) in contents.weights {
+            coordinator.ready.set_weight(job, weight);
+        }
         coordinator.journal = Some(journal);
         Ok(coordinator)
     }
@@ -235,6 +244,34 @@ impl Coordinator {
             },
         );
         Ok(id)
+    }
+
+    /// Sets `job`'s share of the workers to the `requested` weight, capped by
+    /// [`CoordinatorConfig::max_job_weight`] (0 counts as 1); journaled when it changes.
+    /// Returns the weight given.
+    pub fn set_job_weight(&mut self, job: JobId, requested: u32) -> CoordinatorResult<u32> {
+        if !self.jobs.contains_key(&job) {
+            return Err(CoordinatorError::UnknownJob(job));
+        }
+        let weight = requested.clamp(1, self.config.max_job_weight.max(1));
+        if self.job_share(job).weight != weight {
+            if let Some(journal) = &self.journal {
+                journal.put_weight(job.0, weight)?;
+                self.stats.journal_commits += 1;
+            }
+            tracing::info!(job = job.0, requested, weight, "job weight set");
+        }
+        self.ready.set_weight(job.0, weight);
+        Ok(weight)
+    }
+
+    /// `job`'s weight, leases so far and sessions waiting now.
+    pub fn job_share(&self, job: JobId) -> JobShareStats {
+        self.ready.stats(job.0).unwrap_or(JobShareStats {
+            weight: 1,
+            leased: 0,
+            ready_sessions: 0,
+        })
     }
 
     /// The spec of a job (workers need it to produce its batches).
@@ -376,7 +413,7 @@ impl Coordinator {
                     index,
                 ))))?;
             if session.is_ready() {
-                self.ready.remove(&session.ready_key());
+                self.ready.remove(session.job.0, &session.ready_key());
             }
             if exact {
                 session.reset_exact(start_step.0);
@@ -435,7 +472,7 @@ impl Coordinator {
             return Err(CoordinatorError::UnknownSession(session));
         };
         if entry.is_ready() {
-            self.ready.remove(&entry.ready_key());
+            self.ready.remove(entry.job.0, &entry.ready_key());
         }
         let key = (entry.job.0, entry.rank, entry.epoch);
         self.resume_positions.insert(key, entry.acked_position);
@@ -484,11 +521,11 @@ impl Coordinator {
             });
         }
         if entry.is_ready() {
-            self.ready.remove(&entry.ready_key());
+            self.ready.remove(entry.job.0, &entry.ready_key());
         }
         entry.credits = total as u32;
         if entry.is_ready() {
-            self.ready.insert(entry.ready_key());
+            self.ready.insert(entry.job.0, entry.ready_key());
         }
         Ok(())
     }
@@ -527,7 +564,7 @@ impl Coordinator {
         let deadline = *heartbeat + self.config.lease_timeout;
         let mut leased = 0;
         while leased < max_tasks {
-            let Some(key) = self.ready.pop_first() else {
+            let Some((job, key)) = self.ready.pop() else {
                 break;
             };
             let session_index = key.2;
@@ -537,11 +574,12 @@ impl Coordinator {
             let Some(step) = session.take_step() else {
                 continue;
             };
+            self.ready.charge(job);
             session.credits -= 1;
             self.serve_clock += 1;
             session.last_served = self.serve_clock;
             if session.is_ready() {
-                self.ready.insert(session.ready_key());
+                self.ready.insert(job, session.ready_key());
             }
             let task = TaskKey {
                 job: session.job,
@@ -692,15 +730,16 @@ impl Coordinator {
         if session.incarnation != entry.incarnation {
             return false;
         }
+        let job = session.job.0;
         if session.is_ready() {
-            self.ready.remove(&session.ready_key());
+            self.ready.remove(job, &session.ready_key());
         }
         let requeued = session.requeue(entry.step);
         if requeued {
             session.credits = session.credits.saturating_add(1);
         }
         if session.is_ready() {
-            self.ready.insert(session.ready_key());
+            self.ready.insert(job, session.ready_key());
         }
         requeued
     }
@@ -733,9 +772,9 @@ impl Coordinator {
             }
         }
         if was_ready && (!entry.is_ready() || entry.ready_key() != old_key) {
-            self.ready.remove(&old_key);
+            self.ready.remove(entry.job.0, &old_key);
             if entry.is_ready() {
-                self.ready.insert(entry.ready_key());
+                self.ready.insert(entry.job.0, entry.ready_key());
             }
         }
         let position = entry.acked_position;
@@ -801,7 +840,7 @@ impl Coordinator {
     /// specs and the journal's own cache excluded).
     fn memory_bytes(&self) -> usize {
         // Ordered sets: about 16 bytes of node overhead per key besides the key.
-        let ready = self.ready.len() * (size_of::<ReadyKey>() + 16);
+        let ready = self.ready.len() * (size_of::<ReadyKey>() + 16) + self.ready.jobs() * 128;
         // Hash maps: key, value and one control byte per bucket, buckets ~8/7 of capacity.
         let map = |cap: usize, entry: usize| cap * 8 / 7 * (entry + 1);
         size_of::<Self>()

@@ -30,27 +30,103 @@ fn at(base: Instant, ms: u64) -> Instant {
 }
 
 #[test]
-fn most_starved_session_first_across_jobs() {
+fn jobs_alternate_at_equal_weights_and_sessions_go_most_starved_first() {
     let t0 = Instant::now();
     let mut c = Coordinator::in_memory(config());
     let job_a = c.register_job(spec(1, 1), 100).unwrap();
-    let job_b = c.register_job(spec(1, 2), 100).unwrap();
+    let job_b = c.register_job(spec(2, 2), 100).unwrap();
     let a = c.open_session(job_a, 0, 0, Step(0)).unwrap();
-    let b = c.open_session(job_b, 0, 0, Step(0)).unwrap();
+    let b0 = c.open_session(job_b, 0, 0, Step(0)).unwrap();
+    let b1 = c.open_session(job_b, 1, 0, Step(0)).unwrap();
     c.grant_credits(a, 2).unwrap();
-    c.grant_credits(b, 5).unwrap();
+    c.grant_credits(b0, 5).unwrap();
+    c.grant_credits(b1, 1).unwrap();
     let w = c.register_worker(t0);
-    // b is starved by 5 against 2: it gets tasks until both are at 2, then they alternate.
+    // The jobs take turns while both wait (b first: its client waits for more); within b the
+    // session waiting for most goes first, and at a tie the one served longest ago.
     let sessions: Vec<SessionId> = c
-        .lease(w, 7, t0)
+        .lease(w, 8, t0)
         .unwrap()
         .iter()
         .map(|l| l.session)
         .collect();
-    assert_eq!(sessions[..3], [b, b, b]);
-    assert_eq!(sessions.iter().filter(|s| **s == a).count(), 2);
-    assert_eq!(sessions.iter().filter(|s| **s == b).count(), 5);
+    assert_eq!(sessions, [b0, a, b0, a, b0, b0, b1, b0]);
     assert!(c.lease(w, 1, t0).unwrap().is_empty(), "credits exhausted");
+    assert_eq!(c.job_share(job_a).leased, 2);
+    assert_eq!(c.job_share(job_b).leased, 6);
+}
+
+/// Two jobs whose clients always wait (each consumes a batch and grants a credit again as
+/// soon as one arrives) on `workers` workers, for `rounds` rounds of simulated time; returns
+/// the leases each job got.
+fn contend(weights: [u32; 2], max_job_weight: u32, rounds: u64) -> ([u64; 2], [u32; 2]) {
+    let t0 = Instant::now();
+    let mut c = Coordinator::in_memory(CoordinatorConfig {
+        max_job_weight,
+        ..config()
+    });
+    let mut sessions = Vec::new();
+    let mut given = [0; 2];
+    for (j, weight) in weights.into_iter().enumerate() {
+        let job = c.register_job(spec(1, j as u64), 1_000_000).unwrap();
+        given[j] = c.set_job_weight(job, weight).unwrap();
+        let s = c.open_session(job, 0, 0, Step(0)).unwrap();
+        c.grant_credits(s, 16).unwrap();
+        sessions.push((job, s));
+    }
+    let workers: Vec<WorkerId> = (0..4).map(|_| c.register_worker(t0)).collect();
+    let mut got = [0u64; 2];
+    for round in 0..rounds {
+        let now = at(t0, round * 100);
+        for &w in &workers {
+            // Each worker has room for one batch per round.
+            for lease in c.lease(w, 1, now).unwrap() {
+                c.complete(w, lease.lease_id).unwrap();
+                c.acknowledge(lease.session, lease.task.step).unwrap();
+                let j = sessions
+                    .iter()
+                    .position(|(_, s)| *s == lease.session)
+                    .unwrap();
+                got[j] += 1;
+                c.grant_credits(lease.session, 1).unwrap();
+            }
+        }
+    }
+    (got, given)
+}
+
+#[test]
+fn waiting_jobs_share_the_workers_by_weight_capped_by_the_coordinator() {
+    let (got, given) = contend([1, 3], 8, 250);
+    assert_eq!(given, [1, 3]);
+    assert_eq!(got[0] + got[1], 1000, "every worker busy every round");
+    assert_eq!(got, [250, 750]);
+    // A job asking for 100 gets the coordinator's cap, 4: the pool splits 1:4, not 1:100.
+    let (got, given) = contend([1, 100], 4, 250);
+    assert_eq!(given, [1, 4]);
+    assert_eq!(got, [200, 800]);
+}
+
+#[test]
+fn a_light_job_is_never_starved_and_an_idle_one_takes_nothing() {
+    // Weight 8 against 1 over 900 leases: the light job gets its ninth.
+    let (got, _) = contend([1, 8], 8, 225);
+    assert_eq!(got, [100, 800]);
+    // A job whose client does not wait (no credits) gets no lease; the other gets them all.
+    let t0 = Instant::now();
+    let mut c = Coordinator::in_memory(config());
+    let busy = c.register_job(spec(1, 1), 100).unwrap();
+    let idle = c.register_job(spec(1, 2), 100).unwrap();
+    let s = c.open_session(busy, 0, 0, Step(0)).unwrap();
+    c.open_session(idle, 0, 0, Step(0)).unwrap();
+    c.grant_credits(s, 10).unwrap();
+    let w = c.register_worker(t0);
+    assert_eq!(c.lease(w, 20, t0).unwrap().len(), 10);
+    assert_eq!(c.job_share(idle).leased, 0);
+    assert!(matches!(
+        c.set_job_weight(JobId(99), 2),
+        Err(CoordinatorError::UnknownJob(_))
+    ));
 }
 
 #[test]

@@ -18,6 +18,9 @@ pub struct CoordinatorConfig {
     /// Most sessions open at once (reopening an open session does not count again); a new one
     /// past it is refused until one closes or times out.
     pub max_sessions: usize,
+    /// Largest weight a job may be given: a job asking for more gets this much (see
+    /// [`Coordinator::set_job_weight`](super::Coordinator::set_job_weight)).
+    pub max_job_weight: u32,
 }
 
 impl Default for CoordinatorConfig {
@@ -28,6 +31,7 @@ impl Default for CoordinatorConfig {
             max_credits: 65_536,
             max_lease_batch: 4096,
             max_sessions: 65_536,
+            max_job_weight: 8,
         }
     }
 }

@@ -64,6 +64,7 @@ function createCard(job) {
         document.createTextNode(" samples/s"),
       ]),
     ]),
+    el("div", { class: "share", id: `job-${key}-share`, hidden: "" }),
     el("div", { class: "figures" }, [
       figure(key, "stall", "Stall (last 0.5 s)", "%"),
       figure(key, "throughput", "Throughput", "samples/s"),
@@ -112,6 +113,16 @@ function updateFigures(job) {
   setText(`job-${key}-window-stall`, fixed(w ? w.stall_pct : null, 1));
   setText(`job-${key}-window-seconds`, fixed(w ? w.seconds : null, 1));
   setText(`job-${key}-window-throughput`, fixed(w ? w.samples_per_s : null, 1));
+  const share = document.getElementById(`job-${key}-share`);
+  if (job.share) {
+    const s = job.share;
+    share.hidden = false;
+    share.textContent = `share of the workers: weight ${s.weight} \u00b7 ` +
+      `${fixed(s.lease_fraction === null ? null : s.lease_fraction * 100, 0)}% of tasks ` +
+      `(${fixed(s.leases_per_s, 1)}/s) \u00b7 ${s.waiting_sessions} sessions waiting`;
+  } else {
+    share.hidden = true;
+  }
   if (!p) return;
   const stamp = document.getElementById(`job-${key}-t`);
   stamp.setAttribute("data-t-ms", String(p.t_ms));
