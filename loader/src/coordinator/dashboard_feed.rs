@@ -1,11 +1,18 @@
 //! What the coordinator's dashboard shows of the fleet, refreshed on a timer: each worker's
-//! load and each job's share of the workers.
+//! load, each job's share of the workers, and how many workers the jobs want.
+//!
+//! Workers wanted: each client's demand is the batches it took per second divided by the part
+//! of the time its trainer did *not* wait (a trainer that waited half the time would take twice
+//! as many batches if they were there); one worker's capacity is the batches the workers
+//! completed per second of time they had a batch in production (`busy_ns` in their reports).
+//! Wanted = ⌈[`HEADROOM`] × Σ demand / capacity⌉ (the workers there are, until a capacity is
+//! measured; 0 without clients).
 
 use std::collections::{BTreeMap, HashMap};
 use std::time::Duration;
 
 use super::client_reports::job_name;
-use super::service::WorkerEntry;
+use super::service::{ClientEntry, WorkerEntry};
 use crate::coordinator::Coordinator;
 use crate::{JobShare, WorkerLoad};
 
@@ -14,8 +21,93 @@ use crate::{JobShare, WorkerLoad};
 pub(super) struct LastRefresh {
     /// Tasks completed per worker.
     completed: HashMap<u64, u64>,
+    /// Tasks completed per worker between the last two refreshes.
+    recent_completed: HashMap<u64, u64>,
     /// Tasks leased per job.
     leased: HashMap<u64, u64>,
+    /// Busy nanoseconds reported per worker.
+    busy_ns: HashMap<u64, u64>,
+    /// Per (job, rank): (batches, wait ns, elapsed ns) of the last report used, and the demand
+    /// (batches/s) it gave.
+    clients: HashMap<(u64, u32), (ClientCounters, f64)>,
+    /// Batches one worker builds per busy second (smoothed), once measured.
+    capacity: Option<f64>,
+}
+
+/// A client's (batches, wait ns, elapsed ns) as reported.
+type ClientCounters = (u64, u64, u64);
+
+/// Room over the measured demand the wanted count keeps.
+pub(super) const HEADROOM: f64 = 1.2;
+
+/// The most of its time a trainer is taken to wait when its demand is estimated (so that a
+/// trainer that only waits counts as wanting 20 times what it gets, not infinitely more).
+const MAX_STALL: f64 = 0.95;
+
+/// Clients silent this long no longer count towards the demand.
+const CLIENT_SILENCE: Duration = Duration::from_secs(10);
+
+/// Workers wanted for `demand` batches/s when one worker builds `capacity` batches/s.
+pub(super) fn workers_wanted(demand: f64, capacity: Option<f64>, workers: usize) -> u64 {
+    if demand <= 0.0 {
+        return 0;
+    }
+    match capacity.filter(|c| *c > 0.0) {
+        Some(capacity) => ((HEADROOM * demand / capacity).ceil() as u64).max(1),
+        None => workers as u64,
+    }
+}
+
+/// Live workers and how many the clients' demand wants (see the module's doc).
+pub(super) fn fleet(
+    workers: &BTreeMap<u64, WorkerEntry>,
+    clients: &BTreeMap<(u64, u32), ClientEntry>,
+    last: &mut LastRefresh,
+) -> (u64, u64) {
+    // Capacity: completions over busy seconds, across workers, since the last refresh. The
+    // completed counts were taken by `worker_loads` (called first), so read them back here.
+    let (mut done, mut busy_s) = (0u64, 0f64);
+    for w in workers.values() {
+        let before = last.busy_ns.insert(w.id, w.busy_ns);
+        let busy = w.busy_ns.saturating_sub(before.unwrap_or(w.busy_ns));
+        if busy > 0 {
+            busy_s += busy as f64 / 1e9;
+            done += last.recent_completed.get(&w.id).copied().unwrap_or(0);
+        }
+    }
+    if busy_s > 0.0 && done > 0 {
+        let measured = done as f64 / busy_s;
+        last.capacity = Some(match last.capacity {
+            Some(old) => 0.7 * old + 0.3 * measured,
+            None => measured,
+        });
+    }
+    let mut demand = 0.0;
+    for (key, entry) in clients {
+        if entry.at.elapsed() > CLIENT_SILENCE {
+            last.clients.remove(key);
+            continue;
+        }
+        let now = (
+            entry.stats.batches,
+            entry.stats.wait_ns,
+            entry.stats.elapsed_ns,
+        );
+        let estimate = match last.clients.get(key) {
+            Some(&(before, estimate)) if before == now => estimate,
+            Some(&(before, _)) if now.2 > before.2 => {
+                let elapsed = (now.2 - before.2) as f64 / 1e9;
+                let rate = now.0.saturating_sub(before.0) as f64 / elapsed;
+                let stall = (now.1.saturating_sub(before.1) as f64 / 1e9 / elapsed).min(MAX_STALL);
+                rate / (1.0 - stall)
+            }
+            _ => 0.0,
+        };
+        last.clients.insert(*key, (now, estimate));
+        demand += estimate;
+    }
+    let wanted = workers_wanted(demand, last.capacity, workers.len());
+    (workers.len() as u64, wanted)
 }
 
 /// Each worker's load since the previous refresh, `interval` ago.
@@ -28,6 +120,8 @@ pub(super) fn worker_loads(
         .values()
         .map(|w| {
             let before = last.completed.insert(w.id, w.completed);
+            last.recent_completed
+                .insert(w.id, before.map_or(0, |b| w.completed.saturating_sub(b)));
             WorkerLoad {
                 name: format!("worker {} ({})", w.id, w.data_address),
                 threads: w.threads as usize,
@@ -75,4 +169,22 @@ pub(super) fn job_shares(
 
 fn secs(interval: Duration) -> f64 {
     interval.as_secs_f64().max(1e-3)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn wanted_follows_demand_over_capacity_with_headroom() {
+        // 10 batches/s wanted, 4 per worker: 10 * 1.2 / 4 = 3.
+        assert_eq!(workers_wanted(10.0, Some(4.0), 2), 3);
+        // Demand doubles: so does the count (rounded up).
+        assert_eq!(workers_wanted(20.0, Some(4.0), 2), 6);
+        // A trickle still wants one; no demand wants none.
+        assert_eq!(workers_wanted(0.1, Some(4.0), 2), 1);
+        assert_eq!(workers_wanted(0.0, Some(4.0), 2), 0);
+        // Nothing measured yet: the workers there are.
+        assert_eq!(workers_wanted(5.0, None, 2), 2);
+    }
 }

@@ -28,7 +28,7 @@ use tokio::sync::Notify;
 use tonic::{Request, Response, Status};
 
 use super::client_reports::{client_snapshot, job_name};
-use super::dashboard_feed::{job_shares, worker_loads, LastRefresh};
+use super::dashboard_feed::{fleet, job_shares, worker_loads, LastRefresh};
 use super::status::coordinator_status;
 use crate::coordinator::{
     Coordinator, CoordinatorConfig, CoordinatorError, JobId, Lease, LeaseId, SessionId, Step,
@@ -90,6 +90,8 @@ pub struct WorkerEntry {
     pub failed: u64,
     /// Samples it replaced under the skip policy.
     pub bad_samples: u64,
+    /// Nanoseconds it reported having a batch in production.
+    pub busy_ns: u64,
 }
 
 /// The latest figures a client reported for one (job, rank).
@@ -267,6 +269,8 @@ impl CoordinatorService {
         let last = &mut state.last_refresh;
         dashboard.set_workers(worker_loads(&state.workers, last, DASHBOARD_REFRESH));
         dashboard.set_shares(job_shares(&state.core, last, DASHBOARD_REFRESH));
+        let (live, wanted) = fleet(&state.workers, &state.clients, last);
+        dashboard.set_fleet(live, wanted);
     }
 
     fn expire(&self, now: Instant) {
@@ -474,6 +478,7 @@ impl coordinator_server::Coordinator for CoordinatorService {
                 completed: 0,
                 failed: 0,
                 bad_samples: 0,
+                busy_ns: 0,
             },
         );
         tracing::info!(
@@ -576,6 +581,7 @@ impl coordinator_server::Coordinator for CoordinatorService {
             entry.completed += request.completed.len() as u64;
             entry.failed += request.failed.len() as u64;
             entry.bad_samples += request.bad_samples;
+            entry.busy_ns = entry.busy_ns.saturating_add(request.busy_ns);
         }
         drop(state);
         if requeued {

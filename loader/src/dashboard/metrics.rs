@@ -204,6 +204,21 @@ pub(crate) fn render(registry: &Registry) -> String {
     if let Some(shares) = &registry.shares {
         render_shares(&mut out, shares);
     }
+    if let Some((workers, wanted)) = registry.fleet {
+        let families = [
+            ("stoker_workers", "Worker daemons registered and alive.", workers),
+            (
+                "stoker_workers_wanted",
+                "Workers the clients' demand wants: 1.2 x the batches/s they would take if never kept waiting, over what one worker builds per busy second (an autoscaling target).",
+                wanted,
+            ),
+        ];
+        for (name, help, value) in families {
+            let _ = writeln!(out, "# HELP {name} {help}");
+            let _ = writeln!(out, "# TYPE {name} gauge");
+            let _ = writeln!(out, "{name} {value}");
+        }
+    }
     out
 }
 

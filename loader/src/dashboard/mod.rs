@@ -157,6 +157,15 @@ impl Dashboard {
         }
     }
 
+    /// Shows the live workers and how many the jobs want (a coordinator's dashboard), as
+    /// `stoker_workers` and `stoker_workers_wanted` on `/metrics`.
+    pub fn set_fleet(&self, workers: u64, wanted: u64) {
+        match self.registry.lock() {
+            Ok(mut registry) => registry.fleet = Some((workers, wanted)),
+            Err(_) => tracing::warn!("dashboard registry poisoned; workers wanted not shown"),
+        }
+    }
+
     /// Starts charting a loader as `name`, rank `rank`. Registering the same name and rank
     /// again replaces the earlier monitor and starts its history afresh.
     pub fn register_job(&self, name: &str, rank: u32, monitor: LoaderMonitor) {

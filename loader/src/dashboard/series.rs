@@ -409,6 +409,8 @@ pub(crate) struct Registry {
     pub workers: Option<Vec<super::WorkerLoad>>,
     /// Each job's share of the workers (a coordinator's dashboard).
     pub shares: Option<Vec<super::JobShare>>,
+    /// Live workers and the workers wanted (a coordinator's dashboard).
+    pub fleet: Option<(u64, u64)>,
 }
 
 impl Registry {

@@ -136,3 +136,69 @@ fn two_jobs_share_the_workers_and_both_finish_exactly_once() {
         std::thread::sleep(Duration::from_millis(200));
     }
 }
+
+/// `stoker_workers_wanted` on `/metrics`, once it is there.
+fn workers_wanted(http: &str) -> Option<u64> {
+    http_get(http, "/metrics")
+        .lines()
+        .find_map(|l| l.strip_prefix("stoker_workers_wanted ")?.parse().ok())
+}
+
+/// Reads batches for `seconds`, sleeping `step` after each (a trainer's step), epoch after
+/// epoch; returns the most workers `/metrics` wanted while it read, after its first second
+/// (the coordinator's figures lag a report or two).
+fn train(loader: &Loader, http: &str, epoch: &mut u64, seconds: f64, step: Duration) -> u64 {
+    let start = Instant::now();
+    let mut polled = Instant::now();
+    let mut most = 0;
+    while start.elapsed().as_secs_f64() < seconds {
+        for batch in loader.epoch(*epoch, 0).unwrap() {
+            batch.unwrap();
+            std::thread::sleep(step);
+            if start.elapsed() > Duration::from_secs(1) && polled.elapsed().as_millis() >= 250 {
+                polled = Instant::now();
+                most = most.max(workers_wanted(http).unwrap_or(0));
+            }
+            if start.elapsed().as_secs_f64() >= seconds {
+                break;
+            }
+        }
+        *epoch += 1;
+    }
+    most
+}
+
+#[test]
+fn workers_wanted_rises_with_a_clients_demand() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    common::make_images(&data, 64);
+    let coordinator = Daemon::coordinator_with(
+        &dir.path().join("state"),
+        "127.0.0.1:0",
+        &["--http", "127.0.0.1:0"],
+    );
+    let http = coordinator
+        .banner
+        .split_whitespace()
+        .last()
+        .unwrap()
+        .trim_start_matches("http://")
+        .to_string();
+    let _worker = Daemon::worker(&coordinator.address, dir.path());
+    let loader = remote(&coordinator.address, common::train_spec(&data, 4), 0);
+    let mut epoch = 0;
+    // A slow trainer (a step of 200 ms): one worker is plenty.
+    let calm = train(&loader, &http, &mut epoch, 4.0, Duration::from_millis(200));
+    assert!(
+        http_get(&http, "/metrics").contains("\nstoker_workers 1\n"),
+        "one live worker"
+    );
+    assert!(calm >= 1, "a client reading wants a worker: {calm}");
+    // The same client with no step at all: it waits on the one worker, so it wants more.
+    let hungry = train(&loader, &http, &mut epoch, 5.0, Duration::ZERO);
+    assert!(
+        hungry > calm,
+        "wanted went from {calm} to {hungry} as the demand rose"
+    );
+}

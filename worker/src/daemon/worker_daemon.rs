@@ -19,7 +19,7 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use stoker_datasets::SampleSource;
 use stoker_proto::v1::coordinator_client::CoordinatorClient;
@@ -84,6 +84,10 @@ struct Shared {
     threads: usize,
     delivery_timeout: Duration,
     bad_samples: AtomicU64,
+    /// Builds in progress, and since when at least one has been.
+    building: Mutex<(usize, Option<Instant>)>,
+    /// Nanoseconds with at least one build in progress, not yet reported.
+    busy_ns: AtomicU64,
 }
 
 fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -176,8 +180,33 @@ impl Shared {
         Ok(job)
     }
 
-    /// Builds the leased batch on the decode pool.
+    /// Builds the leased batch on the decode pool, counting the time as busy.
     fn build(&self, entry: &JobEntry, task: &TaskLease) -> Result<Batch> {
+        self.busy(true);
+        let built = self.build_batch(entry, task);
+        self.busy(false);
+        built
+    }
+
+    /// One build starts (`true`) or ends: the time with any build in progress is busy time.
+    fn busy(&self, starts: bool) {
+        let mut building = lock(&self.building);
+        let (count, since) = &mut *building;
+        if starts {
+            *count += 1;
+            since.get_or_insert_with(Instant::now);
+        } else {
+            *count = count.saturating_sub(1);
+            if *count == 0 {
+                if let Some(since) = since.take() {
+                    let nanos = u64::try_from(since.elapsed().as_nanos()).unwrap_or(u64::MAX);
+                    self.busy_ns.fetch_add(nanos, Ordering::Relaxed);
+                }
+            }
+        }
+    }
+
+    fn build_batch(&self, entry: &JobEntry, task: &TaskLease) -> Result<Batch> {
         let job = self.job_for(entry, task.rank)?;
         let key = (task.rank, task.epoch);
         let cached = lock(&entry.plans).get(&key).cloned();
@@ -333,6 +362,8 @@ pub async fn run_worker(
         threads,
         delivery_timeout: config.delivery_timeout,
         bad_samples: AtomicU64::new(0),
+        building: Mutex::new((0, None)),
+        busy_ns: AtomicU64::new(0),
     });
     let service = WorkerDataServer::new(DataService {
         shared: shared.clone(),
@@ -638,6 +669,7 @@ async fn report_loop(
         let bad = shared.bad_samples.load(Ordering::Relaxed);
         request.bad_samples = bad - reported_bad;
         reported_bad = bad;
+        request.busy_ns = shared.busy_ns.swap(0, Ordering::Relaxed);
         if let Err(status) = client.report(request).await {
             let _ = lost.send(status).await;
             return;
