@@ -261,10 +261,6 @@ fn a_resized_epoch_survives_a_coordinator_restarted_mid_epoch() {
     for stream in &mut streams {
         assert!(stream.next_batch().unwrap().is_none(), "the epoch ends");
     }
-    // Once every step arrived, a driver sends its last acknowledgements and closes its session
-    // on its own; a loader dropped at once may cancel that (its last steps would then be redone
-    // by a resume from the journal), so give them a moment before the journal is checked.
-    std::thread::sleep(Duration::from_millis(500));
     assert_eq!(
         restarted.as_ref().map(|d| d.address.as_str()),
         Some(address.as_str())
@@ -293,11 +289,15 @@ fn a_resized_epoch_survives_a_coordinator_restarted_mid_epoch() {
     std::thread::sleep(Duration::from_millis(300));
     drop(restarted.take());
     let _again = Daemon::coordinator(&state, &address);
-    let epoch_one = [(0, 1), (1, 1)];
-    let (job, positions) = journaled(&address, &resized[1], &epoch_one);
+    let (job, positions) = journaled(&address, &resized[1], &[(0, 1), (1, 1)]);
     assert_eq!(job, resized_job);
     assert_eq!(positions, [steps, steps], "the new ranks' positions");
-    let (job, positions) = journaled(&address, &plain, &epoch_one);
+    let plain_steps = SAMPLES.div_ceil(2 * u64::from(BATCH));
+    let (job, positions) = journaled(&address, &plain, &[(0, 1), (1, 1), (0, 2), (1, 2)]);
     assert_eq!(job, plain_job);
-    assert_eq!(positions, [0, 0], "the plain job shares no position");
+    assert_eq!(
+        positions,
+        [0, 0, plain_steps, plain_steps],
+        "the plain job: its own epoch 2, nothing of the resized epoch"
+    );
 }
