@@ -2,13 +2,18 @@
 
 One 120-image ImageNet-like folder is generated per session (by the native generator, seeded,
 so every run sees the same files), plus a tiny folder mixing good JPEGs with bad files (empty,
-truncated, text named .jpg) for the bad-input tests.
+truncated, text named .jpg) for the bad-input tests. The distributed tests start the release
+``stoker coordinator`` and ``stoker-worker`` daemons here too.
 """
 
 from __future__ import annotations
 
+import contextlib
+import os
 import shutil
-from collections.abc import Callable, Iterator
+import subprocess
+import sys
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +25,7 @@ from stoker import _native
 
 SAMPLE_COUNT = 120
 SMALL_CROP = 32
+REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="session")
@@ -114,3 +120,57 @@ def _no_rank_from_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     # A RANK set by the shell (or a torchrun parent) would shard every loader in the suite.
     monkeypatch.delenv("RANK", raising=False)
     monkeypatch.delenv("WORLD_SIZE", raising=False)
+
+
+def daemon_binary(name: str) -> Path:
+    """The release build of ``name`` (``./dev test`` builds it before pytest runs)."""
+    folder = Path(os.environ.get("STOKER_BIN_DIR", REPO / "target" / "release"))
+    path = folder / name
+    if not path.exists():
+        pytest.fail(
+            f"{path} is missing: build it with "
+            "`cargo build --release -p stoker-loader -p stoker-worker`"
+        )
+    return path
+
+
+def start_daemon(args: list[str]) -> tuple[subprocess.Popen[str], str]:
+    """Starts a daemon; returns it and the address its first line says it listens on."""
+    process = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=sys.stderr, text=True)
+    assert process.stdout is not None
+    line = process.stdout.readline()
+    if not line:
+        process.kill()
+        pytest.fail(f"{args[0]} exited before printing its address")
+    return process, line.split()[-1]
+
+
+@contextlib.contextmanager
+def running_cluster(dataset: Path, state: Path, worker_args: Sequence[str] = ()) -> Iterator[str]:
+    """A coordinator journaling in ``state`` and two one-thread workers allowed to read
+    ``dataset``; yields the coordinator's address and SIGKILLs them all at the end."""
+    processes = []
+    try:
+        coordinator, address = start_daemon(
+            [str(daemon_binary("stoker")), "coordinator", "--listen", "127.0.0.1:0",
+             "--state", str(state)]
+        )
+        processes.append(coordinator)
+        for _ in range(2):
+            worker, _ = start_daemon(
+                [str(daemon_binary("stoker-worker")), "--coordinator", address,
+                 "--data-root", str(dataset), "--threads", "1", *worker_args]
+            )
+            processes.append(worker)
+        yield address
+    finally:
+        for process in processes:
+            process.kill()
+            process.wait(timeout=10)
+
+
+@pytest.fixture
+def cluster(dataset: Path, tmp_path: Path) -> Iterator[str]:
+    """A coordinator and two workers allowed to read ``dataset``; yields the coordinator."""
+    with running_cluster(dataset, tmp_path / "state") as address:
+        yield address

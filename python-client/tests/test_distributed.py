@@ -3,65 +3,13 @@ and two real worker processes on 127.0.0.1, compared batch for batch with the in
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 import stoker
-
-from conftest import SMALL_CROP, assert_same_batches, epoch_batches
-
-REPO = Path(__file__).resolve().parents[2]
-
-
-def _binary(name: str) -> Path:
-    """The release build of ``name`` (``./dev test`` builds it before pytest runs)."""
-    folder = Path(os.environ.get("STOKER_BIN_DIR", REPO / "target" / "release"))
-    path = folder / name
-    if not path.exists():
-        pytest.fail(
-            f"{path} is missing: build it with "
-            "`cargo build --release -p stoker-loader -p stoker-worker`"
-        )
-    return path
-
-
-def _start(args: list[str]) -> tuple[subprocess.Popen[str], str]:
-    process = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=sys.stderr, text=True)
-    assert process.stdout is not None
-    line = process.stdout.readline()
-    if not line:
-        process.kill()
-        pytest.fail(f"{args[0]} exited before printing its address")
-    return process, line.split()[-1]
-
-
-@pytest.fixture
-def cluster(dataset: Path, tmp_path: Path) -> Iterator[str]:
-    """A coordinator and two workers allowed to read ``dataset``; yields the coordinator."""
-    processes = []
-    try:
-        coordinator, address = _start(
-            [str(_binary("stoker")), "coordinator", "--listen", "127.0.0.1:0",
-             "--state", str(tmp_path / "state")]
-        )
-        processes.append(coordinator)
-        for _ in range(2):
-            worker, _ = _start(
-                [str(_binary("stoker-worker")), "--coordinator", address,
-                 "--data-root", str(dataset), "--threads", "1"]
-            )
-            processes.append(worker)
-        yield address
-    finally:
-        for process in processes:
-            process.kill()
-            process.wait(timeout=10)
+from conftest import SMALL_CROP, assert_same_batches, daemon_binary, epoch_batches, start_daemon
 
 
 def _options(**overrides: object) -> dict[str, object]:
@@ -143,12 +91,12 @@ def test_remote_and_embedded_loaders_answer_alike(dataset: Path, cluster: str) -
 
 
 def test_all_workers_gone_raises_worker_unavailable(dataset: Path, tmp_path: Path) -> None:
-    coordinator, address = _start(
-        [str(_binary("stoker")), "coordinator", "--listen", "127.0.0.1:0",
+    coordinator, address = start_daemon(
+        [str(daemon_binary("stoker")), "coordinator", "--listen", "127.0.0.1:0",
          "--state", str(tmp_path / "state")]
     )
-    worker, _ = _start(
-        [str(_binary("stoker-worker")), "--coordinator", address,
+    worker, _ = start_daemon(
+        [str(daemon_binary("stoker-worker")), "--coordinator", address,
          "--data-root", str(dataset), "--threads", "1"]
     )
     try:

@@ -19,6 +19,10 @@
 //!   its silent sessions time out;
 //! - no worker stream open for [`RemoteOptions::worker_grace`] while batches are wanted: the
 //!   consumer gets [`Error::WorkerUnavailable`] naming the job and how long it went unserved.
+//!
+//! Dropping an epoch's feed (the loader closed, or the epoch left before its end) stops its
+//! driver, which acknowledges what arrived and closes the session, so the coordinator stops
+//! leasing steps nobody will take at once rather than after its session timeout.
 
 use std::collections::{BTreeSet, HashMap, HashSet, VecDeque};
 use std::sync::Arc;
@@ -71,6 +75,9 @@ impl Default for RemoteOptions {
 
 /// Credits a remote loader starts with when the prefetch controller sizes the depth.
 const INITIAL_CREDITS: usize = 8;
+
+/// How long dropping an epoch's feed waits for its driver to close the session.
+const CLOSE_WAIT: Duration = Duration::from_millis(500);
 
 /// Room past the batch's bytes in a slot, for aligning each tensor.
 const SLOT_ALIGN: usize = 64;
@@ -191,7 +198,7 @@ impl BatchSource for RemoteSource {
         };
         let task = self.runtime.spawn(driver.run(start_step));
         Ok(Box::new(RemoteFeed {
-            _runtime: Arc::clone(&self.runtime),
+            runtime: Arc::clone(&self.runtime),
             task,
             receiver: batches_rx,
             requests: requests_tx,
@@ -248,7 +255,7 @@ async fn register_job(
 
 /// One epoch of a [`RemoteSource`]: what the driver task sends, and the slots sent to it.
 struct RemoteFeed {
-    _runtime: Arc<tokio::runtime::Runtime>,
+    runtime: Arc<tokio::runtime::Runtime>,
     task: tokio::task::JoinHandle<()>,
     receiver: Receiver<Result<Built>>,
     requests: mpsc::UnboundedSender<Slot>,
@@ -281,6 +288,25 @@ impl EpochFeed for RemoteFeed {
 
 impl Drop for RemoteFeed {
     fn drop(&mut self) {
+        // With its requests gone the driver acknowledges what arrived and closes its session,
+        // so the coordinator stops leasing the steps nobody will take now, not after its
+        // session timeout (meanwhile those sessions, the most starved, would hold the workers
+        // for other clients). Waited for briefly; past that, the timeout is left to do it.
+        drop(std::mem::replace(
+            &mut self.requests,
+            mpsc::unbounded_channel().0,
+        ));
+        if tokio::runtime::Handle::try_current().is_err() {
+            let task = &mut self.task;
+            let stopped = self
+                .runtime
+                .block_on(async { tokio::time::timeout(CLOSE_WAIT, task).await });
+            if stopped.is_err() {
+                tracing::debug!(
+                    "the session driver did not stop in time; its session is left to time out"
+                );
+            }
+        }
         self.task.abort();
     }
 }
@@ -678,6 +704,17 @@ impl Driver {
             handle.abort();
         }
         if matches!(end, SessionEnd::Done | SessionEnd::Stop) {
+            if !acks.is_empty() {
+                // The consumer went away with steps received since the last update.
+                let _ = client
+                    .update_session(SessionUpdateRequest {
+                        session: Some(token),
+                        grant_credits: 0,
+                        acknowledged: acks,
+                        stats: None,
+                    })
+                    .await;
+            }
             let _ = client
                 .close_session(CloseSessionRequest {
                     session: Some(token),

@@ -396,6 +396,55 @@ fn digest_with_an_address_prints_the_embedded_hash() {
 }
 
 #[test]
+fn a_loader_dropped_mid_epoch_closes_its_session_at_once() {
+    let dir = fixture();
+    let data = dir.path().join("data");
+    // One session at most, and the default session timeout (60 s): the next session opens
+    // only if the dropped loader closed its own.
+    let coordinator = Daemon::coordinator_with(
+        &dir.path().join("state"),
+        "127.0.0.1:0",
+        &["--max-sessions", "1"],
+    );
+    let _worker = Daemon::worker(&coordinator.address, dir.path());
+    let loader = remote(&coordinator.address, spec(&data, 0)).unwrap();
+    let mut stream = loader.epoch(0, 0).unwrap();
+    assert_eq!(stream.next_batch().unwrap().unwrap().step, 0);
+    drop(stream);
+    drop(loader);
+
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    runtime.block_on(async {
+        let mut client = CoordinatorClient::connect(format!("http://{}", coordinator.address))
+            .await
+            .unwrap();
+        let job = client
+            .register_job(RegisterJobRequest {
+                spec: Some(spec(&data, 1)),
+            })
+            .await
+            .unwrap()
+            .into_inner();
+        let opened = client
+            .open_session(OpenSessionRequest {
+                job_id: job.job_id,
+                rank: 1,
+                epoch: 0,
+                start_step: 0,
+                resume_from_journal: false,
+            })
+            .await;
+        assert!(
+            opened.is_ok(),
+            "the dropped loader's session is still open: {opened:?}"
+        );
+    });
+}
+
+#[test]
 fn a_job_whose_workers_all_died_fails_with_worker_unavailable() {
     let dir = fixture();
     let data = dir.path().join("data");

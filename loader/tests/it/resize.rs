@@ -1,15 +1,18 @@
 //! Resuming mid-epoch on another world size: the ranks of the first run stop part-way through
 //! an epoch; the ranks of the second run, more or fewer, read what is left. Every sample of the
 //! epoch arrives exactly once overall (checked by sample index), embedded and through real
-//! coordinator and worker daemons; the next epoch is the plain one of the new world size.
+//! coordinator and worker daemons, also when the coordinator is SIGKILLed and restarted in the
+//! middle of the resized epoch; the next epoch is the plain one of the new world size.
 
 #![allow(clippy::unwrap_used)]
 
+use std::collections::BTreeMap;
 use std::path::Path;
 use std::time::Duration;
 
 use stoker_loader::{Loader, LoaderOptions, RemoteOptions};
-use stoker_proto::v1::JobSpec;
+use stoker_proto::v1::coordinator_client::CoordinatorClient;
+use stoker_proto::v1::{JobSpec, OpenSessionRequest, RegisterJobRequest};
 use stoker_worker::resized_spec;
 
 use crate::common::{self, Daemon};
@@ -32,12 +35,18 @@ enum Mode<'a> {
 }
 
 fn loader(mode: Mode<'_>, spec: JobSpec) -> Loader {
+    loader_with_prefetch(mode, spec, 0)
+}
+
+/// [`loader`] with a fixed prefetch depth (0: the controller's).
+fn loader_with_prefetch(mode: Mode<'_>, spec: JobSpec, prefetch: usize) -> Loader {
     match mode {
         Mode::Embedded => common::embedded_loader(spec, 1).unwrap(),
         Mode::Remote(address) => Loader::remote(
             address,
             spec,
             LoaderOptions {
+                prefetch,
                 deadline: Duration::from_secs(60),
                 // The runs stop mid-epoch: no session for the next epoch.
                 prefetch_next_epoch: false,
@@ -149,4 +158,147 @@ fn distributed_four_ranks_resumed_on_two_and_two_on_three_read_each_sample_once(
     assert_exactly_once(resize_run(mode, &data, 4, 3, 2));
     assert_exactly_once(resize_run(mode, &data, 2, 5, 3));
     assert_next_epoch_is_plain(mode, &data, 3);
+}
+
+/// Step -> sample indices of every batch of `epoch` from an embedded loader of `spec`.
+fn embedded_steps(spec: &JobSpec, epoch: u64) -> BTreeMap<u64, Vec<u64>> {
+    loader(Mode::Embedded, spec.clone())
+        .epoch(epoch, 0)
+        .unwrap()
+        .map(|batch| {
+            let batch = batch.unwrap();
+            (batch.step, batch.sample_indices)
+        })
+        .collect()
+}
+
+/// What the coordinator at `address` journaled: the id it registers `spec` under (an existing
+/// job when it knows the spec), and the acknowledged position of each (rank, epoch) asked.
+fn journaled(address: &str, spec: &JobSpec, positions: &[(u32, u64)]) -> (u64, Vec<u64>) {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    runtime.block_on(async {
+        let mut client = CoordinatorClient::connect(format!("http://{address}"))
+            .await
+            .unwrap();
+        let job = client
+            .register_job(RegisterJobRequest {
+                spec: Some(spec.clone()),
+            })
+            .await
+            .unwrap()
+            .into_inner()
+            .job_id;
+        let mut acknowledged = Vec::new();
+        for &(rank, epoch) in positions {
+            let opened = client
+                .open_session(OpenSessionRequest {
+                    job_id: job,
+                    rank,
+                    epoch,
+                    start_step: 0,
+                    resume_from_journal: true,
+                })
+                .await
+                .unwrap()
+                .into_inner();
+            acknowledged.push(opened.acknowledged_position);
+        }
+        (job, acknowledged)
+    })
+}
+
+#[test]
+fn a_resized_epoch_survives_a_coordinator_restarted_mid_epoch() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    common::make_images(&data, SAMPLES);
+    let state = dir.path().join("state");
+    let mut coordinator = Daemon::coordinator(&state, "127.0.0.1:0");
+    let address = coordinator.address.clone();
+    let _workers: Vec<Daemon> = (0..2)
+        .map(|_| Daemon::worker_with(&address, dir.path(), &["--delivery-timeout-ms", "1000"]))
+        .collect();
+    let mode = Mode::Remote(&address);
+
+    // 4 ranks x 25 samples stop after 3 steps of 4 (48 read); 2 ranks resume the 52 left.
+    let mut all = Vec::new();
+    for rank in 0..4 {
+        all.extend(read(&loader(mode, spec(&data, rank, 4)), 1, Some(3)));
+    }
+    let resized: Vec<JobSpec> = (0..2)
+        .map(|rank| {
+            resized_spec(&spec(&data, rank, 2), SAMPLES, 1, 4, Vec::new(), &[3; 4]).unwrap()
+        })
+        .collect();
+    // A shallow prefetch: the steps past the restart are asked of the restarted coordinator.
+    let loaders: Vec<Loader> = resized
+        .iter()
+        .map(|spec| loader_with_prefetch(mode, spec.clone(), 2))
+        .collect();
+    let steps = loaders[0].steps_per_epoch();
+    assert_eq!(steps, 7, "26 samples per new rank");
+    let mut streams: Vec<_> = loaders.iter().map(|l| l.epoch(1, 0).unwrap()).collect();
+    let mut seen = vec![BTreeMap::new(); 2];
+    let mut restarted = None;
+    for step in 0..steps {
+        if step == 2 {
+            coordinator.kill();
+            restarted = Some(Daemon::coordinator(&state, &address));
+        }
+        for (rank, stream) in streams.iter_mut().enumerate() {
+            let batch = stream.next_batch().unwrap().expect("a batch per step");
+            assert_eq!(batch.step, step, "rank {rank} yields in step order");
+            assert!(
+                seen[rank]
+                    .insert(step, batch.sample_indices.clone())
+                    .is_none(),
+                "rank {rank} step {step} delivered twice"
+            );
+        }
+    }
+    for stream in &mut streams {
+        assert!(stream.next_batch().unwrap().is_none(), "the epoch ends");
+    }
+    assert_eq!(
+        restarted.as_ref().map(|d| d.address.as_str()),
+        Some(address.as_str())
+    );
+    for (rank, spec) in resized.iter().enumerate() {
+        assert_eq!(
+            seen[rank],
+            embedded_steps(spec, 1),
+            "rank {rank}: the resized job's samples at the same steps as in process"
+        );
+        all.extend(seen[rank].values().flatten().copied());
+    }
+    assert_exactly_once(all);
+    drop(streams);
+    drop(loaders);
+    assert_next_epoch_is_plain(mode, &data, 2);
+
+    // The journal itself: after one more restart with no client left, the coordinator still
+    // knows the resized job by its spec (cursor included), apart from the plain job of world
+    // size 2, with the new ranks' positions in the resized epoch; the plain job has none there.
+    let plain = spec(&data, 0, 2);
+    let (resized_job, _) = journaled(&address, &resized[0], &[]);
+    let (plain_job, _) = journaled(&address, &plain, &[]);
+    assert_ne!(resized_job, plain_job, "a resized job is a job of its own");
+    // Positions are flushed every 100 ms.
+    std::thread::sleep(Duration::from_millis(300));
+    drop(restarted.take());
+    let _again = Daemon::coordinator(&state, &address);
+    let (job, positions) = journaled(&address, &resized[1], &[(0, 1), (1, 1)]);
+    assert_eq!(job, resized_job);
+    assert_eq!(positions, [steps, steps], "the new ranks' positions");
+    let plain_steps = SAMPLES.div_ceil(2 * u64::from(BATCH));
+    let (job, positions) = journaled(&address, &plain, &[(0, 1), (1, 1), (0, 2), (1, 2)]);
+    assert_eq!(job, plain_job);
+    assert_eq!(
+        positions,
+        [0, 0, plain_steps, plain_steps],
+        "the plain job: its own epoch 2, nothing of the resized epoch"
+    );
 }
