@@ -36,6 +36,6 @@ pub use coordinator::{
     CoordinatorService, CoordinatorServiceConfig, CoordinatorStats, ExpireReport, JobId, Lease,
     LeaseId, LeaseOutcome, SessionId, Step, TaskKey, WorkerEntry, WorkerId, JOURNAL_FILE,
 };
-pub use dashboard::{Dashboard, DashboardError, WorkerLoad};
+pub use dashboard::{Dashboard, DashboardAccess, DashboardError, WorkerLoad};
 pub use digest::BatchDigest;
 pub use error::{Error, ErrorKind, Result, ERROR_KINDS};

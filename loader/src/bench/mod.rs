@@ -1,11 +1,14 @@
 //! The bench harnesses `stoker bench` runs, as a library below the command line (which only
 //! parses their settings and calls them): the end-to-end pipeline ([`pipeline`]), the prefetch
 //! controller's stall under simulated training loops ([`stall`]), the coordinator core's
-//! assignment rate ([`coordinator`]) and the gRPC transport's streaming rate ([`transport`]).
+//! assignment rate ([`coordinator`]) and the gRPC transport's streaming rate ([`transport`],
+//! plaintext and TLS; [`certificates`] writes the throwaway certificates it and the TLS tests
+//! use).
 //! Each prints its report, as text or as one JSON object.
 //!
 //! They are measuring tools, not part of the loader: nothing else in this crate uses them.
 
+pub mod certificates;
 pub mod coordinator;
 pub mod pipeline;
 mod resources;
@@ -24,9 +27,12 @@ pub enum Error {
     /// The loader failed.
     #[error(transparent)]
     Loader(#[from] crate::Error),
-    /// Opening or building a job failed.
+    /// Opening or building a job failed, or the security settings are unusable.
     #[error(transparent)]
     Worker(#[from] stoker_worker::Error),
+    /// A token is not usable.
+    #[error(transparent)]
+    Security(#[from] stoker_worker::security::SecurityError),
     /// The coordinator core refused a call.
     #[error(transparent)]
     Coordinator(#[from] crate::CoordinatorError),

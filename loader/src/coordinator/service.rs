@@ -22,6 +22,7 @@ use stoker_proto::v1::{
     ReportResponse, SessionToken, SessionUpdateRequest, SessionUpdateResponse, TaskLease,
     WorkerInfo,
 };
+use stoker_worker::security::{ClientSecurity, ServerSecurity};
 use stoker_worker::transport::{self, MAX_MESSAGE_BYTES};
 use stoker_worker::{ErrorKind, MAX_BATCH_SIZE};
 use tokio::sync::Notify;
@@ -50,6 +51,10 @@ pub struct CoordinatorServiceConfig {
     pub worker_wait: Duration,
     /// How often acknowledged positions are written to the journal.
     pub flush_every: Duration,
+    /// What the daemon accepts (token, TLS).
+    pub server_security: ServerSecurity,
+    /// What it presents when it asks a worker to check a job (token, trusted CA).
+    pub client_security: ClientSecurity,
 }
 
 impl Default for CoordinatorServiceConfig {
@@ -66,6 +71,8 @@ impl Default for CoordinatorServiceConfig {
             describe_timeout: Duration::from_secs(120),
             worker_wait: Duration::from_secs(15),
             flush_every: Duration::from_millis(100),
+            server_security: ServerSecurity::default(),
+            client_security: ClientSecurity::default(),
         }
     }
 }
@@ -228,7 +235,11 @@ impl CoordinatorService {
         let server = CoordinatorServer::new(self.clone())
             .max_decoding_message_size(MAX_MESSAGE_BYTES)
             .max_encoding_message_size(MAX_MESSAGE_BYTES);
-        let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
+        let server = tonic::service::interceptor::InterceptedService::new(
+            server,
+            self.config.server_security.check(),
+        );
+        let incoming = self.config.server_security.incoming(listener);
         let result = transport::server()
             .add_service(server)
             .serve_with_incoming_shutdown(incoming, shutdown)
@@ -367,8 +378,9 @@ impl CoordinatorService {
             }
             let mut last_error = None;
             for worker in &workers {
-                let channel = transport::channel(&worker.data_address)
-                    .map_err(|e| Status::internal(e.to_string()))?;
+                let channel =
+                    transport::channel(&worker.data_address, &self.config.client_security)
+                        .map_err(|e| Status::internal(e.to_string()))?;
                 let mut client = WorkerDataClient::new(channel);
                 let request = DescribeJobRequest {
                     spec: Some(spec.clone()),
@@ -385,16 +397,21 @@ impl CoordinatorService {
                         last_error = Some(status);
                     }
                     Ok(Err(status)) => {
-                        // The worker's kind metadata goes back with its reason.
-                        return Err(Status::with_metadata(
-                            status.code(),
-                            format!(
-                                "worker {} ({}) refused the job: {}",
-                                worker.worker_id,
-                                worker.data_address,
-                                status.message()
+                        // The worker's kind goes back with its reason (or the kind of the
+                        // connector's refusal, when the coordinator could not reach it).
+                        let kind = transport::kind_of_status(&status);
+                        return Err(transport::with_kind(
+                            Status::with_metadata(
+                                status.code(),
+                                format!(
+                                    "worker {} ({}) refused the job: {}",
+                                    worker.worker_id,
+                                    worker.data_address,
+                                    status.message()
+                                ),
+                                status.metadata().clone(),
                             ),
-                            status.metadata().clone(),
+                            kind,
                         ));
                     }
                     Err(_) => {

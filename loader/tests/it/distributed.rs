@@ -127,6 +127,7 @@ fn remote_with_grace(
             connect_timeout: Duration::from_secs(30),
             stall_reopen: Duration::from_secs(3),
             worker_grace,
+            ..RemoteOptions::default()
         },
     )
 }

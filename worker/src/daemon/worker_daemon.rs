@@ -12,7 +12,6 @@
 //!   failed and goes back to the queue.
 
 use std::collections::HashMap;
-use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -26,10 +25,11 @@ use stoker_proto::v1::{
     JobSpec, LeaseRequest, RegisterWorkerRequest, ReportRequest, SubscribeRequest, TaskLease,
 };
 use tokio::sync::{mpsc, Notify, Semaphore};
-use tonic::transport::Channel;
+use tonic::service::interceptor::InterceptedService;
 use tonic::{Code, Request, Response, Status};
 
-use super::transport::{self, error_status, Backoff, MAX_MESSAGE_BYTES};
+use super::security::{ClientSecurity, ServerSecurity};
+use super::transport::{self, error_status, Backoff, RpcChannel, MAX_MESSAGE_BYTES};
 use crate::error::{Error, ErrorKind, Result};
 use crate::job::{open_source, Job};
 use crate::plan::EpochPlan;
@@ -45,14 +45,19 @@ const STREAM_QUEUE: usize = 8;
 pub struct WorkerConfig {
     /// The coordinator's `host:port`.
     pub coordinator: String,
-    /// The address clients reach this worker's data server at (registered with the coordinator).
-    pub advertise: SocketAddr,
+    /// The address clients reach this worker's data server at, `host:port` (registered with
+    /// the coordinator; the host may be a DNS name, which a TLS certificate can carry).
+    pub advertise: String,
     /// Decode threads (0: one per core).
     pub threads: usize,
     /// Folders datasets may be read from.
     pub data_roots: Vec<PathBuf>,
     /// Tasks leased ahead of the one being built.
     pub lease_ahead: u32,
+    /// What the data server accepts (token, TLS).
+    pub server_security: ServerSecurity,
+    /// What the worker presents to the coordinator (token, trusted CA).
+    pub client_security: ClientSecurity,
 }
 
 type Key = (u64, u64);
@@ -292,7 +297,8 @@ pub async fn run_worker(
     })
     .max_decoding_message_size(MAX_MESSAGE_BYTES)
     .max_encoding_message_size(MAX_MESSAGE_BYTES);
-    let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
+    let service = InterceptedService::new(service, config.server_security.check());
+    let incoming = config.server_security.incoming(listener);
     let (stop_tx, mut stop_rx) = tokio::sync::watch::channel(false);
     let server = tokio::spawn(async move {
         let result = transport::server()
@@ -314,7 +320,7 @@ pub async fn run_worker(
 /// Register, lease, build, deliver, report; again from registration when the coordinator is
 /// lost or forgets this worker.
 async fn task_loop(config: WorkerConfig, shared: Arc<Shared>) {
-    let channel = match transport::channel(&config.coordinator) {
+    let channel = match transport::channel(&config.coordinator, &config.client_security) {
         Ok(channel) => channel,
         Err(error) => {
             tracing::error!(%error, "bad coordinator address");
@@ -328,7 +334,7 @@ async fn task_loop(config: WorkerConfig, shared: Arc<Shared>) {
             CoordinatorClient::new(channel.clone()).max_decoding_message_size(MAX_MESSAGE_BYTES);
         let registered = client
             .register_worker(RegisterWorkerRequest {
-                data_address: config.advertise.to_string(),
+                data_address: config.advertise.clone(),
                 threads: shared.threads as u32,
                 data_roots: shared
                     .roots
@@ -341,7 +347,12 @@ async fn task_loop(config: WorkerConfig, shared: Arc<Shared>) {
             Ok(response) => response.into_inner(),
             Err(status) => {
                 let delay = backoff.next_delay();
-                tracing::warn!(%status, retry_in = ?delay, coordinator = %config.coordinator, "cannot register with the coordinator");
+                if transport::is_refusal(&status) {
+                    // A setting to fix, not a network blip: say so at the loudest level.
+                    tracing::error!(message = status.message(), retry_in = ?delay, coordinator = %config.coordinator, "the coordinator refused this worker");
+                } else {
+                    tracing::warn!(%status, retry_in = ?delay, coordinator = %config.coordinator, "cannot register with the coordinator");
+                }
                 tokio::time::sleep(delay).await;
                 continue;
             }
@@ -370,7 +381,7 @@ async fn task_loop(config: WorkerConfig, shared: Arc<Shared>) {
 async fn serve_leases(
     config: &WorkerConfig,
     shared: &Arc<Shared>,
-    mut client: CoordinatorClient<Channel>,
+    mut client: CoordinatorClient<RpcChannel>,
     worker_id: u64,
     lease_timeout_ms: u64,
 ) -> Status {
@@ -493,7 +504,7 @@ async fn deliver(shared: &Shared, task: &TaskLease, batch: Batch) -> Outcome {
 
 async fn job_entry(
     shared: &Arc<Shared>,
-    client: &mut CoordinatorClient<Channel>,
+    client: &mut CoordinatorClient<RpcChannel>,
     job_id: u64,
 ) -> std::result::Result<Arc<JobEntry>, Status> {
     if let Some(entry) = lock(&shared.jobs).get(&job_id) {
@@ -531,7 +542,7 @@ async fn job_entry(
 }
 
 async fn heartbeat_loop(
-    mut client: CoordinatorClient<Channel>,
+    mut client: CoordinatorClient<RpcChannel>,
     worker_id: u64,
     lease_timeout_ms: u64,
     lost: mpsc::Sender<Status>,
@@ -549,7 +560,7 @@ async fn heartbeat_loop(
 }
 
 async fn report_loop(
-    mut client: CoordinatorClient<Channel>,
+    mut client: CoordinatorClient<RpcChannel>,
     worker_id: u64,
     shared: Arc<Shared>,
     mut outcomes: mpsc::UnboundedReceiver<Outcome>,
