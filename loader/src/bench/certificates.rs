@@ -29,9 +29,12 @@ pub fn write_test_certificates(dir: &Path, names: &[&str]) -> Result<TestCertifi
     let ca_key = KeyPair::generate().map_err(failed)?;
     let mut ca_params = CertificateParams::new(Vec::<String>::new()).map_err(failed)?;
     ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-    ca_params
-        .distinguished_name
-        .push(DnType::CommonName, "stoker test CA");
+    // A name of its own: two test CAs must not look like one CA to a verifier.
+    let name = format!(
+        "stoker test CA {:016x}",
+        stoker_worker::transport::random_u64()
+    );
+    ca_params.distinguished_name.push(DnType::CommonName, name);
     let ca = ca_params.self_signed(&ca_key).map_err(failed)?;
     let issuer = Issuer::new(ca_params, &ca_key);
     let server_key = KeyPair::generate().map_err(failed)?;

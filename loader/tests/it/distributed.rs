@@ -19,19 +19,28 @@ use stoker_proto::v1::{JobSpec, OpenSessionRequest, RegisterJobRequest};
 use crate::common;
 
 /// A child daemon, SIGKILLed and reaped when dropped.
-struct Daemon {
+pub(crate) struct Daemon {
     child: Child,
-    address: String,
+    pub(crate) address: String,
     /// The first line it printed.
-    banner: String,
+    pub(crate) banner: String,
 }
 
 impl Daemon {
     fn start(program: impl AsRef<std::ffi::OsStr>, args: &[&str]) -> Daemon {
+        Daemon::start_logging_to(program, args, Stdio::inherit())
+    }
+
+    /// Starts `program` with `args`, its log (stderr) going to `log`.
+    pub(crate) fn start_logging_to(
+        program: impl AsRef<std::ffi::OsStr>,
+        args: &[&str],
+        log: impl Into<Stdio>,
+    ) -> Daemon {
         let mut child = Command::new(program)
             .args(args)
             .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
+            .stderr(log)
             .spawn()
             .expect("daemon starts");
         let stdout = child.stdout.take().unwrap();

@@ -301,7 +301,10 @@ fn client_refusal(address: &str, name: &str, error: &io::Error) -> Refused {
     use rustls::{CertificateError, Error as TlsError};
     let tls = error.get_ref().and_then(|e| e.downcast_ref::<TlsError>());
     let (refusal, message) = match tls {
-        Some(TlsError::InvalidCertificate(CertificateError::UnknownIssuer)) => (
+        // A bad signature under a trusted name: signed by another key than the trusted CA's.
+        Some(TlsError::InvalidCertificate(
+            CertificateError::UnknownIssuer | CertificateError::BadSignature,
+        )) => (
             Refusal::UnknownCa,
             format!(
                 "TLS to {address}: its certificate is not signed by a CA in --tls-ca (tls_ca=): \
