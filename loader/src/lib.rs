@@ -39,3 +39,5 @@ pub use coordinator::{
 pub use dashboard::{Dashboard, DashboardAccess, DashboardError, WorkerLoad};
 pub use digest::BatchDigest;
 pub use error::{Error, ErrorKind, Result, ERROR_KINDS};
+/// The shared token of the distributed mode (see [`RemoteOptions::token`]).
+pub use stoker_worker::security::Token;
