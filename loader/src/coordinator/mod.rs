@@ -10,6 +10,7 @@
 //! in `stoker-worker`, the client in `crate::client::remote`.
 
 mod client_reports;
+mod requests;
 mod scheduler;
 mod service;
 mod status;

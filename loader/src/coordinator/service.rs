@@ -7,7 +7,6 @@
 //! microseconds of work under it (see `stoker bench coordinator`).
 
 use std::collections::{BTreeMap, HashMap};
-use std::net::SocketAddr;
 use std::path::Path;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
@@ -24,11 +23,12 @@ use stoker_proto::v1::{
 };
 use stoker_worker::security::{ClientSecurity, ServerSecurity};
 use stoker_worker::transport::{self, MAX_MESSAGE_BYTES};
-use stoker_worker::{ErrorKind, MAX_BATCH_SIZE};
+use stoker_worker::ErrorKind;
 use tokio::sync::Notify;
 use tonic::{Request, Response, Status};
 
 use super::client_reports::{client_snapshot, job_name};
+use super::requests::validate_spec;
 use super::status::coordinator_status;
 use crate::coordinator::{
     Coordinator, CoordinatorConfig, CoordinatorError, JobId, Lease, LeaseId, SessionId, Step,
@@ -432,30 +432,6 @@ impl CoordinatorService {
 /// How often the dashboard's worker table is refreshed.
 const DASHBOARD_REFRESH: Duration = Duration::from_millis(500);
 
-fn validate_spec(spec: &JobSpec) -> Result<(), Status> {
-    if spec.batch_size == 0 || spec.batch_size > MAX_BATCH_SIZE {
-        return Err(Status::invalid_argument(format!(
-            "batch_size must be in 1..={MAX_BATCH_SIZE}, got {}",
-            spec.batch_size
-        )));
-    }
-    let dataset = spec
-        .dataset
-        .as_ref()
-        .ok_or_else(|| Status::invalid_argument("job spec has no dataset"))?;
-    if dataset.uri.trim().is_empty() {
-        return Err(Status::invalid_argument("dataset.uri is empty"));
-    }
-    if spec.world_size > 1 << 20 {
-        return Err(Status::invalid_argument(format!(
-            "world_size {} is more ranks than one coordinator serves (at most {})",
-            spec.world_size,
-            1 << 20
-        )));
-    }
-    Ok(())
-}
-
 fn task_lease(lease: &Lease, incarnation: u64) -> TaskLease {
     TaskLease {
         lease_id: lease.lease_id.0,
@@ -478,9 +454,9 @@ impl coordinator_server::Coordinator for CoordinatorService {
     ) -> Result<Response<RegisterWorkerResponse>, Status> {
         let request = request.into_inner();
         let address = request.data_address.trim();
-        if address.parse::<SocketAddr>().is_err() {
+        if !transport::is_host_port(address) {
             return Err(Status::invalid_argument(format!(
-                "data_address {address:?} is not ip:port"
+                "data_address {address:?} is not host:port (an IP address or a DNS name)"
             )));
         }
         let mut state = lock(&self.state);

@@ -44,6 +44,12 @@ fn certificates(dir: &Path) -> TestCertificates {
     write_test_certificates(dir, &["localhost", "127.0.0.1"]).unwrap()
 }
 
+/// The same, naming `localhost` only (no IP address).
+fn localhost_certificates(dir: &Path) -> TestCertificates {
+    std::fs::create_dir_all(dir).unwrap();
+    write_test_certificates(dir, &["localhost"]).unwrap()
+}
+
 fn path(path: &Path) -> &str {
     path.to_str().unwrap()
 }
@@ -292,7 +298,7 @@ fn a_job_over_tls_with_a_token_gives_the_embedded_digest() {
     let dir = tempfile::tempdir().unwrap();
     let data = dir.path().join("data");
     common::make_images(&data, 64);
-    let pki = certificates(&dir.path().join("pki"));
+    let pki = localhost_certificates(&dir.path().join("pki"));
     let token_file = write_token(dir.path(), "token", TOKEN);
     let security = [
         "--token-file",
@@ -305,6 +311,17 @@ fn a_job_over_tls_with_a_token_gives_the_embedded_digest() {
         path(&pki.ca),
     ];
     let coordinator = coordinator(dir.path(), &dir.path().join("coordinator.log"), &security);
+    // The worker dials the coordinator at 127.0.0.1 and checks the name its certificate has.
+    let coordinator_name = ["--tls-server-name", "localhost"];
+    // The worker advertises a DNS name, which its certificate carries (a free port found
+    // first: the advertised address must hold the port before the worker binds it).
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let listen = format!("127.0.0.1:{port}");
+    let advertise = format!("localhost:{port}");
     let mut worker_args = vec![
         "--coordinator",
         &coordinator.address,
@@ -312,8 +329,13 @@ fn a_job_over_tls_with_a_token_gives_the_embedded_digest() {
         path(dir.path()),
         "--threads",
         "1",
+        "--listen",
+        &listen,
+        "--advertise",
+        &advertise,
     ];
     worker_args.extend_from_slice(&security);
+    worker_args.extend_from_slice(&coordinator_name);
     let _worker = Daemon::start_logging_to(
         common::worker_binary(),
         &worker_args,
@@ -321,7 +343,8 @@ fn a_job_over_tls_with_a_token_gives_the_embedded_digest() {
     );
 
     let embedded = last_line(&digest(&data, &[], None));
-    // The coordinator's certificate names localhost: checked against --tls-server-name.
+    // The coordinator's certificate names localhost only: the client dials 127.0.0.1 and checks
+    // that name with --tls-server-name; the worker's address is a name its certificate has.
     let remote = [
         "--address",
         &coordinator.address,

@@ -81,6 +81,29 @@ pub fn channel(address: &str, security: &ClientSecurity) -> Result<RpcChannel, E
     Ok(InterceptedService::new(channel, security.attach()))
 }
 
+/// Whether `address` is `ip:port` or `dns-name:port` (what a worker may advertise: a DNS name
+/// is what a TLS certificate can carry where a pod's IP cannot be listed).
+pub fn is_host_port(address: &str) -> bool {
+    if address.parse::<std::net::SocketAddr>().is_ok() {
+        return true;
+    }
+    let Some((host, port)) = address.rsplit_once(':') else {
+        return false;
+    };
+    let name_ok = !host.is_empty()
+        && host.len() <= 253
+        && host.split('.').all(|label| {
+            !label.is_empty()
+                && label.len() <= 63
+                && !label.starts_with('-')
+                && !label.ends_with('-')
+                && label
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b == b'-')
+        });
+    name_ok && port.parse::<u16>().is_ok_and(|port| port != 0)
+}
+
 /// Exponential backoff with jitter, for reconnecting to a peer that went away.
 #[derive(Debug, Clone)]
 pub struct Backoff {
@@ -248,6 +271,29 @@ mod tests {
             kind_of_status(&Status::data_loss("corrupt")),
             ErrorKind::Decode
         );
+    }
+
+    #[test]
+    fn worker_addresses_are_ips_or_dns_names_with_a_port() {
+        for good in [
+            "127.0.0.1:7171",
+            "[::1]:7171",
+            "worker-3.stoker.svc:7171",
+            "localhost:1",
+        ] {
+            assert!(is_host_port(good), "{good}");
+        }
+        for bad in [
+            "localhost",
+            "localhost:0",
+            ":7171",
+            "a b:7171",
+            "-x.svc:1",
+            "x..y:1",
+            "h:port",
+        ] {
+            assert!(!is_host_port(bad), "{bad}");
+        }
     }
 
     #[tokio::test]
