@@ -458,3 +458,27 @@ fn a_daemon_off_loopback_without_a_token_warns_loudly() {
     );
     assert_logged(&log, "WITHOUT A TOKEN");
 }
+
+#[test]
+fn bench_transport_states_tls_beside_plaintext() {
+    let out = common::stdout_of(&[
+        "bench",
+        "transport",
+        "--tls",
+        "--batch-mib",
+        "1",
+        "--total-mib",
+        "32",
+        "--json",
+    ]);
+    assert!(
+        out.contains("(plaintext)") && out.contains("% of plaintext"),
+        "{out}"
+    );
+    let report: serde_json::Value = serde_json::from_str(out.lines().last().unwrap()).unwrap();
+    let plaintext = report["stream_gb_per_s"].as_f64().unwrap();
+    let tls = report["tls_stream_gb_per_s"].as_f64().unwrap();
+    assert!(plaintext > 0.0 && tls > 0.0, "{report}");
+    let ratio = report["tls_over_plaintext"].as_f64().unwrap();
+    assert!((ratio - tls / plaintext).abs() < 1e-9, "{report}");
+}
