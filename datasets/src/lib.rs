@@ -7,7 +7,8 @@
 //! - [`TarShards`]: WebDataset-style tar shards read by random access through a cached index;
 //!   [`write_tar_shards`] writes any source in that layout.
 //! - [`TokenFile`]: a nanoGPT-style token array served as windows of `seq_len + 1` tokens,
-//!   read with positioned reads (a file cut short under a job is an error, not SIGBUS); [`write_synthetic_tokens`] writes a seeded one.
+//!   copied out of a read-only memory map (a file cut short under a job is an error naming it,
+//!   not SIGBUS: `mapped_file/`); [`write_synthetic_tokens`] writes a seeded one.
 //! - [`JsonlDocuments`]: JSON Lines documents, one sample per line, read as UTF-8 text.
 //! - [`ParquetDataset`]: rows of Parquet files (image bytes or text, plus labels), read by
 //!   row group; [`write_parquet`] writes any source as Parquet, and
@@ -60,6 +61,7 @@ mod image_folder;
 mod image_format;
 mod inspect;
 mod jsonl;
+mod mapped_file;
 mod parquet_files;
 mod sample_source;
 mod storage;

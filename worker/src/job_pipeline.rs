@@ -373,6 +373,16 @@ mod tests {
     }
 
     #[test]
+    fn enum_values_this_build_does_not_know_are_refused() {
+        for (layout, dtype, words) in [(0, -7, "dtype -7 is not"), (9, 1, "layout 9 is not")] {
+            let tensor = op(OpKind::ToTensor(proto::ToTensor { layout, dtype }));
+            let error = check_op(&tensor).unwrap_err().to_string();
+            assert!(error.contains(words), "{error}");
+        }
+        assert!(check_op(&op(OpKind::ToTensor(proto::ToTensor::default()))).is_ok());
+    }
+
+    #[test]
     fn bad_token_op_lists_name_what_is_wrong() {
         let windows = op(OpKind::TokenWindows(proto::TokenWindows { seq_len: 0 }));
         let error = JobPipeline::from_ops(&[windows]).unwrap_err().to_string();

@@ -221,7 +221,20 @@ pub(crate) fn normalize_parameters(norm: &proto::Normalize) -> Result<([f32; 3],
 
 /// ToTensor's element type; `None` when unspecified (uint8, or float32 after Normalize).
 pub(crate) fn tensor_dtype(tensor: &proto::ToTensor) -> Result<Option<ImageDtype>> {
-    match tensor.dtype() {
+    // prost reads a value outside an enum as its default: refuse it instead of guessing.
+    if proto::Layout::try_from(tensor.layout).is_err() {
+        return Err(invalid(format!(
+            "ToTensor layout {} is not a known layout",
+            tensor.layout
+        )));
+    }
+    let dtype = proto::Dtype::try_from(tensor.dtype).map_err(|_| {
+        invalid(format!(
+            "ToTensor dtype {} is not a known dtype",
+            tensor.dtype
+        ))
+    })?;
+    match dtype {
         proto::Dtype::Uint8 => Ok(Some(ImageDtype::Uint8)),
         proto::Dtype::Float32 => Ok(Some(ImageDtype::Float32)),
         proto::Dtype::Unspecified => Ok(None),

@@ -6,22 +6,21 @@
 //! `window[..seq_len]`, target `window[1..]`, as nanoGPT's `get_batch` cuts them). The last
 //! incomplete window is dropped.
 //!
-//! Windows are read with positioned reads (`pread`) straight into the caller's buffer, not out
-//! of a memory map: a file truncated under a running job then gives an error naming the file
-//! ([`Error::FileChanged`]) where a map would kill the process with SIGBUS, and the copy out of
-//! the page cache is the only copy (a map costs a fault per page on first touch and a copy
-//! out of the map as well).
+//! Windows are copied out of a read-only memory map straight into the caller's buffer (one copy,
+//! no system call per window). A file cut short under a running job gives an error naming it
+//! ([`Error::FileChanged`]), from then on for every window, never SIGBUS and never zeros as
+//! tokens: `mapped_file/` says how, and when it falls back to `pread`.
 
 mod synthetic;
 
 use std::fs::File;
-use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
 use serde::Serialize;
 use tracing::info;
 
 use crate::error::{Error, Result};
+use crate::mapped_file::MappedFile;
 use crate::sample_source::{SampleSource, TokenWindowShape};
 use crate::token_dtype::TokenDtype;
 
@@ -40,12 +39,10 @@ pub fn looks_like_token_file(path: &Path) -> bool {
 }
 
 /// A token array cut into windows of `seq_len + 1` tokens; one window is one sample. Reading
-/// copies the window's bytes out of the file (little-endian, the file's dtype).
+/// copies the window's bytes out of the file's map (little-endian, the file's dtype).
 pub struct TokenFile {
     path: PathBuf,
-    file: File,
-    /// The file's length when it was opened.
-    bytes: u64,
+    data: MappedFile,
     dtype: TokenDtype,
     seq_len: u32,
     tokens: u64,
@@ -91,11 +88,18 @@ impl TokenFile {
             });
         }
         let windows = (tokens - 1) / u64::from(seq_len);
-        info!(path = %path.display(), tokens, windows, dtype = dtype.name(), "opened token file");
+        let data = MappedFile::new(path, file, bytes);
+        info!(
+            path = %path.display(),
+            tokens,
+            windows,
+            dtype = dtype.name(),
+            mapped = data.is_mapped(),
+            "opened token file"
+        );
         Ok(TokenFile {
             path: path.to_path_buf(),
-            file,
-            bytes,
+            data,
             dtype,
             seq_len,
             tokens,
@@ -123,6 +127,12 @@ impl TokenFile {
         self.tokens
     }
 
+    /// Whether windows are copied out of a memory map; `false` when every read is a `pread`
+    /// (a file of one page, or one that could not be mapped).
+    pub fn is_mapped(&self) -> bool {
+        self.data.is_mapped()
+    }
+
     /// Bytes of one window (`(seq_len + 1) * dtype size`).
     pub fn window_bytes(&self) -> usize {
         (self.seq_len as usize + 1) * self.dtype.size()
@@ -130,8 +140,8 @@ impl TokenFile {
 
     /// Reads window `index` into `dest` ([`TokenFile::window_bytes`] long).
     ///
-    /// A file that has become shorter than the window's end since it was opened gives
-    /// [`Error::FileChanged`].
+    /// A file cut short since it was opened gives [`Error::FileChanged`]: for this window when
+    /// the cut reaches it, and for every window once a read of the map has met the cut.
     pub fn read_window_into(&self, index: u64, dest: &mut [u8]) -> Result<()> {
         if index >= self.windows {
             return Err(Error::IndexOutOfRange {
@@ -148,22 +158,7 @@ impl TokenFile {
             )));
         }
         let start = index * u64::from(self.seq_len) * self.dtype.size() as u64;
-        self.read_at(dest, start)
-    }
-
-    /// Fills `dest` from byte `offset` of the file.
-    fn read_at(&self, dest: &mut [u8], offset: u64) -> Result<()> {
-        match self.file.read_exact_at(dest, offset) {
-            Ok(()) => Ok(()),
-            Err(source) if source.kind() == std::io::ErrorKind::UnexpectedEof => {
-                Err(Error::FileChanged {
-                    path: self.path.clone(),
-                    opened_len: self.bytes,
-                    end: offset.saturating_add(dest.len() as u64),
-                })
-            }
-            Err(source) => Err(Error::io(&self.path, source)),
-        }
+        self.data.read_at(dest, start)
     }
 }
 
@@ -237,7 +232,7 @@ impl TokenFile {
         while offset < end {
             let len = (end - offset).min(CHUNK - CHUNK % size);
             chunk.resize(len as usize, 0);
-            self.read_at(&mut chunk, offset)?;
+            self.data.read_at(&mut chunk, offset)?;
             let chunk_max = match self.dtype {
                 TokenDtype::Uint16 => chunk
                     .chunks_exact(2)
@@ -254,7 +249,7 @@ impl TokenFile {
         Ok(TokenFileReport {
             tokens: self.tokens,
             dtype: self.dtype,
-            bytes: self.bytes,
+            bytes: self.data.len(),
             seq_len: self.seq_len,
             windows: self.windows,
             max_token: max_token.unwrap_or(0),

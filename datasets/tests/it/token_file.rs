@@ -149,39 +149,70 @@ fn synthetic_token_files_are_seeded_and_within_the_vocabulary() {
     assert!(write_synthetic_tokens(&a, &too_big).is_err());
 }
 
+/// Another process cuts the file to `bytes` while a job reads it.
+fn cut(path: &Path, bytes: u64) {
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(path)
+        .unwrap()
+        .set_len(bytes)
+        .unwrap();
+}
+
+fn assert_changed(read: stoker_datasets::Result<()>, path: &Path) {
+    let error = read.unwrap_err();
+    assert!(
+        matches!(
+            error,
+            Error::FileChanged {
+                opened_len: 200_002,
+                ..
+            }
+        ),
+        "{error}"
+    );
+    assert!(error.to_string().contains(&path.display().to_string()));
+    assert_eq!(error.read_fault(), stoker_datasets::ReadFault::Source);
+}
+
+/// 100,001 tokens (200,002 bytes, many pages), windows of 10 + 1: token `t` is `t % 60,000`.
+fn mapped_token_file(dir: &Path) -> (std::path::PathBuf, TokenFile) {
+    let path = dir.join("train.bin");
+    write_u16(&path, (0..100_001u32).map(|t| (t % 60_000) as u16));
+    let file = TokenFile::open(&path, TokenDtype::Uint16, 10).unwrap();
+    assert!(file.is_mapped(), "windows come out of a memory map");
+    assert_eq!(file.len(), 10_000);
+    (path, file)
+}
+
 #[test]
 fn a_file_truncated_after_opening_is_an_error_naming_it_not_a_signal() {
     let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("train.bin");
-    write_u16(&path, 0..1001);
-    let file = TokenFile::open(&path, TokenDtype::Uint16, 10).unwrap();
-    assert_eq!(file.len(), 100);
+    let (path, file) = mapped_token_file(dir.path());
     let mut window = vec![0u8; file.window_bytes()];
-    file.read_into(99, &mut window).unwrap();
-    assert_eq!(as_u16(&window), (990..1001).collect::<Vec<_>>());
+    file.read_into(9_999, &mut window).unwrap();
+    let expected: Vec<u16> = (99_990..100_001u32).map(|t| (t % 60_000) as u16).collect();
+    assert_eq!(as_u16(&window), expected);
 
-    // Another process cuts the file to 100 tokens while the job runs.
-    std::fs::OpenOptions::new()
-        .write(true)
-        .open(&path)
-        .unwrap()
-        .set_len(200)
-        .unwrap();
+    // Cut to 4,096 tokens (two pages of 4 KiB): window 5 still lies wholly in the file.
+    cut(&path, 8_192);
     file.read_into(5, &mut window).unwrap();
-    for read in [file.read(99).map(drop), file.read_into(50, &mut window)] {
-        let error = read.unwrap_err();
-        assert!(
-            matches!(
-                error,
-                Error::FileChanged {
-                    opened_len: 2002,
-                    ..
-                }
-            ),
-            "{error}"
-        );
-        assert!(error.to_string().contains(&path.display().to_string()));
-        assert_eq!(error.read_fault(), stoker_datasets::ReadFault::Source);
-    }
+    assert_eq!(as_u16(&window), (50..61).collect::<Vec<_>>());
+    // A window past the cut faults in the map: an error, and the process lives on.
+    assert_changed(file.read(9_000).map(drop), &path);
+    // From then on every window errors, those still in the file too.
+    assert_changed(file.read_into(5, &mut window), &path);
+    assert_changed(file.read_into(9_999, &mut window), &path);
     assert!(matches!(file.report(), Err(Error::FileChanged { .. })));
+}
+
+#[test]
+fn a_window_in_the_page_holding_the_new_end_is_an_error_not_zeros() {
+    let dir = tempfile::tempdir().unwrap();
+    let (path, file) = mapped_token_file(dir.path());
+    // Cut to 3,500 tokens: bytes 7,000..8,192 of that page now read as zeros without a fault.
+    cut(&path, 7_000);
+    let mut window = vec![0u8; file.window_bytes()];
+    // Window 360 holds tokens 3,600..3,611 (bytes 7,200..7,222).
+    assert_changed(file.read_into(360, &mut window), &path);
 }

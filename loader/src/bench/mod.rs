@@ -1,9 +1,9 @@
 //! The bench harnesses `stoker bench` runs, as a library below the command line (which only
 //! parses their settings and calls them): the end-to-end pipeline ([`pipeline`]), the prefetch
 //! controller's stall under simulated training loops ([`stall`]), the coordinator core's
-//! assignment rate ([`coordinator`]) and the gRPC transport's streaming rate ([`transport`],
+//! assignment rate ([`coordinator`]), the gRPC transport's streaming rate ([`transport`],
 //! plaintext and TLS; [`certificates`] writes the throwaway certificates it and the TLS tests
-//! use).
+//! use) and the distributed mode under faults for a long time ([`soak`]).
 //! Each prints its report, as text or as one JSON object.
 //!
 //! They are measuring tools, not part of the loader: nothing else in this crate uses them.
@@ -12,6 +12,7 @@ pub mod certificates;
 pub mod coordinator;
 pub mod pipeline;
 mod resources;
+pub mod soak;
 pub mod stall;
 pub mod transport;
 

@@ -2,8 +2,8 @@
 
 use clap::Args;
 use stoker_loader::bench::{
-    coordinator::CoordinatorBench, pipeline, pipeline::PipelineBench, stall::StallBench,
-    transport::TransportBench,
+    coordinator::CoordinatorBench, pipeline, pipeline::PipelineBench, soak::client::SoakClient,
+    soak::SoakBench, stall::StallBench, transport::TransportBench,
 };
 
 use super::JobArgs;
@@ -32,15 +32,26 @@ pub enum BenchKind {
     /// Batch streaming throughput of the distributed mode's gRPC transport over loopback, beside
     /// a memcpy bandwidth measured in the same run.
     Transport(TransportBench),
+    /// The distributed mode for N minutes under faults: a coordinator, three workers and two
+    /// client processes on loopback; a random worker SIGKILLed every ~20 s, the coordinator
+    /// every ~60 s; every epoch of every rank checked against the embedded loader (lost,
+    /// duplicated, digest), and each process's memory and open descriptors fitted over time.
+    /// Prints one JSON line.
+    Soak(SoakBench),
+    /// One rank of `bench soak` (started by it).
+    #[command(hide = true)]
+    SoakClient(SoakClient),
 }
 
 /// Runs the command.
 pub fn run(args: BenchArgs) -> anyhow::Result<()> {
-    use stoker_loader::bench::{coordinator, stall, transport};
+    use stoker_loader::bench::{coordinator, soak, stall, transport};
     match args.which {
         Some(BenchKind::Stall(bench)) => stall::run(&bench)?,
         Some(BenchKind::Coordinator(bench)) => coordinator::run(&bench)?,
         Some(BenchKind::Transport(bench)) => transport::run(&bench)?,
+        Some(BenchKind::Soak(bench)) => soak::run(&bench)?,
+        Some(BenchKind::SoakClient(client)) => soak::client::run(&client)?,
         None => pipeline::run(&args.job.spec()?, &args.job.pipeline_name(), &args.pipeline)?,
     }
     Ok(())

@@ -34,12 +34,22 @@ pub struct CoordinatorArgs {
     /// A worker silent for this long loses its leases, which go back to the queue.
     #[arg(long, default_value_t = 3000)]
     pub lease_timeout_ms: u64,
+    /// A session whose client sent nothing (no credits, acknowledgements or stats) for this
+    /// long is closed, and its credits with it.
+    #[arg(long, default_value_t = 60_000)]
+    pub session_timeout_ms: u64,
+    /// Most sessions open at once (one per client, rank and epoch being read); a new one past
+    /// it is refused with RESOURCE_EXHAUSTED until one closes or times out.
+    #[arg(long, default_value_t = 65_536)]
+    pub max_sessions: usize,
 }
 
 /// Runs the daemon until Ctrl-C or SIGTERM.
 pub fn run(args: CoordinatorArgs) -> anyhow::Result<()> {
     let mut config = CoordinatorServiceConfig::default();
     config.core.lease_timeout = Duration::from_millis(args.lease_timeout_ms.max(100));
+    config.session_timeout = Duration::from_millis(args.session_timeout_ms.max(100));
+    config.core.max_sessions = args.max_sessions.max(1);
     let (server_security, client_security) = args.security.load()?;
     let access = DashboardAccess {
         tokens: server_security.tokens().to_vec(),

@@ -15,6 +15,8 @@
 //! - a worker that joins shows up in the coordinator's answers and gets a stream;
 //! - no batch for [`RemoteOptions::stall_reopen`] while the consumer waits: the session is
 //!   reopened as well (and logged), so a lost batch costs a delay, never a hang;
+//! - a coordinator at its session cap (`RESOURCE_EXHAUSTED`) is asked again with backoff, as
+//!   its silent sessions time out;
 //! - no worker stream open for [`RemoteOptions::worker_grace`] while batches are wanted: the
 //!   consumer gets [`Error::WorkerUnavailable`] naming the job and how long it went unserved.
 
@@ -495,7 +497,12 @@ impl Driver {
                         }
                     }
                 }
-                Err(status) if transport::is_transient(&status) => {
+                // A coordinator at its --max-sessions frees places as sessions close or time
+                // out: worth waiting for, like an unreachable one.
+                Err(status)
+                    if transport::is_transient(&status)
+                        || status.code() == Code::ResourceExhausted =>
+                {
                     let delay = backoff.next_delay();
                     tracing::warn!(coordinator = %self.address, %status, retry_in = ?delay, "cannot open the session; retrying");
                     tokio::time::sleep(delay).await;

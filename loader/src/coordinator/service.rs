@@ -134,7 +134,6 @@ struct State {
     workers: BTreeMap<u64, WorkerEntry>,
     sessions: HashMap<u64, SessionEntry>,
     clients: BTreeMap<(u64, u32), ClientEntry>,
-    /// Samples per job, as a worker counted them (this run only; 0 when unknown).
     /// What a worker said of each job when it was registered (kept in memory: after a restart
     /// the job is described again when a client registers it).
     descriptions: HashMap<u64, proto::DescribeJobResponse>,
@@ -545,14 +544,19 @@ impl coordinator_server::Coordinator for CoordinatorService {
         let worker = WorkerId(request.worker_id);
         let mut state = lock(&self.state);
         let mut requeued = false;
+        // A lease never issued or another worker's: the rest still counts, the caller hears of it.
+        let mut refused = None;
+        let mut refuse = |error: CoordinatorError| match error {
+            CoordinatorError::UnknownWorker(_) | CoordinatorError::WorkerExpired(_) => Err(error),
+            error => {
+                tracing::warn!(%error, worker = worker.0, "lease report refused");
+                refused.get_or_insert(error);
+                Ok(())
+            }
+        };
         for lease in &request.completed {
-            match state.core.complete(worker, LeaseId(*lease)) {
-                Ok(_) => {}
-                Err(
-                    error @ (CoordinatorError::UnknownWorker(_)
-                    | CoordinatorError::WorkerExpired(_)),
-                ) => return Err(coordinator_status(error)),
-                Err(error) => tracing::warn!(%error, worker = worker.0, "completion refused"),
+            if let Err(error) = state.core.complete(worker, LeaseId(*lease)) {
+                refuse(error).map_err(coordinator_status)?;
             }
         }
         for failed in &request.failed {
@@ -562,11 +566,7 @@ impl coordinator_server::Coordinator for CoordinatorService {
                 .fail(worker, LeaseId(failed.lease_id), &failed.reason)
             {
                 Ok(_) => requeued = true,
-                Err(
-                    error @ (CoordinatorError::UnknownWorker(_)
-                    | CoordinatorError::WorkerExpired(_)),
-                ) => return Err(coordinator_status(error)),
-                Err(error) => tracing::warn!(%error, worker = worker.0, "failure report refused"),
+                Err(error) => refuse(error).map_err(coordinator_status)?,
             }
         }
         if let Some(entry) = state.workers.get_mut(&worker.0) {
@@ -578,7 +578,10 @@ impl coordinator_server::Coordinator for CoordinatorService {
         if requeued {
             self.work.notify_waiters();
         }
-        Ok(Response::new(ReportResponse {}))
+        match refused {
+            Some(error) => Err(coordinator_status(error)),
+            None => Ok(Response::new(ReportResponse {})),
+        }
     }
 
     async fn get_job(

@@ -24,6 +24,13 @@ pub fn coordinator_status(error: CoordinatorError) -> Status {
                 ErrorKind::InvalidArgument,
             );
         }
+        CoordinatorError::TooManySessions { .. } => {
+            // No kind of its own: to a client it is the service being unable to serve now.
+            return with_kind(
+                Status::resource_exhausted(message),
+                ErrorKind::WorkerUnavailable,
+            );
+        }
         CoordinatorError::LeaseNotHeld { .. } => ErrorKind::PermissionDenied,
         CoordinatorError::InvalidCredits { .. }
         | CoordinatorError::StepOutOfRange { .. }

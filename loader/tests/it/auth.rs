@@ -19,9 +19,8 @@ use stoker_proto::v1::OpenSessionRequest;
 use stoker_worker::security::{ClientSecurity, Token};
 use stoker_worker::transport;
 
-use crate::common;
+use crate::common::{self, Daemon};
 use crate::dashboard::http_get_with;
-use crate::distributed::Daemon;
 
 const TOKEN: &str = "0123456789abcdef-test-token";
 

@@ -1,7 +1,11 @@
-//! Shared fixtures of the loader's integration tests: small generated image sets and specs.
+//! Shared fixtures of the loader's integration tests: small generated image sets and specs,
+//! and the daemons (`stoker coordinator`, `stoker-worker`) as child processes.
 
+use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::{Child, Command, Output, Stdio};
+use std::sync::mpsc;
+use std::time::Duration;
 
 use stoker_datasets::{generate_imagenet_like, SyntheticImageNetSpec};
 use stoker_loader::{BatchDigest, Loader, LoaderOptions};
@@ -153,4 +157,104 @@ pub fn tensor<'a>(batch: &'a proto::Batch, name: &str) -> &'a proto::Tensor {
         .iter()
         .find(|t| t.name == name)
         .expect("the tensor is in the batch")
+}
+
+/// A child daemon, SIGKILLed and reaped when dropped.
+pub struct Daemon {
+    child: Child,
+    /// The gRPC address it printed.
+    pub address: String,
+    /// The first line it printed.
+    pub banner: String,
+}
+
+impl Daemon {
+    /// Starts `program` and waits (30 s at most) for its "... listening on ADDR" line.
+    pub fn start(program: impl AsRef<std::ffi::OsStr>, args: &[&str]) -> Daemon {
+        Daemon::start_logging_to(program, args, Stdio::inherit())
+    }
+
+    /// [`Daemon::start`], its log (stderr) going to `log`.
+    pub fn start_logging_to(
+        program: impl AsRef<std::ffi::OsStr>,
+        args: &[&str],
+        log: impl Into<Stdio>,
+    ) -> Daemon {
+        let mut child = Command::new(program)
+            .args(args)
+            .stdout(Stdio::piped())
+            .stderr(log)
+            .spawn()
+            .expect("daemon starts");
+        let stdout = child.stdout.take().expect("piped stdout");
+        let (tx, rx) = mpsc::channel();
+        std::thread::spawn(move || {
+            let mut line = String::new();
+            let _ = BufReader::new(stdout).read_line(&mut line);
+            let _ = tx.send(line);
+        });
+        let line = rx
+            .recv_timeout(Duration::from_secs(30))
+            .expect("daemon prints its address");
+        let words: Vec<&str> = line.split_whitespace().collect();
+        let on = words
+            .iter()
+            .position(|w| *w == "on")
+            .expect("'listening on ADDR' on the first line");
+        let address = words[on + 1].to_string();
+        Daemon {
+            child,
+            address,
+            banner: line.trim().to_string(),
+        }
+    }
+
+    /// A coordinator on `listen` journaling in `state`, with an 800 ms lease timeout.
+    pub fn coordinator(state: &Path, listen: &str) -> Daemon {
+        Daemon::coordinator_with(state, listen, &[])
+    }
+
+    /// [`Daemon::coordinator`] with more flags.
+    pub fn coordinator_with(state: &Path, listen: &str, extra: &[&str]) -> Daemon {
+        let state = state.to_str().expect("a UTF-8 path");
+        let args = ["coordinator", "--listen", listen, "--state", state];
+        let args = [&args[..], &["--lease-timeout-ms", "800"], extra].concat();
+        Daemon::start(env!("CARGO_BIN_EXE_stoker"), &args)
+    }
+
+    /// A one-thread worker of `coordinator` reading under `root`.
+    pub fn worker(coordinator: &str, root: &Path) -> Daemon {
+        Daemon::worker_with(coordinator, root, &[])
+    }
+
+    /// [`Daemon::worker`] with more flags.
+    pub fn worker_with(coordinator: &str, root: &Path, extra: &[&str]) -> Daemon {
+        let root = root.to_str().expect("a UTF-8 path");
+        let args = ["--coordinator", coordinator, "--data-root", root];
+        let args = [&args[..], &["--threads", "1"], extra].concat();
+        Daemon::start(worker_binary(), &args)
+    }
+
+    /// Its resident memory in KiB (`VmRSS` of `/proc/PID/status`; Linux only).
+    pub fn rss_kib(&self) -> u64 {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id()))
+            .expect("the daemon's /proc status");
+        status
+            .lines()
+            .find_map(|line| line.strip_prefix("VmRSS:"))
+            .and_then(|value| value.split_whitespace().next()?.parse().ok())
+            .expect("a VmRSS line")
+    }
+
+    /// SIGKILLs and reaps it.
+    pub fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        self.kill();
+    }
 }

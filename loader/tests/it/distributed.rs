@@ -6,108 +6,16 @@
 #![allow(clippy::unwrap_used)]
 
 use std::collections::BTreeMap;
-use std::io::{BufRead, BufReader};
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
-use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use stoker_loader::{BatchDigest, ErrorKind, Loader, LoaderOptions, RemoteOptions};
 use stoker_proto::v1::coordinator_client::CoordinatorClient;
 use stoker_proto::v1::{JobSpec, OpenSessionRequest, RegisterJobRequest};
 
-use crate::common;
+use crate::common::{self, Daemon};
 
-/// A child daemon, SIGKILLed and reaped when dropped.
-pub(crate) struct Daemon {
-    child: Child,
-    pub(crate) address: String,
-    /// The first line it printed.
-    pub(crate) banner: String,
-}
-
-impl Daemon {
-    fn start(program: impl AsRef<std::ffi::OsStr>, args: &[&str]) -> Daemon {
-        Daemon::start_logging_to(program, args, Stdio::inherit())
-    }
-
-    /// Starts `program` with `args`, its log (stderr) going to `log`.
-    pub(crate) fn start_logging_to(
-        program: impl AsRef<std::ffi::OsStr>,
-        args: &[&str],
-        log: impl Into<Stdio>,
-    ) -> Daemon {
-        let mut child = Command::new(program)
-            .args(args)
-            .stdout(Stdio::piped())
-            .stderr(log)
-            .spawn()
-            .expect("daemon starts");
-        let stdout = child.stdout.take().unwrap();
-        let (tx, rx) = mpsc::channel();
-        std::thread::spawn(move || {
-            let mut line = String::new();
-            let _ = BufReader::new(stdout).read_line(&mut line);
-            let _ = tx.send(line);
-        });
-        let line = rx
-            .recv_timeout(Duration::from_secs(30))
-            .expect("daemon prints its address");
-        let words: Vec<&str> = line.split_whitespace().collect();
-        let on = words
-            .iter()
-            .position(|w| *w == "on")
-            .expect("'listening on ADDR' on the first line");
-        let address = words[on + 1].to_string();
-        Daemon {
-            child,
-            address,
-            banner: line.trim().to_string(),
-        }
-    }
-
-    fn coordinator(state: &Path, listen: &str) -> Daemon {
-        Daemon::start(
-            env!("CARGO_BIN_EXE_stoker"),
-            &[
-                "coordinator",
-                "--listen",
-                listen,
-                "--state",
-                state.to_str().unwrap(),
-                "--lease-timeout-ms",
-                "800",
-            ],
-        )
-    }
-
-    fn worker(coordinator: &str, root: &Path) -> Daemon {
-        Daemon::start(
-            common::worker_binary(),
-            &[
-                "--coordinator",
-                coordinator,
-                "--data-root",
-                root.to_str().unwrap(),
-                "--threads",
-                "1",
-            ],
-        )
-    }
-
-    fn kill(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-impl Drop for Daemon {
-    fn drop(&mut self) {
-        self.kill();
-    }
-}
-
-fn spec(data: &Path, rank: u32) -> JobSpec {
+pub(crate) fn spec(data: &Path, rank: u32) -> JobSpec {
     let mut spec = common::train_spec(data, 8);
     spec.world_size = 2;
     spec.rank = rank;
@@ -115,7 +23,7 @@ fn spec(data: &Path, rank: u32) -> JobSpec {
 }
 
 /// The remote loader of `spec` at the coordinator `address`.
-fn remote(address: &str, spec: JobSpec) -> stoker_loader::Result<Loader> {
+pub(crate) fn remote(address: &str, spec: JobSpec) -> stoker_loader::Result<Loader> {
     remote_with_grace(address, spec, Duration::from_secs(60))
 }
 
@@ -142,7 +50,7 @@ fn remote_with_grace(
 }
 
 /// Every batch of the rank's epoch from the embedded loader: digest and step -> indices.
-fn embedded(spec: JobSpec) -> (String, BTreeMap<u64, Vec<u64>>) {
+pub(crate) fn embedded(spec: JobSpec) -> (String, BTreeMap<u64, Vec<u64>>) {
     let loader = common::embedded_loader(spec, 1).unwrap();
     let mut digest = BatchDigest::new();
     let mut steps = BTreeMap::new();

@@ -12,6 +12,8 @@ mod convert;
 mod dashboard;
 mod distributed;
 mod embedded;
+mod hostile;
 mod object_store;
 mod resources;
+mod soak;
 mod tokens;

@@ -5,12 +5,14 @@
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::time::Duration;
 
 use anyhow::Context;
 use clap::Parser;
 use stoker_worker::security::SecurityArgs;
 use stoker_worker::{
     daemon_runtime, init_logging, listen, run_worker, shutdown_signal, WorkerConfig,
+    DELIVERY_TIMEOUT,
 };
 
 /// A Stoker decode worker.
@@ -47,6 +49,10 @@ struct Args {
     lease_ahead: u32,
     #[command(flatten)]
     security: SecurityArgs,
+    /// How long a finished batch waits for its client's stream to open, or to take it, before
+    /// it goes back to the queue; a stream that took nothing for that long is ended.
+    #[arg(long, default_value_t = DELIVERY_TIMEOUT.as_millis() as u64)]
+    delivery_timeout_ms: u64,
     /// Log more (-v: info, -vv: debug). RUST_LOG overrides.
     #[arg(short, long, action = clap::ArgAction::Count)]
     verbose: u8,
@@ -80,6 +86,7 @@ fn run(args: Args) -> anyhow::Result<()> {
             lease_ahead: args.lease_ahead,
             server_security,
             client_security,
+            delivery_timeout: Duration::from_millis(args.delivery_timeout_ms.max(10)),
         };
         run_worker(config, listener, shutdown_signal()).await?;
         Ok(())

@@ -12,7 +12,7 @@ pub mod security;
 pub mod transport;
 mod worker_daemon;
 
-pub use worker_daemon::{canonical_roots, run_worker, WorkerConfig, SUBSCRIBE_WAIT};
+pub use worker_daemon::{canonical_roots, run_worker, WorkerConfig, DELIVERY_TIMEOUT};
 
 /// The daemons' runtime: two tokio threads for the network (decoding has its own pool).
 pub fn daemon_runtime() -> std::io::Result<tokio::runtime::Runtime> {

@@ -2,14 +2,17 @@
 //! one batch), builds each batch with the same job code as the embedded mode, and streams it to
 //! the client that owns the session, on the stream that client opened (`WorkerData.Subscribe`).
 //!
-//! - It reads datasets only under its `--data-root` folders; a job naming anything else is
-//!   refused with `PERMISSION_DENIED` saying so.
+//! - It reads datasets and tokenizers only under its `--data-root` folders (paths are resolved
+//!   first, so `..` and symlinks count where they lead); a job naming anything else is refused
+//!   with `PERMISSION_DENIED` saying so.
 //! - It produces only what it was leased, and the coordinator leases a session only against the
 //!   credits its client granted: memory stays bounded at both ends.
 //! - When the coordinator goes away it re-registers with backoff (a restarted coordinator gets a
 //!   new incarnation; streams of the old one end and clients open new ones).
-//! - A batch it cannot deliver (no stream from the client within [`SUBSCRIBE_WAIT`]) is reported
-//!   failed and goes back to the queue.
+//! - A batch it cannot deliver within [`WorkerConfig::delivery_timeout`] (no stream from the
+//!   client, or a stream that takes nothing: a client that stopped reading) is reported failed
+//!   and goes back to the queue; a stream that took nothing for that long is ended, so it holds
+//!   at most its queue of batches meanwhile.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -19,6 +22,7 @@ use std::time::Duration;
 
 use stoker_datasets::SampleSource;
 use stoker_proto::v1::coordinator_client::CoordinatorClient;
+use stoker_proto::v1::op::Op as OpKind;
 use stoker_proto::v1::worker_data_server::{self, WorkerDataServer};
 use stoker_proto::v1::{
     Batch, DescribeJobRequest, DescribeJobResponse, FailedTask, GetJobRequest, HeartbeatRequest,
@@ -34,8 +38,8 @@ use crate::error::{Error, ErrorKind, Result};
 use crate::job::{open_source, Job};
 use crate::plan::EpochPlan;
 
-/// How long a finished batch waits for its client's stream before it is reported failed.
-pub const SUBSCRIBE_WAIT: Duration = Duration::from_secs(10);
+/// The default [`WorkerConfig::delivery_timeout`].
+pub const DELIVERY_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Batches queued per client stream (credits bound it too).
 const STREAM_QUEUE: usize = 8;
@@ -58,6 +62,9 @@ pub struct WorkerConfig {
     pub server_security: ServerSecurity,
     /// What the worker presents to the coordinator (token, trusted CA).
     pub client_security: ClientSecurity,
+    /// How long a finished batch waits for its client's stream to open, or to take it, before
+    /// it is reported failed (and a stream that took nothing is ended).
+    pub delivery_timeout: Duration,
 }
 
 type Key = (u64, u64);
@@ -80,6 +87,7 @@ struct Shared {
     jobs: Mutex<HashMap<u64, Arc<JobEntry>>>,
     pool: rayon::ThreadPool,
     threads: usize,
+    delivery_timeout: Duration,
     bad_samples: AtomicU64,
 }
 
@@ -99,7 +107,7 @@ pub fn canonical_roots(roots: &[PathBuf]) -> Result<Vec<PathBuf>> {
         .collect()
 }
 
-/// Checks that a job's dataset lies under one of `roots`.
+/// Checks that a job's dataset, and the tokenizer it names if any, lie under one of `roots`.
 fn check_root(roots: &[PathBuf], spec: &JobSpec) -> std::result::Result<(), Status> {
     let uri = spec
         .dataset
@@ -110,12 +118,34 @@ fn check_root(roots: &[PathBuf], spec: &JobSpec) -> std::result::Result<(), Stat
         // Remote sources are read with the worker's own credentials, not from its disks.
         return Ok(());
     }
-    let path = Path::new(uri.strip_prefix("file://").unwrap_or(uri));
+    check_under_roots(
+        roots,
+        Path::new(uri.strip_prefix("file://").unwrap_or(uri)),
+        "dataset",
+    )?;
+    // A tokenizer is read whole: outside the roots it could be any file (or /dev/zero).
+    for op in &spec.pipeline {
+        if let Some(OpKind::Tokenize(tokenize)) = &op.op {
+            let path = tokenize.tokenizer_path.trim();
+            if !path.is_empty() {
+                check_under_roots(roots, Path::new(path), "tokenizer")?;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Checks that `path` (the `what` of a job), resolved, lies under one of `roots`.
+fn check_under_roots(
+    roots: &[PathBuf],
+    path: &Path,
+    what: &str,
+) -> std::result::Result<(), Status> {
     let canonical = std::fs::canonicalize(path).map_err(|e| {
         transport::status(
             ErrorKind::NotFound,
             format!(
-                "dataset {} cannot be opened on this worker: {e}",
+                "{what} {} cannot be opened on this worker: {e}",
                 path.display()
             ),
         )
@@ -127,7 +157,7 @@ fn check_root(roots: &[PathBuf], spec: &JobSpec) -> std::result::Result<(), Stat
     Err(transport::status(
         ErrorKind::PermissionDenied,
         format!(
-            "dataset {} is outside this worker's --data-root ({})",
+            "{what} {} is outside this worker's --data-root ({})",
             path.display(),
             listed.join(", ")
         ),
@@ -172,6 +202,22 @@ impl Shared {
         self.bad_samples
             .fetch_add(batch.bad_samples.len() as u64, Ordering::Relaxed);
         Ok(batch)
+    }
+
+    /// Forgets the stream of `key` if it is still `sender`'s (the client may have opened a new
+    /// one meanwhile): once the clones in flight are gone, the stream ends.
+    fn end_subscription(
+        &self,
+        key: Key,
+        sender: &mpsc::Sender<std::result::Result<Batch, Status>>,
+    ) {
+        let mut subscriptions = lock(&self.subscriptions);
+        if subscriptions
+            .get(&key)
+            .is_some_and(|sub| sub.sender.same_channel(sender))
+        {
+            subscriptions.remove(&key);
+        }
     }
 
     /// Waits until the client of `key` has opened its stream, up to `wait`.
@@ -290,6 +336,7 @@ pub async fn run_worker(
         jobs: Mutex::new(HashMap::new()),
         pool,
         threads,
+        delivery_timeout: config.delivery_timeout,
         bad_samples: AtomicU64::new(0),
     });
     let service = WorkerDataServer::new(DataService {
@@ -468,11 +515,12 @@ async fn serve_leases(
 
 async fn send_error(shared: &Shared, task: &TaskLease, status: Status) {
     let Some(token) = &task.session else { return };
+    let wait = shared.delivery_timeout;
     if let Some(sender) = shared
-        .subscription((token.incarnation, token.session_id), SUBSCRIBE_WAIT)
+        .subscription((token.incarnation, token.session_id), wait)
         .await
     {
-        let _ = sender.send(Err(status)).await;
+        let _ = tokio::time::timeout(wait, sender.send(Err(status))).await;
     }
 }
 
@@ -481,24 +529,40 @@ async fn deliver(shared: &Shared, task: &TaskLease, batch: Batch) -> Outcome {
         return Outcome::Failed(task.lease_id, "lease without a session".into());
     };
     let key = (token.incarnation, token.session_id);
-    let Some(sender) = shared.subscription(key, SUBSCRIBE_WAIT).await else {
+    let wait = shared.delivery_timeout;
+    let Some(sender) = shared.subscription(key, wait).await else {
         return Outcome::Failed(
             task.lease_id,
             format!(
-                "no stream from the client of session {} within {SUBSCRIBE_WAIT:?}",
+                "no stream from the client of session {} within {wait:?}",
                 token.session_id
             ),
         );
     };
-    match sender.send(Ok(batch)).await {
-        Ok(()) => Outcome::Completed(task.lease_id),
-        Err(_) => Outcome::Failed(
+    match tokio::time::timeout(wait, sender.send(Ok(batch))).await {
+        Ok(Ok(())) => Outcome::Completed(task.lease_id),
+        Ok(Err(_)) => Outcome::Failed(
             task.lease_id,
             format!(
                 "the client of session {} closed its stream",
                 token.session_id
             ),
         ),
+        Err(_) => {
+            tracing::warn!(
+                session = token.session_id,
+                waited = ?wait,
+                "client stream took no batch; ending it"
+            );
+            shared.end_subscription(key, &sender);
+            Outcome::Failed(
+                task.lease_id,
+                format!(
+                    "the client of session {} took no batch within {wait:?}; its stream is ended",
+                    token.session_id
+                ),
+            )
+        }
     }
 }
 

@@ -65,6 +65,16 @@ pub enum CoordinatorError {
         /// Ranks in the job.
         world_size: u32,
     },
+    /// A new session while [`CoordinatorConfig::max_sessions`](super::CoordinatorConfig) are
+    /// open.
+    #[error(
+        "too many open sessions ({limit}, the coordinator's --max-sessions): close sessions \
+         or wait for silent ones to time out"
+    )]
+    TooManySessions {
+        /// Most sessions open at once.
+        limit: usize,
+    },
     /// An argument that makes no sense (zero steps per epoch, zero tasks asked for...).
     #[error("invalid argument: {0}")]
     InvalidArgument(String),

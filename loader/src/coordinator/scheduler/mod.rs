@@ -352,6 +352,12 @@ impl Coordinator {
             );
             return Ok(session.id);
         }
+        // Open sessions are exactly the keys of the index.
+        if self.session_index.len() >= self.config.max_sessions {
+            return Err(CoordinatorError::TooManySessions {
+                limit: self.config.max_sessions,
+            });
+        }
         let index = u32::try_from(self.sessions.len())
             .map_err(|_| CoordinatorError::InvalidArgument("too many sessions".into()))?;
         let journaled = self.resume_positions.remove(&key).unwrap_or(0);

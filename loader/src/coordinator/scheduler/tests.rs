@@ -400,3 +400,24 @@ fn an_exact_reopen_redelivers_steps_acknowledged_before() {
         .collect();
     assert_eq!(steps, [2, 3, 4, 5]);
 }
+
+#[test]
+fn new_sessions_past_the_cap_are_refused_until_one_closes() {
+    let mut c = Coordinator::in_memory(CoordinatorConfig {
+        max_sessions: 2,
+        ..config()
+    });
+    let job = c.register_job(spec(1, 1), 10).unwrap();
+    let first = c.open_session(job, 0, 0, Step(0)).unwrap();
+    c.open_session(job, 0, 1, Step(0)).unwrap();
+    // Reopening an open session takes no new place.
+    assert_eq!(c.open_session(job, 0, 0, Step(0)).unwrap(), first);
+    let refused = c.open_session(job, 0, 2, Step(0)).unwrap_err();
+    assert!(
+        matches!(refused, CoordinatorError::TooManySessions { limit: 2 }),
+        "{refused}"
+    );
+    assert!(refused.to_string().contains("--max-sessions"), "{refused}");
+    c.close_session(first).unwrap();
+    c.open_session(job, 0, 2, Step(0)).unwrap();
+}

@@ -15,6 +15,9 @@ pub struct CoordinatorConfig {
     pub max_credits: u32,
     /// Most tasks one `lease` call may return.
     pub max_lease_batch: usize,
+    /// Most sessions open at once (reopening an open session does not count again); a new one
+    /// past it is refused until one closes or times out.
+    pub max_sessions: usize,
 }
 
 impl Default for CoordinatorConfig {
@@ -24,6 +27,7 @@ impl Default for CoordinatorConfig {
             journal_every: 1024,
             max_credits: 65_536,
             max_lease_batch: 4096,
+            max_sessions: 65_536,
         }
     }
 }

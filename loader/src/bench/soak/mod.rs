@@ -1,0 +1,567 @@
+//! `stoker bench soak`: the distributed mode run for a long time under faults. A coordinator,
+//! three worker daemons and two client processes (two ranks of one job) run on loopback; a
+//! random worker is SIGKILLed and restarted every ~20 s, the coordinator every ~60 s (on the same
+//! port and journal). After each epoch of each rank the soak checks what the rank read against
+//! the embedded loader's batches for that rank and epoch: the same digest, every sample exactly
+//! once. It samples the resident set and open descriptors of every process each second and fits
+//! lines through them ([`trend`]). It prints one JSON line.
+
+mod check;
+pub mod client;
+mod fleet;
+pub mod trend;
+
+use std::io::{BufRead, BufReader, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use clap::{Args, ValueEnum};
+use rand_core::{Rng, SeedableRng};
+use serde::Serialize;
+use stoker_proto::v1::{self as proto, op::Op as OpKind, JobSpec};
+
+use super::{Error, Result};
+use check::Checker;
+use client::ClientLine;
+use fleet::{Recipe, Running};
+use trend::{Incarnation, IncarnationTrend, RoleTrend};
+
+/// Settings of `stoker bench soak`.
+#[derive(Debug, Clone, Args)]
+pub struct SoakBench {
+    /// How long to run, in minutes (fractions allowed).
+    #[arg(long, default_value_t = 10.0)]
+    pub minutes: f64,
+    /// What the job reads: small generated images through the train preset (decode, crop,
+    /// flip), or a generated token file (windows; cheap, so the daemons' own cost dominates).
+    #[arg(long, value_enum, default_value_t = DataKind::Images)]
+    pub kind: DataKind,
+    /// Samples in the dataset.
+    #[arg(long, default_value_t = 128)]
+    pub samples: u64,
+    /// Samples per batch.
+    #[arg(long, default_value_t = 8)]
+    pub batch_size: u32,
+    /// Simulated training step per batch, in milliseconds.
+    #[arg(long, default_value_t = 150)]
+    pub step_ms: u64,
+    /// Worker daemons.
+    #[arg(long, default_value_t = 3)]
+    pub workers: usize,
+    /// Client processes (ranks of the job).
+    #[arg(long, default_value_t = 2)]
+    pub clients: u32,
+    /// Mean seconds between worker kills (each interval drawn from 0.5x to 1.5x).
+    #[arg(long, default_value_t = 20.0)]
+    pub kill_every_s: f64,
+    /// Mean seconds between coordinator restarts (drawn like the kills).
+    #[arg(long, default_value_t = 60.0)]
+    pub restart_every_s: f64,
+    /// Seed of the kill schedule and of the job.
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+    /// Append the daemons' and clients' logs here (default: a file removed at the end).
+    #[arg(long)]
+    pub log: Option<PathBuf>,
+}
+
+/// The dataset a soak reads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum DataKind {
+    /// Generated ImageNet-like JPEG/PNG class folders, train preset at 32 px.
+    Images,
+    /// A generated uint16 token file, windows of 128 + 1 tokens.
+    Tokens,
+}
+
+const SEQ_LEN: u32 = 128;
+
+/// Runs shorter than this report slopes but are not judged on them: too short to fit.
+const JUDGED_FROM_MINUTES: f64 = 10.0;
+
+/// The job every soak process agrees on, for `rank` of `world`.
+pub(crate) fn spec(data: &Path, kind: DataKind, rank: u32, world: u32, batch: u32) -> JobSpec {
+    let pipeline = match kind {
+        DataKind::Images => stoker_worker::presets::imagenet_train(32),
+        DataKind::Tokens => vec![proto::Op {
+            op: Some(OpKind::TokenWindows(proto::TokenWindows {
+                seq_len: SEQ_LEN,
+            })),
+        }],
+    };
+    JobSpec {
+        dataset: Some(proto::DatasetSource {
+            uri: data.to_string_lossy().into_owned(),
+            ..Default::default()
+        }),
+        pipeline,
+        batch_size: batch,
+        seed: 5,
+        shuffle: true,
+        drop_last: false,
+        rank,
+        world_size: world,
+        uneven_tail: proto::UnevenTail::Pad as i32,
+        // Every sample is good: any failed read must show, not be replaced.
+        on_error: proto::BadSamplePolicy::Fail as i32,
+        shuffle_window: 0,
+    }
+}
+
+/// Writes the dataset under `root` and returns its path.
+fn make_data(root: &Path, args: &SoakBench) -> Result<PathBuf> {
+    match args.kind {
+        DataKind::Images => {
+            let data = root.join("images");
+            let spec = stoker_datasets::SyntheticImageNetSpec {
+                count: args.samples,
+                seed: args.seed,
+                classes: 10,
+            };
+            stoker_datasets::generate_imagenet_like(&data, &spec, &|_| {})
+                .map_err(|e| Error::Failed(format!("cannot write the soak's images: {e}")))?;
+            Ok(data)
+        }
+        DataKind::Tokens => {
+            let data = root.join("tokens.bin");
+            let spec = stoker_datasets::SyntheticTokensSpec {
+                tokens: args.samples * u64::from(SEQ_LEN + 1),
+                vocab: 50_257,
+                dtype: stoker_datasets::TokenDtype::Uint16,
+                seed: args.seed,
+            };
+            stoker_datasets::write_synthetic_tokens(&data, &spec)
+                .map_err(|e| Error::Failed(format!("cannot write the soak's tokens: {e}")))?;
+            Ok(data)
+        }
+    }
+}
+
+/// The JSON line `stoker bench soak` prints.
+#[derive(Debug, Serialize)]
+struct SoakReport {
+    minutes: f64,
+    kind: DataKind,
+    /// Epochs every rank finished (each checked).
+    epochs: u64,
+    /// Batches read by all ranks.
+    batches: u64,
+    /// Workers SIGKILLed (each restarted).
+    kills: u64,
+    /// Coordinator restarts (SIGKILL, then the same port and journal).
+    restarts: u64,
+    /// Daemons that exited without being killed (restarted, and a failure).
+    crashes: u64,
+    /// Samples of a checked epoch a rank never got.
+    lost: u64,
+    /// Samples a rank got more often than the embedded loader gives them.
+    duplicated: u64,
+    /// Checked epochs whose digest differs from the embedded loader's.
+    digest_mismatches: u64,
+    /// Per role: shared slope of every incarnation after its first epoch.
+    processes: std::collections::BTreeMap<&'static str, RoleTrend>,
+    /// Incarnations that lived five minutes or more, fitted alone.
+    long_lived: Vec<IncarnationTrend>,
+    /// Every slope within the bounds (RSS < 1 MiB / 10 min, descriptors 0 / 10 min).
+    flat: bool,
+    /// Whether `flat` counts towards `ok` (runs of 10 minutes or more).
+    flat_judged: bool,
+    /// Client failures, if any.
+    failures: Vec<String>,
+    /// Nothing lost, duplicated, different or crashed (and flat, when judged).
+    ok: bool,
+}
+
+/// A process slot: what starts it, and its running incarnation.
+struct Slot {
+    role: &'static str,
+    index: usize,
+    recipe: Recipe,
+    running: Option<Running>,
+}
+
+/// Everything the run keeps while it goes.
+struct Soak {
+    t0: Instant,
+    log: std::fs::File,
+    incarnations: Vec<Incarnation>,
+    /// Per rank, when each of its epochs was reported (seconds since the start).
+    epoch_times: Vec<Vec<f64>>,
+}
+
+impl Soak {
+    fn now(&self) -> f64 {
+        self.t0.elapsed().as_secs_f64()
+    }
+
+    /// Starts `slot`'s daemon (again) and records a new incarnation.
+    fn start_daemon(&mut self, slot: &mut Slot) -> Result<String> {
+        let mut last = None;
+        // A restart on the same port may race the kernel releasing it: retry briefly.
+        for _ in 0..5 {
+            match fleet::start_daemon(&slot.recipe, &self.log) {
+                Ok((child, address)) => {
+                    let started = self.now();
+                    let incarnation = self.new_incarnation(slot.role, slot.index, started);
+                    slot.running = Some(fleet::running(child, incarnation));
+                    return Ok(address);
+                }
+                Err(error) => {
+                    last = Some(error);
+                    std::thread::sleep(Duration::from_millis(300));
+                }
+            }
+        }
+        Err(last.unwrap_or_else(|| Error::Failed("daemon did not start".into())))
+    }
+
+    fn new_incarnation(&mut self, role: &'static str, slot: usize, started: f64) -> usize {
+        self.incarnations.push(Incarnation {
+            role,
+            slot,
+            started,
+            readings: Vec::new(),
+        });
+        self.incarnations.len() - 1
+    }
+
+    fn sample(&mut self, running: &Running) {
+        let at = self.now();
+        if let Some(reading) = trend::read_process(running.pid, at) {
+            self.incarnations[running.incarnation]
+                .readings
+                .push(reading);
+        }
+    }
+
+    /// When the incarnation is warm: its first epoch boundary (its own rank's for a client,
+    /// any rank's for a daemon) after it started.
+    fn warm_after(&self, incarnation: &Incarnation) -> f64 {
+        let boundaries: Vec<f64> = if incarnation.role == "client" {
+            self.epoch_times
+                .get(incarnation.slot)
+                .cloned()
+                .unwrap_or_default()
+        } else {
+            self.epoch_times.iter().flatten().copied().collect()
+        };
+        boundaries
+            .into_iter()
+            .filter(|t| *t > incarnation.started)
+            .fold(f64::INFINITY, f64::min)
+    }
+}
+
+/// A jittered interval around `mean` seconds.
+fn jitter(rng: &mut rand_pcg::Pcg64, mean: f64) -> f64 {
+    let unit = (rng.next_u64() >> 11) as f64 / (1u64 << 53) as f64;
+    mean * (0.5 + unit)
+}
+
+fn validate(args: &SoakBench) -> Result<()> {
+    let bad = |what: &str| Err(Error::InvalidArgument(what.to_string()));
+    if args.minutes.is_nan() || args.minutes <= 0.0 {
+        return bad("--minutes must be above 0");
+    }
+    if args.workers == 0 || args.clients == 0 || args.batch_size == 0 {
+        return bad("--workers, --clients and --batch-size must be at least 1");
+    }
+    if args.samples < u64::from(args.clients) {
+        return bad("--samples must be at least --clients");
+    }
+    let at_least_one = |s: f64| s >= 1.0;
+    if !at_least_one(args.kill_every_s) || !at_least_one(args.restart_every_s) {
+        return bad("--kill-every-s and --restart-every-s must be at least 1");
+    }
+    Ok(())
+}
+
+/// Runs the soak and prints its JSON line; fails when anything was lost, duplicated, different
+/// or crashed, or (for runs of 10 minutes or more) a slope is out of bounds.
+pub fn run(args: &SoakBench) -> Result<()> {
+    validate(args)?;
+    let dir = tempfile::tempdir()?;
+    let data = make_data(dir.path(), args)?;
+    let log_path = args
+        .log
+        .clone()
+        .unwrap_or_else(|| dir.path().join("soak.log"));
+    let log = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(&log_path)?;
+    let exe = std::env::current_exe()?;
+    let mut soak = Soak {
+        t0: Instant::now(),
+        log,
+        incarnations: Vec::new(),
+        epoch_times: vec![Vec::new(); args.clients as usize],
+    };
+    let mut coordinator = Slot {
+        role: "coordinator",
+        index: 0,
+        recipe: Recipe {
+            program: exe.clone(),
+            args: vec![
+                "coordinator".into(),
+                "--listen".into(),
+                "127.0.0.1:0".into(),
+                "--state".into(),
+                dir.path().join("state").to_string_lossy().into_owned(),
+                "--lease-timeout-ms".into(),
+                "1000".into(),
+            ],
+        },
+        running: None,
+    };
+    let address = soak.start_daemon(&mut coordinator)?;
+    // Restarts come back on the same port.
+    coordinator.recipe.args[2] = address.clone();
+    let worker_program = fleet::worker_binary()?;
+    let mut workers = Vec::new();
+    for index in 0..args.workers {
+        let mut slot = Slot {
+            role: "worker",
+            index,
+            recipe: Recipe {
+                program: worker_program.clone(),
+                args: vec![
+                    "--coordinator".into(),
+                    address.clone(),
+                    "--data-root".into(),
+                    dir.path().to_string_lossy().into_owned(),
+                    "--threads".into(),
+                    "1".into(),
+                ],
+            },
+            running: None,
+        };
+        soak.start_daemon(&mut slot)?;
+        workers.push(slot);
+    }
+    let (lines_tx, lines) = mpsc::channel::<(u32, String)>();
+    let mut clients = Vec::new();
+    for rank in 0..args.clients {
+        let mut child = Command::new(&exe)
+            .args(client_args(args, &address, &data, rank))
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(soak.log.try_clone()?)
+            .spawn()?;
+        let stdout = child
+            .stdout
+            .take()
+            .ok_or_else(|| Error::Failed("client stdout was not piped".into()))?;
+        let tx = lines_tx.clone();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout)
+                .lines()
+                .map_while(std::io::Result::ok)
+            {
+                if tx.send((rank, line)).is_err() {
+                    break;
+                }
+            }
+        });
+        let started = soak.now();
+        let incarnation = soak.new_incarnation("client", rank as usize, started);
+        let mut running = fleet::running(child, incarnation);
+        let stdin = running.take_stdin();
+        clients.push((running, stdin));
+    }
+    drop(lines_tx);
+
+    let checker = Checker::start(&data, args)?;
+    let mut rng = rand_pcg::Pcg64::seed_from_u64(args.seed);
+    let end = args.minutes * 60.0;
+    let mut next_kill = jitter(&mut rng, args.kill_every_s);
+    let mut next_restart = jitter(&mut rng, args.restart_every_s);
+    let mut next_progress = 60.0;
+    let (mut kills, mut restarts, mut crashes) = (0u64, 0u64, 0u64);
+    let mut failures = Vec::new();
+    let mut stopping: Option<f64> = None;
+    // The main loop: one pass a second. After `end`, clients are told to stop after their
+    // current epoch; the faults stop too, and the loop waits for the clients to finish.
+    loop {
+        let tick = Instant::now();
+        for slot in std::iter::once(&coordinator).chain(&workers) {
+            if let Some(running) = &slot.running {
+                soak.sample(running);
+            }
+        }
+        for (running, _) in &clients {
+            soak.sample(running);
+        }
+        while let Ok((rank, line)) = lines.try_recv() {
+            match serde_json::from_str::<ClientLine>(&line) {
+                Ok(ClientLine::Epoch(read)) => {
+                    let at = soak.now();
+                    soak.epoch_times[rank as usize].push(at);
+                    checker.submit(read);
+                }
+                Ok(ClientLine::Failed(error)) => failures.push(format!("rank {rank}: {error}")),
+                Err(_) => failures.push(format!("rank {rank} printed {line:?}")),
+            }
+        }
+        for slot in std::iter::once(&mut coordinator).chain(workers.iter_mut()) {
+            let died = slot.running.as_mut().and_then(Running::exited);
+            if let Some(status) = died {
+                crashes += 1;
+                tracing::error!(role = slot.role, index = slot.index, %status, "daemon exited unasked; restarting it");
+                soak.start_daemon(slot)?;
+            }
+        }
+        let all_clients_done = clients
+            .iter_mut()
+            .all(|(running, _)| running.exited().is_some());
+        if all_clients_done {
+            break;
+        }
+        let now = soak.now();
+        if stopping.is_none() && clients.iter_mut().any(|(r, _)| r.exited().is_some()) {
+            failures.push("a client exited before the end".into());
+            stopping = Some(now);
+        }
+        if stopping.is_none() && now >= end {
+            stopping = Some(now);
+        }
+        match stopping {
+            Some(since) => {
+                for (_, stdin) in &mut clients {
+                    stdin.take();
+                }
+                if now - since > 300.0 {
+                    failures
+                        .push("clients did not finish their last epoch within 5 minutes".into());
+                    break;
+                }
+            }
+            None => {
+                if now >= next_kill {
+                    let victim = (rng.next_u64() % workers.len() as u64) as usize;
+                    if let Some(mut running) = workers[victim].running.take() {
+                        running.kill();
+                    }
+                    soak.start_daemon(&mut workers[victim])?;
+                    kills += 1;
+                    next_kill = now + jitter(&mut rng, args.kill_every_s);
+                }
+                if now >= next_restart {
+                    if let Some(mut running) = coordinator.running.take() {
+                        running.kill();
+                    }
+                    soak.start_daemon(&mut coordinator)?;
+                    restarts += 1;
+                    next_restart = now + jitter(&mut rng, args.restart_every_s);
+                }
+                if now >= next_progress {
+                    let tally = checker.tally();
+                    eprintln!(
+                        "soak: {:.0} min, epochs checked {}, kills {kills}, restarts {restarts}, lost {}, duplicated {}",
+                        now / 60.0,
+                        tally.epochs(),
+                        tally.lost,
+                        tally.duplicated
+                    );
+                    next_progress += 60.0;
+                }
+            }
+        }
+        if let Some(rest) = Duration::from_secs(1).checked_sub(tick.elapsed()) {
+            std::thread::sleep(rest);
+        }
+    }
+    if stopping.is_none() {
+        failures.push("every client exited before the end".into());
+    }
+    while let Ok((_, line)) = lines.try_recv() {
+        if let Ok(ClientLine::Epoch(read)) = serde_json::from_str::<ClientLine>(&line) {
+            checker.submit(read);
+        }
+    }
+    let checked = checker.finish()?;
+    let minutes = soak.now() / 60.0;
+    let (processes, long_lived) = trend::fit(&soak.incarnations, |i| soak.warm_after(i));
+    let flat = processes
+        .values()
+        .map(|r| (r.rss_mib_per_10min, r.fds_per_10min))
+        .chain(
+            long_lived
+                .iter()
+                .map(|l| (l.rss_mib_per_10min, l.fds_per_10min)),
+        )
+        .all(|(rss, fds)| trend::is_flat(rss, fds));
+    let flat_judged = args.minutes >= JUDGED_FROM_MINUTES;
+    let ok = checked.lost == 0
+        && checked.duplicated == 0
+        && checked.mismatches == 0
+        && crashes == 0
+        && failures.is_empty()
+        && checked.epochs() > 0
+        && (flat || !flat_judged);
+    let report = SoakReport {
+        minutes,
+        kind: args.kind,
+        epochs: checked.epochs(),
+        batches: checked.batches,
+        kills,
+        restarts,
+        crashes,
+        lost: checked.lost,
+        duplicated: checked.duplicated,
+        digest_mismatches: checked.mismatches,
+        processes,
+        long_lived,
+        flat,
+        flat_judged,
+        failures,
+        ok,
+    };
+    let mut stdout = std::io::stdout().lock();
+    serde_json::to_writer(&mut stdout, &report)?;
+    writeln!(stdout)?;
+    drop(stdout);
+    if ok {
+        Ok(())
+    } else {
+        Err(Error::Failed(format!(
+            "the soak failed (see the JSON line; logs in {})",
+            if args.log.is_some() {
+                log_path.display().to_string()
+            } else {
+                "--log PATH when rerun".to_string()
+            }
+        )))
+    }
+}
+
+fn client_args(args: &SoakBench, address: &str, data: &Path, rank: u32) -> Vec<String> {
+    let kind = match args.kind {
+        DataKind::Images => "images",
+        DataKind::Tokens => "tokens",
+    };
+    [
+        "bench",
+        "soak-client",
+        "--address",
+        address,
+        "--data",
+        &data.to_string_lossy(),
+        "--kind",
+        kind,
+        "--rank",
+        &rank.to_string(),
+        "--world",
+        &args.clients.to_string(),
+        "--batch-size",
+        &args.batch_size.to_string(),
+        "--step-ms",
+        &args.step_ms.to_string(),
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect()
+}
