@@ -4,7 +4,7 @@
 //!
 //! Jobs and their epoch plans come from `stoker-worker`; the loader runs them in process or
 //! asks the workers of a coordinator for their batches, and yields them in step order. The
-//! harnesses `stoker bench` runs sit apart, in [`bench`].
+//! harnesses `stoker bench` runs sit apart, in [`bench`](mod@bench).
 //!
 //! ```
 //! use stoker_loader::{Error, ErrorKind};

@@ -27,7 +27,33 @@ struct NativeLoader {
     stream: Option<EpochStream>,
     address: Option<String>,
     dashboard: Option<Dashboard>,
+    /// What `loader` was built from, to build the loader of an epoch resumed on another world
+    /// size.
+    recipe: Recipe,
+    /// That loader, and its epoch: it serves that epoch only.
+    resumed: Option<(u64, Arc<Loader>)>,
 }
+
+/// How to build a loader like this one for another spec.
+struct Recipe {
+    spec: JobSpec,
+    options: LoaderOptions,
+    remote: Option<(String, RemoteOptions)>,
+}
+
+impl Recipe {
+    fn build(&self, spec: JobSpec) -> stoker_loader::Result<Loader> {
+        match &self.remote {
+            Some((address, remote)) => {
+                Loader::remote(address, spec, self.options.clone(), remote.clone())
+            }
+            None => Loader::new(spec, self.options.clone()),
+        }
+    }
+}
+
+/// A resize as Python holds it: (cursor, taken positions).
+type PyResize = (u64, Vec<u64>);
 
 fn dtype_name(dtype: i32) -> &'static str {
     match proto::Dtype::try_from(dtype) {
@@ -111,13 +137,15 @@ impl NativeLoader {
             max_held_batches,
             ..LoaderOptions::default()
         };
-        let loader = match &address {
-            Some(address) => {
-                let token = token
-                    .as_deref()
-                    .map(Token::new)
-                    .transpose()
-                    .map_err(|e| PyValueError::new_err(format!("token: {e}")))?;
+        let token = token
+            .as_deref()
+            .map(Token::new)
+            .transpose()
+            .map_err(|e| PyValueError::new_err(format!("token: {e}")))?;
+        let recipe = Recipe {
+            spec,
+            options,
+            remote: address.as_ref().map(|address| {
                 let remote = RemoteOptions {
                     worker_grace: Duration::from_secs_f64(worker_grace_s),
                     token,
@@ -125,11 +153,12 @@ impl NativeLoader {
                     tls_server_name,
                     ..RemoteOptions::default()
                 };
-                py.detach(|| Loader::remote(address, spec, options, remote))
-            }
-            None => py.detach(|| Loader::new(spec, options)),
-        }
-        .map_err(from_loader)?;
+                (address.clone(), remote)
+            }),
+        };
+        let loader = py
+            .detach(|| recipe.build(recipe.spec.clone()))
+            .map_err(from_loader)?;
         let dashboard = match dashboard {
             Some(address) => {
                 let address: std::net::SocketAddr = address.parse().map_err(|e| {
@@ -149,7 +178,84 @@ impl NativeLoader {
             stream: None,
             address,
             dashboard,
+            recipe,
+            resumed: None,
         })
+    }
+
+    /// Resumes `epoch` on this loader's world size after ranks of `old_world`, striding what
+    /// `resizes` (cursor, taken) left of it, read `steps[r]` batches each (rank r; one count
+    /// for all when only one is known). With the same world size, no new resize and every
+    /// rank at the same step, it resumes the resized epoch itself at that step. Builds the
+    /// loader of that epoch and returns (the step to start at, the epoch's steps, the epoch's
+    /// resizes now).
+    fn resume_resized(
+        &mut self,
+        py: Python<'_>,
+        epoch: u64,
+        resizes: Vec<PyResize>,
+        old_world: u32,
+        steps: Vec<u64>,
+    ) -> PyResult<(u64, u64, Vec<PyResize>)> {
+        let num_samples = self.loader()?.info().num_samples;
+        let earlier: Vec<stoker_worker::Resize> = resizes
+            .into_iter()
+            .map(|(cursor, taken)| stoker_worker::Resize { cursor, taken })
+            .collect();
+        let same_step = steps.windows(2).all(|w| w[0] == w[1]);
+        let (spec, start_step) = if old_world == self.recipe.spec.world_size.max(1) && same_step {
+            let mut spec = self.recipe.spec.clone();
+            spec.resized_epoch = Some(proto::ResizedEpoch {
+                epoch,
+                resizes: earlier.iter().map(Into::into).collect(),
+            });
+            (spec, steps.first().copied().unwrap_or(0))
+        } else {
+            let spec = stoker_worker::resized_spec(
+                &self.recipe.spec,
+                num_samples,
+                epoch,
+                old_world,
+                earlier,
+                &steps,
+            )
+            .map_err(|e| PyValueError::new_err(e.to_string()))?;
+            (spec, 0)
+        };
+        let chain = spec
+            .resized_epoch
+            .as_ref()
+            .map(|r| {
+                r.resizes
+                    .iter()
+                    .map(|z| (z.cursor, z.taken.clone()))
+                    .collect()
+            })
+            .unwrap_or_default();
+        let previous = self.resumed.take();
+        let loader = py
+            .detach(|| {
+                drop(previous);
+                self.recipe.build(spec)
+            })
+            .map_err(from_loader)?;
+        let steps_in_epoch = loader.steps_per_epoch();
+        if start_step > steps_in_epoch {
+            return Err(PyValueError::new_err(format!(
+                "step {start_step} is past the end of the resumed epoch ({steps_in_epoch} steps)"
+            )));
+        }
+        self.resumed = Some((epoch, Arc::new(loader)));
+        Ok((start_step, steps_in_epoch, chain))
+    }
+
+    /// Steps (batches) of `epoch` for this rank: the resumed epoch's own count for the epoch
+    /// resumed on another world size, else `steps_per_epoch`.
+    fn steps_in(&self, epoch: u64) -> PyResult<u64> {
+        match &self.resumed {
+            Some((resumed, loader)) if *resumed == epoch => Ok(loader.steps_per_epoch()),
+            _ => Ok(self.loader()?.steps_per_epoch()),
+        }
     }
 
     /// Steps (batches) per epoch for this rank.
@@ -202,7 +308,20 @@ impl NativeLoader {
 
     /// Starts `epoch` at `start_step` (a later step resumes mid-epoch with no replay).
     fn start_epoch(&mut self, py: Python<'_>, epoch: u64, start_step: u64) -> PyResult<()> {
-        let loader = Arc::clone(self.loader()?);
+        let plain = Arc::clone(self.loader()?);
+        let loader = match &self.resumed {
+            Some((resumed, loader)) if *resumed == epoch => Arc::clone(loader),
+            _ => plain,
+        };
+        // Past the resumed epoch its loader is done.
+        if self
+            .resumed
+            .as_ref()
+            .is_some_and(|(resumed, _)| *resumed < epoch)
+        {
+            let done = self.resumed.take();
+            py.detach(|| drop(done));
+        }
         // Drop the previous stream first: its unstarted work is cancelled (except the next
         // epoch's start, which `epoch` takes over when it asks for that epoch).
         let previous = self.stream.take();
@@ -259,9 +378,11 @@ impl NativeLoader {
     fn close(&mut self, py: Python<'_>) {
         let stream = self.stream.take();
         let loader = self.loader.take();
+        let resumed = self.resumed.take();
         let dashboard = self.dashboard.take();
         py.detach(|| {
             drop(stream);
+            drop(resumed);
             drop(loader);
             drop(dashboard);
         });
@@ -336,6 +457,7 @@ pub(crate) fn job_spec(
         uneven_tail: proto::UnevenTail::Pad as i32,
         on_error: on_error as i32,
         shuffle_window: settings.shuffle_window,
+        resized_epoch: None,
     })
 }
 

@@ -195,7 +195,6 @@ def test_state_after_an_epoch_points_at_the_next(make_loader: Callable[..., stok
     [
         ({"seed": 99}, "seed"),
         ({"batch_size": 8}, "batch_size"),
-        ({"world_size": 2}, "world_size"),
         ({"num_samples": 7}, "num_samples"),
         ({"version": 2}, "version"),
         ({"step": 1000}, "past the end"),

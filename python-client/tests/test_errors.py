@@ -195,6 +195,10 @@ CTRL_C_SCRIPT = """
 import os, signal, sys, threading, time
 import stoker
 
+# A shell starts background jobs with SIGINT ignored, and Python then installs no handler:
+# install the default one so that the test does not depend on how it was launched.
+signal.signal(signal.SIGINT, signal.default_int_handler)
+
 loader = stoker.Loader(sys.argv[1], pipeline=stoker.vision.imagenet_train(32), batch_size=8,
                        num_threads=1, prefetch=1, max_held_batches=1, timeout=6, output="numpy")
 iterator = iter(loader)

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use crate::batch::{BatchAssembler, BatchKey};
 use crate::error::{Error, Result};
 use crate::job_pipeline::JobPipeline;
-use crate::plan::{EpochPlan, PlanConfig};
+use crate::plan::{EpochPlan, PlanConfig, Resize};
 use stoker_datasets::{
     looks_like_hf_dataset, looks_like_jsonl, looks_like_parquet, looks_like_tar_shards,
     looks_like_token_file, parse_dataset_uri, DatasetLocation, HfDataset, ImageFolder,
@@ -201,32 +201,27 @@ impl Job {
             )));
         }
         let pipeline = JobPipeline::from_ops(&spec.pipeline)?;
-        let plan_config = PlanConfig {
-            num_samples: source.len(),
-            batch_size: spec.batch_size,
-            seed: spec.seed,
-            shuffle: spec.shuffle,
-            drop_last: spec.drop_last,
-            rank: spec.rank,
-            // proto3 cannot tell 0 from unset; a world of 0 ranks means a single process.
-            world_size: spec.world_size.max(1),
-            uneven_tail: spec.uneven_tail(),
-            shuffle_window: spec.shuffle_window,
-        };
+        let plan_config = PlanConfig::from_spec(&spec, source.len());
         let shard_sizes = if spec.shuffle && spec.shuffle_window > 0 {
             source.shard_sizes().map(Arc::from)
         } else {
             None
         };
-        // Surface rank/world/batch/shard errors now rather than at the first epoch.
-        plan_for(plan_config, shard_sizes.as_deref(), 0)?;
         let assembler = BatchAssembler::new(source, pipeline, spec.seed, spec.on_error())?;
-        Ok(Job {
+        let job = Job {
             spec,
             assembler,
             plan_config,
             shard_sizes,
-        })
+        };
+        // Surface rank/world/batch/shard/resize errors now rather than at the first epoch.
+        job.plan(job.first_epoch())?;
+        Ok(job)
+    }
+
+    /// The epoch a resized job serves, else 0 (any epoch is served).
+    pub fn first_epoch(&self) -> u64 {
+        self.spec.resized_epoch.as_ref().map_or(0, |r| r.epoch)
     }
 
     /// The spec.
@@ -244,9 +239,20 @@ impl Job {
         self.plan_config
     }
 
-    /// The plan of `epoch` for this job's rank.
+    /// The plan of `epoch` for this job's rank. A job with a `resized_epoch` serves that epoch
+    /// only, as what its resizes left of it.
     pub fn plan(&self, epoch: u64) -> Result<EpochPlan> {
-        plan_for(self.plan_config, self.shard_sizes.as_deref(), epoch)
+        let plan = plan_for(self.plan_config, self.shard_sizes.as_deref(), epoch)?;
+        match &self.spec.resized_epoch {
+            None => Ok(plan),
+            Some(resized) if resized.epoch == epoch => {
+                plan.resized(resized.resizes.iter().map(Resize::from).collect())
+            }
+            Some(resized) => Err(Error::InvalidSpec(format!(
+                "this job resumes epoch {} on another world size and serves that epoch only, not epoch {epoch}",
+                resized.epoch
+            ))),
+        }
     }
 
     /// Builds batch `step` of `plan` on the current rayon pool, in a new buffer.

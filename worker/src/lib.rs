@@ -78,5 +78,5 @@ pub use ops::resample::{flip_horizontal, resample, SourceWindow};
 pub use ops::tensor::{ImageDtype, ImageLayout, OutputFormat};
 pub use ops::tokenize::{train_bpe_tokenizer, TextTokenizer, EOS_CANDIDATES};
 pub use pipeline::{Geometry, Pipeline, SampleTimings, Scratch, IMAGE_ORDERS, MAX_SIDE};
-pub use plan::{EpochPlan, Permutation, PlanConfig};
+pub use plan::{resized_spec, EpochPlan, Permutation, PlanConfig, Resize};
 pub use rng::SampleRng;

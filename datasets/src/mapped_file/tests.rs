@@ -284,18 +284,21 @@ fn child_faults_outside_any_mapping() {
     }
 }
 
-#[test]
-fn a_fault_outside_any_mapping_still_kills_the_process() {
-    let output = run_child("mapped_file::tests::child_faults_outside_any_mapping");
-    let stdout = String::from_utf8_lossy(&output.stdout);
+/// Runs the child test `name` (which calls [`fault_ours_then_one_outside`]), checks that our
+/// fault came back as an error and that it went on to fault outside, and returns how it ended.
+fn run_faulting_child(name: &str) -> (std::process::ExitStatus, String) {
+    let output = run_child(name);
+    let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
     assert!(stdout.contains("our fault was an error"), "{stdout}");
     assert!(stdout.contains("faulting outside"), "{stdout}");
-    assert_eq!(
-        output.status.signal(),
-        Some(libc::SIGBUS),
-        "{:?}\n{stdout}",
-        output.status
-    );
+    (output.status, stdout)
+}
+
+#[test]
+fn a_fault_outside_any_mapping_still_kills_the_process() {
+    let (status, stdout) =
+        run_faulting_child("mapped_file::tests::child_faults_outside_any_mapping");
+    assert_eq!(status.signal(), Some(libc::SIGBUS), "{status:?}\n{stdout}");
 }
 
 /// The code the handler installed before ours exits with.
@@ -332,14 +335,11 @@ fn child_chains_to_the_previous_handler() {
 
 #[test]
 fn a_fault_outside_any_mapping_goes_to_the_handler_installed_before() {
-    let output = run_child("mapped_file::tests::child_chains_to_the_previous_handler");
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    assert!(stdout.contains("our fault was an error"), "{stdout}");
-    assert!(stdout.contains("faulting outside"), "{stdout}");
+    let (status, stdout) =
+        run_faulting_child("mapped_file::tests::child_chains_to_the_previous_handler");
     assert_eq!(
-        output.status.code(),
+        status.code(),
         Some(PREVIOUS_HANDLER_EXIT),
-        "{:?}\n{stdout}",
-        output.status
+        "{status:?}\n{stdout}"
     );
 }

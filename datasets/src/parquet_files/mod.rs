@@ -16,6 +16,7 @@
 //! (`shuffle_window`) keeps reads within a few groups.
 
 pub(crate) mod columns;
+mod dictionary_check;
 mod numeric;
 pub(crate) mod row_group_cache;
 mod write;
@@ -380,6 +381,12 @@ fn read_labels(file: &ParquetFile, column: usize) -> Result<Vec<i64>> {
         source,
     };
     let handle = File::open(&file.path).map_err(|source| Error::io(&file.path, source))?;
+    let groups: Vec<usize> = (0..file.metadata.metadata().num_row_groups()).collect();
+    let checked = handle
+        .try_clone()
+        .map_err(|source| Error::io(&file.path, source))?;
+    dictionary_check::check_dictionaries(checked, file.metadata.metadata(), &groups, &[column])
+        .map_err(file_error)?;
     let mask = ProjectionMask::roots(file.metadata.parquet_schema(), [column]);
     let column_name = file.metadata.schema().field(column).name().clone();
     let reader = ParquetRecordBatchReaderBuilder::new_with_metadata(handle, file.metadata.clone())
@@ -638,6 +645,16 @@ impl ParquetDataset {
         };
         let decode = || -> Result<Vec<Vec<ArrayRef>>> {
             let handle = File::open(&file.path).map_err(|source| Error::io(&file.path, source))?;
+            let checked = handle
+                .try_clone()
+                .map_err(|source| Error::io(&file.path, source))?;
+            dictionary_check::check_dictionaries(
+                checked,
+                file.metadata.metadata(),
+                &[span.group_in_file],
+                columns,
+            )
+            .map_err(group_error)?;
             let mask =
                 ProjectionMask::roots(file.metadata.parquet_schema(), columns.iter().copied());
             let batch_rows = usize::try_from(span.rows).unwrap_or(usize::MAX).max(1);

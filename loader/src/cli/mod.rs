@@ -170,6 +170,7 @@ impl JobArgs {
                 OnError::Fail => BadSamplePolicy::Fail as i32,
             },
             shuffle_window: self.shuffle_window,
+            resized_epoch: None,
         })
     }
 

@@ -48,7 +48,7 @@ impl EmbeddedSource {
         } else {
             threads
         };
-        let plan = job.plan(0)?;
+        let plan = job.plan(job.first_epoch())?;
         let source = job.assembler().source();
         let info = SourceInfo {
             steps_per_epoch: plan.steps(),
@@ -61,6 +61,7 @@ impl EmbeddedSource {
             rank: job.plan_config().rank,
             initial_depth: threads * 2,
             waiting_on: format!("on {threads} decode threads"),
+            only_epoch: job.spec().resized_epoch.as_ref().map(|r| r.epoch),
         };
         let pool = rayon::ThreadPoolBuilder::new()
             .num_threads(threads)

@@ -126,6 +126,7 @@ impl Loader {
     pub fn with_source(source: Box<dyn BatchSource>, options: LoaderOptions) -> Result<Loader> {
         let info = source.info();
         let batch_bytes = info.batch_bytes as u64;
+        let resumed_epoch_only = info.only_epoch.is_some();
         let (prefetch, controller) = if options.prefetch == 0 {
             let controller = PrefetchController::new(ControllerConfig {
                 min_depth: 2,
@@ -155,7 +156,8 @@ impl Loader {
                 deadline: options.deadline,
                 slots,
                 stats: Arc::new(Mutex::new(StatsRecorder::new())),
-                prefetch_next_epoch: options.prefetch_next_epoch,
+                // A resumed epoch has no next epoch in the same job.
+                prefetch_next_epoch: options.prefetch_next_epoch && !resumed_epoch_only,
                 successor: Mutex::new(None),
             }),
         })
@@ -223,6 +225,11 @@ impl Loader {
     /// with no replay). When the previous epoch's stream already started this one (epoch-
     /// boundary prefetch), its batches in flight are taken over; otherwise they are dropped.
     pub fn epoch(&self, epoch: u64, start_step: u64) -> Result<EpochStream> {
+        if let Some(only) = self.info().only_epoch.filter(|&only| only != epoch) {
+            return Err(Error::InvalidSpec(format!(
+                "this job resumes epoch {only} on another world size and serves that epoch only, not epoch {epoch}"
+            )));
+        }
         let steps = self.steps_per_epoch();
         if start_step > steps {
             return Err(Error::InvalidSpec(format!(

@@ -150,6 +150,7 @@ impl RemoteSource {
             rank: spec.rank,
             initial_depth: INITIAL_CREDITS,
             waiting_on: format!("from the workers of coordinator {address}"),
+            only_epoch: spec.resized_epoch.as_ref().map(|r| r.epoch),
         };
         Ok(RemoteSource {
             runtime: Arc::new(runtime),

@@ -34,6 +34,9 @@ pub struct SourceInfo {
     pub initial_depth: usize,
     /// Where the batches come from, for timeout messages ("on 4 decode threads").
     pub waiting_on: String,
+    /// The one epoch a job resumed on another world size serves (`JobSpec.resized_epoch`);
+    /// `None`: every epoch.
+    pub only_epoch: Option<u64>,
 }
 
 /// A finished batch, and how long building it took once started (queueing excluded: the

@@ -14,6 +14,7 @@ mod distributed;
 mod embedded;
 mod hostile;
 mod object_store;
+mod resize;
 mod resources;
 mod soak;
 mod tokens;

@@ -116,6 +116,17 @@ class NativeLoader:
         """
     def start_epoch(self, epoch: int, start_step: int) -> None:
         """Starts producing ``epoch`` from ``start_step`` (no replay of earlier steps)."""
+    def resume_resized(
+        self,
+        epoch: int,
+        resizes: list[tuple[int, list[int]]],
+        old_world: int,
+        steps: list[int],
+    ) -> tuple[int, int, list[tuple[int, list[int]]]]:
+        """Builds the loader of ``epoch`` resumed on this world size after ranks of ``old_world``
+        read ``steps[r]`` batches each; returns (start step, the epoch's steps, its resizes)."""
+    def steps_in(self, epoch: int) -> int:
+        """Steps of ``epoch`` for this rank (the resumed epoch's own count for that epoch)."""
     def next_batch(self) -> NativeBatch | None:
         """The next batch in step order, or ``None`` at the end of the epoch.
 

@@ -16,7 +16,7 @@ import math
 import os
 import sys
 import weakref
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Final, Literal, TypeGuard
 
 import numpy as np
@@ -34,18 +34,31 @@ _log = logging.getLogger("stoker")
 
 STATE_VERSION: Final = 1
 # Keys of state_dict() that must match on load: a batch is a function of these and the position.
+# (rank and world_size may differ: another rank's state, or a resume on another world size.)
 _STATE_SPEC_KEYS: Final = (
     "seed",
     "batch_size",
     "num_samples",
-    "rank",
-    "world_size",
     "shuffle",
     "drop_last",
 )
 # Per-sample logs are capped: a folder full of bad files should not drown the training log.
 _MAX_LOGGED_BAD_SAMPLES: Final = 20
 _MAX_U64: Final = 2**64 - 1
+
+
+def _check_resizes(resizes: Any) -> list[tuple[int, list[int]]]:
+    """The ``resizes`` of a state as (cursor, taken) pairs; ValueError when malformed."""
+    if not isinstance(resizes, Sequence) or isinstance(resizes, (str, bytes)):
+        raise ValueError(f"state['resizes'] must be a list, got {type(resizes).__name__}")
+    checked = []
+    for resize in resizes:
+        if not isinstance(resize, Sequence) or len(resize) != 2:
+            raise ValueError(f"state['resizes'] holds {resize!r}, not [cursor, taken]")
+        cursor = _check_int(resize[0], "a resize cursor", 0, _MAX_U64)
+        taken = [_check_int(t, "a resize position", 0, _MAX_U64) for t in resize[1]]
+        checked.append((cursor, taken))
+    return checked
 _MAX_U32: Final = 2**32 - 1
 
 # DataLoader arguments with no Stoker meaning, and what to use instead.
@@ -507,6 +520,10 @@ class Loader:
         # A position from load_state_dict() that the next iter() starts at.
         self._resume_epoch = 0
         self._resume_step: int | None = None
+        # The epoch resumed on another world size, if any, and its resizes ((cursor, taken)
+        # pairs, oldest first), which state_dict() saves while that epoch runs.
+        self._resized_epoch: int | None = None
+        self._resizes: list[tuple[int, list[int]]] = []
         # Bumped by every iter(), set_epoch() and load_state_dict(): an older iterator then
         # refuses to go on instead of yielding batches of a position nobody asked for.
         self._generation = 0
@@ -564,8 +581,9 @@ class Loader:
     # -- iteration --------------------------------------------------------------------------
 
     def __len__(self) -> int:
-        """Batches per epoch for this rank."""
-        return self._handle().steps_per_epoch
+        """Batches of the current epoch for this rank (fewer in an epoch resumed on another
+        world size, see :meth:`load_state_dict`)."""
+        return self._handle().steps_in(self._epoch)
 
     def __iter__(self) -> BatchIterator:
         """Starts the current epoch (at the resume step after :meth:`load_state_dict`).
@@ -602,10 +620,12 @@ class Loader:
         ``load_state_dict`` on a loader made with the same arguments then yields, as its next
         batch, exactly the batch this one would have yielded next. Works after :meth:`close`.
         """
+        resizes = self._resizes if self._resized_epoch == self._epoch else []
         return {
             "version": STATE_VERSION,
             "epoch": self._epoch,
             "step": self._resume_step if self._resume_step is not None else self._step,
+            "resizes": [[cursor, list(taken)] for cursor, taken in resizes],
             "seed": self._seed,
             "batch_size": self._batch_size,
             "num_samples": self._num_samples,
@@ -615,20 +635,89 @@ class Loader:
             "drop_last": self._drop_last,
         }
 
-    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+    def load_state_dict(self, state: Mapping[str, Any] | Sequence[Mapping[str, Any]]) -> None:
         """Resumes at the position saved by :meth:`state_dict`: the next ``iter()`` starts there.
 
+        ``state`` is one rank's dict, or the dicts of every rank of the run that saved them.
+        One dict is enough when every rank saved at the same step, as synchronous data-parallel
+        training does; any rank's dict then resumes any rank. With all the dicts, ranks that
+        had gone further than the slowest one are accounted for too.
+
+        The world size may differ from the saved one: the rest of the saved epoch (the samples
+        no rank had read) is then spread over this run's ranks, each sample once, in equal step
+        counts by the loader's rules for an uneven tail and ``drop_last``; that epoch has fewer
+        steps (``len(loader)``), and the next epoch is the plain one of the new world size.
+
         Raises:
-            ValueError: ``state`` is not a Stoker state, or was saved by a loader with other
-                settings (the message names the mismatch).
+            ValueError: ``state`` is not a Stoker state, was saved by a loader with other
+                settings (the message names the mismatch), or the dicts disagree or leave
+                ranks out.
         """
         self._handle()
+        states = [state] if isinstance(state, Mapping) else state
+        if not isinstance(states, Sequence) or not states:
+            raise ValueError(
+                "state must be a dict from Loader.state_dict() (or a list of every rank's), "
+                f"got {type(state).__name__}"
+            )
+        for one in states:
+            self._check_state(one)
+        first = states[0]
+        old_world = _check_int(first["world_size"], "state['world_size']", 1, _MAX_U32)
+        epoch = _check_int(first["epoch"], "state['epoch']", 0, _MAX_U64)
+        resizes = _check_resizes(first.get("resizes", []))
+        for one in states[1:]:
+            for key in ("epoch", "world_size"):
+                if one[key] != first[key]:
+                    raise ValueError(f"the states disagree on {key}: {first[key]!r}, {one[key]!r}")
+            if _check_resizes(one.get("resizes", [])) != resizes:
+                raise ValueError("the states disagree on their resizes")
+        if len(states) == 1:
+            step = _check_int(first["step"], "state['step']", 0, _MAX_U64)
+            steps = [step] * old_world
+        else:
+            by_rank = {_check_int(s["rank"], "state['rank']", 0, _MAX_U32): s for s in states}
+            if sorted(by_rank) != list(range(old_world)):
+                raise ValueError(
+                    f"give one state or all {old_world} ranks' states, "
+                    f"got ranks {sorted(by_rank)}"
+                )
+            steps = [
+                _check_int(by_rank[r]["step"], "state['step']", 0, _MAX_U64)
+                for r in range(old_world)
+            ]
+        self._resized_epoch, self._resizes = None, []
+        if old_world == self._world_size and len(set(steps)) == 1 and not resizes:
+            step = steps[0]
+            steps_in_epoch = self._handle().steps_per_epoch
+            if step > steps_in_epoch:
+                raise ValueError(
+                    f"state['step'] {step} is past the end of the epoch ({steps_in_epoch} steps)"
+                )
+        else:
+            step, steps_in_epoch, chain = self._handle().resume_resized(
+                epoch, resizes, old_world, steps
+            )
+            self._resized_epoch, self._resizes = epoch, chain
+        if step == steps_in_epoch:
+            # Saved right after the last batch (or nothing was left): the next epoch starts.
+            epoch, step = epoch + 1, 0
+        self._epoch = epoch
+        self._step = step
+        self._resume_epoch = epoch
+        self._resume_step = step
+        self._generation += 1
+
+    def _check_state(self, state: Any) -> None:
+        """Raises ValueError unless ``state`` is a state_dict() of a loader like this one."""
         if not isinstance(state, Mapping):
             raise ValueError(
                 f"state must be a dict from Loader.state_dict(), got {type(state).__name__}"
             )
         missing = [
-            key for key in ("version", "epoch", "step", *_STATE_SPEC_KEYS) if key not in state
+            key
+            for key in ("version", "epoch", "step", "rank", "world_size", *_STATE_SPEC_KEYS)
+            if key not in state
         ]
         if missing:
             raise ValueError(
@@ -650,19 +739,6 @@ class Loader:
                 "state was saved by a loader with other settings, so its positions name other "
                 "batches; " + "; ".join(mismatched)
             )
-        epoch = _check_int(state["epoch"], "state['epoch']", 0, _MAX_U64)
-        steps = len(self)
-        step = _check_int(state["step"], "state['step']", 0, _MAX_U64)
-        if step > steps:
-            raise ValueError(f"state['step'] {step} is past the end of the epoch ({steps} steps)")
-        if step == steps:
-            # Saved right after the last batch: the epoch is over, the next one starts.
-            epoch, step = epoch + 1, 0
-        self._epoch = epoch
-        self._step = step
-        self._resume_epoch = epoch
-        self._resume_step = step
-        self._generation += 1
 
     # -- stats and lifetime -----------------------------------------------------------------
 

@@ -262,7 +262,7 @@ impl worker_data_server::WorkerData for DataService {
         let shared = self.shared.clone();
         let answer = tokio::task::spawn_blocking(move || {
             let job = shared.open_job(&spec)?;
-            let plan = job.plan(0).map_err(|e| error_status(&e))?;
+            let plan = job.plan(job.first_epoch()).map_err(|e| error_status(&e))?;
             let batch_size = job.plan_config().batch_size as usize;
             Ok::<_, Status>(DescribeJobResponse {
                 num_samples: job.plan_config().num_samples,

@@ -11,10 +11,15 @@
 //! padded by wrapping around or dropped, so every rank has the same number of steps. Within a
 //! rank, batches are consecutive runs of `batch_size`, and `drop_last` behaves like
 //! `DataLoader`'s.
+//!
+//! An epoch resumed on another world size ([`EpochPlan::resized`]) strides what is left of the
+//! epoch order instead (see [`resize`]).
 
 mod permutation;
+pub mod resize;
 
 pub use permutation::Permutation;
+pub use resize::{resized_spec, Resize};
 
 use std::sync::Arc;
 
@@ -47,12 +52,34 @@ pub struct PlanConfig {
     pub shuffle_window: u32,
 }
 
+impl PlanConfig {
+    /// The planner inputs of `spec` over a dataset of `num_samples`.
+    pub fn from_spec(spec: &stoker_proto::v1::JobSpec, num_samples: u64) -> PlanConfig {
+        PlanConfig {
+            num_samples,
+            batch_size: spec.batch_size,
+            seed: spec.seed,
+            shuffle: spec.shuffle,
+            drop_last: spec.drop_last,
+            rank: spec.rank,
+            // proto3 cannot tell 0 from unset; a world of 0 ranks means a single process.
+            world_size: spec.world_size.max(1),
+            uneven_tail: spec.uneven_tail(),
+            shuffle_window: spec.shuffle_window,
+        }
+    }
+}
+
 /// The plan of one epoch for one rank.
 #[derive(Debug, Clone)]
 pub struct EpochPlan {
     config: PlanConfig,
     epoch: u64,
     order: Order,
+    /// Resizes of this epoch, oldest first (none: the ranks stride the epoch order itself).
+    resizes: Arc<[Resize]>,
+    /// Positions of the order the ranks stride: the sample count, or what the resizes left.
+    len: u64,
     samples_per_rank: u64,
     steps: u64,
 }
@@ -156,6 +183,23 @@ impl ShardedOrder {
     }
 }
 
+/// Samples per rank and steps when `world_size` ranks stride `len` positions, by the tail and
+/// `drop_last` rules of `config`.
+fn shape(config: &PlanConfig, len: u64) -> (u64, u64) {
+    let world = u64::from(config.world_size);
+    let samples_per_rank = match config.uneven_tail {
+        UnevenTail::Pad => len.div_ceil(world),
+        UnevenTail::Drop => len / world,
+    };
+    let batch = u64::from(config.batch_size);
+    let steps = if config.drop_last {
+        samples_per_rank / batch
+    } else {
+        samples_per_rank.div_ceil(batch)
+    };
+    (samples_per_rank, steps)
+}
+
 /// The key of the epoch order: a function of the seed and the epoch only.
 fn epoch_key(seed: u64, epoch: u64) -> u64 {
     seed.rotate_left(17) ^ epoch.wrapping_mul(0xd6e8_feb8_6659_fd93) ^ 0x5354_4f4b_4552_4550
@@ -189,17 +233,7 @@ impl EpochPlan {
         if config.num_samples > 1 << 62 {
             return Err(Error::InvalidSpec("more than 2^62 samples".into()));
         }
-        let world = u64::from(config.world_size);
-        let samples_per_rank = match config.uneven_tail {
-            UnevenTail::Pad => config.num_samples.div_ceil(world),
-            UnevenTail::Drop => config.num_samples / world,
-        };
-        let batch = u64::from(config.batch_size);
-        let steps = if config.drop_last {
-            samples_per_rank / batch
-        } else {
-            samples_per_rank.div_ceil(batch)
-        };
+        let (samples_per_rank, steps) = shape(&config, config.num_samples);
         let order = if config.shuffle {
             Order::Global(Permutation::new(
                 config.num_samples,
@@ -212,9 +246,76 @@ impl EpochPlan {
             config,
             epoch,
             order,
+            resizes: Arc::new([]),
+            len: config.num_samples,
             samples_per_rank,
             steps,
         })
+    }
+
+    /// This plan after `resizes` (oldest first): the ranks of this plan's configuration stride
+    /// what the resizes left of the epoch order. Errors name a resize that does not fit.
+    pub fn resized(mut self, resizes: Vec<Resize>) -> Result<Self> {
+        let mut len = self.config.num_samples;
+        for resize in &resizes {
+            len = resize.check(len)?;
+        }
+        let (samples_per_rank, steps) = shape(&self.config, len);
+        self.resizes = resizes.into();
+        self.len = len;
+        self.samples_per_rank = samples_per_rank;
+        self.steps = steps;
+        Ok(self)
+    }
+
+    /// The resizes this plan follows, oldest first.
+    pub fn resizes(&self) -> &[Resize] {
+        &self.resizes
+    }
+
+    /// The resize that ends this plan after rank `r` has read `steps[r]` batches (every rank
+    /// of this plan's world; pass the same count for all when only one is known). What they read
+    /// becomes the new resize's cursor and taken positions; append it to [`Self::resizes`] to
+    /// plan the rest of the epoch on another world size.
+    pub fn resize_after(&self, steps: &[u64]) -> Result<Resize> {
+        let world = u64::from(self.config.world_size);
+        if steps.len() as u64 != world {
+            return Err(Error::InvalidSpec(format!(
+                "a resize needs the steps of all {world} ranks, got {}",
+                steps.len()
+            )));
+        }
+        if let Some(step) = steps.iter().find(|&&s| s > self.steps) {
+            return Err(Error::InvalidSpec(format!(
+                "step {step} is past the end of the epoch ({} steps)",
+                self.steps
+            )));
+        }
+        let batch = u64::from(self.config.batch_size);
+        // Positions a rank reads: the first `read` of its stride (capped at its share).
+        let read = |s: u64| (s * batch).min(self.samples_per_rank);
+        let common = steps.iter().copied().min().unwrap_or(0);
+        if common == self.steps {
+            // Every rank finished: nothing is left (not even a tail the rules dropped).
+            return Ok(Resize {
+                cursor: self.len,
+                taken: Vec::new(),
+            });
+        }
+        let cursor = (read(common) * world).min(self.len);
+        let mut taken: Vec<u64> = Vec::new();
+        for (rank, &s) in steps.iter().enumerate() {
+            for position in read(common)..read(s) {
+                let global = rank as u64 + position * world;
+                // Positions past the end were padding: repeats of read ones, not new samples.
+                if global < self.len {
+                    taken.push(global);
+                }
+            }
+        }
+        taken.sort_unstable();
+        taken.dedup();
+        Ok(Resize { cursor, taken })
     }
 
     /// Plans `epoch` of a source made of shards, whose samples are contiguous per shard in
@@ -272,8 +373,12 @@ impl EpochPlan {
     /// The dataset index at `position` of this rank's part of the epoch.
     pub fn sample_at(&self, position: u64) -> u64 {
         let global = u64::from(self.config.rank) + position * u64::from(self.config.world_size);
-        // Padding wraps around to the start of the epoch order.
-        let global = global % self.config.num_samples;
+        // Padding wraps around to the start of the strided order (only positions below
+        // `samples_per_rank` are asked for, so `len` is not 0 here).
+        let mut global = global % self.len.max(1);
+        for resize in self.resizes.iter().rev() {
+            global = resize.left(global);
+        }
         match &self.order {
             Order::Identity => global,
             Order::Global(permutation) => permutation.apply(global),
@@ -372,5 +477,155 @@ mod tests {
             let message = EpochPlan::new(cfg, 0).unwrap_err().to_string();
             assert!(message.contains(needle), "{message}");
         }
+    }
+
+    /// Dataset indices rank `rank` of `world` reads in batches `from..to` of `plan`'s epoch,
+    /// after `resizes`.
+    fn read(
+        base: PlanConfig,
+        world: u32,
+        resizes: &[Resize],
+        steps: std::ops::Range<u64>,
+    ) -> Vec<Vec<u64>> {
+        (0..world)
+            .map(|rank| {
+                let plan = EpochPlan::new(
+                    PlanConfig {
+                        rank,
+                        world_size: world,
+                        ..base
+                    },
+                    2,
+                )
+                .unwrap()
+                .resized(resizes.to_vec())
+                .unwrap();
+                steps
+                    .clone()
+                    .take_while(|&s| s < plan.steps())
+                    .flat_map(|s| plan.batch_indices(s))
+                    .collect()
+            })
+            .collect()
+    }
+
+    fn plan_of(base: PlanConfig, world: u32, resizes: &[Resize]) -> EpochPlan {
+        EpochPlan::new(
+            PlanConfig {
+                world_size: world,
+                ..base
+            },
+            2,
+        )
+        .unwrap()
+        .resized(resizes.to_vec())
+        .unwrap()
+    }
+
+    /// Every sample of 0..n exactly once in `reads`.
+    fn assert_exactly_once(n: u64, reads: &[Vec<u64>]) {
+        let mut all: Vec<u64> = reads.iter().flatten().copied().collect();
+        all.sort_unstable();
+        assert_eq!(all, (0..n).collect::<Vec<u64>>());
+    }
+
+    #[test]
+    fn no_resize_is_the_plain_plan() {
+        let base = config(37, 4, 3);
+        let plain = EpochPlan::new(base, 2).unwrap();
+        let resized = EpochPlan::new(base, 2).unwrap().resized(vec![]).unwrap();
+        assert_eq!(plain.steps(), resized.steps());
+        for step in 0..plain.steps() {
+            assert_eq!(plain.batch_indices(step), resized.batch_indices(step));
+        }
+    }
+
+    #[test]
+    fn four_ranks_resumed_on_two_and_two_on_three_read_each_sample_once() {
+        // 96 samples, batches of 4: 4 ranks read 3 steps (48 samples), then 2 ranks the rest.
+        let base = config(96, 4, 4);
+        let before = read(base, 4, &[], 0..3);
+        let resize = plan_of(base, 4, &[]).resize_after(&[3; 4]).unwrap();
+        assert_eq!(resize.cursor, 48);
+        let after = read(base, 2, std::slice::from_ref(&resize), 0..u64::MAX);
+        assert_eq!(plan_of(base, 2, std::slice::from_ref(&resize)).steps(), 6);
+        assert_exactly_once(96, &[before, after].concat());
+        // 2 ranks read 5 steps of 60 samples (40), then 3 ranks the remaining 20 (no tail: 20 is
+        // not a multiple of 3, so pad by the job's rule and count the repeats apart).
+        let base = config(60, 4, 2);
+        let before = read(base, 2, &[], 0..5);
+        let resize = plan_of(base, 2, &[]).resize_after(&[5, 5]).unwrap();
+        let plan = plan_of(base, 3, std::slice::from_ref(&resize));
+        assert_eq!(plan.samples_per_rank(), 7, "ceil(20 / 3)");
+        let after = read(base, 3, std::slice::from_ref(&resize), 0..u64::MAX);
+        let mut all: Vec<u64> = [before, after].concat().into_iter().flatten().collect();
+        assert_eq!(all.len(), 61, "one padded repeat");
+        all.sort_unstable();
+        all.dedup();
+        assert_eq!(all, (0..60).collect::<Vec<u64>>());
+    }
+
+    #[test]
+    fn ranks_ahead_of_the_slowest_are_not_repeated() {
+        let base = config(120, 3, 4);
+        let steps = [2, 5, 3, 2];
+        let plan = plan_of(base, 4, &[]);
+        let before: Vec<Vec<u64>> = (0..4)
+            .map(|rank| {
+                let plan = EpochPlan::new(PlanConfig { rank, ..base }, 2).unwrap();
+                (0..steps[rank as usize])
+                    .flat_map(|s| plan.batch_indices(s))
+                    .collect()
+            })
+            .collect();
+        let resize = plan.resize_after(&steps).unwrap();
+        assert_eq!(resize.cursor, 2 * 3 * 4);
+        assert_eq!(resize.taken.len(), (3 + 1) * 3);
+        // 120 - 24 - 12 = 84 left, 14 for each of 6 ranks.
+        let after = read(base, 6, std::slice::from_ref(&resize), 0..u64::MAX);
+        assert_exactly_once(120, &[before, after].concat());
+    }
+
+    #[test]
+    fn a_second_resize_in_the_same_epoch_composes() {
+        // 4 ranks, 2 steps; then 2 ranks, 3 steps; then 3 ranks read the rest.
+        let base = PlanConfig {
+            shuffle_window: 0,
+            ..config(200, 5, 4)
+        };
+        let first = plan_of(base, 4, &[]).resize_after(&[2; 4]).unwrap();
+        let second = plan_of(base, 2, std::slice::from_ref(&first))
+            .resize_after(&[3, 3])
+            .unwrap();
+        let chain = [first.clone(), second];
+        let reads = [
+            read(base, 4, &[], 0..2),
+            read(base, 2, std::slice::from_ref(&first), 0..3),
+            read(base, 3, &chain, 0..u64::MAX),
+        ]
+        .concat();
+        // 200 - 40 - 30 = 130 left over 3 ranks: ceil(130 / 3) * 3 = 132, two padded repeats.
+        let mut all: Vec<u64> = reads.into_iter().flatten().collect();
+        assert_eq!(all.len(), 202);
+        all.sort_unstable();
+        all.dedup();
+        assert_eq!(all, (0..200).collect::<Vec<u64>>());
+    }
+
+    #[test]
+    fn a_finished_epoch_leaves_nothing_and_bad_counts_are_refused() {
+        let base = PlanConfig {
+            drop_last: true,
+            uneven_tail: UnevenTail::Drop,
+            ..config(50, 4, 3)
+        };
+        let plan = plan_of(base, 3, &[]);
+        let done = plan.resize_after(&[plan.steps(); 3]).unwrap();
+        assert_eq!(plan_of(base, 2, &[done]).steps(), 0);
+        assert!(
+            plan.resize_after(&[1, 1]).is_err(),
+            "two counts for three ranks"
+        );
+        assert!(plan.resize_after(&[1, 1, plan.steps() + 1]).is_err());
     }
 }

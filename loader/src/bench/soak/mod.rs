@@ -108,6 +108,7 @@ pub(crate) fn spec(data: &Path, kind: DataKind, rank: u32, world: u32, batch: u3
         // Every sample is good: any failed read must show, not be replaced.
         on_error: proto::BadSamplePolicy::Fail as i32,
         shuffle_window: 0,
+        resized_epoch: None,
     }
 }
 
@@ -539,10 +540,12 @@ pub fn run(args: &SoakBench) -> Result<()> {
 }
 
 fn client_args(args: &SoakBench, address: &str, data: &Path, rank: u32) -> Vec<String> {
-    let kind = match args.kind {
-        DataKind::Images => "images",
-        DataKind::Tokens => "tokens",
-    };
+    // The name clap parses back in the client.
+    let kind = args
+        .kind
+        .to_possible_value()
+        .map(|value| value.get_name().to_string())
+        .unwrap_or_default();
     [
         "bench",
         "soak-client",
@@ -551,7 +554,7 @@ fn client_args(args: &SoakBench, address: &str, data: &Path, rank: u32) -> Vec<S
         "--data",
         &data.to_string_lossy(),
         "--kind",
-        kind,
+        &kind,
         "--rank",
         &rank.to_string(),
         "--world",

@@ -4,7 +4,7 @@ use std::time::{Duration, Instant};
 
 use super::ids::{LeaseId, SessionId, Step, TaskKey, WorkerId};
 
-/// Tuning of a [`Coordinator`].
+/// Tuning of a [`Coordinator`](super::Coordinator).
 #[derive(Debug, Clone)]
 pub struct CoordinatorConfig {
     /// A worker whose last heartbeat is older than this is dead, and its leases with it.
@@ -67,7 +67,7 @@ pub enum AckOutcome {
     Duplicate,
 }
 
-/// What [`Coordinator::expire`] did.
+/// What [`Coordinator::expire`](super::Coordinator::expire) did.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct ExpireReport {
     /// Workers dropped for missing their heartbeats.

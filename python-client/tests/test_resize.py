@@ -1,0 +1,118 @@
+"""Resuming mid-epoch on another world size: every sample of the epoch exactly once overall,
+from one rank's state or all of them, and the plain next epoch afterwards."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+import stoker
+from conftest import SAMPLE_COUNT
+
+BATCH = 4
+
+
+def _read(loader: stoker.Loader, steps: int | None = None) -> tuple[list[int], dict[str, Any]]:
+    """Sample indices of ``steps`` batches (all: None) of the current epoch, and the state
+    after them."""
+    iterator = iter(loader)
+    indices: list[int] = []
+    for taken, _ in enumerate(iterator, start=1):
+        indices.extend(iterator.sample_indices)
+        if steps is not None and taken == steps:
+            break
+    return indices, loader.state_dict()
+
+
+def _run(
+    make_loader: Callable[..., stoker.Loader], old: int, steps: list[int], new: int, merged: bool
+) -> list[int]:
+    """``old`` ranks read ``steps[r]`` batches of epoch 1; ``new`` ranks resume from one state
+    (all ranks at the same step) or all of them; returns every index read."""
+    read: list[int] = []
+    states = []
+    for rank in range(old):
+        loader = make_loader(batch_size=BATCH, rank=rank, world_size=old, seed=9)
+        loader.set_epoch(1)
+        indices, state = _read(loader, steps[rank])
+        read.extend(indices)
+        states.append(state)
+        loader.close()
+    for rank in range(new):
+        loader = make_loader(batch_size=BATCH, rank=rank, world_size=new, seed=9)
+        # One dict is enough when all ranks saved at the same step; any rank's will do.
+        loader.load_state_dict(states if merged else states[(rank + 1) % old])
+        assert loader.epoch == 1
+        steps = len(loader)
+        indices, state = _read(loader)
+        read.extend(indices)
+        assert 0 < steps < 120 // new // BATCH + 1
+        assert state["epoch"] == 2 and state["step"] == 0 and state["resizes"] == []
+        # The next epoch is the plain one of the new world size.
+        plain = make_loader(batch_size=BATCH, rank=rank, world_size=new, seed=9)
+        plain.set_epoch(2)
+        assert _read(loader)[0] == _read(plain)[0]
+    return read
+
+
+@pytest.mark.parametrize(("old", "stop", "new"), [(4, 3, 2), (2, 3, 3)])
+def test_a_resumed_epoch_reads_each_sample_once(
+    make_loader: Callable[..., stoker.Loader], old: int, stop: int, new: int
+) -> None:
+    # 120 samples: 4 ranks read 48, 2 ranks then 36 each; 2 ranks read 24, 3 ranks 32 each.
+    read = _run(make_loader, old, [stop] * old, new, merged=False)
+    assert sorted(read) == list(range(SAMPLE_COUNT))
+
+
+def test_all_states_account_for_ranks_ahead_of_the_slowest(
+    make_loader: Callable[..., stoker.Loader],
+) -> None:
+    # 120 samples, 3 ranks of 40: rank 1 is 2 steps ahead, rank 2 one; 4 new ranks read the
+    # 120 - 3 * 2 * 4 - 3 * 4 = 84 left, 21 each.
+    read = _run(make_loader, 3, [2, 4, 3], 4, merged=True)
+    assert sorted(read) == list(range(SAMPLE_COUNT))
+
+
+def test_the_resized_epoch_saves_its_resizes_and_resumes_again(
+    make_loader: Callable[..., stoker.Loader],
+) -> None:
+    first = make_loader(batch_size=BATCH, rank=0, world_size=2, seed=9)
+    first.set_epoch(1)
+    _, state = _read(first, 5)
+    resumed = make_loader(batch_size=BATCH, rank=0, world_size=3, seed=9)
+    resumed.load_state_dict(state)
+    assert len(resumed) == (SAMPLE_COUNT - 40) // 3 // BATCH + 1
+    head, mid_state = _read(resumed, 2)
+    assert mid_state["step"] == 2 and mid_state["world_size"] == 3
+    assert mid_state["resizes"] == [[40, []]]
+    again = make_loader(batch_size=BATCH, rank=0, world_size=3, seed=9)
+    again.load_state_dict(mid_state)
+    rest, _ = _read(again)
+    whole, _ = _read(make_loader_resumed(make_loader, state))
+    assert head + rest == whole
+
+
+def make_loader_resumed(
+    make_loader: Callable[..., stoker.Loader], state: dict[str, Any]
+) -> stoker.Loader:
+    loader = make_loader(batch_size=BATCH, rank=0, world_size=3, seed=9)
+    loader.load_state_dict(state)
+    return loader
+
+
+def test_states_that_disagree_or_leave_ranks_out_are_refused(
+    make_loader: Callable[..., stoker.Loader],
+) -> None:
+    states = [
+        make_loader(batch_size=BATCH, rank=rank, world_size=3, seed=9).state_dict()
+        for rank in range(3)
+    ]
+    loader = make_loader(batch_size=BATCH, rank=0, world_size=2, seed=9)
+    with pytest.raises(ValueError, match="all 3 ranks"):
+        loader.load_state_dict(states[:2])
+    with pytest.raises(ValueError, match="disagree on epoch"):
+        loader.load_state_dict([states[0], states[1], dict(states[2], epoch=4)])
+    with pytest.raises(ValueError, match="resizes"):
+        loader.load_state_dict(dict(states[0], resizes=[[1]]))
