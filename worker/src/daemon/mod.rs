@@ -8,6 +8,7 @@
 //! owns the session, against the credits that client granted. See `../shared/DESIGN.md`
 //! ("Data plane and control plane") for the contract.
 
+mod client_stream;
 pub mod security;
 pub mod transport;
 mod worker_daemon;

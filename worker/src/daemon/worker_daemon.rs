@@ -11,8 +11,9 @@
 //!   new incarnation; streams of the old one end and clients open new ones).
 //! - A batch it cannot deliver within [`WorkerConfig::delivery_timeout`] (no stream from the
 //!   client, or a stream that takes nothing: a client that stopped reading) is reported failed
-//!   and goes back to the queue; a stream that took nothing for that long is ended, so it holds
-//!   at most its queue of batches meanwhile.
+//!   and goes back to the queue; a stream that holds a batch and took none for that long is
+//!   ended, whether or not a delivery waits on it (`client_stream`), so it holds at most its
+//!   queue of batches meanwhile.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -32,6 +33,7 @@ use tokio::sync::{mpsc, Notify, Semaphore};
 use tonic::service::interceptor::InterceptedService;
 use tonic::{Code, Request, Response, Status};
 
+use super::client_stream::{self, ClientStream};
 use super::security::{ClientSecurity, ServerSecurity};
 use super::transport::{self, error_status, Backoff, RpcChannel, MAX_MESSAGE_BYTES};
 use crate::error::{Error, ErrorKind, Result};
@@ -70,7 +72,7 @@ pub struct WorkerConfig {
 type Key = (u64, u64);
 
 struct Subscription {
-    sender: mpsc::Sender<std::result::Result<Batch, Status>>,
+    sender: mpsc::Sender<client_stream::Item>,
 }
 
 struct JobEntry {
@@ -205,19 +207,16 @@ impl Shared {
     }
 
     /// Forgets the stream of `key` if it is still `sender`'s (the client may have opened a new
-    /// one meanwhile): once the clones in flight are gone, the stream ends.
-    fn end_subscription(
-        &self,
-        key: Key,
-        sender: &mpsc::Sender<std::result::Result<Batch, Status>>,
-    ) {
+    /// one meanwhile): once the clones in flight are gone, the stream ends. Whether it did.
+    fn end_subscription(&self, key: Key, sender: &mpsc::Sender<client_stream::Item>) -> bool {
         let mut subscriptions = lock(&self.subscriptions);
-        if subscriptions
+        let ours = subscriptions
             .get(&key)
-            .is_some_and(|sub| sub.sender.same_channel(sender))
-        {
+            .is_some_and(|sub| sub.sender.same_channel(sender));
+        if ours {
             subscriptions.remove(&key);
         }
+        ours
     }
 
     /// Waits until the client of `key` has opened its stream, up to `wait`.
@@ -225,7 +224,7 @@ impl Shared {
         &self,
         key: Key,
         wait: Duration,
-    ) -> Option<mpsc::Sender<std::result::Result<Batch, Status>>> {
+    ) -> Option<mpsc::Sender<client_stream::Item>> {
         let deadline = tokio::time::Instant::now() + wait;
         loop {
             let notified = self.subscribed.notified();
@@ -276,8 +275,7 @@ impl worker_data_server::WorkerData for DataService {
         Ok(Response::new(answer))
     }
 
-    type SubscribeStream =
-        tokio_stream::wrappers::ReceiverStream<std::result::Result<Batch, Status>>;
+    type SubscribeStream = ClientStream;
 
     async fn subscribe(
         &self,
@@ -287,7 +285,7 @@ impl worker_data_server::WorkerData for DataService {
         let token = request
             .session
             .ok_or_else(|| Status::invalid_argument("session token is missing"))?;
-        let (sender, receiver) = mpsc::channel(STREAM_QUEUE);
+        let (sender, stream, watch) = client_stream::client_stream(STREAM_QUEUE);
         let key = (token.incarnation, token.session_id);
         {
             let mut subscriptions = lock(&self.shared.subscriptions);
@@ -300,9 +298,18 @@ impl worker_data_server::WorkerData for DataService {
             job = request.job_id,
             "client stream opened"
         );
-        Ok(Response::new(tokio_stream::wrappers::ReceiverStream::new(
-            receiver,
-        )))
+        // Ends the stream once its client stops taking batches, even when no delivery waits
+        // on it (see `client_stream`).
+        let shared = self.shared.clone();
+        tokio::spawn(async move {
+            let wait = shared.delivery_timeout;
+            if let Some(sender) = watch.stalled(wait).await {
+                if shared.end_subscription(key, &sender) {
+                    tracing::warn!(session = key.1, waited = ?wait, "client stream took no batch; ending it");
+                }
+            }
+        });
+        Ok(Response::new(stream))
     }
 }
 
@@ -549,12 +556,14 @@ async fn deliver(shared: &Shared, task: &TaskLease, batch: Batch) -> Outcome {
             ),
         ),
         Err(_) => {
-            tracing::warn!(
-                session = token.session_id,
-                waited = ?wait,
-                "client stream took no batch; ending it"
-            );
-            shared.end_subscription(key, &sender);
+            // Said once per stream: the deliveries waiting beside this one end it too.
+            if shared.end_subscription(key, &sender) {
+                tracing::warn!(
+                    session = token.session_id,
+                    waited = ?wait,
+                    "client stream took no batch; ending it"
+                );
+            }
             Outcome::Failed(
                 task.lease_id,
                 format!(
