@@ -1,12 +1,12 @@
 //! Who may call a Stoker daemon, and how the bytes travel: the one place where the daemons and
 //! every client get their shared token and their TLS.
 //!
-//! - **Token** ([`token`]): a daemon started with `--token-file` (repeatable, for rotation)
+//! - **Token** (`token.rs`): a daemon started with `--token-file` (repeatable, for rotation)
 //!   serves only calls that carry one of those tokens (`authorization: Bearer ...`), checked by
 //!   [`TokenCheck`] before any handler runs, in constant time. Clients present theirs with
 //!   [`AttachToken`] on every call; the daemons present the first of their own token files to
 //!   the daemons they call.
-//! - **TLS** ([`tls`]): a daemon with `--tls-cert` and `--tls-key` terminates TLS itself on its
+//! - **TLS** (`tls.rs`): a daemon with `--tls-cert` and `--tls-key` terminates TLS itself on its
 //!   socket (rustls, ring provider), so it can tell a plaintext client from a TLS one by the
 //!   first byte and refuse it by name; clients trust the CA of `--tls-ca` and verify the name
 //!   the daemon's address carries (a DNS name or an IP the certificate lists), or the one
