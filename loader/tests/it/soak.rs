@@ -51,7 +51,18 @@ fn two_minutes_of_kills_and_restarts_lose_and_duplicate_nothing() {
     assert_eq!(processes["worker"]["incarnations"], 3 + kills);
     assert_eq!(processes["coordinator"]["incarnations"], 1 + restarts);
     assert_eq!(processes["client"]["incarnations"], 2);
+    // The first worker is spared: it lives the whole run, and is fitted alone only from five
+    // minutes on, so nothing here; the within-life slopes are reported for every role.
+    assert!(report["long_lived"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .all(|l| l["role"] == "client"));
     for role in ["worker", "coordinator", "client"] {
+        assert!(
+            processes[role]["within_life_rss_mib_per_10min"].is_f64(),
+            "{report}"
+        );
         assert!(
             processes[role]["peak_rss_mib"].as_f64().unwrap() > 1.0,
             "{report}"
@@ -71,4 +82,7 @@ fn settings_out_of_range_are_refused_by_name() {
     let out = soak(&["--workers", "0"]);
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("--workers"));
+    let out = soak(&["--workers", "2", "--spared-workers", "3"]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--spared-workers"));
 }

@@ -1,7 +1,7 @@
 //! `stoker bench soak`: the distributed mode run for a long time under faults. A coordinator,
 //! three worker daemons and two client processes (two ranks of one job) run on loopback; a
-//! random worker is SIGKILLed and restarted every ~20 s, the coordinator every ~60 s (on the same
-//! port and journal). After each epoch of each rank the soak checks what the rank read against
+//! random worker (one is spared by default, so that one lives the whole run) is SIGKILLed and
+//! restarted every ~20 s, the coordinator every ~60 s (on the same port and journal). After each epoch of each rank the soak checks what the rank read against
 //! the embedded loader's batches for that rank and epoch: the same digest, every sample exactly
 //! once. It samples the resident set and open descriptors of every process each second and fits
 //! lines through them ([`trend`]). It prints one JSON line.
@@ -11,6 +11,7 @@ pub mod client;
 mod fleet;
 pub mod trend;
 
+use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -53,9 +54,14 @@ pub struct SoakBench {
     /// Client processes (ranks of the job).
     #[arg(long, default_value_t = 2)]
     pub clients: u32,
-    /// Mean seconds between worker kills (each interval drawn from 0.5x to 1.5x).
+    /// Mean seconds between worker kills (each interval drawn from 0.5x to 1.5x); the victim is
+    /// drawn from the workers not spared.
     #[arg(long, default_value_t = 20.0)]
     pub kill_every_s: f64,
+    /// Workers never killed (the first ones), so that a worker lives the whole run under the
+    /// faults around it and its own slope is fitted alone.
+    #[arg(long, default_value_t = 1)]
+    pub spared_workers: usize,
     /// Mean seconds between coordinator restarts (drawn like the kills).
     #[arg(long, default_value_t = 60.0)]
     pub restart_every_s: f64,
@@ -162,11 +168,12 @@ struct SoakReport {
     duplicated: u64,
     /// Checked epochs whose digest differs from the embedded loader's.
     digest_mismatches: u64,
-    /// Per role: shared slope of every incarnation after its first epoch.
-    processes: std::collections::BTreeMap<&'static str, RoleTrend>,
+    /// Per role: the drift at a fixed age, and the within-life slope (not judged).
+    processes: BTreeMap<&'static str, RoleTrend>,
     /// Incarnations that lived five minutes or more, fitted alone.
     long_lived: Vec<IncarnationTrend>,
-    /// Every slope within the bounds (RSS < 1 MiB / 10 min, descriptors 0 / 10 min).
+    /// Every judged slope within the bounds (RSS < 1 MiB / 10 min, descriptors 0 / 10 min), and
+    /// every role judged: see [`is_flat`].
     flat: bool,
     /// Whether `flat` counts towards `ok` (runs of 10 minutes or more).
     flat_judged: bool,
@@ -174,6 +181,25 @@ struct SoakReport {
     failures: Vec<String>,
     /// Nothing lost, duplicated, different or crashed (and flat, when judged).
     ok: bool,
+}
+
+/// The verdict on memory and descriptors: each long-lived incarnation's own slope and each
+/// role's drift are within the bounds, and every role has at least one of them (a role whose
+/// processes all died before the drift age and none lived five minutes is not flat: nothing
+/// shows it is).
+fn is_flat(processes: &BTreeMap<&'static str, RoleTrend>, long_lived: &[IncarnationTrend]) -> bool {
+    processes.iter().all(|(role, trend)| {
+        let own = long_lived
+            .iter()
+            .filter(|l| l.role == *role)
+            .map(|l| (l.rss_mib_per_10min, l.fds_per_10min));
+        let drift = trend
+            .drift
+            .iter()
+            .map(|d| (d.rss_mib_per_10min, d.fds_per_10min));
+        let mut judged = own.chain(drift).peekable();
+        judged.peek().is_some() && judged.all(|(rss, fds)| trend::is_flat(rss, fds))
+    })
 }
 
 /// A process slot: what starts it, and its running incarnation.
@@ -269,6 +295,9 @@ fn validate(args: &SoakBench) -> Result<()> {
     }
     if args.workers == 0 || args.clients == 0 || args.batch_size == 0 {
         return bad("--workers, --clients and --batch-size must be at least 1");
+    }
+    if args.spared_workers > args.workers {
+        return bad("--spared-workers must be at most --workers");
     }
     if args.samples < u64::from(args.clients) {
         return bad("--samples must be at least --clients");
@@ -441,8 +470,9 @@ pub fn run(args: &SoakBench) -> Result<()> {
                 }
             }
             None => {
-                if now >= next_kill {
-                    let victim = (rng.next_u64() % workers.len() as u64) as usize;
+                let killable = (workers.len() - args.spared_workers) as u64;
+                if now >= next_kill && killable > 0 {
+                    let victim = args.spared_workers + (rng.next_u64() % killable) as usize;
                     if let Some(mut running) = workers[victim].running.take() {
                         running.kill();
                     }
@@ -486,15 +516,7 @@ pub fn run(args: &SoakBench) -> Result<()> {
     let checked = checker.finish()?;
     let minutes = soak.now() / 60.0;
     let (processes, long_lived) = trend::fit(&soak.incarnations, |i| soak.warm_after(i));
-    let flat = processes
-        .values()
-        .map(|r| (r.rss_mib_per_10min, r.fds_per_10min))
-        .chain(
-            long_lived
-                .iter()
-                .map(|l| (l.rss_mib_per_10min, l.fds_per_10min)),
-        )
-        .all(|(rss, fds)| trend::is_flat(rss, fds));
+    let flat = is_flat(&processes, &long_lived);
     let flat_judged = args.minutes >= JUDGED_FROM_MINUTES;
     let ok = checked.lost == 0
         && checked.duplicated == 0
@@ -567,4 +589,61 @@ fn client_args(args: &SoakBench, address: &str, data: &Path, rank: u32) -> Vec<S
     .iter()
     .map(|s| s.to_string())
     .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use trend::Drift;
+
+    fn role(drift: Option<(f64, f64)>) -> RoleTrend {
+        RoleTrend {
+            incarnations: 10,
+            fitted: 10,
+            readings: 300,
+            // Never judged, however steep.
+            within_life_rss_mib_per_10min: 25.0,
+            within_life_fds_per_10min: 3.0,
+            drift: drift.map(|(rss, fds)| Drift {
+                incarnations: 10,
+                rss_mib_per_10min: rss,
+                fds_per_10min: fds,
+            }),
+            peak_rss_mib: 16.0,
+            peak_fds: 16,
+        }
+    }
+
+    fn long(role: &'static str, rss: f64) -> IncarnationTrend {
+        IncarnationTrend {
+            role,
+            slot: 0,
+            minutes: 60.0,
+            rss_mib_per_10min: rss,
+            fds_per_10min: 0.0,
+        }
+    }
+
+    #[test]
+    fn flat_judges_long_lives_and_drifts_and_every_role() {
+        let roles = |worker: Option<(f64, f64)>| {
+            BTreeMap::from([
+                ("client", role(None)),
+                ("coordinator", role(Some((0.2, 0.0)))),
+                ("worker", role(worker)),
+            ])
+        };
+        let clients = [long("client", 0.1), long("client", 0.05)];
+        let with_spared = |rss| [&clients[..], &[long("worker", rss)]].concat();
+        assert!(is_flat(&roles(Some((0.3, 0.1))), &with_spared(0.2)));
+        // A spared worker that grows, a drift that grows, descriptors that drift.
+        assert!(!is_flat(&roles(Some((0.3, 0.1))), &with_spared(1.5)));
+        assert!(!is_flat(&roles(Some((1.2, 0.0))), &with_spared(0.2)));
+        assert!(!is_flat(&roles(Some((0.3, 0.8))), &with_spared(0.2)));
+        // Workers judged by the drift alone, or by the spared one alone: enough.
+        assert!(is_flat(&roles(Some((0.3, 0.1))), &clients));
+        assert!(is_flat(&roles(None), &with_spared(0.2)));
+        // Workers judged by nothing at all: not flat.
+        assert!(!is_flat(&roles(None), &clients));
+    }
 }

@@ -3,14 +3,20 @@
 //!
 //! Each process incarnation (one pid, from start to kill) is sampled from `/proc`. Its samples
 //! before a warm-up point (the first epoch boundary after it started) are left out: filling
-//! caches and pools once is not a leak. Two fits come out of the rest:
-//! - per role (coordinator, worker, client), one slope shared by all its incarnations, each with
-//!   its own intercept (least squares on the deviations from each incarnation's means). Workers
-//!   are killed every ~20 s and the coordinator every ~60 s, so one incarnation is too short to
-//!   fit alone; the shared slope uses all of them;
-//! - per incarnation that lived long enough to fit alone ([`LONG_LIVED`]), its own slope.
+//! caches and pools once is not a leak. Three fits come out of the rest:
+//! - per incarnation that lived long enough to fit alone ([`LONG_LIVED`]), its own slope: a
+//!   process that leaks as it works shows here;
+//! - per role (coordinator, worker, client), the *drift*: each incarnation's mean at the same
+//!   age ([`DRIFT_AGES`] after it started), fitted against when it started. State carried from
+//!   one incarnation to the next (a journal, files, caches on disk) that grows shows here;
+//! - per role, one *within-life* slope shared by all its incarnations, each with its own
+//!   intercept (least squares on the deviations from each incarnation's means). Reported, not
+//!   judged: workers killed every ~20 s and a coordinator every ~60 s spend their whole life in
+//!   the minute where a process still grows its thread stacks, allocator arenas and buffers,
+//!   and a 20-second line stated per 10 minutes cannot tell that from a leak.
 
 use std::collections::BTreeMap;
+use std::ops::Range;
 use std::path::Path;
 use std::time::Duration;
 
@@ -18,6 +24,15 @@ use serde::Serialize;
 
 /// An incarnation that lived this long after its warm-up is also fitted alone.
 pub const LONG_LIVED: Duration = Duration::from_secs(300);
+
+/// The age (seconds after it started) at which the incarnations of a role are compared.
+pub const DRIFT_AGES: Range<f64> = 10.0..20.0;
+
+/// Readings an incarnation needs within [`DRIFT_AGES`] to count in the drift.
+const DRIFT_READINGS: usize = 5;
+
+/// Incarnations a drift needs to be fitted.
+const DRIFT_INCARNATIONS: usize = 3;
 
 /// Fitted slopes are stated per this span.
 const PER: f64 = 600.0;
@@ -78,25 +93,56 @@ impl Incarnation {
         let first = self.readings.partition_point(|r| r.at < warm);
         &self.readings[first..]
     }
+
+    /// Mean resident set (MiB) and descriptors of the readings taken at `ages` (seconds after
+    /// it started); `None` with fewer than [`DRIFT_READINGS`] of them.
+    fn mean_at(&self, ages: Range<f64>) -> Option<(f64, f64)> {
+        let window: Vec<&Reading> = self
+            .readings
+            .iter()
+            .filter(|r| ages.contains(&(r.at - self.started)))
+            .collect();
+        if window.len() < DRIFT_READINGS {
+            return None;
+        }
+        let n = window.len() as f64;
+        let rss = window.iter().map(|r| r.rss_bytes as f64 / MIB).sum::<f64>() / n;
+        let fds = window.iter().map(|r| r.fds as f64).sum::<f64>() / n;
+        Some((rss, fds))
+    }
 }
 
-/// The fit of one role.
+/// The fits of one role.
 #[derive(Debug, Clone, Serialize, PartialEq)]
 pub struct RoleTrend {
     /// Incarnations seen.
     pub incarnations: usize,
-    /// Incarnations with at least three readings after their warm-up (the ones fitted).
+    /// Incarnations with at least three readings after their warm-up (in the within-life fit).
     pub fitted: usize,
-    /// Readings used by the fit.
+    /// Readings used by the within-life fit.
     pub readings: usize,
-    /// Shared slope of the resident set, MiB per 10 minutes.
-    pub rss_mib_per_10min: f64,
-    /// Shared slope of the open descriptors, per 10 minutes.
-    pub fds_per_10min: f64,
+    /// Within-life slope of the resident set shared by the incarnations, MiB per 10 minutes.
+    pub within_life_rss_mib_per_10min: f64,
+    /// Within-life slope of the open descriptors, per 10 minutes.
+    pub within_life_fds_per_10min: f64,
+    /// The incarnations compared at the same age, when enough lived to that age.
+    pub drift: Option<Drift>,
     /// Largest resident set read, MiB.
     pub peak_rss_mib: f64,
     /// Most descriptors read.
     pub peak_fds: u64,
+}
+
+/// The drift of one role: each incarnation's mean resident set and descriptors at the same age
+/// ([`DRIFT_AGES`]), fitted against when it started.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct Drift {
+    /// Incarnations that lived to the age compared.
+    pub incarnations: usize,
+    /// Slope of the resident set at that age over the run, MiB per 10 minutes.
+    pub rss_mib_per_10min: f64,
+    /// Slope of the descriptors at that age over the run, per 10 minutes.
+    pub fds_per_10min: f64,
 }
 
 /// The fit of one long-lived incarnation.
@@ -168,6 +214,8 @@ pub fn fit(
     warm_after: impl Fn(&Incarnation) -> f64,
 ) -> (BTreeMap<&'static str, RoleTrend>, Vec<IncarnationTrend>) {
     let mut roles: BTreeMap<&'static str, (RoleTrend, Sums, Sums)> = BTreeMap::new();
+    // Per role: (started, mean MiB, mean descriptors) of each incarnation at the drift age.
+    let mut at_age: BTreeMap<&'static str, (Points, Points)> = BTreeMap::new();
     let mut long_lived = Vec::new();
     for incarnation in incarnations {
         let (trend, rss_sums, fd_sums) = roles.entry(incarnation.role).or_insert_with(|| {
@@ -176,8 +224,9 @@ pub fn fit(
                     incarnations: 0,
                     fitted: 0,
                     readings: 0,
-                    rss_mib_per_10min: 0.0,
-                    fds_per_10min: 0.0,
+                    within_life_rss_mib_per_10min: 0.0,
+                    within_life_fds_per_10min: 0.0,
+                    drift: None,
                     peak_rss_mib: 0.0,
                     peak_fds: 0,
                 },
@@ -189,6 +238,11 @@ pub fn fit(
         for reading in &incarnation.readings {
             trend.peak_rss_mib = trend.peak_rss_mib.max(reading.rss_bytes as f64 / MIB);
             trend.peak_fds = trend.peak_fds.max(reading.fds);
+        }
+        if let Some((rss, fds)) = incarnation.mean_at(DRIFT_AGES) {
+            let (rss_points, fd_points) = at_age.entry(incarnation.role).or_default();
+            rss_points.push((incarnation.started, rss));
+            fd_points.push((incarnation.started, fds));
         }
         let settled = incarnation.settled(warm_after(incarnation));
         if settled.len() < 3 {
@@ -216,8 +270,21 @@ pub fn fit(
     let roles = roles
         .into_iter()
         .map(|(role, (mut trend, rss, fds))| {
-            trend.rss_mib_per_10min = rss.slope() * PER;
-            trend.fds_per_10min = fds.slope() * PER;
+            trend.within_life_rss_mib_per_10min = rss.slope() * PER;
+            trend.within_life_fds_per_10min = fds.slope() * PER;
+            trend.drift = at_age
+                .get(role)
+                .filter(|(rss, _)| rss.len() >= DRIFT_INCARNATIONS)
+                .map(|(rss, fds)| {
+                    let (mut rss_sums, mut fd_sums) = (Sums::default(), Sums::default());
+                    rss_sums.add_group(rss);
+                    fd_sums.add_group(fds);
+                    Drift {
+                        incarnations: rss.len(),
+                        rss_mib_per_10min: rss_sums.slope() * PER,
+                        fds_per_10min: fd_sums.slope() * PER,
+                    }
+                });
             (role, trend)
         })
         .collect();
@@ -264,9 +331,10 @@ mod tests {
         let worker = &roles["worker"];
         assert_eq!(worker.incarnations, 3);
         assert_eq!(worker.fitted, 3);
-        assert!((worker.rss_mib_per_10min - 10.0).abs() < 0.05, "{worker:?}");
-        assert_eq!(worker.fds_per_10min, 0.0);
-        assert!(!is_flat(worker.rss_mib_per_10min, worker.fds_per_10min));
+        let slope = worker.within_life_rss_mib_per_10min;
+        assert!((slope - 10.0).abs() < 0.05, "{worker:?}");
+        assert_eq!(worker.within_life_fds_per_10min, 0.0);
+        assert!(!is_flat(slope, worker.within_life_fds_per_10min));
         assert!(long_lived.is_empty(), "none lived five minutes");
     }
 
@@ -280,13 +348,13 @@ mod tests {
             |t| if t < 60.0 { t * 3.3 } else { 200.0 },
         );
         let (roles, long_lived) = fit(std::slice::from_ref(&client), |_| 60.0);
-        assert_eq!(roles["client"].rss_mib_per_10min, 0.0);
+        assert_eq!(roles["client"].within_life_rss_mib_per_10min, 0.0);
         assert!(is_flat(0.0, 0.0));
         assert_eq!(long_lived.len(), 1);
         assert!((long_lived[0].minutes - 839.0 / 60.0).abs() < 1e-9);
         // Fitted from 0 instead, the warm-up reads as growth.
         let (cold, _) = fit(std::slice::from_ref(&client), |_| 0.0);
-        assert!(cold["client"].rss_mib_per_10min > 1.0);
+        assert!(cold["client"].within_life_rss_mib_per_10min > 1.0);
     }
 
     #[test]
@@ -296,6 +364,51 @@ mod tests {
         assert_eq!(roles["coordinator"].incarnations, 1);
         assert_eq!(roles["coordinator"].fitted, 0);
         assert_eq!(roles["coordinator"].peak_rss_mib, 50.0);
+    }
+
+    #[test]
+    fn the_drift_compares_incarnations_at_the_same_age() {
+        // Workers that each grow 2 MiB in the 30 s they live, from the same level: the
+        // within-life slope is 40 MiB / 10 min, yet nothing carries over, and the drift is 0.
+        let fresh: Vec<Incarnation> = (0..20)
+            .map(|i| {
+                let started = i as f64 * 30.0;
+                incarnation("worker", started, 30, move |t| 12.0 + (t - started) / 15.0)
+            })
+            .collect();
+        let (roles, _) = fit(&fresh, |i| i.started);
+        let worker = &roles["worker"];
+        assert!(worker.within_life_rss_mib_per_10min > 30.0, "{worker:?}");
+        let drift = worker.drift.as_ref().expect("all lived 20 s");
+        assert_eq!(drift.incarnations, 20);
+        assert!(drift.rss_mib_per_10min.abs() < 1e-9, "{drift:?}");
+        assert!(is_flat(drift.rss_mib_per_10min, drift.fds_per_10min));
+        // Coordinators that replay a journal growing 3 MiB per 10 minutes of the run start
+        // higher each time: flat within each life, the drift shows the growth.
+        let growing: Vec<Incarnation> = (0..10)
+            .map(|i| {
+                let started = i as f64 * 60.0;
+                incarnation("coordinator", started, 60, move |_| {
+                    20.0 + started * 3.0 / 600.0
+                })
+            })
+            .collect();
+        let (roles, _) = fit(&growing, |i| i.started);
+        let coordinator = &roles["coordinator"];
+        assert_eq!(coordinator.within_life_rss_mib_per_10min, 0.0);
+        let drift = coordinator.drift.as_ref().expect("all lived 20 s");
+        assert!((drift.rss_mib_per_10min - 3.0).abs() < 0.05, "{drift:?}");
+        assert!(!is_flat(drift.rss_mib_per_10min, drift.fds_per_10min));
+    }
+
+    #[test]
+    fn no_drift_from_incarnations_that_died_young() {
+        // Killed at 12 s: two readings at the compared age, fewer than a mean needs.
+        let young: Vec<Incarnation> = (0..10)
+            .map(|i| incarnation("worker", i as f64 * 12.0, 12, |_| 12.0))
+            .collect();
+        let (roles, _) = fit(&young, |i| i.started);
+        assert_eq!(roles["worker"].drift, None);
     }
 
     #[test]

@@ -102,16 +102,21 @@ impl Journal {
         txn.commit().map_err(journal_error)
     }
 
-    /// Durably records acknowledged positions, all in one transaction.
-    pub fn put_positions(
+    /// Durably records acknowledged positions and deletes the `pruned` ones, all in one
+    /// transaction.
+    pub fn write_positions(
         &self,
         positions: impl Iterator<Item = (PositionKey, u64)>,
+        pruned: &[PositionKey],
     ) -> CoordinatorResult<()> {
         let txn = self.database.begin_write().map_err(journal_error)?;
         {
             let mut table = txn.open_table(ACKED).map_err(journal_error)?;
             for (key, position) in positions {
                 table.insert(key, position).map_err(journal_error)?;
+            }
+            for key in pruned {
+                table.remove(key).map_err(journal_error)?;
             }
         }
         txn.commit().map_err(journal_error)

@@ -24,6 +24,9 @@
 //!   [`flush`](Coordinator::flush). A crash loses at most the unflushed positions, whose steps
 //!   are then redone: batches are a pure function of (spec, epoch, rank, step), so the client
 //!   receives identical bytes and drops them by step number.
+//! - Nothing grows with the epochs a job runs: a closed session is dropped (its id answers
+//!   "closed" from then on), and when a rank opens epoch `e` the positions of its epochs before
+//!   `e - 1` leave memory and the journal.
 //!
 //! Time is passed in (`now: Instant`), so tests run without sleeping.
 
@@ -86,13 +89,18 @@ pub struct Coordinator {
     journal: Option<Journal>,
     jobs: BTreeMap<JobId, Job>,
     workers: Vec<Worker>,
-    sessions: Vec<Session>,
+    /// Open sessions by id; a closed session is dropped (its id stays issued, below
+    /// `next_session`, so a late call on it is told "closed", not "unknown").
+    sessions: HashMap<u32, Session>,
+    next_session: u32,
     session_index: HashMap<PositionKey, u32>,
     /// Acknowledged positions of (job, rank, epoch)s without a session (from the journal, or
     /// closed), consulted when one opens.
     resume_positions: HashMap<PositionKey, u64>,
     /// Positions changed since the last journal write.
     dirty_positions: HashMap<PositionKey, u64>,
+    /// Positions dropped since the last journal write, to be deleted from it.
+    pruned_positions: Vec<PositionKey>,
     acks_since_flush: u64,
     ready: BTreeSet<ReadyKey>,
     leases: Vec<LeaseSlot>,
@@ -101,7 +109,7 @@ pub struct Coordinator {
     stats: CoordinatorStats,
 }
 
-/// The index of entry `id` of `entries` (worker and session ids are indices) when `live` says
+/// The index of entry `id` of `entries` (worker ids are indices) when `live` says
 /// it still is; else `ended` (issued, but expired or closed) or `unknown` (never issued).
 fn live_index<T>(
     entries: &[T],
@@ -120,6 +128,32 @@ fn live_index<T>(
     }
 }
 
+/// The key of open session `session`: "closed" for an id issued before (below `next`) that is
+/// no longer open, "unknown" for one never issued.
+fn open_key(
+    sessions: &HashMap<u32, Session>,
+    next: u32,
+    session: SessionId,
+) -> CoordinatorResult<u32> {
+    match u32::try_from(session.0) {
+        Ok(index) if sessions.contains_key(&index) => Ok(index),
+        Ok(index) if index < next => Err(CoordinatorError::SessionClosed(session)),
+        _ => Err(CoordinatorError::UnknownSession(session)),
+    }
+}
+
+/// Open session `session`, or why it is not (see [`open_key`]).
+fn open_entry(
+    sessions: &mut HashMap<u32, Session>,
+    next: u32,
+    session: SessionId,
+) -> CoordinatorResult<&mut Session> {
+    let index = open_key(sessions, next, session)?;
+    sessions
+        .get_mut(&index)
+        .ok_or(CoordinatorError::UnknownSession(session))
+}
+
 impl Coordinator {
     /// A coordinator without a journal: nothing survives it. For tests and benches.
     pub fn in_memory(config: CoordinatorConfig) -> Self {
@@ -128,10 +162,12 @@ impl Coordinator {
             journal: None,
             jobs: BTreeMap::new(),
             workers: Vec::new(),
-            sessions: Vec::new(),
+            sessions: HashMap::new(),
+            next_session: 0,
             session_index: HashMap::new(),
             resume_positions: HashMap::new(),
             dirty_positions: HashMap::new(),
+            pruned_positions: Vec::new(),
             acks_since_flush: 0,
             ready: BTreeSet::new(),
             leases: Vec::new(),
@@ -333,7 +369,12 @@ impl Coordinator {
         }
         let key = (job.0, rank, epoch);
         if let Some(&index) = self.session_index.get(&key) {
-            let session = &mut self.sessions[index as usize];
+            let session = self
+                .sessions
+                .get_mut(&index)
+                .ok_or(CoordinatorError::UnknownSession(SessionId(u64::from(
+                    index,
+                ))))?;
             if session.is_ready() {
                 self.ready.remove(&session.ready_key());
             }
@@ -358,8 +399,10 @@ impl Coordinator {
                 limit: self.config.max_sessions,
             });
         }
-        let index = u32::try_from(self.sessions.len())
-            .map_err(|_| CoordinatorError::InvalidArgument("too many sessions".into()))?;
+        let index = self.next_session;
+        self.next_session = index
+            .checked_add(1)
+            .ok_or_else(|| CoordinatorError::InvalidArgument("too many sessions".into()))?;
         let journaled = self.resume_positions.remove(&key).unwrap_or(0);
         let position = if exact {
             start_step.0
@@ -367,14 +410,11 @@ impl Coordinator {
             start_step.0.max(journaled).min(steps_per_epoch)
         };
         let id = SessionId(u64::from(index));
-        self.sessions.push(Session::new(
-            id,
-            job,
-            rank,
-            epoch,
-            steps_per_epoch,
-            position,
-        ));
+        self.sessions.insert(
+            index,
+            Session::new(id, job, rank, epoch, steps_per_epoch, position),
+        );
+        self.prune_positions(job, rank, epoch);
         self.session_index.insert(key, index);
         tracing::debug!(
             session = index,
@@ -390,31 +430,49 @@ impl Coordinator {
     /// Closes a session; its acknowledged position is kept (journaled) for a later reopening,
     /// and its live leases become stale.
     pub fn close_session(&mut self, session: SessionId) -> CoordinatorResult<()> {
-        let index = self.open_session_index(session)?;
-        let entry = &mut self.sessions[index];
+        let index = open_key(&self.sessions, self.next_session, session)?;
+        let Some(entry) = self.sessions.remove(&index) else {
+            return Err(CoordinatorError::UnknownSession(session));
+        };
         if entry.is_ready() {
             self.ready.remove(&entry.ready_key());
         }
-        entry.open = false;
-        entry.incarnation = entry.incarnation.wrapping_add(1);
         let key = (entry.job.0, entry.rank, entry.epoch);
         self.resume_positions.insert(key, entry.acked_position);
         self.session_index.remove(&key);
         Ok(())
     }
 
-    fn open_session_index(&self, session: SessionId) -> CoordinatorResult<usize> {
-        let closed = CoordinatorError::SessionClosed(session);
-        let unknown = CoordinatorError::UnknownSession(session);
-        live_index(&self.sessions, session.0, |s| s.open, closed, unknown)
+    /// Drops the acknowledged positions (kept and journaled) of `job`'s `rank` in epochs before
+    /// `epoch - 1`, once that rank opens `epoch`: a run that moved on does not need them, and
+    /// kept forever they would grow the journal and the coordinator with every epoch. Open
+    /// sessions keep theirs.
+    fn prune_positions(&mut self, job: JobId, rank: u32, epoch: u64) {
+        let Some(oldest_kept) = epoch.checked_sub(1) else {
+            return;
+        };
+        let stale = |key: &PositionKey| key.0 == job.0 && key.1 == rank && key.2 < oldest_kept;
+        let mut dropped = Vec::new();
+        self.resume_positions.retain(|key, _| {
+            let drop = stale(key);
+            if drop {
+                dropped.push(*key);
+            }
+            !drop
+        });
+        let open = &self.session_index;
+        self.dirty_positions
+            .retain(|key, _| !stale(key) || open.contains_key(key));
+        if self.journal.is_some() {
+            self.pruned_positions.extend(dropped);
+        }
     }
 
     /// Adds `credits` to what the session's client will accept. Zero, or a total above
     /// [`CoordinatorConfig::max_credits`], is refused.
     pub fn grant_credits(&mut self, session: SessionId, credits: u64) -> CoordinatorResult<()> {
-        let index = self.open_session_index(session)?;
         let limit = self.config.max_credits;
-        let entry = &mut self.sessions[index];
+        let entry = open_entry(&mut self.sessions, self.next_session, session)?;
         let held = entry.credits;
         let total = u64::from(held).saturating_add(credits);
         if credits == 0 || total > u64::from(limit) {
@@ -472,8 +530,10 @@ impl Coordinator {
             let Some(key) = self.ready.pop_first() else {
                 break;
             };
-            let session_index = key.2 as usize;
-            let session = &mut self.sessions[session_index];
+            let session_index = key.2;
+            let Some(session) = self.sessions.get_mut(&session_index) else {
+                continue;
+            };
             let Some(step) = session.take_step() else {
                 continue;
             };
@@ -491,7 +551,7 @@ impl Coordinator {
             };
             let entry = LeaseEntry {
                 worker: worker_index as u32,
-                session: session_index as u32,
+                session: session_index,
                 incarnation: session.incarnation,
                 step,
             };
@@ -581,7 +641,11 @@ impl Coordinator {
         let Some(entry) = self.end_lease(worker, lease_id)? else {
             return Ok(LeaseOutcome::Stale);
         };
-        if self.sessions[entry.session as usize].incarnation != entry.incarnation {
+        let live = self
+            .sessions
+            .get(&entry.session)
+            .is_some_and(|session| session.incarnation == entry.incarnation);
+        if !live {
             self.stats.duplicates_dropped += 1;
             return Ok(LeaseOutcome::Stale);
         }
@@ -601,16 +665,17 @@ impl Coordinator {
             return Ok(LeaseOutcome::Stale);
         };
         self.stats.failed_leases += 1;
-        let session = &self.sessions[entry.session as usize];
-        tracing::warn!(
-            worker = worker.0,
-            job = session.job.0,
-            rank = session.rank,
-            epoch = session.epoch,
-            step = entry.step,
-            reason,
-            "task failed, requeued"
-        );
+        if let Some(session) = self.sessions.get(&entry.session) {
+            tracing::warn!(
+                worker = worker.0,
+                job = session.job.0,
+                rank = session.rank,
+                epoch = session.epoch,
+                step = entry.step,
+                reason,
+                "task failed, requeued"
+            );
+        }
         if self.requeue(entry) {
             Ok(LeaseOutcome::Applied)
         } else {
@@ -621,8 +686,10 @@ impl Coordinator {
     /// Puts the task of a dead lease back in its session's queue and returns its credit;
     /// false when the lease was stale or the step was acknowledged meanwhile.
     fn requeue(&mut self, entry: LeaseEntry) -> bool {
-        let session = &mut self.sessions[entry.session as usize];
-        if !session.open || session.incarnation != entry.incarnation {
+        let Some(session) = self.sessions.get_mut(&entry.session) else {
+            return false;
+        };
+        if session.incarnation != entry.incarnation {
             return false;
         }
         if session.is_ready() {
@@ -642,8 +709,7 @@ impl Coordinator {
     /// acknowledged twice is ignored and counted. The acknowledged position is journaled every
     /// [`CoordinatorConfig::journal_every`] acknowledgements (and on [`flush`](Self::flush)).
     pub fn acknowledge(&mut self, session: SessionId, step: Step) -> CoordinatorResult<AckOutcome> {
-        let index = self.open_session_index(session)?;
-        let entry = &mut self.sessions[index];
+        let entry = open_entry(&mut self.sessions, self.next_session, session)?;
         if step.0 >= entry.steps_per_epoch {
             return Err(CoordinatorError::StepOutOfRange {
                 step,
@@ -693,23 +759,31 @@ impl Coordinator {
         let Some(journal) = &self.journal else {
             return Ok(());
         };
-        if self.dirty_positions.is_empty() {
+        if self.dirty_positions.is_empty() && self.pruned_positions.is_empty() {
             return Ok(());
         }
         // In key order: redb's B-tree takes sorted inserts several times faster.
         let mut positions: Vec<(PositionKey, u64)> = self.dirty_positions.drain().collect();
         positions.sort_unstable();
         let count = positions.len();
-        journal.put_positions(positions.into_iter())?;
+        let pruned = std::mem::take(&mut self.pruned_positions);
+        journal.write_positions(positions.into_iter(), &pruned)?;
         self.stats.journal_commits += 1;
-        tracing::debug!(positions = count, "acknowledged positions journaled");
+        tracing::debug!(
+            positions = count,
+            pruned = pruned.len(),
+            "acknowledged positions journaled"
+        );
         Ok(())
     }
 
     /// The acknowledged position of a session: every step below it was received.
     pub fn acknowledged_position(&self, session: SessionId) -> CoordinatorResult<Step> {
-        let index = self.open_session_index(session)?;
-        Ok(Step(self.sessions[index].acked_position))
+        let index = open_key(&self.sessions, self.next_session, session)?;
+        self.sessions
+            .get(&index)
+            .map(|entry| Step(entry.acked_position))
+            .ok_or(CoordinatorError::UnknownSession(session))
     }
 
     /// Counters, sizes and the memory estimate. Costs a pass over the sessions.
@@ -717,9 +791,8 @@ impl Coordinator {
         let mut stats = self.stats.clone();
         stats.jobs = self.jobs.len() as u64;
         stats.workers = self.workers.iter().filter(|w| w.alive).count() as u64;
-        let open = self.sessions.iter().filter(|s| s.open);
-        stats.sessions = open.clone().count() as u64;
-        stats.queued_tasks = open.map(Session::queued).sum();
+        stats.sessions = self.sessions.len() as u64;
+        stats.queued_tasks = self.sessions.values().map(Session::queued).sum();
         stats.memory_bytes = self.memory_bytes() as u64;
         stats
     }
@@ -733,8 +806,12 @@ impl Coordinator {
         let map = |cap: usize, entry: usize| cap * 8 / 7 * (entry + 1);
         size_of::<Self>()
             + self.workers.capacity() * size_of::<Worker>()
-            + self.sessions.capacity() * size_of::<Session>()
-            + self.sessions.iter().map(Session::heap_bytes).sum::<usize>()
+            + map(self.sessions.capacity(), size_of::<(u32, Session)>())
+            + self
+                .sessions
+                .values()
+                .map(Session::heap_bytes)
+                .sum::<usize>()
             + map(
                 self.session_index.capacity(),
                 size_of::<(PositionKey, u32)>(),
@@ -747,6 +824,7 @@ impl Coordinator {
                 self.dirty_positions.capacity(),
                 size_of::<(PositionKey, u64)>(),
             )
+            + self.pruned_positions.capacity() * size_of::<PositionKey>()
             + ready
             + self.leases.capacity() * size_of::<LeaseSlot>()
             + self.free_lease_slots.capacity() * size_of::<u32>()

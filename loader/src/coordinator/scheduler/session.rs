@@ -35,7 +35,6 @@ pub(crate) struct Session {
     pub steps_per_epoch: u64,
     /// Bumped when the session is reopened: leases of an older incarnation are stale.
     pub incarnation: u32,
-    pub open: bool,
     /// Credits granted by the client and not yet covered by a leased or delivered task.
     pub credits: u32,
     /// Value of the coordinator's serve clock when a task of this session was last leased.
@@ -63,7 +62,6 @@ impl Session {
             epoch,
             steps_per_epoch,
             incarnation: 0,
-            open: true,
             credits: 0,
             last_served: 0,
             next_fresh: position,
@@ -77,7 +75,6 @@ impl Session {
     /// `max(position, acked_position)`: what a reconnecting client asks for.
     pub fn reset(&mut self, position: u64) {
         self.incarnation = self.incarnation.wrapping_add(1);
-        self.open = true;
         self.credits = 0;
         self.requeued.clear();
         if position > self.acked_position {
@@ -105,7 +102,7 @@ impl Session {
 
     /// Whether the session belongs in the ready set.
     pub fn is_ready(&self) -> bool {
-        self.open && self.credits > 0 && self.has_work()
+        self.credits > 0 && self.has_work()
     }
 
     /// The session's key in the ready set.

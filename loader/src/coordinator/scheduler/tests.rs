@@ -421,3 +421,62 @@ fn new_sessions_past_the_cap_are_refused_until_one_closes() {
     c.close_session(first).unwrap();
     c.open_session(job, 0, 2, Step(0)).unwrap();
 }
+
+#[test]
+fn closed_sessions_and_old_epochs_positions_are_not_kept() {
+    let dir = tempfile::tempdir().unwrap();
+    let t0 = Instant::now();
+    let steps = 4;
+    let epochs = 40;
+    let job = {
+        let mut c = Coordinator::open(dir.path(), config()).unwrap();
+        let job = c.register_job(spec(2, 5), steps).unwrap();
+        let w = c.register_worker(t0);
+        for epoch in 0..epochs {
+            for rank in 0..2 {
+                let s = c.open_session(job, rank, epoch, Step(0)).unwrap();
+                c.grant_credits(s, 4).unwrap();
+                // The last epoch stops half-way, the way a run is cut.
+                let take = if epoch + 1 == epochs { 2 } else { 4 };
+                for lease in c.lease(w, take, t0).unwrap() {
+                    c.complete(w, lease.lease_id).unwrap();
+                    c.acknowledge(s, lease.task.step).unwrap();
+                }
+                c.close_session(s).unwrap();
+                // A closed session is dropped, yet a late call on it is told it closed.
+                assert!(matches!(
+                    c.grant_credits(s, 1),
+                    Err(CoordinatorError::SessionClosed(_))
+                ));
+            }
+        }
+        c.flush().unwrap();
+        assert_eq!(c.sessions.len(), 0);
+        // Per rank, the positions of the last two epochs it opened.
+        let mut kept: Vec<PositionKey> = c.resume_positions.keys().copied().collect();
+        kept.sort_unstable();
+        let last = epochs - 1;
+        assert_eq!(
+            kept,
+            [
+                (job.0, 0, last - 1),
+                (job.0, 0, last),
+                (job.0, 1, last - 1),
+                (job.0, 1, last)
+            ]
+        );
+        assert!(matches!(
+            c.grant_credits(SessionId(10_000), 1),
+            Err(CoordinatorError::UnknownSession(_))
+        ));
+        job
+    };
+    // The journal holds the same, and the cut epoch resumes where it stopped.
+    let mut c = Coordinator::open(dir.path(), config()).unwrap();
+    assert_eq!(c.resume_positions.len(), 4);
+    let s = c.open_session(job, 1, epochs - 1, Step(0)).unwrap();
+    assert_eq!(c.acknowledged_position(s).unwrap(), Step(2));
+    // An epoch whose position was dropped starts where the client asks.
+    let old = c.open_session(job, 1, 3, Step(1)).unwrap();
+    assert_eq!(c.acknowledged_position(old).unwrap(), Step(1));
+}
