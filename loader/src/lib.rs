@@ -37,6 +37,8 @@ pub use coordinator::{
     JobShareStats, Lease, LeaseId, LeaseOutcome, SessionId, Step, TaskKey, WorkerEntry, WorkerId,
     JOURNAL_FILE,
 };
-pub use dashboard::{Dashboard, DashboardError, JobShare, WorkerLoad};
+pub use dashboard::{Dashboard, DashboardAccess, DashboardError, JobShare, WorkerLoad};
 pub use digest::BatchDigest;
 pub use error::{Error, ErrorKind, Result, ERROR_KINDS};
+/// The shared token of the distributed mode (see [`RemoteOptions::token`]).
+pub use stoker_worker::security::Token;

@@ -35,16 +35,26 @@ class LoaderTimeoutError(StokerError, TimeoutError):
 class WorkerUnavailableError(StokerError):
     'Distributed mode: no worker served the job for longer than worker_grace.'
     __module__ = 'stoker'
+
+class AuthenticationError(StokerError, PermissionError):
+    'Distributed mode: a daemon refused the token (none given, or not one it accepts).'
+    __module__ = 'stoker'
+
+class TlsError(StokerError, ConnectionError):
+    'Distributed mode: TLS failed (unknown CA, wrong name, or TLS on one side only).'
+    __module__ = 'stoker'
 ";
 
 /// The exception classes, in the order of [`Kind`].
-pub const NAMES: [&str; 6] = [
+pub const NAMES: [&str; 8] = [
     "StokerError",
     "DatasetError",
     "DecodeError",
     "PipelineError",
     "LoaderTimeoutError",
     "WorkerUnavailableError",
+    "AuthenticationError",
+    "TlsError",
 ];
 
 /// Which Stoker exception to raise.
@@ -56,6 +66,8 @@ pub enum Kind {
     Pipeline = 3,
     Timeout = 4,
     WorkerUnavailable = 5,
+    Authentication = 6,
+    Tls = 7,
 }
 
 static CLASSES: PyOnceLock<Vec<Py<PyType>>> = PyOnceLock::new();
@@ -100,6 +112,8 @@ pub fn from_loader(error: stoker_loader::Error) -> PyErr {
         ErrorKind::Pipeline => raise(Kind::Pipeline, message),
         ErrorKind::Timeout => raise(Kind::Timeout, message),
         ErrorKind::WorkerUnavailable => raise(Kind::WorkerUnavailable, message),
+        ErrorKind::Unauthenticated => raise(Kind::Authentication, message),
+        ErrorKind::Tls => raise(Kind::Tls, message),
         ErrorKind::Interrupted | ErrorKind::Internal => raise(Kind::Stoker, message),
     }
 }

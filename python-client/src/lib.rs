@@ -13,7 +13,7 @@ use std::time::Duration;
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList, PyTuple};
-use stoker_loader::{Dashboard, EpochStream, Loader, LoaderOptions, RemoteOptions};
+use stoker_loader::{Dashboard, EpochStream, Loader, LoaderOptions, RemoteOptions, Token};
 use stoker_proto::v1::{self as proto, BadSamplePolicy, JobSpec};
 
 use buffer::Buffer;
@@ -78,7 +78,7 @@ impl NativeLoader {
 #[pymethods]
 impl NativeLoader {
     #[new]
-    #[pyo3(signature = (source, ops, batch_size, shuffle, seed, drop_last, num_threads, rank, world_size, prefetch, on_error, timeout_s, max_held_batches, max_prefetch_bytes = 2 << 30, dashboard = None, job_name = "python".to_string(), format = "auto", shuffle_window = 0, text_column = String::new(), address = None, worker_grace_s = 120.0))]
+    #[pyo3(signature = (source, ops, batch_size, shuffle, seed, drop_last, num_threads, rank, world_size, prefetch, on_error, timeout_s, max_held_batches, max_prefetch_bytes = 2 << 30, dashboard = None, job_name = "python".to_string(), format = "auto", shuffle_window = 0, text_column = String::new(), address = None, worker_grace_s = 120.0, token = None, tls_ca = None, tls_server_name = None))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -103,6 +103,9 @@ impl NativeLoader {
         text_column: String,
         address: Option<String>,
         worker_grace_s: f64,
+        token: Option<String>,
+        tls_ca: Option<PathBuf>,
+        tls_server_name: Option<String>,
     ) -> PyResult<Self> {
         let spec = job_spec(
             source.to_string_lossy().into_owned(),
@@ -134,12 +137,20 @@ impl NativeLoader {
             max_held_batches,
             ..LoaderOptions::default()
         };
+        let token = token
+            .as_deref()
+            .map(Token::new)
+            .transpose()
+            .map_err(|e| PyValueError::new_err(format!("token: {e}")))?;
         let recipe = Recipe {
             spec,
             options,
             remote: address.as_ref().map(|address| {
                 let remote = RemoteOptions {
                     worker_grace: Duration::from_secs_f64(worker_grace_s),
+                    token,
+                    tls_ca,
+                    tls_server_name,
                     ..RemoteOptions::default()
                 };
                 (address.clone(), remote)
@@ -563,6 +574,20 @@ fn make_tokens(
         .map_err(from_dataset)
 }
 
+/// Writes a throwaway CA and a server certificate for `names` signed by it into `out` (for
+/// tests of the TLS mode); returns the paths of the CA, the certificate and its key.
+#[pyfunction]
+#[pyo3(signature = (out, names))]
+fn write_test_certificates(
+    out: PathBuf,
+    names: Vec<String>,
+) -> PyResult<(PathBuf, PathBuf, PathBuf)> {
+    let names: Vec<&str> = names.iter().map(String::as_str).collect();
+    let written = stoker_loader::bench::certificates::write_test_certificates(&out, &names)
+        .map_err(|e| raise(Kind::Stoker, e.to_string()))?;
+    Ok((written.ca, written.cert, written.key))
+}
+
 #[pymodule]
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     let classes = errors::classes(m.py())?;
@@ -574,6 +599,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(make_dataset, m)?)?;
     m.add_function(wrap_pyfunction!(make_tokens, m)?)?;
     m.add_function(wrap_pyfunction!(train_bpe_tokenizer, m)?)?;
+    m.add_function(wrap_pyfunction!(write_test_certificates, m)?)?;
     ops::register(m)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     Ok(())

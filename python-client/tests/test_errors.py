@@ -25,11 +25,15 @@ def test_exception_hierarchy() -> None:
         stoker.PipelineError,
         stoker.LoaderTimeoutError,
         stoker.WorkerUnavailableError,
+        stoker.AuthenticationError,
+        stoker.TlsError,
     ):
         assert issubclass(error, stoker.StokerError)
         assert error is getattr(_native, error.__name__)
     assert issubclass(stoker.PipelineError, ValueError)
     assert issubclass(stoker.LoaderTimeoutError, TimeoutError)
+    assert issubclass(stoker.AuthenticationError, PermissionError)
+    assert issubclass(stoker.TlsError, ConnectionError)
 
 
 def test_fail_policy_names_the_bad_file(

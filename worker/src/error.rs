@@ -45,6 +45,9 @@ pub enum Error {
     /// The worker daemon's server failed.
     #[error("the worker daemon stopped: {0}")]
     Stopped(String),
+    /// The token or TLS settings cannot be used.
+    #[error(transparent)]
+    Security(#[from] crate::daemon::security::SecurityError),
 }
 
 /// Result alias for the worker crate.
@@ -74,12 +77,17 @@ pub enum ErrorKind {
     WorkerUnavailable,
     /// The caller interrupted a wait.
     Interrupted,
+    /// A daemon refused the call's token: none was given, or not one it accepts.
+    Unauthenticated,
+    /// The TLS connection failed: a certificate from an unknown CA or for another name, or one
+    /// side speaking TLS and the other plaintext.
+    Tls,
     /// Anything else: the loader stopped, a daemon failed internally.
     Internal,
 }
 
 /// Every kind.
-pub const ERROR_KINDS: [ErrorKind; 11] = [
+pub const ERROR_KINDS: [ErrorKind; 13] = [
     ErrorKind::InvalidArgument,
     ErrorKind::NotFound,
     ErrorKind::NotADirectory,
@@ -90,6 +98,8 @@ pub const ERROR_KINDS: [ErrorKind; 11] = [
     ErrorKind::PermissionDenied,
     ErrorKind::WorkerUnavailable,
     ErrorKind::Interrupted,
+    ErrorKind::Unauthenticated,
+    ErrorKind::Tls,
     ErrorKind::Internal,
 ];
 
@@ -107,6 +117,8 @@ impl ErrorKind {
             ErrorKind::PermissionDenied => "permission_denied",
             ErrorKind::WorkerUnavailable => "worker_unavailable",
             ErrorKind::Interrupted => "interrupted",
+            ErrorKind::Unauthenticated => "unauthenticated",
+            ErrorKind::Tls => "tls",
             ErrorKind::Internal => "internal",
         }
     }
@@ -138,7 +150,7 @@ impl Error {
     /// The kind of this error.
     pub fn kind(&self) -> ErrorKind {
         match self {
-            Error::InvalidSpec(_) => ErrorKind::InvalidArgument,
+            Error::InvalidSpec(_) | Error::Security(_) => ErrorKind::InvalidArgument,
             Error::OpenDataset(error) => ErrorKind::of_opening(error),
             Error::Dataset(_) | Error::Io { .. } => ErrorKind::Dataset,
             Error::InvalidPipeline(_) => ErrorKind::Pipeline,

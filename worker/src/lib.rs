@@ -5,7 +5,8 @@
 //! samples it holds, and a [`Job`] (a spec opened: dataset, checked pipeline, plan) builds it.
 //! The coordinator, the embedded loader and the worker daemon ([`run_worker`], the
 //! `stoker-worker` binary) all plan with the same code; [`transport`] holds the gRPC settings
-//! and the error/status table every daemon and client shares.
+//! and the error/status table every daemon and client shares, [`security`] their shared token
+//! and TLS.
 //!
 //! A job's op list (protobuf, see `stoker-proto`) is checked and fused into a [`Pipeline`]:
 //! the crop window is drawn from the image size alone, so JPEGs are decoded only over that
@@ -56,8 +57,8 @@ mod rng;
 
 pub use batch::{AssembledBatch, BatchAssembler, BatchKey, TensorLayout, MAX_SUBSTITUTE_TRIES};
 pub use daemon::{
-    canonical_roots, daemon_runtime, init_logging, listen, run_worker, shutdown_signal, transport,
-    WorkerConfig, DELIVERY_TIMEOUT,
+    canonical_roots, daemon_runtime, init_logging, listen, run_worker, security, shutdown_signal,
+    transport, WorkerConfig, DELIVERY_TIMEOUT,
 };
 pub use error::{Error, ErrorKind, Result, SampleError, ERROR_KINDS};
 pub use job::{open_source, BatchBuffer, Job, MAX_BATCH_SIZE};

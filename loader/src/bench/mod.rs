@@ -1,12 +1,14 @@
 //! The bench harnesses `stoker bench` runs, as a library below the command line (which only
 //! parses their settings and calls them): the end-to-end pipeline ([`pipeline`]), the prefetch
 //! controller's stall under simulated training loops ([`stall`]), the coordinator core's
-//! assignment rate ([`coordinator`]), the gRPC transport's streaming rate ([`transport`]) and
-//! the distributed mode under faults for a long time ([`soak`]).
+//! assignment rate ([`coordinator`]), the gRPC transport's streaming rate ([`transport`],
+//! plaintext and TLS; [`certificates`] writes the throwaway certificates it and the TLS tests
+//! use) and the distributed mode under faults for a long time ([`soak`]).
 //! Each prints its report, as text or as one JSON object.
 //!
 //! They are measuring tools, not part of the loader: nothing else in this crate uses them.
 
+pub mod certificates;
 pub mod coordinator;
 pub mod pipeline;
 mod resources;
@@ -26,9 +28,12 @@ pub enum Error {
     /// The loader failed.
     #[error(transparent)]
     Loader(#[from] crate::Error),
-    /// Opening or building a job failed.
+    /// Opening or building a job failed, or the security settings are unusable.
     #[error(transparent)]
     Worker(#[from] stoker_worker::Error),
+    /// A token is not usable.
+    #[error(transparent)]
+    Security(#[from] stoker_worker::security::SecurityError),
     /// The coordinator core refused a call.
     #[error(transparent)]
     Coordinator(#[from] crate::CoordinatorError),

@@ -7,6 +7,9 @@
 //! the receiving side the decode into a `Batch` whose tensor bytes are a slice of tonic's buffer.
 //! Server and client each run a single-threaded runtime on their own thread, as a worker's
 //! stream and a client's stream do.
+//!
+//! With `--tls` the same stream runs a second time over TLS (a throwaway CA and certificate for
+//! 127.0.0.1, and a token on the call), and the report gives both rates and their ratio.
 
 use std::hint::black_box;
 use std::net::SocketAddr;
@@ -20,6 +23,7 @@ use stoker_proto::v1::worker_data_server::{WorkerData, WorkerDataServer};
 use stoker_proto::v1::{
     Batch, DescribeJobRequest, DescribeJobResponse, Dtype, SessionToken, SubscribeRequest, Tensor,
 };
+use stoker_worker::security::{ClientSecurity, ServerSecurity, Token};
 use stoker_worker::transport::{self, MAX_MESSAGE_BYTES};
 use tokio::sync::mpsc;
 use tonic::{Request, Response, Status};
@@ -35,6 +39,9 @@ pub struct TransportBench {
     /// Total bytes to stream, in MiB.
     #[arg(long, default_value_t = 4096)]
     pub total_mib: usize,
+    /// Also stream over TLS with a token, and report it beside plaintext.
+    #[arg(long)]
+    pub tls: bool,
     /// Print one JSON object as the last line.
     #[arg(long)]
     pub json: bool,
@@ -48,6 +55,11 @@ struct TransportReport {
     stream_gb_per_s: f64,
     memcpy_gb_per_s: f64,
     ratio: f64,
+    /// With `--tls`: the same stream over TLS with a token.
+    tls_wall_s: Option<f64>,
+    tls_stream_gb_per_s: Option<f64>,
+    /// TLS rate over plaintext rate.
+    tls_over_plaintext: Option<f64>,
 }
 
 /// A data server that streams the same batch `count` times.
@@ -110,32 +122,17 @@ fn single_thread_runtime() -> super::Result<tokio::runtime::Runtime> {
         .build()?)
 }
 
-/// Runs the benchmark and prints the report.
-pub fn run(args: &TransportBench) -> super::Result<()> {
-    if !(args.batch_mib >= 1 && args.batch_mib << 20 <= MAX_MESSAGE_BYTES / 2) {
-        return Err(Error::InvalidArgument(format!(
-            "--batch-mib must be in 1..={}",
-            (MAX_MESSAGE_BYTES / 2) >> 20
-        )));
-    }
-    let batch_bytes = args.batch_mib << 20;
-    let batches = (args.total_mib / args.batch_mib).max(4) as u64;
-    let data: Bytes = (0..batch_bytes)
-        .map(|i| (i % 253) as u8)
-        .collect::<Vec<u8>>()
-        .into();
-    let batch = Batch {
-        tensors: vec![Tensor {
-            name: "image".into(),
-            dtype: Dtype::Uint8 as i32,
-            shape: vec![batch_bytes as u64],
-            data,
-        }],
-        ..Batch::default()
-    };
-
+/// Streams `batches` copies of `batch` from a server with `server` security to a client with
+/// `client` security; returns the bytes received after the first batch and the time they took.
+fn stream_batches(
+    batch: &Batch,
+    batches: u64,
+    server: ServerSecurity,
+    client: ClientSecurity,
+) -> super::Result<(u64, Duration)> {
     let (address_tx, address_rx) = std::sync::mpsc::channel::<SocketAddr>();
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+    let batch = batch.clone();
     let server = std::thread::Builder::new()
         .name("bench-transport-server".into())
         .spawn(move || -> super::Result<()> {
@@ -150,14 +147,13 @@ pub fn run(args: &TransportBench) -> super::Result<()> {
                 })
                 .max_encoding_message_size(MAX_MESSAGE_BYTES)
                 .max_decoding_message_size(MAX_MESSAGE_BYTES);
+                let service =
+                    tonic::service::interceptor::InterceptedService::new(service, server.check());
                 transport::server()
                     .add_service(service)
-                    .serve_with_incoming_shutdown(
-                        tokio_stream::wrappers::TcpListenerStream::new(listener),
-                        async {
-                            let _ = stop_rx.await;
-                        },
-                    )
+                    .serve_with_incoming_shutdown(server.incoming(listener), async {
+                        let _ = stop_rx.await;
+                    })
                     .await?;
                 Ok(())
             })
@@ -165,10 +161,8 @@ pub fn run(args: &TransportBench) -> super::Result<()> {
     let address = address_rx
         .recv_timeout(Duration::from_secs(10))
         .map_err(|_| Error::Failed("the bench server did not start".into()))?;
-
-    let memcpy_before = memcpy_gb_per_s();
-    let (received, wall) = single_thread_runtime()?.block_on(async move {
-        let channel = transport::channel(&address.to_string())?;
+    let streamed = single_thread_runtime()?.block_on(async move {
+        let channel = transport::channel(&address.to_string(), &client)?;
         let mut client = WorkerDataClient::new(channel)
             .max_decoding_message_size(MAX_MESSAGE_BYTES)
             .max_encoding_message_size(MAX_MESSAGE_BYTES);
@@ -197,11 +191,55 @@ pub fn run(args: &TransportBench) -> super::Result<()> {
             black_box(&batch);
         }
         Ok::<_, Error>((received, started.elapsed()))
-    })?;
+    });
     let _ = stop_tx.send(());
     server
         .join()
         .map_err(|_| Error::Failed("the bench server thread panicked".into()))??;
+    streamed
+}
+
+/// Runs the benchmark and prints the report.
+pub fn run(args: &TransportBench) -> super::Result<()> {
+    if !(args.batch_mib >= 1 && args.batch_mib << 20 <= MAX_MESSAGE_BYTES / 2) {
+        return Err(Error::InvalidArgument(format!(
+            "--batch-mib must be in 1..={}",
+            (MAX_MESSAGE_BYTES / 2) >> 20
+        )));
+    }
+    let batch_bytes = args.batch_mib << 20;
+    let batches = (args.total_mib / args.batch_mib).max(4) as u64;
+    let data: Bytes = (0..batch_bytes)
+        .map(|i| (i % 253) as u8)
+        .collect::<Vec<u8>>()
+        .into();
+    let batch = Batch {
+        tensors: vec![Tensor {
+            name: "image".into(),
+            dtype: Dtype::Uint8 as i32,
+            shape: vec![batch_bytes as u64],
+            data,
+        }],
+        ..Batch::default()
+    };
+
+    let memcpy_before = memcpy_gb_per_s();
+    let (received, wall) = stream_batches(
+        &batch,
+        batches,
+        ServerSecurity::default(),
+        ClientSecurity::default(),
+    )?;
+    let tls = if args.tls {
+        let dir = tempfile::tempdir()?;
+        let pki = super::certificates::write_test_certificates(dir.path(), &["127.0.0.1"])?;
+        let token = Token::new("bench-transport-token")?;
+        let server = ServerSecurity::new(vec![token.clone()], Some((&pki.cert, &pki.key)))?;
+        let client = ClientSecurity::new(Some(token), Some(&pki.ca), None)?;
+        Some(stream_batches(&batch, batches, server, client)?)
+    } else {
+        None
+    };
     let memcpy = (memcpy_before + memcpy_gb_per_s()) / 2.0;
 
     let stream = received as f64 / wall.as_secs_f64() / 1e9;
@@ -212,6 +250,10 @@ pub fn run(args: &TransportBench) -> super::Result<()> {
         stream_gb_per_s: stream,
         memcpy_gb_per_s: memcpy,
         ratio: stream / memcpy,
+        tls_wall_s: tls.map(|(_, wall)| wall.as_secs_f64()),
+        tls_stream_gb_per_s: tls.map(|(bytes, wall)| bytes as f64 / wall.as_secs_f64() / 1e9),
+        tls_over_plaintext: tls
+            .map(|(bytes, wall)| bytes as f64 / wall.as_secs_f64() / 1e9 / stream),
     };
     println!(
         "transport: {} batches of {} MiB over loopback in {:.2} s",
@@ -219,7 +261,16 @@ pub fn run(args: &TransportBench) -> super::Result<()> {
         args.batch_mib,
         report.wall_s
     );
-    println!("  stream   {:>6.2} GB/s", report.stream_gb_per_s);
+    println!(
+        "  stream   {:>6.2} GB/s (plaintext)",
+        report.stream_gb_per_s
+    );
+    if let (Some(rate), Some(ratio)) = (report.tls_stream_gb_per_s, report.tls_over_plaintext) {
+        println!(
+            "  tls      {rate:>6.2} GB/s (TLS 1.3 + token, same run: {:.1} % of plaintext)",
+            ratio * 100.0
+        );
+    }
     println!(
         "  memcpy   {:>6.2} GB/s (one thread, same run)",
         report.memcpy_gb_per_s

@@ -6,7 +6,8 @@ use std::time::Duration;
 
 use anyhow::Context;
 use clap::Args;
-use stoker_loader::{CoordinatorService, CoordinatorServiceConfig, Dashboard};
+use stoker_loader::{CoordinatorService, CoordinatorServiceConfig, Dashboard, DashboardAccess};
+use stoker_worker::security::SecurityArgs;
 use stoker_worker::{daemon_runtime, listen};
 
 /// Arguments of `stoker coordinator`.
@@ -19,9 +20,17 @@ pub struct CoordinatorArgs {
     #[arg(long)]
     pub state: PathBuf,
     /// Serve the stall dashboard (page, `/api/jobs`, `/metrics`) on this address: every
-    /// client's stall, throughput and queue, and every worker's load.
+    /// client's stall, throughput and queue, and every worker's load. On a loopback address it
+    /// is open; elsewhere it needs the token (open `/?token=TOKEN` once: the browser keeps a
+    /// cookie) and a --token-file.
     #[arg(long)]
     pub http: Option<SocketAddr>,
+    /// Serve the dashboard's `/metrics` without the token (for a Prometheus that cannot send
+    /// `Authorization: Bearer`); the page and `/api/jobs` still need it.
+    #[arg(long)]
+    pub metrics_without_token: bool,
+    #[command(flatten)]
+    pub security: SecurityArgs,
     /// A worker silent for this long loses its leases, which go back to the queue.
     #[arg(long, default_value_t = 3000)]
     pub lease_timeout_ms: u64,
@@ -47,11 +56,18 @@ pub fn run(args: CoordinatorArgs) -> anyhow::Result<()> {
     config.session_timeout = Duration::from_millis(args.session_timeout_ms.max(100));
     config.core.max_sessions = args.max_sessions.max(1);
     config.core.max_job_weight = args.max_job_weight.max(1);
+    let (server_security, client_security) = args.security.load()?;
+    let access = DashboardAccess {
+        tokens: server_security.tokens().to_vec(),
+        metrics_without_token: args.metrics_without_token,
+    };
+    config.server_security = server_security.clone();
+    config.client_security = client_security;
     let mut service = CoordinatorService::open(&args.state, config)
         .with_context(|| format!("opening the coordinator state in {}", args.state.display()))?;
     let dashboard = match args.http {
         Some(address) => Some(std::sync::Arc::new(
-            Dashboard::start(address).context("starting the dashboard")?,
+            Dashboard::start_with(address, access).context("starting the dashboard")?,
         )),
         None => None,
     };
@@ -62,6 +78,7 @@ pub fn run(args: CoordinatorArgs) -> anyhow::Result<()> {
     runtime.block_on(async move {
         let listener = listen(args.listen).await?;
         let address = listener.local_addr()?;
+        server_security.warn_if_open("coordinator", address);
         match &dashboard {
             Some(dashboard) => println!(
                 "stoker coordinator listening on {address} dashboard {}",

@@ -20,9 +20,16 @@ pub struct DigestArgs {
     #[arg(long, default_value_t = 0)]
     pub threads: usize,
     /// Read the batches from the coordinator at this host:port (distributed mode) instead of
-    /// building them in this process; the hash is the same.
+    /// building them in this process; the hash is the same. The token comes from
+    /// STOKER_TOKEN.
     #[arg(long)]
     pub address: Option<String>,
+    /// With --address: PEM CA certificate(s) to trust, connecting over TLS.
+    #[arg(long, value_name = "FILE", requires = "address")]
+    pub tls_ca: Option<std::path::PathBuf>,
+    /// With --tls-ca: the name the daemons' certificates carry, when not their address's host.
+    #[arg(long, value_name = "NAME", requires = "tls_ca")]
+    pub tls_server_name: Option<String>,
 }
 
 /// What the batches of a digest run added up to.
@@ -61,7 +68,14 @@ pub fn run(args: DigestArgs) -> anyhow::Result<()> {
         ..LoaderOptions::default()
     };
     let loader = match &args.address {
-        Some(address) => Loader::remote(address, spec, options, RemoteOptions::default())?,
+        Some(address) => {
+            let remote = RemoteOptions {
+                tls_ca: args.tls_ca.clone(),
+                tls_server_name: args.tls_server_name.clone(),
+                ..RemoteOptions::default()
+            };
+            Loader::remote(address, spec, options, remote)?
+        }
         None => Loader::new(spec, options)?,
     };
     let mut stream = loader.epoch(args.epoch, 0)?;

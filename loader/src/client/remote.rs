@@ -25,6 +25,7 @@
 //! leasing steps nobody will take at once rather than after its session timeout.
 
 use std::collections::{BTreeSet, HashMap, HashSet, VecDeque};
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -35,9 +36,9 @@ use stoker_proto::v1::{
     Batch, ClientStats, CloseSessionRequest, JobSpec, OpenSessionRequest, RegisterJobRequest,
     SessionToken, SessionUpdateRequest, StageTimings, SubscribeRequest, WorkerInfo,
 };
-use stoker_worker::transport::{self, Backoff, MAX_MESSAGE_BYTES};
+use stoker_worker::security::{ClientSecurity, Token};
+use stoker_worker::transport::{self, Backoff, RpcChannel, MAX_MESSAGE_BYTES};
 use tokio::sync::mpsc;
-use tonic::transport::Channel;
 use tonic::{Code, Status};
 
 use super::monitor::LoaderMonitor;
@@ -60,6 +61,13 @@ pub struct RemoteOptions {
     /// registers; capped by the coordinator's `--max-job-weight`); 0 leaves it as the
     /// coordinator has it (1 for a new job).
     pub job_weight: u32,
+    /// The token every call presents (none: the one in `STOKER_TOKEN`, if that is set).
+    pub token: Option<Token>,
+    /// A PEM file of CA certificates: connect to the coordinator and the workers over TLS and
+    /// trust the certificates it signed (none: plaintext).
+    pub tls_ca: Option<PathBuf>,
+    /// The name the daemons' certificates must carry, when it is not the host of their address.
+    pub tls_server_name: Option<String>,
 }
 
 impl Default for RemoteOptions {
@@ -69,7 +77,23 @@ impl Default for RemoteOptions {
             stall_reopen: Duration::from_secs(10),
             worker_grace: Duration::from_secs(120),
             job_weight: 0,
+            token: None,
+            tls_ca: None,
+            tls_server_name: None,
         }
+    }
+}
+
+impl RemoteOptions {
+    /// The security the client's calls use: the token (or `STOKER_TOKEN`'s) and the CA.
+    fn security(&self) -> Result<ClientSecurity> {
+        let token = Token::or_from_env(self.token.clone()).map_err(stoker_worker::Error::from)?;
+        Ok(ClientSecurity::new(
+            token,
+            self.tls_ca.as_deref(),
+            self.tls_server_name.as_deref(),
+        )
+        .map_err(stoker_worker::Error::from)?)
     }
 }
 
@@ -86,7 +110,8 @@ const SLOT_ALIGN: usize = 64;
 pub struct RemoteSource {
     runtime: Arc<tokio::runtime::Runtime>,
     address: String,
-    channel: Channel,
+    channel: RpcChannel,
+    security: ClientSecurity,
     spec: JobSpec,
     job_id: u64,
     info: SourceInfo,
@@ -112,7 +137,8 @@ impl RemoteSource {
             .enable_all()
             .build()
             .map_err(|e| Error::Threads(e.to_string()))?;
-        let channel = runtime.block_on(async { transport::channel(address) })?;
+        let security = options.security()?;
+        let channel = runtime.block_on(async { transport::channel(address, &security) })?;
         let registered = runtime.block_on(register_job(
             channel.clone(),
             register_request(&spec, &options),
@@ -142,6 +168,7 @@ impl RemoteSource {
             runtime: Arc::new(runtime),
             address: address.to_string(),
             channel,
+            security,
             spec,
             job_id: registered.job_id,
             info,
@@ -178,6 +205,7 @@ impl BatchSource for RemoteSource {
         let idle = IdleClock::default();
         let driver = Driver {
             channel: self.channel.clone(),
+            security: self.security.clone(),
             address: self.address.clone(),
             spec: self.spec.clone(),
             job_weight: self.options.job_weight,
@@ -218,7 +246,7 @@ fn register_request(spec: &JobSpec, options: &RemoteOptions) -> RegisterJobReque
 }
 
 async fn register_job(
-    channel: Channel,
+    channel: RpcChannel,
     request: RegisterJobRequest,
     timeout: Duration,
     address: &str,
@@ -323,6 +351,8 @@ enum Arrival {
     },
     /// A batch the worker could not build (fail policy): the consumer gets the error.
     Failed(Status),
+    /// The worker refused the stream (token or TLS): a setting to fix, not worth a retry.
+    Refused { address: String, status: Status },
     /// The stream ended; `opened` says whether it was ever up.
     Lost {
         worker: u64,
@@ -332,7 +362,8 @@ enum Arrival {
 }
 
 struct Driver {
-    channel: Channel,
+    channel: RpcChannel,
+    security: ClientSecurity,
     address: String,
     spec: JobSpec,
     job_weight: u32,
@@ -464,7 +495,7 @@ impl Driver {
 
     async fn open(
         &mut self,
-        client: &mut CoordinatorClient<Channel>,
+        client: &mut CoordinatorClient<RpcChannel>,
         floor: u64,
         backoff: &mut Backoff,
     ) -> Option<(SessionToken, Vec<WorkerInfo>)> {
@@ -565,6 +596,7 @@ impl Driver {
         let mut streams: HashMap<u64, tokio::task::JoinHandle<()>> = HashMap::new();
         let mut open_streams: HashSet<u64> = HashSet::new();
         let job_id = self.job_id;
+        let security = self.security.clone();
         let subscribe_all =
             |workers: &[WorkerInfo], streams: &mut HashMap<u64, tokio::task::JoinHandle<()>>| {
                 for worker in workers {
@@ -573,6 +605,7 @@ impl Driver {
                     }
                     let handle = tokio::spawn(stream_worker(
                         worker.clone(),
+                        security.clone(),
                         token,
                         job_id,
                         arrivals_tx.clone(),
@@ -670,6 +703,11 @@ impl Driver {
                         let _ = self.batches.send(Err(error_from_status("a worker could not build a batch", &status)));
                         break SessionEnd::Stop;
                     }
+                    Some(Arrival::Refused { address, status }) => {
+                        let context = format!("worker {address} refused the client's stream");
+                        let _ = self.batches.send(Err(error_from_status(&context, &status)));
+                        break SessionEnd::Stop;
+                    }
                     Some(Arrival::Lost { worker, opened, status }) => {
                         open_streams.remove(&worker);
                         if opened {
@@ -735,6 +773,7 @@ fn job_label(spec: &JobSpec) -> String {
 /// Opens the worker's stream for the session and forwards what arrives.
 async fn stream_worker(
     worker: WorkerInfo,
+    security: ClientSecurity,
     token: SessionToken,
     job_id: u64,
     arrivals: mpsc::UnboundedSender<Arrival>,
@@ -744,7 +783,7 @@ async fn stream_worker(
         opened,
         status,
     };
-    let channel = match transport::channel(&worker.data_address) {
+    let channel = match transport::channel(&worker.data_address, &security) {
         Ok(channel) => channel,
         Err(error) => {
             let _ = arrivals.send(lost(false, Status::invalid_argument(error.to_string())));
@@ -762,6 +801,13 @@ async fn stream_worker(
         .await;
     let mut stream = match response {
         Ok(response) => response.into_inner(),
+        Err(status) if transport::is_refusal(&status) => {
+            let _ = arrivals.send(Arrival::Refused {
+                address: worker.data_address.clone(),
+                status,
+            });
+            return;
+        }
         Err(status) => {
             let _ = arrivals.send(lost(false, status));
             return;

@@ -11,6 +11,7 @@
 
 mod client_reports;
 mod dashboard_feed;
+mod requests;
 mod scheduler;
 mod service;
 mod status;

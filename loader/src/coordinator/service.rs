@@ -7,7 +7,6 @@
 //! microseconds of work under it (see `stoker bench coordinator`).
 
 use std::collections::{BTreeMap, HashMap};
-use std::net::SocketAddr;
 use std::path::Path;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
@@ -22,13 +21,15 @@ use stoker_proto::v1::{
     ReportResponse, SessionToken, SessionUpdateRequest, SessionUpdateResponse, TaskLease,
     WorkerInfo,
 };
+use stoker_worker::security::{ClientSecurity, ServerSecurity};
 use stoker_worker::transport::{self, MAX_MESSAGE_BYTES};
-use stoker_worker::{ErrorKind, MAX_BATCH_SIZE};
+use stoker_worker::ErrorKind;
 use tokio::sync::Notify;
 use tonic::{Request, Response, Status};
 
 use super::client_reports::{client_snapshot, job_name};
 use super::dashboard_feed::{fleet, job_shares, worker_loads, LastRefresh};
+use super::requests::validate_spec;
 use super::status::coordinator_status;
 use crate::coordinator::{
     Coordinator, CoordinatorConfig, CoordinatorError, JobId, Lease, LeaseId, SessionId, Step,
@@ -51,6 +52,10 @@ pub struct CoordinatorServiceConfig {
     pub worker_wait: Duration,
     /// How often acknowledged positions are written to the journal.
     pub flush_every: Duration,
+    /// What the daemon accepts (token, TLS).
+    pub server_security: ServerSecurity,
+    /// What it presents when it asks a worker to check a job (token, trusted CA).
+    pub client_security: ClientSecurity,
 }
 
 impl Default for CoordinatorServiceConfig {
@@ -67,6 +72,8 @@ impl Default for CoordinatorServiceConfig {
             describe_timeout: Duration::from_secs(120),
             worker_wait: Duration::from_secs(15),
             flush_every: Duration::from_millis(100),
+            server_security: ServerSecurity::default(),
+            client_security: ClientSecurity::default(),
         }
     }
 }
@@ -230,7 +237,11 @@ impl CoordinatorService {
         let server = CoordinatorServer::new(self.clone())
             .max_decoding_message_size(MAX_MESSAGE_BYTES)
             .max_encoding_message_size(MAX_MESSAGE_BYTES);
-        let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
+        let server = tonic::service::interceptor::InterceptedService::new(
+            server,
+            self.config.server_security.check(),
+        );
+        let incoming = self.config.server_security.incoming(listener);
         let result = transport::server()
             .add_service(server)
             .serve_with_incoming_shutdown(incoming, shutdown)
@@ -357,8 +368,9 @@ impl CoordinatorService {
             }
             let mut last_error = None;
             for worker in &workers {
-                let channel = transport::channel(&worker.data_address)
-                    .map_err(|e| Status::internal(e.to_string()))?;
+                let channel =
+                    transport::channel(&worker.data_address, &self.config.client_security)
+                        .map_err(|e| Status::internal(e.to_string()))?;
                 let mut client = WorkerDataClient::new(channel);
                 let request = DescribeJobRequest {
                     spec: Some(spec.clone()),
@@ -375,16 +387,21 @@ impl CoordinatorService {
                         last_error = Some(status);
                     }
                     Ok(Err(status)) => {
-                        // The worker's kind metadata goes back with its reason.
-                        return Err(Status::with_metadata(
-                            status.code(),
-                            format!(
-                                "worker {} ({}) refused the job: {}",
-                                worker.worker_id,
-                                worker.data_address,
-                                status.message()
+                        // The worker's kind goes back with its reason (or the kind of the
+                        // connector's refusal, when the coordinator could not reach it).
+                        let kind = transport::kind_of_status(&status);
+                        return Err(transport::with_kind(
+                            Status::with_metadata(
+                                status.code(),
+                                format!(
+                                    "worker {} ({}) refused the job: {}",
+                                    worker.worker_id,
+                                    worker.data_address,
+                                    status.message()
+                                ),
+                                status.metadata().clone(),
                             ),
-                            status.metadata().clone(),
+                            kind,
                         ));
                     }
                     Err(_) => {
@@ -414,30 +431,6 @@ fn set_weight(core: &mut Coordinator, job: JobId, weight: u32) -> Result<(), Sta
     Ok(())
 }
 
-fn validate_spec(spec: &JobSpec) -> Result<(), Status> {
-    if spec.batch_size == 0 || spec.batch_size > MAX_BATCH_SIZE {
-        return Err(Status::invalid_argument(format!(
-            "batch_size must be in 1..={MAX_BATCH_SIZE}, got {}",
-            spec.batch_size
-        )));
-    }
-    let dataset = spec
-        .dataset
-        .as_ref()
-        .ok_or_else(|| Status::invalid_argument("job spec has no dataset"))?;
-    if dataset.uri.trim().is_empty() {
-        return Err(Status::invalid_argument("dataset.uri is empty"));
-    }
-    if spec.world_size > 1 << 20 {
-        return Err(Status::invalid_argument(format!(
-            "world_size {} is more ranks than one coordinator serves (at most {})",
-            spec.world_size,
-            1 << 20
-        )));
-    }
-    Ok(())
-}
-
 fn task_lease(lease: &Lease, incarnation: u64) -> TaskLease {
     TaskLease {
         lease_id: lease.lease_id.0,
@@ -460,9 +453,9 @@ impl coordinator_server::Coordinator for CoordinatorService {
     ) -> Result<Response<RegisterWorkerResponse>, Status> {
         let request = request.into_inner();
         let address = request.data_address.trim();
-        if address.parse::<SocketAddr>().is_err() {
+        if !transport::is_host_port(address) {
             return Err(Status::invalid_argument(format!(
-                "data_address {address:?} is not ip:port"
+                "data_address {address:?} is not host:port (an IP address or a DNS name)"
             )));
         }
         let mut state = lock(&self.state);

@@ -9,8 +9,10 @@
 //!
 //! Routes: `/` (the page, compiled into the binary), `/api/jobs` (JSON; `?since=<unix ms>` for
 //! only newer points, `?at=<unix ms>` for the figures as they were at that reading), and
-//! `/metrics`.
+//! `/metrics`. Who may read them is [`access`]'s business: anyone on a loopback address, only
+//! token holders elsewhere ([`Dashboard::start_with`]).
 
+mod access;
 mod metrics;
 mod routes;
 mod series;
@@ -23,6 +25,8 @@ use std::time::Duration;
 use tokio::sync::oneshot;
 
 use crate::LoaderMonitor;
+pub use access::DashboardAccess;
+use access::Gate;
 
 use series::{Registry, SAMPLE_INTERVAL};
 
@@ -40,6 +44,9 @@ pub enum DashboardError {
     /// The runtime or thread that serves the page could not be created.
     #[error("cannot start the dashboard's server thread: {0}")]
     Thread(std::io::Error),
+    /// A daemon's dashboard on a non-loopback address without a token to guard it.
+    #[error("the dashboard on {0} (not a loopback address) needs the token: give --token-file, or serve it on 127.0.0.1")]
+    NeedsToken(SocketAddr),
 }
 
 /// One worker daemon's load, as a coordinator's dashboard lists it.
@@ -94,8 +101,32 @@ pub struct Dashboard {
 
 impl Dashboard {
     /// Binds `address` (port 0 picks a free port; see [`Dashboard::local_addr`]) and starts
-    /// serving and sampling on a thread of its own.
+    /// serving and sampling on a thread of its own, open to anyone who reaches the address
+    /// (an embedded loader's dashboard; a daemon's uses [`Dashboard::start_with`]).
     pub fn start(address: SocketAddr) -> Result<Self, DashboardError> {
+        if !address.ip().is_loopback() {
+            tracing::warn!(%address, "the dashboard is open to anyone who reaches {address}");
+        }
+        Self::serve_on(address, None)
+    }
+
+    /// Like [`Dashboard::start`], but on a non-loopback address only requests carrying one of
+    /// `access.tokens` are served (see the `access` module for how a browser presents it); a
+    /// non-loopback address without tokens is refused.
+    pub fn start_with(
+        address: SocketAddr,
+        access: DashboardAccess,
+    ) -> Result<Self, DashboardError> {
+        if !address.ip().is_loopback() && access.tokens.is_empty() {
+            return Err(DashboardError::NeedsToken(address));
+        }
+        Self::serve_on(address, Some(access))
+    }
+
+    fn serve_on(
+        address: SocketAddr,
+        access: Option<DashboardAccess>,
+    ) -> Result<Self, DashboardError> {
         let listener = TcpListener::bind(address).map_err(|source| DashboardError::Bind {
             addr: address,
             source,
@@ -116,9 +147,10 @@ impl Dashboard {
         let registry = Arc::new(Mutex::new(Registry::default()));
         let (shutdown, stop) = oneshot::channel();
         let state = Arc::clone(&registry);
+        let gate = access.map(|access| Gate::new(bound, access));
         let thread = std::thread::Builder::new()
             .name("stoker-dashboard".into())
-            .spawn(move || runtime.block_on(serve(listener, state, stop)))
+            .spawn(move || runtime.block_on(serve(listener, state, gate, stop)))
             .map_err(DashboardError::Thread)?;
         tracing::info!(address = %bound, "dashboard listening");
         Ok(Self {
@@ -201,7 +233,12 @@ impl std::fmt::Debug for Dashboard {
 /// Serves requests and samples the jobs until `stop` fires. Open connections are dropped with
 /// the runtime rather than drained: a browser's keep-alive connection would otherwise hold the
 /// shutdown for as long as the tab stays open.
-async fn serve(listener: TcpListener, registry: Arc<Mutex<Registry>>, stop: oneshot::Receiver<()>) {
+async fn serve(
+    listener: TcpListener,
+    registry: Arc<Mutex<Registry>>,
+    gate: Option<Gate>,
+    stop: oneshot::Receiver<()>,
+) {
     let listener = match tokio::net::TcpListener::from_std(listener) {
         Ok(listener) => listener,
         Err(error) => {
@@ -209,7 +246,13 @@ async fn serve(listener: TcpListener, registry: Arc<Mutex<Registry>>, stop: ones
             return;
         }
     };
-    let app = routes::router(Arc::clone(&registry));
+    let mut app = routes::router(Arc::clone(&registry));
+    if let Some(gate) = gate {
+        app = app.layer(axum::middleware::from_fn_with_state(
+            Arc::new(gate),
+            access::guard,
+        ));
+    }
     let sampler = sample_forever(registry);
     tokio::select! {
         result = axum::serve(listener, app) => {

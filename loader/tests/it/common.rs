@@ -172,10 +172,19 @@ pub struct Daemon {
 impl Daemon {
     /// Starts `program` and waits (30 s at most) for its "... listening on ADDR" line.
     pub fn start(program: impl AsRef<std::ffi::OsStr>, args: &[&str]) -> Daemon {
+        Daemon::start_logging_to(program, args, Stdio::inherit())
+    }
+
+    /// [`Daemon::start`], its log (stderr) going to `log`.
+    pub fn start_logging_to(
+        program: impl AsRef<std::ffi::OsStr>,
+        args: &[&str],
+        log: impl Into<Stdio>,
+    ) -> Daemon {
         let mut child = Command::new(program)
             .args(args)
             .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
+            .stderr(log)
             .spawn()
             .expect("daemon starts");
         let stdout = child.stdout.take().expect("piped stdout");

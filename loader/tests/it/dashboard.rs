@@ -25,20 +25,34 @@ const CHROMIUM: &str = "/usr/bin/chromium";
 // ---------------------------------------------------------------------------------------------
 // A minimal HTTP/1.1 client over std TcpStream.
 
-struct Response {
-    status: u16,
-    headers: HashMap<String, String>,
-    body: String,
+pub(crate) struct Response {
+    pub(crate) status: u16,
+    /// Header names in lower case.
+    pub(crate) headers: HashMap<String, String>,
+    pub(crate) body: String,
 }
 
 fn http_get(address: SocketAddr, path: &str) -> Response {
+    http_get_with(address, path, &[])
+}
+
+/// `GET path` with extra request headers.
+pub(crate) fn http_get_with(
+    address: SocketAddr,
+    path: &str,
+    extra_headers: &[(&str, &str)],
+) -> Response {
     let mut stream = TcpStream::connect_timeout(&address, Duration::from_secs(5)).unwrap();
     stream
         .set_read_timeout(Some(Duration::from_secs(10)))
         .unwrap();
+    let extra: String = extra_headers
+        .iter()
+        .map(|(name, value)| format!("{name}: {value}\r\n"))
+        .collect();
     write!(
         stream,
-        "GET {path} HTTP/1.1\r\nHost: {address}\r\nConnection: close\r\n\r\n"
+        "GET {path} HTTP/1.1\r\nHost: {address}\r\n{extra}Connection: close\r\n\r\n"
     )
     .unwrap();
     let mut raw = Vec::new();

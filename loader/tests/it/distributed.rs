@@ -424,6 +424,7 @@ fn a_loader_dropped_mid_epoch_closes_its_session_at_once() {
         let job = client
             .register_job(RegisterJobRequest {
                 spec: Some(spec(&data, 1)),
+                ..Default::default()
             })
             .await
             .unwrap()

@@ -259,7 +259,7 @@ async fn out_of_order(
             })
             .await,
         Code::InvalidArgument,
-        "not ip:port",
+        "is not host:port",
     );
     let fake = client
         .register_worker(RegisterWorkerRequest {

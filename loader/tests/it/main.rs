@@ -3,6 +3,7 @@
 //! port 0 and keep their state in their own temporary folders, so they run side by side.
 
 mod architecture;
+mod auth;
 mod bad_input;
 mod cli;
 mod columns;

@@ -186,6 +186,7 @@ fn journaled(address: &str, spec: &JobSpec, positions: &[(u32, u64)]) -> (u64, V
         let job = client
             .register_job(RegisterJobRequest {
                 spec: Some(spec.clone()),
+                ..Default::default()
             })
             .await
             .unwrap()

@@ -20,11 +20,13 @@ from importlib.metadata import PackageNotFoundError, version
 
 from stoker import ops, vision
 from stoker.errors import (
+    AuthenticationError,
     DatasetError,
     DecodeError,
     LoaderTimeoutError,
     PipelineError,
     StokerError,
+    TlsError,
     WorkerUnavailableError,
 )
 from stoker.loader import BatchIterator, Loader
@@ -35,6 +37,7 @@ except PackageNotFoundError:  # running from a source tree that was never instal
     __version__ = "0+unknown"
 
 __all__ = [
+    "AuthenticationError",
     "BatchIterator",
     "DatasetError",
     "DecodeError",
@@ -42,6 +45,7 @@ __all__ = [
     "LoaderTimeoutError",
     "PipelineError",
     "StokerError",
+    "TlsError",
     "WorkerUnavailableError",
     "__version__",
     "ops",

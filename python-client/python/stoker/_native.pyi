@@ -96,17 +96,23 @@ class NativeLoader:
         text_column: str = "",
         address: str | None = None,
         worker_grace_s: float = 120.0,
+        token: str | None = None,
+        tls_ca: str | None = None,
+        tls_server_name: str | None = None,
     ) -> None:
         """Opens ``source`` and checks ``ops``; ``num_threads`` 0 means all cores, ``prefetch``
         0 lets a controller size the depth from the stall it observes, within
         ``max_prefetch_bytes``. With ``address`` the job is registered with that coordinator
-        (a worker opens it, so a dataset outside the workers' ``--data-root`` is refused here).
+        (a worker opens it, so a dataset outside the workers' ``--data-root`` is refused here);
+        every call carries ``token`` (else ``STOKER_TOKEN``'s), over TLS trusting ``tls_ca``.
 
         Raises:
             PipelineError: ``ops`` is not a supported pipeline.
             FileNotFoundError: ``source`` does not exist.
             PermissionError: distributed mode: ``source`` is outside the workers' data roots.
             DatasetError: ``source`` is not a usable dataset.
+            AuthenticationError: distributed mode: the coordinator refused the token.
+            TlsError: distributed mode: the TLS connection failed; the message says why.
         """
     def start_epoch(self, epoch: int, start_step: int) -> None:
         """Starts producing ``epoch`` from ``start_step`` (no replay of earlier steps)."""
@@ -265,6 +271,10 @@ def check_pipeline(ops: list[dict[str, Any]]) -> bool:
             the ops given and the orders there are.
     """
 
+def write_test_certificates(out: str, names: list[str]) -> tuple[str, str, str]:
+    """Writes a throwaway CA and a server certificate for ``names`` signed by it into ``out``
+    (tests of the TLS mode); returns the paths of the CA, the certificate and its key."""
+
 def make_dataset(out: str, count: int, seed: int = 0) -> str:
     """Writes a seeded ImageNet-like image folder (10 classes, JPEG) of ``count`` images under
     ``out`` and returns its root; reuses one already there with the same spec."""
@@ -304,3 +314,9 @@ class LoaderTimeoutError(StokerError, TimeoutError):
 
 class WorkerUnavailableError(StokerError):
     """Distributed mode: no worker served the job for longer than ``worker_grace``."""
+
+class AuthenticationError(StokerError, PermissionError):
+    """Distributed mode: a daemon refused the token (none given, or not one it accepts)."""
+
+class TlsError(StokerError, ConnectionError):
+    """Distributed mode: TLS failed (unknown CA, wrong name, or TLS on one side only)."""

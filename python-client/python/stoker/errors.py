@@ -17,6 +17,11 @@ Some also derive from the built-in a caller would reach for: :class:`PipelineErr
   held by the caller; the message says which.
 - :class:`WorkerUnavailableError`: distributed mode: no worker served the job for longer
   than ``worker_grace``; the message names the job and how long.
+- :class:`AuthenticationError` (a ``PermissionError``): distributed mode: a daemon refused the
+  token (``token=`` or ``STOKER_TOKEN``): none was given, or not one it accepts.
+- :class:`TlsError` (a ``ConnectionError``): distributed mode: the TLS connection failed: the
+  daemon's certificate is not signed by ``tls_ca``'s CA or names another host, or only one
+  side speaks TLS; the message says which.
 
 The same class is raised for the same cause in both modes: an error from a worker or the
 coordinator carries its kind back over the wire.
@@ -25,19 +30,23 @@ coordinator carries its kind back over the wire.
 from __future__ import annotations
 
 from stoker._native import (
+    AuthenticationError,
     DatasetError,
     DecodeError,
     LoaderTimeoutError,
     PipelineError,
     StokerError,
+    TlsError,
     WorkerUnavailableError,
 )
 
 __all__ = [
+    "AuthenticationError",
     "DatasetError",
     "DecodeError",
     "LoaderTimeoutError",
     "PipelineError",
     "StokerError",
+    "TlsError",
     "WorkerUnavailableError",
 ]

@@ -330,6 +330,14 @@ class Loader:
             open before ``next()`` raises :class:`~stoker.WorkerUnavailableError` naming the
             job; default 120. Separate from ``timeout``, so workers leaving during a scale-down
             or a rolling update (others take over) do not trip it.
+        token: distributed mode: the shared token the daemons were started with
+            (``--token-file``), sent on every call; default: the ``STOKER_TOKEN`` environment
+            variable, if set. A refusal raises :class:`~stoker.AuthenticationError`.
+        tls_ca: distributed mode: a PEM file of the CA that signed the daemons' certificates
+            (``--tls-cert``): connect over TLS. ``None`` (default): plaintext. A failed
+            handshake raises :class:`~stoker.TlsError` naming the cause.
+        tls_server_name: distributed mode, with ``tls_ca``: the name the daemons' certificates
+            carry, when it is not the host of their address.
         max_held_batches: batches the caller may keep alive at once beyond those in flight
             (see *Memory is bounded* above); default 4.
         dashboard: serve the stall dashboard (live charts, ``/api/jobs``, ``/metrics``) on
@@ -372,6 +380,9 @@ class Loader:
         address: str | None = None,
         timeout: float = 600.0,
         worker_grace: float = 120.0,
+        token: str | None = None,
+        tls_ca: str | os.PathLike[str] | None = None,
+        tls_server_name: str | None = None,
         max_held_batches: int = 4,
         dashboard: int | str | None = None,
         format: str | None = None,
@@ -402,6 +413,15 @@ class Loader:
             or address.strip() != address
         ):
             raise ValueError(f"address must be 'host:port' of a Stoker coordinator, got {address!r}")
+        if address is None and (token, tls_ca, tls_server_name) != (None, None, None):
+            raise ValueError(
+                "token, tls_ca and tls_server_name apply to the distributed mode only: "
+                "give address='host:port' of a coordinator"
+            )
+        if token is not None and not isinstance(token, str):
+            raise TypeError(f"token must be a str, got {type(token).__name__}")
+        if tls_server_name is not None and tls_ca is None:
+            raise ValueError("tls_server_name needs tls_ca (the CA that signed the daemons' certificates)")
         _check_device(device)
         self._batch_size = _check_int(batch_size, "batch_size", 1, _MAX_U32)
         self._shuffle = _check_bool(shuffle, "shuffle")
@@ -483,6 +503,9 @@ class Loader:
             text_column=self._text_column,
             address=address,
             worker_grace_s=worker_grace,
+            token=token,
+            tls_ca=None if tls_ca is None else os.fspath(tls_ca),
+            tls_server_name=tls_server_name,
         )
         self._finish_init()
 

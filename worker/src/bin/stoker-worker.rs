@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use anyhow::Context;
 use clap::Parser;
+use stoker_worker::security::SecurityArgs;
 use stoker_worker::{
     daemon_runtime, init_logging, listen, run_worker, shutdown_signal, WorkerConfig,
     DELIVERY_TIMEOUT,
@@ -31,10 +32,11 @@ struct Args {
     /// printed).
     #[arg(long, default_value = "127.0.0.1:0")]
     listen: SocketAddr,
-    /// Address clients reach the data server at, when it differs from --listen (for example
-    /// when listening on 0.0.0.0).
+    /// Address clients reach the data server at, HOST:PORT, when it differs from --listen (for
+    /// example when listening on 0.0.0.0). HOST may be a DNS name: with TLS, clients check the
+    /// worker's certificate against it.
     #[arg(long)]
-    advertise: Option<SocketAddr>,
+    advertise: Option<String>,
     /// Decode threads (0: one per core).
     #[arg(long, default_value_t = 0)]
     threads: usize,
@@ -45,6 +47,8 @@ struct Args {
     /// Tasks leased ahead of the one being built.
     #[arg(long, default_value_t = 2)]
     lease_ahead: u32,
+    #[command(flatten)]
+    security: SecurityArgs,
     /// How long a finished batch waits for its client's stream to open, or to take it, before
     /// it goes back to the queue; a stream that took nothing for that long is ended.
     #[arg(long, default_value_t = DELIVERY_TIMEOUT.as_millis() as u64)]
@@ -60,6 +64,7 @@ fn run(args: Args) -> anyhow::Result<()> {
     } else {
         args.data_roots
     };
+    let (server_security, client_security) = args.security.load()?;
     let runtime = daemon_runtime()?;
     runtime.block_on(async move {
         let listener = listen(args.listen).await?;
@@ -69,8 +74,9 @@ fn run(args: Args) -> anyhow::Result<()> {
             None if local.ip().is_unspecified() => {
                 anyhow::bail!("--listen {local} is a wildcard address: give --advertise HOST:PORT")
             }
-            None => local,
+            None => local.to_string(),
         };
+        server_security.warn_if_open("worker", local);
         println!("stoker-worker listening on {advertise}");
         let config = WorkerConfig {
             coordinator: args.coordinator,
@@ -78,6 +84,8 @@ fn run(args: Args) -> anyhow::Result<()> {
             threads: args.threads,
             data_roots,
             lease_ahead: args.lease_ahead,
+            server_security,
+            client_security,
             delivery_timeout: Duration::from_millis(args.delivery_timeout_ms.max(10)),
         };
         run_worker(config, listener, shutdown_signal()).await?;

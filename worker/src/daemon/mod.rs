@@ -1,13 +1,15 @@
 //! The worker daemon of the distributed mode (`stoker-worker`) and the gRPC plumbing every
 //! Stoker daemon and client shares: [`transport`] (message limits, HTTP/2 windows, backoff, the
-//! two-way table between errors and statuses), the daemons' runtime, listening socket, shutdown
-//! signal and logging.
+//! two-way table between errors and statuses), [`security`] (the shared token and TLS), the
+//! daemons' runtime, listening socket, shutdown signal and logging.
 //!
 //! The daemon registers with the coordinator, leases tasks (one task is one batch), builds them
 //! with the same [`Job`](crate::Job) as the embedded loader and streams them to the client that
 //! owns the session, against the credits that client granted. See `../shared/DESIGN.md`
 //! ("Data plane and control plane") for the contract.
 
+mod client_stream;
+pub mod security;
 pub mod transport;
 mod worker_daemon;
 

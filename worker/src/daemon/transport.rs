@@ -11,10 +11,15 @@
 
 use std::time::Duration;
 
+use tonic::service::interceptor::InterceptedService;
 use tonic::transport::{Channel, Endpoint, Server};
 use tonic::{Code, Status};
 
+use super::security::{refusal_of, AttachToken, ClientSecurity};
 use crate::error::{Error, ErrorKind};
+
+/// A channel to a daemon that presents the caller's token on every call.
+pub type RpcChannel = InterceptedService<Channel, AttachToken>;
 
 /// The status metadata entry that carries an error's [`ErrorKind`].
 pub const KIND_METADATA: &str = "stoker-error-kind";
@@ -41,8 +46,10 @@ pub fn server() -> Server {
         .http2_keepalive_timeout(Some(Duration::from_secs(10)))
 }
 
-/// A lazily connecting channel to `address` (`host:port` or `http://host:port`).
-pub fn channel(address: &str) -> Result<Channel, Error> {
+/// A lazily connecting channel to `address` (`host:port` or `http://host:port`; the host may be
+/// a DNS name), over TLS when `security` has a CA, presenting its token on every call. A
+/// refused TLS handshake fails the call with a status [`refusal_of`] recognises.
+pub fn channel(address: &str, security: &ClientSecurity) -> Result<RpcChannel, Error> {
     let uri = if address.contains("://") {
         address.to_string()
     } else {
@@ -58,7 +65,43 @@ pub fn channel(address: &str) -> Result<Channel, Error> {
         .http2_keep_alive_interval(Duration::from_secs(5))
         .keep_alive_timeout(Duration::from_secs(10))
         .keep_alive_while_idle(true);
-    Ok(endpoint.connect_lazy())
+    let (host, port) = match (endpoint.uri().host(), endpoint.uri().port_u16()) {
+        (Some(host), Some(port)) => (host.to_string(), port),
+        _ => {
+            return Err(Error::InvalidSpec(format!(
+                "address {address:?} is not host:port"
+            )))
+        }
+    };
+    let connector = {
+        let security = security.clone();
+        tower::service_fn(move |_: tonic::transport::Uri| security.connect(host.clone(), port))
+    };
+    let channel = endpoint.connect_with_connector_lazy(connector);
+    Ok(InterceptedService::new(channel, security.attach()))
+}
+
+/// Whether `address` is `ip:port` or `dns-name:port` (what a worker may advertise: a DNS name
+/// is what a TLS certificate can carry where a pod's IP cannot be listed).
+pub fn is_host_port(address: &str) -> bool {
+    if address.parse::<std::net::SocketAddr>().is_ok() {
+        return true;
+    }
+    let Some((host, port)) = address.rsplit_once(':') else {
+        return false;
+    };
+    let name_ok = !host.is_empty()
+        && host.len() <= 253
+        && host.split('.').all(|label| {
+            !label.is_empty()
+                && label.len() <= 63
+                && !label.starts_with('-')
+                && !label.ends_with('-')
+                && label
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b == b'-')
+        });
+    name_ok && port.parse::<u16>().is_ok_and(|port| port != 0)
 }
 
 /// Exponential backoff with jitter, for reconnecting to a peer that went away.
@@ -118,13 +161,23 @@ pub fn random_u64() -> u64 {
 /// Whether a failed call means the peer is (maybe only for now) unreachable, so retrying after a
 /// backoff makes sense.
 pub fn is_transient(status: &Status) -> bool {
+    refusal_of(status).is_none()
+        && matches!(
+            status.code(),
+            Code::Unavailable
+                | Code::Unknown
+                | Code::Cancelled
+                | Code::DeadlineExceeded
+                | Code::Aborted
+        )
+}
+
+/// Whether a failed call was refused for its token or its TLS (by the daemon, or by the
+/// client's own check of the daemon's certificate): a setting to fix, never worth a retry.
+pub fn is_refusal(status: &Status) -> bool {
     matches!(
-        status.code(),
-        Code::Unavailable
-            | Code::Unknown
-            | Code::Cancelled
-            | Code::DeadlineExceeded
-            | Code::Aborted
+        kind_of_status(status),
+        ErrorKind::Unauthenticated | ErrorKind::Tls
     )
 }
 
@@ -139,6 +192,7 @@ fn code_of(kind: ErrorKind) -> Code {
         ErrorKind::PermissionDenied => Code::PermissionDenied,
         ErrorKind::WorkerUnavailable => Code::Unavailable,
         ErrorKind::Interrupted => Code::Cancelled,
+        ErrorKind::Unauthenticated | ErrorKind::Tls => Code::Unauthenticated,
         ErrorKind::Internal => Code::Internal,
     }
 }
@@ -152,7 +206,8 @@ fn kind_of(code: Code) -> ErrorKind {
         Code::FailedPrecondition => ErrorKind::Dataset,
         Code::DataLoss => ErrorKind::Decode,
         Code::DeadlineExceeded => ErrorKind::Timeout,
-        Code::PermissionDenied | Code::Unauthenticated => ErrorKind::PermissionDenied,
+        Code::PermissionDenied => ErrorKind::PermissionDenied,
+        Code::Unauthenticated => ErrorKind::Unauthenticated,
         Code::Cancelled => ErrorKind::Interrupted,
         _ => ErrorKind::Internal,
     }
@@ -163,9 +218,12 @@ pub fn status(kind: ErrorKind, message: impl Into<String>) -> Status {
     with_kind(Status::new(code_of(kind), message), kind)
 }
 
-/// The kind of the error a status stands for: the one its daemon gave it in
-/// [`KIND_METADATA`], or else the one its code suggests.
+/// The kind of the error a status stands for: the client connector's refusal behind it, the
+/// kind its daemon gave it in [`KIND_METADATA`], or else the one its code suggests.
 pub fn kind_of_status(status: &Status) -> ErrorKind {
+    if let Some(refused) = refusal_of(status) {
+        return refused.refusal.kind();
+    }
     status
         .metadata()
         .get(KIND_METADATA)
@@ -215,9 +273,34 @@ mod tests {
         );
     }
 
+    #[test]
+    fn worker_addresses_are_ips_or_dns_names_with_a_port() {
+        for good in [
+            "127.0.0.1:7171",
+            "[::1]:7171",
+            "worker-3.stoker.svc:7171",
+            "localhost:1",
+        ] {
+            assert!(is_host_port(good), "{good}");
+        }
+        for bad in [
+            "localhost",
+            "localhost:0",
+            ":7171",
+            "a b:7171",
+            "-x.svc:1",
+            "x..y:1",
+            "h:port",
+        ] {
+            assert!(!is_host_port(bad), "{bad}");
+        }
+    }
+
     #[tokio::test]
     async fn addresses_without_a_scheme_get_http() {
-        assert!(channel("127.0.0.1:1").is_ok());
-        assert!(channel("not an address").is_err());
+        let open = ClientSecurity::default();
+        assert!(channel("127.0.0.1:1", &open).is_ok());
+        assert!(channel("worker-3.stoker.svc:7071", &open).is_ok());
+        assert!(channel("not an address", &open).is_err());
     }
 }

@@ -11,11 +11,11 @@
 //!   new incarnation; streams of the old one end and clients open new ones).
 //! - A batch it cannot deliver within [`WorkerConfig::delivery_timeout`] (no stream from the
 //!   client, or a stream that takes nothing: a client that stopped reading) is reported failed
-//!   and goes back to the queue; a stream that took nothing for that long is ended, so it holds
-//!   at most its queue of batches meanwhile.
+//!   and goes back to the queue; a stream that holds a batch and took none for that long is
+//!   ended, whether or not a delivery waits on it (`client_stream`), so it holds at most its
+//!   queue of batches meanwhile.
 
 use std::collections::HashMap;
-use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -30,10 +30,12 @@ use stoker_proto::v1::{
     JobSpec, LeaseRequest, RegisterWorkerRequest, ReportRequest, SubscribeRequest, TaskLease,
 };
 use tokio::sync::{mpsc, Notify, Semaphore};
-use tonic::transport::Channel;
+use tonic::service::interceptor::InterceptedService;
 use tonic::{Code, Request, Response, Status};
 
-use super::transport::{self, error_status, Backoff, MAX_MESSAGE_BYTES};
+use super::client_stream::{self, ClientStream};
+use super::security::{ClientSecurity, ServerSecurity};
+use super::transport::{self, error_status, Backoff, RpcChannel, MAX_MESSAGE_BYTES};
 use crate::error::{Error, ErrorKind, Result};
 use crate::job::{open_source, Job};
 use crate::plan::EpochPlan;
@@ -49,14 +51,19 @@ const STREAM_QUEUE: usize = 8;
 pub struct WorkerConfig {
     /// The coordinator's `host:port`.
     pub coordinator: String,
-    /// The address clients reach this worker's data server at (registered with the coordinator).
-    pub advertise: SocketAddr,
+    /// The address clients reach this worker's data server at, `host:port` (registered with
+    /// the coordinator; the host may be a DNS name, which a TLS certificate can carry).
+    pub advertise: String,
     /// Decode threads (0: one per core).
     pub threads: usize,
     /// Folders datasets may be read from.
     pub data_roots: Vec<PathBuf>,
     /// Tasks leased ahead of the one being built.
     pub lease_ahead: u32,
+    /// What the data server accepts (token, TLS).
+    pub server_security: ServerSecurity,
+    /// What the worker presents to the coordinator (token, trusted CA).
+    pub client_security: ClientSecurity,
     /// How long a finished batch waits for its client's stream to open, or to take it, before
     /// it is reported failed (and a stream that took nothing is ended).
     pub delivery_timeout: Duration,
@@ -65,7 +72,7 @@ pub struct WorkerConfig {
 type Key = (u64, u64);
 
 struct Subscription {
-    sender: mpsc::Sender<std::result::Result<Batch, Status>>,
+    sender: mpsc::Sender<client_stream::Item>,
 }
 
 struct JobEntry {
@@ -229,19 +236,16 @@ impl Shared {
     }
 
     /// Forgets the stream of `key` if it is still `sender`'s (the client may have opened a new
-    /// one meanwhile): once the clones in flight are gone, the stream ends.
-    fn end_subscription(
-        &self,
-        key: Key,
-        sender: &mpsc::Sender<std::result::Result<Batch, Status>>,
-    ) {
+    /// one meanwhile): once the clones in flight are gone, the stream ends. Whether it did.
+    fn end_subscription(&self, key: Key, sender: &mpsc::Sender<client_stream::Item>) -> bool {
         let mut subscriptions = lock(&self.subscriptions);
-        if subscriptions
+        let ours = subscriptions
             .get(&key)
-            .is_some_and(|sub| sub.sender.same_channel(sender))
-        {
+            .is_some_and(|sub| sub.sender.same_channel(sender));
+        if ours {
             subscriptions.remove(&key);
         }
+        ours
     }
 
     /// Waits until the client of `key` has opened its stream, up to `wait`.
@@ -249,7 +253,7 @@ impl Shared {
         &self,
         key: Key,
         wait: Duration,
-    ) -> Option<mpsc::Sender<std::result::Result<Batch, Status>>> {
+    ) -> Option<mpsc::Sender<client_stream::Item>> {
         let deadline = tokio::time::Instant::now() + wait;
         loop {
             let notified = self.subscribed.notified();
@@ -300,8 +304,7 @@ impl worker_data_server::WorkerData for DataService {
         Ok(Response::new(answer))
     }
 
-    type SubscribeStream =
-        tokio_stream::wrappers::ReceiverStream<std::result::Result<Batch, Status>>;
+    type SubscribeStream = ClientStream;
 
     async fn subscribe(
         &self,
@@ -311,7 +314,7 @@ impl worker_data_server::WorkerData for DataService {
         let token = request
             .session
             .ok_or_else(|| Status::invalid_argument("session token is missing"))?;
-        let (sender, receiver) = mpsc::channel(STREAM_QUEUE);
+        let (sender, stream, watch) = client_stream::client_stream(STREAM_QUEUE);
         let key = (token.incarnation, token.session_id);
         {
             let mut subscriptions = lock(&self.shared.subscriptions);
@@ -324,9 +327,18 @@ impl worker_data_server::WorkerData for DataService {
             job = request.job_id,
             "client stream opened"
         );
-        Ok(Response::new(tokio_stream::wrappers::ReceiverStream::new(
-            receiver,
-        )))
+        // Ends the stream once its client stops taking batches, even when no delivery waits
+        // on it (see `client_stream`).
+        let shared = self.shared.clone();
+        tokio::spawn(async move {
+            let wait = shared.delivery_timeout;
+            if let Some(sender) = watch.stalled(wait).await {
+                if shared.end_subscription(key, &sender) {
+                    tracing::warn!(session = key.1, waited = ?wait, "client stream took no batch; ending it");
+                }
+            }
+        });
+        Ok(Response::new(stream))
     }
 }
 
@@ -370,7 +382,8 @@ pub async fn run_worker(
     })
     .max_decoding_message_size(MAX_MESSAGE_BYTES)
     .max_encoding_message_size(MAX_MESSAGE_BYTES);
-    let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
+    let service = InterceptedService::new(service, config.server_security.check());
+    let incoming = config.server_security.incoming(listener);
     let (stop_tx, mut stop_rx) = tokio::sync::watch::channel(false);
     let server = tokio::spawn(async move {
         let result = transport::server()
@@ -392,7 +405,7 @@ pub async fn run_worker(
 /// Register, lease, build, deliver, report; again from registration when the coordinator is
 /// lost or forgets this worker.
 async fn task_loop(config: WorkerConfig, shared: Arc<Shared>) {
-    let channel = match transport::channel(&config.coordinator) {
+    let channel = match transport::channel(&config.coordinator, &config.client_security) {
         Ok(channel) => channel,
         Err(error) => {
             tracing::error!(%error, "bad coordinator address");
@@ -406,7 +419,7 @@ async fn task_loop(config: WorkerConfig, shared: Arc<Shared>) {
             CoordinatorClient::new(channel.clone()).max_decoding_message_size(MAX_MESSAGE_BYTES);
         let registered = client
             .register_worker(RegisterWorkerRequest {
-                data_address: config.advertise.to_string(),
+                data_address: config.advertise.clone(),
                 threads: shared.threads as u32,
                 data_roots: shared
                     .roots
@@ -419,7 +432,12 @@ async fn task_loop(config: WorkerConfig, shared: Arc<Shared>) {
             Ok(response) => response.into_inner(),
             Err(status) => {
                 let delay = backoff.next_delay();
-                tracing::warn!(%status, retry_in = ?delay, coordinator = %config.coordinator, "cannot register with the coordinator");
+                if transport::is_refusal(&status) {
+                    // A setting to fix, not a network blip: say so at the loudest level.
+                    tracing::error!(message = status.message(), retry_in = ?delay, coordinator = %config.coordinator, "the coordinator refused this worker");
+                } else {
+                    tracing::warn!(%status, retry_in = ?delay, coordinator = %config.coordinator, "cannot register with the coordinator");
+                }
                 tokio::time::sleep(delay).await;
                 continue;
             }
@@ -448,7 +466,7 @@ async fn task_loop(config: WorkerConfig, shared: Arc<Shared>) {
 async fn serve_leases(
     config: &WorkerConfig,
     shared: &Arc<Shared>,
-    mut client: CoordinatorClient<Channel>,
+    mut client: CoordinatorClient<RpcChannel>,
     worker_id: u64,
     lease_timeout_ms: u64,
 ) -> Status {
@@ -569,12 +587,14 @@ async fn deliver(shared: &Shared, task: &TaskLease, batch: Batch) -> Outcome {
             ),
         ),
         Err(_) => {
-            tracing::warn!(
-                session = token.session_id,
-                waited = ?wait,
-                "client stream took no batch; ending it"
-            );
-            shared.end_subscription(key, &sender);
+            // Said once per stream: the deliveries waiting beside this one end it too.
+            if shared.end_subscription(key, &sender) {
+                tracing::warn!(
+                    session = token.session_id,
+                    waited = ?wait,
+                    "client stream took no batch; ending it"
+                );
+            }
             Outcome::Failed(
                 task.lease_id,
                 format!(
@@ -588,7 +608,7 @@ async fn deliver(shared: &Shared, task: &TaskLease, batch: Batch) -> Outcome {
 
 async fn job_entry(
     shared: &Arc<Shared>,
-    client: &mut CoordinatorClient<Channel>,
+    client: &mut CoordinatorClient<RpcChannel>,
     job_id: u64,
 ) -> std::result::Result<Arc<JobEntry>, Status> {
     if let Some(entry) = lock(&shared.jobs).get(&job_id) {
@@ -626,7 +646,7 @@ async fn job_entry(
 }
 
 async fn heartbeat_loop(
-    mut client: CoordinatorClient<Channel>,
+    mut client: CoordinatorClient<RpcChannel>,
     worker_id: u64,
     lease_timeout_ms: u64,
     lost: mpsc::Sender<Status>,
@@ -644,7 +664,7 @@ async fn heartbeat_loop(
 }
 
 async fn report_loop(
-    mut client: CoordinatorClient<Channel>,
+    mut client: CoordinatorClient<RpcChannel>,
     worker_id: u64,
     shared: Arc<Shared>,
     mut outcomes: mpsc::UnboundedReceiver<Outcome>,

@@ -1,0 +1,483 @@
+//! The shared token and TLS with real daemons on 127.0.0.1: each refusal (no token, wrong
+//! token, plaintext client on a TLS daemon, TLS client on a plaintext daemon, unknown CA) is
+//! its own error on the client within seconds and its own line in the daemon's log; a job over
+//! TLS with a token gives the embedded digest; the coordinator's dashboard off loopback wants
+//! the token. Certificates are generated per test (`bench::certificates`).
+
+#![allow(clippy::unwrap_used)] // tests fail loudly by design
+
+use std::fs::File;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use stoker_loader::bench::certificates::{write_test_certificates, TestCertificates};
+use stoker_loader::{ErrorKind, Loader, LoaderOptions, RemoteOptions};
+use stoker_proto::v1::coordinator_client::CoordinatorClient;
+use stoker_proto::v1::OpenSessionRequest;
+use stoker_worker::security::{ClientSecurity, Token};
+use stoker_worker::transport;
+
+use crate::common::{self, Daemon};
+use crate::dashboard::http_get_with;
+
+const TOKEN: &str = "0123456789abcdef-test-token";
+
+/// Longest a refusal may take to reach the client.
+const PROMPT: Duration = Duration::from_secs(3);
+
+fn write_token(dir: &Path, name: &str, token: &str) -> PathBuf {
+    let path = dir.join(name);
+    std::fs::write(&path, format!("{token}\n")).unwrap();
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).unwrap();
+    }
+    path
+}
+
+fn certificates(dir: &Path) -> TestCertificates {
+    std::fs::create_dir_all(dir).unwrap();
+    write_test_certificates(dir, &["localhost", "127.0.0.1"]).unwrap()
+}
+
+/// The same, naming `localhost` only (no IP address).
+fn localhost_certificates(dir: &Path) -> TestCertificates {
+    std::fs::create_dir_all(dir).unwrap();
+    write_test_certificates(dir, &["localhost"]).unwrap()
+}
+
+fn path(path: &Path) -> &str {
+    path.to_str().unwrap()
+}
+
+/// A coordinator with `extra` flags, logging to `log`.
+fn coordinator(dir: &Path, log: &Path, extra: &[&str]) -> Daemon {
+    let state = dir.join(format!(
+        "state-{}",
+        log.file_stem().unwrap().to_string_lossy()
+    ));
+    let mut args = vec![
+        "coordinator",
+        "--listen",
+        "127.0.0.1:0",
+        "--state",
+        path(&state),
+    ];
+    args.extend_from_slice(extra);
+    Daemon::start_logging_to(
+        env!("CARGO_BIN_EXE_stoker"),
+        &args,
+        File::create(log).unwrap(),
+    )
+}
+
+/// Waits (up to [`PROMPT`]) for `log` to hold `needle`.
+fn assert_logged(log: &Path, needle: &str) {
+    let started = Instant::now();
+    loop {
+        let text = std::fs::read_to_string(log).unwrap_or_default();
+        if text.contains(needle) {
+            return;
+        }
+        assert!(
+            started.elapsed() < PROMPT,
+            "{} never logged {needle:?}; it logged:\n{text}",
+            log.display()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// Registers a job with `options` and expects a refusal: its kind and message, fast.
+fn refusal(address: &str, data: &Path, options: RemoteOptions) -> (ErrorKind, String) {
+    let started = Instant::now();
+    let attempt = Loader::remote(
+        address,
+        common::train_spec(data, 8),
+        LoaderOptions::default(),
+        RemoteOptions {
+            connect_timeout: Duration::from_secs(30),
+            ..options
+        },
+    );
+    let error = match attempt {
+        Ok(_) => panic!("the coordinator at {address} served a client it should refuse"),
+        Err(error) => error,
+    };
+    assert!(
+        started.elapsed() < PROMPT,
+        "the refusal took {:?}: {error}",
+        started.elapsed()
+    );
+    (error.kind(), error.to_string())
+}
+
+fn with_token(token: &str) -> RemoteOptions {
+    RemoteOptions {
+        token: Some(Token::new(token).unwrap()),
+        ..RemoteOptions::default()
+    }
+}
+
+#[test]
+fn token_refusals_are_named_on_both_sides() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let token_file = write_token(dir.path(), "token", TOKEN);
+    let log = dir.path().join("coordinator.log");
+    let coordinator = coordinator(dir.path(), &log, &["--token-file", path(&token_file)]);
+
+    let (kind, message) = refusal(&coordinator.address, &data, RemoteOptions::default());
+    assert_eq!(kind, ErrorKind::Unauthenticated, "{message}");
+    assert!(message.contains("requires a token"), "{message}");
+    assert_logged(&log, "the call carried none");
+
+    let (kind, message) = refusal(&coordinator.address, &data, with_token("not-the-token"));
+    assert_eq!(kind, ErrorKind::Unauthenticated, "{message}");
+    assert!(message.contains("not one this daemon accepts"), "{message}");
+    assert_logged(
+        &log,
+        "the token the call carried is not one this daemon accepts",
+    );
+
+    // A worker with the wrong token says so loudly, and never serves.
+    let wrong = write_token(dir.path(), "wrong", "not-the-token");
+    let worker_log = dir.path().join("worker.log");
+    let _worker = Daemon::start_logging_to(
+        common::worker_binary(),
+        &[
+            "--coordinator",
+            &coordinator.address,
+            "--data-root",
+            path(dir.path()),
+            "--token-file",
+            path(&wrong),
+        ],
+        File::create(&worker_log).unwrap(),
+    );
+    assert_logged(&worker_log, "the coordinator refused this worker");
+}
+
+/// The code the coordinator at `address` answers a call for an unknown job with, when the call
+/// carries `token`: `NOT_FOUND` once past the token check.
+fn unknown_job_answer(address: &str, token: &str) -> tonic::Code {
+    let security = ClientSecurity::new(Some(Token::new(token).unwrap()), None, None).unwrap();
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    runtime.block_on(async {
+        let channel = transport::channel(address, &security).unwrap();
+        let status = CoordinatorClient::new(channel)
+            .open_session(OpenSessionRequest {
+                job_id: 999,
+                ..OpenSessionRequest::default()
+            })
+            .await
+            .unwrap_err();
+        status.code()
+    })
+}
+
+#[test]
+fn a_rotated_token_is_accepted_beside_the_old_one() {
+    let dir = tempfile::tempdir().unwrap();
+    let old = write_token(dir.path(), "old", "old-token");
+    let new = write_token(dir.path(), "new", "new-token");
+    let log = dir.path().join("coordinator.log");
+    let coordinator = coordinator(
+        dir.path(),
+        &log,
+        &["--token-file", path(&new), "--token-file", path(&old)],
+    );
+    for token in ["old-token", "new-token"] {
+        assert_eq!(
+            unknown_job_answer(&coordinator.address, token),
+            tonic::Code::NotFound
+        );
+    }
+    assert_eq!(
+        unknown_job_answer(&coordinator.address, "older-token"),
+        tonic::Code::Unauthenticated
+    );
+}
+
+#[test]
+fn tls_refusals_are_named_on_both_sides() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let pki = certificates(&dir.path().join("pki"));
+    let stranger = certificates(&dir.path().join("stranger"));
+    let token_file = write_token(dir.path(), "token", TOKEN);
+    let tls_log = dir.path().join("tls.log");
+    let tls = coordinator(
+        dir.path(),
+        &tls_log,
+        &[
+            "--token-file",
+            path(&token_file),
+            "--tls-cert",
+            path(&pki.cert),
+            "--tls-key",
+            path(&pki.key),
+            "--tls-ca",
+            path(&pki.ca),
+        ],
+    );
+
+    // A plaintext client on the TLS coordinator.
+    let (kind, message) = refusal(&tls.address, &data, with_token(TOKEN));
+    assert_eq!(kind, ErrorKind::Tls, "{message}");
+    assert!(message.contains("serves TLS only"), "{message}");
+    assert_logged(&tls_log, "a plaintext client connected to this TLS daemon");
+
+    // A client that trusts another CA.
+    let options = RemoteOptions {
+        tls_ca: Some(stranger.ca.clone()),
+        ..with_token(TOKEN)
+    };
+    let (kind, message) = refusal(&tls.address, &data, options);
+    assert_eq!(kind, ErrorKind::Tls, "{message}");
+    assert!(message.contains("unknown CA"), "{message}");
+    assert_logged(&tls_log, "it does not trust this daemon's certificate");
+
+    // A TLS client on a plaintext coordinator.
+    let plain_log = dir.path().join("plain.log");
+    let plain = coordinator(dir.path(), &plain_log, &["--token-file", path(&token_file)]);
+    let options = RemoteOptions {
+        tls_ca: Some(pki.ca.clone()),
+        ..with_token(TOKEN)
+    };
+    let (kind, message) = refusal(&plain.address, &data, options);
+    assert_eq!(kind, ErrorKind::Tls, "{message}");
+    assert!(message.contains("does not answer in TLS"), "{message}");
+    assert_logged(
+        &plain_log,
+        "a TLS client connected to this plaintext daemon",
+    );
+}
+
+/// `stoker digest` of the fixture, with `extra` flags and `token` in STOKER_TOKEN.
+fn digest(data: &Path, extra: &[&str], token: Option<&str>) -> std::process::Output {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_stoker"));
+    command
+        .args([
+            "digest",
+            "--data",
+            path(data),
+            "--size",
+            "32",
+            "--batch-size",
+            "8",
+        ])
+        .args(["--batches", "6", "--threads", "1"])
+        .args(extra)
+        .env_remove("STOKER_TOKEN");
+    if let Some(token) = token {
+        command.env("STOKER_TOKEN", token);
+    }
+    command.output().unwrap()
+}
+
+fn last_line(output: &std::process::Output) -> String {
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    stdout.lines().last().unwrap().to_string()
+}
+
+#[test]
+fn a_job_over_tls_with_a_token_gives_the_embedded_digest() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    common::make_images(&data, 64);
+    let pki = localhost_certificates(&dir.path().join("pki"));
+    let token_file = write_token(dir.path(), "token", TOKEN);
+    let security = [
+        "--token-file",
+        path(&token_file),
+        "--tls-cert",
+        path(&pki.cert),
+        "--tls-key",
+        path(&pki.key),
+        "--tls-ca",
+        path(&pki.ca),
+    ];
+    let coordinator = coordinator(dir.path(), &dir.path().join("coordinator.log"), &security);
+    // The worker dials the coordinator at 127.0.0.1 and checks the name its certificate has.
+    let coordinator_name = ["--tls-server-name", "localhost"];
+    // The worker advertises a DNS name, which its certificate carries (a free port found
+    // first: the advertised address must hold the port before the worker binds it).
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let listen = format!("127.0.0.1:{port}");
+    let advertise = format!("localhost:{port}");
+    let mut worker_args = vec![
+        "--coordinator",
+        &coordinator.address,
+        "--data-root",
+        path(dir.path()),
+        "--threads",
+        "1",
+        "--listen",
+        &listen,
+        "--advertise",
+        &advertise,
+    ];
+    worker_args.extend_from_slice(&security);
+    worker_args.extend_from_slice(&coordinator_name);
+    let _worker = Daemon::start_logging_to(
+        common::worker_binary(),
+        &worker_args,
+        File::create(dir.path().join("worker.log")).unwrap(),
+    );
+
+    let embedded = last_line(&digest(&data, &[], None));
+    // The coordinator's certificate names localhost only: the client dials 127.0.0.1 and checks
+    // that name with --tls-server-name; the worker's address is a name its certificate has.
+    let remote = [
+        "--address",
+        &coordinator.address,
+        "--tls-ca",
+        path(&pki.ca),
+        "--tls-server-name",
+        "localhost",
+    ];
+    assert_eq!(last_line(&digest(&data, &remote, Some(TOKEN))), embedded);
+
+    let started = Instant::now();
+    let refused = digest(&data, &remote, None);
+    assert!(!refused.status.success());
+    assert!(started.elapsed() < Duration::from_secs(10));
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert!(stderr.contains("requires a token"), "{stderr}");
+    assert!(stderr.contains("STOKER_TOKEN"), "{stderr}");
+}
+
+/// The dashboard's port, from the coordinator's banner (`... dashboard http://0.0.0.0:PORT`),
+/// reached on 127.0.0.1.
+fn dashboard_address(coordinator: &Daemon) -> SocketAddr {
+    let url = coordinator.banner.split_whitespace().last().unwrap();
+    let port = url.rsplit(':').next().unwrap().parse::<u16>().unwrap();
+    SocketAddr::from(([127, 0, 0, 1], port))
+}
+
+#[test]
+fn the_dashboard_off_loopback_wants_the_token_once_then_a_cookie() {
+    let dir = tempfile::tempdir().unwrap();
+    let token_file = write_token(dir.path(), "token", TOKEN);
+    let guarded = coordinator(
+        dir.path(),
+        &dir.path().join("guarded.log"),
+        &["--http", "0.0.0.0:0", "--token-file", path(&token_file)],
+    );
+    let http = dashboard_address(&guarded);
+    let refused = http_get_with(http, "/", &[]);
+    assert_eq!(refused.status, 401);
+    assert!(refused.body.contains("?token="), "{}", refused.body);
+    assert_eq!(http_get_with(http, "/metrics", &[]).status, 401);
+    assert_eq!(http_get_with(http, "/?token=wrong", &[]).status, 401);
+
+    let welcomed = http_get_with(http, &format!("/?token={TOKEN}"), &[]);
+    assert_eq!(welcomed.status, 303);
+    assert_eq!(welcomed.headers["location"], "/");
+    let cookie = &welcomed.headers["set-cookie"];
+    assert!(cookie.contains("HttpOnly"), "{cookie}");
+    assert!(
+        !cookie.contains(TOKEN),
+        "the cookie holds a digest, not the token"
+    );
+    let pair = cookie.split(';').next().unwrap();
+    assert_eq!(http_get_with(http, "/", &[("Cookie", pair)]).status, 200);
+    assert_eq!(
+        http_get_with(http, "/api/jobs", &[("Cookie", pair)]).status,
+        200
+    );
+    let bearer = format!("Bearer {TOKEN}");
+    assert_eq!(
+        http_get_with(http, "/metrics", &[("Authorization", &bearer)]).status,
+        200
+    );
+
+    let scraped = coordinator(
+        dir.path(),
+        &dir.path().join("scraped.log"),
+        &[
+            "--http",
+            "0.0.0.0:0",
+            "--token-file",
+            path(&token_file),
+            "--metrics-without-token",
+        ],
+    );
+    let http = dashboard_address(&scraped);
+    assert_eq!(http_get_with(http, "/metrics", &[]).status, 200);
+    assert_eq!(http_get_with(http, "/", &[]).status, 401);
+
+    // Off loopback without a token, the coordinator does not start.
+    let state = dir.path().join("state-open");
+    let open = common::stoker(&[
+        "coordinator",
+        "--listen",
+        "127.0.0.1:0",
+        "--state",
+        path(&state),
+        "--http",
+        "0.0.0.0:0",
+    ]);
+    assert!(!open.status.success());
+    let stderr = String::from_utf8_lossy(&open.stderr);
+    assert!(stderr.contains("needs the token"), "{stderr}");
+}
+
+#[test]
+fn a_daemon_off_loopback_without_a_token_warns_loudly() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("coordinator.log");
+    let state = dir.path().join("state");
+    let _coordinator = Daemon::start_logging_to(
+        env!("CARGO_BIN_EXE_stoker"),
+        &[
+            "coordinator",
+            "--listen",
+            "0.0.0.0:0",
+            "--state",
+            path(&state),
+        ],
+        File::create(&log).unwrap(),
+    );
+    assert_logged(&log, "WITHOUT A TOKEN");
+}
+
+#[test]
+fn bench_transport_states_tls_beside_plaintext() {
+    let out = common::stdout_of(&[
+        "bench",
+        "transport",
+        "--tls",
+        "--batch-mib",
+        "1",
+        "--total-mib",
+        "32",
+        "--json",
+    ]);
+    assert!(
+        out.contains("(plaintext)") && out.contains("% of plaintext"),
+        "{out}"
+    );
+    let report: serde_json::Value = serde_json::from_str(out.lines().last().unwrap()).unwrap();
+    let plaintext = report["stream_gb_per_s"].as_f64().unwrap();
+    let tls = report["tls_stream_gb_per_s"].as_f64().unwrap();
+    assert!(plaintext > 0.0 && tls > 0.0, "{report}");
+    let ratio = report["tls_over_plaintext"].as_f64().unwrap();
+    assert!((ratio - tls / plaintext).abs() < 1e-9, "{report}");
+}

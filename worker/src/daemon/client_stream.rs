@@ -1,0 +1,155 @@
+//! One client's batch stream on the worker (`WorkerData.Subscribe`): the queue deliveries go
+//! into, the stream the data server sends from (counting the batches it takes), and the watch
+//! that tells when the client stopped taking them.
+//!
+//! A delivery that waits past the delivery timeout on a full queue ends the stream, but that
+//! alone misses a stream whose queue is not full: a client that granted fewer credits than the
+//! queue holds, or whose session closed before the worker filled it, never has a delivery
+//! waiting on it, and would keep its queued batches for as long as its connection lives. The
+//! [`StallWatch`] closes that gap: a stream that holds a batch and takes none for the delivery
+//! timeout is stalled, whether or not a delivery is waiting.
+
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use stoker_proto::v1::Batch;
+use tokio::sync::mpsc;
+use tonic::Status;
+
+/// What travels on a client stream.
+pub(super) type Item = std::result::Result<Batch, Status>;
+
+/// The stream the data server answers `Subscribe` with: the receiving end of the stream's
+/// queue, counting what the server takes from it.
+pub struct ClientStream {
+    receiver: mpsc::Receiver<Item>,
+    taken: Arc<AtomicU64>,
+}
+
+impl tokio_stream::Stream for ClientStream {
+    type Item = Item;
+
+    fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Item>> {
+        let this = self.get_mut();
+        let polled = this.receiver.poll_recv(cx);
+        if let Poll::Ready(Some(_)) = &polled {
+            this.taken.fetch_add(1, Ordering::Relaxed);
+        }
+        polled
+    }
+}
+
+/// Watches one stream for a client that stopped taking batches. It holds no sender, so it
+/// never keeps an ended stream open.
+pub(super) struct StallWatch {
+    sender: mpsc::WeakSender<Item>,
+    taken: Arc<AtomicU64>,
+}
+
+/// A stream of `capacity` queued batches: the sender deliveries use, the stream the server
+/// sends from, and its watch.
+pub(super) fn client_stream(capacity: usize) -> (mpsc::Sender<Item>, ClientStream, StallWatch) {
+    let (sender, receiver) = mpsc::channel(capacity);
+    let taken = Arc::new(AtomicU64::new(0));
+    let watch = StallWatch {
+        sender: sender.downgrade(),
+        taken: taken.clone(),
+    };
+    let stream = ClientStream { receiver, taken };
+    (sender, stream, watch)
+}
+
+impl StallWatch {
+    /// Resolves with a sender of the stream once it has held at least one batch and taken
+    /// none for `timeout` (checked every quarter of it, so within 1.5 x `timeout`), or with
+    /// `None` once the stream is gone: every sender dropped (it ended) or the client closed it.
+    pub(super) async fn stalled(self, timeout: Duration) -> Option<mpsc::Sender<Item>> {
+        let tick = (timeout / 4).max(Duration::from_millis(1));
+        let mut last_taken = self.taken.load(Ordering::Relaxed);
+        let mut stalled_since = None;
+        loop {
+            tokio::time::sleep(tick).await;
+            let sender = self.sender.upgrade()?;
+            if sender.is_closed() {
+                return None;
+            }
+            let taken = self.taken.load(Ordering::Relaxed);
+            let queued = sender.max_capacity() - sender.capacity();
+            if queued == 0 || taken != last_taken {
+                last_taken = taken;
+                stalled_since = None;
+                continue;
+            }
+            // Seen now with a batch queued and nothing taken since the last look: the stall
+            // began no later than this.
+            let since = *stalled_since.get_or_insert_with(tokio::time::Instant::now);
+            if since.elapsed() >= timeout {
+                return Some(sender);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use tokio_stream::StreamExt;
+
+    use super::*;
+
+    const TIMEOUT: Duration = Duration::from_millis(200);
+
+    fn batch(step: u64) -> Item {
+        Ok(Batch {
+            step,
+            ..Batch::default()
+        })
+    }
+
+    #[tokio::test]
+    async fn a_stream_holding_a_batch_it_never_takes_is_stalled() {
+        let (sender, _stream, watch) = client_stream(8);
+        // One batch, far fewer than the queue holds: no delivery ever waits on this stream.
+        sender.send(batch(0)).await.unwrap();
+        let started = std::time::Instant::now();
+        // 1.5 x the timeout at most, with room for a loaded machine.
+        let stalled = tokio::time::timeout(TIMEOUT * 10, watch.stalled(TIMEOUT)).await;
+        let stalled = stalled.expect("the watch fires");
+        assert!(stalled.is_some_and(|s| s.same_channel(&sender)));
+        assert!(started.elapsed() >= TIMEOUT, "{:?}", started.elapsed());
+    }
+
+    #[tokio::test]
+    async fn a_stream_that_keeps_taking_or_holds_nothing_is_not_stalled() {
+        let (sender, mut stream, watch) = client_stream(8);
+        let watch = tokio::spawn(watch.stalled(TIMEOUT));
+        // Nothing queued for a while, then batches taken as they come.
+        tokio::time::sleep(TIMEOUT * 2).await;
+        for step in 0..8 {
+            sender.send(batch(step)).await.unwrap();
+            tokio::time::sleep(TIMEOUT / 4).await;
+            assert_eq!(stream.next().await.unwrap().unwrap().step, step);
+        }
+        assert!(
+            !watch.is_finished(),
+            "a stream that takes its batches stalled"
+        );
+        // Ended: the watch lets go, and the stream still yields nothing more.
+        drop(sender);
+        assert!(watch.await.unwrap().is_none());
+        assert!(stream.next().await.is_none());
+    }
+
+    #[tokio::test]
+    async fn the_watch_ends_with_the_stream() {
+        let (sender, stream, watch) = client_stream(8);
+        sender.send(batch(0)).await.unwrap();
+        drop(stream);
+        let ended = tokio::time::timeout(TIMEOUT * 10, watch.stalled(TIMEOUT)).await;
+        assert!(ended
+            .expect("the watch ends when the client closes")
+            .is_none());
+    }
+}
