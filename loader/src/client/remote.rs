@@ -620,7 +620,9 @@ impl Driver {
         // the new window), so the reopened session does not lease them again.
         let mut acks: Vec<u64> = ahead.iter().copied().collect();
         let mut last_arrival = Instant::now();
-        let mut last_stats = Instant::now();
+        // The first update of a session reports, so a client whose epochs are shorter than the
+        // report period still shows on the dashboard.
+        let mut last_stats: Option<Instant> = None;
         let mut tick = tokio::time::interval(Duration::from_millis(50));
         let end = loop {
             let received = *floor + ahead.len() as u64;
@@ -632,10 +634,10 @@ impl Driver {
                 .requested
                 .min(self.steps)
                 .saturating_sub(received + outstanding);
-            let report = last_stats.elapsed() >= Duration::from_millis(500);
+            let report = last_stats.is_none_or(|at| at.elapsed() >= Duration::from_millis(500));
             if want > 0 || !acks.is_empty() || report {
                 let stats = report.then(|| {
-                    last_stats = Instant::now();
+                    last_stats = Some(Instant::now());
                     client_stats(&self.monitor)
                 });
                 let update = client
@@ -749,7 +751,7 @@ impl Driver {
                         session: Some(token),
                         grant_credits: 0,
                         acknowledged: acks,
-                        stats: None,
+                        stats: Some(client_stats(&self.monitor)),
                     })
                     .await;
             }

@@ -186,10 +186,17 @@ fn workers_wanted_rises_with_a_clients_demand() {
         .trim_start_matches("http://")
         .to_string();
     let _worker = Daemon::worker(&coordinator.address, dir.path());
-    let loader = remote(&coordinator.address, common::train_spec(&data, 4), 0);
+    // Full-size crops (224 px from small files): one one-thread worker builds a few batches a
+    // second, far fewer than a trainer with no step of its own takes.
+    let spec = common::spec_over(
+        &data.to_string_lossy(),
+        stoker_worker::presets::imagenet_train(224),
+        16,
+    );
+    let loader = remote(&coordinator.address, spec, 0);
     let mut epoch = 0;
-    // A slow trainer (a step of 200 ms): one worker is plenty.
-    let calm = train(&loader, &http, &mut epoch, 4.0, Duration::from_millis(200));
+    // A slow trainer (a step of 300 ms): one worker is plenty.
+    let calm = train(&loader, &http, &mut epoch, 4.0, Duration::from_millis(300));
     assert!(
         http_get(&http, "/metrics").contains("\nstoker_workers 1\n"),
         "one live worker"
