@@ -57,8 +57,8 @@ mod rng;
 
 pub use batch::{AssembledBatch, BatchAssembler, BatchKey, TensorLayout, MAX_SUBSTITUTE_TRIES};
 pub use daemon::{
-    canonical_roots, daemon_runtime, init_logging, listen, run_worker, security, shutdown_signal,
-    transport, WorkerConfig, DELIVERY_TIMEOUT,
+    canonical_roots, daemon_runtime, health, init_logging, listen, run_worker, security,
+    shutdown_signal, transport, WorkerConfig, DELIVERY_TIMEOUT, DRAIN_TIMEOUT,
 };
 pub use error::{Error, ErrorKind, Result, SampleError, ERROR_KINDS};
 pub use job::{open_source, BatchBuffer, Job, MAX_BATCH_SIZE};

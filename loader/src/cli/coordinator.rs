@@ -7,6 +7,7 @@ use std::time::Duration;
 use anyhow::Context;
 use clap::Args;
 use stoker_loader::{CoordinatorService, CoordinatorServiceConfig, Dashboard, DashboardAccess};
+use stoker_worker::health::{serve_health, Health};
 use stoker_worker::security::SecurityArgs;
 use stoker_worker::{daemon_runtime, listen};
 
@@ -29,6 +30,10 @@ pub struct CoordinatorArgs {
     /// `Authorization: Bearer`); the page and `/api/jobs` still need it.
     #[arg(long)]
     pub metrics_without_token: bool,
+    /// Serve the probes on this address: plain HTTP, no token: `GET /livez` (200 while the
+    /// daemon runs) and `GET /readyz` (200 while it serves, 503 `stopping` once told to stop).
+    #[arg(long, value_name = "HOST:PORT")]
+    pub health: Option<SocketAddr>,
     #[command(flatten)]
     pub security: SecurityArgs,
     /// A worker silent for this long loses its leases, which go back to the queue.
@@ -78,16 +83,37 @@ pub fn run(args: CoordinatorArgs) -> anyhow::Result<()> {
     runtime.block_on(async move {
         let listener = listen(args.listen).await?;
         let address = listener.local_addr()?;
+        let probes = match args.health {
+            Some(address) => Some(listen(address).await?),
+            None => None,
+        };
         server_security.warn_if_open("coordinator", address);
-        match &dashboard {
-            Some(dashboard) => println!(
-                "stoker coordinator listening on {address} dashboard {}",
-                dashboard.url().trim_end_matches('/')
-            ),
-            None => println!("stoker coordinator listening on {address}"),
+        // One line (scripts and tests read it): the gRPC address, then the dashboard's and the
+        // probes' if any.
+        let mut banner = format!("stoker coordinator listening on {address}");
+        if let Some(dashboard) = &dashboard {
+            banner += &format!(" dashboard {}", dashboard.url().trim_end_matches('/'));
         }
+        // The journal is open and the socket bound: ready.
+        let health = Health::starting("starting");
+        health.set_ready();
+        let probes = match probes {
+            Some(listener) => {
+                banner += &format!(" health http://{}", listener.local_addr()?);
+                Some(tokio::spawn(serve_health(listener, health.clone())))
+            }
+            None => None,
+        };
+        println!("{banner}");
         tracing::info!(%address, state = %args.state.display(), "coordinator serving");
-        service.serve(listener, super::shutdown_signal()).await?;
+        let stopping = async move {
+            super::shutdown_signal().await;
+            health.set_not_ready("stopping");
+        };
+        service.serve(listener, stopping).await?;
+        if let Some(probes) = probes {
+            probes.abort();
+        }
         tracing::info!("coordinator stopped");
         Ok(())
     })

@@ -5,10 +5,12 @@
 //!
 //! A driver task (on the source's own small tokio runtime) owns each epoch's session; the
 //! consumer's thread only waits on a channel. The driver recovers on its own:
-//! - a worker stream that ends after it was open may have swallowed batches the worker already
+//! - a worker stream that breaks after it was open may have swallowed batches the worker already
 //!   reported delivered, so the session is reopened: every unacknowledged step is leased again
 //!   and identical bytes arrive (determinism contract); copies of steps already received are
-//!   dropped;
+//!   dropped. A stream the worker ends cleanly (a worker draining on SIGTERM, or one that
+//!   stopped waiting on this client) delivered all it held before its end: the session goes on,
+//!   and the worker gets a new stream if the coordinator still lists it;
 //! - a coordinator that goes away is reconnected with backoff; the restarted coordinator has its
 //!   journal, a new incarnation, and the client opens its session again from the first step it
 //!   still needs;
@@ -353,7 +355,9 @@ enum Arrival {
     Failed(Status),
     /// The worker refused the stream (token or TLS): a setting to fix, not worth a retry.
     Refused { address: String, status: Status },
-    /// The stream ended; `opened` says whether it was ever up.
+    /// The worker ended the stream cleanly, after everything it sent into it.
+    Ended { worker: u64 },
+    /// The stream broke or could not open; `opened` says whether it was ever up.
     Lost {
         worker: u64,
         opened: bool,
@@ -710,6 +714,11 @@ impl Driver {
                         let _ = self.batches.send(Err(error_from_status(&context, &status)));
                         break SessionEnd::Stop;
                     }
+                    Some(Arrival::Ended { worker }) => {
+                        open_streams.remove(&worker);
+                        streams.remove(&worker);
+                        tracing::debug!(worker, "the worker ended its stream");
+                    }
                     Some(Arrival::Lost { worker, opened, status }) => {
                         open_streams.remove(&worker);
                         if opened {
@@ -831,7 +840,9 @@ async fn stream_worker(
                 }
             }
             Ok(None) => {
-                let _ = arrivals.send(lost(true, Status::unavailable("stream ended")));
+                let _ = arrivals.send(Arrival::Ended {
+                    worker: worker.worker_id,
+                });
                 return;
             }
             Err(status)

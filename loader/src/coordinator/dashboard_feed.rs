@@ -9,7 +9,7 @@
 //! measured; 0 without clients).
 
 use std::collections::{BTreeMap, HashMap};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use super::client_reports::job_name;
 use super::service::{ClientEntry, WorkerEntry};
@@ -123,7 +123,7 @@ pub(super) fn worker_loads(
             last.recent_completed
                 .insert(w.id, before.map_or(0, |b| w.completed.saturating_sub(b)));
             WorkerLoad {
-                name: format!("worker {} ({})", w.id, w.data_address),
+                name: worker_name(w),
                 threads: w.threads as usize,
                 tasks_per_s: before.map(|b| w.completed.saturating_sub(b) as f64 / secs(interval)),
                 tasks: w.completed,
@@ -134,11 +134,48 @@ pub(super) fn worker_loads(
         .collect()
 }
 
-/// Each registered job's share of the workers since the previous refresh, `interval` ago.
+/// A worker serves a job on the dashboard while its last lease of the job's tasks is this
+/// recent.
+pub(super) const SERVING_WINDOW: Duration = Duration::from_secs(10);
+
+/// Per job, the live workers that leased one of its tasks within [`SERVING_WINDOW`] of `now`,
+/// named as on the worker cards; forgets older entries and workers gone.
+pub(super) fn serving_workers(
+    serving: &mut HashMap<u64, HashMap<u64, Instant>>,
+    workers: &BTreeMap<u64, WorkerEntry>,
+    now: Instant,
+) -> HashMap<u64, Vec<String>> {
+    serving.retain(|_, by| {
+        by.retain(|worker, last| {
+            workers.contains_key(worker) && now.saturating_duration_since(*last) < SERVING_WINDOW
+        });
+        !by.is_empty()
+    });
+    serving
+        .iter()
+        .map(|(job, by)| {
+            let mut names: Vec<(u64, String)> = by
+                .keys()
+                .filter_map(|id| Some((*id, worker_name(workers.get(id)?))))
+                .collect();
+            names.sort_unstable();
+            (*job, names.into_iter().map(|(_, name)| name).collect())
+        })
+        .collect()
+}
+
+/// A worker's name on the dashboard.
+fn worker_name(worker: &WorkerEntry) -> String {
+    format!("worker {} ({})", worker.id, worker.data_address)
+}
+
+/// Each registered job's share of the workers since the previous refresh, `interval` ago, and
+/// the workers serving it.
 pub(super) fn job_shares(
     core: &Coordinator,
     last: &mut LastRefresh,
     interval: Duration,
+    mut serving: HashMap<u64, Vec<String>>,
 ) -> Vec<JobShare> {
     let now: Vec<(u64, super::JobShareStats)> = core
         .jobs()
@@ -163,6 +200,7 @@ pub(super) fn job_shares(
                 .filter(|_| total > 0)
                 .map(|r| r as f64 / total as f64),
             waiting_sessions: share.ready_sessions,
+            workers: serving.remove(job).unwrap_or_default(),
         })
         .collect()
 }

@@ -16,10 +16,10 @@ use stoker_proto::v1::worker_data_client::WorkerDataClient;
 use stoker_proto::v1::{
     self as proto, ClientStats, CloseSessionRequest, CloseSessionResponse, DescribeJobRequest,
     GetJobRequest, GetJobResponse, HeartbeatRequest, HeartbeatResponse, JobSpec, LeaseRequest,
-    LeaseResponse, OpenSessionRequest, OpenSessionResponse, RegisterJobRequest,
-    RegisterJobResponse, RegisterWorkerRequest, RegisterWorkerResponse, ReportRequest,
-    ReportResponse, SessionToken, SessionUpdateRequest, SessionUpdateResponse, TaskLease,
-    WorkerInfo,
+    LeaseResponse, LeaveRequest, LeaveResponse, OpenSessionRequest, OpenSessionResponse,
+    RegisterJobRequest, RegisterJobResponse, RegisterWorkerRequest, RegisterWorkerResponse,
+    ReportRequest, ReportResponse, SessionToken, SessionUpdateRequest, SessionUpdateResponse,
+    TaskLease, WorkerInfo,
 };
 use stoker_worker::security::{ClientSecurity, ServerSecurity};
 use stoker_worker::transport::{self, MAX_MESSAGE_BYTES};
@@ -28,7 +28,7 @@ use tokio::sync::Notify;
 use tonic::{Request, Response, Status};
 
 use super::client_reports::{client_snapshot, job_name};
-use super::dashboard_feed::{fleet, job_shares, worker_loads, LastRefresh};
+use super::dashboard_feed::{fleet, job_shares, serving_workers, worker_loads, LastRefresh};
 use super::requests::validate_spec;
 use super::status::coordinator_status;
 use crate::coordinator::{
@@ -140,6 +140,9 @@ struct State {
     /// What a worker said of each job when it was registered (kept in memory: after a restart
     /// the job is described again when a client registers it).
     descriptions: HashMap<u64, proto::DescribeJobResponse>,
+    /// Per job, the workers leased one of its tasks and when they last were (the dashboard
+    /// shows who serves each job; old entries go at each refresh).
+    serving: HashMap<u64, HashMap<u64, Instant>>,
 }
 
 /// The coordinator's gRPC service; cheap to clone (shared state).
@@ -193,6 +196,7 @@ impl CoordinatorService {
                 sessions: HashMap::new(),
                 clients: BTreeMap::new(),
                 descriptions: HashMap::new(),
+                serving: HashMap::new(),
             })),
             dashboard: None,
             incarnation,
@@ -279,7 +283,8 @@ impl CoordinatorService {
         let state = &mut *state;
         let last = &mut state.last_refresh;
         dashboard.set_workers(worker_loads(&state.workers, last, DASHBOARD_REFRESH));
-        dashboard.set_shares(job_shares(&state.core, last, DASHBOARD_REFRESH));
+        let serving = serving_workers(&mut state.serving, &state.workers, Instant::now());
+        dashboard.set_shares(job_shares(&state.core, last, DASHBOARD_REFRESH, serving));
         let (live, wanted) = fleet(&state.workers, &state.clients, last);
         dashboard.set_fleet(live, wanted);
     }
@@ -514,15 +519,19 @@ impl coordinator_server::Coordinator for CoordinatorService {
             let notified = self.work.notified();
             tokio::pin!(notified);
             notified.as_mut().enable();
-            lock(&self.state)
-                .core
-                .lease_into(
-                    worker,
-                    request.max_tasks as usize,
-                    Instant::now(),
-                    &mut leases,
-                )
-                .map_err(coordinator_status)?;
+            {
+                let mut state = lock(&self.state);
+                let before = leases.len();
+                let now = Instant::now();
+                state
+                    .core
+                    .lease_into(worker, request.max_tasks as usize, now, &mut leases)
+                    .map_err(coordinator_status)?;
+                for lease in &leases[before..] {
+                    let job = state.serving.entry(lease.task.job.0).or_default();
+                    job.insert(worker.0, now);
+                }
+            }
             let now = Instant::now();
             if !leases.is_empty() || now >= deadline {
                 break;
@@ -584,6 +593,33 @@ impl coordinator_server::Coordinator for CoordinatorService {
             Some(error) => Err(coordinator_status(error)),
             None => Ok(Response::new(ReportResponse {})),
         }
+    }
+
+    async fn leave(
+        &self,
+        request: Request<LeaveRequest>,
+    ) -> Result<Response<LeaveResponse>, Status> {
+        let worker = WorkerId(request.into_inner().worker_id);
+        let mut state = lock(&self.state);
+        let requeued = state
+            .core
+            .leave_worker(worker)
+            .map_err(coordinator_status)?;
+        if let Some(entry) = state.workers.remove(&worker.0) {
+            tracing::info!(
+                worker = worker.0,
+                address = %entry.data_address,
+                requeued,
+                "worker left; the tasks it held go back to the queue"
+            );
+        }
+        drop(state);
+        if requeued > 0 {
+            self.work.notify_waiters();
+        }
+        Ok(Response::new(LeaveResponse {
+            requeued_tasks: requeued,
+        }))
     }
 
     async fn get_job(

@@ -225,7 +225,7 @@ pub(crate) fn render(registry: &Registry) -> String {
 /// The coordinator's families: each job's share of the workers, labelled `job` alone.
 fn render_shares(out: &mut String, shares: &[super::JobShare]) {
     type Read = fn(&super::JobShare) -> Option<f64>;
-    let families: [(&str, &str, &str, Read); 4] = [
+    let families: [(&str, &str, &str, Read); 5] = [
         (
             "stoker_job_weight",
             "gauge",
@@ -249,6 +249,12 @@ fn render_shares(out: &mut String, shares: &[super::JobShare]) {
             "gauge",
             "The job's sessions whose clients wait for batches no task covers yet.",
             |s| Some(s.waiting_sessions as f64),
+        ),
+        (
+            "stoker_job_workers",
+            "gauge",
+            "Workers that leased the job's tasks in the last 10 s.",
+            |s| Some(s.workers.len() as f64),
         ),
     ];
     for (name, kind, help, read) in families {

@@ -81,6 +81,8 @@ pub struct JobShare {
     pub lease_fraction: Option<f64>,
     /// Its sessions waiting for a lease now.
     pub waiting_sessions: u64,
+    /// The workers that leased its tasks lately (the last 10 s), as the worker cards name them.
+    pub workers: Vec<String>,
 }
 
 /// A running dashboard server; it stops when dropped.

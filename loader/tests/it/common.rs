@@ -247,6 +247,38 @@ impl Daemon {
             .expect("a VmRSS line")
     }
 
+    /// Sends it SIGTERM (the way Kubernetes stops a pod), without waiting.
+    pub fn terminate(&self) {
+        let pid = libc::pid_t::try_from(self.child.id()).expect("a pid");
+        // SAFETY: kill(2) on our own child's pid, which is not reaped yet.
+        assert_eq!(unsafe { libc::kill(pid, libc::SIGTERM) }, 0, "SIGTERM sent");
+    }
+
+    /// Waits up to `within` for it to exit; its status, if it did.
+    pub fn wait_exit(&mut self, within: Duration) -> Option<std::process::ExitStatus> {
+        let deadline = std::time::Instant::now() + within;
+        loop {
+            if let Some(status) = self.child.try_wait().expect("try_wait") {
+                return Some(status);
+            }
+            if std::time::Instant::now() >= deadline {
+                return None;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// The word after `key` on its first line (`dashboard`, `health`: their URLs), without
+    /// `http://`.
+    pub fn banner_after(&self, key: &str) -> String {
+        let words: Vec<&str> = self.banner.split_whitespace().collect();
+        let at = words
+            .iter()
+            .position(|w| *w == key)
+            .unwrap_or_else(|| panic!("{key} on the banner {:?}", self.banner));
+        words[at + 1].trim_start_matches("http://").to_string()
+    }
+
     /// SIGKILLs and reaps it.
     pub fn kill(&mut self) {
         let _ = self.child.kill();

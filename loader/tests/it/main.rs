@@ -11,6 +11,7 @@ mod common;
 mod convert;
 mod dashboard;
 mod distributed;
+mod drain;
 mod embedded;
 mod hostile;
 mod object_store;

@@ -1,7 +1,8 @@
 //! Two jobs on one coordinator and one pool of workers (real daemons on 127.0.0.1): both read
 //! their whole epoch, each sample once and with the embedded mode's bytes, however their
 //! weights differ; the weights the coordinator gave (capped by `--max-job-weight`) and the
-//! leases of each job show on `/metrics` and on the dashboard's job cards.
+//! leases of each job, and the workers serving it, show on `/metrics` and on the dashboard's
+//! job cards.
 
 #![allow(clippy::unwrap_used)]
 
@@ -129,7 +130,27 @@ fn two_jobs_share_the_workers_and_both_finish_exactly_once() {
             .filter_map(|job| job["share"]["weight"].as_u64())
             .collect();
         weights.sort_unstable();
-        if weights == [1, 4] {
+        // Each card also names the workers that leased its job's tasks in the last 10 s.
+        let served = body["jobs"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter_map(|job| job["share"]["workers"].as_array())
+            .filter(|workers| {
+                !workers.is_empty()
+                    && workers
+                        .iter()
+                        .all(|w| w.as_str().is_some_and(|w| w.starts_with("worker ")))
+            })
+            .count();
+        if weights == [1, 4] && served == 2 {
+            let metrics = http_get(&http, "/metrics");
+            let serving = metrics
+                .lines()
+                .filter(|l| l.starts_with("stoker_job_workers{job=\"job "))
+                .filter(|l| l.rsplit(' ').next() != Some("0"))
+                .count();
+            assert_eq!(serving, 2, "{metrics}");
             break;
         }
         assert!(Instant::now() < deadline, "shares on the job cards: {body}");

@@ -9,10 +9,11 @@ use std::time::Duration;
 
 use anyhow::Context;
 use clap::Parser;
+use stoker_worker::health::{serve_health, Health};
 use stoker_worker::security::SecurityArgs;
 use stoker_worker::{
     daemon_runtime, init_logging, listen, run_worker, shutdown_signal, WorkerConfig,
-    DELIVERY_TIMEOUT,
+    DELIVERY_TIMEOUT, DRAIN_TIMEOUT,
 };
 
 /// A Stoker decode worker.
@@ -53,6 +54,17 @@ struct Args {
     /// it goes back to the queue; a stream that took nothing for that long is ended.
     #[arg(long, default_value_t = DELIVERY_TIMEOUT.as_millis() as u64)]
     delivery_timeout_ms: u64,
+    /// On SIGTERM or Ctrl-C: how long the worker may take to finish and deliver the batches it
+    /// leased, leave the coordinator and end its clients' streams before it exits (it stops
+    /// taking leases at once). Give the process more than this to stop (Kubernetes:
+    /// terminationGracePeriodSeconds).
+    #[arg(long, default_value_t = DRAIN_TIMEOUT.as_millis() as u64)]
+    drain_timeout_ms: u64,
+    /// Serve the probes on this address: plain HTTP, no token: `GET /livez` (200 while the
+    /// daemon runs) and `GET /readyz` (200 while registered with the coordinator and not
+    /// draining, else 503 and the reason).
+    #[arg(long, value_name = "HOST:PORT")]
+    health: Option<SocketAddr>,
     /// Log more (-v: info, -vv: debug). RUST_LOG overrides.
     #[arg(short, long, action = clap::ArgAction::Count)]
     verbose: u8,
@@ -67,6 +79,11 @@ fn run(args: Args) -> anyhow::Result<()> {
     let (server_security, client_security) = args.security.load()?;
     let runtime = daemon_runtime()?;
     runtime.block_on(async move {
+        let health = Health::starting("not registered with the coordinator");
+        let probes = match args.health {
+            Some(address) => Some(listen(address).await?),
+            None => None,
+        };
         let listener = listen(args.listen).await?;
         let local = listener.local_addr()?;
         let advertise = match args.advertise {
@@ -77,7 +94,18 @@ fn run(args: Args) -> anyhow::Result<()> {
             None => local.to_string(),
         };
         server_security.warn_if_open("worker", local);
-        println!("stoker-worker listening on {advertise}");
+        // One line (scripts and tests read it): the data address, then the probes' if any.
+        let probes = match probes {
+            Some(listener) => {
+                let url = format!("http://{}", listener.local_addr()?);
+                println!("stoker-worker listening on {advertise} health {url}");
+                Some(tokio::spawn(serve_health(listener, health.clone())))
+            }
+            None => {
+                println!("stoker-worker listening on {advertise}");
+                None
+            }
+        };
         let config = WorkerConfig {
             coordinator: args.coordinator,
             advertise,
@@ -87,8 +115,13 @@ fn run(args: Args) -> anyhow::Result<()> {
             server_security,
             client_security,
             delivery_timeout: Duration::from_millis(args.delivery_timeout_ms.max(10)),
+            drain_timeout: Duration::from_millis(args.drain_timeout_ms),
+            health,
         };
         run_worker(config, listener, shutdown_signal()).await?;
+        if let Some(probes) = probes {
+            probes.abort();
+        }
         Ok(())
     })
 }

@@ -1,7 +1,7 @@
 //! The worker daemon of the distributed mode (`stoker-worker`) and the gRPC plumbing every
 //! Stoker daemon and client shares: [`transport`] (message limits, HTTP/2 windows, backoff, the
-//! two-way table between errors and statuses), [`security`] (the shared token and TLS), the
-//! daemons' runtime, listening socket, shutdown signal and logging.
+//! two-way table between errors and statuses), [`security`] (the shared token and TLS),
+//! [`health`] (the probes), the daemons' runtime, listening socket, shutdown signal and logging.
 //!
 //! The daemon registers with the coordinator, leases tasks (one task is one batch), builds them
 //! with the same [`Job`](crate::Job) as the embedded loader and streams them to the client that
@@ -9,11 +9,14 @@
 //! ("Data plane and control plane") for the contract.
 
 mod client_stream;
+pub mod health;
 pub mod security;
 pub mod transport;
 mod worker_daemon;
 
-pub use worker_daemon::{canonical_roots, run_worker, WorkerConfig, DELIVERY_TIMEOUT};
+pub use worker_daemon::{
+    canonical_roots, run_worker, WorkerConfig, DELIVERY_TIMEOUT, DRAIN_TIMEOUT,
+};
 
 /// The daemons' runtime: two tokio threads for the network (decoding has its own pool).
 pub fn daemon_runtime() -> std::io::Result<tokio::runtime::Runtime> {

@@ -14,10 +14,15 @@
 //!   and goes back to the queue; a stream that holds a batch and took none for that long is
 //!   ended, whether or not a delivery waits on it (`client_stream`), so it holds at most its
 //!   queue of batches meanwhile.
+//! - Told to stop (the `shutdown` future of [`run_worker`]: SIGTERM or Ctrl-C for the binary), it
+//!   drains: `/readyz` turns to `draining`, it takes no more leases, finishes and delivers the
+//!   ones it holds, reports them, tells the coordinator it leaves (the coordinator requeues at
+//!   once whatever it still held), ends its client streams once they are sent, and returns,
+//!   all within [`WorkerConfig::drain_timeout`].
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -27,13 +32,15 @@ use stoker_proto::v1::op::Op as OpKind;
 use stoker_proto::v1::worker_data_server::{self, WorkerDataServer};
 use stoker_proto::v1::{
     Batch, DescribeJobRequest, DescribeJobResponse, FailedTask, GetJobRequest, HeartbeatRequest,
-    JobSpec, LeaseRequest, RegisterWorkerRequest, ReportRequest, SubscribeRequest, TaskLease,
+    JobSpec, LeaseRequest, LeaveRequest, RegisterWorkerRequest, ReportRequest, SubscribeRequest,
+    TaskLease,
 };
-use tokio::sync::{mpsc, Notify, Semaphore};
+use tokio::sync::{mpsc, watch, Notify, Semaphore};
 use tonic::service::interceptor::InterceptedService;
 use tonic::{Code, Request, Response, Status};
 
 use super::client_stream::{self, ClientStream};
+use super::health::Health;
 use super::security::{ClientSecurity, ServerSecurity};
 use super::transport::{self, error_status, Backoff, RpcChannel, MAX_MESSAGE_BYTES};
 use crate::error::{Error, ErrorKind, Result};
@@ -42,6 +49,13 @@ use crate::plan::EpochPlan;
 
 /// The default [`WorkerConfig::delivery_timeout`].
 pub const DELIVERY_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// The default [`WorkerConfig::drain_timeout`] (a Kubernetes pod's grace period is 30 s by
+/// default).
+pub const DRAIN_TIMEOUT: Duration = Duration::from_secs(20);
+
+/// Of the drain's time, what is kept for reporting and leaving after the deliveries.
+const LEAVE_RESERVE: Duration = Duration::from_secs(3);
 
 /// Batches queued per client stream (credits bound it too).
 const STREAM_QUEUE: usize = 8;
@@ -67,6 +81,11 @@ pub struct WorkerConfig {
     /// How long a finished batch waits for its client's stream to open, or to take it, before
     /// it is reported failed (and a stream that took nothing is ended).
     pub delivery_timeout: Duration,
+    /// Once told to stop, how long the worker may take to finish the leases it holds, leave
+    /// the coordinator and send what its clients' streams hold; it stops then in any case.
+    pub drain_timeout: Duration,
+    /// What the probes report: ready while registered with the coordinator and not draining.
+    pub health: Arc<Health>,
 }
 
 type Key = (u64, u64);
@@ -95,6 +114,8 @@ struct Shared {
     building: Mutex<(usize, Option<Instant>)>,
     /// Nanoseconds with at least one build in progress, not yet reported.
     busy_ns: AtomicU64,
+    /// The drain is over: new client streams are refused.
+    closing: AtomicBool,
 }
 
 fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -318,6 +339,10 @@ impl worker_data_server::WorkerData for DataService {
         let key = (token.incarnation, token.session_id);
         {
             let mut subscriptions = lock(&self.shared.subscriptions);
+            // Checked under the lock the drain clears the streams under: none slips past it.
+            if self.shared.closing.load(Ordering::Acquire) {
+                return Err(Status::unavailable("this worker is stopping"));
+            }
             subscriptions.retain(|_, sub| !sub.sender.is_closed());
             subscriptions.insert(key, Subscription { sender });
         }
@@ -376,6 +401,7 @@ pub async fn run_worker(
         bad_samples: AtomicU64::new(0),
         building: Mutex::new((0, None)),
         busy_ns: AtomicU64::new(0),
+        closing: AtomicBool::new(false),
     });
     let service = WorkerDataServer::new(DataService {
         shared: shared.clone(),
@@ -384,37 +410,95 @@ pub async fn run_worker(
     .max_encoding_message_size(MAX_MESSAGE_BYTES);
     let service = InterceptedService::new(service, config.server_security.check());
     let incoming = config.server_security.incoming(listener);
-    let (stop_tx, mut stop_rx) = tokio::sync::watch::channel(false);
-    let server = tokio::spawn(async move {
-        let result = transport::server()
+    let (stop_server, server_stopped) = tokio::sync::oneshot::channel::<()>();
+    let mut server = tokio::spawn(async move {
+        transport::server()
             .add_service(service)
-            .serve_with_incoming_shutdown(incoming, shutdown)
-            .await;
-        let _ = stop_tx.send(true);
-        result
+            .serve_with_incoming_shutdown(incoming, async {
+                let _ = server_stopped.await;
+            })
+            .await
     });
-    let tasks = tokio::spawn(task_loop(config, shared));
-    let _ = stop_rx.changed().await;
-    tasks.abort();
-    server
-        .await
+    let (drain, draining) = watch::channel(false);
+    let health = config.health.clone();
+    let drain_timeout = config.drain_timeout;
+    let mut tasks = tokio::spawn(task_loop(config, shared.clone(), draining));
+    tokio::select! {
+        () = shutdown => {}
+        ended = &mut server => {
+            // The server stopped without being asked: nothing to drain into.
+            tasks.abort();
+            return server_result(ended);
+        }
+    }
+    // Drain: no new leases, the held ones finished and reported, then leave.
+    tracing::info!(within = ?drain_timeout, "stopping: draining the leases held");
+    health.set_not_ready("draining");
+    let deadline = tokio::time::Instant::now() + drain_timeout;
+    let _ = drain.send(true);
+    if tokio::time::timeout_at(deadline, &mut tasks).await.is_err() {
+        tracing::warn!(waited = ?drain_timeout, "the drain did not finish in time; stopping anyway");
+        tasks.abort();
+    }
+    // Every stream ends once its queue is sent; the server waits for them, up to the deadline.
+    {
+        let mut subscriptions = lock(&shared.subscriptions);
+        shared.closing.store(true, Ordering::Release);
+        subscriptions.clear();
+    }
+    let _ = stop_server.send(());
+    match tokio::time::timeout_at(deadline, &mut server).await {
+        Ok(ended) => server_result(ended),
+        Err(_) => {
+            tracing::warn!("client streams still open at the drain deadline; closing them");
+            server.abort();
+            Ok(())
+        }
+    }
+}
+
+fn server_result(
+    ended: std::result::Result<
+        std::result::Result<(), tonic::transport::Error>,
+        tokio::task::JoinError,
+    >,
+) -> Result<()> {
+    ended
         .map_err(|e| Error::Stopped(format!("worker server task: {e}")))?
         .map_err(|e| Error::Stopped(format!("worker server: {e}")))
 }
 
+/// How a spell of leasing from one registration ended.
+enum Ended {
+    /// A call to the coordinator failed: register again.
+    Lost(Status),
+    /// The worker was told to stop, and left.
+    Drained,
+}
+
 /// Register, lease, build, deliver, report; again from registration when the coordinator is
-/// lost or forgets this worker.
-async fn task_loop(config: WorkerConfig, shared: Arc<Shared>) {
+/// lost or forgets this worker; returns once `draining` turns true and the worker has left.
+async fn task_loop(config: WorkerConfig, shared: Arc<Shared>, mut draining: watch::Receiver<bool>) {
     let channel = match transport::channel(&config.coordinator, &config.client_security) {
         Ok(channel) => channel,
         Err(error) => {
             tracing::error!(%error, "bad coordinator address");
+            config.health.set_not_ready("bad coordinator address");
             return;
         }
     };
     let mut backoff = Backoff::new(Duration::from_secs(2));
     let mut incarnation = None;
+    // Sleeps `delay`, or less when the drain starts; whether it started.
+    async fn pause(draining: &mut watch::Receiver<bool>, delay: Duration) -> bool {
+        let _ = tokio::time::timeout(delay, draining.wait_for(|d| *d)).await;
+        *draining.borrow()
+    }
     loop {
+        if *draining.borrow() {
+            // Never registered, or lost: there is nothing to hand back.
+            return;
+        }
         let mut client =
             CoordinatorClient::new(channel.clone()).max_decoding_message_size(MAX_MESSAGE_BYTES);
         let registered = client
@@ -438,7 +522,9 @@ async fn task_loop(config: WorkerConfig, shared: Arc<Shared>) {
                 } else {
                     tracing::warn!(%status, retry_in = ?delay, coordinator = %config.coordinator, "cannot register with the coordinator");
                 }
-                tokio::time::sleep(delay).await;
+                if pause(&mut draining, delay).await {
+                    return;
+                }
                 continue;
             }
         };
@@ -449,27 +535,45 @@ async fn task_loop(config: WorkerConfig, shared: Arc<Shared>) {
             incarnation = Some(registered.incarnation);
         }
         tracing::info!(worker = registered.worker_id, coordinator = %config.coordinator, "registered with the coordinator");
-        let status = serve_leases(
+        if !*draining.borrow() {
+            config.health.set_ready();
+        }
+        let ended = serve_leases(
             &config,
             &shared,
             client,
             registered.worker_id,
             registered.lease_timeout_ms,
+            draining.clone(),
         )
         .await;
-        tracing::warn!(%status, "lost the coordinator; registering again");
-        tokio::time::sleep(backoff.next_delay()).await;
+        match ended {
+            Ended::Drained => return,
+            Ended::Lost(status) => {
+                if !*draining.borrow() {
+                    config
+                        .health
+                        .set_not_ready("not registered with the coordinator");
+                }
+                tracing::warn!(%status, "lost the coordinator; registering again");
+                if pause(&mut draining, backoff.next_delay()).await {
+                    return;
+                }
+            }
+        }
     }
 }
 
-/// Leases and builds until a call to the coordinator fails; returns that failure.
+/// Leases and builds until a call to the coordinator fails, or until `draining` turns true:
+/// then takes no more leases, finishes and reports the ones held, and leaves.
 async fn serve_leases(
     config: &WorkerConfig,
     shared: &Arc<Shared>,
     mut client: CoordinatorClient<RpcChannel>,
     worker_id: u64,
     lease_timeout_ms: u64,
-) -> Status {
+    draining: watch::Receiver<bool>,
+) -> Ended {
     let (outcomes_tx, outcomes_rx) = mpsc::unbounded_channel();
     let (lost_tx, mut lost_rx) = mpsc::channel::<Status>(4);
     let heartbeat = tokio::spawn(heartbeat_loop(
@@ -486,10 +590,14 @@ async fn serve_leases(
         lost_tx,
     ));
     // Deliveries in flight: each holds one finished batch.
-    let deliveries = Arc::new(Semaphore::new(config.lease_ahead.max(1) as usize * 2));
+    let most_deliveries = config.lease_ahead.max(1) * 2;
+    let deliveries = Arc::new(Semaphore::new(most_deliveries as usize));
     let status = loop {
+        if *draining.borrow() {
+            break None;
+        }
         if let Ok(status) = lost_rx.try_recv() {
-            break status;
+            break Some(status);
         }
         let leased = client
             .lease(LeaseRequest {
@@ -498,9 +606,10 @@ async fn serve_leases(
                 wait_ms: 1000,
             })
             .await;
+        // Leased even if the drain started meanwhile: these are finished like the others.
         let tasks = match leased {
             Ok(response) => response.into_inner().tasks,
-            Err(status) => break status,
+            Err(status) => break Some(status),
         };
         for task in tasks {
             let permit = match deliveries.clone().acquire_owned().await {
@@ -546,9 +655,42 @@ async fn serve_leases(
             });
         }
     };
+    if let Some(status) = status {
+        heartbeat.abort();
+        reporter.abort();
+        return Ended::Lost(status);
+    }
+    // The drain. The heartbeats go on, so the leases held stay this worker's meanwhile.
+    let started = tokio::time::Instant::now();
+    let reserve = LEAVE_RESERVE.min(config.drain_timeout / 4);
+    let finish_by = started + config.drain_timeout.saturating_sub(reserve);
+    let delivered = tokio::time::timeout_at(finish_by, deliveries.acquire_many(most_deliveries))
+        .await
+        .is_ok_and(|permits| permits.is_ok());
+    if !delivered {
+        tracing::warn!("deliveries still waiting on their clients; the coordinator gets them back");
+    }
+    // The outcomes are all sent once the deliveries are done: the reporter sends them and ends.
+    drop(outcomes_tx);
+    let reported = tokio::time::timeout(reserve / 2, reporter).await.is_ok();
+    if !reported {
+        tracing::warn!("the last report did not go through; the coordinator redoes those tasks");
+    }
+    let left = tokio::time::timeout(reserve / 2, client.leave(LeaveRequest { worker_id })).await;
     heartbeat.abort();
-    reporter.abort();
-    status
+    match left {
+        Ok(Ok(answer)) => tracing::info!(
+            worker = worker_id,
+            returned = answer.into_inner().requeued_tasks,
+            took = ?started.elapsed(),
+            "drained: left the coordinator"
+        ),
+        Ok(Err(status)) => {
+            tracing::warn!(%status, "the coordinator did not take the leave; its lease timeout will")
+        }
+        Err(_) => tracing::warn!("the coordinator did not answer the leave in time"),
+    }
+    Ended::Drained
 }
 
 async fn send_error(shared: &Shared, task: &TaskLease, status: Status) {

@@ -182,6 +182,64 @@ fn drain(
 }
 
 #[test]
+fn a_leaving_worker_returns_its_leases_at_once_and_gets_no_more() {
+    let t0 = Instant::now();
+    let steps = 12;
+    let mut c = Coordinator::in_memory(config());
+    let job = c.register_job(spec(1, 0), steps).unwrap();
+    let session = c.open_session(job, 0, 0, Step(0)).unwrap();
+    c.grant_credits(session, 4).unwrap();
+    let staying = c.register_worker(t0);
+    let leaving = c.register_worker(t0);
+    let mut received = BTreeMap::new();
+    // The leaving worker finishes one lease and still holds three when it is told to stop.
+    let held = c.lease(leaving, 4, at(t0, 1)).unwrap();
+    assert_eq!(held.len(), 4);
+    c.complete(leaving, held[0].lease_id).unwrap();
+    received.insert((session, held[0].task.step.0), 1);
+    c.acknowledge(session, held[0].task.step).unwrap();
+    c.grant_credits(session, 1).unwrap();
+    assert_eq!(c.leave_worker(leaving).unwrap(), 3);
+    // Long before any lease timeout, the other worker gets the three returned steps first.
+    let now = at(t0, 2);
+    let next = c.lease(staying, 3, now).unwrap();
+    let next_steps: Vec<u64> = next.iter().map(|l| l.task.step.0).collect();
+    let returned: Vec<u64> = held[1..].iter().map(|l| l.task.step.0).collect();
+    assert_eq!(next_steps, returned);
+    assert!(matches!(
+        c.lease(leaving, 1, now),
+        Err(CoordinatorError::WorkerExpired(_))
+    ));
+    assert!(c.leave_worker(leaving).is_err(), "a worker leaves once");
+    // Its late report on a returned lease is dropped; the epoch completes exactly once.
+    assert_eq!(
+        c.complete(leaving, held[1].lease_id).unwrap(),
+        LeaseOutcome::Stale
+    );
+    for lease in next {
+        assert_eq!(
+            c.complete(staying, lease.lease_id).unwrap(),
+            LeaseOutcome::Applied
+        );
+        *received.entry((session, lease.task.step.0)).or_default() += 1;
+        c.acknowledge(session, lease.task.step).unwrap();
+        c.grant_credits(session, 1).unwrap();
+    }
+    drain(&mut c, &[staying], now, &mut received);
+    for step in 0..steps {
+        assert_eq!(received.get(&(session, step)), Some(&1), "step {step}");
+    }
+    let stats = c.stats();
+    assert_eq!(stats.returned_leases, 3);
+    assert_eq!(stats.expired_leases, 0);
+    assert!(c
+        .expire(at(t0, 60_000))
+        .workers
+        .iter()
+        .all(|w| *w != leaving));
+}
+
+#[test]
 fn dead_worker_tasks_are_redone_by_another_exactly_once() {
     let t0 = Instant::now();
     let steps = 40;

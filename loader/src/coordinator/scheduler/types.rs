@@ -103,6 +103,8 @@ pub struct CoordinatorStats {
     pub duplicates_dropped: u64,
     /// Leases that died with their worker.
     pub expired_leases: u64,
+    /// Leases a worker still held when it left on purpose.
+    pub returned_leases: u64,
     /// Leases the worker reported failed.
     pub failed_leases: u64,
     /// Journal transactions committed.

@@ -119,7 +119,8 @@ function updateFigures(job) {
     share.hidden = false;
     share.textContent = `share of the workers: weight ${s.weight} \u00b7 ` +
       `${fixed(s.lease_fraction === null ? null : s.lease_fraction * 100, 0)}% of tasks ` +
-      `(${fixed(s.leases_per_s, 1)}/s) \u00b7 ${s.waiting_sessions} sessions waiting`;
+      `(${fixed(s.leases_per_s, 1)}/s) \u00b7 ${s.waiting_sessions} sessions waiting \u00b7 ` +
+      `served by ${s.workers.length ? s.workers.join(", ") : "no worker lately"}`;
   } else {
     share.hidden = true;
   }
