@@ -12,8 +12,8 @@ import pytest
 
 import stoker
 
-from conftest import assert_same_batches, epoch_batches
-from test_distributed import _binary, _options, _start
+from conftest import assert_same_batches, daemon_binary, epoch_batches, start_daemon
+from test_distributed import _options
 
 TOKEN = "python-test-token-0123456789"
 
@@ -26,13 +26,13 @@ def guarded(dataset: Path, tmp_path: Path) -> Iterator[str]:
     token_file.chmod(0o600)
     processes: list[subprocess.Popen[str]] = []
     try:
-        coordinator, address = _start(
-            [str(_binary("stoker")), "coordinator", "--listen", "127.0.0.1:0",
+        coordinator, address = start_daemon(
+            [str(daemon_binary("stoker")), "coordinator", "--listen", "127.0.0.1:0",
              "--state", str(tmp_path / "state"), "--token-file", str(token_file)]
         )
         processes.append(coordinator)
-        worker, _ = _start(
-            [str(_binary("stoker-worker")), "--coordinator", address,
+        worker, _ = start_daemon(
+            [str(daemon_binary("stoker-worker")), "--coordinator", address,
              "--data-root", str(dataset), "--threads", "1", "--token-file", str(token_file)]
         )
         processes.append(worker)
@@ -92,13 +92,13 @@ def test_a_job_over_tls_with_a_token(dataset: Path, tmp_path: Path,
                 "--tls-ca", ca, "--tls-server-name", "localhost"]
     processes: list[subprocess.Popen[str]] = []
     try:
-        coordinator, address = _start(
-            [str(_binary("stoker")), "coordinator", "--listen", "127.0.0.1:0",
+        coordinator, address = start_daemon(
+            [str(daemon_binary("stoker")), "coordinator", "--listen", "127.0.0.1:0",
              "--state", str(tmp_path / "state"), *security]
         )
         processes.append(coordinator)
-        worker, _ = _start(
-            [str(_binary("stoker-worker")), "--coordinator", address,
+        worker, _ = start_daemon(
+            [str(daemon_binary("stoker-worker")), "--coordinator", address,
              "--data-root", str(dataset), "--threads", "1", *security]
         )
         processes.append(worker)

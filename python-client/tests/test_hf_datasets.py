@@ -30,6 +30,13 @@ def datasets_or_skip() -> Any:
             f"the `datasets` package is not importable ({error}); ./dev test installs it when "
             "CI=true or STOKER_TEST_TORCH=1, so the Hugging Face folder tests are untested here"
         )
+    if not hasattr(datasets, "Dataset"):
+        # Without the package, `python -m pytest` from the repository root imports the
+        # repository's own `datasets/` folder (the Rust crate) as a namespace package.
+        pytest.skip(
+            "the `datasets` package is not installed (the repository's datasets/ folder was "
+            "imported instead); ./dev test installs it when CI=true or STOKER_TEST_TORCH=1"
+        )
     return datasets
 
 
