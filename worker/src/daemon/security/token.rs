@@ -95,8 +95,10 @@ impl Token {
 fn warn_if_readable_by_others(path: &Path) {
     use std::os::unix::fs::PermissionsExt;
     if let Ok(metadata) = std::fs::metadata(path) {
-        if metadata.permissions().mode() & 0o077 != 0 {
-            tracing::warn!(path = %path.display(), "the token file is readable by other users (chmod 600 it)");
+        // Group bits are left alone: a Kubernetes Secret mounted with an fsGroup is group-
+        // readable by design.
+        if metadata.permissions().mode() & 0o007 != 0 {
+            tracing::warn!(path = %path.display(), "the token file is open to other users (chmod o-rwx it, or 600)");
         }
     }
 }
