@@ -14,7 +14,9 @@
 //! - a coordinator that goes away is reconnected with backoff; the restarted coordinator has its
 //!   journal, a new incarnation, and the client opens its session again from the first step it
 //!   still needs;
-//! - a worker that joins shows up in the coordinator's answers and gets a stream;
+//! - a worker that joins shows up in the coordinator's answers and gets a stream; one whose
+//!   stream cannot open yet (its address does not resolve or accept) is tried again every
+//!   500 ms while the coordinator lists it;
 //! - no batch for [`RemoteOptions::stall_reopen`] while the consumer waits: the session is
 //!   reopened as well (and logged), so a lost batch costs a delay, never a hang;
 //! - a coordinator at its session cap (`RESOURCE_EXHAUSTED`) is asked again with backoff, as
@@ -104,6 +106,9 @@ const INITIAL_CREDITS: usize = 8;
 
 /// How long dropping an epoch's feed waits for its driver to close the session.
 const CLOSE_WAIT: Duration = Duration::from_millis(500);
+
+/// How long after a worker's stream failed to open the driver tries it again.
+const STREAM_RETRY: Duration = Duration::from_millis(500);
 
 /// Room past the batch's bytes in a slot, for aligning each tensor.
 const SLOT_ALIGN: usize = 64;
@@ -601,23 +606,31 @@ impl Driver {
         let mut open_streams: HashSet<u64> = HashSet::new();
         let job_id = self.job_id;
         let security = self.security.clone();
-        let subscribe_all =
-            |workers: &[WorkerInfo], streams: &mut HashMap<u64, tokio::task::JoinHandle<()>>| {
-                for worker in workers {
-                    if streams.contains_key(&worker.worker_id) {
-                        continue;
-                    }
-                    let handle = tokio::spawn(stream_worker(
-                        worker.clone(),
-                        security.clone(),
-                        token,
-                        job_id,
-                        arrivals_tx.clone(),
-                    ));
-                    streams.insert(worker.worker_id, handle);
+        // Workers whose stream could not open, and when to try them again: a worker may be
+        // listed before its address resolves or accepts (a new pod's DNS name).
+        let mut retry_at: HashMap<u64, Instant> = HashMap::new();
+        let subscribe_all = |workers: &[WorkerInfo],
+                             streams: &mut HashMap<u64, tokio::task::JoinHandle<()>>,
+                             retry_at: &mut HashMap<u64, Instant>| {
+            let now = Instant::now();
+            retry_at.retain(|_, at| *at > now);
+            for worker in workers {
+                if streams.contains_key(&worker.worker_id)
+                    || retry_at.contains_key(&worker.worker_id)
+                {
+                    continue;
                 }
-            };
-        subscribe_all(&workers, &mut streams);
+                let handle = tokio::spawn(stream_worker(
+                    worker.clone(),
+                    security.clone(),
+                    token,
+                    job_id,
+                    arrivals_tx.clone(),
+                ));
+                streams.insert(worker.worker_id, handle);
+            }
+        };
+        subscribe_all(&workers, &mut streams, &mut retry_at);
 
         let mut outstanding = 0u64;
         // Steps received beyond the floor are acknowledged again first (before any credit of
@@ -655,7 +668,7 @@ impl Driver {
                 match update {
                     Ok(response) => {
                         outstanding += want;
-                        subscribe_all(&response.into_inner().workers, &mut streams);
+                        subscribe_all(&response.into_inner().workers, &mut streams, &mut retry_at);
                     }
                     Err(status) => {
                         tracing::warn!(coordinator = %self.address, %status, "session update failed; opening the session again");
@@ -725,7 +738,10 @@ impl Driver {
                             tracing::warn!(worker, %status, "worker stream lost; opening the session again so its undelivered batches are redone");
                             break SessionEnd::Reopen;
                         }
-                        tracing::debug!(worker, %status, "worker unreachable");
+                        // Tried again with a later update that still lists it.
+                        streams.remove(&worker);
+                        retry_at.insert(worker, Instant::now() + STREAM_RETRY);
+                        tracing::debug!(worker, %status, retry_in = ?STREAM_RETRY, "worker unreachable");
                     }
                     None => break SessionEnd::Stop,
                 },

@@ -32,6 +32,17 @@ fn remote_with_grace(
     spec: JobSpec,
     worker_grace: Duration,
 ) -> stoker_loader::Result<Loader> {
+    remote_with(address, spec, worker_grace, Duration::from_secs(3))
+}
+
+/// The remote loader of `spec`, failing after `worker_grace` without a worker stream and
+/// reopening its session after `stall_reopen` without a batch.
+fn remote_with(
+    address: &str,
+    spec: JobSpec,
+    worker_grace: Duration,
+    stall_reopen: Duration,
+) -> stoker_loader::Result<Loader> {
     Loader::remote(
         address,
         spec,
@@ -42,7 +53,7 @@ fn remote_with_grace(
         },
         RemoteOptions {
             connect_timeout: Duration::from_secs(30),
-            stall_reopen: Duration::from_secs(3),
+            stall_reopen,
             worker_grace,
             ..RemoteOptions::default()
         },
@@ -68,10 +79,22 @@ pub(crate) fn embedded(spec: JobSpec) -> (String, BTreeMap<u64, Vec<u64>>) {
 fn distributed(
     address: &str,
     data: &Path,
+    halfway: impl FnMut(),
+) -> Vec<(String, BTreeMap<u64, Vec<u64>>)> {
+    distributed_with(address, data, Duration::from_secs(3), halfway)
+}
+
+/// [`distributed`] with clients that reopen their sessions after `stall_reopen` without a
+/// batch.
+fn distributed_with(
+    address: &str,
+    data: &Path,
+    stall_reopen: Duration,
     mut halfway: impl FnMut(),
 ) -> Vec<(String, BTreeMap<u64, Vec<u64>>)> {
+    let grace = Duration::from_secs(60);
     let loaders: Vec<Loader> = (0..2)
-        .map(|rank| remote(address, spec(data, rank)).unwrap())
+        .map(|rank| remote_with(address, spec(data, rank), grace, stall_reopen).unwrap())
         .collect();
     let mut streams: Vec<_> = loaders.iter().map(|l| l.epoch(0, 0).unwrap()).collect();
     let steps = loaders[0].steps_per_epoch();
@@ -182,6 +205,93 @@ fn a_worker_that_joins_mid_epoch_takes_tasks() {
     });
     assert_matches_embedded(&data, &got);
     assert!(third.is_some());
+}
+
+/// A free port on 127.0.0.1 (bound, then let go).
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// Relays every connection to `from` to `to`, byte for byte, until the returned flag is set
+/// (and one more connection wakes the accept loop).
+fn relay(from: u16, to: u16) -> std::sync::Arc<std::sync::atomic::AtomicBool> {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let stop = std::sync::Arc::new(AtomicBool::new(false));
+    let listener = std::net::TcpListener::bind(("127.0.0.1", from)).unwrap();
+    let stopped = stop.clone();
+    std::thread::spawn(move || {
+        for client in listener.incoming() {
+            if stopped.load(Ordering::SeqCst) {
+                return;
+            }
+            let Ok(client) = client else { continue };
+            let Ok(server) = std::net::TcpStream::connect(("127.0.0.1", to)) else {
+                continue;
+            };
+            for (mut a, mut b) in [
+                (client.try_clone().unwrap(), server.try_clone().unwrap()),
+                (server, client),
+            ] {
+                std::thread::spawn(move || {
+                    let _ = std::io::copy(&mut a, &mut b);
+                    let _ = b.shutdown(std::net::Shutdown::Write);
+                });
+            }
+        }
+    });
+    stop
+}
+
+#[test]
+fn a_worker_whose_address_answers_late_gets_its_stream() {
+    // One of two workers advertises a port where nothing listens yet, as a new pod whose DNS
+    // name does not resolve for its first seconds: the clients' streams to it fail to open
+    // and the batches it builds wait for them; once the address answers, the clients open
+    // their streams to it and the epoch completes, each sample once. (The other worker lets
+    // the job register: the coordinator has a worker open it first.)
+    let dir = fixture();
+    let data = dir.path().join("data");
+    let coordinator = Daemon::coordinator(&dir.path().join("state"), "127.0.0.1:0");
+    let (advertised, listening) = (free_port(), free_port());
+    let root = dir.path().to_str().unwrap();
+    let _reachable = Daemon::worker(&coordinator.address, dir.path());
+    let _late = Daemon::start(
+        common::worker_binary(),
+        &[
+            "--coordinator",
+            &coordinator.address,
+            "--data-root",
+            root,
+            "--threads",
+            "1",
+            "--listen",
+            &format!("127.0.0.1:{listening}"),
+            "--advertise",
+            &format!("127.0.0.1:{advertised}"),
+        ],
+    );
+    // `distributed` blocks on the first batch: the address opens from another thread.
+    let opener = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(1500));
+        relay(advertised, listening)
+    });
+    // The clients reopen a session only after a minute without a batch (which would open
+    // every stream afresh): only retrying the failed stream gets the epoch done in time.
+    let started = Instant::now();
+    let got = distributed_with(&coordinator.address, &data, Duration::from_secs(60), || {});
+    assert_matches_embedded(&data, &got);
+    let took = started.elapsed();
+    assert!(
+        took < Duration::from_secs(30),
+        "the epoch took {took:?} after the address opened at 1.5 s"
+    );
+    let stop = opener.join().unwrap();
+    stop.store(true, std::sync::atomic::Ordering::SeqCst);
+    let _ = std::net::TcpStream::connect(("127.0.0.1", advertised));
 }
 
 #[test]
