@@ -363,6 +363,68 @@ fn a_job_over_tls_with_a_token_gives_the_embedded_digest() {
     assert!(stderr.contains("STOKER_TOKEN"), "{stderr}");
 }
 
+#[test]
+fn a_wildcard_certificate_serves_every_name_under_it() {
+    // deploy/ gives every worker the name <pod>.stoker-workers.<namespace>.svc... and one
+    // certificate for `*.stoker-workers.<namespace>.svc...`: the same here, every daemon and
+    // client checking a name under the wildcard (127.0.0.1 cannot resolve the real ones).
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    common::make_images(&data, 64);
+    let pki_dir = dir.path().join("pki");
+    std::fs::create_dir_all(&pki_dir).unwrap();
+    let pki =
+        write_test_certificates(&pki_dir, &["*.stoker-workers.ns.svc.cluster.local"]).unwrap();
+    let token_file = write_token(dir.path(), "token", TOKEN);
+    let under = "pod-1.stoker-workers.ns.svc.cluster.local";
+    let security = [
+        "--token-file",
+        path(&token_file),
+        "--tls-cert",
+        path(&pki.cert),
+        "--tls-key",
+        path(&pki.key),
+        "--tls-ca",
+        path(&pki.ca),
+        "--tls-server-name",
+        under,
+    ];
+    // The coordinator takes --tls-server-name too (it calls the workers to describe jobs).
+    let coordinator = coordinator(dir.path(), &dir.path().join("coordinator.log"), &security);
+    let mut worker_args = vec![
+        "--coordinator",
+        &coordinator.address,
+        "--data-root",
+        path(dir.path()),
+        "--threads",
+        "1",
+    ];
+    worker_args.extend_from_slice(&security);
+    let _worker = Daemon::start_logging_to(
+        common::worker_binary(),
+        &worker_args,
+        File::create(dir.path().join("worker.log")).unwrap(),
+    );
+    let embedded = last_line(&digest(&data, &[], None));
+    let remote = [
+        "--address",
+        &coordinator.address,
+        "--tls-ca",
+        path(&pki.ca),
+        "--tls-server-name",
+        under,
+    ];
+    assert_eq!(last_line(&digest(&data, &remote, Some(TOKEN))), embedded);
+    // A name outside the wildcard (one label deeper) is refused.
+    let outside = RemoteOptions {
+        tls_ca: Some(pki.ca.clone()),
+        tls_server_name: Some(format!("a.{under}")),
+        ..with_token(TOKEN)
+    };
+    let (kind, message) = refusal(&coordinator.address, &data, outside);
+    assert_eq!(kind, ErrorKind::Tls, "{message}");
+}
+
 /// The dashboard's port, from the coordinator's banner (`... dashboard http://0.0.0.0:PORT`),
 /// reached on 127.0.0.1.
 fn dashboard_address(coordinator: &Daemon) -> SocketAddr {

@@ -95,9 +95,7 @@ impl Token {
 fn warn_if_readable_by_others(path: &Path) {
     use std::os::unix::fs::PermissionsExt;
     if let Ok(metadata) = std::fs::metadata(path) {
-        // Group bits are left alone: a Kubernetes Secret mounted with an fsGroup is group-
-        // readable by design.
-        if metadata.permissions().mode() & 0o007 != 0 {
+        if open_to_others(metadata.permissions().mode()) {
             tracing::warn!(path = %path.display(), "the token file is open to other users (chmod o-rwx it, or 600)");
         }
     }
@@ -105,6 +103,13 @@ fn warn_if_readable_by_others(path: &Path) {
 
 #[cfg(not(unix))]
 fn warn_if_readable_by_others(_path: &Path) {}
+
+/// Whether a file `mode` lets other users (not the owner, not the group) at it. Group bits are
+/// left alone: a Kubernetes Secret mounted with an `fsGroup` is group-readable by design.
+#[cfg(unix)]
+fn open_to_others(mode: u32) -> bool {
+    mode & 0o007 != 0
+}
 
 /// Whether `presented` is one of `accepted`, in time that depends on neither.
 pub fn token_matches(accepted: &[Token], presented: &[u8]) -> bool {
@@ -208,6 +213,17 @@ impl Interceptor for TokenCheck {
 mod tests {
     use super::*;
     use crate::error::ErrorKind;
+
+    #[cfg(unix)]
+    #[test]
+    fn only_bits_for_other_users_count_as_open() {
+        assert!(!open_to_others(0o600));
+        assert!(!open_to_others(0o640), "an fsGroup Secret");
+        assert!(!open_to_others(0o440));
+        assert!(open_to_others(0o644));
+        assert!(open_to_others(0o604));
+        assert!(open_to_others(0o602));
+    }
 
     fn token(text: &str) -> Token {
         Token::new(text).expect("a valid token")
