@@ -95,8 +95,7 @@ pub fn run(args: CoordinatorArgs) -> anyhow::Result<()> {
             banner += &format!(" dashboard {}", dashboard.url().trim_end_matches('/'));
         }
         // The journal is open and the socket bound: ready.
-        let health = Health::starting("starting");
-        health.set_ready();
+        let health = Health::ready();
         let probes = match probes {
             Some(listener) => {
                 banner += &format!(" health http://{}", listener.local_addr()?);

@@ -141,7 +141,7 @@ struct State {
     /// the job is described again when a client registers it).
     descriptions: HashMap<u64, proto::DescribeJobResponse>,
     /// Per job, the workers leased one of its tasks and when they last were (the dashboard
-    /// shows who serves each job; old entries go at each refresh).
+    /// shows who serves each job; old entries go at each refresh; empty without a dashboard).
     serving: HashMap<u64, HashMap<u64, Instant>>,
 }
 
@@ -527,9 +527,12 @@ impl coordinator_server::Coordinator for CoordinatorService {
                     .core
                     .lease_into(worker, request.max_tasks as usize, now, &mut leases)
                     .map_err(coordinator_status)?;
-                for lease in &leases[before..] {
-                    let job = state.serving.entry(lease.task.job.0).or_default();
-                    job.insert(worker.0, now);
+                // Kept for the dashboard alone (its refresh prunes it).
+                if self.dashboard.is_some() {
+                    for lease in &leases[before..] {
+                        let job = state.serving.entry(lease.task.job.0).or_default();
+                        job.insert(worker.0, now);
+                    }
                 }
             }
             let now = Instant::now();

@@ -391,18 +391,10 @@ fn a_wildcard_certificate_serves_every_name_under_it() {
     ];
     // The coordinator takes --tls-server-name too (it calls the workers to describe jobs).
     let coordinator = coordinator(dir.path(), &dir.path().join("coordinator.log"), &security);
-    let mut worker_args = vec![
-        "--coordinator",
+    let _worker = Daemon::worker_logging_to(
         &coordinator.address,
-        "--data-root",
-        path(dir.path()),
-        "--threads",
-        "1",
-    ];
-    worker_args.extend_from_slice(&security);
-    let _worker = Daemon::start_logging_to(
-        common::worker_binary(),
-        &worker_args,
+        dir.path(),
+        &security,
         File::create(dir.path().join("worker.log")).unwrap(),
     );
     let embedded = last_line(&digest(&data, &[], None));

@@ -230,10 +230,20 @@ impl Daemon {
 
     /// [`Daemon::worker`] with more flags.
     pub fn worker_with(coordinator: &str, root: &Path, extra: &[&str]) -> Daemon {
+        Daemon::worker_logging_to(coordinator, root, extra, Stdio::inherit())
+    }
+
+    /// [`Daemon::worker_with`], its log (stderr) going to `log`.
+    pub fn worker_logging_to(
+        coordinator: &str,
+        root: &Path,
+        extra: &[&str],
+        log: impl Into<Stdio>,
+    ) -> Daemon {
         let root = root.to_str().expect("a UTF-8 path");
         let args = ["--coordinator", coordinator, "--data-root", root];
         let args = [&args[..], &["--threads", "1"], extra].concat();
-        Daemon::start(worker_binary(), &args)
+        Daemon::start_logging_to(worker_binary(), &args, log)
     }
 
     /// Its resident memory in KiB (`VmRSS` of `/proc/PID/status`; Linux only).

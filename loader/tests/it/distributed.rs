@@ -86,7 +86,7 @@ fn distributed(
 
 /// [`distributed`] with clients that reopen their sessions after `stall_reopen` without a
 /// batch.
-fn distributed_with(
+pub(crate) fn distributed_with(
     address: &str,
     data: &Path,
     stall_reopen: Duration,
@@ -134,7 +134,7 @@ fn distributed_with(
         .collect()
 }
 
-fn assert_matches_embedded(data: &Path, got: &[(String, BTreeMap<u64, Vec<u64>>)]) {
+pub(crate) fn assert_matches_embedded(data: &Path, got: &[(String, BTreeMap<u64, Vec<u64>>)]) {
     let mut all = Vec::new();
     for (rank, (digest, steps)) in got.iter().enumerate() {
         let (want_digest, want_steps) = embedded(spec(data, rank as u32));
@@ -257,17 +257,11 @@ fn a_worker_whose_address_answers_late_gets_its_stream() {
     let data = dir.path().join("data");
     let coordinator = Daemon::coordinator(&dir.path().join("state"), "127.0.0.1:0");
     let (advertised, listening) = (free_port(), free_port());
-    let root = dir.path().to_str().unwrap();
     let _reachable = Daemon::worker(&coordinator.address, dir.path());
-    let _late = Daemon::start(
-        common::worker_binary(),
+    let _late = Daemon::worker_with(
+        &coordinator.address,
+        dir.path(),
         &[
-            "--coordinator",
-            &coordinator.address,
-            "--data-root",
-            root,
-            "--threads",
-            "1",
             "--listen",
             &format!("127.0.0.1:{listening}"),
             "--advertise",

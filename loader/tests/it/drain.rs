@@ -7,14 +7,11 @@
 
 #![allow(clippy::unwrap_used)]
 
-use std::collections::BTreeMap;
 use std::io::{Read, Write};
 use std::time::{Duration, Instant};
 
-use stoker_loader::{BatchDigest, Loader, LoaderOptions, RemoteOptions};
-
 use crate::common::{self, Daemon};
-use crate::distributed::{embedded, http_get, spec};
+use crate::distributed::{assert_matches_embedded, distributed_with, http_get};
 
 /// The status code and body of `GET path`, or `None` when nothing listens.
 fn probe(address: &str, path: &str) -> Option<(u16, String)> {
@@ -41,26 +38,6 @@ fn wait_ready(address: &str) {
         assert!(Instant::now() < deadline, "{address} never became ready");
         std::thread::sleep(Duration::from_millis(50));
     }
-}
-
-/// A remote loader that reopens its session only after a minute without a batch.
-fn patient(address: &str, rank: u32, data: &std::path::Path) -> Loader {
-    Loader::remote(
-        address,
-        spec(data, rank),
-        LoaderOptions {
-            prefetch: 4,
-            deadline: Duration::from_secs(120),
-            ..LoaderOptions::default()
-        },
-        RemoteOptions {
-            connect_timeout: Duration::from_secs(30),
-            stall_reopen: Duration::from_secs(60),
-            worker_grace: Duration::from_secs(60),
-            ..RemoteOptions::default()
-        },
-    )
-    .unwrap()
 }
 
 #[test]
@@ -92,16 +69,10 @@ fn a_worker_stopped_with_sigterm_drains_and_the_epoch_loses_and_duplicates_nothi
         Some((200, "live\n".to_string()))
     );
     let log = dir.path().join("leaving.log");
-    let root = dir.path().to_str().unwrap();
-    let mut leaving = Daemon::start_logging_to(
-        common::worker_binary(),
+    let mut leaving = Daemon::worker_logging_to(
+        &coordinator.address,
+        dir.path(),
         &[
-            "--coordinator",
-            &coordinator.address,
-            "--data-root",
-            root,
-            "--threads",
-            "1",
             "--health",
             "127.0.0.1:0",
             "--drain-timeout-ms",
@@ -119,53 +90,31 @@ fn a_worker_stopped_with_sigterm_drains_and_the_epoch_loses_and_duplicates_nothi
     wait_ready(&leaving_probes);
     wait_ready(&staying.banner_after("health"));
 
-    let loaders: Vec<Loader> = (0..2)
-        .map(|rank| patient(&coordinator.address, rank, &data))
-        .collect();
-    let mut streams: Vec<_> = loaders.iter().map(|l| l.epoch(0, 0).unwrap()).collect();
-    let steps = loaders[0].steps_per_epoch();
-    let mut digests = vec![BatchDigest::new(), BatchDigest::new()];
-    let mut seen = vec![BTreeMap::new(), BTreeMap::new()];
     let started = Instant::now();
     let mut stopped_at = None;
     let mut watcher = None;
-    for step in 0..steps {
-        if step == steps / 2 {
-            // Watches the probe from before the signal until the worker is gone.
-            let address = leaving_probes.clone();
-            watcher = Some(std::thread::spawn(move || {
-                let mut answers = Vec::new();
-                while let Some(answer) = probe(&address, "/readyz") {
-                    if answers.last() != Some(&answer) {
-                        answers.push(answer);
-                    }
+    // Clients that reopen a session only after a minute without a batch; a training step of
+    // 15 ms lets work pile up at the workers, so the drain finds leases in flight.
+    let got = distributed_with(&coordinator.address, &data, Duration::from_secs(60), || {
+        // Watches the probe from before the signal until the worker is gone.
+        let address = leaving_probes.clone();
+        watcher = Some(std::thread::spawn(move || {
+            let mut answers = Vec::new();
+            while let Some(answer) = probe(&address, "/readyz") {
+                if answers.last() != Some(&answer) {
+                    answers.push(answer);
                 }
-                answers
-            }));
-            leaving.terminate();
-            stopped_at = Some(Instant::now());
-        }
-        for rank in 0..2 {
-            let batch = streams[rank].next_batch().unwrap().expect("a batch");
-            assert_eq!(batch.step, step, "rank {rank} yields in step order");
-            digests[rank].update(&batch);
-            assert!(
-                seen[rank]
-                    .insert(batch.step, batch.sample_indices.clone())
-                    .is_none(),
-                "rank {rank} step {step} delivered twice"
-            );
-        }
-        // A training step: work piles up at the workers, so the drain finds leases in flight.
-        std::thread::sleep(Duration::from_millis(15));
-    }
-    for stream in &mut streams {
-        assert!(stream.next_batch().unwrap().is_none(), "the epoch ends");
-    }
+            }
+            answers
+        }));
+        leaving.terminate();
+        stopped_at = Some(Instant::now());
+    });
     // A lease left behind would wait for the minute of lease timeout, a swallowed batch for
     // the minute of stall_reopen.
     let took = started.elapsed();
     assert!(took < Duration::from_secs(40), "the epoch took {took:?}");
+    assert_matches_embedded(&data, &got);
 
     let waited = stopped_at.unwrap().elapsed();
     let status = leaving
@@ -181,9 +130,6 @@ fn a_worker_stopped_with_sigterm_drains_and_the_epoch_loses_and_duplicates_nothi
         log.contains("drained: left the coordinator"),
         "the worker left the coordinator: {log}"
     );
-    if let Some(line) = log.lines().find(|l| l.contains("drained:")) {
-        eprintln!("{line}");
-    }
     assert!(
         !log.contains("did not finish in time"),
         "the drain finished in time: {log}"
@@ -194,13 +140,4 @@ fn a_worker_stopped_with_sigterm_drains_and_the_epoch_loses_and_duplicates_nothi
         assert!(Instant::now() < deadline, "one worker left on /metrics");
         std::thread::sleep(Duration::from_millis(100));
     }
-    let mut all = Vec::new();
-    for (rank, (digest, steps)) in digests.into_iter().zip(seen).enumerate() {
-        let (want_digest, want_steps) = embedded(spec(&data, rank as u32));
-        assert_eq!(steps, want_steps, "rank {rank}: the same samples per step");
-        assert_eq!(digest.hex(), want_digest, "rank {rank}: the embedded bytes");
-        all.extend(steps.into_values().flatten());
-    }
-    all.sort_unstable();
-    assert_eq!(all, (0..200).collect::<Vec<u64>>(), "every sample once");
 }

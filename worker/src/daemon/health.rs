@@ -35,6 +35,13 @@ impl Health {
         })
     }
 
+    /// A daemon ready from the start.
+    pub fn ready() -> Arc<Health> {
+        Arc::new(Health {
+            readiness: Mutex::new(Readiness::Ready),
+        })
+    }
+
     /// The daemon serves.
     pub fn set_ready(&self) {
         self.set(Readiness::Ready);
