@@ -3,6 +3,7 @@
 //! API is the pure-Python `stoker` package; this module is its private engine.
 
 mod buffer;
+mod dataset;
 mod errors;
 mod ops;
 
@@ -17,6 +18,7 @@ use stoker_loader::{Dashboard, EpochStream, Loader, LoaderOptions, RemoteOptions
 use stoker_proto::v1::{self as proto, BadSamplePolicy, JobSpec};
 
 use buffer::Buffer;
+use dataset::DatasetRecipe;
 use errors::{from_dataset, from_loader, raise, Kind};
 
 /// One job's loader, driven from Python: in-process (decode threads here) or, with an
@@ -39,10 +41,17 @@ struct Recipe {
     spec: JobSpec,
     options: LoaderOptions,
     remote: Option<(String, RemoteOptions)>,
+    /// A Python dataset's source and its length (`Loader.from_dataset`), in place of the
+    /// spec's dataset.
+    dataset: Option<(DatasetRecipe, u64)>,
 }
 
 impl Recipe {
     fn build(&self, spec: JobSpec) -> stoker_loader::Result<Loader> {
+        if let Some((dataset, num_samples)) = &self.dataset {
+            let source = dataset.build(spec, *num_samples)?;
+            return Loader::with_source(Box::new(source), self.options.clone());
+        }
         match &self.remote {
             Some((address, remote)) => {
                 Loader::remote(address, spec, self.options.clone(), remote.clone())
@@ -50,6 +59,27 @@ impl Recipe {
             None => Loader::new(spec, self.options.clone()),
         }
     }
+}
+
+/// Starts the dashboard at `address` ("host:port") with `loader`'s figures as `job_name`.
+fn start_dashboard(
+    address: Option<String>,
+    job_name: &str,
+    rank: u32,
+    loader: &Loader,
+) -> PyResult<Option<Dashboard>> {
+    let Some(address) = address else {
+        return Ok(None);
+    };
+    let address: std::net::SocketAddr = address.parse().map_err(|e| {
+        PyValueError::new_err(format!(
+            "dashboard address {address:?} is not host:port ({e})"
+        ))
+    })?;
+    let dashboard = Dashboard::start(address)
+        .map_err(|e| raise(Kind::Stoker, format!("cannot start the dashboard: {e}")))?;
+    dashboard.register_job(job_name, rank, loader.monitor());
+    Ok(Some(dashboard))
 }
 
 /// A resize as Python holds it: (cursor, taken positions).
@@ -155,28 +185,92 @@ impl NativeLoader {
                 };
                 (address.clone(), remote)
             }),
+            dataset: None,
         };
         let loader = py
             .detach(|| recipe.build(recipe.spec.clone()))
             .map_err(from_loader)?;
-        let dashboard = match dashboard {
-            Some(address) => {
-                let address: std::net::SocketAddr = address.parse().map_err(|e| {
-                    PyValueError::new_err(format!(
-                        "dashboard address {address:?} is not host:port ({e})"
-                    ))
-                })?;
-                let dashboard = Dashboard::start(address)
-                    .map_err(|e| raise(Kind::Stoker, format!("cannot start the dashboard: {e}")))?;
-                dashboard.register_job(&job_name, rank, loader.monitor());
-                Some(dashboard)
-            }
-            None => None,
-        };
+        let dashboard = start_dashboard(dashboard, &job_name, rank, &loader)?;
         Ok(Self {
             loader: Some(Arc::new(loader)),
             stream: None,
             address,
+            dashboard,
+            recipe,
+            resumed: None,
+        })
+    }
+
+    /// A loader over a Python map-style dataset (`Loader.from_dataset`): `builder.build`
+    /// fills each batch's slot, `sample_bytes` are each field's bytes per sample, and `lanes`
+    /// threads call it at once. Shuffle, ranks, resume and the dashboard are the native ones.
+    #[staticmethod]
+    #[pyo3(signature = (builder, num_samples, sample_bytes, lanes, waiting_on, batch_size, shuffle, seed, drop_last, rank, world_size, prefetch, timeout_s, max_held_batches, max_prefetch_bytes = 2 << 30, dashboard = None, job_name = "dataset".to_string()))]
+    #[allow(clippy::too_many_arguments)]
+    fn from_dataset(
+        py: Python<'_>,
+        builder: Py<PyAny>,
+        num_samples: u64,
+        sample_bytes: Vec<usize>,
+        lanes: usize,
+        waiting_on: String,
+        batch_size: u32,
+        shuffle: bool,
+        seed: u64,
+        drop_last: bool,
+        rank: u32,
+        world_size: u32,
+        prefetch: usize,
+        timeout_s: f64,
+        max_held_batches: usize,
+        max_prefetch_bytes: u64,
+        dashboard: Option<String>,
+        job_name: String,
+    ) -> PyResult<Self> {
+        if !(timeout_s.is_finite() && timeout_s > 0.0) {
+            return Err(PyValueError::new_err(format!(
+                "timeout must be a positive number of seconds, got {timeout_s}"
+            )));
+        }
+        let spec = JobSpec {
+            batch_size,
+            seed,
+            shuffle,
+            drop_last,
+            rank,
+            world_size,
+            uneven_tail: proto::UnevenTail::Pad as i32,
+            ..JobSpec::default()
+        };
+        let recipe = Recipe {
+            spec,
+            options: LoaderOptions {
+                threads: lanes,
+                prefetch,
+                max_prefetch_bytes,
+                deadline: Duration::from_secs_f64(timeout_s),
+                max_held_batches,
+                ..LoaderOptions::default()
+            },
+            remote: None,
+            dataset: Some((
+                DatasetRecipe {
+                    builder: Arc::new(builder),
+                    sample_bytes,
+                    lanes,
+                    waiting_on,
+                },
+                num_samples,
+            )),
+        };
+        let loader = py
+            .detach(|| recipe.build(recipe.spec.clone()))
+            .map_err(from_loader)?;
+        let dashboard = start_dashboard(dashboard, &job_name, rank, &loader)?;
+        Ok(Self {
+            loader: Some(Arc::new(loader)),
+            stream: None,
+            address: None,
             dashboard,
             recipe,
             resumed: None,
@@ -588,6 +682,13 @@ fn write_test_certificates(
     Ok((written.ca, written.cert, written.key))
 }
 
+/// The 64-bit seed of sample `index` in `epoch` under `seed`: the one the native pipelines'
+/// per-sample random stream starts from (`stoker.sample_rng()` seeds numpy's with it).
+#[pyfunction]
+fn sample_seed(seed: u64, epoch: u64, index: u64) -> u64 {
+    stoker_worker::sample_seed(seed, epoch, index)
+}
+
 #[pymodule]
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     let classes = errors::classes(m.py())?;
@@ -598,6 +699,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<Buffer>()?;
     m.add_function(wrap_pyfunction!(make_dataset, m)?)?;
     m.add_function(wrap_pyfunction!(make_tokens, m)?)?;
+    m.add_function(wrap_pyfunction!(sample_seed, m)?)?;
     m.add_function(wrap_pyfunction!(train_bpe_tokenizer, m)?)?;
     m.add_function(wrap_pyfunction!(write_test_certificates, m)?)?;
     ops::register(m)?;

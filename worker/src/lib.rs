@@ -79,4 +79,4 @@ pub use ops::tensor::{ImageDtype, ImageLayout, OutputFormat};
 pub use ops::tokenize::{train_bpe_tokenizer, TextTokenizer, EOS_CANDIDATES};
 pub use pipeline::{Geometry, Pipeline, SampleTimings, Scratch, IMAGE_ORDERS, MAX_SIDE};
 pub use plan::{resized_spec, EpochPlan, Permutation, PlanConfig, Resize};
-pub use rng::SampleRng;
+pub use rng::{sample_seed, SampleRng};

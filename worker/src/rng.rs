@@ -14,6 +14,14 @@ pub(crate) fn mix64(mut z: u64) -> u64 {
     z ^ (z >> 31)
 }
 
+/// The 64-bit seed of one sample's stream in one epoch: what [`SampleRng::new`] seeds its
+/// generator with, and what Python code under `Loader.from_dataset` seeds its own with.
+pub fn sample_seed(seed: u64, epoch: u64, sample_index: u64) -> u64 {
+    let a = mix64(seed ^ 0x5354_4f4b_4552_0001);
+    let b = mix64(a ^ epoch.wrapping_mul(0x9e37_79b9_7f4a_7c15));
+    mix64(b ^ sample_index.wrapping_mul(0xc2b2_ae3d_27d4_eb4f))
+}
+
 /// The random stream of one sample in one epoch.
 pub struct SampleRng {
     inner: Pcg64Mcg,
@@ -22,11 +30,8 @@ pub struct SampleRng {
 impl SampleRng {
     /// The stream for `(seed, epoch, sample_index)`.
     pub fn new(seed: u64, epoch: u64, sample_index: u64) -> Self {
-        let a = mix64(seed ^ 0x5354_4f4b_4552_0001);
-        let b = mix64(a ^ epoch.wrapping_mul(0x9e37_79b9_7f4a_7c15));
-        let c = mix64(b ^ sample_index.wrapping_mul(0xc2b2_ae3d_27d4_eb4f));
         Self {
-            inner: Pcg64Mcg::seed_from_u64(c),
+            inner: Pcg64Mcg::seed_from_u64(sample_seed(seed, epoch, sample_index)),
         }
     }
 

@@ -30,6 +30,7 @@ from stoker.errors import (
     WorkerUnavailableError,
 )
 from stoker.loader import BatchIterator, Loader
+from stoker.dataset import sample_rng, sample_seed
 
 try:
     __version__: str = version("stoker")
@@ -49,5 +50,7 @@ __all__ = [
     "WorkerUnavailableError",
     "__version__",
     "ops",
+    "sample_rng",
+    "sample_seed",
     "vision",
 ]

@@ -63,7 +63,8 @@ _MAX_U32: Final = 2**32 - 1
 
 # DataLoader arguments with no Stoker meaning, and what to use instead.
 _DATALOADER_ONLY: Final[Mapping[str, str]] = {
-    "num_workers": "use num_threads=N (decode threads in this process; no worker processes)",
+    "num_workers": "use num_threads=N (decode threads in this process; no worker processes); "
+    "Loader.from_dataset takes num_workers for a Python Dataset",
     "sampler": "use shuffle, seed, rank and world_size (the order is planned in Rust)",
     "batch_sampler": "use batch_size and drop_last (batches are planned in Rust)",
     "collate_fn": "batches are assembled in Rust as a dict of tensors; post-process them in "
@@ -77,7 +78,8 @@ _DATALOADER_ONLY: Final[Mapping[str, str]] = {
     "generator": "use seed=N (every random draw is seeded by seed, epoch and sample index)",
     "multiprocessing_context": "there are no worker processes",
     "in_order": "batches always come in step order, which makes runs reproducible",
-    "dataset": "pass the image folder path as the first argument, source",
+    "dataset": "pass a dataset path as source, or wrap a map-style Dataset with "
+    "Loader.from_dataset(dataset, ...)",
     "transform": "use pipeline=[stoker.ops...] or stoker.vision.imagenet_train()",
 }
 
@@ -508,6 +510,100 @@ class Loader:
             tls_server_name=tls_server_name,
         )
         self._finish_init()
+
+    @classmethod
+    def from_dataset(
+        cls,
+        dataset: Any,
+        *,
+        batch_size: int = 1,
+        shuffle: bool = False,
+        seed: int = 0,
+        drop_last: bool = False,
+        transform: Any = None,
+        collate_fn: Any = None,
+        num_threads: int | None = None,
+        num_workers: int = 0,
+        multiprocessing_context: Literal["spawn", "forkserver"] | None = None,
+        rank: int | None = None,
+        world_size: int | None = None,
+        prefetch: int | Literal["auto"] = "auto",
+        output: Literal["torch", "numpy"] | None = None,
+        on_error: Literal["skip", "fail"] = "fail",
+        timeout: float = 600.0,
+        max_held_batches: int = 4,
+        dashboard: int | str | None = None,
+    ) -> Loader:
+        """A loader over a map-style dataset (``__getitem__`` and ``__len__``, such as a
+        ``torch.utils.data.Dataset``), run under Stoker's planner.
+
+        The order is the native loader's for a source of ``len(dataset)`` samples with the same
+        ``seed``, ``shuffle``, ``rank`` and ``world_size``: each index once per epoch, the same
+        whatever ``num_threads`` or ``num_workers``; ``set_epoch``, ``state_dict`` and
+        ``load_state_dict`` (also on another world size), ``stats()`` and ``dashboard=`` work
+        as on a native source. Defaults follow DataLoader (``batch_size=1``,
+        ``shuffle=False``).
+
+        Samples: ``dataset[0]`` is read once here to learn the layout; every sample must
+        have its structure (a value, or tuples, lists and dicts of them) and, for each
+        numpy array, torch tensor, PIL image or number in it, the same dtype and shape. A
+        batch has that structure with each value stacked to ``(batch, *shape)`` (numbers
+        become int64, float64 or bool arrays), like DataLoader's default collation; with
+        ``collate_fn``, the batch is ``collate_fn(samples)`` over the batch's samples,
+        called in the training loop's thread.
+
+        Two ways to run the dataset's code:
+
+        - ``num_workers=0`` (default): ``num_threads`` threads of this process (default: as
+          :class:`Loader`) each load whole batches. Fast when the code releases the GIL
+          (PIL decoding and resizing, numpy); pure-Python code runs one thread at a time.
+        - ``num_workers=N``: N worker processes (``multiprocessing_context``: ``"spawn"`` or
+          ``"forkserver"``, default forkserver where available), the dataset pickled once to
+          each. A worker loads a whole batch into its own shared buffer (``memfd``, not
+          ``/dev/shm``), which is copied once into a batch slot: no pickled batches, and
+          memory bounded by the slots plus one buffer per worker.
+
+        Determinism: :func:`stoker.sample_rng` (a numpy generator) and
+        :func:`stoker.sample_seed` give the code a seed of (seed, epoch, index), the same for
+        any thread or process count. Code drawing from the global RNGs (``random``,
+        ``numpy.random``, ``torch``; torchvision's v2 transforms do) is deterministic only
+        with worker processes, where each sample starts with those three seeded from
+        :func:`stoker.sample_seed`; threads share the global RNGs, so draws there depend on
+        timing: use ``sample_rng()`` or a ``torch.Generator`` seeded from ``sample_seed()``.
+
+        Errors in the dataset's code follow ``on_error``: ``"fail"`` (default, as DataLoader)
+        raises :class:`~stoker.DecodeError` naming the index, the exception and its traceback;
+        ``"skip"`` replaces the sample by the next one that loads (as native sources do),
+        logged and listed in the iterator's ``bad_samples``.
+
+        Raises:
+            TypeError: ``dataset`` is not map-style, or a sample holds a value that cannot be
+                batched (the message names where in the sample).
+            ValueError: an argument is out of range.
+            stoker.DatasetError: the dataset is empty, or ``dataset[0]`` raised.
+        """
+        from stoker.dataset import from_dataset
+
+        return from_dataset(  # type: ignore[no-any-return]
+            dataset,
+            batch_size=batch_size,
+            shuffle=shuffle,
+            seed=seed,
+            drop_last=drop_last,
+            transform=transform,
+            collate_fn=collate_fn,
+            num_threads=num_threads,
+            num_workers=num_workers,
+            multiprocessing_context=multiprocessing_context,
+            rank=rank,
+            world_size=world_size,
+            prefetch=prefetch,
+            output=output,
+            on_error=on_error,
+            timeout=timeout,
+            max_held_batches=max_held_batches,
+            dashboard=dashboard,
+        )
 
     def _finish_init(self) -> None:
         assert self._native is not None

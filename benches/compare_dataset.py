@@ -1,0 +1,213 @@
+#!/usr/bin/env python3
+"""One torchvision-style Dataset through DataLoader and through ``Loader.from_dataset``.
+
+The dataset is torchvision's ``ImageFolder`` with a v2 recipe (PIL decode,
+``RandomResizedCrop(224)``, random horizontal flip, uint8 tensor out), the same object for
+every loader, on the same files, batches of 64:
+
+- ``DataLoader, N workers``: torch's loader, ``num_workers=N`` (default N = 2), default
+  prefetch (2 batches per worker).
+- ``from_dataset, N threads``: Stoker's planner, the dataset's code on N threads here.
+- ``from_dataset, N processes``: Stoker's planner, N worker processes (forkserver), each
+  loading whole batches into its shared buffer.
+
+Each runs in a fresh child interpreter (imports done before the clock starts) and is
+measured as compare_loader.py measures: images/s from building the loader to the last batch,
+the first batch's time, CPU-seconds per image of the child's whole tree, and the peak PSS of
+that tree above the interpreter's after its imports ("loader memory"; measure.py says how it
+is read without slowing the run). Stoker gets the same batches in flight as DataLoader
+(``prefetch = 2 x N``) and room for the one batch the loop holds.
+
+Usage: benches/compare_dataset.sh [--count N] [--batches K] [--workers N] [--repeat R]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from measure import MIB, PeakWatch, pss_bytes, tree_pss_bytes
+
+CROP_SIZE = 224
+PREFETCH_FACTOR = 2
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--data", type=Path, required=True, help="an ImageFolder tree")
+    parser.add_argument("--batch-size", type=int, default=64)
+    parser.add_argument("--workers", type=int, default=2, help="workers, processes and threads")
+    parser.add_argument("--batches", type=int, default=0, help="batches per run (0: an epoch)")
+    parser.add_argument("--repeat", type=int, default=1, help="fresh runs per loader (median)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--memory-period", type=float, default=1.0)
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+    parser.add_argument("--child", default="", help=argparse.SUPPRESS)
+    return parser.parse_args(argv)
+
+
+def dataset(args: argparse.Namespace) -> Any:
+    import torch
+    from torchvision import datasets
+    from torchvision.transforms import v2
+
+    recipe = v2.Compose(
+        [
+            v2.PILToTensor(),
+            v2.RandomResizedCrop(CROP_SIZE, antialias=True),
+            v2.RandomHorizontalFlip(),
+            v2.ToDtype(torch.uint8),
+        ]
+    )
+    return datasets.ImageFolder(str(args.data), transform=recipe)
+
+
+def build(args: argparse.Namespace, config: str) -> Any:
+    import torch
+
+    kind, _, count = config.partition(":")
+    n = int(count)
+    if kind == "torch":
+        return torch.utils.data.DataLoader(
+            dataset(args),
+            batch_size=args.batch_size,
+            shuffle=True,
+            num_workers=n,
+            generator=torch.Generator().manual_seed(args.seed),
+            persistent_workers=False,
+        )
+    import stoker
+
+    mode = {"num_workers": n} if kind == "processes" else {"num_threads": n}
+    return stoker.Loader.from_dataset(
+        dataset(args),
+        batch_size=args.batch_size,
+        shuffle=True,
+        seed=args.seed,
+        prefetch=PREFETCH_FACTOR * n,
+        max_held_batches=1,
+        output="torch",
+        **mode,
+    )
+
+
+def run_child(args: argparse.Namespace) -> dict[str, Any]:
+    import torch  # noqa: F401
+    import torchvision  # noqa: F401
+
+    import stoker  # noqa: F401
+
+    after_imports = pss_bytes(os.getpid())
+    images = batches = 0
+    started = time.perf_counter()
+    loader = build(args, args.child)
+    limit = args.batches or len(loader)
+    first_batch_s = math.nan
+    for _, labels in loader:
+        images += int(labels.shape[0])
+        batches += 1
+        if batches == 1:
+            first_batch_s = time.perf_counter() - started
+        if batches == limit:
+            break
+    elapsed = time.perf_counter() - started
+    end_tree_pss = tree_pss_bytes(os.getpid())
+    if hasattr(loader, "close"):
+        loader.close()
+    del loader
+    return {
+        "config": args.child,
+        "images": images,
+        "seconds": elapsed,
+        "images_per_s": images / elapsed,
+        "first_batch_s": first_batch_s,
+        "after_imports_pss_mib": after_imports / MIB,
+        "end_tree_pss_mib": end_tree_pss / MIB,
+    }
+
+
+def cpu_seconds(who: int) -> float:
+    usage = resource.getrusage(who)
+    return usage.ru_utime + usage.ru_stime
+
+
+def run_once(args: argparse.Namespace, config: str, argv: list[str]) -> dict[str, Any]:
+    before = cpu_seconds(resource.RUSAGE_CHILDREN)
+    with (
+        subprocess.Popen(
+            [sys.executable, __file__, *argv, "--child", config], stdout=subprocess.PIPE, text=True
+        ) as child,
+        PeakWatch(child.pid, args.memory_period) as watch,
+    ):
+        stdout, _ = child.communicate()
+    if child.returncode != 0:
+        raise SystemExit(f"{config} failed with exit code {child.returncode}")
+    result: dict[str, Any] = json.loads(stdout.strip().splitlines()[-1])
+    peak = max(watch.peak / MIB, result["end_tree_pss_mib"])
+    cpu = cpu_seconds(resource.RUSAGE_CHILDREN) - before
+    result.update(
+        loader_mib=peak - result["after_imports_pss_mib"],
+        peak_tree_pss_mib=peak,
+        cpu_s=cpu,
+        cpu_ms_per_image=1000 * cpu / result["images"],
+    )
+    return result
+
+
+def label(config: str) -> str:
+    kind, _, n = config.partition(":")
+    return {"torch": f"DataLoader, {n} workers", "threads": f"from_dataset, {n} threads"}.get(
+        kind, f"from_dataset, {n} processes"
+    )
+
+
+def main(argv: list[str]) -> int:
+    args = parse_args(argv)
+    if args.child:
+        print(json.dumps(run_child(args)))
+        return 0
+    configs = [f"torch:{args.workers}", f"threads:{args.workers}", f"processes:{args.workers}"]
+    results = {}
+    for config in configs:
+        print(f"running {label(config)} ({args.repeat}x) ...", file=sys.stderr, flush=True)
+        runs = [run_once(args, config, argv) for _ in range(args.repeat)]
+        merged = dict(runs[0])
+        for key, value in runs[0].items():
+            if isinstance(value, float):
+                merged[key] = statistics.median(run[key] for run in runs)
+        results[config] = merged
+    reference = results[configs[0]]
+    if args.json:
+        print(json.dumps({"data": str(args.data), "results": results}))
+        return 0
+    print(
+        f"{args.data}, batch {args.batch_size}, {reference['images']} images per run, "
+        f"median of {args.repeat} run(s)"
+    )
+    header = (
+        f"{'loader':<28}{'images/s':>10}{'vs DL':>7}{'CPU ms/img':>12}{'first batch':>13}"
+        f"{'loader MiB':>12}{'vs DL':>7}"
+    )
+    print(header)
+    print("-" * len(header))
+    for config, r in results.items():
+        print(
+            f"{label(config):<28}{r['images_per_s']:>10.0f}"
+            f"{r['images_per_s'] / reference['images_per_s']:>6.2f}x"
+            f"{r['cpu_ms_per_image']:>12.2f}{r['first_batch_s']:>12.2f}s"
+            f"{r['loader_mib']:>12.0f}{r['loader_mib'] / reference['loader_mib']:>6.2f}x"
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

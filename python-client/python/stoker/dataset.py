@@ -1,0 +1,604 @@
+"""``Loader.from_dataset``: a team's own map-style ``Dataset`` under Stoker's planner.
+
+The dataset's ``__getitem__`` (and an optional ``transform``) runs in Python, on threads of
+this process or in worker processes; everything around it is the native loader's: the epoch
+plan (shuffle, ranks, ``set_epoch``, exact resume, the same order as a native source of the
+same length and seed), the bounded slot pool, the prefetch controller, the stall figures and
+the dashboard.
+
+How a sample travels: the first sample (``dataset[0]``) fixes the *layout*: its structure (a
+tuple, list, dict or single value, nested) and, for each leaf (a numpy array, a torch tensor,
+a PIL image, a Python or numpy scalar), a dtype and shape. Each batch's slot holds one region
+per leaf, ``n`` rows of it; a sample's leaves are copied into their rows. Thread mode writes
+straight into the slot; a worker process writes into its own shared buffer (a ``memfd``, not
+``/dev/shm``), which the parent copies into the slot: one copy per batch, no pickled batches.
+A batch comes back with the sample's structure, each leaf stacked (``(n, *shape)``), or as
+``collate_fn(list_of_samples)`` when one is given.
+"""
+
+from __future__ import annotations
+
+import mmap
+import multiprocessing
+import multiprocessing.reduction
+import os
+import random
+import signal
+import sys
+import threading
+import traceback
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Final, Literal
+
+import numpy as np
+
+from stoker import _native
+from stoker.errors import DatasetError, StokerError
+from stoker.loader import Loader, _import_torch
+
+__all__ = ["from_dataset", "sample_rng", "sample_seed"]
+
+# How many following samples the skip policy tries, as the native policy does.
+_MAX_SUBSTITUTE_TRIES: Final = 16
+# Every field's region in a slot starts on this boundary (so every view is aligned).
+_ALIGN: Final = 64
+
+_current = threading.local()
+
+
+def sample_seed() -> int:
+    """The 64-bit seed of the sample being loaded: a function of (seed, epoch, index) only.
+
+    Call it from a dataset's ``__getitem__`` or ``transform`` under
+    :meth:`stoker.Loader.from_dataset` to seed a generator of your own, e.g.
+    ``torch.Generator().manual_seed(stoker.sample_seed())``.
+
+    Raises:
+        RuntimeError: called outside a sample being loaded by ``from_dataset``.
+    """
+    key = getattr(_current, "key", None)
+    if key is None:
+        raise RuntimeError(
+            "stoker.sample_seed() and stoker.sample_rng() work only inside a dataset's "
+            "__getitem__ or transform while Loader.from_dataset loads a sample"
+        )
+    return int(_native.sample_seed(*key))
+
+
+def sample_rng() -> np.random.Generator:
+    """A numpy generator for the sample being loaded, seeded by (seed, epoch, index).
+
+    Draws from it depend on nothing else: not on the thread or process that loads the
+    sample, nor on timing, so augmentations drawn from it are the same for any
+    ``num_threads`` or ``num_workers``. A new generator each call, starting at the same point.
+
+    Raises:
+        RuntimeError: called outside a sample being loaded by ``from_dataset``.
+    """
+    return np.random.default_rng(sample_seed())
+
+
+@dataclass(frozen=True)
+class _Field:
+    """One leaf of the sample structure: where it is, its dtype and its shape per sample."""
+
+    path: str
+    dtype: np.dtype[Any]
+    shape: tuple[int, ...]
+
+    @property
+    def nbytes(self) -> int:
+        return int(np.prod(self.shape, dtype=np.int64)) * self.dtype.itemsize
+
+
+def _aligned(size: int) -> int:
+    return (size + _ALIGN - 1) // _ALIGN * _ALIGN
+
+
+def _leaf_array(value: Any) -> np.ndarray[Any, Any] | None:
+    """``value`` as an array when it is a leaf (array, tensor, image, scalar), else None."""
+    if isinstance(value, np.ndarray):
+        return value
+    if isinstance(value, (bool, np.bool_)):
+        return np.asarray(value, dtype=np.bool_)
+    if isinstance(value, int):
+        return np.asarray(value, dtype=np.int64)
+    if isinstance(value, float):
+        return np.asarray(value, dtype=np.float64)
+    if isinstance(value, np.generic):
+        return np.asarray(value)
+    torch = sys.modules.get("torch")
+    if torch is not None and isinstance(value, torch.Tensor):
+        return value.detach().cpu().numpy()
+    if hasattr(value, "__array_interface__") or hasattr(value, "__array__"):
+        return np.asarray(value)  # a PIL image, among others
+    return None
+
+
+def _flatten(value: Any, path: str, leaves: list[tuple[str, np.ndarray[Any, Any]]]) -> Any:
+    """Appends the leaves of ``value`` to ``leaves`` and returns its structure's template."""
+    if isinstance(value, Mapping):
+        keys = list(value.keys())
+        return ("dict", keys, [_flatten(value[k], f"{path}[{k!r}]", leaves) for k in keys])
+    if isinstance(value, (tuple, list)):
+        children = [_flatten(v, f"{path}[{i}]", leaves) for i, v in enumerate(value)]
+        return ("seq", type(value), children)
+    array = _leaf_array(value)
+    if array is None:
+        raise TypeError(
+            f"sample{path} is a {type(value).__name__}: from_dataset batches numpy arrays, "
+            "torch tensors, PIL images and numbers (in tuples, lists or dicts); convert it in "
+            "the transform"
+        )
+    if array.dtype.hasobject or array.dtype.kind in "USV":
+        raise TypeError(f"sample{path} has dtype {array.dtype}, which has no fixed size in bytes")
+    leaves.append((path, array))
+    return ("leaf", len(leaves) - 1)
+
+
+def _rebuild(template: Any, leaves: Sequence[Any]) -> Any:
+    kind = template[0]
+    if kind == "leaf":
+        return leaves[template[1]]
+    if kind == "dict":
+        return {k: _rebuild(t, leaves) for k, t in zip(template[1], template[2])}
+    kind_type, children = template[1], [_rebuild(t, leaves) for t in template[2]]
+    if hasattr(kind_type, "_fields"):  # a namedtuple
+        return kind_type(*children)
+    return kind_type(children)
+
+
+@dataclass(frozen=True)
+class _Layout:
+    """Where each leaf of a sample goes in a batch slot."""
+
+    template: Any
+    fields: tuple[_Field, ...]
+
+    @staticmethod
+    def of(sample: Any) -> _Layout:
+        leaves: list[tuple[str, np.ndarray[Any, Any]]] = []
+        template = _flatten(sample, "", leaves)
+        fields = tuple(_Field(path or "", a.dtype, tuple(a.shape)) for path, a in leaves)
+        return _Layout(template, fields)
+
+    def regions(self, n: int) -> list[tuple[int, int]]:
+        """(offset, length) in an ``n``-sample slot of each field."""
+        regions, offset = [], 0
+        for field in self.fields:
+            regions.append((offset, field.nbytes * n))
+            offset += _aligned(field.nbytes * n)
+        return regions
+
+    def leaves_of(self, sample: Any) -> list[np.ndarray[Any, Any]]:
+        """The sample's leaves, checked against the layout; ValueError saying what differs."""
+        leaves: list[tuple[str, np.ndarray[Any, Any]]] = []
+        template = _flatten(sample, "", leaves)
+        if template != self.template:
+            raise ValueError(
+                "the sample's structure differs from dataset[0]'s: every sample must have the "
+                "same keys and nesting"
+            )
+        for (path, array), field in zip(leaves, self.fields):
+            if array.shape != field.shape or array.dtype != field.dtype:
+                raise ValueError(
+                    f"sample{path} is {array.dtype} {array.shape}, but dataset[0] had "
+                    f"{field.dtype} {field.shape}: from_dataset needs the same dtype and shape "
+                    "in every sample (pad or resize in the transform)"
+                )
+        return [array for _, array in leaves]
+
+
+@dataclass
+class _State:
+    """What loading a sample needs, in the loader's process or a worker process."""
+
+    dataset: Any
+    transform: Callable[[Any], Any] | None
+    layout: _Layout
+    seed: int
+    on_error: str
+    length: int
+    seed_globals: bool
+
+
+def _load(state: _State, epoch: int, index: int) -> Any:
+    _current.key = (state.seed, epoch, index)
+    try:
+        if state.seed_globals:
+            seed = sample_seed()
+            random.seed(seed)
+            np.random.seed(seed & 0xFFFF_FFFF)
+            torch = sys.modules.get("torch")
+            if torch is not None:
+                torch.manual_seed(seed)
+        sample = state.dataset[index]
+        if state.transform is not None:
+            sample = state.transform(sample)
+        return sample
+    finally:
+        _current.key = None
+
+
+def _describe(index: int, error: BaseException) -> str:
+    text = "".join(traceback.format_exception(type(error), error, error.__traceback__))
+    return f"dataset[{index}] raised {type(error).__name__}: {error}\n{text.rstrip()}"
+
+
+def _try(state: _State, epoch: int, index: int) -> tuple[list[Any] | None, str | None]:
+    try:
+        return state.layout.leaves_of(_load(state, epoch, index)), None
+    except Exception as error:  # noqa: BLE001 - user code: any exception is a bad sample
+        return None, _describe(index, error)
+
+
+def _fill_batch(
+    state: _State, epoch: int, indices: Sequence[int], view: memoryview
+) -> tuple[list[tuple[int, str, int]], tuple[int, str] | None]:
+    """Loads ``indices`` into ``view`` by the layout, under the bad-sample policy. Returns the
+    replaced samples as (index, reason, substitute) and the failure, if any, as (index, reason)."""
+    n = len(indices)
+    destinations = [
+        np.frombuffer(view, dtype=field.dtype, count=n * field.nbytes // field.dtype.itemsize,
+                      offset=offset).reshape((n, *field.shape))
+        if field.nbytes else None
+        for field, (offset, _) in zip(state.layout.fields, state.layout.regions(n))
+    ]
+    bad: list[tuple[int, str, int]] = []
+    try:
+        for row, index in enumerate(indices):
+            leaves, reason = _try(state, epoch, index)
+            if reason is not None:
+                if state.on_error == "fail":
+                    return bad, (index, reason)
+                for offset in range(1, min(_MAX_SUBSTITUTE_TRIES, state.length - 1) + 1):
+                    substitute = (index + offset) % state.length
+                    leaves, _ = _try(state, epoch, substitute)
+                    if leaves is not None:
+                        bad.append((index, reason, substitute))
+                        break
+                else:
+                    return bad, (index, f"{reason}\n(and none of the next "
+                                 f"{_MAX_SUBSTITUTE_TRIES} samples loaded either)")
+            assert leaves is not None
+            _write_row(destinations, row, leaves)
+        return bad, None
+    finally:
+        # The slot's view is released when build() returns: no array may still export it.
+        del destinations
+
+
+def _write_row(
+    destinations: list[np.ndarray[Any, Any] | None], row: int, leaves: list[Any]
+) -> None:
+    for destination, leaf in zip(destinations, leaves):
+        if destination is not None:
+            destination[row] = leaf
+
+
+class _ThreadBuilder:
+    """Thread mode: each lane loads its batch's samples on its own thread."""
+
+    def __init__(self, state: _State) -> None:
+        self._state = state
+
+    def build(self, lane: int, epoch: int, step: int, indices: list[int], view: memoryview) -> Any:
+        return _fill_batch(self._state, epoch, indices, view)
+
+    def close(self) -> None:
+        pass
+
+
+class _Fd:
+    """A file descriptor that travels to a spawned or forkserver child (as multiprocessing
+    sends a Connection's)."""
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_rebuild_fd, (multiprocessing.reduction.DupFd(self.fd),))
+
+
+def _rebuild_fd(dup: Any) -> int:
+    return int(dup.detach())
+
+
+def _worker_main(conn: Any, fd: int, size: int, state: _State) -> None:
+    """A worker process: loads the batches it is sent into its shared buffer."""
+    # Ctrl-C goes to the whole process group; the parent decides, its workers do not.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    buffer = mmap.mmap(fd, size)
+    os.close(fd)
+    view = memoryview(buffer)
+    while True:
+        try:
+            message = conn.recv()
+        except (EOFError, OSError):
+            return  # the parent is gone
+        if message is None:
+            return
+        epoch, indices = message
+        try:
+            bad, failure = _fill_batch(state, epoch, indices, view)
+            conn.send(("done", bad, failure))
+        except BaseException as error:  # noqa: BLE001 - reported to the parent, then go on
+            conn.send(("error", _describe(-1, error)))
+
+
+class _Worker:
+    def __init__(self, context: Any, number: int, size: int, state: _State) -> None:
+        self.number = number
+        fd = os.memfd_create(f"stoker-dataset-worker-{number}", os.MFD_CLOEXEC)
+        try:
+            os.ftruncate(fd, max(size, 1))
+            self.buffer = mmap.mmap(fd, max(size, 1))
+            parent, child = context.Pipe()
+            self.process = context.Process(
+                target=_worker_main,
+                args=(child, _Fd(fd), max(size, 1), state),
+                name=f"stoker-dataset-worker-{number}",
+                daemon=True,
+            )
+            self.process.start()
+        finally:
+            os.close(fd)
+        child.close()
+        self.conn = parent
+        self.view = memoryview(self.buffer)
+
+    def build(self, epoch: int, step: int, indices: list[int], view: memoryview) -> Any:
+        try:
+            self.conn.send((epoch, indices))
+            reply = self.conn.recv()
+        except (EOFError, OSError, BrokenPipeError):
+            self.process.join(timeout=1.0)
+            raise StokerError(
+                f"dataset worker process {self.number} (pid {self.process.pid}) exited with "
+                f"code {self.process.exitcode} while loading step {step} of epoch {epoch}"
+            ) from None
+        if reply[0] == "error":
+            raise StokerError(f"dataset worker process {self.number} failed: {reply[1]}")
+        _, bad, failure = reply
+        if failure is None:
+            view[:] = self.view[: len(view)]
+        return bad, failure
+
+    def close(self) -> None:
+        try:
+            self.conn.send(None)
+        except OSError:
+            pass
+        self.process.join(timeout=5.0)
+        if self.process.is_alive():
+            self.process.kill()
+            self.process.join(timeout=5.0)
+        self.conn.close()
+        self.view.release()
+        self.buffer.close()
+
+
+class _ProcessBuilder:
+    """Process mode: lane k hands its batches to worker process k."""
+
+    def __init__(self, state: _State, workers: int, context: Any, slot_bytes: int) -> None:
+        self._workers: list[_Worker] = []
+        self._lock = threading.Lock()
+        try:
+            for number in range(workers):
+                self._workers.append(_Worker(context, number, slot_bytes, state))
+        except BaseException:
+            self.close()
+            raise
+
+    def build(self, lane: int, epoch: int, step: int, indices: list[int], view: memoryview) -> Any:
+        return self._workers[lane].build(epoch, step, indices, view)
+
+    def close(self) -> None:
+        with self._lock:
+            workers, self._workers = self._workers, []
+        for worker in workers:
+            worker.close()
+
+
+def _context(name: object) -> Any:
+    if name is None:
+        name = "forkserver" if "forkserver" in multiprocessing.get_all_start_methods() else "spawn"
+    if name not in ("spawn", "forkserver"):
+        raise ValueError(
+            f"multiprocessing_context must be 'spawn' or 'forkserver' (fork would copy the "
+            f"loader's threads), got {name!r}"
+        )
+    return multiprocessing.get_context(str(name))
+
+
+def from_dataset(
+    dataset: Any,
+    *,
+    batch_size: int,
+    shuffle: bool,
+    seed: int,
+    drop_last: bool,
+    transform: Callable[[Any], Any] | None,
+    collate_fn: Callable[[list[Any]], Any] | None,
+    num_threads: int | None,
+    num_workers: int,
+    multiprocessing_context: Literal["spawn", "forkserver"] | None,
+    rank: int | None,
+    world_size: int | None,
+    prefetch: int | Literal["auto"],
+    output: Literal["torch", "numpy"] | None,
+    on_error: Literal["skip", "fail"],
+    timeout: float,
+    max_held_batches: int,
+    dashboard: int | str | None,
+) -> Any:
+    """Builds the :class:`DatasetLoader` that ``Loader.from_dataset`` returns."""
+    from stoker import loader as base
+
+    if not hasattr(dataset, "__getitem__") or not hasattr(dataset, "__len__"):
+        raise TypeError(
+            "from_dataset needs a map-style dataset (with __getitem__ and __len__), got "
+            f"{type(dataset).__name__}"
+        )
+    length = len(dataset)
+    if not base._is_int(length) or length < 1:
+        raise DatasetError(f"the dataset has {length!r} samples; from_dataset needs at least one")
+    for name, value in (("transform", transform), ("collate_fn", collate_fn)):
+        if value is not None and not callable(value):
+            raise TypeError(f"{name} must be callable or None, got {type(value).__name__}")
+    batch_size = base._check_int(batch_size, "batch_size", 1, base._MAX_U32)
+    shuffle = base._check_bool(shuffle, "shuffle")
+    seed = base._check_int(seed, "seed", 0, base._MAX_U64)
+    drop_last = base._check_bool(drop_last, "drop_last")
+    workers = base._check_int(num_workers, "num_workers", 0, 1024)
+    if workers and num_threads is not None:
+        raise ValueError(
+            "give num_threads (threads in this process) or num_workers (worker processes), "
+            "not both"
+        )
+    if workers:
+        context = _context(multiprocessing_context)
+        lanes, rule = workers, "num_workers"
+        waiting_on = f"on {workers} dataset worker processes"
+    else:
+        if multiprocessing_context is not None:
+            raise ValueError("multiprocessing_context applies to num_workers >= 1 only")
+        if num_threads is None:
+            lanes, rule = base._default_threads()
+        else:
+            lanes, rule = base._check_int(num_threads, "num_threads", 1, 4096), "num_threads"
+        waiting_on = f"on {lanes} dataset threads"
+    if prefetch == "auto":
+        prefetch_count = 0
+    elif base._is_int(prefetch) and 1 <= prefetch <= 4096:
+        prefetch_count = int(prefetch)
+    else:
+        raise ValueError(f"prefetch must be 'auto' or an int in 1..=4096, got {prefetch!r}")
+    if on_error not in ("skip", "fail"):
+        raise ValueError(f"on_error must be 'skip' or 'fail', got {on_error!r}")
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0:
+        raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}")
+    max_held = base._check_int(max_held_batches, "max_held_batches", 1, 4096)
+    if output is None:
+        output = "torch" if base._torch_importable() else "numpy"
+    elif output not in ("torch", "numpy"):
+        raise ValueError(f"output must be 'torch' or 'numpy' (None: torch when importable), got {output!r}")
+    rank_, world = base._resolve_rank(rank, world_size)
+
+    # The first sample fixes the layout.
+    probe = _State(dataset, transform, _Layout((), ()), seed, on_error, length, False)
+    try:
+        first = _load(probe, 0, 0)
+    except Exception as error:
+        raise DatasetError(
+            "from_dataset reads dataset[0] to learn the samples' layout, and it failed: "
+            + _describe(0, error)
+        ) from error
+    layout = _Layout.of(first)
+    del first
+    state = _State(dataset, transform, layout, seed, on_error, length, bool(workers))
+    slot_bytes = sum(_aligned(f.nbytes * batch_size) for f in layout.fields)
+    builder: Any = (
+        _ProcessBuilder(state, workers, context, slot_bytes) if workers else _ThreadBuilder(state)
+    )
+    try:
+        native = _native.NativeLoader.from_dataset(
+            builder,
+            length,
+            [f.nbytes for f in layout.fields],
+            lanes,
+            waiting_on,
+            batch_size,
+            shuffle,
+            seed,
+            drop_last,
+            rank_,
+            world,
+            prefetch_count,
+            float(timeout),
+            max_held,
+            dashboard=base._dashboard_address(dashboard),
+            job_name=type(dataset).__name__,
+        )
+    except BaseException:
+        builder.close()
+        raise
+    return DatasetLoader._make(
+        native, builder, layout, collate_fn, output,
+        batch_size=batch_size, shuffle=shuffle, seed=seed, drop_last=drop_last, rank=rank_,
+        world_size=world, timeout=float(timeout), max_held_batches=max_held, thread_rule=rule,
+        name=type(dataset).__name__,
+    )
+
+
+class DatasetLoader(Loader):
+    """A :class:`stoker.Loader` over a Python dataset (see :meth:`Loader.from_dataset`).
+
+    Iteration, ``len``, ``set_epoch``, ``state_dict``/``load_state_dict``, ``stats`` and
+    the dashboard behave as for a native source; batches have the samples' structure.
+    """
+
+    @classmethod
+    def _make(cls, native: Any, builder: Any, layout: _Layout,
+              collate_fn: Any, output: str, **settings: Any) -> DatasetLoader:
+        self = cls.__new__(cls)
+        self._native = native
+        self._closed = False
+        self._forked = False
+        self._builder = builder
+        self._layout = layout
+        self._collate_fn = collate_fn
+        self._batch_size = settings["batch_size"]
+        self._shuffle = settings["shuffle"]
+        self._seed = settings["seed"]
+        self._drop_last = settings["drop_last"]
+        self._rank = settings["rank"]
+        self._world_size = settings["world_size"]
+        self._timeout = settings["timeout"]
+        self._max_held_batches = settings["max_held_batches"]
+        self._thread_rule = settings["thread_rule"]
+        self._source = settings["name"]
+        self._ops = []
+        self._output = output
+        self._torch = _import_torch("output='torch'") if output == "torch" else None
+        self._finish_init()
+        return self
+
+    def close(self) -> None:
+        """Stops the worker processes and threads. Idempotent; batches already yielded
+        stay valid."""
+        if self._closed:
+            return
+        builder = getattr(self, "_builder", None)
+        if builder is not None and not self._forked:
+            builder.close()  # a lane waiting on a worker then returns at once
+        super().close()
+
+    def __repr__(self) -> str:
+        state = "closed" if self._closed else f"epoch={self._epoch}, step={self._step}"
+        return (
+            f"DatasetLoader({self._source}, batch_size={self._batch_size}, "
+            f"rank={self._rank}, world_size={self._world_size}, {state})"
+        )
+
+    def _to_batch(self, item: Any) -> tuple[int, Any, list[int], list[Any]]:
+        _, step, tensors, indices, bad = item
+        n = len(indices)
+        leaves = []
+        for (_, _, _, data), field in zip(tensors, self._layout.fields):
+            array = np.frombuffer(
+                memoryview(data), dtype=field.dtype,
+                count=n * field.nbytes // field.dtype.itemsize,
+            ).reshape((n, *field.shape))
+            leaves.append(self._torch.from_numpy(array) if self._torch is not None else array)
+        if self._collate_fn is not None:
+            samples = [_rebuild(self._layout.template, [leaf[i] for leaf in leaves])
+                       for i in range(n)]
+            batch = self._collate_fn(samples)
+        else:
+            batch = _rebuild(self._layout.template, leaves)
+        if bad:
+            self._log_bad_samples(bad)
+        return step, batch, list(indices), list(bad)

@@ -1,0 +1,439 @@
+//! A map-style Python dataset under Stoker's planner (`Loader.from_dataset`): one more
+//! [`BatchSource`] below the loader's seam, so the epoch plan, the slot pool, the prefetch
+//! controller, the statistics and the dashboard are the loader's own. The samples come from
+//! Python code: `lanes` threads each take the next requested step, plan its indices
+//! ([`EpochPlan`], the same planner as native sources) and call the Python builder's
+//! `build(lane, epoch, step, indices, view)` with a writable view of the batch's slot. The
+//! builder either runs the dataset on that thread (thread mode) or hands the batch to the
+//! lane's own worker process (process mode) and copies its result into the view.
+//!
+//! A slot is laid out field by field: each field of an `n`-sample batch takes `n` rows of its
+//! per-sample bytes, from a 64-byte boundary after the field before it; the Python side
+//! (`stoker/dataset.py`) writes and reads it by the same rule.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
+use pyo3::prelude::*;
+use pyo3::types::PyList;
+use stoker_loader::{
+    BatchSource, Built, EpochFeed, Error, LoaderMonitor, Result, Slot, SourceInfo,
+};
+use stoker_proto::v1::{self as proto, JobSpec};
+use stoker_worker::{EpochPlan, PlanConfig, Resize};
+
+/// How long closing a loader waits for its lanes to finish the batch each is building.
+const LANE_JOIN: Duration = Duration::from_secs(30);
+
+/// What builds a dataset loader's source (again, for an epoch resumed on another world size).
+pub(crate) struct DatasetRecipe {
+    /// The Python object whose `build` fills a batch.
+    pub builder: Arc<Py<PyAny>>,
+    /// Bytes per sample of each field, in field order.
+    pub sample_bytes: Vec<usize>,
+    /// Threads calling `build` at once: the decode threads, or one per worker process.
+    pub lanes: usize,
+    /// What the lanes run on, for timeout messages ("on 2 worker processes").
+    pub waiting_on: String,
+}
+
+impl DatasetRecipe {
+    /// A source for `spec` (its dataset is the Python one; `num_samples` is its length).
+    pub fn build(&self, spec: JobSpec, num_samples: u64) -> Result<DatasetSource> {
+        DatasetSource::start(
+            spec,
+            num_samples,
+            Arc::clone(&self.builder),
+            self.sample_bytes.clone(),
+            self.lanes,
+            self.waiting_on.clone(),
+        )
+    }
+}
+
+/// One step for a lane to build.
+struct Task {
+    plan: Arc<EpochPlan>,
+    step: u64,
+    slot: Slot,
+    reply: Sender<Built>,
+    cancelled: Arc<AtomicBool>,
+}
+
+/// The batches of a Python dataset, built by Python code on `lanes` threads.
+pub(crate) struct DatasetSource {
+    spec: JobSpec,
+    config: PlanConfig,
+    info: SourceInfo,
+    sample_bytes: Arc<[usize]>,
+    tasks: Option<Sender<Task>>,
+    lanes: Vec<JoinHandle<()>>,
+    /// Set when the source is dropped: the lanes stop after their batch (feeds of epochs not
+    /// yet dropped still hold senders of the queue, so its end cannot tell them).
+    closing: Arc<AtomicBool>,
+    idle: Arc<AtomicU64>,
+}
+
+/// Every field's region in a slot starts on this boundary, so every view of it is aligned.
+const ALIGN: usize = 64;
+
+fn aligned(size: usize) -> usize {
+    size.div_ceil(ALIGN) * ALIGN
+}
+
+/// Bytes of an `n`-sample batch.
+fn batch_bytes(sample_bytes: &[usize], n: usize) -> usize {
+    sample_bytes.iter().map(|size| aligned(size * n)).sum()
+}
+
+impl DatasetSource {
+    fn start(
+        spec: JobSpec,
+        num_samples: u64,
+        builder: Arc<Py<PyAny>>,
+        sample_bytes: Vec<usize>,
+        lanes: usize,
+        waiting_on: String,
+    ) -> Result<DatasetSource> {
+        if spec.batch_size == 0 || spec.batch_size > stoker_worker::MAX_BATCH_SIZE {
+            return Err(Error::InvalidSpec(format!(
+                "batch_size must be in 1..={}, got {}",
+                stoker_worker::MAX_BATCH_SIZE,
+                spec.batch_size
+            )));
+        }
+        let config = PlanConfig::from_spec(&spec, num_samples);
+        let sample_bytes: Arc<[usize]> = sample_bytes.into();
+        let lanes = lanes.max(1);
+        let first_epoch = spec.resized_epoch.as_ref().map_or(0, |r| r.epoch);
+        let plan = plan_of(&spec, config, first_epoch)?;
+        let info = SourceInfo {
+            steps_per_epoch: plan.steps(),
+            num_samples,
+            class_names: Vec::new(),
+            batch_bytes: batch_bytes(&sample_bytes, spec.batch_size as usize),
+            threads: lanes,
+            rank: spec.rank,
+            initial_depth: lanes * 2,
+            waiting_on,
+            only_epoch: spec.resized_epoch.as_ref().map(|r| r.epoch),
+        };
+        let (tasks, queue) = crossbeam_channel::unbounded::<Task>();
+        let idle = Arc::new(AtomicU64::new(0));
+        let closing = Arc::new(AtomicBool::new(false));
+        let mut handles = Vec::with_capacity(lanes);
+        for lane in 0..lanes {
+            let queue = queue.clone();
+            let builder = Arc::clone(&builder);
+            let sample_bytes = Arc::clone(&sample_bytes);
+            let idle = Arc::clone(&idle);
+            let closing = Arc::clone(&closing);
+            let handle = std::thread::Builder::new()
+                .name(format!("stoker-dataset-{lane}"))
+                .spawn(move || {
+                    let lane = Lane {
+                        number: lane,
+                        of: lanes,
+                        builder,
+                        sample_bytes,
+                        idle,
+                        closing,
+                    };
+                    lane.run(&queue)
+                })
+                .map_err(|e| Error::Stopped(format!("cannot start a dataset thread: {e}")))?;
+            handles.push(handle);
+        }
+        Ok(DatasetSource {
+            spec,
+            config,
+            info,
+            sample_bytes,
+            tasks: Some(tasks),
+            lanes: handles,
+            closing,
+            idle,
+        })
+    }
+}
+
+/// The plan of `epoch`; a resized spec serves its one epoch as its resizes left it.
+fn plan_of(spec: &JobSpec, config: PlanConfig, epoch: u64) -> Result<EpochPlan> {
+    let plan = EpochPlan::new(config, epoch)?;
+    match &spec.resized_epoch {
+        None => Ok(plan),
+        Some(resized) if resized.epoch == epoch => Ok(plan.resized(
+            resized.resizes.iter().map(Resize::from).collect(),
+        )?),
+        Some(resized) => Err(Error::InvalidSpec(format!(
+            "this job resumes epoch {} on another world size and serves that epoch only, not epoch {epoch}",
+            resized.epoch
+        ))),
+    }
+}
+
+impl Drop for DatasetSource {
+    fn drop(&mut self) {
+        // The lanes stop once the queue is gone and their batch is done; they are waited for
+        // (boundedly) so none is left calling into Python while the interpreter shuts down.
+        self.tasks = None;
+        self.closing.store(true, Ordering::Relaxed);
+        let deadline = Instant::now() + LANE_JOIN;
+        for handle in self.lanes.drain(..) {
+            while !handle.is_finished() && Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            if handle.is_finished() {
+                let _ = handle.join();
+            } else {
+                tracing::warn!(
+                    "a dataset thread is still in Python code after {LANE_JOIN:?}; leaving it"
+                );
+            }
+        }
+    }
+}
+
+/// How often an idle lane looks whether its source was closed.
+const LANE_POLL: Duration = Duration::from_millis(50);
+
+/// One thread calling the Python builder.
+struct Lane {
+    number: usize,
+    of: usize,
+    builder: Arc<Py<PyAny>>,
+    sample_bytes: Arc<[usize]>,
+    idle: Arc<AtomicU64>,
+    closing: Arc<AtomicBool>,
+}
+
+impl Lane {
+    /// Builds the steps taken from the queue, one at a time, until the source is closed.
+    fn run(&self, queue: &Receiver<Task>) {
+        let mut asked = Instant::now();
+        while !self.closing.load(Ordering::Relaxed) {
+            let task = match queue.recv_timeout(LANE_POLL) {
+                Ok(task) => task,
+                Err(RecvTimeoutError::Timeout) => continue,
+                Err(RecvTimeoutError::Disconnected) => return,
+            };
+            // The loader's "producer idle" is the lanes' idle time averaged over the lanes.
+            let idle = asked.elapsed().as_nanos() / self.of as u128;
+            self.idle.fetch_add(idle as u64, Ordering::Relaxed);
+            if !task.cancelled.load(Ordering::Relaxed) {
+                self.build(task);
+            }
+            asked = Instant::now();
+        }
+    }
+
+    /// Builds one step into its slot and sends it back.
+    fn build(&self, mut task: Task) {
+        let (lane, builder, sample_bytes) = (self.number, &*self.builder, &*self.sample_bytes);
+        let started = Instant::now();
+        let indices = task.plan.batch_indices(task.step);
+        let epoch = task.plan.epoch();
+        let step = task.step;
+        let built = Python::attach(|py| {
+            build_in_python(
+                py,
+                builder,
+                lane,
+                epoch,
+                step,
+                &indices,
+                task.slot.as_mut_slice(),
+            )
+        });
+        let result = built.map(|bad| {
+            let bytes = task.slot.into_bytes();
+            let n = indices.len();
+            let mut offset = 0;
+            let tensors = sample_bytes
+                .iter()
+                .enumerate()
+                .map(|(field, &size)| {
+                    let len = size * n;
+                    let tensor = proto::Tensor {
+                        name: field.to_string(),
+                        dtype: proto::Dtype::Uint8 as i32,
+                        shape: vec![n as u64, size as u64],
+                        data: bytes.slice(offset..offset + len),
+                    };
+                    offset += aligned(len);
+                    tensor
+                })
+                .collect();
+            proto::Batch {
+                epoch,
+                rank: task.plan.config().rank,
+                step,
+                tensors,
+                sample_indices: indices,
+                timings: Some(proto::StageTimings {
+                    read_ns: started.elapsed().as_nanos() as u64,
+                    ..Default::default()
+                }),
+                bad_samples: bad,
+            }
+        });
+        let _ = task.reply.send(Built {
+            step,
+            service: started.elapsed(),
+            result,
+        });
+    }
+}
+
+/// Calls `builder.build(lane, epoch, step, indices, view)` over a writable memoryview of
+/// `slot`, which is released before this returns (a view kept by Python code is an error, not
+/// a dangling pointer). `build` returns `(bad, failure)`: the samples replaced under the skip
+/// policy as `(index, reason, substitute)`, and `None` or the `(index, reason)` of a sample
+/// that failed the batch.
+fn build_in_python(
+    py: Python<'_>,
+    builder: &Py<PyAny>,
+    lane: usize,
+    epoch: u64,
+    step: u64,
+    indices: &[u64],
+    slot: &mut [u8],
+) -> Result<Vec<proto::BadSample>> {
+    let python = |e: PyErr| {
+        let traceback = e
+            .traceback(py)
+            .and_then(|t| t.format().ok())
+            .unwrap_or_default();
+        Error::Stopped(format!(
+            "building step {step} of epoch {epoch} in Python: {e}\n{traceback}"
+        ))
+    };
+    // SAFETY: the view points at `slot`, which outlives it: it is released below, before the
+    // borrow ends, and a release that fails (Python kept an export of it) makes the batch an
+    // error. The length fits isize: slots are allocated Vecs.
+    let view = unsafe {
+        let raw = pyo3::ffi::PyMemoryView_FromMemory(
+            slot.as_mut_ptr().cast(),
+            slot.len() as pyo3::ffi::Py_ssize_t,
+            pyo3::ffi::PyBUF_WRITE,
+        );
+        Bound::from_owned_ptr_or_err(py, raw).map_err(python)?
+    };
+    let outcome = builder.bind(py).call_method1(
+        "build",
+        (
+            lane,
+            epoch,
+            step,
+            PyList::new(py, indices).map_err(python)?,
+            &view,
+        ),
+    );
+    let released = view.call_method0("release");
+    let outcome = outcome.map_err(python)?;
+    if let Err(e) = released {
+        return Err(Error::Stopped(format!(
+            "the dataset code kept a view of the batch buffer of step {step} after filling it: {e}"
+        )));
+    }
+    let (bad, failure): (Vec<(u64, String, u64)>, Option<(u64, String)>) =
+        outcome.extract().map_err(python)?;
+    if let Some((index, reason)) = failure {
+        return Err(Error::Worker(stoker_worker::Error::BadSample {
+            index,
+            path: format!("dataset[{index}]"),
+            reason,
+        }));
+    }
+    Ok(bad
+        .into_iter()
+        .map(|(index, reason, substitute)| proto::BadSample {
+            sample_index: index,
+            path: format!("dataset[{index}]"),
+            reason,
+            substitute_index: substitute,
+        })
+        .collect())
+}
+
+impl BatchSource for DatasetSource {
+    fn info(&self) -> &SourceInfo {
+        &self.info
+    }
+
+    fn open_epoch(
+        &self,
+        epoch: u64,
+        _start_step: u64,
+        _monitor: LoaderMonitor,
+    ) -> Result<Box<dyn EpochFeed>> {
+        let tasks = self
+            .tasks
+            .clone()
+            .ok_or_else(|| Error::Stopped("the dataset loader is closed".into()))?;
+        let (reply, receiver) = crossbeam_channel::unbounded();
+        Ok(Box::new(DatasetFeed {
+            plan: Arc::new(plan_of(&self.spec, self.config, epoch)?),
+            sample_bytes: Arc::clone(&self.sample_bytes),
+            tasks,
+            reply,
+            receiver,
+            cancelled: Arc::new(AtomicBool::new(false)),
+            idle: Arc::clone(&self.idle),
+        }))
+    }
+}
+
+/// One epoch of a [`DatasetSource`].
+struct DatasetFeed {
+    plan: Arc<EpochPlan>,
+    sample_bytes: Arc<[usize]>,
+    tasks: Sender<Task>,
+    reply: Sender<Built>,
+    receiver: Receiver<Built>,
+    cancelled: Arc<AtomicBool>,
+    idle: Arc<AtomicU64>,
+}
+
+impl EpochFeed for DatasetFeed {
+    fn steps(&self) -> u64 {
+        self.plan.steps()
+    }
+
+    fn request(&mut self, step: u64, mut slot: Slot) {
+        slot.set_len(batch_bytes(&self.sample_bytes, self.plan.batch_len(step)));
+        let task = Task {
+            plan: Arc::clone(&self.plan),
+            step,
+            slot,
+            reply: self.reply.clone(),
+            cancelled: Arc::clone(&self.cancelled),
+        };
+        if self.tasks.send(task).is_err() {
+            tracing::error!(step, "the dataset threads are gone");
+        }
+    }
+
+    fn recv(&mut self, timeout: Duration) -> Result<Option<Built>> {
+        match self.receiver.recv_timeout(timeout) {
+            Ok(built) => Ok(Some(built)),
+            Err(RecvTimeoutError::Timeout) => Ok(None),
+            Err(RecvTimeoutError::Disconnected) => {
+                Err(Error::Stopped("the dataset threads stopped".into()))
+            }
+        }
+    }
+
+    fn producer_idle(&self) -> Duration {
+        Duration::from_nanos(self.idle.load(Ordering::Relaxed))
+    }
+}
+
+impl Drop for DatasetFeed {
+    fn drop(&mut self) {
+        self.cancelled.store(true, Ordering::Relaxed);
+    }
+}

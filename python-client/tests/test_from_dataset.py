@@ -1,0 +1,301 @@
+"""Loader.from_dataset: a Python map-style dataset under the native planner, run on threads
+or in worker processes."""
+
+from __future__ import annotations
+
+import collections
+import os
+import signal
+import time
+
+import numpy as np
+import pytest
+
+import stoker
+
+Pair = collections.namedtuple("Pair", ["features", "index"])
+
+
+class Squares:
+    """Sample i: (a float32 vector derived from i, i) — easy to check after batching."""
+
+    def __init__(self, length: int = 50) -> None:
+        self.length = length
+
+    def __len__(self) -> int:
+        return self.length
+
+    def __getitem__(self, index: int):
+        return np.arange(3, dtype=np.float32) + index * index, index
+
+
+class Failing(Squares):
+    """Sample 13 raises."""
+
+    def __getitem__(self, index: int):
+        if index == 13:
+            return 1 // (index - 13)
+        return super().__getitem__(index)
+
+
+class Drawing(Squares):
+    """Each sample draws from stoker.sample_rng()."""
+
+    def __getitem__(self, index: int):
+        return {"noise": stoker.sample_rng().random(4), "index": index}
+
+
+class GlobalDrawing(Squares):
+    """Each sample draws from numpy's global RNG (as many transforms do)."""
+
+    def __getitem__(self, index: int):
+        return np.random.rand(4), index
+
+
+class Ragged(Squares):
+    def __getitem__(self, index: int):
+        return np.zeros(index % 3 + 1, dtype=np.float32)
+
+
+class Slow(Squares):
+    def __getitem__(self, index: int):
+        time.sleep(0.02)
+        return super().__getitem__(index)
+
+
+def epoch_of(loader) -> tuple[list[list[int]], list]:
+    """The sample indices of each batch of one epoch, and the batches."""
+    it = iter(loader)
+    order, batches = [], []
+    for batch in it:
+        order.append(list(it.sample_indices))
+        batches.append(batch)
+    return order, batches
+
+
+def check_squares(batch, indices) -> None:
+    features, index = batch
+    assert list(index) == indices
+    expected = np.stack([np.arange(3, dtype=np.float32) + i * i for i in indices])
+    np.testing.assert_array_equal(np.asarray(features), expected)
+
+
+@pytest.mark.parametrize("mode", [{"num_threads": 3}, {"num_workers": 2}])
+def test_every_index_once_per_epoch_with_the_samples_structure(mode) -> None:
+    with stoker.Loader.from_dataset(
+        Squares(50), batch_size=8, shuffle=True, seed=3, output="numpy", **mode
+    ) as loader:
+        assert len(loader) == 7
+        for _ in range(2):
+            order, batches = epoch_of(loader)
+            flat = [i for step in order for i in step]
+            assert sorted(flat) == list(range(50))
+            assert [len(step) for step in order] == [8] * 6 + [2]
+            for batch, indices in zip(batches, order):
+                assert isinstance(batch, tuple)
+                assert batch[0].dtype == np.float32 and batch[0].shape == (len(indices), 3)
+                assert batch[1].dtype == np.int64
+                check_squares(batch, indices)
+        assert loader.stats()["batches"] == 14
+
+
+def test_the_order_is_the_native_loaders_for_the_same_seed(tmp_path) -> None:
+    root = stoker._native.make_dataset(str(tmp_path / "images"), 40)
+    settings = dict(batch_size=6, shuffle=True, seed=11, rank=1, world_size=2)
+    native = stoker.Loader(
+        root, pipeline=[stoker.ops.DecodeImage(), stoker.ops.Resize(8), stoker.ops.CenterCrop(8)], output="numpy",
+        **settings,
+    )
+    wrapped = stoker.Loader.from_dataset(Squares(40), output="numpy", num_threads=2, **settings)
+    with native, wrapped:
+        for epoch in range(2):
+            native.set_epoch(epoch)
+            wrapped.set_epoch(epoch)
+            assert epoch_of(native)[0] == epoch_of(wrapped)[0]
+
+
+def test_resume_mid_epoch_is_exact() -> None:
+    settings = dict(batch_size=4, shuffle=True, seed=5, output="numpy", num_threads=2)
+    with stoker.Loader.from_dataset(Squares(30), **settings) as full:
+        full.set_epoch(1)
+        whole, _ = epoch_of(full)
+    with stoker.Loader.from_dataset(Squares(30), **settings) as first:
+        first.set_epoch(1)
+        it = iter(first)
+        for _ in range(3):
+            next(it)
+        state = first.state_dict()
+    assert state["step"] == 3 and state["epoch"] == 1
+    with stoker.Loader.from_dataset(Squares(30), **settings) as resumed:
+        resumed.load_state_dict(state)
+        rest, batches = epoch_of(resumed)
+    assert rest == whole[3:]
+    for batch, indices in zip(batches, rest):
+        check_squares(batch, indices)
+
+
+def test_resume_on_another_world_size_follows_the_native_loader(tmp_path) -> None:
+    root = stoker._native.make_dataset(str(tmp_path / "images"), 40)
+    pipeline = [stoker.ops.DecodeImage(), stoker.ops.Resize(8), stoker.ops.CenterCrop(8)]
+    settings = dict(batch_size=3, shuffle=True, seed=9, output="numpy")
+
+    def native(rank, world):
+        return stoker.Loader(root, pipeline=pipeline, rank=rank, world_size=world, **settings)
+
+    def wrapped(rank, world):
+        return stoker.Loader.from_dataset(
+            Squares(40), rank=rank, world_size=world, num_threads=1, **settings
+        )
+
+    states, seen = [], []
+    for rank in range(2):
+        with wrapped(rank, 2) as old:
+            it = iter(old)
+            for _ in range(2):
+                next(it)
+                seen.extend(it.sample_indices)
+            states.append(old.state_dict())
+    for rank in range(3):
+        with wrapped(rank, 3) as new, native(rank, 3) as reference:
+            new.load_state_dict(states)
+            reference.load_state_dict(states)
+            order, batches = epoch_of(new)
+            assert order == epoch_of(reference)[0]
+            seen.extend(i for step in order for i in step)
+            for batch, indices in zip(batches, order):
+                check_squares(batch, indices)
+    assert set(seen) == set(range(40))
+
+
+@pytest.mark.parametrize("mode", [{"num_threads": 2}, {"num_workers": 1}])
+def test_a_raising_getitem_names_its_index_exception_and_traceback(mode) -> None:
+    with stoker.Loader.from_dataset(Failing(20), batch_size=5, output="numpy", **mode) as loader:
+        with pytest.raises(stoker.DecodeError) as raised:
+            epoch_of(loader)
+    message = str(raised.value)
+    assert "dataset[13]" in message
+    assert "ZeroDivisionError" in message
+    assert "Traceback" in message and "__getitem__" in message
+
+
+def test_skip_replaces_a_raising_sample_by_the_next_one() -> None:
+    with stoker.Loader.from_dataset(
+        Failing(20), batch_size=5, on_error="skip", output="numpy", num_threads=2
+    ) as loader:
+        it = iter(loader)
+        batches = list(it)
+        assert len(batches) == 4
+        third = batches[2]
+        assert list(third[1]) == [10, 11, 12, 14, 14]
+    with stoker.Loader.from_dataset(
+        Failing(20), batch_size=5, on_error="skip", output="numpy", num_threads=2
+    ) as loader:
+        it = iter(loader)
+        for _ in range(3):
+            next(it)
+        (bad,) = it.bad_samples
+        assert bad["sample_index"] == 13 and bad["substitute_index"] == 14
+        assert "ZeroDivisionError" in bad["reason"]
+        assert loader.stats()["bad_samples"] == 1
+
+
+def test_sample_rng_gives_the_same_batches_for_any_thread_or_process_count() -> None:
+    runs = []
+    for mode in ({"num_threads": 1}, {"num_threads": 4}, {"num_workers": 2}):
+        with stoker.Loader.from_dataset(
+            Drawing(24), batch_size=4, shuffle=True, seed=21, output="numpy", **mode
+        ) as loader:
+            runs.append([b["noise"].copy() for b in epoch_of(loader)[1]])
+    for run in runs[1:]:
+        for a, b in zip(runs[0], run):
+            np.testing.assert_array_equal(a, b)
+    # Different samples draw differently.
+    assert not np.array_equal(runs[0][0][0], runs[0][0][1])
+
+
+def test_worker_processes_seed_the_global_rngs_per_sample() -> None:
+    runs = []
+    for workers in (1, 3):
+        with stoker.Loader.from_dataset(
+            GlobalDrawing(18), batch_size=3, seed=4, output="numpy", num_workers=workers
+        ) as loader:
+            runs.append(np.concatenate([b[0] for b in epoch_of(loader)[1]]))
+    np.testing.assert_array_equal(runs[0], runs[1])
+
+
+def test_sample_rng_outside_a_sample_says_where_it_works() -> None:
+    with pytest.raises(RuntimeError, match="from_dataset"):
+        stoker.sample_rng()
+
+
+def test_collate_fn_and_transform_see_single_samples() -> None:
+    seen = []
+
+    def collate(samples):
+        seen.append(len(samples))
+        return [int(s.index) for s in samples]
+
+    with stoker.Loader.from_dataset(
+        Squares(10), batch_size=4, output="numpy", num_threads=2,
+        transform=lambda s: Pair(s[0] * 2, s[1]), collate_fn=collate,
+    ) as loader:
+        batches = list(loader)
+    assert batches == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9]]
+    assert seen == [4, 4, 2]
+
+
+def test_torch_output_keeps_the_structure() -> None:
+    torch = pytest.importorskip("torch")
+    with stoker.Loader.from_dataset(
+        Squares(9), batch_size=3, output="torch", num_threads=1,
+        transform=lambda s: {"x": torch.from_numpy(s[0]), "y": s[1], "flag": s[1] % 2 == 0},
+    ) as loader:
+        batch = next(iter(loader))
+    assert set(batch) == {"x", "y", "flag"}
+    assert batch["x"].dtype == torch.float32 and tuple(batch["x"].shape) == (3, 3)
+    assert batch["y"].tolist() == [0, 1, 2]
+    assert batch["flag"].tolist() == [True, False, True]
+
+
+def test_samples_of_another_shape_are_refused_by_name() -> None:
+    with stoker.Loader.from_dataset(Ragged(9), batch_size=3, output="numpy") as loader:
+        with pytest.raises(stoker.DecodeError, match=r"dataset\[1\].*float32 \(2,\).*\(1,\)"):
+            list(loader)
+
+
+def test_arguments_are_checked_before_any_work() -> None:
+    with pytest.raises(TypeError, match="map-style"):
+        stoker.Loader.from_dataset(iter([1, 2]))
+    with pytest.raises(stoker.DatasetError, match="at least one"):
+        stoker.Loader.from_dataset(Squares(0))
+    with pytest.raises(ValueError, match="not both"):
+        stoker.Loader.from_dataset(Squares(4), num_threads=2, num_workers=2)
+    with pytest.raises(ValueError, match="spawn"):
+        stoker.Loader.from_dataset(Squares(4), num_workers=1, multiprocessing_context="fork")
+    with pytest.raises(stoker.DatasetError, match=r"dataset\[0\].*ZeroDivisionError"):
+        stoker.Loader.from_dataset(Failing(20), transform=lambda s: 1 / 0)
+    with pytest.raises(TypeError, match=r"sample\[1\] is a str"):
+        stoker.Loader.from_dataset(Squares(4), transform=lambda s: (s[0], "text"))
+
+
+def test_a_killed_worker_process_is_an_error_naming_it() -> None:
+    with stoker.Loader.from_dataset(
+        Slow(200), batch_size=4, output="numpy", num_workers=2, timeout=30
+    ) as loader:
+        it = iter(loader)
+        next(it)
+        victim = loader._builder._workers[1].process
+        os.kill(victim.pid, signal.SIGKILL)
+        with pytest.raises(stoker.StokerError, match=r"worker process 1 .*exited with code -9"):
+            for _ in it:
+                pass
+
+
+def test_close_stops_the_worker_processes() -> None:
+    loader = stoker.Loader.from_dataset(Squares(20), batch_size=4, num_workers=2, output="numpy")
+    processes = [w.process for w in loader._builder._workers]
+    next(iter(loader))
+    loader.close()
+    assert all(not p.is_alive() for p in processes)
+    with pytest.raises(stoker.StokerError, match="closed"):
+        iter(loader)
