@@ -13,7 +13,9 @@ every loader, on the same files, batches of 64:
 
 Each runs in a fresh child interpreter (imports done before the clock starts) and is
 measured as compare_loader.py measures: images/s from building the loader to the last batch,
-the first batch's time, CPU-seconds per image of the child's whole tree, and the peak PSS of
+"steady" leaves the first batch (and with it the workers' start) out, the first batch's time,
+CPU-seconds per image of the child's whole tree (a fork server's workers are not the child's
+children, so their CPU is missing from that figure), and the peak PSS of
 that tree above the interpreter's after its imports ("loader memory"; measure.py says how it
 is read without slowing the run). Stoker gets the same batches in flight as DataLoader
 (``prefetch = 2 x N``) and room for the one batch the loop holds.
@@ -87,7 +89,10 @@ def build(args: argparse.Namespace, config: str) -> Any:
         )
     import stoker
 
-    mode = {"num_workers": n} if kind == "processes" else {"num_threads": n}
+    mode: dict[str, Any] = {"num_threads": n}
+    if kind.startswith("processes"):
+        method = kind.partition("-")[2] or None
+        mode = {"num_workers": n, "multiprocessing_context": method}
     return stoker.Loader.from_dataset(
         dataset(args),
         batch_size=args.batch_size,
@@ -129,6 +134,7 @@ def run_child(args: argparse.Namespace) -> dict[str, Any]:
         "images": images,
         "seconds": elapsed,
         "images_per_s": images / elapsed,
+        "steady_images_per_s": (images - args.batch_size) / (elapsed - first_batch_s),
         "first_batch_s": first_batch_s,
         "after_imports_pss_mib": after_imports / MIB,
         "end_tree_pss_mib": end_tree_pss / MIB,
@@ -165,9 +171,11 @@ def run_once(args: argparse.Namespace, config: str, argv: list[str]) -> dict[str
 
 def label(config: str) -> str:
     kind, _, n = config.partition(":")
-    return {"torch": f"DataLoader, {n} workers", "threads": f"from_dataset, {n} threads"}.get(
-        kind, f"from_dataset, {n} processes"
-    )
+    if kind == "torch":
+        return f"DataLoader, {n} workers"
+    if kind == "threads":
+        return f"from_dataset, {n} threads"
+    return f"from_dataset, {n} proc. ({kind.partition('-')[2]})"
 
 
 def main(argv: list[str]) -> int:
@@ -175,7 +183,10 @@ def main(argv: list[str]) -> int:
     if args.child:
         print(json.dumps(run_child(args)))
         return 0
-    configs = [f"torch:{args.workers}", f"threads:{args.workers}", f"processes:{args.workers}"]
+    configs = [
+        f"{kind}:{args.workers}"
+        for kind in ("torch", "threads", "processes-forkserver", "processes-fork", "processes-spawn")
+    ]
     results = {}
     for config in configs:
         print(f"running {label(config)} ({args.repeat}x) ...", file=sys.stderr, flush=True)
@@ -194,15 +205,18 @@ def main(argv: list[str]) -> int:
         f"median of {args.repeat} run(s)"
     )
     header = (
-        f"{'loader':<28}{'images/s':>10}{'vs DL':>7}{'CPU ms/img':>12}{'first batch':>13}"
+        f"{'loader':<34}{'images/s':>10}{'vs DL':>7}{'steady':>8}{'vs DL':>7}{'CPU ms/img':>12}"
+        f"{'first batch':>13}"
         f"{'loader MiB':>12}{'vs DL':>7}"
     )
     print(header)
     print("-" * len(header))
     for config, r in results.items():
         print(
-            f"{label(config):<28}{r['images_per_s']:>10.0f}"
+            f"{label(config):<34}{r['images_per_s']:>10.0f}"
             f"{r['images_per_s'] / reference['images_per_s']:>6.2f}x"
+            f"{r['steady_images_per_s']:>8.0f}"
+            f"{r['steady_images_per_s'] / reference['steady_images_per_s']:>6.2f}x"
             f"{r['cpu_ms_per_image']:>12.2f}{r['first_batch_s']:>12.2f}s"
             f"{r['loader_mib']:>12.0f}{r['loader_mib'] / reference['loader_mib']:>6.2f}x"
         )

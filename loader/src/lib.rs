@@ -27,7 +27,7 @@ pub use client::prefetch::{
     ChangeReason, ControllerConfig, ControllerSnapshot, PrefetchController,
 };
 pub use client::remote::{RemoteOptions, RemoteSource};
-pub use client::slots::{Slot, SlotPool};
+pub use client::slots::{SharedMemory, Slot, SlotPool};
 pub use client::source::{BatchSource, Built, EpochFeed, SourceInfo};
 pub use client::stats::LoaderStats;
 pub use client::stream::{EpochStream, INTERRUPT_CHECK};

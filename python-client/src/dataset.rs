@@ -38,6 +38,8 @@ pub(crate) struct DatasetRecipe {
     pub lanes: usize,
     /// What the lanes run on, for timeout messages ("on 2 worker processes").
     pub waiting_on: String,
+    /// Slots in a shared mapping, which worker processes write into.
+    pub shared_slots: bool,
 }
 
 impl DatasetRecipe {
@@ -50,6 +52,7 @@ impl DatasetRecipe {
             self.sample_bytes.clone(),
             self.lanes,
             self.waiting_on.clone(),
+            self.shared_slots,
         )
     }
 }
@@ -97,6 +100,7 @@ impl DatasetSource {
         sample_bytes: Vec<usize>,
         lanes: usize,
         waiting_on: String,
+        shared_slots: bool,
     ) -> Result<DatasetSource> {
         if spec.batch_size == 0 || spec.batch_size > stoker_worker::MAX_BATCH_SIZE {
             return Err(Error::InvalidSpec(format!(
@@ -120,6 +124,7 @@ impl DatasetSource {
             initial_depth: lanes * 2,
             waiting_on,
             only_epoch: spec.resized_epoch.as_ref().map(|r| r.epoch),
+            shared_slots,
         };
         let (tasks, queue) = crossbeam_channel::unbounded::<Task>();
         let idle = Arc::new(AtomicU64::new(0));
@@ -175,12 +180,9 @@ fn plan_of(spec: &JobSpec, config: PlanConfig, epoch: u64) -> Result<EpochPlan> 
     }
 }
 
-impl Drop for DatasetSource {
-    fn drop(&mut self) {
-        // The lanes stop once the queue is gone and their batch is done; they are waited for
-        // (boundedly) so none is left calling into Python while the interpreter shuts down.
-        self.tasks = None;
-        self.closing.store(true, Ordering::Relaxed);
+impl DatasetSource {
+    /// Waits (boundedly) for the lanes to finish the batch each is building.
+    fn join_lanes(&mut self) {
         let deadline = Instant::now() + LANE_JOIN;
         for handle in self.lanes.drain(..) {
             while !handle.is_finished() && Instant::now() < deadline {
@@ -193,6 +195,19 @@ impl Drop for DatasetSource {
                     "a dataset thread is still in Python code after {LANE_JOIN:?}; leaving it"
                 );
             }
+        }
+    }
+}
+
+impl Drop for DatasetSource {
+    fn drop(&mut self) {
+        // The lanes stop after their batch; they are waited for, so none is left calling into
+        // Python while the interpreter shuts down. The wait lets go of the interpreter (a lane
+        // needs it to finish), whether or not the dropping thread held it.
+        self.tasks = None;
+        self.closing.store(true, Ordering::Relaxed);
+        if Python::try_attach(|py| py.detach(|| self.join_lanes())).is_none() {
+            self.join_lanes();
         }
     }
 }
@@ -237,17 +252,24 @@ impl Lane {
         let indices = task.plan.batch_indices(task.step);
         let epoch = task.plan.epoch();
         let step = task.step;
-        let built = Python::attach(|py| {
-            build_in_python(
-                py,
-                builder,
-                lane,
-                epoch,
-                step,
-                &indices,
-                task.slot.as_mut_slice(),
-            )
-        });
+        let shared = task
+            .slot
+            .shared_place()
+            .map(|(memory, offset)| (memory.id, memory.fd, memory.size, offset));
+        let call = Call {
+            lane,
+            epoch,
+            step,
+            indices: &indices,
+            shared,
+        };
+        let built =
+            Python::try_attach(|py| build_in_python(py, builder, call, task.slot.as_mut_slice()))
+                .unwrap_or_else(|| {
+                    Err(Error::Stopped(
+                        "the Python interpreter is shutting down".into(),
+                    ))
+                });
         let result = built.map(|bad| {
             let bytes = task.slot.into_bytes();
             let n = indices.len();
@@ -288,20 +310,35 @@ impl Lane {
     }
 }
 
-/// Calls `builder.build(lane, epoch, step, indices, view)` over a writable memoryview of
-/// `slot`, which is released before this returns (a view kept by Python code is an error, not
-/// a dangling pointer). `build` returns `(bad, failure)`: the samples replaced under the skip
+/// One call of the Python builder.
+struct Call<'a> {
+    lane: usize,
+    epoch: u64,
+    step: u64,
+    indices: &'a [u64],
+    /// The slot's shared mapping as (id, fd, size, offset), when its pool is shared.
+    shared: Option<(u64, i32, usize, usize)>,
+}
+
+/// Calls `builder.build(lane, epoch, step, indices, view, shared)` over a writable memoryview
+/// of `slot`, which is released before this returns (a view kept by Python code is an error,
+/// not a dangling pointer); `shared` is where the slot lies in a shared mapping (id, fd, size,
+/// offset), or `None`. `build` returns `(bad, failure)`: the samples replaced under the skip
 /// policy as `(index, reason, substitute)`, and `None` or the `(index, reason)` of a sample
 /// that failed the batch.
 fn build_in_python(
     py: Python<'_>,
     builder: &Py<PyAny>,
-    lane: usize,
-    epoch: u64,
-    step: u64,
-    indices: &[u64],
+    call: Call<'_>,
     slot: &mut [u8],
 ) -> Result<Vec<proto::BadSample>> {
+    let Call {
+        lane,
+        epoch,
+        step,
+        indices,
+        shared,
+    } = call;
     let python = |e: PyErr| {
         let traceback = e
             .traceback(py)
@@ -330,6 +367,7 @@ fn build_in_python(
             step,
             PyList::new(py, indices).map_err(python)?,
             &view,
+            shared,
         ),
     );
     let released = view.call_method0("release");

@@ -203,9 +203,11 @@ impl NativeLoader {
 
     /// A loader over a Python map-style dataset (`Loader.from_dataset`): `builder.build`
     /// fills each batch's slot, `sample_bytes` are each field's bytes per sample, and `lanes`
-    /// threads call it at once. Shuffle, ranks, resume and the dashboard are the native ones.
+    /// threads call it at once; with `shared_slots` the slots are one shared mapping that
+    /// worker processes write into. Shuffle, ranks, resume and the dashboard are the native
+    /// ones.
     #[staticmethod]
-    #[pyo3(signature = (builder, num_samples, sample_bytes, lanes, waiting_on, batch_size, shuffle, seed, drop_last, rank, world_size, prefetch, timeout_s, max_held_batches, max_prefetch_bytes = 2 << 30, dashboard = None, job_name = "dataset".to_string()))]
+    #[pyo3(signature = (builder, num_samples, sample_bytes, lanes, waiting_on, batch_size, shuffle, seed, drop_last, rank, world_size, prefetch, timeout_s, max_held_batches, max_prefetch_bytes = 2 << 30, dashboard = None, job_name = "dataset".to_string(), shared_slots = false))]
     #[allow(clippy::too_many_arguments)]
     fn from_dataset(
         py: Python<'_>,
@@ -226,6 +228,7 @@ impl NativeLoader {
         max_prefetch_bytes: u64,
         dashboard: Option<String>,
         job_name: String,
+        shared_slots: bool,
     ) -> PyResult<Self> {
         if !(timeout_s.is_finite() && timeout_s > 0.0) {
             return Err(PyValueError::new_err(format!(
@@ -259,6 +262,7 @@ impl NativeLoader {
                     sample_bytes,
                     lanes,
                     waiting_on,
+                    shared_slots,
                 },
                 num_samples,
             )),

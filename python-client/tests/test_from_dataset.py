@@ -80,7 +80,15 @@ def check_squares(batch, indices) -> None:
     np.testing.assert_array_equal(np.asarray(features), expected)
 
 
-@pytest.mark.parametrize("mode", [{"num_threads": 3}, {"num_workers": 2}])
+@pytest.mark.parametrize(
+    "mode",
+    [
+        {"num_threads": 3},
+        {"num_workers": 2},
+        {"num_workers": 2, "multiprocessing_context": "fork"},
+        {"num_workers": 1, "multiprocessing_context": "spawn"},
+    ],
+)
 def test_every_index_once_per_epoch_with_the_samples_structure(mode) -> None:
     with stoker.Loader.from_dataset(
         Squares(50), batch_size=8, shuffle=True, seed=3, output="numpy", **mode
@@ -223,6 +231,42 @@ def test_worker_processes_seed_the_global_rngs_per_sample() -> None:
     np.testing.assert_array_equal(runs[0], runs[1])
 
 
+class Images(Squares):
+    """PIL images in a namedtuple, as a torchvision-style dataset without ToTensor gives."""
+
+    def __getitem__(self, index: int):
+        from PIL import Image
+
+        pixels = np.full((4, 5, 3), index, dtype=np.uint8)
+        return Pair(Image.fromarray(pixels), index)
+
+
+def test_pil_images_batch_as_arrays_in_the_samples_namedtuple() -> None:
+    pytest.importorskip("PIL")
+    with stoker.Loader.from_dataset(Images(6), batch_size=3, output="numpy", num_workers=1) as loader:
+        batch = next(iter(loader))
+    assert isinstance(batch, Pair)
+    assert batch.features.shape == (3, 4, 5, 3) and batch.features.dtype == np.uint8
+    assert [int(b[0, 0, 0]) for b in batch.features] == [0, 1, 2]
+
+
+def test_worker_processes_write_into_the_slots_without_dev_shm() -> None:
+    before = set(os.listdir("/dev/shm")) if os.path.isdir("/dev/shm") else set()
+    with stoker.Loader.from_dataset(
+        Squares(40), batch_size=4, output="numpy", num_workers=2, max_held_batches=2
+    ) as loader:
+        it = iter(loader)
+        batches = [next(it) for _ in range(4)]
+        during = set(os.listdir("/dev/shm")) if os.path.isdir("/dev/shm") else set()
+        assert loader.stats()["slot_capacity"] >= 4
+        # Every batch lies in the loader's shared slot mapping, which the process maps.
+        maps = open(f"/proc/{os.getpid()}/maps").read()
+        assert "memfd:stoker-slots" in maps
+        for batch, step in zip(batches, range(4)):
+            check_squares(batch, list(range(step * 4, step * 4 + 4)))
+    assert during - before == set()
+
+
 def test_sample_rng_outside_a_sample_says_where_it_works() -> None:
     with pytest.raises(RuntimeError, match="from_dataset"):
         stoker.sample_rng()
@@ -270,8 +314,8 @@ def test_arguments_are_checked_before_any_work() -> None:
         stoker.Loader.from_dataset(Squares(0))
     with pytest.raises(ValueError, match="not both"):
         stoker.Loader.from_dataset(Squares(4), num_threads=2, num_workers=2)
-    with pytest.raises(ValueError, match="spawn"):
-        stoker.Loader.from_dataset(Squares(4), num_workers=1, multiprocessing_context="fork")
+    with pytest.raises(ValueError, match="forkserver.*spawn.*fork"):
+        stoker.Loader.from_dataset(Squares(4), num_workers=1, multiprocessing_context="vfork")
     with pytest.raises(stoker.DatasetError, match=r"dataset\[0\].*ZeroDivisionError"):
         stoker.Loader.from_dataset(Failing(20), transform=lambda s: 1 / 0)
     with pytest.raises(TypeError, match=r"sample\[1\] is a str"):

@@ -62,6 +62,7 @@ impl EmbeddedSource {
             initial_depth: threads * 2,
             waiting_on: format!("on {threads} decode threads"),
             only_epoch: job.spec().resized_epoch.as_ref().map(|r| r.epoch),
+            shared_slots: false,
         };
         let pool = rayon::ThreadPoolBuilder::new()
             .num_threads(threads)

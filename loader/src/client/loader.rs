@@ -147,7 +147,14 @@ impl Loader {
         } else {
             (options.prefetch, None)
         };
-        let slots = SlotPool::new(info.batch_bytes, prefetch + options.max_held_batches);
+        let capacity = prefetch + options.max_held_batches;
+        let slots = if info.shared_slots {
+            SlotPool::shared(info.batch_bytes, capacity).map_err(|e| {
+                Error::Stopped(format!("cannot map {capacity} shared batch slots: {e}"))
+            })?
+        } else {
+            SlotPool::new(info.batch_bytes, capacity)
+        };
         Ok(Loader {
             core: Arc::new(Core {
                 source,

@@ -170,6 +170,7 @@ impl RemoteSource {
             initial_depth: INITIAL_CREDITS,
             waiting_on: format!("from the workers of coordinator {address}"),
             only_epoch: spec.resized_epoch.as_ref().map(|r| r.epoch),
+            shared_slots: false,
         };
         Ok(RemoteSource {
             runtime: Arc::new(runtime),

@@ -37,6 +37,9 @@ pub struct SourceInfo {
     /// The one epoch a job resumed on another world size serves (`JobSpec.resized_epoch`);
     /// `None`: every epoch.
     pub only_epoch: Option<u64>,
+    /// Slots in one shared mapping ([`super::slots::SlotPool::shared`]), for sources whose
+    /// batches other processes write.
+    pub shared_slots: bool,
 }
 
 /// A finished batch, and how long building it took once started (queueing excluded: the

@@ -524,7 +524,7 @@ class Loader:
         collate_fn: Any = None,
         num_threads: int | None = None,
         num_workers: int = 0,
-        multiprocessing_context: Literal["spawn", "forkserver"] | None = None,
+        multiprocessing_context: Literal["forkserver", "spawn", "fork"] | None = None,
         rank: int | None = None,
         world_size: int | None = None,
         prefetch: int | Literal["auto"] = "auto",
@@ -559,9 +559,9 @@ class Loader:
           (PIL decoding and resizing, numpy); pure-Python code runs one thread at a time.
         - ``num_workers=N``: N worker processes (``multiprocessing_context``: ``"spawn"`` or
           ``"forkserver"``, default forkserver where available), the dataset pickled once to
-          each. A worker loads a whole batch into its own shared buffer (``memfd``, not
-          ``/dev/shm``), which is copied once into a batch slot: no pickled batches, and
-          memory bounded by the slots plus one buffer per worker.
+          each. A worker loads a whole batch straight into its batch slot: the slots are one
+          shared mapping (``memfd``, not ``/dev/shm``), so there are no pickled batches, no
+          copy after the worker's, and memory stays bounded by the slots.
 
         Determinism: :func:`stoker.sample_rng` (a numpy generator) and
         :func:`stoker.sample_seed` give the code a seed of (seed, epoch, index), the same for
