@@ -310,6 +310,12 @@ impl Lane {
     }
 }
 
+/// A sample replaced under the skip policy, as Python reports it: (index, reason, substitute).
+type Replaced = (u64, String, u64);
+
+/// The sample that failed a batch, as Python reports it: (index, reason).
+type Failed = (u64, String);
+
 /// One call of the Python builder.
 struct Call<'a> {
     lane: usize,
@@ -377,8 +383,7 @@ fn build_in_python(
             "the dataset code kept a view of the batch buffer of step {step} after filling it: {e}"
         )));
     }
-    let (bad, failure): (Vec<(u64, String, u64)>, Option<(u64, String)>) =
-        outcome.extract().map_err(python)?;
+    let (bad, failure): (Vec<Replaced>, Option<Failed>) = outcome.extract().map_err(python)?;
     if let Some((index, reason)) = failure {
         return Err(Error::Worker(stoker_worker::Error::BadSample {
             index,
