@@ -217,6 +217,16 @@ impl SlotPool {
         })
     }
 
+    /// Where slot `index` of the arena starts: `slot_bytes` from there are inside the
+    /// mapping, since arena slots exist only in arena pools and `index < capacity`.
+    fn arena_start(&self, index: usize) -> *mut u8 {
+        match &self.arena {
+            // SAFETY: `index * slot_bytes` is below the mapping's size (see above).
+            Some(arena) => unsafe { arena.base.add(index * self.slot_bytes) },
+            None => unreachable!("arena slots come from arena pools"),
+        }
+    }
+
     fn give_back(&self, buffer: Buffer) {
         if let Ok(mut state) = self.state.lock() {
             state.free.push(buffer);
@@ -258,21 +268,11 @@ impl Slot {
     pub fn as_mut_slice(&mut self) -> &mut [u8] {
         match &mut self.buffer {
             Buffer::Heap(buffer) => &mut buffer[..self.len],
-            Buffer::Arena(index) => {
-                let arena = self
-                    .pool
-                    .arena
-                    .as_ref()
-                    .expect("arena slots come from arena pools");
-                // SAFETY: slot `index` lies inside the mapping (index < capacity, len <=
-                // slot_bytes), and this slot is its only holder until it is dropped.
-                unsafe {
-                    std::slice::from_raw_parts_mut(
-                        arena.base.add(*index * self.pool.slot_bytes),
-                        self.len,
-                    )
-                }
-            }
+            // SAFETY: the range is this slot's (see `arena_start`), and this slot is its only
+            // holder until it is dropped.
+            Buffer::Arena(index) => unsafe {
+                std::slice::from_raw_parts_mut(self.pool.arena_start(*index), self.len)
+            },
         }
     }
 
@@ -297,20 +297,10 @@ impl AsRef<[u8]> for Slot {
     fn as_ref(&self) -> &[u8] {
         match &self.buffer {
             Buffer::Heap(buffer) => &buffer[..self.len],
-            Buffer::Arena(index) => {
-                let arena = self
-                    .pool
-                    .arena
-                    .as_ref()
-                    .expect("arena slots come from arena pools");
-                // SAFETY: as in `as_mut_slice`.
-                unsafe {
-                    std::slice::from_raw_parts(
-                        arena.base.add(*index * self.pool.slot_bytes),
-                        self.len,
-                    )
-                }
-            }
+            // SAFETY: as in `as_mut_slice`.
+            Buffer::Arena(index) => unsafe {
+                std::slice::from_raw_parts(self.pool.arena_start(*index), self.len)
+            },
         }
     }
 }
@@ -371,7 +361,9 @@ mod tests {
         // The slot given back is handed out again, not a fourth one.
         let c = pool.try_take(10).unwrap();
         assert_eq!(c.shared_offset(), Some(4096));
-        assert!(pool.try_take(10).is_some() && pool.try_take(10).is_none());
+        let d = pool.try_take(10).unwrap();
+        assert_eq!(d.shared_offset(), Some(2 * 4096));
+        assert!(pool.try_take(10).is_none(), "capacity is 3");
         assert!(SlotPool::new(8, 1).shared_memory().is_none());
     }
 

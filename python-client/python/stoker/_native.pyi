@@ -114,6 +114,30 @@ class NativeLoader:
             AuthenticationError: distributed mode: the coordinator refused the token.
             TlsError: distributed mode: the TLS connection failed; the message says why.
         """
+    @staticmethod
+    def from_dataset(
+        builder: Any,
+        num_samples: int,
+        sample_bytes: list[int],
+        lanes: int,
+        waiting_on: str,
+        batch_size: int,
+        shuffle: bool,
+        seed: int,
+        drop_last: bool,
+        rank: int,
+        world_size: int,
+        prefetch: int,
+        timeout_s: float,
+        max_held_batches: int,
+        max_prefetch_bytes: int = ...,
+        dashboard: str | None = None,
+        job_name: str = "dataset",
+        shared_slots: bool = False,
+    ) -> NativeLoader:
+        """A loader over a Python dataset: ``builder.build(lane, epoch, step, indices, view,
+        shared)`` fills each batch's slot (``shared``: (id, fd, size, offset) of the slot in
+        the shared mapping when ``shared_slots``, else None)."""
     def start_epoch(self, epoch: int, start_step: int) -> None:
         """Starts producing ``epoch`` from ``start_step`` (no replay of earlier steps)."""
     def resume_resized(
@@ -274,6 +298,9 @@ def check_pipeline(ops: list[dict[str, Any]]) -> bool:
 def write_test_certificates(out: str, names: list[str]) -> tuple[str, str, str]:
     """Writes a throwaway CA and a server certificate for ``names`` signed by it into ``out``
     (tests of the TLS mode); returns the paths of the CA, the certificate and its key."""
+
+def sample_seed(seed: int, epoch: int, index: int) -> int:
+    """The 64-bit seed of a sample's random stream (the native pipelines' own)."""
 
 def make_dataset(out: str, count: int, seed: int = 0) -> str:
     """Writes a seeded ImageNet-like image folder (10 classes, JPEG) of ``count`` images under

@@ -113,7 +113,8 @@ def _leaf_array(value: Any) -> np.ndarray[Any, Any] | None:
         return np.asarray(value)
     torch = sys.modules.get("torch")
     if torch is not None and isinstance(value, torch.Tensor):
-        return value.detach().cpu().numpy()
+        array: np.ndarray[Any, Any] = value.detach().cpu().numpy()
+        return array
     if hasattr(value, "__array_interface__") or hasattr(value, "__array__"):
         return np.asarray(value)  # a PIL image, among others
     return None
@@ -580,6 +581,10 @@ class DatasetLoader(Loader):
     Iteration, ``len``, ``set_epoch``, ``state_dict``/``load_state_dict``, ``stats`` and
     the dashboard behave as for a native source; batches have the samples' structure.
     """
+
+    _builder: Any
+    _layout: _Layout
+    _collate_fn: Callable[[list[Any]], Any] | None
 
     @classmethod
     def _make(cls, native: Any, builder: Any, layout: _Layout,
