@@ -85,7 +85,7 @@ fn start_dashboard(
 /// A resize as Python holds it: (cursor, taken positions).
 type PyResize = (u64, Vec<u64>);
 
-fn dtype_name(dtype: i32) -> &'static str {
+pub(crate) fn dtype_name(dtype: i32) -> &'static str {
     match proto::Dtype::try_from(dtype) {
         Ok(proto::Dtype::Uint8) => "uint8",
         Ok(proto::Dtype::Float32) => "float32",
@@ -701,6 +701,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     }
     m.add_class::<NativeLoader>()?;
     m.add_class::<Buffer>()?;
+    m.add_class::<dataset::ImagePipeline>()?;
     m.add_function(wrap_pyfunction!(make_dataset, m)?)?;
     m.add_function(wrap_pyfunction!(make_tokens, m)?)?;
     m.add_function(wrap_pyfunction!(sample_seed, m)?)?;

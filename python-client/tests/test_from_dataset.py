@@ -343,3 +343,63 @@ def test_close_stops_the_worker_processes() -> None:
     assert all(not p.is_alive() for p in processes)
     with pytest.raises(stoker.StokerError, match="closed"):
         iter(loader)
+
+
+class JpegFiles:
+    """Reads an image folder's files as bytes, in the native ImageFolder's index order."""
+
+    def __init__(self, root: str) -> None:
+        self.files = []
+        for label, name in enumerate(sorted(os.listdir(root))):
+            folder = os.path.join(root, name)
+            if os.path.isdir(folder):
+                self.files += [(os.path.join(folder, f), label) for f in sorted(os.listdir(folder))]
+
+    def __len__(self) -> int:
+        return len(self.files)
+
+    def __getitem__(self, index: int):
+        path, label = self.files[index]
+        with open(path, "rb") as file:
+            return file.read(), label
+
+
+@pytest.mark.parametrize("mode", [{"num_threads": 2}, {"num_workers": 2}])
+def test_native_ops_decode_the_bytes_python_read_like_a_native_source(tmp_path, mode) -> None:
+    root = stoker._native.make_dataset(str(tmp_path / "images"), 30)
+    settings = dict(batch_size=4, shuffle=True, seed=3, output="numpy")
+    with stoker.Loader(root, pipeline=stoker.vision.imagenet_train(32), **settings) as native:
+        expected = [(b["image"].copy(), b["label"].copy()) for b in native]
+    with stoker.Loader.from_dataset(
+        JpegFiles(root), pipeline=stoker.vision.imagenet_train(32), **settings, **mode
+    ) as wrapped:
+        got = [(images.copy(), labels.copy()) for images, labels in wrapped]
+    assert len(got) == len(expected) == 8
+    for (images, labels), (want_images, want_labels) in zip(got, expected):
+        assert images.shape == want_images.shape and images.dtype == want_images.dtype
+        np.testing.assert_array_equal(labels, want_labels)
+        np.testing.assert_array_equal(images, want_images)
+
+
+def test_bytes_that_do_not_decode_follow_on_error(tmp_path) -> None:
+    root = stoker._native.make_dataset(str(tmp_path / "images"), 8)
+
+    class Broken(JpegFiles):
+        def __getitem__(self, index: int):
+            data, label = super().__getitem__(index)
+            return (b"not a jpeg" if index == 2 else data), label
+
+    pipeline = stoker.vision.imagenet_train(16)
+    with stoker.Loader.from_dataset(Broken(root), pipeline=pipeline, batch_size=4) as loader:
+        with pytest.raises(stoker.DecodeError, match=r"dataset\[2\]"):
+            list(loader)
+    with stoker.Loader.from_dataset(
+        Broken(root), pipeline=pipeline, batch_size=4, on_error="skip", output="numpy"
+    ) as loader:
+        it = iter(loader)
+        _, labels = next(it)
+        assert [b["substitute_index"] for b in it.bad_samples] == [3]
+    with pytest.raises(TypeError, match="pipeline="):
+        stoker.Loader.from_dataset(Broken(root), batch_size=4)
+    with pytest.raises(TypeError, match="holds no bytes"):
+        stoker.Loader.from_dataset(Squares(4), pipeline=pipeline)

@@ -299,6 +299,17 @@ def write_test_certificates(out: str, names: list[str]) -> tuple[str, str, str]:
     """Writes a throwaway CA and a server certificate for ``names`` signed by it into ``out``
     (tests of the TLS mode); returns the paths of the CA, the certificate and its key."""
 
+class ImagePipeline:
+    """A native image pipeline for encoded bytes that Python code read."""
+
+    def __init__(self, ops: list[dict[str, Any]]) -> None: ...
+    @property
+    def shape(self) -> list[int]: ...
+    @property
+    def dtype(self) -> str: ...
+    def process(self, data: bytes, seed: int, epoch: int, index: int, out: Any) -> None:
+        """Decodes and augments ``data`` into ``out`` with the stream of (seed, epoch, index)."""
+
 def sample_seed(seed: int, epoch: int, index: int) -> int:
     """The 64-bit seed of a sample's random stream (the native pipelines' own)."""
 

@@ -89,6 +89,8 @@ class _Field:
     path: str
     dtype: np.dtype[Any]
     shape: tuple[int, ...]
+    # An encoded image (bytes) that the native pipeline decodes into this field.
+    encoded: bool = False
 
     @property
     def nbytes(self) -> int:
@@ -120,14 +122,24 @@ def _leaf_array(value: Any) -> np.ndarray[Any, Any] | None:
     return None
 
 
-def _flatten(value: Any, path: str, leaves: list[tuple[str, np.ndarray[Any, Any]]]) -> Any:
-    """Appends the leaves of ``value`` to ``leaves`` and returns its structure's template."""
+def _flatten(value: Any, path: str, leaves: list[tuple[str, Any]], encoded: bool) -> Any:
+    """Appends the leaves of ``value`` to ``leaves`` and returns its structure's template;
+    with ``encoded``, bytes are a leaf (an encoded image for the native pipeline)."""
     if isinstance(value, Mapping):
         keys = list(value.keys())
-        return ("dict", keys, [_flatten(value[k], f"{path}[{k!r}]", leaves) for k in keys])
+        children = [_flatten(value[k], f"{path}[{k!r}]", leaves, encoded) for k in keys]
+        return ("dict", keys, children)
     if isinstance(value, (tuple, list)):
-        children = [_flatten(v, f"{path}[{i}]", leaves) for i, v in enumerate(value)]
+        children = [_flatten(v, f"{path}[{i}]", leaves, encoded) for i, v in enumerate(value)]
         return ("seq", type(value), children)
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        if not encoded:
+            raise TypeError(
+                f"sample{path} is {type(value).__name__}: pass pipeline=[stoker.ops.DecodeImage()"
+                ", ...] to decode encoded images natively, or decode them in the transform"
+            )
+        leaves.append((path, value))
+        return ("image", len(leaves) - 1)
     array = _leaf_array(value)
     if array is None:
         raise TypeError(
@@ -143,7 +155,7 @@ def _flatten(value: Any, path: str, leaves: list[tuple[str, np.ndarray[Any, Any]
 
 def _rebuild(template: Any, leaves: Sequence[Any]) -> Any:
     kind = template[0]
-    if kind == "leaf":
+    if kind in ("leaf", "image"):
         return leaves[template[1]]
     if kind == "dict":
         return {k: _rebuild(t, leaves) for k, t in zip(template[1], template[2])}
@@ -161,10 +173,21 @@ class _Layout:
     fields: tuple[_Field, ...]
 
     @staticmethod
-    def of(sample: Any) -> _Layout:
-        leaves: list[tuple[str, np.ndarray[Any, Any]]] = []
-        template = _flatten(sample, "", leaves)
-        fields = tuple(_Field(path or "", a.dtype, tuple(a.shape)) for path, a in leaves)
+    def of(sample: Any, image: Any) -> _Layout:
+        """The layout of ``sample``; ``image``: the native pipeline for its encoded image."""
+        leaves: list[tuple[str, Any]] = []
+        template = _flatten(sample, "", leaves, image is not None)
+        fields = tuple(
+            _Field(path, np.dtype(image.dtype), tuple(image.shape), True)
+            if isinstance(leaf, (bytes, bytearray, memoryview))
+            else _Field(path, leaf.dtype, tuple(leaf.shape))
+            for path, leaf in leaves
+        )
+        if image is not None and not any(field.encoded for field in fields):
+            raise TypeError(
+                "pipeline= decodes an encoded image, but the sample holds no bytes: return the "
+                "image file's bytes from __getitem__ (or the transform)"
+            )
         return _Layout(template, fields)
 
     def regions(self, n: int) -> list[tuple[int, int]]:
@@ -175,16 +198,18 @@ class _Layout:
             offset += _aligned(field.nbytes * n)
         return regions
 
-    def leaves_of(self, sample: Any) -> list[np.ndarray[Any, Any]]:
+    def leaves_of(self, sample: Any) -> list[Any]:
         """The sample's leaves, checked against the layout; ValueError saying what differs."""
-        leaves: list[tuple[str, np.ndarray[Any, Any]]] = []
-        template = _flatten(sample, "", leaves)
+        leaves: list[tuple[str, Any]] = []
+        template = _flatten(sample, "", leaves, any(field.encoded for field in self.fields))
         if template != self.template:
             raise ValueError(
                 "the sample's structure differs from dataset[0]'s: every sample must have the "
                 "same keys and nesting"
             )
         for (path, array), field in zip(leaves, self.fields):
+            if field.encoded:
+                continue
             if array.shape != field.shape or array.dtype != field.dtype:
                 raise ValueError(
                     f"sample{path} is {array.dtype} {array.shape}, but dataset[0] had "
@@ -205,6 +230,8 @@ class _State:
     on_error: str
     length: int
     seed_globals: bool
+    # The native pipeline decoding the sample's encoded image, if any.
+    image: Any = None
 
 
 def _load(state: _State, epoch: int, index: int) -> Any:
@@ -232,11 +259,25 @@ def _describe(index: int, error: BaseException) -> str:
     return f"dataset[{index}] raised {type(error).__name__}: {error}\n{text.rstrip()}"
 
 
-def _try(state: _State, epoch: int, index: int) -> tuple[list[Any] | None, str | None]:
+def _attempt(
+    state: _State, epoch: int, index: int, destinations: list[Any], row: int
+) -> str | None:
+    """Loads sample ``index`` into row ``row``; None, or why it failed (index, exception and
+    traceback)."""
     try:
-        return state.layout.leaves_of(_load(state, epoch, index)), None
+        leaves = state.layout.leaves_of(_load(state, epoch, index))
+        for destination, leaf, field in zip(destinations, leaves, state.layout.fields):
+            if destination is None:
+                continue
+            if field.encoded:
+                out = destination[row].view(np.uint8)
+                state.image.process(bytes(leaf), state.seed, epoch, index, out)
+                del out
+            else:
+                destination[row] = leaf
+        return None
     except Exception as error:  # noqa: BLE001 - user code: any exception is a bad sample
-        return None, _describe(index, error)
+        return _describe(index, error)
 
 
 def _fill_batch(
@@ -254,33 +295,23 @@ def _fill_batch(
     bad: list[tuple[int, str, int]] = []
     try:
         for row, index in enumerate(indices):
-            leaves, reason = _try(state, epoch, index)
-            if reason is not None:
-                if state.on_error == "fail":
-                    return bad, (index, reason)
-                for offset in range(1, min(_MAX_SUBSTITUTE_TRIES, state.length - 1) + 1):
-                    substitute = (index + offset) % state.length
-                    leaves, _ = _try(state, epoch, substitute)
-                    if leaves is not None:
-                        bad.append((index, reason, substitute))
-                        break
-                else:
-                    return bad, (index, f"{reason}\n(and none of the next "
-                                 f"{_MAX_SUBSTITUTE_TRIES} samples loaded either)")
-            assert leaves is not None
-            _write_row(destinations, row, leaves)
+            reason = _attempt(state, epoch, index, destinations, row)
+            if reason is None:
+                continue
+            if state.on_error == "fail":
+                return bad, (index, reason)
+            for offset in range(1, min(_MAX_SUBSTITUTE_TRIES, state.length - 1) + 1):
+                substitute = (index + offset) % state.length
+                if _attempt(state, epoch, substitute, destinations, row) is None:
+                    bad.append((index, reason, substitute))
+                    break
+            else:
+                return bad, (index, f"{reason}\n(and none of the next "
+                             f"{_MAX_SUBSTITUTE_TRIES} samples loaded either)")
         return bad, None
     finally:
         # The slot's view is released when build() returns: no array may still export it.
         del destinations
-
-
-def _write_row(
-    destinations: list[np.ndarray[Any, Any] | None], row: int, leaves: list[Any]
-) -> None:
-    for destination, leaf in zip(destinations, leaves):
-        if destination is not None:
-            destination[row] = leaf
 
 
 class _ThreadBuilder:
@@ -466,6 +497,7 @@ def from_dataset(
     timeout: float,
     max_held_batches: int,
     dashboard: int | str | None,
+    pipeline: Any = None,
 ) -> Any:
     """Builds the :class:`DatasetLoader` that ``Loader.from_dataset`` returns."""
     from stoker import loader as base
@@ -520,6 +552,11 @@ def from_dataset(
         raise ValueError(f"output must be 'torch' or 'numpy' (None: torch when importable), got {output!r}")
     rank_, world = base._resolve_rank(rank, world_size)
 
+    image = None
+    if pipeline is not None:
+        from stoker.ops import check_pipeline
+
+        image = _native.ImagePipeline([op.to_dict() for op in check_pipeline(pipeline)])
     # The first sample fixes the layout.
     probe = _State(dataset, transform, _Layout((), ()), seed, on_error, length, False)
     try:
@@ -529,9 +566,9 @@ def from_dataset(
             "from_dataset reads dataset[0] to learn the samples' layout, and it failed: "
             + _describe(0, error)
         ) from error
-    layout = _Layout.of(first)
+    layout = _Layout.of(first, image)
     del first
-    state = _State(dataset, transform, layout, seed, on_error, length, bool(workers))
+    state = _State(dataset, transform, layout, seed, on_error, length, bool(workers), image)
     builder: Any = _ProcessBuilder(state, workers, context) if workers else _ThreadBuilder(state)
     try:
         native = _native.NativeLoader.from_dataset(

@@ -533,6 +533,7 @@ class Loader:
         timeout: float = 600.0,
         max_held_batches: int = 4,
         dashboard: int | str | None = None,
+        pipeline: Iterable[Op] | None = None,
     ) -> Loader:
         """A loader over a map-style dataset (``__getitem__`` and ``__len__``, such as a
         ``torch.utils.data.Dataset``), run under Stoker's planner.
@@ -571,6 +572,13 @@ class Loader:
         :func:`stoker.sample_seed`; threads share the global RNGs, so draws there depend on
         timing: use ``sample_rng()`` or a ``torch.Generator`` seeded from ``sample_seed()``.
 
+        Native ops after Python: with ``pipeline=[stoker.ops.DecodeImage(), ...]`` (or
+        ``stoker.vision.imagenet_train(224)``), a ``bytes`` value in the sample (an encoded
+        image the dataset read) is decoded and augmented by Stoker's pipeline into that field
+        (its output shape and dtype), with the GIL released and the native per-sample random
+        stream: the same bytes at the same (seed, epoch, index) give the same pixels as a
+        native source. Without ``pipeline``, ``bytes`` in a sample is refused.
+
         Errors in the dataset's code follow ``on_error``: ``"fail"`` (default, as DataLoader)
         raises :class:`~stoker.DecodeError` naming the index, the exception and its traceback;
         ``"skip"`` replaces the sample by the next one that loads (as native sources do),
@@ -603,6 +611,7 @@ class Loader:
             timeout=timeout,
             max_held_batches=max_held_batches,
             dashboard=dashboard,
+            pipeline=pipeline,
         )
 
     def _finish_init(self) -> None:
