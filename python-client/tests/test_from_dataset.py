@@ -403,3 +403,28 @@ def test_bytes_that_do_not_decode_follow_on_error(tmp_path) -> None:
         stoker.Loader.from_dataset(Broken(root), batch_size=4)
     with pytest.raises(TypeError, match="holds no bytes"):
         stoker.Loader.from_dataset(Squares(4), pipeline=pipeline)
+
+
+def test_the_dashboard_and_stats_show_a_wrapped_dataset() -> None:
+    import json
+    import urllib.request
+
+    with stoker.Loader.from_dataset(
+        Squares(40), batch_size=4, output="numpy", num_workers=2, dashboard=0
+    ) as loader:
+        url = loader.dashboard_url
+        assert url is not None
+        assert sum(1 for _ in loader) == 10
+        stats = loader.stats()
+        assert stats["samples"] == 40 and stats["batches"] == 10
+        assert stats["thread_rule"] == "num_workers" and stats["bad_samples"] == 0
+        deadline = time.monotonic() + 10
+        jobs: list = []
+        while time.monotonic() < deadline:
+            with urllib.request.urlopen(url.rstrip("/") + "/api/jobs", timeout=5) as response:
+                jobs = json.loads(response.read())["jobs"]
+            if jobs and jobs[0]["current"] and jobs[0]["current"]["samples_total"] >= 40:
+                break
+            time.sleep(0.3)
+        assert jobs and jobs[0]["name"] == "Squares"
+        assert jobs[0]["current"]["samples_total"] == 40
