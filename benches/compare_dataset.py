@@ -17,8 +17,11 @@ measured as compare_loader.py measures: images/s from building the loader to the
 CPU-seconds per image of the child's whole tree (a fork server's workers are not the child's
 children, so their CPU is missing from that figure), and the peak PSS of
 that tree above the interpreter's after its imports ("loader memory"; measure.py says how it
-is read without slowing the run). Stoker gets the same batches in flight as DataLoader
-(``prefetch = 2 x N``) and room for the one batch the loop holds.
+is read without slowing the run). Stoker gets as many batches requested as DataLoader has
+outstanding (``prefetch = 2 x N``; ``--prefetch`` sets another) and room for the one batch
+the loop holds. A request holds its batch slot from the start, while DataLoader makes a
+batch's buffer only once a worker has loaded it: with N lanes building, ``--prefetch N`` is
+the setting whose slots match DataLoader's live batches.
 
 Usage: benches/compare_dataset.sh [--count N] [--batches K] [--workers N] [--repeat R]
 """
@@ -50,6 +53,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--workers", type=int, default=2, help="workers, processes and threads")
     parser.add_argument("--batches", type=int, default=0, help="batches per run (0: an epoch)")
     parser.add_argument("--repeat", type=int, default=1, help="fresh runs per loader (median)")
+    parser.add_argument(
+        "--prefetch", type=int, default=0,
+        help="from_dataset's prefetch (0: 2 x workers, DataLoader's batches outstanding)",
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--memory-period", type=float, default=1.0)
     parser.add_argument("--json", action="store_true", help="print one JSON object")
@@ -98,7 +105,7 @@ def build(args: argparse.Namespace, config: str) -> Any:
         batch_size=args.batch_size,
         shuffle=True,
         seed=args.seed,
-        prefetch=PREFETCH_FACTOR * n,
+        prefetch=args.prefetch or PREFETCH_FACTOR * n,
         max_held_batches=1,
         output="torch",
         **mode,
@@ -202,7 +209,8 @@ def main(argv: list[str]) -> int:
         return 0
     print(
         f"{args.data}, batch {args.batch_size}, {reference['images']} images per run, "
-        f"median of {args.repeat} run(s)"
+        f"median of {args.repeat} run(s), from_dataset prefetch "
+        f"{args.prefetch or PREFETCH_FACTOR * args.workers}"
     )
     header = (
         f"{'loader':<34}{'images/s':>10}{'vs DL':>7}{'steady':>8}{'vs DL':>7}{'CPU ms/img':>12}"
