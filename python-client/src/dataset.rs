@@ -489,8 +489,11 @@ impl Drop for DatasetFeed {
 pub(crate) struct ImagePipeline {
     pipeline: stoker_worker::Pipeline,
     /// The op dicts it was made from, to pickle it to worker processes.
-    ops: Vec<Py<pyo3::types::PyDict>>,
+    ops: OpDicts,
 }
+
+/// The op dicts an [`ImagePipeline`] is made from (what it pickles as).
+type OpDicts = Vec<Py<pyo3::types::PyDict>>;
 
 thread_local! {
     /// Each thread's decode buffers, reused from sample to sample.
@@ -565,9 +568,7 @@ impl ImagePipeline {
         result.map_err(|e| crate::errors::raise(crate::errors::Kind::Decode, e.to_string()))
     }
 
-    fn __reduce__<'py>(
-        slf: &Bound<'py, Self>,
-    ) -> PyResult<(Bound<'py, PyAny>, (Vec<Py<pyo3::types::PyDict>>,))> {
+    fn __reduce__<'py>(slf: &Bound<'py, Self>) -> PyResult<(Bound<'py, PyAny>, (OpDicts,))> {
         let ops = slf
             .get()
             .ops

@@ -307,6 +307,14 @@ def test_samples_of_another_shape_are_refused_by_name() -> None:
             list(loader)
 
 
+def _divide_by_zero(sample):
+    return 1 / 0
+
+
+def _with_text(sample):
+    return sample[0], "text"
+
+
 def test_arguments_are_checked_before_any_work() -> None:
     with pytest.raises(TypeError, match="map-style"):
         stoker.Loader.from_dataset(iter([1, 2]))
@@ -320,6 +328,11 @@ def test_arguments_are_checked_before_any_work() -> None:
         stoker.Loader.from_dataset(Failing(20), transform=lambda s: 1 / 0)
     with pytest.raises(TypeError, match=r"sample\[1\] is a str"):
         stoker.Loader.from_dataset(Squares(4), transform=lambda s: (s[0], "text"))
+    # In process mode a worker reads dataset[0]; its refusals arrive the same way.
+    with pytest.raises(stoker.DatasetError, match=r"dataset\[0\].*ZeroDivisionError"):
+        stoker.Loader.from_dataset(Failing(20), transform=_divide_by_zero, num_workers=1)
+    with pytest.raises(TypeError, match=r"sample\[1\] is a str"):
+        stoker.Loader.from_dataset(Squares(4), transform=_with_text, num_workers=1)
 
 
 def test_a_killed_worker_process_is_an_error_naming_it() -> None:

@@ -100,7 +100,9 @@ impl SlotPool {
 
     /// Like [`SlotPool::new`], the slots in one shared `memfd` mapping that other processes
     /// can map ([`SlotPool::shared_memory`], [`Slot::shared_offset`]). Not in `/dev/shm`: the
-    /// memory is the pool's own, freed when the pool and every mapping of it are gone.
+    /// memory is the pool's own, freed when the pool and every mapping of it are gone. A slot
+    /// given back releases its pages (they read as zeros when next written), so the pool holds
+    /// the memory of the slots in use, not of every slot it ever handed out.
     pub fn shared(slot_bytes: usize, capacity: usize) -> std::io::Result<Arc<SlotPool>> {
         let capacity = capacity.max(1);
         let size = slot_bytes
@@ -228,6 +230,26 @@ impl SlotPool {
     }
 
     fn give_back(&self, buffer: Buffer) {
+        if let (Buffer::Arena(index), Some(arena)) = (&buffer, &self.arena) {
+            // A shared slot's pages go back to the system while it waits in the pool, so the
+            // memory held follows the batches alive (being written, waiting or held), as
+            // memory freed batch by batch would, not the most the pool ever had at once.
+            // SAFETY: the range is this slot's, inside the memfd, and no one uses it now.
+            let freed = unsafe {
+                libc::fallocate(
+                    arena.fd.as_raw_fd(),
+                    libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE,
+                    (*index * self.slot_bytes) as libc::off_t,
+                    self.slot_bytes as libc::off_t,
+                )
+            };
+            if freed != 0 {
+                tracing::debug!(
+                    error = %std::io::Error::last_os_error(),
+                    "could not release an idle shared slot's pages"
+                );
+            }
+        }
         if let Ok(mut state) = self.state.lock() {
             state.free.push(buffer);
         }
@@ -358,6 +380,10 @@ mod tests {
         assert_eq!(bytes.len(), 100);
         assert!(bytes.iter().all(|&x| x == 2));
         drop(bytes);
+        // The slot given back gave its pages back: they read as zeros.
+        let mut after = vec![9u8; 100];
+        std::os::unix::fs::FileExt::read_exact_at(&file, &mut after, 4096).unwrap();
+        assert!(after.iter().all(|&x| x == 0));
         // The slot given back is handed out again, not a fourth one.
         let c = pool.try_take(10).unwrap();
         assert_eq!(c.shared_offset(), Some(4096));

@@ -32,7 +32,7 @@ import traceback
 import weakref
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Final, Literal
+from typing import Any, Final, Literal, NoReturn
 
 import numpy as np
 
@@ -254,6 +254,22 @@ def _load(state: _State, epoch: int, index: int) -> Any:
         _current.key = None
 
 
+_NO_LAYOUT: Final = _Layout((), ())
+
+
+def _probe(state: _State) -> _Layout:
+    """The layout of ``dataset[0]``; DatasetError when loading it fails, TypeError when a value
+    in it cannot be batched."""
+    try:
+        first = _load(state, 0, 0)
+    except Exception as error:
+        raise DatasetError(
+            "from_dataset reads dataset[0] to learn the samples' layout, and it failed: "
+            + _describe(0, error)
+        ) from error
+    return _Layout.of(first, state.image)
+
+
 def _describe(index: int, error: BaseException) -> str:
     text = "".join(traceback.format_exception(type(error), error, error.__traceback__))
     return f"dataset[{index}] raised {type(error).__name__}: {error}\n{text.rstrip()}"
@@ -365,6 +381,15 @@ def _worker_main(conn: Any, state: _State) -> None:
                 arena = _Arena(fd, message[1])
                 os.close(fd)
                 continue
+            if message[0] == "layout":
+                state.layout = message[1]
+                continue
+            if message[0] == "probe":
+                try:
+                    conn.send(("layout", _probe(state)))
+                except (DatasetError, TypeError) as error:
+                    conn.send(("refused", type(error).__name__, str(error)))
+                continue
         except (EOFError, OSError):
             return  # the parent is gone
         _, epoch, indices, offset, length = message
@@ -403,23 +428,35 @@ class _Worker:
         if shared is None:
             raise StokerError("process mode needs the loader's slots in shared memory")
         arena, fd, size, offset = shared
+        doing = f"loading step {step} of epoch {epoch}"
         try:
             if self.arena != arena:
                 self.conn.send(("arena", size))
                 multiprocessing.reduction.send_handle(self.conn, fd, self.process.pid)
                 self.arena = arena
-            self.conn.send(("build", epoch, indices, offset, len(view)))
+        except OSError:
+            self._died(doing)
+        _, bad, failure = self.call(("build", epoch, indices, offset, len(view)), doing)
+        return bad, failure
+
+    def call(self, message: Any, doing: str) -> Any:
+        """Sends ``message`` and returns the worker's reply; a StokerError when it died or
+        failed outside the dataset's code."""
+        try:
+            self.conn.send(message)
             reply = self.conn.recv()
         except (EOFError, OSError):
-            self.process.join(timeout=1.0)
-            raise StokerError(
-                f"dataset worker process {self.number} (pid {self.process.pid}) exited with "
-                f"code {self.process.exitcode} while loading step {step} of epoch {epoch}"
-            ) from None
+            self._died(doing)
         if reply[0] == "error":
             raise StokerError(f"dataset worker process {self.number} failed: {reply[1]}")
-        _, bad, failure = reply
-        return bad, failure
+        return reply
+
+    def _died(self, doing: str) -> NoReturn:
+        self.process.join(timeout=1.0)
+        raise StokerError(
+            f"dataset worker process {self.number} (pid {self.process.pid}) exited with "
+            f"code {self.process.exitcode} while {doing}"
+        ) from None
 
     def close(self) -> None:
         try:
@@ -445,6 +482,18 @@ class _ProcessBuilder:
         except BaseException:
             self.close()
             raise
+
+    def probe(self) -> _Layout:
+        """The layout of ``dataset[0]``, read by worker 0 and sent to every worker."""
+        first = self._workers[0]
+        reply = first.call(("probe",), "reading dataset[0]")
+        if reply[0] == "refused":
+            kind = TypeError if reply[1] == "TypeError" else DatasetError
+            raise kind(reply[2])
+        layout: _Layout = reply[1]
+        for worker in self._workers:
+            worker.conn.send(("layout", layout))
+        return layout
 
     def build(
         self, lane: int, epoch: int, step: int, indices: list[int], view: memoryview,
@@ -557,19 +606,21 @@ def from_dataset(
         from stoker.ops import check_pipeline
 
         image = _native.ImagePipeline([op.to_dict() for op in check_pipeline(pipeline)])
-    # The first sample fixes the layout.
-    probe = _State(dataset, transform, _Layout((), ()), seed, on_error, length, False)
-    try:
-        first = _load(probe, 0, 0)
-    except Exception as error:
-        raise DatasetError(
-            "from_dataset reads dataset[0] to learn the samples' layout, and it failed: "
-            + _describe(0, error)
-        ) from error
-    layout = _Layout.of(first, image)
-    del first
-    state = _State(dataset, transform, layout, seed, on_error, length, bool(workers), image)
-    builder: Any = _ProcessBuilder(state, workers, context) if workers else _ThreadBuilder(state)
+    # The first sample fixes the layout: read here in thread mode, by a worker in process mode
+    # (so that this process never runs the dataset's code, nor starts what it starts).
+    state = _State(dataset, transform, _NO_LAYOUT, seed, on_error, length, bool(workers), image)
+    builder: Any
+    if workers:
+        builder = _ProcessBuilder(state, workers, context)
+        try:
+            layout = builder.probe()
+        except BaseException:
+            builder.close()
+            raise
+    else:
+        layout = _probe(state)
+        state.layout = layout
+        builder = _ThreadBuilder(state)
     try:
         native = _native.NativeLoader.from_dataset(
             builder,
