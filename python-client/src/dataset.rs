@@ -11,7 +11,7 @@
 //! per-sample bytes, from a 64-byte boundary after the field before it; the Python side
 //! (`stoker/dataset.py`) writes and reads it by the same rule.
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -80,7 +80,8 @@ pub(crate) struct DatasetSource {
     idle: Arc<AtomicU64>,
 }
 
-/// Every field's region in a slot starts on this boundary, so every view of it is aligned.
+/// Every field's region starts this far into the slot from a multiple of it (slots themselves
+/// are at least 16-byte aligned, which every dtype's view needs).
 const ALIGN: usize = 64;
 
 fn aligned(size: usize) -> usize {
@@ -185,6 +186,9 @@ impl DatasetSource {
     fn join_lanes(&mut self) {
         let deadline = Instant::now() + LANE_JOIN;
         for handle in self.lanes.drain(..) {
+            if handle.thread().id() == std::thread::current().id() {
+                continue; // dropped on a lane (a collection there): it ends after this build
+            }
             while !handle.is_finished() && Instant::now() < deadline {
                 std::thread::sleep(Duration::from_millis(5));
             }
@@ -263,13 +267,27 @@ impl Lane {
             indices: &indices,
             shared,
         };
-        let built =
-            Python::try_attach(|py| build_in_python(py, builder, call, task.slot.as_mut_slice()))
-                .unwrap_or_else(|| {
-                    Err(Error::Stopped(
-                        "the Python interpreter is shutting down".into(),
-                    ))
-                });
+        let mut still_viewed = 0;
+        let built = Python::try_attach(|py| {
+            let slot = task.slot.as_mut_slice();
+            build_in_python(py, builder, call, slot, &mut still_viewed)
+        })
+        .unwrap_or_else(|| {
+            Err(Error::Stopped(
+                "the Python interpreter is shutting down".into(),
+            ))
+        });
+        if still_viewed > 0 {
+            // Python still holds views of the slot's memory: it must stay valid for them, so
+            // the slot is neither reused nor freed (the pool has one slot fewer from now on).
+            std::mem::forget(task.slot);
+            let _ = task.reply.send(Built {
+                step,
+                service: started.elapsed(),
+                result: built.map(|_| proto::Batch::default()),
+            });
+            return;
+        }
         let result = built.map(|bad| {
             let bytes = task.slot.into_bytes();
             let n = indices.len();
@@ -316,6 +334,99 @@ type Replaced = (u64, String, u64);
 /// The sample that failed a batch, as Python reports it: (index, reason).
 type Failed = (u64, String);
 
+/// A writable window on a batch slot for the Python builder, through the buffer protocol. It
+/// counts the views taken of it (numpy's arrays hold theirs as long as they live) and takes no
+/// new one once closed, so the caller knows whether Python still holds the slot's memory after
+/// the build: a slot still viewed is never reused or freed (see [`Lane::build`]).
+#[pyclass(module = "stoker._native", frozen)]
+pub(crate) struct SlotView {
+    address: usize,
+    len: usize,
+    exports: AtomicUsize,
+    open: AtomicBool,
+    shape: [pyo3::ffi::Py_ssize_t; 1],
+    strides: [pyo3::ffi::Py_ssize_t; 1],
+}
+
+impl SlotView {
+    fn new(slot: &mut [u8]) -> Self {
+        Self {
+            address: slot.as_mut_ptr() as usize,
+            len: slot.len(),
+            exports: AtomicUsize::new(0),
+            open: AtomicBool::new(true),
+            shape: [slot.len() as pyo3::ffi::Py_ssize_t],
+            strides: [1],
+        }
+    }
+
+    /// Refuses new views and returns how many are still held.
+    fn close(&self) -> usize {
+        self.open.store(false, Ordering::SeqCst);
+        self.exports.load(Ordering::SeqCst)
+    }
+}
+
+#[pymethods]
+impl SlotView {
+    fn __len__(&self) -> usize {
+        self.len
+    }
+
+    /// # Safety
+    /// Called by the interpreter with a valid, writable `Py_buffer`.
+    unsafe fn __getbuffer__(
+        slf: Bound<'_, Self>,
+        view: *mut pyo3::ffi::Py_buffer,
+        flags: std::ffi::c_int,
+    ) -> PyResult<()> {
+        use pyo3::ffi;
+        let this = slf.get();
+        if view.is_null() || !this.open.load(Ordering::SeqCst) {
+            return Err(pyo3::exceptions::PyBufferError::new_err(
+                "the batch buffer is only writable while its batch is built",
+            ));
+        }
+        this.exports.fetch_add(1, Ordering::SeqCst);
+        // SAFETY: `view` is non-null and ours to fill. The memory is the slot's, which stays
+        // valid while any view is held: the lane checks the count after the build and never
+        // reuses or frees a slot still viewed. Shape and strides live in the object, which
+        // the view keeps alive.
+        unsafe {
+            (*view).obj = slf.clone().into_any().into_ptr();
+            (*view).buf = this.address as *mut std::ffi::c_void;
+            (*view).len = this.len as ffi::Py_ssize_t;
+            (*view).readonly = 0;
+            (*view).itemsize = 1;
+            (*view).format = if flags & ffi::PyBUF_FORMAT == ffi::PyBUF_FORMAT {
+                c"B".as_ptr() as *mut _
+            } else {
+                std::ptr::null_mut()
+            };
+            (*view).ndim = 1;
+            (*view).shape = if flags & ffi::PyBUF_ND == ffi::PyBUF_ND {
+                this.shape.as_ptr() as *mut _
+            } else {
+                std::ptr::null_mut()
+            };
+            (*view).strides = if flags & ffi::PyBUF_STRIDES == ffi::PyBUF_STRIDES {
+                this.strides.as_ptr() as *mut _
+            } else {
+                std::ptr::null_mut()
+            };
+            (*view).suboffsets = std::ptr::null_mut();
+            (*view).internal = std::ptr::null_mut();
+        }
+        Ok(())
+    }
+
+    /// # Safety
+    /// Called by the interpreter when a view taken by `__getbuffer__` is released.
+    unsafe fn __releasebuffer__(&self, _view: *mut pyo3::ffi::Py_buffer) {
+        self.exports.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
 /// One call of the Python builder.
 struct Call<'a> {
     lane: usize,
@@ -326,9 +437,8 @@ struct Call<'a> {
     shared: Option<(u64, i32, usize, usize)>,
 }
 
-/// Calls `builder.build(lane, epoch, step, indices, view, shared)` over a writable memoryview
-/// of `slot`, which is released before this returns (a view kept by Python code is an error,
-/// not a dangling pointer); `shared` is where the slot lies in a shared mapping (id, fd, size,
+/// Calls `builder.build(lane, epoch, step, indices, view, shared)` with `view` a [`SlotView`]
+/// of `slot`, closed before this returns; `shared` is where the slot lies in a shared mapping (id, fd, size,
 /// offset), or `None`. `build` returns `(bad, failure)`: the samples replaced under the skip
 /// policy as `(index, reason, substitute)`, and `None` or the `(index, reason)` of a sample
 /// that failed the batch.
@@ -337,6 +447,7 @@ fn build_in_python(
     builder: &Py<PyAny>,
     call: Call<'_>,
     slot: &mut [u8],
+    still_viewed: &mut usize,
 ) -> Result<Vec<proto::BadSample>> {
     let Call {
         lane,
@@ -354,17 +465,7 @@ fn build_in_python(
             "building step {step} of epoch {epoch} in Python: {e}\n{traceback}"
         ))
     };
-    // SAFETY: the view points at `slot`, which outlives it: it is released below, before the
-    // borrow ends, and a release that fails (Python kept an export of it) makes the batch an
-    // error. The length fits isize: slots are allocated Vecs.
-    let view = unsafe {
-        let raw = pyo3::ffi::PyMemoryView_FromMemory(
-            slot.as_mut_ptr().cast(),
-            slot.len() as pyo3::ffi::Py_ssize_t,
-            pyo3::ffi::PyBUF_WRITE,
-        );
-        Bound::from_owned_ptr_or_err(py, raw).map_err(python)?
-    };
+    let view = Bound::new(py, SlotView::new(slot)).map_err(python)?;
     let outcome = builder.bind(py).call_method1(
         "build",
         (
@@ -376,11 +477,12 @@ fn build_in_python(
             shared,
         ),
     );
-    let released = view.call_method0("release");
+    *still_viewed = view.get().close();
     let outcome = outcome.map_err(python)?;
-    if let Err(e) = released {
+    if *still_viewed > 0 {
         return Err(Error::Stopped(format!(
-            "the dataset code kept a view of the batch buffer of step {step} after filling it: {e}"
+            "the dataset code kept {still_viewed} view(s) of the batch buffer of step {step} \
+             after filling it; the buffer is left to them and the batch is dropped"
         )));
     }
     let (bad, failure): (Vec<Replaced>, Option<Failed>) = outcome.extract().map_err(python)?;

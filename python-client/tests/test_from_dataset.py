@@ -142,7 +142,8 @@ def test_resume_mid_epoch_is_exact() -> None:
         check_squares(batch, indices)
 
 
-def test_resume_on_another_world_size_follows_the_native_loader(tmp_path) -> None:
+@pytest.mark.parametrize("mode", [{"num_threads": 1}, {"num_workers": 2}])
+def test_resume_on_another_world_size_follows_the_native_loader(tmp_path, mode) -> None:
     root = stoker._native.make_dataset(str(tmp_path / "images"), 40)
     pipeline = [stoker.ops.DecodeImage(), stoker.ops.Resize(8), stoker.ops.CenterCrop(8)]
     settings = dict(batch_size=3, shuffle=True, seed=9, output="numpy")
@@ -151,9 +152,7 @@ def test_resume_on_another_world_size_follows_the_native_loader(tmp_path) -> Non
         return stoker.Loader(root, pipeline=pipeline, rank=rank, world_size=world, **settings)
 
     def wrapped(rank, world):
-        return stoker.Loader.from_dataset(
-            Squares(40), rank=rank, world_size=world, num_threads=1, **settings
-        )
+        return stoker.Loader.from_dataset(Squares(40), rank=rank, world_size=world, **mode, **settings)
 
     states, seen = [], []
     for rank in range(2):
@@ -214,6 +213,7 @@ def test_sample_rng_gives_the_same_batches_for_any_thread_or_process_count() -> 
             Drawing(24), batch_size=4, shuffle=True, seed=21, output="numpy", **mode
         ) as loader:
             runs.append([b["noise"].copy() for b in epoch_of(loader)[1]])
+    assert [len(run) for run in runs] == [6, 6, 6]
     for run in runs[1:]:
         for a, b in zip(runs[0], run):
             np.testing.assert_array_equal(a, b)
@@ -348,6 +348,21 @@ def test_a_killed_worker_process_is_an_error_naming_it() -> None:
                 pass
 
 
+class VerySlow(Squares):
+    def __getitem__(self, index: int):
+        time.sleep(0.2)
+        return super().__getitem__(index)
+
+
+def test_close_during_a_slow_batch_stops_at_the_next_sample() -> None:
+    loader = stoker.Loader.from_dataset(VerySlow(400), batch_size=100, num_threads=2)
+    iter(loader)  # two lanes start 20 s batches
+    time.sleep(0.5)
+    started = time.monotonic()
+    loader.close()
+    assert time.monotonic() - started < 5
+
+
 def test_close_stops_the_worker_processes() -> None:
     loader = stoker.Loader.from_dataset(Squares(20), batch_size=4, num_workers=2, output="numpy")
     processes = [w.process for w in loader._builder._workers]
@@ -380,13 +395,21 @@ class JpegFiles:
 @pytest.mark.parametrize("mode", [{"num_threads": 2}, {"num_workers": 2}])
 def test_native_ops_decode_the_bytes_python_read_like_a_native_source(tmp_path, mode) -> None:
     root = stoker._native.make_dataset(str(tmp_path / "images"), 30)
-    settings = dict(batch_size=4, shuffle=True, seed=3, output="numpy")
+    # One corrupt file: both loaders substitute the next sample, drawing from the stream of
+    # the one it replaces.
+    corrupt = JpegFiles(root).files[7][0]
+    with open(corrupt, "r+b") as file:
+        file.truncate(100)
+    settings_skip = dict(on_error="skip")
+    settings = dict(batch_size=4, shuffle=True, seed=3, output="numpy", **settings_skip)
     with stoker.Loader(root, pipeline=stoker.vision.imagenet_train(32), **settings) as native:
         expected = [(b["image"].copy(), b["label"].copy()) for b in native]
+        assert native.stats()["bad_samples"] == 1
     with stoker.Loader.from_dataset(
         JpegFiles(root), pipeline=stoker.vision.imagenet_train(32), **settings, **mode
     ) as wrapped:
         got = [(images.copy(), labels.copy()) for images, labels in wrapped]
+        assert wrapped.stats()["bad_samples"] == 1
     assert len(got) == len(expected) == 8
     for (images, labels), (want_images, want_labels) in zip(got, expected):
         assert images.shape == want_images.shape and images.dtype == want_images.dtype

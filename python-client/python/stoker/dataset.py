@@ -37,14 +37,15 @@ from typing import Any, Final, Literal, NoReturn
 import numpy as np
 
 from stoker import _native
-from stoker.errors import DatasetError, StokerError
+from stoker.errors import DatasetError, LoaderTimeoutError, StokerError
 from stoker.loader import Loader, _import_torch
 
 __all__ = ["from_dataset", "sample_rng", "sample_seed"]
 
 # How many following samples the skip policy tries, as the native policy does.
 _MAX_SUBSTITUTE_TRIES: Final = 16
-# Every field's region in a slot starts on this boundary (so every view is aligned).
+# Every field's region starts at a multiple of this from the slot's start (slots are at least
+# 16-byte aligned, which every dtype's view needs).
 _ALIGN: Final = 64
 
 _current = threading.local()
@@ -234,8 +235,11 @@ class _State:
     image: Any = None
 
 
-def _load(state: _State, epoch: int, index: int) -> Any:
-    _current.key = (state.seed, epoch, index)
+def _load(state: _State, epoch: int, index: int, stream: int | None = None) -> Any:
+    """``dataset[index]`` through the transform, drawing from the random stream of sample
+    ``stream`` (default ``index``; a substitute draws from the stream of the sample it
+    replaces, as native sources do)."""
+    _current.key = (state.seed, epoch, index if stream is None else stream)
     try:
         if state.seed_globals:
             seed = sample_seed()
@@ -276,28 +280,38 @@ def _describe(index: int, error: BaseException) -> str:
 
 
 def _attempt(
-    state: _State, epoch: int, index: int, destinations: list[Any], row: int
+    state: _State, epoch: int, index: int, stream: int, destinations: list[Any], row: int
 ) -> str | None:
-    """Loads sample ``index`` into row ``row``; None, or why it failed (index, exception and
-    traceback)."""
+    """Loads sample ``index`` into row ``row`` (random stream of sample ``stream``); None, or
+    why it failed (index, exception and traceback)."""
     try:
-        leaves = state.layout.leaves_of(_load(state, epoch, index))
-        for destination, leaf, field in zip(destinations, leaves, state.layout.fields):
-            if destination is None:
-                continue
-            if field.encoded:
-                out = destination[row].view(np.uint8)
-                state.image.process(bytes(leaf), state.seed, epoch, index, out)
-                del out
-            else:
-                destination[row] = leaf
+        leaves = state.layout.leaves_of(_load(state, epoch, index, stream))
+        _write_row(state, epoch, stream, destinations, row, leaves)
         return None
     except Exception as error:  # noqa: BLE001 - user code: any exception is a bad sample
-        return _describe(index, error)
+        reason = _describe(index, error)
+        # The traceback's frames reach this one and the batch's arrays over the slot; an
+        # exception the dataset's code keeps must not keep them.
+        error.__traceback__ = None
+        return reason
+
+
+def _write_row(
+    state: _State, epoch: int, stream: int, destinations: list[Any], row: int, leaves: list[Any]
+) -> None:
+    for destination, leaf, field in zip(destinations, leaves, state.layout.fields):
+        if destination is None:
+            continue
+        if field.encoded:
+            state.image.process(bytes(leaf), state.seed, epoch, stream,
+                                destination[row].view(np.uint8))
+        else:
+            destination[row] = leaf
 
 
 def _fill_batch(
-    state: _State, epoch: int, indices: Sequence[int], view: memoryview
+    state: _State, epoch: int, indices: Sequence[int], view: Any,
+    stopped: Callable[[], bool] | None = None,
 ) -> tuple[list[tuple[int, str, int]], tuple[int, str] | None]:
     """Loads ``indices`` into ``view`` by the layout, under the bad-sample policy. Returns the
     replaced samples as (index, reason, substitute) and the failure, if any, as (index, reason)."""
@@ -311,14 +325,16 @@ def _fill_batch(
     bad: list[tuple[int, str, int]] = []
     try:
         for row, index in enumerate(indices):
-            reason = _attempt(state, epoch, index, destinations, row)
+            if stopped is not None and stopped():
+                return bad, (index, "the loader was closed while this batch was loading")
+            reason = _attempt(state, epoch, index, index, destinations, row)
             if reason is None:
                 continue
             if state.on_error == "fail":
                 return bad, (index, reason)
             for offset in range(1, min(_MAX_SUBSTITUTE_TRIES, state.length - 1) + 1):
                 substitute = (index + offset) % state.length
-                if _attempt(state, epoch, substitute, destinations, row) is None:
+                if _attempt(state, epoch, substitute, index, destinations, row) is None:
                     bad.append((index, reason, substitute))
                     break
             else:
@@ -335,15 +351,16 @@ class _ThreadBuilder:
 
     def __init__(self, state: _State) -> None:
         self._state = state
+        self._closed = threading.Event()
 
     def build(
-        self, lane: int, epoch: int, step: int, indices: list[int], view: memoryview,
-        shared: Any,
+        self, lane: int, epoch: int, step: int, indices: list[int], view: Any, shared: Any,
     ) -> Any:
-        return _fill_batch(self._state, epoch, indices, view)
+        return _fill_batch(self._state, epoch, indices, view, self._closed.is_set)
 
     def close(self) -> None:
-        pass
+        """Batches being loaded stop at their next sample."""
+        self._closed.set()
 
 
 class _Arena:
@@ -355,7 +372,10 @@ class _Arena:
 
     def close(self) -> None:
         self.view.release()
-        self.buffer.close()
+        try:
+            self.buffer.close()
+        except BufferError:
+            pass  # an array the dataset's code kept still views it: leave the mapping to it
 
 
 def _worker_main(conn: Any, state: _State) -> None:
@@ -403,7 +423,8 @@ def _worker_main(conn: Any, state: _State) -> None:
                 view.release()
             conn.send(("done", bad, failure))
         except BaseException as error:  # noqa: BLE001 - reported to the parent, then go on
-            conn.send(("error", _describe(-1, error)))
+            text = "".join(traceback.format_exception(type(error), error, error.__traceback__))
+            conn.send(("error", text.rstrip()))
 
 
 class _Worker:
@@ -420,6 +441,9 @@ class _Worker:
         child.close()
         self.conn = parent
         self.arena: int | None = None
+        # Lane k of the loader, and of the loader of an epoch resumed on another world size,
+        # share worker k: one exchange at a time.
+        self.lock = threading.Lock()
 
     def build(
         self, epoch: int, step: int, indices: list[int], view: memoryview,
@@ -429,21 +453,27 @@ class _Worker:
             raise StokerError("process mode needs the loader's slots in shared memory")
         arena, fd, size, offset = shared
         doing = f"loading step {step} of epoch {epoch}"
-        try:
-            if self.arena != arena:
-                self.conn.send(("arena", size))
-                multiprocessing.reduction.send_handle(self.conn, fd, self.process.pid)
-                self.arena = arena
-        except OSError:
-            self._died(doing)
-        _, bad, failure = self.call(("build", epoch, indices, offset, len(view)), doing)
+        with self.lock:
+            try:
+                if self.arena != arena:
+                    self.conn.send(("arena", size))
+                    multiprocessing.reduction.send_handle(self.conn, fd, self.process.pid)
+                    self.arena = arena
+            except OSError:
+                self._died(doing)
+            _, bad, failure = self.call(("build", epoch, indices, offset, len(view)), doing)
         return bad, failure
 
-    def call(self, message: Any, doing: str) -> Any:
+    def call(self, message: Any, doing: str, timeout: float | None = None) -> Any:
         """Sends ``message`` and returns the worker's reply; a StokerError when it died or
-        failed outside the dataset's code."""
+        failed outside the dataset's code, LoaderTimeoutError when ``timeout`` passed."""
         try:
             self.conn.send(message)
+            if timeout is not None and not self.conn.poll(timeout):
+                raise LoaderTimeoutError(
+                    f"dataset worker process {self.number} (pid {self.process.pid}) did not "
+                    f"finish {doing} within {timeout} s"
+                )
             reply = self.conn.recv()
         except (EOFError, OSError):
             self._died(doing)
@@ -483,10 +513,10 @@ class _ProcessBuilder:
             self.close()
             raise
 
-    def probe(self) -> _Layout:
+    def probe(self, timeout: float) -> _Layout:
         """The layout of ``dataset[0]``, read by worker 0 and sent to every worker."""
         first = self._workers[0]
-        reply = first.call(("probe",), "reading dataset[0]")
+        reply = first.call(("probe",), "reading dataset[0]", timeout)
         if reply[0] == "refused":
             kind = TypeError if reply[1] == "TypeError" else DatasetError
             raise kind(reply[2])
@@ -613,7 +643,7 @@ def from_dataset(
     if workers:
         builder = _ProcessBuilder(state, workers, context)
         try:
-            layout = builder.probe()
+            layout = builder.probe(float(timeout))
         except BaseException:
             builder.close()
             raise

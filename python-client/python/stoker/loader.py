@@ -558,9 +558,10 @@ class Loader:
         - ``num_workers=0`` (default): ``num_threads`` threads of this process (default: as
           :class:`Loader`) each load whole batches. Fast when the code releases the GIL
           (PIL decoding and resizing, numpy); pure-Python code runs one thread at a time.
-        - ``num_workers=N``: N worker processes (``multiprocessing_context``: ``"spawn"`` or
-          ``"forkserver"``, default forkserver where available), the dataset pickled once to
-          each. A worker loads a whole batch straight into its batch slot: the slots are one
+        - ``num_workers=N``: N worker processes (``multiprocessing_context``:
+          ``"forkserver"``, the default where available, ``"spawn"`` (the dataset pickled once
+          to each) or ``"fork"`` (inherited; fastest to start and leanest, see the package
+          README for the figures and the caveat of forking a process with threads)). A worker loads a whole batch straight into its batch slot: the slots are one
           shared mapping (``memfd``, not ``/dev/shm``), so there are no pickled batches, no
           copy after the worker's, and memory stays bounded by the slots.
 
