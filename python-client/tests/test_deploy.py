@@ -586,9 +586,11 @@ def stop_like_the_kubelet(process: subprocess.Popen[str], deployment: str,
     grace = pod_spec(deployment).get("terminationGracePeriodSeconds", 30)
     stopped = time.monotonic()
     process.send_signal(signal.SIGTERM)
-    # The signal reaches the daemon's runtime asynchronously: give it a moment to say so.
+    # The signal reaches the daemon's runtime asynchronously: give it a moment to say so. Before
+    # it does, the answer may be "ready" or another reason (a worker whose coordinator is gone
+    # says "not registered with the coordinator").
     answer = http_answer(*readiness)
-    while answer == (200, "ready\n") and time.monotonic() < stopped + 2:
+    while answer not in (None, (503, reason + "\n")) and time.monotonic() < stopped + 2:
         time.sleep(0.01)
         answer = http_answer(*readiness)
     assert answer in (None, (503, reason + "\n")), f"{deployment} after SIGTERM: {answer}"
