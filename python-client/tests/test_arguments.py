@@ -59,6 +59,8 @@ def test_bad_arguments_raise_value_errors(
         ("persistent_workers", "close"),
         ("prefetch_factor", "prefetch="),
         ("generator", "seed="),
+        ("dataset", "Loader.from_dataset"),
+        ("transform", "Loader.from_dataset"),
     ],
 )
 def test_dataloader_only_arguments_name_the_alternative(

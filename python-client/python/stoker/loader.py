@@ -68,7 +68,7 @@ _DATALOADER_ONLY: Final[Mapping[str, str]] = {
     "sampler": "use shuffle, seed, rank and world_size (the order is planned in Rust)",
     "batch_sampler": "use batch_size and drop_last (batches are planned in Rust)",
     "collate_fn": "batches are assembled in Rust as a dict of tensors; post-process them in "
-    "the training loop",
+    "the training loop (Loader.from_dataset takes collate_fn for a Python Dataset)",
     "pin_memory": "batch slots are plain host memory (not page-locked); a .cuda() copy of "
     "a batch is synchronous",
     "pin_memory_device": "batch slots are plain host memory (not page-locked)",
@@ -80,7 +80,8 @@ _DATALOADER_ONLY: Final[Mapping[str, str]] = {
     "in_order": "batches always come in step order, which makes runs reproducible",
     "dataset": "pass a dataset path as source, or wrap a map-style Dataset with "
     "Loader.from_dataset(dataset, ...)",
-    "transform": "use pipeline=[stoker.ops...] or stoker.vision.imagenet_train()",
+    "transform": "use pipeline=[stoker.ops...] or stoker.vision.imagenet_train() (a Python "
+    "Dataset with its own transform: Loader.from_dataset(dataset, transform=...))",
 }
 
 # Every live loader, so a fork can mark them all unusable in the child.
