@@ -28,7 +28,7 @@ pub use client::prefetch::{
 };
 pub use client::remote::{RemoteOptions, RemoteSource};
 pub use client::slots::{SharedMemory, Slot, SlotPool};
-pub use client::source::{BatchSource, Built, EpochFeed, SourceInfo};
+pub use client::source::{receive, BatchSource, Built, EpochFeed, IdleClock, SourceInfo};
 pub use client::stats::LoaderStats;
 pub use client::stream::{EpochStream, INTERRUPT_CHECK};
 pub use coordinator::{

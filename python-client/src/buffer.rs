@@ -75,34 +75,62 @@ impl Buffer {
         // until the object (and so every view of it) is gone, so Python may write into them;
         // the shape and stride arrays live inside the object, which the view keeps alive.
         unsafe {
-            (*view).obj = slf.clone().into_any().into_ptr();
-            (*view).buf = this.data.as_ptr() as *mut c_void;
-            (*view).len = this.data.len() as ffi::Py_ssize_t;
-            (*view).readonly = 0;
-            (*view).itemsize = 1;
-            (*view).format = if flags & ffi::PyBUF_FORMAT == ffi::PyBUF_FORMAT {
-                FORMAT_UNSIGNED_BYTE.as_ptr() as *mut _
-            } else {
-                std::ptr::null_mut()
-            };
-            (*view).ndim = 1;
-            (*view).shape = if flags & ffi::PyBUF_ND == ffi::PyBUF_ND {
-                this.shape.as_ptr() as *mut _
-            } else {
-                std::ptr::null_mut()
-            };
-            (*view).strides = if flags & ffi::PyBUF_STRIDES == ffi::PyBUF_STRIDES {
-                this.strides.as_ptr() as *mut _
-            } else {
-                std::ptr::null_mut()
-            };
-            (*view).suboffsets = std::ptr::null_mut();
-            (*view).internal = std::ptr::null_mut();
-        }
+            fill_byte_view(
+                view,
+                slf.clone().into_any(),
+                this.data.as_ptr() as *mut c_void,
+                &this.shape,
+                &this.strides,
+                flags,
+            )
+        };
         Ok(())
     }
 
     /// # Safety
     /// Called by the interpreter; nothing to free (the format string is static).
     unsafe fn __releasebuffer__(&self, _view: *mut ffi::Py_buffer) {}
+}
+
+/// Fills `view` as a writable, 1-D view of unsigned bytes at `buf` (`shape[0]` of them), owned
+/// by `owner`, for the `__getbuffer__` of the objects that show Rust memory to Python.
+///
+/// # Safety
+/// `view` is non-null and the interpreter's to fill; `buf` is valid and writable for
+/// `shape[0]` bytes while any view of `owner` lives; `shape` and `strides` live inside
+/// `owner`, which the view keeps alive.
+pub(crate) unsafe fn fill_byte_view(
+    view: *mut ffi::Py_buffer,
+    owner: Bound<'_, PyAny>,
+    buf: *mut c_void,
+    shape: &[ffi::Py_ssize_t; 1],
+    strides: &[ffi::Py_ssize_t; 1],
+    flags: c_int,
+) {
+    // SAFETY: as the caller promises.
+    unsafe {
+        (*view).obj = owner.into_ptr();
+        (*view).buf = buf;
+        (*view).len = shape[0];
+        (*view).readonly = 0;
+        (*view).itemsize = 1;
+        (*view).format = if flags & ffi::PyBUF_FORMAT == ffi::PyBUF_FORMAT {
+            FORMAT_UNSIGNED_BYTE.as_ptr() as *mut _
+        } else {
+            std::ptr::null_mut()
+        };
+        (*view).ndim = 1;
+        (*view).shape = if flags & ffi::PyBUF_ND == ffi::PyBUF_ND {
+            shape.as_ptr() as *mut _
+        } else {
+            std::ptr::null_mut()
+        };
+        (*view).strides = if flags & ffi::PyBUF_STRIDES == ffi::PyBUF_STRIDES {
+            strides.as_ptr() as *mut _
+        } else {
+            std::ptr::null_mut()
+        };
+        (*view).suboffsets = std::ptr::null_mut();
+        (*view).internal = std::ptr::null_mut();
+    }
 }

@@ -5,13 +5,14 @@
 //! ([`EpochPlan`], the same planner as native sources) and call the Python builder's
 //! `build(lane, epoch, step, indices, view)` with a writable view of the batch's slot. The
 //! builder either runs the dataset on that thread (thread mode) or hands the batch to the
-//! lane's own worker process (process mode) and copies its result into the view.
+//! lane's own worker process (process mode), which writes it straight into the slot: the
+//! slots of a process-mode loader are one shared mapping (`SlotPool::shared`).
 //!
 //! A slot is laid out field by field: each field of an `n`-sample batch takes `n` rows of its
 //! per-sample bytes, from a 64-byte boundary after the field before it; the Python side
 //! (`stoker/dataset.py`) writes and reads it by the same rule.
 
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -20,10 +21,11 @@ use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
 use pyo3::prelude::*;
 use pyo3::types::PyList;
 use stoker_loader::{
-    BatchSource, Built, EpochFeed, Error, LoaderMonitor, Result, Slot, SourceInfo,
+    receive, BatchSource, Built, EpochFeed, Error, IdleClock, LoaderMonitor, Result, Slot,
+    SourceInfo,
 };
 use stoker_proto::v1::{self as proto, JobSpec};
-use stoker_worker::{EpochPlan, PlanConfig, Resize};
+use stoker_worker::{plan_for_spec, EpochPlan, PlanConfig};
 
 /// How long closing a loader waits for its lanes to finish the batch each is building.
 const LANE_JOIN: Duration = Duration::from_secs(30);
@@ -77,7 +79,7 @@ pub(crate) struct DatasetSource {
     /// Set when the source is dropped: the lanes stop after their batch (feeds of epochs not
     /// yet dropped still hold senders of the queue, so its end cannot tell them).
     closing: Arc<AtomicBool>,
-    idle: Arc<AtomicU64>,
+    idle: IdleClock,
 }
 
 /// Every field's region starts this far into the slot from a multiple of it (slots themselves
@@ -114,7 +116,7 @@ impl DatasetSource {
         let sample_bytes: Arc<[usize]> = sample_bytes.into();
         let lanes = lanes.max(1);
         let first_epoch = spec.resized_epoch.as_ref().map_or(0, |r| r.epoch);
-        let plan = plan_of(&spec, config, first_epoch)?;
+        let plan = plan_for_spec(&spec, config, None, first_epoch)?;
         let info = SourceInfo {
             steps_per_epoch: plan.steps(),
             num_samples,
@@ -128,14 +130,14 @@ impl DatasetSource {
             shared_slots,
         };
         let (tasks, queue) = crossbeam_channel::unbounded::<Task>();
-        let idle = Arc::new(AtomicU64::new(0));
+        let idle = IdleClock::default();
         let closing = Arc::new(AtomicBool::new(false));
         let mut handles = Vec::with_capacity(lanes);
         for lane in 0..lanes {
             let queue = queue.clone();
             let builder = Arc::clone(&builder);
             let sample_bytes = Arc::clone(&sample_bytes);
-            let idle = Arc::clone(&idle);
+            let idle = idle.clone();
             let closing = Arc::clone(&closing);
             let handle = std::thread::Builder::new()
                 .name(format!("stoker-dataset-{lane}"))
@@ -163,21 +165,6 @@ impl DatasetSource {
             closing,
             idle,
         })
-    }
-}
-
-/// The plan of `epoch`; a resized spec serves its one epoch as its resizes left it.
-fn plan_of(spec: &JobSpec, config: PlanConfig, epoch: u64) -> Result<EpochPlan> {
-    let plan = EpochPlan::new(config, epoch)?;
-    match &spec.resized_epoch {
-        None => Ok(plan),
-        Some(resized) if resized.epoch == epoch => Ok(plan.resized(
-            resized.resizes.iter().map(Resize::from).collect(),
-        )?),
-        Some(resized) => Err(Error::InvalidSpec(format!(
-            "this job resumes epoch {} on another world size and serves that epoch only, not epoch {epoch}",
-            resized.epoch
-        ))),
     }
 }
 
@@ -225,7 +212,7 @@ struct Lane {
     of: usize,
     builder: Arc<Py<PyAny>>,
     sample_bytes: Arc<[usize]>,
-    idle: Arc<AtomicU64>,
+    idle: IdleClock,
     closing: Arc<AtomicBool>,
 }
 
@@ -240,8 +227,7 @@ impl Lane {
                 Err(RecvTimeoutError::Disconnected) => return,
             };
             // The loader's "producer idle" is the lanes' idle time averaged over the lanes.
-            let idle = asked.elapsed().as_nanos() / self.of as u128;
-            self.idle.fetch_add(idle as u64, Ordering::Relaxed);
+            self.idle.add(asked.elapsed() / self.of as u32);
             if !task.cancelled.load(Ordering::Relaxed) {
                 self.build(task);
             }
@@ -341,7 +327,6 @@ type Failed = (u64, String);
 #[pyclass(module = "stoker._native", frozen)]
 pub(crate) struct SlotView {
     address: usize,
-    len: usize,
     exports: AtomicUsize,
     open: AtomicBool,
     shape: [pyo3::ffi::Py_ssize_t; 1],
@@ -352,7 +337,6 @@ impl SlotView {
     fn new(slot: &mut [u8]) -> Self {
         Self {
             address: slot.as_mut_ptr() as usize,
-            len: slot.len(),
             exports: AtomicUsize::new(0),
             open: AtomicBool::new(true),
             shape: [slot.len() as pyo3::ffi::Py_ssize_t],
@@ -370,7 +354,7 @@ impl SlotView {
 #[pymethods]
 impl SlotView {
     fn __len__(&self) -> usize {
-        self.len
+        self.shape[0] as usize
     }
 
     /// # Safety
@@ -380,7 +364,6 @@ impl SlotView {
         view: *mut pyo3::ffi::Py_buffer,
         flags: std::ffi::c_int,
     ) -> PyResult<()> {
-        use pyo3::ffi;
         let this = slf.get();
         if view.is_null() || !this.open.load(Ordering::SeqCst) {
             return Err(pyo3::exceptions::PyBufferError::new_err(
@@ -393,30 +376,15 @@ impl SlotView {
         // reuses or frees a slot still viewed. Shape and strides live in the object, which
         // the view keeps alive.
         unsafe {
-            (*view).obj = slf.clone().into_any().into_ptr();
-            (*view).buf = this.address as *mut std::ffi::c_void;
-            (*view).len = this.len as ffi::Py_ssize_t;
-            (*view).readonly = 0;
-            (*view).itemsize = 1;
-            (*view).format = if flags & ffi::PyBUF_FORMAT == ffi::PyBUF_FORMAT {
-                c"B".as_ptr() as *mut _
-            } else {
-                std::ptr::null_mut()
-            };
-            (*view).ndim = 1;
-            (*view).shape = if flags & ffi::PyBUF_ND == ffi::PyBUF_ND {
-                this.shape.as_ptr() as *mut _
-            } else {
-                std::ptr::null_mut()
-            };
-            (*view).strides = if flags & ffi::PyBUF_STRIDES == ffi::PyBUF_STRIDES {
-                this.strides.as_ptr() as *mut _
-            } else {
-                std::ptr::null_mut()
-            };
-            (*view).suboffsets = std::ptr::null_mut();
-            (*view).internal = std::ptr::null_mut();
-        }
+            crate::buffer::fill_byte_view(
+                view,
+                slf.clone().into_any(),
+                this.address as *mut std::ffi::c_void,
+                &this.shape,
+                &this.strides,
+                flags,
+            )
+        };
         Ok(())
     }
 
@@ -521,13 +489,13 @@ impl BatchSource for DatasetSource {
             .ok_or_else(|| Error::Stopped("the dataset loader is closed".into()))?;
         let (reply, receiver) = crossbeam_channel::unbounded();
         Ok(Box::new(DatasetFeed {
-            plan: Arc::new(plan_of(&self.spec, self.config, epoch)?),
+            plan: Arc::new(plan_for_spec(&self.spec, self.config, None, epoch)?),
             sample_bytes: Arc::clone(&self.sample_bytes),
             tasks,
             reply,
             receiver,
             cancelled: Arc::new(AtomicBool::new(false)),
-            idle: Arc::clone(&self.idle),
+            idle: self.idle.clone(),
         }))
     }
 }
@@ -540,7 +508,7 @@ struct DatasetFeed {
     reply: Sender<Built>,
     receiver: Receiver<Built>,
     cancelled: Arc<AtomicBool>,
-    idle: Arc<AtomicU64>,
+    idle: IdleClock,
 }
 
 impl EpochFeed for DatasetFeed {
@@ -563,17 +531,11 @@ impl EpochFeed for DatasetFeed {
     }
 
     fn recv(&mut self, timeout: Duration) -> Result<Option<Built>> {
-        match self.receiver.recv_timeout(timeout) {
-            Ok(built) => Ok(Some(built)),
-            Err(RecvTimeoutError::Timeout) => Ok(None),
-            Err(RecvTimeoutError::Disconnected) => {
-                Err(Error::Stopped("the dataset threads stopped".into()))
-            }
-        }
+        receive(&self.receiver, timeout, "the dataset threads stopped")
     }
 
     fn producer_idle(&self) -> Duration {
-        Duration::from_nanos(self.idle.load(Ordering::Relaxed))
+        self.idle.total()
     }
 }
 

@@ -98,6 +98,30 @@ pub(crate) fn dtype_name(dtype: i32) -> &'static str {
 }
 
 impl NativeLoader {
+    /// Builds the loader `recipe` describes (the interpreter let go meanwhile) and its
+    /// dashboard, when `dashboard` gives an address.
+    fn from_recipe(
+        py: Python<'_>,
+        recipe: Recipe,
+        address: Option<String>,
+        dashboard: Option<String>,
+        job_name: &str,
+        rank: u32,
+    ) -> PyResult<Self> {
+        let loader = py
+            .detach(|| recipe.build(recipe.spec.clone()))
+            .map_err(from_loader)?;
+        let dashboard = start_dashboard(dashboard, job_name, rank, &loader)?;
+        Ok(Self {
+            loader: Some(Arc::new(loader)),
+            stream: None,
+            address,
+            dashboard,
+            recipe,
+            resumed: None,
+        })
+    }
+
     fn loader(&self) -> PyResult<&Arc<Loader>> {
         self.loader
             .as_ref()
@@ -187,18 +211,7 @@ impl NativeLoader {
             }),
             dataset: None,
         };
-        let loader = py
-            .detach(|| recipe.build(recipe.spec.clone()))
-            .map_err(from_loader)?;
-        let dashboard = start_dashboard(dashboard, &job_name, rank, &loader)?;
-        Ok(Self {
-            loader: Some(Arc::new(loader)),
-            stream: None,
-            address,
-            dashboard,
-            recipe,
-            resumed: None,
-        })
+        Self::from_recipe(py, recipe, address, dashboard, &job_name, rank)
     }
 
     /// A loader over a Python map-style dataset (`Loader.from_dataset`): `builder.build`
@@ -267,18 +280,7 @@ impl NativeLoader {
                 num_samples,
             )),
         };
-        let loader = py
-            .detach(|| recipe.build(recipe.spec.clone()))
-            .map_err(from_loader)?;
-        let dashboard = start_dashboard(dashboard, &job_name, rank, &loader)?;
-        Ok(Self {
-            loader: Some(Arc::new(loader)),
-            stream: None,
-            address: None,
-            dashboard,
-            recipe,
-            resumed: None,
-        })
+        Self::from_recipe(py, recipe, None, dashboard, &job_name, rank)
     }
 
     /// Resumes `epoch` on this loader's world size after ranks of `old_world`, striding what

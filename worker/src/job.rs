@@ -161,11 +161,29 @@ fn open_remote_source(uri: &str, format: DatasetFormat) -> Result<Arc<dyn Sample
     }
 }
 
-/// The plan of `epoch`: shard-aware when shard sizes are given.
-fn plan_for(config: PlanConfig, shard_sizes: Option<&[u64]>, epoch: u64) -> Result<EpochPlan> {
-    match shard_sizes {
+/// The plan of `epoch` for a job with `spec` and planner inputs `config`: shard-aware when
+/// shard sizes are given; a spec with a `resized_epoch` serves that epoch only, as what its
+/// resizes left of it. [`Job::plan`] and the sources built outside a `Job` (a Python dataset)
+/// plan through it.
+pub fn plan_for_spec(
+    spec: &JobSpec,
+    config: PlanConfig,
+    shard_sizes: Option<&[u64]>,
+    epoch: u64,
+) -> Result<EpochPlan> {
+    let plan = match shard_sizes {
         Some(sizes) => EpochPlan::new_sharded(config, epoch, sizes),
         None => EpochPlan::new(config, epoch),
+    }?;
+    match &spec.resized_epoch {
+        None => Ok(plan),
+        Some(resized) if resized.epoch == epoch => {
+            plan.resized(resized.resizes.iter().map(Resize::from).collect())
+        }
+        Some(resized) => Err(Error::InvalidSpec(format!(
+            "this job resumes epoch {} on another world size and serves that epoch only, not epoch {epoch}",
+            resized.epoch
+        ))),
     }
 }
 
@@ -242,17 +260,12 @@ impl Job {
     /// The plan of `epoch` for this job's rank. A job with a `resized_epoch` serves that epoch
     /// only, as what its resizes left of it.
     pub fn plan(&self, epoch: u64) -> Result<EpochPlan> {
-        let plan = plan_for(self.plan_config, self.shard_sizes.as_deref(), epoch)?;
-        match &self.spec.resized_epoch {
-            None => Ok(plan),
-            Some(resized) if resized.epoch == epoch => {
-                plan.resized(resized.resizes.iter().map(Resize::from).collect())
-            }
-            Some(resized) => Err(Error::InvalidSpec(format!(
-                "this job resumes epoch {} on another world size and serves that epoch only, not epoch {epoch}",
-                resized.epoch
-            ))),
-        }
+        plan_for_spec(
+            &self.spec,
+            self.plan_config,
+            self.shard_sizes.as_deref(),
+            epoch,
+        )
     }
 
     /// Builds batch `step` of `plan` on the current rayon pool, in a new buffer.

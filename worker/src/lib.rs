@@ -61,7 +61,7 @@ pub use daemon::{
     shutdown_signal, transport, WorkerConfig, DELIVERY_TIMEOUT, DRAIN_TIMEOUT,
 };
 pub use error::{Error, ErrorKind, Result, SampleError, ERROR_KINDS};
-pub use job::{open_source, BatchBuffer, Job, MAX_BATCH_SIZE};
+pub use job::{open_source, plan_for_spec, BatchBuffer, Job, MAX_BATCH_SIZE};
 pub use job_pipeline::{
     check_op, lacks_decode_image, token_dtype_proto, JobPipeline, PackedText, SelectedColumns,
     COLUMNS_ORDER, TOKEN_ORDERS,

@@ -93,27 +93,23 @@ pub trait EpochFeed: Send + Sync {
 /// The time a producer had nothing asked of it, added up by the producer and read by its feeds
 /// ([`EpochFeed::producer_idle`]).
 #[derive(Debug, Clone, Default)]
-pub(crate) struct IdleClock(Arc<AtomicU64>);
+pub struct IdleClock(Arc<AtomicU64>);
 
 impl IdleClock {
     /// Counts `idle` more.
-    pub(crate) fn add(&self, idle: Duration) {
+    pub fn add(&self, idle: Duration) {
         self.0.fetch_add(idle.as_nanos() as u64, Ordering::Relaxed);
     }
 
     /// The idle time so far.
-    pub(crate) fn total(&self) -> Duration {
+    pub fn total(&self) -> Duration {
         Duration::from_nanos(self.0.load(Ordering::Relaxed))
     }
 }
 
 /// Waits up to `timeout` for what a producer sends a feed: `Ok(None)` when nothing came in
 /// time, [`Error::Stopped`] saying `stopped` when the producer is gone.
-pub(crate) fn receive<T>(
-    receiver: &Receiver<T>,
-    timeout: Duration,
-    stopped: &str,
-) -> Result<Option<T>> {
+pub fn receive<T>(receiver: &Receiver<T>, timeout: Duration, stopped: &str) -> Result<Option<T>> {
     match receiver.recv_timeout(timeout) {
         Ok(sent) => Ok(Some(sent)),
         Err(RecvTimeoutError::Timeout) => Ok(None),
