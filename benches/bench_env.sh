@@ -1,8 +1,8 @@
-# Shared by compare_torch.sh, compare_loader.sh and compare_tokens.sh (sourced, not run): parses --count / --data
+# Shared by compare_torch.sh, compare_loader.sh, compare_dataset.sh and compare_tokens.sh (sourced, not run): parses --count / --data
 # (everything else is kept in `passthrough` for the Python script), makes a relative --data
 # absolute, and makes sure the bench venv has torch, torchvision, pillow and numpy.
 # Expects `usage_lines` (the line range of the caller's header to print for --help).
-# Sets: repo, venv, count, data, passthrough.
+# Sets: repo, venv, count, data, passthrough; image_set sets data for the image comparisons.
 
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 venv="${STOKER_BENCH_VENV:-$repo/.venv-bench}"
@@ -64,4 +64,16 @@ bench_data_dir() {
     target_dir="$(cargo metadata --format-version 1 --no-deps |
         "$venv/bin/python" -c 'import json, sys; print(json.load(sys.stdin)["target_directory"])')"
     echo "$target_dir/bench-data"
+}
+
+# Sets `data` to the ImageNet-like set the Python comparisons read: with --count N (or no --data)
+# N images (default $1) are generated once in --data or under bench_data_dir, then reused;
+# --data alone is used as it is. Needs install_stoker first.
+image_set() {
+    if [[ -z "$data" || -n "$count" ]]; then
+        count="${count:-$1}"
+        data="${data:-$(bench_data_dir)/imagenet-like-$count}"
+        echo "making (or reusing) $count images in $data" >&2
+        data="$("$venv/bin/python" -c 'import sys; from stoker._native import make_dataset; print(make_dataset(sys.argv[1], int(sys.argv[2])))' "$data" "$count")"
+    fi
 }

@@ -33,14 +33,13 @@ import json
 import math
 import os
 import resource
-import statistics
 import subprocess
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
-from measure import MIB, PeakWatch, pss_bytes, tree_pss_bytes
+from measure import MIB, PeakWatch, cpu_seconds, median_run, pss_bytes, tree_pss_bytes
 
 CROP_SIZE = 224
 PREFETCH_FACTOR = 2
@@ -148,11 +147,6 @@ def run_child(args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
-def cpu_seconds(who: int) -> float:
-    usage = resource.getrusage(who)
-    return usage.ru_utime + usage.ru_stime
-
-
 def run_once(args: argparse.Namespace, config: str, argv: list[str]) -> dict[str, Any]:
     before = cpu_seconds(resource.RUSAGE_CHILDREN)
     with (
@@ -198,11 +192,7 @@ def main(argv: list[str]) -> int:
     for config in configs:
         print(f"running {label(config)} ({args.repeat}x) ...", file=sys.stderr, flush=True)
         runs = [run_once(args, config, argv) for _ in range(args.repeat)]
-        merged = dict(runs[0])
-        for key, value in runs[0].items():
-            if isinstance(value, float):
-                merged[key] = statistics.median(run[key] for run in runs)
-        results[config] = merged
+        results[config] = median_run(runs)
     reference = results[configs[0]]
     if args.json:
         print(json.dumps({"data": str(args.data), "results": results}))

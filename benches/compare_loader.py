@@ -37,14 +37,21 @@ import json
 import math
 import os
 import resource
-import statistics
 import subprocess
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
-from measure import MIB, PeakWatch, busy_cpu_seconds, pss_bytes, tree_pss_bytes
+from measure import (
+    MIB,
+    PeakWatch,
+    busy_cpu_seconds,
+    cpu_seconds,
+    median_run,
+    pss_bytes,
+    tree_pss_bytes,
+)
 
 CROP_SIZE = 224
 # DataLoader's default prefetch_factor: batches in flight per worker.
@@ -210,11 +217,6 @@ def run_child(args: argparse.Namespace) -> dict[str, Any]:
 # -- the parent: run every configuration, print the table ----------------------------------
 
 
-def cpu_seconds(who: int) -> float:
-    usage = resource.getrusage(who)
-    return usage.ru_utime + usage.ru_stime
-
-
 def run_once(args: argparse.Namespace, config: str, argv: list[str]) -> dict[str, Any]:
     """One fresh child running ``config``, its memory watched from here."""
     busy_before = busy_cpu_seconds()
@@ -254,10 +256,7 @@ def run_config(args: argparse.Namespace, config: str, argv: list[str]) -> dict[s
     """The configuration's figures, each the median over ``--repeat`` fresh processes."""
     print(f"running {config} ({args.repeat}x) ...", file=sys.stderr, flush=True)
     runs = [run_once(args, config, argv) for _ in range(args.repeat)]
-    merged = dict(runs[0])
-    for key, value in runs[0].items():
-        if isinstance(value, float):
-            merged[key] = statistics.median(run[key] for run in runs)
+    merged = median_run(runs)
     merged["runs"] = runs
     return merged
 

@@ -19,12 +19,7 @@ source "$(dirname "${BASH_SOURCE[0]}")/bench_env.sh"
 
 install_stoker
 
-if [[ -z "$data" || -n "$count" ]]; then
-    count="${count:-5000}"
-    data="${data:-$(bench_data_dir)/imagenet-like-$count}"
-    echo "making (or reusing) $count images in $data" >&2
-    data="$("$venv/bin/python" -c 'import sys; from stoker._native import make_dataset; print(make_dataset(sys.argv[1], int(sys.argv[2])))' "$data" "$count")"
-fi
+image_set 5000
 
 exec "$venv/bin/python" "$repo/benches/compare_loader.py" \
     --data "$data" ${passthrough[@]+"${passthrough[@]}"}

@@ -1,6 +1,7 @@
 """How the Python comparisons measure a loader's process without slowing it down.
 
-Shared by compare_loader.py (memory and background CPU) and compare_torch.py (background CPU).
+Shared by compare_loader.py and compare_dataset.py (memory, CPU, medians of runs) and
+compare_torch.py (background CPU).
 
 Memory: the figure wanted is the peak memory of a loader's whole process tree (the interpreter
 and any worker processes it forks), each page counted once. PSS (proportional set size) splits
@@ -26,7 +27,10 @@ cgroup first reads them, which PSS leaves out.
 from __future__ import annotations
 
 import os
+import resource
+import statistics
 import threading
+from typing import Any
 
 KIB = 1024
 MIB = 1024 * 1024
@@ -112,3 +116,18 @@ def busy_cpu_seconds() -> float:
     ticks = [int(value) for value in fields[1:9]]
     busy = sum(ticks) - ticks[3] - ticks[4]
     return busy / os.sysconf("SC_CLK_TCK")
+
+
+def cpu_seconds(who: int) -> float:
+    """User and system CPU-seconds of ``who`` (``resource.RUSAGE_SELF`` or ``RUSAGE_CHILDREN``)."""
+    usage = resource.getrusage(who)
+    return usage.ru_utime + usage.ru_stime
+
+
+def median_run(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """The first run's figures with every float replaced by its median over ``runs``."""
+    merged = dict(runs[0])
+    for key, value in runs[0].items():
+        if isinstance(value, float):
+            merged[key] = statistics.median(run[key] for run in runs)
+    return merged
