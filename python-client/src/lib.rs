@@ -132,7 +132,7 @@ impl NativeLoader {
 #[pymethods]
 impl NativeLoader {
     #[new]
-    #[pyo3(signature = (source, ops, batch_size, shuffle, seed, drop_last, num_threads, rank, world_size, prefetch, on_error, timeout_s, max_held_batches, max_prefetch_bytes = 2 << 30, dashboard = None, job_name = "python".to_string(), format = "auto", shuffle_window = 0, text_column = String::new(), address = None, worker_grace_s = 120.0, token = None, tls_ca = None, tls_server_name = None))]
+    #[pyo3(signature = (source, ops, batch_size, shuffle, seed, drop_last, num_threads, rank, world_size, prefetch, on_error, timeout_s, max_held_batches, max_prefetch_bytes = 2 << 30, dashboard = None, job_name = "python".to_string(), format = "auto", shuffle_window = 0, text_column = String::new(), address = None, worker_grace_s = 120.0, token = None, tls_ca = None, tls_server_name = None, mix = None))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -160,8 +160,9 @@ impl NativeLoader {
         token: Option<String>,
         tls_ca: Option<PathBuf>,
         tls_server_name: Option<String>,
+        mix: Option<PyMix<'_>>,
     ) -> PyResult<Self> {
-        let spec = job_spec(
+        let mut spec = job_spec(
             source.to_string_lossy().into_owned(),
             &ops,
             JobSettings {
@@ -178,6 +179,11 @@ impl NativeLoader {
                 text_column,
             },
         )?;
+        if let Some(mix) = mix {
+            spec.dataset = None;
+            spec.pipeline = Vec::new();
+            spec.mix = Some(mix_spec(mix)?);
+        }
         if !(worker_grace_s.is_finite() && worker_grace_s > 0.0) {
             return Err(PyValueError::new_err(format!(
                 "worker_grace must be a positive number of seconds, got {worker_grace_s}"
@@ -504,13 +510,56 @@ pub(crate) struct JobSettings<'a> {
     pub text_column: String,
 }
 
-/// Checks the settings and builds the job spec (the pipeline from the ops' dicts).
-pub(crate) fn job_spec(
-    source: String,
-    ops: &[Bound<'_, PyDict>],
-    settings: JobSettings<'_>,
-) -> PyResult<JobSpec> {
-    let format = match settings.format {
+/// A mix as Python passes it: the sources as (uri, ops, weight, format, text column), the
+/// window, the epoch rule (`"first_exhausted"`, `"all_exhausted"` or `"samples"`) and the
+/// samples of an epoch for `"samples"`.
+type PyMix<'py> = (
+    Vec<(String, Vec<Bound<'py, PyDict>>, f64, String, String)>,
+    u32,
+    String,
+    u64,
+);
+
+/// The spec's `Mix` of a mix from Python.
+fn mix_spec(mix: PyMix<'_>) -> PyResult<proto::Mix> {
+    let (sources, window, epoch_end, epoch_samples) = mix;
+    let epoch_end = match epoch_end.as_str() {
+        "first_exhausted" => proto::MixEpochEnd::FirstExhausted,
+        "all_exhausted" => proto::MixEpochEnd::AllExhausted,
+        "samples" => proto::MixEpochEnd::Samples,
+        other => {
+            return Err(PyValueError::new_err(format!(
+                "epoch_end must be \"first_exhausted\", \"all_exhausted\" or a number of \
+                 samples, got {other:?}"
+            )))
+        }
+    };
+    let sources = sources
+        .into_iter()
+        .map(|(uri, ops, weight, format, text_column)| {
+            Ok(proto::MixSource {
+                dataset: Some(proto::DatasetSource {
+                    uri,
+                    format: dataset_format(&format)? as i32,
+                    text_column,
+                    ..Default::default()
+                }),
+                pipeline: ops::from_python(&ops)?,
+                weight,
+            })
+        })
+        .collect::<PyResult<Vec<_>>>()?;
+    Ok(proto::Mix {
+        sources,
+        window,
+        epoch_end: epoch_end as i32,
+        epoch_samples,
+    })
+}
+
+/// The dataset format named `format` in Python.
+fn dataset_format(format: &str) -> PyResult<proto::DatasetFormat> {
+    Ok(match format {
         "auto" => proto::DatasetFormat::Auto,
         "image_folder" => proto::DatasetFormat::ImageFolder,
         "tar" => proto::DatasetFormat::TarShards,
@@ -524,7 +573,16 @@ pub(crate) fn job_spec(
                  \"jsonl\" or \"hf\", got {other:?}"
             )))
         }
-    };
+    })
+}
+
+/// Checks the settings and builds the job spec (the pipeline from the ops' dicts).
+pub(crate) fn job_spec(
+    source: String,
+    ops: &[Bound<'_, PyDict>],
+    settings: JobSettings<'_>,
+) -> PyResult<JobSpec> {
+    let format = dataset_format(settings.format)?;
     let on_error = match settings.on_error {
         "skip" => BadSamplePolicy::Skip,
         "fail" => BadSamplePolicy::Fail,
@@ -558,6 +616,7 @@ pub(crate) fn job_spec(
         on_error: on_error as i32,
         shuffle_window: settings.shuffle_window,
         resized_epoch: None,
+        mix: None,
     })
 }
 

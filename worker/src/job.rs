@@ -1,13 +1,15 @@
-//! A job opened from its spec: the dataset, the checked pipeline and the planner inputs. Every
-//! batch of the job is a pure function of (spec, epoch, rank, step); [`Job::batch`] computes one.
+//! A job opened from its spec: the dataset (or the mixed datasets), the checked pipeline and the
+//! planner inputs. Every batch of the job is a pure function of (spec, epoch, rank, step);
+//! [`Job::batch`] computes one.
 
 use std::path::Path;
 use std::sync::Arc;
 
-use crate::batch::{BatchAssembler, BatchKey};
+use crate::batch::{AssembledBatch, BatchAssembler, BatchKey, MixedAssembler, MixedPart};
 use crate::error::{Error, Result};
 use crate::job_pipeline::JobPipeline;
-use crate::plan::{EpochPlan, PlanConfig, Resize};
+use crate::plan::mix::source_seed;
+use crate::plan::{EpochPlan, MixEnd, MixOrder, PlanConfig, Resize};
 use stoker_datasets::{
     looks_like_hf_dataset, looks_like_jsonl, looks_like_parquet, looks_like_tar_shards,
     looks_like_token_file, parse_dataset_uri, DatasetLocation, HfDataset, ImageFolder,
@@ -15,7 +17,8 @@ use stoker_datasets::{
     TarShards, TokenDtype, TokenFile,
 };
 use stoker_proto::v1::{
-    self as proto, op::Op as OpKind, BadSamplePolicy, DatasetFormat, JobSpec, UnevenTail,
+    self as proto, op::Op as OpKind, BadSamplePolicy, DatasetFormat, JobSpec, MixEpochEnd,
+    UnevenTail,
 };
 
 /// Larger batches than this are refused as a likely mistake (a 1M-image batch of 224x224 RGB
@@ -34,11 +37,72 @@ pub trait BatchBuffer {
 /// A job ready to produce batches.
 pub struct Job {
     spec: JobSpec,
-    assembler: BatchAssembler,
+    builder: Builder,
     plan_config: PlanConfig,
     /// Samples per shard when the plan is shard-aware (shuffle, a shuffle window and a source
     /// with shards).
     shard_sizes: Option<Arc<[u64]>>,
+}
+
+/// What builds a job's batches: one source's assembler, or a mix's.
+enum Builder {
+    Single(BatchAssembler),
+    Mixed(MixedAssembler),
+}
+
+/// The (dataset, pipeline) pairs `spec` names: its mix's sources, or its dataset with its
+/// pipeline (none when it has no dataset).
+pub fn spec_sources(spec: &JobSpec) -> Vec<(&proto::DatasetSource, &[proto::Op])> {
+    match &spec.mix {
+        Some(mix) => mix
+            .sources
+            .iter()
+            .filter_map(|source| Some((source.dataset.as_ref()?, source.pipeline.as_slice())))
+            .collect(),
+        None => spec
+            .dataset
+            .iter()
+            .map(|dataset| (dataset, spec.pipeline.as_slice()))
+            .collect(),
+    }
+}
+
+/// Opens every dataset `spec` names (see [`open_source`]), in order.
+pub fn open_sources(spec: &JobSpec) -> Result<Vec<Arc<dyn SampleSource>>> {
+    match &spec.mix {
+        Some(mix) => mix
+            .sources
+            .iter()
+            .enumerate()
+            .map(|(k, source)| {
+                let dataset = source.dataset.as_ref().ok_or_else(|| {
+                    Error::InvalidSpec(format!("mixed source {k} has no dataset"))
+                })?;
+                open_source(dataset, &source.pipeline)
+            })
+            .collect(),
+        None => {
+            let dataset = spec
+                .dataset
+                .as_ref()
+                .ok_or_else(|| Error::InvalidSpec("dataset is missing".into()))?;
+            Ok(vec![open_source(dataset, &spec.pipeline)?])
+        }
+    }
+}
+
+/// The epoch rule of `mix`.
+fn mix_end(mix: &proto::Mix) -> Result<MixEnd> {
+    let rule = MixEpochEnd::try_from(mix.epoch_end)
+        .map_err(|_| Error::InvalidSpec(format!("mix epoch_end {} is not known", mix.epoch_end)))?;
+    match rule {
+        MixEpochEnd::Samples => Ok(MixEnd::Samples(mix.epoch_samples)),
+        _ if mix.epoch_samples != 0 => Err(Error::InvalidSpec(
+            "a mix's epoch_samples applies to the SAMPLES epoch rule only".into(),
+        )),
+        MixEpochEnd::FirstExhausted => Ok(MixEnd::FirstExhausted),
+        MixEpochEnd::AllExhausted => Ok(MixEnd::AllExhausted),
+    }
 }
 
 /// Opens the dataset a spec names. `ops` is the job's pipeline: a token file is cut into the
@@ -188,18 +252,19 @@ pub fn plan_for_spec(
 }
 
 impl Job {
-    /// Checks `spec`, opens its dataset and compiles its pipeline.
+    /// Checks `spec`, opens its datasets and compiles their pipelines.
     pub fn open(spec: JobSpec) -> Result<Job> {
-        let dataset = spec
-            .dataset
-            .as_ref()
-            .ok_or_else(|| Error::InvalidSpec("dataset is missing".into()))?;
-        let source = open_source(dataset, &spec.pipeline)?;
-        Self::with_source(spec, source)
+        let sources = open_sources(&spec)?;
+        Self::with_sources(spec, sources)
     }
 
-    /// Like [`Job::open`] with an already opened source.
+    /// Like [`Job::open`] with an already opened source (a job of one dataset).
     pub fn with_source(spec: JobSpec, source: Arc<dyn SampleSource>) -> Result<Job> {
+        Self::with_sources(spec, vec![source])
+    }
+
+    /// Like [`Job::open`] with the datasets [`open_sources`] opened, in the spec's order.
+    pub fn with_sources(spec: JobSpec, mut sources: Vec<Arc<dyn SampleSource>>) -> Result<Job> {
         if spec.batch_size == 0 || spec.batch_size > MAX_BATCH_SIZE {
             return Err(Error::InvalidSpec(format!(
                 "batch_size must be in 1..={MAX_BATCH_SIZE}, got {}",
@@ -218,23 +283,111 @@ impl Job {
                 spec.uneven_tail
             )));
         }
-        let pipeline = JobPipeline::from_ops(&spec.pipeline)?;
-        let plan_config = PlanConfig::from_spec(&spec, source.len());
-        let shard_sizes = if spec.shuffle && spec.shuffle_window > 0 {
-            source.shard_sizes().map(Arc::from)
+        let job = if spec.mix.is_some() {
+            Self::mixed(spec, sources)?
         } else {
-            None
-        };
-        let assembler = BatchAssembler::new(source, pipeline, spec.seed, spec.on_error())?;
-        let job = Job {
-            spec,
-            assembler,
-            plan_config,
-            shard_sizes,
+            if sources.len() != 1 {
+                return Err(Error::InvalidSpec(format!(
+                    "a job of one dataset opened with {} sources",
+                    sources.len()
+                )));
+            }
+            let source = sources.remove(0);
+            let pipeline = JobPipeline::from_ops(&spec.pipeline)?;
+            let plan_config = PlanConfig::from_spec(&spec, source.len());
+            let shard_sizes = if spec.shuffle && spec.shuffle_window > 0 {
+                source.shard_sizes().map(Arc::from)
+            } else {
+                None
+            };
+            let assembler = BatchAssembler::new(source, pipeline, spec.seed, spec.on_error())?;
+            Job {
+                spec,
+                builder: Builder::Single(assembler),
+                plan_config,
+                shard_sizes,
+            }
         };
         // Surface rank/world/batch/shard/resize errors now rather than at the first epoch.
         job.plan(job.first_epoch())?;
         Ok(job)
+    }
+
+    /// A mixed job: each source with its own pipeline and seed, the ranks striding the mix
+    /// order's positions (the order itself is shuffled, so the plan over it is not).
+    fn mixed(spec: JobSpec, sources: Vec<Arc<dyn SampleSource>>) -> Result<Job> {
+        let Some(mix) = spec.mix.as_ref() else {
+            return Err(Error::InvalidSpec("the spec has no mix".into()));
+        };
+        if spec.dataset.is_some() || !spec.pipeline.is_empty() {
+            return Err(Error::InvalidSpec(
+                "a mixed job names its datasets and pipelines in mix.sources, not in dataset \
+                 and pipeline"
+                    .into(),
+            ));
+        }
+        if sources.len() != mix.sources.len() {
+            return Err(Error::InvalidSpec(format!(
+                "a mix of {} sources opened with {}",
+                mix.sources.len(),
+                sources.len()
+            )));
+        }
+        let mut parts = Vec::with_capacity(sources.len());
+        for (k, (source, mixed)) in sources.into_iter().zip(&mix.sources).enumerate() {
+            let in_source = |e: Error| match e {
+                Error::InvalidSpec(message) => {
+                    Error::InvalidSpec(format!("mixed source {k}: {message}"))
+                }
+                other => other,
+            };
+            let pipeline = JobPipeline::from_ops(&mixed.pipeline).map_err(in_source)?;
+            let seed = source_seed(spec.seed, k);
+            let config = PlanConfig {
+                num_samples: source.len(),
+                batch_size: 1,
+                seed,
+                shuffle: spec.shuffle,
+                drop_last: false,
+                rank: 0,
+                world_size: 1,
+                uneven_tail: UnevenTail::Pad,
+                shuffle_window: spec.shuffle_window,
+            };
+            let shard_sizes = if spec.shuffle && spec.shuffle_window > 0 {
+                source.shard_sizes()
+            } else {
+                None
+            };
+            let assembler =
+                BatchAssembler::new(source, pipeline, seed, spec.on_error()).map_err(in_source)?;
+            parts.push(MixedPart {
+                assembler,
+                config,
+                shard_sizes,
+            });
+        }
+        let weights: Vec<f64> = mix.sources.iter().map(|s| s.weight).collect();
+        let lens: Vec<u64> = parts.iter().map(|p| p.config.num_samples).collect();
+        let order = MixOrder::new(
+            &weights,
+            &lens,
+            mix.window,
+            mix_end(mix)?,
+            spec.seed,
+            spec.shuffle,
+        )?;
+        let plan_config = PlanConfig {
+            shuffle: false,
+            shuffle_window: 0,
+            ..PlanConfig::from_spec(&spec, order.epoch_len())
+        };
+        Ok(Job {
+            builder: Builder::Mixed(MixedAssembler::new(parts, order)?),
+            spec,
+            plan_config,
+            shard_sizes: None,
+        })
     }
 
     /// The epoch a resized job serves, else 0 (any epoch is served).
@@ -247,9 +400,41 @@ impl Job {
         &self.spec
     }
 
-    /// The batch builder.
-    pub fn assembler(&self) -> &BatchAssembler {
-        &self.assembler
+    /// Samples of an epoch: the dataset's, or the mix order's positions.
+    pub fn num_samples(&self) -> u64 {
+        self.plan_config.num_samples
+    }
+
+    /// Bytes of the buffer of a batch of `samples` (every tensor but `label` and `source`).
+    pub fn batch_bytes(&self, samples: usize) -> usize {
+        match &self.builder {
+            Builder::Single(assembler) => assembler.batch_bytes(samples),
+            Builder::Mixed(mixed) => mixed.batch_bytes(samples),
+        }
+    }
+
+    /// Class names, indexed by label (a mix: its sources', when they all have the same).
+    pub fn class_names(&self) -> &[String] {
+        match &self.builder {
+            Builder::Single(assembler) => assembler.source().class_names(),
+            Builder::Mixed(mixed) => mixed.class_names(),
+        }
+    }
+
+    /// What the object cache did for the job's sources read from an object store.
+    pub fn cache_stats(&self) -> Option<stoker_datasets::CacheStats> {
+        match &self.builder {
+            Builder::Single(assembler) => assembler.source().cache_stats(),
+            Builder::Mixed(mixed) => mixed.cache_stats(),
+        }
+    }
+
+    /// The mix order, for a mixed job.
+    pub fn mix_order(&self) -> Option<&MixOrder> {
+        match &self.builder {
+            Builder::Single(_) => None,
+            Builder::Mixed(mixed) => Some(mixed.order()),
+        }
     }
 
     /// The planner inputs.
@@ -271,7 +456,9 @@ impl Job {
     /// Builds batch `step` of `plan` on the current rayon pool, in a new buffer.
     pub fn batch(&self, plan: &EpochPlan, step: u64) -> Result<proto::Batch> {
         let (key, indices) = self.batch_key(plan, step)?;
-        self.assembler.assemble(key, &indices)
+        let mut buffer = vec![0u8; self.batch_bytes(indices.len())];
+        let (assembled, indices) = self.assemble(key, indices, &mut buffer)?;
+        Ok(assembled.into_proto(&indices, bytes::Bytes::from(buffer)))
     }
 
     /// Builds batch `step` of `plan` on the current rayon pool into `slot`; the batch tensors'
@@ -284,10 +471,24 @@ impl Job {
         mut slot: impl BatchBuffer,
     ) -> Result<proto::Batch> {
         let (key, indices) = self.batch_key(plan, step)?;
-        let assembled = self
-            .assembler
-            .assemble_into(key, &indices, slot.as_mut_slice())?;
+        let (assembled, indices) = self.assemble(key, indices, slot.as_mut_slice())?;
         Ok(assembled.into_proto(&indices, slot.into_bytes()))
+    }
+
+    /// Builds the batch of the plan's `indices` into `buffer`; returns it with the dataset
+    /// index of each sample (a mix: in its source).
+    fn assemble(
+        &self,
+        key: BatchKey,
+        indices: Vec<u64>,
+        buffer: &mut [u8],
+    ) -> Result<(AssembledBatch, Vec<u64>)> {
+        match &self.builder {
+            Builder::Single(assembler) => {
+                Ok((assembler.assemble_into(key, &indices, buffer)?, indices))
+            }
+            Builder::Mixed(mixed) => mixed.assemble_into(key, &indices, buffer),
+        }
     }
 
     fn batch_key(&self, plan: &EpochPlan, step: u64) -> Result<(BatchKey, Vec<u64>)> {

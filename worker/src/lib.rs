@@ -61,7 +61,9 @@ pub use daemon::{
     shutdown_signal, transport, WorkerConfig, DELIVERY_TIMEOUT, DRAIN_TIMEOUT,
 };
 pub use error::{Error, ErrorKind, Result, SampleError, ERROR_KINDS};
-pub use job::{open_source, plan_for_spec, BatchBuffer, Job, MAX_BATCH_SIZE};
+pub use job::{
+    open_source, open_sources, plan_for_spec, spec_sources, BatchBuffer, Job, MAX_BATCH_SIZE,
+};
 pub use job_pipeline::{
     check_op, lacks_decode_image, token_dtype_proto, JobPipeline, PackedText, SelectedColumns,
     COLUMNS_ORDER, TOKEN_ORDERS,
@@ -78,5 +80,5 @@ pub use ops::resample::{flip_horizontal, resample, SourceWindow};
 pub use ops::tensor::{ImageDtype, ImageLayout, OutputFormat};
 pub use ops::tokenize::{train_bpe_tokenizer, TextTokenizer, EOS_CANDIDATES};
 pub use pipeline::{Geometry, Pipeline, SampleTimings, Scratch, IMAGE_ORDERS, MAX_SIDE};
-pub use plan::{resized_spec, EpochPlan, Permutation, PlanConfig, Resize};
+pub use plan::{resized_spec, EpochPlan, MixEnd, MixOrder, Permutation, PlanConfig, Resize};
 pub use rng::{sample_seed, SampleRng};

@@ -192,7 +192,7 @@ fn run_one(args: &StallBench, pattern: Pattern, prefetch: usize) -> Result<RunRe
         ..JobSpec::default()
     };
     let job = Job::with_source(spec, source)?;
-    let batch_bytes = job.assembler().batch_bytes(args.batch_size as usize) as u64;
+    let batch_bytes = job.batch_bytes(args.batch_size as usize) as u64;
     let loader = Loader::from_job(
         job,
         LoaderOptions {

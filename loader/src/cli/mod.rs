@@ -171,6 +171,7 @@ impl JobArgs {
             },
             shuffle_window: self.shuffle_window,
             resized_epoch: None,
+            mix: None,
         })
     }
 

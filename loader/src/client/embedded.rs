@@ -49,14 +49,11 @@ impl EmbeddedSource {
             threads
         };
         let plan = job.plan(job.first_epoch())?;
-        let source = job.assembler().source();
         let info = SourceInfo {
             steps_per_epoch: plan.steps(),
-            num_samples: source.len(),
-            class_names: source.class_names().to_vec(),
-            batch_bytes: job
-                .assembler()
-                .batch_bytes(job.plan_config().batch_size as usize),
+            num_samples: job.num_samples(),
+            class_names: job.class_names().to_vec(),
+            batch_bytes: job.batch_bytes(job.plan_config().batch_size as usize),
             threads,
             rank: job.plan_config().rank,
             initial_depth: threads * 2,
@@ -117,7 +114,7 @@ impl BatchSource for EmbeddedSource {
     }
 
     fn cache_stats(&self) -> Option<stoker_datasets::CacheStats> {
-        self.job.assembler().source().cache_stats()
+        self.job.cache_stats()
     }
 }
 
@@ -183,7 +180,7 @@ impl EpochFeed for EmbeddedFeed {
     }
 
     fn request(&mut self, step: u64, mut slot: Slot) {
-        slot.set_len(self.job.assembler().batch_bytes(self.plan.batch_len(step)));
+        slot.set_len(self.job.batch_bytes(self.plan.batch_len(step)));
         let task = Task {
             job: Arc::clone(&self.job),
             plan: Arc::clone(&self.plan),

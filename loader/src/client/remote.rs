@@ -791,11 +791,17 @@ impl Driver {
     }
 }
 
-/// A short name for the job in messages: its dataset.
+/// A short name for the job in messages: its dataset (a mix: its datasets joined by `+`).
 fn job_label(spec: &JobSpec) -> String {
-    spec.dataset
-        .as_ref()
-        .map_or_else(|| "without a dataset".to_string(), |d| d.uri.clone())
+    let uris: Vec<&str> = stoker_worker::spec_sources(spec)
+        .into_iter()
+        .map(|(dataset, _)| dataset.uri.as_str())
+        .collect();
+    if uris.is_empty() {
+        "without a dataset".to_string()
+    } else {
+        uris.join("+")
+    }
 }
 
 /// Opens the worker's stream for the session and forwards what arrives.

@@ -6,15 +6,20 @@ use stoker_proto::v1::ClientStats;
 use crate::coordinator::{Coordinator, JobId};
 use crate::{LoaderStats, MonitorSnapshot};
 
-/// A job's name on the dashboard: its id and the last part of its dataset path.
+/// A job's name on the dashboard: its id and the last part of its dataset path (a mix: of
+/// each, joined by `+`).
 pub(super) fn job_name(core: &Coordinator, job: u64) -> String {
     let dataset = core
         .job_spec(JobId(job))
-        .ok()
-        .and_then(|spec| spec.dataset.as_ref())
-        .map(|d| {
-            let uri = d.uri.trim_end_matches('/');
-            uri.rsplit('/').next().unwrap_or(uri).to_string()
+        .map(|spec| {
+            stoker_worker::spec_sources(spec)
+                .into_iter()
+                .map(|(d, _)| {
+                    let uri = d.uri.trim_end_matches('/');
+                    uri.rsplit('/').next().unwrap_or(uri).to_string()
+                })
+                .collect::<Vec<_>>()
+                .join("+")
         })
         .unwrap_or_default();
     format!("job {job} {dataset}")

@@ -8,7 +8,8 @@ use tonic::Status;
 /// Ranks one coordinator serves per job at most.
 const MAX_WORLD_SIZE: u32 = 1 << 20;
 
-/// Refuses a spec with an absurd batch size or world size, or without a dataset.
+/// Refuses a spec with an absurd batch size or world size, or without a dataset (a mix: a
+/// dataset for each source).
 pub(super) fn validate_spec(spec: &JobSpec) -> Result<(), Status> {
     if spec.batch_size == 0 || spec.batch_size > MAX_BATCH_SIZE {
         return Err(Status::invalid_argument(format!(
@@ -16,11 +17,15 @@ pub(super) fn validate_spec(spec: &JobSpec) -> Result<(), Status> {
             spec.batch_size
         )));
     }
-    let dataset = spec
-        .dataset
-        .as_ref()
-        .ok_or_else(|| Status::invalid_argument("job spec has no dataset"))?;
-    if dataset.uri.trim().is_empty() {
+    let sources = stoker_worker::spec_sources(spec);
+    let named = spec.mix.as_ref().map_or(1, |mix| mix.sources.len());
+    if sources.is_empty() || sources.len() != named {
+        return Err(Status::invalid_argument("job spec has no dataset"));
+    }
+    if sources
+        .iter()
+        .any(|(dataset, _)| dataset.uri.trim().is_empty())
+    {
         return Err(Status::invalid_argument("dataset.uri is empty"));
     }
     if spec.world_size > MAX_WORLD_SIZE {

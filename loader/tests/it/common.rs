@@ -48,6 +48,7 @@ pub fn spec_over(uri: &str, pipeline: Vec<proto::Op>, batch_size: u32) -> JobSpe
         on_error: BadSamplePolicy::Skip as i32,
         shuffle_window: 0,
         resized_epoch: None,
+        mix: None,
     }
 }
 

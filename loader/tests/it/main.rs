@@ -14,6 +14,7 @@ mod distributed;
 mod drain;
 mod embedded;
 mod hostile;
+mod mix;
 mod object_store;
 mod resize;
 mod resources;

@@ -38,6 +38,9 @@ pub struct AssembledBatch {
     pub bad_samples: Vec<proto::BadSample>,
     /// Packed text: document tokens (EOS included) that did not fit in the batch's rows.
     pub dropped_tokens: u64,
+    /// Mixed sources: the source of each sample (packed text: of each document), which
+    /// becomes the `source` tensor; empty for a single source.
+    pub sources: Vec<i64>,
 }
 
 impl AssembledBatch {
@@ -53,13 +56,16 @@ impl AssembledBatch {
                 data: data.slice(layout.bytes),
             })
             .collect();
-        if !self.labels.is_empty() {
-            let labels: Vec<u8> = self.labels.iter().flat_map(|l| l.to_le_bytes()).collect();
+        for (name, values) in [("label", &self.labels), ("source", &self.sources)] {
+            if values.is_empty() {
+                continue;
+            }
+            let bytes: Vec<u8> = values.iter().flat_map(|v| v.to_le_bytes()).collect();
             tensors.push(proto::Tensor {
-                name: "label".into(),
+                name: name.into(),
                 dtype: proto::Dtype::Int64 as i32,
-                shape: vec![self.labels.len() as u64],
-                data: Bytes::from(labels),
+                shape: vec![values.len() as u64],
+                data: Bytes::from(bytes),
             });
         }
         proto::Batch {

@@ -13,6 +13,7 @@
 mod bad_sample_policy;
 mod columns;
 mod layout;
+mod mixed;
 mod source_reads;
 
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -26,7 +27,7 @@ use stoker_proto::v1::{self as proto, BadSamplePolicy};
 
 use crate::error::{Error, Result, SampleError};
 use crate::job_pipeline::{JobPipeline, PackedText};
-use crate::ops::pack::{pack_documents, PackedRowsMut};
+use crate::ops::pack::{pack_documents, PackSpec, PackedRowsMut};
 use crate::pipeline::{SampleTimings, Scratch};
 use crate::rng::SampleRng;
 
@@ -34,6 +35,7 @@ use bad_sample_policy::SampleOutcome;
 pub use bad_sample_policy::MAX_SUBSTITUTE_TRIES;
 use columns::{output_columns, OutputColumn};
 pub use layout::{AssembledBatch, TensorLayout};
+pub use mixed::{MixedAssembler, MixedPart};
 use source_reads::{read_from_source, AttemptError};
 
 thread_local! {
@@ -135,6 +137,16 @@ impl BatchAssembler {
         &self.pipeline
     }
 
+    /// Whether batches carry a `label` tensor: images, and columns unless a selected column is
+    /// itself named `label`.
+    pub fn has_labels(&self) -> bool {
+        match self.pipeline {
+            JobPipeline::Image(_) => true,
+            JobPipeline::Columns(_) => self.column_labels,
+            JobPipeline::TokenWindows { .. } | JobPipeline::PackedText(_) => false,
+        }
+    }
+
     /// The data source.
     pub fn source(&self) -> &Arc<dyn SampleSource> {
         &self.source
@@ -175,6 +187,7 @@ impl BatchAssembler {
             timings: SampleTimings::default(),
             bad_samples: Vec::new(),
             dropped_tokens: 0,
+            sources: Vec::new(),
         };
         match &self.pipeline {
             JobPipeline::Image(_) | JobPipeline::TokenWindows { .. } => {
@@ -206,41 +219,65 @@ impl BatchAssembler {
                 self.assemble_columns(indices, buffer, &mut assembled)?;
             }
             JobPipeline::PackedText(packed) => {
-                let outcomes: Vec<Result<SampleOutcome<Vec<u32>>>> = indices
-                    .par_iter()
-                    .map(|&index| {
-                        self.with_policy(index, |source_index, timings| {
-                            self.try_document(packed, source_index, timings)
-                        })
-                    })
-                    .collect();
-                let mut documents = Vec::with_capacity(indices.len());
-                for outcome in outcomes {
-                    let outcome = outcome?;
-                    documents.push(outcome.value);
-                    assembled.timings.add(&outcome.timings);
-                    assembled.bad_samples.extend(outcome.bad);
-                }
-                let started = Instant::now();
-                let third = buffer.len() / 3;
-                let (input_ids, rest) = buffer.split_at_mut(third);
-                let (position_ids, document_ids) = rest.split_at_mut(third);
-                let summary = pack_documents(
-                    &packed.pack,
-                    &documents,
-                    PackedRowsMut {
-                        input_ids,
-                        position_ids,
-                        document_ids,
-                    },
-                );
-                assembled.timings.assemble_ns += started.elapsed().as_nanos() as u64;
-                assembled.dropped_tokens = summary.dropped_tokens;
-                self.tokens_dropped
-                    .fetch_add(summary.dropped_tokens, Ordering::Relaxed);
+                let documents = self.documents(packed, indices, &mut assembled)?;
+                self.pack(&packed.pack, &documents, buffer, &mut assembled);
             }
         }
         Ok(assembled)
+    }
+
+    /// The documents of `indices` tokenised in parallel (packed text), under the policy; their
+    /// timings and bad samples go to `assembled`.
+    fn documents(
+        &self,
+        packed: &PackedText,
+        indices: &[u64],
+        assembled: &mut AssembledBatch,
+    ) -> Result<Vec<Vec<u32>>> {
+        let outcomes: Vec<Result<SampleOutcome<Vec<u32>>>> = indices
+            .par_iter()
+            .map(|&index| {
+                self.with_policy(index, |source_index, timings| {
+                    self.try_document(packed, source_index, timings)
+                })
+            })
+            .collect();
+        let mut documents = Vec::with_capacity(indices.len());
+        for outcome in outcomes {
+            let outcome = outcome?;
+            documents.push(outcome.value);
+            assembled.timings.add(&outcome.timings);
+            assembled.bad_samples.extend(outcome.bad);
+        }
+        Ok(documents)
+    }
+
+    /// Packs `documents` into `buffer` (the three tensors of packed text), counting the time
+    /// and the tokens dropped.
+    fn pack(
+        &self,
+        pack: &PackSpec,
+        documents: &[Vec<u32>],
+        buffer: &mut [u8],
+        assembled: &mut AssembledBatch,
+    ) {
+        let started = Instant::now();
+        let third = buffer.len() / 3;
+        let (input_ids, rest) = buffer.split_at_mut(third);
+        let (position_ids, document_ids) = rest.split_at_mut(third);
+        let summary = pack_documents(
+            pack,
+            documents,
+            PackedRowsMut {
+                input_ids,
+                position_ids,
+                document_ids,
+            },
+        );
+        assembled.timings.assemble_ns += started.elapsed().as_nanos() as u64;
+        assembled.dropped_tokens = summary.dropped_tokens;
+        self.tokens_dropped
+            .fetch_add(summary.dropped_tokens, Ordering::Relaxed);
     }
 
     /// Builds the batch of `indices` in a new buffer; see [`BatchAssembler::assemble_into`].

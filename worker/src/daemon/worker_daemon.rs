@@ -44,7 +44,7 @@ use super::health::Health;
 use super::security::{ClientSecurity, ServerSecurity};
 use super::transport::{self, error_status, Backoff, RpcChannel, MAX_MESSAGE_BYTES};
 use crate::error::{Error, ErrorKind, Result};
-use crate::job::{open_source, Job};
+use crate::job::{open_sources, spec_sources, Job};
 use crate::plan::EpochPlan;
 
 /// The default [`WorkerConfig::delivery_timeout`].
@@ -96,7 +96,8 @@ struct Subscription {
 
 struct JobEntry {
     spec: JobSpec,
-    source: Arc<dyn SampleSource>,
+    /// The job's datasets, opened once for all its ranks (one per source of a mix).
+    sources: Vec<Arc<dyn SampleSource>>,
     ranks: Mutex<HashMap<u32, Arc<Job>>>,
     plans: Mutex<HashMap<(u32, u64), Arc<EpochPlan>>>,
 }
@@ -134,28 +135,31 @@ pub fn canonical_roots(roots: &[PathBuf]) -> Result<Vec<PathBuf>> {
         .collect()
 }
 
-/// Checks that a job's dataset, and the tokenizer it names if any, lie under one of `roots`.
+/// Checks that a job's datasets (each of a mix), and the tokenizers they name, lie under one
+/// of `roots`.
 fn check_root(roots: &[PathBuf], spec: &JobSpec) -> std::result::Result<(), Status> {
-    let uri = spec
-        .dataset
-        .as_ref()
-        .map(|d| d.uri.trim())
-        .ok_or_else(|| Status::invalid_argument("job spec has no dataset"))?;
-    if uri.contains("://") && !uri.starts_with("file://") {
-        // Remote sources are read with the worker's own credentials, not from its disks.
-        return Ok(());
+    let sources = spec_sources(spec);
+    let named = spec.mix.as_ref().map_or(1, |mix| mix.sources.len());
+    if sources.is_empty() || sources.len() != named {
+        return Err(Status::invalid_argument("job spec has no dataset"));
     }
-    check_under_roots(
-        roots,
-        Path::new(uri.strip_prefix("file://").unwrap_or(uri)),
-        "dataset",
-    )?;
-    // A tokenizer is read whole: outside the roots it could be any file (or /dev/zero).
-    for op in &spec.pipeline {
-        if let Some(OpKind::Tokenize(tokenize)) = &op.op {
-            let path = tokenize.tokenizer_path.trim();
-            if !path.is_empty() {
-                check_under_roots(roots, Path::new(path), "tokenizer")?;
+    for (dataset, pipeline) in sources {
+        let uri = dataset.uri.trim();
+        // Remote sources are read with the worker's own credentials, not from its disks.
+        if !uri.contains("://") || uri.starts_with("file://") {
+            check_under_roots(
+                roots,
+                Path::new(uri.strip_prefix("file://").unwrap_or(uri)),
+                "dataset",
+            )?;
+        }
+        // A tokenizer is read whole: outside the roots it could be any file (or /dev/zero).
+        for op in pipeline {
+            if let Some(OpKind::Tokenize(tokenize)) = &op.op {
+                let path = tokenize.tokenizer_path.trim();
+                if !path.is_empty() {
+                    check_under_roots(roots, Path::new(path), "tokenizer")?;
+                }
             }
         }
     }
@@ -203,7 +207,7 @@ impl Shared {
         }
         let mut spec = entry.spec.clone();
         spec.rank = rank;
-        let job = Arc::new(Job::with_source(spec, entry.source.clone())?);
+        let job = Arc::new(Job::with_sources(spec, entry.sources.clone())?);
         lock(&entry.ranks).insert(rank, job.clone());
         Ok(job)
     }
@@ -316,8 +320,8 @@ impl worker_data_server::WorkerData for DataService {
             Ok::<_, Status>(DescribeJobResponse {
                 num_samples: job.plan_config().num_samples,
                 steps_per_epoch: plan.steps(),
-                batch_bytes: job.assembler().batch_bytes(batch_size) as u64,
-                class_names: job.assembler().source().class_names().to_vec(),
+                batch_bytes: job.batch_bytes(batch_size) as u64,
+                class_names: job.class_names().to_vec(),
             })
         })
         .await
@@ -767,18 +771,14 @@ async fn job_entry(
         let spec = spec.clone();
         tokio::task::spawn_blocking(move || {
             check_root(&shared.roots, &spec)?;
-            let dataset = spec
-                .dataset
-                .as_ref()
-                .ok_or_else(|| Status::invalid_argument("job spec has no dataset"))?;
-            open_source(dataset, &spec.pipeline).map_err(|e| error_status(&e))
+            open_sources(&spec).map_err(|e| error_status(&e))
         })
         .await
         .map_err(|e| Status::internal(format!("opening job {job_id} panicked: {e}")))??
     };
     let entry = Arc::new(JobEntry {
         spec,
-        source: opened,
+        sources: opened,
         ranks: Mutex::new(HashMap::new()),
         plans: Mutex::new(HashMap::new()),
     });

@@ -15,9 +15,11 @@
 //! An epoch resumed on another world size ([`EpochPlan::resized`]) strides what is left of the
 //! epoch order instead (see [`resize`]).
 
+pub mod mix;
 mod permutation;
 pub mod resize;
 
+pub use mix::{MixEnd, MixOrder};
 pub use permutation::Permutation;
 pub use resize::{resized_spec, Resize};
 

@@ -115,6 +115,7 @@ pub(crate) fn spec(data: &Path, kind: DataKind, rank: u32, world: u32, batch: u3
         on_error: proto::BadSamplePolicy::Fail as i32,
         shuffle_window: 0,
         resized_epoch: None,
+        mix: None,
     }
 }
 

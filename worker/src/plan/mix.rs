@@ -1,0 +1,424 @@
+//! Weighted mixing of sources: which source, and which of that source's samples, each position
+//! of a mixed epoch holds. A pure function of (seed, epoch, position), like the plain order.
+//!
+//! The rule (the proto's `Mix` states it for users):
+//! - **Counts.** The weights are normalised to sum 1; source `k` gets `floor(share_k * window)`
+//!   positions of every window, and the sources with the largest remainders one more each until
+//!   the counts sum to `window` (ties go to the earlier source). A source whose count comes out
+//!   0 is refused: it would never be read.
+//! - **Windows.** Epoch positions `[m * window, (m + 1) * window)` form window `m`. Without
+//!   shuffle each window is the same even interleave (the `j`-th sample of source `k` sits at
+//!   `(2j + 1) / (2 counts[k])` of the window, ties to the earlier source); with shuffle that
+//!   interleave is permuted by a key of (seed, epoch, window). Either way every whole window
+//!   holds exactly `counts[k]` samples of source `k`.
+//! - **Draws.** The `j`-th position of source `k` in the epoch (its draw `j`) reads sample
+//!   `j mod len_k` of pass `j / len_k` of that source: pass `p` is the source's own order (its
+//!   seed derived from the job's seed and `k`, shuffled or not, shard-aware with a shuffle
+//!   window), keyed by [`source_epoch`] of (epoch, p), so a source that restarts is
+//!   reshuffled, and its augmentations differ from the pass before.
+//! - **Epoch end.** See [`MixEnd`]; every rule but a fixed sample count ends on a whole window.
+
+use crate::error::{Error, Result};
+use crate::rng::mix64;
+
+use super::{epoch_key, window_key, Permutation};
+
+/// Positions per window when the spec leaves it 0.
+pub const DEFAULT_MIX_WINDOW: u32 = 100;
+
+/// Most sources one mix takes (a window must give each at least one position).
+pub const MAX_MIX_SOURCES: usize = 1024;
+
+/// Where a mixed epoch ends.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MixEnd {
+    /// The whole windows every source fills without repeating a sample.
+    FirstExhausted,
+    /// The whole windows it takes every source to give each of its samples once (the others
+    /// restart).
+    AllExhausted,
+    /// A fixed number of positions (the sources restart as needed).
+    Samples(u64),
+}
+
+/// One position's sample: the source and which of its draws (see the module docs).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Draw {
+    /// Index of the source, in the order given.
+    pub source: usize,
+    /// The source's draw: its `draw`-th position in the epoch.
+    pub draw: u64,
+}
+
+/// The mixed order of a job: counts per window, the epoch length, and position lookups.
+#[derive(Debug, Clone)]
+pub struct MixOrder {
+    counts: Vec<u64>,
+    lens: Vec<u64>,
+    window: u64,
+    epoch_len: u64,
+    seed: u64,
+    shuffle: bool,
+    /// The window's sources before any shuffle: the even interleave.
+    interleave: Vec<u32>,
+}
+
+/// The epoch key a source's pass `pass` of `epoch` is ordered and augmented with: `epoch`
+/// itself for the first pass, a mix of both after.
+pub fn source_epoch(epoch: u64, pass: u64) -> u64 {
+    if pass == 0 {
+        epoch
+    } else {
+        mix64(epoch ^ mix64(pass.wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ 0x4d49_5850_4153_5331))
+    }
+}
+
+/// The seed of source `source`'s order and augmentations in a mix seeded by `seed`.
+pub fn source_seed(seed: u64, source: usize) -> u64 {
+    mix64(seed ^ mix64((source as u64).wrapping_add(1) ^ 0x4d49_5853_4545_4431))
+}
+
+/// The counts per window of `weights` (see the module docs); errors name the weight at fault.
+pub fn window_counts(weights: &[f64], window: u32) -> Result<Vec<u64>> {
+    if weights.is_empty() {
+        return Err(Error::InvalidSpec("a mix needs at least one source".into()));
+    }
+    if weights.len() > MAX_MIX_SOURCES {
+        return Err(Error::InvalidSpec(format!(
+            "a mix takes at most {MAX_MIX_SOURCES} sources, got {}",
+            weights.len()
+        )));
+    }
+    if let Some((k, w)) = weights
+        .iter()
+        .enumerate()
+        .find(|(_, w)| !(w.is_finite() && **w > 0.0))
+    {
+        return Err(Error::InvalidSpec(format!(
+            "the weight of mixed source {k} must be a positive finite number, got {w}"
+        )));
+    }
+    let window = u64::from(window);
+    let total: f64 = weights.iter().sum();
+    let exact: Vec<f64> = weights.iter().map(|w| w / total * window as f64).collect();
+    let mut counts: Vec<u64> = exact.iter().map(|e| e.floor() as u64).collect();
+    let assigned: u64 = counts.iter().sum();
+    // Largest remainders first, the earlier source on ties (a stable sort keeps index order).
+    let mut by_remainder: Vec<usize> = (0..weights.len()).collect();
+    by_remainder.sort_by(|&a, &b| {
+        let ra = exact[a] - counts[a] as f64;
+        let rb = exact[b] - counts[b] as f64;
+        rb.total_cmp(&ra)
+    });
+    for &k in by_remainder
+        .iter()
+        .take(window.saturating_sub(assigned) as usize)
+    {
+        counts[k] += 1;
+    }
+    if let Some(k) = counts.iter().position(|&c| c == 0) {
+        let share = weights[k] / total;
+        return Err(Error::InvalidSpec(format!(
+            "mixed source {k} (weight {}, {:.4} of the mix) gets 0 of the {window} positions \
+             of a window; raise the window to at least {} or the weight",
+            weights[k],
+            share,
+            (1.0 / share).ceil()
+        )));
+    }
+    Ok(counts)
+}
+
+impl MixOrder {
+    /// The order of a mix of sources of `lens` samples with `weights`, `window` positions per
+    /// window (0: [`DEFAULT_MIX_WINDOW`]) and the epoch rule `end`.
+    pub fn new(
+        weights: &[f64],
+        lens: &[u64],
+        window: u32,
+        end: MixEnd,
+        seed: u64,
+        shuffle: bool,
+    ) -> Result<Self> {
+        let window = if window == 0 {
+            DEFAULT_MIX_WINDOW
+        } else {
+            window
+        };
+        let counts = window_counts(weights, window)?;
+        if lens.len() != counts.len() {
+            return Err(Error::InvalidSpec(format!(
+                "{} weights for {} mixed sources",
+                counts.len(),
+                lens.len()
+            )));
+        }
+        if let Some(k) = lens.iter().position(|&n| n == 0) {
+            return Err(Error::InvalidSpec(format!(
+                "mixed source {k} has no samples"
+            )));
+        }
+        let window = u64::from(window);
+        let windows = match end {
+            MixEnd::FirstExhausted => {
+                let (k, windows) = lens
+                    .iter()
+                    .zip(&counts)
+                    .map(|(n, c)| n / c)
+                    .enumerate()
+                    .min_by_key(|&(_, w)| w)
+                    .unwrap_or((0, 0));
+                if windows == 0 {
+                    return Err(Error::InvalidSpec(format!(
+                        "mixed source {k} has {} samples, fewer than the {} it gives each \
+                         window, so an epoch that ends when the first source runs out would be \
+                         empty; use a smaller window or epoch_end='all_exhausted'",
+                        lens[k], counts[k]
+                    )));
+                }
+                Some(windows)
+            }
+            MixEnd::AllExhausted => lens.iter().zip(&counts).map(|(n, c)| n.div_ceil(*c)).max(),
+            MixEnd::Samples(_) => None,
+        };
+        let epoch_len = match (windows, end) {
+            (Some(windows), _) => windows.checked_mul(window),
+            (None, MixEnd::Samples(0)) => {
+                return Err(Error::InvalidSpec(
+                    "a mix's epoch_samples must be at least 1".into(),
+                ))
+            }
+            (None, MixEnd::Samples(n)) => Some(n),
+            (None, _) => None,
+        }
+        .filter(|&len| len <= 1 << 62)
+        .ok_or_else(|| Error::InvalidSpec("a mixed epoch of more than 2^62 samples".into()))?;
+        Ok(Self {
+            interleave: interleave(&counts),
+            counts,
+            lens: lens.to_vec(),
+            window,
+            epoch_len,
+            seed,
+            shuffle,
+        })
+    }
+
+    /// Positions of source `k` in each whole window.
+    pub fn counts(&self) -> &[u64] {
+        &self.counts
+    }
+
+    /// Positions per window.
+    pub fn window(&self) -> u64 {
+        self.window
+    }
+
+    /// Positions of an epoch (the same for every epoch).
+    pub fn epoch_len(&self) -> u64 {
+        self.epoch_len
+    }
+
+    /// Samples of each source.
+    pub fn lens(&self) -> &[u64] {
+        &self.lens
+    }
+
+    /// The sources of window `window` of `epoch`, position by position.
+    pub fn window_sources(&self, epoch: u64, window: u64) -> Vec<u32> {
+        if !self.shuffle {
+            return self.interleave.clone();
+        }
+        let key = window_key(epoch_key(self.seed ^ 0x4d49_5857_494e_444f, epoch), window);
+        let permutation = Permutation::new(self.window, key);
+        (0..self.window)
+            .map(|o| self.interleave[permutation.apply(o) as usize])
+            .collect()
+    }
+
+    /// The draws at `positions` of `epoch` (each below [`Self::epoch_len`]), in order. Each
+    /// window met is laid out once.
+    pub fn draws(&self, epoch: u64, positions: &[u64]) -> Vec<Draw> {
+        let mut laid_out: Vec<(u64, Vec<(u32, u64)>)> = Vec::new();
+        positions
+            .iter()
+            .map(|&position| {
+                let window = position / self.window;
+                let offset = (position % self.window) as usize;
+                let at = match laid_out.iter().position(|(w, _)| *w == window) {
+                    Some(at) => at,
+                    None => {
+                        laid_out.push((window, self.occurrences(epoch, window)));
+                        laid_out.len() - 1
+                    }
+                };
+                let (source, occurrence) = laid_out[at].1[offset];
+                let source = source as usize;
+                Draw {
+                    source,
+                    draw: window * self.counts[source] + occurrence,
+                }
+            })
+            .collect()
+    }
+
+    /// Window `window`'s sources with, for each position, how many of the same source come
+    /// before it in the window.
+    fn occurrences(&self, epoch: u64, window: u64) -> Vec<(u32, u64)> {
+        let mut seen = vec![0u64; self.counts.len()];
+        self.window_sources(epoch, window)
+            .into_iter()
+            .map(|source| {
+                let count = &mut seen[source as usize];
+                *count += 1;
+                (source, *count - 1)
+            })
+            .collect()
+    }
+}
+
+/// The even interleave of a window: source `k`'s `j`-th position sits at
+/// `(2j + 1) / (2 counts[k])` of the window; ties go to the earlier source.
+fn interleave(counts: &[u64]) -> Vec<u32> {
+    let mut places: Vec<(u64, u64, u32)> = counts
+        .iter()
+        .enumerate()
+        .flat_map(|(k, &c)| (0..c).map(move |j| (2 * j + 1, 2 * c, k as u32)))
+        .collect();
+    // Compare (2j + 1) / (2c) as fractions, exactly.
+    places.sort_by(|a, b| {
+        (u128::from(a.0) * u128::from(b.1))
+            .cmp(&(u128::from(b.0) * u128::from(a.1)))
+            .then(a.2.cmp(&b.2))
+    });
+    places.into_iter().map(|(_, _, k)| k).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn counts_round_by_largest_remainder_ties_to_the_earlier_source() {
+        assert_eq!(window_counts(&[0.7, 0.3], 100).unwrap(), vec![70, 30]);
+        assert_eq!(window_counts(&[7.0, 3.0], 100).unwrap(), vec![70, 30]);
+        assert_eq!(
+            window_counts(&[1.0, 1.0, 1.0], 100).unwrap(),
+            vec![34, 33, 33]
+        );
+        assert_eq!(window_counts(&[1.0, 1.0, 1.0], 10).unwrap(), vec![4, 3, 3]);
+        // 0.625 * 8 = 5, 0.375 * 8 = 3: exact.
+        assert_eq!(window_counts(&[5.0, 3.0], 8).unwrap(), vec![5, 3]);
+        // Remainders .6 and .4 of 2.6 and 1.4 (window 4): the larger remainder gets the extra.
+        assert_eq!(window_counts(&[0.65, 0.35], 4).unwrap(), vec![3, 1]);
+        for (weights, needle) in [
+            (vec![], "at least one"),
+            (vec![1.0, 0.0], "source 1"),
+            (vec![f64::NAN], "source 0"),
+            (vec![1.0, -2.0], "source 1"),
+            (vec![1000.0, 1.0], "raise the window to at least 1001"),
+        ] {
+            let message = window_counts(&weights, 100).unwrap_err().to_string();
+            assert!(message.contains(needle), "{weights:?}: {message}");
+        }
+    }
+
+    #[test]
+    fn every_window_holds_the_exact_counts_shuffled_or_not() {
+        for shuffle in [false, true] {
+            let order = MixOrder::new(
+                &[0.5, 0.3, 0.2],
+                &[1000, 700, 90],
+                50,
+                MixEnd::AllExhausted,
+                9,
+                shuffle,
+            )
+            .unwrap();
+            assert_eq!(order.counts(), &[25, 15, 10]);
+            for epoch in 0..3 {
+                for window in 0..20 {
+                    let sources = order.window_sources(epoch, window);
+                    for (k, &count) in order.counts().iter().enumerate() {
+                        let seen = sources.iter().filter(|&&s| s as usize == k).count() as u64;
+                        assert_eq!(seen, count, "epoch {epoch} window {window} source {k}");
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn the_interleave_spreads_each_source_evenly() {
+        assert_eq!(interleave(&[2, 1]), vec![0, 1, 0]);
+        assert_eq!(interleave(&[1, 1]), vec![0, 1]);
+        assert_eq!(interleave(&[3, 1]), vec![0, 0, 1, 0]);
+    }
+
+    #[test]
+    fn draws_count_each_sources_positions_in_order() {
+        let order =
+            MixOrder::new(&[0.75, 0.25], &[30, 10], 4, MixEnd::FirstExhausted, 3, true).unwrap();
+        // 30 / 3 = 10 and 10 / 1 = 10 windows.
+        assert_eq!(order.epoch_len(), 40);
+        let positions: Vec<u64> = (0..order.epoch_len()).collect();
+        let draws = order.draws(5, &positions);
+        let mut next = [0u64; 2];
+        for draw in &draws {
+            assert_eq!(
+                draw.draw, next[draw.source],
+                "draws of a source go up by one"
+            );
+            next[draw.source] += 1;
+        }
+        assert_eq!(next, [30, 10]);
+        // Looking positions up out of order gives the same draws.
+        let backwards: Vec<u64> = positions.iter().rev().copied().collect();
+        let mut again = order.draws(5, &backwards);
+        again.reverse();
+        assert_eq!(again, draws);
+    }
+
+    #[test]
+    fn each_epoch_rule_has_its_length() {
+        let lens = [1000, 250];
+        let first = MixOrder::new(&[0.8, 0.2], &lens, 10, MixEnd::FirstExhausted, 0, true).unwrap();
+        // counts 8 and 2: 1000 / 8 = 125 and 250 / 2 = 125 windows; make the second shorter.
+        assert_eq!(first.epoch_len(), 1250);
+        let lens = [1000, 100];
+        let first = MixOrder::new(&[0.8, 0.2], &lens, 10, MixEnd::FirstExhausted, 0, true).unwrap();
+        assert_eq!(first.epoch_len(), 50 * 10, "100 / 2 = 50 windows");
+        let all = MixOrder::new(&[0.8, 0.2], &lens, 10, MixEnd::AllExhausted, 0, true).unwrap();
+        assert_eq!(all.epoch_len(), 125 * 10, "1000 / 8 = 125 windows");
+        let fixed = MixOrder::new(&[0.8, 0.2], &lens, 10, MixEnd::Samples(77), 0, true).unwrap();
+        assert_eq!(fixed.epoch_len(), 77);
+        let message = MixOrder::new(&[0.5, 0.5], &[100, 3], 10, MixEnd::FirstExhausted, 0, true)
+            .unwrap_err()
+            .to_string();
+        assert!(message.contains("source 1 has 3 samples"), "{message}");
+        assert!(MixOrder::new(&[1.0], &[5], 10, MixEnd::Samples(0), 0, true).is_err());
+        assert!(MixOrder::new(&[1.0, 1.0], &[5, 0], 10, MixEnd::AllExhausted, 0, true).is_err());
+    }
+
+    #[test]
+    fn the_order_depends_on_seed_and_epoch_only() {
+        let make = |seed| {
+            MixOrder::new(
+                &[0.6, 0.4],
+                &[600, 400],
+                100,
+                MixEnd::FirstExhausted,
+                seed,
+                true,
+            )
+            .unwrap()
+        };
+        let positions: Vec<u64> = (0..1000).collect();
+        assert_eq!(make(1).draws(2, &positions), make(1).draws(2, &positions));
+        assert_ne!(make(1).draws(2, &positions), make(2).draws(2, &positions));
+        assert_ne!(make(1).draws(2, &positions), make(1).draws(3, &positions));
+        assert_ne!(source_epoch(4, 0), source_epoch(4, 1));
+        assert_eq!(source_epoch(4, 0), 4);
+        assert_ne!(source_seed(1, 0), source_seed(1, 1));
+    }
+}
