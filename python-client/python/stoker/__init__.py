@@ -11,7 +11,8 @@ a batch depends on the seed, epoch, rank and step only, so runs reproduce and re
         images, labels = batch["image"], batch["label"]
 
 Modules: :mod:`stoker.ops` (pipeline ops), :mod:`stoker.vision` (ready-made pipelines),
-:mod:`stoker.errors` (the exceptions, also exported here).
+:mod:`stoker.errors` (the exceptions, also exported here); :func:`stoker.mix` mixes several
+sources by weight into one loader.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from stoker.errors import (
 )
 from stoker.loader import BatchIterator, Loader
 from stoker.dataset import sample_rng, sample_seed
+from stoker.mix import Source, mix
 
 try:
     __version__: str = version("stoker")
@@ -45,10 +47,12 @@ __all__ = [
     "Loader",
     "LoaderTimeoutError",
     "PipelineError",
+    "Source",
     "StokerError",
     "TlsError",
     "WorkerUnavailableError",
     "__version__",
+    "mix",
     "ops",
     "sample_rng",
     "sample_seed",

@@ -99,8 +99,12 @@ class NativeLoader:
         token: str | None = None,
         tls_ca: str | None = None,
         tls_server_name: str | None = None,
+        mix: tuple[list[tuple[str, list[dict[str, Any]], float, str, str]], int, str, int]
+        | None = None,
     ) -> None:
-        """Opens ``source`` and checks ``ops``; ``num_threads`` 0 means all cores, ``prefetch``
+        """Opens ``source`` and checks ``ops``; with ``mix`` (sources as (uri, ops, weight,
+        format, text column), window, epoch rule, epoch samples) it mixes those sources instead
+        of reading ``source`` with ``ops``; ``num_threads`` 0 means all cores, ``prefetch``
         0 lets a controller size the depth from the stall it observes, within
         ``max_prefetch_bytes``. With ``address`` the job is registered with that coordinator
         (a worker opens it, so a dataset outside the workers' ``--data-root`` is refused here);

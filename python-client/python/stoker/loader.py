@@ -23,6 +23,7 @@ import numpy as np
 
 from stoker import _native
 from stoker.errors import StokerError
+from stoker.mix import MixRequest
 from stoker.ops import Op, check_pipeline
 
 if TYPE_CHECKING:
@@ -365,6 +366,9 @@ class Loader:
         stoker.DatasetError: ``source`` is not a usable image folder.
     """
 
+    # The mix this loader reads (stoker.mix), if any.
+    _mix: MixRequest | None = None
+
     def __init__(
         self,
         source: str | os.PathLike[str],
@@ -481,10 +485,44 @@ class Loader:
         self._torch = _import_torch("output='torch'") if output == "torch" else None
         self._output: str = output
         self._rank, self._world_size = _resolve_rank(rank, world_size)
-        self._ops = check_pipeline(pipeline)
-        self._source = (
-            _remote_source_path(source) if address is not None else _source_path(source)
-        )
+        locate = _remote_source_path if address is not None else _source_path
+        self._mix = source if isinstance(source, MixRequest) else None
+        native_mix = None
+        if self._mix is None:
+            self._ops = check_pipeline(pipeline)
+            self._source = locate(source)
+            job_name = os.path.basename(os.path.normpath(self._source)) or "python"
+        else:
+            pipeline = list(pipeline)
+            self._ops = check_pipeline(pipeline) if pipeline else []
+            entries = []
+            for mixed, weight in self._mix.sources:
+                ops = self._ops if mixed.pipeline is None else check_pipeline(mixed.pipeline)
+                source_format = mixed.format or self._format
+                if source_format != "auto" and source_format not in _FORMATS:
+                    raise ValueError(
+                        f"the format of source {os.fspath(mixed.path)!r} must be None or one "
+                        f"of {', '.join(repr(f) for f in _FORMATS)}, got {source_format!r}"
+                    )
+                if mixed.text_column is not None and not isinstance(mixed.text_column, str):
+                    raise ValueError(
+                        f"the text_column of source {os.fspath(mixed.path)!r} must be a str "
+                        f"or None, got {mixed.text_column!r}"
+                    )
+                entries.append(
+                    (
+                        locate(mixed.path),
+                        [op.to_dict() for op in ops],
+                        weight,
+                        source_format,
+                        mixed.text_column or self._text_column,
+                    )
+                )
+            native_mix = (entries, self._mix.window, self._mix.epoch_end, self._mix.epoch_samples)
+            self._source = "+".join(entry[0] for entry in entries)
+            job_name = "+".join(
+                os.path.basename(os.path.normpath(entry[0])) or "python" for entry in entries
+            )
         self._native = _native.NativeLoader(
             self._source,
             [op.to_dict() for op in self._ops],
@@ -500,7 +538,7 @@ class Loader:
             self._timeout,
             self._max_held_batches,
             dashboard=dashboard_address,
-            job_name=os.path.basename(os.path.normpath(self._source)) or "python",
+            job_name=job_name,
             format=self._format,
             shuffle_window=self._shuffle_window,
             text_column=self._text_column,
@@ -509,6 +547,7 @@ class Loader:
             token=token,
             tls_ca=None if tls_ca is None else os.fspath(tls_ca),
             tls_server_name=tls_server_name,
+            mix=native_mix,
         )
         self._finish_init()
 
@@ -728,7 +767,7 @@ class Loader:
         batch, exactly the batch this one would have yielded next. Works after :meth:`close`.
         """
         resizes = self._resizes if self._resized_epoch == self._epoch else []
-        return {
+        state: dict[str, Any] = {
             "version": STATE_VERSION,
             "epoch": self._epoch,
             "step": self._resume_step if self._resume_step is not None else self._step,
@@ -741,6 +780,9 @@ class Loader:
             "shuffle": self._shuffle,
             "drop_last": self._drop_last,
         }
+        if self._mix is not None:
+            state["mix"] = self._mix.fingerprint()
+        return state
 
     def load_state_dict(self, state: Mapping[str, Any] | Sequence[Mapping[str, Any]]) -> None:
         """Resumes at the position saved by :meth:`state_dict`: the next ``iter()`` starts there.
@@ -838,8 +880,8 @@ class Loader:
         ours = self.state_dict()
         mismatched = [
             f"{key}: saved {state[key]!r}, this loader {ours[key]!r}"
-            for key in _STATE_SPEC_KEYS
-            if state[key] != ours[key]
+            for key in (*_STATE_SPEC_KEYS, "mix")
+            if state.get(key) != ours.get(key)
         ]
         if mismatched:
             raise ValueError(

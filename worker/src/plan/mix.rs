@@ -131,7 +131,7 @@ pub fn window_counts(weights: &[f64], window: u32) -> Result<Vec<u64>> {
 
 impl MixOrder {
     /// The order of a mix of sources of `lens` samples with `weights`, `window` positions per
-    /// window (0: [`DEFAULT_MIX_WINDOW`]) and the epoch rule `end`.
+    /// window (0: `DEFAULT_MIX_WINDOW`, 100) and the epoch rule `end`.
     pub fn new(
         weights: &[f64],
         lens: &[u64],

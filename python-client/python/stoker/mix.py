@@ -1,0 +1,175 @@
+"""``stoker.mix``: one loader over several native sources, mixed by weight.
+
+The mix is planned in Rust like a single source's order (see :func:`mix` for the rule), so a
+mixed batch is a pure function of (sources, weights, window, epoch rule, seed, epoch, rank,
+world_size, step): the same for any thread count, in-process or through a coordinator, and
+:meth:`Loader.load_state_dict` resumes it exactly, also on another world size.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any, Final, Literal
+
+from stoker.ops import Op
+
+__all__ = ["Source", "mix"]
+
+DEFAULT_WINDOW: Final = 100
+_EPOCH_RULES: Final = ("first_exhausted", "all_exhausted")
+
+
+@dataclass(frozen=True, eq=False)
+class Source:
+    """One source of a mix: a dataset path (or ``s3://`` URI) with, where it differs from the
+    mix's, its own ``pipeline``, ``format`` and ``text_column`` (see :class:`stoker.Loader`).
+
+    Sources compare by identity, so the same path may appear twice with different pipelines.
+    """
+
+    path: str | os.PathLike[str]
+    pipeline: Iterable[Op] | None = None
+    format: str | None = None
+    text_column: str | None = None
+
+
+@dataclass(frozen=True)
+class MixRequest:
+    """What :func:`mix` hands to :class:`stoker.Loader` as its ``source``: the sources with
+    their weights, checked, and the rule."""
+
+    sources: tuple[tuple[Source, float], ...]
+    window: int
+    epoch_end: str
+    epoch_samples: int
+
+    def fingerprint(self) -> dict[str, Any]:
+        """What a saved state must match: paths, weights, window and epoch rule."""
+        return {
+            "sources": [[os.fspath(s.path), weight] for s, weight in self.sources],
+            "window": self.window,
+            "epoch_end": self.epoch_end,
+            "epoch_samples": self.epoch_samples,
+        }
+
+
+def mix(
+    sources: Mapping[Any, float],
+    *,
+    batch_size: int,
+    window: int = DEFAULT_WINDOW,
+    epoch_end: Literal["first_exhausted", "all_exhausted"] | int = "first_exhausted",
+    pipeline: Iterable[Op] | None = None,
+    **loader_args: Any,
+) -> Any:
+    """A :class:`stoker.Loader` over several native sources mixed by weight.
+
+    Example::
+
+        loader = stoker.mix({"/data/web.bin": 0.7, "/data/code.bin": 0.3}, batch_size=32,
+                            pipeline=[stoker.ops.TokenWindows(2048)])
+        for batch in loader:
+            tokens, source = batch["tokens"], batch["source"]
+
+    The rule:
+
+    - **Exact counts per window.** The epoch is an order of positions cut into windows of
+      ``window`` positions. Source ``k`` gets ``floor(share_k * window)`` positions of every
+      window (``share_k``: its weight over the sum of the weights), and the sources with the
+      largest remainders one more each until the counts sum to ``window`` (ties: the earlier
+      source in ``sources``' order); so ``{a: 0.7, b: 0.3}`` with ``window=100`` is exactly
+      70 of ``a`` and 30 of ``b`` in every window. A source whose count would be 0 is refused.
+      Windows start at the epoch's position 0; ranks stride the positions as they stride a
+      single source (rank ``r`` of ``W`` takes positions ``r, r + W, ...``), so the counts
+      hold for the run as a whole, not for each rank's share.
+    - **Order.** With ``shuffle`` each window's positions are permuted (seeded by seed, epoch
+      and window) and each source is read in its own shuffled order; without, the sources are
+      interleaved evenly and read in dataset order. A source that runs out starts a fresh pass
+      in a new order (and with new augmentations).
+    - **Epoch end** (``epoch_end``): ``"first_exhausted"`` (default) is the whole windows every
+      source fills without repeating a sample, ``min(len_k // count_k)`` windows (so what is
+      left of the limiting source waits for the next epoch's order); ``"all_exhausted"`` is
+      the whole windows it takes every source to give each of its samples once, the others
+      restarting, ``max(ceil(len_k / count_k))`` windows; an int is that many positions, the
+      sources restarting as needed (its last window may be partial). :attr:`Loader.num_samples`
+      is an epoch's positions.
+
+    Every batch carries ``"source"`` (int64 ``(B,)``): the index, in ``sources``' order, of
+    each sample's source. Packed text (``[Tokenize, PackSequences]``) is tokenised per source
+    and packed after mixing, so a row may hold documents of several sources; ``"source"`` is
+    then per document, indexed like ``"document_ids"``. ``"label"`` is each source's own label;
+    :attr:`Loader.classes` lists the class names when every source has the same, else none.
+
+    Args:
+        sources: ``{source: weight}``, in the order that numbers them; a source is a path (or
+            ``s3://`` URI) or a :class:`Source` with its own pipeline. Weights are positive
+            numbers, normalised to sum 1. Every source's batches must have the same tensors
+            (names, dtypes, shapes, labels or not), else a ValueError names the two that differ.
+        batch_size: samples per batch.
+        window: positions per window, the span over which counts are exact.
+        epoch_end: ``"first_exhausted"``, ``"all_exhausted"`` or a number of positions.
+        pipeline: the ops of the sources that do not give their own.
+        **loader_args: any other argument of :class:`stoker.Loader` (``shuffle``, ``seed``,
+            ``num_threads``, ``rank``, ``world_size``, ``prefetch``, ``address``, ``format`` and
+            ``text_column`` as the default of sources that give none, ...).
+
+    Raises:
+        ValueError: a weight, the window or the epoch rule is out of range, a source has no
+            pipeline, or the sources' batches would differ.
+        TypeError: ``sources`` is not a mapping, or a Python dataset was given (datasets
+            wrapped by :meth:`Loader.from_dataset` cannot be mixed yet).
+    """
+    from stoker.loader import Loader
+
+    if not isinstance(sources, Mapping):
+        raise TypeError(
+            f"sources must be a dict of {{source: weight}}, got {type(sources).__name__}"
+        )
+    if not sources:
+        raise ValueError("sources is empty: a mix needs at least one source")
+    checked: list[tuple[Source, float]] = []
+    for key, weight in sources.items():
+        source = key if isinstance(key, Source) else None
+        if source is None and isinstance(key, (str, os.PathLike)):
+            source = Source(key)
+        if source is None:
+            raise TypeError(
+                f"a mixed source must be a path, an s3:// URI or a stoker.Source, got {key!r} "
+                "(Python datasets wrapped by Loader.from_dataset cannot be mixed yet)"
+            )
+        if (
+            not isinstance(weight, (int, float))
+            or isinstance(weight, bool)
+            or not (weight > 0 and weight != float("inf"))
+        ):
+            raise ValueError(
+                f"the weight of {os.fspath(source.path)!r} must be a positive number, "
+                f"got {weight!r}"
+            )
+        if source.pipeline is None and pipeline is None:
+            raise ValueError(
+                f"source {os.fspath(source.path)!r} has no pipeline: pass pipeline= to mix, "
+                "or give the source its own with stoker.Source(path, pipeline=...)"
+            )
+        checked.append((source, float(weight)))
+    if not isinstance(window, int) or isinstance(window, bool) or not 1 <= window <= 2**32 - 1:
+        raise ValueError(f"window must be an int in 1..=4294967295, got {window!r}")
+    if isinstance(epoch_end, bool) or not (
+        epoch_end in _EPOCH_RULES or (isinstance(epoch_end, int) and 1 <= epoch_end <= 2**62)
+    ):
+        raise ValueError(
+            "epoch_end must be 'first_exhausted', 'all_exhausted' or a number of samples in "
+            f"1..=2**62, got {epoch_end!r}"
+        )
+    rule, samples = (
+        (epoch_end, 0) if isinstance(epoch_end, str) else ("samples", int(epoch_end))
+    )
+    request = MixRequest(tuple(checked), window, rule, samples)
+    return Loader(
+        request,  # type: ignore[arg-type]
+        pipeline=[] if pipeline is None else pipeline,
+        batch_size=batch_size,
+        **loader_args,
+    )

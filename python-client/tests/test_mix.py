@@ -1,0 +1,230 @@
+"""stoker.mix: sources mixed by weight with exact counts per window, the same stream for the
+same seed, each epoch rule, exact resume (also on another world size), per-source pipelines,
+text packed after mixing, the distributed mode, and the errors for mixes that cannot work."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+import stoker
+from stoker import _native, ops
+
+SEQ_LEN = 7
+
+
+def write_tokens(path: Path, source: int, windows: int) -> None:
+    """Token i of source s is s * 30000 + i % 30000: a window's first token names its source
+    and start."""
+    tokens = np.arange(windows * SEQ_LEN + 1) % 30000 + source * 30000
+    tokens.astype("<u2").tofile(path)
+
+
+@pytest.fixture(scope="module")
+def token_files(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """8,000 windows of source 0 and 4,000 of source 1."""
+    root = tmp_path_factory.mktemp("mix-tokens")
+    a, b = root / "web.bin", root / "code.bin"
+    write_tokens(a, 0, 8000)
+    write_tokens(b, 1, 4000)
+    return a, b
+
+
+def token_mix(files: tuple[Path, Path], **kwargs: Any) -> stoker.Loader:
+    kwargs.setdefault("batch_size", 64)
+    kwargs.setdefault("num_threads", 2)
+    kwargs.setdefault("output", "numpy")
+    kwargs.setdefault("seed", 5)
+    a, b = files
+    return stoker.mix({a: 0.7, b: 0.3}, pipeline=[ops.TokenWindows(SEQ_LEN)], **kwargs)
+
+
+def rows(batches: Iterator[dict[str, Any]] | stoker.Loader) -> list[tuple[int, int]]:
+    """(source, first token) of every row, checking that the tokens come from that source."""
+    out = []
+    for batch in batches:
+        sources = batch["source"].tolist()
+        firsts = batch["tokens"][:, 0].tolist()
+        for source, first in zip(sources, firsts, strict=True):
+            assert first // 30000 == source
+            out.append((source, first))
+    return out
+
+
+def test_every_window_of_100_holds_exactly_70_and_30_over_10000_samples(
+    token_files: tuple[Path, Path],
+) -> None:
+    with token_mix(token_files, epoch_end=10_000) as loader:
+        assert loader.num_samples == 10_000
+        seen = rows(loader)
+    assert len(seen) == 10_000
+    for start in range(0, 10_000, 100):
+        counts = Counter(source for source, _ in seen[start : start + 100])
+        assert counts == {0: 70, 1: 30}, f"window {start // 100}"
+    assert len(set(seen)) == 10_000, "within one pass of each source: no window twice"
+
+
+def test_the_same_seed_gives_the_same_stream(token_files: tuple[Path, Path]) -> None:
+    def stream(**kwargs: Any) -> list[bytes]:
+        with token_mix(token_files, epoch_end=3000, **kwargs) as loader:
+            return [b["tokens"].tobytes() + b["source"].tobytes() for b in loader]
+
+    one = stream(num_threads=1)
+    assert one == stream(num_threads=3)
+    assert one != stream(seed=6)
+
+
+def test_each_epoch_rule(token_files: tuple[Path, Path]) -> None:
+    # Counts 70 and 30: 8000 // 70 = 114 windows, 4000 // 30 = 133; ceil(4000 / 30) = 134.
+    for epoch_end, samples in [("first_exhausted", 11_400), ("all_exhausted", 13_400), (250, 250)]:
+        with token_mix(token_files, epoch_end=epoch_end, batch_size=100) as loader:
+            assert loader.num_samples == samples
+            assert len(loader) == -(-samples // 100)
+            seen = rows(loader)
+        assert len(seen) == samples
+        per_source = Counter(source for source, _ in seen)
+        if epoch_end == "first_exhausted":
+            assert len(set(seen)) == samples, "no sample twice"
+        if epoch_end == "all_exhausted":
+            assert len({s for s in seen if s[0] == 0}) == 8000, "every sample of source 0"
+            assert len({s for s in seen if s[0] == 1}) == 4000, "every sample of source 1"
+            assert per_source[0] == 134 * 70
+
+
+def test_a_mixed_epoch_resumes_exactly(token_files: tuple[Path, Path]) -> None:
+    with token_mix(token_files) as loader:
+        whole = rows(loader)
+    with token_mix(token_files) as first:
+        iterator = iter(first)
+        head = rows(batch for _, batch in zip(range(30), iterator))
+        state = first.state_dict()
+    assert state["mix"]["sources"][0][1] == 0.7 and state["mix"]["window"] == 100
+    with token_mix(token_files) as resumed:
+        resumed.load_state_dict(state)
+        assert head + rows(resumed) == whole
+    a, b = token_files
+    with stoker.mix(
+        {a: 0.6, b: 0.4}, pipeline=[ops.TokenWindows(SEQ_LEN)], batch_size=64, output="numpy"
+    ) as other:
+        with pytest.raises(ValueError, match="mix"):
+            other.load_state_dict(state)
+
+
+def test_a_mixed_epoch_resumes_on_another_world_size(token_files: tuple[Path, Path]) -> None:
+    with token_mix(token_files, batch_size=100) as single:
+        whole = Counter(rows(single))
+    states, seen = [], []
+    for rank in range(2):
+        with token_mix(token_files, batch_size=100, rank=rank, world_size=2) as loader:
+            iterator = iter(loader)
+            seen += rows(batch for _, batch in zip(range(20), iterator))
+            states.append(loader.state_dict())
+    for rank in range(3):
+        with token_mix(token_files, batch_size=100, rank=rank, world_size=3) as loader:
+            loader.load_state_dict(states)
+            seen += rows(loader)
+    # 11,400 - 4,000 = 7,400 rows left over 3 ranks: one padded repeat.
+    assert len(seen) == 11_401
+    assert set(seen) == set(whole) and len(whole) == 11_400
+
+
+def test_text_sources_are_packed_after_mixing(tmp_path: Path) -> None:
+    words = ["alpha", "beta", "gamma", "delta", "stoker", "mixes", "text", "by", "weight"]
+    folders = []
+    for source in range(2):
+        folder = tmp_path / f"docs{source}"
+        folder.mkdir()
+        lines = [
+            json.dumps({"text": " ".join(words[(i + w + source) % len(words)] for w in range(9))})
+            for i in range(30)
+        ]
+        (folder / "part.jsonl").write_text("\n".join(lines) + "\n")
+        folders.append(folder)
+    tokenizer = tmp_path / "tokenizer.json"
+    _native.train_bpe_tokenizer([" ".join(words)] * 20, str(tokenizer), vocab_size=200)
+    pipeline = [ops.Tokenize(str(tokenizer)), ops.PackSequences(48)]
+    with stoker.mix(
+        {folders[0]: 1, folders[1]: 1},
+        pipeline=pipeline,
+        batch_size=8,
+        window=4,
+        output="numpy",
+        num_threads=2,
+    ) as loader:
+        mixed_rows = 0
+        for batch in loader:
+            sources, documents = batch["source"], batch["document_ids"]
+            assert sources.shape == (documents.shape[0],), "one source per document"
+            for row in documents:
+                in_row = {int(sources[d]) for d in row if d >= 0}
+                mixed_rows += in_row == {0, 1}
+    assert mixed_rows > 0, "a packed row holds documents of both sources"
+
+
+def test_sources_keep_their_own_pipelines(dataset: Path) -> None:
+    train = stoker.vision.imagenet_train(32)
+    evaluation = stoker.Source(dataset, pipeline=stoker.vision.imagenet_eval(32))
+    with stoker.mix(
+        {dataset: 2, evaluation: 1}, pipeline=train, batch_size=12, window=3, output="numpy",
+        num_threads=2,
+    ) as loader:
+        with stoker.Loader(dataset, pipeline=train, batch_size=1, output="numpy") as plain:
+            assert loader.classes == plain.classes
+        # 120 // 2 = 60 windows and 120 // 1 = 120: 60 windows of 3.
+        assert loader.num_samples == 180
+        epoch = [
+            {k: np.array(v, copy=True) for k, v in batch.items()} for batch in loader
+        ]
+    assert set(epoch[0]) == {"image", "label", "source"}
+    sources = np.concatenate([b["source"] for b in epoch])
+    assert Counter(sources.tolist()) == {0: 120, 1: 60}
+    assert all(Counter(sources[i : i + 3].tolist()) == {0: 2, 1: 1} for i in range(0, 180, 3))
+
+
+def test_a_mix_runs_through_a_coordinator(dataset: Path, cluster: str) -> None:
+    evaluation = stoker.Source(dataset, pipeline=stoker.vision.imagenet_eval(32))
+    kwargs: dict[str, Any] = {
+        "pipeline": stoker.vision.imagenet_train(32),
+        "batch_size": 12,
+        "window": 3,
+        "output": "numpy",
+    }
+
+    def epoch(**extra: Any) -> list[bytes]:
+        with stoker.mix({dataset: 2, evaluation: 1}, **kwargs, **extra) as loader:
+            return [b"".join(np.ascontiguousarray(v).tobytes() for v in b.values()) for b in loader]
+
+    assert epoch(address=cluster) == epoch(num_threads=2)
+
+
+def test_mixes_that_cannot_work_are_refused_by_name(
+    dataset: Path, token_files: tuple[Path, Path]
+) -> None:
+    a, b = token_files
+    windows = [ops.TokenWindows(SEQ_LEN)]
+    with pytest.raises(ValueError, match="source 1 gives"):
+        stoker.mix(
+            {dataset: 1, stoker.Source(dataset, pipeline=stoker.vision.imagenet_eval(48)): 1},
+            pipeline=stoker.vision.imagenet_train(32),
+            batch_size=4,
+        )
+    with pytest.raises(ValueError, match="positive"):
+        stoker.mix({a: 1, b: 0}, pipeline=windows, batch_size=4)
+    with pytest.raises(ValueError, match="raise the window"):
+        stoker.mix({a: 1000, b: 1}, pipeline=windows, batch_size=4)
+    with pytest.raises(ValueError, match="no pipeline"):
+        stoker.mix({a: 1}, batch_size=4)
+    with pytest.raises(ValueError, match="epoch_end"):
+        stoker.mix({a: 1}, pipeline=windows, batch_size=4, epoch_end="never")
+    with pytest.raises(TypeError, match="dict"):
+        stoker.mix([a, b], pipeline=windows, batch_size=4)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="from_dataset"):
+        stoker.mix({object(): 1}, pipeline=windows, batch_size=4)
+    with pytest.raises(ValueError, match="first source runs out"):
+        stoker.mix({a: 1, b: 1}, pipeline=windows, batch_size=4, window=20_000)
