@@ -220,6 +220,8 @@ def test_mixes_that_cannot_work_are_refused_by_name(
         stoker.mix({a: 1000, b: 1}, pipeline=windows, batch_size=4)
     with pytest.raises(ValueError, match="no pipeline"):
         stoker.mix({a: 1}, batch_size=4)
+    with pytest.raises(ValueError, match="window"):
+        stoker.mix({a: 1}, pipeline=windows, batch_size=4, window=2**20 + 1)
     with pytest.raises(ValueError, match="epoch_end"):
         stoker.mix({a: 1}, pipeline=windows, batch_size=4, epoch_end="never")
     with pytest.raises(TypeError, match="dict"):

@@ -161,9 +161,53 @@ async fn malformed_jobs(client: &mut CoordinatorClient<Channel>, root: &Path, ou
         tokenizer_path: "/dev/zero".into(),
     });
     refused(
-        client.register_job(with_op(good, tokenizer)).await,
+        client.register_job(with_op(good.clone(), tokenizer)).await,
         Code::PermissionDenied,
         "tokenizer /dev/zero is outside",
+    );
+
+    // A mix: its second source out of --data-root; a window no worker should lay out; a mix
+    // without datasets.
+    let source = |uri: &Path| proto::MixSource {
+        dataset: Some(proto::DatasetSource {
+            uri: uri.display().to_string(),
+            ..Default::default()
+        }),
+        pipeline: good.pipeline.clone(),
+        weight: 1.0,
+    };
+    let mixed = |sources: Vec<proto::MixSource>, window: u32| RegisterJobRequest {
+        spec: Some(JobSpec {
+            dataset: None,
+            pipeline: Vec::new(),
+            mix: Some(proto::Mix {
+                sources,
+                window,
+                ..Default::default()
+            }),
+            ..good.clone()
+        }),
+        ..Default::default()
+    };
+    let inside = root.join("data");
+    refused(
+        client
+            .register_job(mixed(vec![source(&inside), source(&dotdot)], 10))
+            .await,
+        Code::PermissionDenied,
+        escape,
+    );
+    refused(
+        client
+            .register_job(mixed(vec![source(&inside)], u32::MAX))
+            .await,
+        Code::InvalidArgument,
+        "window must be in",
+    );
+    refused(
+        client.register_job(mixed(Vec::new(), 10)).await,
+        Code::InvalidArgument,
+        "no dataset",
     );
 }
 

@@ -18,6 +18,8 @@ from stoker.ops import Op
 __all__ = ["Source", "mix"]
 
 DEFAULT_WINDOW: Final = 100
+# The widest window the native side lays out (MAX_MIX_WINDOW).
+MAX_WINDOW: Final = 1 << 20
 _EPOCH_RULES: Final = ("first_exhausted", "all_exhausted")
 
 
@@ -108,7 +110,7 @@ def mix(
             numbers, normalised to sum 1. Every source's batches must have the same tensors
             (names, dtypes, shapes, labels or not), else a ValueError names the two that differ.
         batch_size: samples per batch.
-        window: positions per window, the span over which counts are exact.
+        window: positions per window, the span over which counts are exact; at most 2**20.
         epoch_end: ``"first_exhausted"``, ``"all_exhausted"`` or a number of positions.
         pipeline: the ops of the sources that do not give their own.
         **loader_args: any other argument of :class:`stoker.Loader` (``shuffle``, ``seed``,
@@ -154,8 +156,8 @@ def mix(
                 "or give the source its own with stoker.Source(path, pipeline=...)"
             )
         checked.append((source, float(weight)))
-    if not isinstance(window, int) or isinstance(window, bool) or not 1 <= window <= 2**32 - 1:
-        raise ValueError(f"window must be an int in 1..=4294967295, got {window!r}")
+    if not isinstance(window, int) or isinstance(window, bool) or not 1 <= window <= MAX_WINDOW:
+        raise ValueError(f"window must be an int in 1..={MAX_WINDOW}, got {window!r}")
     if isinstance(epoch_end, bool) or not (
         epoch_end in _EPOCH_RULES or (isinstance(epoch_end, int) and 1 <= epoch_end <= 2**62)
     ):

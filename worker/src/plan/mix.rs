@@ -29,6 +29,9 @@ pub const DEFAULT_MIX_WINDOW: u32 = 100;
 /// Most sources one mix takes (a window must give each at least one position).
 pub const MAX_MIX_SOURCES: usize = 1024;
 
+/// Widest window: a window is laid out in memory when a batch reads it.
+pub const MAX_MIX_WINDOW: u32 = 1 << 20;
+
 /// Where a mixed epoch ends.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum MixEnd {
@@ -82,6 +85,11 @@ pub fn source_seed(seed: u64, source: usize) -> u64 {
 pub fn window_counts(weights: &[f64], window: u32) -> Result<Vec<u64>> {
     if weights.is_empty() {
         return Err(Error::InvalidSpec("a mix needs at least one source".into()));
+    }
+    if window == 0 || window > MAX_MIX_WINDOW {
+        return Err(Error::InvalidSpec(format!(
+            "a mix's window must be in 1..={MAX_MIX_WINDOW} positions, got {window}"
+        )));
     }
     if weights.len() > MAX_MIX_SOURCES {
         return Err(Error::InvalidSpec(format!(
@@ -321,6 +329,18 @@ mod tests {
             let message = window_counts(&weights, 100).unwrap_err().to_string();
             assert!(message.contains(needle), "{weights:?}: {message}");
         }
+    }
+
+    #[test]
+    fn windows_past_the_cap_are_refused() {
+        let message = window_counts(&[1.0], MAX_MIX_WINDOW + 1)
+            .unwrap_err()
+            .to_string();
+        assert!(message.contains("window must be in"), "{message}");
+        assert_eq!(
+            window_counts(&[1.0], MAX_MIX_WINDOW).unwrap(),
+            vec![u64::from(MAX_MIX_WINDOW)]
+        );
     }
 
     #[test]
