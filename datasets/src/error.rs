@@ -404,6 +404,14 @@ pub enum Error {
         source: object_store::Error,
     },
 
+    /// A tar index object (`stoker index`) that cannot be decoded.
+    #[error("the tar index {uri} is unusable ({reason}); write it again with `stoker index`")]
+    BadTarIndex {
+        /// The index object.
+        uri: String,
+        /// What is wrong with it.
+        reason: String,
+    },
     /// A prefix of an object store holds no object the format reads.
     #[error("found no {what} under {uri}")]
     NoRemoteObjects {

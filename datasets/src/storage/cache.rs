@@ -33,15 +33,19 @@
 //! on its next read.
 
 use std::fs::{File, OpenOptions};
+use std::ops::Range;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
+use object_store::aws::AmazonS3;
 use object_store::ObjectMeta;
 use tracing::{debug, info};
 
 use super::download::{self, Download, FetchPlan};
-use super::entry::{commit, with_suffix, CachedObject, Entry, PartFile, Validity, PART_MARKER};
+use super::entry::{
+    commit, with_suffix, CachedObject, Entry, PartFile, Validity, PART_MARKER, RANGES_SUFFIX,
+};
 use super::entry_lock::{downgrade, touch, try_lock, unlock, wait_for_lock};
 use super::eviction::evict_to_cap;
 use super::options::ObjectCacheOptions;
@@ -59,6 +63,16 @@ pub struct ObjectCache {
     runtime: tokio::runtime::Runtime,
     counters: Counters,
     next_part: AtomicU64,
+    /// Bytes fetched by range reads since the cap was last enforced.
+    fetched_since_cap: AtomicU64,
+}
+
+/// An entry to materialise: its identity in the cache (`meta`: a listed object, or a range of
+/// one named by [`RANGES_SUFFIX`]), and where its bytes are: object `key` from `offset`.
+struct Wanted {
+    meta: ObjectMeta,
+    key: String,
+    offset: u64,
 }
 
 impl std::fmt::Debug for ObjectCache {
@@ -89,6 +103,7 @@ impl ObjectCache {
             runtime,
             counters: Counters::default(),
             next_part: AtomicU64::new(0),
+            fetched_since_cap: AtomicU64::new(0),
         })
     }
 
@@ -142,12 +157,156 @@ impl ObjectCache {
             .filter(|object| keep(object.location.filename().unwrap_or_default()))
             .collect();
         let before = self.stats();
+        let wanted = listing
+            .iter()
+            .map(|object| Wanted {
+                meta: object.clone(),
+                key: object.location.to_string(),
+                offset: 0,
+            })
+            .collect();
+        let ready = self.materialise(&store, &location, wanted)?;
+        self.enforce_cap()?;
 
-        let mut ready: Vec<Option<CachedObject>> = listing.iter().map(|_| None).collect();
+        let after = self.stats();
+        info!(
+            uri = %location.uri(),
+            objects = listing.len(),
+            hits = after.hits - before.hits,
+            misses = after.misses - before.misses,
+            bytes_fetched = after.bytes_fetched - before.bytes_fetched,
+            elapsed_ms = started.elapsed().as_millis() as u64,
+            "objects ready in the cache"
+        );
+        Ok((location, ready))
+    }
+
+    /// The store of `location`'s bucket, for [`Self::read_ranges`].
+    pub(super) fn store(&self, location: &RemoteLocation) -> Result<Arc<AmazonS3>> {
+        Ok(Arc::new(download::build_store(
+            &location.bucket,
+            &self.options.s3,
+            self.options.request_retries,
+        )?))
+    }
+
+    /// Lists `location` (the objects directly under its prefix, or the one it names).
+    pub(super) fn list(
+        &self,
+        store: &AmazonS3,
+        location: &RemoteLocation,
+    ) -> Result<Vec<ObjectMeta>> {
+        self.runtime
+            .block_on(download::list_objects(store, location))
+    }
+
+    /// Reads the object `key` whole, bypassing the cache (a shard scanned once).
+    pub(super) fn get_uncached(
+        &self,
+        store: &AmazonS3,
+        location: &RemoteLocation,
+        key: &str,
+    ) -> Result<bytes::Bytes> {
+        let plan = FetchPlan {
+            part_size: self.options.part_size,
+            concurrency: self.options.concurrency,
+            max_attempts: self.options.max_attempts,
+        };
+        self.runtime.block_on(download::get_whole(
+            store,
+            location,
+            key,
+            plan,
+            &self.counters,
+        ))
+    }
+
+    /// Reads the listed `object` whole through the cache (an index, `classes.txt`).
+    pub(super) fn read_whole(
+        &self,
+        store: &Arc<AmazonS3>,
+        location: &RemoteLocation,
+        object: &ObjectMeta,
+    ) -> Result<Vec<u8>> {
+        let whole = 0..object.size;
+        let mut bytes = self.read_ranges(store, location, object, std::slice::from_ref(&whole))?;
+        Ok(bytes.pop().unwrap_or_default())
+    }
+
+    /// Writes `bytes` as the object `key` of `location`'s bucket.
+    pub(super) fn put(
+        &self,
+        store: &AmazonS3,
+        location: &RemoteLocation,
+        key: &str,
+        bytes: Vec<u8>,
+    ) -> Result<()> {
+        self.counters.requests.fetch_add(1, Ordering::Relaxed);
+        self.runtime
+            .block_on(download::put(store, location, key, bytes))
+    }
+
+    /// The bytes of `ranges` of `object` (listed under `location`), through the cache: each
+    /// range is an entry of its own (`<key>.stoker-ranges/<start>-<end>`, checked against the
+    /// object's ETag like a whole object, evicted like one), so a dataset larger than the cache
+    /// is read piece by piece. Ranges missing from the cache are fetched together, neighbours
+    /// of one object in one GET (`download::MAX_COALESCE_GAP`).
+    pub(super) fn read_ranges(
+        &self,
+        store: &Arc<AmazonS3>,
+        location: &RemoteLocation,
+        object: &ObjectMeta,
+        ranges: &[Range<u64>],
+    ) -> Result<Vec<Vec<u8>>> {
+        let key = object.location.to_string();
+        let wanted = ranges
+            .iter()
+            .map(|range| Wanted {
+                meta: ObjectMeta {
+                    location: object_store::path::Path::from(format!(
+                        "{key}{RANGES_SUFFIX}/{}-{}",
+                        range.start, range.end
+                    )),
+                    size: range.end.saturating_sub(range.start),
+                    ..object.clone()
+                },
+                key: key.clone(),
+                offset: range.start,
+            })
+            .collect();
+        let fetched_before = self.counters.bytes_fetched.load(Ordering::Relaxed);
+        let ready = self.materialise(store, location, wanted)?;
+        let mut out = Vec::with_capacity(ready.len());
+        for cached in ready {
+            out.push(
+                std::fs::read(cached.path()).map_err(|source| Error::io(cached.path(), source))?,
+            );
+        }
+        // The cap is checked once per eighth of it fetched: a check walks the cache folder.
+        let fetched = self.counters.bytes_fetched.load(Ordering::Relaxed) - fetched_before;
+        let since = self.fetched_since_cap.fetch_add(fetched, Ordering::Relaxed) + fetched;
+        if since > self.options.max_bytes / 8 {
+            self.fetched_since_cap.store(0, Ordering::Relaxed);
+            self.enforce_cap()?;
+        }
+        Ok(out)
+    }
+
+    /// Brings `wanted` into the cache (hits as they are, the rest downloaded together) and
+    /// returns them in order, each locked shared.
+    fn materialise(
+        &self,
+        store: &Arc<AmazonS3>,
+        location: &RemoteLocation,
+        wanted: Vec<Wanted>,
+    ) -> Result<Vec<CachedObject>> {
+        let sources: Vec<(String, u64)> =
+            wanted.iter().map(|w| (w.key.clone(), w.offset)).collect();
+        let mut ready: Vec<Option<CachedObject>> = wanted.iter().map(|_| None).collect();
         let mut to_fetch = Vec::new();
         let mut contended = Vec::new();
-        for (position, object) in listing.iter().enumerate() {
-            let entry = Entry::new(&self.options.dir, &location, object)?;
+        for (position, object) in wanted.iter().map(|w| &w.meta).enumerate() {
+            let entry = Entry::new(&self.options.dir, location, object)?;
             let lock = entry.open_lock()?;
             if try_lock(&lock, false, &entry.lock)? {
                 if entry.is_valid() {
@@ -167,7 +326,7 @@ impl ObjectCache {
                 contended.push((position, entry, lock));
             }
         }
-        for (position, object) in self.download(&store, to_fetch)? {
+        for (position, object) in self.download(store, to_fetch, &sources)? {
             ready[position] = Some(object);
         }
         // Entries another process was fetching or evicting: wait for it, then use its copy or
@@ -186,23 +345,13 @@ impl ObjectCache {
                 ready[position] = Some(self.hit(entry, lock));
                 continue;
             }
-            for (position, object) in self.download(&store, vec![(position, entry, lock)])? {
+            for (position, object) in
+                self.download(store, vec![(position, entry, lock)], &sources)?
+            {
                 ready[position] = Some(object);
             }
         }
-        self.enforce_cap()?;
-
-        let after = self.stats();
-        info!(
-            uri = %location.uri(),
-            objects = listing.len(),
-            hits = after.hits - before.hits,
-            misses = after.misses - before.misses,
-            bytes_fetched = after.bytes_fetched - before.bytes_fetched,
-            elapsed_ms = started.elapsed().as_millis() as u64,
-            "objects ready in the cache"
-        );
-        Ok((location, ready.into_iter().flatten().collect()))
+        Ok(ready.into_iter().flatten().collect())
     }
 
     /// Records a hit on an entry whose lock is held shared.
@@ -219,8 +368,9 @@ impl ObjectCache {
     /// their locks turned shared.
     fn download(
         &self,
-        store: &Arc<object_store::aws::AmazonS3>,
+        store: &Arc<AmazonS3>,
         entries: Vec<(usize, Entry, File)>,
+        sources: &[(String, u64)],
     ) -> Result<Vec<(usize, CachedObject)>> {
         if entries.is_empty() {
             return Ok(Vec::new());
@@ -252,10 +402,11 @@ impl ObjectCache {
         let downloads: Vec<Download> = entries
             .iter()
             .zip(&parts)
-            .map(|((_, entry, _), part)| Download {
-                key: entry.key.clone(),
+            .map(|((position, entry, _), part)| Download {
+                key: sources[*position].0.clone(),
                 uri: entry.uri.clone(),
                 size: entry.listed.size,
+                offset: sources[*position].1,
                 file: Arc::clone(&part.file),
             })
             .collect();

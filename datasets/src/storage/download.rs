@@ -1,5 +1,7 @@
-//! The object store side of the cache tier: the S3 client, listings, and whole-object downloads
-//! made of parallel ranged GETs, each retried with exponential backoff and jitter.
+//! The object store side of the cache tier: the S3 client, listings, whole objects and byte
+//! ranges downloaded by parallel ranged GETs (large ones in parts, neighbouring small ones of an
+//! object together), each retried with exponential backoff and jitter; whole reads and puts of
+//! small objects (the tar index).
 //!
 //! Two retry layers, on purpose: object_store's own [`RetryConfig`] retries each HTTP request
 //! (connection refused, 5xx, timeouts), and the loop here retries a part whose body was cut
@@ -45,8 +47,10 @@ pub(super) struct Download {
     pub(super) key: String,
     /// Its `s3://` URI, for messages.
     pub(super) uri: String,
-    /// Its size according to the listing.
+    /// Bytes to fetch: the whole object's size, or a range's length.
     pub(super) size: u64,
+    /// Where the bytes start in the object (0 for a whole object).
+    pub(super) offset: u64,
     /// The temporary file the parts are written into.
     pub(super) file: Arc<File>,
 }
@@ -158,30 +162,81 @@ pub(super) async fn list_objects(
     Ok(objects)
 }
 
-/// Downloads every object of `downloads` into its file, `plan.concurrency` parts at a time
-/// over all of them. The first part that fails all its tries fails the whole call (the parts
-/// still in flight are dropped).
+/// Neighbouring ranges of one object at most this far apart are fetched by one GET (the bytes
+/// between them are read and dropped): a tar shard's samples are separated by their headers and
+/// label members.
+pub(super) const MAX_COALESCE_GAP: u64 = 64 * 1024;
+
+/// One GET: `span` of the object of `downloads[first]`, giving either a part of that one
+/// download (`part_of`) or the whole of each download in `whole`.
+struct Request {
+    first: usize,
+    span: Range<u64>,
+    part_of: Option<usize>,
+    whole: Vec<usize>,
+}
+
+/// The GETs that fetch `downloads`: a download larger than `part_size` in parts of that size,
+/// and smaller ones of the same object that lie within [`MAX_COALESCE_GAP`] of each other
+/// together, up to `part_size` per GET.
+fn plan_requests(downloads: &[Download], part_size: u64) -> Vec<Request> {
+    let part_size = part_size.max(1);
+    let mut order: Vec<usize> = (0..downloads.len()).collect();
+    order.sort_by(|&a, &b| {
+        (&downloads[a].key, downloads[a].offset).cmp(&(&downloads[b].key, downloads[b].offset))
+    });
+    let mut requests: Vec<Request> = Vec::new();
+    for position in order {
+        let download = &downloads[position];
+        let end = download.offset.saturating_add(download.size);
+        if download.size > part_size {
+            let mut start = download.offset;
+            while start < end {
+                let stop = end.min(start.saturating_add(part_size));
+                requests.push(Request {
+                    first: position,
+                    span: start..stop,
+                    part_of: Some(position),
+                    whole: Vec::new(),
+                });
+                start = stop;
+            }
+            continue;
+        }
+        if let Some(last) = requests.last_mut() {
+            let same_object = last.part_of.is_none() && downloads[last.first].key == download.key;
+            if same_object
+                && download.offset >= last.span.end
+                && download.offset - last.span.end <= MAX_COALESCE_GAP
+                && end - last.span.start <= part_size
+            {
+                last.span.end = end;
+                last.whole.push(position);
+                continue;
+            }
+        }
+        requests.push(Request {
+            first: position,
+            span: download.offset..end,
+            part_of: None,
+            whole: vec![position],
+        });
+    }
+    requests
+}
+
+/// Fetches every download into its file, `plan.concurrency` GETs at a time.
 pub(super) async fn download_all(
     store: Arc<AmazonS3>,
     downloads: &[Download],
     plan: FetchPlan,
     counters: &Counters,
 ) -> Result<()> {
-    let part_size = plan.part_size.max(1);
-    let mut parts = Vec::new();
-    for (position, download) in downloads.iter().enumerate() {
-        let mut start = 0;
-        while start < download.size {
-            let end = download.size.min(start.saturating_add(part_size));
-            parts.push((position, start..end));
-            start = end;
-        }
-    }
-    let mut results = stream::iter(parts)
-        .map(|(position, range)| {
+    let requests = plan_requests(downloads, plan.part_size);
+    let mut results = stream::iter(requests)
+        .map(|request| {
             let store = Arc::clone(&store);
-            let download = &downloads[position];
-            async move { fetch_part(&store, download, range, plan, counters).await }
+            async move { fetch_request(&store, downloads, request, plan, counters).await }
         })
         .buffer_unordered(plan.concurrency.max(1));
     while let Some(result) = results.next().await {
@@ -190,7 +245,6 @@ pub(super) async fn download_all(
     Ok(())
 }
 
-/// Whether an object store error may go away on a later try.
 fn is_transient(error: &object_store::Error) -> bool {
     !matches!(
         error,
@@ -215,41 +269,54 @@ fn backoff(attempt: u32) -> Duration {
     Duration::from_millis(ceiling_ms / 2 + random % (ceiling_ms / 2 + 1))
 }
 
-/// Fetches one part with retries and writes it at its offset.
-async fn fetch_part(
+/// One GET with retries; its bytes go to the file of the download it is a part of, or are cut
+/// into the downloads it covers.
+async fn fetch_request(
     store: &AmazonS3,
-    download: &Download,
-    range: Range<u64>,
+    downloads: &[Download],
+    request: Request,
     plan: FetchPlan,
     counters: &Counters,
 ) -> Result<()> {
-    let location = ObjectPath::parse(&download.key).map_err(|source| Error::InvalidUri {
-        uri: download.uri.clone(),
+    let first = &downloads[request.first];
+    let location = ObjectPath::parse(&first.key).map_err(|source| Error::InvalidUri {
+        uri: first.uri.clone(),
         reason: source.to_string(),
     })?;
+    let range = request.span.clone();
     let wanted = range.end - range.start;
     let mut attempt = 1;
     loop {
         counters.requests.fetch_add(1, Ordering::Relaxed);
         let error = match store.get_range(&location, range.clone()).await {
             Ok(bytes) if bytes.len() as u64 == wanted => {
-                write_at(&download.file, bytes, range.start, &download.uri).await?;
                 counters.bytes_fetched.fetch_add(wanted, Ordering::Relaxed);
+                if let Some(position) = request.part_of {
+                    let download = &downloads[position];
+                    let at = range.start - download.offset;
+                    return write_at(&download.file, bytes, at, &download.uri).await;
+                }
+                for &position in &request.whole {
+                    let download = &downloads[position];
+                    let from = (download.offset - range.start) as usize;
+                    let piece = bytes.slice(from..from + download.size as usize);
+                    write_at(&download.file, piece, 0, &download.uri).await?;
+                }
                 return Ok(());
             }
             Ok(bytes) => Error::IncompleteObject {
-                uri: format!("{} (bytes {}..{})", download.uri, range.start, range.end),
+                uri: format!("{} (bytes {}..{})", first.uri, range.start, range.end),
                 expected: wanted,
                 received: bytes.len() as u64,
             },
             Err(source) if !is_transient(&source) => {
                 return Err(Error::ObjectStore {
-                    uri: download.uri.clone(),
+                    uri: first.uri.clone(),
                     source,
                 })
             }
             Err(source) => Error::ObjectStore {
-                uri: download.uri.clone(),
+                uri: first.uri.clone(),
                 source,
             },
         };
@@ -259,7 +326,7 @@ async fn fetch_part(
         let pause = backoff(attempt);
         counters.retries.fetch_add(1, Ordering::Relaxed);
         warn!(
-            uri = %download.uri,
+            uri = %first.uri,
             start = range.start,
             end = range.end,
             attempt,
@@ -270,6 +337,66 @@ async fn fetch_part(
         tokio::time::sleep(pause).await;
         attempt += 1;
     }
+}
+
+/// The object `key` of `location`'s bucket, whole, in memory, retried with backoff like a
+/// ranged part.
+pub(super) async fn get_whole(
+    store: &AmazonS3,
+    location: &RemoteLocation,
+    key: &str,
+    plan: FetchPlan,
+    counters: &Counters,
+) -> Result<bytes::Bytes> {
+    let uri = location.uri_of(key);
+    let path = ObjectPath::parse(key).map_err(|source| Error::InvalidUri {
+        uri: uri.clone(),
+        reason: source.to_string(),
+    })?;
+    let mut attempt = 1;
+    loop {
+        counters.requests.fetch_add(1, Ordering::Relaxed);
+        let got = match store.get(&path).await {
+            Ok(result) => result.bytes().await,
+            Err(source) => Err(source),
+        };
+        let source = match got {
+            Ok(bytes) => {
+                counters
+                    .bytes_fetched
+                    .fetch_add(bytes.len() as u64, Ordering::Relaxed);
+                return Ok(bytes);
+            }
+            Err(source) => source,
+        };
+        if !is_transient(&source) || attempt >= plan.max_attempts {
+            return Err(Error::ObjectStore { uri, source });
+        }
+        let pause = backoff(attempt);
+        counters.retries.fetch_add(1, Ordering::Relaxed);
+        warn!(%uri, attempt, pause_ms = pause.as_millis() as u64, error = %source, "read failed; retrying");
+        tokio::time::sleep(pause).await;
+        attempt += 1;
+    }
+}
+
+/// Writes `bytes` as the object `key` of `location`'s bucket.
+pub(super) async fn put(
+    store: &AmazonS3,
+    location: &RemoteLocation,
+    key: &str,
+    bytes: Vec<u8>,
+) -> Result<()> {
+    let uri = location.uri_of(key);
+    let path = ObjectPath::parse(key).map_err(|source| Error::InvalidUri {
+        uri: uri.clone(),
+        reason: source.to_string(),
+    })?;
+    store
+        .put(&path, object_store::PutPayload::from(bytes))
+        .await
+        .map_err(|source| Error::ObjectStore { uri, source })?;
+    Ok(())
 }
 
 /// Writes `bytes` at `offset` of `file` off the async threads.
@@ -297,6 +424,47 @@ mod tests {
         assert!(!is_loopback_http("https://127.0.0.1:9000"));
         assert!(!is_loopback_http("http://10.0.0.5:9000"));
         assert!(!is_loopback_http("http://s3.example.com"));
+    }
+
+    fn download(key: &str, offset: u64, size: u64) -> Download {
+        Download {
+            key: key.into(),
+            uri: format!("s3://b/{key}"),
+            size,
+            offset,
+            file: Arc::new(tempfile::tempfile().unwrap()),
+        }
+    }
+
+    #[test]
+    fn neighbouring_ranges_of_one_object_share_a_get_and_large_ones_split() {
+        let downloads = [
+            download("a", 1000, 100),
+            download("a", 0, 100),
+            download("b", 150, 10),
+            download("a", 100 + MAX_COALESCE_GAP + 1000, 50),
+            download("a", 2000, 20_000),
+        ];
+        let requests = plan_requests(&downloads, 8192);
+        let spans: Vec<(Range<u64>, Vec<usize>, Option<usize>)> = requests
+            .iter()
+            .map(|r| (r.span.clone(), r.whole.clone(), r.part_of))
+            .collect();
+        assert_eq!(
+            spans,
+            vec![
+                (0..1100, vec![1, 0], None),
+                (2000..10192, vec![], Some(4)),
+                (10192..18384, vec![], Some(4)),
+                (18384..22000, vec![], Some(4)),
+                (
+                    100 + MAX_COALESCE_GAP + 1000..100 + MAX_COALESCE_GAP + 1050,
+                    vec![3],
+                    None
+                ),
+                (150..160, vec![2], None),
+            ]
+        );
     }
 
     #[test]

@@ -10,6 +10,8 @@
 //! s3/<bucket>/<key>.stoker-lock           the entry's lock file; its mtime is the last use
 //! s3/<bucket>/<key>.stoker-part-<pid>-<n> a download in progress
 //! s3/<bucket>/<key>.stoker-idx            a tar shard's index (written by `TarShards`)
+//! s3/<bucket>/<key>.stoker-ranges/<a>-<b> bytes a..b of the object, read lazily (an entry with
+//!                                         its own .stoker-meta / .stoker-lock)
 //! local/<absolute path>.<transform>       a copy made from a local file (`derived.rs`), with
 //!                                         the same .stoker-meta / .stoker-lock companions
 //! ```
@@ -17,13 +19,11 @@
 use std::fs::{File, OpenOptions};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::Duration;
 
 use object_store::ObjectMeta;
 use serde::{Deserialize, Serialize};
 use tracing::{info, warn};
 
-use super::entry_lock::{touch, wait_for_lock};
 use super::uri::RemoteLocation;
 use crate::error::{Error, Result};
 
@@ -31,6 +31,8 @@ pub(super) const META_SUFFIX: &str = ".stoker-meta";
 pub(super) const LOCK_SUFFIX: &str = ".stoker-lock";
 pub(super) const PART_MARKER: &str = ".stoker-part-";
 pub(super) const INDEX_SUFFIX: &str = ".stoker-idx";
+/// The folder beside an object's entry holding its ranges' entries (`<start>-<end>`).
+pub(super) const RANGES_SUFFIX: &str = ".stoker-ranges";
 /// The folder of copies made from local files (`derived.rs`), beside `s3/`.
 pub(super) const LOCAL_ROOT: &str = "local";
 
@@ -80,31 +82,6 @@ impl CachedObject {
     /// Lets go of the entry's lock (and its descriptor): the entry may be evicted from now on.
     pub fn release(&mut self) {
         self.lock = None;
-    }
-
-    /// Takes the entry's shared lock again (waiting up to `timeout` for a process fetching or
-    /// evicting it) and returns the lock with the open data file, when the copy in the cache
-    /// is still this object. `Ok(None)`: the entry was evicted or replaced meanwhile.
-    pub(super) fn lock_again(&self, timeout: Duration) -> Result<Option<(File, File)>> {
-        let lock = self.entry.open_lock()?;
-        wait_for_lock(&lock, false, &self.entry.lock, timeout)?;
-        if self.entry.validity() != Validity::Valid {
-            return Ok(None);
-        }
-        let data =
-            File::open(&self.entry.data).map_err(|source| Error::io(&self.entry.data, source))?;
-        touch(&lock, &self.entry.lock);
-        Ok(Some((data, lock)))
-    }
-
-    /// Whether `other` is a copy of the same version of the same object.
-    pub(super) fn same_object(&self, other: &CachedObject) -> bool {
-        self.entry.key == other.entry.key && self.entry.listed.matches(&other.entry.listed)
-    }
-
-    /// The entry's lock, still held, for a caller that keeps it past this object.
-    pub(super) fn into_lock(self) -> Option<File> {
-        self.lock
     }
 
     /// A copy made from the local file `source` (see `derived.rs`), holding `lock` (locked
@@ -192,6 +169,11 @@ impl Entry {
                 || [META_SUFFIX, LOCK_SUFFIX, INDEX_SUFFIX]
                     .iter()
                     .any(|suffix| segment.ends_with(suffix))
+                || (segment.ends_with(RANGES_SUFFIX)
+                    && !object
+                        .location
+                        .as_ref()
+                        .contains(&format!("{RANGES_SUFFIX}/")))
                 || segment.contains(PART_MARKER)
         };
         if bad_segment(&location.bucket) || key.split('/').any(bad_segment) {

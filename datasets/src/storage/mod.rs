@@ -8,19 +8,17 @@
 //!   concurrent threads and processes; survives restarts) with hit / miss / byte counters
 //!   ([`CacheStats`](crate::CacheStats)). [`ObjectCache::fetch`] turns a URI into local paths, the step any
 //!   format can build on.
-//! - [`RemoteTarShards`]: tar shards under an `s3://` prefix, as a [`SampleSource`].
+//! - [`RemoteTarShards`]: tar shards under an `s3://` prefix, as a [`SampleSource`], opened
+//!   from the set's index object (`stoker-tar-index.bin`, written by [`write_tar_index`], the
+//!   `stoker index` command) and read lazily: each sample is a ranged GET of its member through
+//!   the cache, neighbouring ranges coalesced, so the cache may be smaller than the set.
 //! - `derived_copy`: a file made once from a local file (a compressed JSONL file
 //!   decompressed) and kept in the same tier, under the same cap and locks.
 //!
-//! Design choice: whole-object caching, fetched at open. A shard's sample count must be known
-//! when the epoch is planned, and a tar shard's index needs its headers, which are spread over
-//! the whole file; fetching the shards at open (all of them in parallel) and indexing the local
-//! copies keeps the reading path exactly the local one. The price is that a dataset larger than
-//! the cache cap is still fetched whole (the entries are locked while it is indexed, so the cap
-//! is exceeded with a warning; afterwards an entry is locked only while its file is open in the
-//! pool of open files, and one evicted meanwhile is fetched again when next read). Lazy per-shard fetching, with the counts taken from the cached index
-//! files, is the next step for sets larger than the local disk.
-//!
+//! Design choice: the cache keeps whole objects for what is read whole (an index, a
+//! compressed JSONL file) and ranges for samples read by position (`<key>.stoker-ranges/`
+//! entries, each checked against the object's ETag and evicted like an object).
+
 //! Credentials and endpoint come from the standard environment variables (`AWS_ACCESS_KEY_ID`,
 //! `AWS_SECRET_ACCESS_KEY`, `AWS_REGION`, `AWS_ENDPOINT_URL`...; see [`S3Settings`]); the
 //! cache from `STOKER_CACHE_DIR` and `STOKER_CACHE_MAX_BYTES` (see
@@ -37,6 +35,7 @@ mod eviction;
 mod options;
 mod remote_tar;
 mod stats;
+mod tar_index;
 mod uri;
 
 pub use cache::ObjectCache;
@@ -45,5 +44,6 @@ pub use entry::CachedObject;
 pub use options::{
     ObjectCacheOptions, S3Settings, DEFAULT_CONCURRENCY, DEFAULT_MAX_BYTES, DEFAULT_PART_SIZE,
 };
-pub use remote_tar::RemoteTarShards;
+pub use remote_tar::{write_tar_index, RemoteTarShards, TarIndexWritten};
+pub use tar_index::TAR_INDEX_OBJECT;
 pub use uri::{parse_dataset_uri, DatasetLocation, RemoteLocation};

@@ -1,90 +1,53 @@
-//! Tar shards in an object store, read through the local cache tier.
-//!
-//! Descriptors: once the shards are indexed, their cache entries' locks are let go; a shard's
-//! lock is taken again whenever its file is opened in the process's pool of open files, and
-//! dropped with it. So a source holds two descriptors per shard it reads at the moment (data
-//! and lock), not per shard it has. An entry not open may be evicted by another process; the
-//! next read of it fetches it again (an object changed in the store meanwhile is an error,
-//! [`Error::ObjectChanged`]: the index no longer fits it).
+//! Tar shards in an object store, read lazily: opening reads the listing and the set's index
+//! object (see `tar_index.rs`), and each sample is a ranged read of its image member's bytes
+//! through the local cache tier (each range an entry of its own, evicted under the cap like a
+//! whole object), so neither the open nor the cache needs the whole set.
 
-use std::fs::File;
-use std::path::Path;
+use std::io::Cursor;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::time::Instant;
 
-use tracing::info;
+use object_store::aws::AmazonS3;
+use object_store::ObjectMeta;
+use tracing::{info, warn};
 
 use super::cache::ObjectCache;
-use super::entry::CachedObject;
-use super::uri::RemoteLocation;
+use super::tar_index::{self, IndexedShard, TAR_INDEX_OBJECT};
+use super::uri::{parse_dataset_uri, DatasetLocation, RemoteLocation};
 use crate::cache_stats::CacheStats;
 use crate::error::{Error, Result};
-use crate::file_pool::PooledFile;
-use crate::sample_source::SampleSource;
-use crate::tar_shards::{ShardOpener, TarShards, CLASSES_FILE};
+use crate::sample_source::{numbered_class_names, SampleSource};
+use crate::tar_shards::scan::{scan_archive, ShardIndex};
+use crate::tar_shards::CLASSES_FILE;
+
+/// The largest index object read (decompressed): about 20 million samples.
+const MAX_INDEX_BYTES: usize = 1 << 30;
 
 /// WebDataset tar shards under an `s3://BUCKET/PREFIX`: every `*.tar` object directly under
-/// the prefix (or the one `.tar` object the URI names), plus `classes.txt` when present.
+/// the prefix (or the one `.tar` object the URI names), with `classes.txt` when present.
 ///
-/// Opening materialises every shard in the cache (fetching those that are absent, changed or
-/// damaged) and indexes it with [`TarShards`], whose index files sit beside the cached shards,
-/// so a warm open reads nothing but one listing from the store. Reads are then local. The
-/// cache entries stay locked (shared) while this source lives, so no process evicts them.
+/// Opening lists the prefix and reads `stoker-tar-index.bin` (written by `stoker index`);
+/// without one, or when it no longer matches the listing (a shard added, removed or changed),
+/// each shard is read once and scanned, with a warning, and the index is kept in the local
+/// cache folder for the next open. A sample is then read by a ranged GET of its member,
+/// through the cache.
 pub struct RemoteTarShards {
     location: RemoteLocation,
-    shards: TarShards,
-    objects: Arc<Vec<CachedObject>>,
     cache: Arc<ObjectCache>,
+    store: Arc<AmazonS3>,
+    shards: Vec<RemoteShard>,
+    /// The index of each shard's first sample.
+    first_samples: Vec<u64>,
+    len: u64,
+    class_names: Vec<String>,
 }
 
-/// Opens a cached shard with its entry's lock, fetching the entry again when it was evicted.
-struct LockingOpener {
-    /// All objects of the source; `shard_objects[i]` is the position of shard `i`'s.
-    objects: Arc<Vec<CachedObject>>,
-    shard_objects: Vec<usize>,
-    cache: Arc<ObjectCache>,
-    /// The URI the source was opened with: listed again to fetch an evicted shard, so the
-    /// listing describes the object the same way as the first time.
-    source_uri: String,
-}
-
-impl ShardOpener for LockingOpener {
-    fn open(&self, shard: usize, path: &Path) -> Result<PooledFile> {
-        let object = self
-            .shard_objects
-            .get(shard)
-            .and_then(|position| self.objects.get(*position))
-            .ok_or_else(|| {
-                Error::InvalidArgument(format!("no cached object for shard {}", path.display()))
-            })?;
-        let timeout = self.cache.options().lock_timeout;
-        if let Some((file, lock)) = object.lock_again(timeout)? {
-            return Ok(PooledFile {
-                file,
-                _held: Some(lock),
-            });
-        }
-        info!(uri = %object.uri(), "cached shard was evicted while in use; fetching it again");
-        let name = object.file_name().to_string();
-        let (_, fetched) = self
-            .cache
-            .fetch(&self.source_uri, &|candidate| candidate == name)?;
-        let again = fetched
-            .into_iter()
-            .find(|candidate| candidate.key() == object.key())
-            .ok_or_else(|| Error::ObjectChanged {
-                uri: object.uri().to_string(),
-            })?;
-        if !object.same_object(&again) {
-            return Err(Error::ObjectChanged {
-                uri: object.uri().to_string(),
-            });
-        }
-        let file = File::open(again.path()).map_err(|source| Error::io(again.path(), source))?;
-        Ok(PooledFile {
-            file,
-            _held: again.into_lock(),
-        })
-    }
+/// One shard: its object as listed, and its samples.
+struct RemoteShard {
+    object: ObjectMeta,
+    uri: String,
+    index: ShardIndex,
 }
 
 fn is_tar(name: &str) -> bool {
@@ -93,45 +56,224 @@ fn is_tar(name: &str) -> bool {
         .is_some_and(|extension| extension.eq_ignore_ascii_case("tar"))
 }
 
+/// What [`write_tar_index`] wrote.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TarIndexWritten {
+    /// The index object's URI.
+    pub uri: String,
+    /// Shards and samples it describes.
+    pub shards: usize,
+    /// Samples it describes.
+    pub samples: u64,
+    /// Its size in bytes.
+    pub bytes: u64,
+    /// Bytes of shards read to build it.
+    pub shard_bytes: u64,
+}
+
+/// The location of `uri`, which must be `s3://`.
+fn remote_location(uri: &str) -> Result<RemoteLocation> {
+    match parse_dataset_uri(uri)? {
+        DatasetLocation::S3(location) => Ok(location),
+        DatasetLocation::Local(_) => Err(Error::InvalidUri {
+            uri: uri.to_string(),
+            reason: "tar shards in an object store are named by s3://BUCKET/PREFIX".into(),
+        }),
+    }
+}
+
+/// The tar shards of a listing, in key order.
+fn listed_shards(listing: &[ObjectMeta], location: &RemoteLocation) -> Result<Vec<ObjectMeta>> {
+    let shards: Vec<ObjectMeta> = listing
+        .iter()
+        .filter(|object| is_tar(object.location.filename().unwrap_or_default()))
+        .cloned()
+        .collect();
+    if shards.is_empty() {
+        return Err(Error::NoRemoteObjects {
+            uri: location.uri(),
+            what: "*.tar shard".into(),
+        });
+    }
+    Ok(shards)
+}
+
+/// Reads each of `shards` once, start to end (not kept in the cache), and indexes it.
+fn scan_shards(
+    cache: &ObjectCache,
+    store: &AmazonS3,
+    location: &RemoteLocation,
+    shards: &[ObjectMeta],
+) -> Result<Vec<IndexedShard>> {
+    shards
+        .iter()
+        .map(|object| {
+            let key = object.location.to_string();
+            let bytes = cache.get_uncached(store, location, &key)?;
+            let uri = location.uri_of(&key);
+            let index = scan_archive(Path::new(&uri), Cursor::new(&bytes[..]), object.size)?;
+            Ok(IndexedShard {
+                name: object.location.filename().unwrap_or_default().to_string(),
+                size: object.size,
+                e_tag: object.e_tag.clone(),
+                index,
+            })
+        })
+        .collect()
+}
+
+/// The indexes of `shards` from `indexed`, in listing order, when it describes exactly them.
+fn matching(indexed: Vec<IndexedShard>, shards: &[ObjectMeta]) -> Option<Vec<ShardIndex>> {
+    if indexed.len() != shards.len() {
+        return None;
+    }
+    indexed
+        .into_iter()
+        .zip(shards)
+        .map(|(entry, object)| entry.describes(object).then_some(entry.index))
+        .collect()
+}
+
+/// Lists the tar shards under `uri`, reads each once, and writes their index object,
+/// `PREFIX/stoker-tar-index.bin`, so later opens read nothing else (`stoker index`).
+pub fn write_tar_index(uri: &str, cache: &ObjectCache) -> Result<TarIndexWritten> {
+    let location = remote_location(uri)?;
+    let store = cache.store(&location)?;
+    let listing = cache.list(&store, &location)?;
+    let shards = listed_shards(&listing, &location)?;
+    let before = cache.stats().bytes_fetched;
+    let indexed = scan_shards(cache, &store, &location, &shards)?;
+    let shard_bytes = cache.stats().bytes_fetched - before;
+    let bytes = tar_index::encode(&indexed)?;
+    let key = index_key(&location, &shards);
+    let written = TarIndexWritten {
+        uri: location.uri_of(&key),
+        shards: indexed.len(),
+        samples: indexed.iter().map(|s| s.index.samples.len() as u64).sum(),
+        bytes: bytes.len() as u64,
+        shard_bytes,
+    };
+    cache.put(&store, &location, &key, bytes)?;
+    Ok(written)
+}
+
+/// The key of the index object beside `shards` (they share a prefix: the listing is one level).
+fn index_key(location: &RemoteLocation, shards: &[ObjectMeta]) -> String {
+    let folder = shards
+        .first()
+        .map(|object| object.location.to_string())
+        .and_then(|key| key.rsplit_once('/').map(|(folder, _)| folder.to_string()))
+        .unwrap_or_else(|| location.prefix.clone());
+    if folder.is_empty() {
+        TAR_INDEX_OBJECT.to_string()
+    } else {
+        format!("{folder}/{TAR_INDEX_OBJECT}")
+    }
+}
+
 impl RemoteTarShards {
-    /// Lists `uri`, brings its shards into `cache` and indexes them.
+    /// Lists `uri` and reads its index (or scans its shards, see the type's docs).
     pub fn open(uri: &str, cache: Arc<ObjectCache>) -> Result<RemoteTarShards> {
-        let (location, mut objects) =
-            cache.fetch(uri, &|name| is_tar(name) || name == CLASSES_FILE)?;
-        let shard_objects: Vec<usize> = objects
-            .iter()
-            .enumerate()
-            .filter(|(_, object)| is_tar(object.file_name()))
-            .map(|(position, _)| position)
-            .collect();
-        let shard_paths: Vec<_> = shard_objects
-            .iter()
-            .map(|position| objects[*position].path().to_path_buf())
-            .collect();
-        let Some(root) = shard_paths.first().and_then(|path| path.parent()) else {
-            return Err(Error::NoRemoteObjects {
-                uri: location.uri(),
-                what: "*.tar shard".into(),
-            });
+        let started = Instant::now();
+        let location = remote_location(uri)?;
+        let store = cache.store(&location)?;
+        let listing = cache.list(&store, &location)?;
+        let shards = listed_shards(&listing, &location)?;
+        let named = |name: &str| {
+            listing
+                .iter()
+                .find(|object| object.location.filename() == Some(name))
         };
-        let root = root.to_path_buf();
-        // Index files go beside the cached shards: the cache folder is writable by definition.
-        let mut shards = TarShards::open_files(&root, shard_paths, None)?;
-        for object in &mut objects {
-            object.release();
+        let before = cache.stats();
+        let mut indexes = None;
+        if let Some(object) = named(TAR_INDEX_OBJECT) {
+            let key = object.location.to_string();
+            let bytes = cache.read_whole(&store, &location, object)?;
+            let decoded = tar_index::decode(&bytes, &location.uri_of(&key), MAX_INDEX_BYTES)?;
+            indexes = matching(decoded, &shards);
+            if indexes.is_none() {
+                warn!(
+                    index = %location.uri_of(&key),
+                    "the tar index no longer matches the shards listed (one was added, removed \
+                     or changed); scanning the shards (run `stoker index` to write it again)"
+                );
+            }
         }
-        let objects = Arc::new(objects);
-        shards.set_opener(Arc::new(LockingOpener {
-            objects: Arc::clone(&objects),
-            shard_objects,
-            cache: Arc::clone(&cache),
-            source_uri: uri.to_string(),
-        }));
+        let local = local_index_path(cache.options().dir.as_path(), &location);
+        if indexes.is_none() {
+            indexes = std::fs::read(&local)
+                .ok()
+                .and_then(|bytes| tar_index::decode(&bytes, "", MAX_INDEX_BYTES).ok())
+                .and_then(|decoded| matching(decoded, &shards));
+        }
+        let indexes = match indexes {
+            Some(indexes) => indexes,
+            None => {
+                warn!(
+                    uri = %location.uri(),
+                    shards = shards.len(),
+                    "no tar index object ({TAR_INDEX_OBJECT}) under this prefix: reading every \
+                     shard once to index it; write one with `stoker index {}`",
+                    location.uri()
+                );
+                let scanned = scan_shards(&cache, &store, &location, &shards)?;
+                keep_local_index(&local, &scanned);
+                scanned.into_iter().map(|shard| shard.index).collect()
+            }
+        };
+        let classes = match named(CLASSES_FILE) {
+            Some(object) => Some(cache.read_whole(&store, &location, object)?),
+            None => None,
+        };
+        let mut first_samples = Vec::with_capacity(shards.len());
+        let mut len = 0u64;
+        let mut max_label = None;
+        let mut remote_shards = Vec::with_capacity(shards.len());
+        for (object, index) in shards.into_iter().zip(indexes) {
+            first_samples.push(len);
+            len += index.samples.len() as u64;
+            max_label = max_label.max(index.samples.iter().map(|s| s.label).max());
+            remote_shards.push(RemoteShard {
+                uri: location.uri_of(object.location.as_ref()),
+                object,
+                index,
+            });
+        }
+        if len == 0 {
+            return Err(Error::NoTarSamples(PathBuf::from(location.uri())));
+        }
+        let class_names = match classes {
+            Some(text) => String::from_utf8_lossy(&text)
+                .lines()
+                .map(|line| line.trim_end_matches('\r').to_string())
+                .collect::<Vec<_>>()
+                .into_iter()
+                .rev()
+                .skip_while(String::is_empty)
+                .collect::<Vec<_>>()
+                .into_iter()
+                .rev()
+                .collect(),
+            None => numbered_class_names(Path::new(&location.uri()), max_label)?,
+        };
+        let opened = cache.stats();
+        info!(
+            uri = %location.uri(),
+            shards = remote_shards.len(),
+            samples = len,
+            bytes_read = opened.bytes_fetched - before.bytes_fetched,
+            requests = opened.requests - before.requests,
+            elapsed_ms = started.elapsed().as_millis() as u64,
+            "opened tar shards in the object store"
+        );
         Ok(RemoteTarShards {
             location,
-            shards,
-            objects,
             cache,
+            store,
+            shards: remote_shards,
+            first_samples,
+            len,
+            class_names,
         })
     }
 
@@ -140,51 +282,103 @@ impl RemoteTarShards {
         &self.location
     }
 
-    /// The shards as local files in the cache.
-    pub fn local(&self) -> &TarShards {
-        &self.shards
-    }
-
-    /// The cache the shards came through.
+    /// The cache the samples come through.
     pub fn cache(&self) -> &Arc<ObjectCache> {
         &self.cache
+    }
+
+    /// The shard holding sample `index` and the sample's position inside it.
+    fn locate(&self, index: u64) -> Option<(&RemoteShard, usize)> {
+        if index >= self.len {
+            return None;
+        }
+        let position = self
+            .first_samples
+            .partition_point(|first| *first <= index)
+            .checked_sub(1)?;
+        let shard = self.shards.get(position)?;
+        let local = usize::try_from(index - self.first_samples[position]).ok()?;
+        (local < shard.index.samples.len()).then_some((shard, local))
+    }
+}
+
+/// Where the index of `location` scanned on this machine is kept in the cache folder.
+fn local_index_path(dir: &Path, location: &RemoteLocation) -> PathBuf {
+    let name = format!(
+        "{:016x}.bin",
+        location
+            .uri()
+            .bytes()
+            .fold(0xcbf2_9ce4_8422_2325u64, |hash, byte| {
+                (hash ^ u64::from(byte)).wrapping_mul(0x0100_0000_01b3)
+            })
+    );
+    dir.join("tar-indexes").join(&location.bucket).join(name)
+}
+
+/// Keeps a scanned index for the next open on this machine; failing that, warns (the next open
+/// scans again).
+fn keep_local_index(path: &Path, shards: &[IndexedShard]) {
+    let kept = tar_index::encode(shards).and_then(|bytes| {
+        if let Some(parent) = path.parent() {
+            std::fs::create_dir_all(parent).map_err(|source| Error::io(parent, source))?;
+        }
+        super::entry::write_atomically(path, &bytes).map_err(|source| Error::io(path, source))
+    });
+    if let Err(error) = kept {
+        warn!(path = %path.display(), %error, "cannot keep the scanned tar index");
     }
 }
 
 impl SampleSource for RemoteTarShards {
     fn len(&self) -> u64 {
-        self.shards.len()
+        self.len
     }
 
     fn label(&self, index: u64) -> i64 {
-        self.shards.label(index)
+        self.locate(index)
+            .map_or(-1, |(shard, local)| shard.index.samples[local].label)
     }
 
-    /// The shard's `s3://` URI and the member, rather than the cached file's path.
+    /// The shard's `s3://` URI and the member.
     fn describe(&self, index: u64) -> String {
-        let local = self.shards.describe(index);
-        for object in self.objects.iter() {
-            if let Some(member) = object
-                .path()
-                .to_str()
-                .and_then(|path| local.strip_prefix(path))
-            {
-                return format!("{}{member}", object.uri());
-            }
+        match self.locate(index) {
+            Some((shard, local)) => format!("{}:{}", shard.uri, shard.index.member_name(local)),
+            None => format!(
+                "sample {index} (out of range for the tar shards at {} with {} samples)",
+                self.location.uri(),
+                self.len
+            ),
         }
-        local
     }
 
     fn read(&self, index: u64) -> Result<Vec<u8>> {
-        self.shards.read(index)
+        let (shard, local) = self.locate(index).ok_or(Error::IndexOutOfRange {
+            index,
+            len: self.len,
+        })?;
+        let sample = shard.index.samples[local];
+        let range = sample.data_offset..sample.data_offset + sample.size;
+        let mut bytes = self.cache.read_ranges(
+            &self.store,
+            &self.location,
+            &shard.object,
+            std::slice::from_ref(&range),
+        )?;
+        Ok(bytes.pop().unwrap_or_default())
     }
 
     fn class_names(&self) -> &[String] {
-        self.shards.class_names()
+        &self.class_names
     }
 
     fn shard_sizes(&self) -> Option<Vec<u64>> {
-        self.shards.shard_sizes()
+        Some(
+            self.shards
+                .iter()
+                .map(|shard| shard.index.samples.len() as u64)
+                .collect(),
+        )
     }
 
     fn cache_stats(&self) -> Option<CacheStats> {

@@ -12,7 +12,7 @@
 //! not read for a while is closed and opened again when next read.
 
 mod cache;
-mod scan;
+pub(crate) mod scan;
 mod write;
 
 use std::fs::File;
@@ -71,13 +71,6 @@ struct Shard {
     index: ShardIndex,
 }
 
-/// Opens shard files for reading where a plain open is not enough (a cached object also takes
-/// its cache entry's lock for as long as the file is open).
-pub(crate) trait ShardOpener: Send + Sync {
-    /// Opens shard number `shard` (in sample order), whose file is `path`.
-    fn open(&self, shard: usize, path: &Path) -> Result<PooledFile>;
-}
-
 /// A set of tar shards in the WebDataset layout, read by random access.
 ///
 /// Sample `i` is found in shard order (shards sorted by file name), then member order inside
@@ -93,8 +86,6 @@ pub struct TarShards {
     stats: TarIndexStats,
     /// The shards' keys in the pool of open files (one per shard, in order).
     pool_keys: Range<FileKey>,
-    /// How shard files are opened; `None`: a plain read-only open.
-    opener: Option<Arc<dyn ShardOpener>>,
 }
 
 impl Drop for TarShards {
@@ -141,25 +132,6 @@ impl TarShards {
             return Err(Error::NoShards(path.to_path_buf()));
         }
         Self::open_listed(path, root, shard_paths, fallback_cache_dir, started)
-    }
-
-    /// Opens the given shard files, in this order, with class names from `root`'s
-    /// `classes.txt`: for shard sets whose files were gathered elsewhere (the object cache).
-    pub(crate) fn open_files(
-        root: &Path,
-        shard_paths: Vec<PathBuf>,
-        fallback_cache_dir: Option<&Path>,
-    ) -> Result<TarShards> {
-        if shard_paths.is_empty() {
-            return Err(Error::NoShards(root.to_path_buf()));
-        }
-        Self::open_listed(
-            root,
-            root.to_path_buf(),
-            shard_paths,
-            fallback_cache_dir,
-            Instant::now(),
-        )
     }
 
     /// Indexes `shard_paths` (`path` names the set in messages).
@@ -225,13 +197,7 @@ impl TarShards {
             class_names,
             stats,
             pool_keys,
-            opener: None,
         })
-    }
-
-    /// Opens shard files through `opener` from now on.
-    pub(crate) fn set_opener(&mut self, opener: Arc<dyn ShardOpener>) {
-        self.opener = Some(opener);
     }
 
     /// The folder holding the shards.
@@ -272,15 +238,14 @@ impl TarShards {
     /// The open file of shard `position`, from the pool or opened now.
     fn shard_file(&self, position: usize, member: &dyn Fn() -> String) -> Result<Arc<PooledFile>> {
         let shard = &self.shards[position];
-        let open = || match &self.opener {
-            Some(opener) => opener.open(position, &shard.path),
-            None => File::open(&shard.path)
+        let open = || {
+            File::open(&shard.path)
                 .map(PooledFile::plain)
                 .map_err(|source| Error::ShardRead {
                     shard: shard.path.clone(),
                     member: member(),
                     source,
-                }),
+                })
         };
         let out_of_descriptors = |error: &Error| match error {
             Error::ShardRead { source, .. } | Error::Io { source, .. } => {

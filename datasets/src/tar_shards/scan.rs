@@ -27,30 +27,30 @@ const PROBLEMS_LOGGED: u64 = 10;
 
 /// One sample of a shard: where its image member's data lies and its label.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) struct IndexedSample {
+pub(crate) struct IndexedSample {
     /// Byte offset of the image data in the shard file.
-    pub(super) data_offset: u64,
+    pub(crate) data_offset: u64,
     /// Size of the image data in bytes.
-    pub(super) size: u64,
+    pub(crate) size: u64,
     /// The class label.
-    pub(super) label: i64,
+    pub(crate) label: i64,
 }
 
 /// The samples of one shard, in tar order, with their image member names.
 #[derive(Debug, Default, PartialEq, Eq)]
-pub(super) struct ShardIndex {
-    pub(super) samples: Vec<IndexedSample>,
+pub(crate) struct ShardIndex {
+    pub(crate) samples: Vec<IndexedSample>,
     /// The image member names, concatenated.
-    pub(super) names: Vec<u8>,
+    pub(crate) names: Vec<u8>,
     /// End offset in `names` of each sample's member name.
-    pub(super) name_ends: Vec<u64>,
+    pub(crate) name_ends: Vec<u64>,
     /// Members or samples that were reported while indexing (left out or truncated).
-    pub(super) problems: u64,
+    pub(crate) problems: u64,
 }
 
 impl ShardIndex {
     /// The image member name of sample `position` (lossy for non-UTF-8 names).
-    pub(super) fn member_name(&self, position: usize) -> Cow<'_, str> {
+    pub(crate) fn member_name(&self, position: usize) -> Cow<'_, str> {
         let end = self
             .name_ends
             .get(position)
@@ -247,7 +247,16 @@ impl<'a> IndexBuilder<'a> {
 /// Fails only when the shard cannot be opened; problems inside it are reported and counted.
 pub(super) fn scan_shard(shard: &Path, shard_len: u64) -> Result<ShardIndex> {
     let file = File::open(shard).map_err(|source| Error::io(shard, source))?;
-    let mut archive = tar::Archive::new(&file);
+    scan_archive(shard, &file, shard_len)
+}
+
+/// Indexes the tar bytes `reader` gives, `shard_len` of them; `shard` names it in messages.
+pub(crate) fn scan_archive<R: std::io::Read + std::io::Seek>(
+    shard: &Path,
+    reader: R,
+    shard_len: u64,
+) -> Result<ShardIndex> {
+    let mut archive = tar::Archive::new(reader);
     let entries = archive
         .entries_with_seek()
         .map_err(|source| Error::io(shard, source))?;

@@ -5,6 +5,7 @@ mod convert;
 mod coordinator;
 mod demo;
 mod digest;
+mod index;
 mod inspect;
 mod make_dataset;
 mod make_tokens;
@@ -43,6 +44,9 @@ enum Command {
     /// Rewrite an ImageFolder as tar shards (WebDataset layout) or Parquet files, sample for
     /// sample.
     Convert(convert::ConvertArgs),
+    /// Write the index object of tar shards in an object store (s3://BUCKET/PREFIX), so an
+    /// open reads it instead of every shard.
+    Index(index::IndexArgs),
     /// Describe a dataset: samples, classes, formats, sizes.
     Inspect(inspect::InspectArgs),
     /// Write a seeded ImageNet-like sample set (JPEG/PNG class folders).
@@ -62,6 +66,7 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Bench(args) => bench::run(args),
         Command::Digest(args) => digest::run(args),
         Command::Convert(args) => convert::run(args),
+        Command::Index(args) => index::run(args),
         Command::Inspect(args) => inspect::run(args),
         Command::MakeDataset(args) => make_dataset::run(args),
         Command::Coordinator(args) => coordinator::run(args),

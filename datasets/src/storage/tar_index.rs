@@ -1,0 +1,216 @@
+//! The index object of a tar shard set in an object store: every shard's name, size and ETag
+//! and, per sample, where its image member's bytes lie, its label and its member name. With it
+//! an `s3://` set opens with one listing and one GET, whatever its size.
+//!
+//! Who writes it: `stoker index s3://BUCKET/PREFIX` (for an existing WebDataset set: each shard
+//! is read once, start to end, and scanned), which puts it at `PREFIX/stoker-tar-index.bin`.
+//! A set opened without one (or with one that no longer matches the listing) is scanned the
+//! same way at open, with a warning, and the index is kept in the local cache folder
+//! (`tar-indexes/`) so the next open on this machine does not scan again.
+//!
+//! Encoding (zstd-compressed): `STKTIDX1`, the shard count (u32 LE), then per shard its name
+//! (u16 length + UTF-8), size (u64), ETag (u16 length + bytes; 0: none), problem count (u64),
+//! sample count (u32) and per sample data offset (u64), size (u64), label (i64), member name
+//! (u16 length + bytes).
+
+use object_store::ObjectMeta;
+
+use crate::error::{Error, Result};
+use crate::tar_shards::scan::{IndexedSample, ShardIndex};
+
+/// The index object's name under the set's prefix.
+pub const TAR_INDEX_OBJECT: &str = "stoker-tar-index.bin";
+
+const MAGIC: &[u8; 8] = b"STKTIDX1";
+
+/// One shard of an index: its object as listed when indexed, and its samples.
+#[derive(Debug)]
+pub(crate) struct IndexedShard {
+    /// The shard's file name under the prefix.
+    pub(crate) name: String,
+    /// Its size and ETag when indexed.
+    pub(crate) size: u64,
+    pub(crate) e_tag: Option<String>,
+    pub(crate) index: ShardIndex,
+}
+
+impl IndexedShard {
+    /// Whether `object` is the shard this index describes.
+    pub(crate) fn describes(&self, object: &ObjectMeta) -> bool {
+        object.location.filename() == Some(self.name.as_str())
+            && object.size == self.size
+            && object.e_tag == self.e_tag
+    }
+}
+
+fn put_str(out: &mut Vec<u8>, text: &[u8]) -> Result<()> {
+    let len = u16::try_from(text.len())
+        .map_err(|_| Error::InvalidArgument("a name in the tar index is over 64 KiB".into()))?;
+    out.extend_from_slice(&len.to_le_bytes());
+    out.extend_from_slice(text);
+    Ok(())
+}
+
+/// The index object's bytes for `shards`.
+pub(crate) fn encode(shards: &[IndexedShard]) -> Result<Vec<u8>> {
+    let mut out = Vec::new();
+    out.extend_from_slice(MAGIC);
+    out.extend_from_slice(&(shards.len() as u32).to_le_bytes());
+    for shard in shards {
+        put_str(&mut out, shard.name.as_bytes())?;
+        out.extend_from_slice(&shard.size.to_le_bytes());
+        put_str(
+            &mut out,
+            shard.e_tag.as_deref().unwrap_or_default().as_bytes(),
+        )?;
+        out.extend_from_slice(&shard.index.problems.to_le_bytes());
+        out.extend_from_slice(&(shard.index.samples.len() as u32).to_le_bytes());
+        for (position, sample) in shard.index.samples.iter().enumerate() {
+            out.extend_from_slice(&sample.data_offset.to_le_bytes());
+            out.extend_from_slice(&sample.size.to_le_bytes());
+            out.extend_from_slice(&sample.label.to_le_bytes());
+            put_str(&mut out, shard.index.member_name(position).as_bytes())?;
+        }
+    }
+    zstd::bulk::compress(&out, 3).map_err(|source| Error::io("tar index", source))
+}
+
+/// Reads what [`encode`] wrote, at most `max_bytes` once decompressed; `uri` names it in
+/// errors.
+pub(crate) fn decode(bytes: &[u8], uri: &str, max_bytes: usize) -> Result<Vec<IndexedShard>> {
+    let bad = |reason: &str| Error::BadTarIndex {
+        uri: uri.to_string(),
+        reason: reason.to_string(),
+    };
+    let raw = zstd::bulk::decompress(bytes, max_bytes)
+        .map_err(|e| bad(&format!("not zstd, or larger than {max_bytes} bytes: {e}")))?;
+    let mut reader = Reader { bytes: &raw, at: 0 };
+    if reader.take(MAGIC.len()).map_err(|_| bad("too short"))? != MAGIC {
+        return Err(bad("not a Stoker tar index"));
+    }
+    let cut = |_| bad("cut short");
+    let count = reader.u32().map_err(cut)?;
+    let mut shards = Vec::new();
+    for _ in 0..count {
+        let name = reader.string().map_err(cut)?;
+        let size = reader.u64().map_err(cut)?;
+        let e_tag = reader.string().map_err(cut)?;
+        let problems = reader.u64().map_err(cut)?;
+        let samples = reader.u32().map_err(cut)?;
+        let mut index = ShardIndex {
+            problems,
+            ..ShardIndex::default()
+        };
+        for _ in 0..samples {
+            let data_offset = reader.u64().map_err(cut)?;
+            let sample_size = reader.u64().map_err(cut)?;
+            let label = reader.u64().map_err(cut)? as i64;
+            let member = reader.string().map_err(cut)?;
+            if data_offset
+                .checked_add(sample_size)
+                .is_none_or(|end| end > size)
+            {
+                return Err(bad(&format!("a sample of {name} lies past its end")));
+            }
+            index.names.extend_from_slice(member.as_bytes());
+            index.name_ends.push(index.names.len() as u64);
+            index.samples.push(IndexedSample {
+                data_offset,
+                size: sample_size,
+                label,
+            });
+        }
+        shards.push(IndexedShard {
+            name,
+            size,
+            e_tag: (!e_tag.is_empty()).then_some(e_tag),
+            index,
+        });
+    }
+    if reader.at != raw.len() {
+        return Err(bad("bytes after the last shard"));
+    }
+    Ok(shards)
+}
+
+struct Reader<'a> {
+    bytes: &'a [u8],
+    at: usize,
+}
+
+impl<'a> Reader<'a> {
+    fn take(&mut self, count: usize) -> std::result::Result<&'a [u8], ()> {
+        let end = self.at.checked_add(count).ok_or(())?;
+        let slice = self.bytes.get(self.at..end).ok_or(())?;
+        self.at = end;
+        Ok(slice)
+    }
+
+    fn u16(&mut self) -> std::result::Result<u16, ()> {
+        let b = self.take(2)?;
+        Ok(u16::from_le_bytes([b[0], b[1]]))
+    }
+
+    fn u32(&mut self) -> std::result::Result<u32, ()> {
+        let b = self.take(4)?;
+        Ok(u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+    }
+
+    fn u64(&mut self) -> std::result::Result<u64, ()> {
+        let mut word = [0u8; 8];
+        word.copy_from_slice(self.take(8)?);
+        Ok(u64::from_le_bytes(word))
+    }
+
+    fn string(&mut self) -> std::result::Result<String, ()> {
+        let len = usize::from(self.u16()?);
+        Ok(String::from_utf8_lossy(self.take(len)?).into_owned())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn shard(name: &str) -> IndexedShard {
+        let mut index = ShardIndex::default();
+        for (i, member) in ["a/0.jpg", "a/1.jpg"].into_iter().enumerate() {
+            index.names.extend_from_slice(member.as_bytes());
+            index.name_ends.push(index.names.len() as u64);
+            index.samples.push(IndexedSample {
+                data_offset: 512 + 2048 * i as u64,
+                size: 1000,
+                label: i as i64 - 1,
+            });
+        }
+        IndexedShard {
+            name: name.into(),
+            size: 10_000,
+            e_tag: Some("\"abc\"".into()),
+            index,
+        }
+    }
+
+    #[test]
+    fn round_trips_and_refuses_damage() {
+        let shards = vec![shard("s0.tar"), shard("s1.tar")];
+        let bytes = encode(&shards).unwrap();
+        let back = decode(&bytes, "s3://b/i", 1 << 20).unwrap();
+        assert_eq!(back.len(), 2);
+        assert_eq!(back[1].name, "s1.tar");
+        assert_eq!(back[1].e_tag.as_deref(), Some("\"abc\""));
+        assert_eq!(back[0].index, shards[0].index);
+        assert!(decode(&bytes[..bytes.len() / 2], "u", 1 << 20).is_err());
+        assert!(decode(b"not zstd", "u", 1 << 20).is_err());
+        let raw = zstd::bulk::decompress(&bytes, 1 << 20).unwrap();
+        for cut in [4, raw.len() - 1] {
+            let short = zstd::bulk::compress(&raw[..cut], 3).unwrap();
+            assert!(decode(&short, "u", 1 << 20).is_err(), "cut at {cut}");
+        }
+        let mut past = shard("p.tar");
+        past.size = 100;
+        let bytes = encode(&[past]).unwrap();
+        let error = decode(&bytes, "u", 1 << 20).unwrap_err().to_string();
+        assert!(error.contains("past its end"), "{error}");
+    }
+}
