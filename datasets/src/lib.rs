@@ -88,8 +88,8 @@ pub use sample_source::{
 };
 pub use storage::{
     parse_dataset_uri, write_tar_index, CachedObject, DatasetLocation, ObjectCache,
-    ObjectCacheOptions, RemoteLocation, RemoteTarShards, S3Settings, TarIndexWritten,
-    DEFAULT_CONCURRENCY, DEFAULT_MAX_BYTES, DEFAULT_PART_SIZE, TAR_INDEX_OBJECT,
+    ObjectCacheOptions, RemoteLocation, RemoteTarShards, RemoteTokenFile, S3Settings,
+    TarIndexWritten, DEFAULT_CONCURRENCY, DEFAULT_MAX_BYTES, DEFAULT_PART_SIZE, TAR_INDEX_OBJECT,
 };
 pub use synthetic::{generate_imagenet_like, GeneratedDataset, SyntheticImageNetSpec};
 pub use tar_shards::{

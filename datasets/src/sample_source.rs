@@ -91,6 +91,14 @@ pub trait SampleSource: Send + Sync {
         None
     }
 
+    /// A hint that `indices` are read soon (the epoch plan's next batch): a source read from
+    /// an object store starts bringing them into its cache in the background, a bounded
+    /// number of hints ahead; the default, for local sources, does nothing. Never blocks and
+    /// never fails: a sample whose read-ahead failed is fetched when it is read.
+    fn prefetch(&self, indices: &[u64]) {
+        let _ = indices;
+    }
+
     /// What the local cache tier did for this source (hits, misses, bytes fetched), for
     /// sources read from an object store; `None` (the default) for local ones.
     fn cache_stats(&self) -> Option<CacheStats> {

@@ -13,8 +13,8 @@ use crate::plan::{EpochPlan, MixEnd, MixOrder, PlanConfig, Resize};
 use stoker_datasets::{
     looks_like_hf_dataset, looks_like_jsonl, looks_like_parquet, looks_like_tar_shards,
     looks_like_token_file, parse_dataset_uri, DatasetLocation, HfDataset, ImageFolder,
-    JsonlDocuments, ObjectCache, ParquetDataset, ParquetOptions, RemoteTarShards, SampleSource,
-    TarShards, TokenDtype, TokenFile,
+    JsonlDocuments, ObjectCache, ParquetDataset, ParquetOptions, RemoteTarShards, RemoteTokenFile,
+    SampleSource, TarShards, TokenDtype, TokenFile,
 };
 use stoker_proto::v1::{
     self as proto, op::Op as OpKind, BadSamplePolicy, DatasetFormat, JobSpec, MixEpochEnd,
@@ -124,7 +124,7 @@ pub fn open_source(
     }
     let path = match parse_dataset_uri(uri).map_err(Error::OpenDataset)? {
         DatasetLocation::Local(path) => path,
-        DatasetLocation::S3(_) => return open_remote_source(uri, dataset.format()),
+        DatasetLocation::S3(_) => return open_remote_source(uri, dataset, ops),
     };
     let path = path.as_path();
     let format = match dataset.format() {
@@ -150,17 +150,7 @@ pub fn open_source(
                     path.display()
                 ))
             })?;
-            let dtype = match dataset.token_dtype() {
-                proto::Dtype::Unspecified => TokenDtype::from_file_name(path),
-                proto::Dtype::Uint16 => TokenDtype::Uint16,
-                proto::Dtype::Uint32 => TokenDtype::Uint32,
-                other => {
-                    return Err(Error::InvalidSpec(format!(
-                        "dataset.token_dtype must be UINT16 or UINT32, got {}",
-                        other.as_str_name()
-                    )))
-                }
-            };
+            let dtype = token_dtype(dataset)?.unwrap_or_else(|| TokenDtype::from_file_name(path));
             Ok(Arc::new(
                 TokenFile::open(path, dtype, seq_len).map_err(Error::OpenDataset)?,
             ))
@@ -210,17 +200,57 @@ fn column_options(dataset: &proto::DatasetSource) -> ParquetOptions {
 }
 
 /// Opens an `s3://` dataset; tar shards are the one format read from object stores so far.
-fn open_remote_source(uri: &str, format: DatasetFormat) -> Result<Arc<dyn SampleSource>> {
+/// Opens an `s3://` dataset: tar shards, or a token file (format TOKEN_FILE, or AUTO with a
+/// `.bin` key); other formats are refused by name.
+fn open_remote_source(
+    uri: &str,
+    dataset: &proto::DatasetSource,
+    ops: &[proto::Op],
+) -> Result<Arc<dyn SampleSource>> {
+    let format = match dataset.format() {
+        DatasetFormat::Auto if uri.to_ascii_lowercase().ends_with(".bin") => {
+            DatasetFormat::TokenFile
+        }
+        DatasetFormat::Auto => DatasetFormat::TarShards,
+        other => other,
+    };
+    let cache = || {
+        ObjectCache::from_env()
+            .map(Arc::new)
+            .map_err(Error::OpenDataset)
+    };
     match format {
-        DatasetFormat::Auto | DatasetFormat::TarShards => {
-            let cache = Arc::new(ObjectCache::from_env().map_err(Error::OpenDataset)?);
+        DatasetFormat::TarShards => Ok(Arc::new(
+            RemoteTarShards::open(uri, cache()?).map_err(Error::OpenDataset)?,
+        )),
+        DatasetFormat::TokenFile => {
+            let seq_len = token_windows_seq_len(ops).ok_or_else(|| {
+                Error::InvalidSpec(format!(
+                    "{uri} is a token file: its pipeline must be [TokenWindows{{seq_len}}]"
+                ))
+            })?;
+            let dtype = token_dtype(dataset)?;
             Ok(Arc::new(
-                RemoteTarShards::open(uri, cache).map_err(Error::OpenDataset)?,
+                RemoteTokenFile::open(uri, cache()?, dtype, seq_len).map_err(Error::OpenDataset)?,
             ))
         }
         other => Err(Error::InvalidSpec(format!(
             "dataset format {other:?} cannot be read from {uri} yet: s3:// sources hold tar \
-             shards (format AUTO or TAR_SHARDS)"
+             shards (format AUTO or TAR_SHARDS) or a token file (TOKEN_FILE, or AUTO for a \
+             .bin key)"
+        ))),
+    }
+}
+
+/// The token dtype `dataset` names (`None`: from the file name).
+fn token_dtype(dataset: &proto::DatasetSource) -> Result<Option<TokenDtype>> {
+    match dataset.token_dtype() {
+        proto::Dtype::Unspecified => Ok(None),
+        proto::Dtype::Uint16 => Ok(Some(TokenDtype::Uint16)),
+        proto::Dtype::Uint32 => Ok(Some(TokenDtype::Uint32)),
+        other => Err(Error::InvalidSpec(format!(
+            "dataset.token_dtype must be UINT16 or UINT32, got {}",
+            other.as_str_name()
         ))),
     }
 }
@@ -456,6 +486,7 @@ impl Job {
     /// Builds batch `step` of `plan` on the current rayon pool, in a new buffer.
     pub fn batch(&self, plan: &EpochPlan, step: u64) -> Result<proto::Batch> {
         let (key, indices) = self.batch_key(plan, step)?;
+        self.read_ahead(plan, step, &indices);
         let mut buffer = vec![0u8; self.batch_bytes(indices.len())];
         let (assembled, indices) = self.assemble(key, indices, &mut buffer)?;
         Ok(assembled.into_proto(&indices, bytes::Bytes::from(buffer)))
@@ -471,8 +502,22 @@ impl Job {
         mut slot: impl BatchBuffer,
     ) -> Result<proto::Batch> {
         let (key, indices) = self.batch_key(plan, step)?;
+        self.read_ahead(plan, step, &indices);
         let (assembled, indices) = self.assemble(key, indices, slot.as_mut_slice())?;
         Ok(assembled.into_proto(&indices, slot.into_bytes()))
+    }
+
+    /// Tells the source that batch `step` (`indices`) and the one after it are read now: one
+    /// read from an object store fetches their samples in the background (see
+    /// `SampleSource::prefetch`). Mixed sources are read as their rows are built.
+    fn read_ahead(&self, plan: &EpochPlan, step: u64, indices: &[u64]) {
+        if let Builder::Single(assembler) = &self.builder {
+            let source = assembler.source();
+            source.prefetch(indices);
+            if step + 1 < plan.steps() {
+                source.prefetch(&plan.batch_indices(step + 1));
+            }
+        }
     }
 
     /// Builds the batch of the plan's `indices` into `buffer`; returns it with the dataset

@@ -67,6 +67,23 @@ pub struct ObjectCache {
     fetched_since_cap: AtomicU64,
 }
 
+/// The entry of bytes `range` of `object`.
+fn range_wanted(object: &ObjectMeta, range: &Range<u64>) -> Wanted {
+    let key = object.location.to_string();
+    Wanted {
+        meta: ObjectMeta {
+            location: object_store::path::Path::from(format!(
+                "{key}{RANGES_SUFFIX}/{}-{}",
+                range.start, range.end
+            )),
+            size: range.end.saturating_sub(range.start),
+            ..object.clone()
+        },
+        key,
+        offset: range.start,
+    }
+}
+
 /// An entry to materialise: its identity in the cache (`meta`: a listed object, or a range of
 /// one named by [`RANGES_SUFFIX`]), and where its bytes are: object `key` from `offset`.
 struct Wanted {
@@ -258,38 +275,75 @@ impl ObjectCache {
         object: &ObjectMeta,
         ranges: &[Range<u64>],
     ) -> Result<Vec<Vec<u8>>> {
-        let key = object.location.to_string();
         let wanted = ranges
             .iter()
-            .map(|range| Wanted {
-                meta: ObjectMeta {
-                    location: object_store::path::Path::from(format!(
-                        "{key}{RANGES_SUFFIX}/{}-{}",
-                        range.start, range.end
-                    )),
-                    size: range.end.saturating_sub(range.start),
-                    ..object.clone()
-                },
-                key: key.clone(),
-                offset: range.start,
-            })
+            .map(|range| range_wanted(object, range))
             .collect();
         let fetched_before = self.counters.bytes_fetched.load(Ordering::Relaxed);
         let ready = self.materialise(store, location, wanted)?;
         let mut out = Vec::with_capacity(ready.len());
-        for cached in ready {
-            out.push(
-                std::fs::read(cached.path()).map_err(|source| Error::io(cached.path(), source))?,
-            );
+        for (cached, range) in ready.into_iter().zip(ranges) {
+            let bytes = match cached.entry().read_checked()? {
+                Some(bytes) => bytes,
+                None => {
+                    // Torn by a crash: its metadata is gone now, so this fetches it again.
+                    drop(cached);
+                    let again =
+                        self.materialise(store, location, vec![range_wanted(object, range)])?;
+                    let again = again.first().ok_or_else(|| Error::IncompleteObject {
+                        uri: location.uri_of(object.location.as_ref()),
+                        expected: range.end - range.start,
+                        received: 0,
+                    })?;
+                    again
+                        .entry()
+                        .read_checked()?
+                        .ok_or_else(|| Error::IncompleteObject {
+                            uri: location.uri_of(object.location.as_ref()),
+                            expected: range.end - range.start,
+                            received: 0,
+                        })?
+                }
+            };
+            out.push(bytes);
         }
-        // The cap is checked once per eighth of it fetched: a check walks the cache folder.
-        let fetched = self.counters.bytes_fetched.load(Ordering::Relaxed) - fetched_before;
+        self.after_range_fetch(fetched_before)?;
+        Ok(out)
+    }
+
+    /// Brings the ranges of `hint` into the cache (several objects at once, neighbours
+    /// coalesced) without reading them: the read-ahead of `prefetch.rs`.
+    pub(super) fn prefetch_ranges(
+        &self,
+        store: &Arc<AmazonS3>,
+        location: &RemoteLocation,
+        hint: &[(ObjectMeta, Vec<Range<u64>>)],
+    ) -> Result<()> {
+        let wanted = hint
+            .iter()
+            .flat_map(|(object, ranges)| {
+                ranges.iter().map(move |range| range_wanted(object, range))
+            })
+            .collect();
+        let fetched_before = self.counters.bytes_fetched.load(Ordering::Relaxed);
+        drop(self.materialise(store, location, wanted)?);
+        self.after_range_fetch(fetched_before)
+    }
+
+    /// Enforces the cap once an eighth of it was fetched by range reads since the last time (a
+    /// check walks the cache folder); `fetched_before` is the byte counter before this fetch.
+    fn after_range_fetch(&self, fetched_before: u64) -> Result<()> {
+        let fetched = self
+            .counters
+            .bytes_fetched
+            .load(Ordering::Relaxed)
+            .saturating_sub(fetched_before);
         let since = self.fetched_since_cap.fetch_add(fetched, Ordering::Relaxed) + fetched;
         if since > self.options.max_bytes / 8 {
             self.fetched_since_cap.store(0, Ordering::Relaxed);
             self.enforce_cap()?;
         }
-        Ok(out)
+        Ok(())
     }
 
     /// Brings `wanted` into the cache (hits as they are, the rest downloaded together) and
@@ -425,7 +479,7 @@ impl ObjectCache {
 
         let mut fetched = Vec::with_capacity(entries.len());
         for ((position, entry, lock), mut part) in entries.into_iter().zip(parts) {
-            commit(&entry, &part)?;
+            commit(&entry, &part, entry.key.contains(RANGES_SUFFIX))?;
             part.committed = true;
             downgrade(&lock, &entry.lock)?;
             touch(&lock, &entry.lock);

@@ -58,6 +58,11 @@ impl CachedObject {
         &self.entry.uri
     }
 
+    /// The entry behind it.
+    pub(super) fn entry(&self) -> &Entry {
+        &self.entry
+    }
+
     /// The local file holding the object's bytes.
     pub fn path(&self) -> &Path {
         &self.entry.data
@@ -98,6 +103,7 @@ impl CachedObject {
                     size,
                     e_tag: None,
                     last_modified: String::new(),
+                    crc32: None,
                 },
             },
             lock: Some(lock),
@@ -111,6 +117,10 @@ pub(super) struct EntryMeta {
     pub(super) size: u64,
     e_tag: Option<String>,
     last_modified: String,
+    /// CRC-32 of the bytes, for entries committed without `fsync` (byte ranges): a copy torn by
+    /// a crash fails it when read, and is fetched again.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(super) crc32: Option<u32>,
 }
 
 impl EntryMeta {
@@ -119,6 +129,7 @@ impl EntryMeta {
             size: object.size,
             e_tag: object.e_tag.clone(),
             last_modified: object.last_modified.to_rfc3339(),
+            crc32: None,
         }
     }
 
@@ -242,6 +253,22 @@ impl Entry {
         }
     }
 
+    /// The copy's bytes, when its recorded checksum (if any) holds; `None` when it does not
+    /// (the metadata is then removed, so the entry is fetched again).
+    pub(super) fn read_checked(&self) -> Result<Option<Vec<u8>>> {
+        let bytes = std::fs::read(&self.data).map_err(|source| Error::io(&self.data, source))?;
+        let recorded: Option<EntryMeta> = std::fs::read(&self.meta)
+            .ok()
+            .and_then(|text| serde_json::from_slice(&text).ok());
+        let expected = recorded.and_then(|meta| meta.crc32);
+        if expected.is_some_and(|crc| crc != crc32fast::hash(&bytes)) {
+            warn!(uri = %self.uri, cache = %self.data.display(), "cached bytes fail their checksum; fetching them again");
+            let _ = std::fs::remove_file(&self.meta);
+            return Ok(None);
+        }
+        Ok(Some(bytes))
+    }
+
     /// Whether the copy is valid; logs why not when it is there but unusable.
     pub(super) fn is_valid(&self) -> bool {
         match self.validity() {
@@ -277,10 +304,19 @@ impl Drop for PartFile {
 }
 
 /// Moves a complete download over the entry, then records its metadata.
-pub(super) fn commit(entry: &Entry, part: &PartFile) -> Result<()> {
-    part.file
-        .sync_all()
-        .map_err(|source| Error::io(&part.path, source))?;
+/// Makes a complete download the entry. A whole object is synced to disk first; a byte range
+/// (`checksummed`) is not (an `fsync` per sample would bound the read rate), its CRC-32 goes
+/// into the metadata instead and every read checks it ([`Entry::read_checked`]).
+pub(super) fn commit(entry: &Entry, part: &PartFile, checksummed: bool) -> Result<()> {
+    let mut recorded = entry.listed.clone();
+    if checksummed {
+        let bytes = std::fs::read(&part.path).map_err(|source| Error::io(&part.path, source))?;
+        recorded.crc32 = Some(crc32fast::hash(&bytes));
+    } else {
+        part.file
+            .sync_all()
+            .map_err(|source| Error::io(&part.path, source))?;
+    }
     let received = part
         .file
         .metadata()
@@ -300,7 +336,7 @@ pub(super) fn commit(entry: &Entry, part: &PartFile) -> Result<()> {
         Err(source) => return Err(Error::io(&entry.meta, source)),
     }
     std::fs::rename(&part.path, &entry.data).map_err(|source| Error::io(&entry.data, source))?;
-    let meta = serde_json::to_vec(&entry.listed).map_err(|source| Error::Manifest {
+    let meta = serde_json::to_vec(&recorded).map_err(|source| Error::Manifest {
         path: entry.meta.clone(),
         source,
     })?;
@@ -328,6 +364,7 @@ mod tests {
             size: 10,
             e_tag: Some("\"a\"".into()),
             last_modified: "t1".into(),
+            crc32: None,
         };
         let mut copy = listed.clone();
         copy.last_modified = "t0".into();

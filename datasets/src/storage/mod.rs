@@ -12,6 +12,7 @@
 //!   from the set's index object (`stoker-tar-index.bin`, written by [`write_tar_index`], the
 //!   `stoker index` command) and read lazily: each sample is a ranged GET of its member through
 //!   the cache, neighbouring ranges coalesced, so the cache may be smaller than the set.
+//! - [`RemoteTokenFile`]: a token file at `s3://BUCKET/KEY`, each window a ranged GET.
 //! - `derived_copy`: a file made once from a local file (a compressed JSONL file
 //!   decompressed) and kept in the same tier, under the same cap and locks.
 //!
@@ -33,7 +34,9 @@ mod entry;
 mod entry_lock;
 mod eviction;
 mod options;
+mod prefetch;
 mod remote_tar;
+mod remote_tokens;
 mod stats;
 mod tar_index;
 mod uri;
@@ -45,5 +48,6 @@ pub use options::{
     ObjectCacheOptions, S3Settings, DEFAULT_CONCURRENCY, DEFAULT_MAX_BYTES, DEFAULT_PART_SIZE,
 };
 pub use remote_tar::{write_tar_index, RemoteTarShards, TarIndexWritten};
+pub use remote_tokens::RemoteTokenFile;
 pub use tar_index::TAR_INDEX_OBJECT;
 pub use uri::{parse_dataset_uri, DatasetLocation, RemoteLocation};

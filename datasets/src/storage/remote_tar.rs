@@ -13,6 +13,7 @@ use object_store::ObjectMeta;
 use tracing::{info, warn};
 
 use super::cache::ObjectCache;
+use super::prefetch::{Hint, Prefetcher};
 use super::tar_index::{self, IndexedShard, TAR_INDEX_OBJECT};
 use super::uri::{parse_dataset_uri, DatasetLocation, RemoteLocation};
 use crate::cache_stats::CacheStats;
@@ -41,6 +42,8 @@ pub struct RemoteTarShards {
     first_samples: Vec<u64>,
     len: u64,
     class_names: Vec<String>,
+    /// The read-ahead thread (none if it could not start: samples are then fetched as read).
+    prefetcher: Option<Prefetcher>,
 }
 
 /// One shard: its object as listed, and its samples.
@@ -266,7 +269,12 @@ impl RemoteTarShards {
             elapsed_ms = started.elapsed().as_millis() as u64,
             "opened tar shards in the object store"
         );
+        let prefetcher =
+            Prefetcher::start(Arc::clone(&cache), Arc::clone(&store), location.clone())
+                .map_err(|error| warn!(%error, "cannot start the read-ahead thread"))
+                .ok();
         Ok(RemoteTarShards {
+            prefetcher,
             location,
             cache,
             store,
@@ -379,6 +387,28 @@ impl SampleSource for RemoteTarShards {
                 .map(|shard| shard.index.samples.len() as u64)
                 .collect(),
         )
+    }
+
+    fn prefetch(&self, indices: &[u64]) {
+        let Some(prefetcher) = &self.prefetcher else {
+            return;
+        };
+        let mut hint: Hint = Vec::new();
+        for &index in indices {
+            let Some((shard, local)) = self.locate(index) else {
+                continue;
+            };
+            let sample = shard.index.samples[local];
+            let range = sample.data_offset..sample.data_offset + sample.size;
+            match hint
+                .iter_mut()
+                .find(|(object, _)| object.location == shard.object.location)
+            {
+                Some((_, ranges)) => ranges.push(range),
+                None => hint.push((shard.object.clone(), vec![range])),
+            }
+        }
+        prefetcher.hint(hint);
     }
 
     fn cache_stats(&self) -> Option<CacheStats> {

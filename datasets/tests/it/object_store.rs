@@ -335,6 +335,30 @@ fn ranges_evicted_are_fetched_again() {
     assert_same_samples(&remote, &local);
     let fetched = remote.cache_stats().unwrap().misses;
 
+    // A cached range whose bytes were torn (same size, other bytes: a crash before they
+    // reached the disk) fails its checksum and is fetched again.
+    let ranges = cache_dir.join("s3").join(BUCKET).join("train").join("v1");
+    let torn = std::fs::read_dir(&ranges)
+        .unwrap()
+        .map(|entry| entry.unwrap().path())
+        .find(|path| path.to_string_lossy().ends_with(".stoker-ranges"))
+        .and_then(|folder| {
+            std::fs::read_dir(folder)
+                .unwrap()
+                .map(|entry| entry.unwrap().path())
+                .find(|path| path.extension().is_none())
+        })
+        .unwrap();
+    let size = std::fs::metadata(&torn).unwrap().len() as usize;
+    std::fs::write(&torn, vec![0u8; size]).unwrap();
+    assert_same_samples(&remote, &local);
+    assert_eq!(
+        remote.cache_stats().unwrap().misses,
+        fetched + 1,
+        "the torn range again"
+    );
+    let fetched = fetched + 1;
+
     // Another process with a cap of zero: no range is locked between reads, so all can go.
     let mut zero = options(&server, &cache_dir);
     zero.max_bytes = 0;
@@ -383,16 +407,16 @@ fn byte_shards(dir: &Path, shards: usize, per_shard: usize, bytes: usize) -> Pat
 #[test]
 fn a_thousand_shards_open_from_their_index_and_read_through_a_cache_of_a_tenth() {
     let dir = tempfile::tempdir().unwrap();
-    let local_dir = byte_shards(dir.path(), 1000, 2, 20_000);
+    let local_dir = byte_shards(dir.path(), 1000, 1, 40_000);
     let local = TarShards::open_with_cache_dir(&local_dir, None).unwrap();
-    assert_eq!(local.len(), 2000);
+    assert_eq!(local.len(), 1000);
     let server = S3Server::start(&dir.path().join("server"));
     let uploaded = upload(&server, &local_dir, "big");
 
     // `stoker index`'s step: every shard read once, the index object written beside them.
     let writer = cache(&server, &dir.path().join("writer-cache"));
     let written = stoker_datasets::write_tar_index("s3://data/big", &writer).unwrap();
-    assert_eq!((written.shards, written.samples), (1000, 2000));
+    assert_eq!((written.shards, written.samples), (1000, 1000));
     assert_eq!(written.uri, "s3://data/big/stoker-tar-index.bin");
     assert!(server
         .bucket_dir(BUCKET)
@@ -415,4 +439,61 @@ fn a_thousand_shards_open_from_their_index_and_read_through_a_cache_of_a_tenth()
     let stats = cache.stats();
     assert!(stats.evictions > 0, "the cap was enforced: {stats:?}");
     assert!(stats.bytes_fetched < uploaded + uploaded / 10, "{stats:?}");
+}
+
+#[test]
+fn a_token_file_opens_from_its_listing_and_reads_ahead_when_told() {
+    let dir = tempfile::tempdir().unwrap();
+    let local_path = dir.path().join("train.bin");
+    let tokens: Vec<u8> = (0..50_001u32)
+        .flat_map(|i| ((i % 65_521) as u16).to_le_bytes())
+        .collect();
+    std::fs::write(&local_path, &tokens).unwrap();
+    let local =
+        stoker_datasets::TokenFile::open(&local_path, stoker_datasets::TokenDtype::Uint16, 100)
+            .unwrap();
+    let server = S3Server::start(&dir.path().join("server"));
+    let target = server.bucket_dir(BUCKET).join("tokens");
+    std::fs::create_dir_all(&target).unwrap();
+    std::fs::copy(&local_path, target.join("train.bin")).unwrap();
+
+    let cache = cache(&server, &dir.path().join("cache"));
+    let remote = stoker_datasets::RemoteTokenFile::open(
+        "s3://data/tokens/train.bin",
+        Arc::clone(&cache),
+        None,
+        100,
+    )
+    .unwrap();
+    assert_eq!(
+        cache.stats().bytes_fetched,
+        0,
+        "the open read the listing only"
+    );
+    assert_eq!(remote.len(), local.len());
+    assert_eq!(remote.token_windows(), local.token_windows());
+
+    // Told that windows 0..8 come next, the read-ahead thread fetches them; reading them then
+    // sends no request.
+    let ahead: Vec<u64> = (0..8).collect();
+    remote.prefetch(&ahead);
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while cache.stats().misses < 8 {
+        assert!(std::time::Instant::now() < deadline, "{:?}", cache.stats());
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let requests = cache.stats().requests;
+    for index in ahead {
+        assert_eq!(remote.read(index).unwrap(), local.read(index).unwrap());
+    }
+    assert_eq!(cache.stats().requests, requests, "read from the cache");
+    assert_eq!(cache.stats().hits, 8);
+    assert_same_samples(&remote, &local);
+    assert!(
+        remote
+            .describe(3)
+            .starts_with("s3://data/tokens/train.bin:tokens[300..401)"),
+        "{}",
+        remote.describe(3)
+    );
 }
