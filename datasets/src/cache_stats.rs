@@ -23,6 +23,21 @@ pub struct CacheStats {
     pub evictions: u64,
     /// Bytes of the evicted entries.
     pub bytes_evicted: u64,
+    /// Byte ranges fetched ahead of their reads (a source's read-ahead); a read that then
+    /// finds one counts as a hit. Not counted in `hits` and `misses`, which count reads.
+    pub read_ahead: u64,
+}
+
+impl CacheStats {
+    /// The share of lookups by reads that the cache served (0 without lookups).
+    pub fn hit_rate(&self) -> f64 {
+        let lookups = self.hits + self.misses;
+        if lookups == 0 {
+            0.0
+        } else {
+            self.hits as f64 / lookups as f64
+        }
+    }
 }
 
 impl std::fmt::Display for CacheStats {
@@ -30,14 +45,15 @@ impl std::fmt::Display for CacheStats {
         write!(
             formatter,
             "object cache: {} hits, {} misses, {} bytes fetched, {} bytes from cache, \
-             {} requests, {} retries, {} evictions",
+             {} requests, {} retries, {} evictions, {} read ahead",
             self.hits,
             self.misses,
             self.bytes_fetched,
             self.bytes_from_cache,
             self.requests,
             self.retries,
-            self.evictions
+            self.evictions,
+            self.read_ahead
         )
     }
 }

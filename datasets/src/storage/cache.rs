@@ -182,7 +182,7 @@ impl ObjectCache {
                 offset: 0,
             })
             .collect();
-        let ready = self.materialise(&store, &location, wanted)?;
+        let ready = self.materialise(&store, &location, wanted, true)?;
         self.enforce_cap()?;
 
         let after = self.stats();
@@ -280,7 +280,7 @@ impl ObjectCache {
             .map(|range| range_wanted(object, range))
             .collect();
         let fetched_before = self.counters.bytes_fetched.load(Ordering::Relaxed);
-        let ready = self.materialise(store, location, wanted)?;
+        let ready = self.materialise(store, location, wanted, true)?;
         let mut out = Vec::with_capacity(ready.len());
         for (cached, range) in ready.into_iter().zip(ranges) {
             let bytes = match cached.entry().read_checked()? {
@@ -289,7 +289,7 @@ impl ObjectCache {
                     // Torn by a crash: its metadata is gone now, so this fetches it again.
                     drop(cached);
                     let again =
-                        self.materialise(store, location, vec![range_wanted(object, range)])?;
+                        self.materialise(store, location, vec![range_wanted(object, range)], true)?;
                     let again = again.first().ok_or_else(|| Error::IncompleteObject {
                         uri: location.uri_of(object.location.as_ref()),
                         expected: range.end - range.start,
@@ -326,7 +326,7 @@ impl ObjectCache {
             })
             .collect();
         let fetched_before = self.counters.bytes_fetched.load(Ordering::Relaxed);
-        drop(self.materialise(store, location, wanted)?);
+        drop(self.materialise(store, location, wanted, false)?);
         self.after_range_fetch(fetched_before)
     }
 
@@ -353,6 +353,7 @@ impl ObjectCache {
         store: &Arc<AmazonS3>,
         location: &RemoteLocation,
         wanted: Vec<Wanted>,
+        reading: bool,
     ) -> Result<Vec<CachedObject>> {
         let sources: Vec<(String, u64)> =
             wanted.iter().map(|w| (w.key.clone(), w.offset)).collect();
@@ -364,7 +365,7 @@ impl ObjectCache {
             let lock = entry.open_lock()?;
             if try_lock(&lock, false, &entry.lock)? {
                 if entry.is_valid() {
-                    ready[position] = Some(self.hit(entry, lock));
+                    ready[position] = Some(self.hit(entry, lock, reading));
                     continue;
                 }
                 unlock(&lock, &entry.lock)?;
@@ -372,7 +373,7 @@ impl ObjectCache {
             if try_lock(&lock, true, &entry.lock)? {
                 if entry.validity() == Validity::Valid {
                     downgrade(&lock, &entry.lock)?;
-                    ready[position] = Some(self.hit(entry, lock));
+                    ready[position] = Some(self.hit(entry, lock, reading));
                 } else {
                     to_fetch.push((position, entry, lock));
                 }
@@ -380,7 +381,7 @@ impl ObjectCache {
                 contended.push((position, entry, lock));
             }
         }
-        for (position, object) in self.download(store, to_fetch, &sources)? {
+        for (position, object) in self.download(store, to_fetch, &sources, reading)? {
             ready[position] = Some(object);
         }
         // Entries another process was fetching or evicting: wait for it, then use its copy or
@@ -389,18 +390,18 @@ impl ObjectCache {
             let timeout = self.options.lock_timeout;
             wait_for_lock(&lock, false, &entry.lock, timeout)?;
             if entry.is_valid() {
-                ready[position] = Some(self.hit(entry, lock));
+                ready[position] = Some(self.hit(entry, lock, reading));
                 continue;
             }
             unlock(&lock, &entry.lock)?;
             wait_for_lock(&lock, true, &entry.lock, timeout)?;
             if entry.validity() == Validity::Valid {
                 downgrade(&lock, &entry.lock)?;
-                ready[position] = Some(self.hit(entry, lock));
+                ready[position] = Some(self.hit(entry, lock, reading));
                 continue;
             }
             for (position, object) in
-                self.download(store, vec![(position, entry, lock)], &sources)?
+                self.download(store, vec![(position, entry, lock)], &sources, reading)?
             {
                 ready[position] = Some(object);
             }
@@ -409,12 +410,14 @@ impl ObjectCache {
     }
 
     /// Records a hit on an entry whose lock is held shared.
-    fn hit(&self, entry: Entry, lock: File) -> CachedObject {
+    fn hit(&self, entry: Entry, lock: File, reading: bool) -> CachedObject {
         touch(&lock, &entry.lock);
-        self.counters.hits.fetch_add(1, Ordering::Relaxed);
-        self.counters
-            .bytes_from_cache
-            .fetch_add(entry.listed.size, Ordering::Relaxed);
+        if reading {
+            self.counters.hits.fetch_add(1, Ordering::Relaxed);
+            self.counters
+                .bytes_from_cache
+                .fetch_add(entry.listed.size, Ordering::Relaxed);
+        }
         entry.into_cached(lock)
     }
 
@@ -425,6 +428,7 @@ impl ObjectCache {
         store: &Arc<AmazonS3>,
         entries: Vec<(usize, Entry, File)>,
         sources: &[(String, u64)],
+        reading: bool,
     ) -> Result<Vec<(usize, CachedObject)>> {
         if entries.is_empty() {
             return Ok(Vec::new());
@@ -483,7 +487,12 @@ impl ObjectCache {
             part.committed = true;
             downgrade(&lock, &entry.lock)?;
             touch(&lock, &entry.lock);
-            self.counters.misses.fetch_add(1, Ordering::Relaxed);
+            let counter = if reading {
+                &self.counters.misses
+            } else {
+                &self.counters.read_ahead
+            };
+            counter.fetch_add(1, Ordering::Relaxed);
             debug!(uri = %entry.uri, bytes = entry.listed.size, "fetched object into the cache");
             fetched.push((position, entry.into_cached(lock)));
         }

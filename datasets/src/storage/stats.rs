@@ -16,6 +16,7 @@ pub(super) struct Counters {
     pub(super) retries: AtomicU64,
     pub(super) evictions: AtomicU64,
     pub(super) bytes_evicted: AtomicU64,
+    pub(super) read_ahead: AtomicU64,
 }
 
 impl Counters {
@@ -31,6 +32,7 @@ impl Counters {
             retries: load(&self.retries),
             evictions: load(&self.evictions),
             bytes_evicted: load(&self.bytes_evicted),
+            read_ahead: load(&self.read_ahead),
         }
     }
 }

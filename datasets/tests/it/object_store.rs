@@ -478,7 +478,7 @@ fn a_token_file_opens_from_its_listing_and_reads_ahead_when_told() {
     let ahead: Vec<u64> = (0..8).collect();
     remote.prefetch(&ahead);
     let deadline = std::time::Instant::now() + Duration::from_secs(20);
-    while cache.stats().misses < 8 {
+    while cache.stats().read_ahead < 8 {
         assert!(std::time::Instant::now() < deadline, "{:?}", cache.stats());
         std::thread::sleep(Duration::from_millis(20));
     }

@@ -262,5 +262,12 @@ fn print_report(r: &BenchReport) {
     }
     if let Some(cache) = &r.object_cache {
         println!("{cache}");
+        if cache.hits + cache.misses > 0 {
+            println!(
+                "cache hit rate    {:.1}% of reads ({} ranges read ahead)",
+                100.0 * cache.hit_rate(),
+                cache.read_ahead
+            );
+        }
     }
 }

@@ -138,6 +138,7 @@ impl MixedAssembler {
                 retries: a.retries + b.retries,
                 evictions: a.evictions + b.evictions,
                 bytes_evicted: a.bytes_evicted + b.bytes_evicted,
+                read_ahead: a.read_ahead + b.read_ahead,
             })
     }
 
