@@ -87,9 +87,10 @@ pub use sample_source::{
     NumericColumns, NumericKind, SampleSource, TokenWindowShape, MAX_NUMBERED_CLASSES,
 };
 pub use storage::{
-    parse_dataset_uri, write_tar_index, CachedObject, DatasetLocation, ObjectCache,
+    parse_dataset_uri, upload_tar_set, write_tar_index, CachedObject, DatasetLocation, ObjectCache,
     ObjectCacheOptions, RemoteLocation, RemoteTarShards, RemoteTokenFile, S3Settings,
-    TarIndexWritten, DEFAULT_CONCURRENCY, DEFAULT_MAX_BYTES, DEFAULT_PART_SIZE, TAR_INDEX_OBJECT,
+    TarIndexWritten, TarSetUploaded, DEFAULT_CONCURRENCY, DEFAULT_MAX_BYTES, DEFAULT_PART_SIZE,
+    TAR_INDEX_OBJECT,
 };
 pub use synthetic::{generate_imagenet_like, GeneratedDataset, SyntheticImageNetSpec};
 pub use tar_shards::{

@@ -47,7 +47,9 @@ pub use entry::CachedObject;
 pub use options::{
     ObjectCacheOptions, S3Settings, DEFAULT_CONCURRENCY, DEFAULT_MAX_BYTES, DEFAULT_PART_SIZE,
 };
-pub use remote_tar::{write_tar_index, RemoteTarShards, TarIndexWritten};
+pub use remote_tar::{
+    upload_tar_set, write_tar_index, RemoteTarShards, TarIndexWritten, TarSetUploaded,
+};
 pub use remote_tokens::RemoteTokenFile;
 pub use tar_index::TAR_INDEX_OBJECT;
 pub use uri::{parse_dataset_uri, DatasetLocation, RemoteLocation};

@@ -160,6 +160,80 @@ pub fn write_tar_index(uri: &str, cache: &ObjectCache) -> Result<TarIndexWritten
     Ok(written)
 }
 
+/// What [`upload_tar_set`] did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TarSetUploaded {
+    /// Objects written (shards, `classes.txt`), the index aside.
+    pub objects: usize,
+    /// Their bytes.
+    pub bytes: u64,
+    /// The index object written beside them.
+    pub index: TarIndexWritten,
+}
+
+/// Uploads the tar shards (and `classes.txt`) of the local folder `local` under `uri`
+/// (`s3://BUCKET/PREFIX`), then their index object, built from the local copies (nothing is
+/// read back but the listing, for the ETags the store gave them): `stoker convert --out s3://`.
+pub fn upload_tar_set(local: &Path, uri: &str, cache: &ObjectCache) -> Result<TarSetUploaded> {
+    let location = remote_location(uri)?;
+    let store = cache.store(&location)?;
+    let mut files: Vec<PathBuf> = std::fs::read_dir(local)
+        .map_err(|source| Error::io(local, source))?
+        .filter_map(|entry| entry.ok().map(|entry| entry.path()))
+        .filter(|path| {
+            let name = path.file_name().unwrap_or_default().to_string_lossy();
+            is_tar(&name) || name == CLASSES_FILE
+        })
+        .collect();
+    files.sort();
+    let folder = location.prefix.trim_end_matches('/').to_string();
+    let key_of = |name: &str| {
+        if folder.is_empty() {
+            name.to_string()
+        } else {
+            format!("{folder}/{name}")
+        }
+    };
+    let mut bytes = 0u64;
+    for file in &files {
+        let content = std::fs::read(file).map_err(|source| Error::io(file, source))?;
+        bytes += content.len() as u64;
+        let name = file.file_name().unwrap_or_default().to_string_lossy();
+        cache.put(&store, &location, &key_of(&name), content)?;
+    }
+    let listing = cache.list(&store, &location)?;
+    let shards = listed_shards(&listing, &location)?;
+    let indexed = shards
+        .iter()
+        .map(|object| {
+            let name = object.location.filename().unwrap_or_default().to_string();
+            let path = local.join(&name);
+            let file = std::fs::File::open(&path).map_err(|source| Error::io(&path, source))?;
+            Ok(IndexedShard {
+                index: scan_archive(&path, &file, object.size)?,
+                name,
+                size: object.size,
+                e_tag: object.e_tag.clone(),
+            })
+        })
+        .collect::<Result<Vec<_>>>()?;
+    let encoded = tar_index::encode(&indexed)?;
+    let key = index_key(&location, &shards);
+    let index = TarIndexWritten {
+        uri: location.uri_of(&key),
+        shards: indexed.len(),
+        samples: indexed.iter().map(|s| s.index.samples.len() as u64).sum(),
+        bytes: encoded.len() as u64,
+        shard_bytes: 0,
+    };
+    cache.put(&store, &location, &key, encoded)?;
+    Ok(TarSetUploaded {
+        objects: files.len(),
+        bytes,
+        index,
+    })
+}
+
 /// The key of the index object beside `shards` (they share a prefix: the listing is one level).
 fn index_key(location: &RemoteLocation, shards: &[ObjectMeta]) -> String {
     let folder = shards

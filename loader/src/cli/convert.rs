@@ -2,7 +2,8 @@
 //!
 //! `--to tar` writes WebDataset-style tar shards, `--to parquet` Parquet files (`key`, `image`,
 //! `label` columns); either way sample `i` of the output is sample `i` of the folder, so a job
-//! gives the same batches on all three.
+//! gives the same batches on all three. Tar shards may go straight to an object store
+//! (`--out s3://BUCKET/PREFIX`), indexed there.
 
 use std::path::PathBuf;
 
@@ -10,8 +11,8 @@ use anyhow::Context;
 use clap::{Args, ValueEnum};
 use indicatif::{ProgressBar, ProgressStyle};
 use stoker_datasets::{
-    write_parquet, write_tar_shards, ImageFolder, ParquetWriterOptions, SampleSource,
-    TarShardsWriterOptions,
+    upload_tar_set, write_parquet, write_tar_shards, ImageFolder, ObjectCache,
+    ParquetWriterOptions, SampleSource, TarShardsWriterOptions,
 };
 
 /// Target formats of `stoker convert`.
@@ -33,7 +34,9 @@ pub struct ConvertArgs {
     /// Format to write.
     #[arg(long, value_enum)]
     pub to: TargetFormat,
-    /// Output folder (created; must be empty).
+    /// Output folder (created; must be empty), or `s3://BUCKET/PREFIX` for tar shards: they
+    /// are written to a temporary folder, uploaded with their `classes.txt`, and indexed
+    /// (`stoker-tar-index.bin`, as `stoker index` writes it).
     #[arg(long)]
     pub out: PathBuf,
     /// Largest shard (tar) or file (Parquet) size in MB (10^6 bytes); each holds one sample at
@@ -47,6 +50,10 @@ pub struct ConvertArgs {
 
 /// Runs the command.
 pub fn run(args: ConvertArgs) -> anyhow::Result<()> {
+    let out = args.out.to_string_lossy().into_owned();
+    if out.starts_with("s3://") {
+        return convert_to_bucket(args, &out);
+    }
     let folder = ImageFolder::open(&args.from)
         .with_context(|| format!("cannot open the image folder {}", args.from.display()))?;
     let max_bytes = args.shard_size.saturating_mul(1_000_000);
@@ -97,5 +104,33 @@ pub fn run(args: ConvertArgs) -> anyhow::Result<()> {
         }
     };
     println!("{summary}");
+    Ok(())
+}
+
+/// `--out s3://...`: tar shards written to a temporary folder, then uploaded and indexed.
+fn convert_to_bucket(args: ConvertArgs, uri: &str) -> anyhow::Result<()> {
+    if args.to != TargetFormat::Tar {
+        anyhow::bail!(
+            "--out {uri}: only tar shards are written to object stores (Parquet is not read \
+             from them yet); use --to tar"
+        );
+    }
+    let cache = ObjectCache::from_env().context("cannot set up the object cache")?;
+    let staging = tempfile::tempdir().context("cannot make a temporary folder")?;
+    let local = staging.path().join("shards");
+    run(ConvertArgs {
+        out: local.clone(),
+        ..args
+    })?;
+    let uploaded = upload_tar_set(&local, uri, &cache)
+        .with_context(|| format!("cannot upload the tar shards to {uri}"))?;
+    println!(
+        "uploaded {} objects ({:.1} MB) to {uri}; wrote {} ({} samples, {} bytes)",
+        uploaded.objects,
+        uploaded.bytes as f64 / 1e6,
+        uploaded.index.uri,
+        uploaded.index.samples,
+        uploaded.index.bytes
+    );
     Ok(())
 }

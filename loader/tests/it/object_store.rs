@@ -136,6 +136,62 @@ fn digest_over_s3_equals_the_local_digest_cold_and_warm() {
         "the warm run read no object"
     );
 
+    // `stoker convert --out s3://` uploads the shards and their index: the set reads the same.
+    let (converted, _) = stoker_s3(
+        &server,
+        &dir.path().join("convert-cache"),
+        &[
+            "convert",
+            "--from",
+            images.to_str().unwrap(),
+            "--to",
+            "tar",
+            "--out",
+            "s3://data/converted",
+            "--shard-size",
+            "1",
+        ],
+    );
+    assert!(
+        converted.contains("wrote s3://data/converted/stoker-tar-index.bin (40 samples"),
+        "{converted}"
+    );
+    let whole_epoch = [
+        "digest",
+        "--batches",
+        "100",
+        "--batch-size",
+        "8",
+        "--size",
+        "32",
+        "--no-shuffle",
+    ];
+    let expected = common::stdout_of(&[&whole_epoch[..], &["--data", local]].concat());
+    let (digest, stderr) = stoker_s3(
+        &server,
+        &dir.path().join("converted-cache"),
+        &[&whole_epoch[..], &["--data", "s3://data/converted"]].concat(),
+    );
+    assert_eq!(digest, expected.lines().last().unwrap());
+    assert!(!stderr.contains("no tar index object"), "{stderr}");
+    let refused = Command::new(env!("CARGO_BIN_EXE_stoker"))
+        .args([
+            "convert",
+            "--from",
+            images.to_str().unwrap(),
+            "--to",
+            "parquet",
+        ])
+        .args(["--out", "s3://data/p"])
+        .output()
+        .unwrap();
+    assert!(!refused.status.success());
+    assert!(
+        String::from_utf8_lossy(&refused.stderr).contains("only tar shards"),
+        "{}",
+        String::from_utf8_lossy(&refused.stderr)
+    );
+
     // `stoker inspect` takes the same URI, and describes the same 40 images as the local set.
     let inspected = |data: &str| {
         let output = Command::new(env!("CARGO_BIN_EXE_stoker"))
