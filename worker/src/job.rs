@@ -200,8 +200,9 @@ fn column_options(dataset: &proto::DatasetSource) -> ParquetOptions {
 }
 
 /// Opens an `s3://` dataset; tar shards are the one format read from object stores so far.
-/// Opens an `s3://` dataset: tar shards, or a token file (format TOKEN_FILE, or AUTO with a
-/// `.bin` key); other formats are refused by name.
+/// Opens an `s3://` dataset: tar shards, Parquet files (format PARQUET, or AUTO with a
+/// `.parquet` key) or a token file (TOKEN_FILE, or AUTO with a `.bin` key); other formats
+/// are refused by name.
 fn open_remote_source(
     uri: &str,
     dataset: &proto::DatasetSource,
@@ -210,6 +211,9 @@ fn open_remote_source(
     let format = match dataset.format() {
         DatasetFormat::Auto if uri.to_ascii_lowercase().ends_with(".bin") => {
             DatasetFormat::TokenFile
+        }
+        DatasetFormat::Auto if uri.to_ascii_lowercase().ends_with(".parquet") => {
+            DatasetFormat::Parquet
         }
         DatasetFormat::Auto => DatasetFormat::TarShards,
         other => other,
@@ -234,10 +238,14 @@ fn open_remote_source(
                 RemoteTokenFile::open(uri, cache()?, dtype, seq_len).map_err(Error::OpenDataset)?,
             ))
         }
+        DatasetFormat::Parquet => Ok(Arc::new(
+            ParquetDataset::open_remote(uri, cache()?, &column_options(dataset))
+                .map_err(Error::OpenDataset)?,
+        )),
         other => Err(Error::InvalidSpec(format!(
             "dataset format {other:?} cannot be read from {uri} yet: s3:// sources hold tar \
-             shards (format AUTO or TAR_SHARDS) or a token file (TOKEN_FILE, or AUTO for a \
-             .bin key)"
+             shards (format AUTO or TAR_SHARDS), Parquet files (PARQUET, or AUTO for a \
+             .parquet key) or a token file (TOKEN_FILE, or AUTO for a .bin key)"
         ))),
     }
 }

@@ -4,13 +4,13 @@
 //! `parquet` fuzz target). Each dictionary page of the column chunks about to be decoded is
 //! read here first (its header, then its bytes) and a claim its bytes cannot hold is refused.
 
-use std::fs::File;
 use std::sync::Arc;
 
 use parquet::basic::Type as PhysicalType;
 use parquet::column::page::{Page, PageReader};
 use parquet::errors::ParquetError;
 use parquet::file::metadata::ParquetMetaData;
+use parquet::file::reader::ChunkReader;
 use parquet::file::serialized_reader::SerializedPageReader;
 
 /// Bytes a value of `physical` takes at least in a PLAIN dictionary page (0: no bound).
@@ -28,8 +28,8 @@ fn least_bytes(physical: PhysicalType, type_length: i32) -> u64 {
 
 /// Refuses a dictionary page, in the chunks of `row_groups` x the leaf columns under `roots`,
 /// whose header claims more values than its bytes hold.
-pub(super) fn check_dictionaries(
-    file: File,
+pub(super) fn check_dictionaries<R: ChunkReader + 'static>(
+    file: R,
     metadata: &ParquetMetaData,
     row_groups: &[usize],
     roots: &[usize],

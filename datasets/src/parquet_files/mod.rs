@@ -15,13 +15,13 @@
 //! [`SampleSource::shard_sizes`] reports rows per row group, so a shard-aware shuffle
 //! (`shuffle_window`) keeps reads within a few groups.
 
+mod bytes;
 pub(crate) mod columns;
 mod dictionary_check;
 mod numeric;
 pub(crate) mod row_group_cache;
 mod write;
 
-use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Instant;
@@ -40,7 +40,10 @@ use tracing::info;
 use crate::error::{without_panics, Error, Result};
 use crate::files::{files_with_extension, has_extension};
 use crate::sample_source::{numbered_class_names, SampleSource};
+use crate::storage::{list_remote, ObjectCache};
+use bytes::FileBytes;
 use columns::Cell;
+use parquet::file::reader::Length;
 use row_group_cache::RowGroupCache;
 
 pub use write::{write_parquet, ParquetWriterOptions, ParquetWritten};
@@ -137,7 +140,10 @@ pub struct ParquetSummary {
 
 /// One Parquet file of the dataset.
 struct ParquetFile {
+    /// The file's path, or its `s3://` URI, in messages.
     path: PathBuf,
+    /// Where its bytes are read.
+    source: FileBytes,
     bytes: u64,
     metadata: ArrowReaderMetadata,
     /// The root column holding the samples; `None` when numeric-only.
@@ -195,6 +201,8 @@ pub struct ParquetDataset {
     sample_kind: ParquetSampleKind,
     label_column: Option<String>,
     cache: RowGroupCache<DecodedGroup>,
+    /// The object cache, for a dataset read from an object store.
+    object_cache: Option<Arc<ObjectCache>>,
 }
 
 /// The numeric-only sample name, in messages and the summary.
@@ -219,13 +227,11 @@ fn all_numeric(schema: &arrow_schema::Schema) -> bool {
             .all(|field| columns::is_numeric(field.data_type()))
 }
 
-/// Reads the footer of `path` and finds the sample and label columns in its schema.
-fn open_file(path: PathBuf, options: &ParquetOptions) -> Result<OpenedFile> {
-    let handle = File::open(&path).map_err(|source| Error::io(&path, source))?;
-    let bytes = handle
-        .metadata()
-        .map_err(|source| Error::io(&path, source))?
-        .len();
+/// Reads the footer of the file at `path` (its bytes from `source`) and finds the sample and
+/// label columns in its schema.
+fn open_file(path: PathBuf, source: FileBytes, options: &ParquetOptions) -> Result<OpenedFile> {
+    let handle = source.footer()?;
+    let bytes = handle.len();
     let metadata = without_panics("parquet", || {
         ArrowReaderMetadata::load(&handle, ArrowReaderOptions::new())
     })
@@ -362,6 +368,7 @@ fn open_file(path: PathBuf, options: &ParquetOptions) -> Result<OpenedFile> {
     Ok(OpenedFile {
         file: ParquetFile {
             path,
+            source,
             bytes,
             metadata,
             sample_column,
@@ -380,11 +387,11 @@ fn read_labels(file: &ParquetFile, column: usize) -> Result<Vec<i64>> {
         path: file.path.clone(),
         source,
     };
-    let handle = File::open(&file.path).map_err(|source| Error::io(&file.path, source))?;
     let groups: Vec<usize> = (0..file.metadata.metadata().num_row_groups()).collect();
-    let checked = handle
-        .try_clone()
-        .map_err(|source| Error::io(&file.path, source))?;
+    let handle = file
+        .source
+        .chunks(file.metadata.metadata(), &groups, &[column])?;
+    let checked = handle.try_clone(&file.path)?;
     dictionary_check::check_dictionaries(checked, file.metadata.metadata(), &groups, &[column])
         .map_err(file_error)?;
     let mask = ProjectionMask::roots(file.metadata.parquet_schema(), [column]);
@@ -450,11 +457,50 @@ impl ParquetDataset {
         if paths.is_empty() {
             return Err(Error::NoParquetFiles(path.to_path_buf()));
         }
+        let files = paths
+            .into_iter()
+            .map(|path| (path.clone(), FileBytes::Local(path)))
+            .collect();
+        Self::open_files(path, root, files, options, None, started)
+    }
 
-        let opened: Vec<(OpenedFile, Option<Vec<i64>>)> = paths
+    /// Opens the `*.parquet` objects directly under `uri` (`s3://BUCKET/PREFIX`, or the one
+    /// object it names), reading their footers and label columns by ranges through `cache`;
+    /// samples are then read a row group's column chunk at a time, as from local files.
+    pub fn open_remote(
+        uri: &str,
+        cache: Arc<ObjectCache>,
+        options: &ParquetOptions,
+    ) -> Result<ParquetDataset> {
+        let started = Instant::now();
+        let is_parquet = |name: &str| has_extension(Path::new(name), "parquet");
+        let (location, objects) = list_remote(uri, &cache, &is_parquet, "*.parquet file")?;
+        let files = objects
+            .into_iter()
+            .map(|object| {
+                (
+                    PathBuf::from(object.uri()),
+                    FileBytes::Remote(Arc::new(object)),
+                )
+            })
+            .collect();
+        let root = PathBuf::from(location.uri());
+        Self::open_files(&root.clone(), root, files, options, Some(cache), started)
+    }
+
+    /// Opens `files` (display path, bytes), in this order; `path` names the set in messages.
+    fn open_files(
+        path: &Path,
+        root: PathBuf,
+        files: Vec<(PathBuf, FileBytes)>,
+        options: &ParquetOptions,
+        object_cache: Option<Arc<ObjectCache>>,
+        started: Instant,
+    ) -> Result<ParquetDataset> {
+        let opened: Vec<(OpenedFile, Option<Vec<i64>>)> = files
             .into_par_iter()
-            .map(|path| {
-                let opened = open_file(path, options)?;
+            .map(|(path, source)| {
+                let opened = open_file(path, source, options)?;
                 let labels = opened
                     .label_column
                     .map(|column| {
@@ -566,6 +612,7 @@ impl ParquetDataset {
             sample_kind,
             label_column,
             cache: RowGroupCache::new(options.cache_bytes),
+            object_cache,
         })
     }
 
@@ -644,10 +691,10 @@ impl ParquetDataset {
             source,
         };
         let decode = || -> Result<Vec<Vec<ArrayRef>>> {
-            let handle = File::open(&file.path).map_err(|source| Error::io(&file.path, source))?;
-            let checked = handle
-                .try_clone()
-                .map_err(|source| Error::io(&file.path, source))?;
+            let handle =
+                file.source
+                    .chunks(file.metadata.metadata(), &[span.group_in_file], columns)?;
+            let checked = handle.try_clone(&file.path)?;
             dictionary_check::check_dictionaries(
                 checked,
                 file.metadata.metadata(),
@@ -794,6 +841,10 @@ impl SampleSource for ParquetDataset {
 
     fn numeric_columns(&self) -> Option<&dyn crate::sample_source::NumericColumns> {
         Some(self)
+    }
+
+    fn cache_stats(&self) -> Option<crate::CacheStats> {
+        self.object_cache.as_ref().map(|cache| cache.stats())
     }
 }
 

@@ -35,6 +35,7 @@ mod entry_lock;
 mod eviction;
 mod options;
 mod prefetch;
+mod remote_object;
 mod remote_tar;
 mod remote_tokens;
 mod stats;
@@ -47,6 +48,7 @@ pub use entry::CachedObject;
 pub use options::{
     ObjectCacheOptions, S3Settings, DEFAULT_CONCURRENCY, DEFAULT_MAX_BYTES, DEFAULT_PART_SIZE,
 };
+pub(crate) use remote_object::{list_remote, RemoteObject};
 pub use remote_tar::{
     upload_tar_set, write_tar_index, RemoteTarShards, TarIndexWritten, TarSetUploaded,
 };

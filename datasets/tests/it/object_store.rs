@@ -10,9 +10,9 @@ use std::sync::{Arc, Barrier};
 use std::time::Duration;
 
 use stoker_datasets::{
-    generate_imagenet_like, write_tar_shards, ImageFolder, ObjectCache, ObjectCacheOptions,
-    RemoteTarShards, S3Settings, SampleSource, SyntheticImageNetSpec, TarShards,
-    TarShardsWriterOptions,
+    generate_imagenet_like, write_parquet, write_tar_shards, ImageFolder, ObjectCache,
+    ObjectCacheOptions, ParquetDataset, ParquetOptions, ParquetWriterOptions, RemoteTarShards,
+    S3Settings, SampleSource, SyntheticImageNetSpec, TarShards, TarShardsWriterOptions,
 };
 
 use crate::s3_server::{S3Server, ACCESS_KEY, SECRET_KEY};
@@ -496,4 +496,53 @@ fn a_token_file_opens_from_its_listing_and_reads_ahead_when_told() {
         "{}",
         remote.describe(3)
     );
+}
+
+#[test]
+fn a_parquet_set_opens_from_its_footers_and_labels_and_reads_like_the_local_one() {
+    let dir = tempfile::tempdir().unwrap();
+    let images = dir.path().join("images");
+    let spec = SyntheticImageNetSpec {
+        count: 40,
+        seed: 5,
+        classes: 4,
+    };
+    generate_imagenet_like(&images, &spec, &|_| {}).unwrap();
+    let out = dir.path().join("parquet");
+    let options = ParquetWriterOptions {
+        file_bytes: 2_000_000,
+        rows_per_group: 4,
+    };
+    write_parquet(
+        &ImageFolder::open(&images).unwrap(),
+        &out,
+        &options,
+        &|_| {},
+    )
+    .unwrap();
+    let local = ParquetDataset::open(&out, &ParquetOptions::default()).unwrap();
+    let server = S3Server::start(&dir.path().join("server"));
+    let target = server.bucket_dir(BUCKET).join("pq");
+    std::fs::create_dir_all(&target).unwrap();
+    let mut uploaded = 0;
+    for entry in std::fs::read_dir(&out).unwrap() {
+        let path = entry.unwrap().path();
+        if path.extension().is_some_and(|e| e == "parquet") {
+            uploaded += std::fs::copy(&path, target.join(path.file_name().unwrap())).unwrap();
+        }
+    }
+    let cache = cache(&server, &dir.path().join("cache"));
+    let remote = ParquetDataset::open_remote(
+        "s3://data/pq",
+        Arc::clone(&cache),
+        &ParquetOptions::default(),
+    )
+    .unwrap();
+    let opened = cache.stats().bytes_fetched;
+    assert!(
+        opened * 100 < uploaded,
+        "the open read {opened} of {uploaded} bytes (footers and label columns)"
+    );
+    assert_same_samples(&remote, &local);
+    assert!(remote.cache_stats().unwrap().bytes_fetched < uploaded + uploaded / 10);
 }

@@ -111,8 +111,8 @@ pub fn run(args: ConvertArgs) -> anyhow::Result<()> {
 fn convert_to_bucket(args: ConvertArgs, uri: &str) -> anyhow::Result<()> {
     if args.to != TargetFormat::Tar {
         anyhow::bail!(
-            "--out {uri}: only tar shards are written to object stores (Parquet is not read \
-             from them yet); use --to tar"
+            "--out {uri}: convert uploads tar shards only; write Parquet to a local folder and \
+             copy the files to the bucket (Stoker reads them from s3://)"
         );
     }
     let cache = ObjectCache::from_env().context("cannot set up the object cache")?;

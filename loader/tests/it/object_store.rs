@@ -187,10 +187,40 @@ fn digest_over_s3_equals_the_local_digest_cold_and_warm() {
         .unwrap();
     assert!(!refused.status.success());
     assert!(
-        String::from_utf8_lossy(&refused.stderr).contains("only tar shards"),
+        String::from_utf8_lossy(&refused.stderr).contains("convert uploads tar shards only"),
         "{}",
         String::from_utf8_lossy(&refused.stderr)
     );
+
+    // A Parquet file in the bucket (its key ends in .parquet): footer and columns by ranges.
+    let parquet = dir.path().join("parquet");
+    common::stdout_of(&[
+        "convert",
+        "--from",
+        images.to_str().unwrap(),
+        "--to",
+        "parquet",
+        "--out",
+        parquet.to_str().unwrap(),
+    ]);
+    let file = std::fs::read_dir(&parquet)
+        .unwrap()
+        .map(|entry| entry.unwrap().path())
+        .find(|path| path.extension().is_some_and(|e| e == "parquet"))
+        .unwrap();
+    let name = file.file_name().unwrap().to_string_lossy().into_owned();
+    let pq = server.bucket_dir("data").join("pq");
+    std::fs::create_dir_all(&pq).unwrap();
+    std::fs::copy(&file, pq.join(&name)).unwrap();
+    let expected =
+        common::stdout_of(&[&whole_epoch[..], &["--data", parquet.to_str().unwrap()]].concat());
+    let uri = format!("s3://data/pq/{name}");
+    let (digest, _) = stoker_s3(
+        &server,
+        &dir.path().join("parquet-cache"),
+        &[&whole_epoch[..], &["--data", &uri]].concat(),
+    );
+    assert_eq!(digest, expected.lines().last().unwrap());
 
     // `stoker inspect` takes the same URI, and describes the same 40 images as the local set.
     let inspected = |data: &str| {

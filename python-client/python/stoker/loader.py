@@ -292,7 +292,8 @@ class Loader:
             column gives the samples, its ``ClassLabel`` the labels and :attr:`classes`; for a
             ``DatasetDict`` pass one split's folder). The format is picked from the files
             unless ``format`` names it. ``s3://BUCKET/PREFIX`` reads the tar shards under that
-            prefix, and ``s3://BUCKET/KEY.bin`` a token file, sample by sample (ranged GETs,
+            prefix (with ``format="parquet"``, its Parquet files; a key ending in ``.parquet``
+            or ``.bin`` is a Parquet or token file), sample by sample (ranged GETs,
             read ahead of the loop) through the local object cache (``STOKER_CACHE_DIR``,
             ``STOKER_CACHE_MAX_BYTES``; credentials and endpoint from the ``AWS_*`` variables);
             ``stoker index s3://BUCKET/PREFIX`` writes the index that lets a tar set open

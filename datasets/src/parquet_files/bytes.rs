@@ -1,0 +1,196 @@
+//! Where a Parquet file's bytes come from: a local file, or an object in a store read by byte
+//! ranges through the cache tier. For a remote file the footer is read from the object's tail,
+//! and a read of some row groups and columns first fetches exactly those column chunks (in one
+//! call: neighbours coalesced), then serves the Parquet reader from them ([`ChunkBytes`]).
+
+use std::fs::File;
+use std::io::Read;
+use std::ops::Range;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use parquet::errors::ParquetError;
+use parquet::file::metadata::ParquetMetaData;
+use parquet::file::reader::{ChunkReader, Length};
+
+use crate::error::{Error, Result};
+use crate::storage::RemoteObject;
+
+/// The bytes of one Parquet file.
+#[derive(Clone)]
+pub(crate) enum FileBytes {
+    /// A local file.
+    Local(PathBuf),
+    /// An object read by ranges.
+    Remote(Arc<RemoteObject>),
+}
+
+/// Bytes of a remote file's tail read first, at most: most footers fit. A small file reads a
+/// thousandth of its size (at least 1 KiB), so a set of small files does not pay a tail of this
+/// size for footers of a few KiB; a footer longer than the tail costs a second GET.
+const TAIL_BYTES: u64 = 16 * 1024;
+
+impl FileBytes {
+    /// A reader of the footer (a local file: the whole file).
+    pub(crate) fn footer(&self) -> Result<ChunkBytes> {
+        match self {
+            FileBytes::Local(path) => Ok(ChunkBytes::Local(
+                File::open(path).map_err(|source| Error::io(path, source))?,
+            )),
+            FileBytes::Remote(object) => {
+                let len = object.size();
+                let tail_bytes = (len / 1024).clamp(1024, TAIL_BYTES);
+                let tail = len.saturating_sub(tail_bytes)..len;
+                let mut chunks = object.read_ranges(std::slice::from_ref(&tail))?;
+                let bytes = chunks.pop().unwrap_or_default();
+                // The last 8 bytes: the footer's length (u32 LE) and `PAR1`.
+                let footer = bytes
+                    .len()
+                    .checked_sub(8)
+                    .and_then(|at| bytes.get(at..at + 4))
+                    .map(|b| u64::from(u32::from_le_bytes([b[0], b[1], b[2], b[3]])))
+                    .unwrap_or(0);
+                let needed = footer.saturating_add(8);
+                if needed <= bytes.len() as u64 || needed > len {
+                    return Ok(ChunkBytes::sparse(len, vec![(tail.start, bytes)]));
+                }
+                let whole = len - needed..len;
+                let mut chunks = object.read_ranges(std::slice::from_ref(&whole))?;
+                Ok(ChunkBytes::sparse(
+                    len,
+                    vec![(whole.start, chunks.pop().unwrap_or_default())],
+                ))
+            }
+        }
+    }
+
+    /// A reader of the column chunks of `roots` in `row_groups` (a local file: the file).
+    pub(crate) fn chunks(
+        &self,
+        metadata: &ParquetMetaData,
+        row_groups: &[usize],
+        roots: &[usize],
+    ) -> Result<ChunkBytes> {
+        match self {
+            FileBytes::Local(path) => Ok(ChunkBytes::Local(
+                File::open(path).map_err(|source| Error::io(path, source))?,
+            )),
+            FileBytes::Remote(object) => {
+                let schema = metadata.file_metadata().schema_descr();
+                let mut ranges: Vec<Range<u64>> = Vec::new();
+                for &group in row_groups {
+                    let Some(row_group) = metadata.row_groups().get(group) else {
+                        continue;
+                    };
+                    for leaf in 0..schema.num_columns() {
+                        if !roots.contains(&schema.get_column_root_idx(leaf)) {
+                            continue;
+                        }
+                        let (start, length) = row_group.column(leaf).byte_range();
+                        let end = start.saturating_add(length).min(object.size());
+                        if start < end {
+                            ranges.push(start..end);
+                        }
+                    }
+                }
+                let fetched = object.read_ranges(&ranges)?;
+                Ok(ChunkBytes::sparse(
+                    object.size(),
+                    ranges.iter().map(|r| r.start).zip(fetched).collect(),
+                ))
+            }
+        }
+    }
+}
+
+/// What a Parquet reader reads: a local file, or the fetched parts of a remote one (reads
+/// outside them fail with an error naming the offset).
+pub(crate) enum ChunkBytes {
+    Local(File),
+    Sparse {
+        len: u64,
+        /// (offset, bytes), sorted by offset.
+        chunks: Vec<(u64, Bytes)>,
+    },
+}
+
+impl ChunkBytes {
+    /// A second reader of the same bytes (`path` names the file in errors).
+    pub(crate) fn try_clone(&self, path: &std::path::Path) -> Result<ChunkBytes> {
+        match self {
+            ChunkBytes::Local(file) => Ok(ChunkBytes::Local(
+                file.try_clone().map_err(|source| Error::io(path, source))?,
+            )),
+            ChunkBytes::Sparse { len, chunks } => Ok(ChunkBytes::Sparse {
+                len: *len,
+                chunks: chunks.clone(),
+            }),
+        }
+    }
+
+    fn sparse(len: u64, chunks: Vec<(u64, Vec<u8>)>) -> ChunkBytes {
+        let mut chunks: Vec<(u64, Bytes)> = chunks
+            .into_iter()
+            .map(|(offset, bytes)| (offset, Bytes::from(bytes)))
+            .collect();
+        chunks.sort_by_key(|(offset, _)| *offset);
+        ChunkBytes::Sparse { len, chunks }
+    }
+
+    /// The fetched bytes from `start` to the end of the part holding it.
+    fn from(chunks: &[(u64, Bytes)], start: u64) -> parquet::errors::Result<Bytes> {
+        let position = chunks.partition_point(|(offset, _)| *offset <= start);
+        position
+            .checked_sub(1)
+            .and_then(|p| chunks.get(p))
+            .and_then(|(offset, bytes)| {
+                let at = usize::try_from(start - offset).ok()?;
+                (at <= bytes.len()).then(|| bytes.slice(at..))
+            })
+            .ok_or_else(|| {
+                ParquetError::General(format!(
+                    "byte {start} of a remote Parquet file was not fetched for this read"
+                ))
+            })
+    }
+}
+
+impl Length for ChunkBytes {
+    fn len(&self) -> u64 {
+        match self {
+            ChunkBytes::Local(file) => Length::len(file),
+            ChunkBytes::Sparse { len, .. } => *len,
+        }
+    }
+}
+
+impl ChunkReader for ChunkBytes {
+    type T = Box<dyn Read + Send>;
+
+    fn get_read(&self, start: u64) -> parquet::errors::Result<Self::T> {
+        match self {
+            ChunkBytes::Local(file) => Ok(Box::new(file.get_read(start)?)),
+            ChunkBytes::Sparse { chunks, .. } => {
+                Ok(Box::new(std::io::Cursor::new(Self::from(chunks, start)?)))
+            }
+        }
+    }
+
+    fn get_bytes(&self, start: u64, length: usize) -> parquet::errors::Result<Bytes> {
+        match self {
+            ChunkBytes::Local(file) => file.get_bytes(start, length),
+            ChunkBytes::Sparse { chunks, .. } => {
+                let bytes = Self::from(chunks, start)?;
+                if bytes.len() < length {
+                    return Err(ParquetError::General(format!(
+                        "bytes {start}..{} of a remote Parquet file were not fetched for this \
+                         read",
+                        start + length as u64
+                    )));
+                }
+                Ok(bytes.slice(..length))
+            }
+        }
+    }
+}

@@ -1,0 +1,76 @@
+//! One object of a store read by byte ranges through the cache tier, for formats whose readers
+//! want ranges (Parquet's footers and column chunks).
+
+use std::ops::Range;
+use std::sync::Arc;
+
+use object_store::aws::AmazonS3;
+use object_store::ObjectMeta;
+
+use super::cache::ObjectCache;
+use super::uri::{parse_dataset_uri, DatasetLocation, RemoteLocation};
+use crate::error::{Error, Result};
+
+/// An object as listed, with what it is read through.
+pub(crate) struct RemoteObject {
+    cache: Arc<ObjectCache>,
+    store: Arc<AmazonS3>,
+    location: RemoteLocation,
+    object: ObjectMeta,
+}
+
+impl RemoteObject {
+    /// The object's size.
+    pub(crate) fn size(&self) -> u64 {
+        self.object.size
+    }
+
+    /// The object's `s3://` URI.
+    pub(crate) fn uri(&self) -> String {
+        self.location.uri_of(self.object.location.as_ref())
+    }
+
+    /// Bytes `ranges` of the object, through the cache.
+    pub(crate) fn read_ranges(&self, ranges: &[Range<u64>]) -> Result<Vec<Vec<u8>>> {
+        self.cache
+            .read_ranges(&self.store, &self.location, &self.object, ranges)
+    }
+}
+
+/// The objects directly under `uri` (or the one it names) whose file name passes `keep`, in key
+/// order; an error naming `what` when there is none.
+pub(crate) fn list_remote(
+    uri: &str,
+    cache: &Arc<ObjectCache>,
+    keep: &dyn Fn(&str) -> bool,
+    what: &str,
+) -> Result<(RemoteLocation, Vec<RemoteObject>)> {
+    let location = match parse_dataset_uri(uri)? {
+        DatasetLocation::S3(location) => location,
+        DatasetLocation::Local(_) => {
+            return Err(Error::InvalidUri {
+                uri: uri.to_string(),
+                reason: "objects in a store are named by s3://BUCKET/PREFIX".into(),
+            })
+        }
+    };
+    let store = cache.store(&location)?;
+    let objects: Vec<RemoteObject> = cache
+        .list(&store, &location)?
+        .into_iter()
+        .filter(|object| keep(object.location.filename().unwrap_or_default()))
+        .map(|object| RemoteObject {
+            cache: Arc::clone(cache),
+            store: Arc::clone(&store),
+            location: location.clone(),
+            object,
+        })
+        .collect();
+    if objects.is_empty() {
+        return Err(Error::NoRemoteObjects {
+            uri: location.uri(),
+            what: what.to_string(),
+        });
+    }
+    Ok((location, objects))
+}
