@@ -509,14 +509,14 @@ fn a_parquet_set_opens_from_its_footers_and_labels_and_reads_like_the_local_one(
     };
     generate_imagenet_like(&images, &spec, &|_| {}).unwrap();
     let out = dir.path().join("parquet");
-    let options = ParquetWriterOptions {
+    let writer = ParquetWriterOptions {
         file_bytes: 2_000_000,
         rows_per_group: 4,
     };
     write_parquet(
         &ImageFolder::open(&images).unwrap(),
         &out,
-        &options,
+        &writer,
         &|_| {},
     )
     .unwrap();
@@ -545,4 +545,17 @@ fn a_parquet_set_opens_from_its_footers_and_labels_and_reads_like_the_local_one(
     );
     assert_same_samples(&remote, &local);
     assert!(remote.cache_stats().unwrap().bytes_fetched < uploaded + uploaded / 10);
+
+    // With the cache capped at a tenth of the set, every sample still reads.
+    let mut capped = options(&server, &dir.path().join("capped-cache"));
+    capped.max_bytes = uploaded / 10;
+    let capped = Arc::new(ObjectCache::new(capped).unwrap());
+    let remote = ParquetDataset::open_remote(
+        "s3://data/pq",
+        Arc::clone(&capped),
+        &ParquetOptions::default(),
+    )
+    .unwrap();
+    assert_same_samples(&remote, &local);
+    assert!(capped.stats().evictions > 0, "{:?}", capped.stats());
 }
