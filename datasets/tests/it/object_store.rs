@@ -513,13 +513,7 @@ fn a_parquet_set_opens_from_its_footers_and_labels_and_reads_like_the_local_one(
         file_bytes: 2_000_000,
         rows_per_group: 4,
     };
-    write_parquet(
-        &ImageFolder::open(&images).unwrap(),
-        &out,
-        &writer,
-        &|_| {},
-    )
-    .unwrap();
+    write_parquet(&ImageFolder::open(&images).unwrap(), &out, &writer, &|_| {}).unwrap();
     let local = ParquetDataset::open(&out, &ParquetOptions::default()).unwrap();
     let server = S3Server::start(&dir.path().join("server"));
     let target = server.bucket_dir(BUCKET).join("pq");
