@@ -754,6 +754,102 @@ fn sample_seed(seed: u64, epoch: u64, index: u64) -> u64 {
     stoker_worker::sample_seed(seed, epoch, index)
 }
 
+/// The mix order of Python datasets (`stoker.mix` over `Loader.from_dataset`-style
+/// datasets): sources of `lens` samples mixed by `weights`, `window` positions per window,
+/// the epoch rule `epoch_end` (`"first_exhausted"`, `"all_exhausted"` or `"samples"` with
+/// `epoch_samples`).
+fn python_mix(
+    weights: &[f64],
+    lens: &[u64],
+    window: u32,
+    epoch_end: &str,
+    epoch_samples: u64,
+    seed: u64,
+    shuffle: bool,
+) -> PyResult<stoker_worker::MixOrder> {
+    let end = match epoch_end {
+        "first_exhausted" => stoker_worker::MixEnd::FirstExhausted,
+        "all_exhausted" => stoker_worker::MixEnd::AllExhausted,
+        "samples" => stoker_worker::MixEnd::Samples(epoch_samples),
+        other => {
+            return Err(PyValueError::new_err(format!(
+                "epoch_end must be \"first_exhausted\", \"all_exhausted\" or a number of \
+                 samples, got {other:?}"
+            )))
+        }
+    };
+    stoker_worker::MixOrder::new(weights, lens, window, end, seed, shuffle)
+        .map_err(|e| PyValueError::new_err(e.to_string()))
+}
+
+/// Positions of an epoch of that mix.
+#[pyfunction]
+fn mix_epoch_len(
+    weights: Vec<f64>,
+    lens: Vec<u64>,
+    window: u32,
+    epoch_end: &str,
+    epoch_samples: u64,
+) -> PyResult<u64> {
+    Ok(python_mix(&weights, &lens, window, epoch_end, epoch_samples, 0, false)?.epoch_len())
+}
+
+/// The sample each of `positions` of `epoch` reads in that mix: (source, index in the
+/// source), by the rule of native mixes (each source in its own seeded order, restarting).
+#[pyfunction]
+#[allow(clippy::too_many_arguments)]
+fn mix_samples(
+    weights: Vec<f64>,
+    lens: Vec<u64>,
+    window: u32,
+    epoch_end: &str,
+    epoch_samples: u64,
+    seed: u64,
+    shuffle: bool,
+    epoch: u64,
+    positions: Vec<u64>,
+) -> PyResult<Vec<(usize, u64)>> {
+    let order = python_mix(
+        &weights,
+        &lens,
+        window,
+        epoch_end,
+        epoch_samples,
+        seed,
+        shuffle,
+    )?;
+    if let Some(position) = positions.iter().find(|&&p| p >= order.epoch_len()) {
+        return Err(PyValueError::new_err(format!(
+            "position {position} is past the mix's {} positions",
+            order.epoch_len()
+        )));
+    }
+    let orders: Vec<(stoker_worker::PlanConfig, Option<&[u64]>)> = lens
+        .iter()
+        .enumerate()
+        .map(|(k, &len)| {
+            let config = stoker_worker::PlanConfig {
+                num_samples: len,
+                batch_size: 1,
+                seed: stoker_worker::source_seed(seed, k),
+                shuffle,
+                drop_last: false,
+                rank: 0,
+                world_size: 1,
+                uneven_tail: proto::UnevenTail::Pad,
+                shuffle_window: 0,
+            };
+            (config, None)
+        })
+        .collect();
+    let samples = stoker_worker::mix_samples(&order, &orders, epoch, &positions)
+        .map_err(|e| PyValueError::new_err(e.to_string()))?;
+    Ok(samples
+        .into_iter()
+        .map(|(source, _, index)| (source, index))
+        .collect())
+}
+
 #[pymodule]
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     let classes = errors::classes(m.py())?;
@@ -766,6 +862,8 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(make_dataset, m)?)?;
     m.add_function(wrap_pyfunction!(make_tokens, m)?)?;
     m.add_function(wrap_pyfunction!(sample_seed, m)?)?;
+    m.add_function(wrap_pyfunction!(mix_epoch_len, m)?)?;
+    m.add_function(wrap_pyfunction!(mix_samples, m)?)?;
     m.add_function(wrap_pyfunction!(train_bpe_tokenizer, m)?)?;
     m.add_function(wrap_pyfunction!(write_test_certificates, m)?)?;
     ops::register(m)?;

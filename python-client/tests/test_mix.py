@@ -226,7 +226,62 @@ def test_mixes_that_cannot_work_are_refused_by_name(
         stoker.mix({a: 1}, pipeline=windows, batch_size=4, epoch_end="never")
     with pytest.raises(TypeError, match="dict"):
         stoker.mix([a, b], pipeline=windows, batch_size=4)  # type: ignore[arg-type]
-    with pytest.raises(TypeError, match="from_dataset"):
+    with pytest.raises(TypeError, match="map-style dataset"):
         stoker.mix({object(): 1}, pipeline=windows, batch_size=4)
+    with pytest.raises(TypeError, match="not both"):
+        stoker.mix({Numbers(0, 10): 1, a: 1}, pipeline=windows, batch_size=4)
     with pytest.raises(ValueError, match="first source runs out"):
         stoker.mix({a: 1, b: 1}, pipeline=windows, batch_size=4, window=20_000)
+
+
+class Numbers:
+    """A map-style dataset: sample i is {"value": offset + i}."""
+
+    def __init__(self, offset: int, count: int) -> None:
+        self.offset, self.count = offset, count
+
+    def __len__(self) -> int:
+        return self.count
+
+    def __getitem__(self, index: int) -> dict[str, Any]:
+        if not 0 <= index < self.count:
+            raise IndexError(index)
+        return {"value": np.int64(self.offset + index)}
+
+
+def dataset_mix(**kwargs: Any) -> stoker.Loader:
+    kwargs.setdefault("batch_size", 50)
+    kwargs.setdefault("output", "numpy")
+    kwargs.setdefault("seed", 3)
+    return stoker.mix({Numbers(0, 800): 0.7, Numbers(100_000, 400): 0.3}, **kwargs)
+
+
+def dataset_rows(batches: Any) -> list[tuple[int, int]]:
+    out = []
+    for batch in batches:
+        for value, source in zip(batch["value"].tolist(), batch["source"].tolist(), strict=True):
+            assert (value >= 100_000) == (source == 1)
+            out.append((source, value))
+    return out
+
+
+def test_python_datasets_mix_by_the_same_rule() -> None:
+    with dataset_mix(epoch_end=1000, num_threads=2) as loader:
+        assert loader.num_samples == 1000
+        seen = dataset_rows(loader)
+    for start in range(0, 1000, 100):
+        assert Counter(s for s, _ in seen[start : start + 100]) == {0: 70, 1: 30}
+    assert len(set(seen)) == 1000, "within one pass of each dataset"
+    with dataset_mix(epoch_end=1000, num_threads=1) as again:
+        assert dataset_rows(again) == seen, "the same stream for any thread count"
+    # first_exhausted: 800 // 70 = 11 and 400 // 30 = 13 windows.
+    with dataset_mix() as loader:
+        assert loader.num_samples == 1100
+        whole = dataset_rows(loader)
+    with dataset_mix() as first:
+        iterator = iter(first)
+        head = dataset_rows(batch for _, batch in zip(range(7), iterator))
+        state = first.state_dict()
+    with dataset_mix() as resumed:
+        resumed.load_state_dict(state)
+        assert head + dataset_rows(resumed) == whole, "resumed exactly"

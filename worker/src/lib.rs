@@ -55,7 +55,9 @@ mod plan;
 pub mod presets;
 mod rng;
 
-pub use batch::{AssembledBatch, BatchAssembler, BatchKey, TensorLayout, MAX_SUBSTITUTE_TRIES};
+pub use batch::{
+    mix_samples, AssembledBatch, BatchAssembler, BatchKey, TensorLayout, MAX_SUBSTITUTE_TRIES,
+};
 pub use daemon::{
     canonical_roots, daemon_runtime, health, init_logging, listen, run_worker, security,
     shutdown_signal, transport, WorkerConfig, DELIVERY_TIMEOUT, DRAIN_TIMEOUT,
@@ -80,5 +82,6 @@ pub use ops::resample::{flip_horizontal, resample, SourceWindow};
 pub use ops::tensor::{ImageDtype, ImageLayout, OutputFormat};
 pub use ops::tokenize::{train_bpe_tokenizer, TextTokenizer, EOS_CANDIDATES};
 pub use pipeline::{Geometry, Pipeline, SampleTimings, Scratch, IMAGE_ORDERS, MAX_SIDE};
+pub use plan::mix::source_seed;
 pub use plan::{resized_spec, EpochPlan, MixEnd, MixOrder, Permutation, PlanConfig, Resize};
 pub use rng::{sample_seed, SampleRng};

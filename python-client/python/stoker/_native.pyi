@@ -362,3 +362,21 @@ class AuthenticationError(StokerError, PermissionError):
 
 class TlsError(StokerError, ConnectionError):
     """Distributed mode: TLS failed (unknown CA, wrong name, or TLS on one side only)."""
+
+def mix_epoch_len(
+    weights: list[float], lens: list[int], window: int, epoch_end: str, epoch_samples: int
+) -> int:
+    """Positions of an epoch of a mix of sources of ``lens`` samples (the native rule)."""
+
+def mix_samples(
+    weights: list[float],
+    lens: list[int],
+    window: int,
+    epoch_end: str,
+    epoch_samples: int,
+    seed: int,
+    shuffle: bool,
+    epoch: int,
+    positions: list[int],
+) -> list[tuple[int, int]]:
+    """(source, index in the source) of each position of ``epoch`` in that mix."""

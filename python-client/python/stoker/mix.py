@@ -13,6 +13,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Final, Literal
 
+from stoker import _native
 from stoker.ops import Op
 
 __all__ = ["Source", "mix"]
@@ -57,6 +58,101 @@ class MixRequest:
         }
 
 
+def _is_dataset(value: object) -> bool:
+    """A map-style dataset (``__getitem__`` and ``__len__``), not a path or a Source."""
+    return (
+        not isinstance(value, (str, bytes, os.PathLike, Source))
+        and hasattr(value, "__getitem__")
+        and hasattr(value, "__len__")
+    )
+
+
+class MixedDataset:
+    """Map-style datasets mixed by the native rule: position ``p`` of epoch ``e`` is sample
+    ``i`` of dataset ``k`` as the mix order says, returned with ``k`` as its ``source``: a dict
+    sample gains a ``"source"`` key, a tuple or list one more item, any other value becomes
+    ``(value, source)``. What :func:`mix` hands to :meth:`stoker.Loader.from_dataset`, whose
+    planner strides the positions unshuffled (the mix order is shuffled already).
+    """
+
+    def __init__(
+        self,
+        datasets: list[Any],
+        weights: list[float],
+        window: int,
+        epoch_end: str,
+        epoch_samples: int,
+        seed: int,
+        shuffle: bool,
+    ) -> None:
+        self.datasets = datasets
+        self.lens = [len(dataset) for dataset in datasets]
+        self.args = (weights, self.lens, window, epoch_end, epoch_samples)
+        self.seed = seed
+        self.shuffle = shuffle
+        self.len = int(_native.mix_epoch_len(weights, self.lens, window, epoch_end, epoch_samples))
+
+    def __len__(self) -> int:
+        return self.len
+
+    def __getitem__(self, position: int) -> Any:
+        from stoker.dataset import _current
+
+        # The epoch of the batch being loaded (0 when the loader probes the layout).
+        key = getattr(_current, "key", None)
+        epoch = 0 if key is None else int(key[1])
+        weights, lens, window, epoch_end, epoch_samples = self.args
+        ((source, index),) = _native.mix_samples(
+            weights, lens, window, epoch_end, epoch_samples, self.seed, self.shuffle, epoch,
+            [position],
+        )
+        sample = self.datasets[source][index]
+        if isinstance(sample, dict):
+            if "source" in sample:
+                raise TypeError(
+                    f"a sample of mixed dataset {source} already has a 'source' key, which the "
+                    "mix adds"
+                )
+            return {**sample, "source": source}
+        if isinstance(sample, (tuple, list)):
+            return type(sample)([*sample, source]) if isinstance(sample, list) else (*sample, source)
+        return (sample, source)
+
+
+def _mix_datasets(
+    sources: Mapping[Any, float],
+    window: int,
+    rule: str,
+    samples: int,
+    batch_size: int,
+    pipeline: Iterable[Op] | None,
+    loader_args: dict[str, Any],
+) -> Any:
+    """``stoker.mix`` over Python datasets: a :class:`MixedDataset` under
+    :meth:`stoker.Loader.from_dataset`."""
+    from stoker.loader import Loader
+
+    datasets, weights = [], []
+    for dataset, weight in sources.items():
+        if not _is_dataset(dataset):
+            raise TypeError(
+                "a mix takes native sources (paths, stoker.Source) or Python datasets, not "
+                f"both; got {dataset!r} beside a dataset"
+            )
+        datasets.append(dataset)
+        weights.append(float(weight))
+    shuffle = loader_args.pop("shuffle", True)
+    if not isinstance(shuffle, bool):
+        raise ValueError(f"shuffle must be True or False, got {shuffle!r}")
+    seed = loader_args.get("seed", 0)
+    if not isinstance(seed, int) or isinstance(seed, bool) or not 0 <= seed < 2**64:
+        raise ValueError(f"seed must be an int in 0..2**64, got {seed!r}")
+    mixed = MixedDataset(datasets, weights, window, rule, samples, seed, shuffle)
+    return Loader.from_dataset(
+        mixed, batch_size=batch_size, shuffle=False, pipeline=pipeline, **loader_args
+    )
+
+
 def mix(
     sources: Mapping[Any, float],
     *,
@@ -98,6 +194,12 @@ def mix(
       sources restarting as needed (its last window may be partial). :attr:`Loader.num_samples`
       is an epoch's positions.
 
+    Python datasets mix too: with map-style datasets as the keys (``__getitem__`` and
+    ``__len__``, such as ``torch.utils.data.Dataset``; all keys datasets, not mixed with native
+    sources), the mix runs under :meth:`Loader.from_dataset` (its arguments, such as
+    ``num_workers``, go in ``loader_args``) with the same rule; each sample gains its source (a
+    dict sample a ``"source"`` key, a tuple one more item).
+
     Every batch carries ``"source"`` (int64 ``(B,)``): the index, in ``sources``' order, of
     each sample's source. Packed text (``[Tokenize, PackSequences]``) is tokenised per source
     and packed after mixing, so a row may hold documents of several sources; ``"source"`` is
@@ -120,8 +222,8 @@ def mix(
     Raises:
         ValueError: a weight, the window or the epoch rule is out of range, a source has no
             pipeline, or the sources' batches would differ.
-        TypeError: ``sources`` is not a mapping, or a Python dataset was given (datasets
-            wrapped by :meth:`Loader.from_dataset` cannot be mixed yet).
+        TypeError: ``sources`` is not a mapping, a key is neither a source nor a dataset, or
+            native sources and Python datasets are mixed in one call.
     """
     from stoker.loader import Loader
 
@@ -131,31 +233,13 @@ def mix(
         )
     if not sources:
         raise ValueError("sources is empty: a mix needs at least one source")
-    checked: list[tuple[Source, float]] = []
     for key, weight in sources.items():
-        source = key if isinstance(key, Source) else None
-        if source is None and isinstance(key, (str, os.PathLike)):
-            source = Source(key)
-        if source is None:
-            raise TypeError(
-                f"a mixed source must be a path, an s3:// URI or a stoker.Source, got {key!r} "
-                "(Python datasets wrapped by Loader.from_dataset cannot be mixed yet)"
-            )
         if (
             not isinstance(weight, (int, float))
             or isinstance(weight, bool)
             or not (weight > 0 and weight != float("inf"))
         ):
-            raise ValueError(
-                f"the weight of {os.fspath(source.path)!r} must be a positive number, "
-                f"got {weight!r}"
-            )
-        if source.pipeline is None and pipeline is None:
-            raise ValueError(
-                f"source {os.fspath(source.path)!r} has no pipeline: pass pipeline= to mix, "
-                "or give the source its own with stoker.Source(path, pipeline=...)"
-            )
-        checked.append((source, float(weight)))
+            raise ValueError(f"the weight of {key!r} must be a positive number, got {weight!r}")
     if not isinstance(window, int) or isinstance(window, bool) or not 1 <= window <= MAX_WINDOW:
         raise ValueError(f"window must be an int in 1..={MAX_WINDOW}, got {window!r}")
     if isinstance(epoch_end, bool) or not (
@@ -168,6 +252,24 @@ def mix(
     rule, samples = (
         (epoch_end, 0) if isinstance(epoch_end, str) else ("samples", int(epoch_end))
     )
+    if any(_is_dataset(key) for key in sources):
+        return _mix_datasets(sources, window, rule, samples, batch_size, pipeline, loader_args)
+    checked: list[tuple[Source, float]] = []
+    for key, weight in sources.items():
+        source = key if isinstance(key, Source) else None
+        if source is None and isinstance(key, (str, os.PathLike)):
+            source = Source(key)
+        if source is None:
+            raise TypeError(
+                f"a mixed source must be a path, an s3:// URI, a stoker.Source or a map-style "
+                f"dataset, got {key!r}"
+            )
+        if source.pipeline is None and pipeline is None:
+            raise ValueError(
+                f"source {os.fspath(source.path)!r} has no pipeline: pass pipeline= to mix, "
+                "or give the source its own with stoker.Source(path, pipeline=...)"
+            )
+        checked.append((source, float(weight)))
     request = MixRequest(tuple(checked), window, rule, samples)
     return Loader(
         request,  # type: ignore[arg-type]

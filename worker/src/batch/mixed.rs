@@ -144,31 +144,19 @@ impl MixedAssembler {
 
     /// The rows at `positions` of `epoch`'s mixed order.
     fn rows(&self, epoch: u64, positions: &[u64]) -> Result<Vec<Row>> {
-        let draws = self.order.draws(epoch, positions);
-        let mut rows: Vec<Row> = draws
+        let orders: Vec<(PlanConfig, Option<&[u64]>)> = self
+            .parts
             .iter()
-            .map(|draw| {
-                let len = self.order.lens()[draw.source];
-                Row {
-                    source: draw.source,
-                    pass: draw.draw / len,
-                    // The position in the pass until the pass's order maps it below.
-                    index: draw.draw % len,
-                }
-            })
+            .map(|part| (part.config, part.shard_sizes.as_deref()))
             .collect();
-        for (source, pass, members) in groups(&rows) {
-            let part = &self.parts[source];
-            let pass_epoch = source_epoch(epoch, pass);
-            let plan = match &part.shard_sizes {
-                Some(sizes) => EpochPlan::new_sharded(part.config, pass_epoch, sizes),
-                None => EpochPlan::new(part.config, pass_epoch),
-            }?;
-            for row in members {
-                rows[row].index = plan.sample_at(rows[row].index);
-            }
-        }
-        Ok(rows)
+        Ok(mix_samples(&self.order, &orders, epoch, positions)?
+            .into_iter()
+            .map(|(source, pass, index)| Row {
+                source,
+                pass,
+                index,
+            })
+            .collect())
     }
 
     /// Builds the batch at `positions` (mixed-order positions in batch order) into `buffer`,
@@ -257,6 +245,48 @@ impl MixedAssembler {
         let indices = rows.iter().map(|row| row.index).collect();
         Ok((assembled, indices))
     }
+}
+
+/// The sample each of `positions` of `epoch` reads in a mix ordered by `order`, whose sources
+/// have their own orders `orders` (planner inputs and shard sizes): (source, pass, sample index
+/// in the source). The one rule for native and Python sources.
+pub fn mix_samples(
+    order: &MixOrder,
+    orders: &[(PlanConfig, Option<&[u64]>)],
+    epoch: u64,
+    positions: &[u64],
+) -> Result<Vec<(usize, u64, u64)>> {
+    let mut rows: Vec<Row> = order
+        .draws(epoch, positions)
+        .iter()
+        .map(|draw| {
+            let len = order.lens()[draw.source];
+            Row {
+                source: draw.source,
+                pass: draw.draw / len,
+                // The position in the pass until the pass's order maps it below.
+                index: draw.draw % len,
+            }
+        })
+        .collect();
+    for (source, pass, members) in groups(&rows) {
+        let (config, shard_sizes) = orders
+            .get(source)
+            .copied()
+            .ok_or_else(|| Error::InvalidSpec(format!("mixed source {source} has no order")))?;
+        let pass_epoch = source_epoch(epoch, pass);
+        let plan = match shard_sizes {
+            Some(sizes) => EpochPlan::new_sharded(config, pass_epoch, sizes),
+            None => EpochPlan::new(config, pass_epoch),
+        }?;
+        for row in members {
+            rows[row].index = plan.sample_at(rows[row].index);
+        }
+    }
+    Ok(rows
+        .into_iter()
+        .map(|row| (row.source, row.pass, row.index))
+        .collect())
 }
 
 /// The rows of each (source, pass), in order of first appearance.

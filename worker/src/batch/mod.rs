@@ -35,7 +35,7 @@ use bad_sample_policy::SampleOutcome;
 pub use bad_sample_policy::MAX_SUBSTITUTE_TRIES;
 use columns::{output_columns, OutputColumn};
 pub use layout::{AssembledBatch, TensorLayout};
-pub use mixed::{MixedAssembler, MixedPart};
+pub use mixed::{mix_samples, MixedAssembler, MixedPart};
 use source_reads::{read_from_source, AttemptError};
 
 thread_local! {
