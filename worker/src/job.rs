@@ -515,15 +515,15 @@ impl Job {
         Ok(assembled.into_proto(&indices, slot.into_bytes()))
     }
 
-    /// Tells the source that batch `step` (`indices`) and the one after it are read now: one
+    /// Tells the sources that batch `step` (`indices`) and the one after it are read now: one
     /// read from an object store fetches their samples in the background (see
-    /// `SampleSource::prefetch`). Mixed sources are read as their rows are built.
+    /// `SampleSource::prefetch`; a mix tells each source its own samples).
     fn read_ahead(&self, plan: &EpochPlan, step: u64, indices: &[u64]) {
-        if let Builder::Single(assembler) = &self.builder {
-            let source = assembler.source();
-            source.prefetch(indices);
-            if step + 1 < plan.steps() {
-                source.prefetch(&plan.batch_indices(step + 1));
+        let next = (step + 1 < plan.steps()).then(|| plan.batch_indices(step + 1));
+        for batch in std::iter::once(indices).chain(next.as_deref()) {
+            match &self.builder {
+                Builder::Single(assembler) => assembler.source().prefetch(batch),
+                Builder::Mixed(mixed) => mixed.prefetch(plan.epoch(), batch),
             }
         }
     }

@@ -142,6 +142,24 @@ impl MixedAssembler {
             })
     }
 
+    /// Tells each source which of its samples `positions` of `epoch` read (see
+    /// `SampleSource::prefetch`): sources in an object store fetch them in the background.
+    pub fn prefetch(&self, epoch: u64, positions: &[u64]) {
+        let Ok(rows) = self.rows(epoch, positions) else {
+            return;
+        };
+        for (source, part) in self.parts.iter().enumerate() {
+            let indices: Vec<u64> = rows
+                .iter()
+                .filter(|row| row.source == source)
+                .map(|row| row.index)
+                .collect();
+            if !indices.is_empty() {
+                part.assembler.source().prefetch(&indices);
+            }
+        }
+    }
+
     /// The rows at `positions` of `epoch`'s mixed order.
     fn rows(&self, epoch: u64, positions: &[u64]) -> Result<Vec<Row>> {
         let orders: Vec<(PlanConfig, Option<&[u64]>)> = self

@@ -1,0 +1,121 @@
+//! A mixed job's read-ahead: each source is told, before a batch is built, which of its own
+//! samples that batch and the next one read (sources in object stores fetch them meanwhile).
+
+#![allow(clippy::unwrap_used)] // tests fail loudly by design
+
+use std::sync::{Arc, Mutex};
+
+use stoker_datasets::{SampleSource, TokenDtype, TokenFile, TokenWindowShape};
+use stoker_proto::v1::{self as proto, op::Op as OpKind, JobSpec, MixEpochEnd};
+use stoker_worker::Job;
+
+/// A token file that records the read-ahead hints it gets.
+struct Recording {
+    inner: TokenFile,
+    hints: Mutex<Vec<u64>>,
+}
+
+impl SampleSource for Recording {
+    fn len(&self) -> u64 {
+        self.inner.len()
+    }
+    fn label(&self, index: u64) -> i64 {
+        self.inner.label(index)
+    }
+    fn describe(&self, index: u64) -> String {
+        self.inner.describe(index)
+    }
+    fn read(&self, index: u64) -> stoker_datasets::Result<Vec<u8>> {
+        self.inner.read(index)
+    }
+    fn class_names(&self) -> &[String] {
+        self.inner.class_names()
+    }
+    fn token_windows(&self) -> Option<TokenWindowShape> {
+        self.inner.token_windows()
+    }
+    fn prefetch(&self, indices: &[u64]) {
+        self.hints.lock().unwrap().extend_from_slice(indices);
+    }
+}
+
+#[test]
+fn each_mixed_source_is_told_its_samples_of_this_batch_and_the_next() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut sources = Vec::new();
+    let mut recorders = Vec::new();
+    for name in ["a.bin", "b.bin"] {
+        let path = dir.path().join(name);
+        let tokens: Vec<u8> = (0..4001u16).flat_map(u16::to_le_bytes).collect();
+        std::fs::write(&path, tokens).unwrap();
+        let recorder = Arc::new(Recording {
+            inner: TokenFile::open(&path, TokenDtype::Uint16, 4).unwrap(),
+            hints: Mutex::new(Vec::new()),
+        });
+        sources.push(Arc::clone(&recorder) as Arc<dyn SampleSource>);
+        recorders.push(recorder);
+    }
+    let windows = vec![proto::Op {
+        op: Some(OpKind::TokenWindows(proto::TokenWindows { seq_len: 4 })),
+    }];
+    let source = |name: &str, weight: f64| proto::MixSource {
+        dataset: Some(proto::DatasetSource {
+            uri: dir.path().join(name).to_string_lossy().into_owned(),
+            ..Default::default()
+        }),
+        pipeline: windows.clone(),
+        weight,
+    };
+    let spec = JobSpec {
+        batch_size: 10,
+        seed: 1,
+        shuffle: true,
+        world_size: 1,
+        mix: Some(proto::Mix {
+            sources: vec![source("a.bin", 3.0), source("b.bin", 1.0)],
+            window: 4,
+            epoch_end: MixEpochEnd::FirstExhausted as i32,
+            epoch_samples: 0,
+        }),
+        ..JobSpec::default()
+    };
+    let job = Job::with_sources(spec, sources).unwrap();
+    let plan = job.plan(0).unwrap();
+    let batch = job.batch(&plan, 0).unwrap();
+    let next = job.batch(&plan, 1).unwrap();
+    let source_of = |batch: &proto::Batch| -> Vec<i64> {
+        let tensor = batch.tensors.iter().find(|t| t.name == "source").unwrap();
+        tensor
+            .data
+            .chunks_exact(8)
+            .map(|c| i64::from_le_bytes(c.try_into().unwrap()))
+            .collect()
+    };
+    for (k, recorder) in recorders.iter().enumerate() {
+        let hints = recorder.hints.lock().unwrap().clone();
+        // Batch 0 built: hints for batches 0 and 1; batch 1 built: for 1 and 2.
+        let mine = |batch: &proto::Batch| -> Vec<u64> {
+            source_of(batch)
+                .iter()
+                .zip(&batch.sample_indices)
+                .filter(|(s, _)| **s == k as i64)
+                .map(|(_, i)| *i)
+                .collect()
+        };
+        let (first, second) = (mine(&batch), mine(&next));
+        assert!(
+            !first.is_empty() && !second.is_empty(),
+            "source {k} in both batches"
+        );
+        assert_eq!(
+            hints[..first.len()],
+            first[..],
+            "source {k}: this batch first"
+        );
+        assert_eq!(
+            hints[first.len()..first.len() + second.len()],
+            second[..],
+            "source {k}: then the next"
+        );
+    }
+}
