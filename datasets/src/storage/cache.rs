@@ -50,7 +50,7 @@ use super::entry_lock::{downgrade, touch, try_lock, unlock, wait_for_lock};
 use super::eviction::evict_to_cap;
 use super::options::ObjectCacheOptions;
 use super::stats::Counters;
-use super::uri::{parse_dataset_uri, DatasetLocation, RemoteLocation};
+use super::uri::{s3_location, RemoteLocation};
 use crate::cache_stats::CacheStats;
 use crate::error::{Error, Result};
 
@@ -151,15 +151,7 @@ impl ObjectCache {
         uri: &str,
         keep: &dyn Fn(&str) -> bool,
     ) -> Result<(RemoteLocation, Vec<CachedObject>)> {
-        let location = match parse_dataset_uri(uri)? {
-            DatasetLocation::S3(location) => location,
-            DatasetLocation::Local(_) => {
-                return Err(Error::InvalidUri {
-                    uri: uri.to_string(),
-                    reason: "the object cache reads s3://BUCKET/PREFIX URIs".into(),
-                })
-            }
-        };
+        let location = s3_location(uri, "the object cache reads s3://BUCKET/PREFIX URIs")?;
         let started = Instant::now();
         let store = Arc::new(download::build_store(
             &location.bucket,

@@ -8,7 +8,7 @@ use object_store::aws::AmazonS3;
 use object_store::ObjectMeta;
 
 use super::cache::ObjectCache;
-use super::uri::{parse_dataset_uri, DatasetLocation, RemoteLocation};
+use super::uri::{s3_location, RemoteLocation};
 use crate::error::{Error, Result};
 
 /// An object as listed, with what it is read through.
@@ -45,15 +45,7 @@ pub(crate) fn list_remote(
     keep: &dyn Fn(&str) -> bool,
     what: &str,
 ) -> Result<(RemoteLocation, Vec<RemoteObject>)> {
-    let location = match parse_dataset_uri(uri)? {
-        DatasetLocation::S3(location) => location,
-        DatasetLocation::Local(_) => {
-            return Err(Error::InvalidUri {
-                uri: uri.to_string(),
-                reason: "objects in a store are named by s3://BUCKET/PREFIX".into(),
-            })
-        }
-    };
+    let location = s3_location(uri, "objects in a store are named by s3://BUCKET/PREFIX")?;
     let store = cache.store(&location)?;
     let objects: Vec<RemoteObject> = cache
         .list(&store, &location)?

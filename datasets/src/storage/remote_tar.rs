@@ -15,12 +15,12 @@ use tracing::{info, warn};
 use super::cache::ObjectCache;
 use super::prefetch::{Hint, Prefetcher};
 use super::tar_index::{self, IndexedShard, TAR_INDEX_OBJECT};
-use super::uri::{parse_dataset_uri, DatasetLocation, RemoteLocation};
+use super::uri::{s3_location, RemoteLocation};
 use crate::cache_stats::CacheStats;
 use crate::error::{Error, Result};
 use crate::sample_source::{numbered_class_names, SampleSource};
 use crate::tar_shards::scan::{scan_archive, ShardIndex};
-use crate::tar_shards::CLASSES_FILE;
+use crate::tar_shards::{locate_sample, parse_class_names, CLASSES_FILE};
 
 /// The largest index object read (decompressed): about 20 million samples.
 const MAX_INDEX_BYTES: usize = 1 << 30;
@@ -76,13 +76,10 @@ pub struct TarIndexWritten {
 
 /// The location of `uri`, which must be `s3://`.
 fn remote_location(uri: &str) -> Result<RemoteLocation> {
-    match parse_dataset_uri(uri)? {
-        DatasetLocation::S3(location) => Ok(location),
-        DatasetLocation::Local(_) => Err(Error::InvalidUri {
-            uri: uri.to_string(),
-            reason: "tar shards in an object store are named by s3://BUCKET/PREFIX".into(),
-        }),
-    }
+    s3_location(
+        uri,
+        "tar shards in an object store are named by s3://BUCKET/PREFIX",
+    )
 }
 
 /// The tar shards of a listing, in key order.
@@ -147,8 +144,20 @@ pub fn write_tar_index(uri: &str, cache: &ObjectCache) -> Result<TarIndexWritten
     let before = cache.stats().bytes_fetched;
     let indexed = scan_shards(cache, &store, &location, &shards)?;
     let shard_bytes = cache.stats().bytes_fetched - before;
-    let bytes = tar_index::encode(&indexed)?;
-    let key = index_key(&location, &shards);
+    put_index(cache, &store, &location, &shards, &indexed, shard_bytes)
+}
+
+/// Writes the index object of `indexed` (the `shards` listed under `location`) beside them.
+fn put_index(
+    cache: &ObjectCache,
+    store: &AmazonS3,
+    location: &RemoteLocation,
+    shards: &[ObjectMeta],
+    indexed: &[IndexedShard],
+    shard_bytes: u64,
+) -> Result<TarIndexWritten> {
+    let bytes = tar_index::encode(indexed)?;
+    let key = index_key(location, shards);
     let written = TarIndexWritten {
         uri: location.uri_of(&key),
         shards: indexed.len(),
@@ -156,7 +165,7 @@ pub fn write_tar_index(uri: &str, cache: &ObjectCache) -> Result<TarIndexWritten
         bytes: bytes.len() as u64,
         shard_bytes,
     };
-    cache.put(&store, &location, &key, bytes)?;
+    cache.put(store, location, &key, bytes)?;
     Ok(written)
 }
 
@@ -217,16 +226,7 @@ pub fn upload_tar_set(local: &Path, uri: &str, cache: &ObjectCache) -> Result<Ta
             })
         })
         .collect::<Result<Vec<_>>>()?;
-    let encoded = tar_index::encode(&indexed)?;
-    let key = index_key(&location, &shards);
-    let index = TarIndexWritten {
-        uri: location.uri_of(&key),
-        shards: indexed.len(),
-        samples: indexed.iter().map(|s| s.index.samples.len() as u64).sum(),
-        bytes: encoded.len() as u64,
-        shard_bytes: 0,
-    };
-    cache.put(&store, &location, &key, encoded)?;
+    let index = put_index(cache, &store, &location, &shards, &indexed, 0)?;
     Ok(TarSetUploaded {
         objects: files.len(),
         bytes,
@@ -299,7 +299,10 @@ impl RemoteTarShards {
             }
         };
         let classes = match named(CLASSES_FILE) {
-            Some(object) => Some(cache.read_whole(&store, &location, object)?),
+            Some(object) => Some((
+                location.uri_of(object.location.as_ref()),
+                cache.read_whole(&store, &location, object)?,
+            )),
             None => None,
         };
         let mut first_samples = Vec::with_capacity(shards.len());
@@ -320,17 +323,9 @@ impl RemoteTarShards {
             return Err(Error::NoTarSamples(PathBuf::from(location.uri())));
         }
         let class_names = match classes {
-            Some(text) => String::from_utf8_lossy(&text)
-                .lines()
-                .map(|line| line.trim_end_matches('\r').to_string())
-                .collect::<Vec<_>>()
-                .into_iter()
-                .rev()
-                .skip_while(String::is_empty)
-                .collect::<Vec<_>>()
-                .into_iter()
-                .rev()
-                .collect(),
+            Some((uri, text)) => {
+                parse_class_names(&String::from_utf8_lossy(&text), Path::new(&uri), max_label)
+            }
             None => numbered_class_names(Path::new(&location.uri()), max_label)?,
         };
         let opened = cache.stats();
@@ -374,13 +369,12 @@ impl RemoteTarShards {
         if index >= self.len {
             return None;
         }
-        let position = self
-            .first_samples
-            .partition_point(|first| *first <= index)
-            .checked_sub(1)?;
-        let shard = self.shards.get(position)?;
-        let local = usize::try_from(index - self.first_samples[position]).ok()?;
-        (local < shard.index.samples.len()).then_some((shard, local))
+        let (position, local) = locate_sample(
+            &self.first_samples,
+            |position| Some(self.shards.get(position)?.index.samples.len()),
+            index,
+        )?;
+        Some((&self.shards[position], local))
     }
 }
 

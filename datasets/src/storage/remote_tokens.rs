@@ -11,7 +11,7 @@ use tracing::{info, warn};
 
 use super::cache::ObjectCache;
 use super::prefetch::Prefetcher;
-use super::uri::{parse_dataset_uri, DatasetLocation, RemoteLocation};
+use super::uri::{s3_location, RemoteLocation};
 use crate::cache_stats::CacheStats;
 use crate::error::{Error, Result};
 use crate::sample_source::{SampleSource, TokenWindowShape};
@@ -46,15 +46,10 @@ impl RemoteTokenFile {
                 "token windows need seq_len in 1..={MAX_SEQ_LEN}, got {seq_len}"
             )));
         }
-        let location = match parse_dataset_uri(uri)? {
-            DatasetLocation::S3(location) => location,
-            DatasetLocation::Local(_) => {
-                return Err(Error::InvalidUri {
-                    uri: uri.to_string(),
-                    reason: "a token file in an object store is named by s3://BUCKET/KEY".into(),
-                })
-            }
-        };
+        let location = s3_location(
+            uri,
+            "a token file in an object store is named by s3://BUCKET/KEY",
+        )?;
         let store = cache.store(&location)?;
         let listing = cache.list(&store, &location)?;
         let object = match listing.as_slice() {

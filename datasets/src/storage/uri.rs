@@ -34,6 +34,17 @@ impl RemoteLocation {
     }
 }
 
+/// The `s3://` location `uri` names; a local path is an [`Error::InvalidUri`] giving `reason`.
+pub(super) fn s3_location(uri: &str, reason: &str) -> Result<RemoteLocation> {
+    match parse_dataset_uri(uri)? {
+        DatasetLocation::S3(location) => Ok(location),
+        DatasetLocation::Local(_) => Err(Error::InvalidUri {
+            uri: uri.to_string(),
+            reason: reason.to_string(),
+        }),
+    }
+}
+
 /// Parses a dataset URI. Schemes other than `file` and `s3` are refused with an error that
 /// names the supported ones.
 pub fn parse_dataset_uri(uri: &str) -> Result<DatasetLocation> {

@@ -226,13 +226,11 @@ impl TarShards {
         if index >= self.len {
             return None;
         }
-        let shard_position = self
-            .first_samples
-            .partition_point(|first| *first <= index)
-            .checked_sub(1)?;
-        let shard = self.shards.get(shard_position)?;
-        let local = usize::try_from(index - self.first_samples[shard_position]).ok()?;
-        (local < shard.index.samples.len()).then_some((shard_position, local))
+        locate_sample(
+            &self.first_samples,
+            |position| Some(self.shards.get(position)?.index.samples.len()),
+            index,
+        )
     }
 
     /// The open file of shard `position`, from the pool or opened now.
@@ -328,6 +326,16 @@ fn class_names(root: &Path, max_label: Option<i64>) -> Result<Vec<String>> {
         }
         Err(source) => return Err(Error::io(classes_file, source)),
     };
+    Ok(parse_class_names(&text, &classes_file, max_label))
+}
+
+/// The class names of a `classes.txt` holding `text` (named `classes_file` in the warning when
+/// the labels go past them): one per line, trailing empty lines dropped.
+pub(crate) fn parse_class_names(
+    text: &str,
+    classes_file: &Path,
+    max_label: Option<i64>,
+) -> Vec<String> {
     let names: Vec<String> = text
         .lines()
         .map(|line| line.trim_end_matches('\r').to_string())
@@ -347,7 +355,21 @@ fn class_names(root: &Path, max_label: Option<i64>) -> Result<Vec<String>> {
             );
         }
     }
-    Ok(names)
+    names
+}
+
+/// The shard holding sample `index` of a set whose shards start at `first_samples` (each
+/// shard's first sample) and hold `samples(shard)` samples, and the sample's place in it.
+pub(crate) fn locate_sample(
+    first_samples: &[u64],
+    samples: impl Fn(usize) -> Option<usize>,
+    index: u64,
+) -> Option<(usize, usize)> {
+    let position = first_samples
+        .partition_point(|first| *first <= index)
+        .checked_sub(1)?;
+    let local = usize::try_from(index - first_samples[position]).ok()?;
+    (local < samples(position)?).then_some((position, local))
 }
 
 impl SampleSource for TarShards {
