@@ -75,6 +75,10 @@ pub enum Error {
     /// A thread pool could not be built.
     #[error("cannot start decode threads: {0}")]
     Threads(String),
+    /// The GPU stage asked for cannot run: no CUDA driver or device, or page-locked slots that
+    /// do not fit the pinned budget; the message names what is missing.
+    #[error("{0}")]
+    Gpu(String),
 }
 
 /// Result alias for the loader crate.
@@ -91,7 +95,7 @@ impl Error {
             Error::Interrupted => ErrorKind::Interrupted,
             Error::WorkerUnavailable { .. } => ErrorKind::WorkerUnavailable,
             Error::Remote { kind, .. } => *kind,
-            Error::Stopped(_) | Error::Threads(_) => ErrorKind::Internal,
+            Error::Stopped(_) | Error::Threads(_) | Error::Gpu(_) => ErrorKind::Internal,
         }
     }
 }

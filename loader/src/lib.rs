@@ -20,14 +20,17 @@ mod dashboard;
 mod digest;
 mod error;
 
+pub use client::cuda::{
+    driver_present as cuda_driver_present, Cuda, Fence, Unavailable as CudaUnavailable,
+};
 pub use client::embedded::EmbeddedSource;
-pub use client::loader::{Loader, LoaderOptions};
+pub use client::loader::{Loader, LoaderOptions, PinOptions};
 pub use client::monitor::{LoaderMonitor, MonitorSnapshot};
 pub use client::prefetch::{
     ChangeReason, ControllerConfig, ControllerSnapshot, PrefetchController,
 };
 pub use client::remote::{RemoteOptions, RemoteSource};
-pub use client::slots::{SharedMemory, Slot, SlotPool};
+pub use client::slots::{PinnedPoolError, SharedMemory, Slot, SlotPool};
 pub use client::source::{receive, BatchSource, Built, EpochFeed, IdleClock, SourceInfo};
 pub use client::stats::LoaderStats;
 pub use client::stream::{EpochStream, INTERRUPT_CHECK};

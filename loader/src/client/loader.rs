@@ -9,11 +9,12 @@ use std::time::Duration;
 use stoker_proto::v1::JobSpec;
 use stoker_worker::Job;
 
+use super::cuda::Cuda;
 use super::embedded::EmbeddedSource;
 use super::monitor::LoaderMonitor;
 use super::prefetch::{ControllerConfig, ControllerSnapshot, PrefetchController};
 use super::remote::{RemoteOptions, RemoteSource};
-use super::slots::SlotPool;
+use super::slots::{pinned_reserved, slot_stride, SlotPool};
 use super::source::{BatchSource, SourceInfo};
 use super::stats::{LoaderStats, StatsRecorder};
 use super::stream::{EpochStream, Successor};
@@ -38,6 +39,20 @@ pub struct LoaderOptions {
     /// Start building the next epoch's first batches while the last ones of the current epoch
     /// are consumed (dropped unused when another epoch or step is asked for next).
     pub prefetch_next_epoch: bool,
+    /// Page-lock the batch slots for a GPU; `None` (default): plain memory.
+    pub pin: Option<PinOptions>,
+}
+
+/// Page-locked batch slots ([`SlotPool::pinned`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PinOptions {
+    /// The CUDA device whose primary context registers the slots (they are pinned for every
+    /// device of the process).
+    pub device: usize,
+    /// The most page-locked slot memory the loaders of this process may hold together, in
+    /// bytes (a node's budget divided by its ranks). The pool is made smaller to fit, and
+    /// refused when fewer than `max_held_batches + 2` slots fit.
+    pub budget_bytes: u64,
 }
 
 impl Default for LoaderOptions {
@@ -49,6 +64,7 @@ impl Default for LoaderOptions {
             deadline: Duration::from_secs(600),
             max_held_batches: 4,
             prefetch_next_epoch: true,
+            pin: None,
         }
     }
 }
@@ -68,6 +84,8 @@ pub(crate) struct Core {
     pub(crate) prefetch_next_epoch: bool,
     /// The next epoch's feed, started by a stream that reached its end, waiting to be adopted.
     pub(crate) successor: Mutex<Option<Successor>>,
+    /// GPU idle reported since the controller last looked ([`Loader::record_gpu_idle`]).
+    pub(crate) gpu_idle_pending: Mutex<Duration>,
 }
 
 impl Core {
@@ -79,6 +97,14 @@ impl Core {
             self.source.info().threads,
             self.controller.is_none().then_some(self.prefetch),
         )
+    }
+
+    /// The GPU idle reported since the last call.
+    pub(crate) fn take_gpu_idle(&self) -> Duration {
+        self.gpu_idle_pending
+            .lock()
+            .map(|mut pending| std::mem::take(&mut *pending))
+            .unwrap_or_default()
     }
 
     /// The current target depth: the controller's in auto mode, else the fixed depth.
@@ -127,11 +153,23 @@ impl Loader {
         let info = source.info();
         let batch_bytes = info.batch_bytes as u64;
         let resumed_epoch_only = info.only_epoch.is_some();
+        // Page-locked slots must fit the pinned budget: the slots past what it holds are not
+        // made, which lowers the controller's ceiling (or a fixed depth) to match.
+        let pinned = match options.pin {
+            Some(pin) => Some(Self::pinned_slots_fit(pin, info.batch_bytes, &options)?),
+            None => None,
+        };
+        let max_prefetch_bytes = match &pinned {
+            Some((_, fit)) => options
+                .max_prefetch_bytes
+                .min((fit - options.max_held_batches) as u64 * batch_bytes),
+            None => options.max_prefetch_bytes,
+        };
         let (prefetch, controller) = if options.prefetch == 0 {
             let controller = PrefetchController::new(ControllerConfig {
                 min_depth: 2,
                 max_depth: MAX_AUTO_DEPTH,
-                max_bytes: options.max_prefetch_bytes,
+                max_bytes: max_prefetch_bytes,
                 batch_bytes,
                 initial_depth: info.initial_depth.max(2),
             });
@@ -145,15 +183,35 @@ impl Loader {
             let ceiling = controller.budget_depth();
             (ceiling, Some(Arc::new(Mutex::new(controller))))
         } else {
-            (options.prefetch, None)
+            match &pinned {
+                Some((_, fit)) if options.prefetch + options.max_held_batches > *fit => {
+                    let depth = fit - options.max_held_batches;
+                    tracing::warn!(
+                        asked = options.prefetch,
+                        depth,
+                        "the pinned budget holds fewer batch slots than prefetch asks for; prefetching fewer"
+                    );
+                    (depth, None)
+                }
+                _ => (options.prefetch, None),
+            }
         };
         let capacity = prefetch + options.max_held_batches;
-        let slots = if info.shared_slots {
-            SlotPool::shared(info.batch_bytes, capacity).map_err(|e| {
-                Error::Stopped(format!("cannot map {capacity} shared batch slots: {e}"))
-            })?
-        } else {
-            SlotPool::new(info.batch_bytes, capacity)
+        let slots = match (pinned, options.pin) {
+            (Some((cuda, _)), Some(pin)) => SlotPool::pinned(
+                info.batch_bytes,
+                capacity,
+                info.shared_slots,
+                cuda,
+                pin.budget_bytes,
+            )
+            .map_err(|e| Error::Gpu(e.to_string()))?,
+            _ if info.shared_slots => {
+                SlotPool::shared(info.batch_bytes, capacity).map_err(|e| {
+                    Error::Stopped(format!("cannot map {capacity} shared batch slots: {e}"))
+                })?
+            }
+            _ => SlotPool::new(info.batch_bytes, capacity),
         };
         Ok(Loader {
             core: Arc::new(Core {
@@ -166,8 +224,36 @@ impl Loader {
                 // A resumed epoch has no next epoch in the same job.
                 prefetch_next_epoch: options.prefetch_next_epoch && !resumed_epoch_only,
                 successor: Mutex::new(None),
+                gpu_idle_pending: Mutex::new(Duration::ZERO),
             }),
         })
+    }
+
+    /// The device for page-locked slots and how many slots of `batch_bytes` fit what is left
+    /// of the process's pinned budget; an error naming the budget when fewer than
+    /// `max_held_batches + 2` do (two in flight, the held ones beside them).
+    fn pinned_slots_fit(
+        pin: PinOptions,
+        batch_bytes: usize,
+        options: &LoaderOptions,
+    ) -> Result<(Arc<Cuda>, usize)> {
+        let cuda = Cuda::open(pin.device).map_err(|e| {
+            Error::Gpu(format!("page-locked batch slots need the CUDA driver: {e}"))
+        })?;
+        let stride = slot_stride(batch_bytes) as u64;
+        let held = pinned_reserved();
+        let fit =
+            usize::try_from(pin.budget_bytes.saturating_sub(held) / stride).unwrap_or(usize::MAX);
+        let needed = options.max_held_batches + 2;
+        if fit < needed {
+            return Err(Error::Gpu(format!(
+                "the pinned memory budget ({budget} bytes for this process, {held} of them held by its other loaders) \
+                 holds {fit} page-locked batch slots of {stride} bytes; {needed} are needed (max_held_batches + 2): \
+                 raise the budget, or lower batch_size or max_held_batches",
+                budget = pin.budget_bytes,
+            )));
+        }
+        Ok((cuda, fit))
     }
 
     /// What the source knows about the job (steps, samples, class names, threads).
@@ -217,6 +303,20 @@ impl Loader {
     /// The pool of batch buffers.
     pub fn slots(&self) -> &Arc<SlotPool> {
         &self.core.slots
+    }
+
+    /// Records that the consumer's GPU stream sat idle for `idle` waiting for batches, over
+    /// `span` of its time (measured by the consumer with events on its stream: the time
+    /// between the stream reaching the point where it asks for a batch and the batch being
+    /// there). It shows in [`Loader::stats`] and the dashboard, and the prefetch controller
+    /// counts it as stall, like a wait in `next()`.
+    pub fn record_gpu_idle(&self, idle: Duration, span: Duration) {
+        if let Ok(mut stats) = self.core.stats.lock() {
+            stats.record_gpu_idle(idle, span);
+        }
+        if let Ok(mut pending) = self.core.gpu_idle_pending.lock() {
+            *pending += idle;
+        }
     }
 
     /// Statistics so far, over every epoch this loader ran.

@@ -4,8 +4,10 @@
 //! and [`remote`] (a coordinator's workers, over gRPC). Above it, once for both: the slot pool
 //! ([`slots`]), the prefetch controller ([`prefetch`]), the reorder buffer, deadline and
 //! epoch-boundary prefetch ([`stream`]), the statistics ([`stats`]) and the monitor the
-//! dashboard reads ([`monitor`]).
+//! dashboard reads ([`monitor`]); [`cuda`] page-locks the slots and fences their reuse when a
+//! GPU is asked for.
 
+pub(crate) mod cuda;
 pub(crate) mod embedded;
 pub(crate) mod loader;
 pub(crate) mod monitor;

@@ -449,6 +449,8 @@ fn client_stats(monitor: &LoaderMonitor) -> ClientStats {
         wait_ns: ns(stats.wait_s),
         epoch_start_wait_ns: ns(stats.epoch_start_wait_s),
         elapsed_ns: ns(stats.elapsed_s),
+        gpu_idle_ns: ns(stats.gpu_idle_s),
+        gpu_span_ns: ns(stats.gpu_span_s),
         queue_depth: stats.in_flight as u32,
         prefetch_target: stats.prefetch_depth as u32,
         bad_samples: stats.bad_samples,

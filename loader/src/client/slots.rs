@@ -3,8 +3,11 @@
 //! then the slot goes back to the pool. The pool never holds more than `capacity` slots, so a
 //! consumer that keeps every batch alive makes the loader wait, not grow without bound.
 //!
-//! A pool's buffers live on the heap, or in one shared mapping ([`SlotPool::shared`]: a
-//! `memfd` that other processes map too, so they can write a batch straight into its slot).
+//! A pool's buffers live on the heap, or in one mapping (an arena): shared
+//! ([`SlotPool::shared`]: a `memfd` that other processes map too, so they can write a batch
+//! straight into its slot), and/or page-locked for a GPU ([`SlotPool::pinned`]: each slot is
+//! registered with the CUDA driver once, when the first batch built in it is handed out, and
+//! stays so until the pool is dropped; never per batch).
 
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -12,6 +15,8 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;
 
 use bytes::Bytes;
+
+use super::cuda::Cuda;
 
 /// Where a slot's bytes are.
 #[derive(Debug)]
@@ -21,21 +26,102 @@ enum Buffer {
     Arena(usize),
 }
 
-#[derive(Debug)]
+#[derive(Debug, Default)]
 struct PoolState {
     free: Vec<Buffer>,
     /// Slots that exist (free or in use).
     allocated: usize,
 }
 
-/// One shared mapping holding every slot of a pool, slot `i` at `i * slot_bytes`. Its pages
-/// are made when first written, so memory grows with the slots used, as on the heap.
+/// One mapping holding every slot of a pool, slot `i` at `i * stride` (`slot_bytes` rounded up
+/// to whole pages). Its pages are made when first written, so memory grows with the slots
+/// used, as on the heap. A `memfd` when shared with worker processes, else anonymous memory.
 #[derive(Debug)]
 struct Arena {
-    fd: OwnedFd,
+    fd: Option<OwnedFd>,
     base: *mut u8,
     size: usize,
+    stride: usize,
     id: u64,
+}
+
+/// Page-locking of a pool's slots: the device context that registers them, where each slot
+/// stands, and the share of the process's pinned budget the pool holds (given back when the
+/// pool is dropped).
+#[derive(Debug)]
+struct Pinning {
+    cuda: Arc<Cuda>,
+    reserved: u64,
+    slots: Mutex<PinSlots>,
+}
+
+#[derive(Debug, Default)]
+struct PinSlots {
+    status: Vec<PinStatus>,
+    /// Why the first slot that could not be locked was refused.
+    error: Option<String>,
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+enum PinStatus {
+    #[default]
+    Unused,
+    Locked,
+    Failed,
+}
+
+impl Pinning {
+    fn status(&self, index: usize) -> PinStatus {
+        self.slots
+            .lock()
+            .map(|s| s.status.get(index).copied().unwrap_or_default())
+            .unwrap_or_default()
+    }
+}
+
+/// Bytes of page-locked slots reserved by the pools of this process.
+static PINNED_RESERVED: AtomicU64 = AtomicU64::new(0);
+
+/// Reserves `bytes` of the process's pinned budget `budget`; `Err(held)` with what other
+/// pools hold when they do not fit.
+fn reserve_pinned(bytes: u64, budget: u64) -> Result<(), u64> {
+    let mut held = PINNED_RESERVED.load(Ordering::Relaxed);
+    loop {
+        if held.saturating_add(bytes) > budget {
+            return Err(held);
+        }
+        match PINNED_RESERVED.compare_exchange(
+            held,
+            held + bytes,
+            Ordering::AcqRel,
+            Ordering::Relaxed,
+        ) {
+            Ok(_) => return Ok(()),
+            Err(now) => held = now,
+        }
+    }
+}
+
+/// Bytes of the pinned budget that the pools of this process hold now.
+pub fn pinned_reserved() -> u64 {
+    PINNED_RESERVED.load(Ordering::Relaxed)
+}
+
+/// The host's page size.
+fn page_size() -> usize {
+    // SAFETY: a plain query.
+    let size = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+    usize::try_from(size)
+        .ok()
+        .filter(|&s| s > 0)
+        .unwrap_or(4096)
+}
+
+/// `bytes` rounded up to whole pages: the stride of arena slots, so each starts on a page (the
+/// driver locks whole pages; a hole punched in one slot never touches its neighbour).
+pub fn slot_stride(bytes: usize) -> usize {
+    let page = page_size();
+    bytes.div_ceil(page).max(1) * page
 }
 
 // SAFETY: the mapping is plain memory; the pool hands each slot's range to one `Slot` at a
@@ -45,7 +131,8 @@ unsafe impl Sync for Arena {}
 
 impl Drop for Arena {
     fn drop(&mut self) {
-        // SAFETY: `base` and `size` are this mapping's, and no slot outlives the pool.
+        // SAFETY: `base` and `size` are this mapping's, and no slot outlives the pool (the
+        // pool unlocks its slots before its arena is dropped).
         unsafe { libc::munmap(self.base.cast(), self.size) };
     }
 }
@@ -59,6 +146,7 @@ pub struct SlotPool {
     slot_bytes: usize,
     capacity: usize,
     arena: Option<Arena>,
+    pinning: Option<Pinning>,
     state: Mutex<PoolState>,
     released: Condvar,
 }
@@ -90,10 +178,8 @@ impl SlotPool {
             slot_bytes,
             capacity: capacity.max(1),
             arena: None,
-            state: Mutex::new(PoolState {
-                free: Vec::new(),
-                allocated: 0,
-            }),
+            pinning: None,
+            state: Mutex::new(PoolState::default()),
             released: Condvar::new(),
         })
     }
@@ -105,55 +191,66 @@ impl SlotPool {
     /// the memory of the slots in use, not of every slot it ever handed out.
     pub fn shared(slot_bytes: usize, capacity: usize) -> std::io::Result<Arc<SlotPool>> {
         let capacity = capacity.max(1);
-        let size = slot_bytes
-            .checked_mul(capacity)
-            .ok_or_else(|| std::io::Error::other("slot pool size overflows"))?
-            .max(1);
-        // SAFETY: plain system calls on a descriptor this function owns; the mapping is
-        // checked before use.
-        let arena = unsafe {
-            let raw = libc::memfd_create(c"stoker-slots".as_ptr(), libc::MFD_CLOEXEC);
-            if raw < 0 {
-                return Err(std::io::Error::last_os_error());
+        let arena = Arena::map(slot_bytes, capacity, true)?;
+        Ok(Arc::new(SlotPool {
+            slot_bytes,
+            capacity,
+            arena: Some(arena),
+            pinning: None,
+            state: Mutex::new(PoolState::default()),
+            released: Condvar::new(),
+        }))
+    }
+
+    /// Like [`SlotPool::new`] (or [`SlotPool::shared`] when `shared`), each slot page-locked by
+    /// `cuda` when its first batch is handed out ([`SlotPool::pin_for_hand_out`]) and until the
+    /// pool is dropped (never per batch), so copies to the device read it by DMA and torch reports it pinned. The slots
+    /// (`capacity` times `slot_stride(slot_bytes)` bytes) are reserved against `budget_bytes`, the most
+    /// page-locked slot memory the pools of this process may hold together; when they do not
+    /// fit, the error says how much the other pools hold. A shared pinned slot keeps its pages
+    /// while it waits in the pool (a hole punched in locked memory would leave the device
+    /// reading pages the process no longer sees).
+    pub fn pinned(
+        slot_bytes: usize,
+        capacity: usize,
+        shared: bool,
+        cuda: Arc<Cuda>,
+        budget_bytes: u64,
+    ) -> Result<Arc<SlotPool>, PinnedPoolError> {
+        let capacity = capacity.max(1);
+        let reserved = (capacity as u64).saturating_mul(slot_stride(slot_bytes) as u64);
+        reserve_pinned(reserved, budget_bytes).map_err(|held| PinnedPoolError::Budget {
+            wanted: reserved,
+            budget: budget_bytes,
+            held,
+        })?;
+        let arena = match Arena::map(slot_bytes, capacity, shared) {
+            Ok(arena) => arena,
+            Err(error) => {
+                PINNED_RESERVED.fetch_sub(reserved, Ordering::AcqRel);
+                return Err(PinnedPoolError::Map(error));
             }
-            let fd = OwnedFd::from_raw_fd(raw);
-            if libc::ftruncate(fd.as_raw_fd(), size as libc::off_t) != 0 {
-                return Err(std::io::Error::last_os_error());
-            }
-            let base = libc::mmap(
-                std::ptr::null_mut(),
-                size,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_SHARED,
-                fd.as_raw_fd(),
-                0,
-            );
-            if base == libc::MAP_FAILED {
-                return Err(std::io::Error::last_os_error());
-            }
-            Arena {
-                fd,
-                base: base.cast(),
-                size,
-                id: ARENAS.fetch_add(1, Ordering::Relaxed),
-            }
+        };
+        let pinning = Pinning {
+            cuda,
+            reserved,
+            slots: Mutex::new(PinSlots::default()),
         };
         Ok(Arc::new(SlotPool {
             slot_bytes,
             capacity,
             arena: Some(arena),
-            state: Mutex::new(PoolState {
-                free: Vec::new(),
-                allocated: 0,
-            }),
+            pinning: Some(pinning),
+            state: Mutex::new(PoolState::default()),
             released: Condvar::new(),
         }))
     }
 
     /// The shared mapping of a pool made by [`SlotPool::shared`], else `None`.
     pub fn shared_memory(&self) -> Option<SharedMemory> {
-        self.arena.as_ref().map(|arena| SharedMemory {
-            fd: arena.fd.as_raw_fd(),
+        let arena = self.arena.as_ref()?;
+        Some(SharedMemory {
+            fd: arena.fd.as_ref()?.as_raw_fd(),
             size: arena.size,
             id: arena.id,
         })
@@ -167,6 +264,98 @@ impl SlotPool {
     /// Bytes per slot.
     pub fn slot_bytes(&self) -> usize {
         self.slot_bytes
+    }
+
+    /// Whether the pool page-locks its slots (made by [`SlotPool::pinned`]).
+    pub fn is_pinned(&self) -> bool {
+        self.pinning.is_some()
+    }
+
+    /// Bytes of slot memory page-locked now.
+    pub fn pinned_bytes(&self) -> u64 {
+        let (Some(pinning), Some(arena)) = (&self.pinning, &self.arena) else {
+            return 0;
+        };
+        pinning.slots.lock().map_or(0, |s| {
+            let locked = s.status.iter().filter(|&&p| p == PinStatus::Locked).count();
+            (locked * arena.stride) as u64
+        })
+    }
+
+    /// Whether every slot handed out so far is page-locked (or being locked): false for a
+    /// pool that does not pin, or where the driver refused a slot (it then stays pageable,
+    /// and works as one; [`SlotPool::pin_error`] says why).
+    pub fn all_pinned(&self) -> bool {
+        self.pinning.as_ref().is_some_and(|p| {
+            p.slots
+                .lock()
+                .is_ok_and(|s| !s.status.contains(&PinStatus::Failed))
+        })
+    }
+
+    /// The device context that page-locks the slots, for a pinned pool.
+    pub fn cuda(&self) -> Option<&Arc<Cuda>> {
+        self.pinning.as_ref().map(|p| &p.cuda)
+    }
+
+    /// Why the driver refused to page-lock a slot, if it did.
+    pub fn pin_error(&self) -> Option<String> {
+        self.pinning
+            .as_ref()
+            .and_then(|p| p.slots.lock().ok().and_then(|s| s.error.clone()))
+    }
+
+    /// Whether `ptr` lies in a page-locked slot of this pool: the tensors of a batch
+    /// outside its slot (labels, built apart) are not.
+    pub fn holds_pinned(&self, ptr: *const u8) -> bool {
+        let (Some(pinning), Some(arena)) = (&self.pinning, &self.arena) else {
+            return false;
+        };
+        let offset = (ptr as usize).wrapping_sub(arena.base as usize);
+        offset < arena.size && pinning.status(offset / arena.stride) == PinStatus::Locked
+    }
+
+    /// Page-locks the slot holding `ptr` the first time a batch in it is handed out (in a
+    /// pinned pool; at once otherwise, and for a slot locked before). Each slot is locked once
+    /// and stays locked until the pool is dropped. Locking 38 MB takes about 10 ms: done here,
+    /// one slot at a time as batches go out, it never holds back the first batch behind the
+    /// whole queue's slots, nor competes with the decode threads for the process's memory map
+    /// all at once. A slot the driver refuses stays pageable (it still works; copies from it
+    /// are slower), and the pool says so ([`SlotPool::all_pinned`], [`SlotPool::pin_error`]).
+    pub fn pin_for_hand_out(&self, ptr: *const u8) {
+        let (Some(pinning), Some(arena)) = (&self.pinning, &self.arena) else {
+            return;
+        };
+        let offset = (ptr as usize).wrapping_sub(arena.base as usize);
+        if offset >= arena.size {
+            return;
+        }
+        let index = offset / arena.stride;
+        let Ok(mut slots) = pinning.slots.lock() else {
+            return;
+        };
+        if slots.status.len() <= index {
+            slots.status.resize(index + 1, PinStatus::Unused);
+        }
+        if slots.status[index] != PinStatus::Unused {
+            return;
+        }
+        // SAFETY: the slot's `stride` bytes lie inside the arena, which stays mapped until the
+        // pool's drop unlocks every locked slot first; the status makes each lock happen once.
+        match unsafe {
+            pinning
+                .cuda
+                .lock_pages(self.arena_start(index), arena.stride)
+        } {
+            Ok(()) => slots.status[index] = PinStatus::Locked,
+            Err(error) => {
+                if slots.error.is_none() {
+                    tracing::warn!(%error, slot = index, "a batch slot could not be page-locked; it stays pageable");
+                    slots.error = Some(error.to_string());
+                }
+                slots.status[index] = PinStatus::Failed;
+            }
+        }
     }
 
     /// Slots currently handed out.
@@ -219,28 +408,45 @@ impl SlotPool {
         })
     }
 
-    /// Where slot `index` of the arena starts: `slot_bytes` from there are inside the
+    /// Where slot `index` of the arena starts: `stride` bytes from there are inside the
     /// mapping, since arena slots exist only in arena pools and `index < capacity`.
     fn arena_start(&self, index: usize) -> *mut u8 {
         match &self.arena {
-            // SAFETY: `index * slot_bytes` is below the mapping's size (see above).
-            Some(arena) => unsafe { arena.base.add(index * self.slot_bytes) },
+            // SAFETY: `index * stride` is below the mapping's size (see above).
+            Some(arena) => unsafe { arena.base.add(index * arena.stride) },
             None => unreachable!("arena slots come from arena pools"),
         }
     }
 
     fn give_back(&self, buffer: Buffer) {
-        if let (Buffer::Arena(index), Some(arena)) = (&buffer, &self.arena) {
+        let locked = |index: usize| {
+            self.pinning
+                .as_ref()
+                .is_some_and(|p| p.status(index) == PinStatus::Locked)
+        };
+        if let (
+            Buffer::Arena(index),
+            Some(Arena {
+                fd: Some(fd),
+                stride,
+                ..
+            }),
+        ) = (&buffer, &self.arena)
+        {
+            if locked(*index) {
+                // Locked pages stay: see `SlotPool::pinned`.
+                return self.put_free(buffer);
+            }
             // A shared slot's pages go back to the system while it waits in the pool, so the
             // memory held follows the batches alive (being written, waiting or held), as
             // memory freed batch by batch would, not the most the pool ever had at once.
             // SAFETY: the range is this slot's, inside the memfd, and no one uses it now.
             let freed = unsafe {
                 libc::fallocate(
-                    arena.fd.as_raw_fd(),
+                    fd.as_raw_fd(),
                     libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE,
-                    (*index * self.slot_bytes) as libc::off_t,
-                    self.slot_bytes as libc::off_t,
+                    (*index * stride) as libc::off_t,
+                    *stride as libc::off_t,
                 )
             };
             if freed != 0 {
@@ -250,10 +456,105 @@ impl SlotPool {
                 );
             }
         }
+        self.put_free(buffer);
+    }
+
+    fn put_free(&self, buffer: Buffer) {
         if let Ok(mut state) = self.state.lock() {
             state.free.push(buffer);
         }
         self.released.notify_all();
+    }
+}
+
+impl Drop for SlotPool {
+    fn drop(&mut self) {
+        let Some(pinning) = &self.pinning else {
+            return;
+        };
+        let status = pinning
+            .slots
+            .lock()
+            .map(|s| s.status.clone())
+            .unwrap_or_default();
+        for (index, _) in status
+            .iter()
+            .enumerate()
+            .filter(|(_, &s)| s == PinStatus::Locked)
+        {
+            // SAFETY: the slot was locked by `pin_for_hand_out`; every slot is back (slots hold
+            // the pool), and a slot comes back only after the fences of the copies reading it.
+            unsafe { pinning.cuda.unlock_pages(self.arena_start(index)) };
+        }
+        PINNED_RESERVED.fetch_sub(pinning.reserved, Ordering::AcqRel);
+    }
+}
+
+/// Why a pinned pool could not be made.
+#[derive(Debug, thiserror::Error)]
+pub enum PinnedPoolError {
+    /// Its slots do not fit in what is left of the process's pinned budget.
+    #[error("{wanted} bytes of page-locked batch slots do not fit in the pinned budget of {budget} bytes for this process ({held} held by its other loaders)")]
+    Budget {
+        /// Bytes the pool's slots need.
+        wanted: u64,
+        /// The budget.
+        budget: u64,
+        /// Bytes other pools of the process hold.
+        held: u64,
+    },
+    /// The slots' mapping could not be made.
+    #[error("cannot map the batch slots: {0}")]
+    Map(std::io::Error),
+}
+
+impl Arena {
+    /// A mapping for `capacity` slots of `slot_bytes`, each on its own pages: a `memfd` other
+    /// processes can map when `shared`, else anonymous memory.
+    fn map(slot_bytes: usize, capacity: usize, shared: bool) -> std::io::Result<Arena> {
+        let stride = slot_stride(slot_bytes);
+        let size = stride
+            .checked_mul(capacity)
+            .ok_or_else(|| std::io::Error::other("slot pool size overflows"))?;
+        // SAFETY: plain system calls on a descriptor this function owns; the mapping is
+        // checked before use.
+        unsafe {
+            let fd = if shared {
+                let raw = libc::memfd_create(c"stoker-slots".as_ptr(), libc::MFD_CLOEXEC);
+                if raw < 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                let fd = OwnedFd::from_raw_fd(raw);
+                if libc::ftruncate(fd.as_raw_fd(), size as libc::off_t) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Some(fd)
+            } else {
+                None
+            };
+            let (flags, raw_fd) = match &fd {
+                Some(fd) => (libc::MAP_SHARED, fd.as_raw_fd()),
+                None => (libc::MAP_PRIVATE | libc::MAP_ANONYMOUS, -1),
+            };
+            let base = libc::mmap(
+                std::ptr::null_mut(),
+                size,
+                libc::PROT_READ | libc::PROT_WRITE,
+                flags,
+                raw_fd,
+                0,
+            );
+            if base == libc::MAP_FAILED {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(Arena {
+                fd,
+                base: base.cast(),
+                size,
+                stride,
+                id: ARENAS.fetch_add(1, Ordering::Relaxed),
+            })
+        }
     }
 }
 
@@ -274,9 +575,9 @@ impl Slot {
     /// Where the slot starts in its pool's shared mapping, for a pool made by
     /// [`SlotPool::shared`].
     pub fn shared_offset(&self) -> Option<usize> {
-        match self.buffer {
-            Buffer::Heap(_) => None,
-            Buffer::Arena(index) => Some(index * self.pool.slot_bytes),
+        match (&self.buffer, &self.pool.arena) {
+            (Buffer::Arena(index), Some(arena)) if arena.fd.is_some() => Some(index * arena.stride),
+            _ => None,
         }
     }
 
@@ -391,6 +692,40 @@ mod tests {
         assert_eq!(d.shared_offset(), Some(2 * 4096));
         assert!(pool.try_take(10).is_none(), "capacity is 3");
         assert!(SlotPool::new(8, 1).shared_memory().is_none());
+    }
+
+    #[test]
+    fn the_pinned_budget_is_shared_by_the_pools_of_a_process() {
+        // Other tests may hold a reservation meanwhile: measure against what is held now.
+        let budget = pinned_reserved() + 10_000;
+        assert!(reserve_pinned(6_000, budget).is_ok());
+        let held = reserve_pinned(6_000, budget).unwrap_err();
+        assert!(
+            held >= 6_000,
+            "the first reservation counts against the second"
+        );
+        assert!(
+            reserve_pinned(4_000, budget).is_ok(),
+            "what is left still fits"
+        );
+        PINNED_RESERVED.fetch_sub(10_000, Ordering::AcqRel);
+    }
+
+    #[test]
+    fn arena_slots_start_on_pages() {
+        let page = page_size();
+        assert_eq!(slot_stride(1), page);
+        assert_eq!(slot_stride(page), page);
+        assert_eq!(slot_stride(page + 1), 2 * page);
+        let pool = SlotPool::shared(100, 3).unwrap();
+        let (a, b) = (pool.try_take(100).unwrap(), pool.try_take(100).unwrap());
+        assert_eq!(
+            (a.shared_offset(), b.shared_offset()),
+            (Some(0), Some(page))
+        );
+        assert_eq!(pool.shared_memory().unwrap().size, 3 * page);
+        assert!(!pool.is_pinned() && !pool.all_pinned() && pool.cuda().is_none());
+        assert_eq!(pool.pinned_bytes(), 0);
     }
 
     #[test]

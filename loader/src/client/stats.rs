@@ -40,6 +40,12 @@ pub struct LoaderStats {
     pub in_flight: usize,
     /// Batches allowed in flight after the last `next()` (the controller's choice in auto mode).
     pub prefetch_depth: usize,
+    /// Seconds the consumer's GPU stream sat idle waiting for a batch, measured with events on
+    /// that stream ([`crate::Loader::record_gpu_idle`]; 0 when nothing reports it). It differs
+    /// from `wait_s` when the training loop runs ahead of the GPU.
+    pub gpu_idle_s: f64,
+    /// Seconds of the GPU stream's time over which `gpu_idle_s` was measured.
+    pub gpu_span_s: f64,
 }
 
 /// Accumulates [`LoaderStats`].
@@ -101,6 +107,11 @@ impl StatsRecorder {
         if epoch_start && self.first_batch.is_some() {
             self.totals.epoch_start_wait_s += waited.as_secs_f64();
         }
+    }
+
+    pub(crate) fn record_gpu_idle(&mut self, idle: Duration, span: Duration) {
+        self.totals.gpu_idle_s += idle.as_secs_f64();
+        self.totals.gpu_span_s += span.as_secs_f64();
     }
 
     pub(crate) fn snapshot(&self) -> LoaderStats {

@@ -192,11 +192,16 @@ impl EpochStream {
         // a deeper queue would have used that time to prevent it (bursty consumers idle the
         // producer during a long step and stall a few steps later, when the queue drains).
         let recent_idle: Duration = self.recent_idle.iter().sum();
-        let stall = if recent_idle >= waited {
-            waited
-        } else {
-            Duration::ZERO
+        let gated = |wait: Duration| {
+            if recent_idle >= wait {
+                wait
+            } else {
+                Duration::ZERO
+            }
         };
+        // The GPU idle the consumer reported (its stream waiting for a batch while the loop
+        // ran ahead) is stall too, gated the same way.
+        let stall = gated(waited).max(gated(self.core.take_gpu_idle()));
         if let Ok(mut controller) = controller.lock() {
             controller.observe(stall, step_time + waited, &self.arrived_latencies);
             // The controller counts the batch the consumer holds; the stream does not.
@@ -288,6 +293,33 @@ impl EpochStream {
                 }
             }
         }
+        self.hand_out(started, step).map(Some)
+    }
+
+    /// The next batch in step order if it has already arrived, without waiting; `None` when it
+    /// has not (or at the end of the epoch). For a consumer that starts work on the next
+    /// batch early (the device stage copies it while the GPU runs the current step).
+    pub fn try_next_batch(&mut self) -> Result<Option<Batch>> {
+        if self.next_step >= self.steps {
+            return Ok(None);
+        }
+        let step = self.next_step;
+        while !self.ready.contains_key(&step) {
+            match self.feed.recv(Duration::ZERO) {
+                Ok(Some(built)) => {
+                    self.arrived_latencies.push(built.service);
+                    self.ready.insert(built.step, built.result);
+                }
+                // An error of the feed is raised by the next `next_batch`, which waits.
+                Ok(None) | Err(_) => return Ok(None),
+            }
+        }
+        self.hand_out(Instant::now(), step).map(Some)
+    }
+
+    /// Takes `step` (arrived) out of the reorder buffer, feeds the controller what this call
+    /// saw (started at `started`), asks for more, and counts the batch.
+    fn hand_out(&mut self, started: Instant, step: u64) -> Result<Batch> {
         let waited = started.elapsed();
         let result = self
             .ready
@@ -297,10 +329,14 @@ impl EpochStream {
         self.adjust_depth(started, waited);
         self.top_up();
         let batch = result?;
+        if let Some(tensor) = batch.tensors.first() {
+            // A pinned pool's slot is page-locked when its first batch goes out.
+            self.core.slots.pin_for_hand_out(tensor.data.as_ptr());
+        }
         if let Ok(mut stats) = self.core.stats.lock() {
             stats.record_batch(&batch, waited, step == 0, self.in_flight(), self.prefetch);
         }
-        Ok(Some(batch))
+        Ok(batch)
     }
 }
 

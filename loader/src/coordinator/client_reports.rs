@@ -50,6 +50,8 @@ pub(super) fn client_snapshot(stats: &ClientStats, threads: usize) -> MonitorSna
             bytes: stats.bytes,
             in_flight: stats.queue_depth as usize,
             prefetch_depth: stats.prefetch_target as usize,
+            gpu_idle_s: stats.gpu_idle_ns as f64 / 1e9,
+            gpu_span_s: stats.gpu_span_ns as f64 / 1e9,
         },
         controller: None,
         fixed_prefetch: Some(stats.prefetch_target as usize),

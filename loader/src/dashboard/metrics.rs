@@ -59,6 +59,24 @@ const FAMILIES: &[Family] = &[
         samples: |job| one(job.latest.as_ref().map(|s| s.stats.elapsed_s)),
     },
     Family {
+        name: "stoker_gpu_idle_ratio",
+        kind: "gauge",
+        help: "Share of the GPU's time over the last sampling interval its stream sat idle waiting for a batch (measured with CUDA events; absent where nothing measures it).",
+        samples: |job| one(job.points.back().and_then(|p| p.gpu_idle_pct).map(|p| p / 100.0)),
+    },
+    Family {
+        name: "stoker_gpu_idle_seconds_total",
+        kind: "counter",
+        help: "Seconds the GPU's stream sat idle waiting for a batch since the loader started.",
+        samples: |job| one(job.latest.as_ref().map(|s| s.stats.gpu_idle_s)),
+    },
+    Family {
+        name: "stoker_gpu_measured_seconds_total",
+        kind: "counter",
+        help: "Seconds of GPU time over which the GPU idle was measured (divide idle by this for its share).",
+        samples: |job| one(job.latest.as_ref().map(|s| s.stats.gpu_span_s)),
+    },
+    Family {
         name: "stoker_samples_per_second",
         kind: "gauge",
         help: "Samples yielded per second over the last sampling interval.",

@@ -80,6 +80,9 @@ struct Delta {
     samples: u64,
     batches: u64,
     stages_s: [f64; 4],
+    /// GPU idle waiting for a batch, and the GPU time it was measured over.
+    gpu_idle_s: f64,
+    gpu_span_s: f64,
 }
 
 impl Delta {
@@ -97,6 +100,8 @@ impl Delta {
                 (after.augment_s - before.augment_s).max(0.0),
                 (after.assemble_s - before.assemble_s).max(0.0),
             ],
+            gpu_idle_s: (after.gpu_idle_s - before.gpu_idle_s).max(0.0),
+            gpu_span_s: (after.gpu_span_s - before.gpu_span_s).max(0.0),
         }
     }
 
@@ -110,6 +115,14 @@ impl Delta {
         for (sum, stage) in self.stages_s.iter_mut().zip(other.stages_s) {
             *sum += stage;
         }
+        self.gpu_idle_s += other.gpu_idle_s;
+        self.gpu_span_s += other.gpu_span_s;
+    }
+
+    /// Share of the GPU's measured time spent idle waiting for a batch, percent; `None` when
+    /// nothing measured it over the interval.
+    fn gpu_idle_pct(&self) -> Option<f64> {
+        (self.gpu_span_s > 0.0).then(|| round(100.0 * self.gpu_idle_s / self.gpu_span_s, 1))
     }
 
     fn stall_pct(&self) -> Option<f64> {
@@ -185,6 +198,9 @@ pub(crate) struct Point {
     pub t_ms: u64,
     /// Share of the interval the trainer spent waiting for a batch, percent.
     pub stall_pct: Option<f64>,
+    /// Share of the GPU's time over the interval its stream sat idle waiting for a batch,
+    /// percent (measured with events by the consumer; `None` where nothing measures it).
+    pub gpu_idle_pct: Option<f64>,
     /// Samples yielded per second over the interval.
     pub samples_per_s: Option<f64>,
     /// Batches being built.
@@ -215,6 +231,8 @@ pub(crate) struct Window {
     pub seconds: f64,
     /// Share of the window the trainer waited, percent.
     pub stall_pct: Option<f64>,
+    /// Share of the GPU's time over the window spent idle waiting for a batch, percent.
+    pub gpu_idle_pct: Option<f64>,
     /// Samples per second over the window.
     pub samples_per_s: Option<f64>,
     /// Where a sample's time went over the window.
@@ -278,6 +296,7 @@ impl JobSeries {
             let point = Point {
                 t_ms,
                 stall_pct: delta.stall_pct(),
+                gpu_idle_pct: delta.gpu_idle_pct(),
                 samples_per_s: delta.samples_per_s(),
                 in_flight: stats.in_flight,
                 prefetch_depth: stats.prefetch_depth,
@@ -345,6 +364,7 @@ impl JobSeries {
         Window {
             seconds: round(sum.elapsed_s, 1),
             stall_pct,
+            gpu_idle_pct: sum.gpu_idle_pct(),
             samples_per_s: sum.samples_per_s(),
             time,
             verdict,
@@ -460,7 +480,22 @@ mod tests {
             samples,
             batches: samples / 16,
             stages_s,
+            gpu_idle_s: 0.0,
+            gpu_span_s: 0.0,
         }
+    }
+
+    #[test]
+    fn gpu_idle_is_idle_over_the_gpu_span() {
+        let mut d = delta(10.0, 0.0, 100, [0.0; 4]);
+        assert_eq!(d.gpu_idle_pct(), None, "nothing measured");
+        d.gpu_idle_s = 0.5;
+        d.gpu_span_s = 4.0;
+        assert_eq!(d.gpu_idle_pct(), Some(12.5));
+        let mut sum = Delta::default();
+        sum.add(&d);
+        sum.add(&d);
+        assert_eq!(sum.gpu_idle_pct(), Some(12.5));
     }
 
     #[test]

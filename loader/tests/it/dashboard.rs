@@ -637,6 +637,9 @@ fn demo_dashboard_page_matches_api_and_metrics_parse() {
     let samples = parse_prometheus(&metrics.body)
         .unwrap_or_else(|e| panic!("{e}\n--- /metrics ---\n{}", metrics.body));
     let labels = [("job", "demo"), ("rank", "0")];
+    // Nothing measured the GPU: the idle ratio is left out, the counters are 0.
+    assert!(!metrics.body.contains("\nstoker_gpu_idle_ratio{"));
+    assert!(metrics.body.contains("# TYPE stoker_gpu_idle_seconds_total counter"));
     for name in ["stoker_stall_ratio", "stoker_stall_ratio_window"] {
         let ratio = metric(&samples, name, &labels).unwrap_or_else(|| panic!("{name} missing"));
         assert!((0.0..=1.0).contains(&ratio), "{name} = {ratio}");
@@ -725,6 +728,8 @@ fn demo_dashboard_page_matches_api_and_metrics_parse() {
     let expected = [
         ("verdict", job["verdict"].as_str().unwrap().to_string()),
         ("stall", shown(&current["stall_pct"], 1)),
+        // No GPU measures the demo: the figure says so ("–"), it shows no zero.
+        ("gpu-idle", shown(&current["gpu_idle_pct"], 1)),
         ("throughput", shown(&current["samples_per_s"], 1)),
         (
             "queue",
@@ -734,6 +739,7 @@ fn demo_dashboard_page_matches_api_and_metrics_parse() {
         ("busy", shown(&current["busy_pct"], 1)),
         ("bad", current["bad_samples"].to_string()),
         ("window-stall", shown(&window["stall_pct"], 1)),
+        ("window-gpu-idle", shown(&window["gpu_idle_pct"], 1)),
         ("window-seconds", shown(&window["seconds"], 1)),
         ("window-throughput", shown(&window["samples_per_s"], 1)),
     ];

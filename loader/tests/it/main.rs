@@ -13,6 +13,7 @@ mod dashboard;
 mod distributed;
 mod drain;
 mod embedded;
+mod gpu;
 mod hostile;
 mod mix;
 mod object_store;

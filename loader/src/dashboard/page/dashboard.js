@@ -55,8 +55,10 @@ function createCard(job) {
     el("div", { class: "verdict-line", id: `job-${key}-verdict-line` }, [
       el("span", { class: "verdict", id: `job-${key}-verdict`, text: job.verdict }),
       el("span", { class: "verdict-detail" }, [
-        document.createTextNode("stall "),
+        document.createTextNode("host wait "),
         el("span", { id: `job-${key}-window-stall`, text: "\u2013" }),
+        document.createTextNode("% \u00b7 GPU idle "),
+        el("span", { id: `job-${key}-window-gpu-idle`, text: "\u2013" }),
         document.createTextNode("% over the last "),
         el("span", { id: `job-${key}-window-seconds`, text: "\u2013" }),
         document.createTextNode(" s \u00b7 "),
@@ -66,7 +68,8 @@ function createCard(job) {
     ]),
     el("div", { class: "share", id: `job-${key}-share`, hidden: "" }),
     el("div", { class: "figures" }, [
-      figure(key, "stall", "Stall (last 0.5 s)", "%"),
+      figure(key, "stall", "Host wait (last 0.5 s)", "%"),
+      figure(key, "gpu-idle", "GPU idle (last 0.5 s)", "%"),
       figure(key, "throughput", "Throughput", "samples/s"),
       figure(key, "queue", "Queue: in flight / depth", "batches"),
       figure(key, "latency", "Batch latency", "ms"),
@@ -74,7 +77,7 @@ function createCard(job) {
       figure(key, "bad", "Bad samples", "total"),
     ]),
     el("div", { class: "charts" }, [
-      chart(key, "stall", "Stall (% of time the trainer waited)"),
+      chart(key, "stall", "Stall (% of time the trainer waited, and the GPU sat idle)"),
       chart(key, "throughput", "Throughput (samples/s)"),
       chart(key, "queue", "Queue depth (batches)"),
       chart(key, "time", "Where time goes (ms per sample, last 10 s)"),
@@ -111,6 +114,7 @@ function updateFigures(job) {
   const line = document.getElementById(`job-${key}-verdict-line`);
   line.className = `verdict-line ${verdictClass(job.verdict)}`;
   setText(`job-${key}-window-stall`, fixed(w ? w.stall_pct : null, 1));
+  setText(`job-${key}-window-gpu-idle`, fixed(w ? w.gpu_idle_pct : null, 1));
   setText(`job-${key}-window-seconds`, fixed(w ? w.seconds : null, 1));
   setText(`job-${key}-window-throughput`, fixed(w ? w.samples_per_s : null, 1));
   const share = document.getElementById(`job-${key}-share`);
@@ -129,6 +133,7 @@ function updateFigures(job) {
   stamp.setAttribute("data-t-ms", String(p.t_ms));
   stamp.textContent = `reading of ${new Date(p.t_ms).toLocaleTimeString()}`;
   setText(`job-${key}-stall`, fixed(p.stall_pct, 1));
+  setText(`job-${key}-gpu-idle`, fixed(p.gpu_idle_pct, 1));
   setText(`job-${key}-throughput`, fixed(p.samples_per_s, 1));
   setText(`job-${key}-queue`, `${p.in_flight} / ${p.prefetch_depth}`);
   setText(`job-${key}-latency`, fixed(p.batch_latency_ms, 2));
@@ -346,7 +351,8 @@ function drawCharts(key, state, window, now) {
   const series = state.series;
   const pick = (field) => series.map((p) => [p.t_ms, p[field]]);
   drawLines(document.getElementById(`job-${key}-chart-stall`), [
-    { label: "stall %", color: "#dc2626", values: pick("stall_pct") },
+    { label: "host wait %", color: "#dc2626", values: pick("stall_pct") },
+    { label: "GPU idle %", color: "#7c3aed", values: pick("gpu_idle_pct") },
   ], {
     now, yLabel: "% of time", yMin: 10,
     marks: [

@@ -1,0 +1,442 @@
+//! The CUDA driver, loaded at run time through cudarc: page-locking the slot pool's memory
+//! once, and fences that keep a slot out of the pool until the GPU copies that read it have
+//! finished. Nothing here needs CUDA to build, and without a driver [`Cuda::open`] says what is
+//! missing instead of failing later.
+//!
+//! Stoker shares the device's *primary* context with the framework in the same process (torch's
+//! runtime API uses it too), so memory registered here is pinned for torch as well
+//! (`Tensor.is_pinned()`), and events recorded here may be recorded on torch's streams.
+//!
+//! A fence is an event recorded on a stream after the copies that read a slot were queued
+//! there. [`Cuda::release_after`] hands the slot's last reference to one thread per device,
+//! which waits for the fences (blocking-sync events: the thread sleeps, it does not spin a
+//! core) and only then drops the reference, so the slot returns to the pool after the copies,
+//! never under one.
+
+use std::collections::HashMap;
+use std::ffi::c_void;
+use std::fmt;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+
+use crossbeam_channel::{Receiver, Sender};
+use cudarc::driver::{result, sys, DriverError};
+
+/// Why the CUDA driver cannot be used here; the message names what is missing.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Unavailable {
+    /// `libcuda.so` (the NVIDIA driver's user-space library) cannot be loaded.
+    #[error("no CUDA driver: the NVIDIA driver's library (libcuda.so.1) cannot be loaded on this machine")]
+    NoDriver,
+    /// `cuInit` failed (driver too old for this build, no device visible, a broken install).
+    #[error("the CUDA driver did not start (cuInit: {0})")]
+    Init(String),
+    /// The driver sees fewer devices than the ordinal asked for.
+    #[error("no CUDA device {ordinal}: the driver sees {count}")]
+    NoDevice {
+        /// The device asked for.
+        ordinal: usize,
+        /// Devices the driver sees.
+        count: usize,
+    },
+    /// A driver call failed.
+    #[error("CUDA driver call {call} failed: {error}")]
+    Call {
+        /// Which call.
+        call: &'static str,
+        /// The driver's error.
+        error: String,
+    },
+}
+
+fn call_failed(call: &'static str, error: DriverError) -> Unavailable {
+    Unavailable::Call {
+        call,
+        error: describe(error),
+    }
+}
+
+/// A driver error as its name and text (`CUDA_ERROR_INVALID_VALUE: invalid argument`).
+fn describe(error: DriverError) -> String {
+    let name = error
+        .error_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_else(|_| format!("{:?}", error.0));
+    match error.error_string() {
+        Ok(text) => format!("{name}: {}", text.to_string_lossy()),
+        Err(_) => name,
+    }
+}
+
+/// Whether the driver library can be loaded, checked before any other cudarc call (cudarc
+/// panics on a missing library; this never does).
+pub fn driver_present() -> bool {
+    static PRESENT: OnceLock<bool> = OnceLock::new();
+    // SAFETY: only tries to open the library by its usual names.
+    *PRESENT.get_or_init(|| unsafe { sys::is_culib_present() })
+}
+
+/// One CUDA device's primary context, shared with any framework in the process, retained for
+/// the life of the process. Made once per device ([`Cuda::open`]).
+pub struct Cuda {
+    ordinal: usize,
+    context: sys::CUcontext,
+    name: String,
+    /// The thread that drops references once their fences have completed.
+    reclaimer: Sender<Deferred>,
+    /// What that thread shares with callers.
+    shared: Arc<FenceState>,
+}
+
+/// Events no fence uses now, and counts of the waits.
+struct FenceState {
+    context: SendContext,
+    free_events: Mutex<Vec<Event>>,
+    /// Fences waited for, and those whose wait failed (the reference was dropped anyway: the
+    /// device is lost then, and reads nothing more).
+    waited: AtomicU64,
+    failed: AtomicU64,
+}
+
+impl FenceState {
+    /// Waits for all work queued on the device's context so far.
+    fn synchronize_device(&self) -> Result<(), DriverError> {
+        // SAFETY: the context is retained for the process's life; pushed and popped here.
+        unsafe {
+            sys::cuCtxPushCurrent_v2(self.context.0).result()?;
+            let synchronized = result::ctx::synchronize();
+            let mut popped = std::ptr::null_mut();
+            let _ = sys::cuCtxPopCurrent_v2(&mut popped);
+            synchronized
+        }
+    }
+
+    fn put_back(&self, event: Event) {
+        self.free_events
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(event);
+    }
+
+    fn take(&self) -> Option<Event> {
+        self.free_events
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .pop()
+    }
+
+    /// Waits for each fence, then drops `keep`.
+    fn wait_and_drop(&self, deferred: Deferred) {
+        let Deferred { fences, keep } = deferred;
+        for fence in fences {
+            let waited = match fence.kind {
+                // SAFETY: the event is of the device's context and was recorded.
+                FenceKind::Event(event) => {
+                    unsafe { result::event::synchronize(event.0) }.map(|()| Some(event))
+                }
+                FenceKind::Device => self.synchronize_device().map(|()| None),
+            };
+            match waited {
+                Ok(event) => {
+                    self.waited.fetch_add(1, Ordering::Relaxed);
+                    if let Some(event) = event {
+                        self.put_back(event);
+                    }
+                }
+                Err(error) => {
+                    // A failed wait means a lost device: nothing reads the slot any more.
+                    self.failed.fetch_add(1, Ordering::Relaxed);
+                    tracing::warn!(error = %describe(error), "a batch slot's fence failed; releasing the slot");
+                }
+            }
+        }
+        drop(keep);
+    }
+}
+
+// SAFETY: `context` is a handle the driver lets any thread use; the rest is Send + Sync.
+unsafe impl Send for Cuda {}
+unsafe impl Sync for Cuda {}
+
+impl fmt::Debug for Cuda {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Cuda")
+            .field("ordinal", &self.ordinal)
+            .field("name", &self.name)
+            .finish_non_exhaustive()
+    }
+}
+
+/// An event handle of [`Cuda`]'s context.
+#[derive(Debug, Clone, Copy)]
+struct Event(sys::CUevent);
+
+// SAFETY: an event handle may be used from any thread.
+unsafe impl Send for Event {}
+
+/// A point on a stream: done when the work queued on the stream before it is done; or, when
+/// the streams are not known, everything queued on the device so far.
+#[derive(Debug)]
+pub struct Fence {
+    kind: FenceKind,
+}
+
+#[derive(Debug)]
+enum FenceKind {
+    Event(Event),
+    Device,
+}
+
+/// What the reclaimer thread waits for and then drops.
+struct Deferred {
+    fences: Vec<Fence>,
+    keep: Box<dyn Send>,
+}
+
+impl Cuda {
+    /// The device `ordinal`'s primary context, retained once per process; the same `Arc` for
+    /// every caller. Checks the driver library is there before touching it.
+    pub fn open(ordinal: usize) -> Result<Arc<Cuda>, Unavailable> {
+        static DEVICES: OnceLock<Mutex<HashMap<usize, Arc<Cuda>>>> = OnceLock::new();
+        let devices = DEVICES.get_or_init(|| Mutex::new(HashMap::new()));
+        let mut devices = devices.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(cuda) = devices.get(&ordinal) {
+            return Ok(Arc::clone(cuda));
+        }
+        let cuda = Arc::new(Self::start(ordinal)?);
+        devices.insert(ordinal, Arc::clone(&cuda));
+        Ok(cuda)
+    }
+
+    fn start(ordinal: usize) -> Result<Cuda, Unavailable> {
+        if !driver_present() {
+            return Err(Unavailable::NoDriver);
+        }
+        result::init().map_err(|e| Unavailable::Init(describe(e)))?;
+        let count = result::device::get_count().map_err(|e| call_failed("cuDeviceGetCount", e))?;
+        let count = usize::try_from(count).unwrap_or(0);
+        if ordinal >= count {
+            return Err(Unavailable::NoDevice { ordinal, count });
+        }
+        let device =
+            result::device::get(ordinal as i32).map_err(|e| call_failed("cuDeviceGet", e))?;
+        let name = result::device::get_name(device).unwrap_or_else(|_| "?".to_string());
+        // SAFETY: `device` is valid; the primary context is retained for the process's life
+        // (never released: slot memory registered in it may outlive any one loader).
+        let context = unsafe { result::primary_ctx::retain(device) }
+            .map_err(|e| call_failed("cuDevicePrimaryCtxRetain", e))?;
+        let (sender, receiver) = crossbeam_channel::unbounded();
+        let shared = Arc::new(FenceState {
+            context: SendContext(context),
+            free_events: Mutex::new(Vec::new()),
+            waited: AtomicU64::new(0),
+            failed: AtomicU64::new(0),
+        });
+        let thread_shared = Arc::clone(&shared);
+        std::thread::Builder::new()
+            .name(format!("stoker-cuda{ordinal}-fences"))
+            .spawn(move || reclaim(thread_shared, receiver))
+            .map_err(|e| Unavailable::Call {
+                call: "spawning the fence thread",
+                error: e.to_string(),
+            })?;
+        tracing::debug!(ordinal, name = %name, "cuda.open");
+        Ok(Cuda {
+            ordinal,
+            context,
+            name,
+            reclaimer: sender,
+            shared,
+        })
+    }
+
+    /// The device's ordinal.
+    pub fn ordinal(&self) -> usize {
+        self.ordinal
+    }
+
+    /// The device's name, as the driver gives it.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// Runs `f` with this device's context current on the calling thread, then restores what
+    /// was current before (a framework's thread keeps its own context).
+    fn in_context<T>(
+        &self,
+        call: &'static str,
+        f: impl FnOnce() -> Result<T, DriverError>,
+    ) -> Result<T, Unavailable> {
+        // SAFETY: the context is retained for the process's life.
+        unsafe { sys::cuCtxPushCurrent_v2(self.context) }
+            .result()
+            .map_err(|e| call_failed("cuCtxPushCurrent", e))?;
+        let out = f().map_err(|e| call_failed(call, e));
+        let mut popped = std::ptr::null_mut();
+        // SAFETY: pops the context pushed above.
+        let _ = unsafe { sys::cuCtxPopCurrent_v2(&mut popped) };
+        out
+    }
+
+    /// Page-locks `len` bytes at `start` for every context (`CU_MEMHOSTREGISTER_PORTABLE`):
+    /// the driver then copies from them by DMA, and torch reports them pinned. Plain cached
+    /// memory stays plain cached memory (not write-combined): CPU threads write it and users
+    /// read it.
+    ///
+    /// # Safety
+    /// The range is mapped, stays mapped until [`Cuda::unlock_pages`] is called on `start`,
+    /// and is not registered already.
+    pub unsafe fn lock_pages(&self, start: *mut u8, len: usize) -> Result<(), Unavailable> {
+        self.in_context("cuMemHostRegister", || {
+            // SAFETY: as the caller promises.
+            unsafe {
+                sys::cuMemHostRegister_v2(
+                    start.cast::<c_void>(),
+                    len,
+                    sys::CU_MEMHOSTREGISTER_PORTABLE,
+                )
+                .result()
+            }
+        })
+    }
+
+    /// Undoes [`Cuda::lock_pages`].
+    ///
+    /// # Safety
+    /// `start` was locked by [`Cuda::lock_pages`], and no copy reads the range any more.
+    pub unsafe fn unlock_pages(&self, start: *mut u8) {
+        let unlocked = self.in_context("cuMemHostUnregister", || {
+            // SAFETY: as the caller promises.
+            unsafe { sys::cuMemHostUnregister(start.cast::<c_void>()).result() }
+        });
+        if let Err(error) = unlocked {
+            tracing::warn!(%error, "could not unlock a batch slot's pages");
+        }
+    }
+
+    /// A fence on `stream` (a `CUstream` of this device's primary context, such as
+    /// `torch.cuda.Stream.cuda_stream`; 0 is the legacy default stream): done once the work
+    /// queued there so far is.
+    ///
+    /// # Safety
+    /// `stream` is a live stream of this device's primary context (or 0).
+    pub unsafe fn fence(&self, stream: usize) -> Result<Fence, Unavailable> {
+        let event = match self.shared.take() {
+            Some(event) => event,
+            // Blocking sync: the fence thread sleeps while it waits instead of spinning a
+            // core the decode threads need; no timing: cheaper to record.
+            None => Event(self.in_context("cuEventCreate", || {
+                let mut event = std::ptr::null_mut();
+                // SAFETY: a plain event creation into a local.
+                unsafe {
+                    sys::cuEventCreate(
+                        &mut event,
+                        sys::CUevent_flags::CU_EVENT_BLOCKING_SYNC as u32
+                            | sys::CUevent_flags::CU_EVENT_DISABLE_TIMING as u32,
+                    )
+                    .result()?;
+                }
+                Ok(event)
+            })?),
+        };
+        let recorded = self.in_context("cuEventRecord", || {
+            // SAFETY: the event is this context's; the stream is, as the caller promises.
+            unsafe { result::event::record(event.0, stream as sys::CUstream) }
+        });
+        match recorded {
+            Ok(()) => Ok(Fence {
+                kind: FenceKind::Event(event),
+            }),
+            Err(error) => {
+                self.shared.put_back(event);
+                Err(error)
+            }
+        }
+    }
+
+    /// A fence on the whole device: done once everything queued there so far is (for a
+    /// release whose streams cannot be known; its wait spins, so it is the exception).
+    pub fn device_fence(&self) -> Fence {
+        Fence {
+            kind: FenceKind::Device,
+        }
+    }
+
+    /// Drops `keep` once every fence has completed, on this device's fence thread; at once
+    /// when there are none. The fences' events are reused afterwards.
+    pub fn release_after(self: &Arc<Self>, fences: Vec<Fence>, keep: Box<dyn Send>) {
+        if fences.is_empty() {
+            drop(keep);
+            return;
+        }
+        let deferred = Deferred { fences, keep };
+        if let Err(crossbeam_channel::SendError(deferred)) = self.reclaimer.send(deferred) {
+            // The fence thread is gone (process exit): wait here instead.
+            self.shared.wait_and_drop(deferred);
+        }
+    }
+
+    /// Fences waited for so far, and waits that failed.
+    pub fn fence_counts(&self) -> (u64, u64) {
+        (
+            self.shared.waited.load(Ordering::Relaxed),
+            self.shared.failed.load(Ordering::Relaxed),
+        )
+    }
+}
+
+/// A context handle sent to the fence thread.
+struct SendContext(sys::CUcontext);
+// SAFETY: a context handle may be made current on any thread.
+unsafe impl Send for SendContext {}
+unsafe impl Sync for SendContext {}
+
+/// The fence thread: waits for each deferred reference's fences in arrival order, then drops
+/// it. Fences of one stream complete in order, so waiting in order costs nothing extra. The
+/// `Cuda` lives in a process-wide map and is never dropped, so this runs until the process
+/// ends.
+fn reclaim(shared: Arc<FenceState>, deferred: Receiver<Deferred>) {
+    // SAFETY: the context is retained for the process's life; this thread is ours.
+    if let Err(error) = unsafe { result::ctx::set_current(shared.context.0) } {
+        tracing::warn!(error = %describe(error), "the fence thread cannot use the device");
+    }
+    while let Ok(item) = deferred.recv() {
+        shared.wait_and_drop(item);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn without_a_driver_opening_names_it_and_never_panics() {
+        if driver_present() {
+            // A machine with a driver opens device 0, or says why not (no device).
+            match Cuda::open(0) {
+                Ok(cuda) => assert_eq!(cuda.ordinal(), 0),
+                Err(error) => assert!(!matches!(error, Unavailable::NoDriver), "{error}"),
+            }
+            return;
+        }
+        let error = Cuda::open(0).unwrap_err();
+        assert_eq!(error, Unavailable::NoDriver);
+        assert!(error.to_string().contains("libcuda.so.1"), "{error}");
+        // Asking again gives the same answer, not a panic from a half-loaded library.
+        assert_eq!(Cuda::open(3).unwrap_err(), Unavailable::NoDriver);
+    }
+
+    #[test]
+    fn messages_name_the_missing_piece() {
+        let none = Unavailable::NoDevice {
+            ordinal: 2,
+            count: 1,
+        };
+        assert_eq!(none.to_string(), "no CUDA device 2: the driver sees 1");
+        let call = Unavailable::Call {
+            call: "cuMemHostRegister",
+            error: "CUDA_ERROR_INVALID_VALUE: invalid argument".into(),
+        };
+        assert!(call.to_string().contains("cuMemHostRegister failed"));
+    }
+}
