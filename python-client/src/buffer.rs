@@ -1,13 +1,59 @@
 //! `Buffer`: a batch tensor's bytes, owned by Rust and shown to Python through the buffer
 //! protocol, so NumPy and torch wrap them without a copy. The bytes usually live in a slot of
 //! the loader's pool; the slot goes back to the pool when the last Python view is gone.
+//!
+//! In a page-locked pool a copy to the GPU may still be reading the slot when the last view
+//! goes (`.cuda(non_blocking=True)` returns at once). The bytes are then let go only after
+//! fences on the streams that may hold such copies have completed ([`ReleaseFences`]): the
+//! loader's own copy stream ([`Buffer::release_after`]), or, for a batch handed to the user,
+//! torch's current stream and the legacy default stream at the moment of release.
 
 use std::ffi::{c_int, c_void};
+use std::sync::{Arc, Mutex};
 
 use bytes::Bytes;
 use pyo3::exceptions::PyBufferError;
 use pyo3::ffi;
 use pyo3::prelude::*;
+use stoker_loader::{Cuda, Fence};
+
+/// How the buffers of a page-locked pool are let go: the device, and a Python callable that
+/// names the streams a user's copy may be queued on (`stoker._gpu.release_streams`: a list of
+/// `CUstream` handles, empty when torch has not started CUDA).
+pub struct ReleaseFences {
+    pub cuda: Arc<Cuda>,
+    pub streams: Option<Py<PyAny>>,
+}
+
+impl ReleaseFences {
+    /// Fences on the streams the callable names now; `None` when they cannot be known (the
+    /// caller then waits for the whole device).
+    fn user_fences(&self) -> Option<Vec<Fence>> {
+        let streams = self.streams.as_ref()?;
+        let handles: Vec<usize> = Python::attach(|py| {
+            streams
+                .call0(py)
+                .and_then(|handles| handles.extract::<Vec<usize>>(py))
+        })
+        .map_err(|error| {
+            tracing::debug!(%error, "cannot read the current streams; fencing the device");
+        })
+        .ok()?;
+        let mut fences = Vec::with_capacity(handles.len());
+        for stream in handles {
+            // SAFETY: the handles are streams of this device's primary context, as torch
+            // reports them for the loader's device (0: the legacy default stream).
+            match unsafe { self.cuda.fence(stream) } {
+                Ok(fence) => fences.push(fence),
+                Err(error) => {
+                    tracing::debug!(%error, stream, "cannot fence a stream; fencing the device");
+                    return None;
+                }
+            }
+        }
+        Some(fences)
+    }
+}
 
 /// Rust-owned bytes of one tensor (1-D, unsigned bytes, writable).
 #[pyclass(module = "stoker._native", frozen)]
@@ -16,25 +62,78 @@ pub struct Buffer {
     // Py_buffer points at these; they live as long as the object, which every view keeps alive.
     shape: [ffi::Py_ssize_t; 1],
     strides: [ffi::Py_ssize_t; 1],
+    /// Set for the buffers of a page-locked pool.
+    release: Option<Arc<ReleaseFences>>,
+    /// Fences recorded by [`Buffer::release_after`]; when there are some, the bytes never left
+    /// the loader and only those copies read them.
+    fences: Mutex<Vec<Fence>>,
 }
 
 static FORMAT_UNSIGNED_BYTE: &std::ffi::CStr = c"B";
 
 impl Buffer {
     /// Wraps `data`, whose bytes nothing else reads or writes (several buffers may be disjoint
-    /// slices of one batch slot): Python may write into it.
-    pub fn new(data: Bytes) -> Self {
+    /// slices of one batch slot): Python may write into it. `release` is set when the bytes
+    /// are page-locked (see the module doc).
+    pub fn new(data: Bytes, release: Option<Arc<ReleaseFences>>) -> Self {
         let len = data.len() as ffi::Py_ssize_t;
         Self {
             data,
             shape: [len],
             strides: [1],
+            release,
+            fences: Mutex::new(Vec::new()),
         }
+    }
+}
+
+impl Drop for Buffer {
+    fn drop(&mut self) {
+        let Some(release) = self.release.take() else {
+            return;
+        };
+        let data = std::mem::take(&mut self.data);
+        let mut fences = std::mem::take(self.fences.get_mut().unwrap_or_else(|p| p.into_inner()));
+        if fences.is_empty() {
+            match release.user_fences() {
+                Some(user) => fences = user,
+                None => {
+                    // Unknown streams: wait for everything queued on the device so far.
+                    fences.push(release.cuda.device_fence());
+                }
+            }
+        }
+        release.cuda.release_after(fences, Box::new(data));
     }
 }
 
 #[pymethods]
 impl Buffer {
+    /// Whether the bytes are in page-locked memory (a pinned pool's slot).
+    #[getter]
+    fn pinned(&self) -> bool {
+        self.release.is_some()
+    }
+
+    /// Records a fence on `stream` (a `CUstream` handle of the pool's device, such as
+    /// `torch.cuda.Stream.cuda_stream`) after the copies queued there read these bytes: the
+    /// slot returns to the pool only once they have completed. For the loader's own copy
+    /// stream; the bytes are then not handed to the user. A no-op for pageable bytes (a copy
+    /// from them finishes reading before it returns).
+    fn release_after(&self, stream: usize) -> PyResult<()> {
+        let Some(release) = &self.release else {
+            return Ok(());
+        };
+        // SAFETY: the caller passes a stream of the pool's device, as the docs require.
+        let fence = unsafe { release.cuda.fence(stream) }
+            .map_err(|e| pyo3::exceptions::PyRuntimeError::new_err(e.to_string()))?;
+        self.fences
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(fence);
+        Ok(())
+    }
+
     /// Address of the first byte.
     #[getter]
     fn address(&self) -> usize {

@@ -43,10 +43,14 @@ class AuthenticationError(StokerError, PermissionError):
 class TlsError(StokerError, ConnectionError):
     'Distributed mode: TLS failed (unknown CA, wrong name, or TLS on one side only).'
     __module__ = 'stoker'
+
+class GpuUnavailableError(StokerError, RuntimeError):
+    'device=\"cuda\" cannot run here: no CUDA driver or device, torch without CUDA, or page-locked slots over the pinned budget; the message names what is missing.'
+    __module__ = 'stoker'
 ";
 
 /// The exception classes, in the order of [`Kind`].
-pub const NAMES: [&str; 8] = [
+pub const NAMES: [&str; 9] = [
     "StokerError",
     "DatasetError",
     "DecodeError",
@@ -55,6 +59,7 @@ pub const NAMES: [&str; 8] = [
     "WorkerUnavailableError",
     "AuthenticationError",
     "TlsError",
+    "GpuUnavailableError",
 ];
 
 /// Which Stoker exception to raise.
@@ -68,6 +73,7 @@ pub enum Kind {
     WorkerUnavailable = 5,
     Authentication = 6,
     Tls = 7,
+    Gpu = 8,
 }
 
 static CLASSES: PyOnceLock<Vec<Py<PyType>>> = PyOnceLock::new();
@@ -102,6 +108,9 @@ pub fn raise(kind: Kind, message: String) -> PyErr {
 pub fn from_loader(error: stoker_loader::Error) -> PyErr {
     use stoker_loader::ErrorKind;
     let message = error.to_string();
+    if matches!(error, stoker_loader::Error::Gpu(_)) {
+        return raise(Kind::Gpu, message);
+    }
     match error.kind() {
         ErrorKind::InvalidArgument => PyValueError::new_err(message),
         ErrorKind::NotFound => PyFileNotFoundError::new_err(message),

@@ -14,10 +14,12 @@ use std::time::Duration;
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList, PyTuple};
-use stoker_loader::{Dashboard, EpochStream, Loader, LoaderOptions, RemoteOptions, Token};
+use stoker_loader::{
+    Dashboard, EpochStream, Loader, LoaderOptions, PinOptions, RemoteOptions, Token,
+};
 use stoker_proto::v1::{self as proto, BadSamplePolicy, JobSpec};
 
-use buffer::Buffer;
+use buffer::{Buffer, ReleaseFences};
 use dataset::DatasetRecipe;
 use errors::{from_dataset, from_loader, raise, Kind};
 
@@ -34,6 +36,10 @@ struct NativeLoader {
     recipe: Recipe,
     /// That loader, and its epoch: it serves that epoch only.
     resumed: Option<(u64, Arc<Loader>)>,
+    /// How the buffers of page-locked slots are let go (set when the slots are pinned).
+    release: Option<Arc<ReleaseFences>>,
+    /// The slot pool of the loader `stream` reads (the plain or the resumed one).
+    stream_slots: Option<Arc<stoker_loader::SlotPool>>,
 }
 
 /// How to build a loader like this one for another spec.
@@ -100,6 +106,7 @@ pub(crate) fn dtype_name(dtype: i32) -> &'static str {
 impl NativeLoader {
     /// Builds the loader `recipe` describes (the interpreter let go meanwhile) and its
     /// dashboard, when `dashboard` gives an address.
+    #[allow(clippy::too_many_arguments)]
     fn from_recipe(
         py: Python<'_>,
         recipe: Recipe,
@@ -107,11 +114,18 @@ impl NativeLoader {
         dashboard: Option<String>,
         job_name: &str,
         rank: u32,
+        release_streams: Option<Py<PyAny>>,
     ) -> PyResult<Self> {
         let loader = py
             .detach(|| recipe.build(recipe.spec.clone()))
             .map_err(from_loader)?;
         let dashboard = start_dashboard(dashboard, job_name, rank, &loader)?;
+        let release = loader.slots().cuda().map(|cuda| {
+            Arc::new(ReleaseFences {
+                cuda: Arc::clone(cuda),
+                streams: release_streams,
+            })
+        });
         Ok(Self {
             loader: Some(Arc::new(loader)),
             stream: None,
@@ -119,7 +133,14 @@ impl NativeLoader {
             dashboard,
             recipe,
             resumed: None,
+            release,
+            stream_slots: None,
         })
+    }
+
+    /// The release of the current stream's page-locked slots, if they are.
+    fn release_for_stream(&self) -> Option<(Arc<ReleaseFences>, Arc<stoker_loader::SlotPool>)> {
+        Some((self.release.clone()?, self.stream_slots.clone()?))
     }
 
     fn loader(&self) -> PyResult<&Arc<Loader>> {
@@ -132,7 +153,7 @@ impl NativeLoader {
 #[pymethods]
 impl NativeLoader {
     #[new]
-    #[pyo3(signature = (source, ops, batch_size, shuffle, seed, drop_last, num_threads, rank, world_size, prefetch, on_error, timeout_s, max_held_batches, max_prefetch_bytes = 2 << 30, dashboard = None, job_name = "python".to_string(), format = "auto", shuffle_window = 0, text_column = String::new(), address = None, worker_grace_s = 120.0, token = None, tls_ca = None, tls_server_name = None, mix = None))]
+    #[pyo3(signature = (source, ops, batch_size, shuffle, seed, drop_last, num_threads, rank, world_size, prefetch, on_error, timeout_s, max_held_batches, max_prefetch_bytes = 2 << 30, dashboard = None, job_name = "python".to_string(), format = "auto", shuffle_window = 0, text_column = String::new(), address = None, worker_grace_s = 120.0, token = None, tls_ca = None, tls_server_name = None, mix = None, pin_device = None, pinned_budget = 0, release_streams = None))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -161,6 +182,9 @@ impl NativeLoader {
         tls_ca: Option<PathBuf>,
         tls_server_name: Option<String>,
         mix: Option<PyMix<'_>>,
+        pin_device: Option<usize>,
+        pinned_budget: u64,
+        release_streams: Option<Py<PyAny>>,
     ) -> PyResult<Self> {
         let mut spec = job_spec(
             source.to_string_lossy().into_owned(),
@@ -195,6 +219,7 @@ impl NativeLoader {
             max_prefetch_bytes,
             deadline: Duration::from_secs_f64(timeout_s),
             max_held_batches,
+            pin: pin_options(pin_device, pinned_budget),
             ..LoaderOptions::default()
         };
         let token = token
@@ -217,7 +242,15 @@ impl NativeLoader {
             }),
             dataset: None,
         };
-        Self::from_recipe(py, recipe, address, dashboard, &job_name, rank)
+        Self::from_recipe(
+            py,
+            recipe,
+            address,
+            dashboard,
+            &job_name,
+            rank,
+            release_streams,
+        )
     }
 
     /// A loader over a Python map-style dataset (`Loader.from_dataset`): `builder.build`
@@ -226,7 +259,7 @@ impl NativeLoader {
     /// worker processes write into. Shuffle, ranks, resume and the dashboard are the native
     /// ones.
     #[staticmethod]
-    #[pyo3(signature = (builder, num_samples, sample_bytes, lanes, waiting_on, batch_size, shuffle, seed, drop_last, rank, world_size, prefetch, timeout_s, max_held_batches, max_prefetch_bytes = 2 << 30, dashboard = None, job_name = "dataset".to_string(), shared_slots = false))]
+    #[pyo3(signature = (builder, num_samples, sample_bytes, lanes, waiting_on, batch_size, shuffle, seed, drop_last, rank, world_size, prefetch, timeout_s, max_held_batches, max_prefetch_bytes = 2 << 30, dashboard = None, job_name = "dataset".to_string(), shared_slots = false, pin_device = None, pinned_budget = 0, release_streams = None))]
     #[allow(clippy::too_many_arguments)]
     fn from_dataset(
         py: Python<'_>,
@@ -248,6 +281,9 @@ impl NativeLoader {
         dashboard: Option<String>,
         job_name: String,
         shared_slots: bool,
+        pin_device: Option<usize>,
+        pinned_budget: u64,
+        release_streams: Option<Py<PyAny>>,
     ) -> PyResult<Self> {
         if !(timeout_s.is_finite() && timeout_s > 0.0) {
             return Err(PyValueError::new_err(format!(
@@ -272,6 +308,7 @@ impl NativeLoader {
                 max_prefetch_bytes,
                 deadline: Duration::from_secs_f64(timeout_s),
                 max_held_batches,
+                pin: pin_options(pin_device, pinned_budget),
                 ..LoaderOptions::default()
             },
             remote: None,
@@ -286,7 +323,15 @@ impl NativeLoader {
                 num_samples,
             )),
         };
-        Self::from_recipe(py, recipe, None, dashboard, &job_name, rank)
+        Self::from_recipe(
+            py,
+            recipe,
+            None,
+            dashboard,
+            &job_name,
+            rank,
+            release_streams,
+        )
     }
 
     /// Resumes `epoch` on this loader's world size after ranks of `old_world`, striding what
@@ -437,6 +482,7 @@ impl NativeLoader {
                 loader.epoch(epoch, start_step)
             })
             .map_err(from_loader)?;
+        self.stream_slots = Some(Arc::clone(loader.slots()));
         self.stream = Some(stream);
         Ok(())
     }
@@ -445,11 +491,44 @@ impl NativeLoader {
     /// of the epoch. Waits with the GIL released.
     fn next_batch<'py>(&mut self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyTuple>>> {
         self.loader()?;
+        let release = self.release_for_stream();
         let stream = self
             .stream
             .as_mut()
             .ok_or_else(|| raise(Kind::Stoker, "no epoch started: call start_epoch".into()))?;
-        wait_for_batch(py, |interrupted| stream.next_batch_checked(interrupted))
+        wait_for_batch(py, release, |interrupted| {
+            stream.next_batch_checked(interrupted)
+        })
+    }
+
+    /// The next batch if it has already arrived, else None (also at the end of the epoch);
+    /// never waits.
+    fn try_next_batch<'py>(&mut self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyTuple>>> {
+        self.loader()?;
+        let release = self.release_for_stream();
+        let stream = self
+            .stream
+            .as_mut()
+            .ok_or_else(|| raise(Kind::Stoker, "no epoch started: call start_epoch".into()))?;
+        match stream.try_next_batch().map_err(from_loader)? {
+            Some(batch) => batch_tuple(py, batch, release).map(Some),
+            None => Ok(None),
+        }
+    }
+
+    /// Records that the consumer's GPU stream sat idle for `idle_s` seconds waiting for
+    /// batches, over `span_s` seconds of its time (measured with events by the Python layer).
+    fn record_gpu_idle(&self, idle_s: f64, span_s: f64) -> PyResult<()> {
+        if !(idle_s.is_finite() && span_s.is_finite() && idle_s >= 0.0 && span_s >= 0.0) {
+            return Err(PyValueError::new_err(format!(
+                "GPU idle and span must be finite and >= 0, got {idle_s} and {span_s}"
+            )));
+        }
+        self.loader()?.record_gpu_idle(
+            Duration::from_secs_f64(idle_s),
+            Duration::from_secs_f64(span_s),
+        );
+        Ok(())
     }
 
     /// Throughput, stall and queue figures so far.
@@ -473,6 +552,11 @@ impl NativeLoader {
         dict.set_item("prefetch_depth", stats.prefetch_depth)?;
         dict.set_item("slots_in_use", loader.slots().in_use())?;
         dict.set_item("slot_capacity", loader.slots().capacity())?;
+        dict.set_item("pinned", loader.slots().all_pinned())?;
+        dict.set_item("pinned_bytes", loader.slots().pinned_bytes())?;
+        dict.set_item("pin_error", loader.slots().pin_error())?;
+        dict.set_item("gpu_idle_s", stats.gpu_idle_s)?;
+        dict.set_item("gpu_span_s", stats.gpu_span_s)?;
         if let Some(address) = &self.address {
             dict.set_item("address", address)?;
         }
@@ -624,6 +708,7 @@ pub(crate) fn job_spec(
 /// `INTERRUPT_CHECK`, and turns the batch into its Python tuple.
 fn wait_for_batch<'py>(
     py: Python<'py>,
+    release: Option<(Arc<ReleaseFences>, Arc<stoker_loader::SlotPool>)>,
     next: impl Send + FnOnce(&mut dyn FnMut() -> bool) -> stoker_loader::Result<Option<proto::Batch>>,
 ) -> PyResult<Option<Bound<'py, PyTuple>>> {
     let mut signal: Option<PyErr> = None;
@@ -643,18 +728,28 @@ fn wait_for_batch<'py>(
         (batch, _) => batch.map_err(from_loader)?,
     };
     match batch {
-        Some(batch) => batch_tuple(py, batch).map(Some),
+        Some(batch) => batch_tuple(py, batch, release).map(Some),
         None => Ok(None),
     }
 }
 
 /// A batch as Python sees it: (epoch, step, [(name, dtype, shape, Buffer)], sample_indices,
 /// [bad sample dicts]). Tensor bytes are shared, not copied.
-fn batch_tuple(py: Python<'_>, batch: proto::Batch) -> PyResult<Bound<'_, PyTuple>> {
+fn batch_tuple(
+    py: Python<'_>,
+    batch: proto::Batch,
+    release: Option<(Arc<ReleaseFences>, Arc<stoker_loader::SlotPool>)>,
+) -> PyResult<Bound<'_, PyTuple>> {
     let tensors = PyList::empty(py);
     for tensor in batch.tensors {
         let shape = PyTuple::new(py, tensor.shape.iter().copied())?;
-        let buffer = Bound::new(py, Buffer::new(tensor.data))?;
+        // Only bytes in a page-locked slot need fences (labels built apart do not).
+        let fences = release.as_ref().and_then(|(fences, slots)| {
+            slots
+                .holds_pinned(tensor.data.as_ptr())
+                .then(|| Arc::clone(fences))
+        });
+        let buffer = Bound::new(py, Buffer::new(tensor.data, fences))?;
         tensors.append((tensor.name, dtype_name(tensor.dtype), shape, buffer))?;
     }
     let bad = PyList::empty(py);
@@ -667,6 +762,32 @@ fn batch_tuple(py: Python<'_>, batch: proto::Batch) -> PyResult<Bound<'_, PyTupl
         bad.append(entry)?;
     }
     (batch.epoch, batch.step, tensors, batch.sample_indices, bad).into_pyobject(py)
+}
+
+/// Page-locking for a loader: on `pin_device` within `pinned_budget` bytes, or none.
+fn pin_options(pin_device: Option<usize>, pinned_budget: u64) -> Option<PinOptions> {
+    pin_device.map(|device| PinOptions {
+        device,
+        budget_bytes: pinned_budget,
+    })
+}
+
+/// `None` when CUDA device `ordinal` can page-lock memory here, else what is missing (no
+/// driver library, no such device, a driver that does not start). Retains the device's
+/// primary context when it works, as torch would on its first CUDA call.
+#[pyfunction]
+fn cuda_unavailable(py: Python<'_>, ordinal: usize) -> Option<String> {
+    py.detach(|| {
+        stoker_loader::Cuda::open(ordinal)
+            .err()
+            .map(|e| e.to_string())
+    })
+}
+
+/// Whether the CUDA driver's library can be loaded (checks nothing else; starts nothing).
+#[pyfunction]
+fn cuda_driver_present() -> bool {
+    stoker_loader::cuda_driver_present()
 }
 
 /// Writes (or reuses) a seeded ImageNet-like ImageFolder of `count` JPEGs under `out` and
@@ -860,6 +981,8 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<Buffer>()?;
     m.add_class::<dataset::ImagePipeline>()?;
     m.add_function(wrap_pyfunction!(make_dataset, m)?)?;
+    m.add_function(wrap_pyfunction!(cuda_unavailable, m)?)?;
+    m.add_function(wrap_pyfunction!(cuda_driver_present, m)?)?;
     m.add_function(wrap_pyfunction!(make_tokens, m)?)?;
     m.add_function(wrap_pyfunction!(sample_seed, m)?)?;
     m.add_function(wrap_pyfunction!(mix_epoch_len, m)?)?;

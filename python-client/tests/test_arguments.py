@@ -54,7 +54,7 @@ def test_bad_arguments_raise_value_errors(
         ("sampler", "shuffle, seed, rank and world_size"),
         ("batch_sampler", "batch_size and drop_last"),
         ("collate_fn", "dict of tensors"),
-        ("pin_memory", "not page-locked"),
+        ("pin_memory_device", "device='cuda:N'"),
         ("worker_init_fn", "no worker processes"),
         ("persistent_workers", "close"),
         ("prefetch_factor", "prefetch="),
@@ -69,14 +69,6 @@ def test_dataloader_only_arguments_name_the_alternative(
     with pytest.raises(ValueError, match=alternative) as raised:
         make_loader(**{name: 2})
     assert name in str(raised.value)
-
-
-@pytest.mark.parametrize("device", ["cuda", "cuda:1"])
-def test_a_cuda_device_is_refused_naming_what_is_missing(
-    make_loader: Callable[..., stoker.Loader], device: str
-) -> None:
-    with pytest.raises(ValueError, match="no GPU stage"):
-        make_loader(device=device)
 
 
 def test_device_cpu_is_host_delivery(make_loader: Callable[..., stoker.Loader]) -> None:

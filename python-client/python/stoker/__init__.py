@@ -11,8 +11,9 @@ a batch depends on the seed, epoch, rank and step only, so runs reproduce and re
         images, labels = batch["image"], batch["label"]
 
 Modules: :mod:`stoker.ops` (pipeline ops), :mod:`stoker.vision` (ready-made pipelines),
-:mod:`stoker.errors` (the exceptions, also exported here); :func:`stoker.mix` mixes several
-sources by weight into one loader.
+:mod:`stoker.errors` (the exceptions, also exported here), :mod:`stoker.gpu` (pinned slots,
+delivery on the device, GPU idle); :func:`stoker.mix` mixes several sources by weight into one
+loader.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from stoker.errors import (
     AuthenticationError,
     DatasetError,
     DecodeError,
+    GpuUnavailableError,
     LoaderTimeoutError,
     PipelineError,
     StokerError,
@@ -44,6 +46,7 @@ __all__ = [
     "BatchIterator",
     "DatasetError",
     "DecodeError",
+    "GpuUnavailableError",
     "Loader",
     "LoaderTimeoutError",
     "PipelineError",

@@ -5,6 +5,7 @@ releases. Every method that waits or works releases the GIL.
 """
 
 import os
+from collections.abc import Callable
 from typing import Any, Final, Literal, NotRequired, TypedDict, final
 
 TensorDtype = Literal["uint8", "float32", "int64", "int32", "uint16", "uint32"]
@@ -36,6 +37,11 @@ class NativeStats(TypedDict):
     prefetch_depth: int
     slots_in_use: int
     slot_capacity: int
+    pinned: bool
+    pinned_bytes: int
+    pin_error: str | None
+    gpu_idle_s: float
+    gpu_span_s: float
     address: NotRequired[str]
 
 @final
@@ -49,6 +55,13 @@ class Buffer:
     @property
     def nbytes(self) -> int:
         """The size in bytes."""
+    @property
+    def pinned(self) -> bool:
+        """Whether the bytes are in a page-locked slot."""
+    def release_after(self, stream: int) -> None:
+        """Fences the slot on ``stream`` (a ``CUstream`` of the pool's device): it returns to
+        the pool only after the copies queued there so far have completed. For the loader's
+        own copy stream (the bytes are then not handed to the user); a no-op when pageable."""
     def __buffer__(self, flags: int, /) -> memoryview: ...
     def __release_buffer__(self, buffer: memoryview, /) -> None: ...
 
@@ -101,6 +114,9 @@ class NativeLoader:
         tls_server_name: str | None = None,
         mix: tuple[list[tuple[str, list[dict[str, Any]], float, str, str]], int, str, int]
         | None = None,
+        pin_device: int | None = None,
+        pinned_budget: int = 0,
+        release_streams: Callable[[], list[int]] | None = None,
     ) -> None:
         """Opens ``source`` and checks ``ops``; with ``mix`` (sources as (uri, ops, weight,
         format, text column), window, epoch rule, epoch samples) it mixes those sources instead
@@ -109,8 +125,13 @@ class NativeLoader:
         ``max_prefetch_bytes``. With ``address`` the job is registered with that coordinator
         (a worker opens it, so a dataset outside the workers' ``--data-root`` is refused here);
         every call carries ``token`` (else ``STOKER_TOKEN``'s), over TLS trusting ``tls_ca``.
+        With ``pin_device`` the slots are page-locked by that CUDA device's driver within
+        ``pinned_budget`` bytes (this process's loaders together); ``release_streams`` names
+        the streams a released batch's slot is fenced on.
 
         Raises:
+            GpuUnavailableError: ``pin_device`` given but the driver cannot page-lock, or the
+                slots do not fit ``pinned_budget``.
             PipelineError: ``ops`` is not a supported pipeline.
             FileNotFoundError: ``source`` does not exist.
             PermissionError: distributed mode: ``source`` is outside the workers' data roots.
@@ -138,6 +159,9 @@ class NativeLoader:
         dashboard: str | None = None,
         job_name: str = "dataset",
         shared_slots: bool = False,
+        pin_device: int | None = None,
+        pinned_budget: int = 0,
+        release_streams: Callable[[], list[int]] | None = None,
     ) -> NativeLoader:
         """A loader over a Python dataset: ``builder.build(lane, epoch, step, indices, view,
         shared)`` fills each batch's slot (``shared``: (id, fd, size, offset) of the slot in
@@ -164,6 +188,12 @@ class NativeLoader:
             WorkerUnavailableError: distributed mode: no worker served the job for
                 ``worker_grace_s``.
         """
+    def try_next_batch(self) -> NativeBatch | None:
+        """The next batch if it has already arrived, else ``None`` (also at the end of the
+        epoch); never waits."""
+    def record_gpu_idle(self, idle_s: float, span_s: float) -> None:
+        """Counts ``idle_s`` seconds the consumer's GPU stream waited for batches, over
+        ``span_s`` seconds of its time (stats, dashboard, prefetch controller)."""
     def stats(self) -> NativeStats:
         """Throughput, stall and queue counters so far."""
     def close(self) -> None:
@@ -359,6 +389,16 @@ class WorkerUnavailableError(StokerError):
 
 class AuthenticationError(StokerError, PermissionError):
     """Distributed mode: a daemon refused the token (none given, or not one it accepts)."""
+
+class GpuUnavailableError(StokerError, RuntimeError):
+    """device="cuda" cannot run here, or its pinned slots do not fit the budget."""
+
+def cuda_unavailable(ordinal: int) -> str | None:
+    """None when CUDA device ``ordinal`` can page-lock memory here (its primary context is then
+    retained), else what is missing."""
+
+def cuda_driver_present() -> bool:
+    """Whether the CUDA driver's library can be loaded (starts nothing)."""
 
 class TlsError(StokerError, ConnectionError):
     """Distributed mode: TLS failed (unknown CA, wrong name, or TLS on one side only)."""

@@ -577,8 +577,11 @@ def from_dataset(
     max_held_batches: int,
     dashboard: int | str | None,
     pipeline: Any = None,
+    pin_memory: bool = False,
+    pinned_memory_budget: int | None = None,
 ) -> Any:
     """Builds the :class:`DatasetLoader` that ``Loader.from_dataset`` returns."""
+    from stoker import gpu
     from stoker import loader as base
 
     if not hasattr(dataset, "__getitem__") or not hasattr(dataset, "__len__"):
@@ -630,6 +633,16 @@ def from_dataset(
     elif output not in ("torch", "numpy"):
         raise ValueError(f"output must be 'torch' or 'numpy' (None: torch when importable), got {output!r}")
     rank_, world = base._resolve_rank(rank, world_size)
+    pin_memory = base._check_bool(pin_memory, "pin_memory")
+    budget = (
+        gpu.default_pinned_budget()[0]
+        if pinned_memory_budget is None
+        else gpu.check_budget(pinned_memory_budget)
+    )
+    torch = (
+        base._import_torch("output='torch'") if output == "torch" else sys.modules.get("torch")
+    )
+    pin_device = gpu.pin_device(torch, pin_memory)
 
     image = None
     if pipeline is not None:
@@ -670,6 +683,9 @@ def from_dataset(
             dashboard=base._dashboard_address(dashboard),
             job_name=type(dataset).__name__,
             shared_slots=bool(workers),
+            pin_device=pin_device,
+            pinned_budget=budget,
+            release_streams=None if pin_device is None else gpu.release_streams(torch, pin_device),
         )
     except BaseException:
         builder.close()

@@ -19,6 +19,9 @@ Some also derive from the built-in a caller would reach for: :class:`PipelineErr
   than ``worker_grace``; the message names the job and how long.
 - :class:`AuthenticationError` (a ``PermissionError``): distributed mode: a daemon refused the
   token (``token=`` or ``STOKER_TOKEN``): none was given, or not one it accepts.
+- :class:`GpuUnavailableError` (a ``RuntimeError``): ``device="cuda"`` cannot run here (no
+  CUDA driver or device, torch without CUDA), or its page-locked slots do not fit the pinned
+  budget; the message names what is missing.
 - :class:`TlsError` (a ``ConnectionError``): distributed mode: the TLS connection failed: the
   daemon's certificate is not signed by ``tls_ca``'s CA or names another host, or only one
   side speaks TLS; the message says which.
@@ -33,6 +36,7 @@ from stoker._native import (
     AuthenticationError,
     DatasetError,
     DecodeError,
+    GpuUnavailableError,
     LoaderTimeoutError,
     PipelineError,
     StokerError,
@@ -44,6 +48,7 @@ __all__ = [
     "AuthenticationError",
     "DatasetError",
     "DecodeError",
+    "GpuUnavailableError",
     "LoaderTimeoutError",
     "PipelineError",
     "StokerError",

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any, Final, Literal, TypeGuard
 
 import numpy as np
 
-from stoker import _native
+from stoker import _native, gpu
 from stoker.errors import StokerError
 from stoker.mix import MixRequest
 from stoker.ops import Op, check_pipeline
@@ -70,9 +70,8 @@ _DATALOADER_ONLY: Final[Mapping[str, str]] = {
     "batch_sampler": "use batch_size and drop_last (batches are planned in Rust)",
     "collate_fn": "batches are assembled in Rust as a dict of tensors; post-process them in "
     "the training loop (Loader.from_dataset takes collate_fn for a Python Dataset)",
-    "pin_memory": "batch slots are plain host memory (not page-locked); a .cuda() copy of "
-    "a batch is synchronous",
-    "pin_memory_device": "batch slots are plain host memory (not page-locked)",
+    "pin_memory_device": "use device='cuda:N' (batches delivered on that GPU) or pin_memory=True "
+    "(page-locked slots, registered for every device)",
     "worker_init_fn": "there are no worker processes; pipelines are declarative stoker.ops",
     "persistent_workers": "decode threads live as long as the Loader; close() stops them",
     "prefetch_factor": "use prefetch=N (batches in flight) or prefetch='auto'",
@@ -357,13 +356,42 @@ class Loader:
             of JSONL files): 0 (default) shuffles globally; W >= 1 shuffles the shard order,
             then samples within windows of W shards, keeping reads mostly sequential.
         text_column: the text field of JSONL documents (default ``"text"``).
-        device: ``None`` or ``"cpu"``: batches are delivered in host memory. This build has
-            no GPU stage yet: ``"cuda"`` / ``"cuda:N"`` raise a ValueError saying so (move the
-            tensors with ``.cuda()`` in the training loop).
+        device: ``None`` or ``"cpu"`` (default): batches in host memory. ``"cuda"`` (the
+            current device) or ``"cuda:N"``: batches delivered as tensors on that GPU. The
+            slots are page-locked, each finished batch is copied on the loader's own CUDA
+            stream, and the image's pipeline tail runs there: a trailing ``Normalize`` and
+            ``ToTensor`` (same values as on the CPU within float rounding, same layout), or
+            ``dtype`` / ``memory_format`` below; the CPU threads then make uint8 NHWC. The
+            consumer's current stream waits for the batch on an event (the host does not), so
+            the training loop needs no ``.cuda()`` and no normalisation. Device memory is
+            torch's (its caching allocator), held by the batches alive. Needs torch with CUDA
+            and a GPU: otherwise :class:`~stoker.GpuUnavailableError` names what is missing.
+            Not with :func:`stoker.mix` yet.
+        pin_memory: page-lock the batch slots (registered with the CUDA driver once per slot,
+            never per batch), like DataLoader's ``pin_memory``: torch tensors of a batch
+            report ``is_pinned()`` and ``.cuda(non_blocking=True)`` copies them
+            asynchronously; a slot returns to the pool only after the copies queued on
+            torch's current stream (and the default stream) when its batch was released have
+            finished. Without a CUDA driver it warns once, naming what is missing, and runs
+            with pageable slots (``stats()["pinned"]`` is False). Implied by
+            ``device="cuda"``.
+        pinned_memory_budget: bytes of page-locked slots the ranks of one node may hold
+            together (divided by ``LOCAL_WORLD_SIZE`` for this process); default: a quarter
+            of the node's memory. The slot pool (and the prefetch ceiling) is made smaller to
+            fit; fewer than ``max_held_batches + 2`` slots raise
+            :class:`~stoker.GpuUnavailableError`.
+        dtype: with ``device="cuda"``: the image's dtype on the device, ``"float32"``,
+            ``"bfloat16"``, ``"float16"`` (or torch's), or ``"uint8"`` without ``Normalize``;
+            default: the pipeline's (float32 after ``Normalize``).
+        memory_format: with ``device="cuda"``: ``"channels_last"`` (or
+            ``torch.channels_last``): the image as NCHW with NHWC memory, what convolutions in
+            channels_last want; ``"contiguous"`` (default): the pipeline's layout.
 
     Raises:
         ValueError: an argument is out of range, a DataLoader-only argument was passed, or
             the pipeline is not supported (the message says what is accepted).
+        stoker.GpuUnavailableError: ``device="cuda"`` where no GPU can be used (the message
+            names what is missing), or page-locked slots that do not fit the budget.
         TypeError: an unknown keyword argument.
         FileNotFoundError: ``source`` does not exist.
         ImportError: ``output="torch"`` without an importable torch.
@@ -400,6 +428,10 @@ class Loader:
         shuffle_window: int = 0,
         text_column: str | None = None,
         device: str | None = None,
+        pin_memory: bool = False,
+        pinned_memory_budget: int | None = None,
+        dtype: Any = None,
+        memory_format: Any = None,
         **unsupported: Any,
     ) -> None:
         # Attributes close() and __del__ rely on come first, so a failing __init__ leaves an
@@ -433,7 +465,18 @@ class Loader:
             raise TypeError(f"token must be a str, got {type(token).__name__}")
         if tls_server_name is not None and tls_ca is None:
             raise ValueError("tls_server_name needs tls_ca (the CA that signed the daemons' certificates)")
-        _check_device(device)
+        device_index = gpu.parse_device(device)
+        pin_memory = _check_bool(pin_memory, "pin_memory")
+        if device_index is None and (dtype is not None or memory_format is not None):
+            raise ValueError(
+                "dtype and memory_format shape the batch on the GPU: give device='cuda' (on "
+                "the CPU, ops.ToTensor and ops.Normalize choose layout and dtype)"
+            )
+        budget = (
+            gpu.default_pinned_budget()[0]
+            if pinned_memory_budget is None
+            else gpu.check_budget(pinned_memory_budget)
+        )
         self._batch_size = _check_int(batch_size, "batch_size", 1, _MAX_U32)
         self._shuffle = _check_bool(shuffle, "shuffle")
         self._seed = _check_int(seed, "seed", 0, _MAX_U64)
@@ -486,19 +529,35 @@ class Loader:
             raise ValueError(
                 f"output must be 'torch' or 'numpy' (None: torch when importable), got {output!r}"
             )
+        if device_index is not None and output != "torch":
+            raise ValueError(
+                f"device={device!r} delivers torch tensors: leave output unset or 'torch'"
+            )
         self._torch = _import_torch("output='torch'") if output == "torch" else None
         self._output: str = output
+        if device_index is not None:
+            device_index = gpu.require_device(self._torch, str(device), device_index)
         self._rank, self._world_size = _resolve_rank(rank, world_size)
         locate = _remote_source_path if address is not None else _source_path
         self._mix = source if isinstance(source, MixRequest) else None
         native_mix = None
+        tail = None
         if self._mix is None:
             self._ops = check_pipeline(pipeline)
+            native_ops = self._ops
+            if device_index is not None:
+                native_ops, tail = gpu.split_tail(self._ops, dtype, memory_format)
             self._source = locate(source)
             job_name = os.path.basename(os.path.normpath(self._source)) or "python"
+        elif device_index is not None:
+            raise ValueError(
+                "device='cuda' does not take a stoker.mix yet: use pin_memory=True and move "
+                "the batches with .cuda(non_blocking=True)"
+            )
         else:
             pipeline = list(pipeline)
             self._ops = check_pipeline(pipeline) if pipeline else []
+            native_ops = self._ops
             entries = []
             for mixed, weight in self._mix.sources:
                 ops = self._ops if mixed.pipeline is None else check_pipeline(mixed.pipeline)
@@ -527,9 +586,14 @@ class Loader:
             job_name = "+".join(
                 os.path.basename(os.path.normpath(entry[0])) or "python" for entry in entries
             )
+        pin_device = (
+            device_index
+            if device_index is not None
+            else gpu.pin_device(self._torch or sys.modules.get("torch"), pin_memory)
+        )
         self._native = _native.NativeLoader(
             self._source,
-            [op.to_dict() for op in self._ops],
+            [op.to_dict() for op in native_ops],
             self._batch_size,
             self._shuffle,
             self._seed,
@@ -552,8 +616,16 @@ class Loader:
             tls_ca=None if tls_ca is None else os.fspath(tls_ca),
             tls_server_name=tls_server_name,
             mix=native_mix,
+            pin_device=pin_device,
+            pinned_budget=budget,
+            release_streams=(
+                None if pin_device is None else gpu.release_streams(self._torch, pin_device)
+            ),
         )
-        self._finish_init()
+        stage = None
+        if device_index is not None:
+            stage = gpu.DeviceStage(self._torch, device_index, tail)
+        self._finish_init(stage)
 
     @classmethod
     def from_dataset(
@@ -578,6 +650,8 @@ class Loader:
         max_held_batches: int = 4,
         dashboard: int | str | None = None,
         pipeline: Iterable[Op] | None = None,
+        pin_memory: bool = False,
+        pinned_memory_budget: int | None = None,
     ) -> Loader:
         """A loader over a map-style dataset (``__getitem__`` and ``__len__``, such as a
         ``torch.utils.data.Dataset``), run under Stoker's planner.
@@ -629,6 +703,10 @@ class Loader:
         ``"skip"`` replaces the sample by the next one that loads (as native sources do),
         logged and listed in the iterator's ``bad_samples``.
 
+        ``pin_memory`` and ``pinned_memory_budget`` are :class:`Loader`'s: the slots (with
+        worker processes, the shared mapping they write into) are page-locked once, so the
+        batch's tensors report ``is_pinned()``.
+
         Raises:
             TypeError: ``dataset`` is not map-style, or a sample holds a value that cannot be
                 batched (the message names where in the sample).
@@ -657,10 +735,24 @@ class Loader:
             max_held_batches=max_held_batches,
             dashboard=dashboard,
             pipeline=pipeline,
+            pin_memory=pin_memory,
+            pinned_memory_budget=pinned_memory_budget,
         )
 
-    def _finish_init(self) -> None:
+    def _finish_init(self, device_stage: gpu.DeviceStage | None = None) -> None:
         assert self._native is not None
+        # Device delivery (device="cuda"), the batch staged ahead on it, and the GPU idle
+        # meter (whenever torch tensors are handed out; it only records once torch has started
+        # CUDA).
+        self._device_stage = device_stage
+        # With page-locked slots, torch tensors outside them are pinned by a copy.
+        self._pin_small = bool(self._native.stats()["pinned"]) and self._torch is not None
+        # (generation, the batch taken early, or the error taking it raised).
+        self._staged: tuple[int, Any] | None = None
+        self._gpu_meter: gpu.GpuIdleMeter | None = None
+        if self._torch is not None:
+            index = device_stage.index if device_stage is not None else None
+            self._gpu_meter = gpu.GpuIdleMeter(self._torch, index, self._native.record_gpu_idle)
         # Read once: state_dict() must work after close() and in a forked child, where the
         # handle may not be touched.
         self._num_samples: int = self._native.num_samples
@@ -744,6 +836,7 @@ class Loader:
         native = self._handle()
         epoch = self._epoch
         step = self._resume_step if self._resume_step is not None else 0
+        self._staged = None
         native.start_epoch(epoch, step)
         self._resume_step = None
         self._step = step
@@ -909,13 +1002,22 @@ class Loader:
             ``wait_s`` (time the caller waited inside ``next()``), ``first_batch_s``,
             ``read_s``, ``decode_s``, ``augment_s``, ``assemble_s`` (thread-seconds per
             stage), ``bad_samples``, ``in_flight``, ``prefetch_depth`` (the current depth,
-            which ``prefetch="auto"`` adjusts), ``slots_in_use``, ``slot_capacity``) and
-            ``thread_rule`` (how ``num_threads`` was chosen) and
-            ``stall_fraction``: ``wait_s / elapsed_s``, the share of time the training loop
-            spent waiting for data.
+            which ``prefetch="auto"`` adjusts), ``slots_in_use``, ``slot_capacity``,
+            ``pinned`` (every slot page-locked), ``pinned_bytes``, ``pin_error`` (why the
+            driver refused to lock a slot, or None), ``gpu_idle_s`` and
+            ``gpu_span_s`` (seconds the consumer's CUDA stream sat idle waiting for a batch,
+            over how much of its time: measured with events once torch has started CUDA)),
+            ``thread_rule`` (how ``num_threads`` was chosen), ``device`` (``"cpu"`` or
+            ``"cuda:N"``), ``gpu_idle_fraction`` (``gpu_idle_s / gpu_span_s``, the GPU's
+            share of time waiting for data) and ``stall_fraction``: ``wait_s / elapsed_s``,
+            the share of time the training loop spent waiting for data.
         """
         stats: dict[str, Any] = dict(self._handle().stats())
         stats["thread_rule"] = self._thread_rule
+        stage = self._device_stage
+        stats["device"] = f"cuda:{stage.index}" if stage is not None else "cpu"
+        span = float(stats.get("gpu_span_s") or 0.0)
+        stats["gpu_idle_fraction"] = float(stats.get("gpu_idle_s", 0.0)) / span if span > 0 else 0.0
         elapsed = float(stats.get("elapsed_s") or 0.0)
         stats["stall_fraction"] = float(stats.get("wait_s", 0.0)) / elapsed if elapsed > 0 else 0.0
         return stats
@@ -925,6 +1027,7 @@ class Loader:
         if self._closed:
             return
         self._closed = True
+        self._staged = None
         _LIVE_LOADERS.discard(self)
         if self._native is not None and not self._forked:
             self._native.close()
@@ -978,10 +1081,27 @@ class Loader:
         self._epoch = epoch + 1
         self._step = 0
 
+    def _take_staged(
+        self, generation: int
+    ) -> tuple[int, Any, list[int], list[BadSample]] | None:
+        """The batch staged ahead on the device for this iterator, if any."""
+        staged, self._staged = self._staged, None
+        if staged is None or staged[0] != generation:
+            return None
+        taken: Any = staged[1]
+        if isinstance(taken, Exception):
+            raise taken
+        return taken  # type: ignore[no-any-return]
+
     def _to_batch(
         self, item: NativeBatch
-    ) -> tuple[int, dict[str, Any], list[int], list[BadSample]]:
+    ) -> tuple[int, Any, list[int], list[BadSample]]:
         _, step, tensors, indices, bad = item
+        if self._device_stage is not None:
+            staged = self._device_stage.stage(tensors)
+            if bad:
+                self._log_bad_samples(bad)
+            return step, staged, list(indices), list(bad)
         batch: dict[str, Any] = {}
         for name, dtype, shape, data in tensors:
             count = math.prod(shape)
@@ -990,7 +1110,15 @@ class Loader:
             array = np.frombuffer(memoryview(data), dtype=np.dtype(dtype), count=count).reshape(
                 shape
             )
-            batch[name] = self._torch.from_numpy(array) if self._torch is not None else array
+            if self._torch is None:
+                batch[name] = array
+                continue
+            tensor = self._torch.from_numpy(array)
+            if self._pin_small and not data.pinned:
+                # Labels and other small tensors live outside the slot: pinned as DataLoader
+                # pins them, by a copy into torch's pinned memory.
+                tensor = tensor.pin_memory()
+            batch[name] = tensor
         if bad:
             self._log_bad_samples(bad)
         return step, batch, list(indices), list(bad)
@@ -1010,19 +1138,6 @@ class Loader:
                 _log.warning(
                     "further bad samples are not logged; stats()['bad_samples'] counts them"
                 )
-
-
-def _check_device(device: object) -> None:
-    """Only host delivery exists in this build; a CUDA device is refused, saying what is missing."""
-    if device is None or device == "cpu":
-        return
-    if isinstance(device, str) and (device == "cuda" or device.startswith("cuda:")):
-        raise ValueError(
-            f"device={device!r}: this build of Stoker has no GPU stage (no pinned slots, no "
-            "device delivery); batches come in host memory, so pass device=None and move them "
-            "with .cuda() in the training loop"
-        )
-    raise ValueError(f"device must be None, 'cpu', 'cuda' or 'cuda:N', got {device!r}")
 
 
 def _dashboard_address(dashboard: int | str | None) -> str | None:
@@ -1079,15 +1194,40 @@ class BatchIterator(Iterator[dict[str, Any]]):
                 "this iterator is stale: iter(), set_epoch() or load_state_dict() was called on "
                 "its Loader since; iterate the Loader again"
             )
-        item = native.next_batch()
-        if item is None:
-            self._done = True
-            loader._finish_epoch(self.epoch)
-            raise StopIteration
-        step, batch, self.sample_indices, self.bad_samples = loader._to_batch(item)
+        meter = loader._gpu_meter
+        if meter is not None:
+            meter.before()
+        try:
+            staged = loader._take_staged(self._generation)
+            if staged is None:
+                item = native.next_batch()
+                if item is None:
+                    self._done = True
+                    loader._finish_epoch(self.epoch)
+                    raise StopIteration
+                staged = loader._to_batch(item)
+            step, batch, self.sample_indices, self.bad_samples = staged
+            stage = loader._device_stage
+            if stage is not None:
+                batch = stage.hand_out(batch)
+                # The next batch, when it is already built, starts its copy now, while the GPU
+                # still works on this one.
+                try:
+                    ahead = native.try_next_batch()
+                    if ahead is not None:
+                        loader._staged = (self._generation, loader._to_batch(ahead))
+                except Exception as error:  # raised by the next call, this batch goes out
+                    loader._staged = (self._generation, error)
+        except BaseException:
+            if meter is not None:
+                meter.cancel()
+            raise
+        if meter is not None:
+            meter.after()
         self.step = step
         loader._step = step + 1
-        return batch
+        out: dict[str, Any] = batch
+        return out
 
     def __len__(self) -> int:
         return len(self._loader)

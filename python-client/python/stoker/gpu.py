@@ -1,0 +1,390 @@
+"""The GPU side of :class:`stoker.Loader`: page-locked batch slots, delivery on the device, and
+the time the GPU sat idle waiting for a batch.
+
+- **Pinned slots** (``pin_memory=True``, implied by ``device="cuda"``): the native slot pool
+  registers its memory with the CUDA driver once per slot (never per batch), so torch tensors
+  of a batch report ``is_pinned()`` and ``.cuda(non_blocking=True)`` copies them by DMA. A slot
+  whose batch was released goes back to the pool only after fences on the streams that may
+  still be copying from it have completed: torch's current stream and the legacy default
+  stream at the moment of release (:func:`release_streams`), or the loader's own copy stream.
+- **Device delivery** (``device="cuda"``): :class:`DeviceStage` copies each finished batch to
+  the device on a stream of its own and runs the pipeline's tail there (the image's
+  ``Normalize`` and ``ToTensor`` layout and dtype, or bfloat16 / float16 and channels_last),
+  then makes the consumer's current stream wait on an event: the host never blocks on the
+  device. Device memory comes from torch's caching allocator, tagged with the consumer's
+  stream (``record_stream``) so it is not reused under the consumer's work.
+- **GPU idle** (:class:`GpuIdleMeter`): events on the consumer's stream around each
+  ``next()`` give how long the GPU sat idle waiting for a batch, which differs from the host's
+  wait inside ``next()`` when the training loop runs ahead of the GPU.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import warnings
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from stoker import _native
+from stoker.errors import GpuUnavailableError
+from stoker.ops import Normalize, Op, ToTensor
+
+__all__ = [
+    "DeviceStage",
+    "DeviceTail",
+    "GpuIdleMeter",
+    "default_pinned_budget",
+    "parse_device",
+    "pin_device",
+    "release_streams",
+    "split_tail",
+]
+
+# Output dtypes the device tail makes, by name.
+_FLOAT_DTYPES = ("float32", "bfloat16", "float16")
+_MEMORY_FORMATS = ("contiguous", "channels_last")
+
+
+def parse_device(device: object) -> int | None:
+    """``None`` for host delivery (``None`` or ``"cpu"``); the index for ``"cuda"`` (-1: the
+    current device) or ``"cuda:N"``; ValueError for anything else."""
+    if device is None or device == "cpu":
+        return None
+    if not isinstance(device, str) and type(device).__name__ == "device":
+        device = str(device)  # a torch.device
+    if device == "cuda":
+        return -1
+    if isinstance(device, str) and device.startswith("cuda:") and device[5:].isdigit():
+        return int(device[5:])
+    raise ValueError(f"device must be None, 'cpu', 'cuda' or 'cuda:N', got {device!r}")
+
+
+def default_pinned_budget() -> tuple[int, str]:
+    """The pinned budget of one rank in bytes, and the rule: a quarter of the node's memory,
+    divided by ``LOCAL_WORLD_SIZE`` (the ranks sharing the node)."""
+    node = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    text = os.environ.get("LOCAL_WORLD_SIZE", "").strip()
+    local = int(text) if text.isdigit() and int(text) > 0 else 1
+    return node // 4 // local, f"a quarter of the node's {node} bytes / LOCAL_WORLD_SIZE={local}"
+
+
+def check_budget(budget: object) -> int:
+    """``pinned_memory_budget`` as a positive int of bytes; ValueError otherwise."""
+    if isinstance(budget, bool) or not isinstance(budget, int) or budget < 1:
+        raise ValueError(
+            f"pinned_memory_budget must be a positive number of bytes (per node), got {budget!r}"
+        )
+    return budget
+
+
+def release_streams(torch: Any, index: int) -> Callable[[], list[int]]:
+    """What a page-locked slot is fenced on when the user lets go of its batch: torch's current
+    stream on the loader's device and the legacy default stream (none before torch has
+    started CUDA: no copy can be queued then)."""
+
+    def streams() -> list[int]:
+        if torch is None or not torch.cuda.is_initialized():
+            return []
+        current = int(torch.cuda.current_stream(index).cuda_stream)
+        return [current] if current == 0 else [current, 0]
+
+    return streams
+
+
+def cuda_problem(torch: Any, index: int) -> str | None:
+    """What keeps device ``index`` from working with torch here, or None."""
+    if torch is not None and torch.version.cuda is None:
+        return f"torch {torch.__version__} was built without CUDA"
+    if not _native.cuda_driver_present():
+        return _native.cuda_unavailable(max(index, 0))
+    if torch is not None and not torch.cuda.is_available():
+        return "torch.cuda.is_available() is False (no GPU visible to this process)"
+    if torch is not None and index >= torch.cuda.device_count():
+        return f"no CUDA device {index}: torch sees {torch.cuda.device_count()}"
+    return _native.cuda_unavailable(max(index, 0))
+
+
+def pin_device(torch: Any, pin_memory: bool) -> int | None:
+    """The device whose driver page-locks the slots for ``pin_memory=True`` (torch's current
+    one, else 0), or None: with one warning naming what is missing, as DataLoader runs without
+    an accelerator."""
+    if not pin_memory:
+        return None
+    index = 0
+    if torch is not None and torch.version.cuda is not None and torch.cuda.is_available():
+        index = int(torch.cuda.current_device())
+    problem = (
+        _native.cuda_unavailable(index)
+        if _native.cuda_driver_present()
+        else "no CUDA driver: the NVIDIA driver's library (libcuda.so.1) cannot be loaded on "
+        "this machine"
+    )
+    if problem is not None:
+        warnings.warn(
+            f"pin_memory=True, but the batch slots cannot be page-locked: {problem}. They stay "
+            "in pageable memory (stats()['pinned'] is False).",
+            stacklevel=4,
+        )
+        return None
+    return index
+
+
+def require_device(torch: Any, device: str, index: int) -> int:
+    """The device index ``device`` names (the current one for ``"cuda"``), or a
+    :class:`~stoker.GpuUnavailableError` naming what is missing."""
+    problem = cuda_problem(torch, index)
+    if problem is not None:
+        raise GpuUnavailableError(f"device={device!r}: {problem}")
+    return int(torch.cuda.current_device()) if index < 0 else index
+
+
+@dataclass(frozen=True)
+class DeviceTail:
+    """What the device does to the uint8 NHWC image after copying it: the pipeline's
+    ``Normalize`` (``(v / 255 - mean) / std`` per channel, as ``v * scale + shift`` in float32)
+    or ``ToTensor``'s ``/ 255``, then the layout and dtype."""
+
+    #: Per-channel (mean, std), or None.
+    normalize: tuple[tuple[float, ...], tuple[float, ...]] | None
+    #: "NHWC" or "NCHW".
+    layout: str
+    #: "uint8", "float32", "bfloat16" or "float16".
+    dtype: str
+    #: "contiguous" or "channels_last" (NCHW shape, NHWC memory).
+    memory_format: str
+
+    def describe(self) -> str:
+        """The tail in a few words, for repr and stats."""
+        norm = "normalise, " if self.normalize is not None else ""
+        return f"{norm}{self.dtype} {self.layout} {self.memory_format}"
+
+
+def split_tail(
+    ops: Sequence[Op], dtype: object, memory_format: object
+) -> tuple[list[Op], DeviceTail | None]:
+    """The ops the CPU threads run (the image left uint8 NHWC) and the tail the device runs,
+    for an image pipeline; token and column pipelines have no tail (``dtype`` and
+    ``memory_format`` must then be None)."""
+    names = [type(op).__name__ for op in ops]
+    if "DecodeImage" not in names:
+        if dtype is not None or memory_format is not None:
+            raise ValueError("dtype and memory_format apply to image pipelines only")
+        return list(ops), None
+    cpu = list(ops)
+    to_tensor = cpu[-1] if cpu and isinstance(cpu[-1], ToTensor) else None
+    if to_tensor is not None:
+        cpu.pop()
+    normalize = cpu[-1] if cpu and isinstance(cpu[-1], Normalize) else None
+    if normalize is not None:
+        cpu.pop()
+    if normalize is not None:
+        layout = to_tensor.layout if to_tensor is not None else "NCHW"
+        out_dtype = "float32"
+    else:
+        layout = to_tensor.layout if to_tensor is not None else "NHWC"
+        out_dtype = to_tensor.dtype if to_tensor is not None else "uint8"
+    if dtype is not None:
+        name = str(dtype).removeprefix("torch.")
+        if name not in (*_FLOAT_DTYPES, "uint8"):
+            raise ValueError(
+                f"dtype must be one of 'float32', 'bfloat16', 'float16' (or torch's), or "
+                f"'uint8' without Normalize, got {dtype!r}"
+            )
+        if name == "uint8" and normalize is not None:
+            raise ValueError("dtype='uint8' contradicts Normalize, which gives floats")
+        out_dtype = name
+    fmt = "contiguous"
+    if memory_format is not None:
+        fmt = str(memory_format).removeprefix("torch.")
+        if fmt not in _MEMORY_FORMATS:
+            raise ValueError(
+                f"memory_format must be 'contiguous' or 'channels_last' (or torch's), got "
+                f"{memory_format!r}"
+            )
+        if fmt == "channels_last":
+            layout = "NCHW"
+    tail = DeviceTail(
+        normalize=None if normalize is None else (tuple(normalize.mean), tuple(normalize.std)),
+        layout=layout,
+        dtype=out_dtype,
+        memory_format=fmt,
+    )
+    cpu.append(ToTensor())
+    return cpu, tail
+
+
+class DeviceStage:
+    """Copies batches to device ``index`` on a stream of its own and runs the image's tail
+    there; :meth:`hand_out` then makes the consumer's current stream wait for them."""
+
+    def __init__(self, torch: Any, index: int, tail: DeviceTail | None) -> None:
+        self._torch = torch
+        self.index = index
+        self.device = torch.device("cuda", index)
+        self.stream = torch.cuda.Stream(device=self.device)
+        self.tail = tail
+        # uint8 NHWC stays as the CPU made it: nothing to run.
+        self._changes_image = tail is not None and (
+            tail.normalize is not None or tail.dtype != "uint8" or tail.layout != "NHWC"
+        )
+        self._scale: Any = None
+        self._shift: Any = None
+        if tail is not None and (tail.normalize is not None or tail.dtype != "uint8"):
+            mean, std = tail.normalize if tail.normalize is not None else ((0.0,) * 3, (1.0,) * 3)
+            # (v / 255 - mean) / std == v * (1 / (255 std)) + (-mean / std), in float64 here
+            # and rounded once to float32.
+            scale = [1.0 / (255.0 * s) for s in std]
+            shift = [-m / s for m, s in zip(mean, std, strict=True)]
+            shape = (1, 1, 1, 3) if tail.layout == "NHWC" else (1, 3, 1, 1)
+            self._scale = torch.tensor(scale, dtype=torch.float32, device=self.device).view(shape)
+            self._shift = torch.tensor(shift, dtype=torch.float32, device=self.device).view(shape)
+        self._warm_up()
+
+    def _warm_up(self) -> None:
+        """Runs the stage once on a tiny batch, so that loading CUDA's kernels for the copy
+        and the tail (and torch's pinned and stream memory pools) happens while the loader is
+        built, not in the first ``next()``."""
+        torch = self._torch
+        with torch.cuda.stream(self.stream):
+            tiny = torch.zeros((1, 2, 2, 3), dtype=torch.uint8).pin_memory()
+            device = torch.empty_like(tiny, device=self.device)
+            device.copy_(tiny, non_blocking=True)
+            if self._changes_image:
+                self._apply_tail(device)
+        self.stream.synchronize()
+
+    def stage(
+        self, tensors: Sequence[tuple[str, str, tuple[int, ...], Any]]
+    ) -> tuple[dict[str, Any], Any]:
+        """Queues the copy of every tensor of a batch (``(name, dtype, shape, Buffer)``), and
+        the image's tail, on the stage's stream; returns the device tensors and the event
+        that says they are ready. Each host slot is fenced on the stream after its copy, so
+        it returns to the pool only once the copy has read it."""
+        torch = self._torch
+        out: dict[str, Any] = {}
+        with torch.cuda.stream(self.stream):
+            for name, dtype, shape, data in tensors:
+                count = math.prod(shape)
+                host = torch.from_numpy(
+                    np.frombuffer(memoryview(data), dtype=np.dtype(dtype), count=count).reshape(
+                        shape
+                    )
+                )
+                if not data.pinned:
+                    # A tensor outside the slot (labels) goes through torch's pinned memory: a
+                    # copy from pageable memory would wait for the stream's earlier copies.
+                    host = host.pin_memory()
+                device = torch.empty(shape, dtype=host.dtype, device=self.device)
+                device.copy_(host, non_blocking=True)
+                data.release_after(self.stream.cuda_stream)
+                if name == "image" and self._changes_image and len(shape) == 4:
+                    device = self._apply_tail(device)
+                out[name] = device
+            ready = torch.cuda.Event()
+            ready.record(self.stream)
+        return out, ready
+
+    def _apply_tail(self, image: Any) -> Any:
+        """uint8 NHWC on the device -> the tail's layout, values and dtype, in one pass."""
+        torch = self._torch
+        tail = self.tail
+        assert tail is not None
+        batch, height, width, channels = image.shape
+        dtype = getattr(torch, tail.dtype)
+        if tail.layout == "NHWC":
+            source = image
+            out = torch.empty((batch, height, width, channels), dtype=dtype, device=self.device)
+        else:
+            # The NHWC bytes seen as NCHW: a channels_last view, no copy.
+            source = image.permute(0, 3, 1, 2)
+            fmt = (
+                torch.channels_last
+                if tail.memory_format == "channels_last"
+                else torch.contiguous_format
+            )
+            out = torch.empty(
+                (batch, channels, height, width), dtype=dtype, device=self.device, memory_format=fmt
+            )
+        if self._scale is None:
+            out.copy_(source)
+        else:
+            torch.addcmul(self._shift, source, self._scale, out=out)
+        return out
+
+    def hand_out(self, staged: tuple[dict[str, Any], Any]) -> dict[str, Any]:
+        """The batch for the consumer: its current stream waits on the batch's event (the host
+        does not), and each tensor is marked as used by that stream for torch's allocator."""
+        tensors, ready = staged
+        consumer = self._torch.cuda.current_stream(self.device)
+        consumer.wait_event(ready)
+        for tensor in tensors.values():
+            tensor.record_stream(consumer)
+        return tensors
+
+
+class GpuIdleMeter:
+    """Events on the consumer's current stream at the start and end of each ``next()``: the
+    time between them on the GPU is the time the stream sat with nothing to do but wait for
+    the batch (0 when the GPU was still busy with earlier steps). Finished pairs are read
+    without waiting and reported to the native loader as (idle, span) seconds, the span being
+    the GPU time from one batch's hand-out to the next. ``index`` None: torch's current
+    device."""
+
+    def __init__(
+        self, torch: Any, index: int | None, report: Callable[[float, float], None]
+    ) -> None:
+        self._torch = torch
+        self._index = index
+        self._report = report
+        self._free: list[Any] = []
+        self._pending: deque[tuple[Any, Any]] = deque()
+        self._start: Any = None
+        self._last_end: Any = None
+        self._stream: Any = None
+
+    def _event(self) -> Any:
+        return self._free.pop() if self._free else self._torch.cuda.Event(enable_timing=True)
+
+    def before(self) -> None:
+        """At the start of ``next()``."""
+        torch = self._torch
+        if not torch.cuda.is_initialized():
+            self._start = None
+            return
+        self._stream = torch.cuda.current_stream(self._index)
+        self._start = self._event()
+        self._start.record(self._stream)
+
+    def after(self) -> None:
+        """Once the batch is handed out (after the consumer's stream was told to wait)."""
+        if self._start is None:
+            return
+        end = self._event()
+        end.record(self._stream)
+        self._pending.append((self._start, end))
+        self._start = None
+        self._drain()
+
+    def cancel(self) -> None:
+        """``next()`` ended without a batch (end of epoch, an error)."""
+        if self._start is not None:
+            self._free.append(self._start)
+            self._start = None
+
+    def _drain(self) -> None:
+        idle = span = 0.0
+        while self._pending and self._pending[0][1].query():
+            start, end = self._pending.popleft()
+            if self._last_end is not None:
+                idle += max(0.0, start.elapsed_time(end))
+                span += max(0.0, self._last_end.elapsed_time(end))
+                self._free.append(self._last_end)
+            self._free.append(start)
+            self._last_end = end
+        if span > 0.0:
+            self._report(idle / 1e3, span / 1e3)

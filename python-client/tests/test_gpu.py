@@ -1,0 +1,320 @@
+"""The GPU stage: page-locked slots, batches delivered on the device, the fences that keep a
+slot out of the pool until the copies reading it are done, and GPU idle seen from the GPU.
+
+Every test here needs a CUDA GPU and torch built with CUDA (``pytest -m gpu``); where there is
+none they are skipped with a message. What runs without a GPU (the errors and the warning
+that name what is missing, the split of the pipeline's tail) is in ``test_gpu_absent.py``.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+import stoker
+from conftest import running_cluster
+from stoker import ops, vision
+
+pytestmark = pytest.mark.gpu
+
+MEAN = vision.IMAGENET_MEAN
+STD = vision.IMAGENET_STD
+CROP = 32
+
+
+@pytest.fixture(scope="module")
+def torch() -> Any:
+    """torch with a usable CUDA device, or a skip naming what is missing."""
+    try:
+        import torch
+    except ImportError as error:
+        pytest.skip(f"torch is not importable ({error}): no GPU test can run")
+    if torch.version.cuda is None or not torch.cuda.is_available():
+        pytest.skip(
+            f"no CUDA GPU here (torch {torch.__version__}, cuda {torch.version.cuda}, "
+            f"is_available {torch.cuda.is_available()}): the GPU tests run on a GPU machine"
+        )
+    return torch
+
+
+def train_pipeline(normalize: bool) -> list[ops.Op]:
+    crop = [
+        ops.DecodeImage(dct_scaling=True),
+        ops.RandomResizedCrop(CROP),
+        ops.RandomHorizontalFlip(),
+    ]
+    return [*crop, ops.Normalize(MEAN, STD)] if normalize else [*crop, ops.ToTensor()]
+
+
+def loader(dataset: Path, **overrides: Any) -> stoker.Loader:
+    options: dict[str, Any] = {
+        "pipeline": train_pipeline(False),
+        "batch_size": 8,
+        "num_threads": 2,
+        "timeout": 60,
+        "output": "torch",
+    }
+    options.update(overrides)
+    return stoker.Loader(dataset, **options)
+
+
+def reference_epoch(dataset: Path, normalize: bool, **overrides: Any) -> list[np.ndarray]:
+    """The CPU pipeline's images of one epoch, copied out."""
+    with loader(dataset, pipeline=train_pipeline(normalize), output="numpy", **overrides) as cpu:
+        return [np.array(batch["image"], copy=True) for batch in cpu]
+
+
+def test_pin_memory_gives_pinned_tensors(torch: Any, dataset: Path) -> None:
+    with loader(dataset, pin_memory=True) as pinned:
+        batches = list(iter(pinned))
+        assert all(b["image"].is_pinned() and b["label"].is_pinned() for b in batches)
+        stats = pinned.stats()
+        assert stats["pinned"] is True and stats["pinned_bytes"] > 0
+    with loader(dataset) as plain:
+        assert not next(iter(plain))["image"].is_pinned()
+        assert plain.stats()["pinned"] is False
+
+
+def test_pinned_slots_of_a_wrapped_dataset_and_of_worker_processes(torch: Any) -> None:
+    data = [np.full((4, 4), i, dtype=np.float32) for i in range(32)]
+    for workers in (0, 2):
+        with stoker.Loader.from_dataset(
+            data,
+            batch_size=4,
+            num_workers=workers,
+            pin_memory=True,
+            multiprocessing_context="fork" if workers else None,
+            output="torch",
+        ) as wrapped:
+            batch = next(iter(wrapped))
+            assert batch.is_pinned(), f"num_workers={workers}"
+            assert batch[:, 0, 0].tolist() == [0.0, 1.0, 2.0, 3.0]
+            assert wrapped.stats()["pinned"] is True
+
+
+def test_remote_batches_land_in_pinned_slots(torch: Any, dataset: Path, tmp_path: Path) -> None:
+    with (
+        running_cluster(dataset, tmp_path / "state") as address,
+        loader(dataset, address=address, pin_memory=True) as remote,
+    ):
+        batch = next(iter(remote))
+        assert batch["image"].is_pinned()
+        assert remote.stats()["pinned"] is True
+
+
+@pytest.mark.parametrize(
+    ("normalize", "dtype", "memory_format"),
+    [
+        (True, None, None),
+        (True, "bfloat16", "channels_last"),
+        (True, "float16", None),
+        (False, None, None),
+        (False, "float32", "channels_last"),
+    ],
+)
+def test_device_batches_equal_the_cpu_pipeline(
+    torch: Any, dataset: Path, normalize: bool, dtype: str | None, memory_format: str | None
+) -> None:
+    reference = reference_epoch(dataset, normalize)
+    if not normalize and dtype is not None:
+        # ToTensor's float32 on the CPU is v / 255, NHWC; as the device's NCHW.
+        reference = [r.astype(np.float32) / np.float32(255) for r in reference]
+        reference = [r.transpose(0, 3, 1, 2) for r in reference]
+    with loader(
+        dataset,
+        pipeline=train_pipeline(normalize),
+        device="cuda",
+        dtype=dtype,
+        memory_format=memory_format,
+    ) as gpu_loader:
+        got = list(iter(gpu_loader))
+        assert gpu_loader.stats()["device"] == f"cuda:{torch.cuda.current_device()}"
+        assert gpu_loader.stats()["pinned"] is True
+    assert len(got) == len(reference)
+    for step, (batch, expected) in enumerate(zip(got, reference, strict=True)):
+        image = batch["image"]
+        assert image.is_cuda and batch["label"].is_cuda
+        assert tuple(image.shape) == expected.shape, step
+        if memory_format == "channels_last":
+            assert image.is_contiguous(memory_format=torch.channels_last)
+        values = image.float().cpu().numpy()
+        if dtype in ("bfloat16", "float16"):
+            # One rounding to the narrow type: within half its unit in the last place.
+            eps = 2.0**-8 if dtype == "bfloat16" else 2.0**-11
+            np.testing.assert_allclose(values, expected, rtol=eps, atol=1e-6, err_msg=str(step))
+        elif expected.dtype == np.uint8:
+            assert np.array_equal(values.astype(np.uint8), expected), step
+        else:
+            np.testing.assert_allclose(values, expected, rtol=0, atol=2e-6, err_msg=str(step))
+
+
+def test_a_consumer_on_another_stream_gets_correct_batches(torch: Any, dataset: Path) -> None:
+    reference = reference_epoch(dataset, True)
+    side = torch.cuda.Stream()
+    got = []
+    with (
+        loader(dataset, pipeline=train_pipeline(True), device="cuda", prefetch=2) as gpu_loader,
+        torch.cuda.stream(side),
+    ):
+        for batch in gpu_loader:
+            # A slow consumer: the stream is busy for a while before it reads the batch.
+            torch.cuda._sleep(2_000_000)
+            got.append((batch["image"] * 1).cpu())  # .cpu() syncs the side stream
+    for expected, image in zip(reference, got, strict=True):
+        np.testing.assert_allclose(image.numpy(), expected, atol=2e-6)
+
+
+def digest(array: np.ndarray) -> bytes:
+    return np.ascontiguousarray(array).tobytes()
+
+
+@pytest.mark.parametrize("where", ["current stream", "side stream", "default stream"])
+def test_no_slot_is_reused_under_a_users_running_copy(
+    torch: Any, dataset: Path, where: str
+) -> None:
+    """Pinned CPU batches copied with non_blocking=True behind a long kernel and dropped at
+    once: a slot reused before its copy ran would show the next batch's pixels."""
+    expected = reference_epoch(dataset, False)
+    side = torch.cuda.Stream()
+    copies = []
+    with loader(dataset, pin_memory=True, prefetch=2, max_held_batches=1) as pinned:
+        for epoch in range(2):
+            pinned.set_epoch(0)
+            for batch in pinned:
+                if where == "side stream":
+                    with torch.cuda.stream(side):
+                        torch.cuda._sleep(50_000_000)
+                        copies.append(batch["image"].to("cuda", non_blocking=True))
+                        del batch  # released on the side stream: fenced there
+                else:
+                    stream = (
+                        torch.cuda.current_stream()
+                        if where == "current stream"
+                        else torch.cuda.default_stream()
+                    )
+                    torch.cuda._sleep(50_000_000)
+                    with torch.cuda.stream(stream):
+                        copies.append(batch["image"].to("cuda", non_blocking=True))
+                    del batch
+            del epoch
+    torch.cuda.synchronize()
+    got = [c.cpu().numpy() for c in copies]
+    assert [digest(g) for g in got] == [digest(e) for e in expected * 2]
+
+
+def test_device_batches_dropped_at_once_with_a_slow_consumer(torch: Any, dataset: Path) -> None:
+    """The loader's own copies: slots fenced on its stream, batches dropped at once, consumer
+    stream slow; every batch still carries its own pixels."""
+    expected = reference_epoch(dataset, False)
+    sums = []
+    with loader(dataset, device="cuda", prefetch=2, max_held_batches=1) as gpu_loader:
+        for batch in gpu_loader:
+            torch.cuda._sleep(20_000_000)
+            sums.append(batch["image"].sum(dtype=torch.int64))
+            del batch
+    assert [int(s) for s in sums] == [int(e.sum(dtype=np.int64)) for e in expected]
+
+
+def test_device_memory_is_flat_over_2000_batches(torch: Any, dataset: Path) -> None:
+    torch.cuda.synchronize()
+    with loader(
+        dataset,
+        pipeline=train_pipeline(True),
+        device="cuda",
+        dtype="bfloat16",
+        memory_format="channels_last",
+        num_threads=4,
+    ) as gpu_loader:
+        seen = 0
+        after_warmup = None
+        while seen < 2000:
+            for batch in gpu_loader:
+                batch["image"].float().mean()  # use it on the consumer's stream
+                seen += 1
+                if seen == 100:
+                    torch.cuda.synchronize()
+                    after_warmup = torch.cuda.memory_allocated()
+                if seen >= 2000:
+                    break
+        torch.cuda.synchronize()
+        at_end = torch.cuda.memory_allocated()
+        assert after_warmup is not None
+        batch_bytes = 8 * 3 * CROP * CROP * 2
+        # The same few batches' worth of device memory at the end as after the warm-up.
+        assert abs(at_end - after_warmup) <= 4 * batch_bytes, (after_warmup, at_end)
+        assert gpu_loader.stats()["slots_in_use"] <= gpu_loader.stats()["slot_capacity"]
+
+
+def test_gpu_idle_is_measured_on_the_gpu(torch: Any, dataset: Path) -> None:
+    """A loop that runs ahead of the GPU: the host never waits for the slow loader long, but
+    the GPU, fed one slow batch after another, sits idle; the figure says so. With a fast
+    loader and a slow GPU step the GPU is hardly idle."""
+    with loader(dataset, device="cuda", num_threads=1, prefetch=1) as slow:
+        for batch in slow:
+            batch["image"].float().mean()
+        stats = slow.stats()
+        assert stats["gpu_span_s"] > 0
+        assert 0.3 < stats["gpu_idle_fraction"] <= 1.0, stats
+    with loader(dataset, device="cuda", num_threads=4) as fast:
+        for batch in fast:
+            torch.cuda._sleep(20_000_000)  # a long step on the GPU
+            batch["image"].float().mean()
+        torch.cuda.synchronize()
+        for _ in fast:  # a second epoch reads the events of the first
+            torch.cuda._sleep(20_000_000)
+        stats = fast.stats()
+        assert stats["gpu_span_s"] > 0
+        assert stats["gpu_idle_fraction"] < 0.2, stats
+
+
+def test_gpu_idle_shows_on_the_dashboard(torch: Any, dataset: Path) -> None:
+    import json
+    import urllib.request
+
+    with loader(dataset, device="cuda", num_threads=1, dashboard=0) as watched:
+        url = watched.dashboard_url
+        assert url is not None
+        deadline = time.monotonic() + 20
+        idle_pct = None
+        while idle_pct is None and time.monotonic() < deadline:
+            for batch in watched:
+                batch["image"].float().mean()
+            jobs = json.loads(urllib.request.urlopen(f"{url}api/jobs", timeout=10).read())
+            window = jobs["jobs"][0]["window"]
+            idle_pct = window and window.get("gpu_idle_pct")
+        text = urllib.request.urlopen(f"{url}metrics", timeout=10).read().decode()
+    assert idle_pct is not None and idle_pct > 0, jobs
+    totals = [
+        line for line in text.splitlines() if line.startswith("stoker_gpu_idle_seconds_total")
+    ]
+    assert totals and float(totals[0].split()[-1]) > 0, text
+
+
+def test_closing_with_batches_on_the_device_keeps_them_valid(torch: Any, dataset: Path) -> None:
+    gpu_loader = loader(dataset, device="cuda")
+    batch = next(iter(gpu_loader))
+    gpu_loader.close()
+    assert batch["image"].is_cuda and int(batch["image"].sum()) > 0
+
+
+def test_slots_come_back_from_many_threads(torch: Any, dataset: Path) -> None:
+    """Batches released from other Python threads are fenced and come back too."""
+    with loader(dataset, pin_memory=True, prefetch=2, max_held_batches=2) as pinned:
+        held: list[Any] = []
+        for batch in pinned:
+            held.append(batch["image"].to("cuda", non_blocking=True))
+            thread = threading.Thread(target=lambda b=batch: b.clear())
+            thread.start()
+            thread.join()
+            del batch
+        torch.cuda.synchronize()
+        # Every slot comes back once its fence has passed (on the fence thread, soon after).
+        deadline = time.monotonic() + 10
+        while pinned.stats()["slots_in_use"] > 2 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert pinned.stats()["slots_in_use"] <= 2, pinned.stats()

@@ -1,0 +1,194 @@
+"""The GPU stage where there is no GPU (CI, laptops): what it says, never a silent no-op.
+
+``pin_memory=True`` runs with pageable slots and warns once naming what is missing, as
+DataLoader does; ``device="cuda"`` raises :class:`stoker.GpuUnavailableError` naming it. The
+split of an image pipeline into the CPU's part and the device's tail is checked here too (it
+needs no GPU). On a machine with a GPU the driver-dependent tests here are skipped: there
+``test_gpu.py`` runs the real thing.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+import stoker
+from conftest import epoch_batches
+from stoker import _native, gpu, ops, vision
+
+
+def no_driver() -> None:
+    if _native.cuda_driver_present():
+        pytest.skip("a CUDA driver is present here: test_gpu.py covers this machine")
+
+
+def test_without_a_driver_the_native_side_names_what_is_missing() -> None:
+    no_driver()
+    reason = _native.cuda_unavailable(0)
+    assert reason is not None and "libcuda" in reason and "no CUDA driver" in reason
+
+
+def test_pin_memory_without_a_driver_warns_once_and_runs(
+    make_loader: Callable[..., stoker.Loader],
+) -> None:
+    no_driver()
+    with pytest.warns(UserWarning, match=r"pin_memory=True.*no CUDA driver.*libcuda") as caught:
+        pinned = make_loader(pin_memory=True)
+    assert len(caught) == 1
+    plain = make_loader()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        got = epoch_batches(pinned)
+    stats = pinned.stats()
+    assert stats["pinned"] is False and stats["pinned_bytes"] == 0
+    assert stats["gpu_idle_s"] == 0.0 and stats["gpu_idle_fraction"] == 0.0
+    assert stats["device"] == "cpu"
+    expected = epoch_batches(plain)
+    assert len(got) == len(expected)
+    for a, b in zip(got, expected, strict=True):
+        assert all(np.array_equal(a[k], b[k]) for k in a)
+
+
+def test_pin_memory_of_a_wrapped_dataset_without_a_driver_warns() -> None:
+    no_driver()
+    data = [np.full(3, i, dtype=np.int64) for i in range(8)]
+    with pytest.warns(UserWarning, match="cannot be page-locked"):
+        wrapped = stoker.Loader.from_dataset(data, batch_size=4, pin_memory=True, output="numpy")
+    with wrapped:
+        assert [b[:, 0].tolist() for b in wrapped] == [[0, 1, 2, 3], [4, 5, 6, 7]]
+        assert wrapped.stats()["pinned"] is False
+
+
+@pytest.mark.parametrize("device", ["cuda", "cuda:0", "cuda:1"])
+def test_device_cuda_without_a_gpu_raises_naming_what_is_missing(
+    make_loader: Callable[..., stoker.Loader], device: str
+) -> None:
+    no_driver()
+    torch = pytest.importorskip("torch", reason="device='cuda' first needs torch itself")
+    with pytest.raises(stoker.GpuUnavailableError, match=f"device='{device}'") as raised:
+        make_loader(device=device, output="torch")
+    message = str(raised.value)
+    if torch.version.cuda is None:
+        assert "built without CUDA" in message
+    else:
+        assert "no CUDA driver" in message and "libcuda" in message
+    assert isinstance(raised.value, RuntimeError) and isinstance(raised.value, stoker.StokerError)
+
+
+def test_device_needs_torch_output(make_loader: Callable[..., stoker.Loader]) -> None:
+    with pytest.raises(ValueError, match="delivers torch tensors"):
+        make_loader(device="cuda", output="numpy")
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        ({"dtype": "bfloat16"}, "give device='cuda'"),
+        ({"memory_format": "channels_last"}, "give device='cuda'"),
+        ({"pin_memory": 1}, "pin_memory must be True or False"),
+        ({"pinned_memory_budget": 0}, "pinned_memory_budget must be a positive"),
+        ({"pinned_memory_budget": "4G"}, "pinned_memory_budget must be a positive"),
+        ({"device": "tpu"}, "device must be"),
+        ({"device": "cuda:x"}, "device must be"),
+    ],
+)
+def test_gpu_arguments_are_checked(
+    make_loader: Callable[..., stoker.Loader], overrides: dict[str, Any], message: str
+) -> None:
+    with pytest.raises(ValueError, match=message):
+        make_loader(**overrides)
+
+
+def test_a_mix_is_refused_on_the_device(dataset: Path) -> None:
+    pytest.importorskip("torch")
+    if not _native.cuda_driver_present():
+        pytest.skip("device='cuda' fails earlier here (no driver); the mix check follows it")
+    with pytest.raises(ValueError, match=r"stoker\.mix"):
+        stoker.Loader(
+            stoker.mix({dataset: 1.0}, batch_size=4),
+            pipeline=vision.imagenet_train(32),
+            batch_size=4,
+            device="cuda",
+        )
+
+
+def crop() -> list[ops.Op]:
+    return [ops.DecodeImage(), ops.RandomResizedCrop(32), ops.RandomHorizontalFlip()]
+
+
+@pytest.mark.parametrize(
+    ("tail_ops", "dtype", "memory_format", "expected"),
+    [
+        ([ops.ToTensor()], None, None, gpu.DeviceTail(None, "NHWC", "uint8", "contiguous")),
+        ([], None, None, gpu.DeviceTail(None, "NHWC", "uint8", "contiguous")),
+        (
+            [ops.Normalize(vision.IMAGENET_MEAN, vision.IMAGENET_STD)],
+            None,
+            None,
+            gpu.DeviceTail(
+                (vision.IMAGENET_MEAN, vision.IMAGENET_STD), "NCHW", "float32", "contiguous"
+            ),
+        ),
+        (
+            [ops.Normalize((0.5,) * 3, (0.25,) * 3), ops.ToTensor("NHWC", "float32")],
+            "bfloat16",
+            None,
+            gpu.DeviceTail(((0.5,) * 3, (0.25,) * 3), "NHWC", "bfloat16", "contiguous"),
+        ),
+        (
+            [ops.ToTensor("NCHW", "float32")],
+            "float16",
+            "channels_last",
+            gpu.DeviceTail(None, "NCHW", "float16", "channels_last"),
+        ),
+        (
+            [ops.ToTensor("NHWC", "uint8")],
+            None,
+            "torch.channels_last",
+            gpu.DeviceTail(None, "NCHW", "uint8", "channels_last"),
+        ),
+    ],
+)
+def test_the_tail_of_an_image_pipeline_moves_to_the_device(
+    tail_ops: list[ops.Op], dtype: Any, memory_format: Any, expected: gpu.DeviceTail
+) -> None:
+    cpu, tail = gpu.split_tail([*crop(), *tail_ops], dtype, memory_format)
+    assert tail == expected
+    # The CPU threads make uint8 NHWC, the cheapest bytes to copy.
+    assert cpu == [*crop(), ops.ToTensor()]
+    assert ops.check_pipeline(cpu)
+
+
+def test_the_tail_refuses_what_contradicts_the_pipeline() -> None:
+    normalize = ops.Normalize(vision.IMAGENET_MEAN, vision.IMAGENET_STD)
+    with pytest.raises(ValueError, match="contradicts Normalize"):
+        gpu.split_tail([*crop(), normalize], "uint8", None)
+    with pytest.raises(ValueError, match="dtype must be one of"):
+        gpu.split_tail([*crop(), normalize], "int8", None)
+    with pytest.raises(ValueError, match="memory_format must be"):
+        gpu.split_tail([*crop(), normalize], None, "preserve")
+    tokens = [ops.TokenWindows(16)]
+    assert gpu.split_tail(tokens, None, None) == (tokens, None)
+    with pytest.raises(ValueError, match="image pipelines only"):
+        gpu.split_tail(tokens, "bfloat16", None)
+
+
+def test_device_strings() -> None:
+    assert gpu.parse_device(None) is None and gpu.parse_device("cpu") is None
+    assert gpu.parse_device("cuda") == -1 and gpu.parse_device("cuda:3") == 3
+
+
+def test_the_default_pinned_budget_divides_the_node_by_its_ranks(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
+    one, rule = gpu.default_pinned_budget()
+    assert one > 0 and "quarter" in rule
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "8")
+    eight, rule = gpu.default_pinned_budget()
+    assert eight == one // 8 and "LOCAL_WORLD_SIZE=8" in rule
