@@ -1,0 +1,297 @@
+#!/usr/bin/env python3
+"""A training loop on the GPU fed by each loader, side by side in one run.
+
+ResNet-18 and ResNet-50 from torchvision, bfloat16 autocast, channels_last, SGD, batches of
+256 JPEGs cropped to 224 (RandomResizedCrop and a horizontal flip), for each of:
+
+- ceiling: one synthetic batch already on the GPU, normalised (what the model alone does);
+- DataLoader: torchvision ImageFolder, PIL + v2 RandomResizedCrop, ``--workers`` worker
+  processes, pin_memory=True; the loop copies with ``.cuda(non_blocking=True)`` and normalises;
+- Stoker, CPU output: ``stoker.Loader`` with ``--workers`` decode threads, uint8 NHWC in host
+  memory; the loop copies and normalises as for DataLoader;
+- Stoker, device="cuda": the same loader delivering normalised bfloat16 channels_last batches
+  on the GPU (page-locked slots, the copy and the normalisation on the loader's own stream).
+
+Per row: images/s over ``--steps`` steps after ``--warmup`` (CUDA synchronised at both ends),
+its share of the ceiling, host wait % (time inside ``next()`` and the loop's own copy), GPU
+idle % (events on the training stream before ``next()`` and after the batch's copy was queued:
+the time the stream had nothing to do but wait for data), ceiling x (1 - GPU idle) against the
+measured rate, build (seconds to make the loader) and first batch (seconds from the loader
+built to the first batch in the loop's hands; CUDA's own start-up is measured once, apart). A JSON object with every figure is printed last.
+Without a CUDA GPU it says so and exits 0.
+
+    python3 benches/gpu_train.py --data /tmp/imagenet-like --workers 15
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+MEAN = (0.485, 0.456, 0.406)
+STD = (0.229, 0.224, 0.225)
+CROP = 224
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--data", type=Path, default=Path("/tmp/stoker-gpu-bench-data"))
+    parser.add_argument(
+        "--count",
+        type=int,
+        default=10_000,
+        help="images to make when --data is missing",
+    )
+    parser.add_argument("--models", default="resnet18,resnet50")
+    parser.add_argument("--batch-size", type=int, default=256)
+    parser.add_argument(
+        "--workers", type=int, default=max(1, (os.cpu_count() or 2) - 1)
+    )
+    parser.add_argument("--steps", type=int, default=60)
+    parser.add_argument("--warmup", type=int, default=10)
+    parser.add_argument("--rows", default="ceiling,dataloader,stoker-cpu,stoker-cuda")
+    args = parser.parse_args()
+
+    try:
+        import torch
+    except ImportError as error:
+        print(f"gpu_train: torch is not importable ({error}); nothing to measure")
+        return 0
+    if torch.version.cuda is None or not torch.cuda.is_available():
+        print(
+            f"gpu_train: no CUDA GPU here (torch {torch.__version__}); nothing to measure"
+        )
+        return 0
+    import stoker
+    import torchvision
+
+    started = time.perf_counter()
+    torch.cuda.init()
+    torch.empty(1, device="cuda")
+    cuda_startup_s = time.perf_counter() - started
+    if not args.data.exists():
+        made = time.perf_counter()
+        stoker._native.make_dataset(str(args.data), args.count, seed=0)
+        print(
+            f"made {args.count} images in {args.data} in {time.perf_counter() - made:.1f} s"
+        )
+    torch.backends.cudnn.benchmark = True
+    device_name = torch.cuda.get_device_name()
+    cores = len(os.sched_getaffinity(0))
+    print(
+        f"{device_name}, {cores} cores, torch {torch.__version__}, torchvision "
+        f"{torchvision.__version__}, stoker {stoker.__version__}; batch {args.batch_size}, "
+        f"{args.workers} workers/threads, {args.steps} steps after {args.warmup}; CUDA start-up "
+        f"{cuda_startup_s:.2f} s",
+        flush=True,
+    )
+    rows = args.rows.split(",")
+    results: list[dict[str, Any]] = []
+    for model_name in args.models.split(","):
+        model = Model(torch, torchvision, model_name, args.batch_size)
+        ceiling = None
+        for row in rows:
+            result = run_row(torch, torchvision, stoker, model, row, args)
+            result["model"] = model_name
+            if row == "ceiling":
+                ceiling = result["images_per_s"]
+            if ceiling:
+                result["share_of_ceiling"] = result["images_per_s"] / ceiling
+                result["ceiling_x_busy"] = ceiling * (1.0 - result["gpu_idle_fraction"])
+            results.append(result)
+            print_row(result, flush=True)
+        del model
+        torch.cuda.empty_cache()
+    print(
+        json.dumps(
+            {
+                "device": device_name,
+                "cores": cores,
+                "cuda_startup_s": cuda_startup_s,
+                "batch_size": args.batch_size,
+                "workers": args.workers,
+                "steps": args.steps,
+                "rows": results,
+            }
+        )
+    )
+    return 0
+
+
+class Model:
+    """The network, its optimiser and one bf16 training step on a device batch."""
+
+    def __init__(
+        self, torch: Any, torchvision: Any, name: str, batch_size: int
+    ) -> None:
+        self.torch = torch
+        self.net = getattr(torchvision.models, name)(num_classes=1000).cuda()
+        self.net = self.net.to(memory_format=torch.channels_last)
+        self.optimizer = torch.optim.SGD(self.net.parameters(), lr=0.01, momentum=0.9)
+        self.mean = torch.tensor(MEAN, device="cuda").view(1, 3, 1, 1) * 255
+        self.std = torch.tensor(STD, device="cuda").view(1, 3, 1, 1) * 255
+        self.batch_size = batch_size
+
+    def normalise(self, images: Any, nhwc: bool) -> Any:
+        """uint8 on the device (NHWC or NCHW) -> normalised, channels_last."""
+        nchw = images.permute(0, 3, 1, 2) if nhwc else images
+        out = (nchw.float() - self.mean) / self.std
+        return out.contiguous(memory_format=self.torch.channels_last)
+
+    def step(self, images: Any, labels: Any) -> None:
+        torch = self.torch
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            loss = torch.nn.functional.cross_entropy(self.net(images), labels)
+        self.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        self.optimizer.step()
+
+
+def forever(make: Callable[[], Any]) -> Iterator[Any]:
+    """Batches epoch after epoch."""
+    loader = make()
+    while True:
+        yield from loader
+
+
+def run_row(
+    torch: Any, torchvision: Any, stoker: Any, model: Model, row: str, args: Any
+) -> dict[str, Any]:
+    batch = args.batch_size
+    closers: list[Callable[[], None]] = []
+    built = time.perf_counter()
+    if row == "ceiling":
+        images = torch.randn(batch, 3, CROP, CROP, device="cuda").contiguous(
+            memory_format=torch.channels_last
+        )
+        labels = torch.randint(0, 1000, (batch,), device="cuda")
+
+        def fetch() -> tuple[Any, Any]:
+            return images, labels
+
+        extra = {}
+    elif row == "dataloader":
+        from torchvision.transforms import v2
+
+        transform = v2.Compose(
+            [
+                v2.RandomResizedCrop(CROP, antialias=True),
+                v2.RandomHorizontalFlip(),
+                v2.PILToTensor(),
+            ]
+        )
+        dataset = torchvision.datasets.ImageFolder(str(args.data), transform=transform)
+        loader = torch.utils.data.DataLoader(
+            dataset,
+            batch_size=batch,
+            shuffle=True,
+            num_workers=args.workers,
+            pin_memory=True,
+            drop_last=True,
+            persistent_workers=True,
+        )
+        batches = forever(lambda: loader)
+
+        def fetch() -> tuple[Any, Any]:
+            x, y = next(batches)
+            return model.normalise(x.cuda(non_blocking=True), nhwc=False), y.cuda(
+                non_blocking=True
+            )
+
+        extra = {}
+    elif row in ("stoker-cpu", "stoker-cuda"):
+        on_device = row == "stoker-cuda"
+        pipeline = stoker.vision.imagenet_train(CROP)
+        options: dict[str, Any] = {}
+        if on_device:
+            pipeline = [*pipeline[:-1], stoker.ops.Normalize(MEAN, STD)]
+            options = {
+                "device": "cuda",
+                "dtype": "bfloat16",
+                "memory_format": "channels_last",
+            }
+        loader = stoker.Loader(
+            str(args.data),
+            pipeline=pipeline,
+            batch_size=batch,
+            num_threads=args.workers,
+            drop_last=True,
+            **options,
+        )
+        closers.append(loader.close)
+        batches = forever(lambda: loader)
+
+        def fetch() -> tuple[Any, Any]:
+            b = next(batches)
+            if on_device:
+                return b["image"], b["label"]
+            x = b["image"].cuda(non_blocking=True)
+            return model.normalise(x, nhwc=True), b["label"].cuda(non_blocking=True)
+
+        extra = {"loader": loader}
+    else:
+        raise SystemExit(f"unknown row {row!r}")
+
+    build_s = time.perf_counter() - built
+    built = time.perf_counter()
+    first = None
+    wait_s = 0.0
+    pairs = []
+    for index in range(args.warmup + args.steps):
+        if index == args.warmup:
+            torch.cuda.synchronize()
+            clock = time.perf_counter()
+            wait_s = 0.0
+            pairs.clear()
+        before = torch.cuda.Event(enable_timing=True)
+        after = torch.cuda.Event(enable_timing=True)
+        before.record()
+        asked = time.perf_counter()
+        images, labels = fetch()
+        wait_s += time.perf_counter() - asked
+        after.record()
+        pairs.append((before, after))
+        if first is None:
+            first = time.perf_counter() - built
+        model.step(images, labels)
+    torch.cuda.synchronize()
+    seconds = time.perf_counter() - clock
+    idle_ms = sum(b.elapsed_time(a) for b, a in pairs)
+    result: dict[str, Any] = {
+        "row": row,
+        "images_per_s": args.steps * batch / seconds,
+        "host_wait_fraction": wait_s / seconds,
+        "gpu_idle_fraction": min(1.0, idle_ms / 1e3 / seconds),
+        "build_s": build_s,
+        "first_batch_s": first,
+    }
+    if "loader" in extra:
+        stats = extra["loader"].stats()
+        result["stoker_gpu_idle_fraction"] = stats["gpu_idle_fraction"]
+        result["stoker_pinned"] = stats["pinned"]
+    for close in closers:
+        close()
+    return result
+
+
+def print_row(r: dict[str, Any], flush: bool) -> None:
+    share = (
+        f"{100 * r['share_of_ceiling']:5.1f}%" if "share_of_ceiling" in r else "   -  "
+    )
+    busy = f"{r['ceiling_x_busy']:8.0f}" if "ceiling_x_busy" in r else "       -"
+    print(
+        f"{r['model']:9} {r['row']:12} {r['images_per_s']:8.0f} img/s {share} of ceiling  "
+        f"host wait {100 * r['host_wait_fraction']:5.1f}%  GPU idle {100 * r['gpu_idle_fraction']:5.1f}%  "
+        f"ceiling x busy {busy}  build {r['build_s']:.3f} s  first batch {r['first_batch_s']:.3f} s",
+        flush=flush,
+    )
+
+
+if __name__ == "__main__":
+    sys.exit(main())
