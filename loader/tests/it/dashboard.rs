@@ -639,7 +639,9 @@ fn demo_dashboard_page_matches_api_and_metrics_parse() {
     let labels = [("job", "demo"), ("rank", "0")];
     // Nothing measured the GPU: the idle ratio is left out, the counters are 0.
     assert!(!metrics.body.contains("\nstoker_gpu_idle_ratio{"));
-    assert!(metrics.body.contains("# TYPE stoker_gpu_idle_seconds_total counter"));
+    assert!(metrics
+        .body
+        .contains("# TYPE stoker_gpu_idle_seconds_total counter"));
     for name in ["stoker_stall_ratio", "stoker_stall_ratio_window"] {
         let ratio = metric(&samples, name, &labels).unwrap_or_else(|| panic!("{name} missing"));
         assert!((0.0..=1.0).contains(&ratio), "{name} = {ratio}");
