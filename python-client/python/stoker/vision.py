@@ -2,7 +2,9 @@
 
 Both yield uint8 NHWC images, the cheapest form to move; convert and normalise on the GPU
 (``images.permute(0, 3, 1, 2).float().div(255)`` then subtract the mean and divide by the
-std), or append :class:`stoker.ops.Normalize` to do it on the CPU workers instead.
+std), or append :class:`stoker.ops.Normalize` (in place of the last ``ToTensor``): with
+``stoker.Loader(..., device="cuda")`` it then runs on the GPU, on the loader's own stream;
+without, on the CPU workers.
 """
 
 from __future__ import annotations
