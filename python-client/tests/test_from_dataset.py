@@ -6,7 +6,10 @@ from __future__ import annotations
 import collections
 import os
 import signal
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -464,3 +467,97 @@ def test_the_dashboard_and_stats_show_a_wrapped_dataset() -> None:
             time.sleep(0.3)
         assert jobs and jobs[0]["name"] == "Squares"
         assert jobs[0]["current"]["samples_total"] == 40
+
+
+# -- worker processes that start like DataLoader's -------------------------------------------
+
+_STDIN_SCRIPT = """
+import sys
+import numpy as np
+import stoker
+
+class Squares:
+    def __len__(self):
+        return 12
+    def __getitem__(self, index):
+        return np.full(3, index * index, dtype=np.int64)
+
+context = sys.argv[1] if len(sys.argv) > 1 and sys.argv[1] != "default" else None
+data = Squares() if sys.argv[2] == "script-class" else [np.full(3, i * i) for i in range(12)]
+with stoker.Loader.from_dataset(
+    data, batch_size=4, num_workers=2, multiprocessing_context=context, output="numpy"
+) as loader:
+    print(sorted(int(v) for batch in loader for v in batch[:, 0]))
+"""
+
+
+def _run_script(source: str, *args: str, via: str = "stdin") -> subprocess.CompletedProcess[str]:
+    command = [sys.executable, "-"] if via == "stdin" else [sys.executable, "-c", source]
+    return subprocess.run(
+        [*command, *args],
+        input=source if via == "stdin" else None,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+@pytest.mark.parametrize("via", ["stdin", "-c"])
+def test_a_script_fed_to_python_runs_with_worker_processes(via: str) -> None:
+    """The default start method (fork on Linux) inherits what the script defined."""
+    done = _run_script(_STDIN_SCRIPT, "default", "script-class", via=via)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == str([i * i for i in range(12)])
+
+
+@pytest.mark.parametrize("method", ["fork", "forkserver", "spawn"])
+def test_a_script_read_from_stdin_runs_under_each_start_method(method: str) -> None:
+    """A dataset of importable classes loads under every start method from a `python -`
+    script: the fresh interpreters are not asked to run `<stdin>` again."""
+    done = _run_script(_STDIN_SCRIPT, method, "list")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == str([i * i for i in range(12)])
+
+
+@pytest.mark.parametrize("method", ["forkserver", "spawn"])
+def test_a_class_defined_in_a_stdin_script_is_refused_by_name_in_a_fresh_interpreter(
+    method: str,
+) -> None:
+    done = _run_script(_STDIN_SCRIPT, method, "script-class")
+    assert done.returncode != 0
+    assert "ValueError" in done.stderr and "cannot be run again" in done.stderr, done.stderr
+    assert "multiprocessing_context='fork'" in done.stderr
+
+
+_FLAKY_MODULE = """
+import os
+import numpy as np
+
+if os.getpid() != {pid}:
+    raise ImportError("flaky_dataset will not load in a worker process")
+
+class Flaky:
+    def __len__(self):
+        return 8
+    def __getitem__(self, index):
+        return np.zeros(2)
+"""
+
+
+@pytest.mark.parametrize("method", ["forkserver", "spawn"])
+def test_a_dataset_whose_module_fails_to_import_in_the_worker_names_the_failure(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, method: str
+) -> None:
+    # Importable in this process only (a fork server or a spawned worker is another one).
+    (tmp_path / "flaky_dataset.py").write_text(_FLAKY_MODULE.replace("{pid}", str(os.getpid())))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(tmp_path), *sys.path]))
+    import flaky_dataset
+
+    with pytest.raises(stoker.DatasetError) as raised:
+        stoker.Loader.from_dataset(
+            flaky_dataset.Flaky(), batch_size=2, num_workers=1, multiprocessing_context=method
+        )
+    message = str(raised.value)
+    assert f"could not load the dataset sent to it ({method})" in message
+    assert "ImportError: flaky_dataset will not load in a worker process" in message

@@ -20,17 +20,19 @@ A batch comes back with the sample's structure, each leaf stacked (``(n, *shape)
 from __future__ import annotations
 
 import atexit
+import contextlib
 import mmap
 import multiprocessing
 import multiprocessing.reduction
 import os
+import pickle
 import random
 import signal
 import sys
 import threading
 import traceback
 import weakref
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final, Literal, NoReturn
 
@@ -378,11 +380,23 @@ class _Arena:
             pass  # an array the dataset's code kept still views it: leave the mapping to it
 
 
-def _worker_main(conn: Any, state: _State) -> None:
+def _worker_main(conn: Any, state: _State | bytes) -> None:
     """A worker process: loads the batches it is sent straight into their slots, in the
-    loader's shared slot mapping (sent once, as a descriptor, before the first batch)."""
+    loader's shared slot mapping (sent once, as a descriptor, before the first batch).
+
+    Under spawn and forkserver ``state`` comes pickled and is loaded here, so that a failure
+    to do so (the dataset's module failing to import in a fresh interpreter, say) reaches the
+    parent with its traceback instead of dying in multiprocessing's bootstrap."""
     # Ctrl-C goes to the whole process group; the parent decides, its workers do not.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if isinstance(state, bytes):
+        try:
+            state = pickle.loads(state)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                conn.send(("failed", traceback.format_exc()))
+            return
+    assert isinstance(state, _State)
     # One thread per worker process, as DataLoader's workers: N processes each running torch's
     # intra-op pool would oversubscribe the cores.
     torch = sys.modules.get("torch")
@@ -428,8 +442,9 @@ def _worker_main(conn: Any, state: _State) -> None:
 
 
 class _Worker:
-    def __init__(self, context: Any, number: int, state: _State) -> None:
+    def __init__(self, context: Any, number: int, state: _State | bytes) -> None:
         self.number = number
+        self.start_method: str = context.get_start_method()
         parent, child = context.Pipe()
         self.process = context.Process(
             target=_worker_main,
@@ -437,7 +452,8 @@ class _Worker:
             name=f"stoker-dataset-worker-{number}",
             daemon=True,
         )
-        self.process.start()
+        with _main_not_rerun(context):
+            self.process.start()
         child.close()
         self.conn = parent
         self.arena: int | None = None
@@ -479,6 +495,13 @@ class _Worker:
             self._died(doing)
         if reply[0] == "error":
             raise StokerError(f"dataset worker process {self.number} failed: {reply[1]}")
+        if reply[0] == "failed":
+            self.process.join(timeout=5.0)
+            raise DatasetError(
+                f"dataset worker process {self.number} could not load the dataset sent to it "
+                f"({self.start_method}): "
+                + _last_lines(reply[1])
+            )
         return reply
 
     def _died(self, doing: str) -> NoReturn:
@@ -506,9 +529,14 @@ class _ProcessBuilder:
     def __init__(self, state: _State, workers: int, context: Any) -> None:
         self._workers: list[_Worker] = []
         self._lock = threading.Lock()
+        # A fresh interpreter gets the state pickled here and loads it itself (see
+        # `_worker_main`); a forked worker inherits it as it is.
+        sent: _State | bytes = state
+        if context.get_start_method() != "fork":
+            sent = multiprocessing.reduction.ForkingPickler.dumps(state).tobytes()
         try:
             for number in range(workers):
-                self._workers.append(_Worker(context, number, state))
+                self._workers.append(_Worker(context, number, sent))
         except BaseException:
             self.close()
             raise
@@ -538,14 +566,66 @@ class _ProcessBuilder:
             worker.close()
 
 
+def _default_start_method() -> str:
+    """fork on Linux, as DataLoader: the workers start before any of the loader's own threads,
+    in milliseconds, sharing the parent's pages. Elsewhere fork is unsafe (macOS's system
+    libraries) or missing: forkserver where there is one, else spawn."""
+    methods = multiprocessing.get_all_start_methods()
+    if sys.platform.startswith("linux") and "fork" in methods:
+        return "fork"
+    return "forkserver" if "forkserver" in methods else "spawn"
+
+
+def _main_reimportable() -> bool:
+    """Whether a fresh interpreter can run the main module again, as spawn and forkserver do
+    to find what it defines: not when it came from stdin (``python -``) or an interactive
+    session."""
+    main = sys.modules.get("__main__")
+    if main is None or getattr(main, "__spec__", None) is not None:
+        return True
+    path = getattr(main, "__file__", None)
+    return path is None or os.path.isfile(path)
+
+
+@contextlib.contextmanager
+def _main_not_rerun(context: Any) -> Iterator[None]:
+    """Starts a spawn or forkserver worker without asking it to run a main module that
+    cannot be run again (a script read from stdin has ``__file__ == "<stdin>"``, which the
+    child would look for as a file and die on)."""
+    main = sys.modules.get("__main__")
+    if context.get_start_method() == "fork" or main is None or _main_reimportable():
+        yield
+        return
+    path = main.__dict__.pop("__file__", None)
+    try:
+        yield
+    finally:
+        if path is not None:
+            main.__file__ = path
+
+
+def _last_lines(text: str, count: int = 6) -> str:
+    """The end of a traceback, where the error is."""
+    lines = [line for line in text.strip().splitlines() if line.strip()]
+    return "\n".join(lines[-count:])
+
+
 def _context(name: object, dataset: Any) -> Any:
-    """The start method's context; a fork server preloads the dataset's module (and with it
-    torch or torchvision), so its workers start without importing them again."""
+    """The start method's context (default: :func:`_default_start_method`); a fork server
+    preloads the dataset's module (and with it torch or torchvision), so its workers start
+    without importing them again."""
     if name is None:
-        name = "forkserver" if "forkserver" in multiprocessing.get_all_start_methods() else "spawn"
+        name = _default_start_method()
     if name not in ("spawn", "forkserver", "fork"):
         raise ValueError(
             f"multiprocessing_context must be 'forkserver', 'spawn' or 'fork', got {name!r}"
+        )
+    if name != "fork" and type(dataset).__module__ == "__main__" and not _main_reimportable():
+        raise ValueError(
+            f"multiprocessing_context={name!r} starts a fresh interpreter, which cannot load "
+            f"the dataset: its class {type(dataset).__name__} is defined in a main module that "
+            "cannot be run again (a script read from stdin or an interactive session). Use "
+            "multiprocessing_context='fork', or define the class in a module"
         )
     context = multiprocessing.get_context(str(name))
     if name == "forkserver":

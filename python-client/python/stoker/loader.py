@@ -676,12 +676,17 @@ class Loader:
         - ``num_workers=0`` (default): ``num_threads`` threads of this process (default: as
           :class:`Loader`) each load whole batches. Fast when the code releases the GIL
           (PIL decoding and resizing, numpy); pure-Python code runs one thread at a time.
-        - ``num_workers=N``: N worker processes (``multiprocessing_context``:
-          ``"forkserver"``, the default where available, ``"spawn"`` (the dataset pickled once
-          to each) or ``"fork"`` (inherited; fastest to start and leanest, see the package
-          README for the figures and the caveat of forking a process with threads)). A worker loads a whole batch straight into its batch slot: the slots are one
-          shared mapping (``memfd``, not ``/dev/shm``), so there are no pickled batches, no
-          copy after the worker's, and memory stays bounded by the slots.
+        - ``num_workers=N``: N worker processes (``multiprocessing_context``: ``"fork"``,
+          the default on Linux as for DataLoader (inherited; fastest to start and leanest;
+          started before any of the loader's own threads, see the package README for the
+          caveat of forking a process with threads), ``"forkserver"`` (the default elsewhere
+          where available) or ``"spawn"`` (the dataset pickled once to each; a dataset class
+          defined in a script read from stdin cannot be loaded there and is refused by
+          name)). A worker loads a whole batch straight into its batch slot: the slots are
+          one shared mapping (``memfd``, not ``/dev/shm``), so there are no pickled batches,
+          no copy after the worker's, and memory stays bounded by the slots. A worker that
+          cannot load the dataset (its module failing to import there, say) raises
+          :class:`~stoker.DatasetError` with the end of its traceback.
 
         Determinism: :func:`stoker.sample_rng` (a numpy generator) and
         :func:`stoker.sample_seed` give the code a seed of (seed, epoch, index), the same for
