@@ -5,9 +5,9 @@
 //! loaders too.
 //!
 //! Control messages go to the coordinator; batches go from a worker straight to the client, on a
-//! stream the client opened, against credits the client granted. See `../shared/DESIGN.md`
-//! ("Data plane and control plane") for the contract; the worker daemon and the transport are
-//! in `stoker-worker`, the client in `crate::client::remote`.
+//! stream the client opened, against credits the client granted. See the repository's
+//! `ARCHITECTURE.md` ("Data plane and control plane") for the contract; the worker daemon and
+//! the transport are in `stoker-worker`, the client in `crate::client::remote`.
 
 mod client_reports;
 mod dashboard_feed;

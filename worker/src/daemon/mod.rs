@@ -5,8 +5,8 @@
 //!
 //! The daemon registers with the coordinator, leases tasks (one task is one batch), builds them
 //! with the same [`Job`](crate::Job) as the embedded loader and streams them to the client that
-//! owns the session, against the credits that client granted. See `../shared/DESIGN.md`
-//! ("Data plane and control plane") for the contract.
+//! owns the session, against the credits that client granted. See the repository's
+//! `ARCHITECTURE.md` ("Data plane and control plane") for the contract.
 
 mod client_stream;
 pub mod health;
