@@ -101,14 +101,7 @@ struct FenceState {
 impl FenceState {
     /// Waits for all work queued on the device's context so far.
     fn synchronize_device(&self) -> Result<(), DriverError> {
-        // SAFETY: the context is retained for the process's life; pushed and popped here.
-        unsafe {
-            sys::cuCtxPushCurrent_v2(self.context.0).result()?;
-            let synchronized = result::ctx::synchronize();
-            let mut popped = std::ptr::null_mut();
-            let _ = sys::cuCtxPopCurrent_v2(&mut popped);
-            synchronized
-        }
+        in_context(self.context.0, result::ctx::synchronize)
     }
 
     fn put_back(&self, event: Event) {
@@ -267,15 +260,7 @@ impl Cuda {
         call: &'static str,
         f: impl FnOnce() -> Result<T, DriverError>,
     ) -> Result<T, Unavailable> {
-        // SAFETY: the context is retained for the process's life.
-        unsafe { sys::cuCtxPushCurrent_v2(self.context) }
-            .result()
-            .map_err(|e| call_failed("cuCtxPushCurrent", e))?;
-        let out = f().map_err(|e| call_failed(call, e));
-        let mut popped = std::ptr::null_mut();
-        // SAFETY: pops the context pushed above.
-        let _ = unsafe { sys::cuCtxPopCurrent_v2(&mut popped) };
-        out
+        in_context(self.context, f).map_err(|e| call_failed(call, e))
     }
 
     /// Page-locks `len` bytes at `start` for every context (`CU_MEMHOSTREGISTER_PORTABLE`):
@@ -383,6 +368,21 @@ impl Cuda {
             self.shared.failed.load(Ordering::Relaxed),
         )
     }
+}
+
+/// Runs `f` with `context` current on the calling thread, then restores what was current
+/// before (a framework's thread keeps its own context).
+fn in_context<T>(
+    context: sys::CUcontext,
+    f: impl FnOnce() -> Result<T, DriverError>,
+) -> Result<T, DriverError> {
+    // SAFETY: the contexts given here are primary contexts retained for the process's life.
+    unsafe { sys::cuCtxPushCurrent_v2(context) }.result()?;
+    let out = f();
+    let mut popped = std::ptr::null_mut();
+    // SAFETY: pops the context pushed above.
+    let _ = unsafe { sys::cuCtxPopCurrent_v2(&mut popped) };
+    out
 }
 
 /// A context handle sent to the fence thread.
