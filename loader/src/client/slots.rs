@@ -204,9 +204,10 @@ impl SlotPool {
 
     /// Like [`SlotPool::new`] (or [`SlotPool::shared`] when `shared`), each slot page-locked by
     /// `cuda` when its first batch is handed out ([`SlotPool::pin_for_hand_out`]) and until the
-    /// pool is dropped (never per batch), so copies to the device read it by DMA and torch reports it pinned. The slots
-    /// (`capacity` times `slot_stride(slot_bytes)` bytes) are reserved against `budget_bytes`, the most
-    /// page-locked slot memory the pools of this process may hold together; when they do not
+    /// pool is dropped (never per batch), so copies to the device read it by DMA and torch
+    /// reports it pinned. The slots (`capacity` times `slot_stride(slot_bytes)` bytes) are
+    /// reserved against `budget_bytes`, the most page-locked slot memory the pools of this
+    /// process may hold together; when they do not
     /// fit, the error says how much the other pools hold. A shared pinned slot keeps its pages
     /// while it waits in the pool (a hole punched in locked memory would leave the device
     /// reading pages the process no longer sees).
@@ -282,8 +283,8 @@ impl SlotPool {
         })
     }
 
-    /// Whether every slot handed out so far is page-locked (or being locked): false for a
-    /// pool that does not pin, or where the driver refused a slot (it then stays pageable,
+    /// Whether no slot handed out so far was refused page-locking: false for a pool that does
+    /// not pin, or where the driver refused a slot (it then stays pageable,
     /// and works as one; [`SlotPool::pin_error`] says why).
     pub fn all_pinned(&self) -> bool {
         self.pinning.as_ref().is_some_and(|p| {
@@ -308,11 +309,15 @@ impl SlotPool {
     /// Whether `ptr` lies in a page-locked slot of this pool: the tensors of a batch
     /// outside its slot (labels, built apart) are not.
     pub fn holds_pinned(&self, ptr: *const u8) -> bool {
-        let (Some(pinning), Some(arena)) = (&self.pinning, &self.arena) else {
-            return false;
-        };
+        self.pinned_slot_of(ptr)
+            .is_some_and(|(pinning, index)| pinning.status(index) == PinStatus::Locked)
+    }
+
+    /// The pinning and the slot index of `ptr`, when the pool pins and `ptr` is in its arena.
+    fn pinned_slot_of(&self, ptr: *const u8) -> Option<(&Pinning, usize)> {
+        let (pinning, arena) = (self.pinning.as_ref()?, self.arena.as_ref()?);
         let offset = (ptr as usize).wrapping_sub(arena.base as usize);
-        offset < arena.size && pinning.status(offset / arena.stride) == PinStatus::Locked
+        (offset < arena.size).then(|| (pinning, offset / arena.stride))
     }
 
     /// Page-locks the slot holding `ptr` the first time a batch in it is handed out (in a
@@ -323,14 +328,9 @@ impl SlotPool {
     /// all at once. A slot the driver refuses stays pageable (it still works; copies from it
     /// are slower), and the pool says so ([`SlotPool::all_pinned`], [`SlotPool::pin_error`]).
     pub fn pin_for_hand_out(&self, ptr: *const u8) {
-        let (Some(pinning), Some(arena)) = (&self.pinning, &self.arena) else {
+        let (Some((pinning, index)), Some(arena)) = (self.pinned_slot_of(ptr), &self.arena) else {
             return;
         };
-        let offset = (ptr as usize).wrapping_sub(arena.base as usize);
-        if offset >= arena.size {
-            return;
-        }
-        let index = offset / arena.stride;
         let Ok(mut slots) = pinning.slots.lock() else {
             return;
         };

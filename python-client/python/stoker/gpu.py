@@ -118,12 +118,8 @@ def pin_device(torch: Any, pin_memory: bool) -> int | None:
     index = 0
     if torch is not None and torch.version.cuda is not None and torch.cuda.is_available():
         index = int(torch.cuda.current_device())
-    problem = (
-        _native.cuda_unavailable(index)
-        if _native.cuda_driver_present()
-        else "no CUDA driver: the NVIDIA driver's library (libcuda.so.1) cannot be loaded on "
-        "this machine"
-    )
+    # Names the missing driver itself, without loading anything it cannot.
+    problem = _native.cuda_unavailable(index)
     if problem is not None:
         warnings.warn(
             f"pin_memory=True, but the batch slots cannot be page-locked: {problem}. They stay "
