@@ -10,7 +10,13 @@ ResNet-18 and ResNet-50 from torchvision, bfloat16 autocast, channels_last, SGD,
 - Stoker, CPU output: ``stoker.Loader`` with ``--workers`` decode threads, uint8 NHWC in host
   memory; the loop copies and normalises as for DataLoader;
 - Stoker, device="cuda": the same loader delivering normalised bfloat16 channels_last batches
-  on the GPU (page-locked slots, the copy and the normalisation on the loader's own stream).
+  on the GPU (page-locked slots, the copy and the normalisation on the loader's own stream);
+- Stoker, decode="gpu" / decode="auto": the same, with the GPU decode lane taking every row
+  the JPEG engines decode, or a share of each batch by the measured rates.
+
+A row named ``ROW@N`` runs with N decode threads instead of ``--workers`` (``stoker-auto@7``:
+a node with fewer cores per GPU). A row named ``loader:ROW`` runs the loader alone, without
+the model (its images/s is what decoding and cropping deliver).
 
 Per row: images/s over ``--steps`` steps after ``--warmup`` (CUDA synchronised at both ends),
 its share of the ceiling, host wait % (time inside ``next()`` and the loop's own copy), GPU
@@ -101,7 +107,7 @@ def main() -> int:
             result["model"] = model_name
             if row == "ceiling":
                 ceiling = result["images_per_s"]
-            if ceiling:
+            if ceiling and result["trains"]:
                 result["share_of_ceiling"] = result["images_per_s"] / ceiling
                 result["ceiling_x_busy"] = ceiling * (1.0 - result["gpu_idle_fraction"])
             results.append(result)
@@ -164,9 +170,13 @@ def run_row(
     torch: Any, torchvision: Any, stoker: Any, model: Model, row: str, args: Any
 ) -> dict[str, Any]:
     batch = args.batch_size
+    alone, _, name = row.rpartition(":")
+    kind, _, threads = name.partition("@")
+    workers = int(threads) if threads else args.workers
+    train = alone != "loader"
     closers: list[Callable[[], None]] = []
     built = time.perf_counter()
-    if row == "ceiling":
+    if kind == "ceiling":
         images = torch.randn(batch, 3, CROP, CROP, device="cuda").contiguous(
             memory_format=torch.channels_last
         )
@@ -176,7 +186,7 @@ def run_row(
             return images, labels
 
         extra = {}
-    elif row == "dataloader":
+    elif kind == "dataloader":
         from torchvision.transforms import v2
 
         transform = v2.Compose(
@@ -191,7 +201,7 @@ def run_row(
             dataset,
             batch_size=batch,
             shuffle=True,
-            num_workers=args.workers,
+            num_workers=workers,
             pin_memory=True,
             drop_last=True,
             persistent_workers=True,
@@ -205,8 +215,8 @@ def run_row(
             )
 
         extra = {}
-    elif row in ("stoker-cpu", "stoker-cuda"):
-        on_device = row == "stoker-cuda"
+    elif kind in ("stoker-cpu", "stoker-cuda", "stoker-gpu", "stoker-auto"):
+        on_device = kind != "stoker-cpu"
         pipeline = stoker.vision.imagenet_train(CROP)
         options: dict[str, Any] = {}
         if on_device:
@@ -216,11 +226,13 @@ def run_row(
                 "dtype": "bfloat16",
                 "memory_format": "channels_last",
             }
+        if kind in ("stoker-gpu", "stoker-auto"):
+            options["decode"] = kind.removeprefix("stoker-")
         loader = stoker.Loader(
             str(args.data),
             pipeline=pipeline,
             batch_size=batch,
-            num_threads=args.workers,
+            num_threads=workers,
             drop_last=True,
             **options,
         )
@@ -259,7 +271,8 @@ def run_row(
         pairs.append((before, after))
         if first is None:
             first = time.perf_counter() - built
-        model.step(images, labels)
+        if train:
+            model.step(images, labels)
     torch.cuda.synchronize()
     seconds = time.perf_counter() - clock
     idle_ms = sum(b.elapsed_time(a) for b, a in pairs)
@@ -270,11 +283,17 @@ def run_row(
         "gpu_idle_fraction": min(1.0, idle_ms / 1e3 / seconds),
         "build_s": build_s,
         "first_batch_s": first,
+        "threads": workers,
+        "trains": train,
     }
     if "loader" in extra:
         stats = extra["loader"].stats()
         result["stoker_gpu_idle_fraction"] = stats["gpu_idle_fraction"]
         result["stoker_pinned"] = stats["pinned"]
+        result["gpu_decode"] = stats.get("gpu_decode")
+        split = extra["loader"].state_dict().get("decode_split")
+        if split is not None:
+            result["decode_split_sixteenths"] = split[1]
     for close in closers:
         close()
     return result
@@ -285,10 +304,19 @@ def print_row(r: dict[str, Any], flush: bool) -> None:
         f"{100 * r['share_of_ceiling']:5.1f}%" if "share_of_ceiling" in r else "   -  "
     )
     busy = f"{r['ceiling_x_busy']:8.0f}" if "ceiling_x_busy" in r else "       -"
+    lane = r.get("gpu_decode")
+    lane_text = ""
+    if lane:
+        lane_text = (
+            f"  lane {lane['rows']} rows, declined {lane['declined_rows']}, "
+            f"GPU {lane['gpu_rows_per_s']:.0f} / CPU {lane['cpu_rows_per_s']:.0f} rows/s, "
+            f"split {r.get('decode_split_sixteenths')}/16, "
+            f"{lane['memory_bytes'] >> 20} MiB"
+        )
     print(
-        f"{r['model']:9} {r['row']:12} {r['images_per_s']:8.0f} img/s {share} of ceiling  "
+        f"{r['model']:9} {r['row']:16} {r['images_per_s']:8.0f} img/s {share} of ceiling  "
         f"host wait {100 * r['host_wait_fraction']:5.1f}%  GPU idle {100 * r['gpu_idle_fraction']:5.1f}%  "
-        f"ceiling x busy {busy}  build {r['build_s']:.3f} s  first batch {r['first_batch_s']:.3f} s",
+        f"ceiling x busy {busy}  build {r['build_s']:.3f} s  first batch {r['first_batch_s']:.3f} s{lane_text}",
         flush=flush,
     )
 

@@ -24,13 +24,18 @@ pub use client::cuda::{
     driver_present as cuda_driver_present, Cuda, Fence, Unavailable as CudaUnavailable,
 };
 pub use client::embedded::EmbeddedSource;
+pub use client::gpu_decode::{
+    compile_kernel, cuda_library_dirs, Compiled, gpu_row, hardware_candidate, split_for_rates, CropItem,
+    DecodeMode, Decline, DeviceRows, GpuDecodeError, GpuDecodeOptions, GpuLane, LaneStats,
+    AUTO_START, DEFAULT_GPU_MEMORY, KERNEL, KERNEL_SOURCE, NVJPEG_TESTED_MAJORS, nvjpeg_version,
+};
 pub use client::loader::{Loader, LoaderOptions, PinOptions};
 pub use client::monitor::{LoaderMonitor, MonitorSnapshot};
 pub use client::prefetch::{
     ChangeReason, ControllerConfig, ControllerSnapshot, PrefetchController,
 };
 pub use client::remote::{RemoteOptions, RemoteSource};
-pub use client::slots::{PinnedPoolError, SharedMemory, Slot, SlotPool};
+pub use client::slots::{Attachment, PinnedPoolError, SharedMemory, Slot, SlotPool};
 pub use client::source::{receive, BatchSource, Built, EpochFeed, IdleClock, SourceInfo};
 pub use client::stats::LoaderStats;
 pub use client::stream::{EpochStream, INTERRUPT_CHECK};

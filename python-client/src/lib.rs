@@ -3,11 +3,13 @@
 //! API is the pure-Python `stoker` package; this module is its private engine.
 
 mod buffer;
+mod gpu_decode;
 mod dataset;
 mod errors;
 mod ops;
 
 use std::path::PathBuf;
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -153,7 +155,7 @@ impl NativeLoader {
 #[pymethods]
 impl NativeLoader {
     #[new]
-    #[pyo3(signature = (source, ops, batch_size, shuffle, seed, drop_last, num_threads, rank, world_size, prefetch, on_error, timeout_s, max_held_batches, max_prefetch_bytes = 2 << 30, dashboard = None, job_name = "python".to_string(), format = "auto", shuffle_window = 0, text_column = String::new(), address = None, worker_grace_s = 120.0, token = None, tls_ca = None, tls_server_name = None, mix = None, pin_device = None, pinned_budget = 0, release_streams = None))]
+    #[pyo3(signature = (source, ops, batch_size, shuffle, seed, drop_last, num_threads, rank, world_size, prefetch, on_error, timeout_s, max_held_batches, max_prefetch_bytes = 2 << 30, dashboard = None, job_name = "python".to_string(), format = "auto", shuffle_window = 0, text_column = String::new(), address = None, worker_grace_s = 120.0, token = None, tls_ca = None, tls_server_name = None, mix = None, pin_device = None, pinned_budget = 0, release_streams = None, decode = "cpu", gpu_memory = stoker_loader::DEFAULT_GPU_MEMORY, library_dirs = Vec::new()))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -185,7 +187,34 @@ impl NativeLoader {
         pin_device: Option<usize>,
         pinned_budget: u64,
         release_streams: Option<Py<PyAny>>,
+        decode: &str,
+        gpu_memory: usize,
+        library_dirs: Vec<PathBuf>,
     ) -> PyResult<Self> {
+        let mode = match decode {
+            "cpu" => None,
+            "gpu" => Some(stoker_loader::DecodeMode::Gpu),
+            "auto" => Some(stoker_loader::DecodeMode::Auto),
+            other => {
+                return Err(PyValueError::new_err(format!(
+                    "decode must be 'cpu', 'gpu' or 'auto', got {other:?}"
+                )))
+            }
+        };
+        let gpu_decode = match (mode, pin_device) {
+            (None, _) => None,
+            (Some(mode), Some(device)) => Some(stoker_loader::GpuDecodeOptions {
+                mode,
+                device,
+                memory_bytes: gpu_memory,
+                library_dirs,
+            }),
+            (Some(_), None) => {
+                return Err(PyValueError::new_err(
+                    "decode='gpu' or 'auto' needs a CUDA device to deliver to (device='cuda')",
+                ))
+            }
+        };
         let mut spec = job_spec(
             source.to_string_lossy().into_owned(),
             &ops,
@@ -220,6 +249,7 @@ impl NativeLoader {
             deadline: Duration::from_secs_f64(timeout_s),
             max_held_batches,
             pin: pin_options(pin_device, pinned_budget),
+            gpu_decode,
             ..LoaderOptions::default()
         };
         let token = token
@@ -487,8 +517,8 @@ impl NativeLoader {
         Ok(())
     }
 
-    /// The next batch as (epoch, step, tensors, sample_indices, bad_samples); None at the end
-    /// of the epoch. Waits with the GIL released.
+    /// The next batch as (epoch, step, tensors, sample_indices, bad_samples, device_rows);
+    /// None at the end of the epoch. Waits with the GIL released.
     fn next_batch<'py>(&mut self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyTuple>>> {
         self.loader()?;
         let release = self.release_for_stream();
@@ -496,7 +526,8 @@ impl NativeLoader {
             .stream
             .as_mut()
             .ok_or_else(|| raise(Kind::Stoker, "no epoch started: call start_epoch".into()))?;
-        wait_for_batch(py, release, |interrupted| {
+        let slots = self.stream_slots.clone();
+        wait_for_batch(py, release, slots, |interrupted| {
             stream.next_batch_checked(interrupted)
         })
     }
@@ -511,9 +542,31 @@ impl NativeLoader {
             .as_mut()
             .ok_or_else(|| raise(Kind::Stoker, "no epoch started: call start_epoch".into()))?;
         match stream.try_next_batch().map_err(from_loader)? {
-            Some(batch) => batch_tuple(py, batch, release).map(Some),
+            Some(batch) => batch_tuple(py, batch, release, self.stream_slots.clone()).map(Some),
             None => Ok(None),
         }
+    }
+
+    /// The GPU's share of `epoch`'s batches in sixteenths (decided at the epoch's start, then
+    /// kept); None without a GPU decode lane.
+    fn decode_split(&self, epoch: u64) -> PyResult<Option<u8>> {
+        Ok(self
+            .loader()?
+            .gpu_lane()
+            .map(|lane| lane.split_for_epoch(epoch)))
+    }
+
+    /// Sets the GPU's share of `epoch`'s batches (from a saved state), before the epoch starts.
+    fn set_decode_split(&self, epoch: u64, sixteenths: u8) -> PyResult<()> {
+        if sixteenths > 16 {
+            return Err(PyValueError::new_err(format!(
+                "a decode split is 0 to 16 sixteenths, got {sixteenths}"
+            )));
+        }
+        if let Some(lane) = self.loader()?.gpu_lane() {
+            lane.set_split(epoch, sixteenths);
+        }
+        Ok(())
     }
 
     /// Records that the consumer's GPU stream sat idle for `idle_s` seconds waiting for
@@ -557,6 +610,23 @@ impl NativeLoader {
         dict.set_item("pin_error", loader.slots().pin_error())?;
         dict.set_item("gpu_idle_s", stats.gpu_idle_s)?;
         dict.set_item("gpu_span_s", stats.gpu_span_s)?;
+        let lane_stats = match loader.gpu_lane() {
+            Some(lane) => {
+                let counts = lane.stats();
+                let entry = PyDict::new(py);
+                entry.set_item("hardware", lane.hardware())?;
+                entry.set_item("rows", counts.gpu_rows.load(Ordering::Relaxed))?;
+                entry.set_item("declined_rows", counts.declined_rows.load(Ordering::Relaxed))?;
+                entry.set_item("fallback_rows", counts.fallback_rows.load(Ordering::Relaxed))?;
+                entry.set_item("gpu_rows_per_s", counts.gpu_rate())?;
+                entry.set_item("cpu_rows_per_s", counts.cpu_rate())?;
+                entry.set_item("memory_bytes", lane.memory_bytes())?;
+                entry.set_item("memory_cap", lane.memory_cap())?;
+                Some(entry)
+            }
+            None => None,
+        };
+        dict.set_item("gpu_decode", lane_stats)?;
         if let Some(address) = &self.address {
             dict.set_item("address", address)?;
         }
@@ -709,6 +779,7 @@ pub(crate) fn job_spec(
 fn wait_for_batch<'py>(
     py: Python<'py>,
     release: Option<(Arc<ReleaseFences>, Arc<stoker_loader::SlotPool>)>,
+    slots: Option<Arc<stoker_loader::SlotPool>>,
     next: impl Send + FnOnce(&mut dyn FnMut() -> bool) -> stoker_loader::Result<Option<proto::Batch>>,
 ) -> PyResult<Option<Bound<'py, PyTuple>>> {
     let mut signal: Option<PyErr> = None;
@@ -728,18 +799,28 @@ fn wait_for_batch<'py>(
         (batch, _) => batch.map_err(from_loader)?,
     };
     match batch {
-        Some(batch) => batch_tuple(py, batch, release).map(Some),
+        Some(batch) => batch_tuple(py, batch, release, slots).map(Some),
         None => Ok(None),
     }
 }
 
 /// A batch as Python sees it: (epoch, step, [(name, dtype, shape, Buffer)], sample_indices,
-/// [bad sample dicts]). Tensor bytes are shared, not copied.
+/// [bad sample dicts], DeviceRows or None). Tensor bytes are shared, not copied; the last item
+/// holds the rows the GPU decode lane left on the GPU.
 fn batch_tuple(
     py: Python<'_>,
     batch: proto::Batch,
     release: Option<(Arc<ReleaseFences>, Arc<stoker_loader::SlotPool>)>,
+    slots: Option<Arc<stoker_loader::SlotPool>>,
 ) -> PyResult<Bound<'_, PyTuple>> {
+    let device_rows = match (&slots, batch.tensors.first()) {
+        (Some(slots), Some(first)) => {
+            gpu_decode::DeviceRows::of_slot(slots, first.data.as_ptr())
+                .map(|rows| Bound::new(py, rows))
+                .transpose()?
+        }
+        _ => None,
+    };
     let tensors = PyList::empty(py);
     for tensor in batch.tensors {
         let shape = PyTuple::new(py, tensor.shape.iter().copied())?;
@@ -761,7 +842,15 @@ fn batch_tuple(
         entry.set_item("substitute_index", sample.substitute_index)?;
         bad.append(entry)?;
     }
-    (batch.epoch, batch.step, tensors, batch.sample_indices, bad).into_pyobject(py)
+    (
+        batch.epoch,
+        batch.step,
+        tensors,
+        batch.sample_indices,
+        bad,
+        device_rows,
+    )
+        .into_pyobject(py)
 }
 
 /// Page-locking for a loader: on `pin_device` within `pinned_budget` bytes, or none.
@@ -979,6 +1068,10 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     }
     m.add_class::<NativeLoader>()?;
     m.add_class::<Buffer>()?;
+    m.add_class::<gpu_decode::DeviceRows>()?;
+    m.add("DEFAULT_GPU_MEMORY", stoker_loader::DEFAULT_GPU_MEMORY)?;
+    m.add_function(wrap_pyfunction!(gpu_decode::gpu_decode_unavailable, m)?)?;
+    m.add_function(wrap_pyfunction!(gpu_decode::compile_gpu_kernel, m)?)?;
     m.add_class::<dataset::ImagePipeline>()?;
     m.add_function(wrap_pyfunction!(make_dataset, m)?)?;
     m.add_function(wrap_pyfunction!(cuda_unavailable, m)?)?;

@@ -5,7 +5,9 @@
 use std::path::Path;
 use std::sync::Arc;
 
-use crate::batch::{AssembledBatch, BatchAssembler, BatchKey, MixedAssembler, MixedPart};
+use crate::batch::{
+    AssembledBatch, BatchAssembler, BatchKey, ImageDiverter, MixedAssembler, MixedPart,
+};
 use crate::error::{Error, Result};
 use crate::job_pipeline::JobPipeline;
 use crate::plan::mix::source_seed;
@@ -513,6 +515,51 @@ impl Job {
         self.read_ahead(plan, step, &indices);
         let (assembled, indices) = self.assemble(key, indices, slot.as_mut_slice())?;
         Ok(assembled.into_proto(&indices, slot.into_bytes()))
+    }
+
+    /// Builds batch `step` of `plan` into `buffer` (its [`Job::batch_bytes`]), leaving the image
+    /// rows that `diverter` takes for it to fill; returns the batch's tensors and labels with
+    /// the dataset index of each sample, which [`AssembledBatch::into_proto`] turns into the
+    /// batch once those rows are in. A mix is built whole here (nothing is offered).
+    pub fn assemble_step(
+        &self,
+        plan: &EpochPlan,
+        step: u64,
+        buffer: &mut [u8],
+        diverter: Option<&dyn ImageDiverter>,
+    ) -> Result<(AssembledBatch, Vec<u64>)> {
+        let (key, indices) = self.batch_key(plan, step)?;
+        self.read_ahead(plan, step, &indices);
+        match &self.builder {
+            Builder::Single(assembler) => Ok((
+                assembler.assemble_diverted(key, &indices, buffer, diverter)?,
+                indices,
+            )),
+            Builder::Mixed(mixed) => mixed.assemble_into(key, &indices, buffer),
+        }
+    }
+
+    /// Builds one image row of `epoch` on the CPU for `sample` (the row's sample in dataset
+    /// order), under the bad-input policy; returns the label of the sample read. For a row that
+    /// [`Job::assemble_step`]'s diverter took and could not build.
+    pub fn image_row(&self, epoch: u64, sample: u64, dest: &mut [u8]) -> Result<i64> {
+        match &self.builder {
+            Builder::Single(assembler) => assembler.image_row(epoch, sample, dest),
+            Builder::Mixed(_) => Err(Error::InvalidSpec(
+                "rows of a mix are not built one by one".into(),
+            )),
+        }
+    }
+
+    /// The image pipeline, for a job of one source with one (`None` for mixes and other kinds).
+    pub fn image_pipeline(&self) -> Option<&crate::pipeline::Pipeline> {
+        match &self.builder {
+            Builder::Single(assembler) => match assembler.pipeline() {
+                JobPipeline::Image(pipeline) => Some(pipeline),
+                _ => None,
+            },
+            Builder::Mixed(_) => None,
+        }
     }
 
     /// Tells the sources that batch `step` (`indices`) and the one after it are read now: one

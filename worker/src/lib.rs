@@ -56,7 +56,8 @@ pub mod presets;
 mod rng;
 
 pub use batch::{
-    mix_samples, AssembledBatch, BatchAssembler, BatchKey, TensorLayout, MAX_SUBSTITUTE_TRIES,
+    mix_samples, AssembledBatch, BatchAssembler, BatchKey, DivertedImage, ImageDiverter,
+    TensorLayout, MAX_SUBSTITUTE_TRIES,
 };
 pub use daemon::{
     canonical_roots, daemon_runtime, health, init_logging, listen, run_worker, security,

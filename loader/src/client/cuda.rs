@@ -57,7 +57,7 @@ fn call_failed(call: &'static str, error: DriverError) -> Unavailable {
 }
 
 /// A driver error as its name and text (`CUDA_ERROR_INVALID_VALUE: invalid argument`).
-fn describe(error: DriverError) -> String {
+pub(crate) fn describe(error: DriverError) -> String {
     let name = error
         .error_name()
         .map(|n| n.to_string_lossy().into_owned())
@@ -253,9 +253,29 @@ impl Cuda {
         &self.name
     }
 
+    /// The device's compute capability (major, minor).
+    pub fn compute_capability(&self) -> Result<(i32, i32), Unavailable> {
+        let device = result::device::get(self.ordinal as i32)
+            .map_err(|e| call_failed("cuDeviceGet", e))?;
+        let attribute = |which| {
+            // SAFETY: a plain query of a valid device.
+            unsafe { result::device::get_attribute(device, which) }
+                .map_err(|e| call_failed("cuDeviceGetAttribute", e))
+        };
+        Ok((
+            attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR)?,
+            attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR)?,
+        ))
+    }
+
+    /// The device's primary context (retained for the process's life).
+    pub(crate) fn context(&self) -> sys::CUcontext {
+        self.context
+    }
+
     /// Runs `f` with this device's context current on the calling thread, then restores what
     /// was current before (a framework's thread keeps its own context).
-    fn in_context<T>(
+    pub(crate) fn in_context<T>(
         &self,
         call: &'static str,
         f: impl FnOnce() -> Result<T, DriverError>,

@@ -17,6 +17,7 @@ use std::time::{Duration, Instant};
 use crossbeam_channel::{Receiver, Sender};
 use stoker_worker::{EpochPlan, Job};
 
+use super::gpu_decode::{GpuDecodeOptions, GpuLane, LaneTask};
 use super::monitor::LoaderMonitor;
 use super::slots::Slot;
 use super::source::{receive, BatchSource, Built, EpochFeed, IdleClock, SourceInfo};
@@ -30,19 +31,41 @@ struct Task {
     slot: Slot,
     reply: Sender<Built>,
     cancelled: Arc<AtomicBool>,
+    /// Sixteenths of the batch offered to the GPU lane (0: none).
+    gpu_sixteenths: u8,
 }
 
-/// A job built by decode threads in this process.
+/// A job built by decode threads in this process, and by a GPU decode lane beside them when
+/// one is asked for.
 pub struct EmbeddedSource {
     job: Arc<Job>,
     info: SourceInfo,
     tasks: Sender<Task>,
     idle: IdleClock,
+    lane: Option<Arc<GpuLane>>,
 }
 
 impl EmbeddedSource {
     /// Starts `threads` decode threads (0: one per available core) and the producer thread.
     pub fn start(job: Job, threads: usize) -> Result<EmbeddedSource> {
+        Self::start_with(job, threads, None)
+    }
+
+    /// Like [`EmbeddedSource::start`], with the GPU decode lane `gpu` asks for (which fails
+    /// the start when it cannot run: no driver, no nvJPEG, a job it cannot build).
+    pub fn start_with(
+        job: Job,
+        threads: usize,
+        gpu: Option<&GpuDecodeOptions>,
+    ) -> Result<EmbeddedSource> {
+        let lane = gpu
+            .map(|options| {
+                let batch = job.plan_config().batch_size as usize;
+                GpuLane::start(options, &job, batch)
+                    .map(Arc::new)
+                    .map_err(|e| Error::Gpu(e.to_string()))
+            })
+            .transpose()?;
         let threads = if threads == 0 {
             std::thread::available_parallelism().map_or(1, |n| n.get())
         } else {
@@ -71,9 +94,10 @@ impl EmbeddedSource {
         let idle = IdleClock::default();
         {
             let idle = idle.clone();
+            let lane = lane.clone();
             std::thread::Builder::new()
                 .name("stoker-producer".into())
-                .spawn(move || produce(pool, queue, idle))
+                .spawn(move || produce(pool, queue, idle, lane))
                 .map_err(|e| Error::Threads(e.to_string()))?;
         }
         Ok(EmbeddedSource {
@@ -81,6 +105,7 @@ impl EmbeddedSource {
             info,
             tasks,
             idle,
+            lane,
         })
     }
 
@@ -110,17 +135,32 @@ impl BatchSource for EmbeddedSource {
             receiver,
             cancelled: Arc::new(AtomicBool::new(false)),
             idle: self.idle.clone(),
+            gpu_sixteenths: self
+                .lane
+                .as_ref()
+                .map_or(0, |lane| lane.split_for_epoch(epoch)),
         }))
     }
 
     fn cache_stats(&self) -> Option<stoker_datasets::CacheStats> {
         self.job.cache_stats()
     }
+
+    fn gpu_lane(&self) -> Option<&GpuLane> {
+        self.lane.as_deref()
+    }
 }
 
 /// Builds queued steps one at a time, each with every pool thread on its samples; stops when
-/// the source (the last sender) is gone.
-fn produce(pool: rayon::ThreadPool, queue: Receiver<Task>, idle: IdleClock) {
+/// the source (the last sender) is gone. With a GPU lane, a step's GPU rows go to the lane once
+/// its CPU rows are built, and the lane sends the batch on, so the threads start the next step
+/// while the GPU works.
+fn produce(
+    pool: rayon::ThreadPool,
+    queue: Receiver<Task>,
+    idle: IdleClock,
+    lane: Option<Arc<GpuLane>>,
+) {
     loop {
         let asked = Instant::now();
         let Ok(task) = queue.recv() else {
@@ -130,37 +170,103 @@ fn produce(pool: rayon::ThreadPool, queue: Receiver<Task>, idle: IdleClock) {
         if task.cancelled.load(Ordering::Relaxed) {
             continue;
         }
-        let Task {
-            job,
-            plan,
-            step,
-            slot,
-            reply,
-            ..
-        } = task;
-        let started = Instant::now();
-        let result = pool.install(|| {
-            catch_unwind(AssertUnwindSafe(|| {
-                job.batch_into(&plan, step, slot).map_err(Error::from)
-            }))
-            .unwrap_or_else(|panic| {
-                let message = panic
-                    .downcast_ref::<&str>()
-                    .map(|s| s.to_string())
-                    .or_else(|| panic.downcast_ref::<String>().cloned())
-                    .unwrap_or_else(|| "unknown panic".into());
-                Err(Error::Stopped(format!(
-                    "a decode thread panicked building step {step}: {message}"
-                )))
-            })
-        });
-        // A stream that went away no longer wants the batch; that is not an error.
+        match &lane {
+            Some(lane) if task.gpu_sixteenths > 0 => build_with_lane(&pool, lane, task),
+            _ => build(&pool, task),
+        }
+    }
+}
+
+/// The message of a decode thread's panic.
+fn panic_message(step: u64, panic: Box<dyn std::any::Any + Send>) -> Error {
+    let message = panic
+        .downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| panic.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "unknown panic".into());
+    Error::Stopped(format!(
+        "a decode thread panicked building step {step}: {message}"
+    ))
+}
+
+/// Builds a step on the pool alone and sends it.
+fn build(pool: &rayon::ThreadPool, task: Task) {
+    let Task {
+        job,
+        plan,
+        step,
+        slot,
+        reply,
+        ..
+    } = task;
+    let started = Instant::now();
+    let result = pool.install(|| {
+        catch_unwind(AssertUnwindSafe(|| {
+            job.batch_into(&plan, step, slot).map_err(Error::from)
+        }))
+        .unwrap_or_else(|panic| Err(panic_message(step, panic)))
+    });
+    // A stream that went away no longer wants the batch; that is not an error.
+    let _ = reply.send(Built {
+        step,
+        service: started.elapsed(),
+        result,
+    });
+}
+
+/// Builds a step's CPU rows on the pool, offering the GPU's share to the lane, then hands the
+/// rest to the lane (or sends the batch when the lane took nothing).
+fn build_with_lane(pool: &rayon::ThreadPool, lane: &GpuLane, task: Task) {
+    let Task {
+        job,
+        plan,
+        step,
+        mut slot,
+        reply,
+        gpu_sixteenths,
+        ..
+    } = task;
+    let started = Instant::now();
+    let diverter = lane.diverter(gpu_sixteenths);
+    let assembled = pool.install(|| {
+        catch_unwind(AssertUnwindSafe(|| {
+            job.assemble_step(&plan, step, slot.as_mut_slice(), Some(&diverter))
+                .map_err(Error::from)
+        }))
+        .unwrap_or_else(|panic| Err(panic_message(step, panic)))
+    });
+    let (assembled, indices) = match assembled {
+        Ok(built) => built,
+        Err(error) => {
+            let _ = reply.send(Built {
+                step,
+                service: started.elapsed(),
+                result: Err(error),
+            });
+            return;
+        }
+    };
+    let items = diverter.into_items();
+    lane.note_cpu(indices.len() - items.len(), started.elapsed());
+    if items.is_empty() {
         let _ = reply.send(Built {
             step,
             service: started.elapsed(),
-            result,
+            result: Ok(assembled.into_proto(&indices, slot.into_bytes())),
         });
+        return;
     }
+    lane.submit(LaneTask {
+        job,
+        epoch: plan.epoch(),
+        step,
+        slot,
+        assembled,
+        indices,
+        items,
+        reply,
+        started,
+    });
 }
 
 /// One epoch of an [`EmbeddedSource`].
@@ -172,6 +278,7 @@ struct EmbeddedFeed {
     receiver: Receiver<Built>,
     cancelled: Arc<AtomicBool>,
     idle: IdleClock,
+    gpu_sixteenths: u8,
 }
 
 impl EpochFeed for EmbeddedFeed {
@@ -188,6 +295,7 @@ impl EpochFeed for EmbeddedFeed {
             slot,
             reply: self.reply.clone(),
             cancelled: Arc::clone(&self.cancelled),
+            gpu_sixteenths: self.gpu_sixteenths,
         };
         if self.tasks.send(task).is_err() {
             tracing::error!(step, "the producer thread is gone");

@@ -11,6 +11,7 @@ use stoker_worker::Job;
 
 use super::cuda::Cuda;
 use super::embedded::EmbeddedSource;
+use super::gpu_decode::{GpuDecodeOptions, GpuLane};
 use super::monitor::LoaderMonitor;
 use super::prefetch::{ControllerConfig, ControllerSnapshot, PrefetchController};
 use super::remote::{RemoteOptions, RemoteSource};
@@ -41,6 +42,9 @@ pub struct LoaderOptions {
     pub prefetch_next_epoch: bool,
     /// Page-lock the batch slots for a GPU; `None` (default): plain memory.
     pub pin: Option<PinOptions>,
+    /// A GPU decode lane beside the decode threads (embedded mode only); `None` (default):
+    /// every image is decoded on the CPU.
+    pub gpu_decode: Option<GpuDecodeOptions>,
 }
 
 /// Page-locked batch slots ([`SlotPool::pinned`]).
@@ -65,6 +69,7 @@ impl Default for LoaderOptions {
             max_held_batches: 4,
             prefetch_next_epoch: true,
             pin: None,
+            gpu_decode: None,
         }
     }
 }
@@ -132,7 +137,7 @@ impl Loader {
 
     /// The embedded mode over an opened job.
     pub fn from_job(job: Job, options: LoaderOptions) -> Result<Loader> {
-        let source = EmbeddedSource::start(job, options.threads)?;
+        let source = EmbeddedSource::start_with(job, options.threads, options.gpu_decode.as_ref())?;
         Self::with_source(Box::new(source), options)
     }
 
@@ -144,6 +149,13 @@ impl Loader {
         options: LoaderOptions,
         remote: RemoteOptions,
     ) -> Result<Loader> {
+        if options.gpu_decode.is_some() {
+            return Err(Error::Gpu(
+                "the GPU decode lane runs beside the decode threads of the embedded mode; the \
+                 workers of a coordinator decode on their CPUs"
+                    .into(),
+            ));
+        }
         let source = RemoteSource::connect(address, spec, remote)?;
         Self::with_source(Box::new(source), options)
     }
@@ -298,6 +310,11 @@ impl Loader {
             .controller
             .as_ref()
             .and_then(|c| c.lock().ok().map(|c| c.snapshot()))
+    }
+
+    /// The GPU decode lane, when the loader has one.
+    pub fn gpu_lane(&self) -> Option<&GpuLane> {
+        self.core.source.gpu_lane()
     }
 
     /// The pool of batch buffers.

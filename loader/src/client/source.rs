@@ -11,6 +11,7 @@ use std::time::Duration;
 use crossbeam_channel::{Receiver, RecvTimeoutError};
 use stoker_proto::v1::Batch;
 
+use super::gpu_decode::GpuLane;
 use super::monitor::LoaderMonitor;
 use super::slots::Slot;
 use crate::error::{Error, Result};
@@ -69,6 +70,11 @@ pub trait BatchSource: Send + Sync {
 
     /// The object cache's counters, for sources read through one.
     fn cache_stats(&self) -> Option<stoker_datasets::CacheStats> {
+        None
+    }
+
+    /// The GPU decode lane beside the source's decode threads, when it has one.
+    fn gpu_lane(&self) -> Option<&GpuLane> {
         None
     }
 }

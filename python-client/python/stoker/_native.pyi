@@ -42,6 +42,7 @@ class NativeStats(TypedDict):
     pin_error: str | None
     gpu_idle_s: float
     gpu_span_s: float
+    gpu_decode: GpuDecodeStats | None
     address: NotRequired[str]
 
 @final
@@ -68,8 +69,36 @@ class Buffer:
 TensorEntry = tuple[str, TensorDtype, tuple[int, ...], Buffer]
 """``(name, dtype, shape, data)``: ``"image"`` first, then ``"label"`` (int64, ``(n,)``)."""
 
-NativeBatch = tuple[int, int, list[TensorEntry], list[int], list[BadSample]]
-"""``(epoch, step, tensors, sample_indices, bad_samples)``."""
+class GpuDecodeStats(TypedDict):
+    """What the GPU decode lane did so far."""
+
+    hardware: bool
+    rows: int
+    declined_rows: int
+    fallback_rows: int
+    gpu_rows_per_s: float
+    cpu_rows_per_s: float
+    memory_bytes: int
+    memory_cap: int
+
+@final
+class DeviceRows:
+    """The rows of one batch that the GPU decode lane decoded, still on the GPU: uint8
+    ``shape`` (rows, height, width, 3), row ``k`` being the batch's row ``positions[k]``; valid
+    while the batch's image buffer is alive."""
+
+    positions: Final[list[int]]
+    shape: Final[tuple[int, int, int, int]]
+    device: Final[int]
+    __cuda_array_interface__: Final[dict[str, Any]]
+    def wait(self, stream: int) -> None:
+        """Makes CUDA stream ``stream`` (of the rows' device; 0: the legacy default stream)
+        wait on the GPU until the rows are written."""
+
+NativeBatch = tuple[
+    int, int, list[TensorEntry], list[int], list[BadSample], DeviceRows | None
+]
+"""``(epoch, step, tensors, sample_indices, bad_samples, device_rows)``."""
 
 @final
 class NativeLoader:
@@ -117,6 +146,9 @@ class NativeLoader:
         pin_device: int | None = None,
         pinned_budget: int = 0,
         release_streams: Callable[[], list[int]] | None = None,
+        decode: Literal["cpu", "gpu", "auto"] = "cpu",
+        gpu_memory: int = 1 << 30,
+        library_dirs: list[str] = ...,
     ) -> None:
         """Opens ``source`` and checks ``ops``; with ``mix`` (sources as (uri, ops, weight,
         format, text column), window, epoch rule, epoch samples) it mixes those sources instead
@@ -127,11 +159,13 @@ class NativeLoader:
         every call carries ``token`` (else ``STOKER_TOKEN``'s), over TLS trusting ``tls_ca``.
         With ``pin_device`` the slots are page-locked by that CUDA device's driver within
         ``pinned_budget`` bytes (this process's loaders together); ``release_streams`` names
-        the streams a released batch's slot is fenced on.
+        the streams a released batch's slot is fenced on. ``decode`` ``"gpu"`` or ``"auto"``
+        (with ``pin_device``) starts the GPU decode lane on that device within ``gpu_memory``
+        bytes, loading nvJPEG and NVRTC from ``library_dirs`` first.
 
         Raises:
             GpuUnavailableError: ``pin_device`` given but the driver cannot page-lock, or the
-                slots do not fit ``pinned_budget``.
+                slots do not fit ``pinned_budget``, or the GPU decode lane cannot start.
             PipelineError: ``ops`` is not a supported pipeline.
             FileNotFoundError: ``source`` does not exist.
             PermissionError: distributed mode: ``source`` is outside the workers' data roots.
@@ -191,6 +225,11 @@ class NativeLoader:
     def try_next_batch(self) -> NativeBatch | None:
         """The next batch if it has already arrived, else ``None`` (also at the end of the
         epoch); never waits."""
+    def decode_split(self, epoch: int) -> int | None:
+        """The GPU decode lane's share of ``epoch``'s batches in sixteenths (decided when the
+        epoch starts, then kept); None without a lane."""
+    def set_decode_split(self, epoch: int, sixteenths: int) -> None:
+        """Sets the lane's share of ``epoch``'s batches (from a saved state)."""
     def record_gpu_idle(self, idle_s: float, span_s: float) -> None:
         """Counts ``idle_s`` seconds the consumer's GPU stream waited for batches, over
         ``span_s`` seconds of its time (stats, dashboard, prefetch controller)."""
@@ -305,6 +344,8 @@ MAX_SIDE: Final[int]
 MAX_SEQ_LEN: Final[int]
 """The longest token row."""
 DEFAULT_MAX_PIXELS: Final[int]
+DEFAULT_GPU_MEMORY: Final[int]
+"""The GPU decode lane's device memory when ``gpu_memory`` is not given (1 GiB)."""
 """DecodeImage's pixel limit when none is given."""
 
 def op_schema() -> list[OpSchema]:
@@ -399,6 +440,17 @@ def cuda_unavailable(ordinal: int) -> str | None:
 
 def cuda_driver_present() -> bool:
     """Whether the CUDA driver's library can be loaded (starts nothing)."""
+
+def gpu_decode_unavailable(ordinal: int, library_dirs: list[str] = ...) -> str | None:
+    """None when the GPU decode lane can run on CUDA device ``ordinal`` (driver, nvJPEG of a
+    tested version, NVRTC compiling the kernel), else what is missing."""
+
+def compile_gpu_kernel(library_dirs: list[str] = ...) -> str:
+    """Compiles the GPU lane's crop kernel with NVRTC (no GPU needed); returns the PTX.
+
+    Raises:
+        RuntimeError: no libnvrtc, or the kernel does not compile (the message says which).
+    """
 
 class TlsError(StokerError, ConnectionError):
     """Distributed mode: TLS failed (unknown CA, wrong name, or TLS on one side only)."""

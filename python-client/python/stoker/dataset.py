@@ -852,7 +852,7 @@ class DatasetLoader(Loader):
         )
 
     def _to_batch(self, item: Any) -> tuple[int, Any, list[int], list[Any]]:
-        _, step, tensors, indices, bad = item
+        _, step, tensors, indices, bad, _ = item
         n = len(indices)
         leaves = []
         for (_, _, _, data), field in zip(tensors, self._layout.fields):

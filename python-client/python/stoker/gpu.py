@@ -16,12 +16,20 @@ the time the GPU sat idle waiting for a batch.
 - **GPU idle** (:class:`GpuIdleMeter`): events on the consumer's stream around each
   ``next()`` give how long the GPU sat idle waiting for a batch, which differs from the host's
   wait inside ``next()`` when the training loop runs ahead of the GPU.
+- **GPU decode lane** (``decode="gpu"`` or ``"auto"`` with ``device="cuda"``): the native
+  loader decodes part of each image batch with nvJPEG and crops it with one kernel, leaving
+  those rows on the GPU; :meth:`DeviceStage.stage` merges them into the device batch after
+  copying the slot's rows, before the tail. :func:`cuda_library_dirs` tells it where the pip
+  wheels' CUDA libraries are.
 """
 
 from __future__ import annotations
 
+import glob
+import logging
 import math
 import os
+import sys
 import warnings
 from collections import deque
 from collections.abc import Callable, Sequence
@@ -80,6 +88,76 @@ def check_budget(budget: object) -> int:
             f"pinned_memory_budget must be a positive number of bytes (per node), got {budget!r}"
         )
     return budget
+
+
+_log = logging.getLogger("stoker")
+
+_DECODES = ("cpu", "gpu", "auto")
+
+# The least gpu_memory taken: the lane needs room for two batches of rows and its decoding.
+_MIN_GPU_MEMORY = 64 << 20
+
+
+def check_decode(
+    decode: object, gpu_memory: object, device_index: int | None, address: str | None
+) -> tuple[str, int]:
+    """Checks ``decode`` and ``gpu_memory``; returns the decode to ask for (``"auto"`` without
+    a device to deliver to is ``"cpu"``) and the lane's memory in bytes."""
+    if decode not in _DECODES:
+        raise ValueError(f"decode must be 'cpu', 'gpu' or 'auto', got {decode!r}")
+    memory = _native.DEFAULT_GPU_MEMORY
+    if gpu_memory is not None:
+        if (
+            not isinstance(gpu_memory, int)
+            or isinstance(gpu_memory, bool)
+            or gpu_memory < _MIN_GPU_MEMORY
+        ):
+            raise ValueError(
+                f"gpu_memory must be an int of at least {_MIN_GPU_MEMORY} bytes (the GPU "
+                f"decode lane's device memory), got {gpu_memory!r}"
+            )
+        memory = gpu_memory
+    if decode == "cpu":
+        if gpu_memory is not None:
+            raise ValueError("gpu_memory sizes the GPU decode lane: give decode='gpu' or 'auto'")
+        return "cpu", memory
+    if address is not None:
+        raise ValueError(
+            f"decode={decode!r} runs beside the decode threads of the embedded mode; a "
+            "coordinator's workers decode on their CPUs: leave decode unset with address="
+        )
+    if device_index is None:
+        if decode == "gpu":
+            raise ValueError(
+                "decode='gpu' decodes on the GPU the batches are delivered to: give "
+                "device='cuda' (or 'cuda:N')"
+            )
+        return "cpu", memory
+    return str(decode), memory
+
+
+def cuda_library_dirs() -> list[str]:
+    """Folders of NVIDIA's pip wheels that may hold nvJPEG and NVRTC (``nvidia/*/lib`` on
+    ``sys.path``), searched before the CUDA toolkit's."""
+    found: list[str] = []
+    for entry in sys.path:
+        for lib in sorted(glob.glob(os.path.join(entry or ".", "nvidia", "*", "lib"))):
+            if os.path.isdir(lib) and lib not in found:
+                found.append(lib)
+    return found
+
+
+def lane_decode(decode: str, index: int) -> str:
+    """``decode`` when the GPU decode lane can run on device ``index``; for ``"auto"`` where
+    it cannot, ``"cpu"`` (logged once); for ``"gpu"`` a :class:`~stoker.GpuUnavailableError`
+    naming what is missing."""
+    problem = _native.gpu_decode_unavailable(index, cuda_library_dirs())
+    if problem is None:
+        return decode
+    if decode == "gpu":
+        raise GpuUnavailableError(f"decode='gpu' cannot run on cuda:{index}: {problem}")
+    _log.info("decode='auto' decodes on the CPU: the GPU lane cannot run (%s)", problem)
+    return "cpu"
 
 
 def release_streams(torch: Any, index: int) -> Callable[[], list[int]]:
@@ -255,12 +333,14 @@ class DeviceStage:
         self.stream.synchronize()
 
     def stage(
-        self, tensors: Sequence[tuple[str, str, tuple[int, ...], Any]]
+        self, tensors: Sequence[tuple[str, str, tuple[int, ...], Any]], rows: Any = None
     ) -> tuple[dict[str, Any], Any]:
         """Queues the copy of every tensor of a batch (``(name, dtype, shape, Buffer)``), and
         the image's tail, on the stage's stream; returns the device tensors and the event
-        that says they are ready. Each host slot is fenced on the stream after its copy, so
-        it returns to the pool only once the copy has read it."""
+        that says they are ready. ``rows`` (a native ``DeviceRows``): the image rows the GPU
+        decode lane left on the device, copied over their places after the slot's rows. Each
+        host slot is fenced on the stream after its copies (the lane's rows live as long as
+        their slot), so it returns to the pool only once they have read it."""
         torch = self._torch
         out: dict[str, Any] = {}
         with torch.cuda.stream(self.stream):
@@ -276,7 +356,11 @@ class DeviceStage:
                     # copy from pageable memory would wait for the stream's earlier copies.
                     host = host.pin_memory()
                 device = torch.empty(shape, dtype=host.dtype, device=self.device)
-                device.copy_(host, non_blocking=True)
+                lane_rows = rows if name == "image" else None
+                if lane_rows is None or len(lane_rows.positions) < shape[0]:
+                    device.copy_(host, non_blocking=True)
+                if lane_rows is not None:
+                    self._merge_rows(device, lane_rows)
                 data.release_after(self.stream.cuda_stream)
                 if name == "image" and self._changes_image and len(shape) == 4:
                     device = self._apply_tail(device)
@@ -284,6 +368,15 @@ class DeviceStage:
             ready = torch.cuda.Event()
             ready.record(self.stream)
         return out, ready
+
+    def _merge_rows(self, image: Any, rows: Any) -> None:
+        """Copies the lane's rows over their places in ``image`` (uint8 NHWC on the device),
+        on the stage's stream once the lane's events have passed."""
+        torch = self._torch
+        rows.wait(self.stream.cuda_stream)
+        decoded = torch.as_tensor(rows, device=self.device)
+        places = torch.tensor(rows.positions, dtype=torch.long).pin_memory()
+        image.index_copy_(0, places.to(self.device, non_blocking=True), decoded)
 
     def _apply_tail(self, image: Any) -> Any:
         """uint8 NHWC on the device -> the tail's layout, values and dtype, in one pass."""

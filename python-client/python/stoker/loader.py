@@ -386,6 +386,27 @@ class Loader:
         memory_format: with ``device="cuda"``: ``"channels_last"`` (or
             ``torch.channels_last``): the image as NCHW with NHWC memory, what convolutions in
             channels_last want; ``"contiguous"`` (default): the pipeline's layout.
+        decode: where images are decoded. ``"cpu"`` (default): the decode threads.
+            ``"gpu"`` (needs ``device="cuda"``): every row the GPU's JPEG engines take is
+            decoded there (nvJPEG, hardware backend where the GPU has one) and cropped,
+            resized and flipped by one batched kernel straight into the device batch; the
+            RandomResizedCrop window and flip are drawn as on the CPU, so pixels differ from
+            ``"cpu"`` by rounding only. Progressive JPEGs, PNGs, CMYK, files cut short and
+            images too large for ``gpu_memory`` are decoded on the CPU threads in the same
+            batch. ``"auto"``: each epoch's batches are split between the CPU threads and the
+            GPU (half each in the first epoch, then by the rates measured before the epoch
+            starts); the split is saved in :meth:`state_dict`, so a resumed run gets the same
+            bits. Without ``device="cuda"``, or where the lane cannot run, ``"auto"`` is
+            ``"cpu"``. Needs nvJPEG 13 (the CUDA toolkit's, or NVIDIA's pip wheel) and NVRTC
+            (torch's CUDA wheels bring it); ``"gpu"`` where they are missing raises
+            :class:`~stoker.GpuUnavailableError` naming what is. ``stats()["gpu_decode"]``
+            says what the lane did.
+        gpu_memory: with ``decode="gpu"`` or ``"auto"``: the most device memory the lane
+            holds, in bytes (decoded images in flight, rows waiting for the training loop,
+            nvJPEG's buffers), allocated when the loader starts and never grown; an image
+            whose decoded size does not fit goes to the CPU. Default 1 GiB
+            (``stoker._native.DEFAULT_GPU_MEMORY``); freed by :meth:`close` once the batches
+            holding its rows are released.
 
     Raises:
         ValueError: an argument is out of range, a DataLoader-only argument was passed, or
@@ -400,6 +421,8 @@ class Loader:
 
     # The mix this loader reads (stoker.mix), if any.
     _mix: MixRequest | None = None
+    # Where images are decoded ("cpu", "gpu" or "auto"); from_dataset loaders decode none.
+    _decode: str = "cpu"
 
     def __init__(
         self,
@@ -432,6 +455,8 @@ class Loader:
         pinned_memory_budget: int | None = None,
         dtype: Any = None,
         memory_format: Any = None,
+        decode: Literal["cpu", "gpu", "auto"] = "cpu",
+        gpu_memory: int | None = None,
         **unsupported: Any,
     ) -> None:
         # Attributes close() and __del__ rely on come first, so a failing __init__ leaves an
@@ -472,6 +497,7 @@ class Loader:
                 "dtype and memory_format shape the batch on the GPU: give device='cuda' (on "
                 "the CPU, ops.ToTensor and ops.Normalize choose layout and dtype)"
             )
+        decode, lane_memory = gpu.check_decode(decode, gpu_memory, device_index, address)
         budget = (
             gpu.default_pinned_budget()[0]
             if pinned_memory_budget is None
@@ -591,6 +617,9 @@ class Loader:
             if device_index is not None
             else gpu.pin_device(self._torch or sys.modules.get("torch"), pin_memory)
         )
+        if device_index is not None and decode != "cpu":
+            decode = gpu.lane_decode(decode, device_index)
+        self._decode: str = decode
         self._native = _native.NativeLoader(
             self._source,
             [op.to_dict() for op in native_ops],
@@ -621,6 +650,9 @@ class Loader:
             release_streams=(
                 None if pin_device is None else gpu.release_streams(self._torch, pin_device)
             ),
+            decode=decode,
+            gpu_memory=lane_memory,
+            library_dirs=gpu.cuda_library_dirs() if decode != "cpu" else [],
         )
         stage = None
         if device_index is not None:
@@ -884,7 +916,19 @@ class Loader:
         }
         if self._mix is not None:
             state["mix"] = self._mix.fingerprint()
+        split = self._decode_split()
+        if split is not None:
+            state["decode_split"] = [self._epoch, split]
         return state
+
+    def _decode_split(self) -> int | None:
+        """The GPU decode lane's share of the current epoch's batches, in sixteenths; None
+        without a lane (or after close())."""
+        native = self._native
+        if native is None or self._decode == "cpu":
+            return None
+        split: int | None = native.decode_split(self._epoch)
+        return split
 
     def load_state_dict(self, state: Mapping[str, Any] | Sequence[Mapping[str, Any]]) -> None:
         """Resumes at the position saved by :meth:`state_dict`: the next ``iter()`` starts there.
@@ -950,6 +994,11 @@ class Loader:
                 epoch, resizes, old_world, steps
             )
             self._resized_epoch, self._resizes = epoch, chain
+        saved_split = first.get("decode_split")
+        if saved_split is not None and self._decode != "cpu":
+            split_epoch = _check_int(saved_split[0], "state['decode_split'][0]", 0, _MAX_U64)
+            sixteenths = _check_int(saved_split[1], "state['decode_split'][1]", 0, 16)
+            self._handle().set_decode_split(split_epoch, sixteenths)
         if step == steps_in_epoch:
             # Saved right after the last batch (or nothing was left): the next epoch starts.
             epoch, step = epoch + 1, 0
@@ -1101,9 +1150,9 @@ class Loader:
     def _to_batch(
         self, item: NativeBatch
     ) -> tuple[int, Any, list[int], list[BadSample]]:
-        _, step, tensors, indices, bad = item
+        _, step, tensors, indices, bad, device_rows = item
         if self._device_stage is not None:
-            staged = self._device_stage.stage(tensors)
+            staged = self._device_stage.stage(tensors, device_rows)
             if bad:
                 self._log_bad_samples(bad)
             return step, staged, list(indices), list(bad)

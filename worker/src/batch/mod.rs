@@ -27,7 +27,9 @@ use stoker_proto::v1::{self as proto, BadSamplePolicy};
 
 use crate::error::{Error, Result, SampleError};
 use crate::job_pipeline::{JobPipeline, PackedText};
+use crate::ops::decode::{read_header, ImageHeader};
 use crate::ops::pack::{pack_documents, PackSpec, PackedRowsMut};
+use crate::ops::resample::SourceWindow;
 use crate::pipeline::{SampleTimings, Scratch};
 use crate::rng::SampleRng;
 
@@ -42,6 +44,13 @@ thread_local! {
     static SCRATCH: std::cell::RefCell<Scratch> = std::cell::RefCell::new(Scratch::default());
 }
 
+/// Where a row goes: its position, and the diverter that may take it.
+#[derive(Clone, Copy)]
+struct RowTarget<'a> {
+    row: usize,
+    diverter: Option<&'a dyn ImageDiverter>,
+}
+
 /// The coordinates of one batch.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct BatchKey {
@@ -51,6 +60,38 @@ pub struct BatchKey {
     pub rank: u32,
     /// Step within the rank's epoch.
     pub step: u64,
+}
+
+/// An image sample offered to another decoder instead of the CPU threads (the GPU lane): its
+/// bytes and header, and the output window and flip drawn from the sample's own RNG stream, the
+/// same draws the CPU would make, so a decoder changes pixels by rounding only.
+#[derive(Debug)]
+pub struct DivertedImage {
+    /// The sample's row in the batch.
+    pub row: usize,
+    /// The sample of the row (its RNG stream), in dataset order.
+    pub sample: u64,
+    /// The dataset index read: the sample, or its substitute under the skip policy.
+    pub read: u64,
+    /// The encoded image.
+    pub bytes: Vec<u8>,
+    /// What its header says.
+    pub header: ImageHeader,
+    /// Where the output pixels come from.
+    pub window: SourceWindow,
+    /// Whether the output is mirrored.
+    pub flip: bool,
+}
+
+/// Takes some image rows of a batch off the CPU threads ([`BatchAssembler::assemble_diverted`]).
+/// Which rows are offered must not depend on timing (it changes the bits: decoders round
+/// differently), only on the row.
+pub trait ImageDiverter: Sync {
+    /// Whether row `row` is offered.
+    fn wants(&self, row: usize) -> bool;
+    /// Offers a sample: `None` when taken (its row is left for the taker to fill), or the sample
+    /// given back to be built on the CPU.
+    fn offer(&self, image: DivertedImage) -> Option<DivertedImage>;
 }
 
 /// Turns lists of sample indices into batches for one job.
@@ -171,6 +212,19 @@ impl BatchAssembler {
         indices: &[u64],
         buffer: &mut [u8],
     ) -> Result<AssembledBatch> {
+        self.assemble_diverted(key, indices, buffer, None)
+    }
+
+    /// Like [`BatchAssembler::assemble_into`]; an image pipeline's rows that `diverter` wants are
+    /// read and planned here and offered to it, and a row it takes is not written (its label is
+    /// the sample read, as if it had been built).
+    pub fn assemble_diverted(
+        &self,
+        key: BatchKey,
+        indices: &[u64],
+        buffer: &mut [u8],
+        diverter: Option<&dyn ImageDiverter>,
+    ) -> Result<AssembledBatch> {
         let tensors = self.layout(indices.len());
         let expected = tensors.last().map_or(0, |t| t.bytes.end);
         if buffer.len() != expected {
@@ -200,9 +254,12 @@ impl BatchAssembler {
                 let outcomes: Vec<Result<SampleOutcome<()>>> = buffer
                     .par_chunks_mut(row_bytes.max(1))
                     .zip(indices.par_iter())
-                    .map(|(dest, &index)| {
+                    .enumerate()
+                    .map(|(row, (dest, &index))| {
+                        let diverter = diverter.filter(|d| d.wants(row));
                         self.with_policy(index, |source_index, timings| {
-                            self.try_row(key.epoch, index, source_index, dest, timings)
+                            let target = RowTarget { row, diverter };
+                            self.try_row(key.epoch, index, source_index, dest, timings, target)
                         })
                     })
                     .collect();
@@ -287,8 +344,28 @@ impl BatchAssembler {
         Ok(assembled.into_proto(indices, Bytes::from(buffer)))
     }
 
+    /// Builds image row `dest` of epoch `epoch` on the CPU, for sample `index` under the
+    /// bad-input policy, as [`BatchAssembler::assemble_into`] would; returns the label of the
+    /// sample read. For rows a diverter took and then could not build.
+    pub fn image_row(&self, epoch: u64, index: u64, dest: &mut [u8]) -> Result<i64> {
+        if !matches!(self.pipeline, JobPipeline::Image(_)) {
+            return Err(Error::InvalidSpec(
+                "image_row builds rows of image pipelines only".into(),
+            ));
+        }
+        let outcome = self.with_policy(index, |source_index, timings| {
+            let target = RowTarget {
+                row: 0,
+                diverter: None,
+            };
+            self.try_row(epoch, index, source_index, dest, timings, target)
+        })?;
+        Ok(self.source.label(outcome.used))
+    }
+
     /// One image or token window into its row `dest`. Images draw from the stream of
-    /// `rng_index` (the slot's sample, also when a substitute is read). Token windows are read
+    /// `rng_index` (the slot's sample, also when a substitute is read); an image the target's
+    /// diverter takes is read and planned here, and not written. Token windows are read
     /// straight into the row.
     fn try_row(
         &self,
@@ -297,13 +374,32 @@ impl BatchAssembler {
         index: u64,
         dest: &mut [u8],
         timings: &mut SampleTimings,
+        target: RowTarget<'_>,
     ) -> std::result::Result<(), AttemptError> {
         let started = Instant::now();
         match &self.pipeline {
             JobPipeline::Image(pipeline) => {
-                let bytes = read_from_source(|| self.source.read(index))?;
+                let mut bytes = read_from_source(|| self.source.read(index))?;
                 timings.read_ns += started.elapsed().as_nanos() as u64;
                 let mut rng = SampleRng::new(self.seed, epoch, rng_index);
+                if let Some(diverter) = target.diverter {
+                    let header = read_header(&bytes, pipeline.max_pixels)?;
+                    let (window, flip) = pipeline.plan(&header, &mut rng);
+                    let offered = DivertedImage {
+                        row: target.row,
+                        sample: rng_index,
+                        read: index,
+                        bytes,
+                        header,
+                        window,
+                        flip,
+                    };
+                    match diverter.offer(offered) {
+                        None => return Ok(()),
+                        Some(back) => bytes = back.bytes,
+                    }
+                    rng = SampleRng::new(self.seed, epoch, rng_index);
+                }
                 SCRATCH.with(|scratch| {
                     pipeline.process(&bytes, &mut rng, dest, &mut scratch.borrow_mut(), timings)
                 })?;

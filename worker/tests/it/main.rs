@@ -5,6 +5,7 @@
 //! a mixed job's read-ahead hints.
 
 mod daemon;
+mod divert;
 mod fuzz_replay;
 mod mix;
 mod ops;

@@ -1,0 +1,53 @@
+#!/usr/bin/env bash
+# The GPU decode lane's check, run from the repository root on a machine with an NVIDIA GPU
+# (what benches/gpu/run.sh needs, plus pillow): installs what benches/gpu/pack.sh put in
+# `.device/`, starts one loader with decode="gpu" (a smoke test, with Python's fault handler),
+# runs the lane's GPU tests (`pytest -m gpu tests/test_gpu_decode.py`), then the training
+# benchmark's decode rows on a generated set: ResNet-18 with decode="cpu", "gpu" and "auto",
+# the same with 7 decode threads, and the loader alone. Logs go to $OUT. About 4 minutes on
+# an H100 or H200 with 16 cores.
+set -uo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/../.."
+out="${OUT:-/tmp/stoker-gpu-out}"
+mkdir -p "$out"
+site=/tmp/stoker-site
+bin=/tmp/stoker-bin
+data=/tmp/stoker-gpu-bench-data
+export PYTHONUNBUFFERED=1 PYTHONFAULTHANDLER=1
+python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target "$site" .device/*.whl || exit 1
+export PYTHONPATH="$site"
+mkdir -p "$bin"
+gunzip -c .device/stoker.gz > "$bin/stoker" && chmod +x "$bin/stoker"
+{ nvidia-smi -L; nproc; python3 -c 'import torch, stoker; print("torch", torch.__version__, "cuda", torch.version.cuda, "stoker", stoker.__version__)'; } 2>&1 | tee "$out/machine.log"
+"$bin/stoker" make-dataset --out "$data" --count 10000 2>&1 | tail -1
+started=$SECONDS
+timeout 90 python3 - "$data" <<'PY' 2>&1 | tee "$out/smoke.log"
+import sys, time
+import stoker
+from stoker import _native, gpu
+print("lane problem:", _native.gpu_decode_unavailable(0, gpu.cuda_library_dirs()))
+for decode in ("gpu", "auto"):
+    made = time.perf_counter()
+    loader = stoker.Loader(sys.argv[1], pipeline=stoker.vision.imagenet_train(224), batch_size=256,
+                           num_threads=15, device="cuda", decode=decode, drop_last=True)
+    print(decode, "built in", round(time.perf_counter() - made, 3), "s")
+    it = iter(loader)
+    first = next(it)["image"]
+    print(decode, "first batch", first.shape, first.dtype, round(time.perf_counter() - made, 3), "s")
+    started, n = time.perf_counter(), 0
+    for n, batch in enumerate(it, 1):
+        if n == 30:
+            break
+    import torch
+    torch.cuda.synchronize()
+    print(decode, f"{n * 256 / (time.perf_counter() - started):.0f} img/s loader alone", loader.stats()["gpu_decode"])
+    loader.close()
+PY
+echo "smoke: $((SECONDS - started)) s"
+started=$SECONDS
+(cd python-client && timeout 240 python3 -m pytest -m gpu tests/test_gpu_decode.py -q -rs -s -p no:cacheprovider 2>&1) | tee "$out/pytest.log"
+echo "pytest -m gpu: $((SECONDS - started)) s"
+started=$SECONDS
+rows=ceiling,stoker-cuda,stoker-gpu,stoker-auto,stoker-cuda@7,stoker-auto@7,stoker-gpu@7,loader:stoker-cuda,loader:stoker-gpu,loader:stoker-auto
+timeout 240 python3 benches/gpu_train.py --data "$data" --models resnet18 --rows "$rows" --workers "$(( $(nproc) - 1 ))" 2>&1 | tee "$out/bench.log"
+echo "gpu_train: $((SECONDS - started)) s"

@@ -1,0 +1,97 @@
+// Crop, antialiased resize and flip for a batch of decoded images: one launch, one thread per
+// output pixel, each image's geometry in its own CropItem. Output: uint8 RGB rows (NHWC).
+//
+// The filter is the one PIL and torchvision use for bilinear resizing: a triangle widened by
+// the scale when shrinking, taps normalised to sum to one, and the horizontal pass rounded to
+// 8 bits before the vertical one (as PIL does), so the GPU lane differs from the CPU threads by
+// rounding only. Compiled at run time with NVRTC (no headers needed).
+
+struct CropItem {
+    unsigned long long src;  // first byte of the decoded image (interleaved RGB)
+    unsigned int pitch;      // bytes from one decoded row to the next
+    int clamp_x0;            // the filter reads source columns clamp_x0 .. clamp_x1 - 1
+    int clamp_y0;            // and rows clamp_y0 .. clamp_y1 - 1
+    int clamp_x1;
+    int clamp_y1;
+    float origin_x;          // source coordinate of the output's left edge
+    float origin_y;          // and of its top edge
+    float scale_x;           // source pixels per output pixel
+    float scale_y;
+    int inside_x0;           // output columns inside_x0 .. inside_x1 - 1 have a source;
+    int inside_y0;           // the others (past a centre crop's edge) are black
+    int inside_x1;
+    int inside_y1;
+    int flip;                // mirror left to right
+    unsigned int row;        // the image's row in the output batch
+};
+
+__device__ __forceinline__ float triangle(float t) {
+    t = fabsf(t);
+    return t < 1.0f ? 1.0f - t : 0.0f;
+}
+
+__device__ __forceinline__ float to_byte(float v) {
+    // Round half up and clamp, as PIL's fixed-point filter does.
+    return fminf(fmaxf(floorf(v + 0.5f), 0.0f), 255.0f);
+}
+
+extern "C" __global__ void crop_resize_flip(const CropItem* items, unsigned char* out,
+                                            int out_w, int out_h) {
+    const CropItem item = items[blockIdx.y];
+    const int pixel = blockIdx.x * blockDim.x + threadIdx.x;
+    if (pixel >= out_w * out_h) {
+        return;
+    }
+    const int y = pixel / out_w;
+    const int x_out = pixel - y * out_w;
+    const int x = item.flip ? out_w - 1 - x_out : x_out;
+    unsigned char* dest =
+        out + (((unsigned long long)item.row * out_h + y) * out_w + x_out) * 3ULL;
+    if (x < item.inside_x0 || x >= item.inside_x1 || y < item.inside_y0 ||
+        y >= item.inside_y1) {
+        dest[0] = 0;
+        dest[1] = 0;
+        dest[2] = 0;
+        return;
+    }
+    const float support_x = fmaxf(item.scale_x, 1.0f);
+    const float support_y = fmaxf(item.scale_y, 1.0f);
+    const float centre_x = item.origin_x + (x + 0.5f) * item.scale_x;
+    const float centre_y = item.origin_y + (y + 0.5f) * item.scale_y;
+    const int x0 = max((int)floorf(centre_x - support_x + 0.5f), item.clamp_x0);
+    const int x1 = min((int)floorf(centre_x + support_x + 0.5f), item.clamp_x1);
+    const int y0 = max((int)floorf(centre_y - support_y + 0.5f), item.clamp_y0);
+    const int y1 = min((int)floorf(centre_y + support_y + 0.5f), item.clamp_y1);
+
+    float weight_x_sum = 0.0f;
+    for (int i = x0; i < x1; ++i) {
+        weight_x_sum += triangle((i - centre_x + 0.5f) / support_x);
+    }
+    const float inverse_x = weight_x_sum > 0.0f ? 1.0f / weight_x_sum : 0.0f;
+
+    const unsigned char* src = (const unsigned char*)item.src;
+    float sum0 = 0.0f, sum1 = 0.0f, sum2 = 0.0f, weight_y_sum = 0.0f;
+    for (int j = y0; j < y1; ++j) {
+        const float weight_y = triangle((j - centre_y + 0.5f) / support_y);
+        if (weight_y == 0.0f) {
+            continue;
+        }
+        const unsigned char* line = src + (unsigned long long)j * item.pitch;
+        float h0 = 0.0f, h1 = 0.0f, h2 = 0.0f;
+        for (int i = x0; i < x1; ++i) {
+            const float weight_x = triangle((i - centre_x + 0.5f) / support_x);
+            const unsigned char* p = line + i * 3;
+            h0 += weight_x * p[0];
+            h1 += weight_x * p[1];
+            h2 += weight_x * p[2];
+        }
+        sum0 += weight_y * to_byte(h0 * inverse_x);
+        sum1 += weight_y * to_byte(h1 * inverse_x);
+        sum2 += weight_y * to_byte(h2 * inverse_x);
+        weight_y_sum += weight_y;
+    }
+    const float inverse_y = weight_y_sum > 0.0f ? 1.0f / weight_y_sum : 0.0f;
+    dest[0] = (unsigned char)to_byte(sum0 * inverse_y);
+    dest[1] = (unsigned char)to_byte(sum1 * inverse_y);
+    dest[2] = (unsigned char)to_byte(sum2 * inverse_y);
+}

@@ -1,0 +1,908 @@
+//! The lane itself: its device memory, the thread that decodes and crops the rows it was given,
+//! and the rows it hands out with their batch.
+//!
+//! Two pipes, each a CUDA stream with its own nvJPEG decode state, arena of decoded images and
+//! kernel parameters, take the lane's work in turn: while the engines decode one pipe's images,
+//! the kernel of the other may run, and the host prepares the next. A pipe is reused only once
+//! its previous work is done (an event the thread waits for), so at most two sub-batches are on
+//! the GPU at a time and nothing is allocated after start.
+
+use std::collections::HashMap;
+use std::ffi::{c_void, CString};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use crossbeam_channel::{Receiver, Sender};
+use cudarc::driver::{result, sys, DriverError};
+use stoker_worker::{AssembledBatch, DivertedImage, ImageDiverter, Job};
+
+use super::jpeg_scan::hardware_candidate;
+use super::kernel::{self, CropItem};
+use super::nvjpeg::{Budget, Decoder, Image};
+use super::{gpu_row, split_for_rates, DecodeMode, GpuDecodeError, GpuDecodeOptions, AUTO_START};
+use crate::client::cuda::{describe, Cuda};
+use crate::client::slots::Slot;
+use crate::client::source::Built;
+use crate::error::{Error, Result};
+
+/// Pipes: streams with their own decode state and arena, used in turn.
+const PIPES: usize = 2;
+
+/// Alignment of each decoded image in an arena.
+const ALIGN: usize = 256;
+
+/// The least memory left for decoding (arenas and nvJPEG) once the rows in flight are set
+/// aside.
+const MIN_DECODE_MEMORY: usize = 48 << 20;
+
+fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+fn driver(call: &'static str) -> impl Fn(DriverError) -> GpuDecodeError {
+    move |error| GpuDecodeError::Call {
+        call,
+        error: describe(error),
+    }
+}
+
+/// The lane's device memory, allocated once within the cap: the decoded-image arena and
+/// kernel parameters of each pipe, and a ring of output buffers (one batch of rows each) that
+/// the training loop's batches hold until they are released. Freed when the lane and every
+/// batch holding its rows are gone.
+#[derive(Debug)]
+pub struct LaneMemory {
+    cuda: Arc<Cuda>,
+    arenas: Vec<u64>,
+    arena_bytes: usize,
+    params: Vec<u64>,
+    ring: u64,
+    ring_slots: usize,
+    ring_slot_bytes: usize,
+    params_bytes: usize,
+    /// nvJPEG's own device allocations may reach this much.
+    nvjpeg_limit: usize,
+    cap: usize,
+}
+
+impl LaneMemory {
+    /// Splits `cap` bytes: up to 8 ring buffers of `batch_rows` rows of `row_bytes` (at least
+    /// 2, at most a quarter of the cap beyond those 2), then thirds of the rest for each pipe's
+    /// arena and for nvJPEG. Allocates all but nvJPEG's share now.
+    fn allocate(
+        cuda: &Arc<Cuda>,
+        cap: usize,
+        batch_rows: usize,
+        row_bytes: usize,
+    ) -> std::result::Result<LaneMemory, GpuDecodeError> {
+        let ring_slot_bytes = (batch_rows * row_bytes).div_ceil(ALIGN) * ALIGN;
+        let params_bytes = (batch_rows * std::mem::size_of::<CropItem>()).max(ALIGN);
+        let ring_slots = ((cap / 4) / ring_slot_bytes.max(1)).clamp(2, 8);
+        let fixed = ring_slots * ring_slot_bytes + PIPES * params_bytes;
+        let rest = cap.saturating_sub(fixed);
+        if rest < MIN_DECODE_MEMORY {
+            return Err(GpuDecodeError::Memory(format!(
+                "gpu_memory={cap} bytes leaves {rest} for decoding after {ring_slots} batches of \
+                 rows in flight ({ring_slot_bytes} bytes each); the lane needs at least {} \
+                 more: raise gpu_memory",
+                MIN_DECODE_MEMORY - rest
+            )));
+        }
+        let arena_bytes = (rest / (PIPES + 1)) / ALIGN * ALIGN;
+        let mut memory = LaneMemory {
+            cuda: Arc::clone(cuda),
+            arenas: Vec::new(),
+            arena_bytes,
+            params: Vec::new(),
+            ring: 0,
+            ring_slots,
+            ring_slot_bytes,
+            params_bytes,
+            nvjpeg_limit: rest - PIPES * arena_bytes,
+            cap,
+        };
+        // On failure `memory` drops and frees what was allocated so far.
+        cuda.in_context("cuMemAlloc", || {
+            for _ in 0..PIPES {
+                // SAFETY: plain allocations in the device's context.
+                memory
+                    .arenas
+                    .push(unsafe { result::malloc_sync(arena_bytes) }?);
+                memory
+                    .params
+                    .push(unsafe { result::malloc_sync(params_bytes) }?);
+            }
+            // SAFETY: as above.
+            memory.ring = unsafe { result::malloc_sync(ring_slots * ring_slot_bytes) }?;
+            Ok(())
+        })
+        .map_err(|e| GpuDecodeError::Memory(format!("allocating the lane's memory: {e}")))?;
+        Ok(memory)
+    }
+
+    /// Device bytes allocated here (nvJPEG's own are counted apart).
+    pub fn allocated(&self) -> usize {
+        PIPES * (self.arena_bytes + self.params_bytes) + self.ring_slots * self.ring_slot_bytes
+    }
+
+    /// The cap the memory was planned within.
+    pub fn cap(&self) -> usize {
+        self.cap
+    }
+
+    /// The largest decoded image (bytes of interleaved RGB) a pipe's arena holds; larger ones
+    /// are decoded on the CPU.
+    pub fn arena_bytes(&self) -> usize {
+        self.arena_bytes
+    }
+
+    fn ring_ptr(&self, index: usize) -> u64 {
+        self.ring + (index * self.ring_slot_bytes) as u64
+    }
+}
+
+impl Drop for LaneMemory {
+    fn drop(&mut self) {
+        let pointers: Vec<u64> = self
+            .arenas
+            .iter()
+            .chain(&self.params)
+            .copied()
+            .chain((self.ring != 0).then_some(self.ring))
+            .collect();
+        let freed = self.cuda.in_context("cuMemFree", || {
+            for ptr in pointers {
+                // SAFETY: each pointer was allocated by `allocate` and nothing uses it now:
+                // the lane's thread and every batch holding rows are gone.
+                unsafe { result::free_sync(ptr) }?;
+            }
+            Ok(())
+        });
+        if let Err(error) = freed {
+            tracing::warn!(%error, "could not free the GPU decode lane's memory");
+        }
+    }
+}
+
+/// What the lane counted so far.
+#[derive(Debug, Default)]
+pub struct LaneStats {
+    /// Rows decoded and cropped on the GPU.
+    pub gpu_rows: AtomicU64,
+    /// Rows offered to the lane that the decode threads kept (not taken by the engines, or
+    /// too large for the lane's memory).
+    pub declined_rows: AtomicU64,
+    /// Rows the lane took and then built on the CPU (nvJPEG refused them).
+    pub fallback_rows: AtomicU64,
+    /// Time the lane's thread worked on batches (waits for the GPU included, waits for a free
+    /// output buffer not), in nanoseconds.
+    pub gpu_busy_ns: AtomicU64,
+    /// Rows the decode threads built in batches the lane also worked on.
+    pub cpu_rows: AtomicU64,
+    /// Time the decode threads spent on those batches, in nanoseconds.
+    pub cpu_busy_ns: AtomicU64,
+}
+
+impl LaneStats {
+    fn rate(rows: &AtomicU64, busy_ns: &AtomicU64) -> f64 {
+        let busy = busy_ns.load(Ordering::Relaxed) as f64 / 1e9;
+        if busy <= 0.0 {
+            0.0
+        } else {
+            rows.load(Ordering::Relaxed) as f64 / busy
+        }
+    }
+
+    /// Rows per second of the GPU lane while it worked.
+    pub fn gpu_rate(&self) -> f64 {
+        Self::rate(&self.gpu_rows, &self.gpu_busy_ns)
+    }
+
+    /// Rows per second of the decode threads in the batches the lane also worked on.
+    pub fn cpu_rate(&self) -> f64 {
+        Self::rate(&self.cpu_rows, &self.cpu_busy_ns)
+    }
+}
+
+/// What the lane and its rows share.
+struct Shared {
+    cuda: Arc<Cuda>,
+    memory: Arc<LaneMemory>,
+    free: Mutex<Vec<usize>>,
+    returned: Condvar,
+    stats: LaneStats,
+    budget: Arc<Budget>,
+    mode: DecodeMode,
+    splits: Mutex<HashMap<u64, u8>>,
+    hardware: bool,
+}
+
+impl Shared {
+    /// Waits for a free output buffer; returns it and how long the wait was.
+    fn take_ring(&self) -> (usize, Duration) {
+        let started = Instant::now();
+        let mut free = lock(&self.free);
+        loop {
+            if let Some(index) = free.pop() {
+                return (index, started.elapsed());
+            }
+            free = self
+                .returned
+                .wait(free)
+                .unwrap_or_else(|p| p.into_inner());
+        }
+    }
+
+    fn put_ring(&self, index: usize) {
+        lock(&self.free).push(index);
+        self.returned.notify_one();
+    }
+}
+
+/// The GPU rows of one batch, kept with its slot until the slot returns to its pool: `count`
+/// rows of `height x width x 3` bytes from [`DeviceRows::ptr`], row `k` being the batch's row
+/// `positions()[k]`. Ready once the lane's events have passed ([`DeviceRows::wait_on`]).
+pub struct DeviceRows {
+    shared: Arc<Shared>,
+    ring_index: usize,
+    ptr: u64,
+    positions: Vec<u32>,
+    height: u32,
+    width: u32,
+    events: Vec<sys::CUevent>,
+}
+
+// SAFETY: event handles and device addresses may be used from any thread.
+unsafe impl Send for DeviceRows {}
+unsafe impl Sync for DeviceRows {}
+
+impl std::fmt::Debug for DeviceRows {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DeviceRows")
+            .field("rows", &self.positions.len())
+            .field("height", &self.height)
+            .field("width", &self.width)
+            .finish_non_exhaustive()
+    }
+}
+
+impl DeviceRows {
+    /// Device address of the first row.
+    pub fn ptr(&self) -> u64 {
+        self.ptr
+    }
+
+    /// The batch row of each device row.
+    pub fn positions(&self) -> &[u32] {
+        &self.positions
+    }
+
+    /// (rows, height, width, 3): uint8, C order.
+    pub fn shape(&self) -> [usize; 4] {
+        [
+            self.positions.len(),
+            self.height as usize,
+            self.width as usize,
+            3,
+        ]
+    }
+
+    /// The CUDA device ordinal.
+    pub fn device(&self) -> usize {
+        self.shared.cuda.ordinal()
+    }
+
+    /// Makes `stream` wait (on the GPU) until the rows are written.
+    ///
+    /// # Safety
+    /// `stream` is a live stream of the device's primary context, or 0 (the legacy default
+    /// stream).
+    pub unsafe fn wait_on(&self, stream: usize) -> std::result::Result<(), GpuDecodeError> {
+        let events = self.events.clone();
+        self.shared
+            .cuda
+            .in_context("cuStreamWaitEvent", || {
+                for event in events {
+                    // SAFETY: the event is the lane's and was recorded; the stream is as the
+                    // caller promises.
+                    unsafe { sys::cuStreamWaitEvent(stream as sys::CUstream, event, 0) }
+                        .result()?;
+                }
+                Ok(())
+            })
+            .map_err(|e| GpuDecodeError::Cuda(e.to_string()))
+    }
+}
+
+impl Drop for DeviceRows {
+    fn drop(&mut self) {
+        let events = std::mem::take(&mut self.events);
+        let _ = self.shared.cuda.in_context("cuEventDestroy", || {
+            for event in events {
+                // SAFETY: the event is this batch's own; destroying a recorded event is
+                // allowed (its resources go once it completes).
+                let _ = unsafe { sys::cuEventDestroy_v2(event) };
+            }
+            Ok(())
+        });
+        self.shared.put_ring(self.ring_index);
+    }
+}
+
+/// One batch for the lane: the slot its CPU rows are in, what assembling them gave, and the
+/// samples the lane took.
+pub struct LaneTask {
+    /// The job (for rows built on the CPU after all).
+    pub job: Arc<Job>,
+    /// The batch's epoch.
+    pub epoch: u64,
+    /// Its step.
+    pub step: u64,
+    /// The slot, its CPU rows written.
+    pub slot: Slot,
+    /// Tensors, labels, timings and bad samples of the batch.
+    pub assembled: AssembledBatch,
+    /// Dataset index of each sample.
+    pub indices: Vec<u64>,
+    /// The samples the lane took.
+    pub items: Vec<DivertedImage>,
+    /// Where the finished batch goes.
+    pub reply: Sender<Built>,
+    /// When building the batch started.
+    pub started: Instant,
+}
+
+/// Offers a batch's GPU rows to the lane: takes the JPEGs the engines decode and that fit its
+/// arena, gives the rest back to the decode threads.
+pub struct LaneDiverter {
+    sixteenths: u8,
+    max_decoded_bytes: usize,
+    taken: Mutex<Vec<DivertedImage>>,
+    shared: Arc<Shared>,
+}
+
+impl LaneDiverter {
+    /// The samples taken, in no particular order.
+    pub fn into_items(self) -> Vec<DivertedImage> {
+        self.taken.into_inner().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+impl ImageDiverter for LaneDiverter {
+    fn wants(&self, row: usize) -> bool {
+        gpu_row(row, self.sixteenths)
+    }
+
+    fn offer(&self, image: DivertedImage) -> Option<DivertedImage> {
+        let decoded = image.header.width as usize * image.header.height as usize * 3;
+        if decoded > self.max_decoded_bytes || hardware_candidate(&image.bytes).is_err() {
+            self.shared
+                .stats
+                .declined_rows
+                .fetch_add(1, Ordering::Relaxed);
+            return Some(image);
+        }
+        lock(&self.taken).push(image);
+        None
+    }
+}
+
+/// The GPU decode lane of one loader (see the module docs of `gpu_decode`).
+pub struct GpuLane {
+    shared: Arc<Shared>,
+    tasks: Option<Sender<LaneTask>>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl std::fmt::Debug for GpuLane {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("GpuLane")
+            .field("mode", &self.shared.mode)
+            .field("hardware", &self.shared.hardware)
+            .finish_non_exhaustive()
+    }
+}
+
+impl GpuLane {
+    /// Starts the lane for `job` (one image source whose CPU output is uint8 NHWC) with batches
+    /// of up to `batch_size` rows: loads nvJPEG, compiles the kernel, allocates the memory.
+    pub fn start(
+        options: &GpuDecodeOptions,
+        job: &Job,
+        batch_size: usize,
+    ) -> std::result::Result<GpuLane, GpuDecodeError> {
+        let pipeline = job.image_pipeline().ok_or_else(|| {
+            GpuDecodeError::Unsupported(
+                "the GPU decode lane builds image batches of one dataset (not a mix, not text \
+                 or columns)"
+                    .into(),
+            )
+        })?;
+        if !pipeline.output.is_packed_rgb8() {
+            return Err(GpuDecodeError::Unsupported(
+                "the GPU decode lane needs uint8 NHWC rows from the CPU side (with \
+                 device='cuda', Normalize and ToTensor run on the GPU after it)"
+                    .into(),
+            ));
+        }
+        let cuda = Cuda::open(options.device).map_err(|e| GpuDecodeError::Cuda(e.to_string()))?;
+        let (height, width) = pipeline.output_size();
+        let row_bytes = pipeline.bytes_per_sample();
+        let memory = Arc::new(LaneMemory::allocate(
+            &cuda,
+            options.memory_bytes,
+            batch_size.max(1),
+            row_bytes,
+        )?);
+        let engine = Engine::new(&cuda, &memory, &options.library_dirs, (width, height))?;
+        let shared = Arc::new(Shared {
+            cuda: Arc::clone(&cuda),
+            free: Mutex::new((0..memory.ring_slots).rev().collect()),
+            memory,
+            returned: Condvar::new(),
+            stats: LaneStats::default(),
+            budget: engine.decoder.budget(),
+            mode: options.mode,
+            splits: Mutex::new(HashMap::new()),
+            hardware: engine.decoder.hardware(),
+        });
+        let (tasks, queue) = crossbeam_channel::bounded(1);
+        let thread_shared = Arc::clone(&shared);
+        let thread = std::thread::Builder::new()
+            .name(format!("stoker-gpu{}-decode", options.device))
+            .spawn(move || run(thread_shared, engine, queue, row_bytes))
+            .map_err(|e| GpuDecodeError::Cuda(format!("spawning the lane's thread: {e}")))?;
+        tracing::info!(
+            device = options.device,
+            hardware = shared.hardware,
+            cap = options.memory_bytes,
+            "GPU decode lane started"
+        );
+        Ok(GpuLane {
+            shared,
+            tasks: Some(tasks),
+            thread: Some(thread),
+        })
+    }
+
+    /// The GPU's share of each batch of `epoch`, in sixteenths: `gpu` mode always 16; `auto`
+    /// the share set for that epoch ([`GpuLane::set_split`], from a resumed state), else one
+    /// decided now from the rates measured so far (the starting share before any), and then
+    /// kept for the epoch.
+    pub fn split_for_epoch(&self, epoch: u64) -> u8 {
+        if self.shared.mode == DecodeMode::Gpu {
+            return 16;
+        }
+        let mut splits = lock(&self.shared.splits);
+        *splits.entry(epoch).or_insert_with(|| {
+            let stats = &self.shared.stats;
+            let measured = stats.gpu_rows.load(Ordering::Relaxed) > 0
+                && stats.cpu_rows.load(Ordering::Relaxed) > 0;
+            if measured {
+                split_for_rates(stats.cpu_rate(), stats.gpu_rate())
+            } else {
+                AUTO_START
+            }
+        })
+    }
+
+    /// Sets the GPU's share of `epoch`'s batches (a resumed run's, saved with its state).
+    pub fn set_split(&self, epoch: u64, sixteenths: u8) {
+        lock(&self.shared.splits).insert(epoch, sixteenths.min(16));
+    }
+
+    /// The mode asked for.
+    pub fn mode(&self) -> DecodeMode {
+        self.shared.mode
+    }
+
+    /// Whether the hardware engines decode (else nvJPEG's default backend).
+    pub fn hardware(&self) -> bool {
+        self.shared.hardware
+    }
+
+    /// The counts so far.
+    pub fn stats(&self) -> &LaneStats {
+        &self.shared.stats
+    }
+
+    /// Device bytes the lane holds now: its memory and nvJPEG's allocations.
+    pub fn memory_bytes(&self) -> usize {
+        self.shared.memory.allocated() + self.shared.budget.device.load(Ordering::Relaxed)
+    }
+
+    /// The cap the lane keeps within.
+    pub fn memory_cap(&self) -> usize {
+        self.shared.memory.cap()
+    }
+
+    /// A diverter offering the rows of `sixteenths` of a batch to the lane.
+    pub fn diverter(&self, sixteenths: u8) -> LaneDiverter {
+        LaneDiverter {
+            sixteenths,
+            max_decoded_bytes: self.shared.memory.arena_bytes(),
+            taken: Mutex::new(Vec::new()),
+            shared: Arc::clone(&self.shared),
+        }
+    }
+
+    /// Counts `rows` built by the decode threads in `busy` for a batch the lane also worked on.
+    pub fn note_cpu(&self, rows: usize, busy: Duration) {
+        let stats = &self.shared.stats;
+        stats.cpu_rows.fetch_add(rows as u64, Ordering::Relaxed);
+        stats
+            .cpu_busy_ns
+            .fetch_add(busy.as_nanos() as u64, Ordering::Relaxed);
+    }
+
+    /// Queues a batch for the lane; waits while the lane already has one queued.
+    pub fn submit(&self, task: LaneTask) {
+        let Some(tasks) = &self.tasks else {
+            return;
+        };
+        if let Err(crossbeam_channel::SendError(task)) = tasks.send(task) {
+            let _ = task.reply.send(Built {
+                step: task.step,
+                service: task.started.elapsed(),
+                result: Err(Error::Stopped("the GPU decode lane stopped".into())),
+            });
+        }
+    }
+}
+
+impl Drop for GpuLane {
+    fn drop(&mut self) {
+        drop(self.tasks.take());
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+/// The lane thread's CUDA objects: the decoder, a stream, event and held images per pipe, and
+/// the kernel.
+struct Engine {
+    decoder: Decoder,
+    memory: Arc<LaneMemory>,
+    streams: Vec<sys::CUstream>,
+    done: Vec<sys::CUevent>,
+    /// The encoded images a pipe's last decode read, kept until the pipe is reused.
+    held: Vec<Vec<DivertedImage>>,
+    module: sys::CUmodule,
+    function: sys::CUfunction,
+    next_pipe: usize,
+    out: (u32, u32),
+}
+
+// SAFETY: CUDA handles may move between threads; the engine is used by one thread at a time.
+unsafe impl Send for Engine {}
+
+impl Engine {
+    fn new(
+        cuda: &Arc<Cuda>,
+        memory: &Arc<LaneMemory>,
+        dirs: &[PathBuf],
+        out: (u32, u32),
+    ) -> std::result::Result<Engine, GpuDecodeError> {
+        let sm = cuda
+            .compute_capability()
+            .map_err(|e| GpuDecodeError::Cuda(e.to_string()))?;
+        let image = kernel::compile(dirs, Some(sm))?.image();
+        let mut failure = None;
+        let engine = cuda.in_context("starting the GPU decode lane", || {
+            let decoder = match Decoder::new(dirs, PIPES, memory.nvjpeg_limit) {
+                Ok(decoder) => decoder,
+                Err(error) => {
+                    failure = Some(error);
+                    return Err(DriverError(sys::cudaError_enum::CUDA_ERROR_UNKNOWN));
+                }
+            };
+            let mut engine = Engine {
+                decoder,
+                memory: Arc::clone(memory),
+                streams: Vec::new(),
+                done: Vec::new(),
+                held: (0..PIPES).map(|_| Vec::new()).collect(),
+                module: std::ptr::null_mut(),
+                function: std::ptr::null_mut(),
+                next_pipe: 0,
+                out,
+            };
+            for _ in 0..PIPES {
+                // SAFETY: creations into locals, in the device's context.
+                let stream = result::stream::create(result::stream::StreamKind::NonBlocking)?;
+                engine.streams.push(stream);
+                let mut event = std::ptr::null_mut();
+                // SAFETY: as above.
+                unsafe {
+                    sys::cuEventCreate(
+                        &mut event,
+                        sys::CUevent_flags::CU_EVENT_BLOCKING_SYNC as u32
+                            | sys::CUevent_flags::CU_EVENT_DISABLE_TIMING as u32,
+                    )
+                    .result()?;
+                }
+                engine.done.push(event);
+            }
+            // SAFETY: `image` is a CUBIN (or NUL-terminated PTX) for this device.
+            engine.module = unsafe { result::module::load_data(image.as_ptr().cast::<c_void>()) }?;
+            let name = CString::new(kernel::KERNEL).expect("the kernel's name has no NUL");
+            // SAFETY: the module is loaded; the name is NUL-terminated.
+            engine.function = unsafe { result::module::get_function(engine.module, name) }?;
+            Ok(engine)
+        });
+        match (engine, failure) {
+            (Ok(engine), _) => Ok(engine),
+            (Err(_), Some(error)) => Err(error),
+            (Err(error), None) => Err(GpuDecodeError::Cuda(error.to_string())),
+        }
+    }
+
+    /// Builds the lane's rows of `task` and finishes the batch.
+    fn build(
+        &mut self,
+        shared: &Arc<Shared>,
+        task: LaneTask,
+        row_bytes: usize,
+    ) -> (Result<stoker_proto::v1::Batch>, Duration) {
+        let LaneTask {
+            job,
+            epoch,
+            mut slot,
+            mut assembled,
+            indices,
+            items,
+            ..
+        } = task;
+        let (ring, ring_wait) = shared.take_ring();
+        let out = self.memory.ring_ptr(ring);
+        let mut positions = Vec::with_capacity(items.len());
+        let mut fallback = Vec::new();
+        let mut pending: Vec<(DivertedImage, usize)> = Vec::new();
+        let mut used = 0usize;
+        let mut pipes_used = [false; PIPES];
+        for item in items {
+            let need = (item.header.width as usize * item.header.height as usize * 3)
+                .div_ceil(ALIGN)
+                * ALIGN;
+            if need > self.memory.arena_bytes || !self.decoder.supports(&item.bytes) {
+                fallback.push(item);
+                continue;
+            }
+            if used + need > self.memory.arena_bytes {
+                self.flush(&mut pending, out, &mut positions, &mut fallback, &mut pipes_used);
+                used = 0;
+            }
+            pending.push((item, used));
+            used += need;
+        }
+        self.flush(&mut pending, out, &mut positions, &mut fallback, &mut pipes_used);
+
+        let image_start = assembled.tensors.first().map_or(0, |t| t.bytes.start);
+        shared
+            .stats
+            .fallback_rows
+            .fetch_add(fallback.len() as u64, Ordering::Relaxed);
+        for item in fallback {
+            let start = image_start + item.row * row_bytes;
+            let Some(dest) = slot.as_mut_slice().get_mut(start..start + row_bytes) else {
+                shared.put_ring(ring);
+                return (
+                    Err(Error::Stopped(format!(
+                        "row {} lies outside its batch's slot",
+                        item.row
+                    ))),
+                    ring_wait,
+                );
+            };
+            match job.image_row(epoch, item.sample, dest) {
+                Ok(label) => {
+                    if let Some(slot_label) = assembled.labels.get_mut(item.row) {
+                        *slot_label = label;
+                    }
+                }
+                Err(error) => {
+                    shared.put_ring(ring);
+                    return (Err(error.into()), ring_wait);
+                }
+            }
+        }
+
+        if positions.is_empty() {
+            shared.put_ring(ring);
+        } else {
+            match self.ready_events(shared, &pipes_used) {
+                Ok(events) => {
+                    shared
+                        .stats
+                        .gpu_rows
+                        .fetch_add(positions.len() as u64, Ordering::Relaxed);
+                    slot.attach(Arc::new(DeviceRows {
+                        shared: Arc::clone(shared),
+                        ring_index: ring,
+                        ptr: out,
+                        positions,
+                        height: self.out.1,
+                        width: self.out.0,
+                        events,
+                    }));
+                }
+                Err(error) => {
+                    shared.put_ring(ring);
+                    return (Err(Error::Gpu(error.to_string())), ring_wait);
+                }
+            }
+        }
+        let batch = assembled.into_proto(&indices, slot.into_bytes());
+        (Ok(batch), ring_wait)
+    }
+
+    /// An event recorded after the work queued so far on each pipe used.
+    fn ready_events(
+        &self,
+        shared: &Shared,
+        pipes_used: &[bool; PIPES],
+    ) -> std::result::Result<Vec<sys::CUevent>, GpuDecodeError> {
+        let mut events = Vec::new();
+        for (pipe, _) in pipes_used.iter().enumerate().filter(|(_, used)| **used) {
+            let mut event = std::ptr::null_mut();
+            // SAFETY: creation into a local and a record on the lane's own stream, with the
+            // device's context current on this thread.
+            unsafe {
+                sys::cuEventCreate(
+                    &mut event,
+                    sys::CUevent_flags::CU_EVENT_DISABLE_TIMING as u32,
+                )
+                .result()
+                .map_err(driver("cuEventCreate"))?;
+                events.push(event);
+                result::event::record(event, self.streams[pipe])
+                    .map_err(driver("cuEventRecord"))?;
+            }
+        }
+        let _ = shared;
+        Ok(events)
+    }
+
+    /// Decodes the pending images on the next pipe and crops them into the output rows from
+    /// `positions.len()` on; images nvJPEG refuses go to `fallback`.
+    fn flush(
+        &mut self,
+        pending: &mut Vec<(DivertedImage, usize)>,
+        out: u64,
+        positions: &mut Vec<u32>,
+        fallback: &mut Vec<DivertedImage>,
+        pipes_used: &mut [bool; PIPES],
+    ) {
+        if pending.is_empty() {
+            return;
+        }
+        let pipe = self.next_pipe;
+        self.next_pipe = (pipe + 1) % PIPES;
+        if let Err(error) = self.run_pipe(pipe, pending, out, positions) {
+            tracing::warn!(%error, images = pending.len(), "the GPU lane could not decode a sub-batch; building it on the CPU");
+            fallback.extend(pending.drain(..).map(|(item, _)| item));
+            return;
+        }
+        pipes_used[pipe] = true;
+        self.held[pipe] = pending.drain(..).map(|(item, _)| item).collect();
+    }
+
+    fn run_pipe(
+        &mut self,
+        pipe: usize,
+        pending: &[(DivertedImage, usize)],
+        out: u64,
+        positions: &mut Vec<u32>,
+    ) -> std::result::Result<(), GpuDecodeError> {
+        let stream = self.streams[pipe];
+        let arena = self.memory.arenas[pipe];
+        // The pipe's state, arena and parameters are free once its last work is done.
+        // SAFETY: the event is the pipe's own.
+        unsafe { result::event::synchronize(self.done[pipe]) }
+            .map_err(driver("cuEventSynchronize"))?;
+        self.held[pipe].clear();
+        let bytes: Vec<&[u8]> = pending.iter().map(|(item, _)| &item.bytes[..]).collect();
+        let mut outputs: Vec<Image> = pending
+            .iter()
+            .map(|(item, offset)| Image::rgb(arena + *offset as u64, item.header.width))
+            .collect();
+        // SAFETY: each output lies in the pipe's arena, sized by the caller to fit its image;
+        // the stream is the pipe's.
+        unsafe { self.decoder.decode(pipe, &bytes, &mut outputs, stream) }?;
+        let first = positions.len() as u32;
+        let items: Vec<CropItem> = pending
+            .iter()
+            .enumerate()
+            .map(|(k, (item, offset))| {
+                let mut crop = CropItem::new(
+                    &item.window,
+                    (item.header.width, item.header.height),
+                    self.out,
+                    item.flip,
+                    first + k as u32,
+                );
+                crop.src = arena + *offset as u64;
+                crop
+            })
+            .collect();
+        let params = self.memory.params[pipe];
+        let (out_w, out_h) = (self.out.0 as i32, self.out.1 as i32);
+        let blocks = (self.out.0 * self.out.1).div_ceil(kernel::BLOCK);
+        // SAFETY: the parameters buffer holds a batch's items (`items.len()` <= batch rows)
+        // and the pipe's previous kernel is done; the output rows lie in this batch's ring
+        // buffer; the arguments match the kernel's signature.
+        unsafe {
+            sys::cuMemcpyHtoD_v2(
+                params,
+                items.as_ptr().cast::<c_void>(),
+                std::mem::size_of_val(items.as_slice()),
+            )
+            .result()
+            .map_err(driver("cuMemcpyHtoD"))?;
+            let (mut params_arg, mut out_arg, mut w_arg, mut h_arg) = (params, out, out_w, out_h);
+            let mut args: [*mut c_void; 4] = [
+                (&mut params_arg as *mut u64).cast(),
+                (&mut out_arg as *mut u64).cast(),
+                (&mut w_arg as *mut i32).cast(),
+                (&mut h_arg as *mut i32).cast(),
+            ];
+            result::launch_kernel(
+                self.function,
+                (blocks, items.len() as u32, 1),
+                (kernel::BLOCK, 1, 1),
+                0,
+                stream,
+                &mut args,
+            )
+            .map_err(driver("cuLaunchKernel"))?;
+            result::event::record(self.done[pipe], stream).map_err(driver("cuEventRecord"))?;
+        }
+        positions.extend(pending.iter().map(|(item, _)| item.row as u32));
+        Ok(())
+    }
+
+    /// Waits for both pipes and releases the CUDA objects (the memory goes with the last
+    /// holder of it).
+    fn finish(mut self) {
+        for (stream, event) in self.streams.drain(..).zip(self.done.drain(..)) {
+            // SAFETY: the lane's own objects, destroyed once, after their work.
+            unsafe {
+                let _ = result::stream::synchronize(stream);
+                let _ = result::stream::destroy(stream);
+                let _ = sys::cuEventDestroy_v2(event);
+            }
+        }
+        if !self.module.is_null() {
+            // SAFETY: no kernel of the module runs any more.
+            let _ = unsafe { result::module::unload(self.module) };
+        }
+    }
+}
+
+/// The lane's thread: builds each batch's GPU rows, then sends the batch on.
+fn run(shared: Arc<Shared>, mut engine: Engine, queue: Receiver<LaneTask>, row_bytes: usize) {
+    // SAFETY: the primary context is retained for the process's life; this thread is ours.
+    if let Err(error) = unsafe { result::ctx::set_current(shared.cuda.context()) } {
+        tracing::error!(error = %describe(error), "the GPU decode lane cannot use the device");
+    }
+    while let Ok(task) = queue.recv() {
+        let started = Instant::now();
+        let (reply, step, task_started) = (task.reply.clone(), task.step, task.started);
+        let (result, ring_wait) = engine.build(&shared, task, row_bytes);
+        let busy = started.elapsed().saturating_sub(ring_wait);
+        shared
+            .stats
+            .gpu_busy_ns
+            .fetch_add(busy.as_nanos() as u64, Ordering::Relaxed);
+        let _ = reply.send(Built {
+            step,
+            service: task_started.elapsed(),
+            result,
+        });
+    }
+    engine.finish();
+}

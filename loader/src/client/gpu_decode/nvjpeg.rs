@@ -1,0 +1,497 @@
+//! nvJPEG, loaded at run time, with the few calls the lane needs bound by hand: the library's
+//! version, a handle on the hardware JPEG engines (or the GPU-hybrid backend where a GPU has
+//! none) with device and pinned allocators that count against the lane's memory cap, header
+//! parsing to ask whether the engines take an image, and batched decoding into interleaved RGB.
+//!
+//! Why nvJPEG and not nvImageCodec: the lane needs only baseline JPEG decoding in batches;
+//! nvJPEG has a stable C ABI (its soname carries the CUDA major version) and ships with the
+//! CUDA toolkit and as a pip wheel, while nvImageCodec's C API has no stable ABI yet and would
+//! add its own plugin layer over the same nvJPEG calls.
+
+use std::ffi::{c_int, c_uint, c_void};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, OnceLock};
+
+use cudarc::driver::sys;
+
+use super::libraries::search_dirs;
+use super::GpuDecodeError;
+
+/// The nvJPEG major versions Stoker has been run against on a GPU.
+pub const TESTED_MAJORS: &[i32] = &[13];
+
+const SONAMES: &[&str] = &["libnvjpeg.so.13"];
+
+/// `nvjpegStatus_t` success.
+const SUCCESS: c_int = 0;
+/// `NVJPEG_BACKEND_DEFAULT`, `NVJPEG_BACKEND_HARDWARE`.
+const BACKEND_DEFAULT: c_int = 0;
+const BACKEND_HARDWARE: c_int = 3;
+/// `NVJPEG_OUTPUT_RGBI`: interleaved RGB.
+const OUTPUT_RGBI: c_int = 5;
+/// `libraryPropertyType`: MAJOR_VERSION, MINOR_VERSION, PATCH_LEVEL.
+const PROPERTIES: [c_int; 3] = [0, 1, 2];
+
+type Handle = *mut c_void;
+type State = *mut c_void;
+type Stream = *mut c_void;
+
+/// `nvjpegImage_t`: up to four planes and their pitches (one plane for interleaved output).
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct Image {
+    /// Plane addresses (device memory).
+    pub channel: [*mut u8; 4],
+    /// Bytes per row of each plane.
+    pub pitch: [c_uint; 4],
+}
+
+impl Image {
+    /// Interleaved RGB at `ptr`, `width` pixels a row.
+    pub fn rgb(ptr: u64, width: u32) -> Image {
+        Image {
+            channel: [
+                ptr as *mut u8,
+                std::ptr::null_mut(),
+                std::ptr::null_mut(),
+                std::ptr::null_mut(),
+            ],
+            pitch: [width * 3, 0, 0, 0],
+        }
+    }
+}
+
+/// `nvjpegDevAllocatorV2_t`.
+#[repr(C)]
+struct DevAllocator {
+    malloc: extern "C" fn(*mut c_void, *mut *mut c_void, usize, sys::CUstream) -> c_int,
+    free: extern "C" fn(*mut c_void, *mut c_void, usize, sys::CUstream) -> c_int,
+    ctx: *mut c_void,
+}
+
+/// `nvjpegPinnedAllocatorV2_t`.
+#[repr(C)]
+struct PinnedAllocator {
+    malloc: extern "C" fn(*mut c_void, *mut *mut c_void, usize, sys::CUstream) -> c_int,
+    free: extern "C" fn(*mut c_void, *mut c_void, usize, sys::CUstream) -> c_int,
+    ctx: *mut c_void,
+}
+
+/// The entry points, resolved once per process.
+struct Api {
+    _library: libloading::Library,
+    version: (i32, i32, i32),
+    from: String,
+    create_ex_v2: unsafe extern "C" fn(
+        c_int,
+        *mut DevAllocator,
+        *mut PinnedAllocator,
+        c_uint,
+        *mut Handle,
+    ) -> c_int,
+    destroy: unsafe extern "C" fn(Handle) -> c_int,
+    state_create: unsafe extern "C" fn(Handle, *mut State) -> c_int,
+    state_destroy: unsafe extern "C" fn(State) -> c_int,
+    stream_create: unsafe extern "C" fn(Handle, *mut Stream) -> c_int,
+    stream_destroy: unsafe extern "C" fn(Stream) -> c_int,
+    parse_header: unsafe extern "C" fn(Handle, *const u8, usize, Stream) -> c_int,
+    batched_supported: unsafe extern "C" fn(Handle, Stream, *mut c_int) -> c_int,
+    batched_initialize: unsafe extern "C" fn(Handle, State, c_int, c_int, c_int) -> c_int,
+    batched_decode: unsafe extern "C" fn(
+        Handle,
+        State,
+        *const *const u8,
+        *const usize,
+        *mut Image,
+        sys::CUstream,
+    ) -> c_int,
+}
+
+// SAFETY: function pointers and a library handle, usable from any thread.
+unsafe impl Send for Api {}
+unsafe impl Sync for Api {}
+
+/// An `nvjpegStatus_t` as its name.
+pub fn status_name(status: c_int) -> &'static str {
+    match status {
+        0 => "NVJPEG_STATUS_SUCCESS",
+        1 => "NVJPEG_STATUS_NOT_INITIALIZED",
+        2 => "NVJPEG_STATUS_INVALID_PARAMETER",
+        3 => "NVJPEG_STATUS_BAD_JPEG",
+        4 => "NVJPEG_STATUS_JPEG_NOT_SUPPORTED",
+        5 => "NVJPEG_STATUS_ALLOCATOR_FAILURE",
+        6 => "NVJPEG_STATUS_EXECUTION_FAILED",
+        7 => "NVJPEG_STATUS_ARCH_MISMATCH",
+        8 => "NVJPEG_STATUS_INTERNAL_ERROR",
+        9 => "NVJPEG_STATUS_IMPLEMENTATION_NOT_SUPPORTED",
+        10 => "NVJPEG_STATUS_INCOMPLETE_BITSTREAM",
+        _ => "an unknown nvJPEG status",
+    }
+}
+
+fn check(call: &'static str, status: c_int) -> Result<(), GpuDecodeError> {
+    if status == SUCCESS {
+        Ok(())
+    } else {
+        Err(GpuDecodeError::Call {
+            call,
+            error: format!("{} ({status})", status_name(status)),
+        })
+    }
+}
+
+/// Resolves one symbol as a plain function pointer.
+///
+/// # Safety
+/// `T` is the symbol's true C signature.
+unsafe fn symbol<T: Copy>(
+    library: &libloading::Library,
+    name: &'static str,
+) -> Result<T, GpuDecodeError> {
+    // SAFETY: as the caller promises.
+    unsafe { library.get::<T>(name.as_bytes()) }
+        .map(|s| *s)
+        .map_err(|e| GpuDecodeError::Library {
+            library: "libnvjpeg",
+            problem: format!("no symbol {name}: {e}"),
+        })
+}
+
+impl Api {
+    fn load(dirs: &[PathBuf]) -> Result<Api, GpuDecodeError> {
+        let mut tried = Vec::new();
+        let candidates = search_dirs(dirs)
+            .into_iter()
+            .flat_map(|dir| SONAMES.iter().map(move |name| dir.join(name)))
+            .filter(|path| path.is_file())
+            .map(|path| path.to_string_lossy().into_owned())
+            .chain(SONAMES.iter().map(|s| s.to_string()));
+        for candidate in candidates {
+            // SAFETY: loading nvJPEG runs its initialisers, which only set up its state.
+            match unsafe { libloading::Library::new(&candidate) } {
+                Ok(library) => return Self::resolve(library, candidate),
+                Err(error) => tried.push(format!("{candidate}: {error}")),
+            }
+        }
+        Err(GpuDecodeError::Library {
+            library: "libnvjpeg",
+            problem: format!(
+                "not found (tried {}); install the CUDA toolkit's nvJPEG or `pip install \
+                 stoker[gpu]`, or name its folder in STOKER_CUDA_LIB_DIRS",
+                tried.join("; ")
+            ),
+        })
+    }
+
+    fn resolve(library: libloading::Library, from: String) -> Result<Api, GpuDecodeError> {
+        // SAFETY: each type below is the documented signature of the symbol named with it.
+        unsafe {
+            let get_property: unsafe extern "C" fn(c_int, *mut c_int) -> c_int =
+                symbol(&library, "nvjpegGetProperty")?;
+            let mut version = [0; 3];
+            for (slot, property) in version.iter_mut().zip(PROPERTIES) {
+                check("nvjpegGetProperty", get_property(property, slot))?;
+            }
+            let version = (version[0], version[1], version[2]);
+            if !TESTED_MAJORS.contains(&version.0) {
+                return Err(GpuDecodeError::Library {
+                    library: "libnvjpeg",
+                    problem: format!(
+                        "{from} is nvJPEG {}.{}.{}, a version Stoker has not been tested with \
+                         (tested: {TESTED_MAJORS:?}.x)",
+                        version.0, version.1, version.2
+                    ),
+                });
+            }
+            Ok(Api {
+                create_ex_v2: symbol(&library, "nvjpegCreateExV2")?,
+                destroy: symbol(&library, "nvjpegDestroy")?,
+                state_create: symbol(&library, "nvjpegJpegStateCreate")?,
+                state_destroy: symbol(&library, "nvjpegJpegStateDestroy")?,
+                stream_create: symbol(&library, "nvjpegJpegStreamCreate")?,
+                stream_destroy: symbol(&library, "nvjpegJpegStreamDestroy")?,
+                parse_header: symbol(&library, "nvjpegJpegStreamParseHeader")?,
+                batched_supported: symbol(&library, "nvjpegDecodeBatchedSupported")?,
+                batched_initialize: symbol(&library, "nvjpegDecodeBatchedInitialize")?,
+                batched_decode: symbol(&library, "nvjpegDecodeBatched")?,
+                version,
+                from,
+                _library: library,
+            })
+        }
+    }
+}
+
+/// The process's nvJPEG, loaded on first use from `dirs` (see [`search_dirs`]).
+fn api(dirs: &[PathBuf]) -> Result<&'static Api, GpuDecodeError> {
+    static API: OnceLock<Result<Api, GpuDecodeError>> = OnceLock::new();
+    API.get_or_init(|| Api::load(dirs)).as_ref().map_err(Clone::clone)
+}
+
+/// The loaded nvJPEG's version and file, or why it cannot be loaded.
+pub fn version(dirs: &[PathBuf]) -> Result<((i32, i32, i32), String), GpuDecodeError> {
+    let api = api(dirs)?;
+    Ok((api.version, api.from.clone()))
+}
+
+/// Device and pinned bytes nvJPEG holds through one decoder's allocators, and the most the
+/// device side may hold (an allocation past it fails, and the decoder then sends its images to
+/// the CPU).
+#[derive(Debug)]
+pub struct Budget {
+    /// Device bytes allocated now.
+    pub device: AtomicUsize,
+    /// Pinned host bytes allocated now.
+    pub pinned: AtomicUsize,
+    /// The device bytes allowed.
+    pub device_limit: usize,
+}
+
+extern "C" fn device_malloc(
+    ctx: *mut c_void,
+    ptr: *mut *mut c_void,
+    size: usize,
+    _stream: sys::CUstream,
+) -> c_int {
+    // SAFETY: `ctx` is the decoder's `Budget`, alive while its handle is.
+    let budget = unsafe { &*(ctx as *const Budget) };
+    let before = budget.device.fetch_add(size, Ordering::Relaxed);
+    if before + size > budget.device_limit {
+        budget.device.fetch_sub(size, Ordering::Relaxed);
+        return 2; // cudaErrorMemoryAllocation
+    }
+    let mut address: sys::CUdeviceptr = 0;
+    // SAFETY: an allocation into a local, in the context current on the lane's thread.
+    let allocated = unsafe { sys::cuMemAlloc_v2(&mut address, size.max(1)) };
+    if allocated != sys::CUresult::CUDA_SUCCESS {
+        budget.device.fetch_sub(size, Ordering::Relaxed);
+        return 2;
+    }
+    // SAFETY: nvJPEG passes a place for the pointer.
+    unsafe { *ptr = address as *mut c_void };
+    0
+}
+
+extern "C" fn device_free(
+    ctx: *mut c_void,
+    ptr: *mut c_void,
+    size: usize,
+    _stream: sys::CUstream,
+) -> c_int {
+    // SAFETY: as in `device_malloc`.
+    let budget = unsafe { &*(ctx as *const Budget) };
+    if !ptr.is_null() {
+        // SAFETY: `ptr` came from `device_malloc`.
+        unsafe { sys::cuMemFree_v2(ptr as sys::CUdeviceptr) };
+        budget.device.fetch_sub(size, Ordering::Relaxed);
+    }
+    0
+}
+
+extern "C" fn pinned_malloc(
+    ctx: *mut c_void,
+    ptr: *mut *mut c_void,
+    size: usize,
+    _stream: sys::CUstream,
+) -> c_int {
+    // SAFETY: as in `device_malloc`.
+    let budget = unsafe { &*(ctx as *const Budget) };
+    let mut address = std::ptr::null_mut();
+    // SAFETY: an allocation into a local.
+    let allocated = unsafe { sys::cuMemAllocHost_v2(&mut address, size.max(1)) };
+    if allocated != sys::CUresult::CUDA_SUCCESS {
+        return 2;
+    }
+    budget.pinned.fetch_add(size, Ordering::Relaxed);
+    // SAFETY: nvJPEG passes a place for the pointer.
+    unsafe { *ptr = address };
+    0
+}
+
+extern "C" fn pinned_free(
+    ctx: *mut c_void,
+    ptr: *mut c_void,
+    size: usize,
+    _stream: sys::CUstream,
+) -> c_int {
+    // SAFETY: as in `device_malloc`.
+    let budget = unsafe { &*(ctx as *const Budget) };
+    if !ptr.is_null() {
+        // SAFETY: `ptr` came from `pinned_malloc`.
+        unsafe { sys::cuMemFreeHost(ptr) };
+        budget.pinned.fetch_sub(size, Ordering::Relaxed);
+    }
+    0
+}
+
+/// One nvJPEG decoder: a handle (hardware engines where there are, else the default backend),
+/// its allocators' budget, a header parser, and decode states used in turn.
+pub struct Decoder {
+    api: &'static Api,
+    handle: Handle,
+    parser: Stream,
+    states: Vec<State>,
+    hardware: bool,
+    // Shared: the allocators' context points at it for the handle's life.
+    budget: Arc<Budget>,
+}
+
+// SAFETY: the decoder is used by one thread at a time (the lane's); nvJPEG handles may move
+// between threads.
+unsafe impl Send for Decoder {}
+
+impl Decoder {
+    /// A decoder with `states` decode states, whose own device allocations stay under
+    /// `device_limit` bytes. Call with the device's context current.
+    pub fn new(
+        dirs: &[PathBuf],
+        states: usize,
+        device_limit: usize,
+    ) -> Result<Decoder, GpuDecodeError> {
+        let api = api(dirs)?;
+        let budget = Arc::new(Budget {
+            device: AtomicUsize::new(0),
+            pinned: AtomicUsize::new(0),
+            device_limit,
+        });
+        let ctx = Arc::as_ptr(&budget).cast_mut().cast::<c_void>();
+        let mut device = DevAllocator {
+            malloc: device_malloc,
+            free: device_free,
+            ctx,
+        };
+        let mut pinned = PinnedAllocator {
+            malloc: pinned_malloc,
+            free: pinned_free,
+            ctx,
+        };
+        let mut handle = std::ptr::null_mut();
+        let mut hardware = true;
+        // SAFETY: the allocators' context outlives the handle (the decoder holds the budget
+        // and destroys the handle first, in `Drop`); the out-pointer is a local.
+        let status =
+            unsafe { (api.create_ex_v2)(BACKEND_HARDWARE, &mut device, &mut pinned, 0, &mut handle) };
+        if status != SUCCESS {
+            hardware = false;
+            tracing::info!(
+                status = status_name(status),
+                "no hardware JPEG decoder here; the GPU lane uses nvJPEG's default backend"
+            );
+            // SAFETY: as above.
+            check("nvjpegCreateExV2", unsafe {
+                (api.create_ex_v2)(BACKEND_DEFAULT, &mut device, &mut pinned, 0, &mut handle)
+            })?;
+        }
+        let mut decoder = Decoder {
+            api,
+            handle,
+            parser: std::ptr::null_mut(),
+            states: Vec::new(),
+            hardware,
+            budget,
+        };
+        // SAFETY: the handle is live; out-pointers are fields of `decoder`, which destroys
+        // whatever was made if a later step fails.
+        unsafe {
+            check(
+                "nvjpegJpegStreamCreate",
+                (api.stream_create)(decoder.handle, &mut decoder.parser),
+            )?;
+            for _ in 0..states.max(1) {
+                let mut state = std::ptr::null_mut();
+                check(
+                    "nvjpegJpegStateCreate",
+                    (api.state_create)(decoder.handle, &mut state),
+                )?;
+                decoder.states.push(state);
+            }
+        }
+        Ok(decoder)
+    }
+
+    /// Whether the handle drives the hardware JPEG engines.
+    pub fn hardware(&self) -> bool {
+        self.hardware
+    }
+
+    /// The allocators' budget.
+    pub fn budget(&self) -> Arc<Budget> {
+        Arc::clone(&self.budget)
+    }
+
+    /// Whether batched decoding takes `bytes` (parses its header; `false` for a header nvJPEG
+    /// cannot read).
+    pub fn supports(&mut self, bytes: &[u8]) -> bool {
+        // SAFETY: the handle and parser are live; `bytes` is read during the call only.
+        unsafe {
+            if (self.api.parse_header)(self.handle, bytes.as_ptr(), bytes.len(), self.parser)
+                != SUCCESS
+            {
+                return false;
+            }
+            let mut answer: c_int = -1;
+            (self.api.batched_supported)(self.handle, self.parser, &mut answer) == SUCCESS
+                && answer == 0
+        }
+    }
+
+    /// Decodes `images` to interleaved RGB at `outputs` (device memory, each big enough) on
+    /// `stream`, with decode state `state` (which must not be in use by a decode still
+    /// running: the caller waits for that one first).
+    ///
+    /// # Safety
+    /// `outputs` point at device memory of this context large enough for each image, which
+    /// stays allocated until the work queued on `stream` is done; `stream` is live.
+    pub unsafe fn decode(
+        &mut self,
+        state: usize,
+        images: &[&[u8]],
+        outputs: &mut [Image],
+        stream: sys::CUstream,
+    ) -> Result<(), GpuDecodeError> {
+        let state = self.states[state % self.states.len()];
+        let pointers: Vec<*const u8> = images.iter().map(|b| b.as_ptr()).collect();
+        let lengths: Vec<usize> = images.iter().map(|b| b.len()).collect();
+        // SAFETY: as the caller promises; the arrays live across the calls.
+        unsafe {
+            check(
+                "nvjpegDecodeBatchedInitialize",
+                (self.api.batched_initialize)(
+                    self.handle,
+                    state,
+                    images.len() as c_int,
+                    1,
+                    OUTPUT_RGBI,
+                ),
+            )?;
+            check(
+                "nvjpegDecodeBatched",
+                (self.api.batched_decode)(
+                    self.handle,
+                    state,
+                    pointers.as_ptr(),
+                    lengths.as_ptr(),
+                    outputs.as_mut_ptr(),
+                    stream,
+                ),
+            )
+        }
+    }
+}
+
+impl Drop for Decoder {
+    fn drop(&mut self) {
+        // SAFETY: everything here was made by this decoder and is destroyed once; the lane
+        // waits for its streams before dropping it.
+        unsafe {
+            for state in self.states.drain(..) {
+                (self.api.state_destroy)(state);
+            }
+            if !self.parser.is_null() {
+                (self.api.stream_destroy)(self.parser);
+            }
+            (self.api.destroy)(self.handle);
+        }
+    }
+}

@@ -1,0 +1,118 @@
+//! The GPU decode lane as Python sees it: the rows a batch's lane decoded, still on the GPU
+//! (`DeviceRows`, a CUDA array interface torch wraps without a copy), and the check that says
+//! why the lane cannot run here.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use pyo3::exceptions::PyRuntimeError;
+use pyo3::prelude::*;
+use pyo3::types::{PyDict, PyTuple};
+
+/// The rows of one batch that the GPU lane decoded: `shape` uint8 (rows, height, width, 3) on
+/// CUDA device `device`, row `k` being the batch's row `positions[k]`. Make a stream wait for
+/// them with `wait(stream)` before reading; they stay valid while the batch's slot is out (the
+/// device stage holds the image tensor until its copies are fenced).
+#[pyclass(module = "stoker._native", frozen)]
+pub struct DeviceRows {
+    rows: Arc<stoker_loader::DeviceRows>,
+}
+
+impl DeviceRows {
+    /// The lane's rows attached to the slot holding `ptr`, if any.
+    pub fn of_slot(slots: &stoker_loader::SlotPool, ptr: *const u8) -> Option<DeviceRows> {
+        let attachment = slots.attachment(ptr)?;
+        let rows = attachment
+            .downcast::<stoker_loader::DeviceRows>()
+            .ok()?;
+        Some(DeviceRows { rows })
+    }
+}
+
+#[pymethods]
+impl DeviceRows {
+    /// The batch row of each device row.
+    #[getter]
+    fn positions(&self) -> Vec<u32> {
+        self.rows.positions().to_vec()
+    }
+
+    /// (rows, height, width, 3).
+    #[getter]
+    fn shape(&self) -> (usize, usize, usize, usize) {
+        let [n, h, w, c] = self.rows.shape();
+        (n, h, w, c)
+    }
+
+    /// The CUDA device ordinal.
+    #[getter]
+    fn device(&self) -> usize {
+        self.rows.device()
+    }
+
+    /// Makes CUDA stream `stream` (a `torch.cuda.Stream.cuda_stream` of this device, or 0)
+    /// wait on the GPU until the rows are written.
+    fn wait(&self, stream: usize) -> PyResult<()> {
+        // SAFETY: the caller passes a live stream of the device's primary context (torch's
+        // streams are), as documented.
+        unsafe { self.rows.wait_on(stream) }.map_err(|e| PyRuntimeError::new_err(e.to_string()))
+    }
+
+    /// The CUDA array interface (version 3): no stream is named, so no consumer stream is
+    /// synchronised by it; order reads with `wait`.
+    #[getter]
+    fn __cuda_array_interface__<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let interface = PyDict::new(py);
+        let [n, h, w, c] = self.rows.shape();
+        interface.set_item("shape", PyTuple::new(py, [n, h, w, c])?)?;
+        interface.set_item("typestr", "|u1")?;
+        interface.set_item("data", (self.rows.ptr(), false))?;
+        interface.set_item("version", 3)?;
+        interface.set_item("strides", py.None())?;
+        Ok(interface)
+    }
+}
+
+/// `None` when the GPU decode lane can run on CUDA device `ordinal` here (driver, nvJPEG of a
+/// tested version, NVRTC compiling the kernel), else what is missing. `library_dirs` are
+/// searched first for the libraries.
+#[pyfunction]
+#[pyo3(signature = (ordinal, library_dirs = Vec::new()))]
+pub fn gpu_decode_unavailable(
+    py: Python<'_>,
+    ordinal: usize,
+    library_dirs: Vec<PathBuf>,
+) -> Option<String> {
+    py.detach(|| {
+        if let Err(error) = stoker_loader::Cuda::open(ordinal) {
+            return Some(error.to_string());
+        }
+        if let Err(error) = stoker_loader::nvjpeg_version(&library_dirs) {
+            return Some(error.to_string());
+        }
+        stoker_loader::compile_kernel(&library_dirs, None)
+            .err()
+            .map(|e| e.to_string())
+    })
+}
+
+/// Compiles the lane's crop kernel with NVRTC (no GPU needed): PTX text, or with `sm` (a
+/// compute capability) that architecture's machine code. Raises RuntimeError naming what
+/// failed (no libnvrtc, a compile error).
+#[pyfunction]
+#[pyo3(signature = (library_dirs = Vec::new(), sm = None))]
+pub fn compile_gpu_kernel(
+    py: Python<'_>,
+    library_dirs: Vec<PathBuf>,
+    sm: Option<(i32, i32)>,
+) -> PyResult<Py<PyAny>> {
+    let compiled = py
+        .detach(|| stoker_loader::compile_kernel(&library_dirs, sm))
+        .map_err(|e| PyRuntimeError::new_err(e.to_string()))?;
+    Ok(match compiled {
+        stoker_loader::Compiled::Ptx(text) => text.into_pyobject(py)?.into_any().unbind(),
+        stoker_loader::Compiled::Cubin(bytes) => {
+            pyo3::types::PyBytes::new(py, &bytes).into_any().unbind()
+        }
+    })
+}

@@ -1,0 +1,348 @@
+"""The GPU decode lane (``decode="gpu"`` / ``"auto"``).
+
+Without a GPU (CI): the kernel's source compiles with NVRTC (torch's CUDA wheels bring
+``libnvrtc``), the arguments are checked, ``decode="gpu"`` says what is missing, and
+``decode="auto"`` gives the CPU's batches. With a GPU (``pytest -m gpu``): pixel parity with
+the CPU pipeline within the bound stated below, the same crop windows, the CPU fallback of
+progressive, PNG and corrupt files, flat device memory, one digest for two ``auto`` runs, and
+the lane's memory under its cap with 6000x6000 JPEGs in the set.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+import stoker
+from stoker import _native, gpu, ops
+
+CROP = 64
+
+# The bound the lane is held to against the CPU pipeline on the generated set: mean absolute
+# difference per pixel value over a whole epoch (the decoders' IDCT and chroma upsampling round
+# differently; the crop, filter and flip are the same). The CPU side decodes at full size here
+# (dct_scaling=False), as the hardware engines do.
+MEAN_ABS_BOUND = 1.5
+# No single image may be further off than this: a different crop window or flip would be.
+IMAGE_MEAN_ABS_BOUND = 4.0
+
+
+def train_pipeline(dct_scaling: bool = False) -> list[ops.Op]:
+    return [
+        ops.DecodeImage(dct_scaling=dct_scaling),
+        ops.RandomResizedCrop(CROP),
+        ops.RandomHorizontalFlip(),
+        ops.ToTensor(),
+    ]
+
+
+def nvrtc_or_skip() -> list[str]:
+    dirs = gpu.cuda_library_dirs()
+    try:
+        _native.compile_gpu_kernel(dirs)
+    except RuntimeError as error:
+        if "libnvrtc" in str(error) and os.environ.get("CI") != "true":
+            pytest.skip(f"no libnvrtc here ({error}); CI installs torch, which brings it")
+        raise
+    return dirs
+
+
+def test_the_kernel_compiles_with_nvrtc() -> None:
+    dirs = nvrtc_or_skip()
+    ptx = _native.compile_gpu_kernel(dirs)
+    assert isinstance(ptx, str)
+    assert ".entry crop_resize_flip" in ptx
+    # Machine code for an architecture, as the lane compiles it for its GPU.
+    cubin = _native.compile_gpu_kernel(dirs, (9, 0))
+    assert isinstance(cubin, bytes) and cubin[:4] == b"\x7fELF"
+
+
+def test_decode_arguments_are_checked(dataset: Path) -> None:
+    base: dict[str, Any] = {"pipeline": train_pipeline(), "batch_size": 4, "output": "numpy"}
+    with pytest.raises(ValueError, match="decode must be 'cpu', 'gpu' or 'auto'"):
+        stoker.Loader(dataset, decode="tpu", **base)
+    with pytest.raises(ValueError, match=r"decode='gpu'.*device='cuda'"):
+        stoker.Loader(dataset, decode="gpu", **base)
+    with pytest.raises(ValueError, match="gpu_memory sizes the GPU decode lane"):
+        stoker.Loader(dataset, gpu_memory=1 << 30, **base)
+    with pytest.raises(ValueError, match="gpu_memory must be an int of at least"):
+        stoker.Loader(dataset, decode="auto", gpu_memory=1024, **base)
+    with pytest.raises(ValueError, match="embedded mode"):
+        stoker.Loader(dataset, decode="auto", address="127.0.0.1:1", **base)
+
+
+def test_decode_gpu_without_a_gpu_names_what_is_missing(dataset: Path) -> None:
+    if _native.cuda_driver_present():
+        pytest.skip("a CUDA driver is present here: the GPU tests below cover this machine")
+    torch = pytest.importorskip("torch")
+    del torch
+    with pytest.raises(stoker.GpuUnavailableError, match="CUDA"):
+        stoker.Loader(
+            dataset, pipeline=train_pipeline(), batch_size=4, device="cuda", decode="gpu"
+        )
+
+
+def epoch_digest(loader: stoker.Loader) -> str:
+    digest = hashlib.sha256()
+    for batch in loader:
+        image = batch["image"]
+        if hasattr(image, "cpu"):
+            image = image.cpu().numpy()
+        digest.update(np.ascontiguousarray(image).tobytes())
+        label = batch["label"]
+        digest.update(np.asarray(label.cpu() if hasattr(label, "cpu") else label).tobytes())
+    return digest.hexdigest()
+
+
+def test_auto_gives_the_cpu_batches_where_no_lane_runs(dataset: Path) -> None:
+    base: dict[str, Any] = {
+        "pipeline": train_pipeline(),
+        "batch_size": 8,
+        "num_threads": 2,
+        "output": "numpy",
+        "seed": 3,
+    }
+    with stoker.Loader(dataset, **base) as cpu:
+        expected = epoch_digest(cpu)
+    # Without device=, "auto" has no GPU batch to decode into: it is "cpu".
+    with stoker.Loader(dataset, decode="auto", **base) as auto:
+        assert epoch_digest(auto) == expected
+        assert auto.stats()["gpu_decode"] is None
+        assert "decode_split" not in auto.state_dict()
+
+
+# -- on a GPU ------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def torch() -> Any:
+    """torch with a usable CUDA device and a GPU lane that can start, or a skip naming what is
+    missing."""
+    try:
+        import torch
+    except ImportError as error:
+        pytest.skip(f"torch is not importable ({error}): no GPU test can run")
+    if torch.version.cuda is None or not torch.cuda.is_available():
+        pytest.skip(
+            f"no CUDA GPU here (torch {torch.__version__}, cuda {torch.version.cuda}): the "
+            "GPU decode tests run on a GPU machine"
+        )
+    problem = _native.gpu_decode_unavailable(0, gpu.cuda_library_dirs())
+    if problem is not None:
+        pytest.fail(f"a GPU is here but the decode lane cannot run: {problem}")
+    return torch
+
+
+def device_epoch(dataset: Path, decode: str, **overrides: Any) -> tuple[list[Any], dict[str, Any]]:
+    """The uint8 NHWC images of one epoch delivered on cuda:0 with ``decode``, copied to the
+    host, and the loader's stats."""
+    options: dict[str, Any] = {
+        "pipeline": train_pipeline(),
+        "batch_size": 16,
+        "num_threads": 2,
+        "seed": 5,
+        "device": "cuda",
+        "decode": decode,
+        "timeout": 120,
+    }
+    options.update(overrides)
+    with stoker.Loader(dataset, **options) as loader:
+        images = [
+            (batch["image"].cpu().numpy().copy(), batch["label"].cpu().numpy().copy())
+            for batch in loader
+        ]
+        return images, loader.stats()
+
+
+@pytest.mark.gpu
+def test_gpu_rows_match_the_cpu_pipeline_within_the_bound(torch: Any, dataset: Path) -> None:
+    cpu, _ = device_epoch(dataset, "cpu")
+    lane, stats = device_epoch(dataset, "gpu")
+    lane_stats = stats["gpu_decode"]
+    assert lane_stats is not None and lane_stats["rows"] > 0, lane_stats
+    assert lane_stats["fallback_rows"] == 0, lane_stats
+    diffs = []
+    for (cpu_image, cpu_label), (gpu_image, gpu_label) in zip(cpu, lane, strict=True):
+        assert cpu_image.shape == gpu_image.shape and cpu_image.dtype == np.uint8
+        np.testing.assert_array_equal(cpu_label, gpu_label)
+        per_image = np.abs(cpu_image.astype(np.int16) - gpu_image.astype(np.int16)).mean(
+            axis=(1, 2, 3)
+        )
+        assert per_image.max() < IMAGE_MEAN_ABS_BOUND, per_image
+        diffs.append(per_image)
+    mean = float(np.concatenate(diffs).mean())
+    print(f"GPU lane vs CPU: mean abs diff {mean:.3f} grey levels")
+    assert mean < MEAN_ABS_BOUND
+
+
+@pytest.mark.gpu
+def test_the_windows_are_the_cpus(torch: Any, dataset: Path) -> None:
+    """A wrong window or flip shows as a large difference in the image's own content: each
+    GPU row is closer to its own CPU row than to the CPU row of its mirror image."""
+    cpu, _ = device_epoch(dataset, "cpu")
+    lane, _ = device_epoch(dataset, "gpu")
+    for (cpu_image, _), (gpu_image, _) in zip(cpu, lane, strict=True):
+        same = np.abs(cpu_image.astype(np.int16) - gpu_image).mean(axis=(1, 2, 3))
+        mirrored = np.abs(cpu_image[:, :, ::-1].astype(np.int16) - gpu_image).mean(axis=(1, 2, 3))
+        assert (same < mirrored).all(), (same, mirrored)
+
+
+def mixed_set(dataset: Path, root: Path) -> Path:
+    """Baseline JPEGs, progressive JPEGs, PNGs and a corrupt JPEG in one folder."""
+    from PIL import Image
+
+    files = sorted(p for p in dataset.rglob("*.jpg"))[:24]
+    for cls in ("a", "b"):
+        (root / cls).mkdir(parents=True)
+    for i, source in enumerate(files):
+        image = Image.open(source).convert("RGB")
+        target = root / ("a" if i % 2 else "b")
+        if i % 4 == 0:
+            image.save(target / f"{i:03}_progressive.jpg", progressive=True, quality=90)
+        elif i % 4 == 1:
+            image.save(target / f"{i:03}.png")
+        else:
+            shutil.copy(source, target / f"{i:03}.jpg")
+    whole = files[0].read_bytes()
+    (root / "a" / "999_corrupt.jpg").write_bytes(whole[: len(whole) // 2])
+    return root
+
+
+@pytest.mark.gpu
+def test_progressive_png_and_corrupt_files_go_to_the_cpu(
+    torch: Any, dataset: Path, tmp_path: Path
+) -> None:
+    root = mixed_set(dataset, tmp_path / "mixed")
+    cpu, _ = device_epoch(root, "cpu", batch_size=5)
+    lane, stats = device_epoch(root, "gpu", batch_size=5)
+    lane_stats = stats["gpu_decode"]
+    # 6 progressive + 6 PNG + the corrupt one are declined; the 12 baseline JPEGs decoded.
+    assert lane_stats["declined_rows"] >= 13, lane_stats
+    assert lane_stats["rows"] >= 1, lane_stats
+    assert stats["bad_samples"] >= 1  # the corrupt file, replaced as on the CPU
+    for (cpu_image, cpu_label), (gpu_image, gpu_label) in zip(cpu, lane, strict=True):
+        np.testing.assert_array_equal(cpu_label, gpu_label)
+        per_image = np.abs(cpu_image.astype(np.int16) - gpu_image).mean(axis=(1, 2, 3))
+        assert per_image.max() < IMAGE_MEAN_ABS_BOUND
+
+
+@pytest.mark.gpu
+def test_device_memory_is_flat_over_2000_batches(torch: Any, dataset: Path) -> None:
+    options: dict[str, Any] = {
+        "pipeline": train_pipeline(),
+        "batch_size": 8,
+        "num_threads": 2,
+        "device": "cuda",
+        "decode": "gpu",
+        "timeout": 120,
+    }
+    with stoker.Loader(dataset, **options) as loader:
+        seen = 0
+        free_after_warmup = None
+        lane_after_warmup = None
+        while seen < 2000:
+            for batch in loader:
+                seen += 1
+                del batch
+                if seen == 100:
+                    torch.cuda.synchronize()
+                    free_after_warmup = torch.cuda.mem_get_info()[0]
+                    lane_after_warmup = loader.stats()["gpu_decode"]["memory_bytes"]
+                if seen >= 2000:
+                    break
+        torch.cuda.synchronize()
+        free_end = torch.cuda.mem_get_info()[0]
+        lane = loader.stats()["gpu_decode"]
+        assert lane["memory_bytes"] == lane_after_warmup, lane
+        assert lane["memory_bytes"] <= lane["memory_cap"], lane
+        assert free_after_warmup is not None
+        # Nothing grows on the device beyond a few MiB of torch's pools.
+        assert free_after_warmup - free_end < 16 << 20, (free_after_warmup, free_end)
+
+
+@pytest.mark.gpu
+def test_two_auto_runs_with_one_seed_give_one_digest(torch: Any, dataset: Path) -> None:
+    options: dict[str, Any] = {
+        "pipeline": train_pipeline(),
+        "batch_size": 16,
+        "num_threads": 2,
+        "seed": 11,
+        "device": "cuda",
+        "decode": "auto",
+        "timeout": 120,
+    }
+    digests = []
+    for _ in range(2):
+        with stoker.Loader(dataset, **options) as loader:
+            digests.append(epoch_digest(loader))
+            state = loader.state_dict()
+            assert state["decode_split"] == [0, 8], state
+            lane = loader.stats()["gpu_decode"]
+            assert lane["rows"] > 0 and lane["cpu_rows_per_s"] > 0, lane
+    assert digests[0] == digests[1]
+    # The split differs from "cpu" and from "gpu": some rows of each batch on each side.
+    with stoker.Loader(dataset, **{**options, "decode": "cpu"}) as cpu:
+        assert epoch_digest(cpu) != digests[0]
+
+
+@pytest.mark.gpu
+def test_a_resumed_auto_run_gets_the_saved_split(torch: Any, dataset: Path) -> None:
+    options: dict[str, Any] = {
+        "pipeline": train_pipeline(),
+        "batch_size": 16,
+        "num_threads": 2,
+        "seed": 2,
+        "device": "cuda",
+        "decode": "auto",
+        "timeout": 120,
+    }
+    with stoker.Loader(dataset, **options) as first:
+        it = iter(first)
+        next(it)
+        state = first.state_dict()
+        expected = next(it)["image"].cpu().numpy().copy()
+    state["decode_split"] = [state["epoch"], 12]
+    with stoker.Loader(dataset, **options) as resumed:
+        resumed.load_state_dict(state)
+        got = next(iter(resumed))["image"].cpu().numpy()
+        assert resumed.state_dict()["decode_split"] == [state["epoch"], 12]
+    # Another split changes which rows the GPU decoded: the images differ by rounding only.
+    assert np.abs(expected.astype(np.int16) - got).mean() < MEAN_ABS_BOUND
+
+
+@pytest.mark.gpu
+def test_huge_jpegs_keep_the_lane_under_its_cap(
+    torch: Any, dataset: Path, tmp_path: Path
+) -> None:
+    from PIL import Image
+
+    root = tmp_path / "huge"
+    (root / "a").mkdir(parents=True)
+    for i, source in enumerate(sorted(dataset.rglob("*.jpg"))[:20]):
+        shutil.copy(source, root / "a" / f"{i:03}.jpg")
+    gradient = np.linspace(0, 255, 6000, dtype=np.uint8)
+    big = np.stack([np.tile(gradient, (6000, 1))] * 3, axis=-1)
+    for i in range(3):
+        Image.fromarray(big).save(root / "a" / f"big{i}.jpg", quality=80)
+    cap = 128 << 20
+    torch.cuda.synchronize()
+    free_before = torch.cuda.mem_get_info()[0]
+    lane_images, stats = device_epoch(
+        root, "gpu", batch_size=4, gpu_memory=cap, pipeline=train_pipeline()
+    )
+    lane = stats["gpu_decode"]
+    assert lane["memory_cap"] == cap
+    assert lane["memory_bytes"] <= cap, lane
+    # 6000x6000x3 bytes decoded do not fit a third of the cap: those go to the CPU.
+    assert lane["declined_rows"] >= 3, lane
+    assert lane["rows"] >= 1, lane
+    assert len(lane_images) == 6
+    torch.cuda.synchronize()
+    # Closed: the lane's memory is back.
+    assert torch.cuda.mem_get_info()[0] >= free_before - (16 << 20)
