@@ -43,11 +43,14 @@ for decode in ("gpu", "auto"):
     print(decode, f"{n * 256 / (time.perf_counter() - started):.0f} img/s loader alone", loader.stats()["gpu_decode"])
     loader.close()
 PY
-echo "smoke: $((SECONDS - started)) s"
+smoke=${PIPESTATUS[0]}
+echo "smoke: exit $smoke, $((SECONDS - started)) s"
 started=$SECONDS
 (cd python-client && timeout 240 python3 -m pytest -m gpu tests/test_gpu_decode.py -q -rs -s -p no:cacheprovider 2>&1) | tee "$out/pytest.log"
 echo "pytest -m gpu: $((SECONDS - started)) s"
+# A lane that does not start or crashes has nothing to measure.
+[ "$smoke" -eq 0 ] || exit 1
 started=$SECONDS
 rows=ceiling,stoker-cuda,stoker-gpu,stoker-auto,stoker-cuda@7,stoker-auto@7,stoker-gpu@7,loader:stoker-cuda,loader:stoker-gpu,loader:stoker-auto
-timeout 240 python3 benches/gpu_train.py --data "$data" --models resnet18 --rows "$rows" --workers "$(( $(nproc) - 1 ))" 2>&1 | tee "$out/bench.log"
+timeout 200 python3 benches/gpu_train.py --data "$data" --models resnet18 --rows "$rows" --workers "$(( $(nproc) - 1 ))" 2>&1 | tee "$out/bench.log"
 echo "gpu_train: $((SECONDS - started)) s"
