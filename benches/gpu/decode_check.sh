@@ -45,6 +45,19 @@ for decode in ("gpu", "auto"):
 PY
 smoke=${PIPESTATUS[0]}
 echo "smoke: exit $smoke, $((SECONDS - started)) s"
+if [ "$smoke" -ne 0 ] && [ -x /usr/local/cuda/bin/compute-sanitizer ]; then
+    # Where the fault is: a few small batches under the memory checker.
+    timeout 150 /usr/local/cuda/bin/compute-sanitizer --tool memcheck --print-limit 5 python3 - "$data" <<'PY' 2>&1 | tail -60 | tee "$out/sanitizer.log"
+import sys
+import stoker
+loader = stoker.Loader(sys.argv[1], pipeline=stoker.vision.imagenet_train(64), batch_size=4,
+                       num_threads=2, device="cuda", decode="gpu")
+for n, batch in enumerate(loader):
+    if n == 2:
+        break
+print("sanitized run done", loader.stats()["gpu_decode"])
+PY
+fi
 started=$SECONDS
 (cd python-client && timeout 240 python3 -m pytest -m gpu tests/test_gpu_decode.py -q -rs -s -p no:cacheprovider 2>&1) | tee "$out/pytest.log"
 echo "pytest -m gpu: $((SECONDS - started)) s"

@@ -84,13 +84,19 @@ pub fn gpu_decode_unavailable(
     library_dirs: Vec<PathBuf>,
 ) -> Option<String> {
     py.detach(|| {
-        if let Err(error) = stoker_loader::Cuda::open(ordinal) {
-            return Some(error.to_string());
-        }
+        let cuda = match stoker_loader::Cuda::open(ordinal) {
+            Ok(cuda) => cuda,
+            Err(error) => return Some(error.to_string()),
+        };
         if let Err(error) = stoker_loader::nvjpeg_version(&library_dirs) {
             return Some(error.to_string());
         }
-        stoker_loader::compile_kernel(&library_dirs, None)
+        // The lane's own compile, for this GPU (kept for the lane).
+        let sm = match cuda.compute_capability() {
+            Ok(sm) => sm,
+            Err(error) => return Some(error.to_string()),
+        };
+        stoker_loader::compile_kernel(&library_dirs, Some(sm))
             .err()
             .map(|e| e.to_string())
     })

@@ -5,6 +5,7 @@
 //! so a test compiles the source on any machine that has the library.
 
 use std::path::PathBuf;
+use std::sync::Mutex;
 
 use stoker_worker::SourceWindow;
 
@@ -161,6 +162,18 @@ fn nvrtc_failed(call: &'static str) -> impl Fn(cudarc::nvrtc::result::NvrtcError
 /// (else from the usual search): machine code for compute capability `sm` (major, minor)
 /// when given, else PTX for [`ARCH`].
 pub fn compile(dirs: &[PathBuf], sm: Option<(i32, i32)>) -> Result<Compiled, GpuDecodeError> {
+    // Compiled once per architecture and process (NVRTC takes a few hundred milliseconds).
+    static DONE: Mutex<Vec<(Option<(i32, i32)>, Compiled)>> = Mutex::new(Vec::new());
+    let mut done = DONE.lock().unwrap_or_else(|p| p.into_inner());
+    if let Some((_, compiled)) = done.iter().find(|(arch, _)| *arch == sm) {
+        return Ok(compiled.clone());
+    }
+    let compiled = compile_now(dirs, sm)?;
+    done.push((sm, compiled.clone()));
+    Ok(compiled)
+}
+
+fn compile_now(dirs: &[PathBuf], sm: Option<(i32, i32)>) -> Result<Compiled, GpuDecodeError> {
     use cudarc::nvrtc::{result, sys};
 
     let found = preload(&["libnvrtc.so.13", "libnvrtc.so.12"], dirs);

@@ -218,6 +218,7 @@ struct Shared {
     mode: DecodeMode,
     splits: Mutex<HashMap<u64, u8>>,
     hardware: bool,
+    interpolated: bool,
 }
 
 impl Shared {
@@ -448,6 +449,7 @@ impl GpuLane {
             mode: options.mode,
             splits: Mutex::new(HashMap::new()),
             hardware: engine.decoder.hardware(),
+            interpolated: engine.decoder.interpolated(),
         });
         let (tasks, queue) = crossbeam_channel::bounded(1);
         let thread_shared = Arc::clone(&shared);
@@ -458,6 +460,7 @@ impl GpuLane {
         tracing::info!(
             device = options.device,
             hardware = shared.hardware,
+            interpolated_chroma = shared.interpolated,
             cap = options.memory_bytes,
             "GPU decode lane started"
         );
@@ -502,6 +505,12 @@ impl GpuLane {
     /// Whether the hardware engines decode (else nvJPEG's default backend).
     pub fn hardware(&self) -> bool {
         self.shared.hardware
+    }
+
+    /// Whether nvJPEG upsamples chroma by interpolation, as the CPU threads' decoder does
+    /// (else by repeating samples, which differs more from the CPU's pixels).
+    pub fn interpolated_chroma(&self) -> bool {
+        self.shared.interpolated
     }
 
     /// The counts so far.

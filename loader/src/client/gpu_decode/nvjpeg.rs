@@ -30,6 +30,9 @@ const BACKEND_DEFAULT: c_int = 0;
 const BACKEND_HARDWARE: c_int = 3;
 /// `NVJPEG_OUTPUT_RGBI`: interleaved RGB.
 const OUTPUT_RGBI: c_int = 5;
+/// `NVJPEG_FLAGS_UPSAMPLING_WITH_INTERPOLATION`: chroma upsampled by interpolation, as
+/// libjpeg-turbo does by default (the CPU threads' decoder), not by repeating samples.
+const FLAG_INTERPOLATED_UPSAMPLING: c_uint = 32;
 /// `libraryPropertyType`: MAJOR_VERSION, MINOR_VERSION, PATCH_LEVEL.
 const PROPERTIES: [c_int; 3] = [0, 1, 2];
 
@@ -43,8 +46,8 @@ type Stream = *mut c_void;
 pub struct Image {
     /// Plane addresses (device memory).
     pub channel: [*mut u8; 4],
-    /// Bytes per row of each plane.
-    pub pitch: [c_uint; 4],
+    /// Bytes per row of each plane (`size_t` in nvjpeg.h).
+    pub pitch: [usize; 4],
 }
 
 impl Image {
@@ -57,7 +60,7 @@ impl Image {
                 std::ptr::null_mut(),
                 std::ptr::null_mut(),
             ],
-            pitch: [width * 3, 0, 0, 0],
+            pitch: [width as usize * 3, 0, 0, 0],
         }
     }
 }
@@ -333,8 +336,12 @@ pub struct Decoder {
     parser: Stream,
     states: Vec<State>,
     hardware: bool,
+    /// Whether chroma is upsampled by interpolation.
+    interpolated: bool,
     // Shared: the allocators' context points at it for the handle's life.
     budget: Arc<Budget>,
+    // Kept for the handle's life, in case nvJPEG holds on to the tables themselves.
+    _allocators: Box<(DevAllocator, PinnedAllocator)>,
 }
 
 // SAFETY: the decoder is used by one thread at a time (the lane's); nvJPEG handles may move
@@ -356,32 +363,49 @@ impl Decoder {
             device_limit,
         });
         let ctx = Arc::as_ptr(&budget).cast_mut().cast::<c_void>();
-        let mut device = DevAllocator {
-            malloc: device_malloc,
-            free: device_free,
-            ctx,
-        };
-        let mut pinned = PinnedAllocator {
-            malloc: pinned_malloc,
-            free: pinned_free,
-            ctx,
-        };
+        let mut allocators = Box::new((
+            DevAllocator {
+                malloc: device_malloc,
+                free: device_free,
+                ctx,
+            },
+            PinnedAllocator {
+                malloc: pinned_malloc,
+                free: pinned_free,
+                ctx,
+            },
+        ));
         let mut handle = std::ptr::null_mut();
-        let mut hardware = true;
-        // SAFETY: the allocators' context outlives the handle (the decoder holds the budget
-        // and destroys the handle first, in `Drop`); the out-pointer is a local.
-        let status =
-            unsafe { (api.create_ex_v2)(BACKEND_HARDWARE, &mut device, &mut pinned, 0, &mut handle) };
-        if status != SUCCESS {
-            hardware = false;
-            tracing::info!(
-                status = status_name(status),
-                "no hardware JPEG decoder here; the GPU lane uses nvJPEG's default backend"
-            );
-            // SAFETY: as above.
-            check("nvjpegCreateExV2", unsafe {
-                (api.create_ex_v2)(BACKEND_DEFAULT, &mut device, &mut pinned, 0, &mut handle)
-            })?;
+        let mut chosen = None;
+        // The hardware engines first, then the default backend; each with interpolated chroma
+        // upsampling where this nvJPEG has the flag, else without.
+        for backend in [BACKEND_HARDWARE, BACKEND_DEFAULT] {
+            for flags in [FLAG_INTERPOLATED_UPSAMPLING, 0] {
+                let (device, pinned) = &mut *allocators;
+                // SAFETY: the allocators and their context outlive the handle (the decoder
+                // holds both and destroys the handle first, in `Drop`); the out-pointer is a
+                // local.
+                let status =
+                    unsafe { (api.create_ex_v2)(backend, device, pinned, flags, &mut handle) };
+                if status == SUCCESS {
+                    chosen = Some((backend, flags));
+                    break;
+                }
+                tracing::debug!(backend, flags, status = status_name(status), "nvjpegCreateExV2");
+            }
+            if chosen.is_some() {
+                break;
+            }
+        }
+        let Some((backend, flags)) = chosen else {
+            return Err(GpuDecodeError::Call {
+                call: "nvjpegCreateExV2",
+                error: "no backend starts (hardware or default)".into(),
+            });
+        };
+        let hardware = backend == BACKEND_HARDWARE;
+        if !hardware {
+            tracing::info!("no hardware JPEG decoder here; the GPU lane uses nvJPEG's default backend");
         }
         let mut decoder = Decoder {
             api,
@@ -389,7 +413,9 @@ impl Decoder {
             parser: std::ptr::null_mut(),
             states: Vec::new(),
             hardware,
+            interpolated: flags == FLAG_INTERPOLATED_UPSAMPLING,
             budget,
+            _allocators: allocators,
         };
         // SAFETY: the handle is live; out-pointers are fields of `decoder`, which destroys
         // whatever was made if a later step fails.
@@ -413,6 +439,11 @@ impl Decoder {
     /// Whether the handle drives the hardware JPEG engines.
     pub fn hardware(&self) -> bool {
         self.hardware
+    }
+
+    /// Whether chroma is upsampled by interpolation (as on the CPU).
+    pub fn interpolated(&self) -> bool {
+        self.interpolated
     }
 
     /// The allocators' budget.
