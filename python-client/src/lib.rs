@@ -623,6 +623,15 @@ impl NativeLoader {
                 entry.set_item("cpu_rows_per_s", counts.cpu_rate())?;
                 entry.set_item("memory_bytes", lane.memory_bytes())?;
                 entry.set_item("memory_cap", lane.memory_cap())?;
+                entry.set_item("nvjpeg_allocations", lane.nvjpeg_allocations())?;
+                let seconds = |counter: &std::sync::atomic::AtomicU64| {
+                    counter.load(Ordering::Relaxed) as f64 / 1e9
+                };
+                entry.set_item("busy_s", seconds(&counts.gpu_busy_ns))?;
+                entry.set_item("check_s", seconds(&counts.check_ns))?;
+                entry.set_item("decode_call_s", seconds(&counts.decode_call_ns))?;
+                entry.set_item("pipe_wait_s", seconds(&counts.pipe_wait_ns))?;
+                entry.set_item("launch_s", seconds(&counts.launch_ns))?;
                 Some(entry)
             }
             None => None,

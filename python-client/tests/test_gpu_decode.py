@@ -252,11 +252,13 @@ def test_device_memory_is_flat_over_2000_batches(torch: Any, dataset: Path) -> N
                 del batch
                 if seen == 100:
                     torch.cuda.synchronize()
+                    torch.cuda.empty_cache()
                     free_after_warmup = torch.cuda.mem_get_info()[0]
                     lane_after_warmup = loader.stats()["gpu_decode"]["memory_bytes"]
                 if seen >= 2000:
                     break
         torch.cuda.synchronize()
+        torch.cuda.empty_cache()
         free_end = torch.cuda.mem_get_info()[0]
         lane = loader.stats()["gpu_decode"]
         assert lane["memory_bytes"] == lane_after_warmup, lane
@@ -280,9 +282,9 @@ def test_two_auto_runs_with_one_seed_give_one_digest(torch: Any, dataset: Path) 
     digests = []
     for _ in range(2):
         with stoker.Loader(dataset, **options) as loader:
+            # The first epoch starts half and half, whatever the machine.
+            assert loader.state_dict()["decode_split"] == [0, 8]
             digests.append(epoch_digest(loader))
-            state = loader.state_dict()
-            assert state["decode_split"] == [0, 8], state
             lane = loader.stats()["gpu_decode"]
             assert lane["rows"] > 0 and lane["cpu_rows_per_s"] > 0, lane
     assert digests[0] == digests[1]
@@ -332,6 +334,7 @@ def test_huge_jpegs_keep_the_lane_under_its_cap(
         Image.fromarray(big).save(root / "a" / f"big{i}.jpg", quality=80)
     cap = 128 << 20
     torch.cuda.synchronize()
+    torch.cuda.empty_cache()
     free_before = torch.cuda.mem_get_info()[0]
     lane_images, stats = device_epoch(
         root, "gpu", batch_size=4, gpu_memory=cap, pipeline=train_pipeline()
@@ -344,5 +347,6 @@ def test_huge_jpegs_keep_the_lane_under_its_cap(
     assert lane["rows"] >= 1, lane
     assert len(lane_images) == 6
     torch.cuda.synchronize()
+    torch.cuda.empty_cache()
     # Closed: the lane's memory is back.
     assert torch.cuda.mem_get_info()[0] >= free_before - (16 << 20)

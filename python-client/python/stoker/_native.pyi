@@ -81,6 +81,12 @@ class GpuDecodeStats(TypedDict):
     cpu_rows_per_s: float
     memory_bytes: int
     memory_cap: int
+    nvjpeg_allocations: int
+    busy_s: float
+    check_s: float
+    decode_call_s: float
+    pipe_wait_s: float
+    launch_s: float
 
 @final
 class DeviceRows:

@@ -184,6 +184,20 @@ pub struct LaneStats {
     pub cpu_rows: AtomicU64,
     /// Time the decode threads spent on those batches, in nanoseconds.
     pub cpu_busy_ns: AtomicU64,
+    /// Where the lane's thread spent its time, in nanoseconds: asking nvJPEG whether it takes
+    /// each image, in nvJPEG's decode calls, waiting for a pipe's previous work, and queueing
+    /// the crop kernel.
+    pub check_ns: AtomicU64,
+    /// See `check_ns`.
+    pub decode_call_ns: AtomicU64,
+    /// See `check_ns`.
+    pub pipe_wait_ns: AtomicU64,
+    /// See `check_ns`.
+    pub launch_ns: AtomicU64,
+}
+
+fn add_since(counter: &AtomicU64, since: Instant) {
+    counter.fetch_add(since.elapsed().as_nanos() as u64, Ordering::Relaxed);
 }
 
 impl LaneStats {
@@ -213,7 +227,7 @@ struct Shared {
     memory: Arc<LaneMemory>,
     free: Mutex<Vec<usize>>,
     returned: Condvar,
-    stats: LaneStats,
+    stats: Arc<LaneStats>,
     budget: Arc<Budget>,
     mode: DecodeMode,
     splits: Mutex<HashMap<u64, u8>>,
@@ -438,13 +452,20 @@ impl GpuLane {
             batch_size.max(1),
             row_bytes,
         )?);
-        let engine = Engine::new(&cuda, &memory, &options.library_dirs, (width, height))?;
+        let stats = Arc::new(LaneStats::default());
+        let engine = Engine::new(
+            &cuda,
+            &memory,
+            &options.library_dirs,
+            (width, height),
+            Arc::clone(&stats),
+        )?;
         let shared = Arc::new(Shared {
             cuda: Arc::clone(&cuda),
             free: Mutex::new((0..memory.ring_slots).rev().collect()),
             memory,
             returned: Condvar::new(),
-            stats: LaneStats::default(),
+            stats,
             budget: engine.decoder.budget(),
             mode: options.mode,
             splits: Mutex::new(HashMap::new()),
@@ -518,6 +539,11 @@ impl GpuLane {
         &self.shared.stats
     }
 
+    /// nvJPEG's allocations through the lane's allocators so far (device and pinned).
+    pub fn nvjpeg_allocations(&self) -> u64 {
+        self.shared.budget.allocations.load(Ordering::Relaxed)
+    }
+
     /// Device bytes the lane holds now: its memory and nvJPEG's allocations.
     pub fn memory_bytes(&self) -> usize {
         self.shared.memory.allocated() + self.shared.budget.device.load(Ordering::Relaxed)
@@ -584,6 +610,9 @@ struct Engine {
     function: sys::CUfunction,
     next_pipe: usize,
     out: (u32, u32),
+    /// Page-locked staging for each pipe's kernel parameters (copied on the pipe's stream).
+    host_params: Vec<*mut c_void>,
+    stats: Arc<LaneStats>,
 }
 
 // SAFETY: CUDA handles may move between threads; the engine is used by one thread at a time.
@@ -595,6 +624,7 @@ impl Engine {
         memory: &Arc<LaneMemory>,
         dirs: &[PathBuf],
         out: (u32, u32),
+        stats: Arc<LaneStats>,
     ) -> std::result::Result<Engine, GpuDecodeError> {
         let sm = cuda
             .compute_capability()
@@ -619,8 +649,14 @@ impl Engine {
                 function: std::ptr::null_mut(),
                 next_pipe: 0,
                 out,
+                host_params: Vec::new(),
+                stats,
             };
             for _ in 0..PIPES {
+                let mut host = std::ptr::null_mut();
+                // SAFETY: an allocation into a local.
+                unsafe { sys::cuMemAllocHost_v2(&mut host, memory.params_bytes) }.result()?;
+                engine.host_params.push(host);
                 // SAFETY: creations into locals, in the device's context.
                 let stream = result::stream::create(result::stream::StreamKind::NonBlocking)?;
                 engine.streams.push(stream);
@@ -677,7 +713,10 @@ impl Engine {
             let need = (item.header.width as usize * item.header.height as usize * 3)
                 .div_ceil(ALIGN)
                 * ALIGN;
-            if need > self.memory.arena_bytes || !self.decoder.supports(&item.bytes) {
+            let checked = Instant::now();
+            let supported = self.decoder.supports(&item.bytes);
+            add_since(&self.stats.check_ns, checked);
+            if need > self.memory.arena_bytes || !supported {
                 fallback.push(item);
                 continue;
             }
@@ -810,18 +849,24 @@ impl Engine {
         let stream = self.streams[pipe];
         let arena = self.memory.arenas[pipe];
         // The pipe's state, arena and parameters are free once its last work is done.
+        let waited = Instant::now();
         // SAFETY: the event is the pipe's own.
         unsafe { result::event::synchronize(self.done[pipe]) }
             .map_err(driver("cuEventSynchronize"))?;
+        add_since(&self.stats.pipe_wait_ns, waited);
         self.held[pipe].clear();
         let bytes: Vec<&[u8]> = pending.iter().map(|(item, _)| &item.bytes[..]).collect();
         let mut outputs: Vec<Image> = pending
             .iter()
             .map(|(item, offset)| Image::rgb(arena + *offset as u64, item.header.width))
             .collect();
+        let decoding = Instant::now();
         // SAFETY: each output lies in the pipe's arena, sized by the caller to fit its image;
         // the stream is the pipe's.
-        unsafe { self.decoder.decode(pipe, &bytes, &mut outputs, stream) }?;
+        let decoded = unsafe { self.decoder.decode(pipe, &bytes, &mut outputs, stream) };
+        add_since(&self.stats.decode_call_ns, decoding);
+        decoded?;
+        let launching = Instant::now();
         let first = positions.len() as u32;
         let items: Vec<CropItem> = pending
             .iter()
@@ -841,17 +886,20 @@ impl Engine {
         let params = self.memory.params[pipe];
         let (out_w, out_h) = (self.out.0 as i32, self.out.1 as i32);
         let blocks = (self.out.0 * self.out.1).div_ceil(kernel::BLOCK);
-        // SAFETY: the parameters buffer holds a batch's items (`items.len()` <= batch rows)
-        // and the pipe's previous kernel is done; the output rows lie in this batch's ring
-        // buffer; the arguments match the kernel's signature.
+        let size = std::mem::size_of_val(items.as_slice());
+        // SAFETY: both parameter buffers hold a batch's items (`items.len()` <= batch rows)
+        // and the pipe's previous kernel is done (waited for above), so neither is read now;
+        // the output rows lie in this batch's ring buffer; the arguments match the kernel's
+        // signature.
         unsafe {
-            sys::cuMemcpyHtoD_v2(
-                params,
-                items.as_ptr().cast::<c_void>(),
-                std::mem::size_of_val(items.as_slice()),
-            )
-            .result()
-            .map_err(driver("cuMemcpyHtoD"))?;
+            std::ptr::copy_nonoverlapping(
+                items.as_ptr().cast::<u8>(),
+                self.host_params[pipe].cast::<u8>(),
+                size,
+            );
+            sys::cuMemcpyHtoDAsync_v2(params, self.host_params[pipe], size, stream)
+                .result()
+                .map_err(driver("cuMemcpyHtoDAsync"))?;
             let (mut params_arg, mut out_arg, mut w_arg, mut h_arg) = (params, out, out_w, out_h);
             let mut args: [*mut c_void; 4] = [
                 (&mut params_arg as *mut u64).cast(),
@@ -870,6 +918,7 @@ impl Engine {
             .map_err(driver("cuLaunchKernel"))?;
             result::event::record(self.done[pipe], stream).map_err(driver("cuEventRecord"))?;
         }
+        add_since(&self.stats.launch_ns, launching);
         positions.extend(pending.iter().map(|(item, _)| item.row as u32));
         Ok(())
     }
@@ -888,6 +937,10 @@ impl Engine {
         if !self.module.is_null() {
             // SAFETY: no kernel of the module runs any more.
             let _ = unsafe { result::module::unload(self.module) };
+        }
+        for host in self.host_params.drain(..) {
+            // SAFETY: the pipes' copies are done (their streams were synchronised above).
+            let _ = unsafe { sys::cuMemFreeHost(host) };
         }
     }
 }

@@ -249,6 +249,8 @@ pub struct Budget {
     pub pinned: AtomicUsize,
     /// The device bytes allowed.
     pub device_limit: usize,
+    /// Allocations made so far (device and pinned): steady work makes none.
+    pub allocations: std::sync::atomic::AtomicU64,
 }
 
 extern "C" fn device_malloc(
@@ -259,6 +261,7 @@ extern "C" fn device_malloc(
 ) -> c_int {
     // SAFETY: `ctx` is the decoder's `Budget`, alive while its handle is.
     let budget = unsafe { &*(ctx as *const Budget) };
+    budget.allocations.fetch_add(1, Ordering::Relaxed);
     let before = budget.device.fetch_add(size, Ordering::Relaxed);
     if before + size > budget.device_limit {
         budget.device.fetch_sub(size, Ordering::Relaxed);
@@ -300,6 +303,7 @@ extern "C" fn pinned_malloc(
 ) -> c_int {
     // SAFETY: as in `device_malloc`.
     let budget = unsafe { &*(ctx as *const Budget) };
+    budget.allocations.fetch_add(1, Ordering::Relaxed);
     let mut address = std::ptr::null_mut();
     // SAFETY: an allocation into a local.
     let allocated = unsafe { sys::cuMemAllocHost_v2(&mut address, size.max(1)) };
@@ -361,6 +365,7 @@ impl Decoder {
             device: AtomicUsize::new(0),
             pinned: AtomicUsize::new(0),
             device_limit,
+            allocations: std::sync::atomic::AtomicU64::new(0),
         });
         let ctx = Arc::as_ptr(&budget).cast_mut().cast::<c_void>();
         let mut allocators = Box::new((
