@@ -632,7 +632,8 @@ impl Engine {
         let image = kernel::compile(dirs, Some(sm))?.image();
         let mut failure = None;
         let engine = cuda.in_context("starting the GPU decode lane", || {
-            let decoder = match Decoder::new(dirs, PIPES, memory.nvjpeg_limit) {
+            let batch_hint = (memory.params_bytes / std::mem::size_of::<CropItem>()) as i32;
+            let decoder = match Decoder::new(dirs, PIPES, batch_hint, memory.nvjpeg_limit) {
                 Ok(decoder) => decoder,
                 Err(error) => {
                     failure = Some(error);

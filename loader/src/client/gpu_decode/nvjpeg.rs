@@ -28,6 +28,8 @@ const SUCCESS: c_int = 0;
 /// `NVJPEG_BACKEND_DEFAULT`, `NVJPEG_BACKEND_HARDWARE`.
 const BACKEND_DEFAULT: c_int = 0;
 const BACKEND_HARDWARE: c_int = 3;
+/// `NVJPEG_CSS_444`.
+const CSS_444: c_int = 0;
 /// `NVJPEG_OUTPUT_RGBI`: interleaved RGB.
 const OUTPUT_RGBI: c_int = 5;
 /// `NVJPEG_FLAGS_UPSAMPLING_WITH_INTERPOLATION`: chroma upsampled by interpolation, as
@@ -101,6 +103,9 @@ struct Api {
     parse_header: unsafe extern "C" fn(Handle, *const u8, usize, Stream) -> c_int,
     batched_supported: unsafe extern "C" fn(Handle, Stream, *mut c_int) -> c_int,
     batched_initialize: unsafe extern "C" fn(Handle, State, c_int, c_int, c_int) -> c_int,
+    batched_preallocate: Option<
+        unsafe extern "C" fn(Handle, State, c_int, c_int, c_int, c_int, c_int) -> c_int,
+    >,
     batched_decode: unsafe extern "C" fn(
         Handle,
         State,
@@ -218,6 +223,7 @@ impl Api {
                 batched_supported: symbol(&library, "nvjpegDecodeBatchedSupported")?,
                 batched_initialize: symbol(&library, "nvjpegDecodeBatchedInitialize")?,
                 batched_decode: symbol(&library, "nvjpegDecodeBatched")?,
+                batched_preallocate: symbol(&library, "nvjpegDecodeBatchedPreAllocate").ok(),
                 version,
                 from,
                 _library: library,
@@ -358,6 +364,7 @@ impl Decoder {
     pub fn new(
         dirs: &[PathBuf],
         states: usize,
+        batch_hint: c_int,
         device_limit: usize,
     ) -> Result<Decoder, GpuDecodeError> {
         let api = api(dirs)?;
@@ -384,8 +391,12 @@ impl Decoder {
         let mut chosen = None;
         // The hardware engines first, then the default backend; each with interpolated chroma
         // upsampling where this nvJPEG has the flag, else without.
+        let flag_choices = match std::env::var("STOKER_NVJPEG_FLAGS").ok().and_then(|v| v.parse().ok()) {
+            Some(flags) => vec![flags],
+            None => vec![FLAG_INTERPOLATED_UPSAMPLING, 0],
+        };
         for backend in [BACKEND_HARDWARE, BACKEND_DEFAULT] {
-            for flags in [FLAG_INTERPOLATED_UPSAMPLING, 0] {
+            for &flags in &flag_choices {
                 let (device, pinned) = &mut *allocators;
                 // SAFETY: the allocators and their context outlive the handle (the decoder
                 // holds both and destroys the handle first, in `Drop`); the out-pointer is a
@@ -436,6 +447,14 @@ impl Decoder {
                     (api.state_create)(decoder.handle, &mut state),
                 )?;
                 decoder.states.push(state);
+                // The hardware decoder's memory pool: nvJPEG then keeps its buffers between
+                // batches instead of allocating per batch.
+                if let (true, Some(preallocate)) = (hardware, api.batched_preallocate) {
+                    let status = preallocate(decoder.handle, state, batch_hint, 1, 1, CSS_444, OUTPUT_RGBI);
+                    if status != SUCCESS {
+                        tracing::debug!(status = status_name(status), "nvjpegDecodeBatchedPreAllocate");
+                    }
+                }
             }
         }
         Ok(decoder)
