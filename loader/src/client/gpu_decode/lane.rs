@@ -1,11 +1,12 @@
 //! The lane itself: its device memory, the thread that decodes and crops the rows it was given,
 //! and the rows it hands out with their batch.
 //!
-//! Two pipes, each a CUDA stream with its own nvJPEG decode state, arena of decoded images and
-//! kernel parameters, take the lane's work in turn: while the engines decode one pipe's images,
-//! the kernel of the other may run, and the host prepares the next. A pipe is reused only once
-//! its previous work is done (an event the thread waits for), so at most two sub-batches are on
-//! the GPU at a time and nothing is allocated after start.
+//! Two pipes, each a thread with its own nvJPEG decoder, CUDA stream, arena of decoded images
+//! and kernel parameters, take batches from the lane's queue: nvJPEG's batched decode call
+//! returns only once the engines are done with it, so one pipe's call overlaps the other's
+//! and its kernel. A pipe reuses its arena and state only once its previous work is done (an
+//! event it waits for), so each pipe has at most one sub-batch on the GPU, and nothing is
+//! allocated after start.
 
 use std::collections::HashMap;
 use std::ffi::{c_void, CString};
@@ -228,7 +229,7 @@ struct Shared {
     free: Mutex<Vec<usize>>,
     returned: Condvar,
     stats: Arc<LaneStats>,
-    budget: Arc<Budget>,
+    budgets: Vec<Arc<Budget>>,
     mode: DecodeMode,
     splits: Mutex<HashMap<u64, u8>>,
     hardware: bool,
@@ -409,7 +410,8 @@ impl ImageDiverter for LaneDiverter {
 pub struct GpuLane {
     shared: Arc<Shared>,
     tasks: Option<Sender<LaneTask>>,
-    thread: Option<JoinHandle<()>>,
+    threads: Vec<JoinHandle<()>>,
+    kernel: Option<Kernel>,
 }
 
 impl std::fmt::Debug for GpuLane {
@@ -453,31 +455,55 @@ impl GpuLane {
             row_bytes,
         )?);
         let stats = Arc::new(LaneStats::default());
-        let engine = Engine::new(
-            &cuda,
-            &memory,
-            &options.library_dirs,
-            (width, height),
-            Arc::clone(&stats),
-        )?;
+        let kernel = Kernel::load(&cuda, &options.library_dirs)?;
+        let mut pipes = Vec::with_capacity(PIPES);
+        for index in 0..PIPES {
+            match Pipe::new(
+                index,
+                &cuda,
+                &memory,
+                &options.library_dirs,
+                &kernel,
+                (width, height),
+                &stats,
+            ) {
+                Ok(pipe) => pipes.push(pipe),
+                Err(error) => {
+                    drop(pipes);
+                    kernel.unload(&cuda);
+                    return Err(error);
+                }
+            }
+        }
         let shared = Arc::new(Shared {
             cuda: Arc::clone(&cuda),
             free: Mutex::new((0..memory.ring_slots).rev().collect()),
             memory,
             returned: Condvar::new(),
             stats,
-            budget: engine.decoder.budget(),
+            budgets: pipes.iter().map(|pipe| pipe.decoder.budget()).collect(),
             mode: options.mode,
             splits: Mutex::new(HashMap::new()),
-            hardware: engine.decoder.hardware(),
-            interpolated: engine.decoder.interpolated(),
+            hardware: pipes[0].decoder.hardware(),
+            interpolated: pipes[0].decoder.interpolated(),
         });
         let (tasks, queue) = crossbeam_channel::bounded(1);
-        let thread_shared = Arc::clone(&shared);
-        let thread = std::thread::Builder::new()
-            .name(format!("stoker-gpu{}-decode", options.device))
-            .spawn(move || run(thread_shared, engine, queue, row_bytes))
-            .map_err(|e| GpuDecodeError::Cuda(format!("spawning the lane's thread: {e}")))?;
+        let mut threads = Vec::with_capacity(PIPES);
+        for pipe in pipes {
+            let (thread_shared, queue) = (Arc::clone(&shared), queue.clone());
+            let name = format!("stoker-gpu{}-decode{}", options.device, pipe.index);
+            match std::thread::Builder::new()
+                .name(name)
+                .spawn(move || run(thread_shared, pipe, queue, row_bytes))
+            {
+                Ok(thread) => threads.push(thread),
+                Err(error) => {
+                    // The pipes not started are dropped here; the lane is dropped below with
+                    // the threads that did start.
+                    tracing::error!(%error, "spawning a GPU decode lane thread");
+                }
+            }
+        }
         tracing::info!(
             device = options.device,
             hardware = shared.hardware,
@@ -485,11 +511,18 @@ impl GpuLane {
             cap = options.memory_bytes,
             "GPU decode lane started"
         );
-        Ok(GpuLane {
+        let lane = GpuLane {
             shared,
             tasks: Some(tasks),
-            thread: Some(thread),
-        })
+            threads,
+            kernel: Some(kernel),
+        };
+        if lane.threads.is_empty() {
+            return Err(GpuDecodeError::Cuda(
+                "no GPU decode lane thread could be started".into(),
+            ));
+        }
+        Ok(lane)
     }
 
     /// The GPU's share of each batch of `epoch`, in sixteenths: `gpu` mode always 16; `auto`
@@ -541,12 +574,22 @@ impl GpuLane {
 
     /// nvJPEG's allocations through the lane's allocators so far (device and pinned).
     pub fn nvjpeg_allocations(&self) -> u64 {
-        self.shared.budget.allocations.load(Ordering::Relaxed)
+        self.shared
+            .budgets
+            .iter()
+            .map(|b| b.allocations.load(Ordering::Relaxed))
+            .sum()
     }
 
     /// Device bytes the lane holds now: its memory and nvJPEG's allocations.
     pub fn memory_bytes(&self) -> usize {
-        self.shared.memory.allocated() + self.shared.budget.device.load(Ordering::Relaxed)
+        self.shared.memory.allocated()
+            + self
+                .shared
+                .budgets
+                .iter()
+                .map(|b| b.device.load(Ordering::Relaxed))
+                .sum::<usize>()
     }
 
     /// The cap the lane keeps within.
@@ -591,97 +634,128 @@ impl GpuLane {
 impl Drop for GpuLane {
     fn drop(&mut self) {
         drop(self.tasks.take());
-        if let Some(thread) = self.thread.take() {
+        for thread in self.threads.drain(..) {
             let _ = thread.join();
+        }
+        if let Some(kernel) = self.kernel.take() {
+            kernel.unload(&self.shared.cuda);
         }
     }
 }
 
-/// The lane thread's CUDA objects: the decoder, a stream, event and held images per pipe, and
-/// the kernel.
-struct Engine {
-    decoder: Decoder,
-    memory: Arc<LaneMemory>,
-    streams: Vec<sys::CUstream>,
-    done: Vec<sys::CUevent>,
-    /// The encoded images a pipe's last decode read, kept until the pipe is reused.
-    held: Vec<Vec<DivertedImage>>,
+/// The kernel, loaded once per lane into the device's context; every pipe launches its function.
+struct Kernel {
     module: sys::CUmodule,
     function: sys::CUfunction,
-    next_pipe: usize,
-    out: (u32, u32),
-    /// Page-locked staging for each pipe's kernel parameters (copied on the pipe's stream).
-    host_params: Vec<*mut c_void>,
-    stats: Arc<LaneStats>,
 }
 
-// SAFETY: CUDA handles may move between threads; the engine is used by one thread at a time.
-unsafe impl Send for Engine {}
+// SAFETY: module and function handles of a context may be used from any thread.
+unsafe impl Send for Kernel {}
+unsafe impl Sync for Kernel {}
 
-impl Engine {
-    fn new(
-        cuda: &Arc<Cuda>,
-        memory: &Arc<LaneMemory>,
-        dirs: &[PathBuf],
-        out: (u32, u32),
-        stats: Arc<LaneStats>,
-    ) -> std::result::Result<Engine, GpuDecodeError> {
+impl Kernel {
+    fn load(cuda: &Arc<Cuda>, dirs: &[PathBuf]) -> std::result::Result<Kernel, GpuDecodeError> {
         let sm = cuda
             .compute_capability()
             .map_err(|e| GpuDecodeError::Cuda(e.to_string()))?;
         let image = kernel::compile(dirs, Some(sm))?.image();
+        let name = CString::new(kernel::KERNEL).map_err(|e| GpuDecodeError::Kernel(e.to_string()))?;
+        cuda.in_context("loading the crop kernel", || {
+            // SAFETY: `image` is a CUBIN (or NUL-terminated PTX) for this device.
+            let module = unsafe { result::module::load_data(image.as_ptr().cast::<c_void>()) }?;
+            // SAFETY: the module is loaded; the name is NUL-terminated.
+            match unsafe { result::module::get_function(module, name) } {
+                Ok(function) => Ok(Kernel { module, function }),
+                Err(error) => {
+                    // SAFETY: the module was loaded above and nothing uses it.
+                    let _ = unsafe { result::module::unload(module) };
+                    Err(error)
+                }
+            }
+        })
+        .map_err(|e| GpuDecodeError::Kernel(e.to_string()))
+    }
+
+    /// Unloads the module once no pipe launches from it any more.
+    fn unload(self, cuda: &Cuda) {
+        let _ = cuda.in_context("cuModuleUnload", || {
+            // SAFETY: every pipe's thread has ended and synchronised its stream.
+            unsafe { result::module::unload(self.module) }
+        });
+    }
+}
+
+/// One pipe, owned by one lane thread: its own nvJPEG decoder (handle and state), stream,
+/// arena of decoded images and kernel parameters. Pipes work on different batches at once,
+/// so one's host-side decode call overlaps the other's.
+struct Pipe {
+    index: usize,
+    decoder: Decoder,
+    memory: Arc<LaneMemory>,
+    stream: sys::CUstream,
+    /// Recorded after the pipe's last kernel: its state, arena and parameters are free once
+    /// it has passed.
+    done: sys::CUevent,
+    /// The encoded images the pipe's last decode read, kept until it is done.
+    held: Vec<DivertedImage>,
+    function: sys::CUfunction,
+    out: (u32, u32),
+    /// Page-locked staging for the kernel parameters (copied on the pipe's stream).
+    host_params: *mut c_void,
+    stats: Arc<LaneStats>,
+}
+
+// SAFETY: CUDA handles may move between threads; a pipe is used by its one thread.
+unsafe impl Send for Pipe {}
+
+impl Pipe {
+    fn new(
+        index: usize,
+        cuda: &Arc<Cuda>,
+        memory: &Arc<LaneMemory>,
+        dirs: &[PathBuf],
+        kernel: &Kernel,
+        out: (u32, u32),
+        stats: &Arc<LaneStats>,
+    ) -> std::result::Result<Pipe, GpuDecodeError> {
         let mut failure = None;
-        let engine = cuda.in_context("starting the GPU decode lane", || {
+        let pipe = cuda.in_context("starting the GPU decode lane", || {
             let batch_hint = (memory.params_bytes / std::mem::size_of::<CropItem>()) as i32;
-            let decoder = match Decoder::new(dirs, PIPES, batch_hint, memory.nvjpeg_limit) {
+            let decoder = match Decoder::new(dirs, 1, batch_hint, memory.nvjpeg_limit / PIPES) {
                 Ok(decoder) => decoder,
                 Err(error) => {
                     failure = Some(error);
                     return Err(DriverError(sys::cudaError_enum::CUDA_ERROR_UNKNOWN));
                 }
             };
-            let mut engine = Engine {
+            let mut pipe = Pipe {
+                index,
                 decoder,
                 memory: Arc::clone(memory),
-                streams: Vec::new(),
-                done: Vec::new(),
-                held: (0..PIPES).map(|_| Vec::new()).collect(),
-                module: std::ptr::null_mut(),
-                function: std::ptr::null_mut(),
-                next_pipe: 0,
+                stream: std::ptr::null_mut(),
+                done: std::ptr::null_mut(),
+                held: Vec::new(),
+                function: kernel.function,
                 out,
-                host_params: Vec::new(),
-                stats,
+                host_params: std::ptr::null_mut(),
+                stats: Arc::clone(stats),
             };
-            for _ in 0..PIPES {
-                let mut host = std::ptr::null_mut();
-                // SAFETY: an allocation into a local.
-                unsafe { sys::cuMemAllocHost_v2(&mut host, memory.params_bytes) }.result()?;
-                engine.host_params.push(host);
-                // SAFETY: creations into locals, in the device's context.
-                let stream = result::stream::create(result::stream::StreamKind::NonBlocking)?;
-                engine.streams.push(stream);
-                let mut event = std::ptr::null_mut();
-                // SAFETY: as above.
-                unsafe {
-                    sys::cuEventCreate(
-                        &mut event,
-                        sys::CUevent_flags::CU_EVENT_BLOCKING_SYNC as u32
-                            | sys::CUevent_flags::CU_EVENT_DISABLE_TIMING as u32,
-                    )
-                    .result()?;
-                }
-                engine.done.push(event);
+            // On failure `pipe` drops and releases what was made so far.
+            pipe.stream = result::stream::create(result::stream::StreamKind::NonBlocking)?;
+            // SAFETY: creations and an allocation into fields, in the device's context.
+            unsafe {
+                sys::cuEventCreate(
+                    &mut pipe.done,
+                    sys::CUevent_flags::CU_EVENT_BLOCKING_SYNC as u32
+                        | sys::CUevent_flags::CU_EVENT_DISABLE_TIMING as u32,
+                )
+                .result()?;
+                sys::cuMemAllocHost_v2(&mut pipe.host_params, memory.params_bytes).result()?;
             }
-            // SAFETY: `image` is a CUBIN (or NUL-terminated PTX) for this device.
-            engine.module = unsafe { result::module::load_data(image.as_ptr().cast::<c_void>()) }?;
-            let name = CString::new(kernel::KERNEL).expect("the kernel's name has no NUL");
-            // SAFETY: the module is loaded; the name is NUL-terminated.
-            engine.function = unsafe { result::module::get_function(engine.module, name) }?;
-            Ok(engine)
+            Ok(pipe)
         });
-        match (engine, failure) {
-            (Ok(engine), _) => Ok(engine),
+        match (pipe, failure) {
+            (Ok(pipe), _) => Ok(pipe),
             (Err(_), Some(error)) => Err(error),
             (Err(error), None) => Err(GpuDecodeError::Cuda(error.to_string())),
         }
@@ -709,7 +783,6 @@ impl Engine {
         let mut fallback = Vec::new();
         let mut pending: Vec<(DivertedImage, usize)> = Vec::new();
         let mut used = 0usize;
-        let mut pipes_used = [false; PIPES];
         for item in items {
             let need = (item.header.width as usize * item.header.height as usize * 3)
                 .div_ceil(ALIGN)
@@ -722,13 +795,13 @@ impl Engine {
                 continue;
             }
             if used + need > self.memory.arena_bytes {
-                self.flush(&mut pending, out, &mut positions, &mut fallback, &mut pipes_used);
+                self.flush(&mut pending, out, &mut positions, &mut fallback);
                 used = 0;
             }
             pending.push((item, used));
             used += need;
         }
-        self.flush(&mut pending, out, &mut positions, &mut fallback, &mut pipes_used);
+        self.flush(&mut pending, out, &mut positions, &mut fallback);
 
         let image_start = assembled.tensors.first().map_or(0, |t| t.bytes.start);
         shared
@@ -763,8 +836,8 @@ impl Engine {
         if positions.is_empty() {
             shared.put_ring(ring);
         } else {
-            match self.ready_events(shared, &pipes_used) {
-                Ok(events) => {
+            match self.ready_event() {
+                Ok(event) => {
                     shared
                         .stats
                         .gpu_rows
@@ -776,7 +849,7 @@ impl Engine {
                         positions,
                         height: self.out.1,
                         width: self.out.0,
-                        events,
+                        events: vec![event],
                     }));
                 }
                 Err(error) => {
@@ -789,34 +862,24 @@ impl Engine {
         (Ok(batch), ring_wait)
     }
 
-    /// An event recorded after the work queued so far on each pipe used.
-    fn ready_events(
-        &self,
-        shared: &Shared,
-        pipes_used: &[bool; PIPES],
-    ) -> std::result::Result<Vec<sys::CUevent>, GpuDecodeError> {
-        let mut events = Vec::new();
-        for (pipe, _) in pipes_used.iter().enumerate().filter(|(_, used)| **used) {
-            let mut event = std::ptr::null_mut();
-            // SAFETY: creation into a local and a record on the lane's own stream, with the
-            // device's context current on this thread.
-            unsafe {
-                sys::cuEventCreate(
-                    &mut event,
-                    sys::CUevent_flags::CU_EVENT_DISABLE_TIMING as u32,
-                )
+    /// A new event recorded after the work queued so far on the pipe's stream.
+    fn ready_event(&self) -> std::result::Result<sys::CUevent, GpuDecodeError> {
+        let mut event = std::ptr::null_mut();
+        // SAFETY: creation into a local and a record on the pipe's own stream, with the
+        // device's context current on this thread.
+        unsafe {
+            sys::cuEventCreate(&mut event, sys::CUevent_flags::CU_EVENT_DISABLE_TIMING as u32)
                 .result()
                 .map_err(driver("cuEventCreate"))?;
-                events.push(event);
-                result::event::record(event, self.streams[pipe])
-                    .map_err(driver("cuEventRecord"))?;
+            if let Err(error) = result::event::record(event, self.stream) {
+                let _ = sys::cuEventDestroy_v2(event);
+                return Err(driver("cuEventRecord")(error));
             }
         }
-        let _ = shared;
-        Ok(events)
+        Ok(event)
     }
 
-    /// Decodes the pending images on the next pipe and crops them into the output rows from
+    /// Decodes the pending images and crops them into the output rows from
     /// `positions.len()` on; images nvJPEG refuses go to `fallback`.
     fn flush(
         &mut self,
@@ -824,38 +887,31 @@ impl Engine {
         out: u64,
         positions: &mut Vec<u32>,
         fallback: &mut Vec<DivertedImage>,
-        pipes_used: &mut [bool; PIPES],
     ) {
         if pending.is_empty() {
             return;
         }
-        let pipe = self.next_pipe;
-        self.next_pipe = (pipe + 1) % PIPES;
-        if let Err(error) = self.run_pipe(pipe, pending, out, positions) {
-            tracing::warn!(%error, images = pending.len(), "the GPU lane could not decode a sub-batch; building it on the CPU");
+        if let Err(error) = self.run_batch(pending, out, positions) {
+            tracing::warn!(%error, images = pending.len(), pipe = self.index, "the GPU lane could not decode a sub-batch; building it on the CPU");
             fallback.extend(pending.drain(..).map(|(item, _)| item));
             return;
         }
-        pipes_used[pipe] = true;
-        self.held[pipe] = pending.drain(..).map(|(item, _)| item).collect();
+        self.held = pending.drain(..).map(|(item, _)| item).collect();
     }
 
-    fn run_pipe(
+    fn run_batch(
         &mut self,
-        pipe: usize,
         pending: &[(DivertedImage, usize)],
         out: u64,
         positions: &mut Vec<u32>,
     ) -> std::result::Result<(), GpuDecodeError> {
-        let stream = self.streams[pipe];
-        let arena = self.memory.arenas[pipe];
-        // The pipe's state, arena and parameters are free once its last work is done.
+        let arena = self.memory.arenas[self.index];
+        // The state, arena and parameters are free once the pipe's last work is done.
         let waited = Instant::now();
         // SAFETY: the event is the pipe's own.
-        unsafe { result::event::synchronize(self.done[pipe]) }
-            .map_err(driver("cuEventSynchronize"))?;
+        unsafe { result::event::synchronize(self.done) }.map_err(driver("cuEventSynchronize"))?;
         add_since(&self.stats.pipe_wait_ns, waited);
-        self.held[pipe].clear();
+        self.held.clear();
         let bytes: Vec<&[u8]> = pending.iter().map(|(item, _)| &item.bytes[..]).collect();
         let mut outputs: Vec<Image> = pending
             .iter()
@@ -864,7 +920,7 @@ impl Engine {
         let decoding = Instant::now();
         // SAFETY: each output lies in the pipe's arena, sized by the caller to fit its image;
         // the stream is the pipe's.
-        let decoded = unsafe { self.decoder.decode(pipe, &bytes, &mut outputs, stream) };
+        let decoded = unsafe { self.decoder.decode(0, &bytes, &mut outputs, self.stream) };
         add_since(&self.stats.decode_call_ns, decoding);
         decoded?;
         let launching = Instant::now();
@@ -884,7 +940,7 @@ impl Engine {
                 crop
             })
             .collect();
-        let params = self.memory.params[pipe];
+        let params = self.memory.params[self.index];
         let (out_w, out_h) = (self.out.0 as i32, self.out.1 as i32);
         let blocks = (self.out.0 * self.out.1).div_ceil(kernel::BLOCK);
         let size = std::mem::size_of_val(items.as_slice());
@@ -895,10 +951,10 @@ impl Engine {
         unsafe {
             std::ptr::copy_nonoverlapping(
                 items.as_ptr().cast::<u8>(),
-                self.host_params[pipe].cast::<u8>(),
+                self.host_params.cast::<u8>(),
                 size,
             );
-            sys::cuMemcpyHtoDAsync_v2(params, self.host_params[pipe], size, stream)
+            sys::cuMemcpyHtoDAsync_v2(params, self.host_params, size, self.stream)
                 .result()
                 .map_err(driver("cuMemcpyHtoDAsync"))?;
             let (mut params_arg, mut out_arg, mut w_arg, mut h_arg) = (params, out, out_w, out_h);
@@ -913,41 +969,41 @@ impl Engine {
                 (blocks, items.len() as u32, 1),
                 (kernel::BLOCK, 1, 1),
                 0,
-                stream,
+                self.stream,
                 &mut args,
             )
             .map_err(driver("cuLaunchKernel"))?;
-            result::event::record(self.done[pipe], stream).map_err(driver("cuEventRecord"))?;
+            result::event::record(self.done, self.stream).map_err(driver("cuEventRecord"))?;
         }
         add_since(&self.stats.launch_ns, launching);
         positions.extend(pending.iter().map(|(item, _)| item.row as u32));
         Ok(())
     }
+}
 
-    /// Waits for both pipes and releases the CUDA objects (the memory goes with the last
-    /// holder of it).
-    fn finish(mut self) {
-        for (stream, event) in self.streams.drain(..).zip(self.done.drain(..)) {
-            // SAFETY: the lane's own objects, destroyed once, after their work.
-            unsafe {
-                let _ = result::stream::synchronize(stream);
-                let _ = result::stream::destroy(stream);
-                let _ = sys::cuEventDestroy_v2(event);
+impl Drop for Pipe {
+    /// Waits for the pipe's work, then releases its CUDA objects (the memory goes with the
+    /// last holder of it). Runs on the pipe's thread, whose context is current.
+    fn drop(&mut self) {
+        // SAFETY: the pipe's own objects, destroyed once, after their work.
+        unsafe {
+            if !self.stream.is_null() {
+                let _ = result::stream::synchronize(self.stream);
+                let _ = result::stream::destroy(self.stream);
             }
-        }
-        if !self.module.is_null() {
-            // SAFETY: no kernel of the module runs any more.
-            let _ = unsafe { result::module::unload(self.module) };
-        }
-        for host in self.host_params.drain(..) {
-            // SAFETY: the pipes' copies are done (their streams were synchronised above).
-            let _ = unsafe { sys::cuMemFreeHost(host) };
+            if !self.done.is_null() {
+                let _ = sys::cuEventDestroy_v2(self.done);
+            }
+            if !self.host_params.is_null() {
+                let _ = sys::cuMemFreeHost(self.host_params);
+            }
         }
     }
 }
 
-/// The lane's thread: builds each batch's GPU rows, then sends the batch on.
-fn run(shared: Arc<Shared>, mut engine: Engine, queue: Receiver<LaneTask>, row_bytes: usize) {
+/// A pipe's thread: builds the GPU rows of the batches it takes from the lane's queue, then
+/// sends each batch on (out of order between pipes: the stream above reorders).
+fn run(shared: Arc<Shared>, mut pipe: Pipe, queue: Receiver<LaneTask>, row_bytes: usize) {
     // SAFETY: the primary context is retained for the process's life; this thread is ours.
     if let Err(error) = unsafe { result::ctx::set_current(shared.cuda.context()) } {
         tracing::error!(error = %describe(error), "the GPU decode lane cannot use the device");
@@ -955,7 +1011,7 @@ fn run(shared: Arc<Shared>, mut engine: Engine, queue: Receiver<LaneTask>, row_b
     while let Ok(task) = queue.recv() {
         let started = Instant::now();
         let (reply, step, task_started) = (task.reply.clone(), task.step, task.started);
-        let (result, ring_wait) = engine.build(&shared, task, row_bytes);
+        let (result, ring_wait) = pipe.build(&shared, task, row_bytes);
         let busy = started.elapsed().saturating_sub(ring_wait);
         shared
             .stats
@@ -967,5 +1023,5 @@ fn run(shared: Arc<Shared>, mut engine: Engine, queue: Receiver<LaneTask>, row_b
             result,
         });
     }
-    engine.finish();
+    drop(pipe);
 }
