@@ -615,7 +615,6 @@ impl NativeLoader {
                 let counts = lane.stats();
                 let entry = PyDict::new(py);
                 entry.set_item("hardware", lane.hardware())?;
-                entry.set_item("interpolated_chroma", lane.interpolated_chroma())?;
                 entry.set_item("rows", counts.gpu_rows.load(Ordering::Relaxed))?;
                 entry.set_item("declined_rows", counts.declined_rows.load(Ordering::Relaxed))?;
                 entry.set_item("fallback_rows", counts.fallback_rows.load(Ordering::Relaxed))?;

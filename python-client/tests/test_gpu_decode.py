@@ -13,6 +13,7 @@ from __future__ import annotations
 import hashlib
 import os
 import shutil
+import time
 from pathlib import Path
 from typing import Any
 
@@ -250,7 +251,8 @@ def test_device_memory_is_flat_over_2000_batches(torch: Any, dataset: Path) -> N
             for batch in loader:
                 seen += 1
                 del batch
-                if seen == 100:
+                if seen == 500:
+                    # By now nvJPEG has seen every image size of the set.
                     torch.cuda.synchronize()
                     torch.cuda.empty_cache()
                     free_after_warmup = torch.cuda.mem_get_info()[0]
@@ -264,8 +266,9 @@ def test_device_memory_is_flat_over_2000_batches(torch: Any, dataset: Path) -> N
         assert lane["memory_bytes"] == lane_after_warmup, lane
         assert lane["memory_bytes"] <= lane["memory_cap"], lane
         assert free_after_warmup is not None
-        # Nothing grows on the device beyond a few MiB of torch's pools.
-        assert free_after_warmup - free_end < 16 << 20, (free_after_warmup, free_end)
+        # Nothing grows on the device over the last 1,500 batches.
+        print(f"device memory change over 1,500 batches: {free_after_warmup - free_end} bytes")
+        assert free_after_warmup - free_end < 4 << 20, (free_after_warmup, free_end)
 
 
 @pytest.mark.gpu
@@ -346,7 +349,15 @@ def test_huge_jpegs_keep_the_lane_under_its_cap(
     assert lane["declined_rows"] >= 3, lane
     assert lane["rows"] >= 1, lane
     assert len(lane_images) == 6
-    torch.cuda.synchronize()
-    torch.cuda.empty_cache()
-    # Closed: the lane's memory is back.
-    assert torch.cuda.mem_get_info()[0] >= free_before - (16 << 20)
+    # Closed: the lane's memory is back once the last batch's copies are done (the slots go
+    # back to their pool on the fence thread).
+    deadline = time.monotonic() + 5
+    while True:
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
+        free_after = torch.cuda.mem_get_info()[0]
+        if free_after >= free_before - (8 << 20) or time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
+    print(f"device memory not back after close: {free_before - free_after} bytes")
+    assert free_after >= free_before - (8 << 20), (free_before, free_after)

@@ -115,6 +115,17 @@ impl EmbeddedSource {
     }
 }
 
+impl Drop for EmbeddedSource {
+    /// Stops the GPU lane here, so that closing the loader releases the lane's threads and
+    /// CUDA objects before it returns (the producer thread, which also holds it, ends on its
+    /// own once its queue is gone).
+    fn drop(&mut self) {
+        if let Some(lane) = &self.lane {
+            lane.shutdown();
+        }
+    }
+}
+
 impl BatchSource for EmbeddedSource {
     fn info(&self) -> &SourceInfo {
         &self.info

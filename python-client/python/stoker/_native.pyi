@@ -73,7 +73,6 @@ class GpuDecodeStats(TypedDict):
     """What the GPU decode lane did so far."""
 
     hardware: bool
-    interpolated_chroma: bool
     rows: int
     declined_rows: int
     fallback_rows: int

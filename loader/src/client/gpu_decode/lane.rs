@@ -233,22 +233,52 @@ struct Shared {
     mode: DecodeMode,
     splits: Mutex<HashMap<u64, u8>>,
     hardware: bool,
-    interpolated: bool,
+    /// Set when the lane shuts down: a pipe waiting for an output buffer gives up.
+    closed: std::sync::atomic::AtomicBool,
+    /// Pipes working now, and since when one has been (the lane's busy time counts while any
+    /// pipe works, once).
+    working: Mutex<(usize, Option<Instant>)>,
 }
 
 impl Shared {
-    /// Waits for a free output buffer; returns it and how long the wait was.
-    fn take_ring(&self) -> (usize, Duration) {
+    /// Waits for a free output buffer; returns it and how long the wait was, or `None` once
+    /// the lane shuts down.
+    fn take_ring(&self) -> (Option<usize>, Duration) {
         let started = Instant::now();
         let mut free = lock(&self.free);
         loop {
+            if self.closed.load(Ordering::Relaxed) {
+                return (None, started.elapsed());
+            }
             if let Some(index) = free.pop() {
-                return (index, started.elapsed());
+                return (Some(index), started.elapsed());
             }
             free = self
                 .returned
                 .wait(free)
                 .unwrap_or_else(|p| p.into_inner());
+        }
+    }
+
+    /// A pipe starts (`true`) or ends (`false`) work on a batch; the lane's busy time runs
+    /// while any pipe works.
+    fn working(&self, starts: bool) {
+        let mut working = lock(&self.working);
+        let now = Instant::now();
+        if starts {
+            working.0 += 1;
+            if working.0 == 1 {
+                working.1 = Some(now);
+            }
+        } else {
+            working.0 = working.0.saturating_sub(1);
+            if working.0 == 0 {
+                if let Some(since) = working.1.take() {
+                    self.stats
+                        .gpu_busy_ns
+                        .fetch_add((now - since).as_nanos() as u64, Ordering::Relaxed);
+                }
+            }
         }
     }
 
@@ -409,9 +439,9 @@ impl ImageDiverter for LaneDiverter {
 /// The GPU decode lane of one loader (see the module docs of `gpu_decode`).
 pub struct GpuLane {
     shared: Arc<Shared>,
-    tasks: Option<Sender<LaneTask>>,
-    threads: Vec<JoinHandle<()>>,
-    kernel: Option<Kernel>,
+    tasks: Mutex<Option<Sender<LaneTask>>>,
+    threads: Mutex<Vec<JoinHandle<()>>>,
+    kernel: Mutex<Option<Kernel>>,
 }
 
 impl std::fmt::Debug for GpuLane {
@@ -485,7 +515,8 @@ impl GpuLane {
             mode: options.mode,
             splits: Mutex::new(HashMap::new()),
             hardware: pipes[0].decoder.hardware(),
-            interpolated: pipes[0].decoder.interpolated(),
+            closed: std::sync::atomic::AtomicBool::new(false),
+            working: Mutex::new((0, None)),
         });
         let (tasks, queue) = crossbeam_channel::bounded(1);
         let mut threads = Vec::with_capacity(PIPES);
@@ -507,17 +538,17 @@ impl GpuLane {
         tracing::info!(
             device = options.device,
             hardware = shared.hardware,
-            interpolated_chroma = shared.interpolated,
             cap = options.memory_bytes,
             "GPU decode lane started"
         );
+        let started = !threads.is_empty();
         let lane = GpuLane {
             shared,
-            tasks: Some(tasks),
-            threads,
-            kernel: Some(kernel),
+            tasks: Mutex::new(Some(tasks)),
+            threads: Mutex::new(threads),
+            kernel: Mutex::new(Some(kernel)),
         };
-        if lane.threads.is_empty() {
+        if !started {
             return Err(GpuDecodeError::Cuda(
                 "no GPU decode lane thread could be started".into(),
             ));
@@ -559,12 +590,6 @@ impl GpuLane {
     /// Whether the hardware engines decode (else nvJPEG's default backend).
     pub fn hardware(&self) -> bool {
         self.shared.hardware
-    }
-
-    /// Whether nvJPEG upsamples chroma by interpolation, as the CPU threads' decoder does
-    /// (else by repeating samples, which differs more from the CPU's pixels).
-    pub fn interpolated_chroma(&self) -> bool {
-        self.shared.interpolated
     }
 
     /// The counts so far.
@@ -616,12 +641,15 @@ impl GpuLane {
             .fetch_add(busy.as_nanos() as u64, Ordering::Relaxed);
     }
 
-    /// Queues a batch for the lane; waits while the lane already has one queued.
+    /// Queues a batch for the lane; waits while the lane already has one queued. After
+    /// [`GpuLane::shutdown`] the batch fails as stopped.
     pub fn submit(&self, task: LaneTask) {
-        let Some(tasks) = &self.tasks else {
-            return;
+        let tasks = lock(&self.tasks).clone();
+        let sent = match tasks {
+            Some(tasks) => tasks.send(task),
+            None => Err(crossbeam_channel::SendError(task)),
         };
-        if let Err(crossbeam_channel::SendError(task)) = tasks.send(task) {
+        if let Err(crossbeam_channel::SendError(task)) = sent {
             let _ = task.reply.send(Built {
                 step: task.step,
                 service: task.started.elapsed(),
@@ -631,15 +659,31 @@ impl GpuLane {
     }
 }
 
-impl Drop for GpuLane {
-    fn drop(&mut self) {
-        drop(self.tasks.take());
-        for thread in self.threads.drain(..) {
+impl GpuLane {
+    /// Stops the lane: no more batches are taken, a pipe waiting for an output buffer gives up
+    /// (its batch fails as stopped), the pipes' threads finish their work and release their
+    /// CUDA objects, and the kernel is unloaded. The lane's memory goes once the last batch
+    /// holding its rows is released. Idempotent; dropping the lane does it too.
+    pub fn shutdown(&self) {
+        drop(lock(&self.tasks).take());
+        self.shared.closed.store(true, Ordering::Relaxed);
+        {
+            let _free = lock(&self.shared.free);
+            self.shared.returned.notify_all();
+        }
+        let threads = std::mem::take(&mut *lock(&self.threads));
+        for thread in threads {
             let _ = thread.join();
         }
-        if let Some(kernel) = self.kernel.take() {
+        if let Some(kernel) = lock(&self.kernel).take() {
             kernel.unload(&self.shared.cuda);
         }
+    }
+}
+
+impl Drop for GpuLane {
+    fn drop(&mut self) {
+        self.shutdown();
     }
 }
 
@@ -771,13 +815,39 @@ impl Pipe {
         let LaneTask {
             job,
             epoch,
-            mut slot,
-            mut assembled,
+            slot,
+            assembled,
             indices,
             items,
             ..
         } = task;
         let (ring, ring_wait) = shared.take_ring();
+        let Some(ring) = ring else {
+            return (
+                Err(Error::Stopped("the GPU decode lane shut down".into())),
+                ring_wait,
+            );
+        };
+        shared.working(true);
+        let built = self.build_rows(shared, ring, job, epoch, slot, assembled, indices, items, row_bytes);
+        shared.working(false);
+        (built, ring_wait)
+    }
+
+    /// The body of [`Pipe::build`], once an output buffer is had.
+    #[allow(clippy::too_many_arguments)]
+    fn build_rows(
+        &mut self,
+        shared: &Arc<Shared>,
+        ring: usize,
+        job: Arc<Job>,
+        epoch: u64,
+        mut slot: Slot,
+        mut assembled: AssembledBatch,
+        indices: Vec<u64>,
+        items: Vec<DivertedImage>,
+        row_bytes: usize,
+    ) -> Result<stoker_proto::v1::Batch> {
         let out = self.memory.ring_ptr(ring);
         let mut positions = Vec::with_capacity(items.len());
         let mut fallback = Vec::new();
@@ -812,13 +882,10 @@ impl Pipe {
             let start = image_start + item.row * row_bytes;
             let Some(dest) = slot.as_mut_slice().get_mut(start..start + row_bytes) else {
                 shared.put_ring(ring);
-                return (
-                    Err(Error::Stopped(format!(
-                        "row {} lies outside its batch's slot",
-                        item.row
-                    ))),
-                    ring_wait,
-                );
+                return Err(Error::Stopped(format!(
+                    "row {} lies outside its batch's slot",
+                    item.row
+                )));
             };
             match job.image_row(epoch, item.sample, dest) {
                 Ok(label) => {
@@ -828,7 +895,7 @@ impl Pipe {
                 }
                 Err(error) => {
                     shared.put_ring(ring);
-                    return (Err(error.into()), ring_wait);
+                    return Err(error.into());
                 }
             }
         }
@@ -854,12 +921,11 @@ impl Pipe {
                 }
                 Err(error) => {
                     shared.put_ring(ring);
-                    return (Err(Error::Gpu(error.to_string())), ring_wait);
+                    return Err(Error::Gpu(error.to_string()));
                 }
             }
         }
-        let batch = assembled.into_proto(&indices, slot.into_bytes());
-        (Ok(batch), ring_wait)
+        Ok(assembled.into_proto(&indices, slot.into_bytes()))
     }
 
     /// A new event recorded after the work queued so far on the pipe's stream.
@@ -1009,14 +1075,8 @@ fn run(shared: Arc<Shared>, mut pipe: Pipe, queue: Receiver<LaneTask>, row_bytes
         tracing::error!(error = %describe(error), "the GPU decode lane cannot use the device");
     }
     while let Ok(task) = queue.recv() {
-        let started = Instant::now();
         let (reply, step, task_started) = (task.reply.clone(), task.step, task.started);
-        let (result, ring_wait) = pipe.build(&shared, task, row_bytes);
-        let busy = started.elapsed().saturating_sub(ring_wait);
-        shared
-            .stats
-            .gpu_busy_ns
-            .fetch_add(busy.as_nanos() as u64, Ordering::Relaxed);
+        let (result, _ring_wait) = pipe.build(&shared, task, row_bytes);
         let _ = reply.send(Built {
             step,
             service: task_started.elapsed(),
