@@ -300,7 +300,9 @@ class DeviceStage:
         self._torch = torch
         self.index = index
         self.device = torch.device("cuda", index)
-        self.stream = torch.cuda.Stream(device=self.device)
+        # The highest priority: the copy and the tail are short and the training step waits
+        # for them, so their blocks go ahead of the step's queued ones.
+        self.stream = torch.cuda.Stream(device=self.device, priority=-1)
         self.tail = tail
         # uint8 NHWC stays as the CPU made it: nothing to run.
         self._changes_image = tail is not None and (

@@ -235,8 +235,8 @@ struct Shared {
     hardware: bool,
     /// Set when the lane shuts down: a pipe waiting for an output buffer gives up.
     closed: std::sync::atomic::AtomicBool,
-    /// Pipes working now, and since when one has been (the lane's busy time counts while any
-    /// pipe works, once).
+    /// Pipes working now, and when that count last changed (the lane's busy time counts
+    /// while any pipe works, once).
     working: Mutex<(usize, Option<Instant>)>,
 }
 
@@ -261,25 +261,21 @@ impl Shared {
     }
 
     /// A pipe starts (`true`) or ends (`false`) work on a batch; the lane's busy time runs
-    /// while any pipe works.
+    /// while any pipe works (counted at each change, so overlapping pipes count once).
     fn working(&self, starts: bool) {
         let mut working = lock(&self.working);
         let now = Instant::now();
-        if starts {
-            working.0 += 1;
-            if working.0 == 1 {
-                working.1 = Some(now);
-            }
-        } else {
-            working.0 = working.0.saturating_sub(1);
-            if working.0 == 0 {
-                if let Some(since) = working.1.take() {
-                    self.stats
-                        .gpu_busy_ns
-                        .fetch_add((now - since).as_nanos() as u64, Ordering::Relaxed);
-                }
-            }
+        if let (true, Some(since)) = (working.0 > 0, working.1) {
+            self.stats
+                .gpu_busy_ns
+                .fetch_add((now - since).as_nanos() as u64, Ordering::Relaxed);
         }
+        working.0 = if starts {
+            working.0 + 1
+        } else {
+            working.0.saturating_sub(1)
+        };
+        working.1 = Some(now);
     }
 
     fn put_ring(&self, index: usize) {
@@ -784,8 +780,14 @@ impl Pipe {
                 host_params: std::ptr::null_mut(),
                 stats: Arc::clone(stats),
             };
-            // On failure `pipe` drops and releases what was made so far.
-            pipe.stream = result::stream::create(result::stream::StreamKind::NonBlocking)?;
+            // On failure `pipe` drops and releases what was made so far. The stream has the
+            // device's highest priority: the crop kernel is small and the training step waits
+            // for its rows, so its blocks go ahead of a running step's queued ones.
+            let (_, greatest) = result::stream::get_priority_range()?;
+            pipe.stream = result::stream::create_with_priority(
+                result::stream::StreamKind::NonBlocking,
+                greatest,
+            )?;
             // SAFETY: creations and an allocation into fields, in the device's context.
             unsafe {
                 sys::cuEventCreate(
