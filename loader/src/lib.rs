@@ -25,9 +25,10 @@ pub use client::cuda::{
 };
 pub use client::embedded::EmbeddedSource;
 pub use client::gpu_decode::{
-    compile_kernel, cuda_library_dirs, Compiled, gpu_row, hardware_candidate, split_for_rates, CropItem,
-    DecodeMode, Decline, DeviceRows, GpuDecodeError, GpuDecodeOptions, GpuLane, LaneStats,
-    AUTO_START, DEFAULT_GPU_MEMORY, KERNEL, KERNEL_SOURCE, NVJPEG_TESTED_MAJORS, nvjpeg_version,
+    compile_kernel, cuda_library_dirs, gpu_row, hardware_candidate, nvjpeg_version,
+    split_for_rates, Compiled, CropItem, Decline, DecodeMode, DeviceRows, GpuDecodeError,
+    GpuDecodeOptions, GpuLane, LaneStats, LaneView, AUTO_START, DEFAULT_GPU_MEMORY, KERNEL,
+    KERNEL_SOURCE, NVJPEG_TESTED_MAJORS,
 };
 pub use client::loader::{Loader, LoaderOptions, PinOptions};
 pub use client::monitor::{LoaderMonitor, MonitorSnapshot};
@@ -37,7 +38,7 @@ pub use client::prefetch::{
 pub use client::remote::{RemoteOptions, RemoteSource};
 pub use client::slots::{Attachment, PinnedPoolError, SharedMemory, Slot, SlotPool};
 pub use client::source::{receive, BatchSource, Built, EpochFeed, IdleClock, SourceInfo};
-pub use client::stats::LoaderStats;
+pub use client::stats::{GpuDecodeFigures, LoaderStats};
 pub use client::stream::{EpochStream, INTERRUPT_CHECK};
 pub use coordinator::{
     AckOutcome, ClientEntry, Coordinator, CoordinatorConfig, CoordinatorError, CoordinatorResult,

@@ -22,9 +22,7 @@ impl DeviceRows {
     /// The lane's rows attached to the slot holding `ptr`, if any.
     pub fn of_slot(slots: &stoker_loader::SlotPool, ptr: *const u8) -> Option<DeviceRows> {
         let attachment = slots.attachment(ptr)?;
-        let rows = attachment
-            .downcast::<stoker_loader::DeviceRows>()
-            .ok()?;
+        let rows = attachment.downcast::<stoker_loader::DeviceRows>().ok()?;
         Some(DeviceRows { rows })
     }
 }

@@ -3,9 +3,9 @@
 //! API is the pure-Python `stoker` package; this module is its private engine.
 
 mod buffer;
-mod gpu_decode;
 mod dataset;
 mod errors;
+mod gpu_decode;
 mod ops;
 
 use std::path::PathBuf;
@@ -616,8 +616,14 @@ impl NativeLoader {
                 let entry = PyDict::new(py);
                 entry.set_item("hardware", lane.hardware())?;
                 entry.set_item("rows", counts.gpu_rows.load(Ordering::Relaxed))?;
-                entry.set_item("declined_rows", counts.declined_rows.load(Ordering::Relaxed))?;
-                entry.set_item("fallback_rows", counts.fallback_rows.load(Ordering::Relaxed))?;
+                entry.set_item(
+                    "declined_rows",
+                    counts.declined_rows.load(Ordering::Relaxed),
+                )?;
+                entry.set_item(
+                    "fallback_rows",
+                    counts.fallback_rows.load(Ordering::Relaxed),
+                )?;
                 entry.set_item("gpu_rows_per_s", counts.gpu_rate())?;
                 entry.set_item("cpu_rows_per_s", counts.cpu_rate())?;
                 entry.set_item("memory_bytes", lane.memory_bytes())?;
@@ -823,11 +829,9 @@ fn batch_tuple(
     slots: Option<Arc<stoker_loader::SlotPool>>,
 ) -> PyResult<Bound<'_, PyTuple>> {
     let device_rows = match (&slots, batch.tensors.first()) {
-        (Some(slots), Some(first)) => {
-            gpu_decode::DeviceRows::of_slot(slots, first.data.as_ptr())
-                .map(|rows| Bound::new(py, rows))
-                .transpose()?
-        }
+        (Some(slots), Some(first)) => gpu_decode::DeviceRows::of_slot(slots, first.data.as_ptr())
+            .map(|rows| Bound::new(py, rows))
+            .transpose()?,
         _ => None,
     };
     let tensors = PyList::empty(py);

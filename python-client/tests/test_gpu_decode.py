@@ -67,7 +67,7 @@ def test_the_kernel_compiles_with_nvrtc() -> None:
 def test_decode_arguments_are_checked(dataset: Path) -> None:
     base: dict[str, Any] = {"pipeline": train_pipeline(), "batch_size": 4, "output": "numpy"}
     with pytest.raises(ValueError, match="decode must be 'cpu', 'gpu' or 'auto'"):
-        stoker.Loader(dataset, decode="tpu", **base)
+        stoker.Loader(dataset, decode="tpu", **base)  # type: ignore[arg-type]
     with pytest.raises(ValueError, match=r"decode='gpu'.*device='cuda'"):
         stoker.Loader(dataset, decode="gpu", **base)
     with pytest.raises(ValueError, match="gpu_memory sizes the GPU decode lane"):
@@ -361,3 +361,24 @@ def test_huge_jpegs_keep_the_lane_under_its_cap(
         time.sleep(0.05)
     print(f"device memory not back after close: {free_before - free_after} bytes")
     assert free_after >= free_before - (8 << 20), (free_before, free_after)
+
+
+def test_a_saved_split_is_ignored_without_a_lane(dataset: Path) -> None:
+    base: dict[str, Any] = {
+        "pipeline": train_pipeline(),
+        "batch_size": 8,
+        "num_threads": 2,
+        "output": "numpy",
+        "seed": 3,
+    }
+    with stoker.Loader(dataset, **base) as plain:
+        it = iter(plain)
+        next(it)
+        state = plain.state_dict()
+        expected = next(it)["image"].copy()
+    # A state saved by a run with a GPU lane resumes on a machine without one.
+    state["decode_split"] = [state["epoch"], 12]
+    with stoker.Loader(dataset, decode="auto", **base) as resumed:
+        resumed.load_state_dict(state)
+        np.testing.assert_array_equal(next(iter(resumed))["image"], expected)
+        assert "decode_split" not in resumed.state_dict()

@@ -255,8 +255,8 @@ impl Cuda {
 
     /// The device's compute capability (major, minor).
     pub fn compute_capability(&self) -> Result<(i32, i32), Unavailable> {
-        let device = result::device::get(self.ordinal as i32)
-            .map_err(|e| call_failed("cuDeviceGet", e))?;
+        let device =
+            result::device::get(self.ordinal as i32).map_err(|e| call_failed("cuDeviceGet", e))?;
         let attribute = |which| {
             // SAFETY: a plain query of a valid device.
             unsafe { result::device::get_attribute(device, which) }

@@ -101,6 +101,7 @@ impl Core {
             Arc::clone(&self.slots),
             self.source.info().threads,
             self.controller.is_none().then_some(self.prefetch),
+            self.source.gpu_lane().map(GpuLane::view),
         )
     }
 
@@ -338,11 +339,14 @@ impl Loader {
 
     /// Statistics so far, over every epoch this loader ran.
     pub fn stats(&self) -> LoaderStats {
-        self.core
+        let mut stats = self
+            .core
             .stats
             .lock()
             .map(|recorder| recorder.snapshot())
-            .unwrap_or_default()
+            .unwrap_or_default();
+        stats.gpu_decode = self.gpu_lane().map(GpuLane::figures);
+        stats
     }
 
     /// Starts `epoch` at `start_step` (0 for the beginning; a later step resumes mid-epoch

@@ -3,6 +3,7 @@
 
 use std::sync::{Arc, Mutex};
 
+use super::gpu_decode::LaneView;
 use super::prefetch::{ControllerSnapshot, PrefetchController};
 use super::slots::SlotPool;
 use super::stats::{LoaderStats, StatsRecorder};
@@ -23,6 +24,7 @@ enum MonitorSource {
         slots: Arc<SlotPool>,
         threads: usize,
         fixed_prefetch: Option<usize>,
+        lane: Option<LaneView>,
     },
     /// The latest figures a remote client reported.
     Reported(Arc<Mutex<MonitorSnapshot>>),
@@ -54,6 +56,7 @@ impl LoaderMonitor {
         slots: Arc<SlotPool>,
         threads: usize,
         fixed_prefetch: Option<usize>,
+        lane: Option<LaneView>,
     ) -> Self {
         Self {
             source: MonitorSource::Local {
@@ -62,6 +65,7 @@ impl LoaderMonitor {
                 slots,
                 threads,
                 fixed_prefetch,
+                lane,
             },
         }
     }
@@ -82,8 +86,13 @@ impl LoaderMonitor {
                 slots,
                 threads,
                 fixed_prefetch,
+                lane,
             } => MonitorSnapshot {
-                stats: stats.lock().map(|s| s.snapshot()).unwrap_or_default(),
+                stats: {
+                    let mut stats = stats.lock().map(|s| s.snapshot()).unwrap_or_default();
+                    stats.gpu_decode = lane.as_ref().map(LaneView::figures);
+                    stats
+                },
                 controller: controller
                     .as_ref()
                     .and_then(|c| c.lock().ok().map(|c| c.snapshot())),

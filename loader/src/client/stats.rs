@@ -46,6 +46,30 @@ pub struct LoaderStats {
     pub gpu_idle_s: f64,
     /// Seconds of the GPU stream's time over which `gpu_idle_s` was measured.
     pub gpu_span_s: f64,
+    /// The GPU decode lane's figures, when the loader has one.
+    pub gpu_decode: Option<GpuDecodeFigures>,
+}
+
+/// What the GPU decode lane did, as the dashboard and `/metrics` show it.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct GpuDecodeFigures {
+    /// The share of each batch offered to the GPU in the newest epoch started, percent.
+    pub split_pct: f64,
+    /// Rows per second the GPU lane built while it worked.
+    pub gpu_rows_per_s: f64,
+    /// Rows per second the decode threads built in the batches the lane also worked on.
+    pub cpu_rows_per_s: f64,
+    /// Rows the GPU lane built.
+    pub gpu_rows: u64,
+    /// Rows offered to the lane that the decode threads built (not JPEGs the engines take, or
+    /// too large for the lane's memory).
+    pub declined_rows: u64,
+    /// Device bytes the lane holds.
+    pub memory_bytes: u64,
+    /// The most it may hold (`gpu_memory`).
+    pub memory_cap: u64,
+    /// Whether the hardware JPEG engines decode (else nvJPEG's default backend).
+    pub hardware: bool,
 }
 
 /// Accumulates [`LoaderStats`].

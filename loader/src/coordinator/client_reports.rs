@@ -52,6 +52,8 @@ pub(super) fn client_snapshot(stats: &ClientStats, threads: usize) -> MonitorSna
             prefetch_depth: stats.prefetch_target as usize,
             gpu_idle_s: stats.gpu_idle_ns as f64 / 1e9,
             gpu_span_s: stats.gpu_span_ns as f64 / 1e9,
+            // Remote clients decode nothing themselves: no GPU lane to report.
+            gpu_decode: None,
         },
         controller: None,
         fixed_prefetch: Some(stats.prefetch_target as usize),

@@ -21,6 +21,13 @@ struct Family {
     samples: fn(&JobSeries) -> Samples,
 }
 
+/// The newest reading's GPU decode lane figures, for jobs that have a lane.
+fn lane(job: &JobSeries) -> Option<&crate::client::stats::GpuDecodeFigures> {
+    job.latest
+        .as_ref()
+        .and_then(|s| s.stats.gpu_decode.as_ref())
+}
+
 /// A sample with only the job labels.
 fn one(value: Option<f64>) -> Samples {
     vec![(None, value)]
@@ -75,6 +82,36 @@ const FAMILIES: &[Family] = &[
         kind: "counter",
         help: "Seconds of GPU time over which the GPU idle was measured (divide idle by this for its share).",
         samples: |job| one(job.latest.as_ref().map(|s| s.stats.gpu_span_s)),
+    },
+    Family {
+        name: "stoker_gpu_decode_share_ratio",
+        kind: "gauge",
+        help: "Share of each batch offered to the GPU decode lane in the newest epoch (jobs with a lane only).",
+        samples: |job| one(lane(job).map(|l| l.split_pct / 100.0)),
+    },
+    Family {
+        name: "stoker_decode_rows_per_second",
+        kind: "gauge",
+        help: "Rows per second each decode lane built while it worked (lane=\"gpu\" or \"cpu\"; jobs with a GPU lane only).",
+        samples: |job| match lane(job) {
+            Some(l) => vec![
+                (Some(("lane", "gpu".to_string())), Some(l.gpu_rows_per_s)),
+                (Some(("lane", "cpu".to_string())), Some(l.cpu_rows_per_s)),
+            ],
+            None => Vec::new(),
+        },
+    },
+    Family {
+        name: "stoker_gpu_decode_memory_bytes",
+        kind: "gauge",
+        help: "Device bytes the GPU decode lane holds (jobs with a lane only).",
+        samples: |job| one(lane(job).map(|l| l.memory_bytes as f64)),
+    },
+    Family {
+        name: "stoker_gpu_decode_memory_cap_bytes",
+        kind: "gauge",
+        help: "The most device memory the GPU decode lane may hold (gpu_memory).",
+        samples: |job| one(lane(job).map(|l| l.memory_cap as f64)),
     },
     Family {
         name: "stoker_samples_per_second",

@@ -220,6 +220,8 @@ pub(crate) struct Point {
     pub samples_total: u64,
     /// Samples replaced under the skip policy since the loader started.
     pub bad_samples: u64,
+    /// The GPU decode lane's split, rates and memory, when the loader has one.
+    pub gpu_decode: Option<crate::client::stats::GpuDecodeFigures>,
     #[serde(skip)]
     delta: Delta,
 }
@@ -316,6 +318,7 @@ impl JobSeries {
                     .then(|| round(delta.batches as f64 / delta.elapsed_s, 1)),
                 samples_total: stats.samples,
                 bad_samples: stats.bad_samples,
+                gpu_decode: stats.gpu_decode.clone(),
                 delta,
             };
             self.points.push_back(point);
@@ -470,6 +473,7 @@ pub(crate) fn unix_ms() -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::sync::{Arc, Mutex};
 
     fn delta(elapsed_s: f64, wait_s: f64, samples: u64, stages_s: [f64; 4]) -> Delta {
         Delta {
@@ -483,6 +487,46 @@ mod tests {
             gpu_idle_s: 0.0,
             gpu_span_s: 0.0,
         }
+    }
+
+    #[test]
+    fn a_gpu_lanes_figures_reach_the_points_and_metrics() {
+        let figures = crate::client::stats::GpuDecodeFigures {
+            split_pct: 62.5,
+            gpu_rows_per_s: 8000.0,
+            cpu_rows_per_s: 5000.0,
+            gpu_rows: 1000,
+            declined_rows: 12,
+            memory_bytes: 700 << 20,
+            memory_cap: 1 << 30,
+            hardware: true,
+        };
+        let latest = Arc::new(Mutex::new(MonitorSnapshot::default()));
+        latest.lock().unwrap().stats.gpu_decode = Some(figures.clone());
+        let mut registry = Registry::default();
+        registry.register("lane", 0, LoaderMonitor::reported(Arc::clone(&latest)));
+        registry.sample_all();
+        let job = &registry.jobs[0];
+        assert_eq!(
+            job.points.back().unwrap().gpu_decode.as_ref(),
+            Some(&figures)
+        );
+        let json = serde_json::to_value(job.points.back().unwrap()).unwrap();
+        assert_eq!(json["gpu_decode"]["split_pct"], 62.5);
+        let text = super::super::metrics::render(&registry);
+        for line in [
+            "stoker_gpu_decode_share_ratio{job=\"lane\",rank=\"0\"} 0.625",
+            "stoker_decode_rows_per_second{job=\"lane\",rank=\"0\",lane=\"gpu\"} 8000",
+            "stoker_decode_rows_per_second{job=\"lane\",rank=\"0\",lane=\"cpu\"} 5000",
+            "stoker_gpu_decode_memory_cap_bytes{job=\"lane\",rank=\"0\"} 1073741824",
+        ] {
+            assert!(text.contains(line), "{line} missing from\n{text}");
+        }
+        // A job without a lane has no such samples (the families are still declared).
+        latest.lock().unwrap().stats.gpu_decode = None;
+        registry.sample_all();
+        let text = super::super::metrics::render(&registry);
+        assert!(!text.contains("stoker_gpu_decode_share_ratio{"), "{text}");
     }
 
     #[test]

@@ -152,7 +152,7 @@ class NativeLoader:
         pin_device: int | None = None,
         pinned_budget: int = 0,
         release_streams: Callable[[], list[int]] | None = None,
-        decode: Literal["cpu", "gpu", "auto"] = "cpu",
+        decode: str = "cpu",
         gpu_memory: int = 1 << 30,
         library_dirs: list[str] = ...,
     ) -> None:
@@ -451,8 +451,11 @@ def gpu_decode_unavailable(ordinal: int, library_dirs: list[str] = ...) -> str |
     """None when the GPU decode lane can run on CUDA device ``ordinal`` (driver, nvJPEG of a
     tested version, NVRTC compiling the kernel), else what is missing."""
 
-def compile_gpu_kernel(library_dirs: list[str] = ...) -> str:
-    """Compiles the GPU lane's crop kernel with NVRTC (no GPU needed); returns the PTX.
+def compile_gpu_kernel(
+    library_dirs: list[str] = ..., sm: tuple[int, int] | None = None
+) -> str | bytes:
+    """Compiles the GPU lane's crop kernel with NVRTC (no GPU needed): the PTX text, or with
+    ``sm`` (a compute capability) that architecture's machine code.
 
     Raises:
         RuntimeError: no libnvrtc, or the kernel does not compile (the message says which).

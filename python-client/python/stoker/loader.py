@@ -497,7 +497,7 @@ class Loader:
                 "dtype and memory_format shape the batch on the GPU: give device='cuda' (on "
                 "the CPU, ops.ToTensor and ops.Normalize choose layout and dtype)"
             )
-        decode, lane_memory = gpu.check_decode(decode, gpu_memory, device_index, address)
+        decode_on, lane_memory = gpu.check_decode(decode, gpu_memory, device_index, address)
         budget = (
             gpu.default_pinned_budget()[0]
             if pinned_memory_budget is None
@@ -617,9 +617,9 @@ class Loader:
             if device_index is not None
             else gpu.pin_device(self._torch or sys.modules.get("torch"), pin_memory)
         )
-        if device_index is not None and decode != "cpu":
-            decode = gpu.lane_decode(decode, device_index)
-        self._decode: str = decode
+        if device_index is not None and decode_on != "cpu":
+            decode_on = gpu.lane_decode(decode_on, device_index)
+        self._decode = decode_on
         self._native = _native.NativeLoader(
             self._source,
             [op.to_dict() for op in native_ops],
@@ -650,9 +650,9 @@ class Loader:
             release_streams=(
                 None if pin_device is None else gpu.release_streams(self._torch, pin_device)
             ),
-            decode=decode,
+            decode=decode_on,
             gpu_memory=lane_memory,
-            library_dirs=gpu.cuda_library_dirs() if decode != "cpu" else [],
+            library_dirs=gpu.cuda_library_dirs() if decode_on != "cpu" else [],
         )
         stage = None
         if device_index is not None:

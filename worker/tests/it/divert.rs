@@ -91,7 +91,10 @@ fn taken_rows_are_planned_as_on_the_cpu_and_left_for_the_taker() {
     for row in 0..8 {
         let range = row * row_bytes..(row + 1) * row_bytes;
         if row % 2 == 1 {
-            assert!(partial[range].iter().all(|&b| b == 0xAB), "row {row} written");
+            assert!(
+                partial[range].iter().all(|&b| b == 0xAB),
+                "row {row} written"
+            );
         } else {
             assert_eq!(partial[range.clone()], plain[range], "row {row}");
         }
@@ -105,11 +108,17 @@ fn taken_rows_are_planned_as_on_the_cpu_and_left_for_the_taker() {
         assert_eq!(image.read, indices[image.row]);
         // The window and flip are the sample's own draws, as the CPU makes them.
         let mut rng = SampleRng::new(9, 0, image.sample);
-        assert_eq!(pipeline.plan(&image.header, &mut rng), (image.window, image.flip));
+        assert_eq!(
+            pipeline.plan(&image.header, &mut rng),
+            (image.window, image.flip)
+        );
         // Built later on the CPU, the row is the one the CPU made.
         let mut row = vec![0u8; row_bytes];
         let label = job.image_row(0, image.sample, &mut row).unwrap();
         assert_eq!(label, expected.labels[image.row]);
-        assert_eq!(row, plain[image.row * row_bytes..(image.row + 1) * row_bytes]);
+        assert_eq!(
+            row,
+            plain[image.row * row_bytes..(image.row + 1) * row_bytes]
+        );
     }
 }

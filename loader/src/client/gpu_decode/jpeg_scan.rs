@@ -84,9 +84,7 @@ pub fn hardware_candidate(bytes: &[u8]) -> Result<(), Decline> {
         match marker {
             0xC0 | 0xC1 => return frame(segment),
             0xC2 => return Err(Decline::Progressive),
-            0xC3 | 0xC5..=0xC7 | 0xC9..=0xCB | 0xCD..=0xCF => {
-                return Err(Decline::OtherCoding)
-            }
+            0xC3 | 0xC5..=0xC7 | 0xC9..=0xCB | 0xCD..=0xCF => return Err(Decline::OtherCoding),
             _ => at += length,
         }
     }
@@ -129,7 +127,17 @@ mod tests {
         let mut out = vec![0xFF, 0xD8];
         out.extend([0xFF, 0xE0, 0x00, 0x04, b'J', b'F']);
         let length = 8 + 3 * sampling.len();
-        out.extend([0xFF, sof, 0x00, length as u8, precision, 0x00, 0x10, 0x00, 0x10]);
+        out.extend([
+            0xFF,
+            sof,
+            0x00,
+            length as u8,
+            precision,
+            0x00,
+            0x10,
+            0x00,
+            0x10,
+        ]);
         out.push(sampling.len() as u8);
         for (i, s) in sampling.iter().enumerate() {
             out.extend([i as u8 + 1, *s, 0]);
@@ -147,9 +155,16 @@ mod tests {
             &[0x22, 0x11, 0x11],
             &[0x12, 0x11, 0x11],
         ] {
-            assert_eq!(hardware_candidate(&jpeg(0xC0, 8, sampling)), Ok(()), "{sampling:?}");
+            assert_eq!(
+                hardware_candidate(&jpeg(0xC0, 8, sampling)),
+                Ok(()),
+                "{sampling:?}"
+            );
         }
-        assert_eq!(hardware_candidate(&jpeg(0xC1, 8, &[0x22, 0x11, 0x11])), Ok(()));
+        assert_eq!(
+            hardware_candidate(&jpeg(0xC1, 8, &[0x22, 0x11, 0x11])),
+            Ok(())
+        );
     }
 
     #[test]
@@ -159,7 +174,10 @@ mod tests {
             (jpeg(0xC9, 8, &[0x22, 0x11, 0x11]), Decline::OtherCoding),
             (jpeg(0xC3, 8, &[0x11]), Decline::OtherCoding),
             (jpeg(0xC0, 12, &[0x11]), Decline::Precision),
-            (jpeg(0xC0, 8, &[0x11, 0x11, 0x11, 0x11]), Decline::Components),
+            (
+                jpeg(0xC0, 8, &[0x11, 0x11, 0x11, 0x11]),
+                Decline::Components,
+            ),
             (jpeg(0xC0, 8, &[0x41, 0x11, 0x11]), Decline::Subsampling),
             (b"\x89PNG\r\n\x1a\n0000".to_vec(), Decline::NotJpeg),
         ];

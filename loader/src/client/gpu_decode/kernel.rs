@@ -131,13 +131,16 @@ impl CropItem {
     }
 }
 
+/// A compute capability (major, minor), or `None` for PTX of `compute_75`.
+type Arch = Option<(i32, i32)>;
+
 /// What NVRTC made of [`SOURCE`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Compiled {
     /// Machine code for one GPU architecture: loads on any driver of the same major CUDA
     /// version, whatever NVRTC's minor version.
     Cubin(Vec<u8>),
-    /// PTX text for [`ARCH`], which the driver compiles when it loads it (needs a driver at
+    /// PTX text for `compute_75`, which the driver compiles when it loads it (needs a driver at
     /// least as new as the NVRTC that wrote it).
     Ptx(String),
 }
@@ -154,16 +157,18 @@ impl Compiled {
     }
 }
 
-fn nvrtc_failed(call: &'static str) -> impl Fn(cudarc::nvrtc::result::NvrtcError) -> GpuDecodeError {
+fn nvrtc_failed(
+    call: &'static str,
+) -> impl Fn(cudarc::nvrtc::result::NvrtcError) -> GpuDecodeError {
     move |error| GpuDecodeError::Kernel(format!("{call}: {error:?}"))
 }
 
 /// Compiles [`SOURCE`] with NVRTC, loading `libnvrtc` from the first of `dirs` that has it
 /// (else from the usual search): machine code for compute capability `sm` (major, minor)
-/// when given, else PTX for [`ARCH`].
+/// when given, else PTX for `compute_75`.
 pub fn compile(dirs: &[PathBuf], sm: Option<(i32, i32)>) -> Result<Compiled, GpuDecodeError> {
     // Compiled once per architecture and process (NVRTC takes a few hundred milliseconds).
-    static DONE: Mutex<Vec<(Option<(i32, i32)>, Compiled)>> = Mutex::new(Vec::new());
+    static DONE: Mutex<Vec<(Arch, Compiled)>> = Mutex::new(Vec::new());
     let mut done = DONE.lock().unwrap_or_else(|p| p.into_inner());
     if let Some((_, compiled)) = done.iter().find(|(arch, _)| *arch == sm) {
         return Ok(compiled.clone());
@@ -185,8 +190,10 @@ fn compile_now(dirs: &[PathBuf], sm: Option<(i32, i32)>) -> Result<Compiled, Gpu
             problem: found.err().unwrap_or_else(|| "not found".into()),
         });
     }
-    let source = std::ffi::CString::new(SOURCE).map_err(|e| GpuDecodeError::Kernel(e.to_string()))?;
-    let program = result::create_program(&source, None).map_err(nvrtc_failed("nvrtcCreateProgram"))?;
+    let source =
+        std::ffi::CString::new(SOURCE).map_err(|e| GpuDecodeError::Kernel(e.to_string()))?;
+    let program =
+        result::create_program(&source, None).map_err(nvrtc_failed("nvrtcCreateProgram"))?;
     let arch = match sm {
         Some((major, minor)) => format!("--gpu-architecture=sm_{major}{minor}"),
         None => format!("--gpu-architecture={ARCH}"),
@@ -195,7 +202,7 @@ fn compile_now(dirs: &[PathBuf], sm: Option<(i32, i32)>) -> Result<Compiled, Gpu
     // the sizes NVRTC gives.
     let compiled = unsafe {
         let outcome = (|| {
-            if let Err(error) = result::compile_program(program, &[arch.clone()]) {
+            if let Err(error) = result::compile_program(program, std::slice::from_ref(&arch)) {
                 let log = result::get_program_log(program)
                     .map(|raw| {
                         std::ffi::CStr::from_ptr(raw.as_ptr())
@@ -253,7 +260,10 @@ mod tests {
             "int flip;",
             "unsigned int row;",
         ] {
-            assert!(SOURCE.contains(field), "{field} missing from the kernel source");
+            assert!(
+                SOURCE.contains(field),
+                "{field} missing from the kernel source"
+            );
         }
         assert!(SOURCE.contains(&format!("__global__ void {KERNEL}(")));
     }

@@ -27,6 +27,7 @@ use super::{gpu_row, split_for_rates, DecodeMode, GpuDecodeError, GpuDecodeOptio
 use crate::client::cuda::{describe, Cuda};
 use crate::client::slots::Slot;
 use crate::client::source::Built;
+use crate::client::stats::GpuDecodeFigures;
 use crate::error::{Error, Result};
 
 /// Pipes: streams with their own decode state and arena, used in turn.
@@ -253,10 +254,7 @@ impl Shared {
             if let Some(index) = free.pop() {
                 return (Some(index), started.elapsed());
             }
-            free = self
-                .returned
-                .wait(free)
-                .unwrap_or_else(|p| p.into_inner());
+            free = self.returned.wait(free).unwrap_or_else(|p| p.into_inner());
         }
     }
 
@@ -432,6 +430,42 @@ impl ImageDiverter for LaneDiverter {
     }
 }
 
+/// Reads a lane's figures from any thread ([`GpuLane::view`]).
+#[derive(Clone)]
+pub struct LaneView {
+    shared: Arc<Shared>,
+}
+
+impl LaneView {
+    /// The lane's figures now.
+    pub fn figures(&self) -> GpuDecodeFigures {
+        let shared = &self.shared;
+        let stats = &shared.stats;
+        let sixteenths = match shared.mode {
+            DecodeMode::Gpu => 16,
+            _ => lock(&shared.splits)
+                .iter()
+                .max_by_key(|(epoch, _)| **epoch)
+                .map_or(AUTO_START, |(_, split)| *split),
+        };
+        GpuDecodeFigures {
+            split_pct: f64::from(sixteenths) * 100.0 / 16.0,
+            gpu_rows_per_s: stats.gpu_rate(),
+            cpu_rows_per_s: stats.cpu_rate(),
+            gpu_rows: stats.gpu_rows.load(Ordering::Relaxed),
+            declined_rows: stats.declined_rows.load(Ordering::Relaxed),
+            memory_bytes: (shared.memory.allocated()
+                + shared
+                    .budgets
+                    .iter()
+                    .map(|b| b.device.load(Ordering::Relaxed))
+                    .sum::<usize>()) as u64,
+            memory_cap: shared.memory.cap() as u64,
+            hardware: shared.hardware,
+        }
+    }
+}
+
 /// The GPU decode lane of one loader (see the module docs of `gpu_decode`).
 pub struct GpuLane {
     shared: Arc<Shared>,
@@ -602,20 +636,28 @@ impl GpuLane {
             .sum()
     }
 
-    /// Device bytes the lane holds now: its memory and nvJPEG's allocations.
+    /// Device bytes the lane holds now: its memory and nvJPEG's allocations through the
+    /// lane's allocators.
     pub fn memory_bytes(&self) -> usize {
-        self.shared.memory.allocated()
-            + self
-                .shared
-                .budgets
-                .iter()
-                .map(|b| b.device.load(Ordering::Relaxed))
-                .sum::<usize>()
+        self.figures().memory_bytes as usize
     }
 
     /// The cap the lane keeps within.
     pub fn memory_cap(&self) -> usize {
         self.shared.memory.cap()
+    }
+
+    /// A handle on the lane's figures that outlives nothing of it but its memory accounting
+    /// (for the loader's monitor, read from any thread).
+    pub fn view(&self) -> LaneView {
+        LaneView {
+            shared: Arc::clone(&self.shared),
+        }
+    }
+
+    /// The lane's figures now.
+    pub fn figures(&self) -> GpuDecodeFigures {
+        self.view().figures()
     }
 
     /// A diverter offering the rows of `sixteenths` of a batch to the lane.
@@ -699,7 +741,8 @@ impl Kernel {
             .compute_capability()
             .map_err(|e| GpuDecodeError::Cuda(e.to_string()))?;
         let image = kernel::compile(dirs, Some(sm))?.image();
-        let name = CString::new(kernel::KERNEL).map_err(|e| GpuDecodeError::Kernel(e.to_string()))?;
+        let name =
+            CString::new(kernel::KERNEL).map_err(|e| GpuDecodeError::Kernel(e.to_string()))?;
         cuda.in_context("loading the crop kernel", || {
             // SAFETY: `image` is a CUBIN (or NUL-terminated PTX) for this device.
             let module = unsafe { result::module::load_data(image.as_ptr().cast::<c_void>()) }?;
@@ -831,7 +874,9 @@ impl Pipe {
             );
         };
         shared.working(true);
-        let built = self.build_rows(shared, ring, job, epoch, slot, assembled, indices, items, row_bytes);
+        let built = self.build_rows(
+            shared, ring, job, epoch, slot, assembled, indices, items, row_bytes,
+        );
         shared.working(false);
         (built, ring_wait)
     }
@@ -936,9 +981,12 @@ impl Pipe {
         // SAFETY: creation into a local and a record on the pipe's own stream, with the
         // device's context current on this thread.
         unsafe {
-            sys::cuEventCreate(&mut event, sys::CUevent_flags::CU_EVENT_DISABLE_TIMING as u32)
-                .result()
-                .map_err(driver("cuEventCreate"))?;
+            sys::cuEventCreate(
+                &mut event,
+                sys::CUevent_flags::CU_EVENT_DISABLE_TIMING as u32,
+            )
+            .result()
+            .map_err(driver("cuEventCreate"))?;
             if let Err(error) = result::event::record(event, self.stream) {
                 let _ = sys::cuEventDestroy_v2(event);
                 return Err(driver("cuEventRecord")(error));

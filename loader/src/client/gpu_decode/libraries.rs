@@ -28,7 +28,10 @@ pub fn search_dirs(first: &[PathBuf]) -> Vec<PathBuf> {
 pub fn preload(names: &[&str], first: &[PathBuf]) -> Result<String, String> {
     static LOADED: Mutex<Vec<(String, String)>> = Mutex::new(Vec::new());
     let mut loaded = LOADED.lock().unwrap_or_else(|p| p.into_inner());
-    if let Some((_, from)) = loaded.iter().find(|(name, _)| names.contains(&name.as_str())) {
+    if let Some((_, from)) = loaded
+        .iter()
+        .find(|(name, _)| names.contains(&name.as_str()))
+    {
         return Ok(from.clone());
     }
     let mut tried = Vec::new();

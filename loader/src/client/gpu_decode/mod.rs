@@ -26,9 +26,9 @@ use std::path::PathBuf;
 
 pub use jpeg_scan::{hardware_candidate, Decline};
 pub use kernel::{compile as compile_kernel, Compiled, CropItem, KERNEL, SOURCE as KERNEL_SOURCE};
-pub use lane::{DeviceRows, GpuLane, LaneStats, LaneTask};
-pub use nvjpeg::{version as nvjpeg_version, TESTED_MAJORS as NVJPEG_TESTED_MAJORS};
+pub use lane::{DeviceRows, GpuLane, LaneStats, LaneTask, LaneView};
 pub use libraries::search_dirs as cuda_library_dirs;
+pub use nvjpeg::{version as nvjpeg_version, TESTED_MAJORS as NVJPEG_TESTED_MAJORS};
 
 /// Where image rows are decoded.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -124,14 +124,15 @@ mod tests {
         for sixteenths in 0..=16u8 {
             for len in [1usize, 7, 16, 100, 256] {
                 let count = (0..len).filter(|&r| gpu_row(r, sixteenths)).count();
-                assert_eq!(count, len * usize::from(sixteenths) / 16, "{sixteenths} {len}");
+                assert_eq!(
+                    count,
+                    len * usize::from(sixteenths) / 16,
+                    "{sixteenths} {len}"
+                );
             }
         }
         let half: Vec<bool> = (0..8).map(|r| gpu_row(r, 8)).collect();
-        assert_eq!(
-            half,
-            [false, true, false, true, false, true, false, true]
-        );
+        assert_eq!(half, [false, true, false, true, false, true, false, true]);
         assert!((0..256).all(|r| gpu_row(r, 16)));
         assert!((0..256).all(|r| !gpu_row(r, 0)));
     }

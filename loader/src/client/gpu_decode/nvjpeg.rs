@@ -105,9 +105,8 @@ struct Api {
     parse_header: unsafe extern "C" fn(Handle, *const u8, usize, Stream) -> c_int,
     batched_supported: unsafe extern "C" fn(Handle, Stream, *mut c_int) -> c_int,
     batched_initialize: unsafe extern "C" fn(Handle, State, c_int, c_int, c_int) -> c_int,
-    batched_preallocate: Option<
-        unsafe extern "C" fn(Handle, State, c_int, c_int, c_int, c_int, c_int) -> c_int,
-    >,
+    batched_preallocate:
+        Option<unsafe extern "C" fn(Handle, State, c_int, c_int, c_int, c_int, c_int) -> c_int>,
     batched_decode: unsafe extern "C" fn(
         Handle,
         State,
@@ -187,8 +186,8 @@ impl Api {
         Err(GpuDecodeError::Library {
             library: "libnvjpeg",
             problem: format!(
-                "not found (tried {}); install the CUDA toolkit's nvJPEG or `pip install \
-                 stoker[gpu]`, or name its folder in STOKER_CUDA_LIB_DIRS",
+                "not found (tried {}); install the CUDA toolkit's nvJPEG 13 (libnvjpeg.so.13) or \
+                 NVIDIA's pip wheel of it, or name its folder in STOKER_CUDA_LIB_DIRS",
                 tried.join("; ")
             ),
         })
@@ -237,7 +236,9 @@ impl Api {
 /// The process's nvJPEG, loaded on first use from `dirs` (see [`search_dirs`]).
 fn api(dirs: &[PathBuf]) -> Result<&'static Api, GpuDecodeError> {
     static API: OnceLock<Result<Api, GpuDecodeError>> = OnceLock::new();
-    API.get_or_init(|| Api::load(dirs)).as_ref().map_err(Clone::clone)
+    API.get_or_init(|| Api::load(dirs))
+        .as_ref()
+        .map_err(Clone::clone)
 }
 
 /// The loaded nvJPEG's version and file, or why it cannot be loaded.
@@ -410,7 +411,9 @@ impl Decoder {
         };
         let hardware = backend == BACKEND_HARDWARE;
         if !hardware {
-            tracing::info!("no hardware JPEG decoder here; the GPU lane uses nvJPEG's default backend");
+            tracing::info!(
+                "no hardware JPEG decoder here; the GPU lane uses nvJPEG's default backend"
+            );
         }
         let mut decoder = Decoder {
             api,
@@ -438,9 +441,20 @@ impl Decoder {
                 // The hardware decoder's memory pool: nvJPEG then keeps its buffers between
                 // batches instead of allocating per batch.
                 if let (true, Some(preallocate)) = (hardware, api.batched_preallocate) {
-                    let status = preallocate(decoder.handle, state, batch_hint, 1, 1, CSS_444, OUTPUT_RGBI);
+                    let status = preallocate(
+                        decoder.handle,
+                        state,
+                        batch_hint,
+                        1,
+                        1,
+                        CSS_444,
+                        OUTPUT_RGBI,
+                    );
                     if status != SUCCESS {
-                        tracing::debug!(status = status_name(status), "nvjpegDecodeBatchedPreAllocate");
+                        tracing::debug!(
+                            status = status_name(status),
+                            "nvjpegDecodeBatchedPreAllocate"
+                        );
                     }
                 }
             }
@@ -452,7 +466,6 @@ impl Decoder {
     pub fn hardware(&self) -> bool {
         self.hardware
     }
-
 
     /// The allocators' budget.
     pub fn budget(&self) -> Arc<Budget> {

@@ -67,6 +67,7 @@ function createCard(job) {
       ]),
     ]),
     el("div", { class: "share", id: `job-${key}-share`, hidden: "" }),
+    el("div", { class: "share", id: `job-${key}-decode`, hidden: "" }),
     el("div", { class: "figures" }, [
       figure(key, "stall", "Host wait (last 0.5 s)", "%"),
       figure(key, "gpu-idle", "GPU idle (last 0.5 s)", "%"),
@@ -139,6 +140,18 @@ function updateFigures(job) {
   setText(`job-${key}-latency`, fixed(p.batch_latency_ms, 2));
   setText(`job-${key}-busy`, fixed(p.busy_pct, 1));
   setText(`job-${key}-bad`, String(p.bad_samples));
+  const decode = document.getElementById(`job-${key}-decode`);
+  if (p.gpu_decode) {
+    const d = p.gpu_decode;
+    decode.hidden = false;
+    decode.textContent = `GPU decode lane${d.hardware ? " (JPEG engines)" : ""}: ` +
+      `${fixed(d.split_pct, 1)}% of each batch offered \u00b7 GPU ${fixed(d.gpu_rows_per_s, 0)} ` +
+      `rows/s \u00b7 CPU threads ${fixed(d.cpu_rows_per_s, 0)} rows/s \u00b7 ` +
+      `${d.declined_rows} rows left to the CPU \u00b7 memory ` +
+      `${fixed(d.memory_bytes / 1048576, 0)} of ${fixed(d.memory_cap / 1048576, 0)} MiB`;
+  } else {
+    decode.hidden = true;
+  }
   const body = document.querySelector(`#job-${key}-workers tbody`);
   body.replaceChildren(...job.workers.map((worker) => el("tr", {}, [
     el("td", { text: worker.name }),
