@@ -131,11 +131,37 @@ fn op_schema(py: Python<'_>) -> PyResult<Bound<'_, PyList>> {
     Ok(ops)
 }
 
+/// The ids a `tokenizer.json` gives each of `texts` as the Tokenize op encodes them (no special
+/// tokens added), and which `tokenizers` line encoded them: `"1.0"`, or `"0.23: <why 1.0 cannot
+/// read the file>"`. For checking a tokenizer against another implementation.
+#[pyfunction]
+fn encode_texts(
+    py: Python<'_>,
+    tokenizer: std::path::PathBuf,
+    texts: Vec<String>,
+) -> PyResult<(Vec<Vec<u32>>, String)> {
+    py.detach(|| {
+        let loaded = stoker_worker::TextTokenizer::load(&tokenizer)?;
+        let ids = texts
+            .iter()
+            .map(|text| loaded.encode(text))
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|error| stoker_worker::Error::InvalidSpec(error.to_string()))?;
+        let engine = match loaded.engine() {
+            stoker_worker::TokenizerEngine::V1 => "1.0".to_string(),
+            stoker_worker::TokenizerEngine::Legacy(why) => format!("0.23: {why}"),
+        };
+        Ok::<_, stoker_worker::Error>((ids, engine))
+    })
+    .map_err(pipeline_error)
+}
+
 /// Adds the op functions and the limits and orders the checks use to the module.
 pub fn register(module: &Bound<'_, PyModule>) -> PyResult<()> {
     module.add_function(wrap_pyfunction!(check_op, module)?)?;
     module.add_function(wrap_pyfunction!(check_pipeline, module)?)?;
     module.add_function(wrap_pyfunction!(op_schema, module)?)?;
+    module.add_function(wrap_pyfunction!(encode_texts, module)?)?;
     module.add("IMAGE_ORDERS", stoker_worker::IMAGE_ORDERS)?;
     module.add("TOKEN_ORDERS", stoker_worker::TOKEN_ORDERS)?;
     module.add("COLUMNS_ORDER", stoker_worker::COLUMNS_ORDER)?;

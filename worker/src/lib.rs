@@ -81,7 +81,7 @@ pub use ops::geometry::{
 pub use ops::pack::{pack_documents, PackSpec, PackSummary, PackedRowsMut};
 pub use ops::resample::{flip_horizontal, resample, SourceWindow};
 pub use ops::tensor::{ImageDtype, ImageLayout, OutputFormat};
-pub use ops::tokenize::{train_bpe_tokenizer, TextTokenizer, EOS_CANDIDATES};
+pub use ops::tokenize::{train_bpe_tokenizer, TextTokenizer, TokenizerEngine, EOS_CANDIDATES};
 pub use pipeline::{Geometry, Pipeline, SampleTimings, Scratch, IMAGE_ORDERS, MAX_SIDE};
 pub use plan::mix::source_seed;
 pub use plan::{resized_spec, EpochPlan, MixEnd, MixOrder, Permutation, PlanConfig, Resize};

@@ -396,6 +396,54 @@ impl std::fmt::Debug for JsonlDocuments {
     }
 }
 
+/// The value of `field` in the JSON object `line` (the last one when the key repeats, as a full
+/// parse keeps), or `None` when the object has no such key; other values are checked and
+/// skipped without being built. An error when `line` is not one valid JSON object.
+fn text_field_of(line: &[u8], field: &str) -> serde_json::Result<Option<Value>> {
+    use serde::de::{DeserializeSeed, IgnoredAny, MapAccess, Visitor};
+
+    struct Field<'f>(&'f str);
+
+    impl<'de> Visitor<'de> for Field<'_> {
+        type Value = Option<Value>;
+
+        fn expecting(&self, formatter: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            formatter.write_str("a JSON object")
+        }
+
+        fn visit_map<A: MapAccess<'de>>(
+            self,
+            mut map: A,
+        ) -> std::result::Result<Self::Value, A::Error> {
+            let mut found = None;
+            while let Some(key) = map.next_key::<std::borrow::Cow<'de, str>>()? {
+                if key == self.0 {
+                    found = Some(map.next_value::<Value>()?);
+                } else {
+                    map.next_value::<IgnoredAny>()?;
+                }
+            }
+            Ok(found)
+        }
+    }
+
+    impl<'de> DeserializeSeed<'de> for Field<'_> {
+        type Value = Option<Value>;
+
+        fn deserialize<D: serde::Deserializer<'de>>(
+            self,
+            deserializer: D,
+        ) -> std::result::Result<Self::Value, D::Error> {
+            deserializer.deserialize_map(self)
+        }
+    }
+
+    let mut deserializer = serde_json::Deserializer::from_slice(line);
+    let value = Field(field).deserialize(&mut deserializer)?;
+    deserializer.end()?;
+    Ok(value)
+}
+
 fn json_kind(value: &Value) -> &'static str {
     match value {
         Value::Null => "null",
@@ -440,6 +488,19 @@ impl SampleSource for JsonlDocuments {
             index,
             len: self.len,
         })?;
+        // The fast path walks the line once and keeps only the text field (other values are
+        // checked and skipped, never built); any failure is explained by the full parse below,
+        // which gives the same result and the same error messages.
+        let bytes = {
+            let (file, line, key) = self.locate_with_key(index).ok_or(Error::IndexOutOfRange {
+                index,
+                len: self.len,
+            })?;
+            file.line(FilePool::global(), key, line)?
+        };
+        if let Ok(Some(Value::String(text))) = text_field_of(&bytes, &self.text_field) {
+            return Ok(text.into_bytes());
+        }
         let mut record = self.record(index)?;
         match record.remove(&self.text_field) {
             Some(Value::String(text)) => Ok(text.into_bytes()),
@@ -484,4 +545,50 @@ pub struct JsonlReport {
     pub label_field: Option<String>,
     /// UTF-8 bytes of the text, over well-formed documents.
     pub text_bytes: Summary,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_text_field_is_found_as_a_full_parse_finds_it() {
+        let cases: [(&str, Option<Value>); 6] = [
+            (
+                r#"{"text": "hello", "label": 3}"#,
+                Some(Value::from("hello")),
+            ),
+            // Escaped key and value, nested values skipped.
+            (
+                r#"{"meta": {"a": [1, {"b": null}]}, "te\u0078t": "caf\u00e9\n"}"#,
+                Some(Value::from("café\n")),
+            ),
+            // A repeated key: the last one, as serde_json's map keeps.
+            (
+                r#"{"text": "first", "text": "last"}"#,
+                Some(Value::from("last")),
+            ),
+            (r#"{"other": "x"}"#, None),
+            (r#"{"text": 7}"#, Some(Value::from(7))),
+            (r#"  {"text": ""}  "#, Some(Value::from(""))),
+        ];
+        for (line, expected) in cases {
+            assert_eq!(
+                text_field_of(line.as_bytes(), "text").unwrap(),
+                expected,
+                "{line}"
+            );
+            let full: Value = serde_json::from_str(line).unwrap();
+            assert_eq!(full.get("text").cloned(), expected, "{line}");
+        }
+        for bad in [
+            r#"["text"]"#,
+            r#"{"text": "x"} trailing"#,
+            r#"{"text": "x""#,
+            "",
+            "7",
+        ] {
+            assert!(text_field_of(bad.as_bytes(), "text").is_err(), "{bad}");
+        }
+    }
 }

@@ -90,7 +90,7 @@ impl LoaderMonitor {
             } => MonitorSnapshot {
                 stats: {
                     let mut stats = stats.lock().map(|s| s.snapshot()).unwrap_or_default();
-                    stats.gpu_decode = lane.as_ref().map(LaneView::figures);
+                    stats.gpu_decode = lane.as_ref().and_then(LaneView::figures);
                     stats
                 },
                 controller: controller

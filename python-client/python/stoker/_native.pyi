@@ -451,6 +451,15 @@ def gpu_decode_unavailable(ordinal: int, library_dirs: list[str] = ...) -> str |
     """None when the GPU decode lane can run on CUDA device ``ordinal`` (driver, nvJPEG of a
     tested version, NVRTC compiling the kernel), else what is missing."""
 
+def encode_texts(tokenizer: str, texts: list[str]) -> tuple[list[list[int]], str]:
+    """The ids ``tokenizer`` (a ``tokenizer.json``) gives each text as the Tokenize op encodes
+    them (no special tokens added), and the ``tokenizers`` line that encoded them: ``"1.0"``, or
+    ``"0.23: <why 1.0 cannot read the file>"``.
+
+    Raises:
+        PipelineError: the file cannot be loaded, or a text cannot be encoded.
+    """
+
 def compile_gpu_kernel(
     library_dirs: list[str] = ..., sm: tuple[int, int] | None = None
 ) -> str | bytes:

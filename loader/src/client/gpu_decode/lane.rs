@@ -430,39 +430,45 @@ impl ImageDiverter for LaneDiverter {
     }
 }
 
-/// Reads a lane's figures from any thread ([`GpuLane::view`]).
+/// Reads a lane's figures from any thread ([`GpuLane::view`]); holds nothing of the lane (its
+/// memory goes when the lane and its batches do, whoever still has a view).
 #[derive(Clone)]
 pub struct LaneView {
-    shared: Arc<Shared>,
+    shared: std::sync::Weak<Shared>,
 }
 
 impl LaneView {
-    /// The lane's figures now.
-    pub fn figures(&self) -> GpuDecodeFigures {
-        let shared = &self.shared;
-        let stats = &shared.stats;
-        let sixteenths = match shared.mode {
-            DecodeMode::Gpu => 16,
-            _ => lock(&shared.splits)
+    /// The lane's figures now; `None` once the lane is gone.
+    pub fn figures(&self) -> Option<GpuDecodeFigures> {
+        let shared = self.shared.upgrade()?;
+        Some(figures_of(&shared))
+    }
+}
+
+/// A lane's figures from what it shares.
+fn figures_of(shared: &Shared) -> GpuDecodeFigures {
+    let stats = &shared.stats;
+    let sixteenths = match shared.mode {
+        DecodeMode::Gpu => 16,
+        _ => lock(&shared.splits)
+            .iter()
+            .max_by_key(|(epoch, _)| **epoch)
+            .map_or(AUTO_START, |(_, split)| *split),
+    };
+    GpuDecodeFigures {
+        split_pct: f64::from(sixteenths) * 100.0 / 16.0,
+        gpu_rows_per_s: stats.gpu_rate(),
+        cpu_rows_per_s: stats.cpu_rate(),
+        gpu_rows: stats.gpu_rows.load(Ordering::Relaxed),
+        declined_rows: stats.declined_rows.load(Ordering::Relaxed),
+        memory_bytes: (shared.memory.allocated()
+            + shared
+                .budgets
                 .iter()
-                .max_by_key(|(epoch, _)| **epoch)
-                .map_or(AUTO_START, |(_, split)| *split),
-        };
-        GpuDecodeFigures {
-            split_pct: f64::from(sixteenths) * 100.0 / 16.0,
-            gpu_rows_per_s: stats.gpu_rate(),
-            cpu_rows_per_s: stats.cpu_rate(),
-            gpu_rows: stats.gpu_rows.load(Ordering::Relaxed),
-            declined_rows: stats.declined_rows.load(Ordering::Relaxed),
-            memory_bytes: (shared.memory.allocated()
-                + shared
-                    .budgets
-                    .iter()
-                    .map(|b| b.device.load(Ordering::Relaxed))
-                    .sum::<usize>()) as u64,
-            memory_cap: shared.memory.cap() as u64,
-            hardware: shared.hardware,
-        }
+                .map(|b| b.device.load(Ordering::Relaxed))
+                .sum::<usize>()) as u64,
+        memory_cap: shared.memory.cap() as u64,
+        hardware: shared.hardware,
     }
 }
 
@@ -647,17 +653,17 @@ impl GpuLane {
         self.shared.memory.cap()
     }
 
-    /// A handle on the lane's figures that outlives nothing of it but its memory accounting
-    /// (for the loader's monitor, read from any thread).
+    /// A handle that reads the lane's figures from any thread (the loader's monitor), without
+    /// keeping anything of the lane alive.
     pub fn view(&self) -> LaneView {
         LaneView {
-            shared: Arc::clone(&self.shared),
+            shared: Arc::downgrade(&self.shared),
         }
     }
 
     /// The lane's figures now.
     pub fn figures(&self) -> GpuDecodeFigures {
-        self.view().figures()
+        figures_of(&self.shared)
     }
 
     /// A diverter offering the rows of `sixteenths` of a batch to the lane.

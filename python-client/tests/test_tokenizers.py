@@ -1,0 +1,143 @@
+"""The Tokenize op against Hugging Face's Python ``tokenizers``: identical ids for every kind of
+``tokenizer.json`` users bring (byte-level BPE as GPT-2 and Llama 3 use, SentencePiece-style
+BPE with byte fallback, SentencePiece-style Unigram, BERT's WordPiece), each trained here on a
+corpus with non-ASCII text, long documents, empty lines and odd whitespace, and each encoded by
+the ``tokenizers`` 1.0 line (not the 0.23 fallback).
+
+Needs the ``tokenizers`` package (``./dev test`` installs it in CI); skipped with a message
+elsewhere.
+"""
+
+# The corpus holds look-alike characters on purpose (full-width and curly punctuation).
+# ruff: noqa: RUF001
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from stoker import _native
+
+CORPUS = [
+    "def parse(line: str) -> dict[str, int]:\n    return {k: int(v) for k, v in pairs(line)}\n",
+    "The quick brown fox jumps over the lazy dog. " * 40,
+    "",
+    "\n\n\n",
+    "   leading and trailing spaces   ",
+    "tabs\tand\tnewlines\r\nmixed\n",
+    "Ünïcödé: naïve café, Straße, façade, smörgåsbord.",
+    "日本語のテキストと中文文本，还有한국어 텍스트。",
+    "emoji 🦀🐍✨ and symbols ∑∫√ ≠ ≤ ≥ — “quotes” ‘single’",
+    "Здравствуйте, как дела? Ελληνικά γράμματα. עברית ערבית العربية",
+    "numbers 1234567890 3.14159 -42 1e-9 0xFF",
+    "URL https://example.com/path?q=1&r=two#frag and mail a.b@c.de",
+    "<|endoftext|> a special token inside text, and [SEP] [CLS] </s>",
+    "x" * 5000,
+    " ".join(f"word{i}" for i in range(3000)),
+]
+
+
+@pytest.fixture(scope="module")
+def hf() -> Any:
+    try:
+        import tokenizers
+    except ImportError as error:
+        pytest.skip(
+            f"Hugging Face tokenizers is not installed ({error}); ./dev test installs it in CI"
+        )
+    return tokenizers
+
+
+def training_texts() -> list[str]:
+    return CORPUS * 3 + [
+        "more training text with words words words and more words",
+        "the cat sat on the mat; the dog sat on the log",
+    ]
+
+
+def byte_level_bpe(hf: Any) -> Any:
+    tokenizer = hf.ByteLevelBPETokenizer()
+    tokenizer.train_from_iterator(
+        training_texts(), vocab_size=600, min_frequency=1, special_tokens=["<|endoftext|>"]
+    )
+    return tokenizer
+
+
+def sentencepiece_bpe(hf: Any) -> Any:
+    tokenizer = hf.Tokenizer(hf.models.BPE(byte_fallback=True, unk_token="<unk>"))
+    tokenizer.normalizer = hf.normalizers.NFKC()
+    tokenizer.pre_tokenizer = hf.pre_tokenizers.Metaspace()
+    tokenizer.decoder = hf.decoders.Metaspace()
+    # The 256 byte tokens are in the vocabulary, as in Llama 2's and Mistral's files.
+    trainer = hf.trainers.BpeTrainer(
+        vocab_size=900,
+        special_tokens=["<unk>", "<s>", "</s>", *(f"<0x{b:02X}>" for b in range(256))],
+    )
+    tokenizer.train_from_iterator(training_texts(), trainer=trainer)
+    return tokenizer
+
+
+def unigram(hf: Any) -> Any:
+    tokenizer = hf.SentencePieceUnigramTokenizer()
+    tokenizer.train_from_iterator(
+        training_texts(), vocab_size=400, special_tokens=["<unk>", "</s>"], unk_token="<unk>"
+    )
+    return tokenizer
+
+
+def wordpiece(hf: Any) -> Any:
+    tokenizer = hf.BertWordPieceTokenizer(lowercase=True)
+    tokenizer.train_from_iterator(training_texts(), vocab_size=500, min_frequency=1)
+    return tokenizer
+
+
+@pytest.mark.parametrize(
+    "make", [byte_level_bpe, sentencepiece_bpe, unigram, wordpiece], ids=lambda f: f.__name__
+)
+def test_ids_equal_hugging_faces(hf: Any, make: Any, tmp_path: Path) -> None:
+    tokenizer = make(hf)
+    path = tmp_path / "tokenizer.json"
+    tokenizer.save(str(path))
+    expected = [
+        encoding.ids for encoding in tokenizer.encode_batch(CORPUS, add_special_tokens=False)
+    ]
+    ids, engine = _native.encode_texts(str(path), CORPUS)
+    assert engine == "1.0", engine
+    for text, want, got in zip(CORPUS, expected, ids, strict=True):
+        assert got == want, f"{text[:60]!r}: {got[:20]} != {want[:20]}"
+    assert any(len(i) > 1000 for i in ids), "the long documents are long in tokens too"
+
+
+def test_a_file_1_0_cannot_read_is_encoded_by_0_23(hf: Any, tmp_path: Path) -> None:
+    tokenizer = byte_level_bpe(hf)
+    path = tmp_path / "tokenizer.json"
+    tokenizer.save(str(path))
+    expected, _ = _native.encode_texts(str(path), CORPUS[:4])
+    # A Split pre-tokenizer with a regex 1.0's reader does not take (a backreference):
+    # 0.23 reads it, so the op still works, on the old line, and says so.
+    import json
+
+    config = json.loads(path.read_text())
+    config["pre_tokenizer"] = {
+        "type": "Sequence",
+        "pretokenizers": [
+            {
+                "type": "Split",
+                "pattern": {"Regex": r"(\w)\1"},
+                "behavior": "Isolated",
+                "invert": False,
+            },
+            config["pre_tokenizer"],
+        ],
+    }
+    path.write_text(json.dumps(config))
+    reference = hf.Tokenizer.from_file(str(path))
+    ids, engine = _native.encode_texts(str(path), CORPUS[:4])
+    want = [e.ids for e in reference.encode_batch(CORPUS[:4], add_special_tokens=False)]
+    if engine == "1.0":
+        pytest.skip("tokenizers 1.0 reads this file too: no fallback to show with it")
+    assert engine.startswith("0.23: "), engine
+    assert ids == want
+    assert expected  # the plain file encoded too
