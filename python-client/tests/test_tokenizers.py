@@ -1,5 +1,5 @@
 """The Tokenize op against Hugging Face's Python ``tokenizers``: identical ids for every kind of
-``tokenizer.json`` users bring (byte-level BPE as GPT-2 and Llama 3 use, SentencePiece-style
+``tokenizer.json`` users bring (byte-level BPE as GPT-2 and as Llama 3 use it, SentencePiece-style
 BPE with byte fallback, SentencePiece-style Unigram, BERT's WordPiece), each trained here on a
 corpus with non-ASCII text, long documents, empty lines and odd whitespace, and each encoded by
 the ``tokenizers`` 1.0 line (not the 0.23 fallback).
@@ -65,6 +65,32 @@ def byte_level_bpe(hf: Any) -> Any:
     return tokenizer
 
 
+# Llama 3's pre-tokenizer split (its `tokenizer.json` pattern), then byte-level without its own
+# regex, as Llama 3's file has it.
+LLAMA3_SPLIT = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+    r"|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+
+
+def llama3_style_bpe(hf: Any) -> Any:
+    tokenizer = hf.Tokenizer(hf.models.BPE())
+    tokenizer.pre_tokenizer = hf.pre_tokenizers.Sequence(
+        [
+            hf.pre_tokenizers.Split(hf.Regex(LLAMA3_SPLIT), behavior="isolated", invert=False),
+            hf.pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        ]
+    )
+    tokenizer.decoder = hf.decoders.ByteLevel()
+    trainer = hf.trainers.BpeTrainer(
+        vocab_size=700,
+        special_tokens=["<|begin_of_text|>", "<|end_of_text|>"],
+        initial_alphabet=hf.pre_tokenizers.ByteLevel.alphabet(),
+    )
+    tokenizer.train_from_iterator(training_texts(), trainer=trainer)
+    return tokenizer
+
+
 def sentencepiece_bpe(hf: Any) -> Any:
     tokenizer = hf.Tokenizer(hf.models.BPE(byte_fallback=True, unk_token="<unk>"))
     tokenizer.normalizer = hf.normalizers.NFKC()
@@ -94,7 +120,9 @@ def wordpiece(hf: Any) -> Any:
 
 
 @pytest.mark.parametrize(
-    "make", [byte_level_bpe, sentencepiece_bpe, unigram, wordpiece], ids=lambda f: f.__name__
+    "make",
+    [byte_level_bpe, llama3_style_bpe, sentencepiece_bpe, unigram, wordpiece],
+    ids=lambda f: f.__name__,
 )
 def test_ids_equal_hugging_faces(hf: Any, make: Any, tmp_path: Path) -> None:
     tokenizer = make(hf)
