@@ -123,9 +123,8 @@ def run_child(args: argparse.Namespace) -> dict[str, Any]:
     loader = build(args, args.child)
     limit = args.batches or len(loader)
     first_batch_s = math.nan
-    for _, labels in loader:
+    for batches, (_, labels) in enumerate(loader, 1):
         images += int(labels.shape[0])
-        batches += 1
         if batches == 1:
             first_batch_s = time.perf_counter() - started
         if batches == limit:
@@ -186,7 +185,9 @@ def main(argv: list[str]) -> int:
         return 0
     configs = [
         f"{kind}:{args.workers}"
-        for kind in ("torch", "threads", "processes-forkserver", "processes-fork", "processes-spawn")
+        for kind in (
+            "torch", "threads", "processes-forkserver", "processes-fork", "processes-spawn"
+        )
     ]
     results = {}
     for config in configs:

@@ -23,7 +23,8 @@ its share of the ceiling, host wait % (time inside ``next()`` and the loop's own
 idle % (events on the training stream before ``next()`` and after the batch's copy was queued:
 the time the stream had nothing to do but wait for data), ceiling x (1 - GPU idle) against the
 measured rate, build (seconds to make the loader) and first batch (seconds from the loader
-built to the first batch in the loop's hands; CUDA's own start-up is measured once, apart). A JSON object with every figure is printed last.
+built to the first batch in the loop's hands; CUDA's own start-up is measured once, apart).
+A JSON object with every figure is printed last.
 Without a CUDA GPU it says so and exits 0.
 
     python3 benches/gpu_train.py --data /tmp/imagenet-like --workers 15
@@ -74,8 +75,9 @@ def main() -> int:
             f"gpu_train: no CUDA GPU here (torch {torch.__version__}); nothing to measure"
         )
         return 0
-    import stoker
     import torchvision
+
+    import stoker
 
     started = time.perf_counter()
     torch.cuda.init()
@@ -315,8 +317,10 @@ def print_row(r: dict[str, Any], flush: bool) -> None:
         )
     print(
         f"{r['model']:9} {r['row']:16} {r['images_per_s']:8.0f} img/s {share} of ceiling  "
-        f"host wait {100 * r['host_wait_fraction']:5.1f}%  GPU idle {100 * r['gpu_idle_fraction']:5.1f}%  "
-        f"ceiling x busy {busy}  build {r['build_s']:.3f} s  first batch {r['first_batch_s']:.3f} s{lane_text}",
+        f"host wait {100 * r['host_wait_fraction']:5.1f}%  "
+        f"GPU idle {100 * r['gpu_idle_fraction']:5.1f}%  "
+        f"ceiling x busy {busy}  build {r['build_s']:.3f} s  "
+        f"first batch {r['first_batch_s']:.3f} s{lane_text}",
         flush=flush,
     )
 

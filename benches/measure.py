@@ -30,7 +30,7 @@ import os
 import resource
 import statistics
 import threading
-from typing import Any
+from typing import Any, Self
 
 KIB = 1024
 MIB = 1024 * 1024
@@ -97,7 +97,7 @@ class PeakWatch:
             self.peak = max(self.peak, tree_pss_bytes(self._root))
             self.samples += 1
 
-    def __enter__(self) -> PeakWatch:
+    def __enter__(self) -> Self:
         if self._period_s > 0:
             self._thread.start()
         return self

@@ -11,8 +11,9 @@ Rows:
   ``--batch-size`` rows of ``--seq-len``, as Stoker packs them), ``--workers`` worker processes;
 - Stoker: ``stoker.Loader`` with ``[Tokenize, PackSequences]`` on ``--threads`` threads.
 
-Per row, over ``--epochs`` passes: tokens/s (the documents' tokens, which are the same ids in every row: Stoker's are
-checked equal to HF's in its tests; so every row is charged for the same tokens, packing
+Per row, over ``--epochs`` passes: tokens/s (the documents' tokens, which are the same ids in
+every row: Stoker's are checked equal to HF's in its tests; so every row is charged for the
+same tokens, packing
 included where there is packing), CPU seconds per million tokens (the process's and its
 children's), first batch (seconds from building the loader to its first batch), and the
 speedup over HF. A JSON object last.

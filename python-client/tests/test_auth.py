@@ -9,11 +9,10 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from test_distributed import _options
 
 import stoker
-
 from conftest import assert_same_batches, daemon_binary, epoch_batches, start_daemon
-from test_distributed import _options
 
 TOKEN = "python-test-token-0123456789"
 

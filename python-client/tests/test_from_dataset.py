@@ -102,7 +102,7 @@ def test_every_index_once_per_epoch_with_the_samples_structure(mode) -> None:
             flat = [i for step in order for i in step]
             assert sorted(flat) == list(range(50))
             assert [len(step) for step in order] == [8] * 6 + [2]
-            for batch, indices in zip(batches, order):
+            for batch, indices in zip(batches, order, strict=True):
                 assert isinstance(batch, tuple)
                 assert batch[0].dtype == np.float32 and batch[0].shape == (len(indices), 3)
                 assert batch[1].dtype == np.int64
@@ -114,7 +114,9 @@ def test_the_order_is_the_native_loaders_for_the_same_seed(tmp_path) -> None:
     root = stoker._native.make_dataset(str(tmp_path / "images"), 40)
     settings = dict(batch_size=6, shuffle=True, seed=11, rank=1, world_size=2)
     native = stoker.Loader(
-        root, pipeline=[stoker.ops.DecodeImage(), stoker.ops.Resize(8), stoker.ops.CenterCrop(8)], output="numpy",
+        root,
+        pipeline=[stoker.ops.DecodeImage(), stoker.ops.Resize(8), stoker.ops.CenterCrop(8)],
+        output="numpy",
         **settings,
     )
     wrapped = stoker.Loader.from_dataset(Squares(40), output="numpy", num_threads=2, **settings)
@@ -141,7 +143,7 @@ def test_resume_mid_epoch_is_exact() -> None:
         resumed.load_state_dict(state)
         rest, batches = epoch_of(resumed)
     assert rest == whole[3:]
-    for batch, indices in zip(batches, rest):
+    for batch, indices in zip(batches, rest, strict=True):
         check_squares(batch, indices)
 
 
@@ -155,7 +157,9 @@ def test_resume_on_another_world_size_follows_the_native_loader(tmp_path, mode) 
         return stoker.Loader(root, pipeline=pipeline, rank=rank, world_size=world, **settings)
 
     def wrapped(rank, world):
-        return stoker.Loader.from_dataset(Squares(40), rank=rank, world_size=world, **mode, **settings)
+        return stoker.Loader.from_dataset(
+            Squares(40), rank=rank, world_size=world, **mode, **settings
+        )
 
     states, seen = [], []
     for rank in range(2):
@@ -172,16 +176,18 @@ def test_resume_on_another_world_size_follows_the_native_loader(tmp_path, mode) 
             order, batches = epoch_of(new)
             assert order == epoch_of(reference)[0]
             seen.extend(i for step in order for i in step)
-            for batch, indices in zip(batches, order):
+            for batch, indices in zip(batches, order, strict=True):
                 check_squares(batch, indices)
     assert set(seen) == set(range(40))
 
 
 @pytest.mark.parametrize("mode", [{"num_threads": 2}, {"num_workers": 1}])
 def test_a_raising_getitem_names_its_index_exception_and_traceback(mode) -> None:
-    with stoker.Loader.from_dataset(Failing(20), batch_size=5, output="numpy", **mode) as loader:
-        with pytest.raises(stoker.DecodeError) as raised:
-            epoch_of(loader)
+    with (
+        stoker.Loader.from_dataset(Failing(20), batch_size=5, output="numpy", **mode) as loader,
+        pytest.raises(stoker.DecodeError) as raised,
+    ):
+        epoch_of(loader)
     message = str(raised.value)
     assert "dataset[13]" in message
     assert "ZeroDivisionError" in message
@@ -218,7 +224,7 @@ def test_sample_rng_gives_the_same_batches_for_any_thread_or_process_count() -> 
             runs.append([b["noise"].copy() for b in epoch_of(loader)[1]])
     assert [len(run) for run in runs] == [6, 6, 6]
     for run in runs[1:]:
-        for a, b in zip(runs[0], run):
+        for a, b in zip(runs[0], run, strict=True):
             np.testing.assert_array_equal(a, b)
     # Different samples draw differently.
     assert not np.array_equal(runs[0][0][0], runs[0][0][1])
@@ -246,7 +252,9 @@ class Images(Squares):
 
 def test_pil_images_batch_as_arrays_in_the_samples_namedtuple() -> None:
     pytest.importorskip("PIL")
-    with stoker.Loader.from_dataset(Images(6), batch_size=3, output="numpy", num_workers=1) as loader:
+    with stoker.Loader.from_dataset(
+        Images(6), batch_size=3, output="numpy", num_workers=1
+    ) as loader:
         batch = next(iter(loader))
     assert isinstance(batch, Pair)
     assert batch.features.shape == (3, 4, 5, 3) and batch.features.dtype == np.uint8
@@ -263,9 +271,9 @@ def test_worker_processes_write_into_the_slots_without_dev_shm() -> None:
         during = set(os.listdir("/dev/shm")) if os.path.isdir("/dev/shm") else set()
         assert loader.stats()["slot_capacity"] >= 4
         # Every batch lies in the loader's shared slot mapping, which the process maps.
-        maps = open(f"/proc/{os.getpid()}/maps").read()
+        maps = Path(f"/proc/{os.getpid()}/maps").read_text()
         assert "memfd:stoker-slots" in maps
-        for batch, step in zip(batches, range(4)):
+        for batch, step in zip(batches, range(4), strict=True):
             check_squares(batch, list(range(step * 4, step * 4 + 4)))
     assert during - before == set()
 
@@ -305,9 +313,11 @@ def test_torch_output_keeps_the_structure() -> None:
 
 
 def test_samples_of_another_shape_are_refused_by_name() -> None:
-    with stoker.Loader.from_dataset(Ragged(9), batch_size=3, output="numpy") as loader:
-        with pytest.raises(stoker.DecodeError, match=r"dataset\[1\].*float32 \(2,\).*\(1,\)"):
-            list(loader)
+    with (
+        stoker.Loader.from_dataset(Ragged(9), batch_size=3, output="numpy") as loader,
+        pytest.raises(stoker.DecodeError, match=r"dataset\[1\].*float32 \(2,\).*\(1,\)"),
+    ):
+        list(loader)
 
 
 def _divide_by_zero(sample):
@@ -325,7 +335,7 @@ def test_arguments_are_checked_before_any_work() -> None:
         stoker.Loader.from_dataset(Squares(0))
     with pytest.raises(ValueError, match="not both"):
         stoker.Loader.from_dataset(Squares(4), num_threads=2, num_workers=2)
-    with pytest.raises(ValueError, match="forkserver.*spawn.*fork"):
+    with pytest.raises(ValueError, match=r"forkserver.*spawn.*fork"):
         stoker.Loader.from_dataset(Squares(4), num_workers=1, multiprocessing_context="vfork")
     with pytest.raises(stoker.DatasetError, match=r"dataset\[0\].*ZeroDivisionError"):
         stoker.Loader.from_dataset(Failing(20), transform=lambda s: 1 / 0)
@@ -414,7 +424,7 @@ def test_native_ops_decode_the_bytes_python_read_like_a_native_source(tmp_path, 
         got = [(images.copy(), labels.copy()) for images, labels in wrapped]
         assert wrapped.stats()["bad_samples"] == 1
     assert len(got) == len(expected) == 8
-    for (images, labels), (want_images, want_labels) in zip(got, expected):
+    for (images, labels), (want_images, want_labels) in zip(got, expected, strict=True):
         assert images.shape == want_images.shape and images.dtype == want_images.dtype
         np.testing.assert_array_equal(labels, want_labels)
         np.testing.assert_array_equal(images, want_images)
@@ -429,14 +439,16 @@ def test_bytes_that_do_not_decode_follow_on_error(tmp_path) -> None:
             return (b"not a jpeg" if index == 2 else data), label
 
     pipeline = stoker.vision.imagenet_train(16)
-    with stoker.Loader.from_dataset(Broken(root), pipeline=pipeline, batch_size=4) as loader:
-        with pytest.raises(stoker.DecodeError, match=r"dataset\[2\]"):
-            list(loader)
+    with (
+        stoker.Loader.from_dataset(Broken(root), pipeline=pipeline, batch_size=4) as loader,
+        pytest.raises(stoker.DecodeError, match=r"dataset\[2\]"),
+    ):
+        list(loader)
     with stoker.Loader.from_dataset(
         Broken(root), pipeline=pipeline, batch_size=4, on_error="skip", output="numpy"
     ) as loader:
         it = iter(loader)
-        _, labels = next(it)
+        next(it)
         assert [b["substitute_index"] for b in it.bad_samples] == [3]
     with pytest.raises(TypeError, match="pipeline="):
         stoker.Loader.from_dataset(Broken(root), batch_size=4)

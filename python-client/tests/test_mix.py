@@ -102,7 +102,7 @@ def test_a_mixed_epoch_resumes_exactly(token_files: tuple[Path, Path]) -> None:
         whole = rows(loader)
     with token_mix(token_files) as first:
         iterator = iter(first)
-        head = rows(batch for _, batch in zip(range(30), iterator))
+        head = rows(batch for _, batch in zip(range(30), iterator, strict=False))
         state = first.state_dict()
     assert state["mix"]["sources"][0][1] == 0.7 and state["mix"]["window"] == 100
     with token_mix(token_files) as resumed:
@@ -111,9 +111,8 @@ def test_a_mixed_epoch_resumes_exactly(token_files: tuple[Path, Path]) -> None:
     a, b = token_files
     with stoker.mix(
         {a: 0.6, b: 0.4}, pipeline=[ops.TokenWindows(SEQ_LEN)], batch_size=64, output="numpy"
-    ) as other:
-        with pytest.raises(ValueError, match="mix"):
-            other.load_state_dict(state)
+    ) as other, pytest.raises(ValueError, match="mix"):
+        other.load_state_dict(state)
 
 
 def test_a_mixed_epoch_resumes_on_another_world_size(token_files: tuple[Path, Path]) -> None:
@@ -123,7 +122,7 @@ def test_a_mixed_epoch_resumes_on_another_world_size(token_files: tuple[Path, Pa
     for rank in range(2):
         with token_mix(token_files, batch_size=100, rank=rank, world_size=2) as loader:
             iterator = iter(loader)
-            seen += rows(batch for _, batch in zip(range(20), iterator))
+            seen += rows(batch for _, batch in zip(range(20), iterator, strict=False))
             states.append(loader.state_dict())
     for rank in range(3):
         with token_mix(token_files, batch_size=100, rank=rank, world_size=3) as loader:
@@ -280,7 +279,7 @@ def test_python_datasets_mix_by_the_same_rule() -> None:
         whole = dataset_rows(loader)
     with dataset_mix() as first:
         iterator = iter(first)
-        head = dataset_rows(batch for _, batch in zip(range(7), iterator))
+        head = dataset_rows(batch for _, batch in zip(range(7), iterator, strict=False))
         state = first.state_dict()
     with dataset_mix() as resumed:
         resumed.load_state_dict(state)

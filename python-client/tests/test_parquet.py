@@ -82,7 +82,7 @@ def test_select_columns_reads_numeric_columns_per_sample(
         make_loader(parquet_dataset, seed=7, pipeline=[stoker.ops.SelectColumns(["label"])])
     )
     assert len(columns) == len(images)
-    for from_columns, from_images in zip(columns, images):
+    for from_columns, from_images in zip(columns, images, strict=True):
         assert list(from_columns) == ["label"]
         assert from_columns["label"].dtype == np.int64
         np.testing.assert_array_equal(from_columns["label"], from_images["label"])

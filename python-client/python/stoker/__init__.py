@@ -21,6 +21,7 @@ from __future__ import annotations
 from importlib.metadata import PackageNotFoundError, version
 
 from stoker import ops, vision
+from stoker.dataset import sample_rng, sample_seed
 from stoker.errors import (
     AuthenticationError,
     DatasetError,
@@ -33,7 +34,6 @@ from stoker.errors import (
     WorkerUnavailableError,
 )
 from stoker.loader import BatchIterator, Loader
-from stoker.dataset import sample_rng, sample_seed
 from stoker.mix import Source, mix
 
 try:

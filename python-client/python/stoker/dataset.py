@@ -161,7 +161,7 @@ def _rebuild(template: Any, leaves: Sequence[Any]) -> Any:
     if kind in ("leaf", "image"):
         return leaves[template[1]]
     if kind == "dict":
-        return {k: _rebuild(t, leaves) for k, t in zip(template[1], template[2])}
+        return {k: _rebuild(t, leaves) for k, t in zip(template[1], template[2], strict=True)}
     kind_type, children = template[1], [_rebuild(t, leaves) for t in template[2]]
     if hasattr(kind_type, "_fields"):  # a namedtuple
         return kind_type(*children)
@@ -210,7 +210,7 @@ class _Layout:
                 "the sample's structure differs from dataset[0]'s: every sample must have the "
                 "same keys and nesting"
             )
-        for (path, array), field in zip(leaves, self.fields):
+        for (path, array), field in zip(leaves, self.fields, strict=True):
             if field.encoded:
                 continue
             if array.shape != field.shape or array.dtype != field.dtype:
@@ -290,7 +290,7 @@ def _attempt(
         leaves = state.layout.leaves_of(_load(state, epoch, index, stream))
         _write_row(state, epoch, stream, destinations, row, leaves)
         return None
-    except Exception as error:  # noqa: BLE001 - user code: any exception is a bad sample
+    except Exception as error:
         reason = _describe(index, error)
         # The traceback's frames reach this one and the batch's arrays over the slot; an
         # exception the dataset's code keeps must not keep them.
@@ -301,7 +301,9 @@ def _attempt(
 def _write_row(
     state: _State, epoch: int, stream: int, destinations: list[Any], row: int, leaves: list[Any]
 ) -> None:
-    for destination, leaf, field in zip(destinations, leaves, state.layout.fields):
+    for destination, leaf, field in zip(
+        destinations, leaves, state.layout.fields, strict=True
+    ):
         if destination is None:
             continue
         if field.encoded:
@@ -322,7 +324,7 @@ def _fill_batch(
         np.frombuffer(view, dtype=field.dtype, count=n * field.nbytes // field.dtype.itemsize,
                       offset=offset).reshape((n, *field.shape))
         if field.nbytes else None
-        for field, (offset, _) in zip(state.layout.fields, state.layout.regions(n))
+        for field, (offset, _) in zip(state.layout.fields, state.layout.regions(n), strict=False)
     ]
     bad: list[tuple[int, str, int]] = []
     try:
@@ -374,10 +376,9 @@ class _Arena:
 
     def close(self) -> None:
         self.view.release()
-        try:
+        # An array the dataset's code kept may still view it: the mapping is left to it then.
+        with contextlib.suppress(BufferError):
             self.buffer.close()
-        except BufferError:
-            pass  # an array the dataset's code kept still views it: leave the mapping to it
 
 
 def _worker_main(conn: Any, state: _State | bytes) -> None:
@@ -436,7 +437,7 @@ def _worker_main(conn: Any, state: _State | bytes) -> None:
             finally:
                 view.release()
             conn.send(("done", bad, failure))
-        except BaseException as error:  # noqa: BLE001 - reported to the parent, then go on
+        except BaseException as error:
             text = "".join(traceback.format_exception(type(error), error, error.__traceback__))
             conn.send(("error", text.rstrip()))
 
@@ -512,10 +513,8 @@ class _Worker:
         ) from None
 
     def close(self) -> None:
-        try:
+        with contextlib.suppress(OSError):
             self.conn.send(None)
-        except OSError:
-            pass
         self.process.join(timeout=5.0)
         if self.process.is_alive():
             self.process.kill()
@@ -711,7 +710,9 @@ def from_dataset(
     if output is None:
         output = "torch" if base._torch_importable() else "numpy"
     elif output not in ("torch", "numpy"):
-        raise ValueError(f"output must be 'torch' or 'numpy' (None: torch when importable), got {output!r}")
+        raise ValueError(
+            f"output must be 'torch' or 'numpy' (None: torch when importable), got {output!r}"
+        )
     rank_, world = base._resolve_rank(rank, world_size)
     pin_memory = base._check_bool(pin_memory, "pin_memory")
     budget = (
@@ -855,7 +856,7 @@ class DatasetLoader(Loader):
         _, step, tensors, indices, bad, _ = item
         n = len(indices)
         leaves = []
-        for (_, _, _, data), field in zip(tensors, self._layout.fields):
+        for (_, _, _, data), field in zip(tensors, self._layout.fields, strict=False):
             array = np.frombuffer(
                 memoryview(data), dtype=field.dtype,
                 count=n * field.nbytes // field.dtype.itemsize,

@@ -480,7 +480,9 @@ class Loader:
             or "://" in address
             or address.strip() != address
         ):
-            raise ValueError(f"address must be 'host:port' of a Stoker coordinator, got {address!r}")
+            raise ValueError(
+                f"address must be 'host:port' of a Stoker coordinator, got {address!r}"
+            )
         if address is None and (token, tls_ca, tls_server_name) != (None, None, None):
             raise ValueError(
                 "token, tls_ca and tls_server_name apply to the distributed mode only: "
@@ -489,7 +491,9 @@ class Loader:
         if token is not None and not isinstance(token, str):
             raise TypeError(f"token must be a str, got {type(token).__name__}")
         if tls_server_name is not None and tls_ca is None:
-            raise ValueError("tls_server_name needs tls_ca (the CA that signed the daemons' certificates)")
+            raise ValueError(
+                "tls_server_name needs tls_ca (the CA that signed the daemons' certificates)"
+            )
         device_index = gpu.parse_device(device)
         pin_memory = _check_bool(pin_memory, "pin_memory")
         if device_index is None and (dtype is not None or memory_format is not None):
@@ -1202,14 +1206,18 @@ def _dashboard_address(dashboard: int | str | None) -> str | None:
         raise TypeError("dashboard must be a port (int) or 'host:port' (str), not bool")
     if isinstance(dashboard, int):
         if not 0 <= dashboard <= 65535:
-            raise ValueError(f"dashboard port must be in 0..65535 (0: any free port), got {dashboard}")
+            raise ValueError(
+                f"dashboard port must be in 0..65535 (0: any free port), got {dashboard}"
+            )
         return f"127.0.0.1:{dashboard}"
     if isinstance(dashboard, str):
         host, sep, port = dashboard.rpartition(":")
         if not sep or not host or not port.isdigit():
             raise ValueError(f"dashboard must be a port or 'host:port', got {dashboard!r}")
         return dashboard
-    raise TypeError(f"dashboard must be a port (int) or 'host:port' (str), got {type(dashboard).__name__}")
+    raise TypeError(
+        f"dashboard must be a port (int) or 'host:port' (str), got {type(dashboard).__name__}"
+    )
 
 
 class BatchIterator(Iterator[dict[str, Any]]):

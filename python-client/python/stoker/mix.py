@@ -115,7 +115,9 @@ class MixedDataset:
                 )
             return {**sample, "source": source}
         if isinstance(sample, (tuple, list)):
-            return type(sample)([*sample, source]) if isinstance(sample, list) else (*sample, source)
+            if isinstance(sample, list):
+                return type(sample)([*sample, source])
+            return (*sample, source)
         return (sample, source)
 
 
