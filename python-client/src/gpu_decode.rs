@@ -11,8 +11,8 @@ use pyo3::types::{PyDict, PyTuple};
 
 /// The rows of one batch that the GPU lane decoded: `shape` uint8 (rows, height, width, 3) on
 /// CUDA device `device`, row `k` being the batch's row `positions[k]`. Make a stream wait for
-/// them with `wait(stream)` before reading; they stay valid while the batch's slot is out (the
-/// device stage holds the image tensor until its copies are fenced).
+/// them with `wait(stream)` before reading, and fence the reads with `keep_until(stream)`;
+/// they stay valid while this object, the batch's slot, or such a fence holds them.
 #[pyclass(module = "stoker._native", frozen)]
 pub struct DeviceRows {
     rows: Arc<stoker_loader::DeviceRows>,
@@ -54,6 +54,14 @@ impl DeviceRows {
         // SAFETY: the caller passes a live stream of the device's primary context (torch's
         // streams are), as documented.
         unsafe { self.rows.wait_on(stream) }.map_err(|e| PyRuntimeError::new_err(e.to_string()))
+    }
+
+    /// Keeps the rows' buffer from the lane until the work queued on CUDA stream `stream` so
+    /// far (the copies reading the rows) is done, even once every reference here is gone.
+    fn keep_until(&self, stream: usize) -> PyResult<()> {
+        // SAFETY: the caller passes a live stream of the device's primary context, as
+        // documented.
+        unsafe { self.rows.keep_until(stream) }.map_err(|e| PyRuntimeError::new_err(e.to_string()))
     }
 
     /// The CUDA array interface (version 3): no stream is named, so no consumer stream is

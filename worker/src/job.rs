@@ -540,9 +540,15 @@ impl Job {
     }
 
     /// Builds one image row of `epoch` on the CPU for `sample` (the row's sample in dataset
-    /// order), under the bad-input policy; returns the label of the sample read. For a row that
-    /// [`Job::assemble_step`]'s diverter took and could not build.
-    pub fn image_row(&self, epoch: u64, sample: u64, dest: &mut [u8]) -> Result<i64> {
+    /// order), under the bad-input policy; returns the label of the sample read and the
+    /// sample's bad-sample report, if it was replaced. For a row that [`Job::assemble_step`]'s
+    /// diverter took and could not build.
+    pub fn image_row(
+        &self,
+        epoch: u64,
+        sample: u64,
+        dest: &mut [u8],
+    ) -> Result<(i64, Option<proto::BadSample>)> {
         match &self.builder {
             Builder::Single(assembler) => assembler.image_row(epoch, sample, dest),
             Builder::Mixed(_) => Err(Error::InvalidSpec(

@@ -397,12 +397,72 @@ impl std::fmt::Debug for JsonlDocuments {
 }
 
 /// The value of `field` in the JSON object `line` (the last one when the key repeats, as a full
-/// parse keeps), or `None` when the object has no such key; other values are checked and
-/// skipped without being built. An error when `line` is not one valid JSON object.
+/// parse keeps), or `None` when the object has no such key; other values are validated as a
+/// full parse validates them (UTF-8, escapes, number ranges, nesting depth) but not built. An
+/// error when `line` is not one valid JSON object.
 fn text_field_of(line: &[u8], field: &str) -> serde_json::Result<Option<Value>> {
-    use serde::de::{DeserializeSeed, IgnoredAny, MapAccess, Visitor};
+    use serde::de::{DeserializeSeed, MapAccess, SeqAccess, Visitor};
 
     struct Field<'f>(&'f str);
+
+    /// Walks a value through `deserialize_any`, so the parser checks it as it would for a
+    /// `Value` (serde's `IgnoredAny` skips strings and numbers unchecked), keeping nothing.
+    struct Skip;
+
+    impl<'de> Visitor<'de> for Skip {
+        type Value = ();
+
+        fn expecting(&self, formatter: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            formatter.write_str("any JSON value")
+        }
+
+        fn visit_bool<E>(self, _: bool) -> std::result::Result<(), E> {
+            Ok(())
+        }
+
+        fn visit_i64<E>(self, _: i64) -> std::result::Result<(), E> {
+            Ok(())
+        }
+
+        fn visit_u64<E>(self, _: u64) -> std::result::Result<(), E> {
+            Ok(())
+        }
+
+        fn visit_f64<E>(self, _: f64) -> std::result::Result<(), E> {
+            Ok(())
+        }
+
+        fn visit_str<E>(self, _: &str) -> std::result::Result<(), E> {
+            Ok(())
+        }
+
+        fn visit_unit<E>(self) -> std::result::Result<(), E> {
+            Ok(())
+        }
+
+        fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> std::result::Result<(), A::Error> {
+            while seq.next_element_seed(Skip)?.is_some() {}
+            Ok(())
+        }
+
+        fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> std::result::Result<(), A::Error> {
+            while map.next_key_seed(Skip)?.is_some() {
+                map.next_value_seed(Skip)?;
+            }
+            Ok(())
+        }
+    }
+
+    impl<'de> DeserializeSeed<'de> for Skip {
+        type Value = ();
+
+        fn deserialize<D: serde::Deserializer<'de>>(
+            self,
+            deserializer: D,
+        ) -> std::result::Result<(), D::Error> {
+            deserializer.deserialize_any(self)
+        }
+    }
 
     impl<'de> Visitor<'de> for Field<'_> {
         type Value = Option<Value>;
@@ -420,7 +480,7 @@ fn text_field_of(line: &[u8], field: &str) -> serde_json::Result<Option<Value>> 
                 if key == self.0 {
                     found = Some(map.next_value::<Value>()?);
                 } else {
-                    map.next_value::<IgnoredAny>()?;
+                    map.next_value_seed(Skip)?;
                 }
             }
             Ok(found)

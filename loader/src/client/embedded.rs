@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 use crossbeam_channel::{Receiver, Sender};
 use stoker_worker::{EpochPlan, Job};
 
-use super::gpu_decode::{GpuDecodeOptions, GpuLane, LaneTask};
+use super::gpu_decode::{DecodeMode, GpuDecodeOptions, GpuLane, LaneTask};
 use super::monitor::LoaderMonitor;
 use super::slots::Slot;
 use super::source::{receive, BatchSource, Built, EpochFeed, IdleClock, SourceInfo};
@@ -58,14 +58,21 @@ impl EmbeddedSource {
         threads: usize,
         gpu: Option<&GpuDecodeOptions>,
     ) -> Result<EmbeddedSource> {
-        let lane = gpu
-            .map(|options| {
+        let lane = match gpu {
+            None => None,
+            Some(options) => {
                 let batch = job.plan_config().batch_size as usize;
-                GpuLane::start(options, &job, batch)
-                    .map(Arc::new)
-                    .map_err(|e| Error::Gpu(e.to_string()))
-            })
-            .transpose()?;
+                match GpuLane::start(options, &job, batch) {
+                    Ok(lane) => Some(Arc::new(lane)),
+                    // "auto" decodes on the CPU where the lane cannot run; "gpu" fails.
+                    Err(error) if options.mode == DecodeMode::Auto => {
+                        tracing::warn!(%error, "decode='auto': the GPU decode lane cannot run; decoding on the CPU");
+                        None
+                    }
+                    Err(error) => return Err(Error::Gpu(error.to_string())),
+                }
+            }
+        };
         let threads = if threads == 0 {
             std::thread::available_parallelism().map_or(1, |n| n.get())
         } else {
@@ -259,14 +266,31 @@ fn build_with_lane(pool: &rayon::ThreadPool, lane: &GpuLane, task: Task) {
     };
     let items = diverter.into_items();
     lane.note_cpu(indices.len() - items.len(), started.elapsed());
-    if items.is_empty() {
+    // The output buffer is taken here, in step order: a later step never holds the buffer an
+    // earlier one waits for.
+    let ring = if items.is_empty() {
+        None
+    } else {
+        match lane.take_ring() {
+            Some(ring) => Some(ring),
+            None => {
+                let _ = reply.send(Built {
+                    step,
+                    service: started.elapsed(),
+                    result: Err(Error::Stopped("the GPU decode lane shut down".into())),
+                });
+                return;
+            }
+        }
+    };
+    let Some(ring) = ring else {
         let _ = reply.send(Built {
             step,
             service: started.elapsed(),
             result: Ok(assembled.into_proto(&indices, slot.into_bytes())),
         });
         return;
-    }
+    };
     lane.submit(LaneTask {
         job,
         epoch: plan.epoch(),
@@ -275,6 +299,7 @@ fn build_with_lane(pool: &rayon::ThreadPool, lane: &GpuLane, task: Task) {
         assembled,
         indices,
         items,
+        ring,
         reply,
         started,
     });

@@ -100,6 +100,9 @@ class DeviceRows:
     def wait(self, stream: int) -> None:
         """Makes CUDA stream ``stream`` (of the rows' device; 0: the legacy default stream)
         wait on the GPU until the rows are written."""
+    def keep_until(self, stream: int) -> None:
+        """Keeps the rows' buffer from the lane until the work queued on ``stream`` so far
+        (the copies reading the rows) is done."""
 
 NativeBatch = tuple[
     int, int, list[TensorEntry], list[int], list[BadSample], DeviceRows | None

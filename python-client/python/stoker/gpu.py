@@ -379,6 +379,9 @@ class DeviceStage:
         decoded = torch.as_tensor(rows, device=self.device)
         places = torch.tensor(rows.positions, dtype=torch.long).pin_memory()
         image.index_copy_(0, places.to(self.device, non_blocking=True), decoded)
+        # The lane reuses the rows' buffer only after this copy (a slot that is not page-locked
+        # has no fence of its own to hold them).
+        rows.keep_until(self.stream.cuda_stream)
 
     def _apply_tail(self, image: Any) -> Any:
         """uint8 NHWC on the device -> the tail's layout, values and dtype, in one pass."""

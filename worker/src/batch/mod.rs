@@ -346,8 +346,14 @@ impl BatchAssembler {
 
     /// Builds image row `dest` of epoch `epoch` on the CPU, for sample `index` under the
     /// bad-input policy, as [`BatchAssembler::assemble_into`] would; returns the label of the
-    /// sample read. For rows a diverter took and then could not build.
-    pub fn image_row(&self, epoch: u64, index: u64, dest: &mut [u8]) -> Result<i64> {
+    /// sample read and the sample's bad-sample report, if it was replaced. For rows a diverter
+    /// took and then could not build.
+    pub fn image_row(
+        &self,
+        epoch: u64,
+        index: u64,
+        dest: &mut [u8],
+    ) -> Result<(i64, Option<proto::BadSample>)> {
         if !matches!(self.pipeline, JobPipeline::Image(_)) {
             return Err(Error::InvalidSpec(
                 "image_row builds rows of image pipelines only".into(),
@@ -360,7 +366,7 @@ impl BatchAssembler {
             };
             self.try_row(epoch, index, source_index, dest, timings, target)
         })?;
-        Ok(self.source.label(outcome.used))
+        Ok((self.source.label(outcome.used), outcome.bad))
     }
 
     /// One image or token window into its row `dest`. Images draw from the stream of

@@ -114,8 +114,9 @@ fn taken_rows_are_planned_as_on_the_cpu_and_left_for_the_taker() {
         );
         // Built later on the CPU, the row is the one the CPU made.
         let mut row = vec![0u8; row_bytes];
-        let label = job.image_row(0, image.sample, &mut row).unwrap();
+        let (label, bad) = job.image_row(0, image.sample, &mut row).unwrap();
         assert_eq!(label, expected.labels[image.row]);
+        assert!(bad.is_none());
         assert_eq!(
             row,
             plain[image.row * row_bytes..(image.row + 1) * row_bytes]

@@ -357,6 +357,27 @@ impl DeviceRows {
     }
 }
 
+impl DeviceRows {
+    /// Keeps the rows' buffer out of the lane until the work queued on `stream` so far (the
+    /// copies that read the rows) is done, whoever else lets go of the rows before (a batch
+    /// whose slot is not page-locked has no fence of its own).
+    ///
+    /// # Safety
+    /// `stream` is a live stream of the device's primary context, or 0.
+    pub unsafe fn keep_until(
+        self: &Arc<Self>,
+        stream: usize,
+    ) -> std::result::Result<(), GpuDecodeError> {
+        // SAFETY: as the caller promises.
+        let fence = unsafe { self.shared.cuda.fence(stream) }
+            .map_err(|e| GpuDecodeError::Cuda(e.to_string()))?;
+        self.shared
+            .cuda
+            .release_after(vec![fence], Box::new(Arc::clone(self)));
+        Ok(())
+    }
+}
+
 impl Drop for DeviceRows {
     fn drop(&mut self) {
         let events = std::mem::take(&mut self.events);
@@ -389,6 +410,8 @@ pub struct LaneTask {
     pub indices: Vec<u64>,
     /// The samples the lane took.
     pub items: Vec<DivertedImage>,
+    /// The output buffer the rows go to ([`GpuLane::take_ring`], taken in step order).
+    pub ring: usize,
     /// Where the finished batch goes.
     pub reply: Sender<Built>,
     /// When building the batch started.
@@ -405,9 +428,12 @@ pub struct LaneDiverter {
 }
 
 impl LaneDiverter {
-    /// The samples taken, in no particular order.
+    /// The samples taken, in row order (the decode threads offer them in any order; the lane's
+    /// grouping into sub-batches must not depend on it).
     pub fn into_items(self) -> Vec<DivertedImage> {
-        self.taken.into_inner().unwrap_or_else(|p| p.into_inner())
+        let mut items = self.taken.into_inner().unwrap_or_else(|p| p.into_inner());
+        items.sort_by_key(|item| item.row);
+        items
     }
 }
 
@@ -535,7 +561,11 @@ impl GpuLane {
             ) {
                 Ok(pipe) => pipes.push(pipe),
                 Err(error) => {
-                    drop(pipes);
+                    // Pipes release CUDA objects (and nvJPEG's memory) with the context current.
+                    let _ = cuda.in_context("releasing the GPU decode lane", || {
+                        drop(pipes);
+                        Ok(())
+                    });
                     kernel.unload(&cuda);
                     return Err(error);
                 }
@@ -676,6 +706,13 @@ impl GpuLane {
         }
     }
 
+    /// Waits for a free output buffer for the next batch, or `None` once the lane shuts down.
+    /// Called in step order (the producer's), so a later batch never holds the buffer an
+    /// earlier one waits for (batches are handed out in step order and release theirs then).
+    pub fn take_ring(&self) -> Option<usize> {
+        self.shared.take_ring().0
+    }
+
     /// Counts `rows` built by the decode threads in `busy` for a batch the lane also worked on.
     pub fn note_cpu(&self, rows: usize, busy: Duration) {
         let stats = &self.shared.stats;
@@ -694,6 +731,7 @@ impl GpuLane {
             None => Err(crossbeam_channel::SendError(task)),
         };
         if let Err(crossbeam_channel::SendError(task)) = sent {
+            self.shared.put_ring(task.ring);
             let _ = task.reply.send(Built {
                 step: task.step,
                 service: task.started.elapsed(),
@@ -862,7 +900,7 @@ impl Pipe {
         shared: &Arc<Shared>,
         task: LaneTask,
         row_bytes: usize,
-    ) -> (Result<stoker_proto::v1::Batch>, Duration) {
+    ) -> Result<stoker_proto::v1::Batch> {
         let LaneTask {
             job,
             epoch,
@@ -870,24 +908,27 @@ impl Pipe {
             assembled,
             indices,
             items,
+            ring,
             ..
         } = task;
-        let (ring, ring_wait) = shared.take_ring();
-        let Some(ring) = ring else {
-            return (
-                Err(Error::Stopped("the GPU decode lane shut down".into())),
-                ring_wait,
-            );
-        };
         shared.working(true);
         let built = self.build_rows(
             shared, ring, job, epoch, slot, assembled, indices, items, row_bytes,
         );
         shared.working(false);
-        (built, ring_wait)
+        built
     }
 
-    /// The body of [`Pipe::build`], once an output buffer is had.
+    /// Gives `ring` back after this pipe's queued work is done (its kernels may write there).
+    fn release_ring(&self, shared: &Shared, ring: usize) {
+        // SAFETY: the event is the pipe's own.
+        if let Err(error) = unsafe { result::event::synchronize(self.done) } {
+            tracing::warn!(error = %describe(error), "waiting for a GPU lane pipe before reusing its buffer");
+        }
+        shared.put_ring(ring);
+    }
+
+    /// The body of [`Pipe::build`].
     #[allow(clippy::too_many_arguments)]
     fn build_rows(
         &mut self,
@@ -934,20 +975,28 @@ impl Pipe {
         for item in fallback {
             let start = image_start + item.row * row_bytes;
             let Some(dest) = slot.as_mut_slice().get_mut(start..start + row_bytes) else {
-                shared.put_ring(ring);
+                self.release_ring(shared, ring);
                 return Err(Error::Stopped(format!(
                     "row {} lies outside its batch's slot",
                     item.row
                 )));
             };
             match job.image_row(epoch, item.sample, dest) {
-                Ok(label) => {
+                Ok((label, bad)) => {
                     if let Some(slot_label) = assembled.labels.get_mut(item.row) {
                         *slot_label = label;
                     }
+                    // The row's chain of reads ran again from its sample: its bad sample, if
+                    // any, replaces the one the decode threads recorded for that sample.
+                    if let Some(bad) = bad {
+                        assembled
+                            .bad_samples
+                            .retain(|known| known.sample_index != bad.sample_index);
+                        assembled.bad_samples.push(bad);
+                    }
                 }
                 Err(error) => {
-                    shared.put_ring(ring);
+                    self.release_ring(shared, ring);
                     return Err(error.into());
                 }
             }
@@ -973,7 +1022,7 @@ impl Pipe {
                     }));
                 }
                 Err(error) => {
-                    shared.put_ring(ring);
+                    self.release_ring(shared, ring);
                     return Err(Error::Gpu(error.to_string()));
                 }
             }
@@ -1014,8 +1063,28 @@ impl Pipe {
             return;
         }
         if let Err(error) = self.run_batch(pending, out, positions) {
-            tracing::warn!(%error, images = pending.len(), pipe = self.index, "the GPU lane could not decode a sub-batch; building it on the CPU");
-            fallback.extend(pending.drain(..).map(|(item, _)| item));
+            if pending.len() == 1 {
+                tracing::debug!(%error, pipe = self.index, "the GPU lane could not decode an image; building it on the CPU");
+                fallback.extend(pending.drain(..).map(|(item, _)| item));
+                return;
+            }
+            // One image spoils its whole sub-batch: each is tried alone, so which rows go to
+            // the CPU depends on the images only, not on how they were grouped.
+            tracing::debug!(%error, images = pending.len(), pipe = self.index, "the GPU lane retries a sub-batch image by image");
+            let mut held = Vec::new();
+            for (item, offset) in pending.drain(..) {
+                let mut one = vec![(item, offset)];
+                match self.run_batch(&one, out, positions) {
+                    Ok(()) => {
+                        // The arena is reused by the next image: wait for this one's kernel.
+                        // SAFETY: the event is the pipe's own.
+                        let _ = unsafe { result::event::synchronize(self.done) };
+                        held.extend(one.drain(..).map(|(item, _)| item));
+                    }
+                    Err(_) => fallback.extend(one.drain(..).map(|(item, _)| item)),
+                }
+            }
+            self.held = held;
             return;
         }
         self.held = pending.drain(..).map(|(item, _)| item).collect();
@@ -1131,8 +1200,22 @@ fn run(shared: Arc<Shared>, mut pipe: Pipe, queue: Receiver<LaneTask>, row_bytes
         tracing::error!(error = %describe(error), "the GPU decode lane cannot use the device");
     }
     while let Ok(task) = queue.recv() {
-        let (reply, step, task_started) = (task.reply.clone(), task.step, task.started);
-        let (result, _ring_wait) = pipe.build(&shared, task, row_bytes);
+        let (reply, step, task_started, ring) =
+            (task.reply.clone(), task.step, task.started, task.ring);
+        let built = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            pipe.build(&shared, task, row_bytes)
+        }));
+        let result = built.unwrap_or_else(|panic| {
+            let message = panic
+                .downcast_ref::<&str>()
+                .map(|s| s.to_string())
+                .or_else(|| panic.downcast_ref::<String>().cloned())
+                .unwrap_or_else(|| "unknown panic".into());
+            pipe.release_ring(&shared, ring);
+            Err(Error::Stopped(format!(
+                "the GPU decode lane panicked building step {step}: {message}"
+            )))
+        });
         let _ = reply.send(Built {
             step,
             service: task_started.elapsed(),

@@ -438,8 +438,8 @@ impl Decoder {
                     (api.state_create)(decoder.handle, &mut state),
                 )?;
                 decoder.states.push(state);
-                // The hardware decoder's memory pool: nvJPEG then keeps its buffers between
-                // batches instead of allocating per batch.
+                // The hardware decoder's memory pool (nvImageCodec does the same, with the same
+                // minimal size hint): nvJPEG reuses its buffers between batches.
                 if let (true, Some(preallocate)) = (hardware, api.batched_preallocate) {
                     let status = preallocate(
                         decoder.handle,
