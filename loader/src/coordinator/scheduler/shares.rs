@@ -10,7 +10,7 @@
 //! lower than the pass of the job served last, so time spent without demand is not banked.
 
 use std::cmp::Reverse;
-use std::collections::{BTreeSet, HashMap};
+use std::collections::BTreeSet;
 
 use super::session::ReadyKey;
 
@@ -40,7 +40,7 @@ impl JobShare {
 /// The ready sessions of every job, and the order in which jobs are served.
 #[derive(Debug, Default)]
 pub(crate) struct ReadySet {
-    jobs: HashMap<u64, JobShare>,
+    jobs: super::FastMap<u64, JobShare>,
     order: BTreeSet<JobKey>,
     /// Pass of the job served last.
     now: u64,
@@ -164,6 +164,7 @@ impl ReadySet {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::collections::HashMap;
 
     fn key(credits: u32, session: u32) -> ReadyKey {
         (Reverse(credits), 0, session)
