@@ -101,14 +101,19 @@ def epoch_digest(loader: stoker.Loader) -> str:
     return digest.hexdigest()
 
 
-def test_auto_gives_the_cpu_batches_where_no_lane_runs(dataset: Path) -> None:
-    base: dict[str, Any] = {
+def cpu_options() -> dict[str, Any]:
+    """A small host-memory loader's options (the tests that need no GPU)."""
+    return {
         "pipeline": train_pipeline(),
         "batch_size": 8,
         "num_threads": 2,
         "output": "numpy",
         "seed": 3,
     }
+
+
+def test_auto_gives_the_cpu_batches_where_no_lane_runs(dataset: Path) -> None:
+    base = cpu_options()
     with stoker.Loader(dataset, **base) as cpu:
         expected = epoch_digest(cpu)
     # Without device=, "auto" has no GPU batch to decode into: it is "cpu".
@@ -364,13 +369,7 @@ def test_huge_jpegs_keep_the_lane_under_its_cap(
 
 
 def test_a_saved_split_is_ignored_without_a_lane(dataset: Path) -> None:
-    base: dict[str, Any] = {
-        "pipeline": train_pipeline(),
-        "batch_size": 8,
-        "num_threads": 2,
-        "output": "numpy",
-        "seed": 3,
-    }
+    base = cpu_options()
     with stoker.Loader(dataset, **base) as plain:
         it = iter(plain)
         next(it)

@@ -199,6 +199,16 @@ pub enum SampleError {
     },
 }
 
+/// The message a panic carried (`&str` or `String`), or "unknown panic": for turning a caught
+/// panic into an error that names it.
+pub fn panic_text(panic: &(dyn std::any::Any + Send)) -> String {
+    panic
+        .downcast_ref::<&str>()
+        .map(|text| (*text).to_string())
+        .or_else(|| panic.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "unknown panic".to_string())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -63,7 +63,7 @@ pub use daemon::{
     canonical_roots, daemon_runtime, health, init_logging, listen, run_worker, security,
     shutdown_signal, transport, WorkerConfig, DELIVERY_TIMEOUT, DRAIN_TIMEOUT,
 };
-pub use error::{Error, ErrorKind, Result, SampleError, ERROR_KINDS};
+pub use error::{panic_text, Error, ErrorKind, Result, SampleError, ERROR_KINDS};
 pub use job::{
     open_source, open_sources, plan_for_spec, spec_sources, BatchBuffer, Job, MAX_BATCH_SIZE,
 };

@@ -197,13 +197,9 @@ fn produce(
 
 /// The message of a decode thread's panic.
 fn panic_message(step: u64, panic: Box<dyn std::any::Any + Send>) -> Error {
-    let message = panic
-        .downcast_ref::<&str>()
-        .map(|s| s.to_string())
-        .or_else(|| panic.downcast_ref::<String>().cloned())
-        .unwrap_or_else(|| "unknown panic".into());
     Error::Stopped(format!(
-        "a decode thread panicked building step {step}: {message}"
+        "a decode thread panicked building step {step}: {}",
+        stoker_worker::panic_text(&*panic)
     ))
 }
 

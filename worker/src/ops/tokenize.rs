@@ -18,7 +18,7 @@ use tokenizers::pre_tokenizers::byte_level::ByteLevel;
 use tokenizers::processors::PostProcessorWrapper;
 use tokenizers::{AddedToken, Tokenizer, TokenizerBuilder, TokenizerImpl};
 
-use crate::error::{Error, Result, SampleError};
+use crate::error::{panic_text, Error, Result, SampleError};
 
 /// Token strings taken as the end-of-sequence token when a job does not give its id, in the
 /// order they are looked up (GPT-2 / Llama 3 / T5, Llama 2 / Gemma, BERT).
@@ -96,14 +96,6 @@ fn agrees_on_probe(
         return Err("its ids differ from 0.23's on a probe text".into());
     }
     Ok(())
-}
-
-fn panic_text(panic: &(dyn std::any::Any + Send)) -> String {
-    panic
-        .downcast_ref::<&str>()
-        .map(|text| (*text).to_string())
-        .or_else(|| panic.downcast_ref::<String>().cloned())
-        .unwrap_or_else(|| "unknown panic".to_string())
 }
 
 impl std::fmt::Debug for TextTokenizer {

@@ -1206,14 +1206,10 @@ fn run(shared: Arc<Shared>, mut pipe: Pipe, queue: Receiver<LaneTask>, row_bytes
             pipe.build(&shared, task, row_bytes)
         }));
         let result = built.unwrap_or_else(|panic| {
-            let message = panic
-                .downcast_ref::<&str>()
-                .map(|s| s.to_string())
-                .or_else(|| panic.downcast_ref::<String>().cloned())
-                .unwrap_or_else(|| "unknown panic".into());
             pipe.release_ring(&shared, ring);
             Err(Error::Stopped(format!(
-                "the GPU decode lane panicked building step {step}: {message}"
+                "the GPU decode lane panicked building step {step}: {}",
+                stoker_worker::panic_text(&*panic)
             )))
         });
         let _ = reply.send(Built {

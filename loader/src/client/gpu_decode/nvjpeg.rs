@@ -69,17 +69,10 @@ impl Image {
     }
 }
 
-/// `nvjpegDevAllocatorV2_t`.
+/// `nvjpegDevAllocatorV2_t` and `nvjpegPinnedAllocatorV2_t`, which have the same layout: an
+/// allocation and a release callback, and the context both are given.
 #[repr(C)]
-struct DevAllocator {
-    malloc: extern "C" fn(*mut c_void, *mut *mut c_void, usize, sys::CUstream) -> c_int,
-    free: extern "C" fn(*mut c_void, *mut c_void, usize, sys::CUstream) -> c_int,
-    ctx: *mut c_void,
-}
-
-/// `nvjpegPinnedAllocatorV2_t`.
-#[repr(C)]
-struct PinnedAllocator {
+struct Allocator {
     malloc: extern "C" fn(*mut c_void, *mut *mut c_void, usize, sys::CUstream) -> c_int,
     free: extern "C" fn(*mut c_void, *mut c_void, usize, sys::CUstream) -> c_int,
     ctx: *mut c_void,
@@ -90,13 +83,8 @@ struct Api {
     _library: libloading::Library,
     version: (i32, i32, i32),
     from: String,
-    create_ex_v2: unsafe extern "C" fn(
-        c_int,
-        *mut DevAllocator,
-        *mut PinnedAllocator,
-        c_uint,
-        *mut Handle,
-    ) -> c_int,
+    create_ex_v2:
+        unsafe extern "C" fn(c_int, *mut Allocator, *mut Allocator, c_uint, *mut Handle) -> c_int,
     destroy: unsafe extern "C" fn(Handle) -> c_int,
     state_create: unsafe extern "C" fn(Handle, *mut State) -> c_int,
     state_destroy: unsafe extern "C" fn(State) -> c_int,
@@ -352,7 +340,7 @@ pub struct Decoder {
     // Shared: the allocators' context points at it for the handle's life.
     budget: Arc<Budget>,
     // Kept for the handle's life, in case nvJPEG holds on to the tables themselves.
-    _allocators: Box<(DevAllocator, PinnedAllocator)>,
+    _allocators: Box<(Allocator, Allocator)>,
 }
 
 // SAFETY: the decoder is used by one thread at a time (the lane's); nvJPEG handles may move
@@ -377,12 +365,12 @@ impl Decoder {
         });
         let ctx = Arc::as_ptr(&budget).cast_mut().cast::<c_void>();
         let mut allocators = Box::new((
-            DevAllocator {
+            Allocator {
                 malloc: device_malloc,
                 free: device_free,
                 ctx,
             },
-            PinnedAllocator {
+            Allocator {
                 malloc: pinned_malloc,
                 free: pinned_free,
                 ctx,
