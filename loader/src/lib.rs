@@ -46,7 +46,9 @@ pub use coordinator::{
     JobShareStats, Lease, LeaseId, LeaseOutcome, SessionId, Step, TaskKey, WorkerEntry, WorkerId,
     JOURNAL_FILE,
 };
-pub use dashboard::{Dashboard, DashboardAccess, DashboardError, JobShare, WorkerLoad};
+pub use dashboard::{
+    Dashboard, DashboardAccess, DashboardError, JobShare, WorkerLoad, COOKIE_LIFETIME,
+};
 pub use digest::BatchDigest;
 pub use error::{Error, ErrorKind, Result, ERROR_KINDS};
 /// The shared token of the distributed mode (see [`RemoteOptions::token`]).

@@ -17,7 +17,8 @@ use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList, PyTuple};
 use stoker_loader::{
-    Dashboard, EpochStream, Loader, LoaderOptions, PinOptions, RemoteOptions, Token,
+    Dashboard, DashboardAccess, DashboardError, EpochStream, Loader, LoaderOptions, PinOptions,
+    RemoteOptions, Token,
 };
 use stoker_proto::v1::{self as proto, BadSamplePolicy, JobSpec};
 
@@ -69,14 +70,15 @@ impl Recipe {
     }
 }
 
-/// Starts the dashboard at `address` ("host:port") with `loader`'s figures as `job_name`.
+/// Starts the dashboard at `address` ("host:port"; off loopback only with the credential in
+/// `token_file`) with `loader`'s figures as `job_name`.
 fn start_dashboard(
-    address: Option<String>,
+    dashboard: Option<(String, Option<PathBuf>)>,
     job_name: &str,
     rank: u32,
     loader: &Loader,
 ) -> PyResult<Option<Dashboard>> {
-    let Some(address) = address else {
+    let Some((address, token_file)) = dashboard else {
         return Ok(None);
     };
     let address: std::net::SocketAddr = address.parse().map_err(|e| {
@@ -84,8 +86,19 @@ fn start_dashboard(
             "dashboard address {address:?} is not host:port ({e})"
         ))
     })?;
-    let dashboard = Dashboard::start(address)
-        .map_err(|e| raise(Kind::Stoker, format!("cannot start the dashboard: {e}")))?;
+    let credentials = match token_file {
+        Some(path) => vec![Token::read(&path)
+            .map_err(|e| PyValueError::new_err(format!("dashboard_token_file: {e}")))?],
+        None => Vec::new(),
+    };
+    let access = DashboardAccess {
+        credentials,
+        ..DashboardAccess::default()
+    };
+    let dashboard = Dashboard::start_with(address, access).map_err(|e| match e {
+        DashboardError::NeedsCredential(_) => PyValueError::new_err(e.to_string()),
+        e => raise(Kind::Stoker, format!("cannot start the dashboard: {e}")),
+    })?;
     dashboard.register_job(job_name, rank, loader.monitor());
     Ok(Some(dashboard))
 }
@@ -113,7 +126,7 @@ impl NativeLoader {
         py: Python<'_>,
         recipe: Recipe,
         address: Option<String>,
-        dashboard: Option<String>,
+        dashboard: Option<(String, Option<PathBuf>)>,
         job_name: &str,
         rank: u32,
         release_streams: Option<Py<PyAny>>,
@@ -155,7 +168,7 @@ impl NativeLoader {
 #[pymethods]
 impl NativeLoader {
     #[new]
-    #[pyo3(signature = (source, ops, batch_size, shuffle, seed, drop_last, num_threads, rank, world_size, prefetch, on_error, timeout_s, max_held_batches, max_prefetch_bytes = 2 << 30, dashboard = None, job_name = "python".to_string(), format = "auto", shuffle_window = 0, text_column = String::new(), address = None, worker_grace_s = 120.0, token = None, tls_ca = None, tls_server_name = None, mix = None, pin_device = None, pinned_budget = 0, release_streams = None, decode = "cpu", gpu_memory = stoker_loader::DEFAULT_GPU_MEMORY, library_dirs = Vec::new()))]
+    #[pyo3(signature = (source, ops, batch_size, shuffle, seed, drop_last, num_threads, rank, world_size, prefetch, on_error, timeout_s, max_held_batches, max_prefetch_bytes = 2 << 30, dashboard = None, dashboard_token_file = None, job_name = "python".to_string(), format = "auto", shuffle_window = 0, text_column = String::new(), address = None, worker_grace_s = 120.0, token = None, tls_ca = None, tls_server_name = None, mix = None, pin_device = None, pinned_budget = 0, release_streams = None, decode = "cpu", gpu_memory = stoker_loader::DEFAULT_GPU_MEMORY, library_dirs = Vec::new()))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -174,6 +187,7 @@ impl NativeLoader {
         max_held_batches: usize,
         max_prefetch_bytes: u64,
         dashboard: Option<String>,
+        dashboard_token_file: Option<PathBuf>,
         job_name: String,
         format: &str,
         shuffle_window: u32,
@@ -276,7 +290,7 @@ impl NativeLoader {
             py,
             recipe,
             address,
-            dashboard,
+            dashboard.map(|address| (address, dashboard_token_file)),
             &job_name,
             rank,
             release_streams,
@@ -289,7 +303,7 @@ impl NativeLoader {
     /// worker processes write into. Shuffle, ranks, resume and the dashboard are the native
     /// ones.
     #[staticmethod]
-    #[pyo3(signature = (builder, num_samples, sample_bytes, lanes, waiting_on, batch_size, shuffle, seed, drop_last, rank, world_size, prefetch, timeout_s, max_held_batches, max_prefetch_bytes = 2 << 30, dashboard = None, job_name = "dataset".to_string(), shared_slots = false, pin_device = None, pinned_budget = 0, release_streams = None))]
+    #[pyo3(signature = (builder, num_samples, sample_bytes, lanes, waiting_on, batch_size, shuffle, seed, drop_last, rank, world_size, prefetch, timeout_s, max_held_batches, max_prefetch_bytes = 2 << 30, dashboard = None, dashboard_token_file = None, job_name = "dataset".to_string(), shared_slots = false, pin_device = None, pinned_budget = 0, release_streams = None))]
     #[allow(clippy::too_many_arguments)]
     fn from_dataset(
         py: Python<'_>,
@@ -309,6 +323,7 @@ impl NativeLoader {
         max_held_batches: usize,
         max_prefetch_bytes: u64,
         dashboard: Option<String>,
+        dashboard_token_file: Option<PathBuf>,
         job_name: String,
         shared_slots: bool,
         pin_device: Option<usize>,
@@ -357,7 +372,7 @@ impl NativeLoader {
             py,
             recipe,
             None,
-            dashboard,
+            dashboard.map(|address| (address, dashboard_token_file)),
             &job_name,
             rank,
             release_streams,

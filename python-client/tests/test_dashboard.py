@@ -7,6 +7,7 @@ import json
 import time
 import urllib.error
 import urllib.request
+from email.message import Message
 from pathlib import Path
 
 import pytest
@@ -54,3 +55,63 @@ def test_bad_dashboard_addresses_are_refused(dataset: Path, bad: object) -> None
     with pytest.raises(ValueError, match="dashboard"):
         stoker.Loader(dataset, pipeline=stoker.vision.imagenet_train(32), batch_size=8,
                       dashboard=bad)  # type: ignore[arg-type]
+
+
+class _Squares:
+    """A tiny map-style dataset for ``Loader.from_dataset``."""
+
+    def __len__(self) -> int:
+        return 8
+
+    def __getitem__(self, index: int) -> int:
+        return index * index
+
+
+def _answer(url: str, headers: dict[str, str] | None = None) -> tuple[int, Message]:
+    """Status and headers (looked up in any case) of ``GET url``, redirects not followed."""
+
+    class NoRedirect(urllib.request.HTTPRedirectHandler):
+        def redirect_request(self, *args: object, **kwargs: object) -> None:
+            return None
+
+    opener = urllib.request.build_opener(NoRedirect)
+    try:
+        with opener.open(urllib.request.Request(url, headers=headers or {}), timeout=5) as r:
+            return r.status, r.headers
+    except urllib.error.HTTPError as error:
+        return error.code, error.headers
+
+
+def test_a_dashboard_off_loopback_needs_a_credential(dataset: Path, tmp_path: Path) -> None:
+    options = {"pipeline": stoker.vision.imagenet_train(32), "batch_size": 8, "output": "numpy"}
+    with pytest.raises(ValueError, match=r"0\.0\.0\.0:0 .*needs a dashboard credential"):
+        stoker.Loader(dataset, dashboard="0.0.0.0:0", **options)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="needs a dashboard credential"):
+        stoker.Loader.from_dataset(_Squares(), batch_size=4, output="numpy",
+                                   dashboard="0.0.0.0:0")
+    with pytest.raises(ValueError, match="dashboard_token_file needs dashboard="):
+        stoker.Loader(dataset, dashboard_token_file=tmp_path / "x", **options)  # type: ignore[arg-type]
+
+    credential = "python-dashboard-credential-42"
+    token_file = tmp_path / "dashboard-token"
+    token_file.write_text(credential + "\n")
+    token_file.chmod(0o600)
+    loader = stoker.Loader(dataset, dashboard="0.0.0.0:0", dashboard_token_file=token_file,
+                           **options)  # type: ignore[arg-type]
+    try:
+        url = loader.dashboard_url
+        assert url is not None
+        local = "http://127.0.0.1:" + url.rstrip("/").rsplit(":", 1)[1]
+        assert _answer(local + "/")[0] == 401
+        assert _answer(local + "/metrics", {"Authorization": "Bearer wrong"})[0] == 401
+        assert _answer(local + "/metrics", {"Authorization": f"Bearer {credential}"})[0] == 200
+        status, headers = _answer(local + f"/?token={credential}")
+        assert status == 303
+        cookie = headers.get("Set-Cookie", "")
+        parts = cookie.split("; ")
+        assert {"HttpOnly", "SameSite=Strict", "Path=/"} <= set(parts), parts
+        assert any(part.startswith("Max-Age=") for part in parts), parts
+        assert credential not in cookie
+        assert _answer(local + "/api/jobs", {"Cookie": parts[0]})[0] == 200
+    finally:
+        loader.close()

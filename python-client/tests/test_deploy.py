@@ -17,6 +17,7 @@ import os
 import re
 import signal
 import socket
+import ssl
 import subprocess
 import sys
 import time
@@ -48,6 +49,8 @@ KUBERNETES_VERSIONS = ("1.30", "1.37")
 KUSTOMIZATION = "kustomization.yaml"
 EXAMPLE_SECRETS = "secrets.example.yaml"
 TOKEN = "deploy-test-token-0123456789abcdef"
+DASHBOARD_TOKEN = "deploy-test-dashboard-credential-0123"
+DASHBOARD_SECRET = "stoker-dashboard-token"
 # The two Deployments (and the Services named after them).
 COORDINATOR = "stoker-coordinator"
 WORKERS = "stoker-workers"
@@ -277,7 +280,12 @@ def test_the_secrets_hold_the_files_the_security_flags_name(deployment: str) -> 
     volumes = {v["name"]: v for v in pod_spec(deployment)["volumes"]}
     mounts = {m["mountPath"]: m for m in container["volumeMounts"]}
     used = set()
-    for name in ("--token-file", "--tls-cert", "--tls-key", "--tls-ca"):
+    flags = ["--token-file", "--tls-cert", "--tls-key", "--tls-ca"]
+    if deployment == COORDINATOR:
+        flags.append("--dashboard-token-file")
+    else:
+        assert "--dashboard-token-file" not in container["command"], "the coordinator's alone"
+    for name in flags:
         path = Path(flag(container["command"], name))
         mount = mounts.get(str(path.parent))
         assert mount is not None, f"{name} {path}: its folder is not a mount"
@@ -285,7 +293,8 @@ def test_the_secrets_hold_the_files_the_security_flags_name(deployment: str) -> 
         secret = volumes[mount["name"]]["secret"]["secretName"]
         assert path.name in keys[secret], f"{name} {path}: Secret {secret} has no key {path.name}"
         used.add(secret)
-    assert used == set(keys), "every example Secret is mounted"
+    mounted = set(keys) if deployment == COORDINATOR else set(keys) - {DASHBOARD_SECRET}
+    assert used == mounted, "every example Secret the daemon needs is mounted"
     tls = next(doc for doc in documents(MANIFEST_DIR / EXAMPLE_SECRETS)
                if doc["metadata"]["name"] == "stoker-tls")
     assert tls["type"] == "kubernetes.io/tls"
@@ -318,6 +327,9 @@ def test_the_autoscaler_scales_the_workers_on_the_coordinators_gauge() -> None:
     assert annotations["prometheus.io/port"] == str(port_of(flag(command, "--http")))
     assert annotations["prometheus.io/path"] == "/metrics"
     assert "--metrics-without-token" in command
+    # The dashboard serves HTTPS with the daemons' certificate: the scraper is told so.
+    assert "--tls-cert" in command
+    assert annotations["prometheus.io/scheme"] == "https"
 
 
 # --- the image -----------------------------------------------------------------------------------
@@ -421,9 +433,15 @@ def free_port() -> int:
         return int(probe.getsockname()[1])
 
 
-def http_answer(port: int, path: str) -> tuple[int, str] | None:
-    """Status and body of ``GET path`` on 127.0.0.1:port, or None when nothing answers."""
-    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=3)
+def http_answer(port: int, path: str, tls_ca: str | None = None) -> tuple[int, str] | None:
+    """Status and body of ``GET path`` on 127.0.0.1:port (over HTTPS to ``localhost``, trusting
+    ``tls_ca``, when it is given), or None when nothing answers."""
+    connection: http.client.HTTPConnection
+    if tls_ca is None:
+        connection = http.client.HTTPConnection("127.0.0.1", port, timeout=3)
+    else:
+        context = ssl.create_default_context(cafile=tls_ca)
+        connection = http.client.HTTPSConnection("localhost", port, timeout=3, context=context)
     try:
         connection.request("GET", path)
         response = connection.getresponse()
@@ -559,20 +577,20 @@ def probes(deployment: str, pod: LocalPod) -> dict[str, tuple[int, str]]:
     }
 
 
-def metric(port: int, name: str) -> float | None:
-    answer = http_answer(port, "/metrics")
+def metric(port: int, name: str, tls_ca: str) -> float | None:
+    answer = http_answer(port, "/metrics", tls_ca)
     if answer is None or answer[0] != 200:
         return None
     found = re.search(rf"^{name} (\S+)$", answer[1], re.MULTILINE)
     return float(found.group(1)) if found else None
 
 
-def wait_for_metric(port: int, name: str, wanted: float | None = None,
+def wait_for_metric(port: int, name: str, tls_ca: str, wanted: float | None = None,
                     seconds: float = 10) -> float:
     deadline = time.monotonic() + seconds
     value = None
     while time.monotonic() < deadline:
-        value = metric(port, name)
+        value = metric(port, name, tls_ca)
         if value is not None and wanted in (None, value):
             return value
         time.sleep(0.2)
@@ -617,6 +635,7 @@ def test_process_the_containers_commands_serve_an_epoch_and_stop_on_sigterm(
     ca, cert, key = stoker._native.write_test_certificates(str(tmp_path), ["localhost"])
     secrets = {
         "stoker-token": {"token": TOKEN},
+        DASHBOARD_SECRET: {"token": DASHBOARD_TOKEN},
         "stoker-tls": {"tls.crt": Path(cert).read_text(), "tls.key": Path(key).read_text(),
                        "ca.crt": Path(ca).read_text()},
     }
@@ -650,7 +669,7 @@ def test_process_the_containers_commands_serve_an_epoch_and_stop_on_sigterm(
 
         annotations = get("Deployment", COORDINATOR)["spec"]["template"]["metadata"]["annotations"]
         scraped = coordinator.local_port(int(annotations["prometheus.io/port"]))
-        assert wait_for_metric(scraped, "stoker_workers", 2) == 2
+        assert wait_for_metric(scraped, "stoker_workers", ca, 2) == 2
 
         options: dict[str, Any] = {
             "pipeline": stoker.vision.imagenet_train(SMALL_CROP), "batch_size": 16,
@@ -667,13 +686,13 @@ def test_process_the_containers_commands_serve_an_epoch_and_stop_on_sigterm(
         finally:
             remote.close()
             local.close()
-        assert wait_for_metric(scraped, "stoker_workers_wanted") >= 0
+        assert wait_for_metric(scraped, "stoker_workers_wanted", ca) >= 0
 
         # A scale-down stops one worker; a Recreate rollout stops the coordinator while the other
         # worker is still connected; then that worker stops with no coordinator left.
         stop_like_the_kubelet(worker_processes[0], WORKERS,
                               probes(WORKERS, workers[0])["readinessProbe"], "draining")
-        assert wait_for_metric(scraped, "stoker_workers", 1) == 1, "the drained worker left"
+        assert wait_for_metric(scraped, "stoker_workers", ca, 1) == 1, "the drained worker left"
         stop_like_the_kubelet(coordinator_process, COORDINATOR,
                               probes(COORDINATOR, coordinator)["readinessProbe"], "stopping")
         stop_like_the_kubelet(worker_processes[1], WORKERS,

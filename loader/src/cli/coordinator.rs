@@ -6,9 +6,11 @@ use std::time::Duration;
 
 use anyhow::Context;
 use clap::Args;
-use stoker_loader::{CoordinatorService, CoordinatorServiceConfig, Dashboard, DashboardAccess};
+use stoker_loader::{
+    CoordinatorService, CoordinatorServiceConfig, Dashboard, DashboardAccess, DashboardError,
+};
 use stoker_worker::health::{serve_health, Health};
-use stoker_worker::security::SecurityArgs;
+use stoker_worker::security::{token_matches, SecurityArgs, ServerSecurity, Token};
 use stoker_worker::{daemon_runtime, listen};
 
 /// Arguments of `stoker coordinator`.
@@ -22,12 +24,17 @@ pub struct CoordinatorArgs {
     pub state: PathBuf,
     /// Serve the stall dashboard (page, `/api/jobs`, `/metrics`) on this address: every
     /// client's stall, throughput and queue, and every worker's load. On a loopback address it
-    /// is open; elsewhere it needs the token (open `/?token=TOKEN` once: the browser keeps a
-    /// cookie) and a --token-file.
+    /// is open; elsewhere it needs a --dashboard-token-file (open `/?token=CREDENTIAL` once:
+    /// the browser keeps a cookie for 12 hours). With --tls-cert it serves HTTPS.
     #[arg(long)]
     pub http: Option<SocketAddr>,
-    /// Serve the dashboard's `/metrics` without the token (for a Prometheus that cannot send
-    /// `Authorization: Bearer`); the page and `/api/jobs` still need it.
+    /// A file holding the dashboard's read-only credential (repeatable, for rotation). It opens
+    /// the dashboard only, and the RPC token (--token-file) does not open the dashboard: the
+    /// two must differ.
+    #[arg(long = "dashboard-token-file", value_name = "FILE")]
+    pub dashboard_token_files: Vec<PathBuf>,
+    /// Serve the dashboard's `/metrics` without the credential (for a Prometheus that cannot
+    /// send `Authorization: Bearer`); the page and `/api/jobs` still need it.
     #[arg(long)]
     pub metrics_without_token: bool,
     /// Serve the probes on this address: plain HTTP, no token: `GET /livez` (200 while the
@@ -54,6 +61,21 @@ pub struct CoordinatorArgs {
     pub max_job_weight: u32,
 }
 
+/// The dashboard credentials of `files`, refused when one is also an RPC token of `rpc`.
+fn dashboard_credentials(files: &[PathBuf], rpc: &ServerSecurity) -> anyhow::Result<Vec<Token>> {
+    let credentials = files
+        .iter()
+        .map(|path| Token::read(path))
+        .collect::<Result<Vec<_>, _>>()?;
+    if credentials
+        .iter()
+        .any(|credential| token_matches(rpc.tokens(), credential.expose().as_bytes()))
+    {
+        return Err(DashboardError::CredentialIsRpcToken.into());
+    }
+    Ok(credentials)
+}
+
 /// Runs the daemon until Ctrl-C or SIGTERM.
 pub fn run(args: CoordinatorArgs) -> anyhow::Result<()> {
     let mut config = CoordinatorServiceConfig::default();
@@ -63,8 +85,9 @@ pub fn run(args: CoordinatorArgs) -> anyhow::Result<()> {
     config.core.max_job_weight = args.max_job_weight.max(1);
     let (server_security, client_security) = args.security.load()?;
     let access = DashboardAccess {
-        tokens: server_security.tokens().to_vec(),
+        credentials: dashboard_credentials(&args.dashboard_token_files, &server_security)?,
         metrics_without_token: args.metrics_without_token,
+        tls: Some(server_security.for_http()),
     };
     config.server_security = server_security.clone();
     config.client_security = client_security;

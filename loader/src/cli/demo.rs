@@ -6,8 +6,9 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use clap::Args;
-use stoker_loader::{Dashboard, Loader, LoaderOptions, LoaderStats};
+use stoker_loader::{Dashboard, DashboardAccess, Loader, LoaderOptions, LoaderStats};
 use stoker_proto::v1::{self as proto, JobSpec};
+use stoker_worker::security::Token;
 
 use super::make_dataset::generate_with_progress;
 
@@ -33,9 +34,14 @@ pub struct DemoArgs {
     #[arg(long, default_value_t = 1000)]
     pub sample_images: u64,
     /// Serve the dashboard (live charts, /api/jobs, /metrics) on this address, e.g.
-    /// 127.0.0.1:8321 (port 0: any free port; the URL is printed).
+    /// 127.0.0.1:8321 (port 0: any free port; the URL is printed). Off loopback it needs
+    /// --dashboard-token-file.
     #[arg(long, value_name = "ADDR")]
     pub dashboard: Option<SocketAddr>,
+    /// A file holding the dashboard's credential, which a dashboard off loopback asks for
+    /// (open `/?token=CREDENTIAL` once, or send `Authorization: Bearer CREDENTIAL`).
+    #[arg(long, value_name = "FILE", requires = "dashboard")]
+    pub dashboard_token_file: Option<PathBuf>,
     /// Keep the dashboard serving this many seconds after the run ends.
     #[arg(long, default_value_t = 0.0, value_name = "SECONDS")]
     pub linger: f64,
@@ -53,7 +59,22 @@ pub fn run(args: DemoArgs) -> anyhow::Result<()> {
         anyhow::bail!("--linger must be zero or positive, got {}", args.linger);
     }
     // Started first, so the page can be opened while the sample set is being made.
-    let dashboard = args.dashboard.map(Dashboard::start).transpose()?;
+    let credentials = match &args.dashboard_token_file {
+        Some(path) => vec![Token::read(path)?],
+        None => Vec::new(),
+    };
+    let dashboard = args
+        .dashboard
+        .map(|address| {
+            Dashboard::start_with(
+                address,
+                DashboardAccess {
+                    credentials,
+                    ..DashboardAccess::default()
+                },
+            )
+        })
+        .transpose()?;
     if let Some(dashboard) = &dashboard {
         println!("dashboard: {}", dashboard.url());
     }

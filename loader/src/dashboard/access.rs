@@ -1,72 +1,140 @@
-//! Who may read the dashboard. On a loopback address, anyone on the machine (as before the
-//! token existed). Elsewhere, only a request that carries the daemon's token:
+//! Who may read the dashboard. On a loopback address, anyone on the machine. Elsewhere, only a
+//! request that carries a dashboard credential: a read-only secret of its own (a daemon's
+//! `--dashboard-token-file`, Python's `dashboard_token_file=`), never the RPC token, so a
+//! credential seen on the dashboard's wire opens no gRPC call, and the RPC token opens no page.
 //!
-//! - a browser presents it once in the URL (`/?token=TOKEN`); the answer is a redirect to the
-//!   same URL without it, setting an `HttpOnly`, `SameSite=Strict` cookie that holds a digest
-//!   of the token (the cookie opens the dashboard, never the gRPC services);
-//! - a script or a Prometheus scraper sends `Authorization: Bearer TOKEN`;
+//! - a browser presents it once in the URL (`/?token=CREDENTIAL`); the answer is a redirect to
+//!   the same URL without it, setting a session cookie: `HttpOnly`, `SameSite=Strict`, expiring
+//!   after [`COOKIE_LIFETIME`], `Secure` when the dashboard serves HTTPS. The cookie holds its
+//!   expiry signed with a key drawn at start (HMAC-SHA256), so it holds nothing of the
+//!   credential, cannot be extended, and every cookie ends with the process;
+//! - a script or a Prometheus scraper sends `Authorization: Bearer CREDENTIAL`;
 //! - `/metrics` alone may be left open with [`DashboardAccess::metrics_without_token`].
 //!
-//! Everything else gets `401` with a line saying how to present the token.
+//! Everything else gets `401` with a line saying how to present the credential.
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use axum::extract::{Query, Request, State};
 use axum::http::{header, HeaderValue, StatusCode};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
-use sha2::{Digest, Sha256};
-use stoker_worker::security::{token_matches, Token};
+use ring::hmac;
+use stoker_worker::security::{token_matches, ServerSecurity, Token};
 
-/// The cookie a browser keeps after presenting the token.
+/// The cookie a browser keeps after presenting the credential.
 const COOKIE: &str = "stoker_dashboard";
 
-/// Who may read a dashboard bound to a non-loopback address.
+/// How long a dashboard cookie opens the dashboard.
+pub const COOKIE_LIFETIME: Duration = Duration::from_secs(12 * 3600);
+
+/// Who may read a dashboard bound to a non-loopback address, and how it is served.
 #[derive(Debug, Clone, Default)]
 pub struct DashboardAccess {
-    /// Tokens that open it (the daemon's `--token-file` tokens).
-    pub tokens: Vec<Token>,
-    /// Serve `/metrics` without a token.
+    /// Credentials that open it (read-only; keep them apart from the RPC tokens).
+    pub credentials: Vec<Token>,
+    /// Serve `/metrics` without a credential.
     pub metrics_without_token: bool,
+    /// Serve HTTPS with this certificate (a daemon's, through [`ServerSecurity::for_http`]);
+    /// `None` or a plaintext one: plain HTTP.
+    pub tls: Option<ServerSecurity>,
+}
+
+impl DashboardAccess {
+    /// Whether the dashboard serves HTTPS.
+    pub fn serves_tls(&self) -> bool {
+        self.tls.as_ref().is_some_and(ServerSecurity::serves_tls)
+    }
 }
 
 /// The check every request passes, built once at start.
-#[derive(Debug, Clone)]
 pub(crate) struct Gate {
     open: bool,
     metrics_open: bool,
-    tokens: Arc<[Token]>,
-    cookies: Arc<[Token]>,
+    credentials: Arc<[Token]>,
+    /// Signs the cookies this process hands out.
+    cookie_key: hmac::Key,
+    /// Cookies carry `Secure` (the dashboard serves HTTPS).
+    secure: bool,
 }
 
-/// The cookie value of `token`: a digest, so a cookie that leaks opens the dashboard only.
-fn cookie_value(token: &Token) -> String {
-    let mut hasher = Sha256::new();
-    hasher.update(b"stoker-dashboard\0");
-    hasher.update(token.expose().as_bytes());
-    hasher
-        .finalize()
-        .iter()
-        .map(|byte| format!("{byte:02x}"))
+impl std::fmt::Debug for Gate {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Gate")
+            .field("open", &self.open)
+            .field("metrics_open", &self.metrics_open)
+            .field("credentials", &self.credentials.len())
+            .field("secure", &self.secure)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Seconds since the Unix epoch (0 on a clock set before it, which expires every cookie).
+fn unix_now() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |since| since.as_secs())
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|byte| format!("{byte:02x}")).collect()
+}
+
+fn unhex(text: &str) -> Option<Vec<u8>> {
+    if text.len() % 2 != 0 {
+        return None;
+    }
+    (0..text.len())
+        .step_by(2)
+        .map(|at| u8::from_str_radix(text.get(at..at + 2)?, 16).ok())
         .collect()
 }
 
 impl Gate {
-    /// The gate of a dashboard bound to `address`.
-    pub(crate) fn new(address: SocketAddr, access: DashboardAccess) -> Gate {
-        let cookies: Vec<Token> = access
-            .tokens
-            .iter()
-            .filter_map(|token| Token::new(&cookie_value(token)).ok())
-            .collect();
-        Gate {
+    /// The gate of a dashboard bound to `address`; fails only when the system has no
+    /// randomness for the cookie key.
+    pub(crate) fn new(address: SocketAddr, access: DashboardAccess) -> Result<Gate, String> {
+        let cookie_key =
+            hmac::Key::generate(hmac::HMAC_SHA256, &ring::rand::SystemRandom::new())
+                .map_err(|_| "the system gave no randomness for the cookie key".to_string())?;
+        Ok(Gate {
             open: address.ip().is_loopback(),
             metrics_open: access.metrics_without_token,
-            tokens: access.tokens.into(),
-            cookies: cookies.into(),
-        }
+            secure: access.serves_tls(),
+            credentials: access.credentials.into(),
+            cookie_key,
+        })
+    }
+
+    /// A cookie value that opens the dashboard until `expires` (Unix seconds).
+    fn cookie_value(&self, expires: u64) -> String {
+        let expires = expires.to_string();
+        let tag = hmac::sign(&self.cookie_key, expires.as_bytes());
+        format!("{expires}.{}", hex(tag.as_ref()))
+    }
+
+    /// Whether `value` is a cookie this process signed that has not expired at `now`.
+    fn cookie_valid(&self, value: &str, now: u64) -> bool {
+        let Some((expires, tag)) = value.split_once('.') else {
+            return false;
+        };
+        let (Ok(expiry), Some(tag)) = (expires.parse::<u64>(), unhex(tag)) else {
+            return false;
+        };
+        expiry > now && hmac::verify(&self.cookie_key, expires.as_bytes(), &tag).is_ok()
+    }
+
+    /// The `Set-Cookie` header of a fresh session starting at `now`.
+    fn set_cookie(&self, now: u64) -> String {
+        let lifetime = COOKIE_LIFETIME.as_secs();
+        let secure = if self.secure { "; Secure" } else { "" };
+        format!(
+            "{COOKIE}={}; Max-Age={lifetime}; Path=/; HttpOnly; SameSite=Strict{secure}",
+            self.cookie_value(now + lifetime)
+        )
     }
 
     fn bearer_ok(&self, request: &Request) -> bool {
@@ -74,10 +142,11 @@ impl Gate {
             .headers()
             .get(header::AUTHORIZATION)
             .and_then(|value| value.as_bytes().strip_prefix(b"Bearer "))
-            .is_some_and(|token| token_matches(&self.tokens, token))
+            .is_some_and(|credential| token_matches(&self.credentials, credential))
     }
 
     fn cookie_ok(&self, request: &Request) -> bool {
+        let now = unix_now();
         request
             .headers()
             .get_all(header::COOKIE)
@@ -85,7 +154,7 @@ impl Gate {
             .filter_map(|value| value.to_str().ok())
             .flat_map(|cookies| cookies.split(';'))
             .filter_map(|cookie| cookie.trim().strip_prefix(COOKIE)?.strip_prefix('='))
-            .any(|value| token_matches(&self.cookies, value.as_bytes()))
+            .any(|value| self.cookie_valid(value, now))
     }
 }
 
@@ -103,19 +172,15 @@ pub(crate) async fn guard(State(gate): State<Arc<Gate>>, request: Request, next:
         .map(|Query(query)| query)
         .unwrap_or_default();
     let Some(presented) = query.get("token") else {
-        return refused("this dashboard needs the coordinator's token");
+        return refused("this dashboard needs its credential");
     };
-    let Some(token) = gate
-        .tokens
-        .iter()
-        .find(|token| token_matches(std::slice::from_ref(token), presented.as_bytes()))
-    else {
+    if !token_matches(&gate.credentials, presented.as_bytes()) {
         tracing::warn!(
             path = request.uri().path(),
-            "dashboard refused a wrong token"
+            "dashboard refused a wrong credential"
         );
-        return refused("the token in the URL is not one this coordinator accepts");
-    };
+        return refused("the credential in the URL is not one this dashboard accepts");
+    }
     let rest: Vec<String> = request
         .uri()
         .query()
@@ -128,15 +193,11 @@ pub(crate) async fn guard(State(gate): State<Arc<Gate>>, request: Request, next:
     if !rest.is_empty() {
         location = format!("{location}?{}", rest.join("&"));
     }
-    let cookie = format!(
-        "{COOKIE}={}; HttpOnly; SameSite=Strict; Path=/",
-        cookie_value(token)
-    );
     let mut response = StatusCode::SEE_OTHER.into_response();
     let headers = response.headers_mut();
     if let (Ok(location), Ok(cookie)) = (
         HeaderValue::from_str(&location),
-        HeaderValue::from_str(&cookie),
+        HeaderValue::from_str(&gate.set_cookie(unix_now())),
     ) {
         headers.insert(header::LOCATION, location);
         headers.insert(header::SET_COOKIE, cookie);
@@ -152,9 +213,52 @@ fn refused(why: &str) -> Response {
             (header::CONTENT_TYPE, "text/plain; charset=utf-8"),
         ],
         format!(
-            "{why}: open /?token=TOKEN once (the browser then keeps a cookie), or send \
-             Authorization: Bearer TOKEN\n"
+            "{why} (not the RPC token): open /?token=CREDENTIAL once (the browser then keeps \
+             a cookie), or send Authorization: Bearer CREDENTIAL\n"
         ),
     )
         .into_response()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn gate(secure: bool) -> Gate {
+        let mut gate = Gate::new(SocketAddr::from(([0; 4], 0)), DashboardAccess::default())
+            .expect("randomness");
+        gate.secure = secure;
+        gate
+    }
+
+    #[test]
+    fn a_cookie_opens_until_it_expires_and_only_as_signed() {
+        let gate = gate(false);
+        let now = 1_000_000;
+        let value = gate.cookie_value(now + 60);
+        assert!(gate.cookie_valid(&value, now));
+        assert!(gate.cookie_valid(&value, now + 59));
+        assert!(!gate.cookie_valid(&value, now + 60), "expired");
+        // A later expiry with the old tag, a flipped tag bit, junk: refused.
+        let (_, tag) = value.split_once('.').expect("dot");
+        assert!(!gate.cookie_valid(&format!("{}.{tag}", now + 10_000), now));
+        let mut flipped = value.clone().into_bytes();
+        let last = flipped.len() - 1;
+        flipped[last] = if flipped[last] == b'0' { b'1' } else { b'0' };
+        assert!(!gate.cookie_valid(&String::from_utf8(flipped).expect("ascii"), now));
+        for junk in ["", ".", "x.y", "123", "123.zz", "123.abc"] {
+            assert!(!gate.cookie_valid(junk, now), "{junk:?}");
+        }
+        // Another process's key (another gate) does not accept this one's cookies.
+        assert!(!self::gate(false).cookie_valid(&value, now));
+    }
+
+    #[test]
+    fn the_cookie_header_carries_its_flags() {
+        let plain = gate(false).set_cookie(100);
+        assert!(plain.contains("; HttpOnly") && plain.contains("; SameSite=Strict"));
+        assert!(plain.contains(&format!("; Max-Age={}", COOKIE_LIFETIME.as_secs())));
+        assert!(!plain.contains("Secure"), "{plain}");
+        assert!(gate(true).set_cookie(100).ends_with("; Secure"));
+    }
 }

@@ -10,7 +10,8 @@
 //! Routes: `/` (the page, compiled into the binary), `/api/jobs` (JSON; `?since=<unix ms>` for
 //! only newer points, `?at=<unix ms>` for the figures as they were at that reading), and
 //! `/metrics`. Who may read them is [`access`]'s business: anyone on a loopback address, only
-//! token holders elsewhere ([`Dashboard::start_with`]).
+//! holders of a dashboard credential elsewhere ([`Dashboard::start_with`]); a dashboard off
+//! loopback without one does not start. With a daemon's certificate it serves HTTPS.
 
 mod access;
 mod metrics;
@@ -24,9 +25,11 @@ use std::time::Duration;
 
 use tokio::sync::oneshot;
 
+use stoker_worker::security::{ServerConnection, ServerSecurity};
+
 use crate::LoaderMonitor;
-pub use access::DashboardAccess;
 use access::Gate;
+pub use access::{DashboardAccess, COOKIE_LIFETIME};
 
 use series::{Registry, SAMPLE_INTERVAL};
 
@@ -44,9 +47,16 @@ pub enum DashboardError {
     /// The runtime or thread that serves the page could not be created.
     #[error("cannot start the dashboard's server thread: {0}")]
     Thread(std::io::Error),
-    /// A daemon's dashboard on a non-loopback address without a token to guard it.
-    #[error("the dashboard on {0} (not a loopback address) needs the token: give --token-file, or serve it on 127.0.0.1")]
-    NeedsToken(SocketAddr),
+    /// A dashboard on a non-loopback address without a credential to guard it.
+    #[error("the dashboard on {0} (not a loopback address) needs a dashboard credential: give --dashboard-token-file (Python: dashboard_token_file=), or serve it on 127.0.0.1")]
+    NeedsCredential(SocketAddr),
+    /// A dashboard credential that is also an RPC token: it would travel where the RPC token
+    /// must not.
+    #[error("the dashboard credential must differ from the RPC token (--token-file): the dashboard is read-only and its credential may travel where the RPC token must not")]
+    CredentialIsRpcToken,
+    /// The cookie key could not be drawn.
+    #[error("cannot start the dashboard: {0}")]
+    Randomness(String),
 }
 
 /// One worker daemon's load, as a coordinator's dashboard lists it.
@@ -96,39 +106,37 @@ pub struct JobShare {
 /// ```
 pub struct Dashboard {
     address: SocketAddr,
+    /// It serves HTTPS.
+    https: bool,
     registry: Arc<Mutex<Registry>>,
     shutdown: Option<oneshot::Sender<()>>,
     thread: Option<JoinHandle<()>>,
 }
 
 impl Dashboard {
-    /// Binds `address` (port 0 picks a free port; see [`Dashboard::local_addr`]) and starts
-    /// serving and sampling on a thread of its own, open to anyone who reaches the address
-    /// (an embedded loader's dashboard; a daemon's uses [`Dashboard::start_with`]).
+    /// Binds a loopback `address` (port 0 picks a free port; see [`Dashboard::local_addr`])
+    /// and starts serving and sampling on a thread of its own, open to anyone on the machine.
+    /// A non-loopback address is refused ([`DashboardError::NeedsCredential`]): use
+    /// [`Dashboard::start_with`] and a credential there.
     pub fn start(address: SocketAddr) -> Result<Self, DashboardError> {
-        if !address.ip().is_loopback() {
-            tracing::warn!(%address, "the dashboard is open to anyone who reaches {address}");
-        }
-        Self::serve_on(address, None)
+        Self::start_with(address, DashboardAccess::default())
     }
 
-    /// Like [`Dashboard::start`], but on a non-loopback address only requests carrying one of
-    /// `access.tokens` are served (see the `access` module for how a browser presents it); a
-    /// non-loopback address without tokens is refused.
+    /// Like [`Dashboard::start`], but on a non-loopback address requests carrying one of
+    /// `access.credentials` are served (see the `access` module for how a browser presents
+    /// it), over HTTPS when `access.tls` holds a certificate; a non-loopback address without
+    /// credentials is refused.
     pub fn start_with(
         address: SocketAddr,
         access: DashboardAccess,
     ) -> Result<Self, DashboardError> {
-        if !address.ip().is_loopback() && access.tokens.is_empty() {
-            return Err(DashboardError::NeedsToken(address));
+        if !address.ip().is_loopback() && access.credentials.is_empty() {
+            return Err(DashboardError::NeedsCredential(address));
         }
-        Self::serve_on(address, Some(access))
+        Self::serve_on(address, access)
     }
 
-    fn serve_on(
-        address: SocketAddr,
-        access: Option<DashboardAccess>,
-    ) -> Result<Self, DashboardError> {
+    fn serve_on(address: SocketAddr, access: DashboardAccess) -> Result<Self, DashboardError> {
         let listener = TcpListener::bind(address).map_err(|source| DashboardError::Bind {
             addr: address,
             source,
@@ -149,14 +157,17 @@ impl Dashboard {
         let registry = Arc::new(Mutex::new(Registry::default()));
         let (shutdown, stop) = oneshot::channel();
         let state = Arc::clone(&registry);
-        let gate = access.map(|access| Gate::new(bound, access));
+        let tls = access.tls.clone().filter(ServerSecurity::serves_tls);
+        let gate = Gate::new(bound, access).map_err(DashboardError::Randomness)?;
+        let https = tls.is_some();
         let thread = std::thread::Builder::new()
             .name("stoker-dashboard".into())
-            .spawn(move || runtime.block_on(serve(listener, state, gate, stop)))
+            .spawn(move || runtime.block_on(serve(listener, state, gate, tls, stop)))
             .map_err(DashboardError::Thread)?;
-        tracing::info!(address = %bound, "dashboard listening");
+        tracing::info!(address = %bound, https, "dashboard listening");
         Ok(Self {
             address: bound,
+            https,
             registry,
             shutdown: Some(shutdown),
             thread: Some(thread),
@@ -168,9 +179,10 @@ impl Dashboard {
         self.address
     }
 
-    /// The page's URL, e.g. `http://127.0.0.1:8321/`.
+    /// The page's URL, e.g. `http://127.0.0.1:8321/` (`https://` when it serves HTTPS).
     pub fn url(&self) -> String {
-        format!("http://{}/", self.address)
+        let scheme = if self.https { "https" } else { "http" };
+        format!("{scheme}://{}/", self.address)
     }
 
     /// Shows `workers` as the worker table of every job (a coordinator's dashboard; replaces
@@ -238,7 +250,8 @@ impl std::fmt::Debug for Dashboard {
 async fn serve(
     listener: TcpListener,
     registry: Arc<Mutex<Registry>>,
-    gate: Option<Gate>,
+    gate: Gate,
+    tls: Option<ServerSecurity>,
     stop: oneshot::Receiver<()>,
 ) {
     let listener = match tokio::net::TcpListener::from_std(listener) {
@@ -248,22 +261,73 @@ async fn serve(
             return;
         }
     };
-    let mut app = routes::router(Arc::clone(&registry));
-    if let Some(gate) = gate {
-        app = app.layer(axum::middleware::from_fn_with_state(
-            Arc::new(gate),
-            access::guard,
-        ));
-    }
+    let app = routes::router(Arc::clone(&registry)).layer(axum::middleware::from_fn_with_state(
+        Arc::new(gate),
+        access::guard,
+    ));
     let sampler = sample_forever(registry);
-    tokio::select! {
-        result = axum::serve(listener, app) => {
-            if let Err(error) = result {
-                tracing::error!(%error, "dashboard server stopped");
-            }
+    let server = async move {
+        let served = match tls {
+            Some(tls) => match TlsListener::new(listener, &tls) {
+                Ok(listener) => axum::serve(listener, app).await,
+                Err(error) => Err(error),
+            },
+            None => axum::serve(listener, app).await,
+        };
+        if let Err(error) = served {
+            tracing::error!(%error, "dashboard server stopped");
         }
+    };
+    tokio::select! {
+        () = server => {}
         () = sampler => {}
         _ = stop => {}
+    }
+}
+
+/// The dashboard's connections over TLS: handshakes on tasks of their own (a slow client holds
+/// up no other); a client that speaks plain HTTP to it is dropped, never served in clear.
+struct TlsListener {
+    incoming: tokio_stream::wrappers::ReceiverStream<std::io::Result<ServerConnection>>,
+    address: SocketAddr,
+}
+
+impl TlsListener {
+    fn new(listener: tokio::net::TcpListener, tls: &ServerSecurity) -> std::io::Result<Self> {
+        let address = listener.local_addr()?;
+        Ok(TlsListener {
+            incoming: tls.incoming(listener),
+            address,
+        })
+    }
+}
+
+impl axum::serve::Listener for TlsListener {
+    type Io = ServerConnection;
+    type Addr = SocketAddr;
+
+    async fn accept(&mut self) -> (Self::Io, Self::Addr) {
+        use tokio_stream::StreamExt;
+        use tonic::transport::server::Connected;
+        loop {
+            match self.incoming.next().await {
+                Some(Ok(connection)) => {
+                    let peer = connection.connect_info();
+                    if !peer.tls {
+                        tracing::warn!(peer = ?peer.remote, "plain HTTP to the HTTPS dashboard; connection dropped");
+                        continue;
+                    }
+                    return (connection, peer.remote.unwrap_or(self.address));
+                }
+                Some(Err(error)) => tracing::debug!(%error, "dashboard connection failed"),
+                // The acceptor is gone (its runtime is stopping): accept nothing more.
+                None => std::future::pending::<()>().await,
+            }
+        }
+    }
+
+    fn local_addr(&self) -> std::io::Result<Self::Addr> {
+        Ok(self.address)
     }
 }
 

@@ -1,28 +1,38 @@
 //! The shared token and TLS with real daemons on 127.0.0.1: each refusal (no token, wrong
 //! token, plaintext client on a TLS daemon, TLS client on a plaintext daemon, unknown CA) is
 //! its own error on the client within seconds and its own line in the daemon's log; a job over
-//! TLS with a token gives the embedded digest; the coordinator's dashboard off loopback wants
-//! the token. Certificates are generated per test (`bench::certificates`).
+//! TLS with a token gives the embedded digest; the coordinator's dashboard off loopback wants a
+//! credential of its own (the RPC token opens no page, the credential no RPC), over HTTPS where
+//! the coordinator has a certificate. Certificates are generated per test (`bench::certificates`).
 
 #![allow(clippy::unwrap_used)] // tests fail loudly by design
 
 use std::fs::File;
+use std::io::{Read, Write};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
 use stoker_loader::bench::certificates::{write_test_certificates, TestCertificates};
-use stoker_loader::{ErrorKind, Loader, LoaderOptions, RemoteOptions};
+use stoker_loader::{ErrorKind, Loader, LoaderOptions, RemoteOptions, COOKIE_LIFETIME};
 use stoker_proto::v1::coordinator_client::CoordinatorClient;
-use stoker_proto::v1::OpenSessionRequest;
+use stoker_proto::v1::worker_data_client::WorkerDataClient;
+use stoker_proto::v1::{
+    CloseSessionRequest, DescribeJobRequest, GetJobRequest, HeartbeatRequest, LeaseRequest,
+    LeaveRequest, OpenSessionRequest, RegisterJobRequest, RegisterWorkerRequest, ReportRequest,
+    SessionUpdateRequest, SubscribeRequest,
+};
 use stoker_worker::security::{ClientSecurity, Token};
 use stoker_worker::transport;
+use tonic::{Code, Status};
 
 use crate::common::{self, Daemon};
-use crate::dashboard::http_get_with;
+use crate::dashboard::{get_over, http_get_with};
 
 const TOKEN: &str = "0123456789abcdef-test-token";
+/// The coordinator dashboard's credential in these tests.
+const DASHBOARD: &str = "dashboard-credential-0123456789";
 
 /// Longest a refusal may take to reach the client.
 const PROMPT: Duration = Duration::from_secs(3);
@@ -425,14 +435,133 @@ fn dashboard_address(coordinator: &Daemon) -> SocketAddr {
     SocketAddr::from(([127, 0, 0, 1], port))
 }
 
+/// Every RPC of the coordinator at `address`, and of the worker at `worker`, called with
+/// `token`: each answer's code, by the RPC's name.
+fn every_rpc_answers(address: &str, worker: &str, token: &str) -> Vec<(&'static str, Code)> {
+    let security = ClientSecurity::new(Some(Token::new(token).unwrap()), None, None).unwrap();
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    runtime.block_on(async {
+        let code = |answer: Result<(), Status>| answer.err().map_or(Code::Ok, |s| s.code());
+        let mut coordinator =
+            CoordinatorClient::new(transport::channel(address, &security).unwrap());
+        let mut data = WorkerDataClient::new(transport::channel(worker, &security).unwrap());
+        vec![
+            (
+                "RegisterWorker",
+                code(
+                    coordinator
+                        .register_worker(RegisterWorkerRequest::default())
+                        .await
+                        .map(drop),
+                ),
+            ),
+            (
+                "Heartbeat",
+                code(
+                    coordinator
+                        .heartbeat(HeartbeatRequest::default())
+                        .await
+                        .map(drop),
+                ),
+            ),
+            (
+                "Lease",
+                code(coordinator.lease(LeaseRequest::default()).await.map(drop)),
+            ),
+            (
+                "Report",
+                code(coordinator.report(ReportRequest::default()).await.map(drop)),
+            ),
+            (
+                "Leave",
+                code(coordinator.leave(LeaveRequest::default()).await.map(drop)),
+            ),
+            (
+                "GetJob",
+                code(
+                    coordinator
+                        .get_job(GetJobRequest::default())
+                        .await
+                        .map(drop),
+                ),
+            ),
+            (
+                "RegisterJob",
+                code(
+                    coordinator
+                        .register_job(RegisterJobRequest::default())
+                        .await
+                        .map(drop),
+                ),
+            ),
+            (
+                "OpenSession",
+                code(
+                    coordinator
+                        .open_session(OpenSessionRequest::default())
+                        .await
+                        .map(drop),
+                ),
+            ),
+            (
+                "UpdateSession",
+                code(
+                    coordinator
+                        .update_session(SessionUpdateRequest::default())
+                        .await
+                        .map(drop),
+                ),
+            ),
+            (
+                "CloseSession",
+                code(
+                    coordinator
+                        .close_session(CloseSessionRequest::default())
+                        .await
+                        .map(drop),
+                ),
+            ),
+            (
+                "DescribeJob",
+                code(
+                    data.describe_job(DescribeJobRequest::default())
+                        .await
+                        .map(drop),
+                ),
+            ),
+            (
+                "Subscribe",
+                code(data.subscribe(SubscribeRequest::default()).await.map(drop)),
+            ),
+        ]
+    })
+}
+
+/// The dashboard credential and the RPC token are two keys: each opens its own door only.
 #[test]
-fn the_dashboard_off_loopback_wants_the_token_once_then_a_cookie() {
+fn the_dashboard_off_loopback_wants_its_own_credential_then_a_cookie() {
     let dir = tempfile::tempdir().unwrap();
     let token_file = write_token(dir.path(), "token", TOKEN);
+    let credential_file = write_token(dir.path(), "dashboard", DASHBOARD);
     let guarded = coordinator(
         dir.path(),
         &dir.path().join("guarded.log"),
-        &["--http", "0.0.0.0:0", "--token-file", path(&token_file)],
+        &[
+            "--http",
+            "0.0.0.0:0",
+            "--token-file",
+            path(&token_file),
+            "--dashboard-token-file",
+            path(&credential_file),
+        ],
+    );
+    assert!(
+        guarded.banner.contains(" dashboard http://"),
+        "{}",
+        guarded.banner
     );
     let http = dashboard_address(&guarded);
     let refused = http_get_with(http, "/", &[]);
@@ -441,14 +570,33 @@ fn the_dashboard_off_loopback_wants_the_token_once_then_a_cookie() {
     assert_eq!(http_get_with(http, "/metrics", &[]).status, 401);
     assert_eq!(http_get_with(http, "/?token=wrong", &[]).status, 401);
 
-    let welcomed = http_get_with(http, &format!("/?token={TOKEN}"), &[]);
+    // The RPC token opens no page: not in the URL, not as a bearer.
+    assert_eq!(
+        http_get_with(http, &format!("/?token={TOKEN}"), &[]).status,
+        401
+    );
+    let rpc_bearer = format!("Bearer {TOKEN}");
+    for page in ["/", "/api/jobs", "/metrics"] {
+        let answer = http_get_with(http, page, &[("Authorization", &rpc_bearer)]);
+        assert_eq!(answer.status, 401, "{page} opened with the RPC token");
+    }
+
+    let welcomed = http_get_with(http, &format!("/?token={DASHBOARD}"), &[]);
     assert_eq!(welcomed.status, 303);
     assert_eq!(welcomed.headers["location"], "/");
     let cookie = &welcomed.headers["set-cookie"];
-    assert!(cookie.contains("HttpOnly"), "{cookie}");
+    for flag in ["HttpOnly", "SameSite=Strict", "Path=/"] {
+        assert!(
+            cookie.split("; ").any(|part| part == flag),
+            "{flag}: {cookie}"
+        );
+    }
+    let max_age = format!("Max-Age={}", COOKIE_LIFETIME.as_secs());
+    assert!(cookie.split("; ").any(|part| part == max_age), "{cookie}");
+    assert!(!cookie.contains("Secure"), "plain HTTP: {cookie}");
     assert!(
-        !cookie.contains(TOKEN),
-        "the cookie holds a digest, not the token"
+        !cookie.contains(DASHBOARD) && !cookie.contains(TOKEN),
+        "the cookie holds neither secret: {cookie}"
     );
     let pair = cookie.split(';').next().unwrap();
     assert_eq!(http_get_with(http, "/", &[("Cookie", pair)]).status, 200);
@@ -456,11 +604,37 @@ fn the_dashboard_off_loopback_wants_the_token_once_then_a_cookie() {
         http_get_with(http, "/api/jobs", &[("Cookie", pair)]).status,
         200
     );
-    let bearer = format!("Bearer {TOKEN}");
+    // A cookie whose expiry was pushed out no longer matches its signature.
+    let (expiry, tag) = pair.split_once('=').unwrap().1.split_once('.').unwrap();
+    let later = format!(
+        "stoker_dashboard={}.{tag}",
+        expiry.parse::<u64>().unwrap() + 3600
+    );
+    assert_eq!(http_get_with(http, "/", &[("Cookie", &later)]).status, 401);
+    let bearer = format!("Bearer {DASHBOARD}");
     assert_eq!(
         http_get_with(http, "/metrics", &[("Authorization", &bearer)]).status,
         200
     );
+
+    // The dashboard credential opens no RPC, on the coordinator or on a worker.
+    let worker = Daemon::worker_logging_to(
+        &guarded.address,
+        dir.path(),
+        &["--token-file", path(&token_file)],
+        File::create(dir.path().join("worker.log")).unwrap(),
+    );
+    for (rpc, code) in every_rpc_answers(&guarded.address, &worker.address, DASHBOARD) {
+        assert_eq!(
+            code,
+            Code::Unauthenticated,
+            "{rpc} with the dashboard credential"
+        );
+    }
+    // The same calls with the RPC token get past the check (to their own answers).
+    for (rpc, code) in every_rpc_answers(&guarded.address, &worker.address, TOKEN) {
+        assert_ne!(code, Code::Unauthenticated, "{rpc} with the RPC token");
+    }
 
     let scraped = coordinator(
         dir.path(),
@@ -470,6 +644,8 @@ fn the_dashboard_off_loopback_wants_the_token_once_then_a_cookie() {
             "0.0.0.0:0",
             "--token-file",
             path(&token_file),
+            "--dashboard-token-file",
+            path(&credential_file),
             "--metrics-without-token",
         ],
     );
@@ -477,20 +653,136 @@ fn the_dashboard_off_loopback_wants_the_token_once_then_a_cookie() {
     assert_eq!(http_get_with(http, "/metrics", &[]).status, 200);
     assert_eq!(http_get_with(http, "/", &[]).status, 401);
 
-    // Off loopback without a token, the coordinator does not start.
-    let state = dir.path().join("state-open");
-    let open = common::stoker(&[
-        "coordinator",
-        "--listen",
-        "127.0.0.1:0",
-        "--state",
-        path(&state),
-        "--http",
-        "0.0.0.0:0",
-    ]);
-    assert!(!open.status.success());
-    let stderr = String::from_utf8_lossy(&open.stderr);
-    assert!(stderr.contains("needs the token"), "{stderr}");
+    // Off loopback without a dashboard credential (an RPC token is not one), or with one that
+    // is also the RPC token, the coordinator does not start.
+    for (name, extra) in [
+        ("no-credential", vec!["--token-file", path(&token_file)]),
+        (
+            "same-as-rpc",
+            vec![
+                "--token-file",
+                path(&token_file),
+                "--dashboard-token-file",
+                path(&token_file),
+            ],
+        ),
+    ] {
+        let state = dir.path().join(format!("state-{name}"));
+        let mut args = vec![
+            "coordinator",
+            "--listen",
+            "127.0.0.1:0",
+            "--state",
+            path(&state),
+            "--http",
+            "0.0.0.0:0",
+        ];
+        args.extend(extra);
+        let open = common::stoker(&args);
+        assert!(!open.status.success(), "{name}");
+        let stderr = String::from_utf8_lossy(&open.stderr);
+        let expected = match name {
+            "no-credential" => "needs a dashboard credential",
+            _ => "must differ from the RPC token",
+        };
+        assert!(stderr.contains(expected), "{name}: {stderr}");
+    }
+}
+
+/// `GET path` over TLS from the dashboard at `address`, trusting `ca` for `localhost`.
+fn https_get_with(
+    address: SocketAddr,
+    ca: &Path,
+    path: &str,
+    headers: &[(&str, &str)],
+) -> crate::dashboard::Response {
+    use rustls::pki_types::pem::PemObject;
+    use rustls::pki_types::{CertificateDer, ServerName};
+    let mut roots = rustls::RootCertStore::empty();
+    for certificate in CertificateDer::pem_file_iter(ca).unwrap() {
+        roots.add(certificate.unwrap()).unwrap();
+    }
+    let config = rustls::ClientConfig::builder_with_provider(std::sync::Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .unwrap()
+    .with_root_certificates(roots)
+    .with_no_client_auth();
+    let connection = rustls::ClientConnection::new(
+        std::sync::Arc::new(config),
+        ServerName::try_from("localhost").unwrap(),
+    )
+    .unwrap();
+    let tcp = std::net::TcpStream::connect_timeout(&address, Duration::from_secs(5)).unwrap();
+    tcp.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let mut stream = rustls::StreamOwned::new(connection, tcp);
+    get_over(&mut stream, "localhost", path, headers)
+}
+
+/// A coordinator with a certificate serves its dashboard over HTTPS only, and its cookie is
+/// `Secure`.
+#[test]
+fn the_dashboard_of_a_tls_coordinator_serves_https_with_a_secure_cookie() {
+    let dir = tempfile::tempdir().unwrap();
+    let pki = certificates(&dir.path().join("pki"));
+    let token_file = write_token(dir.path(), "token", TOKEN);
+    let credential_file = write_token(dir.path(), "dashboard", DASHBOARD);
+    let coordinator = coordinator(
+        dir.path(),
+        &dir.path().join("coordinator.log"),
+        &[
+            "--http",
+            "0.0.0.0:0",
+            "--token-file",
+            path(&token_file),
+            "--dashboard-token-file",
+            path(&credential_file),
+            "--tls-cert",
+            path(&pki.cert),
+            "--tls-key",
+            path(&pki.key),
+            "--tls-ca",
+            path(&pki.ca),
+        ],
+    );
+    assert!(
+        coordinator.banner.contains(" dashboard https://"),
+        "{}",
+        coordinator.banner
+    );
+    let http = dashboard_address(&coordinator);
+    assert_eq!(https_get_with(http, &pki.ca, "/", &[]).status, 401);
+    let welcomed = https_get_with(http, &pki.ca, &format!("/?token={DASHBOARD}"), &[]);
+    assert_eq!(welcomed.status, 303);
+    let cookie = &welcomed.headers["set-cookie"];
+    for flag in ["Secure", "HttpOnly", "SameSite=Strict"] {
+        assert!(
+            cookie.split("; ").any(|part| part == flag),
+            "{flag}: {cookie}"
+        );
+    }
+    let pair = cookie.split(';').next().unwrap();
+    assert_eq!(
+        https_get_with(http, &pki.ca, "/api/jobs", &[("Cookie", pair)]).status,
+        200
+    );
+    // Plain HTTP to it is never answered in clear.
+    let mut plain = std::net::TcpStream::connect_timeout(&http, Duration::from_secs(5)).unwrap();
+    plain
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    let request =
+        format!("GET /?token={DASHBOARD} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+    // The dashboard drops the connection: the write may already meet a reset.
+    let _ = plain.write_all(request.as_bytes());
+    let mut answer = Vec::new();
+    let _ = plain.read_to_end(&mut answer);
+    assert!(
+        !String::from_utf8_lossy(&answer).contains("HTTP/1.1"),
+        "answered plain HTTP: {}",
+        String::from_utf8_lossy(&answer)
+    );
 }
 
 #[test]

@@ -280,14 +280,17 @@ impl Daemon {
     }
 
     /// The word after `key` on its first line (`dashboard`, `health`: their URLs), without
-    /// `http://`.
+    /// `http://` or `https://`.
     pub fn banner_after(&self, key: &str) -> String {
         let words: Vec<&str> = self.banner.split_whitespace().collect();
         let at = words
             .iter()
             .position(|w| *w == key)
             .unwrap_or_else(|| panic!("{key} on the banner {:?}", self.banner));
-        words[at + 1].trim_start_matches("http://").to_string()
+        words[at + 1]
+            .trim_start_matches("http://")
+            .trim_start_matches("https://")
+            .to_string()
     }
 
     /// SIGKILLs and reaps it.

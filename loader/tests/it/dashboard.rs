@@ -16,7 +16,7 @@ use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
-use stoker_loader::{Dashboard, Loader, LoaderOptions};
+use stoker_loader::{Dashboard, DashboardError, Loader, LoaderOptions};
 
 use crate::common;
 
@@ -46,17 +46,37 @@ pub(crate) fn http_get_with(
     stream
         .set_read_timeout(Some(Duration::from_secs(10)))
         .unwrap();
+    get_over(&mut stream, &address.to_string(), path, extra_headers)
+}
+
+/// `GET path` over `stream` (plain TCP or TLS), reading the answer to the end.
+pub(crate) fn get_over(
+    stream: &mut (impl Read + Write),
+    host: &str,
+    path: &str,
+    extra_headers: &[(&str, &str)],
+) -> Response {
     let extra: String = extra_headers
         .iter()
         .map(|(name, value)| format!("{name}: {value}\r\n"))
         .collect();
     write!(
         stream,
-        "GET {path} HTTP/1.1\r\nHost: {address}\r\n{extra}Connection: close\r\n\r\n"
+        "GET {path} HTTP/1.1\r\nHost: {host}\r\n{extra}Connection: close\r\n\r\n"
     )
     .unwrap();
+    stream.flush().unwrap();
     let mut raw = Vec::new();
-    stream.read_to_end(&mut raw).unwrap();
+    let mut chunk = [0u8; 16 << 10];
+    loop {
+        match stream.read(&mut chunk) {
+            Ok(0) => break,
+            Ok(n) => raw.extend_from_slice(&chunk[..n]),
+            // A TLS peer that closes without close_notify: the answer is whole by then.
+            Err(error) if error.kind() == std::io::ErrorKind::UnexpectedEof => break,
+            Err(error) => panic!("reading {path}: {error}"),
+        }
+    }
     let split = raw
         .windows(4)
         .position(|w| w == b"\r\n\r\n")
@@ -804,6 +824,18 @@ fn dashboard_binds_port_zero_charts_a_loader_and_stops_on_drop() {
 
     let taken = Dashboard::start(address).unwrap_err();
     assert!(taken.to_string().contains("cannot listen"), "{taken}");
+
+    // Off loopback, an embedded dashboard without a credential does not start, and says why.
+    let off_loopback: SocketAddr = "0.0.0.0:0".parse().unwrap();
+    let refused = Dashboard::start(off_loopback).unwrap_err();
+    assert!(
+        matches!(refused, DashboardError::NeedsCredential(at) if at == off_loopback),
+        "{refused}"
+    );
+    assert!(
+        refused.to_string().contains("needs a dashboard credential"),
+        "{refused}"
+    );
 
     drop(dashboard);
     assert!(

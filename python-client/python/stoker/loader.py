@@ -349,7 +349,13 @@ class Loader:
             (see *Memory is bounded* above); default 4.
         dashboard: serve the stall dashboard (live charts, ``/api/jobs``, ``/metrics``) on
             this port of 127.0.0.1 (0: any free port) or ``"host:port"``; the URL is
-            :attr:`dashboard_url`. Served until :meth:`close`.
+            :attr:`dashboard_url`. Served until :meth:`close`. On a loopback address it is
+            open to anyone on the machine; an address off loopback raises ``ValueError``
+            without ``dashboard_token_file``.
+        dashboard_token_file: with ``dashboard``, a file holding the credential a dashboard
+            off loopback asks for (open ``/?token=CREDENTIAL`` once, after which the browser
+            keeps a cookie for 12 hours, or send ``Authorization: Bearer CREDENTIAL``). Keep it
+            apart from the distributed mode's ``token``.
         format: ``None`` (default: from the files), or one of ``"image_folder"``, ``"tar"``,
             ``"parquet"``, ``"tokens"``, ``"jsonl"``, ``"hf"`` (a ``save_to_disk`` folder).
         shuffle_window: shards per shuffle window for sharded sources (tar shards, a folder
@@ -447,6 +453,7 @@ class Loader:
         tls_server_name: str | None = None,
         max_held_batches: int = 4,
         dashboard: int | str | None = None,
+        dashboard_token_file: str | os.PathLike[str] | None = None,
         format: str | None = None,
         shuffle_window: int = 0,
         text_column: str | None = None,
@@ -553,6 +560,7 @@ class Loader:
         self._format: str = format or "auto"
         self._text_column: str = text_column or ""
         dashboard_address = _dashboard_address(dashboard)
+        dashboard_credential = _dashboard_token_file(dashboard, dashboard_token_file)
         if output is None:
             output = "torch" if _torch_importable() else "numpy"
         elif output not in ("torch", "numpy"):
@@ -639,6 +647,7 @@ class Loader:
             self._timeout,
             self._max_held_batches,
             dashboard=dashboard_address,
+            dashboard_token_file=dashboard_credential,
             job_name=job_name,
             format=self._format,
             shuffle_window=self._shuffle_window,
@@ -685,6 +694,7 @@ class Loader:
         timeout: float = 600.0,
         max_held_batches: int = 4,
         dashboard: int | str | None = None,
+        dashboard_token_file: str | os.PathLike[str] | None = None,
         pipeline: Iterable[Op] | None = None,
         pin_memory: bool = False,
         pinned_memory_budget: int | None = None,
@@ -775,6 +785,7 @@ class Loader:
             timeout=timeout,
             max_held_batches=max_held_batches,
             dashboard=dashboard,
+            dashboard_token_file=dashboard_token_file,
             pipeline=pipeline,
             pin_memory=pin_memory,
             pinned_memory_budget=pinned_memory_budget,
@@ -1196,6 +1207,19 @@ class Loader:
                 _log.warning(
                     "further bad samples are not logged; stats()['bad_samples'] counts them"
                 )
+
+
+def _dashboard_token_file(
+    dashboard: int | str | None, token_file: str | os.PathLike[str] | None
+) -> str | None:
+    """``dashboard_token_file=`` as the native side wants it, checked against ``dashboard=``."""
+    if token_file is None:
+        return None
+    if dashboard is None:
+        raise ValueError("dashboard_token_file needs dashboard= (the address to serve on)")
+    if not isinstance(token_file, (str, os.PathLike)):
+        raise TypeError(f"dashboard_token_file must be a path, got {token_file!r}")
+    return os.fspath(token_file)
 
 
 def _dashboard_address(dashboard: int | str | None) -> str | None:

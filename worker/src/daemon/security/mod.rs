@@ -155,9 +155,24 @@ impl ServerSecurity {
         self.tls.is_some()
     }
 
-    /// The tokens accepted (the dashboard checks the same ones).
+    /// The tokens accepted.
     pub fn tokens(&self) -> &[Token] {
         &self.tokens
+    }
+
+    /// The same certificate for an HTTP/1.1 server beside the gRPC one (the coordinator's
+    /// dashboard): ALPN offers `http/1.1` instead of `h2`, and no token is checked (the
+    /// dashboard has credentials of its own).
+    pub fn for_http(&self) -> ServerSecurity {
+        let tls = self.tls.as_ref().map(|acceptor| {
+            let mut config = acceptor.config().as_ref().clone();
+            config.alpn_protocols = vec![b"http/1.1".to_vec()];
+            tokio_rustls::TlsAcceptor::from(std::sync::Arc::new(config))
+        });
+        ServerSecurity {
+            tokens: Vec::new(),
+            tls,
+        }
     }
 
     /// The interceptor every service of the daemon is wrapped in.
