@@ -60,8 +60,8 @@ pub use batch::{
     TensorLayout, MAX_SUBSTITUTE_TRIES,
 };
 pub use daemon::{
-    canonical_roots, daemon_runtime, health, init_logging, listen, run_worker, security,
-    shutdown_signal, transport, WorkerConfig, DELIVERY_TIMEOUT, DRAIN_TIMEOUT,
+    batch_wire, canonical_roots, daemon_runtime, health, init_logging, listen, run_worker,
+    security, shutdown_signal, transport, WorkerConfig, DELIVERY_TIMEOUT, DRAIN_TIMEOUT,
 };
 pub use error::{panic_text, Error, ErrorKind, Result, SampleError, ERROR_KINDS};
 pub use job::{

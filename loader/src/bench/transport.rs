@@ -1,12 +1,15 @@
 //! `stoker bench transport`: batch streaming throughput over loopback with the distributed
 //! mode's transport (the `WorkerData.Subscribe` stream, its message limits, windows and frame
-//! size), printed beside a memcpy bandwidth measured in the same run, and their ratio.
+//! size), each batch landed in a slot as the remote client does, printed beside a memcpy
+//! bandwidth measured in the same run, and their ratio.
 //!
 //! The server streams one pre-built batch again and again (cloning `Bytes` costs no copy), so the
-//! figure is what the transport alone costs: the socket's two copies plus tonic's framing, and on
-//! the receiving side the decode into a `Batch` whose tensor bytes are a slice of tonic's buffer.
-//! Server and client each run a single-threaded runtime on their own thread, as a worker's
-//! stream and a client's stream do.
+//! figure is what the transport and the landing cost. Two paths run side by side: the batch
+//! stream of `stoker_worker::batch_wire` (what the daemons use: tensor bytes written to the
+//! socket from the batch's own buffer, and read from the HTTP/2 receive buffer straight into the
+//! slot), and, as the baseline, tonic's generated server and client with the copy into the slot
+//! after (the path before `batch_wire`). Server and client each run a single-threaded runtime on
+//! their own thread, as a worker's stream and a client's stream do.
 //!
 //! With `--tls` the same stream runs a second time over TLS (a throwaway CA and certificate for
 //! 127.0.0.1, and a token on the call), and the report gives both rates and their ratio.
@@ -23,12 +26,16 @@ use stoker_proto::v1::worker_data_server::{WorkerData, WorkerDataServer};
 use stoker_proto::v1::{
     Batch, DescribeJobRequest, DescribeJobResponse, Dtype, SessionToken, SubscribeRequest, Tensor,
 };
+use stoker_worker::batch_wire::{self, WorkerDataService};
 use stoker_worker::security::{ClientSecurity, ServerSecurity, Token};
 use stoker_worker::transport::{self, MAX_MESSAGE_BYTES};
 use tokio::sync::mpsc;
+use tonic::service::interceptor::InterceptedService;
 use tonic::{Request, Response, Status};
 
 use super::Error;
+use crate::client::landing::{land_in_slot, lock, Landed, SlotLanding, SlotQueue, SLOT_ALIGN};
+use crate::SlotPool;
 
 /// Settings of `stoker bench transport`.
 #[derive(Debug, Clone, Args)]
@@ -52,9 +59,15 @@ struct TransportReport {
     batch_bytes: u64,
     batches: u64,
     wall_s: f64,
+    /// The daemons' path (`batch_wire`), into slots.
     stream_gb_per_s: f64,
     memcpy_gb_per_s: f64,
+    /// `stream_gb_per_s` over `memcpy_gb_per_s`.
     ratio: f64,
+    /// The baseline: tonic's generated server and client, then a copy into the slot.
+    tonic_gb_per_s: f64,
+    /// `stream_gb_per_s` over `tonic_gb_per_s`.
+    speedup_over_tonic: f64,
     /// With `--tls`: the same stream over TLS with a token.
     tls_wall_s: Option<f64>,
     tls_stream_gb_per_s: Option<f64>,
@@ -122,16 +135,30 @@ fn single_thread_runtime() -> super::Result<tokio::runtime::Runtime> {
         .build()?)
 }
 
+/// Which server and client stream the batches.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Path {
+    /// `batch_wire` on both ends, landing in slots as the bytes come.
+    Wire,
+    /// tonic's generated server and client, then a copy into the slot.
+    Tonic,
+}
+
 /// Streams `batches` copies of `batch` from a server with `server` security to a client with
-/// `client` security; returns the bytes received after the first batch and the time they took.
+/// `client` security over `path`, each landed in a slot of a small pool; returns the bytes
+/// received after the first batch and the time they took.
 fn stream_batches(
     batch: &Batch,
     batches: u64,
     server: ServerSecurity,
     client: ClientSecurity,
+    path: Path,
 ) -> super::Result<(u64, Duration)> {
     let (address_tx, address_rx) = std::sync::mpsc::channel::<SocketAddr>();
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+    // A few slots, as the loader keeps in flight; each returns when its batch is dropped.
+    let slot_bytes = batch.tensors.iter().map(|t| t.data.len()).sum::<usize>()
+        + batch.tensors.len() * SLOT_ALIGN;
     let batch = batch.clone();
     let server = std::thread::Builder::new()
         .name("bench-transport-server".into())
@@ -141,54 +168,87 @@ fn stream_batches(
                 address_tx
                     .send(listener.local_addr()?)
                     .map_err(|_| Error::Failed("the bench client went away".into()))?;
-                let service = WorkerDataServer::new(Repeater {
+                let repeater = Repeater {
                     batch,
                     count: batches,
-                })
-                .max_encoding_message_size(MAX_MESSAGE_BYTES)
-                .max_decoding_message_size(MAX_MESSAGE_BYTES);
-                let service =
-                    tonic::service::interceptor::InterceptedService::new(service, server.check());
-                transport::server()
-                    .add_service(service)
-                    .serve_with_incoming_shutdown(server.incoming(listener), async {
-                        let _ = stop_rx.await;
-                    })
-                    .await?;
+                };
+                let stop = async {
+                    let _ = stop_rx.await;
+                };
+                let check = server.check();
+                let incoming = server.incoming(listener);
+                let router = match path {
+                    Path::Wire => transport::server().add_service(InterceptedService::new(
+                        WorkerDataService::new(repeater, MAX_MESSAGE_BYTES),
+                        check,
+                    )),
+                    Path::Tonic => transport::server().add_service(InterceptedService::new(
+                        WorkerDataServer::new(repeater)
+                            .max_encoding_message_size(MAX_MESSAGE_BYTES)
+                            .max_decoding_message_size(MAX_MESSAGE_BYTES),
+                        check,
+                    )),
+                };
+                router.serve_with_incoming_shutdown(incoming, stop).await?;
                 Ok(())
             })
         })?;
     let address = address_rx
         .recv_timeout(Duration::from_secs(10))
         .map_err(|_| Error::Failed("the bench server did not start".into()))?;
+    let pool = SlotPool::new(slot_bytes, 4);
     let streamed = single_thread_runtime()?.block_on(async move {
-        let channel = transport::channel(&address.to_string(), &client)?;
-        let mut client = WorkerDataClient::new(channel)
-            .max_decoding_message_size(MAX_MESSAGE_BYTES)
-            .max_encoding_message_size(MAX_MESSAGE_BYTES);
-        let mut stream = client
-            .subscribe(SubscribeRequest {
-                session: Some(SessionToken::default()),
-                job_id: 0,
-            })
-            .await?
-            .into_inner();
+        let mut channel = transport::channel(&address.to_string(), &client)?;
+        let request = SubscribeRequest {
+            session: Some(SessionToken::default()),
+            job_id: 0,
+        };
+        let slot = || {
+            pool.take_timeout(slot_bytes, Duration::from_secs(10))
+                .ok_or_else(|| Error::Failed("no slot came back".into()))
+        };
         // The first batch warms the connection and windows up; time the rest.
         let mut received = 0u64;
         let mut started = Instant::now();
         let mut first = true;
-        while let Some(batch) = stream.message().await? {
-            if first {
-                first = false;
+        let mut count = |batch: &Batch| {
+            if std::mem::take(&mut first) {
                 started = Instant::now();
-                continue;
+            } else {
+                received += batch
+                    .tensors
+                    .iter()
+                    .map(|t| t.data.len() as u64)
+                    .sum::<u64>();
             }
-            received += batch
-                .tensors
-                .iter()
-                .map(|t| t.data.len() as u64)
-                .sum::<u64>();
-            black_box(&batch);
+        };
+        match path {
+            Path::Wire => {
+                let mut reader =
+                    batch_wire::subscribe(&mut channel, request, MAX_MESSAGE_BYTES).await?;
+                let queue = SlotQueue::default();
+                loop {
+                    lock(&queue).push_back((slot()?, Instant::now()));
+                    let mut landing = SlotLanding::new(&queue);
+                    let Some(wire) = reader.next_batch(&mut landing).await? else {
+                        break;
+                    };
+                    let slot = landing.take_slot();
+                    drop(landing);
+                    let (batch, _) = Landed { wire, slot }.finish();
+                    count(black_box(&batch));
+                }
+            }
+            Path::Tonic => {
+                let mut client = WorkerDataClient::new(channel)
+                    .max_decoding_message_size(MAX_MESSAGE_BYTES)
+                    .max_encoding_message_size(MAX_MESSAGE_BYTES);
+                let mut stream = client.subscribe(request).await?.into_inner();
+                while let Some(batch) = stream.message().await? {
+                    let batch = land_in_slot(batch, slot()?);
+                    count(black_box(&batch));
+                }
+            }
         }
         Ok::<_, Error>((received, started.elapsed()))
     });
@@ -229,6 +289,14 @@ pub fn run(args: &TransportBench) -> super::Result<()> {
         batches,
         ServerSecurity::default(),
         ClientSecurity::default(),
+        Path::Wire,
+    )?;
+    let (tonic_received, tonic_wall) = stream_batches(
+        &batch,
+        batches,
+        ServerSecurity::default(),
+        ClientSecurity::default(),
+        Path::Tonic,
     )?;
     let tls = if args.tls {
         let dir = tempfile::tempdir()?;
@@ -236,13 +304,14 @@ pub fn run(args: &TransportBench) -> super::Result<()> {
         let token = Token::new("bench-transport-token")?;
         let server = ServerSecurity::new(vec![token.clone()], Some((&pki.cert, &pki.key)))?;
         let client = ClientSecurity::new(Some(token), Some(&pki.ca), None)?;
-        Some(stream_batches(&batch, batches, server, client)?)
+        Some(stream_batches(&batch, batches, server, client, Path::Wire)?)
     } else {
         None
     };
     let memcpy = (memcpy_before + memcpy_gb_per_s()) / 2.0;
 
     let stream = received as f64 / wall.as_secs_f64() / 1e9;
+    let tonic = tonic_received as f64 / tonic_wall.as_secs_f64() / 1e9;
     let report = TransportReport {
         batch_bytes: batch_bytes as u64,
         batches,
@@ -250,6 +319,8 @@ pub fn run(args: &TransportBench) -> super::Result<()> {
         stream_gb_per_s: stream,
         memcpy_gb_per_s: memcpy,
         ratio: stream / memcpy,
+        tonic_gb_per_s: tonic,
+        speedup_over_tonic: stream / tonic,
         tls_wall_s: tls.map(|(_, wall)| wall.as_secs_f64()),
         tls_stream_gb_per_s: tls.map(|(bytes, wall)| bytes as f64 / wall.as_secs_f64() / 1e9),
         tls_over_plaintext: tls
@@ -262,8 +333,12 @@ pub fn run(args: &TransportBench) -> super::Result<()> {
         report.wall_s
     );
     println!(
-        "  stream   {:>6.2} GB/s (plaintext)",
+        "  stream   {:>6.2} GB/s (plaintext, into slots)",
         report.stream_gb_per_s
+    );
+    println!(
+        "  tonic    {:>6.2} GB/s (baseline: tonic's codec, then a copy into the slot; {:.2}x)",
+        report.tonic_gb_per_s, report.speedup_over_tonic
     );
     if let (Some(rate), Some(ratio)) = (report.tls_stream_gb_per_s, report.tls_over_plaintext) {
         println!(

@@ -10,6 +10,7 @@
 pub(crate) mod cuda;
 pub(crate) mod embedded;
 pub mod gpu_decode;
+pub(crate) mod landing;
 pub(crate) mod loader;
 pub(crate) mod monitor;
 pub(crate) mod prefetch;

@@ -1,7 +1,9 @@
 //! The remote batch source (distributed mode): registers the job with the coordinator, opens
 //! the session of its (job, rank, epoch), opens a stream to every worker, grants one credit for
 //! every step the loader asks for, acknowledges what arrives, drops duplicates by step number,
-//! and lands each batch in the slot the loader gave for it (one copy, off the consumer's thread).
+//! and lands each batch in a slot the loader gave: the worker stream's reader copies each tensor
+//! byte once, from the HTTP/2 receive buffer into the slot, as it comes off the socket
+//! (`stoker_worker::batch_wire`), off the consumer's thread.
 //!
 //! A driver task (on the source's own small tokio runtime) owns each epoch's session; the
 //! consumer's thread only waits on a channel. The driver recovers on its own:
@@ -28,23 +30,24 @@
 //! driver, which acknowledges what arrived and closes the session, so the coordinator stops
 //! leasing steps nobody will take at once rather than after its session timeout.
 
-use std::collections::{BTreeSet, HashMap, HashSet, VecDeque};
+use std::collections::{BTreeSet, HashMap, HashSet};
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, Sender};
 use stoker_proto::v1::coordinator_client::CoordinatorClient;
-use stoker_proto::v1::worker_data_client::WorkerDataClient;
 use stoker_proto::v1::{
-    Batch, ClientStats, CloseSessionRequest, JobSpec, OpenSessionRequest, RegisterJobRequest,
+    ClientStats, CloseSessionRequest, JobSpec, OpenSessionRequest, RegisterJobRequest,
     SessionToken, SessionUpdateRequest, StageTimings, SubscribeRequest, WorkerInfo,
 };
+use stoker_worker::batch_wire;
 use stoker_worker::security::{ClientSecurity, Token};
 use stoker_worker::transport::{self, Backoff, RpcChannel, MAX_MESSAGE_BYTES};
 use tokio::sync::mpsc;
 use tonic::{Code, Status};
 
+use super::landing::{lock, Landed, SlotLanding, SlotQueue, SLOT_ALIGN};
 use super::monitor::LoaderMonitor;
 use super::slots::Slot;
 use super::source::{receive, BatchSource, Built, EpochFeed, IdleClock, SourceInfo};
@@ -109,9 +112,6 @@ const CLOSE_WAIT: Duration = Duration::from_millis(500);
 
 /// How long after a worker's stream failed to open the driver tries it again.
 const STREAM_RETRY: Duration = Duration::from_millis(500);
-
-/// Room past the batch's bytes in a slot, for aligning each tensor.
-const SLOT_ALIGN: usize = 64;
 
 /// A job served by a coordinator and its workers.
 pub struct RemoteSource {
@@ -225,7 +225,7 @@ impl BatchSource for RemoteSource {
             worker_grace: self.options.worker_grace,
             batches: batches_tx,
             requests: requests_rx,
-            free_slots: VecDeque::new(),
+            free_slots: Arc::default(),
             requested: start_step,
             monitor,
             idle: idle.clone(),
@@ -353,7 +353,7 @@ enum Arrival {
     Opened { worker: u64 },
     Batch {
         incarnation: u64,
-        batch: Batch,
+        batch: Box<Landed>,
         /// When the batch's bytes had arrived.
         received: Instant,
     },
@@ -386,8 +386,9 @@ struct Driver {
     batches: Sender<Result<Built>>,
     /// One slot per step the loader asks for.
     requests: mpsc::UnboundedReceiver<Slot>,
-    /// Slots for batches not yet arrived, with when they were asked for.
-    free_slots: VecDeque<(Slot, Instant)>,
+    /// Slots for batches not yet arrived, with when they were asked for; the worker streams
+    /// take them as batches start to arrive.
+    free_slots: Arc<SlotQueue>,
     /// Steps asked for so far (all below this).
     requested: u64,
     monitor: LoaderMonitor,
@@ -406,36 +407,6 @@ enum SessionEnd {
     Reopen,
     /// The consumer went away or an error was passed on.
     Stop,
-}
-
-/// Copies a batch's tensors into `slot`, each at an aligned offset, and points the tensors
-/// there; keeps the batch as it came when it does not fit.
-fn land_in_slot(mut batch: Batch, mut slot: Slot) -> Batch {
-    let align = |n: usize| n.div_ceil(SLOT_ALIGN) * SLOT_ALIGN;
-    let needed: usize = batch.tensors.iter().map(|t| align(t.data.len())).sum();
-    if needed > slot.capacity() {
-        tracing::debug!(
-            needed,
-            slot = slot.capacity(),
-            "batch larger than its slot; kept in the receive buffer"
-        );
-        return batch;
-    }
-    slot.set_len(needed);
-    let mut offsets = Vec::with_capacity(batch.tensors.len());
-    let buffer = slot.as_mut_slice();
-    let mut offset = 0;
-    for tensor in &batch.tensors {
-        let len = tensor.data.len();
-        buffer[offset..offset + len].copy_from_slice(&tensor.data);
-        offsets.push((offset, len));
-        offset += align(len);
-    }
-    let bytes = slot.into_bytes();
-    for (tensor, (offset, len)) in batch.tensors.iter_mut().zip(offsets) {
-        tensor.data = bytes.slice(offset..offset + len);
-    }
-    batch
 }
 
 /// The figures a client reports to its coordinator, from its loader's monitor.
@@ -498,7 +469,7 @@ impl Driver {
     }
 
     fn add_request(&mut self, slot: Slot) {
-        self.free_slots.push_back((slot, Instant::now()));
+        lock(&self.free_slots).push_back((slot, Instant::now()));
         self.requested += 1;
         if let Some(since) = self.idle_since.take() {
             self.idle.add(since.elapsed());
@@ -609,6 +580,7 @@ impl Driver {
         let mut open_streams: HashSet<u64> = HashSet::new();
         let job_id = self.job_id;
         let security = self.security.clone();
+        let free_slots = Arc::clone(&self.free_slots);
         // Workers whose stream could not open, and when to try them again: a worker may be
         // listed before its address resolves or accepts (a new pod's DNS name).
         let mut retry_at: HashMap<u64, Instant> = HashMap::new();
@@ -629,6 +601,7 @@ impl Driver {
                     token,
                     job_id,
                     arrivals_tx.clone(),
+                    Arc::clone(&free_slots),
                 ));
                 streams.insert(worker.worker_id, handle);
             }
@@ -688,14 +661,17 @@ impl Driver {
                         open_streams.insert(worker);
                         self.unserved_since = None;
                     }
-                    Some(Arrival::Batch { incarnation, batch, received }) => {
+                    Some(Arrival::Batch { incarnation, batch: landed, received }) => {
+                        let batch = &landed.wire.batch;
                         let step = batch.step;
                         if batch.epoch != self.epoch || batch.rank != self.rank || step >= self.steps {
                             tracing::warn!(epoch = batch.epoch, rank = batch.rank, step, "batch for another session dropped");
+                            landed.give_back(&self.free_slots);
                             continue;
                         }
                         if step < *floor || ahead.contains(&step) {
                             tracing::debug!(step, "duplicate batch dropped");
+                            landed.give_back(&self.free_slots);
                             continue;
                         }
                         if incarnation == token.incarnation {
@@ -709,10 +685,8 @@ impl Driver {
                         }
                         acks.push(step);
                         // Latency: from the oldest open request (credits are served in order).
-                        let (batch, service) = match self.free_slots.pop_front() {
-                            Some((slot, asked)) => (land_in_slot(batch, slot), asked.elapsed()),
-                            None => (batch, received.elapsed()),
-                        };
+                        let (batch, asked) = landed.finish();
+                        let service = asked.unwrap_or(received).elapsed();
                         if *floor + ahead.len() as u64 >= self.requested {
                             self.idle_since.get_or_insert_with(Instant::now);
                         }
@@ -771,6 +745,13 @@ impl Driver {
         for handle in streams.values() {
             handle.abort();
         }
+        // Batches that came after the end are not taken (the next session leases them
+        // again): their slots go back to the queue.
+        while let Ok(arrival) = arrivals.try_recv() {
+            if let Arrival::Batch { batch, .. } = arrival {
+                batch.give_back(&self.free_slots);
+            }
+        }
         if matches!(end, SessionEnd::Done | SessionEnd::Stop) {
             if !acks.is_empty() {
                 // The consumer went away with steps received since the last update.
@@ -806,37 +787,34 @@ fn job_label(spec: &JobSpec) -> String {
     }
 }
 
-/// Opens the worker's stream for the session and forwards what arrives.
+/// Opens the worker's stream for the session and forwards what arrives, each batch landed in a
+/// slot of `slots` as its bytes come.
 async fn stream_worker(
     worker: WorkerInfo,
     security: ClientSecurity,
     token: SessionToken,
     job_id: u64,
     arrivals: mpsc::UnboundedSender<Arrival>,
+    slots: Arc<SlotQueue>,
 ) {
     let lost = |opened: bool, status: Status| Arrival::Lost {
         worker: worker.worker_id,
         opened,
         status,
     };
-    let channel = match transport::channel(&worker.data_address, &security) {
+    let mut channel = match transport::channel(&worker.data_address, &security) {
         Ok(channel) => channel,
         Err(error) => {
             let _ = arrivals.send(lost(false, Status::invalid_argument(error.to_string())));
             return;
         }
     };
-    let mut client = WorkerDataClient::new(channel)
-        .max_decoding_message_size(MAX_MESSAGE_BYTES)
-        .max_encoding_message_size(MAX_MESSAGE_BYTES);
-    let response = client
-        .subscribe(SubscribeRequest {
-            session: Some(token),
-            job_id,
-        })
-        .await;
-    let mut stream = match response {
-        Ok(response) => response.into_inner(),
+    let request = SubscribeRequest {
+        session: Some(token),
+        job_id,
+    };
+    let mut reader = match batch_wire::subscribe(&mut channel, request, MAX_MESSAGE_BYTES).await {
+        Ok(reader) => reader,
         Err(status) if transport::is_refusal(&status) => {
             let _ = arrivals.send(Arrival::Refused {
                 address: worker.data_address.clone(),
@@ -853,11 +831,19 @@ async fn stream_worker(
         worker: worker.worker_id,
     });
     loop {
-        match stream.message().await {
-            Ok(Some(batch)) => {
+        let mut landing = SlotLanding::new(&slots);
+        let next = reader.next_batch(&mut landing).await;
+        // A slot not handed on goes back to the queue with the landing.
+        let slot = match &next {
+            Ok(Some(_)) => landing.take_slot(),
+            _ => None,
+        };
+        drop(landing);
+        match next {
+            Ok(Some(wire)) => {
                 let arrival = Arrival::Batch {
                     incarnation: token.incarnation,
-                    batch,
+                    batch: Box::new(Landed { wire, slot }),
                     received: Instant::now(),
                 };
                 if arrivals.send(arrival).is_err() {

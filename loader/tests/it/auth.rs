@@ -817,13 +817,20 @@ fn bench_transport_states_tls_beside_plaintext() {
         "--json",
     ]);
     assert!(
-        out.contains("(plaintext)") && out.contains("% of plaintext"),
+        out.contains("(plaintext, into slots)") && out.contains("% of plaintext"),
         "{out}"
     );
+    assert!(out.contains("baseline: tonic's codec"), "{out}");
     let report: serde_json::Value = serde_json::from_str(out.lines().last().unwrap()).unwrap();
     let plaintext = report["stream_gb_per_s"].as_f64().unwrap();
     let tls = report["tls_stream_gb_per_s"].as_f64().unwrap();
     assert!(plaintext > 0.0 && tls > 0.0, "{report}");
     let ratio = report["tls_over_plaintext"].as_f64().unwrap();
     assert!((ratio - tls / plaintext).abs() < 1e-9, "{report}");
+    let tonic = report["tonic_gb_per_s"].as_f64().unwrap();
+    let speedup = report["speedup_over_tonic"].as_f64().unwrap();
+    assert!(
+        tonic > 0.0 && (speedup - plaintext / tonic).abs() < 1e-9,
+        "{report}"
+    );
 }

@@ -1,6 +1,7 @@
 //! The worker daemon of the distributed mode (`stoker-worker`) and the gRPC plumbing every
 //! Stoker daemon and client shares: [`transport`] (message limits, HTTP/2 windows, backoff, the
-//! two-way table between errors and statuses), [`security`] (the shared token and TLS),
+//! two-way table between errors and statuses), [`batch_wire`] (the batch stream's messages,
+//! sent from and read into the batches' own buffers), [`security`] (the shared token and TLS),
 //! [`health`] (the probes), the daemons' runtime, listening socket, shutdown signal and logging.
 //!
 //! The daemon registers with the coordinator, leases tasks (one task is one batch), builds them
@@ -8,6 +9,7 @@
 //! owns the session, against the credits that client granted. See the repository's
 //! `ARCHITECTURE.md` ("Data plane and control plane") for the contract.
 
+pub mod batch_wire;
 mod client_stream;
 pub mod health;
 pub mod security;

@@ -29,7 +29,7 @@ use std::time::{Duration, Instant};
 use stoker_datasets::SampleSource;
 use stoker_proto::v1::coordinator_client::CoordinatorClient;
 use stoker_proto::v1::op::Op as OpKind;
-use stoker_proto::v1::worker_data_server::{self, WorkerDataServer};
+use stoker_proto::v1::worker_data_server;
 use stoker_proto::v1::{
     Batch, DescribeJobRequest, DescribeJobResponse, FailedTask, GetJobRequest, HeartbeatRequest,
     JobSpec, LeaseRequest, LeaveRequest, RegisterWorkerRequest, ReportRequest, SubscribeRequest,
@@ -39,6 +39,7 @@ use tokio::sync::{mpsc, watch, Notify, Semaphore};
 use tonic::service::interceptor::InterceptedService;
 use tonic::{Code, Request, Response, Status};
 
+use super::batch_wire::WorkerDataService;
 use super::client_stream::{self, ClientStream};
 use super::health::Health;
 use super::security::{ClientSecurity, ServerSecurity};
@@ -407,11 +408,12 @@ pub async fn run_worker(
         busy_ns: AtomicU64::new(0),
         closing: AtomicBool::new(false),
     });
-    let service = WorkerDataServer::new(DataService {
-        shared: shared.clone(),
-    })
-    .max_decoding_message_size(MAX_MESSAGE_BYTES)
-    .max_encoding_message_size(MAX_MESSAGE_BYTES);
+    let service = WorkerDataService::new(
+        DataService {
+            shared: shared.clone(),
+        },
+        MAX_MESSAGE_BYTES,
+    );
     let service = InterceptedService::new(service, config.server_security.check());
     let incoming = config.server_security.incoming(listener);
     let (stop_server, server_stopped) = tokio::sync::oneshot::channel::<()>();
