@@ -61,6 +61,8 @@ struct CoordinatorReport {
     lease_only_assignments_per_s: f64,
     journal_commits: u64,
     memory_bytes: u64,
+    /// `memory_bytes` over the ranks (each rank is one session).
+    memory_bytes_per_rank: f64,
     rss_delta_bytes: u64,
     setup_s: f64,
 }
@@ -177,6 +179,7 @@ pub fn run(args: &CoordinatorBench) -> Result<()> {
         lease_only_assignments_per_s: assigned as f64 / lease_time.as_secs_f64(),
         journal_commits: stats.journal_commits,
         memory_bytes: stats.memory_bytes,
+        memory_bytes_per_rank: stats.memory_bytes as f64 / f64::from(args.ranks),
         rss_delta_bytes: rss_delta,
         setup_s,
     };
@@ -201,8 +204,9 @@ pub fn run(args: &CoordinatorBench) -> Result<()> {
         report.lease_only_assignments_per_s, report.journal_commits, setup_s
     );
     println!(
-        "memory: {:.1} MiB estimated from the coordinator's data structures; {:.1} MiB process RSS growth over setup and run",
+        "memory: {:.1} MiB estimated from the coordinator's data structures ({:.0} bytes per rank); {:.1} MiB process RSS growth over setup and run",
         report.memory_bytes as f64 / 1048576.0,
+        report.memory_bytes_per_rank,
         report.rss_delta_bytes as f64 / 1048576.0
     );
     if args.json {

@@ -38,7 +38,8 @@ pub fn coordinator_status(error: CoordinatorError) -> Status {
         | CoordinatorError::InvalidArgument(_) => ErrorKind::InvalidArgument,
         CoordinatorError::Journal(_)
         | CoordinatorError::StateDir { .. }
-        | CoordinatorError::CorruptSpec { .. } => ErrorKind::Internal,
+        | CoordinatorError::CorruptSpec { .. }
+        | CoordinatorError::CorruptPositions { .. } => ErrorKind::Internal,
     };
     status(kind, message)
 }

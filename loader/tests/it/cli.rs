@@ -153,3 +153,39 @@ fn bad_arguments_fail_with_a_message() {
     let output = stoker(&["demo", "--seconds", "-1"]);
     assert!(!output.status.success());
 }
+
+#[test]
+fn bench_coordinator_states_its_figures_with_the_journal_on() {
+    let out = stdout_of(&[
+        "bench",
+        "coordinator",
+        "--workers",
+        "20",
+        "--ranks",
+        "64",
+        "--ranks-per-job",
+        "8",
+        "--assignments",
+        "20000",
+        "--journal-every",
+        "100",
+        "--json",
+    ]);
+    assert!(out.contains("bytes per rank"), "{out}");
+    let report: serde_json::Value = serde_json::from_str(last_line(&out).trim()).unwrap();
+    assert_eq!(report["journal"], true);
+    assert_eq!(report["jobs"], 8);
+    assert!(report["assignments"].as_u64() >= Some(20000), "{report}");
+    assert!(report["assignments_per_s"].as_f64() > Some(0.0), "{report}");
+    // One commit per job registered, then the position writes (every 100 acks).
+    assert!(
+        report["journal_commits"].as_u64() >= Some(8 + 200),
+        "{report}"
+    );
+    let memory = report["memory_bytes"].as_f64().unwrap();
+    let per_rank = report["memory_bytes_per_rank"].as_f64().unwrap();
+    assert!(
+        memory > 0.0 && (per_rank - memory / 64.0).abs() < 1e-6,
+        "{report}"
+    );
+}

@@ -89,6 +89,12 @@ pub enum CoordinatorError {
         /// The cause.
         source: std::io::Error,
     },
+    /// An entry of the journal's position log did not decode.
+    #[error("the coordinator journal's position log entry {entry} does not decode")]
+    CorruptPositions {
+        /// The entry's key.
+        entry: u64,
+    },
     /// A job spec in the journal did not decode.
     #[error("journaled spec of {job} does not decode: {source}")]
     CorruptSpec {
