@@ -1,7 +1,8 @@
 //! The bench harnesses `stoker bench` runs, as a library below the command line (which only
 //! parses their settings and calls them): the end-to-end pipeline ([`pipeline`]), the prefetch
 //! controller's stall under simulated training loops ([`stall`]), the coordinator core's
-//! assignment rate ([`coordinator`]), the gRPC transport's streaming rate ([`transport`],
+//! assignment rate ([`coordinator`]) and the whole path to a coordinator process over gRPC
+//! ([`coordinator_grpc`]), the gRPC transport's streaming rate ([`transport`],
 //! plaintext and TLS; [`certificates`] writes the throwaway certificates it and the TLS tests
 //! use) and the distributed mode under faults for a long time ([`soak`]).
 //! Each prints its report, as text or as one JSON object.
@@ -10,6 +11,7 @@
 
 pub mod certificates;
 pub mod coordinator;
+pub mod coordinator_grpc;
 pub mod pipeline;
 mod resources;
 pub mod soak;

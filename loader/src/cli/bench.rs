@@ -2,8 +2,9 @@
 
 use clap::Args;
 use stoker_loader::bench::{
-    coordinator::CoordinatorBench, pipeline, pipeline::PipelineBench, soak::client::SoakClient,
-    soak::SoakBench, stall::StallBench, transport::TransportBench,
+    coordinator::CoordinatorBench, coordinator_grpc::CoordinatorGrpcBench, pipeline,
+    pipeline::PipelineBench, soak::client::SoakClient, soak::SoakBench, stall::StallBench,
+    transport::TransportBench,
 };
 
 use super::JobArgs;
@@ -29,6 +30,10 @@ pub enum BenchKind {
     /// Task assignments per second and memory of the coordinator core, driven in process by
     /// many simulated workers and ranks on one thread.
     Coordinator(CoordinatorBench),
+    /// Task assignments per second of a real coordinator process over gRPC on loopback,
+    /// driven by simulated workers and clients (each with its own connection), with the
+    /// coordinator's CPU time and the lease calls' latency.
+    CoordinatorGrpc(CoordinatorGrpcBench),
     /// Batch streaming throughput of the distributed mode's gRPC transport over loopback, beside
     /// a memcpy bandwidth measured in the same run.
     Transport(TransportBench),
@@ -45,10 +50,11 @@ pub enum BenchKind {
 
 /// Runs the command.
 pub fn run(args: BenchArgs) -> anyhow::Result<()> {
-    use stoker_loader::bench::{coordinator, soak, stall, transport};
+    use stoker_loader::bench::{coordinator, coordinator_grpc, soak, stall, transport};
     match args.which {
         Some(BenchKind::Stall(bench)) => stall::run(&bench)?,
         Some(BenchKind::Coordinator(bench)) => coordinator::run(&bench)?,
+        Some(BenchKind::CoordinatorGrpc(bench)) => coordinator_grpc::run(&bench)?,
         Some(BenchKind::Transport(bench)) => transport::run(&bench)?,
         Some(BenchKind::Soak(bench)) => soak::run(&bench)?,
         Some(BenchKind::SoakClient(client)) => soak::client::run(&client)?,

@@ -10,8 +10,8 @@ use stoker_loader::{
     CoordinatorService, CoordinatorServiceConfig, Dashboard, DashboardAccess, DashboardError,
 };
 use stoker_worker::health::{serve_health, Health};
+use stoker_worker::listen;
 use stoker_worker::security::{token_matches, SecurityArgs, ServerSecurity, Token};
-use stoker_worker::{daemon_runtime, listen};
 
 /// Arguments of `stoker coordinator`.
 #[derive(Debug, Args)]
@@ -102,7 +102,13 @@ pub fn run(args: CoordinatorArgs) -> anyhow::Result<()> {
     if let Some(dashboard) = &dashboard {
         service = service.with_dashboard(dashboard.clone());
     }
-    let runtime = daemon_runtime()?;
+    // The service's network work (HTTP/2, protobuf) runs on every core it is given; the core
+    // itself is one lock.
+    let threads = std::thread::available_parallelism().map_or(2, |n| n.get().max(2));
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(threads)
+        .enable_all()
+        .build()?;
     runtime.block_on(async move {
         let listener = listen(args.listen).await?;
         let address = listener.local_addr()?;

@@ -8,7 +8,7 @@
 
 mod check;
 pub mod client;
-mod fleet;
+pub(crate) mod fleet;
 pub mod trend;
 
 use std::collections::BTreeMap;
