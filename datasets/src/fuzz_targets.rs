@@ -15,7 +15,9 @@ use std::io;
 use std::path::{Path, PathBuf};
 
 use crate::sample_source::SampleSource;
-use crate::{JsonlDocuments, ParquetDataset, ParquetOptions, TarShards, TokenDtype, TokenFile};
+use crate::{
+    HfDataset, JsonlDocuments, ParquetDataset, ParquetOptions, TarShards, TokenDtype, TokenFile,
+};
 
 /// Samples read back per input at most: enough to reach every code path, bounded in time.
 const SAMPLES_READ: u64 = 64;
@@ -130,6 +132,64 @@ pub fn jsonl(data: &[u8], scratch: &Path) -> io::Result<()> {
             read_some(&documents);
             let _ = documents.report();
         }
+    }
+    Ok(())
+}
+
+/// A compressed JSONL file: bit 0 of the first byte chooses gzip (`.jsonl.gz`) or Zstandard
+/// (`.jsonl.zst`), the rest is the file: decompression, the line index built at open, the
+/// documents and the report, as [`jsonl`] reads a plain one.
+pub fn jsonl_compressed(data: &[u8], scratch: &Path) -> io::Result<()> {
+    let Some((flags, body)) = data.split_first() else {
+        return Ok(());
+    };
+    let name = if flags & 1 == 0 {
+        "docs.jsonl.gz"
+    } else {
+        "docs.jsonl.zst"
+    };
+    let file = write_input(scratch, name, body)?;
+    for (text_field, label_field) in [("", ""), ("body", "y")] {
+        if let Ok(documents) = JsonlDocuments::open(&file, text_field, label_field) {
+            read_some(&documents);
+            let _ = documents.report();
+        }
+    }
+    Ok(())
+}
+
+/// The `dataset_info.json` features the Hugging Face target declares, chosen by the input's
+/// first byte: an image column with class labels, or text with class labels.
+const HF_FEATURES: [&str; 2] = [
+    r#"{"features":{"image":{"_type":"Image"},"label":{"_type":"ClassLabel","names":["a","b","c"]}}}"#,
+    r#"{"features":{"text":{"_type":"Value","dtype":"string"},"label":{"_type":"ClassLabel","names":["x","y"]}}}"#,
+];
+
+/// A Hugging Face `save_to_disk` folder whose one shard is the input (after a first byte that
+/// chooses the declared features from [`HF_FEATURES`]): the Arrow IPC stream read at open
+/// (schema, batch offsets), the columns chosen, the first samples, labels and descriptions.
+pub fn hf_arrow(data: &[u8], scratch: &Path) -> io::Result<()> {
+    let Some((choice, shard)) = data.split_first() else {
+        return Ok(());
+    };
+    let name = "data-00000-of-00001.arrow";
+    let file = write_input(scratch, name, shard)?;
+    let folder = file.parent().unwrap_or(scratch);
+    std::fs::write(
+        folder.join("state.json"),
+        format!(r#"{{"_data_files":[{{"filename":"{name}"}}]}}"#),
+    )?;
+    std::fs::write(
+        folder.join("dataset_info.json"),
+        HF_FEATURES[usize::from(choice & 1)],
+    )?;
+    let options = ParquetOptions {
+        cache_bytes: PARQUET_CACHE_BYTES,
+        ..ParquetOptions::default()
+    };
+    if let Ok(dataset) = HfDataset::open(folder, &options) {
+        read_some(&dataset);
+        let _ = dataset.summary();
     }
     Ok(())
 }

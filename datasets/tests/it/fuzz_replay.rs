@@ -55,6 +55,40 @@ fn parquet_corpus_replays() -> TestResult<()> {
 }
 
 #[test]
+fn jsonl_compressed_corpus_replays() -> TestResult<()> {
+    replay("jsonl_compressed", fuzz_targets::jsonl_compressed)?;
+    // The seeds are good files, so the replay reaches past the decompression.
+    let scratch = tempfile::tempdir()?;
+    for file in inputs("jsonl_compressed") {
+        fuzz_targets::jsonl_compressed(&std::fs::read(&file)?, scratch.path())?;
+        let written = std::fs::read_dir(scratch.path())?
+            .next()
+            .ok_or("the target wrote no file")??
+            .path();
+        let documents = stoker_datasets::JsonlDocuments::open(&written, "", "")?;
+        assert_eq!(documents.len(), 2, "{}", file.display());
+    }
+    Ok(())
+}
+
+#[test]
+fn hf_arrow_corpus_replays() -> TestResult<()> {
+    replay("hf_arrow", fuzz_targets::hf_arrow)?;
+    // The seeds are good shards, so the replay reaches past the open.
+    let scratch = tempfile::tempdir()?;
+    for file in inputs("hf_arrow") {
+        fuzz_targets::hf_arrow(&std::fs::read(&file)?, scratch.path())?;
+        let dataset = stoker_datasets::HfDataset::open(
+            scratch.path(),
+            &stoker_datasets::ParquetOptions::default(),
+        )?;
+        assert_eq!(dataset.len(), 3, "{}", file.display());
+        assert!(dataset.read(2).is_ok(), "{}", file.display());
+    }
+    Ok(())
+}
+
+#[test]
 fn token_file_corpus_replays() -> TestResult<()> {
     replay("token_file", fuzz_targets::token_file)
 }
@@ -219,5 +253,84 @@ fn write_seed_corpora() -> TestResult<()> {
         "mixed.jsonl",
         b"{\"body\": \"x\", \"y\": 1}\n[1, 2]\n{\"text\": 5}\n   \nnot json\n{\"text\": \"end\"}",
     )?;
+
+    // Compressed JSONL: a leading byte (bit 0: zstd rather than gzip), then the file.
+    let lines = b"{\"text\": \"first\", \"label\": 3}\n{\"text\": \"second\", \"label\": 1}\n";
+    let gzip = |data: &[u8]| -> io::Result<Vec<u8>> {
+        use std::io::Write;
+        let mut encoder = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
+        encoder.write_all(data)?;
+        encoder.finish()
+    };
+    let mut two_members = gzip(&lines[..32])?;
+    two_members.extend(gzip(&lines[32..])?);
+    for (name, flag, file) in [
+        ("gzip", 0u8, gzip(lines)?),
+        ("gzip_two_members", 0, two_members),
+        ("zstd", 1, zstd::encode_all(&lines[..], 3)?),
+    ] {
+        let mut input = vec![flag];
+        input.extend(file);
+        put("jsonl_compressed", name, &input)?;
+    }
+
+    // Hugging Face shards: a leading byte (bit 0: the text features rather than the image
+    // ones), then one Arrow IPC stream.
+    for (name, choice, batches) in [
+        (
+            "image_two_batches",
+            0u8,
+            vec![hf_image_rows(0..2)?, hf_image_rows(2..3)?],
+        ),
+        ("text", 1, vec![hf_text_rows()?]),
+    ] {
+        let mut input = vec![choice];
+        let mut writer = arrow_ipc::writer::StreamWriter::try_new(&mut input, &batches[0].schema())
+            .map_err(io::Error::other)?;
+        for batch in &batches {
+            writer.write(batch).map_err(io::Error::other)?;
+        }
+        writer.finish().map_err(io::Error::other)?;
+        drop(writer);
+        put("hf_arrow", name, &input)?;
+    }
     Ok(())
+}
+
+/// Rows of a Hugging Face image table: `image` (a struct of encoded bytes and a path, as the
+/// `Image` feature stores it) and `label`.
+fn hf_image_rows(rows: std::ops::Range<usize>) -> TestResult<RecordBatch> {
+    use arrow_array::{BinaryArray, StructArray};
+    use arrow_schema::{DataType, Field};
+    let bytes: Vec<Option<Vec<u8>>> = rows.clone().map(|row| Some(vec![row as u8; 8])).collect();
+    let paths: Vec<Option<String>> = rows.clone().map(|row| Some(format!("{row}.jpg"))).collect();
+    let image = StructArray::from(vec![
+        (
+            Arc::new(Field::new("bytes", DataType::Binary, true)),
+            Arc::new(BinaryArray::from_iter(bytes)) as ArrayRef,
+        ),
+        (
+            Arc::new(Field::new("path", DataType::Utf8, true)),
+            Arc::new(StringArray::from(paths)) as ArrayRef,
+        ),
+    ]);
+    let labels: Vec<i64> = rows.map(|row| (row % 3) as i64).collect();
+    Ok(RecordBatch::try_from_iter(vec![
+        ("image", Arc::new(image) as ArrayRef),
+        ("label", Arc::new(Int64Array::from(labels)) as ArrayRef),
+    ])?)
+}
+
+/// Rows of a Hugging Face text table: `text` and `label`.
+fn hf_text_rows() -> TestResult<RecordBatch> {
+    Ok(RecordBatch::try_from_iter(vec![
+        (
+            "text",
+            Arc::new(StringArray::from(vec!["one", "two", "three"])) as ArrayRef,
+        ),
+        (
+            "label",
+            Arc::new(Int64Array::from(vec![0i64, 1, 0])) as ArrayRef,
+        ),
+    ])?)
 }
