@@ -194,6 +194,69 @@ pub fn hf_arrow(data: &[u8], scratch: &Path) -> io::Result<()> {
     Ok(())
 }
 
+/// Decompressed size the tar index target allows (production allows 1 GiB).
+const TAR_INDEX_MAX_BYTES: usize = 16 << 20;
+
+/// A tar set's index object (`stoker-tar-index.bin`) as opening an `s3://` set reads it: zstd,
+/// then every shard and sample entry. What decodes must encode and decode back to the same.
+pub fn tar_index(data: &[u8]) {
+    use crate::storage::tar_index::{decode, encode};
+    let Ok(shards) = decode(data, "s3://fuzz/set", TAR_INDEX_MAX_BYTES) else {
+        return;
+    };
+    let encoded = encode(&shards).expect("a decoded index encodes");
+    let again = decode(&encoded, "s3://fuzz/set", TAR_INDEX_MAX_BYTES)
+        .expect("an index this crate encoded decodes");
+    assert_eq!(again.len(), shards.len());
+    for (first, second) in shards.iter().zip(&again) {
+        assert_eq!(
+            (&first.name, first.size, &first.e_tag, &first.index),
+            (&second.name, second.size, &second.e_tag, &second.index)
+        );
+    }
+}
+
+/// Seed inputs of [`tar_index`]: index objects as this crate writes them, by name.
+pub fn tar_index_seeds() -> crate::Result<Vec<(&'static str, Vec<u8>)>> {
+    use crate::storage::tar_index::{encode, IndexedShard};
+    use crate::tar_shards::scan::{IndexedSample, ShardIndex};
+    let shard = |name: &str, e_tag: Option<&str>, samples: &[(u64, u64, i64, &str)]| {
+        let mut index = ShardIndex {
+            problems: 1,
+            ..ShardIndex::default()
+        };
+        for &(data_offset, size, label, member) in samples {
+            index.names.extend_from_slice(member.as_bytes());
+            index.name_ends.push(index.names.len() as u64);
+            index.samples.push(IndexedSample {
+                data_offset,
+                size,
+                label,
+            });
+        }
+        IndexedShard {
+            name: name.to_string(),
+            size: 10_240,
+            e_tag: e_tag.map(str::to_string),
+            index,
+        }
+    };
+    Ok(vec![
+        (
+            "two_shards",
+            encode(&[
+                shard(
+                    "shard-000000.tar",
+                    Some("\"etag-a\""),
+                    &[(512, 100, 0, "a/0.jpg"), (1536, 2000, 2, "a/1.jpg")],
+                ),
+                shard("shard-000001.tar", None, &[(512, 9000, -1, "b/0.png")]),
+            ])?,
+        ),
+        ("empty_set", encode(&[])?),
+    ])
+}
+
 /// Every committed input of `target` under the `fuzz/` folder `fuzz_dir`: the seeds in
 /// `corpus/<target>/` and the crash inputs kept in `regressions/<target>/`, in name order. The
 /// corpus replay tests of every crate list their inputs with it.

@@ -39,7 +39,7 @@ mod remote_object;
 mod remote_tar;
 mod remote_tokens;
 mod stats;
-mod tar_index;
+pub(crate) mod tar_index;
 mod uri;
 
 pub use cache::ObjectCache;

@@ -89,6 +89,14 @@ fn hf_arrow_corpus_replays() -> TestResult<()> {
 }
 
 #[test]
+fn tar_index_corpus_replays() -> TestResult<()> {
+    replay("tar_index", |data, _scratch| {
+        fuzz_targets::tar_index(data);
+        Ok(())
+    })
+}
+
+#[test]
 fn token_file_corpus_replays() -> TestResult<()> {
     replay("token_file", fuzz_targets::token_file)
 }
@@ -253,6 +261,10 @@ fn write_seed_corpora() -> TestResult<()> {
         "mixed.jsonl",
         b"{\"body\": \"x\", \"y\": 1}\n[1, 2]\n{\"text\": 5}\n   \nnot json\n{\"text\": \"end\"}",
     )?;
+
+    for (name, index) in fuzz_targets::tar_index_seeds()? {
+        put("tar_index", name, &index)?;
+    }
 
     // Compressed JSONL: a leading byte (bit 0: zstd rather than gzip), then the file.
     let lines = b"{\"text\": \"first\", \"label\": 3}\n{\"text\": \"second\", \"label\": 1}\n";

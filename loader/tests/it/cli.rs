@@ -227,3 +227,14 @@ fn bench_coordinator_grpc_drives_a_real_coordinator() {
         "{report}"
     );
 }
+
+#[test]
+fn demo_refuses_a_dashboard_off_loopback_without_a_credential() {
+    let out = common::stoker(&["demo", "--seconds", "1", "--dashboard", "0.0.0.0:0"]);
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("0.0.0.0:0") && stderr.contains("needs a dashboard credential"),
+        "{stderr}"
+    );
+}

@@ -1,0 +1,8 @@
+//! Fuzz target `tar_index`: see `stoker_datasets::fuzz_targets::tar_index`.
+#![no_main]
+
+use libfuzzer_sys::fuzz_target;
+
+fuzz_target!(|data: &[u8]| {
+    stoker_datasets::fuzz_targets::tar_index(data);
+});
