@@ -1,4 +1,7 @@
-//! ARCHITECTURE.md stays true: every path it names in backquotes exists in the tree.
+//! ARCHITECTURE.md and the crate READMEs stay true: every path ARCHITECTURE.md names in
+//! backquotes exists in the tree, and every source module of every crate (and of the Python
+//! package) is mapped: named by its file name or path in its crate's README.md or in
+//! ARCHITECTURE.md (`mod.rs`, `lib.rs`, `main.rs` and `__init__.py` are their folder's).
 
 #![allow(clippy::unwrap_used)] // tests fail loudly by design
 
@@ -49,4 +52,124 @@ fn every_path_architecture_md_names_exists() {
 fn path_extraction_sees_gone_paths() {
     let named = named_paths("a `loader/src/nothing_here.rs` and `ErrorKind` and `x y/z`");
     assert_eq!(named, vec!["loader/src/nothing_here.rs".to_string()]);
+}
+
+/// The crates' folders and where their modules live.
+const MODULE_ROOTS: [(&str, &str); 6] = [
+    ("proto", "proto/src"),
+    ("datasets", "datasets/src"),
+    ("worker", "worker/src"),
+    ("loader", "loader/src"),
+    ("python-client", "python-client/src"),
+    ("python-client", "python-client/python/stoker"),
+];
+
+/// The module files below `dir` (`.rs`, `.py`), paths relative to the repository `root`.
+fn module_files(root: &Path, dir: &Path, out: &mut Vec<String>) {
+    for entry in std::fs::read_dir(dir).unwrap() {
+        let path = entry.unwrap().path();
+        if path.is_dir() {
+            module_files(root, &path, out);
+        } else if path
+            .extension()
+            .is_some_and(|extension| extension == "rs" || extension == "py")
+        {
+            let relative = path.strip_prefix(root).unwrap();
+            out.push(relative.to_string_lossy().replace('\\', "/"));
+        }
+    }
+}
+
+/// Whether a line of `text` maps the module at `path` (a repository path whose part below the
+/// crate folder is `within`): the line names its path (whole, or from the crate folder), or names
+/// its file (or a longer tail of its path) in backquotes together with one of its folders in
+/// backquotes, as a README's row for a folder lists the files in it.
+fn maps(text: &str, path: &str, within: &str) -> bool {
+    let parts: Vec<&str> = within.split('/').collect();
+    let tails: Vec<String> = (1..parts.len())
+        .map(|from| format!("`{}`", parts[from..].join("/")))
+        .collect();
+    let folders: Vec<String> = (1..parts.len())
+        .map(|to| format!("{}/", parts[..to].join("/")))
+        .collect();
+    let crate_dir = path.strip_suffix(within).unwrap_or_default();
+    text.lines().any(|line| {
+        line.contains(&format!("`{path}`"))
+            || line.contains(&format!("`{within}`"))
+            || (tails.iter().any(|tail| line.contains(tail.as_str()))
+                && folders.iter().any(|folder| {
+                    line.contains(&format!("`{folder}`"))
+                        || line.contains(&format!("`{crate_dir}{folder}`"))
+                }))
+    })
+}
+
+/// The modules of `files` (repository paths, under `crate_dir`) that neither `readme` nor
+/// `architecture` maps (see [`maps`]).
+fn unmapped<'a>(
+    crate_dir: &str,
+    files: &'a [String],
+    readme: &str,
+    architecture: &str,
+) -> Vec<&'a String> {
+    files
+        .iter()
+        .filter(|path| {
+            let name = path.rsplit('/').next().unwrap_or_default();
+            if ["mod.rs", "lib.rs", "main.rs", "__init__.py"].contains(&name) {
+                return false;
+            }
+            let within = path.strip_prefix(&format!("{crate_dir}/")).unwrap_or(path);
+            !(maps(readme, path, within) || maps(architecture, path, within))
+        })
+        .collect()
+}
+
+#[test]
+fn every_module_is_mapped_in_its_readme_or_architecture_md() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap();
+    let architecture = std::fs::read_to_string(root.join("ARCHITECTURE.md")).unwrap();
+    let mut missing = Vec::new();
+    let mut seen = 0;
+    for (crate_dir, modules) in MODULE_ROOTS {
+        let readme = std::fs::read_to_string(root.join(crate_dir).join("README.md"))
+            .unwrap_or_else(|e| panic!("{crate_dir}/README.md: {e}"));
+        let mut files = Vec::new();
+        module_files(root, &root.join(modules), &mut files);
+        seen += files.len();
+        missing.extend(
+            unmapped(crate_dir, &files, &readme, &architecture)
+                .into_iter()
+                .cloned(),
+        );
+    }
+    assert!(seen > 100, "found only {seen} modules");
+    assert!(
+        missing.is_empty(),
+        "modules no README or ARCHITECTURE.md maps: {missing:?}"
+    );
+}
+
+#[test]
+fn an_unnamed_module_is_reported() {
+    let files = vec![
+        "loader/src/client/remote.rs".to_string(),
+        "loader/src/client/mod.rs".to_string(),
+        "loader/src/client/new_thing.rs".to_string(),
+        "loader/src/cli/inspect/hf.rs".to_string(),
+    ];
+    let readme = "| `src/client/` | `remote.rs` |\n| `src/cli/` | `inspect/hf.rs` |";
+    assert_eq!(
+        unmapped("loader", &files, readme, ""),
+        vec![&"loader/src/client/new_thing.rs".to_string()]
+    );
+    // A file name on a line of another folder does not map it.
+    let elsewhere = "| `src/cli/` | `remote.rs`, `inspect/hf.rs` |";
+    assert_eq!(
+        unmapped("loader", &files[..1], elsewhere, ""),
+        vec![&files[0]]
+    );
+    // ARCHITECTURE.md's full paths do.
+    let architecture = "`loader/src/client/remote.rs`";
+    assert!(unmapped("loader", &files[..1], "", architecture).is_empty());
 }

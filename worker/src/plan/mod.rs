@@ -1,5 +1,6 @@
 //! The epoch planner: which dataset sample lands at each (epoch, rank, step, slot), computed on
-//! demand from the job spec alone (the determinism contract of DESIGN.md).
+//! demand from the job spec alone (the determinism contract: see "Rules that hold across the
+//! tree" in the repository's `ARCHITECTURE.md`).
 //!
 //! The epoch order is a seeded [`Permutation`] (or the identity without shuffle). For sources
 //! made of shards (tar shards) a shard-aware order keeps reads mostly sequential: the shard order
