@@ -39,8 +39,21 @@ from typing import Any, Final, Literal, NoReturn
 import numpy as np
 
 from stoker import _native
+from stoker.arguments import (
+    MAX_U32,
+    MAX_U64,
+    check_bool,
+    check_int,
+    dashboard_address,
+    dashboard_credential_path,
+    default_threads,
+    import_torch,
+    is_int,
+    resolve_rank,
+    torch_importable,
+)
 from stoker.errors import DatasetError, LoaderTimeoutError, StokerError
-from stoker.loader import Loader, _import_torch
+from stoker.loader import Loader
 
 __all__ = ["from_dataset", "sample_rng", "sample_seed"]
 
@@ -662,7 +675,6 @@ def from_dataset(
 ) -> Any:
     """Builds the :class:`DatasetLoader` that ``Loader.from_dataset`` returns."""
     from stoker import gpu
-    from stoker import loader as base
 
     if not hasattr(dataset, "__getitem__") or not hasattr(dataset, "__len__"):
         raise TypeError(
@@ -670,16 +682,16 @@ def from_dataset(
             f"{type(dataset).__name__}"
         )
     length = len(dataset)
-    if not base._is_int(length) or length < 1:
+    if not is_int(length) or length < 1:
         raise DatasetError(f"the dataset has {length!r} samples; from_dataset needs at least one")
     for name, value in (("transform", transform), ("collate_fn", collate_fn)):
         if value is not None and not callable(value):
             raise TypeError(f"{name} must be callable or None, got {type(value).__name__}")
-    batch_size = base._check_int(batch_size, "batch_size", 1, base._MAX_U32)
-    shuffle = base._check_bool(shuffle, "shuffle")
-    seed = base._check_int(seed, "seed", 0, base._MAX_U64)
-    drop_last = base._check_bool(drop_last, "drop_last")
-    workers = base._check_int(num_workers, "num_workers", 0, 1024)
+    batch_size = check_int(batch_size, "batch_size", 1, MAX_U32)
+    shuffle = check_bool(shuffle, "shuffle")
+    seed = check_int(seed, "seed", 0, MAX_U64)
+    drop_last = check_bool(drop_last, "drop_last")
+    workers = check_int(num_workers, "num_workers", 0, 1024)
     if workers and num_threads is not None:
         raise ValueError(
             "give num_threads (threads in this process) or num_workers (worker processes), "
@@ -693,13 +705,13 @@ def from_dataset(
         if multiprocessing_context is not None:
             raise ValueError("multiprocessing_context applies to num_workers >= 1 only")
         if num_threads is None:
-            lanes, rule = base._default_threads()
+            lanes, rule = default_threads()
         else:
-            lanes, rule = base._check_int(num_threads, "num_threads", 1, 4096), "num_threads"
+            lanes, rule = check_int(num_threads, "num_threads", 1, 4096), "num_threads"
         waiting_on = f"on {lanes} dataset threads"
     if prefetch == "auto":
         prefetch_count = 0
-    elif base._is_int(prefetch) and 1 <= prefetch <= 4096:
+    elif is_int(prefetch) and 1 <= prefetch <= 4096:
         prefetch_count = int(prefetch)
     else:
         raise ValueError(f"prefetch must be 'auto' or an int in 1..=4096, got {prefetch!r}")
@@ -707,22 +719,22 @@ def from_dataset(
         raise ValueError(f"on_error must be 'skip' or 'fail', got {on_error!r}")
     if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0:
         raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}")
-    max_held = base._check_int(max_held_batches, "max_held_batches", 1, 4096)
+    max_held = check_int(max_held_batches, "max_held_batches", 1, 4096)
     if output is None:
-        output = "torch" if base._torch_importable() else "numpy"
+        output = "torch" if torch_importable() else "numpy"
     elif output not in ("torch", "numpy"):
         raise ValueError(
             f"output must be 'torch' or 'numpy' (None: torch when importable), got {output!r}"
         )
-    rank_, world = base._resolve_rank(rank, world_size)
-    pin_memory = base._check_bool(pin_memory, "pin_memory")
+    rank_, world = resolve_rank(rank, world_size)
+    pin_memory = check_bool(pin_memory, "pin_memory")
     budget = (
         gpu.default_pinned_budget()[0]
         if pinned_memory_budget is None
         else gpu.check_budget(pinned_memory_budget)
     )
     torch = (
-        base._import_torch("output='torch'") if output == "torch" else sys.modules.get("torch")
+        import_torch("output='torch'") if output == "torch" else sys.modules.get("torch")
     )
     pin_device = gpu.pin_device(torch, pin_memory)
 
@@ -762,8 +774,8 @@ def from_dataset(
             prefetch_count,
             float(timeout),
             max_held,
-            dashboard=base._dashboard_address(dashboard),
-            dashboard_token_file=base._dashboard_token_file(dashboard, dashboard_token_file),
+            dashboard=dashboard_address(dashboard),
+            dashboard_token_file=dashboard_credential_path(dashboard, dashboard_token_file),
             job_name=type(dataset).__name__,
             shared_slots=bool(workers),
             pin_device=pin_device,
@@ -825,7 +837,7 @@ class DatasetLoader(Loader):
         self._source = settings["name"]
         self._ops = []
         self._output = output
-        self._torch = _import_torch("output='torch'") if output == "torch" else None
+        self._torch = import_torch("output='torch'") if output == "torch" else None
         self._finish_init()
         _OPEN.add(self)
         return self

@@ -1,27 +1,41 @@
 """``stoker.Loader``: Stoker's training-loop side, a drop-in for torch's ``DataLoader``.
 
 This module holds the Python half of the loader: argument checking (everything is checked
-before any thread starts or any file is read), epoch and resume bookkeeping, rank defaults,
-fork detection, and turning the native module's batch slots into numpy arrays or torch
-tensors without copying them. Decoding, augmenting and batching happen in Rust
-(:mod:`stoker._native`), with the GIL released.
+before any thread starts or any file is read; the checks ``Loader.from_dataset`` shares are in
+:mod:`stoker.arguments`), epoch and resume bookkeeping, fork detection, and turning the native
+module's batch slots into numpy arrays or torch tensors without copying them. Decoding,
+augmenting and batching happen in Rust (:mod:`stoker._native`), with the GIL released.
 """
 
 from __future__ import annotations
 
 import ctypes
-import errno
 import logging
 import math
 import os
 import sys
 import weakref
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, Final, Literal, TypeGuard
+from typing import TYPE_CHECKING, Any, Final, Literal
 
 import numpy as np
 
 from stoker import _native, gpu
+from stoker.arguments import (
+    MAX_U32,
+    MAX_U64,
+    check_bool,
+    check_int,
+    dashboard_address,
+    dashboard_credential_path,
+    default_threads,
+    import_torch,
+    is_int,
+    remote_source_path,
+    resolve_rank,
+    source_path,
+    torch_importable,
+)
 from stoker.errors import StokerError
 from stoker.mix import MixRequest
 from stoker.ops import Op, check_pipeline
@@ -45,7 +59,6 @@ _STATE_SPEC_KEYS: Final = (
 )
 # Per-sample logs are capped: a folder full of bad files should not drown the training log.
 _MAX_LOGGED_BAD_SAMPLES: Final = 20
-_MAX_U64: Final = 2**64 - 1
 
 
 def _check_resizes(resizes: Any) -> list[tuple[int, list[int]]]:
@@ -56,11 +69,10 @@ def _check_resizes(resizes: Any) -> list[tuple[int, list[int]]]:
     for resize in resizes:
         if not isinstance(resize, Sequence) or len(resize) != 2:
             raise ValueError(f"state['resizes'] holds {resize!r}, not [cursor, taken]")
-        cursor = _check_int(resize[0], "a resize cursor", 0, _MAX_U64)
-        taken = [_check_int(t, "a resize position", 0, _MAX_U64) for t in resize[1]]
+        cursor = check_int(resize[0], "a resize cursor", 0, MAX_U64)
+        taken = [check_int(t, "a resize position", 0, MAX_U64) for t in resize[1]]
         checked.append((cursor, taken))
     return checked
-_MAX_U32: Final = 2**32 - 1
 
 # DataLoader arguments with no Stoker meaning, and what to use instead.
 _DATALOADER_ONLY: Final[Mapping[str, str]] = {
@@ -97,150 +109,25 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
-def _is_int(value: object) -> TypeGuard[int]:
-    return isinstance(value, int) and not isinstance(value, bool)
 
 
-def _check_int(value: object, name: str, low: int, high: int) -> int:
-    if not _is_int(value) or not low <= value <= high:
-        raise ValueError(f"{name} must be an int in {low}..={high}, got {value!r}")
-    return int(value)
 
 
-def _check_bool(value: object, name: str) -> bool:
-    if not isinstance(value, bool):
-        raise ValueError(f"{name} must be True or False, got {value!r}")
-    return value
 
 
-def _remote_source_path(source: object) -> str:
-    """``source`` as the workers will open it: a local path that exists here is made absolute
-    (workers resolve relative paths against their own working directory)."""
-    if not isinstance(source, (str, os.PathLike)):
-        raise ValueError(f"source must be a path (str or os.PathLike), got {source!r}")
-    path = os.fspath(source)
-    if isinstance(path, bytes):
-        path = os.fsdecode(path)
-    if not path:
-        raise ValueError("source must not be empty")
-    if "://" not in path and os.path.exists(path):
-        path = os.path.abspath(path)
-    return path
 _FORMATS: Final = ("image_folder", "tar", "parquet", "tokens", "jsonl", "hf")
 
 
-def _source_path(source: object) -> str:
-    """The dataset ``source`` names: a local path (``file://`` URLs accepted, and checked to
-    exist here) or an ``s3://BUCKET/PREFIX`` URI (checked when the loader opens it)."""
-    if not isinstance(source, (str, os.PathLike)):
-        raise ValueError(
-            "source must be a path (str or os.PathLike) or an s3://BUCKET/PREFIX URI, "
-            f"got {source!r}"
-        )
-    path = os.fspath(source)
-    if isinstance(path, bytes):
-        path = os.fsdecode(path)
-    if path.startswith("file://"):
-        path = path[len("file://") :]
-    elif "://" in path:
-        scheme = path.split("://", 1)[0]
-        if scheme.lower() == "s3":
-            return path
-        raise ValueError(
-            f"source {path!r}: {scheme}:// sources are not supported; pass a local path, "
-            "a file:// URL or an s3://BUCKET/PREFIX URI"
-        )
-    if not path:
-        raise ValueError("source must not be empty")
-    if not os.path.exists(path):
-        raise FileNotFoundError(errno.ENOENT, f"source {path!r} does not exist", path)
-    return path
 
 
-def _distributed_defaults() -> tuple[int | None, int | None, str]:
-    """(rank, world_size, where they came from), from torch.distributed or the environment."""
-    # Only look at torch.distributed when it is already imported: initialising it needs the
-    # import, and importing torch just to find it uninitialised costs seconds.
-    dist = sys.modules.get("torch.distributed")
-    if dist is not None and dist.is_available() and dist.is_initialized():
-        return int(dist.get_rank()), int(dist.get_world_size()), "torch.distributed"
-    values: list[int | None] = []
-    for variable in ("RANK", "WORLD_SIZE"):
-        text = os.environ.get(variable)
-        if text is None or text.strip() == "":
-            values.append(None)
-            continue
-        try:
-            values.append(int(text))
-        except ValueError:
-            raise ValueError(
-                f"environment variable {variable}={text!r} is not an int; fix it or pass "
-                f"{variable.lower()}= to Loader"
-            ) from None
-    return values[0], values[1], "the RANK / WORLD_SIZE environment variables"
 
 
-def _resolve_rank(rank: object, world_size: object) -> tuple[int, int]:
-    """Explicit values first, then torch.distributed / the environment, then 0 of 1."""
-    rank_origin = world_origin = ""
-    if rank is None or world_size is None:
-        default_rank, default_world, origin = _distributed_defaults()
-        if rank is None and default_rank is not None:
-            rank, rank_origin = default_rank, f" (from {origin})"
-        if world_size is None and default_world is not None:
-            world_size, world_origin = default_world, f" (from {origin})"
-    world_size = _check_int(
-        1 if world_size is None else world_size, f"world_size{world_origin}", 1, _MAX_U32
-    )
-    rank = _check_int(0 if rank is None else rank, f"rank{rank_origin}", 0, _MAX_U32)
-    if rank >= world_size:
-        raise ValueError(
-            f"rank {rank}{rank_origin} is out of range for world_size {world_size}{world_origin}: "
-            f"it must be in 0..{world_size}"
-        )
-    return rank, world_size
 
 
-def _default_threads() -> tuple[int, str]:
-    """Decode threads for ``num_threads=None`` and the rule that chose them (0: every CPU the
-    native side finds available, which honours affinity and cgroup quota)."""
-    text = os.environ.get("LOCAL_WORLD_SIZE", "").strip()
-    try:
-        local_world = int(text) if text else 1
-    except ValueError:
-        raise ValueError(
-            f"environment variable LOCAL_WORLD_SIZE={text!r} is not an int; fix it or pass "
-            "num_threads="
-        ) from None
-    affinity = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None
-    node = os.cpu_count()
-    if local_world > 1 and affinity is not None and node is not None and affinity >= node:
-        return (
-            max(1, affinity // local_world),
-            f"{affinity} CPUs of the node divided by LOCAL_WORLD_SIZE={local_world}",
-        )
-    if local_world > 1:
-        return 0, f"the {affinity} CPUs of this rank's affinity (already split by the launcher)"
-    return 0, "the CPUs available to this process"
 
 
-def _import_torch(reason: str) -> Any:
-    try:
-        import torch
-    except ImportError as error:
-        raise ImportError(
-            f"{reason} needs PyTorch, which cannot be imported ({error}); install it "
-            "(pip install 'stoker[torch]' or see pytorch.org) or pass output='numpy'"
-        ) from error
-    return torch
 
 
-def _torch_importable() -> bool:
-    try:
-        import torch  # noqa: F401
-    except ImportError:
-        return False
-    return True
 
 
 class Loader:
@@ -502,7 +389,7 @@ class Loader:
                 "tls_server_name needs tls_ca (the CA that signed the daemons' certificates)"
             )
         device_index = gpu.parse_device(device)
-        pin_memory = _check_bool(pin_memory, "pin_memory")
+        pin_memory = check_bool(pin_memory, "pin_memory")
         if device_index is None and (dtype is not None or memory_format is not None):
             raise ValueError(
                 "dtype and memory_format shape the batch on the GPU: give device='cuda' (on "
@@ -514,18 +401,18 @@ class Loader:
             if pinned_memory_budget is None
             else gpu.check_budget(pinned_memory_budget)
         )
-        self._batch_size = _check_int(batch_size, "batch_size", 1, _MAX_U32)
-        self._shuffle = _check_bool(shuffle, "shuffle")
-        self._seed = _check_int(seed, "seed", 0, _MAX_U64)
-        self._drop_last = _check_bool(drop_last, "drop_last")
+        self._batch_size = check_int(batch_size, "batch_size", 1, MAX_U32)
+        self._shuffle = check_bool(shuffle, "shuffle")
+        self._seed = check_int(seed, "seed", 0, MAX_U64)
+        self._drop_last = check_bool(drop_last, "drop_last")
         if num_threads is None:
-            threads, self._thread_rule = _default_threads()
+            threads, self._thread_rule = default_threads()
         else:
-            threads = _check_int(num_threads, "num_threads (None: all cores)", 1, 4096)
+            threads = check_int(num_threads, "num_threads (None: all cores)", 1, 4096)
             self._thread_rule = "num_threads"
         if prefetch == "auto":
             prefetch_count = 0
-        elif _is_int(prefetch) and 1 <= prefetch <= 4096:
+        elif is_int(prefetch) and 1 <= prefetch <= 4096:
             prefetch_count = int(prefetch)
         else:
             raise ValueError(f"prefetch must be 'auto' or an int in 1..=4096, got {prefetch!r}")
@@ -548,21 +435,21 @@ class Loader:
             raise ValueError(
                 f"worker_grace must be a positive, finite number of seconds, got {worker_grace!r}"
             )
-        self._max_held_batches = _check_int(max_held_batches, "max_held_batches", 1, 4096)
+        self._max_held_batches = check_int(max_held_batches, "max_held_batches", 1, 4096)
         if format is not None and format not in _FORMATS:
             raise ValueError(
                 f"format must be None (pick it from the files) or one of "
                 f"{', '.join(repr(f) for f in _FORMATS)}, got {format!r}"
             )
-        self._shuffle_window = _check_int(shuffle_window, "shuffle_window", 0, _MAX_U32)
+        self._shuffle_window = check_int(shuffle_window, "shuffle_window", 0, MAX_U32)
         if text_column is not None and not isinstance(text_column, str):
             raise ValueError(f"text_column must be a str or None, got {text_column!r}")
         self._format: str = format or "auto"
         self._text_column: str = text_column or ""
-        dashboard_address = _dashboard_address(dashboard)
-        dashboard_credential = _dashboard_token_file(dashboard, dashboard_token_file)
+        dashboard_at = dashboard_address(dashboard)
+        dashboard_credential = dashboard_credential_path(dashboard, dashboard_token_file)
         if output is None:
-            output = "torch" if _torch_importable() else "numpy"
+            output = "torch" if torch_importable() else "numpy"
         elif output not in ("torch", "numpy"):
             raise ValueError(
                 f"output must be 'torch' or 'numpy' (None: torch when importable), got {output!r}"
@@ -571,12 +458,12 @@ class Loader:
             raise ValueError(
                 f"device={device!r} delivers torch tensors: leave output unset or 'torch'"
             )
-        self._torch = _import_torch("output='torch'") if output == "torch" else None
+        self._torch = import_torch("output='torch'") if output == "torch" else None
         self._output: str = output
         if device_index is not None:
             device_index = gpu.require_device(self._torch, str(device), device_index)
-        self._rank, self._world_size = _resolve_rank(rank, world_size)
-        locate = _remote_source_path if address is not None else _source_path
+        self._rank, self._world_size = resolve_rank(rank, world_size)
+        locate = remote_source_path if address is not None else source_path
         self._mix = source if isinstance(source, MixRequest) else None
         native_mix = None
         tail = None
@@ -646,7 +533,7 @@ class Loader:
             on_error,
             self._timeout,
             self._max_held_batches,
-            dashboard=dashboard_address,
+            dashboard=dashboard_at,
             dashboard_token_file=dashboard_credential,
             job_name=job_name,
             format=self._format,
@@ -903,7 +790,7 @@ class Loader:
         so ``load_state_dict(s)`` then ``set_epoch(s["epoch"])`` still resumes mid-epoch.
         """
         self._handle()
-        self._epoch = _check_int(epoch, "epoch", 0, _MAX_U64)
+        self._epoch = check_int(epoch, "epoch", 0, MAX_U64)
         if self._resume_step is not None and self._resume_epoch != self._epoch:
             self._resume_step = None
         self._step = self._resume_step if self._resume_step is not None else 0
@@ -973,8 +860,8 @@ class Loader:
         for one in states:
             self._check_state(one)
         first = states[0]
-        old_world = _check_int(first["world_size"], "state['world_size']", 1, _MAX_U32)
-        epoch = _check_int(first["epoch"], "state['epoch']", 0, _MAX_U64)
+        old_world = check_int(first["world_size"], "state['world_size']", 1, MAX_U32)
+        epoch = check_int(first["epoch"], "state['epoch']", 0, MAX_U64)
         resizes = _check_resizes(first.get("resizes", []))
         for one in states[1:]:
             for key in ("epoch", "world_size"):
@@ -983,17 +870,17 @@ class Loader:
             if _check_resizes(one.get("resizes", [])) != resizes:
                 raise ValueError("the states disagree on their resizes")
         if len(states) == 1:
-            step = _check_int(first["step"], "state['step']", 0, _MAX_U64)
+            step = check_int(first["step"], "state['step']", 0, MAX_U64)
             steps = [step] * old_world
         else:
-            by_rank = {_check_int(s["rank"], "state['rank']", 0, _MAX_U32): s for s in states}
+            by_rank = {check_int(s["rank"], "state['rank']", 0, MAX_U32): s for s in states}
             if sorted(by_rank) != list(range(old_world)):
                 raise ValueError(
                     f"give one state or all {old_world} ranks' states, "
                     f"got ranks {sorted(by_rank)}"
                 )
             steps = [
-                _check_int(by_rank[r]["step"], "state['step']", 0, _MAX_U64)
+                check_int(by_rank[r]["step"], "state['step']", 0, MAX_U64)
                 for r in range(old_world)
             ]
         self._resized_epoch, self._resizes = None, []
@@ -1011,8 +898,8 @@ class Loader:
             self._resized_epoch, self._resizes = epoch, chain
         saved_split = first.get("decode_split")
         if saved_split is not None and self._decode != "cpu":
-            split_epoch = _check_int(saved_split[0], "state['decode_split'][0]", 0, _MAX_U64)
-            sixteenths = _check_int(saved_split[1], "state['decode_split'][1]", 0, 16)
+            split_epoch = check_int(saved_split[0], "state['decode_split'][0]", 0, MAX_U64)
+            sixteenths = check_int(saved_split[1], "state['decode_split'][1]", 0, 16)
             self._handle().set_decode_split(split_epoch, sixteenths)
         if step == steps_in_epoch:
             # Saved right after the last batch (or nothing was left): the next epoch starts.
@@ -1209,39 +1096,8 @@ class Loader:
                 )
 
 
-def _dashboard_token_file(
-    dashboard: int | str | None, token_file: str | os.PathLike[str] | None
-) -> str | None:
-    """``dashboard_token_file=`` as the native side wants it, checked against ``dashboard=``."""
-    if token_file is None:
-        return None
-    if dashboard is None:
-        raise ValueError("dashboard_token_file needs dashboard= (the address to serve on)")
-    if not isinstance(token_file, (str, os.PathLike)):
-        raise TypeError(f"dashboard_token_file must be a path, got {token_file!r}")
-    return os.fspath(token_file)
 
 
-def _dashboard_address(dashboard: int | str | None) -> str | None:
-    """``dashboard=`` as the native side wants it: a port serves on 127.0.0.1."""
-    if dashboard is None:
-        return None
-    if isinstance(dashboard, bool):
-        raise TypeError("dashboard must be a port (int) or 'host:port' (str), not bool")
-    if isinstance(dashboard, int):
-        if not 0 <= dashboard <= 65535:
-            raise ValueError(
-                f"dashboard port must be in 0..65535 (0: any free port), got {dashboard}"
-            )
-        return f"127.0.0.1:{dashboard}"
-    if isinstance(dashboard, str):
-        host, sep, port = dashboard.rpartition(":")
-        if not sep or not host or not port.isdigit():
-            raise ValueError(f"dashboard must be a port or 'host:port', got {dashboard!r}")
-        return dashboard
-    raise TypeError(
-        f"dashboard must be a port (int) or 'host:port' (str), got {type(dashboard).__name__}"
-    )
 
 
 class BatchIterator(Iterator[dict[str, Any]]):

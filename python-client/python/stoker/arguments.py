@@ -1,0 +1,197 @@
+"""Checks of the loaders' arguments, shared by :class:`~stoker.Loader` and
+``Loader.from_dataset``: integers and flags in range, dataset sources, rank and world size (with
+their defaults from torch.distributed or the environment), decode threads, the dashboard's
+address and credential, and importing torch when an output needs it. Every check runs before
+any thread starts or any file is read, and names the argument it refuses.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import sys
+from typing import Any, Final, TypeGuard
+
+# The ranges of the native side's integer arguments.
+MAX_U32: Final = 2**32 - 1
+MAX_U64: Final = 2**64 - 1
+
+
+def is_int(value: object) -> TypeGuard[int]:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def check_int(value: object, name: str, low: int, high: int) -> int:
+    if not is_int(value) or not low <= value <= high:
+        raise ValueError(f"{name} must be an int in {low}..={high}, got {value!r}")
+    return int(value)
+
+
+def check_bool(value: object, name: str) -> bool:
+    if not isinstance(value, bool):
+        raise ValueError(f"{name} must be True or False, got {value!r}")
+    return value
+
+
+def remote_source_path(source: object) -> str:
+    """``source`` as the workers will open it: a local path that exists here is made absolute
+    (workers resolve relative paths against their own working directory)."""
+    if not isinstance(source, (str, os.PathLike)):
+        raise ValueError(f"source must be a path (str or os.PathLike), got {source!r}")
+    path = os.fspath(source)
+    if isinstance(path, bytes):
+        path = os.fsdecode(path)
+    if not path:
+        raise ValueError("source must not be empty")
+    if "://" not in path and os.path.exists(path):
+        path = os.path.abspath(path)
+    return path
+
+
+def source_path(source: object) -> str:
+    """The dataset ``source`` names: a local path (``file://`` URLs accepted, and checked to
+    exist here) or an ``s3://BUCKET/PREFIX`` URI (checked when the loader opens it)."""
+    if not isinstance(source, (str, os.PathLike)):
+        raise ValueError(
+            "source must be a path (str or os.PathLike) or an s3://BUCKET/PREFIX URI, "
+            f"got {source!r}"
+        )
+    path = os.fspath(source)
+    if isinstance(path, bytes):
+        path = os.fsdecode(path)
+    if path.startswith("file://"):
+        path = path[len("file://") :]
+    elif "://" in path:
+        scheme = path.split("://", 1)[0]
+        if scheme.lower() == "s3":
+            return path
+        raise ValueError(
+            f"source {path!r}: {scheme}:// sources are not supported; pass a local path, "
+            "a file:// URL or an s3://BUCKET/PREFIX URI"
+        )
+    if not path:
+        raise ValueError("source must not be empty")
+    if not os.path.exists(path):
+        raise FileNotFoundError(errno.ENOENT, f"source {path!r} does not exist", path)
+    return path
+
+
+def distributed_defaults() -> tuple[int | None, int | None, str]:
+    """(rank, world_size, where they came from), from torch.distributed or the environment."""
+    # Only look at torch.distributed when it is already imported: initialising it needs the
+    # import, and importing torch just to find it uninitialised costs seconds.
+    dist = sys.modules.get("torch.distributed")
+    if dist is not None and dist.is_available() and dist.is_initialized():
+        return int(dist.get_rank()), int(dist.get_world_size()), "torch.distributed"
+    values: list[int | None] = []
+    for variable in ("RANK", "WORLD_SIZE"):
+        text = os.environ.get(variable)
+        if text is None or text.strip() == "":
+            values.append(None)
+            continue
+        try:
+            values.append(int(text))
+        except ValueError:
+            raise ValueError(
+                f"environment variable {variable}={text!r} is not an int; fix it or pass "
+                f"{variable.lower()}= to Loader"
+            ) from None
+    return values[0], values[1], "the RANK / WORLD_SIZE environment variables"
+
+
+def resolve_rank(rank: object, world_size: object) -> tuple[int, int]:
+    """Explicit values first, then torch.distributed / the environment, then 0 of 1."""
+    rank_origin = world_origin = ""
+    if rank is None or world_size is None:
+        default_rank, default_world, origin = distributed_defaults()
+        if rank is None and default_rank is not None:
+            rank, rank_origin = default_rank, f" (from {origin})"
+        if world_size is None and default_world is not None:
+            world_size, world_origin = default_world, f" (from {origin})"
+    world_size = check_int(
+        1 if world_size is None else world_size, f"world_size{world_origin}", 1, MAX_U32
+    )
+    rank = check_int(0 if rank is None else rank, f"rank{rank_origin}", 0, MAX_U32)
+    if rank >= world_size:
+        raise ValueError(
+            f"rank {rank}{rank_origin} is out of range for world_size {world_size}{world_origin}: "
+            f"it must be in 0..{world_size}"
+        )
+    return rank, world_size
+
+
+def default_threads() -> tuple[int, str]:
+    """Decode threads for ``num_threads=None`` and the rule that chose them (0: every CPU the
+    native side finds available, which honours affinity and cgroup quota)."""
+    text = os.environ.get("LOCAL_WORLD_SIZE", "").strip()
+    try:
+        local_world = int(text) if text else 1
+    except ValueError:
+        raise ValueError(
+            f"environment variable LOCAL_WORLD_SIZE={text!r} is not an int; fix it or pass "
+            "num_threads="
+        ) from None
+    affinity = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None
+    node = os.cpu_count()
+    if local_world > 1 and affinity is not None and node is not None and affinity >= node:
+        return (
+            max(1, affinity // local_world),
+            f"{affinity} CPUs of the node divided by LOCAL_WORLD_SIZE={local_world}",
+        )
+    if local_world > 1:
+        return 0, f"the {affinity} CPUs of this rank's affinity (already split by the launcher)"
+    return 0, "the CPUs available to this process"
+
+
+def import_torch(reason: str) -> Any:
+    try:
+        import torch
+    except ImportError as error:
+        raise ImportError(
+            f"{reason} needs PyTorch, which cannot be imported ({error}); install it "
+            "(pip install 'stoker[torch]' or see pytorch.org) or pass output='numpy'"
+        ) from error
+    return torch
+
+
+def torch_importable() -> bool:
+    try:
+        import torch  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def dashboard_credential_path(
+    dashboard: int | str | None, token_file: str | os.PathLike[str] | None
+) -> str | None:
+    """``dashboard_token_file=`` as the native side wants it, checked against ``dashboard=``."""
+    if token_file is None:
+        return None
+    if dashboard is None:
+        raise ValueError("dashboard_token_file needs dashboard= (the address to serve on)")
+    if not isinstance(token_file, (str, os.PathLike)):
+        raise TypeError(f"dashboard_token_file must be a path, got {token_file!r}")
+    return os.fspath(token_file)
+
+
+def dashboard_address(dashboard: int | str | None) -> str | None:
+    """``dashboard=`` as the native side wants it: a port serves on 127.0.0.1."""
+    if dashboard is None:
+        return None
+    if isinstance(dashboard, bool):
+        raise TypeError("dashboard must be a port (int) or 'host:port' (str), not bool")
+    if isinstance(dashboard, int):
+        if not 0 <= dashboard <= 65535:
+            raise ValueError(
+                f"dashboard port must be in 0..65535 (0: any free port), got {dashboard}"
+            )
+        return f"127.0.0.1:{dashboard}"
+    if isinstance(dashboard, str):
+        host, sep, port = dashboard.rpartition(":")
+        if not sep or not host or not port.isdigit():
+            raise ValueError(f"dashboard must be a port or 'host:port', got {dashboard!r}")
+        return dashboard
+    raise TypeError(
+        f"dashboard must be a port (int) or 'host:port' (str), got {type(dashboard).__name__}"
+    )
