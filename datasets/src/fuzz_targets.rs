@@ -161,13 +161,20 @@ pub fn jsonl_compressed(data: &[u8], scratch: &Path) -> io::Result<()> {
 /// The `dataset_info.json` features the Hugging Face target declares, chosen by the input's
 /// first byte: an image column with class labels, or text with class labels.
 const HF_FEATURES: [&str; 2] = [
-    r#"{"features":{"image":{"_type":"Image"},"label":{"_type":"ClassLabel","names":["a","b","c"]}}}"#,
-    r#"{"features":{"text":{"_type":"Value","dtype":"string"},"label":{"_type":"ClassLabel","names":["x","y"]}}}"#,
+    concat!(
+        r#"{"features":{"image":{"_type":"Image"},"#,
+        r#""label":{"_type":"ClassLabel","names":["a","b","c"]}}}"#
+    ),
+    concat!(
+        r#"{"features":{"text":{"_type":"Value","dtype":"string"},"#,
+        r#""label":{"_type":"ClassLabel","names":["x","y"]}}}"#
+    ),
 ];
 
 /// A Hugging Face `save_to_disk` folder whose one shard is the input (after a first byte that
-/// chooses the declared features from [`HF_FEATURES`]): the Arrow IPC stream read at open
-/// (schema, batch offsets), the columns chosen, the first samples, labels and descriptions.
+/// chooses the declared features, image or text, from `HF_FEATURES`): the Arrow IPC stream read
+/// at open (schema, batch offsets), the columns chosen, the first samples, labels and
+/// descriptions.
 pub fn hf_arrow(data: &[u8], scratch: &Path) -> io::Result<()> {
     let Some((choice, shard)) = data.split_first() else {
         return Ok(());

@@ -231,52 +231,6 @@ pub fn job_spec(data: &[u8]) {
     }
 }
 
-/// A response body of chunks, then `OK` trailers: the batch stream as the client reads it.
-struct StreamBody {
-    chunks: std::collections::VecDeque<bytes::Bytes>,
-    ended: bool,
-}
-
-impl http_body::Body for StreamBody {
-    type Data = bytes::Bytes;
-    type Error = tonic::Status;
-
-    fn poll_frame(
-        self: std::pin::Pin<&mut Self>,
-        _cx: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<Option<Result<http_body::Frame<bytes::Bytes>, tonic::Status>>> {
-        let this = self.get_mut();
-        let frame = match this.chunks.pop_front() {
-            Some(chunk) => Some(Ok(http_body::Frame::data(chunk))),
-            None if !this.ended => {
-                this.ended = true;
-                let mut trailers = tonic::codegen::http::HeaderMap::new();
-                trailers.insert("grpc-status", 0.into());
-                Some(Ok(http_body::Frame::trailers(trailers)))
-            }
-            None => None,
-        };
-        std::task::Poll::Ready(frame)
-    }
-}
-
-/// A landing of `capacity` bytes, tensors packed one after another.
-struct FuzzLanding {
-    buffer: Vec<u8>,
-    used: usize,
-}
-
-impl crate::batch_wire::Landing for FuzzLanding {
-    fn room(&mut self, len: usize) -> Option<(usize, &mut [u8])> {
-        let start = self.used;
-        let end = start
-            .checked_add(len)
-            .filter(|end| *end <= self.buffer.len())?;
-        self.used = end;
-        Some((start, &mut self.buffer[start..end]))
-    }
-}
-
 /// The client's reader of the batch stream (`batch_wire::BatchReader`): the first two bytes set
 /// the size of the frames the rest is cut into (1 to 65,536 bytes) and the landing's room (a
 /// multiple of 4 KiB, 0 for none); the messages are read until the stream ends or fails. Each
@@ -294,17 +248,11 @@ pub fn batch_stream(data: &[u8]) {
             .build()
             .expect("a runtime");
         runtime.block_on(async {
-            let body = StreamBody {
-                chunks,
-                ended: false,
-            };
+            let body = crate::batch_wire::ChunkBody::ok(chunks);
             let mut reader = crate::batch_wire::BatchReader::new(body, MAX_MESSAGE);
             let mut batches = Vec::new();
             loop {
-                let mut landing = FuzzLanding {
-                    buffer: vec![0; room],
-                    used: 0,
-                };
+                let mut landing = crate::batch_wire::BufferLanding::new(room);
                 match reader.next_batch(&mut landing).await {
                     Ok(Some(wire)) => {
                         let mut batch = wire.batch;

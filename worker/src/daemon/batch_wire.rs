@@ -56,8 +56,8 @@ const PREFIX_BYTES: usize = 5;
 const MAX_REQUEST_BYTES: usize = 64 << 10;
 
 /// `batch` as one gRPC message: chunks whose concatenation is the 5-byte prefix and a protobuf
-/// encoding of `batch`, each tensor's bytes of [`INLINE_BELOW`] or more a chunk of their own
-/// (the batch's buffer itself). Refused when the message would exceed `max_message` bytes.
+/// encoding of `batch`, each tensor's bytes of `INLINE_BELOW` (4 KiB) or more a chunk of their
+/// own (the batch's buffer itself). Refused when the message would exceed `max_message` bytes.
 pub fn encode_batch(mut batch: Batch, max_message: usize) -> Result<Vec<Bytes>, Status> {
     let tensors = std::mem::take(&mut batch.tensors);
     let heads: Vec<(Tensor, usize)> = tensors
@@ -346,6 +346,79 @@ pub struct OwnBuffers;
 impl Landing for OwnBuffers {
     fn room(&mut self, _len: usize) -> Option<(usize, &mut [u8])> {
         None
+    }
+}
+
+/// A landing of one buffer, tensors packed one after another from its start: what a test or
+/// a fuzz target lands batches in.
+#[derive(Debug, Clone, Default)]
+pub struct BufferLanding {
+    /// The buffer; its length is the landing's room.
+    pub buffer: Vec<u8>,
+    /// Bytes given out so far, from the start.
+    pub used: usize,
+}
+
+impl BufferLanding {
+    /// A landing with room for `capacity` bytes.
+    pub fn new(capacity: usize) -> Self {
+        BufferLanding {
+            buffer: vec![0; capacity],
+            used: 0,
+        }
+    }
+}
+
+impl Landing for BufferLanding {
+    fn room(&mut self, len: usize) -> Option<(usize, &mut [u8])> {
+        let start = self.used;
+        let end = start
+            .checked_add(len)
+            .filter(|end| *end <= self.buffer.len())?;
+        self.used = end;
+        Some((start, &mut self.buffer[start..end]))
+    }
+}
+
+/// A response body of the given chunks, then `trailers` (none: it just ends there): a stream as
+/// the reader takes it, for tests and the fuzz target.
+#[derive(Debug, Default)]
+pub struct ChunkBody {
+    chunks: VecDeque<Bytes>,
+    trailers: Option<HeaderMap>,
+}
+
+impl ChunkBody {
+    /// The body of `chunks`, ending with `trailers`.
+    pub fn new(chunks: impl IntoIterator<Item = Bytes>, trailers: Option<HeaderMap>) -> Self {
+        ChunkBody {
+            chunks: chunks.into_iter().collect(),
+            trailers,
+        }
+    }
+
+    /// The body of `chunks`, ending with an `OK` status.
+    pub fn ok(chunks: impl IntoIterator<Item = Bytes>) -> Self {
+        Self::new(chunks, Some(trailers_of(&Status::new(Code::Ok, ""))))
+    }
+}
+
+impl Body for ChunkBody {
+    type Data = Bytes;
+    type Error = Status;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        _cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<http_body::Frame<Bytes>, Status>>> {
+        let this = self.get_mut();
+        Poll::Ready(match this.chunks.pop_front() {
+            Some(chunk) => Some(Ok(http_body::Frame::data(chunk))),
+            None => this
+                .trailers
+                .take()
+                .map(|t| Ok(http_body::Frame::trailers(t))),
+        })
     }
 }
 
@@ -706,48 +779,6 @@ mod tests {
     use proptest::prelude::*;
     use stoker_proto::v1::{BadSample, StageTimings};
 
-    /// A response body of the given chunks, then `trailers` (none: it just ends).
-    struct Chunks {
-        chunks: VecDeque<Bytes>,
-        trailers: Option<HeaderMap>,
-    }
-
-    impl Body for Chunks {
-        type Data = Bytes;
-        type Error = Status;
-
-        fn poll_frame(
-            self: Pin<&mut Self>,
-            _cx: &mut Context<'_>,
-        ) -> Poll<Option<Result<http_body::Frame<Bytes>, Status>>> {
-            let this = self.get_mut();
-            Poll::Ready(match this.chunks.pop_front() {
-                Some(chunk) => Some(Ok(http_body::Frame::data(chunk))),
-                None => this
-                    .trailers
-                    .take()
-                    .map(|t| Ok(http_body::Frame::trailers(t))),
-            })
-        }
-    }
-
-    /// A landing of one buffer of `capacity` bytes, tensors packed one after another.
-    struct VecLanding {
-        buffer: Vec<u8>,
-        used: usize,
-    }
-
-    impl Landing for VecLanding {
-        fn room(&mut self, len: usize) -> Option<(usize, &mut [u8])> {
-            let start = self.used;
-            let end = start
-                .checked_add(len)
-                .filter(|end| *end <= self.buffer.len())?;
-            self.used = end;
-            Some((start, &mut self.buffer[start..end]))
-        }
-    }
-
     fn ok_trailers() -> HeaderMap {
         trailers_of(&Status::new(Code::Ok, ""))
     }
@@ -810,13 +841,10 @@ mod tests {
             .build()
             .expect("runtime");
         runtime.block_on(async {
-            let mut reader = BatchReader::new(Chunks { chunks, trailers }, 64 << 20);
+            let mut reader = BatchReader::new(ChunkBody::new(chunks, trailers), 64 << 20);
             let mut out = Vec::new();
             loop {
-                let mut landing = VecLanding {
-                    buffer: vec![0; capacity],
-                    used: 0,
-                };
+                let mut landing = BufferLanding::new(capacity);
                 match reader.next_batch(&mut landing).await {
                     Ok(Some(WireBatch { mut batch, landed })) => {
                         for (tensor, place) in batch.tensors.iter_mut().zip(landed) {
@@ -941,10 +969,7 @@ mod tests {
             .build()
             .expect("runtime");
         let limited = runtime.block_on(async {
-            let body = Chunks {
-                chunks: chunks.iter().cloned().collect(),
-                trailers: Some(ok_trailers()),
-            };
+            let body = ChunkBody::ok(chunks.iter().cloned());
             BatchReader::new(body, 100)
                 .next_batch(&mut OwnBuffers)
                 .await
