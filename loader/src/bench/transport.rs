@@ -34,7 +34,7 @@ use tonic::service::interceptor::InterceptedService;
 use tonic::{Request, Response, Status};
 
 use super::Error;
-use crate::client::landing::{land_in_slot, lock, Landed, SlotLanding, SlotQueue, SLOT_ALIGN};
+use crate::client::landing::{land_in_slot, lock, next_landed, SlotQueue, SLOT_ALIGN};
 use crate::SlotPool;
 
 /// Settings of `stoker bench transport`.
@@ -229,13 +229,10 @@ fn stream_batches(
                 let queue = SlotQueue::default();
                 loop {
                     lock(&queue).push_back((slot()?, Instant::now()));
-                    let mut landing = SlotLanding::new(&queue);
-                    let Some(wire) = reader.next_batch(&mut landing).await? else {
+                    let Some(landed) = next_landed(&mut reader, &queue).await? else {
                         break;
                     };
-                    let slot = landing.take_slot();
-                    drop(landing);
-                    let (batch, _) = Landed { wire, slot }.finish();
+                    let (batch, _) = landed.finish();
                     count(black_box(&batch));
                 }
             }

@@ -8,8 +8,11 @@ use std::collections::VecDeque;
 use std::sync::Mutex;
 use std::time::Instant;
 
+use bytes::Bytes;
 use stoker_proto::v1::Batch;
-use stoker_worker::batch_wire::{Landing, WireBatch};
+use stoker_worker::batch_wire::{BatchReader, Landing, WireBatch};
+use tonic::codegen::{Body, StdError};
+use tonic::Status;
 
 use super::slots::Slot;
 
@@ -30,7 +33,7 @@ pub(crate) fn lock(queue: &SlotQueue) -> std::sync::MutexGuard<'_, VecDeque<(Slo
 /// tensor's bytes come, each tensor at an aligned offset. A tensor that does not fit keeps a
 /// buffer of its own. A slot not handed on (the stream ended inside a message, or nothing
 /// landed) goes back to the front of the queue.
-pub(crate) struct SlotLanding<'a> {
+struct SlotLanding<'a> {
     queue: &'a SlotQueue,
     slot: Option<(Slot, Instant)>,
     tried: bool,
@@ -38,7 +41,7 @@ pub(crate) struct SlotLanding<'a> {
 }
 
 impl<'a> SlotLanding<'a> {
-    pub(crate) fn new(queue: &'a SlotQueue) -> Self {
+    fn new(queue: &'a SlotQueue) -> Self {
         SlotLanding {
             queue,
             slot: None,
@@ -48,7 +51,7 @@ impl<'a> SlotLanding<'a> {
     }
 
     /// The slot the batch landed in, if any tensor did.
-    pub(crate) fn take_slot(&mut self) -> Option<(Slot, Instant)> {
+    fn take_slot(&mut self) -> Option<(Slot, Instant)> {
         if self.used == 0 {
             return None;
         }
@@ -79,6 +82,25 @@ impl Drop for SlotLanding<'_> {
             lock(self.queue).push_front(slot);
         }
     }
+}
+
+/// The next batch of `reader`, its tensors landed in the oldest free slot of `queue` as their
+/// bytes come; a slot not handed on (nothing landed, or the stream failed inside the message)
+/// goes back to the queue. `None` once the stream ended with `OK`.
+pub(crate) async fn next_landed<B>(
+    reader: &mut BatchReader<B>,
+    queue: &SlotQueue,
+) -> Result<Option<Landed>, Status>
+where
+    B: Body<Data = Bytes> + Unpin,
+    B::Error: Into<StdError>,
+{
+    let mut landing = SlotLanding::new(queue);
+    let wire = reader.next_batch(&mut landing).await?;
+    Ok(wire.map(|wire| Landed {
+        wire,
+        slot: landing.take_slot(),
+    }))
 }
 
 /// A batch off a worker stream, and the slot its tensors landed in.
@@ -241,14 +263,11 @@ mod tests {
                 let slot = pool.try_take(400_000).expect("a free slot");
                 let base = slot.as_ref().as_ptr() as usize;
                 lock(&queue).push_back((slot, Instant::now()));
-                let mut landing = SlotLanding::new(&queue);
-                let Some(wire) = reader.next_batch(&mut landing).await.expect("a batch") else {
+                let Some(landed) = next_landed(&mut reader, &queue).await.expect("a batch") else {
                     break;
                 };
-                let slot = landing.take_slot();
-                drop(landing);
                 assert!(lock(&queue).is_empty(), "the slot was taken");
-                let (batch, asked) = Landed { wire, slot }.finish();
+                let (batch, asked) = landed.finish();
                 assert!(asked.is_some(), "landed in a slot");
                 for tensor in &batch.tensors {
                     let at = tensor.data.as_ptr() as usize;

@@ -47,7 +47,7 @@ use stoker_worker::transport::{self, Backoff, RpcChannel, MAX_MESSAGE_BYTES};
 use tokio::sync::mpsc;
 use tonic::{Code, Status};
 
-use super::landing::{lock, Landed, SlotLanding, SlotQueue, SLOT_ALIGN};
+use super::landing::{lock, next_landed, Landed, SlotQueue, SLOT_ALIGN};
 use super::monitor::LoaderMonitor;
 use super::slots::Slot;
 use super::source::{receive, BatchSource, Built, EpochFeed, IdleClock, SourceInfo};
@@ -831,19 +831,11 @@ async fn stream_worker(
         worker: worker.worker_id,
     });
     loop {
-        let mut landing = SlotLanding::new(&slots);
-        let next = reader.next_batch(&mut landing).await;
-        // A slot not handed on goes back to the queue with the landing.
-        let slot = match &next {
-            Ok(Some(_)) => landing.take_slot(),
-            _ => None,
-        };
-        drop(landing);
-        match next {
-            Ok(Some(wire)) => {
+        match next_landed(&mut reader, &slots).await {
+            Ok(Some(landed)) => {
                 let arrival = Arrival::Batch {
                     incarnation: token.incarnation,
-                    batch: Box::new(Landed { wire, slot }),
+                    batch: Box::new(landed),
                     received: Instant::now(),
                 };
                 if arrivals.send(arrival).is_err() {

@@ -540,23 +540,39 @@ fn every_rpc_answers(address: &str, worker: &str, token: &str) -> Vec<(&'static 
     })
 }
 
+/// A coordinator whose dashboard listens off loopback, guarded by `credential_file`, its RPCs
+/// by `token_file`; `extra` flags after those.
+fn guarded_coordinator(
+    dir: &Path,
+    log: &str,
+    token_file: &Path,
+    credential_file: &Path,
+    extra: &[&str],
+) -> Daemon {
+    let mut args = vec![
+        "--http",
+        "0.0.0.0:0",
+        "--token-file",
+        path(token_file),
+        "--dashboard-token-file",
+        path(credential_file),
+    ];
+    args.extend_from_slice(extra);
+    coordinator(dir, &dir.join(log), &args)
+}
+
 /// The dashboard credential and the RPC token are two keys: each opens its own door only.
 #[test]
 fn the_dashboard_off_loopback_wants_its_own_credential_then_a_cookie() {
     let dir = tempfile::tempdir().unwrap();
     let token_file = write_token(dir.path(), "token", TOKEN);
     let credential_file = write_token(dir.path(), "dashboard", DASHBOARD);
-    let guarded = coordinator(
+    let guarded = guarded_coordinator(
         dir.path(),
-        &dir.path().join("guarded.log"),
-        &[
-            "--http",
-            "0.0.0.0:0",
-            "--token-file",
-            path(&token_file),
-            "--dashboard-token-file",
-            path(&credential_file),
-        ],
+        "guarded.log",
+        &token_file,
+        &credential_file,
+        &[],
     );
     assert!(
         guarded.banner.contains(" dashboard http://"),
@@ -636,18 +652,12 @@ fn the_dashboard_off_loopback_wants_its_own_credential_then_a_cookie() {
         assert_ne!(code, Code::Unauthenticated, "{rpc} with the RPC token");
     }
 
-    let scraped = coordinator(
+    let scraped = guarded_coordinator(
         dir.path(),
-        &dir.path().join("scraped.log"),
-        &[
-            "--http",
-            "0.0.0.0:0",
-            "--token-file",
-            path(&token_file),
-            "--dashboard-token-file",
-            path(&credential_file),
-            "--metrics-without-token",
-        ],
+        "scraped.log",
+        &token_file,
+        &credential_file,
+        &["--metrics-without-token"],
     );
     let http = dashboard_address(&scraped);
     assert_eq!(http_get_with(http, "/metrics", &[]).status, 200);
@@ -728,16 +738,12 @@ fn the_dashboard_of_a_tls_coordinator_serves_https_with_a_secure_cookie() {
     let pki = certificates(&dir.path().join("pki"));
     let token_file = write_token(dir.path(), "token", TOKEN);
     let credential_file = write_token(dir.path(), "dashboard", DASHBOARD);
-    let coordinator = coordinator(
+    let coordinator = guarded_coordinator(
         dir.path(),
-        &dir.path().join("coordinator.log"),
+        "coordinator.log",
+        &token_file,
+        &credential_file,
         &[
-            "--http",
-            "0.0.0.0:0",
-            "--token-file",
-            path(&token_file),
-            "--dashboard-token-file",
-            path(&credential_file),
             "--tls-cert",
             path(&pki.cert),
             "--tls-key",
