@@ -77,23 +77,7 @@ impl FileBytes {
                 File::open(path).map_err(|source| Error::io(path, source))?,
             )),
             FileBytes::Remote(object) => {
-                let schema = metadata.file_metadata().schema_descr();
-                let mut ranges: Vec<Range<u64>> = Vec::new();
-                for &group in row_groups {
-                    let Some(row_group) = metadata.row_groups().get(group) else {
-                        continue;
-                    };
-                    for leaf in 0..schema.num_columns() {
-                        if !roots.contains(&schema.get_column_root_idx(leaf)) {
-                            continue;
-                        }
-                        let (start, length) = row_group.column(leaf).byte_range();
-                        let end = start.saturating_add(length).min(object.size());
-                        if start < end {
-                            ranges.push(start..end);
-                        }
-                    }
-                }
+                let ranges = column_chunk_ranges(metadata, row_groups, roots, object.size());
                 let fetched = object.read_ranges(&ranges)?;
                 Ok(ChunkBytes::sparse(
                     object.size(),
@@ -102,6 +86,35 @@ impl FileBytes {
             }
         }
     }
+}
+
+/// The byte ranges of the column chunks of `roots` (root columns) in `row_groups`, as the
+/// footer gives them, cut to `len` bytes: what a read of those groups fetches, and what a
+/// read-ahead brings into the cache for it.
+pub(crate) fn column_chunk_ranges(
+    metadata: &ParquetMetaData,
+    row_groups: &[usize],
+    roots: &[usize],
+    len: u64,
+) -> Vec<Range<u64>> {
+    let schema = metadata.file_metadata().schema_descr();
+    let mut ranges = Vec::new();
+    for &group in row_groups {
+        let Some(row_group) = metadata.row_groups().get(group) else {
+            continue;
+        };
+        for leaf in 0..schema.num_columns() {
+            if !roots.contains(&schema.get_column_root_idx(leaf)) {
+                continue;
+            }
+            let (start, length) = row_group.column(leaf).byte_range();
+            let end = start.saturating_add(length).min(len);
+            if start < end {
+                ranges.push(start..end);
+            }
+        }
+    }
+    ranges
 }
 
 /// What a Parquet reader reads: a local file, or the fetched parts of a remote one (reads

@@ -13,7 +13,9 @@
 //! Parquet's layout: the first read of a row decodes the sample column of its whole group,
 //! which stays in a small shared cache (`row_group_cache.rs`) for the rows after it.
 //! [`SampleSource::shard_sizes`] reports rows per row group, so a shard-aware shuffle
-//! (`shuffle_window`) keeps reads within a few groups.
+//! (`shuffle_window`) keeps reads within a few groups. A set in an object store reads ahead:
+//! told which samples come next ([`SampleSource::prefetch`]), a thread brings the sample
+//! column's chunks of their row groups into the object cache while the current ones decode.
 
 mod bytes;
 pub(crate) mod columns;
@@ -40,7 +42,7 @@ use tracing::info;
 use crate::error::{without_panics, Error, Result};
 use crate::files::{files_with_extension, has_extension};
 use crate::sample_source::{numbered_class_names, SampleSource};
-use crate::storage::{list_remote, ObjectCache};
+use crate::storage::{list_remote, Hint, ObjectCache, Prefetcher, RemoteObject};
 use bytes::FileBytes;
 use columns::Cell;
 use parquet::file::reader::Length;
@@ -203,6 +205,8 @@ pub struct ParquetDataset {
     cache: RowGroupCache<DecodedGroup>,
     /// The object cache, for a dataset read from an object store.
     object_cache: Option<Arc<ObjectCache>>,
+    /// The read-ahead thread of a dataset read from an object store.
+    read_ahead: Option<Prefetcher>,
 }
 
 /// The numeric-only sample name, in messages and the summary.
@@ -475,6 +479,7 @@ impl ParquetDataset {
         let started = Instant::now();
         let is_parquet = |name: &str| has_extension(Path::new(name), "parquet");
         let (location, objects) = list_remote(uri, &cache, &is_parquet, "*.parquet file")?;
+        let read_ahead = objects.first().and_then(RemoteObject::start_read_ahead);
         let files = objects
             .into_iter()
             .map(|object| {
@@ -485,7 +490,10 @@ impl ParquetDataset {
             })
             .collect();
         let root = PathBuf::from(location.uri());
-        Self::open_files(&root.clone(), root, files, options, Some(cache), started)
+        let mut dataset =
+            Self::open_files(&root.clone(), root, files, options, Some(cache), started)?;
+        dataset.read_ahead = read_ahead;
+        Ok(dataset)
     }
 
     /// Opens `files` (display path, bytes), in this order; `path` names the set in messages.
@@ -613,6 +621,7 @@ impl ParquetDataset {
             label_column,
             cache: RowGroupCache::new(options.cache_bytes),
             object_cache,
+            read_ahead: None,
         })
     }
 
@@ -841,6 +850,48 @@ impl SampleSource for ParquetDataset {
 
     fn numeric_columns(&self) -> Option<&dyn crate::sample_source::NumericColumns> {
         Some(self)
+    }
+
+    /// Brings the sample column's chunks of the row groups holding `indices` into the object
+    /// cache (groups already decoded or being decoded are left out); a local dataset, or one
+    /// of numeric columns only, does nothing.
+    fn prefetch(&self, indices: &[u64]) {
+        let Some(read_ahead) = &self.read_ahead else {
+            return;
+        };
+        let mut groups: Vec<usize> = Vec::new();
+        for &index in indices {
+            if let Some((group, _, _)) = self.locate(index) {
+                if !groups.contains(&group) && !self.cache.holds(group) {
+                    groups.push(group);
+                }
+            }
+        }
+        let mut hint: Hint = Vec::new();
+        for group in groups {
+            let span = &self.groups[group];
+            let file = &self.files[span.file];
+            let (Some(column), FileBytes::Remote(object)) = (file.sample_column, &file.source)
+            else {
+                continue;
+            };
+            let ranges = bytes::column_chunk_ranges(
+                file.metadata.metadata(),
+                &[span.group_in_file],
+                &[column],
+                object.size(),
+            );
+            match hint
+                .iter_mut()
+                .find(|(listed, _)| listed.location == object.meta().location)
+            {
+                Some((_, wanted)) => wanted.extend(ranges),
+                None => hint.push((object.meta().clone(), ranges)),
+            }
+        }
+        if !hint.is_empty() {
+            read_ahead.hint(hint);
+        }
     }
 
     fn cache_stats(&self) -> Option<crate::CacheStats> {

@@ -56,6 +56,11 @@ impl<V> RowGroupCache<V> {
         self.decodes.load(Ordering::Relaxed)
     }
 
+    /// Whether group `key` is cached or being decoded.
+    pub(crate) fn holds(&self, key: usize) -> bool {
+        lock(&self.entries).iter().any(|entry| entry.key == key)
+    }
+
     /// The decoded group `key`, from the cache or from `decode`, which returns the value and
     /// its size in bytes. A failed decode is not cached: the next call tries again.
     pub(crate) fn get_or_decode(

@@ -209,22 +209,24 @@ impl ObjectCache {
             .block_on(download::list_objects(store, location))
     }
 
-    /// Reads the object `key` whole, bypassing the cache (a shard scanned once).
-    pub(super) fn get_uncached(
+    /// Reads bytes `range` of the object `key`, bypassing the cache (a shard scanned once).
+    pub(super) fn read_uncached(
         &self,
         store: &AmazonS3,
         location: &RemoteLocation,
         key: &str,
+        range: Range<u64>,
     ) -> Result<bytes::Bytes> {
         let plan = FetchPlan {
             part_size: self.options.part_size,
             concurrency: self.options.concurrency,
             max_attempts: self.options.max_attempts,
         };
-        self.runtime.block_on(download::get_whole(
+        self.runtime.block_on(download::get_range(
             store,
-            location,
             key,
+            &location.uri_of(key),
+            range,
             plan,
             &self.counters,
         ))

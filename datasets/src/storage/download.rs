@@ -279,46 +279,61 @@ async fn fetch_request(
     counters: &Counters,
 ) -> Result<()> {
     let first = &downloads[request.first];
-    let location = ObjectPath::parse(&first.key).map_err(|source| Error::InvalidUri {
-        uri: first.uri.clone(),
+    let range = request.span.clone();
+    let bytes = get_range(store, &first.key, &first.uri, range.clone(), plan, counters).await?;
+    if let Some(position) = request.part_of {
+        let download = &downloads[position];
+        let at = range.start - download.offset;
+        return write_at(&download.file, bytes, at, &download.uri).await;
+    }
+    for &position in &request.whole {
+        let download = &downloads[position];
+        let from = (download.offset - range.start) as usize;
+        let piece = bytes.slice(from..from + download.size as usize);
+        write_at(&download.file, piece, 0, &download.uri).await?;
+    }
+    Ok(())
+}
+
+/// Bytes `range` of the object `key` (`uri` in messages), in memory: one ranged GET, tried
+/// again with backoff after a transient failure or a short answer, up to `plan.max_attempts`.
+pub(super) async fn get_range(
+    store: &AmazonS3,
+    key: &str,
+    uri: &str,
+    range: Range<u64>,
+    plan: FetchPlan,
+    counters: &Counters,
+) -> Result<bytes::Bytes> {
+    let path = ObjectPath::parse(key).map_err(|source| Error::InvalidUri {
+        uri: uri.to_string(),
         reason: source.to_string(),
     })?;
-    let range = request.span.clone();
     let wanted = range.end - range.start;
     let mut attempt = 1;
     loop {
         counters.requests.fetch_add(1, Ordering::Relaxed);
-        let error = match store.get_range(&location, range.clone()).await {
+        let error = match store.get_range(&path, range.clone()).await {
             Ok(bytes) if bytes.len() as u64 == wanted => {
                 counters.bytes_fetched.fetch_add(wanted, Ordering::Relaxed);
-                if let Some(position) = request.part_of {
-                    let download = &downloads[position];
-                    let at = range.start - download.offset;
-                    return write_at(&download.file, bytes, at, &download.uri).await;
-                }
-                for &position in &request.whole {
-                    let download = &downloads[position];
-                    let from = (download.offset - range.start) as usize;
-                    let piece = bytes.slice(from..from + download.size as usize);
-                    write_at(&download.file, piece, 0, &download.uri).await?;
-                }
-                return Ok(());
+                return Ok(bytes);
             }
             Ok(bytes) => Error::IncompleteObject {
-                uri: format!("{} (bytes {}..{})", first.uri, range.start, range.end),
+                uri: format!("{uri} (bytes {}..{})", range.start, range.end),
                 expected: wanted,
                 received: bytes.len() as u64,
             },
-            Err(source) if !is_transient(&source) => {
-                return Err(Error::ObjectStore {
-                    uri: first.uri.clone(),
+            Err(source) => {
+                let transient = is_transient(&source);
+                let error = Error::ObjectStore {
+                    uri: uri.to_string(),
                     source,
-                })
+                };
+                if !transient {
+                    return Err(error);
+                }
+                error
             }
-            Err(source) => Error::ObjectStore {
-                uri: first.uri.clone(),
-                source,
-            },
         };
         if attempt >= plan.max_attempts {
             return Err(error);
@@ -326,55 +341,14 @@ async fn fetch_request(
         let pause = backoff(attempt);
         counters.retries.fetch_add(1, Ordering::Relaxed);
         warn!(
-            uri = %first.uri,
+            %uri,
             start = range.start,
             end = range.end,
             attempt,
             pause_ms = pause.as_millis() as u64,
-            error = %error,
+            %error,
             "ranged read failed; retrying"
         );
-        tokio::time::sleep(pause).await;
-        attempt += 1;
-    }
-}
-
-/// The object `key` of `location`'s bucket, whole, in memory, retried with backoff like a
-/// ranged part.
-pub(super) async fn get_whole(
-    store: &AmazonS3,
-    location: &RemoteLocation,
-    key: &str,
-    plan: FetchPlan,
-    counters: &Counters,
-) -> Result<bytes::Bytes> {
-    let uri = location.uri_of(key);
-    let path = ObjectPath::parse(key).map_err(|source| Error::InvalidUri {
-        uri: uri.clone(),
-        reason: source.to_string(),
-    })?;
-    let mut attempt = 1;
-    loop {
-        counters.requests.fetch_add(1, Ordering::Relaxed);
-        let got = match store.get(&path).await {
-            Ok(result) => result.bytes().await,
-            Err(source) => Err(source),
-        };
-        let source = match got {
-            Ok(bytes) => {
-                counters
-                    .bytes_fetched
-                    .fetch_add(bytes.len() as u64, Ordering::Relaxed);
-                return Ok(bytes);
-            }
-            Err(source) => source,
-        };
-        if !is_transient(&source) || attempt >= plan.max_attempts {
-            return Err(Error::ObjectStore { uri, source });
-        }
-        let pause = backoff(attempt);
-        counters.retries.fetch_add(1, Ordering::Relaxed);
-        warn!(%uri, attempt, pause_ms = pause.as_millis() as u64, error = %source, "read failed; retrying");
         tokio::time::sleep(pause).await;
         attempt += 1;
     }

@@ -48,6 +48,7 @@ pub use entry::CachedObject;
 pub use options::{
     ObjectCacheOptions, S3Settings, DEFAULT_CONCURRENCY, DEFAULT_MAX_BYTES, DEFAULT_PART_SIZE,
 };
+pub(crate) use prefetch::{Hint, Prefetcher};
 pub(crate) use remote_object::{list_remote, RemoteObject};
 pub use remote_tar::{
     upload_tar_set, write_tar_index, RemoteTarShards, TarIndexWritten, TarSetUploaded,

@@ -17,19 +17,19 @@ use super::cache::ObjectCache;
 use super::uri::RemoteLocation;
 
 /// Hints queued at most: two batches ahead of the one being read.
-pub(super) const AHEAD: usize = 2;
+pub(crate) const AHEAD: usize = 2;
 
 /// The ranges of one hint: each object with the ranges wanted from it.
-pub(super) type Hint = Vec<(ObjectMeta, Vec<Range<u64>>)>;
+pub(crate) type Hint = Vec<(ObjectMeta, Vec<Range<u64>>)>;
 
 /// The read-ahead thread of one source; it ends when this is dropped.
-pub(super) struct Prefetcher {
+pub(crate) struct Prefetcher {
     hints: SyncSender<Hint>,
 }
 
 impl Prefetcher {
     /// Starts the thread reading through `cache` from `location`.
-    pub(super) fn start(
+    pub(crate) fn start(
         cache: Arc<ObjectCache>,
         store: Arc<AmazonS3>,
         location: RemoteLocation,
@@ -49,7 +49,7 @@ impl Prefetcher {
     }
 
     /// Queues `hint` unless [`AHEAD`] hints are already waiting.
-    pub(super) fn hint(&self, hint: Hint) {
+    pub(crate) fn hint(&self, hint: Hint) {
         match self.hints.try_send(hint) {
             Ok(()) | Err(TrySendError::Full(_)) | Err(TrySendError::Disconnected(_)) => {}
         }

@@ -7,7 +7,10 @@ use std::sync::Arc;
 use object_store::aws::AmazonS3;
 use object_store::ObjectMeta;
 
+use tracing::warn;
+
 use super::cache::ObjectCache;
+use super::prefetch::Prefetcher;
 use super::uri::{s3_location, RemoteLocation};
 use crate::error::{Error, Result};
 
@@ -28,6 +31,24 @@ impl RemoteObject {
     /// The object's `s3://` URI.
     pub(crate) fn uri(&self) -> String {
         self.location.uri_of(self.object.location.as_ref())
+    }
+
+    /// The object as listed (what a read-ahead hint names).
+    pub(crate) fn meta(&self) -> &ObjectMeta {
+        &self.object
+    }
+
+    /// A read-ahead thread for this object and the others of its listing (they share the
+    /// cache, the store and the location); `None`, with a warning, when the thread cannot
+    /// start (samples are then fetched as they are read).
+    pub(crate) fn start_read_ahead(&self) -> Option<Prefetcher> {
+        Prefetcher::start(
+            Arc::clone(&self.cache),
+            Arc::clone(&self.store),
+            self.location.clone(),
+        )
+        .map_err(|error| warn!(%error, "cannot start the read-ahead thread"))
+        .ok()
     }
 
     /// Bytes `ranges` of the object, through the cache.

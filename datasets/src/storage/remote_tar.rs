@@ -1,13 +1,14 @@
 //! Tar shards in an object store, read lazily: opening reads the listing and the set's index
 //! object (see `tar_index.rs`), and each sample is a ranged read of its image member's bytes
 //! through the local cache tier (each range an entry of its own, evicted under the cap like a
-//! whole object), so neither the open nor the cache needs the whole set.
+//! whole object), so neither the open nor the cache needs the whole set. A set without its
+//! index is scanned shard by shard as a stream of ranged GETs, one window in memory at a time.
 
-use std::io::Cursor;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Instant;
 
+use bytes::Bytes;
 use object_store::aws::AmazonS3;
 use object_store::ObjectMeta;
 use tracing::{info, warn};
@@ -30,8 +31,9 @@ const MAX_INDEX_BYTES: usize = 1 << 30;
 ///
 /// Opening lists the prefix and reads `stoker-tar-index.bin` (written by `stoker index`);
 /// without one, or when it no longer matches the listing (a shard added, removed or changed),
-/// each shard is read once and scanned, with a warning, and the index is kept in the local
-/// cache folder for the next open. A sample is then read by a ranged GET of its member,
+/// each shard is read once and scanned, with a warning, as a stream of ranged GETs of the
+/// cache's part size (one in memory at a time; members that span a whole part are skipped, not
+/// fetched), and the index is kept in the local cache folder for the next open. A sample is then read by a ranged GET of its member,
 /// through the cache.
 pub struct RemoteTarShards {
     location: RemoteLocation,
@@ -98,7 +100,8 @@ fn listed_shards(listing: &[ObjectMeta], location: &RemoteLocation) -> Result<Ve
     Ok(shards)
 }
 
-/// Reads each of `shards` once, start to end (not kept in the cache), and indexes it.
+/// Reads each of `shards` once, start to end, in windows (not kept in the cache), and indexes
+/// it.
 fn scan_shards(
     cache: &ObjectCache,
     store: &AmazonS3,
@@ -109,17 +112,99 @@ fn scan_shards(
         .iter()
         .map(|object| {
             let key = object.location.to_string();
-            let bytes = cache.get_uncached(store, location, &key)?;
             let uri = location.uri_of(&key);
-            let index = scan_archive(Path::new(&uri), Cursor::new(&bytes[..]), object.size)?;
+            let mut reader = WindowReader {
+                cache,
+                store,
+                location,
+                key: &key,
+                size: object.size,
+                window: cache.options().part_size.max(MIN_SCAN_WINDOW),
+                position: 0,
+                held: (0, Bytes::new()),
+                failure: None,
+            };
+            let scanned = scan_archive(Path::new(&uri), &mut reader, object.size);
+            // A read that failed after its retries is that error, not a damaged shard.
+            if let Some(error) = reader.failure {
+                return Err(error);
+            }
             Ok(IndexedShard {
                 name: object.location.filename().unwrap_or_default().to_string(),
                 size: object.size,
                 e_tag: object.e_tag.clone(),
-                index,
+                index: scanned?,
             })
         })
         .collect()
+}
+
+/// The smallest window a shard is scanned in.
+const MIN_SCAN_WINDOW: u64 = 64 * 1024;
+
+/// One object read as a seekable stream of ranged GETs, one window (the cache's part size) at a
+/// time: scanning a shard holds one window in memory, whatever the shard's size, and members
+/// skipped past a window's end are not fetched at all.
+struct WindowReader<'a> {
+    cache: &'a ObjectCache,
+    store: &'a AmazonS3,
+    location: &'a RemoteLocation,
+    key: &'a str,
+    size: u64,
+    window: u64,
+    position: u64,
+    /// The window held: its offset and bytes.
+    held: (u64, Bytes),
+    /// The error of a GET that failed after its retries (the tar reader sees an I/O error).
+    failure: Option<Error>,
+}
+
+impl std::io::Read for WindowReader<'_> {
+    fn read(&mut self, out: &mut [u8]) -> std::io::Result<usize> {
+        if self.position >= self.size || out.is_empty() {
+            return Ok(0);
+        }
+        let (start, bytes) = &self.held;
+        let held = *start..*start + bytes.len() as u64;
+        if !held.contains(&self.position) {
+            let end = self.position.saturating_add(self.window).min(self.size);
+            match self
+                .cache
+                .read_uncached(self.store, self.location, self.key, self.position..end)
+            {
+                Ok(bytes) => self.held = (self.position, bytes),
+                Err(error) => {
+                    let message = error.to_string();
+                    self.failure = Some(error);
+                    return Err(std::io::Error::other(message));
+                }
+            }
+        }
+        let (start, bytes) = &self.held;
+        let from = (self.position - start) as usize;
+        let n = out.len().min(bytes.len() - from);
+        out[..n].copy_from_slice(&bytes[from..from + n]);
+        self.position += n as u64;
+        Ok(n)
+    }
+}
+
+impl std::io::Seek for WindowReader<'_> {
+    fn seek(&mut self, to: std::io::SeekFrom) -> std::io::Result<u64> {
+        let target = match to {
+            std::io::SeekFrom::Start(at) => Some(at),
+            std::io::SeekFrom::End(by) => self.size.checked_add_signed(by),
+            std::io::SeekFrom::Current(by) => self.position.checked_add_signed(by),
+        };
+        let target = target.ok_or_else(|| {
+            std::io::Error::new(
+                std::io::ErrorKind::InvalidInput,
+                "seek before the start of the object",
+            )
+        })?;
+        self.position = target;
+        Ok(target)
+    }
 }
 
 /// The indexes of `shards` from `indexed`, in listing order, when it describes exactly them.

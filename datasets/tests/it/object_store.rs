@@ -442,6 +442,57 @@ fn a_thousand_shards_open_from_their_index_and_read_through_a_cache_of_a_tenth()
 }
 
 #[test]
+fn a_shard_larger_than_the_cache_is_scanned_as_a_stream_of_windows() {
+    // One 9.6 MB shard of 32 members of 300 KB, no index object; a cache capped at 1 MiB,
+    // parts (the scan's window) of 128 KiB.
+    let dir = tempfile::tempdir().unwrap();
+    let local_dir = byte_shards(dir.path(), 1, 32, 300_000);
+    let local = TarShards::open_with_cache_dir(&local_dir, None).unwrap();
+    let server = S3Server::start(&dir.path().join("server"));
+    let uploaded = upload(&server, &local_dir, "one");
+    let mut capped = options(&server, &dir.path().join("cache"));
+    capped.max_bytes = 1 << 20;
+    let part = capped.part_size;
+    assert!(uploaded > 8 * capped.max_bytes);
+    let cache = Arc::new(ObjectCache::new(capped).unwrap());
+    let remote = RemoteTarShards::open("s3://data/one", Arc::clone(&cache)).unwrap();
+    let opened = cache.stats();
+    // A window per member at least (each member is longer than a window, so each header
+    // starts a new one), no GET longer than a window, and the bytes of each member past its
+    // first window never fetched.
+    assert!(opened.requests >= 32, "{opened:?}");
+    assert!(opened.bytes_fetched <= opened.requests * part, "{opened:?}");
+    assert!(
+        opened.bytes_fetched < uploaded / 2,
+        "the scan skipped what it did not need: {opened:?}, shard {uploaded}"
+    );
+    assert_eq!(remote.len(), 32);
+    assert_same_samples(&remote, &local);
+
+    // The store gone for good in the middle of a scan: the open fails with the store's error;
+    // it never keeps the members read so far as the shard's index.
+    let mut server = server;
+    let gets = server.counts.object_gets();
+    server
+        .counts
+        .stop_at_object_get
+        .store(gets + 10, std::sync::atomic::Ordering::SeqCst);
+    let mut options = options(&server, &dir.path().join("second-cache"));
+    options.request_retries = 0;
+    options.max_attempts = 2;
+    let cache = Arc::new(ObjectCache::new(options).unwrap());
+    let error = match RemoteTarShards::open("s3://data/one", cache) {
+        Ok(remote) => panic!(
+            "opened {} samples from a store that went away",
+            remote.len()
+        ),
+        Err(error) => error.to_string(),
+    };
+    assert!(error.contains("s3://data/one/"), "{error}");
+    server.wait_until_stopped_by_itself(Duration::from_secs(10));
+}
+
+#[test]
 fn a_token_file_opens_from_its_listing_and_reads_ahead_when_told() {
     let dir = tempfile::tempdir().unwrap();
     let local_path = dir.path().join("train.bin");
@@ -539,6 +590,54 @@ fn a_parquet_set_opens_from_its_footers_and_labels_and_reads_like_the_local_one(
     );
     assert_same_samples(&remote, &local);
     assert!(remote.cache_stats().unwrap().bytes_fetched < uploaded + uploaded / 10);
+
+    // Read-ahead: told that rows 0..8 (two row groups) come next, a fresh open's thread brings
+    // their chunks into its cache; reading them then sends no request, and every range it
+    // fetched is used.
+    let ahead_cache =
+        Arc::new(ObjectCache::new(options(&server, &dir.path().join("ahead-cache"))).unwrap());
+    let remote = ParquetDataset::open_remote(
+        "s3://data/pq",
+        Arc::clone(&ahead_cache),
+        &ParquetOptions::default(),
+    )
+    .unwrap();
+    let ahead: Vec<u64> = (0..8).collect();
+    remote.prefetch(&ahead);
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    let mut settled = (0, std::time::Instant::now());
+    loop {
+        let fetched = ahead_cache.stats().read_ahead;
+        if fetched != settled.0 {
+            settled = (fetched, std::time::Instant::now());
+        } else if fetched >= 2 && settled.1.elapsed() > Duration::from_millis(500) {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{:?}",
+            ahead_cache.stats()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let before = ahead_cache.stats();
+    for index in ahead {
+        assert_eq!(remote.read(index).unwrap(), local.read(index).unwrap());
+    }
+    let after = ahead_cache.stats();
+    assert_eq!(
+        after.requests, before.requests,
+        "read from the cache: {after:?}"
+    );
+    assert_eq!(after.misses, before.misses, "{after:?}");
+    assert_eq!(
+        after.hits, after.read_ahead,
+        "every range read ahead was read: {after:?}"
+    );
+    // Groups already decoded are not fetched again.
+    remote.prefetch(&[0, 1, 2, 3]);
+    std::thread::sleep(Duration::from_millis(200));
+    assert_eq!(ahead_cache.stats().requests, after.requests);
 
     // With the cache capped at a tenth of the set, every sample still reads.
     let mut capped = options(&server, &dir.path().join("capped-cache"));
