@@ -137,10 +137,19 @@ pub fn tokenizer(data: &[u8], scratch: &Path) -> io::Result<()> {
 /// A source of one small valid PNG, for building a batch with a fuzzed pipeline.
 struct OneImage {
     png: Vec<u8>,
+    /// Samples it has (each the same image).
+    len: u64,
+    /// Samples per shard, when it says it has shards.
+    shards: Option<Vec<u64>>,
 }
 
 impl OneImage {
     fn shared() -> Arc<dyn SampleSource> {
+        Self::repeated(1, None)
+    }
+
+    /// `len` samples, all the same small PNG, in `shards` when given.
+    fn repeated(len: u64, shards: Option<Vec<u64>>) -> Arc<dyn SampleSource> {
         static PNG: OnceLock<Vec<u8>> = OnceLock::new();
         let png = PNG.get_or_init(|| {
             let (width, height) = (20u32, 12u32);
@@ -155,13 +164,17 @@ impl OneImage {
                 .expect("an in-memory PNG encodes");
             out
         });
-        Arc::new(OneImage { png: png.clone() })
+        Arc::new(OneImage {
+            png: png.clone(),
+            len,
+            shards,
+        })
     }
 }
 
 impl SampleSource for OneImage {
     fn len(&self) -> u64 {
-        1
+        self.len
     }
 
     fn label(&self, _index: u64) -> i64 {
@@ -178,6 +191,10 @@ impl SampleSource for OneImage {
 
     fn class_names(&self) -> &[String] {
         &[]
+    }
+
+    fn shard_sizes(&self) -> Option<Vec<u64>> {
+        self.shards.clone()
     }
 }
 
@@ -285,5 +302,258 @@ pub fn batch_stream(data: &[u8]) {
             vec![batch],
             "a batch read does not read back the same"
         );
+    }
+}
+
+/// Samples of one source of the `job_plan` target, at most (so that one input stays fast).
+const MAX_FUZZ_SOURCE_LEN: u64 = 1 << 20;
+
+/// Steps of one plan the `job_plan` target looks up, and sources of a mix, at most.
+const MAX_FUZZ_STEPS: usize = 16;
+
+/// A number as the `job_plan` input gives it: mostly small (where the checks pass and the
+/// planner works), sometimes anything (where they must refuse, or cope).
+#[derive(Debug, Clone, Copy, arbitrary::Arbitrary)]
+enum Number {
+    Small(u8),
+    Any(u64),
+}
+
+impl Number {
+    fn get(self) -> u64 {
+        match self {
+            Number::Small(n) => u64::from(n),
+            Number::Any(n) => n,
+        }
+    }
+
+    /// The low 32 bits.
+    fn get32(self) -> u32 {
+        self.get() as u32
+    }
+
+    /// As a protobuf enum value of `known` values: mostly one of them or the first one past
+    /// them, sometimes anything.
+    fn pick(self, known: u8) -> i32 {
+        match self {
+            Number::Small(n) => i32::from(n % (known + 1)),
+            Number::Any(n) => n as i32,
+        }
+    }
+
+    /// As a mix weight: small ones in quarters, any other from its bits (NaN, infinities,
+    /// negatives and subnormals included).
+    fn weight(self) -> f64 {
+        match self {
+            Number::Small(n) => f64::from(n) / 4.0,
+            Number::Any(bits) => f64::from_bits(bits),
+        }
+    }
+}
+
+/// A job as `arbitrary` builds it from the fuzzer's bytes: every field of the spec that the
+/// coordinator and the daemons check or plan with, the datasets replaced by sources of the
+/// sizes (and shards) it chooses.
+#[derive(Debug, arbitrary::Arbitrary)]
+struct FuzzJob {
+    batch_size: Number,
+    seed: u64,
+    shuffle: bool,
+    drop_last: bool,
+    rank: Number,
+    world_size: Number,
+    uneven_tail: Number,
+    on_error: Number,
+    shuffle_window: Number,
+    /// The sources: one for a plain job, one per mixed source for a mix (missing ones are
+    /// empty sources).
+    sources: Vec<FuzzSource>,
+    mix: Option<FuzzMix>,
+    resized: Option<FuzzResized>,
+    /// The epoch planned (a resized job plans its own).
+    epoch: Number,
+    /// Steps looked up, besides the first and the last.
+    steps: Vec<u64>,
+}
+
+#[derive(Debug, arbitrary::Arbitrary)]
+struct FuzzSource {
+    len: Number,
+    /// Samples per shard (when some are given, the source says it has shards).
+    shards: Vec<u8>,
+}
+
+#[derive(Debug, arbitrary::Arbitrary)]
+struct FuzzMix {
+    weights: Vec<Number>,
+    window: Number,
+    epoch_end: Number,
+    epoch_samples: Option<Number>,
+}
+
+#[derive(Debug, arbitrary::Arbitrary)]
+struct FuzzResized {
+    epoch: Number,
+    resizes: Vec<(Number, Vec<Number>)>,
+}
+
+impl FuzzJob {
+    /// The spec, and the sources standing for its datasets.
+    fn spec_and_sources(&self) -> (proto::JobSpec, Vec<Arc<dyn SampleSource>>) {
+        let pipeline = presets::imagenet_eval(PIPELINE_SIDE);
+        let dataset = |k: usize| proto::DatasetSource {
+            uri: format!("/fuzz/{k}"),
+            ..Default::default()
+        };
+        let wanted = self
+            .mix
+            .as_ref()
+            .map_or(1, |mix| mix.weights.len().min(MAX_FUZZ_STEPS));
+        let sources = (0..wanted)
+            .map(|k| match self.sources.get(k) {
+                Some(source) if !source.shards.is_empty() => {
+                    let shards: Vec<u64> = source.shards.iter().map(|&n| u64::from(n)).collect();
+                    OneImage::repeated(shards.iter().sum(), Some(shards))
+                }
+                Some(source) => OneImage::repeated(source.len.get() % MAX_FUZZ_SOURCE_LEN, None),
+                None => OneImage::repeated(0, None),
+            })
+            .collect();
+        let mut spec = proto::JobSpec {
+            dataset: None,
+            pipeline: Vec::new(),
+            batch_size: self.batch_size.get32(),
+            seed: self.seed,
+            shuffle: self.shuffle,
+            drop_last: self.drop_last,
+            rank: self.rank.get32(),
+            world_size: self.world_size.get32(),
+            uneven_tail: self.uneven_tail.pick(3),
+            on_error: self.on_error.pick(3),
+            shuffle_window: self.shuffle_window.get32(),
+            resized_epoch: self.resized.as_ref().map(|resized| proto::ResizedEpoch {
+                epoch: resized.epoch.get(),
+                resizes: resized
+                    .resizes
+                    .iter()
+                    .map(|(cursor, taken)| proto::WorldResize {
+                        cursor: cursor.get(),
+                        taken: taken.iter().map(|n| n.get()).collect(),
+                    })
+                    .collect(),
+            }),
+            mix: None,
+        };
+        match &self.mix {
+            Some(mix) => {
+                spec.mix = Some(proto::Mix {
+                    sources: mix
+                        .weights
+                        .iter()
+                        .take(wanted)
+                        .enumerate()
+                        .map(|(k, weight)| proto::MixSource {
+                            dataset: Some(dataset(k)),
+                            pipeline: pipeline.clone(),
+                            weight: weight.weight(),
+                        })
+                        .collect(),
+                    window: mix.window.get32(),
+                    epoch_end: mix.epoch_end.pick(3),
+                    epoch_samples: mix.epoch_samples.map_or(0, Number::get),
+                });
+            }
+            None => {
+                spec.dataset = Some(dataset(0));
+                spec.pipeline = pipeline;
+            }
+        }
+        (spec, sources)
+    }
+}
+
+/// How far one `job_plan` input went.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum JobPlanReach {
+    /// The bytes ran out before a job was built.
+    NoJob,
+    /// The coordinator's checks refused the spec.
+    RefusedByCoordinator,
+    /// The daemon's checks (opening the job over the sources) refused it.
+    RefusedByDaemon,
+    /// An epoch was planned and its steps looked up: a job of one dataset, a mix, a resized
+    /// epoch (of either).
+    Planned {
+        /// A mixed job.
+        mixed: bool,
+        /// A job resumed on another world size.
+        resized: bool,
+    },
+}
+
+/// A job built by `arbitrary` from the input (see `FuzzJob`) through the checks a job meets on
+/// its way: the coordinator's ([`crate::check_spec_shape`]), then the daemon's (`Job` over
+/// sources of the chosen sizes: policies, pipelines, the mix's weights, window and epoch rule,
+/// the resized epoch, the planner), then the plan of one epoch, its first, last and a few
+/// chosen steps looked up (for a mix, each position's draw). Checked: a job that opens plans
+/// its first epoch, and any epoch when it is not a resized one; every batch holds at most `batch_size` samples; every index lies inside
+/// the dataset (a mix: every position inside the epoch, every draw from a source). Returns
+/// how far the input went (the replay test checks that the seeds reach every stage).
+pub fn job_plan(data: &[u8]) -> JobPlanReach {
+    let mut input = arbitrary::Unstructured::new(data);
+    let Ok(job) = <FuzzJob as arbitrary::Arbitrary>::arbitrary(&mut input) else {
+        return JobPlanReach::NoJob;
+    };
+    let (spec, sources) = job.spec_and_sources();
+    if crate::check_spec_shape(&spec).is_err() {
+        return JobPlanReach::RefusedByCoordinator;
+    }
+    let Ok(opened) = crate::Job::with_sources(spec, sources) else {
+        return JobPlanReach::RefusedByDaemon;
+    };
+    let first = opened.first_epoch();
+    opened
+        .plan(first)
+        .expect("a job that opened plans its first epoch");
+    let epoch = match &job.resized {
+        Some(_) => first,
+        None => job.epoch.get(),
+    };
+    let plan = opened
+        .plan(epoch)
+        .expect("a job that opened plans every epoch it serves");
+    let steps = plan.steps();
+    let chosen = job.steps.iter().take(MAX_FUZZ_STEPS);
+    let looked_up = [0, steps.saturating_sub(1)]
+        .into_iter()
+        .chain(chosen.map(|&step| step % steps.max(1)));
+    let batch = job.batch_size.get32() as usize;
+    for step in looked_up.filter(|&step| step < steps) {
+        let indices = plan.batch_indices(step);
+        assert_eq!(indices.len(), plan.batch_len(step));
+        assert!(indices.len() <= batch, "a batch larger than batch_size");
+        match opened.mix_order() {
+            None => {
+                let len = opened.num_samples();
+                assert!(
+                    indices.iter().all(|&i| i < len),
+                    "an index past the dataset"
+                );
+            }
+            Some(order) => {
+                assert!(
+                    indices.iter().all(|&i| i < order.epoch_len()),
+                    "a position past the epoch"
+                );
+                let sources = order.lens().len();
+                for draw in order.draws(plan.epoch(), &indices) {
+                    assert!(draw.source < sources, "a draw from no source");
+                }
+            }
+        }
+    }
+    JobPlanReach::Planned {
+        mixed: job.mix.is_some(),
+        resized: job.resized.is_some(),
     }
 }

@@ -52,6 +52,39 @@ enum Builder {
     Mixed(MixedAssembler),
 }
 
+/// Ranks one job has at most (the coordinator keeps state for each).
+pub const MAX_WORLD_SIZE: u32 = 1 << 20;
+
+/// The checks of `spec` that open nothing, which the coordinator runs before it schedules a
+/// job (the daemons run them again as part of [`Job::open`]): a batch size in range, a world
+/// size one coordinator serves, and a dataset with a URI (a mix: one for each source).
+pub fn check_spec_shape(spec: &JobSpec) -> Result<()> {
+    if spec.batch_size == 0 || spec.batch_size > MAX_BATCH_SIZE {
+        return Err(Error::InvalidSpec(format!(
+            "batch_size must be in 1..={MAX_BATCH_SIZE}, got {}",
+            spec.batch_size
+        )));
+    }
+    let sources = spec_sources(spec);
+    let named = spec.mix.as_ref().map_or(1, |mix| mix.sources.len());
+    if sources.is_empty() || sources.len() != named {
+        return Err(Error::InvalidSpec("job spec has no dataset".into()));
+    }
+    if sources
+        .iter()
+        .any(|(dataset, _)| dataset.uri.trim().is_empty())
+    {
+        return Err(Error::InvalidSpec("dataset.uri is empty".into()));
+    }
+    if spec.world_size > MAX_WORLD_SIZE {
+        return Err(Error::InvalidSpec(format!(
+            "world_size {} is more ranks than one coordinator serves (at most {MAX_WORLD_SIZE})",
+            spec.world_size
+        )));
+    }
+    Ok(())
+}
+
 /// The (dataset, pipeline) pairs `spec` names: its mix's sources, or its dataset with its
 /// pipeline (none when it has no dataset).
 pub fn spec_sources(spec: &JobSpec) -> Vec<(&proto::DatasetSource, &[proto::Op])> {

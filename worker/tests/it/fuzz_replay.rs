@@ -48,6 +48,39 @@ fn job_spec_corpus_replays() -> TestResult<()> {
 }
 
 #[test]
+fn job_plan_corpus_replays_and_reaches_every_stage() -> TestResult<()> {
+    use fuzz_targets::JobPlanReach;
+    let mut reached = std::collections::BTreeSet::new();
+    for file in inputs("job_plan") {
+        eprintln!("replaying {}", file.display());
+        reached.insert(fuzz_targets::job_plan(&std::fs::read(&file)?));
+    }
+    // The seeds are where a campaign starts: they must reach each stage a job goes through.
+    for stage in [
+        JobPlanReach::RefusedByCoordinator,
+        JobPlanReach::RefusedByDaemon,
+        JobPlanReach::Planned {
+            mixed: false,
+            resized: false,
+        },
+        JobPlanReach::Planned {
+            mixed: true,
+            resized: false,
+        },
+        JobPlanReach::Planned {
+            mixed: false,
+            resized: true,
+        },
+    ] {
+        assert!(
+            reached.contains(&stage),
+            "no seed reaches {stage:?}: {reached:?}"
+        );
+    }
+    Ok(())
+}
+
+#[test]
 fn batch_stream_corpus_replays() -> TestResult<()> {
     for file in inputs("batch_stream") {
         eprintln!("replaying {}", file.display());
@@ -284,6 +317,41 @@ fn write_seed_corpora() -> TestResult<()> {
         input.extend(message);
         input.extend(message);
         put("batch_stream", name, &input)?;
+    }
+
+    // job_plan: inputs drawn from a fixed xorshift stream, the first three reaching each stage.
+    let mut state = 0x9e37_79b9_7f4a_7c15_u64;
+    let mut next = move || {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        state
+    };
+    let mut kept = std::collections::BTreeMap::<_, usize>::new();
+    for _ in 0..200_000 {
+        let len = 48 + (next() % 320) as usize;
+        let data: Vec<u8> = (0..len).map(|_| next() as u8).collect();
+        let reach = fuzz_targets::job_plan(&data);
+        if reach == fuzz_targets::JobPlanReach::NoJob {
+            continue;
+        }
+        let count = kept.entry(reach).or_default();
+        if *count < 3 {
+            *count += 1;
+            let stage = match reach {
+                fuzz_targets::JobPlanReach::Planned { mixed, resized } => format!(
+                    "planned{}{}",
+                    if mixed { "_mixed" } else { "" },
+                    if resized { "_resized" } else { "" }
+                ),
+                other => format!("{other:?}").to_lowercase(),
+            };
+            let name = format!("{stage}_{count}");
+            put("job_plan", &name, &data)?;
+        }
+        if kept.len() >= 6 && kept.values().all(|&n| n >= 3) {
+            break;
+        }
     }
     Ok(())
 }
