@@ -1,12 +1,14 @@
-//! What a soak client read, checked against the embedded loader: for each rank and epoch the
-//! same digest, and every sample as many times as the embedded loader gives it (once, or twice
-//! for the padding of an uneven tail) — counted as lost or duplicated otherwise.
+//! What a soak client read, checked against the embedded loader: each segment (the batches
+//! between two checkpoints) has the digest of the embedded loader's same batches and their
+//! samples, as many times as the embedded loader gives them (once, or twice for the padding of
+//! an uneven tail); and each rank's segments tile its epochs, a resumed client starting exactly
+//! where its last checkpoint left off. Anything else counts as lost or duplicated.
 
 use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::{mpsc, Arc, Mutex};
 
-use super::client::EpochRead;
+use super::client::SegmentRead;
 use super::{spec, SoakBench};
 use crate::bench::{Error, Result};
 use crate::{BatchDigest, Loader, LoaderOptions};
@@ -22,8 +24,10 @@ pub struct Tally {
     pub lost: u64,
     /// Samples a client got beyond what the embedded loader gave.
     pub duplicated: u64,
-    /// Epochs whose digest differs.
+    /// Segments whose digest differs.
     pub mismatches: u64,
+    /// Segments whose start is not where the rank's last one ended.
+    pub misplaced: u64,
 }
 
 impl Tally {
@@ -36,7 +40,7 @@ impl Tally {
 /// The embedded loaders of every rank, checking on a thread of their own so that the soak's
 /// clock (readings each second, the kill schedule) never waits for a check.
 pub struct Checker {
-    sender: Option<mpsc::Sender<EpochRead>>,
+    sender: Option<mpsc::Sender<SegmentRead>>,
     tally: Arc<Mutex<Tally>>,
     thread: Option<std::thread::JoinHandle<Result<()>>>,
 }
@@ -59,11 +63,13 @@ impl Checker {
             checked: vec![0; ranks.len()],
             ..Tally::default()
         }));
-        let (sender, reads) = mpsc::channel::<EpochRead>();
+        let (sender, reads) = mpsc::channel::<SegmentRead>();
         let shared = tally.clone();
+        let batch = u64::from(args.batch_size);
         let thread = std::thread::spawn(move || {
+            let mut next = vec![(0u64, 0u64); ranks.len()];
             for read in reads {
-                check(&ranks, &read, &shared)?;
+                check(&ranks, batch, &mut next, &read, &shared)?;
             }
             Ok(())
         });
@@ -74,8 +80,8 @@ impl Checker {
         })
     }
 
-    /// Queues one epoch of one rank for checking.
-    pub fn submit(&self, read: EpochRead) {
+    /// Queues one segment of one rank for checking (a rank's in the order read).
+    pub fn submit(&self, read: SegmentRead) {
         if let Some(sender) = &self.sender {
             // A send fails only when the thread stopped on an error, which `finish` returns.
             let _ = sender.send(read);
@@ -105,40 +111,67 @@ fn lock(tally: &Mutex<Tally>) -> std::sync::MutexGuard<'_, Tally> {
         .unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
-/// Checks one epoch of one rank against `ranks`' embedded loaders.
-fn check(ranks: &[Loader], read: &EpochRead, tally: &Mutex<Tally>) -> Result<()> {
-    let Some(loader) = ranks.get(read.rank as usize) else {
+/// Checks one segment of one rank against `ranks`' embedded loaders (batches of `batch`
+/// samples); `next` is where each rank's next segment must start (epoch, step).
+fn check(
+    ranks: &[Loader],
+    batch: u64,
+    next: &mut [(u64, u64)],
+    read: &SegmentRead,
+    tally: &Mutex<Tally>,
+) -> Result<()> {
+    let rank = read.rank as usize;
+    let Some(loader) = ranks.get(rank) else {
         return Err(Error::Failed(format!(
             "a client reported rank {} of {}",
             read.rank,
             ranks.len()
         )));
     };
+    let steps = loader.steps_per_epoch();
     let mut digest = BatchDigest::new();
     let mut want = Vec::new();
-    for batch in loader.epoch(read.epoch, 0)? {
+    for batch in loader
+        .epoch(read.epoch, read.first_step)?
+        .take(read.batches as usize)
+    {
         let batch = batch?;
         digest.update(&batch);
         want.extend_from_slice(&batch.sample_indices);
     }
-    let (lost, duplicated) = difference(&want, &read.samples);
-    let mismatch = digest.hex() != read.digest;
+    let (mut lost, mut duplicated) = difference(&want, &read.samples);
+    let mismatch =
+        digest.hex() != read.digest || read.ends_epoch != (read.first_step + read.batches == steps);
+    // Batches between the last segment's end and this one's start were never read (or, before
+    // it, read twice): a whole batch's samples each.
+    let at = |(epoch, step): (u64, u64)| epoch * steps + step;
+    let expected = at(next[rank]);
+    let start = at((read.epoch, read.first_step));
+    let misplaced = start != expected;
+    if start > expected {
+        lost += (start - expected) * batch;
+    } else {
+        duplicated += (expected - start).min(read.batches) * batch;
+    }
+    next[rank] = read.next();
     if lost + duplicated > 0 || mismatch {
         tracing::error!(
             rank = read.rank,
             epoch = read.epoch,
+            first_step = read.first_step,
             lost,
             duplicated,
             mismatch,
-            "a rank's epoch differs from the embedded loader's"
+            "a rank's segment differs from the embedded loader's"
         );
     }
     let mut tally = lock(tally);
     tally.lost += lost;
     tally.duplicated += duplicated;
     tally.mismatches += u64::from(mismatch);
+    tally.misplaced += u64::from(misplaced);
     tally.batches += read.batches;
-    tally.checked[read.rank as usize] += 1;
+    tally.checked[rank] += u64::from(read.ends_epoch);
     Ok(())
 }
 

@@ -1,21 +1,23 @@
 //! `stoker bench soak`: the distributed mode run for a long time under faults. A coordinator,
 //! three worker daemons and two client processes (two ranks of one job) run on loopback; a
 //! random worker (one is spared by default, so that one lives the whole run) is SIGKILLed and
-//! restarted every ~20 s, the coordinator every ~60 s (on the same port and journal). After each epoch of each rank the soak checks what the rank read against
-//! the embedded loader's batches for that rank and epoch: the same digest, every sample exactly
-//! once. It samples the resident set and open descriptors of every process each second and fits
-//! lines through them ([`trend`]). It prints one JSON line.
+//! restarted every ~20 s, the coordinator every ~60 s (on the same port and journal), a random
+//! client every ~120 s (started again at the epoch and step after its last checkpoint, as a
+//! training script resumes from its `state_dict`). At each checkpoint of each rank the soak
+//! checks what the rank read against the embedded loader's same batches: the same digest, every
+//! sample exactly once, each resumed client starting where its last checkpoint ended. It
+//! samples the resident set and open descriptors of every process each second and fits lines
+//! through them ([`trend`]). It prints one JSON line.
 
 mod check;
 pub mod client;
+mod clients;
 pub(crate) mod fleet;
 pub mod trend;
 
 use std::collections::BTreeMap;
-use std::io::{BufRead, BufReader, Write};
+use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
-use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use clap::{Args, ValueEnum};
@@ -26,6 +28,7 @@ use stoker_proto::v1::{self as proto, op::Op as OpKind, JobSpec};
 use super::{Error, Result};
 use check::Checker;
 use client::ClientLine;
+use clients::{Clients, Said};
 use fleet::{Recipe, Running};
 use trend::{Incarnation, IncarnationTrend, RoleTrend};
 
@@ -65,6 +68,18 @@ pub struct SoakBench {
     /// Mean seconds between coordinator restarts (drawn like the kills).
     #[arg(long, default_value_t = 60.0)]
     pub restart_every_s: f64,
+    /// Mean seconds between client kills (drawn like the others); the victim, a random rank,
+    /// is started again at the position after its last checkpoint.
+    #[arg(long, default_value_t = 120.0)]
+    pub client_kill_every_s: f64,
+    /// A planted leak, to check the verdict: rank 0's client grows its resident set by this
+    /// many MiB per 10 minutes, never freed.
+    #[arg(long, default_value_t = 0.0)]
+    pub plant_leak_mib_per_10min: f64,
+    /// Judge memory and descriptors in a run shorter than 10 minutes too (processes that lived
+    /// half the run, or five minutes, are then fitted alone).
+    #[arg(long)]
+    pub judge: bool,
     /// Seed of the kill schedule and of the job.
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
@@ -161,22 +176,29 @@ struct SoakReport {
     kills: u64,
     /// Coordinator restarts (SIGKILL, then the same port and journal).
     restarts: u64,
+    /// Clients SIGKILLed (each started again where its last checkpoint left off).
+    client_kills: u64,
     /// Daemons that exited without being killed (restarted, and a failure).
     crashes: u64,
     /// Samples of a checked epoch a rank never got.
     lost: u64,
     /// Samples a rank got more often than the embedded loader gives them.
     duplicated: u64,
-    /// Checked epochs whose digest differs from the embedded loader's.
+    /// Checked segments whose digest differs from the embedded loader's.
     digest_mismatches: u64,
+    /// Segments that did not start where their rank's last one ended.
+    misplaced: u64,
     /// Per role: the drift at a fixed age, and the within-life slope (not judged).
     processes: BTreeMap<&'static str, RoleTrend>,
-    /// Incarnations that lived five minutes or more, fitted alone.
+    /// Incarnations that lived five minutes (or half the run, when shorter) or more, fitted
+    /// alone.
     long_lived: Vec<IncarnationTrend>,
     /// Every judged slope within the bounds (RSS < 1 MiB / 10 min, descriptors 0 / 10 min), and
-    /// every role judged: see [`is_flat`].
+    /// every role judged: see [`flat_roles`].
     flat: bool,
-    /// Whether `flat` counts towards `ok` (runs of 10 minutes or more).
+    /// The same verdict for each role.
+    flat_roles: BTreeMap<&'static str, bool>,
+    /// Whether `flat` counts towards `ok` (runs of 10 minutes or more, or `--judge`).
     flat_judged: bool,
     /// Client failures, if any.
     failures: Vec<String>,
@@ -184,23 +206,30 @@ struct SoakReport {
     ok: bool,
 }
 
-/// The verdict on memory and descriptors: each long-lived incarnation's own slope and each
-/// role's drift are within the bounds, and every role has at least one of them (a role whose
-/// processes all died before the drift age and none lived five minutes is not flat: nothing
-/// shows it is).
-fn is_flat(processes: &BTreeMap<&'static str, RoleTrend>, long_lived: &[IncarnationTrend]) -> bool {
-    processes.iter().all(|(role, trend)| {
-        let own = long_lived
-            .iter()
-            .filter(|l| l.role == *role)
-            .map(|l| (l.rss_mib_per_10min, l.fds_per_10min));
-        let drift = trend
-            .drift
-            .iter()
-            .map(|d| (d.rss_mib_per_10min, d.fds_per_10min));
-        let mut judged = own.chain(drift).peekable();
-        judged.peek().is_some() && judged.all(|(rss, fds)| trend::is_flat(rss, fds))
-    })
+/// The verdict on memory and descriptors, per role: each long-lived incarnation's own slope and
+/// the role's drift are within the bounds, and the role has at least one of them (a role whose
+/// processes all died before the drift age and none lived long is not flat: nothing shows it
+/// is).
+fn flat_roles(
+    processes: &BTreeMap<&'static str, RoleTrend>,
+    long_lived: &[IncarnationTrend],
+) -> BTreeMap<&'static str, bool> {
+    processes
+        .iter()
+        .map(|(role, trend)| {
+            let own = long_lived
+                .iter()
+                .filter(|l| l.role == *role)
+                .map(|l| (l.rss_mib_per_10min, l.fds_per_10min));
+            let drift = trend
+                .drift
+                .iter()
+                .map(|d| (d.rss_mib_per_10min, d.fds_per_10min));
+            let mut judged = own.chain(drift).peekable();
+            let flat = judged.peek().is_some() && judged.all(|(rss, fds)| trend::is_flat(rss, fds));
+            (*role, flat)
+        })
+        .collect()
 }
 
 /// A process slot: what starts it, and its running incarnation.
@@ -212,7 +241,7 @@ struct Slot {
 }
 
 /// Everything the run keeps while it goes.
-struct Soak {
+pub(crate) struct Soak {
     t0: Instant,
     log: std::fs::File,
     incarnations: Vec<Incarnation>,
@@ -257,11 +286,13 @@ impl Soak {
     }
 
     fn sample(&mut self, running: &Running) {
+        self.sample_pid(running.pid, running.incarnation);
+    }
+
+    fn sample_pid(&mut self, pid: u32, incarnation: usize) {
         let at = self.now();
-        if let Some(reading) = trend::read_process(running.pid, at) {
-            self.incarnations[running.incarnation]
-                .readings
-                .push(reading);
+        if let Some(reading) = trend::read_process(pid, at) {
+            self.incarnations[incarnation].readings.push(reading);
         }
     }
 
@@ -304,8 +335,16 @@ fn validate(args: &SoakBench) -> Result<()> {
         return bad("--samples must be at least --clients");
     }
     let at_least_one = |s: f64| s >= 1.0;
-    if !at_least_one(args.kill_every_s) || !at_least_one(args.restart_every_s) {
-        return bad("--kill-every-s and --restart-every-s must be at least 1");
+    if !at_least_one(args.kill_every_s)
+        || !at_least_one(args.restart_every_s)
+        || !at_least_one(args.client_kill_every_s)
+    {
+        return bad(
+            "--kill-every-s, --restart-every-s and --client-kill-every-s must be at least 1",
+        );
+    }
+    if !(args.plant_leak_mib_per_10min >= 0.0 && args.plant_leak_mib_per_10min.is_finite()) {
+        return bad("--plant-leak-mib-per-10min must be 0 or more");
     }
     Ok(())
 }
@@ -373,45 +412,20 @@ pub fn run(args: &SoakBench) -> Result<()> {
         soak.start_daemon(&mut slot)?;
         workers.push(slot);
     }
-    let (lines_tx, lines) = mpsc::channel::<(u32, String)>();
-    let mut clients = Vec::new();
-    for rank in 0..args.clients {
-        let mut child = Command::new(&exe)
-            .args(client_args(args, &address, &data, rank))
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(soak.log.try_clone()?)
-            .spawn()?;
-        let stdout = child
-            .stdout
-            .take()
-            .ok_or_else(|| Error::Failed("client stdout was not piped".into()))?;
-        let tx = lines_tx.clone();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stdout)
-                .lines()
-                .map_while(std::io::Result::ok)
-            {
-                if tx.send((rank, line)).is_err() {
-                    break;
-                }
-            }
-        });
-        let started = soak.now();
-        let incarnation = soak.new_incarnation("client", rank as usize, started);
-        let mut running = fleet::running(child, incarnation);
-        let stdin = running.take_stdin();
-        clients.push((running, stdin));
-    }
-    drop(lines_tx);
+    let client_args = (0..args.clients)
+        .map(|rank| client_args(args, &address, &data, rank))
+        .collect();
+    let mut clients = Clients::start(exe, client_args, &mut soak)?;
+    let mut client_rng = rand_pcg::Pcg64::seed_from_u64(args.seed ^ 0xc11e);
 
     let checker = Checker::start(&data, args)?;
     let mut rng = rand_pcg::Pcg64::seed_from_u64(args.seed);
     let end = args.minutes * 60.0;
     let mut next_kill = jitter(&mut rng, args.kill_every_s);
     let mut next_restart = jitter(&mut rng, args.restart_every_s);
+    let mut next_client_kill = jitter(&mut client_rng, args.client_kill_every_s);
     let mut next_progress = 60.0;
-    let (mut kills, mut restarts, mut crashes) = (0u64, 0u64, 0u64);
+    let (mut kills, mut restarts, mut crashes, mut client_kills) = (0u64, 0u64, 0u64, 0u64);
     let mut failures = Vec::new();
     let mut stopping: Option<f64> = None;
     // The main loop: one pass a second. After `end`, clients are told to stop after their
@@ -423,20 +437,12 @@ pub fn run(args: &SoakBench) -> Result<()> {
                 soak.sample(running);
             }
         }
-        for (running, _) in &clients {
-            soak.sample(running);
+        let running: Vec<(u32, usize)> =
+            clients.running().map(|r| (r.pid, r.incarnation)).collect();
+        for (pid, incarnation) in running {
+            soak.sample_pid(pid, incarnation);
         }
-        while let Ok((rank, line)) = lines.try_recv() {
-            match serde_json::from_str::<ClientLine>(&line) {
-                Ok(ClientLine::Epoch(read)) => {
-                    let at = soak.now();
-                    soak.epoch_times[rank as usize].push(at);
-                    checker.submit(read);
-                }
-                Ok(ClientLine::Failed(error)) => failures.push(format!("rank {rank}: {error}")),
-                Err(_) => failures.push(format!("rank {rank} printed {line:?}")),
-            }
-        }
+        take_lines(&mut clients, &mut soak, &checker, &mut failures);
         for slot in std::iter::once(&mut coordinator).chain(workers.iter_mut()) {
             let died = slot.running.as_mut().and_then(Running::exited);
             if let Some(status) = died {
@@ -445,14 +451,11 @@ pub fn run(args: &SoakBench) -> Result<()> {
                 soak.start_daemon(slot)?;
             }
         }
-        let all_clients_done = clients
-            .iter_mut()
-            .all(|(running, _)| running.exited().is_some());
-        if all_clients_done {
+        if clients.all_exited() {
             break;
         }
         let now = soak.now();
-        if stopping.is_none() && clients.iter_mut().any(|(r, _)| r.exited().is_some()) {
+        if stopping.is_none() && clients.any_exited() {
             failures.push("a client exited before the end".into());
             stopping = Some(now);
         }
@@ -461,9 +464,7 @@ pub fn run(args: &SoakBench) -> Result<()> {
         }
         match stopping {
             Some(since) => {
-                for (_, stdin) in &mut clients {
-                    stdin.take();
-                }
+                clients.ask_to_stop();
                 if now - since > 300.0 {
                     failures
                         .push("clients did not finish their last epoch within 5 minutes".into());
@@ -480,6 +481,15 @@ pub fn run(args: &SoakBench) -> Result<()> {
                     soak.start_daemon(&mut workers[victim])?;
                     kills += 1;
                     next_kill = now + jitter(&mut rng, args.kill_every_s);
+                }
+                if now >= next_client_kill {
+                    let victim = (client_rng.next_u64() % clients.len() as u64) as usize;
+                    clients.kill(victim);
+                    // Its last lines first: it resumes after them.
+                    take_lines(&mut clients, &mut soak, &checker, &mut failures);
+                    clients.restart(victim, &mut soak)?;
+                    client_kills += 1;
+                    next_client_kill = now + jitter(&mut client_rng, args.client_kill_every_s);
                 }
                 if now >= next_restart {
                     if let Some(mut running) = coordinator.running.take() {
@@ -509,19 +519,21 @@ pub fn run(args: &SoakBench) -> Result<()> {
     if stopping.is_none() {
         failures.push("every client exited before the end".into());
     }
-    while let Ok((_, line)) = lines.try_recv() {
-        if let Ok(ClientLine::Epoch(read)) = serde_json::from_str::<ClientLine>(&line) {
-            checker.submit(read);
-        }
-    }
+    clients.join_readers();
+    take_lines(&mut clients, &mut soak, &checker, &mut failures);
     let checked = checker.finish()?;
     let minutes = soak.now() / 60.0;
-    let (processes, long_lived) = trend::fit(&soak.incarnations, |i| soak.warm_after(i));
-    let flat = is_flat(&processes, &long_lived);
-    let flat_judged = args.minutes >= JUDGED_FROM_MINUTES;
+    let long_life = trend::LONG_LIVED
+        .as_secs_f64()
+        .min(args.minutes * 60.0 / 2.0);
+    let (processes, long_lived) = trend::fit(&soak.incarnations, long_life, |i| soak.warm_after(i));
+    let flat_roles = flat_roles(&processes, &long_lived);
+    let flat = flat_roles.values().all(|flat| *flat);
+    let flat_judged = args.minutes >= JUDGED_FROM_MINUTES || args.judge;
     let ok = checked.lost == 0
         && checked.duplicated == 0
         && checked.mismatches == 0
+        && checked.misplaced == 0
         && crashes == 0
         && failures.is_empty()
         && checked.epochs() > 0
@@ -533,13 +545,16 @@ pub fn run(args: &SoakBench) -> Result<()> {
         batches: checked.batches,
         kills,
         restarts,
+        client_kills,
         crashes,
         lost: checked.lost,
         duplicated: checked.duplicated,
         digest_mismatches: checked.mismatches,
+        misplaced: checked.misplaced,
         processes,
         long_lived,
         flat,
+        flat_roles,
         flat_judged,
         failures,
         ok,
@@ -559,6 +574,29 @@ pub fn run(args: &SoakBench) -> Result<()> {
                 "--log PATH when rerun".to_string()
             }
         )))
+    }
+}
+
+/// Hands the clients' new lines on: checkpoints to the checker (and each epoch's end to the
+/// warm-up clock), failures and garbled lines to `failures`.
+fn take_lines(
+    clients: &mut Clients,
+    soak: &mut Soak,
+    checker: &Checker,
+    failures: &mut Vec<String>,
+) {
+    for (rank, said) in clients.take_lines() {
+        match said {
+            Said::Line(ClientLine::Segment(read)) => {
+                if read.ends_epoch {
+                    let at = soak.now();
+                    soak.epoch_times[rank as usize].push(at);
+                }
+                checker.submit(read);
+            }
+            Said::Line(ClientLine::Failed(error)) => failures.push(format!("rank {rank}: {error}")),
+            Said::Garbled(line) => failures.push(format!("rank {rank} printed {line:?}")),
+        }
     }
 }
 
@@ -586,6 +624,13 @@ fn client_args(args: &SoakBench, address: &str, data: &Path, rank: u32) -> Vec<S
         &args.batch_size.to_string(),
         "--step-ms",
         &args.step_ms.to_string(),
+        "--leak-kib-per-s",
+        &if rank == 0 {
+            (args.plant_leak_mib_per_10min * 1024.0 / 600.0).round() as u64
+        } else {
+            0
+        }
+        .to_string(),
     ]
     .iter()
     .map(|s| s.to_string())
@@ -596,6 +641,13 @@ fn client_args(args: &SoakBench, address: &str, data: &Path, rank: u32) -> Vec<S
 mod tests {
     use super::*;
     use trend::Drift;
+
+    fn is_flat(
+        processes: &BTreeMap<&'static str, RoleTrend>,
+        long_lived: &[IncarnationTrend],
+    ) -> bool {
+        flat_roles(processes, long_lived).values().all(|flat| *flat)
+    }
 
     fn role(drift: Option<(f64, f64)>) -> RoleTrend {
         RoleTrend {

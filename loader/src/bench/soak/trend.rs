@@ -4,8 +4,8 @@
 //! Each process incarnation (one pid, from start to kill) is sampled from `/proc`. Its samples
 //! before a warm-up point (the first epoch boundary after it started) are left out: filling
 //! caches and pools once is not a leak. Three fits come out of the rest:
-//! - per incarnation that lived long enough to fit alone ([`LONG_LIVED`]), its own slope: a
-//!   process that leaks as it works shows here;
+//! - per incarnation that lived long enough to fit alone ([`LONG_LIVED`] in a judged run of
+//!   10 minutes or more), its own slope: a process that leaks as it works shows here;
 //! - per role (coordinator, worker, client), the *drift*: each incarnation's mean at the same
 //!   age ([`DRIFT_AGES`] after it started), fitted against when it started. State carried from
 //!   one incarnation to the next (a journal, files, caches on disk) that grows shows here;
@@ -207,10 +207,12 @@ fn points(readings: &[Reading]) -> (Points, Points) {
         .unzip()
 }
 
-/// Fits every role and every long-lived incarnation. `warm_after(started)` gives the time an
+/// Fits every role and every incarnation that lived `long_lived` seconds or more after its
+/// warm-up ([`LONG_LIVED`] in a judged run). `warm_after(started)` gives the time an
 /// incarnation started at `started` is warm from (its first epoch boundary).
 pub fn fit(
     incarnations: &[Incarnation],
+    long_lived_after: f64,
     warm_after: impl Fn(&Incarnation) -> f64,
 ) -> (BTreeMap<&'static str, RoleTrend>, Vec<IncarnationTrend>) {
     let mut roles: BTreeMap<&'static str, (RoleTrend, Sums, Sums)> = BTreeMap::new();
@@ -254,7 +256,7 @@ pub fn fit(
         rss_sums.add_group(&rss);
         fd_sums.add_group(&fds);
         let span = settled[settled.len() - 1].at - settled[0].at;
-        if span >= LONG_LIVED.as_secs_f64() {
+        if span >= long_lived_after {
             let (mut alone_rss, mut alone_fds) = (Sums::default(), Sums::default());
             alone_rss.add_group(&rss);
             alone_fds.add_group(&fds);
@@ -327,7 +329,7 @@ mod tests {
             incarnation("worker", 60.0, 60, |t| 20.0 + (t - 60.0) / 60.0),
             incarnation("worker", 120.0, 60, |t| 300.0 + (t - 120.0) / 60.0),
         ];
-        let (roles, long_lived) = fit(&all, |i| i.started);
+        let (roles, long_lived) = fit(&all, 300.0, |i| i.started);
         let worker = &roles["worker"];
         assert_eq!(worker.incarnations, 3);
         assert_eq!(worker.fitted, 3);
@@ -347,20 +349,20 @@ mod tests {
             900,
             |t| if t < 60.0 { t * 3.3 } else { 200.0 },
         );
-        let (roles, long_lived) = fit(std::slice::from_ref(&client), |_| 60.0);
+        let (roles, long_lived) = fit(std::slice::from_ref(&client), 300.0, |_| 60.0);
         assert_eq!(roles["client"].within_life_rss_mib_per_10min, 0.0);
         assert!(is_flat(0.0, 0.0));
         assert_eq!(long_lived.len(), 1);
         assert!((long_lived[0].minutes - 839.0 / 60.0).abs() < 1e-9);
         // Fitted from 0 instead, the warm-up reads as growth.
-        let (cold, _) = fit(std::slice::from_ref(&client), |_| 0.0);
+        let (cold, _) = fit(std::slice::from_ref(&client), 300.0, |_| 0.0);
         assert!(cold["client"].within_life_rss_mib_per_10min > 1.0);
     }
 
     #[test]
     fn incarnations_with_too_few_readings_are_counted_not_fitted() {
         let all = vec![incarnation("coordinator", 0.0, 2, |_| 50.0)];
-        let (roles, _) = fit(&all, |i| i.started);
+        let (roles, _) = fit(&all, 300.0, |i| i.started);
         assert_eq!(roles["coordinator"].incarnations, 1);
         assert_eq!(roles["coordinator"].fitted, 0);
         assert_eq!(roles["coordinator"].peak_rss_mib, 50.0);
@@ -376,7 +378,7 @@ mod tests {
                 incarnation("worker", started, 30, move |t| 12.0 + (t - started) / 15.0)
             })
             .collect();
-        let (roles, _) = fit(&fresh, |i| i.started);
+        let (roles, _) = fit(&fresh, 300.0, |i| i.started);
         let worker = &roles["worker"];
         assert!(worker.within_life_rss_mib_per_10min > 30.0, "{worker:?}");
         let drift = worker.drift.as_ref().expect("all lived 20 s");
@@ -393,7 +395,7 @@ mod tests {
                 })
             })
             .collect();
-        let (roles, _) = fit(&growing, |i| i.started);
+        let (roles, _) = fit(&growing, 300.0, |i| i.started);
         let coordinator = &roles["coordinator"];
         assert_eq!(coordinator.within_life_rss_mib_per_10min, 0.0);
         let drift = coordinator.drift.as_ref().expect("all lived 20 s");
@@ -407,7 +409,7 @@ mod tests {
         let young: Vec<Incarnation> = (0..10)
             .map(|i| incarnation("worker", i as f64 * 12.0, 12, |_| 12.0))
             .collect();
-        let (roles, _) = fit(&young, |i| i.started);
+        let (roles, _) = fit(&young, 300.0, |i| i.started);
         assert_eq!(roles["worker"].drift, None);
     }
 
