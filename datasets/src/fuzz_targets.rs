@@ -7,14 +7,19 @@
 //!
 //! The formats are opened through their public entry points, which take paths: a body writes
 //! the input into `scratch` (a folder the caller owns; emptied first) and opens that, so the
-//! index caches, memory maps and file handles take the same paths as in production.
+//! index caches, memory maps and file handles take the same paths as in production. The
+//! ranged-read Parquet body serves the file's ranges from memory instead, as the object
+//! cache serves an object's.
 //! Errors from the parsers are the expected outcome for most inputs and are dropped; only an
 //! error of the scratch folder itself is returned.
 
 use std::io;
+use std::ops::Range;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use crate::sample_source::SampleSource;
+use crate::storage::ByteRanges;
 use crate::{
     HfDataset, JsonlDocuments, ParquetDataset, ParquetOptions, TarShards, TokenDtype, TokenFile,
 };
@@ -84,6 +89,57 @@ pub fn parquet(data: &[u8], scratch: &Path) -> io::Result<()> {
         let _ = dataset.read_i64_columns(&[&column.name], &rows, &mut Vec::new());
     }
     Ok(())
+}
+
+/// A Parquet file read as an object in a store is: the footer found from a tail read (and a
+/// second read when the footer is longer), then row groups fetched as the column-chunk ranges
+/// the footer names, with every read served from `data` in memory. Checked: no range asked for
+/// lies past the file's end or runs backwards. Then samples, labels and numeric columns are
+/// read as in [`parquet`].
+pub fn parquet_ranged(data: &[u8]) {
+    let bytes: Arc<dyn ByteRanges> = Arc::new(InMemory(data.to_vec()));
+    let options = ParquetOptions {
+        cache_bytes: PARQUET_CACHE_BYTES,
+        ..ParquetOptions::default()
+    };
+    let Ok(dataset) = ParquetDataset::open_ranged(Path::new("fuzz.parquet"), bytes, &options)
+    else {
+        return;
+    };
+    read_some(&dataset);
+    let summary = dataset.summary();
+    let rows: Vec<u64> = (0..dataset.len().min(SAMPLES_READ)).collect();
+    for column in &summary.columns {
+        let _ = dataset.read_f32_columns(&[&column.name], &rows, &mut Vec::new());
+        let _ = dataset.read_i64_columns(&[&column.name], &rows, &mut Vec::new());
+    }
+}
+
+/// A file's bytes in memory, read by ranges.
+struct InMemory(Vec<u8>);
+
+impl ByteRanges for InMemory {
+    fn size(&self) -> u64 {
+        self.0.len() as u64
+    }
+
+    fn read_ranges(&self, ranges: &[Range<u64>]) -> crate::Result<Vec<Vec<u8>>> {
+        Ok(ranges
+            .iter()
+            .map(|range| {
+                assert!(
+                    range.start <= range.end && range.end <= self.size(),
+                    "asked for bytes {range:?} of a {}-byte file",
+                    self.size()
+                );
+                self.0[range.start as usize..range.end as usize].to_vec()
+            })
+            .collect())
+    }
+
+    fn listed(&self) -> Option<&object_store::ObjectMeta> {
+        None
+    }
 }
 
 /// A token file. The first three bytes choose how it is opened (bit 0 of the first: `uint32`

@@ -15,15 +15,15 @@ use parquet::file::metadata::ParquetMetaData;
 use parquet::file::reader::{ChunkReader, Length};
 
 use crate::error::{Error, Result};
-use crate::storage::RemoteObject;
+use crate::storage::ByteRanges;
 
 /// The bytes of one Parquet file.
 #[derive(Clone)]
 pub(crate) enum FileBytes {
     /// A local file.
     Local(PathBuf),
-    /// An object read by ranges.
-    Remote(Arc<RemoteObject>),
+    /// A file read by ranges (an object in a store).
+    Remote(Arc<dyn ByteRanges>),
 }
 
 /// Bytes of a remote file's tail read first, at most: most footers fit. A small file reads a

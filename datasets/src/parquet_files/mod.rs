@@ -42,7 +42,7 @@ use tracing::info;
 use crate::error::{without_panics, Error, Result};
 use crate::files::{files_with_extension, has_extension};
 use crate::sample_source::{numbered_class_names, SampleSource};
-use crate::storage::{list_remote, Hint, ObjectCache, Prefetcher, RemoteObject};
+use crate::storage::{list_remote, ByteRanges, Hint, ObjectCache, Prefetcher, RemoteObject};
 use bytes::FileBytes;
 use columns::Cell;
 use parquet::file::reader::Length;
@@ -496,6 +496,25 @@ impl ParquetDataset {
         Ok(dataset)
     }
 
+    /// Opens one file read by ranges (`name` in messages), as an object in a store is: the
+    /// footer from its tail, each row group's column chunks by ranges. The fuzz target of the
+    /// ranged reads opens its input this way.
+    pub(crate) fn open_ranged(
+        name: &Path,
+        bytes: Arc<dyn ByteRanges>,
+        options: &ParquetOptions,
+    ) -> Result<ParquetDataset> {
+        let files = vec![(name.to_path_buf(), FileBytes::Remote(bytes))];
+        Self::open_files(
+            name,
+            name.to_path_buf(),
+            files,
+            options,
+            None,
+            Instant::now(),
+        )
+    }
+
     /// Opens `files` (display path, bytes), in this order; `path` names the set in messages.
     fn open_files(
         path: &Path,
@@ -875,6 +894,9 @@ impl SampleSource for ParquetDataset {
             else {
                 continue;
             };
+            let Some(listed) = object.listed() else {
+                continue;
+            };
             let ranges = bytes::column_chunk_ranges(
                 file.metadata.metadata(),
                 &[span.group_in_file],
@@ -883,10 +905,10 @@ impl SampleSource for ParquetDataset {
             );
             match hint
                 .iter_mut()
-                .find(|(listed, _)| listed.location == object.meta().location)
+                .find(|(hinted, _)| hinted.location == listed.location)
             {
                 Some((_, wanted)) => wanted.extend(ranges),
-                None => hint.push((object.meta().clone(), ranges)),
+                None => hint.push((listed.clone(), ranges)),
             }
         }
         if !hint.is_empty() {

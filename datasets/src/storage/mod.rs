@@ -49,7 +49,7 @@ pub use options::{
     ObjectCacheOptions, S3Settings, DEFAULT_CONCURRENCY, DEFAULT_MAX_BYTES, DEFAULT_PART_SIZE,
 };
 pub(crate) use prefetch::{Hint, Prefetcher};
-pub(crate) use remote_object::{list_remote, RemoteObject};
+pub(crate) use remote_object::{list_remote, ByteRanges, RemoteObject};
 pub use remote_tar::{
     upload_tar_set, write_tar_index, RemoteTarShards, TarIndexWritten, TarSetUploaded,
 };

@@ -14,6 +14,19 @@ use super::prefetch::Prefetcher;
 use super::uri::{s3_location, RemoteLocation};
 use crate::error::{Error, Result};
 
+/// Bytes of one file read by ranges: an object in a store through the cache tier
+/// ([`RemoteObject`]), or (the `parquet_ranged` fuzz target) bytes in memory.
+pub(crate) trait ByteRanges: Send + Sync {
+    /// Its size in bytes.
+    fn size(&self) -> u64;
+
+    /// Bytes `ranges` of it, each within its size.
+    fn read_ranges(&self, ranges: &[Range<u64>]) -> Result<Vec<Vec<u8>>>;
+
+    /// The object as its store listed it (what a read-ahead hint names), when it is one.
+    fn listed(&self) -> Option<&ObjectMeta>;
+}
+
 /// An object as listed, with what it is read through.
 pub(crate) struct RemoteObject {
     cache: Arc<ObjectCache>,
@@ -23,19 +36,9 @@ pub(crate) struct RemoteObject {
 }
 
 impl RemoteObject {
-    /// The object's size.
-    pub(crate) fn size(&self) -> u64 {
-        self.object.size
-    }
-
     /// The object's `s3://` URI.
     pub(crate) fn uri(&self) -> String {
         self.location.uri_of(self.object.location.as_ref())
-    }
-
-    /// The object as listed (what a read-ahead hint names).
-    pub(crate) fn meta(&self) -> &ObjectMeta {
-        &self.object
     }
 
     /// A read-ahead thread for this object and the others of its listing (they share the
@@ -50,11 +53,21 @@ impl RemoteObject {
         .map_err(|error| warn!(%error, "cannot start the read-ahead thread"))
         .ok()
     }
+}
 
-    /// Bytes `ranges` of the object, through the cache.
-    pub(crate) fn read_ranges(&self, ranges: &[Range<u64>]) -> Result<Vec<Vec<u8>>> {
+impl ByteRanges for RemoteObject {
+    fn size(&self) -> u64 {
+        self.object.size
+    }
+
+    /// Through the cache.
+    fn read_ranges(&self, ranges: &[Range<u64>]) -> Result<Vec<Vec<u8>>> {
         self.cache
             .read_ranges(&self.store, &self.location, &self.object, ranges)
+    }
+
+    fn listed(&self) -> Option<&ObjectMeta> {
+        Some(&self.object)
     }
 }
 

@@ -55,6 +55,14 @@ fn parquet_corpus_replays() -> TestResult<()> {
 }
 
 #[test]
+fn parquet_ranged_corpus_replays() -> TestResult<()> {
+    replay("parquet_ranged", |data, _| {
+        fuzz_targets::parquet_ranged(data);
+        Ok(())
+    })
+}
+
+#[test]
 fn jsonl_compressed_corpus_replays() -> TestResult<()> {
     replay("jsonl_compressed", fuzz_targets::jsonl_compressed)?;
     // The seeds are good files, so the replay reaches past the decompression.
@@ -231,6 +239,13 @@ fn write_seed_corpora() -> TestResult<()> {
         &std::fs::read(only_file(&parquet_dir, "parquet")?)?,
     )?;
     put("parquet", "text.parquet", &text_parquet()?)?;
+    // The same files read by ranges, as from an object store.
+    put(
+        "parquet_ranged",
+        "written.parquet",
+        &std::fs::read(only_file(&parquet_dir, "parquet")?)?,
+    )?;
+    put("parquet_ranged", "text.parquet", &text_parquet()?)?;
 
     for (name, flags, seq_len, dtype, tokens) in [
         ("u16_seq8", 0u8, 8u16, TokenDtype::Uint16, 40u64),
