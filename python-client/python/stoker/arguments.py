@@ -1,16 +1,18 @@
 """Checks of the loaders' arguments, shared by :class:`~stoker.Loader` and
 ``Loader.from_dataset``: integers and flags in range, dataset sources, rank and world size (with
 their defaults from torch.distributed or the environment), decode threads, the dashboard's
-address and credential, and importing torch when an output needs it. Every check runs before
+address and credential, prefetch, error policy, timeouts, output kind, formats, the remote
+settings, and importing torch when an output needs it. Every check runs before
 any thread starts or any file is read, and names the argument it refuses.
 """
 
 from __future__ import annotations
 
 import errno
+import math
 import os
 import sys
-from typing import Any, Final, TypeGuard
+from typing import Any, Final, Literal, TypeGuard
 
 # The ranges of the native side's integer arguments.
 MAX_U32: Final = 2**32 - 1
@@ -195,3 +197,94 @@ def dashboard_address(dashboard: int | str | None) -> str | None:
     raise TypeError(
         f"dashboard must be a port (int) or 'host:port' (str), got {type(dashboard).__name__}"
     )
+
+
+# Dataset formats a source may name (None: picked from the files).
+FORMATS: Final = ("image_folder", "tar", "parquet", "tokens", "jsonl", "hf")
+
+
+def check_prefetch(prefetch: object) -> int:
+    """``prefetch`` as the native side takes it: 0 for ``"auto"``, else 1..=4096."""
+    if prefetch == "auto":
+        return 0
+    if is_int(prefetch) and 1 <= prefetch <= 4096:
+        return int(prefetch)
+    raise ValueError(f"prefetch must be 'auto' or an int in 1..=4096, got {prefetch!r}")
+
+
+def check_on_error(on_error: object) -> Literal["skip", "fail"]:
+    """``on_error``: ``"skip"`` or ``"fail"``."""
+    if on_error == "skip":
+        return "skip"
+    if on_error == "fail":
+        return "fail"
+    raise ValueError(f"on_error must be 'skip' or 'fail', got {on_error!r}")
+
+
+def check_seconds(value: object, name: str) -> float:
+    """A positive, finite number of seconds."""
+    if (
+        not isinstance(value, (int, float))
+        or isinstance(value, bool)
+        or not (math.isfinite(value) and value > 0)
+    ):
+        raise ValueError(f"{name} must be a positive, finite number of seconds, got {value!r}")
+    return float(value)
+
+
+def resolve_output(output: object) -> Literal["torch", "numpy"]:
+    """``output``: ``"torch"`` or ``"numpy"``; None picks torch when it can be imported."""
+    if output is None:
+        return "torch" if torch_importable() else "numpy"
+    if output == "torch":
+        return "torch"
+    if output == "numpy":
+        return "numpy"
+    raise ValueError(
+        f"output must be 'torch' or 'numpy' (None: torch when importable), got {output!r}"
+    )
+
+
+def check_format(format: object, whose: str = "format") -> str:
+    """A source's format: one of :data:`FORMATS`, or ``"auto"`` for None."""
+    if format is None or format == "auto":
+        return "auto"
+    if format not in FORMATS:
+        raise ValueError(
+            f"{whose} must be None (pick it from the files) or one of "
+            f"{', '.join(repr(f) for f in FORMATS)}, got {format!r}"
+        )
+    return str(format)
+
+
+def check_text_column(text_column: object, whose: str = "text_column") -> str:
+    """A text column's name ("" for None)."""
+    if text_column is not None and not isinstance(text_column, str):
+        raise ValueError(f"{whose} must be a str or None, got {text_column!r}")
+    return text_column or ""
+
+
+def check_remote(
+    address: object, token: object, tls_ca: object, tls_server_name: object
+) -> str | None:
+    """A coordinator's ``host:port`` and the settings that apply only with one: the token (a
+    str), and ``tls_server_name`` only beside ``tls_ca``."""
+    if address is not None and (
+        not isinstance(address, str)
+        or ":" not in address
+        or "://" in address
+        or address.strip() != address
+    ):
+        raise ValueError(f"address must be 'host:port' of a Stoker coordinator, got {address!r}")
+    if address is None and (token, tls_ca, tls_server_name) != (None, None, None):
+        raise ValueError(
+            "token, tls_ca and tls_server_name apply to the distributed mode only: "
+            "give address='host:port' of a coordinator"
+        )
+    if token is not None and not isinstance(token, str):
+        raise TypeError(f"token must be a str, got {type(token).__name__}")
+    if tls_server_name is not None and tls_ca is None:
+        raise ValueError(
+            "tls_server_name needs tls_ca (the CA that signed the daemons' certificates)"
+        )
+    return address

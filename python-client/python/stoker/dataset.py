@@ -38,24 +38,28 @@ from typing import Any, Final, Literal, NoReturn
 
 import numpy as np
 
-from stoker import _native
+from stoker import _native, gpu
 from stoker.arguments import (
     MAX_U32,
     MAX_U64,
     check_bool,
     check_int,
+    check_on_error,
+    check_prefetch,
+    check_seconds,
     dashboard_address,
     dashboard_credential_path,
     default_threads,
     import_torch,
     is_int,
+    resolve_output,
     resolve_rank,
-    torch_importable,
 )
 from stoker.errors import DatasetError, LoaderTimeoutError, StokerError
-from stoker.loader import Loader
+from stoker.loader import Loader, register_dataset_builder
+from stoker.ops import check_pipeline
 
-__all__ = ["from_dataset", "sample_rng", "sample_seed"]
+__all__ = ["from_dataset", "loading_epoch", "sample_rng", "sample_seed"]
 
 # How many following samples the skip policy tries, as the native policy does.
 _MAX_SUBSTITUTE_TRIES: Final = 16
@@ -83,6 +87,13 @@ def sample_seed() -> int:
             "__getitem__ or transform while Loader.from_dataset loads a sample"
         )
     return int(_native.sample_seed(*key))
+
+
+def loading_epoch() -> int:
+    """The epoch of the sample being loaded, or 0 outside one (the loader probing a
+    dataset's layout reads its first sample outside any epoch)."""
+    key = getattr(_current, "key", None)
+    return 0 if key is None else int(key[1])
 
 
 def sample_rng() -> np.random.Generator:
@@ -674,7 +685,6 @@ def from_dataset(
     pinned_memory_budget: int | None = None,
 ) -> Any:
     """Builds the :class:`DatasetLoader` that ``Loader.from_dataset`` returns."""
-    from stoker import gpu
 
     if not hasattr(dataset, "__getitem__") or not hasattr(dataset, "__len__"):
         raise TypeError(
@@ -709,23 +719,11 @@ def from_dataset(
         else:
             lanes, rule = check_int(num_threads, "num_threads", 1, 4096), "num_threads"
         waiting_on = f"on {lanes} dataset threads"
-    if prefetch == "auto":
-        prefetch_count = 0
-    elif is_int(prefetch) and 1 <= prefetch <= 4096:
-        prefetch_count = int(prefetch)
-    else:
-        raise ValueError(f"prefetch must be 'auto' or an int in 1..=4096, got {prefetch!r}")
-    if on_error not in ("skip", "fail"):
-        raise ValueError(f"on_error must be 'skip' or 'fail', got {on_error!r}")
-    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0:
-        raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}")
+    prefetch_count = check_prefetch(prefetch)
+    error_policy = check_on_error(on_error)
+    seconds = check_seconds(timeout, "timeout")
     max_held = check_int(max_held_batches, "max_held_batches", 1, 4096)
-    if output is None:
-        output = "torch" if torch_importable() else "numpy"
-    elif output not in ("torch", "numpy"):
-        raise ValueError(
-            f"output must be 'torch' or 'numpy' (None: torch when importable), got {output!r}"
-        )
+    output_kind = resolve_output(output)
     rank_, world = resolve_rank(rank, world_size)
     pin_memory = check_bool(pin_memory, "pin_memory")
     budget = (
@@ -734,23 +732,23 @@ def from_dataset(
         else gpu.check_budget(pinned_memory_budget)
     )
     torch = (
-        import_torch("output='torch'") if output == "torch" else sys.modules.get("torch")
+        import_torch("output='torch'") if output_kind == "torch" else sys.modules.get("torch")
     )
     pin_device = gpu.pin_device(torch, pin_memory)
 
     image = None
     if pipeline is not None:
-        from stoker.ops import check_pipeline
-
         image = _native.ImagePipeline([op.to_dict() for op in check_pipeline(pipeline)])
     # The first sample fixes the layout: read here in thread mode, by a worker in process mode
     # (so that this process never runs the dataset's code, nor starts what it starts).
-    state = _State(dataset, transform, _NO_LAYOUT, seed, on_error, length, bool(workers), image)
+    state = _State(
+        dataset, transform, _NO_LAYOUT, seed, error_policy, length, bool(workers), image
+    )
     builder: Any
     if workers:
         builder = _ProcessBuilder(state, workers, context)
         try:
-            layout = builder.probe(float(timeout))
+            layout = builder.probe(seconds)
         except BaseException:
             builder.close()
             raise
@@ -772,7 +770,7 @@ def from_dataset(
             rank_,
             world,
             prefetch_count,
-            float(timeout),
+            seconds,
             max_held,
             dashboard=dashboard_address(dashboard),
             dashboard_token_file=dashboard_credential_path(dashboard, dashboard_token_file),
@@ -786,9 +784,9 @@ def from_dataset(
         builder.close()
         raise
     return DatasetLoader._make(
-        native, builder, layout, collate_fn, output,
+        native, builder, layout, collate_fn, output_kind,
         batch_size=batch_size, shuffle=shuffle, seed=seed, drop_last=drop_last, rank=rank_,
-        world_size=world, timeout=float(timeout), max_held_batches=max_held, thread_rule=rule,
+        world_size=world, timeout=seconds, max_held_batches=max_held, thread_rule=rule,
         name=type(dataset).__name__,
     )
 
@@ -885,3 +883,6 @@ class DatasetLoader(Loader):
         if bad:
             self._log_bad_samples(bad)
         return step, batch, list(indices), list(bad)
+
+
+register_dataset_builder(from_dataset)

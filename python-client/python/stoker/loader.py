@@ -15,29 +15,34 @@ import math
 import os
 import sys
 import weakref
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Final, Literal
 
 import numpy as np
 
-from stoker import _native, gpu
+from stoker import _native, gpu, resume
 from stoker.arguments import (
     MAX_U32,
     MAX_U64,
     check_bool,
+    check_format,
     check_int,
+    check_on_error,
+    check_prefetch,
+    check_remote,
+    check_seconds,
+    check_text_column,
     dashboard_address,
     dashboard_credential_path,
     default_threads,
     import_torch,
-    is_int,
     remote_source_path,
+    resolve_output,
     resolve_rank,
     source_path,
-    torch_importable,
 )
 from stoker.errors import StokerError
-from stoker.mix import MixRequest
+from stoker.mix_request import MixRequest
 from stoker.ops import Op, check_pipeline
 
 if TYPE_CHECKING:
@@ -47,32 +52,8 @@ __all__ = ["BatchIterator", "Loader"]
 
 _log = logging.getLogger("stoker")
 
-STATE_VERSION: Final = 1
-# Keys of state_dict() that must match on load: a batch is a function of these and the position.
-# (rank and world_size may differ: another rank's state, or a resume on another world size.)
-_STATE_SPEC_KEYS: Final = (
-    "seed",
-    "batch_size",
-    "num_samples",
-    "shuffle",
-    "drop_last",
-)
 # Per-sample logs are capped: a folder full of bad files should not drown the training log.
 _MAX_LOGGED_BAD_SAMPLES: Final = 20
-
-
-def _check_resizes(resizes: Any) -> list[tuple[int, list[int]]]:
-    """The ``resizes`` of a state as (cursor, taken) pairs; ValueError when malformed."""
-    if not isinstance(resizes, Sequence) or isinstance(resizes, (str, bytes)):
-        raise ValueError(f"state['resizes'] must be a list, got {type(resizes).__name__}")
-    checked = []
-    for resize in resizes:
-        if not isinstance(resize, Sequence) or len(resize) != 2:
-            raise ValueError(f"state['resizes'] holds {resize!r}, not [cursor, taken]")
-        cursor = check_int(resize[0], "a resize cursor", 0, MAX_U64)
-        taken = [check_int(t, "a resize position", 0, MAX_U64) for t in resize[1]]
-        checked.append((cursor, taken))
-    return checked
 
 # DataLoader arguments with no Stoker meaning, and what to use instead.
 _DATALOADER_ONLY: Final[Mapping[str, str]] = {
@@ -96,6 +77,18 @@ _DATALOADER_ONLY: Final[Mapping[str, str]] = {
     "Dataset with its own transform: Loader.from_dataset(dataset, transform=...))",
 }
 
+# What Loader.from_dataset calls: stoker.dataset's builder, registered when that module loads
+# (stoker's __init__ imports it). stoker.dataset subclasses Loader, so it imports this module,
+# never the other way round.
+_dataset_builder: Callable[..., Loader] | None = None
+
+
+def register_dataset_builder(builder: Callable[..., Loader]) -> None:
+    """Sets what :meth:`Loader.from_dataset` calls (done once, by :mod:`stoker.dataset`)."""
+    global _dataset_builder
+    _dataset_builder = builder
+
+
 # Every live loader, so a fork can mark them all unusable in the child.
 _LIVE_LOADERS: weakref.WeakSet[Loader] = weakref.WeakSet()
 
@@ -107,27 +100,6 @@ def _after_fork_in_child() -> None:
 
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_after_fork_in_child)
-
-
-
-
-
-
-
-
-_FORMATS: Final = ("image_folder", "tar", "parquet", "tokens", "jsonl", "hf")
-
-
-
-
-
-
-
-
-
-
-
-
 
 
 class Loader:
@@ -368,26 +340,7 @@ class Loader:
             names = ", ".join(sorted(unsupported))
             raise TypeError(f"Loader got unexpected keyword argument(s): {names}")
 
-        if address is not None and (
-            not isinstance(address, str)
-            or ":" not in address
-            or "://" in address
-            or address.strip() != address
-        ):
-            raise ValueError(
-                f"address must be 'host:port' of a Stoker coordinator, got {address!r}"
-            )
-        if address is None and (token, tls_ca, tls_server_name) != (None, None, None):
-            raise ValueError(
-                "token, tls_ca and tls_server_name apply to the distributed mode only: "
-                "give address='host:port' of a coordinator"
-            )
-        if token is not None and not isinstance(token, str):
-            raise TypeError(f"token must be a str, got {type(token).__name__}")
-        if tls_server_name is not None and tls_ca is None:
-            raise ValueError(
-                "tls_server_name needs tls_ca (the CA that signed the daemons' certificates)"
-            )
+        check_remote(address, token, tls_ca, tls_server_name)
         device_index = gpu.parse_device(device)
         pin_memory = check_bool(pin_memory, "pin_memory")
         if device_index is None and (dtype is not None or memory_format is not None):
@@ -410,56 +363,23 @@ class Loader:
         else:
             threads = check_int(num_threads, "num_threads (None: all cores)", 1, 4096)
             self._thread_rule = "num_threads"
-        if prefetch == "auto":
-            prefetch_count = 0
-        elif is_int(prefetch) and 1 <= prefetch <= 4096:
-            prefetch_count = int(prefetch)
-        else:
-            raise ValueError(f"prefetch must be 'auto' or an int in 1..=4096, got {prefetch!r}")
-        if on_error not in ("skip", "fail"):
-            raise ValueError(f"on_error must be 'skip' or 'fail', got {on_error!r}")
-        if (
-            not isinstance(timeout, (int, float))
-            or isinstance(timeout, bool)
-            or not (math.isfinite(timeout) and timeout > 0)
-        ):
-            raise ValueError(
-                f"timeout must be a positive, finite number of seconds, got {timeout!r}"
-            )
-        self._timeout = float(timeout)
-        if (
-            not isinstance(worker_grace, (int, float))
-            or isinstance(worker_grace, bool)
-            or not (math.isfinite(worker_grace) and worker_grace > 0)
-        ):
-            raise ValueError(
-                f"worker_grace must be a positive, finite number of seconds, got {worker_grace!r}"
-            )
+        prefetch_count = check_prefetch(prefetch)
+        error_policy = check_on_error(on_error)
+        self._timeout = check_seconds(timeout, "timeout")
+        worker_grace = check_seconds(worker_grace, "worker_grace")
         self._max_held_batches = check_int(max_held_batches, "max_held_batches", 1, 4096)
-        if format is not None and format not in _FORMATS:
-            raise ValueError(
-                f"format must be None (pick it from the files) or one of "
-                f"{', '.join(repr(f) for f in _FORMATS)}, got {format!r}"
-            )
+        self._format: str = check_format(format)
         self._shuffle_window = check_int(shuffle_window, "shuffle_window", 0, MAX_U32)
-        if text_column is not None and not isinstance(text_column, str):
-            raise ValueError(f"text_column must be a str or None, got {text_column!r}")
-        self._format: str = format or "auto"
-        self._text_column: str = text_column or ""
+        self._text_column: str = check_text_column(text_column)
         dashboard_at = dashboard_address(dashboard)
         dashboard_credential = dashboard_credential_path(dashboard, dashboard_token_file)
-        if output is None:
-            output = "torch" if torch_importable() else "numpy"
-        elif output not in ("torch", "numpy"):
-            raise ValueError(
-                f"output must be 'torch' or 'numpy' (None: torch when importable), got {output!r}"
-            )
-        if device_index is not None and output != "torch":
+        output_kind = resolve_output(output)
+        if device_index is not None and output_kind != "torch":
             raise ValueError(
                 f"device={device!r} delivers torch tensors: leave output unset or 'torch'"
             )
-        self._torch = import_torch("output='torch'") if output == "torch" else None
-        self._output: str = output
+        self._torch = import_torch("output='torch'") if output_kind == "torch" else None
+        self._output: str = output_kind
         if device_index is not None:
             device_index = gpu.require_device(self._torch, str(device), device_index)
         self._rank, self._world_size = resolve_rank(rank, world_size)
@@ -486,24 +406,20 @@ class Loader:
             entries = []
             for mixed, weight in self._mix.sources:
                 ops = self._ops if mixed.pipeline is None else check_pipeline(mixed.pipeline)
-                source_format = mixed.format or self._format
-                if source_format != "auto" and source_format not in _FORMATS:
-                    raise ValueError(
-                        f"the format of source {os.fspath(mixed.path)!r} must be None or one "
-                        f"of {', '.join(repr(f) for f in _FORMATS)}, got {source_format!r}"
-                    )
-                if mixed.text_column is not None and not isinstance(mixed.text_column, str):
-                    raise ValueError(
-                        f"the text_column of source {os.fspath(mixed.path)!r} must be a str "
-                        f"or None, got {mixed.text_column!r}"
-                    )
+                whose = f"the {{}} of source {os.fspath(mixed.path)!r}"
+                source_format = (
+                    self._format
+                    if mixed.format is None
+                    else check_format(mixed.format, whose.format("format"))
+                )
+                text_column = check_text_column(mixed.text_column, whose.format("text_column"))
                 entries.append(
                     (
                         locate(mixed.path),
                         [op.to_dict() for op in ops],
                         weight,
                         source_format,
-                        mixed.text_column or self._text_column,
+                        text_column or self._text_column,
                     )
                 )
             native_mix = (entries, self._mix.window, self._mix.epoch_end, self._mix.epoch_samples)
@@ -530,7 +446,7 @@ class Loader:
             self._rank,
             self._world_size,
             prefetch_count,
-            on_error,
+            error_policy,
             self._timeout,
             self._max_held_batches,
             dashboard=dashboard_at,
@@ -651,9 +567,9 @@ class Loader:
             ValueError: an argument is out of range.
             stoker.DatasetError: the dataset is empty, or ``dataset[0]`` raised.
         """
-        from stoker.dataset import from_dataset
-
-        return from_dataset(  # type: ignore[no-any-return]
+        if _dataset_builder is None:
+            raise RuntimeError("stoker.dataset did not register its builder: import stoker")
+        return _dataset_builder(
             dataset,
             batch_size=batch_size,
             shuffle=shuffle,
@@ -804,7 +720,7 @@ class Loader:
         """
         resizes = self._resizes if self._resized_epoch == self._epoch else []
         state: dict[str, Any] = {
-            "version": STATE_VERSION,
+            "version": resume.STATE_VERSION,
             "epoch": self._epoch,
             "step": self._resume_step if self._resume_step is not None else self._step,
             "resizes": [[cursor, list(taken)] for cursor, taken in resizes],
@@ -851,38 +767,8 @@ class Loader:
                 ranks out.
         """
         self._handle()
-        states = [state] if isinstance(state, Mapping) else state
-        if not isinstance(states, Sequence) or not states:
-            raise ValueError(
-                "state must be a dict from Loader.state_dict() (or a list of every rank's), "
-                f"got {type(state).__name__}"
-            )
-        for one in states:
-            self._check_state(one)
-        first = states[0]
-        old_world = check_int(first["world_size"], "state['world_size']", 1, MAX_U32)
-        epoch = check_int(first["epoch"], "state['epoch']", 0, MAX_U64)
-        resizes = _check_resizes(first.get("resizes", []))
-        for one in states[1:]:
-            for key in ("epoch", "world_size"):
-                if one[key] != first[key]:
-                    raise ValueError(f"the states disagree on {key}: {first[key]!r}, {one[key]!r}")
-            if _check_resizes(one.get("resizes", [])) != resizes:
-                raise ValueError("the states disagree on their resizes")
-        if len(states) == 1:
-            step = check_int(first["step"], "state['step']", 0, MAX_U64)
-            steps = [step] * old_world
-        else:
-            by_rank = {check_int(s["rank"], "state['rank']", 0, MAX_U32): s for s in states}
-            if sorted(by_rank) != list(range(old_world)):
-                raise ValueError(
-                    f"give one state or all {old_world} ranks' states, "
-                    f"got ranks {sorted(by_rank)}"
-                )
-            steps = [
-                check_int(by_rank[r]["step"], "state['step']", 0, MAX_U64)
-                for r in range(old_world)
-            ]
+        saved = resume.read_states(state, self.state_dict())
+        epoch, old_world, resizes, steps = saved.epoch, saved.world_size, saved.resizes, saved.steps
         self._resized_epoch, self._resizes = None, []
         if old_world == self._world_size and len(set(steps)) == 1 and not resizes:
             step = steps[0]
@@ -896,11 +782,8 @@ class Loader:
                 epoch, resizes, old_world, steps
             )
             self._resized_epoch, self._resizes = epoch, chain
-        saved_split = first.get("decode_split")
-        if saved_split is not None and self._decode != "cpu":
-            split_epoch = check_int(saved_split[0], "state['decode_split'][0]", 0, MAX_U64)
-            sixteenths = check_int(saved_split[1], "state['decode_split'][1]", 0, 16)
-            self._handle().set_decode_split(split_epoch, sixteenths)
+        if saved.decode_split is not None and self._decode != "cpu":
+            self._handle().set_decode_split(*saved.decode_split)
         if step == steps_in_epoch:
             # Saved right after the last batch (or nothing was left): the next epoch starts.
             epoch, step = epoch + 1, 0
@@ -909,38 +792,6 @@ class Loader:
         self._resume_epoch = epoch
         self._resume_step = step
         self._generation += 1
-
-    def _check_state(self, state: Any) -> None:
-        """Raises ValueError unless ``state`` is a state_dict() of a loader like this one."""
-        if not isinstance(state, Mapping):
-            raise ValueError(
-                f"state must be a dict from Loader.state_dict(), got {type(state).__name__}"
-            )
-        missing = [
-            key
-            for key in ("version", "epoch", "step", "rank", "world_size", *_STATE_SPEC_KEYS)
-            if key not in state
-        ]
-        if missing:
-            raise ValueError(
-                f"state is missing {', '.join(missing)}: it does not come from Loader.state_dict()"
-            )
-        if state["version"] != STATE_VERSION:
-            raise ValueError(
-                f"state version {state['version']!r} is not supported "
-                f"(this build reads {STATE_VERSION})"
-            )
-        ours = self.state_dict()
-        mismatched = [
-            f"{key}: saved {state[key]!r}, this loader {ours[key]!r}"
-            for key in (*_STATE_SPEC_KEYS, "mix")
-            if state.get(key) != ours.get(key)
-        ]
-        if mismatched:
-            raise ValueError(
-                "state was saved by a loader with other settings, so its positions name other "
-                "batches; " + "; ".join(mismatched)
-            )
 
     # -- stats and lifetime -----------------------------------------------------------------
 
@@ -1094,10 +945,6 @@ class Loader:
                 _log.warning(
                     "further bad samples are not logged; stats()['bad_samples'] counts them"
                 )
-
-
-
-
 
 
 class BatchIterator(Iterator[dict[str, Any]]):

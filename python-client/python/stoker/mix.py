@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
 from typing import Any, Final, Literal
 
 from stoker import _native
+from stoker.dataset import loading_epoch
+from stoker.loader import Loader
+from stoker.mix_request import MixRequest, Source
 from stoker.ops import Op
 
 __all__ = ["Source", "mix"]
@@ -22,40 +24,6 @@ DEFAULT_WINDOW: Final = 100
 # The widest window the native side lays out (MAX_MIX_WINDOW).
 MAX_WINDOW: Final = 1 << 20
 _EPOCH_RULES: Final = ("first_exhausted", "all_exhausted")
-
-
-@dataclass(frozen=True, eq=False)
-class Source:
-    """One source of a mix: a dataset path (or ``s3://`` URI) with, where it differs from the
-    mix's, its own ``pipeline``, ``format`` and ``text_column`` (see :class:`stoker.Loader`).
-
-    Sources compare by identity, so the same path may appear twice with different pipelines.
-    """
-
-    path: str | os.PathLike[str]
-    pipeline: Iterable[Op] | None = None
-    format: str | None = None
-    text_column: str | None = None
-
-
-@dataclass(frozen=True)
-class MixRequest:
-    """What :func:`mix` hands to :class:`stoker.Loader` as its ``source``: the sources with
-    their weights, checked, and the rule."""
-
-    sources: tuple[tuple[Source, float], ...]
-    window: int
-    epoch_end: str
-    epoch_samples: int
-
-    def fingerprint(self) -> dict[str, Any]:
-        """What a saved state must match: paths, weights, window and epoch rule."""
-        return {
-            "sources": [[os.fspath(s.path), weight] for s, weight in self.sources],
-            "window": self.window,
-            "epoch_end": self.epoch_end,
-            "epoch_samples": self.epoch_samples,
-        }
 
 
 def _is_dataset(value: object) -> bool:
@@ -96,11 +64,7 @@ class MixedDataset:
         return self.len
 
     def __getitem__(self, position: int) -> Any:
-        from stoker.dataset import _current
-
-        # The epoch of the batch being loaded (0 when the loader probes the layout).
-        key = getattr(_current, "key", None)
-        epoch = 0 if key is None else int(key[1])
+        epoch = loading_epoch()
         weights, lens, window, epoch_end, epoch_samples = self.args
         ((source, index),) = _native.mix_samples(
             weights, lens, window, epoch_end, epoch_samples, self.seed, self.shuffle, epoch,
@@ -132,8 +96,6 @@ def _mix_datasets(
 ) -> Any:
     """``stoker.mix`` over Python datasets: a :class:`MixedDataset` under
     :meth:`stoker.Loader.from_dataset`."""
-    from stoker.loader import Loader
-
     datasets, weights = [], []
     for dataset, weight in sources.items():
         if not _is_dataset(dataset):
@@ -227,8 +189,6 @@ def mix(
         TypeError: ``sources`` is not a mapping, a key is neither a source nor a dataset, or
             native sources and Python datasets are mixed in one call.
     """
-    from stoker.loader import Loader
-
     if not isinstance(sources, Mapping):
         raise TypeError(
             f"sources must be a dict of {{source: weight}}, got {type(sources).__name__}"

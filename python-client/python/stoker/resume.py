@@ -1,0 +1,135 @@
+"""What ``Loader.state_dict`` saves and what ``Loader.load_state_dict`` accepts.
+
+A state is the position of the next batch (epoch, step, the resizes of an epoch resumed on
+another world size) and the settings a resume must match (a batch is a function of them and
+the position). This module checks states and reads one or several ranks' states into the
+position they resume; the loader turns that into its next epoch and step.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Final
+
+from stoker.arguments import MAX_U32, MAX_U64, check_int
+
+__all__ = ["STATE_VERSION", "Saved", "check_state", "read_states"]
+
+STATE_VERSION: Final = 1
+# Keys of state_dict() that must match on load: a batch is a function of these and the position.
+# (rank and world_size may differ: another rank's state, or a resume on another world size.)
+SPEC_KEYS: Final = (
+    "seed",
+    "batch_size",
+    "num_samples",
+    "shuffle",
+    "drop_last",
+)
+
+
+@dataclass(frozen=True)
+class Saved:
+    """The position one or several ranks' states resume."""
+
+    epoch: int
+    # The world size that saved them.
+    world_size: int
+    # (cursor, taken) of each earlier resize of that epoch.
+    resizes: list[tuple[int, list[int]]]
+    # The step each saving rank had reached, by rank.
+    steps: list[int]
+    # [epoch, sixteenths] of the GPU decode split, when one was saved.
+    decode_split: tuple[int, int] | None
+
+
+def check_resizes(resizes: Any) -> list[tuple[int, list[int]]]:
+    """The ``resizes`` of a state as (cursor, taken) pairs; ValueError when malformed."""
+    if not isinstance(resizes, Sequence) or isinstance(resizes, (str, bytes)):
+        raise ValueError(f"state['resizes'] must be a list, got {type(resizes).__name__}")
+    checked = []
+    for resize in resizes:
+        if not isinstance(resize, Sequence) or len(resize) != 2:
+            raise ValueError(f"state['resizes'] holds {resize!r}, not [cursor, taken]")
+        cursor = check_int(resize[0], "a resize cursor", 0, MAX_U64)
+        taken = [check_int(t, "a resize position", 0, MAX_U64) for t in resize[1]]
+        checked.append((cursor, taken))
+    return checked
+
+
+def check_state(state: Any, ours: Mapping[str, Any]) -> None:
+    """Raises ValueError unless ``state`` is a state_dict() of a loader whose own state_dict()
+    is ``ours`` (the same settings; any position)."""
+    if not isinstance(state, Mapping):
+        raise ValueError(
+            f"state must be a dict from Loader.state_dict(), got {type(state).__name__}"
+        )
+    missing = [
+        key
+        for key in ("version", "epoch", "step", "rank", "world_size", *SPEC_KEYS)
+        if key not in state
+    ]
+    if missing:
+        raise ValueError(
+            f"state is missing {', '.join(missing)}: it does not come from Loader.state_dict()"
+        )
+    if state["version"] != STATE_VERSION:
+        raise ValueError(
+            f"state version {state['version']!r} is not supported "
+            f"(this build reads {STATE_VERSION})"
+        )
+    mismatched = [
+        f"{key}: saved {state[key]!r}, this loader {ours[key]!r}"
+        for key in (*SPEC_KEYS, "mix")
+        if state.get(key) != ours.get(key)
+    ]
+    if mismatched:
+        raise ValueError(
+            "state was saved by a loader with other settings, so its positions name other "
+            "batches; " + "; ".join(mismatched)
+        )
+
+
+def read_states(
+    state: Mapping[str, Any] | Sequence[Mapping[str, Any]], ours: Mapping[str, Any]
+) -> Saved:
+    """One rank's state, or every rank's, checked against ``ours`` and read into the position
+    they resume; ValueError when a state is not one, the states disagree or leave ranks out."""
+    states = [state] if isinstance(state, Mapping) else state
+    if not isinstance(states, Sequence) or not states:
+        raise ValueError(
+            "state must be a dict from Loader.state_dict() (or a list of every rank's), "
+            f"got {type(state).__name__}"
+        )
+    for one in states:
+        check_state(one, ours)
+    first = states[0]
+    old_world = check_int(first["world_size"], "state['world_size']", 1, MAX_U32)
+    epoch = check_int(first["epoch"], "state['epoch']", 0, MAX_U64)
+    resizes = check_resizes(first.get("resizes", []))
+    for one in states[1:]:
+        for key in ("epoch", "world_size"):
+            if one[key] != first[key]:
+                raise ValueError(f"the states disagree on {key}: {first[key]!r}, {one[key]!r}")
+        if check_resizes(one.get("resizes", [])) != resizes:
+            raise ValueError("the states disagree on their resizes")
+    if len(states) == 1:
+        step = check_int(first["step"], "state['step']", 0, MAX_U64)
+        steps = [step] * old_world
+    else:
+        by_rank = {check_int(s["rank"], "state['rank']", 0, MAX_U32): s for s in states}
+        if sorted(by_rank) != list(range(old_world)):
+            raise ValueError(
+                f"give one state or all {old_world} ranks' states, got ranks {sorted(by_rank)}"
+            )
+        steps = [
+            check_int(by_rank[r]["step"], "state['step']", 0, MAX_U64) for r in range(old_world)
+        ]
+    split = first.get("decode_split")
+    decode_split = None
+    if split is not None:
+        decode_split = (
+            check_int(split[0], "state['decode_split'][0]", 0, MAX_U64),
+            check_int(split[1], "state['decode_split'][1]", 0, 16),
+        )
+    return Saved(epoch, old_world, resizes, steps, decode_split)

@@ -1,0 +1,93 @@
+"""The package's shape: no module imports another that imports it back (directly or through
+others, at the top or inside a function), and no module takes another's private names."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import stoker
+
+PACKAGE = Path(stoker.__file__).parent
+
+
+def _imports() -> dict[str, set[str]]:
+    """Each module of the package and the package modules it imports anywhere in its body
+    (the native extension, ``stoker._native``, left out: it imports nothing back)."""
+    modules = {path.stem: path for path in PACKAGE.glob("*.py")}
+    graph: dict[str, set[str]] = {}
+    for name, path in modules.items():
+        found: set[str] = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module:
+                if node.module == "stoker":
+                    found.update(alias.name for alias in node.names)
+                elif node.module.startswith("stoker."):
+                    found.add(node.module.split(".")[1])
+            elif isinstance(node, ast.Import):
+                for alias in node.names:
+                    if alias.name.startswith("stoker."):
+                        found.add(alias.name.split(".")[1])
+        graph[name] = {m for m in found if m in modules and m != name}
+    return graph
+
+
+def _cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One import circle of ``graph`` (the modules on it, the first repeated at the end)."""
+    done: set[str] = set()
+
+    def visit(module: str, path: list[str]) -> list[str] | None:
+        if module in path:
+            return path[path.index(module) :] + [module]
+        if module in done:
+            return None
+        for imported in sorted(graph[module]):
+            found = visit(imported, [*path, module])
+            if found:
+                return found
+        done.add(module)
+        return None
+
+    for module in sorted(graph):
+        found = visit(module, [])
+        if found:
+            return found
+    return None
+
+
+def test_no_module_imports_one_that_imports_it_back() -> None:
+    graph = _imports()
+    # The package's own __init__ imports everything it exports; nothing imports it back.
+    graph.pop("__init__")
+    assert _cycle(graph) is None, f"import circle: {' -> '.join(_cycle(graph) or [])}"
+
+
+def test_the_circle_check_finds_a_circle() -> None:
+    assert _cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+    assert _cycle({"a": {"b"}, "b": set(), "c": {"b"}}) is None
+
+
+def test_no_module_takes_another_modules_private_names() -> None:
+    taken = []
+    for path in PACKAGE.glob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if (
+                isinstance(node, ast.ImportFrom)
+                and node.module
+                and node.module.startswith("stoker.")
+                and node.module != "stoker._native"
+            ):
+                taken += [
+                    f"{path.name}: {node.module}.{alias.name}"
+                    for alias in node.names
+                    if alias.name.startswith("_")
+                ]
+    assert taken == []
+
+
+def test_the_mix_request_is_a_leaf() -> None:
+    # stoker.loader reads a mix through it without importing stoker.mix, which builds loaders.
+    graph = _imports()
+    assert graph["mix_request"] <= {"ops", "errors"}
+    assert "mix" not in graph["loader"]
+    assert "dataset" not in graph["loader"]
