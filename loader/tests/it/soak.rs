@@ -1,6 +1,6 @@
 //! `stoker bench soak` as CI runs it: two minutes of the distributed mode with workers SIGKILLed
-//! every ~10 s, the coordinator every ~30 s and a client every ~30 s (resumed at its last
-//! checkpoint), every checkpoint of both ranks checked against the embedded loader; slopes are
+//! every ~10 s, the coordinator every ~30 s and the client not spared every ~30 s (resumed at
+//! its last checkpoint), every checkpoint of both ranks checked against the embedded loader; slopes are
 //! reported, not judged, at this length (the JSON says so). And a short run judged on purpose,
 //! with a leak planted in one client, that must fail on that client's growth.
 
@@ -132,6 +132,12 @@ fn settings_out_of_range_are_refused_by_name() {
     let out = soak(&["--client-kill-every-s", "0.5"]);
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("--client-kill-every-s"));
+    let out = soak(&["--spared-clients", "3"]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--spared-clients"));
+    let out = soak(&["--coordinator-rest-s", "600"]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--coordinator-rest-s"));
     let out = soak(&["--plant-leak-mib-per-10min=-1"]);
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("--plant-leak-mib-per-10min"));

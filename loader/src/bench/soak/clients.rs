@@ -66,11 +66,6 @@ impl Clients {
         Ok(clients)
     }
 
-    /// Number of ranks.
-    pub fn len(&self) -> usize {
-        self.ranks.len()
-    }
-
     /// Starts rank `rank`'s client at its resume position, as a new incarnation.
     fn start_rank(&mut self, rank: usize, soak: &mut Soak) -> Result<()> {
         let (epoch, step) = self.ranks[rank].resume;

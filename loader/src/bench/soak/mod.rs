@@ -1,9 +1,10 @@
 //! `stoker bench soak`: the distributed mode run for a long time under faults. A coordinator,
 //! three worker daemons and two client processes (two ranks of one job) run on loopback; a
 //! random worker (one is spared by default, so that one lives the whole run) is SIGKILLed and
-//! restarted every ~20 s, the coordinator every ~60 s (on the same port and journal), a random
-//! client every ~120 s (started again at the epoch and step after its last checkpoint, as a
-//! training script resumes from its `state_dict`). At each checkpoint of each rank the soak
+//! restarted every ~20 s, the coordinator every ~60 s (on the same port and journal; not in the
+//! last 5 of every 10 minutes, so that one coordinator in each lives 5 minutes), a random client
+//! every ~120 s (one is spared by default; the victim is started again at the epoch and step
+//! after its last checkpoint, as a training script resumes from its `state_dict`). At each checkpoint of each rank the soak
 //! checks what the rank read against the embedded loader's same batches: the same digest, every
 //! sample exactly once, each resumed client starting where its last checkpoint ended. It
 //! samples the resident set and open descriptors of every process each second and fits lines
@@ -68,12 +69,20 @@ pub struct SoakBench {
     /// Mean seconds between coordinator restarts (drawn like the kills).
     #[arg(long, default_value_t = 60.0)]
     pub restart_every_s: f64,
-    /// Mean seconds between client kills (drawn like the others); the victim, a random rank,
-    /// is started again at the position after its last checkpoint.
+    /// Seconds at the end of every 10 minutes in which the coordinator is not restarted, so
+    /// that one incarnation in each 10 minutes lives long enough to be fitted alone (0: none).
+    #[arg(long, default_value_t = 300.0)]
+    pub coordinator_rest_s: f64,
+    /// Mean seconds between client kills (drawn like the others); the victim, a random rank
+    /// not spared, is started again at the position after its last checkpoint.
     #[arg(long, default_value_t = 120.0)]
     pub client_kill_every_s: f64,
-    /// A planted leak, to check the verdict: rank 0's client grows its resident set by this
-    /// many MiB per 10 minutes, never freed.
+    /// Clients never killed (the first ranks), so that one lives the whole run and its own
+    /// slope is fitted alone.
+    #[arg(long, default_value_t = 1)]
+    pub spared_clients: u32,
+    /// A planted leak, to check the verdict: rank 0's client (spared by default) grows its
+    /// resident set by this many MiB per 10 minutes, never freed.
     #[arg(long, default_value_t = 0.0)]
     pub plant_leak_mib_per_10min: f64,
     /// Judge memory and descriptors in a run shorter than 10 minutes too (processes that lived
@@ -314,6 +323,12 @@ impl Soak {
     }
 }
 
+/// Whether `now` (seconds since the start) falls in the last `rest` seconds of a 10-minute
+/// block, when the coordinator is not restarted.
+fn resting(now: f64, rest: f64) -> bool {
+    now % 600.0 >= 600.0 - rest
+}
+
 /// A jittered interval around `mean` seconds.
 fn jitter(rng: &mut rand_pcg::Pcg64, mean: f64) -> f64 {
     let unit = (rng.next_u64() >> 11) as f64 / (1u64 << 53) as f64;
@@ -330,6 +345,12 @@ fn validate(args: &SoakBench) -> Result<()> {
     }
     if args.spared_workers > args.workers {
         return bad("--spared-workers must be at most --workers");
+    }
+    if args.spared_clients > args.clients {
+        return bad("--spared-clients must be at most --clients");
+    }
+    if !(0.0..600.0).contains(&args.coordinator_rest_s) {
+        return bad("--coordinator-rest-s must be in 0..600");
     }
     if args.samples < u64::from(args.clients) {
         return bad("--samples must be at least --clients");
@@ -482,8 +503,10 @@ pub fn run(args: &SoakBench) -> Result<()> {
                     kills += 1;
                     next_kill = now + jitter(&mut rng, args.kill_every_s);
                 }
-                if now >= next_client_kill {
-                    let victim = (client_rng.next_u64() % clients.len() as u64) as usize;
+                let killable = u64::from(args.clients - args.spared_clients);
+                if now >= next_client_kill && killable > 0 {
+                    let victim = (u64::from(args.spared_clients) + client_rng.next_u64() % killable)
+                        as usize;
                     clients.kill(victim);
                     // Its last lines first: it resumes after them.
                     take_lines(&mut clients, &mut soak, &checker, &mut failures);
@@ -491,7 +514,7 @@ pub fn run(args: &SoakBench) -> Result<()> {
                     client_kills += 1;
                     next_client_kill = now + jitter(&mut client_rng, args.client_kill_every_s);
                 }
-                if now >= next_restart {
+                if now >= next_restart && !resting(now, args.coordinator_rest_s) {
                     if let Some(mut running) = coordinator.running.take() {
                         running.kill();
                     }
@@ -675,6 +698,19 @@ mod tests {
             rss_mib_per_10min: rss,
             fds_per_10min: 0.0,
         }
+    }
+
+    #[test]
+    fn the_coordinator_rests_in_the_last_part_of_every_ten_minutes() {
+        assert!(!resting(0.0, 300.0));
+        assert!(!resting(299.9, 300.0));
+        assert!(resting(300.0, 300.0));
+        assert!(resting(599.9, 300.0));
+        assert!(!resting(600.0, 300.0));
+        assert!(resting(1_150.0, 300.0));
+        // No rest: restarts all the time; a two-minute run never rests.
+        assert!(!resting(599.9, 0.0));
+        assert!((0..120).all(|s| !resting(f64::from(s), 300.0)));
     }
 
     #[test]
