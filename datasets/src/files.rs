@@ -1,5 +1,5 @@
-//! Finding a dataset's files by extension: the tar, Parquet and JSONL sources all take one file
-//! or a folder of them.
+//! Finding a dataset's files: the tar, Parquet and JSONL sources all take one file or a folder
+//! of them ([`root_files`]), found by extension.
 
 use std::path::{Path, PathBuf};
 
@@ -24,4 +24,27 @@ pub(crate) fn files_with_extension(folder: &Path, extension: &str) -> Result<Vec
     }
     files.sort();
     Ok(files)
+}
+
+/// The files a dataset root names, and the folder they sit in: the root itself when it is a
+/// file (with its parent), else what `list` finds in the folder (with the folder). Fails with
+/// [`Error::RootNotFound`] when the root does not exist.
+pub(crate) fn root_files(
+    path: &Path,
+    list: impl FnOnce(&Path) -> Result<Vec<PathBuf>>,
+) -> Result<(PathBuf, Vec<PathBuf>)> {
+    let metadata = match std::fs::metadata(path) {
+        Ok(metadata) => metadata,
+        Err(source) if source.kind() == std::io::ErrorKind::NotFound => {
+            return Err(Error::RootNotFound(path.to_path_buf()));
+        }
+        Err(source) => return Err(Error::io(path, source)),
+    };
+    if metadata.is_dir() {
+        return Ok((path.to_path_buf(), list(path)?));
+    }
+    let folder = path
+        .parent()
+        .map_or_else(|| PathBuf::from("."), Path::to_path_buf);
+    Ok((folder, vec![path.to_path_buf()]))
 }

@@ -23,6 +23,7 @@ use tracing::info;
 
 use crate::error::{Error, Result};
 use crate::file_pool::{is_out_of_descriptors, FileKey, FilePool, PooledFile};
+use crate::files::root_files;
 use crate::inspect::Summary;
 use crate::sample_source::SampleSource;
 use crate::storage::{CachedObject, ObjectCacheOptions};
@@ -217,18 +218,7 @@ impl JsonlDocuments {
         label_field: &str,
         cache: &dyn Fn() -> Result<ObjectCacheOptions>,
     ) -> Result<JsonlDocuments> {
-        let metadata = match std::fs::metadata(path) {
-            Ok(metadata) => metadata,
-            Err(source) if source.kind() == std::io::ErrorKind::NotFound => {
-                return Err(Error::RootNotFound(path.to_path_buf()));
-            }
-            Err(source) => return Err(Error::io(path, source)),
-        };
-        let paths = if metadata.is_dir() {
-            compressed::jsonl_files(path)?
-        } else {
-            vec![path.to_path_buf()]
-        };
+        let (_, paths) = root_files(path, compressed::jsonl_files)?;
         if paths.is_empty() {
             return Err(Error::NoJsonlFiles(path.to_path_buf()));
         }

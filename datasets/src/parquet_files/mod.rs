@@ -40,7 +40,7 @@ use rayon::prelude::*;
 use tracing::info;
 
 use crate::error::{without_panics, Error, Result};
-use crate::files::{files_with_extension, has_extension};
+use crate::files::{files_with_extension, has_extension, root_files};
 use crate::sample_source::{numbered_class_names, SampleSource};
 use crate::storage::{list_remote, ByteRanges, Hint, ObjectCache, Prefetcher, RemoteObject};
 use bytes::FileBytes;
@@ -443,21 +443,7 @@ impl ParquetDataset {
     /// later, as an error from [`SampleSource::read`] for the samples concerned.
     pub fn open(path: &Path, options: &ParquetOptions) -> Result<ParquetDataset> {
         let started = Instant::now();
-        let metadata = match std::fs::metadata(path) {
-            Ok(metadata) => metadata,
-            Err(source) if source.kind() == std::io::ErrorKind::NotFound => {
-                return Err(Error::RootNotFound(path.to_path_buf()));
-            }
-            Err(source) => return Err(Error::io(path, source)),
-        };
-        let (root, paths) = if metadata.is_dir() {
-            (path.to_path_buf(), files_with_extension(path, "parquet")?)
-        } else {
-            let root = path
-                .parent()
-                .map_or_else(|| PathBuf::from("."), Path::to_path_buf);
-            (root, vec![path.to_path_buf()])
-        };
+        let (root, paths) = root_files(path, |folder| files_with_extension(folder, "parquet"))?;
         if paths.is_empty() {
             return Err(Error::NoParquetFiles(path.to_path_buf()));
         }

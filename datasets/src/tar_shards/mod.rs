@@ -27,7 +27,7 @@ use tracing::{debug, info, warn};
 
 use crate::error::{Error, Result};
 use crate::file_pool::{is_out_of_descriptors, FileKey, FilePool, PooledFile};
-use crate::files::{files_with_extension, has_extension};
+use crate::files::{files_with_extension, has_extension, root_files};
 use crate::sample_source::{numbered_class_names, SampleSource};
 use cache::ShardStamp;
 use scan::ShardIndex;
@@ -113,21 +113,7 @@ impl TarShards {
         fallback_cache_dir: Option<&Path>,
     ) -> Result<TarShards> {
         let started = Instant::now();
-        let metadata = match std::fs::metadata(path) {
-            Ok(metadata) => metadata,
-            Err(source) if source.kind() == std::io::ErrorKind::NotFound => {
-                return Err(Error::RootNotFound(path.to_path_buf()));
-            }
-            Err(source) => return Err(Error::io(path, source)),
-        };
-        let (root, shard_paths) = if metadata.is_dir() {
-            (path.to_path_buf(), files_with_extension(path, "tar")?)
-        } else {
-            let root = path
-                .parent()
-                .map_or_else(|| PathBuf::from("."), Path::to_path_buf);
-            (root, vec![path.to_path_buf()])
-        };
+        let (root, shard_paths) = root_files(path, |folder| files_with_extension(folder, "tar"))?;
         if shard_paths.is_empty() {
             return Err(Error::NoShards(path.to_path_buf()));
         }
