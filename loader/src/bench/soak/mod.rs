@@ -2,7 +2,7 @@
 //! three worker daemons and two client processes (two ranks of one job) run on loopback; a
 //! random worker (one is spared by default, so that one lives the whole run) is SIGKILLed and
 //! restarted every ~20 s, the coordinator every ~60 s (on the same port and journal; not in the
-//! last 5 of every 10 minutes, so that one coordinator in each lives 5 minutes), a random client
+//! last 7.5 of every 10 minutes, so that one coordinator in each lives over 7), a random client
 //! every ~120 s (one is spared by default; the victim is started again at the epoch and step
 //! after its last checkpoint, as a training script resumes from its `state_dict`). At each checkpoint of each rank the soak
 //! checks what the rank read against the embedded loader's same batches: the same digest, every
@@ -70,8 +70,9 @@ pub struct SoakBench {
     #[arg(long, default_value_t = 60.0)]
     pub restart_every_s: f64,
     /// Seconds at the end of every 10 minutes in which the coordinator is not restarted, so
-    /// that one incarnation in each 10 minutes lives long enough to be fitted alone (0: none).
-    #[arg(long, default_value_t = 300.0)]
+    /// that one incarnation in each 10 minutes lives long enough to be fitted alone (two
+    /// minutes to settle, then five; 0: no rest).
+    #[arg(long, default_value_t = 450.0)]
     pub coordinator_rest_s: f64,
     /// Mean seconds between client kills (drawn like the others); the victim, a random rank
     /// not spared, is started again at the position after its last checkpoint.
@@ -86,7 +87,7 @@ pub struct SoakBench {
     #[arg(long, default_value_t = 0.0)]
     pub plant_leak_mib_per_10min: f64,
     /// Judge memory and descriptors in a run shorter than 10 minutes too (processes that lived
-    /// half the run, or five minutes, are then fitted alone).
+    /// half the run after its first quarter are then fitted alone).
     #[arg(long)]
     pub judge: bool,
     /// Seed of the kill schedule and of the job.
@@ -199,8 +200,8 @@ struct SoakReport {
     misplaced: u64,
     /// Per role: the drift at a fixed age, and the within-life slope (not judged).
     processes: BTreeMap<&'static str, RoleTrend>,
-    /// Incarnations that lived five minutes (or half the run, when shorter) or more, fitted
-    /// alone.
+    /// Incarnations that lived five minutes (or half the run, when shorter) or more after two
+    /// minutes (or a quarter of the run) from their start, fitted alone from then.
     long_lived: Vec<IncarnationTrend>,
     /// Every judged slope within the bounds (RSS < 1 MiB / 10 min, descriptors 0 / 10 min), and
     /// every role judged: see [`flat_roles`].
@@ -546,10 +547,14 @@ pub fn run(args: &SoakBench) -> Result<()> {
     take_lines(&mut clients, &mut soak, &checker, &mut failures);
     let checked = checker.finish()?;
     let minutes = soak.now() / 60.0;
-    let long_life = trend::LONG_LIVED
-        .as_secs_f64()
-        .min(args.minutes * 60.0 / 2.0);
-    let (processes, long_lived) = trend::fit(&soak.incarnations, long_life, |i| soak.warm_after(i));
+    // A run shorter than 10 minutes (judged only with --judge) scales both down.
+    let life = trend::LongLife {
+        settle: trend::SETTLE.as_secs_f64().min(args.minutes * 60.0 / 4.0),
+        long_lived: trend::LONG_LIVED
+            .as_secs_f64()
+            .min(args.minutes * 60.0 / 2.0),
+    };
+    let (processes, long_lived) = trend::fit(&soak.incarnations, life, |i| soak.warm_after(i));
     let flat_roles = flat_roles(&processes, &long_lived);
     let flat = flat_roles.values().all(|flat| *flat);
     let flat_judged = args.minutes >= JUDGED_FROM_MINUTES || args.judge;
@@ -708,6 +713,7 @@ mod tests {
         assert!(resting(599.9, 300.0));
         assert!(!resting(600.0, 300.0));
         assert!(resting(1_150.0, 300.0));
+        assert!(resting(150.0, 450.0) && !resting(149.9, 450.0));
         // No rest: restarts all the time; a two-minute run never rests.
         assert!(!resting(599.9, 0.0));
         assert!((0..120).all(|s| !resting(f64::from(s), 300.0)));

@@ -4,8 +4,9 @@
 //! Each process incarnation (one pid, from start to kill) is sampled from `/proc`. Its samples
 //! before a warm-up point (the first epoch boundary after it started) are left out: filling
 //! caches and pools once is not a leak. Three fits come out of the rest:
-//! - per incarnation that lived long enough to fit alone ([`LONG_LIVED`] in a judged run of
-//!   10 minutes or more), its own slope: a process that leaks as it works shows here;
+//! - per incarnation that lived long enough to fit alone ([`LONG_LIVED`] after it settled,
+//!   [`SETTLE`] after its start, in a judged run of 10 minutes or more), its own slope: a
+//!   process that leaks as it works shows here;
 //! - per role (coordinator, worker, client), the *drift*: each incarnation's mean at the same
 //!   age ([`DRIFT_AGES`] after it started), fitted against when it started. State carried from
 //!   one incarnation to the next (a journal, files, caches on disk) that grows shows here;
@@ -22,8 +23,13 @@ use std::time::Duration;
 
 use serde::Serialize;
 
-/// An incarnation that lived this long after its warm-up is also fitted alone.
+/// An incarnation that lived this long after it settled is also fitted alone.
 pub const LONG_LIVED: Duration = Duration::from_secs(300);
+
+/// A long-lived incarnation is fitted alone from this long after its start: measured here, a
+/// coordinator's resident set rises by about 1 MiB in its first minute (connections, runtime
+/// threads, code paths run the first time) and is flat from about two minutes on.
+pub const SETTLE: Duration = Duration::from_secs(120);
 
 /// The age (seconds after it started) at which the incarnations of a role are compared.
 pub const DRIFT_AGES: Range<f64> = 10.0..20.0;
@@ -207,12 +213,22 @@ fn points(readings: &[Reading]) -> (Points, Points) {
         .unzip()
 }
 
-/// Fits every role and every incarnation that lived `long_lived` seconds or more after its
-/// warm-up ([`LONG_LIVED`] in a judged run). `warm_after(started)` gives the time an
-/// incarnation started at `started` is warm from (its first epoch boundary).
+/// When a long-lived incarnation is fitted alone: from `settle` seconds after its start (and
+/// after its warm-up), when it lived `long_lived` seconds more ([`SETTLE`] and [`LONG_LIVED`]
+/// in a judged run).
+#[derive(Debug, Clone, Copy)]
+pub struct LongLife {
+    /// Seconds after its start before which an incarnation's own fit leaves its readings out.
+    pub settle: f64,
+    /// Seconds of readings after that an incarnation needs to be fitted alone.
+    pub long_lived: f64,
+}
+
+/// Fits every role and every long-lived incarnation (see [`LongLife`]). `warm_after(started)`
+/// gives the time an incarnation started at `started` is warm from (its first epoch boundary).
 pub fn fit(
     incarnations: &[Incarnation],
-    long_lived_after: f64,
+    life: LongLife,
     warm_after: impl Fn(&Incarnation) -> f64,
 ) -> (BTreeMap<&'static str, RoleTrend>, Vec<IncarnationTrend>) {
     let mut roles: BTreeMap<&'static str, (RoleTrend, Sums, Sums)> = BTreeMap::new();
@@ -255,8 +271,14 @@ pub fn fit(
         let (rss, fds) = points(settled);
         rss_sums.add_group(&rss);
         fd_sums.add_group(&fds);
-        let span = settled[settled.len() - 1].at - settled[0].at;
-        if span >= long_lived_after {
+        let alone =
+            incarnation.settled(warm_after(incarnation).max(incarnation.started + life.settle));
+        let span = match alone {
+            [first, .., last] => last.at - first.at,
+            _ => 0.0,
+        };
+        if span >= life.long_lived {
+            let (rss, fds) = points(alone);
             let (mut alone_rss, mut alone_fds) = (Sums::default(), Sums::default());
             alone_rss.add_group(&rss);
             alone_fds.add_group(&fds);
@@ -297,6 +319,12 @@ pub fn fit(
 mod tests {
     use super::*;
 
+    /// A judged run's rule without the settling time, so that fits start at the warm-up.
+    const LIFE: LongLife = LongLife {
+        settle: 0.0,
+        long_lived: 300.0,
+    };
+
     fn incarnation(
         role: &'static str,
         started: f64,
@@ -329,7 +357,7 @@ mod tests {
             incarnation("worker", 60.0, 60, |t| 20.0 + (t - 60.0) / 60.0),
             incarnation("worker", 120.0, 60, |t| 300.0 + (t - 120.0) / 60.0),
         ];
-        let (roles, long_lived) = fit(&all, 300.0, |i| i.started);
+        let (roles, long_lived) = fit(&all, LIFE, |i| i.started);
         let worker = &roles["worker"];
         assert_eq!(worker.incarnations, 3);
         assert_eq!(worker.fitted, 3);
@@ -349,20 +377,43 @@ mod tests {
             900,
             |t| if t < 60.0 { t * 3.3 } else { 200.0 },
         );
-        let (roles, long_lived) = fit(std::slice::from_ref(&client), 300.0, |_| 60.0);
+        let (roles, long_lived) = fit(std::slice::from_ref(&client), LIFE, |_| 60.0);
         assert_eq!(roles["client"].within_life_rss_mib_per_10min, 0.0);
         assert!(is_flat(0.0, 0.0));
         assert_eq!(long_lived.len(), 1);
         assert!((long_lived[0].minutes - 839.0 / 60.0).abs() < 1e-9);
         // Fitted from 0 instead, the warm-up reads as growth.
-        let (cold, _) = fit(std::slice::from_ref(&client), 300.0, |_| 0.0);
+        let (cold, _) = fit(std::slice::from_ref(&client), LIFE, |_| 0.0);
         assert!(cold["client"].within_life_rss_mib_per_10min > 1.0);
+    }
+
+    #[test]
+    fn a_long_life_is_fitted_alone_from_its_settling_time() {
+        // A coordinator that rises 2 MiB in its first minute, then stays flat for six.
+        let coordinator = incarnation("coordinator", 0.0, 430, |t| 20.0 + t.min(60.0) / 30.0);
+        let settled = LongLife {
+            settle: 120.0,
+            long_lived: 300.0,
+        };
+        let (_, alone) = fit(std::slice::from_ref(&coordinator), settled, |_| 2.0);
+        assert_eq!(alone.len(), 1);
+        assert_eq!(alone[0].rss_mib_per_10min, 0.0);
+        // From its warm-up instead, the first minute's rise reads as growth.
+        let (_, early) = fit(std::slice::from_ref(&coordinator), LIFE, |_| 2.0);
+        assert!(early[0].rss_mib_per_10min > 1.0, "{early:?}");
+        // A leak after the settling time still shows; a life too short after it is not fitted.
+        let leaking = incarnation("coordinator", 0.0, 430, |t| 20.0 + t / 300.0);
+        let (_, alone) = fit(std::slice::from_ref(&leaking), settled, |_| 2.0);
+        assert!((alone[0].rss_mib_per_10min - 2.0).abs() < 0.01, "{alone:?}");
+        let short = incarnation("coordinator", 0.0, 400, |_| 20.0);
+        let (_, alone) = fit(std::slice::from_ref(&short), settled, |_| 2.0);
+        assert!(alone.is_empty());
     }
 
     #[test]
     fn incarnations_with_too_few_readings_are_counted_not_fitted() {
         let all = vec![incarnation("coordinator", 0.0, 2, |_| 50.0)];
-        let (roles, _) = fit(&all, 300.0, |i| i.started);
+        let (roles, _) = fit(&all, LIFE, |i| i.started);
         assert_eq!(roles["coordinator"].incarnations, 1);
         assert_eq!(roles["coordinator"].fitted, 0);
         assert_eq!(roles["coordinator"].peak_rss_mib, 50.0);
@@ -378,7 +429,7 @@ mod tests {
                 incarnation("worker", started, 30, move |t| 12.0 + (t - started) / 15.0)
             })
             .collect();
-        let (roles, _) = fit(&fresh, 300.0, |i| i.started);
+        let (roles, _) = fit(&fresh, LIFE, |i| i.started);
         let worker = &roles["worker"];
         assert!(worker.within_life_rss_mib_per_10min > 30.0, "{worker:?}");
         let drift = worker.drift.as_ref().expect("all lived 20 s");
@@ -395,7 +446,7 @@ mod tests {
                 })
             })
             .collect();
-        let (roles, _) = fit(&growing, 300.0, |i| i.started);
+        let (roles, _) = fit(&growing, LIFE, |i| i.started);
         let coordinator = &roles["coordinator"];
         assert_eq!(coordinator.within_life_rss_mib_per_10min, 0.0);
         let drift = coordinator.drift.as_ref().expect("all lived 20 s");
@@ -409,7 +460,7 @@ mod tests {
         let young: Vec<Incarnation> = (0..10)
             .map(|i| incarnation("worker", i as f64 * 12.0, 12, |_| 12.0))
             .collect();
-        let (roles, _) = fit(&young, 300.0, |i| i.started);
+        let (roles, _) = fit(&young, LIFE, |i| i.started);
         assert_eq!(roles["worker"].drift, None);
     }
 
