@@ -24,6 +24,19 @@ use crate::{
     HfDataset, JsonlDocuments, ParquetDataset, ParquetOptions, TarShards, TokenDtype, TokenFile,
 };
 
+/// For a libFuzzer target's `init`: keeps the panic hook libFuzzer installed (report, then
+/// abort) for every panic but those inside a decoder this crate contains (`without_panics`:
+/// arrow's and parquet's on untrusted bytes), which unwind to the error they become, as in
+/// production. The bodies below then fail only on a panic that would reach the caller.
+pub fn let_contained_panics_unwind() {
+    let abort = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        if !crate::error::panic_is_contained() {
+            abort(info);
+        }
+    }));
+}
+
 /// Samples read back per input at most: enough to reach every code path, bounded in time.
 const SAMPLES_READ: u64 = 64;
 
