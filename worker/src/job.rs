@@ -10,7 +10,7 @@ use crate::batch::{
 };
 use crate::error::{Error, Result};
 use crate::job_pipeline::JobPipeline;
-use crate::plan::mix::source_seed;
+use crate::plan::mix::{layout_per_batch, source_seed, MAX_MIX_LAYOUT_PER_BATCH};
 use crate::plan::{EpochPlan, MixEnd, MixOrder, PlanConfig, Resize};
 use stoker_datasets::{
     looks_like_hf_dataset, looks_like_jsonl, looks_like_parquet, looks_like_tar_shards,
@@ -455,6 +455,16 @@ impl Job {
             shuffle_window: 0,
             ..PlanConfig::from_spec(&spec, order.epoch_len())
         };
+        let layout = layout_per_batch(spec.batch_size, plan_config.world_size, order.window());
+        if layout > MAX_MIX_LAYOUT_PER_BATCH {
+            return Err(Error::InvalidSpec(format!(
+                "a mix window of {} positions with {} ranks and batches of {} lays out {layout} \
+                 positions per batch (at most {MAX_MIX_LAYOUT_PER_BATCH}): use a smaller window",
+                order.window(),
+                plan_config.world_size,
+                spec.batch_size
+            )));
+        }
         Ok(Job {
             builder: Builder::Mixed(MixedAssembler::new(parts, order)?),
             spec,

@@ -32,6 +32,19 @@ pub const MAX_MIX_SOURCES: usize = 1024;
 /// Widest window: a window is laid out in memory when a batch reads it.
 pub const MAX_MIX_WINDOW: u32 = 1 << 20;
 
+/// Positions one batch of a mixed job may lay out at most (the windows its positions fall in,
+/// each laid out whole): about a tenth of a second of one thread.
+pub const MAX_MIX_LAYOUT_PER_BATCH: u64 = 1 << 24;
+
+/// Positions a batch of `batch` samples of one of `world` ranks lays out in a mix of `window`
+/// positions: its positions are strided by the world size, so they fall in about
+/// `batch * world / window + 1` windows (at most one per sample), each laid out whole.
+pub fn layout_per_batch(batch: u32, world: u32, window: u64) -> u64 {
+    let span = u64::from(batch) * u64::from(world.max(1));
+    let windows = (span / window.max(1) + 1).min(u64::from(batch));
+    windows * window
+}
+
 /// Where a mixed epoch ends.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum MixEnd {
@@ -305,6 +318,20 @@ fn interleave(counts: &[u64]) -> Vec<u32> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_batch_lays_out_the_windows_its_strided_positions_fall_in() {
+        // 256 samples of one of 16,384 ranks over 2^20-position windows: 4 M positions, in 5
+        // windows at most.
+        assert_eq!(layout_per_batch(256, 16_384, 1 << 20), 5 << 20);
+        assert!(layout_per_batch(256, 16_384, 1 << 20) <= MAX_MIX_LAYOUT_PER_BATCH);
+        // One window per sample at most: every sample of a huge world in a window of its own.
+        assert_eq!(layout_per_batch(8, 1 << 20, 1 << 20), 8 << 20);
+        assert!(layout_per_batch(65_536, 1 << 20, 1 << 20) > MAX_MIX_LAYOUT_PER_BATCH);
+        // Small windows cost little however many ranks.
+        assert!(layout_per_batch(65_536, 1 << 20, 100) <= 65_536 * 100);
+        assert_eq!(layout_per_batch(10, 0, 4), 12);
+    }
 
     #[test]
     fn counts_round_by_largest_remainder_ties_to_the_earlier_source() {
