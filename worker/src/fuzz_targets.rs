@@ -545,8 +545,10 @@ pub fn job_plan(data: &[u8]) -> JobPlanReach {
                     indices.iter().all(|&i| i < order.epoch_len()),
                     "a position past the epoch"
                 );
-                // Each batch's draws lay out up to MAX_MIX_LAYOUT_PER_BATCH positions: the
-                // first and last step only, to keep an input within the fuzzer's time limit.
+                // Each batch's draws lay out every window its positions fall in (up to
+                // MAX_MIX_LAYOUT_PER_BATCH positions; a large window costs tens of ms per batch
+                // even in a release build): the first and last step only, to keep an input
+                // within the fuzzer's time limit.
                 if step == 0 || step + 1 == steps {
                     let sources = order.lens().len();
                     for draw in order.draws(plan.epoch(), &indices) {

@@ -176,7 +176,10 @@ def mix(
             numbers, normalised to sum 1. Every source's batches must have the same tensors
             (names, dtypes, shapes, labels or not), else a ValueError names the two that differ.
         batch_size: samples per batch.
-        window: positions per window, the span over which counts are exact; at most 2**20.
+        window: positions per window, the span over which counts are exact; at most 2**20,
+            and at most 2**24 positions laid out per batch (a batch's positions fall in about
+            ``batch_size * world_size / window + 1`` windows): a larger one is refused when
+            the loader opens the job.
         epoch_end: ``"first_exhausted"``, ``"all_exhausted"`` or a number of positions.
         pipeline: the ops of the sources that do not give their own.
         **loader_args: any other argument of :class:`stoker.Loader` (``shuffle``, ``seed``,

@@ -119,3 +119,44 @@ fn each_mixed_source_is_told_its_samples_of_this_batch_and_the_next() {
         );
     }
 }
+
+#[test]
+fn a_mix_whose_batches_would_lay_out_too_many_windows_is_refused_by_name() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("a.bin");
+    let tokens: Vec<u8> = (0..4001u16).flat_map(u16::to_le_bytes).collect();
+    std::fs::write(&path, tokens).unwrap();
+    let spec = |world: u32| JobSpec {
+        batch_size: 64,
+        seed: 1,
+        shuffle: true,
+        world_size: world,
+        mix: Some(proto::Mix {
+            sources: vec![proto::MixSource {
+                dataset: Some(proto::DatasetSource {
+                    uri: path.to_string_lossy().into_owned(),
+                    ..Default::default()
+                }),
+                pipeline: vec![proto::Op {
+                    op: Some(OpKind::TokenWindows(proto::TokenWindows { seq_len: 4 })),
+                }],
+                weight: 1.0,
+            }],
+            window: 1 << 20,
+            epoch_end: MixEpochEnd::Samples as i32,
+            epoch_samples: 1 << 40,
+        }),
+        ..JobSpec::default()
+    };
+    let open = |world: u32| {
+        let source: Arc<dyn SampleSource> =
+            Arc::new(TokenFile::open(&path, TokenDtype::Uint16, 4).unwrap());
+        Job::with_sources(spec(world), vec![source])
+    };
+    // 64 samples of one of 2^20 ranks: 64 windows of 2^20 positions per batch.
+    let error = open(1 << 20).err().expect("refused").to_string();
+    assert!(error.contains("window of 1048576 positions"), "{error}");
+    assert!(error.contains("use a smaller window"), "{error}");
+    // 8 ranks: one window per batch.
+    assert!(open(8).is_ok());
+}
