@@ -266,7 +266,7 @@ def check_text_column(text_column: object, whose: str = "text_column") -> str:
 
 def check_remote(
     address: object, token: object, tls_ca: object, tls_server_name: object
-) -> str | None:
+) -> None:
     """A coordinator's ``host:port`` and the settings that apply only with one: the token (a
     str), and ``tls_server_name`` only beside ``tls_ca``."""
     if address is not None and (
@@ -287,4 +287,3 @@ def check_remote(
         raise ValueError(
             "tls_server_name needs tls_ca (the CA that signed the daemons' certificates)"
         )
-    return address

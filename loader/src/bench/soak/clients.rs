@@ -42,7 +42,7 @@ pub struct Clients {
 
 impl Clients {
     /// Starts one client per entry of `args` (rank order), each at epoch 0, step 0.
-    pub fn start(program: PathBuf, args: Vec<Vec<String>>, soak: &mut Soak) -> Result<Clients> {
+    pub fn launch(program: PathBuf, args: Vec<Vec<String>>, soak: &mut Soak) -> Result<Clients> {
         let (lines_tx, lines) = mpsc::channel();
         let ranks = args
             .iter()
@@ -61,13 +61,14 @@ impl Clients {
             ranks,
         };
         for rank in 0..clients.ranks.len() {
-            clients.start_rank(rank, soak)?;
+            clients.start(rank, soak)?;
         }
         Ok(clients)
     }
 
-    /// Starts rank `rank`'s client at its resume position, as a new incarnation.
-    fn start_rank(&mut self, rank: usize, soak: &mut Soak) -> Result<()> {
+    /// Starts rank `rank`'s client at its resume position (after a kill: where its last
+    /// checkpoint left off), as a new incarnation.
+    pub fn start(&mut self, rank: usize, soak: &mut Soak) -> Result<()> {
         let (epoch, step) = self.ranks[rank].resume;
         let mut child = Command::new(&self.program)
             .args(&self.args[rank])
@@ -108,7 +109,7 @@ impl Clients {
     }
 
     /// SIGKILLs rank `rank`'s client and waits until every line it printed is queued; call
-    /// [`Clients::take_lines`] before [`Clients::restart`], so that it resumes after them.
+    /// [`Clients::take_lines`] before [`Clients::start`], so that it resumes after them.
     pub fn kill(&mut self, rank: usize) {
         let slot = &mut self.ranks[rank];
         if let Some(mut running) = slot.running.take() {
@@ -119,11 +120,6 @@ impl Clients {
             // The pipe is closed with the process: the reader ends at its last whole line.
             let _ = reader.join();
         }
-    }
-
-    /// Starts rank `rank`'s client again where its last checkpoint left off.
-    pub fn restart(&mut self, rank: usize, soak: &mut Soak) -> Result<()> {
-        self.start_rank(rank, soak)
     }
 
     /// The lines printed since the last call, each rank's resume position moved past its

@@ -296,13 +296,11 @@ impl Soak {
     }
 
     fn sample(&mut self, running: &Running) {
-        self.sample_pid(running.pid, running.incarnation);
-    }
-
-    fn sample_pid(&mut self, pid: u32, incarnation: usize) {
         let at = self.now();
-        if let Some(reading) = trend::read_process(pid, at) {
-            self.incarnations[incarnation].readings.push(reading);
+        if let Some(reading) = trend::read_process(running.pid, at) {
+            self.incarnations[running.incarnation]
+                .readings
+                .push(reading);
         }
     }
 
@@ -437,7 +435,7 @@ pub fn run(args: &SoakBench) -> Result<()> {
     let client_args = (0..args.clients)
         .map(|rank| client_args(args, &address, &data, rank))
         .collect();
-    let mut clients = Clients::start(exe, client_args, &mut soak)?;
+    let mut clients = Clients::launch(exe, client_args, &mut soak)?;
     let mut client_rng = rand_pcg::Pcg64::seed_from_u64(args.seed ^ 0xc11e);
 
     let checker = Checker::start(&data, args)?;
@@ -459,10 +457,8 @@ pub fn run(args: &SoakBench) -> Result<()> {
                 soak.sample(running);
             }
         }
-        let running: Vec<(u32, usize)> =
-            clients.running().map(|r| (r.pid, r.incarnation)).collect();
-        for (pid, incarnation) in running {
-            soak.sample_pid(pid, incarnation);
+        for running in clients.running() {
+            soak.sample(running);
         }
         take_lines(&mut clients, &mut soak, &checker, &mut failures);
         for slot in std::iter::once(&mut coordinator).chain(workers.iter_mut()) {
@@ -511,7 +507,7 @@ pub fn run(args: &SoakBench) -> Result<()> {
                     clients.kill(victim);
                     // Its last lines first: it resumes after them.
                     take_lines(&mut clients, &mut soak, &checker, &mut failures);
-                    clients.restart(victim, &mut soak)?;
+                    clients.start(victim, &mut soak)?;
                     client_kills += 1;
                     next_client_kill = now + jitter(&mut client_rng, args.client_kill_every_s);
                 }
