@@ -1020,53 +1020,41 @@ fn python_mix(
         .map_err(|e| PyValueError::new_err(e.to_string()))
 }
 
-/// Positions of an epoch of that mix.
-#[pyfunction]
-fn mix_epoch_len(
-    weights: Vec<f64>,
-    lens: Vec<u64>,
-    window: u32,
-    epoch_end: &str,
-    epoch_samples: u64,
-) -> PyResult<u64> {
-    Ok(python_mix(&weights, &lens, window, epoch_end, epoch_samples, 0, false)?.epoch_len())
+/// The mix order of Python datasets, made once and kept by the dataset: the windows it lays
+/// out stay laid out for the positions after them.
+#[pyclass(module = "stoker._native", frozen)]
+struct MixOrder {
+    order: stoker_worker::MixOrder,
+    /// Each source's own order (batch 1, one rank).
+    sources: Vec<stoker_worker::PlanConfig>,
 }
 
-/// The sample each of `positions` of `epoch` reads in that mix: (source, index in the
-/// source), by the rule of native mixes (each source in its own seeded order, restarting).
-#[pyfunction]
-#[allow(clippy::too_many_arguments)]
-fn mix_samples(
-    weights: Vec<f64>,
-    lens: Vec<u64>,
-    window: u32,
-    epoch_end: &str,
-    epoch_samples: u64,
-    seed: u64,
-    shuffle: bool,
-    epoch: u64,
-    positions: Vec<u64>,
-) -> PyResult<Vec<(usize, u64)>> {
-    let order = python_mix(
-        &weights,
-        &lens,
-        window,
-        epoch_end,
-        epoch_samples,
-        seed,
-        shuffle,
-    )?;
-    if let Some(position) = positions.iter().find(|&&p| p >= order.epoch_len()) {
-        return Err(PyValueError::new_err(format!(
-            "position {position} is past the mix's {} positions",
-            order.epoch_len()
-        )));
-    }
-    let orders: Vec<(stoker_worker::PlanConfig, Option<&[u64]>)> = lens
-        .iter()
-        .enumerate()
-        .map(|(k, &len)| {
-            let config = stoker_worker::PlanConfig {
+#[pymethods]
+impl MixOrder {
+    #[new]
+    #[allow(clippy::too_many_arguments)]
+    fn new(
+        weights: Vec<f64>,
+        lens: Vec<u64>,
+        window: u32,
+        epoch_end: &str,
+        epoch_samples: u64,
+        seed: u64,
+        shuffle: bool,
+    ) -> PyResult<Self> {
+        let order = python_mix(
+            &weights,
+            &lens,
+            window,
+            epoch_end,
+            epoch_samples,
+            seed,
+            shuffle,
+        )?;
+        let sources = lens
+            .iter()
+            .enumerate()
+            .map(|(k, &len)| stoker_worker::PlanConfig {
                 num_samples: len,
                 batch_size: 1,
                 seed: stoker_worker::source_seed(seed, k),
@@ -1076,16 +1064,35 @@ fn mix_samples(
                 world_size: 1,
                 uneven_tail: proto::UnevenTail::Pad,
                 shuffle_window: 0,
-            };
-            (config, None)
-        })
-        .collect();
-    let samples = stoker_worker::mix_samples(&order, &orders, epoch, &positions)
-        .map_err(|e| PyValueError::new_err(e.to_string()))?;
-    Ok(samples
-        .into_iter()
-        .map(|(source, _, index)| (source, index))
-        .collect())
+            })
+            .collect();
+        Ok(Self { order, sources })
+    }
+
+    /// Positions of an epoch.
+    #[getter]
+    fn epoch_len(&self) -> u64 {
+        self.order.epoch_len()
+    }
+
+    /// The sample each of `positions` of `epoch` reads: (source, index in the source), by the
+    /// rule of native mixes (each source in its own seeded order, restarting).
+    fn samples(&self, epoch: u64, positions: Vec<u64>) -> PyResult<Vec<(usize, u64)>> {
+        if let Some(position) = positions.iter().find(|&&p| p >= self.order.epoch_len()) {
+            return Err(PyValueError::new_err(format!(
+                "position {position} is past the mix's {} positions",
+                self.order.epoch_len()
+            )));
+        }
+        let orders: Vec<(stoker_worker::PlanConfig, Option<&[u64]>)> =
+            self.sources.iter().map(|config| (*config, None)).collect();
+        let samples = stoker_worker::mix_samples(&self.order, &orders, epoch, &positions)
+            .map_err(|e| PyValueError::new_err(e.to_string()))?;
+        Ok(samples
+            .into_iter()
+            .map(|(source, _, index)| (source, index))
+            .collect())
+    }
 }
 
 #[pymodule]
@@ -1095,6 +1102,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
         m.add(*name, class.bind(m.py()))?;
     }
     m.add_class::<NativeLoader>()?;
+    m.add_class::<MixOrder>()?;
     m.add_class::<Buffer>()?;
     m.add_class::<gpu_decode::DeviceRows>()?;
     m.add("DEFAULT_GPU_MEMORY", stoker_loader::DEFAULT_GPU_MEMORY)?;
@@ -1106,8 +1114,6 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(cuda_driver_present, m)?)?;
     m.add_function(wrap_pyfunction!(make_tokens, m)?)?;
     m.add_function(wrap_pyfunction!(sample_seed, m)?)?;
-    m.add_function(wrap_pyfunction!(mix_epoch_len, m)?)?;
-    m.add_function(wrap_pyfunction!(mix_samples, m)?)?;
     m.add_function(wrap_pyfunction!(train_bpe_tokenizer, m)?)?;
     m.add_function(wrap_pyfunction!(write_test_certificates, m)?)?;
     ops::register(m)?;

@@ -5,6 +5,7 @@ text packed after mixing, the distributed mode, and the errors for mixes that ca
 from __future__ import annotations
 
 import json
+import pickle
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
@@ -15,6 +16,7 @@ import pytest
 
 import stoker
 from stoker import _native, ops
+from stoker.mix import MixedDataset
 
 SEQ_LEN = 7
 
@@ -264,6 +266,20 @@ def dataset_rows(batches: Any) -> list[tuple[int, int]]:
     return out
 
 
+def test_a_mixed_datasets_order_is_made_once_and_left_out_of_its_pickle() -> None:
+    mixed = MixedDataset(
+        [Numbers(0, 800), Numbers(100_000, 400)], [0.7, 0.3], 1 << 20, "samples", 5000, 3, True
+    )
+    order = mixed.order()
+    assert mixed.order() is order, "kept between lookups"
+    copy = pickle.loads(pickle.dumps(mixed))
+    assert copy._order is None
+    positions = [0, 1, 4999, 2500, 1]
+    assert [copy[p] for p in positions] == [mixed[p] for p in positions]
+    with pytest.raises(ValueError, match="past the mix's 5000 positions"):
+        order.samples(0, [5000])
+
+
 def test_python_datasets_mix_by_the_same_rule() -> None:
     with dataset_mix(epoch_end=1000, num_threads=2) as loader:
         assert loader.num_samples == 1000
@@ -273,6 +289,9 @@ def test_python_datasets_mix_by_the_same_rule() -> None:
     assert len(set(seen)) == 1000, "within one pass of each dataset"
     with dataset_mix(epoch_end=1000, num_threads=1) as again:
         assert dataset_rows(again) == seen, "the same stream for any thread count"
+    # Worker processes started by spawn get the dataset pickled, without its native order.
+    with dataset_mix(epoch_end=1000, num_workers=2, multiprocessing_context="spawn") as spawned:
+        assert dataset_rows(spawned) == seen, "the same stream from worker processes"
     # first_exhausted: 800 // 70 = 11 and 400 // 30 = 13 windows.
     with dataset_mix() as loader:
         assert loader.num_samples == 1100

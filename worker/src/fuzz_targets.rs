@@ -311,6 +311,9 @@ const MAX_FUZZ_SOURCE_LEN: u64 = 1 << 20;
 /// Steps of one plan the `job_plan` target looks up, and sources of a mix, at most.
 const MAX_FUZZ_STEPS: usize = 16;
 
+/// Positions of mix windows one `job_plan` input lays out at most: two batches at the bound.
+const MAX_FUZZ_LAYOUT: u64 = 2 * crate::plan::mix::MAX_MIX_LAYOUT_PER_BATCH;
+
 /// A number as the `job_plan` input gives it: mostly small (where the checks pass and the
 /// planner works), sometimes anything (where they must refuse, or cope).
 #[derive(Debug, Clone, Copy, arbitrary::Arbitrary)]
@@ -528,6 +531,7 @@ pub fn job_plan(data: &[u8]) -> JobPlanReach {
         .into_iter()
         .chain(chosen.map(|&step| step % steps.max(1)));
     let batch = job.batch_size.get32() as usize;
+    let mut laid_out = 0u64;
     for step in looked_up.filter(|&step| step < steps) {
         let indices = plan.batch_indices(step);
         assert_eq!(indices.len(), plan.batch_len(step));
@@ -545,14 +549,23 @@ pub fn job_plan(data: &[u8]) -> JobPlanReach {
                     indices.iter().all(|&i| i < order.epoch_len()),
                     "a position past the epoch"
                 );
-                // Each batch's draws lay out every window its positions fall in (up to
-                // MAX_MIX_LAYOUT_PER_BATCH positions; a large window costs tens of ms per batch
-                // even in a release build): the first and last step only, to keep an input
-                // within the fuzzer's time limit.
-                if step == 0 || step + 1 == steps {
+                // A batch's draws lay out the windows its positions fall in that the order
+                // does not keep (at most MAX_MIX_LAYOUT_PER_BATCH positions, a tenth of a
+                // second in a release build and far more instrumented): counted as if none
+                // were kept, the body looks up draws within MAX_FUZZ_LAYOUT positions.
+                let mut windows: Vec<u64> = indices.iter().map(|&p| p / order.window()).collect();
+                windows.sort_unstable();
+                windows.dedup();
+                let cost = windows.len() as u64 * order.window();
+                if laid_out + cost <= MAX_FUZZ_LAYOUT {
+                    laid_out += cost;
                     let sources = order.lens().len();
-                    for draw in order.draws(plan.epoch(), &indices) {
+                    for (draw, &position) in
+                        order.draws(plan.epoch(), &indices).iter().zip(&indices)
+                    {
                         assert!(draw.source < sources, "a draw from no source");
+                        // A source's draws count its positions, so none passes the position.
+                        assert!(draw.draw <= position, "a draw past its position");
                     }
                 }
             }

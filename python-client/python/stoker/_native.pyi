@@ -478,20 +478,22 @@ def compile_gpu_kernel(
 class TlsError(StokerError, ConnectionError):
     """Distributed mode: TLS failed (unknown CA, wrong name, or TLS on one side only)."""
 
-def mix_epoch_len(
-    weights: list[float], lens: list[int], window: int, epoch_end: str, epoch_samples: int
-) -> int:
-    """Positions of an epoch of a mix of sources of ``lens`` samples (the native rule)."""
+class MixOrder:
+    """The mix order of Python datasets (the native rule), kept between lookups: a window it
+    lays out stays laid out for the positions after it. Not picklable."""
 
-def mix_samples(
-    weights: list[float],
-    lens: list[int],
-    window: int,
-    epoch_end: str,
-    epoch_samples: int,
-    seed: int,
-    shuffle: bool,
-    epoch: int,
-    positions: list[int],
-) -> list[tuple[int, int]]:
-    """(source, index in the source) of each position of ``epoch`` in that mix."""
+    def __init__(
+        self,
+        weights: list[float],
+        lens: list[int],
+        window: int,
+        epoch_end: str,
+        epoch_samples: int,
+        seed: int,
+        shuffle: bool,
+    ) -> None: ...
+    @property
+    def epoch_len(self) -> int:
+        """Positions of an epoch."""
+    def samples(self, epoch: int, positions: list[int]) -> list[tuple[int, int]]:
+        """(source, index in the source) of each position of ``epoch``."""

@@ -55,21 +55,26 @@ class MixedDataset:
     ) -> None:
         self.datasets = datasets
         self.lens = [len(dataset) for dataset in datasets]
-        self.args = (weights, self.lens, window, epoch_end, epoch_samples)
-        self.seed = seed
-        self.shuffle = shuffle
-        self.len = int(_native.mix_epoch_len(weights, self.lens, window, epoch_end, epoch_samples))
+        self.args = (weights, self.lens, window, epoch_end, epoch_samples, seed, shuffle)
+        self._order: _native.MixOrder | None = _native.MixOrder(*self.args)
+        self.len = int(self._order.epoch_len)
 
     def __len__(self) -> int:
         return self.len
 
+    def __getstate__(self) -> dict[str, Any]:
+        # The native order does not pickle; a worker process makes its own on first use.
+        return {**self.__dict__, "_order": None}
+
+    def order(self) -> _native.MixOrder:
+        """The native mix order, made once per process and kept (with the windows it laid
+        out)."""
+        if self._order is None:
+            self._order = _native.MixOrder(*self.args)
+        return self._order
+
     def __getitem__(self, position: int) -> Any:
-        epoch = loading_epoch()
-        weights, lens, window, epoch_end, epoch_samples = self.args
-        ((source, index),) = _native.mix_samples(
-            weights, lens, window, epoch_end, epoch_samples, self.seed, self.shuffle, epoch,
-            [position],
-        )
+        ((source, index),) = self.order().samples(loading_epoch(), [position])
         sample = self.datasets[source][index]
         if isinstance(sample, dict):
             if "source" in sample:
@@ -177,7 +182,7 @@ def mix(
             (names, dtypes, shapes, labels or not), else a ValueError names the two that differ.
         batch_size: samples per batch.
         window: positions per window, the span over which counts are exact; at most 2**20,
-            and at most 2**24 positions laid out per batch (a batch's positions fall in about
+            and at most 2**22 positions laid out per batch (a batch's positions fall in about
             ``batch_size * world_size / window + 1`` windows): a larger one is refused when
             the loader opens the job.
         epoch_end: ``"first_exhausted"``, ``"all_exhausted"`` or a number of positions.

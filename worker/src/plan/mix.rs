@@ -18,6 +18,9 @@
 //!   reshuffled, and its augmentations differ from the pass before.
 //! - **Epoch end.** See [`MixEnd`]; every rule but a fixed sample count ends on a whole window.
 
+use std::collections::VecDeque;
+use std::sync::{Arc, Mutex};
+
 use crate::error::{Error, Result};
 use crate::rng::mix64;
 
@@ -33,8 +36,17 @@ pub const MAX_MIX_SOURCES: usize = 1024;
 pub const MAX_MIX_WINDOW: u32 = 1 << 20;
 
 /// Positions one batch of a mixed job may lay out at most (the windows its positions fall in,
-/// each laid out whole): about a tenth of a second of one thread.
-pub const MAX_MIX_LAYOUT_PER_BATCH: u64 = 1 << 24;
+/// each laid out whole, when none of them is among the windows kept laid out): about a tenth
+/// of a second of one thread (a position costs 17-25 ns in a release build, `benches/`
+/// `mix_order`).
+pub const MAX_MIX_LAYOUT_PER_BATCH: u64 = 1 << 22;
+
+/// Positions of the windows an order keeps laid out (8 bytes each: 16 MiB), besides the newest
+/// window, which is kept whatever its size.
+const KEPT_LAYOUT_POSITIONS: u64 = 1 << 21;
+
+/// Windows an order keeps laid out at most.
+const KEPT_LAYOUT_WINDOWS: usize = 64;
 
 /// Positions a batch of `batch` samples of one of `world` ranks lays out in a mix of `window`
 /// positions: its positions are strided by the world size, so they fall in about
@@ -77,6 +89,55 @@ pub struct MixOrder {
     shuffle: bool,
     /// The window's sources before any shuffle: the even interleave.
     interleave: Vec<u32>,
+    /// Windows laid out lately, shared by the order's clones.
+    kept: Arc<KeptLayouts>,
+}
+
+/// One window laid out: for each position, its source and how many positions of the same
+/// source come before it in the window (both below [`MAX_MIX_WINDOW`]).
+type Layout = Arc<[(u32, u32)]>;
+
+/// The windows an order laid out lately, newest first: a rank's next batches mostly fall in
+/// the window its last one did, and the ranks one process serves read the same windows at the
+/// same step, so a window is laid out about once however many batches read it.
+#[derive(Debug, Default)]
+struct KeptLayouts(Mutex<VecDeque<(u64, u64, Layout)>>);
+
+impl KeptLayouts {
+    /// Window `window` of `epoch`, if kept (it becomes the newest).
+    fn get(&self, epoch: u64, window: u64) -> Option<Layout> {
+        let mut kept = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        let at = kept
+            .iter()
+            .position(|(e, w, _)| *e == epoch && *w == window)?;
+        let entry = kept.remove(at)?;
+        let layout = entry.2.clone();
+        kept.push_front(entry);
+        Some(layout)
+    }
+
+    /// Keeps `layout` as the newest, dropping the oldest past the bounds.
+    fn keep(&self, epoch: u64, window: u64, layout: Layout) {
+        let mut kept = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        kept.retain(|(e, w, _)| !(*e == epoch && *w == window));
+        kept.push_front((epoch, window, layout));
+        let mut positions = 0u64;
+        let mut keep = 0;
+        for (_, _, layout) in kept.iter() {
+            positions += layout.len() as u64;
+            if keep > 0 && (keep == KEPT_LAYOUT_WINDOWS || positions > KEPT_LAYOUT_POSITIONS) {
+                break;
+            }
+            keep += 1;
+        }
+        kept.truncate(keep);
+    }
+
+    /// Windows kept now.
+    #[cfg(test)]
+    fn len(&self) -> usize {
+        self.0.lock().unwrap_or_else(|p| p.into_inner()).len()
+    }
 }
 
 /// The epoch key a source's pass `pass` of `epoch` is ordered and augmented with: `epoch`
@@ -222,6 +283,7 @@ impl MixOrder {
             epoch_len,
             seed,
             shuffle,
+            kept: Arc::default(),
         })
     }
 
@@ -258,43 +320,48 @@ impl MixOrder {
     }
 
     /// The draws at `positions` of `epoch` (each below [`Self::epoch_len`]), in order. Each
-    /// window met is laid out once.
+    /// window met is laid out once, unless it is among the windows kept from earlier calls.
     pub fn draws(&self, epoch: u64, positions: &[u64]) -> Vec<Draw> {
-        let mut laid_out: Vec<(u64, Vec<(u32, u64)>)> = Vec::new();
+        let mut met: Vec<(u64, Layout)> = Vec::new();
         positions
             .iter()
             .map(|&position| {
                 let window = position / self.window;
                 let offset = (position % self.window) as usize;
-                let at = match laid_out.iter().position(|(w, _)| *w == window) {
+                let at = match met.iter().position(|(w, _)| *w == window) {
                     Some(at) => at,
                     None => {
-                        laid_out.push((window, self.occurrences(epoch, window)));
-                        laid_out.len() - 1
+                        met.push((window, self.layout(epoch, window)));
+                        met.len() - 1
                     }
                 };
-                let (source, occurrence) = laid_out[at].1[offset];
+                let (source, occurrence) = met[at].1[offset];
                 let source = source as usize;
                 Draw {
                     source,
-                    draw: window * self.counts[source] + occurrence,
+                    draw: window * self.counts[source] + u64::from(occurrence),
                 }
             })
             .collect()
     }
 
-    /// Window `window`'s sources with, for each position, how many of the same source come
-    /// before it in the window.
-    fn occurrences(&self, epoch: u64, window: u64) -> Vec<(u32, u64)> {
-        let mut seen = vec![0u64; self.counts.len()];
-        self.window_sources(epoch, window)
+    /// Window `window` of `epoch` laid out: kept, or laid out now and kept.
+    fn layout(&self, epoch: u64, window: u64) -> Layout {
+        if let Some(layout) = self.kept.get(epoch, window) {
+            return layout;
+        }
+        let mut seen = vec![0u32; self.counts.len()];
+        let layout: Layout = self
+            .window_sources(epoch, window)
             .into_iter()
             .map(|source| {
                 let count = &mut seen[source as usize];
                 *count += 1;
                 (source, *count - 1)
             })
-            .collect()
+            .collect();
+        self.kept.keep(epoch, window, layout.clone());
+        layout
     }
 }
 
@@ -321,10 +388,12 @@ mod tests {
 
     #[test]
     fn a_batch_lays_out_the_windows_its_strided_positions_fall_in() {
-        // 256 samples of one of 16,384 ranks over 2^20-position windows: 4 M positions, in 5
-        // windows at most.
+        // 256 samples of one of 12,288 ranks over 2^20-position windows: 3 M positions, in 4
+        // windows at most; with 16,384 ranks, 4 M positions in 5 windows, past the bound.
+        assert_eq!(layout_per_batch(256, 12_288, 1 << 20), 4 << 20);
+        assert!(layout_per_batch(256, 12_288, 1 << 20) <= MAX_MIX_LAYOUT_PER_BATCH);
         assert_eq!(layout_per_batch(256, 16_384, 1 << 20), 5 << 20);
-        assert!(layout_per_batch(256, 16_384, 1 << 20) <= MAX_MIX_LAYOUT_PER_BATCH);
+        assert!(layout_per_batch(256, 16_384, 1 << 20) > MAX_MIX_LAYOUT_PER_BATCH);
         // One window per sample at most: every sample of a huge world in a window of its own.
         assert_eq!(layout_per_batch(8, 1 << 20, 1 << 20), 8 << 20);
         assert!(layout_per_batch(65_536, 1 << 20, 1 << 20) > MAX_MIX_LAYOUT_PER_BATCH);
@@ -424,6 +493,59 @@ mod tests {
         let mut again = order.draws(5, &backwards);
         again.reverse();
         assert_eq!(again, draws);
+    }
+
+    #[test]
+    fn kept_windows_give_the_draws_a_fresh_order_gives() {
+        let make = || {
+            MixOrder::new(
+                &[0.7, 0.3],
+                &[7000, 3000],
+                100,
+                MixEnd::FirstExhausted,
+                4,
+                true,
+            )
+            .unwrap()
+        };
+        let walking = make();
+        // A rank of 3 walking its batches of 16, then the same batches again (all kept), then
+        // another epoch: each batch's draws are those of an order that kept nothing.
+        for epoch in [0, 0, 1] {
+            for step in 0..40u64 {
+                let positions: Vec<u64> = (0..16).map(|i| (step * 16 + i) * 3 + 1).collect();
+                assert_eq!(
+                    walking.draws(epoch, &positions),
+                    make().draws(epoch, &positions),
+                    "epoch {epoch} step {step}"
+                );
+            }
+        }
+        // 40 steps of 48 positions met 20 windows per epoch; all are kept (64 at most).
+        assert_eq!(walking.kept.len(), 40);
+        // Clones share what is kept.
+        assert_eq!(walking.clone().kept.len(), 40);
+    }
+
+    #[test]
+    fn kept_windows_stay_within_their_bounds() {
+        let kept = KeptLayouts::default();
+        let layout = |n: usize| -> Layout { vec![(0, 0); n].into() };
+        for window in 0..100 {
+            kept.keep(0, window, layout(10));
+        }
+        assert_eq!(kept.len(), KEPT_LAYOUT_WINDOWS);
+        assert!(kept.get(0, 99).is_some() && kept.get(0, 35).is_none());
+        // Two windows of 2^20 positions: only the newest stays past the positions bound.
+        kept.keep(1, 0, layout(1 << 20));
+        kept.keep(1, 1, layout(1 << 20));
+        assert!(kept.get(1, 1).is_some() && kept.get(1, 0).is_some());
+        kept.keep(1, 2, layout(1 << 20));
+        assert_eq!(kept.len(), 2, "2^21 positions at most besides the newest");
+        // One window wider than the bound is still kept.
+        kept.keep(2, 0, layout((1 << 21) + 1));
+        assert_eq!(kept.len(), 1);
+        assert!(kept.get(2, 0).is_some());
     }
 
     #[test]

@@ -159,4 +159,9 @@ fn a_mix_whose_batches_would_lay_out_too_many_windows_is_refused_by_name() {
     assert!(error.contains("use a smaller window"), "{error}");
     // 8 ranks: one window per batch.
     assert!(open(8).is_ok());
+    // At the bound: 3 * 2^14 ranks stride a batch over 3 * 2^20 positions, in 4 windows (2^22
+    // positions); 2^16 ranks over 4 * 2^20, in 5.
+    assert!(open(3 << 14).is_ok());
+    let error = open(1 << 16).err().expect("refused").to_string();
+    assert!(error.contains("lays out 5242880 positions"), "{error}");
 }
