@@ -18,7 +18,7 @@ usage_lines="2,13"
 source "$(dirname "${BASH_SOURCE[0]}")/bench_env.sh"
 
 cd "$repo"
-cargo build --release -p stoker-loader >&2
+cargo build --release -p stoker-cli >&2
 # Honour CARGO_TARGET_DIR and .cargo/config overrides instead of assuming ./target.
 target_dir="$(cargo metadata --format-version 1 --no-deps |
     "$venv/bin/python" -c 'import json, sys; print(json.load(sys.stdin)["target_directory"])')"

@@ -7,7 +7,7 @@
 //! ratio to local, the first batch, bytes fetched, GETs and the cache hit rate (the cold run's
 //! figures include the open: the listing and the index object written by `stoker index`).
 //!
-//! Run: `cargo build --release -p stoker-loader --bin stoker && cargo bench -p stoker-benches
+//! Run: `cargo build --release -p stoker-cli --bin stoker && cargo bench -p stoker-benches
 //! --bench s3_read` (`S3_BENCH_IMAGES`, default 2000; `S3_BENCH_THREADS`, default all cores).
 //! A loopback server has no network latency: the figures show Stoker's own cost of reading
 //! through the cache, not a remote store's. The server hashes each object it sends (MD5 of
@@ -32,7 +32,7 @@ fn stoker_binary() -> PathBuf {
     let binary = release.join("stoker");
     assert!(
         binary.exists(),
-        "{} is missing: cargo build --release -p stoker-loader --bin stoker",
+        "{} is missing: cargo build --release -p stoker-cli --bin stoker",
         binary.display()
     );
     binary

@@ -1,10 +1,11 @@
-//! Stoker's loader: the service around the workers. The client side (one [`Loader`] over one
-//! [`BatchSource`] seam: the embedded producer or the remote client), the coordinator (core,
-//! gRPC service, journal) and the stall dashboard; the `stoker` command-line tool sits on top.
+//! Stoker's loader: the client side of the service. One [`Loader`] over one [`BatchSource`]
+//! seam (the embedded producer or the remote client), the slots batches land in, the prefetch
+//! controller, the stall figures and the stall [`Dashboard`]. The coordinator
+//! (`stoker-coordinator`) and the `stoker` command-line tool with its bench harnesses
+//! (`stoker-cli`) sit on top of it.
 //!
 //! Jobs and their epoch plans come from `stoker-worker`; the loader runs them in process or
-//! asks the workers of a coordinator for their batches, and yields them in step order. The
-//! harnesses `stoker bench` runs sit apart, in [`bench`](mod@bench).
+//! asks the workers of a coordinator for their batches, and yields them in step order.
 //!
 //! ```
 //! use stoker_loader::{Error, ErrorKind};
@@ -13,9 +14,7 @@
 //! assert_eq!(ErrorKind::from_name(error.kind().as_str()), Some(ErrorKind::InvalidArgument));
 //! ```
 
-pub mod bench;
 mod client;
-mod coordinator;
 mod dashboard;
 mod digest;
 mod error;
@@ -30,6 +29,7 @@ pub use client::gpu_decode::{
     GpuDecodeOptions, GpuLane, LaneStats, LaneView, AUTO_START, DEFAULT_GPU_MEMORY, KERNEL,
     KERNEL_SOURCE, NVJPEG_TESTED_MAJORS,
 };
+pub use client::landing;
 pub use client::loader::{Loader, LoaderOptions, PinOptions};
 pub use client::monitor::{LoaderMonitor, MonitorSnapshot};
 pub use client::prefetch::{
@@ -40,12 +40,6 @@ pub use client::slots::{Attachment, PinnedPoolError, SharedMemory, Slot, SlotPoo
 pub use client::source::{receive, BatchSource, Built, EpochFeed, IdleClock, SourceInfo};
 pub use client::stats::{GpuDecodeFigures, LoaderStats};
 pub use client::stream::{EpochStream, INTERRUPT_CHECK};
-pub use coordinator::{
-    AckOutcome, ClientEntry, Coordinator, CoordinatorConfig, CoordinatorError, CoordinatorResult,
-    CoordinatorService, CoordinatorServiceConfig, CoordinatorStats, ExpireReport, JobId,
-    JobShareStats, Lease, LeaseId, LeaseOutcome, SessionId, Step, TaskKey, WorkerEntry, WorkerId,
-    JOURNAL_FILE,
-};
 pub use dashboard::{
     Dashboard, DashboardAccess, DashboardError, JobShare, WorkerLoad, COOKIE_LIFETIME,
 };

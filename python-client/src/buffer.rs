@@ -233,3 +233,16 @@ pub(crate) unsafe fn fill_byte_view(
         (*view).internal = std::ptr::null_mut();
     }
 }
+
+/// The numpy name of a proto dtype.
+pub(crate) fn dtype_name(dtype: i32) -> &'static str {
+    match stoker_proto::v1::Dtype::try_from(dtype) {
+        Ok(stoker_proto::v1::Dtype::Uint8) => "uint8",
+        Ok(stoker_proto::v1::Dtype::Float32) => "float32",
+        Ok(stoker_proto::v1::Dtype::Int64) => "int64",
+        Ok(stoker_proto::v1::Dtype::Int32) => "int32",
+        Ok(stoker_proto::v1::Dtype::Uint16) => "uint16",
+        Ok(stoker_proto::v1::Dtype::Uint32) => "uint32",
+        _ => "unknown",
+    }
+}

@@ -129,9 +129,23 @@ def daemon_binary(name: str) -> Path:
     if not path.exists():
         pytest.fail(
             f"{path} is missing: build it with "
-            "`cargo build --release -p stoker-loader -p stoker-worker`"
+            "`cargo build --release -p stoker-cli -p stoker-worker`"
         )
     return path
+
+
+def write_test_certificates(folder: Path, names: Sequence[str]) -> tuple[str, str, str]:
+    """A throwaway CA and a server certificate it signs for ``names`` (DNS names or IP
+    addresses), written into ``folder``: the paths of the CA, the certificate and its key."""
+    import trustme
+
+    ca = trustme.CA()
+    server = ca.issue_cert(*names)
+    paths = (folder / "ca.pem", folder / "server.pem", folder / "server.key")
+    ca.cert_pem.write_to_path(str(paths[0]))
+    server.cert_chain_pems[0].write_to_path(str(paths[1]))
+    server.private_key_pem.write_to_path(str(paths[2]))
+    return str(paths[0]), str(paths[1]), str(paths[2])
 
 
 def start_daemon(args: list[str]) -> tuple[subprocess.Popen[str], str]:

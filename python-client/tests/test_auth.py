@@ -12,7 +12,13 @@ import pytest
 from test_distributed import _options
 
 import stoker
-from conftest import assert_same_batches, daemon_binary, epoch_batches, start_daemon
+from conftest import (
+    assert_same_batches,
+    daemon_binary,
+    epoch_batches,
+    start_daemon,
+    write_test_certificates,
+)
 
 TOKEN = "python-test-token-0123456789"
 
@@ -75,7 +81,7 @@ def test_missing_and_wrong_tokens_raise_authentication_error(
 
 
 def test_tls_ca_makes_the_client_speak_tls(dataset: Path, guarded: str, tmp_path: Path) -> None:
-    ca, _, _ = stoker._native.write_test_certificates(str(tmp_path), ["127.0.0.1"])
+    ca, _, _ = write_test_certificates(tmp_path, ["127.0.0.1"])
     with pytest.raises(stoker.TlsError, match="does not answer in TLS"):
         stoker.Loader(dataset, address=guarded, token=TOKEN, tls_ca=ca, **_options())
 
@@ -83,7 +89,7 @@ def test_tls_ca_makes_the_client_speak_tls(dataset: Path, guarded: str, tmp_path
 def test_a_job_over_tls_with_a_token(dataset: Path, tmp_path: Path,
                                      monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("STOKER_TOKEN", raising=False)
-    ca, cert, key = stoker._native.write_test_certificates(str(tmp_path), ["localhost"])
+    ca, cert, key = write_test_certificates(tmp_path, ["localhost"])
     token_file = tmp_path / "token"
     token_file.write_text(TOKEN)
     token_file.chmod(0o600)

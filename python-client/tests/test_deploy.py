@@ -38,6 +38,7 @@ from conftest import (
     SMALL_CROP,
     assert_same_batches,
     daemon_binary,
+    write_test_certificates,
 )
 
 DEPLOY = REPO / "deploy"
@@ -632,7 +633,7 @@ def copied(loader: stoker.Loader) -> tuple[list[dict[str, np.ndarray]], list[int
 def test_process_the_containers_commands_serve_an_epoch_and_stop_on_sigterm(
     dataset: Path, tmp_path: Path
 ) -> None:
-    ca, cert, key = stoker._native.write_test_certificates(str(tmp_path), ["localhost"])
+    ca, cert, key = write_test_certificates(tmp_path, ["localhost"])
     secrets = {
         "stoker-token": {"token": TOKEN},
         DASHBOARD_SECRET: {"token": DASHBOARD_TOKEN},

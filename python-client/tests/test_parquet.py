@@ -23,7 +23,7 @@ def stoker_binary() -> Path:
     binary = target / "release" / "stoker"
     if not binary.is_file():
         pytest.skip(
-            f"{binary} is missing: build it with `cargo build --release -p stoker-loader` "
+            f"{binary} is missing: build it with `cargo build --release -p stoker-cli` "
             "(./dev test does) to run the Parquet conversion test"
         )
     return binary

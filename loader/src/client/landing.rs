@@ -2,7 +2,7 @@
 //! (`stoker_worker::batch_wire`) copies each tensor's bytes from the HTTP/2 receive buffer
 //! straight into the oldest free slot the loader gave, at aligned offsets, so a remote batch
 //! costs one copy in user space. Used by the remote source and by `stoker bench transport`,
-//! which measures this path.
+//! which measures this path (hence public, as `stoker_loader::landing`).
 
 use std::collections::VecDeque;
 use std::sync::Mutex;
@@ -17,12 +17,13 @@ use tonic::Status;
 use super::slots::Slot;
 
 /// Where each tensor of a batch starts in its slot: a multiple of this.
-pub(crate) const SLOT_ALIGN: usize = 64;
+pub const SLOT_ALIGN: usize = 64;
 
 /// Slots for batches not yet arrived, oldest request first, with when each was asked for.
-pub(crate) type SlotQueue = Mutex<VecDeque<(Slot, Instant)>>;
+pub type SlotQueue = Mutex<VecDeque<(Slot, Instant)>>;
 
-pub(crate) fn lock(queue: &SlotQueue) -> std::sync::MutexGuard<'_, VecDeque<(Slot, Instant)>> {
+/// The queue, locked.
+pub fn lock(queue: &SlotQueue) -> std::sync::MutexGuard<'_, VecDeque<(Slot, Instant)>> {
     // A panic while the lock was held left the queue whole (push and pop only).
     queue
         .lock()
@@ -87,7 +88,7 @@ impl Drop for SlotLanding<'_> {
 /// The next batch of `reader`, its tensors landed in the oldest free slot of `queue` as their
 /// bytes come; a slot not handed on (nothing landed, or the stream failed inside the message)
 /// goes back to the queue. `None` once the stream ended with `OK`.
-pub(crate) async fn next_landed<B>(
+pub async fn next_landed<B>(
     reader: &mut BatchReader<B>,
     queue: &SlotQueue,
 ) -> Result<Option<Landed>, Status>
@@ -104,7 +105,7 @@ where
 }
 
 /// A batch off a worker stream, and the slot its tensors landed in.
-pub(crate) struct Landed {
+pub struct Landed {
     pub(crate) wire: WireBatch,
     pub(crate) slot: Option<(Slot, Instant)>,
 }
@@ -112,7 +113,7 @@ pub(crate) struct Landed {
 impl Landed {
     /// The batch, its landed tensors pointing into the slot, and when its slot was asked for
     /// (none: it landed in no slot).
-    pub(crate) fn finish(self) -> (Batch, Option<Instant>) {
+    pub fn finish(self) -> (Batch, Option<Instant>) {
         let WireBatch { mut batch, landed } = self.wire;
         let Some((slot, asked)) = self.slot else {
             return (batch, None);
@@ -137,7 +138,7 @@ impl Landed {
 /// Copies a batch's tensors into `slot`, each at an aligned offset, and points the tensors
 /// there; keeps the batch as it came when it does not fit. The remote client's path before
 /// `batch_wire` (a second copy after tonic's), kept as `stoker bench transport`'s baseline.
-pub(crate) fn land_in_slot(mut batch: Batch, mut slot: Slot) -> Batch {
+pub fn land_in_slot(mut batch: Batch, mut slot: Slot) -> Batch {
     let align = |n: usize| n.div_ceil(SLOT_ALIGN) * SLOT_ALIGN;
     let needed: usize = batch.tensors.iter().map(|t| align(t.data.len())).sum();
     if needed > slot.capacity() {

@@ -10,7 +10,7 @@
 pub(crate) mod cuda;
 pub(crate) mod embedded;
 pub mod gpu_decode;
-pub(crate) mod landing;
+pub mod landing;
 pub(crate) mod loader;
 pub(crate) mod monitor;
 pub(crate) mod prefetch;

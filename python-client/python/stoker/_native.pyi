@@ -381,10 +381,6 @@ def check_pipeline(ops: list[dict[str, Any]]) -> bool:
             the ops given and the orders there are.
     """
 
-def write_test_certificates(out: str, names: list[str]) -> tuple[str, str, str]:
-    """Writes a throwaway CA and a server certificate for ``names`` signed by it into ``out``
-    (tests of the TLS mode); returns the paths of the CA, the certificate and its key."""
-
 class ImagePipeline:
     """A native image pipeline for encoded bytes that Python code read."""
 

@@ -55,11 +55,13 @@ fn path_extraction_sees_gone_paths() {
 }
 
 /// The crates' folders and where their modules live.
-const MODULE_ROOTS: [(&str, &str); 6] = [
+const MODULE_ROOTS: [(&str, &str); 8] = [
     ("proto", "proto/src"),
     ("datasets", "datasets/src"),
     ("worker", "worker/src"),
     ("loader", "loader/src"),
+    ("coordinator", "coordinator/src"),
+    ("cli", "cli/src"),
     ("python-client", "python-client/src"),
     ("python-client", "python-client/python/stoker"),
 ];

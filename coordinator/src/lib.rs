@@ -1,13 +1,13 @@
-//! The coordinator of the distributed mode, apart from the client: the scheduling core
-//! ([`scheduler`]: workers, sessions, credits, leases, the journal; no I/O, the time passed in)
-//! and the gRPC daemon around it ([`service`]: worker registry, long-polled leases, timers, job
-//! checks, the dashboard feed). The dashboard itself (`crate::dashboard`) serves embedded
-//! loaders too.
+//! Stoker's coordinator for the distributed mode: the scheduling core ([`Coordinator`]:
+//! workers, sessions, credits, leases, the journal; no I/O, the time passed in) and the gRPC
+//! daemon around it ([`CoordinatorService`]: worker registry, long-polled leases, timers, job
+//! checks, the dashboard feed). The dashboard itself is `stoker_loader::Dashboard`, which
+//! serves embedded loaders too; `stoker coordinator` (the `stoker-cli` crate) runs this daemon.
 //!
 //! Control messages go to the coordinator; batches go from a worker straight to the client, on a
 //! stream the client opened, against credits the client granted. See the repository's
 //! `ARCHITECTURE.md` ("Data plane and control plane") for the contract; the worker daemon and
-//! the transport are in `stoker-worker`, the client in `crate::client::remote`.
+//! the transport are in `stoker-worker`, the client in `stoker-loader`.
 
 mod client_reports;
 mod dashboard_feed;

@@ -6,9 +6,8 @@ use std::time::Duration;
 
 use anyhow::Context;
 use clap::Args;
-use stoker_loader::{
-    CoordinatorService, CoordinatorServiceConfig, Dashboard, DashboardAccess, DashboardError,
-};
+use stoker_coordinator::{CoordinatorService, CoordinatorServiceConfig};
+use stoker_loader::{Dashboard, DashboardAccess, DashboardError};
 use stoker_worker::health::{serve_health, Health};
 use stoker_worker::listen;
 use stoker_worker::security::{token_matches, SecurityArgs, ServerSecurity, Token};

@@ -13,8 +13,8 @@ use std::time::{Duration, Instant};
 
 use super::client_reports::job_name;
 use super::service::{ClientEntry, WorkerEntry};
-use crate::coordinator::Coordinator;
-use crate::{JobShare, WorkerLoad};
+use crate::Coordinator;
+use stoker_loader::{JobShare, WorkerLoad};
 
 /// Counters at the previous refresh, for the per-second figures.
 #[derive(Debug, Default)]

@@ -18,7 +18,7 @@ use stoker_proto::v1::{self as proto, op::Op as OpKind, JobSpec};
 use stoker_worker::Job;
 
 use super::{Error, Result};
-use crate::{Loader, LoaderOptions};
+use stoker_loader::{Loader, LoaderOptions};
 
 /// Settings of `stoker bench stall`.
 #[derive(Debug, Clone, Args)]

@@ -34,8 +34,8 @@ use tonic::service::interceptor::InterceptedService;
 use tonic::{Request, Response, Status};
 
 use super::Error;
-use crate::client::landing::{land_in_slot, lock, next_landed, SlotQueue, SLOT_ALIGN};
-use crate::SlotPool;
+use stoker_loader::landing::{land_in_slot, lock, next_landed, SlotQueue, SLOT_ALIGN};
+use stoker_loader::SlotPool;
 
 /// Settings of `stoker bench transport`.
 #[derive(Debug, Clone, Args)]

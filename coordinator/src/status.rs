@@ -5,7 +5,7 @@ use stoker_worker::transport::{status, with_kind};
 use stoker_worker::ErrorKind;
 use tonic::Status;
 
-use crate::coordinator::CoordinatorError;
+use crate::CoordinatorError;
 
 /// The status a coordinator refusal travels as.
 pub fn coordinator_status(error: CoordinatorError) -> Status {

@@ -3,8 +3,8 @@
 
 use stoker_proto::v1::ClientStats;
 
-use crate::coordinator::{Coordinator, JobId};
-use crate::{LoaderStats, MonitorSnapshot};
+use crate::{Coordinator, JobId};
+use stoker_loader::{LoaderStats, MonitorSnapshot};
 
 /// A job's name on the dashboard: its id and the last part of its dataset path (a mix: of
 /// each, joined by `+`).

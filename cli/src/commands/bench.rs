@@ -1,7 +1,7 @@
-//! `stoker bench`: parses the settings of a bench and runs its harness (`stoker_loader::bench`).
+//! `stoker bench`: parses the settings of a bench and runs its harness (`stoker_cli::bench`).
 
 use clap::Args;
-use stoker_loader::bench::{
+use stoker_cli::bench::{
     coordinator::CoordinatorBench, coordinator_grpc::CoordinatorGrpcBench, pipeline,
     pipeline::PipelineBench, soak::client::SoakClient, soak::SoakBench, stall::StallBench,
     transport::TransportBench,
@@ -50,7 +50,7 @@ pub enum BenchKind {
 
 /// Runs the command.
 pub fn run(args: BenchArgs) -> anyhow::Result<()> {
-    use stoker_loader::bench::{coordinator, coordinator_grpc, soak, stall, transport};
+    use stoker_cli::bench::{coordinator, coordinator_grpc, soak, stall, transport};
     match args.which {
         Some(BenchKind::Stall(bench)) => stall::run(&bench)?,
         Some(BenchKind::Coordinator(bench)) => coordinator::run(&bench)?,

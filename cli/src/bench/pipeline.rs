@@ -15,7 +15,7 @@ use stoker_worker::{decode, read_header, DecodeRequest, DecodedImage, DEFAULT_MA
 
 use super::resources::usage;
 use super::{Error, Result};
-use crate::{Loader, LoaderOptions};
+use stoker_loader::{Loader, LoaderOptions};
 
 /// Settings of `stoker bench` beyond the job it runs.
 #[derive(Debug, Clone, Args)]

@@ -11,7 +11,7 @@ use std::sync::{mpsc, Arc, Mutex};
 use super::client::SegmentRead;
 use super::{spec, SoakBench};
 use crate::bench::{Error, Result};
-use crate::{BatchDigest, Loader, LoaderOptions};
+use stoker_loader::{BatchDigest, Loader, LoaderOptions};
 
 /// The tallies of the epochs checked so far.
 #[derive(Debug, Clone, Default)]
@@ -58,7 +58,7 @@ impl Checker {
                     },
                 )
             })
-            .collect::<crate::Result<Vec<_>>>()?;
+            .collect::<stoker_loader::Result<Vec<_>>>()?;
         let tally = Arc::new(Mutex::new(Tally {
             checked: vec![0; ranks.len()],
             ..Tally::default()

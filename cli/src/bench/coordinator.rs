@@ -14,7 +14,7 @@ use serde::Serialize;
 use stoker_proto::v1::JobSpec;
 
 use super::{Error, Result};
-use crate::{Coordinator, CoordinatorConfig, Lease, LeaseOutcome, Step};
+use stoker_coordinator::{Coordinator, CoordinatorConfig, Lease, LeaseOutcome, Step};
 
 /// Settings of `stoker bench coordinator`.
 #[derive(Debug, Clone, Args)]

@@ -7,7 +7,7 @@
 //! use) and the distributed mode under faults for a long time ([`soak`]).
 //! Each prints its report, as text or as one JSON object.
 //!
-//! They are measuring tools, not part of the loader: nothing else in this crate uses them.
+//! They are measuring tools, not part of the loader: only `stoker bench` and the tests use them.
 
 pub mod certificates;
 pub mod coordinator;
@@ -29,7 +29,7 @@ pub enum Error {
     Failed(String),
     /// The loader failed.
     #[error(transparent)]
-    Loader(#[from] crate::Error),
+    Loader(#[from] stoker_loader::Error),
     /// Opening or building a job failed, or the security settings are unusable.
     #[error(transparent)]
     Worker(#[from] stoker_worker::Error),
@@ -38,7 +38,7 @@ pub enum Error {
     Security(#[from] stoker_worker::security::SecurityError),
     /// The coordinator core refused a call.
     #[error(transparent)]
-    Coordinator(#[from] crate::CoordinatorError),
+    Coordinator(#[from] stoker_coordinator::CoordinatorError),
     /// A system call failed (threads, sockets, temporary files).
     #[error(transparent)]
     Io(#[from] std::io::Error),

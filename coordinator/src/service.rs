@@ -31,11 +31,11 @@ use super::client_reports::{client_snapshot, job_name};
 use super::dashboard_feed::{fleet, job_shares, serving_workers, worker_loads, LastRefresh};
 use super::requests::validate_spec;
 use super::status::coordinator_status;
-use crate::coordinator::{
+use crate::{
     Coordinator, CoordinatorConfig, CoordinatorError, JobId, Lease, LeaseId, SessionId, Step,
     WorkerId,
 };
-use crate::{Dashboard, LoaderMonitor, MonitorSnapshot};
+use stoker_loader::{Dashboard, LoaderMonitor, MonitorSnapshot};
 
 /// Tuning of the coordinator daemon.
 #[derive(Debug, Clone)]
@@ -227,7 +227,7 @@ impl CoordinatorService {
     }
 
     /// The core's counters.
-    pub fn core_stats(&self) -> crate::coordinator::CoordinatorStats {
+    pub fn core_stats(&self) -> crate::CoordinatorStats {
         lock(&self.state).core.stats()
     }
 

@@ -17,7 +17,7 @@ use serde::{Deserialize, Serialize};
 
 use super::{spec, DataKind};
 use crate::bench::Result;
-use crate::{BatchDigest, Loader, LoaderOptions, RemoteOptions};
+use stoker_loader::{BatchDigest, Loader, LoaderOptions, RemoteOptions};
 
 /// Settings of one soak client (started by `stoker bench soak`, not by hand).
 #[derive(Debug, Clone, Args)]

@@ -14,7 +14,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use stoker_loader::bench::certificates::{write_test_certificates, TestCertificates};
+use stoker_cli::bench::certificates::{write_test_certificates, TestCertificates};
 use stoker_loader::{ErrorKind, Loader, LoaderOptions, RemoteOptions, COOKIE_LIFETIME};
 use stoker_proto::v1::coordinator_client::CoordinatorClient;
 use stoker_proto::v1::worker_data_client::WorkerDataClient;

@@ -1,0 +1,109 @@
+//! `stoker._native.MixOrder`: the native mix order for Python datasets (`stoker.mix` over
+//! `Loader.from_dataset`-style datasets), made once per process and kept.
+
+use pyo3::exceptions::PyValueError;
+use pyo3::prelude::*;
+use stoker_proto::v1 as proto;
+
+/// The mix order of Python datasets (`stoker.mix` over `Loader.from_dataset`-style
+/// datasets): sources of `lens` samples mixed by `weights`, `window` positions per window,
+/// the epoch rule `epoch_end` (`"first_exhausted"`, `"all_exhausted"` or `"samples"` with
+/// `epoch_samples`).
+fn python_mix(
+    weights: &[f64],
+    lens: &[u64],
+    window: u32,
+    epoch_end: &str,
+    epoch_samples: u64,
+    seed: u64,
+    shuffle: bool,
+) -> PyResult<stoker_worker::MixOrder> {
+    let end = match epoch_end {
+        "first_exhausted" => stoker_worker::MixEnd::FirstExhausted,
+        "all_exhausted" => stoker_worker::MixEnd::AllExhausted,
+        "samples" => stoker_worker::MixEnd::Samples(epoch_samples),
+        other => {
+            return Err(PyValueError::new_err(format!(
+                "epoch_end must be \"first_exhausted\", \"all_exhausted\" or a number of \
+                 samples, got {other:?}"
+            )))
+        }
+    };
+    stoker_worker::MixOrder::new(weights, lens, window, end, seed, shuffle)
+        .map_err(|e| PyValueError::new_err(e.to_string()))
+}
+
+/// The mix order of Python datasets, made once and kept by the dataset: the windows it lays
+/// out stay laid out for the positions after them.
+#[pyclass(module = "stoker._native", frozen)]
+pub(crate) struct MixOrder {
+    order: stoker_worker::MixOrder,
+    /// Each source's own order (batch 1, one rank).
+    sources: Vec<stoker_worker::PlanConfig>,
+}
+
+#[pymethods]
+impl MixOrder {
+    #[new]
+    #[allow(clippy::too_many_arguments)]
+    fn new(
+        weights: Vec<f64>,
+        lens: Vec<u64>,
+        window: u32,
+        epoch_end: &str,
+        epoch_samples: u64,
+        seed: u64,
+        shuffle: bool,
+    ) -> PyResult<Self> {
+        let order = python_mix(
+            &weights,
+            &lens,
+            window,
+            epoch_end,
+            epoch_samples,
+            seed,
+            shuffle,
+        )?;
+        let sources = lens
+            .iter()
+            .enumerate()
+            .map(|(k, &len)| stoker_worker::PlanConfig {
+                num_samples: len,
+                batch_size: 1,
+                seed: stoker_worker::source_seed(seed, k),
+                shuffle,
+                drop_last: false,
+                rank: 0,
+                world_size: 1,
+                uneven_tail: proto::UnevenTail::Pad,
+                shuffle_window: 0,
+            })
+            .collect();
+        Ok(Self { order, sources })
+    }
+
+    /// Positions of an epoch.
+    #[getter]
+    fn epoch_len(&self) -> u64 {
+        self.order.epoch_len()
+    }
+
+    /// The sample each of `positions` of `epoch` reads: (source, index in the source), by the
+    /// rule of native mixes (each source in its own seeded order, restarting).
+    fn samples(&self, epoch: u64, positions: Vec<u64>) -> PyResult<Vec<(usize, u64)>> {
+        if let Some(position) = positions.iter().find(|&&p| p >= self.order.epoch_len()) {
+            return Err(PyValueError::new_err(format!(
+                "position {position} is past the mix's {} positions",
+                self.order.epoch_len()
+            )));
+        }
+        let orders: Vec<(stoker_worker::PlanConfig, Option<&[u64]>)> =
+            self.sources.iter().map(|config| (*config, None)).collect();
+        let samples = stoker_worker::mix_samples(&self.order, &orders, epoch, &positions)
+            .map_err(|e| PyValueError::new_err(e.to_string()))?;
+        Ok(samples
+            .into_iter()
+            .map(|(source, _, index)| (source, index))
+            .collect())
+    }
+}

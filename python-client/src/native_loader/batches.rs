@@ -1,0 +1,99 @@
+//! A batch as Python reads it: waiting for one with the interpreter let go (Ctrl-C checked),
+//! and the tuple of `Buffer`s it becomes; the page-locking options of a loader.
+
+use std::sync::Arc;
+
+use pyo3::prelude::*;
+use pyo3::types::{PyDict, PyList, PyTuple};
+use stoker_loader::PinOptions;
+use stoker_proto::v1 as proto;
+
+use crate::buffer::{dtype_name, Buffer, ReleaseFences};
+use crate::errors::from_loader;
+
+/// Runs a blocking `next_batch_checked` with the GIL released, looking for Ctrl-C every
+/// `INTERRUPT_CHECK`, and turns the batch into its Python tuple.
+pub(super) fn wait_for_batch<'py>(
+    py: Python<'py>,
+    release: Option<(Arc<ReleaseFences>, Arc<stoker_loader::SlotPool>)>,
+    slots: Option<Arc<stoker_loader::SlotPool>>,
+    next: impl Send + FnOnce(&mut dyn FnMut() -> bool) -> stoker_loader::Result<Option<proto::Batch>>,
+) -> PyResult<Option<Bound<'py, PyTuple>>> {
+    let mut signal: Option<PyErr> = None;
+    let batch = py.detach(|| {
+        next(&mut || {
+            Python::attach(|py| match py.check_signals() {
+                Ok(()) => false,
+                Err(error) => {
+                    signal = Some(error);
+                    true
+                }
+            })
+        })
+    });
+    let batch = match (batch, signal) {
+        (Err(stoker_loader::Error::Interrupted), Some(error)) => return Err(error),
+        (batch, _) => batch.map_err(from_loader)?,
+    };
+    match batch {
+        Some(batch) => batch_tuple(py, batch, release, slots).map(Some),
+        None => Ok(None),
+    }
+}
+
+/// A batch as Python sees it: (epoch, step, [(name, dtype, shape, Buffer)], sample_indices,
+/// [bad sample dicts], DeviceRows or None). Tensor bytes are shared, not copied; the last item
+/// holds the rows the GPU decode lane left on the GPU.
+pub(super) fn batch_tuple(
+    py: Python<'_>,
+    batch: proto::Batch,
+    release: Option<(Arc<ReleaseFences>, Arc<stoker_loader::SlotPool>)>,
+    slots: Option<Arc<stoker_loader::SlotPool>>,
+) -> PyResult<Bound<'_, PyTuple>> {
+    let device_rows = match (&slots, batch.tensors.first()) {
+        (Some(slots), Some(first)) => {
+            crate::gpu_decode::DeviceRows::of_slot(slots, first.data.as_ptr())
+                .map(|rows| Bound::new(py, rows))
+                .transpose()?
+        }
+        _ => None,
+    };
+    let tensors = PyList::empty(py);
+    for tensor in batch.tensors {
+        let shape = PyTuple::new(py, tensor.shape.iter().copied())?;
+        // Only bytes in a page-locked slot need fences (labels built apart do not).
+        let fences = release.as_ref().and_then(|(fences, slots)| {
+            slots
+                .holds_pinned(tensor.data.as_ptr())
+                .then(|| Arc::clone(fences))
+        });
+        let buffer = Bound::new(py, Buffer::new(tensor.data, fences))?;
+        tensors.append((tensor.name, dtype_name(tensor.dtype), shape, buffer))?;
+    }
+    let bad = PyList::empty(py);
+    for sample in batch.bad_samples {
+        let entry = PyDict::new(py);
+        entry.set_item("sample_index", sample.sample_index)?;
+        entry.set_item("path", sample.path)?;
+        entry.set_item("reason", sample.reason)?;
+        entry.set_item("substitute_index", sample.substitute_index)?;
+        bad.append(entry)?;
+    }
+    (
+        batch.epoch,
+        batch.step,
+        tensors,
+        batch.sample_indices,
+        bad,
+        device_rows,
+    )
+        .into_pyobject(py)
+}
+
+/// Page-locking for a loader: on `pin_device` within `pinned_budget` bytes, or none.
+pub(super) fn pin_options(pin_device: Option<usize>, pinned_budget: u64) -> Option<PinOptions> {
+    pin_device.map(|device| PinOptions {
+        device,
+        budget_bytes: pinned_budget,
+    })
+}

@@ -1,0 +1,575 @@
+//! `NativeLoader`: one job's loader as Python drives it (`stoker.Loader` holds one): epochs,
+//! batches, resume and resize, the dashboard, closing. How it is built from its recipe is
+//! [`recipe`]; how a batch becomes the tuple Python reads is [`batches`].
+
+mod batches;
+mod recipe;
+
+use std::path::PathBuf;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
+use pyo3::exceptions::PyValueError;
+use pyo3::prelude::*;
+use pyo3::types::{PyDict, PyTuple};
+use stoker_loader::{Dashboard, EpochStream, Loader, LoaderOptions, RemoteOptions, Token};
+use stoker_proto::v1::{self as proto, JobSpec};
+
+use crate::buffer::ReleaseFences;
+use crate::dataset::DatasetRecipe;
+use crate::errors::{from_loader, raise, Kind};
+
+use batches::{batch_tuple, pin_options, wait_for_batch};
+use recipe::Recipe;
+
+use crate::spec::{job_spec, mix_spec, JobSettings, PyMix};
+
+/// One job's loader, driven from Python: in-process (decode threads here) or, with an
+/// address, served by a coordinator's workers. Both go through the same `stoker_loader::Loader`.
+#[pyclass(module = "stoker._native")]
+pub(crate) struct NativeLoader {
+    loader: Option<Arc<Loader>>,
+    stream: Option<EpochStream>,
+    address: Option<String>,
+    dashboard: Option<Dashboard>,
+    /// What `loader` was built from, to build the loader of an epoch resumed on another world
+    /// size.
+    recipe: Recipe,
+    /// That loader, and its epoch: it serves that epoch only.
+    resumed: Option<(u64, Arc<Loader>)>,
+    /// How the buffers of page-locked slots are let go (set when the slots are pinned).
+    release: Option<Arc<ReleaseFences>>,
+    /// The slot pool of the loader `stream` reads (the plain or the resumed one).
+    stream_slots: Option<Arc<stoker_loader::SlotPool>>,
+}
+
+/// A resize as Python holds it: (cursor, taken positions).
+type PyResize = (u64, Vec<u64>);
+
+impl NativeLoader {
+    /// The release of the current stream's page-locked slots, if they are.
+    fn release_for_stream(&self) -> Option<(Arc<ReleaseFences>, Arc<stoker_loader::SlotPool>)> {
+        Some((self.release.clone()?, self.stream_slots.clone()?))
+    }
+
+    fn loader(&self) -> PyResult<&Arc<Loader>> {
+        self.loader
+            .as_ref()
+            .ok_or_else(|| raise(Kind::Stoker, "the loader is closed".into()))
+    }
+}
+
+#[pymethods]
+impl NativeLoader {
+    #[new]
+    #[pyo3(signature = (source, ops, batch_size, shuffle, seed, drop_last, num_threads, rank, world_size, prefetch, on_error, timeout_s, max_held_batches, max_prefetch_bytes = 2 << 30, dashboard = None, dashboard_token_file = None, job_name = "python".to_string(), format = "auto", shuffle_window = 0, text_column = String::new(), address = None, worker_grace_s = 120.0, token = None, tls_ca = None, tls_server_name = None, mix = None, pin_device = None, pinned_budget = 0, release_streams = None, decode = "cpu", gpu_memory = stoker_loader::DEFAULT_GPU_MEMORY, library_dirs = Vec::new()))]
+    #[allow(clippy::too_many_arguments)]
+    fn new(
+        py: Python<'_>,
+        source: PathBuf,
+        ops: Vec<Bound<'_, PyDict>>,
+        batch_size: u32,
+        shuffle: bool,
+        seed: u64,
+        drop_last: bool,
+        num_threads: usize,
+        rank: u32,
+        world_size: u32,
+        prefetch: usize,
+        on_error: &str,
+        timeout_s: f64,
+        max_held_batches: usize,
+        max_prefetch_bytes: u64,
+        dashboard: Option<String>,
+        dashboard_token_file: Option<PathBuf>,
+        job_name: String,
+        format: &str,
+        shuffle_window: u32,
+        text_column: String,
+        address: Option<String>,
+        worker_grace_s: f64,
+        token: Option<String>,
+        tls_ca: Option<PathBuf>,
+        tls_server_name: Option<String>,
+        mix: Option<PyMix<'_>>,
+        pin_device: Option<usize>,
+        pinned_budget: u64,
+        release_streams: Option<Py<PyAny>>,
+        decode: &str,
+        gpu_memory: usize,
+        library_dirs: Vec<PathBuf>,
+    ) -> PyResult<Self> {
+        let mode = match decode {
+            "cpu" => None,
+            "gpu" => Some(stoker_loader::DecodeMode::Gpu),
+            "auto" => Some(stoker_loader::DecodeMode::Auto),
+            other => {
+                return Err(PyValueError::new_err(format!(
+                    "decode must be 'cpu', 'gpu' or 'auto', got {other:?}"
+                )))
+            }
+        };
+        let gpu_decode = match (mode, pin_device) {
+            (None, _) => None,
+            (Some(mode), Some(device)) => Some(stoker_loader::GpuDecodeOptions {
+                mode,
+                device,
+                memory_bytes: gpu_memory,
+                library_dirs,
+            }),
+            (Some(_), None) => {
+                return Err(PyValueError::new_err(
+                    "decode='gpu' or 'auto' needs a CUDA device to deliver to (device='cuda')",
+                ))
+            }
+        };
+        let mut spec = job_spec(
+            source.to_string_lossy().into_owned(),
+            &ops,
+            JobSettings {
+                batch_size,
+                shuffle,
+                seed,
+                drop_last,
+                rank,
+                world_size,
+                on_error,
+                timeout_s,
+                format,
+                shuffle_window,
+                text_column,
+            },
+        )?;
+        if let Some(mix) = mix {
+            spec.dataset = None;
+            spec.pipeline = Vec::new();
+            spec.mix = Some(mix_spec(mix)?);
+        }
+        if !(worker_grace_s.is_finite() && worker_grace_s > 0.0) {
+            return Err(PyValueError::new_err(format!(
+                "worker_grace must be a positive number of seconds, got {worker_grace_s}"
+            )));
+        }
+        let options = LoaderOptions {
+            threads: num_threads,
+            prefetch,
+            max_prefetch_bytes,
+            deadline: Duration::from_secs_f64(timeout_s),
+            max_held_batches,
+            pin: pin_options(pin_device, pinned_budget),
+            gpu_decode,
+            ..LoaderOptions::default()
+        };
+        let token = token
+            .as_deref()
+            .map(Token::new)
+            .transpose()
+            .map_err(|e| PyValueError::new_err(format!("token: {e}")))?;
+        let recipe = Recipe {
+            spec,
+            options,
+            remote: address.as_ref().map(|address| {
+                let remote = RemoteOptions {
+                    worker_grace: Duration::from_secs_f64(worker_grace_s),
+                    token,
+                    tls_ca,
+                    tls_server_name,
+                    ..RemoteOptions::default()
+                };
+                (address.clone(), remote)
+            }),
+            dataset: None,
+        };
+        Self::from_recipe(
+            py,
+            recipe,
+            address,
+            dashboard.map(|address| (address, dashboard_token_file)),
+            &job_name,
+            rank,
+            release_streams,
+        )
+    }
+
+    /// A loader over a Python map-style dataset (`Loader.from_dataset`): `builder.build`
+    /// fills each batch's slot, `sample_bytes` are each field's bytes per sample, and `lanes`
+    /// threads call it at once; with `shared_slots` the slots are one shared mapping that
+    /// worker processes write into. Shuffle, ranks, resume and the dashboard are the native
+    /// ones.
+    #[staticmethod]
+    #[pyo3(signature = (builder, num_samples, sample_bytes, lanes, waiting_on, batch_size, shuffle, seed, drop_last, rank, world_size, prefetch, timeout_s, max_held_batches, max_prefetch_bytes = 2 << 30, dashboard = None, dashboard_token_file = None, job_name = "dataset".to_string(), shared_slots = false, pin_device = None, pinned_budget = 0, release_streams = None))]
+    #[allow(clippy::too_many_arguments)]
+    fn from_dataset(
+        py: Python<'_>,
+        builder: Py<PyAny>,
+        num_samples: u64,
+        sample_bytes: Vec<usize>,
+        lanes: usize,
+        waiting_on: String,
+        batch_size: u32,
+        shuffle: bool,
+        seed: u64,
+        drop_last: bool,
+        rank: u32,
+        world_size: u32,
+        prefetch: usize,
+        timeout_s: f64,
+        max_held_batches: usize,
+        max_prefetch_bytes: u64,
+        dashboard: Option<String>,
+        dashboard_token_file: Option<PathBuf>,
+        job_name: String,
+        shared_slots: bool,
+        pin_device: Option<usize>,
+        pinned_budget: u64,
+        release_streams: Option<Py<PyAny>>,
+    ) -> PyResult<Self> {
+        if !(timeout_s.is_finite() && timeout_s > 0.0) {
+            return Err(PyValueError::new_err(format!(
+                "timeout must be a positive number of seconds, got {timeout_s}"
+            )));
+        }
+        let spec = JobSpec {
+            batch_size,
+            seed,
+            shuffle,
+            drop_last,
+            rank,
+            world_size,
+            uneven_tail: proto::UnevenTail::Pad as i32,
+            ..JobSpec::default()
+        };
+        let recipe = Recipe {
+            spec,
+            options: LoaderOptions {
+                threads: lanes,
+                prefetch,
+                max_prefetch_bytes,
+                deadline: Duration::from_secs_f64(timeout_s),
+                max_held_batches,
+                pin: pin_options(pin_device, pinned_budget),
+                ..LoaderOptions::default()
+            },
+            remote: None,
+            dataset: Some((
+                DatasetRecipe {
+                    builder: Arc::new(builder),
+                    sample_bytes,
+                    lanes,
+                    waiting_on,
+                    shared_slots,
+                },
+                num_samples,
+            )),
+        };
+        Self::from_recipe(
+            py,
+            recipe,
+            None,
+            dashboard.map(|address| (address, dashboard_token_file)),
+            &job_name,
+            rank,
+            release_streams,
+        )
+    }
+
+    /// Resumes `epoch` on this loader's world size after ranks of `old_world`, striding what
+    /// `resizes` (cursor, taken) left of it, read `steps[r]` batches each (rank r; one count
+    /// for all when only one is known). With the same world size, no new resize and every
+    /// rank at the same step, it resumes the resized epoch itself at that step. Builds the
+    /// loader of that epoch and returns (the step to start at, the epoch's steps, the epoch's
+    /// resizes now).
+    fn resume_resized(
+        &mut self,
+        py: Python<'_>,
+        epoch: u64,
+        resizes: Vec<PyResize>,
+        old_world: u32,
+        steps: Vec<u64>,
+    ) -> PyResult<(u64, u64, Vec<PyResize>)> {
+        let num_samples = self.loader()?.info().num_samples;
+        let earlier: Vec<stoker_worker::Resize> = resizes
+            .into_iter()
+            .map(|(cursor, taken)| stoker_worker::Resize { cursor, taken })
+            .collect();
+        let same_step = steps.windows(2).all(|w| w[0] == w[1]);
+        let (spec, start_step) = if old_world == self.recipe.spec.world_size.max(1) && same_step {
+            let mut spec = self.recipe.spec.clone();
+            spec.resized_epoch = Some(proto::ResizedEpoch {
+                epoch,
+                resizes: earlier.iter().map(Into::into).collect(),
+            });
+            (spec, steps.first().copied().unwrap_or(0))
+        } else {
+            let spec = stoker_worker::resized_spec(
+                &self.recipe.spec,
+                num_samples,
+                epoch,
+                old_world,
+                earlier,
+                &steps,
+            )
+            .map_err(|e| PyValueError::new_err(e.to_string()))?;
+            (spec, 0)
+        };
+        let chain = spec
+            .resized_epoch
+            .as_ref()
+            .map(|r| {
+                r.resizes
+                    .iter()
+                    .map(|z| (z.cursor, z.taken.clone()))
+                    .collect()
+            })
+            .unwrap_or_default();
+        let previous = self.resumed.take();
+        let loader = py
+            .detach(|| {
+                drop(previous);
+                self.recipe.build(spec)
+            })
+            .map_err(from_loader)?;
+        let steps_in_epoch = loader.steps_per_epoch();
+        if start_step > steps_in_epoch {
+            return Err(PyValueError::new_err(format!(
+                "step {start_step} is past the end of the resumed epoch ({steps_in_epoch} steps)"
+            )));
+        }
+        self.resumed = Some((epoch, Arc::new(loader)));
+        Ok((start_step, steps_in_epoch, chain))
+    }
+
+    /// Steps (batches) of `epoch` for this rank: the resumed epoch's own count for the epoch
+    /// resumed on another world size, else `steps_per_epoch`.
+    fn steps_in(&self, epoch: u64) -> PyResult<u64> {
+        match &self.resumed {
+            Some((resumed, loader)) if *resumed == epoch => Ok(loader.steps_per_epoch()),
+            _ => Ok(self.loader()?.steps_per_epoch()),
+        }
+    }
+
+    /// Steps (batches) per epoch for this rank.
+    #[getter]
+    fn steps_per_epoch(&self) -> PyResult<u64> {
+        Ok(self.loader()?.steps_per_epoch())
+    }
+
+    /// Samples in the dataset.
+    #[getter]
+    fn num_samples(&self) -> PyResult<u64> {
+        Ok(self.loader()?.info().num_samples)
+    }
+
+    /// Class names, in label order.
+    #[getter]
+    fn class_names(&self) -> PyResult<Vec<String>> {
+        Ok(self.loader()?.info().class_names.clone())
+    }
+
+    /// Decode threads in this process (0 in distributed mode: the workers decode).
+    #[getter]
+    fn num_threads(&self) -> PyResult<usize> {
+        Ok(self.loader()?.threads())
+    }
+
+    /// Batches in flight at most.
+    #[getter]
+    fn prefetch(&self) -> PyResult<usize> {
+        Ok(self.loader()?.prefetch())
+    }
+
+    /// The dashboard's URL, when one was asked for.
+    #[getter]
+    fn dashboard_url(&self) -> Option<String> {
+        self.dashboard.as_ref().map(|d| d.url())
+    }
+
+    /// The coordinator's address in distributed mode, else None.
+    #[getter]
+    fn address(&self) -> Option<String> {
+        self.address.clone()
+    }
+
+    /// Batch buffers in the pool.
+    #[getter]
+    fn slot_capacity(&self) -> PyResult<usize> {
+        Ok(self.loader()?.slots().capacity())
+    }
+
+    /// Starts `epoch` at `start_step` (a later step resumes mid-epoch with no replay).
+    fn start_epoch(&mut self, py: Python<'_>, epoch: u64, start_step: u64) -> PyResult<()> {
+        let plain = Arc::clone(self.loader()?);
+        let loader = match &self.resumed {
+            Some((resumed, loader)) if *resumed == epoch => Arc::clone(loader),
+            _ => plain,
+        };
+        // Past the resumed epoch its loader is done.
+        if self
+            .resumed
+            .as_ref()
+            .is_some_and(|(resumed, _)| *resumed < epoch)
+        {
+            let done = self.resumed.take();
+            py.detach(|| drop(done));
+        }
+        // Drop the previous stream first: its unstarted work is cancelled (except the next
+        // epoch's start, which `epoch` takes over when it asks for that epoch).
+        let previous = self.stream.take();
+        let stream = py
+            .detach(|| {
+                drop(previous);
+                loader.epoch(epoch, start_step)
+            })
+            .map_err(from_loader)?;
+        self.stream_slots = Some(Arc::clone(loader.slots()));
+        self.stream = Some(stream);
+        Ok(())
+    }
+
+    /// The next batch as (epoch, step, tensors, sample_indices, bad_samples, device_rows);
+    /// None at the end of the epoch. Waits with the GIL released.
+    fn next_batch<'py>(&mut self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyTuple>>> {
+        self.loader()?;
+        let release = self.release_for_stream();
+        let stream = self
+            .stream
+            .as_mut()
+            .ok_or_else(|| raise(Kind::Stoker, "no epoch started: call start_epoch".into()))?;
+        let slots = self.stream_slots.clone();
+        wait_for_batch(py, release, slots, |interrupted| {
+            stream.next_batch_checked(interrupted)
+        })
+    }
+
+    /// The next batch if it has already arrived, else None (also at the end of the epoch);
+    /// never waits.
+    fn try_next_batch<'py>(&mut self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyTuple>>> {
+        self.loader()?;
+        let release = self.release_for_stream();
+        let stream = self
+            .stream
+            .as_mut()
+            .ok_or_else(|| raise(Kind::Stoker, "no epoch started: call start_epoch".into()))?;
+        match stream.try_next_batch().map_err(from_loader)? {
+            Some(batch) => batch_tuple(py, batch, release, self.stream_slots.clone()).map(Some),
+            None => Ok(None),
+        }
+    }
+
+    /// The GPU's share of `epoch`'s batches in sixteenths (decided at the epoch's start, then
+    /// kept); None without a GPU decode lane.
+    fn decode_split(&self, epoch: u64) -> PyResult<Option<u8>> {
+        Ok(self
+            .loader()?
+            .gpu_lane()
+            .map(|lane| lane.split_for_epoch(epoch)))
+    }
+
+    /// Sets the GPU's share of `epoch`'s batches (from a saved state), before the epoch starts.
+    fn set_decode_split(&self, epoch: u64, sixteenths: u8) -> PyResult<()> {
+        if sixteenths > 16 {
+            return Err(PyValueError::new_err(format!(
+                "a decode split is 0 to 16 sixteenths, got {sixteenths}"
+            )));
+        }
+        if let Some(lane) = self.loader()?.gpu_lane() {
+            lane.set_split(epoch, sixteenths);
+        }
+        Ok(())
+    }
+
+    /// Records that the consumer's GPU stream sat idle for `idle_s` seconds waiting for
+    /// batches, over `span_s` seconds of its time (measured with events by the Python layer).
+    fn record_gpu_idle(&self, idle_s: f64, span_s: f64) -> PyResult<()> {
+        if !(idle_s.is_finite() && span_s.is_finite() && idle_s >= 0.0 && span_s >= 0.0) {
+            return Err(PyValueError::new_err(format!(
+                "GPU idle and span must be finite and >= 0, got {idle_s} and {span_s}"
+            )));
+        }
+        self.loader()?.record_gpu_idle(
+            Duration::from_secs_f64(idle_s),
+            Duration::from_secs_f64(span_s),
+        );
+        Ok(())
+    }
+
+    /// Throughput, stall and queue figures so far.
+    fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let loader = self.loader()?;
+        let stats = loader.stats();
+        let dict = PyDict::new(py);
+        dict.set_item("samples", stats.samples)?;
+        dict.set_item("batches", stats.batches)?;
+        dict.set_item("elapsed_s", stats.elapsed_s)?;
+        dict.set_item("samples_per_s", stats.samples_per_s)?;
+        dict.set_item("wait_s", stats.wait_s)?;
+        dict.set_item("epoch_start_wait_s", stats.epoch_start_wait_s)?;
+        dict.set_item("first_batch_s", stats.first_batch_s)?;
+        dict.set_item("read_s", stats.read_s)?;
+        dict.set_item("decode_s", stats.decode_s)?;
+        dict.set_item("augment_s", stats.augment_s)?;
+        dict.set_item("assemble_s", stats.assemble_s)?;
+        dict.set_item("bad_samples", stats.bad_samples)?;
+        dict.set_item("in_flight", stats.in_flight)?;
+        dict.set_item("prefetch_depth", stats.prefetch_depth)?;
+        dict.set_item("slots_in_use", loader.slots().in_use())?;
+        dict.set_item("slot_capacity", loader.slots().capacity())?;
+        dict.set_item("pinned", loader.slots().all_pinned())?;
+        dict.set_item("pinned_bytes", loader.slots().pinned_bytes())?;
+        dict.set_item("pin_error", loader.slots().pin_error())?;
+        dict.set_item("gpu_idle_s", stats.gpu_idle_s)?;
+        dict.set_item("gpu_span_s", stats.gpu_span_s)?;
+        let lane_stats = match loader.gpu_lane() {
+            Some(lane) => {
+                let counts = lane.stats();
+                let entry = PyDict::new(py);
+                entry.set_item("hardware", lane.hardware())?;
+                entry.set_item("rows", counts.gpu_rows.load(Ordering::Relaxed))?;
+                entry.set_item(
+                    "declined_rows",
+                    counts.declined_rows.load(Ordering::Relaxed),
+                )?;
+                entry.set_item(
+                    "fallback_rows",
+                    counts.fallback_rows.load(Ordering::Relaxed),
+                )?;
+                entry.set_item("gpu_rows_per_s", counts.gpu_rate())?;
+                entry.set_item("cpu_rows_per_s", counts.cpu_rate())?;
+                entry.set_item("memory_bytes", lane.memory_bytes())?;
+                entry.set_item("memory_cap", lane.memory_cap())?;
+                entry.set_item("nvjpeg_allocations", lane.nvjpeg_allocations())?;
+                let seconds = |counter: &std::sync::atomic::AtomicU64| {
+                    counter.load(Ordering::Relaxed) as f64 / 1e9
+                };
+                entry.set_item("busy_s", seconds(&counts.gpu_busy_ns))?;
+                entry.set_item("check_s", seconds(&counts.check_ns))?;
+                entry.set_item("decode_call_s", seconds(&counts.decode_call_ns))?;
+                entry.set_item("pipe_wait_s", seconds(&counts.pipe_wait_ns))?;
+                entry.set_item("launch_s", seconds(&counts.launch_ns))?;
+                Some(entry)
+            }
+            None => None,
+        };
+        dict.set_item("gpu_decode", lane_stats)?;
+        if let Some(address) = &self.address {
+            dict.set_item("address", address)?;
+        }
+        Ok(dict)
+    }
+
+    /// Stops the decode threads (or closes the session); later calls raise StokerError.
+    /// Batches already handed out stay valid.
+    fn close(&mut self, py: Python<'_>) {
+        let stream = self.stream.take();
+        let loader = self.loader.take();
+        let resumed = self.resumed.take();
+        let dashboard = self.dashboard.take();
+        py.detach(|| {
+            drop(stream);
+            drop(resumed);
+            drop(loader);
+            drop(dashboard);
+        });
+    }
+}

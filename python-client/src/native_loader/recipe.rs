@@ -1,0 +1,112 @@
+//! How a `NativeLoader` is built: its recipe (what makes a loader like it for another spec,
+//! as a resume on another world size needs) and the dashboard it starts.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use pyo3::exceptions::PyValueError;
+use pyo3::prelude::*;
+use stoker_loader::{
+    Dashboard, DashboardAccess, DashboardError, Loader, LoaderOptions, RemoteOptions, Token,
+};
+use stoker_proto::v1::JobSpec;
+
+use crate::buffer::ReleaseFences;
+use crate::dataset::DatasetRecipe;
+use crate::errors::{from_loader, raise, Kind};
+
+use super::NativeLoader;
+
+/// How to build a loader like this one for another spec.
+pub(super) struct Recipe {
+    pub(super) spec: JobSpec,
+    pub(super) options: LoaderOptions,
+    pub(super) remote: Option<(String, RemoteOptions)>,
+    /// A Python dataset's source and its length (`Loader.from_dataset`), in place of the
+    /// spec's dataset.
+    pub(super) dataset: Option<(DatasetRecipe, u64)>,
+}
+
+impl Recipe {
+    pub(super) fn build(&self, spec: JobSpec) -> stoker_loader::Result<Loader> {
+        if let Some((dataset, num_samples)) = &self.dataset {
+            let source = dataset.build(spec, *num_samples)?;
+            return Loader::with_source(Box::new(source), self.options.clone());
+        }
+        match &self.remote {
+            Some((address, remote)) => {
+                Loader::remote(address, spec, self.options.clone(), remote.clone())
+            }
+            None => Loader::new(spec, self.options.clone()),
+        }
+    }
+}
+
+/// Starts the dashboard at `address` ("host:port"; off loopback only with the credential in
+/// `token_file`) with `loader`'s figures as `job_name`.
+pub(super) fn start_dashboard(
+    dashboard: Option<(String, Option<PathBuf>)>,
+    job_name: &str,
+    rank: u32,
+    loader: &Loader,
+) -> PyResult<Option<Dashboard>> {
+    let Some((address, token_file)) = dashboard else {
+        return Ok(None);
+    };
+    let address: std::net::SocketAddr = address.parse().map_err(|e| {
+        PyValueError::new_err(format!(
+            "dashboard address {address:?} is not host:port ({e})"
+        ))
+    })?;
+    let credentials = match token_file {
+        Some(path) => vec![Token::read(&path)
+            .map_err(|e| PyValueError::new_err(format!("dashboard_token_file: {e}")))?],
+        None => Vec::new(),
+    };
+    let access = DashboardAccess {
+        credentials,
+        ..DashboardAccess::default()
+    };
+    let dashboard = Dashboard::start_with(address, access).map_err(|e| match e {
+        DashboardError::NeedsCredential(_) => PyValueError::new_err(e.to_string()),
+        e => raise(Kind::Stoker, format!("cannot start the dashboard: {e}")),
+    })?;
+    dashboard.register_job(job_name, rank, loader.monitor());
+    Ok(Some(dashboard))
+}
+
+impl NativeLoader {
+    /// Builds the loader `recipe` describes (the interpreter let go meanwhile) and its
+    /// dashboard, when `dashboard` gives an address.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn from_recipe(
+        py: Python<'_>,
+        recipe: Recipe,
+        address: Option<String>,
+        dashboard: Option<(String, Option<PathBuf>)>,
+        job_name: &str,
+        rank: u32,
+        release_streams: Option<Py<PyAny>>,
+    ) -> PyResult<Self> {
+        let loader = py
+            .detach(|| recipe.build(recipe.spec.clone()))
+            .map_err(from_loader)?;
+        let dashboard = start_dashboard(dashboard, job_name, rank, &loader)?;
+        let release = loader.slots().cuda().map(|cuda| {
+            Arc::new(ReleaseFences {
+                cuda: Arc::clone(cuda),
+                streams: release_streams,
+            })
+        });
+        Ok(Self {
+            loader: Some(Arc::new(loader)),
+            stream: None,
+            address,
+            dashboard,
+            recipe,
+            resumed: None,
+            release,
+            stream_slots: None,
+        })
+    }
+}

@@ -1,0 +1,132 @@
+//! The job spec a Python loader asks for: its settings checked, its pipeline read from the ops'
+//! dicts, a mix's sources.
+
+use pyo3::exceptions::PyValueError;
+use pyo3::prelude::*;
+use pyo3::types::PyDict;
+use stoker_proto::v1::{self as proto, BadSamplePolicy, JobSpec};
+
+/// The job settings the loader takes from Python.
+pub(crate) struct JobSettings<'a> {
+    pub batch_size: u32,
+    pub shuffle: bool,
+    pub seed: u64,
+    pub drop_last: bool,
+    pub rank: u32,
+    pub world_size: u32,
+    pub on_error: &'a str,
+    pub timeout_s: f64,
+    pub format: &'a str,
+    pub shuffle_window: u32,
+    pub text_column: String,
+}
+
+/// A mix as Python passes it: the sources as (uri, ops, weight, format, text column), the
+/// window, the epoch rule (`"first_exhausted"`, `"all_exhausted"` or `"samples"`) and the
+/// samples of an epoch for `"samples"`.
+pub(crate) type PyMix<'py> = (
+    Vec<(String, Vec<Bound<'py, PyDict>>, f64, String, String)>,
+    u32,
+    String,
+    u64,
+);
+
+/// The spec's `Mix` of a mix from Python.
+pub(crate) fn mix_spec(mix: PyMix<'_>) -> PyResult<proto::Mix> {
+    let (sources, window, epoch_end, epoch_samples) = mix;
+    let epoch_end = match epoch_end.as_str() {
+        "first_exhausted" => proto::MixEpochEnd::FirstExhausted,
+        "all_exhausted" => proto::MixEpochEnd::AllExhausted,
+        "samples" => proto::MixEpochEnd::Samples,
+        other => {
+            return Err(PyValueError::new_err(format!(
+                "epoch_end must be \"first_exhausted\", \"all_exhausted\" or a number of \
+                 samples, got {other:?}"
+            )))
+        }
+    };
+    let sources = sources
+        .into_iter()
+        .map(|(uri, ops, weight, format, text_column)| {
+            Ok(proto::MixSource {
+                dataset: Some(proto::DatasetSource {
+                    uri,
+                    format: dataset_format(&format)? as i32,
+                    text_column,
+                    ..Default::default()
+                }),
+                pipeline: crate::ops::from_python(&ops)?,
+                weight,
+            })
+        })
+        .collect::<PyResult<Vec<_>>>()?;
+    Ok(proto::Mix {
+        sources,
+        window,
+        epoch_end: epoch_end as i32,
+        epoch_samples,
+    })
+}
+
+/// The dataset format named `format` in Python.
+pub(crate) fn dataset_format(format: &str) -> PyResult<proto::DatasetFormat> {
+    Ok(match format {
+        "auto" => proto::DatasetFormat::Auto,
+        "image_folder" => proto::DatasetFormat::ImageFolder,
+        "tar" => proto::DatasetFormat::TarShards,
+        "parquet" => proto::DatasetFormat::Parquet,
+        "tokens" => proto::DatasetFormat::TokenFile,
+        "jsonl" => proto::DatasetFormat::Jsonl,
+        "hf" => proto::DatasetFormat::HfDataset,
+        other => {
+            return Err(PyValueError::new_err(format!(
+                "format must be \"auto\", \"image_folder\", \"tar\", \"parquet\", \"tokens\", \
+                 \"jsonl\" or \"hf\", got {other:?}"
+            )))
+        }
+    })
+}
+
+/// Checks the settings and builds the job spec (the pipeline from the ops' dicts).
+pub(crate) fn job_spec(
+    source: String,
+    ops: &[Bound<'_, PyDict>],
+    settings: JobSettings<'_>,
+) -> PyResult<JobSpec> {
+    let format = dataset_format(settings.format)?;
+    let on_error = match settings.on_error {
+        "skip" => BadSamplePolicy::Skip,
+        "fail" => BadSamplePolicy::Fail,
+        other => {
+            return Err(PyValueError::new_err(format!(
+                "on_error must be \"skip\" or \"fail\", got {other:?}"
+            )))
+        }
+    };
+    let timeout_s = settings.timeout_s;
+    if !(timeout_s.is_finite() && timeout_s > 0.0) {
+        return Err(PyValueError::new_err(format!(
+            "timeout must be a positive number of seconds, got {timeout_s}"
+        )));
+    }
+    Ok(JobSpec {
+        dataset: Some(proto::DatasetSource {
+            uri: source,
+            format: format as i32,
+            text_column: settings.text_column,
+            ..Default::default()
+        }),
+        pipeline: crate::ops::from_python(ops)?,
+        batch_size: settings.batch_size,
+        seed: settings.seed,
+        shuffle: settings.shuffle,
+        drop_last: settings.drop_last,
+        rank: settings.rank,
+        world_size: settings.world_size,
+        uneven_tail: proto::UnevenTail::Pad as i32,
+        on_error: on_error as i32,
+        shuffle_window: settings.shuffle_window,
+        resized_epoch: None,
+        mix: None,
+    })
+}
