@@ -16,7 +16,7 @@
 //! - [`HfDataset`]: a Hugging Face `datasets` folder as `save_to_disk` writes it (Arrow IPC
 //!   stream shards + `dataset_info.json`), its `Image`, string, `ClassLabel` and numeric
 //!   features mapped to samples, labels, class names and numeric columns; read by record batch.
-//! - [`ObjectCache`], [`RemoteTarShards`], [`parse_dataset_uri`]: `s3://` sources read through
+//! - [`ObjectCache`], [`parse_dataset_uri`]: `s3://` sources read through
 //!   a local cache tier on disk (size cap, LRU eviction, safe across processes).
 //! - [`generate_imagenet_like`]: writes a seeded, ImageNet-like image folder for benchmarks.
 //! - [`inspect_image_folder`]: format and size statistics from image headers;
@@ -52,6 +52,7 @@
 
 mod cache_stats;
 mod error;
+mod file_bytes;
 mod file_pool;
 mod files;
 #[doc(hidden)]
@@ -88,9 +89,8 @@ pub use sample_source::{
 };
 pub use storage::{
     parse_dataset_uri, upload_tar_set, write_tar_index, CachedObject, DatasetLocation, ObjectCache,
-    ObjectCacheOptions, RemoteLocation, RemoteTarShards, RemoteTokenFile, S3Settings,
-    TarIndexWritten, TarSetUploaded, DEFAULT_CONCURRENCY, DEFAULT_MAX_BYTES, DEFAULT_PART_SIZE,
-    TAR_INDEX_OBJECT,
+    ObjectCacheOptions, RemoteLocation, S3Settings, TarIndexWritten, TarSetUploaded,
+    DEFAULT_CONCURRENCY, DEFAULT_MAX_BYTES, DEFAULT_PART_SIZE, TAR_INDEX_OBJECT,
 };
 pub use synthetic::{generate_imagenet_like, GeneratedDataset, SyntheticImageNetSpec};
 pub use tar_shards::{

@@ -15,8 +15,8 @@ use crate::plan::{EpochPlan, MixEnd, MixOrder, PlanConfig, Resize};
 use stoker_datasets::{
     looks_like_hf_dataset, looks_like_jsonl, looks_like_parquet, looks_like_tar_shards,
     looks_like_token_file, parse_dataset_uri, DatasetLocation, HfDataset, ImageFolder,
-    JsonlDocuments, ObjectCache, ParquetDataset, ParquetOptions, RemoteTarShards, RemoteTokenFile,
-    SampleSource, TarShards, TokenDtype, TokenFile,
+    JsonlDocuments, ObjectCache, ParquetDataset, ParquetOptions, SampleSource, TarShards,
+    TokenDtype, TokenFile,
 };
 use stoker_proto::v1::{
     self as proto, op::Op as OpKind, BadSamplePolicy, DatasetFormat, JobSpec, MixEpochEnd,
@@ -260,7 +260,7 @@ fn open_remote_source(
     };
     match format {
         DatasetFormat::TarShards => Ok(Arc::new(
-            RemoteTarShards::open(uri, cache()?).map_err(Error::OpenDataset)?,
+            TarShards::open_remote(uri, cache()?).map_err(Error::OpenDataset)?,
         )),
         DatasetFormat::TokenFile => {
             let seq_len = token_windows_seq_len(ops).ok_or_else(|| {
@@ -270,7 +270,8 @@ fn open_remote_source(
             })?;
             let dtype = token_dtype(dataset)?;
             Ok(Arc::new(
-                RemoteTokenFile::open(uri, cache()?, dtype, seq_len).map_err(Error::OpenDataset)?,
+                TokenFile::open_remote(uri, cache()?, dtype, seq_len)
+                    .map_err(Error::OpenDataset)?,
             ))
         }
         DatasetFormat::Parquet => Ok(Arc::new(

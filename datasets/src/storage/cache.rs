@@ -26,7 +26,7 @@
 //! the lock timeout as its deadline).
 //!
 //! Descriptors: a [`CachedObject`] holds its lock until its user lets go of it
-//! ([`CachedObject::release`]). [`RemoteTarShards`](super::RemoteTarShards) does so once the
+//! ([`CachedObject::release`]). [`TarShards::open_remote`](crate::TarShards::open_remote) does so once the
 //! shards are indexed and takes each lock again while that shard's file is open in the
 //! process's bounded pool of open files, so an entry is protected from eviction while it is
 //! being read, not for the source's whole life; an entry evicted in between is fetched again

@@ -8,11 +8,13 @@
 //!   concurrent threads and processes; survives restarts) with hit / miss / byte counters
 //!   ([`CacheStats`](crate::CacheStats)). [`ObjectCache::fetch`] turns a URI into local paths, the step any
 //!   format can build on.
-//! - [`RemoteTarShards`]: tar shards under an `s3://` prefix, as a [`SampleSource`], opened
-//!   from the set's index object (`stoker-tar-index.bin`, written by [`write_tar_index`], the
-//!   `stoker index` command) and read lazily: each sample is a ranged GET of its member through
-//!   the cache, neighbouring ranges coalesced, so the cache may be smaller than the set.
-//! - [`RemoteTokenFile`]: a token file at `s3://BUCKET/KEY`, each window a ranged GET.
+//! - Tar shards under an `s3://` prefix ([`TarShards::open_remote`](crate::TarShards::open_remote)),
+//!   opened from the set's index object (`stoker-tar-index.bin`, written by [`write_tar_index`],
+//!   the `stoker index` command) and read lazily: each sample is a ranged GET of its member
+//!   through the cache, neighbouring ranges coalesced, so the cache may be smaller than the set.
+//! - `RemoteObject`: one listed object read by byte ranges through the cache, which
+//!   `file_bytes.rs` reads a token file's windows from as it reads a local file's, and Parquet
+//!   its footers and column chunks.
 //! - `derived_copy`: a file made once from a local file (a compressed JSONL file
 //!   decompressed) and kept in the same tier, under the same cap and locks.
 //!
@@ -37,7 +39,6 @@ mod options;
 mod prefetch;
 mod remote_object;
 mod remote_tar;
-mod remote_tokens;
 mod stats;
 pub(crate) mod tar_index;
 mod uri;
@@ -50,9 +51,7 @@ pub use options::{
 };
 pub(crate) use prefetch::{Hint, Prefetcher};
 pub(crate) use remote_object::{list_remote, ByteRanges, RemoteObject};
-pub use remote_tar::{
-    upload_tar_set, write_tar_index, RemoteTarShards, TarIndexWritten, TarSetUploaded,
-};
-pub use remote_tokens::RemoteTokenFile;
+pub(crate) use remote_tar::open_remote_tar_set;
+pub use remote_tar::{upload_tar_set, write_tar_index, TarIndexWritten, TarSetUploaded};
 pub use tar_index::TAR_INDEX_OBJECT;
 pub use uri::{parse_dataset_uri, DatasetLocation, RemoteLocation};

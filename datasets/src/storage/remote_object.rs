@@ -36,9 +36,29 @@ pub(crate) struct RemoteObject {
 }
 
 impl RemoteObject {
+    /// The object `object` listed at `location`, read through `cache` from `store`.
+    pub(crate) fn new(
+        cache: Arc<ObjectCache>,
+        store: Arc<AmazonS3>,
+        location: &RemoteLocation,
+        object: ObjectMeta,
+    ) -> RemoteObject {
+        RemoteObject {
+            cache,
+            store,
+            location: location.clone(),
+            object,
+        }
+    }
+
     /// The object's `s3://` URI.
     pub(crate) fn uri(&self) -> String {
         self.location.uri_of(self.object.location.as_ref())
+    }
+
+    /// The figures of the cache tier it is read through.
+    pub(crate) fn cache_stats(&self) -> crate::cache_stats::CacheStats {
+        self.cache.stats()
     }
 
     /// A read-ahead thread for this object and the others of its listing (they share the

@@ -14,46 +14,19 @@ use object_store::ObjectMeta;
 use tracing::{info, warn};
 
 use super::cache::ObjectCache;
-use super::prefetch::{Hint, Prefetcher};
+use super::prefetch::Prefetcher;
+use super::remote_object::RemoteObject;
 use super::tar_index::{self, IndexedShard, TAR_INDEX_OBJECT};
 use super::uri::{s3_location, RemoteLocation};
-use crate::cache_stats::CacheStats;
 use crate::error::{Error, Result};
 use crate::sample_source::{numbered_class_names, SampleSource};
 use crate::tar_shards::scan::{scan_archive, ShardIndex};
-use crate::tar_shards::{locate_sample, parse_class_names, CLASSES_FILE};
+use crate::tar_shards::{
+    parse_class_names, Shard, TarIndexStats, TarShards, ThroughCache, CLASSES_FILE,
+};
 
 /// The largest index object read (decompressed): about 20 million samples.
 const MAX_INDEX_BYTES: usize = 1 << 30;
-
-/// WebDataset tar shards under an `s3://BUCKET/PREFIX`: every `*.tar` object directly under
-/// the prefix (or the one `.tar` object the URI names), with `classes.txt` when present.
-///
-/// Opening lists the prefix and reads `stoker-tar-index.bin` (written by `stoker index`);
-/// without one, or when it no longer matches the listing (a shard added, removed or changed),
-/// each shard is read once and scanned, with a warning, as a stream of ranged GETs of the
-/// cache's part size (one in memory at a time; members that span a whole part are skipped, not
-/// fetched), and the index is kept in the local cache folder for the next open. A sample is then read by a ranged GET of its member,
-/// through the cache.
-pub struct RemoteTarShards {
-    location: RemoteLocation,
-    cache: Arc<ObjectCache>,
-    store: Arc<AmazonS3>,
-    shards: Vec<RemoteShard>,
-    /// The index of each shard's first sample.
-    first_samples: Vec<u64>,
-    len: u64,
-    class_names: Vec<String>,
-    /// The read-ahead thread (none if it could not start: samples are then fetched as read).
-    prefetcher: Option<Prefetcher>,
-}
-
-/// One shard: its object as listed, and its samples.
-struct RemoteShard {
-    object: ObjectMeta,
-    uri: String,
-    index: ShardIndex,
-}
 
 fn is_tar(name: &str) -> bool {
     Path::new(name)
@@ -333,134 +306,121 @@ fn index_key(location: &RemoteLocation, shards: &[ObjectMeta]) -> String {
     }
 }
 
-impl RemoteTarShards {
-    /// Lists `uri` and reads its index (or scans its shards, see the type's docs).
-    pub fn open(uri: &str, cache: Arc<ObjectCache>) -> Result<RemoteTarShards> {
-        let started = Instant::now();
-        let location = remote_location(uri)?;
-        let store = cache.store(&location)?;
-        let listing = cache.list(&store, &location)?;
-        let shards = listed_shards(&listing, &location)?;
-        let named = |name: &str| {
-            listing
-                .iter()
-                .find(|object| object.location.filename() == Some(name))
-        };
-        let before = cache.stats();
-        let mut indexes = None;
-        if let Some(object) = named(TAR_INDEX_OBJECT) {
-            let key = object.location.to_string();
-            let bytes = cache.read_whole(&store, &location, object)?;
-            let decoded = tar_index::decode(&bytes, &location.uri_of(&key), MAX_INDEX_BYTES)?;
-            indexes = matching(decoded, &shards);
-            if indexes.is_none() {
-                warn!(
-                    index = %location.uri_of(&key),
-                    "the tar index no longer matches the shards listed (one was added, removed \
-                     or changed); scanning the shards (run `stoker index` to write it again)"
-                );
-            }
-        }
-        let local = local_index_path(cache.options().dir.as_path(), &location);
+/// Opens the tar shards under `uri` (`s3://BUCKET/PREFIX`: every `*.tar` object directly under
+/// the prefix, or the one `.tar` object the URI names, with `classes.txt` when present), read
+/// through `cache` ([`TarShards::open_remote`]).
+///
+/// Opening lists the prefix and reads `stoker-tar-index.bin` (written by `stoker index`);
+/// without one, or when it no longer matches the listing (a shard added, removed or changed),
+/// each shard is read once and scanned, with a warning, as a stream of ranged GETs of the
+/// cache's part size (one in memory at a time; members that span a whole part are skipped, not
+/// fetched), and the index is kept in the local cache folder for the next open. A sample is then
+/// read by a ranged GET of its member, through the cache.
+pub(crate) fn open_remote_tar_set(uri: &str, cache: Arc<ObjectCache>) -> Result<TarShards> {
+    let started = Instant::now();
+    let location = remote_location(uri)?;
+    let store = cache.store(&location)?;
+    let listing = cache.list(&store, &location)?;
+    let shards = listed_shards(&listing, &location)?;
+    let named = |name: &str| {
+        listing
+            .iter()
+            .find(|object| object.location.filename() == Some(name))
+    };
+    let before = cache.stats();
+    let mut indexes = None;
+    if let Some(object) = named(TAR_INDEX_OBJECT) {
+        let key = object.location.to_string();
+        let bytes = cache.read_whole(&store, &location, object)?;
+        let decoded = tar_index::decode(&bytes, &location.uri_of(&key), MAX_INDEX_BYTES)?;
+        indexes = matching(decoded, &shards);
         if indexes.is_none() {
-            indexes = std::fs::read(&local)
-                .ok()
-                .and_then(|bytes| tar_index::decode(&bytes, "", MAX_INDEX_BYTES).ok())
-                .and_then(|decoded| matching(decoded, &shards));
+            warn!(
+                index = %location.uri_of(&key),
+                "the tar index no longer matches the shards listed (one was added, removed \
+                 or changed); scanning the shards (run `stoker index` to write it again)"
+            );
         }
-        let indexes = match indexes {
-            Some(indexes) => indexes,
-            None => {
-                warn!(
-                    uri = %location.uri(),
-                    shards = shards.len(),
-                    "no tar index object ({TAR_INDEX_OBJECT}) under this prefix: reading every \
-                     shard once to index it; write one with `stoker index {}`",
-                    location.uri()
-                );
-                let scanned = scan_shards(&cache, &store, &location, &shards)?;
-                keep_local_index(&local, &scanned);
-                scanned.into_iter().map(|shard| shard.index).collect()
-            }
-        };
-        let classes = match named(CLASSES_FILE) {
-            Some(object) => Some((
-                location.uri_of(object.location.as_ref()),
-                cache.read_whole(&store, &location, object)?,
-            )),
-            None => None,
-        };
-        let mut first_samples = Vec::with_capacity(shards.len());
-        let mut len = 0u64;
-        let mut max_label = None;
-        let mut remote_shards = Vec::with_capacity(shards.len());
-        for (object, index) in shards.into_iter().zip(indexes) {
-            first_samples.push(len);
-            len += index.samples.len() as u64;
-            max_label = max_label.max(index.samples.iter().map(|s| s.label).max());
-            remote_shards.push(RemoteShard {
-                uri: location.uri_of(object.location.as_ref()),
-                object,
-                index,
-            });
+    }
+    let local = local_index_path(cache.options().dir.as_path(), &location);
+    if indexes.is_none() {
+        indexes = std::fs::read(&local)
+            .ok()
+            .and_then(|bytes| tar_index::decode(&bytes, "", MAX_INDEX_BYTES).ok())
+            .and_then(|decoded| matching(decoded, &shards));
+    }
+    let (indexes, scanned): (Vec<ShardIndex>, bool) = match indexes {
+        Some(indexes) => (indexes, false),
+        None => {
+            warn!(
+                uri = %location.uri(),
+                shards = shards.len(),
+                "no tar index object ({TAR_INDEX_OBJECT}) under this prefix: reading every \
+                 shard once to index it; write one with `stoker index {}`",
+                location.uri()
+            );
+            let scanned = scan_shards(&cache, &store, &location, &shards)?;
+            keep_local_index(&local, &scanned);
+            (scanned.into_iter().map(|shard| shard.index).collect(), true)
         }
-        if len == 0 {
-            return Err(Error::NoTarSamples(PathBuf::from(location.uri())));
-        }
-        let class_names = match classes {
-            Some((uri, text)) => {
-                parse_class_names(&String::from_utf8_lossy(&text), Path::new(&uri), max_label)
-            }
-            None => numbered_class_names(Path::new(&location.uri()), max_label)?,
-        };
-        let opened = cache.stats();
-        info!(
-            uri = %location.uri(),
-            shards = remote_shards.len(),
-            samples = len,
-            bytes_read = opened.bytes_fetched - before.bytes_fetched,
-            requests = opened.requests - before.requests,
-            elapsed_ms = started.elapsed().as_millis() as u64,
-            "opened tar shards in the object store"
-        );
-        let prefetcher =
-            Prefetcher::start(Arc::clone(&cache), Arc::clone(&store), location.clone())
-                .map_err(|error| warn!(%error, "cannot start the read-ahead thread"))
-                .ok();
-        Ok(RemoteTarShards {
-            prefetcher,
-            location,
-            cache,
-            store,
-            shards: remote_shards,
-            first_samples,
-            len,
-            class_names,
+    };
+    let classes = match named(CLASSES_FILE) {
+        Some(object) => Some((
+            location.uri_of(object.location.as_ref()),
+            cache.read_whole(&store, &location, object)?,
+        )),
+        None => None,
+    };
+    let stats = TarIndexStats {
+        shards: shards.len(),
+        loaded_from_cache: if scanned { 0 } else { shards.len() },
+        built: if scanned { shards.len() } else { 0 },
+        problems: indexes.iter().map(|index| index.problems).sum(),
+    };
+    let shards: Vec<Shard> = shards
+        .into_iter()
+        .zip(indexes)
+        .map(|(object, index)| {
+            let object =
+                RemoteObject::new(Arc::clone(&cache), Arc::clone(&store), &location, object);
+            Shard::remote(object, index)
         })
-    }
-
-    /// The bucket and prefix read.
-    pub fn location(&self) -> &RemoteLocation {
-        &self.location
-    }
-
-    /// The cache the samples come through.
-    pub fn cache(&self) -> &Arc<ObjectCache> {
-        &self.cache
-    }
-
-    /// The shard holding sample `index` and the sample's position inside it.
-    fn locate(&self, index: u64) -> Option<(&RemoteShard, usize)> {
-        if index >= self.len {
-            return None;
-        }
-        let (position, local) = locate_sample(
-            &self.first_samples,
-            |position| Some(self.shards.get(position)?.index.samples.len()),
-            index,
-        )?;
-        Some((&self.shards[position], local))
-    }
+        .collect();
+    let root = PathBuf::from(location.uri());
+    let read_ahead = Prefetcher::start(Arc::clone(&cache), Arc::clone(&store), location.clone())
+        .map_err(|error| warn!(%error, "cannot start the read-ahead thread"))
+        .ok();
+    let through = ThroughCache {
+        read_ahead,
+        cache: Arc::clone(&cache),
+    };
+    let class_names = |root: &Path, max_label| match classes {
+        Some((uri, text)) => Ok(parse_class_names(
+            &String::from_utf8_lossy(&text),
+            Path::new(&uri),
+            max_label,
+        )),
+        None => numbered_class_names(root, max_label),
+    };
+    let set = TarShards::assemble(
+        &root,
+        root.clone(),
+        shards,
+        stats,
+        Some(through),
+        class_names,
+    )?;
+    let opened = cache.stats();
+    info!(
+        uri = %location.uri(),
+        shards = set.index_stats().shards,
+        samples = set.len(),
+        bytes_read = opened.bytes_fetched - before.bytes_fetched,
+        requests = opened.requests - before.requests,
+        elapsed_ms = started.elapsed().as_millis() as u64,
+        "opened tar shards in the object store"
+    );
+    Ok(set)
 }
 
 /// Where the index of `location` scanned on this machine is kept in the cache folder.
@@ -488,83 +448,5 @@ fn keep_local_index(path: &Path, shards: &[IndexedShard]) {
     });
     if let Err(error) = kept {
         warn!(path = %path.display(), %error, "cannot keep the scanned tar index");
-    }
-}
-
-impl SampleSource for RemoteTarShards {
-    fn len(&self) -> u64 {
-        self.len
-    }
-
-    fn label(&self, index: u64) -> i64 {
-        self.locate(index)
-            .map_or(-1, |(shard, local)| shard.index.samples[local].label)
-    }
-
-    /// The shard's `s3://` URI and the member.
-    fn describe(&self, index: u64) -> String {
-        match self.locate(index) {
-            Some((shard, local)) => format!("{}:{}", shard.uri, shard.index.member_name(local)),
-            None => format!(
-                "sample {index} (out of range for the tar shards at {} with {} samples)",
-                self.location.uri(),
-                self.len
-            ),
-        }
-    }
-
-    fn read(&self, index: u64) -> Result<Vec<u8>> {
-        let (shard, local) = self.locate(index).ok_or(Error::IndexOutOfRange {
-            index,
-            len: self.len,
-        })?;
-        let sample = shard.index.samples[local];
-        let range = sample.data_offset..sample.data_offset + sample.size;
-        let mut bytes = self.cache.read_ranges(
-            &self.store,
-            &self.location,
-            &shard.object,
-            std::slice::from_ref(&range),
-        )?;
-        Ok(bytes.pop().unwrap_or_default())
-    }
-
-    fn class_names(&self) -> &[String] {
-        &self.class_names
-    }
-
-    fn shard_sizes(&self) -> Option<Vec<u64>> {
-        Some(
-            self.shards
-                .iter()
-                .map(|shard| shard.index.samples.len() as u64)
-                .collect(),
-        )
-    }
-
-    fn prefetch(&self, indices: &[u64]) {
-        let Some(prefetcher) = &self.prefetcher else {
-            return;
-        };
-        let mut hint: Hint = Vec::new();
-        for &index in indices {
-            let Some((shard, local)) = self.locate(index) else {
-                continue;
-            };
-            let sample = shard.index.samples[local];
-            let range = sample.data_offset..sample.data_offset + sample.size;
-            match hint
-                .iter_mut()
-                .find(|(object, _)| object.location == shard.object.location)
-            {
-                Some((_, ranges)) => ranges.push(range),
-                None => hint.push((shard.object.clone(), vec![range])),
-            }
-        }
-        prefetcher.hint(hint);
-    }
-
-    fn cache_stats(&self) -> Option<CacheStats> {
-        Some(self.cache.stats())
     }
 }

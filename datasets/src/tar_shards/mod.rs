@@ -10,6 +10,10 @@
 //! shared by all threads. Shard files are held open in the process's bounded pool of open files
 //! (`file_pool.rs`), so the number of shards is not bounded by the descriptor limit: a shard
 //! not read for a while is closed and opened again when next read.
+//!
+//! The same set under `s3://BUCKET/PREFIX` ([`TarShards::open_remote`]) is the same type with
+//! other shard bytes: each shard an object, indexed by the set's index object
+//! (`storage/remote_tar.rs`), each sample a ranged GET through the cache tier, read ahead.
 
 mod cache;
 pub(crate) mod scan;
@@ -25,10 +29,12 @@ use std::time::Instant;
 use rayon::prelude::*;
 use tracing::{debug, info, warn};
 
+use crate::cache_stats::CacheStats;
 use crate::error::{Error, Result};
 use crate::file_pool::{is_out_of_descriptors, FileKey, FilePool, PooledFile};
 use crate::files::{files_with_extension, has_extension, root_files};
 use crate::sample_source::{numbered_class_names, SampleSource};
+use crate::storage::{ByteRanges, Hint, ObjectCache, Prefetcher, RemoteObject};
 use cache::ShardStamp;
 use scan::ShardIndex;
 
@@ -64,11 +70,43 @@ pub struct TarIndexStats {
     pub problems: u64,
 }
 
-/// One shard: its file and its index.
-struct Shard {
+/// One shard: where its bytes are, its size and its index.
+pub(crate) struct Shard {
+    /// The file, or the object's `s3://` URI (as a path), for messages.
     path: PathBuf,
     len: u64,
     index: ShardIndex,
+    /// `None`: the local file at `path`, through the pool of open files.
+    object: Option<RemoteObject>,
+}
+
+impl Shard {
+    /// The object `object`, indexed by `index`.
+    pub(crate) fn remote(object: RemoteObject, index: ShardIndex) -> Shard {
+        Shard {
+            path: PathBuf::from(object.uri()),
+            len: object.size(),
+            index,
+            object: Some(object),
+        }
+    }
+
+    /// The bytes `range` of it, read from its object (`None` for a local shard).
+    fn read_object(&self, range: Range<u64>) -> Option<Result<Vec<u8>>> {
+        let object = self.object.as_ref()?;
+        Some(
+            object
+                .read_ranges(std::slice::from_ref(&range))
+                .map(|mut bytes| bytes.pop().unwrap_or_default()),
+        )
+    }
+}
+
+/// What a set of objects reads through: the cache tier, and its read-ahead thread (none if it
+/// could not start: samples are then fetched as read).
+pub(crate) struct ThroughCache {
+    pub(crate) cache: Arc<ObjectCache>,
+    pub(crate) read_ahead: Option<Prefetcher>,
 }
 
 /// A set of tar shards in the WebDataset layout, read by random access.
@@ -77,6 +115,7 @@ struct Shard {
 /// the shard. Reading takes `&self` and uses positioned reads, so any number of threads can
 /// read at once.
 pub struct TarShards {
+    /// The folder, or the `s3://` prefix (as a path).
     root: PathBuf,
     shards: Vec<Shard>,
     /// The index of each shard's first sample.
@@ -86,6 +125,8 @@ pub struct TarShards {
     stats: TarIndexStats,
     /// The shards' keys in the pool of open files (one per shard, in order).
     pool_keys: Range<FileKey>,
+    /// Objects' shards: what they are read through.
+    remote: Option<ThroughCache>,
 }
 
 impl Drop for TarShards {
@@ -132,15 +173,11 @@ impl TarShards {
             .into_par_iter()
             .map(|shard| open_shard(shard, fallback_cache_dir))
             .collect::<Result<_>>()?;
-
         let mut stats = TarIndexStats {
             shards: opened.len(),
             ..TarIndexStats::default()
         };
         let mut shards = Vec::with_capacity(opened.len());
-        let mut first_samples = Vec::with_capacity(opened.len());
-        let mut len = 0u64;
-        let mut max_label = None;
         for (shard, from_cache) in opened {
             if from_cache {
                 stats.loaded_from_cache += 1;
@@ -148,33 +185,64 @@ impl TarShards {
                 stats.built += 1;
             }
             stats.problems += shard.index.problems;
-            first_samples.push(len);
-            len += shard.index.samples.len() as u64;
-            let shard_max = shard.index.samples.iter().map(|sample| sample.label).max();
-            max_label = max_label.max(shard_max);
             shards.push(shard);
         }
-        if len == 0 {
-            return Err(Error::NoTarSamples(path.to_path_buf()));
-        }
-        let class_names = class_names(&root, max_label)?;
-        if stats.problems > 0 {
+        let set = TarShards::assemble(path, root, shards, stats, None, |root, max_label| {
+            class_names(root, max_label)
+        })?;
+        if set.stats.problems > 0 {
             warn!(
                 path = %path.display(),
-                problems = stats.problems,
+                problems = set.stats.problems,
                 "tar shards have members that could not be indexed or are truncated"
             );
         }
         info!(
             path = %path.display(),
-            shards = stats.shards,
-            samples = len,
-            classes = class_names.len(),
-            indexes_from_cache = stats.loaded_from_cache,
+            shards = set.stats.shards,
+            samples = set.len,
+            classes = set.class_names.len(),
+            indexes_from_cache = set.stats.loaded_from_cache,
             elapsed_ms = started.elapsed().as_millis() as u64,
             "indexed tar shards"
         );
-        let pool_keys = FilePool::global().reserve_keys(shards.len());
+        Ok(set)
+    }
+
+    /// Opens the tar shards under `uri` (`s3://BUCKET/PREFIX`, or one `.tar` object), read
+    /// through `cache`: the set's index object when it matches the listing, else each shard
+    /// scanned once as a stream of ranged GETs (with a warning; `stoker index` writes the
+    /// object). Samples are ranged GETs through the cache, read ahead when told.
+    pub fn open_remote(uri: &str, cache: Arc<ObjectCache>) -> Result<TarShards> {
+        crate::storage::open_remote_tar_set(uri, cache)
+    }
+
+    /// The set of `shards` (in sample order) under `root`, with class names from
+    /// `class_names(root, largest label)`; `path` names the set in messages.
+    pub(crate) fn assemble(
+        path: &Path,
+        root: PathBuf,
+        shards: Vec<Shard>,
+        stats: TarIndexStats,
+        remote: Option<ThroughCache>,
+        class_names: impl FnOnce(&Path, Option<i64>) -> Result<Vec<String>>,
+    ) -> Result<TarShards> {
+        let mut first_samples = Vec::with_capacity(shards.len());
+        let mut len = 0u64;
+        let mut max_label = None;
+        for shard in &shards {
+            first_samples.push(len);
+            len += shard.index.samples.len() as u64;
+            max_label = max_label.max(shard.index.samples.iter().map(|sample| sample.label).max());
+        }
+        if len == 0 {
+            return Err(Error::NoTarSamples(path.to_path_buf()));
+        }
+        let class_names = class_names(&root, max_label)?;
+        let pool_keys = match remote {
+            None => FilePool::global().reserve_keys(shards.len()),
+            Some(_) => 0..0,
+        };
         Ok(TarShards {
             root,
             shards,
@@ -183,10 +251,11 @@ impl TarShards {
             class_names,
             stats,
             pool_keys,
+            remote,
         })
     }
 
-    /// The folder holding the shards.
+    /// The folder holding the shards (the `s3://` prefix, as a path, for objects).
     pub fn root(&self) -> &Path {
         &self.root
     }
@@ -271,6 +340,7 @@ fn open_shard(path: PathBuf, fallback_cache_dir: Option<&Path>) -> Result<(Shard
         path,
         len: stamp.len,
         index,
+        object: None,
     };
     Ok((shard, from_cache))
 }
@@ -412,6 +482,10 @@ impl SampleSource for TarShards {
             member: member(),
             source: std::io::Error::other("member larger than the address space"),
         })?;
+        let range = sample.data_offset..sample.data_offset + sample.size;
+        if let Some(read) = shard.read_object(range) {
+            return read;
+        }
         let opened = self.shard_file(position, &member)?;
         let mut bytes = vec![0u8; size];
         match opened.file.read_exact_at(&mut bytes, sample.data_offset) {
@@ -437,6 +511,36 @@ impl SampleSource for TarShards {
                 .map(|shard| shard.index.samples.len() as u64)
                 .collect(),
         )
+    }
+
+    /// Objects' samples `indices` are fetched ahead; local shards are read where they lie.
+    fn prefetch(&self, indices: &[u64]) {
+        let Some(read_ahead) = self.remote.as_ref().and_then(|r| r.read_ahead.as_ref()) else {
+            return;
+        };
+        let mut hint: Hint = Vec::new();
+        for &index in indices {
+            let Some((shard, local)) = self.locate(index) else {
+                continue;
+            };
+            let Some(listed) = shard.object.as_ref().and_then(|object| object.listed()) else {
+                continue;
+            };
+            let sample = shard.index.samples[local];
+            let range = sample.data_offset..sample.data_offset + sample.size;
+            match hint
+                .iter_mut()
+                .find(|(object, _)| object.location == listed.location)
+            {
+                Some((_, ranges)) => ranges.push(range),
+                None => hint.push((listed.clone(), vec![range])),
+            }
+        }
+        read_ahead.hint(hint);
+    }
+
+    fn cache_stats(&self) -> Option<CacheStats> {
+        self.remote.as_ref().map(|remote| remote.cache.stats())
     }
 }
 

@@ -6,22 +6,31 @@
 //! `window[..seq_len]`, target `window[1..]`, as nanoGPT's `get_batch` cuts them). The last
 //! incomplete window is dropped.
 //!
-//! Windows are copied out of a read-only memory map straight into the caller's buffer (one copy,
-//! no system call per window). A file cut short under a running job gives an error naming it
-//! ([`Error::FileChanged`]), from then on for every window, never SIGBUS and never zeros as
-//! tokens: `mapped_file/` says how, and when it falls back to `pread`.
+//! The same windows come from a local file or from one object at `s3://BUCKET/KEY`
+//! ([`TokenFile::open_remote`]): the file's bytes are read by position (`file_bytes.rs`). A local
+//! file's windows are copied out of a read-only memory map straight into the caller's buffer (one
+//! copy, no system call per window); a file cut short under a running job gives an error naming
+//! it ([`Error::FileChanged`]), from then on for every window, never SIGBUS and never zeros as
+//! tokens: `mapped_file/` says how, and when it falls back to `pread`. An object's windows are
+//! ranged GETs through the cache tier; opening one reads its listing only, and the windows a
+//! batch reads next are fetched ahead ([`SampleSource::prefetch`]).
 
 mod synthetic;
 
 use std::fs::File;
+use std::ops::Range;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use serde::Serialize;
 use tracing::info;
 
+use crate::cache_stats::CacheStats;
 use crate::error::{Error, Result};
+use crate::file_bytes::FileBytes;
 use crate::mapped_file::MappedFile;
 use crate::sample_source::{SampleSource, TokenWindowShape};
+use crate::storage::{list_remote, ObjectCache};
 use crate::token_dtype::TokenDtype;
 
 pub use synthetic::{write_synthetic_tokens, SyntheticTokensSpec};
@@ -39,10 +48,12 @@ pub fn looks_like_token_file(path: &Path) -> bool {
 }
 
 /// A token array cut into windows of `seq_len + 1` tokens; one window is one sample. Reading
-/// copies the window's bytes out of the file's map (little-endian, the file's dtype).
+/// copies the window's bytes (little-endian, the file's dtype) out of a local file's map or
+/// from the object through the cache tier.
 pub struct TokenFile {
+    /// The file, or the object's `s3://` URI.
     path: PathBuf,
-    data: MappedFile,
+    data: FileBytes,
     dtype: TokenDtype,
     seq_len: u32,
     tokens: u64,
@@ -55,11 +66,7 @@ impl TokenFile {
     /// Fails when the file is missing, its length is not a multiple of the token size, or it
     /// holds fewer than `seq_len + 1` tokens (no complete window).
     pub fn open(path: &Path, dtype: TokenDtype, seq_len: u32) -> Result<TokenFile> {
-        if seq_len == 0 || seq_len > MAX_SEQ_LEN {
-            return Err(Error::InvalidArgument(format!(
-                "token windows need seq_len in 1..={MAX_SEQ_LEN}, got {seq_len}"
-            )));
-        }
+        check_seq_len(seq_len)?;
         let file = match File::open(path) {
             Ok(file) => file,
             Err(source) if source.kind() == std::io::ErrorKind::NotFound => {
@@ -71,9 +78,49 @@ impl TokenFile {
             .metadata()
             .map_err(|source| Error::io(path, source))?
             .len();
+        let data = FileBytes::Local(MappedFile::new(path, file, bytes));
+        TokenFile::over(path.to_path_buf(), data, dtype, seq_len)
+    }
+
+    /// Opens the one object `uri` (`s3://BUCKET/KEY`) names as a token file, read through
+    /// `cache`; `dtype` `None` takes it from the name (`*.u32.bin`: uint32, else uint16).
+    /// Opening reads the listing only (the object's size gives the windows).
+    ///
+    /// Fails as [`TokenFile::open`] does, and when the listing holds no object or several.
+    pub fn open_remote(
+        uri: &str,
+        cache: Arc<ObjectCache>,
+        dtype: Option<TokenDtype>,
+        seq_len: u32,
+    ) -> Result<TokenFile> {
+        check_seq_len(seq_len)?;
+        let (location, mut objects) = list_remote(uri, &cache, &|_| true, "token file")?;
+        if objects.len() > 1 {
+            return Err(Error::InvalidUri {
+                uri: location.uri(),
+                reason: format!(
+                    "{} objects are listed there; name one token file (s3://BUCKET/KEY.bin)",
+                    objects.len()
+                ),
+            });
+        }
+        let Some(object) = objects.pop() else {
+            return Err(Error::NoRemoteObjects {
+                uri: location.uri(),
+                what: "token file".into(),
+            });
+        };
+        let path = PathBuf::from(object.uri());
+        let dtype = dtype.unwrap_or_else(|| TokenDtype::from_file_name(&path));
+        TokenFile::over(path, FileBytes::remote(object), dtype, seq_len)
+    }
+
+    /// The windows of `data`, checked.
+    fn over(path: PathBuf, data: FileBytes, dtype: TokenDtype, seq_len: u32) -> Result<TokenFile> {
+        let bytes = data.len();
         if bytes % dtype.size() as u64 != 0 {
             return Err(Error::TokenFileSize {
-                path: path.to_path_buf(),
+                path,
                 bytes,
                 dtype: dtype.name(),
             });
@@ -82,23 +129,23 @@ impl TokenFile {
         let window = u64::from(seq_len) + 1;
         if tokens < window {
             return Err(Error::TokenFileTooShort {
-                path: path.to_path_buf(),
+                path,
                 tokens,
                 window,
             });
         }
         let windows = (tokens - 1) / u64::from(seq_len);
-        let data = MappedFile::new(path, file, bytes);
         info!(
             path = %path.display(),
             tokens,
             windows,
             dtype = dtype.name(),
             mapped = data.is_mapped(),
+            remote = data.cache_stats().is_some(),
             "opened token file"
         );
         Ok(TokenFile {
-            path: path.to_path_buf(),
+            path,
             data,
             dtype,
             seq_len,
@@ -107,7 +154,7 @@ impl TokenFile {
         })
     }
 
-    /// The file.
+    /// The file (an object's `s3://` URI, as a path).
     pub fn path(&self) -> &Path {
         &self.path
     }
@@ -128,7 +175,7 @@ impl TokenFile {
     }
 
     /// Whether windows are copied out of a memory map; `false` when every read is a `pread`
-    /// (a file of one page, or one that could not be mapped).
+    /// (a file of one page, or one that could not be mapped) or a ranged GET (an object).
     pub fn is_mapped(&self) -> bool {
         self.data.is_mapped()
     }
@@ -140,15 +187,10 @@ impl TokenFile {
 
     /// Reads window `index` into `dest` ([`TokenFile::window_bytes`] long).
     ///
-    /// A file cut short since it was opened gives [`Error::FileChanged`]: for this window when
-    /// the cut reaches it, and for every window once a read of the map has met the cut.
+    /// A local file cut short since it was opened gives [`Error::FileChanged`]: for this window
+    /// when the cut reaches it, and for every window once a read of the map has met the cut.
     pub fn read_window_into(&self, index: u64, dest: &mut [u8]) -> Result<()> {
-        if index >= self.windows {
-            return Err(Error::IndexOutOfRange {
-                index,
-                len: self.windows,
-            });
-        }
+        let range = self.window_range(index)?;
         if dest.len() != self.window_bytes() {
             return Err(Error::InvalidArgument(format!(
                 "a window of {} holds {} bytes, not {}",
@@ -157,8 +199,19 @@ impl TokenFile {
                 dest.len()
             )));
         }
+        self.data.read_at(dest, range.start)
+    }
+
+    /// The byte range of window `index`.
+    fn window_range(&self, index: u64) -> Result<Range<u64>> {
+        if index >= self.windows {
+            return Err(Error::IndexOutOfRange {
+                index,
+                len: self.windows,
+            });
+        }
         let start = index * u64::from(self.seq_len) * self.dtype.size() as u64;
-        self.data.read_at(dest, start)
+        Ok(start..start + self.window_bytes() as u64)
     }
 }
 
@@ -182,9 +235,7 @@ impl SampleSource for TokenFile {
     }
 
     fn read(&self, index: u64) -> Result<Vec<u8>> {
-        let mut window = vec![0u8; self.window_bytes()];
-        self.read_window_into(index, &mut window)?;
-        Ok(window)
+        self.data.read_range(self.window_range(index)?)
     }
 
     fn read_into(&self, index: u64, dest: &mut [u8]) -> Result<()> {
@@ -201,6 +252,29 @@ impl SampleSource for TokenFile {
             seq_len: self.seq_len,
         })
     }
+
+    /// An object's windows `indices` are fetched ahead; a local file's are read where they lie.
+    fn prefetch(&self, indices: &[u64]) {
+        let ranges = indices
+            .iter()
+            .filter_map(|&index| self.window_range(index).ok())
+            .collect();
+        self.data.read_ahead(ranges);
+    }
+
+    fn cache_stats(&self) -> Option<CacheStats> {
+        self.data.cache_stats()
+    }
+}
+
+/// Refuses a window length of 0 or past [`MAX_SEQ_LEN`].
+fn check_seq_len(seq_len: u32) -> Result<()> {
+    if seq_len == 0 || seq_len > MAX_SEQ_LEN {
+        return Err(Error::InvalidArgument(format!(
+            "token windows need seq_len in 1..={MAX_SEQ_LEN}, got {seq_len}"
+        )));
+    }
+    Ok(())
 }
 
 /// What `stoker inspect` reports about a token file.

@@ -11,8 +11,8 @@ use std::time::Duration;
 
 use stoker_datasets::{
     generate_imagenet_like, write_parquet, write_tar_shards, ImageFolder, ObjectCache,
-    ObjectCacheOptions, ParquetDataset, ParquetOptions, ParquetWriterOptions, RemoteTarShards,
-    S3Settings, SampleSource, SyntheticImageNetSpec, TarShards, TarShardsWriterOptions,
+    ObjectCacheOptions, ParquetDataset, ParquetOptions, ParquetWriterOptions, S3Settings,
+    SampleSource, SyntheticImageNetSpec, TarShards, TarShardsWriterOptions,
 };
 
 use crate::s3_server::{S3Server, ACCESS_KEY, SECRET_KEY};
@@ -117,7 +117,7 @@ fn cold_then_warm_cache_reads_every_sample_and_the_warm_run_fetches_nothing() {
     let extra = objects - shards;
 
     // No index object: the shards are read once to index them, then each sample is a range.
-    let cold = RemoteTarShards::open("s3://data/train/v1", cache(&server, &cache_dir)).unwrap();
+    let cold = TarShards::open_remote("s3://data/train/v1", cache(&server, &cache_dir)).unwrap();
     assert_same_samples(&cold, &local);
     let stats = cold.cache_stats().unwrap();
     assert_eq!(
@@ -138,7 +138,7 @@ fn cold_then_warm_cache_reads_every_sample_and_the_warm_run_fetches_nothing() {
     // A new cache object on the same folder: what a restarted process sees. The index scanned
     // by the cold open was kept in the cache folder.
     let gets_before = server.counts.object_gets();
-    let warm = RemoteTarShards::open("s3://data/train/v1/", cache(&server, &cache_dir)).unwrap();
+    let warm = TarShards::open_remote("s3://data/train/v1/", cache(&server, &cache_dir)).unwrap();
     assert_same_samples(&warm, &local);
     let stats = warm.cache_stats().unwrap();
     assert_eq!((stats.hits, stats.misses), (local.len() + extra, 0));
@@ -162,7 +162,7 @@ fn a_server_restart_mid_read_is_retried_and_no_sample_is_lost() {
     options.request_retries = 1;
     let cache = Arc::new(ObjectCache::new(options).unwrap());
 
-    let reader = std::thread::spawn(move || RemoteTarShards::open("s3://data/train", cache));
+    let reader = std::thread::spawn(move || TarShards::open_remote("s3://data/train", cache));
     server.wait_until_stopped_by_itself(Duration::from_secs(30));
     // Down long enough for connections to be refused a few times.
     std::thread::sleep(Duration::from_millis(700));
@@ -309,7 +309,7 @@ fn missing_prefixes_and_bad_credentials_give_clear_errors() {
     let server = S3Server::start(&dir.path().join("server"));
     server.bucket_dir(BUCKET);
     let cache_dir = dir.path().join("cache");
-    let error = RemoteTarShards::open("s3://data/nothing-here", cache(&server, &cache_dir))
+    let error = TarShards::open_remote("s3://data/nothing-here", cache(&server, &cache_dir))
         .err()
         .unwrap();
     assert!(error.to_string().contains("no *.tar shard"), "{error}");
@@ -317,7 +317,7 @@ fn missing_prefixes_and_bad_credentials_give_clear_errors() {
     let mut options = options(&server, &cache_dir);
     options.s3.secret_access_key = Some("wrong".into());
     options.max_attempts = 1;
-    let error = RemoteTarShards::open("s3://data/x", Arc::new(ObjectCache::new(options).unwrap()))
+    let error = TarShards::open_remote("s3://data/x", Arc::new(ObjectCache::new(options).unwrap()))
         .err()
         .unwrap();
     assert!(error.to_string().contains("s3://data/x"), "{error}");
@@ -331,7 +331,7 @@ fn ranges_evicted_are_fetched_again() {
     let server = S3Server::start(&dir.path().join("server"));
     upload(&server, &local_dir, "train/v1");
     let cache_dir = dir.path().join("cache");
-    let remote = RemoteTarShards::open("s3://data/train/v1", cache(&server, &cache_dir)).unwrap();
+    let remote = TarShards::open_remote("s3://data/train/v1", cache(&server, &cache_dir)).unwrap();
     assert_same_samples(&remote, &local);
     let fetched = remote.cache_stats().unwrap().misses;
 
@@ -428,7 +428,7 @@ fn a_thousand_shards_open_from_their_index_and_read_through_a_cache_of_a_tenth()
     let mut capped = options(&server, &dir.path().join("cache"));
     capped.max_bytes = uploaded / 10;
     let cache = Arc::new(ObjectCache::new(capped).unwrap());
-    let remote = RemoteTarShards::open("s3://data/big", Arc::clone(&cache)).unwrap();
+    let remote = TarShards::open_remote("s3://data/big", Arc::clone(&cache)).unwrap();
     let opened = cache.stats();
     assert!(
         opened.bytes_fetched * 100 < uploaded,
@@ -455,7 +455,7 @@ fn a_shard_larger_than_the_cache_is_scanned_as_a_stream_of_windows() {
     let part = capped.part_size;
     assert!(uploaded > 8 * capped.max_bytes);
     let cache = Arc::new(ObjectCache::new(capped).unwrap());
-    let remote = RemoteTarShards::open("s3://data/one", Arc::clone(&cache)).unwrap();
+    let remote = TarShards::open_remote("s3://data/one", Arc::clone(&cache)).unwrap();
     let opened = cache.stats();
     // A window per member at least (each member is longer than a window, so each header
     // starts a new one), no GET longer than a window, and the bytes of each member past its
@@ -481,7 +481,7 @@ fn a_shard_larger_than_the_cache_is_scanned_as_a_stream_of_windows() {
     options.request_retries = 0;
     options.max_attempts = 2;
     let cache = Arc::new(ObjectCache::new(options).unwrap());
-    let error = match RemoteTarShards::open("s3://data/one", cache) {
+    let error = match TarShards::open_remote("s3://data/one", cache) {
         Ok(remote) => panic!(
             "opened {} samples from a store that went away",
             remote.len()
@@ -509,7 +509,7 @@ fn a_token_file_opens_from_its_listing_and_reads_ahead_when_told() {
     std::fs::copy(&local_path, target.join("train.bin")).unwrap();
 
     let cache = cache(&server, &dir.path().join("cache"));
-    let remote = stoker_datasets::RemoteTokenFile::open(
+    let remote = stoker_datasets::TokenFile::open_remote(
         "s3://data/tokens/train.bin",
         Arc::clone(&cache),
         None,
