@@ -50,6 +50,7 @@
 
 #![cfg_attr(test, allow(clippy::unwrap_used))]
 
+mod arrow_rows;
 mod cache_stats;
 mod error;
 mod file_bytes;

@@ -38,6 +38,7 @@ use arrow_array::{Array, ArrayRef};
 use rayon::prelude::*;
 use tracing::info;
 
+use crate::arrow_rows::{ArrowRows, ChunkSpan};
 use crate::error::{Error, Result};
 use crate::parquet_files::columns::{self, Cell};
 use crate::parquet_files::row_group_cache::RowGroupCache;
@@ -90,17 +91,6 @@ pub struct HfSummary {
     pub file_bytes: u64,
 }
 
-/// One record batch, placed in the dataset's sample index.
-#[derive(Debug, Clone, Copy)]
-struct BatchSpan {
-    file: usize,
-    /// The batch's number inside its file.
-    batch_in_file: usize,
-    /// The file row of its first row.
-    first_row_in_file: u64,
-    rows: u64,
-}
-
 /// The decoded sample column of one record batch.
 struct DecodedBatch {
     /// The bytes (or text) of each row.
@@ -116,15 +106,10 @@ struct DecodedBatch {
 pub struct HfDataset {
     root: PathBuf,
     files: Vec<StreamFile>,
-    batches: Vec<BatchSpan>,
-    /// The sample index of each batch's first row.
-    batch_starts: Vec<u64>,
-    len: u64,
+    /// The record batches as chunks of rows, the labels and class names.
+    rows: ArrowRows,
     features: BTreeMap<String, HfFeature>,
     choice: ColumnChoice,
-    /// Per-sample labels; empty when there is no label column (every label is 0).
-    labels: Vec<i64>,
-    class_names: Vec<String>,
     cache: RowGroupCache<DecodedBatch>,
 }
 
@@ -210,21 +195,16 @@ impl HfDataset {
         };
 
         let mut batches = Vec::new();
-        let mut batch_starts = Vec::new();
         let mut len = 0u64;
         for (file_number, file) in files.iter().enumerate() {
             let mut first_row_in_file = 0;
             for (batch_in_file, block) in file.batches.iter().enumerate() {
-                if block.rows == 0 {
-                    continue;
-                }
-                batches.push(BatchSpan {
+                batches.push(ChunkSpan {
                     file: file_number,
-                    batch_in_file,
+                    chunk_in_file: batch_in_file,
                     first_row_in_file,
                     rows: block.rows,
                 });
-                batch_starts.push(len);
                 first_row_in_file += block.rows;
                 len += block.rows;
             }
@@ -243,26 +223,23 @@ impl HfDataset {
                 (0..count).map(|label| label.to_string()).collect()
             }
         };
+        let rows = ArrowRows::new(batches, labels, class_names);
         info!(
             path = %path.display(),
             files = files.len(),
-            record_batches = batches.len(),
+            record_batches = rows.spans().len(),
             samples = len,
             sample_column = %choice.sample_column_name,
-            classes = class_names.len(),
+            classes = rows.class_names().len(),
             elapsed_ms = started.elapsed().as_millis() as u64,
             "opened hugging face dataset"
         );
         Ok(HfDataset {
             root: path.to_path_buf(),
             files,
-            batches,
-            batch_starts,
-            len,
+            rows,
             features,
             choice,
-            labels,
-            class_names,
             cache: RowGroupCache::new(options.cache_bytes),
         })
     }
@@ -287,8 +264,8 @@ impl HfDataset {
         let schema = &self.files[0].schema;
         HfSummary {
             files: self.files.len(),
-            rows: self.len,
-            record_batches: self.batches.len(),
+            rows: self.rows.len(),
+            record_batches: self.rows.spans().len(),
             columns: schema
                 .fields()
                 .iter()
@@ -308,25 +285,11 @@ impl HfDataset {
         }
     }
 
-    /// The record batch holding sample `index`, its number, and the sample's row inside it.
-    fn locate(&self, index: u64) -> Option<(usize, &BatchSpan, u64)> {
-        if index >= self.len {
-            return None;
-        }
-        let batch = self
-            .batch_starts
-            .partition_point(|start| *start <= index)
-            .checked_sub(1)?;
-        let span = self.batches.get(batch)?;
-        let row = index - self.batch_starts[batch];
-        (row < span.rows).then_some((batch, span, row))
-    }
-
     /// The decoded sample column of batch `batch`, from the cache when it is there.
-    fn sample_batch(&self, batch: usize, span: &BatchSpan) -> Result<Arc<DecodedBatch>> {
+    fn sample_batch(&self, batch: usize, span: &ChunkSpan) -> Result<Arc<DecodedBatch>> {
         self.cache.get_or_decode(batch, || {
             let file = &self.files[span.file];
-            let decoded = file.read_columns(span.batch_in_file, &[self.choice.sample_column])?;
+            let decoded = file.read_columns(span.chunk_in_file, &[self.choice.sample_column])?;
             let column = Arc::clone(decoded.column(0));
             let decoded = match self.choice.image_fields {
                 None => DecodedBatch {
@@ -360,7 +323,7 @@ impl HfDataset {
     fn read_referenced_image(
         &self,
         reference: &str,
-        span: &BatchSpan,
+        span: &ChunkSpan,
         row: u64,
     ) -> Result<Vec<u8>> {
         let inside = Path::new(reference)
@@ -385,42 +348,26 @@ impl HfDataset {
 
 impl SampleSource for HfDataset {
     fn len(&self) -> u64 {
-        self.len
+        self.rows.len()
     }
 
     fn label(&self, index: u64) -> i64 {
-        if index >= self.len {
-            panic!(
-                "sample index {index} is out of range for a hugging face dataset of {} samples",
-                self.len
-            );
-        }
-        usize::try_from(index)
-            .ok()
-            .and_then(|index| self.labels.get(index))
-            .copied()
-            .unwrap_or(0)
+        self.rows.label(index, "hugging face")
     }
 
     fn describe(&self, index: u64) -> String {
-        match self.locate(index) {
-            Some((_, span, row)) => format!(
-                "{}:row {}",
-                self.files[span.file].path.display(),
-                span.first_row_in_file + row
-            ),
-            None => format!(
-                "sample {index} (out of range for the hugging face dataset at {} with {} samples)",
-                self.root.display(),
-                self.len
-            ),
-        }
+        self.rows.describe(
+            index,
+            |file| &self.files[file].path,
+            "hugging face",
+            &self.root,
+        )
     }
 
     fn read(&self, index: u64) -> Result<Vec<u8>> {
-        let (batch, span, row) = self.locate(index).ok_or(Error::IndexOutOfRange {
+        let (batch, span, row) = self.rows.locate(index).ok_or(Error::IndexOutOfRange {
             index,
-            len: self.len,
+            len: self.rows.len(),
         })?;
         let decoded = self.sample_batch(batch, span)?;
         let row_in_batch = usize::try_from(row).unwrap_or(usize::MAX);
@@ -447,12 +394,12 @@ impl SampleSource for HfDataset {
     }
 
     fn class_names(&self) -> &[String] {
-        &self.class_names
+        self.rows.class_names()
     }
 
     /// Rows per record batch: batches are the unit a stream file is read and decoded by.
     fn shard_sizes(&self) -> Option<Vec<u64>> {
-        Some(self.batches.iter().map(|span| span.rows).collect())
+        Some(self.rows.shard_sizes())
     }
 
     fn numeric_columns(&self) -> Option<&dyn crate::sample_source::NumericColumns> {
@@ -466,10 +413,10 @@ impl std::fmt::Debug for HfDataset {
             .debug_struct("HfDataset")
             .field("root", &self.root)
             .field("files", &self.files.len())
-            .field("record_batches", &self.batches.len())
-            .field("samples", &self.len)
+            .field("record_batches", &self.rows.spans().len())
+            .field("samples", &self.rows.len())
             .field("sample_column", &self.choice.sample_column_name)
-            .field("classes", &self.class_names.len())
+            .field("classes", &self.rows.class_names().len())
             .finish()
     }
 }

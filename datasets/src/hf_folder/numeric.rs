@@ -1,153 +1,48 @@
 //! Typed reads of numeric columns (integer and float `Value` features, `ClassLabel`s) for a
-//! list of rows: the data behind the SelectColumns op, as for Parquet.
+//! list of rows: the data behind the SelectColumns op, read as for Parquet (`arrow_rows.rs`);
+//! this gives that reader the record batches and the folder's errors.
 
-use std::collections::BTreeMap;
+use std::sync::Arc;
 
-use arrow_array::Array;
-use arrow_schema::DataType;
+use arrow_array::ArrayRef;
+use arrow_schema::Schema;
 
 use super::HfDataset;
+use crate::arrow_rows::{ArrowChunks, ArrowRows, ChunkSpan};
 use crate::error::{Error, Result};
-use crate::parquet_files::columns::{self, Cell};
-use crate::sample_source::{NumericColumns, NumericKind};
 
-impl NumericColumns for HfDataset {
-    fn numeric_kind(&self, name: &str) -> Result<NumericKind> {
-        let data_type = self.column_type(name)?;
-        if columns::is_integer(data_type) {
-            Ok(NumericKind::Integer)
-        } else if columns::is_numeric(data_type) {
-            Ok(NumericKind::Float)
-        } else {
-            Err(self.column_error(format!(
-                "column {name:?} has type {data_type}, which is not numeric"
-            )))
-        }
+impl ArrowChunks for HfDataset {
+    fn rows(&self) -> &ArrowRows {
+        &self.rows
     }
 
-    /// Integer and floating-point columns; 64-bit values are rounded to the nearest `f32`.
-    fn read_f32_columns(
-        &self,
-        columns: &[&str],
-        indices: &[u64],
-        out: &mut Vec<f32>,
-    ) -> Result<()> {
-        self.read_numeric(
-            columns,
-            indices,
-            out,
-            "f32",
-            columns::is_numeric,
-            columns::float_cell,
-        )
+    /// Every shard has the first one's columns (checked when the folder opens).
+    fn schema(&self, _file: usize) -> &Schema {
+        &self.files[0].schema
     }
 
-    /// Integer columns only: a floating-point column is refused rather than truncated.
-    fn read_i64_columns(
-        &self,
-        columns: &[&str],
-        indices: &[u64],
-        out: &mut Vec<i64>,
-    ) -> Result<()> {
-        self.read_numeric(
-            columns,
-            indices,
-            out,
-            "i64",
-            columns::is_integer,
-            columns::integer_cell,
-        )
-    }
-}
-
-impl HfDataset {
-    fn column_error(&self, problem: String) -> Error {
+    fn column_error(&self, _file: usize, problem: String) -> Error {
         Error::HfDataset {
             path: self.root.clone(),
             problem,
         }
     }
 
-    /// The Arrow type of column `name`.
-    fn column_type(&self, name: &str) -> Result<&DataType> {
-        let schema = &self.files[0].schema;
-        schema
-            .index_of(name)
-            .map(|index| schema.field(index).data_type())
-            .map_err(|_| self.column_error(format!("no numeric column named {name:?}")))
+    fn decode(&self, span: &ChunkSpan, columns: &[usize]) -> Result<Vec<Vec<ArrayRef>>> {
+        let decoded = self.files[span.file].read_columns(span.chunk_in_file, columns)?;
+        Ok(decoded
+            .columns()
+            .iter()
+            .map(|column| vec![Arc::clone(column)])
+            .collect())
     }
 
-    /// Appends `columns` of each of `rows` to `out`, row-major; each record batch involved is
-    /// decoded once per call, for the columns asked only. On error `out` keeps only what it
-    /// held before.
-    fn read_numeric<T: Copy + Default>(
-        &self,
-        columns: &[&str],
-        rows: &[u64],
-        out: &mut Vec<T>,
-        type_name: &str,
-        accepts: fn(&DataType) -> bool,
-        cell: fn(&dyn Array, usize) -> Cell<T>,
-    ) -> Result<()> {
-        let schema = &self.files[0].schema;
-        let mut roots = Vec::with_capacity(columns.len());
-        for name in columns {
-            let data_type = self.column_type(name)?;
-            if !accepts(data_type) {
-                return Err(self.column_error(format!(
-                    "column {name:?} has type {data_type}, which does not convert to {type_name}"
-                )));
-            }
-            roots.push(
-                schema
-                    .index_of(name)
-                    .map_err(|_| self.column_error(format!("no numeric column named {name:?}")))?,
-            );
+    fn cell_error(&self, span: &ChunkSpan, column: &str, row: u64, why: Option<String>) -> Error {
+        Error::HfValue {
+            path: self.files[span.file].path.clone(),
+            column: column.to_string(),
+            row,
+            problem: why.unwrap_or_else(|| "has no value (null)".into()),
         }
-        // Output position of each row, grouped by batch so each batch decodes once.
-        let mut by_batch: BTreeMap<usize, Vec<(usize, u64)>> = BTreeMap::new();
-        for (position, &index) in rows.iter().enumerate() {
-            let (batch, _, row) = self.locate(index).ok_or(Error::IndexOutOfRange {
-                index,
-                len: self.len,
-            })?;
-            by_batch.entry(batch).or_default().push((position, row));
-        }
-        let width = columns.len();
-        let base = out.len();
-        out.resize(base + rows.len() * width, T::default());
-        let result = (|| -> Result<()> {
-            for (batch, wanted) in by_batch {
-                let span = self.batches[batch];
-                let file = &self.files[span.file];
-                let decoded = file.read_columns(span.batch_in_file, &roots)?;
-                for (slot, name) in columns.iter().enumerate() {
-                    let values = decoded.column(slot);
-                    for &(position, row) in &wanted {
-                        let value = usize::try_from(row)
-                            .map_or(Cell::Null, |row| cell(values.as_ref(), row));
-                        let problem = match value {
-                            Cell::Value(value) => {
-                                out[base + position * width + slot] = value;
-                                continue;
-                            }
-                            Cell::Null => "has no value (null)".to_string(),
-                            Cell::Unfit => format!("does not fit {type_name}"),
-                        };
-                        return Err(Error::HfValue {
-                            path: file.path.clone(),
-                            column: (*name).to_string(),
-                            row: span.first_row_in_file + row,
-                            problem,
-                        });
-                    }
-                }
-            }
-            Ok(())
-        })();
-        if result.is_err() {
-            out.truncate(base);
-        }
-        result
     }
 }

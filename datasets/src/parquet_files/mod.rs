@@ -39,6 +39,7 @@ use parquet::errors::ParquetError;
 use rayon::prelude::*;
 use tracing::info;
 
+use crate::arrow_rows::{ArrowRows, ChunkSpan};
 use crate::error::{without_panics, Error, Result};
 use crate::files::{files_with_extension, has_extension, root_files};
 use crate::sample_source::{numbered_class_names, SampleSource};
@@ -154,17 +155,6 @@ struct ParquetFile {
     struct_field: Option<usize>,
 }
 
-/// One row group, placed in the dataset's sample index.
-#[derive(Debug, Clone, Copy)]
-struct RowGroupSpan {
-    file: usize,
-    /// The group's number inside its file.
-    group_in_file: usize,
-    /// The file row of its first row.
-    first_row_in_file: u64,
-    rows: u64,
-}
-
 /// The decoded sample column of one row group.
 struct DecodedGroup {
     /// Record batches of the group, in row order.
@@ -191,13 +181,8 @@ impl DecodedGroup {
 pub struct ParquetDataset {
     root: PathBuf,
     files: Vec<ParquetFile>,
-    groups: Vec<RowGroupSpan>,
-    /// The sample index of each group's first row.
-    group_starts: Vec<u64>,
-    len: u64,
-    /// Per-sample labels; empty when there is no label column (every label is 0).
-    labels: Vec<i64>,
-    class_names: Vec<String>,
+    /// The row groups as chunks of rows, the labels and class names.
+    rows: ArrowRows,
     /// The column samples are read from; `None` when numeric-only.
     sample_column: Option<String>,
     sample_kind: ParquetSampleKind,
@@ -539,7 +524,6 @@ impl ParquetDataset {
         let class_names_from_metadata = first.class_names.clone();
         let mut files = Vec::with_capacity(opened.len());
         let mut groups = Vec::new();
-        let mut group_starts = Vec::new();
         let mut labels = Vec::new();
         let mut len = 0u64;
         for (file_number, (opened, file_labels)) in opened.into_iter().enumerate() {
@@ -570,13 +554,12 @@ impl ParquetDataset {
                 if rows == 0 {
                     continue;
                 }
-                groups.push(RowGroupSpan {
+                groups.push(ChunkSpan {
                     file: file_number,
-                    group_in_file,
+                    chunk_in_file: group_in_file,
                     first_row_in_file,
                     rows,
                 });
-                group_starts.push(len);
                 first_row_in_file += rows;
                 len += rows;
             }
@@ -603,24 +586,21 @@ impl ParquetDataset {
             (Some(_), Some(names)) => names,
             (Some(_), None) => numbered_class_names(path, labels.iter().max().copied())?,
         };
+        let rows = ArrowRows::new(groups, labels, class_names);
         info!(
             path = %path.display(),
             files = files.len(),
-            row_groups = groups.len(),
+            row_groups = rows.spans().len(),
             samples = len,
             sample_column = sample_column.as_deref().unwrap_or(NO_SAMPLE_COLUMN),
-            classes = class_names.len(),
+            classes = rows.class_names().len(),
             elapsed_ms = started.elapsed().as_millis() as u64,
             "opened parquet dataset"
         );
         Ok(ParquetDataset {
             root,
             files,
-            groups,
-            group_starts,
-            len,
-            labels,
-            class_names,
+            rows,
             sample_column,
             sample_kind,
             label_column,
@@ -669,8 +649,8 @@ impl ParquetDataset {
             .unwrap_or_default();
         ParquetSummary {
             files: self.files.len(),
-            rows: self.len,
-            row_groups: self.groups.len(),
+            rows: self.rows.len(),
+            row_groups: self.rows.spans().len(),
             columns,
             sample_column: self.sample_column.clone(),
             sample_kind: self.sample_kind,
@@ -679,27 +659,13 @@ impl ParquetDataset {
         }
     }
 
-    /// The row group holding sample `index`, its number, and the sample's row inside it.
-    fn locate(&self, index: u64) -> Option<(usize, &RowGroupSpan, u64)> {
-        if index >= self.len {
-            return None;
-        }
-        let group = self
-            .group_starts
-            .partition_point(|start| *start <= index)
-            .checked_sub(1)?;
-        let span = self.groups.get(group)?;
-        let row = index - self.group_starts[group];
-        (row < span.rows).then_some((group, span, row))
-    }
-
     /// Decodes `columns` (root indices) of one row group, as record-batch columns in the
     /// order of the projection, which is schema order.
-    fn decode_columns(&self, span: &RowGroupSpan, columns: &[usize]) -> Result<Vec<Vec<ArrayRef>>> {
+    fn decode_columns(&self, span: &ChunkSpan, columns: &[usize]) -> Result<Vec<Vec<ArrayRef>>> {
         let file = &self.files[span.file];
         let group_error = |source: ParquetError| Error::ParquetRowGroup {
             path: file.path.clone(),
-            row_group: span.group_in_file,
+            row_group: span.chunk_in_file,
             first_row: span.first_row_in_file,
             end_row: span.first_row_in_file + span.rows,
             source,
@@ -707,12 +673,12 @@ impl ParquetDataset {
         let decode = || -> Result<Vec<Vec<ArrayRef>>> {
             let handle =
                 file.source
-                    .chunks(file.metadata.metadata(), &[span.group_in_file], columns)?;
+                    .chunks(file.metadata.metadata(), &[span.chunk_in_file], columns)?;
             let checked = handle.try_clone(&file.path)?;
             dictionary_check::check_dictionaries(
                 checked,
                 file.metadata.metadata(),
-                &[span.group_in_file],
+                &[span.chunk_in_file],
                 columns,
             )
             .map_err(group_error)?;
@@ -721,7 +687,7 @@ impl ParquetDataset {
             let batch_rows = usize::try_from(span.rows).unwrap_or(usize::MAX).max(1);
             let reader =
                 ParquetRecordBatchReaderBuilder::new_with_metadata(handle, file.metadata.clone())
-                    .with_row_groups(vec![span.group_in_file])
+                    .with_row_groups(vec![span.chunk_in_file])
                     .with_projection(mask)
                     .with_batch_size(batch_rows)
                     .build()
@@ -750,7 +716,7 @@ impl ParquetDataset {
     }
 
     /// The decoded sample column of group `group`, from the cache when it is there.
-    fn sample_group(&self, group: usize, span: &RowGroupSpan) -> Result<Arc<DecodedGroup>> {
+    fn sample_group(&self, group: usize, span: &ChunkSpan) -> Result<Arc<DecodedGroup>> {
         let file = &self.files[span.file];
         let Some(sample_column) = file.sample_column else {
             return Err(Error::ParquetColumn {
@@ -791,42 +757,22 @@ impl ParquetDataset {
 
 impl SampleSource for ParquetDataset {
     fn len(&self) -> u64 {
-        self.len
+        self.rows.len()
     }
 
     fn label(&self, index: u64) -> i64 {
-        if index >= self.len {
-            panic!(
-                "sample index {index} is out of range for a parquet dataset of {} samples",
-                self.len
-            );
-        }
-        usize::try_from(index)
-            .ok()
-            .and_then(|index| self.labels.get(index))
-            .copied()
-            .unwrap_or(0)
+        self.rows.label(index, "parquet")
     }
 
     fn describe(&self, index: u64) -> String {
-        match self.locate(index) {
-            Some((_, span, row)) => format!(
-                "{}:row {}",
-                self.files[span.file].path.display(),
-                span.first_row_in_file + row
-            ),
-            None => format!(
-                "sample {index} (out of range for the parquet dataset at {} with {} samples)",
-                self.root.display(),
-                self.len
-            ),
-        }
+        self.rows
+            .describe(index, |file| &self.files[file].path, "parquet", &self.root)
     }
 
     fn read(&self, index: u64) -> Result<Vec<u8>> {
-        let (group, span, row) = self.locate(index).ok_or(Error::IndexOutOfRange {
+        let (group, span, row) = self.rows.locate(index).ok_or(Error::IndexOutOfRange {
             index,
-            len: self.len,
+            len: self.rows.len(),
         })?;
         let decoded = self.sample_group(group, span)?;
         let row_in_group = usize::try_from(row).unwrap_or(usize::MAX);
@@ -841,12 +787,12 @@ impl SampleSource for ParquetDataset {
     }
 
     fn class_names(&self) -> &[String] {
-        &self.class_names
+        self.rows.class_names()
     }
 
     /// Rows per row group: groups are the unit Parquet is read and decoded by.
     fn shard_sizes(&self) -> Option<Vec<u64>> {
-        Some(self.groups.iter().map(|span| span.rows).collect())
+        Some(self.rows.shard_sizes())
     }
 
     fn has_sample_bytes(&self) -> bool {
@@ -866,7 +812,7 @@ impl SampleSource for ParquetDataset {
         };
         let mut groups: Vec<usize> = Vec::new();
         for &index in indices {
-            if let Some((group, _, _)) = self.locate(index) {
+            if let Some((group, _, _)) = self.rows.locate(index) {
                 if !groups.contains(&group) && !self.cache.holds(group) {
                     groups.push(group);
                 }
@@ -874,7 +820,7 @@ impl SampleSource for ParquetDataset {
         }
         let mut hint: Hint = Vec::new();
         for group in groups {
-            let span = &self.groups[group];
+            let span = &self.rows.spans()[group];
             let file = &self.files[span.file];
             let (Some(column), FileBytes::Remote(object)) = (file.sample_column, &file.source)
             else {
@@ -885,7 +831,7 @@ impl SampleSource for ParquetDataset {
             };
             let ranges = bytes::column_chunk_ranges(
                 file.metadata.metadata(),
-                &[span.group_in_file],
+                &[span.chunk_in_file],
                 &[column],
                 object.size(),
             );
@@ -913,10 +859,10 @@ impl std::fmt::Debug for ParquetDataset {
             .debug_struct("ParquetDataset")
             .field("root", &self.root)
             .field("files", &self.files.len())
-            .field("row_groups", &self.groups.len())
-            .field("samples", &self.len)
+            .field("row_groups", &self.rows.spans().len())
+            .field("samples", &self.rows.len())
             .field("sample_column", &self.sample_column)
-            .field("classes", &self.class_names.len())
+            .field("classes", &self.rows.class_names().len())
             .finish()
     }
 }
