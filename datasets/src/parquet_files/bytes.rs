@@ -181,12 +181,15 @@ impl Length for ChunkBytes {
 impl ChunkReader for ChunkBytes {
     type T = Box<dyn Read + Send>;
 
+    /// A reader that fails at the end of the bytes instead of reading nothing: a page header
+    /// that runs past the file is an error at once (the parquet crate's header parser treats
+    /// an empty read as a field of no bytes, and a crafted header then loops for minutes).
     fn get_read(&self, start: u64) -> parquet::errors::Result<Self::T> {
         match self {
-            ChunkBytes::Local(file) => Ok(Box::new(file.get_read(start)?)),
-            ChunkBytes::Sparse { chunks, .. } => {
-                Ok(Box::new(std::io::Cursor::new(Self::from(chunks, start)?)))
-            }
+            ChunkBytes::Local(file) => Ok(Box::new(NoReadPastEnd(file.get_read(start)?))),
+            ChunkBytes::Sparse { chunks, .. } => Ok(Box::new(NoReadPastEnd(std::io::Cursor::new(
+                Self::from(chunks, start)?,
+            )))),
         }
     }
 
@@ -205,5 +208,21 @@ impl ChunkReader for ChunkBytes {
                 Ok(bytes.slice(..length))
             }
         }
+    }
+}
+
+/// A reader whose end is an error: a read that would return no byte fails instead.
+struct NoReadPastEnd<R>(R);
+
+impl<R: Read> Read for NoReadPastEnd<R> {
+    fn read(&mut self, out: &mut [u8]) -> std::io::Result<usize> {
+        let read = self.0.read(out)?;
+        if read == 0 && !out.is_empty() {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::UnexpectedEof,
+                "read past the end of the Parquet file",
+            ));
+        }
+        Ok(read)
     }
 }

@@ -93,4 +93,33 @@ mod tests {
         };
         assert!(error.contains("dictionary page claims"), "{error:?}");
     }
+
+    #[test]
+    fn a_page_header_that_runs_past_the_file_is_an_error_at_once() {
+        // The fuzz input: the first page header of a column chunk skips fields past the end of
+        // the file; the parquet crate read the end as fields of no bytes and looped for many
+        // minutes before the file's reader failed at its end.
+        let input = Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../fuzz/regressions/parquet/page_header_skip_timeout");
+        let dir = tempfile::tempdir().expect("temporary folder");
+        let file = dir.path().join("data.parquet");
+        std::fs::copy(&input, &file).expect("the regression input");
+        let dataset = ParquetDataset::open(&file, &ParquetOptions::default()).expect("the footer");
+        let errors: Vec<String> = (0..dataset.len())
+            .map(|row| {
+                dataset
+                    .read(row)
+                    .err()
+                    .map(|e| e.to_string())
+                    .unwrap_or_default()
+            })
+            .collect();
+        assert!(!errors.is_empty());
+        for error in &errors {
+            assert!(
+                error.contains("read past the end of the Parquet file"),
+                "{error:?}"
+            );
+        }
+    }
 }
