@@ -550,10 +550,8 @@ impl ParquetDataset {
                 .iter()
                 .enumerate()
             {
+                // A group without rows is left out by `ArrowRows::new`.
                 let rows = u64::try_from(group.num_rows()).unwrap_or(0);
-                if rows == 0 {
-                    continue;
-                }
                 groups.push(ChunkSpan {
                     file: file_number,
                     chunk_in_file: group_in_file,

@@ -416,7 +416,7 @@ pub(crate) fn parse_class_names(
 
 /// The shard holding sample `index` of a set whose shards start at `first_samples` (each
 /// shard's first sample) and hold `samples(shard)` samples, and the sample's place in it.
-pub(crate) fn locate_sample(
+fn locate_sample(
     first_samples: &[u64],
     samples: impl Fn(usize) -> Option<usize>,
     index: u64,
