@@ -226,3 +226,30 @@ impl<R: Read> Read for NoReadPastEnd<R> {
         Ok(read)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::io::Read;
+
+    use super::*;
+
+    #[test]
+    fn reads_past_the_end_of_the_bytes_are_errors_for_local_and_fetched_files() {
+        let dir = tempfile::tempdir().expect("temporary folder");
+        let path = dir.path().join("data.parquet");
+        std::fs::write(&path, b"0123456789").expect("a file");
+        let local = ChunkBytes::Local(File::open(&path).expect("the file"));
+        let fetched = ChunkBytes::sparse(10, vec![(4, b"456789".to_vec())]);
+        for bytes in [local, fetched] {
+            let mut read = bytes.get_read(6).expect("a reader");
+            let mut out = [0u8; 8];
+            assert_eq!(read.read(&mut out).expect("the last four bytes"), 4);
+            assert_eq!(&out[..4], b"6789");
+            let error = read.read(&mut out).expect_err("the end");
+            assert_eq!(error.kind(), std::io::ErrorKind::UnexpectedEof);
+            assert!(error
+                .to_string()
+                .contains("read past the end of the Parquet file"));
+        }
+    }
+}

@@ -19,8 +19,9 @@
 
 mod bytes;
 pub(crate) mod columns;
-mod dictionary_check;
 mod numeric;
+mod page_checks;
+mod page_headers;
 pub(crate) mod row_group_cache;
 mod write;
 
@@ -381,7 +382,7 @@ fn read_labels(file: &ParquetFile, column: usize) -> Result<Vec<i64>> {
         .source
         .chunks(file.metadata.metadata(), &groups, &[column])?;
     let checked = handle.try_clone(&file.path)?;
-    dictionary_check::check_dictionaries(checked, file.metadata.metadata(), &groups, &[column])
+    page_checks::check_pages(checked, file.metadata.metadata(), &groups, &[column])
         .map_err(file_error)?;
     let mask = ProjectionMask::roots(file.metadata.parquet_schema(), [column]);
     let column_name = file.metadata.schema().field(column).name().clone();
@@ -673,7 +674,7 @@ impl ParquetDataset {
                 file.source
                     .chunks(file.metadata.metadata(), &[span.chunk_in_file], columns)?;
             let checked = handle.try_clone(&file.path)?;
-            dictionary_check::check_dictionaries(
+            page_checks::check_pages(
                 checked,
                 file.metadata.metadata(),
                 &[span.chunk_in_file],

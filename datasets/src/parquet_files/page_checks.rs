@@ -3,15 +3,21 @@
 //! `set_dict`), so a 1 KB file claiming ~934 million Int64 values asked for 7.4 GB (found by the
 //! `parquet` fuzz target). Each dictionary page of the column chunks about to be decoded is
 //! read here first (its header, then its bytes) and a claim its bytes cannot hold is refused.
+//! Before any page is read, the chunk's page headers are walked by `page_headers.rs`, so a
+//! header the crate's reader would loop on never reaches it; where the first header passes, the
+//! dictionary claim is judged before a fault in a later header is reported.
 
 use std::sync::Arc;
 
 use parquet::basic::Type as PhysicalType;
 use parquet::column::page::{Page, PageReader};
 use parquet::errors::ParquetError;
-use parquet::file::metadata::ParquetMetaData;
+use parquet::file::metadata::{ColumnChunkMetaData, ParquetMetaData};
 use parquet::file::reader::ChunkReader;
 use parquet::file::serialized_reader::SerializedPageReader;
+use parquet::schema::types::ColumnDescPtr;
+
+use super::page_headers::check_page_headers;
 
 /// Bytes a value of `physical` takes at least in a PLAIN dictionary page (0: no bound).
 fn least_bytes(physical: PhysicalType, type_length: i32) -> u64 {
@@ -26,9 +32,10 @@ fn least_bytes(physical: PhysicalType, type_length: i32) -> u64 {
     }
 }
 
-/// Refuses a dictionary page, in the chunks of `row_groups` x the leaf columns under `roots`,
-/// whose header claims more values than its bytes hold.
-pub(super) fn check_dictionaries<R: ChunkReader + 'static>(
+/// Refuses, in the chunks of `row_groups` x the leaf columns under `roots`, a page header the
+/// bounded walk refuses, and a dictionary page whose header claims more values than its bytes
+/// hold.
+pub(super) fn check_pages<R: ChunkReader + 'static>(
     file: R,
     metadata: &ParquetMetaData,
     row_groups: &[usize],
@@ -44,27 +51,47 @@ pub(super) fn check_dictionaries<R: ChunkReader + 'static>(
                 continue;
             }
             let chunk = row_group.column(leaf);
-            let mut pages = SerializedPageReader::new(Arc::clone(&file), chunk, rows, None)?;
-            if !pages.peek_next_page()?.is_some_and(|page| page.is_dict) {
-                continue;
+            let walked = check_page_headers(file.as_ref(), chunk);
+            if let Err(refused) = &walked {
+                if refused.page == 0 {
+                    return walked.map_err(|refused| refused.error);
+                }
             }
-            let Some(Page::DictionaryPage {
-                buf, num_values, ..
-            }) = pages.get_next_page()?
-            else {
-                continue;
-            };
-            let column = schema.column(leaf);
-            let least = least_bytes(column.physical_type(), column.type_length());
-            if u64::from(num_values).saturating_mul(least) > buf.len() as u64 {
-                return Err(ParquetError::General(format!(
-                    "column {} of row group {group}: its dictionary page claims {num_values} values \
-                     in {} bytes",
-                    column.path(),
-                    buf.len()
-                )));
-            }
+            // Reads the first page only, whose header the walk passed.
+            check_dictionary(Arc::clone(&file), chunk, rows, schema.column(leaf), group)?;
+            walked.map_err(|refused| refused.error)?;
         }
+    }
+    Ok(())
+}
+
+/// Refuses the dictionary page of `chunk`, if it has one, when its header claims more values
+/// than its bytes hold. Reads the chunk's first page only.
+fn check_dictionary<R: ChunkReader + 'static>(
+    file: Arc<R>,
+    chunk: &ColumnChunkMetaData,
+    rows: usize,
+    column: ColumnDescPtr,
+    group: usize,
+) -> Result<(), ParquetError> {
+    let mut pages = SerializedPageReader::new(file, chunk, rows, None)?;
+    if !pages.peek_next_page()?.is_some_and(|page| page.is_dict) {
+        return Ok(());
+    }
+    let Some(Page::DictionaryPage {
+        buf, num_values, ..
+    }) = pages.get_next_page()?
+    else {
+        return Ok(());
+    };
+    let least = least_bytes(column.physical_type(), column.type_length());
+    if u64::from(num_values).saturating_mul(least) > buf.len() as u64 {
+        return Err(ParquetError::General(format!(
+            "column {} of row group {group}: its dictionary page claims {num_values} values \
+             in {} bytes",
+            column.path(),
+            buf.len()
+        )));
     }
     Ok(())
 }
@@ -98,7 +125,8 @@ mod tests {
     fn a_page_header_that_runs_past_the_file_is_an_error_at_once() {
         // The fuzz input: the first page header of a column chunk skips fields past the end of
         // the file; the parquet crate read the end as fields of no bytes and looped for many
-        // minutes before the file's reader failed at its end.
+        // minutes. The bounded walk refuses its never-ending varint before the crate reads it
+        // (`NoReadPastEnd` stops the crate too; `bytes.rs` tests that).
         let input = Path::new(env!("CARGO_MANIFEST_DIR"))
             .join("../fuzz/regressions/parquet/page_header_skip_timeout");
         let dir = tempfile::tempdir().expect("temporary folder");
@@ -117,9 +145,31 @@ mod tests {
         assert!(!errors.is_empty());
         for error in &errors {
             assert!(
-                error.contains("read past the end of the Parquet file"),
+                error.contains("the page header at byte 4 holds a varint longer than 10 bytes"),
                 "{error:?}"
             );
+        }
+    }
+
+    #[test]
+    fn a_page_header_whose_list_count_outruns_its_bytes_is_refused_at_once() {
+        // The fuzz input: a page header holding a list of booleans with a count near 2^31. The
+        // parquet crate's skipper takes each as no bytes and looped for minutes.
+        let input = Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../fuzz/regressions/parquet/bool_list_skip_timeout");
+        let dir = tempfile::tempdir().expect("temporary folder");
+        let file = dir.path().join("data.parquet");
+        std::fs::copy(&input, &file).expect("the regression input");
+        let errors: Vec<String> = match ParquetDataset::open(&file, &ParquetOptions::default()) {
+            Err(error) => vec![error.to_string()],
+            Ok(dataset) => (0..dataset.len())
+                .map(|row| dataset.read(row).err().map(|e| e.to_string()))
+                .map(Option::unwrap_or_default)
+                .collect(),
+        };
+        assert!(!errors.is_empty());
+        for error in &errors {
+            assert!(error.contains("the page header at byte"), "{error:?}");
         }
     }
 }
