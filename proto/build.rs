@@ -20,10 +20,17 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         println!("cargo:rerun-if-changed={}", root.join(file).display());
     }
     let out_dir = PathBuf::from(std::env::var("OUT_DIR")?);
+    // The messages alone (what the worker core and the datasets build on), and the messages
+    // with the gRPC clients and servers (the `grpc` feature): a crate that plans and decodes
+    // builds without tonic.
+    let grpc = std::env::var_os("CARGO_FEATURE_GRPC").is_some();
+    let generated = out_dir.join(if grpc { "grpc" } else { "messages" });
+    std::fs::create_dir_all(&generated)?;
     tonic_prost_build::configure()
         .file_descriptor_set_path(out_dir.join("stoker.v1.bin"))
-        .build_server(true)
-        .build_client(true)
+        .out_dir(&generated)
+        .build_server(grpc)
+        .build_client(grpc)
         .bytes(".stoker.v1")
         .compile_protos(&files, &["."])?;
     Ok(())

@@ -21,8 +21,8 @@ use stoker_proto::v1::{
     ReportRequest, ReportResponse, SessionToken, SessionUpdateRequest, SessionUpdateResponse,
     TaskLease, WorkerInfo,
 };
-use stoker_worker::security::{ClientSecurity, ServerSecurity};
-use stoker_worker::transport::{self, MAX_MESSAGE_BYTES};
+use stoker_rpc::security::{ClientSecurity, ServerSecurity};
+use stoker_rpc::transport::{self, MAX_MESSAGE_BYTES};
 use stoker_worker::ErrorKind;
 use tokio::sync::Notify;
 use tonic::{Request, Response, Status};

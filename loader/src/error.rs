@@ -17,6 +17,9 @@ pub enum Error {
     /// A worker-side failure (bad pipeline, bad sample under the fail policy).
     #[error(transparent)]
     Worker(#[from] stoker_worker::Error),
+    /// The token or TLS settings cannot be used.
+    #[error(transparent)]
+    Security(#[from] stoker_rpc::security::SecurityError),
     /// `next()` waited past its deadline.
     #[error("timed out after {waited:?} waiting for epoch {epoch} step {step} (rank {rank}); {in_flight} batches in flight {waiting_on}")]
     Timeout {
@@ -88,7 +91,7 @@ impl Error {
     /// The kind of this error.
     pub fn kind(&self) -> ErrorKind {
         match self {
-            Error::InvalidSpec(_) => ErrorKind::InvalidArgument,
+            Error::InvalidSpec(_) | Error::Security(_) => ErrorKind::InvalidArgument,
             Error::Dataset(error) => ErrorKind::of_opening(error),
             Error::Worker(error) => error.kind(),
             Error::Timeout { .. } | Error::SlotsHeld { .. } => ErrorKind::Timeout,
@@ -104,7 +107,7 @@ impl Error {
 /// which call failed.
 pub(crate) fn error_from_status(context: &str, status: &tonic::Status) -> Error {
     Error::Remote {
-        kind: stoker_worker::transport::kind_of_status(status),
+        kind: stoker_rpc::transport::kind_of_status(status),
         context: context.to_string(),
         message: status.message().to_string(),
     }
@@ -113,7 +116,7 @@ pub(crate) fn error_from_status(context: &str, status: &tonic::Status) -> Error 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use stoker_worker::transport::status;
+    use stoker_rpc::transport::status;
 
     #[test]
     fn every_kind_survives_the_wire() {

@@ -46,4 +46,4 @@ pub use dashboard::{
 pub use digest::BatchDigest;
 pub use error::{Error, ErrorKind, Result, ERROR_KINDS};
 /// The shared token of the distributed mode (see [`RemoteOptions::token`]).
-pub use stoker_worker::security::Token;
+pub use stoker_rpc::security::Token;

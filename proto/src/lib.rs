@@ -67,5 +67,8 @@ pub type Result<T> = std::result::Result<T, Error>;
 /// Version 1 of the Stoker protocol.
 #[allow(missing_docs, clippy::doc_lazy_continuation)]
 pub mod v1 {
-    include!(concat!(env!("OUT_DIR"), "/stoker.v1.rs"));
+    #[cfg(feature = "grpc")]
+    include!(concat!(env!("OUT_DIR"), "/grpc/stoker.v1.rs"));
+    #[cfg(not(feature = "grpc"))]
+    include!(concat!(env!("OUT_DIR"), "/messages/stoker.v1.rs"));
 }

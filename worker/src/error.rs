@@ -45,9 +45,6 @@ pub enum Error {
     /// The worker daemon's server failed.
     #[error("the worker daemon stopped: {0}")]
     Stopped(String),
-    /// The token or TLS settings cannot be used.
-    #[error(transparent)]
-    Security(#[from] crate::daemon::security::SecurityError),
 }
 
 /// Result alias for the worker crate.
@@ -150,7 +147,7 @@ impl Error {
     /// The kind of this error.
     pub fn kind(&self) -> ErrorKind {
         match self {
-            Error::InvalidSpec(_) | Error::Security(_) => ErrorKind::InvalidArgument,
+            Error::InvalidSpec(_) => ErrorKind::InvalidArgument,
             Error::OpenDataset(error) => ErrorKind::of_opening(error),
             Error::Dataset(_) | Error::Io { .. } => ErrorKind::Dataset,
             Error::InvalidPipeline(_) => ErrorKind::Pipeline,

@@ -1,12 +1,12 @@
-//! Stoker's decode workers: the epoch plan and the job spec, the pipeline ops that turn encoded
-//! samples into tensors, batch assembly, and the worker daemon of the distributed mode.
+//! Stoker's worker core: the epoch plan and the job spec, the pipeline ops that turn encoded
+//! samples into tensors, and batch assembly. No network here: the worker daemon of the
+//! distributed mode (`stoker-worker-daemon`) and the wire (`stoker-rpc`) sit on top.
 //!
 //! A batch is a pure function of (job spec, epoch, rank, step): the [`EpochPlan`] says which
 //! samples it holds, and a [`Job`] (a spec opened: dataset, checked pipeline, plan) builds it.
-//! The coordinator, the embedded loader and the worker daemon ([`run_worker`], the
-//! `stoker-worker` binary) all plan with the same code; [`transport`] holds the gRPC settings
-//! and the error/status table every daemon and client shares, [`security`] their shared token
-//! and TLS.
+//! The coordinator, the embedded loader and the worker daemon (the `stoker-worker` binary) all
+//! plan with the same code. [`ErrorKind`] is what callers tell errors apart by, here and, through
+//! `stoker-rpc`'s status table, across the wire.
 //!
 //! A job's op list (protobuf, see `stoker-proto`) is checked and fused into a [`Pipeline`]:
 //! the crop window is drawn from the image size alone, so JPEGs are decoded only over that
@@ -43,7 +43,6 @@
 //! ```
 
 mod batch;
-mod daemon;
 mod error;
 #[doc(hidden)]
 pub mod fuzz_targets;
@@ -58,10 +57,6 @@ mod rng;
 pub use batch::{
     mix_samples, AssembledBatch, BatchAssembler, BatchKey, DivertedImage, ImageDiverter,
     TensorLayout, MAX_SUBSTITUTE_TRIES,
-};
-pub use daemon::{
-    batch_wire, canonical_roots, daemon_runtime, health, init_logging, listen, run_worker,
-    security, shutdown_signal, transport, WorkerConfig, DELIVERY_TIMEOUT, DRAIN_TIMEOUT,
 };
 pub use error::{panic_text, Error, ErrorKind, Result, SampleError, ERROR_KINDS};
 pub use job::{

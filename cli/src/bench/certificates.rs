@@ -32,7 +32,7 @@ pub fn write_test_certificates(dir: &Path, names: &[&str]) -> Result<TestCertifi
     // A name of its own: two test CAs must not look like one CA to a verifier.
     let name = format!(
         "stoker test CA {:016x}",
-        stoker_worker::transport::random_u64()
+        stoker_rpc::transport::random_u64()
     );
     ca_params.distinguished_name.push(DnType::CommonName, name);
     let ca = ca_params.self_signed(&ca_key).map_err(failed)?;
@@ -60,7 +60,7 @@ pub fn write_test_certificates(dir: &Path, names: &[&str]) -> Result<TestCertifi
 #[cfg(test)]
 mod tests {
     use super::*;
-    use stoker_worker::security::{ClientSecurity, ServerSecurity};
+    use stoker_rpc::security::{ClientSecurity, ServerSecurity};
 
     #[test]
     fn the_files_load_as_server_and_client_settings() {

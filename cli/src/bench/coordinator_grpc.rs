@@ -29,8 +29,8 @@ use stoker_proto::v1::{
     OpenSessionRequest, RegisterJobRequest, RegisterWorkerRequest, ReportRequest, SessionToken,
     SessionUpdateRequest, SubscribeRequest,
 };
-use stoker_worker::security::ClientSecurity;
-use stoker_worker::transport::{self, RpcChannel};
+use stoker_rpc::security::ClientSecurity;
+use stoker_rpc::transport::{self, RpcChannel};
 use tokio::sync::mpsc;
 use tonic::{Request, Response, Status};
 

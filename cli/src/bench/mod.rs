@@ -35,7 +35,7 @@ pub enum Error {
     Worker(#[from] stoker_worker::Error),
     /// A token is not usable.
     #[error(transparent)]
-    Security(#[from] stoker_worker::security::SecurityError),
+    Security(#[from] stoker_rpc::security::SecurityError),
     /// The coordinator core refused a call.
     #[error(transparent)]
     Coordinator(#[from] stoker_coordinator::CoordinatorError),

@@ -5,7 +5,7 @@
 //!
 //! The server streams one pre-built batch again and again (cloning `Bytes` costs no copy), so the
 //! figure is what the transport and the landing cost. Two paths run side by side: the batch
-//! stream of `stoker_worker::batch_wire` (what the daemons use: tensor bytes written to the
+//! stream of `stoker_rpc::batch_wire` (what the daemons use: tensor bytes written to the
 //! socket from the batch's own buffer, and read from the HTTP/2 receive buffer straight into the
 //! slot), and, as the baseline, tonic's generated server and client with the copy into the slot
 //! after (the path before `batch_wire`). Server and client each run a single-threaded runtime on
@@ -26,9 +26,9 @@ use stoker_proto::v1::worker_data_server::{WorkerData, WorkerDataServer};
 use stoker_proto::v1::{
     Batch, DescribeJobRequest, DescribeJobResponse, Dtype, SessionToken, SubscribeRequest, Tensor,
 };
-use stoker_worker::batch_wire::{self, WorkerDataService};
-use stoker_worker::security::{ClientSecurity, ServerSecurity, Token};
-use stoker_worker::transport::{self, MAX_MESSAGE_BYTES};
+use stoker_rpc::batch_wire::{self, WorkerDataService};
+use stoker_rpc::security::{ClientSecurity, ServerSecurity, Token};
+use stoker_rpc::transport::{self, MAX_MESSAGE_BYTES};
 use tokio::sync::mpsc;
 use tonic::service::interceptor::InterceptedService;
 use tonic::{Request, Response, Status};

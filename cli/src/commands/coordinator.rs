@@ -8,9 +8,9 @@ use anyhow::Context;
 use clap::Args;
 use stoker_coordinator::{CoordinatorService, CoordinatorServiceConfig};
 use stoker_loader::{Dashboard, DashboardAccess, DashboardError};
-use stoker_worker::health::{serve_health, Health};
-use stoker_worker::listen;
-use stoker_worker::security::{token_matches, SecurityArgs, ServerSecurity, Token};
+use stoker_rpc::health::{serve_health, Health};
+use stoker_rpc::listen;
+use stoker_rpc::security::{token_matches, SecurityArgs, ServerSecurity, Token};
 
 /// Arguments of `stoker coordinator`.
 #[derive(Debug, Args)]

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use clap::Args;
 use stoker_loader::{Dashboard, DashboardAccess, Loader, LoaderOptions, LoaderStats};
 use stoker_proto::v1::{self as proto, JobSpec};
-use stoker_worker::security::Token;
+use stoker_rpc::security::Token;
 
 use super::make_dataset::generate_with_progress;
 

@@ -57,7 +57,7 @@ enum Command {
     MakeTokens(make_tokens::MakeTokensArgs),
 }
 
-pub use stoker_worker::{init_logging, shutdown_signal};
+pub use stoker_rpc::{init_logging, shutdown_signal};
 
 /// Runs the chosen subcommand.
 pub fn run(cli: Cli) -> anyhow::Result<()> {

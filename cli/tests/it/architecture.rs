@@ -55,10 +55,12 @@ fn path_extraction_sees_gone_paths() {
 }
 
 /// The crates' folders and where their modules live.
-const MODULE_ROOTS: [(&str, &str); 8] = [
+const MODULE_ROOTS: [(&str, &str); 10] = [
     ("proto", "proto/src"),
     ("datasets", "datasets/src"),
     ("worker", "worker/src"),
+    ("rpc", "rpc/src"),
+    ("worker-daemon", "worker-daemon/src"),
     ("loader", "loader/src"),
     ("coordinator", "coordinator/src"),
     ("cli", "cli/src"),

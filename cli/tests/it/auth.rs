@@ -23,8 +23,8 @@ use stoker_proto::v1::{
     LeaveRequest, OpenSessionRequest, RegisterJobRequest, RegisterWorkerRequest, ReportRequest,
     SessionUpdateRequest, SubscribeRequest,
 };
-use stoker_worker::security::{ClientSecurity, Token};
-use stoker_worker::transport;
+use stoker_rpc::security::{ClientSecurity, Token};
+use stoker_rpc::transport;
 use tonic::{Code, Status};
 
 use crate::common::{self, Daemon};

@@ -20,7 +20,7 @@ use stoker_proto::v1::{
     OpenSessionRequest, RegisterJobRequest, RegisterWorkerRequest, ReportRequest, SessionToken,
     SessionUpdateRequest, SubscribeRequest,
 };
-use stoker_worker::transport::MAX_MESSAGE_BYTES;
+use stoker_rpc::transport::MAX_MESSAGE_BYTES;
 use tonic::transport::{Channel, Endpoint};
 use tonic::Code;
 

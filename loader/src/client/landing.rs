@@ -1,5 +1,5 @@
 //! Remote batches landing in slots as they come off the socket: the worker streams' reader
-//! (`stoker_worker::batch_wire`) copies each tensor's bytes from the HTTP/2 receive buffer
+//! (`stoker_rpc::batch_wire`) copies each tensor's bytes from the HTTP/2 receive buffer
 //! straight into the oldest free slot the loader gave, at aligned offsets, so a remote batch
 //! costs one copy in user space. Used by the remote source and by `stoker bench transport`,
 //! which measures this path (hence public, as `stoker_loader::landing`).
@@ -10,7 +10,7 @@ use std::time::Instant;
 
 use bytes::Bytes;
 use stoker_proto::v1::Batch;
-use stoker_worker::batch_wire::{BatchReader, Landing, WireBatch};
+use stoker_rpc::batch_wire::{BatchReader, Landing, WireBatch};
 use tonic::codegen::{Body, StdError};
 use tonic::Status;
 
@@ -175,9 +175,9 @@ mod tests {
     use stoker_proto::v1::{
         DescribeJobRequest, DescribeJobResponse, SessionToken, SubscribeRequest, Tensor,
     };
-    use stoker_worker::batch_wire::{self, WorkerDataService};
-    use stoker_worker::security::{ClientSecurity, ServerSecurity};
-    use stoker_worker::transport::{self, MAX_MESSAGE_BYTES};
+    use stoker_rpc::batch_wire::{self, WorkerDataService};
+    use stoker_rpc::security::{ClientSecurity, ServerSecurity};
+    use stoker_rpc::transport::{self, MAX_MESSAGE_BYTES};
     use tonic::{Request, Response, Status};
 
     /// A data server that streams the same batches to every subscriber.

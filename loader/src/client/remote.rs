@@ -3,7 +3,7 @@
 //! every step the loader asks for, acknowledges what arrives, drops duplicates by step number,
 //! and lands each batch in a slot the loader gave: the worker stream's reader copies each tensor
 //! byte once, from the HTTP/2 receive buffer into the slot, as it comes off the socket
-//! (`stoker_worker::batch_wire`), off the consumer's thread.
+//! (`stoker_rpc::batch_wire`), off the consumer's thread.
 //!
 //! A driver task (on the source's own small tokio runtime) owns each epoch's session; the
 //! consumer's thread only waits on a channel. The driver recovers on its own:
@@ -41,9 +41,9 @@ use stoker_proto::v1::{
     ClientStats, CloseSessionRequest, JobSpec, OpenSessionRequest, RegisterJobRequest,
     SessionToken, SessionUpdateRequest, StageTimings, SubscribeRequest, WorkerInfo,
 };
-use stoker_worker::batch_wire;
-use stoker_worker::security::{ClientSecurity, Token};
-use stoker_worker::transport::{self, Backoff, RpcChannel, MAX_MESSAGE_BYTES};
+use stoker_rpc::batch_wire;
+use stoker_rpc::security::{ClientSecurity, Token};
+use stoker_rpc::transport::{self, Backoff, RpcChannel, MAX_MESSAGE_BYTES};
 use tokio::sync::mpsc;
 use tonic::{Code, Status};
 
@@ -94,13 +94,12 @@ impl Default for RemoteOptions {
 impl RemoteOptions {
     /// The security the client's calls use: the token (or `STOKER_TOKEN`'s) and the CA.
     fn security(&self) -> Result<ClientSecurity> {
-        let token = Token::or_from_env(self.token.clone()).map_err(stoker_worker::Error::from)?;
+        let token = Token::or_from_env(self.token.clone())?;
         Ok(ClientSecurity::new(
             token,
             self.tls_ca.as_deref(),
             self.tls_server_name.as_deref(),
-        )
-        .map_err(stoker_worker::Error::from)?)
+        )?)
     }
 }
 

@@ -23,7 +23,7 @@ use axum::http::{header, HeaderValue, StatusCode};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use ring::hmac;
-use stoker_worker::security::{token_matches, ServerSecurity, Token};
+use stoker_rpc::security::{token_matches, ServerSecurity, Token};
 
 /// The cookie a browser keeps after presenting the credential.
 const COOKIE: &str = "stoker_dashboard";

@@ -25,7 +25,7 @@ use std::time::Duration;
 
 use tokio::sync::oneshot;
 
-use stoker_worker::security::{ServerConnection, ServerSecurity};
+use stoker_rpc::security::{ServerConnection, ServerSecurity};
 
 use crate::LoaderMonitor;
 use access::Gate;

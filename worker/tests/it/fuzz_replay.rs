@@ -81,15 +81,6 @@ fn job_plan_corpus_replays_and_reaches_every_stage() -> TestResult<()> {
 }
 
 #[test]
-fn batch_stream_corpus_replays() -> TestResult<()> {
-    for file in inputs("batch_stream") {
-        eprintln!("replaying {}", file.display());
-        fuzz_targets::batch_stream(&std::fs::read(&file)?);
-    }
-    Ok(())
-}
-
-#[test]
 fn tokenizer_corpus_replays() -> TestResult<()> {
     let scratch = tempfile::tempdir()?;
     for file in inputs("tokenizer") {
@@ -275,48 +266,6 @@ fn write_seed_corpora() -> TestResult<()> {
     ];
     for (name, spec) in specs {
         put("job_spec", name, &spec.encode_to_vec())?;
-    }
-
-    // The batch stream: two control bytes (frame size, landing room), then messages.
-    let tensor = |name: &str, len: usize| proto::Tensor {
-        name: name.into(),
-        dtype: proto::Dtype::Uint8 as i32,
-        shape: vec![len as u64],
-        data: (0..len).map(|i| (i * 13) as u8).collect::<Vec<u8>>().into(),
-    };
-    let batch = proto::Batch {
-        epoch: 1,
-        rank: 2,
-        step: 3,
-        tensors: vec![tensor("image", 6000), tensor("label", 8)],
-        sample_indices: vec![5, 6, 7, 8],
-        timings: Some(proto::StageTimings {
-            read_ns: 10,
-            ..Default::default()
-        }),
-        bad_samples: vec![proto::BadSample {
-            sample_index: 6,
-            path: "x.jpg".into(),
-            reason: "truncated".into(),
-            substitute_index: 7,
-        }],
-    };
-    let ours: Vec<u8> = stoker_worker::batch_wire::encode_batch(batch.clone(), 1 << 20)?
-        .iter()
-        .flat_map(|chunk| chunk.iter().copied())
-        .collect();
-    let mut prost_framed = vec![0u8];
-    prost_framed.extend((batch.encoded_len() as u32).to_be_bytes());
-    prost_framed.extend(batch.encode_to_vec());
-    for (name, control, message) in [
-        ("ours_small_frames_landed", [3u8, 4u8], &ours),
-        ("ours_one_frame_no_room", [255, 0], &ours),
-        ("prost_framing_landed", [40, 2], &prost_framed),
-    ] {
-        let mut input = control.to_vec();
-        input.extend(message);
-        input.extend(message);
-        put("batch_stream", name, &input)?;
     }
 
     // job_plan: inputs drawn from a fixed xorshift stream, the first three reaching each stage.

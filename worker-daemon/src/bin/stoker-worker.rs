@@ -9,12 +9,10 @@ use std::time::Duration;
 
 use anyhow::Context;
 use clap::Parser;
-use stoker_worker::health::{serve_health, Health};
-use stoker_worker::security::SecurityArgs;
-use stoker_worker::{
-    daemon_runtime, init_logging, listen, run_worker, shutdown_signal, WorkerConfig,
-    DELIVERY_TIMEOUT, DRAIN_TIMEOUT,
-};
+use stoker_rpc::health::{serve_health, Health};
+use stoker_rpc::security::SecurityArgs;
+use stoker_rpc::{daemon_runtime, init_logging, listen, shutdown_signal};
+use stoker_worker_daemon::{run_worker, WorkerConfig, DELIVERY_TIMEOUT, DRAIN_TIMEOUT};
 
 /// A Stoker decode worker.
 #[derive(Debug, Parser)]

@@ -15,8 +15,8 @@ use tonic::service::interceptor::InterceptedService;
 use tonic::transport::{Channel, Endpoint, Server};
 use tonic::{Code, Status};
 
-use super::security::{refusal_of, AttachToken, ClientSecurity};
-use crate::error::{Error, ErrorKind};
+use crate::security::{refusal_of, AttachToken, ClientSecurity};
+use stoker_worker::{Error, ErrorKind};
 
 /// A channel to a daemon that presents the caller's token on every call.
 pub type RpcChannel = InterceptedService<Channel, AttachToken>;
@@ -267,7 +267,7 @@ mod tests {
 
     #[test]
     fn every_kind_survives_the_wire() {
-        for kind in crate::error::ERROR_KINDS {
+        for kind in stoker_worker::ERROR_KINDS {
             assert_eq!(kind_of_status(&status(kind, "why")), kind);
         }
         assert_eq!(

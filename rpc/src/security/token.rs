@@ -15,7 +15,7 @@ use tonic::service::Interceptor;
 use tonic::{Request, Status};
 
 use super::{PeerInfo, Refusal, SecurityError};
-use crate::daemon::transport;
+use crate::transport;
 
 /// The environment variable a client reads its token from when none is given.
 pub const TOKEN_ENV: &str = "STOKER_TOKEN";
@@ -212,7 +212,7 @@ impl Interceptor for TokenCheck {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::error::ErrorKind;
+    use stoker_worker::ErrorKind;
 
     #[cfg(unix)]
     #[test]

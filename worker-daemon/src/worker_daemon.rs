@@ -39,14 +39,13 @@ use tokio::sync::{mpsc, watch, Notify, Semaphore};
 use tonic::service::interceptor::InterceptedService;
 use tonic::{Code, Request, Response, Status};
 
-use super::batch_wire::WorkerDataService;
-use super::client_stream::{self, ClientStream};
-use super::health::Health;
-use super::security::{ClientSecurity, ServerSecurity};
-use super::transport::{self, error_status, Backoff, RpcChannel, MAX_MESSAGE_BYTES};
-use crate::error::{Error, ErrorKind, Result};
-use crate::job::{open_sources, spec_sources, Job};
-use crate::plan::EpochPlan;
+use stoker_rpc::batch_wire::WorkerDataService;
+use stoker_rpc::health::Health;
+use stoker_rpc::security::{ClientSecurity, ServerSecurity};
+use stoker_rpc::transport::{self, error_status, Backoff, RpcChannel, MAX_MESSAGE_BYTES};
+use stoker_worker::{open_sources, spec_sources, EpochPlan, Error, ErrorKind, Job, Result};
+
+use crate::client_stream::{self, ClientStream};
 
 /// The default [`WorkerConfig::delivery_timeout`].
 pub const DELIVERY_TIMEOUT: Duration = Duration::from_secs(10);

@@ -1,24 +1,21 @@
-//! The worker daemon of the distributed mode (`stoker-worker`) and the gRPC plumbing every
-//! Stoker daemon and client shares: [`transport`] (message limits, HTTP/2 windows, backoff, the
-//! two-way table between errors and statuses), [`batch_wire`] (the batch stream's messages,
-//! sent from and read into the batches' own buffers), [`security`] (the shared token and TLS),
-//! [`health`] (the probes), the daemons' runtime, listening socket, shutdown signal and logging.
+//! Stoker's RPC layer: what every daemon and client on the wire shares, under the services
+//! (the worker daemon, the coordinator, the remote client) and over the worker core.
 //!
-//! The daemon registers with the coordinator, leases tasks (one task is one batch), builds them
-//! with the same [`Job`](crate::Job) as the embedded loader and streams them to the client that
-//! owns the session, against the credits that client granted. See the repository's
-//! `ARCHITECTURE.md` ("Data plane and control plane") for the contract.
+//! - [`transport`]: message limits and HTTP/2 windows sized for multi-MB batches, endpoints,
+//!   retry backoff, and the one two-way table between [`ErrorKind`](stoker_worker::ErrorKind)
+//!   and gRPC statuses;
+//! - [`batch_wire`]: the batch stream's messages, sent from and read into the batches' own
+//!   buffers, and the worker's data service over it;
+//! - [`security`]: the shared token and TLS; [`health`]: the probes;
+//! - the daemons' runtime, listening socket, shutdown signal and logging.
+
+#[doc(hidden)]
+pub mod fuzz_targets;
 
 pub mod batch_wire;
-mod client_stream;
 pub mod health;
 pub mod security;
 pub mod transport;
-mod worker_daemon;
-
-pub use worker_daemon::{
-    canonical_roots, run_worker, WorkerConfig, DELIVERY_TIMEOUT, DRAIN_TIMEOUT,
-};
 
 /// The daemons' runtime: two tokio threads for the network (decoding has its own pool).
 pub fn daemon_runtime() -> std::io::Result<tokio::runtime::Runtime> {

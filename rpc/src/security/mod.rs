@@ -26,7 +26,7 @@ use std::path::{Path, PathBuf};
 pub use tls::{ClientConnection, PeerInfo, ServerConnection};
 pub use token::{token_matches, AttachToken, Token, TokenCheck, TOKEN_ENV};
 
-use crate::error::ErrorKind;
+use stoker_worker::ErrorKind;
 
 /// Why the security settings cannot be used.
 #[derive(Debug, thiserror::Error)]
@@ -268,27 +268,32 @@ impl ClientSecurity {
     }
 }
 
-/// The security flags of both daemons (`stoker coordinator`, `stoker-worker`).
-#[derive(Debug, Clone, Default, clap::Args)]
+/// The security flags of both daemons (`stoker coordinator`, `stoker-worker`); clap arguments
+/// with the `args` feature.
+#[derive(Debug, Clone, Default)]
+#[cfg_attr(feature = "args", derive(clap::Args))]
 pub struct SecurityArgs {
     /// A file holding the shared token every call must carry (repeatable: each one's token is
     /// accepted, and the first is the one this daemon presents to the others, so a rotation
     /// adds the new file, then moves it first, then drops the old one). Without it, anyone who
     /// reaches the port is served.
-    #[arg(long = "token-file", value_name = "FILE")]
+    #[cfg_attr(feature = "args", arg(long = "token-file", value_name = "FILE"))]
     pub token_files: Vec<PathBuf>,
     /// PEM certificate chain to serve TLS with (with --tls-key and --tls-ca).
-    #[arg(long, value_name = "FILE", requires = "tls_key")]
+    #[cfg_attr(feature = "args", arg(long, value_name = "FILE", requires = "tls_key"))]
     pub tls_cert: Option<PathBuf>,
     /// PEM private key of --tls-cert.
-    #[arg(long, value_name = "FILE", requires = "tls_cert")]
+    #[cfg_attr(
+        feature = "args",
+        arg(long, value_name = "FILE", requires = "tls_cert")
+    )]
     pub tls_key: Option<PathBuf>,
     /// PEM CA certificate(s) this daemon trusts when it calls the other daemons over TLS.
-    #[arg(long, value_name = "FILE")]
+    #[cfg_attr(feature = "args", arg(long, value_name = "FILE"))]
     pub tls_ca: Option<PathBuf>,
     /// The name the other daemons' certificates must carry, when it is not the host of their
     /// address (for example one certificate shared by every daemon).
-    #[arg(long, value_name = "NAME", requires = "tls_ca")]
+    #[cfg_attr(feature = "args", arg(long, value_name = "NAME", requires = "tls_ca"))]
     pub tls_server_name: Option<String>,
 }
 
