@@ -12,7 +12,7 @@ mkdir -p "$out"
 if ! grep -qx '/.device/' .git/info/exclude 2>/dev/null; then
     echo '/.device/' >> .git/info/exclude
 fi
-cargo build --release -p stoker-cli -p stoker-worker --bins --quiet
+cargo build --release -p stoker-cli -p stoker-worker-daemon --bins --quiet
 for name in stoker stoker-worker; do
     strip -o "$out/$name" "target/release/$name"
     gzip -9 "$out/$name"
