@@ -6,14 +6,16 @@
 //!
 //! Control messages go to the coordinator; batches go from a worker straight to the client, on a
 //! stream the client opened, against credits the client granted. See the repository's
-//! `ARCHITECTURE.md` ("Data plane and control plane") for the contract; the worker daemon and
-//! the transport are in `stoker-worker`, the client in `stoker-loader`.
+//! `ARCHITECTURE.md` ("Data plane and control plane") for the contract; the worker daemon is
+//! `stoker-worker-daemon`, the wire `stoker-rpc`, the client `stoker-loader`.
 
 mod client_reports;
 mod dashboard_feed;
 mod requests;
 mod scheduler;
 mod service;
+#[cfg(test)]
+mod service_tests;
 mod status;
 
 pub use scheduler::{

@@ -21,6 +21,7 @@ use stoker_proto::v1::{
     ReportRequest, ReportResponse, SessionToken, SessionUpdateRequest, SessionUpdateResponse,
     TaskLease, WorkerInfo,
 };
+use stoker_rpc::network::Network;
 use stoker_rpc::security::{ClientSecurity, ServerSecurity};
 use stoker_rpc::transport::{self, MAX_MESSAGE_BYTES};
 use stoker_worker::ErrorKind;
@@ -56,6 +57,8 @@ pub struct CoordinatorServiceConfig {
     pub server_security: ServerSecurity,
     /// What it presents when it asks a worker to check a job (token, trusted CA).
     pub client_security: ClientSecurity,
+    /// Where its calls to the workers lead (sockets; an in-memory network in tests).
+    pub network: Network,
 }
 
 impl Default for CoordinatorServiceConfig {
@@ -74,6 +77,7 @@ impl Default for CoordinatorServiceConfig {
             flush_every: Duration::from_millis(100),
             server_security: ServerSecurity::default(),
             client_security: ClientSecurity::default(),
+            network: Network::Sockets,
         }
     }
 }
@@ -237,6 +241,26 @@ impl CoordinatorService {
         listener: tokio::net::TcpListener,
         shutdown: impl std::future::Future<Output = ()> + Send + 'static,
     ) -> Result<(), tonic::transport::Error> {
+        let incoming = self.config.server_security.incoming(listener);
+        self.serve_incoming(incoming, shutdown).await
+    }
+
+    /// Serves the connections of `incoming` (a socket's, or an in-memory network's) until
+    /// `shutdown` resolves, with the expiry and flush timers; flushes the journal at the end.
+    pub async fn serve_incoming<IO, E>(
+        self,
+        incoming: impl tokio_stream::Stream<Item = Result<IO, E>> + Send + 'static,
+        shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+    ) -> Result<(), tonic::transport::Error>
+    where
+        IO: tokio::io::AsyncRead
+            + tokio::io::AsyncWrite
+            + tonic::transport::server::Connected
+            + Unpin
+            + Send
+            + 'static,
+        E: Into<Box<dyn std::error::Error + Send + Sync>>,
+    {
         let timers = tokio::spawn(self.clone().run_timers());
         let server = CoordinatorServer::new(self.clone())
             .max_decoding_message_size(MAX_MESSAGE_BYTES)
@@ -245,7 +269,6 @@ impl CoordinatorService {
             server,
             self.config.server_security.check(),
         );
-        let incoming = self.config.server_security.incoming(listener);
         let result = transport::server()
             .add_service(server)
             .serve_with_incoming_shutdown(incoming, shutdown)
@@ -373,9 +396,11 @@ impl CoordinatorService {
             }
             let mut last_error = None;
             for worker in &workers {
-                let channel =
-                    transport::channel(&worker.data_address, &self.config.client_security)
-                        .map_err(|e| Status::internal(e.to_string()))?;
+                let channel = self
+                    .config
+                    .network
+                    .channel(&worker.data_address, &self.config.client_security)
+                    .map_err(|e| Status::internal(e.to_string()))?;
                 let mut client = WorkerDataClient::new(channel);
                 let request = DescribeJobRequest {
                     spec: Some(spec.clone()),

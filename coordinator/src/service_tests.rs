@@ -1,0 +1,367 @@
+//! The coordinator service's unit tests over an in-memory network (`stoker_rpc::network`): the
+//! real service with its token check and tonic's HTTP/2 stack, a data server that describes
+//! jobs, and workers and clients calling as the daemons do; no sockets, no processes. The
+//! process tests (`cli/tests/it/`) run the same paths with real daemons.
+
+use std::path::Path;
+use std::time::Duration;
+
+use stoker_proto::v1::coordinator_client::CoordinatorClient;
+use stoker_proto::v1::worker_data_server::{WorkerData, WorkerDataServer};
+use stoker_proto::v1::{
+    Batch, DatasetSource, DescribeJobRequest, DescribeJobResponse, JobSpec, LeaseRequest,
+    OpenSessionRequest, RegisterJobRequest, RegisterWorkerRequest, ReportRequest, SessionToken,
+    SessionUpdateRequest, SubscribeRequest, TaskLease,
+};
+use stoker_rpc::network::{MemoryNetwork, Network};
+use stoker_rpc::security::{ClientSecurity, ServerSecurity, Token};
+use stoker_rpc::transport::{kind_of_status, RpcChannel};
+use stoker_worker::ErrorKind;
+use tokio::sync::oneshot;
+use tonic::{Code, Request, Response, Status};
+
+use crate::{CoordinatorConfig, CoordinatorService, CoordinatorServiceConfig};
+
+const COORDINATOR: &str = "coordinator:7070";
+const DATA_SERVER: &str = "worker-a:7001";
+const STEPS: u64 = 8;
+const LEASE_TIMEOUT: Duration = Duration::from_millis(400);
+
+type TestResult = Result<(), Box<dyn std::error::Error>>;
+
+/// A data server that describes every job as [`STEPS`] steps.
+struct Describer;
+
+#[tonic::async_trait]
+impl WorkerData for Describer {
+    async fn describe_job(
+        &self,
+        _request: Request<DescribeJobRequest>,
+    ) -> Result<Response<DescribeJobResponse>, Status> {
+        Ok(Response::new(DescribeJobResponse {
+            num_samples: STEPS * 4,
+            steps_per_epoch: STEPS,
+            batch_bytes: 1,
+            class_names: Vec::new(),
+        }))
+    }
+
+    type SubscribeStream = tokio_stream::Empty<Result<Batch, Status>>;
+
+    async fn subscribe(
+        &self,
+        _request: Request<SubscribeRequest>,
+    ) -> Result<Response<Self::SubscribeStream>, Status> {
+        Err(Status::unimplemented("a describing data server only"))
+    }
+}
+
+/// A coordinator serving on [`COORDINATOR`] of `network` over the journal in `state`, accepting
+/// `tokens`; stops (flushing its journal) when the returned sender is dropped or sent to.
+fn start(
+    network: &MemoryNetwork,
+    state: &Path,
+    tokens: Vec<Token>,
+) -> Result<(CoordinatorService, oneshot::Sender<()>), Box<dyn std::error::Error>> {
+    let config = CoordinatorServiceConfig {
+        core: CoordinatorConfig {
+            lease_timeout: LEASE_TIMEOUT,
+            journal_every: u64::MAX,
+            ..CoordinatorConfig::default()
+        },
+        server_security: ServerSecurity::new(tokens.clone(), None)?,
+        client_security: ClientSecurity::new(tokens.first().cloned(), None, None)?,
+        network: Network::Memory(network.clone()),
+        ..CoordinatorServiceConfig::default()
+    };
+    let service = CoordinatorService::open(state, config)?;
+    let (stop, stopped) = oneshot::channel::<()>();
+    let incoming = network.listen(COORDINATOR);
+    tokio::spawn(service.clone().serve_incoming(incoming, async {
+        let _ = stopped.await;
+    }));
+    Ok((service, stop))
+}
+
+/// Serves [`Describer`] on [`DATA_SERVER`].
+fn start_data_server(network: &MemoryNetwork, tokens: Vec<Token>) -> TestResult {
+    let check = ServerSecurity::new(tokens, None)?.check();
+    let service = tonic::service::interceptor::InterceptedService::new(
+        WorkerDataServer::new(Describer),
+        check,
+    );
+    tokio::spawn(
+        stoker_rpc::transport::server()
+            .add_service(service)
+            .serve_with_incoming(network.listen(DATA_SERVER)),
+    );
+    Ok(())
+}
+
+fn coordinator(network: &MemoryNetwork, token: Option<&Token>) -> CoordinatorClient<RpcChannel> {
+    let security = ClientSecurity::new(token.cloned(), None, None).expect("plain security");
+    CoordinatorClient::new(network.channel(COORDINATOR, &security))
+}
+
+fn spec() -> JobSpec {
+    JobSpec {
+        dataset: Some(DatasetSource {
+            uri: "/data/train".into(),
+            ..DatasetSource::default()
+        }),
+        batch_size: 4,
+        seed: 1,
+        world_size: 1,
+        ..JobSpec::default()
+    }
+}
+
+async fn register_worker(client: &mut CoordinatorClient<RpcChannel>) -> Result<u64, Status> {
+    Ok(client
+        .register_worker(RegisterWorkerRequest {
+            data_address: DATA_SERVER.into(),
+            threads: 1,
+            data_roots: Vec::new(),
+        })
+        .await?
+        .into_inner()
+        .worker_id)
+}
+
+/// A job of [`spec`] and rank 0's session on it, with `credits` granted.
+async fn open(
+    client: &mut CoordinatorClient<RpcChannel>,
+    credits: u64,
+) -> Result<(u64, SessionToken), Box<dyn std::error::Error>> {
+    let job = client
+        .register_job(RegisterJobRequest {
+            spec: Some(spec()),
+            weight: 0,
+        })
+        .await?
+        .into_inner()
+        .job_id;
+    let session = client
+        .open_session(OpenSessionRequest {
+            job_id: job,
+            rank: 0,
+            epoch: 0,
+            start_step: 0,
+            resume_from_journal: false,
+        })
+        .await?
+        .into_inner()
+        .session
+        .ok_or("a session without a token")?;
+    update(client, session, credits, Vec::new()).await?;
+    Ok((job, session))
+}
+
+async fn update(
+    client: &mut CoordinatorClient<RpcChannel>,
+    session: SessionToken,
+    credits: u64,
+    acknowledged: Vec<u64>,
+) -> Result<u64, Status> {
+    Ok(client
+        .update_session(SessionUpdateRequest {
+            session: Some(session),
+            grant_credits: credits,
+            acknowledged,
+            stats: None,
+        })
+        .await?
+        .into_inner()
+        .acknowledged_position)
+}
+
+async fn lease(
+    client: &mut CoordinatorClient<RpcChannel>,
+    worker: u64,
+    max: u32,
+) -> Result<Vec<TaskLease>, Status> {
+    Ok(client
+        .lease(LeaseRequest {
+            worker_id: worker,
+            max_tasks: max,
+            // Shorter than the lease timeout: a lease call is the worker's heartbeat too.
+            wait_ms: 200,
+        })
+        .await?
+        .into_inner()
+        .tasks)
+}
+
+async fn report(
+    client: &mut CoordinatorClient<RpcChannel>,
+    worker: u64,
+    tasks: &[TaskLease],
+) -> Result<(), Status> {
+    client
+        .report(ReportRequest {
+            worker_id: worker,
+            completed: tasks.iter().map(|t| t.lease_id).collect(),
+            ..ReportRequest::default()
+        })
+        .await
+        .map(drop)
+}
+
+fn steps(tasks: &[TaskLease]) -> Vec<u64> {
+    tasks.iter().map(|t| t.step).collect()
+}
+
+#[tokio::test]
+async fn calls_without_the_token_or_with_another_are_refused_before_any_handler() -> TestResult {
+    let network = MemoryNetwork::new();
+    let state = tempfile::tempdir()?;
+    let token = Token::new("the-shared-token")?;
+    let (service, _stop) = start(&network, state.path(), vec![token.clone()])?;
+    start_data_server(&network, vec![token.clone()])?;
+    let other = Token::new("another-token")?;
+    for presented in [None, Some(&other)] {
+        let refused = register_worker(&mut coordinator(&network, presented))
+            .await
+            .expect_err("refused");
+        assert_eq!(
+            kind_of_status(&refused),
+            ErrorKind::Unauthenticated,
+            "{refused}"
+        );
+    }
+    assert!(
+        service.workers().is_empty(),
+        "a refused call registered a worker"
+    );
+    let mut client = coordinator(&network, Some(&token));
+    register_worker(&mut client).await?;
+    let (_, session) = open(&mut client, 1).await?;
+    assert_eq!(update(&mut client, session, 0, Vec::new()).await?, 0);
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_task_reported_twice_and_a_step_acknowledged_twice_count_once() -> TestResult {
+    let network = MemoryNetwork::new();
+    let state = tempfile::tempdir()?;
+    let (service, _stop) = start(&network, state.path(), Vec::new())?;
+    start_data_server(&network, Vec::new())?;
+    let mut client = coordinator(&network, None);
+    let worker = register_worker(&mut client).await?;
+    let (_, session) = open(&mut client, 2).await?;
+    let tasks = lease(&mut client, worker, 4).await?;
+    assert_eq!(steps(&tasks), [0, 1], "two credits lease two steps");
+    report(&mut client, worker, &tasks).await?;
+    // A report sent again (a retry after a lost answer) is taken and counted as a duplicate.
+    report(&mut client, worker, &tasks).await?;
+    let stats = service.core_stats();
+    assert_eq!(
+        (stats.completions, stats.duplicates_dropped),
+        (2, 2),
+        "{stats:?}"
+    );
+    assert_eq!(update(&mut client, session, 0, vec![0, 1]).await?, 2);
+    // The same batch arriving twice (from a requeued task) is acknowledged again: no step moves.
+    assert_eq!(update(&mut client, session, 0, vec![1]).await?, 2);
+    // And no credit was returned by the duplicate: nothing more is leased until one is granted.
+    assert!(
+        lease(&mut client, worker, 4).await?.is_empty(),
+        "a lease without credits"
+    );
+    update(&mut client, session, 1, Vec::new()).await?;
+    assert_eq!(steps(&lease(&mut client, worker, 4).await?), [2]);
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_worker_lost_with_its_leases_gives_them_to_another_and_its_late_report_counts_for_nothing(
+) -> TestResult {
+    let network = MemoryNetwork::new();
+    let state = tempfile::tempdir()?;
+    let (service, _stop) = start(&network, state.path(), Vec::new())?;
+    start_data_server(&network, Vec::new())?;
+    let mut lost = coordinator(&network, None);
+    let lost_id = register_worker(&mut lost).await?;
+    let mut client = coordinator(&network, None);
+    let (_, session) = open(&mut client, 2).await?;
+    let taken = lease(&mut lost, lost_id, 4).await?;
+    assert_eq!(steps(&taken), [0, 1]);
+    // The worker's connection breaks and it never reports; another worker comes.
+    network.cut(COORDINATOR);
+    let mut survivor = coordinator(&network, None);
+    let survivor_id = register_worker(&mut survivor).await?;
+    let mut again = Vec::new();
+    let deadline = tokio::time::Instant::now() + LEASE_TIMEOUT * 10;
+    while again.len() < 2 && tokio::time::Instant::now() < deadline {
+        again.extend(lease(&mut survivor, survivor_id, 4).await?);
+    }
+    assert_eq!(steps(&again), [0, 1], "the lost leases go to the survivor");
+    // The lost worker's late report counts for nothing: its leases are no longer its own.
+    report(&mut lost, lost_id, &taken).await?;
+    report(&mut survivor, survivor_id, &again).await?;
+    let stats = service.core_stats();
+    assert_eq!(
+        (stats.completions, stats.duplicates_dropped),
+        (2, 2),
+        "{stats:?}"
+    );
+    assert_eq!(update(&mut client, session, 0, vec![0, 1]).await?, 2);
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_session_reopened_on_a_restarted_coordinator_resumes_where_it_was_acknowledged(
+) -> TestResult {
+    let network = MemoryNetwork::new();
+    let state = tempfile::tempdir()?;
+    let (_, stop) = start(&network, state.path(), Vec::new())?;
+    start_data_server(&network, Vec::new())?;
+    let mut client = coordinator(&network, None);
+    let worker = register_worker(&mut client).await?;
+    let (job, session) = open(&mut client, 3).await?;
+    let tasks = lease(&mut client, worker, 4).await?;
+    report(&mut client, worker, &tasks).await?;
+    assert_eq!(update(&mut client, session, 0, vec![0, 1, 2]).await?, 3);
+    // A restart: the journal is flushed as the service stops, a new run serves the address.
+    stop.send(())
+        .map_err(|()| "the coordinator already stopped")?;
+    let mut stopped = false;
+    for _ in 0..100 {
+        network.cut(COORDINATOR);
+        if register_worker(&mut coordinator(&network, None))
+            .await
+            .is_err()
+        {
+            stopped = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(stopped, "the first coordinator kept serving");
+    let (_, _stop) = start(&network, state.path(), Vec::new())?;
+    let mut client = coordinator(&network, None);
+    let stale = update(&mut client, session, 1, Vec::new())
+        .await
+        .expect_err("a token of the earlier run");
+    assert_eq!(stale.code(), Code::FailedPrecondition, "{stale}");
+    assert!(
+        stale.message().contains("open the session again"),
+        "{stale}"
+    );
+    let reopened = client
+        .open_session(OpenSessionRequest {
+            job_id: job,
+            rank: 0,
+            epoch: 0,
+            start_step: 0,
+            resume_from_journal: true,
+        })
+        .await?
+        .into_inner();
+    assert_eq!(reopened.acknowledged_position, 3);
+    let session = reopened.session.ok_or("a session without a token")?;
+    let worker = register_worker(&mut client).await?;
+    update(&mut client, session, 1, Vec::new()).await?;
+    assert_eq!(steps(&lease(&mut client, worker, 4).await?), [3]);
+    Ok(())
+}

@@ -1,0 +1,367 @@
+//! Where a channel leads: [`Network::Sockets`] (TCP, with TLS where the caller's security has a
+//! CA), or a [`MemoryNetwork`] of named addresses inside one process whose connections are
+//! in-memory pipes. Servers and callers run the same tonic stack, HTTP/2 settings and
+//! interceptors (token checks included) over both, so a service and the code that calls it are
+//! tested without ports; [`MemoryNetwork::cut`] breaks an address's live connections the way a
+//! lost peer does.
+
+use std::collections::HashMap;
+use std::io;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
+use std::task::{Context, Poll, Waker};
+
+use tokio::io::{AsyncRead, AsyncWrite, DuplexStream, ReadBuf};
+use tokio::sync::mpsc;
+use tonic::service::interceptor::InterceptedService;
+use tonic::transport::server::Connected;
+use tonic::transport::{Endpoint, Uri};
+
+use crate::security::ClientSecurity;
+use crate::transport::{self, RpcChannel};
+use stoker_worker::Error;
+
+/// Bytes an in-memory pipe holds each way before a writer waits: a few HTTP/2 frames.
+const PIPE_BYTES: usize = 256 << 10;
+
+/// Where the channels a service makes lead.
+#[derive(Debug, Clone, Default)]
+pub enum Network {
+    /// TCP sockets: `host:port` addresses, TLS where the caller's security has a CA.
+    #[default]
+    Sockets,
+    /// The named addresses of an in-process network.
+    Memory(MemoryNetwork),
+}
+
+impl Network {
+    /// A lazily connecting channel to `address`, presenting `security`'s token on every call.
+    pub fn channel(&self, address: &str, security: &ClientSecurity) -> Result<RpcChannel, Error> {
+        match self {
+            Network::Sockets => transport::channel(address, security),
+            Network::Memory(network) => Ok(network.channel(address, security)),
+        }
+    }
+}
+
+/// An in-process network: servers listen on names, channels connect to them through in-memory
+/// pipes. Clones share the network.
+#[derive(Clone, Default)]
+pub struct MemoryNetwork {
+    shared: Arc<Mutex<Addresses>>,
+}
+
+#[derive(Default)]
+struct Addresses {
+    /// Where each listening address takes its new connections.
+    listeners: HashMap<String, mpsc::UnboundedSender<MemoryConnection>>,
+    /// The connections made to each address (both ends share one cut).
+    connections: HashMap<String, Vec<Weak<Cut>>>,
+}
+
+impl std::fmt::Debug for MemoryNetwork {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let mut listening: Vec<String> = self.addresses().listeners.keys().cloned().collect();
+        listening.sort();
+        f.debug_struct("MemoryNetwork")
+            .field("listening", &listening)
+            .finish()
+    }
+}
+
+impl MemoryNetwork {
+    /// An empty network.
+    pub fn new() -> MemoryNetwork {
+        MemoryNetwork::default()
+    }
+
+    fn addresses(&self) -> MutexGuard<'_, Addresses> {
+        self.shared
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Listens on `address` (any name), replacing an earlier listener there: the connections
+    /// made to it, for a tonic server's `serve_with_incoming`.
+    pub fn listen(&self, address: &str) -> MemoryIncoming {
+        let (sender, receiver) = mpsc::unbounded_channel();
+        self.addresses()
+            .listeners
+            .insert(address.to_string(), sender);
+        MemoryIncoming { receiver }
+    }
+
+    /// A lazily connecting channel to `address`: each connection it makes is a new pipe to the
+    /// listener there, refused (`ConnectionRefused`) while nothing listens.
+    pub fn channel(&self, address: &str, security: &ClientSecurity) -> RpcChannel {
+        let network = self.clone();
+        let address = address.to_string();
+        let connector = tower::service_fn(move |_: Uri| {
+            let connected = network.connect(&address);
+            async move { connected.map(hyper_util::rt::TokioIo::new) }
+        });
+        // A fixed, valid URI: the connector decides where the bytes go.
+        let channel =
+            Endpoint::from_static("http://in-memory").connect_with_connector_lazy(connector);
+        InterceptedService::new(channel, security.attach())
+    }
+
+    fn connect(&self, address: &str) -> io::Result<MemoryConnection> {
+        let mut addresses = self.addresses();
+        let refused = || {
+            io::Error::new(
+                io::ErrorKind::ConnectionRefused,
+                format!("nothing listens on {address} in this in-memory network"),
+            )
+        };
+        let listener = addresses.listeners.get(address).ok_or_else(refused)?;
+        let (ours, theirs) = tokio::io::duplex(PIPE_BYTES);
+        let cut = Arc::new(Cut::default());
+        listener
+            .send(MemoryConnection::new(theirs, Arc::clone(&cut)))
+            .map_err(|_| refused())?;
+        let live = addresses
+            .connections
+            .entry(address.to_string())
+            .or_default();
+        live.retain(|connection| connection.strong_count() > 0);
+        live.push(Arc::downgrade(&cut));
+        Ok(MemoryConnection::new(ours, cut))
+    }
+
+    /// Breaks every live connection to `address`: reads and writes on both ends fail from now
+    /// on (`ConnectionReset`), as when a peer's host goes away. New connections are still made.
+    pub fn cut(&self, address: &str) {
+        let cuts = self
+            .addresses()
+            .connections
+            .remove(address)
+            .unwrap_or_default();
+        for cut in cuts.iter().filter_map(Weak::upgrade) {
+            cut.cut();
+        }
+    }
+
+    /// Stops listening on `address`: new connections to it are refused.
+    pub fn close(&self, address: &str) {
+        self.addresses().listeners.remove(address);
+    }
+}
+
+/// The connections made to one listening address.
+pub struct MemoryIncoming {
+    receiver: mpsc::UnboundedReceiver<MemoryConnection>,
+}
+
+impl tokio_stream::Stream for MemoryIncoming {
+    type Item = io::Result<MemoryConnection>;
+
+    fn poll_next(mut self: Pin<&mut Self>, context: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        self.receiver.poll_recv(context).map(|next| next.map(Ok))
+    }
+}
+
+/// Whether a connection was cut, and the tasks to wake when it is.
+#[derive(Default)]
+struct Cut {
+    done: AtomicBool,
+    waiting: Mutex<Vec<Waker>>,
+}
+
+impl Cut {
+    fn cut(&self) {
+        self.done.store(true, Ordering::Release);
+        let waiting = std::mem::take(
+            &mut *self
+                .waiting
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner),
+        );
+        for waker in waiting {
+            waker.wake();
+        }
+    }
+
+    /// An error once cut; else keeps `context`'s waker for the cut.
+    fn check(&self, context: &Context<'_>) -> io::Result<()> {
+        if self.done.load(Ordering::Acquire) {
+            return Err(io::Error::new(
+                io::ErrorKind::ConnectionReset,
+                "the in-memory connection was cut",
+            ));
+        }
+        let mut waiting = self
+            .waiting
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if !waiting.iter().any(|w| w.will_wake(context.waker())) {
+            waiting.push(context.waker().clone());
+        }
+        Ok(())
+    }
+}
+
+/// One end of an in-memory connection.
+pub struct MemoryConnection {
+    pipe: DuplexStream,
+    cut: Arc<Cut>,
+}
+
+impl MemoryConnection {
+    fn new(pipe: DuplexStream, cut: Arc<Cut>) -> MemoryConnection {
+        MemoryConnection { pipe, cut }
+    }
+}
+
+impl Connected for MemoryConnection {
+    type ConnectInfo = ();
+
+    fn connect_info(&self) -> Self::ConnectInfo {}
+}
+
+impl AsyncRead for MemoryConnection {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        context: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        self.cut.check(context)?;
+        Pin::new(&mut self.pipe).poll_read(context, buf)
+    }
+}
+
+impl AsyncWrite for MemoryConnection {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        context: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        self.cut.check(context)?;
+        Pin::new(&mut self.pipe).poll_write(context, buf)
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, context: &mut Context<'_>) -> Poll<io::Result<()>> {
+        self.cut.check(context)?;
+        Pin::new(&mut self.pipe).poll_flush(context)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, context: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.pipe).poll_shutdown(context)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::security::{ServerSecurity, Token};
+    use crate::transport::kind_of_status;
+    use stoker_proto::v1::worker_data_client::WorkerDataClient;
+    use stoker_proto::v1::worker_data_server::{WorkerData, WorkerDataServer};
+    use stoker_proto::v1::{Batch, DescribeJobRequest, DescribeJobResponse, SubscribeRequest};
+    use stoker_worker::ErrorKind;
+    use tonic::{Request, Response, Status};
+
+    /// A data server that describes every job as 7 samples and streams nothing until cut.
+    struct Describer;
+
+    #[tonic::async_trait]
+    impl WorkerData for Describer {
+        async fn describe_job(
+            &self,
+            _request: Request<DescribeJobRequest>,
+        ) -> Result<Response<DescribeJobResponse>, Status> {
+            Ok(Response::new(DescribeJobResponse {
+                num_samples: 7,
+                ..DescribeJobResponse::default()
+            }))
+        }
+
+        type SubscribeStream = tokio_stream::Pending<Result<Batch, Status>>;
+
+        async fn subscribe(
+            &self,
+            _request: Request<SubscribeRequest>,
+        ) -> Result<Response<Self::SubscribeStream>, Status> {
+            Ok(Response::new(tokio_stream::pending()))
+        }
+    }
+
+    fn serve(network: &MemoryNetwork, address: &str, security: &ServerSecurity) {
+        let service = InterceptedService::new(WorkerDataServer::new(Describer), security.check());
+        tokio::spawn(
+            transport::server()
+                .add_service(service)
+                .serve_with_incoming(network.listen(address)),
+        );
+    }
+
+    fn token(text: &str) -> Token {
+        Token::new(text).expect("a token")
+    }
+
+    #[tokio::test]
+    async fn calls_reach_the_named_server_through_its_interceptors() {
+        let network = MemoryNetwork::new();
+        let accepted = ServerSecurity::new(vec![token("right")], None).expect("security");
+        serve(&network, "worker-1:7001", &accepted);
+        let call = |security: ClientSecurity| {
+            let channel = network.channel("worker-1:7001", &security);
+            async move {
+                WorkerDataClient::new(channel)
+                    .describe_job(DescribeJobRequest::default())
+                    .await
+            }
+        };
+        let described = call(ClientSecurity::new(Some(token("right")), None, None).expect("ok"))
+            .await
+            .expect("a described job");
+        assert_eq!(described.into_inner().num_samples, 7);
+        for security in [
+            ClientSecurity::default(),
+            ClientSecurity::new(Some(token("wrong")), None, None).expect("ok"),
+        ] {
+            let refused = call(security).await.expect_err("a refusal");
+            assert_eq!(
+                kind_of_status(&refused),
+                ErrorKind::Unauthenticated,
+                "{refused}"
+            );
+        }
+    }
+
+    #[tokio::test]
+    async fn an_address_nobody_listens_on_is_unavailable() {
+        let network = MemoryNetwork::new();
+        let refused =
+            WorkerDataClient::new(network.channel("nowhere:1", &ClientSecurity::default()))
+                .describe_job(DescribeJobRequest::default())
+                .await
+                .expect_err("nothing listens");
+        assert_eq!(refused.code(), tonic::Code::Unavailable, "{refused}");
+    }
+
+    #[tokio::test]
+    async fn a_cut_ends_an_open_stream_with_an_error_and_new_calls_still_connect() {
+        let network = MemoryNetwork::new();
+        serve(&network, "worker-2:7001", &ServerSecurity::default());
+        let mut client =
+            WorkerDataClient::new(network.channel("worker-2:7001", &ClientSecurity::default()));
+        let mut stream = client
+            .subscribe(SubscribeRequest::default())
+            .await
+            .expect("a stream")
+            .into_inner();
+        network.cut("worker-2:7001");
+        let ended = tokio::time::timeout(std::time::Duration::from_secs(10), stream.message())
+            .await
+            .expect("the cut ends the stream at once");
+        assert!(ended.is_err(), "a cut stream ends in an error: {ended:?}");
+        let mut again =
+            WorkerDataClient::new(network.channel("worker-2:7001", &ClientSecurity::default()));
+        again
+            .describe_job(DescribeJobRequest::default())
+            .await
+            .expect("a new connection after the cut");
+    }
+}
