@@ -132,15 +132,18 @@ impl MemoryNetwork {
 
     /// Breaks every live connection to `address`: reads and writes on both ends fail from now
     /// on (`ConnectionReset`), as when a peer's host goes away. New connections are still made.
-    pub fn cut(&self, address: &str) {
+    /// Returns how many connections were cut.
+    pub fn cut(&self, address: &str) -> usize {
         let cuts = self
             .addresses()
             .connections
             .remove(address)
             .unwrap_or_default();
-        for cut in cuts.iter().filter_map(Weak::upgrade) {
+        let live: Vec<Arc<Cut>> = cuts.iter().filter_map(Weak::upgrade).collect();
+        for cut in &live {
             cut.cut();
         }
+        live.len()
     }
 
     /// Stops listening on `address`: new connections to it are refused.
@@ -352,7 +355,7 @@ mod tests {
             .await
             .expect("a stream")
             .into_inner();
-        network.cut("worker-2:7001");
+        assert_eq!(network.cut("worker-2:7001"), 1);
         let ended = tokio::time::timeout(std::time::Duration::from_secs(10), stream.message())
             .await
             .expect("the cut ends the stream at once");

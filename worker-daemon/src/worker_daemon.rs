@@ -41,6 +41,7 @@ use tonic::{Code, Request, Response, Status};
 
 use stoker_rpc::batch_wire::WorkerDataService;
 use stoker_rpc::health::Health;
+use stoker_rpc::network::Network;
 use stoker_rpc::security::{ClientSecurity, ServerSecurity};
 use stoker_rpc::transport::{self, error_status, Backoff, RpcChannel, MAX_MESSAGE_BYTES};
 use stoker_worker::{open_sources, spec_sources, EpochPlan, Error, ErrorKind, Job, Result};
@@ -78,6 +79,8 @@ pub struct WorkerConfig {
     pub server_security: ServerSecurity,
     /// What the worker presents to the coordinator (token, trusted CA).
     pub client_security: ClientSecurity,
+    /// Where the coordinator's address leads (sockets; an in-memory network in tests).
+    pub network: Network,
     /// How long a finished batch waits for its client's stream to open, or to take it, before
     /// it is reported failed (and a stream that took nothing is ended).
     pub delivery_timeout: Duration,
@@ -384,6 +387,26 @@ pub async fn run_worker(
     listener: tokio::net::TcpListener,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> Result<()> {
+    let incoming = config.server_security.incoming(listener);
+    run_worker_incoming(config, incoming, shutdown).await
+}
+
+/// Runs a worker until `shutdown` resolves: the data server on the connections of `incoming`
+/// (a socket's, or an in-memory network's) and the task loop against the coordinator.
+pub async fn run_worker_incoming<IO, E>(
+    config: WorkerConfig,
+    incoming: impl tokio_stream::Stream<Item = std::result::Result<IO, E>> + Send + 'static,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> Result<()>
+where
+    IO: tokio::io::AsyncRead
+        + tokio::io::AsyncWrite
+        + tonic::transport::server::Connected
+        + Unpin
+        + Send
+        + 'static,
+    E: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
     let threads = if config.threads == 0 {
         std::thread::available_parallelism().map_or(1, |n| n.get())
     } else {
@@ -414,7 +437,6 @@ pub async fn run_worker(
         MAX_MESSAGE_BYTES,
     );
     let service = InterceptedService::new(service, config.server_security.check());
-    let incoming = config.server_security.incoming(listener);
     let (stop_server, server_stopped) = tokio::sync::oneshot::channel::<()>();
     let mut server = tokio::spawn(async move {
         transport::server()
@@ -484,7 +506,10 @@ enum Ended {
 /// Register, lease, build, deliver, report; again from registration when the coordinator is
 /// lost or forgets this worker; returns once `draining` turns true and the worker has left.
 async fn task_loop(config: WorkerConfig, shared: Arc<Shared>, mut draining: watch::Receiver<bool>) {
-    let channel = match transport::channel(&config.coordinator, &config.client_security) {
+    let channel = match config
+        .network
+        .channel(&config.coordinator, &config.client_security)
+    {
         Ok(channel) => channel,
         Err(error) => {
             tracing::error!(%error, "bad coordinator address");

@@ -61,20 +61,27 @@ pub fn stoker(args: &[&str]) -> Output {
 }
 
 /// The `stoker-worker` binary, beside `stoker`: cargo names only a package's own binaries to
-/// its tests, and the daemon is the worker crate's. `cargo test --workspace` builds it; a
+/// its tests, and the daemon is the worker-daemon crate's. `cargo test --workspace` builds it; a
 /// missing one, or one older than the sources it is built from, fails the test with the
 /// command that builds it.
 pub fn worker_binary() -> PathBuf {
     let stoker = Path::new(env!("CARGO_BIN_EXE_stoker"));
     let binary = stoker.with_file_name(format!("stoker-worker{}", std::env::consts::EXE_SUFFIX));
-    let build = "cargo build --release -p stoker-worker (or cargo test --workspace)";
+    let build = "cargo build --release -p stoker-worker-daemon (or cargo test --workspace)";
     let built = std::fs::metadata(&binary)
         .and_then(|m| m.modified())
         .unwrap_or_else(|e| panic!("{} is not usable ({e}): {build}", binary.display()));
     let root = Path::new(env!("CARGO_MANIFEST_DIR"))
         .parent()
         .expect("the workspace root");
-    for sources in ["worker/src", "datasets/src", "proto/src", "proto/stoker"] {
+    for sources in [
+        "worker-daemon/src",
+        "rpc/src",
+        "worker/src",
+        "datasets/src",
+        "proto/src",
+        "proto/stoker",
+    ] {
         if let Some((path, modified)) = newest_file(&root.join(sources)) {
             assert!(
                 modified <= built,

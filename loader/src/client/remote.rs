@@ -42,6 +42,7 @@ use stoker_proto::v1::{
     SessionToken, SessionUpdateRequest, StageTimings, SubscribeRequest, WorkerInfo,
 };
 use stoker_rpc::batch_wire;
+use stoker_rpc::network::Network;
 use stoker_rpc::security::{ClientSecurity, Token};
 use stoker_rpc::transport::{self, Backoff, RpcChannel, MAX_MESSAGE_BYTES};
 use tokio::sync::mpsc;
@@ -75,6 +76,9 @@ pub struct RemoteOptions {
     pub tls_ca: Option<PathBuf>,
     /// The name the daemons' certificates must carry, when it is not the host of their address.
     pub tls_server_name: Option<String>,
+    /// Where the coordinator's and the workers' addresses lead (sockets; an in-memory network
+    /// in tests).
+    pub network: Network,
 }
 
 impl Default for RemoteOptions {
@@ -87,6 +91,7 @@ impl Default for RemoteOptions {
             token: None,
             tls_ca: None,
             tls_server_name: None,
+            network: Network::Sockets,
         }
     }
 }
@@ -144,7 +149,7 @@ impl RemoteSource {
             .build()
             .map_err(|e| Error::Threads(e.to_string()))?;
         let security = options.security()?;
-        let channel = runtime.block_on(async { transport::channel(address, &security) })?;
+        let channel = runtime.block_on(async { options.network.channel(address, &security) })?;
         let registered = runtime.block_on(register_job(
             channel.clone(),
             register_request(&spec, &options),
@@ -213,6 +218,7 @@ impl BatchSource for RemoteSource {
         let driver = Driver {
             channel: self.channel.clone(),
             security: self.security.clone(),
+            network: self.options.network.clone(),
             address: self.address.clone(),
             spec: self.spec.clone(),
             job_weight: self.options.job_weight,
@@ -373,6 +379,7 @@ enum Arrival {
 struct Driver {
     channel: RpcChannel,
     security: ClientSecurity,
+    network: Network,
     address: String,
     spec: JobSpec,
     job_weight: u32,
@@ -579,6 +586,7 @@ impl Driver {
         let mut open_streams: HashSet<u64> = HashSet::new();
         let job_id = self.job_id;
         let security = self.security.clone();
+        let network = self.network.clone();
         let free_slots = Arc::clone(&self.free_slots);
         // Workers whose stream could not open, and when to try them again: a worker may be
         // listed before its address resolves or accepts (a new pod's DNS name).
@@ -596,6 +604,7 @@ impl Driver {
                 }
                 let handle = tokio::spawn(stream_worker(
                     worker.clone(),
+                    network.clone(),
                     security.clone(),
                     token,
                     job_id,
@@ -790,6 +799,7 @@ fn job_label(spec: &JobSpec) -> String {
 /// slot of `slots` as its bytes come.
 async fn stream_worker(
     worker: WorkerInfo,
+    network: Network,
     security: ClientSecurity,
     token: SessionToken,
     job_id: u64,
@@ -801,7 +811,7 @@ async fn stream_worker(
         opened,
         status,
     };
-    let mut channel = match transport::channel(&worker.data_address, &security) {
+    let mut channel = match network.channel(&worker.data_address, &security) {
         Ok(channel) => channel,
         Err(error) => {
             let _ = arrivals.send(lost(false, Status::invalid_argument(error.to_string())));

@@ -10,6 +10,7 @@ use std::time::Duration;
 use anyhow::Context;
 use clap::Parser;
 use stoker_rpc::health::{serve_health, Health};
+use stoker_rpc::network::Network;
 use stoker_rpc::security::SecurityArgs;
 use stoker_rpc::{daemon_runtime, init_logging, listen, shutdown_signal};
 use stoker_worker_daemon::{run_worker, WorkerConfig, DELIVERY_TIMEOUT, DRAIN_TIMEOUT};
@@ -112,6 +113,7 @@ fn run(args: Args) -> anyhow::Result<()> {
             lease_ahead: args.lease_ahead,
             server_security,
             client_security,
+            network: Network::Sockets,
             delivery_timeout: Duration::from_millis(args.delivery_timeout_ms.max(10)),
             drain_timeout: Duration::from_millis(args.drain_timeout_ms),
             health,

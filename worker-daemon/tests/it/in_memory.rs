@@ -1,0 +1,209 @@
+//! The worker daemon, the coordinator service and the remote client in one process, on an
+//! in-memory network (`stoker_rpc::network`): the code the daemons run, with tonic's stack and
+//! the token checks, and connections a test can cut. Each epoch is compared bit for bit with the
+//! embedded loader's. The same paths with real processes and sockets are `cli/tests/it/`'s.
+
+use std::path::Path;
+use std::time::Duration;
+
+use stoker_coordinator::{CoordinatorConfig, CoordinatorService, CoordinatorServiceConfig};
+use stoker_datasets::{generate_imagenet_like, SyntheticImageNetSpec};
+use stoker_loader::{BatchDigest, ErrorKind, Loader, LoaderOptions, RemoteOptions};
+use stoker_proto::v1::{self as proto, JobSpec};
+use stoker_rpc::health::Health;
+use stoker_rpc::network::{MemoryNetwork, Network};
+use stoker_rpc::security::{ClientSecurity, ServerSecurity, Token};
+use stoker_worker_daemon::{run_worker_incoming, WorkerConfig, DRAIN_TIMEOUT};
+use tokio::sync::oneshot;
+
+type TestResult = Result<(), Box<dyn std::error::Error>>;
+
+const COORDINATOR: &str = "coordinator:7070";
+
+/// A coordinator and `workers` worker daemons on `network`, accepting `token` if given, on a
+/// runtime of their own; they stop when it is dropped.
+struct Cluster {
+    _runtime: tokio::runtime::Runtime,
+    _stops: Vec<oneshot::Sender<()>>,
+}
+
+fn start_cluster(
+    network: &MemoryNetwork,
+    data: &Path,
+    state: &Path,
+    workers: &[&str],
+    token: Option<&Token>,
+) -> Result<Cluster, Box<dyn std::error::Error>> {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
+    let tokens: Vec<Token> = token.into_iter().cloned().collect();
+    let mut stops = Vec::new();
+    let config = CoordinatorServiceConfig {
+        core: CoordinatorConfig {
+            lease_timeout: Duration::from_secs(2),
+            journal_every: u64::MAX,
+            ..CoordinatorConfig::default()
+        },
+        server_security: ServerSecurity::new(tokens.clone(), None)?,
+        client_security: ClientSecurity::new(token.cloned(), None, None)?,
+        network: Network::Memory(network.clone()),
+        ..CoordinatorServiceConfig::default()
+    };
+    let coordinator = CoordinatorService::open(state, config)?;
+    let (stop, stopped) = oneshot::channel::<()>();
+    stops.push(stop);
+    let incoming = network.listen(COORDINATOR);
+    runtime.spawn(coordinator.serve_incoming(incoming, async {
+        let _ = stopped.await;
+    }));
+    for address in workers {
+        let config = WorkerConfig {
+            coordinator: COORDINATOR.into(),
+            advertise: (*address).into(),
+            threads: 1,
+            data_roots: vec![data.to_path_buf()],
+            lease_ahead: 2,
+            server_security: ServerSecurity::new(tokens.clone(), None)?,
+            client_security: ClientSecurity::new(token.cloned(), None, None)?,
+            network: Network::Memory(network.clone()),
+            delivery_timeout: Duration::from_secs(2),
+            drain_timeout: DRAIN_TIMEOUT,
+            health: Health::starting("registering"),
+        };
+        let (stop, stopped) = oneshot::channel::<()>();
+        stops.push(stop);
+        let incoming = network.listen(address);
+        runtime.spawn(run_worker_incoming(config, incoming, async {
+            let _ = stopped.await;
+        }));
+    }
+    Ok(Cluster {
+        _runtime: runtime,
+        _stops: stops,
+    })
+}
+
+/// A shuffled imagenet-train job (32 px) over `data`, batches of 6.
+fn spec(data: &Path) -> JobSpec {
+    JobSpec {
+        dataset: Some(proto::DatasetSource {
+            uri: data.to_string_lossy().into_owned(),
+            ..proto::DatasetSource::default()
+        }),
+        pipeline: stoker_worker::presets::imagenet_train(32),
+        batch_size: 6,
+        seed: 3,
+        shuffle: true,
+        world_size: 1,
+        ..JobSpec::default()
+    }
+}
+
+fn remote(
+    network: &MemoryNetwork,
+    data: &Path,
+    token: Option<Token>,
+) -> stoker_loader::Result<Loader> {
+    Loader::remote(
+        COORDINATOR,
+        spec(data),
+        LoaderOptions {
+            prefetch: 3,
+            deadline: Duration::from_secs(60),
+            ..LoaderOptions::default()
+        },
+        RemoteOptions {
+            connect_timeout: Duration::from_secs(20),
+            stall_reopen: Duration::from_secs(2),
+            worker_grace: Duration::from_secs(30),
+            token,
+            network: Network::Memory(network.clone()),
+            ..RemoteOptions::default()
+        },
+    )
+}
+
+/// The embedded loader's epoch 0 of [`spec`]: its digest and steps.
+fn embedded(data: &Path) -> Result<(String, u64), Box<dyn std::error::Error>> {
+    let loader = Loader::new(spec(data), LoaderOptions::default())?;
+    let mut digest = BatchDigest::new();
+    for batch in loader.epoch(0, 0)? {
+        digest.update(&batch?);
+    }
+    Ok((digest.hex(), loader.steps_per_epoch()))
+}
+
+fn images(dir: &Path) -> TestResult {
+    let spec = SyntheticImageNetSpec {
+        count: 60,
+        seed: 11,
+        classes: 4,
+    };
+    generate_imagenet_like(dir, &spec, &|_| {})?;
+    Ok(())
+}
+
+#[test]
+fn an_epoch_over_the_network_equals_the_embedded_one_through_cut_worker_streams() -> TestResult {
+    let data = tempfile::tempdir()?;
+    images(data.path())?;
+    let state = tempfile::tempdir()?;
+    let (expected, steps) = embedded(data.path())?;
+    let network = MemoryNetwork::new();
+    let workers = ["worker-a:7001", "worker-b:7001"];
+    let _cluster = start_cluster(&network, data.path(), state.path(), &workers, None)?;
+    let loader = remote(&network, data.path(), None)?;
+    assert_eq!(loader.steps_per_epoch(), steps);
+    let mut digest = BatchDigest::new();
+    let mut seen = Vec::new();
+    for batch in loader.epoch(0, 0)? {
+        let batch = batch?;
+        // Twice in the epoch, every worker's streams break mid-flight: batches the workers
+        // reported sent may be lost, and the steps the client reopens its session for may
+        // arrive twice; it must hand each step out once, in order.
+        if batch.step == steps / 3 || batch.step == 2 * steps / 3 {
+            let cut: usize = workers.iter().map(|worker| network.cut(worker)).sum();
+            assert!(
+                cut >= workers.len(),
+                "the client's worker streams were not open"
+            );
+        }
+        seen.push(batch.step);
+        digest.update(&batch);
+    }
+    assert_eq!(seen, (0..steps).collect::<Vec<_>>());
+    assert_eq!(digest.hex(), expected);
+    Ok(())
+}
+
+#[test]
+fn a_client_without_the_clusters_token_is_refused_by_name() -> TestResult {
+    let data = tempfile::tempdir()?;
+    images(data.path())?;
+    let state = tempfile::tempdir()?;
+    let network = MemoryNetwork::new();
+    let token = Token::new("cluster-token")?;
+    let _cluster = start_cluster(
+        &network,
+        data.path(),
+        state.path(),
+        &["worker-a:7001"],
+        Some(&token),
+    )?;
+    for presented in [None, Some(Token::new("not-the-token")?)] {
+        let error = remote(&network, data.path(), presented)
+            .err()
+            .ok_or("a client with no or a wrong token was served")?;
+        assert_eq!(error.kind(), ErrorKind::Unauthenticated, "{error}");
+    }
+    let (expected, _) = embedded(data.path())?;
+    let loader = remote(&network, data.path(), Some(token))?;
+    let mut digest = BatchDigest::new();
+    for batch in loader.epoch(0, 0)? {
+        digest.update(&batch?);
+    }
+    assert_eq!(digest.hex(), expected);
+    Ok(())
+}
