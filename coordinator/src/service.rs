@@ -253,12 +253,7 @@ impl CoordinatorService {
         shutdown: impl std::future::Future<Output = ()> + Send + 'static,
     ) -> Result<(), tonic::transport::Error>
     where
-        IO: tokio::io::AsyncRead
-            + tokio::io::AsyncWrite
-            + tonic::transport::server::Connected
-            + Unpin
-            + Send
-            + 'static,
+        IO: stoker_rpc::network::Connection,
         E: Into<Box<dyn std::error::Error + Send + Sync>>,
     {
         let timers = tokio::spawn(self.clone().run_timers());

@@ -7,18 +7,19 @@ use std::path::Path;
 use std::time::Duration;
 
 use stoker_proto::v1::coordinator_client::CoordinatorClient;
-use stoker_proto::v1::worker_data_server::{WorkerData, WorkerDataServer};
+use stoker_proto::v1::worker_data_server::WorkerDataServer;
 use stoker_proto::v1::{
-    Batch, DatasetSource, DescribeJobRequest, DescribeJobResponse, JobSpec, LeaseRequest,
-    OpenSessionRequest, RegisterJobRequest, RegisterWorkerRequest, ReportRequest, SessionToken,
-    SessionUpdateRequest, SubscribeRequest, TaskLease,
+    DatasetSource, DescribeJobResponse, JobSpec, LeaseRequest, OpenSessionRequest,
+    RegisterJobRequest, RegisterWorkerRequest, ReportRequest, SessionToken, SessionUpdateRequest,
+    TaskLease,
 };
+use stoker_rpc::describe_only::DescribeOnly;
 use stoker_rpc::network::{MemoryNetwork, Network};
 use stoker_rpc::security::{ClientSecurity, ServerSecurity, Token};
 use stoker_rpc::transport::{kind_of_status, RpcChannel};
 use stoker_worker::ErrorKind;
 use tokio::sync::oneshot;
-use tonic::{Code, Request, Response, Status};
+use tonic::{Code, Status};
 
 use crate::{CoordinatorConfig, CoordinatorService, CoordinatorServiceConfig};
 
@@ -28,33 +29,6 @@ const STEPS: u64 = 8;
 const LEASE_TIMEOUT: Duration = Duration::from_millis(400);
 
 type TestResult = Result<(), Box<dyn std::error::Error>>;
-
-/// A data server that describes every job as [`STEPS`] steps.
-struct Describer;
-
-#[tonic::async_trait]
-impl WorkerData for Describer {
-    async fn describe_job(
-        &self,
-        _request: Request<DescribeJobRequest>,
-    ) -> Result<Response<DescribeJobResponse>, Status> {
-        Ok(Response::new(DescribeJobResponse {
-            num_samples: STEPS * 4,
-            steps_per_epoch: STEPS,
-            batch_bytes: 1,
-            class_names: Vec::new(),
-        }))
-    }
-
-    type SubscribeStream = tokio_stream::Empty<Result<Batch, Status>>;
-
-    async fn subscribe(
-        &self,
-        _request: Request<SubscribeRequest>,
-    ) -> Result<Response<Self::SubscribeStream>, Status> {
-        Err(Status::unimplemented("a describing data server only"))
-    }
-}
 
 /// A coordinator serving on [`COORDINATOR`] of `network` over the journal in `state`, accepting
 /// `tokens`; stops (flushing its journal) when the returned sender is dropped or sent to.
@@ -83,11 +57,17 @@ fn start(
     Ok((service, stop))
 }
 
-/// Serves [`Describer`] on [`DATA_SERVER`].
+/// Serves a data server describing every job as [`STEPS`] steps on [`DATA_SERVER`].
 fn start_data_server(network: &MemoryNetwork, tokens: Vec<Token>) -> TestResult {
     let check = ServerSecurity::new(tokens, None)?.check();
+    let describer = DescribeOnly(DescribeJobResponse {
+        num_samples: STEPS * 4,
+        steps_per_epoch: STEPS,
+        batch_bytes: 1,
+        class_names: Vec::new(),
+    });
     let service = tonic::service::interceptor::InterceptedService::new(
-        WorkerDataServer::new(Describer),
+        WorkerDataServer::new(describer),
         check,
     );
     tokio::spawn(
@@ -96,6 +76,29 @@ fn start_data_server(network: &MemoryNetwork, tokens: Vec<Token>) -> TestResult 
             .serve_with_incoming(network.listen(DATA_SERVER)),
     );
     Ok(())
+}
+
+/// A coordinator and a describing data server on a new network, over a new journal.
+struct Fixture {
+    network: MemoryNetwork,
+    service: CoordinatorService,
+    /// The journal's folder, removed when dropped.
+    state: tempfile::TempDir,
+    /// Stops the coordinator when sent to or dropped.
+    stop: oneshot::Sender<()>,
+}
+
+fn fixture(tokens: Vec<Token>) -> Result<Fixture, Box<dyn std::error::Error>> {
+    let network = MemoryNetwork::new();
+    let state = tempfile::tempdir()?;
+    let (service, stop) = start(&network, state.path(), tokens.clone())?;
+    start_data_server(&network, tokens)?;
+    Ok(Fixture {
+        network,
+        service,
+        state,
+        stop,
+    })
 }
 
 fn coordinator(network: &MemoryNetwork, token: Option<&Token>) -> CoordinatorClient<RpcChannel> {
@@ -213,14 +216,12 @@ fn steps(tasks: &[TaskLease]) -> Vec<u64> {
 
 #[tokio::test]
 async fn calls_without_the_token_or_with_another_are_refused_before_any_handler() -> TestResult {
-    let network = MemoryNetwork::new();
-    let state = tempfile::tempdir()?;
     let token = Token::new("the-shared-token")?;
-    let (service, _stop) = start(&network, state.path(), vec![token.clone()])?;
-    start_data_server(&network, vec![token.clone()])?;
+    let fixture = fixture(vec![token.clone()])?;
+    let (network, service) = (&fixture.network, &fixture.service);
     let other = Token::new("another-token")?;
     for presented in [None, Some(&other)] {
-        let refused = register_worker(&mut coordinator(&network, presented))
+        let refused = register_worker(&mut coordinator(network, presented))
             .await
             .expect_err("refused");
         assert_eq!(
@@ -233,7 +234,7 @@ async fn calls_without_the_token_or_with_another_are_refused_before_any_handler(
         service.workers().is_empty(),
         "a refused call registered a worker"
     );
-    let mut client = coordinator(&network, Some(&token));
+    let mut client = coordinator(network, Some(&token));
     register_worker(&mut client).await?;
     let (_, session) = open(&mut client, 1).await?;
     assert_eq!(update(&mut client, session, 0, Vec::new()).await?, 0);
@@ -242,11 +243,9 @@ async fn calls_without_the_token_or_with_another_are_refused_before_any_handler(
 
 #[tokio::test]
 async fn a_task_reported_twice_and_a_step_acknowledged_twice_count_once() -> TestResult {
-    let network = MemoryNetwork::new();
-    let state = tempfile::tempdir()?;
-    let (service, _stop) = start(&network, state.path(), Vec::new())?;
-    start_data_server(&network, Vec::new())?;
-    let mut client = coordinator(&network, None);
+    let fixture = fixture(Vec::new())?;
+    let (network, service) = (&fixture.network, &fixture.service);
+    let mut client = coordinator(network, None);
     let worker = register_worker(&mut client).await?;
     let (_, session) = open(&mut client, 2).await?;
     let tasks = lease(&mut client, worker, 4).await?;
@@ -276,19 +275,17 @@ async fn a_task_reported_twice_and_a_step_acknowledged_twice_count_once() -> Tes
 #[tokio::test]
 async fn a_worker_lost_with_its_leases_gives_them_to_another_and_its_late_report_counts_for_nothing(
 ) -> TestResult {
-    let network = MemoryNetwork::new();
-    let state = tempfile::tempdir()?;
-    let (service, _stop) = start(&network, state.path(), Vec::new())?;
-    start_data_server(&network, Vec::new())?;
-    let mut lost = coordinator(&network, None);
+    let fixture = fixture(Vec::new())?;
+    let (network, service) = (&fixture.network, &fixture.service);
+    let mut lost = coordinator(network, None);
     let lost_id = register_worker(&mut lost).await?;
-    let mut client = coordinator(&network, None);
+    let mut client = coordinator(network, None);
     let (_, session) = open(&mut client, 2).await?;
     let taken = lease(&mut lost, lost_id, 4).await?;
     assert_eq!(steps(&taken), [0, 1]);
     // The worker's connection breaks and it never reports; another worker comes.
     network.cut(COORDINATOR);
-    let mut survivor = coordinator(&network, None);
+    let mut survivor = coordinator(network, None);
     let survivor_id = register_worker(&mut survivor).await?;
     let mut again = Vec::new();
     let deadline = tokio::time::Instant::now() + LEASE_TIMEOUT * 10;
@@ -312,10 +309,13 @@ async fn a_worker_lost_with_its_leases_gives_them_to_another_and_its_late_report
 #[tokio::test]
 async fn a_session_reopened_on_a_restarted_coordinator_resumes_where_it_was_acknowledged(
 ) -> TestResult {
-    let network = MemoryNetwork::new();
-    let state = tempfile::tempdir()?;
-    let (_, stop) = start(&network, state.path(), Vec::new())?;
-    start_data_server(&network, Vec::new())?;
+    let Fixture {
+        network,
+        state,
+        stop,
+        // Not kept: the journal must be free for the second run.
+        service: _,
+    } = fixture(Vec::new())?;
     let mut client = coordinator(&network, None);
     let worker = register_worker(&mut client).await?;
     let (job, session) = open(&mut client, 3).await?;
@@ -338,7 +338,18 @@ async fn a_session_reopened_on_a_restarted_coordinator_resumes_where_it_was_ackn
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     assert!(stopped, "the first coordinator kept serving");
-    let (_, _stop) = start(&network, state.path(), Vec::new())?;
+    // The first run lets its journal go once its last task is dropped, a moment after it stops.
+    let mut second = Err("not started".into());
+    for _ in 0..100 {
+        second = start(&network, state.path(), Vec::new());
+        match &second {
+            Err(error) if format!("{error:?}").contains("AlreadyOpen") => {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            _ => break,
+        }
+    }
+    let (_, _stop) = second?;
     let mut client = coordinator(&network, None);
     let stale = update(&mut client, session, 1, Vec::new())
         .await

@@ -333,10 +333,17 @@ pub fn tar_index_seeds() -> crate::Result<Vec<(&'static str, Vec<u8>)>> {
     ])
 }
 
-/// Every committed input of `target` under the `fuzz/` folder `fuzz_dir`: the seeds in
-/// `corpus/<target>/` and the crash inputs kept in `regressions/<target>/`, in name order. The
-/// corpus replay tests of every crate list their inputs with it.
-pub fn committed_inputs(fuzz_dir: &Path, target: &str) -> Vec<PathBuf> {
+/// The repository's `fuzz/` folder (beside this crate's).
+pub fn fuzz_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../fuzz")
+}
+
+/// Every committed input of `target`: the seeds in `fuzz/corpus/<target>/` and the crash inputs
+/// kept in `fuzz/regressions/<target>/`, in name order. The corpus replay tests of every crate
+/// list their inputs with it; a target with none fails the test that asks (a replay of nothing
+/// would pass whatever the code does).
+pub fn committed_inputs(target: &str) -> Vec<PathBuf> {
+    let fuzz_dir = fuzz_dir();
     let mut files = Vec::new();
     for kind in ["corpus", "regressions"] {
         let Ok(entries) = std::fs::read_dir(fuzz_dir.join(kind).join(target)) else {
@@ -349,13 +356,18 @@ pub fn committed_inputs(fuzz_dir: &Path, target: &str) -> Vec<PathBuf> {
         );
     }
     files.sort();
+    assert!(
+        !files.is_empty(),
+        "no committed fuzz inputs for {target} under {}",
+        fuzz_dir.display()
+    );
     files
 }
 
-/// Writes one seed input of `target` into `fuzz_dir`'s corpus (the seed writers of the replay
-/// tests, run by hand when a format changes).
-pub fn write_seed(fuzz_dir: &Path, target: &str, name: &str, data: &[u8]) -> io::Result<()> {
-    let dir = fuzz_dir.join("corpus").join(target);
+/// Writes one seed input of `target` into the repository's corpus (the seed writers of the
+/// replay tests, run by hand when a format changes).
+pub fn write_seed(target: &str, name: &str, data: &[u8]) -> io::Result<()> {
+    let dir = fuzz_dir().join("corpus").join(target);
     std::fs::create_dir_all(&dir)?;
     std::fs::write(dir.join(name), data)
 }

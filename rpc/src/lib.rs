@@ -6,6 +6,7 @@
 //!   and gRPC statuses;
 //! - [`batch_wire`]: the batch stream's messages, sent from and read into the batches' own
 //!   buffers, and the worker's data service over it;
+//! - [`describe_only`]: a data server that only describes jobs (benches and tests);
 //! - [`network`]: where channels lead: sockets, or an in-process network of named addresses
 //!   (the services' unit tests run over it, with connections they can cut);
 //! - [`security`]: the shared token and TLS; [`health`]: the probes;
@@ -15,6 +16,7 @@
 pub mod fuzz_targets;
 
 pub mod batch_wire;
+pub mod describe_only;
 pub mod health;
 pub mod network;
 pub mod security;

@@ -25,6 +25,11 @@ use stoker_worker::Error;
 /// Bytes an in-memory pipe holds each way before a writer waits: a few HTTP/2 frames.
 const PIPE_BYTES: usize = 256 << 10;
 
+/// A connection a server serves: a socket's (TLS or plain) or an in-memory one.
+pub trait Connection: AsyncRead + AsyncWrite + Connected + Unpin + Send + 'static {}
+
+impl<T: AsyncRead + AsyncWrite + Connected + Unpin + Send + 'static> Connection for T {}
+
 /// Where the channels a service makes lead.
 #[derive(Debug, Clone, Default)]
 pub enum Network {
@@ -257,41 +262,20 @@ impl AsyncWrite for MemoryConnection {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::describe_only::DescribeOnly;
     use crate::security::{ServerSecurity, Token};
     use crate::transport::kind_of_status;
     use stoker_proto::v1::worker_data_client::WorkerDataClient;
-    use stoker_proto::v1::worker_data_server::{WorkerData, WorkerDataServer};
-    use stoker_proto::v1::{Batch, DescribeJobRequest, DescribeJobResponse, SubscribeRequest};
+    use stoker_proto::v1::worker_data_server::WorkerDataServer;
+    use stoker_proto::v1::{DescribeJobRequest, DescribeJobResponse, SubscribeRequest};
     use stoker_worker::ErrorKind;
-    use tonic::{Request, Response, Status};
-
-    /// A data server that describes every job as 7 samples and streams nothing until cut.
-    struct Describer;
-
-    #[tonic::async_trait]
-    impl WorkerData for Describer {
-        async fn describe_job(
-            &self,
-            _request: Request<DescribeJobRequest>,
-        ) -> Result<Response<DescribeJobResponse>, Status> {
-            Ok(Response::new(DescribeJobResponse {
-                num_samples: 7,
-                ..DescribeJobResponse::default()
-            }))
-        }
-
-        type SubscribeStream = tokio_stream::Pending<Result<Batch, Status>>;
-
-        async fn subscribe(
-            &self,
-            _request: Request<SubscribeRequest>,
-        ) -> Result<Response<Self::SubscribeStream>, Status> {
-            Ok(Response::new(tokio_stream::pending()))
-        }
-    }
 
     fn serve(network: &MemoryNetwork, address: &str, security: &ServerSecurity) {
-        let service = InterceptedService::new(WorkerDataServer::new(Describer), security.check());
+        let describer = DescribeOnly(DescribeJobResponse {
+            num_samples: 7,
+            ..DescribeJobResponse::default()
+        });
+        let service = InterceptedService::new(WorkerDataServer::new(describer), security.check());
         tokio::spawn(
             transport::server()
                 .add_service(service)

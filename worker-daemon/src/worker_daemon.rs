@@ -399,12 +399,7 @@ pub async fn run_worker_incoming<IO, E>(
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> Result<()>
 where
-    IO: tokio::io::AsyncRead
-        + tokio::io::AsyncWrite
-        + tonic::transport::server::Connected
-        + Unpin
-        + Send
-        + 'static,
+    IO: stoker_rpc::network::Connection,
     E: Into<Box<dyn std::error::Error + Send + Sync>>,
 {
     let threads = if config.threads == 0 {

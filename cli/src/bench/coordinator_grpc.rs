@@ -23,16 +23,15 @@ use std::time::{Duration, Instant};
 use clap::Args;
 use serde::Serialize;
 use stoker_proto::v1::coordinator_client::CoordinatorClient;
-use stoker_proto::v1::worker_data_server::{WorkerData, WorkerDataServer};
+use stoker_proto::v1::worker_data_server::WorkerDataServer;
 use stoker_proto::v1::{
-    Batch, DatasetSource, DescribeJobRequest, DescribeJobResponse, JobSpec, LeaseRequest,
-    OpenSessionRequest, RegisterJobRequest, RegisterWorkerRequest, ReportRequest, SessionToken,
-    SessionUpdateRequest, SubscribeRequest,
+    DatasetSource, DescribeJobResponse, JobSpec, LeaseRequest, OpenSessionRequest,
+    RegisterJobRequest, RegisterWorkerRequest, ReportRequest, SessionToken, SessionUpdateRequest,
 };
+use stoker_rpc::describe_only::DescribeOnly;
 use stoker_rpc::security::ClientSecurity;
 use stoker_rpc::transport::{self, RpcChannel};
 use tokio::sync::mpsc;
-use tonic::{Request, Response, Status};
 
 use super::soak::fleet::{start_daemon, Recipe};
 use super::{Error, Result};
@@ -84,33 +83,6 @@ struct GrpcReport {
 
 /// Steps per epoch the data server describes: more than any run uses.
 const STEPS: u64 = 1 << 40;
-
-/// A data server that answers `DescribeJob` alone.
-struct Describer;
-
-#[tonic::async_trait]
-impl WorkerData for Describer {
-    async fn describe_job(
-        &self,
-        _request: Request<DescribeJobRequest>,
-    ) -> std::result::Result<Response<DescribeJobResponse>, Status> {
-        Ok(Response::new(DescribeJobResponse {
-            num_samples: STEPS,
-            steps_per_epoch: STEPS,
-            batch_bytes: 1,
-            class_names: Vec::new(),
-        }))
-    }
-
-    type SubscribeStream = tokio_stream::Empty<std::result::Result<Batch, Status>>;
-
-    async fn subscribe(
-        &self,
-        _request: Request<SubscribeRequest>,
-    ) -> std::result::Result<Response<Self::SubscribeStream>, Status> {
-        Err(Status::unimplemented("bench data server"))
-    }
-}
 
 /// CPU seconds (user + system) process `pid` has used, from `/proc/PID/stat`.
 fn cpu_seconds(pid: u32) -> Result<f64> {
@@ -307,7 +279,12 @@ async fn drive(args: &CoordinatorGrpcBench, address: &str, pid: u32) -> Result<G
     let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
     tokio::spawn(
         transport::server()
-            .add_service(WorkerDataServer::new(Describer))
+            .add_service(WorkerDataServer::new(DescribeOnly(DescribeJobResponse {
+                num_samples: STEPS,
+                steps_per_epoch: STEPS,
+                batch_bytes: 1,
+                class_names: Vec::new(),
+            })))
             .serve_with_incoming(incoming),
     );
     let mut workers = Vec::new();

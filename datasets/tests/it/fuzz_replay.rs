@@ -17,23 +17,8 @@ use stoker_datasets::{
 
 type TestResult<T> = Result<T, Box<dyn std::error::Error>>;
 
-/// The repository's `fuzz/` folder.
-fn fuzz_dir() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../fuzz")
-}
-
-/// Every committed input of `target`: seeds and kept crash inputs, in name order.
-fn inputs(target: &str) -> Vec<PathBuf> {
-    fuzz_targets::committed_inputs(&fuzz_dir(), target)
-}
-
 fn replay(target: &str, body: fn(&[u8], &Path) -> io::Result<()>) -> TestResult<()> {
-    let files = inputs(target);
-    assert!(
-        !files.is_empty(),
-        "no committed fuzz inputs for {target} under {}",
-        fuzz_dir().display()
-    );
+    let files = fuzz_targets::committed_inputs(target);
     let scratch = tempfile::tempdir()?;
     for file in &files {
         // Shown only when the body panics: which input did it.
@@ -67,7 +52,7 @@ fn jsonl_compressed_corpus_replays() -> TestResult<()> {
     replay("jsonl_compressed", fuzz_targets::jsonl_compressed)?;
     // The seeds are good files, so the replay reaches past the decompression.
     let scratch = tempfile::tempdir()?;
-    for file in inputs("jsonl_compressed") {
+    for file in fuzz_targets::committed_inputs("jsonl_compressed") {
         fuzz_targets::jsonl_compressed(&std::fs::read(&file)?, scratch.path())?;
         let written = std::fs::read_dir(scratch.path())?
             .next()
@@ -85,7 +70,7 @@ fn hf_arrow_corpus_replays() -> TestResult<()> {
     // The seeds are good shards, so the replay reaches past the open (the kept crash inputs
     // are not).
     let scratch = tempfile::tempdir()?;
-    let seeds = inputs("hf_arrow")
+    let seeds = fuzz_targets::committed_inputs("hf_arrow")
         .into_iter()
         .filter(|file| !file.components().any(|c| c.as_os_str() == "regressions"));
     for file in seeds {
@@ -210,9 +195,7 @@ fn text_parquet() -> TestResult<Vec<u8>> {
 #[test]
 #[ignore = "writes into the source tree; run by hand to refresh the seeds"]
 fn write_seed_corpora() -> TestResult<()> {
-    let put = |target: &str, name: &str, data: &[u8]| {
-        fuzz_targets::write_seed(&fuzz_dir(), target, name, data)
-    };
+    let put = |target: &str, name: &str, data: &[u8]| fuzz_targets::write_seed(target, name, data);
     let work = tempfile::tempdir()?;
 
     let shards = work.path().join("shards");

@@ -3,7 +3,7 @@
 //! targets call, in an ordinary build: a panic in any of them fails the test and names the
 //! file. `write_seed_corpora` (ignored) writes the seed files from code in this repo.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use prost::Message;
 use stoker_proto::v1::{self as proto, op::Op as OpKind};
@@ -12,20 +12,9 @@ use turbojpeg::{Compressor, Image, PixelFormat, Subsamp};
 
 type TestResult<T> = Result<T, Box<dyn std::error::Error>>;
 
-/// The repository's `fuzz/` folder.
-fn fuzz_dir() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../fuzz")
-}
-
 /// Every committed input of `target`: seeds and kept crash inputs, in name order.
 fn inputs(target: &str) -> Vec<PathBuf> {
-    let files = stoker_datasets::fuzz_targets::committed_inputs(&fuzz_dir(), target);
-    assert!(
-        !files.is_empty(),
-        "no committed fuzz inputs for {target} under {}",
-        fuzz_dir().display()
-    );
-    files
+    stoker_datasets::fuzz_targets::committed_inputs(target)
 }
 
 #[test]
@@ -149,7 +138,7 @@ fn op(kind: OpKind) -> proto::Op {
 #[ignore = "writes into the source tree; run by hand to refresh the seeds"]
 fn write_seed_corpora() -> TestResult<()> {
     let put = |target: &str, name: &str, data: &[u8]| {
-        stoker_datasets::fuzz_targets::write_seed(&fuzz_dir(), target, name, data)
+        stoker_datasets::fuzz_targets::write_seed(target, name, data)
     };
 
     put(
