@@ -1,0 +1,432 @@
+//! The coordinator's calls (`stoker.v1.Coordinator`): workers register, heartbeat, lease, report
+//! and leave; clients register jobs and open, update and close their sessions. Each takes the
+//! service's lock for a few microseconds and never across an `.await`; a lease call waits for
+//! work outside it.
+
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use stoker_proto::v1::coordinator_server;
+use stoker_proto::v1::{
+    self as proto, CloseSessionRequest, CloseSessionResponse, GetJobRequest, GetJobResponse,
+    HeartbeatRequest, HeartbeatResponse, LeaseRequest, LeaseResponse, LeaveRequest, LeaveResponse,
+    OpenSessionRequest, OpenSessionResponse, RegisterJobRequest, RegisterJobResponse,
+    RegisterWorkerRequest, RegisterWorkerResponse, ReportRequest, ReportResponse, SessionToken,
+    SessionUpdateRequest, SessionUpdateResponse, TaskLease,
+};
+use stoker_rpc::transport;
+use tonic::{Request, Response, Status};
+
+use super::{job_key, lock, ClientEntry, CoordinatorService, SessionEntry, State, WorkerEntry};
+use crate::client_reports::{client_snapshot, job_name};
+use crate::requests::validate_spec;
+use crate::status::coordinator_status;
+use crate::{Coordinator, CoordinatorError, JobId, Lease, LeaseId, SessionId, Step, WorkerId};
+use stoker_loader::LoaderMonitor;
+
+/// A registration's weight, when it asks for one (0 leaves the job's as it is).
+/// A registration's weight, when it asks for one (0 leaves the job's as it is).
+fn set_weight(core: &mut Coordinator, job: JobId, weight: u32) -> Result<(), Status> {
+    if weight > 0 {
+        core.set_job_weight(job, weight)
+            .map_err(coordinator_status)?;
+    }
+    Ok(())
+}
+
+fn task_lease(lease: &Lease, incarnation: u64) -> TaskLease {
+    TaskLease {
+        lease_id: lease.lease_id.0,
+        job_id: lease.task.job.0,
+        epoch: lease.task.epoch,
+        rank: lease.task.rank,
+        step: lease.task.step.0,
+        session: Some(SessionToken {
+            incarnation,
+            session_id: lease.session.0,
+        }),
+    }
+}
+
+#[tonic::async_trait]
+impl coordinator_server::Coordinator for CoordinatorService {
+    async fn register_worker(
+        &self,
+        request: Request<RegisterWorkerRequest>,
+    ) -> Result<Response<RegisterWorkerResponse>, Status> {
+        let request = request.into_inner();
+        let address = request.data_address.trim();
+        if !transport::is_host_port(address) {
+            return Err(Status::invalid_argument(format!(
+                "data_address {address:?} is not host:port (an IP address or a DNS name)"
+            )));
+        }
+        let mut state = lock(&self.state);
+        let id = state.core.register_worker(Instant::now());
+        state.workers.insert(
+            id.0,
+            WorkerEntry {
+                id: id.0,
+                data_address: address.to_string(),
+                threads: request.threads,
+                data_roots: request.data_roots,
+                registered_at: Instant::now(),
+                completed: 0,
+                failed: 0,
+                bad_samples: 0,
+                busy_ns: 0,
+            },
+        );
+        tracing::info!(
+            worker = id.0,
+            address,
+            threads = request.threads,
+            "worker registered"
+        );
+        Ok(Response::new(RegisterWorkerResponse {
+            worker_id: id.0,
+            incarnation: self.incarnation,
+            lease_timeout_ms: self.config.core.lease_timeout.as_millis() as u64,
+        }))
+    }
+
+    async fn heartbeat(
+        &self,
+        request: Request<HeartbeatRequest>,
+    ) -> Result<Response<HeartbeatResponse>, Status> {
+        let worker = WorkerId(request.into_inner().worker_id);
+        lock(&self.state)
+            .core
+            .heartbeat(worker, Instant::now())
+            .map_err(coordinator_status)?;
+        Ok(Response::new(HeartbeatResponse {}))
+    }
+
+    async fn lease(
+        &self,
+        request: Request<LeaseRequest>,
+    ) -> Result<Response<LeaseResponse>, Status> {
+        let request = request.into_inner();
+        let worker = WorkerId(request.worker_id);
+        let wait =
+            Duration::from_millis(u64::from(request.wait_ms)).min(self.config.max_lease_wait);
+        let deadline = Instant::now() + wait;
+        let mut leases = Vec::new();
+        loop {
+            // Register for a wake-up before looking, so a grant in between is not missed.
+            let notified = self.work.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            {
+                let mut state = lock(&self.state);
+                let before = leases.len();
+                let now = Instant::now();
+                state
+                    .core
+                    .lease_into(worker, request.max_tasks as usize, now, &mut leases)
+                    .map_err(coordinator_status)?;
+                // Kept for the dashboard alone (its refresh prunes it).
+                if self.dashboard.is_some() {
+                    for lease in &leases[before..] {
+                        let job = state.serving.entry(lease.task.job.0).or_default();
+                        job.insert(worker.0, now);
+                    }
+                }
+            }
+            let now = Instant::now();
+            if !leases.is_empty() || now >= deadline {
+                break;
+            }
+            let _ = tokio::time::timeout(deadline - now, notified).await;
+        }
+        Ok(Response::new(LeaseResponse {
+            tasks: leases
+                .iter()
+                .map(|l| task_lease(l, self.incarnation))
+                .collect(),
+        }))
+    }
+
+    async fn report(
+        &self,
+        request: Request<ReportRequest>,
+    ) -> Result<Response<ReportResponse>, Status> {
+        let request = request.into_inner();
+        let worker = WorkerId(request.worker_id);
+        let mut state = lock(&self.state);
+        let mut requeued = false;
+        // A lease never issued or another worker's: the rest still counts, the caller hears of it.
+        let mut refused = None;
+        let mut refuse = |error: CoordinatorError| match error {
+            CoordinatorError::UnknownWorker(_) | CoordinatorError::WorkerExpired(_) => Err(error),
+            error => {
+                tracing::warn!(%error, worker = worker.0, "lease report refused");
+                refused.get_or_insert(error);
+                Ok(())
+            }
+        };
+        for lease in &request.completed {
+            if let Err(error) = state.core.complete(worker, LeaseId(*lease)) {
+                refuse(error).map_err(coordinator_status)?;
+            }
+        }
+        for failed in &request.failed {
+            tracing::warn!(worker = worker.0, lease = failed.lease_id, reason = %failed.reason, "task failed on a worker; requeued");
+            match state
+                .core
+                .fail(worker, LeaseId(failed.lease_id), &failed.reason)
+            {
+                Ok(_) => requeued = true,
+                Err(error) => refuse(error).map_err(coordinator_status)?,
+            }
+        }
+        if let Some(entry) = state.workers.get_mut(&worker.0) {
+            entry.completed += request.completed.len() as u64;
+            entry.failed += request.failed.len() as u64;
+            entry.bad_samples += request.bad_samples;
+            entry.busy_ns = entry.busy_ns.saturating_add(request.busy_ns);
+        }
+        drop(state);
+        if requeued {
+            self.work.notify_waiters();
+        }
+        match refused {
+            Some(error) => Err(coordinator_status(error)),
+            None => Ok(Response::new(ReportResponse {})),
+        }
+    }
+
+    async fn leave(
+        &self,
+        request: Request<LeaveRequest>,
+    ) -> Result<Response<LeaveResponse>, Status> {
+        let worker = WorkerId(request.into_inner().worker_id);
+        let mut state = lock(&self.state);
+        let requeued = state
+            .core
+            .leave_worker(worker)
+            .map_err(coordinator_status)?;
+        if let Some(entry) = state.workers.remove(&worker.0) {
+            tracing::info!(
+                worker = worker.0,
+                address = %entry.data_address,
+                requeued,
+                "worker left; the tasks it held go back to the queue"
+            );
+        }
+        drop(state);
+        if requeued > 0 {
+            self.work.notify_waiters();
+        }
+        Ok(Response::new(LeaveResponse {
+            requeued_tasks: requeued,
+        }))
+    }
+
+    async fn get_job(
+        &self,
+        request: Request<GetJobRequest>,
+    ) -> Result<Response<GetJobResponse>, Status> {
+        let job = JobId(request.into_inner().job_id);
+        let state = lock(&self.state);
+        let spec = state
+            .core
+            .job_spec(job)
+            .map_err(coordinator_status)?
+            .clone();
+        let steps_per_epoch = state
+            .core
+            .steps_per_epoch(job)
+            .map_err(coordinator_status)?;
+        Ok(Response::new(GetJobResponse {
+            spec: Some(spec),
+            steps_per_epoch,
+        }))
+    }
+
+    async fn register_job(
+        &self,
+        request: Request<RegisterJobRequest>,
+    ) -> Result<Response<RegisterJobResponse>, Status> {
+        let RegisterJobRequest { spec, weight } = request.into_inner();
+        let spec = spec.ok_or_else(|| Status::invalid_argument("job spec is missing"))?;
+        validate_spec(&spec)?;
+        let spec = job_key(spec);
+        let find = |state: &State| {
+            state
+                .core
+                .jobs()
+                .find(|(_, known, _)| **known == spec)
+                .map(|(id, _, _)| id)
+        };
+        let answer = |id: JobId, described: &proto::DescribeJobResponse| {
+            Response::new(RegisterJobResponse {
+                job_id: id.0,
+                steps_per_epoch: described.steps_per_epoch,
+                num_samples: described.num_samples,
+                batch_bytes: described.batch_bytes,
+                class_names: described.class_names.clone(),
+            })
+        };
+        {
+            let mut state = lock(&self.state);
+            if let Some(id) = find(&state) {
+                if let Some(described) = state.descriptions.get(&id.0).cloned() {
+                    set_weight(&mut state.core, id, weight)?;
+                    return Ok(answer(id, &described));
+                }
+            }
+        }
+        let described = self.describe(&spec).await?;
+        let mut state = lock(&self.state);
+        // Another rank may have registered the same job while this one was being checked (or
+        // the journal had it from before a restart).
+        let id = match find(&state) {
+            Some(id) => id,
+            None => state
+                .core
+                .register_job(spec, described.steps_per_epoch)
+                .map_err(coordinator_status)?,
+        };
+        set_weight(&mut state.core, id, weight)?;
+        state.descriptions.insert(id.0, described.clone());
+        Ok(answer(id, &described))
+    }
+
+    async fn open_session(
+        &self,
+        request: Request<OpenSessionRequest>,
+    ) -> Result<Response<OpenSessionResponse>, Status> {
+        let request = request.into_inner();
+        let job = JobId(request.job_id);
+        let mut state = lock(&self.state);
+        let session = state
+            .core
+            .open_session_at(
+                job,
+                request.rank,
+                request.epoch,
+                Step(request.start_step),
+                !request.resume_from_journal,
+            )
+            .map_err(coordinator_status)?;
+        let position = state
+            .core
+            .acknowledged_position(session)
+            .map_err(coordinator_status)?;
+        let steps_per_epoch = state
+            .core
+            .steps_per_epoch(job)
+            .map_err(coordinator_status)?;
+        state.sessions.insert(
+            session.0,
+            SessionEntry {
+                job: job.0,
+                rank: request.rank,
+                epoch: request.epoch,
+                steps_per_epoch,
+                last_seen: Instant::now(),
+            },
+        );
+        let workers = Self::worker_infos(&state);
+        tracing::info!(
+            session = session.0,
+            job = job.0,
+            rank = request.rank,
+            epoch = request.epoch,
+            position = position.0,
+            "session opened"
+        );
+        Ok(Response::new(OpenSessionResponse {
+            session: Some(self.token(session)),
+            acknowledged_position: position.0,
+            steps_per_epoch,
+            workers,
+        }))
+    }
+
+    async fn update_session(
+        &self,
+        request: Request<SessionUpdateRequest>,
+    ) -> Result<Response<SessionUpdateResponse>, Status> {
+        let request = request.into_inner();
+        let id = self.check_token(request.session.as_ref())?;
+        let session = SessionId(id);
+        let mut state = lock(&self.state);
+        for step in &request.acknowledged {
+            state
+                .core
+                .acknowledge(session, Step(*step))
+                .map_err(coordinator_status)?;
+        }
+        if request.grant_credits > 0 {
+            state
+                .core
+                .grant_credits(session, request.grant_credits)
+                .map_err(coordinator_status)?;
+        }
+        let position = state
+            .core
+            .acknowledged_position(session)
+            .map_err(coordinator_status)?;
+        let now = Instant::now();
+        let entry = state.sessions.get_mut(&id).map(|entry| {
+            entry.last_seen = now;
+            (entry.job, entry.rank, entry.epoch, entry.steps_per_epoch)
+        });
+        if let (Some((job, rank, _, _)), Some(stats)) = (entry, request.stats.as_ref()) {
+            let threads = state.workers.values().map(|w| w.threads as usize).sum();
+            let snapshot = client_snapshot(stats, threads);
+            match state.monitors.get(&(job, rank)) {
+                Some(latest) => {
+                    *latest.lock().unwrap_or_else(|p| p.into_inner()) = snapshot;
+                }
+                None => {
+                    let latest = Arc::new(Mutex::new(snapshot));
+                    state.monitors.insert((job, rank), latest.clone());
+                    if let Some(dashboard) = &self.dashboard {
+                        let name = job_name(&state.core, job);
+                        dashboard.register_job(&name, rank, LoaderMonitor::reported(latest));
+                    }
+                }
+            }
+        }
+        if let (Some((job, rank, epoch, steps_per_epoch)), Some(stats)) = (entry, request.stats) {
+            state.clients.insert(
+                (job, rank),
+                ClientEntry {
+                    job,
+                    rank,
+                    epoch,
+                    stats,
+                    acknowledged_position: position.0,
+                    steps_per_epoch,
+                    at: now,
+                },
+            );
+        }
+        let workers = Self::worker_infos(&state);
+        drop(state);
+        if request.grant_credits > 0 {
+            self.work.notify_waiters();
+        }
+        Ok(Response::new(SessionUpdateResponse {
+            acknowledged_position: position.0,
+            workers,
+        }))
+    }
+
+    async fn close_session(
+        &self,
+        request: Request<CloseSessionRequest>,
+    ) -> Result<Response<CloseSessionResponse>, Status> {
+        let id = self.check_token(request.into_inner().session.as_ref())?;
+        let mut state = lock(&self.state);
+        state.sessions.remove(&id);
+        state
+            .core
+            .close_session(SessionId(id))
+            .map_err(coordinator_status)?;
+        Ok(Response::new(CloseSessionResponse {}))
+    }
+}

@@ -1,0 +1,350 @@
+//! The remote batch source (distributed mode): registers the job with the coordinator, opens
+//! the session of its (job, rank, epoch), opens a stream to every worker, grants one credit for
+//! every step the loader asks for, acknowledges what arrives, drops duplicates by step number,
+//! and lands each batch in a slot the loader gave: the worker stream's reader copies each tensor
+//! byte once, from the HTTP/2 receive buffer into the slot, as it comes off the socket
+//! (`stoker_rpc::batch_wire`), off the consumer's thread.
+//!
+//! A driver task (on the source's own small tokio runtime) owns each epoch's session; the
+//! consumer's thread only waits on a channel. The driver recovers on its own:
+//! - a worker stream that breaks after it was open may have swallowed batches the worker already
+//!   reported delivered, so the session is reopened: every unacknowledged step is leased again
+//!   and identical bytes arrive (determinism contract); copies of steps already received are
+//!   dropped. A stream the worker ends cleanly (a worker draining on SIGTERM, or one that
+//!   stopped waiting on this client) delivered all it held before its end: the session goes on,
+//!   and the worker gets a new stream if the coordinator still lists it;
+//! - a coordinator that goes away is reconnected with backoff; the restarted coordinator has its
+//!   journal, a new incarnation, and the client opens its session again from the first step it
+//!   still needs;
+//! - a worker that joins shows up in the coordinator's answers and gets a stream; one whose
+//!   stream cannot open yet (its address does not resolve or accept) is tried again every
+//!   500 ms while the coordinator lists it;
+//! - no batch for [`RemoteOptions::stall_reopen`] while the consumer waits: the session is
+//!   reopened as well (and logged), so a lost batch costs a delay, never a hang;
+//! - a coordinator at its session cap (`RESOURCE_EXHAUSTED`) is asked again with backoff, as
+//!   its silent sessions time out;
+//! - no worker stream open for [`RemoteOptions::worker_grace`] while batches are wanted: the
+//!   consumer gets [`Error::WorkerUnavailable`] naming the job and how long it went unserved.
+//!
+//! Dropping an epoch's feed (the loader closed, or the epoch left before its end) stops its
+//! driver, which acknowledges what arrived and closes the session, so the coordinator stops
+//! leasing steps nobody will take at once rather than after its session timeout.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use crossbeam_channel::Receiver;
+use stoker_proto::v1::coordinator_client::CoordinatorClient;
+use stoker_proto::v1::{JobSpec, RegisterJobRequest};
+use stoker_rpc::network::Network;
+use stoker_rpc::security::{ClientSecurity, Token};
+use stoker_rpc::transport::{self, Backoff, RpcChannel, MAX_MESSAGE_BYTES};
+use tokio::sync::mpsc;
+
+mod driver;
+
+use super::landing::SLOT_ALIGN;
+use super::monitor::LoaderMonitor;
+use super::slots::Slot;
+use super::source::{receive, BatchSource, Built, EpochFeed, IdleClock, SourceInfo};
+use crate::error::{error_from_status, Error, Result};
+use driver::Driver;
+
+/// How the remote source runs.
+#[derive(Debug, Clone)]
+pub struct RemoteOptions {
+    /// How long connecting and registering the job may take in all.
+    pub connect_timeout: Duration,
+    /// No batch for this long while the consumer waits: reopen the session.
+    pub stall_reopen: Duration,
+    /// No worker stream open for this long while batches are wanted: fail with
+    /// [`Error::WorkerUnavailable`]. Separate from the `next()` deadline, so that workers
+    /// leaving during a scale-down or a rolling update do not trip it.
+    pub worker_grace: Duration,
+    /// The job's weight against other jobs waiting on the same coordinator (sent when the job
+    /// registers; capped by the coordinator's `--max-job-weight`); 0 leaves it as the
+    /// coordinator has it (1 for a new job).
+    pub job_weight: u32,
+    /// The token every call presents (none: the one in `STOKER_TOKEN`, if that is set).
+    pub token: Option<Token>,
+    /// A PEM file of CA certificates: connect to the coordinator and the workers over TLS and
+    /// trust the certificates it signed (none: plaintext).
+    pub tls_ca: Option<PathBuf>,
+    /// The name the daemons' certificates must carry, when it is not the host of their address.
+    pub tls_server_name: Option<String>,
+    /// Where the coordinator's and the workers' addresses lead (sockets; an in-memory network
+    /// in tests).
+    pub network: Network,
+}
+
+impl Default for RemoteOptions {
+    fn default() -> Self {
+        Self {
+            connect_timeout: Duration::from_secs(60),
+            stall_reopen: Duration::from_secs(10),
+            worker_grace: Duration::from_secs(120),
+            job_weight: 0,
+            token: None,
+            tls_ca: None,
+            tls_server_name: None,
+            network: Network::Sockets,
+        }
+    }
+}
+
+impl RemoteOptions {
+    /// The security the client's calls use: the token (or `STOKER_TOKEN`'s) and the CA.
+    fn security(&self) -> Result<ClientSecurity> {
+        let token = Token::or_from_env(self.token.clone())?;
+        Ok(ClientSecurity::new(
+            token,
+            self.tls_ca.as_deref(),
+            self.tls_server_name.as_deref(),
+        )?)
+    }
+}
+
+/// Credits a remote loader starts with when the prefetch controller sizes the depth.
+const INITIAL_CREDITS: usize = 8;
+
+/// How long dropping an epoch's feed waits for its driver to close the session.
+const CLOSE_WAIT: Duration = Duration::from_millis(500);
+
+/// How long after a worker's stream failed to open the driver tries it again.
+const STREAM_RETRY: Duration = Duration::from_millis(500);
+
+/// A job served by a coordinator and its workers.
+pub struct RemoteSource {
+    runtime: Arc<tokio::runtime::Runtime>,
+    address: String,
+    channel: RpcChannel,
+    security: ClientSecurity,
+    spec: JobSpec,
+    job_id: u64,
+    info: SourceInfo,
+    options: RemoteOptions,
+}
+
+/// What the coordinator said about a registered job.
+struct Registered {
+    job_id: u64,
+    steps_per_epoch: u64,
+    num_samples: u64,
+    batch_bytes: u64,
+    class_names: Vec<String>,
+}
+
+impl RemoteSource {
+    /// Connects to the coordinator at `address` and registers the job (the coordinator has a
+    /// worker open it, so a spec no worker can serve is refused here, with the worker's reason).
+    pub fn connect(address: &str, spec: JobSpec, options: RemoteOptions) -> Result<RemoteSource> {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .thread_name("stoker-client-io")
+            .enable_all()
+            .build()
+            .map_err(|e| Error::Threads(e.to_string()))?;
+        let security = options.security()?;
+        let channel = runtime.block_on(async { options.network.channel(address, &security) })?;
+        let registered = runtime.block_on(register_job(
+            channel.clone(),
+            register_request(&spec, &options),
+            options.connect_timeout,
+            address,
+        ))?;
+        tracing::info!(
+            coordinator = address,
+            job = registered.job_id,
+            steps_per_epoch = registered.steps_per_epoch,
+            "job registered"
+        );
+        // Tensors are laid out again in the slot, each at an aligned offset.
+        let tensors = 8;
+        let info = SourceInfo {
+            steps_per_epoch: registered.steps_per_epoch,
+            num_samples: registered.num_samples,
+            class_names: registered.class_names,
+            batch_bytes: registered.batch_bytes as usize + tensors * SLOT_ALIGN,
+            threads: 0,
+            rank: spec.rank,
+            initial_depth: INITIAL_CREDITS,
+            waiting_on: format!("from the workers of coordinator {address}"),
+            only_epoch: spec.resized_epoch.as_ref().map(|r| r.epoch),
+            shared_slots: false,
+        };
+        Ok(RemoteSource {
+            runtime: Arc::new(runtime),
+            address: address.to_string(),
+            channel,
+            security,
+            spec,
+            job_id: registered.job_id,
+            info,
+            options,
+        })
+    }
+
+    /// The job's id at the coordinator.
+    pub fn job_id(&self) -> u64 {
+        self.job_id
+    }
+
+    /// The coordinator's address.
+    pub fn address(&self) -> &str {
+        &self.address
+    }
+}
+
+impl BatchSource for RemoteSource {
+    fn info(&self) -> &SourceInfo {
+        &self.info
+    }
+
+    fn open_epoch(
+        &self,
+        epoch: u64,
+        start_step: u64,
+        monitor: LoaderMonitor,
+    ) -> Result<Box<dyn EpochFeed>> {
+        // `Loader::epoch` has checked `start_step` against the epoch's length.
+        let steps = self.info.steps_per_epoch;
+        let (batches_tx, batches_rx) = crossbeam_channel::unbounded();
+        let (requests_tx, requests_rx) = mpsc::unbounded_channel();
+        let idle = IdleClock::default();
+        let driver = Driver {
+            channel: self.channel.clone(),
+            security: self.security.clone(),
+            network: self.options.network.clone(),
+            address: self.address.clone(),
+            spec: self.spec.clone(),
+            job_weight: self.options.job_weight,
+            job_id: self.job_id,
+            rank: self.spec.rank,
+            epoch,
+            steps,
+            stall_reopen: self.options.stall_reopen,
+            worker_grace: self.options.worker_grace,
+            batches: batches_tx,
+            requests: requests_rx,
+            free_slots: Arc::default(),
+            requested: start_step,
+            monitor,
+            idle: idle.clone(),
+            idle_since: Some(Instant::now()),
+            unserved_since: None,
+        };
+        let task = self.runtime.spawn(driver.run(start_step));
+        Ok(Box::new(RemoteFeed {
+            runtime: Arc::clone(&self.runtime),
+            task,
+            receiver: batches_rx,
+            requests: requests_tx,
+            steps,
+            idle,
+        }))
+    }
+}
+
+/// Registers (or finds) the job, retrying while the coordinator is unreachable.
+/// What registering `spec` asks of the coordinator.
+fn register_request(spec: &JobSpec, options: &RemoteOptions) -> RegisterJobRequest {
+    RegisterJobRequest {
+        spec: Some(spec.clone()),
+        weight: options.job_weight,
+    }
+}
+
+async fn register_job(
+    channel: RpcChannel,
+    request: RegisterJobRequest,
+    timeout: Duration,
+    address: &str,
+) -> Result<Registered> {
+    let started = Instant::now();
+    let mut backoff = Backoff::new(Duration::from_secs(2));
+    let mut client = CoordinatorClient::new(channel).max_decoding_message_size(MAX_MESSAGE_BYTES);
+    loop {
+        match client.register_job(request.clone()).await {
+            Ok(response) => {
+                let r = response.into_inner();
+                return Ok(Registered {
+                    job_id: r.job_id,
+                    steps_per_epoch: r.steps_per_epoch,
+                    num_samples: r.num_samples,
+                    batch_bytes: r.batch_bytes,
+                    class_names: r.class_names,
+                });
+            }
+            Err(status) if transport::is_transient(&status) && started.elapsed() < timeout => {
+                let delay = backoff.next_delay();
+                tracing::warn!(coordinator = address, %status, retry_in = ?delay, "coordinator unreachable");
+                tokio::time::sleep(delay).await;
+            }
+            Err(status) => {
+                return Err(error_from_status(
+                    &format!("coordinator {address} refused the job"),
+                    &status,
+                ))
+            }
+        }
+    }
+}
+
+/// One epoch of a [`RemoteSource`]: what the driver task sends, and the slots sent to it.
+struct RemoteFeed {
+    runtime: Arc<tokio::runtime::Runtime>,
+    task: tokio::task::JoinHandle<()>,
+    receiver: Receiver<Result<Built>>,
+    requests: mpsc::UnboundedSender<Slot>,
+    steps: u64,
+    idle: IdleClock,
+}
+
+impl EpochFeed for RemoteFeed {
+    fn steps(&self) -> u64 {
+        self.steps
+    }
+
+    fn request(&mut self, step: u64, slot: Slot) {
+        // The workers build steps in the order the coordinator leases them, so a request is a
+        // credit and a slot for whichever batch arrives next.
+        if self.requests.send(slot).is_err() {
+            tracing::debug!(step, "the session driver has stopped");
+        }
+    }
+
+    fn recv(&mut self, timeout: Duration) -> Result<Option<Built>> {
+        let stopped = "the distributed client's session driver stopped";
+        receive(&self.receiver, timeout, stopped)?.transpose()
+    }
+
+    fn producer_idle(&self) -> Duration {
+        self.idle.total()
+    }
+}
+
+impl Drop for RemoteFeed {
+    fn drop(&mut self) {
+        // With its requests gone the driver acknowledges what arrived and closes its session,
+        // so the coordinator stops leasing the steps nobody will take now, not after its
+        // session timeout (meanwhile those sessions, the most starved, would hold the workers
+        // for other clients). Waited for briefly; past that, the timeout is left to do it.
+        drop(std::mem::replace(
+            &mut self.requests,
+            mpsc::unbounded_channel().0,
+        ));
+        if tokio::runtime::Handle::try_current().is_err() {
+            let task = &mut self.task;
+            let stopped = self
+                .runtime
+                .block_on(async { tokio::time::timeout(CLOSE_WAIT, task).await });
+            if stopped.is_err() {
+                tracing::debug!(
+                    "the session driver did not stop in time; its session is left to time out"
+                );
+            }
+        }
+        self.task.abort();
+    }
+}

@@ -1,0 +1,396 @@
+//! The worker's side of the control plane: register with the coordinator, lease tasks, build
+//! each batch on the decode pool, deliver it to its client's stream, report it; heartbeats and
+//! reports on their own cadence; register again when the coordinator is lost or restarted; on
+//! the drain, finish what is held, report it and leave.
+
+use std::collections::HashMap;
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use stoker_proto::v1::coordinator_client::CoordinatorClient;
+use stoker_proto::v1::{
+    Batch, FailedTask, GetJobRequest, HeartbeatRequest, LeaseRequest, LeaveRequest,
+    RegisterWorkerRequest, ReportRequest, TaskLease,
+};
+use tokio::sync::{mpsc, watch, Semaphore};
+use tonic::{Code, Status};
+
+use stoker_rpc::transport::{self, error_status, Backoff, RpcChannel, MAX_MESSAGE_BYTES};
+use stoker_worker::open_sources;
+
+use super::{check_root, lock, JobEntry, Outcome, Shared, WorkerConfig, LEAVE_RESERVE};
+
+/// How a spell of leasing from one registration ended.
+enum Ended {
+    /// A call to the coordinator failed: register again.
+    Lost(Status),
+    /// The worker was told to stop, and left.
+    Drained,
+}
+
+/// Register, lease, build, deliver, report; again from registration when the coordinator is
+/// lost or forgets this worker; returns once `draining` turns true and the worker has left.
+pub(super) async fn task_loop(
+    config: WorkerConfig,
+    shared: Arc<Shared>,
+    mut draining: watch::Receiver<bool>,
+) {
+    let channel = match config
+        .network
+        .channel(&config.coordinator, &config.client_security)
+    {
+        Ok(channel) => channel,
+        Err(error) => {
+            tracing::error!(%error, "bad coordinator address");
+            config.health.set_not_ready("bad coordinator address");
+            return;
+        }
+    };
+    let mut backoff = Backoff::new(Duration::from_secs(2));
+    let mut incarnation = None;
+    // Sleeps `delay`, or less when the drain starts; whether it started.
+    async fn pause(draining: &mut watch::Receiver<bool>, delay: Duration) -> bool {
+        let _ = tokio::time::timeout(delay, draining.wait_for(|d| *d)).await;
+        *draining.borrow()
+    }
+    loop {
+        if *draining.borrow() {
+            // Never registered, or lost: there is nothing to hand back.
+            return;
+        }
+        let mut client =
+            CoordinatorClient::new(channel.clone()).max_decoding_message_size(MAX_MESSAGE_BYTES);
+        let registered = client
+            .register_worker(RegisterWorkerRequest {
+                data_address: config.advertise.clone(),
+                threads: shared.threads as u32,
+                data_roots: shared
+                    .roots
+                    .iter()
+                    .map(|r| r.display().to_string())
+                    .collect(),
+            })
+            .await;
+        let registered = match registered {
+            Ok(response) => response.into_inner(),
+            Err(status) => {
+                let delay = backoff.next_delay();
+                if transport::is_refusal(&status) {
+                    // A setting to fix, not a network blip: say so at the loudest level.
+                    tracing::error!(message = status.message(), retry_in = ?delay, coordinator = %config.coordinator, "the coordinator refused this worker");
+                } else {
+                    tracing::warn!(%status, retry_in = ?delay, coordinator = %config.coordinator, "cannot register with the coordinator");
+                }
+                if pause(&mut draining, delay).await {
+                    return;
+                }
+                continue;
+            }
+        };
+        backoff.reset();
+        if incarnation != Some(registered.incarnation) {
+            // A new coordinator run: job ids may mean other jobs now.
+            lock(&shared.jobs).clear();
+            incarnation = Some(registered.incarnation);
+        }
+        tracing::info!(worker = registered.worker_id, coordinator = %config.coordinator, "registered with the coordinator");
+        if !*draining.borrow() {
+            config.health.set_ready();
+        }
+        let ended = serve_leases(
+            &config,
+            &shared,
+            client,
+            registered.worker_id,
+            registered.lease_timeout_ms,
+            draining.clone(),
+        )
+        .await;
+        match ended {
+            Ended::Drained => return,
+            Ended::Lost(status) => {
+                if !*draining.borrow() {
+                    config
+                        .health
+                        .set_not_ready("not registered with the coordinator");
+                }
+                tracing::warn!(%status, "lost the coordinator; registering again");
+                if pause(&mut draining, backoff.next_delay()).await {
+                    return;
+                }
+            }
+        }
+    }
+}
+
+/// Leases and builds until a call to the coordinator fails, or until `draining` turns true:
+/// then takes no more leases, finishes and reports the ones held, and leaves.
+async fn serve_leases(
+    config: &WorkerConfig,
+    shared: &Arc<Shared>,
+    mut client: CoordinatorClient<RpcChannel>,
+    worker_id: u64,
+    lease_timeout_ms: u64,
+    draining: watch::Receiver<bool>,
+) -> Ended {
+    let (outcomes_tx, outcomes_rx) = mpsc::unbounded_channel();
+    let (lost_tx, mut lost_rx) = mpsc::channel::<Status>(4);
+    let heartbeat = tokio::spawn(heartbeat_loop(
+        client.clone(),
+        worker_id,
+        lease_timeout_ms,
+        lost_tx.clone(),
+    ));
+    let reporter = tokio::spawn(report_loop(
+        client.clone(),
+        worker_id,
+        shared.clone(),
+        outcomes_rx,
+        lost_tx,
+    ));
+    // Deliveries in flight: each holds one finished batch.
+    let most_deliveries = config.lease_ahead.max(1) * 2;
+    let deliveries = Arc::new(Semaphore::new(most_deliveries as usize));
+    let status = loop {
+        if *draining.borrow() {
+            break None;
+        }
+        if let Ok(status) = lost_rx.try_recv() {
+            break Some(status);
+        }
+        let leased = client
+            .lease(LeaseRequest {
+                worker_id,
+                max_tasks: config.lease_ahead.max(1),
+                wait_ms: 1000,
+            })
+            .await;
+        // Leased even if the drain started meanwhile: these are finished like the others.
+        let tasks = match leased {
+            Ok(response) => response.into_inner().tasks,
+            Err(status) => break Some(status),
+        };
+        for task in tasks {
+            let permit = match deliveries.clone().acquire_owned().await {
+                Ok(permit) => permit,
+                Err(_) => break,
+            };
+            let entry = match job_entry(shared, &mut client, task.job_id).await {
+                Ok(entry) => entry,
+                Err(status) => {
+                    let _ = outcomes_tx
+                        .send(Outcome::Failed(task.lease_id, status.message().to_string()));
+                    continue;
+                }
+            };
+            let built = {
+                let shared = shared.clone();
+                tokio::task::spawn_blocking(move || shared.build(&entry, &task)).await
+            };
+            let batch = match built {
+                Ok(Ok(batch)) => batch,
+                Ok(Err(error)) => {
+                    // Under the fail policy a bad sample fails the batch: the client must hear
+                    // about it, not wait for a retry that fails the same way.
+                    let status = error_status(&error);
+                    send_error(shared, &task, status).await;
+                    let _ = outcomes_tx.send(Outcome::Completed(task.lease_id));
+                    continue;
+                }
+                Err(panic) => {
+                    let _ = outcomes_tx.send(Outcome::Failed(
+                        task.lease_id,
+                        format!("batch build panicked: {panic}"),
+                    ));
+                    continue;
+                }
+            };
+            let shared = shared.clone();
+            let outcomes = outcomes_tx.clone();
+            tokio::spawn(async move {
+                let outcome = deliver(&shared, &task, batch).await;
+                let _ = outcomes.send(outcome);
+                drop(permit);
+            });
+        }
+    };
+    if let Some(status) = status {
+        heartbeat.abort();
+        reporter.abort();
+        return Ended::Lost(status);
+    }
+    // The drain. The heartbeats go on, so the leases held stay this worker's meanwhile.
+    let started = tokio::time::Instant::now();
+    let reserve = LEAVE_RESERVE.min(config.drain_timeout / 4);
+    let finish_by = started + config.drain_timeout.saturating_sub(reserve);
+    let delivered = tokio::time::timeout_at(finish_by, deliveries.acquire_many(most_deliveries))
+        .await
+        .is_ok_and(|permits| permits.is_ok());
+    if !delivered {
+        tracing::warn!("deliveries still waiting on their clients; the coordinator gets them back");
+    }
+    // The outcomes are all sent once the deliveries are done: the reporter sends them and ends.
+    drop(outcomes_tx);
+    let reported = tokio::time::timeout(reserve / 2, reporter).await.is_ok();
+    if !reported {
+        tracing::warn!("the last report did not go through; the coordinator redoes those tasks");
+    }
+    let left = tokio::time::timeout(reserve / 2, client.leave(LeaveRequest { worker_id })).await;
+    heartbeat.abort();
+    match left {
+        Ok(Ok(answer)) => tracing::info!(
+            worker = worker_id,
+            returned = answer.into_inner().requeued_tasks,
+            took = ?started.elapsed(),
+            "drained: left the coordinator"
+        ),
+        Ok(Err(status)) => {
+            tracing::warn!(%status, "the coordinator did not take the leave; its lease timeout will")
+        }
+        Err(_) => tracing::warn!("the coordinator did not answer the leave in time"),
+    }
+    Ended::Drained
+}
+
+async fn send_error(shared: &Shared, task: &TaskLease, status: Status) {
+    let Some(token) = &task.session else { return };
+    let wait = shared.delivery_timeout;
+    if let Some(sender) = shared
+        .subscription((token.incarnation, token.session_id), wait)
+        .await
+    {
+        let _ = tokio::time::timeout(wait, sender.send(Err(status))).await;
+    }
+}
+
+async fn deliver(shared: &Shared, task: &TaskLease, batch: Batch) -> Outcome {
+    let Some(token) = &task.session else {
+        return Outcome::Failed(task.lease_id, "lease without a session".into());
+    };
+    let key = (token.incarnation, token.session_id);
+    let wait = shared.delivery_timeout;
+    let Some(sender) = shared.subscription(key, wait).await else {
+        return Outcome::Failed(
+            task.lease_id,
+            format!(
+                "no stream from the client of session {} within {wait:?}",
+                token.session_id
+            ),
+        );
+    };
+    match tokio::time::timeout(wait, sender.send(Ok(batch))).await {
+        Ok(Ok(())) => Outcome::Completed(task.lease_id),
+        Ok(Err(_)) => Outcome::Failed(
+            task.lease_id,
+            format!(
+                "the client of session {} closed its stream",
+                token.session_id
+            ),
+        ),
+        Err(_) => {
+            // Said once per stream: the deliveries waiting beside this one end it too.
+            if shared.end_subscription(key, &sender) {
+                tracing::warn!(
+                    session = token.session_id,
+                    waited = ?wait,
+                    "client stream took no batch; ending it"
+                );
+            }
+            Outcome::Failed(
+                task.lease_id,
+                format!(
+                    "the client of session {} took no batch within {wait:?}; its stream is ended",
+                    token.session_id
+                ),
+            )
+        }
+    }
+}
+
+async fn job_entry(
+    shared: &Arc<Shared>,
+    client: &mut CoordinatorClient<RpcChannel>,
+    job_id: u64,
+) -> std::result::Result<Arc<JobEntry>, Status> {
+    if let Some(entry) = lock(&shared.jobs).get(&job_id) {
+        return Ok(entry.clone());
+    }
+    let spec = client
+        .get_job(GetJobRequest { job_id })
+        .await?
+        .into_inner()
+        .spec
+        .ok_or_else(|| Status::internal(format!("coordinator sent job {job_id} without a spec")))?;
+    let opened = {
+        let shared = shared.clone();
+        let spec = spec.clone();
+        tokio::task::spawn_blocking(move || {
+            check_root(&shared.roots, &spec)?;
+            open_sources(&spec).map_err(|e| error_status(&e))
+        })
+        .await
+        .map_err(|e| Status::internal(format!("opening job {job_id} panicked: {e}")))??
+    };
+    let entry = Arc::new(JobEntry {
+        spec,
+        sources: opened,
+        ranks: Mutex::new(HashMap::new()),
+        plans: Mutex::new(HashMap::new()),
+    });
+    lock(&shared.jobs).insert(job_id, entry.clone());
+    tracing::info!(job = job_id, "job opened");
+    Ok(entry)
+}
+
+async fn heartbeat_loop(
+    mut client: CoordinatorClient<RpcChannel>,
+    worker_id: u64,
+    lease_timeout_ms: u64,
+    lost: mpsc::Sender<Status>,
+) {
+    let every = Duration::from_millis((lease_timeout_ms / 4).clamp(50, 5_000));
+    loop {
+        tokio::time::sleep(every).await;
+        if let Err(status) = client.heartbeat(HeartbeatRequest { worker_id }).await {
+            if !transport::is_transient(&status) || status.code() == Code::Unavailable {
+                let _ = lost.send(status).await;
+                return;
+            }
+        }
+    }
+}
+
+async fn report_loop(
+    mut client: CoordinatorClient<RpcChannel>,
+    worker_id: u64,
+    shared: Arc<Shared>,
+    mut outcomes: mpsc::UnboundedReceiver<Outcome>,
+    lost: mpsc::Sender<Status>,
+) {
+    let mut reported_bad = 0;
+    while let Some(first) = outcomes.recv().await {
+        let mut request = ReportRequest {
+            worker_id,
+            ..ReportRequest::default()
+        };
+        let mut next = Some(first);
+        while let Some(outcome) = next {
+            match outcome {
+                Outcome::Completed(lease) => request.completed.push(lease),
+                Outcome::Failed(lease_id, reason) => {
+                    request.failed.push(FailedTask { lease_id, reason })
+                }
+            }
+            next = outcomes.try_recv().ok();
+        }
+        let bad = shared.bad_samples.load(Ordering::Relaxed);
+        request.bad_samples = bad - reported_bad;
+        reported_bad = bad;
+        request.busy_ns = shared.busy_ns.swap(0, Ordering::Relaxed);
+        if let Err(status) = client.report(request).await {
+            let _ = lost.send(status).await;
+            return;
+        }
+    }
+}
