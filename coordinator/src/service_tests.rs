@@ -210,6 +210,16 @@ async fn report(
         .map(drop)
 }
 
+/// Checks the core's count of completed tasks and of reports it dropped as duplicates.
+fn completed(service: &CoordinatorService, completions: u64, duplicates: u64) {
+    let stats = service.core_stats();
+    assert_eq!(
+        (stats.completions, stats.duplicates_dropped),
+        (completions, duplicates),
+        "{stats:?}"
+    );
+}
+
 fn steps(tasks: &[TaskLease]) -> Vec<u64> {
     tasks.iter().map(|t| t.step).collect()
 }
@@ -253,12 +263,7 @@ async fn a_task_reported_twice_and_a_step_acknowledged_twice_count_once() -> Tes
     report(&mut client, worker, &tasks).await?;
     // A report sent again (a retry after a lost answer) is taken and counted as a duplicate.
     report(&mut client, worker, &tasks).await?;
-    let stats = service.core_stats();
-    assert_eq!(
-        (stats.completions, stats.duplicates_dropped),
-        (2, 2),
-        "{stats:?}"
-    );
+    completed(service, 2, 2);
     assert_eq!(update(&mut client, session, 0, vec![0, 1]).await?, 2);
     // The same batch arriving twice (from a requeued task) is acknowledged again: no step moves.
     assert_eq!(update(&mut client, session, 0, vec![1]).await?, 2);
@@ -296,12 +301,7 @@ async fn a_worker_lost_with_its_leases_gives_them_to_another_and_its_late_report
     // The lost worker's late report counts for nothing: its leases are no longer its own.
     report(&mut lost, lost_id, &taken).await?;
     report(&mut survivor, survivor_id, &again).await?;
-    let stats = service.core_stats();
-    assert_eq!(
-        (stats.completions, stats.duplicates_dropped),
-        (2, 2),
-        "{stats:?}"
-    );
+    completed(service, 2, 2);
     assert_eq!(update(&mut client, session, 0, vec![0, 1]).await?, 2);
     Ok(())
 }
