@@ -154,6 +154,22 @@ impl OpenFile {
         self.writer.bytes_written() as u64 + pending.image_bytes
     }
 
+    /// Writes `pending` as the last row group, then the footer; syncs the file, gives it its
+    /// final name and counts it in `written`.
+    fn close(
+        mut self,
+        pending: &mut PendingRows,
+        schema: &SchemaRef,
+        written: &mut ParquetWritten,
+    ) -> Result<()> {
+        self.write_group(pending, schema)?;
+        let (path, bytes, groups) = self.finish()?;
+        written.files.push(path);
+        written.bytes += bytes;
+        written.row_groups += groups;
+        Ok(())
+    }
+
     /// Writes the footer, syncs the file and gives it its final name.
     fn finish(self) -> Result<(PathBuf, u64, usize)> {
         let temporary = self.temporary;
@@ -227,12 +243,8 @@ pub fn write_parquet(
                     && file.bytes_with(&pending) + image.len() as u64 > options.file_bytes
             });
             if full {
-                if let Some(mut file) = current.take() {
-                    file.write_group(&mut pending, &schema)?;
-                    let (path, bytes, groups) = file.finish()?;
-                    written.files.push(path);
-                    written.bytes += bytes;
-                    written.row_groups += groups;
+                if let Some(file) = current.take() {
+                    file.close(&mut pending, &schema, &mut written)?;
                 }
             }
             let file = match current.as_mut() {
@@ -254,12 +266,8 @@ pub fn write_parquet(
             written.samples += 1;
             progress(written.samples);
         }
-        if let Some(mut file) = current.take() {
-            file.write_group(&mut pending, &schema)?;
-            let (path, bytes, groups) = file.finish()?;
-            written.files.push(path);
-            written.bytes += bytes;
-            written.row_groups += groups;
+        if let Some(file) = current.take() {
+            file.close(&mut pending, &schema, &mut written)?;
         }
         Ok(())
     })();

@@ -6,6 +6,7 @@ use stoker_datasets::TokenDtype;
 use stoker_proto::v1 as proto;
 
 use super::{BatchAssembler, BatchKey};
+use crate::error::{Error, Result};
 use crate::job_pipeline::{token_dtype_proto, JobPipeline};
 use crate::pipeline::SampleTimings;
 
@@ -44,6 +45,31 @@ pub struct AssembledBatch {
 }
 
 impl AssembledBatch {
+    /// A batch of `samples` laid out as `tensors`, about to be written into a buffer of
+    /// `buffer` bytes (refused when the layout needs another size), nothing filled in yet.
+    pub(crate) fn start(
+        key: BatchKey,
+        tensors: Vec<TensorLayout>,
+        samples: usize,
+        buffer: usize,
+    ) -> Result<AssembledBatch> {
+        let expected = tensors.last().map_or(0, |t| t.bytes.end);
+        if buffer != expected {
+            return Err(Error::InvalidSpec(format!(
+                "batch buffer of {buffer} bytes for {samples} samples needing {expected} bytes"
+            )));
+        }
+        Ok(AssembledBatch {
+            key,
+            tensors,
+            labels: Vec::new(),
+            timings: SampleTimings::default(),
+            bad_samples: Vec::new(),
+            dropped_tokens: 0,
+            sources: Vec::new(),
+        })
+    }
+
     /// The wire form; `data` is the batch buffer the tensors were written into.
     pub fn into_proto(self, indices: &[u64], data: Bytes) -> proto::Batch {
         let mut tensors: Vec<proto::Tensor> = self

@@ -11,7 +11,6 @@ use stoker_datasets::CacheStats;
 use super::{AssembledBatch, BatchAssembler, BatchKey, TensorLayout};
 use crate::error::{Error, Result};
 use crate::job_pipeline::JobPipeline;
-use crate::pipeline::SampleTimings;
 use crate::plan::mix::source_epoch;
 use crate::plan::{EpochPlan, MixOrder, PlanConfig};
 
@@ -187,24 +186,9 @@ impl MixedAssembler {
         buffer: &mut [u8],
     ) -> Result<(AssembledBatch, Vec<u64>)> {
         let n = positions.len();
-        let tensors = self.layout(n);
-        let expected = tensors.last().map_or(0, |t| t.bytes.end);
-        if buffer.len() != expected {
-            return Err(Error::InvalidSpec(format!(
-                "batch buffer of {} bytes for {n} samples needing {expected} bytes",
-                buffer.len()
-            )));
-        }
+        let mut assembled = AssembledBatch::start(key, self.layout(n), n, buffer.len())?;
         let rows = self.rows(key.epoch, positions)?;
-        let mut assembled = AssembledBatch {
-            key,
-            tensors,
-            labels: Vec::new(),
-            timings: SampleTimings::default(),
-            bad_samples: Vec::new(),
-            dropped_tokens: 0,
-            sources: rows.iter().map(|row| row.source as i64).collect(),
-        };
+        assembled.sources = rows.iter().map(|row| row.source as i64).collect();
         if let JobPipeline::PackedText(first) = self.parts[0].assembler.pipeline() {
             let mut documents: Vec<Vec<u32>> = vec![Vec::new(); n];
             for (source, _, members) in groups(&rows) {

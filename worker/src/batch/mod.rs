@@ -225,30 +225,15 @@ impl BatchAssembler {
         buffer: &mut [u8],
         diverter: Option<&dyn ImageDiverter>,
     ) -> Result<AssembledBatch> {
-        let tensors = self.layout(indices.len());
-        let expected = tensors.last().map_or(0, |t| t.bytes.end);
-        if buffer.len() != expected {
-            return Err(Error::InvalidSpec(format!(
-                "batch buffer of {} bytes for {} samples needing {expected} bytes",
-                buffer.len(),
-                indices.len()
-            )));
-        }
-        let mut assembled = AssembledBatch {
-            key,
-            tensors,
-            labels: Vec::new(),
-            timings: SampleTimings::default(),
-            bad_samples: Vec::new(),
-            dropped_tokens: 0,
-            sources: Vec::new(),
-        };
+        let samples = indices.len();
+        let mut assembled =
+            AssembledBatch::start(key, self.layout(samples), samples, buffer.len())?;
         match &self.pipeline {
             JobPipeline::Image(_) | JobPipeline::TokenWindows { .. } => {
                 let row_bytes = if indices.is_empty() {
                     1
                 } else {
-                    expected / indices.len()
+                    buffer.len() / indices.len()
                 };
                 let labelled = matches!(self.pipeline, JobPipeline::Image(_));
                 let outcomes: Vec<Result<SampleOutcome<()>>> = buffer
