@@ -2,7 +2,6 @@
 //! planner inputs. Every batch of the job is a pure function of (spec, epoch, rank, step);
 //! [`Job::batch`] computes one.
 
-use std::path::Path;
 use std::sync::Arc;
 
 use crate::batch::{
@@ -12,16 +11,12 @@ use crate::error::{Error, Result};
 use crate::job_pipeline::JobPipeline;
 use crate::plan::mix::{layout_per_batch, source_seed, MAX_MIX_LAYOUT_PER_BATCH};
 use crate::plan::{EpochPlan, MixEnd, MixOrder, PlanConfig, Resize};
-use stoker_datasets::{
-    looks_like_hf_dataset, looks_like_jsonl, looks_like_parquet, looks_like_tar_shards,
-    looks_like_token_file, parse_dataset_uri, DatasetLocation, HfDataset, ImageFolder,
-    JsonlDocuments, ObjectCache, ParquetDataset, ParquetOptions, SampleSource, TarShards,
-    TokenDtype, TokenFile,
-};
-use stoker_proto::v1::{
-    self as proto, op::Op as OpKind, BadSamplePolicy, DatasetFormat, JobSpec, MixEpochEnd,
-    UnevenTail,
-};
+use stoker_datasets::SampleSource;
+use stoker_proto::v1::{self as proto, BadSamplePolicy, JobSpec, MixEpochEnd, UnevenTail};
+
+mod sources;
+
+pub use sources::{open_source, open_sources, spec_sources};
 
 /// Larger batches than this are refused as a likely mistake (a 1M-image batch of 224x224 RGB
 /// would need 150 GB).
@@ -85,47 +80,6 @@ pub fn check_spec_shape(spec: &JobSpec) -> Result<()> {
     Ok(())
 }
 
-/// The (dataset, pipeline) pairs `spec` names: its mix's sources, or its dataset with its
-/// pipeline (none when it has no dataset).
-pub fn spec_sources(spec: &JobSpec) -> Vec<(&proto::DatasetSource, &[proto::Op])> {
-    match &spec.mix {
-        Some(mix) => mix
-            .sources
-            .iter()
-            .filter_map(|source| Some((source.dataset.as_ref()?, source.pipeline.as_slice())))
-            .collect(),
-        None => spec
-            .dataset
-            .iter()
-            .map(|dataset| (dataset, spec.pipeline.as_slice()))
-            .collect(),
-    }
-}
-
-/// Opens every dataset `spec` names (see [`open_source`]), in order.
-pub fn open_sources(spec: &JobSpec) -> Result<Vec<Arc<dyn SampleSource>>> {
-    match &spec.mix {
-        Some(mix) => mix
-            .sources
-            .iter()
-            .enumerate()
-            .map(|(k, source)| {
-                let dataset = source.dataset.as_ref().ok_or_else(|| {
-                    Error::InvalidSpec(format!("mixed source {k} has no dataset"))
-                })?;
-                open_source(dataset, &source.pipeline)
-            })
-            .collect(),
-        None => {
-            let dataset = spec
-                .dataset
-                .as_ref()
-                .ok_or_else(|| Error::InvalidSpec("dataset is missing".into()))?;
-            Ok(vec![open_source(dataset, &spec.pipeline)?])
-        }
-    }
-}
-
 /// The epoch rule of `mix`.
 fn mix_end(mix: &proto::Mix) -> Result<MixEnd> {
     let rule = MixEpochEnd::try_from(mix.epoch_end)
@@ -137,165 +91,6 @@ fn mix_end(mix: &proto::Mix) -> Result<MixEnd> {
         )),
         MixEpochEnd::FirstExhausted => Ok(MixEnd::FirstExhausted),
         MixEpochEnd::AllExhausted => Ok(MixEnd::AllExhausted),
-    }
-}
-
-/// Opens the dataset a spec names. `ops` is the job's pipeline: a token file is cut into the
-/// windows of its `TokenWindows` op.
-///
-/// `AUTO` picks the format from the files: a `.tar` file or a folder of them is tar shards, a
-/// folder with `state.json` and `dataset_info.json` (or `dataset_dict.json`) a Hugging Face
-/// `datasets` folder, `.parquet` files Parquet, a `.bin` file a token file, a `.jsonl` file or a folder of them JSONL documents, anything else
-/// an image folder. `s3://BUCKET/PREFIX` is read through the local object cache (configured by
-/// `STOKER_CACHE_DIR`, `STOKER_CACHE_MAX_BYTES` and the `AWS_*` variables); other schemes are
-/// refused.
-pub fn open_source(
-    dataset: &proto::DatasetSource,
-    ops: &[proto::Op],
-) -> Result<Arc<dyn SampleSource>> {
-    let uri = dataset.uri.trim();
-    if uri.is_empty() {
-        return Err(Error::InvalidSpec("dataset.uri is empty".into()));
-    }
-    let path = match parse_dataset_uri(uri).map_err(Error::OpenDataset)? {
-        DatasetLocation::Local(path) => path,
-        DatasetLocation::S3(_) => return open_remote_source(uri, dataset, ops),
-    };
-    let path = path.as_path();
-    let format = match dataset.format() {
-        DatasetFormat::Auto if looks_like_tar_shards(path) => DatasetFormat::TarShards,
-        DatasetFormat::Auto if looks_like_hf_dataset(path) => DatasetFormat::HfDataset,
-        DatasetFormat::Auto if looks_like_parquet(path) => DatasetFormat::Parquet,
-        DatasetFormat::Auto if looks_like_token_file(path) => DatasetFormat::TokenFile,
-        DatasetFormat::Auto if looks_like_jsonl(path) => DatasetFormat::Jsonl,
-        DatasetFormat::Auto => DatasetFormat::ImageFolder,
-        other => other,
-    };
-    match format {
-        DatasetFormat::Auto | DatasetFormat::ImageFolder => Ok(Arc::new(
-            ImageFolder::open(path).map_err(Error::OpenDataset)?,
-        )),
-        DatasetFormat::TarShards => {
-            Ok(Arc::new(TarShards::open(path).map_err(Error::OpenDataset)?))
-        }
-        DatasetFormat::TokenFile => {
-            let seq_len = token_windows_seq_len(ops).ok_or_else(|| {
-                Error::InvalidSpec(format!(
-                    "{} is a token file: its pipeline must be [TokenWindows{{seq_len}}]",
-                    path.display()
-                ))
-            })?;
-            let dtype = token_dtype(dataset)?.unwrap_or_else(|| TokenDtype::from_file_name(path));
-            Ok(Arc::new(
-                TokenFile::open(path, dtype, seq_len).map_err(Error::OpenDataset)?,
-            ))
-        }
-        DatasetFormat::Jsonl => Ok(Arc::new(
-            JsonlDocuments::open(
-                path,
-                dataset.text_column.trim(),
-                dataset.label_column.trim(),
-            )
-            .map_err(Error::OpenDataset)?,
-        )),
-        DatasetFormat::Parquet => open_parquet(path, dataset),
-        DatasetFormat::HfDataset => Ok(Arc::new(
-            HfDataset::open(path, &column_options(dataset)).map_err(Error::OpenDataset)?,
-        )),
-    }
-}
-
-/// The `seq_len` of the op list's `TokenWindows` op, if it has one.
-fn token_windows_seq_len(ops: &[proto::Op]) -> Option<u32> {
-    ops.iter().find_map(|op| match &op.op {
-        Some(OpKind::TokenWindows(windows)) => Some(windows.seq_len),
-        _ => None,
-    })
-}
-
-/// Opens a Parquet dataset with the columns the spec names ("" = pick by name).
-fn open_parquet(path: &Path, dataset: &proto::DatasetSource) -> Result<Arc<dyn SampleSource>> {
-    Ok(Arc::new(
-        ParquetDataset::open(path, &column_options(dataset)).map_err(Error::OpenDataset)?,
-    ))
-}
-
-/// The columns the spec names for a Parquet or HF dataset ("" = pick by name).
-fn column_options(dataset: &proto::DatasetSource) -> ParquetOptions {
-    let named = |column: &str| {
-        let column = column.trim();
-        (!column.is_empty()).then(|| column.to_string())
-    };
-    ParquetOptions {
-        image_column: named(&dataset.image_column),
-        text_column: named(&dataset.text_column),
-        label_column: named(&dataset.label_column),
-        ..ParquetOptions::default()
-    }
-}
-
-/// Opens an `s3://` dataset; tar shards are the one format read from object stores so far.
-/// Opens an `s3://` dataset: tar shards, Parquet files (format PARQUET, or AUTO with a
-/// `.parquet` key) or a token file (TOKEN_FILE, or AUTO with a `.bin` key); other formats
-/// are refused by name.
-fn open_remote_source(
-    uri: &str,
-    dataset: &proto::DatasetSource,
-    ops: &[proto::Op],
-) -> Result<Arc<dyn SampleSource>> {
-    let format = match dataset.format() {
-        DatasetFormat::Auto if uri.to_ascii_lowercase().ends_with(".bin") => {
-            DatasetFormat::TokenFile
-        }
-        DatasetFormat::Auto if uri.to_ascii_lowercase().ends_with(".parquet") => {
-            DatasetFormat::Parquet
-        }
-        DatasetFormat::Auto => DatasetFormat::TarShards,
-        other => other,
-    };
-    let cache = || {
-        ObjectCache::from_env()
-            .map(Arc::new)
-            .map_err(Error::OpenDataset)
-    };
-    match format {
-        DatasetFormat::TarShards => Ok(Arc::new(
-            TarShards::open_remote(uri, cache()?).map_err(Error::OpenDataset)?,
-        )),
-        DatasetFormat::TokenFile => {
-            let seq_len = token_windows_seq_len(ops).ok_or_else(|| {
-                Error::InvalidSpec(format!(
-                    "{uri} is a token file: its pipeline must be [TokenWindows{{seq_len}}]"
-                ))
-            })?;
-            let dtype = token_dtype(dataset)?;
-            Ok(Arc::new(
-                TokenFile::open_remote(uri, cache()?, dtype, seq_len)
-                    .map_err(Error::OpenDataset)?,
-            ))
-        }
-        DatasetFormat::Parquet => Ok(Arc::new(
-            ParquetDataset::open_remote(uri, cache()?, &column_options(dataset))
-                .map_err(Error::OpenDataset)?,
-        )),
-        other => Err(Error::InvalidSpec(format!(
-            "dataset format {other:?} cannot be read from {uri} yet: s3:// sources hold tar \
-             shards (format AUTO or TAR_SHARDS), Parquet files (PARQUET, or AUTO for a \
-             .parquet key) or a token file (TOKEN_FILE, or AUTO for a .bin key)"
-        ))),
-    }
-}
-
-/// The token dtype `dataset` names (`None`: from the file name).
-fn token_dtype(dataset: &proto::DatasetSource) -> Result<Option<TokenDtype>> {
-    match dataset.token_dtype() {
-        proto::Dtype::Unspecified => Ok(None),
-        proto::Dtype::Uint16 => Ok(Some(TokenDtype::Uint16)),
-        proto::Dtype::Uint32 => Ok(Some(TokenDtype::Uint32)),
-        other => Err(Error::InvalidSpec(format!(
-            "dataset.token_dtype must be UINT16 or UINT32, got {}",
-            other.as_str_name()
-        ))),
     }
 }
 
