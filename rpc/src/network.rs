@@ -150,11 +150,6 @@ impl MemoryNetwork {
         }
         live.len()
     }
-
-    /// Stops listening on `address`: new connections to it are refused.
-    pub fn close(&self, address: &str) {
-        self.addresses().listeners.remove(address);
-    }
 }
 
 /// The connections made to one listening address.

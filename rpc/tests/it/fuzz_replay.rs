@@ -3,21 +3,16 @@
 //! libFuzzer target calls, in an ordinary build: a panic fails the test and names the file.
 //! `write_seed_corpus` (ignored) writes the seed files from code in this repo.
 
-use std::path::PathBuf;
+use stoker_datasets::fuzz_targets::committed_inputs;
 
 use prost::Message;
 use stoker_proto::v1 as proto;
 
 type TestResult<T> = Result<T, Box<dyn std::error::Error>>;
 
-/// Every committed input of `target`: seeds and kept crash inputs, in name order.
-fn inputs(target: &str) -> Vec<PathBuf> {
-    stoker_datasets::fuzz_targets::committed_inputs(target)
-}
-
 #[test]
 fn batch_stream_corpus_replays() -> TestResult<()> {
-    for file in inputs("batch_stream") {
+    for file in committed_inputs("batch_stream") {
         eprintln!("replaying {}", file.display());
         stoker_rpc::fuzz_targets::batch_stream(&std::fs::read(&file)?);
     }

@@ -3,7 +3,7 @@
 //! targets call, in an ordinary build: a panic in any of them fails the test and names the
 //! file. `write_seed_corpora` (ignored) writes the seed files from code in this repo.
 
-use std::path::PathBuf;
+use stoker_datasets::fuzz_targets::committed_inputs;
 
 use prost::Message;
 use stoker_proto::v1::{self as proto, op::Op as OpKind};
@@ -12,14 +12,9 @@ use turbojpeg::{Compressor, Image, PixelFormat, Subsamp};
 
 type TestResult<T> = Result<T, Box<dyn std::error::Error>>;
 
-/// Every committed input of `target`: seeds and kept crash inputs, in name order.
-fn inputs(target: &str) -> Vec<PathBuf> {
-    stoker_datasets::fuzz_targets::committed_inputs(target)
-}
-
 #[test]
 fn image_corpus_replays() -> TestResult<()> {
-    for file in inputs("image") {
+    for file in committed_inputs("image") {
         // Shown only when the body panics: which input did it.
         eprintln!("replaying {}", file.display());
         fuzz_targets::image(&std::fs::read(&file)?);
@@ -29,7 +24,7 @@ fn image_corpus_replays() -> TestResult<()> {
 
 #[test]
 fn job_spec_corpus_replays() -> TestResult<()> {
-    for file in inputs("job_spec") {
+    for file in committed_inputs("job_spec") {
         eprintln!("replaying {}", file.display());
         fuzz_targets::job_spec(&std::fs::read(&file)?);
     }
@@ -40,7 +35,7 @@ fn job_spec_corpus_replays() -> TestResult<()> {
 fn job_plan_corpus_replays_and_reaches_every_stage() -> TestResult<()> {
     use fuzz_targets::JobPlanReach;
     let mut reached = std::collections::BTreeSet::new();
-    for file in inputs("job_plan") {
+    for file in committed_inputs("job_plan") {
         eprintln!("replaying {}", file.display());
         reached.insert(fuzz_targets::job_plan(&std::fs::read(&file)?));
     }
@@ -72,7 +67,7 @@ fn job_plan_corpus_replays_and_reaches_every_stage() -> TestResult<()> {
 #[test]
 fn tokenizer_corpus_replays() -> TestResult<()> {
     let scratch = tempfile::tempdir()?;
-    for file in inputs("tokenizer") {
+    for file in committed_inputs("tokenizer") {
         eprintln!("replaying {}", file.display());
         fuzz_targets::tokenizer(&std::fs::read(&file)?, &scratch.path().join("input"))?;
     }
