@@ -6,6 +6,7 @@ mod buffer;
 mod dataset;
 mod errors;
 mod gpu_decode;
+mod image_pipeline;
 mod mix_order;
 mod native_loader;
 mod ops;
@@ -121,7 +122,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("DEFAULT_GPU_MEMORY", stoker_loader::DEFAULT_GPU_MEMORY)?;
     m.add_function(wrap_pyfunction!(gpu_decode::gpu_decode_unavailable, m)?)?;
     m.add_function(wrap_pyfunction!(gpu_decode::compile_gpu_kernel, m)?)?;
-    m.add_class::<dataset::ImagePipeline>()?;
+    m.add_class::<image_pipeline::ImagePipeline>()?;
     m.add_function(wrap_pyfunction!(make_dataset, m)?)?;
     m.add_function(wrap_pyfunction!(cuda_unavailable, m)?)?;
     m.add_function(wrap_pyfunction!(cuda_driver_present, m)?)?;

@@ -19,7 +19,9 @@
 
 mod bytes;
 pub(crate) mod columns;
+mod footer;
 mod numeric;
+mod options;
 mod page_checks;
 mod page_headers;
 pub(crate) mod row_group_cache;
@@ -31,10 +33,7 @@ use std::time::Instant;
 
 use arrow_array::cast::AsArray;
 use arrow_array::{Array, ArrayRef};
-use arrow_schema::DataType;
-use parquet::arrow::arrow_reader::{
-    ArrowReaderMetadata, ArrowReaderOptions, ParquetRecordBatchReaderBuilder,
-};
+use parquet::arrow::arrow_reader::{ArrowReaderMetadata, ParquetRecordBatchReaderBuilder};
 use parquet::arrow::ProjectionMask;
 use parquet::errors::ParquetError;
 use rayon::prelude::*;
@@ -46,10 +45,10 @@ use crate::files::{files_with_extension, has_extension, root_files};
 use crate::sample_source::{numbered_class_names, SampleSource};
 use crate::storage::{list_remote, ByteRanges, Hint, ObjectCache, Prefetcher, RemoteObject};
 use bytes::FileBytes;
-use columns::Cell;
-use parquet::file::reader::Length;
 use row_group_cache::RowGroupCache;
 
+use footer::{open_file, read_labels, OpenedFile};
+pub use options::{ParquetColumnInfo, ParquetOptions, ParquetSampleKind, ParquetSummary};
 pub use write::{write_parquet, ParquetWriterOptions, ParquetWritten};
 
 /// The file key-value metadata key under which `write_parquet` stores the class names (a JSON
@@ -70,76 +69,6 @@ pub fn looks_like_parquet(path: &Path) -> bool {
         return has_extension(path, "parquet");
     }
     files_with_extension(path, "parquet").is_ok_and(|files| !files.is_empty())
-}
-
-/// Which columns a [`ParquetDataset`] reads, and how much decoded data it keeps.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ParquetOptions {
-    /// The column of encoded images. `None`: the first of `image`, `jpg`, `png` present, and
-    /// failing those the text column.
-    pub image_column: Option<String>,
-    /// The text column, read when no image column is named or found. `None`: `text`.
-    pub text_column: Option<String>,
-    /// The integer label column. `None`: `label` when present, else every label is 0 and the
-    /// dataset has no class names.
-    pub label_column: Option<String>,
-    /// Bytes of decoded row groups kept for the rows read after them (the latest group is
-    /// kept whatever its size).
-    pub cache_bytes: usize,
-}
-
-impl Default for ParquetOptions {
-    /// Columns picked by name; 512 MB of decoded row groups, room for a shuffle window of a
-    /// dozen 256-image groups of ImageNet-sized JPEGs.
-    fn default() -> Self {
-        ParquetOptions {
-            image_column: None,
-            text_column: None,
-            label_column: None,
-            cache_bytes: 512_000_000,
-        }
-    }
-}
-
-/// What the sample column holds.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ParquetSampleKind {
-    /// Encoded images (bytes), read as they are.
-    Image,
-    /// UTF-8 text, read as its bytes.
-    Text,
-    /// No sample column: the files hold numeric columns only, read by SelectColumns.
-    Numeric,
-}
-
-/// A column of a Parquet dataset's schema, for reports.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ParquetColumnInfo {
-    /// The column name.
-    pub name: String,
-    /// Its Arrow type, in words.
-    pub data_type: String,
-}
-
-/// Facts about an opened [`ParquetDataset`] (`stoker inspect`).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ParquetSummary {
-    /// Number of files.
-    pub files: usize,
-    /// Number of rows (samples).
-    pub rows: u64,
-    /// Number of row groups, over all files.
-    pub row_groups: usize,
-    /// The first file's columns, in schema order.
-    pub columns: Vec<ParquetColumnInfo>,
-    /// The column samples are read from; `None` for a numeric-only dataset.
-    pub sample_column: Option<String>,
-    /// What it holds.
-    pub sample_kind: ParquetSampleKind,
-    /// The label column, if any.
-    pub label_column: Option<String>,
-    /// Total size of the files in bytes.
-    pub file_bytes: u64,
 }
 
 /// One Parquet file of the dataset.
@@ -197,228 +126,6 @@ pub struct ParquetDataset {
 
 /// The numeric-only sample name, in messages and the summary.
 const NO_SAMPLE_COLUMN: &str = "(none: numeric columns only)";
-
-/// A file's footer read, its columns resolved.
-struct OpenedFile {
-    file: ParquetFile,
-    /// `None` for a numeric-only file.
-    sample_column_name: Option<String>,
-    kind: ParquetSampleKind,
-    label_column: Option<usize>,
-    class_names: Option<Vec<String>>,
-}
-
-/// Whether every column of `schema` is numeric (and there is at least one).
-fn all_numeric(schema: &arrow_schema::Schema) -> bool {
-    !schema.fields().is_empty()
-        && schema
-            .fields()
-            .iter()
-            .all(|field| columns::is_numeric(field.data_type()))
-}
-
-/// Reads the footer of the file at `path` (its bytes from `source`) and finds the sample and
-/// label columns in its schema.
-fn open_file(path: PathBuf, source: FileBytes, options: &ParquetOptions) -> Result<OpenedFile> {
-    let handle = source.footer()?;
-    let bytes = handle.len();
-    let metadata = without_panics("parquet", || {
-        ArrowReaderMetadata::load(&handle, ArrowReaderOptions::new())
-    })
-    .unwrap_or_else(|message| Err(ParquetError::General(message)))
-    .map_err(|source| Error::ParquetFile {
-        path: path.clone(),
-        source,
-    })?;
-    let schema = Arc::clone(metadata.schema());
-    let column_problem = |problem: String| Error::ParquetColumn {
-        path: path.clone(),
-        problem,
-    };
-    let names: Vec<&str> = schema
-        .fields()
-        .iter()
-        .map(|field| field.name().as_str())
-        .collect();
-    let find = |name: &str| schema.index_of(name).ok();
-
-    let image = match &options.image_column {
-        Some(name) => Some((
-            find(name).ok_or_else(|| {
-                column_problem(format!(
-                    "no image column named {name:?} (columns: {})",
-                    names.join(", ")
-                ))
-            })?,
-            name.clone(),
-        )),
-        None => IMAGE_COLUMN_NAMES
-            .iter()
-            .find_map(|name| find(name).map(|index| (index, (*name).to_string()))),
-    };
-    let (sample_column, sample_column_name, kind, struct_field) = match image {
-        Some((index, name)) => {
-            let data_type = schema.field(index).data_type();
-            let struct_field = match data_type {
-                data_type if columns::is_binary(data_type) => None,
-                DataType::Struct(fields) => Some(
-                    fields
-                        .iter()
-                        .position(|field| {
-                            field.name() == "bytes" && columns::is_binary(field.data_type())
-                        })
-                        .ok_or_else(|| {
-                            column_problem(format!(
-                                "image column {name:?} is a struct without a binary \"bytes\" \
-                                 field ({data_type})"
-                            ))
-                        })?,
-                ),
-                other => {
-                    return Err(column_problem(format!(
-                        "image column {name:?} has type {other}; images need a binary column"
-                    )))
-                }
-            };
-            (
-                Some(index),
-                Some(name),
-                ParquetSampleKind::Image,
-                struct_field,
-            )
-        }
-        None => {
-            let name = options
-                .text_column
-                .clone()
-                .unwrap_or_else(|| TEXT_COLUMN_NAME.to_string());
-            match find(&name) {
-                Some(index) => {
-                    let data_type = schema.field(index).data_type();
-                    if !columns::is_text(data_type) {
-                        return Err(column_problem(format!(
-                            "text column {name:?} has type {data_type}; text needs a UTF-8 \
-                             string column"
-                        )));
-                    }
-                    (Some(index), Some(name), ParquetSampleKind::Text, None)
-                }
-                // Neither images nor text asked for or found: numeric-only when every column
-                // is a number.
-                None if options.text_column.is_none() && all_numeric(&schema) => {
-                    (None, None, ParquetSampleKind::Numeric, None)
-                }
-                None => {
-                    return Err(column_problem(format!(
-                        "found no sample column: no image column ({}), no text column {name:?}, \
-                         and not only numeric columns (columns: {})",
-                        IMAGE_COLUMN_NAMES.join(", "),
-                        names.join(", ")
-                    )))
-                }
-            }
-        }
-    };
-
-    let label_column = match &options.label_column {
-        Some(name) => Some(find(name).ok_or_else(|| {
-            column_problem(format!(
-                "no label column named {name:?} (columns: {})",
-                names.join(", ")
-            ))
-        })?),
-        None => find(LABEL_COLUMN_NAME),
-    };
-    if let Some(index) = label_column {
-        let field = schema.field(index);
-        if !columns::is_integer(field.data_type()) {
-            return Err(column_problem(format!(
-                "label column {:?} has type {}; labels need an integer column",
-                field.name(),
-                field.data_type()
-            )));
-        }
-    }
-
-    let class_names = metadata
-        .metadata()
-        .file_metadata()
-        .key_value_metadata()
-        .and_then(|pairs| pairs.iter().find(|pair| pair.key == CLASS_NAMES_KEY))
-        .and_then(|pair| pair.value.as_deref())
-        .map(|json| {
-            serde_json::from_str::<Vec<String>>(json).map_err(|error| {
-                column_problem(format!(
-                    "the {CLASS_NAMES_KEY} metadata is not a JSON list of strings: {error}"
-                ))
-            })
-        })
-        .transpose()?;
-
-    Ok(OpenedFile {
-        file: ParquetFile {
-            path,
-            source,
-            bytes,
-            metadata,
-            sample_column,
-            struct_field,
-        },
-        sample_column_name,
-        kind,
-        label_column,
-        class_names,
-    })
-}
-
-/// Reads the whole label column of a file as `i64`.
-fn read_labels(file: &ParquetFile, column: usize) -> Result<Vec<i64>> {
-    let file_error = |source: ParquetError| Error::ParquetFile {
-        path: file.path.clone(),
-        source,
-    };
-    let groups: Vec<usize> = (0..file.metadata.metadata().num_row_groups()).collect();
-    let handle = file
-        .source
-        .chunks(file.metadata.metadata(), &groups, &[column])?;
-    let checked = handle.try_clone(&file.path)?;
-    page_checks::check_pages(checked, file.metadata.metadata(), &groups, &[column])
-        .map_err(file_error)?;
-    let mask = ProjectionMask::roots(file.metadata.parquet_schema(), [column]);
-    let column_name = file.metadata.schema().field(column).name().clone();
-    let reader = ParquetRecordBatchReaderBuilder::new_with_metadata(handle, file.metadata.clone())
-        .with_projection(mask)
-        .with_batch_size(64 * 1024)
-        .build()
-        .map_err(file_error)?;
-    let mut labels = Vec::new();
-    for batch in reader {
-        let batch = batch.map_err(|error| file_error(error.into()))?;
-        let values = batch.column(0);
-        for row in 0..values.len() {
-            let file_row = labels.len() as u64;
-            match columns::integer_cell(values.as_ref(), row) {
-                Cell::Value(label) => labels.push(label),
-                Cell::Null => {
-                    return Err(Error::ParquetNullCell {
-                        path: file.path.clone(),
-                        column: column_name,
-                        row: file_row,
-                    })
-                }
-                Cell::Unfit => {
-                    return Err(Error::ParquetValue {
-                        path: file.path.clone(),
-                        column: column_name,
-                        row: file_row,
-                        problem: "does not fit a 64-bit signed label".into(),
-                    })
-                }
-            }
-        }
-    }
-    Ok(labels)
-}
 
 impl ParquetDataset {
     /// Opens a folder of `*.parquet` files (sorted by name) or one `.parquet` file.

@@ -13,10 +13,10 @@ from collections.abc import Iterable, Mapping
 from typing import Any, Final, Literal
 
 from stoker import _native
-from stoker.dataset import loading_epoch
 from stoker.loader import Loader
 from stoker.mix_request import MixRequest, Source
 from stoker.ops import Op
+from stoker.samples import loading_epoch
 
 __all__ = ["Source", "mix"]
 

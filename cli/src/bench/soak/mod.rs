@@ -13,10 +13,11 @@
 mod check;
 pub mod client;
 mod clients;
+mod data;
 pub(crate) mod fleet;
+mod report;
 pub mod trend;
 
-use std::collections::BTreeMap;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -24,14 +25,16 @@ use std::time::{Duration, Instant};
 use clap::{Args, ValueEnum};
 use rand_core::{Rng, SeedableRng};
 use serde::Serialize;
-use stoker_proto::v1::{self as proto, op::Op as OpKind, JobSpec};
 
 use super::{Error, Result};
 use check::Checker;
 use client::ClientLine;
 use clients::{Clients, Said};
+use data::make_data;
+pub(crate) use data::spec;
 use fleet::{Recipe, Running};
-use trend::{Incarnation, IncarnationTrend, RoleTrend};
+use report::{flat_roles, SoakReport};
+use trend::Incarnation;
 
 /// Settings of `stoker bench soak`.
 #[derive(Debug, Clone, Args)]
@@ -108,139 +111,8 @@ pub enum DataKind {
     Tokens,
 }
 
-const SEQ_LEN: u32 = 128;
-
 /// Runs shorter than this report slopes but are not judged on them: too short to fit.
 const JUDGED_FROM_MINUTES: f64 = 10.0;
-
-/// The job every soak process agrees on, for `rank` of `world`.
-pub(crate) fn spec(data: &Path, kind: DataKind, rank: u32, world: u32, batch: u32) -> JobSpec {
-    let pipeline = match kind {
-        DataKind::Images => stoker_worker::presets::imagenet_train(32),
-        DataKind::Tokens => vec![proto::Op {
-            op: Some(OpKind::TokenWindows(proto::TokenWindows {
-                seq_len: SEQ_LEN,
-            })),
-        }],
-    };
-    JobSpec {
-        dataset: Some(proto::DatasetSource {
-            uri: data.to_string_lossy().into_owned(),
-            ..Default::default()
-        }),
-        pipeline,
-        batch_size: batch,
-        seed: 5,
-        shuffle: true,
-        drop_last: false,
-        rank,
-        world_size: world,
-        uneven_tail: proto::UnevenTail::Pad as i32,
-        // Every sample is good: any failed read must show, not be replaced.
-        on_error: proto::BadSamplePolicy::Fail as i32,
-        shuffle_window: 0,
-        resized_epoch: None,
-        mix: None,
-    }
-}
-
-/// Writes the dataset under `root` and returns its path.
-fn make_data(root: &Path, args: &SoakBench) -> Result<PathBuf> {
-    match args.kind {
-        DataKind::Images => {
-            let data = root.join("images");
-            let spec = stoker_datasets::SyntheticImageNetSpec {
-                count: args.samples,
-                seed: args.seed,
-                classes: 10,
-            };
-            stoker_datasets::generate_imagenet_like(&data, &spec, &|_| {})
-                .map_err(|e| Error::Failed(format!("cannot write the soak's images: {e}")))?;
-            Ok(data)
-        }
-        DataKind::Tokens => {
-            let data = root.join("tokens.bin");
-            let spec = stoker_datasets::SyntheticTokensSpec {
-                tokens: args.samples * u64::from(SEQ_LEN + 1),
-                vocab: 50_257,
-                dtype: stoker_datasets::TokenDtype::Uint16,
-                seed: args.seed,
-            };
-            stoker_datasets::write_synthetic_tokens(&data, &spec)
-                .map_err(|e| Error::Failed(format!("cannot write the soak's tokens: {e}")))?;
-            Ok(data)
-        }
-    }
-}
-
-/// The JSON line `stoker bench soak` prints.
-#[derive(Debug, Serialize)]
-struct SoakReport {
-    minutes: f64,
-    kind: DataKind,
-    /// Epochs every rank finished (each checked).
-    epochs: u64,
-    /// Batches read by all ranks.
-    batches: u64,
-    /// Workers SIGKILLed (each restarted).
-    kills: u64,
-    /// Coordinator restarts (SIGKILL, then the same port and journal).
-    restarts: u64,
-    /// Clients SIGKILLed (each started again where its last checkpoint left off).
-    client_kills: u64,
-    /// Daemons that exited without being killed (restarted, and a failure).
-    crashes: u64,
-    /// Samples of a checked epoch a rank never got.
-    lost: u64,
-    /// Samples a rank got more often than the embedded loader gives them.
-    duplicated: u64,
-    /// Checked segments whose digest differs from the embedded loader's.
-    digest_mismatches: u64,
-    /// Segments that did not start where their rank's last one ended.
-    misplaced: u64,
-    /// Per role: the drift at a fixed age, and the within-life slope (not judged).
-    processes: BTreeMap<&'static str, RoleTrend>,
-    /// Incarnations that lived five minutes (or half the run, when shorter) or more after two
-    /// minutes (or a quarter of the run) from their start, fitted alone from then.
-    long_lived: Vec<IncarnationTrend>,
-    /// Every judged slope within the bounds (RSS < 1 MiB / 10 min, descriptors 0 / 10 min), and
-    /// every role judged: see [`flat_roles`].
-    flat: bool,
-    /// The same verdict for each role.
-    flat_roles: BTreeMap<&'static str, bool>,
-    /// Whether `flat` counts towards `ok` (runs of 10 minutes or more, or `--judge`).
-    flat_judged: bool,
-    /// Client failures, if any.
-    failures: Vec<String>,
-    /// Nothing lost, duplicated, different or crashed (and flat, when judged).
-    ok: bool,
-}
-
-/// The verdict on memory and descriptors, per role: each long-lived incarnation's own slope and
-/// the role's drift are within the bounds, and the role has at least one of them (a role whose
-/// processes all died before the drift age and none lived long is not flat: nothing shows it
-/// is).
-fn flat_roles(
-    processes: &BTreeMap<&'static str, RoleTrend>,
-    long_lived: &[IncarnationTrend],
-) -> BTreeMap<&'static str, bool> {
-    processes
-        .iter()
-        .map(|(role, trend)| {
-            let own = long_lived
-                .iter()
-                .filter(|l| l.role == *role)
-                .map(|l| (l.rss_mib_per_10min, l.fds_per_10min));
-            let drift = trend
-                .drift
-                .iter()
-                .map(|d| (d.rss_mib_per_10min, d.fds_per_10min));
-            let mut judged = own.chain(drift).peekable();
-            let flat = judged.peek().is_some() && judged.all(|(rss, fds)| trend::is_flat(rss, fds));
-            (*role, flat)
-        })
-        .collect()
-}
 
 /// A process slot: what starts it, and its running incarnation.
 struct Slot {
@@ -663,8 +535,10 @@ fn client_args(args: &SoakBench, address: &str, data: &Path, rank: u32) -> Vec<S
 
 #[cfg(test)]
 mod tests {
+    use std::collections::BTreeMap;
+
     use super::*;
-    use trend::Drift;
+    use trend::{Drift, IncarnationTrend, RoleTrend};
 
     fn is_flat(
         processes: &BTreeMap<&'static str, RoleTrend>,

@@ -1,0 +1,248 @@
+//! Opening one file of a Parquet dataset: its footer read, the sample and label columns found
+//! in its schema, and its labels read.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use arrow_array::Array;
+use arrow_schema::DataType;
+use parquet::arrow::arrow_reader::{
+    ArrowReaderMetadata, ArrowReaderOptions, ParquetRecordBatchReaderBuilder,
+};
+use parquet::arrow::ProjectionMask;
+use parquet::errors::ParquetError;
+use parquet::file::reader::Length;
+
+use super::bytes::FileBytes;
+use super::columns::{self, Cell};
+use super::{
+    page_checks, ParquetFile, ParquetOptions, ParquetSampleKind, CLASS_NAMES_KEY,
+    IMAGE_COLUMN_NAMES, LABEL_COLUMN_NAME, TEXT_COLUMN_NAME,
+};
+use crate::error::{without_panics, Error, Result};
+
+/// A file's footer read, its columns resolved.
+pub(super) struct OpenedFile {
+    pub(super) file: ParquetFile,
+    /// `None` for a numeric-only file.
+    pub(super) sample_column_name: Option<String>,
+    pub(super) kind: ParquetSampleKind,
+    pub(super) label_column: Option<usize>,
+    pub(super) class_names: Option<Vec<String>>,
+}
+
+/// Whether every column of `schema` is numeric (and there is at least one).
+fn all_numeric(schema: &arrow_schema::Schema) -> bool {
+    !schema.fields().is_empty()
+        && schema
+            .fields()
+            .iter()
+            .all(|field| columns::is_numeric(field.data_type()))
+}
+
+/// Reads the footer of the file at `path` (its bytes from `source`) and finds the sample and
+/// label columns in its schema.
+pub(super) fn open_file(
+    path: PathBuf,
+    source: FileBytes,
+    options: &ParquetOptions,
+) -> Result<OpenedFile> {
+    let handle = source.footer()?;
+    let bytes = handle.len();
+    let metadata = without_panics("parquet", || {
+        ArrowReaderMetadata::load(&handle, ArrowReaderOptions::new())
+    })
+    .unwrap_or_else(|message| Err(ParquetError::General(message)))
+    .map_err(|source| Error::ParquetFile {
+        path: path.clone(),
+        source,
+    })?;
+    let schema = Arc::clone(metadata.schema());
+    let column_problem = |problem: String| Error::ParquetColumn {
+        path: path.clone(),
+        problem,
+    };
+    let names: Vec<&str> = schema
+        .fields()
+        .iter()
+        .map(|field| field.name().as_str())
+        .collect();
+    let find = |name: &str| schema.index_of(name).ok();
+
+    let image = match &options.image_column {
+        Some(name) => Some((
+            find(name).ok_or_else(|| {
+                column_problem(format!(
+                    "no image column named {name:?} (columns: {})",
+                    names.join(", ")
+                ))
+            })?,
+            name.clone(),
+        )),
+        None => IMAGE_COLUMN_NAMES
+            .iter()
+            .find_map(|name| find(name).map(|index| (index, (*name).to_string()))),
+    };
+    let (sample_column, sample_column_name, kind, struct_field) = match image {
+        Some((index, name)) => {
+            let data_type = schema.field(index).data_type();
+            let struct_field = match data_type {
+                data_type if columns::is_binary(data_type) => None,
+                DataType::Struct(fields) => Some(
+                    fields
+                        .iter()
+                        .position(|field| {
+                            field.name() == "bytes" && columns::is_binary(field.data_type())
+                        })
+                        .ok_or_else(|| {
+                            column_problem(format!(
+                                "image column {name:?} is a struct without a binary \"bytes\" \
+                                 field ({data_type})"
+                            ))
+                        })?,
+                ),
+                other => {
+                    return Err(column_problem(format!(
+                        "image column {name:?} has type {other}; images need a binary column"
+                    )))
+                }
+            };
+            (
+                Some(index),
+                Some(name),
+                ParquetSampleKind::Image,
+                struct_field,
+            )
+        }
+        None => {
+            let name = options
+                .text_column
+                .clone()
+                .unwrap_or_else(|| TEXT_COLUMN_NAME.to_string());
+            match find(&name) {
+                Some(index) => {
+                    let data_type = schema.field(index).data_type();
+                    if !columns::is_text(data_type) {
+                        return Err(column_problem(format!(
+                            "text column {name:?} has type {data_type}; text needs a UTF-8 \
+                             string column"
+                        )));
+                    }
+                    (Some(index), Some(name), ParquetSampleKind::Text, None)
+                }
+                // Neither images nor text asked for or found: numeric-only when every column
+                // is a number.
+                None if options.text_column.is_none() && all_numeric(&schema) => {
+                    (None, None, ParquetSampleKind::Numeric, None)
+                }
+                None => {
+                    return Err(column_problem(format!(
+                        "found no sample column: no image column ({}), no text column {name:?}, \
+                         and not only numeric columns (columns: {})",
+                        IMAGE_COLUMN_NAMES.join(", "),
+                        names.join(", ")
+                    )))
+                }
+            }
+        }
+    };
+
+    let label_column = match &options.label_column {
+        Some(name) => Some(find(name).ok_or_else(|| {
+            column_problem(format!(
+                "no label column named {name:?} (columns: {})",
+                names.join(", ")
+            ))
+        })?),
+        None => find(LABEL_COLUMN_NAME),
+    };
+    if let Some(index) = label_column {
+        let field = schema.field(index);
+        if !columns::is_integer(field.data_type()) {
+            return Err(column_problem(format!(
+                "label column {:?} has type {}; labels need an integer column",
+                field.name(),
+                field.data_type()
+            )));
+        }
+    }
+
+    let class_names = metadata
+        .metadata()
+        .file_metadata()
+        .key_value_metadata()
+        .and_then(|pairs| pairs.iter().find(|pair| pair.key == CLASS_NAMES_KEY))
+        .and_then(|pair| pair.value.as_deref())
+        .map(|json| {
+            serde_json::from_str::<Vec<String>>(json).map_err(|error| {
+                column_problem(format!(
+                    "the {CLASS_NAMES_KEY} metadata is not a JSON list of strings: {error}"
+                ))
+            })
+        })
+        .transpose()?;
+
+    Ok(OpenedFile {
+        file: ParquetFile {
+            path,
+            source,
+            bytes,
+            metadata,
+            sample_column,
+            struct_field,
+        },
+        sample_column_name,
+        kind,
+        label_column,
+        class_names,
+    })
+}
+
+/// Reads the whole label column of a file as `i64`.
+pub(super) fn read_labels(file: &ParquetFile, column: usize) -> Result<Vec<i64>> {
+    let file_error = |source: ParquetError| Error::ParquetFile {
+        path: file.path.clone(),
+        source,
+    };
+    let groups: Vec<usize> = (0..file.metadata.metadata().num_row_groups()).collect();
+    let handle = file
+        .source
+        .chunks(file.metadata.metadata(), &groups, &[column])?;
+    let checked = handle.try_clone(&file.path)?;
+    page_checks::check_pages(checked, file.metadata.metadata(), &groups, &[column])
+        .map_err(file_error)?;
+    let mask = ProjectionMask::roots(file.metadata.parquet_schema(), [column]);
+    let column_name = file.metadata.schema().field(column).name().clone();
+    let reader = ParquetRecordBatchReaderBuilder::new_with_metadata(handle, file.metadata.clone())
+        .with_projection(mask)
+        .with_batch_size(64 * 1024)
+        .build()
+        .map_err(file_error)?;
+    let mut labels = Vec::new();
+    for batch in reader {
+        let batch = batch.map_err(|error| file_error(error.into()))?;
+        let values = batch.column(0);
+        for row in 0..values.len() {
+            let file_row = labels.len() as u64;
+            match columns::integer_cell(values.as_ref(), row) {
+                Cell::Value(label) => labels.push(label),
+                Cell::Null => {
+                    return Err(Error::ParquetNullCell {
+                        path: file.path.clone(),
+                        column: column_name,
+                        row: file_row,
+                    })
+                }
+                Cell::Unfit => {
+                    return Err(Error::ParquetValue {
+                        path: file.path.clone(),
+                        column: column_name,
+                        row: file_row,
+                        problem: "does not fit a 64-bit signed label".into(),
+                    })
+                }
+            }
+        }
+    }
+    Ok(labels)
+}

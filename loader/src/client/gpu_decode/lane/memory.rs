@@ -1,0 +1,133 @@
+//! The lane's device memory: planned within `gpu_memory` and allocated once when the lane
+//! starts.
+
+use std::sync::Arc;
+
+use cudarc::driver::result;
+
+use super::{ALIGN, PIPES};
+use crate::client::cuda::Cuda;
+use crate::client::gpu_decode::kernel::CropItem;
+use crate::client::gpu_decode::GpuDecodeError;
+
+/// The least memory left for decoding (arenas and nvJPEG) once the rows in flight are set
+/// aside.
+const MIN_DECODE_MEMORY: usize = 48 << 20;
+
+/// The lane's device memory, allocated once within the cap: the decoded-image arena and
+/// kernel parameters of each pipe, and a ring of output buffers (one batch of rows each) that
+/// the training loop's batches hold until they are released. Freed when the lane and every
+/// batch holding its rows are gone.
+#[derive(Debug)]
+pub struct LaneMemory {
+    pub(super) cuda: Arc<Cuda>,
+    pub(super) arenas: Vec<u64>,
+    pub(super) arena_bytes: usize,
+    pub(super) params: Vec<u64>,
+    pub(super) ring: u64,
+    pub(super) ring_slots: usize,
+    pub(super) ring_slot_bytes: usize,
+    pub(super) params_bytes: usize,
+    /// nvJPEG's own device allocations may reach this much.
+    pub(super) nvjpeg_limit: usize,
+    pub(super) cap: usize,
+}
+
+impl LaneMemory {
+    /// Splits `cap` bytes: up to 8 ring buffers of `batch_rows` rows of `row_bytes` (at least
+    /// 2, at most a quarter of the cap beyond those 2), then thirds of the rest for each pipe's
+    /// arena and for nvJPEG. Allocates all but nvJPEG's share now.
+    pub(super) fn allocate(
+        cuda: &Arc<Cuda>,
+        cap: usize,
+        batch_rows: usize,
+        row_bytes: usize,
+    ) -> std::result::Result<LaneMemory, GpuDecodeError> {
+        let ring_slot_bytes = (batch_rows * row_bytes).div_ceil(ALIGN) * ALIGN;
+        let params_bytes = (batch_rows * std::mem::size_of::<CropItem>()).max(ALIGN);
+        let ring_slots = ((cap / 4) / ring_slot_bytes.max(1)).clamp(2, 8);
+        let fixed = ring_slots * ring_slot_bytes + PIPES * params_bytes;
+        let rest = cap.saturating_sub(fixed);
+        if rest < MIN_DECODE_MEMORY {
+            return Err(GpuDecodeError::Memory(format!(
+                "gpu_memory={cap} bytes leaves {rest} for decoding after {ring_slots} batches of \
+                 rows in flight ({ring_slot_bytes} bytes each); the lane needs at least {} \
+                 more: raise gpu_memory",
+                MIN_DECODE_MEMORY - rest
+            )));
+        }
+        let arena_bytes = (rest / (PIPES + 1)) / ALIGN * ALIGN;
+        let mut memory = LaneMemory {
+            cuda: Arc::clone(cuda),
+            arenas: Vec::new(),
+            arena_bytes,
+            params: Vec::new(),
+            ring: 0,
+            ring_slots,
+            ring_slot_bytes,
+            params_bytes,
+            nvjpeg_limit: rest - PIPES * arena_bytes,
+            cap,
+        };
+        // On failure `memory` drops and frees what was allocated so far.
+        cuda.in_context("cuMemAlloc", || {
+            for _ in 0..PIPES {
+                // SAFETY: plain allocations in the device's context.
+                memory
+                    .arenas
+                    .push(unsafe { result::malloc_sync(arena_bytes) }?);
+                memory
+                    .params
+                    .push(unsafe { result::malloc_sync(params_bytes) }?);
+            }
+            // SAFETY: as above.
+            memory.ring = unsafe { result::malloc_sync(ring_slots * ring_slot_bytes) }?;
+            Ok(())
+        })
+        .map_err(|e| GpuDecodeError::Memory(format!("allocating the lane's memory: {e}")))?;
+        Ok(memory)
+    }
+
+    /// Device bytes allocated here (nvJPEG's own are counted apart).
+    pub fn allocated(&self) -> usize {
+        PIPES * (self.arena_bytes + self.params_bytes) + self.ring_slots * self.ring_slot_bytes
+    }
+
+    /// The cap the memory was planned within.
+    pub fn cap(&self) -> usize {
+        self.cap
+    }
+
+    /// The largest decoded image (bytes of interleaved RGB) a pipe's arena holds; larger ones
+    /// are decoded on the CPU.
+    pub fn arena_bytes(&self) -> usize {
+        self.arena_bytes
+    }
+
+    pub(super) fn ring_ptr(&self, index: usize) -> u64 {
+        self.ring + (index * self.ring_slot_bytes) as u64
+    }
+}
+
+impl Drop for LaneMemory {
+    fn drop(&mut self) {
+        let pointers: Vec<u64> = self
+            .arenas
+            .iter()
+            .chain(&self.params)
+            .copied()
+            .chain((self.ring != 0).then_some(self.ring))
+            .collect();
+        let freed = self.cuda.in_context("cuMemFree", || {
+            for ptr in pointers {
+                // SAFETY: each pointer was allocated by `allocate` and nothing uses it now:
+                // the lane's thread and every batch holding rows are gone.
+                unsafe { result::free_sync(ptr) }?;
+            }
+            Ok(())
+        });
+        if let Err(error) = freed {
+            tracing::warn!(%error, "could not free the GPU decode lane's memory");
+        }
+    }
+}

@@ -1,0 +1,542 @@
+//! The lane itself: its device memory ([`memory`]), the pipes that decode and crop the rows it
+//! was given ([`pipe`]), and the rows it hands out with their batch ([`rows`]).
+//!
+//! Two pipes, each a thread with its own nvJPEG decoder, CUDA stream, arena of decoded images
+//! and kernel parameters, take batches from the lane's queue: nvJPEG's batched decode call
+//! returns only once the engines are done with it, so one pipe's call overlaps the other's
+//! and its kernel. A pipe reuses its arena and state only once its previous work is done (an
+//! event it waits for), so each pipe has at most one sub-batch on the GPU, and nothing is
+//! allocated after start.
+
+mod memory;
+mod pipe;
+mod rows;
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use crossbeam_channel::Sender;
+use cudarc::driver::DriverError;
+use stoker_worker::{AssembledBatch, DivertedImage, ImageDiverter, Job};
+
+use super::jpeg_scan::hardware_candidate;
+use super::nvjpeg::Budget;
+use super::{gpu_row, split_for_rates, DecodeMode, GpuDecodeError, GpuDecodeOptions, AUTO_START};
+use crate::client::cuda::{describe, Cuda};
+use crate::client::slots::Slot;
+use crate::client::source::Built;
+use crate::client::stats::GpuDecodeFigures;
+use crate::error::Error;
+
+pub use memory::LaneMemory;
+use pipe::{run, Kernel, Pipe};
+pub use rows::DeviceRows;
+
+/// Pipes: streams with their own decode state and arena, used in turn.
+const PIPES: usize = 2;
+
+/// Alignment of each decoded image in an arena.
+const ALIGN: usize = 256;
+
+fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+fn driver(call: &'static str) -> impl Fn(DriverError) -> GpuDecodeError {
+    move |error| GpuDecodeError::Call {
+        call,
+        error: describe(error),
+    }
+}
+
+/// What the lane counted so far.
+#[derive(Debug, Default)]
+pub struct LaneStats {
+    /// Rows decoded and cropped on the GPU.
+    pub gpu_rows: AtomicU64,
+    /// Rows offered to the lane that the decode threads kept (not taken by the engines, or
+    /// too large for the lane's memory).
+    pub declined_rows: AtomicU64,
+    /// Rows the lane took and then built on the CPU (nvJPEG refused them).
+    pub fallback_rows: AtomicU64,
+    /// Time the lane's thread worked on batches (waits for the GPU included, waits for a free
+    /// output buffer not), in nanoseconds.
+    pub gpu_busy_ns: AtomicU64,
+    /// Rows the decode threads built in batches the lane also worked on.
+    pub cpu_rows: AtomicU64,
+    /// Time the decode threads spent on those batches, in nanoseconds.
+    pub cpu_busy_ns: AtomicU64,
+    /// Where the lane's thread spent its time, in nanoseconds: asking nvJPEG whether it takes
+    /// each image, in nvJPEG's decode calls, waiting for a pipe's previous work, and queueing
+    /// the crop kernel.
+    pub check_ns: AtomicU64,
+    /// See `check_ns`.
+    pub decode_call_ns: AtomicU64,
+    /// See `check_ns`.
+    pub pipe_wait_ns: AtomicU64,
+    /// See `check_ns`.
+    pub launch_ns: AtomicU64,
+}
+
+fn add_since(counter: &AtomicU64, since: Instant) {
+    counter.fetch_add(since.elapsed().as_nanos() as u64, Ordering::Relaxed);
+}
+
+impl LaneStats {
+    fn rate(rows: &AtomicU64, busy_ns: &AtomicU64) -> f64 {
+        let busy = busy_ns.load(Ordering::Relaxed) as f64 / 1e9;
+        if busy <= 0.0 {
+            0.0
+        } else {
+            rows.load(Ordering::Relaxed) as f64 / busy
+        }
+    }
+
+    /// Rows per second of the GPU lane while it worked.
+    pub fn gpu_rate(&self) -> f64 {
+        Self::rate(&self.gpu_rows, &self.gpu_busy_ns)
+    }
+
+    /// Rows per second of the decode threads in the batches the lane also worked on.
+    pub fn cpu_rate(&self) -> f64 {
+        Self::rate(&self.cpu_rows, &self.cpu_busy_ns)
+    }
+}
+
+/// What the lane and its rows share.
+struct Shared {
+    cuda: Arc<Cuda>,
+    memory: Arc<LaneMemory>,
+    free: Mutex<Vec<usize>>,
+    returned: Condvar,
+    stats: Arc<LaneStats>,
+    budgets: Vec<Arc<Budget>>,
+    mode: DecodeMode,
+    splits: Mutex<HashMap<u64, u8>>,
+    hardware: bool,
+    /// Set when the lane shuts down: a pipe waiting for an output buffer gives up.
+    closed: std::sync::atomic::AtomicBool,
+    /// Pipes working now, and when that count last changed (the lane's busy time counts
+    /// while any pipe works, once).
+    working: Mutex<(usize, Option<Instant>)>,
+}
+
+impl Shared {
+    /// Waits for a free output buffer; returns it and how long the wait was, or `None` once
+    /// the lane shuts down.
+    fn take_ring(&self) -> (Option<usize>, Duration) {
+        let started = Instant::now();
+        let mut free = lock(&self.free);
+        loop {
+            if self.closed.load(Ordering::Relaxed) {
+                return (None, started.elapsed());
+            }
+            if let Some(index) = free.pop() {
+                return (Some(index), started.elapsed());
+            }
+            free = self.returned.wait(free).unwrap_or_else(|p| p.into_inner());
+        }
+    }
+
+    /// A pipe starts (`true`) or ends (`false`) work on a batch; the lane's busy time runs
+    /// while any pipe works (counted at each change, so overlapping pipes count once).
+    fn working(&self, starts: bool) {
+        let mut working = lock(&self.working);
+        let now = Instant::now();
+        if let (true, Some(since)) = (working.0 > 0, working.1) {
+            self.stats
+                .gpu_busy_ns
+                .fetch_add((now - since).as_nanos() as u64, Ordering::Relaxed);
+        }
+        working.0 = if starts {
+            working.0 + 1
+        } else {
+            working.0.saturating_sub(1)
+        };
+        working.1 = Some(now);
+    }
+
+    fn put_ring(&self, index: usize) {
+        lock(&self.free).push(index);
+        self.returned.notify_one();
+    }
+}
+
+/// One batch for the lane: the slot its CPU rows are in, what assembling them gave, and the
+/// samples the lane took.
+pub struct LaneTask {
+    /// The job (for rows built on the CPU after all).
+    pub job: Arc<Job>,
+    /// The batch's epoch.
+    pub epoch: u64,
+    /// Its step.
+    pub step: u64,
+    /// The slot, its CPU rows written.
+    pub slot: Slot,
+    /// Tensors, labels, timings and bad samples of the batch.
+    pub assembled: AssembledBatch,
+    /// Dataset index of each sample.
+    pub indices: Vec<u64>,
+    /// The samples the lane took.
+    pub items: Vec<DivertedImage>,
+    /// The output buffer the rows go to ([`GpuLane::take_ring`], taken in step order).
+    pub ring: usize,
+    /// Where the finished batch goes.
+    pub reply: Sender<Built>,
+    /// When building the batch started.
+    pub started: Instant,
+}
+
+/// Offers a batch's GPU rows to the lane: takes the JPEGs the engines decode and that fit its
+/// arena, gives the rest back to the decode threads.
+pub struct LaneDiverter {
+    sixteenths: u8,
+    max_decoded_bytes: usize,
+    taken: Mutex<Vec<DivertedImage>>,
+    shared: Arc<Shared>,
+}
+
+impl LaneDiverter {
+    /// The samples taken, in row order (the decode threads offer them in any order; the lane's
+    /// grouping into sub-batches must not depend on it).
+    pub fn into_items(self) -> Vec<DivertedImage> {
+        let mut items = self.taken.into_inner().unwrap_or_else(|p| p.into_inner());
+        items.sort_by_key(|item| item.row);
+        items
+    }
+}
+
+impl ImageDiverter for LaneDiverter {
+    fn wants(&self, row: usize) -> bool {
+        gpu_row(row, self.sixteenths)
+    }
+
+    fn offer(&self, image: DivertedImage) -> Option<DivertedImage> {
+        let decoded = image.header.width as usize * image.header.height as usize * 3;
+        if decoded > self.max_decoded_bytes || hardware_candidate(&image.bytes).is_err() {
+            self.shared
+                .stats
+                .declined_rows
+                .fetch_add(1, Ordering::Relaxed);
+            return Some(image);
+        }
+        lock(&self.taken).push(image);
+        None
+    }
+}
+
+/// Reads a lane's figures from any thread ([`GpuLane::view`]); holds nothing of the lane (its
+/// memory goes when the lane and its batches do, whoever still has a view).
+#[derive(Clone)]
+pub struct LaneView {
+    shared: std::sync::Weak<Shared>,
+}
+
+impl LaneView {
+    /// The lane's figures now; `None` once the lane is gone.
+    pub fn figures(&self) -> Option<GpuDecodeFigures> {
+        let shared = self.shared.upgrade()?;
+        Some(figures_of(&shared))
+    }
+}
+
+/// A lane's figures from what it shares.
+fn figures_of(shared: &Shared) -> GpuDecodeFigures {
+    let stats = &shared.stats;
+    let sixteenths = match shared.mode {
+        DecodeMode::Gpu => 16,
+        _ => lock(&shared.splits)
+            .iter()
+            .max_by_key(|(epoch, _)| **epoch)
+            .map_or(AUTO_START, |(_, split)| *split),
+    };
+    GpuDecodeFigures {
+        split_pct: f64::from(sixteenths) * 100.0 / 16.0,
+        gpu_rows_per_s: stats.gpu_rate(),
+        cpu_rows_per_s: stats.cpu_rate(),
+        gpu_rows: stats.gpu_rows.load(Ordering::Relaxed),
+        declined_rows: stats.declined_rows.load(Ordering::Relaxed),
+        memory_bytes: (shared.memory.allocated()
+            + shared
+                .budgets
+                .iter()
+                .map(|b| b.device.load(Ordering::Relaxed))
+                .sum::<usize>()) as u64,
+        memory_cap: shared.memory.cap() as u64,
+        hardware: shared.hardware,
+    }
+}
+
+/// The GPU decode lane of one loader (see the module docs of `gpu_decode`).
+pub struct GpuLane {
+    shared: Arc<Shared>,
+    tasks: Mutex<Option<Sender<LaneTask>>>,
+    threads: Mutex<Vec<JoinHandle<()>>>,
+    kernel: Mutex<Option<Kernel>>,
+}
+
+impl std::fmt::Debug for GpuLane {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("GpuLane")
+            .field("mode", &self.shared.mode)
+            .field("hardware", &self.shared.hardware)
+            .finish_non_exhaustive()
+    }
+}
+
+impl GpuLane {
+    /// Starts the lane for `job` (one image source whose CPU output is uint8 NHWC) with batches
+    /// of up to `batch_size` rows: loads nvJPEG, compiles the kernel, allocates the memory.
+    pub fn start(
+        options: &GpuDecodeOptions,
+        job: &Job,
+        batch_size: usize,
+    ) -> std::result::Result<GpuLane, GpuDecodeError> {
+        let pipeline = job.image_pipeline().ok_or_else(|| {
+            GpuDecodeError::Unsupported(
+                "the GPU decode lane builds image batches of one dataset (not a mix, not text \
+                 or columns)"
+                    .into(),
+            )
+        })?;
+        if !pipeline.output.is_packed_rgb8() {
+            return Err(GpuDecodeError::Unsupported(
+                "the GPU decode lane needs uint8 NHWC rows from the CPU side (with \
+                 device='cuda', Normalize and ToTensor run on the GPU after it)"
+                    .into(),
+            ));
+        }
+        let cuda = Cuda::open(options.device).map_err(|e| GpuDecodeError::Cuda(e.to_string()))?;
+        let (height, width) = pipeline.output_size();
+        let row_bytes = pipeline.bytes_per_sample();
+        let memory = Arc::new(LaneMemory::allocate(
+            &cuda,
+            options.memory_bytes,
+            batch_size.max(1),
+            row_bytes,
+        )?);
+        let stats = Arc::new(LaneStats::default());
+        let kernel = Kernel::load(&cuda, &options.library_dirs)?;
+        let mut pipes = Vec::with_capacity(PIPES);
+        for index in 0..PIPES {
+            match Pipe::new(
+                index,
+                &cuda,
+                &memory,
+                &options.library_dirs,
+                &kernel,
+                (width, height),
+                &stats,
+            ) {
+                Ok(pipe) => pipes.push(pipe),
+                Err(error) => {
+                    // Pipes release CUDA objects (and nvJPEG's memory) with the context current.
+                    let _ = cuda.in_context("releasing the GPU decode lane", || {
+                        drop(pipes);
+                        Ok(())
+                    });
+                    kernel.unload(&cuda);
+                    return Err(error);
+                }
+            }
+        }
+        let shared = Arc::new(Shared {
+            cuda: Arc::clone(&cuda),
+            free: Mutex::new((0..memory.ring_slots).rev().collect()),
+            memory,
+            returned: Condvar::new(),
+            stats,
+            budgets: pipes.iter().map(|pipe| pipe.decoder.budget()).collect(),
+            mode: options.mode,
+            splits: Mutex::new(HashMap::new()),
+            hardware: pipes[0].decoder.hardware(),
+            closed: std::sync::atomic::AtomicBool::new(false),
+            working: Mutex::new((0, None)),
+        });
+        let (tasks, queue) = crossbeam_channel::bounded(1);
+        let mut threads = Vec::with_capacity(PIPES);
+        for pipe in pipes {
+            let (thread_shared, queue) = (Arc::clone(&shared), queue.clone());
+            let name = format!("stoker-gpu{}-decode{}", options.device, pipe.index);
+            match std::thread::Builder::new()
+                .name(name)
+                .spawn(move || run(thread_shared, pipe, queue, row_bytes))
+            {
+                Ok(thread) => threads.push(thread),
+                Err(error) => {
+                    // The pipes not started are dropped here; the lane is dropped below with
+                    // the threads that did start.
+                    tracing::error!(%error, "spawning a GPU decode lane thread");
+                }
+            }
+        }
+        tracing::info!(
+            device = options.device,
+            hardware = shared.hardware,
+            cap = options.memory_bytes,
+            "GPU decode lane started"
+        );
+        let started = !threads.is_empty();
+        let lane = GpuLane {
+            shared,
+            tasks: Mutex::new(Some(tasks)),
+            threads: Mutex::new(threads),
+            kernel: Mutex::new(Some(kernel)),
+        };
+        if !started {
+            return Err(GpuDecodeError::Cuda(
+                "no GPU decode lane thread could be started".into(),
+            ));
+        }
+        Ok(lane)
+    }
+
+    /// The GPU's share of each batch of `epoch`, in sixteenths: `gpu` mode always 16; `auto`
+    /// the share set for that epoch ([`GpuLane::set_split`], from a resumed state), else one
+    /// decided now from the rates measured so far (the starting share before any), and then
+    /// kept for the epoch.
+    pub fn split_for_epoch(&self, epoch: u64) -> u8 {
+        if self.shared.mode == DecodeMode::Gpu {
+            return 16;
+        }
+        let mut splits = lock(&self.shared.splits);
+        *splits.entry(epoch).or_insert_with(|| {
+            let stats = &self.shared.stats;
+            let measured = stats.gpu_rows.load(Ordering::Relaxed) > 0
+                && stats.cpu_rows.load(Ordering::Relaxed) > 0;
+            if measured {
+                split_for_rates(stats.cpu_rate(), stats.gpu_rate())
+            } else {
+                AUTO_START
+            }
+        })
+    }
+
+    /// Sets the GPU's share of `epoch`'s batches (a resumed run's, saved with its state).
+    pub fn set_split(&self, epoch: u64, sixteenths: u8) {
+        lock(&self.shared.splits).insert(epoch, sixteenths.min(16));
+    }
+
+    /// The mode asked for.
+    pub fn mode(&self) -> DecodeMode {
+        self.shared.mode
+    }
+
+    /// Whether the hardware engines decode (else nvJPEG's default backend).
+    pub fn hardware(&self) -> bool {
+        self.shared.hardware
+    }
+
+    /// The counts so far.
+    pub fn stats(&self) -> &LaneStats {
+        &self.shared.stats
+    }
+
+    /// nvJPEG's allocations through the lane's allocators so far (device and pinned).
+    pub fn nvjpeg_allocations(&self) -> u64 {
+        self.shared
+            .budgets
+            .iter()
+            .map(|b| b.allocations.load(Ordering::Relaxed))
+            .sum()
+    }
+
+    /// Device bytes the lane holds now: its memory and nvJPEG's allocations through the
+    /// lane's allocators.
+    pub fn memory_bytes(&self) -> usize {
+        self.figures().memory_bytes as usize
+    }
+
+    /// The cap the lane keeps within.
+    pub fn memory_cap(&self) -> usize {
+        self.shared.memory.cap()
+    }
+
+    /// A handle that reads the lane's figures from any thread (the loader's monitor), without
+    /// keeping anything of the lane alive.
+    pub fn view(&self) -> LaneView {
+        LaneView {
+            shared: Arc::downgrade(&self.shared),
+        }
+    }
+
+    /// The lane's figures now.
+    pub fn figures(&self) -> GpuDecodeFigures {
+        figures_of(&self.shared)
+    }
+
+    /// A diverter offering the rows of `sixteenths` of a batch to the lane.
+    pub fn diverter(&self, sixteenths: u8) -> LaneDiverter {
+        LaneDiverter {
+            sixteenths,
+            max_decoded_bytes: self.shared.memory.arena_bytes(),
+            taken: Mutex::new(Vec::new()),
+            shared: Arc::clone(&self.shared),
+        }
+    }
+
+    /// Waits for a free output buffer for the next batch, or `None` once the lane shuts down.
+    /// Called in step order (the producer's), so a later batch never holds the buffer an
+    /// earlier one waits for (batches are handed out in step order and release theirs then).
+    pub fn take_ring(&self) -> Option<usize> {
+        self.shared.take_ring().0
+    }
+
+    /// Counts `rows` built by the decode threads in `busy` for a batch the lane also worked on.
+    pub fn note_cpu(&self, rows: usize, busy: Duration) {
+        let stats = &self.shared.stats;
+        stats.cpu_rows.fetch_add(rows as u64, Ordering::Relaxed);
+        stats
+            .cpu_busy_ns
+            .fetch_add(busy.as_nanos() as u64, Ordering::Relaxed);
+    }
+
+    /// Queues a batch for the lane; waits while the lane already has one queued. After
+    /// [`GpuLane::shutdown`] the batch fails as stopped.
+    pub fn submit(&self, task: LaneTask) {
+        let tasks = lock(&self.tasks).clone();
+        let sent = match tasks {
+            Some(tasks) => tasks.send(task),
+            None => Err(crossbeam_channel::SendError(task)),
+        };
+        if let Err(crossbeam_channel::SendError(task)) = sent {
+            self.shared.put_ring(task.ring);
+            let _ = task.reply.send(Built {
+                step: task.step,
+                service: task.started.elapsed(),
+                result: Err(Error::Stopped("the GPU decode lane stopped".into())),
+            });
+        }
+    }
+}
+
+impl GpuLane {
+    /// Stops the lane: no more batches are taken, a pipe waiting for an output buffer gives up
+    /// (its batch fails as stopped), the pipes' threads finish their work and release their
+    /// CUDA objects, and the kernel is unloaded. The lane's memory goes once the last batch
+    /// holding its rows is released. Idempotent; dropping the lane does it too.
+    pub fn shutdown(&self) {
+        drop(lock(&self.tasks).take());
+        self.shared.closed.store(true, Ordering::Relaxed);
+        {
+            let _free = lock(&self.shared.free);
+            self.shared.returned.notify_all();
+        }
+        let threads = std::mem::take(&mut *lock(&self.threads));
+        for thread in threads {
+            let _ = thread.join();
+        }
+        if let Some(kernel) = lock(&self.kernel).take() {
+            kernel.unload(&self.shared.cuda);
+        }
+    }
+}
+
+impl Drop for GpuLane {
+    fn drop(&mut self) {
+        self.shutdown();
+    }
+}

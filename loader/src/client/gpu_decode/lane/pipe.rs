@@ -1,0 +1,552 @@
+//! A pipe: one lane thread with its own nvJPEG decoder, stream, arena, kernel parameters and
+//! page-locked staging for the JPEGs it decodes, and the crop kernel every pipe launches.
+
+use std::ffi::{c_void, CString};
+use std::path::PathBuf;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Instant;
+
+use crossbeam_channel::Receiver;
+use cudarc::driver::{result, sys, DriverError};
+use stoker_worker::{AssembledBatch, DivertedImage, Job};
+
+use super::{add_since, driver, DeviceRows, LaneMemory, LaneStats, LaneTask, Shared, ALIGN, PIPES};
+use crate::client::cuda::{describe, Cuda};
+use crate::client::gpu_decode::kernel::{self, CropItem};
+use crate::client::gpu_decode::nvjpeg::{Decoder, Image};
+use crate::client::gpu_decode::GpuDecodeError;
+use crate::client::slots::Slot;
+use crate::client::source::Built;
+use crate::error::{Error, Result};
+
+/// Page-locked host memory per pipe for the encoded images of a sub-batch, per batch row, and
+/// its bounds: nvJPEG copies each image to the device itself, and a copy from pageable memory
+/// goes through the driver's staging buffer while the pipe's thread waits (measured on an
+/// H200: ~30 us of the thread's time per image).
+const STAGING_PER_ROW: usize = 128 << 10;
+/// See [`STAGING_PER_ROW`].
+const STAGING_BOUNDS: (usize, usize) = (4 << 20, 32 << 20);
+
+/// Page-locked bytes a pipe stages encoded images in, for batches of `batch_rows` rows.
+fn staging_bytes(batch_rows: usize) -> usize {
+    batch_rows
+        .saturating_mul(STAGING_PER_ROW)
+        .clamp(STAGING_BOUNDS.0, STAGING_BOUNDS.1)
+}
+
+/// The kernel, loaded once per lane into the device's context; every pipe launches its function.
+pub(super) struct Kernel {
+    module: sys::CUmodule,
+    function: sys::CUfunction,
+}
+
+// SAFETY: module and function handles of a context may be used from any thread.
+unsafe impl Send for Kernel {}
+unsafe impl Sync for Kernel {}
+
+impl Kernel {
+    pub(super) fn load(
+        cuda: &Arc<Cuda>,
+        dirs: &[PathBuf],
+    ) -> std::result::Result<Kernel, GpuDecodeError> {
+        let sm = cuda
+            .compute_capability()
+            .map_err(|e| GpuDecodeError::Cuda(e.to_string()))?;
+        let image = kernel::compile(dirs, Some(sm))?.image();
+        let name =
+            CString::new(kernel::KERNEL).map_err(|e| GpuDecodeError::Kernel(e.to_string()))?;
+        cuda.in_context("loading the crop kernel", || {
+            // SAFETY: `image` is a CUBIN (or NUL-terminated PTX) for this device.
+            let module = unsafe { result::module::load_data(image.as_ptr().cast::<c_void>()) }?;
+            // SAFETY: the module is loaded; the name is NUL-terminated.
+            match unsafe { result::module::get_function(module, name) } {
+                Ok(function) => Ok(Kernel { module, function }),
+                Err(error) => {
+                    // SAFETY: the module was loaded above and nothing uses it.
+                    let _ = unsafe { result::module::unload(module) };
+                    Err(error)
+                }
+            }
+        })
+        .map_err(|e| GpuDecodeError::Kernel(e.to_string()))
+    }
+
+    /// Unloads the module once no pipe launches from it any more.
+    pub(super) fn unload(self, cuda: &Cuda) {
+        let _ = cuda.in_context("cuModuleUnload", || {
+            // SAFETY: every pipe's thread has ended and synchronised its stream.
+            unsafe { result::module::unload(self.module) }
+        });
+    }
+}
+
+/// One pipe, owned by one lane thread: its own nvJPEG decoder (handle and state), stream,
+/// arena of decoded images and kernel parameters. Pipes work on different batches at once,
+/// so one's host-side decode call overlaps the other's.
+pub(super) struct Pipe {
+    pub(super) index: usize,
+    pub(super) decoder: Decoder,
+    memory: Arc<LaneMemory>,
+    stream: sys::CUstream,
+    /// Recorded after the pipe's last kernel: its state, arena and parameters are free once
+    /// it has passed.
+    done: sys::CUevent,
+    /// The encoded images the pipe's last decode read, kept until it is done.
+    held: Vec<DivertedImage>,
+    function: sys::CUfunction,
+    out: (u32, u32),
+    /// Page-locked staging for the kernel parameters (copied on the pipe's stream).
+    host_params: *mut c_void,
+    /// Page-locked staging for the encoded images nvJPEG reads (an image larger than all of
+    /// it is read from where it is).
+    staging: *mut c_void,
+    staging_bytes: usize,
+    stats: Arc<LaneStats>,
+}
+
+// SAFETY: CUDA handles may move between threads; a pipe is used by its one thread.
+unsafe impl Send for Pipe {}
+
+impl Pipe {
+    pub(super) fn new(
+        index: usize,
+        cuda: &Arc<Cuda>,
+        memory: &Arc<LaneMemory>,
+        dirs: &[PathBuf],
+        kernel: &Kernel,
+        out: (u32, u32),
+        stats: &Arc<LaneStats>,
+    ) -> std::result::Result<Pipe, GpuDecodeError> {
+        let mut failure = None;
+        let pipe = cuda.in_context("starting the GPU decode lane", || {
+            let batch_hint = (memory.params_bytes / std::mem::size_of::<CropItem>()) as i32;
+            let decoder = match Decoder::new(dirs, 1, batch_hint, memory.nvjpeg_limit / PIPES) {
+                Ok(decoder) => decoder,
+                Err(error) => {
+                    failure = Some(error);
+                    return Err(DriverError(sys::cudaError_enum::CUDA_ERROR_UNKNOWN));
+                }
+            };
+            let mut pipe = Pipe {
+                index,
+                decoder,
+                memory: Arc::clone(memory),
+                stream: std::ptr::null_mut(),
+                done: std::ptr::null_mut(),
+                held: Vec::new(),
+                function: kernel.function,
+                out,
+                host_params: std::ptr::null_mut(),
+                staging: std::ptr::null_mut(),
+                staging_bytes: staging_bytes(batch_hint.max(1) as usize),
+                stats: Arc::clone(stats),
+            };
+            // On failure `pipe` drops and releases what was made so far. The stream has the
+            // device's highest priority: the crop kernel is small and the training step waits
+            // for its rows, so its blocks go ahead of a running step's queued ones.
+            let (_, greatest) = result::stream::get_priority_range()?;
+            pipe.stream = result::stream::create_with_priority(
+                result::stream::StreamKind::NonBlocking,
+                greatest,
+            )?;
+            // SAFETY: creations and an allocation into fields, in the device's context.
+            unsafe {
+                sys::cuEventCreate(
+                    &mut pipe.done,
+                    sys::CUevent_flags::CU_EVENT_BLOCKING_SYNC as u32
+                        | sys::CUevent_flags::CU_EVENT_DISABLE_TIMING as u32,
+                )
+                .result()?;
+                sys::cuMemAllocHost_v2(&mut pipe.host_params, memory.params_bytes).result()?;
+                sys::cuMemAllocHost_v2(&mut pipe.staging, pipe.staging_bytes).result()?;
+            }
+            Ok(pipe)
+        });
+        match (pipe, failure) {
+            (Ok(pipe), _) => Ok(pipe),
+            (Err(_), Some(error)) => Err(error),
+            (Err(error), None) => Err(GpuDecodeError::Cuda(error.to_string())),
+        }
+    }
+
+    /// Builds the lane's rows of `task` and finishes the batch.
+    fn build(
+        &mut self,
+        shared: &Arc<Shared>,
+        task: LaneTask,
+        row_bytes: usize,
+    ) -> Result<stoker_proto::v1::Batch> {
+        let LaneTask {
+            job,
+            epoch,
+            slot,
+            assembled,
+            indices,
+            items,
+            ring,
+            ..
+        } = task;
+        shared.working(true);
+        let built = self.build_rows(
+            shared, ring, job, epoch, slot, assembled, indices, items, row_bytes,
+        );
+        shared.working(false);
+        built
+    }
+
+    /// Gives `ring` back after this pipe's queued work is done (its kernels may write there).
+    fn release_ring(&self, shared: &Shared, ring: usize) {
+        // SAFETY: the event is the pipe's own.
+        if let Err(error) = unsafe { result::event::synchronize(self.done) } {
+            tracing::warn!(error = %describe(error), "waiting for a GPU lane pipe before reusing its buffer");
+        }
+        shared.put_ring(ring);
+    }
+
+    /// The body of [`Pipe::build`].
+    #[allow(clippy::too_many_arguments)]
+    fn build_rows(
+        &mut self,
+        shared: &Arc<Shared>,
+        ring: usize,
+        job: Arc<Job>,
+        epoch: u64,
+        mut slot: Slot,
+        mut assembled: AssembledBatch,
+        indices: Vec<u64>,
+        items: Vec<DivertedImage>,
+        row_bytes: usize,
+    ) -> Result<stoker_proto::v1::Batch> {
+        let out = self.memory.ring_ptr(ring);
+        let mut positions = Vec::with_capacity(items.len());
+        let mut fallback = Vec::new();
+        let mut pending: Vec<(DivertedImage, usize)> = Vec::new();
+        // Bytes of the arena and of the staging buffer the pending images take.
+        let (mut used, mut staged) = (0usize, 0usize);
+        for item in items {
+            let need = (item.header.width as usize * item.header.height as usize * 3)
+                .div_ceil(ALIGN)
+                * ALIGN;
+            let checked = Instant::now();
+            let supported = self.decoder.supports(&item.bytes);
+            add_since(&self.stats.check_ns, checked);
+            if need > self.memory.arena_bytes || !supported {
+                fallback.push(item);
+                continue;
+            }
+            let encoded = self.staged_len(&item);
+            if used + need > self.memory.arena_bytes || staged + encoded > self.staging_bytes {
+                self.flush(&mut pending, out, &mut positions, &mut fallback);
+                (used, staged) = (0, 0);
+            }
+            pending.push((item, used));
+            used += need;
+            staged += encoded;
+        }
+        self.flush(&mut pending, out, &mut positions, &mut fallback);
+
+        let image_start = assembled.tensors.first().map_or(0, |t| t.bytes.start);
+        shared
+            .stats
+            .fallback_rows
+            .fetch_add(fallback.len() as u64, Ordering::Relaxed);
+        for item in fallback {
+            let start = image_start + item.row * row_bytes;
+            let Some(dest) = slot.as_mut_slice().get_mut(start..start + row_bytes) else {
+                self.release_ring(shared, ring);
+                return Err(Error::Stopped(format!(
+                    "row {} lies outside its batch's slot",
+                    item.row
+                )));
+            };
+            match job.image_row(epoch, item.sample, dest) {
+                Ok((label, bad)) => {
+                    if let Some(slot_label) = assembled.labels.get_mut(item.row) {
+                        *slot_label = label;
+                    }
+                    // The row's chain of reads ran again from its sample: its bad sample, if
+                    // any, replaces the one the decode threads recorded for that sample.
+                    if let Some(bad) = bad {
+                        assembled
+                            .bad_samples
+                            .retain(|known| known.sample_index != bad.sample_index);
+                        assembled.bad_samples.push(bad);
+                    }
+                }
+                Err(error) => {
+                    self.release_ring(shared, ring);
+                    return Err(error.into());
+                }
+            }
+        }
+
+        if positions.is_empty() {
+            shared.put_ring(ring);
+        } else {
+            match self.ready_event() {
+                Ok(event) => {
+                    shared
+                        .stats
+                        .gpu_rows
+                        .fetch_add(positions.len() as u64, Ordering::Relaxed);
+                    slot.attach(Arc::new(DeviceRows {
+                        shared: Arc::clone(shared),
+                        ring_index: ring,
+                        ptr: out,
+                        positions,
+                        height: self.out.1,
+                        width: self.out.0,
+                        events: vec![event],
+                    }));
+                }
+                Err(error) => {
+                    self.release_ring(shared, ring);
+                    return Err(Error::Gpu(error.to_string()));
+                }
+            }
+        }
+        Ok(assembled.into_proto(&indices, slot.into_bytes()))
+    }
+
+    /// The staging bytes an image takes: its length, or none when it is larger than the whole
+    /// buffer (nvJPEG then reads it where it is).
+    fn staged_len(&self, item: &DivertedImage) -> usize {
+        let len = item.bytes.len();
+        if len <= self.staging_bytes {
+            len
+        } else {
+            0
+        }
+    }
+
+    /// A new event recorded after the work queued so far on the pipe's stream.
+    fn ready_event(&self) -> std::result::Result<sys::CUevent, GpuDecodeError> {
+        let mut event = std::ptr::null_mut();
+        // SAFETY: creation into a local and a record on the pipe's own stream, with the
+        // device's context current on this thread.
+        unsafe {
+            sys::cuEventCreate(
+                &mut event,
+                sys::CUevent_flags::CU_EVENT_DISABLE_TIMING as u32,
+            )
+            .result()
+            .map_err(driver("cuEventCreate"))?;
+            if let Err(error) = result::event::record(event, self.stream) {
+                let _ = sys::cuEventDestroy_v2(event);
+                return Err(driver("cuEventRecord")(error));
+            }
+        }
+        Ok(event)
+    }
+
+    /// Decodes the pending images and crops them into the output rows from
+    /// `positions.len()` on; images nvJPEG refuses go to `fallback`.
+    fn flush(
+        &mut self,
+        pending: &mut Vec<(DivertedImage, usize)>,
+        out: u64,
+        positions: &mut Vec<u32>,
+        fallback: &mut Vec<DivertedImage>,
+    ) {
+        if pending.is_empty() {
+            return;
+        }
+        if let Err(error) = self.run_batch(pending, out, positions) {
+            if pending.len() == 1 {
+                tracing::debug!(%error, pipe = self.index, "the GPU lane could not decode an image; building it on the CPU");
+                fallback.extend(pending.drain(..).map(|(item, _)| item));
+                return;
+            }
+            // One image spoils its whole sub-batch: each is tried alone, so which rows go to
+            // the CPU depends on the images only, not on how they were grouped.
+            tracing::debug!(%error, images = pending.len(), pipe = self.index, "the GPU lane retries a sub-batch image by image");
+            let mut held = Vec::new();
+            for (item, offset) in pending.drain(..) {
+                let mut one = vec![(item, offset)];
+                match self.run_batch(&one, out, positions) {
+                    Ok(()) => {
+                        // The arena is reused by the next image: wait for this one's kernel.
+                        // SAFETY: the event is the pipe's own.
+                        let _ = unsafe { result::event::synchronize(self.done) };
+                        held.extend(one.drain(..).map(|(item, _)| item));
+                    }
+                    Err(_) => fallback.extend(one.drain(..).map(|(item, _)| item)),
+                }
+            }
+            self.held = held;
+            return;
+        }
+        self.held = pending.drain(..).map(|(item, _)| item).collect();
+    }
+
+    fn run_batch(
+        &mut self,
+        pending: &[(DivertedImage, usize)],
+        out: u64,
+        positions: &mut Vec<u32>,
+    ) -> std::result::Result<(), GpuDecodeError> {
+        let arena = self.memory.arenas[self.index];
+        // The state, arena and parameters are free once the pipe's last work is done.
+        let waited = Instant::now();
+        // SAFETY: the event is the pipe's own.
+        unsafe { result::event::synchronize(self.done) }.map_err(driver("cuEventSynchronize"))?;
+        add_since(&self.stats.pipe_wait_ns, waited);
+        self.held.clear();
+        // SAFETY: the staging buffer is the pipe's own page-locked allocation of
+        // `staging_bytes`, and nvJPEG's reads of it from the last decode are done (the copies
+        // come before the decode the event above follows).
+        let staging = unsafe {
+            std::slice::from_raw_parts_mut(self.staging.cast::<u8>(), self.staging_bytes)
+        };
+        let mut bytes: Vec<&[u8]> = Vec::with_capacity(pending.len());
+        let mut rest = staging;
+        for (item, _) in pending {
+            let len = self.staged_len(item);
+            if len == 0 || len > rest.len() {
+                bytes.push(&item.bytes[..]);
+                continue;
+            }
+            let (place, after) = rest.split_at_mut(len);
+            place.copy_from_slice(&item.bytes);
+            bytes.push(place);
+            rest = after;
+        }
+        let mut outputs: Vec<Image> = pending
+            .iter()
+            .map(|(item, offset)| Image::rgb(arena + *offset as u64, item.header.width))
+            .collect();
+        let decoding = Instant::now();
+        // SAFETY: each output lies in the pipe's arena, sized by the caller to fit its image;
+        // the stream is the pipe's.
+        let decoded = unsafe { self.decoder.decode(0, &bytes, &mut outputs, self.stream) };
+        add_since(&self.stats.decode_call_ns, decoding);
+        decoded?;
+        let launching = Instant::now();
+        let first = positions.len() as u32;
+        let items: Vec<CropItem> = pending
+            .iter()
+            .enumerate()
+            .map(|(k, (item, offset))| {
+                let mut crop = CropItem::new(
+                    &item.window,
+                    (item.header.width, item.header.height),
+                    self.out,
+                    item.flip,
+                    first + k as u32,
+                );
+                crop.src = arena + *offset as u64;
+                crop
+            })
+            .collect();
+        let params = self.memory.params[self.index];
+        let (out_w, out_h) = (self.out.0 as i32, self.out.1 as i32);
+        let blocks = (self.out.0 * self.out.1).div_ceil(kernel::BLOCK);
+        let size = std::mem::size_of_val(items.as_slice());
+        // SAFETY: both parameter buffers hold a batch's items (`items.len()` <= batch rows)
+        // and the pipe's previous kernel is done (waited for above), so neither is read now;
+        // the output rows lie in this batch's ring buffer; the arguments match the kernel's
+        // signature.
+        unsafe {
+            std::ptr::copy_nonoverlapping(
+                items.as_ptr().cast::<u8>(),
+                self.host_params.cast::<u8>(),
+                size,
+            );
+            sys::cuMemcpyHtoDAsync_v2(params, self.host_params, size, self.stream)
+                .result()
+                .map_err(driver("cuMemcpyHtoDAsync"))?;
+            let (mut params_arg, mut out_arg, mut w_arg, mut h_arg) = (params, out, out_w, out_h);
+            let mut args: [*mut c_void; 4] = [
+                (&mut params_arg as *mut u64).cast(),
+                (&mut out_arg as *mut u64).cast(),
+                (&mut w_arg as *mut i32).cast(),
+                (&mut h_arg as *mut i32).cast(),
+            ];
+            result::launch_kernel(
+                self.function,
+                (blocks, items.len() as u32, 1),
+                (kernel::BLOCK, 1, 1),
+                0,
+                self.stream,
+                &mut args,
+            )
+            .map_err(driver("cuLaunchKernel"))?;
+            result::event::record(self.done, self.stream).map_err(driver("cuEventRecord"))?;
+        }
+        add_since(&self.stats.launch_ns, launching);
+        positions.extend(pending.iter().map(|(item, _)| item.row as u32));
+        Ok(())
+    }
+}
+
+impl Drop for Pipe {
+    /// Waits for the pipe's work, then releases its CUDA objects (the memory goes with the
+    /// last holder of it). Runs on the pipe's thread, whose context is current.
+    fn drop(&mut self) {
+        // SAFETY: the pipe's own objects, destroyed once, after their work.
+        unsafe {
+            if !self.stream.is_null() {
+                let _ = result::stream::synchronize(self.stream);
+                let _ = result::stream::destroy(self.stream);
+            }
+            if !self.done.is_null() {
+                let _ = sys::cuEventDestroy_v2(self.done);
+            }
+            if !self.staging.is_null() {
+                let _ = sys::cuMemFreeHost(self.staging);
+            }
+            if !self.host_params.is_null() {
+                let _ = sys::cuMemFreeHost(self.host_params);
+            }
+        }
+    }
+}
+
+/// A pipe's thread: builds the GPU rows of the batches it takes from the lane's queue, then
+/// sends each batch on (out of order between pipes: the stream above reorders).
+pub(super) fn run(
+    shared: Arc<Shared>,
+    mut pipe: Pipe,
+    queue: Receiver<LaneTask>,
+    row_bytes: usize,
+) {
+    // SAFETY: the primary context is retained for the process's life; this thread is ours.
+    if let Err(error) = unsafe { result::ctx::set_current(shared.cuda.context()) } {
+        tracing::error!(error = %describe(error), "the GPU decode lane cannot use the device");
+    }
+    while let Ok(task) = queue.recv() {
+        let (reply, step, task_started, ring) =
+            (task.reply.clone(), task.step, task.started, task.ring);
+        let built = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            pipe.build(&shared, task, row_bytes)
+        }));
+        let result = built.unwrap_or_else(|panic| {
+            pipe.release_ring(&shared, ring);
+            Err(Error::Stopped(format!(
+                "the GPU decode lane panicked building step {step}: {}",
+                stoker_worker::panic_text(&*panic)
+            )))
+        });
+        let _ = reply.send(Built {
+            step,
+            service: task_started.elapsed(),
+            result,
+        });
+    }
+    drop(pipe);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn staging_grows_with_the_batch_within_its_bounds() {
+        assert_eq!(staging_bytes(1), 4 << 20);
+        assert_eq!(staging_bytes(64), 8 << 20);
+        assert_eq!(staging_bytes(256), 32 << 20);
+        assert_eq!(staging_bytes(4096), 32 << 20);
+        assert_eq!(staging_bytes(usize::MAX), 32 << 20);
+    }
+}

@@ -1,0 +1,120 @@
+//! The lane's rows of one batch, handed out with the batch's slot and given back to the lane
+//! once every holder and fence has let go.
+
+use std::sync::Arc;
+
+use cudarc::driver::sys;
+
+use super::Shared;
+use crate::client::gpu_decode::GpuDecodeError;
+
+/// The GPU rows of one batch, kept with its slot until the slot returns to its pool: `count`
+/// rows of `height x width x 3` bytes from [`DeviceRows::ptr`], row `k` being the batch's row
+/// `positions()[k]`. Ready once the lane's events have passed ([`DeviceRows::wait_on`]).
+pub struct DeviceRows {
+    pub(super) shared: Arc<Shared>,
+    pub(super) ring_index: usize,
+    pub(super) ptr: u64,
+    pub(super) positions: Vec<u32>,
+    pub(super) height: u32,
+    pub(super) width: u32,
+    pub(super) events: Vec<sys::CUevent>,
+}
+
+// SAFETY: event handles and device addresses may be used from any thread.
+unsafe impl Send for DeviceRows {}
+unsafe impl Sync for DeviceRows {}
+
+impl std::fmt::Debug for DeviceRows {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DeviceRows")
+            .field("rows", &self.positions.len())
+            .field("height", &self.height)
+            .field("width", &self.width)
+            .finish_non_exhaustive()
+    }
+}
+
+impl DeviceRows {
+    /// Device address of the first row.
+    pub fn ptr(&self) -> u64 {
+        self.ptr
+    }
+
+    /// The batch row of each device row.
+    pub fn positions(&self) -> &[u32] {
+        &self.positions
+    }
+
+    /// (rows, height, width, 3): uint8, C order.
+    pub fn shape(&self) -> [usize; 4] {
+        [
+            self.positions.len(),
+            self.height as usize,
+            self.width as usize,
+            3,
+        ]
+    }
+
+    /// The CUDA device ordinal.
+    pub fn device(&self) -> usize {
+        self.shared.cuda.ordinal()
+    }
+
+    /// Makes `stream` wait (on the GPU) until the rows are written.
+    ///
+    /// # Safety
+    /// `stream` is a live stream of the device's primary context, or 0 (the legacy default
+    /// stream).
+    pub unsafe fn wait_on(&self, stream: usize) -> std::result::Result<(), GpuDecodeError> {
+        let events = self.events.clone();
+        self.shared
+            .cuda
+            .in_context("cuStreamWaitEvent", || {
+                for event in events {
+                    // SAFETY: the event is the lane's and was recorded; the stream is as the
+                    // caller promises.
+                    unsafe { sys::cuStreamWaitEvent(stream as sys::CUstream, event, 0) }
+                        .result()?;
+                }
+                Ok(())
+            })
+            .map_err(|e| GpuDecodeError::Cuda(e.to_string()))
+    }
+}
+
+impl DeviceRows {
+    /// Keeps the rows' buffer out of the lane until the work queued on `stream` so far (the
+    /// copies that read the rows) is done, whoever else lets go of the rows before (a batch
+    /// whose slot is not page-locked has no fence of its own).
+    ///
+    /// # Safety
+    /// `stream` is a live stream of the device's primary context, or 0.
+    pub unsafe fn keep_until(
+        self: &Arc<Self>,
+        stream: usize,
+    ) -> std::result::Result<(), GpuDecodeError> {
+        // SAFETY: as the caller promises.
+        let fence = unsafe { self.shared.cuda.fence(stream) }
+            .map_err(|e| GpuDecodeError::Cuda(e.to_string()))?;
+        self.shared
+            .cuda
+            .release_after(vec![fence], Box::new(Arc::clone(self)));
+        Ok(())
+    }
+}
+
+impl Drop for DeviceRows {
+    fn drop(&mut self) {
+        let events = std::mem::take(&mut self.events);
+        let _ = self.shared.cuda.in_context("cuEventDestroy", || {
+            for event in events {
+                // SAFETY: the event is this batch's own; destroying a recorded event is
+                // allowed (its resources go once it completes).
+                let _ = unsafe { sys::cuEventDestroy_v2(event) };
+            }
+            Ok(())
+        });
+        self.shared.put_ring(self.ring_index);
+    }
+}

@@ -1,0 +1,184 @@
+//! The memory behind a slot pool: one mapping holding every slot (anonymous, or a `memfd` other
+//! processes map), and the process-wide budget of page-locked slots with each pool's
+//! registration state.
+
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use crate::client::cuda::Cuda;
+
+/// One mapping holding every slot of a pool, slot `i` at `i * stride` (`slot_bytes` rounded up
+/// to whole pages). Its pages are made when first written, so memory grows with the slots
+/// used, as on the heap. A `memfd` when shared with worker processes, else anonymous memory.
+#[derive(Debug)]
+pub(super) struct Arena {
+    pub(super) fd: Option<OwnedFd>,
+    pub(super) base: *mut u8,
+    pub(super) size: usize,
+    pub(super) stride: usize,
+    pub(super) id: u64,
+}
+
+/// Page-locking of a pool's slots: the device context that registers them, where each slot
+/// stands, and the share of the process's pinned budget the pool holds (given back when the
+/// pool is dropped).
+#[derive(Debug)]
+pub(super) struct Pinning {
+    pub(super) cuda: Arc<Cuda>,
+    pub(super) reserved: u64,
+    pub(super) slots: Mutex<PinSlots>,
+}
+
+#[derive(Debug, Default)]
+pub(super) struct PinSlots {
+    pub(super) status: Vec<PinStatus>,
+    /// Why the first slot that could not be locked was refused.
+    pub(super) error: Option<String>,
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(super) enum PinStatus {
+    #[default]
+    Unused,
+    Locked,
+    Failed,
+}
+
+impl Pinning {
+    pub(super) fn status(&self, index: usize) -> PinStatus {
+        self.slots
+            .lock()
+            .map(|s| s.status.get(index).copied().unwrap_or_default())
+            .unwrap_or_default()
+    }
+}
+
+/// Bytes of page-locked slots reserved by the pools of this process.
+pub(super) static PINNED_RESERVED: AtomicU64 = AtomicU64::new(0);
+
+/// Reserves `bytes` of the process's pinned budget `budget`; `Err(held)` with what other
+/// pools hold when they do not fit.
+pub(super) fn reserve_pinned(bytes: u64, budget: u64) -> Result<(), u64> {
+    let mut held = PINNED_RESERVED.load(Ordering::Relaxed);
+    loop {
+        if held.saturating_add(bytes) > budget {
+            return Err(held);
+        }
+        match PINNED_RESERVED.compare_exchange(
+            held,
+            held + bytes,
+            Ordering::AcqRel,
+            Ordering::Relaxed,
+        ) {
+            Ok(_) => return Ok(()),
+            Err(now) => held = now,
+        }
+    }
+}
+
+/// Bytes of the pinned budget that the pools of this process hold now.
+pub fn pinned_reserved() -> u64 {
+    PINNED_RESERVED.load(Ordering::Relaxed)
+}
+
+/// The host's page size.
+pub(super) fn page_size() -> usize {
+    // SAFETY: a plain query.
+    let size = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+    usize::try_from(size)
+        .ok()
+        .filter(|&s| s > 0)
+        .unwrap_or(4096)
+}
+
+/// `bytes` rounded up to whole pages: the stride of arena slots, so each starts on a page (the
+/// driver locks whole pages; a hole punched in one slot never touches its neighbour).
+pub fn slot_stride(bytes: usize) -> usize {
+    let page = page_size();
+    bytes.div_ceil(page).max(1) * page
+}
+
+// SAFETY: the mapping is plain memory; the pool hands each slot's range to one `Slot` at a
+// time, which is the only writer through this process's mapping.
+unsafe impl Send for Arena {}
+unsafe impl Sync for Arena {}
+
+impl Drop for Arena {
+    fn drop(&mut self) {
+        // SAFETY: `base` and `size` are this mapping's, and no slot outlives the pool (the
+        // pool unlocks its slots before its arena is dropped).
+        unsafe { libc::munmap(self.base.cast(), self.size) };
+    }
+}
+
+/// Numbers arenas, so that a process mapping them can tell a new one from one it holds.
+static ARENAS: AtomicU64 = AtomicU64::new(1);
+
+/// Why a pinned pool could not be made.
+#[derive(Debug, thiserror::Error)]
+pub enum PinnedPoolError {
+    /// Its slots do not fit in what is left of the process's pinned budget.
+    #[error("{wanted} bytes of page-locked batch slots do not fit in the pinned budget of {budget} bytes for this process ({held} held by its other loaders)")]
+    Budget {
+        /// Bytes the pool's slots need.
+        wanted: u64,
+        /// The budget.
+        budget: u64,
+        /// Bytes other pools of the process hold.
+        held: u64,
+    },
+    /// The slots' mapping could not be made.
+    #[error("cannot map the batch slots: {0}")]
+    Map(std::io::Error),
+}
+
+impl Arena {
+    /// A mapping for `capacity` slots of `slot_bytes`, each on its own pages: a `memfd` other
+    /// processes can map when `shared`, else anonymous memory.
+    pub(super) fn map(slot_bytes: usize, capacity: usize, shared: bool) -> std::io::Result<Arena> {
+        let stride = slot_stride(slot_bytes);
+        let size = stride
+            .checked_mul(capacity)
+            .ok_or_else(|| std::io::Error::other("slot pool size overflows"))?;
+        // SAFETY: plain system calls on a descriptor this function owns; the mapping is
+        // checked before use.
+        unsafe {
+            let fd = if shared {
+                let raw = libc::memfd_create(c"stoker-slots".as_ptr(), libc::MFD_CLOEXEC);
+                if raw < 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                let fd = OwnedFd::from_raw_fd(raw);
+                if libc::ftruncate(fd.as_raw_fd(), size as libc::off_t) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Some(fd)
+            } else {
+                None
+            };
+            let (flags, raw_fd) = match &fd {
+                Some(fd) => (libc::MAP_SHARED, fd.as_raw_fd()),
+                None => (libc::MAP_PRIVATE | libc::MAP_ANONYMOUS, -1),
+            };
+            let base = libc::mmap(
+                std::ptr::null_mut(),
+                size,
+                libc::PROT_READ | libc::PROT_WRITE,
+                flags,
+                raw_fd,
+                0,
+            );
+            if base == libc::MAP_FAILED {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(Arena {
+                fd,
+                base: base.cast(),
+                size,
+                stride,
+                id: ARENAS.fetch_add(1, Ordering::Relaxed),
+            })
+        }
+    }
+}

@@ -1,0 +1,292 @@
+"""``Loader.from_dataset``'s worker processes: each maps the loader's shared slots (a
+``memfd`` sent once as a descriptor) and loads the batches it is sent straight into them, and
+the start method and ``__main__`` checks that let a dataset reach a fresh interpreter.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import mmap
+import multiprocessing
+import multiprocessing.reduction
+import os
+import pickle
+import signal
+import sys
+import threading
+import traceback
+from collections.abc import Iterator
+from typing import Any, NoReturn
+
+from stoker.errors import DatasetError, LoaderTimeoutError, StokerError
+from stoker.samples import Layout, State, fill_batch, probe
+
+__all__ = ["ProcessBuilder", "start_context"]
+
+
+class _Arena:
+    """A worker's mapping of the loader's shared slots."""
+
+    def __init__(self, fd: int, size: int) -> None:
+        self.buffer = mmap.mmap(fd, size)
+        self.view = memoryview(self.buffer)
+
+    def close(self) -> None:
+        self.view.release()
+        # An array the dataset's code kept may still view it: the mapping is left to it then.
+        with contextlib.suppress(BufferError):
+            self.buffer.close()
+
+
+def _worker_main(conn: Any, state: State | bytes) -> None:
+    """A worker process: loads the batches it is sent straight into their slots, in the
+    loader's shared slot mapping (sent once, as a descriptor, before the first batch).
+
+    Under spawn and forkserver ``state`` comes pickled and is loaded here, so that a failure
+    to do so (the dataset's module failing to import in a fresh interpreter, say) reaches the
+    parent with its traceback instead of dying in multiprocessing's bootstrap."""
+    # Ctrl-C goes to the whole process group; the parent decides, its workers do not.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if isinstance(state, bytes):
+        try:
+            state = pickle.loads(state)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                conn.send(("failed", traceback.format_exc()))
+            return
+    assert isinstance(state, State)
+    # One thread per worker process, as DataLoader's workers: N processes each running torch's
+    # intra-op pool would oversubscribe the cores.
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        torch.set_num_threads(1)
+    arena: _Arena | None = None
+    while True:
+        try:
+            message = conn.recv()
+            if message is None:
+                return
+            if message[0] == "arena":
+                fd = multiprocessing.reduction.recv_handle(conn)
+                if arena is not None:
+                    arena.close()
+                arena = _Arena(fd, message[1])
+                os.close(fd)
+                continue
+            if message[0] == "layout":
+                state.layout = message[1]
+                continue
+            if message[0] == "probe":
+                try:
+                    conn.send(("layout", probe(state)))
+                except (DatasetError, TypeError) as error:
+                    conn.send(("refused", type(error).__name__, str(error)))
+                continue
+        except (EOFError, OSError):
+            return  # the parent is gone
+        _, epoch, indices, offset, length = message
+        try:
+            if arena is None:
+                raise RuntimeError("no slot mapping was sent before the first batch")
+            view = arena.view[offset : offset + length]
+            try:
+                bad, failure = fill_batch(state, epoch, indices, view)
+            finally:
+                view.release()
+            conn.send(("done", bad, failure))
+        except BaseException as error:
+            text = "".join(traceback.format_exception(type(error), error, error.__traceback__))
+            conn.send(("error", text.rstrip()))
+
+
+class _Worker:
+    def __init__(self, context: Any, number: int, state: State | bytes) -> None:
+        self.number = number
+        self.start_method: str = context.get_start_method()
+        parent, child = context.Pipe()
+        self.process = context.Process(
+            target=_worker_main,
+            args=(child, state),
+            name=f"stoker-dataset-worker-{number}",
+            daemon=True,
+        )
+        with _main_not_rerun(context):
+            self.process.start()
+        child.close()
+        self.conn = parent
+        self.arena: int | None = None
+        # Lane k of the loader, and of the loader of an epoch resumed on another world size,
+        # share worker k: one exchange at a time.
+        self.lock = threading.Lock()
+
+    def build(
+        self, epoch: int, step: int, indices: list[int], view: memoryview,
+        shared: tuple[int, int, int, int] | None,
+    ) -> Any:
+        if shared is None:
+            raise StokerError("process mode needs the loader's slots in shared memory")
+        arena, fd, size, offset = shared
+        doing = f"loading step {step} of epoch {epoch}"
+        with self.lock:
+            try:
+                if self.arena != arena:
+                    self.conn.send(("arena", size))
+                    multiprocessing.reduction.send_handle(self.conn, fd, self.process.pid)
+                    self.arena = arena
+            except OSError:
+                self._died(doing)
+            _, bad, failure = self.call(("build", epoch, indices, offset, len(view)), doing)
+        return bad, failure
+
+    def call(self, message: Any, doing: str, timeout: float | None = None) -> Any:
+        """Sends ``message`` and returns the worker's reply; a StokerError when it died or
+        failed outside the dataset's code, LoaderTimeoutError when ``timeout`` passed."""
+        try:
+            self.conn.send(message)
+            if timeout is not None and not self.conn.poll(timeout):
+                raise LoaderTimeoutError(
+                    f"dataset worker process {self.number} (pid {self.process.pid}) did not "
+                    f"finish {doing} within {timeout} s"
+                )
+            reply = self.conn.recv()
+        except (EOFError, OSError):
+            self._died(doing)
+        if reply[0] == "error":
+            raise StokerError(f"dataset worker process {self.number} failed: {reply[1]}")
+        if reply[0] == "failed":
+            self.process.join(timeout=5.0)
+            raise DatasetError(
+                f"dataset worker process {self.number} could not load the dataset sent to it "
+                f"({self.start_method}): "
+                + _last_lines(reply[1])
+            )
+        return reply
+
+    def _died(self, doing: str) -> NoReturn:
+        self.process.join(timeout=1.0)
+        raise StokerError(
+            f"dataset worker process {self.number} (pid {self.process.pid}) exited with "
+            f"code {self.process.exitcode} while {doing}"
+        ) from None
+
+    def close(self) -> None:
+        with contextlib.suppress(OSError):
+            self.conn.send(None)
+        self.process.join(timeout=5.0)
+        if self.process.is_alive():
+            self.process.kill()
+            self.process.join(timeout=5.0)
+        self.conn.close()
+
+
+class ProcessBuilder:
+    """Process mode: lane k hands its batches to worker process k."""
+
+    def __init__(self, state: State, workers: int, context: Any) -> None:
+        self._workers: list[_Worker] = []
+        self._lock = threading.Lock()
+        # A fresh interpreter gets the state pickled here and loads it itself (see
+        # `_worker_main`); a forked worker inherits it as it is.
+        sent: State | bytes = state
+        if context.get_start_method() != "fork":
+            sent = multiprocessing.reduction.ForkingPickler.dumps(state).tobytes()
+        try:
+            for number in range(workers):
+                self._workers.append(_Worker(context, number, sent))
+        except BaseException:
+            self.close()
+            raise
+
+    def probe(self, timeout: float) -> Layout:
+        """The layout of ``dataset[0]``, read by worker 0 and sent to every worker."""
+        first = self._workers[0]
+        reply = first.call(("probe",), "reading dataset[0]", timeout)
+        if reply[0] == "refused":
+            kind = TypeError if reply[1] == "TypeError" else DatasetError
+            raise kind(reply[2])
+        layout: Layout = reply[1]
+        for worker in self._workers:
+            worker.conn.send(("layout", layout))
+        return layout
+
+    def build(
+        self, lane: int, epoch: int, step: int, indices: list[int], view: memoryview,
+        shared: tuple[int, int, int, int] | None,
+    ) -> Any:
+        return self._workers[lane].build(epoch, step, indices, view, shared)
+
+    def close(self) -> None:
+        with self._lock:
+            workers, self._workers = self._workers, []
+        for worker in workers:
+            worker.close()
+
+
+def _default_start_method() -> str:
+    """fork on Linux, as DataLoader: the workers start before any of the loader's own threads,
+    in milliseconds, sharing the parent's pages. Elsewhere fork is unsafe (macOS's system
+    libraries) or missing: forkserver where there is one, else spawn."""
+    methods = multiprocessing.get_all_start_methods()
+    if sys.platform.startswith("linux") and "fork" in methods:
+        return "fork"
+    return "forkserver" if "forkserver" in methods else "spawn"
+
+
+def _main_reimportable() -> bool:
+    """Whether a fresh interpreter can run the main module again, as spawn and forkserver do
+    to find what it defines: not when it came from stdin (``python -``) or an interactive
+    session."""
+    main = sys.modules.get("__main__")
+    if main is None or getattr(main, "__spec__", None) is not None:
+        return True
+    path = getattr(main, "__file__", None)
+    return path is None or os.path.isfile(path)
+
+
+@contextlib.contextmanager
+def _main_not_rerun(context: Any) -> Iterator[None]:
+    """Starts a spawn or forkserver worker without asking it to run a main module that
+    cannot be run again (a script read from stdin has ``__file__ == "<stdin>"``, which the
+    child would look for as a file and die on)."""
+    main = sys.modules.get("__main__")
+    if context.get_start_method() == "fork" or main is None or _main_reimportable():
+        yield
+        return
+    path = main.__dict__.pop("__file__", None)
+    try:
+        yield
+    finally:
+        if path is not None:
+            main.__file__ = path
+
+
+def _last_lines(text: str, count: int = 6) -> str:
+    """The end of a traceback, where the error is."""
+    lines = [line for line in text.strip().splitlines() if line.strip()]
+    return "\n".join(lines[-count:])
+
+
+def start_context(name: object, dataset: Any) -> Any:
+    """The start method's context (default: :func:`_default_start_method`); a fork server
+    preloads the dataset's module (and with it torch or torchvision), so its workers start
+    without importing them again."""
+    if name is None:
+        name = _default_start_method()
+    if name not in ("spawn", "forkserver", "fork"):
+        raise ValueError(
+            f"multiprocessing_context must be 'forkserver', 'spawn' or 'fork', got {name!r}"
+        )
+    if name != "fork" and type(dataset).__module__ == "__main__" and not _main_reimportable():
+        raise ValueError(
+            f"multiprocessing_context={name!r} starts a fresh interpreter, which cannot load "
+            f"the dataset: its class {type(dataset).__name__} is defined in a main module that "
+            "cannot be run again (a script read from stdin or an interactive session). Use "
+            "multiprocessing_context='fork', or define the class in a module"
+        )
+    context = multiprocessing.get_context(str(name))
+    if name == "forkserver":
+        module = type(dataset).__module__
+        preload = ["stoker.dataset"] + ([module] if module not in ("__main__", "builtins") else [])
+        # Takes effect when this process starts its fork server, i.e. the first time.
+        context.set_forkserver_preload(preload)
+    return context

@@ -1,0 +1,365 @@
+"""Loading a Python dataset's samples into a batch slot, for ``Loader.from_dataset``.
+
+A sample's *layout* (its structure and, per leaf, a dtype and shape) is learnt from
+``dataset[0]``; each batch's slot holds one region per leaf, ``n`` rows of it, every region
+starting on a 64-byte boundary. :func:`fill_batch` loads a batch's samples into their rows
+under the bad-sample policy, on whatever thread or worker process runs it, each sample
+drawing from its own random stream (:func:`sample_seed`, :func:`sample_rng`).
+"""
+
+from __future__ import annotations
+
+import random
+import sys
+import threading
+import traceback
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Final
+
+import numpy as np
+
+from stoker import _native
+from stoker.errors import DatasetError
+
+__all__ = [
+    "NO_LAYOUT",
+    "Layout",
+    "State",
+    "ThreadBuilder",
+    "fill_batch",
+    "loading_epoch",
+    "probe",
+    "rebuild",
+    "sample_rng",
+    "sample_seed",
+]
+
+# How many following samples the skip policy tries, as the native policy does.
+_MAX_SUBSTITUTE_TRIES: Final = 16
+# Every field's region starts at a multiple of this from the slot's start (slots are at least
+# 16-byte aligned, which every dtype's view needs).
+_ALIGN: Final = 64
+
+_current = threading.local()
+
+
+def sample_seed() -> int:
+    """The 64-bit seed of the sample being loaded: a function of (seed, epoch, index) only.
+
+    Call it from a dataset's ``__getitem__`` or ``transform`` under
+    :meth:`stoker.Loader.from_dataset` to seed a generator of your own, e.g.
+    ``torch.Generator().manual_seed(stoker.sample_seed())``.
+
+    Raises:
+        RuntimeError: called outside a sample being loaded by ``from_dataset``.
+    """
+    key = getattr(_current, "key", None)
+    if key is None:
+        raise RuntimeError(
+            "stoker.sample_seed() and stoker.sample_rng() work only inside a dataset's "
+            "__getitem__ or transform while Loader.from_dataset loads a sample"
+        )
+    return int(_native.sample_seed(*key))
+
+
+def loading_epoch() -> int:
+    """The epoch of the sample being loaded, or 0 outside one (the loader probing a
+    dataset's layout reads its first sample outside any epoch)."""
+    key = getattr(_current, "key", None)
+    return 0 if key is None else int(key[1])
+
+
+def sample_rng() -> np.random.Generator:
+    """A numpy generator for the sample being loaded, seeded by (seed, epoch, index).
+
+    Draws from it depend on nothing else: not on the thread or process that loads the
+    sample, nor on timing, so augmentations drawn from it are the same for any
+    ``num_threads`` or ``num_workers``. A new generator each call, starting at the same point.
+
+    Raises:
+        RuntimeError: called outside a sample being loaded by ``from_dataset``.
+    """
+    return np.random.default_rng(sample_seed())
+
+
+@dataclass(frozen=True)
+class _Field:
+    """One leaf of the sample structure: where it is, its dtype and its shape per sample."""
+
+    path: str
+    dtype: np.dtype[Any]
+    shape: tuple[int, ...]
+    # An encoded image (bytes) that the native pipeline decodes into this field.
+    encoded: bool = False
+
+    @property
+    def nbytes(self) -> int:
+        return int(np.prod(self.shape, dtype=np.int64)) * self.dtype.itemsize
+
+
+def _aligned(size: int) -> int:
+    return (size + _ALIGN - 1) // _ALIGN * _ALIGN
+
+
+def _leaf_array(value: Any) -> np.ndarray[Any, Any] | None:
+    """``value`` as an array when it is a leaf (array, tensor, image, scalar), else None."""
+    if isinstance(value, np.ndarray):
+        return value
+    if isinstance(value, (bool, np.bool_)):
+        return np.asarray(value, dtype=np.bool_)
+    if isinstance(value, int):
+        return np.asarray(value, dtype=np.int64)
+    if isinstance(value, float):
+        return np.asarray(value, dtype=np.float64)
+    if isinstance(value, np.generic):
+        return np.asarray(value)
+    torch = sys.modules.get("torch")
+    if torch is not None and isinstance(value, torch.Tensor):
+        array: np.ndarray[Any, Any] = value.detach().cpu().numpy()
+        return array
+    if hasattr(value, "__array_interface__") or hasattr(value, "__array__"):
+        return np.asarray(value)  # a PIL image, among others
+    return None
+
+
+def _flatten(value: Any, path: str, leaves: list[tuple[str, Any]], encoded: bool) -> Any:
+    """Appends the leaves of ``value`` to ``leaves`` and returns its structure's template;
+    with ``encoded``, bytes are a leaf (an encoded image for the native pipeline)."""
+    if isinstance(value, Mapping):
+        keys = list(value.keys())
+        children = [_flatten(value[k], f"{path}[{k!r}]", leaves, encoded) for k in keys]
+        return ("dict", keys, children)
+    if isinstance(value, (tuple, list)):
+        children = [_flatten(v, f"{path}[{i}]", leaves, encoded) for i, v in enumerate(value)]
+        return ("seq", type(value), children)
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        if not encoded:
+            raise TypeError(
+                f"sample{path} is {type(value).__name__}: pass pipeline=[stoker.ops.DecodeImage()"
+                ", ...] to decode encoded images natively, or decode them in the transform"
+            )
+        leaves.append((path, value))
+        return ("image", len(leaves) - 1)
+    array = _leaf_array(value)
+    if array is None:
+        raise TypeError(
+            f"sample{path} is a {type(value).__name__}: from_dataset batches numpy arrays, "
+            "torch tensors, PIL images and numbers (in tuples, lists or dicts); convert it in "
+            "the transform"
+        )
+    if array.dtype.hasobject or array.dtype.kind in "USV":
+        raise TypeError(f"sample{path} has dtype {array.dtype}, which has no fixed size in bytes")
+    leaves.append((path, array))
+    return ("leaf", len(leaves) - 1)
+
+
+def rebuild(template: Any, leaves: Sequence[Any]) -> Any:
+    kind = template[0]
+    if kind in ("leaf", "image"):
+        return leaves[template[1]]
+    if kind == "dict":
+        return {k: rebuild(t, leaves) for k, t in zip(template[1], template[2], strict=True)}
+    kind_type, children = template[1], [rebuild(t, leaves) for t in template[2]]
+    if hasattr(kind_type, "_fields"):  # a namedtuple
+        return kind_type(*children)
+    return kind_type(children)
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Where each leaf of a sample goes in a batch slot."""
+
+    template: Any
+    fields: tuple[_Field, ...]
+
+    @staticmethod
+    def of(sample: Any, image: Any) -> Layout:
+        """The layout of ``sample``; ``image``: the native pipeline for its encoded image."""
+        leaves: list[tuple[str, Any]] = []
+        template = _flatten(sample, "", leaves, image is not None)
+        fields = tuple(
+            _Field(path, np.dtype(image.dtype), tuple(image.shape), True)
+            if isinstance(leaf, (bytes, bytearray, memoryview))
+            else _Field(path, leaf.dtype, tuple(leaf.shape))
+            for path, leaf in leaves
+        )
+        if image is not None and not any(field.encoded for field in fields):
+            raise TypeError(
+                "pipeline= decodes an encoded image, but the sample holds no bytes: return the "
+                "image file's bytes from __getitem__ (or the transform)"
+            )
+        return Layout(template, fields)
+
+    def regions(self, n: int) -> list[tuple[int, int]]:
+        """(offset, length) in an ``n``-sample slot of each field."""
+        regions, offset = [], 0
+        for field in self.fields:
+            regions.append((offset, field.nbytes * n))
+            offset += _aligned(field.nbytes * n)
+        return regions
+
+    def leaves_of(self, sample: Any) -> list[Any]:
+        """The sample's leaves, checked against the layout; ValueError saying what differs."""
+        leaves: list[tuple[str, Any]] = []
+        template = _flatten(sample, "", leaves, any(field.encoded for field in self.fields))
+        if template != self.template:
+            raise ValueError(
+                "the sample's structure differs from dataset[0]'s: every sample must have the "
+                "same keys and nesting"
+            )
+        for (path, array), field in zip(leaves, self.fields, strict=True):
+            if field.encoded:
+                continue
+            if array.shape != field.shape or array.dtype != field.dtype:
+                raise ValueError(
+                    f"sample{path} is {array.dtype} {array.shape}, but dataset[0] had "
+                    f"{field.dtype} {field.shape}: from_dataset needs the same dtype and shape "
+                    "in every sample (pad or resize in the transform)"
+                )
+        return [array for _, array in leaves]
+
+
+@dataclass
+class State:
+    """What loading a sample needs, in the loader's process or a worker process."""
+
+    dataset: Any
+    transform: Callable[[Any], Any] | None
+    layout: Layout
+    seed: int
+    on_error: str
+    length: int
+    seed_globals: bool
+    # The native pipeline decoding the sample's encoded image, if any.
+    image: Any = None
+
+
+def _load(state: State, epoch: int, index: int, stream: int | None = None) -> Any:
+    """``dataset[index]`` through the transform, drawing from the random stream of sample
+    ``stream`` (default ``index``; a substitute draws from the stream of the sample it
+    replaces, as native sources do)."""
+    _current.key = (state.seed, epoch, index if stream is None else stream)
+    try:
+        if state.seed_globals:
+            seed = sample_seed()
+            random.seed(seed)
+            np.random.seed(seed & 0xFFFF_FFFF)
+            torch = sys.modules.get("torch")
+            if torch is not None:
+                # The CPU generator only: torch.manual_seed also seeds every accelerator's,
+                # 80 us against 1 us a sample.
+                torch.default_generator.manual_seed(seed)
+        sample = state.dataset[index]
+        if state.transform is not None:
+            sample = state.transform(sample)
+        return sample
+    finally:
+        _current.key = None
+
+
+NO_LAYOUT: Final = Layout((), ())
+
+
+def probe(state: State) -> Layout:
+    """The layout of ``dataset[0]``; DatasetError when loading it fails, TypeError when a value
+    in it cannot be batched."""
+    try:
+        first = _load(state, 0, 0)
+    except Exception as error:
+        raise DatasetError(
+            "from_dataset reads dataset[0] to learn the samples' layout, and it failed: "
+            + _describe(0, error)
+        ) from error
+    return Layout.of(first, state.image)
+
+
+def _describe(index: int, error: BaseException) -> str:
+    text = "".join(traceback.format_exception(type(error), error, error.__traceback__))
+    return f"dataset[{index}] raised {type(error).__name__}: {error}\n{text.rstrip()}"
+
+
+def _attempt(
+    state: State, epoch: int, index: int, stream: int, destinations: list[Any], row: int
+) -> str | None:
+    """Loads sample ``index`` into row ``row`` (random stream of sample ``stream``); None, or
+    why it failed (index, exception and traceback)."""
+    try:
+        leaves = state.layout.leaves_of(_load(state, epoch, index, stream))
+        _write_row(state, epoch, stream, destinations, row, leaves)
+        return None
+    except Exception as error:
+        reason = _describe(index, error)
+        # The traceback's frames reach this one and the batch's arrays over the slot; an
+        # exception the dataset's code keeps must not keep them.
+        error.__traceback__ = None
+        return reason
+
+
+def _write_row(
+    state: State, epoch: int, stream: int, destinations: list[Any], row: int, leaves: list[Any]
+) -> None:
+    for destination, leaf, field in zip(
+        destinations, leaves, state.layout.fields, strict=True
+    ):
+        if destination is None:
+            continue
+        if field.encoded:
+            state.image.process(bytes(leaf), state.seed, epoch, stream,
+                                destination[row].view(np.uint8))
+        else:
+            destination[row] = leaf
+
+
+def fill_batch(
+    state: State, epoch: int, indices: Sequence[int], view: Any,
+    stopped: Callable[[], bool] | None = None,
+) -> tuple[list[tuple[int, str, int]], tuple[int, str] | None]:
+    """Loads ``indices`` into ``view`` by the layout, under the bad-sample policy. Returns the
+    replaced samples as (index, reason, substitute) and the failure, if any, as (index, reason)."""
+    n = len(indices)
+    destinations = [
+        np.frombuffer(view, dtype=field.dtype, count=n * field.nbytes // field.dtype.itemsize,
+                      offset=offset).reshape((n, *field.shape))
+        if field.nbytes else None
+        for field, (offset, _) in zip(state.layout.fields, state.layout.regions(n), strict=False)
+    ]
+    bad: list[tuple[int, str, int]] = []
+    try:
+        for row, index in enumerate(indices):
+            if stopped is not None and stopped():
+                return bad, (index, "the loader was closed while this batch was loading")
+            reason = _attempt(state, epoch, index, index, destinations, row)
+            if reason is None:
+                continue
+            if state.on_error == "fail":
+                return bad, (index, reason)
+            for offset in range(1, min(_MAX_SUBSTITUTE_TRIES, state.length - 1) + 1):
+                substitute = (index + offset) % state.length
+                if _attempt(state, epoch, substitute, index, destinations, row) is None:
+                    bad.append((index, reason, substitute))
+                    break
+            else:
+                return bad, (index, f"{reason}\n(and none of the next "
+                             f"{_MAX_SUBSTITUTE_TRIES} samples loaded either)")
+        return bad, None
+    finally:
+        # The slot's view is released when build() returns: no array may still export it.
+        del destinations
+
+
+class ThreadBuilder:
+    """Thread mode: each lane loads its batch's samples on its own thread."""
+
+    def __init__(self, state: State) -> None:
+        self._state = state
+        self._closed = threading.Event()
+
+    def build(
+        self, lane: int, epoch: int, step: int, indices: list[int], view: Any, shared: Any,
+    ) -> Any:
+        return fill_batch(self._state, epoch, indices, view, self._closed.is_set)
+
+    def close(self) -> None:
+        """Batches being loaded stop at their next sample."""
+        self._closed.set()
