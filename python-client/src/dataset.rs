@@ -21,8 +21,8 @@ use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
 use pyo3::prelude::*;
 use pyo3::types::PyList;
 use stoker_loader::{
-    receive, BatchSource, Built, EpochFeed, Error, IdleClock, LoaderMonitor, Result, Slot,
-    SourceInfo,
+    BatchSource, Built, EpochFeed, Error, IdleClock, LoaderMonitor, Result, Slot, SourceInfo,
+    TaskQueue,
 };
 use stoker_proto::v1::{self as proto, JobSpec};
 use stoker_worker::{plan_for_spec, EpochPlan, PlanConfig};
@@ -487,15 +487,10 @@ impl BatchSource for DatasetSource {
             .tasks
             .clone()
             .ok_or_else(|| Error::Stopped("the dataset loader is closed".into()))?;
-        let (reply, receiver) = crossbeam_channel::unbounded();
         Ok(Box::new(DatasetFeed {
             plan: Arc::new(plan_for_spec(&self.spec, self.config, None, epoch)?),
             sample_bytes: Arc::clone(&self.sample_bytes),
-            tasks,
-            reply,
-            receiver,
-            cancelled: Arc::new(AtomicBool::new(false)),
-            idle: self.idle.clone(),
+            queue: TaskQueue::new(tasks, self.idle.clone(), "the dataset threads"),
         }))
     }
 }
@@ -504,11 +499,7 @@ impl BatchSource for DatasetSource {
 struct DatasetFeed {
     plan: Arc<EpochPlan>,
     sample_bytes: Arc<[usize]>,
-    tasks: Sender<Task>,
-    reply: Sender<Built>,
-    receiver: Receiver<Built>,
-    cancelled: Arc<AtomicBool>,
-    idle: IdleClock,
+    queue: TaskQueue<Task>,
 }
 
 impl EpochFeed for DatasetFeed {
@@ -522,25 +513,17 @@ impl EpochFeed for DatasetFeed {
             plan: Arc::clone(&self.plan),
             step,
             slot,
-            reply: self.reply.clone(),
-            cancelled: Arc::clone(&self.cancelled),
+            reply: self.queue.reply(),
+            cancelled: self.queue.cancelled(),
         };
-        if self.tasks.send(task).is_err() {
-            tracing::error!(step, "the dataset threads are gone");
-        }
+        self.queue.send(step, task);
     }
 
     fn recv(&mut self, timeout: Duration) -> Result<Option<Built>> {
-        receive(&self.receiver, timeout, "the dataset threads stopped")
+        self.queue.recv(timeout)
     }
 
     fn producer_idle(&self) -> Duration {
-        self.idle.total()
-    }
-}
-
-impl Drop for DatasetFeed {
-    fn drop(&mut self) {
-        self.cancelled.store(true, Ordering::Relaxed);
+        self.queue.producer_idle()
     }
 }

@@ -95,6 +95,31 @@ def epoch_batches(loader: stoker.Loader) -> list[dict[str, np.ndarray]]:
     return [{name: np.array(value, copy=True) for name, value in batch.items()} for batch in loader]
 
 
+def require_cuda_torch(tests: str) -> Any:
+    """torch with a usable CUDA device, or a skip of ``tests`` naming what is missing."""
+    try:
+        import torch
+    except ImportError as error:
+        pytest.skip(f"torch is not importable ({error}): no GPU test can run")
+    if torch.version.cuda is None or not torch.cuda.is_available():
+        pytest.skip(
+            f"no CUDA GPU here (torch {torch.__version__}, cuda {torch.version.cuda}, "
+            f"is_available {torch.cuda.is_available()}): {tests} run on a GPU machine"
+        )
+    return torch
+
+
+def read_indices(loader: stoker.Loader, steps: int | None = None) -> list[int]:
+    """Sample indices of ``steps`` batches (all: None) of the loader's current epoch."""
+    iterator = iter(loader)
+    indices: list[int] = []
+    for taken, _ in enumerate(iterator, start=1):
+        indices.extend(iterator.sample_indices)
+        if steps is not None and taken == steps:
+            break
+    return indices
+
+
 def assert_same_batches(
     left: list[dict[str, np.ndarray]], right: list[dict[str, np.ndarray]]
 ) -> None:
@@ -129,7 +154,7 @@ def daemon_binary(name: str) -> Path:
     if not path.exists():
         pytest.fail(
             f"{path} is missing: build it with "
-            "`cargo build --release -p stoker-cli -p stoker-worker`"
+            "`cargo build --release -p stoker-cli -p stoker-worker-daemon`"
         )
     return path
 
@@ -160,17 +185,24 @@ def start_daemon(args: list[str]) -> tuple[subprocess.Popen[str], str]:
 
 
 @contextlib.contextmanager
-def running_cluster(dataset: Path, state: Path, worker_args: Sequence[str] = ()) -> Iterator[str]:
-    """A coordinator journaling in ``state`` and two one-thread workers allowed to read
-    ``dataset``; yields the coordinator's address and SIGKILLs them all at the end."""
+def running_cluster(
+    dataset: Path,
+    state: Path,
+    worker_args: Sequence[str] = (),
+    coordinator_args: Sequence[str] = (),
+    workers: int = 2,
+) -> Iterator[str]:
+    """A coordinator journaling in ``state`` and ``workers`` one-thread workers allowed to read
+    ``dataset`` (each daemon given its extra arguments); yields the coordinator's address and
+    SIGKILLs them all at the end."""
     processes = []
     try:
         coordinator, address = start_daemon(
             [str(daemon_binary("stoker")), "coordinator", "--listen", "127.0.0.1:0",
-             "--state", str(state)]
+             "--state", str(state), *coordinator_args]
         )
         processes.append(coordinator)
-        for _ in range(2):
+        for _ in range(workers):
             worker, _ = start_daemon(
                 [str(daemon_binary("stoker-worker")), "--coordinator", address,
                  "--data-root", str(dataset), "--threads", "1", *worker_args]

@@ -4,7 +4,6 @@ coordinator and worker started with ``--token-file`` serve it, and refuse it wit
 
 from __future__ import annotations
 
-import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -14,50 +13,44 @@ from test_distributed import _options
 import stoker
 from conftest import (
     assert_same_batches,
-    daemon_binary,
     epoch_batches,
-    start_daemon,
+    running_cluster,
     write_test_certificates,
 )
 
 TOKEN = "python-test-token-0123456789"
 
 
-@pytest.fixture
-def guarded(dataset: Path, tmp_path: Path) -> Iterator[str]:
-    """A coordinator and a worker that want ``TOKEN``; yields the coordinator's address."""
+def _token_file(tmp_path: Path, text: str) -> Path:
     token_file = tmp_path / "token"
-    token_file.write_text(TOKEN + "\n")
+    token_file.write_text(text)
     token_file.chmod(0o600)
-    processes: list[subprocess.Popen[str]] = []
-    try:
-        coordinator, address = start_daemon(
-            [str(daemon_binary("stoker")), "coordinator", "--listen", "127.0.0.1:0",
-             "--state", str(tmp_path / "state"), "--token-file", str(token_file)]
-        )
-        processes.append(coordinator)
-        worker, _ = start_daemon(
-            [str(daemon_binary("stoker-worker")), "--coordinator", address,
-             "--data-root", str(dataset), "--threads", "1", "--token-file", str(token_file)]
-        )
-        processes.append(worker)
-        yield address
-    finally:
-        for process in processes:
-            process.kill()
-            process.wait(timeout=10)
+    return token_file
 
 
-def test_token_argument_is_presented(dataset: Path, guarded: str,
-                                     monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv("STOKER_TOKEN", raising=False)
-    remote = stoker.Loader(dataset, address=guarded, token=TOKEN, **_options(world_size=1))
+def _matches_local(dataset: Path, address: str, **security: str) -> None:
+    """A remote loader with ``security`` reads the same epoch as the embedded one."""
+    remote = stoker.Loader(dataset, address=address, **security, **_options(world_size=1))
     local = stoker.Loader(dataset, num_threads=1, **_options(world_size=1))
     try:
         assert_same_batches(epoch_batches(remote), epoch_batches(local))
     finally:
         remote.close()
         local.close()
+
+
+@pytest.fixture
+def guarded(dataset: Path, tmp_path: Path) -> Iterator[str]:
+    """A coordinator and a worker that want ``TOKEN``; yields the coordinator's address."""
+    security = ["--token-file", str(_token_file(tmp_path, TOKEN + "\n"))]
+    with running_cluster(dataset, tmp_path / "state", security, security, workers=1) as address:
+        yield address
+
+
+def test_token_argument_is_presented(dataset: Path, guarded: str,
+                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("STOKER_TOKEN", raising=False)
+    _matches_local(dataset, guarded, token=TOKEN)
 
 
 def test_stoker_token_environment_is_presented(dataset: Path, guarded: str,
@@ -90,35 +83,10 @@ def test_a_job_over_tls_with_a_token(dataset: Path, tmp_path: Path,
                                      monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("STOKER_TOKEN", raising=False)
     ca, cert, key = write_test_certificates(tmp_path, ["localhost"])
-    token_file = tmp_path / "token"
-    token_file.write_text(TOKEN)
-    token_file.chmod(0o600)
-    security = ["--token-file", str(token_file), "--tls-cert", cert, "--tls-key", key,
-                "--tls-ca", ca, "--tls-server-name", "localhost"]
-    processes: list[subprocess.Popen[str]] = []
-    try:
-        coordinator, address = start_daemon(
-            [str(daemon_binary("stoker")), "coordinator", "--listen", "127.0.0.1:0",
-             "--state", str(tmp_path / "state"), *security]
-        )
-        processes.append(coordinator)
-        worker, _ = start_daemon(
-            [str(daemon_binary("stoker-worker")), "--coordinator", address,
-             "--data-root", str(dataset), "--threads", "1", *security]
-        )
-        processes.append(worker)
-        remote = stoker.Loader(dataset, address=address, token=TOKEN, tls_ca=ca,
-                               tls_server_name="localhost", **_options(world_size=1))
-        local = stoker.Loader(dataset, num_threads=1, **_options(world_size=1))
-        try:
-            assert_same_batches(epoch_batches(remote), epoch_batches(local))
-        finally:
-            remote.close()
-            local.close()
-    finally:
-        for process in processes:
-            process.kill()
-            process.wait(timeout=10)
+    security = ["--token-file", str(_token_file(tmp_path, TOKEN)), "--tls-cert", cert, "--tls-key",
+                key, "--tls-ca", ca, "--tls-server-name", "localhost"]
+    with running_cluster(dataset, tmp_path / "state", security, security, workers=1) as address:
+        _matches_local(dataset, address, token=TOKEN, tls_ca=ca, tls_server_name="localhost")
 
 
 def test_security_arguments_need_the_distributed_mode(dataset: Path) -> None:

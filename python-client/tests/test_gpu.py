@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 import stoker
-from conftest import running_cluster
+from conftest import require_cuda_torch, running_cluster
 from stoker import ops, vision
 
 pytestmark = pytest.mark.gpu
@@ -30,16 +30,7 @@ CROP = 32
 @pytest.fixture(scope="module")
 def torch() -> Any:
     """torch with a usable CUDA device, or a skip naming what is missing."""
-    try:
-        import torch
-    except ImportError as error:
-        pytest.skip(f"torch is not importable ({error}): no GPU test can run")
-    if torch.version.cuda is None or not torch.cuda.is_available():
-        pytest.skip(
-            f"no CUDA GPU here (torch {torch.__version__}, cuda {torch.version.cuda}, "
-            f"is_available {torch.cuda.is_available()}): the GPU tests run on a GPU machine"
-        )
-    return torch
+    return require_cuda_torch("the GPU tests")
 
 
 def train_pipeline(normalize: bool) -> list[ops.Op]:

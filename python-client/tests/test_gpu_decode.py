@@ -21,6 +21,7 @@ import numpy as np
 import pytest
 
 import stoker
+from conftest import require_cuda_torch
 from stoker import _native, gpu, ops
 
 CROP = 64
@@ -130,15 +131,7 @@ def test_auto_gives_the_cpu_batches_where_no_lane_runs(dataset: Path) -> None:
 def torch() -> Any:
     """torch with a usable CUDA device and a GPU lane that can start, or a skip naming what is
     missing."""
-    try:
-        import torch
-    except ImportError as error:
-        pytest.skip(f"torch is not importable ({error}): no GPU test can run")
-    if torch.version.cuda is None or not torch.cuda.is_available():
-        pytest.skip(
-            f"no CUDA GPU here (torch {torch.__version__}, cuda {torch.version.cuda}): the "
-            "GPU decode tests run on a GPU machine"
-        )
+    torch = require_cuda_torch("the GPU decode tests")
     problem = _native.gpu_decode_unavailable(0, gpu.cuda_library_dirs())
     if problem is not None:
         pytest.fail(f"a GPU is here but the decode lane cannot run: {problem}")

@@ -10,6 +10,8 @@ The ``datasets`` package is installed by ``./dev test`` in CI (``CI=true``) or w
 from __future__ import annotations
 
 import hashlib
+import json
+import subprocess
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -18,7 +20,14 @@ import numpy as np
 import pytest
 
 import stoker
-from conftest import SAMPLE_COUNT, assert_same_batches, class_index_of, epoch_batches, image_files
+from conftest import (
+    SAMPLE_COUNT,
+    assert_same_batches,
+    class_index_of,
+    daemon_binary,
+    epoch_batches,
+    image_files,
+)
 
 
 def datasets_or_skip() -> Any:
@@ -92,6 +101,37 @@ def test_a_saved_dataset_reads_like_the_image_folder(
     assert digest(hf_batches) == digest(folder_batches)
     # Named explicitly, the format gives the same batches.
     assert digest(epoch_batches(make_loader(hf_folder, seed=5, format="hf"))) == digest(hf_batches)
+
+
+def test_inspect_describes_the_folder(hf_folder: Path) -> None:
+    """``stoker inspect`` names the format, counts shards, record batches and rows, and shows
+    each column's feature and role, as text and as JSON."""
+
+    def inspect(*extra: str) -> str:
+        command = [str(daemon_binary("stoker")), "inspect", "--data", str(hf_folder), *extra]
+        return subprocess.run(
+            command, capture_output=True, text=True, check=True, timeout=120
+        ).stdout
+
+    text = inspect()
+    for expected in (
+        "(hugging face datasets)",
+        "files     3 (",
+        f"record batches, {SAMPLE_COUNT} rows",
+        "Image  (images)",
+        "ClassLabel (",
+        "(labels)",
+        f"samples   {SAMPLE_COUNT}",
+    ):
+        assert expected in text, f"{expected!r} missing: {text}"
+    report = json.loads(inspect("--json"))
+    assert report["format"] == "hf"
+    assert report["files"] == 3 and report["rows"] == SAMPLE_COUNT
+    assert report["record_batches"] >= 3
+    assert report["sample_column"] == "image" and report["label_column"] == "label"
+    features = {column["name"]: column["feature"] for column in report["columns"]}
+    assert features["image"] == "Image" and features["label"].startswith("ClassLabel")
+    assert report["images"]["samples"] == SAMPLE_COUNT
 
 
 def test_labels_and_numeric_columns_follow_the_features(

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 import stoker
-from conftest import SAMPLE_COUNT
+from conftest import SAMPLE_COUNT, read_indices
 
 BATCH = 4
 
@@ -17,13 +17,7 @@ BATCH = 4
 def _read(loader: stoker.Loader, steps: int | None = None) -> tuple[list[int], dict[str, Any]]:
     """Sample indices of ``steps`` batches (all: None) of the current epoch, and the state
     after them."""
-    iterator = iter(loader)
-    indices: list[int] = []
-    for taken, _ in enumerate(iterator, start=1):
-        indices.extend(iterator.sample_indices)
-        if steps is not None and taken == steps:
-            break
-    return indices, loader.state_dict()
+    return read_indices(loader, steps), loader.state_dict()
 
 
 def _run(

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 import stoker
-from conftest import SAMPLE_COUNT, SMALL_CROP, running_cluster
+from conftest import SAMPLE_COUNT, SMALL_CROP, read_indices, running_cluster
 
 BATCH = 4
 OLD, NEW = 4, 2
@@ -42,17 +42,6 @@ def _loader(dataset: Path, rank: int, world_size: int, address: str | None) -> s
     )
 
 
-def _read(loader: stoker.Loader, steps: int | None = None) -> list[int]:
-    """Sample indices of ``steps`` batches (all: None) of the loader's current epoch."""
-    iterator = iter(loader)
-    indices: list[int] = []
-    for taken, _ in enumerate(iterator, start=1):
-        indices.extend(iterator.sample_indices)
-        if steps is not None and taken == steps:
-            break
-    return indices
-
-
 @pytest.mark.parametrize(
     ("steps", "merged"),
     [
@@ -71,7 +60,7 @@ def test_four_remote_ranks_resumed_on_two_read_each_sample_once(
     # 120 samples, 4 ranks of 30 (8 steps of 4 each).
     for rank in range(OLD):
         loader = _loader(dataset, rank, OLD, resize_cluster)
-        read.extend(_read(loader, steps[rank]))
+        read.extend(read_indices(loader, steps[rank]))
         state = loader.state_dict()
         assert (state["epoch"], state["step"], state["resizes"]) == (0, steps[rank], [])
         states.append(state)
@@ -89,15 +78,15 @@ def test_four_remote_ranks_resumed_on_two_read_each_sample_once(
             local.load_state_dict(saved)
             assert remote.epoch == 0
             assert len(remote) == len(local) == (left // NEW + BATCH - 1) // BATCH
-            resumed = _read(remote)
-            assert resumed == _read(local), f"rank {rank}: as the in-process resume"
+            resumed = read_indices(remote)
+            assert resumed == read_indices(local), f"rank {rank}: as the in-process resume"
             read.extend(resumed)
             state = remote.state_dict()
             assert (state["epoch"], state["step"], state["resizes"]) == (1, 0, [])
             # The next epoch is the plain one of the new world size, from the same loader.
             assert len(remote) == (SAMPLE_COUNT // NEW + BATCH - 1) // BATCH
-            plain = _read(remote)
-            assert plain == _read(local), f"rank {rank}: the plain epoch 1"
+            plain = read_indices(remote)
+            assert plain == read_indices(local), f"rank {rank}: the plain epoch 1"
             next_epoch.extend(plain)
         finally:
             remote.close()

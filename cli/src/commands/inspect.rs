@@ -109,52 +109,123 @@ fn inspect_remote(args: &InspectArgs, uri: String) -> anyhow::Result<()> {
 fn inspect_parquet(args: &InspectArgs) -> anyhow::Result<()> {
     let dataset = ParquetDataset::open(&args.data, &ParquetOptions::default())?;
     let summary = dataset.summary();
+    let columns = summary
+        .columns
+        .iter()
+        .map(|column| Column {
+            name: &column.name,
+            data_type: &column.data_type,
+            feature: None,
+        })
+        .collect();
+    print_columnar(
+        args,
+        &dataset,
+        Columnar {
+            format: ("parquet", "parquet"),
+            files: summary.files,
+            file_bytes: summary.file_bytes,
+            groups: ("row_groups", "row groups", summary.row_groups),
+            rows: summary.rows,
+            columns,
+            sample_column: summary.sample_column.as_deref(),
+            sample_kind: summary.sample_kind,
+            label_column: summary.label_column.as_deref(),
+        },
+    )
+}
+
+/// One column of a columnar dataset, as the command shows it.
+struct Column<'a> {
+    name: &'a str,
+    data_type: &'a str,
+    /// A Hugging Face feature, in words (`None` for Parquet, which has none).
+    feature: Option<String>,
+}
+
+/// What the command shows of a columnar dataset (Parquet files, a Hugging Face folder).
+struct Columnar<'a> {
+    /// The format's name in JSON, and in words.
+    format: (&'static str, &'static str),
+    files: usize,
+    file_bytes: u64,
+    /// The unit rows are grouped in: its JSON key, its name in words, and how many.
+    groups: (&'static str, &'static str, usize),
+    rows: u64,
+    columns: Vec<Column<'a>>,
+    sample_column: Option<&'a str>,
+    sample_kind: ParquetSampleKind,
+    label_column: Option<&'a str>,
+}
+
+/// Prints a columnar dataset: files, groups and columns, then the image statistics of its
+/// sample column (read from every row) when it holds images, as text or one JSON object.
+fn print_columnar(
+    args: &InspectArgs,
+    dataset: &dyn SampleSource,
+    summary: Columnar<'_>,
+) -> anyhow::Result<()> {
     let report = match summary.sample_kind {
-        ParquetSampleKind::Image => Some(inspect_samples(&dataset, DEFAULT_MAX_PIXELS)?),
+        ParquetSampleKind::Image => Some(inspect_samples(dataset, DEFAULT_MAX_PIXELS)?),
         ParquetSampleKind::Text | ParquetSampleKind::Numeric => None,
     };
     if args.json {
         let columns: Vec<serde_json::Value> = summary
             .columns
             .iter()
-            .map(|column| serde_json::json!({"name": column.name, "type": column.data_type}))
+            .map(|column| {
+                let mut json = serde_json::json!({"name": column.name, "type": column.data_type});
+                if let (Some(feature), Some(object)) = (&column.feature, json.as_object_mut()) {
+                    object.insert("feature".into(), feature.clone().into());
+                }
+                json
+            })
             .collect();
-        let json = serde_json::json!({
-            "format": "parquet",
+        let mut json = serde_json::json!({
+            "format": summary.format.0,
             "files": summary.files,
             "rows": summary.rows,
-            "row_groups": summary.row_groups,
             "file_bytes": summary.file_bytes,
             "columns": columns,
             "sample_column": summary.sample_column,
             "label_column": summary.label_column,
             "images": report,
         });
+        if let Some(object) = json.as_object_mut() {
+            object.insert(summary.groups.0.into(), summary.groups.2.into());
+        }
         println!("{json}");
         return Ok(());
     }
-    println!("dataset   {} (parquet)", args.data.display());
+    println!("dataset   {} ({})", args.data.display(), summary.format.1);
     println!(
-        "files     {} ({:.1} MB), {} row groups, {} rows",
+        "files     {} ({:.1} MB), {} {}, {} rows",
         summary.files,
         summary.file_bytes as f64 / 1e6,
-        summary.row_groups,
+        summary.groups.2,
+        summary.groups.1,
         summary.rows
     );
     println!("columns");
     for column in &summary.columns {
-        let role = if summary.sample_column.as_deref() == Some(column.name.as_str()) {
+        let role = if summary.sample_column == Some(column.name) {
             match summary.sample_kind {
                 ParquetSampleKind::Image => "  (images)",
                 ParquetSampleKind::Text => "  (text)",
                 ParquetSampleKind::Numeric => "",
             }
-        } else if summary.label_column.as_deref() == Some(column.name.as_str()) {
+        } else if summary.label_column == Some(column.name) {
             "  (labels)"
         } else {
             ""
         };
-        println!("  {:<24} {}{role}", column.name, column.data_type);
+        match &column.feature {
+            Some(feature) => println!(
+                "  {:<24} {:<28} {feature}{role}",
+                column.name, column.data_type
+            ),
+            None => println!("  {:<24} {}{role}", column.name, column.data_type),
+        }
     }
     match report {
         Some(report) => print_report(&report),

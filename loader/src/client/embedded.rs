@@ -20,7 +20,7 @@ use stoker_worker::{EpochPlan, Job};
 use super::gpu_decode::{DecodeMode, GpuDecodeOptions, GpuLane, LaneTask};
 use super::monitor::LoaderMonitor;
 use super::slots::Slot;
-use super::source::{receive, BatchSource, Built, EpochFeed, IdleClock, SourceInfo};
+use super::source::{BatchSource, Built, EpochFeed, IdleClock, SourceInfo, TaskQueue};
 use crate::error::{Error, Result};
 
 /// One step for the producer thread to build.
@@ -144,15 +144,10 @@ impl BatchSource for EmbeddedSource {
         _start_step: u64,
         _monitor: LoaderMonitor,
     ) -> Result<Box<dyn EpochFeed>> {
-        let (reply, receiver) = crossbeam_channel::unbounded();
         Ok(Box::new(EmbeddedFeed {
             job: Arc::clone(&self.job),
             plan: Arc::new(self.job.plan(epoch)?),
-            tasks: self.tasks.clone(),
-            reply,
-            receiver,
-            cancelled: Arc::new(AtomicBool::new(false)),
-            idle: self.idle.clone(),
+            queue: TaskQueue::new(self.tasks.clone(), self.idle.clone(), "the decode pool"),
             gpu_sixteenths: self
                 .lane
                 .as_ref()
@@ -305,11 +300,7 @@ fn build_with_lane(pool: &rayon::ThreadPool, lane: &GpuLane, task: Task) {
 struct EmbeddedFeed {
     job: Arc<Job>,
     plan: Arc<EpochPlan>,
-    tasks: Sender<Task>,
-    reply: Sender<Built>,
-    receiver: Receiver<Built>,
-    cancelled: Arc<AtomicBool>,
-    idle: IdleClock,
+    queue: TaskQueue<Task>,
     gpu_sixteenths: u8,
 }
 
@@ -325,26 +316,18 @@ impl EpochFeed for EmbeddedFeed {
             plan: Arc::clone(&self.plan),
             step,
             slot,
-            reply: self.reply.clone(),
-            cancelled: Arc::clone(&self.cancelled),
+            reply: self.queue.reply(),
+            cancelled: self.queue.cancelled(),
             gpu_sixteenths: self.gpu_sixteenths,
         };
-        if self.tasks.send(task).is_err() {
-            tracing::error!(step, "the producer thread is gone");
-        }
+        self.queue.send(step, task);
     }
 
     fn recv(&mut self, timeout: Duration) -> Result<Option<Built>> {
-        receive(&self.receiver, timeout, "the decode pool shut down")
+        self.queue.recv(timeout)
     }
 
     fn producer_idle(&self) -> Duration {
-        self.idle.total()
-    }
-}
-
-impl Drop for EmbeddedFeed {
-    fn drop(&mut self) {
-        self.cancelled.store(true, Ordering::Relaxed);
+        self.queue.producer_idle()
     }
 }

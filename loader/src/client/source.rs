@@ -4,11 +4,11 @@
 //! Everything above the seam (reorder, slot pool, prefetch controller, stall figures, resume,
 //! epoch-boundary prefetch, bad-sample reports) lives once, in [`super::stream`].
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use crossbeam_channel::{Receiver, RecvTimeoutError};
+use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
 use stoker_proto::v1::Batch;
 
 use super::gpu_decode::GpuLane;
@@ -120,5 +120,70 @@ pub fn receive<T>(receiver: &Receiver<T>, timeout: Duration, stopped: &str) -> R
         Ok(sent) => Ok(Some(sent)),
         Err(RecvTimeoutError::Timeout) => Ok(None),
         Err(RecvTimeoutError::Disconnected) => Err(Error::Stopped(stopped.into())),
+    }
+}
+
+/// The channels of a feed whose producer takes its tasks from a queue (the embedded decode
+/// pool, a Python dataset's lanes): the queue requests go into, the channel the built batches
+/// come back on, the epoch's cancel flag (set when the feed is dropped, so its queued tasks are
+/// skipped) and the producer's idle clock.
+#[derive(Debug)]
+pub struct TaskQueue<T> {
+    tasks: Sender<T>,
+    reply: Sender<Built>,
+    receiver: Receiver<Built>,
+    cancelled: Arc<AtomicBool>,
+    idle: IdleClock,
+    /// The producer, in messages ("the decode pool").
+    producer: &'static str,
+}
+
+impl<T> TaskQueue<T> {
+    /// A new epoch's channels over the producer's queue `tasks`.
+    pub fn new(tasks: Sender<T>, idle: IdleClock, producer: &'static str) -> TaskQueue<T> {
+        let (reply, receiver) = crossbeam_channel::unbounded();
+        TaskQueue {
+            tasks,
+            reply,
+            receiver,
+            cancelled: Arc::new(AtomicBool::new(false)),
+            idle,
+            producer,
+        }
+    }
+
+    /// Where a task sends its built batch.
+    pub fn reply(&self) -> Sender<Built> {
+        self.reply.clone()
+    }
+
+    /// The epoch's cancel flag, for its tasks.
+    pub fn cancelled(&self) -> Arc<AtomicBool> {
+        Arc::clone(&self.cancelled)
+    }
+
+    /// Queues the task of `step`; a producer that is gone is logged (the feed's next `recv`
+    /// reports it).
+    pub fn send(&self, step: u64, task: T) {
+        if self.tasks.send(task).is_err() {
+            tracing::error!(step, producer = self.producer, "the producer is gone");
+        }
+    }
+
+    /// [`EpochFeed::recv`] of the feed.
+    pub fn recv(&self, timeout: Duration) -> Result<Option<Built>> {
+        let stopped = format!("{} stopped", self.producer);
+        receive(&self.receiver, timeout, &stopped)
+    }
+
+    /// [`EpochFeed::producer_idle`] of the feed.
+    pub fn producer_idle(&self) -> Duration {
+        self.idle.total()
+    }
+}
+
+impl<T> Drop for TaskQueue<T> {
+    fn drop(&mut self) {
+        self.cancelled.store(true, Ordering::Relaxed);
     }
 }
