@@ -63,6 +63,36 @@ fn path(path: &Path) -> &str {
     path.to_str().unwrap()
 }
 
+/// A daemon's TLS flags: its certificate and key, and the CA its peers' certificates are
+/// checked against.
+fn tls_flags(pki: &TestCertificates) -> [&str; 6] {
+    [
+        "--tls-cert",
+        path(&pki.cert),
+        "--tls-key",
+        path(&pki.key),
+        "--tls-ca",
+        path(&pki.ca),
+    ]
+}
+
+/// A client's flags for the coordinator at `address` over TLS, checking `name` in its
+/// certificate.
+fn client_tls_flags<'a>(
+    address: &'a str,
+    pki: &'a TestCertificates,
+    name: &'a str,
+) -> [&'a str; 6] {
+    [
+        "--address",
+        address,
+        "--tls-ca",
+        path(&pki.ca),
+        "--tls-server-name",
+        name,
+    ]
+}
+
 /// A coordinator with `extra` flags, logging to `log`.
 fn coordinator(dir: &Path, log: &Path, extra: &[&str]) -> Daemon {
     let state = dir.join(format!(
@@ -226,16 +256,7 @@ fn tls_refusals_are_named_on_both_sides() {
     let tls = coordinator(
         dir.path(),
         &tls_log,
-        &[
-            "--token-file",
-            path(&token_file),
-            "--tls-cert",
-            path(&pki.cert),
-            "--tls-key",
-            path(&pki.key),
-            "--tls-ca",
-            path(&pki.ca),
-        ],
+        &[&["--token-file", path(&token_file)][..], &tls_flags(&pki)].concat(),
     );
 
     // A plaintext client on the TLS coordinator.
@@ -309,16 +330,7 @@ fn a_job_over_tls_with_a_token_gives_the_embedded_digest() {
     common::make_images(&data, 64);
     let pki = localhost_certificates(&dir.path().join("pki"));
     let token_file = write_token(dir.path(), "token", TOKEN);
-    let security = [
-        "--token-file",
-        path(&token_file),
-        "--tls-cert",
-        path(&pki.cert),
-        "--tls-key",
-        path(&pki.key),
-        "--tls-ca",
-        path(&pki.ca),
-    ];
+    let security = [&["--token-file", path(&token_file)][..], &tls_flags(&pki)].concat();
     let coordinator = coordinator(dir.path(), &dir.path().join("coordinator.log"), &security);
     // The worker dials the coordinator at 127.0.0.1 and checks the name its certificate has.
     let coordinator_name = ["--tls-server-name", "localhost"];
@@ -354,14 +366,7 @@ fn a_job_over_tls_with_a_token_gives_the_embedded_digest() {
     let embedded = last_line(&digest(&data, &[], None));
     // The coordinator's certificate names localhost only: the client dials 127.0.0.1 and checks
     // that name with --tls-server-name; the worker's address is a name its certificate has.
-    let remote = [
-        "--address",
-        &coordinator.address,
-        "--tls-ca",
-        path(&pki.ca),
-        "--tls-server-name",
-        "localhost",
-    ];
+    let remote = client_tls_flags(&coordinator.address, &pki, "localhost");
     assert_eq!(last_line(&digest(&data, &remote, Some(TOKEN))), embedded);
 
     let started = Instant::now();
@@ -388,17 +393,11 @@ fn a_wildcard_certificate_serves_every_name_under_it() {
     let token_file = write_token(dir.path(), "token", TOKEN);
     let under = "pod-1.stoker-workers.ns.svc.cluster.local";
     let security = [
-        "--token-file",
-        path(&token_file),
-        "--tls-cert",
-        path(&pki.cert),
-        "--tls-key",
-        path(&pki.key),
-        "--tls-ca",
-        path(&pki.ca),
-        "--tls-server-name",
-        under,
-    ];
+        &["--token-file", path(&token_file)][..],
+        &tls_flags(&pki),
+        &["--tls-server-name", under],
+    ]
+    .concat();
     // The coordinator takes --tls-server-name too (it calls the workers to describe jobs).
     let coordinator = coordinator(dir.path(), &dir.path().join("coordinator.log"), &security);
     let _worker = Daemon::worker_logging_to(
@@ -408,14 +407,7 @@ fn a_wildcard_certificate_serves_every_name_under_it() {
         File::create(dir.path().join("worker.log")).unwrap(),
     );
     let embedded = last_line(&digest(&data, &[], None));
-    let remote = [
-        "--address",
-        &coordinator.address,
-        "--tls-ca",
-        path(&pki.ca),
-        "--tls-server-name",
-        under,
-    ];
+    let remote = client_tls_flags(&coordinator.address, &pki, under);
     assert_eq!(last_line(&digest(&data, &remote, Some(TOKEN))), embedded);
     // A name outside the wildcard (one label deeper) is refused.
     let outside = RemoteOptions {
@@ -743,14 +735,7 @@ fn the_dashboard_of_a_tls_coordinator_serves_https_with_a_secure_cookie() {
         "coordinator.log",
         &token_file,
         &credential_file,
-        &[
-            "--tls-cert",
-            path(&pki.cert),
-            "--tls-key",
-            path(&pki.key),
-            "--tls-ca",
-            path(&pki.ca),
-        ],
+        &tls_flags(&pki),
     );
     assert!(
         coordinator.banner.contains(" dashboard https://"),

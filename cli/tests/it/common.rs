@@ -223,11 +223,17 @@ impl Daemon {
         Daemon::coordinator_with(state, listen, &[])
     }
 
-    /// [`Daemon::coordinator`] with more flags.
+    /// [`Daemon::coordinator`] with more flags (the lease timeout among them, if they name
+    /// one).
     pub fn coordinator_with(state: &Path, listen: &str, extra: &[&str]) -> Daemon {
         let state = state.to_str().expect("a UTF-8 path");
         let args = ["coordinator", "--listen", listen, "--state", state];
-        let args = [&args[..], &["--lease-timeout-ms", "800"], extra].concat();
+        let lease: &[&str] = if extra.contains(&"--lease-timeout-ms") {
+            &[]
+        } else {
+            &["--lease-timeout-ms", "800"]
+        };
+        let args = [&args[..], lease, extra].concat();
         Daemon::start(env!("CARGO_BIN_EXE_stoker"), &args)
     }
 

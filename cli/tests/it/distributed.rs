@@ -6,7 +6,7 @@
 #![allow(clippy::unwrap_used)]
 
 use std::collections::BTreeMap;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use stoker_loader::{BatchDigest, ErrorKind, Loader, LoaderOptions, RemoteOptions};
@@ -43,21 +43,31 @@ fn remote_with(
     worker_grace: Duration,
     stall_reopen: Duration,
 ) -> stoker_loader::Result<Loader> {
-    Loader::remote(
-        address,
-        spec,
-        LoaderOptions {
-            prefetch: 4,
-            deadline: Duration::from_secs(60),
-            ..LoaderOptions::default()
-        },
-        RemoteOptions {
-            connect_timeout: Duration::from_secs(30),
-            stall_reopen,
-            worker_grace,
-            ..RemoteOptions::default()
-        },
-    )
+    let options = RemoteOptions {
+        stall_reopen,
+        worker_grace,
+        ..RemoteOptions::default()
+    };
+    remote_configured(address, spec, options)
+}
+
+/// The remote loader of `spec` at `address` with `options`, a 30 s connect timeout, 4 batches
+/// ahead and a 60 s deadline.
+pub(crate) fn remote_configured(
+    address: &str,
+    spec: JobSpec,
+    options: RemoteOptions,
+) -> stoker_loader::Result<Loader> {
+    let loader = LoaderOptions {
+        prefetch: 4,
+        deadline: Duration::from_secs(60),
+        ..LoaderOptions::default()
+    };
+    let options = RemoteOptions {
+        connect_timeout: Duration::from_secs(30),
+        ..options
+    };
+    Loader::remote(address, spec, loader, options)
 }
 
 /// Every batch of the rank's epoch from the embedded loader: digest and step -> indices.
@@ -159,11 +169,17 @@ fn fixture() -> tempfile::TempDir {
     dir
 }
 
-#[test]
-fn a_worker_killed_mid_epoch_costs_no_sample_and_duplicates_none() {
+/// The fixture, its images' folder, and a coordinator journaling beside them (no worker yet).
+fn cluster() -> (tempfile::TempDir, PathBuf, Daemon) {
     let dir = fixture();
     let data = dir.path().join("data");
     let coordinator = Daemon::coordinator(&dir.path().join("state"), "127.0.0.1:0");
+    (dir, data, coordinator)
+}
+
+#[test]
+fn a_worker_killed_mid_epoch_costs_no_sample_and_duplicates_none() {
+    let (dir, data, coordinator) = cluster();
     let mut first = Daemon::worker(&coordinator.address, dir.path());
     let _second = Daemon::worker(&coordinator.address, dir.path());
     let got = distributed(&coordinator.address, &data, || first.kill());
@@ -190,9 +206,7 @@ fn a_coordinator_restarted_mid_epoch_resumes_from_its_journal() {
 
 #[test]
 fn a_worker_that_joins_mid_epoch_takes_tasks() {
-    let dir = fixture();
-    let data = dir.path().join("data");
-    let coordinator = Daemon::coordinator(&dir.path().join("state"), "127.0.0.1:0");
+    let (dir, data, coordinator) = cluster();
     let mut first = Daemon::worker(&coordinator.address, dir.path());
     let mut second = Daemon::worker(&coordinator.address, dir.path());
     let mut third = None;
@@ -253,9 +267,7 @@ fn a_worker_whose_address_answers_late_gets_its_stream() {
     // and the batches it builds wait for them; once the address answers, the clients open
     // their streams to it and the epoch completes, each sample once. (The other worker lets
     // the job register: the coordinator has a worker open it first.)
-    let dir = fixture();
-    let data = dir.path().join("data");
-    let coordinator = Daemon::coordinator(&dir.path().join("state"), "127.0.0.1:0");
+    let (dir, data, coordinator) = cluster();
     let (advertised, listening) = (free_port(), free_port());
     let _reachable = Daemon::worker(&coordinator.address, dir.path());
     let _late = Daemon::worker_with(
@@ -391,17 +403,11 @@ pub(crate) fn http_get(address: &str, path: &str) -> String {
 fn clients_report_to_the_coordinator_dashboard() {
     let dir = fixture();
     let data = dir.path().join("data");
-    let coordinator = Daemon::start(
-        env!("CARGO_BIN_EXE_stoker"),
-        &[
-            "coordinator",
-            "--listen",
-            "127.0.0.1:0",
-            "--state",
-            dir.path().join("state").to_str().unwrap(),
-            "--http",
-            "127.0.0.1:0",
-        ],
+    // The daemon's own lease timeout (3 s), not the tests' 800 ms.
+    let coordinator = Daemon::coordinator_with(
+        &dir.path().join("state"),
+        "127.0.0.1:0",
+        &["--lease-timeout-ms", "3000", "--http", "127.0.0.1:0"],
     );
     let http = coordinator
         .banner
@@ -461,9 +467,7 @@ fn clients_report_to_the_coordinator_dashboard() {
 
 #[test]
 fn digest_with_an_address_prints_the_embedded_hash() {
-    let dir = fixture();
-    let data = dir.path().join("data");
-    let coordinator = Daemon::coordinator(&dir.path().join("state"), "127.0.0.1:0");
+    let (dir, data, coordinator) = cluster();
     let _workers = [
         Daemon::worker(&coordinator.address, dir.path()),
         Daemon::worker(&coordinator.address, dir.path()),
@@ -551,9 +555,7 @@ fn a_loader_dropped_mid_epoch_closes_its_session_at_once() {
 
 #[test]
 fn a_job_whose_workers_all_died_fails_with_worker_unavailable() {
-    let dir = fixture();
-    let data = dir.path().join("data");
-    let coordinator = Daemon::coordinator(&dir.path().join("state"), "127.0.0.1:0");
+    let (dir, data, coordinator) = cluster();
     let mut workers = [
         Daemon::worker(&coordinator.address, dir.path()),
         Daemon::worker(&coordinator.address, dir.path()),
@@ -596,9 +598,7 @@ fn a_job_whose_workers_all_died_fails_with_worker_unavailable() {
 
 #[test]
 fn errors_keep_their_kind_across_the_wire() {
-    let dir = fixture();
-    let data = dir.path().join("data");
-    let coordinator = Daemon::coordinator(&dir.path().join("state"), "127.0.0.1:0");
+    let (dir, data, coordinator) = cluster();
     let _worker = Daemon::worker(&coordinator.address, dir.path());
     let kind_of = |spec: JobSpec| match remote(&coordinator.address, spec) {
         Ok(_) => panic!("the job should be refused"),

@@ -46,14 +46,10 @@ fn a_worker_stopped_with_sigterm_drains_and_the_epoch_loses_and_duplicates_nothi
     let data = dir.path().join("data");
     common::make_images(&data, 200);
     let state = dir.path().join("state");
-    let coordinator = Daemon::start(
-        env!("CARGO_BIN_EXE_stoker"),
+    let coordinator = Daemon::coordinator_with(
+        &state,
+        "127.0.0.1:0",
         &[
-            "coordinator",
-            "--listen",
-            "127.0.0.1:0",
-            "--state",
-            state.to_str().unwrap(),
             "--lease-timeout-ms",
             "60000",
             "--http",

@@ -8,28 +8,18 @@
 
 use std::time::{Duration, Instant};
 
-use stoker_loader::{BatchDigest, Loader, LoaderOptions, RemoteOptions};
+use stoker_loader::{BatchDigest, Loader, RemoteOptions};
 use stoker_proto::v1::JobSpec;
 
 use crate::common::{self, Daemon};
-use crate::distributed::{embedded, http_get};
+use crate::distributed::{embedded, http_get, remote_configured};
 
 fn remote(address: &str, spec: JobSpec, job_weight: u32) -> Loader {
-    Loader::remote(
-        address,
-        spec,
-        LoaderOptions {
-            prefetch: 4,
-            deadline: Duration::from_secs(60),
-            ..LoaderOptions::default()
-        },
-        RemoteOptions {
-            connect_timeout: Duration::from_secs(30),
-            job_weight,
-            ..RemoteOptions::default()
-        },
-    )
-    .unwrap()
+    let options = RemoteOptions {
+        job_weight,
+        ..RemoteOptions::default()
+    };
+    remote_configured(address, spec, options).unwrap()
 }
 
 #[test]
