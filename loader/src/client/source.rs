@@ -136,6 +136,8 @@ pub struct TaskQueue<T> {
     idle: IdleClock,
     /// The producer, in messages ("the decode pool").
     producer: &'static str,
+    /// What `recv` says once the producer is gone.
+    stopped: String,
 }
 
 impl<T> TaskQueue<T> {
@@ -149,6 +151,7 @@ impl<T> TaskQueue<T> {
             cancelled: Arc::new(AtomicBool::new(false)),
             idle,
             producer,
+            stopped: format!("{producer} stopped"),
         }
     }
 
@@ -172,8 +175,7 @@ impl<T> TaskQueue<T> {
 
     /// [`EpochFeed::recv`] of the feed.
     pub fn recv(&self, timeout: Duration) -> Result<Option<Built>> {
-        let stopped = format!("{} stopped", self.producer);
-        receive(&self.receiver, timeout, &stopped)
+        receive(&self.receiver, timeout, &self.stopped)
     }
 
     /// [`EpochFeed::producer_idle`] of the feed.

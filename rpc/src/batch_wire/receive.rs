@@ -2,7 +2,6 @@
 //! into the place a [`Landing`] gives.
 
 use std::collections::VecDeque;
-use std::convert::Infallible;
 use std::future::poll_fn;
 use std::ops::Range;
 use std::pin::Pin;
@@ -68,8 +67,9 @@ impl Landing for BufferLanding {
     }
 }
 
-/// A response body of the given chunks, then `trailers` (none: it just ends there): a stream as
-/// the reader takes it, for tests and the fuzz target.
+/// A body of the given chunks, then `trailers` (none: it just ends there): the one-message
+/// request of [`subscribe`], and a response stream as the reader takes it, for tests and the
+/// fuzz target.
 #[derive(Debug, Default)]
 pub struct ChunkBody {
     chunks: VecDeque<Bytes>,
@@ -107,6 +107,10 @@ impl Body for ChunkBody {
                 .take()
                 .map(|t| Ok(http_body::Frame::trailers(t))),
         })
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.chunks.is_empty() && self.trailers.is_none()
     }
 }
 
@@ -406,7 +410,7 @@ where
     message.put_u8(0);
     message.put_u32(request.encoded_len() as u32);
     request.encode_raw(&mut message);
-    let mut call = http::Request::new(TonicBody::new(OneChunk(Some(message.freeze()))));
+    let mut call = http::Request::new(TonicBody::new(ChunkBody::new([message.freeze()], None)));
     *call.method_mut() = http::Method::POST;
     *call.uri_mut() = http::Uri::from_static(SUBSCRIBE_PATH);
     let headers = call.headers_mut();
@@ -435,28 +439,4 @@ where
         )));
     }
     Ok(BatchReader::new(response.into_body(), max_message))
-}
-
-/// A request body of one chunk.
-struct OneChunk(Option<Bytes>);
-
-impl Body for OneChunk {
-    type Data = Bytes;
-    type Error = Infallible;
-
-    fn poll_frame(
-        self: Pin<&mut Self>,
-        _cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<http_body::Frame<Bytes>, Infallible>>> {
-        Poll::Ready(
-            self.get_mut()
-                .0
-                .take()
-                .map(|chunk| Ok(http_body::Frame::data(chunk))),
-        )
-    }
-
-    fn is_end_stream(&self) -> bool {
-        self.0.is_none()
-    }
 }
