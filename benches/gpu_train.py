@@ -63,6 +63,12 @@ def main() -> int:
     parser.add_argument("--steps", type=int, default=60)
     parser.add_argument("--warmup", type=int, default=10)
     parser.add_argument("--rows", default="ceiling,dataloader,stoker-cpu,stoker-cuda")
+    parser.add_argument(
+        "--gpu-memory",
+        type=int,
+        default=None,
+        help="the GPU decode lane's gpu_memory in MiB (default: the loader's)",
+    )
     args = parser.parse_args()
 
     try:
@@ -230,6 +236,8 @@ def run_row(
             }
         if kind in ("stoker-gpu", "stoker-auto"):
             options["decode"] = kind.removeprefix("stoker-")
+            if args.gpu_memory is not None:
+                options["gpu_memory"] = args.gpu_memory << 20
         loader = stoker.Loader(
             str(args.data),
             pipeline=pipeline,
@@ -311,6 +319,7 @@ def print_row(r: dict[str, Any], flush: bool) -> None:
     if lane:
         lane_text = (
             f"  lane {lane['rows']} rows, declined {lane['declined_rows']}, "
+            f"fell back {lane['fallback_rows']}, "
             f"GPU {lane['gpu_rows_per_s']:.0f} / CPU {lane['cpu_rows_per_s']:.0f} rows/s, "
             f"split {r.get('decode_split_sixteenths')}/16, "
             f"{lane['memory_bytes'] >> 20} MiB"

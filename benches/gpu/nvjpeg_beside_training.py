@@ -8,7 +8,9 @@ lane asks for; ``yuv``: planar YUV). Prints, per format: the GPU work one batch 
 torch's profiler), batches per second decoded alone, then the decode rate and ResNet-18's
 training rate (as in ``benches/gpu_train.py``: bfloat16, channels_last, batch 256, synthetic
 data on the GPU) while a thread decodes beside the training loop. The ceiling (training alone)
-is printed first. Without a CUDA GPU or nvJPEG it says so and exits 0.
+is printed first. ``--states 1,2,4`` then measures, for interleaved RGB, that many decode states
+at once (a thread each, as the lane's pipes), alone and beside training. Without a CUDA GPU or
+nvJPEG it says so and exits 0.
 
     python3 benches/gpu/nvjpeg_beside_training.py --data /tmp/stoker-gpu-bench-data
 """
@@ -45,6 +47,7 @@ def main() -> int:
     parser.add_argument("--images", type=int, default=256)
     parser.add_argument("--seconds", type=float, default=3.0)
     parser.add_argument("--formats", default="rgbi,yuv")
+    parser.add_argument("--states", default="", help="counts of decode states at once, e.g. 1,2,4")
     args = parser.parse_args()
     import torch
     import torchvision
@@ -57,11 +60,7 @@ def main() -> int:
         print("nvjpeg_beside_training: libnvjpeg.so.13 not found; nothing to measure")
         return 0
     torch.empty(1, device="cuda")
-    handle = ctypes.c_void_p()
-    check(
-        nvjpeg.nvjpegCreateEx(BACKEND_HARDWARE, None, None, 0, ctypes.byref(handle)),
-        "create",
-    )
+    handle = new_handle(nvjpeg)
     files = baseline_jpegs(args.data, args.images)
     print(
         f"{torch.cuda.get_device_name()}, {len(os.sched_getaffinity(0))} cores: "
@@ -86,7 +85,7 @@ def main() -> int:
 
     train(1.0)
     print(f"ResNet-18 alone: {train(args.seconds):.0f} img/s", flush=True)
-    for name in args.formats.split(","):
+    for name in filter(None, args.formats.split(",")):
         batch = Batch(torch, nvjpeg, handle, files, FORMATS[name])
         batch.decode()
         started = time.perf_counter()
@@ -126,7 +125,53 @@ def main() -> int:
             f"{training:.0f} img/s",
             flush=True,
         )
+    for count in [int(n) for n in args.states.split(",") if n]:
+        batches = [
+            Batch(torch, nvjpeg, new_handle(nvjpeg), files, FORMATS["rgbi"]) for _ in range(count)
+        ]
+        for each in batches:
+            each.decode()
+        alone = decode_at_once(batches, lambda: time.sleep(args.seconds) or 0.0)
+        beside = decode_at_once(batches, lambda: train(args.seconds))
+        print(
+            f"rgbi, {count} states at once: decoded alone {alone[0]:.0f} img/s; beside "
+            f"training, decoded {beside[0]:.0f} img/s while ResNet-18 trained at "
+            f"{beside[1]:.0f} img/s",
+            flush=True,
+        )
     return 0
+
+
+def decode_at_once(batches: list[Batch], during: Any) -> tuple[float, float]:
+    """Images per second that ``batches`` decode, a thread each, while ``during()`` runs, and
+    what ``during()`` returned."""
+    stop = threading.Event()
+    decoded = [0] * len(batches)
+    failures: list[BaseException] = []
+
+    def decode_until_stopped(k: int) -> None:
+        try:
+            while not stop.is_set():
+                batches[k].decode()
+                decoded[k] += batches[k].count
+        except BaseException as error:  # SystemExit from check() too: a thread hides it
+            failures.append(error)
+
+    threads = [
+        threading.Thread(target=decode_until_stopped, args=(k,)) for k in range(len(batches))
+    ]
+    for thread in threads:
+        thread.start()
+    time.sleep(0.3)
+    before, started = sum(decoded), time.perf_counter()
+    result = during()
+    rate = (sum(decoded) - before) / (time.perf_counter() - started)
+    stop.set()
+    for thread in threads:
+        thread.join()
+    if failures:
+        raise SystemExit(f"a decode thread failed: {failures[0]!r}")
+    return rate, result
 
 
 def load_nvjpeg() -> Any:
@@ -143,6 +188,16 @@ def load_nvjpeg() -> Any:
         except OSError:
             continue
     return None
+
+
+def new_handle(nvjpeg: Any) -> Any:
+    """A handle on nvJPEG's hardware backend."""
+    handle = ctypes.c_void_p()
+    check(
+        nvjpeg.nvjpegCreateEx(BACKEND_HARDWARE, None, None, 0, ctypes.byref(handle)),
+        "create",
+    )
+    return handle
 
 
 def check(status: int, call: str) -> None:

@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use cudarc::driver::result;
 
-use super::{ALIGN, PIPES};
+use super::ALIGN;
 use crate::client::cuda::Cuda;
 use crate::client::gpu_decode::kernel::CropItem;
 use crate::client::gpu_decode::GpuDecodeError;
@@ -31,22 +31,25 @@ pub struct LaneMemory {
     /// nvJPEG's own device allocations may reach this much.
     pub(super) nvjpeg_limit: usize,
     pub(super) cap: usize,
+    /// Pipes, each with an arena and kernel parameters of its own.
+    pub(super) pipes: usize,
 }
 
 impl LaneMemory {
     /// Splits `cap` bytes: up to 8 ring buffers of `batch_rows` rows of `row_bytes` (at least
-    /// 2, at most a quarter of the cap beyond those 2), then thirds of the rest for each pipe's
-    /// arena and for nvJPEG. Allocates all but nvJPEG's share now.
+    /// 2, at most a quarter of the cap beyond those 2), then equal parts of the rest for each of
+    /// the `pipes` arenas and for nvJPEG. Allocates all but nvJPEG's share now.
     pub(super) fn allocate(
         cuda: &Arc<Cuda>,
         cap: usize,
         batch_rows: usize,
         row_bytes: usize,
+        pipes: usize,
     ) -> std::result::Result<LaneMemory, GpuDecodeError> {
         let ring_slot_bytes = (batch_rows * row_bytes).div_ceil(ALIGN) * ALIGN;
         let params_bytes = (batch_rows * std::mem::size_of::<CropItem>()).max(ALIGN);
         let ring_slots = ((cap / 4) / ring_slot_bytes.max(1)).clamp(2, 8);
-        let fixed = ring_slots * ring_slot_bytes + PIPES * params_bytes;
+        let fixed = ring_slots * ring_slot_bytes + pipes * params_bytes;
         let rest = cap.saturating_sub(fixed);
         if rest < MIN_DECODE_MEMORY {
             return Err(GpuDecodeError::Memory(format!(
@@ -56,7 +59,7 @@ impl LaneMemory {
                 MIN_DECODE_MEMORY - rest
             )));
         }
-        let arena_bytes = (rest / (PIPES + 1)) / ALIGN * ALIGN;
+        let arena_bytes = (rest / (pipes + 1)) / ALIGN * ALIGN;
         let mut memory = LaneMemory {
             cuda: Arc::clone(cuda),
             arenas: Vec::new(),
@@ -66,12 +69,13 @@ impl LaneMemory {
             ring_slots,
             ring_slot_bytes,
             params_bytes,
-            nvjpeg_limit: rest - PIPES * arena_bytes,
+            nvjpeg_limit: rest - pipes * arena_bytes,
             cap,
+            pipes,
         };
         // On failure `memory` drops and frees what was allocated so far.
         cuda.in_context("cuMemAlloc", || {
-            for _ in 0..PIPES {
+            for _ in 0..pipes {
                 // SAFETY: plain allocations in the device's context.
                 memory
                     .arenas
@@ -90,7 +94,7 @@ impl LaneMemory {
 
     /// Device bytes allocated here (nvJPEG's own are counted apart).
     pub fn allocated(&self) -> usize {
-        PIPES * (self.arena_bytes + self.params_bytes) + self.ring_slots * self.ring_slot_bytes
+        self.pipes * (self.arena_bytes + self.params_bytes) + self.ring_slots * self.ring_slot_bytes
     }
 
     /// The cap the memory was planned within.

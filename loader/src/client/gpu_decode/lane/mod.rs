@@ -35,8 +35,29 @@ pub use memory::LaneMemory;
 use pipe::{run, Kernel, Pipe};
 pub use rows::DeviceRows;
 
-/// Pipes: streams with their own decode state and arena, used in turn.
+/// Pipes (streams with their own decode state and arena, used in turn) unless
+/// `STOKER_GPU_DECODE_PIPES` names another count from 1 to [`MAX_PIPES`].
 const PIPES: usize = 2;
+
+/// The most pipes `STOKER_GPU_DECODE_PIPES` may ask for.
+const MAX_PIPES: usize = 8;
+
+/// The pipe count: `STOKER_GPU_DECODE_PIPES` when it holds a count from 1 to [`MAX_PIPES`],
+/// else [`PIPES`] (with a warning when it is set to something else).
+fn pipe_count(asked: Option<&str>) -> usize {
+    match asked.map(|text| text.trim().parse::<usize>()) {
+        None => PIPES,
+        Some(Ok(count)) if (1..=MAX_PIPES).contains(&count) => count,
+        Some(_) => {
+            tracing::warn!(
+                asked = asked.unwrap_or_default(),
+                default = PIPES,
+                "STOKER_GPU_DECODE_PIPES is not a count from 1 to 8; using the default"
+            );
+            PIPES
+        }
+    }
+}
 
 /// Alignment of each decoded image in an arena.
 const ALIGN: usize = 256;
@@ -312,16 +333,18 @@ impl GpuLane {
         let cuda = Cuda::open(options.device).map_err(|e| GpuDecodeError::Cuda(e.to_string()))?;
         let (height, width) = pipeline.output_size();
         let row_bytes = pipeline.bytes_per_sample();
+        let pipe_count = pipe_count(std::env::var("STOKER_GPU_DECODE_PIPES").ok().as_deref());
         let memory = Arc::new(LaneMemory::allocate(
             &cuda,
             options.memory_bytes,
             batch_size.max(1),
             row_bytes,
+            pipe_count,
         )?);
         let stats = Arc::new(LaneStats::default());
         let kernel = Kernel::load(&cuda, &options.library_dirs)?;
-        let mut pipes = Vec::with_capacity(PIPES);
-        for index in 0..PIPES {
+        let mut pipes = Vec::with_capacity(pipe_count);
+        for index in 0..pipe_count {
             match Pipe::new(
                 index,
                 &cuda,
@@ -357,7 +380,7 @@ impl GpuLane {
             working: Mutex::new((0, None)),
         });
         let (tasks, queue) = crossbeam_channel::bounded(1);
-        let mut threads = Vec::with_capacity(PIPES);
+        let mut threads = Vec::with_capacity(pipe_count);
         for pipe in pipes {
             let (thread_shared, queue) = (Arc::clone(&shared), queue.clone());
             let name = format!("stoker-gpu{}-decode{}", options.device, pipe.index);
@@ -377,6 +400,7 @@ impl GpuLane {
             device = options.device,
             hardware = shared.hardware,
             cap = options.memory_bytes,
+            pipes = pipe_count,
             "GPU decode lane started"
         );
         let started = !threads.is_empty();
@@ -538,5 +562,21 @@ impl GpuLane {
 impl Drop for GpuLane {
     fn drop(&mut self) {
         self.shutdown();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_pipe_count_is_the_default_unless_a_count_in_range_is_asked_for() {
+        assert_eq!(pipe_count(None), PIPES);
+        assert_eq!(pipe_count(Some("4")), 4);
+        assert_eq!(pipe_count(Some(" 1 ")), 1);
+        assert_eq!(pipe_count(Some("8")), MAX_PIPES);
+        for wrong in ["0", "9", "two", "", "-1"] {
+            assert_eq!(pipe_count(Some(wrong)), PIPES, "{wrong:?}");
+        }
     }
 }

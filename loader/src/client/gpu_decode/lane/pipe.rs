@@ -11,7 +11,7 @@ use crossbeam_channel::Receiver;
 use cudarc::driver::{result, sys, DriverError};
 use stoker_worker::{AssembledBatch, DivertedImage, Job};
 
-use super::{add_since, driver, DeviceRows, LaneMemory, LaneStats, LaneTask, Shared, ALIGN, PIPES};
+use super::{add_since, driver, DeviceRows, LaneMemory, LaneStats, LaneTask, Shared, ALIGN};
 use crate::client::cuda::{describe, Cuda};
 use crate::client::gpu_decode::kernel::{self, CropItem};
 use crate::client::gpu_decode::nvjpeg::{Decoder, Image};
@@ -121,13 +121,14 @@ impl Pipe {
         let mut failure = None;
         let pipe = cuda.in_context("starting the GPU decode lane", || {
             let batch_hint = (memory.params_bytes / std::mem::size_of::<CropItem>()) as i32;
-            let decoder = match Decoder::new(dirs, 1, batch_hint, memory.nvjpeg_limit / PIPES) {
-                Ok(decoder) => decoder,
-                Err(error) => {
-                    failure = Some(error);
-                    return Err(DriverError(sys::cudaError_enum::CUDA_ERROR_UNKNOWN));
-                }
-            };
+            let decoder =
+                match Decoder::new(dirs, 1, batch_hint, memory.nvjpeg_limit / memory.pipes) {
+                    Ok(decoder) => decoder,
+                    Err(error) => {
+                        failure = Some(error);
+                        return Err(DriverError(sys::cudaError_enum::CUDA_ERROR_UNKNOWN));
+                    }
+                };
             let mut pipe = Pipe {
                 index,
                 decoder,
