@@ -16,7 +16,9 @@ ResNet-18 and ResNet-50 from torchvision, bfloat16 autocast, channels_last, SGD,
 
 A row named ``ROW@N`` runs with N decode threads instead of ``--workers`` (``stoker-auto@7``:
 a node with fewer cores per GPU). A row named ``loader:ROW`` runs the loader alone, without
-the model (its images/s is what decoding and cropping deliver).
+the model (its images/s is what decoding and cropping deliver). ``--side-stream`` runs every
+row's loop on a stream of its own (set current) instead of the legacy default stream;
+``--gpu-memory`` sets the lane's ``gpu_memory`` in MiB.
 
 Per row: images/s over ``--steps`` steps after ``--warmup`` (CUDA synchronised at both ends),
 its share of the ceiling, host wait % (time inside ``next()`` and the loop's own copy), GPU
@@ -69,6 +71,11 @@ def main() -> int:
         default=None,
         help="the GPU decode lane's gpu_memory in MiB (default: the loader's)",
     )
+    parser.add_argument(
+        "--side-stream",
+        action="store_true",
+        help="train (and take batches) on a stream of its own instead of the legacy default one",
+    )
     args = parser.parse_args()
 
     try:
@@ -102,11 +109,13 @@ def main() -> int:
         f"{device_name}, {cores} cores, torch {torch.__version__}, torchvision "
         f"{torchvision.__version__}, stoker {stoker.__version__}; batch {args.batch_size}, "
         f"{args.workers} workers/threads, {args.steps} steps after {args.warmup}; CUDA start-up "
-        f"{cuda_startup_s:.2f} s",
+        f"{cuda_startup_s:.2f} s{'; on a side stream' if args.side_stream else ''}",
         flush=True,
     )
     rows = args.rows.split(",")
     results: list[dict[str, Any]] = []
+    if args.side_stream:
+        torch.cuda.set_stream(torch.cuda.Stream())
     for model_name in args.models.split(","):
         model = Model(torch, torchvision, model_name, args.batch_size)
         ceiling = None

@@ -9,7 +9,8 @@ torch's profiler), batches per second decoded alone, then the decode rate and Re
 training rate (as in ``benches/gpu_train.py``: bfloat16, channels_last, batch 256, synthetic
 data on the GPU) while a thread decodes beside the training loop. The ceiling (training alone)
 is printed first. ``--states 1,2,4`` then measures, for interleaved RGB, that many decode states
-at once (a thread each, as the lane's pipes), alone and beside training. Without a CUDA GPU or
+at once (a thread each, as the lane's pipes), alone and beside training; ``--side-stream``
+trains on a stream of its own rather than the legacy default stream. Without a CUDA GPU or
 nvJPEG it says so and exits 0.
 
     python3 benches/gpu/nvjpeg_beside_training.py --data /tmp/stoker-gpu-bench-data
@@ -48,6 +49,11 @@ def main() -> int:
     parser.add_argument("--seconds", type=float, default=3.0)
     parser.add_argument("--formats", default="rgbi,yuv")
     parser.add_argument("--states", default="", help="counts of decode states at once, e.g. 1,2,4")
+    parser.add_argument(
+        "--side-stream",
+        action="store_true",
+        help="train on a stream of its own instead of the legacy default stream",
+    )
     args = parser.parse_args()
     import torch
     import torchvision
@@ -64,10 +70,13 @@ def main() -> int:
     files = baseline_jpegs(args.data, args.images)
     print(
         f"{torch.cuda.get_device_name()}, {len(os.sched_getaffinity(0))} cores: "
-        f"{len(files)} JPEGs of {sum(map(len, files)) // max(1, len(files))} bytes on average",
+        f"{len(files)} JPEGs of {sum(map(len, files)) // max(1, len(files))} bytes on average; "
+        f"training on {'a side stream' if args.side_stream else 'the default stream'}",
         flush=True,
     )
 
+    if args.side_stream:
+        torch.cuda.set_stream(torch.cuda.Stream())
     model = Model(torch, torchvision, "resnet18", 256)
     images = torch.randn(256, 3, 224, 224, device="cuda").contiguous(
         memory_format=torch.channels_last
