@@ -9,18 +9,7 @@
 # an H100 or H200 with 16 cores.
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
-out="${OUT:-/tmp/stoker-gpu-out}"
-mkdir -p "$out"
-site=/tmp/stoker-site
-bin=/tmp/stoker-bin
-data=/tmp/stoker-gpu-bench-data
-export PYTHONUNBUFFERED=1 PYTHONFAULTHANDLER=1
-python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target "$site" .device/*.whl || exit 1
-export PYTHONPATH="$site"
-mkdir -p "$bin"
-gunzip -c .device/stoker.gz > "$bin/stoker" && chmod +x "$bin/stoker"
-{ nvidia-smi -L; nproc; python3 -c 'import torch, stoker; print("torch", torch.__version__, "cuda", torch.version.cuda, "stoker", stoker.__version__)'; } 2>&1 | tee "$out/machine.log"
-"$bin/stoker" make-dataset --out "$data" --count 10000 2>&1 | tail -1
+source benches/gpu/install.sh
 started=$SECONDS
 timeout 120 python3 - "$data" <<'PY' 2>&1 | tee "$out/smoke.log"
 import sys, time

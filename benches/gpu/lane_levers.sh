@@ -11,18 +11,7 @@
 # About 4 minutes on an H100 or H200 with 16 cores.
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
-out="${OUT:-/tmp/stoker-gpu-out}"
-mkdir -p "$out"
-site=/tmp/stoker-site
-bin=/tmp/stoker-bin
-data=/tmp/stoker-gpu-bench-data
-export PYTHONUNBUFFERED=1 PYTHONFAULTHANDLER=1
-python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target "$site" .device/*.whl || exit 1
-export PYTHONPATH="$site"
-mkdir -p "$bin"
-gunzip -c .device/stoker.gz > "$bin/stoker" && chmod +x "$bin/stoker"
-{ nvidia-smi -L; nproc; python3 -c 'import torch, stoker; print("torch", torch.__version__, "cuda", torch.version.cuda, "stoker", stoker.__version__)'; } 2>&1 | tee "$out/machine.log"
-[ -d "$data" ] || "$bin/stoker" make-dataset --out "$data" --count 10000 2>&1 | tail -1
+source benches/gpu/install.sh
 for connections in ${NVJPEG_CONNECTIONS-8 32}; do
     started=$SECONDS
     CUDA_DEVICE_MAX_CONNECTIONS=$connections timeout 90 python3 benches/gpu/nvjpeg_beside_training.py \

@@ -7,23 +7,7 @@
 # Meant to end within 8 minutes on an H100 with 16 cores.
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
-out="${OUT:-/tmp/stoker-gpu-out}"
-mkdir -p "$out"
-site=/tmp/stoker-site
-bin=/tmp/stoker-bin
-data=/tmp/stoker-gpu-bench-data
-export PYTHONUNBUFFERED=1
-python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target "$site" .device/*.whl || exit 1
-export PYTHONPATH="$site"
-mkdir -p "$bin"
-for name in stoker stoker-worker; do
-    gunzip -c ".device/$name.gz" > "$bin/$name" && chmod +x "$bin/$name"
-done
-export STOKER_BIN_DIR="$bin"
-{ nvidia-smi -L; nproc; python3 -c 'import torch, stoker; print("torch", torch.__version__, "cuda", torch.version.cuda, "stoker", stoker.__version__)'; } 2>&1 | tee "$out/machine.log"
-started=$SECONDS
-"$bin/stoker" make-dataset --out "$data" --count 10000 2>&1 | tail -1
-echo "data made in $((SECONDS - started)) s"
+source benches/gpu/install.sh
 started=$SECONDS
 (cd python-client && timeout 240 python3 -m pytest -m gpu tests/test_gpu.py -q -rs -p no:cacheprovider 2>&1) | tee "$out/pytest.log"
 echo "pytest -m gpu: $((SECONDS - started)) s"

@@ -1,0 +1,22 @@
+# Sourced by the GPU scripts (run.sh, decode_check.sh, lane_levers.sh) from the repository
+# root on the GPU machine: installs the wheel and binaries benches/gpu/pack.sh put in
+# `.device/` (the package under $site on PYTHONPATH, the binaries in $bin, named by
+# STOKER_BIN_DIR), makes $out, writes the machine's GPU, cores and versions to
+# $out/machine.log, and makes the 10,000-image set at $data unless it is there.
+out="${OUT:-/tmp/stoker-gpu-out}"
+site=/tmp/stoker-site
+bin=/tmp/stoker-bin
+data=/tmp/stoker-gpu-bench-data
+mkdir -p "$out" "$bin"
+export PYTHONUNBUFFERED=1 PYTHONFAULTHANDLER=1
+python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target "$site" .device/*.whl || exit 1
+export PYTHONPATH="$site" STOKER_BIN_DIR="$bin"
+for name in stoker stoker-worker; do
+    gunzip -c ".device/$name.gz" > "$bin/$name" && chmod +x "$bin/$name"
+done
+{ nvidia-smi -L; nproc; python3 -c 'import torch, stoker; print("torch", torch.__version__, "cuda", torch.version.cuda, "stoker", stoker.__version__)'; } 2>&1 | tee "$out/machine.log"
+if [ ! -d "$data" ]; then
+    made=$SECONDS
+    "$bin/stoker" make-dataset --out "$data" --count 10000 2>&1 | tail -1
+    echo "data made in $((SECONDS - made)) s"
+fi
