@@ -2,7 +2,8 @@
 ``Loader.from_dataset``: integers and flags in range, dataset sources, rank and world size (with
 their defaults from torch.distributed or the environment), decode threads, the dashboard's
 address and credential, prefetch, error policy, timeouts, output kind, formats, the remote
-settings, and importing torch when an output needs it. Every check runs before
+settings, DataLoader-only arguments (refused with what to use instead), and importing torch
+when an output needs it. Every check runs before
 any thread starts or any file is read, and names the argument it refuses.
 """
 
@@ -12,7 +13,30 @@ import errno
 import math
 import os
 import sys
+from collections.abc import Mapping
 from typing import Any, Final, Literal, TypeGuard
+
+# DataLoader arguments with no Stoker meaning, and what to use instead.
+DATALOADER_ONLY: Final[Mapping[str, str]] = {
+    "num_workers": "use num_threads=N (decode threads in this process; no worker processes); "
+    "Loader.from_dataset takes num_workers for a Python Dataset",
+    "sampler": "use shuffle, seed, rank and world_size (the order is planned in Rust)",
+    "batch_sampler": "use batch_size and drop_last (batches are planned in Rust)",
+    "collate_fn": "batches are assembled in Rust as a dict of tensors; post-process them in "
+    "the training loop (Loader.from_dataset takes collate_fn for a Python Dataset)",
+    "pin_memory_device": "use device='cuda:N' (batches delivered on that GPU) or pin_memory=True "
+    "(page-locked slots, registered for every device)",
+    "worker_init_fn": "there are no worker processes; pipelines are declarative stoker.ops",
+    "persistent_workers": "decode threads live as long as the Loader; close() stops them",
+    "prefetch_factor": "use prefetch=N (batches in flight) or prefetch='auto'",
+    "generator": "use seed=N (every random draw is seeded by seed, epoch and sample index)",
+    "multiprocessing_context": "there are no worker processes",
+    "in_order": "batches always come in step order, which makes runs reproducible",
+    "dataset": "pass a dataset path as source, or wrap a map-style Dataset with "
+    "Loader.from_dataset(dataset, ...)",
+    "transform": "use pipeline=[stoker.ops...] or stoker.vision.imagenet_train() (a Python "
+    "Dataset with its own transform: Loader.from_dataset(dataset, transform=...))",
+}
 
 # The ranges of the native side's integer arguments.
 MAX_U32: Final = 2**32 - 1
@@ -287,3 +311,14 @@ def check_remote(
         raise ValueError(
             "tls_server_name needs tls_ca (the CA that signed the daemons' certificates)"
         )
+
+
+def refuse_unexpected(unsupported: Mapping[str, Any]) -> None:
+    """Refuses keyword arguments :class:`~stoker.Loader` does not take: a DataLoader-only one
+    with a ValueError naming what to use instead, any other with a TypeError."""
+    for name in unsupported:
+        if name in DATALOADER_ONLY:
+            raise ValueError(f"Loader does not take DataLoader's {name}=: {DATALOADER_ONLY[name]}")
+    if unsupported:
+        names = ", ".join(sorted(unsupported))
+        raise TypeError(f"Loader got unexpected keyword argument(s): {names}")

@@ -36,6 +36,7 @@ from stoker.arguments import (
     dashboard_credential_path,
     default_threads,
     import_torch,
+    refuse_unexpected,
     remote_source_path,
     resolve_output,
     resolve_rank,
@@ -54,28 +55,6 @@ _log = logging.getLogger("stoker")
 
 # Per-sample logs are capped: a folder full of bad files should not drown the training log.
 _MAX_LOGGED_BAD_SAMPLES: Final = 20
-
-# DataLoader arguments with no Stoker meaning, and what to use instead.
-_DATALOADER_ONLY: Final[Mapping[str, str]] = {
-    "num_workers": "use num_threads=N (decode threads in this process; no worker processes); "
-    "Loader.from_dataset takes num_workers for a Python Dataset",
-    "sampler": "use shuffle, seed, rank and world_size (the order is planned in Rust)",
-    "batch_sampler": "use batch_size and drop_last (batches are planned in Rust)",
-    "collate_fn": "batches are assembled in Rust as a dict of tensors; post-process them in "
-    "the training loop (Loader.from_dataset takes collate_fn for a Python Dataset)",
-    "pin_memory_device": "use device='cuda:N' (batches delivered on that GPU) or pin_memory=True "
-    "(page-locked slots, registered for every device)",
-    "worker_init_fn": "there are no worker processes; pipelines are declarative stoker.ops",
-    "persistent_workers": "decode threads live as long as the Loader; close() stops them",
-    "prefetch_factor": "use prefetch=N (batches in flight) or prefetch='auto'",
-    "generator": "use seed=N (every random draw is seeded by seed, epoch and sample index)",
-    "multiprocessing_context": "there are no worker processes",
-    "in_order": "batches always come in step order, which makes runs reproducible",
-    "dataset": "pass a dataset path as source, or wrap a map-style Dataset with "
-    "Loader.from_dataset(dataset, ...)",
-    "transform": "use pipeline=[stoker.ops...] or stoker.vision.imagenet_train() (a Python "
-    "Dataset with its own transform: Loader.from_dataset(dataset, transform=...))",
-}
 
 # What Loader.from_dataset calls: stoker.dataset's builder, registered when that module loads
 # (stoker's __init__ imports it). stoker.dataset subclasses Loader, so it imports this module,
@@ -331,15 +310,7 @@ class Loader:
         self._closed = False
         self._forked = False
 
-        for name in unsupported:
-            if name in _DATALOADER_ONLY:
-                raise ValueError(
-                    f"Loader does not take DataLoader's {name}=: {_DATALOADER_ONLY[name]}"
-                )
-        if unsupported:
-            names = ", ".join(sorted(unsupported))
-            raise TypeError(f"Loader got unexpected keyword argument(s): {names}")
-
+        refuse_unexpected(unsupported)
         check_remote(address, token, tls_ca, tls_server_name)
         device_index = gpu.parse_device(device)
         pin_memory = check_bool(pin_memory, "pin_memory")
@@ -403,30 +374,8 @@ class Loader:
             pipeline = list(pipeline)
             self._ops = check_pipeline(pipeline) if pipeline else []
             native_ops = self._ops
-            entries = []
-            for mixed, weight in self._mix.sources:
-                ops = self._ops if mixed.pipeline is None else check_pipeline(mixed.pipeline)
-                whose = f"the {{}} of source {os.fspath(mixed.path)!r}"
-                source_format = (
-                    self._format
-                    if mixed.format is None
-                    else check_format(mixed.format, whose.format("format"))
-                )
-                text_column = check_text_column(mixed.text_column, whose.format("text_column"))
-                entries.append(
-                    (
-                        locate(mixed.path),
-                        [op.to_dict() for op in ops],
-                        weight,
-                        source_format,
-                        text_column or self._text_column,
-                    )
-                )
-            native_mix = (entries, self._mix.window, self._mix.epoch_end, self._mix.epoch_samples)
-            self._source = "+".join(entry[0] for entry in entries)
-            job_name = "+".join(
-                os.path.basename(os.path.normpath(entry[0])) or "python" for entry in entries
-            )
+            native_mix = self._mix.native(self._ops, self._format, self._text_column, locate)
+            self._source, job_name = native_mix.source, native_mix.job_name
         pin_device = (
             device_index
             if device_index is not None
@@ -460,7 +409,7 @@ class Loader:
             token=token,
             tls_ca=None if tls_ca is None else os.fspath(tls_ca),
             tls_server_name=tls_server_name,
-            mix=native_mix,
+            mix=None if native_mix is None else native_mix.arguments(),
             pin_device=pin_device,
             pinned_budget=budget,
             release_streams=(
@@ -888,9 +837,7 @@ class Loader:
         self._epoch = epoch + 1
         self._step = 0
 
-    def _take_staged(
-        self, generation: int
-    ) -> tuple[int, Any, list[int], list[BadSample]] | None:
+    def _take_staged(self, generation: int) -> tuple[int, Any, list[int], list[BadSample]] | None:
         """The batch staged ahead on the device for this iterator, if any."""
         staged, self._staged = self._staged, None
         if staged is None or staged[0] != generation:
@@ -900,9 +847,7 @@ class Loader:
             raise taken
         return taken  # type: ignore[no-any-return]
 
-    def _to_batch(
-        self, item: NativeBatch
-    ) -> tuple[int, Any, list[int], list[BadSample]]:
+    def _to_batch(self, item: NativeBatch) -> tuple[int, Any, list[int], list[BadSample]]:
         _, step, tensors, indices, bad, device_rows = item
         if self._device_stage is not None:
             staged = self._device_stage.stage(tensors, device_rows)

@@ -1,18 +1,20 @@
 """A mix as :class:`stoker.Loader` takes it: the sources with their weights, checked, and the
-epoch rule. A leaf module: :mod:`stoker.loader` reads a mix request without importing
+epoch rule, and the form the native loader takes it in. A leaf module beside the argument
+checks and ops it uses: :mod:`stoker.loader` reads a mix request without importing
 :mod:`stoker.mix`, which builds loaders.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from stoker.ops import Op
+from stoker.arguments import check_format, check_text_column
+from stoker.ops import Op, check_pipeline
 
-__all__ = ["MixRequest", "Source"]
+__all__ = ["MixRequest", "NativeMix", "Source"]
 
 
 @dataclass(frozen=True, eq=False)
@@ -47,3 +49,57 @@ class MixRequest:
             "epoch_end": self.epoch_end,
             "epoch_samples": self.epoch_samples,
         }
+
+    def native(
+        self, ops: list[Op], format: str, text_column: str, locate: Callable[[object], str]
+    ) -> NativeMix:
+        """The mix as the native loader takes it: each source located (``locate``, the
+        loader's path check) with its own pipeline, format and text column checked, or the
+        loader's ``ops``, ``format`` and ``text_column`` where it names none."""
+        entries = []
+        for mixed, weight in self.sources:
+            source_ops = ops if mixed.pipeline is None else check_pipeline(mixed.pipeline)
+            whose = f"the {{}} of source {os.fspath(mixed.path)!r}"
+            source_format = (
+                format
+                if mixed.format is None
+                else check_format(mixed.format, whose.format("format"))
+            )
+            column = check_text_column(mixed.text_column, whose.format("text_column"))
+            entries.append(
+                (
+                    locate(mixed.path),
+                    [op.to_dict() for op in source_ops],
+                    weight,
+                    source_format,
+                    column or text_column,
+                )
+            )
+        return NativeMix(entries, self.window, self.epoch_end, self.epoch_samples)
+
+
+@dataclass(frozen=True)
+class NativeMix:
+    """A mix's sources as the native loader takes them: (path, op dicts, weight, format, text
+    column) each, with the mix's window and epoch rule."""
+
+    entries: list[tuple[str, list[dict[str, Any]], float, str, str]]
+    window: int
+    epoch_end: str
+    epoch_samples: int
+
+    @property
+    def source(self) -> str:
+        """The sources' paths joined by ``+``: the loader's ``source`` in its repr and logs."""
+        return "+".join(entry[0] for entry in self.entries)
+
+    @property
+    def job_name(self) -> str:
+        """The sources' folder names joined by ``+``: the job's name on the dashboard."""
+        return "+".join(
+            os.path.basename(os.path.normpath(entry[0])) or "python" for entry in self.entries
+        )
+
+    def arguments(self) -> tuple[Any, int, str, int]:
+        """The native loader's ``mix`` argument."""
+        return (self.entries, self.window, self.epoch_end, self.epoch_samples)
