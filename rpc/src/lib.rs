@@ -9,19 +9,24 @@
 //! - [`describe_only`]: a data server that only describes jobs (benches and tests);
 //! - [`network`]: where channels lead: sockets, or an in-process network of named addresses
 //!   (the services' unit tests run over it, with connections they can cut);
-//! - [`security`]: the shared token and TLS; [`health`]: the probes;
+//! - [`security`]: the shared token and TLS; `health`: the probes;
 //! - the daemons' runtime, listening socket, shutdown signal and logging.
+//!
+//! The servers' side (tonic's server, the probes, the daemons' runtime and logging) comes with
+//! the `server` feature; without it the crate is what a client needs.
 
 #[doc(hidden)]
 pub mod fuzz_targets;
 
 pub mod batch_wire;
 pub mod describe_only;
+#[cfg(feature = "server")]
 pub mod health;
 pub mod network;
 pub mod security;
 pub mod transport;
 
+#[cfg(feature = "server")]
 /// The daemons' runtime: two tokio threads for the network (decoding has its own pool).
 pub fn daemon_runtime() -> std::io::Result<tokio::runtime::Runtime> {
     tokio::runtime::Builder::new_multi_thread()
@@ -30,6 +35,7 @@ pub fn daemon_runtime() -> std::io::Result<tokio::runtime::Runtime> {
         .build()
 }
 
+#[cfg(feature = "server")]
 /// Binds a daemon's listening socket; the error names the address.
 pub async fn listen(address: std::net::SocketAddr) -> std::io::Result<tokio::net::TcpListener> {
     tokio::net::TcpListener::bind(address)
@@ -37,6 +43,7 @@ pub async fn listen(address: std::net::SocketAddr) -> std::io::Result<tokio::net
         .map_err(|e| std::io::Error::new(e.kind(), format!("cannot listen on {address}: {e}")))
 }
 
+#[cfg(feature = "server")]
 /// Resolves at Ctrl-C or SIGTERM, for the daemons to stop cleanly.
 pub async fn shutdown_signal() {
     let mut terminate =
@@ -52,6 +59,7 @@ pub async fn shutdown_signal() {
     }
 }
 
+#[cfg(feature = "server")]
 /// Sets up `tracing` on stderr for the command-line tools: warnings by default, `-v` info,
 /// `-vv` debug; `RUST_LOG` overrides. Colours only when stderr is a terminal (a log file or a
 /// pipe gets plain text).

@@ -15,6 +15,7 @@ use std::task::{Context, Poll, Waker};
 use tokio::io::{AsyncRead, AsyncWrite, DuplexStream, ReadBuf};
 use tokio::sync::mpsc;
 use tonic::service::interceptor::InterceptedService;
+#[cfg(feature = "server")]
 use tonic::transport::server::Connected;
 use tonic::transport::{Endpoint, Uri};
 
@@ -26,8 +27,10 @@ use stoker_worker::Error;
 const PIPE_BYTES: usize = 256 << 10;
 
 /// A connection a server serves: a socket's (TLS or plain) or an in-memory one.
+#[cfg(feature = "server")]
 pub trait Connection: AsyncRead + AsyncWrite + Connected + Unpin + Send + 'static {}
 
+#[cfg(feature = "server")]
 impl<T: AsyncRead + AsyncWrite + Connected + Unpin + Send + 'static> Connection for T {}
 
 /// Where the channels a service makes lead.
@@ -217,6 +220,7 @@ impl MemoryConnection {
     }
 }
 
+#[cfg(feature = "server")]
 impl Connected for MemoryConnection {
     type ConnectInfo = ();
 

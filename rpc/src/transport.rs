@@ -12,7 +12,9 @@
 use std::time::Duration;
 
 use tonic::service::interceptor::InterceptedService;
-use tonic::transport::{Channel, Endpoint, Server};
+#[cfg(feature = "server")]
+use tonic::transport::Server;
+use tonic::transport::{Channel, Endpoint};
 use tonic::{Code, Status};
 
 use crate::security::{refusal_of, AttachToken, ClientSecurity};
@@ -39,6 +41,7 @@ const CONNECTION_WINDOW: u32 = 64 << 20;
 const MAX_FRAME: u32 = 64 << 10;
 
 /// A server builder with Stoker's transport settings.
+#[cfg(feature = "server")]
 pub fn server() -> Server {
     Server::builder()
         .initial_stream_window_size(STREAM_WINDOW)

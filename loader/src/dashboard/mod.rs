@@ -308,11 +308,10 @@ impl axum::serve::Listener for TlsListener {
 
     async fn accept(&mut self) -> (Self::Io, Self::Addr) {
         use tokio_stream::StreamExt;
-        use tonic::transport::server::Connected;
         loop {
             match self.incoming.next().await {
                 Some(Ok(connection)) => {
-                    let peer = connection.connect_info();
+                    let peer = connection.peer();
                     if !peer.tls {
                         tracing::warn!(peer = ?peer.remote, "plain HTTP to the HTTPS dashboard; connection dropped");
                         continue;

@@ -156,6 +156,14 @@ impl AsyncWrite for ServerConnection {
     }
 }
 
+impl ServerConnection {
+    /// Who connected, and whether over TLS.
+    pub fn peer(&self) -> PeerInfo {
+        self.peer
+    }
+}
+
+#[cfg(feature = "server")]
 impl tonic::transport::server::Connected for ServerConnection {
     type ConnectInfo = PeerInfo;
 

@@ -1,7 +1,8 @@
 //! The lane itself: its device memory ([`memory`]), the pipes that decode and crop the rows it
 //! was given ([`pipe`]), and the rows it hands out with their batch ([`rows`]).
 //!
-//! Two pipes, each a thread with its own nvJPEG decoder, CUDA stream, arena of decoded images
+//! Two pipes (unless `STOKER_GPU_DECODE_PIPES` asks for another count),
+//! each a thread with its own nvJPEG decoder, CUDA stream, arena of decoded images
 //! and kernel parameters, take batches from the lane's queue: nvJPEG's batched decode call
 //! returns only once the engines are done with it, so one pipe's call overlaps the other's
 //! and its kernel. A pipe reuses its arena and state only once its previous work is done (an
