@@ -263,7 +263,8 @@ class DatasetLoader(Loader):
         super().close()
 
     def __repr__(self) -> str:
-        state = "closed" if self._closed else f"epoch={self._epoch}, step={self._step}"
+        position = self._position
+        state = "closed" if self._closed else f"epoch={position.epoch}, step={position.step}"
         return (
             f"DatasetLoader({self._source}, batch_size={self._batch_size}, "
             f"rank={self._rank}, world_size={self._world_size}, {state})"

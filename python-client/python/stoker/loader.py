@@ -561,18 +561,7 @@ class Loader:
         # handle may not be touched.
         self._num_samples: int = self._native.num_samples
         # The position of the next batch to yield, which is what state_dict() saves.
-        self._epoch = 0
-        self._step = 0
-        # A position from load_state_dict() that the next iter() starts at.
-        self._resume_epoch = 0
-        self._resume_step: int | None = None
-        # The epoch resumed on another world size, if any, and its resizes ((cursor, taken)
-        # pairs, oldest first), which state_dict() saves while that epoch runs.
-        self._resized_epoch: int | None = None
-        self._resizes: list[tuple[int, list[int]]] = []
-        # Bumped by every iter(), set_epoch() and load_state_dict(): an older iterator then
-        # refuses to go on instead of yielding batches of a position nobody asked for.
-        self._generation = 0
+        self._position = resume.Position()
         self._bad_samples_logged = 0
         self._pid = os.getpid()
         _LIVE_LOADERS.add(self)
@@ -597,7 +586,7 @@ class Loader:
     @property
     def epoch(self) -> int:
         """The epoch the next ``iter()`` runs."""
-        return self._epoch
+        return self._position.epoch
 
     @property
     def rank(self) -> int:
@@ -629,7 +618,7 @@ class Loader:
     def __len__(self) -> int:
         """Batches of the current epoch for this rank (fewer in an epoch resumed on another
         world size, see :meth:`load_state_dict`)."""
-        return self._handle().steps_in(self._epoch)
+        return self._handle().steps_in(self._position.epoch)
 
     def __iter__(self) -> BatchIterator:
         """Starts the current epoch (at the resume step after :meth:`load_state_dict`).
@@ -638,14 +627,12 @@ class Loader:
         :meth:`set_epoch` or :meth:`load_state_dict`, ends the previous one.
         """
         native = self._handle()
-        epoch = self._epoch
-        step = self._resume_step if self._resume_step is not None else 0
+        position = self._position
+        epoch = position.epoch
         self._staged = None
-        native.start_epoch(epoch, step)
-        self._resume_step = None
-        self._step = step
-        self._generation += 1
-        return BatchIterator(self, self._generation, epoch)
+        native.start_epoch(epoch, position.resume_step or 0)
+        position.start()
+        return BatchIterator(self, position.generation, epoch)
 
     def set_epoch(self, epoch: int) -> None:
         """Sets the epoch the next ``iter()`` runs, like ``DistributedSampler.set_epoch``.
@@ -655,11 +642,7 @@ class Loader:
         so ``load_state_dict(s)`` then ``set_epoch(s["epoch"])`` still resumes mid-epoch.
         """
         self._handle()
-        self._epoch = check_int(epoch, "epoch", 0, MAX_U64)
-        if self._resume_step is not None and self._resume_epoch != self._epoch:
-            self._resume_step = None
-        self._step = self._resume_step if self._resume_step is not None else 0
-        self._generation += 1
+        self._position.set_epoch(check_int(epoch, "epoch", 0, MAX_U64))
 
     def state_dict(self) -> dict[str, Any]:
         """The position of the next batch, and the settings a resume must match.
@@ -667,12 +650,9 @@ class Loader:
         ``load_state_dict`` on a loader made with the same arguments then yields, as its next
         batch, exactly the batch this one would have yielded next. Works after :meth:`close`.
         """
-        resizes = self._resizes if self._resized_epoch == self._epoch else []
         state: dict[str, Any] = {
             "version": resume.STATE_VERSION,
-            "epoch": self._epoch,
-            "step": self._resume_step if self._resume_step is not None else self._step,
-            "resizes": [[cursor, list(taken)] for cursor, taken in resizes],
+            **self._position.saved(),
             "seed": self._seed,
             "batch_size": self._batch_size,
             "num_samples": self._num_samples,
@@ -685,7 +665,7 @@ class Loader:
             state["mix"] = self._mix.fingerprint()
         split = self._decode_split()
         if split is not None:
-            state["decode_split"] = [self._epoch, split]
+            state["decode_split"] = [self._position.epoch, split]
         return state
 
     def _decode_split(self) -> int | None:
@@ -694,7 +674,7 @@ class Loader:
         native = self._native
         if native is None or self._decode == "cpu":
             return None
-        split: int | None = native.decode_split(self._epoch)
+        split: int | None = native.decode_split(self._position.epoch)
         return split
 
     def load_state_dict(self, state: Mapping[str, Any] | Sequence[Mapping[str, Any]]) -> None:
@@ -718,7 +698,8 @@ class Loader:
         self._handle()
         saved = resume.read_states(state, self.state_dict())
         epoch, old_world, resizes, steps = saved.epoch, saved.world_size, saved.resizes, saved.steps
-        self._resized_epoch, self._resizes = None, []
+        position = self._position
+        position.resized_epoch, position.resizes = None, []
         if old_world == self._world_size and len(set(steps)) == 1 and not resizes:
             step = steps[0]
             steps_in_epoch = self._handle().steps_per_epoch
@@ -730,17 +711,10 @@ class Loader:
             step, steps_in_epoch, chain = self._handle().resume_resized(
                 epoch, resizes, old_world, steps
             )
-            self._resized_epoch, self._resizes = epoch, chain
+            position.resized_epoch, position.resizes = epoch, chain
         if saved.decode_split is not None and self._decode != "cpu":
             self._handle().set_decode_split(*saved.decode_split)
-        if step == steps_in_epoch:
-            # Saved right after the last batch (or nothing was left): the next epoch starts.
-            epoch, step = epoch + 1, 0
-        self._epoch = epoch
-        self._step = step
-        self._resume_epoch = epoch
-        self._resume_step = step
-        self._generation += 1
+        position.resume(epoch, step, steps_in_epoch)
 
     # -- stats and lifetime -----------------------------------------------------------------
 
@@ -802,7 +776,8 @@ class Loader:
     def __repr__(self) -> str:
         if self._native is None:
             return "Loader(<not initialised>)"
-        state = "closed" if self._closed else f"epoch={self._epoch}, step={self._step}"
+        position = self._position
+        state = "closed" if self._closed else f"epoch={position.epoch}, step={position.step}"
         return (
             f"Loader({self._source!r}, batch_size={self._batch_size}, rank={self._rank}, "
             f"world_size={self._world_size}, output={self._output!r}, {state})"
@@ -832,10 +807,6 @@ class Loader:
         # the interpreter does not know about (it clears module globals at exit, so a list
         # would not do) keeps the handle's destructor from ever running in this process.
         ctypes.pythonapi.Py_IncRef(ctypes.py_object(self._native))
-
-    def _finish_epoch(self, epoch: int) -> None:
-        self._epoch = epoch + 1
-        self._step = 0
 
     def _take_staged(self, generation: int) -> tuple[int, Any, list[int], list[BadSample]] | None:
         """The batch staged ahead on the device for this iterator, if any."""
@@ -923,7 +894,8 @@ class BatchIterator(Iterator[dict[str, Any]]):
             raise StopIteration
         loader = self._loader
         native = loader._handle()
-        if loader._generation != self._generation:
+        position = loader._position
+        if position.generation != self._generation:
             raise StokerError(
                 "this iterator is stale: iter(), set_epoch() or load_state_dict() was called on "
                 "its Loader since; iterate the Loader again"
@@ -937,7 +909,7 @@ class BatchIterator(Iterator[dict[str, Any]]):
                 item = native.next_batch()
                 if item is None:
                     self._done = True
-                    loader._finish_epoch(self.epoch)
+                    position.finish_epoch(self.epoch)
                     raise StopIteration
                 staged = loader._to_batch(item)
             step, batch, self.sample_indices, self.bad_samples = staged
@@ -959,7 +931,7 @@ class BatchIterator(Iterator[dict[str, Any]]):
         if meter is not None:
             meter.after()
         self.step = step
-        loader._step = step + 1
+        position.step = step + 1
         out: dict[str, Any] = batch
         return out
 

@@ -1,20 +1,21 @@
-"""What ``Loader.state_dict`` saves and what ``Loader.load_state_dict`` accepts.
+"""Where a loader stands, what ``Loader.state_dict`` saves and what ``Loader.load_state_dict``
+accepts.
 
 A state is the position of the next batch (epoch, step, the resizes of an epoch resumed on
 another world size) and the settings a resume must match (a batch is a function of them and
-the position). This module checks states and reads one or several ranks' states into the
-position they resume; the loader turns that into its next epoch and step.
+the position). This module keeps a loader's :class:`Position`, checks states and reads one or
+several ranks' states into the position they resume.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Final
 
 from stoker.arguments import MAX_U32, MAX_U64, check_int
 
-__all__ = ["STATE_VERSION", "Saved", "check_state", "read_states"]
+__all__ = ["STATE_VERSION", "Position", "Saved", "check_state", "read_states"]
 
 STATE_VERSION: Final = 1
 # Keys of state_dict() that must match on load: a batch is a function of these and the position.
@@ -41,6 +42,68 @@ class Saved:
     steps: list[int]
     # [epoch, sixteenths] of the GPU decode split, when one was saved.
     decode_split: tuple[int, int] | None
+
+
+@dataclass
+class Position:
+    """Where a loader stands between batches: the epoch and step of the next batch, the
+    position a resumed state set for the next ``iter()``, the resizes of an epoch resumed on
+    another world size, and a generation that every ``iter()``, ``set_epoch()`` and
+    ``load_state_dict()`` bumps, so an older iterator refuses to go on instead of yielding
+    batches of a position nobody asked for."""
+
+    epoch: int = 0
+    step: int = 0
+    # A position from load_state_dict() that the next iter() starts at.
+    resume_epoch: int = 0
+    resume_step: int | None = None
+    # The epoch resumed on another world size, if any, and its resizes ((cursor, taken)
+    # pairs, oldest first), which a state saves while that epoch runs.
+    resized_epoch: int | None = None
+    resizes: list[tuple[int, list[int]]] = field(default_factory=list)
+    generation: int = 0
+
+    def start(self) -> int:
+        """Starts an iterator over the current epoch, at the resume step (once) or 0; returns
+        the step."""
+        step = self.resume_step if self.resume_step is not None else 0
+        self.resume_step = None
+        self.step = step
+        self.generation += 1
+        return step
+
+    def set_epoch(self, epoch: int) -> None:
+        """The next ``iter()`` runs ``epoch``, at the resume step when one was set for it."""
+        self.epoch = epoch
+        if self.resume_step is not None and self.resume_epoch != epoch:
+            self.resume_step = None
+        self.step = self.resume_step if self.resume_step is not None else 0
+        self.generation += 1
+
+    def finish_epoch(self, epoch: int) -> None:
+        """``epoch`` ran to its end: the next batch is the next epoch's first."""
+        self.epoch = epoch + 1
+        self.step = 0
+
+    def saved(self) -> dict[str, Any]:
+        """The position's part of a state: the next batch's epoch and step, and the current
+        epoch's resizes."""
+        resizes = self.resizes if self.resized_epoch == self.epoch else []
+        return {
+            "epoch": self.epoch,
+            "step": self.resume_step if self.resume_step is not None else self.step,
+            "resizes": [[cursor, list(taken)] for cursor, taken in resizes],
+        }
+
+    def resume(self, epoch: int, step: int, steps_in_epoch: int) -> None:
+        """The next ``iter()`` starts at ``step`` of ``epoch`` (of ``steps_in_epoch``
+        steps), or at the next epoch when that step is past the last batch."""
+        if step == steps_in_epoch:
+            # Saved right after the last batch (or nothing was left): the next epoch starts.
+            epoch, step = epoch + 1, 0
+        self.epoch = self.resume_epoch = epoch
+        self.step = self.resume_step = step
+        self.generation += 1
 
 
 def check_resizes(resizes: Any) -> list[tuple[int, list[int]]]:
