@@ -205,10 +205,7 @@ fn token_refusals_are_named_on_both_sides() {
 /// carries `token`: `NOT_FOUND` once past the token check.
 fn unknown_job_answer(address: &str, token: &str) -> tonic::Code {
     let security = ClientSecurity::new(Some(Token::new(token).unwrap()), None, None).unwrap();
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
+    let runtime = common::runtime();
     runtime.block_on(async {
         let channel = transport::channel(address, &security).unwrap();
         let status = CoordinatorClient::new(channel)
@@ -431,10 +428,7 @@ fn dashboard_address(coordinator: &Daemon) -> SocketAddr {
 /// `token`: each answer's code, by the RPC's name.
 fn every_rpc_answers(address: &str, worker: &str, token: &str) -> Vec<(&'static str, Code)> {
     let security = ClientSecurity::new(Some(Token::new(token).unwrap()), None, None).unwrap();
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
+    let runtime = common::runtime();
     runtime.block_on(async {
         let code = |answer: Result<(), Status>| answer.err().map_or(Code::Ok, |s| s.code());
         let mut coordinator =

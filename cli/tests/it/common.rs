@@ -318,3 +318,20 @@ impl Drop for Daemon {
         self.kill();
     }
 }
+
+/// A one-thread tokio runtime for a test's own RPCs.
+pub fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("a tokio runtime")
+}
+
+/// A plaintext client, with no token, of the coordinator at `address`.
+pub async fn coordinator_client(
+    address: &str,
+) -> stoker_proto::v1::coordinator_client::CoordinatorClient<tonic::transport::Channel> {
+    stoker_proto::v1::coordinator_client::CoordinatorClient::connect(format!("http://{address}"))
+        .await
+        .expect("a connection to the coordinator")
+}

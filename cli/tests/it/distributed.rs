@@ -10,7 +10,6 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use stoker_loader::{BatchDigest, ErrorKind, Loader, LoaderOptions, RemoteOptions};
-use stoker_proto::v1::coordinator_client::CoordinatorClient;
 use stoker_proto::v1::{JobSpec, OpenSessionRequest, RegisterJobRequest};
 
 use crate::common::{self, Daemon};
@@ -309,14 +308,9 @@ fn malformed_and_unauthorised_requests_get_errors_that_name_the_problem() {
     let coordinator = Daemon::coordinator(&dir.path().join("state"), "127.0.0.1:0");
     let _worker = Daemon::worker(&coordinator.address, &data);
 
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
+    let runtime = common::runtime();
     runtime.block_on(async {
-        let mut client = CoordinatorClient::connect(format!("http://{}", coordinator.address))
-            .await
-            .unwrap();
+        let mut client = common::coordinator_client(&coordinator.address).await;
         let register = |spec: JobSpec| RegisterJobRequest {
             spec: Some(spec),
             ..Default::default()
@@ -409,13 +403,7 @@ fn clients_report_to_the_coordinator_dashboard() {
         "127.0.0.1:0",
         &["--lease-timeout-ms", "3000", "--http", "127.0.0.1:0"],
     );
-    let http = coordinator
-        .banner
-        .split_whitespace()
-        .last()
-        .unwrap()
-        .trim_start_matches("http://")
-        .to_string();
+    let http = coordinator.banner_after("dashboard");
     let _workers = [
         Daemon::worker(&coordinator.address, dir.path()),
         Daemon::worker(&coordinator.address, dir.path()),
@@ -521,14 +509,9 @@ fn a_loader_dropped_mid_epoch_closes_its_session_at_once() {
     drop(stream);
     drop(loader);
 
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
+    let runtime = common::runtime();
     runtime.block_on(async {
-        let mut client = CoordinatorClient::connect(format!("http://{}", coordinator.address))
-            .await
-            .unwrap();
+        let mut client = common::coordinator_client(&coordinator.address).await;
         let job = client
             .register_job(RegisterJobRequest {
                 spec: Some(spec(&data, 1)),

@@ -470,9 +470,7 @@ fn hostile_requests_get_clear_errors_while_a_good_client_reads_on() {
         .build()
         .unwrap();
     runtime.block_on(async {
-        let mut client = CoordinatorClient::connect(format!("http://{}", coordinator.address))
-            .await
-            .unwrap();
+        let mut client = common::coordinator_client(&coordinator.address).await;
         let mut data_client = WorkerDataClient::connect(format!("http://{}", worker.address))
             .await
             .unwrap()

@@ -11,7 +11,6 @@ use std::path::Path;
 use std::time::Duration;
 
 use stoker_loader::{Loader, LoaderOptions, RemoteOptions};
-use stoker_proto::v1::coordinator_client::CoordinatorClient;
 use stoker_proto::v1::{JobSpec, OpenSessionRequest, RegisterJobRequest};
 use stoker_worker::resized_spec;
 
@@ -175,14 +174,9 @@ fn embedded_steps(spec: &JobSpec, epoch: u64) -> BTreeMap<u64, Vec<u64>> {
 /// What the coordinator at `address` journaled: the id it registers `spec` under (an existing
 /// job when it knows the spec), and the acknowledged position of each (rank, epoch) asked.
 fn journaled(address: &str, spec: &JobSpec, positions: &[(u32, u64)]) -> (u64, Vec<u64>) {
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
+    let runtime = common::runtime();
     runtime.block_on(async {
-        let mut client = CoordinatorClient::connect(format!("http://{address}"))
-            .await
-            .unwrap();
+        let mut client = common::coordinator_client(address).await;
         let job = client
             .register_job(RegisterJobRequest {
                 spec: Some(spec.clone()),

@@ -33,13 +33,7 @@ fn two_jobs_share_the_workers_and_both_finish_exactly_once() {
         "127.0.0.1:0",
         &["--http", "127.0.0.1:0", "--max-job-weight", "4"],
     );
-    let http = coordinator
-        .banner
-        .split_whitespace()
-        .last()
-        .unwrap()
-        .trim_start_matches("http://")
-        .to_string();
+    let http = coordinator.banner_after("dashboard");
     let _workers = [
         Daemon::worker(&coordinator.address, dir.path()),
         Daemon::worker(&coordinator.address, dir.path()),
@@ -189,13 +183,7 @@ fn workers_wanted_rises_with_a_clients_demand() {
         "127.0.0.1:0",
         &["--http", "127.0.0.1:0"],
     );
-    let http = coordinator
-        .banner
-        .split_whitespace()
-        .last()
-        .unwrap()
-        .trim_start_matches("http://")
-        .to_string();
+    let http = coordinator.banner_after("dashboard");
     let _worker = Daemon::worker(&coordinator.address, dir.path());
     // Full-size crops (224 px from small files): one one-thread worker builds a few batches a
     // second, far fewer than a trainer with no step of its own takes.
