@@ -12,7 +12,7 @@ use stoker_worker::Job;
 use super::cuda::Cuda;
 use super::embedded::EmbeddedSource;
 use super::gpu_decode::{GpuDecodeOptions, GpuLane};
-use super::monitor::LoaderMonitor;
+use super::monitor::{LoaderMonitor, LocalSources};
 use super::prefetch::{ControllerConfig, ControllerSnapshot, PrefetchController};
 use super::remote::{RemoteOptions, RemoteSource};
 use super::slots::{pinned_reserved, slot_stride, SlotPool};
@@ -95,14 +95,14 @@ pub(crate) struct Core {
 
 impl Core {
     pub(crate) fn monitor(&self) -> LoaderMonitor {
-        LoaderMonitor::local(
-            Arc::clone(&self.stats),
-            self.controller.clone(),
-            Arc::clone(&self.slots),
-            self.source.info().threads,
-            self.controller.is_none().then_some(self.prefetch),
-            self.source.gpu_lane().map(GpuLane::view),
-        )
+        LoaderMonitor::local(LocalSources {
+            stats: Arc::clone(&self.stats),
+            controller: self.controller.clone(),
+            slots: Arc::clone(&self.slots),
+            threads: self.source.info().threads,
+            fixed_prefetch: self.controller.is_none().then_some(self.prefetch),
+            lane: self.source.gpu_lane().map(GpuLane::view),
+        })
     }
 
     /// The GPU idle reported since the last call.

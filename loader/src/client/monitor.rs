@@ -18,16 +18,22 @@ pub struct LoaderMonitor {
 #[derive(Clone)]
 enum MonitorSource {
     /// A loader in this process.
-    Local {
-        stats: Arc<Mutex<StatsRecorder>>,
-        controller: Option<Arc<Mutex<PrefetchController>>>,
-        slots: Arc<SlotPool>,
-        threads: usize,
-        fixed_prefetch: Option<usize>,
-        lane: Option<LaneView>,
-    },
+    Local(LocalSources),
     /// The latest figures a remote client reported.
     Reported(Arc<Mutex<MonitorSnapshot>>),
+}
+
+/// Where a loader in this process keeps the figures a monitor reads.
+#[derive(Clone)]
+pub(crate) struct LocalSources {
+    pub(crate) stats: Arc<Mutex<StatsRecorder>>,
+    /// The prefetch controller, in auto mode.
+    pub(crate) controller: Option<Arc<Mutex<PrefetchController>>>,
+    pub(crate) slots: Arc<SlotPool>,
+    pub(crate) threads: usize,
+    /// The fixed depth, when not in auto mode.
+    pub(crate) fixed_prefetch: Option<usize>,
+    pub(crate) lane: Option<LaneView>,
 }
 
 /// One reading of a [`LoaderMonitor`].
@@ -50,23 +56,9 @@ pub struct MonitorSnapshot {
 }
 
 impl LoaderMonitor {
-    pub(crate) fn local(
-        stats: Arc<Mutex<StatsRecorder>>,
-        controller: Option<Arc<Mutex<PrefetchController>>>,
-        slots: Arc<SlotPool>,
-        threads: usize,
-        fixed_prefetch: Option<usize>,
-        lane: Option<LaneView>,
-    ) -> Self {
+    pub(crate) fn local(sources: LocalSources) -> Self {
         Self {
-            source: MonitorSource::Local {
-                stats,
-                controller,
-                slots,
-                threads,
-                fixed_prefetch,
-                lane,
-            },
+            source: MonitorSource::Local(sources),
         }
     }
 
@@ -80,27 +72,21 @@ impl LoaderMonitor {
     /// The figures now.
     pub fn snapshot(&self) -> MonitorSnapshot {
         match &self.source {
-            MonitorSource::Local {
-                stats,
-                controller,
-                slots,
-                threads,
-                fixed_prefetch,
-                lane,
-            } => MonitorSnapshot {
+            MonitorSource::Local(local) => MonitorSnapshot {
                 stats: {
-                    let mut stats = stats.lock().map(|s| s.snapshot()).unwrap_or_default();
-                    stats.gpu_decode = lane.as_ref().and_then(LaneView::figures);
+                    let mut stats = local.stats.lock().map(|s| s.snapshot()).unwrap_or_default();
+                    stats.gpu_decode = local.lane.as_ref().and_then(LaneView::figures);
                     stats
                 },
-                controller: controller
+                controller: local
+                    .controller
                     .as_ref()
                     .and_then(|c| c.lock().ok().map(|c| c.snapshot())),
-                fixed_prefetch: *fixed_prefetch,
-                slots_in_use: slots.in_use(),
-                slot_capacity: slots.capacity(),
-                slot_bytes: slots.slot_bytes(),
-                threads: *threads,
+                fixed_prefetch: local.fixed_prefetch,
+                slots_in_use: local.slots.in_use(),
+                slot_capacity: local.slots.capacity(),
+                slot_bytes: local.slots.slot_bytes(),
+                threads: local.threads,
             },
             MonitorSource::Reported(latest) => latest
                 .lock()

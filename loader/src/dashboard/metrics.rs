@@ -28,6 +28,11 @@ fn lane(job: &JobSeries) -> Option<&crate::client::stats::GpuDecodeFigures> {
         .and_then(|s| s.stats.gpu_decode.as_ref())
 }
 
+/// The newest reading's prefetch controller view, for jobs in automatic prefetch.
+fn controller(job: &JobSeries) -> Option<crate::client::prefetch::ControllerSnapshot> {
+    job.latest.as_ref().and_then(|s| s.controller)
+}
+
 /// A sample with only the job labels.
 fn one(value: Option<f64>) -> Samples {
     vec![(None, value)]
@@ -172,25 +177,13 @@ const FAMILIES: &[Family] = &[
         name: "stoker_batch_latency_seconds",
         kind: "gauge",
         help: "Smoothed time from requesting a batch to its arrival (automatic prefetch only).",
-        samples: |job| {
-            one(job
-                .latest
-                .as_ref()
-                .and_then(|s| s.controller)
-                .map(|c| c.latency_mean.as_secs_f64()))
-        },
+        samples: |job| one(controller(job).map(|c| c.latency_mean.as_secs_f64())),
     },
     Family {
         name: "stoker_trainer_step_seconds",
         kind: "gauge",
         help: "Smoothed time the trainer spends between next() calls (automatic prefetch only).",
-        samples: |job| {
-            one(job
-                .latest
-                .as_ref()
-                .and_then(|s| s.controller)
-                .map(|c| c.step_mean.as_secs_f64()))
-        },
+        samples: |job| one(controller(job).map(|c| c.step_mean.as_secs_f64())),
     },
     Family {
         name: "stoker_decode_threads",

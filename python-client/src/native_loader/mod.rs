@@ -47,10 +47,37 @@ pub(crate) struct NativeLoader {
 /// A resize as Python holds it: (cursor, taken positions).
 type PyResize = (u64, Vec<u64>);
 
+/// How page-locked slots are let go, and their pool.
+type SlotRelease = (Arc<ReleaseFences>, Arc<stoker_loader::SlotPool>);
+
+/// The current epoch's stream and what a batch handed out from it needs.
+struct Started<'a> {
+    stream: &'a mut EpochStream,
+    release: Option<SlotRelease>,
+    slots: Option<Arc<stoker_loader::SlotPool>>,
+}
+
 impl NativeLoader {
     /// The release of the current stream's page-locked slots, if they are.
-    fn release_for_stream(&self) -> Option<(Arc<ReleaseFences>, Arc<stoker_loader::SlotPool>)> {
+    fn release_for_stream(&self) -> Option<SlotRelease> {
         Some((self.release.clone()?, self.stream_slots.clone()?))
+    }
+
+    /// The current epoch's stream, with the release of its slots and the slots themselves (what
+    /// a batch handed out from it needs); a StokerError before `start_epoch` or after close.
+    fn started_stream(&mut self) -> PyResult<Started<'_>> {
+        self.loader()?;
+        let release = self.release_for_stream();
+        let slots = self.stream_slots.clone();
+        let stream = self
+            .stream
+            .as_mut()
+            .ok_or_else(|| raise(Kind::Stoker, "no epoch started: call start_epoch".into()))?;
+        Ok(Started {
+            stream,
+            release,
+            slots,
+        })
     }
 
     fn loader(&self) -> PyResult<&Arc<Loader>> {
@@ -430,13 +457,11 @@ impl NativeLoader {
     /// The next batch as (epoch, step, tensors, sample_indices, bad_samples, device_rows);
     /// None at the end of the epoch. Waits with the GIL released.
     fn next_batch<'py>(&mut self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyTuple>>> {
-        self.loader()?;
-        let release = self.release_for_stream();
-        let stream = self
-            .stream
-            .as_mut()
-            .ok_or_else(|| raise(Kind::Stoker, "no epoch started: call start_epoch".into()))?;
-        let slots = self.stream_slots.clone();
+        let Started {
+            stream,
+            release,
+            slots,
+        } = self.started_stream()?;
         wait_for_batch(py, release, slots, |interrupted| {
             stream.next_batch_checked(interrupted)
         })
@@ -445,14 +470,13 @@ impl NativeLoader {
     /// The next batch if it has already arrived, else None (also at the end of the epoch);
     /// never waits.
     fn try_next_batch<'py>(&mut self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyTuple>>> {
-        self.loader()?;
-        let release = self.release_for_stream();
-        let stream = self
-            .stream
-            .as_mut()
-            .ok_or_else(|| raise(Kind::Stoker, "no epoch started: call start_epoch".into()))?;
+        let Started {
+            stream,
+            release,
+            slots,
+        } = self.started_stream()?;
         match stream.try_next_batch().map_err(from_loader)? {
-            Some(batch) => batch_tuple(py, batch, release, self.stream_slots.clone()).map(Some),
+            Some(batch) => batch_tuple(py, batch, release, slots).map(Some),
             None => Ok(None),
         }
     }

@@ -73,8 +73,8 @@ impl Image {
 /// allocation and a release callback, and the context both are given.
 #[repr(C)]
 struct Allocator {
-    malloc: extern "C" fn(*mut c_void, *mut *mut c_void, usize, sys::CUstream) -> c_int,
-    free: extern "C" fn(*mut c_void, *mut c_void, usize, sys::CUstream) -> c_int,
+    malloc: extern "C" fn(Ctx, Out, usize, CuStream) -> c_int,
+    free: extern "C" fn(Ctx, *mut c_void, usize, CuStream) -> c_int,
     ctx: *mut c_void,
 }
 
@@ -250,83 +250,91 @@ pub struct Budget {
     pub allocations: std::sync::atomic::AtomicU64,
 }
 
-extern "C" fn device_malloc(
-    ctx: *mut c_void,
-    ptr: *mut *mut c_void,
-    size: usize,
-    _stream: sys::CUstream,
-) -> c_int {
-    // SAFETY: `ctx` is the decoder's `Budget`, alive while its handle is.
-    let budget = unsafe { &*(ctx as *const Budget) };
+/// An allocator callback's context (the decoder's [`Budget`]), the place for an allocation's
+/// address, and the stream nvJPEG names (unused: allocations are not stream-ordered here).
+type Ctx = *mut c_void;
+type Out = *mut *mut c_void;
+type CuStream = sys::CUstream;
+
+/// The status an allocator callback returns when it cannot allocate
+/// (`cudaErrorMemoryAllocation`).
+const NO_MEMORY: c_int = 2;
+
+/// The decoder's budget behind an allocator callback's context.
+///
+/// # Safety
+/// `ctx` is the decoder's `Budget`, alive while its handle is (as nvJPEG calls the callbacks).
+unsafe fn budget_of<'a>(ctx: Ctx) -> &'a Budget {
+    // SAFETY: as the caller promises.
+    unsafe { &*(ctx as *const Budget) }
+}
+
+/// Stores an allocation's address where nvJPEG asked, or says why there is none.
+fn hand_over(ptr: Out, address: Option<*mut c_void>) -> c_int {
+    match address {
+        Some(address) => {
+            // SAFETY: nvJPEG passes a place for the pointer.
+            unsafe { *ptr = address };
+            0
+        }
+        None => NO_MEMORY,
+    }
+}
+
+/// Frees a non-null `ptr` with `free` and takes its `size` off `held`.
+fn release(ptr: *mut c_void, size: usize, held: &AtomicUsize, free: impl FnOnce()) -> c_int {
+    if !ptr.is_null() {
+        free();
+        held.fetch_sub(size, Ordering::Relaxed);
+    }
+    0
+}
+
+extern "C" fn device_malloc(ctx: Ctx, ptr: Out, size: usize, _: CuStream) -> c_int {
+    // SAFETY: nvJPEG gives back the context the handle was made with.
+    let budget = unsafe { budget_of(ctx) };
     budget.allocations.fetch_add(1, Ordering::Relaxed);
     let before = budget.device.fetch_add(size, Ordering::Relaxed);
-    if before + size > budget.device_limit {
-        budget.device.fetch_sub(size, Ordering::Relaxed);
-        return 2; // cudaErrorMemoryAllocation
-    }
     let mut address: sys::CUdeviceptr = 0;
     // SAFETY: an allocation into a local, in the context current on the lane's thread.
-    let allocated = unsafe { sys::cuMemAlloc_v2(&mut address, size.max(1)) };
-    if allocated != sys::CUresult::CUDA_SUCCESS {
-        budget.device.fetch_sub(size, Ordering::Relaxed);
-        return 2;
-    }
-    // SAFETY: nvJPEG passes a place for the pointer.
-    unsafe { *ptr = address as *mut c_void };
-    0
-}
-
-extern "C" fn device_free(
-    ctx: *mut c_void,
-    ptr: *mut c_void,
-    size: usize,
-    _stream: sys::CUstream,
-) -> c_int {
-    // SAFETY: as in `device_malloc`.
-    let budget = unsafe { &*(ctx as *const Budget) };
-    if !ptr.is_null() {
-        // SAFETY: `ptr` came from `device_malloc`.
-        unsafe { sys::cuMemFree_v2(ptr as sys::CUdeviceptr) };
+    let allocated = before + size <= budget.device_limit
+        && unsafe { sys::cuMemAlloc_v2(&mut address, size.max(1)) } == sys::CUresult::CUDA_SUCCESS;
+    if !allocated {
         budget.device.fetch_sub(size, Ordering::Relaxed);
     }
-    0
+    hand_over(ptr, allocated.then_some(address as *mut c_void))
 }
 
-extern "C" fn pinned_malloc(
-    ctx: *mut c_void,
-    ptr: *mut *mut c_void,
-    size: usize,
-    _stream: sys::CUstream,
-) -> c_int {
+extern "C" fn device_free(ctx: Ctx, ptr: *mut c_void, size: usize, _: CuStream) -> c_int {
     // SAFETY: as in `device_malloc`.
-    let budget = unsafe { &*(ctx as *const Budget) };
+    let budget = unsafe { budget_of(ctx) };
+    // SAFETY: a non-null `ptr` came from `device_malloc`.
+    release(ptr, size, &budget.device, || unsafe {
+        sys::cuMemFree_v2(ptr as sys::CUdeviceptr);
+    })
+}
+
+extern "C" fn pinned_malloc(ctx: Ctx, ptr: Out, size: usize, _: CuStream) -> c_int {
+    // SAFETY: as in `device_malloc`.
+    let budget = unsafe { budget_of(ctx) };
     budget.allocations.fetch_add(1, Ordering::Relaxed);
     let mut address = std::ptr::null_mut();
     // SAFETY: an allocation into a local.
-    let allocated = unsafe { sys::cuMemAllocHost_v2(&mut address, size.max(1)) };
-    if allocated != sys::CUresult::CUDA_SUCCESS {
-        return 2;
+    let allocated =
+        unsafe { sys::cuMemAllocHost_v2(&mut address, size.max(1)) } == sys::CUresult::CUDA_SUCCESS;
+    if allocated {
+        budget.pinned.fetch_add(size, Ordering::Relaxed);
     }
-    budget.pinned.fetch_add(size, Ordering::Relaxed);
-    // SAFETY: nvJPEG passes a place for the pointer.
-    unsafe { *ptr = address };
-    0
+    hand_over(ptr, allocated.then_some(address))
 }
 
-extern "C" fn pinned_free(
-    ctx: *mut c_void,
-    ptr: *mut c_void,
-    size: usize,
-    _stream: sys::CUstream,
-) -> c_int {
+extern "C" fn pinned_free(ctx: Ctx, ptr: *mut c_void, size: usize, _: CuStream) -> c_int {
     // SAFETY: as in `device_malloc`.
-    let budget = unsafe { &*(ctx as *const Budget) };
-    if !ptr.is_null() {
-        // SAFETY: `ptr` came from `pinned_malloc`.
-        unsafe { sys::cuMemFreeHost(ptr) };
-        budget.pinned.fetch_sub(size, Ordering::Relaxed);
-    }
-    0
+    let budget = unsafe { budget_of(ctx) };
+    // SAFETY: a non-null `ptr` came from `pinned_malloc`.
+    release(ptr, size, &budget.pinned, || unsafe {
+        sys::cuMemFreeHost(ptr);
+    })
 }
 
 /// One nvJPEG decoder: a handle (hardware engines where there are, else the default backend),
@@ -533,5 +541,53 @@ impl Drop for Decoder {
             }
             (self.api.destroy)(self.handle);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn budget(device_limit: usize) -> Budget {
+        Budget {
+            device: AtomicUsize::new(0),
+            pinned: AtomicUsize::new(0),
+            device_limit,
+            allocations: std::sync::atomic::AtomicU64::new(0),
+        }
+    }
+
+    #[test]
+    fn a_device_allocation_past_the_budget_is_refused_without_reaching_cuda() {
+        let budget = budget(1 << 20);
+        let ctx = &budget as *const Budget as Ctx;
+        let mut place: *mut c_void = std::ptr::null_mut();
+        let status = device_malloc(ctx, &mut place, (1 << 20) + 1, std::ptr::null_mut());
+        assert_eq!(status, NO_MEMORY);
+        assert!(place.is_null());
+        assert_eq!(budget.device.load(Ordering::Relaxed), 0);
+        assert_eq!(budget.allocations.load(Ordering::Relaxed), 1);
+    }
+
+    #[test]
+    fn releasing_null_frees_nothing_and_a_pointer_frees_its_size() {
+        let held = AtomicUsize::new(100);
+        let mut freed = 0;
+        assert_eq!(release(std::ptr::null_mut(), 40, &held, || freed += 1), 0);
+        assert_eq!((freed, held.load(Ordering::Relaxed)), (0, 100));
+        let mut value = 0u8;
+        let ptr = &mut value as *mut u8 as *mut c_void;
+        assert_eq!(release(ptr, 40, &held, || freed += 1), 0);
+        assert_eq!((freed, held.load(Ordering::Relaxed)), (1, 60));
+    }
+
+    #[test]
+    fn a_handed_over_address_lands_where_nvjpeg_asked() {
+        let mut place: *mut c_void = std::ptr::null_mut();
+        let mut value = 0u8;
+        let address = &mut value as *mut u8 as *mut c_void;
+        assert_eq!(hand_over(&mut place, Some(address)), 0);
+        assert_eq!(place, address);
+        assert_eq!(hand_over(&mut place, None), NO_MEMORY);
     }
 }
