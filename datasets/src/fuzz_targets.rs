@@ -302,13 +302,14 @@ pub fn tar_index_seeds() -> crate::Result<Vec<(&'static str, Vec<u8>)>> {
             ..ShardIndex::default()
         };
         for &(data_offset, size, label, member) in samples {
-            index.names.extend_from_slice(member.as_bytes());
-            index.name_ends.push(index.names.len() as u64);
-            index.samples.push(IndexedSample {
-                data_offset,
-                size,
-                label,
-            });
+            index.push(
+                member,
+                IndexedSample {
+                    data_offset,
+                    size,
+                    label,
+                },
+            );
         }
         IndexedShard {
             name: name.to_string(),

@@ -25,6 +25,14 @@ fn write_pattern(path: &Path, len: usize) {
     std::fs::write(path, (0..len).map(pattern_byte).collect::<Vec<_>>()).unwrap();
 }
 
+/// A temporary folder holding `data.bin`, `len` bytes of the pattern.
+fn pattern_file(len: usize) -> (tempfile::TempDir, PathBuf) {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("data.bin");
+    write_pattern(&path, len);
+    (dir, path)
+}
+
 fn open(path: &Path) -> MappedFile {
     let file = File::open(path).unwrap();
     let len = file.metadata().unwrap().len();
@@ -65,10 +73,8 @@ fn assert_changed(result: Result<Vec<u8>>, path: &Path) {
 fn reads_come_from_the_map_and_the_final_page_from_pread() {
     let _lock = registry_lock();
     let page = page_size();
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("data.bin");
     let len = 5 * page + 100;
-    write_pattern(&path, len);
+    let (dir, path) = pattern_file(len);
     let file = open(&path);
     assert!(file.is_mapped());
     assert_eq!(file.len(), len as u64);
@@ -98,9 +104,7 @@ fn reads_come_from_the_map_and_the_final_page_from_pread() {
 fn a_cut_under_a_reader_is_an_error_naming_the_file_and_stays_one() {
     let _lock = registry_lock();
     let page = page_size();
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("data.bin");
-    write_pattern(&path, 16 * page);
+    let (_dir, path) = pattern_file(16 * page);
     let file = open(&path);
     assert!(file.is_mapped());
     assert_pattern(&read(&file, 10 * page, 64).unwrap(), 10 * page);
@@ -121,9 +125,7 @@ fn a_cut_under_a_reader_is_an_error_naming_the_file_and_stays_one() {
 fn the_page_holding_the_new_end_never_passes_its_zeros_off_as_data() {
     let _lock = registry_lock();
     let page = page_size();
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("data.bin");
-    write_pattern(&path, 16 * page);
+    let (_dir, path) = pattern_file(16 * page);
     let file = open(&path);
     cut(&path, 2 * page + 100);
     // Bytes 2p+200.. read as zeros without a fault; the probe of page 3 faults.
@@ -136,10 +138,8 @@ fn the_page_holding_the_new_end_never_passes_its_zeros_off_as_data() {
 fn threads_reading_across_a_cut_get_the_file_bytes_or_an_error_never_zeros() {
     let _lock = registry_lock();
     let page = page_size();
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("data.bin");
     let len = 64 * page;
-    write_pattern(&path, len);
+    let (_dir, path) = pattern_file(len);
     let file = open(&path);
     assert!(file.is_mapped());
     let window = 4098;
@@ -191,9 +191,7 @@ fn threads_reading_across_a_cut_get_the_file_bytes_or_an_error_never_zeros() {
 fn a_full_registry_falls_back_to_pread_and_dropped_mappings_free_their_slots() {
     let _lock = registry_lock();
     let page = page_size();
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("data.bin");
-    write_pattern(&path, 4 * page);
+    let (_dir, path) = pattern_file(4 * page);
     for _ in 0..2 * sigbus::SLOTS {
         assert!(open(&path).is_mapped(), "a dropped mapping frees its slot");
     }

@@ -112,13 +112,14 @@ pub(crate) fn decode(bytes: &[u8], uri: &str, max_bytes: usize) -> Result<Vec<In
             {
                 return Err(bad(&format!("a sample of {name} lies past its end")));
             }
-            index.names.extend_from_slice(member.as_bytes());
-            index.name_ends.push(index.names.len() as u64);
-            index.samples.push(IndexedSample {
-                data_offset,
-                size: sample_size,
-                label,
-            });
+            index.push(
+                &member,
+                IndexedSample {
+                    data_offset,
+                    size: sample_size,
+                    label,
+                },
+            );
         }
         shards.push(IndexedShard {
             name,
@@ -175,13 +176,14 @@ mod tests {
     fn shard(name: &str) -> IndexedShard {
         let mut index = ShardIndex::default();
         for (i, member) in ["a/0.jpg", "a/1.jpg"].into_iter().enumerate() {
-            index.names.extend_from_slice(member.as_bytes());
-            index.name_ends.push(index.names.len() as u64);
-            index.samples.push(IndexedSample {
-                data_offset: 512 + 2048 * i as u64,
-                size: 1000,
-                label: i as i64 - 1,
-            });
+            index.push(
+                member,
+                IndexedSample {
+                    data_offset: 512 + 2048 * i as u64,
+                    size: 1000,
+                    label: i as i64 - 1,
+                },
+            );
         }
         IndexedShard {
             name: name.into(),

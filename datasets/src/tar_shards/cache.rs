@@ -292,13 +292,14 @@ mod tests {
             ..ShardIndex::default()
         };
         for (position, name) in ["0.jpg", "1.png"].iter().enumerate() {
-            index.names.extend_from_slice(name.as_bytes());
-            index.name_ends.push(index.names.len() as u64);
-            index.samples.push(IndexedSample {
-                data_offset: 512 + 1024 * position as u64,
-                size: 100,
-                label: position as i64,
-            });
+            index.push(
+                name,
+                IndexedSample {
+                    data_offset: 512 + 1024 * position as u64,
+                    size: 100,
+                    label: position as i64,
+                },
+            );
         }
         index
     }

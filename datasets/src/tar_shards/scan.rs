@@ -70,7 +70,8 @@ impl ShardIndex {
         }
     }
 
-    fn push(&mut self, name: &str, sample: IndexedSample) {
+    /// Appends a sample whose member is `name`.
+    pub(crate) fn push(&mut self, name: &str, sample: IndexedSample) {
         self.names.extend_from_slice(name.as_bytes());
         self.name_ends.push(self.names.len() as u64);
         self.samples.push(sample);
