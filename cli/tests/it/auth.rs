@@ -257,35 +257,52 @@ fn tls_refusals_are_named_on_both_sides() {
     );
 
     // A plaintext client on the TLS coordinator.
-    let (kind, message) = refusal(&tls.address, &data, with_token(TOKEN));
-    assert_eq!(kind, ErrorKind::Tls, "{message}");
-    assert!(message.contains("serves TLS only"), "{message}");
-    assert_logged(&tls_log, "a plaintext client connected to this TLS daemon");
-
-    // A client that trusts another CA.
-    let options = RemoteOptions {
-        tls_ca: Some(stranger.ca.clone()),
-        ..with_token(TOKEN)
+    let tls_refusal = |ca: Option<&Path>, says: &str, logged: &str| {
+        assert_tls_refusal(&tls.address, &data, ca, says, &tls_log, logged);
     };
-    let (kind, message) = refusal(&tls.address, &data, options);
-    assert_eq!(kind, ErrorKind::Tls, "{message}");
-    assert!(message.contains("unknown CA"), "{message}");
-    assert_logged(&tls_log, "it does not trust this daemon's certificate");
+    tls_refusal(
+        None,
+        "serves TLS only",
+        "a plaintext client connected to this TLS daemon",
+    );
+    // A client that trusts another CA.
+    tls_refusal(
+        Some(&stranger.ca),
+        "unknown CA",
+        "it does not trust this daemon's certificate",
+    );
 
     // A TLS client on a plaintext coordinator.
     let plain_log = dir.path().join("plain.log");
     let plain = coordinator(dir.path(), &plain_log, &["--token-file", path(&token_file)]);
-    let options = RemoteOptions {
-        tls_ca: Some(pki.ca.clone()),
-        ..with_token(TOKEN)
-    };
-    let (kind, message) = refusal(&plain.address, &data, options);
-    assert_eq!(kind, ErrorKind::Tls, "{message}");
-    assert!(message.contains("does not answer in TLS"), "{message}");
-    assert_logged(
+    assert_tls_refusal(
+        &plain.address,
+        &data,
+        Some(&pki.ca),
+        "does not answer in TLS",
         &plain_log,
         "a TLS client connected to this plaintext daemon",
     );
+}
+
+/// Connects with the token and `ca` (None: plaintext) and expects a TLS refusal whose message
+/// says `says`, while the daemon's `log` says `logged`.
+fn assert_tls_refusal(
+    address: &str,
+    data: &Path,
+    ca: Option<&Path>,
+    says: &str,
+    log: &Path,
+    logged: &str,
+) {
+    let options = RemoteOptions {
+        tls_ca: ca.map(Path::to_path_buf),
+        ..with_token(TOKEN)
+    };
+    let (kind, message) = refusal(address, data, options);
+    assert_eq!(kind, ErrorKind::Tls, "{message}");
+    assert!(message.contains(says), "{message}");
+    assert_logged(log, logged);
 }
 
 /// `stoker digest` of the fixture, with `extra` flags and `token` in STOKER_TOKEN.

@@ -40,6 +40,18 @@ fn stoker_s3(server: &S3Server, cache_dir: &Path, args: &[&str]) -> (String, Str
     )
 }
 
+/// `stoker digest` over the whole epoch of the 40-image fixture (5 batches of 8): every
+/// sample, once, in the same order.
+const WHOLE_EPOCH: [&str; 7] = [
+    "digest",
+    "--batches",
+    "100",
+    "--batch-size",
+    "8",
+    "--size",
+    "32",
+];
+
 #[test]
 fn digest_over_s3_equals_the_local_digest_cold_and_warm() {
     let dir = tempfile::tempdir().unwrap();
@@ -86,17 +98,7 @@ fn digest_over_s3_equals_the_local_digest_cold_and_warm() {
     );
 
     for extra in [&["--no-shuffle"][..], &["--shuffle-window", "2"][..]] {
-        let mut args = vec![
-            "digest",
-            // The whole epoch (5 batches of 8): every sample, once, in the same order.
-            "--batches",
-            "100",
-            "--batch-size",
-            "8",
-            "--size",
-            "32",
-        ];
-        args.extend_from_slice(extra);
+        let args = [&WHOLE_EPOCH[..], extra].concat();
         let expected = common::stdout_of(&[&args[..], &["--data", local]].concat());
         let expected = expected.lines().last().unwrap().to_string();
         for threads in ["1", "2"] {
@@ -156,16 +158,7 @@ fn digest_over_s3_equals_the_local_digest_cold_and_warm() {
         converted.contains("wrote s3://data/converted/stoker-tar-index.bin (40 samples"),
         "{converted}"
     );
-    let whole_epoch = [
-        "digest",
-        "--batches",
-        "100",
-        "--batch-size",
-        "8",
-        "--size",
-        "32",
-        "--no-shuffle",
-    ];
+    let whole_epoch = [&WHOLE_EPOCH[..], &["--no-shuffle"]].concat();
     let expected = common::stdout_of(&[&whole_epoch[..], &["--data", local]].concat());
     let (digest, stderr) = stoker_s3(
         &server,
