@@ -45,9 +45,10 @@ from stoker.arguments import (
     resolve_output,
     resolve_rank,
 )
+from stoker.dataset_entry import register_dataset_builder
 from stoker.dataset_workers import ProcessBuilder, start_context
 from stoker.errors import DatasetError
-from stoker.loader import Loader, register_dataset_builder
+from stoker.loader import Loader
 from stoker.ops import check_pipeline
 from stoker.samples import (
     NO_LAYOUT,
