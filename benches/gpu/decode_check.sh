@@ -4,9 +4,10 @@
 # `.device/`, starts one loader with decode="gpu" (a smoke test, with Python's fault handler),
 # runs the lane's GPU tests (`pytest -m gpu tests/test_gpu_decode.py`), then the training
 # benchmark's decode rows on a generated set: ResNet-18 with decode="cpu", "gpu" and "auto",
-# the same with 7 decode threads, and the loader alone. Logs go to $OUT. SMOKE_ONLY=1 stops after
-# the smoke test, SKIP_PYTEST=1 leaves out the tests, SKIP_BENCH=1 the benchmark. About 4 minutes on
-# an H100 or H200 with 16 cores.
+# the same with 7 decode threads, and the loader alone; then the "gpu" and "auto" rows again with
+# the training loop on a stream of its own (gpu_train.py --side-stream). Logs go to $OUT.
+# SMOKE_ONLY=1 stops after the smoke test, SKIP_PYTEST=1 leaves out the tests, SKIP_BENCH=1 the
+# benchmark. About 5 minutes on an H100 or H200 with 16 cores.
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 source benches/gpu/install.sh
@@ -67,3 +68,6 @@ started=$SECONDS
 rows=ceiling,stoker-cuda,stoker-gpu,stoker-auto,stoker-cuda@7,stoker-auto@7,stoker-gpu@7,loader:stoker-cuda,loader:stoker-gpu,loader:stoker-auto
 timeout 200 python3 benches/gpu_train.py --data "$data" --models resnet18 --rows "$rows" --workers "$(( $(nproc) - 1 ))" 2>&1 | tee "$out/bench.log"
 echo "gpu_train: $((SECONDS - started)) s"
+started=$SECONDS
+timeout 100 python3 benches/gpu_train.py --data "$data" --models resnet18 --rows ceiling,stoker-gpu,stoker-auto --workers "$(( $(nproc) - 1 ))" --side-stream 2>&1 | tee "$out/bench-side-stream.log"
+echo "gpu_train --side-stream: $((SECONDS - started)) s"
