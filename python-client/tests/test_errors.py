@@ -67,6 +67,21 @@ def test_skip_policy_keeps_batch_shapes_and_reports(
     )
 
 
+def test_the_bad_sample_log_stops_after_its_cap_and_says_so(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    from stoker.batches import MAX_LOGGED_BAD_SAMPLES, BadSampleLog
+
+    log = BadSampleLog()
+    sample = {"path": "x.jpg", "sample_index": 1, "reason": "cut short", "substitute_index": 2}
+    with caplog.at_level("WARNING", logger="stoker"):
+        for _ in range(MAX_LOGGED_BAD_SAMPLES + 5):
+            log.note([sample])
+    messages = [record.getMessage() for record in caplog.records]
+    assert sum("skipped bad sample x.jpg" in m for m in messages) == MAX_LOGGED_BAD_SAMPLES
+    assert sum("further bad samples are not logged" in m for m in messages) == 1
+
+
 def test_skip_policy_is_deterministic(
     make_loader: Callable[..., stoker.Loader], bad_dataset: Path
 ) -> None:

@@ -287,8 +287,7 @@ class DatasetLoader(Loader):
             batch = self._collate_fn(samples)
         else:
             batch = rebuild(self._layout.template, leaves)
-        if bad:
-            self._log_bad_samples(bad)
+        self._bad_log.note(bad)
         return step, batch, list(indices), list(bad)
 
 

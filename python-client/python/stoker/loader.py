@@ -2,23 +2,20 @@
 
 This module holds the Python half of the loader: argument checking (everything is checked
 before any thread starts or any file is read; the checks ``Loader.from_dataset`` shares are in
-:mod:`stoker.arguments`), epoch and resume bookkeeping, fork detection, and turning the native
-module's batch slots into numpy arrays or torch tensors without copying them. Decoding,
+:mod:`stoker.arguments`), epoch and resume bookkeeping, fork detection, and handing out the native
+module's batch slots as numpy arrays or torch tensors without copying them
+(:mod:`stoker.batches`). Decoding,
 augmenting and batching happen in Rust (:mod:`stoker._native`), with the GIL released.
 """
 
 from __future__ import annotations
 
 import ctypes
-import logging
-import math
 import os
 import sys
 import weakref
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, Final, Literal
-
-import numpy as np
+from typing import TYPE_CHECKING, Any, Literal
 
 from stoker import _native, gpu, resume
 from stoker.arguments import (
@@ -42,6 +39,7 @@ from stoker.arguments import (
     resolve_rank,
     source_path,
 )
+from stoker.batches import BadSampleLog, host_batch
 from stoker.dataset_entry import FromDataset
 from stoker.errors import StokerError
 from stoker.mix_request import MixRequest
@@ -51,11 +49,6 @@ if TYPE_CHECKING:
     from stoker._native import BadSample, NativeBatch
 
 __all__ = ["BatchIterator", "Loader"]
-
-_log = logging.getLogger("stoker")
-
-# Per-sample logs are capped: a folder full of bad files should not drown the training log.
-_MAX_LOGGED_BAD_SAMPLES: Final = 20
 
 # Every live loader, so a fork can mark them all unusable in the child.
 _LIVE_LOADERS: weakref.WeakSet[Loader] = weakref.WeakSet()
@@ -432,7 +425,7 @@ class Loader(FromDataset):
         self._num_samples: int = self._native.num_samples
         # The position of the next batch to yield, which is what state_dict() saves.
         self._position = resume.Position()
-        self._bad_samples_logged = 0
+        self._bad_log = BadSampleLog()
         self._pid = os.getpid()
         _LIVE_LOADERS.add(self)
 
@@ -690,47 +683,14 @@ class Loader(FromDataset):
 
     def _to_batch(self, item: NativeBatch) -> tuple[int, Any, list[int], list[BadSample]]:
         _, step, tensors, indices, bad, device_rows = item
+        # On the device: the tensors and the event that says they are ready.
+        batch: Any
         if self._device_stage is not None:
-            staged = self._device_stage.stage(tensors, device_rows)
-            if bad:
-                self._log_bad_samples(bad)
-            return step, staged, list(indices), list(bad)
-        batch: dict[str, Any] = {}
-        for name, dtype, shape, data in tensors:
-            count = math.prod(shape)
-            # frombuffer keeps a reference to `data`, so the slot stays out of the pool as long
-            # as this array, or any view of it, is alive.
-            array = np.frombuffer(memoryview(data), dtype=np.dtype(dtype), count=count).reshape(
-                shape
-            )
-            if self._torch is None:
-                batch[name] = array
-                continue
-            tensor = self._torch.from_numpy(array)
-            if self._pin_small and not data.pinned:
-                # Labels and other small tensors live outside the slot: pinned as DataLoader
-                # pins them, by a copy into torch's pinned memory.
-                tensor = tensor.pin_memory()
-            batch[name] = tensor
-        if bad:
-            self._log_bad_samples(bad)
+            batch = self._device_stage.stage(tensors, device_rows)
+        else:
+            batch = host_batch(tensors, self._torch, self._pin_small)
+        self._bad_log.note(bad)
         return step, batch, list(indices), list(bad)
-
-    def _log_bad_samples(self, bad: list[BadSample]) -> None:
-        for sample in bad:
-            self._bad_samples_logged += 1
-            if self._bad_samples_logged <= _MAX_LOGGED_BAD_SAMPLES:
-                _log.warning(
-                    "skipped bad sample %s (index %s): %s; replaced by sample %s",
-                    sample.get("path"),
-                    sample.get("sample_index"),
-                    sample.get("reason"),
-                    sample.get("substitute_index"),
-                )
-            if self._bad_samples_logged == _MAX_LOGGED_BAD_SAMPLES:
-                _log.warning(
-                    "further bad samples are not logged; stats()['bad_samples'] counts them"
-                )
 
 
 class BatchIterator(Iterator[dict[str, Any]]):
