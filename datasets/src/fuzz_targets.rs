@@ -295,22 +295,9 @@ pub fn tar_index(data: &[u8]) {
 /// Seed inputs of [`tar_index`]: index objects as this crate writes them, by name.
 pub fn tar_index_seeds() -> crate::Result<Vec<(&'static str, Vec<u8>)>> {
     use crate::storage::tar_index::{encode, IndexedShard};
-    use crate::tar_shards::scan::{IndexedSample, ShardIndex};
-    let shard = |name: &str, e_tag: Option<&str>, samples: &[(u64, u64, i64, &str)]| {
-        let mut index = ShardIndex {
-            problems: 1,
-            ..ShardIndex::default()
-        };
-        for &(data_offset, size, label, member) in samples {
-            index.push(
-                member,
-                IndexedSample {
-                    data_offset,
-                    size,
-                    label,
-                },
-            );
-        }
+    use crate::tar_shards::scan::ShardIndex;
+    let shard = |name: &str, e_tag: Option<&str>, samples: &[(&str, u64, u64, i64)]| {
+        let index = ShardIndex::of(1, samples);
         IndexedShard {
             name: name.to_string(),
             size: 10_240,
@@ -325,9 +312,9 @@ pub fn tar_index_seeds() -> crate::Result<Vec<(&'static str, Vec<u8>)>> {
                 shard(
                     "shard-000000.tar",
                     Some("\"etag-a\""),
-                    &[(512, 100, 0, "a/0.jpg"), (1536, 2000, 2, "a/1.jpg")],
+                    &[("a/0.jpg", 512, 100, 0), ("a/1.jpg", 1536, 2000, 2)],
                 ),
-                shard("shard-000001.tar", None, &[(512, 9000, -1, "b/0.png")]),
+                shard("shard-000001.tar", None, &[("b/0.png", 512, 9000, -1)]),
             ])?,
         ),
         ("empty_set", encode(&[])?),

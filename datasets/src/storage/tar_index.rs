@@ -174,17 +174,7 @@ mod tests {
     use super::*;
 
     fn shard(name: &str) -> IndexedShard {
-        let mut index = ShardIndex::default();
-        for (i, member) in ["a/0.jpg", "a/1.jpg"].into_iter().enumerate() {
-            index.push(
-                member,
-                IndexedSample {
-                    data_offset: 512 + 2048 * i as u64,
-                    size: 1000,
-                    label: i as i64 - 1,
-                },
-            );
-        }
+        let index = ShardIndex::of(0, &[("a/0.jpg", 512, 1000, -1), ("a/1.jpg", 2560, 1000, 0)]);
         IndexedShard {
             name: name.into(),
             size: 10_000,

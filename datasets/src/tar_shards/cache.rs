@@ -287,21 +287,7 @@ mod tests {
     }
 
     fn index() -> ShardIndex {
-        let mut index = ShardIndex {
-            problems: 2,
-            ..ShardIndex::default()
-        };
-        for (position, name) in ["0.jpg", "1.png"].iter().enumerate() {
-            index.push(
-                name,
-                IndexedSample {
-                    data_offset: 512 + 1024 * position as u64,
-                    size: 100,
-                    label: position as i64,
-                },
-            );
-        }
-        index
+        ShardIndex::of(2, &[("0.jpg", 512, 100, 0), ("1.png", 1536, 100, 1)])
     }
 
     #[test]

@@ -76,6 +76,26 @@ impl ShardIndex {
         self.name_ends.push(self.names.len() as u64);
         self.samples.push(sample);
     }
+
+    /// An index of `members` (name, data offset, size, label), with `problems` counted: what
+    /// the tests and the fuzz seeds write by hand.
+    pub(crate) fn of(problems: u64, members: &[(&str, u64, u64, i64)]) -> ShardIndex {
+        let mut index = ShardIndex {
+            problems,
+            ..ShardIndex::default()
+        };
+        for &(name, data_offset, size, label) in members {
+            index.push(
+                name,
+                IndexedSample {
+                    data_offset,
+                    size,
+                    label,
+                },
+            );
+        }
+        index
+    }
 }
 
 /// What a member contributes to its sample, by extension.
