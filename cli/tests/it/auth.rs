@@ -545,20 +545,27 @@ fn every_rpc_answers(address: &str, worker: &str, token: &str) -> Vec<(&'static 
 
 /// A coordinator whose dashboard listens off loopback, guarded by `credential_file`, its RPCs
 /// by `token_file`; `extra` flags after those.
-fn guarded_coordinator(
-    dir: &Path,
-    log: &str,
-    token_file: &Path,
-    credential_file: &Path,
-    extra: &[&str],
-) -> Daemon {
+/// The RPC token's file and the dashboard credential's, written in `dir`.
+struct Keys {
+    token: PathBuf,
+    credential: PathBuf,
+}
+
+fn keys(dir: &Path) -> Keys {
+    Keys {
+        token: write_token(dir, "token", TOKEN),
+        credential: write_token(dir, "dashboard", DASHBOARD),
+    }
+}
+
+fn guarded_coordinator(dir: &Path, log: &str, keys: &Keys, extra: &[&str]) -> Daemon {
     let mut args = vec![
         "--http",
         "0.0.0.0:0",
         "--token-file",
-        path(token_file),
+        path(&keys.token),
         "--dashboard-token-file",
-        path(credential_file),
+        path(&keys.credential),
     ];
     args.extend_from_slice(extra);
     coordinator(dir, &dir.join(log), &args)
@@ -568,15 +575,8 @@ fn guarded_coordinator(
 #[test]
 fn the_dashboard_off_loopback_wants_its_own_credential_then_a_cookie() {
     let dir = tempfile::tempdir().unwrap();
-    let token_file = write_token(dir.path(), "token", TOKEN);
-    let credential_file = write_token(dir.path(), "dashboard", DASHBOARD);
-    let guarded = guarded_coordinator(
-        dir.path(),
-        "guarded.log",
-        &token_file,
-        &credential_file,
-        &[],
-    );
+    let keys = keys(dir.path());
+    let guarded = guarded_coordinator(dir.path(), "guarded.log", &keys, &[]);
     assert!(
         guarded.banner.contains(" dashboard http://"),
         "{}",
@@ -640,7 +640,7 @@ fn the_dashboard_off_loopback_wants_its_own_credential_then_a_cookie() {
     let worker = Daemon::worker_logging_to(
         &guarded.address,
         dir.path(),
-        &["--token-file", path(&token_file)],
+        &["--token-file", path(&keys.token)],
         File::create(dir.path().join("worker.log")).unwrap(),
     );
     for (rpc, code) in every_rpc_answers(&guarded.address, &worker.address, DASHBOARD) {
@@ -658,8 +658,7 @@ fn the_dashboard_off_loopback_wants_its_own_credential_then_a_cookie() {
     let scraped = guarded_coordinator(
         dir.path(),
         "scraped.log",
-        &token_file,
-        &credential_file,
+        &keys,
         &["--metrics-without-token"],
     );
     let http = dashboard_address(&scraped);
@@ -669,14 +668,14 @@ fn the_dashboard_off_loopback_wants_its_own_credential_then_a_cookie() {
     // Off loopback without a dashboard credential (an RPC token is not one), or with one that
     // is also the RPC token, the coordinator does not start.
     for (name, extra) in [
-        ("no-credential", vec!["--token-file", path(&token_file)]),
+        ("no-credential", vec!["--token-file", path(&keys.token)]),
         (
             "same-as-rpc",
             vec![
                 "--token-file",
-                path(&token_file),
+                path(&keys.token),
                 "--dashboard-token-file",
-                path(&token_file),
+                path(&keys.token),
             ],
         ),
     ] {
@@ -739,15 +738,8 @@ fn https_get_with(
 fn the_dashboard_of_a_tls_coordinator_serves_https_with_a_secure_cookie() {
     let dir = tempfile::tempdir().unwrap();
     let pki = certificates(&dir.path().join("pki"));
-    let token_file = write_token(dir.path(), "token", TOKEN);
-    let credential_file = write_token(dir.path(), "dashboard", DASHBOARD);
-    let coordinator = guarded_coordinator(
-        dir.path(),
-        "coordinator.log",
-        &token_file,
-        &credential_file,
-        &tls_flags(&pki),
-    );
+    let keys = keys(dir.path());
+    let coordinator = guarded_coordinator(dir.path(), "coordinator.log", &keys, &tls_flags(&pki));
     assert!(
         coordinator.banner.contains(" dashboard https://"),
         "{}",

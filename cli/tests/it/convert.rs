@@ -8,6 +8,26 @@ use std::path::Path;
 
 use crate::common::{self, stdout_of, stoker};
 
+/// `stoker convert` of `folder` to `to` at `out`, with `extra` flags.
+fn convert_args<'a>(
+    folder: &'a Path,
+    to: &'a str,
+    out: &'a Path,
+    extra: &[&'a str],
+) -> Vec<&'a str> {
+    let mut args = vec![
+        "convert",
+        "--from",
+        folder.to_str().unwrap(),
+        "--to",
+        to,
+        "--out",
+        out.to_str().unwrap(),
+    ];
+    args.extend_from_slice(extra);
+    args
+}
+
 fn digest(data: &Path, extra: &[&str]) -> String {
     let mut args = vec![
         "digest",
@@ -49,17 +69,12 @@ fn tar_shards_give_the_same_batches_as_the_folder() {
     let folder = dir.path().join("folder");
     let shards = dir.path().join("shards");
     common::make_images(&folder, 40);
-    let out = stdout_of(&[
-        "convert",
-        "--from",
-        folder.to_str().unwrap(),
-        "--to",
+    let out = stdout_of(&convert_args(
+        &folder,
         "tar",
-        "--out",
-        shards.to_str().unwrap(),
-        "--shard-size",
-        "1",
-    ]);
+        &shards,
+        &["--shard-size", "1"],
+    ));
     assert!(out.contains("wrote 40 samples"), "{out}");
     let mut names: Vec<String> = std::fs::read_dir(&shards)
         .unwrap()
@@ -93,19 +108,8 @@ fn parquet_gives_the_same_batches_as_the_folder_and_the_tar_shards() {
     let parquet = dir.path().join("parquet");
     common::make_images(&folder, 40);
     let convert = |to: &str, out: &Path, extra: &[&str]| {
-        let mut args = vec![
-            "convert",
-            "--from",
-            folder.to_str().unwrap(),
-            "--to",
-            to,
-            "--out",
-            out.to_str().unwrap(),
-            "--shard-size",
-            "1",
-        ];
-        args.extend_from_slice(extra);
-        stdout_of(&args)
+        let args = [&["--shard-size", "1"][..], extra].concat();
+        stdout_of(&convert_args(&folder, to, out, &args))
     };
     convert("tar", &shards, &[]);
     let out = convert("parquet", &parquet, &["--row-group-size", "8"]);
@@ -173,17 +177,7 @@ fn non_empty_outputs_are_refused_clearly() {
     common::make_images(&folder, 4);
     for to in ["tar", "parquet"] {
         let out = dir.path().join(to);
-        let convert = || {
-            stoker(&[
-                "convert",
-                "--from",
-                folder.to_str().unwrap(),
-                "--to",
-                to,
-                "--out",
-                out.to_str().unwrap(),
-            ])
-        };
+        let convert = || stoker(&convert_args(&folder, to, &out, &[]));
         assert!(convert().status.success());
         let again = convert();
         assert!(!again.status.success());
