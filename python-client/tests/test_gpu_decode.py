@@ -269,17 +269,22 @@ def test_device_memory_is_flat_over_2000_batches(torch: Any, dataset: Path) -> N
         assert free_after_warmup - free_end < 4 << 20, (free_after_warmup, free_end)
 
 
-@pytest.mark.gpu
-def test_two_auto_runs_with_one_seed_give_one_digest(torch: Any, dataset: Path) -> None:
-    options: dict[str, Any] = {
+def auto_options(seed: int) -> dict[str, Any]:
+    """A small decode="auto" loader's arguments on the GPU."""
+    return {
         "pipeline": train_pipeline(),
         "batch_size": 16,
         "num_threads": 2,
-        "seed": 11,
+        "seed": seed,
         "device": "cuda",
         "decode": "auto",
         "timeout": 120,
     }
+
+
+@pytest.mark.gpu
+def test_two_auto_runs_with_one_seed_give_one_digest(torch: Any, dataset: Path) -> None:
+    options = auto_options(seed=11)
     digests = []
     for _ in range(2):
         with stoker.Loader(dataset, **options) as loader:
@@ -296,15 +301,7 @@ def test_two_auto_runs_with_one_seed_give_one_digest(torch: Any, dataset: Path) 
 
 @pytest.mark.gpu
 def test_a_resumed_auto_run_gets_the_saved_split(torch: Any, dataset: Path) -> None:
-    options: dict[str, Any] = {
-        "pipeline": train_pipeline(),
-        "batch_size": 16,
-        "num_threads": 2,
-        "seed": 2,
-        "device": "cuda",
-        "decode": "auto",
-        "timeout": 120,
-    }
+    options = auto_options(seed=2)
     with stoker.Loader(dataset, **options) as first:
         it = iter(first)
         next(it)
