@@ -109,26 +109,7 @@ def main() -> int:
                 work[event.name[:50]] = work.get(event.name[:50], 0) + 1
         print(f"{name}: one batch queues {work}", flush=True)
         print(f"{name}: decoded alone {alone:.0f} img/s", flush=True)
-        stop = threading.Event()
-        decoded = [0]
-
-        def decode_until_stopped(
-            batch: Batch = batch,
-            stop: threading.Event = stop,
-            decoded: list[int] = decoded,
-        ) -> None:
-            while not stop.is_set():
-                batch.decode()
-                decoded[0] += batch.count
-
-        thread = threading.Thread(target=decode_until_stopped)
-        thread.start()
-        time.sleep(0.3)
-        before, started = decoded[0], time.perf_counter()
-        training = train(args.seconds)
-        rate = (decoded[0] - before) / (time.perf_counter() - started)
-        stop.set()
-        thread.join()
+        rate, training = decode_at_once([batch], lambda: train(args.seconds))
         print(
             f"{name}: beside training, decoded {rate:.0f} img/s while ResNet-18 trained at "
             f"{training:.0f} img/s",
