@@ -53,7 +53,7 @@ fn pipe_count(asked: Option<&str>) -> usize {
             tracing::warn!(
                 asked = asked.unwrap_or_default(),
                 default = PIPES,
-                "STOKER_GPU_DECODE_PIPES is not a count from 1 to 8; using the default"
+                "STOKER_GPU_DECODE_PIPES is not a count from 1 to {MAX_PIPES}; using the default"
             );
             PIPES
         }
