@@ -21,6 +21,7 @@ from __future__ import annotations
 from importlib.metadata import PackageNotFoundError, version
 
 from stoker import ops, vision
+from stoker.batches import BatchIterator
 from stoker.dataset import sample_rng, sample_seed
 from stoker.errors import (
     AuthenticationError,
@@ -33,7 +34,7 @@ from stoker.errors import (
     TlsError,
     WorkerUnavailableError,
 )
-from stoker.loader import BatchIterator, Loader
+from stoker.loader import Loader
 from stoker.mix import Source, mix
 
 try:

@@ -1,20 +1,32 @@
-"""What a batch from the native loader becomes in Python: its tensors as numpy arrays or torch
-tensors viewing the batch's slot (no copy), and the log of the samples it replaced.
+"""How a loader hands out its batches: what a batch from the native loader becomes in Python
+(its tensors as numpy arrays or torch tensors viewing the batch's slot, no copy), the log of the
+samples it replaced, the :class:`BatchFeed` that takes batches from the native loader (staging
+the next one ahead on the device, timing the GPU's wait) and the :class:`BatchIterator` an
+epoch's ``iter()`` returns.
 """
 
 from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, Final
 
 import numpy as np
 
-if TYPE_CHECKING:
-    from stoker._native import BadSample
+from stoker.errors import StokerError
+from stoker.gpu import GpuIdleMeter
 
-__all__ = ["BadSampleLog", "host_batch"]
+if TYPE_CHECKING:
+    from stoker._native import BadSample, NativeBatch, NativeLoader
+    from stoker.gpu import DeviceStage
+    from stoker.resume import Position
+
+__all__ = ["BadSampleLog", "BatchFeed", "BatchIterator", "Taken", "host_batch"]
+
+# A batch taken from the native loader: its step, its tensors (host arrays, or on the device
+# what DeviceStage.stage returned), its samples' dataset indices and the samples it replaced.
+Taken = tuple[int, Any, list[int], list["BadSample"]]
 
 _log = logging.getLogger("stoker")
 
@@ -70,3 +82,131 @@ class BadSampleLog:
                 _log.warning(
                     "further bad samples are not logged; stats()['bad_samples'] counts them"
                 )
+
+
+class BatchFeed:
+    """Takes one loader's batches from its native loader and makes them Python batches
+    (``make_batch``). With device delivery (``stage``) it hands out each staged batch and, when
+    the next one is already built, stages that one at once, so its copy runs while the GPU
+    still works on this one; with ``torch``, a :class:`~stoker.gpu.GpuIdleMeter` times the
+    consumer stream's wait around each batch."""
+
+    def __init__(
+        self,
+        handle: Callable[[], NativeLoader],
+        make_batch: Callable[[NativeBatch], Taken],
+        stage: DeviceStage | None,
+        torch: Any,
+    ) -> None:
+        # The native loader, or a StokerError saying why it cannot be used (closed, forked).
+        self.handle = handle
+        self._make_batch = make_batch
+        self.stage = stage
+        # Whenever torch tensors are handed out (it only records once torch has started CUDA).
+        self._meter: GpuIdleMeter | None = None
+        if torch is not None:
+            index = stage.index if stage is not None else None
+            self._meter = GpuIdleMeter(torch, index, handle().record_gpu_idle)
+        # (the iterator generation it was taken for, the batch, or the error taking it raised).
+        self._staged: tuple[int, Taken | Exception] | None = None
+
+    def drop_staged(self) -> None:
+        """Forgets the batch staged ahead (a new iterator starts, or the loader closes)."""
+        self._staged = None
+
+    def next(self, generation: int) -> Taken | None:
+        """The next batch for the iterator of ``generation``; None at the end of the epoch."""
+        native = self.handle()
+        meter = self._meter
+        if meter is not None:
+            meter.before()
+        try:
+            taken = self._take_staged(generation)
+            if taken is None:
+                item = native.next_batch()
+                if item is None:
+                    if meter is not None:
+                        meter.cancel()
+                    return None
+                taken = self._make_batch(item)
+            stage = self.stage
+            if stage is not None:
+                step, staged, indices, bad = taken
+                taken = step, stage.hand_out(staged), indices, bad
+                try:
+                    ahead = native.try_next_batch()
+                    if ahead is not None:
+                        self._staged = (generation, self._make_batch(ahead))
+                except Exception as error:  # raised by the next call, this batch goes out
+                    self._staged = (generation, error)
+        except BaseException:
+            if meter is not None:
+                meter.cancel()
+            raise
+        if meter is not None:
+            meter.after()
+        return taken
+
+    def _take_staged(self, generation: int) -> Taken | None:
+        staged, self._staged = self._staged, None
+        if staged is None or staged[0] != generation:
+            return None
+        taken = staged[1]
+        if isinstance(taken, Exception):
+            raise taken
+        return taken
+
+
+class BatchIterator(Iterator[dict[str, Any]]):
+    """One epoch of a :class:`stoker.Loader`; what ``iter(loader)`` returns.
+
+    Besides yielding batches it tells where the last one came from, which is handy for
+    debugging and for checking coverage: :attr:`epoch`, :attr:`step`,
+    :attr:`sample_indices` (dataset indices of the batch's samples, in order) and
+    :attr:`bad_samples` (samples of that batch replaced under ``on_error="skip"``).
+    """
+
+    def __init__(
+        self, feed: BatchFeed, position: Position, epoch: int, length: Callable[[], int]
+    ) -> None:
+        self._feed = feed
+        self._position = position
+        self._generation = position.generation
+        self._length = length
+        self._done = False
+        self.epoch: int = epoch
+        """The epoch this iterator runs."""
+        self.step: int | None = None
+        """The step of the last batch yielded."""
+        self.sample_indices: list[int] = []
+        """Dataset indices of the last batch's samples."""
+        self.bad_samples: list[BadSample] = []
+        """Samples of the last batch that were replaced (``sample_index``, ``path``, ``reason``,
+        ``substitute_index``)."""
+
+    def __iter__(self) -> BatchIterator:
+        return self
+
+    def __next__(self) -> dict[str, Any]:
+        if self._done:
+            raise StopIteration
+        self._feed.handle()
+        position = self._position
+        if position.generation != self._generation:
+            raise StokerError(
+                "this iterator is stale: iter(), set_epoch() or load_state_dict() was called on "
+                "its Loader since; iterate the Loader again"
+            )
+        taken = self._feed.next(self._generation)
+        if taken is None:
+            self._done = True
+            position.finish_epoch(self.epoch)
+            raise StopIteration
+        step, batch, self.sample_indices, self.bad_samples = taken
+        self.step = step
+        position.step = step + 1
+        out: dict[str, Any] = batch
+        return out
+
+    def __len__(self) -> int:
+        return self._length()

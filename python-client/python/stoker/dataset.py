@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import atexit
 import os
-import sys
 import weakref
 from collections.abc import Callable
 from typing import Any, Literal
@@ -48,6 +47,7 @@ from stoker.arguments import (
 from stoker.dataset_entry import register_dataset_builder
 from stoker.dataset_workers import ProcessBuilder, start_context
 from stoker.errors import DatasetError
+from stoker.fork import ForkGuard
 from stoker.loader import Loader
 from stoker.ops import check_pipeline
 from stoker.samples import (
@@ -131,16 +131,10 @@ def from_dataset(
     max_held = check_int(max_held_batches, "max_held_batches", 1, 4096)
     output_kind = resolve_output(output)
     rank_, world = resolve_rank(rank, world_size)
-    pin_memory = check_bool(pin_memory, "pin_memory")
-    budget = (
-        gpu.default_pinned_budget()[0]
-        if pinned_memory_budget is None
-        else gpu.check_budget(pinned_memory_budget)
-    )
-    torch = (
-        import_torch("output='torch'") if output_kind == "torch" else sys.modules.get("torch")
-    )
-    pin_device = gpu.pin_device(torch, pin_memory)
+    pinning = gpu.Placement.check(pin_memory=pin_memory, pinned_memory_budget=pinned_memory_budget)
+    torch = import_torch("output='torch'") if output_kind == "torch" else None
+    # Attributed to the caller of Loader.from_dataset.
+    pinning = pinning.resolve(torch, stacklevel=3)
 
     image = None
     if pipeline is not None:
@@ -182,9 +176,7 @@ def from_dataset(
             dashboard_token_file=dashboard_credential_path(dashboard, dashboard_token_file),
             job_name=type(dataset).__name__,
             shared_slots=bool(workers),
-            pin_device=pin_device,
-            pinned_budget=budget,
-            release_streams=None if pin_device is None else gpu.release_streams(torch, pin_device),
+            **pinning.pinning_arguments(torch),
         )
     except BaseException:
         builder.close()
@@ -224,8 +216,8 @@ class DatasetLoader(Loader):
               collate_fn: Any, output: str, **settings: Any) -> DatasetLoader:
         self = cls.__new__(cls)
         self._native = native
-        self._closed = False
-        self._forked = False
+        self._fork = ForkGuard()
+        self._closed = False  # set after _fork, which __del__ reads once this is set
         self._builder = builder
         self._layout = layout
         self._collate_fn = collate_fn
@@ -249,7 +241,7 @@ class DatasetLoader(Loader):
     def __del__(self) -> None:
         # Closing here lets go of the interpreter while the threads finish; a drop of the native
         # loader by the collector would wait for them holding it.
-        if not getattr(self, "_closed", True) and not getattr(self, "_forked", False):
+        if not getattr(self, "_closed", True) and not self._fork.forked:
             self.close()
 
     def close(self) -> None:
@@ -259,7 +251,7 @@ class DatasetLoader(Loader):
             return
         _OPEN.discard(self)
         builder = getattr(self, "_builder", None)
-        if builder is not None and not self._forked:
+        if builder is not None and not self._fork.forked:
             builder.close()  # a lane waiting on a worker then returns at once
         super().close()
 

@@ -1,20 +1,15 @@
 """``stoker.Loader``: Stoker's training-loop side, a drop-in for torch's ``DataLoader``.
 
-This module holds the Python half of the loader: argument checking (everything is checked
-before any thread starts or any file is read; the checks ``Loader.from_dataset`` shares are in
-:mod:`stoker.arguments`), epoch and resume bookkeeping, fork detection, and handing out the native
-module's batch slots as numpy arrays or torch tensors without copying them
-(:mod:`stoker.batches`). Decoding,
-augmenting and batching happen in Rust (:mod:`stoker._native`), with the GIL released.
+The loader's story in Python: its arguments checked before any thread starts or any file is
+read (:mod:`stoker.arguments`, :class:`stoker.gpu.Placement`) and handed to the native loader
+(:mod:`stoker._native`: reading, decoding, augmenting and batching in Rust, the GIL released),
+then epochs and resumes (:mod:`stoker.resume`) and batches handed out (:mod:`stoker.batches`).
 """
 
 from __future__ import annotations
 
-import ctypes
 import os
-import sys
-import weakref
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Literal
 
 from stoker import _native, gpu, resume
@@ -39,28 +34,17 @@ from stoker.arguments import (
     resolve_rank,
     source_path,
 )
-from stoker.batches import BadSampleLog, host_batch
+from stoker.batches import BadSampleLog, BatchFeed, BatchIterator, Taken, host_batch
 from stoker.dataset_entry import FromDataset
 from stoker.errors import StokerError
+from stoker.fork import ForkGuard
 from stoker.mix_request import MixRequest
 from stoker.ops import Op, check_pipeline
 
 if TYPE_CHECKING:
-    from stoker._native import BadSample, NativeBatch
+    from stoker._native import NativeBatch
 
 __all__ = ["BatchIterator", "Loader"]
-
-# Every live loader, so a fork can mark them all unusable in the child.
-_LIVE_LOADERS: weakref.WeakSet[Loader] = weakref.WeakSet()
-
-
-def _after_fork_in_child() -> None:
-    for loader in list(_LIVE_LOADERS):
-        loader._inherited_by_fork()
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 class Loader(FromDataset):
@@ -290,22 +274,19 @@ class Loader(FromDataset):
         # object they can handle.
         self._native: _native.NativeLoader | None = None
         self._closed = False
-        self._forked = False
+        self._fork = ForkGuard()
 
         refuse_unexpected(unsupported)
         check_remote(address, token, tls_ca, tls_server_name)
-        device_index = gpu.parse_device(device)
-        pin_memory = check_bool(pin_memory, "pin_memory")
-        if device_index is None and (dtype is not None or memory_format is not None):
-            raise ValueError(
-                "dtype and memory_format shape the batch on the GPU: give device='cuda' (on "
-                "the CPU, ops.ToTensor and ops.Normalize choose layout and dtype)"
-            )
-        decode_on, lane_memory = gpu.check_decode(decode, gpu_memory, device_index, address)
-        budget = (
-            gpu.default_pinned_budget()[0]
-            if pinned_memory_budget is None
-            else gpu.check_budget(pinned_memory_budget)
+        placement = gpu.Placement.check(
+            device=device,
+            pin_memory=pin_memory,
+            pinned_memory_budget=pinned_memory_budget,
+            dtype=dtype,
+            memory_format=memory_format,
+            decode=decode,
+            gpu_memory=gpu_memory,
+            address=address,
         )
         self._batch_size = check_int(batch_size, "batch_size", 1, MAX_U32)
         self._shuffle = check_bool(shuffle, "shuffle")
@@ -327,14 +308,9 @@ class Loader(FromDataset):
         dashboard_at = dashboard_address(dashboard)
         dashboard_credential = dashboard_credential_path(dashboard, dashboard_token_file)
         output_kind = resolve_output(output)
-        if device_index is not None and output_kind != "torch":
-            raise ValueError(
-                f"device={device!r} delivers torch tensors: leave output unset or 'torch'"
-            )
+        placement.check_output(output_kind)
         self._torch = import_torch("output='torch'") if output_kind == "torch" else None
         self._output: str = output_kind
-        if device_index is not None:
-            device_index = gpu.require_device(self._torch, str(device), device_index)
         self._rank, self._world_size = resolve_rank(rank, world_size)
         locate = remote_source_path if address is not None else source_path
         self._mix = source if isinstance(source, MixRequest) else None
@@ -342,30 +318,18 @@ class Loader(FromDataset):
         tail = None
         if self._mix is None:
             self._ops = check_pipeline(pipeline)
-            native_ops = self._ops
-            if device_index is not None:
-                native_ops, tail = gpu.split_tail(self._ops, dtype, memory_format)
+            native_ops, tail = placement.split(self._ops)
             self._source = locate(source)
             job_name = os.path.basename(os.path.normpath(self._source)) or "python"
-        elif device_index is not None:
-            raise ValueError(
-                "device='cuda' does not take a stoker.mix yet: use pin_memory=True and move "
-                "the batches with .cuda(non_blocking=True)"
-            )
         else:
+            placement.refuse_mix()
             pipeline = list(pipeline)
             self._ops = check_pipeline(pipeline) if pipeline else []
             native_ops = self._ops
             native_mix = self._mix.native(self._ops, self._format, self._text_column, locate)
             self._source, job_name = native_mix.source, native_mix.job_name
-        pin_device = (
-            device_index
-            if device_index is not None
-            else gpu.pin_device(self._torch or sys.modules.get("torch"), pin_memory)
-        )
-        if device_index is not None and decode_on != "cpu":
-            decode_on = gpu.lane_decode(decode_on, device_index)
-        self._decode = decode_on
+        placement = placement.resolve(self._torch)
+        self._decode = placement.decode
         self._native = _native.NativeLoader(
             self._source,
             [op.to_dict() for op in native_ops],
@@ -392,42 +356,23 @@ class Loader(FromDataset):
             tls_ca=None if tls_ca is None else os.fspath(tls_ca),
             tls_server_name=tls_server_name,
             mix=None if native_mix is None else native_mix.arguments(),
-            pin_device=pin_device,
-            pinned_budget=budget,
-            release_streams=(
-                None if pin_device is None else gpu.release_streams(self._torch, pin_device)
-            ),
-            decode=decode_on,
-            gpu_memory=lane_memory,
-            library_dirs=gpu.cuda_library_dirs() if decode_on != "cpu" else [],
+            **placement.pinning_arguments(self._torch),
+            **placement.lane_arguments(),
         )
-        stage = None
-        if device_index is not None:
-            stage = gpu.DeviceStage(self._torch, device_index, tail)
-        self._finish_init(stage)
+        self._finish_init(placement.stage(self._torch, tail))
 
     def _finish_init(self, device_stage: gpu.DeviceStage | None = None) -> None:
         assert self._native is not None
-        # Device delivery (device="cuda"), the batch staged ahead on it, and the GPU idle
-        # meter (whenever torch tensors are handed out; it only records once torch has started
-        # CUDA).
-        self._device_stage = device_stage
         # With page-locked slots, torch tensors outside them are pinned by a copy.
         self._pin_small = bool(self._native.stats()["pinned"]) and self._torch is not None
-        # (generation, the batch taken early, or the error taking it raised).
-        self._staged: tuple[int, Any] | None = None
-        self._gpu_meter: gpu.GpuIdleMeter | None = None
-        if self._torch is not None:
-            index = device_stage.index if device_stage is not None else None
-            self._gpu_meter = gpu.GpuIdleMeter(self._torch, index, self._native.record_gpu_idle)
+        self._feed = BatchFeed(self._handle, self._to_batch, device_stage, self._torch)
         # Read once: state_dict() must work after close() and in a forked child, where the
         # handle may not be touched.
         self._num_samples: int = self._native.num_samples
         # The position of the next batch to yield, which is what state_dict() saves.
         self._position = resume.Position()
         self._bad_log = BadSampleLog()
-        self._pid = os.getpid()
-        _LIVE_LOADERS.add(self)
+        self._fork.hold(self._native)
 
     # -- properties -------------------------------------------------------------------------
 
@@ -492,10 +437,10 @@ class Loader(FromDataset):
         native = self._handle()
         position = self._position
         epoch = position.epoch
-        self._staged = None
+        self._feed.drop_staged()
         native.start_epoch(epoch, position.resume_step or 0)
         position.start()
-        return BatchIterator(self, position.generation, epoch)
+        return BatchIterator(self._feed, position, epoch, self.__len__)
 
     def set_epoch(self, epoch: int) -> None:
         """Sets the epoch the next ``iter()`` runs, like ``DistributedSampler.set_epoch``.
@@ -558,26 +503,11 @@ class Loader(FromDataset):
                 settings (the message names the mismatch), or the dicts disagree or leave
                 ranks out.
         """
-        self._handle()
+        native = self._handle()
         saved = resume.read_states(state, self.state_dict())
-        epoch, old_world, resizes, steps = saved.epoch, saved.world_size, saved.resizes, saved.steps
-        position = self._position
-        position.resized_epoch, position.resizes = None, []
-        if old_world == self._world_size and len(set(steps)) == 1 and not resizes:
-            step = steps[0]
-            steps_in_epoch = self._handle().steps_per_epoch
-            if step > steps_in_epoch:
-                raise ValueError(
-                    f"state['step'] {step} is past the end of the epoch ({steps_in_epoch} steps)"
-                )
-        else:
-            step, steps_in_epoch, chain = self._handle().resume_resized(
-                epoch, resizes, old_world, steps
-            )
-            position.resized_epoch, position.resizes = epoch, chain
+        self._position.resume_saved(saved, native, self._world_size)
         if saved.decode_split is not None and self._decode != "cpu":
-            self._handle().set_decode_split(*saved.decode_split)
-        position.resume(epoch, step, steps_in_epoch)
+            native.set_decode_split(*saved.decode_split)
 
     # -- stats and lifetime -----------------------------------------------------------------
 
@@ -607,7 +537,7 @@ class Loader(FromDataset):
         """
         stats: dict[str, Any] = dict(self._handle().stats())
         stats["thread_rule"] = self._thread_rule
-        stage = self._device_stage
+        stage = self._feed.stage
         stats["device"] = f"cuda:{stage.index}" if stage is not None else "cpu"
         span = float(stats.get("gpu_span_s") or 0.0)
         stats["gpu_idle_fraction"] = float(stats.get("gpu_idle_s", 0.0)) / span if span > 0 else 0.0
@@ -620,9 +550,11 @@ class Loader(FromDataset):
         if self._closed:
             return
         self._closed = True
-        self._staged = None
-        _LIVE_LOADERS.discard(self)
-        if self._native is not None and not self._forked:
+        feed: BatchFeed | None = getattr(self, "_feed", None)  # None: __init__ failed early
+        if feed is not None:
+            feed.drop_staged()  # its slot, and its device memory, go back
+        self._fork.release()
+        if self._native is not None and not self._fork.forked:
             self._native.close()
 
     @property
@@ -650,120 +582,18 @@ class Loader(FromDataset):
 
     def _handle(self) -> _native.NativeLoader:
         """The native loader, or a StokerError saying why it cannot be used."""
-        if self._forked:
-            raise StokerError(
-                f"this Loader was made in process {self._pid} and inherited by fork(); its "
-                "decode threads did not survive the fork, so it cannot be used here. Make the "
-                "Loader in the child process (e.g. after the fork, or with the 'spawn' start "
-                "method)"
-            )
+        self._fork.refuse()
         if self._closed or self._native is None:
             raise StokerError("this Loader is closed; make a new one")
         return self._native
 
-    def _inherited_by_fork(self) -> None:
-        if self._forked or self._closed:
-            return
-        self._forked = True
-        # Dropping the handle would stop and join decode threads that exist only in the
-        # parent, and could wait forever on a lock one of them held at the fork. A reference
-        # the interpreter does not know about (it clears module globals at exit, so a list
-        # would not do) keeps the handle's destructor from ever running in this process.
-        ctypes.pythonapi.Py_IncRef(ctypes.py_object(self._native))
-
-    def _take_staged(self, generation: int) -> tuple[int, Any, list[int], list[BadSample]] | None:
-        """The batch staged ahead on the device for this iterator, if any."""
-        staged, self._staged = self._staged, None
-        if staged is None or staged[0] != generation:
-            return None
-        taken: Any = staged[1]
-        if isinstance(taken, Exception):
-            raise taken
-        return taken  # type: ignore[no-any-return]
-
-    def _to_batch(self, item: NativeBatch) -> tuple[int, Any, list[int], list[BadSample]]:
+    def _to_batch(self, item: NativeBatch) -> Taken:
         _, step, tensors, indices, bad, device_rows = item
         # On the device: the tensors and the event that says they are ready.
         batch: Any
-        if self._device_stage is not None:
-            batch = self._device_stage.stage(tensors, device_rows)
+        if self._feed.stage is not None:
+            batch = self._feed.stage.stage(tensors, device_rows)
         else:
             batch = host_batch(tensors, self._torch, self._pin_small)
         self._bad_log.note(bad)
         return step, batch, list(indices), list(bad)
-
-
-class BatchIterator(Iterator[dict[str, Any]]):
-    """One epoch of a :class:`Loader`; what ``iter(loader)`` returns.
-
-    Besides yielding batches it tells where the last one came from, which is handy for
-    debugging and for checking coverage: :attr:`epoch`, :attr:`step`,
-    :attr:`sample_indices` (dataset indices of the batch's samples, in order) and
-    :attr:`bad_samples` (samples of that batch replaced under ``on_error="skip"``).
-    """
-
-    def __init__(self, loader: Loader, generation: int, epoch: int) -> None:
-        self._loader = loader
-        self._generation = generation
-        self._done = False
-        self.epoch: int = epoch
-        """The epoch this iterator runs."""
-        self.step: int | None = None
-        """The step of the last batch yielded."""
-        self.sample_indices: list[int] = []
-        """Dataset indices of the last batch's samples."""
-        self.bad_samples: list[BadSample] = []
-        """Samples of the last batch that were replaced (``sample_index``, ``path``, ``reason``,
-        ``substitute_index``)."""
-
-    def __iter__(self) -> BatchIterator:
-        return self
-
-    def __next__(self) -> dict[str, Any]:
-        if self._done:
-            raise StopIteration
-        loader = self._loader
-        native = loader._handle()
-        position = loader._position
-        if position.generation != self._generation:
-            raise StokerError(
-                "this iterator is stale: iter(), set_epoch() or load_state_dict() was called on "
-                "its Loader since; iterate the Loader again"
-            )
-        meter = loader._gpu_meter
-        if meter is not None:
-            meter.before()
-        try:
-            staged = loader._take_staged(self._generation)
-            if staged is None:
-                item = native.next_batch()
-                if item is None:
-                    self._done = True
-                    position.finish_epoch(self.epoch)
-                    raise StopIteration
-                staged = loader._to_batch(item)
-            step, batch, self.sample_indices, self.bad_samples = staged
-            stage = loader._device_stage
-            if stage is not None:
-                batch = stage.hand_out(batch)
-                # The next batch, when it is already built, starts its copy now, while the GPU
-                # still works on this one.
-                try:
-                    ahead = native.try_next_batch()
-                    if ahead is not None:
-                        loader._staged = (self._generation, loader._to_batch(ahead))
-                except Exception as error:  # raised by the next call, this batch goes out
-                    loader._staged = (self._generation, error)
-        except BaseException:
-            if meter is not None:
-                meter.cancel()
-            raise
-        if meter is not None:
-            meter.after()
-        self.step = step
-        position.step = step + 1
-        out: dict[str, Any] = batch
-        return out
-
-    def __len__(self) -> int:
-        return len(self._loader)

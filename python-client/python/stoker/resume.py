@@ -11,9 +11,12 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 from stoker.arguments import MAX_U32, MAX_U64, check_int
+
+if TYPE_CHECKING:
+    from stoker._native import NativeLoader
 
 __all__ = ["STATE_VERSION", "Position", "Saved", "check_state", "read_states"]
 
@@ -104,6 +107,26 @@ class Position:
         self.epoch = self.resume_epoch = epoch
         self.step = self.resume_step = step
         self.generation += 1
+
+    def resume_saved(self, saved: Saved, native: NativeLoader, world_size: int) -> None:
+        """The next ``iter()`` starts where ``saved`` points, on ``native`` running
+        ``world_size`` ranks: at the saved step when the world size is the same and every rank
+        saved the same step, otherwise at the start of the rest of that epoch, spread over
+        this run's ranks (whose resizes the position then keeps)."""
+        self.resized_epoch, self.resizes = None, []
+        if saved.world_size == world_size and len(set(saved.steps)) == 1 and not saved.resizes:
+            step = saved.steps[0]
+            steps_in_epoch = native.steps_per_epoch
+            if step > steps_in_epoch:
+                raise ValueError(
+                    f"state['step'] {step} is past the end of the epoch ({steps_in_epoch} steps)"
+                )
+        else:
+            step, steps_in_epoch, chain = native.resume_resized(
+                saved.epoch, saved.resizes, saved.world_size, saved.steps
+            )
+            self.resized_epoch, self.resizes = saved.epoch, chain
+        self.resume(saved.epoch, step, steps_in_epoch)
 
 
 def check_resizes(resizes: Any) -> list[tuple[int, list[int]]]:
