@@ -32,14 +32,12 @@ import argparse
 import json
 import math
 import os
-import resource
-import subprocess
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
-from measure import MIB, PeakWatch, cpu_seconds, median_run, pss_bytes, tree_pss_bytes
+from measure import MIB, median_run, pss_bytes, run_watched, tree_pss_bytes
 
 CROP_SIZE = 224
 PREFETCH_FACTOR = 2
@@ -147,24 +145,13 @@ def run_child(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def run_once(args: argparse.Namespace, config: str, argv: list[str]) -> dict[str, Any]:
-    before = cpu_seconds(resource.RUSAGE_CHILDREN)
-    with (
-        subprocess.Popen(
-            [sys.executable, __file__, *argv, "--child", config], stdout=subprocess.PIPE, text=True
-        ) as child,
-        PeakWatch(child.pid, args.memory_period) as watch,
-    ):
-        stdout, _ = child.communicate()
-    if child.returncode != 0:
-        raise SystemExit(f"{config} failed with exit code {child.returncode}")
-    result: dict[str, Any] = json.loads(stdout.strip().splitlines()[-1])
-    peak = max(watch.peak / MIB, result["end_tree_pss_mib"])
-    cpu = cpu_seconds(resource.RUSAGE_CHILDREN) - before
+    run = run_watched(__file__, argv, config, args.memory_period)
+    result = run.result
     result.update(
-        loader_mib=peak - result["after_imports_pss_mib"],
-        peak_tree_pss_mib=peak,
-        cpu_s=cpu,
-        cpu_ms_per_image=1000 * cpu / result["images"],
+        loader_mib=run.peak_mib - result["after_imports_pss_mib"],
+        peak_tree_pss_mib=run.peak_mib,
+        cpu_s=run.cpu_s,
+        cpu_ms_per_image=1000 * run.cpu_s / result["images"],
     )
     return result
 

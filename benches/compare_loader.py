@@ -37,7 +37,6 @@ import json
 import math
 import os
 import resource
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -45,11 +44,11 @@ from typing import Any
 
 from measure import (
     MIB,
-    PeakWatch,
     busy_cpu_seconds,
     cpu_seconds,
     median_run,
     pss_bytes,
+    run_watched,
     tree_pss_bytes,
 )
 
@@ -221,32 +220,17 @@ def run_once(args: argparse.Namespace, config: str, argv: list[str]) -> dict[str
     """One fresh child running ``config``, its memory watched from here."""
     busy_before = busy_cpu_seconds()
     self_before = cpu_seconds(resource.RUSAGE_SELF)
-    children_before = cpu_seconds(resource.RUSAGE_CHILDREN)
-    with (
-        subprocess.Popen(
-            [sys.executable, __file__, *argv, "--child", config],
-            stdout=subprocess.PIPE,
-            text=True,
-        ) as child,
-        PeakWatch(child.pid, args.memory_period) as watch,
-    ):
-        stdout, _ = child.communicate()
-    if child.returncode != 0:
-        raise SystemExit(f"{config} failed with exit code {child.returncode}")
-    # The child's CPU reaches RUSAGE_CHILDREN once it is reaped, its forked workers' once the
-    # child has joined them (DataLoader does on shutdown).
-    child_cpu = cpu_seconds(resource.RUSAGE_CHILDREN) - children_before
+    run = run_watched(__file__, argv, config, args.memory_period)
     # Our own share is mostly the PSS reads; neither is the rest of the machine's.
-    own_cpu = child_cpu + cpu_seconds(resource.RUSAGE_SELF) - self_before
+    own_cpu = run.cpu_s + cpu_seconds(resource.RUSAGE_SELF) - self_before
     background_cpu = max(0.0, busy_cpu_seconds() - busy_before - own_cpu)
-    result: dict[str, Any] = json.loads(stdout.strip().splitlines()[-1])
-    peak_mib = max(watch.peak / MIB, result["end_tree_pss_mib"])
+    result = run.result
     result.update(
-        peak_tree_pss_mib=peak_mib,
-        added_mib=peak_mib - result["baseline_pss_mib"],
-        loader_only_mib=peak_mib - result["after_imports_pss_mib"],
-        pss_samples=watch.samples + 1,
-        cpu_s=child_cpu,
+        peak_tree_pss_mib=run.peak_mib,
+        added_mib=run.peak_mib - result["baseline_pss_mib"],
+        loader_only_mib=run.peak_mib - result["after_imports_pss_mib"],
+        pss_samples=run.pss_samples,
+        cpu_s=run.cpu_s,
         background_cpu_s=background_cpu,
     )
     return result

@@ -26,10 +26,14 @@ cgroup first reads them, which PSS leaves out.
 
 from __future__ import annotations
 
+import json
 import os
 import resource
 import statistics
+import subprocess
+import sys
 import threading
+from dataclasses import dataclass
 from typing import Any, Self
 
 KIB = 1024
@@ -106,6 +110,42 @@ class PeakWatch:
         self._stop.set()
         if self._thread.is_alive():
             self._thread.join()
+
+
+@dataclass
+class ChildRun:
+    """What :func:`run_watched` saw of one child."""
+
+    #: The JSON object of the child's last output line.
+    result: dict[str, Any]
+    #: The peak PSS of the child's tree, in MiB: the highest sample, or what the child
+    #: reported at its end (``end_tree_pss_mib``) when that is higher.
+    peak_mib: float
+    #: CPU-seconds the child and the children it joined used.
+    cpu_s: float
+    #: PSS samples taken, counting the child's own end-of-run one.
+    pss_samples: int
+
+
+def run_watched(script: str, argv: list[str], config: str, period_s: float) -> ChildRun:
+    """Runs ``script *argv --child config`` in a fresh interpreter, the PSS of its tree sampled
+    every ``period_s`` seconds from here (:class:`PeakWatch`); SystemExit when it fails."""
+    before = cpu_seconds(resource.RUSAGE_CHILDREN)
+    with (
+        subprocess.Popen(
+            [sys.executable, script, *argv, "--child", config], stdout=subprocess.PIPE, text=True
+        ) as child,
+        PeakWatch(child.pid, period_s) as watch,
+    ):
+        stdout, _ = child.communicate()
+    if child.returncode != 0:
+        raise SystemExit(f"{config} failed with exit code {child.returncode}")
+    # The child's CPU reaches RUSAGE_CHILDREN once it is reaped, its forked workers' once the
+    # child has joined them (DataLoader does on shutdown).
+    cpu = cpu_seconds(resource.RUSAGE_CHILDREN) - before
+    result: dict[str, Any] = json.loads(stdout.strip().splitlines()[-1])
+    peak = max(watch.peak / MIB, result["end_tree_pss_mib"])
+    return ChildRun(result, peak, cpu, watch.samples + 1)
 
 
 def busy_cpu_seconds() -> float:

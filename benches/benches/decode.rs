@@ -6,8 +6,9 @@
 //! Every iteration walks the whole set once, so a figure is the mean over the generator's mix of
 //! sizes, qualities and chroma layouts, not one lucky file.
 
+mod common;
+
 use std::hint::black_box;
-use std::time::Duration;
 
 use criterion::{criterion_group, criterion_main, Criterion, SamplingMode, Throughput};
 use stoker_benches::{full_decode_request, imagenet_like_jpegs, JpegFixture};
@@ -142,18 +143,9 @@ fn imagenet_train_pipeline(c: &mut Criterion) {
     group.finish();
 }
 
-fn short_runs() -> Criterion {
-    // A 2-core machine runs the whole suite in a few minutes with these; the per-image spread
-    // of the set dominates the noise long before more samples would help.
-    Criterion::default()
-        .warm_up_time(Duration::from_secs(1))
-        .measurement_time(Duration::from_secs(3))
-        .sample_size(20)
-}
-
 criterion_group! {
     name = benches;
-    config = short_runs();
+    config = common::short_runs();
     targets = jpeg_decoders, imagenet_train_pipeline
 }
 criterion_main!(benches);

@@ -4,8 +4,9 @@
 //! makes, to show the wrapper costs nothing), the pure-Rust `resize` crate's Triangle filter as
 //! the alternative, and fast_image_resize's nearest neighbour as the floor of any resampler.
 
+mod common;
+
 use std::hint::black_box;
-use std::time::Duration;
 
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 use fast_image_resize::images::{Image, ImageRef};
@@ -102,18 +103,9 @@ fn resize_to_224(c: &mut Criterion) {
     bench_resizers(c, &group_name, &source);
 }
 
-fn short_runs() -> Criterion {
-    // Each resize takes well under a millisecond, so three seconds give thousands of
-    // iterations per sample set; longer runs only make the suite slow on two cores.
-    Criterion::default()
-        .warm_up_time(Duration::from_secs(1))
-        .measurement_time(Duration::from_secs(3))
-        .sample_size(20)
-}
-
 criterion_group! {
     name = benches;
-    config = short_runs();
+    config = common::short_runs();
     targets = resize_to_224
 }
 criterion_main!(benches);
