@@ -47,6 +47,20 @@ def cpu_seconds() -> float:
     return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
 
 
+def figures(
+    row: str, tokens: int, seconds: float, cpu_before: float, first: float | None
+) -> dict[str, Any]:
+    """One row's figures: ``tokens`` in ``seconds`` of wall time, the CPU used since
+    ``cpu_before`` (read now) and the time to the first batch."""
+    return {
+        "row": row,
+        "tokens": tokens,
+        "seconds": seconds,
+        "cpu_seconds": cpu_seconds() - cpu_before,
+        "first_batch_s": first,
+    }
+
+
 def write_corpus(kind: str, megabytes: float, out: Path) -> int:
     """Writes up to ``megabytes`` MB of documents as JSONL; returns how many."""
     if kind == "code":
@@ -102,13 +116,7 @@ def hf_row(
             if first is None:
                 first = time.perf_counter() - started
     seconds = time.perf_counter() - started
-    return {
-        "row": "hf-encode_batch",
-        "tokens": tokens,
-        "seconds": seconds,
-        "cpu_seconds": cpu_seconds() - cpu,
-        "first_batch_s": first,
-    }
+    return figures("hf-encode_batch", tokens, seconds, cpu, first)
 
 
 class PackedBatches:
@@ -187,13 +195,7 @@ def dataloader_row(
                 break
     seconds = time.perf_counter() - started
     del loader  # the workers exit and are waited for, so their CPU time counts
-    return {
-        "row": "dataloader",
-        "tokens": tokens,
-        "seconds": seconds,
-        "cpu_seconds": cpu_seconds() - cpu,
-        "first_batch_s": first,
-    }
+    return figures("dataloader", tokens, seconds, cpu, first)
 
 
 def stoker_row(
@@ -226,11 +228,7 @@ def stoker_row(
     stats = loader.stats()
     loader.close()
     return {
-        "row": "stoker",
-        "tokens": tokens,
-        "seconds": seconds,
-        "cpu_seconds": cpu_seconds() - cpu,
-        "first_batch_s": first,
+        **figures("stoker", tokens, seconds, cpu, first),
         # Decode-thread seconds by stage: reading (and parsing) the JSONL line, tokenizing,
         # packing.
         "read_s": stats["read_s"],
