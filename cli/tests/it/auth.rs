@@ -99,19 +99,24 @@ fn coordinator(dir: &Path, log: &Path, extra: &[&str]) -> Daemon {
         "state-{}",
         log.file_stem().unwrap().to_string_lossy()
     ));
+    Daemon::start_logging_to(
+        env!("CARGO_BIN_EXE_stoker"),
+        &coordinator_args(&state, extra),
+        File::create(log).unwrap(),
+    )
+}
+
+/// `stoker coordinator` on a free loopback port with its state in `state`, then `extra`.
+fn coordinator_args<'a>(state: &'a Path, extra: &[&'a str]) -> Vec<&'a str> {
     let mut args = vec![
         "coordinator",
         "--listen",
         "127.0.0.1:0",
         "--state",
-        path(&state),
+        path(state),
     ];
     args.extend_from_slice(extra);
-    Daemon::start_logging_to(
-        env!("CARGO_BIN_EXE_stoker"),
-        &args,
-        File::create(log).unwrap(),
-    )
+    args
 }
 
 /// Waits (up to [`PROMPT`]) for `log` to hold `needle`.
@@ -680,15 +685,7 @@ fn the_dashboard_off_loopback_wants_its_own_credential_then_a_cookie() {
         ),
     ] {
         let state = dir.path().join(format!("state-{name}"));
-        let mut args = vec![
-            "coordinator",
-            "--listen",
-            "127.0.0.1:0",
-            "--state",
-            path(&state),
-            "--http",
-            "0.0.0.0:0",
-        ];
+        let mut args = coordinator_args(&state, &["--http", "0.0.0.0:0"]);
         args.extend(extra);
         let open = common::stoker(&args);
         assert!(!open.status.success(), "{name}");
