@@ -14,9 +14,10 @@ use stoker_proto::v1::{
     TaskLease,
 };
 use stoker_rpc::describe_only::DescribeOnly;
+use stoker_rpc::error_kinds::kind_of_status;
 use stoker_rpc::network::{MemoryNetwork, Network};
 use stoker_rpc::security::{ClientSecurity, ServerSecurity, Token};
-use stoker_rpc::transport::{kind_of_status, RpcChannel};
+use stoker_rpc::transport::RpcChannel;
 use stoker_worker::ErrorKind;
 use tokio::sync::oneshot;
 use tonic::{Code, Status};

@@ -107,7 +107,7 @@ impl Error {
 /// which call failed.
 pub(crate) fn error_from_status(context: &str, status: &tonic::Status) -> Error {
     Error::Remote {
-        kind: stoker_rpc::transport::kind_of_status(status),
+        kind: stoker_rpc::error_kinds::kind_of_status(status),
         context: context.to_string(),
         message: status.message().to_string(),
     }
@@ -116,7 +116,7 @@ pub(crate) fn error_from_status(context: &str, status: &tonic::Status) -> Error 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use stoker_rpc::transport::status;
+    use stoker_rpc::error_kinds::status;
 
     #[test]
     fn every_kind_survives_the_wire() {

@@ -20,6 +20,7 @@ pub mod fuzz_targets;
 
 pub mod batch_wire;
 pub mod describe_only;
+pub mod error_kinds;
 #[cfg(feature = "server")]
 pub mod health;
 pub mod network;

@@ -262,8 +262,8 @@ impl AsyncWrite for MemoryConnection {
 mod tests {
     use super::*;
     use crate::describe_only::DescribeOnly;
+    use crate::error_kinds::kind_of_status;
     use crate::security::{ServerSecurity, Token};
-    use crate::transport::kind_of_status;
     use stoker_proto::v1::worker_data_client::WorkerDataClient;
     use stoker_proto::v1::worker_data_server::WorkerDataServer;
     use stoker_proto::v1::{DescribeJobRequest, DescribeJobResponse, SubscribeRequest};

@@ -1,8 +1,6 @@
 //! gRPC settings shared by the daemons and the client: message limits and HTTP/2 windows sized
-//! for multi-MB batches, endpoints, retry backoff, and the one two-way table between our errors
-//! and gRPC statuses: a status carries a code (for gRPC tooling) and, in its
-//! [`KIND_METADATA`] entry, the exact [`ErrorKind`], which the client turns back into the same
-//! kind of error (a code alone cannot: every dataset error is `FAILED_PRECONDITION`).
+//! for multi-MB batches, endpoints and retry backoff (what a status means is
+//! [`crate::error_kinds`]'s).
 //!
 //! Copies between the socket and the consumer: the kernel copies into hyper's read buffer, tonic
 //! gathers a message's frames into its decode buffer (a second copy when a message spans more
@@ -15,16 +13,12 @@ use tonic::service::interceptor::InterceptedService;
 #[cfg(feature = "server")]
 use tonic::transport::Server;
 use tonic::transport::{Channel, Endpoint};
-use tonic::{Code, Status};
 
-use crate::security::{refusal_of, AttachToken, ClientSecurity};
-use stoker_worker::{Error, ErrorKind};
+use crate::security::{AttachToken, ClientSecurity};
+use stoker_worker::Error;
 
 /// A channel to a daemon that presents the caller's token on every call.
 pub type RpcChannel = InterceptedService<Channel, AttachToken>;
-
-/// The status metadata entry that carries an error's [`ErrorKind`].
-pub const KIND_METADATA: &str = "stoker-error-kind";
 
 /// Largest gRPC message either side accepts or sends (a 1024-image 224x224 RGB batch is
 /// 154 MB).
@@ -54,7 +48,8 @@ pub fn server() -> Server {
 
 /// A lazily connecting channel to `address` (`host:port` or `http://host:port`; the host may be
 /// a DNS name), over TLS when `security` has a CA, presenting its token on every call. A
-/// refused TLS handshake fails the call with a status [`refusal_of`] recognises.
+/// refused TLS handshake fails the call with a status that
+/// [`crate::error_kinds::refusal_of`] recognises.
 pub fn channel(address: &str, security: &ClientSecurity) -> Result<RpcChannel, Error> {
     let uri = if address.contains("://") {
         address.to_string()
@@ -164,94 +159,6 @@ pub fn random_u64() -> u64 {
     hasher.finish()
 }
 
-/// Whether a failed call means the peer is (maybe only for now) unreachable, so retrying after a
-/// backoff makes sense.
-pub fn is_transient(status: &Status) -> bool {
-    refusal_of(status).is_none()
-        && matches!(
-            status.code(),
-            Code::Unavailable
-                | Code::Unknown
-                | Code::Cancelled
-                | Code::DeadlineExceeded
-                | Code::Aborted
-        )
-}
-
-/// Whether a failed call was refused for its token or its TLS (by the daemon, or by the
-/// client's own check of the daemon's certificate): a setting to fix, never worth a retry.
-pub fn is_refusal(status: &Status) -> bool {
-    matches!(
-        kind_of_status(status),
-        ErrorKind::Unauthenticated | ErrorKind::Tls
-    )
-}
-
-/// The gRPC code an error of `kind` travels with.
-fn code_of(kind: ErrorKind) -> Code {
-    match kind {
-        ErrorKind::InvalidArgument | ErrorKind::Pipeline => Code::InvalidArgument,
-        ErrorKind::NotFound => Code::NotFound,
-        ErrorKind::NotADirectory | ErrorKind::Dataset => Code::FailedPrecondition,
-        ErrorKind::Decode => Code::DataLoss,
-        ErrorKind::Timeout => Code::DeadlineExceeded,
-        ErrorKind::PermissionDenied => Code::PermissionDenied,
-        ErrorKind::WorkerUnavailable => Code::Unavailable,
-        ErrorKind::Interrupted => Code::Cancelled,
-        ErrorKind::Unauthenticated | ErrorKind::Tls => Code::Unauthenticated,
-        ErrorKind::Internal => Code::Internal,
-    }
-}
-
-/// The kind a status without [`KIND_METADATA`] (from tonic itself, or an older daemon) is
-/// taken as.
-fn kind_of(code: Code) -> ErrorKind {
-    match code {
-        Code::InvalidArgument | Code::OutOfRange => ErrorKind::InvalidArgument,
-        Code::NotFound => ErrorKind::NotFound,
-        Code::FailedPrecondition => ErrorKind::Dataset,
-        Code::DataLoss => ErrorKind::Decode,
-        Code::DeadlineExceeded => ErrorKind::Timeout,
-        Code::PermissionDenied => ErrorKind::PermissionDenied,
-        Code::Unauthenticated => ErrorKind::Unauthenticated,
-        Code::Cancelled => ErrorKind::Interrupted,
-        _ => ErrorKind::Internal,
-    }
-}
-
-/// A status for an error of `kind`: its code, its message and the kind in the metadata.
-pub fn status(kind: ErrorKind, message: impl Into<String>) -> Status {
-    with_kind(Status::new(code_of(kind), message), kind)
-}
-
-/// The kind of the error a status stands for: the client connector's refusal behind it, the
-/// kind its daemon gave it in [`KIND_METADATA`], or else the one its code suggests.
-pub fn kind_of_status(status: &Status) -> ErrorKind {
-    if let Some(refused) = refusal_of(status) {
-        return refused.refusal.kind();
-    }
-    status
-        .metadata()
-        .get(KIND_METADATA)
-        .and_then(|value| value.to_str().ok())
-        .and_then(ErrorKind::from_name)
-        .unwrap_or_else(|| kind_of(status.code()))
-}
-
-/// `status` with `kind` in its metadata (its code stays as it is).
-pub fn with_kind(mut status: Status, kind: ErrorKind) -> Status {
-    status.metadata_mut().insert(
-        KIND_METADATA,
-        tonic::metadata::MetadataValue::from_static(kind.as_str()),
-    );
-    status
-}
-
-/// The status a worker error (opening a job, building a batch) travels as.
-pub fn error_status(error: &Error) -> Status {
-    status(error.kind(), error.to_string())
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -266,17 +173,6 @@ mod tests {
         }
         backoff.reset();
         assert!(backoff.next_delay() < Duration::from_millis(75));
-    }
-
-    #[test]
-    fn every_kind_survives_the_wire() {
-        for kind in stoker_worker::ERROR_KINDS {
-            assert_eq!(kind_of_status(&status(kind, "why")), kind);
-        }
-        assert_eq!(
-            kind_of_status(&Status::data_loss("corrupt")),
-            ErrorKind::Decode
-        );
     }
 
     #[test]

@@ -16,6 +16,7 @@ use stoker_proto::v1::worker_data_client::WorkerDataClient;
 use stoker_proto::v1::{
     self as proto, ClientStats, DescribeJobRequest, JobSpec, SessionToken, WorkerInfo,
 };
+use stoker_rpc::error_kinds;
 use stoker_rpc::network::Network;
 use stoker_rpc::security::{ClientSecurity, ServerSecurity};
 use stoker_rpc::transport::{self, MAX_MESSAGE_BYTES};
@@ -372,7 +373,7 @@ impl CoordinatorService {
             };
             if workers.is_empty() {
                 if waited_since.elapsed() >= self.config.worker_wait {
-                    return Err(transport::status(
+                    return Err(error_kinds::status(
                         ErrorKind::WorkerUnavailable,
                         "no worker is registered with the coordinator (start stoker-worker --coordinator ADDR)",
                     ));
@@ -398,15 +399,15 @@ impl CoordinatorService {
                 .await
                 {
                     Ok(Ok(response)) => return Ok(response.into_inner()),
-                    Ok(Err(status)) if transport::is_transient(&status) => {
+                    Ok(Err(status)) if error_kinds::is_transient(&status) => {
                         tracing::warn!(worker = worker.worker_id, %status, "worker unreachable while checking a job");
                         last_error = Some(status);
                     }
                     Ok(Err(status)) => {
                         // The worker's kind goes back with its reason (or the kind of the
                         // connector's refusal, when the coordinator could not reach it).
-                        let kind = transport::kind_of_status(&status);
-                        return Err(transport::with_kind(
+                        let kind = error_kinds::kind_of_status(&status);
+                        return Err(error_kinds::with_kind(
                             Status::with_metadata(
                                 status.code(),
                                 format!(

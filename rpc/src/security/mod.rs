@@ -12,10 +12,15 @@
 //!   the daemon's address carries (a DNS name or an IP the certificate lists), or the one
 //!   `--tls-server-name` gives. There is no client certificate (no mTLS): the token is what
 //!   authenticates the caller.
-//! - **Refusals** ([`Refusal`]): no token, a wrong token, a plaintext client on a TLS daemon, a
-//!   TLS client on a plaintext daemon, a certificate from an unknown CA or for another name:
-//!   each is its own message, on the client (an error of kind
-//!   [`ErrorKind::Unauthenticated`] or [`ErrorKind::Tls`]) and in the daemon's log.
+//! - **Refusals** ([`Refusal`], kept with the error-kind table in [`crate::error_kinds`]): no
+//!   token, a wrong token, a plaintext client on a TLS daemon, a TLS client on a plaintext
+//!   daemon, a certificate from an unknown CA or for another name: each is its own message, on
+//!   the client (an error of kind [`ErrorKind::Unauthenticated`] or [`ErrorKind::Tls`]) and in
+//!   the daemon's log.
+//!
+//! [`Refusal`]: crate::error_kinds::Refusal
+//! [`ErrorKind::Unauthenticated`]: stoker_worker::ErrorKind::Unauthenticated
+//! [`ErrorKind::Tls`]: stoker_worker::ErrorKind::Tls
 
 mod tls;
 mod token;
@@ -25,8 +30,6 @@ use std::path::{Path, PathBuf};
 
 pub use tls::{ClientConnection, PeerInfo, ServerConnection};
 pub use token::{token_matches, AttachToken, Token, TokenCheck, TOKEN_ENV};
-
-use stoker_worker::ErrorKind;
 
 /// Why the security settings cannot be used.
 #[derive(Debug, thiserror::Error)]
@@ -60,58 +63,6 @@ pub enum SecurityError {
     /// Settings that only make sense together were given apart.
     #[error("{0}")]
     Incomplete(String),
-}
-
-/// How a daemon or a client was refused; [`Refusal::kind`] is the error kind it travels as.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Refusal {
-    /// The daemon wants a token and the call carried none.
-    MissingToken,
-    /// The call's token is not one the daemon accepts.
-    WrongToken,
-    /// A plaintext client reached a daemon that serves TLS only.
-    PlaintextToTls,
-    /// A TLS client reached a daemon that serves plaintext.
-    TlsToPlaintext,
-    /// The daemon's certificate is not signed by the CA the client trusts.
-    UnknownCa,
-    /// The daemon's certificate does not name the host the client dialled.
-    WrongName,
-    /// Any other failed TLS handshake.
-    Handshake,
-}
-
-impl Refusal {
-    /// The kind of error a refusal is.
-    pub fn kind(self) -> ErrorKind {
-        match self {
-            Refusal::MissingToken | Refusal::WrongToken => ErrorKind::Unauthenticated,
-            _ => ErrorKind::Tls,
-        }
-    }
-}
-
-/// A refused connection, as the client's connector reports it: tonic passes it through as the
-/// source of an `UNAVAILABLE` status, where [`refusal_of`] finds it again.
-#[derive(Debug, Clone, thiserror::Error)]
-#[error("{message}")]
-pub struct Refused {
-    /// Which refusal.
-    pub refusal: Refusal,
-    /// What happened, and what to change.
-    pub message: String,
-}
-
-/// The connector's refusal behind a failed call, if one is.
-pub fn refusal_of(status: &tonic::Status) -> Option<&Refused> {
-    let mut source = std::error::Error::source(status);
-    while let Some(error) = source {
-        if let Some(refused) = error.downcast_ref::<Refused>() {
-            return Some(refused);
-        }
-        source = error.source();
-    }
-    None
 }
 
 /// What a daemon accepts: the tokens of its token files (none: every caller) and its
@@ -335,35 +286,6 @@ impl SecurityArgs {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn token_refusals_are_unauthenticated_and_the_rest_tls() {
-        assert_eq!(Refusal::MissingToken.kind(), ErrorKind::Unauthenticated);
-        assert_eq!(Refusal::WrongToken.kind(), ErrorKind::Unauthenticated);
-        for refusal in [
-            Refusal::PlaintextToTls,
-            Refusal::TlsToPlaintext,
-            Refusal::UnknownCa,
-            Refusal::WrongName,
-            Refusal::Handshake,
-        ] {
-            assert_eq!(refusal.kind(), ErrorKind::Tls);
-        }
-    }
-
-    #[test]
-    fn a_refusal_is_found_behind_a_status() {
-        let refused = Refused {
-            refusal: Refusal::UnknownCa,
-            message: "not our CA".into(),
-        };
-        let status = tonic::Status::from_error(Box::new(tonic::ConnectError(Box::new(refused))));
-        assert_eq!(
-            refusal_of(&status).map(|r| r.refusal),
-            Some(Refusal::UnknownCa)
-        );
-        assert!(refusal_of(&tonic::Status::unavailable("down")).is_none());
-    }
 
     #[test]
     fn a_server_name_without_a_ca_is_refused() {

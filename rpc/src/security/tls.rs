@@ -20,7 +20,8 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
 use tokio::net::TcpStream;
 use tokio::sync::mpsc;
 
-use super::{Refusal, Refused, SecurityError};
+use super::SecurityError;
+use crate::error_kinds::{Refusal, Refused};
 
 /// The first byte of a TLS record carrying a handshake message.
 const TLS_HANDSHAKE: u8 = 0x16;

@@ -14,8 +14,8 @@ use tonic::metadata::{Ascii, MetadataValue};
 use tonic::service::Interceptor;
 use tonic::{Request, Status};
 
-use super::{PeerInfo, Refusal, SecurityError};
-use crate::transport;
+use super::{PeerInfo, SecurityError};
+use crate::error_kinds::{self, Refusal};
 
 /// The environment variable a client reads its token from when none is given.
 pub const TOKEN_ENV: &str = "STOKER_TOKEN";
@@ -166,7 +166,7 @@ impl TokenCheck {
             Some(peer) => tracing::warn!(%peer, cause = ?refusal, "refused a call: {message}"),
             None => tracing::warn!(cause = ?refusal, "refused a call: {message}"),
         }
-        transport::status(refusal.kind(), message)
+        error_kinds::status(refusal.kind(), message)
     }
 }
 
@@ -268,7 +268,7 @@ mod tests {
         let kind_and_message = |result: Result<(), Status>| {
             let status = result.expect_err("refused");
             (
-                transport::kind_of_status(&status),
+                error_kinds::kind_of_status(&status),
                 status.message().to_string(),
             )
         };

@@ -16,7 +16,8 @@ use stoker_proto::v1::{
 use tokio::sync::{mpsc, watch, Semaphore};
 use tonic::{Code, Status};
 
-use stoker_rpc::transport::{self, error_status, Backoff, RpcChannel, MAX_MESSAGE_BYTES};
+use stoker_rpc::error_kinds::{self, error_status};
+use stoker_rpc::transport::{Backoff, RpcChannel, MAX_MESSAGE_BYTES};
 use stoker_worker::open_sources;
 
 use super::{check_root, lock, JobEntry, Outcome, Shared, WorkerConfig, LEAVE_RESERVE};
@@ -76,7 +77,7 @@ pub(super) async fn task_loop(
             Ok(response) => response.into_inner(),
             Err(status) => {
                 let delay = backoff.next_delay();
-                if transport::is_refusal(&status) {
+                if error_kinds::is_refusal(&status) {
                     // A setting to fix, not a network blip: say so at the loudest level.
                     tracing::error!(message = status.message(), retry_in = ?delay, coordinator = %config.coordinator, "the coordinator refused this worker");
                 } else {
@@ -353,7 +354,7 @@ async fn heartbeat_loop(
     loop {
         tokio::time::sleep(every).await;
         if let Err(status) = client.heartbeat(HeartbeatRequest { worker_id }).await {
-            if !transport::is_transient(&status) || status.code() == Code::Unavailable {
+            if !error_kinds::is_transient(&status) || status.code() == Code::Unavailable {
                 let _ = lost.send(status).await;
                 return;
             }

@@ -37,10 +37,11 @@ use tonic::service::interceptor::InterceptedService;
 use tonic::{Request, Response, Status};
 
 use stoker_rpc::batch_wire::WorkerDataService;
+use stoker_rpc::error_kinds::{self, error_status};
 use stoker_rpc::health::Health;
 use stoker_rpc::network::Network;
 use stoker_rpc::security::{ClientSecurity, ServerSecurity};
-use stoker_rpc::transport::{self, error_status, MAX_MESSAGE_BYTES};
+use stoker_rpc::transport::{self, MAX_MESSAGE_BYTES};
 use stoker_worker::{spec_sources, EpochPlan, Error, ErrorKind, Job, Result};
 
 mod leases;
@@ -176,7 +177,7 @@ fn check_under_roots(
     what: &str,
 ) -> std::result::Result<(), Status> {
     let canonical = std::fs::canonicalize(path).map_err(|e| {
-        transport::status(
+        error_kinds::status(
             ErrorKind::NotFound,
             format!(
                 "{what} {} cannot be opened on this worker: {e}",
@@ -188,7 +189,7 @@ fn check_under_roots(
         return Ok(());
     }
     let listed: Vec<String> = roots.iter().map(|r| r.display().to_string()).collect();
-    Err(transport::status(
+    Err(error_kinds::status(
         ErrorKind::PermissionDenied,
         format!(
             "{what} {} is outside this worker's --data-root ({})",

@@ -14,9 +14,10 @@ use stoker_proto::v1::{
     SessionToken, SessionUpdateRequest, StageTimings, SubscribeRequest, WorkerInfo,
 };
 use stoker_rpc::batch_wire;
+use stoker_rpc::error_kinds;
 use stoker_rpc::network::Network;
 use stoker_rpc::security::ClientSecurity;
-use stoker_rpc::transport::{self, Backoff, RpcChannel, MAX_MESSAGE_BYTES};
+use stoker_rpc::transport::{Backoff, RpcChannel, MAX_MESSAGE_BYTES};
 use tokio::sync::mpsc;
 use tonic::{Code, Status};
 
@@ -188,7 +189,7 @@ impl Driver {
                     tracing::warn!(%status, "coordinator does not know the job; registering it again");
                     match client.register_job(self.register_request()).await {
                         Ok(r) => self.job_id = r.into_inner().job_id,
-                        Err(status) if transport::is_transient(&status) => {
+                        Err(status) if error_kinds::is_transient(&status) => {
                             tokio::time::sleep(backoff.next_delay()).await;
                         }
                         Err(status) => {
@@ -202,7 +203,7 @@ impl Driver {
                 // A coordinator at its --max-sessions frees places as sessions close or time
                 // out: worth waiting for, like an unreachable one.
                 Err(status)
-                    if transport::is_transient(&status)
+                    if error_kinds::is_transient(&status)
                         || status.code() == Code::ResourceExhausted =>
                 {
                     let delay = backoff.next_delay();
@@ -331,7 +332,7 @@ impl Driver {
                     }
                     Err(status) => {
                         tracing::warn!(coordinator = %self.address, %status, "session update failed; opening the session again");
-                        if transport::is_transient(&status) {
+                        if error_kinds::is_transient(&status) {
                             tokio::time::sleep(backoff.next_delay()).await;
                         }
                         break SessionEnd::Reopen;
@@ -499,7 +500,7 @@ async fn stream_worker(
     };
     let mut reader = match batch_wire::subscribe(&mut channel, request, MAX_MESSAGE_BYTES).await {
         Ok(reader) => reader,
-        Err(status) if transport::is_refusal(&status) => {
+        Err(status) if error_kinds::is_refusal(&status) => {
             let _ = arrivals.send(Arrival::Refused {
                 address: worker.data_address.clone(),
                 status,

@@ -37,9 +37,10 @@ use std::time::{Duration, Instant};
 use crossbeam_channel::Receiver;
 use stoker_proto::v1::coordinator_client::CoordinatorClient;
 use stoker_proto::v1::{JobSpec, RegisterJobRequest};
+use stoker_rpc::error_kinds;
 use stoker_rpc::network::Network;
 use stoker_rpc::security::{ClientSecurity, Token};
-use stoker_rpc::transport::{self, Backoff, RpcChannel, MAX_MESSAGE_BYTES};
+use stoker_rpc::transport::{Backoff, RpcChannel, MAX_MESSAGE_BYTES};
 use tokio::sync::mpsc;
 
 mod driver;
@@ -276,7 +277,7 @@ async fn register_job(
                     class_names: r.class_names,
                 });
             }
-            Err(status) if transport::is_transient(&status) && started.elapsed() < timeout => {
+            Err(status) if error_kinds::is_transient(&status) && started.elapsed() < timeout => {
                 let delay = backoff.next_delay();
                 tracing::warn!(coordinator = address, %status, retry_in = ?delay, "coordinator unreachable");
                 tokio::time::sleep(delay).await;

@@ -1,0 +1,198 @@
+//! The one two-way table between our errors and gRPC statuses: a status carries a code (for
+//! gRPC tooling) and, in its [`KIND_METADATA`] entry, the exact [`ErrorKind`], which the client
+//! turns back into the same kind of error (a code alone cannot: every dataset error is
+//! `FAILED_PRECONDITION`); and the refusals ([`Refusal`]) a daemon or the client's own connector
+//! gives for a token or a TLS setting, found again behind a failed call. Below
+//! [`crate::security`] and [`crate::transport`], which both speak it.
+
+use tonic::{Code, Status};
+
+use stoker_worker::{Error, ErrorKind};
+
+/// The status metadata entry that carries an error's [`ErrorKind`].
+pub const KIND_METADATA: &str = "stoker-error-kind";
+
+/// How a daemon or a client was refused; [`Refusal::kind`] is the error kind it travels as.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Refusal {
+    /// The daemon wants a token and the call carried none.
+    MissingToken,
+    /// The call's token is not one the daemon accepts.
+    WrongToken,
+    /// A plaintext client reached a daemon that serves TLS only.
+    PlaintextToTls,
+    /// A TLS client reached a daemon that serves plaintext.
+    TlsToPlaintext,
+    /// The daemon's certificate is not signed by the CA the client trusts.
+    UnknownCa,
+    /// The daemon's certificate does not name the host the client dialled.
+    WrongName,
+    /// Any other failed TLS handshake.
+    Handshake,
+}
+
+impl Refusal {
+    /// The kind of error a refusal is.
+    pub fn kind(self) -> ErrorKind {
+        match self {
+            Refusal::MissingToken | Refusal::WrongToken => ErrorKind::Unauthenticated,
+            _ => ErrorKind::Tls,
+        }
+    }
+}
+
+/// A refused connection, as the client's connector reports it: tonic passes it through as the
+/// source of an `UNAVAILABLE` status, where [`refusal_of`] finds it again.
+#[derive(Debug, Clone, thiserror::Error)]
+#[error("{message}")]
+pub struct Refused {
+    /// Which refusal.
+    pub refusal: Refusal,
+    /// What happened, and what to change.
+    pub message: String,
+}
+
+/// The connector's refusal behind a failed call, if one is.
+pub fn refusal_of(status: &Status) -> Option<&Refused> {
+    let mut source = std::error::Error::source(status);
+    while let Some(error) = source {
+        if let Some(refused) = error.downcast_ref::<Refused>() {
+            return Some(refused);
+        }
+        source = error.source();
+    }
+    None
+}
+
+/// Whether a failed call means the peer is (maybe only for now) unreachable, so retrying after a
+/// backoff makes sense.
+pub fn is_transient(status: &Status) -> bool {
+    refusal_of(status).is_none()
+        && matches!(
+            status.code(),
+            Code::Unavailable
+                | Code::Unknown
+                | Code::Cancelled
+                | Code::DeadlineExceeded
+                | Code::Aborted
+        )
+}
+
+/// Whether a failed call was refused for its token or its TLS (by the daemon, or by the
+/// client's own check of the daemon's certificate): a setting to fix, never worth a retry.
+pub fn is_refusal(status: &Status) -> bool {
+    matches!(
+        kind_of_status(status),
+        ErrorKind::Unauthenticated | ErrorKind::Tls
+    )
+}
+
+/// The gRPC code an error of `kind` travels with.
+fn code_of(kind: ErrorKind) -> Code {
+    match kind {
+        ErrorKind::InvalidArgument | ErrorKind::Pipeline => Code::InvalidArgument,
+        ErrorKind::NotFound => Code::NotFound,
+        ErrorKind::NotADirectory | ErrorKind::Dataset => Code::FailedPrecondition,
+        ErrorKind::Decode => Code::DataLoss,
+        ErrorKind::Timeout => Code::DeadlineExceeded,
+        ErrorKind::PermissionDenied => Code::PermissionDenied,
+        ErrorKind::WorkerUnavailable => Code::Unavailable,
+        ErrorKind::Interrupted => Code::Cancelled,
+        ErrorKind::Unauthenticated | ErrorKind::Tls => Code::Unauthenticated,
+        ErrorKind::Internal => Code::Internal,
+    }
+}
+
+/// The kind a status without [`KIND_METADATA`] (from tonic itself, or an older daemon) is
+/// taken as.
+fn kind_of(code: Code) -> ErrorKind {
+    match code {
+        Code::InvalidArgument | Code::OutOfRange => ErrorKind::InvalidArgument,
+        Code::NotFound => ErrorKind::NotFound,
+        Code::FailedPrecondition => ErrorKind::Dataset,
+        Code::DataLoss => ErrorKind::Decode,
+        Code::DeadlineExceeded => ErrorKind::Timeout,
+        Code::PermissionDenied => ErrorKind::PermissionDenied,
+        Code::Unauthenticated => ErrorKind::Unauthenticated,
+        Code::Cancelled => ErrorKind::Interrupted,
+        _ => ErrorKind::Internal,
+    }
+}
+
+/// A status for an error of `kind`: its code, its message and the kind in the metadata.
+pub fn status(kind: ErrorKind, message: impl Into<String>) -> Status {
+    with_kind(Status::new(code_of(kind), message), kind)
+}
+
+/// The kind of the error a status stands for: the client connector's refusal behind it, the
+/// kind its daemon gave it in [`KIND_METADATA`], or else the one its code suggests.
+pub fn kind_of_status(status: &Status) -> ErrorKind {
+    if let Some(refused) = refusal_of(status) {
+        return refused.refusal.kind();
+    }
+    status
+        .metadata()
+        .get(KIND_METADATA)
+        .and_then(|value| value.to_str().ok())
+        .and_then(ErrorKind::from_name)
+        .unwrap_or_else(|| kind_of(status.code()))
+}
+
+/// `status` with `kind` in its metadata (its code stays as it is).
+pub fn with_kind(mut status: Status, kind: ErrorKind) -> Status {
+    status.metadata_mut().insert(
+        KIND_METADATA,
+        tonic::metadata::MetadataValue::from_static(kind.as_str()),
+    );
+    status
+}
+
+/// The status a worker error (opening a job, building a batch) travels as.
+pub fn error_status(error: &Error) -> Status {
+    status(error.kind(), error.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_kind_survives_the_wire() {
+        for kind in stoker_worker::ERROR_KINDS {
+            assert_eq!(kind_of_status(&status(kind, "why")), kind);
+        }
+        assert_eq!(
+            kind_of_status(&Status::data_loss("corrupt")),
+            ErrorKind::Decode
+        );
+    }
+
+    #[test]
+    fn token_refusals_are_unauthenticated_and_the_rest_tls() {
+        assert_eq!(Refusal::MissingToken.kind(), ErrorKind::Unauthenticated);
+        assert_eq!(Refusal::WrongToken.kind(), ErrorKind::Unauthenticated);
+        for refusal in [
+            Refusal::PlaintextToTls,
+            Refusal::TlsToPlaintext,
+            Refusal::UnknownCa,
+            Refusal::WrongName,
+            Refusal::Handshake,
+        ] {
+            assert_eq!(refusal.kind(), ErrorKind::Tls);
+        }
+    }
+
+    #[test]
+    fn a_refusal_is_found_behind_a_status() {
+        let refused = Refused {
+            refusal: Refusal::UnknownCa,
+            message: "not our CA".into(),
+        };
+        let status = tonic::Status::from_error(Box::new(tonic::ConnectError(Box::new(refused))));
+        assert_eq!(
+            refusal_of(&status).map(|r| r.refusal),
+            Some(Refusal::UnknownCa)
+        );
+        assert!(refusal_of(&tonic::Status::unavailable("down")).is_none());
+    }
+}
