@@ -276,7 +276,7 @@ const TAR_INDEX_MAX_BYTES: usize = 16 << 20;
 /// A tar set's index object (`stoker-tar-index.bin`) as opening an `s3://` set reads it: zstd,
 /// then every shard and sample entry. What decodes must encode and decode back to the same.
 pub fn tar_index(data: &[u8]) {
-    use crate::storage::tar_index::{decode, encode};
+    use crate::tar_shards::index_object::{decode, encode};
     let Ok(shards) = decode(data, "s3://fuzz/set", TAR_INDEX_MAX_BYTES) else {
         return;
     };
@@ -294,7 +294,7 @@ pub fn tar_index(data: &[u8]) {
 
 /// Seed inputs of [`tar_index`]: index objects as this crate writes them, by name.
 pub fn tar_index_seeds() -> crate::Result<Vec<(&'static str, Vec<u8>)>> {
-    use crate::storage::tar_index::{encode, IndexedShard};
+    use crate::tar_shards::index_object::{encode, IndexedShard};
     use crate::tar_shards::scan::ShardIndex;
     let shard = |name: &str, e_tag: Option<&str>, samples: &[(&str, u64, u64, i64)]| {
         let index = ShardIndex::of(1, samples);

@@ -89,14 +89,14 @@ pub use sample_source::{
     NumericColumns, NumericKind, SampleSource, TokenWindowShape, MAX_NUMBERED_CLASSES,
 };
 pub use storage::{
-    parse_dataset_uri, upload_tar_set, write_tar_index, CachedObject, DatasetLocation, ObjectCache,
-    ObjectCacheOptions, RemoteLocation, S3Settings, TarIndexWritten, TarSetUploaded,
-    DEFAULT_CONCURRENCY, DEFAULT_MAX_BYTES, DEFAULT_PART_SIZE, TAR_INDEX_OBJECT,
+    parse_dataset_uri, CachedObject, DatasetLocation, ObjectCache, ObjectCacheOptions,
+    RemoteLocation, S3Settings, DEFAULT_CONCURRENCY, DEFAULT_MAX_BYTES, DEFAULT_PART_SIZE,
 };
 pub use synthetic::{generate_imagenet_like, GeneratedDataset, SyntheticImageNetSpec};
 pub use tar_shards::{
-    looks_like_tar_shards, write_tar_shards, TarIndexStats, TarShards, TarShardsWriterOptions,
-    TarShardsWritten, CLASSES_FILE,
+    looks_like_tar_shards, upload_tar_set, write_tar_index, write_tar_shards, TarIndexStats,
+    TarIndexWritten, TarSetUploaded, TarShards, TarShardsWriterOptions, TarShardsWritten,
+    CLASSES_FILE, TAR_INDEX_OBJECT,
 };
 pub use token_dtype::TokenDtype;
 pub use token_file::{

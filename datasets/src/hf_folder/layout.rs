@@ -17,8 +17,8 @@ use std::path::{Component, Path, PathBuf};
 use arrow_schema::{DataType, Schema};
 use serde_json::Value;
 
+use crate::arrow_rows::columns;
 use crate::error::{Error, Result};
-use crate::parquet_files::columns;
 use crate::parquet_files::{
     ParquetOptions, ParquetSampleKind, IMAGE_COLUMN_NAMES, LABEL_COLUMN_NAME, TEXT_COLUMN_NAME,
 };

@@ -38,9 +38,9 @@ use arrow_array::{Array, ArrayRef};
 use rayon::prelude::*;
 use tracing::info;
 
+use crate::arrow_rows::columns::{self, Cell};
 use crate::arrow_rows::{ArrowRows, ChunkSpan};
 use crate::error::{Error, Result};
-use crate::parquet_files::columns::{self, Cell};
 use crate::parquet_files::row_group_cache::RowGroupCache;
 use crate::parquet_files::{ParquetOptions, ParquetSampleKind};
 use crate::sample_source::SampleSource;

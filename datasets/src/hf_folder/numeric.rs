@@ -1,5 +1,5 @@
 //! Typed reads of numeric columns (integer and float `Value` features, `ClassLabel`s) for a
-//! list of rows: the data behind the SelectColumns op, read as for Parquet (`arrow_rows.rs`);
+//! list of rows: the data behind the SelectColumns op, read as for Parquet (`arrow_rows/`);
 //! this gives that reader the record batches and the folder's errors.
 
 use std::sync::Arc;

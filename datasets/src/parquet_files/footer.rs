@@ -14,11 +14,11 @@ use parquet::errors::ParquetError;
 use parquet::file::reader::Length;
 
 use super::bytes::FileBytes;
-use super::columns::{self, Cell};
 use super::{
     page_checks, ParquetFile, ParquetOptions, ParquetSampleKind, CLASS_NAMES_KEY,
     IMAGE_COLUMN_NAMES, LABEL_COLUMN_NAME, TEXT_COLUMN_NAME,
 };
+use crate::arrow_rows::columns::{self, Cell};
 use crate::error::{without_panics, Error, Result};
 
 /// A file's footer read, its columns resolved.

@@ -18,7 +18,6 @@
 //! column's chunks of their row groups into the object cache while the current ones decode.
 
 mod bytes;
-pub(crate) mod columns;
 mod footer;
 mod numeric;
 mod options;
@@ -39,7 +38,7 @@ use parquet::errors::ParquetError;
 use rayon::prelude::*;
 use tracing::info;
 
-use crate::arrow_rows::{ArrowRows, ChunkSpan};
+use crate::arrow_rows::{columns, ArrowRows, ChunkSpan};
 use crate::error::{without_panics, Error, Result};
 use crate::files::{files_with_extension, has_extension, root_files};
 use crate::sample_source::{numbered_class_names, SampleSource};

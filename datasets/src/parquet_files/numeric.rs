@@ -1,5 +1,5 @@
 //! Typed reads of numeric columns for a list of rows: the data behind the SelectColumns op,
-//! which turns named scalar columns into tensors. The reading is `arrow_rows.rs`'s, shared with
+//! which turns named scalar columns into tensors. The reading is `arrow_rows/`'s, shared with
 //! Hugging Face folders; this gives it the row groups and the Parquet errors.
 
 use arrow_array::ArrayRef;

@@ -191,7 +191,7 @@ impl ObjectCache {
     }
 
     /// The store of `location`'s bucket, for [`Self::read_ranges`].
-    pub(super) fn store(&self, location: &RemoteLocation) -> Result<Arc<AmazonS3>> {
+    pub(crate) fn store(&self, location: &RemoteLocation) -> Result<Arc<AmazonS3>> {
         Ok(Arc::new(download::build_store(
             &location.bucket,
             &self.options.s3,
@@ -200,7 +200,7 @@ impl ObjectCache {
     }
 
     /// Lists `location` (the objects directly under its prefix, or the one it names).
-    pub(super) fn list(
+    pub(crate) fn list(
         &self,
         store: &AmazonS3,
         location: &RemoteLocation,
@@ -210,7 +210,7 @@ impl ObjectCache {
     }
 
     /// Reads bytes `range` of the object `key`, bypassing the cache (a shard scanned once).
-    pub(super) fn read_uncached(
+    pub(crate) fn read_uncached(
         &self,
         store: &AmazonS3,
         location: &RemoteLocation,
@@ -233,7 +233,7 @@ impl ObjectCache {
     }
 
     /// Reads the listed `object` whole through the cache (an index, `classes.txt`).
-    pub(super) fn read_whole(
+    pub(crate) fn read_whole(
         &self,
         store: &Arc<AmazonS3>,
         location: &RemoteLocation,
@@ -245,7 +245,7 @@ impl ObjectCache {
     }
 
     /// Writes `bytes` as the object `key` of `location`'s bucket.
-    pub(super) fn put(
+    pub(crate) fn put(
         &self,
         store: &AmazonS3,
         location: &RemoteLocation,

@@ -344,7 +344,7 @@ pub(super) fn commit(entry: &Entry, part: &PartFile, checksummed: bool) -> Resul
 }
 
 /// Writes `bytes` to `path` through a temporary file and a rename.
-pub(super) fn write_atomically(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+pub(crate) fn write_atomically(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
     let temporary = with_suffix(path, &format!("{PART_MARKER}{}-meta", std::process::id()));
     let written =
         std::fs::write(&temporary, bytes).and_then(|()| std::fs::rename(&temporary, path));

@@ -8,10 +8,10 @@
 //!   concurrent threads and processes; survives restarts) with hit / miss / byte counters
 //!   ([`CacheStats`](crate::CacheStats)). [`ObjectCache::fetch`] turns a URI into local paths, the step any
 //!   format can build on.
-//! - Tar shards under an `s3://` prefix ([`TarShards::open_remote`](crate::TarShards::open_remote)),
-//!   opened from the set's index object (`stoker-tar-index.bin`, written by [`write_tar_index`],
-//!   the `stoker index` command) and read lazily: each sample is a ranged GET of its member
-//!   through the cache, neighbouring ranges coalesced, so the cache may be smaller than the set.
+//! - What the formats read through it: tar shards under an `s3://` prefix
+//!   ([`TarShards::open_remote`](crate::TarShards::open_remote), in `tar_shards/remote.rs`), each
+//!   sample a ranged GET of its member through the cache, neighbouring ranges coalesced, so the
+//!   cache may be smaller than the set.
 //! - `RemoteObject`: one listed object read by byte ranges through the cache, which
 //!   `file_bytes.rs` reads a token file's windows from as it reads a local file's, and Parquet
 //!   its footers and column chunks.
@@ -38,20 +38,18 @@ mod eviction;
 mod options;
 mod prefetch;
 mod remote_object;
-mod remote_tar;
 mod stats;
-pub(crate) mod tar_index;
 mod uri;
 
 pub use cache::ObjectCache;
 pub(crate) use derived::derived_copy;
+pub(crate) use entry::write_atomically;
 pub use entry::CachedObject;
+pub(crate) use options::default_user_cache_dir;
 pub use options::{
     ObjectCacheOptions, S3Settings, DEFAULT_CONCURRENCY, DEFAULT_MAX_BYTES, DEFAULT_PART_SIZE,
 };
 pub(crate) use prefetch::{Hint, Prefetcher};
 pub(crate) use remote_object::{list_remote, ByteRanges, RemoteObject};
-pub(crate) use remote_tar::open_remote_tar_set;
-pub use remote_tar::{upload_tar_set, write_tar_index, TarIndexWritten, TarSetUploaded};
-pub use tar_index::TAR_INDEX_OBJECT;
+pub(crate) use uri::s3_location;
 pub use uri::{parse_dataset_uri, DatasetLocation, RemoteLocation};

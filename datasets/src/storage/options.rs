@@ -91,7 +91,7 @@ impl ObjectCacheOptions {
     pub fn from_env() -> Result<ObjectCacheOptions> {
         let dir = match std::env::var_os("STOKER_CACHE_DIR") {
             Some(dir) if !dir.is_empty() => PathBuf::from(dir),
-            _ => crate::tar_shards::default_user_cache_dir()
+            _ => default_user_cache_dir()
                 .map(|dir| dir.join("objects"))
                 .ok_or_else(|| {
                     Error::CacheConfig(
@@ -145,6 +145,20 @@ fn parse_byte_size(text: &str) -> Option<u64> {
     let value: f64 = number.parse().ok()?;
     let bytes = value * multiplier as f64;
     (bytes.is_finite() && bytes >= 0.0 && bytes < u64::MAX as f64).then_some(bytes as u64)
+}
+
+/// `$XDG_CACHE_HOME/stoker`, else `$HOME/.cache/stoker`; `None` when neither is set.
+pub(crate) fn default_user_cache_dir() -> Option<PathBuf> {
+    let from_xdg = std::env::var_os("XDG_CACHE_HOME")
+        .map(PathBuf::from)
+        .filter(|path| path.is_absolute());
+    let base = from_xdg.or_else(|| {
+        std::env::var_os("HOME")
+            .map(PathBuf::from)
+            .filter(|path| path.is_absolute())
+            .map(|home| home.join(".cache"))
+    })?;
+    Some(base.join("stoker"))
 }
 
 #[cfg(test)]

@@ -35,7 +35,7 @@ impl RemoteLocation {
 }
 
 /// The `s3://` location `uri` names; a local path is an [`Error::InvalidUri`] giving `reason`.
-pub(super) fn s3_location(uri: &str, reason: &str) -> Result<RemoteLocation> {
+pub(crate) fn s3_location(uri: &str, reason: &str) -> Result<RemoteLocation> {
     match parse_dataset_uri(uri)? {
         DatasetLocation::S3(location) => Ok(location),
         DatasetLocation::Local(_) => Err(Error::InvalidUri {

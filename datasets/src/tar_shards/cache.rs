@@ -69,20 +69,6 @@ pub(super) fn user_cache_path(dir: &Path, stamp: &ShardStamp) -> PathBuf {
     dir.join(format!("{hash:016x}.{CACHE_SUFFIX}"))
 }
 
-/// `$XDG_CACHE_HOME/stoker`, else `$HOME/.cache/stoker`; `None` when neither is set.
-pub(crate) fn default_user_cache_dir() -> Option<PathBuf> {
-    let from_xdg = std::env::var_os("XDG_CACHE_HOME")
-        .map(PathBuf::from)
-        .filter(|path| path.is_absolute());
-    let base = from_xdg.or_else(|| {
-        std::env::var_os("HOME")
-            .map(PathBuf::from)
-            .filter(|path| path.is_absolute())
-            .map(|home| home.join(".cache"))
-    })?;
-    Some(base.join("stoker"))
-}
-
 /// FNV-1a, 64 bits: a checksum against torn or damaged files, not against tampering.
 fn fnv1a(bytes: &[u8]) -> u64 {
     bytes.iter().fold(0xcbf2_9ce4_8422_2325, |hash, byte| {

@@ -11,11 +11,13 @@
 //! (`file_pool.rs`), so the number of shards is not bounded by the descriptor limit: a shard
 //! not read for a while is closed and opened again when next read.
 //!
-//! The same set under `s3://BUCKET/PREFIX` ([`TarShards::open_remote`]) is the same type with
-//! other shard bytes: each shard an object, indexed by the set's index object
-//! (`storage/remote_tar.rs`), each sample a ranged GET through the cache tier, read ahead.
+//! The same set under `s3://BUCKET/PREFIX` ([`TarShards::open_remote`], `remote.rs`) is the same
+//! type with other shard bytes: each shard an object, indexed by the set's index object
+//! (`index_object.rs`), each sample a ranged GET through the cache tier, read ahead.
 
 mod cache;
+pub(crate) mod index_object;
+mod remote;
 pub(crate) mod scan;
 mod write;
 
@@ -34,11 +36,14 @@ use crate::error::{Error, Result};
 use crate::file_pool::{is_out_of_descriptors, FileKey, FilePool, PooledFile};
 use crate::files::{files_with_extension, has_extension, root_files};
 use crate::sample_source::{numbered_class_names, SampleSource};
-use crate::storage::{ByteRanges, Hint, ObjectCache, Prefetcher, RemoteObject};
+use crate::storage::{
+    default_user_cache_dir, ByteRanges, Hint, ObjectCache, Prefetcher, RemoteObject,
+};
 use cache::ShardStamp;
 use scan::ShardIndex;
 
-pub(crate) use cache::default_user_cache_dir;
+pub use index_object::TAR_INDEX_OBJECT;
+pub use remote::{upload_tar_set, write_tar_index, TarIndexWritten, TarSetUploaded};
 pub use write::{write_tar_shards, TarShardsWriterOptions, TarShardsWritten};
 
 /// The file next to the shards that names the classes, one per line, in label order.
@@ -144,7 +149,7 @@ impl TarShards {
     /// opening fails only when the path is missing, a shard cannot be read at all, or no
     /// complete sample is found.
     pub fn open(path: &Path) -> Result<TarShards> {
-        Self::open_with_cache_dir(path, cache::default_user_cache_dir().as_deref())
+        Self::open_with_cache_dir(path, default_user_cache_dir().as_deref())
     }
 
     /// Like [`TarShards::open`], with `fallback_cache_dir` in place of the user cache folder
@@ -214,7 +219,7 @@ impl TarShards {
     /// scanned once as a stream of ranged GETs (with a warning; `stoker index` writes the
     /// object). Samples are ranged GETs through the cache, read ahead when told.
     pub fn open_remote(uri: &str, cache: Arc<ObjectCache>) -> Result<TarShards> {
-        crate::storage::open_remote_tar_set(uri, cache)
+        remote::open_remote_tar_set(uri, cache)
     }
 
     /// The set of `shards` (in sample order) under `root`, with class names from

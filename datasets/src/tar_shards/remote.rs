@@ -1,5 +1,5 @@
 //! Tar shards in an object store, read lazily: opening reads the listing and the set's index
-//! object (see `tar_index.rs`), and each sample is a ranged read of its image member's bytes
+//! object (see `index_object.rs`), and each sample is a ranged read of its image member's bytes
 //! through the local cache tier (each range an entry of its own, evicted under the cap like a
 //! whole object), so neither the open nor the cache needs the whole set. A set without its
 //! index is scanned shard by shard as a stream of ranged GETs, one window in memory at a time.
@@ -13,16 +13,13 @@ use object_store::aws::AmazonS3;
 use object_store::ObjectMeta;
 use tracing::{info, warn};
 
-use super::cache::ObjectCache;
-use super::prefetch::Prefetcher;
-use super::remote_object::RemoteObject;
-use super::tar_index::{self, IndexedShard, TAR_INDEX_OBJECT};
-use super::uri::{s3_location, RemoteLocation};
+use super::index_object::{self as tar_index, IndexedShard, TAR_INDEX_OBJECT};
+use super::scan::{scan_archive, ShardIndex};
+use super::{parse_class_names, Shard, TarIndexStats, TarShards, ThroughCache, CLASSES_FILE};
 use crate::error::{Error, Result};
 use crate::sample_source::{numbered_class_names, SampleSource};
-use crate::tar_shards::scan::{scan_archive, ShardIndex};
-use crate::tar_shards::{
-    parse_class_names, Shard, TarIndexStats, TarShards, ThroughCache, CLASSES_FILE,
+use crate::storage::{
+    s3_location, write_atomically, ObjectCache, Prefetcher, RemoteLocation, RemoteObject,
 };
 
 /// The largest index object read (decompressed): about 20 million samples.
@@ -444,7 +441,7 @@ fn keep_local_index(path: &Path, shards: &[IndexedShard]) {
         if let Some(parent) = path.parent() {
             std::fs::create_dir_all(parent).map_err(|source| Error::io(parent, source))?;
         }
-        super::entry::write_atomically(path, &bytes).map_err(|source| Error::io(path, source))
+        write_atomically(path, &bytes).map_err(|source| Error::io(path, source))
     });
     if let Err(error) = kept {
         warn!(path = %path.display(), %error, "cannot keep the scanned tar index");

@@ -3,7 +3,10 @@
 //! stream). Written once here for both: which chunk holds sample `i` ([`ArrowRows`]), the labels
 //! and class names, what [`SampleSource`](crate::SampleSource) reports of them, and the numeric
 //! columns the SelectColumns op reads ([`read_numeric`]). Each format gives its chunks and its
-//! errors ([`ArrowChunks`]).
+//! errors ([`ArrowChunks`]). Which column types they accept, and one cell of a decoded column,
+//! is `columns.rs`.
+
+pub(crate) mod columns;
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -12,8 +15,8 @@ use arrow_array::{Array, ArrayRef};
 use arrow_schema::{DataType, Schema};
 
 use crate::error::{Error, Result};
-use crate::parquet_files::columns::{self, Cell};
 use crate::sample_source::{NumericColumns, NumericKind};
+use columns::Cell;
 
 /// One chunk of rows, placed in the dataset's sample index.
 #[derive(Debug, Clone, Copy)]

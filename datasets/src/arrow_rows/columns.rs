@@ -1,4 +1,5 @@
-//! Column types the Parquet dataset accepts, and typed access to one cell of a decoded column.
+//! Column types the Arrow-row sources (Parquet files, Hugging Face folders) accept, and typed
+//! access to one cell of a decoded column.
 
 use arrow_array::cast::AsArray;
 use arrow_array::types::{

@@ -15,8 +15,8 @@
 
 use object_store::ObjectMeta;
 
+use super::scan::{IndexedSample, ShardIndex};
 use crate::error::{Error, Result};
-use crate::tar_shards::scan::{IndexedSample, ShardIndex};
 
 /// The index object's name under the set's prefix.
 pub const TAR_INDEX_OBJECT: &str = "stoker-tar-index.bin";
