@@ -1,10 +1,13 @@
 //! ARCHITECTURE.md and the crate READMEs stay true: every path ARCHITECTURE.md names in
 //! backquotes exists in the tree, and every source module of every crate (and of the Python
 //! package) is mapped: named by its file name or path in its crate's README.md or in
-//! ARCHITECTURE.md (`mod.rs`, `lib.rs`, `main.rs` and `__init__.py` are their folder's).
+//! ARCHITECTURE.md (`mod.rs`, `lib.rs`, `main.rs` and `__init__.py` are their folder's); and
+//! no crate's top-level modules import each other in a circle (the Python package's test
+//! `test_package_layout.py` checks its own).
 
 #![allow(clippy::unwrap_used)] // tests fail loudly by design
 
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 
 /// The backquoted spans of `text` that look like paths in the repository.
@@ -176,4 +179,129 @@ fn an_unnamed_module_is_reported() {
     // ARCHITECTURE.md's full paths do.
     let architecture = "`loader/src/client/remote.rs`";
     assert!(unmapped("loader", &files[..1], "", architecture).is_empty());
+}
+
+/// Each top-level module of a crate (the first part of its path under `src/`) and the other
+/// top-level modules its code names as `crate::NAME` (comments and `#[cfg(test)]` parts left
+/// out: a test module may reach anywhere).
+fn crate_imports(files: &[(String, String)]) -> BTreeMap<String, BTreeSet<String>> {
+    let top = |within: &str| {
+        let first = within.split('/').next().unwrap_or_default();
+        first.strip_suffix(".rs").unwrap_or(first).to_string()
+    };
+    let mut graph: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    for (within, _) in files {
+        let module = top(within);
+        if module != "lib" && module != "main" {
+            graph.entry(module).or_default();
+        }
+    }
+    for (within, text) in files {
+        let module = top(within);
+        let Some(edges) = graph.get(&module).cloned() else {
+            continue;
+        };
+        let code = text.split("#[cfg(test)]").next().unwrap_or_default();
+        let mut edges = edges;
+        for line in code.lines().filter(|l| !l.trim_start().starts_with("//")) {
+            for (at, _) in line.match_indices("crate::") {
+                let name: String = line[at + "crate::".len()..]
+                    .chars()
+                    .take_while(|c| c.is_alphanumeric() || *c == '_')
+                    .collect();
+                if name != module && graph.contains_key(&name) {
+                    edges.insert(name);
+                }
+            }
+        }
+        graph.insert(module, edges);
+    }
+    graph
+}
+
+/// One circle of `graph` (its modules, the first repeated at the end), if it has one.
+fn circle(graph: &BTreeMap<String, BTreeSet<String>>) -> Option<Vec<String>> {
+    fn visit(
+        graph: &BTreeMap<String, BTreeSet<String>>,
+        module: &str,
+        path: &mut Vec<String>,
+        done: &mut BTreeSet<String>,
+    ) -> Option<Vec<String>> {
+        if let Some(at) = path.iter().position(|m| m == module) {
+            let mut found = path[at..].to_vec();
+            found.push(module.to_string());
+            return Some(found);
+        }
+        if done.contains(module) {
+            return None;
+        }
+        path.push(module.to_string());
+        for next in graph.get(module).into_iter().flatten() {
+            if let Some(found) = visit(graph, next, path, done) {
+                return Some(found);
+            }
+        }
+        path.pop();
+        done.insert(module.to_string());
+        None
+    }
+    let mut done = BTreeSet::new();
+    graph
+        .keys()
+        .find_map(|module| visit(graph, module, &mut Vec::new(), &mut done))
+}
+
+#[test]
+fn no_crate_has_modules_that_import_each_other_in_a_circle() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap();
+    let mut circles = Vec::new();
+    let mut crates = 0;
+    for (_, modules) in MODULE_ROOTS
+        .iter()
+        .filter(|(_, modules)| modules.ends_with("/src"))
+    {
+        let mut paths = Vec::new();
+        module_files(root, &root.join(modules), &mut paths);
+        let files: Vec<(String, String)> = paths
+            .iter()
+            .filter(|path| path.ends_with(".rs"))
+            .map(|path| {
+                let within = path.strip_prefix(&format!("{modules}/")).unwrap();
+                let text = std::fs::read_to_string(root.join(path)).unwrap();
+                (within.to_string(), text)
+            })
+            .collect();
+        crates += 1;
+        if let Some(found) = circle(&crate_imports(&files)) {
+            circles.push(format!("{modules}: {}", found.join(" -> ")));
+        }
+    }
+    assert!(crates >= 9, "checked only {crates} crates");
+    assert!(circles.is_empty(), "import circles: {circles:?}");
+}
+
+#[test]
+fn an_import_circle_is_found() {
+    let file = |within: &str, text: &str| (within.to_string(), text.to_string());
+    let files = vec![
+        file("lib.rs", "pub mod a; pub mod b; pub mod c;"),
+        file("a.rs", "use crate::b::Thing;"),
+        file("b/mod.rs", "mod inner;"),
+        file(
+            "b/inner.rs",
+            "// crate::a in a comment\nfn f() { crate::c::g() }",
+        ),
+        file(
+            "c.rs",
+            "use crate::a;\n#[cfg(test)]\nmod tests { use crate::b; }",
+        ),
+    ];
+    let graph = crate_imports(&files);
+    assert_eq!(graph["b"], BTreeSet::from(["c".to_string()]));
+    assert_eq!(
+        circle(&graph),
+        Some(vec!["a".into(), "b".into(), "c".into(), "a".into()])
+    );
+    let without: Vec<_> = files.into_iter().filter(|(w, _)| w != "c.rs").collect();
+    assert_eq!(circle(&crate_imports(&without)), None);
 }
