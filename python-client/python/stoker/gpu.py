@@ -309,8 +309,9 @@ class Placement:
         return replace(self, index=index, pinned_on=index, decode=decode)
 
     def pinning_arguments(self, torch: Any) -> dict[str, Any]:
-        """The native loader's keyword arguments for the slots' pinning (once resolved); the
-        slots are fenced on torch's streams whenever torch is imported, whatever ``output``."""
+        """The native loader's keyword arguments for the slots' pinning (once resolved): a
+        released slot is fenced on torch's streams whenever torch was imported by the time the
+        loader was made, whatever ``output``."""
         pinned_on = self.pinned_on
         fences = None
         if pinned_on is not None:
