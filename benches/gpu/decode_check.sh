@@ -2,10 +2,11 @@
 # The GPU decode lane's check, run from the repository root on a machine with an NVIDIA GPU
 # (what benches/gpu/run.sh needs, plus pillow): installs what benches/gpu/pack.sh put in
 # `.device/`, starts one loader with decode="gpu" (a smoke test, with Python's fault handler),
-# runs the lane's GPU tests (`pytest -m gpu tests/test_gpu_decode.py`), then the training
-# benchmark's decode rows on a generated set: ResNet-18 with decode="cpu", "gpu" and "auto",
-# the same with 7 decode threads, and the loader alone; then the "gpu" and "auto" rows again with
-# the training loop on a stream of its own (gpu_train.py --side-stream). Logs go to $OUT.
+# runs the GPU tests (`pytest -m gpu` of tests/test_gpu.py and tests/test_gpu_decode.py), then
+# the training benchmark's decode rows on a generated set: ResNet-18 with decode="cpu", "gpu" and
+# "auto", the same with 7 decode threads, and the loader alone; then the "gpu" and "auto" rows
+# again with the training loop on a stream of its own (gpu_train.py --side-stream). Logs go to
+# $OUT.
 # SMOKE_ONLY=1 stops after the smoke test, SKIP_PYTEST=1 leaves out the tests, SKIP_BENCH=1 the
 # benchmark. About 5 minutes on an H100 or H200 with 16 cores.
 set -uo pipefail
@@ -59,7 +60,7 @@ PY
 fi
 [ "${SMOKE_ONLY:-0}" = 1 ] && exit "$smoke"
 started=$SECONDS
-[ "${SKIP_PYTEST:-0}" = 1 ] || (cd python-client && timeout 240 python3 -m pytest -m gpu tests/test_gpu_decode.py -q -rs -s -p no:cacheprovider 2>&1) | tee "$out/pytest.log"
+[ "${SKIP_PYTEST:-0}" = 1 ] || (cd python-client && timeout 300 python3 -m pytest -m gpu tests/test_gpu.py tests/test_gpu_decode.py -q -rs -s -p no:cacheprovider 2>&1) | tee "$out/pytest.log"
 echo "pytest -m gpu: $((SECONDS - started)) s"
 # A lane that does not start or crashes has nothing to measure.
 [ "$smoke" -eq 0 ] || exit 1
