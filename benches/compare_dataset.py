@@ -34,10 +34,17 @@ import math
 import os
 import sys
 import time
-from pathlib import Path
 from typing import Any
 
-from measure import MIB, median_run, pss_bytes, run_watched, tree_pss_bytes
+from measure import (
+    MIB,
+    check_comparison_arguments,
+    comparison_arguments,
+    median_run,
+    pss_bytes,
+    run_watched,
+    tree_pss_bytes,
+)
 
 CROP_SIZE = 224
 PREFETCH_FACTOR = 2
@@ -45,20 +52,17 @@ PREFETCH_FACTOR = 2
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--data", type=Path, required=True, help="an ImageFolder tree")
-    parser.add_argument("--batch-size", type=int, default=64)
+    comparison_arguments(parser)
     parser.add_argument("--workers", type=int, default=2, help="workers, processes and threads")
-    parser.add_argument("--batches", type=int, default=0, help="batches per run (0: an epoch)")
-    parser.add_argument("--repeat", type=int, default=1, help="fresh runs per loader (median)")
     parser.add_argument(
         "--prefetch", type=int, default=0,
         help="from_dataset's prefetch (0: 2 x workers, DataLoader's batches outstanding)",
     )
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--memory-period", type=float, default=1.0)
-    parser.add_argument("--json", action="store_true", help="print one JSON object")
-    parser.add_argument("--child", default="", help=argparse.SUPPRESS)
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    check_comparison_arguments(parser, args)
+    if args.workers < 1 or args.prefetch < 0:
+        parser.error("--workers must be >= 1 and --prefetch >= 0")
+    return args
 
 
 def dataset(args: argparse.Namespace) -> Any:

@@ -39,12 +39,13 @@ import os
 import resource
 import sys
 import time
-from pathlib import Path
 from typing import Any
 
 from measure import (
     MIB,
     busy_cpu_seconds,
+    check_comparison_arguments,
+    comparison_arguments,
     cpu_seconds,
     median_run,
     pss_bytes,
@@ -61,46 +62,21 @@ BACKGROUND_WARN_FRACTION = 0.05
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--data", type=Path, required=True, help="ImageFolder root")
-    parser.add_argument("--batch-size", type=int, default=64)
+    comparison_arguments(parser)
     parser.add_argument("--threads", type=int, default=2, help="stoker decode threads (default 2)")
     parser.add_argument(
         "--workers",
         default="0,1,2",
         help="DataLoader num_workers values to run, comma-separated (default 0,1,2)",
     )
-    parser.add_argument("--batches", type=int, default=0, help="batches per run (0: one epoch)")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument(
-        "--repeat", type=int, default=1, help="runs per configuration; each figure is the median"
-    )
-    parser.add_argument(
-        "--memory-period",
-        type=float,
-        default=1.0,
-        help="seconds between PSS samples of a running child (default 1; 0: only the final one)",
-    )
-    parser.add_argument("--json", action="store_true", help="print one JSON object")
-    parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    check_comparison_arguments(parser, args)
     try:
         args.worker_counts = [int(w) for w in args.workers.split(",") if w.strip()]
     except ValueError:
         parser.error(f"--workers must be comma-separated ints, got {args.workers!r}")
-    if (
-        args.batch_size < 1
-        or args.threads < 1
-        or args.repeat < 1
-        or args.batches < 0
-        or args.memory_period < 0
-        or any(w < 0 for w in args.worker_counts)
-    ):
-        parser.error(
-            "--batch-size, --threads and --repeat must be >= 1, "
-            "--batches, --workers and --memory-period >= 0"
-        )
-    if not args.data.is_dir():
-        parser.error(f"--data {args.data} is not a folder")
+    if args.threads < 1 or any(w < 0 for w in args.worker_counts):
+        parser.error("--threads must be >= 1 and --workers >= 0")
     return args
 
 

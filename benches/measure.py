@@ -26,6 +26,7 @@ cgroup first reads them, which PSS leaves out.
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import resource
@@ -34,6 +35,7 @@ import subprocess
 import sys
 import threading
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Self
 
 KIB = 1024
@@ -110,6 +112,35 @@ class PeakWatch:
         self._stop.set()
         if self._thread.is_alive():
             self._thread.join()
+
+
+def comparison_arguments(parser: argparse.ArgumentParser) -> None:
+    """The arguments compare_loader.py and compare_dataset.py both take (checked by
+    :func:`check_comparison_arguments`)."""
+    parser.add_argument("--data", type=Path, required=True, help="an ImageFolder tree")
+    parser.add_argument("--batch-size", type=int, default=64)
+    parser.add_argument("--batches", type=int, default=0, help="batches per run (0: one epoch)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--repeat", type=int, default=1, help="runs per configuration; each figure is the median"
+    )
+    parser.add_argument(
+        "--memory-period",
+        type=float,
+        default=1.0,
+        help="seconds between PSS samples of a running child (default 1; 0: only the final one)",
+    )
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+    parser.add_argument("--child", default="", help=argparse.SUPPRESS)
+
+
+def check_comparison_arguments(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Exits through ``parser.error`` when an argument of :func:`comparison_arguments` is out
+    of range or ``--data`` is not a folder."""
+    if args.batch_size < 1 or args.repeat < 1 or args.batches < 0 or args.memory_period < 0:
+        parser.error("--batch-size and --repeat must be >= 1, --batches and --memory-period >= 0")
+    if not args.data.is_dir():
+        parser.error(f"--data {args.data} is not a folder")
 
 
 @dataclass
