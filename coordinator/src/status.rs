@@ -1,5 +1,5 @@
 //! The coordinator's side of the error/status table (the rest is
-//! `stoker_rpc::transport`): the status each refusal of the core travels as.
+//! `stoker_rpc::error_kinds`): the status each refusal of the core travels as.
 
 use stoker_rpc::error_kinds::{status, with_kind};
 use stoker_worker::ErrorKind;

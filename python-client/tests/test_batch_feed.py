@@ -2,15 +2,21 @@
 staged as soon as it is built, handed out by the next call of the same iterator only, and an
 error taking it ahead is raised by that call, after the batch before it went out. The native
 loader and the device stage are stand-ins here (the real ones need a GPU: ``test_gpu.py`` runs
-the same path end to end there)."""
+the same path end to end there). Last, with real loaders: the feed does not keep its loader
+alive."""
 
 from __future__ import annotations
 
+import gc
+import weakref
 from collections import deque
+from pathlib import Path
 from typing import Any
 
 import pytest
 
+import stoker
+from stoker import vision
 from stoker.batches import BatchFeed, Taken
 
 
@@ -120,3 +126,31 @@ def test_on_the_host_nothing_is_taken_ahead() -> None:
     native = Native(3)
     assert steps(feed_of(native, None), 1, 4) == [0, 1, 2, None]
     assert native.waited == [0, 1, 2] and native.ahead == []
+
+
+@pytest.mark.parametrize("output", ["numpy", "torch"])
+def test_a_loader_dropped_without_close_is_freed_at_once(dataset: Path, output: str) -> None:
+    # The feed holds the loader's methods weakly: no reference cycle, so dropping the last
+    # reference frees the loader (and stops its threads) without waiting for the collector.
+    if output == "torch":
+        pytest.importorskip("torch")
+    gc.collect()
+    gc.disable()
+    try:
+        loader = stoker.Loader(
+            dataset,
+            pipeline=vision.imagenet_train(32),
+            batch_size=4,
+            num_threads=1,
+            output=output,
+        )
+        epoch = iter(loader)
+        next(epoch)
+        del epoch
+        wrapped = stoker.Loader.from_dataset(list(range(8)), batch_size=4, output=output)
+        next(iter(wrapped))
+        refs = [weakref.ref(loader), weakref.ref(wrapped)]
+        del loader, wrapped
+        assert [ref() for ref in refs] == [None, None]
+    finally:
+        gc.enable()

@@ -67,6 +67,20 @@ def test_pin_memory_of_a_wrapped_dataset_without_a_driver_warns() -> None:
         assert wrapped.stats()["pinned"] is False
 
 
+def test_pin_memory_of_a_mix_without_a_driver_warns_at_the_callers_line(dataset: Path) -> None:
+    no_driver()
+    with pytest.warns(UserWarning, match="cannot be page-locked") as caught:
+        mixed = stoker.mix(
+            {dataset: 1.0},
+            pipeline=vision.imagenet_train(32),
+            batch_size=4,
+            pin_memory=True,
+            output="numpy",
+        )
+    mixed.close()
+    assert [Path(w.filename) for w in caught] == [Path(__file__)]
+
+
 @pytest.mark.parametrize("device", ["cuda", "cuda:0", "cuda:1"])
 def test_device_cuda_without_a_gpu_raises_naming_what_is_missing(
     make_loader: Callable[..., stoker.Loader], device: str

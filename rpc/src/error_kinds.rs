@@ -3,7 +3,7 @@
 //! turns back into the same kind of error (a code alone cannot: every dataset error is
 //! `FAILED_PRECONDITION`); and the refusals ([`Refusal`]) a daemon or the client's own connector
 //! gives for a token or a TLS setting, found again behind a failed call. Below
-//! [`crate::security`] and [`crate::transport`], which both speak it.
+//! [`crate::security`], which uses it; the services use it beside [`crate::transport`].
 
 use tonic::{Code, Status};
 

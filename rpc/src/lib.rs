@@ -2,8 +2,9 @@
 //! (the worker daemon, the coordinator, the remote client) and over the worker core.
 //!
 //! - [`transport`]: message limits and HTTP/2 windows sized for multi-MB batches, endpoints,
-//!   retry backoff, and the one two-way table between [`ErrorKind`](stoker_worker::ErrorKind)
-//!   and gRPC statuses;
+//!   retry backoff;
+//! - [`error_kinds`]: the one two-way table between [`ErrorKind`](stoker_worker::ErrorKind)
+//!   and gRPC statuses, and the refusals of a token or a TLS setting;
 //! - [`batch_wire`]: the batch stream's messages, sent from and read into the batches' own
 //!   buffers, and the worker's data service over it;
 //! - [`describe_only`]: a data server that only describes jobs (benches and tests);

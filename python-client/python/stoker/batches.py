@@ -7,10 +7,12 @@ epoch's ``iter()`` returns.
 
 from __future__ import annotations
 
+import inspect
 import logging
 import math
+import weakref
 from collections.abc import Callable, Iterator, Sequence
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Any, Final, ParamSpec, TypeVar
 
 import numpy as np
 
@@ -22,7 +24,10 @@ if TYPE_CHECKING:
     from stoker.gpu import DeviceStage
     from stoker.resume import Position
 
-__all__ = ["BadSampleLog", "BatchFeed", "BatchIterator", "Taken", "host_batch"]
+__all__ = ["BadSampleLog", "BatchFeed", "BatchIterator", "Taken", "host_batch", "weakly"]
+
+P = ParamSpec("P")
+R = TypeVar("R")
 
 # A batch taken from the native loader: its step, its tensors (host arrays, or on the device
 # what DeviceStage.stage returned), its samples' dataset indices and the samples it replaced.
@@ -84,12 +89,32 @@ class BadSampleLog:
                 )
 
 
+def weakly(function: Callable[P, R]) -> Callable[P, R]:
+    """``function``, or for a bound method the method called through a weak reference to its
+    object, so that what holds it does not keep that object alive; once the object is gone, a
+    call raises a :class:`~stoker.StokerError` saying the loader is closed."""
+    if not inspect.ismethod(function):
+        return function
+    reference = weakref.WeakMethod(function)
+
+    def call(*args: P.args, **kwargs: P.kwargs) -> R:
+        bound = reference()
+        if bound is None:
+            raise StokerError("this Loader is closed; make a new one")
+        result: R = bound(*args, **kwargs)
+        return result
+
+    return call
+
+
 class BatchFeed:
     """Takes one loader's batches from its native loader and makes them Python batches
     (``make_batch``). With device delivery (``stage``) it hands out each staged batch and, when
     the next one is already built, stages that one at once, so its copy runs while the GPU
     still works on this one; with ``torch``, a :class:`~stoker.gpu.GpuIdleMeter` times the
-    consumer stream's wait around each batch."""
+    consumer stream's wait around each batch. ``handle`` and ``make_batch`` are held
+    :func:`weakly`: given a loader's own methods, the feed does not keep the loader alive, so a
+    loader dropped without ``close()`` is freed at once (threads stopped, slots let go)."""
 
     def __init__(
         self,
@@ -99,8 +124,8 @@ class BatchFeed:
         torch: Any,
     ) -> None:
         # The native loader, or a StokerError saying why it cannot be used (closed, forked).
-        self.handle = handle
-        self._make_batch = make_batch
+        self.handle = weakly(handle)
+        self._make_batch = weakly(make_batch)
         self.stage = stage
         # Whenever torch tensors are handed out (it only records once torch has started CUDA).
         self._meter: GpuIdleMeter | None = None

@@ -133,8 +133,7 @@ def from_dataset(
     rank_, world = resolve_rank(rank, world_size)
     pinning = gpu.Placement.check(pin_memory=pin_memory, pinned_memory_budget=pinned_memory_budget)
     torch = import_torch("output='torch'") if output_kind == "torch" else None
-    # Attributed to the caller of Loader.from_dataset.
-    pinning = pinning.resolve(torch, stacklevel=3)
+    pinning = pinning.resolve(torch)
 
     image = None
     if pipeline is not None:

@@ -19,9 +19,9 @@ _GUARDS: weakref.WeakSet[ForkGuard] = weakref.WeakSet()
 
 
 class ForkGuard:
-    """Tells whether this process is the one that made a loader: made with the loader (before
-    its native handle, so a failing constructor leaves one), given the handle by :meth:`hold`,
-    and let go by :meth:`release` when the loader closes."""
+    """Tells whether this process is the one that made a loader: made with the loader (by
+    ``Loader`` before its native handle, so a failing constructor leaves one), given the handle
+    by :meth:`hold`, and let go by :meth:`release` when the loader closes."""
 
     def __init__(self) -> None:
         self.pid = os.getpid()

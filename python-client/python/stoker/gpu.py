@@ -189,10 +189,21 @@ def cuda_problem(torch: Any, index: int) -> str | None:
     return _native.cuda_unavailable(max(index, 0))
 
 
-def pin_device(torch: Any, pin_memory: bool, stacklevel: int = 2) -> int | None:
+def _outside_stoker() -> int:
+    """The ``stacklevel`` of the caller's first frame outside this package: where a warning
+    points, whichever of the package's entry points (``Loader``, ``Loader.from_dataset``,
+    ``stoker.mix``) the user called."""
+    package = os.path.dirname(os.path.abspath(__file__)) + os.sep
+    frame, level = sys._getframe(1), 1
+    while frame.f_back is not None and frame.f_code.co_filename.startswith(package):
+        frame, level = frame.f_back, level + 1
+    return level
+
+
+def pin_device(torch: Any, pin_memory: bool) -> int | None:
     """The device whose driver page-locks the slots for ``pin_memory=True`` (torch's current
-    one, else 0), or None: with one warning naming what is missing (attributed ``stacklevel``
-    frames up), as DataLoader runs without an accelerator."""
+    one, else 0), or None: with one warning naming what is missing (pointing at the user's
+    line that made the loader), as DataLoader runs without an accelerator."""
     if not pin_memory:
         return None
     index = 0
@@ -204,7 +215,7 @@ def pin_device(torch: Any, pin_memory: bool, stacklevel: int = 2) -> int | None:
         warnings.warn(
             f"pin_memory=True, but the batch slots cannot be page-locked: {problem}. They stay "
             "in pageable memory (stats()['pinned'] is False).",
-            stacklevel=stacklevel + 1,
+            stacklevel=_outside_stoker(),
         )
         return None
     return index
@@ -294,15 +305,15 @@ class Placement:
                 "and move the batches with .cuda(non_blocking=True)"
             )
 
-    def resolve(self, torch: Any, stacklevel: int = 2) -> Placement:
+    def resolve(self, torch: Any) -> Placement:
         """Settled against torch (None, or torch without CUDA, for host delivery) and the
         driver: the delivery device's index (a :class:`~stoker.GpuUnavailableError` naming
         what is missing), the device that page-locks the slots (with ``pin_memory`` where no
-        driver can: one warning, attributed ``stacklevel`` frames up, and pageable slots), and
+        driver can: one warning and pageable slots), and
         the decode the lane can do (:func:`lane_decode`)."""
         if self.index is None:
             torch = torch or sys.modules.get("torch")
-            pinned_on = pin_device(torch, self.pin_memory, stacklevel + 1)
+            pinned_on = pin_device(torch, self.pin_memory)
             return replace(self, pinned_on=pinned_on)
         index = require_device(torch, str(self.device), self.index)
         decode = lane_decode(self.decode, index) if self.decode != "cpu" else "cpu"
