@@ -27,7 +27,7 @@ from typing import Any, Literal
 
 import numpy as np
 
-from stoker import _native, gpu
+from stoker import _native
 from stoker.arguments import (
     MAX_U32,
     MAX_U64,
@@ -50,6 +50,7 @@ from stoker.errors import DatasetError
 from stoker.fork import ForkGuard
 from stoker.loader import Loader
 from stoker.ops import check_pipeline
+from stoker.placement import Placement
 from stoker.samples import (
     NO_LAYOUT,
     Layout,
@@ -131,7 +132,7 @@ def from_dataset(
     max_held = check_int(max_held_batches, "max_held_batches", 1, 4096)
     output_kind = resolve_output(output)
     rank_, world = resolve_rank(rank, world_size)
-    pinning = gpu.Placement.check(pin_memory=pin_memory, pinned_memory_budget=pinned_memory_budget)
+    pinning = Placement.check(pin_memory=pin_memory, pinned_memory_budget=pinned_memory_budget)
     torch = import_torch("output='torch'") if output_kind == "torch" else None
     pinning = pinning.resolve(torch)
 

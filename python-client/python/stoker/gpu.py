@@ -33,13 +33,12 @@ import sys
 import warnings
 from collections import deque
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from stoker import _native
-from stoker.arguments import check_bool
 from stoker.errors import GpuUnavailableError
 from stoker.ops import Normalize, Op, ToTensor
 
@@ -47,7 +46,6 @@ __all__ = [
     "DeviceStage",
     "DeviceTail",
     "GpuIdleMeter",
-    "Placement",
     "default_pinned_budget",
     "parse_device",
     "pin_device",
@@ -228,118 +226,6 @@ def require_device(torch: Any, device: str, index: int) -> int:
     if problem is not None:
         raise GpuUnavailableError(f"device={device!r}: {problem}")
     return int(torch.cuda.current_device()) if index < 0 else index
-
-
-@dataclass(frozen=True)
-class Placement:
-    """A loader's GPU arguments, checked before any work starts (:meth:`check`): where batches
-    are delivered, whether the slots are page-locked and within what budget, and where images
-    are decoded. :meth:`resolve` then settles them against torch and the driver, and
-    :meth:`pinning_arguments` and :meth:`lane_arguments` give what the native loader takes."""
-
-    #: ``device`` as the caller gave it, for messages.
-    device: str | None
-    #: The GPU batches are delivered on (-1: torch's current one until resolved); None: host.
-    index: int | None
-    pin_memory: bool
-    #: Bytes of page-locked slots this process may hold.
-    budget: int
-    dtype: object = None
-    memory_format: object = None
-    #: "cpu", "gpu" or "auto" (resolved: what the lane can do here).
-    decode: str = "cpu"
-    #: The GPU decode lane's device memory, in bytes.
-    lane_memory: int = _native.DEFAULT_GPU_MEMORY
-    #: Once resolved: the device whose driver page-locks the slots, or None.
-    pinned_on: int | None = None
-
-    @classmethod
-    def check(
-        cls,
-        *,
-        device: object = None,
-        pin_memory: object = False,
-        pinned_memory_budget: object = None,
-        dtype: object = None,
-        memory_format: object = None,
-        decode: object = "cpu",
-        gpu_memory: object = None,
-        address: str | None = None,
-    ) -> Placement:
-        """The arguments checked (ValueError naming what is wrong); nothing is loaded yet."""
-        index = parse_device(device)
-        pin = check_bool(pin_memory, "pin_memory")
-        if index is None and (dtype is not None or memory_format is not None):
-            raise ValueError(
-                "dtype and memory_format shape the batch on the GPU: give device='cuda' (on "
-                "the CPU, ops.ToTensor and ops.Normalize choose layout and dtype)"
-            )
-        decode_on, lane_memory = check_decode(decode, gpu_memory, index, address)
-        budget = (
-            default_pinned_budget()[0]
-            if pinned_memory_budget is None
-            else check_budget(pinned_memory_budget)
-        )
-        shown = None if device is None else str(device)
-        return cls(shown, index, pin, budget, dtype, memory_format, decode_on, lane_memory)
-
-    def check_output(self, output: str) -> None:
-        """Device delivery hands out torch tensors: ValueError for another ``output``."""
-        if self.index is not None and output != "torch":
-            raise ValueError(
-                f"device={self.device!r} delivers torch tensors: leave output unset or 'torch'"
-            )
-
-    def split(self, ops: Sequence[Op]) -> tuple[list[Op], DeviceTail | None]:
-        """The ops the CPU threads run and the tail the device runs (:func:`split_tail`); on
-        the host, all of them and no tail."""
-        if self.index is None:
-            return list(ops), None
-        return split_tail(ops, self.dtype, self.memory_format)
-
-    def refuse_mix(self) -> None:
-        """Device delivery does not take a :func:`stoker.mix` yet: ValueError with ``device``."""
-        if self.index is not None:
-            raise ValueError(
-                f"device={self.device!r} does not take a stoker.mix yet: use pin_memory=True "
-                "and move the batches with .cuda(non_blocking=True)"
-            )
-
-    def resolve(self, torch: Any) -> Placement:
-        """Settled against torch (None, or torch without CUDA, for host delivery) and the
-        driver: the delivery device's index (a :class:`~stoker.GpuUnavailableError` naming
-        what is missing), the device that page-locks the slots (with ``pin_memory`` where no
-        driver can: one warning and pageable slots), and
-        the decode the lane can do (:func:`lane_decode`)."""
-        if self.index is None:
-            torch = torch or sys.modules.get("torch")
-            pinned_on = pin_device(torch, self.pin_memory)
-            return replace(self, pinned_on=pinned_on)
-        index = require_device(torch, str(self.device), self.index)
-        decode = lane_decode(self.decode, index) if self.decode != "cpu" else "cpu"
-        return replace(self, index=index, pinned_on=index, decode=decode)
-
-    def pinning_arguments(self, torch: Any) -> dict[str, Any]:
-        """The native loader's keyword arguments for the slots' pinning (once resolved): a
-        released slot is fenced on torch's streams whenever torch was imported by the time the
-        loader was made, whatever ``output``."""
-        pinned_on = self.pinned_on
-        fences = None
-        if pinned_on is not None:
-            fences = release_streams(torch or sys.modules.get("torch"), pinned_on)
-        return {"pin_device": pinned_on, "pinned_budget": self.budget, "release_streams": fences}
-
-    def lane_arguments(self) -> dict[str, Any]:
-        """The native loader's keyword arguments for the GPU decode lane (once resolved)."""
-        return {
-            "decode": self.decode,
-            "gpu_memory": self.lane_memory,
-            "library_dirs": cuda_library_dirs() if self.decode != "cpu" else [],
-        }
-
-    def stage(self, torch: Any, tail: DeviceTail | None) -> DeviceStage | None:
-        """The stage that delivers batches on the device (once resolved), or None on the host."""
-        return None if self.index is None else DeviceStage(torch, self.index, tail)
 
 
 @dataclass(frozen=True)

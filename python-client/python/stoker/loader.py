@@ -1,7 +1,7 @@
 """``stoker.Loader``: Stoker's training-loop side, a drop-in for torch's ``DataLoader``.
 
 The loader's story in Python: its arguments checked before any thread starts or any file is
-read (:mod:`stoker.arguments`, :class:`stoker.gpu.Placement`) and handed to the native loader
+read (:mod:`stoker.arguments`, :class:`stoker.placement.Placement`) and handed to the native loader
 (:mod:`stoker._native`: reading, decoding, augmenting and batching in Rust, the GIL released),
 then epochs and resumes (:mod:`stoker.resume`) and batches handed out (:mod:`stoker.batches`).
 """
@@ -40,6 +40,7 @@ from stoker.errors import StokerError
 from stoker.fork import ForkGuard
 from stoker.mix_request import MixRequest
 from stoker.ops import Op, check_pipeline
+from stoker.placement import Placement
 
 if TYPE_CHECKING:
     from stoker._native import NativeBatch
@@ -278,7 +279,7 @@ class Loader(FromDataset):
 
         refuse_unexpected(unsupported)
         check_remote(address, token, tls_ca, tls_server_name)
-        placement = gpu.Placement.check(
+        placement = Placement.check(
             device=device,
             pin_memory=pin_memory,
             pinned_memory_budget=pinned_memory_budget,
