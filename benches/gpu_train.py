@@ -274,7 +274,13 @@ def run_row(
     first = None
     wait_s = 0.0
     pairs = []
+    # decode="auto": the split at every 16th step, where it may change (each change once).
+    splits: list[int] = []
     for index in range(args.warmup + args.steps):
+        if "loader" in extra and index % 16 == 0:
+            split = extra["loader"].state_dict().get("decode_split")
+            if split is not None and (not splits or splits[-1] != split[1]):
+                splits.append(split[1])
         if index == args.warmup:
             torch.cuda.synchronize()
             clock = time.perf_counter()
@@ -310,9 +316,8 @@ def run_row(
         result["stoker_gpu_idle_fraction"] = stats["gpu_idle_fraction"]
         result["stoker_pinned"] = stats["pinned"]
         result["gpu_decode"] = stats.get("gpu_decode")
-        split = extra["loader"].state_dict().get("decode_split")
-        if split is not None:
-            result["decode_split_sixteenths"] = split[1]
+        if splits:
+            result["decode_splits_sixteenths"] = splits
     for close in closers:
         close()
     return result
@@ -330,7 +335,7 @@ def print_row(r: dict[str, Any], flush: bool) -> None:
             f"  lane {lane['rows']} rows, declined {lane['declined_rows']}, "
             f"fell back {lane['fallback_rows']}, "
             f"GPU {lane['gpu_rows_per_s']:.0f} / CPU {lane['cpu_rows_per_s']:.0f} rows/s, "
-            f"split {r.get('decode_split_sixteenths')}/16, "
+            f"split {'>'.join(map(str, r.get('decode_splits_sixteenths', [])))}/16, "
             f"{lane['memory_bytes'] >> 20} MiB"
         )
     print(

@@ -26,8 +26,8 @@ pub use client::embedded::EmbeddedSource;
 pub use client::gpu_decode::{
     compile_kernel, cuda_library_dirs, gpu_row, hardware_candidate, nvjpeg_version,
     split_for_rates, Compiled, CropItem, Decline, DecodeMode, DeviceRows, GpuDecodeError,
-    GpuDecodeOptions, GpuLane, LaneStats, LaneView, AUTO_START, DEFAULT_GPU_MEMORY, KERNEL,
-    KERNEL_SOURCE, NVJPEG_TESTED_MAJORS,
+    GpuDecodeOptions, GpuLane, LaneStats, LaneView, AUTO_POINT_STEPS, AUTO_START,
+    DEFAULT_GPU_MEMORY, KERNEL, KERNEL_SOURCE, NVJPEG_TESTED_MAJORS,
 };
 pub use client::landing;
 pub use client::loader::{Loader, LoaderOptions, PinOptions};

@@ -288,7 +288,8 @@ def test_two_auto_runs_with_one_seed_give_one_digest(torch: Any, dataset: Path) 
     digests = []
     for _ in range(2):
         with stoker.Loader(dataset, **options) as loader:
-            # The first epoch starts half and half, whatever the machine.
+            # The first point starts half and half, whatever the machine; the epoch (8 steps of
+            # 16 images) ends before the next point could change it.
             assert loader.state_dict()["decode_split"] == [0, 8]
             digests.append(epoch_digest(loader))
             lane = loader.stats()["gpu_decode"]
@@ -314,6 +315,45 @@ def test_a_resumed_auto_run_gets_the_saved_split(torch: Any, dataset: Path) -> N
         assert resumed.state_dict()["decode_split"] == [state["epoch"], 12]
     # Another split changes which rows the GPU decoded: the images differ by rounding only.
     assert np.abs(expected.astype(np.int16) - got).mean() < MEAN_ABS_BOUND
+
+
+def splits_by_step(loader: stoker.Loader) -> tuple[dict[int, int], list[Any]]:
+    """One epoch of ``loader``: the split in force at each step (from ``state_dict()`` before
+    the step's batch) and the images, copied to the host."""
+    splits, images = {}, []
+    it = iter(loader)
+    while True:
+        state = loader.state_dict()
+        try:
+            batch = next(it)
+        except StopIteration:
+            return splits, images
+        splits[state["step"]] = state["decode_split"][1]
+        images.append(batch["image"].cpu().numpy().copy())
+
+
+@pytest.mark.gpu
+def test_auto_changes_its_split_only_at_fixed_points(torch: Any, dataset: Path) -> None:
+    # Batches of 4: 30 steps an epoch, so the second point (step 16) falls inside it.
+    options = {**auto_options(seed=3), "batch_size": 4}
+    with stoker.Loader(dataset, **options) as loader:
+        splits, _ = splits_by_step(loader)
+        state = loader.state_dict()
+    assert sorted(splits) == list(range(30))
+    assert {splits[s] for s in range(16)} == {8}, splits
+    assert len({splits[s] for s in range(16, 30)}) == 1, splits
+    # A state saved inside the second point, resumed twice with a split set by hand: the split
+    # holds to the end of the epoch, and both runs give the same bits.
+    runs = []
+    for _ in range(2):
+        with stoker.Loader(dataset, **options) as resumed:
+            resumed.load_state_dict({**state, "epoch": 0, "step": 20, "decode_split": [0, 4]})
+            resumed_splits, images = splits_by_step(resumed)
+            assert resumed_splits == {s: 4 for s in range(20, 30)}
+            assert resumed.stats()["gpu_decode"]["rows"] > 0
+            runs.append(images)
+    for a, b in zip(*runs, strict=True):
+        np.testing.assert_array_equal(a, b)
 
 
 @pytest.mark.gpu

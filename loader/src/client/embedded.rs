@@ -148,10 +148,7 @@ impl BatchSource for EmbeddedSource {
             job: Arc::clone(&self.job),
             plan: Arc::new(self.job.plan(epoch)?),
             queue: TaskQueue::new(self.tasks.clone(), self.idle.clone(), "the decode pool"),
-            gpu_sixteenths: self
-                .lane
-                .as_ref()
-                .map_or(0, |lane| lane.split_for_epoch(epoch)),
+            lane: self.lane.clone(),
         }))
     }
 
@@ -301,7 +298,7 @@ struct EmbeddedFeed {
     job: Arc<Job>,
     plan: Arc<EpochPlan>,
     queue: TaskQueue<Task>,
-    gpu_sixteenths: u8,
+    lane: Option<Arc<GpuLane>>,
 }
 
 impl EpochFeed for EmbeddedFeed {
@@ -318,7 +315,10 @@ impl EpochFeed for EmbeddedFeed {
             slot,
             reply: self.queue.reply(),
             cancelled: self.queue.cancelled(),
-            gpu_sixteenths: self.gpu_sixteenths,
+            gpu_sixteenths: self
+                .lane
+                .as_ref()
+                .map_or(0, |lane| lane.split_at(self.plan.epoch(), step)),
         };
         self.queue.send(step, task);
     }

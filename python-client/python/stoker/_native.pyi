@@ -236,11 +236,12 @@ class NativeLoader:
     def try_next_batch(self) -> NativeBatch | None:
         """The next batch if it has already arrived, else ``None`` (also at the end of the
         epoch); never waits."""
-    def decode_split(self, epoch: int) -> int | None:
-        """The GPU decode lane's share of ``epoch``'s batches in sixteenths (decided when the
-        epoch starts, then kept); None without a lane."""
-    def set_decode_split(self, epoch: int, sixteenths: int) -> None:
-        """Sets the lane's share of ``epoch``'s batches (from a saved state)."""
+    def decode_split(self, epoch: int, step: int) -> int | None:
+        """The GPU decode lane's share of step ``step`` of ``epoch`` in sixteenths (``auto``
+        decides it once for the point the step is in, then keeps it); None without a lane."""
+    def set_decode_split(self, epoch: int, step: int, sixteenths: int) -> None:
+        """Sets the lane's share of the point step ``step`` of ``epoch`` is in (from a saved
+        state)."""
     def record_gpu_idle(self, idle_s: float, span_s: float) -> None:
         """Counts ``idle_s`` seconds the consumer's GPU stream waited for batches, over
         ``span_s`` seconds of its time (stats, dashboard, prefetch controller)."""

@@ -204,14 +204,15 @@ class Loader(FromDataset):
             RandomResizedCrop window and flip are drawn as on the CPU, so pixels differ from
             ``"cpu"`` by rounding only. Progressive JPEGs, PNGs, CMYK, files cut short and
             images too large for ``gpu_memory`` are decoded on the CPU threads in the same
-            batch. ``"auto"``: each epoch's batches are split between the CPU threads and the
-            GPU (half each in the first epoch, then by the rates measured before the epoch
-            starts); the split is saved in :meth:`state_dict`, so a resumed run gets the same
-            bits. Without ``device="cuda"``, or where the lane cannot run, ``"auto"`` is
-            ``"cpu"``. Needs nvJPEG 13 (the CUDA toolkit's, or NVIDIA's pip wheel) and NVRTC
-            (torch's CUDA wheels bring it); ``"gpu"`` where they are missing raises
-            :class:`~stoker.GpuUnavailableError` naming what is. ``stats()["gpu_decode"]``
-            says what the lane did.
+            batch. ``"auto"``: each batch is split between the CPU threads and the GPU (half
+            each at first); the split may change only at fixed points, each epoch's first step
+            and every 16 steps after it, following the rates the two showed before the point;
+            the split in force is saved in :meth:`state_dict`, so a resumed run gets the same
+            bits up to the next point. Without ``device="cuda"``, or where the lane cannot
+            run, ``"auto"`` is ``"cpu"``. Needs nvJPEG 13 (the CUDA toolkit's, or NVIDIA's pip
+            wheel) and NVRTC (torch's CUDA wheels bring it); ``"gpu"`` where they are missing
+            raises :class:`~stoker.GpuUnavailableError` naming what is.
+            ``stats()["gpu_decode"]`` says what the lane did.
         gpu_memory: with ``decode="gpu"`` or ``"auto"``: the most device memory the lane
             holds, in bytes (decoded images in flight, rows waiting for the training loop,
             nvJPEG's buffers), allocated when the loader starts and never grown; an image
@@ -478,12 +479,12 @@ class Loader(FromDataset):
         return state
 
     def _decode_split(self) -> int | None:
-        """The GPU decode lane's share of the current epoch's batches, in sixteenths; None
-        without a lane (or after close())."""
+        """The GPU decode lane's share of the next batch, in sixteenths; None without a lane
+        (or after close())."""
         native = self._native
         if native is None or self._decode == "cpu":
             return None
-        split: int | None = native.decode_split(self._position.epoch)
+        split: int | None = native.decode_split(self._position.epoch, self._position.step)
         return split
 
     def load_state_dict(self, state: Mapping[str, Any] | Sequence[Mapping[str, Any]]) -> None:
@@ -507,8 +508,12 @@ class Loader(FromDataset):
         native = self._handle()
         saved = resume.read_states(state, self.state_dict())
         self._position.resume_saved(saved, native, self._world_size)
+        position = self._position
         if saved.decode_split is not None and self._decode != "cpu":
-            native.set_decode_split(*saved.decode_split)
+            epoch, sixteenths = saved.decode_split
+            # The saved split goes on where the run resumes, unless that is the next epoch.
+            if epoch == position.epoch:
+                native.set_decode_split(epoch, position.step, sixteenths)
 
     # -- stats and lifetime -----------------------------------------------------------------
 

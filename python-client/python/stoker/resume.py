@@ -43,7 +43,8 @@ class Saved:
     resizes: list[tuple[int, list[int]]]
     # The step each saving rank had reached, by rank.
     steps: list[int]
-    # [epoch, sixteenths] of the GPU decode split, when one was saved.
+    # [epoch, sixteenths] of the GPU decode split in force at the saved step, when one was
+    # saved.
     decode_split: tuple[int, int] | None
 
 

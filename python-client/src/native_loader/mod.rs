@@ -481,24 +481,25 @@ impl NativeLoader {
         }
     }
 
-    /// The GPU's share of `epoch`'s batches in sixteenths (decided at the epoch's start, then
-    /// kept); None without a GPU decode lane.
-    fn decode_split(&self, epoch: u64) -> PyResult<Option<u8>> {
+    /// The GPU's share of step `step` of `epoch` in sixteenths (`auto` decides it once for the
+    /// point the step is in, then keeps it); None without a GPU decode lane.
+    fn decode_split(&self, epoch: u64, step: u64) -> PyResult<Option<u8>> {
         Ok(self
             .loader()?
             .gpu_lane()
-            .map(|lane| lane.split_for_epoch(epoch)))
+            .map(|lane| lane.split_at(epoch, step)))
     }
 
-    /// Sets the GPU's share of `epoch`'s batches (from a saved state), before the epoch starts.
-    fn set_decode_split(&self, epoch: u64, sixteenths: u8) -> PyResult<()> {
+    /// Sets the GPU's share of the point step `step` of `epoch` is in (from a saved state),
+    /// before that step is built.
+    fn set_decode_split(&self, epoch: u64, step: u64, sixteenths: u8) -> PyResult<()> {
         if sixteenths > 16 {
             return Err(PyValueError::new_err(format!(
                 "a decode split is 0 to 16 sixteenths, got {sixteenths}"
             )));
         }
         if let Some(lane) = self.loader()?.gpu_lane() {
-            lane.set_split(epoch, sixteenths);
+            lane.set_split(epoch, step, sixteenths);
         }
         Ok(())
     }

@@ -2,11 +2,12 @@
 //! engines decode some rows of each image batch and one batched kernel crops, resizes and
 //! flips them on the GPU.
 //!
-//! Which rows go to the GPU is fixed per epoch ([`DecodeSplit`]): a number of sixteenths of the
-//! batch, spread evenly over its rows ([`gpu_rows`]), never a matter of timing, so a batch's
-//! bits depend only on the split. `decode="gpu"` sends every row; `"auto"` starts at half and,
-//! at each new epoch, follows the rates the two lanes showed before it; the split of each epoch
-//! is part of the resume state. The decode threads read every sample, draw its window and flip
+//! Which rows go to the GPU is a number of sixteenths of the batch, spread evenly over its rows
+//! ([`gpu_row`]), never a matter of timing, so a batch's bits depend only on the split.
+//! `decode="gpu"` sends every row; `"auto"` starts at half and may change its split only at
+//! fixed points (each epoch's first step and every [`AUTO_POINT_STEPS`] steps after), following
+//! the rates the two lanes showed before ([`SplitSchedule`]); the split in force is part of the resume
+//! state. The decode threads read every sample, draw its window and flip
 //! from its RNG as always, and offer the rows of the GPU's share to the lane
 //! ([`stoker_worker::ImageDiverter`]); an image the engines cannot take (see [`jpeg_scan`]) or
 //! too large for the lane's memory is built on the CPU instead, in the same batch.
@@ -21,6 +22,7 @@ mod kernel;
 mod lane;
 mod libraries;
 mod nvjpeg;
+mod split;
 
 use std::path::PathBuf;
 
@@ -29,6 +31,9 @@ pub use kernel::{compile as compile_kernel, Compiled, CropItem, KERNEL, SOURCE a
 pub use lane::{DeviceRows, GpuLane, LaneStats, LaneTask, LaneView};
 pub use libraries::search_dirs as cuda_library_dirs;
 pub use nvjpeg::{version as nvjpeg_version, TESTED_MAJORS as NVJPEG_TESTED_MAJORS};
+pub use split::{
+    gpu_row, split_for_rates, LaneCounts, SplitSchedule, AUTO_POINT_STEPS, AUTO_START,
+};
 
 /// Where image rows are decoded.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -37,16 +42,13 @@ pub enum DecodeMode {
     Cpu,
     /// Every row the engines take on the GPU lane.
     Gpu,
-    /// Split between the two by their measured rates, changed only at epoch starts.
+    /// Split between the two by their measured rates, changed only at fixed points.
     Auto,
 }
 
 /// The lane's device memory when none is asked for: decoded images in flight, the rows
 /// waiting for the training loop, and nvJPEG's own buffers, all within it.
 pub const DEFAULT_GPU_MEMORY: usize = 1 << 30;
-
-/// The split `auto` starts from, in sixteenths of a batch for the GPU.
-pub const AUTO_START: u8 = 8;
 
 /// How the GPU decode lane is asked for.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -92,58 +94,4 @@ pub enum GpuDecodeError {
     /// The job cannot use the lane.
     #[error("{0}")]
     Unsupported(String),
-}
-
-/// Whether row `row` of a batch goes to the GPU when `sixteenths` of 16 do: the rows are
-/// spread evenly (row `r` is the GPU's when `floor((r + 1) s / 16) > floor(r s / 16)`), so
-/// each part of a batch is split alike and the count is `floor(len s / 16)`.
-pub fn gpu_row(row: usize, sixteenths: u8) -> bool {
-    let s = usize::from(sixteenths.min(16));
-    (row + 1) * s / 16 > row * s / 16
-}
-
-/// The split that gives each lane rows in proportion to its rate (rows per second), in
-/// sixteenths, kept within 1..=15 while both lanes run, so neither rate goes unmeasured.
-pub fn split_for_rates(cpu_rows_per_s: f64, gpu_rows_per_s: f64) -> u8 {
-    if !(cpu_rows_per_s.is_finite() && gpu_rows_per_s.is_finite())
-        || cpu_rows_per_s <= 0.0
-        || gpu_rows_per_s <= 0.0
-    {
-        return AUTO_START;
-    }
-    let share = gpu_rows_per_s / (cpu_rows_per_s + gpu_rows_per_s);
-    (share * 16.0).round().clamp(1.0, 15.0) as u8
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn rows_are_spread_evenly_and_counted_exactly() {
-        for sixteenths in 0..=16u8 {
-            for len in [1usize, 7, 16, 100, 256] {
-                let count = (0..len).filter(|&r| gpu_row(r, sixteenths)).count();
-                assert_eq!(
-                    count,
-                    len * usize::from(sixteenths) / 16,
-                    "{sixteenths} {len}"
-                );
-            }
-        }
-        let half: Vec<bool> = (0..8).map(|r| gpu_row(r, 8)).collect();
-        assert_eq!(half, [false, true, false, true, false, true, false, true]);
-        assert!((0..256).all(|r| gpu_row(r, 16)));
-        assert!((0..256).all(|r| !gpu_row(r, 0)));
-    }
-
-    #[test]
-    fn the_split_follows_the_rates_and_keeps_both_lanes() {
-        assert_eq!(split_for_rates(1000.0, 1000.0), 8);
-        assert_eq!(split_for_rates(1000.0, 3000.0), 12);
-        assert_eq!(split_for_rates(1.0, 1e9), 15);
-        assert_eq!(split_for_rates(1e9, 1.0), 1);
-        assert_eq!(split_for_rates(0.0, 5.0), AUTO_START);
-        assert_eq!(split_for_rates(f64::NAN, 5.0), AUTO_START);
-    }
 }

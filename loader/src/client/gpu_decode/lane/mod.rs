@@ -13,7 +13,6 @@ mod memory;
 mod pipe;
 mod rows;
 
-use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
@@ -25,7 +24,7 @@ use stoker_worker::{AssembledBatch, DivertedImage, ImageDiverter, Job};
 
 use super::jpeg_scan::hardware_candidate;
 use super::nvjpeg::Budget;
-use super::{gpu_row, split_for_rates, DecodeMode, GpuDecodeError, GpuDecodeOptions, AUTO_START};
+use super::{gpu_row, DecodeMode, GpuDecodeError, GpuDecodeOptions, LaneCounts, SplitSchedule};
 use crate::client::cuda::{describe, Cuda};
 use crate::client::slots::Slot;
 use crate::client::source::Built;
@@ -126,6 +125,16 @@ impl LaneStats {
     pub fn cpu_rate(&self) -> f64 {
         Self::rate(&self.cpu_rows, &self.cpu_busy_ns)
     }
+
+    /// The two lanes' totals now, as `auto`'s split decisions read them.
+    pub fn counts(&self) -> LaneCounts {
+        LaneCounts {
+            gpu_rows: self.gpu_rows.load(Ordering::Relaxed),
+            gpu_busy_ns: self.gpu_busy_ns.load(Ordering::Relaxed),
+            cpu_rows: self.cpu_rows.load(Ordering::Relaxed),
+            cpu_busy_ns: self.cpu_busy_ns.load(Ordering::Relaxed),
+        }
+    }
 }
 
 /// What the lane and its rows share.
@@ -137,7 +146,7 @@ struct Shared {
     stats: Arc<LaneStats>,
     budgets: Vec<Arc<Budget>>,
     mode: DecodeMode,
-    splits: Mutex<HashMap<u64, u8>>,
+    splits: Mutex<SplitSchedule>,
     hardware: bool,
     /// Set when the lane shuts down: a pipe waiting for an output buffer gives up.
     closed: std::sync::atomic::AtomicBool,
@@ -270,10 +279,7 @@ fn figures_of(shared: &Shared) -> GpuDecodeFigures {
     let stats = &shared.stats;
     let sixteenths = match shared.mode {
         DecodeMode::Gpu => 16,
-        _ => lock(&shared.splits)
-            .iter()
-            .max_by_key(|(epoch, _)| **epoch)
-            .map_or(AUTO_START, |(_, split)| *split),
+        _ => lock(&shared.splits).latest().unwrap_or(super::AUTO_START),
     };
     GpuDecodeFigures {
         split_pct: f64::from(sixteenths) * 100.0 / 16.0,
@@ -375,7 +381,7 @@ impl GpuLane {
             stats,
             budgets: pipes.iter().map(|pipe| pipe.decoder.budget()).collect(),
             mode: options.mode,
-            splits: Mutex::new(HashMap::new()),
+            splits: Mutex::new(SplitSchedule::default()),
             hardware: pipes[0].decoder.hardware(),
             closed: std::sync::atomic::AtomicBool::new(false),
             working: Mutex::new((0, None)),
@@ -419,30 +425,21 @@ impl GpuLane {
         Ok(lane)
     }
 
-    /// The GPU's share of each batch of `epoch`, in sixteenths: `gpu` mode always 16; `auto`
-    /// the share set for that epoch ([`GpuLane::set_split`], from a resumed state), else one
-    /// decided now from the rates measured so far (the starting share before any), and then
-    /// kept for the epoch.
-    pub fn split_for_epoch(&self, epoch: u64) -> u8 {
+    /// The GPU's share of step `step` of `epoch`, in sixteenths: `gpu` mode always 16; `auto`
+    /// the share of the point the step is in ([`SplitSchedule`]): set from a resumed state,
+    /// else decided when a step of the point is first asked for, from the rates measured
+    /// before, and then kept.
+    pub fn split_at(&self, epoch: u64, step: u64) -> u8 {
         if self.shared.mode == DecodeMode::Gpu {
             return 16;
         }
-        let mut splits = lock(&self.shared.splits);
-        *splits.entry(epoch).or_insert_with(|| {
-            let stats = &self.shared.stats;
-            let measured = stats.gpu_rows.load(Ordering::Relaxed) > 0
-                && stats.cpu_rows.load(Ordering::Relaxed) > 0;
-            if measured {
-                split_for_rates(stats.cpu_rate(), stats.gpu_rate())
-            } else {
-                AUTO_START
-            }
-        })
+        lock(&self.shared.splits).split_at(epoch, step, self.shared.stats.counts())
     }
 
-    /// Sets the GPU's share of `epoch`'s batches (a resumed run's, saved with its state).
-    pub fn set_split(&self, epoch: u64, sixteenths: u8) {
-        lock(&self.shared.splits).insert(epoch, sixteenths.min(16));
+    /// Sets the GPU's share of the point step `step` of `epoch` is in (a resumed run's, saved
+    /// with its state).
+    pub fn set_split(&self, epoch: u64, step: u64, sixteenths: u8) {
+        lock(&self.shared.splits).set(epoch, step, sixteenths);
     }
 
     /// The mode asked for.
