@@ -31,8 +31,6 @@ struct Task {
     slot: Slot,
     reply: Sender<Built>,
     cancelled: Arc<AtomicBool>,
-    /// Sixteenths of the batch offered to the GPU lane (0: none).
-    gpu_sixteenths: u8,
 }
 
 /// A job built by decode threads in this process, and by a GPU decode lane beside them when
@@ -148,7 +146,6 @@ impl BatchSource for EmbeddedSource {
             job: Arc::clone(&self.job),
             plan: Arc::new(self.job.plan(epoch)?),
             queue: TaskQueue::new(self.tasks.clone(), self.idle.clone(), "the decode pool"),
-            lane: self.lane.clone(),
         }))
     }
 
@@ -180,10 +177,21 @@ fn produce(
         if task.cancelled.load(Ordering::Relaxed) {
             continue;
         }
-        match &lane {
-            Some(lane) if task.gpu_sixteenths > 0 => build_with_lane(&pool, lane, task),
-            _ => build(&pool, task),
-        }
+        let Some(lane) = &lane else {
+            build(&pool, task);
+            continue;
+        };
+        // The split is looked up as the step is built (decided here for a new point), so
+        // `auto` decides from the steps built just before.
+        let sixteenths = lane.split_at(task.plan.epoch(), task.step);
+        let (started, rows) = (Instant::now(), task.plan.batch_len(task.step));
+        let waited = if sixteenths > 0 {
+            build_with_lane(&pool, lane, task, sixteenths)
+        } else {
+            build(&pool, task);
+            Duration::ZERO
+        };
+        lane.note_step(sixteenths, rows, started.elapsed().saturating_sub(waited));
     }
 }
 
@@ -220,16 +228,21 @@ fn build(pool: &rayon::ThreadPool, task: Task) {
     });
 }
 
-/// Builds a step's CPU rows on the pool, offering the GPU's share to the lane, then hands the
-/// rest to the lane (or sends the batch when the lane took nothing).
-fn build_with_lane(pool: &rayon::ThreadPool, lane: &GpuLane, task: Task) {
+/// Builds a step's CPU rows on the pool, offering `gpu_sixteenths` of its rows to the lane,
+/// then hands the rest to the lane (or sends the batch when the lane took nothing). Returns how
+/// long it waited for a free output buffer.
+fn build_with_lane(
+    pool: &rayon::ThreadPool,
+    lane: &GpuLane,
+    task: Task,
+    gpu_sixteenths: u8,
+) -> Duration {
     let Task {
         job,
         plan,
         step,
         mut slot,
         reply,
-        gpu_sixteenths,
         ..
     } = task;
     let started = Instant::now();
@@ -249,36 +262,31 @@ fn build_with_lane(pool: &rayon::ThreadPool, lane: &GpuLane, task: Task) {
                 service: started.elapsed(),
                 result: Err(error),
             });
-            return;
+            return Duration::ZERO;
         }
     };
     let items = diverter.into_items();
     lane.note_cpu(indices.len() - items.len(), started.elapsed());
-    // The output buffer is taken here, in step order: a later step never holds the buffer an
-    // earlier one waits for.
-    let ring = if items.is_empty() {
-        None
-    } else {
-        match lane.take_ring() {
-            Some(ring) => Some(ring),
-            None => {
-                let _ = reply.send(Built {
-                    step,
-                    service: started.elapsed(),
-                    result: Err(Error::Stopped("the GPU decode lane shut down".into())),
-                });
-                return;
-            }
-        }
-    };
-    let Some(ring) = ring else {
+    if items.is_empty() {
         let _ = reply.send(Built {
             step,
             service: started.elapsed(),
             result: Ok(assembled.into_proto(&indices, slot.into_bytes())),
         });
-        return;
+        return Duration::ZERO;
+    }
+    // The output buffer is taken here, in step order: a later step never holds the buffer an
+    // earlier one waits for.
+    let asked = Instant::now();
+    let Some(ring) = lane.take_ring() else {
+        let _ = reply.send(Built {
+            step,
+            service: started.elapsed(),
+            result: Err(Error::Stopped("the GPU decode lane shut down".into())),
+        });
+        return asked.elapsed();
     };
+    let waited = asked.elapsed();
     lane.submit(LaneTask {
         job,
         epoch: plan.epoch(),
@@ -291,6 +299,7 @@ fn build_with_lane(pool: &rayon::ThreadPool, lane: &GpuLane, task: Task) {
         reply,
         started,
     });
+    waited
 }
 
 /// One epoch of an [`EmbeddedSource`].
@@ -298,7 +307,6 @@ struct EmbeddedFeed {
     job: Arc<Job>,
     plan: Arc<EpochPlan>,
     queue: TaskQueue<Task>,
-    lane: Option<Arc<GpuLane>>,
 }
 
 impl EpochFeed for EmbeddedFeed {
@@ -315,10 +323,6 @@ impl EpochFeed for EmbeddedFeed {
             slot,
             reply: self.queue.reply(),
             cancelled: self.queue.cancelled(),
-            gpu_sixteenths: self
-                .lane
-                .as_ref()
-                .map_or(0, |lane| lane.split_at(self.plan.epoch(), step)),
         };
         self.queue.send(step, task);
     }

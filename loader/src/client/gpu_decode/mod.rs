@@ -32,7 +32,8 @@ pub use lane::{DeviceRows, GpuLane, LaneStats, LaneTask, LaneView};
 pub use libraries::search_dirs as cuda_library_dirs;
 pub use nvjpeg::{version as nvjpeg_version, TESTED_MAJORS as NVJPEG_TESTED_MAJORS};
 pub use split::{
-    gpu_row, split_for_rates, LaneCounts, SplitSchedule, AUTO_POINT_STEPS, AUTO_START,
+    gpu_row, pinned_split, split_for_rates, LaneCounts, SplitSchedule, AUTO_POINT_STEPS,
+    AUTO_START, PIN_VARIABLE as SPLIT_PIN_VARIABLE,
 };
 
 /// Where image rows are decoded.

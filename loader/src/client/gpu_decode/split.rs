@@ -4,9 +4,10 @@
 //!
 //! `auto` may change its share only at fixed points: the first step of each epoch and every
 //! [`AUTO_POINT_STEPS`] steps after it. The share of a point is decided once, when a step of it
-//! is first built, from the rates the two lanes showed since the previous decision, and then
-//! kept; so which decoder a sample gets never depends on timing within a point, and a resumed
-//! run that is given the saved share of its point builds the same rows on the same lanes.
+//! is first built (or the loader's state is asked for there), from what the two lanes did
+//! before, and then kept; so which decoder a sample gets never depends on timing within a
+//! point, and a resumed run that is given the saved share of its point builds the same rows on
+//! the same lanes.
 
 use std::collections::BTreeMap;
 
@@ -15,6 +16,10 @@ pub const AUTO_START: u8 = 8;
 
 /// Steps between the points where `auto` may change its split (each epoch starts a point).
 pub const AUTO_POINT_STEPS: u64 = 16;
+
+/// Set to a count of sixteenths (0 to 16), holds `auto`'s split there at every point: for
+/// measuring what each split delivers.
+pub const PIN_VARIABLE: &str = "STOKER_GPU_DECODE_SPLIT";
 
 /// Epochs of decisions kept (the current one and the one before, whose last steps may still
 /// be building or waiting for the training loop when the next epoch starts).
@@ -39,6 +44,22 @@ pub fn split_for_rates(cpu_rows_per_s: f64, gpu_rows_per_s: f64) -> u8 {
     }
     let share = gpu_rows_per_s / (cpu_rows_per_s + gpu_rows_per_s);
     (share * 16.0).round().clamp(1.0, 15.0) as u8
+}
+
+/// The split [`PIN_VARIABLE`] holds `auto` at: its value when that is a count from 0 to 16,
+/// else none (with a warning when it is set to something else).
+pub fn pinned_split(asked: Option<&str>) -> Option<u8> {
+    let asked = asked?;
+    match asked.trim().parse::<u8>() {
+        Ok(sixteenths) if sixteenths <= 16 => Some(sixteenths),
+        _ => {
+            tracing::warn!(
+                asked,
+                "{PIN_VARIABLE} is not a count of sixteenths from 0 to 16; the rates decide"
+            );
+            None
+        }
+    }
 }
 
 /// The first step of the point `step` is in.
@@ -87,35 +108,116 @@ impl LaneCounts {
     }
 }
 
+/// Steps built at one split before its time per row is compared with another split's.
+const MIN_STEPS: u32 = 8;
+
+/// Decisions after which a split's measured time is too old to compare: its neighbours are
+/// tried again, so the split follows a change in the load.
+const STALE_DECISIONS: u64 = 16;
+
+/// How much less time per row a neighbouring split must have taken for a move to it (what
+/// one point's measurement varies by).
+const MARGIN: f64 = 0.03;
+
+/// The producer's time per row in steps built at one split.
+#[derive(Debug, Clone, Copy, Default)]
+struct Measured {
+    /// Nanoseconds per row: the mean of the first steps, then a moving average of the last
+    /// eight or so.
+    ns_per_row: f64,
+    /// Steps counted since the measure (re)started.
+    steps: u32,
+    /// The decision count when a step was last counted.
+    at: u64,
+}
+
 /// `auto`'s split at each point (see the module docs): decided once per point, or set from a
 /// saved state.
-#[derive(Debug, Default)]
+///
+/// The first decision after [`MIN_STEPS`] steps of the current split takes the split that
+/// gives each lane rows in proportion to its measured rate ([`split_for_rates`]). Those rates
+/// are each lane's own (rows per second while it worked), and the two lanes slow each other
+/// (they share the host's cores and the GPU), so that split can be off; later decisions move
+/// by one sixteenth at most, toward the split whose steps took the producer the least time
+/// per row ([`SplitSchedule::note_step`]): the time to build a step's CPU rows and hand its
+/// GPU rows to the lane, which waits while the lane is behind, so it is the slower lane's
+/// time, and no time waiting for the training loop.
+#[derive(Debug)]
 pub struct SplitSchedule {
+    /// The split every decision takes, when one is pinned ([`PIN_VARIABLE`]).
+    pinned: Option<u8>,
     /// (epoch, first step of the point) -> sixteenths.
     decided: BTreeMap<(u64, u64), u8>,
     /// The counts at the last decision.
     counts_then: LaneCounts,
+    /// What steps built at each split (0 to 16) took.
+    measured: [Measured; 17],
+    /// Decisions so far (the age of a measure).
+    decisions: u64,
+    /// Whether the split from the rates was taken (after it, moves are by one).
+    estimated: bool,
+    /// The way the last move went: +1 more rows to the GPU, -1 fewer.
+    direction: i8,
+}
+
+impl Default for SplitSchedule {
+    fn default() -> Self {
+        SplitSchedule::new(None)
+    }
 }
 
 impl SplitSchedule {
+    /// A schedule whose decisions all take `pinned` when it is some, else follow the lanes.
+    pub fn new(pinned: Option<u8>) -> SplitSchedule {
+        SplitSchedule {
+            pinned: pinned.map(|split| split.min(16)),
+            decided: BTreeMap::new(),
+            counts_then: LaneCounts::default(),
+            measured: [Measured::default(); 17],
+            decisions: 0,
+            estimated: false,
+            direction: 1,
+        }
+    }
+
     /// The split of the point `step` of `epoch` is in: the one decided or set for it, else one
-    /// decided now from `counts` (the lanes' totals now) and kept. A decision follows the rates
-    /// since the previous decision when both lanes built rows since; else those of every row
-    /// so far; else it keeps the latest split (the starting one before any).
+    /// decided now (see the type's docs; `counts` are the lanes' totals now) and kept. Until
+    /// the current split has [`MIN_STEPS`] steps measured a decision keeps it (the starting
+    /// one before any). A pinned split is every decision.
     pub fn split_at(&mut self, epoch: u64, step: u64, counts: LaneCounts) -> u8 {
         let key = (epoch, point_of(step));
         if let Some(&split) = self.decided.get(&key) {
             return split;
         }
-        let split = counts
-            .since(&self.counts_then)
-            .split()
-            .or_else(|| counts.split())
-            .or_else(|| self.latest())
-            .unwrap_or(AUTO_START);
-        self.counts_then = counts;
+        let split = match self.pinned {
+            Some(pinned) => pinned,
+            None => self.decide(counts),
+        };
+        self.decisions += 1;
         self.insert(key, split);
         split
+    }
+
+    /// Counts a step of `rows` rows built at `split` that took the producer `busy_ns`.
+    pub fn note_step(&mut self, split: u8, rows: usize, busy_ns: u64) {
+        if rows == 0 {
+            return;
+        }
+        let per_row = busy_ns as f64 / rows as f64;
+        let decisions = self.decisions;
+        let measured = &mut self.measured[usize::from(split.min(16))];
+        if measured.steps == 0 || decisions - measured.at > STALE_DECISIONS {
+            *measured = Measured {
+                ns_per_row: per_row,
+                steps: 1,
+                at: decisions,
+            };
+            return;
+        }
+        measured.steps = measured.steps.saturating_add(1);
+        let weight = f64::from(measured.steps.min(8));
+        measured.ns_per_row += (per_row - measured.ns_per_row) / weight;
+        measured.at = decisions;
     }
 
     /// Sets the split of the point `step` of `epoch` is in (a resumed run's, from its state).
@@ -126,6 +228,59 @@ impl SplitSchedule {
     /// The split of the latest point decided or set, if any.
     pub fn latest(&self) -> Option<u8> {
         self.decided.last_key_value().map(|(_, split)| *split)
+    }
+
+    /// The time per row measured at `split`, when enough steps of it are and not too old.
+    fn known(&self, split: u8) -> Option<f64> {
+        let measured = self.measured[usize::from(split)];
+        (measured.steps >= MIN_STEPS && self.decisions - measured.at <= STALE_DECISIONS)
+            .then_some(measured.ns_per_row)
+    }
+
+    fn decide(&mut self, counts: LaneCounts) -> u8 {
+        let current = self.latest().unwrap_or(AUTO_START);
+        let window = counts.since(&self.counts_then);
+        self.counts_then = counts;
+        let Some(here) = self.known(current) else {
+            return current;
+        };
+        if !self.estimated {
+            if let Some(split) = window.split().or_else(|| counts.split()) {
+                self.estimated = true;
+                self.direction = if split >= current { 1 } else { -1 };
+                return split;
+            }
+            return current;
+        }
+        let better = |time: f64| time < here * (1.0 - MARGIN);
+        let next = |direction: i8| {
+            let split = i16::from(current) + i16::from(direction);
+            (0..=16).contains(&split).then_some(split as u8)
+        };
+        let (forward, back) = (next(self.direction), next(-self.direction));
+        let back_time = back.and_then(|b| self.known(b));
+        // Back where it came from, when that was faster.
+        if let (Some(back), Some(time)) = (back, back_time) {
+            if better(time) {
+                self.direction = -self.direction;
+                return back;
+            }
+        }
+        // On while the last move gained (or where it came from is not measured).
+        let gaining = back_time.is_none_or(|time| here < time * (1.0 - MARGIN));
+        if let Some(forward) = forward {
+            match self.known(forward) {
+                None if gaining => return forward,
+                Some(time) if better(time) => return forward,
+                _ => {}
+            }
+        }
+        // Forward is slower (or the end, or no gain): the other way once, if not measured.
+        if let Some(back) = back.filter(|_| back_time.is_none()) {
+            self.direction = -self.direction;
+            return back;
+        }
+        current
     }
 
     fn insert(&mut self, key: (u64, u64), split: u8) {
@@ -195,10 +350,18 @@ mod tests {
         assert_eq!(point_of(3 * AUTO_POINT_STEPS + 5), 3 * AUTO_POINT_STEPS);
     }
 
+    /// Counts `steps` steps of 256 rows at `split`, each taking `ns_per_row` per row.
+    fn note(schedule: &mut SplitSchedule, split: u8, steps: u32, ns_per_row: u64) {
+        for _ in 0..steps {
+            schedule.note_step(split, 256, 256 * ns_per_row);
+        }
+    }
+
     #[test]
     fn a_point_keeps_its_split_whatever_is_measured_after_it() {
         let mut schedule = SplitSchedule::default();
         assert_eq!(schedule.split_at(0, 0, LaneCounts::default()), AUTO_START);
+        note(&mut schedule, AUTO_START, MIN_STEPS, 1000);
         // Within the point, later rates change nothing.
         let fast_gpu = counts(3000, 30_000, 1000, 1000);
         for step in 1..AUTO_POINT_STEPS {
@@ -218,28 +381,70 @@ mod tests {
     }
 
     #[test]
-    fn a_decision_follows_the_rates_since_the_one_before() {
+    fn the_first_move_waits_for_steps_of_the_split_and_follows_the_rates_since_the_last_decision() {
         let mut schedule = SplitSchedule::default();
-        // Point 0: nothing measured yet.
         assert_eq!(schedule.split_at(0, 0, LaneCounts::default()), AUTO_START);
-        // Point 1: the GPU ran at 3x the CPU's rate (a slow start would weigh on the totals).
-        let first = counts(1000, 3000, 1000, 1000);
-        assert_eq!(schedule.split_at(0, AUTO_POINT_STEPS, first), 12);
-        // Point 2: since then the two ran alike; only that window counts (the totals would
-        // still favour the GPU).
-        let second = add(first, counts(1000, 1000, 1000, 1000));
-        assert_eq!(schedule.split_at(0, 2 * AUTO_POINT_STEPS, second), 8);
-        // Point 3: nothing new on the CPU side since: the totals decide.
-        let third = add(second, counts(500, 1000, 0, 1));
-        let totals = split_for_rates(
-            2000.0 / (2000.0 / 1000.0),
-            2500.0 / (1000.0 / 3000.0 + 1500.0 / 1000.0),
+        // Rates, but too few steps of the split measured yet (the producer is behind the
+        // decisions): the split is kept.
+        let slow_start = counts(1000, 1000, 1000, 1000);
+        note(&mut schedule, AUTO_START, MIN_STEPS - 1, 1000);
+        assert_eq!(
+            schedule.split_at(0, AUTO_POINT_STEPS, slow_start),
+            AUTO_START
         );
-        assert_eq!(schedule.split_at(0, 3 * AUTO_POINT_STEPS, third), totals);
-        // A new epoch starts a point of its own.
-        let fourth = add(third, counts(1000, 1000, 1000, 3000));
-        assert_eq!(schedule.split_at(1, 5, fourth), 4);
-        assert_eq!(schedule.latest(), Some(4));
+        // Once they are, the rates since that decision count (the GPU at 3x the CPU), not
+        // the slow start before it.
+        note(&mut schedule, AUTO_START, 1, 1000);
+        let later = add(slow_start, counts(3000, 3000, 1000, 1000));
+        assert_eq!(schedule.split_at(0, 2 * AUTO_POINT_STEPS, later), 12);
+    }
+
+    /// Runs `points` points of a schedule against the producer's time per row at each split
+    /// (`time(split)`), every step measured before the next decision; returns the splits.
+    fn climb(schedule: &mut SplitSchedule, points: u64, time: impl Fn(u8) -> u64) -> Vec<u8> {
+        let mut splits = Vec::new();
+        for point in 0..points {
+            let counts = counts(1000 * (point + 1), 2000, 1000 * (point + 1), 1000);
+            let split = schedule.split_at(0, point * AUTO_POINT_STEPS, counts);
+            note(schedule, split, AUTO_POINT_STEPS as u32, time(split));
+            splits.push(split);
+        }
+        splits
+    }
+
+    #[test]
+    fn later_moves_go_by_one_toward_the_split_that_took_least_time() {
+        // The rates say 11 (the GPU at twice the CPU's rate); the producer is fastest at 14.
+        let mut schedule = SplitSchedule::default();
+        let splits = climb(&mut schedule, 40, |split| {
+            100 + 20 * u64::from(split.abs_diff(14))
+        });
+        assert_eq!(&splits[..5], [AUTO_START, 11, 12, 13, 14], "{splits:?}");
+        // It stays there, trying a neighbour again only once its measure is old.
+        let at_best = splits[5..].iter().filter(|&&s| s == 14).count();
+        assert!(at_best >= splits[5..].len() * 4 / 5, "{splits:?}");
+        assert!(
+            splits[5..].iter().all(|s| s.abs_diff(14) <= 1),
+            "{splits:?}"
+        );
+        // The best may be either end: all rows on the GPU...
+        let mut schedule = SplitSchedule::default();
+        let splits = climb(&mut schedule, 12, |split| 300 - 10 * u64::from(split));
+        assert_eq!(splits.last(), Some(&16), "{splits:?}");
+        // ...or none.
+        let mut schedule = SplitSchedule::default();
+        let splits = climb(&mut schedule, 20, |split| 100 + 10 * u64::from(split));
+        assert_eq!(splits.last(), Some(&0), "{splits:?}");
+    }
+
+    #[test]
+    fn a_neighbour_within_the_margin_is_no_move() {
+        let mut schedule = SplitSchedule::default();
+        // Every split takes the same time (give or take 1%): after the rates' split and one
+        // step on, no gain, so it stays.
+        let splits = climb(&mut schedule, 12, |split| 1000 + u64::from(split % 2) * 10);
+        assert_eq!(&splits[..3], [AUTO_START, 11, 12], "{splits:?}");
+        assert!(splits[3..].iter().all(|&s| s == 12), "{splits:?}");
     }
 
     #[test]
@@ -256,6 +461,26 @@ mod tests {
         // A set split is capped at 16.
         schedule.set(4, 64, 99);
         assert_eq!(schedule.split_at(4, 70, LaneCounts::default()), 16);
+    }
+
+    #[test]
+    fn a_pinned_split_is_every_decision() {
+        assert_eq!(pinned_split(None), None);
+        assert_eq!(pinned_split(Some("12")), Some(12));
+        assert_eq!(pinned_split(Some(" 0 ")), Some(0));
+        assert_eq!(pinned_split(Some("16")), Some(16));
+        for wrong in ["17", "-1", "half", ""] {
+            assert_eq!(pinned_split(Some(wrong)), None, "{wrong:?}");
+        }
+        let mut schedule = SplitSchedule::new(Some(14));
+        let fast_cpu = counts(100, 100, 100_000, 100_000);
+        assert_eq!(schedule.split_at(0, 0, LaneCounts::default()), 14);
+        assert_eq!(schedule.split_at(0, AUTO_POINT_STEPS, fast_cpu), 14);
+        assert_eq!(schedule.split_at(1, 0, fast_cpu), 14);
+        // A resumed state's split still covers its own point.
+        schedule.set(1, AUTO_POINT_STEPS, 2);
+        assert_eq!(schedule.split_at(1, AUTO_POINT_STEPS + 1, fast_cpu), 2);
+        assert_eq!(schedule.split_at(1, 2 * AUTO_POINT_STEPS, fast_cpu), 14);
     }
 
     #[test]

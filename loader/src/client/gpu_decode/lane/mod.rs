@@ -24,7 +24,10 @@ use stoker_worker::{AssembledBatch, DivertedImage, ImageDiverter, Job};
 
 use super::jpeg_scan::hardware_candidate;
 use super::nvjpeg::Budget;
-use super::{gpu_row, DecodeMode, GpuDecodeError, GpuDecodeOptions, LaneCounts, SplitSchedule};
+use super::{
+    gpu_row, pinned_split, DecodeMode, GpuDecodeError, GpuDecodeOptions, LaneCounts, SplitSchedule,
+    SPLIT_PIN_VARIABLE,
+};
 use crate::client::cuda::{describe, Cuda};
 use crate::client::slots::Slot;
 use crate::client::source::Built;
@@ -381,7 +384,9 @@ impl GpuLane {
             stats,
             budgets: pipes.iter().map(|pipe| pipe.decoder.budget()).collect(),
             mode: options.mode,
-            splits: Mutex::new(SplitSchedule::default()),
+            splits: Mutex::new(SplitSchedule::new(pinned_split(
+                std::env::var(SPLIT_PIN_VARIABLE).ok().as_deref(),
+            ))),
             hardware: pipes[0].decoder.hardware(),
             closed: std::sync::atomic::AtomicBool::new(false),
             working: Mutex::new((0, None)),
@@ -427,13 +432,22 @@ impl GpuLane {
 
     /// The GPU's share of step `step` of `epoch`, in sixteenths: `gpu` mode always 16; `auto`
     /// the share of the point the step is in ([`SplitSchedule`]): set from a resumed state,
-    /// else decided when a step of the point is first asked for, from the rates measured
-    /// before, and then kept.
+    /// else decided when a step of the point is first asked for (the producer, as it starts
+    /// the step, or the loader's state), from what the lanes did before, and then kept.
     pub fn split_at(&self, epoch: u64, step: u64) -> u8 {
         if self.shared.mode == DecodeMode::Gpu {
             return 16;
         }
         lock(&self.shared.splits).split_at(epoch, step, self.shared.stats.counts())
+    }
+
+    /// Counts a step of `rows` rows built at `sixteenths` that took the producer `busy` (its
+    /// CPU rows built and its GPU rows handed to the lane, the waits for a free output buffer
+    /// left out): what `auto`'s later decisions compare.
+    pub fn note_step(&self, sixteenths: u8, rows: usize, busy: Duration) {
+        if self.shared.mode == DecodeMode::Auto {
+            lock(&self.shared.splits).note_step(sixteenths, rows, busy.as_nanos() as u64);
+        }
     }
 
     /// Sets the GPU's share of the point step `step` of `epoch` is in (a resumed run's, saved
