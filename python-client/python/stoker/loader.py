@@ -197,22 +197,23 @@ class Loader(FromDataset):
         memory_format: with ``device="cuda"``: ``"channels_last"`` (or
             ``torch.channels_last``): the image as NCHW with NHWC memory, what convolutions in
             channels_last want; ``"contiguous"`` (default): the pipeline's layout.
-        decode: where images are decoded. ``"cpu"`` (default): the decode threads. ``"gpu"`` (needs
-            ``device="cuda"``): every row the GPU's JPEG engines take is decoded there (nvJPEG,
-            hardware backend where the GPU has one) and cropped, resized and flipped by one batched
-            kernel straight into the device batch; the RandomResizedCrop window and flip are drawn
-            as on the CPU, so pixels differ from ``"cpu"`` by rounding only. Progressive JPEGs,
-            PNGs, CMYK, files cut short and images too large for ``gpu_memory`` are decoded on the
-            CPU threads in the same batch. ``"auto"``: each batch is split between the CPU threads
-            and the GPU (half each at first); the split may change only at fixed points, each
-            epoch's first step and every 16 steps after it, following what the two did before the
-            point (first their rates, then one sixteenth at a time toward the split whose batches
+        decode: where images are decoded. ``"cpu"`` (default): the decode threads. ``"gpu"``
+            (needs ``device="cuda"``): every row the GPU's JPEG engines take is decoded there
+            (nvJPEG, hardware backend where the GPU has one) and cropped, resized and flipped by
+            one batched kernel straight into the device batch; the RandomResizedCrop window and
+            flip are drawn as on the CPU, so pixels differ from ``"cpu"`` by rounding only.
+            Progressive JPEGs, PNGs, CMYK, files cut short and images too large for
+            ``gpu_memory`` are decoded on the CPU threads in the same batch. ``"auto"``: each
+            batch is split between the CPU threads and the GPU (half each at first); the split
+            may change only at fixed points, each epoch's first step and every 16 steps after
+            it, following what the two did before the point (first their rates, then all rows on
+            the GPU for one point, then one sixteenth at a time toward the split whose batches
             took least time to build); the split in force is saved in :meth:`state_dict`, so a
-            resumed run gets the same bits up to the next point. Without ``device="cuda"``, or where
-            the lane cannot run, ``"auto"`` is ``"cpu"``. Needs nvJPEG 13 (the CUDA toolkit's, or
-            NVIDIA's pip wheel) and NVRTC (torch's CUDA wheels bring it); ``"gpu"`` where they are
-            missing raises :class:`~stoker.GpuUnavailableError` naming what is.
-            ``stats()["gpu_decode"]`` says what the lane did.
+            resumed run gets the same bits up to the next point. Without ``device="cuda"``, or
+            where the lane cannot run, ``"auto"`` is ``"cpu"``. Needs nvJPEG 13 (the CUDA
+            toolkit's, or NVIDIA's pip wheel) and NVRTC (torch's CUDA wheels bring it);
+            ``"gpu"`` where they are missing raises :class:`~stoker.GpuUnavailableError` naming
+            what is. ``stats()["gpu_decode"]`` says what the lane did.
         gpu_memory: with ``decode="gpu"`` or ``"auto"``: the most device memory the lane
             holds, in bytes (decoded images in flight, rows waiting for the training loop,
             nvJPEG's buffers), allocated when the loader starts and never grown; an image

@@ -111,6 +111,10 @@ impl LaneCounts {
 /// Steps built at one split before its time per row is compared with another split's.
 const MIN_STEPS: u32 = 8;
 
+/// Steps after a change of split that are not counted: the lane may still be working on
+/// batches of the split before (two pipes and one queued batch).
+const SETTLING_STEPS: u32 = 3;
+
 /// Decisions after which a split's measured time is too old to compare: its neighbours are
 /// tried again, so the split follows a change in the load.
 const STALE_DECISIONS: u64 = 16;
@@ -134,14 +138,18 @@ struct Measured {
 /// `auto`'s split at each point (see the module docs): decided once per point, or set from a
 /// saved state.
 ///
-/// The first decision after [`MIN_STEPS`] steps of the current split takes the split that
-/// gives each lane rows in proportion to its measured rate ([`split_for_rates`]). Those rates
-/// are each lane's own (rows per second while it worked), and the two lanes slow each other
-/// (they share the host's cores and the GPU), so that split can be off; later decisions move
-/// by one sixteenth at most, toward the split whose steps took the producer the least time
-/// per row ([`SplitSchedule::note_step`]): the time to build a step's CPU rows and hand its
-/// GPU rows to the lane, which waits while the lane is behind, so it is the slower lane's
-/// time, and no time waiting for the training loop.
+/// What a split is worth is the time per row its steps took the producer
+/// ([`SplitSchedule::note_step`]): the time to build a step's CPU rows and hand its GPU rows
+/// to the lane, which waits while the lane is behind, so it is the slower lane's time, and no
+/// time waiting for the training loop. The first decision after [`MIN_STEPS`] steps of the
+/// current split takes the split that gives each lane rows in proportion to its measured rate
+/// ([`split_for_rates`]). Those rates are each lane's own (rows per second while it worked),
+/// and the two lanes slow each other (they share the host's cores and the GPU), so that split
+/// can be off, and there can be a better one far from it: with every row on the GPU the
+/// decode threads leave the lane's threads the cores. So the next decision tries every row on
+/// the GPU for one point, and the one after keeps it if its steps took less time, else goes
+/// back; later decisions move by one sixteenth at most, toward the split whose steps took
+/// least time, and try all rows on the GPU again once its measure is old.
 #[derive(Debug)]
 pub struct SplitSchedule {
     /// The split every decision takes, when one is pinned ([`PIN_VARIABLE`]).
@@ -158,6 +166,10 @@ pub struct SplitSchedule {
     estimated: bool,
     /// The way the last move went: +1 more rows to the GPU, -1 fewer.
     direction: i8,
+    /// The split to go back to when trying all rows on the GPU showed nothing better.
+    probed_from: Option<u8>,
+    /// The split of the last step counted, and steps at it since the change.
+    last_noted: (u8, u32),
 }
 
 impl Default for SplitSchedule {
@@ -177,6 +189,8 @@ impl SplitSchedule {
             decisions: 0,
             estimated: false,
             direction: 1,
+            probed_from: None,
+            last_noted: (AUTO_START, 0),
         }
     }
 
@@ -200,12 +214,19 @@ impl SplitSchedule {
 
     /// Counts a step of `rows` rows built at `split` that took the producer `busy_ns`.
     pub fn note_step(&mut self, split: u8, rows: usize, busy_ns: u64) {
-        if rows == 0 {
+        let split = split.min(16);
+        let since_change = if self.last_noted.0 == split {
+            self.last_noted.1.saturating_add(1)
+        } else {
+            1
+        };
+        self.last_noted = (split, since_change);
+        if rows == 0 || since_change <= SETTLING_STEPS {
             return;
         }
         let per_row = busy_ns as f64 / rows as f64;
         let decisions = self.decisions;
-        let measured = &mut self.measured[usize::from(split.min(16))];
+        let measured = &mut self.measured[usize::from(split)];
         if measured.steps == 0 || decisions - measured.at > STALE_DECISIONS {
             *measured = Measured {
                 ns_per_row: per_row,
@@ -253,6 +274,24 @@ impl SplitSchedule {
             return current;
         }
         let better = |time: f64| time < here * (1.0 - MARGIN);
+        // After a point with every row on the GPU: keep it if it took less time, else back.
+        if let Some(from) = self.probed_from.take() {
+            if current == 16 {
+                if self
+                    .known(from)
+                    .is_some_and(|time| here < time * (1.0 - MARGIN))
+                {
+                    self.direction = -1;
+                    return current;
+                }
+                return from;
+            }
+        }
+        // Every row on the GPU once more, when that was not measured lately.
+        if current < 16 && self.known(16).is_none() {
+            self.probed_from = Some(current);
+            return 16;
+        }
         let next = |direction: i8| {
             let split = i16::from(current) + i16::from(direction);
             (0..=16).contains(&split).then_some(split as u8)
@@ -361,7 +400,7 @@ mod tests {
     fn a_point_keeps_its_split_whatever_is_measured_after_it() {
         let mut schedule = SplitSchedule::default();
         assert_eq!(schedule.split_at(0, 0, LaneCounts::default()), AUTO_START);
-        note(&mut schedule, AUTO_START, MIN_STEPS, 1000);
+        note(&mut schedule, AUTO_START, SETTLING_STEPS + MIN_STEPS, 1000);
         // Within the point, later rates change nothing.
         let fast_gpu = counts(3000, 30_000, 1000, 1000);
         for step in 1..AUTO_POINT_STEPS {
@@ -387,7 +426,12 @@ mod tests {
         // Rates, but too few steps of the split measured yet (the producer is behind the
         // decisions): the split is kept.
         let slow_start = counts(1000, 1000, 1000, 1000);
-        note(&mut schedule, AUTO_START, MIN_STEPS - 1, 1000);
+        note(
+            &mut schedule,
+            AUTO_START,
+            SETTLING_STEPS + MIN_STEPS - 1,
+            1000,
+        );
         assert_eq!(
             schedule.split_at(0, AUTO_POINT_STEPS, slow_start),
             AUTO_START
@@ -413,38 +457,63 @@ mod tests {
     }
 
     #[test]
-    fn later_moves_go_by_one_toward_the_split_that_took_least_time() {
+    fn all_rows_on_the_gpu_are_tried_then_moves_go_by_one_toward_the_least_time() {
         // The rates say 11 (the GPU at twice the CPU's rate); the producer is fastest at 14.
         let mut schedule = SplitSchedule::default();
         let splits = climb(&mut schedule, 40, |split| {
             100 + 20 * u64::from(split.abs_diff(14))
         });
-        assert_eq!(&splits[..5], [AUTO_START, 11, 12, 13, 14], "{splits:?}");
-        // It stays there, trying a neighbour again only once its measure is old.
-        let at_best = splits[5..].iter().filter(|&&s| s == 14).count();
-        assert!(at_best >= splits[5..].len() * 4 / 5, "{splits:?}");
-        assert!(
-            splits[5..].iter().all(|s| s.abs_diff(14) <= 1),
+        // 16 took less time than 11, so it is kept, and the moves go down from there, one
+        // past the best.
+        assert_eq!(
+            &splits[..8],
+            [AUTO_START, 11, 16, 16, 15, 14, 13, 14],
             "{splits:?}"
         );
-        // The best may be either end: all rows on the GPU...
+        // It stays, trying all on the GPU and the neighbours again only once their measures
+        // are old.
+        let later = &splits[8..];
+        assert!(
+            later.iter().filter(|&&s| s == 14).count() >= later.len() * 3 / 4,
+            "{splits:?}"
+        );
+        assert!(later.iter().all(|s| (13..=16).contains(s)), "{splits:?}");
+        // The best may be all rows on the GPU...
         let mut schedule = SplitSchedule::default();
         let splits = climb(&mut schedule, 12, |split| 300 - 10 * u64::from(split));
-        assert_eq!(splits.last(), Some(&16), "{splits:?}");
-        // ...or none.
+        assert_eq!(&splits[..6], [AUTO_START, 11, 16, 16, 15, 16], "{splits:?}");
+        assert!(splits[6..].iter().all(|&s| s == 16), "{splits:?}");
+        // ...or none: 16 took longer than 11, so back to 11, then down.
         let mut schedule = SplitSchedule::default();
         let splits = climb(&mut schedule, 20, |split| 100 + 10 * u64::from(split));
+        assert_eq!(&splits[..6], [AUTO_START, 11, 16, 11, 12, 11], "{splits:?}");
         assert_eq!(splits.last(), Some(&0), "{splits:?}");
     }
 
     #[test]
     fn a_neighbour_within_the_margin_is_no_move() {
         let mut schedule = SplitSchedule::default();
-        // Every split takes the same time (give or take 1%): after the rates' split and one
-        // step on, no gain, so it stays.
+        // Every split takes the same time (give or take 1%): all rows on the GPU gain
+        // nothing, so back, then one step on gains nothing, so it stays.
         let splits = climb(&mut schedule, 12, |split| 1000 + u64::from(split % 2) * 10);
-        assert_eq!(&splits[..3], [AUTO_START, 11, 12], "{splits:?}");
-        assert!(splits[3..].iter().all(|&s| s == 12), "{splits:?}");
+        assert_eq!(&splits[..5], [AUTO_START, 11, 16, 11, 12], "{splits:?}");
+        assert!(splits[5..].iter().all(|&s| s == 12), "{splits:?}");
+    }
+
+    #[test]
+    fn the_steps_right_after_a_change_are_not_counted() {
+        let mut schedule = SplitSchedule::default();
+        // The first steps at a new split still wait for the lane's work of the old one.
+        note(&mut schedule, 5, SETTLING_STEPS, 1_000_000);
+        note(&mut schedule, 5, MIN_STEPS - 1, 100);
+        assert_eq!(schedule.known(5), None);
+        note(&mut schedule, 5, 1, 100);
+        assert_eq!(schedule.known(5), Some(100.0));
+        // Back and forth: each change starts the count again.
+        note(&mut schedule, 6, 1, 1_000_000);
+        note(&mut schedule, 5, SETTLING_STEPS, 1_000_000);
+        assert_eq!(schedule.known(5), Some(100.0));
+        assert_eq!(schedule.known(6), None);
     }
 
     #[test]
