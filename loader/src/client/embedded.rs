@@ -182,16 +182,11 @@ fn produce(
             continue;
         };
         // The split is looked up as the step is built (decided here for a new point), so
-        // `auto` decides from the steps built just before.
-        let sixteenths = lane.split_at(task.plan.epoch(), task.step);
-        let (started, rows) = (Instant::now(), task.plan.batch_len(task.step));
-        let waited = if sixteenths > 0 {
-            build_with_lane(&pool, lane, task, sixteenths)
-        } else {
-            build(&pool, task);
-            Duration::ZERO
-        };
-        lane.note_step(sixteenths, rows, started.elapsed().saturating_sub(waited));
+        // `auto` decides from what the batches handed out just before took.
+        match lane.split_at(task.plan.epoch(), task.step) {
+            0 => build(&pool, task),
+            sixteenths => build_with_lane(&pool, lane, task, sixteenths),
+        }
     }
 }
 
@@ -229,14 +224,8 @@ fn build(pool: &rayon::ThreadPool, task: Task) {
 }
 
 /// Builds a step's CPU rows on the pool, offering `gpu_sixteenths` of its rows to the lane,
-/// then hands the rest to the lane (or sends the batch when the lane took nothing). Returns how
-/// long it waited for a free output buffer.
-fn build_with_lane(
-    pool: &rayon::ThreadPool,
-    lane: &GpuLane,
-    task: Task,
-    gpu_sixteenths: u8,
-) -> Duration {
+/// then hands the rest to the lane (or sends the batch when the lane took nothing).
+fn build_with_lane(pool: &rayon::ThreadPool, lane: &GpuLane, task: Task, gpu_sixteenths: u8) {
     let Task {
         job,
         plan,
@@ -262,7 +251,7 @@ fn build_with_lane(
                 service: started.elapsed(),
                 result: Err(error),
             });
-            return Duration::ZERO;
+            return;
         }
     };
     let items = diverter.into_items();
@@ -273,20 +262,18 @@ fn build_with_lane(
             service: started.elapsed(),
             result: Ok(assembled.into_proto(&indices, slot.into_bytes())),
         });
-        return Duration::ZERO;
+        return;
     }
     // The output buffer is taken here, in step order: a later step never holds the buffer an
     // earlier one waits for.
-    let asked = Instant::now();
     let Some(ring) = lane.take_ring() else {
         let _ = reply.send(Built {
             step,
             service: started.elapsed(),
             result: Err(Error::Stopped("the GPU decode lane shut down".into())),
         });
-        return asked.elapsed();
+        return;
     };
-    let waited = asked.elapsed();
     lane.submit(LaneTask {
         job,
         epoch: plan.epoch(),
@@ -299,7 +286,6 @@ fn build_with_lane(
         reply,
         started,
     });
-    waited
 }
 
 /// One epoch of an [`EmbeddedSource`].

@@ -321,6 +321,10 @@ impl EpochStream {
     /// saw (started at `started`), asks for more, and counts the batch.
     fn hand_out(&mut self, started: Instant, step: u64) -> Result<Batch> {
         let waited = started.elapsed();
+        // The time since the batch before was handed out: the pace the consumer got.
+        let interval = self
+            .last_return
+            .map(|at| started.saturating_duration_since(at) + waited);
         let result = self
             .ready
             .remove(&step)
@@ -329,6 +333,9 @@ impl EpochStream {
         self.adjust_depth(started, waited);
         self.top_up();
         let batch = result?;
+        if let (Some(lane), Some(interval)) = (self.core.source.gpu_lane(), interval) {
+            lane.note_delivered(self.epoch, step, batch.sample_indices.len(), interval);
+        }
         if let Some(tensor) = batch.tensors.first() {
             // A pinned pool's slot is page-locked when its first batch goes out.
             self.core.slots.pin_for_hand_out(tensor.data.as_ptr());

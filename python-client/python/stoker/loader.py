@@ -208,12 +208,13 @@ class Loader(FromDataset):
             may change only at fixed points, each epoch's first step and every 16 steps after
             it, following what the two did before the point (first their rates, then all rows on
             the GPU for one point, then one sixteenth at a time toward the split whose batches
-            took least time to build); the split in force is saved in :meth:`state_dict`, so a
-            resumed run gets the same bits up to the next point. Without ``device="cuda"``, or
-            where the lane cannot run, ``"auto"`` is ``"cpu"``. Needs nvJPEG 13 (the CUDA
-            toolkit's, or NVIDIA's pip wheel) and NVRTC (torch's CUDA wheels bring it);
-            ``"gpu"`` where they are missing raises :class:`~stoker.GpuUnavailableError` naming
-            what is. ``stats()["gpu_decode"]`` says what the lane did.
+            reached the training loop at the best pace); the split in force is saved in
+            :meth:`state_dict`, so a resumed run gets the same bits up to the next point.
+            Without ``device="cuda"``, or where the lane cannot run, ``"auto"`` is ``"cpu"``.
+            Needs nvJPEG 13 (the CUDA toolkit's, or NVIDIA's pip wheel) and NVRTC (torch's CUDA
+            wheels bring it); ``"gpu"`` where they are missing raises
+            :class:`~stoker.GpuUnavailableError` naming what is. ``stats()["gpu_decode"]`` says
+            what the lane did.
         gpu_memory: with ``decode="gpu"`` or ``"auto"``: the most device memory the lane
             holds, in bytes (decoded images in flight, rows waiting for the training loop,
             nvJPEG's buffers), allocated when the loader starts and never grown; an image

@@ -111,9 +111,14 @@ impl LaneCounts {
 /// Steps built at one split before its time per row is compared with another split's.
 const MIN_STEPS: u32 = 8;
 
-/// Steps after a change of split that are not counted: the lane may still be working on
-/// batches of the split before (two pipes and one queued batch).
+/// Steps after a change of split that are not counted: the batches around the change share
+/// the lanes with the other split's.
 const SETTLING_STEPS: u32 = 3;
+
+/// A step that took this many times the split's measured time per row is not counted (the
+/// training loop paused: an evaluation, a checkpoint); a measure that only sees such steps
+/// grows old and starts again.
+const OUTLIER: f64 = 4.0;
 
 /// Decisions after which a split's measured time is too old to compare: its neighbours are
 /// tried again, so the split follows a change in the load.
@@ -123,7 +128,7 @@ const STALE_DECISIONS: u64 = 16;
 /// one point's measurement varies by).
 const MARGIN: f64 = 0.03;
 
-/// The producer's time per row in steps built at one split.
+/// The time per row of the batches built at one split.
 #[derive(Debug, Clone, Copy, Default)]
 struct Measured {
     /// Nanoseconds per row: the mean of the first steps, then a moving average of the last
@@ -138,10 +143,10 @@ struct Measured {
 /// `auto`'s split at each point (see the module docs): decided once per point, or set from a
 /// saved state.
 ///
-/// What a split is worth is the time per row its steps took the producer
-/// ([`SplitSchedule::note_step`]): the time to build a step's CPU rows and hand its GPU rows
-/// to the lane, which waits while the lane is behind, so it is the slower lane's time, and no
-/// time waiting for the training loop. The first decision after [`MIN_STEPS`] steps of the
+/// What a split is worth is the time per row between the batches built with it as they were
+/// handed to the training loop ([`SplitSchedule::note_delivered`]): the pace the loop got, which
+/// counts the loader when either lane is behind, and what the lanes cost the loop itself (the
+/// host's cores and the GPU they share with it). The first decision after [`MIN_STEPS`] steps of the
 /// current split takes the split that gives each lane rows in proportion to its measured rate
 /// ([`split_for_rates`]). Those rates are each lane's own (rows per second while it worked),
 /// and the two lanes slow each other (they share the host's cores and the GPU), so that split
@@ -212,8 +217,16 @@ impl SplitSchedule {
         split
     }
 
-    /// Counts a step of `rows` rows built at `split` that took the producer `busy_ns`.
-    pub fn note_step(&mut self, split: u8, rows: usize, busy_ns: u64) {
+    /// Counts a batch of `rows` rows, step `step` of `epoch`, handed out `interval_ns` after
+    /// the one before, for the split its point was decided with (none: not counted).
+    pub fn note_delivered(&mut self, epoch: u64, step: u64, rows: usize, interval_ns: u64) {
+        if let Some(&split) = self.decided.get(&(epoch, point_of(step))) {
+            self.note_step(split, rows, interval_ns);
+        }
+    }
+
+    /// Counts a step of `rows` rows built at `split` that took `busy_ns`.
+    fn note_step(&mut self, split: u8, rows: usize, busy_ns: u64) {
         let split = split.min(16);
         let since_change = if self.last_noted.0 == split {
             self.last_noted.1.saturating_add(1)
@@ -227,12 +240,19 @@ impl SplitSchedule {
         let per_row = busy_ns as f64 / rows as f64;
         let decisions = self.decisions;
         let measured = &mut self.measured[usize::from(split)];
-        if measured.steps == 0 || decisions - measured.at > STALE_DECISIONS {
+        // A first step far slower than the ones after it was the outlier: start again.
+        let restart = measured.steps == 0
+            || decisions - measured.at > STALE_DECISIONS
+            || per_row * OUTLIER < measured.ns_per_row;
+        if restart {
             *measured = Measured {
                 ns_per_row: per_row,
                 steps: 1,
                 at: decisions,
             };
+            return;
+        }
+        if per_row > OUTLIER * measured.ns_per_row {
             return;
         }
         measured.steps = measured.steps.saturating_add(1);
@@ -514,6 +534,36 @@ mod tests {
         note(&mut schedule, 5, SETTLING_STEPS, 1_000_000);
         assert_eq!(schedule.known(5), Some(100.0));
         assert_eq!(schedule.known(6), None);
+    }
+
+    #[test]
+    fn a_batch_counts_for_the_split_its_point_was_decided_with() {
+        let mut schedule = SplitSchedule::default();
+        schedule.set(2, 0, 6);
+        // Step 20 of epoch 2 is in a point not decided yet: not counted.
+        for _ in 0..MIN_STEPS + SETTLING_STEPS {
+            schedule.note_delivered(2, 20, 256, 256 * 50);
+        }
+        assert!((0..=16).all(|split| schedule.known(split).is_none()));
+        for step in 0..u64::from(MIN_STEPS + SETTLING_STEPS) {
+            schedule.note_delivered(2, step, 256, 256 * 50);
+        }
+        assert_eq!(schedule.known(6), Some(50.0));
+    }
+
+    #[test]
+    fn a_pause_of_the_training_loop_is_not_counted() {
+        let mut schedule = SplitSchedule::default();
+        note(&mut schedule, 9, SETTLING_STEPS + MIN_STEPS, 100);
+        // An evaluation between two batches.
+        note(&mut schedule, 9, 1, 100 * 60);
+        assert_eq!(schedule.known(9), Some(100.0));
+        // A pause right at the start of a measure is dropped once the steps after it show it.
+        let mut schedule = SplitSchedule::default();
+        note(&mut schedule, 9, SETTLING_STEPS, 100);
+        note(&mut schedule, 9, 1, 100 * 60);
+        note(&mut schedule, 9, MIN_STEPS, 100);
+        assert_eq!(schedule.known(9), Some(100.0));
     }
 
     #[test]

@@ -441,12 +441,12 @@ impl GpuLane {
         lock(&self.shared.splits).split_at(epoch, step, self.shared.stats.counts())
     }
 
-    /// Counts a step of `rows` rows built at `sixteenths` that took the producer `busy` (its
-    /// CPU rows built and its GPU rows handed to the lane, the waits for a free output buffer
-    /// left out): what `auto`'s later decisions compare.
-    pub fn note_step(&self, sixteenths: u8, rows: usize, busy: Duration) {
+    /// Counts a batch of `rows` rows, step `step` of `epoch`, handed to the training loop
+    /// `interval` after the one before: what `auto`'s later decisions compare, for the split
+    /// the step was built with.
+    pub fn note_delivered(&self, epoch: u64, step: u64, rows: usize, interval: Duration) {
         if self.shared.mode == DecodeMode::Auto {
-            lock(&self.shared.splits).note_step(sixteenths, rows, busy.as_nanos() as u64);
+            lock(&self.shared.splits).note_delivered(epoch, step, rows, interval.as_nanos() as u64);
         }
     }
 
