@@ -431,7 +431,7 @@ impl GpuLane {
     }
 
     /// The GPU's share of step `step` of `epoch`, in sixteenths: `gpu` mode always 16; `auto`
-    /// the share of the point the step is in ([`SplitSchedule`]): set from a resumed state,
+    /// the share of the point the step is in (`gpu_decode::split`): set from a resumed state,
     /// else decided when a step of the point is first asked for (the producer, as it starts
     /// the step, or the loader's state), from what the lanes did before, and then kept.
     pub fn split_at(&self, epoch: u64, step: u64) -> u8 {
