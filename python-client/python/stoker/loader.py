@@ -204,15 +204,14 @@ class Loader(FromDataset):
             flip are drawn as on the CPU, so pixels differ from ``"cpu"`` by rounding only.
             Progressive JPEGs, PNGs, CMYK, files cut short and images too large for
             ``gpu_memory`` are decoded on the CPU threads in the same batch. ``"auto"``: each
-            batch is split between the CPU threads and the GPU (half each at first); the split
-            may change only at fixed points, each epoch's first step and every 16 steps after
-            it, following what the two did before the point (first their rates, then all rows on
-            the GPU for one point, then one sixteenth at a time toward the split whose batches
-            reached the training loop at the best pace); the split in force is saved in
-            :meth:`state_dict`, so a resumed run gets the same bits up to the next point.
-            Without ``device="cuda"``, or where the lane cannot run, ``"auto"`` is ``"cpu"``.
-            Needs nvJPEG 13 (the CUDA toolkit's, or NVIDIA's pip wheel) and NVRTC (torch's CUDA
-            wheels bring it); ``"gpu"`` where they are missing raises
+            batch is split between the CPU threads and the GPU, half and half at first, changed
+            only at fixed points (each epoch's first step, then every 16 steps) toward the split
+            whose batches reached the training loop fastest (first by the lanes' rates, then all
+            rows on the GPU for one point, then a sixteenth at a time); the split in force is
+            saved in :meth:`state_dict`, so a resumed run gets the same bits up to the next
+            point. Without ``device="cuda"``, or where the lane cannot run, ``"auto"`` is
+            ``"cpu"``. Needs nvJPEG 13 (the CUDA toolkit's, or NVIDIA's pip wheel) and NVRTC
+            (torch's CUDA wheels bring it); ``"gpu"`` where they are missing raises
             :class:`~stoker.GpuUnavailableError` naming what is. ``stats()["gpu_decode"]`` says
             what the lane did.
         gpu_memory: with ``decode="gpu"`` or ``"auto"``: the most device memory the lane
@@ -510,12 +509,6 @@ class Loader(FromDataset):
         native = self._handle()
         saved = resume.read_states(state, self.state_dict())
         self._position.resume_saved(saved, native, self._world_size)
-        position = self._position
-        if saved.decode_split is not None and self._decode != "cpu":
-            epoch, sixteenths = saved.decode_split
-            # The saved split goes on where the run resumes, unless that is the next epoch.
-            if epoch == position.epoch:
-                native.set_decode_split(epoch, position.step, sixteenths)
 
     # -- stats and lifetime -----------------------------------------------------------------
 

@@ -113,7 +113,9 @@ class Position:
         """The next ``iter()`` starts where ``saved`` points, on ``native`` running
         ``world_size`` ranks: at the saved step when the world size is the same and every rank
         saved the same step, otherwise at the start of the rest of that epoch, spread over
-        this run's ranks (whose resizes the position then keeps)."""
+        this run's ranks (whose resizes the position then keeps). A saved GPU decode split
+        goes on where the run resumes, unless that is the next epoch (without a GPU decode
+        lane ``native`` ignores it)."""
         self.resized_epoch, self.resizes = None, []
         if saved.world_size == world_size and len(set(saved.steps)) == 1 and not saved.resizes:
             step = saved.steps[0]
@@ -128,6 +130,8 @@ class Position:
             )
             self.resized_epoch, self.resizes = saved.epoch, chain
         self.resume(saved.epoch, step, steps_in_epoch)
+        if saved.decode_split is not None and saved.decode_split[0] == self.epoch:
+            native.set_decode_split(self.epoch, self.step, saved.decode_split[1])
 
 
 def check_resizes(resizes: Any) -> list[tuple[int, list[int]]]:
