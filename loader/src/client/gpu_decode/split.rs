@@ -108,7 +108,7 @@ impl LaneCounts {
     }
 }
 
-/// Steps built at one split before its time per row is compared with another split's.
+/// Steps counted at one split before its time per row is compared with another split's.
 const MIN_STEPS: u32 = 8;
 
 /// Steps after a change of split that are not counted: the batches around the change share
@@ -144,17 +144,17 @@ struct Measured {
 /// saved state.
 ///
 /// What a split is worth is the time per row between the batches built with it as they were
-/// handed to the training loop ([`SplitSchedule::note_delivered`]): the pace the loop got, which
-/// counts the loader when either lane is behind, and what the lanes cost the loop itself (the
-/// host's cores and the GPU they share with it). The first decision after [`MIN_STEPS`] steps of the
-/// current split takes the split that gives each lane rows in proportion to its measured rate
-/// ([`split_for_rates`]). Those rates are each lane's own (rows per second while it worked),
-/// and the two lanes slow each other (they share the host's cores and the GPU), so that split
-/// can be off, and there can be a better one far from it: with every row on the GPU the
-/// decode threads leave the lane's threads the cores. So the next decision tries every row on
-/// the GPU for one point, and the one after keeps it if its steps took less time, else goes
-/// back; later decisions move by one sixteenth at most, toward the split whose steps took
-/// least time, and try all rows on the GPU again once its measure is old.
+/// handed to the training loop ([`SplitSchedule::note_delivered`]): the pace the loop got,
+/// which counts the loader when either lane is behind, and what the lanes cost the loop itself
+/// (the host's cores and the GPU they share with it). The first decision after [`MIN_STEPS`]
+/// steps of the current split takes the split that gives each lane rows in proportion to its
+/// measured rate ([`split_for_rates`]). Those rates are each lane's own (rows per second while
+/// it worked), and the two lanes slow each other and the loop, so that split can be off, and
+/// there can be a better one far from it: with every row on the GPU the decode threads leave
+/// the lane's threads the cores. So the next decision tries every row on the GPU for one
+/// point, and the one after keeps it if its batches came faster, else goes back; later
+/// decisions move by one sixteenth at most, toward the split whose batches came fastest, and
+/// try all rows on the GPU again once its measure is old.
 #[derive(Debug)]
 pub struct SplitSchedule {
     /// The split every decision takes, when one is pinned ([`PIN_VARIABLE`]).
@@ -225,8 +225,9 @@ impl SplitSchedule {
         }
     }
 
-    /// Counts a step of `rows` rows built at `split` that took `busy_ns`.
-    fn note_step(&mut self, split: u8, rows: usize, busy_ns: u64) {
+    /// Counts a step of `rows` rows built at `split` whose batch took `ns` (since the one
+    /// before).
+    fn note_step(&mut self, split: u8, rows: usize, ns: u64) {
         let split = split.min(16);
         let since_change = if self.last_noted.0 == split {
             self.last_noted.1.saturating_add(1)
@@ -237,7 +238,7 @@ impl SplitSchedule {
         if rows == 0 || since_change <= SETTLING_STEPS {
             return;
         }
-        let per_row = busy_ns as f64 / rows as f64;
+        let per_row = ns as f64 / rows as f64;
         let decisions = self.decisions;
         let measured = &mut self.measured[usize::from(split)];
         // A first step far slower than the ones after it was the outlier: start again.
