@@ -3,6 +3,7 @@
 //! workers). It owns what both share: the slot pool, the prefetch controller, the statistics,
 //! the deadline, and the next epoch's speculative start.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -91,6 +92,9 @@ pub(crate) struct Core {
     pub(crate) successor: Mutex<Option<Successor>>,
     /// GPU idle reported since the controller last looked ([`Loader::record_gpu_idle`]).
     pub(crate) gpu_idle_pending: Mutex<Duration>,
+    /// Set when a resumed state replaced a GPU decode split that batches started ahead may
+    /// have been built with: the next [`Loader::epoch`] builds its batches afresh.
+    pub(crate) discard_started: AtomicBool,
 }
 
 impl Core {
@@ -238,6 +242,7 @@ impl Loader {
                 prefetch_next_epoch: options.prefetch_next_epoch && !resumed_epoch_only,
                 successor: Mutex::new(None),
                 gpu_idle_pending: Mutex::new(Duration::ZERO),
+                discard_started: AtomicBool::new(false),
             }),
         })
     }
@@ -318,6 +323,17 @@ impl Loader {
         self.core.source.gpu_lane()
     }
 
+    /// Sets the GPU decode lane's split for the point step `step` of `epoch` is in (a resumed
+    /// state's; nothing without a lane). When the point had been decided with another split,
+    /// the batches started ahead are not taken over by the next [`Loader::epoch`].
+    pub fn set_gpu_decode_split(&self, epoch: u64, step: u64, sixteenths: u8) {
+        if let Some(lane) = self.gpu_lane() {
+            if lane.set_split(epoch, step, sixteenths) {
+                self.core.discard_started.store(true, Ordering::Relaxed);
+            }
+        }
+    }
+
     /// The pool of batch buffers.
     pub fn slots(&self) -> &Arc<SlotPool> {
         &self.core.slots
@@ -370,11 +386,12 @@ impl Loader {
             .lock()
             .map(|mut s| s.take())
             .unwrap_or_default();
+        let discard = self.core.discard_started.swap(false, Ordering::Relaxed);
         if let Ok(mut stats) = self.core.stats.lock() {
             stats.epoch_started();
         }
         match successor {
-            Some(successor) if successor.epoch == epoch && start_step == 0 => {
+            Some(successor) if successor.epoch == epoch && start_step == 0 && !discard => {
                 tracing::debug!(epoch, "taking over the epoch started ahead");
                 Ok(EpochStream::adopt(Arc::clone(&self.core), successor))
             }

@@ -476,17 +476,17 @@ class Loader(FromDataset):
             state["mix"] = self._mix.fingerprint()
         split = self._decode_split()
         if split is not None:
-            state["decode_split"] = [self._position.epoch, split]
+            state["decode_split"] = split
         return state
 
-    def _decode_split(self) -> int | None:
-        """The GPU decode lane's share of the next batch, in sixteenths; None without a lane
-        (or after close())."""
+    def _decode_split(self) -> list[int] | None:
+        """[epoch, sixteenths] of the next batch's GPU decode split; None without a lane."""
         native = self._native
         if native is None or self._decode == "cpu":
             return None
-        split: int | None = native.decode_split(self._position.epoch, self._position.step)
-        return split
+        epoch, step = self._position.next_batch(native.steps_in(self._position.epoch))
+        split = native.decode_split(epoch, step)
+        return None if split is None else [epoch, split]
 
     def load_state_dict(self, state: Mapping[str, Any] | Sequence[Mapping[str, Any]]) -> None:
         """Resumes at the position saved by :meth:`state_dict`: the next ``iter()`` starts there.

@@ -43,8 +43,8 @@ class Saved:
     resizes: list[tuple[int, list[int]]]
     # The step each saving rank had reached, by rank.
     steps: list[int]
-    # [epoch, sixteenths] of the GPU decode split in force at the saved step, when one was
-    # saved.
+    # [epoch, sixteenths] of the GPU decode split of the saved position's next batch, when one
+    # was saved.
     decode_split: tuple[int, int] | None
 
 
@@ -108,6 +108,13 @@ class Position:
         self.epoch = self.resume_epoch = epoch
         self.step = self.resume_step = step
         self.generation += 1
+
+    def next_batch(self, steps_in_epoch: int) -> tuple[int, int]:
+        """The epoch and step of the next batch: the next epoch's first once this one (of
+        ``steps_in_epoch`` steps) is done."""
+        if self.step >= steps_in_epoch:
+            return self.epoch + 1, 0
+        return self.epoch, self.step
 
     def resume_saved(self, saved: Saved, native: NativeLoader, world_size: int) -> None:
         """The next ``iter()`` starts where ``saved`` points, on ``native`` running
@@ -216,9 +223,14 @@ def read_states(
         steps = [
             check_int(by_rank[r]["step"], "state['step']", 0, MAX_U64) for r in range(old_world)
         ]
-    split = first.get("decode_split")
+    # The GPU decode split from this rank's own state when it is among them: each rank's lane
+    # decides its own.
+    mine = next((s for s in states if s.get("rank") == ours.get("rank")), first)
+    split = mine.get("decode_split")
     decode_split = None
     if split is not None:
+        if not isinstance(split, Sequence) or isinstance(split, (str, bytes)) or len(split) != 2:
+            raise ValueError(f"state['decode_split'] must be [epoch, sixteenths], got {split!r}")
         decode_split = (
             check_int(split[0], "state['decode_split'][0]", 0, MAX_U64),
             check_int(split[1], "state['decode_split'][1]", 0, 16),

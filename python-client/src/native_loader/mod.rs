@@ -85,6 +85,16 @@ impl NativeLoader {
             .as_ref()
             .ok_or_else(|| raise(Kind::Stoker, "the loader is closed".into()))
     }
+
+    /// The loader that builds `epoch`: the one of an epoch resumed on another world size, else
+    /// the plain one.
+    fn loader_of(&self, epoch: u64) -> PyResult<&Arc<Loader>> {
+        let plain = self.loader()?;
+        Ok(match &self.resumed {
+            Some((resumed, loader)) if *resumed == epoch => loader,
+            _ => plain,
+        })
+    }
 }
 
 #[pymethods]
@@ -370,10 +380,7 @@ impl NativeLoader {
     /// Steps (batches) of `epoch` for this rank: the resumed epoch's own count for the epoch
     /// resumed on another world size, else `steps_per_epoch`.
     fn steps_in(&self, epoch: u64) -> PyResult<u64> {
-        match &self.resumed {
-            Some((resumed, loader)) if *resumed == epoch => Ok(loader.steps_per_epoch()),
-            _ => Ok(self.loader()?.steps_per_epoch()),
-        }
+        Ok(self.loader_of(epoch)?.steps_per_epoch())
     }
 
     /// Steps (batches) per epoch for this rank.
@@ -426,11 +433,7 @@ impl NativeLoader {
 
     /// Starts `epoch` at `start_step` (a later step resumes mid-epoch with no replay).
     fn start_epoch(&mut self, py: Python<'_>, epoch: u64, start_step: u64) -> PyResult<()> {
-        let plain = Arc::clone(self.loader()?);
-        let loader = match &self.resumed {
-            Some((resumed, loader)) if *resumed == epoch => Arc::clone(loader),
-            _ => plain,
-        };
+        let loader = Arc::clone(self.loader_of(epoch)?);
         // Past the resumed epoch its loader is done.
         if self
             .resumed
@@ -485,22 +488,22 @@ impl NativeLoader {
     /// point the step is in, then keeps it); None without a GPU decode lane.
     fn decode_split(&self, epoch: u64, step: u64) -> PyResult<Option<u8>> {
         Ok(self
-            .loader()?
+            .loader_of(epoch)?
             .gpu_lane()
             .map(|lane| lane.split_at(epoch, step)))
     }
 
     /// Sets the GPU's share of the point step `step` of `epoch` is in (from a saved state),
-    /// before that step is built.
+    /// before that step is built; batches of the next epoch started ahead with another share
+    /// are then built again.
     fn set_decode_split(&self, epoch: u64, step: u64, sixteenths: u8) -> PyResult<()> {
         if sixteenths > 16 {
             return Err(PyValueError::new_err(format!(
                 "a decode split is 0 to 16 sixteenths, got {sixteenths}"
             )));
         }
-        if let Some(lane) = self.loader()?.gpu_lane() {
-            lane.set_split(epoch, step, sixteenths);
-        }
+        self.loader_of(epoch)?
+            .set_gpu_decode_split(epoch, step, sixteenths);
         Ok(())
     }
 

@@ -6,9 +6,9 @@
 //! ([`gpu_row`]), never a matter of timing, so a batch's bits depend only on the split.
 //! `decode="gpu"` sends every row; `"auto"` starts at half and may change its split only at
 //! fixed points (each epoch's first step and every [`AUTO_POINT_STEPS`] steps after), following
-//! the rates the two lanes showed before ([`SplitSchedule`]); the split in force is part of the resume
-//! state. The decode threads read every sample, draw its window and flip
-//! from its RNG as always, and offer the rows of the GPU's share to the lane
+//! what the lanes did before ([`SplitSchedule`]); the split is part of the resume state. The
+//! decode threads read every sample, draw its window and flip from its RNG as always, and
+//! offer the rows of the GPU's share to the lane
 //! ([`stoker_worker::ImageDiverter`]); an image the engines cannot take (see [`jpeg_scan`]) or
 //! too large for the lane's memory is built on the CPU instead, in the same batch.
 //!
@@ -43,7 +43,7 @@ pub enum DecodeMode {
     Cpu,
     /// Every row the engines take on the GPU lane.
     Gpu,
-    /// Split between the two by their measured rates, changed only at fixed points.
+    /// Split between the two, changed only at fixed points, following what each split gave.
     Auto,
 }
 

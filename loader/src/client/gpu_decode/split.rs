@@ -9,7 +9,7 @@
 //! point, and a resumed run that is given the saved share of its point builds the same rows on
 //! the same lanes.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, VecDeque};
 
 /// The split `auto` starts from, in sixteenths of a batch for the GPU.
 pub const AUTO_START: u8 = 8;
@@ -55,7 +55,7 @@ pub fn pinned_split(asked: Option<&str>) -> Option<u8> {
         _ => {
             tracing::warn!(
                 asked,
-                "{PIN_VARIABLE} is not a count of sixteenths from 0 to 16; the rates decide"
+                "{PIN_VARIABLE} is not a count of sixteenths from 0 to 16; auto decides"
             );
             None
         }
@@ -115,10 +115,17 @@ const MIN_STEPS: u32 = 8;
 /// the lanes with the other split's.
 const SETTLING_STEPS: u32 = 3;
 
-/// A step that took this many times the split's measured time per row is not counted (the
-/// training loop paused: an evaluation, a checkpoint); a measure that only sees such steps
-/// grows old and starts again.
+/// A batch that came this many times later than the mean of the last [`RECENT`] (per row) is
+/// not counted: the training loop paused (an evaluation, a checkpoint). The mean, not the
+/// median: batches handed out in pairs give intervals both far below and far above it.
 const OUTLIER: f64 = 4.0;
+
+/// Intervals the mean for [`OUTLIER`] is taken over.
+const RECENT: usize = 8;
+
+/// Rows after which a measure's older rows weigh half as much (about two points of 256-row
+/// batches), so that it follows the recent pace.
+const HALF_LIFE_ROWS: f64 = 8192.0;
 
 /// Decisions after which a split's measured time is too old to compare: its neighbours are
 /// tried again, so the split follows a change in the load.
@@ -128,12 +135,15 @@ const STALE_DECISIONS: u64 = 16;
 /// one point's measurement varies by).
 const MARGIN: f64 = 0.03;
 
-/// The time per row of the batches built at one split.
+/// The time per row of the batches built at one split: the time between batches over the rows
+/// they brought, summed (two batches handed out together give one long and one short
+/// interval, so the sums, not each interval, carry the pace), older ones weighing less.
 #[derive(Debug, Clone, Copy, Default)]
 struct Measured {
-    /// Nanoseconds per row: the mean of the first steps, then a moving average of the last
-    /// eight or so.
-    ns_per_row: f64,
+    /// Rows counted, discounted by age.
+    rows: f64,
+    /// Nanoseconds counted, discounted alike.
+    ns: f64,
     /// Steps counted since the measure (re)started.
     steps: u32,
     /// The decision count when a step was last counted.
@@ -175,6 +185,8 @@ pub struct SplitSchedule {
     probed_from: Option<u8>,
     /// The split of the last step counted, and steps at it since the change.
     last_noted: (u8, u32),
+    /// The last intervals per row, any split (for the mean [`OUTLIER`] compares with).
+    recent: VecDeque<f64>,
 }
 
 impl Default for SplitSchedule {
@@ -196,6 +208,7 @@ impl SplitSchedule {
             direction: 1,
             probed_from: None,
             last_noted: (AUTO_START, 0),
+            recent: VecDeque::with_capacity(RECENT),
         }
     }
 
@@ -225,8 +238,8 @@ impl SplitSchedule {
         }
     }
 
-    /// Counts a step of `rows` rows built at `split` whose batch took `ns` (since the one
-    /// before).
+    /// Counts a step of `rows` rows built at `split` whose batch came `ns` after the one
+    /// before.
     fn note_step(&mut self, split: u8, rows: usize, ns: u64) {
         let split = split.min(16);
         let since_change = if self.last_noted.0 == split {
@@ -235,36 +248,44 @@ impl SplitSchedule {
             1
         };
         self.last_noted = (split, since_change);
-        if rows == 0 || since_change <= SETTLING_STEPS {
+        if rows == 0 {
             return;
         }
         let per_row = ns as f64 / rows as f64;
+        let recent_mean = self.recent.iter().sum::<f64>() / self.recent.len().max(1) as f64;
+        let paused = self.recent.len() >= 3 && per_row > OUTLIER * recent_mean;
+        if self.recent.len() == RECENT {
+            self.recent.pop_front();
+        }
+        self.recent.push_back(per_row);
+        if paused || since_change <= SETTLING_STEPS {
+            return;
+        }
         let decisions = self.decisions;
         let measured = &mut self.measured[usize::from(split)];
-        // A first step far slower than the ones after it was the outlier: start again.
-        let restart = measured.steps == 0
-            || decisions - measured.at > STALE_DECISIONS
-            || per_row * OUTLIER < measured.ns_per_row;
-        if restart {
-            *measured = Measured {
-                ns_per_row: per_row,
-                steps: 1,
-                at: decisions,
-            };
-            return;
+        if decisions - measured.at > STALE_DECISIONS {
+            *measured = Measured::default();
         }
-        if per_row > OUTLIER * measured.ns_per_row {
-            return;
-        }
+        let keep = 0.5f64.powf(rows as f64 / HALF_LIFE_ROWS);
+        measured.rows = measured.rows * keep + rows as f64;
+        measured.ns = measured.ns * keep + ns as f64;
         measured.steps = measured.steps.saturating_add(1);
-        let weight = f64::from(measured.steps.min(8));
-        measured.ns_per_row += (per_row - measured.ns_per_row) / weight;
         measured.at = decisions;
     }
 
     /// Sets the split of the point `step` of `epoch` is in (a resumed run's, from its state).
-    pub fn set(&mut self, epoch: u64, step: u64, sixteenths: u8) {
-        self.insert((epoch, point_of(step)), sixteenths.min(16));
+    /// A resume starts the run's course again there: the points decided after it, or more
+    /// than an epoch before it, are let go. Returns whether the point had been decided with
+    /// another split (batches built ahead with it must not be handed out).
+    pub fn set(&mut self, epoch: u64, step: u64, sixteenths: u8) -> bool {
+        let key = (epoch, point_of(step));
+        let sixteenths = sixteenths.min(16);
+        let changed = self.decided.get(&key).is_some_and(|&had| had != sixteenths);
+        self.decided
+            .retain(|&(e, point), _| (e, point) < key && e.saturating_add(EPOCHS_KEPT) > epoch);
+        self.decided.insert(key, sixteenths);
+        self.probed_from = None;
+        changed
     }
 
     /// The split of the latest point decided or set, if any.
@@ -276,7 +297,7 @@ impl SplitSchedule {
     fn known(&self, split: u8) -> Option<f64> {
         let measured = self.measured[usize::from(split)];
         (measured.steps >= MIN_STEPS && self.decisions - measured.at <= STALE_DECISIONS)
-            .then_some(measured.ns_per_row)
+            .then(|| measured.ns / measured.rows)
     }
 
     fn decide(&mut self, counts: LaneCounts) -> u8 {
@@ -295,12 +316,13 @@ impl SplitSchedule {
             return current;
         }
         let better = |time: f64| time < here * (1.0 - MARGIN);
-        // After a point with every row on the GPU: keep it if it took less time, else back.
+        // After a point with every row on the GPU: keep it if its batches came faster (or the
+        // split before has no measure left to compare with), else back.
         if let Some(from) = self.probed_from.take() {
             if current == 16 {
                 if self
                     .known(from)
-                    .is_some_and(|time| here < time * (1.0 - MARGIN))
+                    .is_none_or(|time| here < time * (1.0 - MARGIN))
                 {
                     self.direction = -1;
                     return current;
@@ -319,7 +341,7 @@ impl SplitSchedule {
         };
         let (forward, back) = (next(self.direction), next(-self.direction));
         let back_time = back.and_then(|b| self.known(b));
-        // Back where it came from, when that was faster.
+        // Back the other way, when that was faster.
         if let (Some(back), Some(time)) = (back, back_time) {
             if better(time) {
                 self.direction = -self.direction;
@@ -408,6 +430,18 @@ mod tests {
         assert_eq!(point_of(AUTO_POINT_STEPS - 1), 0);
         assert_eq!(point_of(AUTO_POINT_STEPS), AUTO_POINT_STEPS);
         assert_eq!(point_of(3 * AUTO_POINT_STEPS + 5), 3 * AUTO_POINT_STEPS);
+    }
+
+    /// `known` is `expected`, to a part in a million.
+    #[track_caller]
+    fn assert_close(known: Option<f64>, expected: f64) {
+        let Some(known) = known else {
+            panic!("nothing known, {expected} expected");
+        };
+        assert!(
+            (known - expected).abs() < expected * 1e-6,
+            "{known} against {expected}"
+        );
     }
 
     /// Counts `steps` steps of 256 rows at `split`, each taking `ns_per_row` per row.
@@ -524,17 +558,53 @@ mod tests {
     #[test]
     fn the_steps_right_after_a_change_are_not_counted() {
         let mut schedule = SplitSchedule::default();
-        // The first steps at a new split still wait for the lane's work of the old one.
-        note(&mut schedule, 5, SETTLING_STEPS, 1_000_000);
+        // The first steps at a new split are slower (twice: no pause), sharing the lanes with
+        // the old split's batches.
+        note(&mut schedule, 5, SETTLING_STEPS, 200);
         note(&mut schedule, 5, MIN_STEPS - 1, 100);
         assert_eq!(schedule.known(5), None);
         note(&mut schedule, 5, 1, 100);
-        assert_eq!(schedule.known(5), Some(100.0));
+        assert_close(schedule.known(5), 100.0);
         // Back and forth: each change starts the count again.
-        note(&mut schedule, 6, 1, 1_000_000);
-        note(&mut schedule, 5, SETTLING_STEPS, 1_000_000);
-        assert_eq!(schedule.known(5), Some(100.0));
+        note(&mut schedule, 6, 1, 200);
+        note(&mut schedule, 5, SETTLING_STEPS, 200);
+        assert_close(schedule.known(5), 100.0);
         assert_eq!(schedule.known(6), None);
+    }
+
+    #[test]
+    fn batches_handed_out_in_pairs_count_at_their_pace() {
+        let mut schedule = SplitSchedule::default();
+        note(&mut schedule, 7, SETTLING_STEPS, 100);
+        // Two batches at once, then none for two intervals' time: 190 and 10 per row.
+        for _ in 0..MIN_STEPS {
+            note(&mut schedule, 7, 1, 190);
+            note(&mut schedule, 7, 1, 10);
+        }
+        // Within 2% (the last intervals weigh a little more than the first).
+        let pace = schedule.known(7).unwrap_or_default();
+        assert!((pace - 100.0).abs() < 2.0, "{pace}");
+    }
+
+    #[test]
+    fn a_resume_starts_the_course_again_at_its_point() {
+        let mut schedule = SplitSchedule::default();
+        for epoch in 3..=4 {
+            for point in 0..3 {
+                schedule.split_at(epoch, point * AUTO_POINT_STEPS, LaneCounts::default());
+            }
+        }
+        // Back to epoch 3, step 40 (point 32): its split holds, the points after it (of this
+        // and later epochs) are let go, and so is what lies more than an epoch before.
+        assert!(!schedule.set(3, 40, AUTO_START));
+        assert!(schedule.set(3, 40, 12));
+        assert_eq!(schedule.latest(), Some(12));
+        assert_eq!(schedule.split_at(3, 47, LaneCounts::default()), 12);
+        assert_eq!(schedule.decided.len(), 3);
+        assert!(schedule.decided.keys().all(|&(epoch, _)| epoch == 3));
+        // Setting where nothing was decided changes nothing built.
+        assert!(!schedule.set(9, 0, 4));
+        assert_eq!(schedule.decided.len(), 1);
     }
 
     #[test]
@@ -549,7 +619,7 @@ mod tests {
         for step in 0..u64::from(MIN_STEPS + SETTLING_STEPS) {
             schedule.note_delivered(2, step, 256, 256 * 50);
         }
-        assert_eq!(schedule.known(6), Some(50.0));
+        assert_close(schedule.known(6), 50.0);
     }
 
     #[test]
@@ -558,13 +628,13 @@ mod tests {
         note(&mut schedule, 9, SETTLING_STEPS + MIN_STEPS, 100);
         // An evaluation between two batches.
         note(&mut schedule, 9, 1, 100 * 60);
-        assert_eq!(schedule.known(9), Some(100.0));
+        assert_close(schedule.known(9), 100.0);
         // A pause right at the start of a measure is dropped once the steps after it show it.
         let mut schedule = SplitSchedule::default();
         note(&mut schedule, 9, SETTLING_STEPS, 100);
         note(&mut schedule, 9, 1, 100 * 60);
         note(&mut schedule, 9, MIN_STEPS, 100);
-        assert_eq!(schedule.known(9), Some(100.0));
+        assert_close(schedule.known(9), 100.0);
     }
 
     #[test]

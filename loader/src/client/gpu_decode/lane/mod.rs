@@ -451,9 +451,9 @@ impl GpuLane {
     }
 
     /// Sets the GPU's share of the point step `step` of `epoch` is in (a resumed run's, saved
-    /// with its state).
-    pub fn set_split(&self, epoch: u64, step: u64, sixteenths: u8) {
-        lock(&self.shared.splits).set(epoch, step, sixteenths);
+    /// with its state); returns whether the point had been decided with another share.
+    pub fn set_split(&self, epoch: u64, step: u64, sixteenths: u8) -> bool {
+        lock(&self.shared.splits).set(epoch, step, sixteenths)
     }
 
     /// The mode asked for.
