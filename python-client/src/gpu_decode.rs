@@ -1,8 +1,9 @@
 //! The GPU decode lane as Python sees it: the rows a batch's lane decoded, still on the GPU
-//! (`DeviceRows`, a CUDA array interface torch wraps without a copy), and the check that says
-//! why the lane cannot run here.
+//! (`DeviceRows`, a CUDA array interface torch wraps without a copy), the lane's figures
+//! (`stats()["gpu_decode"]`), and the check that says why the lane cannot run here.
 
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use pyo3::exceptions::PyRuntimeError;
@@ -127,4 +128,31 @@ pub fn compile_gpu_kernel(
             pyo3::types::PyBytes::new(py, &bytes).into_any().unbind()
         }
     })
+}
+
+/// The lane's figures as `stats()["gpu_decode"]` gives them: rows by where they were built,
+/// each lane's rate, its memory and where its threads spent their time.
+pub fn lane_stats<'py>(
+    py: Python<'py>,
+    lane: &stoker_loader::GpuLane,
+) -> PyResult<Bound<'py, PyDict>> {
+    let counts = lane.stats();
+    let entry = PyDict::new(py);
+    let load = |counter: &AtomicU64| counter.load(Ordering::Relaxed);
+    let seconds = |counter: &AtomicU64| load(counter) as f64 / 1e9;
+    entry.set_item("hardware", lane.hardware())?;
+    entry.set_item("rows", load(&counts.gpu_rows))?;
+    entry.set_item("declined_rows", load(&counts.declined_rows))?;
+    entry.set_item("fallback_rows", load(&counts.fallback_rows))?;
+    entry.set_item("gpu_rows_per_s", counts.gpu_rate())?;
+    entry.set_item("cpu_rows_per_s", counts.cpu_rate())?;
+    entry.set_item("memory_bytes", lane.memory_bytes())?;
+    entry.set_item("memory_cap", lane.memory_cap())?;
+    entry.set_item("nvjpeg_allocations", lane.nvjpeg_allocations())?;
+    entry.set_item("busy_s", seconds(&counts.gpu_busy_ns))?;
+    entry.set_item("check_s", seconds(&counts.check_ns))?;
+    entry.set_item("decode_call_s", seconds(&counts.decode_call_ns))?;
+    entry.set_item("pipe_wait_s", seconds(&counts.pipe_wait_ns))?;
+    entry.set_item("launch_s", seconds(&counts.launch_ns))?;
+    Ok(entry)
 }

@@ -6,7 +6,6 @@ mod batches;
 mod recipe;
 
 use std::path::PathBuf;
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -549,34 +548,7 @@ impl NativeLoader {
         dict.set_item("gpu_idle_s", stats.gpu_idle_s)?;
         dict.set_item("gpu_span_s", stats.gpu_span_s)?;
         let lane_stats = match loader.gpu_lane() {
-            Some(lane) => {
-                let counts = lane.stats();
-                let entry = PyDict::new(py);
-                entry.set_item("hardware", lane.hardware())?;
-                entry.set_item("rows", counts.gpu_rows.load(Ordering::Relaxed))?;
-                entry.set_item(
-                    "declined_rows",
-                    counts.declined_rows.load(Ordering::Relaxed),
-                )?;
-                entry.set_item(
-                    "fallback_rows",
-                    counts.fallback_rows.load(Ordering::Relaxed),
-                )?;
-                entry.set_item("gpu_rows_per_s", counts.gpu_rate())?;
-                entry.set_item("cpu_rows_per_s", counts.cpu_rate())?;
-                entry.set_item("memory_bytes", lane.memory_bytes())?;
-                entry.set_item("memory_cap", lane.memory_cap())?;
-                entry.set_item("nvjpeg_allocations", lane.nvjpeg_allocations())?;
-                let seconds = |counter: &std::sync::atomic::AtomicU64| {
-                    counter.load(Ordering::Relaxed) as f64 / 1e9
-                };
-                entry.set_item("busy_s", seconds(&counts.gpu_busy_ns))?;
-                entry.set_item("check_s", seconds(&counts.check_ns))?;
-                entry.set_item("decode_call_s", seconds(&counts.decode_call_ns))?;
-                entry.set_item("pipe_wait_s", seconds(&counts.pipe_wait_ns))?;
-                entry.set_item("launch_s", seconds(&counts.launch_ns))?;
-                Some(entry)
-            }
+            Some(lane) => Some(crate::gpu_decode::lane_stats(py, lane)?),
             None => None,
         };
         dict.set_item("gpu_decode", lane_stats)?;
