@@ -324,8 +324,9 @@ impl Loader {
     }
 
     /// Sets the GPU decode lane's split for the point step `step` of `epoch` is in (a resumed
-    /// state's; nothing without a lane). When the point had been decided with another split,
-    /// the batches started ahead are not taken over by the next [`Loader::epoch`].
+    /// state's; nothing without a lane). When batches started ahead may carry another split
+    /// (the point, or a later one, had been decided), the next [`Loader::epoch`] does not take
+    /// them over.
     pub fn set_gpu_decode_split(&self, epoch: u64, step: u64, sixteenths: u8) {
         if let Some(lane) = self.gpu_lane() {
             if lane.set_split(epoch, step, sixteenths) {

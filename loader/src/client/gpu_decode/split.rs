@@ -10,6 +10,7 @@
 //! the same lanes.
 
 use std::collections::{BTreeMap, VecDeque};
+use std::ops::Bound;
 
 /// The split `auto` starts from, in sixteenths of a batch for the GPU.
 pub const AUTO_START: u8 = 8;
@@ -275,12 +276,18 @@ impl SplitSchedule {
 
     /// Sets the split of the point `step` of `epoch` is in (a resumed run's, from its state).
     /// A resume starts the run's course again there: the points decided after it, or more
-    /// than an epoch before it, are let go. Returns whether the point had been decided with
-    /// another split (batches built ahead with it must not be handed out).
+    /// than an epoch before it, are let go. Returns whether batches built ahead may carry
+    /// another split than the course from here will give them (the point was decided with
+    /// another split, or a later point was decided at all): they must not be handed out.
     pub fn set(&mut self, epoch: u64, step: u64, sixteenths: u8) -> bool {
         let key = (epoch, point_of(step));
         let sixteenths = sixteenths.min(16);
-        let changed = self.decided.get(&key).is_some_and(|&had| had != sixteenths);
+        let changed = self.decided.get(&key).is_some_and(|&had| had != sixteenths)
+            || self
+                .decided
+                .range((Bound::Excluded(key), Bound::Unbounded))
+                .next()
+                .is_some();
         self.decided
             .retain(|&(e, point), _| (e, point) < key && e.saturating_add(EPOCHS_KEPT) > epoch);
         self.decided.insert(key, sixteenths);
@@ -595,14 +602,18 @@ mod tests {
             }
         }
         // Back to epoch 3, step 40 (point 32): its split holds, the points after it (of this
-        // and later epochs) are let go, and so is what lies more than an epoch before.
+        // and later epochs) are let go, and so is what lies more than an epoch before. Batches
+        // built ahead may carry those later points' splits: reported.
+        assert!(schedule.set(3, 40, AUTO_START));
+        // Again, with nothing decided after it and the same split: nothing to report.
         assert!(!schedule.set(3, 40, AUTO_START));
+        // Another split for the point: reported.
         assert!(schedule.set(3, 40, 12));
         assert_eq!(schedule.latest(), Some(12));
         assert_eq!(schedule.split_at(3, 47, LaneCounts::default()), 12);
         assert_eq!(schedule.decided.len(), 3);
         assert!(schedule.decided.keys().all(|&(epoch, _)| epoch == 3));
-        // Setting where nothing was decided changes nothing built.
+        // Setting where nothing was decided, before or after, changes nothing built.
         assert!(!schedule.set(9, 0, 4));
         assert_eq!(schedule.decided.len(), 1);
     }
