@@ -341,6 +341,11 @@ def test_auto_changes_its_split_only_at_fixed_points(torch: Any, dataset: Path) 
     options = {**auto_options(seed=3), "batch_size": 4}
     with stoker.Loader(dataset, **options) as loader:
         splits, images, states = splits_by_step(loader)
+        # After the epoch's last batch the next batch is the next epoch's first.
+        last = loader.state_dict()["decode_split"]
+        assert last[0] == 1, last
+    # A closed loader's state still has it.
+    assert loader.state_dict()["decode_split"] == last
     assert sorted(splits) == list(range(30))
     assert {splits[s] for s in range(16)} == {8}, splits
     assert len({splits[s] for s in range(16, 30)}) == 1, splits

@@ -110,3 +110,26 @@ def test_states_that_disagree_or_leave_ranks_out_are_refused(
         loader.load_state_dict([states[0], states[1], dict(states[2], epoch=4)])
     with pytest.raises(ValueError, match="resizes"):
         loader.load_state_dict(dict(states[0], resizes=[[1]]))
+
+
+def test_a_later_resume_on_the_same_world_size_leaves_the_resized_epoch(
+    make_loader: Callable[..., stoker.Loader],
+) -> None:
+    # Rank 0 of 4 saves in epoch 1; rank 0 of 2 resumes that epoch (a loader of its own for
+    # it), then is sent back to a state of its own world size in epoch 0: once epoch 0 is
+    # read, epoch 1 is the plain one of 2 ranks again, not the rest of the resized one.
+    old = make_loader(batch_size=BATCH, rank=0, world_size=4, seed=9)
+    old.set_epoch(1)
+    _, resized_state = _read(old, 2)
+    old.close()
+    loader = make_loader(batch_size=BATCH, rank=0, world_size=2, seed=9)
+    plain_state = loader.state_dict()
+    loader.load_state_dict(resized_state)
+    assert loader.epoch == 1
+    loader.load_state_dict(plain_state)
+    assert loader.epoch == 0
+    _read(loader)
+    plain = make_loader(batch_size=BATCH, rank=0, world_size=2, seed=9)
+    plain.set_epoch(1)
+    assert len(loader) == len(plain)
+    assert _read(loader)[0] == _read(plain)[0]

@@ -222,6 +222,8 @@ class NativeLoader:
     ) -> tuple[int, int, list[tuple[int, list[int]]]]:
         """Builds the loader of ``epoch`` resumed on this world size after ranks of ``old_world``
         read ``steps[r]`` batches each; returns (start step, the epoch's steps, its resizes)."""
+    def end_resized(self) -> None:
+        """Lets go of the loader of an epoch resumed on another world size."""
     def steps_in(self, epoch: int) -> int:
         """Steps of ``epoch`` for this rank (the resumed epoch's own count for that epoch)."""
     def next_batch(self) -> NativeBatch | None:

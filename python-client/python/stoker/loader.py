@@ -481,20 +481,18 @@ class Loader(FromDataset):
 
     def _decode_split(self) -> list[int] | None:
         """[epoch, sixteenths] of the next batch's GPU decode split; None without a lane."""
-        native = self._native
-        if native is None or self._decode == "cpu":
+        if self._decode == "cpu" or self._native is None or self._fork.forked:
             return None
-        epoch, step = self._position.next_batch(native.steps_in(self._position.epoch))
-        split = native.decode_split(epoch, step)
-        return None if split is None else [epoch, split]
+        return self._position.read_split(None if self._closed else self._native)
 
     def load_state_dict(self, state: Mapping[str, Any] | Sequence[Mapping[str, Any]]) -> None:
         """Resumes at the position saved by :meth:`state_dict`: the next ``iter()`` starts there.
 
         ``state`` is one rank's dict, or the dicts of every rank of the run that saved them.
         One dict is enough when every rank saved at the same step, as synchronous data-parallel
-        training does; any rank's dict then resumes any rank. With all the dicts, ranks that
-        had gone further than the slowest one are accounted for too.
+        training does; any rank's dict then resumes any rank (with ``decode="auto"`` a rank's own
+        gives its own GPU split). With all the dicts, ranks that had gone further than the
+        slowest one are accounted for too.
 
         The world size may differ from the saved one: the rest of the saved epoch (the samples
         no rank had read) is then spread over this run's ranks, each sample once, in equal step
@@ -550,6 +548,8 @@ class Loader(FromDataset):
         """Stops the decode threads. Idempotent; batches already yielded stay valid."""
         if self._closed:
             return
+        if getattr(self, "_position", None) is not None:
+            self._decode_split()  # kept: state_dict() after close() saves it
         self._closed = True
         feed: BatchFeed | None = getattr(self, "_feed", None)  # None: __init__ failed early
         if feed is not None:

@@ -66,6 +66,8 @@ class Position:
     resized_epoch: int | None = None
     resizes: list[tuple[int, list[int]]] = field(default_factory=list)
     generation: int = 0
+    # [epoch, sixteenths] of the next batch's GPU decode split as last read (read_split).
+    decode_split: list[int] | None = None
 
     def start(self) -> int:
         """Starts an iterator over the current epoch, at the resume step (once) or 0; returns
@@ -116,6 +118,15 @@ class Position:
             return self.epoch + 1, 0
         return self.epoch, self.step
 
+    def read_split(self, native: NativeLoader | None) -> list[int] | None:
+        """[epoch, sixteenths] of the next batch's GPU decode split, read from ``native``
+        (None: closed, the split last read stays); None without a GPU decode lane."""
+        if native is not None:
+            epoch, step = self.next_batch(native.steps_in(self.epoch))
+            split = native.decode_split(epoch, step)
+            self.decode_split = None if split is None else [epoch, split]
+        return self.decode_split
+
     def resume_saved(self, saved: Saved, native: NativeLoader, world_size: int) -> None:
         """The next ``iter()`` starts where ``saved`` points, on ``native`` running
         ``world_size`` ranks: at the saved step when the world size is the same and every rank
@@ -126,6 +137,7 @@ class Position:
         self.resized_epoch, self.resizes = None, []
         if saved.world_size == world_size and len(set(saved.steps)) == 1 and not saved.resizes:
             step = saved.steps[0]
+            native.end_resized()
             steps_in_epoch = native.steps_per_epoch
             if step > steps_in_epoch:
                 raise ValueError(

@@ -376,6 +376,13 @@ impl NativeLoader {
         Ok((start_step, steps_in_epoch, chain))
     }
 
+    /// Lets go of the loader of an epoch resumed on another world size: a later resume on
+    /// this loader's own world size makes every epoch the plain loader's again.
+    fn end_resized(&mut self, py: Python<'_>) {
+        let previous = self.resumed.take();
+        py.detach(|| drop(previous));
+    }
+
     /// Steps (batches) of `epoch` for this rank: the resumed epoch's own count for the epoch
     /// resumed on another world size, else `steps_per_epoch`.
     fn steps_in(&self, epoch: u64) -> PyResult<u64> {

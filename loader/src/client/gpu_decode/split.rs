@@ -162,8 +162,10 @@ struct Measured {
 /// measured rate ([`split_for_rates`]). Those rates are each lane's own (rows per second while
 /// it worked), and the two lanes slow each other and the loop, so that split can be off, and
 /// there can be a better one far from it: with every row on the GPU the decode threads leave
-/// the lane's threads the cores. So the next decision tries every row on the GPU for one
-/// point, and the one after keeps it if its batches came faster, else goes back; later
+/// the lane's threads the cores. So the next decision tries every row on the GPU for a point
+/// (and more, until its batches have reached the loop: decisions are made as the producer
+/// starts a point, ahead of the loop by the prefetch depth, and keep the split until it is
+/// measured), and the one after keeps it if its batches came faster, else goes back; later
 /// decisions move by one sixteenth at most, toward the split whose batches came fastest, and
 /// try all rows on the GPU again once its measure is old.
 #[derive(Debug)]
@@ -505,7 +507,7 @@ mod tests {
         assert_eq!(schedule.split_at(0, 2 * AUTO_POINT_STEPS, later), 12);
     }
 
-    /// Runs `points` points of a schedule against the producer's time per row at each split
+    /// Runs `points` points of a schedule against the time per row at each split
     /// (`time(split)`), every step measured before the next decision; returns the splits.
     fn climb(schedule: &mut SplitSchedule, points: u64, time: impl Fn(u8) -> u64) -> Vec<u8> {
         let mut splits = Vec::new();
@@ -550,6 +552,23 @@ mod tests {
         let splits = climb(&mut schedule, 20, |split| 100 + 10 * u64::from(split));
         assert_eq!(&splits[..6], [AUTO_START, 11, 16, 11, 12, 11], "{splits:?}");
         assert_eq!(splits.last(), Some(&0), "{splits:?}");
+    }
+
+    #[test]
+    fn all_rows_on_the_gpu_stay_when_the_split_before_has_no_measure_left() {
+        let mut schedule = SplitSchedule::default();
+        // Points 0 and 1 at the start and the rates' split, then the probe of 16.
+        let splits = climb(&mut schedule, 3, |split| 100 + u64::from(split));
+        assert_eq!(splits, [AUTO_START, 11, 16]);
+        // The split before the probe grows old while the probe's batches are on their way.
+        schedule.decisions += STALE_DECISIONS + 1;
+        note(&mut schedule, 16, SETTLING_STEPS + MIN_STEPS, 116);
+        assert_eq!(schedule.known(11), None);
+        // Nothing to compare with: all on the GPU stays (slower than 11 was, unknown now).
+        assert_eq!(
+            schedule.split_at(0, 3 * AUTO_POINT_STEPS, LaneCounts::default()),
+            16
+        );
     }
 
     #[test]
@@ -640,7 +659,7 @@ mod tests {
         // An evaluation between two batches.
         note(&mut schedule, 9, 1, 100 * 60);
         assert_close(schedule.known(9), 100.0);
-        // A pause right at the start of a measure is dropped once the steps after it show it.
+        // A pause right after the settling steps is dropped too (they set the recent mean).
         let mut schedule = SplitSchedule::default();
         note(&mut schedule, 9, SETTLING_STEPS, 100);
         note(&mut schedule, 9, 1, 100 * 60);

@@ -451,7 +451,8 @@ impl GpuLane {
     }
 
     /// Sets the GPU's share of the point step `step` of `epoch` is in (a resumed run's, saved
-    /// with its state); returns whether the point had been decided with another share.
+    /// with its state); returns whether batches built ahead may carry another share (see
+    /// `SplitSchedule::set`).
     pub fn set_split(&self, epoch: u64, step: u64, sixteenths: u8) -> bool {
         lock(&self.shared.splits).set(epoch, step, sixteenths)
     }
