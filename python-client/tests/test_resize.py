@@ -20,6 +20,17 @@ def _read(loader: stoker.Loader, steps: int | None = None) -> tuple[list[int], d
     return read_indices(loader, steps), loader.state_dict()
 
 
+def _saved_in_epoch_1(
+    make_loader: Callable[..., stoker.Loader], world_size: int, steps: int
+) -> dict[str, Any]:
+    """The state rank 0 of ``world_size`` ranks saves after ``steps`` batches of epoch 1."""
+    loader = make_loader(batch_size=BATCH, rank=0, world_size=world_size, seed=9)
+    loader.set_epoch(1)
+    state = _read(loader, steps)[1]
+    loader.close()
+    return state
+
+
 def _run(
     make_loader: Callable[..., stoker.Loader], old: int, steps: list[int], new: int, merged: bool
 ) -> list[int]:
@@ -72,9 +83,7 @@ def test_all_states_account_for_ranks_ahead_of_the_slowest(
 def test_the_resized_epoch_saves_its_resizes_and_resumes_again(
     make_loader: Callable[..., stoker.Loader],
 ) -> None:
-    first = make_loader(batch_size=BATCH, rank=0, world_size=2, seed=9)
-    first.set_epoch(1)
-    _, state = _read(first, 5)
+    state = _saved_in_epoch_1(make_loader, 2, 5)
     resumed = make_loader(batch_size=BATCH, rank=0, world_size=3, seed=9)
     resumed.load_state_dict(state)
     assert len(resumed) == (SAMPLE_COUNT - 40) // 3 // BATCH + 1
@@ -118,10 +127,7 @@ def test_a_later_resume_on_the_same_world_size_leaves_the_resized_epoch(
     # Rank 0 of 4 saves in epoch 1; rank 0 of 2 resumes that epoch (a loader of its own for
     # it), then is sent back to a state of its own world size in epoch 0: once epoch 0 is
     # read, epoch 1 is the plain one of 2 ranks again, not the rest of the resized one.
-    old = make_loader(batch_size=BATCH, rank=0, world_size=4, seed=9)
-    old.set_epoch(1)
-    _, resized_state = _read(old, 2)
-    old.close()
+    resized_state = _saved_in_epoch_1(make_loader, 4, 2)
     loader = make_loader(batch_size=BATCH, rank=0, world_size=2, seed=9)
     plain_state = loader.state_dict()
     loader.load_state_dict(resized_state)
