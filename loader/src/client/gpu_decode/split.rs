@@ -83,20 +83,20 @@ pub struct LaneCounts {
 }
 
 impl LaneCounts {
+    /// Rows per second of the GPU lane while it worked (0 before it did).
+    pub fn gpu_rate(&self) -> f64 {
+        rate(self.gpu_rows, self.gpu_busy_ns)
+    }
+
+    /// Rows per second of the decode threads in the batches the lane also worked on.
+    pub fn cpu_rate(&self) -> f64 {
+        rate(self.cpu_rows, self.cpu_busy_ns)
+    }
+
     /// The split these counts call for, when both lanes built rows in them.
     fn split(&self) -> Option<u8> {
-        if self.gpu_rows == 0
-            || self.cpu_rows == 0
-            || self.gpu_busy_ns == 0
-            || self.cpu_busy_ns == 0
-        {
-            return None;
-        }
-        let rate = |rows: u64, ns: u64| rows as f64 * 1e9 / ns as f64;
-        Some(split_for_rates(
-            rate(self.cpu_rows, self.cpu_busy_ns),
-            rate(self.gpu_rows, self.gpu_busy_ns),
-        ))
+        (self.gpu_rate() > 0.0 && self.cpu_rate() > 0.0)
+            .then(|| split_for_rates(self.cpu_rate(), self.gpu_rate()))
     }
 
     fn since(&self, earlier: &LaneCounts) -> LaneCounts {
@@ -149,6 +149,15 @@ struct Measured {
     steps: u32,
     /// The decision count when a step was last counted.
     at: u64,
+}
+
+/// `rows` per second of `busy_ns` (0 without any).
+fn rate(rows: u64, busy_ns: u64) -> f64 {
+    if busy_ns == 0 {
+        0.0
+    } else {
+        rows as f64 * 1e9 / busy_ns as f64
+    }
 }
 
 /// `auto`'s split at each point (see the module docs): decided once per point, or set from a

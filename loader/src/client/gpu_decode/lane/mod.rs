@@ -110,23 +110,14 @@ fn add_since(counter: &AtomicU64, since: Instant) {
 }
 
 impl LaneStats {
-    fn rate(rows: &AtomicU64, busy_ns: &AtomicU64) -> f64 {
-        let busy = busy_ns.load(Ordering::Relaxed) as f64 / 1e9;
-        if busy <= 0.0 {
-            0.0
-        } else {
-            rows.load(Ordering::Relaxed) as f64 / busy
-        }
-    }
-
     /// Rows per second of the GPU lane while it worked.
     pub fn gpu_rate(&self) -> f64 {
-        Self::rate(&self.gpu_rows, &self.gpu_busy_ns)
+        self.counts().gpu_rate()
     }
 
     /// Rows per second of the decode threads in the batches the lane also worked on.
     pub fn cpu_rate(&self) -> f64 {
-        Self::rate(&self.cpu_rows, &self.cpu_busy_ns)
+        self.counts().cpu_rate()
     }
 
     /// The two lanes' totals now, as `auto`'s split decisions read them.
