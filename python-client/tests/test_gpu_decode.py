@@ -420,6 +420,20 @@ def test_a_malformed_saved_split_is_refused(dataset: Path) -> None:
                 resumed.load_state_dict({**state, "decode_split": wrong})
 
 
+def test_each_rank_resumes_with_its_own_states_split(dataset: Path) -> None:
+    ranks = [cpu_options() | {"rank": r, "world_size": 2} for r in range(2)]
+    states = []
+    for rank, options in enumerate(ranks):
+        with stoker.Loader(dataset, **options) as loader:
+            states.append({**loader.state_dict(), "decode_split": [0, 4 + rank]})
+    for rank, options in enumerate(ranks):
+        with stoker.Loader(dataset, **options) as loader:
+            saved = resume.read_states(states, loader.state_dict())
+            assert saved.decode_split == (0, 4 + rank)
+            # One state alone resumes any rank, with that state's split.
+            assert resume.read_states(states[0], loader.state_dict()).decode_split == (0, 4)
+
+
 def test_the_split_saved_after_an_epoch_is_the_next_epochs() -> None:
     position = resume.Position(epoch=3, step=7)
     assert position.next_batch(8) == (3, 7)
