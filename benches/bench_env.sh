@@ -2,7 +2,8 @@
 # (everything else is kept in `passthrough` for the Python script), makes a relative --data
 # absolute, and makes sure the bench venv has torch, torchvision, pillow and numpy.
 # Expects `usage_lines` (the line range of the caller's header to print for --help).
-# Sets: repo, venv, count, data, passthrough; image_set sets data for the image comparisons.
+# Sets: repo, venv, count, data, passthrough; image_set sets data for the image comparisons, and
+# run_image_comparison runs one of them.
 
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 venv="${STOKER_BENCH_VENV:-$repo/.venv-bench}"
@@ -76,4 +77,12 @@ image_set() {
         echo "making (or reusing) $count images in $data" >&2
         data="$("$venv/bin/python" -c 'import sys; from stoker._native import make_dataset; print(make_dataset(sys.argv[1], int(sys.argv[2])))' "$data" "$count")"
     fi
+}
+
+# The image comparisons' whole run: installs stoker, makes (or reuses) the image set of $1
+# images by default, and replaces this shell with benches/$2 on it.
+run_image_comparison() {
+    install_stoker
+    image_set "$1"
+    exec "$venv/bin/python" "$repo/benches/$2" --data "$data" ${passthrough[@]+"${passthrough[@]}"}
 }

@@ -36,15 +36,7 @@ import sys
 import time
 from typing import Any
 
-from measure import (
-    MIB,
-    check_comparison_arguments,
-    comparison_arguments,
-    median_run,
-    pss_bytes,
-    run_watched,
-    tree_pss_bytes,
-)
+import measure
 
 CROP_SIZE = 224
 PREFETCH_FACTOR = 2
@@ -52,14 +44,14 @@ PREFETCH_FACTOR = 2
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    comparison_arguments(parser)
+    measure.comparison_arguments(parser)
     parser.add_argument("--workers", type=int, default=2, help="workers, processes and threads")
     parser.add_argument(
         "--prefetch", type=int, default=0,
         help="from_dataset's prefetch (0: 2 x workers, DataLoader's batches outstanding)",
     )
     args = parser.parse_args(argv)
-    check_comparison_arguments(parser, args)
+    measure.check_comparison_arguments(parser, args)
     if args.workers < 1 or args.prefetch < 0:
         parser.error("--workers must be >= 1 and --prefetch >= 0")
     return args
@@ -119,7 +111,7 @@ def run_child(args: argparse.Namespace) -> dict[str, Any]:
 
     import stoker  # noqa: F401
 
-    after_imports = pss_bytes(os.getpid())
+    after_imports = measure.pss_bytes(os.getpid())
     images = batches = 0
     started = time.perf_counter()
     loader = build(args, args.child)
@@ -132,7 +124,7 @@ def run_child(args: argparse.Namespace) -> dict[str, Any]:
         if batches == limit:
             break
     elapsed = time.perf_counter() - started
-    end_tree_pss = tree_pss_bytes(os.getpid())
+    end_tree_pss = measure.tree_pss_bytes(os.getpid())
     if hasattr(loader, "close"):
         loader.close()
     del loader
@@ -143,13 +135,13 @@ def run_child(args: argparse.Namespace) -> dict[str, Any]:
         "images_per_s": images / elapsed,
         "steady_images_per_s": (images - args.batch_size) / (elapsed - first_batch_s),
         "first_batch_s": first_batch_s,
-        "after_imports_pss_mib": after_imports / MIB,
-        "end_tree_pss_mib": end_tree_pss / MIB,
+        "after_imports_pss_mib": after_imports / measure.MIB,
+        "end_tree_pss_mib": end_tree_pss / measure.MIB,
     }
 
 
 def run_once(args: argparse.Namespace, config: str, argv: list[str]) -> dict[str, Any]:
-    run = run_watched(__file__, argv, config, args.memory_period)
+    run = measure.run_watched(__file__, argv, config, args.memory_period)
     result = run.result
     result.update(
         loader_mib=run.peak_mib - result["after_imports_pss_mib"],
@@ -171,8 +163,7 @@ def label(config: str) -> str:
 
 def main(argv: list[str]) -> int:
     args = parse_args(argv)
-    if args.child:
-        print(json.dumps(run_child(args)))
+    if measure.answer_as_child(args, run_child):
         return 0
     configs = [
         f"{kind}:{args.workers}"
@@ -184,7 +175,7 @@ def main(argv: list[str]) -> int:
     for config in configs:
         print(f"running {label(config)} ({args.repeat}x) ...", file=sys.stderr, flush=True)
         runs = [run_once(args, config, argv) for _ in range(args.repeat)]
-        results[config] = median_run(runs)
+        results[config] = measure.median_run(runs)
     reference = results[configs[0]]
     if args.json:
         print(json.dumps({"data": str(args.data), "results": results}))

@@ -17,9 +17,4 @@ usage_lines="2,13"
 # shellcheck source=bench_env.sh
 source "$(dirname "${BASH_SOURCE[0]}")/bench_env.sh"
 
-install_stoker
-
-image_set 2000
-
-exec "$venv/bin/python" "$repo/benches/compare_dataset.py" \
-    --data "$data" ${passthrough[@]+"${passthrough[@]}"}
+run_image_comparison 2000 compare_dataset.py

@@ -43,6 +43,7 @@ from typing import Any
 
 from measure import (
     MIB,
+    answer_as_child,
     busy_cpu_seconds,
     check_comparison_arguments,
     comparison_arguments,
@@ -229,8 +230,7 @@ def label(config: str, args: argparse.Namespace) -> str:
 
 def main(argv: list[str]) -> int:
     args = parse_args(argv)
-    if args.child:
-        print(json.dumps(run_child(args)))
+    if answer_as_child(args, run_child):
         return 0
 
     configs = ["stoker", *(f"torch{w}" for w in args.worker_counts)]

@@ -34,6 +34,7 @@ import statistics
 import subprocess
 import sys
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Self
@@ -156,6 +157,17 @@ class ChildRun:
     cpu_s: float
     #: PSS samples taken, counting the child's own end-of-run one.
     pss_samples: int
+
+
+def answer_as_child(
+    args: argparse.Namespace, run_child: Callable[[argparse.Namespace], dict[str, Any]]
+) -> bool:
+    """In a child that ``run_watched`` started (``--child``): runs the measured loader and
+    prints its figures as one JSON line. Whether this process is such a child."""
+    if not args.child:
+        return False
+    print(json.dumps(run_child(args)))
+    return True
 
 
 def run_watched(script: str, argv: list[str], config: str, period_s: float) -> ChildRun:
