@@ -38,7 +38,8 @@ pub use client::prefetch::{
 pub use client::remote::{RemoteOptions, RemoteSource};
 pub use client::slots::{Attachment, PinnedPoolError, SharedMemory, Slot, SlotPool};
 pub use client::source::{
-    receive, BatchSource, Built, EpochFeed, IdleClock, SourceInfo, TaskQueue,
+    receive, BatchSource, Built, EpochFeed, IdleClock, QueueFeed, SourceInfo, StepContext,
+    StepTask, TaskQueue,
 };
 pub use client::stats::{GpuDecodeFigures, LoaderStats};
 pub use client::stream::{EpochStream, INTERRUPT_CHECK};

@@ -21,11 +21,11 @@ use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
 use pyo3::prelude::*;
 use pyo3::types::PyList;
 use stoker_loader::{
-    BatchSource, Built, EpochFeed, Error, IdleClock, LoaderMonitor, Result, Slot, SourceInfo,
-    TaskQueue,
+    BatchSource, Built, EpochFeed, Error, IdleClock, LoaderMonitor, QueueFeed, Result, SourceInfo,
+    StepContext, StepTask, TaskQueue,
 };
 use stoker_proto::v1::{self as proto, JobSpec};
-use stoker_worker::{plan_for_spec, EpochPlan, PlanConfig};
+use stoker_worker::{plan_for_spec, PlanConfig};
 
 /// How long closing a loader waits for its lanes to finish the batch each is building.
 const LANE_JOIN: Duration = Duration::from_secs(30);
@@ -59,15 +59,18 @@ impl DatasetRecipe {
     }
 }
 
-/// One step for a lane to build.
-struct Task {
-    plan: Arc<EpochPlan>,
-    step: u64,
-    slot: Slot,
-    reply: Sender<Built>,
-    cancelled: Arc<AtomicBool>,
+/// The sizes of a sample's tensors, which size each batch's slot.
+#[derive(Debug, Clone)]
+struct SampleBytes(Arc<[usize]>);
+
+impl StepContext for SampleBytes {
+    fn batch_bytes(&self, samples: usize) -> usize {
+        batch_bytes(&self.0, samples)
+    }
 }
 
+/// One step for a lane to build.
+type Task = StepTask<SampleBytes>;
 /// The batches of a Python dataset, built by Python code on `lanes` threads.
 pub(crate) struct DatasetSource {
     spec: JobSpec,
@@ -487,43 +490,10 @@ impl BatchSource for DatasetSource {
             .tasks
             .clone()
             .ok_or_else(|| Error::Stopped("the dataset loader is closed".into()))?;
-        Ok(Box::new(DatasetFeed {
-            plan: Arc::new(plan_for_spec(&self.spec, self.config, None, epoch)?),
-            sample_bytes: Arc::clone(&self.sample_bytes),
-            queue: TaskQueue::new(tasks, self.idle.clone(), "the dataset threads"),
-        }))
-    }
-}
-
-/// One epoch of a [`DatasetSource`].
-struct DatasetFeed {
-    plan: Arc<EpochPlan>,
-    sample_bytes: Arc<[usize]>,
-    queue: TaskQueue<Task>,
-}
-
-impl EpochFeed for DatasetFeed {
-    fn steps(&self) -> u64 {
-        self.plan.steps()
-    }
-
-    fn request(&mut self, step: u64, mut slot: Slot) {
-        slot.set_len(batch_bytes(&self.sample_bytes, self.plan.batch_len(step)));
-        let task = Task {
-            plan: Arc::clone(&self.plan),
-            step,
-            slot,
-            reply: self.queue.reply(),
-            cancelled: self.queue.cancelled(),
-        };
-        self.queue.send(step, task);
-    }
-
-    fn recv(&mut self, timeout: Duration) -> Result<Option<Built>> {
-        self.queue.recv(timeout)
-    }
-
-    fn producer_idle(&self) -> Duration {
-        self.queue.producer_idle()
+        Ok(Box::new(QueueFeed::new(
+            SampleBytes(Arc::clone(&self.sample_bytes)),
+            Arc::new(plan_for_spec(&self.spec, self.config, None, epoch)?),
+            TaskQueue::new(tasks, self.idle.clone(), "the dataset threads"),
+        )))
     }
 }

@@ -10,28 +10,22 @@
 //! steps of the current one.
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use crossbeam_channel::{Receiver, Sender};
-use stoker_worker::{EpochPlan, Job};
+use stoker_worker::Job;
 
 use super::gpu_decode::{DecodeMode, GpuDecodeOptions, GpuLane, LaneTask};
 use super::monitor::LoaderMonitor;
-use super::slots::Slot;
-use super::source::{BatchSource, Built, EpochFeed, IdleClock, SourceInfo, TaskQueue};
+use super::source::{
+    BatchSource, Built, EpochFeed, IdleClock, QueueFeed, SourceInfo, StepTask, TaskQueue,
+};
 use crate::error::{Error, Result};
 
 /// One step for the producer thread to build.
-struct Task {
-    job: Arc<Job>,
-    plan: Arc<EpochPlan>,
-    step: u64,
-    slot: Slot,
-    reply: Sender<Built>,
-    cancelled: Arc<AtomicBool>,
-}
+type Task = StepTask<Arc<Job>>;
 
 /// A job built by decode threads in this process, and by a GPU decode lane beside them when
 /// one is asked for.
@@ -142,11 +136,11 @@ impl BatchSource for EmbeddedSource {
         _start_step: u64,
         _monitor: LoaderMonitor,
     ) -> Result<Box<dyn EpochFeed>> {
-        Ok(Box::new(EmbeddedFeed {
-            job: Arc::clone(&self.job),
-            plan: Arc::new(self.job.plan(epoch)?),
-            queue: TaskQueue::new(self.tasks.clone(), self.idle.clone(), "the decode pool"),
-        }))
+        Ok(Box::new(QueueFeed::new(
+            Arc::clone(&self.job),
+            Arc::new(self.job.plan(epoch)?),
+            TaskQueue::new(self.tasks.clone(), self.idle.clone(), "the decode pool"),
+        )))
     }
 
     fn cache_stats(&self) -> Option<stoker_datasets::CacheStats> {
@@ -200,8 +194,8 @@ fn panic_message(step: u64, panic: Box<dyn std::any::Any + Send>) -> Error {
 
 /// Builds a step on the pool alone and sends it.
 fn build(pool: &rayon::ThreadPool, task: Task) {
-    let Task {
-        job,
+    let StepTask {
+        context: job,
         plan,
         step,
         slot,
@@ -226,8 +220,8 @@ fn build(pool: &rayon::ThreadPool, task: Task) {
 /// Builds a step's CPU rows on the pool, offering `gpu_sixteenths` of its rows to the lane,
 /// then hands the rest to the lane (or sends the batch when the lane took nothing).
 fn build_with_lane(pool: &rayon::ThreadPool, lane: &GpuLane, task: Task, gpu_sixteenths: u8) {
-    let Task {
-        job,
+    let StepTask {
+        context: job,
         plan,
         step,
         mut slot,
@@ -286,38 +280,4 @@ fn build_with_lane(pool: &rayon::ThreadPool, lane: &GpuLane, task: Task, gpu_six
         reply,
         started,
     });
-}
-
-/// One epoch of an [`EmbeddedSource`].
-struct EmbeddedFeed {
-    job: Arc<Job>,
-    plan: Arc<EpochPlan>,
-    queue: TaskQueue<Task>,
-}
-
-impl EpochFeed for EmbeddedFeed {
-    fn steps(&self) -> u64 {
-        self.plan.steps()
-    }
-
-    fn request(&mut self, step: u64, mut slot: Slot) {
-        slot.set_len(self.job.batch_bytes(self.plan.batch_len(step)));
-        let task = Task {
-            job: Arc::clone(&self.job),
-            plan: Arc::clone(&self.plan),
-            step,
-            slot,
-            reply: self.queue.reply(),
-            cancelled: self.queue.cancelled(),
-        };
-        self.queue.send(step, task);
-    }
-
-    fn recv(&mut self, timeout: Duration) -> Result<Option<Built>> {
-        self.queue.recv(timeout)
-    }
-
-    fn producer_idle(&self) -> Duration {
-        self.queue.producer_idle()
-    }
 }

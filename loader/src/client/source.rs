@@ -10,6 +10,7 @@ use std::time::Duration;
 
 use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
 use stoker_proto::v1::Batch;
+use stoker_worker::EpochPlan;
 
 use super::gpu_decode::GpuLane;
 use super::monitor::LoaderMonitor;
@@ -181,6 +182,84 @@ impl<T> TaskQueue<T> {
     /// [`EpochFeed::producer_idle`] of the feed.
     pub fn producer_idle(&self) -> Duration {
         self.idle.total()
+    }
+}
+
+/// What a queue's producer needs besides the step to build it (the embedded pool's job, a
+/// Python dataset's sample sizes); it sizes each batch's slot.
+pub trait StepContext: Clone + Send + Sync + 'static {
+    /// Bytes of a batch of `samples` samples.
+    fn batch_bytes(&self, samples: usize) -> usize;
+}
+
+impl StepContext for Arc<stoker_worker::Job> {
+    fn batch_bytes(&self, samples: usize) -> usize {
+        stoker_worker::Job::batch_bytes(self, samples)
+    }
+}
+
+/// One step for a queue's producer to build into `slot`, sent back on `reply` unless the
+/// epoch was `cancelled` first.
+#[derive(Debug)]
+pub struct StepTask<C> {
+    /// What the producer needs besides the step.
+    pub context: C,
+    /// The epoch's plan.
+    pub plan: Arc<EpochPlan>,
+    /// The step to build.
+    pub step: u64,
+    /// Where to build it, sized for its batch.
+    pub slot: Slot,
+    /// Where the built batch goes.
+    pub reply: Sender<Built>,
+    /// The epoch's cancel flag.
+    pub cancelled: Arc<AtomicBool>,
+}
+
+/// One epoch of a producer that takes its steps from a queue (the embedded decode pool, a
+/// Python dataset's lanes): each request sizes its slot and is queued as a [`StepTask`].
+#[derive(Debug)]
+pub struct QueueFeed<C> {
+    context: C,
+    plan: Arc<EpochPlan>,
+    queue: TaskQueue<StepTask<C>>,
+}
+
+impl<C: StepContext> QueueFeed<C> {
+    /// The epoch of `plan`, its steps queued on `queue`.
+    pub fn new(context: C, plan: Arc<EpochPlan>, queue: TaskQueue<StepTask<C>>) -> Self {
+        QueueFeed {
+            context,
+            plan,
+            queue,
+        }
+    }
+}
+
+impl<C: StepContext> EpochFeed for QueueFeed<C> {
+    fn steps(&self) -> u64 {
+        self.plan.steps()
+    }
+
+    fn request(&mut self, step: u64, mut slot: Slot) {
+        slot.set_len(self.context.batch_bytes(self.plan.batch_len(step)));
+        let task = StepTask {
+            context: self.context.clone(),
+            plan: Arc::clone(&self.plan),
+            step,
+            slot,
+            reply: self.queue.reply(),
+            cancelled: self.queue.cancelled(),
+        };
+        self.queue.send(step, task);
+    }
+
+    fn recv(&mut self, timeout: Duration) -> Result<Option<Built>> {
+        self.queue.recv(timeout)
+    }
+
+    fn producer_idle(&self) -> Duration {
+        self.queue.producer_idle()
     }
 }
 
