@@ -7,6 +7,7 @@
 //! The pipeline op language is the `Op` oneof of `job.proto`, and nothing else lists it:
 //! [`op_schema`] reads the ops, their fields and comments from the embedded descriptor set, and
 //! [`build_op`] builds an op by name from loosely typed values (the Python client's path).
+//! [`v1::Tensor::elements`] reads a tensor's values back as numbers of its dtype.
 //!
 //! ```
 //! use stoker_proto::v1::{JobSpec, DatasetSource};
@@ -18,7 +19,10 @@
 //! assert_eq!(spec.batch_size, 64);
 //! ```
 
+mod elements;
 mod schema;
+
+pub use elements::Element;
 
 pub use schema::{
     build_op, find_op, op_schema, EnumSchema, EnumValue, FieldKind, FieldSchema, OpSchema, Value,

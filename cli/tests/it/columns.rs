@@ -14,7 +14,7 @@ use parquet::arrow::ArrowWriter;
 use parquet::file::properties::WriterProperties;
 use stoker_loader::{Loader, LoaderOptions};
 
-use crate::common::{digest, tensor, try_epoch as epoch};
+use crate::common::{digest, elements, tensor, try_epoch as epoch};
 use stoker_proto::v1::{self as proto, op::Op as OpKind, BadSamplePolicy, Batch, JobSpec};
 
 const ROWS: i32 = 45;
@@ -87,29 +87,6 @@ fn spec(path: &Path, names: &[&str], dtype: proto::Dtype, on_error: BadSamplePol
     }
 }
 
-fn int64s(tensor: &proto::Tensor) -> Vec<i64> {
-    assert_eq!(tensor.dtype, proto::Dtype::Int64 as i32, "{}", tensor.name);
-    tensor
-        .data
-        .chunks_exact(8)
-        .map(|c| i64::from_le_bytes(c.try_into().unwrap()))
-        .collect()
-}
-
-fn float32s(tensor: &proto::Tensor) -> Vec<f32> {
-    assert_eq!(
-        tensor.dtype,
-        proto::Dtype::Float32 as i32,
-        "{}",
-        tensor.name
-    );
-    tensor
-        .data
-        .chunks_exact(4)
-        .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
-        .collect()
-}
-
 /// Each sample's (x, n, label) over an epoch, checking shapes on the way.
 fn per_sample(batches: &[Batch]) -> BTreeMap<u64, Vec<(f32, i64, i64)>> {
     let mut seen: BTreeMap<u64, Vec<(f32, i64, i64)>> = BTreeMap::new();
@@ -120,9 +97,9 @@ fn per_sample(batches: &[Batch]) -> BTreeMap<u64, Vec<(f32, i64, i64)>> {
         for t in &batch.tensors {
             assert_eq!(t.shape, [size], "{}", t.name);
         }
-        let x = float32s(tensor(batch, "x"));
-        let n = int64s(tensor(batch, "n"));
-        let label = int64s(tensor(batch, "label"));
+        let x = elements::<f32>(tensor(batch, "x"));
+        let n = elements::<i64>(tensor(batch, "n"));
+        let label = elements::<i64>(tensor(batch, "label"));
         for (slot, &index) in batch.sample_indices.iter().enumerate() {
             seen.entry(index)
                 .or_default()
@@ -176,8 +153,8 @@ fn float32_converts_integer_columns() {
         BadSamplePolicy::Fail,
     );
     for batch in epoch(&spec, 2, 0).unwrap() {
-        let n = float32s(tensor(&batch, "n"));
-        let x = float32s(tensor(&batch, "x"));
+        let n = elements::<f32>(tensor(&batch, "n"));
+        let x = elements::<f32>(tensor(&batch, "x"));
         for (slot, &index) in batch.sample_indices.iter().enumerate() {
             assert_eq!(n[slot], n_of(index as i32) as f32, "sample {index}");
             assert_eq!(x[slot], x_of(index as i32) as f32, "sample {index}");

@@ -168,6 +168,19 @@ pub fn tensor<'a>(batch: &'a proto::Batch, name: &str) -> &'a proto::Tensor {
         .expect("the tensor is in the batch")
 }
 
+/// The elements of `tensor` as `T`, which must be its dtype.
+pub fn elements<T: stoker_proto::Element>(tensor: &proto::Tensor) -> Vec<T> {
+    tensor.elements().unwrap_or_else(|| {
+        panic!(
+            "tensor {} has dtype {} and {} bytes, not {:?} elements",
+            tensor.name,
+            tensor.dtype,
+            tensor.data.len(),
+            T::DTYPE
+        )
+    })
+}
+
 /// A child daemon, SIGKILLed and reaped when dropped.
 pub struct Daemon {
     child: Child,

@@ -74,11 +74,7 @@ fn labels_follow_the_class_folders() {
     };
     let batch = epoch_batches(&spec, 2, 0).remove(0);
     let folder = stoker_datasets::ImageFolder::open(dir.path()).unwrap();
-    let labels: Vec<i64> = batch.tensors[1]
-        .data
-        .chunks_exact(8)
-        .map(|c| i64::from_le_bytes(c.try_into().unwrap()))
-        .collect();
+    let labels: Vec<i64> = common::elements(&batch.tensors[1]);
     for (slot, index) in batch.sample_indices.iter().enumerate() {
         assert_eq!(labels[slot], folder.label(*index));
         let path = folder.path(*index).unwrap();

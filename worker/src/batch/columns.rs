@@ -322,33 +322,16 @@ mod tests {
         }
     }
 
-    fn values<const N: usize>(tensor: &proto::Tensor) -> Vec<[u8; N]> {
-        tensor
-            .data
-            .chunks_exact(N)
-            .map(|c| c.try_into().unwrap())
-            .collect()
-    }
-
     fn ints(tensor: &proto::Tensor) -> Vec<i64> {
-        assert_eq!(tensor.dtype, proto::Dtype::Int64 as i32, "{}", tensor.name);
-        values::<8>(tensor)
-            .into_iter()
-            .map(i64::from_le_bytes)
-            .collect()
+        tensor
+            .elements()
+            .unwrap_or_else(|| panic!("{} is not int64", tensor.name))
     }
 
     fn floats(tensor: &proto::Tensor) -> Vec<f32> {
-        assert_eq!(
-            tensor.dtype,
-            proto::Dtype::Float32 as i32,
-            "{}",
-            tensor.name
-        );
-        values::<4>(tensor)
-            .into_iter()
-            .map(f32::from_le_bytes)
-            .collect()
+        tensor
+            .elements()
+            .unwrap_or_else(|| panic!("{} is not float32", tensor.name))
     }
 
     fn named<'a>(batch: &'a proto::Batch, name: &str) -> &'a proto::Tensor {
