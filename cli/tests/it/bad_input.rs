@@ -124,14 +124,35 @@ fn skip_replaces_each_bad_sample_and_keeps_batch_shapes() {
         }
     }
     assert_eq!(samples, 27);
-    for (name, word) in BAD_KINDS {
-        let (_, reason) = reported
+    assert_each_bad_kind_named(|name| {
+        reported
             .iter()
             .find(|(path, _)| path.ends_with(name))
-            .unwrap_or_else(|| panic!("{name} was not reported: {reported:?}"));
-        assert!(reason.contains(word), "{name}: {reason:?} lacks {word:?}");
-    }
+            .map(|(_, reason)| reason.clone())
+    });
     assert_eq!(loader.stats().bad_samples, 7);
+}
+
+/// Epoch 0's batches that came, and the messages of those that failed.
+fn epoch_outcomes(loader: &Loader) -> (usize, Vec<String>) {
+    let mut good = 0;
+    let mut errors = Vec::new();
+    for result in loader.epoch(0, 0).unwrap() {
+        match result {
+            Ok(_) => good += 1,
+            Err(error) => errors.push(error.to_string()),
+        }
+    }
+    (good, errors)
+}
+
+/// Asserts that `explain` finds a message for each of [`BAD_KINDS`]'s files, and that it says
+/// what is wrong with the file.
+fn assert_each_bad_kind_named(explain: impl Fn(&str) -> Option<String>) {
+    for (name, word) in BAD_KINDS {
+        let message = explain(name).unwrap_or_else(|| panic!("nothing names {name}"));
+        assert!(message.contains(word), "{name}: {message:?} lacks {word:?}");
+    }
 }
 
 #[test]
@@ -154,23 +175,10 @@ fn skip_is_deterministic_across_thread_counts() {
 #[test]
 fn fail_names_each_bad_file() {
     let (_dir, loader) = open_bad_dataset(1, BadSamplePolicy::Fail);
-    let mut errors = Vec::new();
-    let mut good = 0;
-    for result in loader.epoch(0, 0).unwrap() {
-        match result {
-            Ok(_) => good += 1,
-            Err(error) => errors.push(error.to_string()),
-        }
-    }
+    let (good, errors) = epoch_outcomes(&loader);
     assert_eq!(good, 20);
     assert_eq!(errors.len(), 7, "{errors:#?}");
-    for (name, word) in BAD_KINDS {
-        let message = errors
-            .iter()
-            .find(|m| m.contains(name))
-            .unwrap_or_else(|| panic!("no error names {name}: {errors:#?}"));
-        assert!(message.contains(word), "{message:?} lacks {word:?}");
-    }
+    assert_each_bad_kind_named(|name| errors.iter().find(|m| m.contains(name)).cloned());
 }
 
 #[test]
@@ -279,11 +287,7 @@ fn corrupt_parquet_cells_are_skipped_or_named_by_file_and_row() {
     }
 
     let loader = open(dir.path(), spec(&parquet, 1, BadSamplePolicy::Fail));
-    let errors: Vec<String> = loader
-        .epoch(0, 0)
-        .unwrap()
-        .filter_map(|result| result.err().map(|error| error.to_string()))
-        .collect();
+    let (_, errors) = epoch_outcomes(&loader);
     assert_eq!(errors.len(), 2, "{errors:#?}");
     assert!(
         errors[0].contains("part-000000.parquet:row 3"),
@@ -315,11 +319,7 @@ fn a_damaged_parquet_row_group_fails_its_samples_not_the_loader() {
     std::fs::write(&file, bytes).unwrap();
 
     let loader = open(dir.path(), spec(&parquet, 1, BadSamplePolicy::Fail));
-    let errors: Vec<String> = loader
-        .epoch(0, 0)
-        .unwrap()
-        .filter_map(|result| result.err().map(|error| error.to_string()))
-        .collect();
+    let (_, errors) = epoch_outcomes(&loader);
     // Rows 5..10 (row group 1) fail with the group named; row 3 and 11 are corrupt JPEGs.
     let group_errors: Vec<&String> = errors
         .iter()
