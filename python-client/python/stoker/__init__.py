@@ -20,20 +20,10 @@ from __future__ import annotations
 
 from importlib.metadata import PackageNotFoundError, version
 
-from stoker import ops, vision
+from stoker import errors, ops, vision
 from stoker.batches import BatchIterator
 from stoker.dataset import sample_rng, sample_seed
-from stoker.errors import (
-    AuthenticationError,
-    DatasetError,
-    DecodeError,
-    GpuUnavailableError,
-    LoaderTimeoutError,
-    PipelineError,
-    StokerError,
-    TlsError,
-    WorkerUnavailableError,
-)
+from stoker.errors import *  # noqa: F403 (the exceptions, exported here too)
 from stoker.loader import Loader
 from stoker.mix import Source, mix
 
@@ -43,18 +33,9 @@ except PackageNotFoundError:  # running from a source tree that was never instal
     __version__ = "0+unknown"
 
 __all__ = [
-    "AuthenticationError",
     "BatchIterator",
-    "DatasetError",
-    "DecodeError",
-    "GpuUnavailableError",
     "Loader",
-    "LoaderTimeoutError",
-    "PipelineError",
     "Source",
-    "StokerError",
-    "TlsError",
-    "WorkerUnavailableError",
     "__version__",
     "mix",
     "ops",
@@ -62,3 +43,4 @@ __all__ = [
     "sample_seed",
     "vision",
 ]
+__all__ += errors.__all__
