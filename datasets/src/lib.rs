@@ -82,8 +82,9 @@ pub use jsonl::{
     looks_like_jsonl, JsonlDocuments, JsonlReport, DEFAULT_LABEL_FIELD, DEFAULT_TEXT_FIELD,
 };
 pub use parquet_files::{
-    looks_like_parquet, write_parquet, ParquetColumnInfo, ParquetDataset, ParquetOptions,
-    ParquetSampleKind, ParquetSummary, ParquetWriterOptions, ParquetWritten, CLASS_NAMES_KEY,
+    looks_like_parquet, write_parquet, ColumnarSummary, ParquetColumnInfo, ParquetDataset,
+    ParquetOptions, ParquetSampleKind, ParquetSummary, ParquetWriterOptions, ParquetWritten,
+    CLASS_NAMES_KEY,
 };
 pub use sample_source::{
     NumericColumns, NumericKind, SampleSource, TokenWindowShape, MAX_NUMBERED_CLASSES,

@@ -6,8 +6,8 @@ use std::path::PathBuf;
 
 use clap::Args;
 use stoker_datasets::{
-    inspect_image_folder, inspect_samples, DatasetReport, ImageFolder, JsonlDocuments,
-    ParquetDataset, ParquetOptions, ParquetSampleKind, SampleSource,
+    inspect_image_folder, inspect_samples, ColumnarSummary, DatasetReport, ImageFolder,
+    JsonlDocuments, ParquetDataset, ParquetOptions, ParquetSampleKind, SampleSource,
 };
 use stoker_datasets::{TokenDtype, TokenFile};
 use stoker_worker::DEFAULT_MAX_PIXELS;
@@ -108,29 +108,18 @@ fn inspect_remote(args: &InspectArgs, uri: String) -> anyhow::Result<()> {
 /// every row).
 fn inspect_parquet(args: &InspectArgs) -> anyhow::Result<()> {
     let dataset = ParquetDataset::open(&args.data, &ParquetOptions::default())?;
-    let summary = dataset.summary();
-    let columns = summary
-        .columns
-        .iter()
-        .map(|column| Column {
-            name: &column.name,
-            data_type: &column.data_type,
-            feature: None,
-        })
-        .collect();
     print_columnar(
         args,
         &dataset,
-        Columnar {
-            format: ("parquet", "parquet"),
-            files: summary.files,
-            file_bytes: summary.file_bytes,
-            groups: ("row_groups", "row groups", summary.row_groups),
-            rows: summary.rows,
-            columns,
-            sample_column: summary.sample_column.as_deref(),
-            sample_kind: summary.sample_kind,
-            label_column: summary.label_column.as_deref(),
+        &dataset.summary(),
+        Format {
+            names: ("parquet", "parquet"),
+            chunks: ("row_groups", "row groups"),
+        },
+        |column| Column {
+            name: &column.name,
+            data_type: &column.data_type,
+            feature: None,
         },
     )
 }
@@ -143,35 +132,34 @@ struct Column<'a> {
     feature: Option<String>,
 }
 
-/// What the command shows of a columnar dataset (Parquet files, a Hugging Face folder).
-struct Columnar<'a> {
+/// How the command names a columnar format.
+struct Format {
     /// The format's name in JSON, and in words.
-    format: (&'static str, &'static str),
-    files: usize,
-    file_bytes: u64,
-    /// The unit rows are grouped in: its JSON key, its name in words, and how many.
-    groups: (&'static str, &'static str, usize),
-    rows: u64,
-    columns: Vec<Column<'a>>,
-    sample_column: Option<&'a str>,
-    sample_kind: ParquetSampleKind,
-    label_column: Option<&'a str>,
+    names: (&'static str, &'static str),
+    /// The chunks its rows are decoded in: their JSON key, and their name in words.
+    chunks: (&'static str, &'static str),
 }
 
-/// Prints a columnar dataset: files, groups and columns, then the image statistics of its
+/// Prints a columnar dataset: files, chunks and columns (each as `column` shows it), then the image statistics of its
 /// sample column (read from every row) when it holds images, as text or one JSON object.
-fn print_columnar(
+fn print_columnar<'a, C>(
     args: &InspectArgs,
     dataset: &dyn SampleSource,
-    summary: Columnar<'_>,
+    summary: &'a ColumnarSummary<C>,
+    format: Format,
+    column: impl Fn(&'a C) -> Column<'a>,
 ) -> anyhow::Result<()> {
+    let columns: Vec<Column<'a>> = summary.columns.iter().map(column).collect();
+    let (sample_column, label_column) = (
+        summary.sample_column.as_deref(),
+        summary.label_column.as_deref(),
+    );
     let report = match summary.sample_kind {
         ParquetSampleKind::Image => Some(inspect_samples(dataset, DEFAULT_MAX_PIXELS)?),
         ParquetSampleKind::Text | ParquetSampleKind::Numeric => None,
     };
     if args.json {
-        let columns: Vec<serde_json::Value> = summary
-            .columns
+        let columns: Vec<serde_json::Value> = columns
             .iter()
             .map(|column| {
                 let mut json = serde_json::json!({"name": column.name, "type": column.data_type});
@@ -182,39 +170,39 @@ fn print_columnar(
             })
             .collect();
         let mut json = serde_json::json!({
-            "format": summary.format.0,
+            "format": format.names.0,
             "files": summary.files,
             "rows": summary.rows,
             "file_bytes": summary.file_bytes,
             "columns": columns,
-            "sample_column": summary.sample_column,
-            "label_column": summary.label_column,
+            "sample_column": sample_column,
+            "label_column": label_column,
             "images": report,
         });
         if let Some(object) = json.as_object_mut() {
-            object.insert(summary.groups.0.into(), summary.groups.2.into());
+            object.insert(format.chunks.0.into(), summary.chunks.into());
         }
         println!("{json}");
         return Ok(());
     }
-    println!("dataset   {} ({})", args.data.display(), summary.format.1);
+    println!("dataset   {} ({})", args.data.display(), format.names.1);
     println!(
         "files     {} ({:.1} MB), {} {}, {} rows",
         summary.files,
         summary.file_bytes as f64 / 1e6,
-        summary.groups.2,
-        summary.groups.1,
+        summary.chunks,
+        format.chunks.1,
         summary.rows
     );
     println!("columns");
-    for column in &summary.columns {
-        let role = if summary.sample_column == Some(column.name) {
+    for column in &columns {
+        let role = if sample_column == Some(column.name) {
             match summary.sample_kind {
                 ParquetSampleKind::Image => "  (images)",
                 ParquetSampleKind::Text => "  (text)",
                 ParquetSampleKind::Numeric => "",
             }
-        } else if summary.label_column == Some(column.name) {
+        } else if label_column == Some(column.name) {
             "  (labels)"
         } else {
             ""

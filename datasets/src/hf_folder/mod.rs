@@ -42,7 +42,7 @@ use crate::arrow_rows::columns::{self, Cell};
 use crate::arrow_rows::{ArrowRows, ChunkSpan};
 use crate::error::{Error, Result};
 use crate::parquet_files::row_group_cache::RowGroupCache;
-use crate::parquet_files::{ParquetOptions, ParquetSampleKind};
+use crate::parquet_files::{ColumnarSummary, ParquetOptions, ParquetSampleKind};
 use crate::sample_source::SampleSource;
 use ipc_stream::StreamFile;
 use layout::ColumnChoice;
@@ -70,26 +70,8 @@ pub struct HfColumnInfo {
     pub feature: Option<HfFeature>,
 }
 
-/// Facts about an opened [`HfDataset`] (`stoker inspect`).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct HfSummary {
-    /// Number of `.arrow` shards.
-    pub files: usize,
-    /// Number of rows (samples).
-    pub rows: u64,
-    /// Number of record batches, over all shards.
-    pub record_batches: usize,
-    /// The columns, in schema order.
-    pub columns: Vec<HfColumnInfo>,
-    /// The column samples are read from.
-    pub sample_column: String,
-    /// What it holds.
-    pub sample_kind: ParquetSampleKind,
-    /// The label column, if any.
-    pub label_column: Option<String>,
-    /// Total size of the shards in bytes.
-    pub file_bytes: u64,
-}
+/// Facts about an opened [`HfDataset`]; its chunks are record batches.
+pub type HfSummary = ColumnarSummary<HfColumnInfo>;
 
 /// The decoded sample column of one record batch.
 struct DecodedBatch {
@@ -265,7 +247,7 @@ impl HfDataset {
         HfSummary {
             files: self.files.len(),
             rows: self.rows.len(),
-            record_batches: self.rows.spans().len(),
+            chunks: self.rows.spans().len(),
             columns: schema
                 .fields()
                 .iter()
@@ -275,7 +257,7 @@ impl HfDataset {
                     feature: self.features.get(field.name()).cloned(),
                 })
                 .collect(),
-            sample_column: self.choice.sample_column_name.clone(),
+            sample_column: Some(self.choice.sample_column_name.clone()),
             sample_kind: self.choice.kind,
             label_column: self
                 .choice

@@ -47,7 +47,9 @@ use bytes::FileBytes;
 use row_group_cache::RowGroupCache;
 
 use footer::{open_file, read_labels, OpenedFile};
-pub use options::{ParquetColumnInfo, ParquetOptions, ParquetSampleKind, ParquetSummary};
+pub use options::{
+    ColumnarSummary, ParquetColumnInfo, ParquetOptions, ParquetSampleKind, ParquetSummary,
+};
 pub use write::{write_parquet, ParquetWriterOptions, ParquetWritten};
 
 /// The file key-value metadata key under which `write_parquet` stores the class names (a JSON
@@ -355,7 +357,7 @@ impl ParquetDataset {
         ParquetSummary {
             files: self.files.len(),
             rows: self.rows.len(),
-            row_groups: self.rows.spans().len(),
+            chunks: self.rows.spans().len(),
             columns,
             sample_column: self.sample_column.clone(),
             sample_kind: self.sample_kind,

@@ -50,18 +50,20 @@ pub struct ParquetColumnInfo {
     pub data_type: String,
 }
 
-/// Facts about an opened [`ParquetDataset`](super::ParquetDataset) (`stoker inspect`).
+/// Facts about an opened dataset of Arrow rows (`stoker inspect`): Parquet files
+/// ([`ParquetSummary`]) or a Hugging Face folder ([`HfSummary`](crate::HfSummary)); `C`
+/// describes a column.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ParquetSummary {
-    /// Number of files.
+pub struct ColumnarSummary<C> {
+    /// Number of files (Parquet files, or `.arrow` shards).
     pub files: usize,
     /// Number of rows (samples).
     pub rows: u64,
-    /// Number of row groups, over all files.
-    pub row_groups: usize,
-    /// The first file's columns, in schema order.
-    pub columns: Vec<ParquetColumnInfo>,
-    /// The column samples are read from; `None` for a numeric-only dataset.
+    /// Number of chunks rows are decoded in, over all files: row groups, or record batches.
+    pub chunks: usize,
+    /// The columns, in schema order (of the first file, for Parquet).
+    pub columns: Vec<C>,
+    /// The column samples are read from; `None` for a numeric-only Parquet set.
     pub sample_column: Option<String>,
     /// What it holds.
     pub sample_kind: ParquetSampleKind,
@@ -70,3 +72,6 @@ pub struct ParquetSummary {
     /// Total size of the files in bytes.
     pub file_bytes: u64,
 }
+
+/// Facts about an opened [`ParquetDataset`](super::ParquetDataset); its chunks are row groups.
+pub type ParquetSummary = ColumnarSummary<ParquetColumnInfo>;

@@ -160,10 +160,7 @@ fn features_map_to_images_labels_class_names_and_numeric_columns() {
     assert_eq!(dataset.batch_decodes(), 4);
 
     let summary = dataset.summary();
-    assert_eq!(
-        (summary.files, summary.rows, summary.record_batches),
-        (2, 23, 4)
-    );
+    assert_eq!((summary.files, summary.rows, summary.chunks), (2, 23, 4));
     assert_eq!(summary.label_column.as_deref(), Some("label"));
 
     let numeric = dataset.numeric_columns().unwrap();

@@ -3,7 +3,7 @@
 
 use stoker_datasets::{HfDataset, HfFeature, ParquetOptions};
 
-use super::{print_columnar, Column, Columnar, InspectArgs};
+use super::{print_columnar, Column, Format, InspectArgs};
 
 /// A feature in a few words.
 fn feature_name(feature: Option<&HfFeature>) -> String {
@@ -19,29 +19,18 @@ fn feature_name(feature: Option<&HfFeature>) -> String {
 /// Runs the command on a `save_to_disk` folder.
 pub(super) fn inspect_hf(args: &InspectArgs) -> anyhow::Result<()> {
     let dataset = HfDataset::open(&args.data, &ParquetOptions::default())?;
-    let summary = dataset.summary();
-    let columns = summary
-        .columns
-        .iter()
-        .map(|column| Column {
-            name: &column.name,
-            data_type: &column.data_type,
-            feature: Some(feature_name(column.feature.as_ref())),
-        })
-        .collect();
     print_columnar(
         args,
         &dataset,
-        Columnar {
-            format: ("hf", "hugging face datasets"),
-            files: summary.files,
-            file_bytes: summary.file_bytes,
-            groups: ("record_batches", "record batches", summary.record_batches),
-            rows: summary.rows,
-            columns,
-            sample_column: Some(summary.sample_column.as_str()),
-            sample_kind: summary.sample_kind,
-            label_column: summary.label_column.as_deref(),
+        &dataset.summary(),
+        Format {
+            names: ("hf", "hugging face datasets"),
+            chunks: ("record_batches", "record batches"),
+        },
+        |column| Column {
+            name: &column.name,
+            data_type: &column.data_type,
+            feature: Some(feature_name(column.feature.as_ref())),
         },
     )
 }
