@@ -12,7 +12,6 @@ use std::path::Path;
 use std::process::Command;
 
 use s3_server::{S3Server, ACCESS_KEY, SECRET_KEY};
-use stoker_datasets::{write_tar_shards, ImageFolder, TarShardsWriterOptions};
 
 use crate::common;
 
@@ -57,17 +56,19 @@ fn digest_over_s3_equals_the_local_digest_cold_and_warm() {
     let dir = tempfile::tempdir().unwrap();
     let images = dir.path().join("images");
     common::make_images(&images, 40);
+    // Shards of 1 MB: about ten images each, so several shards.
     let shards = dir.path().join("shards");
-    let options = TarShardsWriterOptions {
-        shard_bytes: 700_000,
-    };
-    write_tar_shards(
-        &ImageFolder::open(&images).unwrap(),
-        &shards,
-        &options,
-        &|_| {},
-    )
-    .unwrap();
+    common::stdout_of(&[
+        "convert",
+        "--from",
+        images.to_str().unwrap(),
+        "--to",
+        "tar",
+        "--out",
+        shards.to_str().unwrap(),
+        "--shard-size",
+        "1",
+    ]);
 
     let server = S3Server::start(&dir.path().join("server"));
     let bucket = server.bucket_dir("data").join("train");
