@@ -51,6 +51,20 @@ const WHOLE_EPOCH: [&str; 7] = [
     "32",
 ];
 
+/// `stoker convert` of the image folder `images` to `format` in `out`, with `extra` flags.
+fn convert(images: &Path, format: &str, out: &Path, extra: &[&str]) {
+    let args = [
+        "convert",
+        "--from",
+        images.to_str().unwrap(),
+        "--to",
+        format,
+        "--out",
+        out.to_str().unwrap(),
+    ];
+    common::stdout_of(&[&args[..], extra].concat());
+}
+
 #[test]
 fn digest_over_s3_equals_the_local_digest_cold_and_warm() {
     let dir = tempfile::tempdir().unwrap();
@@ -58,17 +72,7 @@ fn digest_over_s3_equals_the_local_digest_cold_and_warm() {
     common::make_images(&images, 40);
     // Shards of 1 MB: about ten images each, so several shards.
     let shards = dir.path().join("shards");
-    common::stdout_of(&[
-        "convert",
-        "--from",
-        images.to_str().unwrap(),
-        "--to",
-        "tar",
-        "--out",
-        shards.to_str().unwrap(),
-        "--shard-size",
-        "1",
-    ]);
+    convert(&images, "tar", &shards, &["--shard-size", "1"]);
 
     let server = S3Server::start(&dir.path().join("server"));
     let bucket = server.bucket_dir("data").join("train");
@@ -188,15 +192,7 @@ fn digest_over_s3_equals_the_local_digest_cold_and_warm() {
 
     // A Parquet file in the bucket (its key ends in .parquet): footer and columns by ranges.
     let parquet = dir.path().join("parquet");
-    common::stdout_of(&[
-        "convert",
-        "--from",
-        images.to_str().unwrap(),
-        "--to",
-        "parquet",
-        "--out",
-        parquet.to_str().unwrap(),
-    ]);
+    convert(&images, "parquet", &parquet, &[]);
     let file = std::fs::read_dir(&parquet)
         .unwrap()
         .map(|entry| entry.unwrap().path())
