@@ -69,8 +69,9 @@ impl StepContext for SampleBytes {
     }
 }
 
-/// One step for a lane to build.
+/// One step for a lane to build; its context gives the sizes of the tensors it fills.
 type Task = StepTask<SampleBytes>;
+
 /// The batches of a Python dataset, built by Python code on `lanes` threads.
 pub(crate) struct DatasetSource {
     spec: JobSpec,
@@ -139,7 +140,6 @@ impl DatasetSource {
         for lane in 0..lanes {
             let queue = queue.clone();
             let builder = Arc::clone(&builder);
-            let sample_bytes = Arc::clone(&sample_bytes);
             let idle = idle.clone();
             let closing = Arc::clone(&closing);
             let handle = std::thread::Builder::new()
@@ -149,7 +149,6 @@ impl DatasetSource {
                         number: lane,
                         of: lanes,
                         builder,
-                        sample_bytes,
                         idle,
                         closing,
                     };
@@ -214,7 +213,6 @@ struct Lane {
     number: usize,
     of: usize,
     builder: Arc<Py<PyAny>>,
-    sample_bytes: Arc<[usize]>,
     idle: IdleClock,
     closing: Arc<AtomicBool>,
 }
@@ -240,7 +238,8 @@ impl Lane {
 
     /// Builds one step into its slot and sends it back.
     fn build(&self, mut task: Task) {
-        let (lane, builder, sample_bytes) = (self.number, &*self.builder, &*self.sample_bytes);
+        let (lane, builder) = (self.number, &*self.builder);
+        let sample_bytes = Arc::clone(&task.context.0);
         let started = Instant::now();
         let indices = task.plan.batch_indices(task.step);
         let epoch = task.plan.epoch();

@@ -140,8 +140,9 @@ struct Format {
     chunks: (&'static str, &'static str),
 }
 
-/// Prints a columnar dataset: files, chunks and columns (each as `column` shows it), then the image statistics of its
-/// sample column (read from every row) when it holds images, as text or one JSON object.
+/// Prints a columnar dataset: files, chunks and columns (each as `column` shows it), then the
+/// image statistics of its sample column (read from every row) when it holds images, as text or
+/// one JSON object.
 fn print_columnar<'a, C>(
     args: &InspectArgs,
     dataset: &dyn SampleSource,

@@ -20,12 +20,19 @@ use stoker_worker::Job;
 use super::gpu_decode::{DecodeMode, GpuDecodeOptions, GpuLane, LaneTask};
 use super::monitor::LoaderMonitor;
 use super::source::{
-    BatchSource, Built, EpochFeed, IdleClock, QueueFeed, SourceInfo, StepTask, TaskQueue,
+    BatchSource, Built, EpochFeed, IdleClock, QueueFeed, SourceInfo, StepContext, StepTask,
+    TaskQueue,
 };
 use crate::error::{Error, Result};
 
 /// One step for the producer thread to build.
 type Task = StepTask<Arc<Job>>;
+
+impl StepContext for Arc<Job> {
+    fn batch_bytes(&self, samples: usize) -> usize {
+        Job::batch_bytes(self, samples)
+    }
+}
 
 /// A job built by decode threads in this process, and by a GPU decode lane beside them when
 /// one is asked for.

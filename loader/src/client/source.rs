@@ -192,12 +192,6 @@ pub trait StepContext: Clone + Send + Sync + 'static {
     fn batch_bytes(&self, samples: usize) -> usize;
 }
 
-impl StepContext for Arc<stoker_worker::Job> {
-    fn batch_bytes(&self, samples: usize) -> usize {
-        stoker_worker::Job::batch_bytes(self, samples)
-    }
-}
-
 /// One step for a queue's producer to build into `slot`, sent back on `reply` unless the
 /// epoch was `cancelled` first.
 #[derive(Debug)]
