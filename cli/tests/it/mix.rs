@@ -11,24 +11,10 @@ use std::path::{Path, PathBuf};
 use stoker_proto::v1::{self as proto, op::Op as OpKind, JobSpec, MixEpochEnd};
 use stoker_worker::resized_spec;
 
-use crate::common::{self, digest, epoch_batches, tensor};
+use crate::common::{self, digest, elements, epoch_batches, tensor};
 
 fn op(kind: OpKind) -> proto::Op {
     proto::Op { op: Some(kind) }
-}
-
-fn int64s(bytes: &[u8]) -> Vec<i64> {
-    bytes
-        .chunks_exact(8)
-        .map(|c| i64::from_le_bytes(c.try_into().unwrap()))
-        .collect()
-}
-
-fn u16s(bytes: &[u8]) -> Vec<u16> {
-    bytes
-        .chunks_exact(2)
-        .map(|c| u16::from_le_bytes([c[0], c[1]]))
-        .collect()
 }
 
 /// A mix of `sources` (dataset, pipeline, weight) with a window of 100.
@@ -111,8 +97,8 @@ fn token_mix(fixture: &Tokens, end: MixEpochEnd, epoch_samples: u64, batch: u32)
 /// (source, sample index) of every row of `batch`, in order; checks that each row's tokens
 /// are that sample's.
 fn batch_rows(batch: &proto::Batch) -> Vec<(i64, u64)> {
-    let sources = int64s(&tensor(batch, "source").data);
-    let tokens = u16s(&tensor(batch, "tokens").data);
+    let sources = elements::<i64>(tensor(batch, "source"));
+    let tokens = elements::<u16>(tensor(batch, "tokens"));
     assert_eq!(sources.len(), batch.sample_indices.len());
     let mut rows = Vec::new();
     for (row, (&source, &index)) in sources.iter().zip(&batch.sample_indices).enumerate() {
@@ -295,13 +281,13 @@ fn image_sources_keep_their_own_pipelines_and_labels() {
     let batches = epoch_batches(&spec, 2, 0);
     assert_eq!(digest(&batches), digest(&epoch_batches(&spec, 1, 0)));
     for batch in &batches {
-        let sources = int64s(&tensor(batch, "source").data);
+        let sources = elements::<i64>(tensor(batch, "source"));
         assert_eq!(tensor(batch, "image").shape[0] as usize, sources.len());
-        assert_eq!(int64s(&tensor(batch, "label").data).len(), sources.len());
+        assert_eq!(elements::<i64>(tensor(batch, "label")).len(), sources.len());
     }
     let sources: Vec<i64> = batches
         .iter()
-        .flat_map(|b| int64s(&tensor(b, "source").data))
+        .flat_map(|b| elements::<i64>(tensor(b, "source")))
         .collect();
     assert_eq!(sources.len(), 60, "20 windows of 2 + 1");
     for window in sources.chunks(3) {
@@ -311,7 +297,7 @@ fn image_sources_keep_their_own_pipelines_and_labels() {
     // while the train pipeline crops differently.
     let image_of = |batches: &[proto::Batch], source: i64, index: u64| -> Vec<u8> {
         for batch in batches {
-            let sources = int64s(&tensor(batch, "source").data);
+            let sources = elements::<i64>(tensor(batch, "source"));
             let image = tensor(batch, "image");
             let row = image.data.len() / sources.len();
             for (r, (&s, &i)) in sources.iter().zip(&batch.sample_indices).enumerate() {
@@ -375,14 +361,9 @@ fn text_sources_are_packed_after_mixing() {
     let batches = epoch_batches(&spec, 2, 0);
     let mut rows_with_both = 0;
     for batch in &batches {
-        let sources = int64s(&tensor(batch, "source").data);
+        let sources = elements::<i64>(tensor(batch, "source"));
         assert_eq!(sources.len(), 8, "one source per document");
-        let ids = tensor(batch, "document_ids");
-        let documents: Vec<i32> = ids
-            .data
-            .chunks_exact(4)
-            .map(|c| i32::from_le_bytes(c.try_into().unwrap()))
-            .collect();
+        let documents = elements::<i32>(tensor(batch, "document_ids"));
         for row in documents.chunks(64) {
             let in_row: BTreeSet<i64> = row
                 .iter()
