@@ -404,6 +404,16 @@ pub enum Error {
         source: object_store::Error,
     },
 
+    /// An `s3://` dataset in a build without an S3 client (stoker-datasets' `s3` feature off).
+    #[error(
+        "cannot read {uri}: this build has no S3 client (stoker-datasets was built without \
+         its `s3` feature)"
+    )]
+    NoS3Client {
+        /// The bucket asked for.
+        uri: String,
+    },
+
     /// A tar index object (`stoker index`) that cannot be decoded.
     #[error("the tar index {uri} is unusable ({reason}); write it again with `stoker index`")]
     BadTarIndex {
@@ -496,6 +506,7 @@ impl Error {
             | Error::ObjectChanged { .. }
             | Error::CacheLockTimeout { .. }
             | Error::ObjectStore { .. }
+            | Error::NoS3Client { .. }
             | Error::IncompleteObject { .. } => ReadFault::Source,
             _ => ReadFault::Sample,
         }

@@ -38,7 +38,6 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
-use object_store::aws::AmazonS3;
 use object_store::ObjectMeta;
 use tracing::{debug, info};
 
@@ -49,6 +48,7 @@ use super::entry::{
 use super::entry_lock::{downgrade, touch, try_lock, unlock, wait_for_lock};
 use super::eviction::evict_to_cap;
 use super::options::ObjectCacheOptions;
+use super::s3_client::{self, Store};
 use super::stats::Counters;
 use super::uri::{s3_location, RemoteLocation};
 use crate::cache_stats::CacheStats;
@@ -153,11 +153,7 @@ impl ObjectCache {
     ) -> Result<(RemoteLocation, Vec<CachedObject>)> {
         let location = s3_location(uri, "the object cache reads s3://BUCKET/PREFIX URIs")?;
         let started = Instant::now();
-        let store = Arc::new(download::build_store(
-            &location.bucket,
-            &self.options.s3,
-            self.options.request_retries,
-        )?);
+        let store = self.store(&location)?;
         let listing = self
             .runtime
             .block_on(download::list_objects(&store, &location))?;
@@ -191,20 +187,16 @@ impl ObjectCache {
     }
 
     /// The store of `location`'s bucket, for [`Self::read_ranges`].
-    pub(crate) fn store(&self, location: &RemoteLocation) -> Result<Arc<AmazonS3>> {
-        Ok(Arc::new(download::build_store(
+    pub(crate) fn store(&self, location: &RemoteLocation) -> Result<Arc<Store>> {
+        s3_client::connect(
             &location.bucket,
             &self.options.s3,
             self.options.request_retries,
-        )?))
+        )
     }
 
     /// Lists `location` (the objects directly under its prefix, or the one it names).
-    pub(crate) fn list(
-        &self,
-        store: &AmazonS3,
-        location: &RemoteLocation,
-    ) -> Result<Vec<ObjectMeta>> {
+    pub(crate) fn list(&self, store: &Store, location: &RemoteLocation) -> Result<Vec<ObjectMeta>> {
         self.runtime
             .block_on(download::list_objects(store, location))
     }
@@ -212,7 +204,7 @@ impl ObjectCache {
     /// Reads bytes `range` of the object `key`, bypassing the cache (a shard scanned once).
     pub(crate) fn read_uncached(
         &self,
-        store: &AmazonS3,
+        store: &Store,
         location: &RemoteLocation,
         key: &str,
         range: Range<u64>,
@@ -235,7 +227,7 @@ impl ObjectCache {
     /// Reads the listed `object` whole through the cache (an index, `classes.txt`).
     pub(crate) fn read_whole(
         &self,
-        store: &Arc<AmazonS3>,
+        store: &Arc<Store>,
         location: &RemoteLocation,
         object: &ObjectMeta,
     ) -> Result<Vec<u8>> {
@@ -247,7 +239,7 @@ impl ObjectCache {
     /// Writes `bytes` as the object `key` of `location`'s bucket.
     pub(crate) fn put(
         &self,
-        store: &AmazonS3,
+        store: &Store,
         location: &RemoteLocation,
         key: &str,
         bytes: Vec<u8>,
@@ -264,7 +256,7 @@ impl ObjectCache {
     /// of one object in one GET (`download::MAX_COALESCE_GAP`).
     pub(super) fn read_ranges(
         &self,
-        store: &Arc<AmazonS3>,
+        store: &Arc<Store>,
         location: &RemoteLocation,
         object: &ObjectMeta,
         ranges: &[Range<u64>],
@@ -309,7 +301,7 @@ impl ObjectCache {
     /// coalesced) without reading them: the read-ahead of `prefetch.rs`.
     pub(super) fn prefetch_ranges(
         &self,
-        store: &Arc<AmazonS3>,
+        store: &Arc<Store>,
         location: &RemoteLocation,
         hint: &[(ObjectMeta, Vec<Range<u64>>)],
     ) -> Result<()> {
@@ -344,7 +336,7 @@ impl ObjectCache {
     /// returns them in order, each locked shared.
     fn materialise(
         &self,
-        store: &Arc<AmazonS3>,
+        store: &Arc<Store>,
         location: &RemoteLocation,
         wanted: Vec<Wanted>,
         reading: bool,
@@ -419,7 +411,7 @@ impl ObjectCache {
     /// their locks turned shared.
     fn download(
         &self,
-        store: &Arc<AmazonS3>,
+        store: &Arc<Store>,
         entries: Vec<(usize, Entry, File)>,
         sources: &[(String, u64)],
         reading: bool,

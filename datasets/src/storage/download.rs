@@ -1,9 +1,9 @@
-//! The object store side of the cache tier: the S3 client, listings, whole objects and byte
-//! ranges downloaded by parallel ranged GETs (large ones in parts, neighbouring small ones of an
-//! object together), each retried with exponential backoff and jitter; whole reads and puts of
-//! small objects (the tar index).
+//! The object store side of the cache tier: listings, whole objects and byte ranges downloaded
+//! by parallel ranged GETs (large ones in parts, neighbouring small ones of an object together),
+//! each retried with exponential backoff and jitter; whole reads and puts of small objects (the
+//! tar index).
 //!
-//! Two retry layers, on purpose: object_store's own [`RetryConfig`] retries each HTTP request
+//! Two retry layers, on purpose: the S3 client's own (`s3_client.rs`) retries each HTTP request
 //! (connection refused, 5xx, timeouts), and the loop here retries a part whose body was cut
 //! short or whose request still failed, so a server restart in the middle of a shard costs one
 //! part, not the shard.
@@ -18,14 +18,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures_util::stream::{self, StreamExt};
-use object_store::aws::{AmazonS3, AmazonS3Builder, AmazonS3ConfigKey};
 use object_store::path::Path as ObjectPath;
-use object_store::{
-    BackoffConfig, ClientOptions, ObjectMeta, ObjectStore, ObjectStoreExt, RetryConfig,
-};
+use object_store::{ObjectMeta, ObjectStoreExt};
 use tracing::{debug, warn};
 
-use super::options::S3Settings;
+use super::s3_client::Store;
 use super::stats::Counters;
 use super::uri::RemoteLocation;
 use crate::error::{Error, Result};
@@ -55,76 +52,10 @@ pub(super) struct Download {
     pub(super) file: Arc<File>,
 }
 
-/// An S3 client for `bucket`: the standard `AWS_*` environment variables, overridden by
-/// `settings`; plain HTTP is allowed for loopback endpoints (test and local servers) or when
-/// asked for.
-pub(super) fn build_store(
-    bucket: &str,
-    settings: &S3Settings,
-    request_retries: usize,
-) -> Result<AmazonS3> {
-    let retry = RetryConfig {
-        backoff: BackoffConfig {
-            init_backoff: Duration::from_millis(100),
-            max_backoff: Duration::from_secs(5),
-            base: 2.0,
-        },
-        max_retries: request_retries,
-        retry_timeout: Duration::from_secs(90),
-    };
-    let client = ClientOptions::new()
-        .with_connect_timeout(Duration::from_secs(5))
-        .with_timeout(Duration::from_secs(120));
-    let mut builder = AmazonS3Builder::from_env()
-        .with_bucket_name(bucket)
-        .with_retry(retry)
-        .with_client_options(client);
-    if let Some(endpoint) = &settings.endpoint {
-        builder = builder.with_endpoint(endpoint);
-    }
-    if let Some(key) = &settings.access_key_id {
-        builder = builder.with_access_key_id(key);
-    }
-    if let Some(secret) = &settings.secret_access_key {
-        builder = builder.with_secret_access_key(secret);
-    }
-    if let Some(region) = &settings.region {
-        builder = builder.with_region(region);
-    }
-    let loopback = builder
-        .get_config_value(&AmazonS3ConfigKey::Endpoint)
-        .is_some_and(|endpoint| is_loopback_http(&endpoint));
-    if settings.allow_http || loopback {
-        builder = builder.with_allow_http(true);
-    }
-    builder.build().map_err(|source| Error::ObjectStore {
-        uri: format!("s3://{bucket}"),
-        source,
-    })
-}
-
-/// Whether `endpoint` is `http://` on 127.0.0.0/8, `localhost` or `[::1]`.
-fn is_loopback_http(endpoint: &str) -> bool {
-    let Some(rest) = endpoint.strip_prefix("http://") else {
-        return false;
-    };
-    let authority = rest.split('/').next().unwrap_or_default();
-    let host = match authority.strip_prefix('[') {
-        Some(bracketed) => bracketed.split(']').next().unwrap_or_default(),
-        None => authority
-            .rsplit_once(':')
-            .map_or(authority, |(host, _)| host),
-    };
-    host == "localhost"
-        || host
-            .parse::<std::net::IpAddr>()
-            .is_ok_and(|address| address.is_loopback())
-}
-
 /// The objects directly under the location's prefix (not in sub-"folders"), sorted by key; a
 /// prefix that names one object gives that object.
 pub(super) async fn list_objects(
-    store: &AmazonS3,
+    store: &Store,
     location: &RemoteLocation,
 ) -> Result<Vec<ObjectMeta>> {
     let prefix = match location.prefix.as_str() {
@@ -227,7 +158,7 @@ fn plan_requests(downloads: &[Download], part_size: u64) -> Vec<Request> {
 
 /// Fetches every download into its file, `plan.concurrency` GETs at a time.
 pub(super) async fn download_all(
-    store: Arc<AmazonS3>,
+    store: Arc<Store>,
     downloads: &[Download],
     plan: FetchPlan,
     counters: &Counters,
@@ -272,7 +203,7 @@ fn backoff(attempt: u32) -> Duration {
 /// One GET with retries; its bytes go to the file of the download it is a part of, or are cut
 /// into the downloads it covers.
 async fn fetch_request(
-    store: &AmazonS3,
+    store: &Store,
     downloads: &[Download],
     request: Request,
     plan: FetchPlan,
@@ -298,7 +229,7 @@ async fn fetch_request(
 /// Bytes `range` of the object `key` (`uri` in messages), in memory: one ranged GET, tried
 /// again with backoff after a transient failure or a short answer, up to `plan.max_attempts`.
 pub(super) async fn get_range(
-    store: &AmazonS3,
+    store: &Store,
     key: &str,
     uri: &str,
     range: Range<u64>,
@@ -356,7 +287,7 @@ pub(super) async fn get_range(
 
 /// Writes `bytes` as the object `key` of `location`'s bucket.
 pub(super) async fn put(
-    store: &AmazonS3,
+    store: &Store,
     location: &RemoteLocation,
     key: &str,
     bytes: Vec<u8>,
@@ -389,16 +320,6 @@ async fn write_at(file: &Arc<File>, bytes: bytes::Bytes, offset: u64, uri: &str)
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn only_http_on_loopback_counts_as_loopback() {
-        assert!(is_loopback_http("http://127.0.0.1:9000"));
-        assert!(is_loopback_http("http://localhost:9000/"));
-        assert!(is_loopback_http("http://[::1]:9000"));
-        assert!(!is_loopback_http("https://127.0.0.1:9000"));
-        assert!(!is_loopback_http("http://10.0.0.5:9000"));
-        assert!(!is_loopback_http("http://s3.example.com"));
-    }
 
     fn download(key: &str, offset: u64, size: u64) -> Download {
         Download {

@@ -21,7 +21,11 @@
 //! Design choice: the cache keeps whole objects for what is read whole (an index, a
 //! compressed JSONL file) and ranges for samples read by position (`<key>.stoker-ranges/`
 //! entries, each checked against the object's ETag and evicted like an object).
-
+//!
+//! The S3 client is made in one place, `s3_client.rs`, with this crate's `s3` feature (the
+//! default); without it opening an `s3://` bucket fails with
+//! [`Error::NoS3Client`](crate::Error::NoS3Client).
+//!
 //! Credentials and endpoint come from the standard environment variables (`AWS_ACCESS_KEY_ID`,
 //! `AWS_SECRET_ACCESS_KEY`, `AWS_REGION`, `AWS_ENDPOINT_URL`...; see [`S3Settings`]); the
 //! cache from `STOKER_CACHE_DIR` and `STOKER_CACHE_MAX_BYTES` (see
@@ -38,6 +42,7 @@ mod eviction;
 mod options;
 mod prefetch;
 mod remote_object;
+mod s3_client;
 mod stats;
 mod uri;
 
@@ -51,5 +56,6 @@ pub use options::{
 };
 pub(crate) use prefetch::{Hint, Prefetcher};
 pub(crate) use remote_object::{list_remote, ByteRanges, RemoteObject};
+pub(crate) use s3_client::Store;
 pub(crate) use uri::s3_location;
 pub use uri::{parse_dataset_uri, DatasetLocation, RemoteLocation};

@@ -9,11 +9,11 @@ use std::ops::Range;
 use std::sync::mpsc::{sync_channel, SyncSender, TrySendError};
 use std::sync::Arc;
 
-use object_store::aws::AmazonS3;
 use object_store::ObjectMeta;
 use tracing::debug;
 
 use super::cache::ObjectCache;
+use super::s3_client::Store;
 use super::uri::RemoteLocation;
 
 /// Hints queued at most: two batches ahead of the one being read.
@@ -31,7 +31,7 @@ impl Prefetcher {
     /// Starts the thread reading through `cache` from `location`.
     pub(crate) fn start(
         cache: Arc<ObjectCache>,
-        store: Arc<AmazonS3>,
+        store: Arc<Store>,
         location: RemoteLocation,
     ) -> std::io::Result<Prefetcher> {
         let (hints, wanted) = sync_channel::<Hint>(AHEAD);

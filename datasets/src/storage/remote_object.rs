@@ -4,13 +4,13 @@
 use std::ops::Range;
 use std::sync::Arc;
 
-use object_store::aws::AmazonS3;
 use object_store::ObjectMeta;
 
 use tracing::warn;
 
 use super::cache::ObjectCache;
 use super::prefetch::Prefetcher;
+use super::s3_client::Store;
 use super::uri::{s3_location, RemoteLocation};
 use crate::error::{Error, Result};
 
@@ -30,7 +30,7 @@ pub(crate) trait ByteRanges: Send + Sync {
 /// An object as listed, with what it is read through.
 pub(crate) struct RemoteObject {
     cache: Arc<ObjectCache>,
-    store: Arc<AmazonS3>,
+    store: Arc<Store>,
     location: RemoteLocation,
     object: ObjectMeta,
 }
@@ -39,7 +39,7 @@ impl RemoteObject {
     /// The object `object` listed at `location`, read through `cache` from `store`.
     pub(crate) fn new(
         cache: Arc<ObjectCache>,
-        store: Arc<AmazonS3>,
+        store: Arc<Store>,
         location: &RemoteLocation,
         object: ObjectMeta,
     ) -> RemoteObject {

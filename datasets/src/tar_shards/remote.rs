@@ -9,7 +9,6 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use bytes::Bytes;
-use object_store::aws::AmazonS3;
 use object_store::ObjectMeta;
 use tracing::{info, warn};
 
@@ -19,7 +18,7 @@ use super::{parse_class_names, Shard, TarIndexStats, TarShards, ThroughCache, CL
 use crate::error::{Error, Result};
 use crate::sample_source::{numbered_class_names, SampleSource};
 use crate::storage::{
-    s3_location, write_atomically, ObjectCache, Prefetcher, RemoteLocation, RemoteObject,
+    s3_location, write_atomically, ObjectCache, Prefetcher, RemoteLocation, RemoteObject, Store,
 };
 
 /// The largest index object read (decompressed): about 20 million samples.
@@ -74,7 +73,7 @@ fn listed_shards(listing: &[ObjectMeta], location: &RemoteLocation) -> Result<Ve
 /// it.
 fn scan_shards(
     cache: &ObjectCache,
-    store: &AmazonS3,
+    store: &Store,
     location: &RemoteLocation,
     shards: &[ObjectMeta],
 ) -> Result<Vec<IndexedShard>> {
@@ -117,7 +116,7 @@ const MIN_SCAN_WINDOW: u64 = 64 * 1024;
 /// skipped past a window's end are not fetched at all.
 struct WindowReader<'a> {
     cache: &'a ObjectCache,
-    store: &'a AmazonS3,
+    store: &'a Store,
     location: &'a RemoteLocation,
     key: &'a str,
     size: u64,
@@ -205,7 +204,7 @@ pub fn write_tar_index(uri: &str, cache: &ObjectCache) -> Result<TarIndexWritten
 /// Writes the index object of `indexed` (the `shards` listed under `location`) beside them.
 fn put_index(
     cache: &ObjectCache,
-    store: &AmazonS3,
+    store: &Store,
     location: &RemoteLocation,
     shards: &[ObjectMeta],
     indexed: &[IndexedShard],

@@ -1,0 +1,141 @@
+//! The client the cache tier reads a bucket through. With the `s3` feature (the default of this
+//! crate; the loader, the worker daemon and the CLI ask for it) that is object_store's S3 client,
+//! configured from the standard `AWS_*` environment variables and [`S3Settings`]; without it an
+//! `s3://` URI still parses, and opening its bucket fails with [`Error::NoS3Client`], so the
+//! worker core builds without an HTTP client or TLS.
+//!
+//! Everything above this module holds the client as a [`Store`] (any object_store
+//! implementation), so listings, downloads and ranged reads are written once.
+
+use std::sync::Arc;
+
+use object_store::ObjectStore;
+
+use super::options::S3Settings;
+use crate::error::{Error, Result};
+
+/// An object store client, as the cache tier holds it.
+pub(crate) type Store = dyn ObjectStore;
+
+/// An S3 client for `bucket`: the standard `AWS_*` environment variables, overridden by
+/// `settings`; plain HTTP is allowed for loopback endpoints (test and local servers) or when
+/// asked for. Each HTTP request is retried up to `request_retries` times with backoff
+/// (connection refused, 5xx, timeouts).
+#[cfg(feature = "s3")]
+pub(super) fn connect(
+    bucket: &str,
+    settings: &S3Settings,
+    request_retries: usize,
+) -> Result<Arc<Store>> {
+    use std::time::Duration;
+
+    use object_store::aws::{AmazonS3Builder, AmazonS3ConfigKey};
+    use object_store::{BackoffConfig, ClientOptions, RetryConfig};
+
+    let retry = RetryConfig {
+        backoff: BackoffConfig {
+            init_backoff: Duration::from_millis(100),
+            max_backoff: Duration::from_secs(5),
+            base: 2.0,
+        },
+        max_retries: request_retries,
+        retry_timeout: Duration::from_secs(90),
+    };
+    let client = ClientOptions::new()
+        .with_connect_timeout(Duration::from_secs(5))
+        .with_timeout(Duration::from_secs(120));
+    let mut builder = AmazonS3Builder::from_env()
+        .with_bucket_name(bucket)
+        .with_retry(retry)
+        .with_client_options(client);
+    if let Some(endpoint) = &settings.endpoint {
+        builder = builder.with_endpoint(endpoint);
+    }
+    if let Some(key) = &settings.access_key_id {
+        builder = builder.with_access_key_id(key);
+    }
+    if let Some(secret) = &settings.secret_access_key {
+        builder = builder.with_secret_access_key(secret);
+    }
+    if let Some(region) = &settings.region {
+        builder = builder.with_region(region);
+    }
+    let loopback = builder
+        .get_config_value(&AmazonS3ConfigKey::Endpoint)
+        .is_some_and(|endpoint| is_loopback_http(&endpoint));
+    if settings.allow_http || loopback {
+        builder = builder.with_allow_http(true);
+    }
+    let store = builder.build().map_err(|source| Error::ObjectStore {
+        uri: format!("s3://{bucket}"),
+        source,
+    })?;
+    Ok(Arc::new(store))
+}
+
+/// Without the `s3` feature: no client, an error that says so.
+#[cfg(not(feature = "s3"))]
+pub(super) fn connect(
+    bucket: &str,
+    _settings: &S3Settings,
+    _request_retries: usize,
+) -> Result<Arc<Store>> {
+    Err(Error::NoS3Client {
+        uri: format!("s3://{bucket}"),
+    })
+}
+
+/// Whether `endpoint` is `http://` on 127.0.0.0/8, `localhost` or `[::1]`.
+#[cfg(feature = "s3")]
+fn is_loopback_http(endpoint: &str) -> bool {
+    let Some(rest) = endpoint.strip_prefix("http://") else {
+        return false;
+    };
+    let authority = rest.split('/').next().unwrap_or_default();
+    let host = match authority.strip_prefix('[') {
+        Some(bracketed) => bracketed.split(']').next().unwrap_or_default(),
+        None => authority
+            .rsplit_once(':')
+            .map_or(authority, |(host, _)| host),
+    };
+    host == "localhost"
+        || host
+            .parse::<std::net::IpAddr>()
+            .is_ok_and(|address| address.is_loopback())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[cfg(feature = "s3")]
+    #[test]
+    fn only_http_on_loopback_counts_as_loopback() {
+        assert!(is_loopback_http("http://127.0.0.1:9000"));
+        assert!(is_loopback_http("http://localhost:9000/"));
+        assert!(is_loopback_http("http://[::1]:9000"));
+        assert!(!is_loopback_http("https://127.0.0.1:9000"));
+        assert!(!is_loopback_http("http://10.0.0.5:9000"));
+        assert!(!is_loopback_http("http://s3.example.com"));
+    }
+
+    #[cfg(feature = "s3")]
+    #[test]
+    fn a_bucket_gives_a_client_without_a_request() {
+        let settings = S3Settings {
+            endpoint: Some("http://127.0.0.1:9".into()),
+            ..S3Settings::default()
+        };
+        assert!(connect("bucket", &settings, 0).is_ok());
+    }
+
+    #[cfg(not(feature = "s3"))]
+    #[test]
+    fn without_the_feature_a_bucket_is_refused_by_name() {
+        let Err(error) = connect("bucket", &S3Settings::default(), 0) else {
+            panic!("a build without the s3 feature made an S3 client");
+        };
+        assert!(matches!(&error, Error::NoS3Client { uri } if uri == "s3://bucket"));
+        assert!(error.to_string().contains("`s3` feature"), "{error}");
+    }
+}
