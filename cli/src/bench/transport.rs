@@ -11,10 +11,15 @@
 //! after (the path before `batch_wire`). Server and client each run a single-threaded runtime on
 //! their own thread, as a worker's stream and a client's stream do.
 //!
+//! Two rows of plain TCP with no protocol give the socket's own ceiling on the machine: the same
+//! batches written and read in pieces of 1 MiB, and of 64 KiB (the HTTP/2 frame size of the
+//! transport), each read copied into a slot as the streams land them.
+//!
 //! With `--tls` the same stream runs a second time over TLS (a throwaway CA and certificate for
 //! 127.0.0.1, and a token on the call), and the report gives both rates and their ratio.
 
 use std::hint::black_box;
+use std::io::{Read, Write};
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
@@ -68,6 +73,12 @@ struct TransportReport {
     tonic_gb_per_s: f64,
     /// `stream_gb_per_s` over `tonic_gb_per_s`.
     speedup_over_tonic: f64,
+    /// Plain TCP, no protocol, writes and reads of 1 MiB copied into slots.
+    socket_gb_per_s: f64,
+    /// The same in writes and reads of 64 KiB.
+    socket_64k_gb_per_s: f64,
+    /// `stream_gb_per_s` over `socket_gb_per_s`.
+    of_socket: f64,
     /// With `--tls`: the same stream over TLS with a token.
     tls_wall_s: Option<f64>,
     tls_stream_gb_per_s: Option<f64>,
@@ -127,6 +138,68 @@ fn memcpy_gb_per_s() -> f64 {
         black_box(&mut target);
     }
     (size * rounds) as f64 / started.elapsed().as_secs_f64() / 1e9
+}
+
+/// Plain TCP over loopback with no protocol: a thread writes `batches` copies of `data` in
+/// writes of `piece` bytes; this one reads them in reads of up to `piece` bytes into one buffer and
+/// copies each read into the next of four batch-sized slots, as the streams land batches. Returns
+/// the bytes received after the first batch and the time they took.
+fn socket_batches(data: &Bytes, batches: u64, piece: usize) -> super::Result<(u64, Duration)> {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0")?;
+    let address = listener.local_addr()?;
+    let sent = data.clone();
+    let writer = std::thread::Builder::new()
+        .name("bench-transport-socket".into())
+        .spawn(move || -> std::io::Result<()> {
+            let (mut socket, _) = listener.accept()?;
+            socket.set_nodelay(true)?;
+            for _ in 0..batches {
+                for chunk in sent.chunks(piece) {
+                    socket.write_all(chunk)?;
+                }
+            }
+            Ok(())
+        })?;
+    let mut socket = std::net::TcpStream::connect(address)?;
+    socket.set_nodelay(true)?;
+    let batch = data.len();
+    let mut slots = vec![vec![0u8; batch]; 4];
+    let mut buffer = vec![0u8; piece];
+    let (mut slot, mut filled, mut landed) = (0, 0, 0u64);
+    let mut received = 0u64;
+    let mut started = Instant::now();
+    loop {
+        let read = socket.read(&mut buffer)?;
+        if read == 0 {
+            break;
+        }
+        let mut from = 0;
+        while from < read {
+            let take = (read - from).min(batch - filled);
+            slots[slot][filled..filled + take].copy_from_slice(&buffer[from..from + take]);
+            from += take;
+            filled += take;
+            if filled == batch {
+                black_box(&slots[slot]);
+                (slot, filled) = ((slot + 1) % slots.len(), 0);
+                landed += 1;
+                if landed == 1 {
+                    started = Instant::now();
+                } else {
+                    received += batch as u64;
+                }
+            }
+        }
+    }
+    writer
+        .join()
+        .map_err(|_| Error::Failed("the bench socket writer panicked".into()))??;
+    if landed != batches {
+        return Err(Error::Failed(format!(
+            "the plain socket delivered {landed} of {batches} batches"
+        )));
+    }
+    Ok((received, started.elapsed()))
 }
 
 fn single_thread_runtime() -> super::Result<tokio::runtime::Runtime> {
@@ -275,7 +348,7 @@ pub fn run(args: &TransportBench) -> super::Result<()> {
             name: "image".into(),
             dtype: Dtype::Uint8 as i32,
             shape: vec![batch_bytes as u64],
-            data,
+            data: data.clone(),
         }],
         ..Batch::default()
     };
@@ -295,6 +368,8 @@ pub fn run(args: &TransportBench) -> super::Result<()> {
         ClientSecurity::default(),
         Path::Tonic,
     )?;
+    let socket = socket_batches(&data, batches, 1 << 20)?;
+    let socket_64k = socket_batches(&data, batches, 64 << 10)?;
     let tls = if args.tls {
         let dir = tempfile::tempdir()?;
         let pki = super::certificates::write_test_certificates(dir.path(), &["127.0.0.1"])?;
@@ -309,6 +384,8 @@ pub fn run(args: &TransportBench) -> super::Result<()> {
 
     let stream = received as f64 / wall.as_secs_f64() / 1e9;
     let tonic = tonic_received as f64 / tonic_wall.as_secs_f64() / 1e9;
+    let rate = |(bytes, wall): (u64, Duration)| bytes as f64 / wall.as_secs_f64() / 1e9;
+    let socket = rate(socket);
     let report = TransportReport {
         batch_bytes: batch_bytes as u64,
         batches,
@@ -318,10 +395,12 @@ pub fn run(args: &TransportBench) -> super::Result<()> {
         ratio: stream / memcpy,
         tonic_gb_per_s: tonic,
         speedup_over_tonic: stream / tonic,
+        socket_gb_per_s: socket,
+        socket_64k_gb_per_s: rate(socket_64k),
+        of_socket: stream / socket,
         tls_wall_s: tls.map(|(_, wall)| wall.as_secs_f64()),
-        tls_stream_gb_per_s: tls.map(|(bytes, wall)| bytes as f64 / wall.as_secs_f64() / 1e9),
-        tls_over_plaintext: tls
-            .map(|(bytes, wall)| bytes as f64 / wall.as_secs_f64() / 1e9 / stream),
+        tls_stream_gb_per_s: tls.map(rate),
+        tls_over_plaintext: tls.map(|tls| rate(tls) / stream),
     };
     println!(
         "transport: {} batches of {} MiB over loopback in {:.2} s",
@@ -337,6 +416,14 @@ pub fn run(args: &TransportBench) -> super::Result<()> {
         "  tonic    {:>6.2} GB/s (baseline: tonic's codec, then a copy into the slot; {:.2}x)",
         report.tonic_gb_per_s, report.speedup_over_tonic
     );
+    println!(
+        "  socket   {:>6.2} GB/s (plain TCP, no protocol: writes and reads of 1 MiB, into slots)",
+        report.socket_gb_per_s
+    );
+    println!(
+        "  socket   {:>6.2} GB/s (plain TCP, writes and reads of 64 KiB, the HTTP/2 frame size)",
+        report.socket_64k_gb_per_s
+    );
     if let (Some(rate), Some(ratio)) = (report.tls_stream_gb_per_s, report.tls_over_plaintext) {
         println!(
             "  tls      {rate:>6.2} GB/s (TLS 1.3 + token, same run: {:.1} % of plaintext)",
@@ -350,6 +437,10 @@ pub fn run(args: &TransportBench) -> super::Result<()> {
     println!(
         "  ratio    {:>6.1} % of memcpy (a loopback socket costs two copies: ~50% is the ceiling)",
         report.ratio * 100.0
+    );
+    println!(
+        "  ratio    {:>6.1} % of the plain socket's 1 MiB row",
+        report.of_socket * 100.0
     );
     if args.json {
         println!("{}", serde_json::to_string(&report)?);

@@ -818,6 +818,17 @@ fn bench_transport_states_tls_beside_plaintext() {
     assert!(plaintext > 0.0 && tls > 0.0, "{report}");
     let ratio = report["tls_over_plaintext"].as_f64().unwrap();
     assert!((ratio - tls / plaintext).abs() < 1e-9, "{report}");
+    let socket = report["socket_gb_per_s"].as_f64().unwrap();
+    assert!(
+        report["socket_64k_gb_per_s"].as_f64().unwrap() > 0.0,
+        "{report}"
+    );
+    let of_socket = report["of_socket"].as_f64().unwrap();
+    assert!(
+        socket > 0.0 && (of_socket - plaintext / socket).abs() < 1e-9,
+        "{report}"
+    );
+    assert!(out.contains("plain TCP, no protocol"), "{out}");
     let tonic = report["tonic_gb_per_s"].as_f64().unwrap();
     let speedup = report["speedup_over_tonic"].as_f64().unwrap();
     assert!(
