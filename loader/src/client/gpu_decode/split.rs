@@ -383,11 +383,23 @@ impl SplitSchedule {
         current
     }
 
+    /// Keeps `split` for the point `key`, with the points of the newest epoch and the one
+    /// before it. A point of an epoch older than those (the run went back, as `set_epoch` may)
+    /// starts the course again there, as [`Self::set`] does: the later epochs' points go, and
+    /// the new point is kept rather than let go as too old.
     fn insert(&mut self, key: (u64, u64), split: u8) {
+        let newest = self
+            .decided
+            .last_key_value()
+            .map_or(key.0, |(&(epoch, _), _)| epoch.max(key.0));
+        let newest = if key.0.saturating_add(EPOCHS_KEPT) <= newest {
+            key.0
+        } else {
+            newest
+        };
+        self.decided
+            .retain(|&(epoch, _), _| epoch <= newest && epoch.saturating_add(EPOCHS_KEPT) > newest);
         self.decided.insert(key, split);
-        let newest = self.decided.last_key_value().map_or(key.0, |(k, _)| k.0);
-        let oldest_kept = newest.saturating_sub(EPOCHS_KEPT - 1);
-        self.decided.retain(|(epoch, _), _| *epoch >= oldest_kept);
     }
 }
 
@@ -710,6 +722,32 @@ mod tests {
         schedule.set(1, AUTO_POINT_STEPS, 2);
         assert_eq!(schedule.split_at(1, AUTO_POINT_STEPS + 1, fast_cpu), 2);
         assert_eq!(schedule.split_at(1, 2 * AUTO_POINT_STEPS, fast_cpu), 14);
+    }
+
+    #[test]
+    fn a_point_of_an_earlier_epoch_keeps_its_split_over_its_steps() {
+        let mut schedule = SplitSchedule::default();
+        note(&mut schedule, AUTO_START, SETTLING_STEPS + MIN_STEPS, 1000);
+        for epoch in 5..=6 {
+            schedule.split_at(epoch, 0, LaneCounts::default());
+        }
+        // A later point of the epoch before the newest (its last steps, built late) keeps the
+        // newest epoch's points.
+        schedule.split_at(5, AUTO_POINT_STEPS, LaneCounts::default());
+        assert_eq!(schedule.decided.len(), 3);
+        // The run goes back to epoch 4: its first point is decided once, from what was
+        // measured, and kept over its steps whatever comes after.
+        let first = schedule.split_at(4, 0, counts(3000, 30_000, 1000, 1000));
+        assert_ne!(first, AUTO_START);
+        for step in 1..AUTO_POINT_STEPS {
+            assert_eq!(
+                schedule.split_at(4, step, counts(1, 1, 1, 1_000_000)),
+                first,
+                "step {step}"
+            );
+        }
+        assert_eq!(schedule.latest(), Some(first));
+        assert!(schedule.decided.keys().all(|&(epoch, _)| epoch == 4));
     }
 
     #[test]

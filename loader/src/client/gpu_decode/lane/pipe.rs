@@ -94,6 +94,9 @@ pub(super) struct Pipe {
     done: sys::CUevent,
     /// The encoded images the pipe's last decode read, kept until it is done.
     held: Vec<DivertedImage>,
+    /// The output buffer of the batch being built, until it is handed on (to the batch's
+    /// slot) or given back: a panic in between gives it back once, here.
+    ring: Option<usize>,
     function: sys::CUfunction,
     out: (u32, u32),
     /// Page-locked staging for the kernel parameters (copied on the pipe's stream).
@@ -136,6 +139,7 @@ impl Pipe {
                 stream: std::ptr::null_mut(),
                 done: std::ptr::null_mut(),
                 held: Vec::new(),
+                ring: None,
                 function: kernel.function,
                 out,
                 host_params: std::ptr::null_mut(),
@@ -188,16 +192,27 @@ impl Pipe {
             ring,
             ..
         } = task;
+        /// Counts the lane busy until dropped, a panic's unwinding included.
+        struct Working<'a>(&'a Shared);
+        impl Drop for Working<'_> {
+            fn drop(&mut self) {
+                self.0.working(false);
+            }
+        }
         shared.working(true);
-        let built = self.build_rows(
+        let _working = Working(shared);
+        self.ring = Some(ring);
+        self.build_rows(
             shared, ring, job, epoch, slot, assembled, indices, items, row_bytes,
-        );
-        shared.working(false);
-        built
+        )
     }
 
-    /// Gives `ring` back after this pipe's queued work is done (its kernels may write there).
-    fn release_ring(&self, shared: &Shared, ring: usize) {
+    /// Gives the batch's output buffer back, if it was not handed on yet, after this pipe's
+    /// queued work is done (its kernels may write there).
+    fn release_ring(&mut self, shared: &Shared) {
+        let Some(ring) = self.ring.take() else {
+            return;
+        };
         // SAFETY: the event is the pipe's own.
         if let Err(error) = unsafe { result::event::synchronize(self.done) } {
             tracing::warn!(error = %describe(error), "waiting for a GPU lane pipe before reusing its buffer");
@@ -255,7 +270,7 @@ impl Pipe {
         for item in fallback {
             let start = image_start + item.row * row_bytes;
             let Some(dest) = slot.as_mut_slice().get_mut(start..start + row_bytes) else {
-                self.release_ring(shared, ring);
+                self.release_ring(shared);
                 return Err(Error::Stopped(format!(
                     "row {} lies outside its batch's slot",
                     item.row
@@ -276,13 +291,14 @@ impl Pipe {
                     }
                 }
                 Err(error) => {
-                    self.release_ring(shared, ring);
+                    self.release_ring(shared);
                     return Err(error.into());
                 }
             }
         }
 
         if positions.is_empty() {
+            self.ring = None;
             shared.put_ring(ring);
         } else {
             match self.ready_event() {
@@ -291,6 +307,7 @@ impl Pipe {
                         .stats
                         .gpu_rows
                         .fetch_add(positions.len() as u64, Ordering::Relaxed);
+                    self.ring = None;
                     slot.attach(Arc::new(DeviceRows {
                         shared: Arc::clone(shared),
                         ring_index: ring,
@@ -302,7 +319,7 @@ impl Pipe {
                     }));
                 }
                 Err(error) => {
-                    self.release_ring(shared, ring);
+                    self.release_ring(shared);
                     return Err(Error::Gpu(error.to_string()));
                 }
             }
@@ -517,13 +534,12 @@ pub(super) fn run(
         tracing::error!(error = %describe(error), "the GPU decode lane cannot use the device");
     }
     while let Ok(task) = queue.recv() {
-        let (reply, step, task_started, ring) =
-            (task.reply.clone(), task.step, task.started, task.ring);
+        let (reply, step, task_started) = (task.reply.clone(), task.step, task.started);
         let built = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
             pipe.build(&shared, task, row_bytes)
         }));
         let result = built.unwrap_or_else(|panic| {
-            pipe.release_ring(&shared, ring);
+            pipe.release_ring(&shared);
             Err(Error::Stopped(format!(
                 "the GPU decode lane panicked building step {step}: {}",
                 stoker_worker::panic_text(&*panic)

@@ -105,13 +105,21 @@ impl DeviceRows {
 }
 
 impl Drop for DeviceRows {
+    /// Gives the rows' buffer back to the lane once the work that writes them is done: a batch
+    /// dropped unread (a loop that stopped, batches built ahead and let go) may go while its
+    /// kernel still runs, and the next batch given the buffer must not share it with that kernel.
     fn drop(&mut self) {
         let events = std::mem::take(&mut self.events);
         let _ = self.shared.cuda.in_context("cuEventDestroy", || {
             for event in events {
-                // SAFETY: the event is this batch's own; destroying a recorded event is
-                // allowed (its resources go once it completes).
-                let _ = unsafe { sys::cuEventDestroy_v2(event) };
+                // SAFETY: the event is this batch's own and was recorded; it is destroyed
+                // once, after it has passed.
+                unsafe {
+                    if let Err(error) = sys::cuEventSynchronize(event).result() {
+                        tracing::warn!(%error, "waiting for a GPU batch's rows before reusing their buffer");
+                    }
+                    let _ = sys::cuEventDestroy_v2(event);
+                }
             }
             Ok(())
         });
