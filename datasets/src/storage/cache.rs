@@ -492,3 +492,64 @@ impl ObjectCache {
         evict_to_cap(&self.options.dir, self.options.max_bytes, &self.counters)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use object_store::memory::InMemory;
+    use object_store::path::Path as ObjectPath;
+    use object_store::{ObjectStoreExt, PutPayload};
+
+    use super::*;
+
+    /// The cache reads through whatever object store it is given: an in-memory one here, in
+    /// the builds with and without the S3 client alike.
+    #[test]
+    fn ranges_come_through_any_object_store_and_then_from_the_cache() -> Result<()> {
+        let dir = tempfile::tempdir().map_err(|e| Error::io("tempdir", e))?;
+        let cache = ObjectCache::new(ObjectCacheOptions::new(dir.path()))?;
+        let data: Vec<u8> = (0..100_000u32).map(|i| (i % 251) as u8).collect();
+        let memory = InMemory::new();
+        cache.runtime.block_on(async {
+            for (key, bytes) in [("set/a.tar", data.clone()), ("set/deeper/b.tar", vec![1])] {
+                memory
+                    .put(&ObjectPath::from(key), PutPayload::from(bytes))
+                    .await
+                    .map_err(|source| Error::ObjectStore {
+                        uri: key.into(),
+                        source,
+                    })?;
+            }
+            Ok::<_, Error>(())
+        })?;
+        let store: Arc<Store> = Arc::new(memory);
+        let location = s3_location("s3://bucket/set", "a test prefix")?;
+        // Only what lies directly under the prefix is listed.
+        let listing = cache.list(&store, &location)?;
+        let keys: Vec<&str> = listing.iter().map(|o| o.location.as_ref()).collect();
+        assert_eq!(keys, ["set/a.tar"]);
+
+        let ranges = [10..20, 50_000..50_100, 99_990..100_000];
+        let expected: Vec<Vec<u8>> = ranges
+            .iter()
+            .map(|r| data[r.start as usize..r.end as usize].to_vec())
+            .collect();
+        assert_eq!(
+            cache.read_ranges(&store, &location, &listing[0], &ranges)?,
+            expected
+        );
+        // The three ranges lie within `MAX_COALESCE_GAP` of each other: one GET, the bytes
+        // between them read and dropped.
+        let first = cache.stats();
+        assert_eq!((first.requests, first.bytes_fetched), (1, 100_000 - 10));
+        assert_eq!(first.misses, 3);
+        // Read again: every range from the cache, nothing fetched.
+        assert_eq!(
+            cache.read_ranges(&store, &location, &listing[0], &ranges)?,
+            expected
+        );
+        let again = cache.stats();
+        assert_eq!(again.bytes_fetched, first.bytes_fetched);
+        assert_eq!(again.hits, first.hits + 3);
+        Ok(())
+    }
+}
