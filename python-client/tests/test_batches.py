@@ -11,7 +11,14 @@ import numpy as np
 import pytest
 
 import stoker
-from conftest import SAMPLE_COUNT, SMALL_CROP, assert_same_batches, class_index_of, epoch_batches
+from conftest import (
+    SAMPLE_COUNT,
+    SMALL_CROP,
+    assert_same_batches,
+    class_index_of,
+    epoch_batches,
+    read_indices,
+)
 from stoker import ops, vision
 
 
@@ -190,6 +197,26 @@ def test_state_after_an_epoch_points_at_the_next(make_loader: Callable[..., stok
     assert other.epoch == 1
 
 
+def test_set_epoch_of_a_state_saved_at_an_epochs_end_runs_it_empty(
+    make_loader: Callable[..., stoker.Loader],
+) -> None:
+    # The README's `load_state_dict(s)` then `set_epoch(s["epoch"])`, with `s` saved after the
+    # last batch of epoch 0: epoch 0 yields nothing (it was read), then epoch 1 is the plain one.
+    loader = make_loader(batch_size=40)
+    read_indices(loader)
+    saved = dict(loader.state_dict(), epoch=0, step=len(loader))
+    resumed = make_loader(batch_size=40)
+    resumed.load_state_dict(saved)
+    resumed.set_epoch(saved["epoch"])
+    assert resumed.state_dict()["step"] == len(resumed)
+    assert read_indices(resumed) == []
+    assert resumed.epoch == 1
+    resumed.set_epoch(1)
+    plain = make_loader(batch_size=40)
+    plain.set_epoch(1)
+    assert read_indices(resumed) == read_indices(plain)
+
+
 @pytest.mark.parametrize(
     ("change", "message"),
     [
@@ -198,6 +225,7 @@ def test_state_after_an_epoch_points_at_the_next(make_loader: Callable[..., stok
         ({"num_samples": 7}, "num_samples"),
         ({"version": 2}, "version"),
         ({"step": 1000}, "past the end"),
+        ({"shuffle_window": 3}, "shuffle_window"),
     ],
 )
 def test_load_state_dict_names_the_mismatch(
@@ -206,6 +234,17 @@ def test_load_state_dict_names_the_mismatch(
     loader = make_loader()
     with pytest.raises(ValueError, match=message):
         loader.load_state_dict(dict(loader.state_dict(), **change))
+
+
+def test_a_state_without_a_shuffle_window_still_loads(
+    make_loader: Callable[..., stoker.Loader],
+) -> None:
+    # States saved before the shuffle window was part of them lack the key.
+    loader = make_loader()
+    state = dict(loader.state_dict(), step=2)
+    del state["shuffle_window"]
+    loader.load_state_dict(state)
+    assert loader.state_dict()["step"] == 2
     with pytest.raises(ValueError, match="missing"):
         loader.load_state_dict({"epoch": 0})
 

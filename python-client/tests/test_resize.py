@@ -119,6 +119,9 @@ def test_states_that_disagree_or_leave_ranks_out_are_refused(
         loader.load_state_dict([states[0], states[1], dict(states[2], epoch=4)])
     with pytest.raises(ValueError, match="resizes"):
         loader.load_state_dict(dict(states[0], resizes=[[1]]))
+    # Every rank once: a rank twice (and so a state too many) is refused.
+    with pytest.raises(ValueError, match="each once"):
+        loader.load_state_dict([*states, states[2]])
 
 
 def test_a_later_resume_on_the_same_world_size_leaves_the_resized_epoch(
@@ -139,3 +142,58 @@ def test_a_later_resume_on_the_same_world_size_leaves_the_resized_epoch(
     plain.set_epoch(1)
     assert len(loader) == len(plain)
     assert _read(loader)[0] == _read(plain)[0]
+
+
+def test_a_refused_state_leaves_the_resized_epoch_as_it_was(
+    make_loader: Callable[..., stoker.Loader],
+) -> None:
+    resized_state = _saved_in_epoch_1(make_loader, 4, 2)
+    loader = make_loader(batch_size=BATCH, rank=0, world_size=2, seed=9)
+    loader.load_state_dict(resized_state)
+    before = loader.state_dict()
+    # A state of this world size, past the end of its epoch: refused before anything changes.
+    with pytest.raises(ValueError, match="past the end"):
+        loader.load_state_dict(dict(before, resizes=[], step=10**6))
+    assert loader.state_dict() == before
+    rest = _read(loader)[0]
+    again = make_loader(batch_size=BATCH, rank=0, world_size=2, seed=9)
+    again.load_state_dict(resized_state)
+    assert rest == _read(again)[0]
+
+
+def test_a_resized_epoch_whose_loader_a_refused_state_let_go_is_not_served_plain(
+    make_loader: Callable[..., stoker.Loader],
+) -> None:
+    resized_state = _saved_in_epoch_1(make_loader, 4, 2)
+    loader = make_loader(batch_size=BATCH, rank=0, world_size=2, seed=9)
+    loader.load_state_dict(resized_state)
+    head, mid_state = _read(loader, 1)
+    # Its own resized state, past the end of the resized epoch: the native loader lets go of
+    # the resized epoch's loader before it finds that out.
+    with pytest.raises(ValueError, match="past the end"):
+        loader.load_state_dict(dict(mid_state, step=10**6))
+    # The position stands, but its epoch cannot be served until a state is loaded again.
+    assert loader.state_dict() == mid_state
+    with pytest.raises(ValueError, match="load a state again"):
+        iter(loader)
+    loader.load_state_dict(mid_state)
+    again = make_loader(batch_size=BATCH, rank=0, world_size=2, seed=9)
+    again.load_state_dict(resized_state)
+    assert head + _read(loader)[0] == _read(again)[0]
+
+
+def test_past_the_resized_epoch_a_state_no_longer_carries_its_resizes(
+    make_loader: Callable[..., stoker.Loader],
+) -> None:
+    resized_state = _saved_in_epoch_1(make_loader, 4, 2)
+    loader = make_loader(batch_size=BATCH, rank=0, world_size=2, seed=9)
+    loader.load_state_dict(resized_state)
+    _read(loader)
+    _read(loader, 1)  # epoch 2: the resized epoch's loader is let go
+    # Back to epoch 1: it is the plain epoch of 2 ranks now, and its states say so.
+    loader.set_epoch(1)
+    head, state = _read(loader, 1)
+    assert state["resizes"] == []
+    plain = make_loader(batch_size=BATCH, rank=0, world_size=2, seed=9)
+    plain.set_epoch(1)
+    assert head == _read(plain, 1)[0]

@@ -224,6 +224,9 @@ class NativeLoader:
         read ``steps[r]`` batches each; returns (start step, the epoch's steps, its resizes)."""
     def end_resized(self) -> None:
         """Lets go of the loader of an epoch resumed on another world size."""
+    @property
+    def resumed_epoch(self) -> int | None:
+        """The epoch resumed on another world size whose loader this one holds, if any."""
     def steps_in(self, epoch: int) -> int:
         """Steps of ``epoch`` for this rank (the resumed epoch's own count for that epoch)."""
     def next_batch(self) -> NativeBatch | None:

@@ -225,6 +225,7 @@ class DatasetLoader(Loader):
         self._shuffle = settings["shuffle"]
         self._seed = settings["seed"]
         self._drop_last = settings["drop_last"]
+        self._shuffle_window = 0  # a Python dataset has no shards to shuffle by window
         self._rank = settings["rank"]
         self._world_size = settings["world_size"]
         self._timeout = settings["timeout"]

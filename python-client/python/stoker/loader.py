@@ -436,10 +436,18 @@ class Loader(FromDataset):
 
         Only the newest iterator of a loader is live: starting another, or calling
         :meth:`set_epoch` or :meth:`load_state_dict`, ends the previous one.
+
+        Raises:
+            ValueError: the epoch is one resumed on another world size whose loader a refused
+                :meth:`load_state_dict` let go of (load a state again).
         """
         native = self._handle()
         position = self._position
         epoch = position.epoch
+        position.check_servable()
+        if position.resized_epoch is not None and position.resized_epoch < epoch:
+            # Past the resumed epoch its loader (and so its resizes) are done, natively too.
+            position.resized_epoch, position.resizes, position.resized_lost = None, [], False
         self._feed.drop_staged()
         native.start_epoch(epoch, position.resume_step or 0)
         position.start()
@@ -471,6 +479,7 @@ class Loader(FromDataset):
             "world_size": self._world_size,
             "shuffle": self._shuffle,
             "drop_last": self._drop_last,
+            "shuffle_window": self._shuffle_window,
         }
         if self._mix is not None:
             state["mix"] = self._mix.fingerprint()

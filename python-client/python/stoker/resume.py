@@ -30,6 +30,9 @@ SPEC_KEYS: Final = (
     "shuffle",
     "drop_last",
 )
+# Compared when the state has it (states saved before it was added lack it): a sharded
+# source's order depends on its shuffle window.
+OPTIONAL_SPEC_KEYS: Final = ("shuffle_window",)
 
 
 @dataclass(frozen=True)
@@ -61,6 +64,10 @@ class Position:
     # A position from load_state_dict() that the next iter() starts at.
     resume_epoch: int = 0
     resume_step: int | None = None
+    # (epoch, steps) of a loaded state saved after its epoch's last batch, whose position
+    # moved on to the next epoch: set_epoch(epoch) then runs that epoch empty rather than
+    # again from its start.
+    resume_finished: tuple[int, int] | None = None
     # The epoch resumed on another world size, if any, and its resizes ((cursor, taken)
     # pairs, oldest first), which a state saves while that epoch runs.
     resized_epoch: int | None = None
@@ -68,19 +75,36 @@ class Position:
     generation: int = 0
     # [epoch, sixteenths] of the next batch's GPU decode split as last read (read_split).
     decode_split: list[int] | None = None
+    # Set when a failed load_state_dict left the native loader without the loader of
+    # `resized_epoch`: that epoch cannot be served until a state is loaded again.
+    resized_lost: bool = False
+
+    def check_servable(self) -> None:
+        """Raises ValueError when the epoch to run is a resumed epoch whose loader is gone."""
+        if self.resized_lost and self.epoch == self.resized_epoch:
+            raise ValueError(
+                f"a failed load_state_dict let go of the loader of epoch {self.epoch} as "
+                "resumed on another world size; load a state again (state_dict() still "
+                "gives this position)"
+            )
 
     def start(self) -> int:
         """Starts an iterator over the current epoch, at the resume step (once) or 0; returns
         the step."""
         step = self.resume_step if self.resume_step is not None else 0
         self.resume_step = None
+        self.resume_finished = None
         self.step = step
         self.generation += 1
         return step
 
     def set_epoch(self, epoch: int) -> None:
-        """The next ``iter()`` runs ``epoch``, at the resume step when one was set for it."""
+        """The next ``iter()`` runs ``epoch``, at the resume step when one was set for it (for
+        the epoch a loaded state had finished: at its end, so it runs empty)."""
         self.epoch = epoch
+        finished = self.resume_finished
+        if self.resume_step is not None and finished is not None and finished[0] == epoch:
+            self.resume_epoch, self.resume_step = finished
         if self.resume_step is not None and self.resume_epoch != epoch:
             self.resume_step = None
         self.step = self.resume_step if self.resume_step is not None else 0
@@ -104,8 +128,10 @@ class Position:
     def resume(self, epoch: int, step: int, steps_in_epoch: int) -> None:
         """The next ``iter()`` starts at ``step`` of ``epoch`` (of ``steps_in_epoch``
         steps), or at the next epoch when that step is past the last batch."""
+        self.resume_finished = None
         if step == steps_in_epoch:
             # Saved right after the last batch (or nothing was left): the next epoch starts.
+            self.resume_finished = (epoch, step)
             epoch, step = epoch + 1, 0
         self.epoch = self.resume_epoch = epoch
         self.step = self.resume_step = step
@@ -133,21 +159,30 @@ class Position:
         saved the same step, otherwise at the start of the rest of that epoch, spread over
         this run's ranks (whose resizes the position then keeps). A saved GPU decode split
         goes on where the run resumes, unless that is the next epoch (without a GPU decode
-        lane ``native`` ignores it)."""
-        self.resized_epoch, self.resizes = None, []
+        lane ``native`` ignores it). A state refused here leaves the position as it was."""
+        resizes: list[tuple[int, list[int]]] = []
         if saved.world_size == world_size and len(set(saved.steps)) == 1 and not saved.resizes:
             step = saved.steps[0]
-            native.end_resized()
             steps_in_epoch = native.steps_per_epoch
             if step > steps_in_epoch:
                 raise ValueError(
                     f"state['step'] {step} is past the end of the epoch ({steps_in_epoch} steps)"
                 )
+            native.end_resized()
+            resized_epoch = None
         else:
-            step, steps_in_epoch, chain = native.resume_resized(
-                saved.epoch, saved.resizes, saved.world_size, saved.steps
-            )
-            self.resized_epoch, self.resizes = saved.epoch, chain
+            try:
+                step, steps_in_epoch, resizes = native.resume_resized(
+                    saved.epoch, saved.resizes, saved.world_size, saved.steps
+                )
+            except BaseException:
+                # The native loader lets go of an earlier resumed epoch's loader before it
+                # builds the next: when that happened, this position can no longer be served.
+                if self.resized_epoch is not None:
+                    self.resized_lost = native.resumed_epoch != self.resized_epoch
+                raise
+            resized_epoch = saved.epoch
+        self.resized_epoch, self.resizes, self.resized_lost = resized_epoch, resizes, False
         self.resume(saved.epoch, step, steps_in_epoch)
         if saved.decode_split is not None and saved.decode_split[0] == self.epoch:
             native.set_decode_split(self.epoch, self.step, saved.decode_split[1])
@@ -190,7 +225,7 @@ def check_state(state: Any, ours: Mapping[str, Any]) -> None:
         )
     mismatched = [
         f"{key}: saved {state[key]!r}, this loader {ours[key]!r}"
-        for key in (*SPEC_KEYS, "mix")
+        for key in (*SPEC_KEYS, "mix", *(k for k in OPTIONAL_SPEC_KEYS if k in state))
         if state.get(key) != ours.get(key)
     ]
     if mismatched:
@@ -227,11 +262,13 @@ def read_states(
         step = check_int(first["step"], "state['step']", 0, MAX_U64)
         steps = [step] * old_world
     else:
-        by_rank = {check_int(s["rank"], "state['rank']", 0, MAX_U32): s for s in states}
-        if sorted(by_rank) != list(range(old_world)):
+        ranks = [check_int(s["rank"], "state['rank']", 0, MAX_U32) for s in states]
+        if sorted(ranks) != list(range(old_world)):
             raise ValueError(
-                f"give one state or all {old_world} ranks' states, got ranks {sorted(by_rank)}"
+                f"give one state or all {old_world} ranks' states, each once, got ranks "
+                f"{sorted(ranks)}"
             )
+        by_rank = dict(zip(ranks, states, strict=True))
         steps = [
             check_int(by_rank[r]["step"], "state['step']", 0, MAX_U64) for r in range(old_world)
         ]

@@ -376,6 +376,13 @@ impl NativeLoader {
         Ok((start_step, steps_in_epoch, chain))
     }
 
+    /// The epoch resumed on another world size whose loader this one holds, if any (a failed
+    /// `resume_resized` may have let go of the one before).
+    #[getter]
+    fn resumed_epoch(&self) -> Option<u64> {
+        self.resumed.as_ref().map(|(epoch, _)| *epoch)
+    }
+
     /// Lets go of the loader of an epoch resumed on another world size: a later resume on
     /// this loader's own world size makes every epoch the plain loader's again.
     fn end_resized(&mut self, py: Python<'_>) {
