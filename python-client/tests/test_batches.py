@@ -236,6 +236,23 @@ def test_load_state_dict_names_the_mismatch(
         loader.load_state_dict(dict(loader.state_dict(), **change))
 
 
+def test_an_iterator_started_again_before_its_first_batch_keeps_the_resume_step(
+    make_loader: Callable[..., stoker.Loader],
+) -> None:
+    plain = epoch_batches(make_loader(batch_size=8))
+    loader = make_loader(batch_size=8)
+    loader.load_state_dict(dict(loader.state_dict(), step=2))
+    iter(loader)  # a first next() that never came back (interrupted, timed out)
+    assert loader.state_dict()["step"] == 2
+
+    def first(loader: stoker.Loader) -> dict[str, np.ndarray]:
+        return {name: np.array(value, copy=True) for name, value in next(iter(loader)).items()}
+
+    assert_same_batches([first(loader)], plain[2:3])
+    # Once a batch was handed out the resume is used: a new iteration starts the epoch over.
+    assert_same_batches([first(loader)], plain[:1])
+
+
 def test_a_state_without_a_shuffle_window_still_loads(
     make_loader: Callable[..., stoker.Loader],
 ) -> None:

@@ -229,7 +229,7 @@ class BatchIterator(Iterator[dict[str, Any]]):
             raise StopIteration
         step, batch, self.sample_indices, self.bad_samples = taken
         self.step = step
-        position.step = step + 1
+        position.yielded(step)
         out: dict[str, Any] = batch
         return out
 

@@ -89,14 +89,19 @@ class Position:
             )
 
     def start(self) -> int:
-        """Starts an iterator over the current epoch, at the resume step (once) or 0; returns
-        the step."""
+        """Starts an iterator over the current epoch, at the resume step or 0; returns the
+        step. The resume step holds until a batch is yielded or the epoch ends, so an iterator
+        started again before its first batch (a first ``next()`` interrupted or timed out)
+        starts there again rather than at 0."""
         step = self.resume_step if self.resume_step is not None else 0
-        self.resume_step = None
-        self.resume_finished = None
         self.step = step
         self.generation += 1
         return step
+
+    def yielded(self, step: int) -> None:
+        """The batch of ``step`` was handed out: the next is ``step + 1``; a resume is used."""
+        self.step = step + 1
+        self.resume_step = self.resume_finished = None
 
     def set_epoch(self, epoch: int) -> None:
         """The next ``iter()`` runs ``epoch``, at the resume step when one was set for it (for
@@ -114,6 +119,7 @@ class Position:
         """``epoch`` ran to its end: the next batch is the next epoch's first."""
         self.epoch = epoch + 1
         self.step = 0
+        self.resume_step = self.resume_finished = None
 
     def saved(self) -> dict[str, Any]:
         """The position's part of a state: the next batch's epoch and step, and the current
