@@ -215,6 +215,43 @@ def test_skip_replaces_a_raising_sample_by_the_next_one() -> None:
         assert loader.stats()["bad_samples"] == 1
 
 
+class RetryingThenChaining(Squares):
+    """Every third sample fails after retries, raising ``from`` the last failure: the
+    exception chain (kept in a cycle with the dataset's frame) reaches the loader's frames."""
+
+    def __getitem__(self, index: int):
+        if index % 3 != 1:
+            return super().__getitem__(index)
+        last = None
+        for _ in range(2):
+            try:
+                raise OSError(f"cannot read {index}")
+            except OSError as error:
+                last = error
+        raise RuntimeError(f"gave up on {index}") from last
+
+
+@pytest.mark.parametrize("mode", [{"num_threads": 2}, {"num_workers": 2}])
+def test_a_chained_failure_is_a_bad_sample_whatever_its_chain_keeps(mode: dict) -> None:
+    import gc
+
+    gc.disable()  # the cycles stay until the loader is done with the batch
+    try:
+        with stoker.Loader.from_dataset(
+            RetryingThenChaining(60), batch_size=6, on_error="skip", output="numpy",
+            timeout=30, **mode,
+        ) as loader:
+            for _ in range(3):  # more epochs than the pool has slots for its steps
+                it = iter(loader)
+                bad = 0
+                for _batch in it:
+                    bad += len(it.bad_samples)
+                    assert all("gave up on" in b["reason"] for b in it.bad_samples)
+                assert bad == 20
+    finally:
+        gc.enable()
+
+
 def test_sample_rng_gives_the_same_batches_for_any_thread_or_process_count() -> None:
     runs = []
     for mode in ({"num_threads": 1}, {"num_threads": 4}, {"num_workers": 2}):
@@ -356,7 +393,11 @@ def test_a_killed_worker_process_is_an_error_naming_it() -> None:
         next(it)
         victim = loader._builder._workers[1].process
         os.kill(victim.pid, signal.SIGKILL)
-        with pytest.raises(stoker.StokerError, match=r"worker process 1 .*exited with code -9"):
+        with pytest.raises(
+            stoker.StokerError,
+            match=r"worker process 1 .*exited with code -9 while loading step \d+ of epoch 0 "
+            r"\(dataset indices \d+, \d+, \d+, \d+\)",
+        ):
             for _ in it:
                 pass
 
@@ -384,6 +425,62 @@ def test_close_stops_the_worker_processes() -> None:
     assert all(not p.is_alive() for p in processes)
     with pytest.raises(stoker.StokerError, match="closed"):
         iter(loader)
+
+
+class SlowFirst(Squares):
+    """dataset[0] takes 3 s (a lazy download, say); the rest are quick."""
+
+    def __getitem__(self, index: int):
+        if index == 0:
+            time.sleep(3)
+        return super().__getitem__(index)
+
+
+def test_a_worker_process_slower_than_the_timeout_on_dataset_0_is_a_timeout() -> None:
+    started = time.monotonic()
+    with pytest.raises(stoker.LoaderTimeoutError, match=r"reading dataset\[0\] within 1"):
+        stoker.Loader.from_dataset(
+            SlowFirst(10), batch_size=2, num_workers=1, timeout=1, output="numpy"
+        )
+    assert time.monotonic() - started < 10
+
+
+def test_a_layout_a_worker_process_cannot_send_is_an_error_naming_why() -> None:
+    import collections as local
+
+    Pair = local.namedtuple("Pair", "x y")  # a class pickle cannot find by name
+
+    class LocalPairs(Squares):
+        def __getitem__(self, index: int):
+            return Pair(np.float32(index), index)
+
+    with pytest.raises(stoker.StokerError, match=r"(?s)handling 'probe'.*Pickl"):
+        stoker.Loader.from_dataset(
+            LocalPairs(8), batch_size=2, num_workers=1, timeout=10, output="numpy",
+            multiprocessing_context="fork",
+        )
+
+
+class SlowBatches(Squares):
+    """Each sample takes 4 s: a batch of 4 keeps a worker busy for 16 s."""
+
+    def __getitem__(self, index: int):
+        time.sleep(4)
+        return super().__getitem__(index)
+
+
+def test_close_with_busy_worker_processes_waits_one_grace_period_for_all() -> None:
+    loader = stoker.Loader.from_dataset(
+        SlowBatches(64), batch_size=4, num_workers=3, prefetch=3, output="numpy", timeout=60
+    )
+    processes = [w.process for w in loader._builder._workers]
+    iter(loader)  # the three workers start on their first batches
+    time.sleep(1.5)
+    started = time.monotonic()
+    loader.close()
+    # One grace period of 5 s for the three (each busy 14.5 s more), then killed: not 5 s each.
+    assert time.monotonic() - started < 9
+    assert all(not p.is_alive() for p in processes)
 
 
 class JpegFiles:

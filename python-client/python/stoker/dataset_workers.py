@@ -14,6 +14,7 @@ import pickle
 import signal
 import sys
 import threading
+import time
 import traceback
 from collections.abc import Iterator
 from typing import Any, NoReturn
@@ -22,6 +23,9 @@ from stoker.errors import DatasetError, LoaderTimeoutError, StokerError
 from stoker.samples import Layout, State, fill_batch, probe
 
 __all__ = ["ProcessBuilder", "start_context"]
+
+# Seconds a closing loader's workers have to finish their batch and exit before they are killed.
+_CLOSE_GRACE_S = 5.0
 
 
 class _Arena:
@@ -64,14 +68,24 @@ def _worker_main(conn: Any, state: State | bytes) -> None:
     while True:
         try:
             message = conn.recv()
-            if message is None:
-                return
+        except (EOFError, OSError):
+            return  # the parent is gone
+        if message is None:
+            return
+        try:
             if message[0] == "arena":
-                fd = multiprocessing.reduction.recv_handle(conn)
-                if arena is not None:
-                    arena.close()
-                arena = _Arena(fd, message[1])
-                os.close(fd)
+                # Nothing is sent back for the mapping: a failure here (out of descriptors or
+                # of address space) is the reply to the batch that comes with it, and then
+                # this worker stops.
+                try:
+                    fd = multiprocessing.reduction.recv_handle(conn)
+                    if arena is not None:
+                        arena.close()
+                    arena = _Arena(fd, message[1])
+                    os.close(fd)
+                except BaseException as error:
+                    _reply_error(conn, "mapping the loader's slots", error)
+                    return
                 continue
             if message[0] == "layout":
                 state.layout = message[1]
@@ -82,10 +96,7 @@ def _worker_main(conn: Any, state: State | bytes) -> None:
                 except (DatasetError, TypeError) as error:
                     conn.send(("refused", type(error).__name__, str(error)))
                 continue
-        except (EOFError, OSError):
-            return  # the parent is gone
-        _, epoch, indices, offset, length = message
-        try:
+            _, epoch, indices, offset, length = message
             if arena is None:
                 raise RuntimeError("no slot mapping was sent before the first batch")
             view = arena.view[offset : offset + length]
@@ -95,8 +106,22 @@ def _worker_main(conn: Any, state: State | bytes) -> None:
                 view.release()
             conn.send(("done", bad, failure))
         except BaseException as error:
-            text = "".join(traceback.format_exception(type(error), error, error.__traceback__))
-            conn.send(("error", text.rstrip()))
+            _reply_error(conn, f"handling {message[0]!r}", error)
+
+
+def _reply_error(conn: Any, doing: str, error: BaseException) -> None:
+    """Sends the parent what failed in this worker outside the dataset's samples, with its
+    traceback (a reply that cannot be pickled, say)."""
+    text = "".join(traceback.format_exception(type(error), error, error.__traceback__))
+    with contextlib.suppress(OSError):
+        conn.send(("error", f"{doing}: {text.rstrip()}"))
+
+
+def _indices(indices: list[int], shown: int = 8) -> str:
+    """The dataset indices of a batch, for a message: the first ``shown`` of them."""
+    listed = ", ".join(str(i) for i in indices[:shown])
+    more = f", ... ({len(indices)} in all)" if len(indices) > shown else ""
+    return f"dataset indices {listed}{more}"
 
 
 class _Worker:
@@ -126,7 +151,7 @@ class _Worker:
         if shared is None:
             raise StokerError("process mode needs the loader's slots in shared memory")
         arena, fd, size, offset = shared
-        doing = f"loading step {step} of epoch {epoch}"
+        doing = f"loading step {step} of epoch {epoch} ({_indices(indices)})"
         with self.lock:
             try:
                 if self.arena != arena:
@@ -143,14 +168,16 @@ class _Worker:
         failed outside the dataset's code, LoaderTimeoutError when ``timeout`` passed."""
         try:
             self.conn.send(message)
-            if timeout is not None and not self.conn.poll(timeout):
-                raise LoaderTimeoutError(
-                    f"dataset worker process {self.number} (pid {self.process.pid}) did not "
-                    f"finish {doing} within {timeout} s"
-                )
-            reply = self.conn.recv()
+            answered = timeout is None or self.conn.poll(timeout)
+            if answered:
+                reply = self.conn.recv()
         except (EOFError, OSError):
             self._died(doing)
+        if not answered:
+            raise LoaderTimeoutError(
+                f"dataset worker process {self.number} (pid {self.process.pid}) did not "
+                f"finish {doing} within {timeout} s"
+            )
         if reply[0] == "error":
             raise StokerError(f"dataset worker process {self.number} failed: {reply[1]}")
         if reply[0] == "failed":
@@ -169,10 +196,14 @@ class _Worker:
             f"code {self.process.exitcode} while {doing}"
         ) from None
 
-    def close(self) -> None:
+    def ask_to_stop(self) -> None:
+        """Asks the worker to exit once its current batch is done."""
         with contextlib.suppress(OSError):
             self.conn.send(None)
-        self.process.join(timeout=5.0)
+
+    def close(self, deadline: float) -> None:
+        """Waits for the worker to exit until ``deadline`` (``time.monotonic()``), then kills it."""
+        self.process.join(timeout=max(0.0, deadline - time.monotonic()))
         if self.process.is_alive():
             self.process.kill()
             self.process.join(timeout=5.0)
@@ -218,8 +249,13 @@ class ProcessBuilder:
     def close(self) -> None:
         with self._lock:
             workers, self._workers = self._workers, []
+        # All asked at once and waited for together: a close takes one grace period, not one
+        # per busy worker (their batches are dropped anyway).
         for worker in workers:
-            worker.close()
+            worker.ask_to_stop()
+        deadline = time.monotonic() + _CLOSE_GRACE_S
+        for worker in workers:
+            worker.close(deadline)
 
 
 def _default_start_method() -> str:

@@ -345,7 +345,10 @@ def fill_batch(
         return bad, None
     finally:
         # The slot's view is released when build() returns: no array may still export it.
-        del destinations
+        # Emptied, not only unbound: frames an exception chain of the dataset's code keeps (a
+        # `raise ... from` in a retry loop, alive until the garbage collector runs) still
+        # reach this list through their callers.
+        destinations.clear()
 
 
 class ThreadBuilder:
