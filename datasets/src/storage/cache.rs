@@ -201,12 +201,14 @@ impl ObjectCache {
             .block_on(download::list_objects(store, location))
     }
 
-    /// Reads bytes `range` of the object `key`, bypassing the cache (a shard scanned once).
+    /// Reads bytes `range` of the object `key`, bypassing the cache (a shard scanned once); of
+    /// the version `e_tag` when given (see [`download::get_range`]).
     pub(crate) fn read_uncached(
         &self,
         store: &Store,
         location: &RemoteLocation,
         key: &str,
+        e_tag: Option<&str>,
         range: Range<u64>,
     ) -> Result<bytes::Bytes> {
         let plan = FetchPlan {
@@ -218,6 +220,7 @@ impl ObjectCache {
             store,
             key,
             &location.uri_of(key),
+            e_tag,
             range,
             plan,
             &self.counters,
@@ -448,6 +451,7 @@ impl ObjectCache {
             .zip(&parts)
             .map(|((position, entry, _), part)| Download {
                 key: sources[*position].0.clone(),
+                e_tag: entry.listed.e_tag.clone(),
                 uri: entry.uri.clone(),
                 size: entry.listed.size,
                 offset: sources[*position].1,
@@ -550,6 +554,56 @@ mod tests {
         let again = cache.stats();
         assert_eq!(again.bytes_fetched, first.bytes_fetched);
         assert_eq!(again.hits, first.hits + 3);
+        Ok(())
+    }
+
+    /// An object rewritten after it was listed is an error when a range of it is fetched,
+    /// never the new version's bytes at the old version's offsets; an empty range is empty.
+    #[test]
+    #[allow(clippy::single_range_in_vec_init)] // one range among the ranges read
+    fn a_range_of_an_object_rewritten_since_its_listing_is_refused() -> Result<()> {
+        let dir = tempfile::tempdir().map_err(|e| Error::io("tempdir", e))?;
+        let cache = ObjectCache::new(ObjectCacheOptions::new(dir.path()))?;
+        let memory = InMemory::new();
+        let path = ObjectPath::from("set/a.bin");
+        let put = |bytes: Vec<u8>| {
+            cache
+                .runtime
+                .block_on(memory.put(&path, PutPayload::from(bytes)))
+                .map_err(|source| Error::ObjectStore {
+                    uri: "set/a.bin".into(),
+                    source,
+                })
+        };
+        put(vec![1; 1000])?;
+        let store: Arc<Store> = Arc::new(memory.clone());
+        let location = s3_location("s3://bucket/set", "a test prefix")?;
+        let listing = cache.list(&store, &location)?;
+        assert_eq!(
+            cache.read_ranges(&store, &location, &listing[0], &[10..20, 30..30])?,
+            [vec![1; 10], vec![]]
+        );
+        put(vec![2; 1000])?;
+        let error = cache
+            .read_ranges(&store, &location, &listing[0], &[500..510])
+            .expect_err("a range of another version was served");
+        assert!(matches!(error, Error::ObjectChanged { .. }), "{error}");
+        let error = cache
+            .read_uncached(
+                &store,
+                &location,
+                "set/a.bin",
+                listing[0].e_tag.as_deref(),
+                0..8,
+            )
+            .expect_err("a scan read another version");
+        assert!(matches!(error, Error::ObjectChanged { .. }), "{error}");
+        // Listed again, the new version is read.
+        let listing = cache.list(&store, &location)?;
+        assert_eq!(
+            cache.read_ranges(&store, &location, &listing[0], &[500..510])?,
+            [vec![2; 10]]
+        );
         Ok(())
     }
 }

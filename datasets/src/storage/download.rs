@@ -19,7 +19,7 @@ use std::time::Duration;
 
 use futures_util::stream::{self, StreamExt};
 use object_store::path::Path as ObjectPath;
-use object_store::{ObjectMeta, ObjectStoreExt};
+use object_store::{GetOptions, ObjectMeta, ObjectStoreExt};
 use tracing::{debug, warn};
 
 use super::s3_client::Store;
@@ -44,6 +44,8 @@ pub(super) struct Download {
     pub(super) key: String,
     /// Its `s3://` URI, for messages.
     pub(super) uri: String,
+    /// The ETag the object was listed with: every GET asks for that version (If-Match).
+    pub(super) e_tag: Option<String>,
     /// Bytes to fetch: the whole object's size, or a range's length.
     pub(super) size: u64,
     /// Where the bytes start in the object (0 for a whole object).
@@ -211,7 +213,17 @@ async fn fetch_request(
 ) -> Result<()> {
     let first = &downloads[request.first];
     let range = request.span.clone();
-    let bytes = get_range(store, &first.key, &first.uri, range.clone(), plan, counters).await?;
+    let version = first.e_tag.as_deref();
+    let bytes = get_range(
+        store,
+        &first.key,
+        &first.uri,
+        version,
+        range.clone(),
+        plan,
+        counters,
+    )
+    .await?;
     if let Some(position) = request.part_of {
         let download = &downloads[position];
         let at = range.start - download.offset;
@@ -228,14 +240,22 @@ async fn fetch_request(
 
 /// Bytes `range` of the object `key` (`uri` in messages), in memory: one ranged GET, tried
 /// again with backoff after a transient failure or a short answer, up to `plan.max_attempts`.
+/// With `e_tag` (the version listed) the GET asks for that version only (If-Match): an object
+/// rewritten since is [`Error::ObjectChanged`], never bytes of the new version at the old
+/// version's offsets. An empty range is empty bytes, without a request.
+#[allow(clippy::too_many_arguments)]
 pub(super) async fn get_range(
     store: &Store,
     key: &str,
     uri: &str,
+    e_tag: Option<&str>,
     range: Range<u64>,
     plan: FetchPlan,
     counters: &Counters,
 ) -> Result<bytes::Bytes> {
+    if range.is_empty() {
+        return Ok(bytes::Bytes::new());
+    }
     let path = ObjectPath::parse(key).map_err(|source| Error::InvalidUri {
         uri: uri.to_string(),
         reason: source.to_string(),
@@ -244,7 +264,16 @@ pub(super) async fn get_range(
     let mut attempt = 1;
     loop {
         counters.requests.fetch_add(1, Ordering::Relaxed);
-        let error = match store.get_range(&path, range.clone()).await {
+        let options = GetOptions {
+            range: Some(range.clone().into()),
+            if_match: e_tag.map(str::to_owned),
+            ..GetOptions::default()
+        };
+        let answer = match store.get_opts(&path, options).await {
+            Ok(answer) => answer.bytes().await,
+            Err(error) => Err(error),
+        };
+        let error = match answer {
             Ok(bytes) if bytes.len() as u64 == wanted => {
                 counters.bytes_fetched.fetch_add(wanted, Ordering::Relaxed);
                 return Ok(bytes);
@@ -254,6 +283,11 @@ pub(super) async fn get_range(
                 expected: wanted,
                 received: bytes.len() as u64,
             },
+            Err(object_store::Error::Precondition { .. }) => {
+                return Err(Error::ObjectChanged {
+                    uri: uri.to_string(),
+                })
+            }
             Err(source) => {
                 let transient = is_transient(&source);
                 let error = Error::ObjectStore {
@@ -324,6 +358,7 @@ mod tests {
     fn download(key: &str, offset: u64, size: u64) -> Download {
         Download {
             key: key.into(),
+            e_tag: None,
             uri: format!("s3://b/{key}"),
             size,
             offset,

@@ -115,7 +115,7 @@ impl CachedObject {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub(super) struct EntryMeta {
     pub(super) size: u64,
-    e_tag: Option<String>,
+    pub(super) e_tag: Option<String>,
     last_modified: String,
     /// CRC-32 of the bytes, for entries committed without `fsync` (byte ranges): a copy torn by
     /// a crash fails it when read, and is fetched again.

@@ -4,10 +4,11 @@
 //! - [`parse_dataset_uri`]: a plain path, `file://PATH` or `s3://BUCKET/PREFIX`; any other
 //!   scheme is refused with an error naming the supported ones.
 //! - [`ObjectCache`]: whole remote objects materialised as local files (parallel ranged GETs
-//!   of [`DEFAULT_PART_SIZE`], retried with backoff; size cap with LRU eviction; safe for
-//!   concurrent threads and processes; survives restarts) with hit / miss / byte counters
-//!   ([`CacheStats`](crate::CacheStats)). [`ObjectCache::fetch`] turns a URI into local paths, the step any
-//!   format can build on.
+//!   of [`DEFAULT_PART_SIZE`], each asking for the version listed: If-Match on its ETag, so an
+//!   object rewritten since is an error, not a mix of versions; retried with backoff; size cap
+//!   with LRU eviction; safe for concurrent threads and processes; survives restarts) with
+//!   hit / miss / byte counters ([`CacheStats`](crate::CacheStats)). [`ObjectCache::fetch`]
+//!   turns a URI into local paths, the step any format can build on.
 //! - What the formats read through it: tar shards under an `s3://` prefix
 //!   ([`TarShards::open_remote`](crate::TarShards::open_remote), in `tar_shards/remote.rs`), each
 //!   sample a ranged GET of its member through the cache, neighbouring ranges coalesced, so the

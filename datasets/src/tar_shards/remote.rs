@@ -87,6 +87,7 @@ fn scan_shards(
                 store,
                 location,
                 key: &key,
+                e_tag: object.e_tag.as_deref(),
                 size: object.size,
                 window: cache.options().part_size.max(MIN_SCAN_WINDOW),
                 position: 0,
@@ -119,6 +120,8 @@ struct WindowReader<'a> {
     store: &'a Store,
     location: &'a RemoteLocation,
     key: &'a str,
+    /// The version listed: the scan reads that one only.
+    e_tag: Option<&'a str>,
     size: u64,
     window: u64,
     position: u64,
@@ -137,10 +140,13 @@ impl std::io::Read for WindowReader<'_> {
         let held = *start..*start + bytes.len() as u64;
         if !held.contains(&self.position) {
             let end = self.position.saturating_add(self.window).min(self.size);
-            match self
-                .cache
-                .read_uncached(self.store, self.location, self.key, self.position..end)
-            {
+            match self.cache.read_uncached(
+                self.store,
+                self.location,
+                self.key,
+                self.e_tag,
+                self.position..end,
+            ) {
                 Ok(bytes) => self.held = (self.position, bytes),
                 Err(error) => {
                     let message = error.to_string();
