@@ -254,14 +254,22 @@ impl Entry {
     }
 
     /// The copy's bytes, when its recorded checksum (if any) holds; `None` when it does not
-    /// (the metadata is then removed, so the entry is fetched again).
+    /// (the metadata is then removed, so the entry is fetched again) or when the metadata is
+    /// gone or unreadable (another reader found the bytes torn and removed it): never bytes
+    /// whose check could not be made.
     pub(super) fn read_checked(&self) -> Result<Option<Vec<u8>>> {
         let bytes = std::fs::read(&self.data).map_err(|source| Error::io(&self.data, source))?;
         let recorded: Option<EntryMeta> = std::fs::read(&self.meta)
             .ok()
             .and_then(|text| serde_json::from_slice(&text).ok());
-        let expected = recorded.and_then(|meta| meta.crc32);
-        if expected.is_some_and(|crc| crc != crc32fast::hash(&bytes)) {
+        let Some(recorded) = recorded else {
+            warn!(uri = %self.uri, cache = %self.data.display(), "cached copy lost its metadata while read; fetching it again");
+            return Ok(None);
+        };
+        if recorded
+            .crc32
+            .is_some_and(|crc| crc != crc32fast::hash(&bytes))
+        {
             warn!(uri = %self.uri, cache = %self.data.display(), "cached bytes fail their checksum; fetching them again");
             let _ = std::fs::remove_file(&self.meta);
             return Ok(None);
@@ -377,6 +385,35 @@ mod tests {
         assert!(copy.matches(&listed));
         copy.size = 11;
         assert!(!copy.matches(&listed));
+    }
+
+    #[test]
+    fn bytes_are_read_only_with_their_metadata_and_a_checksum_that_holds() {
+        let dir = tempfile::tempdir().unwrap();
+        let location = RemoteLocation {
+            bucket: "b".into(),
+            prefix: String::new(),
+        };
+        let object = ObjectMeta {
+            location: object_store::path::Path::from("set/a.bin"),
+            last_modified: Default::default(),
+            size: 4,
+            e_tag: Some("\"a\"".into()),
+            version: None,
+        };
+        let entry = Entry::new(dir.path(), &location, &object).unwrap();
+        std::fs::create_dir_all(entry.data.parent().unwrap()).unwrap();
+        std::fs::write(&entry.data, b"abcd").unwrap();
+        let mut meta = EntryMeta::of(&object);
+        meta.crc32 = Some(crc32fast::hash(b"abcd"));
+        std::fs::write(&entry.meta, serde_json::to_vec(&meta).unwrap()).unwrap();
+        assert_eq!(entry.read_checked().unwrap().as_deref(), Some(&b"abcd"[..]));
+        // Torn bytes fail the checksum; the metadata goes, so the next reader fetches again.
+        std::fs::write(&entry.data, b"ab\0\0").unwrap();
+        assert_eq!(entry.read_checked().unwrap(), None);
+        assert!(!entry.meta.exists());
+        // A reader that finds the metadata gone (removed by another) does not take the bytes.
+        assert_eq!(entry.read_checked().unwrap(), None);
     }
 
     #[test]
