@@ -39,7 +39,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use object_store::ObjectMeta;
-use tracing::{debug, info};
+use tracing::{debug, info, warn};
 
 use super::download::{self, Download, FetchPlan};
 use super::entry::{
@@ -256,7 +256,9 @@ impl ObjectCache {
     /// range is an entry of its own (`<key>.stoker-ranges/<start>-<end>`, checked against the
     /// object's ETag like a whole object, evicted like one), so a dataset larger than the cache
     /// is read piece by piece. Ranges missing from the cache are fetched together, neighbours
-    /// of one object in one GET (`download::MAX_COALESCE_GAP`).
+    /// of one object in one GET (`download::MAX_COALESCE_GAP`). When another process holds
+    /// one of the entries past the lock deadline (a slow store, a stuck process), the ranges
+    /// are read from the store past the cache rather than failing the read.
     pub(super) fn read_ranges(
         &self,
         store: &Arc<Store>,
@@ -269,7 +271,24 @@ impl ObjectCache {
             .map(|range| range_wanted(object, range))
             .collect();
         let fetched_before = self.counters.bytes_fetched.load(Ordering::Relaxed);
-        let ready = self.materialise(store, location, wanted, true)?;
+        let ready = match self.materialise(store, location, wanted, true) {
+            Err(Error::CacheLockTimeout {
+                path,
+                waited_seconds,
+            }) => {
+                warn!(lock = %path.display(), waited_seconds, "a cache entry stayed locked past the deadline; reading its ranges from the store");
+                let key = object.location.as_ref();
+                let e_tag = object.e_tag.as_deref();
+                return ranges
+                    .iter()
+                    .map(|range| {
+                        self.read_uncached(store, location, key, e_tag, range.clone())
+                            .map(|bytes| bytes.to_vec())
+                    })
+                    .collect();
+            }
+            ready => ready?,
+        };
         let mut out = Vec::with_capacity(ready.len());
         for (cached, range) in ready.into_iter().zip(ranges) {
             let bytes = match cached.entry().read_checked()? {
@@ -554,6 +573,45 @@ mod tests {
         let again = cache.stats();
         assert_eq!(again.bytes_fetched, first.bytes_fetched);
         assert_eq!(again.hits, first.hits + 3);
+        Ok(())
+    }
+
+    /// A range whose entry another process holds past the lock deadline is read from the
+    /// store instead of failing.
+    #[test]
+    fn a_range_locked_past_the_deadline_is_read_from_the_store() -> Result<()> {
+        let dir = tempfile::tempdir().map_err(|e| Error::io("tempdir", e))?;
+        let mut options = ObjectCacheOptions::new(dir.path());
+        options.lock_timeout = std::time::Duration::from_millis(300);
+        let cache = ObjectCache::new(options)?;
+        let memory = InMemory::new();
+        let data: Vec<u8> = (0..1000u32).map(|i| (i % 251) as u8).collect();
+        cache
+            .runtime
+            .block_on(memory.put(
+                &ObjectPath::from("set/a.bin"),
+                PutPayload::from(data.clone()),
+            ))
+            .map_err(|source| Error::ObjectStore {
+                uri: "set/a.bin".into(),
+                source,
+            })?;
+        let store: Arc<Store> = Arc::new(memory);
+        let location = s3_location("s3://bucket/set", "a test prefix")?;
+        let listing = cache.list(&store, &location)?;
+        // Another holder of the range's entry (its lock file locked exclusively).
+        let entry = Entry::new(
+            dir.path(),
+            &location,
+            &range_wanted(&listing[0], &(10..20)).meta,
+        )?;
+        if let Some(parent) = entry.lock.parent() {
+            std::fs::create_dir_all(parent).map_err(|e| Error::io(parent, e))?;
+        }
+        let held = File::create(&entry.lock).map_err(|e| Error::io(&entry.lock, e))?;
+        assert!(try_lock(&held, true, &entry.lock)?);
+        let read = cache.read_ranges(&store, &location, &listing[0], &[10..20, 30..40])?;
+        assert_eq!(read, [data[10..20].to_vec(), data[30..40].to_vec()]);
         Ok(())
     }
 
