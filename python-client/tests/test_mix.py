@@ -115,6 +115,10 @@ def test_a_mixed_epoch_resumes_exactly(token_files: tuple[Path, Path]) -> None:
         {a: 0.6, b: 0.4}, pipeline=[ops.TokenWindows(SEQ_LEN)], batch_size=64, output="numpy"
     ) as other, pytest.raises(ValueError, match="mix"):
         other.load_state_dict(state)
+    # A state without a mix (a plain loader's) into a mix, and the reverse: refused by name.
+    plain = {key: value for key, value in state.items() if key != "mix"}
+    with token_mix(token_files) as mixed, pytest.raises(ValueError, match="mix: saved None"):
+        mixed.load_state_dict(plain)
 
 
 def test_a_mixed_epoch_resumes_on_another_world_size(token_files: tuple[Path, Path]) -> None:

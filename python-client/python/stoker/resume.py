@@ -230,7 +230,7 @@ def check_state(state: Any, ours: Mapping[str, Any]) -> None:
             f"(this build reads {STATE_VERSION})"
         )
     mismatched = [
-        f"{key}: saved {state[key]!r}, this loader {ours[key]!r}"
+        f"{key}: saved {state.get(key)!r}, this loader {ours.get(key)!r}"
         for key in (*SPEC_KEYS, "mix", *(k for k in OPTIONAL_SPEC_KEYS if k in state))
         if state.get(key) != ours.get(key)
     ]
