@@ -34,6 +34,8 @@ from stoker import ops
         ({"on_error": "ignore"}, "on_error"),
         ({"timeout": 0}, "timeout"),
         ({"timeout": float("inf")}, "timeout"),
+        ({"timeout": 1e20}, "timeout"),
+        ({"worker_grace": 1e20}, "worker_grace"),
         ({"max_held_batches": 0}, "max_held_batches"),
         ({"address": "grpc://coordinator:7070"}, "host:port"),
         ({"pipeline": [ops.Resize(64)]}, "Resize alone"),

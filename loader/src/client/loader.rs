@@ -350,7 +350,7 @@ impl Loader {
             stats.record_gpu_idle(idle, span);
         }
         if let Ok(mut pending) = self.core.gpu_idle_pending.lock() {
-            *pending += idle;
+            *pending = pending.saturating_add(idle);
         }
     }
 

@@ -48,6 +48,9 @@ pub struct EpochStream {
     successor: Option<Successor>,
     /// Whether starting the next epoch failed once (then it is not tried again).
     successor_failed: bool,
+    /// An error the feed gave [`EpochStream::try_next_batch`], which does not raise: the next
+    /// [`EpochStream::next_batch`] does (a feed may hand out an error once only).
+    pending: Option<Error>,
 }
 
 impl EpochStream {
@@ -91,6 +94,7 @@ impl EpochStream {
             last_return: None,
             successor: None,
             successor_failed: false,
+            pending: None,
         }
     }
 
@@ -229,6 +233,9 @@ impl EpochStream {
         &mut self,
         interrupted: &mut dyn FnMut() -> bool,
     ) -> Result<Option<Batch>> {
+        if let Some(error) = self.pending.take() {
+            return Err(error);
+        }
         if self.next_step >= self.steps {
             return Ok(None);
         }
@@ -310,8 +317,13 @@ impl EpochStream {
                     self.arrived_latencies.push(built.service);
                     self.ready.insert(built.step, built.result);
                 }
-                // An error of the feed is raised by the next `next_batch`, which waits.
-                Ok(None) | Err(_) => return Ok(None),
+                Ok(None) => return Ok(None),
+                // Raised by the next `next_batch`, which waits: a remote feed hands an error
+                // out once, so it is kept here rather than asked for again.
+                Err(error) => {
+                    self.pending = Some(error);
+                    return Ok(None);
+                }
             }
         }
         self.hand_out(Instant::now(), step).map(Some)
@@ -364,5 +376,83 @@ impl Drop for EpochStream {
                 *slot = Some(successor);
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::client::loader::{Loader, LoaderOptions};
+    use crate::client::monitor::LoaderMonitor;
+    use crate::client::slots::Slot;
+    use crate::client::source::{BatchSource, Built, SourceInfo};
+
+    /// A source whose feed fails the way a remote one does: its error is handed out once,
+    /// then only "stopped".
+    struct FailsOnce {
+        info: SourceInfo,
+    }
+
+    struct FailingFeed {
+        told: bool,
+        held: Vec<Slot>,
+    }
+
+    impl BatchSource for FailsOnce {
+        fn info(&self) -> &SourceInfo {
+            &self.info
+        }
+
+        fn open_epoch(&self, _: u64, _: u64, _: LoaderMonitor) -> Result<Box<dyn EpochFeed>> {
+            Ok(Box::new(FailingFeed {
+                told: false,
+                held: Vec::new(),
+            }))
+        }
+    }
+
+    impl EpochFeed for FailingFeed {
+        fn steps(&self) -> u64 {
+            3
+        }
+
+        fn request(&mut self, _: u64, slot: Slot) {
+            self.held.push(slot);
+        }
+
+        fn recv(&mut self, _: Duration) -> Result<Option<Built>> {
+            if std::mem::replace(&mut self.told, true) {
+                return Err(Error::Stopped("the session driver stopped".into()));
+            }
+            Err(Error::Stopped("no worker serves this job".into()))
+        }
+
+        fn producer_idle(&self) -> Duration {
+            Duration::ZERO
+        }
+    }
+
+    #[test]
+    fn an_error_seen_by_try_next_batch_is_raised_by_the_next_wait() -> Result<()> {
+        let source = FailsOnce {
+            info: SourceInfo {
+                steps_per_epoch: 3,
+                batch_bytes: 64,
+                initial_depth: 2,
+                waiting_on: "on a test feed".into(),
+                ..SourceInfo::default()
+            },
+        };
+        let loader = Loader::with_source(Box::new(source), LoaderOptions::default())?;
+        let mut stream = loader.epoch(0, 0)?;
+        assert!(stream.try_next_batch()?.is_none());
+        let Err(error) = stream.next_batch() else {
+            panic!("the feed's error was lost");
+        };
+        assert!(
+            error.to_string().contains("no worker serves this job"),
+            "{error}"
+        );
+        Ok(())
     }
 }

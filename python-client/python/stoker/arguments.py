@@ -245,14 +245,21 @@ def check_on_error(on_error: object) -> Literal["skip", "fail"]:
     raise ValueError(f"on_error must be 'skip' or 'fail', got {on_error!r}")
 
 
+# The longest wait taken (about 31 years): longer ones do not fit the native clock's
+# arithmetic, and mean "never" anyway.
+MAX_SECONDS: Final = 1e9
+
+
 def check_seconds(value: object, name: str) -> float:
-    """A positive, finite number of seconds."""
+    """A positive, finite number of seconds, at most ``MAX_SECONDS``."""
     if (
         not isinstance(value, (int, float))
         or isinstance(value, bool)
-        or not (math.isfinite(value) and value > 0)
+        or not (math.isfinite(value) and 0 < value <= MAX_SECONDS)
     ):
-        raise ValueError(f"{name} must be a positive, finite number of seconds, got {value!r}")
+        raise ValueError(
+            f"{name} must be a positive number of seconds up to {MAX_SECONDS:.0e}, got {value!r}"
+        )
     return float(value)
 
 

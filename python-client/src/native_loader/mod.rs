@@ -528,10 +528,10 @@ impl NativeLoader {
                 "GPU idle and span must be finite and >= 0, got {idle_s} and {span_s}"
             )));
         }
-        self.loader()?.record_gpu_idle(
-            Duration::from_secs_f64(idle_s),
-            Duration::from_secs_f64(span_s),
-        );
+        // Finite and >= 0, but maybe past what a Duration holds: saturated.
+        let seconds = |s: f64| Duration::try_from_secs_f64(s).unwrap_or(Duration::MAX);
+        self.loader()?
+            .record_gpu_idle(seconds(idle_s), seconds(span_s));
         Ok(())
     }
 
