@@ -137,7 +137,8 @@ class Loader(FromDataset):
             each batch lands in one of the loader's slots as in-process; the coordinator serves
             its own dashboard (``stoker coordinator --http ADDR``) beside any ``dashboard=``.
         timeout: seconds ``next()`` waits for a batch (or for a held slot to come back)
-            before it raises :class:`~stoker.LoaderTimeoutError`; default 600.
+            before it raises :class:`~stoker.LoaderTimeoutError`; default 600 (at most 1e9,
+            as every duration argument).
         worker_grace: distributed mode: seconds batches may be wanted with no worker stream
             open before ``next()`` raises :class:`~stoker.WorkerUnavailableError` naming the
             job; default 120. Separate from ``timeout``, so workers leaving during a scale-down
