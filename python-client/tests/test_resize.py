@@ -98,9 +98,9 @@ def test_the_resized_epoch_saves_its_resizes_and_resumes_again(
 
 
 def make_loader_resumed(
-    make_loader: Callable[..., stoker.Loader], state: dict[str, Any]
+    make_loader: Callable[..., stoker.Loader], state: dict[str, Any], world_size: int = 3
 ) -> stoker.Loader:
-    loader = make_loader(batch_size=BATCH, rank=0, world_size=3, seed=9)
+    loader = make_loader(batch_size=BATCH, rank=0, world_size=world_size, seed=9)
     loader.load_state_dict(state)
     return loader
 
@@ -148,16 +148,14 @@ def test_a_refused_state_leaves_the_resized_epoch_as_it_was(
     make_loader: Callable[..., stoker.Loader],
 ) -> None:
     resized_state = _saved_in_epoch_1(make_loader, 4, 2)
-    loader = make_loader(batch_size=BATCH, rank=0, world_size=2, seed=9)
-    loader.load_state_dict(resized_state)
+    loader = make_loader_resumed(make_loader, resized_state, world_size=2)
     before = loader.state_dict()
     # A state of this world size, past the end of its epoch: refused before anything changes.
     with pytest.raises(ValueError, match="past the end"):
         loader.load_state_dict(dict(before, resizes=[], step=10**6))
     assert loader.state_dict() == before
     rest = _read(loader)[0]
-    again = make_loader(batch_size=BATCH, rank=0, world_size=2, seed=9)
-    again.load_state_dict(resized_state)
+    again = make_loader_resumed(make_loader, resized_state, world_size=2)
     assert rest == _read(again)[0]
 
 
@@ -165,8 +163,7 @@ def test_a_resized_epoch_whose_loader_a_refused_state_let_go_is_not_served_plain
     make_loader: Callable[..., stoker.Loader],
 ) -> None:
     resized_state = _saved_in_epoch_1(make_loader, 4, 2)
-    loader = make_loader(batch_size=BATCH, rank=0, world_size=2, seed=9)
-    loader.load_state_dict(resized_state)
+    loader = make_loader_resumed(make_loader, resized_state, world_size=2)
     head, mid_state = _read(loader, 1)
     # Its own resized state, past the end of the resized epoch: the native loader lets go of
     # the resized epoch's loader before it finds that out.
@@ -177,8 +174,7 @@ def test_a_resized_epoch_whose_loader_a_refused_state_let_go_is_not_served_plain
     with pytest.raises(ValueError, match="load a state again"):
         iter(loader)
     loader.load_state_dict(mid_state)
-    again = make_loader(batch_size=BATCH, rank=0, world_size=2, seed=9)
-    again.load_state_dict(resized_state)
+    again = make_loader_resumed(make_loader, resized_state, world_size=2)
     assert head + _read(loader)[0] == _read(again)[0]
 
 
@@ -186,8 +182,7 @@ def test_past_the_resized_epoch_a_state_no_longer_carries_its_resizes(
     make_loader: Callable[..., stoker.Loader],
 ) -> None:
     resized_state = _saved_in_epoch_1(make_loader, 4, 2)
-    loader = make_loader(batch_size=BATCH, rank=0, world_size=2, seed=9)
-    loader.load_state_dict(resized_state)
+    loader = make_loader_resumed(make_loader, resized_state, world_size=2)
     _read(loader)
     _read(loader, 1)  # epoch 2: the resized epoch's loader is let go
     # Back to epoch 1: it is the plain epoch of 2 ranks now, and its states say so.
