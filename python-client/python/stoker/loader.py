@@ -137,8 +137,7 @@ class Loader(FromDataset):
             each batch lands in one of the loader's slots as in-process; the coordinator serves
             its own dashboard (``stoker coordinator --http ADDR``) beside any ``dashboard=``.
         timeout: seconds ``next()`` waits for a batch (or for a held slot to come back)
-            before it raises :class:`~stoker.LoaderTimeoutError`; default 600 (at most 1e9,
-            as every duration argument).
+            before it raises :class:`~stoker.LoaderTimeoutError`; default 600 (at most 1e9).
         worker_grace: distributed mode: seconds batches may be wanted with no worker stream
             open before ``next()`` raises :class:`~stoker.WorkerUnavailableError` naming the
             job; default 120. Separate from ``timeout``, so workers leaving during a scale-down
@@ -435,22 +434,14 @@ class Loader(FromDataset):
     def __iter__(self) -> BatchIterator:
         """Starts the current epoch (at the resume step after :meth:`load_state_dict`).
 
-        Only the newest iterator of a loader is live: starting another, or calling
-        :meth:`set_epoch` or :meth:`load_state_dict`, ends the previous one.
-
-        Raises:
-            ValueError: the epoch is one resumed on another world size whose loader a refused
-                :meth:`load_state_dict` let go of (load a state again).
+        Only the newest iterator is live: another, :meth:`set_epoch` or :meth:`load_state_dict`
+        ends it. ValueError when a refused load let go of the resumed epoch to run.
         """
         native = self._handle()
         position = self._position
-        epoch = position.epoch
-        position.check_servable()
-        if position.resized_epoch is not None and position.resized_epoch < epoch:
-            # Past the resumed epoch its loader (and so its resizes) are done, natively too.
-            position.resized_epoch, position.resizes, position.resized_lost = None, [], False
+        epoch, step = position.to_start()
         self._feed.drop_staged()
-        native.start_epoch(epoch, position.resume_step or 0)
+        native.start_epoch(epoch, step)
         position.start()
         return BatchIterator(self._feed, position, epoch, self.__len__)
 
@@ -484,8 +475,7 @@ class Loader(FromDataset):
         }
         if self._mix is not None:
             state["mix"] = self._mix.fingerprint()
-        split = self._decode_split()
-        if split is not None:
+        if (split := self._decode_split()) is not None:
             state["decode_split"] = split
         return state
 

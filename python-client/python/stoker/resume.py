@@ -79,14 +79,19 @@ class Position:
     # `resized_epoch`: that epoch cannot be served until a state is loaded again.
     resized_lost: bool = False
 
-    def check_servable(self) -> None:
-        """Raises ValueError when the epoch to run is a resumed epoch whose loader is gone."""
+    def to_start(self) -> tuple[int, int]:
+        """The epoch and step an iterator starts now (see :meth:`start`); ValueError when that
+        epoch is a resumed one whose loader a refused load let go of."""
         if self.resized_lost and self.epoch == self.resized_epoch:
             raise ValueError(
                 f"a failed load_state_dict let go of the loader of epoch {self.epoch} as "
                 "resumed on another world size; load a state again (state_dict() still "
                 "gives this position)"
             )
+        if self.resized_epoch is not None and self.resized_epoch < self.epoch:
+            # Past the resumed epoch its loader (and so its resizes) are done, natively too.
+            self.resized_epoch, self.resizes, self.resized_lost = None, [], False
+        return self.epoch, self.resume_step if self.resume_step is not None else 0
 
     def start(self) -> int:
         """Starts an iterator over the current epoch, at the resume step or 0; returns the
