@@ -1,6 +1,7 @@
 //! A batch as Python reads it: waiting for one with the interpreter let go (Ctrl-C checked),
 //! and the tuple of `Buffer`s it becomes; the page-locking options of a loader.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use pyo3::prelude::*;
@@ -9,12 +10,14 @@ use stoker_loader::PinOptions;
 use stoker_proto::v1 as proto;
 
 use crate::buffer::{dtype_name, Buffer, ReleaseFences};
-use crate::errors::from_loader;
+use crate::errors::{from_loader, raise, Kind};
 
-/// Runs a blocking `next_batch_checked` with the GIL released, looking for Ctrl-C every
-/// `INTERRUPT_CHECK`, and turns the batch into its Python tuple.
+/// Runs a blocking `next_batch_checked` with the GIL released, looking for Ctrl-C and for
+/// `closing` (set by a `close()` from another thread) every `INTERRUPT_CHECK`, and turns the
+/// batch into its Python tuple.
 pub(super) fn wait_for_batch<'py>(
     py: Python<'py>,
+    closing: &AtomicBool,
     release: Option<(Arc<ReleaseFences>, Arc<stoker_loader::SlotPool>)>,
     slots: Option<Arc<stoker_loader::SlotPool>>,
     next: impl Send + FnOnce(&mut dyn FnMut() -> bool) -> stoker_loader::Result<Option<proto::Batch>>,
@@ -22,17 +25,24 @@ pub(super) fn wait_for_batch<'py>(
     let mut signal: Option<PyErr> = None;
     let batch = py.detach(|| {
         next(&mut || {
-            Python::attach(|py| match py.check_signals() {
-                Ok(()) => false,
-                Err(error) => {
-                    signal = Some(error);
-                    true
-                }
-            })
+            closing.load(Ordering::SeqCst)
+                || Python::attach(|py| match py.check_signals() {
+                    Ok(()) => false,
+                    Err(error) => {
+                        signal = Some(error);
+                        true
+                    }
+                })
         })
     });
     let batch = match (batch, signal) {
         (Err(stoker_loader::Error::Interrupted), Some(error)) => return Err(error),
+        (Err(stoker_loader::Error::Interrupted), None) => {
+            return Err(raise(
+                Kind::Stoker,
+                "the loader was closed (by another thread) while next() waited for a batch".into(),
+            ))
+        }
         (batch, _) => batch.map_err(from_loader)?,
     };
     match batch {

@@ -6,11 +6,13 @@ mod batches;
 mod recipe;
 
 use std::path::PathBuf;
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError, TryLockError};
 use std::time::Duration;
 
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
+use pyo3::sync::MutexExt;
 use pyo3::types::{PyDict, PyTuple};
 use stoker_loader::{Dashboard, EpochStream, Loader, LoaderOptions, RemoteOptions, Token};
 use stoker_proto::v1::{self as proto, JobSpec};
@@ -26,21 +28,41 @@ use crate::spec::{job_spec, mix_spec, JobSettings, PyMix};
 
 /// One job's loader, driven from Python: in-process (decode threads here) or, with an
 /// address, served by a coordinator's workers. Both go through the same `stoker_loader::Loader`.
-#[pyclass(module = "stoker._native")]
+///
+/// Any thread may call it: `stats()` from a monitoring thread or `close()` from another one
+/// while `next_batch` waits. The stream is behind its own lock, which `next_batch` holds while
+/// it waits with the interpreter let go; `close` raises `closing`, which ends that wait within
+/// `INTERRUPT_CHECK`, then takes the stream.
+#[pyclass(module = "stoker._native", frozen)]
 pub(crate) struct NativeLoader {
-    loader: Option<Arc<Loader>>,
-    stream: Option<EpochStream>,
+    /// The loaders and the dashboard, emptied by `close`; locked only for short work that
+    /// never lets go of the interpreter.
+    held: Mutex<Held>,
+    /// The current epoch's stream.
+    current: Mutex<Option<Current>>,
+    /// Set once `close` starts.
+    closing: AtomicBool,
     address: Option<String>,
-    dashboard: Option<Dashboard>,
-    /// What `loader` was built from, to build the loader of an epoch resumed on another world
-    /// size.
+    /// What the loader was built from, to build the loader of an epoch resumed on another
+    /// world size.
     recipe: Recipe,
-    /// That loader, and its epoch: it serves that epoch only.
-    resumed: Option<(u64, Arc<Loader>)>,
     /// How the buffers of page-locked slots are let go (set when the slots are pinned).
     release: Option<Arc<ReleaseFences>>,
-    /// The slot pool of the loader `stream` reads (the plain or the resumed one).
-    stream_slots: Option<Arc<stoker_loader::SlotPool>>,
+}
+
+/// What `close` lets go of, besides the stream.
+struct Held {
+    loader: Option<Arc<Loader>>,
+    /// The loader of an epoch resumed on another world size, and that epoch: it serves that
+    /// epoch only.
+    resumed: Option<(u64, Arc<Loader>)>,
+    dashboard: Option<Dashboard>,
+}
+
+/// An epoch's stream and the slot pool of the loader it reads (the plain or the resumed one).
+struct Current {
+    stream: EpochStream,
+    slots: Arc<stoker_loader::SlotPool>,
 }
 
 /// A resize as Python holds it: (cursor, taken positions).
@@ -49,40 +71,9 @@ type PyResize = (u64, Vec<u64>);
 /// How page-locked slots are let go, and their pool.
 type SlotRelease = (Arc<ReleaseFences>, Arc<stoker_loader::SlotPool>);
 
-/// The current epoch's stream and what a batch handed out from it needs.
-struct Started<'a> {
-    stream: &'a mut EpochStream,
-    release: Option<SlotRelease>,
-    slots: Option<Arc<stoker_loader::SlotPool>>,
-}
-
-impl NativeLoader {
-    /// The release of the current stream's page-locked slots, if they are.
-    fn release_for_stream(&self) -> Option<SlotRelease> {
-        Some((self.release.clone()?, self.stream_slots.clone()?))
-    }
-
-    /// The current epoch's stream, with the release of its slots and the slots themselves (what
-    /// a batch handed out from it needs); a StokerError before `start_epoch` or after close.
-    fn started_stream(&mut self) -> PyResult<Started<'_>> {
-        self.loader()?;
-        let release = self.release_for_stream();
-        let slots = self.stream_slots.clone();
-        let stream = self
-            .stream
-            .as_mut()
-            .ok_or_else(|| raise(Kind::Stoker, "no epoch started: call start_epoch".into()))?;
-        Ok(Started {
-            stream,
-            release,
-            slots,
-        })
-    }
-
+impl Held {
     fn loader(&self) -> PyResult<&Arc<Loader>> {
-        self.loader
-            .as_ref()
-            .ok_or_else(|| raise(Kind::Stoker, "the loader is closed".into()))
+        self.loader.as_ref().ok_or_else(closed)
     }
 
     /// The loader that builds `epoch`: the one of an epoch resumed on another world size, else
@@ -93,6 +84,48 @@ impl NativeLoader {
             Some((resumed, loader)) if *resumed == epoch => loader,
             _ => plain,
         })
+    }
+}
+
+/// The error of a call on a closed loader.
+fn closed() -> PyErr {
+    raise(Kind::Stoker, "the loader is closed".into())
+}
+
+impl NativeLoader {
+    /// The loaders, locked (waiting with the interpreter let go). A panic while it was held
+    /// left nothing half-changed that matters here, so a poisoned lock is used as it is.
+    fn held(&self, py: Python<'_>) -> MutexGuard<'_, Held> {
+        self.held
+            .lock_py_attached(py)
+            .unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// The current stream, locked (waiting with the interpreter let go, for as long as a
+    /// `next_batch` in another thread waits).
+    fn current(&self, py: Python<'_>) -> MutexGuard<'_, Option<Current>> {
+        self.current
+            .lock_py_attached(py)
+            .unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn is_closing(&self) -> bool {
+        self.closing.load(Ordering::SeqCst)
+    }
+
+    /// The started stream in `current`; a StokerError before `start_epoch` or after close.
+    fn started<'a>(&self, current: &'a mut Option<Current>) -> PyResult<&'a mut Current> {
+        if self.is_closing() {
+            return Err(closed());
+        }
+        current
+            .as_mut()
+            .ok_or_else(|| raise(Kind::Stoker, "no epoch started: call start_epoch".into()))
+    }
+
+    /// The release of `current`'s page-locked slots, if they are.
+    fn release_for(&self, current: &Current) -> Option<SlotRelease> {
+        Some((self.release.clone()?, Arc::clone(&current.slots)))
     }
 }
 
@@ -317,14 +350,14 @@ impl NativeLoader {
     /// loader of that epoch and returns (the step to start at, the epoch's steps, the epoch's
     /// resizes now).
     fn resume_resized(
-        &mut self,
+        &self,
         py: Python<'_>,
         epoch: u64,
         resizes: Vec<PyResize>,
         old_world: u32,
         steps: Vec<u64>,
     ) -> PyResult<(u64, u64, Vec<PyResize>)> {
-        let num_samples = self.loader()?.info().num_samples;
+        let num_samples = self.held(py).loader()?.info().num_samples;
         let earlier: Vec<stoker_worker::Resize> = resizes
             .into_iter()
             .map(|(cursor, taken)| stoker_worker::Resize { cursor, taken })
@@ -359,7 +392,7 @@ impl NativeLoader {
                     .collect()
             })
             .unwrap_or_default();
-        let previous = self.resumed.take();
+        let previous = self.held(py).resumed.take();
         let loader = py
             .detach(|| {
                 drop(previous);
@@ -367,69 +400,76 @@ impl NativeLoader {
             })
             .map_err(from_loader)?;
         let steps_in_epoch = loader.steps_per_epoch();
-        if start_step > steps_in_epoch {
-            return Err(PyValueError::new_err(format!(
+        let refused = if start_step > steps_in_epoch {
+            PyValueError::new_err(format!(
                 "step {start_step} is past the end of the resumed epoch ({steps_in_epoch} steps)"
-            )));
-        }
-        self.resumed = Some((epoch, Arc::new(loader)));
-        Ok((start_step, steps_in_epoch, chain))
+            ))
+        } else {
+            let mut held = self.held(py);
+            if held.loader.is_some() {
+                held.resumed = Some((epoch, Arc::new(loader)));
+                return Ok((start_step, steps_in_epoch, chain));
+            }
+            closed() // by another thread meanwhile
+        };
+        py.detach(|| drop(loader));
+        Err(refused)
     }
 
     /// The epoch resumed on another world size whose loader this one holds, if any (a failed
     /// `resume_resized` may have let go of the one before).
     #[getter]
-    fn resumed_epoch(&self) -> Option<u64> {
-        self.resumed.as_ref().map(|(epoch, _)| *epoch)
+    fn resumed_epoch(&self, py: Python<'_>) -> Option<u64> {
+        self.held(py).resumed.as_ref().map(|(epoch, _)| *epoch)
     }
 
     /// Lets go of the loader of an epoch resumed on another world size: a later resume on
     /// this loader's own world size makes every epoch the plain loader's again.
-    fn end_resized(&mut self, py: Python<'_>) {
-        let previous = self.resumed.take();
+    fn end_resized(&self, py: Python<'_>) {
+        let previous = self.held(py).resumed.take();
         py.detach(|| drop(previous));
     }
 
     /// Steps (batches) of `epoch` for this rank: the resumed epoch's own count for the epoch
     /// resumed on another world size, else `steps_per_epoch`.
-    fn steps_in(&self, epoch: u64) -> PyResult<u64> {
-        Ok(self.loader_of(epoch)?.steps_per_epoch())
+    fn steps_in(&self, py: Python<'_>, epoch: u64) -> PyResult<u64> {
+        Ok(self.held(py).loader_of(epoch)?.steps_per_epoch())
     }
 
     /// Steps (batches) per epoch for this rank.
     #[getter]
-    fn steps_per_epoch(&self) -> PyResult<u64> {
-        Ok(self.loader()?.steps_per_epoch())
+    fn steps_per_epoch(&self, py: Python<'_>) -> PyResult<u64> {
+        Ok(self.held(py).loader()?.steps_per_epoch())
     }
 
     /// Samples in the dataset.
     #[getter]
-    fn num_samples(&self) -> PyResult<u64> {
-        Ok(self.loader()?.info().num_samples)
+    fn num_samples(&self, py: Python<'_>) -> PyResult<u64> {
+        Ok(self.held(py).loader()?.info().num_samples)
     }
 
     /// Class names, in label order.
     #[getter]
-    fn class_names(&self) -> PyResult<Vec<String>> {
-        Ok(self.loader()?.info().class_names.clone())
+    fn class_names(&self, py: Python<'_>) -> PyResult<Vec<String>> {
+        Ok(self.held(py).loader()?.info().class_names.clone())
     }
 
     /// Decode threads in this process (0 in distributed mode: the workers decode).
     #[getter]
-    fn num_threads(&self) -> PyResult<usize> {
-        Ok(self.loader()?.threads())
+    fn num_threads(&self, py: Python<'_>) -> PyResult<usize> {
+        Ok(self.held(py).loader()?.threads())
     }
 
     /// Batches in flight at most.
     #[getter]
-    fn prefetch(&self) -> PyResult<usize> {
-        Ok(self.loader()?.prefetch())
+    fn prefetch(&self, py: Python<'_>) -> PyResult<usize> {
+        Ok(self.held(py).loader()?.prefetch())
     }
 
     /// The dashboard's URL, when one was asked for.
     #[getter]
-    fn dashboard_url(&self) -> Option<String> {
-        self.dashboard.as_ref().map(|d| d.url())
+    fn dashboard_url(&self, py: Python<'_>) -> Option<String> {
+        self.held(py).dashboard.as_ref().map(|d| d.url())
     }
 
     /// The coordinator's address in distributed mode, else None.
@@ -440,58 +480,64 @@ impl NativeLoader {
 
     /// Batch buffers in the pool.
     #[getter]
-    fn slot_capacity(&self) -> PyResult<usize> {
-        Ok(self.loader()?.slots().capacity())
+    fn slot_capacity(&self, py: Python<'_>) -> PyResult<usize> {
+        Ok(self.held(py).loader()?.slots().capacity())
     }
 
     /// Starts `epoch` at `start_step` (a later step resumes mid-epoch with no replay).
-    fn start_epoch(&mut self, py: Python<'_>, epoch: u64, start_step: u64) -> PyResult<()> {
-        let loader = Arc::clone(self.loader_of(epoch)?);
-        // Past the resumed epoch its loader is done.
-        if self
-            .resumed
-            .as_ref()
-            .is_some_and(|(resumed, _)| *resumed < epoch)
-        {
-            let done = self.resumed.take();
-            py.detach(|| drop(done));
-        }
+    fn start_epoch(&self, py: Python<'_>, epoch: u64, start_step: u64) -> PyResult<()> {
+        let (loader, done) = {
+            let mut held = self.held(py);
+            let loader = Arc::clone(held.loader_of(epoch)?);
+            // Past the resumed epoch its loader is done.
+            let past = |(resumed, _): &(u64, Arc<Loader>)| *resumed < epoch;
+            (loader, held.resumed.take_if(|resumed| past(resumed)))
+        };
+        let mut current = self.current(py);
         // Drop the previous stream first: its unstarted work is cancelled (except the next
         // epoch's start, which `epoch` takes over when it asks for that epoch).
-        let previous = self.stream.take();
-        let stream = py
-            .detach(|| {
-                drop(previous);
-                loader.epoch(epoch, start_step)
-            })
-            .map_err(from_loader)?;
-        self.stream_slots = Some(Arc::clone(loader.slots()));
-        self.stream = Some(stream);
+        let previous = current.take();
+        let closing = self.is_closing();
+        let started = py.detach(|| {
+            drop((previous, done));
+            let started = match closing {
+                true => None,
+                false => Some(loader.epoch(epoch, start_step)),
+            };
+            let slots = Arc::clone(loader.slots());
+            drop(loader);
+            started.map(|stream| stream.map(|stream| Current { stream, slots }))
+        });
+        *current = Some(started.ok_or_else(closed)?.map_err(from_loader)?);
         Ok(())
     }
 
     /// The next batch as (epoch, step, tensors, sample_indices, bad_samples, device_rows);
-    /// None at the end of the epoch. Waits with the GIL released.
-    fn next_batch<'py>(&mut self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyTuple>>> {
-        let Started {
-            stream,
-            release,
-            slots,
-        } = self.started_stream()?;
-        wait_for_batch(py, release, slots, |interrupted| {
+    /// None at the end of the epoch. Waits with the GIL released; a `close()` from another
+    /// thread ends the wait with StokerError.
+    fn next_batch<'py>(&self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyTuple>>> {
+        let mut current = self.current(py);
+        let current = self.started(&mut current)?;
+        let release = self.release_for(current);
+        let slots = Some(Arc::clone(&current.slots));
+        let stream = &mut current.stream;
+        wait_for_batch(py, &self.closing, release, slots, |interrupted| {
             stream.next_batch_checked(interrupted)
         })
     }
 
-    /// The next batch if it has already arrived, else None (also at the end of the epoch);
-    /// never waits.
-    fn try_next_batch<'py>(&mut self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyTuple>>> {
-        let Started {
-            stream,
-            release,
-            slots,
-        } = self.started_stream()?;
-        match stream.try_next_batch().map_err(from_loader)? {
+    /// The next batch if it has already arrived, else None (also at the end of the epoch, and
+    /// while another thread waits in `next_batch`); never waits.
+    fn try_next_batch<'py>(&self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyTuple>>> {
+        let mut current = match self.current.try_lock() {
+            Ok(current) => current,
+            Err(TryLockError::Poisoned(poisoned)) => poisoned.into_inner(),
+            Err(TryLockError::WouldBlock) => return Ok(None),
+        };
+        let current = self.started(&mut current)?;
+        let release = self.release_for(current);
+        let slots = Some(Arc::clone(&current.slots));
+        match current.stream.try_next_batch().map_err(from_loader)? {
             Some(batch) => batch_tuple(py, batch, release, slots).map(Some),
             None => Ok(None),
         }
@@ -499,8 +545,9 @@ impl NativeLoader {
 
     /// The GPU's share of step `step` of `epoch` in sixteenths (`auto` decides it once for the
     /// point the step is in, then keeps it); None without a GPU decode lane.
-    fn decode_split(&self, epoch: u64, step: u64) -> PyResult<Option<u8>> {
+    fn decode_split(&self, py: Python<'_>, epoch: u64, step: u64) -> PyResult<Option<u8>> {
         Ok(self
+            .held(py)
             .loader_of(epoch)?
             .gpu_lane()
             .map(|lane| lane.split_at(epoch, step)))
@@ -509,20 +556,27 @@ impl NativeLoader {
     /// Sets the GPU's share of the point step `step` of `epoch` is in (from a saved state),
     /// before that step is built; batches of the next epoch started ahead with another share
     /// are then built again.
-    fn set_decode_split(&self, epoch: u64, step: u64, sixteenths: u8) -> PyResult<()> {
+    fn set_decode_split(
+        &self,
+        py: Python<'_>,
+        epoch: u64,
+        step: u64,
+        sixteenths: u8,
+    ) -> PyResult<()> {
         if sixteenths > 16 {
             return Err(PyValueError::new_err(format!(
                 "a decode split is 0 to 16 sixteenths, got {sixteenths}"
             )));
         }
-        self.loader_of(epoch)?
+        self.held(py)
+            .loader_of(epoch)?
             .set_gpu_decode_split(epoch, step, sixteenths);
         Ok(())
     }
 
     /// Records that the consumer's GPU stream sat idle for `idle_s` seconds waiting for
     /// batches, over `span_s` seconds of its time (measured with events by the Python layer).
-    fn record_gpu_idle(&self, idle_s: f64, span_s: f64) -> PyResult<()> {
+    fn record_gpu_idle(&self, py: Python<'_>, idle_s: f64, span_s: f64) -> PyResult<()> {
         if !(idle_s.is_finite() && span_s.is_finite() && idle_s >= 0.0 && span_s >= 0.0) {
             return Err(PyValueError::new_err(format!(
                 "GPU idle and span must be finite and >= 0, got {idle_s} and {span_s}"
@@ -530,14 +584,16 @@ impl NativeLoader {
         }
         // Finite and >= 0, but maybe past what a Duration holds: saturated.
         let seconds = |s: f64| Duration::try_from_secs_f64(s).unwrap_or(Duration::MAX);
-        self.loader()?
+        self.held(py)
+            .loader()?
             .record_gpu_idle(seconds(idle_s), seconds(span_s));
         Ok(())
     }
 
     /// Throughput, stall and queue figures so far.
     fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
-        let loader = self.loader()?;
+        let held = self.held(py);
+        let loader = held.loader()?;
         let stats = loader.stats();
         let dict = PyDict::new(py);
         dict.set_item("samples", stats.samples)?;
@@ -572,15 +628,22 @@ impl NativeLoader {
         Ok(dict)
     }
 
-    /// Stops the decode threads (or closes the session); later calls raise StokerError.
-    /// Batches already handed out stay valid.
-    fn close(&mut self, py: Python<'_>) {
-        let stream = self.stream.take();
-        let loader = self.loader.take();
-        let resumed = self.resumed.take();
-        let dashboard = self.dashboard.take();
+    /// Stops the decode threads (or closes the session); later calls raise StokerError, and
+    /// so does a `next_batch` waiting in another thread (within `INTERRUPT_CHECK`). Batches
+    /// already handed out stay valid.
+    fn close(&self, py: Python<'_>) {
+        self.closing.store(true, Ordering::SeqCst);
+        let current = self.current(py).take();
+        let (loader, resumed, dashboard) = {
+            let mut held = self.held(py);
+            (
+                held.loader.take(),
+                held.resumed.take(),
+                held.dashboard.take(),
+            )
+        };
         py.detach(|| {
-            drop(stream);
+            drop(current);
             drop(resumed);
             drop(loader);
             drop(dashboard);

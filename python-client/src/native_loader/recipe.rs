@@ -2,7 +2,8 @@
 //! as a resume on another world size needs) and the dashboard it starts.
 
 use std::path::PathBuf;
-use std::sync::Arc;
+use std::sync::atomic::AtomicBool;
+use std::sync::{Arc, Mutex};
 
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
@@ -15,7 +16,7 @@ use crate::buffer::ReleaseFences;
 use crate::dataset::DatasetRecipe;
 use crate::errors::{from_loader, raise, Kind};
 
-use super::NativeLoader;
+use super::{Held, NativeLoader};
 
 /// How to build a loader like this one for another spec.
 pub(super) struct Recipe {
@@ -99,14 +100,16 @@ impl NativeLoader {
             })
         });
         Ok(Self {
-            loader: Some(Arc::new(loader)),
-            stream: None,
+            held: Mutex::new(Held {
+                loader: Some(Arc::new(loader)),
+                resumed: None,
+                dashboard,
+            }),
+            current: Mutex::new(None),
+            closing: AtomicBool::new(false),
             address,
-            dashboard,
             recipe,
-            resumed: None,
             release,
-            stream_slots: None,
         })
     }
 }

@@ -1,0 +1,96 @@
+"""A Loader used from more than one thread: ``stats()`` from a monitoring thread while another
+iterates, and ``close()`` from another thread while ``next()`` waits."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+
+import numpy as np
+import pytest
+
+import stoker
+
+
+def test_stats_from_another_thread_while_iterating(
+    make_loader: Callable[..., stoker.Loader],
+) -> None:
+    loader = make_loader(batch_size=8, num_threads=1)
+    failures: list[BaseException] = []
+    polls = 0
+    done = threading.Event()
+
+    def poll() -> None:
+        nonlocal polls
+        while not done.is_set():
+            try:
+                stats = loader.stats()
+                assert stats["slot_capacity"] > 0
+                len(loader)
+                loader.dashboard_url  # noqa: B018 (a getter of the native loader)
+                polls += 1
+            except BaseException as error:
+                failures.append(error)
+                return
+            time.sleep(0.0002)
+
+    watcher = threading.Thread(target=poll)
+    watcher.start()
+    try:
+        counts = [_epoch(loader, epoch) for epoch in range(3)]
+    finally:
+        done.set()
+        watcher.join(10)
+    assert failures == []
+    assert polls > 10
+    assert counts == [(len(loader), loader.num_samples)] * 3
+
+
+def _epoch(loader: stoker.Loader, epoch: int) -> tuple[int, int]:
+    """The batches and samples of one epoch."""
+    loader.set_epoch(epoch)
+    sizes = [batch["label"].shape[0] for batch in loader]
+    return len(sizes), sum(sizes)
+
+
+class SlowSquares:
+    """Each sample takes 1 s."""
+
+    def __len__(self) -> int:
+        return 16
+
+    def __getitem__(self, index: int) -> tuple[np.ndarray, int]:
+        time.sleep(1)
+        return np.full(3, index, dtype=np.float32), index
+
+
+def test_close_from_another_thread_ends_a_waiting_next() -> None:
+    loader = stoker.Loader.from_dataset(
+        SlowSquares(), batch_size=4, num_threads=1, prefetch=1, output="numpy", timeout=60
+    )
+    iterator = iter(loader)
+    closed_at: list[float] = []
+    failures: list[BaseException] = []
+
+    def close_soon() -> None:
+        time.sleep(0.3)
+        closed_at.append(time.monotonic())
+        try:
+            loader.close()
+        except BaseException as error:
+            failures.append(error)
+
+    closer = threading.Thread(target=close_soon)
+    closer.start()
+    # The first batch takes 4 s to build; close() comes 0.3 s into the wait and ends it.
+    with pytest.raises(stoker.StokerError, match="closed"):
+        next(iterator)
+    raised_at = time.monotonic()
+    closer.join(30)
+    assert not closer.is_alive()
+    assert failures == []
+    assert closed_at and raised_at - closed_at[0] < 1.0
+    assert loader.closed
+    with pytest.raises(stoker.StokerError, match="closed"):
+        loader.stats()
