@@ -55,8 +55,9 @@ pub struct CoordinatorArgs {
     pub max_sessions: usize,
     /// Largest weight a job may ask for at registration (a client's `job_weight`): jobs whose
     /// clients wait at the same time get leases in proportion to their weights, so this caps
-    /// how much of the pool one job can claim against a job of weight 1.
-    #[arg(long, default_value_t = 8)]
+    /// how much of the pool one job can claim against a job of weight 1 (1 to 65536).
+    #[arg(long, default_value_t = 8,
+          value_parser = clap::value_parser!(u32).range(1..=i64::from(stoker_coordinator::MAX_JOB_WEIGHT)))]
     pub max_job_weight: u32,
 }
 

@@ -152,6 +152,13 @@ fn bad_arguments_fail_with_a_message() {
     assert!(!output.status.success());
     let output = stoker(&["demo", "--seconds", "-1"]);
     assert!(!output.status.success());
+    // Past 65536 a job's stride would round to nothing; refused before anything starts.
+    for weight in ["0", "65537"] {
+        let output = stoker(&["coordinator", "--max-job-weight", weight]);
+        assert_eq!(output.status.code(), Some(2));
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(stderr.contains("1..=65536"), "{stderr}");
+    }
 }
 
 #[test]

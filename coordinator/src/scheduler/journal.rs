@@ -64,6 +64,9 @@ pub(crate) struct Journal {
     next_entry: u64,
     /// Entries in the log now.
     log_entries: u64,
+    /// Makes the next `write_positions` fail as a full disk would (tests only).
+    #[cfg(test)]
+    pub(super) fail_next_write: bool,
 }
 
 /// Appends one position change to `out`: the key's three parts and the position plus one (0:
@@ -183,6 +186,8 @@ impl Journal {
                 path,
                 next_entry,
                 log_entries,
+                #[cfg(test)]
+                fail_next_write: false,
             },
             JournalContents {
                 jobs,
@@ -220,12 +225,18 @@ impl Journal {
         positions: impl Iterator<Item = (PositionKey, u64)>,
         pruned: &[PositionKey],
     ) -> CoordinatorResult<()> {
-        let mut records = Vec::new();
-        for (key, position) in positions {
-            encode_record(key, Some(position), &mut records);
+        #[cfg(test)]
+        if std::mem::take(&mut self.fail_next_write) {
+            return Err(journal_error(std::io::Error::other("no space left (injected)")));
         }
+        // Deletions first: a key both pruned and written was opened again after its prune,
+        // and replay applies records in order, so its new position must come last.
+        let mut records = Vec::new();
         for key in pruned {
             encode_record(*key, None, &mut records);
+        }
+        for (key, position) in positions {
+            encode_record(key, Some(position), &mut records);
         }
         let txn = self.database.begin_write().map_err(journal_error)?;
         let fold = self.log_entries + 1 >= FOLD_EVERY;
@@ -297,11 +308,12 @@ mod tests {
                 } else {
                     Vec::new()
                 };
-                // Changes first, then drops, as one write applies them.
-                expected.extend(changed.iter().copied());
+                // Drops first, then changes, as one write applies them (a key pruned and then
+                // written again in one write keeps its new position).
                 for key in &pruned {
                     expected.remove(key);
                 }
+                expected.extend(changed.iter().copied());
                 journal
                     .write_positions(changed.into_iter(), &pruned)
                     .expect("write");

@@ -60,6 +60,7 @@ pub use ids::{JobId, LeaseId, SessionId, Step, TaskKey, WorkerId};
 pub use journal::JOURNAL_FILE;
 pub use types::{
     AckOutcome, CoordinatorConfig, CoordinatorStats, ExpireReport, Lease, LeaseOutcome,
+    MAX_JOB_WEIGHT,
 };
 
 use journal::{Journal, PositionKey};
@@ -207,8 +208,10 @@ impl Coordinator {
             );
         }
         coordinator.resume_positions = contents.positions;
+        // Capped by this run's limit, which may be lower than the one they were given under.
+        let cap = coordinator.weight_cap();
         for (job, weight) in contents.weights {
-            coordinator.ready.set_weight(job, weight);
+            coordinator.ready.set_weight(job, weight.clamp(1, cap));
         }
         coordinator.journal = Some(journal);
         Ok(coordinator)
@@ -251,6 +254,11 @@ impl Coordinator {
         Ok(id)
     }
 
+    /// The largest weight a job gets in this run.
+    fn weight_cap(&self) -> u32 {
+        self.config.max_job_weight.clamp(1, MAX_JOB_WEIGHT)
+    }
+
     /// Sets `job`'s share of the workers to the `requested` weight, capped by
     /// [`CoordinatorConfig::max_job_weight`] (0 counts as 1); journaled when it changes.
     /// Returns the weight given.
@@ -258,7 +266,7 @@ impl Coordinator {
         if !self.jobs.contains_key(&job) {
             return Err(CoordinatorError::UnknownJob(job));
         }
-        let weight = requested.clamp(1, self.config.max_job_weight.max(1));
+        let weight = requested.clamp(1, self.weight_cap());
         if self.job_share(job).weight != weight {
             if let Some(journal) = &self.journal {
                 journal.put_weight(job.0, weight)?;
@@ -448,6 +456,10 @@ impl Coordinator {
             } else {
                 session.reset(start_step.0);
             }
+            if self.journal.is_some() {
+                // An exact reopen may move the position back, a plain one forward.
+                self.dirty_positions.insert(key, session.acked_position);
+            }
             tracing::info!(
                 session = index,
                 job = job.0,
@@ -480,6 +492,9 @@ impl Coordinator {
             Session::new(id, job, rank, epoch, steps_per_epoch, position),
         );
         self.prune_positions(job, rank, epoch);
+        if self.journal.is_some() && position != journaled {
+            self.dirty_positions.insert(key, position);
+        }
         self.session_index.insert(key, index);
         tracing::debug!(
             session = index,
@@ -829,16 +844,17 @@ impl Coordinator {
         if self.dirty_positions.is_empty() && self.pruned_positions.is_empty() {
             return Ok(());
         }
-        let positions: Vec<(PositionKey, u64)> = self.dirty_positions.drain().collect();
-        let count = positions.len();
-        let pruned = std::mem::take(&mut self.pruned_positions);
-        journal.write_positions(positions.into_iter(), &pruned)?;
+        // Forgotten only once written: after a failed write the next flush writes them again.
+        let positions = self.dirty_positions.iter().map(|(key, at)| (*key, *at));
+        journal.write_positions(positions, &self.pruned_positions)?;
         self.stats.journal_commits += 1;
         tracing::debug!(
-            positions = count,
-            pruned = pruned.len(),
+            positions = self.dirty_positions.len(),
+            pruned = self.pruned_positions.len(),
             "acknowledged positions journaled"
         );
+        self.dirty_positions.clear();
+        self.pruned_positions.clear();
         Ok(())
     }
 

@@ -123,7 +123,7 @@ impl ReadySet {
         };
         let old = share.key(job);
         self.now = self.now.max(share.pass);
-        share.pass += STRIDE / u64::from(share.weight);
+        share.pass += (STRIDE / u64::from(share.weight)).max(1);
         share.leased += 1;
         let new = share.key(job);
         self.rekey(old, new);

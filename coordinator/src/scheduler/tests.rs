@@ -108,6 +108,14 @@ fn waiting_jobs_share_the_workers_by_weight_capped_by_the_coordinator() {
 }
 
 #[test]
+fn a_cap_past_the_largest_weight_is_the_largest_weight() {
+    // 2^20 / weight would be 0 past 2^20: the heavy job's pass would never move.
+    let (got, given) = contend([u32::MAX, 1], u32::MAX, 20_000);
+    assert_eq!(given, [MAX_JOB_WEIGHT, 1]);
+    assert!(got[1] >= 1, "the light job got {got:?}");
+}
+
+#[test]
 fn a_light_job_is_never_starved_and_an_idle_one_takes_nothing() {
     // Weight 8 against 1 over 900 leases: the light job gets its ninth.
     let (got, _) = contend([1, 8], 8, 225);
@@ -613,4 +621,89 @@ fn closed_sessions_and_old_epochs_positions_are_not_kept() {
     // An epoch whose position was dropped starts where the client asks.
     let old = c.open_session(job, 1, 3, Step(1)).unwrap();
     assert_eq!(c.acknowledged_position(old).unwrap(), Step(1));
+}
+
+/// Acknowledges steps `from..to` of session `s`.
+fn ack(c: &mut Coordinator, s: SessionId, steps: std::ops::Range<u64>) {
+    for step in steps {
+        c.acknowledge(s, Step(step)).unwrap();
+    }
+}
+
+#[test]
+fn positions_a_failed_journal_write_carried_are_written_by_the_next_flush() {
+    let dir = tempfile::tempdir().unwrap();
+    let huge = CoordinatorConfig {
+        journal_every: 1000,
+        ..config()
+    };
+    let job = {
+        let mut c = Coordinator::open(dir.path(), huge.clone()).unwrap();
+        let job = c.register_job(spec(1, 0), 10).unwrap();
+        let s = c.open_session(job, 0, 0, Step(0)).unwrap();
+        ack(&mut c, s, 0..6);
+        c.journal.as_mut().unwrap().fail_next_write = true;
+        assert!(matches!(c.flush(), Err(CoordinatorError::Journal(_))));
+        c.close_session(s).unwrap();
+        c.flush().unwrap();
+        job
+    };
+    let mut c = Coordinator::open(dir.path(), huge).unwrap();
+    let s = c.open_session(job, 0, 0, Step(0)).unwrap();
+    assert_eq!(c.acknowledged_position(s).unwrap(), Step(6));
+}
+
+#[test]
+fn the_position_a_session_is_opened_at_is_journaled() {
+    let dir = tempfile::tempdir().unwrap();
+    let job = {
+        let mut c = Coordinator::open(dir.path(), config()).unwrap();
+        let job = c.register_job(spec(1, 0), 10).unwrap();
+        let s = c.open_session(job, 0, 0, Step(0)).unwrap();
+        ack(&mut c, s, 0..6);
+        c.flush().unwrap();
+        c.close_session(s).unwrap();
+        // A client resuming from an older checkpoint: the position goes back to 2 and stays
+        // there (step 4 acknowledged, 2 and 3 not).
+        let s = c.open_session_at(job, 0, 0, Step(2), true).unwrap();
+        c.acknowledge(s, Step(4)).unwrap();
+        c.close_session(s).unwrap();
+        // A new epoch opened at step 3 holds position 3 with nothing acknowledged.
+        c.open_session(job, 0, 1, Step(3)).unwrap();
+        c.flush().unwrap();
+        job
+    };
+    let mut c = Coordinator::open(dir.path(), config()).unwrap();
+    let s = c.open_session(job, 0, 0, Step(0)).unwrap();
+    assert_eq!(c.acknowledged_position(s).unwrap(), Step(2));
+    let s = c.open_session(job, 0, 1, Step(0)).unwrap();
+    assert_eq!(c.acknowledged_position(s).unwrap(), Step(3));
+}
+
+#[test]
+fn a_position_pruned_then_opened_again_before_a_flush_is_kept() {
+    let dir = tempfile::tempdir().unwrap();
+    let huge = CoordinatorConfig {
+        journal_every: 1000,
+        ..config()
+    };
+    let job = {
+        let mut c = Coordinator::open(dir.path(), huge.clone()).unwrap();
+        let job = c.register_job(spec(1, 0), 10).unwrap();
+        let s = c.open_session(job, 0, 1, Step(0)).unwrap();
+        ack(&mut c, s, 0..2);
+        c.flush().unwrap();
+        c.close_session(s).unwrap();
+        // Opening epoch 3 prunes epoch 1's position; epoch 1 is opened again and goes on.
+        let later = c.open_session(job, 0, 3, Step(0)).unwrap();
+        c.close_session(later).unwrap();
+        let s = c.open_session(job, 0, 1, Step(0)).unwrap();
+        ack(&mut c, s, 0..3);
+        c.close_session(s).unwrap();
+        c.flush().unwrap();
+        job
+    };
+    let mut c = Coordinator::open(dir.path(), huge).unwrap();
+    let s = c.open_session(job, 0, 1, Step(0)).unwrap();
+    assert_eq!(c.acknowledged_position(s).unwrap(), Step(3));
 }

@@ -19,9 +19,14 @@ pub struct CoordinatorConfig {
     /// past it is refused until one closes or times out.
     pub max_sessions: usize,
     /// Largest weight a job may be given: a job asking for more gets this much (see
-    /// [`Coordinator::set_job_weight`](super::Coordinator::set_job_weight)).
+    /// [`Coordinator::set_job_weight`](super::Coordinator::set_job_weight)); at most
+    /// [`MAX_JOB_WEIGHT`].
     pub max_job_weight: u32,
 }
+
+/// The largest `max_job_weight` there is: a lease advances a job's pass by 2^20 / weight, and
+/// at this weight that is still 16, so shares keep their proportions.
+pub const MAX_JOB_WEIGHT: u32 = 1 << 16;
 
 impl Default for CoordinatorConfig {
     fn default() -> Self {

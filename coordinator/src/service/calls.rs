@@ -183,7 +183,7 @@ impl coordinator_server::Coordinator for CoordinatorService {
         if let Some(entry) = state.workers.get_mut(&worker.0) {
             entry.completed += request.completed.len() as u64;
             entry.failed += request.failed.len() as u64;
-            entry.bad_samples += request.bad_samples;
+            entry.bad_samples = entry.bad_samples.saturating_add(request.bad_samples);
             entry.busy_ns = entry.busy_ns.saturating_add(request.busy_ns);
         }
         drop(state);
