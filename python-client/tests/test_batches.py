@@ -217,6 +217,26 @@ def test_set_epoch_of_a_state_saved_at_an_epochs_end_runs_it_empty(
     assert read_indices(resumed) == read_indices(plain)
 
 
+def test_iter_after_every_batch_without_stop_iteration_starts_the_next_epoch(
+    make_loader: Callable[..., stoker.Loader],
+) -> None:
+    # A loop that stops at the last batch (zip with a range, islice, a break at the last step)
+    # never sees StopIteration; the next iter() runs the next epoch, as the state says.
+    loader = make_loader(batch_size=40)
+    first = read_indices(loader, len(loader))
+    state = loader.state_dict()
+    assert (state["epoch"], state["step"]) == (0, len(loader))
+    resumed = make_loader(batch_size=40)
+    resumed.load_state_dict(state)
+    plain = make_loader(batch_size=40)
+    plain.set_epoch(1)
+    second = read_indices(plain)
+    assert second != first
+    assert iter(loader).epoch == 1
+    assert read_indices(loader) == second
+    assert read_indices(resumed) == second
+
+
 @pytest.mark.parametrize(
     ("change", "message"),
     [

@@ -439,7 +439,7 @@ class Loader(FromDataset):
         """
         native = self._handle()
         position = self._position
-        epoch, step = position.to_start()
+        epoch, step = position.to_start(native.steps_in)
         self._feed.drop_staged()
         native.start_epoch(epoch, step)
         position.start()

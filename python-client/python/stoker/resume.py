@@ -9,7 +9,7 @@ several ranks' states into the position they resume.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Final
 
@@ -79,9 +79,15 @@ class Position:
     # `resized_epoch`: that epoch cannot be served until a state is loaded again.
     resized_lost: bool = False
 
-    def to_start(self) -> tuple[int, int]:
-        """The epoch and step an iterator starts now (see :meth:`start`); ValueError when that
-        epoch is a resumed one whose loader a refused load let go of."""
+    def to_start(self, steps_in: Callable[[int], int]) -> tuple[int, int]:
+        """The epoch and step an iterator starts now (see :meth:`start`), ``steps_in(e)``
+        giving epoch ``e``'s steps; ValueError when that epoch is a resumed one whose loader a
+        refused load let go of."""
+        lost = self.resized_lost and self.epoch == self.resized_epoch
+        if not lost and self.resume_step is None and 0 < steps_in(self.epoch) <= self.step:
+            # Every batch was handed out, but the loop stopped before StopIteration (zip, islice,
+            # a break at the last step): the next epoch, where state_dict() already points.
+            self.finish_epoch(self.epoch)
         if self.resized_lost and self.epoch == self.resized_epoch:
             raise ValueError(
                 f"a failed load_state_dict let go of the loader of epoch {self.epoch} as "
@@ -237,13 +243,29 @@ def check_state(state: Any, ours: Mapping[str, Any]) -> None:
     mismatched = [
         f"{key}: saved {state.get(key)!r}, this loader {ours.get(key)!r}"
         for key in (*SPEC_KEYS, "mix", *(k for k in OPTIONAL_SPEC_KEYS if k in state))
-        if state.get(key) != ours.get(key)
+        if _normalised(state.get(key), key) != _normalised(ours.get(key), key)
     ]
     if mismatched:
         raise ValueError(
             "state was saved by a loader with other settings, so its positions name other "
             "batches; " + "; ".join(mismatched)
         )
+
+
+def _normalised(value: Any, key: str) -> Any:
+    """``value`` as compared: a mix's weights divided by their sum (the mix normalises them,
+    so {a: 1, b: 1} is {a: 0.5, b: 0.5}), rounded off past 12 digits."""
+    if key != "mix" or not isinstance(value, Mapping):
+        return value
+    sources = value.get("sources")
+    if not isinstance(sources, list):
+        return value  # not a mix this build saved: compared as it is
+    try:
+        total = sum(float(weight) for _, weight in sources)
+        named = [[name, round(float(weight) / total, 12)] for name, weight in sources]
+    except (TypeError, ValueError, ZeroDivisionError):
+        return value
+    return {**value, "sources": named}
 
 
 def read_states(
