@@ -307,3 +307,28 @@ def test_python_datasets_mix_by_the_same_rule() -> None:
     with dataset_mix() as resumed:
         resumed.load_state_dict(state)
         assert head + dataset_rows(resumed) == whole, "resumed exactly"
+    # A state of a mix with other weights (or shuffle) names other batches: refused by name.
+    assert state["mix"]["sources"] == [
+        ["dataset of 800 samples", 0.7],
+        ["dataset of 400 samples", 0.3],
+    ]
+    other = stoker.mix(
+        {Numbers(0, 800): 0.5, Numbers(100_000, 400): 0.5}, batch_size=50, output="numpy", seed=3
+    )
+    with other, pytest.raises(ValueError, match="mix: saved"):
+        other.load_state_dict(state)
+    with dataset_mix(shuffle=False) as unshuffled, pytest.raises(ValueError, match="mix: saved"):
+        unshuffled.load_state_dict(state)
+
+
+def test_weights_that_normalise_the_same_are_the_same_mix(
+    token_files: tuple[Path, Path],
+) -> None:
+    a, b = token_files
+    windows = [ops.TokenWindows(SEQ_LEN)]
+    with stoker.mix({a: 1, b: 1}, pipeline=windows, batch_size=64, output="numpy") as ones:
+        state = ones.state_dict()
+        first = rows(batch for _, batch in zip(range(3), ones, strict=False))
+    with stoker.mix({a: 0.5, b: 0.5}, pipeline=windows, batch_size=64, output="numpy") as halves:
+        halves.load_state_dict(state)
+        assert rows(batch for _, batch in zip(range(3), halves, strict=False)) == first

@@ -210,6 +210,8 @@ class DatasetLoader(Loader):
     _builder: Any
     _layout: Layout
     _collate_fn: Callable[[list[Any]], Any] | None
+    # The mix of Python datasets this loader reads (stoker.mix), saved with its states.
+    _mix_fingerprint: dict[str, Any] | None = None
 
     @classmethod
     def _make(cls, native: Any, builder: Any, layout: Layout,
@@ -255,6 +257,15 @@ class DatasetLoader(Loader):
         if builder is not None and not self._fork.forked:
             builder.close()  # a lane waiting on a worker then returns at once
         super().close()
+
+    def state_dict(self) -> dict[str, Any]:
+        """As :meth:`stoker.Loader.state_dict`; for a mix of Python datasets also the mix
+        (each dataset's length and weight, the window, the rule, the shuffle), which
+        :meth:`load_state_dict` compares."""
+        state = super().state_dict()
+        if self._mix_fingerprint is not None:
+            state["mix"] = self._mix_fingerprint
+        return state
 
     def __repr__(self) -> str:
         position = self._position

@@ -13,6 +13,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any, Final, Literal
 
 from stoker import _native
+from stoker.dataset import DatasetLoader
 from stoker.loader import Loader
 from stoker.mix_request import MixRequest, Source
 from stoker.ops import Op
@@ -61,6 +62,18 @@ class MixedDataset:
 
     def __len__(self) -> int:
         return self.len
+
+    def fingerprint(self) -> dict[str, Any]:
+        """What a saved state must match: each dataset's length and weight, the window, the
+        epoch rule and whether the order is shuffled."""
+        weights, lens, window, epoch_end, epoch_samples, _, shuffle = self.args
+        return {
+            "sources": [[f"dataset of {n} samples", w] for n, w in zip(lens, weights, strict=True)],
+            "window": window,
+            "epoch_end": epoch_end,
+            "epoch_samples": epoch_samples,
+            "shuffle": shuffle,
+        }
 
     def __getstate__(self) -> dict[str, Any]:
         # The native order does not pickle; a worker process makes its own on first use.
@@ -117,9 +130,12 @@ def _mix_datasets(
     if not isinstance(seed, int) or isinstance(seed, bool) or not 0 <= seed < 2**64:
         raise ValueError(f"seed must be an int in 0..2**64, got {seed!r}")
     mixed = MixedDataset(datasets, weights, window, rule, samples, seed, shuffle)
-    return Loader.from_dataset(
+    loader = Loader.from_dataset(
         mixed, batch_size=batch_size, shuffle=False, pipeline=pipeline, **loader_args
     )
+    assert isinstance(loader, DatasetLoader)
+    loader._mix_fingerprint = mixed.fingerprint()  # its states name the mix they resume
+    return loader
 
 
 def mix(
