@@ -385,21 +385,55 @@ def test_arguments_are_checked_before_any_work() -> None:
         stoker.Loader.from_dataset(Squares(4), transform=_with_text, num_workers=1)
 
 
-def test_a_killed_worker_process_is_an_error_naming_it() -> None:
+def test_a_killed_worker_process_is_replaced_and_its_batch_built_again(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    def read(kill: bool) -> list[tuple[int, list[int], list[float]]]:
+        with stoker.Loader.from_dataset(
+            Slow(120), batch_size=4, output="numpy", num_workers=2, timeout=30, seed=4
+        ) as loader:
+            batches = []
+            for epoch in range(2):
+                it = iter(loader)
+                for taken, (features, _) in enumerate(it):
+                    batches.append((epoch, list(it.sample_indices), features.ravel().tolist()))
+                    if kill and epoch == 0 and taken == 0:
+                        # Mid-batch, as the OOM killer would.
+                        os.kill(loader._builder._workers[1].process.pid, signal.SIGKILL)
+                if kill and epoch == 0:
+                    # Between epochs: whatever it was doing, the next epoch still comes whole.
+                    os.kill(loader._builder._workers[0].process.pid, signal.SIGKILL)
+            return batches
+
+    # Every batch comes, once, with the bytes of a run where nothing died.
+    with caplog.at_level("WARNING", logger="stoker"):
+        killed = read(kill=True)
+    replaced = [r.getMessage() for r in caplog.records if "replaced by pid" in r.getMessage()]
+    assert len(replaced) == 2, replaced
+    assert "process 1 (exit code -9)" in replaced[0]
+    assert "process 0 (exit code -9)" in replaced[1]
+    assert killed == read(kill=False)
+
+
+class KillsItself(Squares):
+    """Sample 9 kills the process that loads it."""
+
+    def __getitem__(self, index: int):
+        if index == 9:
+            os.kill(os.getpid(), signal.SIGKILL)
+        return super().__getitem__(index)
+
+
+def test_a_batch_whose_worker_dies_twice_is_an_error_naming_it() -> None:
     with stoker.Loader.from_dataset(
-        Slow(200), batch_size=4, output="numpy", num_workers=2, timeout=30
-    ) as loader:
-        it = iter(loader)
-        next(it)
-        victim = loader._builder._workers[1].process
-        os.kill(victim.pid, signal.SIGKILL)
-        with pytest.raises(
-            stoker.StokerError,
-            match=r"worker process 1 .*exited with code -9 while loading step \d+ of epoch 0 "
-            r"\(dataset indices \d+, \d+, \d+, \d+\)",
-        ):
-            for _ in it:
-                pass
+        KillsItself(40), batch_size=4, output="numpy", num_workers=2, timeout=30, shuffle=False
+    ) as loader, pytest.raises(
+        stoker.StokerError,
+        match=r"worker process \d .*exited with code -9 while loading step 2 of epoch 0 "
+        r"\(dataset indices 8, 9, 10, 11\), as did the process started in its place",
+    ):
+        for _ in loader:
+            pass
 
 
 class VerySlow(Squares):

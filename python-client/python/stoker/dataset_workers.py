@@ -6,6 +6,7 @@ the start method and ``__main__`` checks that let a dataset reach a fresh interp
 from __future__ import annotations
 
 import contextlib
+import logging
 import mmap
 import multiprocessing
 import multiprocessing.reduction
@@ -23,6 +24,8 @@ from stoker.errors import DatasetError, LoaderTimeoutError, StokerError
 from stoker.samples import Layout, State, fill_batch, probe
 
 __all__ = ["ProcessBuilder", "start_context"]
+
+_log = logging.getLogger("stoker")
 
 # Seconds a closing loader's workers have to finish their batch and exit before they are killed.
 _CLOSE_GRACE_S = 5.0
@@ -124,25 +127,48 @@ def _indices(indices: list[int], shown: int = 8) -> str:
     return f"dataset indices {listed}{more}"
 
 
+class _WorkerDied(StokerError):
+    """A worker process exited (killed, crashed) while it had work: a batch is built again by
+    a new process, anything else is raised as it is."""
+
+
 class _Worker:
+    """Worker process ``number``, replaced by a new one when it dies (see :meth:`build`)."""
+
     def __init__(self, context: Any, number: int, state: State | bytes) -> None:
         self.number = number
+        self.context = context
+        self.state = state
         self.start_method: str = context.get_start_method()
-        parent, child = context.Pipe()
-        self.process = context.Process(
+        self.layout: Layout | None = None
+        self.stopping = False
+        # Lane k of the loader, and of the loader of an epoch resumed on another world size,
+        # share worker k: one exchange at a time.
+        self.lock = threading.Lock()
+        self._start()
+
+    def _start(self) -> None:
+        """Starts the process (and sends it the layout, once known); the slot mapping goes
+        with its first batch."""
+        parent, child = self.context.Pipe()
+        self.process = self.context.Process(
             target=_worker_main,
-            args=(child, state),
-            name=f"stoker-dataset-worker-{number}",
+            args=(child, self.state),
+            name=f"stoker-dataset-worker-{self.number}",
             daemon=True,
         )
-        with _main_not_rerun(context):
+        with _main_not_rerun(self.context):
             self.process.start()
         child.close()
         self.conn = parent
         self.arena: int | None = None
-        # Lane k of the loader, and of the loader of an epoch resumed on another world size,
-        # share worker k: one exchange at a time.
-        self.lock = threading.Lock()
+        if self.layout is not None:
+            self.conn.send(("layout", self.layout))
+
+    def set_layout(self, layout: Layout) -> None:
+        """Sends the samples' layout (and keeps it for a replacement)."""
+        self.layout = layout
+        self.conn.send(("layout", layout))
 
     def build(
         self, epoch: int, step: int, indices: list[int], view: memoryview,
@@ -150,18 +176,50 @@ class _Worker:
     ) -> Any:
         if shared is None:
             raise StokerError("process mode needs the loader's slots in shared memory")
-        arena, fd, size, offset = shared
         doing = f"loading step {step} of epoch {epoch} ({_indices(indices)})"
+        message = ("build", epoch, indices, shared[3], len(view))
         with self.lock:
+            if not self.process.is_alive() and not self.stopping:
+                self._replace(f"it died before {doing}")
             try:
-                if self.arena != arena:
-                    self.conn.send(("arena", size))
-                    multiprocessing.reduction.send_handle(self.conn, fd, self.process.pid)
-                    self.arena = arena
-            except OSError:
-                self._died(doing)
-            _, bad, failure = self.call(("build", epoch, indices, offset, len(view)), doing)
+                return self._build(shared, message, doing)
+            except _WorkerDied as died:
+                if self.stopping:
+                    raise StokerError(str(died)) from None
+                # Killed (the OOM killer, say) or crashed: a new process builds the batch
+                # again, the same bytes (samples are seeded by their index). Twice is the
+                # dataset's doing, not chance: raised.
+                self._replace(str(died))
+            try:
+                return self._build(shared, message, doing)
+            except _WorkerDied as died:
+                raise StokerError(f"{died}, as did the process started in its place") from None
+
+    def _build(
+        self, shared: tuple[int, int, int, int], message: tuple[Any, ...], doing: str
+    ) -> Any:
+        arena, fd, size, _ = shared
+        try:
+            if self.arena != arena:
+                self.conn.send(("arena", size))
+                multiprocessing.reduction.send_handle(self.conn, fd, self.process.pid)
+                self.arena = arena
+        except OSError:
+            self._died(doing)
+        _, bad, failure = self.call(message, doing)
         return bad, failure
+
+    def _replace(self, why: str) -> None:
+        """Starts a new process in place of the dead one."""
+        exitcode = self.process.exitcode
+        self.conn.close()
+        self._start()
+        if self.stopping:  # close() came meanwhile: this one stops too
+            self.ask_to_stop()
+        _log.warning(
+            "dataset worker process %d (exit code %s) replaced by pid %d: %s",
+            self.number, exitcode, self.process.pid, why,
+        )
 
     def call(self, message: Any, doing: str, timeout: float | None = None) -> Any:
         """Sends ``message`` and returns the worker's reply; a StokerError when it died or
@@ -191,13 +249,14 @@ class _Worker:
 
     def _died(self, doing: str) -> NoReturn:
         self.process.join(timeout=1.0)
-        raise StokerError(
+        raise _WorkerDied(
             f"dataset worker process {self.number} (pid {self.process.pid}) exited with "
             f"code {self.process.exitcode} while {doing}"
         ) from None
 
     def ask_to_stop(self) -> None:
-        """Asks the worker to exit once its current batch is done."""
+        """Asks the worker to exit once its current batch is done (and not to be replaced)."""
+        self.stopping = True
         with contextlib.suppress(OSError):
             self.conn.send(None)
 
@@ -237,7 +296,7 @@ class ProcessBuilder:
             raise kind(reply[2])
         layout: Layout = reply[1]
         for worker in self._workers:
-            worker.conn.send(("layout", layout))
+            worker.set_layout(layout)
         return layout
 
     def build(
