@@ -227,7 +227,9 @@ impl Journal {
     ) -> CoordinatorResult<()> {
         #[cfg(test)]
         if std::mem::take(&mut self.fail_next_write) {
-            return Err(journal_error(std::io::Error::other("no space left (injected)")));
+            return Err(journal_error(std::io::Error::other(
+                "no space left (injected)",
+            )));
         }
         // Deletions first: a key both pruned and written was opened again after its prune,
         // and replay applies records in order, so its new position must come last.

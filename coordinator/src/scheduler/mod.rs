@@ -441,6 +441,7 @@ impl Coordinator {
             });
         }
         let key = (job.0, rank, epoch);
+        self.stats.session_opens += 1;
         if let Some(&index) = self.session_index.get(&key) {
             let session = self
                 .sessions

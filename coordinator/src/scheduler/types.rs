@@ -94,6 +94,9 @@ pub struct CoordinatorStats {
     pub workers: u64,
     /// Open sessions.
     pub sessions: u64,
+    /// Sessions opened since start, reopens included: more than one per rank and epoch means
+    /// clients reopened (a lost stream, a stall).
+    pub session_opens: u64,
     /// Tasks waiting for a lease (steps not yet handed out plus requeued ones).
     pub queued_tasks: u64,
     /// Live leases.

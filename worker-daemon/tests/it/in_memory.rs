@@ -23,6 +23,7 @@ const COORDINATOR: &str = "coordinator:7070";
 /// A coordinator and `workers` worker daemons on `network`, accepting `token` if given, on a
 /// runtime of their own; they stop when it is dropped.
 struct Cluster {
+    coordinator: CoordinatorService,
     _runtime: tokio::runtime::Runtime,
     _stops: Vec<oneshot::Sender<()>>,
 }
@@ -55,7 +56,7 @@ fn start_cluster(
     let (stop, stopped) = oneshot::channel::<()>();
     stops.push(stop);
     let incoming = network.listen(COORDINATOR);
-    runtime.spawn(coordinator.serve_incoming(incoming, async {
+    runtime.spawn(coordinator.clone().serve_incoming(incoming, async {
         let _ = stopped.await;
     }));
     for address in workers {
@@ -80,6 +81,7 @@ fn start_cluster(
         }));
     }
     Ok(Cluster {
+        coordinator,
         _runtime: runtime,
         _stops: stops,
     })
@@ -106,6 +108,15 @@ fn remote(
     data: &Path,
     token: Option<Token>,
 ) -> stoker_loader::Result<Loader> {
+    remote_with(network, data, token, Duration::from_secs(2))
+}
+
+fn remote_with(
+    network: &MemoryNetwork,
+    data: &Path,
+    token: Option<Token>,
+    stall_reopen: Duration,
+) -> stoker_loader::Result<Loader> {
     Loader::remote(
         COORDINATOR,
         spec(data),
@@ -116,7 +127,7 @@ fn remote(
         },
         RemoteOptions {
             connect_timeout: Duration::from_secs(20),
-            stall_reopen: Duration::from_secs(2),
+            stall_reopen,
             worker_grace: Duration::from_secs(30),
             token,
             network: Network::Memory(network.clone()),
@@ -175,6 +186,35 @@ fn an_epoch_over_the_network_equals_the_embedded_one_through_cut_worker_streams(
     }
     assert_eq!(seen, (0..steps).collect::<Vec<_>>());
     assert_eq!(digest.hex(), expected);
+    Ok(())
+}
+
+#[test]
+fn a_consumer_pausing_longer_than_stall_reopen_reopens_nothing() -> TestResult {
+    let data = tempfile::tempdir()?;
+    images(data.path())?;
+    let state = tempfile::tempdir()?;
+    let network = MemoryNetwork::new();
+    let cluster = start_cluster(
+        &network,
+        data.path(),
+        state.path(),
+        &["worker-a:7001"],
+        None,
+    )?;
+    let loader = remote_with(&network, data.path(), None, Duration::from_millis(300))?;
+    let steps = loader.steps_per_epoch();
+    let mut seen = Vec::new();
+    for batch in loader.epoch(0, 0)? {
+        seen.push(batch?.step);
+        // A training step (or an evaluation) longer than stall_reopen: the batches asked for
+        // meanwhile arrive, and the next is asked for only after it. Nothing stalled.
+        std::thread::sleep(Duration::from_millis(600));
+    }
+    assert_eq!(seen, (0..steps).collect::<Vec<_>>());
+    // One session for epoch 0, one for epoch 1 (started early, at the end of epoch 0): no
+    // reopen.
+    assert_eq!(cluster.coordinator.core_stats().session_opens, 2);
     Ok(())
 }
 

@@ -258,7 +258,7 @@ impl Driver {
         };
         tracing::debug!(session = token.session_id, floor = *floor, "session open");
         let (arrivals_tx, mut arrivals) = mpsc::unbounded_channel();
-        let mut streams: HashMap<u64, tokio::task::JoinHandle<()>> = HashMap::new();
+        let mut streams = Streams::default();
         let mut open_streams: HashSet<u64> = HashSet::new();
         let job_id = self.job_id;
         let security = self.security.clone();
@@ -268,12 +268,12 @@ impl Driver {
         // listed before its address resolves or accepts (a new pod's DNS name).
         let mut retry_at: HashMap<u64, Instant> = HashMap::new();
         let subscribe_all = |workers: &[WorkerInfo],
-                             streams: &mut HashMap<u64, tokio::task::JoinHandle<()>>,
+                             streams: &mut Streams,
                              retry_at: &mut HashMap<u64, Instant>| {
             let now = Instant::now();
             retry_at.retain(|_, at| *at > now);
             for worker in workers {
-                if streams.contains_key(&worker.worker_id)
+                if streams.0.contains_key(&worker.worker_id)
                     || retry_at.contains_key(&worker.worker_id)
                 {
                     continue;
@@ -287,7 +287,7 @@ impl Driver {
                     arrivals_tx.clone(),
                     Arc::clone(&free_slots),
                 ));
-                streams.insert(worker.worker_id, handle);
+                streams.0.insert(worker.worker_id, handle);
             }
         };
         subscribe_all(&workers, &mut streams, &mut retry_at);
@@ -296,7 +296,9 @@ impl Driver {
         // Steps received beyond the floor are acknowledged again first (before any credit of
         // the new window), so the reopened session does not lease them again.
         let mut acks: Vec<u64> = ahead.iter().copied().collect();
-        let mut last_arrival = Instant::now();
+        // The last arrival, or the grant that ended a time with nothing outstanding: a consumer
+        // that paused (an evaluation, a checkpoint) before asking again has not waited.
+        let mut progress_at = Instant::now();
         // The first update of a session reports, so a client whose epochs are shorter than the
         // report period still shows on the dashboard.
         let mut last_stats: Option<Instant> = None;
@@ -327,6 +329,9 @@ impl Driver {
                     .await;
                 match update {
                     Ok(response) => {
+                        if outstanding == 0 && want > 0 {
+                            progress_at = Instant::now();
+                        }
                         outstanding += want;
                         subscribe_all(&response.into_inner().workers, &mut streams, &mut retry_at);
                     }
@@ -361,7 +366,7 @@ impl Driver {
                         if incarnation == token.incarnation {
                             outstanding = outstanding.saturating_sub(1);
                         }
-                        last_arrival = Instant::now();
+                        progress_at = Instant::now();
                         ahead.insert(step);
                         while ahead.first() == Some(floor) {
                             ahead.pop_first();
@@ -390,7 +395,7 @@ impl Driver {
                     }
                     Some(Arrival::Ended { worker }) => {
                         open_streams.remove(&worker);
-                        streams.remove(&worker);
+                        streams.0.remove(&worker);
                         tracing::debug!(worker, "the worker ended its stream");
                     }
                     Some(Arrival::Lost { worker, opened, status }) => {
@@ -400,7 +405,7 @@ impl Driver {
                             break SessionEnd::Reopen;
                         }
                         // Tried again with a later update that still lists it.
-                        streams.remove(&worker);
+                        streams.0.remove(&worker);
                         retry_at.insert(worker, Instant::now() + STREAM_RETRY);
                         tracing::debug!(worker, %status, retry_in = ?STREAM_RETRY, "worker unreachable");
                     }
@@ -419,16 +424,14 @@ impl Driver {
                             break SessionEnd::Stop;
                         }
                     }
-                    if wanted && outstanding > 0 && last_arrival.elapsed() >= self.stall_reopen {
-                        tracing::warn!(step = *floor, waited = ?last_arrival.elapsed(), "no batch arrived; opening the session again");
+                    if wanted && outstanding > 0 && progress_at.elapsed() >= self.stall_reopen {
+                        tracing::warn!(step = *floor, waited = ?progress_at.elapsed(), "no batch arrived; opening the session again");
                         break SessionEnd::Reopen;
                     }
                 }
             }
         };
-        for handle in streams.values() {
-            handle.abort();
-        }
+        drop(streams);
         // Batches that came after the end are not taken (the next session leases them
         // again): their slots go back to the queue.
         while let Ok(arrival) = arrivals.try_recv() {
@@ -472,6 +475,20 @@ fn job_label(spec: &JobSpec) -> String {
 }
 
 /// Opens the worker's stream for the session and forwards what arrives, each batch landed in a
+/// A session's worker streams by worker: aborted when dropped, at the session's end or with
+/// the session itself when its driver is cancelled (a stream left running would hold the
+/// slots of the steps it was to land, and its subscription at the worker).
+#[derive(Default)]
+struct Streams(HashMap<u64, tokio::task::JoinHandle<()>>);
+
+impl Drop for Streams {
+    fn drop(&mut self) {
+        for handle in self.0.values() {
+            handle.abort();
+        }
+    }
+}
+
 /// slot of `slots` as its bytes come.
 async fn stream_worker(
     worker: WorkerInfo,
