@@ -257,6 +257,48 @@ mod tests {
         );
     }
 
+    /// Chunks, then an error from below gRPC (a reset stream, a dropped connection).
+    struct Breaking(VecDeque<Bytes>, Option<Status>);
+
+    impl http_body::Body for Breaking {
+        type Data = Bytes;
+        type Error = Status;
+
+        fn poll_frame(
+            self: std::pin::Pin<&mut Self>,
+            _cx: &mut std::task::Context<'_>,
+        ) -> std::task::Poll<Option<Result<http_body::Frame<Bytes>, Status>>> {
+            let this = self.get_mut();
+            std::task::Poll::Ready(match this.0.pop_front() {
+                Some(chunk) => Some(Ok(http_body::Frame::data(chunk))),
+                None => this.1.take().map(Err),
+            })
+        }
+    }
+
+    #[test]
+    fn a_body_that_breaks_below_grpc_is_unavailable_whatever_its_reason() {
+        let chunks = encode_batch(sample_batch(&[10_000], 0), 1 << 20).expect("fits");
+        let half: VecDeque<Bytes> = recut(&chunks, &[0.5]).into_iter().take(1).collect();
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .expect("runtime");
+        // As tonic reads an HTTP/2 reset with INTERNAL_ERROR (or PROTOCOL_ERROR, ...).
+        for reason in [
+            Status::internal("h2 protocol error"),
+            Status::unknown("reset"),
+        ] {
+            let read = runtime.block_on(async {
+                BatchReader::new(Breaking(half.clone(), Some(reason)), 64 << 20)
+                    .next_batch(&mut OwnBuffers)
+                    .await
+            });
+            let status = read.map(|_| ()).expect_err("broken");
+            assert_eq!(status.code(), Code::Unavailable, "{status}");
+            assert!(status.message().starts_with("the stream broke"), "{status}");
+        }
+    }
+
     proptest! {
         #![proptest_config(ProptestConfig::with_cases(64))]
 

@@ -145,6 +145,15 @@ pub struct BatchReader<B> {
     copies: CopyCounts,
 }
 
+/// The error of a body that failed below gRPC (the connection, or its HTTP/2 stream reset):
+/// `Unavailable`, whatever code tonic would give the reset's reason (with its `server` feature
+/// it reads `INTERNAL_ERROR` as `Internal`), so the client takes the stream as lost and has
+/// its batches redone rather than as a batch the worker could not build.
+fn broken(error: StdError) -> Status {
+    let status = Status::from_error(error);
+    Status::unavailable(format!("the stream broke: {}", status.message()))
+}
+
 fn malformed(what: &str) -> Status {
     Status::internal(format!("malformed batch message: {what}"))
 }
@@ -179,7 +188,7 @@ where
                         "the stream ended without a gRPC status",
                     )));
                 }
-                Some(Err(error)) => return Err(Status::from_error(error.into())),
+                Some(Err(error)) => return Err(broken(error.into())),
                 Some(Ok(frame)) => match frame.into_data() {
                     Ok(data) if data.is_empty() => {}
                     Ok(data) => {

@@ -474,7 +474,6 @@ fn job_label(spec: &JobSpec) -> String {
     }
 }
 
-/// Opens the worker's stream for the session and forwards what arrives, each batch landed in a
 /// A session's worker streams by worker: aborted when dropped, at the session's end or with
 /// the session itself when its driver is cancelled (a stream left running would hold the
 /// slots of the steps it was to land, and its subscription at the worker).
@@ -489,6 +488,7 @@ impl Drop for Streams {
     }
 }
 
+/// Opens the worker's stream for the session and forwards what arrives, each batch landed in a
 /// slot of `slots` as its bytes come.
 async fn stream_worker(
     worker: WorkerInfo,
