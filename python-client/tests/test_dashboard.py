@@ -115,3 +115,27 @@ def test_a_dashboard_off_loopback_needs_a_credential(dataset: Path, tmp_path: Pa
         assert _answer(local + "/api/jobs", {"Cookie": parts[0]})[0] == 200
     finally:
         loader.close()
+
+
+def test_a_loader_failing_late_in_its_making_lets_its_port_go(
+    dataset: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    options = {"pipeline": stoker.vision.imagenet_train(32), "batch_size": 8, "output": "numpy"}
+    first = stoker.Loader(dataset, dashboard=0, **options)  # type: ignore[arg-type]
+    url = first.dashboard_url
+    assert url is not None
+    address = url.removeprefix("http://").rstrip("/")
+    first.close()
+
+    def fails(*_: object) -> None:
+        raise RuntimeError("failed after the native loader was made")
+
+    monkeypatch.setattr(stoker.loader, "BatchFeed", fails)
+    # The traceback pytest keeps holds the half-made loader; its port must be free anyway.
+    with pytest.raises(RuntimeError, match="after the native loader") as failure:
+        stoker.Loader(dataset, dashboard=address, **options)  # type: ignore[arg-type]
+    monkeypatch.undo()
+    again = stoker.Loader(dataset, dashboard=address, **options)  # type: ignore[arg-type]
+    assert again.dashboard_url == url
+    again.close()
+    del failure

@@ -273,8 +273,8 @@ class Loader(FromDataset):
         gpu_memory: int | None = None,
         **unsupported: Any,
     ) -> None:
-        # Attributes close() and __del__ rely on come first, so a failing __init__ leaves an
-        # object they can handle.
+        # Attributes close() relies on come first, so a failing __init__ leaves an object it
+        # can handle.
         self._native: _native.NativeLoader | None = None
         self._closed = False
         self._fork = ForkGuard()
@@ -362,7 +362,11 @@ class Loader(FromDataset):
             **placement.pinning_arguments(self._torch),
             **placement.lane_arguments(),
         )
-        self._finish_init(placement.stage(self._torch, tail))
+        try:
+            self._finish_init(placement.stage(self._torch, tail))
+        except BaseException:  # its threads, slots, port go now, not with the traceback
+            self.close()
+            raise
 
     def _finish_init(self, device_stage: gpu.DeviceStage | None = None) -> None:
         assert self._native is not None
@@ -464,14 +468,9 @@ class Loader(FromDataset):
         state: dict[str, Any] = {
             "version": resume.STATE_VERSION,
             **self._position.saved(),
-            "seed": self._seed,
-            "batch_size": self._batch_size,
-            "num_samples": self._num_samples,
-            "rank": self._rank,
-            "world_size": self._world_size,
-            "shuffle": self._shuffle,
-            "drop_last": self._drop_last,
-            "shuffle_window": self._shuffle_window,
+            "seed": self._seed, "batch_size": self._batch_size, "num_samples": self._num_samples,
+            "rank": self._rank, "world_size": self._world_size, "shuffle": self._shuffle,
+            "drop_last": self._drop_last, "shuffle_window": self._shuffle_window,
         }
         if self._mix is not None:
             state["mix"] = self._mix.fingerprint()
@@ -521,18 +520,17 @@ class Loader(FromDataset):
 
         Returns:
             The native counters (``samples``, ``batches``, ``elapsed_s``, ``samples_per_s``,
-            ``wait_s`` (time the caller waited inside ``next()``), ``first_batch_s``,
-            ``read_s``, ``decode_s``, ``augment_s``, ``assemble_s`` (thread-seconds per
-            stage), ``bad_samples``, ``in_flight``, ``prefetch_depth`` (the current depth,
-            which ``prefetch="auto"`` adjusts), ``slots_in_use``, ``slot_capacity``,
-            ``pinned`` (every slot page-locked), ``pinned_bytes``, ``pin_error`` (why the
-            driver refused to lock a slot, or None), ``gpu_idle_s`` and
-            ``gpu_span_s`` (seconds the consumer's CUDA stream sat idle waiting for a batch,
-            over how much of its time: measured with events once torch has started CUDA)),
-            ``thread_rule`` (how ``num_threads`` was chosen), ``device`` (``"cpu"`` or
-            ``"cuda:N"``), ``gpu_idle_fraction`` (``gpu_idle_s / gpu_span_s``, the GPU's
-            share of time waiting for data) and ``stall_fraction``: ``wait_s / elapsed_s``,
-            the share of time the training loop spent waiting for data.
+            ``wait_s`` (time the caller waited inside ``next()``), ``first_batch_s``, ``read_s``,
+            ``decode_s``, ``augment_s``, ``assemble_s`` (thread-seconds per stage),
+            ``bad_samples``, ``in_flight``, ``prefetch_depth`` (the current depth, which
+            ``prefetch="auto"`` adjusts), ``slots_in_use``, ``slot_capacity``, ``pinned`` (every
+            slot page-locked), ``pinned_bytes``, ``pin_error`` (why the driver refused to lock a
+            slot, or None), ``gpu_idle_s`` and ``gpu_span_s`` (seconds the consumer's CUDA
+            stream sat idle waiting for a batch, over how much of its time: measured with events
+            once torch has started CUDA)), ``thread_rule`` (how ``num_threads`` was chosen),
+            ``device`` (``"cpu"`` or ``"cuda:N"``), ``gpu_idle_fraction`` (``gpu_idle_s /
+            gpu_span_s``, the GPU's share of time waiting for data) and ``stall_fraction``:
+            ``wait_s / elapsed_s``, the share of time the training loop spent waiting for data.
         """
         stats: dict[str, Any] = dict(self._handle().stats())
         stats["thread_rule"] = self._thread_rule
