@@ -221,6 +221,42 @@ fn completed(service: &CoordinatorService, completions: u64, duplicates: u64) {
     );
 }
 
+/// Stops the coordinator `stop` stops (its journal is flushed as it stops) and starts a new run
+/// on the same address over the journal in `state`.
+async fn restart(
+    network: &MemoryNetwork,
+    state: &Path,
+    stop: oneshot::Sender<()>,
+) -> Result<(CoordinatorService, oneshot::Sender<()>), Box<dyn std::error::Error>> {
+    stop.send(())
+        .map_err(|()| "the coordinator already stopped")?;
+    let mut stopped = false;
+    for _ in 0..100 {
+        network.cut(COORDINATOR);
+        if register_worker(&mut coordinator(network, None))
+            .await
+            .is_err()
+        {
+            stopped = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(stopped, "the first coordinator kept serving");
+    // The first run lets its journal go once its last task is dropped, a moment after it stops.
+    let mut second = Err("not started".into());
+    for _ in 0..100 {
+        second = start(network, state, Vec::new());
+        match &second {
+            Err(error) if format!("{error:?}").contains("AlreadyOpen") => {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            _ => break,
+        }
+    }
+    second
+}
+
 fn steps(tasks: &[TaskLease]) -> Vec<u64> {
     tasks.iter().map(|t| t.step).collect()
 }
@@ -323,34 +359,7 @@ async fn a_session_reopened_on_a_restarted_coordinator_resumes_where_it_was_ackn
     let tasks = lease(&mut client, worker, 4).await?;
     report(&mut client, worker, &tasks).await?;
     assert_eq!(update(&mut client, session, 0, vec![0, 1, 2]).await?, 3);
-    // A restart: the journal is flushed as the service stops, a new run serves the address.
-    stop.send(())
-        .map_err(|()| "the coordinator already stopped")?;
-    let mut stopped = false;
-    for _ in 0..100 {
-        network.cut(COORDINATOR);
-        if register_worker(&mut coordinator(&network, None))
-            .await
-            .is_err()
-        {
-            stopped = true;
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    assert!(stopped, "the first coordinator kept serving");
-    // The first run lets its journal go once its last task is dropped, a moment after it stops.
-    let mut second = Err("not started".into());
-    for _ in 0..100 {
-        second = start(&network, state.path(), Vec::new());
-        match &second {
-            Err(error) if format!("{error:?}").contains("AlreadyOpen") => {
-                tokio::time::sleep(Duration::from_millis(20)).await;
-            }
-            _ => break,
-        }
-    }
-    let (_, _stop) = second?;
+    let (_, _stop) = restart(&network, state.path(), stop).await?;
     let mut client = coordinator(&network, None);
     let stale = update(&mut client, session, 1, Vec::new())
         .await
@@ -375,5 +384,58 @@ async fn a_session_reopened_on_a_restarted_coordinator_resumes_where_it_was_ackn
     let worker = register_worker(&mut client).await?;
     update(&mut client, session, 1, Vec::new()).await?;
     assert_eq!(steps(&lease(&mut client, worker, 4).await?), [3]);
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_job_whose_dataset_changed_across_a_restart_is_registered_anew() -> TestResult {
+    let Fixture {
+        network,
+        state,
+        stop,
+        service: _,
+    } = fixture(Vec::new())?;
+    let mut client = coordinator(&network, None);
+    register_worker(&mut client).await?;
+    let (before, _) = open(&mut client, 1).await?;
+    let (second, _stop) = restart(&network, state.path(), stop).await?;
+    // The workers now see a dataset of 12 steps under the same spec.
+    let grown = "worker-b:7001";
+    tokio::spawn(
+        stoker_rpc::transport::server()
+            .add_service(WorkerDataServer::new(DescribeOnly(DescribeJobResponse {
+                num_samples: 48,
+                steps_per_epoch: 12,
+                batch_bytes: 1,
+                class_names: Vec::new(),
+            })))
+            .serve_with_incoming(network.listen(grown)),
+    );
+    let mut client = coordinator(&network, None);
+    client
+        .register_worker(RegisterWorkerRequest {
+            data_address: grown.into(),
+            threads: 1,
+            data_roots: Vec::new(),
+        })
+        .await?;
+    let registered = client
+        .register_job(RegisterJobRequest {
+            spec: Some(spec()),
+            weight: 0,
+        })
+        .await?
+        .into_inner();
+    // The client's step count is the one the core serves (before: 12 here, 8 in the core).
+    assert_eq!(registered.steps_per_epoch, 12);
+    assert_ne!(registered.job_id, before);
+    assert_eq!(second.core_stats().jobs, 2);
+    let job = client
+        .get_job(stoker_proto::v1::GetJobRequest {
+            job_id: registered.job_id,
+        })
+        .await?
+        .into_inner();
+    assert_eq!(job.steps_per_epoch, 12);
     Ok(())
 }

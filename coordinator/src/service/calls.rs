@@ -252,12 +252,15 @@ impl coordinator_server::Coordinator for CoordinatorService {
         let spec = spec.ok_or_else(|| Status::invalid_argument("job spec is missing"))?;
         validate_spec(&spec)?;
         let spec = job_key(spec);
-        let find = |state: &State| {
+        // The jobs of this spec, with their steps per epoch: more than one when its dataset
+        // changed across a restart (the journal keeps the job as it was registered).
+        let known = |state: &State| -> Vec<(JobId, u64)> {
             state
                 .core
                 .jobs()
-                .find(|(_, known, _)| **known == spec)
-                .map(|(id, _, _)| id)
+                .filter(|(_, known, _)| **known == spec)
+                .map(|(id, _, steps)| (id, steps))
+                .collect()
         };
         let answer = |id: JobId, described: &proto::DescribeJobResponse| {
             Response::new(RegisterJobResponse {
@@ -270,23 +273,42 @@ impl coordinator_server::Coordinator for CoordinatorService {
         };
         {
             let mut state = lock(&self.state);
-            if let Some(id) = find(&state) {
-                if let Some(described) = state.descriptions.get(&id.0).cloned() {
-                    set_weight(&mut state.core, id, weight)?;
-                    return Ok(answer(id, &described));
-                }
+            let described = known(&state)
+                .into_iter()
+                .find_map(|(id, _)| Some((id, state.descriptions.get(&id.0)?.clone())));
+            if let Some((id, described)) = described {
+                set_weight(&mut state.core, id, weight)?;
+                return Ok(answer(id, &described));
             }
         }
         let described = self.describe(&spec).await?;
         let mut state = lock(&self.state);
         // Another rank may have registered the same job while this one was being checked (or
-        // the journal had it from before a restart).
-        let id = match find(&state) {
-            Some(id) => id,
-            None => state
-                .core
-                .register_job(spec, described.steps_per_epoch)
-                .map_err(coordinator_status)?,
+        // the journal had it from before a restart). A journaled job of another step count was
+        // registered over another dataset than the workers see now: served as it was, its
+        // clients would wait for steps the core never leases, so the job is registered anew.
+        let jobs = known(&state);
+        let id = match jobs
+            .iter()
+            .find(|(_, steps)| *steps == described.steps_per_epoch)
+        {
+            Some((id, _)) => *id,
+            None => {
+                let id = state
+                    .core
+                    .register_job(spec, described.steps_per_epoch)
+                    .map_err(coordinator_status)?;
+                if let Some((before, steps)) = jobs.first() {
+                    tracing::warn!(
+                        job = id.0,
+                        earlier = before.0,
+                        steps_before = steps,
+                        steps_now = described.steps_per_epoch,
+                        "the job's dataset changed since it was registered: registered anew"
+                    );
+                }
+                id
+            }
         };
         set_weight(&mut state.core, id, weight)?;
         state.descriptions.insert(id.0, described.clone());
