@@ -439,3 +439,34 @@ async fn a_job_whose_dataset_changed_across_a_restart_is_registered_anew() -> Te
     assert_eq!(job.steps_per_epoch, 12);
     Ok(())
 }
+
+#[tokio::test]
+async fn a_worker_id_of_an_earlier_run_is_refused_though_its_core_id_is_taken_again() -> TestResult
+{
+    let Fixture {
+        network,
+        state,
+        stop,
+        service: _,
+    } = fixture(Vec::new())?;
+    let old = register_worker(&mut coordinator(&network, None)).await?;
+    let (_second, _stop) = restart(&network, state.path(), stop).await?;
+    let mut client = coordinator(&network, None);
+    // Core ids start at 0 again: another worker registers first in the new run.
+    let new = register_worker(&mut client).await?;
+    assert_ne!(new, old);
+    client
+        .heartbeat(stoker_proto::v1::HeartbeatRequest { worker_id: new })
+        .await?;
+    // A worker of the earlier run that never saw a call fail: told to register again, not
+    // taken for the new one (whose leases it could report or keep alive).
+    let refused = client
+        .heartbeat(stoker_proto::v1::HeartbeatRequest { worker_id: old })
+        .await
+        .expect_err("an earlier run's worker id");
+    assert_eq!(refused.code(), Code::NotFound, "{refused}");
+    assert!(refused.message().contains("register again"), "{refused}");
+    let leased = lease(&mut client, old, 1).await.expect_err("refused too");
+    assert_eq!(leased.code(), Code::NotFound);
+    Ok(())
+}

@@ -21,7 +21,7 @@ use super::{job_key, lock, ClientEntry, CoordinatorService, SessionEntry, State,
 use crate::client_reports::{client_snapshot, job_name};
 use crate::requests::validate_spec;
 use crate::status::coordinator_status;
-use crate::{Coordinator, CoordinatorError, JobId, Lease, LeaseId, SessionId, Step, WorkerId};
+use crate::{Coordinator, CoordinatorError, JobId, Lease, LeaseId, SessionId, Step};
 use stoker_loader::LoaderMonitor;
 
 /// A registration's weight, when it asks for one (0 leaves the job's as it is).
@@ -84,7 +84,7 @@ impl coordinator_server::Coordinator for CoordinatorService {
             "worker registered"
         );
         Ok(Response::new(RegisterWorkerResponse {
-            worker_id: id.0,
+            worker_id: self.wire_worker(id)?,
             incarnation: self.incarnation,
             lease_timeout_ms: self.config.core.lease_timeout.as_millis() as u64,
         }))
@@ -94,7 +94,7 @@ impl coordinator_server::Coordinator for CoordinatorService {
         &self,
         request: Request<HeartbeatRequest>,
     ) -> Result<Response<HeartbeatResponse>, Status> {
-        let worker = WorkerId(request.into_inner().worker_id);
+        let worker = self.core_worker(request.into_inner().worker_id)?;
         lock(&self.state)
             .core
             .heartbeat(worker, Instant::now())
@@ -107,7 +107,7 @@ impl coordinator_server::Coordinator for CoordinatorService {
         request: Request<LeaseRequest>,
     ) -> Result<Response<LeaseResponse>, Status> {
         let request = request.into_inner();
-        let worker = WorkerId(request.worker_id);
+        let worker = self.core_worker(request.worker_id)?;
         let wait =
             Duration::from_millis(u64::from(request.wait_ms)).min(self.config.max_lease_wait);
         let deadline = Instant::now() + wait;
@@ -152,7 +152,7 @@ impl coordinator_server::Coordinator for CoordinatorService {
         request: Request<ReportRequest>,
     ) -> Result<Response<ReportResponse>, Status> {
         let request = request.into_inner();
-        let worker = WorkerId(request.worker_id);
+        let worker = self.core_worker(request.worker_id)?;
         let mut state = lock(&self.state);
         let mut requeued = false;
         // A lease never issued or another worker's: the rest still counts, the caller hears of it.
@@ -200,7 +200,7 @@ impl coordinator_server::Coordinator for CoordinatorService {
         &self,
         request: Request<LeaveRequest>,
     ) -> Result<Response<LeaveResponse>, Status> {
-        let worker = WorkerId(request.into_inner().worker_id);
+        let worker = self.core_worker(request.into_inner().worker_id)?;
         let mut state = lock(&self.state);
         let requeued = state
             .core

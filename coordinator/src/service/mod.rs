@@ -16,7 +16,7 @@ use stoker_proto::v1::worker_data_client::WorkerDataClient;
 use stoker_proto::v1::{
     self as proto, ClientStats, DescribeJobRequest, JobSpec, SessionToken, WorkerInfo,
 };
-use stoker_rpc::error_kinds;
+use stoker_rpc::error_kinds::{self, with_kind};
 use stoker_rpc::network::Network;
 use stoker_rpc::security::{ClientSecurity, ServerSecurity};
 use stoker_rpc::transport::{self, MAX_MESSAGE_BYTES};
@@ -27,7 +27,7 @@ use tonic::Status;
 mod calls;
 
 use crate::dashboard_feed::{fleet, job_shares, serving_workers, worker_loads, LastRefresh};
-use crate::{Coordinator, CoordinatorConfig, CoordinatorError, SessionId};
+use crate::{Coordinator, CoordinatorConfig, CoordinatorError, SessionId, WorkerId};
 use stoker_loader::{Dashboard, MonitorSnapshot};
 
 /// Tuning of the coordinator daemon.
@@ -210,6 +210,37 @@ impl CoordinatorService {
     /// This run's incarnation (part of every session token).
     pub fn incarnation(&self) -> u64 {
         self.incarnation
+    }
+
+    /// This run's tag in the high half of a worker's id on the wire: nonzero, and another in
+    /// each run (the core's worker ids start at 0 again after a restart).
+    fn worker_tag(&self) -> u64 {
+        (self.incarnation >> 33) | 1
+    }
+
+    /// The id a worker is given: this run's tag over the core's id.
+    fn wire_worker(&self, worker: WorkerId) -> Result<u64, Status> {
+        if worker.0 >> 32 != 0 {
+            return Err(Status::resource_exhausted(
+                "this coordinator run has registered 2^32 workers; restart it",
+            ));
+        }
+        Ok(self.worker_tag() << 32 | worker.0)
+    }
+
+    /// The core's id of a worker's id on the wire; refused (so the worker registers again) when
+    /// an earlier run gave it, even where its core id is taken again by another worker.
+    fn core_worker(&self, wire: u64) -> Result<WorkerId, Status> {
+        if wire >> 32 != self.worker_tag() {
+            return Err(with_kind(
+                Status::not_found(format!(
+                    "unknown worker {wire} in this coordinator run (an id from before a \
+                     restart, or never given); register again"
+                )),
+                ErrorKind::InvalidArgument,
+            ));
+        }
+        Ok(WorkerId(wire & u64::from(u32::MAX)))
     }
 
     /// The live workers.
