@@ -13,7 +13,7 @@
 //! (`stoker/dataset.py`) writes and reads it by the same rule.
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -21,8 +21,8 @@ use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
 use pyo3::prelude::*;
 use pyo3::types::PyList;
 use stoker_loader::{
-    BatchSource, Built, EpochFeed, Error, IdleClock, LoaderMonitor, QueueFeed, Result, SourceInfo,
-    StepContext, StepTask, TaskQueue,
+    BatchSource, Built, EpochFeed, Error, IdleClock, LoaderMonitor, QueueFeed, Result, Slot,
+    SourceInfo, StepContext, StepTask, TaskQueue,
 };
 use stoker_proto::v1::{self as proto, JobSpec};
 use stoker_worker::{plan_for_spec, PlanConfig};
@@ -255,7 +255,7 @@ impl Lane {
             indices: &indices,
             shared,
         };
-        let mut still_viewed = 0;
+        let mut still_viewed = None;
         let built = Python::try_attach(|py| {
             let slot = task.slot.as_mut_slice();
             build_in_python(py, builder, call, slot, &mut still_viewed)
@@ -265,10 +265,17 @@ impl Lane {
                 "the Python interpreter is shutting down".into(),
             ))
         });
-        if still_viewed > 0 {
-            // Python still holds views of the slot's memory: it must stay valid for them, so
-            // the slot is neither reused nor freed (the pool has one slot fewer from now on).
-            std::mem::forget(task.slot);
+        if let Some(view) = still_viewed {
+            // Python still holds views of the slot's memory: the view object they keep alive
+            // takes the slot, which goes back to the pool when the last of them is released.
+            let slot = task.slot;
+            let kept = Python::try_attach(|_| {
+                view.get().keep(slot);
+                drop(view);
+            });
+            if kept.is_none() {
+                tracing::warn!("the interpreter is shutting down; a batch slot it views is left");
+            }
             let _ = task.reply.send(Built {
                 step,
                 service: started.elapsed(),
@@ -333,6 +340,9 @@ pub(crate) struct SlotView {
     open: AtomicBool,
     shape: [pyo3::ffi::Py_ssize_t; 1],
     strides: [pyo3::ffi::Py_ssize_t; 1],
+    /// The slot, when views of it outlived the build: dropped (back to its pool) with this
+    /// object, which every view keeps alive.
+    kept: Mutex<Option<Slot>>,
 }
 
 impl SlotView {
@@ -343,7 +353,13 @@ impl SlotView {
             open: AtomicBool::new(true),
             shape: [slot.len() as pyo3::ffi::Py_ssize_t],
             strides: [1],
+            kept: Mutex::new(None),
         }
+    }
+
+    /// Holds `slot` until this object goes, with the last view of it.
+    fn keep(&self, slot: Slot) {
+        *self.kept.lock().unwrap_or_else(PoisonError::into_inner) = Some(slot);
     }
 
     /// Refuses new views and returns how many are still held.
@@ -417,7 +433,7 @@ fn build_in_python(
     builder: &Py<PyAny>,
     call: Call<'_>,
     slot: &mut [u8],
-    still_viewed: &mut usize,
+    still_viewed: &mut Option<Py<SlotView>>,
 ) -> Result<Vec<proto::BadSample>> {
     let Call {
         lane,
@@ -447,12 +463,15 @@ fn build_in_python(
             shared,
         ),
     );
-    *still_viewed = view.get().close();
+    let views = view.get().close();
+    if views > 0 {
+        *still_viewed = Some(view.unbind());
+    }
     let outcome = outcome.map_err(python)?;
-    if *still_viewed > 0 {
+    if views > 0 {
         return Err(Error::Stopped(format!(
-            "the dataset code kept {still_viewed} view(s) of the batch buffer of step {step} \
-             after filling it; the buffer is left to them and the batch is dropped"
+            "the dataset code kept {views} view(s) of the batch buffer of step {step} after \
+             filling it; the buffer is left to them and the batch is dropped"
         )));
     }
     let (bad, failure): (Vec<Replaced>, Option<Failed>) = outcome.extract().map_err(python)?;

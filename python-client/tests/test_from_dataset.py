@@ -415,6 +415,34 @@ def test_a_killed_worker_process_is_replaced_and_its_batch_built_again(
     assert killed == read(kill=False)
 
 
+def test_a_batch_buffer_the_dataset_code_keeps_goes_back_with_its_last_view(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from stoker.samples import ThreadBuilder
+
+    kept: list[memoryview] = []
+    build = ThreadBuilder.build
+
+    def keeping(self, lane, epoch, step, indices, view, shared):  # type: ignore[no-untyped-def]
+        if not kept:
+            kept.append(memoryview(view))  # as a frame kept by an exception chain would
+        return build(self, lane, epoch, step, indices, view, shared)
+
+    monkeypatch.setattr(ThreadBuilder, "build", keeping)
+    with stoker.Loader.from_dataset(
+        Squares(40), batch_size=4, num_threads=1, prefetch=2, output="numpy", timeout=30
+    ) as loader:
+        with pytest.raises(stoker.StokerError, match="kept 1 view"):
+            for _ in loader:
+                pass
+        time.sleep(0.5)  # the batches asked for ahead land
+        held = loader.stats()["slots_in_use"]
+        kept.clear()
+        # The slot stays out of the pool while viewed, and comes back with its last view.
+        assert loader.stats()["slots_in_use"] == held - 1
+        assert len(list(loader)) == len(loader)
+
+
 class KillsItself(Squares):
     """Sample 9 kills the process that loads it."""
 

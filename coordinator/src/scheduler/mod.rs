@@ -389,7 +389,7 @@ impl Coordinator {
             }
             self.free_slot(slot_index);
             ended += 1;
-            if self.requeue(entry) {
+            if self.requeue(entry, true) {
                 requeued += 1;
             }
         }
@@ -743,6 +743,28 @@ impl Coordinator {
         lease_id: LeaseId,
         reason: &str,
     ) -> CoordinatorResult<LeaseOutcome> {
+        self.fail_leased(worker, lease_id, reason, true)
+    }
+
+    /// The worker had no stream from the session's client to deliver the leased batch to: the
+    /// task goes back to the queue, but the credit is spent, so a session whose client is gone
+    /// stops being leased once its credits are (a live client's reopen grants them again).
+    pub fn fail_unclaimed(
+        &mut self,
+        worker: WorkerId,
+        lease_id: LeaseId,
+        reason: &str,
+    ) -> CoordinatorResult<LeaseOutcome> {
+        self.fail_leased(worker, lease_id, reason, false)
+    }
+
+    fn fail_leased(
+        &mut self,
+        worker: WorkerId,
+        lease_id: LeaseId,
+        reason: &str,
+        credit_back: bool,
+    ) -> CoordinatorResult<LeaseOutcome> {
         let Some(entry) = self.end_lease(worker, lease_id)? else {
             return Ok(LeaseOutcome::Stale);
         };
@@ -755,19 +777,20 @@ impl Coordinator {
                 epoch = session.epoch,
                 step = entry.step,
                 reason,
+                credit_back,
                 "task failed, requeued"
             );
         }
-        if self.requeue(entry) {
+        if self.requeue(entry, credit_back) {
             Ok(LeaseOutcome::Applied)
         } else {
             Ok(LeaseOutcome::Stale)
         }
     }
 
-    /// Puts the task of a dead lease back in its session's queue and returns its credit;
-    /// false when the lease was stale or the step was acknowledged meanwhile.
-    fn requeue(&mut self, entry: LeaseEntry) -> bool {
+    /// Puts the task of a dead lease back in its session's queue, with its credit when
+    /// `credit_back`; false when the lease was stale or the step was acknowledged meanwhile.
+    fn requeue(&mut self, entry: LeaseEntry, credit_back: bool) -> bool {
         let Some(session) = self.sessions.get_mut(&entry.session) else {
             return false;
         };
@@ -779,7 +802,7 @@ impl Coordinator {
             self.ready.remove(job, &session.ready_key());
         }
         let requeued = session.requeue(entry.step);
-        if requeued {
+        if requeued && credit_back {
             session.credits = session.credits.saturating_add(1);
         }
         if session.is_ready() {

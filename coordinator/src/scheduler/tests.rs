@@ -707,3 +707,34 @@ fn a_position_pruned_then_opened_again_before_a_flush_is_kept() {
     let s = c.open_session(job, 0, 1, Step(0)).unwrap();
     assert_eq!(c.acknowledged_position(s).unwrap(), Step(3));
 }
+
+#[test]
+fn a_task_its_client_could_not_take_is_requeued_without_its_credit() {
+    let t0 = Instant::now();
+    let mut c = Coordinator::in_memory(config());
+    let job = c.register_job(spec(1, 0), 10).unwrap();
+    let s = c.open_session(job, 0, 0, Step(0)).unwrap();
+    c.grant_credits(s, 2).unwrap();
+    let w = c.register_worker(t0);
+    let leases = c.lease(w, 2, t0).unwrap();
+    assert_eq!(leases.len(), 2);
+    // Unclaimed: back in the queue, but the credit is spent; a plain failure gives it back.
+    c.fail_unclaimed(w, leases[0].lease_id, "no stream")
+        .unwrap();
+    assert!(c.lease(w, 2, t0).unwrap().is_empty());
+    c.fail(w, leases[1].lease_id, "decode error").unwrap();
+    let again = c.lease(w, 2, t0).unwrap();
+    assert_eq!(again.len(), 1);
+    // The client's new grant (after its reopen) leases the unclaimed step again.
+    c.grant_credits(s, 1).unwrap();
+    let steps: Vec<u64> = c
+        .lease(w, 2, t0)
+        .unwrap()
+        .iter()
+        .map(|l| l.task.step.0)
+        .collect();
+    assert_eq!(steps.len(), 1);
+    let mut all: Vec<u64> = vec![again[0].task.step.0, steps[0]];
+    all.sort_unstable();
+    assert_eq!(all, [0, 1]);
+}

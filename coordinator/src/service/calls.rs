@@ -172,10 +172,12 @@ impl coordinator_server::Coordinator for CoordinatorService {
         }
         for failed in &request.failed {
             tracing::warn!(worker = worker.0, lease = failed.lease_id, reason = %failed.reason, "task failed on a worker; requeued");
-            match state
-                .core
-                .fail(worker, LeaseId(failed.lease_id), &failed.reason)
-            {
+            let lease = LeaseId(failed.lease_id);
+            let failed = match failed.unclaimed {
+                true => state.core.fail_unclaimed(worker, lease, &failed.reason),
+                false => state.core.fail(worker, lease, &failed.reason),
+            };
+            match failed {
                 Ok(_) => requeued = true,
                 Err(error) => refuse(error).map_err(coordinator_status)?,
             }

@@ -173,6 +173,20 @@ async fn serve_leases(
             Err(status) => break Some(status),
         };
         for task in tasks {
+            if let Some(token) = task
+                .session
+                .filter(|token| shared.is_unclaimed((token.incarnation, token.session_id)))
+            {
+                let _ = outcomes_tx.send(Outcome::Unclaimed(
+                    task.lease_id,
+                    format!(
+                        "the client of session {} has no stream to this worker (its last \
+                         delivery here found none)",
+                        token.session_id
+                    ),
+                ));
+                continue;
+            }
             let permit = match deliveries.clone().acquire_owned().await {
                 Ok(permit) => permit,
                 Err(_) => break,
@@ -195,8 +209,8 @@ async fn serve_leases(
                     // Under the fail policy a bad sample fails the batch: the client must hear
                     // about it, not wait for a retry that fails the same way.
                     let status = error_status(&error);
-                    send_error(shared, &task, status).await;
-                    let _ = outcomes_tx.send(Outcome::Completed(task.lease_id));
+                    let outcome = send_error(shared, &task, status).await;
+                    let _ = outcomes_tx.send(outcome);
                     continue;
                 }
                 Err(panic) => {
@@ -254,14 +268,28 @@ async fn serve_leases(
     Ended::Drained
 }
 
-async fn send_error(shared: &Shared, task: &TaskLease, status: Status) {
-    let Some(token) = &task.session else { return };
+/// Sends a batch's error to its client's stream: complete once it is in the stream, unclaimed
+/// when the client had no stream or took nothing (the step is tried again for it).
+async fn send_error(shared: &Shared, task: &TaskLease, status: Status) -> Outcome {
+    let Some(token) = &task.session else {
+        return Outcome::Failed(task.lease_id, "lease without a session".into());
+    };
+    let key = (token.incarnation, token.session_id);
     let wait = shared.delivery_timeout;
-    if let Some(sender) = shared
-        .subscription((token.incarnation, token.session_id), wait)
-        .await
-    {
-        let _ = tokio::time::timeout(wait, sender.send(Err(status))).await;
+    let unclaimed = |why: &str| {
+        shared.mark_unclaimed(key);
+        Outcome::Unclaimed(task.lease_id, format!("its error was not taken: {why}"))
+    };
+    let Some(sender) = shared.subscription(key, wait).await else {
+        return unclaimed("no stream from the client");
+    };
+    match tokio::time::timeout(wait, sender.send(Err(status))).await {
+        Ok(Ok(())) => Outcome::Completed(task.lease_id),
+        Ok(Err(_)) => unclaimed("the client closed its stream"),
+        Err(_) => {
+            shared.end_subscription(key, &sender);
+            unclaimed("the client's stream took nothing")
+        }
     }
 }
 
@@ -271,40 +299,31 @@ async fn deliver(shared: &Shared, task: &TaskLease, batch: Batch) -> Outcome {
     };
     let key = (token.incarnation, token.session_id);
     let wait = shared.delivery_timeout;
+    let session = token.session_id;
+    let unclaimed = |why: String| {
+        shared.mark_unclaimed(key);
+        Outcome::Unclaimed(task.lease_id, why)
+    };
     let Some(sender) = shared.subscription(key, wait).await else {
-        return Outcome::Failed(
-            task.lease_id,
-            format!(
-                "no stream from the client of session {} within {wait:?}",
-                token.session_id
-            ),
-        );
+        return unclaimed(format!(
+            "no stream from the client of session {session} within {wait:?}"
+        ));
     };
     match tokio::time::timeout(wait, sender.send(Ok(batch))).await {
         Ok(Ok(())) => Outcome::Completed(task.lease_id),
-        Ok(Err(_)) => Outcome::Failed(
-            task.lease_id,
-            format!(
-                "the client of session {} closed its stream",
-                token.session_id
-            ),
-        ),
+        Ok(Err(_)) => unclaimed(format!("the client of session {session} closed its stream")),
         Err(_) => {
             // Said once per stream: the deliveries waiting beside this one end it too.
             if shared.end_subscription(key, &sender) {
                 tracing::warn!(
-                    session = token.session_id,
+                    session,
                     waited = ?wait,
                     "client stream took no batch; ending it"
                 );
             }
-            Outcome::Failed(
-                task.lease_id,
-                format!(
-                    "the client of session {} took no batch within {wait:?}; its stream is ended",
-                    token.session_id
-                ),
-            )
+            unclaimed(format!(
+                "the client of session {session} took no batch within {wait:?}; its stream is ended"
+            ))
         }
     }
 }
@@ -379,9 +398,16 @@ async fn report_loop(
         while let Some(outcome) = next {
             match outcome {
                 Outcome::Completed(lease) => request.completed.push(lease),
-                Outcome::Failed(lease_id, reason) => {
-                    request.failed.push(FailedTask { lease_id, reason })
-                }
+                Outcome::Failed(lease_id, reason) => request.failed.push(FailedTask {
+                    lease_id,
+                    reason,
+                    unclaimed: false,
+                }),
+                Outcome::Unclaimed(lease_id, reason) => request.failed.push(FailedTask {
+                    lease_id,
+                    reason,
+                    unclaimed: true,
+                }),
             }
             next = outcomes.try_recv().ok();
         }

@@ -219,6 +219,80 @@ fn a_consumer_pausing_longer_than_stall_reopen_reopens_nothing() -> TestResult {
 }
 
 #[test]
+fn a_client_that_never_takes_its_batches_holds_the_worker_up_once_not_on_every_task() -> TestResult
+{
+    let data = tempfile::tempdir()?;
+    images(data.path())?;
+    let state = tempfile::tempdir()?;
+    let network = MemoryNetwork::new();
+    let cluster = start_cluster(
+        &network,
+        data.path(),
+        state.path(),
+        &["worker-a:7001"],
+        None,
+    )?;
+    // A client that registers its job, opens its session and grants credits, then never opens
+    // a stream (killed, say): the worker's deliveries to it find nobody.
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    runtime.block_on(async {
+        let security = ClientSecurity::new(None, None, None)?;
+        let mut client = proto::coordinator_client::CoordinatorClient::new(
+            Network::Memory(network.clone()).channel(COORDINATOR, &security)?,
+        );
+        let job = client
+            .register_job(proto::RegisterJobRequest {
+                spec: Some(JobSpec {
+                    seed: 4,
+                    ..spec(data.path())
+                }),
+                weight: 0,
+            })
+            .await?
+            .into_inner()
+            .job_id;
+        let session = client
+            .open_session(proto::OpenSessionRequest {
+                job_id: job,
+                ..proto::OpenSessionRequest::default()
+            })
+            .await?
+            .into_inner()
+            .session;
+        client
+            .update_session(proto::SessionUpdateRequest {
+                session,
+                grant_credits: 8,
+                ..proto::SessionUpdateRequest::default()
+            })
+            .await?;
+        Ok::<_, Box<dyn std::error::Error>>(())
+    })?;
+    // A live client's epoch beside it: the silent session costs one delivery timeout (2 s),
+    // then its tasks fail unbuilt and its credits are spent, so it is leased no more.
+    let started = std::time::Instant::now();
+    let loader = remote(&network, data.path(), None)?;
+    let steps = loader.steps_per_epoch();
+    let mut seen = Vec::new();
+    for batch in loader.epoch(0, 0)? {
+        seen.push(batch?.step);
+    }
+    let took = started.elapsed();
+    assert_eq!(seen, (0..steps).collect::<Vec<_>>());
+    // About 2 s now; over 6 s when every task of the silent session held a delivery slot for
+    // the delivery timeout and came back to be leased again.
+    assert!(
+        took < Duration::from_secs(4),
+        "the live epoch took {took:?}"
+    );
+    let failed = cluster.coordinator.core_stats().failed_leases;
+    assert!((1..=8).contains(&failed), "{failed} failed leases");
+    Ok(())
+}
+
+#[test]
 fn a_client_without_the_clusters_token_is_refused_by_name() -> TestResult {
     let data = tempfile::tempdir()?;
     images(data.path())?;
