@@ -192,3 +192,17 @@ def test_past_the_resized_epoch_a_state_no_longer_carries_its_resizes(
     plain = make_loader(batch_size=BATCH, rank=0, world_size=2, seed=9)
     plain.set_epoch(1)
     assert head == _read(plain, 1)[0]
+
+
+def test_reading_a_resized_epoch_lets_go_of_what_the_plain_loader_started_ahead(
+    make_loader: Callable[..., stoker.Loader],
+) -> None:
+    loader = make_loader(batch_size=BATCH, rank=0, world_size=3, seed=9, prefetch=4)
+    read_indices(loader)  # epoch 0 to its end: the plain loader starts epoch 1 ahead
+    loader.load_state_dict(_saved_in_epoch_1(make_loader, 2, 5))
+    assert loader.epoch == 1
+    # The resized epoch 1 comes from the resumed loader; the plain one's early start of
+    # epoch 1 (4 slots of its pool) is cancelled rather than parked until close().
+    steps = len(loader)
+    assert sum(1 for _ in loader) == steps
+    assert loader.stats()["slots_in_use"] == 0

@@ -366,6 +366,24 @@ impl Loader {
         stats
     }
 
+    /// Cancels the epoch the last stream started ahead, if one waits: its work not yet
+    /// started is dropped and its slots go back to the pool. For a caller that reads the next
+    /// epoch from another loader (an epoch resumed on another world size).
+    pub fn cancel_started(&self) {
+        let started = self
+            .core
+            .successor
+            .lock()
+            .map(|mut s| s.take())
+            .unwrap_or_default();
+        if let Some(started) = started {
+            tracing::debug!(
+                epoch = started.epoch,
+                "the epoch started ahead is cancelled"
+            );
+        }
+    }
+
     /// Starts `epoch` at `start_step` (0 for the beginning; a later step resumes mid-epoch
     /// with no replay). When the previous epoch's stream already started this one (epoch-
     /// boundary prefetch), its batches in flight are taken over; otherwise they are dropped.

@@ -486,12 +486,20 @@ impl NativeLoader {
 
     /// Starts `epoch` at `start_step` (a later step resumes mid-epoch with no replay).
     fn start_epoch(&self, py: Python<'_>, epoch: u64, start_step: u64) -> PyResult<()> {
-        let (loader, done) = {
+        let (loader, done, plain) = {
             let mut held = self.held(py);
             let loader = Arc::clone(held.loader_of(epoch)?);
             // Past the resumed epoch its loader is done.
             let past = |(resumed, _): &(u64, Arc<Loader>)| *resumed < epoch;
-            (loader, held.resumed.take_if(|resumed| past(resumed)))
+            let done = held.resumed.take_if(|resumed| past(resumed));
+            // Reading the resumed epoch: what the plain loader started ahead (that epoch, as
+            // it would have run on the old world size) is not wanted, nor its slots held.
+            let plain = held
+                .loader()
+                .ok()
+                .filter(|plain| !Arc::ptr_eq(plain, &loader))
+                .cloned();
+            (loader, done, plain)
         };
         let mut current = self.current(py);
         // Drop the previous stream first: its unstarted work is cancelled (except the next
@@ -500,6 +508,9 @@ impl NativeLoader {
         let closing = self.is_closing();
         let started = py.detach(|| {
             drop((previous, done));
+            if let Some(plain) = plain {
+                plain.cancel_started();
+            }
             let started = match closing {
                 true => None,
                 false => Some(loader.epoch(epoch, start_step)),
