@@ -98,6 +98,10 @@ pub(super) async fn task_loop(
         tracing::info!(worker = registered.worker_id, coordinator = %config.coordinator, "registered with the coordinator");
         if !*draining.borrow() {
             config.health.set_ready();
+            // The drain may have started in between; its not-ready may have come first.
+            if *draining.borrow() {
+                config.health.set_not_ready("draining");
+            }
         }
         let ended = serve_leases(
             &config,
@@ -214,10 +218,12 @@ async fn serve_leases(
                     continue;
                 }
                 Err(panic) => {
-                    let _ = outcomes_tx.send(Outcome::Failed(
-                        task.lease_id,
-                        format!("batch build panicked: {panic}"),
-                    ));
+                    // A build is a function of the task: tried again it panics again, so the
+                    // client hears of it, as of a decode thread's panic in-process.
+                    let status =
+                        Status::internal(format!("a worker's batch build panicked: {panic}"));
+                    let outcome = send_error(shared, &task, status).await;
+                    let _ = outcomes_tx.send(outcome);
                     continue;
                 }
             };

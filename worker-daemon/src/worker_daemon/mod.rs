@@ -224,12 +224,18 @@ impl Shared {
         Ok(job)
     }
 
-    /// Builds the leased batch on the decode pool, counting the time as busy.
+    /// Builds the leased batch on the decode pool, counting the time as busy (until it ends,
+    /// also by a panic).
     fn build(&self, entry: &JobEntry, task: &TaskLease) -> Result<Batch> {
+        struct Busy<'a>(&'a Shared);
+        impl Drop for Busy<'_> {
+            fn drop(&mut self) {
+                self.0.busy(false);
+            }
+        }
         self.busy(true);
-        let built = self.build_batch(entry, task);
-        self.busy(false);
-        built
+        let _busy = Busy(self);
+        self.build_batch(entry, task)
     }
 
     /// One build starts (`true`) or ends: the time with any build in progress is busy time.
@@ -489,9 +495,10 @@ where
     }
     // Drain: no new leases, the held ones finished and reported, then leave.
     tracing::info!(within = ?drain_timeout, "stopping: draining the leases held");
-    health.set_not_ready("draining");
     let deadline = tokio::time::Instant::now() + drain_timeout;
+    // The signal first: a task loop that registers meanwhile sees it after its set_ready.
     let _ = drain.send(true);
+    health.set_not_ready("draining");
     if tokio::time::timeout_at(deadline, &mut tasks).await.is_err() {
         tracing::warn!(waited = ?drain_timeout, "the drain did not finish in time; stopping anyway");
         tasks.abort();
