@@ -1,26 +1,28 @@
 //! `NativeLoader`: one job's loader as Python drives it (`stoker.Loader` holds one): epochs,
 //! batches, resume and resize, the dashboard, closing. How it is built from its recipe is
-//! [`recipe`]; how a batch becomes the tuple Python reads is [`batches`].
+//! [`recipe`]; how a batch becomes the tuple Python reads is [`batches`]; how any thread
+//! reaches its parts is [`access`].
 
+mod access;
 mod batches;
 mod recipe;
 
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError, TryLockError};
+use std::sync::{Arc, Mutex, TryLockError};
 use std::time::Duration;
 
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
-use pyo3::sync::MutexExt;
 use pyo3::types::{PyDict, PyTuple};
-use stoker_loader::{Dashboard, EpochStream, Loader, LoaderOptions, RemoteOptions, Token};
+use stoker_loader::{Loader, LoaderOptions, RemoteOptions, Token};
 use stoker_proto::v1::{self as proto, JobSpec};
 
 use crate::buffer::ReleaseFences;
 use crate::dataset::DatasetRecipe;
-use crate::errors::{from_loader, raise, Kind};
+use crate::errors::from_loader;
 
+use access::{closed, Current, Held};
 use batches::{batch_tuple, pin_options, wait_for_batch};
 use recipe::Recipe;
 
@@ -50,84 +52,8 @@ pub(crate) struct NativeLoader {
     release: Option<Arc<ReleaseFences>>,
 }
 
-/// What `close` lets go of, besides the stream.
-struct Held {
-    loader: Option<Arc<Loader>>,
-    /// The loader of an epoch resumed on another world size, and that epoch: it serves that
-    /// epoch only.
-    resumed: Option<(u64, Arc<Loader>)>,
-    dashboard: Option<Dashboard>,
-}
-
-/// An epoch's stream and the slot pool of the loader it reads (the plain or the resumed one).
-struct Current {
-    stream: EpochStream,
-    slots: Arc<stoker_loader::SlotPool>,
-}
-
 /// A resize as Python holds it: (cursor, taken positions).
 type PyResize = (u64, Vec<u64>);
-
-/// How page-locked slots are let go, and their pool.
-type SlotRelease = (Arc<ReleaseFences>, Arc<stoker_loader::SlotPool>);
-
-impl Held {
-    fn loader(&self) -> PyResult<&Arc<Loader>> {
-        self.loader.as_ref().ok_or_else(closed)
-    }
-
-    /// The loader that builds `epoch`: the one of an epoch resumed on another world size, else
-    /// the plain one.
-    fn loader_of(&self, epoch: u64) -> PyResult<&Arc<Loader>> {
-        let plain = self.loader()?;
-        Ok(match &self.resumed {
-            Some((resumed, loader)) if *resumed == epoch => loader,
-            _ => plain,
-        })
-    }
-}
-
-/// The error of a call on a closed loader.
-fn closed() -> PyErr {
-    raise(Kind::Stoker, "the loader is closed".into())
-}
-
-impl NativeLoader {
-    /// The loaders, locked (waiting with the interpreter let go). A panic while it was held
-    /// left nothing half-changed that matters here, so a poisoned lock is used as it is.
-    fn held(&self, py: Python<'_>) -> MutexGuard<'_, Held> {
-        self.held
-            .lock_py_attached(py)
-            .unwrap_or_else(PoisonError::into_inner)
-    }
-
-    /// The current stream, locked (waiting with the interpreter let go, for as long as a
-    /// `next_batch` in another thread waits).
-    fn current(&self, py: Python<'_>) -> MutexGuard<'_, Option<Current>> {
-        self.current
-            .lock_py_attached(py)
-            .unwrap_or_else(PoisonError::into_inner)
-    }
-
-    fn is_closing(&self) -> bool {
-        self.closing.load(Ordering::SeqCst)
-    }
-
-    /// The started stream in `current`; a StokerError before `start_epoch` or after close.
-    fn started<'a>(&self, current: &'a mut Option<Current>) -> PyResult<&'a mut Current> {
-        if self.is_closing() {
-            return Err(closed());
-        }
-        current
-            .as_mut()
-            .ok_or_else(|| raise(Kind::Stoker, "no epoch started: call start_epoch".into()))
-    }
-
-    /// The release of `current`'s page-locked slots, if they are.
-    fn release_for(&self, current: &Current) -> Option<SlotRelease> {
-        Some((self.release.clone()?, Arc::clone(&current.slots)))
-    }
-}
 
 #[pymethods]
 impl NativeLoader {

@@ -16,7 +16,8 @@ use crate::buffer::ReleaseFences;
 use crate::dataset::DatasetRecipe;
 use crate::errors::{from_loader, raise, Kind};
 
-use super::{Held, NativeLoader};
+use super::access::Held;
+use super::NativeLoader;
 
 /// How to build a loader like this one for another spec.
 pub(super) struct Recipe {

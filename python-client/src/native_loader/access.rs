@@ -1,0 +1,95 @@
+//! How any thread reaches a `NativeLoader`'s parts: the loaders and the dashboard behind one
+//! lock held only for short work, the epoch's stream behind another, which `next_batch` holds
+//! while it waits. Both are taken with the interpreter let go (`lock_py_attached`), so neither
+//! can deadlock against it.
+
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, MutexGuard, PoisonError};
+
+use pyo3::prelude::*;
+use pyo3::sync::MutexExt;
+use stoker_loader::{Dashboard, EpochStream, Loader};
+
+use crate::buffer::ReleaseFences;
+use crate::errors::{raise, Kind};
+
+use super::NativeLoader;
+
+/// What `close` lets go of, besides the stream.
+pub(super) struct Held {
+    pub(super) loader: Option<Arc<Loader>>,
+    /// The loader of an epoch resumed on another world size, and that epoch: it serves that
+    /// epoch only.
+    pub(super) resumed: Option<(u64, Arc<Loader>)>,
+    pub(super) dashboard: Option<Dashboard>,
+}
+
+/// An epoch's stream and the slot pool of the loader it reads (the plain or the resumed one).
+pub(super) struct Current {
+    pub(super) stream: EpochStream,
+    pub(super) slots: Arc<stoker_loader::SlotPool>,
+}
+
+/// How page-locked slots are let go, and their pool.
+pub(super) type SlotRelease = (Arc<ReleaseFences>, Arc<stoker_loader::SlotPool>);
+
+impl Held {
+    pub(super) fn loader(&self) -> PyResult<&Arc<Loader>> {
+        self.loader.as_ref().ok_or_else(closed)
+    }
+
+    /// The loader that builds `epoch`: the one of an epoch resumed on another world size, else
+    /// the plain one.
+    pub(super) fn loader_of(&self, epoch: u64) -> PyResult<&Arc<Loader>> {
+        let plain = self.loader()?;
+        Ok(match &self.resumed {
+            Some((resumed, loader)) if *resumed == epoch => loader,
+            _ => plain,
+        })
+    }
+}
+
+/// The error of a call on a closed loader.
+pub(super) fn closed() -> PyErr {
+    raise(Kind::Stoker, "the loader is closed".into())
+}
+
+impl NativeLoader {
+    /// The loaders, locked (waiting with the interpreter let go). A panic while it was held
+    /// left nothing half-changed that matters here, so a poisoned lock is used as it is.
+    pub(super) fn held(&self, py: Python<'_>) -> MutexGuard<'_, Held> {
+        self.held
+            .lock_py_attached(py)
+            .unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// The current stream, locked (waiting with the interpreter let go, for as long as a
+    /// `next_batch` in another thread waits).
+    pub(super) fn current(&self, py: Python<'_>) -> MutexGuard<'_, Option<Current>> {
+        self.current
+            .lock_py_attached(py)
+            .unwrap_or_else(PoisonError::into_inner)
+    }
+
+    pub(super) fn is_closing(&self) -> bool {
+        self.closing.load(Ordering::SeqCst)
+    }
+
+    /// The started stream in `current`; a StokerError before `start_epoch` or after close.
+    pub(super) fn started<'a>(
+        &self,
+        current: &'a mut Option<Current>,
+    ) -> PyResult<&'a mut Current> {
+        if self.is_closing() {
+            return Err(closed());
+        }
+        current
+            .as_mut()
+            .ok_or_else(|| raise(Kind::Stoker, "no epoch started: call start_epoch".into()))
+    }
+
+    /// The release of `current`'s page-locked slots, if they are.
+    pub(super) fn release_for(&self, current: &Current) -> Option<SlotRelease> {
+        Some((self.release.clone()?, Arc::clone(&current.slots)))
+    }
+}
