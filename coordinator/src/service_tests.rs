@@ -102,6 +102,19 @@ fn fixture(tokens: Vec<Token>) -> Result<Fixture, Box<dyn std::error::Error>> {
     })
 }
 
+/// A fixture whose coordinator a test restarts: its network, journal folder and stop; the
+/// service is not kept, so the journal is free for the second run.
+fn restartable(
+) -> Result<(MemoryNetwork, tempfile::TempDir, oneshot::Sender<()>), Box<dyn std::error::Error>> {
+    let Fixture {
+        network,
+        state,
+        stop,
+        service: _,
+    } = fixture(Vec::new())?;
+    Ok((network, state, stop))
+}
+
 fn coordinator(network: &MemoryNetwork, token: Option<&Token>) -> CoordinatorClient<RpcChannel> {
     let security = ClientSecurity::new(token.cloned(), None, None).expect("plain security");
     CoordinatorClient::new(network.channel(COORDINATOR, &security))
@@ -121,15 +134,21 @@ fn spec() -> JobSpec {
 }
 
 async fn register_worker(client: &mut CoordinatorClient<RpcChannel>) -> Result<u64, Status> {
-    Ok(client
-        .register_worker(RegisterWorkerRequest {
-            data_address: DATA_SERVER.into(),
-            threads: 1,
-            data_roots: Vec::new(),
-        })
-        .await?
-        .into_inner()
-        .worker_id)
+    register_worker_at(client, DATA_SERVER).await
+}
+
+/// Registers a worker whose data server is at `address`.
+async fn register_worker_at(
+    client: &mut CoordinatorClient<RpcChannel>,
+    address: &str,
+) -> Result<u64, Status> {
+    let request = RegisterWorkerRequest {
+        data_address: address.into(),
+        threads: 1,
+        data_roots: Vec::new(),
+    };
+    let registered = client.register_worker(request).await?.into_inner();
+    Ok(registered.worker_id)
 }
 
 /// A job of [`spec`] and rank 0's session on it, with `credits` granted.
@@ -167,16 +186,14 @@ async fn update(
     credits: u64,
     acknowledged: Vec<u64>,
 ) -> Result<u64, Status> {
-    Ok(client
-        .update_session(SessionUpdateRequest {
-            session: Some(session),
-            grant_credits: credits,
-            acknowledged,
-            stats: None,
-        })
-        .await?
-        .into_inner()
-        .acknowledged_position)
+    let request = SessionUpdateRequest {
+        session: Some(session),
+        grant_credits: credits,
+        acknowledged,
+        stats: None,
+    };
+    let updated = client.update_session(request).await?.into_inner();
+    Ok(updated.acknowledged_position)
 }
 
 async fn lease(
@@ -346,13 +363,7 @@ async fn a_worker_lost_with_its_leases_gives_them_to_another_and_its_late_report
 #[tokio::test]
 async fn a_session_reopened_on_a_restarted_coordinator_resumes_where_it_was_acknowledged(
 ) -> TestResult {
-    let Fixture {
-        network,
-        state,
-        stop,
-        // Not kept: the journal must be free for the second run.
-        service: _,
-    } = fixture(Vec::new())?;
+    let (network, state, stop) = restartable()?;
     let mut client = coordinator(&network, None);
     let worker = register_worker(&mut client).await?;
     let (job, session) = open(&mut client, 3).await?;
@@ -389,12 +400,7 @@ async fn a_session_reopened_on_a_restarted_coordinator_resumes_where_it_was_ackn
 
 #[tokio::test]
 async fn a_job_whose_dataset_changed_across_a_restart_is_registered_anew() -> TestResult {
-    let Fixture {
-        network,
-        state,
-        stop,
-        service: _,
-    } = fixture(Vec::new())?;
+    let (network, state, stop) = restartable()?;
     let mut client = coordinator(&network, None);
     register_worker(&mut client).await?;
     let (before, _) = open(&mut client, 1).await?;
@@ -412,13 +418,7 @@ async fn a_job_whose_dataset_changed_across_a_restart_is_registered_anew() -> Te
             .serve_with_incoming(network.listen(grown)),
     );
     let mut client = coordinator(&network, None);
-    client
-        .register_worker(RegisterWorkerRequest {
-            data_address: grown.into(),
-            threads: 1,
-            data_roots: Vec::new(),
-        })
-        .await?;
+    register_worker_at(&mut client, grown).await?;
     let registered = client
         .register_job(RegisterJobRequest {
             spec: Some(spec()),
@@ -443,12 +443,7 @@ async fn a_job_whose_dataset_changed_across_a_restart_is_registered_anew() -> Te
 #[tokio::test]
 async fn a_worker_id_of_an_earlier_run_is_refused_though_its_core_id_is_taken_again() -> TestResult
 {
-    let Fixture {
-        network,
-        state,
-        stop,
-        service: _,
-    } = fixture(Vec::new())?;
+    let (network, state, stop) = restartable()?;
     let old = register_worker(&mut coordinator(&network, None)).await?;
     let (_second, _stop) = restart(&network, state.path(), stop).await?;
     let mut client = coordinator(&network, None);

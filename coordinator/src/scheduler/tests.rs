@@ -29,6 +29,26 @@ fn at(base: Instant, ms: u64) -> Instant {
     base + Duration::from_millis(ms)
 }
 
+/// The steps of up to `max` tasks `worker` leases at `now`.
+fn lease_steps(c: &mut Coordinator, worker: WorkerId, max: usize, now: Instant) -> Vec<u64> {
+    c.lease(worker, max, now)
+        .unwrap()
+        .iter()
+        .map(|l| l.task.step.0)
+        .collect()
+}
+
+/// An in-memory core with one job of `steps` steps, rank 0's session on it with `credits`
+/// granted, and one worker registered at `t0`.
+fn one_session(steps: u64, credits: u64, t0: Instant) -> (Coordinator, JobId, SessionId, WorkerId) {
+    let mut c = Coordinator::in_memory(config());
+    let job = c.register_job(spec(1, 0), steps).unwrap();
+    let s = c.open_session(job, 0, 0, Step(0)).unwrap();
+    c.grant_credits(s, credits).unwrap();
+    let w = c.register_worker(t0);
+    (c, job, s, w)
+}
+
 #[test]
 fn jobs_alternate_at_equal_weights_and_sessions_go_most_starved_first() {
     let t0 = Instant::now();
@@ -393,11 +413,7 @@ fn journal_writes_are_batched_until_flush() {
 #[test]
 fn worker_joining_mid_epoch_gets_tasks() {
     let t0 = Instant::now();
-    let mut c = Coordinator::in_memory(config());
-    let job = c.register_job(spec(1, 0), 20).unwrap();
-    let s = c.open_session(job, 0, 0, Step(0)).unwrap();
-    c.grant_credits(s, 6).unwrap();
-    let first = c.register_worker(t0);
+    let (mut c, _, _, first) = one_session(20, 6, t0);
     assert_eq!(c.lease(first, 3, t0).unwrap().len(), 3);
     let late = c.register_worker(at(t0, 500));
     let leases = c.lease(late, 3, at(t0, 500)).unwrap();
@@ -426,34 +442,20 @@ fn out_of_order_acks_move_the_position_when_the_gap_fills() {
     c.grant_credits(s, 8).unwrap();
     let t0 = Instant::now();
     let w = c.register_worker(t0);
-    let steps: Vec<u64> = c
-        .lease(w, 8, t0)
-        .unwrap()
-        .iter()
-        .map(|l| l.task.step.0)
-        .collect();
+    let steps: Vec<u64> = lease_steps(&mut c, w, 8, t0);
     assert_eq!(steps, [3, 5, 6, 7]);
 }
 
 #[test]
 fn reopened_session_redoes_unacknowledged_steps() {
     let t0 = Instant::now();
-    let mut c = Coordinator::in_memory(config());
-    let job = c.register_job(spec(1, 0), 10).unwrap();
-    let s = c.open_session(job, 0, 0, Step(0)).unwrap();
-    c.grant_credits(s, 4).unwrap();
-    let w = c.register_worker(t0);
+    let (mut c, job, s, w) = one_session(10, 4, t0);
     let old = c.lease(w, 4, t0).unwrap();
     c.acknowledge(s, Step(0)).unwrap();
     assert_eq!(c.open_session(job, 0, 0, Step(0)).unwrap(), s);
     assert_eq!(c.complete(w, old[1].lease_id).unwrap(), LeaseOutcome::Stale);
     c.grant_credits(s, 2).unwrap();
-    let steps: Vec<u64> = c
-        .lease(w, 4, t0)
-        .unwrap()
-        .iter()
-        .map(|l| l.task.step.0)
-        .collect();
+    let steps: Vec<u64> = lease_steps(&mut c, w, 4, t0);
     assert_eq!(steps, [1, 2]);
 }
 
@@ -534,12 +536,7 @@ fn an_exact_reopen_redelivers_steps_acknowledged_before() {
     assert_eq!(c.acknowledged_position(s).unwrap(), Step(2));
     c.grant_credits(s, 10).unwrap();
     let w = c.register_worker(t0);
-    let steps: Vec<u64> = c
-        .lease(w, 10, t0)
-        .unwrap()
-        .iter()
-        .map(|l| l.task.step.0)
-        .collect();
+    let steps: Vec<u64> = lease_steps(&mut c, w, 10, t0);
     assert_eq!(steps, [2, 3, 4, 5]);
 }
 
@@ -630,92 +627,83 @@ fn ack(c: &mut Coordinator, s: SessionId, steps: std::ops::Range<u64>) {
     }
 }
 
-#[test]
-fn positions_a_failed_journal_write_carried_are_written_by_the_next_flush() {
-    let dir = tempfile::tempdir().unwrap();
-    let huge = CoordinatorConfig {
+/// A core journaling in `dir` that writes acknowledged positions on `flush` (or every 1000).
+fn journaled(dir: &std::path::Path) -> Coordinator {
+    let config = CoordinatorConfig {
         journal_every: 1000,
         ..config()
     };
-    let job = {
-        let mut c = Coordinator::open(dir.path(), huge.clone()).unwrap();
-        let job = c.register_job(spec(1, 0), 10).unwrap();
-        let s = c.open_session(job, 0, 0, Step(0)).unwrap();
-        ack(&mut c, s, 0..6);
-        c.journal.as_mut().unwrap().fail_next_write = true;
-        assert!(matches!(c.flush(), Err(CoordinatorError::Journal(_))));
-        c.close_session(s).unwrap();
-        c.flush().unwrap();
-        job
-    };
-    let mut c = Coordinator::open(dir.path(), huge).unwrap();
+    Coordinator::open(dir, config).unwrap()
+}
+
+/// The position rank 0's session of `job` in `epoch` opens at on a core restarted over `dir`.
+fn position_after_restart(dir: &std::path::Path, job: JobId, epoch: u64) -> Step {
+    let mut c = journaled(dir);
+    let s = c.open_session(job, 0, epoch, Step(0)).unwrap();
+    c.acknowledged_position(s).unwrap()
+}
+
+#[test]
+fn positions_a_failed_journal_write_carried_are_written_by_the_next_flush() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut c = journaled(dir.path());
+    let job = c.register_job(spec(1, 0), 10).unwrap();
     let s = c.open_session(job, 0, 0, Step(0)).unwrap();
-    assert_eq!(c.acknowledged_position(s).unwrap(), Step(6));
+    ack(&mut c, s, 0..6);
+    c.journal.as_mut().unwrap().fail_next_write = true;
+    assert!(matches!(c.flush(), Err(CoordinatorError::Journal(_))));
+    c.close_session(s).unwrap();
+    c.flush().unwrap();
+    drop(c);
+    assert_eq!(position_after_restart(dir.path(), job, 0), Step(6));
 }
 
 #[test]
 fn the_position_a_session_is_opened_at_is_journaled() {
     let dir = tempfile::tempdir().unwrap();
-    let job = {
-        let mut c = Coordinator::open(dir.path(), config()).unwrap();
-        let job = c.register_job(spec(1, 0), 10).unwrap();
-        let s = c.open_session(job, 0, 0, Step(0)).unwrap();
-        ack(&mut c, s, 0..6);
-        c.flush().unwrap();
-        c.close_session(s).unwrap();
-        // A client resuming from an older checkpoint: the position goes back to 2 and stays
-        // there (step 4 acknowledged, 2 and 3 not).
-        let s = c.open_session_at(job, 0, 0, Step(2), true).unwrap();
-        c.acknowledge(s, Step(4)).unwrap();
-        c.close_session(s).unwrap();
-        // A new epoch opened at step 3 holds position 3 with nothing acknowledged.
-        c.open_session(job, 0, 1, Step(3)).unwrap();
-        c.flush().unwrap();
-        job
-    };
-    let mut c = Coordinator::open(dir.path(), config()).unwrap();
+    let mut c = journaled(dir.path());
+    let job = c.register_job(spec(1, 0), 10).unwrap();
     let s = c.open_session(job, 0, 0, Step(0)).unwrap();
-    assert_eq!(c.acknowledged_position(s).unwrap(), Step(2));
-    let s = c.open_session(job, 0, 1, Step(0)).unwrap();
-    assert_eq!(c.acknowledged_position(s).unwrap(), Step(3));
+    ack(&mut c, s, 0..6);
+    c.flush().unwrap();
+    c.close_session(s).unwrap();
+    // A client resuming from an older checkpoint: the position goes back to 2 and stays there
+    // (step 4 acknowledged, 2 and 3 not).
+    let s = c.open_session_at(job, 0, 0, Step(2), true).unwrap();
+    c.acknowledge(s, Step(4)).unwrap();
+    c.close_session(s).unwrap();
+    // A new epoch opened at step 3 holds position 3 with nothing acknowledged.
+    c.open_session(job, 0, 1, Step(3)).unwrap();
+    c.flush().unwrap();
+    drop(c);
+    assert_eq!(position_after_restart(dir.path(), job, 0), Step(2));
+    assert_eq!(position_after_restart(dir.path(), job, 1), Step(3));
 }
 
 #[test]
 fn a_position_pruned_then_opened_again_before_a_flush_is_kept() {
     let dir = tempfile::tempdir().unwrap();
-    let huge = CoordinatorConfig {
-        journal_every: 1000,
-        ..config()
-    };
-    let job = {
-        let mut c = Coordinator::open(dir.path(), huge.clone()).unwrap();
-        let job = c.register_job(spec(1, 0), 10).unwrap();
-        let s = c.open_session(job, 0, 1, Step(0)).unwrap();
-        ack(&mut c, s, 0..2);
-        c.flush().unwrap();
-        c.close_session(s).unwrap();
-        // Opening epoch 3 prunes epoch 1's position; epoch 1 is opened again and goes on.
-        let later = c.open_session(job, 0, 3, Step(0)).unwrap();
-        c.close_session(later).unwrap();
-        let s = c.open_session(job, 0, 1, Step(0)).unwrap();
-        ack(&mut c, s, 0..3);
-        c.close_session(s).unwrap();
-        c.flush().unwrap();
-        job
-    };
-    let mut c = Coordinator::open(dir.path(), huge).unwrap();
+    let mut c = journaled(dir.path());
+    let job = c.register_job(spec(1, 0), 10).unwrap();
     let s = c.open_session(job, 0, 1, Step(0)).unwrap();
-    assert_eq!(c.acknowledged_position(s).unwrap(), Step(3));
+    ack(&mut c, s, 0..2);
+    c.flush().unwrap();
+    c.close_session(s).unwrap();
+    // Opening epoch 3 prunes epoch 1's position; epoch 1 is opened again and goes on.
+    let later = c.open_session(job, 0, 3, Step(0)).unwrap();
+    c.close_session(later).unwrap();
+    let s = c.open_session(job, 0, 1, Step(0)).unwrap();
+    ack(&mut c, s, 0..3);
+    c.close_session(s).unwrap();
+    c.flush().unwrap();
+    drop(c);
+    assert_eq!(position_after_restart(dir.path(), job, 1), Step(3));
 }
 
 #[test]
 fn a_task_its_client_could_not_take_is_requeued_without_its_credit() {
     let t0 = Instant::now();
-    let mut c = Coordinator::in_memory(config());
-    let job = c.register_job(spec(1, 0), 10).unwrap();
-    let s = c.open_session(job, 0, 0, Step(0)).unwrap();
-    c.grant_credits(s, 2).unwrap();
-    let w = c.register_worker(t0);
+    let (mut c, _, s, w) = one_session(10, 2, t0);
     let leases = c.lease(w, 2, t0).unwrap();
     assert_eq!(leases.len(), 2);
     // Unclaimed: back in the queue, but the credit is spent; a plain failure gives it back.
@@ -727,12 +715,7 @@ fn a_task_its_client_could_not_take_is_requeued_without_its_credit() {
     assert_eq!(again.len(), 1);
     // The client's new grant (after its reopen) leases the unclaimed step again.
     c.grant_credits(s, 1).unwrap();
-    let steps: Vec<u64> = c
-        .lease(w, 2, t0)
-        .unwrap()
-        .iter()
-        .map(|l| l.task.step.0)
-        .collect();
+    let steps: Vec<u64> = lease_steps(&mut c, w, 2, t0);
     assert_eq!(steps.len(), 1);
     let mut all: Vec<u64> = vec![again[0].task.step.0, steps[0]];
     all.sort_unstable();

@@ -87,6 +87,25 @@ fn start_cluster(
     })
 }
 
+/// A 60-image folder, a journal folder, a network and a cluster of one worker on it.
+fn one_worker() -> Result<
+    (tempfile::TempDir, tempfile::TempDir, MemoryNetwork, Cluster),
+    Box<dyn std::error::Error>,
+> {
+    let data = tempfile::tempdir()?;
+    images(data.path())?;
+    let state = tempfile::tempdir()?;
+    let network = MemoryNetwork::new();
+    let cluster = start_cluster(
+        &network,
+        data.path(),
+        state.path(),
+        &["worker-a:7001"],
+        None,
+    )?;
+    Ok((data, state, network, cluster))
+}
+
 /// A shuffled imagenet-train job (32 px) over `data`, batches of 6.
 fn spec(data: &Path) -> JobSpec {
     JobSpec {
@@ -191,17 +210,7 @@ fn an_epoch_over_the_network_equals_the_embedded_one_through_cut_worker_streams(
 
 #[test]
 fn a_consumer_pausing_longer_than_stall_reopen_reopens_nothing() -> TestResult {
-    let data = tempfile::tempdir()?;
-    images(data.path())?;
-    let state = tempfile::tempdir()?;
-    let network = MemoryNetwork::new();
-    let cluster = start_cluster(
-        &network,
-        data.path(),
-        state.path(),
-        &["worker-a:7001"],
-        None,
-    )?;
+    let (data, _state, network, cluster) = one_worker()?;
     let loader = remote_with(&network, data.path(), None, Duration::from_millis(300))?;
     let steps = loader.steps_per_epoch();
     let mut seen = Vec::new();
@@ -221,17 +230,7 @@ fn a_consumer_pausing_longer_than_stall_reopen_reopens_nothing() -> TestResult {
 #[test]
 fn a_client_that_never_takes_its_batches_holds_the_worker_up_once_not_on_every_task() -> TestResult
 {
-    let data = tempfile::tempdir()?;
-    images(data.path())?;
-    let state = tempfile::tempdir()?;
-    let network = MemoryNetwork::new();
-    let cluster = start_cluster(
-        &network,
-        data.path(),
-        state.path(),
-        &["worker-a:7001"],
-        None,
-    )?;
+    let (data, _state, network, cluster) = one_worker()?;
     // A client that registers its job, opens its session and grants credits, then never opens
     // a stream (killed, say): the worker's deliveries to it find nobody.
     let runtime = tokio::runtime::Builder::new_current_thread()
