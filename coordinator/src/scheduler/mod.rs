@@ -441,7 +441,6 @@ impl Coordinator {
             });
         }
         let key = (job.0, rank, epoch);
-        self.stats.session_opens += 1;
         if let Some(&index) = self.session_index.get(&key) {
             let session = self
                 .sessions
@@ -457,6 +456,7 @@ impl Coordinator {
             } else {
                 session.reset(start_step.0);
             }
+            self.stats.session_opens += 1;
             if self.journal.is_some() {
                 // An exact reopen may move the position back, a plain one forward.
                 self.dirty_positions.insert(key, session.acked_position);
@@ -488,6 +488,7 @@ impl Coordinator {
             start_step.0.max(journaled).min(steps_per_epoch)
         };
         let id = SessionId(u64::from(index));
+        self.stats.session_opens += 1;
         self.sessions.insert(
             index,
             Session::new(id, job, rank, epoch, steps_per_epoch, position),

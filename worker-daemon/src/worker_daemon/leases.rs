@@ -177,20 +177,6 @@ async fn serve_leases(
             Err(status) => break Some(status),
         };
         for task in tasks {
-            if let Some(token) = task
-                .session
-                .filter(|token| shared.is_unclaimed((token.incarnation, token.session_id)))
-            {
-                let _ = outcomes_tx.send(Outcome::Unclaimed(
-                    task.lease_id,
-                    format!(
-                        "the client of session {} has no stream to this worker (its last \
-                         delivery here found none)",
-                        token.session_id
-                    ),
-                ));
-                continue;
-            }
             let permit = match deliveries.clone().acquire_owned().await {
                 Ok(permit) => permit,
                 Err(_) => break,
@@ -282,10 +268,8 @@ async fn send_error(shared: &Shared, task: &TaskLease, status: Status) -> Outcom
     };
     let key = (token.incarnation, token.session_id);
     let wait = shared.delivery_timeout;
-    let unclaimed = |why: &str| {
-        shared.mark_unclaimed(key);
-        Outcome::Unclaimed(task.lease_id, format!("its error was not taken: {why}"))
-    };
+    let unclaimed =
+        |why: &str| Outcome::Unclaimed(task.lease_id, format!("its error was not taken: {why}"));
     let Some(sender) = shared.subscription(key, wait).await else {
         return unclaimed("no stream from the client");
     };
@@ -306,10 +290,7 @@ async fn deliver(shared: &Shared, task: &TaskLease, batch: Batch) -> Outcome {
     let key = (token.incarnation, token.session_id);
     let wait = shared.delivery_timeout;
     let session = token.session_id;
-    let unclaimed = |why: String| {
-        shared.mark_unclaimed(key);
-        Outcome::Unclaimed(task.lease_id, why)
-    };
+    let unclaimed = |why: String| Outcome::Unclaimed(task.lease_id, why);
     let Some(sender) = shared.subscription(key, wait).await else {
         return unclaimed(format!(
             "no stream from the client of session {session} within {wait:?}"

@@ -94,10 +94,6 @@ pub struct WorkerConfig {
 
 type Key = (u64, u64);
 
-/// How long a session whose client had no stream here is remembered as such: past the
-/// coordinator's session timeout (60 s by default), after which it leases nothing of it.
-const UNCLAIMED_MEMORY: Duration = Duration::from_secs(300);
-
 struct Subscription {
     sender: mpsc::Sender<client_stream::Item>,
 }
@@ -114,10 +110,6 @@ struct Shared {
     roots: Vec<PathBuf>,
     subscriptions: Mutex<HashMap<Key, Subscription>>,
     subscribed: Notify,
-    /// Sessions whose last delivery here found no stream from their client, and when: their
-    /// tasks fail at once, unbuilt and without a delivery slot, until the client opens a stream
-    /// again. So a killed or silent client holds the worker up once, not on every task.
-    unclaimed: Mutex<HashMap<Key, Instant>>,
     jobs: Mutex<HashMap<u64, Arc<JobEntry>>>,
     pool: rayon::ThreadPool,
     threads: usize,
@@ -291,27 +283,6 @@ impl Shared {
         ours
     }
 
-    /// Notes that a delivery to `key` found no stream from its client (entries older than
-    /// [`UNCLAIMED_MEMORY`] are forgotten as new ones come).
-    fn mark_unclaimed(&self, key: Key) {
-        let now = Instant::now();
-        let mut unclaimed = lock(&self.unclaimed);
-        unclaimed.retain(|_, at| now.duration_since(*at) < UNCLAIMED_MEMORY);
-        unclaimed.insert(key, now);
-    }
-
-    /// Whether `key`'s client is known to have no stream here: its last delivery found none,
-    /// and it has opened none since.
-    fn is_unclaimed(&self, key: Key) -> bool {
-        let live = lock(&self.subscriptions)
-            .get(&key)
-            .is_some_and(|sub| !sub.sender.is_closed());
-        !live
-            && lock(&self.unclaimed)
-                .get(&key)
-                .is_some_and(|at| at.elapsed() < UNCLAIMED_MEMORY)
-    }
-
     /// Waits until the client of `key` has opened its stream, up to `wait`.
     async fn subscription(
         &self,
@@ -389,7 +360,6 @@ impl worker_data_server::WorkerData for DataService {
             subscriptions.retain(|_, sub| !sub.sender.is_closed());
             subscriptions.insert(key, Subscription { sender });
         }
-        lock(&self.shared.unclaimed).remove(&key);
         self.shared.subscribed.notify_waiters();
         tracing::debug!(
             session = token.session_id,
@@ -455,7 +425,6 @@ where
         roots: canonical_roots(&config.data_roots)?,
         subscriptions: Mutex::new(HashMap::new()),
         subscribed: Notify::new(),
-        unclaimed: Mutex::new(HashMap::new()),
         jobs: Mutex::new(HashMap::new()),
         pool,
         threads,

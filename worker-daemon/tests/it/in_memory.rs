@@ -211,14 +211,14 @@ fn an_epoch_over_the_network_equals_the_embedded_one_through_cut_worker_streams(
 #[test]
 fn a_consumer_pausing_longer_than_stall_reopen_reopens_nothing() -> TestResult {
     let (data, _state, network, cluster) = one_worker()?;
-    let loader = remote_with(&network, data.path(), None, Duration::from_millis(300))?;
+    let loader = remote_with(&network, data.path(), None, Duration::from_millis(800))?;
     let steps = loader.steps_per_epoch();
     let mut seen = Vec::new();
     for batch in loader.epoch(0, 0)? {
         seen.push(batch?.step);
         // A training step (or an evaluation) longer than stall_reopen: the batches asked for
         // meanwhile arrive, and the next is asked for only after it. Nothing stalled.
-        std::thread::sleep(Duration::from_millis(600));
+        std::thread::sleep(Duration::from_millis(1200));
     }
     assert_eq!(seen, (0..steps).collect::<Vec<_>>());
     // One session for epoch 0, one for epoch 1 (started early, at the end of epoch 0): no
@@ -228,7 +228,7 @@ fn a_consumer_pausing_longer_than_stall_reopen_reopens_nothing() -> TestResult {
 }
 
 #[test]
-fn a_client_that_never_takes_its_batches_holds_the_worker_up_once_not_on_every_task() -> TestResult
+fn a_client_that_never_takes_its_batches_is_leased_no_more_once_its_credits_are_spent() -> TestResult
 {
     let (data, _state, network, cluster) = one_worker()?;
     // A client that registers its job, opens its session and grants credits, then never opens
@@ -269,25 +269,22 @@ fn a_client_that_never_takes_its_batches_holds_the_worker_up_once_not_on_every_t
             .await?;
         Ok::<_, Box<dyn std::error::Error>>(())
     })?;
-    // A live client's epoch beside it: the silent session costs one delivery timeout (2 s),
-    // then its tasks fail unbuilt and its credits are spent, so it is leased no more.
-    let started = std::time::Instant::now();
+    // A live client's epoch beside it. Each task of the silent session holds a delivery slot
+    // for the delivery timeout (2 s) and comes back unclaimed, its credit spent: once its 8
+    // credits are, it is leased no more (before, the credit came back and it was leased again
+    // and again, the most starved session, for as long as the live epoch ran).
     let loader = remote(&network, data.path(), None)?;
     let steps = loader.steps_per_epoch();
     let mut seen = Vec::new();
     for batch in loader.epoch(0, 0)? {
         seen.push(batch?.step);
     }
-    let took = started.elapsed();
     assert_eq!(seen, (0..steps).collect::<Vec<_>>());
-    // About 2 s now; over 6 s when every task of the silent session held a delivery slot for
-    // the delivery timeout and came back to be leased again.
-    assert!(
-        took < Duration::from_secs(4),
-        "the live epoch took {took:?}"
-    );
-    let failed = cluster.coordinator.core_stats().failed_leases;
-    assert!((1..=8).contains(&failed), "{failed} failed leases");
+    // Past two more delivery timeouts nothing of it is left in flight or leased again.
+    std::thread::sleep(Duration::from_secs(5));
+    let stats = cluster.coordinator.core_stats();
+    assert_eq!(stats.failed_leases, 8, "{stats:?}");
+    assert_eq!(stats.leased_tasks, 0, "{stats:?}");
     Ok(())
 }
 
