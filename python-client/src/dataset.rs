@@ -268,12 +268,16 @@ impl Lane {
         if let Some(view) = still_viewed {
             // Python still holds views of the slot's memory: the view object they keep alive
             // takes the slot, which goes back to the pool when the last of them is released.
-            let slot = task.slot;
+            let mut slot = Some(task.slot);
             let kept = Python::try_attach(|_| {
-                view.get().keep(slot);
+                if let Some(slot) = slot.take() {
+                    view.get().keep(slot);
+                }
                 drop(view);
             });
             if kept.is_none() {
+                // Never back to the pool while the interpreter may still read it.
+                std::mem::forget(slot);
                 tracing::warn!("the interpreter is shutting down; a batch slot it views is left");
             }
             let _ = task.reply.send(Built {

@@ -65,9 +65,10 @@ class SlowSquares:
         return np.full(3, index, dtype=np.float32), index
 
 
-def test_close_from_another_thread_ends_a_waiting_next() -> None:
+@pytest.mark.parametrize("lanes", [{"num_threads": 1}, {"num_workers": 1}])
+def test_close_from_another_thread_ends_a_waiting_next(lanes: dict[str, int]) -> None:
     loader = stoker.Loader.from_dataset(
-        SlowSquares(), batch_size=4, num_threads=1, prefetch=1, output="numpy", timeout=60
+        SlowSquares(), batch_size=4, prefetch=1, output="numpy", timeout=60, **lanes
     )
     iterator = iter(loader)
     closed_at: list[float] = []

@@ -252,6 +252,9 @@ class NativeLoader:
         ``span_s`` seconds of its time (stats, dashboard, prefetch controller)."""
     def stats(self) -> NativeStats:
         """Throughput, stall and queue counters so far."""
+    def interrupt(self) -> None:
+        """Ends a ``next_batch`` waiting in another thread (StokerError, "closed") and refuses
+        later calls, ahead of ``close``."""
     def close(self) -> None:
         """Stops the threads; buffers already handed out stay valid."""
 

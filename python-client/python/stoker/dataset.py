@@ -181,12 +181,17 @@ def from_dataset(
     except BaseException:
         builder.close()
         raise
-    return DatasetLoader._make(
-        native, builder, layout, collate_fn, output_kind,
-        batch_size=batch_size, shuffle=shuffle, seed=seed, drop_last=drop_last, rank=rank_,
-        world_size=world, timeout=seconds, max_held_batches=max_held, thread_rule=rule,
-        name=type(dataset).__name__,
-    )
+    try:
+        return DatasetLoader._make(
+            native, builder, layout, collate_fn, output_kind,
+            batch_size=batch_size, shuffle=shuffle, seed=seed, drop_last=drop_last, rank=rank_,
+            world_size=world, timeout=seconds, max_held_batches=max_held, thread_rule=rule,
+            name=type(dataset).__name__,
+        )
+    except BaseException:  # its workers, threads and port go now, not with the traceback
+        builder.close()
+        native.close()
+        raise
 
 
 # Dataset loaders not closed yet: closed at exit, before the interpreter tears down, so no
@@ -253,6 +258,8 @@ class DatasetLoader(Loader):
         if self._closed:
             return
         _OPEN.discard(self)
+        if self._native is not None and not self._fork.forked:
+            self._native.interrupt()  # a next() waiting in another thread ends now
         builder = getattr(self, "_builder", None)
         if builder is not None and not self._fork.forked:
             builder.close()  # a lane waiting on a worker then returns at once

@@ -151,16 +151,17 @@ class _Worker:
         """Starts the process (and sends it the layout, once known); the slot mapping goes
         with its first batch."""
         parent, child = self.context.Pipe()
-        self.process = self.context.Process(
+        process = self.context.Process(
             target=_worker_main,
             args=(child, self.state),
             name=f"stoker-dataset-worker-{self.number}",
             daemon=True,
         )
         with _main_not_rerun(self.context):
-            self.process.start()
+            process.start()
         child.close()
-        self.conn = parent
+        # Started before it is seen: close() may join it from another thread.
+        self.process, self.conn = process, parent
         self.arena: int | None = None
         if self.layout is not None:
             self.conn.send(("layout", self.layout))
@@ -210,7 +211,10 @@ class _Worker:
         return bad, failure
 
     def _replace(self, why: str) -> None:
-        """Starts a new process in place of the dead one."""
+        """Starts a new process in place of the dead one; a StokerError instead once the loader
+        is closing (close() joins the processes it has, not one started after it)."""
+        if self.stopping:
+            raise StokerError(f"{why}; the loader is closing")
         exitcode = self.process.exitcode
         self.conn.close()
         self._start()
@@ -261,9 +265,14 @@ class _Worker:
             self.conn.send(None)
 
     def close(self, deadline: float) -> None:
-        """Waits for the worker to exit until ``deadline`` (``time.monotonic()``), then kills it."""
-        self.process.join(timeout=max(0.0, deadline - time.monotonic()))
-        if self.process.is_alive():
+        """Waits for the worker to exit until ``deadline`` (``time.monotonic()``), then kills it
+        (and a replacement a lane started meanwhile)."""
+        process = self.process
+        process.join(timeout=max(0.0, deadline - time.monotonic()))
+        if process.is_alive():
+            process.kill()
+            process.join(timeout=5.0)
+        if self.process is not process:
             self.process.kill()
             self.process.join(timeout=5.0)
         self.conn.close()

@@ -565,6 +565,13 @@ impl NativeLoader {
         Ok(dict)
     }
 
+    /// Ends a `next_batch` waiting in another thread (within `INTERRUPT_CHECK`, StokerError
+    /// "closed") and refuses later calls, without stopping anything yet: for a close that has
+    /// other work to do first (a dataset loader's worker processes).
+    fn interrupt(&self) {
+        self.closing.store(true, Ordering::SeqCst);
+    }
+
     /// Stops the decode threads (or closes the session); later calls raise StokerError, and
     /// so does a `next_batch` waiting in another thread (within `INTERRUPT_CHECK`). Batches
     /// already handed out stay valid.
