@@ -370,18 +370,21 @@ impl Loader {
     /// started is dropped and its slots go back to the pool. For a caller that reads the next
     /// epoch from another loader (an epoch resumed on another world size).
     pub fn cancel_started(&self) {
-        let started = self
-            .core
-            .successor
-            .lock()
-            .map(|mut s| s.take())
-            .unwrap_or_default();
-        if let Some(started) = started {
+        if let Some(started) = self.take_started() {
             tracing::debug!(
                 epoch = started.epoch,
                 "the epoch started ahead is cancelled"
             );
         }
+    }
+
+    /// The epoch the last stream started ahead, taken out of the core (None when none waits).
+    fn take_started(&self) -> Option<Successor> {
+        self.core
+            .successor
+            .lock()
+            .map(|mut s| s.take())
+            .unwrap_or_default()
     }
 
     /// Starts `epoch` at `start_step` (0 for the beginning; a later step resumes mid-epoch
@@ -399,12 +402,7 @@ impl Loader {
                 "start step {start_step} is past the end of the epoch ({steps} steps)"
             )));
         }
-        let successor = self
-            .core
-            .successor
-            .lock()
-            .map(|mut s| s.take())
-            .unwrap_or_default();
+        let successor = self.take_started();
         let discard = self.core.discard_started.swap(false, Ordering::Relaxed);
         if let Ok(mut stats) = self.core.stats.lock() {
             stats.epoch_started();
