@@ -20,7 +20,8 @@ mod digest;
 mod error;
 
 pub use client::cuda::{
-    driver_present as cuda_driver_present, Cuda, Fence, Unavailable as CudaUnavailable,
+    active_devices as cuda_active_devices, driver_present as cuda_driver_present, Cuda, Fence,
+    Unavailable as CudaUnavailable,
 };
 pub use client::embedded::EmbeddedSource;
 pub use client::gpu_decode::{

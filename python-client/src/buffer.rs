@@ -6,7 +6,9 @@
 //! goes (`.cuda(non_blocking=True)` returns at once). The bytes are then let go only after
 //! fences on the streams that may hold such copies have completed ([`ReleaseFences`]): the
 //! loader's own copy stream ([`Buffer::release_after`]), or, for a batch handed to the user,
-//! torch's current stream and the legacy default stream at the moment of release.
+//! torch's current stream and the legacy default stream of every device the process has
+//! started CUDA on, at the moment of release (the pages are locked for every device, so a
+//! batch pinned through device 0 may be copied to device 1).
 
 use std::ffi::{c_int, c_void};
 use std::sync::{Arc, Mutex};
@@ -17,9 +19,9 @@ use pyo3::ffi;
 use pyo3::prelude::*;
 use stoker_loader::{Cuda, Fence};
 
-/// How the buffers of a page-locked pool are let go: the device, and a Python callable that
-/// names the streams a user's copy may be queued on (`stoker._gpu.release_streams`: a list of
-/// `CUstream` handles, empty when torch has not started CUDA).
+/// How the buffers of a page-locked pool are let go: the device that locked them, and a Python
+/// callable that names the streams a user's copy may be queued on (`stoker.gpu.release_streams`:
+/// a list of `(device, CUstream)` pairs, empty when torch has not started CUDA).
 pub struct ReleaseFences {
     pub cuda: Arc<Cuda>,
     pub streams: Option<Py<PyAny>>,
@@ -30,28 +32,50 @@ impl ReleaseFences {
     /// caller then waits for the whole device).
     fn user_fences(&self) -> Option<Vec<Fence>> {
         let streams = self.streams.as_ref()?;
-        let handles: Vec<usize> = Python::attach(|py| {
+        let handles: Vec<(usize, usize)> = Python::attach(|py| {
             streams
                 .call0(py)
-                .and_then(|handles| handles.extract::<Vec<usize>>(py))
+                .and_then(|handles| handles.extract::<Vec<(usize, usize)>>(py))
         })
         .map_err(|error| {
             tracing::debug!(%error, "cannot read the current streams; fencing the device");
         })
         .ok()?;
         let mut fences = Vec::with_capacity(handles.len());
-        for stream in handles {
-            // SAFETY: the handles are streams of this device's primary context, as torch
-            // reports them for the loader's device (0: the legacy default stream).
-            match unsafe { self.cuda.fence(stream) } {
+        for (device, stream) in handles {
+            let fenced = if device == self.cuda.ordinal() {
+                Ok(Arc::clone(&self.cuda))
+            } else {
+                // The device's context is active (the callable names no other), so this
+                // retains it and starts nothing.
+                Cuda::open(device)
+            }
+            // SAFETY: the handle is a stream of `device`'s primary context, as torch reports
+            // it for that device (0: its legacy default stream).
+            .and_then(|cuda| unsafe { cuda.fence(stream) });
+            match fenced {
                 Ok(fence) => fences.push(fence),
                 Err(error) => {
-                    tracing::debug!(%error, stream, "cannot fence a stream; fencing the device");
+                    tracing::debug!(%error, device, stream, "cannot fence a stream; fencing the device");
                     return None;
                 }
             }
         }
         Some(fences)
+    }
+
+    /// For unknown streams: fences on everything queued so far on the locking device and on
+    /// every other device the process has started CUDA on.
+    fn device_fences(&self) -> Vec<Fence> {
+        let mut fences = vec![self.cuda.device_fence()];
+        for device in stoker_loader::cuda_active_devices() {
+            if device != self.cuda.ordinal() {
+                if let Ok(cuda) = Cuda::open(device) {
+                    fences.push(cuda.device_fence());
+                }
+            }
+        }
+        fences
     }
 }
 
@@ -95,13 +119,9 @@ impl Drop for Buffer {
         let data = std::mem::take(&mut self.data);
         let mut fences = std::mem::take(self.fences.get_mut().unwrap_or_else(|p| p.into_inner()));
         if fences.is_empty() {
-            match release.user_fences() {
-                Some(user) => fences = user,
-                None => {
-                    // Unknown streams: wait for everything queued on the device so far.
-                    fences.push(release.cuda.device_fence());
-                }
-            }
+            fences = release
+                .user_fences()
+                .unwrap_or_else(|| release.device_fences());
         }
         release.cuda.release_after(fences, Box::new(data));
     }

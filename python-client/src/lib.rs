@@ -38,6 +38,14 @@ fn cuda_driver_present() -> bool {
     stoker_loader::cuda_driver_present()
 }
 
+/// The CUDA devices this process has started a context on (torch's first use of a device
+/// starts it): those a copy from a batch may be queued on. Starts nothing; empty without a
+/// driver.
+#[pyfunction]
+fn cuda_active_devices() -> Vec<usize> {
+    stoker_loader::cuda_active_devices()
+}
+
 /// Writes (or reuses) a seeded ImageNet-like ImageFolder of `count` JPEGs under `out` and
 /// returns its root.
 #[pyfunction]
@@ -126,6 +134,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(make_dataset, m)?)?;
     m.add_function(wrap_pyfunction!(cuda_unavailable, m)?)?;
     m.add_function(wrap_pyfunction!(cuda_driver_present, m)?)?;
+    m.add_function(wrap_pyfunction!(cuda_active_devices, m)?)?;
     m.add_function(wrap_pyfunction!(make_tokens, m)?)?;
     m.add_function(wrap_pyfunction!(sample_seed, m)?)?;
     m.add_function(wrap_pyfunction!(train_bpe_tokenizer, m)?)?;

@@ -293,6 +293,26 @@ def test_closing_with_batches_on_the_device_keeps_them_valid(torch: Any, dataset
     assert batch["image"].is_cuda and int(batch["image"].sum()) > 0
 
 
+def test_no_slot_is_reused_under_a_copy_to_another_device(torch: Any, dataset: Path) -> None:
+    """Slots page-locked through device 0 (the loader made before ``set_device``, as a DDP
+    script may) and copied to device 1 behind a long kernel there: the release fences device
+    1's streams too, else the next batch's pixels would show in the copy."""
+    if torch.cuda.device_count() < 2:
+        pytest.skip(f"needs two CUDA devices, torch sees {torch.cuda.device_count()}")
+    expected = reference_epoch(dataset, False)
+    copies = []
+    with loader(dataset, pin_memory=True, prefetch=2, max_held_batches=1) as pinned:
+        assert pinned.stats()["pinned"]
+        with torch.cuda.device(1):
+            for batch in pinned:
+                torch.cuda._sleep(50_000_000)
+                copies.append(batch["image"].to("cuda:1", non_blocking=True))
+                del batch
+    torch.cuda.synchronize(1)
+    got = [c.cpu().numpy() for c in copies]
+    assert [digest(g) for g in got] == [digest(e) for e in expected]
+
+
 def test_slots_come_back_from_many_threads(torch: Any, dataset: Path) -> None:
     """Batches released from other Python threads are fenced and come back too."""
     with loader(dataset, pin_memory=True, prefetch=2, max_held_batches=2) as pinned:

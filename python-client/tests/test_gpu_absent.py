@@ -12,6 +12,7 @@ from __future__ import annotations
 import warnings
 from collections.abc import Callable
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -203,3 +204,26 @@ def test_the_default_pinned_budget_divides_the_node_by_its_ranks(
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "8")
     eight, rule = gpu.default_pinned_budget()
     assert eight == one // 8 and "LOCAL_WORLD_SIZE=8" in rule
+
+
+def test_a_release_fences_every_device_the_process_uses(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Which streams a released pinned slot waits for, from what torch and the driver report
+    (a stand-in for torch's few calls: the pairing needs two GPUs to see for real, which
+    ``test_gpu.py`` does where there are two)."""
+    no_driver()
+    assert _native.cuda_active_devices() == []  # no driver: nothing started, nothing raised
+    current = {0: 7, 1: 0, 2: 9}
+    initialized = [False]
+    stand_in = SimpleNamespace(
+        cuda=SimpleNamespace(
+            is_initialized=lambda: initialized[0],
+            current_stream=lambda d: SimpleNamespace(cuda_stream=current[d]),
+        )
+    )
+    monkeypatch.setattr(_native, "cuda_active_devices", lambda: [0, 1, 2])
+    streams = gpu.release_streams(stand_in, 2)
+    assert streams() == []  # torch has not started CUDA: no copy can be queued
+    initialized[0] = True
+    # The loader's device first; each device's current stream and legacy default stream.
+    assert streams() == [(2, 9), (2, 0), (0, 7), (0, 0), (1, 0)]
+    assert gpu.release_streams(None, 0)() == []

@@ -76,6 +76,28 @@ pub fn driver_present() -> bool {
     *PRESENT.get_or_init(|| unsafe { sys::is_culib_present() })
 }
 
+/// The devices whose primary context is active in this process (torch, or Stoker, has
+/// started CUDA on them): the devices a copy may be queued on. Starts no context; empty
+/// without a driver or when it does not start.
+pub fn active_devices() -> Vec<usize> {
+    if !driver_present() || result::init().is_err() {
+        return Vec::new();
+    }
+    let count = result::device::get_count().unwrap_or(0);
+    (0..count)
+        .filter(|&ordinal| {
+            let Ok(device) = result::device::get(ordinal) else {
+                return false;
+            };
+            let (mut flags, mut active) = (0, 0);
+            // SAFETY: a plain query of a valid device into locals.
+            let state = unsafe { sys::cuDevicePrimaryCtxGetState(device, &mut flags, &mut active) };
+            state.result().is_ok() && active != 0
+        })
+        .filter_map(|ordinal| usize::try_from(ordinal).ok())
+        .collect()
+}
+
 /// One CUDA device's primary context, shared with any framework in the process, retained for
 /// the life of the process. Made once per device ([`Cuda::open`]).
 pub struct Cuda {
@@ -118,30 +140,39 @@ impl FenceState {
             .pop()
     }
 
-    /// Waits for each fence, then drops `keep`.
-    fn wait_and_drop(&self, deferred: Deferred) {
-        let Deferred { fences, keep } = deferred;
-        for fence in fences {
-            let waited = match fence.kind {
-                // SAFETY: the event is of the device's context and was recorded.
-                FenceKind::Event(event) => {
-                    unsafe { result::event::synchronize(event.0) }.map(|()| Some(event))
-                }
-                FenceKind::Device => self.synchronize_device().map(|()| None),
-            };
-            match waited {
-                Ok(event) => {
-                    self.waited.fetch_add(1, Ordering::Relaxed);
-                    if let Some(event) = event {
-                        self.put_back(event);
-                    }
-                }
-                Err(error) => {
-                    // A failed wait means a lost device: nothing reads the slot any more.
-                    self.failed.fetch_add(1, Ordering::Relaxed);
-                    tracing::warn!(error = %describe(error), "a batch slot's fence failed; releasing the slot");
+    /// Waits for one fence of this device, counting it; its event is reused afterwards.
+    fn wait(&self, kind: FenceKind) {
+        let waited = match kind {
+            // SAFETY: the event is of this device's context and was recorded; the context is
+            // made current for the wait (the fence thread's own may be another device's).
+            FenceKind::Event(event) => in_context(self.context.0, || unsafe {
+                result::event::synchronize(event.0)
+            })
+            .map(|()| Some(event)),
+            FenceKind::Device => self.synchronize_device().map(|()| None),
+        };
+        match waited {
+            Ok(event) => {
+                self.waited.fetch_add(1, Ordering::Relaxed);
+                if let Some(event) = event {
+                    self.put_back(event);
                 }
             }
+            Err(error) => {
+                // A failed wait means a lost device: nothing reads the slot any more.
+                self.failed.fetch_add(1, Ordering::Relaxed);
+                tracing::warn!(error = %describe(error), "a batch slot's fence failed; releasing the slot");
+            }
+        }
+    }
+}
+
+impl Deferred {
+    /// Waits for each fence (each on its own device), then drops what was kept.
+    fn wait_and_drop(self) {
+        let Deferred { fences, keep } = self;
+        for fence in fences {
+            fence.device.wait(fence.kind);
         }
         drop(keep);
     }
@@ -168,10 +199,21 @@ struct Event(sys::CUevent);
 unsafe impl Send for Event {}
 
 /// A point on a stream: done when the work queued on the stream before it is done; or, when
-/// the streams are not known, everything queued on the device so far.
-#[derive(Debug)]
+/// the streams are not known, everything queued on the device so far. A fence may belong to
+/// another device than the [`Cuda`] that waits for it ([`Cuda::release_after`]): a batch
+/// page-locked through device 0 may be copied to device 1.
 pub struct Fence {
     kind: FenceKind,
+    /// The device whose context the fence is of.
+    device: Arc<FenceState>,
+}
+
+impl fmt::Debug for Fence {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Fence")
+            .field("kind", &self.kind)
+            .finish_non_exhaustive()
+    }
 }
 
 #[derive(Debug)]
@@ -351,6 +393,7 @@ impl Cuda {
         match recorded {
             Ok(()) => Ok(Fence {
                 kind: FenceKind::Event(event),
+                device: Arc::clone(&self.shared),
             }),
             Err(error) => {
                 self.shared.put_back(event);
@@ -364,11 +407,13 @@ impl Cuda {
     pub fn device_fence(&self) -> Fence {
         Fence {
             kind: FenceKind::Device,
+            device: Arc::clone(&self.shared),
         }
     }
 
-    /// Drops `keep` once every fence has completed, on this device's fence thread; at once
-    /// when there are none. The fences' events are reused afterwards.
+    /// Drops `keep` once every fence has completed (fences of other devices too), on this
+    /// device's fence thread; at once when there are none. The fences' events are reused
+    /// afterwards.
     pub fn release_after(self: &Arc<Self>, fences: Vec<Fence>, keep: Box<dyn Send>) {
         if fences.is_empty() {
             drop(keep);
@@ -377,7 +422,7 @@ impl Cuda {
         let deferred = Deferred { fences, keep };
         if let Err(crossbeam_channel::SendError(deferred)) = self.reclaimer.send(deferred) {
             // The fence thread is gone (process exit): wait here instead.
-            self.shared.wait_and_drop(deferred);
+            deferred.wait_and_drop();
         }
     }
 
@@ -421,7 +466,7 @@ fn reclaim(shared: Arc<FenceState>, deferred: Receiver<Deferred>) {
         tracing::warn!(error = %describe(error), "the fence thread cannot use the device");
     }
     while let Ok(item) = deferred.recv() {
-        shared.wait_and_drop(item);
+        item.wait_and_drop();
     }
 }
 

@@ -155,7 +155,7 @@ class NativeLoader:
         | None = None,
         pin_device: int | None = None,
         pinned_budget: int = 0,
-        release_streams: Callable[[], list[int]] | None = None,
+        release_streams: Callable[[], list[tuple[int, int]]] | None = None,
         decode: str = "cpu",
         gpu_memory: int = 1 << 30,
         library_dirs: list[str] = ...,
@@ -169,9 +169,9 @@ class NativeLoader:
         every call carries ``token`` (else ``STOKER_TOKEN``'s), over TLS trusting ``tls_ca``.
         With ``pin_device`` the slots are page-locked by that CUDA device's driver within
         ``pinned_budget`` bytes (this process's loaders together); ``release_streams`` names
-        the streams a released batch's slot is fenced on. ``decode`` ``"gpu"`` or ``"auto"``
-        (with ``pin_device``) starts the GPU decode lane on that device within ``gpu_memory``
-        bytes, loading nvJPEG and NVRTC from ``library_dirs`` first.
+        the ``(device, stream)`` pairs a released batch's slot is fenced on. ``decode``
+        ``"gpu"`` or ``"auto"`` (with ``pin_device``) starts the GPU decode lane on that device
+        within ``gpu_memory`` bytes, loading nvJPEG and NVRTC from ``library_dirs`` first.
 
         Raises:
             GpuUnavailableError: ``pin_device`` given but the driver cannot page-lock, or the
@@ -206,7 +206,7 @@ class NativeLoader:
         shared_slots: bool = False,
         pin_device: int | None = None,
         pinned_budget: int = 0,
-        release_streams: Callable[[], list[int]] | None = None,
+        release_streams: Callable[[], list[tuple[int, int]]] | None = None,
     ) -> NativeLoader:
         """A loader over a Python dataset: ``builder.build(lane, epoch, step, indices, view,
         shared)`` fills each batch's slot (``shared``: (id, fd, size, offset) of the slot in
@@ -456,6 +456,10 @@ def cuda_unavailable(ordinal: int) -> str | None:
 
 def cuda_driver_present() -> bool:
     """Whether the CUDA driver's library can be loaded (starts nothing)."""
+
+def cuda_active_devices() -> list[int]:
+    """The CUDA devices this process has started a context on (starts nothing; empty without
+    a driver)."""
 
 def gpu_decode_unavailable(ordinal: int, library_dirs: list[str] = ...) -> str | None:
     """None when the GPU decode lane can run on CUDA device ``ordinal`` (driver, nvJPEG of a

@@ -6,7 +6,8 @@ the time the GPU sat idle waiting for a batch.
   of a batch report ``is_pinned()`` and ``.cuda(non_blocking=True)`` copies them by DMA. A slot
   whose batch was released goes back to the pool only after fences on the streams that may
   still be copying from it have completed: torch's current stream and the legacy default
-  stream at the moment of release (:func:`release_streams`), or the loader's own copy stream.
+  stream, at the moment of release, of each device the process uses (:func:`release_streams`),
+  or the loader's own copy stream.
 - **Device delivery** (``device="cuda"``): :class:`DeviceStage` copies each finished batch to
   the device on a stream of its own and runs the pipeline's tail there (the image's
   ``Normalize`` and ``ToTensor`` layout and dtype, or bfloat16 / float16 and channels_last),
@@ -160,16 +161,24 @@ def lane_decode(decode: str, index: int) -> str:
     return "cpu"
 
 
-def release_streams(torch: Any, index: int) -> Callable[[], list[int]]:
-    """What a page-locked slot is fenced on when the user lets go of its batch: torch's current
-    stream on the loader's device and the legacy default stream (none before torch has
-    started CUDA: no copy can be queued then)."""
+def release_streams(torch: Any, index: int) -> Callable[[], list[tuple[int, int]]]:
+    """What a page-locked slot is fenced on when the user lets go of its batch, as ``(device,
+    stream)`` pairs: torch's current stream and the legacy default stream of the loader's
+    device and of every other device the process has started CUDA on (the slots are locked
+    for all devices, so a batch pinned through device 0 may be copied to device 1); none
+    before torch has started CUDA (no copy can be queued then)."""
 
-    def streams() -> list[int]:
+    def streams() -> list[tuple[int, int]]:
         if torch is None or not torch.cuda.is_initialized():
             return []
-        current = int(torch.cuda.current_stream(index).cuda_stream)
-        return [current] if current == 0 else [current, 0]
+        others = [d for d in _native.cuda_active_devices() if d != index]
+        fenced = []
+        for device in [index, *others]:
+            current = int(torch.cuda.current_stream(device).cuda_stream)
+            fenced.append((device, current))
+            if current != 0:
+                fenced.append((device, 0))
+        return fenced
 
     return streams
 
