@@ -8,6 +8,8 @@ that name what is missing, the split of the pipeline's tail) is in ``test_gpu_ab
 
 from __future__ import annotations
 
+import gc
+import re
 import threading
 import time
 from pathlib import Path
@@ -311,6 +313,28 @@ def test_no_slot_is_reused_under_a_copy_to_another_device(torch: Any, dataset: P
     torch.cuda.synchronize(1)
     got = [c.cpu().numpy() for c in copies]
     assert [digest(g) for g in got] == [digest(e) for e in expected]
+
+
+def test_a_resize_resume_fits_the_pinned_budget_of_one_pool(torch: Any, dataset: Path) -> None:
+    """The epoch resumed on another world size is built in the loader's own page-locked
+    slots: a budget that holds one pool is enough (a second pool would be refused)."""
+    gc.collect()  # pools of loaders other tests dropped count against the budget until freed
+    with pytest.raises(stoker.GpuUnavailableError, match=r"slots of \d+ bytes") as refused:
+        loader(dataset, pin_memory=True, pinned_memory_budget=1, prefetch=2, max_held_batches=1)
+    found = re.search(r"slots of (\d+) bytes", str(refused.value))
+    assert found is not None
+    stride = int(found.group(1))
+    with loader(dataset, rank=0, world_size=2, seed=9) as old:
+        old.set_epoch(1)
+        for _, _batch in zip(range(2), old, strict=False):
+            pass
+        state = old.state_dict()
+    options = {"pin_memory": True, "prefetch": 2, "max_held_batches": 1, "seed": 9}
+    with loader(dataset, world_size=3, pinned_memory_budget=3 * stride, **options) as pinned:
+        pinned.load_state_dict(state)
+        assert pinned.epoch == 1 and pinned.stats()["slot_capacity"] == 3
+        assert sum(1 for _ in pinned) == len(pinned) > 0
+        assert pinned.stats()["pinned"]
 
 
 def test_slots_come_back_from_many_threads(torch: Any, dataset: Path) -> None:

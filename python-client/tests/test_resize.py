@@ -3,7 +3,11 @@ from one rank's state or all of them, and the plain next epoch afterwards."""
 
 from __future__ import annotations
 
+import gc
+import itertools
+import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -206,3 +210,36 @@ def test_reading_a_resized_epoch_lets_go_of_what_the_plain_loader_started_ahead(
     steps = len(loader)
     assert sum(1 for _ in loader) == steps
     assert loader.stats()["slots_in_use"] == 0
+
+
+def _decode_threads() -> int:
+    """Decode threads alive in this process (each loader's pool names its threads)."""
+    names = [p.read_text().strip() for p in Path("/proc/self/task").glob("*/comm")]
+    return sum(name.startswith("stoker-decode") for name in names)
+
+
+def test_a_resized_epoch_is_built_on_the_loaders_own_threads_and_slots(
+    make_loader: Callable[..., stoker.Loader],
+) -> None:
+    """The epoch resumed on another world size runs on the loader's decode threads and in its
+    slot pool: no second set of threads, no second pool (with pinned slots, a second pool
+    would have to fit the pinned budget beside the first)."""
+    state = _saved_in_epoch_1(make_loader, 2, 5)
+    gc.collect()  # loaders other tests dropped take their threads with them
+    before = _decode_threads()
+    loader = make_loader(batch_size=BATCH, rank=0, world_size=3, seed=9, prefetch=2)
+    # A thread names itself once it runs: wait for the loader's two.
+    deadline = time.monotonic() + 10
+    while _decode_threads() < before + 2 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    threads = _decode_threads()
+    assert threads == before + 2
+    capacity = loader.stats()["slot_capacity"]
+    loader.load_state_dict(state)
+    held = list(itertools.islice(iter(loader), 3))
+    assert _decode_threads() == threads
+    stats = loader.stats()
+    assert stats["slot_capacity"] == capacity
+    # The batches held are the resized epoch's, in the loader's own pool.
+    assert stats["slots_in_use"] >= len(held), stats
+    del held

@@ -137,6 +137,34 @@ fn embedded_four_ranks_resumed_on_two_and_two_on_three_read_each_sample_once() {
 }
 
 #[test]
+fn a_loader_beside_the_plain_one_reads_the_resized_epoch_over_its_slots_and_threads() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    common::make_images(&data, SAMPLES);
+    let resumed_spec =
+        |rank| resized_spec(&spec(&data, rank, 3), SAMPLES, 1, 2, Vec::new(), &[5, 5]).unwrap();
+    let plain = common::embedded_loader(spec(&data, 0, 3), 1).unwrap();
+    let options = LoaderOptions {
+        threads: 1,
+        ..LoaderOptions::default()
+    };
+    let beside = plain
+        .beside(resumed_spec(0), options, |_| {
+            panic!("an embedded loader builds the resized epoch on its own decode threads")
+        })
+        .unwrap();
+    assert!(std::sync::Arc::ptr_eq(plain.slots(), beside.slots()));
+    assert_eq!(beside.threads(), plain.threads());
+    // The same batches as a loader of the resized epoch alone.
+    let alone = loader(Mode::Embedded, resumed_spec(0));
+    assert_eq!(read(&beside, 1, None), read(&alone, 1, None));
+    // Dropping it leaves the shared decode threads to the plain loader.
+    drop(beside);
+    let fresh = loader(Mode::Embedded, spec(&data, 0, 3));
+    assert_eq!(read(&plain, 2, None), read(&fresh, 2, None));
+}
+
+#[test]
 fn distributed_four_ranks_resumed_on_two_and_two_on_three_read_each_sample_once() {
     let dir = tempfile::tempdir().unwrap();
     let data = dir.path().join("data");

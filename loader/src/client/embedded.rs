@@ -15,6 +15,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use crossbeam_channel::{Receiver, Sender};
+use stoker_proto::v1::JobSpec;
 use stoker_worker::Job;
 
 use super::gpu_decode::{DecodeMode, GpuDecodeOptions, GpuLane, LaneTask};
@@ -42,6 +43,9 @@ pub struct EmbeddedSource {
     tasks: Sender<Task>,
     idle: IdleClock,
     lane: Option<Arc<GpuLane>>,
+    /// Whether this source started the decode threads and the lane (not one made
+    /// [`BatchSource::beside`] another, which shares them): it stops the lane when dropped.
+    owns_workers: bool,
 }
 
 impl EmbeddedSource {
@@ -77,19 +81,7 @@ impl EmbeddedSource {
         } else {
             threads
         };
-        let plan = job.plan(job.first_epoch())?;
-        let info = SourceInfo {
-            steps_per_epoch: plan.steps(),
-            num_samples: job.num_samples(),
-            class_names: job.class_names().to_vec(),
-            batch_bytes: job.batch_bytes(job.plan_config().batch_size as usize),
-            threads,
-            rank: job.plan_config().rank,
-            initial_depth: threads * 2,
-            waiting_on: format!("on {threads} decode threads"),
-            only_epoch: job.spec().resized_epoch.as_ref().map(|r| r.epoch),
-            shared_slots: false,
-        };
+        let info = Self::describe(&job, threads)?;
         let pool = rayon::ThreadPoolBuilder::new()
             .num_threads(threads)
             .thread_name(|i| format!("stoker-decode-{i}"))
@@ -112,6 +104,24 @@ impl EmbeddedSource {
             tasks,
             idle,
             lane,
+            owns_workers: true,
+        })
+    }
+
+    /// What the source of `job` on `threads` decode threads tells its loader.
+    fn describe(job: &Job, threads: usize) -> Result<SourceInfo> {
+        let plan = job.plan(job.first_epoch())?;
+        Ok(SourceInfo {
+            steps_per_epoch: plan.steps(),
+            num_samples: job.num_samples(),
+            class_names: job.class_names().to_vec(),
+            batch_bytes: job.batch_bytes(job.plan_config().batch_size as usize),
+            threads,
+            rank: job.plan_config().rank,
+            initial_depth: threads * 2,
+            waiting_on: format!("on {threads} decode threads"),
+            only_epoch: job.spec().resized_epoch.as_ref().map(|r| r.epoch),
+            shared_slots: false,
         })
     }
 
@@ -126,7 +136,7 @@ impl Drop for EmbeddedSource {
     /// CUDA objects before it returns (the producer thread, which also holds it, ends on its
     /// own once its queue is gone).
     fn drop(&mut self) {
-        if let Some(lane) = &self.lane {
+        if let Some(lane) = self.lane.as_ref().filter(|_| self.owns_workers) {
             lane.shutdown();
         }
     }
@@ -156,6 +166,22 @@ impl BatchSource for EmbeddedSource {
 
     fn gpu_lane(&self) -> Option<&GpuLane> {
         self.lane.as_deref()
+    }
+
+    /// The source of `spec` on this source's decode threads, producer and GPU lane: the steps
+    /// of both go through one queue, so the process runs one set of threads and holds the
+    /// lane's device memory once.
+    fn beside(&self, spec: JobSpec) -> Result<Option<Box<dyn BatchSource>>> {
+        let job = Job::open(spec)?;
+        let info = Self::describe(&job, self.info.threads)?;
+        Ok(Some(Box::new(EmbeddedSource {
+            job: Arc::new(job),
+            info,
+            tasks: self.tasks.clone(),
+            idle: self.idle.clone(),
+            lane: self.lane.clone(),
+            owns_workers: false,
+        })))
     }
 }
 

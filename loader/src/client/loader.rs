@@ -167,19 +167,57 @@ impl Loader {
 
     /// A loader over any batch source.
     pub fn with_source(source: Box<dyn BatchSource>, options: LoaderOptions) -> Result<Loader> {
+        Self::assemble(source, options, None)
+    }
+
+    /// The loader of an epoch resumed on another world size (`spec`: this loader's job with
+    /// `JobSpec.resized_epoch`), to read beside this one: over this loader's slot pool (page-
+    /// locked slots count once against the pinned budget), and on its decode threads and GPU
+    /// lane where its source shares them ([`BatchSource::beside`]); else over the source
+    /// `fresh` starts (a Python dataset's workers, a coordinator's).
+    pub fn beside(
+        &self,
+        spec: JobSpec,
+        options: LoaderOptions,
+        fresh: impl FnOnce(JobSpec) -> Result<Box<dyn BatchSource>>,
+    ) -> Result<Loader> {
+        let source = match self.core.source.beside(spec.clone())? {
+            Some(source) => source,
+            None => fresh(spec)?,
+        };
+        Self::assemble(source, options, Some(Arc::clone(&self.core.slots)))
+    }
+
+    /// A loader over `source`, with the slots of `pool` when it is given and fits the source's
+    /// batches, else a pool of its own.
+    fn assemble(
+        source: Box<dyn BatchSource>,
+        options: LoaderOptions,
+        pool: Option<Arc<SlotPool>>,
+    ) -> Result<Loader> {
         let info = source.info();
         let batch_bytes = info.batch_bytes as u64;
         let resumed_epoch_only = info.only_epoch.is_some();
+        let pool = pool.filter(|pool| {
+            pool.slot_bytes() >= info.batch_bytes
+                && pool.shared_memory().is_some() == info.shared_slots
+                && pool.is_pinned() == options.pin.is_some()
+        });
         // Page-locked slots must fit the pinned budget: the slots past what it holds are not
-        // made, which lowers the controller's ceiling (or a fixed depth) to match.
-        let pinned = match options.pin {
-            Some(pin) => Some(Self::pinned_slots_fit(pin, info.batch_bytes, &options)?),
-            None => None,
+        // made, which lowers the controller's ceiling (or a fixed depth) to match. A loader
+        // over another's pool has that pool's slots.
+        let pinned = match (options.pin, &pool) {
+            (Some(pin), None) => Some(Self::pinned_slots_fit(pin, info.batch_bytes, &options)?),
+            _ => None,
         };
-        let max_prefetch_bytes = match &pinned {
-            Some((_, fit)) => options
+        let fit = match &pool {
+            Some(pool) => Some(pool.capacity()),
+            None => pinned.as_ref().map(|(_, fit)| *fit),
+        };
+        let max_prefetch_bytes = match fit {
+            Some(fit) => options
                 .max_prefetch_bytes
-                .min((fit - options.max_held_batches) as u64 * batch_bytes),
+                .min(fit.saturating_sub(options.max_held_batches) as u64 * batch_bytes),
             None => options.max_prefetch_bytes,
         };
         let (prefetch, controller) = if options.prefetch == 0 {
@@ -200,13 +238,13 @@ impl Loader {
             let ceiling = controller.budget_depth();
             (ceiling, Some(Arc::new(Mutex::new(controller))))
         } else {
-            match &pinned {
-                Some((_, fit)) if options.prefetch + options.max_held_batches > *fit => {
-                    let depth = fit - options.max_held_batches;
+            match fit {
+                Some(fit) if options.prefetch + options.max_held_batches > fit => {
+                    let depth = fit.saturating_sub(options.max_held_batches).max(1);
                     tracing::warn!(
                         asked = options.prefetch,
                         depth,
-                        "the pinned budget holds fewer batch slots than prefetch asks for; prefetching fewer"
+                        "the batch slots hold fewer batches than prefetch asks for; prefetching fewer"
                     );
                     (depth, None)
                 }
@@ -214,8 +252,9 @@ impl Loader {
             }
         };
         let capacity = prefetch + options.max_held_batches;
-        let slots = match (pinned, options.pin) {
-            (Some((cuda, _)), Some(pin)) => SlotPool::pinned(
+        let slots = match (pool, pinned, options.pin) {
+            (Some(pool), _, _) => pool,
+            (None, Some((cuda, _)), Some(pin)) => SlotPool::pinned(
                 info.batch_bytes,
                 capacity,
                 info.shared_slots,

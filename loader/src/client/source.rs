@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
-use stoker_proto::v1::Batch;
+use stoker_proto::v1::{Batch, JobSpec};
 use stoker_worker::EpochPlan;
 
 use super::gpu_decode::GpuLane;
@@ -77,6 +77,14 @@ pub trait BatchSource: Send + Sync {
     /// The GPU decode lane beside the source's decode threads, when it has one.
     fn gpu_lane(&self) -> Option<&GpuLane> {
         None
+    }
+
+    /// A source of `spec` (this source's job with one epoch resumed on another world size,
+    /// `JobSpec.resized_epoch`) that builds its batches on this source's workers; `None` when
+    /// this kind of source cannot share them (the caller then starts a source of its own).
+    fn beside(&self, spec: JobSpec) -> Result<Option<Box<dyn BatchSource>>> {
+        let _ = spec;
+        Ok(None)
     }
 }
 

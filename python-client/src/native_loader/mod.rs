@@ -273,7 +273,7 @@ impl NativeLoader {
     /// `resizes` (cursor, taken) left of it, read `steps[r]` batches each (rank r; one count
     /// for all when only one is known). With the same world size, no new resize and every
     /// rank at the same step, it resumes the resized epoch itself at that step. Builds the
-    /// loader of that epoch and returns (the step to start at, the epoch's steps, the epoch's
+    /// loader of that epoch (beside the plain one, over its slots) and returns (the step to start at, the epoch's steps, the epoch's
     /// resizes now).
     fn resume_resized(
         &self,
@@ -283,7 +283,8 @@ impl NativeLoader {
         old_world: u32,
         steps: Vec<u64>,
     ) -> PyResult<(u64, u64, Vec<PyResize>)> {
-        let num_samples = self.held(py).loader()?.info().num_samples;
+        let plain = Arc::clone(self.held(py).loader()?);
+        let num_samples = plain.info().num_samples;
         let earlier: Vec<stoker_worker::Resize> = resizes
             .into_iter()
             .map(|(cursor, taken)| stoker_worker::Resize { cursor, taken })
@@ -320,9 +321,12 @@ impl NativeLoader {
             .unwrap_or_default();
         let previous = self.held(py).resumed.take();
         let loader = py
-            .detach(|| {
+            .detach(move || {
                 drop(previous);
-                self.recipe.build(spec)
+                let built = self.recipe.build_beside(&plain, spec);
+                // Dropped here too: a close() meanwhile may have left this the last reference.
+                drop(plain);
+                built
             })
             .map_err(from_loader)?;
         let steps_in_epoch = loader.steps_per_epoch();

@@ -8,7 +8,8 @@ use std::sync::{Arc, Mutex};
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use stoker_loader::{
-    Dashboard, DashboardAccess, DashboardError, Loader, LoaderOptions, RemoteOptions, Token,
+    Dashboard, DashboardAccess, DashboardError, EmbeddedSource, Loader, LoaderOptions,
+    RemoteOptions, RemoteSource, Token,
 };
 use stoker_proto::v1::JobSpec;
 
@@ -41,6 +42,33 @@ impl Recipe {
             }
             None => Loader::new(spec, self.options.clone()),
         }
+    }
+
+    /// The loader of `spec`, an epoch resumed on another world size, beside `plain` (this
+    /// recipe's loader): over its slots, and on its decode threads and GPU lane in the
+    /// embedded mode (a Python dataset's workers and a coordinator's job are new ones).
+    pub(super) fn build_beside(
+        &self,
+        plain: &Loader,
+        spec: JobSpec,
+    ) -> stoker_loader::Result<Loader> {
+        plain.beside(spec, self.options.clone(), |spec| {
+            if let Some((dataset, num_samples)) = &self.dataset {
+                return Ok(Box::new(dataset.build(spec, *num_samples)?));
+            }
+            match &self.remote {
+                Some((address, remote)) => Ok(Box::new(RemoteSource::connect(
+                    address,
+                    spec,
+                    remote.clone(),
+                )?)),
+                None => Ok(Box::new(EmbeddedSource::start_with(
+                    stoker_worker::Job::open(spec)?,
+                    self.options.threads,
+                    self.options.gpu_decode.as_ref(),
+                )?)),
+            }
+        })
     }
 }
 
