@@ -8,5 +8,6 @@ mod client_stream;
 mod worker_daemon;
 
 pub use worker_daemon::{
-    canonical_roots, run_worker, run_worker_incoming, WorkerConfig, DELIVERY_TIMEOUT, DRAIN_TIMEOUT,
+    canonical_roots, run_worker, run_worker_incoming, WorkerConfig, DELIVERY_TIMEOUT,
+    DRAIN_TIMEOUT, JOB_IDLE,
 };

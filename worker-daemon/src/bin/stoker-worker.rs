@@ -13,7 +13,7 @@ use stoker_rpc::health::{serve_health, Health};
 use stoker_rpc::network::Network;
 use stoker_rpc::security::SecurityArgs;
 use stoker_rpc::{daemon_runtime, init_logging, listen, shutdown_signal};
-use stoker_worker_daemon::{run_worker, WorkerConfig, DELIVERY_TIMEOUT, DRAIN_TIMEOUT};
+use stoker_worker_daemon::{run_worker, WorkerConfig, DELIVERY_TIMEOUT, DRAIN_TIMEOUT, JOB_IDLE};
 
 /// A Stoker decode worker.
 #[derive(Debug, Parser)]
@@ -59,6 +59,10 @@ struct Args {
     /// terminationGracePeriodSeconds).
     #[arg(long, default_value_t = DRAIN_TIMEOUT.as_millis() as u64)]
     drain_timeout_ms: u64,
+    /// A job no task of this worker has used for this many seconds is let go (its datasets
+    /// closed, their indexes freed); a later task of it opens it again.
+    #[arg(long, default_value_t = JOB_IDLE.as_secs())]
+    job_idle_s: u64,
     /// Serve the probes on this address: plain HTTP, no token: `GET /livez` (200 while the
     /// daemon runs) and `GET /readyz` (200 while registered with the coordinator and not
     /// draining, else 503 and the reason).
@@ -117,6 +121,7 @@ fn run(args: Args) -> anyhow::Result<()> {
             delivery_timeout: Duration::from_millis(args.delivery_timeout_ms.max(10)),
             drain_timeout: Duration::from_millis(args.drain_timeout_ms),
             health,
+            job_idle: Duration::from_secs(args.job_idle_s),
         };
         run_worker(config, listener, shutdown_signal()).await?;
         if let Some(probes) = probes {

@@ -6,7 +6,7 @@
 use std::collections::HashMap;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use stoker_proto::v1::coordinator_client::CoordinatorClient;
 use stoker_proto::v1::{
@@ -321,6 +321,7 @@ async fn job_entry(
     job_id: u64,
 ) -> std::result::Result<Arc<JobEntry>, Status> {
     if let Some(entry) = lock(&shared.jobs).get(&job_id) {
+        *lock(&entry.used) = Instant::now();
         return Ok(entry.clone());
     }
     let spec = client
@@ -341,6 +342,7 @@ async fn job_entry(
     };
     let entry = Arc::new(JobEntry {
         spec,
+        used: Mutex::new(Instant::now()),
         sources: opened,
         ranks: Mutex::new(HashMap::new()),
         plans: Mutex::new(HashMap::new()),

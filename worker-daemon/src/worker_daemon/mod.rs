@@ -56,6 +56,9 @@ pub const DELIVERY_TIMEOUT: Duration = Duration::from_secs(10);
 /// default).
 pub const DRAIN_TIMEOUT: Duration = Duration::from_secs(20);
 
+/// The default [`WorkerConfig::job_idle`].
+pub const JOB_IDLE: Duration = Duration::from_secs(600);
+
 /// Of the drain's time, what is kept for reporting and leaving after the deliveries.
 const LEAVE_RESERVE: Duration = Duration::from_secs(3);
 
@@ -90,6 +93,10 @@ pub struct WorkerConfig {
     pub drain_timeout: Duration,
     /// What the probes report: ready while registered with the coordinator and not draining.
     pub health: Arc<Health>,
+    /// A job no task of this worker has used for this long is let go: its datasets closed
+    /// (maps, indexes, caches), its plans dropped. A later task of it opens it again. Without
+    /// it a worker that serves job after job would hold every job it ever opened.
+    pub job_idle: Duration,
 }
 
 type Key = (u64, u64);
@@ -100,6 +107,8 @@ struct Subscription {
 
 struct JobEntry {
     spec: JobSpec,
+    /// When a task last asked for the job.
+    used: Mutex<Instant>,
     /// The job's datasets, opened once for all its ranks (one per source of a mix).
     sources: Vec<Arc<dyn SampleSource>>,
     ranks: Mutex<HashMap<u32, Arc<Job>>>,
@@ -121,6 +130,8 @@ struct Shared {
     busy_ns: AtomicU64,
     /// The drain is over: new client streams are refused.
     closing: AtomicBool,
+    /// See [`WorkerConfig::job_idle`].
+    job_idle: Duration,
 }
 
 fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -200,6 +211,26 @@ fn check_under_roots(
 }
 
 impl Shared {
+    /// Lets go of the jobs no task has used for [`WorkerConfig::job_idle`] (a build still
+    /// holding one keeps it until it ends).
+    fn let_go_of_idle_jobs(&self) {
+        let now = Instant::now();
+        let mut idle = Vec::new();
+        lock(&self.jobs).retain(|&job, entry| {
+            let unused = now.saturating_duration_since(*lock(&entry.used));
+            let keep = unused < self.job_idle;
+            if !keep {
+                idle.push((job, unused, Arc::clone(entry)));
+            }
+            keep
+        });
+        // Closed outside the lock: a large index takes a while to free.
+        for (job, unused, entry) in idle {
+            drop(entry);
+            tracing::info!(job, unused = ?unused, "job let go: no task used it for a while");
+        }
+    }
+
     fn open_job(&self, spec: &JobSpec) -> std::result::Result<Job, Status> {
         check_root(&self.roots, spec)?;
         Job::open(spec.clone()).map_err(|e| error_status(&e))
@@ -433,7 +464,9 @@ where
         building: Mutex::new((0, None)),
         busy_ns: AtomicU64::new(0),
         closing: AtomicBool::new(false),
+        job_idle: config.job_idle,
     });
+    tokio::spawn(let_go_of_idle_jobs(Arc::downgrade(&shared)));
     let service = WorkerDataService::new(
         DataService {
             shared: shared.clone(),
@@ -486,6 +519,23 @@ where
             server.abort();
             Ok(())
         }
+    }
+}
+
+/// Every quarter of the idle time, lets go of the jobs idle that long, until the worker is gone.
+async fn let_go_of_idle_jobs(shared: std::sync::Weak<Shared>) {
+    let Some(every) = shared
+        .upgrade()
+        .map(|s| (s.job_idle / 4).max(Duration::from_millis(10)))
+    else {
+        return;
+    };
+    loop {
+        tokio::time::sleep(every).await;
+        let Some(shared) = shared.upgrade() else {
+            return;
+        };
+        shared.let_go_of_idle_jobs();
     }
 }
 

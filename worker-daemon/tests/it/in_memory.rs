@@ -13,7 +13,7 @@ use stoker_proto::v1::{self as proto, JobSpec};
 use stoker_rpc::health::Health;
 use stoker_rpc::network::{MemoryNetwork, Network};
 use stoker_rpc::security::{ClientSecurity, ServerSecurity, Token};
-use stoker_worker_daemon::{run_worker_incoming, WorkerConfig, DRAIN_TIMEOUT};
+use stoker_worker_daemon::{run_worker_incoming, WorkerConfig, DRAIN_TIMEOUT, JOB_IDLE};
 use tokio::sync::oneshot;
 
 type TestResult = Result<(), Box<dyn std::error::Error>>;
@@ -34,6 +34,18 @@ fn start_cluster(
     state: &Path,
     workers: &[&str],
     token: Option<&Token>,
+) -> Result<Cluster, Box<dyn std::error::Error>> {
+    start_cluster_with(network, data, state, workers, token, JOB_IDLE)
+}
+
+/// [`start_cluster`] with workers that let go of a job after `job_idle` without a task.
+fn start_cluster_with(
+    network: &MemoryNetwork,
+    data: &Path,
+    state: &Path,
+    workers: &[&str],
+    token: Option<&Token>,
+    job_idle: Duration,
 ) -> Result<Cluster, Box<dyn std::error::Error>> {
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -72,6 +84,7 @@ fn start_cluster(
             delivery_timeout: Duration::from_secs(2),
             drain_timeout: DRAIN_TIMEOUT,
             health: Health::starting("registering"),
+            job_idle,
         };
         let (stop, stopped) = oneshot::channel::<()>();
         stops.push(stop);
@@ -315,5 +328,87 @@ fn a_client_without_the_clusters_token_is_refused_by_name() -> TestResult {
         digest.update(&batch?);
     }
     assert_eq!(digest.hex(), expected);
+    Ok(())
+}
+
+/// Whether this process maps `path` (the worker of these tests runs in it).
+fn mapped(path: &Path) -> Result<bool, Box<dyn std::error::Error>> {
+    let maps = std::fs::read_to_string("/proc/self/maps")?;
+    let path = path.canonicalize()?;
+    Ok(maps
+        .lines()
+        .any(|line| line.ends_with(&*path.to_string_lossy())))
+}
+
+#[test]
+fn a_worker_lets_go_of_a_job_no_task_used_for_its_idle_time_and_opens_it_again() -> TestResult {
+    let data = tempfile::tempdir()?;
+    let tokens = data.path().join("train.bin");
+    let bytes: Vec<u8> = (0..4_000u16).flat_map(u16::to_le_bytes).collect();
+    std::fs::write(&tokens, bytes)?;
+    let state = tempfile::tempdir()?;
+    let network = MemoryNetwork::new();
+    let idle = Duration::from_secs(2);
+    let _cluster = start_cluster_with(
+        &network,
+        data.path(),
+        state.path(),
+        &["worker-a:7001"],
+        None,
+        idle,
+    )?;
+    let windows = proto::Op {
+        op: Some(proto::op::Op::TokenWindows(proto::TokenWindows {
+            seq_len: 16,
+        })),
+    };
+    let job = JobSpec {
+        dataset: Some(proto::DatasetSource {
+            uri: format!("file://{}", tokens.display()),
+            ..proto::DatasetSource::default()
+        }),
+        pipeline: vec![windows],
+        batch_size: 8,
+        seed: 3,
+        shuffle: true,
+        world_size: 1,
+        ..JobSpec::default()
+    };
+    let loader = Loader::remote(
+        COORDINATOR,
+        job,
+        LoaderOptions {
+            prefetch: 2,
+            deadline: Duration::from_secs(60),
+            prefetch_next_epoch: false,
+            ..LoaderOptions::default()
+        },
+        RemoteOptions {
+            connect_timeout: Duration::from_secs(20),
+            network: Network::Memory(network.clone()),
+            ..RemoteOptions::default()
+        },
+    )?;
+    let epoch = |epoch| -> Result<String, Box<dyn std::error::Error>> {
+        let mut digest = BatchDigest::new();
+        for batch in loader.epoch(epoch, 0)? {
+            digest.update(&batch?);
+        }
+        Ok(digest.hex())
+    };
+    let first = epoch(0)?;
+    assert!(
+        mapped(&tokens)?,
+        "the worker reads the token file through a map"
+    );
+    // No task for longer than the idle time: the worker closes the job's file.
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while mapped(&tokens)? && std::time::Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(!mapped(&tokens)?, "the idle job's file is still mapped");
+    // The next task opens it again; the batches are the same.
+    assert_eq!(epoch(0)?, first);
+    assert!(mapped(&tokens)?);
     Ok(())
 }
