@@ -46,8 +46,8 @@ impl ReleaseFences {
             let fenced = if device == self.cuda.ordinal() {
                 Ok(Arc::clone(&self.cuda))
             } else {
-                // The device's context is active (the callable names no other), so this
-                // retains it and starts nothing.
+                // The callable names only devices whose primary context is active, so this
+                // retains a running context (once per process) rather than starting one.
                 Cuda::open(device)
             }
             // SAFETY: the handle is a stream of `device`'s primary context, as torch reports
@@ -65,17 +65,22 @@ impl ReleaseFences {
     }
 
     /// For unknown streams: fences on everything queued so far on the locking device and on
-    /// every other device the process has started CUDA on.
-    fn device_fences(&self) -> Vec<Fence> {
+    /// every other device whose primary context is active; `None` when one of those cannot
+    /// be fenced.
+    fn device_fences(&self) -> Option<Vec<Fence>> {
         let mut fences = vec![self.cuda.device_fence()];
         for device in stoker_loader::cuda_active_devices() {
             if device != self.cuda.ordinal() {
-                if let Ok(cuda) = Cuda::open(device) {
-                    fences.push(cuda.device_fence());
+                match Cuda::open(device) {
+                    Ok(cuda) => fences.push(cuda.device_fence()),
+                    Err(error) => {
+                        tracing::error!(%error, device, "cannot fence a device a copy may be reading a batch slot on");
+                        return None;
+                    }
                 }
             }
         }
-        fences
+        Some(fences)
     }
 }
 
@@ -119,9 +124,16 @@ impl Drop for Buffer {
         let data = std::mem::take(&mut self.data);
         let mut fences = std::mem::take(self.fences.get_mut().unwrap_or_else(|p| p.into_inner()));
         if fences.is_empty() {
-            fences = release
-                .user_fences()
-                .unwrap_or_else(|| release.device_fences());
+            match release.user_fences().or_else(|| release.device_fences()) {
+                Some(found) => fences = found,
+                None => {
+                    // A copy may still read the slot and nothing can say when it is done:
+                    // the slot is kept out of the pool for good rather than refilled under it
+                    // (a pool short of slots says so; wrong pixels would not).
+                    std::mem::forget(data);
+                    return;
+                }
+            }
         }
         release.cuda.release_after(fences, Box::new(data));
     }

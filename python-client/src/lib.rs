@@ -38,9 +38,9 @@ fn cuda_driver_present() -> bool {
     stoker_loader::cuda_driver_present()
 }
 
-/// The CUDA devices this process has started a context on (torch's first use of a device
-/// starts it): those a copy from a batch may be queued on. Starts nothing; empty without a
-/// driver.
+/// The CUDA devices whose primary context is active in this process (torch's first use of a
+/// device starts it): those a copy from a batch may be queued on. Starts nothing; empty
+/// without a driver.
 #[pyfunction]
 fn cuda_active_devices() -> Vec<usize> {
     stoker_loader::cuda_active_devices()

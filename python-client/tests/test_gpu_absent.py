@@ -206,12 +206,15 @@ def test_the_default_pinned_budget_divides_the_node_by_its_ranks(
     assert eight == one // 8 and "LOCAL_WORLD_SIZE=8" in rule
 
 
+def test_without_a_driver_no_device_is_active() -> None:
+    no_driver()
+    assert _native.cuda_active_devices() == []  # nothing started, nothing raised
+
+
 def test_a_release_fences_every_device_the_process_uses(monkeypatch: pytest.MonkeyPatch) -> None:
     """Which streams a released pinned slot waits for, from what torch and the driver report
     (a stand-in for torch's few calls: the pairing needs two GPUs to see for real, which
     ``test_gpu.py`` does where there are two)."""
-    no_driver()
-    assert _native.cuda_active_devices() == []  # no driver: nothing started, nothing raised
     current = {0: 7, 1: 0, 2: 9}
     initialized = [False]
     stand_in = SimpleNamespace(

@@ -144,8 +144,9 @@ fn a_loader_beside_the_plain_one_reads_the_resized_epoch_over_its_slots_and_thre
     let resumed_spec =
         |rank| resized_spec(&spec(&data, rank, 3), SAMPLES, 1, 2, Vec::new(), &[5, 5]).unwrap();
     let plain = common::embedded_loader(spec(&data, 0, 3), 1).unwrap();
+    // More threads asked for than the plain loader has: sharing its threads gives its count.
     let options = LoaderOptions {
-        threads: 1,
+        threads: 3,
         ..LoaderOptions::default()
     };
     let beside = plain
@@ -154,10 +155,24 @@ fn a_loader_beside_the_plain_one_reads_the_resized_epoch_over_its_slots_and_thre
         })
         .unwrap();
     assert!(std::sync::Arc::ptr_eq(plain.slots(), beside.slots()));
-    assert_eq!(beside.threads(), plain.threads());
+    assert_eq!(beside.threads(), 1);
     // The same batches as a loader of the resized epoch alone.
     let alone = loader(Mode::Embedded, resumed_spec(0));
     assert_eq!(read(&beside, 1, None), read(&alone, 1, None));
+    // Another job (a larger batch) is not built on the plain loader's threads or slots.
+    let mut larger = resumed_spec(0);
+    larger.batch_size = BATCH * 2;
+    let mut started = false;
+    let other = plain
+        .beside(larger, LoaderOptions::default(), |spec| {
+            started = true;
+            let job = stoker_worker::Job::open(spec)?;
+            Ok(Box::new(stoker_loader::EmbeddedSource::start(job, 1)?))
+        })
+        .unwrap();
+    assert!(started);
+    assert!(!std::sync::Arc::ptr_eq(plain.slots(), other.slots()));
+    drop(other);
     // Dropping it leaves the shared decode threads to the plain loader.
     drop(beside);
     let fresh = loader(Mode::Embedded, spec(&data, 0, 3));

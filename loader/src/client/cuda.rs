@@ -140,23 +140,20 @@ impl FenceState {
             .pop()
     }
 
-    /// Waits for one fence of this device, counting it; its event is reused afterwards.
+    /// Waits for one fence of this device, counting it (its event is reused once the fence is
+    /// dropped).
     fn wait(&self, kind: FenceKind) {
         let waited = match kind {
             // SAFETY: the event is of this device's context and was recorded; the context is
             // made current for the wait (the fence thread's own may be another device's).
             FenceKind::Event(event) => in_context(self.context.0, || unsafe {
                 result::event::synchronize(event.0)
-            })
-            .map(|()| Some(event)),
-            FenceKind::Device => self.synchronize_device().map(|()| None),
+            }),
+            FenceKind::Device => self.synchronize_device(),
         };
         match waited {
-            Ok(event) => {
+            Ok(()) => {
                 self.waited.fetch_add(1, Ordering::Relaxed);
-                if let Some(event) = event {
-                    self.put_back(event);
-                }
             }
             Err(error) => {
                 // A failed wait means a lost device: nothing reads the slot any more.
@@ -208,6 +205,16 @@ pub struct Fence {
     device: Arc<FenceState>,
 }
 
+impl Drop for Fence {
+    /// Puts the fence's event back for reuse, waited for or not (a fence given up on, when
+    /// another stream of a release could not be fenced, leaks nothing).
+    fn drop(&mut self) {
+        if let FenceKind::Event(event) = self.kind {
+            self.device.put_back(event);
+        }
+    }
+}
+
 impl fmt::Debug for Fence {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Fence")
@@ -216,7 +223,7 @@ impl fmt::Debug for Fence {
     }
 }
 
-#[derive(Debug)]
+#[derive(Debug, Clone, Copy)]
 enum FenceKind {
     Event(Event),
     Device,

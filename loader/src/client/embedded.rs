@@ -42,10 +42,19 @@ pub struct EmbeddedSource {
     info: SourceInfo,
     tasks: Sender<Task>,
     idle: IdleClock,
-    lane: Option<Arc<GpuLane>>,
-    /// Whether this source started the decode threads and the lane (not one made
-    /// [`BatchSource::beside`] another, which shares them): it stops the lane when dropped.
-    owns_workers: bool,
+    /// The lane, held by this source and those made [`BatchSource::beside`] it.
+    lane: Option<Arc<LaneHold>>,
+}
+
+/// The sources' hold on the GPU lane: the last source to let go stops the lane, so that
+/// closing the loader releases the lane's threads and CUDA objects before it returns (the
+/// producer thread, which also holds the lane, ends on its own once its queue is gone).
+struct LaneHold(Arc<GpuLane>);
+
+impl Drop for LaneHold {
+    fn drop(&mut self) {
+        self.0.shutdown();
+    }
 }
 
 impl EmbeddedSource {
@@ -103,8 +112,7 @@ impl EmbeddedSource {
             info,
             tasks,
             idle,
-            lane,
-            owns_workers: true,
+            lane: lane.map(|lane| Arc::new(LaneHold(lane))),
         })
     }
 
@@ -131,17 +139,6 @@ impl EmbeddedSource {
     }
 }
 
-impl Drop for EmbeddedSource {
-    /// Stops the GPU lane here, so that closing the loader releases the lane's threads and
-    /// CUDA objects before it returns (the producer thread, which also holds it, ends on its
-    /// own once its queue is gone).
-    fn drop(&mut self) {
-        if let Some(lane) = self.lane.as_ref().filter(|_| self.owns_workers) {
-            lane.shutdown();
-        }
-    }
-}
-
 impl BatchSource for EmbeddedSource {
     fn info(&self) -> &SourceInfo {
         &self.info
@@ -165,13 +162,24 @@ impl BatchSource for EmbeddedSource {
     }
 
     fn gpu_lane(&self) -> Option<&GpuLane> {
-        self.lane.as_deref()
+        self.lane.as_ref().map(|hold| &*hold.0)
     }
 
     /// The source of `spec` on this source's decode threads, producer and GPU lane: the steps
     /// of both go through one queue, so the process runs one set of threads and holds the
     /// lane's device memory once.
     fn beside(&self, spec: JobSpec) -> Result<Option<Box<dyn BatchSource>>> {
+        // The lane's buffers and rows are sized for this job's pipeline and batch: only the
+        // same job, but for its ranks and resized epoch, shares them.
+        let same_job = |spec: &JobSpec| JobSpec {
+            rank: 0,
+            world_size: 0,
+            resized_epoch: None,
+            ..spec.clone()
+        };
+        if same_job(&spec) != same_job(self.job.spec()) {
+            return Ok(None);
+        }
         let job = Job::open(spec)?;
         let info = Self::describe(&job, self.info.threads)?;
         Ok(Some(Box::new(EmbeddedSource {
@@ -180,7 +188,6 @@ impl BatchSource for EmbeddedSource {
             tasks: self.tasks.clone(),
             idle: self.idle.clone(),
             lane: self.lane.clone(),
-            owns_workers: false,
         })))
     }
 }

@@ -171,10 +171,13 @@ impl Loader {
     }
 
     /// The loader of an epoch resumed on another world size (`spec`: this loader's job with
-    /// `JobSpec.resized_epoch`), to read beside this one: over this loader's slot pool (page-
-    /// locked slots count once against the pinned budget), and on its decode threads and GPU
-    /// lane where its source shares them ([`BatchSource::beside`]); else over the source
-    /// `fresh` starts (a Python dataset's workers, a coordinator's).
+    /// `JobSpec.resized_epoch`), to read that epoch in place of this one: over this loader's
+    /// slot pool (page-locked slots count once against the pinned budget), and on its decode
+    /// threads and GPU lane where its source shares them ([`BatchSource::beside`]); else over
+    /// the source `fresh` starts (a Python dataset's workers, a coordinator's). The two share
+    /// slots and, in the embedded mode, one producer that builds steps in the order asked:
+    /// while the new loader is read, this one has no stream open and no epoch started ahead
+    /// ([`Loader::cancel_started`]), else the batches it holds may leave the other none.
     pub fn beside(
         &self,
         spec: JobSpec,
@@ -199,9 +202,17 @@ impl Loader {
         let batch_bytes = info.batch_bytes as u64;
         let resumed_epoch_only = info.only_epoch.is_some();
         let pool = pool.filter(|pool| {
-            pool.slot_bytes() >= info.batch_bytes
+            let fits = pool.slot_bytes() >= info.batch_bytes
                 && pool.shared_memory().is_some() == info.shared_slots
-                && pool.is_pinned() == options.pin.is_some()
+                && pool.is_pinned() == options.pin.is_some();
+            if !fits {
+                tracing::warn!(
+                    slot_bytes = pool.slot_bytes(),
+                    batch_bytes = info.batch_bytes,
+                    "the other loader's slots do not fit these batches; making a pool of its own"
+                );
+            }
+            fits
         });
         // Page-locked slots must fit the pinned budget: the slots past what it holds are not
         // made, which lowers the controller's ceiling (or a fixed depth) to match. A loader

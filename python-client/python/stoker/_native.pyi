@@ -458,8 +458,8 @@ def cuda_driver_present() -> bool:
     """Whether the CUDA driver's library can be loaded (starts nothing)."""
 
 def cuda_active_devices() -> list[int]:
-    """The CUDA devices this process has started a context on (starts nothing; empty without
-    a driver)."""
+    """The CUDA devices whose primary context is active in this process (torch's first use of
+    a device starts it); starts nothing; empty without a driver."""
 
 def gpu_decode_unavailable(ordinal: int, library_dirs: list[str] = ...) -> str | None:
     """None when the GPU decode lane can run on CUDA device ``ordinal`` (driver, nvJPEG of a
