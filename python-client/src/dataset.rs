@@ -220,6 +220,8 @@ struct Lane {
 impl Lane {
     /// Builds the steps taken from the queue, one at a time, until the source is closed.
     fn run(&self, queue: &Receiver<Task>) {
+        // A lane dead of a panic took its step with it: the loader's wait fails at once.
+        let _running = self.idle.running();
         let mut asked = Instant::now();
         while !self.closing.load(Ordering::Relaxed) {
             let task = match queue.recv_timeout(LANE_POLL) {

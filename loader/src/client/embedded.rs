@@ -202,6 +202,7 @@ fn produce(
     idle: IdleClock,
     lane: Option<Arc<GpuLane>>,
 ) {
+    let _running = idle.running();
     loop {
         let asked = Instant::now();
         let Ok(task) = queue.recv() else {

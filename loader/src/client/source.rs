@@ -106,19 +106,48 @@ pub trait EpochFeed: Send + Sync {
 }
 
 /// The time a producer had nothing asked of it, added up by the producer and read by its feeds
-/// ([`EpochFeed::producer_idle`]).
+/// ([`EpochFeed::producer_idle`]); and whether a producer thread holding
+/// [`IdleClock::running`] died of a panic.
 #[derive(Debug, Clone, Default)]
-pub struct IdleClock(Arc<AtomicU64>);
+pub struct IdleClock {
+    idle_ns: Arc<AtomicU64>,
+    panicked: Arc<AtomicBool>,
+}
 
 impl IdleClock {
     /// Counts `idle` more.
     pub fn add(&self, idle: Duration) {
-        self.0.fetch_add(idle.as_nanos() as u64, Ordering::Relaxed);
+        self.idle_ns
+            .fetch_add(idle.as_nanos() as u64, Ordering::Relaxed);
     }
 
     /// The idle time so far.
     pub fn total(&self) -> Duration {
-        Duration::from_nanos(self.0.load(Ordering::Relaxed))
+        Duration::from_nanos(self.idle_ns.load(Ordering::Relaxed))
+    }
+
+    /// Held by a producer thread for as long as it runs: unwound by a panic, it marks the
+    /// producer dead, and the feeds' waits ([`TaskQueue::recv`]) fail at once saying so
+    /// instead of waiting out the loader's deadline for batches that will never come.
+    pub fn running(&self) -> ProducerRunning {
+        ProducerRunning(Arc::clone(&self.panicked))
+    }
+
+    /// Whether a producer thread died of a panic.
+    pub fn producer_panicked(&self) -> bool {
+        self.panicked.load(Ordering::Acquire)
+    }
+}
+
+/// A running producer's mark ([`IdleClock::running`]).
+#[derive(Debug)]
+pub struct ProducerRunning(Arc<AtomicBool>);
+
+impl Drop for ProducerRunning {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            self.0.store(true, Ordering::Release);
+        }
     }
 }
 
@@ -182,9 +211,17 @@ impl<T> TaskQueue<T> {
         }
     }
 
-    /// [`EpochFeed::recv`] of the feed.
+    /// [`EpochFeed::recv`] of the feed; an error once nothing more can come because the
+    /// producer thread died of a panic (what it sent before is still received first).
     pub fn recv(&self, timeout: Duration) -> Result<Option<Built>> {
-        receive(&self.receiver, timeout, &self.stopped)
+        let received = receive(&self.receiver, timeout, &self.stopped)?;
+        if received.is_none() && self.idle.producer_panicked() {
+            return Err(Error::Stopped(format!(
+                "{} stopped: its producer thread panicked (the panic's message is in the log)",
+                self.producer
+            )));
+        }
+        Ok(received)
     }
 
     /// [`EpochFeed::producer_idle`] of the feed.
@@ -268,5 +305,56 @@ impl<C: StepContext> EpochFeed for QueueFeed<C> {
 impl<T> Drop for TaskQueue<T> {
     fn drop(&mut self) {
         self.cancelled.store(true, Ordering::Relaxed);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_producer_dead_of_a_panic_fails_the_wait_at_once_after_what_it_sent() {
+        let (tasks, queue) = crossbeam_channel::unbounded::<(u64, Sender<Built>)>();
+        let idle = IdleClock::default();
+        let producer = {
+            let idle = idle.clone();
+            std::thread::spawn(move || {
+                let _running = idle.running();
+                let (step, reply) = queue.recv().expect("a first task");
+                let built = Built {
+                    step,
+                    service: Duration::ZERO,
+                    result: Ok(Batch::default()),
+                };
+                reply.send(built).expect("the feed is there");
+                let (step, _) = queue.recv().expect("a second task");
+                panic!("the producer fails at step {step}");
+            })
+        };
+        let feed = TaskQueue::new(tasks, idle, "the decode pool");
+        feed.send(0, (0, feed.reply()));
+        feed.send(1, (1, feed.reply()));
+        assert!(producer.join().is_err());
+        let first = feed.recv(Duration::from_secs(5)).unwrap().unwrap();
+        assert_eq!(first.step, 0);
+        let Err(error) = feed.recv(Duration::from_millis(10)) else {
+            panic!("the wait after a producer's panic did not fail");
+        };
+        assert!(
+            error.to_string().contains("the decode pool stopped"),
+            "{error}"
+        );
+        assert!(error.to_string().contains("panicked"), "{error}");
+    }
+
+    #[test]
+    fn a_producer_that_ended_without_a_panic_leaves_waits_to_their_deadline() {
+        let (tasks, _queue) = crossbeam_channel::unbounded::<u64>();
+        let idle = IdleClock::default();
+        {
+            let _running = idle.running();
+        }
+        let feed = TaskQueue::new(tasks, idle, "the decode pool");
+        assert!(feed.recv(Duration::from_millis(10)).unwrap().is_none());
     }
 }
