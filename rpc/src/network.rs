@@ -5,7 +5,7 @@
 //! tested without ports; [`MemoryNetwork::cut`] breaks an address's live connections the way a
 //! lost peer does.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::io;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -66,6 +66,8 @@ struct Addresses {
     listeners: HashMap<String, mpsc::UnboundedSender<MemoryConnection>>,
     /// The connections made to each address (both ends share one cut).
     connections: HashMap<String, Vec<Weak<Cut>>>,
+    /// Addresses whose connections carry no bytes for now ([`MemoryNetwork::hold`]).
+    held: HashSet<String>,
 }
 
 impl std::fmt::Debug for MemoryNetwork {
@@ -126,6 +128,8 @@ impl MemoryNetwork {
         let listener = addresses.listeners.get(address).ok_or_else(refused)?;
         let (ours, theirs) = tokio::io::duplex(PIPE_BYTES);
         let cut = Arc::new(Cut::default());
+        cut.held
+            .store(addresses.held.contains(address), Ordering::Release);
         listener
             .send(MemoryConnection::new(theirs, Arc::clone(&cut)))
             .map_err(|_| refused())?;
@@ -153,6 +157,38 @@ impl MemoryNetwork {
         }
         live.len()
     }
+
+    /// Stops every connection to `address`, live or made from now on, from carrying bytes
+    /// until [`MemoryNetwork::release`]: reads and writes wait, nothing fails, as when a peer
+    /// stops answering without closing (a stopped process, a partition). Returns how many live
+    /// connections were held.
+    pub fn hold(&self, address: &str) -> usize {
+        self.set_held(address, true)
+    }
+
+    /// Lets the connections to `address` carry bytes again after [`MemoryNetwork::hold`].
+    pub fn release(&self, address: &str) -> usize {
+        self.set_held(address, false)
+    }
+
+    fn set_held(&self, address: &str, held: bool) -> usize {
+        let mut addresses = self.addresses();
+        if held {
+            addresses.held.insert(address.to_string());
+        } else {
+            addresses.held.remove(address);
+        }
+        let live: Vec<Arc<Cut>> = addresses
+            .connections
+            .get(address)
+            .map(|cuts| cuts.iter().filter_map(Weak::upgrade).collect())
+            .unwrap_or_default();
+        drop(addresses);
+        for cut in &live {
+            cut.hold(held);
+        }
+        live.len()
+    }
 }
 
 /// The connections made to one listening address.
@@ -168,16 +204,28 @@ impl tokio_stream::Stream for MemoryIncoming {
     }
 }
 
-/// Whether a connection was cut, and the tasks to wake when it is.
+/// Whether a connection was cut or is held, and the tasks to wake when that changes.
 #[derive(Default)]
 struct Cut {
     done: AtomicBool,
+    held: AtomicBool,
     waiting: Mutex<Vec<Waker>>,
 }
 
 impl Cut {
     fn cut(&self) {
         self.done.store(true, Ordering::Release);
+        self.wake();
+    }
+
+    fn hold(&self, held: bool) {
+        self.held.store(held, Ordering::Release);
+        if !held {
+            self.wake();
+        }
+    }
+
+    fn wake(&self) {
         let waiting = std::mem::take(
             &mut *self
                 .waiting
@@ -189,13 +237,14 @@ impl Cut {
         }
     }
 
-    /// An error once cut; else keeps `context`'s waker for the cut.
-    fn check(&self, context: &Context<'_>) -> io::Result<()> {
+    /// An error once cut; pending while held; else ready. Keeps `context`'s waker for a cut
+    /// or a release.
+    fn check(&self, context: &Context<'_>) -> Poll<io::Result<()>> {
         if self.done.load(Ordering::Acquire) {
-            return Err(io::Error::new(
+            return Poll::Ready(Err(io::Error::new(
                 io::ErrorKind::ConnectionReset,
                 "the in-memory connection was cut",
-            ));
+            )));
         }
         let mut waiting = self
             .waiting
@@ -204,7 +253,11 @@ impl Cut {
         if !waiting.iter().any(|w| w.will_wake(context.waker())) {
             waiting.push(context.waker().clone());
         }
-        Ok(())
+        // Read under the lock `hold(false)` wakes through, so a release is never missed.
+        if self.held.load(Ordering::Acquire) {
+            return Poll::Pending;
+        }
+        Poll::Ready(Ok(()))
     }
 }
 
@@ -233,7 +286,7 @@ impl AsyncRead for MemoryConnection {
         context: &mut Context<'_>,
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
-        self.cut.check(context)?;
+        std::task::ready!(self.cut.check(context))?;
         Pin::new(&mut self.pipe).poll_read(context, buf)
     }
 }
@@ -244,12 +297,12 @@ impl AsyncWrite for MemoryConnection {
         context: &mut Context<'_>,
         buf: &[u8],
     ) -> Poll<io::Result<usize>> {
-        self.cut.check(context)?;
+        std::task::ready!(self.cut.check(context))?;
         Pin::new(&mut self.pipe).poll_write(context, buf)
     }
 
     fn poll_flush(mut self: Pin<&mut Self>, context: &mut Context<'_>) -> Poll<io::Result<()>> {
-        self.cut.check(context)?;
+        std::task::ready!(self.cut.check(context))?;
         Pin::new(&mut self.pipe).poll_flush(context)
     }
 
@@ -314,6 +367,34 @@ mod tests {
                 "{refused}"
             );
         }
+    }
+
+    #[tokio::test]
+    async fn a_held_address_answers_nothing_until_released_and_fails_nothing() {
+        let network = MemoryNetwork::new();
+        let open = ServerSecurity::new(Vec::new(), None).expect("security");
+        serve(&network, "coordinator:1", &open);
+        let mut client =
+            WorkerDataClient::new(network.channel("coordinator:1", &ClientSecurity::default()));
+        client
+            .describe_job(DescribeJobRequest::default())
+            .await
+            .expect("a first call");
+        assert_eq!(network.hold("coordinator:1"), 1);
+        let mut held = client.clone();
+        let call = tokio::spawn(async move {
+            held.describe_job(DescribeJobRequest::default())
+                .await
+                .map(|r| r.into_inner().num_samples)
+        });
+        tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+        assert!(!call.is_finished(), "a held connection answered");
+        network.release("coordinator:1");
+        let answered = tokio::time::timeout(std::time::Duration::from_secs(10), call)
+            .await
+            .expect("answered once released")
+            .expect("the call's task");
+        assert_eq!(answered.expect("not failed"), 7);
     }
 
     #[tokio::test]

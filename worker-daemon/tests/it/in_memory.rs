@@ -35,17 +35,17 @@ fn start_cluster(
     workers: &[&str],
     token: Option<&Token>,
 ) -> Result<Cluster, Box<dyn std::error::Error>> {
-    start_cluster_with(network, data, state, workers, token, JOB_IDLE)
+    start_cluster_with(network, data, state, workers, token, |_| {})
 }
 
-/// [`start_cluster`] with workers that let go of a job after `job_idle` without a task.
+/// [`start_cluster`] with each worker's configuration changed by `tune`.
 fn start_cluster_with(
     network: &MemoryNetwork,
     data: &Path,
     state: &Path,
     workers: &[&str],
     token: Option<&Token>,
-    job_idle: Duration,
+    tune: impl Fn(&mut WorkerConfig),
 ) -> Result<Cluster, Box<dyn std::error::Error>> {
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -72,7 +72,7 @@ fn start_cluster_with(
         let _ = stopped.await;
     }));
     for address in workers {
-        let config = WorkerConfig {
+        let mut config = WorkerConfig {
             coordinator: COORDINATOR.into(),
             advertise: (*address).into(),
             threads: 1,
@@ -84,8 +84,9 @@ fn start_cluster_with(
             delivery_timeout: Duration::from_secs(2),
             drain_timeout: DRAIN_TIMEOUT,
             health: Health::starting("registering"),
-            job_idle,
+            job_idle: JOB_IDLE,
         };
+        tune(&mut config);
         let (stop, stopped) = oneshot::channel::<()>();
         stops.push(stop);
         let incoming = network.listen(address);
@@ -355,7 +356,7 @@ fn a_worker_lets_go_of_a_job_no_task_used_for_its_idle_time_and_opens_it_again()
         state.path(),
         &["worker-a:7001"],
         None,
-        idle,
+        |config| config.job_idle = idle,
     )?;
     let windows = proto::Op {
         op: Some(proto::op::Op::TokenWindows(proto::TokenWindows {
@@ -410,5 +411,84 @@ fn a_worker_lets_go_of_a_job_no_task_used_for_its_idle_time_and_opens_it_again()
     // The next task opens it again; the batches are the same.
     assert_eq!(epoch(0)?, first);
     assert!(mapped(&tokens)?);
+    Ok(())
+}
+
+#[test]
+fn batches_leased_before_the_coordinator_stops_answering_still_reach_the_consumer() -> TestResult {
+    let data = tempfile::tempdir()?;
+    images(data.path())?;
+    let state = tempfile::tempdir()?;
+    let network = MemoryNetwork::new();
+    // One decode thread leasing 8 steps at a time: after the first batch the worker holds
+    // the rest of its lease, built one by one.
+    let _cluster = start_cluster_with(
+        &network,
+        data.path(),
+        state.path(),
+        &["worker-a:7001"],
+        None,
+        |config| config.lease_ahead = 8,
+    )?;
+    let job = JobSpec {
+        batch_size: 4,
+        ..spec(data.path())
+    };
+    let expected = {
+        let embedded = Loader::new(job.clone(), LoaderOptions::default())?;
+        let mut digest = BatchDigest::new();
+        for batch in embedded.epoch(0, 0)? {
+            digest.update(&batch?);
+        }
+        digest.hex()
+    };
+    let loader = Loader::remote(
+        COORDINATOR,
+        job,
+        LoaderOptions {
+            prefetch: 16,
+            deadline: Duration::from_secs(60),
+            prefetch_next_epoch: false,
+            ..LoaderOptions::default()
+        },
+        RemoteOptions {
+            connect_timeout: Duration::from_secs(20),
+            stall_reopen: Duration::from_secs(30),
+            network: Network::Memory(network.clone()),
+            ..RemoteOptions::default()
+        },
+    )?;
+    let (taken_tx, taken) = std::sync::mpsc::channel::<u64>();
+    let reader = std::thread::spawn(move || -> stoker_loader::Result<String> {
+        let mut digest = BatchDigest::new();
+        for batch in loader.epoch(0, 0)? {
+            let batch = batch?;
+            digest.update(&batch);
+            let _ = taken_tx.send(batch.step);
+        }
+        Ok(digest.hex())
+    });
+    assert_eq!(taken.recv_timeout(Duration::from_secs(30))?, 0);
+    // The coordinator stops answering (a stopped process): no lease, grant or ack goes
+    // through, but the steps the worker leased travel on its own stream to the client.
+    network.hold(COORDINATOR);
+    let arrived_before = taken.try_iter().count();
+    let until = std::time::Instant::now() + Duration::from_secs(3);
+    let mut arrived_during = 0;
+    while taken
+        .recv_timeout(until.saturating_duration_since(std::time::Instant::now()))
+        .is_ok()
+    {
+        arrived_during += 1;
+    }
+    network.release(COORDINATOR);
+    assert!(
+        arrived_during >= 3,
+        "{arrived_during} batches reached the consumer while the coordinator was held \
+         ({arrived_before} just before)"
+    );
+    // Nothing lost or repeated once it answers again.
+    let digest = reader.join().map_err(|_| "the reader panicked")??;
+    assert_eq!(digest, expected);
     Ok(())
 }

@@ -81,6 +81,18 @@ pub(super) struct Driver {
     pub(super) unserved_since: Option<Instant>,
 }
 
+/// An update of the session sent and not yet answered.
+type PendingUpdate = std::pin::Pin<
+    Box<
+        dyn std::future::Future<
+                Output = std::result::Result<
+                    tonic::Response<stoker_proto::v1::SessionUpdateResponse>,
+                    Status,
+                >,
+            > + Send,
+    >,
+>;
+
 /// Why a session ended.
 enum SessionEnd {
     /// Every step arrived.
@@ -303,48 +315,66 @@ impl Driver {
         // report period still shows on the dashboard.
         let mut last_stats: Option<Instant> = None;
         let mut tick = tokio::time::interval(Duration::from_millis(50));
+        // The update on its way to the coordinator, at most one: arrivals are handed out while
+        // it is answered (the data plane never waits on the control plane), and what comes
+        // meanwhile (acks, credits) goes in the next one.
+        let mut updating: Option<PendingUpdate> = None;
         let end = loop {
             let received = *floor + ahead.len() as u64;
-            if received >= self.steps && acks.is_empty() {
+            if received >= self.steps && acks.is_empty() && updating.is_none() {
                 break SessionEnd::Done;
             }
-            // Credits: one for every step asked for and not yet received.
-            let want = self
-                .requested
-                .min(self.steps)
-                .saturating_sub(received + outstanding);
-            let report = last_stats.is_none_or(|at| at.elapsed() >= Duration::from_millis(500));
-            if want > 0 || !acks.is_empty() || report {
-                let stats = report.then(|| {
-                    last_stats = Some(Instant::now());
-                    client_stats(&self.monitor)
-                });
-                let update = client
-                    .update_session(SessionUpdateRequest {
+            if updating.is_none() {
+                // Credits: one for every step asked for and not yet received.
+                let want = self
+                    .requested
+                    .min(self.steps)
+                    .saturating_sub(received + outstanding);
+                let report = last_stats.is_none_or(|at| at.elapsed() >= Duration::from_millis(500));
+                if want > 0 || !acks.is_empty() || report {
+                    let stats = report.then(|| {
+                        last_stats = Some(Instant::now());
+                        client_stats(&self.monitor)
+                    });
+                    let request = SessionUpdateRequest {
                         session: Some(token),
                         grant_credits: want,
                         acknowledged: std::mem::take(&mut acks),
                         stats,
-                    })
-                    .await;
-                match update {
-                    Ok(response) => {
-                        if outstanding == 0 && want > 0 {
-                            progress_at = Instant::now();
-                        }
-                        outstanding += want;
-                        subscribe_all(&response.into_inner().workers, &mut streams, &mut retry_at);
+                    };
+                    // Counted as granted from now: a batch of these credits may arrive before
+                    // the answer does.
+                    if outstanding == 0 && want > 0 {
+                        progress_at = Instant::now();
                     }
-                    Err(status) => {
-                        tracing::warn!(coordinator = %self.address, %status, "session update failed; opening the session again");
-                        if error_kinds::is_transient(&status) {
-                            tokio::time::sleep(backoff.next_delay()).await;
-                        }
-                        break SessionEnd::Reopen;
-                    }
+                    outstanding += want;
+                    let mut client = client.clone();
+                    updating = Some(Box::pin(
+                        async move { client.update_session(request).await },
+                    ));
                 }
             }
             tokio::select! {
+                updated = async {
+                    match updating.as_mut() {
+                        Some(update) => update.await,
+                        None => std::future::pending().await,
+                    }
+                }, if updating.is_some() => {
+                    updating = None;
+                    match updated {
+                        Ok(response) => {
+                            subscribe_all(&response.into_inner().workers, &mut streams, &mut retry_at);
+                        }
+                        Err(status) => {
+                            tracing::warn!(coordinator = %self.address, %status, "session update failed; opening the session again");
+                            if error_kinds::is_transient(&status) {
+                                tokio::time::sleep(backoff.next_delay()).await;
+                            }
+                            break SessionEnd::Reopen;
+                        }
+                    }
+                }
                 arrival = arrivals.recv() => match arrival {
                     Some(Arrival::Opened { worker }) => {
                         open_streams.insert(worker);
@@ -440,6 +470,10 @@ impl Driver {
             }
         }
         if matches!(end, SessionEnd::Done | SessionEnd::Stop) {
+            // The acks on their way go through before the last ones and the close.
+            if let Some(update) = updating.take() {
+                let _ = update.await;
+            }
             if !acks.is_empty() {
                 // The consumer went away with steps received since the last update.
                 let _ = client
