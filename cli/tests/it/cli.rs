@@ -245,3 +245,29 @@ fn demo_refuses_a_dashboard_off_loopback_without_a_credential() {
         "{stderr}"
     );
 }
+
+#[test]
+fn a_worker_with_an_unusable_coordinator_address_exits_naming_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut child = std::process::Command::new(common::worker_binary())
+        .args(["--coordinator", "no such address", "--data-root"])
+        .arg(dir.path())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while child.try_wait().unwrap().is_none() && std::time::Instant::now() < deadline {
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    if child.try_wait().unwrap().is_none() {
+        let _ = child.kill();
+        let _ = child.wait();
+        panic!("the worker kept running with an address it cannot use");
+    }
+    let out = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("cannot use --coordinator"), "{stderr}");
+    assert!(stderr.contains("no such address"), "{stderr}");
+}

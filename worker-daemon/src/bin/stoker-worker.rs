@@ -60,7 +60,8 @@ struct Args {
     #[arg(long, default_value_t = DRAIN_TIMEOUT.as_millis() as u64)]
     drain_timeout_ms: u64,
     /// A job no task of this worker has used for this many seconds is let go (its datasets
-    /// closed, their indexes freed); a later task of it opens it again.
+    /// closed, their indexes in memory freed); a later task of it opens it again, refused if
+    /// its datasets' sample counts changed meanwhile. 0: never.
     #[arg(long, default_value_t = JOB_IDLE.as_secs())]
     job_idle_s: u64,
     /// Serve the probes on this address: plain HTTP, no token: `GET /livez` (200 while the

@@ -92,7 +92,8 @@ pub(super) async fn task_loop(
         backoff.reset();
         if incarnation != Some(registered.incarnation) {
             // A new coordinator run: job ids may mean other jobs now.
-            lock(&shared.jobs).clear();
+            let forgotten = shared.forget_jobs();
+            let _ = tokio::task::spawn_blocking(move || drop(forgotten)).await;
             incarnation = Some(registered.incarnation);
         }
         tracing::info!(worker = registered.worker_id, coordinator = %config.coordinator, "registered with the coordinator");
@@ -183,7 +184,14 @@ async fn serve_leases(
             };
             let entry = match job_entry(shared, &mut client, task.job_id).await {
                 Ok(entry) => entry,
-                Err(status) => {
+                // A dataset that cannot be opened (gone, outside --data-root, changed since
+                // first opened) fails the same way next time: the client hears why.
+                Err(Unopened::Dataset(status)) if !error_kinds::is_transient(&status) => {
+                    let outcome = send_error(shared, &task, status).await;
+                    let _ = outcomes_tx.send(outcome);
+                    continue;
+                }
+                Err(Unopened::Dataset(status) | Unopened::Coordinator(status)) => {
                     let _ = outcomes_tx
                         .send(Outcome::Failed(task.lease_id, status.message().to_string()));
                     continue;
@@ -315,30 +323,49 @@ async fn deliver(shared: &Shared, task: &TaskLease, batch: Batch) -> Outcome {
     }
 }
 
+/// Why a job could not be opened: the coordinator did not give its spec, or its datasets
+/// could not be opened.
+enum Unopened {
+    Coordinator(Status),
+    Dataset(Status),
+}
+
 async fn job_entry(
     shared: &Arc<Shared>,
     client: &mut CoordinatorClient<RpcChannel>,
     job_id: u64,
-) -> std::result::Result<Arc<JobEntry>, Status> {
+) -> std::result::Result<Arc<JobEntry>, Unopened> {
     if let Some(entry) = lock(&shared.jobs).get(&job_id) {
         *lock(&entry.used) = Instant::now();
         return Ok(entry.clone());
     }
     let spec = client
         .get_job(GetJobRequest { job_id })
-        .await?
+        .await
+        .map_err(Unopened::Coordinator)?
         .into_inner()
         .spec
-        .ok_or_else(|| Status::internal(format!("coordinator sent job {job_id} without a spec")))?;
+        .ok_or_else(|| {
+            Unopened::Coordinator(Status::internal(format!(
+                "coordinator sent job {job_id} without a spec"
+            )))
+        })?;
     let opened = {
         let shared = shared.clone();
         let spec = spec.clone();
         tokio::task::spawn_blocking(move || {
             check_root(&shared.roots, &spec)?;
-            open_sources(&spec).map_err(|e| error_status(&e))
+            let sources = open_sources(&spec).map_err(|e| error_status(&e))?;
+            shared.check_lengths(job_id, sources.iter().map(|s| s.len()).collect())?;
+            Ok(sources)
         })
         .await
-        .map_err(|e| Status::internal(format!("opening job {job_id} panicked: {e}")))??
+        .map_err(|e| {
+            Unopened::Dataset(Status::internal(format!(
+                "opening job {job_id} panicked: {e}"
+            )))
+        })?
+        .map_err(Unopened::Dataset)?
     };
     let entry = Arc::new(JobEntry {
         spec,
@@ -377,7 +404,6 @@ async fn report_loop(
     mut outcomes: mpsc::UnboundedReceiver<Outcome>,
     lost: mpsc::Sender<Status>,
 ) {
-    let mut reported_bad = 0;
     while let Some(first) = outcomes.recv().await {
         let mut request = ReportRequest {
             worker_id,
@@ -400,11 +426,14 @@ async fn report_loop(
             }
             next = outcomes.try_recv().ok();
         }
-        let bad = shared.bad_samples.load(Ordering::Relaxed);
-        request.bad_samples = bad - reported_bad;
-        reported_bad = bad;
+        // Counts since the last report that went through: taken now, put back when this one
+        // fails (a re-registered worker reports them under its new id, once).
+        request.bad_samples = shared.bad_samples.swap(0, Ordering::Relaxed);
         request.busy_ns = shared.busy_ns.swap(0, Ordering::Relaxed);
+        let (bad, busy) = (request.bad_samples, request.busy_ns);
         if let Err(status) = client.report(request).await {
+            shared.bad_samples.fetch_add(bad, Ordering::Relaxed);
+            shared.busy_ns.fetch_add(busy, Ordering::Relaxed);
             let _ = lost.send(status).await;
             return;
         }

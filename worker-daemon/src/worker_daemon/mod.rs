@@ -94,8 +94,9 @@ pub struct WorkerConfig {
     /// What the probes report: ready while registered with the coordinator and not draining.
     pub health: Arc<Health>,
     /// A job no task of this worker has used for this long is let go: its datasets closed
-    /// (maps, indexes, caches), its plans dropped. A later task of it opens it again. Without
-    /// it a worker that serves job after job would hold every job it ever opened.
+    /// (maps, file indexes in memory), its plans dropped. A later task of it opens it again,
+    /// refused when its datasets' sample counts changed meanwhile. Zero: never. Without it a
+    /// worker that serves job after job would hold every job it ever opened.
     pub job_idle: Duration,
 }
 
@@ -132,6 +133,9 @@ struct Shared {
     closing: AtomicBool,
     /// See [`WorkerConfig::job_idle`].
     job_idle: Duration,
+    /// Each job's sample count per source when this worker first opened it (kept when the
+    /// job is let go, so a reopen that finds other counts is refused).
+    opened_lengths: Mutex<HashMap<u64, Vec<u64>>>,
 }
 
 fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -159,14 +163,14 @@ fn check_root(roots: &[PathBuf], spec: &JobSpec) -> std::result::Result<(), Stat
         return Err(Status::invalid_argument("job spec has no dataset"));
     }
     for (dataset, pipeline) in sources {
-        let uri = dataset.uri.trim();
-        // Remote sources are read with the worker's own credentials, not from its disks.
-        if !uri.contains("://") || uri.starts_with("file://") {
-            check_under_roots(
-                roots,
-                Path::new(uri.strip_prefix("file://").unwrap_or(uri)),
-                "dataset",
-            )?;
+        // Remote sources are read with the worker's own credentials, not from its disks. What
+        // is local is decided as the opener decides it (`./a://b` is a path).
+        match stoker_datasets::parse_dataset_uri(&dataset.uri) {
+            Ok(stoker_datasets::DatasetLocation::Local(path)) => {
+                check_under_roots(roots, &path, "dataset")?;
+            }
+            Ok(_) => {}
+            Err(error) => return Err(Status::invalid_argument(error.to_string())),
         }
         // A tokenizer is read whole: outside the roots it could be any file (or /dev/zero).
         for op in pipeline {
@@ -211,23 +215,45 @@ fn check_under_roots(
 }
 
 impl Shared {
-    /// Lets go of the jobs no task has used for [`WorkerConfig::job_idle`] (a build still
-    /// holding one keeps it until it ends).
-    fn let_go_of_idle_jobs(&self) {
+    /// Takes out the jobs no task has used for [`WorkerConfig::job_idle`] and no build holds,
+    /// to be dropped by the caller away from the runtime's threads (a large index takes a
+    /// while to free).
+    fn take_idle_jobs(&self) -> Vec<Arc<JobEntry>> {
         let now = Instant::now();
         let mut idle = Vec::new();
         lock(&self.jobs).retain(|&job, entry| {
             let unused = now.saturating_duration_since(*lock(&entry.used));
-            let keep = unused < self.job_idle;
+            let keep = unused < self.job_idle || Arc::strong_count(entry) > 1;
             if !keep {
-                idle.push((job, unused, Arc::clone(entry)));
+                tracing::info!(job, unused = ?unused, "job let go: no task used it for a while");
+                idle.push(Arc::clone(entry));
             }
             keep
         });
-        // Closed outside the lock: a large index takes a while to free.
-        for (job, unused, entry) in idle {
-            drop(entry);
-            tracing::info!(job, unused = ?unused, "job let go: no task used it for a while");
+        idle
+    }
+
+    /// Lets go of every job (a new coordinator run: job ids may mean other jobs now).
+    fn forget_jobs(&self) -> Vec<Arc<JobEntry>> {
+        lock(&self.opened_lengths).clear();
+        lock(&self.jobs).drain().map(|(_, entry)| entry).collect()
+    }
+
+    /// Records the sample counts of a job opened now, or refuses them when they differ from
+    /// those this worker first opened it with: its steps would mix two orders of the epoch.
+    fn check_lengths(&self, job: u64, lengths: Vec<u64>) -> std::result::Result<(), Status> {
+        let mut opened = lock(&self.opened_lengths);
+        match opened.get(&job) {
+            Some(first) if *first != lengths => Err(Status::failed_precondition(format!(
+                "job {job}'s dataset changed since this worker first opened it: {first:?} \
+                 samples per source then, {lengths:?} now (its epochs would mix two orders); \
+                 register the job again"
+            ))),
+            Some(_) => Ok(()),
+            None => {
+                opened.insert(job, lengths);
+                Ok(())
+            }
         }
     }
 
@@ -442,6 +468,15 @@ where
     IO: stoker_rpc::network::Connection,
     E: Into<Box<dyn std::error::Error + Send + Sync>>,
 {
+    // A coordinator address that cannot be used fails the start, rather than leave a worker
+    // running that never registers (the channel connects lazily: nothing is dialled here).
+    config
+        .network
+        .channel(&config.coordinator, &config.client_security)
+        .map_err(|e| match e {
+            Error::InvalidSpec(why) => Error::Stopped(format!("cannot use --coordinator: {why}")),
+            other => other,
+        })?;
     let threads = if config.threads == 0 {
         std::thread::available_parallelism().map_or(1, |n| n.get())
     } else {
@@ -465,8 +500,11 @@ where
         busy_ns: AtomicU64::new(0),
         closing: AtomicBool::new(false),
         job_idle: config.job_idle,
+        opened_lengths: Mutex::new(HashMap::new()),
     });
-    tokio::spawn(let_go_of_idle_jobs(Arc::downgrade(&shared)));
+    if !config.job_idle.is_zero() {
+        tokio::spawn(let_go_of_idle_jobs(Arc::downgrade(&shared)));
+    }
     let service = WorkerDataService::new(
         DataService {
             shared: shared.clone(),
@@ -535,7 +573,11 @@ async fn let_go_of_idle_jobs(shared: std::sync::Weak<Shared>) {
         let Some(shared) = shared.upgrade() else {
             return;
         };
-        shared.let_go_of_idle_jobs();
+        let idle = shared.take_idle_jobs();
+        drop(shared);
+        if !idle.is_empty() {
+            let _ = tokio::task::spawn_blocking(move || drop(idle)).await;
+        }
     }
 }
 
@@ -548,4 +590,40 @@ fn server_result(
     ended
         .map_err(|e| Error::Stopped(format!("worker server task: {e}")))?
         .map_err(|e| Error::Stopped(format!("worker server: {e}")))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use stoker_proto::v1::DatasetSource;
+
+    fn job_over(uri: &str) -> JobSpec {
+        JobSpec {
+            dataset: Some(DatasetSource {
+                uri: uri.into(),
+                ..DatasetSource::default()
+            }),
+            ..JobSpec::default()
+        }
+    }
+
+    #[test]
+    fn a_path_that_only_looks_like_a_uri_is_held_to_the_data_roots() -> TestResult {
+        let dir = tempfile::tempdir()?;
+        let root = dir.path().join("root");
+        std::fs::create_dir_all(root.join("inside"))?;
+        // `elsewhere/x:` is a folder: `elsewhere/x://y` is a local path, not a URI.
+        std::fs::create_dir_all(dir.path().join("elsewhere/x:/y"))?;
+        let roots = canonical_roots(std::slice::from_ref(&root))?;
+        let sneaky = format!("{}/elsewhere/x://y", dir.path().display());
+        let refused = check_root(&roots, &job_over(&sneaky)).expect_err("outside the roots");
+        assert!(refused.message().contains("--data-root"), "{refused:?}");
+        let inside = root.join("inside");
+        check_root(&roots, &job_over(&inside.to_string_lossy()))?;
+        // A remote source is the worker's credentials' business, not its disks'.
+        check_root(&roots, &job_over("s3://bucket/prefix"))?;
+        Ok(())
+    }
+
+    type TestResult = std::result::Result<(), Box<dyn std::error::Error>>;
 }

@@ -390,27 +390,40 @@ fn a_worker_lets_go_of_a_job_no_task_used_for_its_idle_time_and_opens_it_again()
             ..RemoteOptions::default()
         },
     )?;
-    let epoch = |epoch| -> Result<String, Box<dyn std::error::Error>> {
+    // Each epoch's digest, and whether the worker mapped the file while it was read (looked at
+    // after the first batch, with the job in use).
+    let epoch = |epoch| -> Result<(String, bool), Box<dyn std::error::Error>> {
         let mut digest = BatchDigest::new();
-        for batch in loader.epoch(epoch, 0)? {
+        let mut mapped_then = false;
+        for (i, batch) in loader.epoch(epoch, 0)?.enumerate() {
             digest.update(&batch?);
+            if i == 0 {
+                mapped_then = mapped(&tokens)?;
+            }
         }
-        Ok(digest.hex())
+        Ok((digest.hex(), mapped_then))
     };
-    let first = epoch(0)?;
-    assert!(
-        mapped(&tokens)?,
-        "the worker reads the token file through a map"
-    );
+    let let_go = || -> Result<(), Box<dyn std::error::Error>> {
+        let deadline = std::time::Instant::now() + Duration::from_secs(20);
+        while mapped(&tokens)? && std::time::Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        assert!(!mapped(&tokens)?, "the idle job's file is still mapped");
+        Ok(())
+    };
+    let (first, mapped_then) = epoch(0)?;
+    assert!(mapped_then, "the worker reads the token file through a map");
     // No task for longer than the idle time: the worker closes the job's file.
-    let deadline = std::time::Instant::now() + Duration::from_secs(20);
-    while mapped(&tokens)? && std::time::Instant::now() < deadline {
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    assert!(!mapped(&tokens)?, "the idle job's file is still mapped");
+    let_go()?;
     // The next task opens it again; the batches are the same.
-    assert_eq!(epoch(0)?, first);
-    assert!(mapped(&tokens)?);
+    assert_eq!(epoch(0)?, (first, true));
+    // Let go again, and the file grows meanwhile: the reopened job is refused, by name,
+    // rather than read in another order.
+    let_go()?;
+    let bytes: Vec<u8> = (0..8_000u16).flat_map(u16::to_le_bytes).collect();
+    std::fs::write(&tokens, bytes)?;
+    let refused = epoch(1).expect_err("a job whose dataset changed is refused");
+    assert!(refused.to_string().contains("dataset changed"), "{refused}");
     Ok(())
 }
 
