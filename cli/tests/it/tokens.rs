@@ -468,7 +468,11 @@ fn compressed_jsonl_digests_like_the_plain_files() {
     // Decompressed once, into the cache tier: a second run reads the copies made by the first.
     let copies: Vec<std::path::PathBuf> = walk(cache.path())
         .into_iter()
-        .filter(|path| path.to_string_lossy().ends_with(".decompressed"))
+        .filter(|path| {
+            // The copies (named by their file's version), not their locks or metadata.
+            let name = path.to_string_lossy();
+            name.contains(".decompressed-") && !name.contains(".stoker-")
+        })
         .collect();
     assert_eq!(copies.len(), 2, "{copies:?}");
     let made = std::fs::metadata(&copies[0]).unwrap().modified().unwrap();

@@ -2,13 +2,17 @@
 //! JSONL file decompressed once, then read at random like a plain one.
 //!
 //! A derived copy lives under `<cache>/local/` at its source's absolute path plus a suffix
-//! naming the transformation (`<cache>/local/data/a.jsonl.gz.decompressed`), with the same
+//! naming the transformation and the source's version (its size and modification time:
+//! `<cache>/local/data/a.jsonl.gz.decompressed-1234-1700000000000000000`), with the same
 //! companions as a remote entry: a `.stoker-meta` file recording the source's size and
 //! modification time and the copy's size, and a `.stoker-lock` file locked shared while the
-//! copy is read. So the protocol is the remote one: a copy whose source changed is made again;
-//! two processes take turns making it (the second finds the first's copy valid); the copy is
-//! written to a part file renamed into place when complete; the size cap and LRU eviction count
-//! it like any entry, and never evict one in use.
+//! copy is read. A source that changed gets a copy of its own, beside the old one that a
+//! running job may still read (eviction takes the old one once nothing reads it). Processes
+//! wait for a shared lock first: one making the copy holds it exclusive until the copy is
+//! complete, then shared for as long as it reads it, so the others read the copy it made (and
+//! take the exclusive lock to make it only when there is none). The copy is written to a part
+//! file renamed into place when complete; the size cap and LRU eviction count it like any
+//! entry, and never evict one in use.
 
 use std::fs::{File, OpenOptions};
 use std::io::Write;
@@ -22,7 +26,7 @@ use tracing::info;
 use super::entry::{
     with_suffix, write_atomically, CachedObject, LOCAL_ROOT, LOCK_SUFFIX, META_SUFFIX, PART_MARKER,
 };
-use super::entry_lock::{downgrade, touch, try_lock, unlock, wait_for_lock};
+use super::entry_lock::{downgrade, touch, unlock, wait_for_lock};
 use super::eviction::evict_to_cap;
 use super::options::ObjectCacheOptions;
 use super::stats::Counters;
@@ -51,8 +55,9 @@ fn source_identity(source: &Path) -> Result<(u64, u128)> {
     Ok((metadata.len(), modified))
 }
 
-/// Where the copy of `source` made by `transform` lives in the cache folder `dir`.
-fn copy_path(dir: &Path, source: &Path, transform: &str) -> Result<PathBuf> {
+/// Where the copy of `source` (of version `identity`) made by `transform` lives in the cache
+/// folder `dir`.
+fn copy_path(dir: &Path, source: &Path, transform: &str, identity: (u64, u128)) -> Result<PathBuf> {
     let absolute = std::fs::canonicalize(source).map_err(|error| Error::io(source, error))?;
     let mut path = dir.join(LOCAL_ROOT);
     for component in absolute.components() {
@@ -60,7 +65,11 @@ fn copy_path(dir: &Path, source: &Path, transform: &str) -> Result<PathBuf> {
             path.push(segment);
         }
     }
-    Ok(with_suffix(&path, &format!(".{transform}")))
+    let (size, modified_ns) = identity;
+    Ok(with_suffix(
+        &path,
+        &format!(".{transform}-{size}-{modified_ns}"),
+    ))
 }
 
 /// Whether the copy at `data` is the one `meta` records for a source of identity `source`.
@@ -86,7 +95,7 @@ pub fn derived_copy(
     make: &dyn Fn(&Path, &mut dyn Write) -> Result<()>,
 ) -> Result<CachedObject> {
     let identity = source_identity(source)?;
-    let data = copy_path(&options.dir, source, transform)?;
+    let data = copy_path(&options.dir, source, transform, identity)?;
     let meta = with_suffix(&data, META_SUFFIX);
     let lock_path = with_suffix(&data, LOCK_SUFFIX);
     if let Some(parent) = data.parent() {
@@ -103,12 +112,14 @@ pub fn derived_copy(
         touch(&lock, &lock_path);
         CachedObject::local(source, data.clone(), size, lock)
     };
-    if try_lock(&lock, false, &lock_path)? {
-        if let Some(size) = is_valid(&data, &meta, identity) {
-            return Ok(cached(size, lock));
-        }
-        unlock(&lock, &lock_path)?;
+    // Shared first: a process making the copy holds the lock exclusive until it is complete,
+    // then shared while it reads it, for the whole job; waiting for an exclusive lock would
+    // wait for that job to end, not for the copy.
+    wait_for_lock(&lock, false, &lock_path, options.lock_timeout)?;
+    if let Some(size) = is_valid(&data, &meta, identity) {
+        return Ok(cached(size, lock));
     }
+    unlock(&lock, &lock_path)?;
     wait_for_lock(&lock, true, &lock_path, options.lock_timeout)?;
     if let Some(size) = is_valid(&data, &meta, identity) {
         downgrade(&lock, &lock_path)?;
@@ -239,7 +250,7 @@ mod tests {
         assert!(first
             .path()
             .starts_with(dir.path().join("cache").join(LOCAL_ROOT)));
-        assert!(first.path().to_string_lossy().ends_with("a.txt.upper"));
+        assert!(first.path().to_string_lossy().contains("a.txt.upper-3-"));
         drop(first);
         let again = derived_copy(&options, &source, "upper", &make).unwrap();
         assert_eq!(calls.load(Ordering::Relaxed), 1, "the valid copy is reused");
@@ -251,6 +262,47 @@ mod tests {
     }
 
     #[test]
+    fn a_second_reader_waits_for_the_copy_being_made_and_reads_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let source = dir.path().join("a.txt");
+        std::fs::write(&source, "abc").unwrap();
+        let mut options = ObjectCacheOptions::new(dir.path().join("cache"));
+        options.lock_timeout = std::time::Duration::from_secs(5);
+        let calls = AtomicU64::new(0);
+        let slow = |source: &Path, out: &mut dyn Write| {
+            calls.fetch_add(1, Ordering::Relaxed);
+            std::thread::sleep(std::time::Duration::from_millis(300));
+            upper(source, out)
+        };
+        std::thread::scope(|scope| {
+            // The first keeps its copy (and its shared lock) for as long as the second runs,
+            // as a job reading the copy does.
+            let first = scope.spawn(|| derived_copy(&options, &source, "upper", &slow).unwrap());
+            std::thread::sleep(std::time::Duration::from_millis(50));
+            let second = derived_copy(&options, &source, "upper", &slow).unwrap();
+            let first = first.join().unwrap();
+            assert_eq!(second.path(), first.path());
+            assert_eq!(std::fs::read(second.path()).unwrap(), b"ABC");
+        });
+        assert_eq!(calls.load(Ordering::Relaxed), 1, "made once");
+    }
+
+    #[test]
+    fn a_changed_source_gets_a_copy_of_its_own_beside_one_still_read() {
+        let dir = tempfile::tempdir().unwrap();
+        let source = dir.path().join("a.txt");
+        std::fs::write(&source, "abc").unwrap();
+        let mut options = ObjectCacheOptions::new(dir.path().join("cache"));
+        options.lock_timeout = std::time::Duration::from_secs(2);
+        let old = derived_copy(&options, &source, "upper", &upper).unwrap();
+        std::fs::write(&source, "abcd").unwrap();
+        let new = derived_copy(&options, &source, "upper", &upper).unwrap();
+        assert_ne!(new.path(), old.path());
+        assert_eq!(std::fs::read(old.path()).unwrap(), b"ABC");
+        assert_eq!(std::fs::read(new.path()).unwrap(), b"ABCD");
+    }
+
+    #[test]
     fn a_copy_over_the_cap_is_refused_and_leaves_nothing() {
         let dir = tempfile::tempdir().unwrap();
         let source = dir.path().join("big.txt");
@@ -259,7 +311,8 @@ mod tests {
         options.max_bytes = 10;
         let error = derived_copy(&options, &source, "upper", &upper).unwrap_err();
         assert!(error.to_string().contains("big.txt"), "{error}");
-        let copy = copy_path(&options.dir, &source, "upper").unwrap();
+        let identity = source_identity(&source).unwrap();
+        let copy = copy_path(&options.dir, &source, "upper", identity).unwrap();
         let leftovers: Vec<_> = std::fs::read_dir(copy.parent().unwrap())
             .unwrap()
             .flatten()
