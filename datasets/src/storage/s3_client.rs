@@ -27,10 +27,37 @@ pub(super) fn connect(
     settings: &S3Settings,
     request_retries: usize,
 ) -> Result<Arc<Store>> {
+    let timeout_from_env = std::env::var_os("AWS_TIMEOUT").is_some();
+    let builder = configure(
+        object_store::aws::AmazonS3Builder::from_env(),
+        bucket,
+        settings,
+        request_retries,
+        timeout_from_env,
+    );
+    let store = builder.build().map_err(|source| Error::ObjectStore {
+        uri: format!("s3://{bucket}"),
+        source,
+    })?;
+    Ok(Arc::new(store))
+}
+
+/// `builder` (made from the environment) for `bucket` with `settings` over it: the retries,
+/// a 120 s request timeout unless the environment gave one (`AWS_TIMEOUT`), and plain HTTP
+/// where asked for or on loopback. The environment's other client settings (`AWS_ALLOW_HTTP`,
+/// `AWS_PROXY_URL`, `AWS_CONNECT_TIMEOUT`...) stay as they are.
+#[cfg(feature = "s3")]
+fn configure(
+    builder: object_store::aws::AmazonS3Builder,
+    bucket: &str,
+    settings: &S3Settings,
+    request_retries: usize,
+    timeout_from_env: bool,
+) -> object_store::aws::AmazonS3Builder {
     use std::time::Duration;
 
-    use object_store::aws::{AmazonS3Builder, AmazonS3ConfigKey};
-    use object_store::{BackoffConfig, ClientOptions, RetryConfig};
+    use object_store::aws::AmazonS3ConfigKey;
+    use object_store::{BackoffConfig, ClientConfigKey, RetryConfig};
 
     let retry = RetryConfig {
         backoff: BackoffConfig {
@@ -41,13 +68,10 @@ pub(super) fn connect(
         max_retries: request_retries,
         retry_timeout: Duration::from_secs(90),
     };
-    let client = ClientOptions::new()
-        .with_connect_timeout(Duration::from_secs(5))
-        .with_timeout(Duration::from_secs(120));
-    let mut builder = AmazonS3Builder::from_env()
-        .with_bucket_name(bucket)
-        .with_retry(retry)
-        .with_client_options(client);
+    let mut builder = builder.with_bucket_name(bucket).with_retry(retry);
+    if !timeout_from_env {
+        builder = builder.with_config(AmazonS3ConfigKey::Client(ClientConfigKey::Timeout), "120s");
+    }
     if let Some(endpoint) = &settings.endpoint {
         builder = builder.with_endpoint(endpoint);
     }
@@ -66,11 +90,7 @@ pub(super) fn connect(
     if settings.allow_http || loopback {
         builder = builder.with_allow_http(true);
     }
-    let store = builder.build().map_err(|source| Error::ObjectStore {
-        uri: format!("s3://{bucket}"),
-        source,
-    })?;
-    Ok(Arc::new(store))
+    builder
 }
 
 /// Without the `s3` feature: no client, an error that says so.
@@ -127,6 +147,38 @@ mod tests {
             ..S3Settings::default()
         };
         assert!(connect("bucket", &settings, 0).is_ok());
+    }
+
+    #[cfg(feature = "s3")]
+    #[test]
+    fn the_environments_client_settings_are_kept() {
+        use object_store::aws::{AmazonS3Builder, AmazonS3ConfigKey};
+        use object_store::ClientConfigKey;
+
+        let client = |key| AmazonS3ConfigKey::Client(key);
+        // As from_env makes it with AWS_ALLOW_HTTP, AWS_PROXY_URL and AWS_TIMEOUT set.
+        let from_env = || {
+            AmazonS3Builder::new()
+                .with_config(client(ClientConfigKey::AllowHttp), "true")
+                .with_config(client(ClientConfigKey::ProxyUrl), "http://proxy:3128")
+                .with_config(client(ClientConfigKey::Timeout), "7s")
+        };
+        let settings = S3Settings::default();
+        let built = configure(from_env(), "bucket", &settings, 3, true);
+        let value = |key| built.get_config_value(&client(key));
+        assert_eq!(value(ClientConfigKey::AllowHttp).as_deref(), Some("true"));
+        assert_eq!(
+            value(ClientConfigKey::ProxyUrl).as_deref(),
+            Some("http://proxy:3128")
+        );
+        assert_eq!(value(ClientConfigKey::Timeout).as_deref(), Some("7s"));
+        // Without AWS_TIMEOUT the request timeout is Stoker's.
+        let ours = configure(AmazonS3Builder::new(), "bucket", &settings, 3, false);
+        assert_eq!(
+            ours.get_config_value(&client(ClientConfigKey::Timeout))
+                .as_deref(),
+            Some("120s")
+        );
     }
 
     #[cfg(not(feature = "s3"))]
