@@ -9,6 +9,11 @@
 //! can be located reliably), incomplete samples are left out, a member cut short by the end of
 //! the file is kept (so that reading it reports the truncation against the sample). Each problem
 //! is counted and logged, the first few individually.
+//!
+//! Long member names (a GNU long-name member, a PAX `path` record before the member) are read
+//! here, at most [`MAX_EXTENSION_BYTES`] each: the tar crate, left to them, reads whatever size
+//! such a header claims into memory, so one crafted header in a large shard could take
+//! gigabytes. A larger one ends the shard's index as a corrupt header does.
 
 use std::borrow::Cow;
 use std::fs::File;
@@ -21,6 +26,9 @@ use crate::error::{Error, Result};
 
 /// Label members larger than this are not labels; they are reported and ignored.
 const MAX_LABEL_BYTES: u64 = 64 * 1024;
+
+/// The most bytes of a long-name or PAX member read (a path is at most a few KiB).
+const MAX_EXTENSION_BYTES: u64 = 64 * 1024;
 
 /// Problems logged one by one per shard; the rest are summed up in one line.
 const PROBLEMS_LOGGED: u64 = 10;
@@ -263,6 +271,39 @@ impl<'a> IndexBuilder<'a> {
     }
 }
 
+/// The member name a GNU long-name member or a PAX member's `path` record gives (`None`: a PAX
+/// member without one), read within [`MAX_EXTENSION_BYTES`]; what is wrong otherwise.
+fn extension_name<R: Read>(
+    entry: &mut tar::Entry<'_, R>,
+) -> std::result::Result<Option<Vec<u8>>, String> {
+    let size = entry.size();
+    if size > MAX_EXTENSION_BYTES {
+        return Err(format!(
+            "a {size}-byte long-name or PAX header after this member (at most {MAX_EXTENSION_BYTES} \
+             are read); the rest of the shard is not indexed"
+        ));
+    }
+    let mut bytes = Vec::with_capacity(size as usize);
+    entry.read_to_end(&mut bytes).map_err(|source| {
+        format!("a long-name or PAX header after this member is cut short ({source}); the rest of the shard is not indexed")
+    })?;
+    if entry.header().entry_type().is_gnu_longname() {
+        while bytes.last() == Some(&0) {
+            bytes.pop();
+        }
+        return Ok(Some(bytes));
+    }
+    for record in tar::PaxExtensions::new(&bytes) {
+        let record = record.map_err(|source| {
+            format!("a PAX header after this member is malformed ({source}); the rest of the shard is not indexed")
+        })?;
+        if record.key_bytes() == b"path" {
+            return Ok(Some(record.value_bytes().to_vec()));
+        }
+    }
+    Ok(None)
+}
+
 /// Indexes the shard at `shard`, whose file is `shard_len` bytes long.
 ///
 /// Fails only when the shard cannot be opened; problems inside it are reported and counted.
@@ -278,9 +319,11 @@ pub(crate) fn scan_archive<R: std::io::Read + std::io::Seek>(
     shard_len: u64,
 ) -> Result<ShardIndex> {
     let mut archive = tar::Archive::new(reader);
+    // Raw: the extension members that name the next member come as members, read below.
     let entries = archive
         .entries_with_seek()
-        .map_err(|source| Error::io(shard, source))?;
+        .map_err(|source| Error::io(shard, source))?
+        .raw(true);
     let mut builder = IndexBuilder {
         shard,
         shard_len,
@@ -288,6 +331,8 @@ pub(crate) fn scan_archive<R: std::io::Read + std::io::Seek>(
         pending: PendingSample::default(),
     };
     let mut last_member = String::from("<start of shard>");
+    // The name an extension member gave the next member.
+    let mut long_name: Option<Vec<u8>> = None;
     for entry in entries {
         let mut entry = match entry {
             Ok(entry) => entry,
@@ -297,7 +342,25 @@ pub(crate) fn scan_archive<R: std::io::Read + std::io::Seek>(
                 break;
             }
         };
-        let name = String::from_utf8_lossy(&entry.path_bytes()).into_owned();
+        let entry_type = entry.header().entry_type();
+        if entry_type.is_gnu_longname() || entry_type.is_pax_local_extensions() {
+            match extension_name(&mut entry) {
+                Ok(name) => long_name = name.or(long_name),
+                Err(what) => {
+                    builder.problem(&last_member, &what);
+                    break;
+                }
+            }
+            continue;
+        }
+        if entry_type.is_gnu_longlink() || entry_type.is_pax_global_extensions() {
+            continue; // its data is skipped, never read
+        }
+        let name_bytes = match long_name.take() {
+            Some(name) => name,
+            None => entry.path_bytes().into_owned(),
+        };
+        let name = String::from_utf8_lossy(&name_bytes).into_owned();
         last_member.clone_from(&name);
         if !entry.header().entry_type().is_file() {
             continue;
@@ -348,6 +411,112 @@ pub(crate) fn scan_archive<R: std::io::Read + std::io::Seek>(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A reader that counts the bytes read through it.
+    struct Counting<R> {
+        inner: R,
+        read: std::rc::Rc<std::cell::Cell<u64>>,
+    }
+
+    impl<R: Read> Read for Counting<R> {
+        fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+            let n = self.inner.read(buf)?;
+            self.read.set(self.read.get() + n as u64);
+            Ok(n)
+        }
+    }
+
+    impl<R: std::io::Seek> std::io::Seek for Counting<R> {
+        fn seek(&mut self, to: std::io::SeekFrom) -> std::io::Result<u64> {
+            self.inner.seek(to)
+        }
+    }
+
+    /// A tar of `members` (name, bytes), long names as the tar crate writes them (GNU).
+    fn tar_of(members: &[(&str, &[u8])]) -> Vec<u8> {
+        let mut builder = tar::Builder::new(Vec::new());
+        for (name, bytes) in members {
+            let mut header = tar::Header::new_gnu();
+            header.set_size(bytes.len() as u64);
+            header.set_mode(0o644);
+            builder
+                .append_data(&mut header, name, *bytes)
+                .expect("a member");
+        }
+        builder.into_inner().expect("a tar")
+    }
+
+    fn scan(bytes: &[u8]) -> (ShardIndex, u64) {
+        let read = std::rc::Rc::new(std::cell::Cell::new(0));
+        let reader = Counting {
+            inner: std::io::Cursor::new(bytes),
+            read: std::rc::Rc::clone(&read),
+        };
+        let index =
+            scan_archive(Path::new("shard.tar"), reader, bytes.len() as u64).expect("an index");
+        (index, read.get())
+    }
+
+    #[test]
+    fn long_member_names_are_read_from_their_gnu_and_pax_headers() {
+        let long = format!("{}/0001.jpg", "d".repeat(150));
+        let long_cls = format!("{}/0001.cls", "d".repeat(150));
+        let gnu = tar_of(&[(&long, b"jpeg"), (&long_cls, b"3")]);
+        let (index, _) = scan(&gnu);
+        assert_eq!(index.problems, 0);
+        assert_eq!(index.member_name(0), long.as_str());
+        assert_eq!(index.samples[0].label, 3);
+        // The same names in PAX records before plain headers.
+        let mut pax = tar::Builder::new(Vec::new());
+        for (name, bytes) in [(&long, &b"jpeg"[..]), (&long_cls, &b"3"[..])] {
+            // One record, "<length> path=<name>\n", its length counting its own digits.
+            let body = format!(" path={name}\n");
+            let mut length = body.len() + 1;
+            while format!("{length}").len() + body.len() != length {
+                length += 1;
+            }
+            let record = format!("{length}{body}");
+            let mut extension = tar::Header::new_ustar();
+            extension.set_entry_type(tar::EntryType::XHeader);
+            extension.set_size(record.len() as u64);
+            extension.set_path("PaxHeader").expect("a short name");
+            extension.set_cksum();
+            pax.append(&extension, record.as_bytes())
+                .expect("a PAX member");
+            let mut header = tar::Header::new_ustar();
+            header.set_size(bytes.len() as u64);
+            header.set_mode(0o644);
+            header.set_path("short").expect("a short name");
+            header.set_cksum();
+            pax.append(&header, bytes).expect("a member");
+        }
+        let (index, _) = scan(&pax.into_inner().expect("a tar"));
+        assert_eq!(index.problems, 0);
+        assert_eq!(index.member_name(0), long.as_str());
+        assert_eq!(index.samples[0].label, 3);
+    }
+
+    #[test]
+    fn a_long_name_header_claiming_megabytes_is_not_read_into_memory() {
+        // A GNU long-name header claiming 8 MiB, then 8 MiB of filler and a member.
+        let claimed = 8 << 20;
+        let mut header = tar::Header::new_gnu();
+        header.set_entry_type(tar::EntryType::GNULongName);
+        header.set_size(claimed);
+        header
+            .set_path("././@LongLink")
+            .expect("the long-link name");
+        header.set_cksum();
+        let mut bytes = tar_of(&[("0000.jpg", b"jpeg"), ("0000.cls", b"1")]);
+        bytes.truncate(bytes.len() - 1024); // without the end-of-archive blocks
+        bytes.extend_from_slice(header.as_bytes());
+        bytes.resize(bytes.len() + claimed as usize, b'x');
+        bytes.extend_from_slice(&tar_of(&[("0001.jpg", b"jpeg"), ("0001.cls", b"2")]));
+        let (index, read) = scan(&bytes);
+        assert_eq!(index.samples.len(), 1, "the sample before it is kept");
+        assert_eq!(index.problems, 1);
+        assert!(read < 1 << 20, "{read} bytes read for an 8 MiB long name");
+    }
 
     #[test]
     fn keys_stop_at_the_first_dot_of_the_file_name() {
