@@ -14,6 +14,16 @@ pub enum Error {
         source: std::io::Error,
     },
 
+    /// A file of the object cache tier (an entry, its lock or metadata, a part file, a
+    /// derived copy) could not be used: the cache's fault, never a sample's.
+    #[error("the cache tier cannot use {path}: {source}")]
+    Cache {
+        /// The cache's file or folder.
+        path: PathBuf,
+        /// What the operating system reported.
+        source: std::io::Error,
+    },
+
     /// The dataset root does not exist.
     #[error("dataset root {0} does not exist")]
     RootNotFound(PathBuf),
@@ -494,6 +504,11 @@ impl Error {
     pub fn read_fault(&self) -> ReadFault {
         match self {
             Error::Io { source, .. } | Error::ShardRead { source, .. } => io_fault(source),
+            // Short of descriptors or memory it may pass; anything else is the cache's.
+            Error::Cache { source, .. } => match io_fault(source) {
+                ReadFault::Resource => ReadFault::Resource,
+                _ => ReadFault::Source,
+            },
             Error::ParquetFile { source, .. } | Error::ParquetRowGroup { source, .. } => {
                 match source {
                     parquet::errors::ParquetError::External(inner) => inner
@@ -515,6 +530,14 @@ impl Error {
     /// Wraps an I/O error with the path it concerns.
     pub(crate) fn io(path: impl Into<PathBuf>, source: std::io::Error) -> Error {
         Error::Io {
+            path: path.into(),
+            source,
+        }
+    }
+
+    /// Wraps an I/O error on a file of the cache tier ([`Error::Cache`]).
+    pub(crate) fn cache(path: impl Into<PathBuf>, source: std::io::Error) -> Error {
+        Error::Cache {
             path: path.into(),
             source,
         }
@@ -634,6 +657,31 @@ mod tests {
             source: std::io::Error::from_raw_os_error(libc::EMFILE),
         };
         assert_eq!(shard.read_fault(), ReadFault::Resource);
+    }
+
+    #[test]
+    fn a_cache_file_that_cannot_be_used_is_never_the_samples_fault() {
+        let cache = |code| {
+            Error::cache(
+                "/cache/s3/bucket/k.stoker-lock",
+                std::io::Error::from_raw_os_error(code),
+            )
+        };
+        // Errors that are a sample's own on its file are the cache's on the cache's files.
+        for code in [
+            libc::EACCES,
+            libc::ENOENT,
+            libc::ENAMETOOLONG,
+            libc::EISDIR,
+            libc::ENOSYS,
+        ] {
+            assert_eq!(io_error(code).read_fault(), ReadFault::Sample, "{code}");
+            assert_eq!(cache(code).read_fault(), ReadFault::Source, "{code}");
+        }
+        assert_eq!(cache(libc::EMFILE).read_fault(), ReadFault::Resource);
+        assert!(cache(libc::EACCES)
+            .to_string()
+            .contains("the cache tier cannot use"));
     }
 
     #[test]

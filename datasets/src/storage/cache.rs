@@ -110,11 +110,12 @@ impl ObjectCache {
                 "part_size, concurrency and max_attempts must be at least 1".into(),
             ));
         }
-        std::fs::create_dir_all(&options.dir).map_err(|source| Error::io(&options.dir, source))?;
+        std::fs::create_dir_all(&options.dir)
+            .map_err(|source| Error::cache(&options.dir, source))?;
         let runtime = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
-            .map_err(|source| Error::io(&options.dir, source))?;
+            .map_err(|source| Error::cache(&options.dir, source))?;
         Ok(ObjectCache {
             options,
             runtime,
@@ -454,7 +455,7 @@ impl ObjectCache {
                 .create(true)
                 .truncate(true)
                 .open(&path)
-                .map_err(|source| Error::io(&path, source))?;
+                .map_err(|source| Error::cache(&path, source))?;
             let part = PartFile {
                 path,
                 file: Arc::new(file),
@@ -462,7 +463,7 @@ impl ObjectCache {
             };
             part.file
                 .set_len(entry.listed.size)
-                .map_err(|source| Error::io(&part.path, source))?;
+                .map_err(|source| Error::cache(&part.path, source))?;
             parts.push(part);
         }
         let downloads: Vec<Download> = entries

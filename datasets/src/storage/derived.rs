@@ -99,7 +99,7 @@ pub fn derived_copy(
     let meta = with_suffix(&data, META_SUFFIX);
     let lock_path = with_suffix(&data, LOCK_SUFFIX);
     if let Some(parent) = data.parent() {
-        std::fs::create_dir_all(parent).map_err(|error| Error::io(parent, error))?;
+        std::fs::create_dir_all(parent).map_err(|error| Error::cache(parent, error))?;
     }
     let lock = OpenOptions::new()
         .read(true)
@@ -107,7 +107,7 @@ pub fn derived_copy(
         .create(true)
         .truncate(false)
         .open(&lock_path)
-        .map_err(|error| Error::io(&lock_path, error))?;
+        .map_err(|error| Error::cache(&lock_path, error))?;
     let cached = |size: u64, lock: File| {
         touch(&lock, &lock_path);
         CachedObject::local(source, data.clone(), size, lock)
@@ -147,9 +147,9 @@ pub fn derived_copy(
     match std::fs::remove_file(&meta) {
         Ok(()) => {}
         Err(error) if error.kind() == std::io::ErrorKind::NotFound => {}
-        Err(error) => return Err(Error::io(&meta, error)),
+        Err(error) => return Err(Error::cache(&meta, error)),
     }
-    std::fs::rename(&part, &data).map_err(|error| Error::io(&data, error))?;
+    std::fs::rename(&part, &data).map_err(|error| Error::cache(&data, error))?;
     let recorded = DerivedMeta {
         source_size: identity.0,
         source_modified_ns: identity.1,
@@ -159,7 +159,7 @@ pub fn derived_copy(
         path: meta.clone(),
         source: error,
     })?;
-    write_atomically(&meta, &text).map_err(|error| Error::io(&meta, error))?;
+    write_atomically(&meta, &text).map_err(|error| Error::cache(&meta, error))?;
     downgrade(&lock, &lock_path)?;
     info!(
         source = %source.display(),
@@ -180,7 +180,7 @@ fn write_part(
     max_bytes: u64,
     make: &dyn Fn(&Path, &mut dyn Write) -> Result<()>,
 ) -> Result<u64> {
-    let file = File::create(part).map_err(|error| Error::io(part, error))?;
+    let file = File::create(part).map_err(|error| Error::cache(part, error))?;
     let mut capped = CappedWriter {
         inner: std::io::BufWriter::new(file),
         written: 0,
@@ -190,8 +190,8 @@ fn write_part(
     let file = capped
         .inner
         .into_inner()
-        .map_err(|error| Error::io(part, error.into_error()))?;
-    file.sync_all().map_err(|error| Error::io(part, error))?;
+        .map_err(|error| Error::cache(part, error.into_error()))?;
+    file.sync_all().map_err(|error| Error::cache(part, error))?;
     Ok(capped.written)
 }
 

@@ -347,7 +347,7 @@ async fn write_at(file: &Arc<File>, bytes: bytes::Bytes, offset: u64, uri: &str)
         .and_then(|result| result);
     written.map_err(|source| {
         debug!(uri, offset, error = %source, "cannot write a downloaded part");
-        Error::io(uri, source)
+        Error::cache(uri, source)
     })
 }
 

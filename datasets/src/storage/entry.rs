@@ -210,7 +210,7 @@ impl Entry {
 
     pub(super) fn open_lock(&self) -> Result<File> {
         if let Some(parent) = self.lock.parent() {
-            std::fs::create_dir_all(parent).map_err(|source| Error::io(parent, source))?;
+            std::fs::create_dir_all(parent).map_err(|source| Error::cache(parent, source))?;
         }
         OpenOptions::new()
             .read(true)
@@ -218,7 +218,7 @@ impl Entry {
             .create(true)
             .truncate(false)
             .open(&self.lock)
-            .map_err(|source| Error::io(&self.lock, source))
+            .map_err(|source| Error::cache(&self.lock, source))
     }
 
     pub(super) fn validity(&self) -> Validity {
@@ -258,7 +258,7 @@ impl Entry {
     /// gone or unreadable (another reader found the bytes torn and removed it): never bytes
     /// whose check could not be made.
     pub(super) fn read_checked(&self) -> Result<Option<Vec<u8>>> {
-        let bytes = std::fs::read(&self.data).map_err(|source| Error::io(&self.data, source))?;
+        let bytes = std::fs::read(&self.data).map_err(|source| Error::cache(&self.data, source))?;
         let recorded: Option<EntryMeta> = std::fs::read(&self.meta)
             .ok()
             .and_then(|text| serde_json::from_slice(&text).ok());
@@ -318,17 +318,17 @@ impl Drop for PartFile {
 pub(super) fn commit(entry: &Entry, part: &PartFile, checksummed: bool) -> Result<()> {
     let mut recorded = entry.listed.clone();
     if checksummed {
-        let bytes = std::fs::read(&part.path).map_err(|source| Error::io(&part.path, source))?;
+        let bytes = std::fs::read(&part.path).map_err(|source| Error::cache(&part.path, source))?;
         recorded.crc32 = Some(crc32fast::hash(&bytes));
     } else {
         part.file
             .sync_all()
-            .map_err(|source| Error::io(&part.path, source))?;
+            .map_err(|source| Error::cache(&part.path, source))?;
     }
     let received = part
         .file
         .metadata()
-        .map_err(|source| Error::io(&part.path, source))?
+        .map_err(|source| Error::cache(&part.path, source))?
         .len();
     if received != entry.listed.size {
         return Err(Error::IncompleteObject {
@@ -341,14 +341,14 @@ pub(super) fn commit(entry: &Entry, part: &PartFile, checksummed: bool) -> Resul
     match std::fs::remove_file(&entry.meta) {
         Ok(()) => {}
         Err(error) if error.kind() == std::io::ErrorKind::NotFound => {}
-        Err(source) => return Err(Error::io(&entry.meta, source)),
+        Err(source) => return Err(Error::cache(&entry.meta, source)),
     }
-    std::fs::rename(&part.path, &entry.data).map_err(|source| Error::io(&entry.data, source))?;
+    std::fs::rename(&part.path, &entry.data).map_err(|source| Error::cache(&entry.data, source))?;
     let meta = serde_json::to_vec(&recorded).map_err(|source| Error::Manifest {
         path: entry.meta.clone(),
         source,
     })?;
-    write_atomically(&entry.meta, &meta).map_err(|source| Error::io(&entry.meta, source))
+    write_atomically(&entry.meta, &meta).map_err(|source| Error::cache(&entry.meta, source))
 }
 
 /// Writes `bytes` to `path` through a temporary file and a rename.

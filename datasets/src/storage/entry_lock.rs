@@ -21,7 +21,7 @@ pub(super) fn try_lock(file: &File, exclusive: bool, path: &Path) -> Result<bool
     match attempt {
         Ok(()) => Ok(true),
         Err(TryLockError::WouldBlock) => Ok(false),
-        Err(TryLockError::Error(source)) => Err(Error::io(path, source)),
+        Err(TryLockError::Error(source)) => Err(Error::cache(path, source)),
     }
 }
 
@@ -55,12 +55,12 @@ pub(super) fn wait_for_lock(
 }
 
 pub(super) fn unlock(file: &File, path: &Path) -> Result<()> {
-    FileExt::unlock(file).map_err(|source| Error::io(path, source))
+    FileExt::unlock(file).map_err(|source| Error::cache(path, source))
 }
 
 /// Turns the exclusive lock held on `file` into a shared one.
 pub(super) fn downgrade(file: &File, path: &Path) -> Result<()> {
-    FileExt::lock_shared(file).map_err(|source| Error::io(path, source))
+    FileExt::lock_shared(file).map_err(|source| Error::cache(path, source))
 }
 
 /// Marks the entry as just used (the eviction order reads it back).
