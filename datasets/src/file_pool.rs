@@ -1,12 +1,12 @@
-//! Open files as a bounded pool: data files that are read by position (tar shards, JSONL files,
-//! cached objects with their entry locks) are opened on demand and kept in one process-wide
-//! least-recently-used pool, so the number of descriptors a process holds does not grow with
-//! the number of files in its datasets.
+//! Open files as a bounded pool: data files that are read by position (local tar shards and
+//! JSONL files) are opened on demand and kept in one process-wide least-recently-used pool, so
+//! the number of descriptors a process holds does not grow with the number of files in its
+//! datasets.
 //!
 //! The pool's budget comes from the soft `RLIMIT_NOFILE` at first use: a quarter of it (between
 //! [`MIN_BUDGET`] and [`MAX_BUDGET`]), leaving the rest to sockets, pipes, the runtime and
-//! whatever else the process opens. An entry counts the descriptors it holds (a cached
-//! object's data file and its lock are two). A file evicted while a reader still uses it closes
+//! whatever else the process opens. An entry counts the descriptors it holds (a file and a
+//! descriptor held beside it, such as a lock, are two). A file evicted while a reader still uses it closes
 //! when that reader lets go, so the pool can overshoot its budget by the number of reads in
 //! flight (at most one per decode thread).
 //!
@@ -27,8 +27,8 @@ pub const MIN_BUDGET: usize = 4;
 /// The largest budget: reopening a file costs microseconds, so more buys nothing.
 pub const MAX_BUDGET: usize = 4096;
 
-/// One pooled entry: the file read from, and a descriptor held beside it for as long as the
-/// file is open (a cache entry's shared lock).
+/// One pooled entry: the file read from, and a descriptor that may be held beside it for as
+/// long as the file is open (counted against the budget).
 #[derive(Debug)]
 pub(crate) struct PooledFile {
     /// The file read by position.

@@ -10,9 +10,10 @@
 //! a shared lock for as long as it uses the file (a [`CachedObject`] keeps it); a fetch or an
 //! eviction needs the exclusive lock. So two processes fetching the same object take turns
 //! (the second finds the first's copy valid), and an entry in use is never evicted. Downloads
-//! go to a temporary file renamed over the entry only when complete and of the listed size,
-//! and the metadata file is written last, so a crash leaves either no entry or an entry that
-//! fails its check and is fetched again. Lock files stay when their entry is evicted: deleting
+//! go to a temporary file renamed over the entry only when every byte asked for has arrived
+//! (the store's ranged reads are checked for their length), and the metadata file is written
+//! last, so a crash leaves either no entry or an entry that fails its check and is fetched
+//! again. Lock files stay when their entry is evicted: deleting
 //! a lock file that another process has open would let two processes "hold" the same lock.
 //!
 //! An entry is valid when its metadata matches the listing (size and ETag, or last-modified
@@ -25,12 +26,11 @@
 //! process still reads the old copy is refetched only once that process lets go (the wait has
 //! the lock timeout as its deadline).
 //!
-//! Descriptors: a [`CachedObject`] holds its lock until its user lets go of it
-//! ([`CachedObject::release`]). [`TarShards::open_remote`](crate::TarShards::open_remote) does so once the
-//! shards are indexed and takes each lock again while that shard's file is open in the
-//! process's bounded pool of open files, so an entry is protected from eviction while it is
-//! being read, not for the source's whole life; an entry evicted in between is fetched again
-//! on its next read.
+//! Descriptors: a [`CachedObject`] holds its lock until it is dropped or its user lets go of
+//! it ([`CachedObject::release`]). The remote sources read through ranges (tar shards, token
+//! files, JSONL): each read locks its range's entry for as long as it copies from it, so an
+//! entry is protected from eviction while it is being read, not for the source's whole life;
+//! an entry evicted in between is fetched again on its next read.
 
 use std::fs::{File, OpenOptions};
 use std::ops::Range;

@@ -9,11 +9,12 @@
 //! s3/<bucket>/<key>.stoker-meta           JSON: size, ETag and last-modified of that copy
 //! s3/<bucket>/<key>.stoker-lock           the entry's lock file; its mtime is the last use
 //! s3/<bucket>/<key>.stoker-part-<pid>-<n> a download in progress
-//! s3/<bucket>/<key>.stoker-idx            a tar shard's index (written by `TarShards`)
 //! s3/<bucket>/<key>.stoker-ranges/<a>-<b> bytes a..b of the object, read lazily (an entry with
 //!                                         its own .stoker-meta / .stoker-lock)
-//! local/<absolute path>.<transform>       a copy made from a local file (`derived.rs`), with
+//! local/<absolute path>.<transform>-<source size>-<source mtime ns>
+//!                                         a copy made from a local file (`derived.rs`), with
 //!                                         the same .stoker-meta / .stoker-lock companions
+//! tar-indexes/<bucket>/...                remote tar sets' indexes (`tar_shards/remote.rs`)
 //! ```
 
 use std::fs::{File, OpenOptions};
@@ -36,10 +37,9 @@ pub(super) const RANGES_SUFFIX: &str = ".stoker-ranges";
 /// The folder of copies made from local files (`derived.rs`), beside `s3/`.
 pub(super) const LOCAL_ROOT: &str = "local";
 
-/// A remote object materialised in the cache. While it holds its lock, its entry is locked
-/// shared: no process evicts or replaces it. A source that reads many objects lets go of the
-/// locks once it has indexed them and takes each again while that object's file is open (see
-/// [`CachedObject::release`] and `CachedObject::lock_again`), so its descriptors stay bounded.
+/// A remote object (or a range of one, or a copy of a local file) materialised in the cache.
+/// While it holds its lock, its entry is locked shared: no process evicts or replaces it;
+/// [`CachedObject::release`] lets go of it sooner than the drop does.
 #[derive(Debug)]
 pub struct CachedObject {
     entry: Entry,
