@@ -225,6 +225,22 @@ pub enum Error {
         end: u64,
     },
 
+    /// A file read by position, opened again, is not the file the dataset was opened with (its
+    /// size or modification time differs): replaced under the running job, so the offsets its
+    /// index holds may point into other bytes. Never one bad sample.
+    #[error(
+        "{path} was replaced under the running job: its size or modification time is not what \
+         it was when the dataset was opened ({opened_len} bytes then, {now_len} now)"
+    )]
+    FileReplaced {
+        /// The file.
+        path: PathBuf,
+        /// Its length when the dataset was opened.
+        opened_len: u64,
+        /// Its length now.
+        now_len: u64,
+    },
+
     /// A JSONL dataset path names a folder without any JSONL file.
     #[error("found no JSONL file (*.jsonl, *.jsonl.gz, *.jsonl.zst) in {0}")]
     NoJsonlFiles(PathBuf),
@@ -518,6 +534,7 @@ impl Error {
                 }
             }
             Error::FileChanged { .. }
+            | Error::FileReplaced { .. }
             | Error::ObjectChanged { .. }
             | Error::CacheLockTimeout { .. }
             | Error::ObjectStore { .. }

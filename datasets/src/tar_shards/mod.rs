@@ -23,7 +23,7 @@ mod write;
 
 use std::fs::File;
 use std::ops::Range;
-use std::os::unix::fs::FileExt;
+use std::os::unix::fs::{FileExt, MetadataExt};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Instant;
@@ -80,6 +80,9 @@ pub(crate) struct Shard {
     /// The file, or the object's `s3://` URI (as a path), for messages.
     path: PathBuf,
     len: u64,
+    /// A local shard's modification time (seconds, nanoseconds) when it was indexed: a file
+    /// opened again must still have it (and `len`).
+    modified: Option<(i64, i64)>,
     index: ShardIndex,
     /// `None`: the local file at `path`, through the pool of open files.
     object: Option<RemoteObject>,
@@ -91,6 +94,7 @@ impl Shard {
         Shard {
             path: PathBuf::from(object.uri()),
             len: object.size(),
+            modified: None,
             index,
             object: Some(object),
         }
@@ -297,13 +301,14 @@ impl TarShards {
     fn shard_file(&self, position: usize, member: &dyn Fn() -> String) -> Result<Arc<PooledFile>> {
         let shard = &self.shards[position];
         let open = || {
+            let read_error = |source| Error::ShardRead {
+                shard: shard.path.clone(),
+                member: member(),
+                source,
+            };
             File::open(&shard.path)
                 .map(PooledFile::plain)
-                .map_err(|source| Error::ShardRead {
-                    shard: shard.path.clone(),
-                    member: member(),
-                    source,
-                })
+                .map_err(read_error)
         };
         let out_of_descriptors = |error: &Error| match error {
             Error::ShardRead { source, .. } | Error::Io { source, .. } => {
@@ -344,6 +349,7 @@ fn open_shard(path: PathBuf, fallback_cache_dir: Option<&Path>) -> Result<(Shard
     let shard = Shard {
         path,
         len: stamp.len,
+        modified: Some((stamp.mtime_seconds, stamp.mtime_nanoseconds)),
         index,
         object: None,
     };
@@ -492,11 +498,32 @@ impl SampleSource for TarShards {
             return read;
         }
         let opened = self.shard_file(position, &member)?;
+        // Still the file indexed? A shard rewritten in place or replaced (and opened again)
+        // would give other bytes at the index's offsets. One fstat per sample read.
+        let metadata = opened.file.metadata().map_err(|source| Error::ShardRead {
+            shard: shard.path.clone(),
+            member: member(),
+            source,
+        })?;
+        let now = (metadata.mtime(), metadata.mtime_nsec());
+        if metadata.len() != shard.len || shard.modified.is_some_and(|then| then != now) {
+            return Err(Error::FileReplaced {
+                path: shard.path.clone(),
+                opened_len: shard.len,
+                now_len: metadata.len(),
+            });
+        }
         let mut bytes = vec![0u8; size];
         match opened.file.read_exact_at(&mut bytes, sample.data_offset) {
             Ok(()) => Ok(bytes),
-            // The shard shrank after it was indexed.
-            Err(source) if source.kind() == std::io::ErrorKind::UnexpectedEof => Err(truncated()),
+            // The shard shrank after it was indexed: not the dataset the job planned over.
+            Err(source) if source.kind() == std::io::ErrorKind::UnexpectedEof => {
+                Err(Error::FileChanged {
+                    path: shard.path.clone(),
+                    opened_len: shard.len,
+                    end: sample.data_offset + sample.size,
+                })
+            }
             Err(source) => Err(Error::ShardRead {
                 shard: shard.path.clone(),
                 member: member(),

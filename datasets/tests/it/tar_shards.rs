@@ -242,6 +242,34 @@ fn an_unwritable_shard_folder_caches_in_the_fallback_folder() {
 }
 
 #[test]
+fn a_shard_rewritten_or_cut_under_the_job_is_a_changed_source_not_other_bytes() {
+    let dir = tempfile::tempdir().unwrap();
+    let shard = dir.path().join("a.tar");
+    let bytes = tar_bytes(&as_refs(&three_samples()));
+    std::fs::write(&shard, &bytes).unwrap();
+    let shards = TarShards::open(dir.path()).unwrap();
+    assert_eq!(shards.read(0).unwrap(), "image 0".repeat(100).as_bytes());
+    // Rewritten in place with other bytes of the same length (the pool keeps it open).
+    std::thread::sleep(std::time::Duration::from_millis(20));
+    let other: Vec<u8> = bytes.iter().map(|b| b.wrapping_add(1)).collect();
+    std::fs::write(&shard, &other).unwrap();
+    let error = shards.read(1).unwrap_err();
+    assert!(matches!(error, Error::FileReplaced { .. }), "{error:?}");
+    assert_eq!(error.read_fault(), stoker_datasets::ReadFault::Source);
+    assert!(error.to_string().contains("a.tar"), "{error}");
+    // Cut short after it was indexed: the same, never a bad sample.
+    std::fs::write(&shard, &bytes).unwrap();
+    let shards = TarShards::open(dir.path()).unwrap();
+    std::fs::write(&shard, &bytes[..1024]).unwrap();
+    let error = shards.read(2).unwrap_err();
+    assert_eq!(
+        error.read_fault(),
+        stoker_datasets::ReadFault::Source,
+        "{error:?}"
+    );
+}
+
+#[test]
 fn a_truncated_member_is_indexed_and_its_read_names_shard_and_member() {
     let dir = tempfile::tempdir().unwrap();
     let shard = dir.path().join("cut.tar");
