@@ -1,5 +1,6 @@
 //! Keeping the cache tier under its cap: a scan of the entries on disk (removing downloads left
-//! by dead processes), then least-recently-used eviction of the entries no process holds.
+//! by dead processes: a part file whose entry nobody holds locked), then least-recently-used
+//! eviction of the entries no process holds.
 
 use std::fs::OpenOptions;
 use std::path::{Path, PathBuf};
@@ -13,7 +14,8 @@ use super::entry_lock::try_lock;
 use super::stats::Counters;
 use crate::error::Result;
 
-/// Parts left behind by a process that died are removed once this old.
+/// Parts whose entry's lock cannot be tried (an unreadable lock file) are removed once this
+/// old.
 const STALE_PART_AGE: Duration = Duration::from_secs(24 * 60 * 60);
 
 /// Evicts least-recently-used entries nobody holds from the cache in `dir` until the cached
@@ -107,14 +109,22 @@ fn scan(folder: &Path, entries: &mut Vec<ScannedEntry>) {
         }
         let name = item.file_name();
         let name = name.to_string_lossy();
-        if name.contains(PART_MARKER) {
-            let old = item
-                .metadata()
-                .and_then(|metadata| metadata.modified())
-                .ok()
-                .and_then(|modified| modified.elapsed().ok())
-                .is_some_and(|age| age > STALE_PART_AGE);
-            if old {
+        if let Some((data_name, _)) = name.split_once(PART_MARKER) {
+            // A download holds its entry's lock exclusive until the part is renamed into
+            // place: a part whose entry nobody holds was left by a process that died.
+            let lock = with_suffix(&path.with_file_name(data_name), LOCK_SUFFIX);
+            let abandoned = match OpenOptions::new().read(true).write(true).open(&lock) {
+                Ok(file) => try_lock(&file, true, &lock).unwrap_or(false),
+                Err(error) if error.kind() == std::io::ErrorKind::NotFound => true,
+                Err(_) => item
+                    .metadata()
+                    .and_then(|metadata| metadata.modified())
+                    .ok()
+                    .and_then(|modified| modified.elapsed().ok())
+                    .is_some_and(|age| age > STALE_PART_AGE),
+            };
+            if abandoned {
+                debug!(part = %path.display(), "removing a download a process left behind");
                 let _ = std::fs::remove_file(&path);
             }
             continue;
@@ -136,5 +146,35 @@ fn scan(folder: &Path, entries: &mut Vec<ScannedEntry>) {
             size,
             last_use,
         });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_download_left_by_a_dead_process_goes_at_once_one_in_progress_stays() {
+        let dir = tempfile::tempdir().unwrap();
+        let bucket = dir.path().join("s3").join("bucket");
+        std::fs::create_dir_all(&bucket).unwrap();
+        // Two parts: one whose downloader holds its entry's lock, one nobody holds.
+        let busy_lock = bucket.join("busy.stoker-lock");
+        let held = std::fs::File::create(&busy_lock).unwrap();
+        assert!(try_lock(&held, true, &busy_lock).unwrap());
+        let busy = bucket.join("busy.stoker-part-4242-0");
+        std::fs::write(&busy, b"half").unwrap();
+        std::fs::File::create(bucket.join("left.stoker-lock")).unwrap();
+        let left = bucket.join("left.stoker-part-4242-1");
+        std::fs::write(&left, b"half").unwrap();
+        let orphan = bucket.join("nolock.stoker-part-4242-2");
+        std::fs::write(&orphan, b"half").unwrap();
+        evict_to_cap(dir.path(), u64::MAX, &Counters::default()).unwrap();
+        assert!(busy.exists(), "a download in progress is kept");
+        assert!(
+            !left.exists() && !orphan.exists(),
+            "abandoned downloads are removed"
+        );
+        drop(held);
     }
 }
