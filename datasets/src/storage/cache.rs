@@ -54,6 +54,8 @@ use super::uri::{s3_location, RemoteLocation};
 use crate::cache_stats::CacheStats;
 use crate::error::{Error, Result};
 
+/// Ranges a read-ahead brings in at once (each holds two descriptors while it is fetched).
+const READ_AHEAD_AT_ONCE: usize = 32;
 /// The local cache tier for remote objects. See the module docs for layout and guarantees.
 ///
 /// One instance per process is the intent (it owns a small tokio runtime for its downloads),
@@ -328,14 +330,21 @@ impl ObjectCache {
         location: &RemoteLocation,
         hint: &[(ObjectMeta, Vec<Range<u64>>)],
     ) -> Result<()> {
-        let wanted = hint
+        let wanted: Vec<Wanted> = hint
             .iter()
             .flat_map(|(object, ranges)| {
                 ranges.iter().map(move |range| range_wanted(object, range))
             })
             .collect();
         let fetched_before = self.counters.bytes_fetched.load(Ordering::Relaxed);
-        drop(self.materialise(store, location, wanted, false)?);
+        // A few ranges at a time: each holds a lock descriptor and a part file while it is
+        // fetched, and a hint is a whole batch (a thousand ranges would take two thousand
+        // descriptors, past a common soft limit of 1024).
+        let mut wanted = wanted.into_iter().peekable();
+        while wanted.peek().is_some() {
+            let some: Vec<Wanted> = wanted.by_ref().take(READ_AHEAD_AT_ONCE).collect();
+            drop(self.materialise(store, location, some, false)?);
+        }
         self.after_range_fetch(fetched_before)
     }
 
