@@ -184,9 +184,10 @@ async fn serve_leases(
             };
             let entry = match job_entry(shared, &mut client, task.job_id).await {
                 Ok(entry) => entry,
-                // A dataset that cannot be opened (gone, outside --data-root, changed since
-                // first opened) fails the same way next time: the client hears why.
-                Err(Unopened::Dataset(status)) if !error_kinds::is_transient(&status) => {
+                // A dataset that cannot be opened (gone, outside --data-root, not a dataset,
+                // changed since first opened) fails the same way next time: the client hears
+                // why. One that may open later (a store or disk failing) is handed back.
+                Err(Unopened::Refused(status)) => {
                     let outcome = send_error(shared, &task, status).await;
                     let _ = outcomes_tx.send(outcome);
                     continue;
@@ -323,11 +324,33 @@ async fn deliver(shared: &Shared, task: &TaskLease, batch: Batch) -> Outcome {
     }
 }
 
-/// Why a job could not be opened: the coordinator did not give its spec, or its datasets
-/// could not be opened.
+/// Why a job could not be opened: the coordinator did not give its spec; its datasets could
+/// not be opened in a way that may pass (a store or file system failing, the machine short of
+/// descriptors: the task is handed back); or in a way that will not (a path that is not there
+/// or outside --data-root, data that is not a dataset, a changed dataset: the client is told).
 enum Unopened {
     Coordinator(Status),
     Dataset(Status),
+    Refused(Status),
+}
+
+/// Whether opening a job's datasets failed in a way another try may not repeat.
+fn may_pass(error: &stoker_worker::Error) -> bool {
+    use stoker_datasets::ReadFault;
+    match error {
+        stoker_worker::Error::OpenDataset(error) | stoker_worker::Error::Dataset(error) => {
+            match error {
+                stoker_datasets::Error::Io { source, .. }
+                    if source.kind() == std::io::ErrorKind::NotFound =>
+                {
+                    false
+                }
+                error => error.read_fault() != ReadFault::Sample,
+            }
+        }
+        stoker_worker::Error::Io { .. } => true,
+        _ => false,
+    }
 }
 
 async fn job_entry(
@@ -354,9 +377,18 @@ async fn job_entry(
         let shared = shared.clone();
         let spec = spec.clone();
         tokio::task::spawn_blocking(move || {
-            check_root(&shared.roots, &spec)?;
-            let sources = open_sources(&spec).map_err(|e| error_status(&e))?;
-            shared.check_lengths(job_id, sources.iter().map(|s| s.len()).collect())?;
+            check_root(&shared.roots, &spec).map_err(Unopened::Refused)?;
+            let sources = open_sources(&spec).map_err(|error| {
+                let status = error_status(&error);
+                if may_pass(&error) {
+                    Unopened::Dataset(status)
+                } else {
+                    Unopened::Refused(status)
+                }
+            })?;
+            shared
+                .check_lengths(&spec, sources.iter().map(|s| s.len()).collect())
+                .map_err(Unopened::Refused)?;
             Ok(sources)
         })
         .await
@@ -364,8 +396,7 @@ async fn job_entry(
             Unopened::Dataset(Status::internal(format!(
                 "opening job {job_id} panicked: {e}"
             )))
-        })?
-        .map_err(Unopened::Dataset)?
+        })??
     };
     let entry = Arc::new(JobEntry {
         spec,
@@ -437,5 +468,33 @@ async fn report_loop(
             let _ = lost.send(status).await;
             return;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn opening(code: i32) -> stoker_worker::Error {
+        stoker_worker::Error::OpenDataset(stoker_datasets::Error::Io {
+            path: "/data/train".into(),
+            source: std::io::Error::from_raw_os_error(code),
+        })
+    }
+
+    #[test]
+    fn only_a_dataset_that_may_open_later_is_handed_back() {
+        // A disk or file system failing, the machine short of descriptors: another try.
+        // EIO, ESTALE, ETIMEDOUT, EMFILE (Linux numbers).
+        for code in [5, 116, 110, 24] {
+            assert!(may_pass(&opening(code)), "{code}");
+        }
+        // Not there, not readable, not a dataset: the client is told.
+        // ENOENT, EACCES, ENOTDIR.
+        for code in [2, 13, 20] {
+            assert!(!may_pass(&opening(code)), "{code}");
+        }
+        let not_a_dataset = stoker_worker::Error::InvalidSpec("no images".into());
+        assert!(!may_pass(&not_a_dataset));
     }
 }

@@ -133,8 +133,9 @@ struct Shared {
     closing: AtomicBool,
     /// See [`WorkerConfig::job_idle`].
     job_idle: Duration,
-    /// Each job's sample count per source when this worker first opened it (kept when the
-    /// job is let go, so a reopen that finds other counts is refused).
+    /// The sample count per source of each job spec this worker opened, from its first open
+    /// (by a hash of the spec: kept when the job is let go and across coordinator runs, so a
+    /// reopen that finds other counts is refused).
     opened_lengths: Mutex<HashMap<u64, Vec<u64>>>,
 }
 
@@ -235,23 +236,27 @@ impl Shared {
 
     /// Lets go of every job (a new coordinator run: job ids may mean other jobs now).
     fn forget_jobs(&self) -> Vec<Arc<JobEntry>> {
-        lock(&self.opened_lengths).clear();
         lock(&self.jobs).drain().map(|(_, entry)| entry).collect()
     }
 
     /// Records the sample counts of a job opened now, or refuses them when they differ from
-    /// those this worker first opened it with: its steps would mix two orders of the epoch.
-    fn check_lengths(&self, job: u64, lengths: Vec<u64>) -> std::result::Result<(), Status> {
+    /// those this worker first opened the same spec with: its epochs would mix two orders.
+    /// Only the counts are compared: a dataset rewritten with as many samples is not seen here.
+    fn check_lengths(&self, spec: &JobSpec, lengths: Vec<u64>) -> std::result::Result<(), Status> {
+        use std::hash::{Hash, Hasher};
+        let mut hasher = std::collections::hash_map::DefaultHasher::new();
+        prost::Message::encode_to_vec(spec).hash(&mut hasher);
+        let key = hasher.finish();
         let mut opened = lock(&self.opened_lengths);
-        match opened.get(&job) {
+        match opened.get(&key) {
             Some(first) if *first != lengths => Err(Status::failed_precondition(format!(
-                "job {job}'s dataset changed since this worker first opened it: {first:?} \
-                 samples per source then, {lengths:?} now (its epochs would mix two orders); \
-                 register the job again"
+                "the dataset changed since this worker first opened the job: {first:?} samples \
+                 per source then, {lengths:?} now (its epochs would mix two orders); restore it, \
+                 or read the changed dataset as another job (another path or seed)"
             ))),
             Some(_) => Ok(()),
             None => {
-                opened.insert(job, lengths);
+                opened.insert(key, lengths);
                 Ok(())
             }
         }
