@@ -254,11 +254,20 @@ impl Entry {
     }
 
     /// The copy's bytes, when its recorded checksum (if any) holds; `None` when it does not
-    /// (the metadata is then removed, so the entry is fetched again) or when the metadata is
-    /// gone or unreadable (another reader found the bytes torn and removed it): never bytes
-    /// whose check could not be made.
+    /// (the metadata is then removed, so the entry is fetched again), when the metadata is
+    /// gone or unreadable (another reader found the bytes torn and removed it), or when the
+    /// copy itself is gone (deleted from outside, by a temporary-file cleaner say: the metadata
+    /// is removed too): never bytes whose check could not be made.
     pub(super) fn read_checked(&self) -> Result<Option<Vec<u8>>> {
-        let bytes = std::fs::read(&self.data).map_err(|source| Error::cache(&self.data, source))?;
+        let bytes = match std::fs::read(&self.data) {
+            Ok(bytes) => bytes,
+            Err(source) if source.kind() == std::io::ErrorKind::NotFound => {
+                warn!(uri = %self.uri, cache = %self.data.display(), "cached copy was deleted; fetching it again");
+                let _ = std::fs::remove_file(&self.meta);
+                return Ok(None);
+            }
+            Err(source) => return Err(Error::cache(&self.data, source)),
+        };
         let recorded: Option<EntryMeta> = std::fs::read(&self.meta)
             .ok()
             .and_then(|text| serde_json::from_slice(&text).ok());
