@@ -225,12 +225,13 @@ pub enum Error {
         end: u64,
     },
 
-    /// A file read by position, opened again, is not the file the dataset was opened with (its
-    /// size or modification time differs): replaced under the running job, so the offsets its
-    /// index holds may point into other bytes. Never one bad sample.
+    /// A file read by position is not the file the dataset was opened with (another file,
+    /// another size, or other contents where its index points): replaced or rewritten under
+    /// the running job, so the index's offsets may point into other bytes. Never one bad
+    /// sample.
     #[error(
-        "{path} was replaced under the running job: its size or modification time is not what \
-         it was when the dataset was opened ({opened_len} bytes then, {now_len} now)"
+        "{path} was replaced or rewritten under the running job: it is not the file the \
+         dataset was opened with ({opened_len} bytes then, {now_len} now)"
     )]
     FileReplaced {
         /// The file.

@@ -80,9 +80,8 @@ pub(crate) struct Shard {
     /// The file, or the object's `s3://` URI (as a path), for messages.
     path: PathBuf,
     len: u64,
-    /// A local shard's modification time (seconds, nanoseconds) when it was indexed: a file
-    /// opened again must still have it (and `len`).
-    modified: Option<(i64, i64)>,
+    /// A local shard's file when it was indexed: a read checks the open file is still it.
+    indexed: Option<FileIdentity>,
     index: ShardIndex,
     /// `None`: the local file at `path`, through the pool of open files.
     object: Option<RemoteObject>,
@@ -94,7 +93,7 @@ impl Shard {
         Shard {
             path: PathBuf::from(object.uri()),
             len: object.size(),
-            modified: None,
+            indexed: None,
             index,
             object: Some(object),
         }
@@ -324,6 +323,50 @@ impl TarShards {
     }
 }
 
+/// What identifies a local shard's file: its device and inode, length and modification time.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct FileIdentity {
+    device: u64,
+    inode: u64,
+    len: u64,
+    modified: (i64, i64),
+}
+
+impl FileIdentity {
+    fn of(metadata: &std::fs::Metadata) -> FileIdentity {
+        FileIdentity {
+            device: metadata.dev(),
+            inode: metadata.ino(),
+            len: metadata.len(),
+            modified: (metadata.mtime(), metadata.mtime_nsec()),
+        }
+    }
+}
+
+/// Whether the 512-byte block before `sample`'s data in `file` is a valid tar header (its
+/// checksum holds) of a member of `sample`'s size: the member is still where it was indexed.
+fn member_header_holds(file: &File, sample: scan::IndexedSample) -> std::io::Result<bool> {
+    let Some(at) = sample.data_offset.checked_sub(512) else {
+        return Ok(false);
+    };
+    let mut block = [0u8; 512];
+    file.read_exact_at(&mut block, at)?;
+    let header = tar::Header::from_byte_slice(&block);
+    let sum: u32 = block
+        .iter()
+        .enumerate()
+        .map(|(i, &b)| {
+            if (148..156).contains(&i) {
+                u32::from(b' ')
+            } else {
+                u32::from(b)
+            }
+        })
+        .sum();
+    Ok(header.cksum().is_ok_and(|recorded| recorded == sum)
+        && header.entry_size().is_ok_and(|size| size == sample.size))
+}
+
 /// Indexes one shard, from a cache when a valid one exists. The flag tells whether it did.
 fn open_shard(path: PathBuf, fallback_cache_dir: Option<&Path>) -> Result<(Shard, bool)> {
     let metadata = std::fs::metadata(&path).map_err(|source| Error::io(&path, source))?;
@@ -349,7 +392,7 @@ fn open_shard(path: PathBuf, fallback_cache_dir: Option<&Path>) -> Result<(Shard
     let shard = Shard {
         path,
         len: stamp.len,
-        modified: Some((stamp.mtime_seconds, stamp.mtime_nanoseconds)),
+        indexed: Some(FileIdentity::of(&metadata)),
         index,
         object: None,
     };
@@ -498,20 +541,30 @@ impl SampleSource for TarShards {
             return read;
         }
         let opened = self.shard_file(position, &member)?;
-        // Still the file indexed? A shard rewritten in place or replaced (and opened again)
-        // would give other bytes at the index's offsets. One fstat per sample read.
-        let metadata = opened.file.metadata().map_err(|source| Error::ShardRead {
+        let read_error = |source| Error::ShardRead {
             shard: shard.path.clone(),
             member: member(),
             source,
-        })?;
-        let now = (metadata.mtime(), metadata.mtime_nsec());
-        if metadata.len() != shard.len || shard.modified.is_some_and(|then| then != now) {
-            return Err(Error::FileReplaced {
-                path: shard.path.clone(),
-                opened_len: shard.len,
-                now_len: metadata.len(),
-            });
+        };
+        // Still the file indexed? A shard rewritten in place or replaced (and opened again)
+        // would give other bytes at the index's offsets. One fstat per sample read; when only
+        // the modification time moved (touch, a copy that does not keep times), the member's
+        // own header must still be where the index says, with its size.
+        let metadata = opened.file.metadata().map_err(read_error)?;
+        if let Some(indexed) = &shard.indexed {
+            let now = FileIdentity::of(&metadata);
+            let same_file =
+                (now.device, now.inode, now.len) == (indexed.device, indexed.inode, indexed.len);
+            let in_place = same_file
+                && (now.modified == indexed.modified
+                    || member_header_holds(&opened.file, sample).map_err(read_error)?);
+            if !in_place {
+                return Err(Error::FileReplaced {
+                    path: shard.path.clone(),
+                    opened_len: shard.len,
+                    now_len: metadata.len(),
+                });
+            }
         }
         let mut bytes = vec![0u8; size];
         match opened.file.read_exact_at(&mut bytes, sample.data_offset) {

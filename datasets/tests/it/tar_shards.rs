@@ -249,6 +249,14 @@ fn a_shard_rewritten_or_cut_under_the_job_is_a_changed_source_not_other_bytes() 
     std::fs::write(&shard, &bytes).unwrap();
     let shards = TarShards::open(dir.path()).unwrap();
     assert_eq!(shards.read(0).unwrap(), "image 0".repeat(100).as_bytes());
+    // Touched (a new modification time, the same bytes): still read.
+    std::fs::File::options()
+        .write(true)
+        .open(&shard)
+        .unwrap()
+        .set_modified(std::time::SystemTime::now() + std::time::Duration::from_secs(5))
+        .unwrap();
+    assert_eq!(shards.read(1).unwrap(), "image 1".repeat(100).as_bytes());
     // Rewritten in place with other bytes of the same length (the pool keeps it open).
     std::thread::sleep(std::time::Duration::from_millis(20));
     let other: Vec<u8> = bytes.iter().map(|b| b.wrapping_add(1)).collect();
