@@ -81,6 +81,9 @@ pub(super) struct Driver {
     pub(super) unserved_since: Option<Instant>,
 }
 
+/// How long a reopen waits for the update on its way to be answered.
+const REOPEN_WAIT: Duration = Duration::from_secs(1);
+
 /// An update of the session sent and not yet answered.
 type PendingUpdate = std::pin::Pin<
     Box<
@@ -319,6 +322,10 @@ impl Driver {
         // it is answered (the data plane never waits on the control plane), and what comes
         // meanwhile (acks, credits) goes in the next one.
         let mut updating: Option<PendingUpdate> = None;
+        // The steps the update on its way acknowledges (sent again at a Stop rather than waited
+        // for), and whether its credits started the stall clock (restarted at its answer).
+        let mut acks_on_the_way: Vec<u64> = Vec::new();
+        let mut clock_from_answer = false;
         let end = loop {
             let received = *floor + ahead.len() as u64;
             if received >= self.steps && acks.is_empty() && updating.is_none() {
@@ -336,15 +343,17 @@ impl Driver {
                         last_stats = Some(Instant::now());
                         client_stats(&self.monitor)
                     });
+                    acks_on_the_way = std::mem::take(&mut acks);
                     let request = SessionUpdateRequest {
                         session: Some(token),
                         grant_credits: want,
-                        acknowledged: std::mem::take(&mut acks),
+                        acknowledged: acks_on_the_way.clone(),
                         stats,
                     };
                     // Counted as granted from now: a batch of these credits may arrive before
                     // the answer does.
-                    if outstanding == 0 && want > 0 {
+                    clock_from_answer = outstanding == 0 && want > 0;
+                    if clock_from_answer {
                         progress_at = Instant::now();
                     }
                     outstanding += want;
@@ -362,8 +371,14 @@ impl Driver {
                     }
                 }, if updating.is_some() => {
                     updating = None;
+                    acks_on_the_way.clear();
                     match updated {
                         Ok(response) => {
+                            // Credits granted from nothing outstanding: the wait for their
+                            // batches starts once the coordinator has them.
+                            if clock_from_answer {
+                                progress_at = Instant::now();
+                            }
                             subscribe_all(&response.into_inner().workers, &mut streams, &mut retry_at);
                         }
                         Err(status) => {
@@ -454,7 +469,9 @@ impl Driver {
                             break SessionEnd::Stop;
                         }
                     }
-                    if wanted && outstanding > 0 && progress_at.elapsed() >= self.stall_reopen {
+                    // Not while an update is unanswered: its credits' wait has not begun.
+                    let stalled = progress_at.elapsed() >= self.stall_reopen;
+                    if wanted && outstanding > 0 && updating.is_none() && stalled {
                         tracing::warn!(step = *floor, waited = ?progress_at.elapsed(), "no batch arrived; opening the session again");
                         break SessionEnd::Reopen;
                     }
@@ -469,11 +486,20 @@ impl Driver {
                 batch.give_back(&self.free_slots);
             }
         }
-        if matches!(end, SessionEnd::Done | SessionEnd::Stop) {
-            // The acks on their way go through before the last ones and the close.
-            if let Some(update) = updating.take() {
-                let _ = update.await;
+        if let Some(update) = updating.take() {
+            if matches!(end, SessionEnd::Reopen) {
+                // Its credits would land on the reopened session's window if the coordinator
+                // took it after the reopen: given a moment to be answered first.
+                let _ = tokio::time::timeout(REOPEN_WAIT, update).await;
+            } else {
+                // Its acks go again with the last ones (an ack taken twice is one), in one
+                // call before the close: the loader gives the end a short while.
+                drop(update);
+                acks_on_the_way.extend_from_slice(&acks);
+                acks = acks_on_the_way;
             }
+        }
+        if matches!(end, SessionEnd::Done | SessionEnd::Stop) {
             if !acks.is_empty() {
                 // The consumer went away with steps received since the last update.
                 let _ = client
