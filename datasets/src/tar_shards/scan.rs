@@ -271,11 +271,14 @@ impl<'a> IndexBuilder<'a> {
     }
 }
 
-/// The member name a GNU long-name member or a PAX member's `path` record gives (`None`: a PAX
-/// member without one), read within [`MAX_EXTENSION_BYTES`]; what is wrong otherwise.
-fn extension_name<R: Read>(
+/// What a GNU long-name member (the next member's name) or a PAX member (its `path` and `size`
+/// records) says of the next member, read within [`MAX_EXTENSION_BYTES`]; what is wrong
+/// otherwise.
+type Extension = (Option<Vec<u8>>, Option<u64>);
+
+fn read_extension<R: Read>(
     entry: &mut tar::Entry<'_, R>,
-) -> std::result::Result<Option<Vec<u8>>, String> {
+) -> std::result::Result<Extension, String> {
     let size = entry.size();
     if size > MAX_EXTENSION_BYTES {
         return Err(format!(
@@ -291,17 +294,27 @@ fn extension_name<R: Read>(
         while bytes.last() == Some(&0) {
             bytes.pop();
         }
-        return Ok(Some(bytes));
+        return Ok((Some(bytes), None));
     }
+    let malformed = |what: &dyn std::fmt::Display| {
+        format!("a PAX header after this member is malformed ({what}); the rest of the shard is not indexed")
+    };
+    let (mut path, mut member_size) = (None, None);
     for record in tar::PaxExtensions::new(&bytes) {
-        let record = record.map_err(|source| {
-            format!("a PAX header after this member is malformed ({source}); the rest of the shard is not indexed")
-        })?;
-        if record.key_bytes() == b"path" {
-            return Ok(Some(record.value_bytes().to_vec()));
+        let record = record.map_err(|source| malformed(&source))?;
+        match record.key_bytes() {
+            b"path" => path = Some(record.value_bytes().to_vec()),
+            b"size" => {
+                let value = std::str::from_utf8(record.value_bytes())
+                    .ok()
+                    .and_then(|text| text.trim().parse::<u64>().ok())
+                    .ok_or_else(|| malformed(&"its size record is not a number"))?;
+                member_size = Some(value);
+            }
+            _ => {}
         }
     }
-    Ok(None)
+    Ok((path, member_size))
 }
 
 /// Indexes the shard at `shard`, whose file is `shard_len` bytes long.
@@ -315,15 +328,9 @@ pub(super) fn scan_shard(shard: &Path, shard_len: u64) -> Result<ShardIndex> {
 /// Indexes the tar bytes `reader` gives, `shard_len` of them; `shard` names it in messages.
 pub(crate) fn scan_archive<R: std::io::Read + std::io::Seek>(
     shard: &Path,
-    reader: R,
+    mut reader: R,
     shard_len: u64,
 ) -> Result<ShardIndex> {
-    let mut archive = tar::Archive::new(reader);
-    // Raw: the extension members that name the next member come as members, read below.
-    let entries = archive
-        .entries_with_seek()
-        .map_err(|source| Error::io(shard, source))?
-        .raw(true);
     let mut builder = IndexBuilder {
         shard,
         shard_len,
@@ -331,81 +338,150 @@ pub(crate) fn scan_archive<R: std::io::Read + std::io::Seek>(
         pending: PendingSample::default(),
     };
     let mut last_member = String::from("<start of shard>");
-    // The name an extension member gave the next member.
+    // What extension members said of the next member: its name, and its size (a PAX `size`
+    // record, for a member of 8 GiB or more, whose header says 0).
     let mut long_name: Option<Vec<u8>> = None;
-    for entry in entries {
-        let mut entry = match entry {
-            Ok(entry) => entry,
-            Err(source) => {
-                let what = format!("corrupt or cut tar header after this member ({source}); the rest of the shard is not indexed");
-                builder.problem(&last_member, &what);
-                break;
-            }
-        };
-        let entry_type = entry.header().entry_type();
-        if entry_type.is_gnu_longname() || entry_type.is_pax_local_extensions() {
-            match extension_name(&mut entry) {
-                Ok(name) => long_name = name.or(long_name),
-                Err(what) => {
+    let mut pax_size: Option<u64> = None;
+    // Where the walk starts: past a member whose size is not its header's, the walk starts
+    // again (the tar crate's raw walk steps by the header's size).
+    let mut base = 0u64;
+    'walk: loop {
+        reader
+            .seek(std::io::SeekFrom::Start(base))
+            .map_err(|source| Error::io(shard, source))?;
+        // The tar crate takes the positions its seeks return for its own, from 0.
+        let mut archive = tar::Archive::new(FromBase {
+            inner: &mut reader,
+            base,
+        });
+        // Raw: the extension members that name the next member come as members, read below.
+        let entries = archive
+            .entries_with_seek()
+            .map_err(|source| Error::io(shard, source))?
+            .raw(true);
+        for entry in entries {
+            let mut entry = match entry {
+                Ok(entry) => entry,
+                Err(source) => {
+                    let what = format!("corrupt or cut tar header after this member ({source}); the rest of the shard is not indexed");
                     builder.problem(&last_member, &what);
-                    break;
+                    break 'walk;
                 }
+            };
+            let entry_type = entry.header().entry_type();
+            if entry_type.is_gnu_longname() || entry_type.is_pax_local_extensions() {
+                match read_extension(&mut entry) {
+                    Ok((name, size)) => {
+                        long_name = name.or(long_name);
+                        pax_size = size.or(pax_size);
+                    }
+                    Err(what) => {
+                        builder.problem(&last_member, &what);
+                        break 'walk;
+                    }
+                }
+                continue;
             }
-            continue;
-        }
-        if entry_type.is_gnu_longlink() || entry_type.is_pax_global_extensions() {
-            continue; // its data is skipped, never read
-        }
-        let name_bytes = match long_name.take() {
-            Some(name) => name,
-            None => entry.path_bytes().into_owned(),
-        };
-        let name = String::from_utf8_lossy(&name_bytes).into_owned();
-        last_member.clone_from(&name);
-        if !entry.header().entry_type().is_file() {
-            continue;
-        }
-        let Some((key, extension)) = split_key(&name) else {
-            continue;
-        };
-        let kind = member_kind(&extension);
-        if kind == MemberKind::Other {
-            continue;
-        }
-        builder.member(key);
-        let data_offset = entry.raw_file_position();
-        let size = entry.size();
-        match kind {
-            MemberKind::Image => builder.image(name, data_offset, size),
-            MemberKind::ClassLabel | MemberKind::JsonLabel => {
-                if data_offset.saturating_add(size) > shard_len {
-                    builder.pending.bad_label = true;
-                    builder.problem(&name, "label member runs past the end of the shard");
-                    continue;
-                }
-                if size > MAX_LABEL_BYTES {
-                    builder.pending.bad_label = true;
-                    builder.problem(&name, "label member is too large to be a label");
-                    continue;
-                }
-                let mut bytes = Vec::new();
-                if let Err(source) = entry.read_to_end(&mut bytes) {
-                    builder.pending.bad_label = true;
-                    builder.problem(&name, &format!("cannot read label member: {source}"));
-                    continue;
-                }
-                let from_cls = kind == MemberKind::ClassLabel;
-                let label = if from_cls {
-                    parse_class_label(&bytes)
-                } else {
-                    parse_json_label(&bytes)
-                };
-                builder.label(name, label, from_cls);
+            if entry_type.is_gnu_sparse() {
+                let what = "a GNU sparse member after this member (sparse files are not read); the rest of the shard is not indexed";
+                builder.problem(&last_member, what);
+                break 'walk;
             }
-            MemberKind::Other => {}
+            if entry_type.is_gnu_longlink() || entry_type.is_pax_global_extensions() {
+                continue; // its data is skipped, never read
+            }
+            let name_bytes = match long_name.take() {
+                Some(name) => name,
+                None => entry.path_bytes().into_owned(),
+            };
+            let name = String::from_utf8_lossy(&name_bytes).into_owned();
+            let data_offset = base.saturating_add(entry.raw_file_position());
+            let header_size = entry.size();
+            let size = pax_size.take().unwrap_or(header_size);
+            if entry_type.is_file() {
+                index_member(&mut builder, &mut entry, &name, data_offset, size);
+            }
+            last_member = name;
+            if size != header_size {
+                base = data_offset.saturating_add(size.div_ceil(512).saturating_mul(512));
+                continue 'walk;
+            }
         }
+        break;
     }
     Ok(builder.finish())
+}
+
+/// A reader whose positions count from `base` of `inner` (already there).
+struct FromBase<R> {
+    inner: R,
+    base: u64,
+}
+
+impl<R: Read> Read for FromBase<R> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        self.inner.read(buf)
+    }
+}
+
+impl<R: std::io::Seek> std::io::Seek for FromBase<R> {
+    fn seek(&mut self, to: std::io::SeekFrom) -> std::io::Result<u64> {
+        let to = match to {
+            std::io::SeekFrom::Start(at) => std::io::SeekFrom::Start(self.base.saturating_add(at)),
+            relative => relative,
+        };
+        let at = self.inner.seek(to)?;
+        at.checked_sub(self.base)
+            .ok_or_else(|| std::io::Error::other("seek before the start of the walk"))
+    }
+}
+
+/// Adds member `name` (a file), whose data is `size` bytes at `data_offset`, to the index: an
+/// image's place, or a label read now.
+fn index_member<R: Read>(
+    builder: &mut IndexBuilder<'_>,
+    entry: &mut tar::Entry<'_, R>,
+    name: &str,
+    data_offset: u64,
+    size: u64,
+) {
+    let Some((key, extension)) = split_key(name) else {
+        return;
+    };
+    let kind = member_kind(&extension);
+    if kind == MemberKind::Other {
+        return;
+    }
+    builder.member(key);
+    match kind {
+        MemberKind::Image => builder.image(name.to_string(), data_offset, size),
+        MemberKind::ClassLabel | MemberKind::JsonLabel => {
+            if data_offset.saturating_add(size) > builder.shard_len {
+                builder.pending.bad_label = true;
+                builder.problem(name, "label member runs past the end of the shard");
+                return;
+            }
+            if size > MAX_LABEL_BYTES {
+                builder.pending.bad_label = true;
+                builder.problem(name, "label member is too large to be a label");
+                return;
+            }
+            let mut bytes = Vec::new();
+            if let Err(source) = entry.read_to_end(&mut bytes) {
+                builder.pending.bad_label = true;
+                builder.problem(name, &format!("cannot read label member: {source}"));
+                return;
+            }
+            let from_cls = kind == MemberKind::ClassLabel;
+            let label = if from_cls {
+                parse_class_label(&bytes)
+            } else {
+                parse_json_label(&bytes)
+            };
+            builder.label(name.to_string(), label, from_cls);
+        }
+        MemberKind::Other => {}
+    }
 }
 
 #[cfg(test)]
@@ -494,6 +570,62 @@ mod tests {
         assert_eq!(index.problems, 0);
         assert_eq!(index.member_name(0), long.as_str());
         assert_eq!(index.samples[0].label, 3);
+    }
+
+    /// A PAX member whose records are `records` (key, value).
+    fn pax_member(records: &[(&str, &str)]) -> Vec<u8> {
+        let mut data = String::new();
+        for (key, value) in records {
+            // "<length> key=value\n", the length counting its own digits.
+            let body = format!(" {key}={value}\n");
+            let mut length = body.len() + 1;
+            while format!("{length}").len() + body.len() != length {
+                length += 1;
+            }
+            data.push_str(&format!("{length}{body}"));
+        }
+        let mut header = tar::Header::new_ustar();
+        header.set_entry_type(tar::EntryType::XHeader);
+        header.set_size(data.len() as u64);
+        header.set_path("PaxHeader").expect("a short name");
+        header.set_cksum();
+        let mut out = header.as_bytes().to_vec();
+        out.extend_from_slice(data.as_bytes());
+        out.resize(out.len().div_ceil(512) * 512, 0);
+        out
+    }
+
+    #[test]
+    fn a_pax_size_record_places_its_member_and_the_walk_goes_on_after_it() {
+        // As a writer puts a member of 8 GiB or more: its size in a PAX record, 0 in its
+        // header (here 1,000 bytes, so the test stays small).
+        let mut bytes = tar_of(&[("0000.jpg", b"jpeg"), ("0000.cls", b"1")]);
+        bytes.truncate(bytes.len() - 1024);
+        bytes.extend_from_slice(&pax_member(&[("size", "1000"), ("path", "0001.jpg")]));
+        let mut header = tar::Header::new_ustar();
+        header.set_size(0);
+        header.set_mode(0o644);
+        header.set_path("0001.jpg").expect("a short name");
+        header.set_cksum();
+        bytes.extend_from_slice(header.as_bytes());
+        let data_offset = bytes.len() as u64;
+        bytes.extend(std::iter::repeat_n(b'j', 1000));
+        bytes.resize(bytes.len().div_ceil(512) * 512, 0);
+        bytes.extend_from_slice(&tar_of(&[
+            ("0001.cls", b"2"),
+            ("0002.jpg", b"jpeg"),
+            ("0002.cls", b"3"),
+        ]));
+        let (index, _) = scan(&bytes);
+        assert_eq!(index.problems, 0);
+        assert_eq!(index.samples.len(), 3);
+        assert_eq!(index.member_name(1), "0001.jpg");
+        assert_eq!(
+            (index.samples[1].data_offset, index.samples[1].size),
+            (data_offset, 1000)
+        );
+        assert_eq!(index.samples[1].label, 2);
+        assert_eq!(index.samples[2].label, 3);
     }
 
     #[test]

@@ -171,6 +171,80 @@ fn hand_made_tar() -> TestResult<Vec<u8>> {
     Ok(builder.into_inner()?)
 }
 
+/// A tar whose names and one member's size come in PAX records (as Python's tarfile and
+/// WebDataset write names over 100 bytes, and sizes of 8 GiB or more: 0 in the header).
+fn pax_tar() -> TestResult<Vec<u8>> {
+    let mut out = Vec::new();
+    let mut member = |records: &[(&str, String)], name: &str, header_size: u64, data: &[u8]| {
+        let mut body = String::new();
+        for (key, value) in records {
+            // "<length> key=value\n", the length counting its own digits.
+            let record = format!(" {key}={value}\n");
+            let mut length = record.len() + 1;
+            while format!("{length}").len() + record.len() != length {
+                length += 1;
+            }
+            body.push_str(&format!("{length}{record}"));
+        }
+        for (kind, size, path, bytes) in [
+            (
+                tar::EntryType::XHeader,
+                body.len() as u64,
+                "PaxHeader",
+                body.as_bytes(),
+            ),
+            (tar::EntryType::Regular, header_size, name, data),
+        ] {
+            let mut header = tar::Header::new_ustar();
+            header.set_entry_type(kind);
+            header.set_size(size);
+            header.set_mode(0o644);
+            header.set_path(path)?;
+            header.set_cksum();
+            out.extend_from_slice(header.as_bytes());
+            out.extend_from_slice(bytes);
+            out.resize(out.len().div_ceil(512) * 512, 0);
+        }
+        io::Result::Ok(())
+    };
+    let long = "pax".repeat(40);
+    member(
+        &[("path", format!("d/{long}.jpg"))],
+        "d/short.jpg",
+        2,
+        &[0xFF, 0xD8],
+    )?;
+    member(&[("path", format!("d/{long}.cls"))], "d/short.cls", 1, b"3")?;
+    member(
+        &[("size", "4".into())],
+        "d/big.jpg",
+        0,
+        &[0xFF, 0xD8, 0xFF, 0xD9],
+    )?;
+    member(&[], "d/big.cls", 1, b"1")?;
+    out.extend_from_slice(&[0; 1024]);
+    Ok(out)
+}
+
+/// A tar whose second header is a GNU long name claiming 100 MiB, in a file of a few KiB.
+fn huge_long_name_tar() -> TestResult<Vec<u8>> {
+    let mut builder = tar::Builder::new(Vec::new());
+    let mut header = tar::Header::new_gnu();
+    header.set_size(2);
+    header.set_mode(0o644);
+    builder.append_data(&mut header, "a.jpg", &[0xFF, 0xD8][..])?;
+    let mut out = builder.into_inner()?;
+    out.truncate(out.len() - 1024);
+    let mut long_name = tar::Header::new_gnu();
+    long_name.set_entry_type(tar::EntryType::GNULongName);
+    long_name.set_size(100 << 20);
+    long_name.set_path("././@LongLink")?;
+    long_name.set_cksum();
+    out.extend_from_slice(long_name.as_bytes());
+    out.extend_from_slice(&[b'x'; 2048]);
+    Ok(out)
+}
+
 /// A Parquet file of text documents with an integer label and a float column.
 fn text_parquet() -> TestResult<Vec<u8>> {
     let columns: Vec<(&str, ArrayRef)> = vec![
@@ -213,6 +287,8 @@ fn write_seed_corpora() -> TestResult<()> {
     let tar = hand_made_tar()?;
     put("tar_shards", "hand_made.tar", &tar)?;
     put("tar_shards", "cut.tar", &tar[..tar.len() - 700])?;
+    put("tar_shards", "pax.tar", &pax_tar()?)?;
+    put("tar_shards", "huge_long_name.tar", &huge_long_name_tar()?)?;
 
     let parquet_dir = work.path().join("parquet");
     let options = ParquetWriterOptions {
