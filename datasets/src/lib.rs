@@ -52,6 +52,7 @@
 
 mod arrow_rows;
 mod cache_stats;
+mod decoder_panics;
 mod error;
 mod file_bytes;
 mod file_pool;

@@ -6,6 +6,9 @@
 //! shard's absolute path, size and modification time, and is used only when size and time still
 //! match (and, in the user cache, the path too).
 //!
+//! Here too: what identifies a local shard's file while it is read ([`FileIdentity`]), so a
+//! shard rewritten or replaced under the job is never read at its old index's offsets.
+//!
 //! A cache file is untrusted input: magic, version, every length and a trailing checksum are
 //! checked before anything is allocated or used, and a file that fails a check is rebuilt.
 //!
@@ -18,10 +21,10 @@
 //! | FNV-1a 64 checksum of everything before it
 //! ```
 
-use std::fs::Metadata;
+use std::fs::{File, Metadata};
 use std::io::Write;
 use std::os::unix::ffi::OsStrExt;
-use std::os::unix::fs::MetadataExt;
+use std::os::unix::fs::{FileExt, MetadataExt};
 use std::path::{Path, PathBuf};
 
 use tracing::{debug, warn};
@@ -257,6 +260,82 @@ pub(super) fn store(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
         let _ = std::fs::remove_file(&temporary);
     }
     written
+}
+
+/// Caches a freshly built index beside its shard, else in the user cache; failing both, keeps
+/// it in memory only (with a warning: the next open walks the headers again).
+pub(super) fn save_index(
+    beside: &Path,
+    in_user_cache: Option<&Path>,
+    stamp: &ShardStamp,
+    index: &ShardIndex,
+) {
+    let bytes = encode(stamp, index);
+    let beside_error = match store(beside, &bytes) {
+        Ok(()) => return,
+        Err(error) => error,
+    };
+    debug!(cache = %beside.display(), error = %beside_error, "cannot cache tar index beside its shard");
+    let Some(user_cache) = in_user_cache else {
+        warn!(shard = %stamp.absolute_path.display(), error = %beside_error, "cannot cache tar index; it will be rebuilt next time");
+        return;
+    };
+    let stored = match user_cache.parent() {
+        Some(dir) => std::fs::create_dir_all(dir).and_then(|()| store(user_cache, &bytes)),
+        None => store(user_cache, &bytes),
+    };
+    if let Err(error) = stored {
+        warn!(
+            shard = %stamp.absolute_path.display(),
+            cache = %user_cache.display(),
+            error = %error,
+            "cannot cache tar index; it will be rebuilt next time"
+        );
+    }
+}
+
+/// What identifies a local shard's file: its device and inode, length and modification time.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct FileIdentity {
+    pub(super) device: u64,
+    pub(super) inode: u64,
+    pub(super) len: u64,
+    pub(super) modified: (i64, i64),
+}
+
+impl FileIdentity {
+    pub(super) fn of(metadata: &std::fs::Metadata) -> FileIdentity {
+        FileIdentity {
+            device: metadata.dev(),
+            inode: metadata.ino(),
+            len: metadata.len(),
+            modified: (metadata.mtime(), metadata.mtime_nsec()),
+        }
+    }
+}
+
+/// Whether the 512-byte block before `sample`'s data in `file` is a valid tar header (its
+/// checksum holds) of a member of `sample`'s size: the member is still where it was indexed.
+pub(super) fn member_header_holds(file: &File, sample: IndexedSample) -> std::io::Result<bool> {
+    let Some(at) = sample.data_offset.checked_sub(512) else {
+        return Ok(false);
+    };
+    let mut block = [0u8; 512];
+    file.read_exact_at(&mut block, at)?;
+    let header = tar::Header::from_byte_slice(&block);
+    let sum: u32 = block
+        .iter()
+        .enumerate()
+        .map(|(i, &b)| {
+            if (148..156).contains(&i) {
+                u32::from(b' ')
+            } else {
+                u32::from(b)
+            }
+        })
+        .sum();
+    Ok(header.cksum().is_ok_and(|recorded| recorded == sum)
+        && header.entry_size().is_ok_and(|size| size == sample.size))
 }
 
 #[cfg(test)]

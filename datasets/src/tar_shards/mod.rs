@@ -23,13 +23,13 @@ mod write;
 
 use std::fs::File;
 use std::ops::Range;
-use std::os::unix::fs::{FileExt, MetadataExt};
+use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Instant;
 
 use rayon::prelude::*;
-use tracing::{debug, info, warn};
+use tracing::{info, warn};
 
 use crate::cache_stats::CacheStats;
 use crate::error::{Error, Result};
@@ -81,7 +81,7 @@ pub(crate) struct Shard {
     path: PathBuf,
     len: u64,
     /// A local shard's file when it was indexed: a read checks the open file is still it.
-    indexed: Option<FileIdentity>,
+    indexed: Option<cache::FileIdentity>,
     index: ShardIndex,
     /// `None`: the local file at `path`, through the pool of open files.
     object: Option<RemoteObject>,
@@ -323,50 +323,6 @@ impl TarShards {
     }
 }
 
-/// What identifies a local shard's file: its device and inode, length and modification time.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-struct FileIdentity {
-    device: u64,
-    inode: u64,
-    len: u64,
-    modified: (i64, i64),
-}
-
-impl FileIdentity {
-    fn of(metadata: &std::fs::Metadata) -> FileIdentity {
-        FileIdentity {
-            device: metadata.dev(),
-            inode: metadata.ino(),
-            len: metadata.len(),
-            modified: (metadata.mtime(), metadata.mtime_nsec()),
-        }
-    }
-}
-
-/// Whether the 512-byte block before `sample`'s data in `file` is a valid tar header (its
-/// checksum holds) of a member of `sample`'s size: the member is still where it was indexed.
-fn member_header_holds(file: &File, sample: scan::IndexedSample) -> std::io::Result<bool> {
-    let Some(at) = sample.data_offset.checked_sub(512) else {
-        return Ok(false);
-    };
-    let mut block = [0u8; 512];
-    file.read_exact_at(&mut block, at)?;
-    let header = tar::Header::from_byte_slice(&block);
-    let sum: u32 = block
-        .iter()
-        .enumerate()
-        .map(|(i, &b)| {
-            if (148..156).contains(&i) {
-                u32::from(b' ')
-            } else {
-                u32::from(b)
-            }
-        })
-        .sum();
-    Ok(header.cksum().is_ok_and(|recorded| recorded == sum)
-        && header.entry_size().is_ok_and(|size| size == sample.size))
-}
-
 /// Indexes one shard, from a cache when a valid one exists. The flag tells whether it did.
 fn open_shard(path: PathBuf, fallback_cache_dir: Option<&Path>) -> Result<(Shard, bool)> {
     let metadata = std::fs::metadata(&path).map_err(|source| Error::io(&path, source))?;
@@ -385,45 +341,18 @@ fn open_shard(path: PathBuf, fallback_cache_dir: Option<&Path>) -> Result<(Shard
         Some(index) => index,
         None => {
             let index = scan::scan_shard(&path, stamp.len)?;
-            save_index(&beside, in_user_cache.as_deref(), &stamp, &index);
+            cache::save_index(&beside, in_user_cache.as_deref(), &stamp, &index);
             index
         }
     };
     let shard = Shard {
         path,
         len: stamp.len,
-        indexed: Some(FileIdentity::of(&metadata)),
+        indexed: Some(cache::FileIdentity::of(&metadata)),
         index,
         object: None,
     };
     Ok((shard, from_cache))
-}
-
-/// Caches a freshly built index beside its shard, else in the user cache; failing both, keeps
-/// it in memory only (with a warning: the next open walks the headers again).
-fn save_index(beside: &Path, in_user_cache: Option<&Path>, stamp: &ShardStamp, index: &ShardIndex) {
-    let bytes = cache::encode(stamp, index);
-    let beside_error = match cache::store(beside, &bytes) {
-        Ok(()) => return,
-        Err(error) => error,
-    };
-    debug!(cache = %beside.display(), error = %beside_error, "cannot cache tar index beside its shard");
-    let Some(user_cache) = in_user_cache else {
-        warn!(shard = %stamp.absolute_path.display(), error = %beside_error, "cannot cache tar index; it will be rebuilt next time");
-        return;
-    };
-    let stored = match user_cache.parent() {
-        Some(dir) => std::fs::create_dir_all(dir).and_then(|()| cache::store(user_cache, &bytes)),
-        None => cache::store(user_cache, &bytes),
-    };
-    if let Err(error) = stored {
-        warn!(
-            shard = %stamp.absolute_path.display(),
-            cache = %user_cache.display(),
-            error = %error,
-            "cannot cache tar index; it will be rebuilt next time"
-        );
-    }
 }
 
 /// Class names from `classes.txt` in `root` when present, else `"0"` to `max_label`.
@@ -552,12 +481,12 @@ impl SampleSource for TarShards {
         // own header must still be where the index says, with its size.
         let metadata = opened.file.metadata().map_err(read_error)?;
         if let Some(indexed) = &shard.indexed {
-            let now = FileIdentity::of(&metadata);
+            let now = cache::FileIdentity::of(&metadata);
             let same_file =
                 (now.device, now.inode, now.len) == (indexed.device, indexed.inode, indexed.len);
             let in_place = same_file
                 && (now.modified == indexed.modified
-                    || member_header_holds(&opened.file, sample).map_err(read_error)?);
+                    || cache::member_header_holds(&opened.file, sample).map_err(read_error)?);
             if !in_place {
                 return Err(Error::FileReplaced {
                     path: shard.path.clone(),

@@ -106,16 +106,27 @@ fn one_worker() -> Result<
     (tempfile::TempDir, tempfile::TempDir, MemoryNetwork, Cluster),
     Box<dyn std::error::Error>,
 > {
+    one_worker_with(|_| {})
+}
+
+/// [`one_worker`] with the worker's configuration changed by `tune`.
+fn one_worker_with(
+    tune: impl Fn(&mut WorkerConfig),
+) -> Result<
+    (tempfile::TempDir, tempfile::TempDir, MemoryNetwork, Cluster),
+    Box<dyn std::error::Error>,
+> {
     let data = tempfile::tempdir()?;
     images(data.path())?;
     let state = tempfile::tempdir()?;
     let network = MemoryNetwork::new();
-    let cluster = start_cluster(
+    let cluster = start_cluster_with(
         &network,
         data.path(),
         state.path(),
         &["worker-a:7001"],
         None,
+        tune,
     )?;
     Ok((data, state, network, cluster))
 }
@@ -171,7 +182,12 @@ fn remote_with(
 
 /// The embedded loader's epoch 0 of [`spec`]: its digest and steps.
 fn embedded(data: &Path) -> Result<(String, u64), Box<dyn std::error::Error>> {
-    let loader = Loader::new(spec(data), LoaderOptions::default())?;
+    embedded_of(spec(data))
+}
+
+/// The embedded loader's epoch 0 of `job`: its digest and steps.
+fn embedded_of(job: JobSpec) -> Result<(String, u64), Box<dyn std::error::Error>> {
+    let loader = Loader::new(job, LoaderOptions::default())?;
     let mut digest = BatchDigest::new();
     for batch in loader.epoch(0, 0)? {
         digest.update(&batch?);
@@ -343,21 +359,11 @@ fn mapped(path: &Path) -> Result<bool, Box<dyn std::error::Error>> {
 
 #[test]
 fn a_worker_lets_go_of_a_job_no_task_used_for_its_idle_time_and_opens_it_again() -> TestResult {
-    let data = tempfile::tempdir()?;
+    let idle = Duration::from_secs(2);
+    let (data, _state, network, _cluster) = one_worker_with(|config| config.job_idle = idle)?;
     let tokens = data.path().join("train.bin");
     let bytes: Vec<u8> = (0..4_000u16).flat_map(u16::to_le_bytes).collect();
     std::fs::write(&tokens, bytes)?;
-    let state = tempfile::tempdir()?;
-    let network = MemoryNetwork::new();
-    let idle = Duration::from_secs(2);
-    let _cluster = start_cluster_with(
-        &network,
-        data.path(),
-        state.path(),
-        &["worker-a:7001"],
-        None,
-        |config| config.job_idle = idle,
-    )?;
     let windows = proto::Op {
         op: Some(proto::op::Op::TokenWindows(proto::TokenWindows {
             seq_len: 16,
@@ -429,32 +435,14 @@ fn a_worker_lets_go_of_a_job_no_task_used_for_its_idle_time_and_opens_it_again()
 
 #[test]
 fn batches_leased_before_the_coordinator_stops_answering_still_reach_the_consumer() -> TestResult {
-    let data = tempfile::tempdir()?;
-    images(data.path())?;
-    let state = tempfile::tempdir()?;
-    let network = MemoryNetwork::new();
     // One decode thread leasing 8 steps at a time: after the first batch the worker holds
     // the rest of its lease, built one by one.
-    let _cluster = start_cluster_with(
-        &network,
-        data.path(),
-        state.path(),
-        &["worker-a:7001"],
-        None,
-        |config| config.lease_ahead = 8,
-    )?;
+    let (data, _state, network, _cluster) = one_worker_with(|config| config.lease_ahead = 8)?;
     let job = JobSpec {
         batch_size: 4,
         ..spec(data.path())
     };
-    let expected = {
-        let embedded = Loader::new(job.clone(), LoaderOptions::default())?;
-        let mut digest = BatchDigest::new();
-        for batch in embedded.epoch(0, 0)? {
-            digest.update(&batch?);
-        }
-        digest.hex()
-    };
+    let (expected, _) = embedded_of(job.clone())?;
     let loader = Loader::remote(
         COORDINATOR,
         job,

@@ -10,8 +10,8 @@ use std::time::{Duration, Instant};
 use crossbeam_channel::Sender;
 use stoker_proto::v1::coordinator_client::CoordinatorClient;
 use stoker_proto::v1::{
-    ClientStats, CloseSessionRequest, JobSpec, OpenSessionRequest, RegisterJobRequest,
-    SessionToken, SessionUpdateRequest, StageTimings, SubscribeRequest, WorkerInfo,
+    CloseSessionRequest, JobSpec, OpenSessionRequest, RegisterJobRequest, SessionToken,
+    SessionUpdateRequest, SubscribeRequest, WorkerInfo,
 };
 use stoker_rpc::batch_wire;
 use stoker_rpc::error_kinds;
@@ -21,7 +21,7 @@ use stoker_rpc::transport::{Backoff, RpcChannel, MAX_MESSAGE_BYTES};
 use tokio::sync::mpsc;
 use tonic::{Code, Status};
 
-use super::STREAM_RETRY;
+use super::{client_stats, job_label, STREAM_RETRY};
 use crate::client::landing::{lock, next_landed, Landed, SlotQueue};
 use crate::client::monitor::LoaderMonitor;
 use crate::client::slots::Slot;
@@ -104,33 +104,6 @@ enum SessionEnd {
     Reopen,
     /// The consumer went away or an error was passed on.
     Stop,
-}
-
-/// The figures a client reports to its coordinator, from its loader's monitor.
-fn client_stats(monitor: &LoaderMonitor) -> ClientStats {
-    let snapshot = monitor.snapshot();
-    let stats = &snapshot.stats;
-    let ns = |s: f64| (s * 1e9) as u64;
-    ClientStats {
-        batches: stats.batches,
-        samples: stats.samples,
-        wait_ns: ns(stats.wait_s),
-        epoch_start_wait_ns: ns(stats.epoch_start_wait_s),
-        elapsed_ns: ns(stats.elapsed_s),
-        gpu_idle_ns: ns(stats.gpu_idle_s),
-        gpu_span_ns: ns(stats.gpu_span_s),
-        queue_depth: stats.in_flight as u32,
-        prefetch_target: stats.prefetch_depth as u32,
-        bad_samples: stats.bad_samples,
-        bytes: stats.bytes,
-        stage_ns: Some(StageTimings {
-            read_ns: ns(stats.read_s),
-            decode_ns: ns(stats.decode_s),
-            augment_ns: ns(stats.augment_s),
-            assemble_ns: ns(stats.assemble_s),
-            transfer_ns: 0,
-        }),
-    }
 }
 
 impl Driver {
@@ -518,19 +491,6 @@ impl Driver {
                 .await;
         }
         end
-    }
-}
-
-/// A short name for the job in messages: its dataset (a mix: its datasets joined by `+`).
-fn job_label(spec: &JobSpec) -> String {
-    let uris: Vec<&str> = stoker_worker::spec_sources(spec)
-        .into_iter()
-        .map(|(dataset, _)| dataset.uri.as_str())
-        .collect();
-    if uris.is_empty() {
-        "without a dataset".to_string()
-    } else {
-        uris.join("+")
     }
 }
 

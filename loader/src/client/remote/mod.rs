@@ -349,3 +349,42 @@ impl Drop for RemoteFeed {
         self.task.abort();
     }
 }
+/// The figures a client reports to its coordinator, from its loader's monitor.
+pub(super) fn client_stats(monitor: &LoaderMonitor) -> stoker_proto::v1::ClientStats {
+    let snapshot = monitor.snapshot();
+    let stats = &snapshot.stats;
+    let ns = |s: f64| (s * 1e9) as u64;
+    stoker_proto::v1::ClientStats {
+        batches: stats.batches,
+        samples: stats.samples,
+        wait_ns: ns(stats.wait_s),
+        epoch_start_wait_ns: ns(stats.epoch_start_wait_s),
+        elapsed_ns: ns(stats.elapsed_s),
+        gpu_idle_ns: ns(stats.gpu_idle_s),
+        gpu_span_ns: ns(stats.gpu_span_s),
+        queue_depth: stats.in_flight as u32,
+        prefetch_target: stats.prefetch_depth as u32,
+        bad_samples: stats.bad_samples,
+        bytes: stats.bytes,
+        stage_ns: Some(stoker_proto::v1::StageTimings {
+            read_ns: ns(stats.read_s),
+            decode_ns: ns(stats.decode_s),
+            augment_ns: ns(stats.augment_s),
+            assemble_ns: ns(stats.assemble_s),
+            transfer_ns: 0,
+        }),
+    }
+}
+
+/// A short name for the job in messages: its dataset (a mix: its datasets joined by `+`).
+pub(super) fn job_label(spec: &JobSpec) -> String {
+    let uris: Vec<&str> = stoker_worker::spec_sources(spec)
+        .into_iter()
+        .map(|(dataset, _)| dataset.uri.as_str())
+        .collect();
+    if uris.is_empty() {
+        "without a dataset".to_string()
+    } else {
+        uris.join("+")
+    }
+}
