@@ -13,6 +13,8 @@
 //! sample count (u32) and per sample data offset (u64), size (u64), label (i64), member name
 //! (u16 length + bytes).
 
+use std::io::Read;
+
 use object_store::ObjectMeta;
 
 use super::scan::{IndexedSample, ShardIndex};
@@ -82,8 +84,18 @@ pub(crate) fn decode(bytes: &[u8], uri: &str, max_bytes: usize) -> Result<Vec<In
         uri: uri.to_string(),
         reason: reason.to_string(),
     };
-    let raw = zstd::bulk::decompress(bytes, max_bytes)
-        .map_err(|e| bad(&format!("not zstd, or larger than {max_bytes} bytes: {e}")))?;
+    // Streamed, so memory grows with what the index holds: `bulk::decompress` reserves the
+    // whole bound up front (1 GiB), which a strict overcommit or an address-space limit refuses
+    // by aborting the process.
+    let mut raw = Vec::new();
+    zstd::stream::read::Decoder::new(bytes)
+        .and_then(|decoder| decoder.take(max_bytes as u64 + 1).read_to_end(&mut raw))
+        .map_err(|e| bad(&format!("not zstd: {e}")))?;
+    if raw.len() > max_bytes {
+        return Err(bad(&format!(
+            "larger than {max_bytes} bytes once decompressed"
+        )));
+    }
     let mut reader = Reader { bytes: &raw, at: 0 };
     if reader.take(MAGIC.len()).map_err(|_| bad("too short"))? != MAGIC {
         return Err(bad("not a Stoker tar index"));
@@ -194,6 +206,10 @@ mod tests {
         assert_eq!(back[0].index, shards[0].index);
         assert!(decode(&bytes[..bytes.len() / 2], "u", 1 << 20).is_err());
         assert!(decode(b"not zstd", "u", 1 << 20).is_err());
+        // Past the bound once decompressed: refused (read streamed, never reserved whole).
+        let bound = zstd::bulk::decompress(&bytes, 1 << 20).unwrap().len() - 1;
+        let error = decode(&bytes, "u", bound).unwrap_err().to_string();
+        assert!(error.contains("larger than"), "{error}");
         let raw = zstd::bulk::decompress(&bytes, 1 << 20).unwrap();
         for cut in [4, raw.len() - 1] {
             let short = zstd::bulk::compress(&raw[..cut], 3).unwrap();

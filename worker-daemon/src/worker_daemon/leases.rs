@@ -156,7 +156,7 @@ async fn serve_leases(
         lost_tx,
     ));
     // Deliveries in flight: each holds one finished batch.
-    let most_deliveries = config.lease_ahead.max(1) * 2;
+    let most_deliveries = config.lease_ahead.max(1).saturating_mul(2);
     let deliveries = Arc::new(Semaphore::new(most_deliveries as usize));
     let status = loop {
         if *draining.borrow() {
