@@ -45,7 +45,7 @@ impl std::fmt::Display for CacheStats {
         write!(
             formatter,
             "object cache: {} hits, {} misses, {} bytes fetched, {} bytes from cache, \
-             {} requests, {} retries, {} evictions, {} read ahead",
+             {} requests, {} retries, {} evictions ({} bytes), {} read ahead",
             self.hits,
             self.misses,
             self.bytes_fetched,
@@ -53,7 +53,26 @@ impl std::fmt::Display for CacheStats {
             self.requests,
             self.retries,
             self.evictions,
+            self.bytes_evicted,
             self.read_ahead
         )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_line_names_every_figure() {
+        let stats = CacheStats {
+            evictions: 2,
+            bytes_evicted: 300,
+            read_ahead: 4,
+            ..CacheStats::default()
+        };
+        let line = stats.to_string();
+        assert!(line.contains("2 evictions (300 bytes)"), "{line}");
+        assert!(line.contains("4 read ahead"), "{line}");
     }
 }

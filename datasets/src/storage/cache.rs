@@ -485,6 +485,7 @@ impl ObjectCache {
                 size: entry.listed.size,
                 offset: sources[*position].1,
                 file: Arc::clone(&part.file),
+                part: part.path.clone(),
             })
             .collect();
         let plan = FetchPlan {

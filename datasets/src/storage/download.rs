@@ -50,8 +50,9 @@ pub(super) struct Download {
     pub(super) size: u64,
     /// Where the bytes start in the object (0 for a whole object).
     pub(super) offset: u64,
-    /// The temporary file the parts are written into.
+    /// The temporary file the parts are written into, and its path (for messages).
     pub(super) file: Arc<File>,
+    pub(super) part: std::path::PathBuf,
 }
 
 /// The objects directly under the location's prefix (not in sub-"folders"), sorted by key; a
@@ -227,13 +228,13 @@ async fn fetch_request(
     if let Some(position) = request.part_of {
         let download = &downloads[position];
         let at = range.start - download.offset;
-        return write_at(&download.file, bytes, at, &download.uri).await;
+        return write_at(download, bytes, at).await;
     }
     for &position in &request.whole {
         let download = &downloads[position];
         let from = (download.offset - range.start) as usize;
         let piece = bytes.slice(from..from + download.size as usize);
-        write_at(&download.file, piece, 0, &download.uri).await?;
+        write_at(download, piece, 0).await?;
     }
     Ok(())
 }
@@ -338,16 +339,17 @@ pub(super) async fn put(
     Ok(())
 }
 
-/// Writes `bytes` at `offset` of `file` off the async threads.
-async fn write_at(file: &Arc<File>, bytes: bytes::Bytes, offset: u64, uri: &str) -> Result<()> {
-    let file = Arc::clone(file);
+/// Writes `bytes` at `offset` of `download`'s part file off the async threads.
+async fn write_at(download: &Download, bytes: bytes::Bytes, offset: u64) -> Result<()> {
+    let file = Arc::clone(&download.file);
+    let uri = download.uri.as_str();
     let written = tokio::task::spawn_blocking(move || file.write_all_at(&bytes, offset))
         .await
         .map_err(std::io::Error::other)
         .and_then(|result| result);
     written.map_err(|source| {
         debug!(uri, offset, error = %source, "cannot write a downloaded part");
-        Error::cache(uri, source)
+        Error::cache(&download.part, source)
     })
 }
 
@@ -363,6 +365,7 @@ mod tests {
             size,
             offset,
             file: Arc::new(tempfile::tempfile().unwrap()),
+            part: format!("{key}.stoker-part-0-0").into(),
         }
     }
 
