@@ -543,30 +543,13 @@ mod tests {
         assert_eq!(index.member_name(0), long.as_str());
         assert_eq!(index.samples[0].label, 3);
         // The same names in PAX records before plain headers.
-        let mut pax = tar::Builder::new(Vec::new());
+        let mut pax = Vec::new();
         for (name, bytes) in [(&long, &b"jpeg"[..]), (&long_cls, &b"3"[..])] {
-            // One record, "<length> path=<name>\n", its length counting its own digits.
-            let body = format!(" path={name}\n");
-            let mut length = body.len() + 1;
-            while format!("{length}").len() + body.len() != length {
-                length += 1;
-            }
-            let record = format!("{length}{body}");
-            let mut extension = tar::Header::new_ustar();
-            extension.set_entry_type(tar::EntryType::XHeader);
-            extension.set_size(record.len() as u64);
-            extension.set_path("PaxHeader").expect("a short name");
-            extension.set_cksum();
-            pax.append(&extension, record.as_bytes())
-                .expect("a PAX member");
-            let mut header = tar::Header::new_ustar();
-            header.set_size(bytes.len() as u64);
-            header.set_mode(0o644);
-            header.set_path("short").expect("a short name");
-            header.set_cksum();
-            pax.append(&header, bytes).expect("a member");
+            pax.extend(pax_member(&[("path", name)]));
+            pax.extend(ustar_member("short", bytes.len() as u64, bytes));
         }
-        let (index, _) = scan(&pax.into_inner().expect("a tar"));
+        pax.extend_from_slice(&[0; 1024]);
+        let (index, _) = scan(&pax);
         assert_eq!(index.problems, 0);
         assert_eq!(index.member_name(0), long.as_str());
         assert_eq!(index.samples[0].label, 3);
@@ -595,6 +578,19 @@ mod tests {
         out
     }
 
+    /// A ustar member `name` whose header says `header_size` bytes, `data` after it, padded.
+    fn ustar_member(name: &str, header_size: u64, data: &[u8]) -> Vec<u8> {
+        let mut header = tar::Header::new_ustar();
+        header.set_size(header_size);
+        header.set_mode(0o644);
+        header.set_path(name).expect("a short name");
+        header.set_cksum();
+        let mut out = header.as_bytes().to_vec();
+        out.extend_from_slice(data);
+        out.resize(out.len().div_ceil(512) * 512, 0);
+        out
+    }
+
     #[test]
     fn a_pax_size_record_places_its_member_and_the_walk_goes_on_after_it() {
         // As a writer puts a member of 8 GiB or more: its size in a PAX record, 0 in its
@@ -602,15 +598,8 @@ mod tests {
         let mut bytes = tar_of(&[("0000.jpg", b"jpeg"), ("0000.cls", b"1")]);
         bytes.truncate(bytes.len() - 1024);
         bytes.extend_from_slice(&pax_member(&[("size", "1000"), ("path", "0001.jpg")]));
-        let mut header = tar::Header::new_ustar();
-        header.set_size(0);
-        header.set_mode(0o644);
-        header.set_path("0001.jpg").expect("a short name");
-        header.set_cksum();
-        bytes.extend_from_slice(header.as_bytes());
-        let data_offset = bytes.len() as u64;
-        bytes.extend(std::iter::repeat_n(b'j', 1000));
-        bytes.resize(bytes.len().div_ceil(512) * 512, 0);
+        let data_offset = bytes.len() as u64 + 512;
+        bytes.extend(ustar_member("0001.jpg", 0, &[b'j'; 1000]));
         bytes.extend_from_slice(&tar_of(&[
             ("0001.cls", b"2"),
             ("0002.jpg", b"jpeg"),
