@@ -20,8 +20,8 @@ mod digest;
 mod error;
 
 pub use client::cuda::{
-    active_devices as cuda_active_devices, driver_present as cuda_driver_present, Cuda, Fence,
-    Unavailable as CudaUnavailable,
+    active_devices as cuda_active_devices, check_device as cuda_check_device,
+    driver_present as cuda_driver_present, Cuda, Fence, Unavailable as CudaUnavailable,
 };
 pub use client::embedded::EmbeddedSource;
 pub use client::gpu_decode::{
@@ -37,7 +37,7 @@ pub use client::prefetch::{
     ChangeReason, ControllerConfig, ControllerSnapshot, PrefetchController,
 };
 pub use client::remote::{RemoteOptions, RemoteSource};
-pub use client::slots::{Attachment, PinnedPoolError, SharedMemory, Slot, SlotPool};
+pub use client::slots::{Attachment, PinDevice, PinnedPoolError, SharedMemory, Slot, SlotPool};
 pub use client::source::{
     receive, BatchSource, Built, EpochFeed, IdleClock, QueueFeed, SourceInfo, StepContext,
     StepTask, TaskQueue,

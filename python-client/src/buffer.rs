@@ -17,7 +17,7 @@ use bytes::Bytes;
 use pyo3::exceptions::PyBufferError;
 use pyo3::ffi;
 use pyo3::prelude::*;
-use stoker_loader::{Cuda, Fence};
+use stoker_loader::{Cuda, Fence, SlotPool};
 
 /// How the buffers of a page-locked pool are let go: the device that locked them, and a Python
 /// callable that names the streams a user's copy may be queued on (`stoker.gpu.release_streams`:
@@ -25,6 +25,24 @@ use stoker_loader::{Cuda, Fence};
 pub struct ReleaseFences {
     pub cuda: Arc<Cuda>,
     pub streams: Option<Py<PyAny>>,
+}
+
+/// What a loader's page-locked buffers are let go with before its pool has chosen the device
+/// that locks its slots (when the first batch goes out): the callable naming the streams. Each
+/// batch's [`ReleaseFences`] pairs it with the context that locked the batch's slot.
+pub struct PinnedRelease {
+    pub streams: Option<Py<PyAny>>,
+}
+
+impl PinnedRelease {
+    /// The fences of a batch whose bytes are in a locked slot of `pool` (its context is
+    /// open then), else `None`.
+    pub fn for_pool(&self, py: Python<'_>, pool: &SlotPool) -> Option<Arc<ReleaseFences>> {
+        Some(Arc::new(ReleaseFences {
+            cuda: Arc::clone(pool.cuda()?),
+            streams: self.streams.as_ref().map(|s| s.clone_ref(py)),
+        }))
+    }
 }
 
 impl ReleaseFences {

@@ -20,13 +20,13 @@ use pyo3::prelude::*;
 use buffer::Buffer;
 use errors::{from_dataset, raise, Kind};
 
-/// `None` when CUDA device `ordinal` can page-lock memory here, else what is missing (no
-/// driver library, no such device, a driver that does not start). Retains the device's
-/// primary context when it works, as torch would on its first CUDA call.
+/// `None` when CUDA device `ordinal` is there to page-lock memory, else what is missing (no
+/// driver library, no such device, a driver that does not start). Starts no context: a loader
+/// opens one when its first batch goes out.
 #[pyfunction]
 fn cuda_unavailable(py: Python<'_>, ordinal: usize) -> Option<String> {
     py.detach(|| {
-        stoker_loader::Cuda::open(ordinal)
+        stoker_loader::cuda_check_device(ordinal)
             .err()
             .map(|e| e.to_string())
     })

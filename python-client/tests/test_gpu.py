@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import gc
 import re
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -296,23 +298,72 @@ def test_closing_with_batches_on_the_device_keeps_them_valid(torch: Any, dataset
 
 
 def test_no_slot_is_reused_under_a_copy_to_another_device(torch: Any, dataset: Path) -> None:
-    """Slots page-locked through device 0 (the loader made before ``set_device``, as a DDP
-    script may) and copied to device 1 behind a long kernel there: the release fences device
-    1's streams too, else the next batch's pixels would show in the copy."""
+    """Slots page-locked through device 0 (current when the first batch went out) and copied
+    to device 1 behind a long kernel there: the release fences device 1's streams too, else
+    the next batch's pixels would show in the copy."""
     if torch.cuda.device_count() < 2:
         pytest.skip(f"needs two CUDA devices, torch sees {torch.cuda.device_count()}")
     expected = reference_epoch(dataset, False)
     copies = []
-    with loader(dataset, pin_memory=True, prefetch=2, max_held_batches=1) as pinned:
-        assert pinned.stats()["pinned"]
+
+    def copy_to_device_1(batch: dict[str, Any]) -> None:
         with torch.cuda.device(1):
-            for batch in pinned:
-                torch.cuda._sleep(50_000_000)
-                copies.append(batch["image"].to("cuda:1", non_blocking=True))
-                del batch
+            torch.cuda._sleep(50_000_000)
+            copies.append(batch["image"].to("cuda:1", non_blocking=True))
+
+    with loader(dataset, pin_memory=True, prefetch=2, max_held_batches=1) as pinned:
+        batches = iter(pinned)
+        with torch.cuda.device(0):
+            torch.cuda.synchronize()  # device 0 started and current: the slots lock through it
+            copy_to_device_1(next(batches))
+        assert pinned.stats()["pinned"] and pinned.stats()["pinned_device"] == 0
+        for batch in batches:
+            copy_to_device_1(batch)
+            del batch
     torch.cuda.synchronize(1)
     got = [c.cpu().numpy() for c in copies]
     assert [digest(g) for g in got] == [digest(e) for e in expected]
+
+
+PIN_BEFORE_SET_DEVICE = """
+import sys
+import stoker, torch
+from stoker import _native, ops
+
+torch.cuda.current_device()  # what pin_memory's check asks of torch
+before = _native.cuda_active_devices()
+pipeline = [ops.DecodeImage(), ops.CenterCrop(32), ops.ToTensor()]
+loader = stoker.Loader(sys.argv[1], pipeline=pipeline, batch_size=8, num_threads=2,
+                       pin_memory=True, output="torch", timeout=60)
+assert _native.cuda_active_devices() == before, (before, _native.cuda_active_devices())
+assert loader.stats()["pinned_device"] is None
+last = torch.cuda.device_count() - 1
+torch.cuda.set_device(last)
+torch.zeros(1, device="cuda")  # the model moved to its GPU
+batch = next(iter(loader))
+assert batch["image"].is_pinned() and loader.stats()["pinned_device"] == last
+assert _native.cuda_active_devices() == sorted({*before, last}), _native.cuda_active_devices()
+del batch
+loader.close()
+print("followed", last)
+"""
+
+
+def test_pin_memory_locks_through_the_device_in_use_at_the_first_batch(
+    torch: Any, dataset: Path
+) -> None:
+    """A loader made before ``set_device`` (as a DDP rank may make it) starts no CUDA context
+    when built, and its slots are locked through the device the rank then uses: with several
+    GPUs, none on device 0 for a rank on another one. In a process of its own, where nothing
+    started CUDA before."""
+    done = subprocess.run(
+        [sys.executable, "-c", PIN_BEFORE_SET_DEVICE, str(dataset)],
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "followed" in done.stdout
 
 
 def test_a_resize_resume_fits_the_pinned_budget_of_one_pool(torch: Any, dataset: Path) -> None:

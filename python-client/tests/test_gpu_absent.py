@@ -49,6 +49,7 @@ def test_pin_memory_without_a_driver_warns_once_and_runs(
         got = epoch_batches(pinned)
     stats = pinned.stats()
     assert stats["pinned"] is False and stats["pinned_bytes"] == 0
+    assert stats["pinned_device"] is None
     assert stats["gpu_idle_s"] == 0.0 and stats["gpu_idle_fraction"] == 0.0
     assert stats["device"] == "cpu"
     expected = epoch_batches(plain)
@@ -223,10 +224,15 @@ def test_a_release_fences_every_device_the_process_uses(monkeypatch: pytest.Monk
             current_stream=lambda d: SimpleNamespace(cuda_stream=current[d]),
         )
     )
-    monkeypatch.setattr(_native, "cuda_active_devices", lambda: [0, 1, 2])
-    streams = gpu.release_streams(stand_in, 2)
+    active = [0, 1, 2]
+    monkeypatch.setattr(_native, "cuda_active_devices", lambda: list(active))
+    streams = gpu.release_streams(stand_in)
     assert streams() == []  # torch has not started CUDA: no copy can be queued
     initialized[0] = True
-    # The loader's device first; each device's current stream and legacy default stream.
-    assert streams() == [(2, 9), (2, 0), (0, 7), (0, 0), (1, 0)]
-    assert gpu.release_streams(None, 0)() == []
+    # Each device in use: its current stream and its legacy default stream.
+    assert streams() == [(0, 7), (0, 0), (1, 0), (2, 9), (2, 0)]
+    # A device nothing started is not fenced (that would start its context): a rank that
+    # set its device before using CUDA has only that one.
+    active[:] = [2]
+    assert streams() == [(2, 9), (2, 0)]
+    assert gpu.release_streams(None)() == []

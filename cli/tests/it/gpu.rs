@@ -109,6 +109,7 @@ fn pinned_slots_without_a_cuda_driver_are_an_error_naming_it() {
         threads: 1,
         pin: Some(PinOptions {
             device: 0,
+            follow_thread: true,
             budget_bytes: 1 << 30,
         }),
         ..LoaderOptions::default()

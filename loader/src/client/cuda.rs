@@ -98,6 +98,52 @@ pub fn active_devices() -> Vec<usize> {
         .collect()
 }
 
+/// Checks that device `ordinal` can be used (the driver loads and starts, the device exists)
+/// without starting its context: what a loader checks when it is built, its slots being
+/// page-locked only when the first batch goes out.
+pub fn check_device(ordinal: usize) -> Result<(), Unavailable> {
+    device_handle(ordinal).map(|_| ())
+}
+
+/// The device of the context current on the calling thread (torch makes its current device's
+/// context current on the threads that use it), or None. Starts nothing.
+pub fn current_device() -> Option<usize> {
+    if !driver_present() || result::init().is_err() {
+        return None;
+    }
+    result::ctx::get_current().ok()??;
+    let mut device = 0;
+    // SAFETY: a plain query of the current context (there is one) into a local.
+    unsafe { sys::cuCtxGetDevice(&mut device) }.result().ok()?;
+    usize::try_from(device).ok()
+}
+
+/// The device whose primary context page-locks a pool's slots when it follows the process's
+/// use of the GPUs ([`crate::PinOptions::follow_thread`]): the one current on the thread taking
+/// the first batch, else `fallback` if its context is active, else the first active one, else
+/// `fallback`, so that no context is started on a device the process does not use while it
+/// uses another.
+pub(crate) fn follow_device(current: Option<usize>, active: &[usize], fallback: usize) -> usize {
+    current
+        .or_else(|| active.contains(&fallback).then_some(fallback))
+        .or_else(|| active.first().copied())
+        .unwrap_or(fallback)
+}
+
+/// The driver started and device `ordinal`'s handle.
+fn device_handle(ordinal: usize) -> Result<sys::CUdevice, Unavailable> {
+    if !driver_present() {
+        return Err(Unavailable::NoDriver);
+    }
+    result::init().map_err(|e| Unavailable::Init(describe(e)))?;
+    let count = result::device::get_count().map_err(|e| call_failed("cuDeviceGetCount", e))?;
+    let count = usize::try_from(count).unwrap_or(0);
+    if ordinal >= count {
+        return Err(Unavailable::NoDevice { ordinal, count });
+    }
+    result::device::get(ordinal as i32).map_err(|e| call_failed("cuDeviceGet", e))
+}
+
 /// One CUDA device's primary context, shared with any framework in the process, retained for
 /// the life of the process. Made once per device ([`Cuda::open`]).
 pub struct Cuda {
@@ -251,17 +297,7 @@ impl Cuda {
     }
 
     fn start(ordinal: usize) -> Result<Cuda, Unavailable> {
-        if !driver_present() {
-            return Err(Unavailable::NoDriver);
-        }
-        result::init().map_err(|e| Unavailable::Init(describe(e)))?;
-        let count = result::device::get_count().map_err(|e| call_failed("cuDeviceGetCount", e))?;
-        let count = usize::try_from(count).unwrap_or(0);
-        if ordinal >= count {
-            return Err(Unavailable::NoDevice { ordinal, count });
-        }
-        let device =
-            result::device::get(ordinal as i32).map_err(|e| call_failed("cuDeviceGet", e))?;
+        let device = device_handle(ordinal)?;
         let name = result::device::get_name(device).unwrap_or_else(|_| "?".to_string());
         // SAFETY: `device` is valid; the primary context is retained for the process's life
         // (never released: slot memory registered in it may outlive any one loader).
@@ -496,6 +532,33 @@ mod tests {
         assert!(error.to_string().contains("libcuda.so.1"), "{error}");
         // Asking again gives the same answer, not a panic from a half-loaded library.
         assert_eq!(Cuda::open(3).unwrap_err(), Unavailable::NoDriver);
+    }
+
+    #[test]
+    fn a_following_pool_locks_through_the_device_the_process_already_uses() {
+        // The thread's current device wins: torch's set_device made it current there.
+        assert_eq!(follow_device(Some(3), &[0, 3], 0), 3);
+        assert_eq!(follow_device(Some(2), &[], 0), 2);
+        // No current context: the device named at construction when it is in use...
+        assert_eq!(follow_device(None, &[1, 3], 3), 3);
+        // ...else one the process already uses rather than starting another...
+        assert_eq!(follow_device(None, &[2, 5], 0), 2);
+        // ...and only with none in use the one named at construction.
+        assert_eq!(follow_device(None, &[], 4), 4);
+    }
+
+    #[test]
+    fn checking_a_device_names_what_is_missing() {
+        if driver_present() {
+            // A context is current on a thread only where something made it so: not here.
+            if let Err(error) = check_device(0) {
+                assert!(!matches!(error, Unavailable::NoDriver), "{error}");
+            }
+            assert_eq!(current_device(), None);
+            return;
+        }
+        assert_eq!(check_device(0), Err(Unavailable::NoDriver));
+        assert_eq!(current_device(), None);
     }
 
     #[test]

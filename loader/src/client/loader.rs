@@ -10,13 +10,13 @@ use std::time::Duration;
 use stoker_proto::v1::JobSpec;
 use stoker_worker::Job;
 
-use super::cuda::Cuda;
+use super::cuda::check_device;
 use super::embedded::EmbeddedSource;
 use super::gpu_decode::{GpuDecodeOptions, GpuLane};
 use super::monitor::{LoaderMonitor, LocalSources};
 use super::prefetch::{ControllerConfig, ControllerSnapshot, PrefetchController};
 use super::remote::{RemoteOptions, RemoteSource};
-use super::slots::{pinned_reserved, slot_stride, SlotPool};
+use super::slots::{pinned_reserved, slot_stride, PinDevice, SlotPool};
 use super::source::{BatchSource, SourceInfo};
 use super::stats::{LoaderStats, StatsRecorder};
 use super::stream::{EpochStream, Successor};
@@ -52,8 +52,15 @@ pub struct LoaderOptions {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct PinOptions {
     /// The CUDA device whose primary context registers the slots (they are pinned for every
-    /// device of the process).
+    /// device of the process); with `follow_thread`, only where the process uses no device
+    /// when the first batch goes out.
     pub device: usize,
+    /// Choose the device when the first batch goes out rather than take `device`: the one
+    /// whose context is current on the thread taking that batch (torch's current device,
+    /// once torch has used it there), else `device` or another device the process already
+    /// uses. A loader made before `torch.cuda.set_device` then starts no context on a device
+    /// its process never uses (with eight ranks, eight contexts' memory on GPU 0).
+    pub follow_thread: bool,
     /// The most page-locked slot memory the loaders of this process may hold together, in
     /// bytes (a node's budget divided by its ranks). The pool is made smaller to fit, and
     /// refused when fewer than `max_held_batches + 2` slots fit.
@@ -223,7 +230,7 @@ impl Loader {
         };
         let fit = match &pool {
             Some(pool) => Some(pool.capacity()),
-            None => pinned.as_ref().map(|(_, fit)| *fit),
+            None => pinned,
         };
         let max_prefetch_bytes = match fit {
             Some(fit) => options
@@ -265,11 +272,15 @@ impl Loader {
         let capacity = prefetch + options.max_held_batches;
         let slots = match (pool, pinned, options.pin) {
             (Some(pool), _, _) => pool,
-            (None, Some((cuda, _)), Some(pin)) => SlotPool::pinned(
+            (None, Some(_), Some(pin)) => SlotPool::pinned(
                 info.batch_bytes,
                 capacity,
                 info.shared_slots,
-                cuda,
+                if pin.follow_thread {
+                    PinDevice::Follow(pin.device)
+                } else {
+                    PinDevice::Fixed(pin.device)
+                },
                 pin.budget_bytes,
             )
             .map_err(|e| Error::Gpu(e.to_string()))?,
@@ -297,15 +308,16 @@ impl Loader {
         })
     }
 
-    /// The device for page-locked slots and how many slots of `batch_bytes` fit what is left
-    /// of the process's pinned budget; an error naming the budget when fewer than
-    /// `max_held_batches + 2` do (two in flight, the held ones beside them).
+    /// How many page-locked slots of `batch_bytes` fit what is left of the process's pinned
+    /// budget (the driver and the device checked, no context started); an error naming the
+    /// budget when fewer than `max_held_batches + 2` do (two in flight, the held ones beside
+    /// them).
     fn pinned_slots_fit(
         pin: PinOptions,
         batch_bytes: usize,
         options: &LoaderOptions,
-    ) -> Result<(Arc<Cuda>, usize)> {
-        let cuda = Cuda::open(pin.device).map_err(|e| {
+    ) -> Result<usize> {
+        check_device(pin.device).map_err(|e| {
             Error::Gpu(format!("page-locked batch slots need the CUDA driver: {e}"))
         })?;
         let stride = slot_stride(batch_bytes) as u64;
@@ -321,7 +333,7 @@ impl Loader {
                 budget = pin.budget_bytes,
             )));
         }
-        Ok((cuda, fit))
+        Ok(fit)
     }
 
     /// What the source knows about the job (steps, samples, class names, threads).

@@ -154,6 +154,7 @@ class NativeLoader:
         mix: tuple[list[tuple[str, list[dict[str, Any]], float, str, str]], int, str, int]
         | None = None,
         pin_device: int | None = None,
+        pin_follow: bool = False,
         pinned_budget: int = 0,
         release_streams: Callable[[], list[tuple[int, int]]] | None = None,
         decode: str = "cpu",
@@ -168,13 +169,16 @@ class NativeLoader:
         (a worker opens it, so a dataset outside the workers' ``--data-root`` is refused here);
         every call carries ``token`` (else ``STOKER_TOKEN``'s), over TLS trusting ``tls_ca``.
         With ``pin_device`` the slots are page-locked by that CUDA device's driver within
-        ``pinned_budget`` bytes (this process's loaders together); ``release_streams`` names
+        ``pinned_budget`` bytes (this process's loaders together), its context opened when the
+        first batch goes out; with ``pin_follow`` by the device whose context is current on
+        the thread taking that batch, else ``pin_device`` or another device the process
+        already uses (``pin_device`` where it uses none); ``release_streams`` names
         the ``(device, stream)`` pairs a released batch's slot is fenced on. ``decode``
         ``"gpu"`` or ``"auto"`` (with ``pin_device``) starts the GPU decode lane on that device
         within ``gpu_memory`` bytes, loading nvJPEG and NVRTC from ``library_dirs`` first.
 
         Raises:
-            GpuUnavailableError: ``pin_device`` given but the driver cannot page-lock, or the
+            GpuUnavailableError: ``pin_device`` given but its driver or device is missing, or the
                 slots do not fit ``pinned_budget``, or the GPU decode lane cannot start.
             PipelineError: ``ops`` is not a supported pipeline.
             FileNotFoundError: ``source`` does not exist.
@@ -205,6 +209,7 @@ class NativeLoader:
         job_name: str = "dataset",
         shared_slots: bool = False,
         pin_device: int | None = None,
+        pin_follow: bool = False,
         pinned_budget: int = 0,
         release_streams: Callable[[], list[tuple[int, int]]] | None = None,
     ) -> NativeLoader:
@@ -451,8 +456,8 @@ class GpuUnavailableError(StokerError, RuntimeError):
     """device="cuda" cannot run here, or its pinned slots do not fit the budget."""
 
 def cuda_unavailable(ordinal: int) -> str | None:
-    """None when CUDA device ``ordinal`` can page-lock memory here (its primary context is then
-    retained), else what is missing."""
+    """None when CUDA device ``ordinal`` is there to page-lock memory (starts no context),
+    else what is missing."""
 
 def cuda_driver_present() -> bool:
     """Whether the CUDA driver's library can be loaded (starts nothing)."""

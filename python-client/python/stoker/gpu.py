@@ -161,19 +161,19 @@ def lane_decode(decode: str, index: int) -> str:
     return "cpu"
 
 
-def release_streams(torch: Any, index: int) -> Callable[[], list[tuple[int, int]]]:
+def release_streams(torch: Any) -> Callable[[], list[tuple[int, int]]]:
     """What a page-locked slot is fenced on when the user lets go of its batch, as ``(device,
-    stream)`` pairs: torch's current stream and the legacy default stream of the loader's
-    device and of every other device the process has started CUDA on (the slots are locked
-    for all devices, so a batch pinned through device 0 may be copied to device 1); none
-    before torch has started CUDA (no copy can be queued then)."""
+    stream)`` pairs: torch's current stream and the legacy default stream of every device
+    the process has started CUDA on, the one that locked the slot among them (the slots are
+    locked for all devices, so a batch pinned through device 0 may be copied to device 1);
+    none on a device nothing started (no copy can be queued there, and fencing it would
+    start its context), so none before torch has started CUDA."""
 
     def streams() -> list[tuple[int, int]]:
         if torch is None or not torch.cuda.is_initialized():
             return []
-        others = [d for d in _native.cuda_active_devices() if d != index]
         fenced = []
-        for device in [index, *others]:
+        for device in _native.cuda_active_devices():
             current = int(torch.cuda.current_stream(device).cuda_stream)
             fenced.append((device, current))
             if current != 0:
@@ -208,9 +208,11 @@ def _outside_stoker() -> int:
 
 
 def pin_device(torch: Any, pin_memory: bool) -> int | None:
-    """The device whose driver page-locks the slots for ``pin_memory=True`` (torch's current
-    one, else 0), or None: with one warning naming what is missing (pointing at the user's
-    line that made the loader), as DataLoader runs without an accelerator."""
+    """The device whose driver page-locks the slots for ``pin_memory=True`` where the process
+    uses none when the first batch goes out (torch's current one now, else 0; the loader
+    follows the device in use then: ``pin_follow``), or None: with one warning naming what is
+    missing (pointing at the user's line that made the loader), as DataLoader runs without an
+    accelerator. Starts no CUDA context."""
     if not pin_memory:
         return None
     index = 0

@@ -525,7 +525,9 @@ class Loader(FromDataset):
             ``bad_samples``, ``in_flight``, ``prefetch_depth`` (the current depth, which
             ``prefetch="auto"`` adjusts), ``slots_in_use``, ``slot_capacity``, ``pinned`` (every
             slot page-locked), ``pinned_bytes``, ``pin_error`` (why the driver refused to lock a
-            slot, or None), ``gpu_idle_s`` and ``gpu_span_s`` (seconds the consumer's CUDA
+            slot, or None), ``pinned_device`` (the CUDA device whose context locks the slots,
+            chosen when the first batch goes out; None before, and for pageable slots),
+            ``gpu_idle_s`` and ``gpu_span_s`` (seconds the consumer's CUDA
             stream sat idle waiting for a batch, over how much of its time: measured with events
             once torch has started CUDA)), ``thread_rule`` (how ``num_threads`` was chosen),
             ``device`` (``"cpu"`` or ``"cuda:N"``), ``gpu_idle_fraction`` (``gpu_idle_s /

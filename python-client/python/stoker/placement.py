@@ -126,12 +126,20 @@ class Placement:
     def pinning_arguments(self, torch: Any) -> dict[str, Any]:
         """The native loader's keyword arguments for the slots' pinning (once resolved): a
         released slot is fenced on torch's streams whenever torch was imported by the time the
-        loader was made, whatever ``output``."""
+        loader was made, whatever ``output``. With ``pin_memory`` (no ``device``) the slots are
+        locked through the device the process uses when the first batch goes out, as
+        DataLoader pins on the device current when it is iterated: a loader made before
+        ``torch.cuda.set_device`` starts no context on device 0."""
         pinned_on = self.pinned_on
         fences = None
         if pinned_on is not None:
-            fences = release_streams(torch or sys.modules.get("torch"), pinned_on)
-        return {"pin_device": pinned_on, "pinned_budget": self.budget, "release_streams": fences}
+            fences = release_streams(torch or sys.modules.get("torch"))
+        return {
+            "pin_device": pinned_on,
+            "pin_follow": self.index is None,
+            "pinned_budget": self.budget,
+            "release_streams": fences,
+        }
 
     def lane_arguments(self) -> dict[str, Any]:
         """The native loader's keyword arguments for the GPU decode lane (once resolved)."""

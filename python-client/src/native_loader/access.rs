@@ -10,7 +10,7 @@ use pyo3::prelude::*;
 use pyo3::sync::MutexExt;
 use stoker_loader::{Dashboard, EpochStream, Loader};
 
-use crate::buffer::ReleaseFences;
+use crate::buffer::PinnedRelease;
 use crate::errors::{raise, Kind};
 
 use super::NativeLoader;
@@ -31,7 +31,7 @@ pub(super) struct Current {
 }
 
 /// How page-locked slots are let go, and their pool.
-pub(super) type SlotRelease = (Arc<ReleaseFences>, Arc<stoker_loader::SlotPool>);
+pub(super) type SlotRelease = (Arc<PinnedRelease>, Arc<stoker_loader::SlotPool>);
 
 impl Held {
     pub(super) fn loader(&self) -> PyResult<&Arc<Loader>> {

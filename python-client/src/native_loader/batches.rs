@@ -9,7 +9,7 @@ use pyo3::types::{PyDict, PyList, PyTuple};
 use stoker_loader::PinOptions;
 use stoker_proto::v1 as proto;
 
-use crate::buffer::{dtype_name, Buffer, ReleaseFences};
+use crate::buffer::{dtype_name, Buffer, PinnedRelease};
 use crate::errors::{from_loader, raise, Kind};
 
 /// Runs a blocking `next_batch_checked` with the GIL released, looking for Ctrl-C and for
@@ -18,7 +18,7 @@ use crate::errors::{from_loader, raise, Kind};
 pub(super) fn wait_for_batch<'py>(
     py: Python<'py>,
     closing: &AtomicBool,
-    release: Option<(Arc<ReleaseFences>, Arc<stoker_loader::SlotPool>)>,
+    release: Option<(Arc<PinnedRelease>, Arc<stoker_loader::SlotPool>)>,
     slots: Option<Arc<stoker_loader::SlotPool>>,
     next: impl Send + FnOnce(&mut dyn FnMut() -> bool) -> stoker_loader::Result<Option<proto::Batch>>,
 ) -> PyResult<Option<Bound<'py, PyTuple>>> {
@@ -57,7 +57,7 @@ pub(super) fn wait_for_batch<'py>(
 pub(super) fn batch_tuple(
     py: Python<'_>,
     batch: proto::Batch,
-    release: Option<(Arc<ReleaseFences>, Arc<stoker_loader::SlotPool>)>,
+    release: Option<(Arc<PinnedRelease>, Arc<stoker_loader::SlotPool>)>,
     slots: Option<Arc<stoker_loader::SlotPool>>,
 ) -> PyResult<Bound<'_, PyTuple>> {
     let device_rows = match (&slots, batch.tensors.first()) {
@@ -69,14 +69,19 @@ pub(super) fn batch_tuple(
         _ => None,
     };
     let tensors = PyList::empty(py);
+    let mut batch_fences = None;
     for tensor in batch.tensors {
         let shape = PyTuple::new(py, tensor.shape.iter().copied())?;
         // Only bytes in a page-locked slot need fences (labels built apart do not).
-        let fences = release.as_ref().and_then(|(fences, slots)| {
-            slots
-                .holds_pinned(tensor.data.as_ptr())
-                .then(|| Arc::clone(fences))
-        });
+        let fences = match &release {
+            Some((pinned, slots)) if slots.holds_pinned(tensor.data.as_ptr()) => {
+                if batch_fences.is_none() {
+                    batch_fences = pinned.for_pool(py, slots);
+                }
+                batch_fences.clone()
+            }
+            _ => None,
+        };
         let buffer = Bound::new(py, Buffer::new(tensor.data, fences))?;
         tensors.append((tensor.name, dtype_name(tensor.dtype), shape, buffer))?;
     }
@@ -100,10 +105,17 @@ pub(super) fn batch_tuple(
         .into_pyobject(py)
 }
 
-/// Page-locking for a loader: on `pin_device` within `pinned_budget` bytes, or none.
-pub(super) fn pin_options(pin_device: Option<usize>, pinned_budget: u64) -> Option<PinOptions> {
+/// Page-locking for a loader: on `pin_device` (with `pin_follow`, on the device the process
+/// uses when the first batch goes out, `pin_device` where it uses none) within
+/// `pinned_budget` bytes, or none.
+pub(super) fn pin_options(
+    pin_device: Option<usize>,
+    pin_follow: bool,
+    pinned_budget: u64,
+) -> Option<PinOptions> {
     pin_device.map(|device| PinOptions {
         device,
+        follow_thread: pin_follow,
         budget_bytes: pinned_budget,
     })
 }

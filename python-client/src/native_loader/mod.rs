@@ -18,7 +18,7 @@ use pyo3::types::{PyDict, PyTuple};
 use stoker_loader::{Loader, LoaderOptions, RemoteOptions, Token};
 use stoker_proto::v1::{self as proto, JobSpec};
 
-use crate::buffer::ReleaseFences;
+use crate::buffer::PinnedRelease;
 use crate::dataset::DatasetRecipe;
 use crate::errors::from_loader;
 
@@ -49,7 +49,7 @@ pub(crate) struct NativeLoader {
     /// world size.
     recipe: Recipe,
     /// How the buffers of page-locked slots are let go (set when the slots are pinned).
-    release: Option<Arc<ReleaseFences>>,
+    release: Option<Arc<PinnedRelease>>,
 }
 
 /// A resize as Python holds it: (cursor, taken positions).
@@ -58,7 +58,7 @@ type PyResize = (u64, Vec<u64>);
 #[pymethods]
 impl NativeLoader {
     #[new]
-    #[pyo3(signature = (source, ops, batch_size, shuffle, seed, drop_last, num_threads, rank, world_size, prefetch, on_error, timeout_s, max_held_batches, max_prefetch_bytes = 2 << 30, dashboard = None, dashboard_token_file = None, job_name = "python".to_string(), format = "auto", shuffle_window = 0, text_column = String::new(), address = None, worker_grace_s = 120.0, token = None, tls_ca = None, tls_server_name = None, mix = None, pin_device = None, pinned_budget = 0, release_streams = None, decode = "cpu", gpu_memory = stoker_loader::DEFAULT_GPU_MEMORY, library_dirs = Vec::new()))]
+    #[pyo3(signature = (source, ops, batch_size, shuffle, seed, drop_last, num_threads, rank, world_size, prefetch, on_error, timeout_s, max_held_batches, max_prefetch_bytes = 2 << 30, dashboard = None, dashboard_token_file = None, job_name = "python".to_string(), format = "auto", shuffle_window = 0, text_column = String::new(), address = None, worker_grace_s = 120.0, token = None, tls_ca = None, tls_server_name = None, mix = None, pin_device = None, pin_follow = false, pinned_budget = 0, release_streams = None, decode = "cpu", gpu_memory = stoker_loader::DEFAULT_GPU_MEMORY, library_dirs = Vec::new()))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -89,6 +89,7 @@ impl NativeLoader {
         tls_server_name: Option<String>,
         mix: Option<PyMix<'_>>,
         pin_device: Option<usize>,
+        pin_follow: bool,
         pinned_budget: u64,
         release_streams: Option<Py<PyAny>>,
         decode: &str,
@@ -152,7 +153,7 @@ impl NativeLoader {
             max_prefetch_bytes,
             deadline: Duration::from_secs_f64(timeout_s),
             max_held_batches,
-            pin: pin_options(pin_device, pinned_budget),
+            pin: pin_options(pin_device, pin_follow, pinned_budget),
             gpu_decode,
             ..LoaderOptions::default()
         };
@@ -193,7 +194,7 @@ impl NativeLoader {
     /// worker processes write into. Shuffle, ranks, resume and the dashboard are the native
     /// ones.
     #[staticmethod]
-    #[pyo3(signature = (builder, num_samples, sample_bytes, lanes, waiting_on, batch_size, shuffle, seed, drop_last, rank, world_size, prefetch, timeout_s, max_held_batches, max_prefetch_bytes = 2 << 30, dashboard = None, dashboard_token_file = None, job_name = "dataset".to_string(), shared_slots = false, pin_device = None, pinned_budget = 0, release_streams = None))]
+    #[pyo3(signature = (builder, num_samples, sample_bytes, lanes, waiting_on, batch_size, shuffle, seed, drop_last, rank, world_size, prefetch, timeout_s, max_held_batches, max_prefetch_bytes = 2 << 30, dashboard = None, dashboard_token_file = None, job_name = "dataset".to_string(), shared_slots = false, pin_device = None, pin_follow = false, pinned_budget = 0, release_streams = None))]
     #[allow(clippy::too_many_arguments)]
     fn from_dataset(
         py: Python<'_>,
@@ -217,6 +218,7 @@ impl NativeLoader {
         job_name: String,
         shared_slots: bool,
         pin_device: Option<usize>,
+        pin_follow: bool,
         pinned_budget: u64,
         release_streams: Option<Py<PyAny>>,
     ) -> PyResult<Self> {
@@ -243,7 +245,7 @@ impl NativeLoader {
                 max_prefetch_bytes,
                 deadline: Duration::from_secs_f64(timeout_s),
                 max_held_batches,
-                pin: pin_options(pin_device, pinned_budget),
+                pin: pin_options(pin_device, pin_follow, pinned_budget),
                 ..LoaderOptions::default()
             },
             remote: None,
@@ -556,6 +558,8 @@ impl NativeLoader {
         dict.set_item("pinned", loader.slots().all_pinned())?;
         dict.set_item("pinned_bytes", loader.slots().pinned_bytes())?;
         dict.set_item("pin_error", loader.slots().pin_error())?;
+        let pinned_device = loader.slots().cuda().map(|cuda| cuda.ordinal());
+        dict.set_item("pinned_device", pinned_device)?;
         dict.set_item("gpu_idle_s", stats.gpu_idle_s)?;
         dict.set_item("gpu_span_s", stats.gpu_span_s)?;
         let lane_stats = match loader.gpu_lane() {

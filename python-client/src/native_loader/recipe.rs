@@ -13,7 +13,7 @@ use stoker_loader::{
 };
 use stoker_proto::v1::JobSpec;
 
-use crate::buffer::ReleaseFences;
+use crate::buffer::PinnedRelease;
 use crate::dataset::DatasetRecipe;
 use crate::errors::{from_loader, raise, Kind};
 
@@ -122,9 +122,8 @@ impl NativeLoader {
             .detach(|| recipe.build(recipe.spec.clone()))
             .map_err(from_loader)?;
         let dashboard = start_dashboard(dashboard, job_name, rank, &loader)?;
-        let release = loader.slots().cuda().map(|cuda| {
-            Arc::new(ReleaseFences {
-                cuda: Arc::clone(cuda),
+        let release = loader.slots().is_pinned().then(|| {
+            Arc::new(PinnedRelease {
                 streams: release_streams,
             })
         });

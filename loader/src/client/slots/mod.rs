@@ -11,7 +11,7 @@
 
 use std::os::fd::{AsRawFd, RawFd};
 use std::sync::atomic::Ordering;
-use std::sync::{Arc, Condvar, Mutex};
+use std::sync::{Arc, Condvar, Mutex, OnceLock};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -20,7 +20,7 @@ use super::cuda::Cuda;
 
 mod memory;
 
-pub use memory::{pinned_reserved, slot_stride, PinnedPoolError};
+pub use memory::{pinned_reserved, slot_stride, PinDevice, PinnedPoolError};
 use memory::{reserve_pinned, Arena, PinSlots, PinStatus, Pinning, PINNED_RESERVED};
 
 /// Where a slot's bytes are.
@@ -118,7 +118,8 @@ impl SlotPool {
     }
 
     /// Like [`SlotPool::new`] (or [`SlotPool::shared`] when `shared`), each slot page-locked by
-    /// `cuda` when its first batch is handed out ([`SlotPool::pin_for_hand_out`]) and until the
+    /// `device`'s primary context when its first batch is handed out
+    /// ([`SlotPool::pin_for_hand_out`]; the context is opened then, not here) and until the
     /// pool is dropped (never per batch), so copies to the device read it by DMA and torch
     /// reports it pinned. The slots (`capacity` times `slot_stride(slot_bytes)` bytes) are
     /// reserved against `budget_bytes`, the most page-locked slot memory the pools of this
@@ -130,7 +131,7 @@ impl SlotPool {
         slot_bytes: usize,
         capacity: usize,
         shared: bool,
-        cuda: Arc<Cuda>,
+        device: PinDevice,
         budget_bytes: u64,
     ) -> Result<Arc<SlotPool>, PinnedPoolError> {
         let capacity = capacity.max(1);
@@ -148,7 +149,8 @@ impl SlotPool {
             }
         };
         let pinning = Pinning {
-            cuda,
+            device,
+            cuda: OnceLock::new(),
             reserved,
             slots: Mutex::new(PinSlots::default()),
         };
@@ -210,9 +212,10 @@ impl SlotPool {
         })
     }
 
-    /// The device context that page-locks the slots, for a pinned pool.
+    /// The device context that page-locks the slots, for a pinned pool once it has locked
+    /// (or tried to lock) its first slot.
     pub fn cuda(&self) -> Option<&Arc<Cuda>> {
-        self.pinning.as_ref().map(|p| &p.cuda)
+        self.pinning.as_ref().and_then(Pinning::opened)
     }
 
     /// Why the driver refused to page-lock a slot, if it did.
@@ -256,13 +259,14 @@ impl SlotPool {
         if slots.status[index] != PinStatus::Unused {
             return;
         }
-        // SAFETY: the slot's `stride` bytes lie inside the arena, which stays mapped until the
-        // pool's drop unlocks every locked slot first; the status makes each lock happen once.
-        match unsafe {
-            pinning
-                .cuda
-                .lock_pages(self.arena_start(index), arena.stride)
-        } {
+        let locked = match pinning.cuda() {
+            // SAFETY: the slot's `stride` bytes lie inside the arena, which stays mapped until
+            // the pool's drop unlocks every locked slot first; the status makes each lock
+            // happen once.
+            Ok(cuda) => unsafe { cuda.lock_pages(self.arena_start(index), arena.stride) },
+            Err(unavailable) => Err(unavailable.clone()),
+        };
+        match locked {
             Ok(()) => slots.status[index] = PinStatus::Locked,
             Err(error) => {
                 if slots.error.is_none() {
@@ -398,6 +402,11 @@ impl Drop for SlotPool {
         let Some(pinning) = &self.pinning else {
             return;
         };
+        let Some(cuda) = pinning.opened() else {
+            // No slot was locked.
+            PINNED_RESERVED.fetch_sub(pinning.reserved, Ordering::AcqRel);
+            return;
+        };
         let status = pinning
             .slots
             .lock()
@@ -410,7 +419,7 @@ impl Drop for SlotPool {
         {
             // SAFETY: the slot was locked by `pin_for_hand_out`; every slot is back (slots hold
             // the pool), and a slot comes back only after the fences of the copies reading it.
-            unsafe { pinning.cuda.unlock_pages(self.arena_start(index)) };
+            unsafe { cuda.unlock_pages(self.arena_start(index)) };
         }
         PINNED_RESERVED.fetch_sub(pinning.reserved, Ordering::AcqRel);
     }
