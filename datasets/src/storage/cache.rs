@@ -47,6 +47,7 @@ use super::entry::{
 };
 use super::entry_lock::{downgrade, touch, try_lock, unlock, wait_for_lock};
 use super::eviction::evict_to_cap;
+use super::fetch_meter::FetchMeter;
 use super::options::ObjectCacheOptions;
 use super::s3_client::{self, Store};
 use super::stats::Counters;
@@ -65,8 +66,9 @@ pub struct ObjectCache {
     runtime: tokio::runtime::Runtime,
     counters: Counters,
     next_part: AtomicU64,
-    /// Bytes fetched by range reads since the cap was last enforced.
-    fetched_since_cap: AtomicU64,
+    /// Bytes fetched by range reads into the folder since the cap was last enforced, by
+    /// every process using it.
+    fetch_meter: FetchMeter,
 }
 
 /// The entry of bytes `range` of `object`.
@@ -119,11 +121,11 @@ impl ObjectCache {
             .build()
             .map_err(|source| Error::cache(&options.dir, source))?;
         Ok(ObjectCache {
-            options,
             runtime,
             counters: Counters::default(),
             next_part: AtomicU64::new(0),
-            fetched_since_cap: AtomicU64::new(0),
+            fetch_meter: FetchMeter::open(&options.dir),
+            options,
         })
     }
 
@@ -348,17 +350,16 @@ impl ObjectCache {
         self.after_range_fetch(fetched_before)
     }
 
-    /// Enforces the cap once an eighth of it was fetched by range reads since the last time (a
-    /// check walks the cache folder); `fetched_before` is the byte counter before this fetch.
+    /// Enforces the cap once an eighth of it was fetched by range reads into the folder since
+    /// the last time, by any process using it (a check walks the cache folder);
+    /// `fetched_before` is the byte counter before this fetch.
     fn after_range_fetch(&self, fetched_before: u64) -> Result<()> {
         let fetched = self
             .counters
             .bytes_fetched
             .load(Ordering::Relaxed)
             .saturating_sub(fetched_before);
-        let since = self.fetched_since_cap.fetch_add(fetched, Ordering::Relaxed) + fetched;
-        if since > self.options.max_bytes / 8 {
-            self.fetched_since_cap.store(0, Ordering::Relaxed);
+        if self.fetch_meter.add(fetched, self.options.max_bytes / 8) {
             self.enforce_cap()?;
         }
         Ok(())
@@ -534,6 +535,7 @@ mod tests {
     use object_store::{ObjectStoreExt, PutPayload};
 
     use super::*;
+    use crate::storage::entry::{LOCK_SUFFIX, META_SUFFIX};
 
     /// The cache reads through whatever object store it is given: an in-memory one here, in
     /// the builds with and without the S3 client alike.
@@ -584,6 +586,71 @@ mod tests {
         let again = cache.stats();
         assert_eq!(again.bytes_fetched, first.bytes_fetched);
         assert_eq!(again.hits, first.hits + 3);
+        Ok(())
+    }
+
+    /// Bytes of cached data (not metadata, locks or parts) under `dir`.
+    fn cached_bytes(dir: &std::path::Path) -> u64 {
+        let mut total = 0;
+        let mut folders = vec![dir.to_path_buf()];
+        while let Some(folder) = folders.pop() {
+            for entry in std::fs::read_dir(&folder).unwrap() {
+                let entry = entry.unwrap();
+                let name = entry.file_name().to_string_lossy().into_owned();
+                let kind = entry.file_type().unwrap();
+                if kind.is_dir() {
+                    folders.push(entry.path());
+                } else if folder != dir
+                    && !name.ends_with(META_SUFFIX)
+                    && !name.ends_with(LOCK_SUFFIX)
+                    && !name.contains(PART_MARKER)
+                {
+                    total += entry.metadata().unwrap().len();
+                }
+            }
+        }
+        total
+    }
+
+    /// Many processes' caches on one folder (one instance each here) check the cap after an
+    /// eighth of it was fetched by all of them together: the folder stays within an eighth
+    /// of the cap and one read of it, however many share it (each counting its own, sixteen
+    /// would reach twice the cap before any checked).
+    #[test]
+    fn the_caches_of_many_processes_keep_one_folder_near_its_cap() -> Result<()> {
+        let dir = tempfile::tempdir().map_err(|e| Error::io("tempdir", e))?;
+        let mut options = ObjectCacheOptions::new(dir.path());
+        options.max_bytes = 1000;
+        let caches: Vec<ObjectCache> = (0..16)
+            .map(|_| ObjectCache::new(options.clone()))
+            .collect::<Result<_>>()?;
+        let memory = InMemory::new();
+        let data: Vec<u8> = (0..8000u32).map(|i| (i % 251) as u8).collect();
+        caches[0]
+            .runtime
+            .block_on(memory.put(&ObjectPath::from("set/a.bin"), PutPayload::from(data)))
+            .map_err(|source| Error::ObjectStore {
+                uri: "set/a.bin".into(),
+                source,
+            })?;
+        let store: Arc<Store> = Arc::new(memory);
+        let location = s3_location("s3://bucket/set", "a test prefix")?;
+        let listing = caches[0].list(&store, &location)?;
+        let mut evicted = 0;
+        for round in 0..2u64 {
+            for (i, cache) in caches.iter().enumerate() {
+                // 120 bytes each: under the eighth of the cap (125) any one cache counts.
+                let start = (round * 16 + i as u64) * 200;
+                let range = start..start + 120;
+                cache.read_ranges(&store, &location, &listing[0], std::slice::from_ref(&range))?;
+                let on_disk = cached_bytes(dir.path());
+                assert!(on_disk <= 1000 + 125 + 120, "{on_disk} bytes cached");
+            }
+        }
+        for cache in &caches {
+            evicted += cache.stats().evictions;
+        }
+        assert!(evicted > 0);
         Ok(())
     }
 

@@ -40,6 +40,7 @@ mod download;
 mod entry;
 mod entry_lock;
 mod eviction;
+mod fetch_meter;
 mod options;
 mod prefetch;
 mod remote_object;
