@@ -58,8 +58,12 @@ pub(super) fn unlock(file: &File, path: &Path) -> Result<()> {
     FileExt::unlock(file).map_err(|source| Error::cache(path, source))
 }
 
-/// Turns the exclusive lock held on `file` into a shared one.
+/// Turns the exclusive lock held on `file` into a shared one, marking the entry used first:
+/// `flock` converts a lock by dropping it and taking the other kind, and an evictor that tries
+/// the lock in that gap takes the least recently used entries first, so the entry goes
+/// there as the newest, not with a lock file's old time (left by an entry evicted before).
 pub(super) fn downgrade(file: &File, path: &Path) -> Result<()> {
+    touch(file, path);
     FileExt::lock_shared(file).map_err(|source| Error::cache(path, source))
 }
 
@@ -98,5 +102,28 @@ mod tests {
         );
         let error = wait_for_lock(&first, false, &path, Duration::from_millis(50)).unwrap_err();
         assert!(matches!(error, Error::CacheLockTimeout { .. }));
+    }
+
+    #[test]
+    fn an_entry_is_the_newest_before_its_lock_is_downgraded() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("entry.stoker-lock");
+        // A lock file left by an entry evicted long ago.
+        let file = File::create(&path).unwrap();
+        file.set_modified(SystemTime::UNIX_EPOCH).unwrap();
+        assert!(try_lock(&file, true, &path).unwrap());
+        downgrade(&file, &path).unwrap();
+        let age = std::fs::metadata(&path)
+            .unwrap()
+            .modified()
+            .unwrap()
+            .elapsed()
+            .unwrap();
+        assert!(age < Duration::from_secs(60), "last use {age:?} ago");
+        // Shared now: another reader gets in, an evictor does not.
+        let other = File::open(&path).unwrap();
+        assert!(try_lock(&other, false, &path).unwrap());
+        unlock(&other, &path).unwrap();
+        assert!(!try_lock(&other, true, &path).unwrap());
     }
 }
