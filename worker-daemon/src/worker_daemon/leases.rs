@@ -22,6 +22,59 @@ use stoker_worker::open_sources;
 
 use super::{check_root, lock, JobEntry, Outcome, Shared, WorkerConfig, LEAVE_RESERVE};
 
+/// Tries at opening a job whose datasets failed to open in a way that may pass (a disk or
+/// store failing, the machine short of descriptors), spaced: the next try after 250 ms, each
+/// one after twice the pause before, up to 5 s. A task of such a job is handed back when its
+/// job's next try is due, not at once: else it is leased, failed and requeued as fast as the
+/// coordinator answers, for as long as the failure lasts.
+#[derive(Default)]
+struct OpenBackoff {
+    /// Per job: when it may be tried again, the pause that led there, why it failed.
+    jobs: HashMap<u64, (Instant, Duration, String)>,
+}
+
+impl OpenBackoff {
+    const FIRST: Duration = Duration::from_millis(250);
+    const MOST: Duration = Duration::from_secs(5);
+
+    /// How long until `job` may be tried again, with why it failed; `None`: now.
+    fn wait(&self, job: u64, now: Instant) -> Option<(Duration, String)> {
+        let (next, _, reason) = self.jobs.get(&job)?;
+        let wait = next.saturating_duration_since(now);
+        (!wait.is_zero()).then(|| (wait, reason.clone()))
+    }
+
+    /// Opening `job` failed at `now` for `reason`: the pause until the next try.
+    fn failed(&mut self, job: u64, now: Instant, reason: &str) -> Duration {
+        let pause = self
+            .jobs
+            .get(&job)
+            .map_or(Self::FIRST, |(_, pause, _)| (*pause * 2).min(Self::MOST));
+        self.jobs
+            .insert(job, (now + pause, pause, reason.to_string()));
+        pause
+    }
+
+    /// `job` opened: no pause next time it fails.
+    fn opened(&mut self, job: u64) {
+        self.jobs.remove(&job);
+    }
+}
+
+/// Reports `lease` failed (its task requeued) after `pause`, without holding up the leasing.
+fn hand_back_after(
+    outcomes: &mpsc::UnboundedSender<Outcome>,
+    lease: u64,
+    reason: String,
+    pause: Duration,
+) {
+    let outcomes = outcomes.clone();
+    tokio::spawn(async move {
+        tokio::time::sleep(pause).await;
+        let _ = outcomes.send(Outcome::Failed(lease, reason));
+    });
+}
+
 /// How a spell of leasing from one registration ended.
 enum Ended {
     /// A call to the coordinator failed: register again.
@@ -158,6 +211,7 @@ async fn serve_leases(
     // Deliveries in flight: each holds one finished batch.
     let most_deliveries = config.lease_ahead.max(1).saturating_mul(2);
     let deliveries = Arc::new(Semaphore::new(most_deliveries as usize));
+    let mut open_backoff = OpenBackoff::default();
     let status = loop {
         if *draining.borrow() {
             break None;
@@ -182,8 +236,15 @@ async fn serve_leases(
                 Ok(permit) => permit,
                 Err(_) => break,
             };
+            if let Some((wait, reason)) = open_backoff.wait(task.job_id, Instant::now()) {
+                hand_back_after(&outcomes_tx, task.lease_id, reason, wait);
+                continue;
+            }
             let entry = match job_entry(shared, &mut client, task.job_id).await {
-                Ok(entry) => entry,
+                Ok(entry) => {
+                    open_backoff.opened(task.job_id);
+                    entry
+                }
                 // A dataset that cannot be opened (gone, outside --data-root, not a dataset,
                 // changed since first opened) fails the same way next time: the client hears
                 // why. One that may open later (a store or disk failing) is handed back.
@@ -193,8 +254,10 @@ async fn serve_leases(
                     continue;
                 }
                 Err(Unopened::Dataset(status) | Unopened::Coordinator(status)) => {
-                    let _ = outcomes_tx
-                        .send(Outcome::Failed(task.lease_id, status.message().to_string()));
+                    let reason = status.message().to_string();
+                    let pause = open_backoff.failed(task.job_id, Instant::now(), &reason);
+                    tracing::warn!(job = task.job_id, %reason, ?pause, "cannot open the job's datasets; its tasks go back after a pause");
+                    hand_back_after(&outcomes_tx, task.lease_id, reason, pause);
                     continue;
                 }
             };
@@ -496,5 +559,35 @@ mod tests {
         }
         let not_a_dataset = stoker_worker::Error::InvalidSpec("no images".into());
         assert!(!may_pass(&not_a_dataset));
+    }
+
+    #[test]
+    fn a_job_that_failed_to_open_is_tried_again_after_a_growing_pause() {
+        let mut backoff = OpenBackoff::default();
+        let start = Instant::now();
+        assert!(backoff.wait(7, start).is_none());
+        let pauses: Vec<Duration> = (0..7).map(|_| backoff.failed(7, start, "EIO")).collect();
+        let ms = |n| Duration::from_millis(n);
+        assert_eq!(
+            pauses,
+            [
+                ms(250),
+                ms(500),
+                ms(1000),
+                ms(2000),
+                ms(4000),
+                ms(5000),
+                ms(5000)
+            ]
+        );
+        // Tasks leased meanwhile wait for the next try, and say why.
+        let (wait, reason) = backoff.wait(7, start + ms(1000)).unwrap();
+        assert_eq!((wait, reason.as_str()), (ms(4000), "EIO"));
+        assert!(backoff.wait(7, start + ms(5000)).is_none());
+        // Another job is not held back; an open resets the pause.
+        assert!(backoff.wait(8, start).is_none());
+        backoff.opened(7);
+        assert!(backoff.wait(7, start).is_none());
+        assert_eq!(backoff.failed(7, start, "EIO"), ms(250));
     }
 }

@@ -222,13 +222,12 @@ fn an_epoch_over_the_network_equals_the_embedded_one_through_cut_worker_streams(
         let batch = batch?;
         // Twice in the epoch, every worker's streams break mid-flight: batches the workers
         // reported sent may be lost, and the steps the client reopens its session for may
-        // arrive twice; it must hand each step out once, in order.
+        // arrive twice; it must hand each step out once, in order. (Which workers the client
+        // has streams to by then is the leases' race: one worker may have served every step
+        // so far.)
         if batch.step == steps / 3 || batch.step == 2 * steps / 3 {
             let cut: usize = workers.iter().map(|worker| network.cut(worker)).sum();
-            assert!(
-                cut >= workers.len(),
-                "the client's worker streams were not open"
-            );
+            assert!(cut >= 1, "the client's worker streams were not open");
         }
         seen.push(batch.step);
         digest.update(&batch);
