@@ -1,14 +1,14 @@
 //! How many bytes were fetched into a cache folder since its cap was last enforced, counted by
-//! every process that uses the folder: one 8-byte file (`.stoker-fetched`) mapped shared, added
-//! to atomically. A cap check (a walk of the folder) comes after an eighth of the cap was
-//! fetched by any of them together, so eight ranks on a node overshoot the cap by an eighth,
-//! not by eight eighths as when each counted its own fetches. Processes on other machines
-//! (a folder on a network file system) keep their own count; where the file cannot be mapped,
-//! the process does.
+//! every process that uses the folder: one 8-byte file (`.stoker-fetched`), read and rewritten
+//! under its `flock`. A cap check (a walk of the folder) comes after an eighth of the cap was
+//! fetched by all of them together, so eight ranks on a node overshoot the cap by an eighth,
+//! not by eight eighths as when each counted its own fetches. A count that cannot be read or
+//! written (a full disk, a folder gone) is kept by the process alone meanwhile: nothing here
+//! fails a read (a file mapped instead would turn a full disk into a SIGBUS).
 
 use std::fs::{File, OpenOptions};
+use std::os::unix::fs::FileExt as _;
 use std::path::Path;
-use std::ptr::NonNull;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use tracing::debug;
@@ -16,86 +16,30 @@ use tracing::debug;
 /// The file under the cache folder that holds the count.
 const METER_FILE: &str = ".stoker-fetched";
 
-/// The count of bytes fetched since the last cap check, shared when the folder's file maps.
+/// The count of bytes fetched since the last cap check: the folder's file when it can be
+/// used, else this process's own.
 pub(super) struct FetchMeter {
-    shared: Option<SharedWord>,
+    file: Option<File>,
     local: AtomicU64,
 }
 
-/// One `u64` in a shared mapping of the meter file.
-struct SharedWord {
-    word: NonNull<AtomicU64>,
-    _file: File,
-}
-
-// SAFETY: the mapping is only reached through atomic operations, from any thread.
-unsafe impl Send for SharedWord {}
-// SAFETY: as above.
-unsafe impl Sync for SharedWord {}
-
-impl Drop for SharedWord {
-    fn drop(&mut self) {
-        // SAFETY: the mapping made in `SharedWord::map`, of `size_of::<u64>()` bytes, unmapped
-        // once; nothing else points into it.
-        unsafe { libc::munmap(self.word.as_ptr().cast(), std::mem::size_of::<u64>()) };
-    }
-}
-
-impl SharedWord {
-    fn map(dir: &Path) -> std::io::Result<SharedWord> {
+impl FetchMeter {
+    /// The meter of the cache folder `dir` (which exists); a count of this process's own
+    /// when the folder's file cannot be made.
+    pub(super) fn open(dir: &Path) -> FetchMeter {
         let path = dir.join(METER_FILE);
         let file = OpenOptions::new()
             .read(true)
             .write(true)
             .create(true)
             .truncate(false)
-            .open(&path)?;
-        let len = std::mem::size_of::<u64>();
-        if file.metadata()?.len() < len as u64 {
-            // Extending zero-fills; another process doing the same at once changes nothing.
-            file.set_len(len as u64)?;
-        }
-        // SAFETY: a fresh shared mapping of the file's first 8 bytes, which exist; no other
-        // mapping in this process is affected.
-        let base = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                len,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_SHARED,
-                std::os::fd::AsRawFd::as_raw_fd(&file),
-                0,
-            )
-        };
-        if base == libc::MAP_FAILED {
-            return Err(std::io::Error::last_os_error());
-        }
-        // A mapping is page-aligned, so aligned for an AtomicU64.
-        let word = NonNull::new(base.cast::<AtomicU64>())
-            .ok_or_else(|| std::io::Error::other("mmap gave a null mapping"))?;
-        Ok(SharedWord { word, _file: file })
-    }
-
-    fn get(&self) -> &AtomicU64 {
-        // SAFETY: the mapping lives as long as `self` and holds an initialised u64 (zeros, or
-        // what the processes sharing it wrote).
-        unsafe { self.word.as_ref() }
-    }
-}
-
-impl FetchMeter {
-    /// The meter of the cache folder `dir` (which exists); a count of this process's own
-    /// when the folder's file cannot be made or mapped.
-    pub(super) fn open(dir: &Path) -> FetchMeter {
-        let shared = match SharedWord::map(dir) {
-            Ok(shared) => Some(shared),
-            Err(error) => {
-                debug!(cache = %dir.display(), %error, "cannot map the cache's shared fetch meter; counting this process's fetches only");
-                None
-            }
-        };
+            .open(&path)
+            .map_err(|error| {
+                debug!(meter = %path.display(), %error, "cannot open the cache's shared fetch meter; counting this process's fetches only");
+            })
+            .ok();
         FetchMeter {
-            shared,
+            file,
             local: AtomicU64::new(0),
         }
     }
@@ -103,21 +47,57 @@ impl FetchMeter {
     /// Whether the count is shared through the folder's file.
     #[cfg(test)]
     pub(super) fn is_shared(&self) -> bool {
-        self.shared.is_some()
+        self.file.is_some()
     }
 
     /// Adds `bytes` fetched; true when the count (of every process sharing it) passed
     /// `threshold`: the count then starts again, and the caller, the one that passed it,
     /// checks the cap.
     pub(super) fn add(&self, bytes: u64, threshold: u64) -> bool {
-        let count = self.shared.as_ref().map_or(&self.local, SharedWord::get);
-        let since = count
+        if let Some(file) = &self.file {
+            match add_shared(file, bytes, threshold) {
+                Ok(passed) => return passed,
+                Err(error) => {
+                    debug!(%error, "cannot update the cache's shared fetch meter; counting alone")
+                }
+            }
+        }
+        let since = self
+            .local
             .fetch_add(bytes, Ordering::AcqRel)
             .saturating_add(bytes);
-        // Of the callers that saw the threshold passed, only the one that takes the count
-        // back to zero while it is still past checks.
-        since > threshold && count.swap(0, Ordering::AcqRel) > threshold
+        since > threshold
+            && self
+                .local
+                .fetch_update(Ordering::AcqRel, Ordering::Acquire, |count| {
+                    (count > threshold).then_some(0)
+                })
+                .is_ok()
     }
+}
+
+/// The shared count's read, add and write, under the file's exclusive lock (a short file, as
+/// a new one is, reads as zero).
+fn add_shared(file: &File, bytes: u64, threshold: u64) -> std::io::Result<bool> {
+    fs4::FileExt::lock(file)?;
+    let updated = (|| -> std::io::Result<bool> {
+        let mut word = [0u8; 8];
+        let read = file.read_at(&mut word, 0)?;
+        let count = if read == word.len() {
+            u64::from_le_bytes(word)
+        } else {
+            0
+        };
+        let since = count.saturating_add(bytes);
+        let passed = since > threshold;
+        let stored = if passed { 0 } else { since };
+        file.write_all_at(&stored.to_le_bytes(), 0)?;
+        Ok(passed)
+    })();
+    let unlocked = fs4::FileExt::unlock(file);
+    let passed = updated?;
+    unlocked?;
+    Ok(passed)
 }
 
 #[cfg(test)]
