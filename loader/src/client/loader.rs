@@ -52,14 +52,16 @@ pub struct LoaderOptions {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct PinOptions {
     /// The CUDA device whose primary context registers the slots (they are pinned for every
-    /// device of the process); with `follow_thread`, only where the process uses no device
-    /// when the first batch goes out.
+    /// device of the process); with `follow_thread`, the fallback of the choice made when the
+    /// first batch goes out.
     pub device: usize,
     /// Choose the device when the first batch goes out rather than take `device`: the one
     /// whose context is current on the thread taking that batch (torch's current device,
-    /// once torch has used it there), else `device` or another device the process already
-    /// uses. A loader made before `torch.cuda.set_device` then starts no context on a device
-    /// its process never uses (with eight ranks, eight contexts' memory on GPU 0).
+    /// once torch has used it there), else `device` if its context is active, else another
+    /// device whose context is, else `device`. A loader made before `torch.cuda.set_device`
+    /// then starts no context on a device its process never uses (with eight ranks, eight
+    /// contexts' memory on GPU 0), as long as the rank used its own device before its first
+    /// batch.
     pub follow_thread: bool,
     /// The most page-locked slot memory the loaders of this process may hold together, in
     /// bytes (a node's budget divided by its ranks). The pool is made smaller to fit, and

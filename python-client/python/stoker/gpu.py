@@ -208,9 +208,9 @@ def _outside_stoker() -> int:
 
 
 def pin_device(torch: Any, pin_memory: bool) -> int | None:
-    """The device whose driver page-locks the slots for ``pin_memory=True`` where the process
-    uses none when the first batch goes out (torch's current one now, else 0; the loader
-    follows the device in use then: ``pin_follow``), or None: with one warning naming what is
+    """The fallback device whose driver page-locks the slots for ``pin_memory=True`` (torch's
+    current one now, else 0; the loader takes the device in use when the first batch goes
+    out: ``pin_follow``), or None: with one warning naming what is
     missing (pointing at the user's line that made the loader), as DataLoader runs without an
     accelerator. Starts no CUDA context."""
     if not pin_memory:

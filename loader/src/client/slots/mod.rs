@@ -603,6 +603,34 @@ mod tests {
     }
 
     #[test]
+    fn a_pool_that_follows_the_process_opens_no_context_until_a_slot_goes_out() {
+        if crate::client::cuda::driver_present() {
+            // With a driver the slot is locked for real: test_gpu.py covers that.
+            return;
+        }
+        // Slots of 512 MiB (mapped, never touched): a budget with room for this pool and
+        // what other tests may reserve meanwhile, not for two of it.
+        let (slot_bytes, capacity) = (512 << 20, 2);
+        let reserved = (capacity * slot_stride(slot_bytes)) as u64;
+        let budget = pinned_reserved() + reserved + 1_000_000;
+        let pool = SlotPool::pinned(slot_bytes, capacity, false, PinDevice::Follow(0), budget)
+            .expect("the pool fits its budget");
+        // Made, nothing opened; the first slot out tries and stays pageable, saying why.
+        assert!(pool.is_pinned() && pool.cuda().is_none() && pool.pin_error().is_none());
+        let mut slot = pool.try_take(8).unwrap();
+        pool.pin_for_hand_out(slot.as_mut_slice().as_ptr());
+        assert!(pool.cuda().is_none() && !pool.all_pinned());
+        assert_eq!(pool.pinned_bytes(), 0);
+        let error = pool.pin_error().unwrap_or_default();
+        assert!(error.contains("no CUDA driver"), "{error}");
+        // Dropped, the pool gives its share of the budget back: another of it fits again.
+        drop(slot);
+        drop(pool);
+        let again = SlotPool::pinned(slot_bytes, capacity, false, PinDevice::Fixed(0), budget);
+        assert!(again.is_ok(), "the first pool's reservation was kept");
+    }
+
+    #[test]
     fn arena_slots_start_on_pages() {
         let page = page_size();
         assert_eq!(slot_stride(1), page);
