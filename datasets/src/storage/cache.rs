@@ -589,6 +589,26 @@ mod tests {
         Ok(())
     }
 
+    /// An in-memory store holding `bytes` as `set/a.bin`, the location `s3://bucket/set` and
+    /// its listing, read through `cache`.
+    fn one_object(
+        cache: &ObjectCache,
+        bytes: Vec<u8>,
+    ) -> Result<(Arc<Store>, RemoteLocation, Vec<ObjectMeta>)> {
+        let memory = InMemory::new();
+        cache
+            .runtime
+            .block_on(memory.put(&ObjectPath::from("set/a.bin"), PutPayload::from(bytes)))
+            .map_err(|source| Error::ObjectStore {
+                uri: "set/a.bin".into(),
+                source,
+            })?;
+        let store: Arc<Store> = Arc::new(memory);
+        let location = s3_location("s3://bucket/set", "a test prefix")?;
+        let listing = cache.list(&store, &location)?;
+        Ok((store, location, listing))
+    }
+
     /// Bytes of cached data (not metadata, locks or parts) under `dir`.
     fn cached_bytes(dir: &std::path::Path) -> u64 {
         let mut total = 0;
@@ -624,18 +644,8 @@ mod tests {
         let caches: Vec<ObjectCache> = (0..16)
             .map(|_| ObjectCache::new(options.clone()))
             .collect::<Result<_>>()?;
-        let memory = InMemory::new();
         let data: Vec<u8> = (0..8000u32).map(|i| (i % 251) as u8).collect();
-        caches[0]
-            .runtime
-            .block_on(memory.put(&ObjectPath::from("set/a.bin"), PutPayload::from(data)))
-            .map_err(|source| Error::ObjectStore {
-                uri: "set/a.bin".into(),
-                source,
-            })?;
-        let store: Arc<Store> = Arc::new(memory);
-        let location = s3_location("s3://bucket/set", "a test prefix")?;
-        let listing = caches[0].list(&store, &location)?;
+        let (store, location, listing) = one_object(&caches[0], data)?;
         let mut evicted = 0;
         for round in 0..2u64 {
             for (i, cache) in caches.iter().enumerate() {
@@ -662,21 +672,8 @@ mod tests {
         let mut options = ObjectCacheOptions::new(dir.path());
         options.lock_timeout = std::time::Duration::from_millis(300);
         let cache = ObjectCache::new(options)?;
-        let memory = InMemory::new();
         let data: Vec<u8> = (0..1000u32).map(|i| (i % 251) as u8).collect();
-        cache
-            .runtime
-            .block_on(memory.put(
-                &ObjectPath::from("set/a.bin"),
-                PutPayload::from(data.clone()),
-            ))
-            .map_err(|source| Error::ObjectStore {
-                uri: "set/a.bin".into(),
-                source,
-            })?;
-        let store: Arc<Store> = Arc::new(memory);
-        let location = s3_location("s3://bucket/set", "a test prefix")?;
-        let listing = cache.list(&store, &location)?;
+        let (store, location, listing) = one_object(&cache, data.clone())?;
         // Another holder of the range's entry (its lock file locked exclusively).
         let entry = Entry::new(
             dir.path(),

@@ -105,6 +105,19 @@ pub(super) fn batch_tuple(
         .into_pyobject(py)
 }
 
+/// The slot pool's figures in `stats()`: slots in use and in all, and their page-locking.
+pub(super) fn slot_stats(
+    dict: &Bound<'_, PyDict>,
+    slots: &stoker_loader::SlotPool,
+) -> PyResult<()> {
+    dict.set_item("slots_in_use", slots.in_use())?;
+    dict.set_item("slot_capacity", slots.capacity())?;
+    dict.set_item("pinned", slots.all_pinned())?;
+    dict.set_item("pinned_bytes", slots.pinned_bytes())?;
+    dict.set_item("pin_error", slots.pin_error())?;
+    dict.set_item("pinned_device", slots.cuda().map(|cuda| cuda.ordinal()))
+}
+
 /// Page-locking for a loader: on `pin_device` (with `pin_follow`, on the device the process
 /// uses when the first batch goes out, `pin_device` where it uses none) within
 /// `pinned_budget` bytes, or none.

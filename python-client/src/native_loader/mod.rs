@@ -23,7 +23,7 @@ use crate::dataset::DatasetRecipe;
 use crate::errors::from_loader;
 
 use access::{closed, Current, Held};
-use batches::{batch_tuple, pin_options, wait_for_batch};
+use batches::{batch_tuple, pin_options, slot_stats, wait_for_batch};
 use recipe::Recipe;
 
 use crate::spec::{job_spec, mix_spec, JobSettings, PyMix};
@@ -553,20 +553,12 @@ impl NativeLoader {
         dict.set_item("bad_samples", stats.bad_samples)?;
         dict.set_item("in_flight", stats.in_flight)?;
         dict.set_item("prefetch_depth", stats.prefetch_depth)?;
-        dict.set_item("slots_in_use", loader.slots().in_use())?;
-        dict.set_item("slot_capacity", loader.slots().capacity())?;
-        dict.set_item("pinned", loader.slots().all_pinned())?;
-        dict.set_item("pinned_bytes", loader.slots().pinned_bytes())?;
-        dict.set_item("pin_error", loader.slots().pin_error())?;
-        let pinned_device = loader.slots().cuda().map(|cuda| cuda.ordinal());
-        dict.set_item("pinned_device", pinned_device)?;
+        slot_stats(&dict, loader.slots())?;
         dict.set_item("gpu_idle_s", stats.gpu_idle_s)?;
         dict.set_item("gpu_span_s", stats.gpu_span_s)?;
-        let lane_stats = match loader.gpu_lane() {
-            Some(lane) => Some(crate::gpu_decode::lane_stats(py, lane)?),
-            None => None,
-        };
-        dict.set_item("gpu_decode", lane_stats)?;
+        let lane = loader.gpu_lane();
+        let lane_stats = lane.map(|lane| crate::gpu_decode::lane_stats(py, lane));
+        dict.set_item("gpu_decode", lane_stats.transpose()?)?;
         if let Some(address) = &self.address {
             dict.set_item("address", address)?;
         }
