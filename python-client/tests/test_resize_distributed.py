@@ -93,3 +93,31 @@ def test_four_remote_ranks_resumed_on_two_read_each_sample_once(
             local.close()
     assert sorted(read) == list(range(SAMPLE_COUNT)), "epoch 0: every sample exactly once"
     assert sorted(next_epoch) == list(range(SAMPLE_COUNT)), "epoch 1: the whole epoch"
+
+
+def test_remote_ranks_resumed_on_two_after_the_epochs_last_batch_start_the_next_epoch(
+    dataset: Path, resize_cluster: str
+) -> None:
+    """States saved right after an epoch's last batch leave nothing of it: the remote loaders
+    on the new world size go on with the next epoch, as the in-process ones do (the resumed
+    epoch's job of no steps was refused by the coordinator, and the load with it)."""
+    states = []
+    for rank in range(OLD):
+        loader = _loader(dataset, rank, OLD, resize_cluster)
+        steps = len(loader)
+        read_indices(loader, steps)
+        state = loader.state_dict()
+        assert (state["epoch"], state["step"]) == (0, steps)
+        states.append(state)
+        loader.close()
+    for rank in range(NEW):
+        remote = _loader(dataset, rank, NEW, resize_cluster)
+        local = _loader(dataset, rank, NEW, None)
+        try:
+            remote.load_state_dict(states)
+            local.load_state_dict(states)
+            assert remote.epoch == local.epoch == 1
+            assert read_indices(remote) == read_indices(local), f"rank {rank}: the plain epoch 1"
+        finally:
+            remote.close()
+            local.close()

@@ -226,7 +226,8 @@ class NativeLoader:
         steps: list[int],
     ) -> tuple[int, int, list[tuple[int, list[int]]]]:
         """Builds the loader of ``epoch`` resumed on this world size after ranks of ``old_world``
-        read ``steps[r]`` batches each; returns (start step, the epoch's steps, its resizes)."""
+        read ``steps[r]`` batches each; returns (start step, the epoch's steps, its resizes).
+        Builds none when nothing of the epoch is left for this rank (0 steps)."""
     def end_resized(self) -> None:
         """Lets go of the loader of an epoch resumed on another world size."""
     @property

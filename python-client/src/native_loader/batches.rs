@@ -105,6 +105,25 @@ pub(super) fn batch_tuple(
         .into_pyobject(py)
 }
 
+/// The resizes of `spec`'s resized epoch as Python takes them, oldest first.
+pub(super) fn resize_chain(spec: &proto::JobSpec) -> Vec<super::PyResize> {
+    let resizes = spec.resized_epoch.as_ref().map(|r| r.resizes.as_slice());
+    let resizes = resizes.unwrap_or_default().iter();
+    resizes.map(|z| (z.cursor, z.taken.clone())).collect()
+}
+
+/// Steps of `epoch` for `spec`'s rank under its resized epoch (dataset of `num_samples`).
+pub(super) fn resized_steps(spec: &proto::JobSpec, num_samples: u64, epoch: u64) -> PyResult<u64> {
+    let resizes = spec.resized_epoch.as_ref().map_or_else(Vec::new, |r| {
+        r.resizes.iter().map(stoker_worker::Resize::from).collect()
+    });
+    let config = stoker_worker::PlanConfig::from_spec(spec, num_samples);
+    stoker_worker::EpochPlan::new(config, epoch)
+        .and_then(|plan| plan.resized(resizes))
+        .map(|plan| plan.steps())
+        .map_err(|e| pyo3::exceptions::PyValueError::new_err(e.to_string()))
+}
+
 /// The slot pool's figures in `stats()`: slots in use and in all, and their page-locking.
 pub(super) fn slot_stats(
     dict: &Bound<'_, PyDict>,

@@ -23,7 +23,7 @@ use crate::dataset::DatasetRecipe;
 use crate::errors::from_loader;
 
 use access::{closed, Current, Held};
-use batches::{batch_tuple, pin_options, slot_stats, wait_for_batch};
+use batches::{batch_tuple, pin_options, resize_chain, resized_steps, slot_stats, wait_for_batch};
 use recipe::Recipe;
 
 use crate::spec::{job_spec, mix_spec, JobSettings, PyMix};
@@ -53,7 +53,7 @@ pub(crate) struct NativeLoader {
 }
 
 /// A resize as Python holds it: (cursor, taken positions).
-type PyResize = (u64, Vec<u64>);
+pub(super) type PyResize = (u64, Vec<u64>);
 
 #[pymethods]
 impl NativeLoader {
@@ -275,8 +275,9 @@ impl NativeLoader {
     /// `resizes` (cursor, taken) left of it, read `steps[r]` batches each (rank r; one count
     /// for all when only one is known). With the same world size, no new resize and every
     /// rank at the same step, it resumes the resized epoch itself at that step. Builds the
-    /// loader of that epoch (beside the plain one, over its slots) and returns (the step to start at, the epoch's steps, the epoch's
-    /// resizes now).
+    /// loader of that epoch (beside the plain one, over its slots) and returns (the step to
+    /// start at, the epoch's steps, the epoch's resizes now); none when nothing of the epoch
+    /// is left for this rank (steps 0).
     fn resume_resized(
         &self,
         py: Python<'_>,
@@ -311,17 +312,15 @@ impl NativeLoader {
             .map_err(|e| PyValueError::new_err(e.to_string()))?;
             (spec, 0)
         };
-        let chain = spec
-            .resized_epoch
-            .as_ref()
-            .map(|r| {
-                r.resizes
-                    .iter()
-                    .map(|z| (z.cursor, z.taken.clone()))
-                    .collect()
-            })
-            .unwrap_or_default();
+        let chain = resize_chain(&spec);
+        let nothing_left = start_step == 0 && resized_steps(&spec, num_samples, epoch)? == 0;
         let previous = self.held(py).resumed.take();
+        if nothing_left {
+            // Nothing of the epoch is left for this rank: no loader (a remote one's job of no
+            // steps is refused); the caller goes on with the next epoch.
+            py.detach(|| drop(previous));
+            return Ok((0, 0, chain));
+        }
         let loader = py
             .detach(move || {
                 drop(previous);
