@@ -100,6 +100,8 @@ pub struct Coordinator {
     config: CoordinatorConfig,
     journal: Option<Journal>,
     jobs: BTreeMap<JobId, Job>,
+    /// The first job id of this run's range ([`JOB_ID_RUN_BITS`]).
+    job_id_base: u64,
     workers: Vec<Worker>,
     /// Open sessions by id; a closed session is dropped (its id stays issued, below
     /// `next_session`, so a late call on it is told "closed", not "unknown").
@@ -166,13 +168,29 @@ fn open_entry(
         .ok_or(CoordinatorError::UnknownSession(session))
 }
 
+/// The low bits of a job id: its number within the run that registered it. The bits above are
+/// that run's tag, random for each run of a journaled coordinator, so an id is never given
+/// twice, even by a coordinator whose journal was lost or restored from an older copy: a
+/// client still holding an id from before is told the job is unknown (and registers again),
+/// never handed another job's batches under it.
+const JOB_ID_RUN_BITS: u32 = 32;
+
+/// The first id of a run's job range for the random `seed`: a tag of 1 to 2^20 - 1 above the
+/// run's bits, so ids stay below 2^52 (exact as JSON numbers in the dashboard's JavaScript).
+fn run_job_id_base(seed: u64) -> u64 {
+    let tag = seed % ((1 << 20) - 1) + 1;
+    tag << JOB_ID_RUN_BITS
+}
+
 impl Coordinator {
-    /// A coordinator without a journal: nothing survives it. For tests and benches.
+    /// A coordinator without a journal: nothing survives it (its job ids start at 0). For
+    /// tests and benches.
     pub fn in_memory(config: CoordinatorConfig) -> Self {
         Self {
             config,
             journal: None,
             jobs: BTreeMap::new(),
+            job_id_base: 0,
             workers: Vec::new(),
             sessions: FastMap::default(),
             next_session: 0,
@@ -195,6 +213,7 @@ impl Coordinator {
     pub fn open(state_dir: &Path, config: CoordinatorConfig) -> CoordinatorResult<Self> {
         let (journal, contents) = Journal::open(state_dir)?;
         let mut coordinator = Self::in_memory(config);
+        coordinator.job_id_base = run_job_id_base(stoker_rpc::transport::random_u64());
         for job in contents.jobs {
             let id = JobId(job.id);
             let spec = JobSpec::decode(job.spec.as_slice())
@@ -233,7 +252,17 @@ impl Coordinator {
                 "steps_per_epoch must be at least 1".into(),
             ));
         }
-        let id = JobId(self.jobs.keys().next_back().map_or(0, |last| last.0 + 1));
+        let range = self.job_id_base..self.job_id_base + (1 << JOB_ID_RUN_BITS);
+        let last = self
+            .jobs
+            .range(JobId(range.start)..JobId(range.end))
+            .next_back();
+        let id = JobId(last.map_or(range.start, |(last, _)| last.0 + 1));
+        if id.0 >= range.end {
+            return Err(CoordinatorError::InvalidArgument(
+                "this coordinator run has registered 2^32 jobs; restart it".into(),
+            ));
+        }
         if let Some(journal) = &self.journal {
             journal.put_job(id.0, steps_per_epoch, &spec.encode_to_vec())?;
             self.stats.journal_commits += 1;

@@ -377,8 +377,14 @@ fn restart_resumes_from_the_journal_and_redoes_the_rest_once() {
         assert!(received.iter().all(|(_, &n)| n == 1));
         assert_eq!(c.acknowledged_position(s).unwrap(), Step(steps));
     }
-    // A job registered after the restart gets a fresh id.
-    assert_eq!(c.register_job(spec(1, 0), 1).unwrap(), JobId(job.0 + 1));
+    // A job registered after the restart gets a fresh id (of this run's range), and the
+    // journaled job keeps its own.
+    let fresh = c.register_job(spec(1, 0), 1).unwrap();
+    assert!(
+        fresh != job && fresh.0 >> 32 != job.0 >> 32,
+        "{fresh:?} beside {job:?}"
+    );
+    assert_eq!(c.job_spec(job).unwrap().seed, 9);
 }
 
 #[test]
@@ -720,4 +726,40 @@ fn a_task_its_client_could_not_take_is_requeued_without_its_credit() {
     let mut all: Vec<u64> = vec![again[0].task.step.0, steps[0]];
     all.sort_unstable();
     assert_eq!(all, [0, 1]);
+}
+
+#[test]
+fn a_job_id_is_never_given_twice_across_restarts_and_lost_journals() {
+    let (dir, lost) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let first = {
+        let mut c = Coordinator::open(dir.path(), config()).unwrap();
+        let first = c.register_job(spec(2, 1), 10).unwrap();
+        assert_eq!(c.register_job(spec(2, 2), 10).unwrap().0, first.0 + 1);
+        first
+    };
+    // Restarted: the job is there under its id; a new one gets an id of this run's range.
+    let mut c = Coordinator::open(dir.path(), config()).unwrap();
+    assert_eq!(c.steps_per_epoch(first).unwrap(), 10);
+    let later = c.register_job(spec(2, 3), 10).unwrap();
+    assert!(
+        later.0 >> 32 != first.0 >> 32,
+        "{later:?} in the range of {first:?}"
+    );
+    // A coordinator whose journal was lost gives its first job another id than the lost
+    // one's first (a client holding that id is told it is unknown, not served this job).
+    let mut fresh = Coordinator::open(lost.path(), config()).unwrap();
+    let other = fresh.register_job(spec(2, 4), 10).unwrap();
+    assert_ne!(other, first);
+    assert!(matches!(
+        fresh.steps_per_epoch(first),
+        Err(CoordinatorError::UnknownJob(_))
+    ));
+    // Ids stay exact as JSON numbers (the dashboard's JavaScript).
+    for id in [first, later, other] {
+        assert!(id.0 < 1 << 52 && id.0 >> 32 != 0, "{id:?}");
+    }
+    for seed in [0, 1, u64::MAX] {
+        let base = run_job_id_base(seed);
+        assert!(base >> 32 >= 1 && base < 1 << 52, "{base:#x}");
+    }
 }
