@@ -56,9 +56,15 @@ pub(crate) struct JournalContents {
     pub weights: HashMap<u64, u32>,
 }
 
-/// An open redb journal.
+/// Opens the journal's database: at start, and again after a write failed.
+pub(crate) type OpenDatabase = Box<dyn Fn() -> Result<Database, redb::DatabaseError> + Send>;
+
+/// An open redb journal. A write that fails lets go of the database (redb refuses every later
+/// transaction of a database an I/O error struck, a full disk for a moment included), and the
+/// next write opens it again, so the journal works again once the disk does.
 pub(crate) struct Journal {
-    database: Database,
+    database: Option<Database>,
+    open_database: OpenDatabase,
     path: PathBuf,
     /// The key of the next log entry.
     next_entry: u64,
@@ -117,12 +123,22 @@ fn replay(
 impl Journal {
     /// Opens (or creates) the journal in `state_dir` and reads everything it holds.
     pub fn open(state_dir: &Path) -> CoordinatorResult<(Self, JournalContents)> {
+        let path = state_dir.join(JOURNAL_FILE);
+        Self::open_with(state_dir, Box::new(move || Database::create(&path)))
+    }
+
+    /// [`Journal::open`], the database opened by `open_database` (tests give a storage that
+    /// fails on demand).
+    pub(crate) fn open_with(
+        state_dir: &Path,
+        open_database: OpenDatabase,
+    ) -> CoordinatorResult<(Self, JournalContents)> {
         std::fs::create_dir_all(state_dir).map_err(|source| CoordinatorError::StateDir {
             path: state_dir.to_path_buf(),
             source,
         })?;
         let path = state_dir.join(JOURNAL_FILE);
-        let database = Database::create(&path).map_err(journal_error)?;
+        let database = open_database().map_err(journal_error)?;
         // Create both tables up front so that reading a fresh journal finds them.
         let txn = database.begin_write().map_err(journal_error)?;
         txn.open_table(JOBS).map_err(journal_error)?;
@@ -180,9 +196,11 @@ impl Journal {
             positions = positions.len(),
             "coordinator journal opened"
         );
+        drop(txn);
         Ok((
             Self {
-                database,
+                database: Some(database),
+                open_database,
                 path,
                 next_entry,
                 log_entries,
@@ -197,24 +215,69 @@ impl Journal {
         ))
     }
 
+    /// The database, opened again if a write let go of it (the log's counters read back from
+    /// it: the failed write may or may not have landed).
+    fn database(&mut self) -> CoordinatorResult<&Database> {
+        if self.database.is_none() {
+            let database = (self.open_database)().map_err(journal_error)?;
+            let txn = database.begin_read().map_err(journal_error)?;
+            let log = txn.open_table(POSITION_LOG).map_err(journal_error)?;
+            let (mut next_entry, mut entries) = (0, 0);
+            for row in log.iter().map_err(journal_error)? {
+                next_entry = row.map_err(journal_error)?.0.value() + 1;
+                entries += 1;
+            }
+            (self.next_entry, self.log_entries) = (next_entry, entries);
+            drop((log, txn));
+            tracing::info!(path = %self.path.display(), "coordinator journal opened again");
+            self.database = Some(database);
+        }
+        self.database
+            .as_ref()
+            .ok_or_else(|| journal_error(std::io::Error::other("the journal is not open")))
+    }
+
+    /// Runs the write `write` in one transaction; when it fails, lets go of the database
+    /// (opened again by the next write).
+    fn write<T>(
+        &mut self,
+        write: impl FnOnce(&mut Self, &redb::WriteTransaction) -> CoordinatorResult<T>,
+    ) -> CoordinatorResult<T> {
+        let written = self
+            .database()
+            .and_then(|database| database.begin_write().map_err(journal_error))
+            .and_then(|txn| {
+                let value = write(self, &txn)?;
+                txn.commit().map_err(journal_error)?;
+                Ok(value)
+            });
+        if let Err(error) = &written {
+            tracing::warn!(path = %self.path.display(), %error, "a journal write failed; the journal is opened again for the next one");
+            self.database = None;
+        }
+        written
+    }
+
     /// Durably records a job.
-    pub fn put_job(&self, id: u64, steps_per_epoch: u64, spec: &[u8]) -> CoordinatorResult<()> {
-        let txn = self.database.begin_write().map_err(journal_error)?;
-        txn.open_table(JOBS)
-            .map_err(journal_error)?
-            .insert(id, (steps_per_epoch, spec))
-            .map_err(journal_error)?;
-        txn.commit().map_err(journal_error)
+    pub fn put_job(&mut self, id: u64, steps_per_epoch: u64, spec: &[u8]) -> CoordinatorResult<()> {
+        self.write(|_, txn| {
+            txn.open_table(JOBS)
+                .map_err(journal_error)?
+                .insert(id, (steps_per_epoch, spec))
+                .map_err(journal_error)?;
+            Ok(())
+        })
     }
 
     /// Durably records a job's weight.
-    pub fn put_weight(&self, job: u64, weight: u32) -> CoordinatorResult<()> {
-        let txn = self.database.begin_write().map_err(journal_error)?;
-        txn.open_table(WEIGHTS)
-            .map_err(journal_error)?
-            .insert(job, weight)
-            .map_err(journal_error)?;
-        txn.commit().map_err(journal_error)
+    pub fn put_weight(&mut self, job: u64, weight: u32) -> CoordinatorResult<()> {
+        self.write(|_, txn| {
+            txn.open_table(WEIGHTS)
+                .map_err(journal_error)?
+                .insert(job, weight)
+                .map_err(journal_error)?;
+            Ok(())
+        })
     }
 
     /// Durably records acknowledged positions and deletes the `pruned` ones, all in one
@@ -240,17 +303,16 @@ impl Journal {
         for (key, position) in positions {
             encode_record(key, Some(position), &mut records);
         }
-        let txn = self.database.begin_write().map_err(journal_error)?;
-        let fold = self.log_entries + 1 >= FOLD_EVERY;
-        {
+        let fold = self.write(|journal, txn| {
+            let fold = journal.log_entries + 1 >= FOLD_EVERY;
             let mut log = txn.open_table(POSITION_LOG).map_err(journal_error)?;
-            log.insert(self.next_entry, records.as_slice())
+            log.insert(journal.next_entry, records.as_slice())
                 .map_err(journal_error)?;
             if fold {
-                Self::fold(&txn, &mut log)?;
+                Self::fold(txn, &mut log)?;
             }
-        }
-        txn.commit().map_err(journal_error)?;
+            Ok(fold)
+        })?;
         self.next_entry += 1;
         self.log_entries = if fold { 0 } else { self.log_entries + 1 };
         Ok(())
@@ -291,7 +353,94 @@ impl Journal {
 
 #[cfg(test)]
 mod tests {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Arc;
+
+    use redb::backends::FileBackend;
+    use redb::StorageBackend;
+
     use super::*;
+
+    /// A journal file whose writes fail while `full` is set, as on a full disk.
+    #[derive(Debug)]
+    struct FillingDisk {
+        file: FileBackend,
+        full: Arc<AtomicBool>,
+    }
+
+    impl FillingDisk {
+        fn check(&self) -> std::io::Result<()> {
+            if self.full.load(Ordering::SeqCst) {
+                return Err(std::io::Error::from_raw_os_error(28)); // ENOSPC
+            }
+            Ok(())
+        }
+    }
+
+    impl StorageBackend for FillingDisk {
+        fn len(&self) -> std::io::Result<u64> {
+            self.file.len()
+        }
+        fn read(&self, offset: u64, len: usize) -> std::io::Result<Vec<u8>> {
+            self.file.read(offset, len)
+        }
+        fn set_len(&self, len: u64) -> std::io::Result<()> {
+            self.check()?;
+            self.file.set_len(len)
+        }
+        fn sync_data(&self, eventual: bool) -> std::io::Result<()> {
+            self.check()?;
+            self.file.sync_data(eventual)
+        }
+        fn write(&self, offset: u64, data: &[u8]) -> std::io::Result<()> {
+            self.check()?;
+            self.file.write(offset, data)
+        }
+    }
+
+    #[test]
+    fn a_journal_works_again_once_a_full_disk_has_room() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let full = Arc::new(AtomicBool::new(false));
+        let (path, disk) = (dir.path().join(JOURNAL_FILE), Arc::clone(&full));
+        let open: OpenDatabase = Box::new(move || {
+            let file = std::fs::OpenOptions::new()
+                .read(true)
+                .write(true)
+                .create(true)
+                .truncate(false)
+                .open(&path)?;
+            redb::Builder::new().create_with_backend(FillingDisk {
+                file: FileBackend::new(file)?,
+                full: Arc::clone(&disk),
+            })
+        });
+        {
+            let (mut journal, _) = Journal::open_with(dir.path(), open).expect("open");
+            journal.put_job(0, 10, b"first").expect("a job");
+            journal
+                .write_positions([((0, 0, 0), 3)].into_iter(), &[])
+                .expect("positions");
+            full.store(true, Ordering::SeqCst);
+            assert!(journal.put_job(1, 10, b"lost").is_err());
+            assert!(journal
+                .write_positions([((0, 0, 0), 5)].into_iter(), &[])
+                .is_err());
+            // Room again: the next writes land (redb alone refuses every transaction of a
+            // database an I/O error struck, until it is opened again).
+            full.store(false, Ordering::SeqCst);
+            journal
+                .write_positions([((0, 0, 0), 7)].into_iter(), &[])
+                .expect("positions once there is room");
+            journal
+                .put_job(2, 10, b"second")
+                .expect("a job once there is room");
+        }
+        let (_, contents) = Journal::open(dir.path()).expect("reopen");
+        let ids: Vec<u64> = contents.jobs.iter().map(|job| job.id).collect();
+        assert!(ids.contains(&0) && ids.contains(&2), "{ids:?}");
+        assert_eq!(contents.positions.get(&(0, 0, 0)), Some(&7));
+    }
 
     #[test]
     fn positions_survive_appends_folds_and_drops() {
@@ -353,7 +502,12 @@ mod tests {
         }
         let (journal, contents) = Journal::open(dir.path()).expect("reopen");
         assert_eq!(contents.positions, HashMap::from([((1, 2, 3), 41)]));
-        let txn = journal.database.begin_write().expect("txn");
+        let txn = journal
+            .database
+            .as_ref()
+            .expect("open")
+            .begin_write()
+            .expect("txn");
         txn.open_table(POSITION_LOG)
             .expect("log")
             .insert(99, [0xffu8; 3].as_slice())

@@ -263,7 +263,7 @@ impl Coordinator {
                 "this coordinator run has registered 2^32 jobs; restart it".into(),
             ));
         }
-        if let Some(journal) = &self.journal {
+        if let Some(journal) = &mut self.journal {
             journal.put_job(id.0, steps_per_epoch, &spec.encode_to_vec())?;
             self.stats.journal_commits += 1;
         }
@@ -297,7 +297,7 @@ impl Coordinator {
         }
         let weight = requested.clamp(1, self.weight_cap());
         if self.job_share(job).weight != weight {
-            if let Some(journal) = &self.journal {
+            if let Some(journal) = &mut self.journal {
                 journal.put_weight(job.0, weight)?;
                 self.stats.journal_commits += 1;
             }
