@@ -495,8 +495,10 @@ class Loader(FromDataset):
 
         The world size may differ from the saved one: the rest of the saved epoch (the samples
         no rank had read) is then spread over this run's ranks, each sample once, in equal step
-        counts by the loader's rules for an uneven tail and ``drop_last``; that epoch has fewer
-        steps (``len(loader)``), and the next epoch is the plain one of the new world size.
+        counts by the loader's tail rules (padding may repeat up to ``world_size - 1`` of them;
+        ``drop_last`` may drop a last partial batch per rank); that epoch has fewer steps
+        (``len(loader)``; none when nothing of it is left, and the next epoch starts), and the
+        next epoch is the plain one of the new world size.
 
         Raises:
             ValueError: ``state`` is not a Stoker state, was saved by a loader with other
