@@ -236,3 +236,32 @@ def test_a_release_fences_every_device_the_process_uses(monkeypatch: pytest.Monk
     active[:] = [2]
     assert streams() == [(2, 9), (2, 0)]
     assert gpu.release_streams(None)() == []
+
+
+def test_slots_the_driver_refuses_at_the_first_batch_warn_once_and_pin_nothing(
+    make_loader: Callable[..., stoker.Loader],
+) -> None:
+    """The driver context that locks the slots opens with the first batch: where it fails (a
+    GPU in exclusive use by another process, say), the loop's first batch warns once, as a
+    missing driver does when the loader is made, and the labels are not pinned either. The
+    native side's refusal is stood in for here (no GPU)."""
+    loader = make_loader()
+    native = loader._native
+    refusal = "CUDA driver call cuDevicePrimaryCtxRetain failed: CUDA_ERROR_DEVICES_UNAVAILABLE"
+
+    class Refusing:
+        def __getattr__(self, name: str) -> Any:
+            return getattr(native, name)
+
+        def stats(self) -> dict[str, Any]:
+            stats = dict(native.stats())
+            stats.update(pinned=False, pinned_device=None, pin_error=refusal)
+            return stats
+
+    loader._native = Refusing()  # type: ignore[assignment]
+    loader._pin_small = loader._pin_unsettled = True
+    with pytest.warns(UserWarning, match="cannot be page-locked: CUDA driver call") as caught:
+        got = epoch_batches(loader)
+    assert len(caught) == 1 and len(got) > 1
+    assert not loader._pin_small and not loader._pin_unsettled
+    loader.close()

@@ -40,6 +40,7 @@ class NativeStats(TypedDict):
     pinned: bool
     pinned_bytes: int
     pin_error: str | None
+    pinned_device: int | None
     gpu_idle_s: float
     gpu_span_s: float
     gpu_decode: GpuDecodeStats | None

@@ -52,6 +52,7 @@ __all__ = [
     "pin_device",
     "release_streams",
     "split_tail",
+    "warn_unpinned",
 ]
 
 # Output dtypes the device tail makes, by name.
@@ -221,13 +222,20 @@ def pin_device(torch: Any, pin_memory: bool) -> int | None:
     # Names the missing driver itself, without loading anything it cannot.
     problem = _native.cuda_unavailable(index)
     if problem is not None:
-        warnings.warn(
-            f"pin_memory=True, but the batch slots cannot be page-locked: {problem}. They stay "
-            "in pageable memory (stats()['pinned'] is False).",
-            stacklevel=_outside_stoker(),
-        )
+        warn_unpinned(problem)
         return None
     return index
+
+
+def warn_unpinned(problem: str) -> None:
+    """The one warning of ``pin_memory=True`` without page-locked slots, naming ``problem``
+    and pointing at the user's line (the loader's making, or the loop's first batch, when the
+    driver context that locks them opens then and fails)."""
+    warnings.warn(
+        f"pin_memory=True, but the batch slots cannot be page-locked: {problem}. They stay "
+        "in pageable memory (stats()['pinned'] is False).",
+        stacklevel=_outside_stoker(),
+    )
 
 
 def require_device(torch: Any, device: str, index: int) -> int:

@@ -370,8 +370,11 @@ class Loader(FromDataset):
 
     def _finish_init(self, device_stage: gpu.DeviceStage | None = None) -> None:
         assert self._native is not None
-        # With page-locked slots, torch tensors outside them are pinned by a copy.
-        self._pin_small = bool(self._native.stats()["pinned"]) and self._torch is not None
+        # With page-locked slots, torch tensors outside them are pinned by a copy. The driver
+        # context that locks the slots opens with the first batch: whether it does is known then.
+        stats = self._native.stats()
+        self._pin_small = bool(stats["pinned"]) and self._torch is not None
+        self._pin_unsettled = self._pin_small and stats["pinned_device"] is None
         self._feed = BatchFeed(self._handle, self._to_batch, device_stage, self._torch)
         # Read once: state_dict() must work after close() and in a forked child, where the
         # handle may not be touched.
@@ -590,6 +593,17 @@ class Loader(FromDataset):
             raise StokerError("this Loader is closed; make a new one")
         return self._native
 
+    def _settle_pinning(self) -> None:
+        """Once the first batch went out: whether the driver context that locks the slots
+        opened. Where it did not, one warning (as where no driver is there), and the tensors
+        outside the slots are not pinned either."""
+        stats = self._handle().stats()
+        if stats["pinned_device"] is not None:
+            self._pin_unsettled = False
+        elif stats["pin_error"] is not None:
+            self._pin_unsettled = self._pin_small = False
+            gpu.warn_unpinned(stats["pin_error"])
+
     def _to_batch(self, item: NativeBatch) -> Taken:
         _, step, tensors, indices, bad, device_rows = item
         # On the device: the tensors and the event that says they are ready.
@@ -597,6 +611,8 @@ class Loader(FromDataset):
         if self._feed.stage is not None:
             batch = self._feed.stage.stage(tensors, device_rows)
         else:
+            if self._pin_unsettled:
+                self._settle_pinning()
             batch = host_batch(tensors, self._torch, self._pin_small)
         self._bad_log.note(bad)
         return step, batch, list(indices), list(bad)
