@@ -735,3 +735,19 @@ def test_a_dataset_whose_module_fails_to_import_in_the_worker_names_the_failure(
     message = str(raised.value)
     assert f"could not load the dataset sent to it ({method})" in message
     assert "ImportError: flaky_dataset will not load in a worker process" in message
+
+
+@pytest.mark.parametrize("method", ["forkserver", "spawn"])
+def test_a_dataset_of_torch_tensors_reaches_every_fresh_worker(method: str) -> None:
+    """A dataset holding torch tensors (a TensorDataset) is sent to each fresh interpreter by
+    value: pickled for torch's own process handover, its storage would go through a handle
+    only one process can take, and every worker but the first would fail to load it."""
+    torch = pytest.importorskip("torch")
+    data = torch.utils.data.TensorDataset(
+        torch.arange(24, dtype=torch.int64).reshape(12, 2), torch.arange(12)
+    )
+    with stoker.Loader.from_dataset(
+        data, batch_size=4, num_workers=2, multiprocessing_context=method, output="numpy"
+    ) as loader:
+        got = sorted(int(v) for batch in loader for v in batch[1])
+    assert got == list(range(12))

@@ -285,10 +285,13 @@ class ProcessBuilder:
         self._workers: list[_Worker] = []
         self._lock = threading.Lock()
         # A fresh interpreter gets the state pickled here and loads it itself (see
-        # `_worker_main`); a forked worker inherits it as it is.
+        # `_worker_main`); a forked worker inherits it as it is. Plain pickle, by value: the
+        # same bytes go to every worker and to replacements, and torch's reductions for
+        # process handover (tensors moved to shared memory, passed by a handle one process
+        # takes) would serve only the first.
         sent: State | bytes = state
         if context.get_start_method() != "fork":
-            sent = multiprocessing.reduction.ForkingPickler.dumps(state).tobytes()
+            sent = pickle.dumps(state, protocol=pickle.HIGHEST_PROTOCOL)
         try:
             for number in range(workers):
                 self._workers.append(_Worker(context, number, sent))
