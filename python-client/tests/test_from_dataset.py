@@ -548,6 +548,34 @@ def test_close_with_busy_worker_processes_waits_one_grace_period_for_all() -> No
     assert all(not p.is_alive() for p in processes)
 
 
+def test_a_close_interrupted_in_its_grace_period_still_stops_every_worker(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A second Ctrl-C while close() waits for busy workers: they are killed at once, not
+    left running with nothing left to stop them, and the loader is closed."""
+    from stoker import dataset_workers
+
+    loader = stoker.Loader.from_dataset(
+        SlowBatches(64), batch_size=4, num_workers=2, prefetch=2, output="numpy", timeout=60
+    )
+    processes = [w.process for w in loader._builder._workers]
+    iter(loader)  # both workers start on their first batches (16 s each)
+    time.sleep(1.5)
+
+    def interrupted(self: object, deadline: float) -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(dataset_workers._Worker, "close", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        loader.close()
+    monkeypatch.undo()
+    deadline = time.monotonic() + 5
+    while any(p.is_alive() for p in processes) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not any(p.is_alive() for p in processes)
+    assert loader._closed
+
+
 class JpegFiles:
     """Reads an image folder's files as bytes, in the native ImageFolder's index order."""
 

@@ -257,13 +257,16 @@ class DatasetLoader(Loader):
         stay valid."""
         if self._closed:
             return
-        _OPEN.discard(self)
-        if self._native is not None and not self._fork.forked:
-            self._native.interrupt()  # a next() waiting in another thread ends now
-        builder = getattr(self, "_builder", None)
-        if builder is not None and not self._fork.forked:
-            builder.close()  # a lane waiting on a worker then returns at once
-        super().close()
+        try:
+            if self._native is not None and not self._fork.forked:
+                self._native.interrupt()  # a next() waiting in another thread ends now
+            builder = getattr(self, "_builder", None)
+            if builder is not None and not self._fork.forked:
+                builder.close()  # a lane waiting on a worker then returns at once
+        finally:
+            # Also when interrupted (Ctrl-C in the workers' grace period): the threads stop.
+            super().close()
+            _OPEN.discard(self)
 
     def state_dict(self) -> dict[str, Any]:
         """As :meth:`stoker.Loader.state_dict`; for a mix of Python datasets also the mix

@@ -264,6 +264,15 @@ class _Worker:
         with contextlib.suppress(OSError):
             self.conn.send(None)
 
+    def kill(self) -> None:
+        """Kills the worker if it still runs, without waiting (a replacement is the one
+        ``self.process`` names; the one it replaced is dead)."""
+        with contextlib.suppress(OSError, ValueError):
+            if self.process.is_alive():
+                self.process.kill()
+        with contextlib.suppress(OSError):
+            self.conn.close()
+
     def close(self, deadline: float) -> None:
         """Waits for the worker to exit until ``deadline`` (``time.monotonic()``), then kills it
         (and a replacement a lane started meanwhile)."""
@@ -325,8 +334,14 @@ class ProcessBuilder:
         for worker in workers:
             worker.ask_to_stop()
         deadline = time.monotonic() + _CLOSE_GRACE_S
-        for worker in workers:
-            worker.close(deadline)
+        try:
+            for worker in workers:
+                worker.close(deadline)
+        finally:
+            # Interrupted meanwhile (a second Ctrl-C in the grace period): the workers not
+            # waited for are killed now rather than left running with nothing to stop them.
+            for worker in workers:
+                worker.kill()
 
 
 def _default_start_method() -> str:
