@@ -117,6 +117,12 @@ def test_remote_ranks_resumed_on_two_after_the_epochs_last_batch_start_the_next_
             remote.load_state_dict(states)
             local.load_state_dict(states)
             assert remote.epoch == local.epoch == 1
+            # The finished epoch, asked for again (as a loop that calls set_epoch first does),
+            # runs empty rather than whole.
+            for loader in (remote, local):
+                loader.set_epoch(0)
+                assert len(loader) == 0 and read_indices(loader) == []
+                loader.set_epoch(1)
             assert read_indices(remote) == read_indices(local), f"rank {rank}: the plain epoch 1"
         finally:
             remote.close()

@@ -16,11 +16,15 @@ use crate::errors::{raise, Kind};
 use super::NativeLoader;
 
 /// What `close` lets go of, besides the stream.
+#[derive(Default)]
 pub(super) struct Held {
     pub(super) loader: Option<Arc<Loader>>,
     /// The loader of an epoch resumed on another world size, and that epoch: it serves that
     /// epoch only.
     pub(super) resumed: Option<(u64, Arc<Loader>)>,
+    /// An epoch resumed on another world size with nothing left for this rank (no loader): it
+    /// has no steps, and runs empty.
+    pub(super) resumed_empty: Option<u64>,
     pub(super) dashboard: Option<Dashboard>,
 }
 
@@ -46,6 +50,37 @@ impl Held {
             Some((resumed, loader)) if *resumed == epoch => loader,
             _ => plain,
         })
+    }
+
+    /// Steps of `epoch` for this rank (0 for a resumed epoch with nothing left).
+    pub(super) fn steps_in(&self, epoch: u64) -> PyResult<u64> {
+        if self.resumed_empty == Some(epoch) {
+            self.loader()?;
+            return Ok(0);
+        }
+        Ok(self.loader_of(epoch)?.steps_per_epoch())
+    }
+
+    /// The loader that starts `epoch` and the step it starts at: for a resumed epoch with
+    /// nothing left, the plain loader from its end (it runs empty). A resumed epoch with
+    /// nothing left is forgotten once a later one starts.
+    pub(super) fn start_of(&mut self, epoch: u64, step: u64) -> PyResult<(Arc<Loader>, u64)> {
+        let loader = Arc::clone(self.loader_of(epoch)?);
+        let empty = self.resumed_empty == Some(epoch);
+        self.resumed_empty = self.resumed_empty.filter(|&empty| empty >= epoch);
+        let step = if empty {
+            loader.steps_per_epoch()
+        } else {
+            step
+        };
+        Ok((loader, step))
+    }
+
+    /// Lets go of the resumed epoch's loader (returned, to be dropped without the GIL), and
+    /// records `empty` as a resumed epoch with nothing left, or none.
+    pub(super) fn let_go_of_resumed(&mut self, empty: Option<u64>) -> Option<(u64, Arc<Loader>)> {
+        self.resumed_empty = empty;
+        self.resumed.take()
     }
 }
 

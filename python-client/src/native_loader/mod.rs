@@ -314,10 +314,12 @@ impl NativeLoader {
         };
         let chain = resize_chain(&spec);
         let nothing_left = start_step == 0 && resized_steps(&spec, num_samples, epoch)? == 0;
-        let previous = self.held(py).resumed.take();
+        let previous = self
+            .held(py)
+            .let_go_of_resumed(nothing_left.then_some(epoch));
         if nothing_left {
             // Nothing of the epoch is left for this rank: no loader (a remote one's job of no
-            // steps is refused); the caller goes on with the next epoch.
+            // steps is refused); the epoch runs empty.
             py.detach(|| drop(previous));
             return Ok((0, 0, chain));
         }
@@ -351,20 +353,24 @@ impl NativeLoader {
     /// `resume_resized` may have let go of the one before).
     #[getter]
     fn resumed_epoch(&self, py: Python<'_>) -> Option<u64> {
-        self.held(py).resumed.as_ref().map(|(epoch, _)| *epoch)
+        let held = self.held(py);
+        held.resumed
+            .as_ref()
+            .map(|(epoch, _)| *epoch)
+            .or(held.resumed_empty)
     }
 
     /// Lets go of the loader of an epoch resumed on another world size: a later resume on
     /// this loader's own world size makes every epoch the plain loader's again.
     fn end_resized(&self, py: Python<'_>) {
-        let previous = self.held(py).resumed.take();
+        let previous = self.held(py).let_go_of_resumed(None);
         py.detach(|| drop(previous));
     }
 
     /// Steps (batches) of `epoch` for this rank: the resumed epoch's own count for the epoch
     /// resumed on another world size, else `steps_per_epoch`.
     fn steps_in(&self, py: Python<'_>, epoch: u64) -> PyResult<u64> {
-        Ok(self.held(py).loader_of(epoch)?.steps_per_epoch())
+        self.held(py).steps_in(epoch)
     }
 
     /// Steps (batches) per epoch for this rank.
@@ -417,9 +423,9 @@ impl NativeLoader {
 
     /// Starts `epoch` at `start_step` (a later step resumes mid-epoch with no replay).
     fn start_epoch(&self, py: Python<'_>, epoch: u64, start_step: u64) -> PyResult<()> {
-        let (loader, done, plain) = {
+        let (loader, done, plain, start_step) = {
             let mut held = self.held(py);
-            let loader = Arc::clone(held.loader_of(epoch)?);
+            let (loader, start_step) = held.start_of(epoch, start_step)?;
             // Past the resumed epoch its loader is done.
             let past = |(resumed, _): &(u64, Arc<Loader>)| *resumed < epoch;
             let done = held.resumed.take_if(|resumed| past(resumed));
@@ -430,7 +436,7 @@ impl NativeLoader {
                 .ok()
                 .filter(|plain| !Arc::ptr_eq(plain, &loader))
                 .cloned();
-            (loader, done, plain)
+            (loader, done, plain, start_step)
         };
         let mut current = self.current(py);
         // Drop the previous stream first: its unstarted work is cancelled (except the next
@@ -577,19 +583,11 @@ impl NativeLoader {
     fn close(&self, py: Python<'_>) {
         self.closing.store(true, Ordering::SeqCst);
         let current = self.current(py).take();
-        let (loader, resumed, dashboard) = {
-            let mut held = self.held(py);
-            (
-                held.loader.take(),
-                held.resumed.take(),
-                held.dashboard.take(),
-            )
-        };
+        let mut held = std::mem::take(&mut *self.held(py));
         py.detach(|| {
             drop(current);
-            drop(resumed);
-            drop(loader);
-            drop(dashboard);
+            drop(held.resumed.take());
+            drop(held); // the plain loader, then the dashboard
         });
     }
 }

@@ -131,6 +131,7 @@ impl NativeLoader {
             held: Mutex::new(Held {
                 loader: Some(Arc::new(loader)),
                 resumed: None,
+                resumed_empty: None,
                 dashboard,
             }),
             current: Mutex::new(None),
