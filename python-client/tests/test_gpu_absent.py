@@ -238,16 +238,27 @@ def test_a_release_fences_every_device_the_process_uses(monkeypatch: pytest.Monk
     assert gpu.release_streams(None)() == []
 
 
+@pytest.mark.parametrize(
+    ("output", "wrapped"), [("numpy", False), ("torch", False), ("numpy", True)]
+)
 def test_slots_the_driver_refuses_at_the_first_batch_warn_once_and_pin_nothing(
-    make_loader: Callable[..., stoker.Loader],
+    make_loader: Callable[..., stoker.Loader], output: str, wrapped: bool
 ) -> None:
     """The driver context that locks the slots opens with the first batch: where it fails (a
     GPU in exclusive use by another process, say), the loop's first batch warns once, as a
     missing driver does when the loader is made, and the labels are not pinned either. The
-    native side's refusal is stood in for here (no GPU)."""
-    loader = make_loader()
+    native side is stood in for here (no GPU): pinned slots until the first batch, then
+    refused."""
+    if output == "torch":
+        pytest.importorskip("torch")
+    if wrapped:  # a Python dataset's loader
+        samples = [{"x": np.full(3, i, dtype=np.int64)} for i in range(32)]
+        loader = stoker.Loader.from_dataset(samples, batch_size=4, output=output)
+    else:
+        loader = make_loader(output=output)
     native = loader._native
     refusal = "CUDA driver call cuDevicePrimaryCtxRetain failed: CUDA_ERROR_DEVICES_UNAVAILABLE"
+    asked = []
 
     class Refusing:
         def __getattr__(self, name: str) -> Any:
@@ -255,13 +266,19 @@ def test_slots_the_driver_refuses_at_the_first_batch_warn_once_and_pin_nothing(
 
         def stats(self) -> dict[str, Any]:
             stats = dict(native.stats())
-            stats.update(pinned=False, pinned_device=None, pin_error=refusal)
+            first = not asked
+            asked.append(True)
+            stats.update(
+                pinned=first, pinned_device=None, pin_error=None if first else refusal
+            )
             return stats
 
     loader._native = Refusing()  # type: ignore[assignment]
-    loader._pin_small = loader._pin_unsettled = True
+    loader._finish_init()
+    assert loader._pin_unsettled and loader._pin_small == (output == "torch")
     with pytest.warns(UserWarning, match="cannot be page-locked: CUDA driver call") as caught:
         got = epoch_batches(loader)
-    assert len(caught) == 1 and len(got) > 1
+    unpinned = [w for w in caught if "page-locked" in str(w.message)]
+    assert len(unpinned) == 1 and len(got) > 1
     assert not loader._pin_small and not loader._pin_unsettled
     loader.close()

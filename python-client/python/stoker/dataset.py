@@ -287,6 +287,8 @@ class DatasetLoader(Loader):
 
     def _to_batch(self, item: Any) -> tuple[int, Any, list[int], list[Any]]:
         _, step, tensors, indices, bad, _ = item
+        if self._pin_unsettled:
+            self._settle_pinning()
         n = len(indices)
         leaves = []
         for (_, _, _, data), field in zip(tensors, self._layout.fields, strict=False):

@@ -374,7 +374,7 @@ class Loader(FromDataset):
         # context that locks the slots opens with the first batch: whether it does is known then.
         stats = self._native.stats()
         self._pin_small = bool(stats["pinned"]) and self._torch is not None
-        self._pin_unsettled = self._pin_small and stats["pinned_device"] is None
+        self._pin_unsettled = bool(stats["pinned"]) and stats["pinned_device"] is None
         self._feed = BatchFeed(self._handle, self._to_batch, device_stage, self._torch)
         # Read once: state_dict() must work after close() and in a forked child, where the
         # handle may not be touched.
