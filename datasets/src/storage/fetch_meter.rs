@@ -3,13 +3,16 @@
 //! under its `flock`. A cap check (a walk of the folder) comes after an eighth of the cap was
 //! fetched by all of them together, so eight ranks on a node overshoot the cap by an eighth,
 //! not by eight eighths as when each counted its own fetches. A count that cannot be read or
-//! written (a full disk, a folder gone) is kept by the process alone meanwhile: nothing here
-//! fails a read (a file mapped instead would turn a full disk into a SIGBUS).
+//! written (a full disk, a folder gone), or whose lock another process holds too long, is kept
+//! by the process alone meanwhile: nothing here fails or stalls a read (a file mapped instead
+//! would turn a full disk into a SIGBUS).
 
 use std::fs::{File, OpenOptions};
 use std::os::unix::fs::FileExt as _;
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Mutex, PoisonError};
+use std::time::{Duration, Instant};
 
 use tracing::debug;
 
@@ -20,6 +23,9 @@ const METER_FILE: &str = ".stoker-fetched";
 /// used, else this process's own.
 pub(super) struct FetchMeter {
     file: Option<File>,
+    /// One thread of this process at a time: a `flock` belongs to the open file, which every
+    /// thread shares, so it keeps out other processes only.
+    threads: Mutex<()>,
     local: AtomicU64,
 }
 
@@ -40,6 +46,7 @@ impl FetchMeter {
             .ok();
         FetchMeter {
             file,
+            threads: Mutex::new(()),
             local: AtomicU64::new(0),
         }
     }
@@ -55,6 +62,7 @@ impl FetchMeter {
     /// checks the cap.
     pub(super) fn add(&self, bytes: u64, threshold: u64) -> bool {
         if let Some(file) = &self.file {
+            let _one_thread = self.threads.lock().unwrap_or_else(PoisonError::into_inner);
             match add_shared(file, bytes, threshold) {
                 Ok(passed) => return passed,
                 Err(error) => {
@@ -76,10 +84,29 @@ impl FetchMeter {
     }
 }
 
+/// How long a process waits for another's hold of the meter (microseconds, normally) before it
+/// counts alone for this fetch: a holder stopped or stuck never stalls the others' reads.
+const LOCK_PATIENCE: Duration = Duration::from_millis(200);
+
 /// The shared count's read, add and write, under the file's exclusive lock (a short file, as
 /// a new one is, reads as zero).
 fn add_shared(file: &File, bytes: u64, threshold: u64) -> std::io::Result<bool> {
-    fs4::FileExt::lock(file)?;
+    let deadline = Instant::now() + LOCK_PATIENCE;
+    loop {
+        match fs4::FileExt::try_lock(file) {
+            Ok(()) => break,
+            Err(fs4::TryLockError::WouldBlock) if Instant::now() < deadline => {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            Err(fs4::TryLockError::WouldBlock) => {
+                return Err(std::io::Error::new(
+                    std::io::ErrorKind::WouldBlock,
+                    "another process held the fetch meter too long",
+                ))
+            }
+            Err(fs4::TryLockError::Error(error)) => return Err(error),
+        }
+    }
     let updated = (|| -> std::io::Result<bool> {
         let mut word = [0u8; 8];
         let read = file.read_at(&mut word, 0)?;
@@ -119,6 +146,25 @@ mod tests {
         assert!(!FetchMeter::open(other.path()).add(600, 1000));
         // Opened again later (another process starting), the count carries on.
         assert!(FetchMeter::open(dir.path()).add(600, 1000));
+    }
+
+    #[test]
+    fn threads_of_one_process_lose_no_bytes() {
+        let dir = tempfile::tempdir().unwrap();
+        let meter = FetchMeter::open(dir.path());
+        std::thread::scope(|scope| {
+            for _ in 0..8 {
+                scope.spawn(|| {
+                    for _ in 0..500 {
+                        assert!(!meter.add(1, u64::MAX / 2));
+                    }
+                });
+            }
+        });
+        // What the file holds: every thread's bytes, none lost to another's read.
+        let bytes = std::fs::read(dir.path().join(METER_FILE)).unwrap();
+        let count = u64::from_le_bytes(bytes[..8].try_into().unwrap());
+        assert_eq!(count, 8 * 500);
     }
 
     #[test]
