@@ -24,9 +24,11 @@ use super::{check_root, lock, JobEntry, Outcome, Shared, WorkerConfig, LEAVE_RES
 
 /// Tries at opening a job whose datasets failed to open in a way that may pass (a disk or
 /// store failing, the machine short of descriptors), spaced: the next try after 250 ms, each
-/// one after twice the pause before, up to 5 s. A task of such a job is handed back when its
-/// job's next try is due, not at once: else it is leased, failed and requeued as fast as the
-/// coordinator answers, for as long as the failure lasts.
+/// one after twice the pause before, up to 5 s. Until then a task of that job is handed back
+/// at once, untried (another worker may open it), and a lease that brought nothing else
+/// pauses this worker's leasing until the next try is due (at most a second at a time): else
+/// the task is leased, failed and requeued by this worker as fast as the coordinator
+/// answers, for as long as the failure lasts.
 #[derive(Default)]
 struct OpenBackoff {
     /// Per job: when it may be tried again, the pause that led there, why it failed.
@@ -59,20 +61,6 @@ impl OpenBackoff {
     fn opened(&mut self, job: u64) {
         self.jobs.remove(&job);
     }
-}
-
-/// Reports `lease` failed (its task requeued) after `pause`, without holding up the leasing.
-fn hand_back_after(
-    outcomes: &mpsc::UnboundedSender<Outcome>,
-    lease: u64,
-    reason: String,
-    pause: Duration,
-) {
-    let outcomes = outcomes.clone();
-    tokio::spawn(async move {
-        tokio::time::sleep(pause).await;
-        let _ = outcomes.send(Outcome::Failed(lease, reason));
-    });
 }
 
 /// How a spell of leasing from one registration ended.
@@ -231,15 +219,20 @@ async fn serve_leases(
             Ok(response) => response.into_inner().tasks,
             Err(status) => break Some(status),
         };
+        // The shortest wait of the jobs whose tasks went back untried, while no task of this
+        // lease was served.
+        let mut only_handed_back = (!tasks.is_empty()).then_some(OpenBackoff::MOST);
         for task in tasks {
             let permit = match deliveries.clone().acquire_owned().await {
                 Ok(permit) => permit,
                 Err(_) => break,
             };
             if let Some((wait, reason)) = open_backoff.wait(task.job_id, Instant::now()) {
-                hand_back_after(&outcomes_tx, task.lease_id, reason, wait);
+                let _ = outcomes_tx.send(Outcome::Failed(task.lease_id, reason));
+                only_handed_back = only_handed_back.map(|least| least.min(wait));
                 continue;
             }
+            only_handed_back = None;
             let entry = match job_entry(shared, &mut client, task.job_id).await {
                 Ok(entry) => {
                     open_backoff.opened(task.job_id);
@@ -256,8 +249,8 @@ async fn serve_leases(
                 Err(Unopened::Dataset(status) | Unopened::Coordinator(status)) => {
                     let reason = status.message().to_string();
                     let pause = open_backoff.failed(task.job_id, Instant::now(), &reason);
-                    tracing::warn!(job = task.job_id, %reason, ?pause, "cannot open the job's datasets; its tasks go back after a pause");
-                    hand_back_after(&outcomes_tx, task.lease_id, reason, pause);
+                    tracing::warn!(job = task.job_id, %reason, ?pause, "cannot open the job's datasets; its tasks go back untried until the next try");
+                    let _ = outcomes_tx.send(Outcome::Failed(task.lease_id, reason));
                     continue;
                 }
             };
@@ -292,6 +285,14 @@ async fn serve_leases(
                 let _ = outcomes.send(outcome);
                 drop(permit);
             });
+        }
+        if let Some(wait) = only_handed_back {
+            // Nothing this worker can serve came: lease again when a job's next try is due.
+            let mut draining = draining.clone();
+            tokio::select! {
+                () = tokio::time::sleep(wait.min(Duration::from_secs(1))) => {}
+                _ = draining.changed() => {}
+            }
         }
     };
     if let Some(status) = status {
