@@ -8,6 +8,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -779,3 +780,20 @@ def test_a_dataset_of_torch_tensors_reaches_every_fresh_worker(method: str) -> N
     ) as loader:
         got = sorted(int(v) for batch in loader for v in batch[1])
     assert got == list(range(12))
+
+
+class Locked(Squares):
+    """Holds a lock, which does not pickle."""
+
+    def __init__(self, length: int = 8) -> None:
+        super().__init__(length)
+        self.lock = threading.Lock()
+
+
+@pytest.mark.parametrize("method", ["forkserver", "spawn"])
+def test_a_dataset_that_does_not_pickle_is_refused_naming_fork(method: str) -> None:
+    refused = r"does not pickle.*multiprocessing_context='fork'"
+    with pytest.raises(stoker.DatasetError, match=refused):
+        stoker.Loader.from_dataset(
+            Locked(), batch_size=2, num_workers=1, multiprocessing_context=method
+        )

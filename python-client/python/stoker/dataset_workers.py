@@ -299,8 +299,16 @@ class ProcessBuilder:
         # process handover (tensors moved to shared memory, passed by a handle one process
         # takes) would serve only the first.
         sent: State | bytes = state
-        if context.get_start_method() != "fork":
-            sent = pickle.dumps(state, protocol=pickle.HIGHEST_PROTOCOL)
+        method = context.get_start_method()
+        if method != "fork":
+            try:
+                sent = pickle.dumps(state, protocol=pickle.HIGHEST_PROTOCOL)
+            except Exception as error:
+                raise DatasetError(
+                    f"the dataset cannot be sent to worker processes started by {method!r}: it "
+                    f"does not pickle ({type(error).__name__}: {error}); "
+                    "multiprocessing_context='fork' hands it over without pickling"
+                ) from error
         try:
             for number in range(workers):
                 self._workers.append(_Worker(context, number, sent))
