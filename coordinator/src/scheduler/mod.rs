@@ -169,10 +169,10 @@ fn open_entry(
 }
 
 /// The low bits of a job id: its number within the run that registered it. The bits above are
-/// that run's tag, random for each run of a journaled coordinator, so an id is never given
-/// twice, even by a coordinator whose journal was lost or restored from an older copy: a
-/// client still holding an id from before is told the job is unknown (and registers again),
-/// never handed another job's batches under it.
+/// that run's tag, random for each run of a journaled coordinator, so a coordinator whose
+/// journal was lost or restored from an older copy does not give an id again (two runs share
+/// a tag with a chance of about one in a million): a client still holding an id from before
+/// is told the job is unknown (and registers again), not handed another job's batches.
 const JOB_ID_RUN_BITS: u32 = 32;
 
 /// The first id of a run's job range for the random `seed`: a tag of 1 to 2^20 - 1 above the
