@@ -392,7 +392,12 @@ impl ObjectCache {
             if try_lock(&lock, true, &entry.lock)? {
                 if entry.validity() == Validity::Valid {
                     downgrade(&lock, &entry.lock)?;
-                    ready[position] = Some(self.hit(entry, lock, reading));
+                    // Evicted in the downgrade's gap: fetched again below.
+                    if entry.is_valid() {
+                        ready[position] = Some(self.hit(entry, lock, reading));
+                        continue;
+                    }
+                    contended.push((position, entry, lock));
                 } else {
                     to_fetch.push((position, entry, lock));
                 }
@@ -416,8 +421,13 @@ impl ObjectCache {
             wait_for_lock(&lock, true, &entry.lock, timeout)?;
             if entry.validity() == Validity::Valid {
                 downgrade(&lock, &entry.lock)?;
-                ready[position] = Some(self.hit(entry, lock, reading));
-                continue;
+                if entry.is_valid() {
+                    ready[position] = Some(self.hit(entry, lock, reading));
+                    continue;
+                }
+                // Evicted in the downgrade's gap: fetched again, under the exclusive lock.
+                unlock(&lock, &entry.lock)?;
+                wait_for_lock(&lock, true, &entry.lock, timeout)?;
             }
             for (position, object) in
                 self.download(store, vec![(position, entry, lock)], &sources, reading)?
