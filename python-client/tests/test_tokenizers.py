@@ -2,7 +2,9 @@
 ``tokenizer.json`` users bring (byte-level BPE as GPT-2 and as Llama 3 use it, SentencePiece-style
 BPE with byte fallback, SentencePiece-style Unigram, BERT's WordPiece), each trained here on a
 corpus with non-ASCII text, long documents, empty lines and odd whitespace, and each encoded by
-the ``tokenizers`` 1.0 line (not the 0.23 fallback).
+the ``tokenizers`` 1.0 line (not the 0.23 fallback). One exception: where a trained Unigram
+model scores two segmentations of a text the same (a tie), the 1.0 line may pick the other
+one; that is accepted once the two are checked to spell the same text with the same score.
 
 Needs the ``tokenizers`` package (``./dev test`` installs it in CI); skipped with a message
 elsewhere.
@@ -13,6 +15,7 @@ elsewhere.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -119,6 +122,17 @@ def wordpiece(hf: Any) -> Any:
     return tokenizer
 
 
+def unigram_tie(path: Path, got: list[int], want: list[int]) -> bool:
+    """Whether two segmentations by the Unigram model at ``path`` spell the same text with the
+    same total score: a tie, which the ``tokenizers`` 1.0 line breaks otherwise than 0.23 does
+    (a model trained here has one about once in 300 trainings, on the run of x's)."""
+    vocab = json.loads(path.read_text())["model"]["vocab"]
+    pieces = [[vocab[i][0] for i in ids] for ids in (got, want)]
+    scores = [sum(vocab[i][1] for i in ids) for ids in (got, want)]
+    close = abs(scores[0] - scores[1]) <= 1e-9 * max(1.0, abs(scores[1]))
+    return "".join(pieces[0]) == "".join(pieces[1]) and close
+
+
 @pytest.mark.parametrize(
     "make",
     [byte_level_bpe, llama3_style_bpe, sentencepiece_bpe, unigram, wordpiece],
@@ -134,6 +148,8 @@ def test_ids_equal_hugging_faces(hf: Any, make: Any, tmp_path: Path) -> None:
     ids, engine = _native.encode_texts(str(path), CORPUS)
     assert engine == "1.0", engine
     for text, want, got in zip(CORPUS, expected, ids, strict=True):
+        if got != want and make is unigram and unigram_tie(path, got, want):
+            continue
         assert got == want, f"{text[:60]!r}: {got[:20]} != {want[:20]}"
     assert any(len(i) > 1000 for i in ids), "the long documents are long in tokens too"
 
