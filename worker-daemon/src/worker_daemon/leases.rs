@@ -581,7 +581,7 @@ mod tests {
                 ms(5000)
             ]
         );
-        // Tasks leased meanwhile wait for the next try, and say why.
+        // Meanwhile the job's tasks go back untried: how long until the next try, and why.
         let (wait, reason) = backoff.wait(7, start + ms(1000)).unwrap();
         assert_eq!((wait, reason.as_str()), (ms(4000), "EIO"));
         assert!(backoff.wait(7, start + ms(5000)).is_none());
