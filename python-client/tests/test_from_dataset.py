@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import collections
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -509,6 +510,79 @@ def test_a_worker_process_slower_than_the_timeout_on_dataset_0_is_a_timeout() ->
             SlowFirst(10), batch_size=2, num_workers=1, timeout=1, output="numpy"
         )
     assert time.monotonic() - started < 10
+
+
+class HangsOn(Squares):
+    """Sample 9 waits (a stalled network read, say) until the file ``release`` exists."""
+
+    def __init__(self, length: int, release: Path) -> None:
+        super().__init__(length)
+        self.release = release
+
+    def __getitem__(self, index: int):
+        if index == 9:
+            self.wait_for_release()
+        return super().__getitem__(index)
+
+    def wait_for_release(self) -> None:
+        deadline = time.monotonic() + 60
+        while not self.release.exists() and time.monotonic() < deadline:
+            time.sleep(0.02)
+
+
+@pytest.mark.parametrize(
+    "mode, who",
+    [
+        ({"num_threads": 2}, r"lane thread \d"),
+        ({"num_workers": 2}, r"dataset worker process \d \(pid \d+\)"),
+        (
+            {"num_workers": 1, "multiprocessing_context": "spawn"},
+            r"dataset worker process 0 \(pid \d+\)",
+        ),
+    ],
+)
+def test_a_timeout_names_the_batch_a_lane_is_stuck_on_and_its_python_line(
+    tmp_path: Path, mode: dict, who: str
+) -> None:
+    release = tmp_path / "release"
+    loader = stoker.Loader.from_dataset(
+        HangsOn(40, release), batch_size=4, shuffle=False, timeout=1.5, output="numpy", **mode
+    )
+    try:
+        with pytest.raises(stoker.LoaderTimeoutError) as timed_out:
+            for _ in loader:
+                pass
+        message = str(timed_out.value)
+        assert "waiting for epoch 0 step 2" in message  # the native part: the batch waited for
+        stuck = re.search(
+            who + r" has been loading step 2 of epoch 0 \(dataset indices 8, 9, 10, 11\) for "
+            r"(\d+\.\d) s, at test_from_dataset\.py:\d+ in wait_for_release",
+            message,
+        )
+        assert stuck is not None, message
+        assert float(stuck.group(1)) >= 1.0
+    finally:
+        release.touch()
+        loader.close()
+    stacks = getattr(loader._builder, "_dumps", None)  # process mode: the workers' stack files
+    assert stacks is None or not Path(stacks).exists()
+
+
+def test_a_stack_is_asked_only_of_a_process_that_catches_the_signal(tmp_path: Path) -> None:
+    """The dump signal ends a process that does not catch it: such a process is not sent it."""
+    from stoker import busy
+
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        time.sleep(0.3)  # started; SIGUSR1 left at its default
+        path = tmp_path / f"{sleeper.pid}.stacks"
+        path.write_text("")
+        assert busy.read_dumps([(sleeper.pid, str(path))], wait=0.3) == {sleeper.pid: ""}
+        time.sleep(0.2)
+        assert sleeper.poll() is None
+    finally:
+        sleeper.kill()
+        sleeper.wait()
 
 
 def test_a_layout_a_worker_process_cannot_send_is_an_error_naming_why() -> None:

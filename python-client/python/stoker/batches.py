@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, Final, ParamSpec, TypeVar
 
 import numpy as np
 
-from stoker.errors import StokerError
+from stoker.errors import LoaderTimeoutError, StokerError
 from stoker.gpu import GpuIdleMeter
 
 if TYPE_CHECKING:
@@ -122,10 +122,13 @@ class BatchFeed:
         make_batch: Callable[[NativeBatch], Taken],
         stage: DeviceStage | None,
         torch: Any,
+        loading_now: Callable[[], str] | None = None,
     ) -> None:
         # The native loader, or a StokerError saying why it cannot be used (closed, forked).
         self.handle = weakly(handle)
         self._make_batch = weakly(make_batch)
+        # What the source's lanes are loading, added to a timeout's message (from_dataset).
+        self._loading_now = weakly(loading_now) if loading_now is not None else None
         self.stage = stage
         # Whenever torch tensors are handed out (it only records once torch has started CUDA).
         self._meter: GpuIdleMeter | None = None
@@ -148,7 +151,10 @@ class BatchFeed:
         try:
             taken = self._take_staged(generation)
             if taken is None:
-                item = native.next_batch()
+                try:
+                    item = native.next_batch()
+                except LoaderTimeoutError as error:
+                    raise self._explained(error) from None
                 if item is None:
                     if meter is not None:
                         meter.cancel()
@@ -171,6 +177,16 @@ class BatchFeed:
         if meter is not None:
             meter.after()
         return taken
+
+    def _explained(self, error: LoaderTimeoutError) -> LoaderTimeoutError:
+        """``error`` with what the source's lanes are loading added, when it says."""
+        if self._loading_now is None:
+            return error
+        try:
+            loading = self._loading_now()
+        except Exception as failed:  # the timeout is what the caller must see
+            loading = f"(what the lanes are loading could not be read: {failed})"
+        return LoaderTimeoutError(f"{error}; {loading}") if loading else error
 
     def _take_staged(self, generation: int) -> Taken | None:
         staged, self._staged = self._staged, None

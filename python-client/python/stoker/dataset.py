@@ -285,6 +285,10 @@ class DatasetLoader(Loader):
             f"rank={self._rank}, world_size={self._world_size}, {state})"
         )
 
+    def _loading_now(self) -> str:
+        builder = self._builder
+        return builder.loading_now() if builder is not None else ""
+
     def _to_batch(self, item: Any) -> tuple[int, Any, list[int], list[Any]]:
         _, step, tensors, indices, bad, _ = item
         if self._pin_unsettled:

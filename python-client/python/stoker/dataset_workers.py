@@ -12,14 +12,17 @@ import multiprocessing
 import multiprocessing.reduction
 import os
 import pickle
+import shutil
 import signal
 import sys
+import tempfile
 import threading
 import time
 import traceback
 from collections.abc import Iterator
 from typing import Any, NoReturn
 
+from stoker.busy import LoadingLog, batch_text, describe, listen_for_dumps, read_dumps
 from stoker.errors import DatasetError, LoaderTimeoutError, StokerError
 from stoker.samples import Layout, State, fill_batch, probe
 
@@ -45,15 +48,17 @@ class _Arena:
             self.buffer.close()
 
 
-def _worker_main(conn: Any, state: State | bytes) -> None:
+def _worker_main(conn: Any, state: State | bytes, dumps: str) -> None:
     """A worker process: loads the batches it is sent straight into their slots, in the
-    loader's shared slot mapping (sent once, as a descriptor, before the first batch).
+    loader's shared slot mapping (sent once, as a descriptor, before the first batch). Its
+    stacks go to a file in the folder ``dumps`` when the parent asks (:mod:`stoker.busy`).
 
     Under spawn and forkserver ``state`` comes pickled and is loaded here, so that a failure
     to do so (the dataset's module failing to import in a fresh interpreter, say) reaches the
     parent with its traceback instead of dying in multiprocessing's bootstrap."""
     # Ctrl-C goes to the whole process group; the parent decides, its workers do not.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    listen_for_dumps(_dump_path(dumps, os.getpid()))
     if isinstance(state, bytes):
         try:
             state = pickle.loads(state)
@@ -120,11 +125,9 @@ def _reply_error(conn: Any, doing: str, error: BaseException) -> None:
         conn.send(("error", f"{doing}: {text.rstrip()}"))
 
 
-def _indices(indices: list[int], shown: int = 8) -> str:
-    """The dataset indices of a batch, for a message: the first ``shown`` of them."""
-    listed = ", ".join(str(i) for i in indices[:shown])
-    more = f", ... ({len(indices)} in all)" if len(indices) > shown else ""
-    return f"dataset indices {listed}{more}"
+def _dump_path(dumps: str, pid: int) -> str:
+    """Where worker process ``pid`` writes its stacks."""
+    return os.path.join(dumps, f"{pid}.stacks")
 
 
 class _WorkerDied(StokerError):
@@ -135,10 +138,14 @@ class _WorkerDied(StokerError):
 class _Worker:
     """Worker process ``number``, replaced by a new one when it dies (see :meth:`build`)."""
 
-    def __init__(self, context: Any, number: int, state: State | bytes) -> None:
+    def __init__(
+        self, context: Any, number: int, state: State | bytes, dumps: str, log: LoadingLog
+    ) -> None:
         self.number = number
         self.context = context
         self.state = state
+        self.dumps = dumps
+        self.log = log
         self.start_method: str = context.get_start_method()
         self.layout: Layout | None = None
         self.stopping = False
@@ -153,7 +160,7 @@ class _Worker:
         parent, child = self.context.Pipe()
         process = self.context.Process(
             target=_worker_main,
-            args=(child, self.state),
+            args=(child, self.state, self.dumps),
             name=f"stoker-dataset-worker-{self.number}",
             daemon=True,
         )
@@ -177,9 +184,9 @@ class _Worker:
     ) -> Any:
         if shared is None:
             raise StokerError("process mode needs the loader's slots in shared memory")
-        doing = f"loading step {step} of epoch {epoch} ({_indices(indices)})"
+        doing = batch_text(epoch, step, indices)
         message = ("build", epoch, indices, shared[3], len(view))
-        with self.lock:
+        with self.lock, self.log.loading(self.number, doing):
             if not self.process.is_alive() and not self.stopping:
                 self._replace(f"it died before {doing}")
             try:
@@ -293,6 +300,9 @@ class ProcessBuilder:
     def __init__(self, state: State, workers: int, context: Any) -> None:
         self._workers: list[_Worker] = []
         self._lock = threading.Lock()
+        self._log = LoadingLog()
+        # The workers' stack files (see stoker.busy), removed by close().
+        self._dumps = tempfile.mkdtemp(prefix="stoker-stacks-")
         # A fresh interpreter gets the state pickled here and loads it itself (see
         # `_worker_main`); a forked worker inherits it as it is. Plain pickle, by value: the
         # same bytes go to every worker and to replacements, and torch's reductions for
@@ -311,7 +321,7 @@ class ProcessBuilder:
                 ) from error
         try:
             for number in range(workers):
-                self._workers.append(_Worker(context, number, sent))
+                self._workers.append(_Worker(context, number, sent, self._dumps, self._log))
         except BaseException:
             self.close()
             raise
@@ -334,6 +344,19 @@ class ProcessBuilder:
     ) -> Any:
         return self._workers[lane].build(epoch, step, indices, view, shared)
 
+    def loading_now(self) -> str:
+        """What the worker processes are loading now, for how long, and where each is in
+        Python code (see :mod:`stoker.busy`); "" when none is loading."""
+        workers = self._workers
+        loading = [(entry, workers[entry.lane].process.pid)
+                   for entry in self._log.now() if entry.lane < len(workers)]
+        stacks = read_dumps([(pid, _dump_path(self._dumps, pid)) for _, pid in loading if pid])
+        now = time.monotonic()
+        return describe([
+            (entry, f"dataset worker process {entry.lane} (pid {pid})", stacks.get(pid, ""))
+            for entry, pid in loading
+        ], now)
+
     def close(self) -> None:
         with self._lock:
             workers, self._workers = self._workers, []
@@ -350,6 +373,7 @@ class ProcessBuilder:
             # waited for are killed now rather than left running with nothing to stop them.
             for worker in workers:
                 worker.kill()
+            shutil.rmtree(self._dumps, ignore_errors=True)
 
 
 def _default_start_method() -> str:

@@ -375,7 +375,9 @@ class Loader(FromDataset):
         stats = self._native.stats()
         self._pin_small = bool(stats["pinned"]) and self._torch is not None
         self._pin_unsettled = bool(stats["pinned"]) and stats["pinned_device"] is None
-        self._feed = BatchFeed(self._handle, self._to_batch, device_stage, self._torch)
+        self._feed = BatchFeed(
+            self._handle, self._to_batch, device_stage, self._torch, self._loading_now
+        )
         # Read once: state_dict() must work after close() and in a forked child, where the
         # handle may not be touched.
         self._num_samples: int = self._native.num_samples
@@ -603,6 +605,12 @@ class Loader(FromDataset):
         elif stats["pin_error"] is not None:
             self._pin_unsettled = self._pin_small = False
             gpu.warn_unpinned(stats["pin_error"])
+
+    def _loading_now(self) -> str:
+        """What the source's lanes are loading now, added to a timeout's message: nothing here
+        (the native message says what it waits on); ``from_dataset``'s loader names each batch
+        being loaded and where its Python code is."""
+        return ""
 
     def _to_batch(self, item: NativeBatch) -> Taken:
         _, step, tensors, indices, bad, device_rows = item

@@ -12,6 +12,7 @@ from __future__ import annotations
 import random
 import sys
 import threading
+import time
 import traceback
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -20,6 +21,7 @@ from typing import Any, Final
 import numpy as np
 
 from stoker import _native
+from stoker.busy import LoadingLog, batch_text, describe, where
 from stoker.errors import DatasetError
 
 __all__ = [
@@ -357,11 +359,22 @@ class ThreadBuilder:
     def __init__(self, state: State) -> None:
         self._state = state
         self._closed = threading.Event()
+        self._log = LoadingLog()
 
     def build(
         self, lane: int, epoch: int, step: int, indices: list[int], view: Any, shared: Any,
     ) -> Any:
-        return fill_batch(self._state, epoch, indices, view, self._closed.is_set)
+        with self._log.loading(lane, batch_text(epoch, step, indices)):
+            return fill_batch(self._state, epoch, indices, view, self._closed.is_set)
+
+    def loading_now(self) -> str:
+        """What the lane threads are loading now, for how long, and where each is in Python
+        code; "" when none is loading."""
+        now = time.monotonic()
+        loading = self._log.now()
+        return describe(
+            [(entry, f"lane thread {entry.lane}", where(entry.thread)) for entry in loading], now
+        )
 
     def close(self) -> None:
         """Batches being loaded stop at their next sample."""
