@@ -66,6 +66,7 @@ fn start_data_server(network: &MemoryNetwork, tokens: Vec<Token>) -> TestResult 
         steps_per_epoch: STEPS,
         batch_bytes: 1,
         class_names: Vec::new(),
+        dataset_fingerprint: String::new(),
     });
     let service = tonic::service::interceptor::InterceptedService::new(
         WorkerDataServer::new(describer),
@@ -414,6 +415,7 @@ async fn a_job_whose_dataset_changed_across_a_restart_is_registered_anew() -> Te
                 steps_per_epoch: 12,
                 batch_bytes: 1,
                 class_names: Vec::new(),
+                dataset_fingerprint: String::new(),
             })))
             .serve_with_incoming(network.listen(grown)),
     );

@@ -132,6 +132,7 @@ impl DatasetSource {
             waiting_on,
             only_epoch: spec.resized_epoch.as_ref().map(|r| r.epoch),
             shared_slots,
+            dataset_fingerprint: None,
         };
         let (tasks, queue) = crossbeam_channel::unbounded::<Task>();
         let idle = IdleClock::default();

@@ -286,6 +286,32 @@ def test_a_state_without_a_shuffle_window_still_loads(
         loader.load_state_dict({"epoch": 0})
 
 
+def test_a_state_saved_over_another_dataset_of_the_same_size_is_refused(
+    make_loader: Callable[..., stoker.Loader], dataset: Path, tmp_path: Path
+) -> None:
+    """The datasets' fingerprint: the dataset moved elsewhere resumes; one file renamed (the
+    same sample count) is refused, naming why and how to resume anyway."""
+    import shutil
+
+    state = dict(make_loader(batch_size=8).state_dict(), step=2)
+    assert str(state["dataset"]).startswith("v1:")
+    moved = tmp_path / "moved"
+    shutil.copytree(dataset, moved)
+    assert make_loader(moved, batch_size=8).state_dict()["dataset"] == state["dataset"]
+    make_loader(moved, batch_size=8).load_state_dict(state)
+
+    first = sorted(p for p in moved.rglob("*") if p.is_file() and p.parent != moved)[0]
+    first.rename(first.with_name("renamed-" + first.name))
+    renamed = make_loader(moved, batch_size=8)
+    assert renamed.state_dict()["num_samples"] == state["num_samples"]
+    with pytest.raises(ValueError, match=r"saved over another dataset.*delete state\['dataset'\]"):
+        renamed.load_state_dict(state)
+    assert renamed.state_dict()["step"] == 0
+    del state["dataset"]  # changed on purpose: resumed without the check
+    renamed.load_state_dict(state)
+    assert renamed.state_dict()["step"] == 2
+
+
 @pytest.mark.parametrize("world_size", [2, 3, 4])
 def test_ranks_cover_the_epoch_disjointly_and_completely(
     make_loader: Callable[..., stoker.Loader], world_size: int

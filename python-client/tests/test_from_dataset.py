@@ -141,6 +141,7 @@ def test_resume_mid_epoch_is_exact() -> None:
             next(it)
         state = first.state_dict()
     assert state["step"] == 3 and state["epoch"] == 1
+    assert "dataset" not in state  # a Python dataset has no fingerprint Stoker could read
     with stoker.Loader.from_dataset(Squares(30), **settings) as resumed:
         resumed.load_state_dict(state)
         rest, batches = epoch_of(resumed)
@@ -556,7 +557,7 @@ def test_a_timeout_names_the_batch_a_lane_is_stuck_on_and_its_python_line(
         assert "waiting for epoch 0 step 2" in message  # the native part: the batch waited for
         stuck = re.search(
             who + r" has been loading step 2 of epoch 0 \(dataset indices 8, 9, 10, 11\) for "
-            r"(\d+\.\d) s, at test_from_dataset\.py:\d+ in wait_for_release",
+            r"(\d+\.\d) s, at [^;]*test_from_dataset\.py:\d+ in wait_for_release",
             message,
         )
         assert stuck is not None, message
@@ -566,6 +567,27 @@ def test_a_timeout_names_the_batch_a_lane_is_stuck_on_and_its_python_line(
         loader.close()
     stacks = getattr(loader._builder, "_dumps", None)  # process mode: the workers' stack files
     assert stacks is None or not Path(stacks).exists()
+
+
+def test_a_faulthandler_dump_is_read_to_the_loading_threads_dataset_lines() -> None:
+    from stoker import busy
+
+    ours = busy._PACKAGE
+    dump = (
+        "Thread 0x00007f0000000001 (most recent call first):\n"
+        '  File "/usr/lib/python3.12/threading.py", line 355 in wait\n'
+        "\n"
+        "Current thread 0x00007f0000000002 (most recent call first):\n"
+        f'  File "{ours}/samples.py", line 120 in sample_rng\n'
+        '  File "/data/code/my_data.py", line ??? in fetch\n'
+        '  File "/data/code/my_data.py", line 20 in __getitem__\n'
+        f'  File "{ours}/samples.py", line 255 in _load\n'
+        f'  File "{ours}/samples.py", line 330 in fill_batch\n'
+        '  File "/usr/lib/python3.12/multiprocessing/process.py", line 108 in run\n'
+    )
+    # The loading thread (through fill_batch), its dataset frames only, innermost first.
+    assert busy._loading_stack(dump) == "my_data.py:??? in fetch <- my_data.py:20 in __getitem__"
+    assert busy._loading_stack("  <no Python frame>\n") == ""
 
 
 def test_a_stack_is_asked_only_of_a_process_that_catches_the_signal(tmp_path: Path) -> None:

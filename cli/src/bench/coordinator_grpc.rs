@@ -284,6 +284,7 @@ async fn drive(args: &CoordinatorGrpcBench, address: &str, pid: u32) -> Result<G
                 steps_per_epoch: STEPS,
                 batch_bytes: 1,
                 class_names: Vec::new(),
+                dataset_fingerprint: String::new(),
             })))
             .serve_with_incoming(incoming),
     );

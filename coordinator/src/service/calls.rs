@@ -271,6 +271,7 @@ impl coordinator_server::Coordinator for CoordinatorService {
                 num_samples: described.num_samples,
                 batch_bytes: described.batch_bytes,
                 class_names: described.class_names.clone(),
+                dataset_fingerprint: described.dataset_fingerprint.clone(),
             })
         };
         {

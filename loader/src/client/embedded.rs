@@ -130,6 +130,7 @@ impl EmbeddedSource {
             waiting_on: format!("on {threads} decode threads"),
             only_epoch: job.spec().resized_epoch.as_ref().map(|r| r.epoch),
             shared_slots: false,
+            dataset_fingerprint: Some(job.dataset_fingerprint()),
         })
     }
 

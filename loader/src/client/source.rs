@@ -42,6 +42,10 @@ pub struct SourceInfo {
     /// Slots in one shared mapping ([`super::slots::SlotPool::shared`]), for sources whose
     /// batches other processes write.
     pub shared_slots: bool,
+    /// The fingerprint of the datasets ([`stoker_worker::dataset_fingerprint`]): this process's,
+    /// or as a coordinator's workers gave it (`None` from workers that give none, and for
+    /// Python datasets).
+    pub dataset_fingerprint: Option<String>,
 }
 
 /// A finished batch, and how long building it took once started (queueing excluded: the

@@ -35,8 +35,8 @@ SHOWN_FRAMES = 4
 # How long a worker's dump is waited for.
 DUMP_WAIT_S = 1.0
 
-# This package's folder: its frames are left out of the stacks shown.
-_PACKAGE = Path(__file__).resolve().parent
+# This package's folder, as its modules' frames name it: those frames are left out.
+_PACKAGE = os.path.dirname(__file__)
 # The file a worker process's stacks go to (kept open for the process's life).
 _dump_file: IO[str] | None = None
 
@@ -94,12 +94,11 @@ def where(thread: int) -> str:
     frame = sys._current_frames().get(thread)
     if frame is None:
         return ""
-    frames = _dataset_frames(traceback.extract_stack(frame)[::-1], lambda f: f.filename)
-    return " <- ".join(
-        f"{Path(f.filename).name}:{f.lineno} in {f.name}"
-        + (f" ({f.line.strip()})" if f.line else "")
-        for f in frames
-    )
+    # Names and numbers only: reading the source lines could hang on the very file system
+    # the sample waits for.
+    stack = traceback.StackSummary.extract(traceback.walk_stack(frame), lookup_lines=False)
+    frames = _dataset_frames(list(stack), lambda f: f.filename)
+    return " <- ".join(f"{os.path.basename(f.filename)}:{f.lineno} in {f.name}" for f in frames)
 
 
 def _dataset_frames(frames: list[T], path: Callable[[T], str]) -> list[T]:
@@ -111,8 +110,10 @@ def _dataset_frames(frames: list[T], path: Callable[[T], str]) -> list[T]:
 
 
 def _ours(filename: str) -> bool:
-    """Whether a frame is in this package's code (left out: the dataset's code is the news)."""
-    return Path(filename).parent == _PACKAGE
+    """Whether a frame is in this package's code (left out: the dataset's code is the news).
+    By the path the package was imported from, as its frames carry it: no file system call,
+    which could hang where the sample hangs."""
+    return os.path.dirname(filename) == _PACKAGE
 
 
 def _dump_signal() -> int | None:
@@ -194,7 +195,7 @@ def _loading_stack(text: str) -> str:
     :func:`where` writes them."""
     threads: list[list[tuple[str, str, str]]] = []
     for line in text.splitlines():
-        found = re.match(r'\s+File "(.*)", line (\d+) in (.*)$', line)
+        found = re.match(r'\s+File "(.*)", line (\d+|\?\?\?) in (.*)$', line)
         if found is None:
             if line and not line.startswith(" "):
                 threads.append([])  # "Thread 0x... (most recent call first):"
@@ -210,7 +211,7 @@ def _loading_stack(text: str) -> str:
         threads[0],
     )
     frames = _dataset_frames(loading, lambda frame: frame[0])
-    return " <- ".join(f"{Path(path).name}:{line} in {name}" for path, line, name in frames)
+    return " <- ".join(f"{os.path.basename(path)}:{line} in {name}" for path, line, name in frames)
 
 
 def describe(entries: list[tuple[Loading, str, str]], now: float) -> str:

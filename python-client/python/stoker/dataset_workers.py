@@ -125,6 +125,15 @@ def _reply_error(conn: Any, doing: str, error: BaseException) -> None:
         conn.send(("error", f"{doing}: {text.rstrip()}"))
 
 
+def _live_pid(process: Any) -> int | None:
+    """The pid of ``process`` while it runs (a dead worker's pid may be another process's
+    by now, which must not be signalled); None once it exited."""
+    try:
+        return int(process.pid) if process.is_alive() else None
+    except (AssertionError, ValueError, OSError):
+        return None
+
+
 def _dump_path(dumps: str, pid: int) -> str:
     """Where worker process ``pid`` writes its stacks."""
     return os.path.join(dumps, f"{pid}.stacks")
@@ -301,8 +310,7 @@ class ProcessBuilder:
         self._workers: list[_Worker] = []
         self._lock = threading.Lock()
         self._log = LoadingLog()
-        # The workers' stack files (see stoker.busy), removed by close().
-        self._dumps = tempfile.mkdtemp(prefix="stoker-stacks-")
+        self._dumps = ""
         # A fresh interpreter gets the state pickled here and loads it itself (see
         # `_worker_main`); a forked worker inherits it as it is. Plain pickle, by value: the
         # same bytes go to every worker and to replacements, and torch's reductions for
@@ -320,6 +328,8 @@ class ProcessBuilder:
                     "multiprocessing_context='fork' hands it over without pickling"
                 ) from error
         try:
+            # The workers' stack files (see stoker.busy), removed by close().
+            self._dumps = tempfile.mkdtemp(prefix="stoker-stacks-")
             for number in range(workers):
                 self._workers.append(_Worker(context, number, sent, self._dumps, self._log))
         except BaseException:
@@ -348,12 +358,13 @@ class ProcessBuilder:
         """What the worker processes are loading now, for how long, and where each is in
         Python code (see :mod:`stoker.busy`); "" when none is loading."""
         workers = self._workers
-        loading = [(entry, workers[entry.lane].process.pid)
+        loading = [(entry, _live_pid(workers[entry.lane].process))
                    for entry in self._log.now() if entry.lane < len(workers)]
         stacks = read_dumps([(pid, _dump_path(self._dumps, pid)) for _, pid in loading if pid])
         now = time.monotonic()
         return describe([
             (entry, f"dataset worker process {entry.lane} (pid {pid})", stacks.get(pid, ""))
+            if pid is not None else (entry, f"dataset worker process {entry.lane} (exited)", "")
             for entry, pid in loading
         ], now)
 
@@ -373,7 +384,8 @@ class ProcessBuilder:
             # waited for are killed now rather than left running with nothing to stop them.
             for worker in workers:
                 worker.kill()
-            shutil.rmtree(self._dumps, ignore_errors=True)
+            if self._dumps:
+                shutil.rmtree(self._dumps, ignore_errors=True)
 
 
 def _default_start_method() -> str:

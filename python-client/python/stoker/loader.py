@@ -381,6 +381,7 @@ class Loader(FromDataset):
         # Read once: state_dict() must work after close() and in a forked child, where the
         # handle may not be touched.
         self._num_samples: int = self._native.num_samples
+        self._dataset_fingerprint: str | None = self._native.dataset_fingerprint
         # The position of the next batch to yield, which is what state_dict() saves.
         self._position = resume.Position()
         self._bad_log = BadSampleLog()
@@ -479,6 +480,8 @@ class Loader(FromDataset):
         }
         if self._mix is not None:
             state["mix"] = self._mix.fingerprint()
+        if self._dataset_fingerprint is not None:
+            state["dataset"] = self._dataset_fingerprint
         if (split := self._decode_split()) is not None:
             state["decode_split"] = split
         return state
@@ -505,10 +508,17 @@ class Loader(FromDataset):
         (``len(loader)``; none when nothing of it is left, and the next epoch starts), and the
         next epoch is the plain one of the new world size.
 
+        A loader that opens its datasets itself (not a coordinator's client, not
+        ``from_dataset``) saves their fingerprint (``state["dataset"]``: the sample count, class
+        names, and the names and labels of 4,096 samples spread over each dataset, names without
+        their folder), so a state saved over another dataset of the same size is refused; the
+        dataset may move to another folder, machine or bucket. A file changed in place under
+        the same name is not seen. Delete the key to resume over a dataset changed on purpose.
+
         Raises:
             ValueError: ``state`` is not a Stoker state, was saved by a loader with other
-                settings (the message names the mismatch), or the dicts disagree or leave
-                ranks out.
+                settings or over another dataset (the message names the mismatch), or the dicts
+                disagree or leave ranks out.
         """
         native = self._handle()
         saved = resume.read_states(state, self.state_dict())

@@ -250,6 +250,23 @@ def check_state(state: Any, ours: Mapping[str, Any]) -> None:
             "state was saved by a loader with other settings, so its positions name other "
             "batches; " + "; ".join(mismatched)
         )
+    # Compared where both have one made by the same rule (older states, a coordinator's
+    # client with older workers and Python datasets have none).
+    saved, here = state.get("dataset"), ours.get("dataset")
+    if (isinstance(saved, str) and isinstance(here, str)
+            and _version(saved) == _version(here) and saved != here):
+        raise ValueError(
+            f"state was saved over another dataset: the same {ours.get('num_samples')} "
+            "samples in number, but other names, labels or classes among the samples its "
+            f"fingerprint reads (saved {saved}, this dataset {here}), so its positions "
+            "would name other samples, some read twice and some never; if the dataset was "
+            "changed on purpose, delete state['dataset'] to resume anyway"
+        )
+
+
+def _version(fingerprint: str) -> str:
+    """The rule a dataset fingerprint was made by (its prefix, ``v1``)."""
+    return fingerprint.partition(":")[0]
 
 
 def _normalised(value: Any, key: str) -> Any:

@@ -385,6 +385,12 @@ impl NativeLoader {
         Ok(self.held(py).loader()?.info().num_samples)
     }
 
+    /// The datasets' fingerprint, where this process opened them (else None).
+    #[getter]
+    fn dataset_fingerprint(&self, py: Python<'_>) -> PyResult<Option<String>> {
+        Ok(self.held(py).loader()?.info().dataset_fingerprint.clone())
+    }
+
     /// Class names, in label order.
     #[getter]
     fn class_names(&self, py: Python<'_>) -> PyResult<Vec<String>> {

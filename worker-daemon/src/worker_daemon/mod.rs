@@ -394,6 +394,7 @@ impl worker_data_server::WorkerData for DataService {
                 steps_per_epoch: plan.steps(),
                 batch_bytes: job.batch_bytes(batch_size) as u64,
                 class_names: job.class_names().to_vec(),
+                dataset_fingerprint: job.dataset_fingerprint(),
             })
         })
         .await

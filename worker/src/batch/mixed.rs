@@ -6,7 +6,7 @@
 //! several sources. Every batch carries `source`, each sample's source (packed text: each
 //! document's, indexed like `document_ids`).
 
-use stoker_datasets::CacheStats;
+use stoker_datasets::{CacheStats, SampleSource};
 
 use super::{AssembledBatch, BatchAssembler, BatchKey, TensorLayout};
 use crate::error::{Error, Result};
@@ -121,6 +121,14 @@ impl MixedAssembler {
     /// source's own classes; `source` tells which).
     pub fn class_names(&self) -> &[String] {
         &self.class_names
+    }
+
+    /// The mixed datasets, in the spec's order.
+    pub fn sources(&self) -> Vec<&dyn SampleSource> {
+        self.parts
+            .iter()
+            .map(|part| part.assembler.source().as_ref())
+            .collect()
     }
 
     /// The cache tier's figures summed over the sources read from an object store.

@@ -14,8 +14,10 @@ use crate::plan::{EpochPlan, MixEnd, MixOrder, PlanConfig, Resize};
 use stoker_datasets::SampleSource;
 use stoker_proto::v1::{self as proto, BadSamplePolicy, JobSpec, MixEpochEnd, UnevenTail};
 
+mod fingerprint;
 mod sources;
 
+pub use fingerprint::{fingerprint, SAMPLED as FINGERPRINT_SAMPLES};
 pub use sources::{open_source, open_sources, spec_sources};
 
 /// Larger batches than this are refused as a likely mistake (a 1M-image batch of 224x224 RGB
@@ -305,6 +307,14 @@ impl Job {
         match &self.builder {
             Builder::Single(assembler) => assembler.source().cache_stats(),
             Builder::Mixed(mixed) => mixed.cache_stats(),
+        }
+    }
+
+    /// The fingerprint of the job's datasets (see [`fingerprint`]), which a saved state carries.
+    pub fn dataset_fingerprint(&self) -> String {
+        match &self.builder {
+            Builder::Single(assembler) => fingerprint(&[assembler.source().as_ref()]),
+            Builder::Mixed(mixed) => fingerprint(&mixed.sources()),
         }
     }
 

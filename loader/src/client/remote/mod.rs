@@ -134,6 +134,8 @@ struct Registered {
     num_samples: u64,
     batch_bytes: u64,
     class_names: Vec<String>,
+    /// Empty from workers that give none.
+    dataset_fingerprint: String,
 }
 
 impl RemoteSource {
@@ -173,6 +175,7 @@ impl RemoteSource {
             waiting_on: format!("from the workers of coordinator {address}"),
             only_epoch: spec.resized_epoch.as_ref().map(|r| r.epoch),
             shared_slots: false,
+            dataset_fingerprint: Some(registered.dataset_fingerprint).filter(|f| !f.is_empty()),
         };
         Ok(RemoteSource {
             runtime: Arc::new(runtime),
@@ -275,6 +278,7 @@ async fn register_job(
                     num_samples: r.num_samples,
                     batch_bytes: r.batch_bytes,
                     class_names: r.class_names,
+                    dataset_fingerprint: r.dataset_fingerprint,
                 });
             }
             Err(status) if error_kinds::is_transient(&status) && started.elapsed() < timeout => {
