@@ -39,6 +39,16 @@ pub trait SampleSource: Send + Sync {
     /// Never fails: an index out of range is described as such.
     fn describe(&self, index: u64) -> String;
 
+    /// What a dataset's fingerprint reads of sample `index` (the fingerprint a saved loader
+    /// state carries): its name without the folder (the part of [`Self::describe`] after the
+    /// last `/`) and its label. Names only what the index holds, with no read: a source whose
+    /// labels live in the samples' own bytes leaves them out.
+    fn fingerprint_key(&self, index: u64) -> String {
+        let location = self.describe(index);
+        let name = location.rsplit('/').next().unwrap_or(&location);
+        format!("{name}#{}", self.label(index))
+    }
+
     /// Reads the sample's encoded bytes.
     ///
     /// A missing or unreadable file gives an error naming its path; an index out of range gives

@@ -33,7 +33,8 @@ pub enum Error {
         waited: Duration,
         /// Batches asked for and not yet received at the time.
         in_flight: usize,
-        /// What the batches come from ("on 4 decode threads", "from the workers of ...").
+        /// What the batches come from ("on 4 decode threads", "from the workers of ..."), and
+        /// the files being read where the source can tell.
         waiting_on: String,
     },
     /// Every batch buffer is still referenced by batches the consumer kept.

@@ -193,10 +193,23 @@ fn a_wait_past_the_deadline_names_the_step() {
         },
     );
     let mut stream = loader.epoch(0, 0).unwrap();
-    match stream.next_batch() {
-        Err(Error::Timeout { step, epoch, .. }) => assert_eq!((epoch, step), (0, 0)),
-        other => panic!("expected a timeout, got {other:?}"),
-    }
+    let first = match stream.next_batch() {
+        Err(
+            error @ Error::Timeout {
+                step: 0, epoch: 0, ..
+            },
+        ) => error.to_string(),
+        other => panic!("expected a timeout at step 0, got {other:?}"),
+    };
+    // The read the batch waits for is named: one thread, each read 200 ms, the deadline at 50.
+    let named = first
+        .split("; the decode threads are reading ")
+        .nth(1)
+        .unwrap_or_else(|| panic!("no read named in {first:?}"));
+    assert!(
+        named.starts_with(&dir.path().display().to_string()) && named.contains(" (sample "),
+        "{first}"
+    );
     let message = stream.next_batch().map(|_| ()).unwrap_err().to_string();
     assert!(message.contains("step 0"), "{message}");
 }

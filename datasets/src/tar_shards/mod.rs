@@ -416,6 +416,24 @@ impl SampleSource for TarShards {
         self.len
     }
 
+    /// The shard's file name and the member's whole name (which may hold folders), and the
+    /// label.
+    fn fingerprint_key(&self, index: u64) -> String {
+        match self.locate(index) {
+            Some((shard, local)) => format!(
+                "{}:{}#{}",
+                shard
+                    .path
+                    .file_name()
+                    .map_or(std::borrow::Cow::Borrowed(""), |name| name
+                        .to_string_lossy()),
+                shard.index.member_name(local),
+                shard.index.samples[local].label
+            ),
+            None => self.describe(index),
+        }
+    }
+
     fn label(&self, index: u64) -> i64 {
         match self.locate(index) {
             Some((shard, local)) => shard.index.samples[local].label,
@@ -610,5 +628,14 @@ mod tests {
         // Samples are contiguous per shard in index order.
         assert!(shards.describe(3).contains("b.tar"));
         assert!(shards.describe(4).contains("c.tar"));
+    }
+
+    #[test]
+    fn a_fingerprint_key_names_the_shard_file_and_the_whole_member() {
+        let dir = tempfile::tempdir().unwrap();
+        write_shard(&dir.path().join("a.tar"), "train/a", 2);
+        let shards = TarShards::open_with_cache_dir(dir.path(), None).unwrap();
+        // The member's folder is kept, the shard's folder is not (the set may move).
+        assert_eq!(shards.fingerprint_key(1), "a.tar:train/a/0001.jpg#1");
     }
 }

@@ -26,6 +26,9 @@ use super::source::{
 };
 use crate::error::{Error, Result};
 
+/// Reads in progress a timeout's message names at most.
+const READS_NAMED: usize = 8;
+
 /// One step for the producer thread to build.
 type Task = StepTask<Arc<Job>>;
 
@@ -164,6 +167,14 @@ impl BatchSource for EmbeddedSource {
 
     fn gpu_lane(&self) -> Option<&GpuLane> {
         self.lane.as_ref().map(|hold| &*hold.0)
+    }
+
+    fn reading_now(&self) -> String {
+        let reads = self.job.reading_now(READS_NAMED);
+        if reads.is_empty() {
+            return String::new();
+        }
+        format!("; the decode threads are reading {}", reads.join(", "))
     }
 
     /// The source of `spec` on this source's decode threads, producer and GPU lane: the steps

@@ -83,6 +83,12 @@ pub trait BatchSource: Send + Sync {
         None
     }
 
+    /// What the source is reading right now, for a timeout's message (`"; the decode threads
+    /// are reading ..."`), or "" where it cannot tell.
+    fn reading_now(&self) -> String {
+        String::new()
+    }
+
     /// A source of `spec` (this source's job with one epoch resumed on another world size,
     /// `JobSpec.resized_epoch`) that builds its batches on this source's workers; `None` when
     /// this kind of source cannot share them (the caller then starts a source of its own).

@@ -288,7 +288,11 @@ impl EpochStream {
                         rank: self.core.source.info().rank,
                         waited: started.elapsed(),
                         in_flight: self.in_flight(),
-                        waiting_on: self.core.source.info().waiting_on.clone(),
+                        waiting_on: format!(
+                            "{}{}",
+                            self.core.source.info().waiting_on,
+                            self.core.source.reading_now()
+                        ),
                     };
                     tracing::error!(%error, "loader.next timed out");
                     self.record_wait(started.elapsed());

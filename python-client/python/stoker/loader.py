@@ -508,12 +508,13 @@ class Loader(FromDataset):
         (``len(loader)``; none when nothing of it is left, and the next epoch starts), and the
         next epoch is the plain one of the new world size.
 
-        A loader that opens its datasets itself (not a coordinator's client, not
-        ``from_dataset``) saves their fingerprint (``state["dataset"]``: the sample count, class
-        names, and the names and labels of 4,096 samples spread over each dataset, names without
-        their folder), so a state saved over another dataset of the same size is refused; the
-        dataset may move to another folder, machine or bucket. A file changed in place under
-        the same name is not seen. Delete the key to resume over a dataset changed on purpose.
+        A loader over Stoker's own formats saves its datasets' fingerprint (in-process, or as a
+        coordinator's workers report it; not under ``from_dataset``): ``state["dataset"]``, the
+        sample count, class names, and the names and labels of 4,096 samples spread over each
+        dataset, names without their folder. So a state saved over another dataset of the same
+        size is refused; the dataset may move to another folder, machine or bucket. A file
+        changed in place under the same name is not seen. Delete the key to resume over a
+        dataset changed on purpose.
 
         Raises:
             ValueError: ``state`` is not a Stoker state, was saved by a loader with other

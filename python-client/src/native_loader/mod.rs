@@ -385,7 +385,7 @@ impl NativeLoader {
         Ok(self.held(py).loader()?.info().num_samples)
     }
 
-    /// The datasets' fingerprint, where this process opened them (else None).
+    /// The datasets' fingerprint (this process's, or the workers'); None where there is none.
     #[getter]
     fn dataset_fingerprint(&self, py: Python<'_>) -> PyResult<Option<String>> {
         Ok(self.held(py).loader()?.info().dataset_fingerprint.clone())

@@ -451,7 +451,7 @@ async fn job_entry(
                 }
             })?;
             shared
-                .check_lengths(&spec, sources.iter().map(|s| s.len()).collect())
+                .check_dataset(&spec, &sources)
                 .map_err(Unopened::Refused)?;
             Ok(sources)
         })

@@ -133,10 +133,10 @@ struct Shared {
     closing: AtomicBool,
     /// See [`WorkerConfig::job_idle`].
     job_idle: Duration,
-    /// The sample count per source of each job spec this worker opened, from its first open
-    /// (by a hash of the spec: kept when the job is let go and across coordinator runs, so a
-    /// reopen that finds other counts is refused).
-    opened_lengths: Mutex<HashMap<u64, Vec<u64>>>,
+    /// The sample count per source and the fingerprint of each job spec's datasets this worker
+    /// opened, from its first open (by a hash of the spec: kept when the job is let go and
+    /// across coordinator runs, so a reopen that finds another dataset is refused).
+    opened_datasets: Mutex<HashMap<u64, (Vec<u64>, String)>>,
 }
 
 fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -239,27 +239,43 @@ impl Shared {
         lock(&self.jobs).drain().map(|(_, entry)| entry).collect()
     }
 
-    /// Records the sample counts of a job opened now, or refuses them when they differ from
-    /// those this worker first opened the same spec with: its epochs would mix two orders.
-    /// Only the counts are compared: a dataset rewritten with as many samples is not seen here.
-    fn check_lengths(&self, spec: &JobSpec, lengths: Vec<u64>) -> std::result::Result<(), Status> {
+    /// Records the sample counts and fingerprint ([`stoker_worker::dataset_fingerprint`]) of the
+    /// datasets of a job opened now, or refuses them when they differ from those this worker
+    /// first opened the same spec with: its epochs would mix two orders, and the fingerprint
+    /// the coordinator gave the job's clients would name another dataset. A file rewritten in
+    /// place under its name is not seen.
+    fn check_dataset(
+        &self,
+        spec: &JobSpec,
+        sources: &[Arc<dyn SampleSource>],
+    ) -> std::result::Result<(), Status> {
         use std::hash::{Hash, Hasher};
         let mut hasher = std::collections::hash_map::DefaultHasher::new();
         prost::Message::encode_to_vec(spec).hash(&mut hasher);
         let key = hasher.finish();
-        let mut opened = lock(&self.opened_lengths);
-        match opened.get(&key) {
-            Some(first) if *first != lengths => Err(Status::failed_precondition(format!(
-                "the dataset changed since this worker first opened the job: {first:?} samples \
-                 per source then, {lengths:?} now (its epochs would mix two orders); restore it, \
-                 or read the changed dataset as another job (another path or seed)"
-            ))),
-            Some(_) => Ok(()),
+        let lengths: Vec<u64> = sources.iter().map(|source| source.len()).collect();
+        let named: Vec<&dyn SampleSource> = sources.iter().map(|source| source.as_ref()).collect();
+        let fingerprint = stoker_worker::dataset_fingerprint(&named);
+        let mut opened = lock(&self.opened_datasets);
+        let changed = match opened.get(&key) {
+            Some((first, _)) if *first != lengths => format!(
+                "{first:?} samples per source then, {lengths:?} now (its epochs would mix two \
+                 orders)"
+            ),
+            Some((_, first)) if *first != fingerprint => format!(
+                "as many samples, but other names, labels or classes (fingerprint {first} then, \
+                 {fingerprint} now)"
+            ),
+            Some(_) => return Ok(()),
             None => {
-                opened.insert(key, lengths);
-                Ok(())
+                opened.insert(key, (lengths, fingerprint));
+                return Ok(());
             }
-        }
+        };
+        Err(Status::failed_precondition(format!(
+            "the dataset changed since this worker first opened the job: {changed}; restore it, \
+             or read the changed dataset as another job (another path or seed)"
+        )))
     }
 
     fn open_job(&self, spec: &JobSpec) -> std::result::Result<Job, Status> {
@@ -506,7 +522,7 @@ where
         busy_ns: AtomicU64::new(0),
         closing: AtomicBool::new(false),
         job_idle: config.job_idle,
-        opened_lengths: Mutex::new(HashMap::new()),
+        opened_datasets: Mutex::new(HashMap::new()),
     });
     if !config.job_idle.is_zero() {
         tokio::spawn(let_go_of_idle_jobs(Arc::downgrade(&shared)));

@@ -433,6 +433,59 @@ fn a_worker_lets_go_of_a_job_no_task_used_for_its_idle_time_and_opens_it_again()
 }
 
 #[test]
+fn a_reopened_job_over_renamed_files_of_the_same_count_is_refused() -> TestResult {
+    let idle = Duration::from_secs(1);
+    let (data, _state, network, _cluster) = one_worker_with(|config| config.job_idle = idle)?;
+    let loader = Loader::remote(
+        COORDINATOR,
+        spec(data.path()),
+        LoaderOptions {
+            prefetch: 2,
+            deadline: Duration::from_secs(60),
+            prefetch_next_epoch: false, // nothing of epoch 1 leased while the job is idle
+            ..LoaderOptions::default()
+        },
+        RemoteOptions {
+            connect_timeout: Duration::from_secs(20),
+            network: Network::Memory(network.clone()),
+            ..RemoteOptions::default()
+        },
+    )?;
+    let fingerprint = loader.info().dataset_fingerprint.clone();
+    assert!(
+        fingerprint.as_deref().is_some_and(|f| f.starts_with("v1:")),
+        "{fingerprint:?}: the workers' fingerprint reaches the client"
+    );
+    for batch in loader.epoch(0, 0)? {
+        batch?;
+    }
+    // Idle past the worker's idle time (swept every quarter of it): the job is let go. A file
+    // renamed meanwhile leaves the count as it was, not the dataset.
+    std::thread::sleep(idle * 3);
+    let class = std::fs::read_dir(data.path())?
+        .filter_map(|entry| entry.ok().map(|entry| entry.path()))
+        .find(|path| path.is_dir())
+        .ok_or("no class folder")?;
+    let mut files: Vec<_> = std::fs::read_dir(&class)?
+        .filter_map(|entry| entry.ok().map(|entry| entry.path()))
+        .collect();
+    files.sort();
+    let first = files.first().ok_or("an empty class")?;
+    let name = first.file_name().ok_or("no file name")?.to_string_lossy();
+    std::fs::rename(first, class.join(format!("zz-{name}")))?;
+    let refused = loader
+        .epoch(1, 0)
+        .and_then(|mut stream| stream.next_batch())
+        .expect_err("a job whose dataset changed is refused");
+    let message = refused.to_string();
+    assert!(
+        message.contains("dataset changed") && message.contains("other names"),
+        "{message}"
+    );
+    Ok(())
+}
+
+#[test]
 fn batches_leased_before_the_coordinator_stops_answering_still_reach_the_consumer() -> TestResult {
     // One decode thread leasing 8 steps at a time: after the first batch the worker holds
     // the rest of its lease, built one by one.

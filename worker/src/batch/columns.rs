@@ -9,7 +9,6 @@ use stoker_datasets::{NumericKind, SampleSource};
 use stoker_proto::v1 as proto;
 
 use super::bad_sample_policy::SampleOutcome;
-use super::source_reads::read_from_source;
 use super::{AssembledBatch, BatchAssembler};
 use crate::error::{Error, Result};
 use crate::job_pipeline::SelectedColumns;
@@ -107,7 +106,8 @@ impl BatchAssembler {
                     .map(|&index| {
                         self.with_policy(index, |source_index, timings| {
                             let started = Instant::now();
-                            let values = read_from_source(|| self.read_columns(&[source_index]));
+                            let values = self
+                                .read_watched(source_index, || self.read_columns(&[source_index]));
                             timings.read_ns += started.elapsed().as_nanos() as u64;
                             values
                         })

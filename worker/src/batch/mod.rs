@@ -14,6 +14,7 @@ mod bad_sample_policy;
 mod columns;
 mod layout;
 mod mixed;
+mod read_watch;
 mod source_reads;
 
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -38,6 +39,7 @@ pub use bad_sample_policy::MAX_SUBSTITUTE_TRIES;
 use columns::{output_columns, OutputColumn};
 pub use layout::{AssembledBatch, TensorLayout};
 pub use mixed::{mix_samples, MixedAssembler, MixedPart};
+pub use read_watch::ReadWatch;
 use source_reads::{read_from_source, AttemptError};
 
 thread_local! {
@@ -109,6 +111,8 @@ pub struct BatchAssembler {
     policy: BadSamplePolicy,
     bad_samples_seen: AtomicU64,
     tokens_dropped: AtomicU64,
+    /// Where its reads are marked while they run, with its source's number there.
+    watch: Option<(Arc<ReadWatch>, u16)>,
 }
 
 impl BatchAssembler {
@@ -170,7 +174,27 @@ impl BatchAssembler {
             policy,
             bad_samples_seen: AtomicU64::new(0),
             tokens_dropped: AtomicU64::new(0),
+            watch: None,
         })
+    }
+
+    /// The assembler with its reads marked in `watch` as source `source`'s while they run.
+    pub fn watched(mut self, watch: Arc<ReadWatch>, source: u16) -> Self {
+        self.watch = Some((watch, source));
+        self
+    }
+
+    /// Runs `read` of sample `index` through [`read_from_source`], marked in the watch.
+    fn read_watched<T>(
+        &self,
+        index: u64,
+        read: impl FnMut() -> stoker_datasets::Result<T>,
+    ) -> std::result::Result<T, AttemptError> {
+        let _reading = self
+            .watch
+            .as_ref()
+            .and_then(|(watch, source)| watch.mark(*source, index));
+        read_from_source(read)
     }
 
     /// The pipeline.
@@ -370,7 +394,7 @@ impl BatchAssembler {
         let started = Instant::now();
         match &self.pipeline {
             JobPipeline::Image(pipeline) => {
-                let mut bytes = read_from_source(|| self.source.read(index))?;
+                let mut bytes = self.read_watched(index, || self.source.read(index))?;
                 timings.read_ns += started.elapsed().as_nanos() as u64;
                 let mut rng = SampleRng::new(self.seed, epoch, rng_index);
                 if let Some(diverter) = target.diverter {
@@ -408,7 +432,7 @@ impl BatchAssembler {
                     }
                     .into());
                 }
-                read_from_source(|| self.source.read_into(index, dest))?;
+                self.read_watched(index, || self.source.read_into(index, dest))?;
                 timings.read_ns += started.elapsed().as_nanos() as u64;
                 Ok(())
             }
@@ -427,7 +451,7 @@ impl BatchAssembler {
         timings: &mut SampleTimings,
     ) -> std::result::Result<Vec<u32>, AttemptError> {
         let started = Instant::now();
-        let bytes = read_from_source(|| self.source.read(index))?;
+        let bytes = self.read_watched(index, || self.source.read(index))?;
         let read_at = Instant::now();
         timings.read_ns += (read_at - started).as_nanos() as u64;
         let text = std::str::from_utf8(&bytes)

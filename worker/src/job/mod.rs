@@ -5,7 +5,7 @@
 use std::sync::Arc;
 
 use crate::batch::{
-    AssembledBatch, BatchAssembler, BatchKey, ImageDiverter, MixedAssembler, MixedPart,
+    AssembledBatch, BatchAssembler, BatchKey, ImageDiverter, MixedAssembler, MixedPart, ReadWatch,
 };
 use crate::error::{Error, Result};
 use crate::job_pipeline::JobPipeline;
@@ -41,6 +41,8 @@ pub struct Job {
     /// Samples per shard when the plan is shard-aware (shuffle, a shuffle window and a source
     /// with shards).
     shard_sizes: Option<Arc<[u64]>>,
+    /// The reads in progress ([`Job::reading_now`]).
+    watch: Arc<ReadWatch>,
 }
 
 /// What builds a job's batches: one source's assembler, or a mix's.
@@ -171,12 +173,15 @@ impl Job {
             } else {
                 None
             };
-            let assembler = BatchAssembler::new(source, pipeline, spec.seed, spec.on_error())?;
+            let watch = Arc::new(ReadWatch::default());
+            let assembler = BatchAssembler::new(source, pipeline, spec.seed, spec.on_error())?
+                .watched(Arc::clone(&watch), 0);
             Job {
                 spec,
                 builder: Builder::Single(assembler),
                 plan_config,
                 shard_sizes,
+                watch,
             }
         };
         // Surface rank/world/batch/shard/resize errors now rather than at the first epoch.
@@ -205,6 +210,7 @@ impl Job {
             )));
         }
         let mut parts = Vec::with_capacity(sources.len());
+        let watch = Arc::new(ReadWatch::default());
         for (k, (source, mixed)) in sources.into_iter().zip(&mix.sources).enumerate() {
             let in_source = |e: Error| match e {
                 Error::InvalidSpec(message) => {
@@ -230,8 +236,9 @@ impl Job {
             } else {
                 None
             };
-            let assembler =
-                BatchAssembler::new(source, pipeline, seed, spec.on_error()).map_err(in_source)?;
+            let assembler = BatchAssembler::new(source, pipeline, seed, spec.on_error())
+                .map_err(in_source)?
+                .watched(Arc::clone(&watch), u16::try_from(k).unwrap_or(u16::MAX));
             parts.push(MixedPart {
                 assembler,
                 config,
@@ -268,6 +275,7 @@ impl Job {
             spec,
             plan_config,
             shard_sizes: None,
+            watch,
         })
     }
 
@@ -312,10 +320,32 @@ impl Job {
 
     /// The fingerprint of the job's datasets (see [`fingerprint`]), which a saved state carries.
     pub fn dataset_fingerprint(&self) -> String {
+        fingerprint(&self.sources())
+    }
+
+    /// The job's datasets, in the spec's order.
+    fn sources(&self) -> Vec<&dyn SampleSource> {
         match &self.builder {
-            Builder::Single(assembler) => fingerprint(&[assembler.source().as_ref()]),
-            Builder::Mixed(mixed) => fingerprint(&mixed.sources()),
+            Builder::Single(assembler) => vec![assembler.source().as_ref()],
+            Builder::Mixed(mixed) => mixed.sources(),
         }
+    }
+
+    /// The samples being read right now (by the threads building its batches), each as its
+    /// source describes it (its file), at most `limit` of them.
+    pub fn reading_now(&self, limit: usize) -> Vec<String> {
+        let sources = self.sources();
+        let mut reads = self.watch.now();
+        reads.sort_unstable();
+        reads.dedup();
+        reads
+            .into_iter()
+            .filter_map(|(source, index)| {
+                let source = sources.get(usize::from(source))?;
+                Some(format!("{} (sample {index})", source.describe(index)))
+            })
+            .take(limit)
+            .collect()
     }
 
     /// The mix order, for a mixed job.
