@@ -347,6 +347,26 @@ fn a_client_without_the_clusters_token_is_refused_by_name() -> TestResult {
     Ok(())
 }
 
+/// A client of `job` that asks for nothing of an epoch before it starts it (so a job is idle
+/// between epochs).
+fn remote_epoch_by_epoch(network: &MemoryNetwork, job: JobSpec) -> stoker_loader::Result<Loader> {
+    Loader::remote(
+        COORDINATOR,
+        job,
+        LoaderOptions {
+            prefetch: 2,
+            deadline: Duration::from_secs(60),
+            prefetch_next_epoch: false,
+            ..LoaderOptions::default()
+        },
+        RemoteOptions {
+            connect_timeout: Duration::from_secs(20),
+            network: Network::Memory(network.clone()),
+            ..RemoteOptions::default()
+        },
+    )
+}
+
 /// Whether this process maps `path` (the worker of these tests runs in it).
 fn mapped(path: &Path) -> Result<bool, Box<dyn std::error::Error>> {
     let maps = std::fs::read_to_string("/proc/self/maps")?;
@@ -380,21 +400,7 @@ fn a_worker_lets_go_of_a_job_no_task_used_for_its_idle_time_and_opens_it_again()
         world_size: 1,
         ..JobSpec::default()
     };
-    let loader = Loader::remote(
-        COORDINATOR,
-        job,
-        LoaderOptions {
-            prefetch: 2,
-            deadline: Duration::from_secs(60),
-            prefetch_next_epoch: false,
-            ..LoaderOptions::default()
-        },
-        RemoteOptions {
-            connect_timeout: Duration::from_secs(20),
-            network: Network::Memory(network.clone()),
-            ..RemoteOptions::default()
-        },
-    )?;
+    let loader = remote_epoch_by_epoch(&network, job)?;
     // Each epoch's digest, and whether the worker mapped the file while it was read (looked at
     // after the first batch, with the job in use).
     let epoch = |epoch| -> Result<(String, bool), Box<dyn std::error::Error>> {
@@ -436,21 +442,7 @@ fn a_worker_lets_go_of_a_job_no_task_used_for_its_idle_time_and_opens_it_again()
 fn a_reopened_job_over_renamed_files_of_the_same_count_is_refused() -> TestResult {
     let idle = Duration::from_secs(1);
     let (data, _state, network, _cluster) = one_worker_with(|config| config.job_idle = idle)?;
-    let loader = Loader::remote(
-        COORDINATOR,
-        spec(data.path()),
-        LoaderOptions {
-            prefetch: 2,
-            deadline: Duration::from_secs(60),
-            prefetch_next_epoch: false, // nothing of epoch 1 leased while the job is idle
-            ..LoaderOptions::default()
-        },
-        RemoteOptions {
-            connect_timeout: Duration::from_secs(20),
-            network: Network::Memory(network.clone()),
-            ..RemoteOptions::default()
-        },
-    )?;
+    let loader = remote_epoch_by_epoch(&network, spec(data.path()))?;
     let fingerprint = loader.info().dataset_fingerprint.clone();
     assert!(
         fingerprint.as_deref().is_some_and(|f| f.starts_with("v1:")),
