@@ -294,7 +294,7 @@ def test_a_state_saved_over_another_dataset_of_the_same_size_is_refused(
     import shutil
 
     state = dict(make_loader(batch_size=8).state_dict(), step=2)
-    assert str(state["dataset"]).startswith("v1:")
+    assert str(state["dataset"]).startswith("v2:")
     moved = tmp_path / "moved"
     shutil.copytree(dataset, moved)
     assert make_loader(moved, batch_size=8).state_dict()["dataset"] == state["dataset"]

@@ -510,14 +510,14 @@ impl SampleSource for JsonlDocuments {
         self.len
     }
 
-    /// The integer label field of the document, -1 when labels are off or the document has
-    /// no usable label (reading it parses the line again).
     /// The document's file name and line: a label would be read from the line itself.
     fn fingerprint_key(&self, index: u64) -> String {
         let location = self.describe(index);
         location.rsplit('/').next().unwrap_or(&location).to_string()
     }
 
+    /// The integer label field of the document, -1 when labels are off or the document has
+    /// no usable label (reading it parses the line again).
     fn label(&self, index: u64) -> i64 {
         let Some(field) = &self.label_field else {
             return -1;

@@ -265,7 +265,7 @@ def check_state(state: Any, ours: Mapping[str, Any]) -> None:
 
 
 def _version(fingerprint: str) -> str:
-    """The rule a dataset fingerprint was made by (its prefix, ``v1``)."""
+    """The rule a dataset fingerprint was made by (its prefix, ``v2``)."""
     return fingerprint.partition(":")[0]
 
 

@@ -451,7 +451,10 @@ async fn job_entry(
                 }
             })?;
             shared
-                .check_dataset(&spec, &sources)
+                .check_dataset(
+                    &spec,
+                    &sources.iter().map(|s| s.as_ref()).collect::<Vec<_>>(),
+                )
                 .map_err(Unopened::Refused)?;
             Ok(sources)
         })

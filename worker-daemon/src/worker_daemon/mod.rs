@@ -134,7 +134,7 @@ struct Shared {
     /// See [`WorkerConfig::job_idle`].
     job_idle: Duration,
     /// The sample count per source and the fingerprint of each job spec's datasets this worker
-    /// opened, from its first open (by a hash of the spec: kept when the job is let go and
+    /// opened (to describe the job or to serve it), from its first open (by a hash of the spec: kept when the job is let go and
     /// across coordinator runs, so a reopen that finds another dataset is refused).
     opened_datasets: Mutex<HashMap<u64, (Vec<u64>, String)>>,
 }
@@ -247,15 +247,14 @@ impl Shared {
     fn check_dataset(
         &self,
         spec: &JobSpec,
-        sources: &[Arc<dyn SampleSource>],
+        sources: &[&dyn SampleSource],
     ) -> std::result::Result<(), Status> {
         use std::hash::{Hash, Hasher};
         let mut hasher = std::collections::hash_map::DefaultHasher::new();
         prost::Message::encode_to_vec(spec).hash(&mut hasher);
         let key = hasher.finish();
         let lengths: Vec<u64> = sources.iter().map(|source| source.len()).collect();
-        let named: Vec<&dyn SampleSource> = sources.iter().map(|source| source.as_ref()).collect();
-        let fingerprint = stoker_worker::dataset_fingerprint(&named);
+        let fingerprint = stoker_worker::dataset_fingerprint(sources);
         let mut opened = lock(&self.opened_datasets);
         let changed = match opened.get(&key) {
             Some((first, _)) if *first != lengths => format!(
@@ -403,6 +402,8 @@ impl worker_data_server::WorkerData for DataService {
         let shared = self.shared.clone();
         let answer = tokio::task::spawn_blocking(move || {
             let job = shared.open_job(&spec)?;
+            // What the coordinator hands the job's clients is what this worker will serve.
+            shared.check_dataset(&spec, &job.sources())?;
             let plan = job.plan(job.first_epoch()).map_err(|e| error_status(&e))?;
             let batch_size = job.plan_config().batch_size as usize;
             Ok::<_, Status>(DescribeJobResponse {

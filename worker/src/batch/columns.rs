@@ -89,7 +89,11 @@ impl BatchAssembler {
         assembled: &mut AssembledBatch,
     ) -> Result<()> {
         let started = Instant::now();
-        let values = match self.read_columns(indices) {
+        // Marked as a read of the batch's first sample (the whole batch is one read).
+        let reading = self.mark_read(indices.first().copied().unwrap_or(0));
+        let whole = self.read_columns(indices);
+        drop(reading);
+        let values = match whole {
             Ok(values) => {
                 assembled.timings.read_ns += started.elapsed().as_nanos() as u64;
                 if self.column_labels {

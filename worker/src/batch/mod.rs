@@ -184,16 +184,20 @@ impl BatchAssembler {
         self
     }
 
+    /// Marks a read of sample `index` in the watch until the guard is dropped.
+    fn mark_read(&self, index: u64) -> Option<read_watch::Reading<'_>> {
+        self.watch
+            .as_ref()
+            .and_then(|(watch, source)| watch.mark(*source, index))
+    }
+
     /// Runs `read` of sample `index` through [`read_from_source`], marked in the watch.
     fn read_watched<T>(
         &self,
         index: u64,
         read: impl FnMut() -> stoker_datasets::Result<T>,
     ) -> std::result::Result<T, AttemptError> {
-        let _reading = self
-            .watch
-            .as_ref()
-            .and_then(|(watch, source)| watch.mark(*source, index));
+        let _reading = self.mark_read(index);
         read_from_source(read)
     }
 

@@ -324,7 +324,7 @@ impl Job {
     }
 
     /// The job's datasets, in the spec's order.
-    fn sources(&self) -> Vec<&dyn SampleSource> {
+    pub fn sources(&self) -> Vec<&dyn SampleSource> {
         match &self.builder {
             Builder::Single(assembler) => vec![assembler.source().as_ref()],
             Builder::Mixed(mixed) => mixed.sources(),
