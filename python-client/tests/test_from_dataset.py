@@ -485,6 +485,45 @@ def test_close_during_a_slow_batch_stops_at_the_next_sample() -> None:
     assert time.monotonic() - started < 5
 
 
+_FORKS_A_CHILD = """
+import os, sys
+import numpy as np
+import stoker
+
+class Squares:
+    def __len__(self):
+        return 40
+    def __getitem__(self, i):
+        return np.arange(3, dtype=np.float32) + i, i
+
+loader = stoker.Loader.from_dataset(Squares(), batch_size=4, num_workers=2, output="numpy",
+                                    multiprocessing_context="fork", timeout=30)
+it = iter(loader)
+next(it)
+processes = [w.process for w in loader._builder._workers]
+child = os.fork()
+if child == 0:
+    sys.exit(0)  # exits normally: the exit handlers run, multiprocessing's among them
+os.waitpid(child, 0)
+rest = sum(1 for _ in it)
+same = [w.process for w in loader._builder._workers] == processes
+print("alive", all(p.is_alive() for p in processes), "same", same, "rest", rest)
+loader.close()
+"""
+
+
+def test_a_forked_child_that_exits_leaves_the_parents_worker_processes_alone() -> None:
+    """A child made by os.fork() (a subprocess helper, a checkpoint writer) that exits normally
+    does not end the parent's worker processes (multiprocessing's exit handler SIGTERMs every
+    daemonic child it lists, and the child inherits the parent's list)."""
+    done = subprocess.run(
+        [sys.executable, "-c", _FORKS_A_CHILD], capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+    assert "alive True same True rest 9" in done.stdout, (done.stdout, done.stderr)
+    assert "replaced" not in done.stderr, done.stderr
+
+
 def test_close_stops_the_worker_processes() -> None:
     loader = stoker.Loader.from_dataset(Squares(20), batch_size=4, num_workers=2, output="numpy")
     processes = [w.process for w in loader._builder._workers]

@@ -19,6 +19,7 @@ import tempfile
 import threading
 import time
 import traceback
+import weakref
 from collections.abc import Iterator
 from typing import Any, NoReturn
 
@@ -32,6 +33,22 @@ _log = logging.getLogger("stoker")
 
 # Seconds a closing loader's workers have to finish their batch and exit before they are killed.
 _CLOSE_GRACE_S = 5.0
+
+# Every worker process started, so that a child forked from this process forgets them.
+_STARTED: weakref.WeakSet[Any] = weakref.WeakSet()
+
+
+def _forget_workers_in_child() -> None:
+    """In a child made by ``fork()``: drops the parent's worker processes from multiprocessing's
+    list of this process's children. Left there, the child's exit would SIGTERM them (its exit
+    handler ends every daemonic child it lists) and the parent's loader would lose them."""
+    children = getattr(multiprocessing.process, "_children", None)
+    if isinstance(children, set):
+        children.difference_update(list(_STARTED))
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_workers_in_child)
 
 
 class _Arena:
@@ -175,6 +192,7 @@ class _Worker:
         )
         with _main_not_rerun(self.context):
             process.start()
+        _STARTED.add(process)
         child.close()
         # Started before it is seen: close() may join it from another thread.
         self.process, self.conn = process, parent
