@@ -4,6 +4,7 @@ or in worker processes."""
 from __future__ import annotations
 
 import collections
+import contextlib
 import os
 import re
 import signal
@@ -522,6 +523,68 @@ def test_a_forked_child_that_exits_leaves_the_parents_worker_processes_alone() -
     assert done.returncode == 0, done.stderr
     assert "alive True same True rest 9" in done.stdout, (done.stdout, done.stderr)
     assert "replaced" not in done.stderr, done.stderr
+
+
+_PARENT_KILLED_MID_SAMPLE = """
+import sys, time
+import numpy as np
+import stoker
+
+class Hangs:
+    def __len__(self):
+        return 40
+    def __getitem__(self, i):
+        if i >= 4:
+            time.sleep(3600)  # a sample that never finishes
+        return np.zeros(3, dtype=np.float32), i
+
+if __name__ == "__main__":
+    loader = stoker.Loader.from_dataset(Hangs(), batch_size=4, num_workers=2, output="numpy",
+                                        shuffle=False, multiprocessing_context=sys.argv[1],
+                                        timeout=3600)
+    it = iter(loader)
+    next(it)
+    print(" ".join(str(w.process.pid) for w in loader._builder._workers), flush=True)
+    next(it)  # waits on a hung sample until killed
+"""
+
+
+@pytest.mark.parametrize("method", ["fork", "forkserver"])
+def test_worker_processes_end_with_their_killed_parent_even_mid_sample(
+    method: str, tmp_path: Path
+) -> None:
+    script = tmp_path / "parent.py"  # a file: a fresh interpreter finds the dataset's class
+    script.write_text(_PARENT_KILLED_MID_SAMPLE)
+    parent = subprocess.Popen(
+        [sys.executable, str(script), method], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert parent.stdout is not None
+        pids = [int(pid) for pid in parent.stdout.readline().split()]
+        assert len(pids) == 2
+        time.sleep(0.5)  # both workers are in a hung sample now
+        assert all(Path(f"/proc/{pid}").exists() for pid in pids)
+    finally:
+        parent.kill()  # as the OOM killer does: no handler runs
+        parent.wait(timeout=10)
+    try:
+        deadline = time.monotonic() + 15
+        while time.monotonic() < deadline and any(_running(pid) for pid in pids):
+            time.sleep(0.1)
+        assert not any(_running(pid) for pid in pids), pids
+    finally:
+        for pid in pids:  # left running only when the test fails
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
+
+
+def _running(pid: int) -> bool:
+    """Whether process ``pid`` runs (a zombie, dead but not yet reaped, does not)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return False
+    return fields[0] != "Z"
 
 
 def test_close_stops_the_worker_processes() -> None:

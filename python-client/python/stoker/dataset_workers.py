@@ -21,6 +21,7 @@ import time
 import traceback
 import weakref
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any, NoReturn
 
 from stoker.busy import LoadingLog, batch_text, describe, listen_for_dumps, read_dumps
@@ -65,7 +66,7 @@ class _Arena:
             self.buffer.close()
 
 
-def _worker_main(conn: Any, state: State | bytes, dumps: str) -> None:
+def _worker_main(conn: Any, state: State | bytes, dumps: str, loader_pid: int) -> None:
     """A worker process: loads the batches it is sent straight into their slots, in the
     loader's shared slot mapping (sent once, as a descriptor, before the first batch). Its
     stacks go to a file in the folder ``dumps`` when the parent asks (:mod:`stoker.busy`).
@@ -76,6 +77,9 @@ def _worker_main(conn: Any, state: State | bytes, dumps: str) -> None:
     # Ctrl-C goes to the whole process group; the parent decides, its workers do not.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     listen_for_dumps(_dump_path(dumps, os.getpid()))
+    threading.Thread(
+        target=_exit_with_loader, args=(loader_pid,), name="stoker-loader-watch", daemon=True
+    ).start()
     if isinstance(state, bytes):
         try:
             state = pickle.loads(state)
@@ -151,6 +155,45 @@ def _live_pid(process: Any) -> int | None:
         return None
 
 
+# Seconds between a worker's looks at whether the loader's process is still there.
+_LOADER_CHECK_S = 1.0
+
+
+def _exit_with_loader(loader_pid: int) -> None:
+    """Ends this worker process once the loader's process is gone (killed, by the OOM killer
+    say), also while a sample hangs: between samples the closed pipe would end it, in one it
+    would not. Under fork and spawn that process is the worker's parent; under forkserver the
+    parent is the fork server, which outlives a killed loader, so the loader's process itself
+    is looked at: gone, a zombie, or its pid taken by a process started later."""
+    parent = os.getppid()
+    born = _started_at(loader_pid)
+    while os.getppid() == parent and _started_at(loader_pid) == born:
+        time.sleep(_LOADER_CHECK_S)
+    os._exit(0)
+
+
+def _started_at(pid: int) -> str | None:
+    """When process ``pid`` started (its ``/proc`` start time), None once it is gone or a
+    zombie; where there is no ``/proc``, "" while a process of that pid exists."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return None
+    except OSError:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return None
+        except OSError:
+            pass
+        return ""
+    fields = stat.rsplit(")", 1)[-1].split()
+    # Fields after the name: state is the first, the start time the twentieth.
+    if len(fields) < 20 or fields[0] == "Z":
+        return None
+    return fields[19]
+
+
 def _dump_path(dumps: str, pid: int) -> str:
     """Where worker process ``pid`` writes its stacks."""
     return os.path.join(dumps, f"{pid}.stacks")
@@ -186,7 +229,7 @@ class _Worker:
         parent, child = self.context.Pipe()
         process = self.context.Process(
             target=_worker_main,
-            args=(child, self.state, self.dumps),
+            args=(child, self.state, self.dumps, os.getpid()),
             name=f"stoker-dataset-worker-{self.number}",
             daemon=True,
         )
