@@ -163,8 +163,8 @@ def _exit_with_loader(loader_pid: int) -> None:
     """Ends this worker process once the loader's process is gone (killed, by the OOM killer
     say), also while a sample hangs: between samples the closed pipe would end it, in one it
     would not. Under fork and spawn that process is the worker's parent; under forkserver the
-    parent is the fork server, which outlives a killed loader, so the loader's process itself
-    is looked at: gone, a zombie, or its pid taken by a process started later."""
+    parent is the fork server, which stays as long as its workers do, so the loader's process
+    itself is looked at: gone, a zombie, or its pid taken by a process started later."""
     parent = os.getppid()
     born = _started_at(loader_pid)
     while os.getppid() == parent and _started_at(loader_pid) == born:
