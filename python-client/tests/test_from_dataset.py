@@ -7,6 +7,7 @@ import collections
 import contextlib
 import os
 import re
+import select
 import signal
 import subprocess
 import sys
@@ -560,6 +561,8 @@ def test_worker_processes_end_with_their_killed_parent_even_mid_sample(
     )
     try:
         assert parent.stdout is not None
+        started, _, _ = select.select([parent.stdout], [], [], 120)
+        assert started, "the loader did not start its workers"
         pids = [int(pid) for pid in parent.stdout.readline().split()]
         assert len(pids) == 2
         time.sleep(0.5)  # both workers are in a hung sample now
@@ -576,6 +579,15 @@ def test_worker_processes_end_with_their_killed_parent_even_mid_sample(
         for pid in pids:  # left running only when the test fails
             with contextlib.suppress(OSError):
                 os.kill(pid, signal.SIGKILL)
+
+
+def test_the_loader_watch_tells_a_running_process_from_a_gone_one() -> None:
+    from stoker import dataset_workers
+
+    assert str(dataset_workers._started_at(os.getpid())).isdigit()
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait(timeout=30)  # reaped: its /proc entry is gone
+    assert dataset_workers._started_at(gone.pid) is None
 
 
 def _running(pid: int) -> bool:

@@ -164,34 +164,48 @@ def _exit_with_loader(loader_pid: int) -> None:
     say), also while a sample hangs: between samples the closed pipe would end it, in one it
     would not. Under fork and spawn that process is the worker's parent; under forkserver the
     parent is the fork server, which stays as long as its workers do, so the loader's process
-    itself is looked at: gone, a zombie, or its pid taken by a process started later."""
+    itself is looked at: gone, a zombie, or its pid taken by a process started later. A look
+    that cannot tell (no ``/proc``, out of descriptors) ends nothing."""
     parent = os.getppid()
     born = _started_at(loader_pid)
-    while os.getppid() == parent and _started_at(loader_pid) == born:
+    while os.getppid() == parent:
+        now = _started_at(loader_pid)
+        if now is None or (born not in (None, _UNKNOWN) and now not in (_UNKNOWN, born)):
+            break
         time.sleep(_LOADER_CHECK_S)
     os._exit(0)
 
 
+# What _started_at gives when it cannot tell.
+_UNKNOWN = "?"
+
+
 def _started_at(pid: int) -> str | None:
-    """When process ``pid`` started (its ``/proc`` start time), None once it is gone or a
-    zombie; where there is no ``/proc``, "" while a process of that pid exists."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except FileNotFoundError:
-        return None
-    except OSError:
+    """When process ``pid`` started (its ``/proc`` start time); None once it is gone or a
+    zombie; :data:`_UNKNOWN` when that cannot be told now (no ``/proc``: only whether a process
+    of that pid exists; or the look failed, out of descriptors say)."""
+    if not os.path.isdir("/proc/self"):
         try:
             os.kill(pid, 0)
         except ProcessLookupError:
             return None
         except OSError:
             pass
-        return ""
-    fields = stat.rsplit(")", 1)[-1].split()
-    # Fields after the name: state is the first, the start time the twentieth.
-    if len(fields) < 20 or fields[0] == "Z":
+        return _UNKNOWN
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_bytes()
+    except FileNotFoundError:
         return None
-    return fields[19]
+    except OSError:
+        return _UNKNOWN
+    # The name before ")" may hold any bytes; the fields after it: state first, start time
+    # twentieth.
+    fields = stat.rsplit(b")", 1)[-1].split()
+    if len(fields) < 20:
+        return _UNKNOWN
+    if fields[0] == b"Z":
+        return None
+    return fields[19].decode("ascii", "replace")
 
 
 def _dump_path(dumps: str, pid: int) -> str:
@@ -233,9 +247,11 @@ class _Worker:
             name=f"stoker-dataset-worker-{self.number}",
             daemon=True,
         )
+        # Listed before it starts: a fork by another thread meanwhile must not leave it on the
+        # child's list of processes to end.
+        _STARTED.add(process)
         with _main_not_rerun(self.context):
             process.start()
-        _STARTED.add(process)
         child.close()
         # Started before it is seen: close() may join it from another thread.
         self.process, self.conn = process, parent
