@@ -13,6 +13,11 @@ pub struct TokenWindowShape {
     pub seq_len: u32,
 }
 
+/// A sample's location without its folder: the part of it after the last `/`.
+pub(crate) fn location_name(location: &str) -> &str {
+    location.rsplit('/').next().unwrap_or(location)
+}
+
 /// A dataset of (encoded bytes, label) samples addressed by a dense index `0..len`.
 ///
 /// Implementations are shared between decode threads, so they are `Send + Sync` and reading
@@ -45,8 +50,7 @@ pub trait SampleSource: Send + Sync {
     /// labels live in the samples' own bytes leaves them out.
     fn fingerprint_key(&self, index: u64) -> String {
         let location = self.describe(index);
-        let name = location.rsplit('/').next().unwrap_or(&location);
-        format!("{name}#{}", self.label(index))
+        format!("{}#{}", location_name(&location), self.label(index))
     }
 
     /// Reads the sample's encoded bytes.

@@ -512,8 +512,7 @@ impl SampleSource for JsonlDocuments {
 
     /// The document's file name and line: a label would be read from the line itself.
     fn fingerprint_key(&self, index: u64) -> String {
-        let location = self.describe(index);
-        location.rsplit('/').next().unwrap_or(&location).to_string()
+        crate::sample_source::location_name(&self.describe(index)).to_string()
     }
 
     /// The integer label field of the document, -1 when labels are off or the document has

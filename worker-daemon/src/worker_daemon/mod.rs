@@ -243,12 +243,12 @@ impl Shared {
     /// datasets of a job opened now, or refuses them when they differ from those this worker
     /// first opened the same spec with: its epochs would mix two orders, and the fingerprint
     /// the coordinator gave the job's clients would name another dataset. A file rewritten in
-    /// place under its name is not seen.
+    /// place under its name is not seen. Returns the fingerprint.
     fn check_dataset(
         &self,
         spec: &JobSpec,
         sources: &[&dyn SampleSource],
-    ) -> std::result::Result<(), Status> {
+    ) -> std::result::Result<String, Status> {
         use std::hash::{Hash, Hasher};
         let mut hasher = std::collections::hash_map::DefaultHasher::new();
         prost::Message::encode_to_vec(spec).hash(&mut hasher);
@@ -265,10 +265,10 @@ impl Shared {
                 "as many samples, but other names, labels or classes (fingerprint {first} then, \
                  {fingerprint} now)"
             ),
-            Some(_) => return Ok(()),
+            Some(_) => return Ok(fingerprint),
             None => {
-                opened.insert(key, (lengths, fingerprint));
-                return Ok(());
+                opened.insert(key, (lengths, fingerprint.clone()));
+                return Ok(fingerprint);
             }
         };
         Err(Status::failed_precondition(format!(
@@ -403,7 +403,7 @@ impl worker_data_server::WorkerData for DataService {
         let answer = tokio::task::spawn_blocking(move || {
             let job = shared.open_job(&spec)?;
             // What the coordinator hands the job's clients is what this worker will serve.
-            shared.check_dataset(&spec, &job.sources())?;
+            let dataset_fingerprint = shared.check_dataset(&spec, &job.sources())?;
             let plan = job.plan(job.first_epoch()).map_err(|e| error_status(&e))?;
             let batch_size = job.plan_config().batch_size as usize;
             Ok::<_, Status>(DescribeJobResponse {
@@ -411,7 +411,7 @@ impl worker_data_server::WorkerData for DataService {
                 steps_per_epoch: plan.steps(),
                 batch_bytes: job.batch_bytes(batch_size) as u64,
                 class_names: job.class_names().to_vec(),
-                dataset_fingerprint: job.dataset_fingerprint(),
+                dataset_fingerprint,
             })
         })
         .await
