@@ -38,7 +38,15 @@ fn start(
     state: &Path,
     tokens: Vec<Token>,
 ) -> Result<(CoordinatorService, oneshot::Sender<()>), Box<dyn std::error::Error>> {
-    let config = CoordinatorServiceConfig {
+    let service = CoordinatorService::open(state, service_config(network, tokens)?)?;
+    Ok(serve(network, service))
+}
+
+fn service_config(
+    network: &MemoryNetwork,
+    tokens: Vec<Token>,
+) -> Result<CoordinatorServiceConfig, Box<dyn std::error::Error>> {
+    Ok(CoordinatorServiceConfig {
         core: CoordinatorConfig {
             lease_timeout: LEASE_TIMEOUT,
             journal_every: u64::MAX,
@@ -48,14 +56,21 @@ fn start(
         client_security: ClientSecurity::new(tokens.first().cloned(), None, None)?,
         network: Network::Memory(network.clone()),
         ..CoordinatorServiceConfig::default()
-    };
-    let service = CoordinatorService::open(state, config)?;
+    })
+}
+
+/// Serves `service` on [`COORDINATOR`] of `network` until the returned sender is dropped or
+/// sent to.
+fn serve(
+    network: &MemoryNetwork,
+    service: CoordinatorService,
+) -> (CoordinatorService, oneshot::Sender<()>) {
     let (stop, stopped) = oneshot::channel::<()>();
     let incoming = network.listen(COORDINATOR);
     tokio::spawn(service.clone().serve_incoming(incoming, async {
         let _ = stopped.await;
     }));
-    Ok((service, stop))
+    (service, stop)
 }
 
 /// Serves a data server describing every job as [`STEPS`] steps on [`DATA_SERVER`].
@@ -275,6 +290,21 @@ async fn restart(
     second
 }
 
+/// Rank 0's session of `job` in epoch 0, opened where the journal says it was acknowledged.
+async fn reopen_from_journal(
+    client: &mut CoordinatorClient<RpcChannel>,
+    job: u64,
+) -> Result<stoker_proto::v1::OpenSessionResponse, Status> {
+    let request = OpenSessionRequest {
+        job_id: job,
+        rank: 0,
+        epoch: 0,
+        start_step: 0,
+        resume_from_journal: true,
+    };
+    Ok(client.open_session(request).await?.into_inner())
+}
+
 fn steps(tasks: &[TaskLease]) -> Vec<u64> {
     tasks.iter().map(|t| t.step).collect()
 }
@@ -381,16 +411,7 @@ async fn a_session_reopened_on_a_restarted_coordinator_resumes_where_it_was_ackn
         stale.message().contains("open the session again"),
         "{stale}"
     );
-    let reopened = client
-        .open_session(OpenSessionRequest {
-            job_id: job,
-            rank: 0,
-            epoch: 0,
-            start_step: 0,
-            resume_from_journal: true,
-        })
-        .await?
-        .into_inner();
+    let reopened = reopen_from_journal(&mut client, job).await?;
     assert_eq!(reopened.acknowledged_position, 3);
     let session = reopened.session.ok_or("a session without a token")?;
     let worker = register_worker(&mut client).await?;
@@ -465,5 +486,203 @@ async fn a_worker_id_of_an_earlier_run_is_refused_though_its_core_id_is_taken_ag
     assert!(refused.message().contains("register again"), "{refused}");
     let leased = lease(&mut client, old, 1).await.expect_err("refused too");
     assert_eq!(leased.code(), Code::NotFound);
+    Ok(())
+}
+
+/// A disk whose syncs wait while it is stalled (at most [`Stall::LONGEST`], so a coordinator
+/// that waits on it fails a test rather than hanging it).
+#[derive(Debug, Default)]
+struct Stall {
+    stalled: std::sync::Mutex<bool>,
+    resumed: std::sync::Condvar,
+    /// Syncs waiting now.
+    waiting: std::sync::atomic::AtomicUsize,
+}
+
+impl Stall {
+    const LONGEST: Duration = Duration::from_secs(5);
+
+    fn set(&self, stalled: bool) {
+        *self.stalled.lock().unwrap_or_else(|p| p.into_inner()) = stalled;
+        self.resumed.notify_all();
+    }
+
+    fn waiting(&self) -> usize {
+        self.waiting.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    /// Called by each sync: returns once the disk is not stalled.
+    fn pass(&self) {
+        let stalled = self.stalled.lock().unwrap_or_else(|p| p.into_inner());
+        if !*stalled {
+            return;
+        }
+        self.waiting
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        let _resumed = self
+            .resumed
+            .wait_timeout_while(stalled, Self::LONGEST, |stalled| *stalled);
+        self.waiting
+            .fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    /// Waits until a write waits on the stalled disk.
+    async fn a_write_waits(&self) -> TestResult {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        while self.waiting() == 0 {
+            if tokio::time::Instant::now() >= deadline {
+                return Err("no journal write reached the stalled disk".into());
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        Ok(())
+    }
+}
+
+/// The journal's file, its syncs held by `stall`.
+#[derive(Debug)]
+struct StallingDisk {
+    file: redb::backends::FileBackend,
+    stall: std::sync::Arc<Stall>,
+}
+
+impl redb::StorageBackend for StallingDisk {
+    fn len(&self) -> std::io::Result<u64> {
+        self.file.len()
+    }
+    fn read(&self, offset: u64, len: usize) -> std::io::Result<Vec<u8>> {
+        self.file.read(offset, len)
+    }
+    fn set_len(&self, len: u64) -> std::io::Result<()> {
+        self.file.set_len(len)
+    }
+    fn sync_data(&self, eventual: bool) -> std::io::Result<()> {
+        self.stall.pass();
+        self.file.sync_data(eventual)
+    }
+    fn write(&self, offset: u64, data: &[u8]) -> std::io::Result<()> {
+        self.file.write(offset, data)
+    }
+}
+
+/// A coordinator as [`fixture`]'s, its journal on a disk `stall` stalls.
+fn stalling_fixture(stall: &std::sync::Arc<Stall>) -> Result<Fixture, Box<dyn std::error::Error>> {
+    let network = MemoryNetwork::new();
+    let state = tempfile::tempdir()?;
+    let (path, disk) = (
+        state.path().join(crate::JOURNAL_FILE),
+        std::sync::Arc::clone(stall),
+    );
+    let open: crate::scheduler::OpenDatabase = Box::new(move || {
+        redb::Builder::new().create_with_backend(StallingDisk {
+            file: crate::scheduler::journal_file(&path)?,
+            stall: std::sync::Arc::clone(&disk),
+        })
+    });
+    let config = service_config(&network, Vec::new())?;
+    let core = crate::Coordinator::open_with(state.path(), config.core.clone(), open)?;
+    let (service, stop) = serve(&network, CoordinatorService::with_core(core, config));
+    start_data_server(&network, Vec::new())?;
+    Ok(Fixture {
+        network,
+        service,
+        state,
+        stop,
+    })
+}
+
+/// Runs `call`, refused when it takes a lease timeout or more (on a stalled disk it would).
+async fn promptly<T>(
+    what: &str,
+    call: impl std::future::Future<Output = Result<T, Status>>,
+) -> Result<T, Box<dyn std::error::Error>> {
+    let started = std::time::Instant::now();
+    let answer = call.await?;
+    let took = started.elapsed();
+    if took >= LEASE_TIMEOUT {
+        return Err(format!("{what} took {took:?} while the journal's disk was stalled").into());
+    }
+    Ok(answer)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn workers_and_clients_are_answered_while_the_journals_disk_is_stalled() -> TestResult {
+    let stall = std::sync::Arc::new(Stall::default());
+    let Fixture {
+        network,
+        service,
+        state,
+        stop,
+    } = stalling_fixture(&stall)?;
+    let mut client = coordinator(&network, None);
+    let worker = register_worker(&mut client).await?;
+    let (job, session) = open(&mut client, 2).await?;
+    let tasks = lease(&mut client, worker, 4).await?;
+    report(&mut client, worker, &tasks).await?;
+    stall.set(true);
+    assert_eq!(update(&mut client, session, 2, steps(&tasks)).await?, 2);
+    // The next flush (every 100 ms) takes position 2 and waits on the disk.
+    stall.a_write_waits().await?;
+    // For three lease timeouts the worker leases and reports, the client acknowledges and
+    // grants, each answered at once.
+    let mut acknowledged = 2;
+    let until = std::time::Instant::now() + LEASE_TIMEOUT * 3;
+    while std::time::Instant::now() < until {
+        let tasks = promptly("a lease", lease(&mut client, worker, 4)).await?;
+        promptly("a report", report(&mut client, worker, &tasks)).await?;
+        let credits = tasks.len() as u64;
+        acknowledged = promptly(
+            "an acknowledgement",
+            update(&mut client, session, credits, steps(&tasks)),
+        )
+        .await?;
+    }
+    assert!(stall.waiting() > 0, "the write stalled all along");
+    assert_eq!(acknowledged, STEPS, "the epoch went on to its end");
+    assert_eq!(service.workers().len(), 1, "the worker was not lost");
+    stall.set(false);
+    // Stopped (the last positions written once the disk moves again) and restarted: nothing
+    // acknowledged was lost.
+    drop(service);
+    let (_second, _stop) = restart(&network, state.path(), stop).await?;
+    let reopened = reopen_from_journal(&mut coordinator(&network, None), job).await?;
+    assert_eq!(reopened.acknowledged_position, STEPS);
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_registration_held_up_by_the_journals_disk_costs_no_worker_its_place() -> TestResult {
+    let stall = std::sync::Arc::new(Stall::default());
+    let fixture = stalling_fixture(&stall)?;
+    let (network, service) = (&fixture.network, &fixture.service);
+    let mut client = coordinator(network, None);
+    let worker = register_worker(&mut client).await?;
+    open(&mut client, 1).await?;
+    let tasks = lease(&mut client, worker, 4).await?;
+    assert_eq!(steps(&tasks), [0]);
+    stall.set(true);
+    // A job's registration is durable before it is answered, so it waits on the disk with the
+    // core's lock held: for three lease timeouts nobody is heard, the worker included.
+    let mut registering = coordinator(network, None);
+    let registration = tokio::spawn(async move {
+        let mut other = spec();
+        other.seed = 2;
+        registering
+            .register_job(RegisterJobRequest {
+                spec: Some(other),
+                weight: 0,
+            })
+            .await
+    });
+    stall.a_write_waits().await?;
+    tokio::time::sleep(LEASE_TIMEOUT * 3).await;
+    stall.set(false);
+    registration.await??;
+    // Half a lease timeout on (a look for silent workers comes every 250 ms), the worker still
+    // holds its place and its lease: the coordinator's own stall was not counted against it.
+    tokio::time::sleep(LEASE_TIMEOUT / 2).await;
+    report(&mut client, worker, &tasks).await?;
+    completed(service, 1, 0);
+    assert_eq!(service.workers().len(), 1, "the worker was not lost");
     Ok(())
 }

@@ -70,6 +70,9 @@ pub(crate) struct Journal {
     next_entry: u64,
     /// Entries in the log now.
     log_entries: u64,
+    /// The number of the last numbered position write that landed (see
+    /// [`Journal::write_positions_numbered`]).
+    written_seq: u64,
     /// Makes the next `write_positions` fail as a full disk would (tests only).
     #[cfg(test)]
     pub(super) fail_next_write: bool,
@@ -204,6 +207,7 @@ impl Journal {
                 path,
                 next_entry,
                 log_entries,
+                written_seq: 0,
                 #[cfg(test)]
                 fail_next_write: false,
             },
@@ -318,6 +322,23 @@ impl Journal {
         Ok(())
     }
 
+    /// [`write_positions`](Self::write_positions) of the write numbered `seq` (numbers rise in
+    /// the order the writes' positions were taken): skipped, `Ok(false)`, when a write of a later
+    /// number landed first, since that one held these positions or newer ones.
+    pub fn write_positions_numbered(
+        &mut self,
+        seq: u64,
+        positions: impl Iterator<Item = (PositionKey, u64)>,
+        pruned: &[PositionKey],
+    ) -> CoordinatorResult<bool> {
+        if seq <= self.written_seq {
+            return Ok(false);
+        }
+        self.write_positions(positions, pruned)?;
+        self.written_seq = seq;
+        Ok(true)
+    }
+
     /// Applies every log entry to the positions table (the last change of each key, in key
     /// order) and empties the log, inside `txn`.
     fn fold(
@@ -349,6 +370,21 @@ impl Journal {
     pub fn path(&self) -> &Path {
         &self.path
     }
+}
+
+/// The journal's file at `path` as redb's plain file storage, for tests that wrap it in a
+/// storage of their own (one that fails or stalls on demand).
+#[cfg(test)]
+pub(crate) fn journal_file(
+    path: &Path,
+) -> Result<redb::backends::FileBackend, redb::DatabaseError> {
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .open(path)?;
+    redb::backends::FileBackend::new(file)
 }
 
 #[cfg(test)]
@@ -404,14 +440,8 @@ mod tests {
         let full = Arc::new(AtomicBool::new(false));
         let (path, disk) = (dir.path().join(JOURNAL_FILE), Arc::clone(&full));
         let open: OpenDatabase = Box::new(move || {
-            let file = std::fs::OpenOptions::new()
-                .read(true)
-                .write(true)
-                .create(true)
-                .truncate(false)
-                .open(&path)?;
             redb::Builder::new().create_with_backend(FillingDisk {
-                file: FileBackend::new(file)?,
+                file: journal_file(&path)?,
                 full: Arc::clone(&disk),
             })
         });

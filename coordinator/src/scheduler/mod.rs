@@ -24,9 +24,12 @@
 //! - Job specs and each (job, rank, epoch)'s acknowledged position (every step below it was
 //!   received) are journaled in redb. Job registrations are durable when the call returns;
 //!   positions are written every [`CoordinatorConfig::journal_every`] acknowledgements and on
-//!   [`flush`](Coordinator::flush). A crash loses at most the unflushed positions, whose steps
-//!   are then redone: batches are a pure function of (spec, epoch, rank, step), so the client
-//!   receives identical bytes and drops them by step number.
+//!   [`flush`](Coordinator::flush), or, by a service that must not wait on its disk, taken
+//!   with [`take_positions`](Coordinator::take_positions), written outside the core
+//!   ([`PositionWrite::write`], on any thread) and handed back with
+//!   [`positions_written`](Coordinator::positions_written). A crash loses at most the unwritten
+//!   positions, whose steps are then redone: batches are a pure function of (spec, epoch, rank,
+//!   step), so the client receives identical bytes and drops them by step number.
 //! - Nothing grows with the epochs a job runs: a closed session is dropped (its id answers
 //!   "closed" from then on), and when a rank opens epoch `e` the positions of its epochs before
 //!   `e - 1` leave memory and the journal.
@@ -50,7 +53,8 @@ use std::collections::{BTreeMap, HashMap};
 pub(crate) type FastMap<K, V> = HashMap<K, V, foldhash::fast::RandomState>;
 use std::mem::size_of;
 use std::path::{Path, PathBuf};
-use std::time::Instant;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
 
 use prost::Message;
 use stoker_proto::v1::JobSpec;
@@ -58,6 +62,8 @@ use stoker_proto::v1::JobSpec;
 pub use error::{CoordinatorError, CoordinatorResult};
 pub use ids::{JobId, LeaseId, SessionId, Step, TaskKey, WorkerId};
 pub use journal::JOURNAL_FILE;
+#[cfg(test)]
+pub(crate) use journal::{journal_file, OpenDatabase};
 pub use types::{
     AckOutcome, CoordinatorConfig, CoordinatorStats, ExpireReport, Lease, LeaseOutcome,
     MAX_JOB_WEIGHT,
@@ -98,7 +104,9 @@ struct LeaseSlot {
 /// wraps it in a lock or an actor.
 pub struct Coordinator {
     config: CoordinatorConfig,
-    journal: Option<Journal>,
+    /// Shared with the [`PositionWrite`]s in flight, which write outside the core.
+    journal: Option<Arc<Mutex<Journal>>>,
+    journal_path: Option<PathBuf>,
     jobs: BTreeMap<JobId, Job>,
     /// The first job id of this run's range ([`JOB_ID_RUN_BITS`]).
     job_id_base: u64,
@@ -111,10 +119,14 @@ pub struct Coordinator {
     /// Acknowledged positions of (job, rank, epoch)s without a session (from the journal, or
     /// closed), consulted when one opens.
     resume_positions: HashMap<PositionKey, u64>,
-    /// Positions changed since the last journal write.
+    /// Positions changed and not yet written (each stays until a write of its value lands).
     dirty_positions: FastMap<PositionKey, u64>,
-    /// Positions dropped since the last journal write, to be deleted from it.
+    /// Positions dropped and not yet deleted from the journal, in the order dropped.
     pruned_positions: Vec<PositionKey>,
+    /// Prunes deleted from the journal, and so from the front of `pruned_positions`, so far.
+    pruned_written: u64,
+    /// The number of the last [`PositionWrite`] taken.
+    position_writes: u64,
     acks_since_flush: u64,
     ready: ReadySet,
     leases: Vec<LeaseSlot>,
@@ -177,6 +189,40 @@ const JOB_ID_RUN_BITS: u32 = 32;
 
 /// The first id of a run's job range for the random `seed`: a tag of 1 to 2^20 - 1 above the
 /// run's bits, so ids stay below 2^52 (exact as JSON numbers in the dashboard's JavaScript).
+/// The journal, once a position write in flight is done with it. A write that panicked left
+/// nothing half-done in it (a transaction not committed is dropped), so carry on with it.
+fn lock_journal(journal: &Mutex<Journal>) -> MutexGuard<'_, Journal> {
+    journal
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+/// Acknowledged positions taken from the core by [`Coordinator::take_positions`], written to
+/// the journal by [`PositionWrite::write`] without the core (a service runs it off its lock, so
+/// a slow disk stalls no call), then handed back with [`Coordinator::positions_written`].
+pub struct PositionWrite {
+    journal: Arc<Mutex<Journal>>,
+    /// Rises with each write taken: a write that lands after a later one is skipped.
+    seq: u64,
+    positions: Vec<(PositionKey, u64)>,
+    pruned: Vec<PositionKey>,
+    /// The core's count of prunes when it was taken (those before it are in `pruned` or done).
+    pruned_upto: u64,
+}
+
+impl PositionWrite {
+    /// Writes the positions durably, in one transaction; `Ok(false)` when a later write landed
+    /// first (it held these or newer). Waits for a job registration or another write in
+    /// flight to finish with the journal first.
+    pub fn write(&self) -> CoordinatorResult<bool> {
+        lock_journal(&self.journal).write_positions_numbered(
+            self.seq,
+            self.positions.iter().copied(),
+            &self.pruned,
+        )
+    }
+}
+
 fn run_job_id_base(seed: u64) -> u64 {
     let tag = seed % ((1 << 20) - 1) + 1;
     tag << JOB_ID_RUN_BITS
@@ -189,6 +235,7 @@ impl Coordinator {
         Self {
             config,
             journal: None,
+            journal_path: None,
             jobs: BTreeMap::new(),
             job_id_base: 0,
             workers: Vec::new(),
@@ -198,6 +245,8 @@ impl Coordinator {
             resume_positions: HashMap::new(),
             dirty_positions: FastMap::default(),
             pruned_positions: Vec::new(),
+            pruned_written: 0,
+            position_writes: 0,
             acks_since_flush: 0,
             ready: ReadySet::default(),
             leases: Vec::new(),
@@ -211,7 +260,24 @@ impl Coordinator {
     /// acknowledged positions come back; workers and leases do not (workers re-register, and
     /// unacknowledged steps are redone).
     pub fn open(state_dir: &Path, config: CoordinatorConfig) -> CoordinatorResult<Self> {
-        let (journal, contents) = Journal::open(state_dir)?;
+        Self::with_journal(Journal::open(state_dir)?, config)
+    }
+
+    /// [`Coordinator::open`], the journal's database opened by `open_database` (tests give a
+    /// storage that fails or stalls on demand).
+    #[cfg(test)]
+    pub(crate) fn open_with(
+        state_dir: &Path,
+        config: CoordinatorConfig,
+        open_database: journal::OpenDatabase,
+    ) -> CoordinatorResult<Self> {
+        Self::with_journal(Journal::open_with(state_dir, open_database)?, config)
+    }
+
+    fn with_journal(
+        (journal, contents): (Journal, journal::JournalContents),
+        config: CoordinatorConfig,
+    ) -> CoordinatorResult<Self> {
         let mut coordinator = Self::in_memory(config);
         coordinator.job_id_base = run_job_id_base(stoker_rpc::transport::random_u64());
         for job in contents.jobs {
@@ -232,13 +298,14 @@ impl Coordinator {
         for (job, weight) in contents.weights {
             coordinator.ready.set_weight(job, weight.clamp(1, cap));
         }
-        coordinator.journal = Some(journal);
+        coordinator.journal_path = Some(journal.path().to_path_buf());
+        coordinator.journal = Some(Arc::new(Mutex::new(journal)));
         Ok(coordinator)
     }
 
     /// The journal file, when there is one.
     pub fn journal_path(&self) -> Option<PathBuf> {
-        self.journal.as_ref().map(|j| j.path().to_path_buf())
+        self.journal_path.clone()
     }
 
     /// Registers a job whose ranks each run `steps_per_epoch` steps; durable on return.
@@ -263,8 +330,8 @@ impl Coordinator {
                 "this coordinator run has registered 2^32 jobs; restart it".into(),
             ));
         }
-        if let Some(journal) = &mut self.journal {
-            journal.put_job(id.0, steps_per_epoch, &spec.encode_to_vec())?;
+        if let Some(journal) = &self.journal {
+            lock_journal(journal).put_job(id.0, steps_per_epoch, &spec.encode_to_vec())?;
             self.stats.journal_commits += 1;
         }
         tracing::info!(
@@ -297,8 +364,8 @@ impl Coordinator {
         }
         let weight = requested.clamp(1, self.weight_cap());
         if self.job_share(job).weight != weight {
-            if let Some(journal) = &mut self.journal {
-                journal.put_weight(job.0, weight)?;
+            if let Some(journal) = &self.journal {
+                lock_journal(journal).put_weight(job.0, weight)?;
                 self.stats.journal_commits += 1;
             }
             tracing::info!(job = job.0, requested, weight, "job weight set");
@@ -363,6 +430,20 @@ impl Coordinator {
         let expired = CoordinatorError::WorkerExpired(worker);
         let unknown = CoordinatorError::UnknownWorker(worker);
         live_index(&self.workers, worker.0, |w| w.alive, expired, unknown)
+    }
+
+    /// Forgives the live workers `stalled` of silence: a time the caller was not looking (stalled
+    /// on its own lock, a paused machine, no CPU), when their heartbeats could not be taken.
+    /// Each one's silence counts from up to `stalled` later, never from after `now`; a worker
+    /// that really died is dropped that much later.
+    pub fn excuse_stall(&mut self, stalled: Duration, now: Instant) {
+        for worker in self.workers.iter_mut().filter(|w| w.alive) {
+            worker.last_heartbeat = worker
+                .last_heartbeat
+                .checked_add(stalled)
+                .map_or(now, |later| later.min(now))
+                .max(worker.last_heartbeat);
+        }
     }
 
     /// Drops the workers whose last heartbeat is at least the lease timeout before `now`, and
@@ -889,18 +970,26 @@ impl Coordinator {
         })
     }
 
-    /// Writes the acknowledged positions changed since the last write, durably.
+    /// Writes the acknowledged positions changed since the last write, durably, here and now
+    /// (see [`take_positions`](Self::take_positions) for a write outside the core).
     pub fn flush(&mut self) -> CoordinatorResult<()> {
         self.acks_since_flush = 0;
-        let Some(journal) = &mut self.journal else {
+        let Some(journal) = &self.journal else {
             return Ok(());
         };
         if self.dirty_positions.is_empty() && self.pruned_positions.is_empty() {
             return Ok(());
         }
-        // Forgotten only once written: after a failed write the next flush writes them again.
+        // Nothing moves while this write runs, so no copy is taken: what it wrote is forgotten
+        // once it lands, and kept for the next write if it fails. It carries the latest number,
+        // so a write taken before it and still on its way is skipped when it lands.
+        self.position_writes += 1;
         let positions = self.dirty_positions.iter().map(|(key, at)| (*key, *at));
-        journal.write_positions(positions, &self.pruned_positions)?;
+        lock_journal(journal).write_positions_numbered(
+            self.position_writes,
+            positions,
+            &self.pruned_positions,
+        )?;
         self.stats.journal_commits += 1;
         tracing::debug!(
             positions = self.dirty_positions.len(),
@@ -908,7 +997,66 @@ impl Coordinator {
             "acknowledged positions journaled"
         );
         self.dirty_positions.clear();
+        self.pruned_written += self.pruned_positions.len() as u64;
         self.pruned_positions.clear();
+        Ok(())
+    }
+
+    /// The acknowledged positions changed (and dropped) since the last write that landed, to be
+    /// written outside the core, so the core's other calls go on while the disk takes them; `None`
+    /// without a journal or with nothing to write. The core keeps them until
+    /// [`positions_written`](Self::positions_written) says a write of theirs landed: a write
+    /// that fails, or is never made, loses nothing.
+    pub fn take_positions(&mut self) -> Option<PositionWrite> {
+        self.acks_since_flush = 0;
+        let journal = self.journal.as_ref()?;
+        if self.dirty_positions.is_empty() && self.pruned_positions.is_empty() {
+            return None;
+        }
+        self.position_writes += 1;
+        Some(PositionWrite {
+            journal: Arc::clone(journal),
+            seq: self.position_writes,
+            positions: self
+                .dirty_positions
+                .iter()
+                .map(|(k, at)| (*k, *at))
+                .collect(),
+            pruned: self.pruned_positions.clone(),
+            pruned_upto: self.pruned_written + self.pruned_positions.len() as u64,
+        })
+    }
+
+    /// Takes back `write` after [`PositionWrite::write`] gave `outcome`: once landed, its
+    /// positions that have not changed since are written, and its prunes done; otherwise
+    /// everything stays for the next write. Returns the write's error.
+    pub fn positions_written(
+        &mut self,
+        write: &PositionWrite,
+        outcome: CoordinatorResult<bool>,
+    ) -> CoordinatorResult<()> {
+        if !outcome? {
+            // A later write landed first, with these positions or newer ones.
+            return Ok(());
+        }
+        self.stats.journal_commits += 1;
+        for (key, at) in &write.positions {
+            // A position that moved since is written by a later write.
+            if self.dirty_positions.get(key) == Some(at) {
+                self.dirty_positions.remove(key);
+            }
+        }
+        let done = write.pruned_upto.saturating_sub(self.pruned_written);
+        let done = usize::try_from(done).map_or(self.pruned_positions.len(), |done| {
+            done.min(self.pruned_positions.len())
+        });
+        self.pruned_positions.drain(..done);
+        self.pruned_written += done as u64;
+        tracing::debug!(
+            positions = write.positions.len(),
+            pruned = write.pruned.len(),
+            "acknowledged positions journaled"
+        );
         Ok(())
     }
 

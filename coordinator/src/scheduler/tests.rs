@@ -656,7 +656,7 @@ fn positions_a_failed_journal_write_carried_are_written_by_the_next_flush() {
     let job = c.register_job(spec(1, 0), 10).unwrap();
     let s = c.open_session(job, 0, 0, Step(0)).unwrap();
     ack(&mut c, s, 0..6);
-    c.journal.as_mut().unwrap().fail_next_write = true;
+    lock_journal(c.journal.as_ref().unwrap()).fail_next_write = true;
     assert!(matches!(c.flush(), Err(CoordinatorError::Journal(_))));
     c.close_session(s).unwrap();
     c.flush().unwrap();
@@ -764,4 +764,106 @@ fn a_job_id_is_not_given_again_across_restarts_and_lost_journals() {
         let base = run_job_id_base(seed);
         assert!(base >> 32 >= 1 && base < 1 << 52, "{base:#x}");
     }
+}
+
+#[test]
+fn a_position_write_outside_the_core_keeps_what_moved_meanwhile_and_a_late_one_is_skipped() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut c = journaled(dir.path());
+    let job = c.register_job(spec(1, 0), 10).unwrap();
+    let s = c.open_session(job, 0, 0, Step(0)).unwrap();
+    ack(&mut c, s, 0..3);
+    let first = c.take_positions().expect("position 3 to write");
+    // The position moves while the first write is on its way; a second write is taken.
+    ack(&mut c, s, 3..5);
+    let second = c.take_positions().expect("position 5 to write");
+    ack(&mut c, s, 5..6);
+    // The second lands first; the first, older, is then skipped rather than written over it.
+    let outcome = second.write();
+    assert!(matches!(outcome, Ok(true)), "{outcome:?}");
+    c.positions_written(&second, outcome).unwrap();
+    let late = first.write();
+    assert!(matches!(late, Ok(false)), "{late:?}");
+    c.positions_written(&first, late).unwrap();
+    assert_eq!(c.stats().journal_commits, 2, "the job and the second write");
+    // Position 6 came after both were taken: the only one left to write.
+    let third = c.take_positions().expect("position 6 still to write");
+    assert_eq!(third.positions, [((job.0, 0, 0), 6)]);
+    // A crash now: the journal holds the second write's position.
+    drop((c, first, second, third));
+    assert_eq!(position_after_restart(dir.path(), job, 0), Step(5));
+}
+
+#[test]
+fn a_failed_or_abandoned_position_write_loses_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut c = journaled(dir.path());
+    let job = c.register_job(spec(1, 0), 10).unwrap();
+    let s = c.open_session(job, 0, 0, Step(0)).unwrap();
+    ack(&mut c, s, 0..4);
+    // Taken and never written (a write whose thread went away): the core still has it.
+    drop(c.take_positions().expect("position 4 to write"));
+    let failing = c.take_positions().expect("position 4 again");
+    lock_journal(c.journal.as_ref().unwrap()).fail_next_write = true;
+    let outcome = failing.write();
+    assert!(matches!(
+        c.positions_written(&failing, outcome),
+        Err(CoordinatorError::Journal(_))
+    ));
+    assert_eq!(c.stats().journal_commits, 1, "the job only");
+    drop(failing);
+    c.flush().unwrap();
+    assert!(c.take_positions().is_none(), "nothing left once landed");
+    drop(c);
+    assert_eq!(position_after_restart(dir.path(), job, 0), Step(4));
+}
+
+#[test]
+fn prunes_taken_by_a_write_are_done_once_it_lands_and_later_ones_wait_for_theirs() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut c = journaled(dir.path());
+    let job = c.register_job(spec(2, 0), 10).unwrap();
+    for rank in 0..2 {
+        let s = c.open_session(job, rank, 0, Step(0)).unwrap();
+        ack(&mut c, s, 0..2);
+        c.close_session(s).unwrap();
+    }
+    c.flush().unwrap();
+    // Rank 0 opens epoch 2: its epoch 0 position is dropped, and a write takes that drop.
+    let s = c.open_session(job, 0, 2, Step(0)).unwrap();
+    c.close_session(s).unwrap();
+    let first = c.take_positions().expect("a prune to write");
+    assert_eq!(first.pruned, [(job.0, 0, 0)]);
+    // Rank 1 does the same while the write is on its way.
+    let s = c.open_session(job, 1, 2, Step(0)).unwrap();
+    c.close_session(s).unwrap();
+    let outcome = first.write();
+    c.positions_written(&first, outcome).unwrap();
+    assert_eq!(c.pruned_positions, [(job.0, 1, 0)], "rank 1's drop waits");
+    let second = c.take_positions().expect("rank 1's prune to write");
+    assert_eq!(second.pruned, [(job.0, 1, 0)]);
+    let outcome = second.write();
+    c.positions_written(&second, outcome).unwrap();
+    assert!(c.pruned_positions.is_empty());
+    drop((c, first, second));
+    for rank in 0..2 {
+        let mut c = journaled(dir.path());
+        let s = c.open_session(job, rank, 0, Step(0)).unwrap();
+        assert_eq!(c.acknowledged_position(s).unwrap(), Step(0), "rank {rank}");
+    }
+}
+
+#[test]
+fn a_stall_of_the_coordinators_own_is_not_counted_against_its_workers() {
+    let t0 = Instant::now();
+    let (mut c, _, _, w) = one_session(10, 1, t0);
+    assert_eq!(c.lease(w, 1, t0).unwrap().len(), 1);
+    // Eleven seconds (past the 10 s lease timeout) of which the caller was stalled for ten.
+    c.excuse_stall(Duration::from_secs(10), at(t0, 11_000));
+    assert!(c.expire(at(t0, 11_000)).workers.is_empty());
+    assert_eq!(c.stats().leased_tasks, 1, "the lease stands");
+    // Never beyond now: a worker silent since is dropped a lease timeout after the excuse.
+    c.excuse_stall(Duration::from_secs(60), at(t0, 12_000));
+    assert!(c.expire(at(t0, 21_000)).workers.is_empty());
+    assert_eq!(c.expire(at(t0, 22_000)).workers, [w]);
 }

@@ -4,7 +4,11 @@
 //! asking a worker to open the job (`WorkerData.DescribeJob`).
 //!
 //! The core sits behind one mutex that is never held across an `.await`; every call is a few
-//! microseconds of work under it (see `stoker bench coordinator`).
+//! microseconds of work under it (see `stoker bench coordinator`). The journal's periodic
+//! write of acknowledged positions is taken under it but written outside it, on a blocking
+//! thread, so a slow or stalled disk holds up no call: workers' heartbeats and leases, and
+//! clients' acknowledgements, go on meanwhile. Only a job's registration or weight is written
+//! under it (durable before the call returns), waiting for a position write in flight.
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
@@ -139,6 +143,8 @@ struct State {
     /// Per job, the workers leased one of its tasks and when they last were (the dashboard
     /// shows who serves each job; old entries go at each refresh; empty without a dashboard).
     serving: HashMap<u64, HashMap<u64, Instant>>,
+    /// When silent workers and sessions were last looked for.
+    last_expire: Instant,
 }
 
 /// The coordinator's gRPC service; cheap to clone (shared state).
@@ -193,6 +199,7 @@ impl CoordinatorService {
                 clients: BTreeMap::new(),
                 descriptions: HashMap::new(),
                 serving: HashMap::new(),
+                last_expire: Instant::now(),
             })),
             dashboard: None,
             incarnation,
@@ -280,6 +287,8 @@ impl CoordinatorService {
         E: Into<Box<dyn std::error::Error + Send + Sync>>,
     {
         let timers = tokio::spawn(self.clone().run_timers());
+        let (stop_flushes, flushes_stopped) = tokio::sync::oneshot::channel::<()>();
+        let flushes = tokio::spawn(self.clone().run_flushes(flushes_stopped));
         let server = CoordinatorServer::new(self.clone())
             .max_decoding_message_size(MAX_MESSAGE_BYTES)
             .max_encoding_message_size(MAX_MESSAGE_BYTES);
@@ -292,27 +301,72 @@ impl CoordinatorService {
             .serve_with_incoming_shutdown(incoming, shutdown)
             .await;
         timers.abort();
-        let mut state = lock(&self.state);
-        if let Err(error) = state.core.flush() {
-            tracing::error!(%error, "coordinator could not flush its journal at shutdown");
+        // The write in flight finishes, then the last positions go, within the deadline.
+        let _ = stop_flushes.send(());
+        let last = async {
+            let _ = flushes.await;
+            self.flush_journal().await
+        };
+        match tokio::time::timeout(SHUTDOWN_FLUSH_WAIT, last).await {
+            Ok(Ok(())) => {}
+            Ok(Err(error)) => {
+                tracing::error!(%error, "coordinator could not flush its journal at shutdown; the steps acknowledged since the last write will be redone after a restart");
+            }
+            Err(_) => {
+                tracing::error!(
+                    waited = ?SHUTDOWN_FLUSH_WAIT,
+                    "the journal's disk did not take the last positions in time; the steps acknowledged since the last write will be redone after a restart"
+                );
+            }
         }
         result
     }
 
     async fn run_timers(self) {
-        let mut flush = tokio::time::interval(self.config.flush_every);
-        let mut expire = tokio::time::interval(Duration::from_millis(250));
+        let mut expire = tokio::time::interval(EXPIRE_EVERY);
         let mut refresh = tokio::time::interval(DASHBOARD_REFRESH);
         loop {
             tokio::select! {
                 _ = refresh.tick() => self.refresh_dashboard(),
-                _ = flush.tick() => {
-                    if let Err(error) = lock(&self.state).core.flush() {
-                        tracing::error!(%error, "coordinator journal flush failed");
-                    }
-                }
-                _ = expire.tick() => self.expire(Instant::now()),
+                _ = expire.tick() => self.expire(),
             }
+        }
+    }
+
+    /// Writes the acknowledged positions every `flush_every`, each write waited for before the
+    /// next is taken, until `stop` fires (a write in flight is finished first).
+    async fn run_flushes(self, mut stop: tokio::sync::oneshot::Receiver<()>) {
+        let mut flush = tokio::time::interval(self.config.flush_every);
+        // After a write that took long (a slow disk), the next one a period later, not a burst.
+        flush.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                _ = &mut stop => return,
+                _ = flush.tick() => {}
+            }
+            if let Err(error) = self.flush_journal().await {
+                tracing::error!(%error, "coordinator journal flush failed; the positions stay for the next write");
+            }
+        }
+    }
+
+    /// Writes the acknowledged positions changed since the last write: taken under the lock,
+    /// written outside it on a blocking thread, handed back under it.
+    async fn flush_journal(&self) -> Result<(), CoordinatorError> {
+        let Some(write) = lock(&self.state).core.take_positions() else {
+            return Ok(());
+        };
+        let written = tokio::task::spawn_blocking(move || {
+            let outcome = write.write();
+            (write, outcome)
+        })
+        .await;
+        match written {
+            Ok((write, outcome)) => lock(&self.state).core.positions_written(&write, outcome),
+            // The core still holds every position the write carried.
+            Err(error) => Err(CoordinatorError::Journal(Box::new(redb::Error::Io(
+                std::io::Error::other(format!("the journal write did not finish: {error}")),
+            )))),
         }
     }
 
@@ -330,8 +384,30 @@ impl CoordinatorService {
         dashboard.set_fleet(live, wanted);
     }
 
-    fn expire(&self, now: Instant) {
+    /// Drops the workers and sessions silent too long, once the coordinator's own stalls are
+    /// excused: the time since the last look beyond its period, when it is long (the lock held
+    /// by a job's registration on a slow disk, a paused machine, a starved process) was no
+    /// time for heartbeats to be taken, so it is not counted against anyone.
+    fn expire(&self) {
         let mut state = lock(&self.state);
+        // Read under the lock: a look that waited for it was not looking meanwhile.
+        let now = Instant::now();
+        let since = now.saturating_duration_since(std::mem::replace(&mut state.last_expire, now));
+        if since >= STALL_EXCUSED_AFTER {
+            let stalled = since - EXPIRE_EVERY;
+            tracing::warn!(
+                ?stalled,
+                "the coordinator could not look for silent workers and clients for a while (a slow journal disk under a registration, a paused machine, no CPU); that time is not counted against them"
+            );
+            state.core.excuse_stall(stalled, now);
+            for session in state.sessions.values_mut() {
+                session.last_seen = session
+                    .last_seen
+                    .checked_add(stalled)
+                    .map_or(now, |later| later.min(now))
+                    .max(session.last_seen);
+            }
+        }
         let report = state.core.expire(now);
         for worker in &report.workers {
             if let Some(entry) = state.workers.remove(&worker.0) {
@@ -466,6 +542,15 @@ impl CoordinatorService {
         }
     }
 }
+
+/// How long a stopping coordinator waits for its journal's last write.
+const SHUTDOWN_FLUSH_WAIT: Duration = Duration::from_secs(10);
+
+/// How often silent workers and sessions are looked for.
+const EXPIRE_EVERY: Duration = Duration::from_millis(250);
+
+/// A look for silent workers this long after the last one found the coordinator stalled.
+const STALL_EXCUSED_AFTER: Duration = Duration::from_millis(500);
 
 /// How often the dashboard's worker table is refreshed.
 const DASHBOARD_REFRESH: Duration = Duration::from_millis(500);
