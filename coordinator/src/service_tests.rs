@@ -526,14 +526,15 @@ impl Stall {
             .fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
     }
 
-    /// Waits until a write waits on the stalled disk.
-    async fn a_write_waits(&self) -> TestResult {
-        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    /// Waits until a write waits on the stalled disk, blocking the calling thread (the test's
+    /// own: the runtime's timers may stop while the coordinator's threads wait on the disk).
+    fn a_write_waits(&self) -> TestResult {
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
         while self.waiting() == 0 {
-            if tokio::time::Instant::now() >= deadline {
+            if std::time::Instant::now() >= deadline {
                 return Err("no journal write reached the stalled disk".into());
             }
-            tokio::time::sleep(Duration::from_millis(5)).await;
+            std::thread::sleep(Duration::from_millis(5));
         }
         Ok(())
     }
@@ -622,7 +623,7 @@ async fn workers_and_clients_are_answered_while_the_journals_disk_is_stalled() -
     stall.set(true);
     assert_eq!(update(&mut client, session, 2, steps(&tasks)).await?, 2);
     // The next flush (every 100 ms) takes position 2 and waits on the disk.
-    stall.a_write_waits().await?;
+    stall.a_write_waits()?;
     // For three lease timeouts the worker leases and reports, the client acknowledges and
     // grants, each answered at once.
     let mut acknowledged = 2;
@@ -674,13 +675,18 @@ async fn a_registration_held_up_by_the_journals_disk_costs_no_worker_its_place()
             })
             .await
     });
-    stall.a_write_waits().await?;
-    tokio::time::sleep(LEASE_TIMEOUT * 3).await;
+    stall.a_write_waits()?;
+    // A blocking sleep of the test's own thread: the runtime's timers stop while every one of
+    // its threads waits for the lock or the disk.
+    std::thread::sleep(LEASE_TIMEOUT * 3);
+    assert!(
+        stall.waiting() > 0,
+        "the registration's write stalled all along"
+    );
     stall.set(false);
     registration.await??;
-    // Half a lease timeout on (a look for silent workers comes every 250 ms), the worker still
-    // holds its place and its lease: the coordinator's own stall was not counted against it.
-    tokio::time::sleep(LEASE_TIMEOUT / 2).await;
+    // The look for silent workers that waited for the lock has run by now: the worker still
+    // holds its place and its lease, the coordinator's own stall not counted against it.
     report(&mut client, worker, &tasks).await?;
     completed(service, 1, 0);
     assert_eq!(service.workers().len(), 1, "the worker was not lost");

@@ -143,6 +143,10 @@ pub fn run(args: CoordinatorArgs) -> anyhow::Result<()> {
             probes.abort();
         }
         tracing::info!("coordinator stopped");
-        Ok(())
-    })
+        Ok::<_, anyhow::Error>(())
+    })?;
+    // A journal write still stuck on its disk (the service gave up on it) does not keep the
+    // process from exiting.
+    runtime.shutdown_timeout(Duration::from_secs(1));
+    Ok(())
 }

@@ -45,7 +45,7 @@ mod shares;
 mod tests;
 mod types;
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 
 /// The core's maps keyed by integers: foldhash (seeded per process, so keys a client picks
 /// cannot be aimed at collisions) instead of std's SipHash, which took about a sixth of an
@@ -187,8 +187,6 @@ fn open_entry(
 /// is told the job is unknown (and registers again), not handed another job's batches.
 const JOB_ID_RUN_BITS: u32 = 32;
 
-/// The first id of a run's job range for the random `seed`: a tag of 1 to 2^20 - 1 above the
-/// run's bits, so ids stay below 2^52 (exact as JSON numbers in the dashboard's JavaScript).
 /// The journal, once a position write in flight is done with it. A write that panicked left
 /// nothing half-done in it (a transaction not committed is dropped), so carry on with it.
 fn lock_journal(journal: &Mutex<Journal>) -> MutexGuard<'_, Journal> {
@@ -223,6 +221,8 @@ impl PositionWrite {
     }
 }
 
+/// The first id of a run's job range for the random `seed`: a tag of 1 to 2^20 - 1 above the
+/// run's bits, so ids stay below 2^52 (exact as JSON numbers in the dashboard's JavaScript).
 fn run_job_id_base(seed: u64) -> u64 {
     let tag = seed % ((1 << 20) - 1) + 1;
     tag << JOB_ID_RUN_BITS
@@ -1040,18 +1040,21 @@ impl Coordinator {
             return Ok(());
         }
         self.stats.journal_commits += 1;
-        for (key, at) in &write.positions {
-            // A position that moved since is written by a later write.
-            if self.dirty_positions.get(key) == Some(at) {
-                self.dirty_positions.remove(key);
-            }
-        }
         let done = write.pruned_upto.saturating_sub(self.pruned_written);
         let done = usize::try_from(done).map_or(self.pruned_positions.len(), |done| {
             done.min(self.pruned_positions.len())
         });
         self.pruned_positions.drain(..done);
         self.pruned_written += done as u64;
+        // A key dropped after this write was taken, then opened again, is deleted by the next
+        // write before its position is written again: that position stays to be written.
+        let pruned_since: HashSet<PositionKey> = self.pruned_positions.iter().copied().collect();
+        for (key, at) in &write.positions {
+            // A position that moved since is written by a later write.
+            if self.dirty_positions.get(key) == Some(at) && !pruned_since.contains(key) {
+                self.dirty_positions.remove(key);
+            }
+        }
         tracing::debug!(
             positions = write.positions.len(),
             pruned = write.pruned.len(),

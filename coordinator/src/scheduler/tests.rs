@@ -867,3 +867,25 @@ fn a_stall_of_the_coordinators_own_is_not_counted_against_its_workers() {
     assert!(c.expire(at(t0, 21_000)).workers.is_empty());
     assert_eq!(c.expire(at(t0, 22_000)).workers, [w]);
 }
+
+#[test]
+fn a_position_dropped_and_opened_again_while_a_write_was_on_its_way_is_written_after_the_drop() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut c = journaled(dir.path());
+    let job = c.register_job(spec(1, 0), 10).unwrap();
+    let s = c.open_session(job, 0, 0, Step(0)).unwrap();
+    ack(&mut c, s, 0..5);
+    c.close_session(s).unwrap();
+    let write = c.take_positions().expect("position 5 to write");
+    // While it is on its way: epoch 2 drops epoch 0's position, then a resume from an older
+    // checkpoint opens epoch 0 again at exactly 5.
+    let later = c.open_session(job, 0, 2, Step(0)).unwrap();
+    c.close_session(later).unwrap();
+    c.open_session_at(job, 0, 0, Step(5), true).unwrap();
+    // The write lands with the same value; the drop after it must not be the last word.
+    let outcome = write.write();
+    c.positions_written(&write, outcome).unwrap();
+    c.flush().unwrap();
+    drop((c, write));
+    assert_eq!(position_after_restart(dir.path(), job, 0), Step(5));
+}

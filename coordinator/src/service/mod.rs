@@ -315,7 +315,7 @@ impl CoordinatorService {
             Err(_) => {
                 tracing::error!(
                     waited = ?SHUTDOWN_FLUSH_WAIT,
-                    "the journal's disk did not take the last positions in time; the steps acknowledged since the last write will be redone after a restart"
+                    "the journal's disk did not take the last positions in time; they are given up (the steps acknowledged since the last write that landed will be redone after a restart)"
                 );
             }
         }
@@ -323,6 +323,8 @@ impl CoordinatorService {
     }
 
     async fn run_timers(self) {
+        // The first look counts from the start of serving, not from the service's making.
+        lock(&self.state).last_expire = Instant::now();
         let mut expire = tokio::time::interval(EXPIRE_EVERY);
         let mut refresh = tokio::time::interval(DASHBOARD_REFRESH);
         loop {
@@ -385,16 +387,17 @@ impl CoordinatorService {
     }
 
     /// Drops the workers and sessions silent too long, once the coordinator's own stalls are
-    /// excused: the time since the last look beyond its period, when it is long (the lock held
-    /// by a job's registration on a slow disk, a paused machine, a starved process) was no
-    /// time for heartbeats to be taken, so it is not counted against anyone.
+    /// excused: when the last look was long ago (the lock held by a job's registration on a
+    /// slow disk, a paused machine, a starved process), the time since was no time for
+    /// heartbeats to be taken, so it is not counted against anyone.
     fn expire(&self) {
         let mut state = lock(&self.state);
         // Read under the lock: a look that waited for it was not looking meanwhile.
         let now = Instant::now();
         let since = now.saturating_duration_since(std::mem::replace(&mut state.last_expire, now));
         if since >= STALL_EXCUSED_AFTER {
-            let stalled = since - EXPIRE_EVERY;
+            // All of it: the silence counted is what came before the last look.
+            let stalled = since;
             tracing::warn!(
                 ?stalled,
                 "the coordinator could not look for silent workers and clients for a while (a slow journal disk under a registration, a paused machine, no CPU); that time is not counted against them"
