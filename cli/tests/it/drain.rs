@@ -1,5 +1,6 @@
 //! Graceful leave with real processes: a worker stopped with SIGTERM mid-epoch turns its
-//! `/readyz` to `draining`, finishes the leases it holds, leaves the coordinator and exits 0.
+//! `/readyz` to `draining`, finishes the leases it holds, leaves the coordinator and exits 0;
+//! one whose client takes nothing still leaves within its drain timeout.
 //! The coordinator's lease timeout is a minute and the clients reopen a session only after a
 //! minute without a batch, so a drain that left a lease behind, or a stream that swallowed a
 //! batch, would hold the epoch past the bound this test sets; every sample arrives once, with
@@ -9,6 +10,8 @@
 
 use std::io::{Read, Write};
 use std::time::{Duration, Instant};
+
+use stoker_proto::v1::{OpenSessionRequest, RegisterJobRequest, SessionUpdateRequest};
 
 use crate::common::{self, Daemon};
 use crate::distributed::{assert_matches_embedded, distributed_with, http_get};
@@ -136,4 +139,96 @@ fn a_worker_stopped_with_sigterm_drains_and_the_epoch_loses_and_duplicates_nothi
         assert!(Instant::now() < deadline, "one worker left on /metrics");
         std::thread::sleep(Duration::from_millis(100));
     }
+}
+
+/// The sum of `stoker_job_leases_total` over the jobs on the coordinator's `/metrics`.
+fn leases_so_far(http: &str) -> f64 {
+    http_get(http, "/metrics")
+        .lines()
+        .filter(|line| line.starts_with("stoker_job_leases_total{"))
+        .filter_map(|line| line.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+#[test]
+fn a_worker_whose_client_takes_nothing_still_leaves_within_its_drain_timeout() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    common::make_images(&data, 64);
+    let coordinator = Daemon::coordinator_with(
+        &dir.path().join("state"),
+        "127.0.0.1:0",
+        &["--lease-timeout-ms", "60000", "--http", "127.0.0.1:0"],
+    );
+    let http = coordinator.banner_after("dashboard");
+    let log = dir.path().join("worker.log");
+    // Two tasks a lease, so four deliveries at once; each waits a minute for a client stream.
+    let mut worker = Daemon::worker_logging_to(
+        &coordinator.address,
+        dir.path(),
+        &[
+            "--lease-ahead",
+            "2",
+            "--delivery-timeout-ms",
+            "60000",
+            "--drain-timeout-ms",
+            "3000",
+            "-v",
+        ],
+        std::fs::File::create(&log).unwrap(),
+    );
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    // A client that asks for eight batches and never opens its stream.
+    runtime.block_on(async {
+        let mut client = common::coordinator_client(&coordinator.address).await;
+        let job_id = client
+            .register_job(RegisterJobRequest {
+                spec: Some(common::train_spec(&data, 4)),
+                weight: 0,
+            })
+            .await
+            .unwrap()
+            .into_inner()
+            .job_id;
+        let session = client
+            .open_session(OpenSessionRequest {
+                job_id,
+                ..OpenSessionRequest::default()
+            })
+            .await
+            .unwrap()
+            .into_inner()
+            .session;
+        client
+            .update_session(SessionUpdateRequest {
+                session,
+                grant_credits: 8,
+                ..SessionUpdateRequest::default()
+            })
+            .await
+            .unwrap();
+    });
+    // Six leased: four deliveries wait, and the lease loop waits for one of them to end.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while leases_so_far(&http) < 6.0 {
+        assert!(Instant::now() < deadline, "the worker leased six tasks");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    worker.terminate();
+    let status = worker
+        .wait_exit(Duration::from_secs(6))
+        .expect("the worker exits soon after its 3 s drain timeout");
+    assert!(status.success(), "it exits 0: {status:?}");
+    let log = std::fs::read_to_string(&log).unwrap();
+    assert!(
+        log.contains("drained: left the coordinator"),
+        "the worker left the coordinator, which takes its leases back at once: {log}"
+    );
+    assert!(
+        !log.contains("did not finish in time"),
+        "the drain finished in time: {log}"
+    );
 }

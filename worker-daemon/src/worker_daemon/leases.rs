@@ -13,7 +13,7 @@ use stoker_proto::v1::{
     Batch, FailedTask, GetJobRequest, HeartbeatRequest, LeaseRequest, LeaveRequest,
     RegisterWorkerRequest, ReportRequest, TaskLease,
 };
-use tokio::sync::{mpsc, watch, Semaphore};
+use tokio::sync::{mpsc, watch, OwnedSemaphorePermit, Semaphore};
 use tonic::{Code, Status};
 
 use stoker_rpc::error_kinds::{self, error_status};
@@ -71,13 +71,13 @@ enum Ended {
     Drained,
 }
 
+/// The drain's deadline once it has started (`None` before): by then the worker has finished,
+/// reported and left.
+pub(super) type Draining = watch::Receiver<Option<tokio::time::Instant>>;
+
 /// Register, lease, build, deliver, report; again from registration when the coordinator is
-/// lost or forgets this worker; returns once `draining` turns true and the worker has left.
-pub(super) async fn task_loop(
-    config: WorkerConfig,
-    shared: Arc<Shared>,
-    mut draining: watch::Receiver<bool>,
-) {
+/// lost or forgets this worker; returns once the drain starts and the worker has left.
+pub(super) async fn task_loop(config: WorkerConfig, shared: Arc<Shared>, mut draining: Draining) {
     let channel = match config
         .network
         .channel(&config.coordinator, &config.client_security)
@@ -92,12 +92,12 @@ pub(super) async fn task_loop(
     let mut backoff = Backoff::new(Duration::from_secs(2));
     let mut incarnation = None;
     // Sleeps `delay`, or less when the drain starts; whether it started.
-    async fn pause(draining: &mut watch::Receiver<bool>, delay: Duration) -> bool {
-        let _ = tokio::time::timeout(delay, draining.wait_for(|d| *d)).await;
-        *draining.borrow()
+    async fn pause(draining: &mut Draining, delay: Duration) -> bool {
+        let _ = tokio::time::timeout(delay, draining.wait_for(Option::is_some)).await;
+        draining.borrow().is_some()
     }
     loop {
-        if *draining.borrow() {
+        if draining.borrow().is_some() {
             // Never registered, or lost: there is nothing to hand back.
             return;
         }
@@ -138,10 +138,10 @@ pub(super) async fn task_loop(
             incarnation = Some(registered.incarnation);
         }
         tracing::info!(worker = registered.worker_id, coordinator = %config.coordinator, "registered with the coordinator");
-        if !*draining.borrow() {
+        if draining.borrow().is_none() {
             config.health.set_ready();
             // The drain may have started in between; its not-ready may have come first.
-            if *draining.borrow() {
+            if draining.borrow().is_some() {
                 config.health.set_not_ready("draining");
             }
         }
@@ -157,7 +157,7 @@ pub(super) async fn task_loop(
         match ended {
             Ended::Drained => return,
             Ended::Lost(status) => {
-                if !*draining.borrow() {
+                if draining.borrow().is_none() {
                     config
                         .health
                         .set_not_ready("not registered with the coordinator");
@@ -171,15 +171,16 @@ pub(super) async fn task_loop(
     }
 }
 
-/// Leases and builds until a call to the coordinator fails, or until `draining` turns true:
-/// then takes no more leases, finishes and reports the ones held, and leaves.
+/// Leases and builds until a call to the coordinator fails, or until the drain starts: then
+/// takes no more leases, finishes and reports the ones held, and leaves, all by the drain's
+/// deadline (a task that cannot be delivered in time is handed back).
 async fn serve_leases(
     config: &WorkerConfig,
     shared: &Arc<Shared>,
     mut client: CoordinatorClient<RpcChannel>,
     worker_id: u64,
     lease_timeout_ms: u64,
-    draining: watch::Receiver<bool>,
+    draining: Draining,
 ) -> Ended {
     let (outcomes_tx, outcomes_rx) = mpsc::unbounded_channel();
     let (lost_tx, mut lost_rx) = mpsc::channel::<Status>(4);
@@ -199,9 +200,11 @@ async fn serve_leases(
     // Deliveries in flight: each holds one finished batch.
     let most_deliveries = config.lease_ahead.max(1).saturating_mul(2);
     let deliveries = Arc::new(Semaphore::new(most_deliveries as usize));
+    // Of the drain's time, what is kept for the last report and the leave.
+    let reserve = LEAVE_RESERVE.min(config.drain_timeout / 4);
     let mut open_backoff = OpenBackoff::default();
     let status = loop {
-        if *draining.borrow() {
+        if draining.borrow().is_some() {
             break None;
         }
         if let Ok(status) = lost_rx.try_recv() {
@@ -223,9 +226,11 @@ async fn serve_leases(
         // lease was served.
         let mut only_handed_back = (!tasks.is_empty()).then_some(OpenBackoff::MOST);
         for task in tasks {
-            let permit = match deliveries.clone().acquire_owned().await {
-                Ok(permit) => permit,
-                Err(_) => break,
+            let Some(permit) = delivery_permit(&deliveries, draining.clone(), reserve).await else {
+                // The drain's time for deliveries is up: another worker does it.
+                let reason = "the worker is stopping and had no time left to deliver it";
+                let _ = outcomes_tx.send(Outcome::Failed(task.lease_id, reason.into()));
+                continue;
             };
             if let Some((wait, reason)) = open_backoff.wait(task.job_id, Instant::now()) {
                 let _ = outcomes_tx.send(Outcome::Failed(task.lease_id, reason));
@@ -302,8 +307,8 @@ async fn serve_leases(
     }
     // The drain. The heartbeats go on, so the leases held stay this worker's meanwhile.
     let started = tokio::time::Instant::now();
-    let reserve = LEAVE_RESERVE.min(config.drain_timeout / 4);
-    let finish_by = started + config.drain_timeout.saturating_sub(reserve);
+    let finish_by = deliveries_due(&draining, reserve)
+        .unwrap_or_else(|| started + config.drain_timeout.saturating_sub(reserve));
     let delivered = tokio::time::timeout_at(finish_by, deliveries.acquire_many(most_deliveries))
         .await
         .is_ok_and(|permits| permits.is_ok());
@@ -475,6 +480,43 @@ async fn job_entry(
     lock(&shared.jobs).insert(job_id, entry.clone());
     tracing::info!(job = job_id, "job opened");
     Ok(entry)
+}
+
+/// When deliveries must be done once the drain has started: its deadline less `reserve`.
+fn deliveries_due(draining: &Draining, reserve: Duration) -> Option<tokio::time::Instant> {
+    draining.borrow().map(|deadline| {
+        deadline
+            .checked_sub(reserve)
+            .unwrap_or_else(tokio::time::Instant::now)
+    })
+}
+
+/// A permit for one delivery; `None` once the drain has started and its time for deliveries is
+/// up (a wait for a permit that began before the drain is bounded by it too).
+async fn delivery_permit(
+    deliveries: &Arc<Semaphore>,
+    mut draining: Draining,
+    reserve: Duration,
+) -> Option<OwnedSemaphorePermit> {
+    let acquire = deliveries.clone().acquire_owned();
+    tokio::pin!(acquire);
+    loop {
+        if let Some(due) = deliveries_due(&draining, reserve) {
+            if tokio::time::Instant::now() >= due {
+                return None;
+            }
+            return tokio::time::timeout_at(due, acquire).await.ok()?.ok();
+        }
+        tokio::select! {
+            permit = &mut acquire => return permit.ok(),
+            changed = draining.changed() => {
+                if changed.is_err() {
+                    // No drain can start any more.
+                    return acquire.await.ok();
+                }
+            }
+        }
+    }
 }
 
 async fn heartbeat_loop(

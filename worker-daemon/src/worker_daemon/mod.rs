@@ -544,7 +544,7 @@ where
             })
             .await
     });
-    let (drain, draining) = watch::channel(false);
+    let (drain, draining) = watch::channel(None);
     let health = config.health.clone();
     let drain_timeout = config.drain_timeout;
     let mut tasks = tokio::spawn(task_loop(config, shared.clone(), draining));
@@ -560,7 +560,7 @@ where
     tracing::info!(within = ?drain_timeout, "stopping: draining the leases held");
     let deadline = tokio::time::Instant::now() + drain_timeout;
     // The signal first: a task loop that registers meanwhile sees it after its set_ready.
-    let _ = drain.send(true);
+    let _ = drain.send(Some(deadline));
     health.set_not_ready("draining");
     if tokio::time::timeout_at(deadline, &mut tasks).await.is_err() {
         tracing::warn!(waited = ?drain_timeout, "the drain did not finish in time; stopping anyway");
