@@ -223,12 +223,14 @@ fn a_worker_whose_client_takes_nothing_still_leaves_within_its_drain_timeout() {
         .expect("the worker exits soon after its 3 s drain timeout");
     assert!(status.success(), "it exits 0: {status:?}");
     let log = std::fs::read_to_string(&log).unwrap();
-    assert!(
-        log.contains("drained: left the coordinator"),
-        "the worker left the coordinator, which takes its leases back at once: {log}"
-    );
-    assert!(
-        !log.contains("did not finish in time"),
-        "the drain finished in time: {log}"
-    );
+    let left = log
+        .lines()
+        .find(|line| line.contains("drained: left the coordinator"))
+        .unwrap_or_else(|| panic!("the worker left the coordinator: {log}"));
+    // The four deliveries that waited on the client go back with the leave (the two tasks
+    // the loop had no time for were handed back before it, in the last report).
+    assert!(left.contains("returned=4"), "{left}");
+    for late in ["did not finish in time", "did not go through", "did not answer"] {
+        assert!(!log.contains(late), "the drain finished in time: {log}");
+    }
 }

@@ -13,7 +13,7 @@ use stoker_proto::v1::{
     Batch, FailedTask, GetJobRequest, HeartbeatRequest, LeaseRequest, LeaveRequest,
     RegisterWorkerRequest, ReportRequest, TaskLease,
 };
-use tokio::sync::{mpsc, watch, OwnedSemaphorePermit, Semaphore};
+use tokio::sync::{mpsc, watch, Semaphore};
 use tonic::{Code, Status};
 
 use stoker_rpc::error_kinds::{self, error_status};
@@ -70,6 +70,9 @@ enum Ended {
     /// The worker was told to stop, and left.
     Drained,
 }
+
+/// Why a task goes back untried: the drain's time for deliveries is up.
+const STOPPING: &str = "the worker is stopping and had no time left to deliver it";
 
 /// The drain's deadline once it has started (`None` before): by then the worker has finished,
 /// reported and left.
@@ -225,11 +228,13 @@ async fn serve_leases(
         // The shortest wait of the jobs whose tasks went back untried, while no task of this
         // lease was served.
         let mut only_handed_back = (!tasks.is_empty()).then_some(OpenBackoff::MOST);
+        // Once the drain's time for deliveries is up, what is left goes back to the coordinator
+        // for another worker.
+        let handed_back = |task: &TaskLease| Outcome::Failed(task.lease_id, STOPPING.into());
         for task in tasks {
-            let Some(permit) = delivery_permit(&deliveries, draining.clone(), reserve).await else {
-                // The drain's time for deliveries is up: another worker does it.
-                let reason = "the worker is stopping and had no time left to deliver it";
-                let _ = outcomes_tx.send(Outcome::Failed(task.lease_id, reason.into()));
+            let permit = deliveries.clone().acquire_owned();
+            let Some(Ok(permit)) = before_drain_due(permit, draining.clone(), reserve).await else {
+                let _ = outcomes_tx.send(handed_back(&task));
                 continue;
             };
             if let Some((wait, reason)) = open_backoff.wait(task.job_id, Instant::now()) {
@@ -238,7 +243,12 @@ async fn serve_leases(
                 continue;
             }
             only_handed_back = None;
-            let entry = match job_entry(shared, &mut client, task.job_id).await {
+            let opened = job_entry(shared, &mut client, task.job_id);
+            let Some(opened) = before_drain_due(opened, draining.clone(), reserve).await else {
+                let _ = outcomes_tx.send(handed_back(&task));
+                continue;
+            };
+            let entry = match opened {
                 Ok(entry) => {
                     open_backoff.opened(task.job_id);
                     entry
@@ -247,8 +257,9 @@ async fn serve_leases(
                 // changed since first opened) fails the same way next time: the client hears
                 // why. One that may open later (a store or disk failing) is handed back.
                 Err(Unopened::Refused(status)) => {
-                    let outcome = send_error(shared, &task, status).await;
-                    let _ = outcomes_tx.send(outcome);
+                    let sent = send_error(shared, &task, status);
+                    let outcome = before_drain_due(sent, draining.clone(), reserve).await;
+                    let _ = outcomes_tx.send(outcome.unwrap_or_else(|| handed_back(&task)));
                     continue;
                 }
                 Err(Unopened::Dataset(status) | Unopened::Coordinator(status)) => {
@@ -261,35 +272,37 @@ async fn serve_leases(
             };
             let built = {
                 let shared = shared.clone();
-                tokio::task::spawn_blocking(move || shared.build(&entry, &task)).await
+                tokio::task::spawn_blocking(move || shared.build(&entry, &task))
             };
-            let batch = match built {
-                Ok(Ok(batch)) => batch,
-                Ok(Err(error)) => {
-                    // Under the fail policy a bad sample fails the batch: the client must hear
-                    // about it, not wait for a retry that fails the same way.
-                    let status = error_status(&error);
-                    let outcome = send_error(shared, &task, status).await;
-                    let _ = outcomes_tx.send(outcome);
+            // A build still running at the deadline finishes on its own; its batch is dropped.
+            let Some(built) = before_drain_due(built, draining.clone(), reserve).await else {
+                let _ = outcomes_tx.send(handed_back(&task));
+                continue;
+            };
+            let status = match built {
+                Ok(Ok(batch)) => {
+                    // Reported while the lease loop or the drain waits for it; a delivery still
+                    // waiting when the drain gives up on it is returned by the leave instead.
+                    let (shared, outcomes) = (shared.clone(), outcomes_tx.downgrade());
+                    tokio::spawn(async move {
+                        let outcome = deliver(&shared, &task, batch).await;
+                        if let Some(outcomes) = outcomes.upgrade() {
+                            let _ = outcomes.send(outcome);
+                        }
+                        drop(permit);
+                    });
                     continue;
                 }
-                Err(panic) => {
-                    // A build is a function of the task: tried again it panics again, so the
-                    // client hears of it, as of a decode thread's panic in-process.
-                    let status =
-                        Status::internal(format!("a worker's batch build panicked: {panic}"));
-                    let outcome = send_error(shared, &task, status).await;
-                    let _ = outcomes_tx.send(outcome);
-                    continue;
-                }
+                // Under the fail policy a bad sample fails the batch: the client must hear about
+                // it, not wait for a retry that fails the same way.
+                Ok(Err(error)) => error_status(&error),
+                // A build is a function of the task: tried again it panics again, so the client
+                // hears of it, as of a decode thread's panic in-process.
+                Err(panic) => Status::internal(format!("a worker's batch build panicked: {panic}")),
             };
-            let shared = shared.clone();
-            let outcomes = outcomes_tx.clone();
-            tokio::spawn(async move {
-                let outcome = deliver(&shared, &task, batch).await;
-                let _ = outcomes.send(outcome);
-                drop(permit);
-            });
+            let sent = send_error(shared, &task, status);
+            let outcome = before_drain_due(sent, draining.clone(), reserve).await;
+            let _ = outcomes_tx.send(outcome.unwrap_or_else(|| handed_back(&task)));
         }
         if let Some(wait) = only_handed_back {
             // Nothing this worker can serve came: lease again when a job's next try is due.
@@ -305,29 +318,35 @@ async fn serve_leases(
         reporter.abort();
         return Ended::Lost(status);
     }
-    // The drain. The heartbeats go on, so the leases held stay this worker's meanwhile.
-    let started = tokio::time::Instant::now();
-    let finish_by = deliveries_due(&draining, reserve)
-        .unwrap_or_else(|| started + config.drain_timeout.saturating_sub(reserve));
-    let delivered = tokio::time::timeout_at(finish_by, deliveries.acquire_many(most_deliveries))
+    // The drain, by its deadline (the loop ends here only once it has one): the deliveries,
+    // then the last report, then the leave, each by a point of its own, the last a little
+    // before the deadline so the daemon is not cut off mid-leave. The heartbeats go on, so the
+    // leases held stay this worker's meanwhile.
+    let deadline =
+        (*draining.borrow()).unwrap_or_else(|| tokio::time::Instant::now() + config.drain_timeout);
+    let by = |left: Duration| deadline.checked_sub(left).unwrap_or(deadline);
+    let delivered = tokio::time::timeout_at(by(reserve), deliveries.acquire_many(most_deliveries))
         .await
         .is_ok_and(|permits| permits.is_ok());
     if !delivered {
         tracing::warn!("deliveries still waiting on their clients; the coordinator gets them back");
     }
-    // The outcomes are all sent once the deliveries are done: the reporter sends them and ends.
+    // The deliveries still waiting hold no sender: the reporter sends what came and ends.
     drop(outcomes_tx);
-    let reported = tokio::time::timeout(reserve / 2, reporter).await.is_ok();
+    let reported = tokio::time::timeout_at(by(reserve / 2), reporter)
+        .await
+        .is_ok();
     if !reported {
         tracing::warn!("the last report did not go through; the coordinator redoes those tasks");
     }
-    let left = tokio::time::timeout(reserve / 2, client.leave(LeaveRequest { worker_id })).await;
+    let leave = client.leave(LeaveRequest { worker_id });
+    let left = tokio::time::timeout_at(by(reserve / 8), leave).await;
     heartbeat.abort();
     match left {
         Ok(Ok(answer)) => tracing::info!(
             worker = worker_id,
             returned = answer.into_inner().requeued_tasks,
-            took = ?started.elapsed(),
+            took = ?by(config.drain_timeout).elapsed(),
             "drained: left the coordinator"
         ),
         Ok(Err(status)) => {
@@ -491,28 +510,27 @@ fn deliveries_due(draining: &Draining, reserve: Duration) -> Option<tokio::time:
     })
 }
 
-/// A permit for one delivery; `None` once the drain has started and its time for deliveries is
-/// up (a wait for a permit that began before the drain is bounded by it too).
-async fn delivery_permit(
-    deliveries: &Arc<Semaphore>,
+/// What `work` gives; `None` once the drain has started and its time for deliveries is up
+/// (`work` then not started, or dropped: a wait that began before the drain is bounded too).
+async fn before_drain_due<T>(
+    work: impl std::future::Future<Output = T>,
     mut draining: Draining,
     reserve: Duration,
-) -> Option<OwnedSemaphorePermit> {
-    let acquire = deliveries.clone().acquire_owned();
-    tokio::pin!(acquire);
+) -> Option<T> {
+    tokio::pin!(work);
     loop {
         if let Some(due) = deliveries_due(&draining, reserve) {
             if tokio::time::Instant::now() >= due {
                 return None;
             }
-            return tokio::time::timeout_at(due, acquire).await.ok()?.ok();
+            return tokio::time::timeout_at(due, work).await.ok();
         }
         tokio::select! {
-            permit = &mut acquire => return permit.ok(),
+            done = &mut work => return Some(done),
             changed = draining.changed() => {
                 if changed.is_err() {
                     // No drain can start any more.
-                    return acquire.await.ok();
+                    return Some(work.await);
                 }
             }
         }
