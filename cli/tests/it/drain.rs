@@ -230,7 +230,11 @@ fn a_worker_whose_client_takes_nothing_still_leaves_within_its_drain_timeout() {
     // The four deliveries that waited on the client go back with the leave (the two tasks
     // the loop had no time for were handed back before it, in the last report).
     assert!(left.contains("returned=4"), "{left}");
-    for late in ["did not finish in time", "did not go through", "did not answer"] {
+    for late in [
+        "did not finish in time",
+        "did not go through",
+        "did not answer",
+    ] {
         assert!(!log.contains(late), "the drain finished in time: {log}");
     }
 }
