@@ -233,7 +233,10 @@ class _Worker:
         self.layout: Layout | None = None
         self.stopping = False
         # Lane k of the loader, and of the loader of an epoch resumed on another world size,
-        # share worker k: one exchange at a time.
+        # share worker k: one exchange at a time. Whoever holds it is the only one to use,
+        # replace or close ``conn``: a pipe is not safe to close from one thread while another
+        # uses it (the descriptor's number goes to the next file opened, which the other
+        # thread would then read, write or close).
         self.lock = threading.Lock()
         self._start()
 
@@ -261,8 +264,9 @@ class _Worker:
 
     def set_layout(self, layout: Layout) -> None:
         """Sends the samples' layout (and keeps it for a replacement)."""
-        self.layout = layout
-        self.conn.send(("layout", layout))
+        with self.lock:
+            self.layout = layout
+            self.conn.send(("layout", layout))
 
     def build(
         self, epoch: int, step: int, indices: list[int], view: memoryview,
@@ -273,21 +277,27 @@ class _Worker:
         doing = batch_text(epoch, step, indices)
         message = ("build", epoch, indices, shared[3], len(view))
         with self.lock, self.log.loading(self.number, doing):
-            if not self.process.is_alive() and not self.stopping:
-                self._replace(f"it died before {doing}")
             try:
-                return self._build(shared, message, doing)
-            except _WorkerDied as died:
-                if self.stopping:
-                    raise StokerError(str(died)) from None
-                # Killed (the OOM killer, say) or crashed: a new process builds the batch
-                # again, the same bytes (samples are seeded by their index). Twice is the
-                # dataset's doing, not chance: raised.
-                self._replace(str(died))
-            try:
-                return self._build(shared, message, doing)
-            except _WorkerDied as died:
-                raise StokerError(f"{died}, as did the process started in its place") from None
+                if not self.process.is_alive() and not self.stopping:
+                    self._replace(f"it died before {doing}")
+                try:
+                    return self._build(shared, message, doing)
+                except _WorkerDied as died:
+                    if self.stopping:
+                        raise StokerError(str(died)) from None
+                    # Killed (the OOM killer, say) or crashed: a new process builds the batch
+                    # again, the same bytes (samples are seeded by their index). Twice is the
+                    # dataset's doing, not chance: raised.
+                    self._replace(str(died))
+                try:
+                    return self._build(shared, message, doing)
+                except _WorkerDied as died:
+                    raise StokerError(
+                        f"{died}, as did the process started in its place"
+                    ) from None
+            finally:
+                if self.stopping:  # asked while this exchange held the pipe
+                    self._send_stop()
 
     def _build(
         self, shared: tuple[int, int, int, int], message: tuple[Any, ...], doing: str
@@ -312,7 +322,7 @@ class _Worker:
         self.conn.close()
         self._start()
         if self.stopping:  # close() came meanwhile: this one stops too
-            self.ask_to_stop()
+            self._send_stop()
         _log.warning(
             "dataset worker process %d (exit code %s) replaced by pid %d: %s",
             self.number, exitcode, self.process.pid, why,
@@ -352,10 +362,34 @@ class _Worker:
         ) from None
 
     def ask_to_stop(self) -> None:
-        """Asks the worker to exit once its current batch is done (and not to be replaced)."""
+        """Asks the worker to exit once its current batch is done (and not to be replaced): at
+        once when no lane is in an exchange with it, else by that lane as its exchange ends."""
         self.stopping = True
+        if self.lock.acquire(blocking=False):
+            try:
+                self._send_stop()
+            finally:
+                self.lock.release()
+
+    def _send_stop(self) -> None:
+        """Sends the stop message; the caller holds ``lock``."""
         with contextlib.suppress(OSError):
             self.conn.send(None)
+
+    def _close_conn(self, wait: float) -> None:
+        """Closes the pipe once no lane is in an exchange with the worker (waiting up to
+        ``wait`` seconds; its process is dead by then, so a lane's read ends at once). A lane
+        that still holds it keeps the pipe open: one descriptor left rather than a number
+        closed under a thread that may still use it."""
+        if not self.lock.acquire(timeout=wait):
+            _log.warning(
+                "dataset worker process %d: a lane still holds its pipe; left open", self.number
+            )
+            return
+        try:
+            self.conn.close()
+        finally:
+            self.lock.release()
 
     def kill(self) -> None:
         """Kills the worker if it still runs, without waiting (a replacement is the one
@@ -364,7 +398,7 @@ class _Worker:
             if self.process.is_alive():
                 self.process.kill()
         with contextlib.suppress(OSError):
-            self.conn.close()
+            self._close_conn(0.0)
 
     def close(self, deadline: float) -> None:
         """Waits for the worker to exit until ``deadline`` (``time.monotonic()``), then kills it
@@ -377,7 +411,7 @@ class _Worker:
         if self.process is not process:
             self.process.kill()
             self.process.join(timeout=5.0)
-        self.conn.close()
+        self._close_conn(5.0)
 
 
 class ProcessBuilder:
@@ -416,7 +450,8 @@ class ProcessBuilder:
     def probe(self, timeout: float) -> Layout:
         """The layout of ``dataset[0]``, read by worker 0 and sent to every worker."""
         first = self._workers[0]
-        reply = first.call(("probe",), "reading dataset[0]", timeout)
+        with first.lock:
+            reply = first.call(("probe",), "reading dataset[0]", timeout)
         if reply[0] == "refused":
             kind = TypeError if reply[1] == "TypeError" else DatasetError
             raise kind(reply[2])
