@@ -14,6 +14,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -785,6 +786,48 @@ def test_a_close_interrupted_in_its_grace_period_still_stops_every_worker(
         time.sleep(0.05)
     assert not any(p.is_alive() for p in processes)
     assert loader._closed
+
+
+def test_close_leaves_a_workers_pipe_to_the_lane_in_an_exchange_with_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """close() while lanes wait on busy workers: it kills them, and closes each pipe only once
+    the lane using it has let go. A pipe closed under a lane frees its descriptor's number for
+    the next file opened, which that lane could then read, write or close."""
+    from multiprocessing import connection
+
+    from stoker import dataset_workers
+
+    in_exchange: set[int] = set()  # ids of the pipes a lane is using now
+    under_a_lane: list[str] = []
+    build = dataset_workers._Worker.build
+
+    def watched_build(self: Any, *args: Any) -> Any:
+        pipe = id(self.conn)
+        in_exchange.add(pipe)
+        try:
+            return build(self, *args)
+        finally:
+            in_exchange.discard(pipe)
+
+    close = connection.Connection.close
+
+    def watched_close(self: Any) -> None:
+        if id(self) in in_exchange:
+            under_a_lane.append(threading.current_thread().name)
+        close(self)
+
+    monkeypatch.setattr(dataset_workers._Worker, "build", watched_build)
+    monkeypatch.setattr(connection.Connection, "close", watched_close)
+    loader = stoker.Loader.from_dataset(
+        SlowBatches(64), batch_size=4, num_workers=2, prefetch=2, output="numpy", timeout=60
+    )
+    processes = [w.process for w in loader._builder._workers]
+    iter(loader)  # both workers start on their first batches (16 s each)
+    time.sleep(1.5)
+    loader.close()
+    assert not any(p.is_alive() for p in processes)
+    assert under_a_lane == []
 
 
 class JpegFiles:
