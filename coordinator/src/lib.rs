@@ -20,7 +20,7 @@ mod status;
 
 pub use scheduler::{
     AckOutcome, Coordinator, CoordinatorConfig, CoordinatorError, CoordinatorResult,
-    CoordinatorStats, ExpireReport, JobId, JobShareStats, Lease, LeaseId, LeaseOutcome,
-    PositionWrite, SessionId, Step, TaskKey, WorkerId, JOURNAL_FILE, MAX_JOB_WEIGHT,
+    CoordinatorStats, ExpireReport, JobId, JobShareStats, JobWrite, Lease, LeaseId, LeaseOutcome,
+    PositionWrite, SessionId, Step, TaskKey, WeightWrite, WorkerId, JOURNAL_FILE, MAX_JOB_WEIGHT,
 };
 pub use service::{ClientEntry, CoordinatorService, CoordinatorServiceConfig, WorkerEntry};

@@ -651,44 +651,116 @@ async fn workers_and_clients_are_answered_while_the_journals_disk_is_stalled() -
     Ok(())
 }
 
+/// A registration of the job of `seed` (another job than [`spec`]'s), asking for `weight`.
+async fn register_other(
+    mut client: CoordinatorClient<RpcChannel>,
+    seed: u64,
+    weight: u32,
+) -> Result<u64, Status> {
+    let mut other = spec();
+    other.seed = seed;
+    let request = RegisterJobRequest {
+        spec: Some(other),
+        weight,
+    };
+    Ok(client.register_job(request).await?.into_inner().job_id)
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_registration_held_up_by_the_journals_disk_costs_no_worker_its_place() -> TestResult {
+async fn a_registration_waiting_on_the_journals_disk_holds_up_no_other_call() -> TestResult {
     let stall = std::sync::Arc::new(Stall::default());
-    let fixture = stalling_fixture(&stall)?;
-    let (network, service) = (&fixture.network, &fixture.service);
-    let mut client = coordinator(network, None);
+    let Fixture {
+        network,
+        service,
+        state,
+        stop,
+    } = stalling_fixture(&stall)?;
+    let mut client = coordinator(&network, None);
+    let worker = register_worker(&mut client).await?;
+    let (job, session) = open(&mut client, 2).await?;
+    stall.set(true);
+    // A new job's registration is durable before it is answered: it waits on the disk, and
+    // a second rank's registration of the same job, asking for a weight, waits behind it.
+    let first = tokio::spawn(register_other(coordinator(&network, None), 2, 0));
+    stall.a_write_waits()?;
+    let second = tokio::spawn(register_other(coordinator(&network, None), 2, 3));
+    // For three lease timeouts the worker leases and reports, the client acknowledges and
+    // grants, and the job registered before is registered again, each answered at once.
+    let until = std::time::Instant::now() + LEASE_TIMEOUT * 3;
+    let mut acknowledged = 0;
+    while std::time::Instant::now() < until {
+        let tasks = promptly("a lease", lease(&mut client, worker, 4)).await?;
+        promptly("a report", report(&mut client, worker, &tasks)).await?;
+        let credits = tasks.len() as u64;
+        acknowledged = promptly(
+            "an acknowledgement",
+            update(&mut client, session, credits, steps(&tasks)),
+        )
+        .await?;
+        let again = promptly("a registration of a known job", async {
+            let request = RegisterJobRequest {
+                spec: Some(spec()),
+                weight: 0,
+            };
+            Ok(client.register_job(request).await?.into_inner().job_id)
+        })
+        .await?;
+        assert_eq!(again, job);
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(acknowledged, STEPS, "the epoch went on to its end");
+    assert!(
+        !first.is_finished() && !second.is_finished(),
+        "both wait on the disk"
+    );
+    assert_eq!(service.workers().len(), 1, "the worker was not lost");
+    stall.set(false);
+    let other = first.await??;
+    assert_eq!(second.await??, other, "one job for both ranks");
+    assert_ne!(other, job);
+    let weight = service.locked_core().job_share(crate::JobId(other)).weight;
+    assert_eq!(weight, 3, "the second rank's weight was given");
+    // Both writes landed: a restarted coordinator knows the job and its weight.
+    drop(service);
+    let (second_run, _stop) = restart(&network, state.path(), stop).await?;
+    let weight = second_run
+        .locked_core()
+        .job_share(crate::JobId(other))
+        .weight;
+    assert_eq!(weight, 3, "the weight was journaled");
+    register_worker(&mut coordinator(&network, None)).await?;
+    let again = register_other(coordinator(&network, None), 2, 0).await?;
+    assert_eq!(again, other, "the job was journaled");
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_coordinator_stalled_for_longer_than_a_lease_timeout_costs_no_worker_its_place(
+) -> TestResult {
+    let Fixture {
+        network,
+        service,
+        stop: _stop,
+        ..
+    } = fixture(Vec::new())?;
+    let mut client = coordinator(&network, None);
     let worker = register_worker(&mut client).await?;
     open(&mut client, 1).await?;
     let tasks = lease(&mut client, worker, 4).await?;
     assert_eq!(steps(&tasks), [0]);
-    stall.set(true);
-    // A job's registration is durable before it is answered, so it waits on the disk with the
-    // core's lock held: for three lease timeouts nobody is heard, the worker included.
-    let mut registering = coordinator(network, None);
-    let registration = tokio::spawn(async move {
-        let mut other = spec();
-        other.seed = 2;
-        registering
-            .register_job(RegisterJobRequest {
-                spec: Some(other),
-                weight: 0,
-            })
-            .await
-    });
-    stall.a_write_waits()?;
-    // A blocking sleep of the test's own thread: the runtime's timers stop while every one of
-    // its threads waits for the lock or the disk.
-    std::thread::sleep(LEASE_TIMEOUT * 3);
-    assert!(
-        stall.waiting() > 0,
-        "the registration's write stalled all along"
-    );
-    stall.set(false);
-    registration.await??;
-    // The look for silent workers that waited for the lock has run by now: the worker still
-    // holds its place and its lease, the coordinator's own stall not counted against it.
+    // The coordinator stopped for three lease timeouts (a paused machine, no CPU): its lock
+    // held by the test's own thread, so nobody is heard, the worker included, and the
+    // runtime's threads that want the lock wait for it (so the test's thread sleeps, not its
+    // runtime's timers).
+    {
+        let _stalled = service.locked_core();
+        std::thread::sleep(LEASE_TIMEOUT * 3);
+    }
+    // The look for silent workers that waited for the lock runs first, with the stall
+    // excused: the worker still holds its place and its lease.
+    tokio::time::sleep(Duration::from_millis(50)).await;
     report(&mut client, worker, &tasks).await?;
-    completed(service, 1, 0);
+    completed(&service, 1, 0);
     assert_eq!(service.workers().len(), 1, "the worker was not lost");
     Ok(())
 }

@@ -247,6 +247,12 @@ impl Journal {
         &mut self,
         write: impl FnOnce(&mut Self, &redb::WriteTransaction) -> CoordinatorResult<T>,
     ) -> CoordinatorResult<T> {
+        #[cfg(test)]
+        if std::mem::take(&mut self.fail_next_write) {
+            return Err(journal_error(std::io::Error::other(
+                "no space left (injected)",
+            )));
+        }
         let written = self
             .database()
             .and_then(|database| database.begin_write().map_err(journal_error))
@@ -292,12 +298,6 @@ impl Journal {
         positions: impl Iterator<Item = (PositionKey, u64)>,
         pruned: &[PositionKey],
     ) -> CoordinatorResult<()> {
-        #[cfg(test)]
-        if std::mem::take(&mut self.fail_next_write) {
-            return Err(journal_error(std::io::Error::other(
-                "no space left (injected)",
-            )));
-        }
         // Deletions first: a key both pruned and written was opened again after its prune,
         // and replay applies records in order, so its new position must come last.
         let mut records = Vec::new();

@@ -45,7 +45,7 @@ mod shares;
 mod tests;
 mod types;
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 
 /// The core's maps keyed by integers: foldhash (seeded per process, so keys a client picks
 /// cannot be aimed at collisions) instead of std's SipHash, which took about a sixth of an
@@ -108,6 +108,8 @@ pub struct Coordinator {
     journal: Option<Arc<Mutex<Journal>>>,
     journal_path: Option<PathBuf>,
     jobs: BTreeMap<JobId, Job>,
+    /// Ids given to [`JobWrite`]s not yet handed back (no other registration takes them).
+    jobs_being_written: BTreeSet<JobId>,
     /// The first job id of this run's range ([`JOB_ID_RUN_BITS`]).
     job_id_base: u64,
     workers: Vec<Worker>,
@@ -221,6 +223,62 @@ impl PositionWrite {
     }
 }
 
+/// A job registration taken from the core by [`Coordinator::job_write`], journaled by
+/// [`JobWrite::write`] without the core, then handed back with [`Coordinator::job_written`].
+pub struct JobWrite {
+    journal: Option<Arc<Mutex<Journal>>>,
+    id: JobId,
+    steps_per_epoch: u64,
+    spec: JobSpec,
+    encoded: Vec<u8>,
+}
+
+impl JobWrite {
+    /// The id the job will have once registered.
+    pub fn id(&self) -> JobId {
+        self.id
+    }
+
+    /// Writes the job durably (nothing to write without a journal). Waits for another write in
+    /// flight to finish with the journal first.
+    pub fn write(&self) -> CoordinatorResult<()> {
+        match &self.journal {
+            Some(journal) => {
+                lock_journal(journal).put_job(self.id.0, self.steps_per_epoch, &self.encoded)
+            }
+            None => Ok(()),
+        }
+    }
+}
+
+/// A change of a job's weight taken by [`Coordinator::weight_write`], journaled by
+/// [`WeightWrite::write`] without the core, then handed back with
+/// [`Coordinator::weight_written`].
+pub struct WeightWrite {
+    /// `None` without a journal or when the weight does not change.
+    journal: Option<Arc<Mutex<Journal>>>,
+    changes: bool,
+    job: JobId,
+    requested: u32,
+    weight: u32,
+}
+
+impl WeightWrite {
+    /// Writes the weight durably when it changes. Waits for another write in flight to
+    /// finish with the journal first.
+    pub fn write(&self) -> CoordinatorResult<()> {
+        match &self.journal {
+            Some(journal) => lock_journal(journal).put_weight(self.job.0, self.weight),
+            None => Ok(()),
+        }
+    }
+
+    /// Whether the job's weight changes (else there is nothing to write).
+    pub fn changes(&self) -> bool {
+        self.changes
+    }
+}
+
 /// The first id of a run's job range for the random `seed`: a tag of 1 to 2^20 - 1 above the
 /// run's bits, so ids stay below 2^52 (exact as JSON numbers in the dashboard's JavaScript).
 fn run_job_id_base(seed: u64) -> u64 {
@@ -237,6 +295,7 @@ impl Coordinator {
             journal: None,
             journal_path: None,
             jobs: BTreeMap::new(),
+            jobs_being_written: BTreeSet::new(),
             job_id_base: 0,
             workers: Vec::new(),
             sessions: FastMap::default(),
@@ -308,30 +367,80 @@ impl Coordinator {
         self.journal_path.clone()
     }
 
-    /// Registers a job whose ranks each run `steps_per_epoch` steps; durable on return.
+    /// Registers a job whose ranks each run `steps_per_epoch` steps; durable on return. The
+    /// journal is written under `&mut self`; a service that must not wait on its disk uses
+    /// [`job_write`](Self::job_write) instead.
     pub fn register_job(
         &mut self,
         spec: JobSpec,
         steps_per_epoch: u64,
     ) -> CoordinatorResult<JobId> {
+        let write = self.job_write(spec, steps_per_epoch)?;
+        let outcome = write.write();
+        self.job_written(write, outcome)
+    }
+
+    /// Takes the next job id for a job whose ranks each run `steps_per_epoch` steps, to be
+    /// journaled outside the core ([`JobWrite::write`]) and handed back with
+    /// [`job_written`](Self::job_written), which registers it: until then nobody sees the job,
+    /// and no other registration is given its id.
+    pub fn job_write(
+        &mut self,
+        spec: JobSpec,
+        steps_per_epoch: u64,
+    ) -> CoordinatorResult<JobWrite> {
         if steps_per_epoch == 0 {
             return Err(CoordinatorError::InvalidArgument(
                 "steps_per_epoch must be at least 1".into(),
             ));
         }
-        let range = self.job_id_base..self.job_id_base + (1 << JOB_ID_RUN_BITS);
-        let last = self
+        let range = JobId(self.job_id_base)..JobId(self.job_id_base + (1 << JOB_ID_RUN_BITS));
+        let last_registered = self
             .jobs
-            .range(JobId(range.start)..JobId(range.end))
-            .next_back();
-        let id = JobId(last.map_or(range.start, |(last, _)| last.0 + 1));
-        if id.0 >= range.end {
+            .range(range.clone())
+            .next_back()
+            .map(|(id, _)| *id);
+        let last_taken = self
+            .jobs_being_written
+            .range(range.clone())
+            .next_back()
+            .copied();
+        let id = last_registered
+            .max(last_taken)
+            .map_or(range.start, |last| JobId(last.0 + 1));
+        if id >= range.end {
             return Err(CoordinatorError::InvalidArgument(
                 "this coordinator run has registered 2^32 jobs; restart it".into(),
             ));
         }
-        if let Some(journal) = &self.journal {
-            lock_journal(journal).put_job(id.0, steps_per_epoch, &spec.encode_to_vec())?;
+        self.jobs_being_written.insert(id);
+        Ok(JobWrite {
+            journal: self.journal.clone(),
+            id,
+            steps_per_epoch,
+            encoded: spec.encode_to_vec(),
+            spec,
+        })
+    }
+
+    /// Takes back `write` after [`JobWrite::write`] gave `outcome`: once it landed the job is
+    /// registered and its id returned; otherwise its id is let go and the write's error
+    /// returned.
+    pub fn job_written(
+        &mut self,
+        write: JobWrite,
+        outcome: CoordinatorResult<()>,
+    ) -> CoordinatorResult<JobId> {
+        let JobWrite {
+            journal,
+            id,
+            steps_per_epoch,
+            spec,
+            ..
+        } = write;
+        self.jobs_being_written.remove(&id);
+        outcome?;
+        if journal.is_some() {
             self.stats.journal_commits += 1;
         }
         tracing::info!(
@@ -356,22 +465,64 @@ impl Coordinator {
     }
 
     /// Sets `job`'s share of the workers to the `requested` weight, capped by
-    /// [`CoordinatorConfig::max_job_weight`] (0 counts as 1); journaled when it changes.
-    /// Returns the weight given.
+    /// [`CoordinatorConfig::max_job_weight`] (0 counts as 1); journaled when it changes, under
+    /// `&mut self` (a service uses [`weight_write`](Self::weight_write)). Returns the weight
+    /// given.
     pub fn set_job_weight(&mut self, job: JobId, requested: u32) -> CoordinatorResult<u32> {
+        let write = self.weight_write(job, requested)?;
+        let outcome = write.write();
+        self.weight_written(&write, outcome)
+    }
+
+    /// What setting `job`'s weight to `requested` (as [`set_job_weight`](Self::set_job_weight))
+    /// writes to the journal, to be written outside the core ([`WeightWrite::write`]: nothing
+    /// when the weight does not change) and handed back with
+    /// [`weight_written`](Self::weight_written), which gives the job its weight. Two changes of
+    /// one job's weight must be written and handed back in the order they were taken.
+    pub fn weight_write(&self, job: JobId, requested: u32) -> CoordinatorResult<WeightWrite> {
         if !self.jobs.contains_key(&job) {
             return Err(CoordinatorError::UnknownJob(job));
         }
         let weight = requested.clamp(1, self.weight_cap());
-        if self.job_share(job).weight != weight {
-            if let Some(journal) = &self.journal {
-                lock_journal(journal).put_weight(job.0, weight)?;
-                self.stats.journal_commits += 1;
-            }
-            tracing::info!(job = job.0, requested, weight, "job weight set");
+        let journal = if self.job_share(job).weight == weight {
+            None
+        } else {
+            self.journal.clone()
+        };
+        Ok(WeightWrite {
+            journal,
+            changes: self.job_share(job).weight != weight,
+            job,
+            requested,
+            weight,
+        })
+    }
+
+    /// Takes back `write` after [`WeightWrite::write`] gave `outcome`: once it landed the job
+    /// has its weight, which is returned; otherwise the weight is unchanged and the write's
+    /// error returned.
+    pub fn weight_written(
+        &mut self,
+        write: &WeightWrite,
+        outcome: CoordinatorResult<()>,
+    ) -> CoordinatorResult<u32> {
+        outcome?;
+        if !self.jobs.contains_key(&write.job) {
+            return Err(CoordinatorError::UnknownJob(write.job));
         }
-        self.ready.set_weight(job.0, weight);
-        Ok(weight)
+        if write.journal.is_some() {
+            self.stats.journal_commits += 1;
+        }
+        if write.changes {
+            tracing::info!(
+                job = write.job.0,
+                requested = write.requested,
+                weight = write.weight,
+                "job weight set"
+            );
+        }
+        self.ready.set_weight(write.job.0, write.weight);
+        Ok(write.weight)
     }
 
     /// `job`'s weight, leases so far and sessions waiting now.

@@ -889,3 +889,66 @@ fn a_position_dropped_and_opened_again_while_a_write_was_on_its_way_is_written_a
     drop((c, write));
     assert_eq!(position_after_restart(dir.path(), job, 0), Step(5));
 }
+
+#[test]
+fn a_job_being_written_is_seen_by_nobody_and_its_id_given_to_no_other_registration() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut c = journaled(dir.path());
+    let first = c.job_write(spec(1, 1), 10).unwrap();
+    let second = c.job_write(spec(1, 2), 10).unwrap();
+    assert_ne!(first.id(), second.id(), "each write has an id of its own");
+    assert!(matches!(
+        c.job_spec(first.id()),
+        Err(CoordinatorError::UnknownJob(_))
+    ));
+    assert_eq!(
+        c.jobs().count(),
+        0,
+        "nothing registered before its write lands"
+    );
+    // The second lands first; the first fails, and its id is let go with nothing registered.
+    let outcome = second.write();
+    let second_id = c.job_written(second, outcome).unwrap();
+    lock_journal(c.journal.as_ref().unwrap()).fail_next_write = true;
+    let (first_id, outcome) = (first.id(), first.write());
+    assert!(matches!(
+        c.job_written(first, outcome),
+        Err(CoordinatorError::Journal(_))
+    ));
+    assert!(
+        c.job_spec(first_id).is_err(),
+        "the failed job is not registered"
+    );
+    assert_eq!(c.steps_per_epoch(second_id).unwrap(), 10);
+    assert_eq!(c.stats().journal_commits, 1, "the job that landed only");
+    drop(c);
+    let c = journaled(dir.path());
+    let ids: Vec<JobId> = c.jobs().map(|(id, _, _)| id).collect();
+    assert_eq!(ids, [second_id], "the journal holds the job that landed");
+}
+
+#[test]
+fn a_weight_is_given_once_its_write_lands_and_kept_when_it_fails() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut c = journaled(dir.path());
+    let job = c.register_job(spec(1, 0), 10).unwrap();
+    let write = c.weight_write(job, 3).unwrap();
+    assert!(write.changes());
+    assert_eq!(c.job_share(job).weight, 1, "not before the write lands");
+    lock_journal(c.journal.as_ref().unwrap()).fail_next_write = true;
+    let outcome = write.write();
+    assert!(c.weight_written(&write, outcome).is_err());
+    assert_eq!(c.job_share(job).weight, 1, "a failed write gives nothing");
+    // A write holds the journal until dropped.
+    drop(write);
+    let write = c.weight_write(job, 3).unwrap();
+    let outcome = write.write();
+    assert_eq!(c.weight_written(&write, outcome).unwrap(), 3);
+    assert_eq!(c.job_share(job).weight, 3);
+    assert!(
+        !c.weight_write(job, 3).unwrap().changes(),
+        "nothing to write"
+    );
+    drop((write, c));
+    assert_eq!(journaled(dir.path()).job_share(job).weight, 3, "journaled");
+}

@@ -17,22 +17,12 @@ use stoker_proto::v1::{
 use stoker_rpc::transport;
 use tonic::{Request, Response, Status};
 
-use super::{job_key, lock, ClientEntry, CoordinatorService, SessionEntry, State, WorkerEntry};
+use super::{job_key, jobs_of, lock, ClientEntry, CoordinatorService, SessionEntry, WorkerEntry};
 use crate::client_reports::{client_snapshot, job_name};
 use crate::requests::validate_spec;
 use crate::status::coordinator_status;
-use crate::{Coordinator, CoordinatorError, JobId, Lease, LeaseId, SessionId, Step};
+use crate::{CoordinatorError, JobId, Lease, LeaseId, SessionId, Step};
 use stoker_loader::LoaderMonitor;
-
-/// A registration's weight, when it asks for one (0 leaves the job's as it is).
-/// A registration's weight, when it asks for one (0 leaves the job's as it is).
-fn set_weight(core: &mut Coordinator, job: JobId, weight: u32) -> Result<(), Status> {
-    if weight > 0 {
-        core.set_job_weight(job, weight)
-            .map_err(coordinator_status)?;
-    }
-    Ok(())
-}
 
 fn task_lease(lease: &Lease, incarnation: u64) -> TaskLease {
     TaskLease {
@@ -254,16 +244,6 @@ impl coordinator_server::Coordinator for CoordinatorService {
         let spec = spec.ok_or_else(|| Status::invalid_argument("job spec is missing"))?;
         validate_spec(&spec)?;
         let spec = job_key(spec);
-        // The jobs of this spec, with their steps per epoch: more than one when its dataset
-        // changed across a restart (the journal keeps the job as it was registered).
-        let known = |state: &State| -> Vec<(JobId, u64)> {
-            state
-                .core
-                .jobs()
-                .filter(|(_, known, _)| **known == spec)
-                .map(|(id, _, steps)| (id, steps))
-                .collect()
-        };
         let answer = |id: JobId, described: &proto::DescribeJobResponse| {
             Response::new(RegisterJobResponse {
                 job_id: id.0,
@@ -274,47 +254,42 @@ impl coordinator_server::Coordinator for CoordinatorService {
                 dataset_fingerprint: described.dataset_fingerprint.clone(),
             })
         };
-        {
-            let mut state = lock(&self.state);
-            let described = known(&state)
+        // A job registered and described in this run, its weight as asked: answered at once.
+        let known = {
+            let state = lock(&self.state);
+            let described = jobs_of(&state.core, &spec)
                 .into_iter()
                 .find_map(|(id, _)| Some((id, state.descriptions.get(&id.0)?.clone())));
-            if let Some((id, described)) = described {
-                set_weight(&mut state.core, id, weight)?;
-                return Ok(answer(id, &described));
-            }
-        }
-        let described = self.describe(&spec).await?;
-        let mut state = lock(&self.state);
-        // Another rank may have registered the same job while this one was being checked (or
-        // the journal had it from before a restart). A journaled job of another step count was
-        // registered over another dataset than the workers see now: served as it was, its
-        // clients would wait for steps the core never leases, so the job is registered anew.
-        let jobs = known(&state);
-        let id = match jobs
-            .iter()
-            .find(|(_, steps)| *steps == described.steps_per_epoch)
-        {
-            Some((id, _)) => *id,
-            None => {
-                let id = state
-                    .core
-                    .register_job(spec, described.steps_per_epoch)
-                    .map_err(coordinator_status)?;
-                if let Some((before, steps)) = jobs.first() {
-                    tracing::warn!(
-                        job = id.0,
-                        earlier = before.0,
-                        steps_before = steps,
-                        steps_now = described.steps_per_epoch,
-                        "the job's dataset changed since it was registered: registered anew"
-                    );
+            match described {
+                Some((id, described)) => {
+                    let changes = weight > 0
+                        && state
+                            .core
+                            .weight_write(id, weight)
+                            .map_err(coordinator_status)?
+                            .changes();
+                    if !changes {
+                        return Ok(answer(id, &described));
+                    }
+                    Some(described)
                 }
-                id
+                None => None,
             }
         };
-        set_weight(&mut state.core, id, weight)?;
-        state.descriptions.insert(id.0, described.clone());
+        let described = match known {
+            Some(described) => described,
+            None => self.describe(&spec).await?,
+        };
+        // On a task of its own, so a client that hangs up mid-write does not leave the write
+        // half handed back.
+        let id = tokio::spawn(
+            self.clone()
+                .register_described(spec, described.clone(), weight),
+        )
+        .await
+        .map_err(|error| {
+            Status::internal(format!("the job's registration did not finish: {error}"))
+        })??;
         Ok(answer(id, &described))
     }
 

@@ -4,11 +4,11 @@
 //! asking a worker to open the job (`WorkerData.DescribeJob`).
 //!
 //! The core sits behind one mutex that is never held across an `.await`; every call is a few
-//! microseconds of work under it (see `stoker bench coordinator`). The journal's periodic
-//! write of acknowledged positions is taken under it but written outside it, on a blocking
-//! thread, so a slow or stalled disk holds up no call: workers' heartbeats and leases, and
-//! clients' acknowledgements, go on meanwhile. Only a job's registration or weight is written
-//! under it (durable before the call returns), waiting for a position write in flight.
+//! microseconds of work under it (see `stoker bench coordinator`). The journal's writes (the
+//! periodic write of acknowledged positions, a job's registration, a weight) are taken under
+//! it but written outside it, on a blocking thread, so a slow or stalled disk holds up no
+//! call but a registration (durable before it is answered): workers' heartbeats and leases,
+//! and clients' acknowledgements, go on meanwhile.
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
@@ -31,7 +31,11 @@ use tonic::Status;
 mod calls;
 
 use crate::dashboard_feed::{fleet, job_shares, serving_workers, worker_loads, LastRefresh};
-use crate::{Coordinator, CoordinatorConfig, CoordinatorError, SessionId, WorkerId};
+use crate::status::coordinator_status;
+use crate::{
+    Coordinator, CoordinatorConfig, CoordinatorError, JobId, JobWrite, SessionId, WeightWrite,
+    WorkerId,
+};
 use stoker_loader::{Dashboard, MonitorSnapshot};
 
 /// Tuning of the coordinator daemon.
@@ -154,6 +158,9 @@ pub struct CoordinatorService {
     dashboard: Option<Arc<Dashboard>>,
     incarnation: u64,
     work: Arc<Notify>,
+    /// Held while a job's registration or weight is journaled (outside the state's lock), so
+    /// they are written in turn and two ranks registering one job agree on its id.
+    registrations: Arc<tokio::sync::Mutex<()>>,
     config: Arc<CoordinatorServiceConfig>,
 }
 
@@ -169,6 +176,29 @@ fn lock(state: &Mutex<State>) -> MutexGuard<'_, State> {
 fn job_key(mut spec: JobSpec) -> JobSpec {
     spec.rank = 0;
     spec
+}
+
+/// The jobs of `spec` (keyed by [`job_key`]), with their steps per epoch: more than one when
+/// its dataset changed across a restart (the journal keeps the job as it was registered).
+fn jobs_of(core: &Coordinator, spec: &JobSpec) -> Vec<(JobId, u64)> {
+    core.jobs()
+        .filter(|(_, known, _)| *known == spec)
+        .map(|(id, _, steps)| (id, steps))
+        .collect()
+}
+
+/// Runs a journal write on a blocking thread, so a slow disk holds up no call; the write comes
+/// back with its outcome.
+async fn write_off_the_lock<W: Send + 'static>(
+    write: W,
+    run: fn(&W) -> Result<(), CoordinatorError>,
+) -> Result<(W, Result<(), CoordinatorError>), Status> {
+    tokio::task::spawn_blocking(move || {
+        let outcome = run(&write);
+        (write, outcome)
+    })
+    .await
+    .map_err(|error| Status::internal(format!("a journal write did not finish: {error}")))
 }
 
 impl CoordinatorService {
@@ -204,6 +234,7 @@ impl CoordinatorService {
             dashboard: None,
             incarnation,
             work: Arc::new(Notify::new()),
+            registrations: Arc::new(tokio::sync::Mutex::new(())),
             config: Arc::new(config),
         }
     }
@@ -263,6 +294,25 @@ impl CoordinatorService {
     /// The core's counters.
     pub fn core_stats(&self) -> crate::CoordinatorStats {
         lock(&self.state).core.stats()
+    }
+
+    /// The core under the service's lock, held as long as the guard lives (tests stall the
+    /// coordinator with it).
+    #[cfg(test)]
+    pub(crate) fn locked_core(&self) -> impl std::ops::DerefMut<Target = Coordinator> + '_ {
+        struct Core<'a>(MutexGuard<'a, State>);
+        impl std::ops::Deref for Core<'_> {
+            type Target = Coordinator;
+            fn deref(&self) -> &Coordinator {
+                &self.0.core
+            }
+        }
+        impl std::ops::DerefMut for Core<'_> {
+            fn deref_mut(&mut self) -> &mut Coordinator {
+                &mut self.0.core
+            }
+        }
+        Core(lock(&self.state))
     }
 
     /// Serves on `listener` until `shutdown` resolves, with the expiry and flush timers.
@@ -372,6 +422,79 @@ impl CoordinatorService {
         }
     }
 
+    /// Registers the job of `spec`, which a worker `described`, unless one of its step count
+    /// is registered already, and sets its `weight` (0 leaves it): each journaled outside the
+    /// state's lock, one registration at a time. Returns the job's id.
+    async fn register_described(
+        self,
+        spec: JobSpec,
+        described: proto::DescribeJobResponse,
+        weight: u32,
+    ) -> Result<JobId, Status> {
+        let _in_turn = self.registrations.lock().await;
+        let steps = described.steps_per_epoch;
+        let (registered, write, earlier) = {
+            let mut state = lock(&self.state);
+            // Another rank may have registered the job while this one was being checked (or
+            // the journal had it from before a restart). A journaled job of another step count
+            // was registered over another dataset than the workers see now: served as it was,
+            // its clients would wait for steps the core never leases, so it is registered anew.
+            let jobs = jobs_of(&state.core, &spec);
+            match jobs.iter().find(|(_, known)| *known == steps) {
+                Some((id, _)) => {
+                    state.descriptions.insert(id.0, described.clone());
+                    (Some(*id), None, None)
+                }
+                None => {
+                    let write = state
+                        .core
+                        .job_write(spec, steps)
+                        .map_err(coordinator_status)?;
+                    (None, Some(write), jobs.first().copied())
+                }
+            }
+        };
+        let id = match (registered, write) {
+            (Some(id), _) => id,
+            (None, Some(write)) => {
+                let (write, outcome) = write_off_the_lock(write, JobWrite::write).await?;
+                let mut state = lock(&self.state);
+                let id = state
+                    .core
+                    .job_written(write, outcome)
+                    .map_err(coordinator_status)?;
+                state.descriptions.insert(id.0, described);
+                if let Some((before, steps_before)) = earlier {
+                    tracing::warn!(
+                        job = id.0,
+                        earlier = before.0,
+                        steps_before,
+                        steps_now = steps,
+                        "the job's dataset changed since it was registered: registered anew"
+                    );
+                }
+                id
+            }
+            (None, None) => return Err(Status::internal("a registration with no job")),
+        };
+        if weight > 0 {
+            let write = lock(&self.state)
+                .core
+                .weight_write(id, weight)
+                .map_err(coordinator_status)?;
+            let (write, outcome) = if write.changes() {
+                write_off_the_lock(write, WeightWrite::write).await?
+            } else {
+                (write, Ok(()))
+            };
+            lock(&self.state)
+                .core
+                .weight_written(&write, outcome)
+                .map_err(coordinator_status)?;
+        }
+        Ok(id)
+    }
+
     fn refresh_dashboard(&self) {
         let Some(dashboard) = &self.dashboard else {
             return;
@@ -387,9 +510,8 @@ impl CoordinatorService {
     }
 
     /// Drops the workers and sessions silent too long, once the coordinator's own stalls are
-    /// excused: when the last look was long ago (the lock held by a job's registration on a
-    /// slow disk, a paused machine, a starved process), the time since was no time for
-    /// heartbeats to be taken, so it is not counted against anyone.
+    /// excused: when the last look was long ago (a paused machine, a starved process), the time
+    /// since was no time for heartbeats to be taken, so it is not counted against anyone.
     fn expire(&self) {
         let mut state = lock(&self.state);
         // Read under the lock: a look that waited for it was not looking meanwhile.
@@ -400,7 +522,7 @@ impl CoordinatorService {
             let stalled = since;
             tracing::warn!(
                 ?stalled,
-                "the coordinator could not look for silent workers and clients for a while (a slow journal disk under a registration, a paused machine, no CPU); that time is not counted against them"
+                "the coordinator could not look for silent workers and clients for a while (a paused machine, no CPU); that time is not counted against them"
             );
             state.core.excuse_stall(stalled, now);
             for session in state.sessions.values_mut() {
