@@ -777,7 +777,7 @@ def test_a_close_interrupted_in_its_grace_period_still_stops_every_worker(
     def interrupted(self: object, deadline: float) -> None:
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(dataset_workers._Worker, "close", interrupted)
+    monkeypatch.setattr(dataset_workers._Worker, "end", interrupted)
     with pytest.raises(KeyboardInterrupt):
         loader.close()
     monkeypatch.undo()
@@ -798,36 +798,64 @@ def test_close_leaves_a_workers_pipe_to_the_lane_in_an_exchange_with_it(
 
     from stoker import dataset_workers
 
-    in_exchange: set[int] = set()  # ids of the pipes a lane is using now
     under_a_lane: list[str] = []
-    build = dataset_workers._Worker.build
+    workers: list[Any] = []
 
-    def watched_build(self: Any, *args: Any) -> Any:
-        pipe = id(self.conn)
-        in_exchange.add(pipe)
-        try:
-            return build(self, *args)
-        finally:
-            in_exchange.discard(pipe)
+    class WatchedLock:
+        """A worker's lock that knows which thread holds it."""
+
+        def __init__(self) -> None:
+            self.lock = threading.Lock()
+            self.owner: int | None = None
+
+        def acquire(self, blocking: bool = True, timeout: float = -1) -> bool:
+            got = self.lock.acquire(blocking, timeout)
+            if got:
+                self.owner = threading.get_ident()
+            return got
+
+        def release(self) -> None:
+            self.owner = None
+            self.lock.release()
+
+        def __enter__(self) -> bool:
+            return self.acquire()
+
+        def __exit__(self, *_: object) -> None:
+            self.release()
 
     close = connection.Connection.close
 
     def watched_close(self: Any) -> None:
-        if id(self) in in_exchange:
-            under_a_lane.append(threading.current_thread().name)
+        for worker in workers:
+            owner = worker.lock.owner
+            if worker.conn is self and owner not in (None, threading.get_ident()):
+                under_a_lane.append(threading.current_thread().name)
         close(self)
 
-    monkeypatch.setattr(dataset_workers._Worker, "build", watched_build)
+    died = dataset_workers._Worker._died
+
+    def slow_to_let_go(self: Any, doing: str) -> Any:
+        # A lane that takes its time once its worker is gone: a close that does not wait for
+        # it closes the pipe under it every time, not only when the threads interleave so.
+        time.sleep(0.3)
+        return died(self, doing)
+
     monkeypatch.setattr(connection.Connection, "close", watched_close)
+    monkeypatch.setattr(dataset_workers._Worker, "_died", slow_to_let_go)
     loader = stoker.Loader.from_dataset(
         SlowBatches(64), batch_size=4, num_workers=2, prefetch=2, output="numpy", timeout=60
     )
-    processes = [w.process for w in loader._builder._workers]
+    workers.extend(loader._builder._workers)
+    for worker in workers:
+        worker.lock = WatchedLock()
+    processes = [w.process for w in workers]
     iter(loader)  # both workers start on their first batches (16 s each)
     time.sleep(1.5)
     loader.close()
     assert not any(p.is_alive() for p in processes)
     assert under_a_lane == []
+    assert all(w.conn.closed for w in workers), "every pipe closed once its lane let go"
 
 
 class JpegFiles:

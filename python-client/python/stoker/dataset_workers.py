@@ -38,6 +38,9 @@ _CLOSE_GRACE_S = 5.0
 # Every worker process started, so that a child forked from this process forgets them.
 _STARTED: weakref.WeakSet[Any] = weakref.WeakSet()
 
+# Held while a worker process is started, until the parent closes the child's end of its pipe.
+_STARTING = threading.Lock()
+
 
 def _forget_workers_in_child() -> None:
     """In a child made by ``fork()``: drops the parent's worker processes from multiprocessing's
@@ -243,19 +246,22 @@ class _Worker:
     def _start(self) -> None:
         """Starts the process (and sends it the layout, once known); the slot mapping goes
         with its first batch."""
-        parent, child = self.context.Pipe()
-        process = self.context.Process(
-            target=_worker_main,
-            args=(child, self.state, self.dumps, os.getpid()),
-            name=f"stoker-dataset-worker-{self.number}",
-            daemon=True,
-        )
-        # Listed before it starts: a fork by another thread meanwhile must not leave it on the
-        # child's list of processes to end.
-        _STARTED.add(process)
-        with _main_not_rerun(self.context):
-            process.start()
-        child.close()
+        # One start at a time: a worker forked by another lane meanwhile would inherit this
+        # one's end of the pipe and keep it open, so this lane would not see its worker die.
+        with _STARTING:
+            parent, child = self.context.Pipe()
+            process = self.context.Process(
+                target=_worker_main,
+                args=(child, self.state, self.dumps, os.getpid()),
+                name=f"stoker-dataset-worker-{self.number}",
+                daemon=True,
+            )
+            # Listed before it starts: a fork by another thread meanwhile must not leave it on
+            # the child's list of processes to end.
+            _STARTED.add(process)
+            with _main_not_rerun(self.context):
+                process.start()
+            child.close()
         # Started before it is seen: close() may join it from another thread.
         self.process, self.conn = process, parent
         self.arena: int | None = None
@@ -276,8 +282,8 @@ class _Worker:
             raise StokerError("process mode needs the loader's slots in shared memory")
         doing = batch_text(epoch, step, indices)
         message = ("build", epoch, indices, shared[3], len(view))
-        with self.lock, self.log.loading(self.number, doing):
-            try:
+        try:
+            with self.lock, self.log.loading(self.number, doing):
                 if not self.process.is_alive() and not self.stopping:
                     self._replace(f"it died before {doing}")
                 try:
@@ -295,9 +301,12 @@ class _Worker:
                     raise StokerError(
                         f"{died}, as did the process started in its place"
                     ) from None
-            finally:
-                if self.stopping:  # asked while this exchange held the pipe
-                    self._send_stop()
+        finally:
+            # A stop asked while this exchange held the pipe is sent now: ask_to_stop marks
+            # the worker stopping before it tries the lock, so either it got the lock or this
+            # sees the mark (or a lane that took the lock since sends it as it lets go).
+            if self.stopping:
+                self.ask_to_stop()
 
     def _build(
         self, shared: tuple[int, int, int, int], message: tuple[Any, ...], doing: str
@@ -376,17 +385,24 @@ class _Worker:
         with contextlib.suppress(OSError):
             self.conn.send(None)
 
-    def _close_conn(self, wait: float) -> None:
+    def _close_conn(self, wait: float, joined: Any = None) -> None:
         """Closes the pipe once no lane is in an exchange with the worker (waiting up to
         ``wait`` seconds; its process is dead by then, so a lane's read ends at once). A lane
         that still holds it keeps the pipe open: one descriptor left rather than a number
-        closed under a thread that may still use it."""
+        closed under a thread that may still use it. A process a lane started after
+        ``joined`` was ended (a replacement that raced close()) is killed and joined first."""
+        if self.conn.closed:
+            return
         if not self.lock.acquire(timeout=wait):
             _log.warning(
                 "dataset worker process %d: a lane still holds its pipe; left open", self.number
             )
             return
         try:
+            if joined is not None and self.process is not joined:
+                with contextlib.suppress(OSError, ValueError):
+                    self.process.kill()
+                    self.process.join(timeout=5.0)
             self.conn.close()
         finally:
             self.lock.release()
@@ -400,18 +416,24 @@ class _Worker:
         with contextlib.suppress(OSError):
             self._close_conn(0.0)
 
-    def close(self, deadline: float) -> None:
+    def end(self, deadline: float) -> Any:
         """Waits for the worker to exit until ``deadline`` (``time.monotonic()``), then kills it
-        (and a replacement a lane started meanwhile)."""
+        (and a replacement a lane started meanwhile); returns the last process it ended, for
+        :meth:`close_conn`."""
         process = self.process
         process.join(timeout=max(0.0, deadline - time.monotonic()))
         if process.is_alive():
             process.kill()
             process.join(timeout=5.0)
         if self.process is not process:
-            self.process.kill()
-            self.process.join(timeout=5.0)
-        self._close_conn(5.0)
+            process = self.process
+            process.kill()
+            process.join(timeout=5.0)
+        return process
+
+    def close_conn(self, ended: Any) -> None:
+        """Closes the pipe once its lane lets go, after :meth:`end` returned ``ended``."""
+        self._close_conn(5.0, ended)
 
 
 class ProcessBuilder:
@@ -489,8 +511,11 @@ class ProcessBuilder:
             worker.ask_to_stop()
         deadline = time.monotonic() + _CLOSE_GRACE_S
         try:
-            for worker in workers:
-                worker.close(deadline)
+            # Every process ended before any pipe is closed: a lane reading a pipe sees its
+            # end once the process is gone, which may be another worker's turn.
+            ended = [worker.end(deadline) for worker in workers]
+            for worker, process in zip(workers, ended, strict=True):
+                worker.close_conn(process)
         finally:
             # Interrupted meanwhile (a second Ctrl-C in the grace period): the workers not
             # waited for are killed now rather than left running with nothing to stop them.
