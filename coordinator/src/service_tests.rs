@@ -764,3 +764,68 @@ async fn a_coordinator_stalled_for_longer_than_a_lease_timeout_costs_no_worker_i
     assert_eq!(service.workers().len(), 1, "the worker was not lost");
     Ok(())
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_job_with_no_session_open_for_its_retention_is_retired_and_registered_anew() -> TestResult
+{
+    let network = MemoryNetwork::new();
+    let state = tempfile::tempdir()?;
+    let mut config = service_config(&network, Vec::new())?;
+    config.core.job_retention = Some(Duration::from_millis(400));
+    let (service, _stop) = serve(&network, CoordinatorService::open(state.path(), config)?);
+    start_data_server(&network, Vec::new())?;
+    let mut client = coordinator(&network, None);
+    let worker = register_worker(&mut client).await?;
+    let (job, session) = open(&mut client, 2).await?;
+    let tasks = lease(&mut client, worker, 4).await?;
+    report(&mut client, worker, &tasks).await?;
+    update(&mut client, session, 0, steps(&tasks)).await?;
+    // Open for three retentions: kept.
+    tokio::time::sleep(Duration::from_millis(1200)).await;
+    let get = |job: u64| {
+        let mut client = coordinator(&network, None);
+        async move {
+            let request = stoker_proto::v1::GetJobRequest { job_id: job };
+            client
+                .get_job(request)
+                .await
+                .err()
+                .map(|status| status.code())
+        }
+    };
+    assert_eq!(get(job).await, None, "a job with a session open is kept");
+    client
+        .close_session(stoker_proto::v1::CloseSessionRequest {
+            session: Some(session),
+        })
+        .await?;
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while get(job).await.is_none() && std::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(get(job).await, Some(Code::NotFound), "retired");
+    assert_eq!(service.core_stats().jobs_retired, 1);
+    assert_eq!(service.core_stats().jobs, 0);
+    assert!(service.clients().iter().all(|entry| entry.job != job));
+    let reopened = client
+        .open_session(OpenSessionRequest {
+            job_id: job,
+            rank: 0,
+            epoch: 0,
+            start_step: 0,
+            resume_from_journal: false,
+        })
+        .await;
+    assert_eq!(
+        reopened.err().map(|status| status.code()),
+        Some(Code::NotFound),
+        "its clients are told it is unknown"
+    );
+    // Registered again, under a new id, described afresh (by a worker live now: the first
+    // sent no heartbeat, so it is gone).
+    register_worker(&mut client).await?;
+    let (again, _) = open(&mut client, 1).await?;
+    assert_ne!(again, job);
+    assert_eq!(get(again).await, None);
+    Ok(())
+}

@@ -59,6 +59,13 @@ pub struct CoordinatorArgs {
     #[arg(long, default_value_t = 8,
           value_parser = clap::value_parser!(u32).range(1..=i64::from(stoker_coordinator::MAX_JOB_WEIGHT)))]
     pub max_job_weight: u32,
+    /// A job none of whose ranks has had a session open for this many seconds is forgotten:
+    /// its spec, weight and positions leave memory, the journal and the dashboard, so a
+    /// coordinator that serves jobs for months holds only recent ones. A client that comes
+    /// back to it later registers it again (under a new id) and reads on from its own
+    /// position. 0 keeps every job.
+    #[arg(long, default_value_t = 86_400)]
+    pub job_retention_secs: u64,
 }
 
 /// The dashboard credentials of `files`, refused when one is also an RPC token of `rpc`.
@@ -83,6 +90,8 @@ pub fn run(args: CoordinatorArgs) -> anyhow::Result<()> {
     config.session_timeout = Duration::from_millis(args.session_timeout_ms.max(100));
     config.core.max_sessions = args.max_sessions.max(1);
     config.core.max_job_weight = args.max_job_weight.max(1);
+    config.core.job_retention =
+        (args.job_retention_secs > 0).then(|| Duration::from_secs(args.job_retention_secs));
     let (server_security, client_security) = args.security.load()?;
     let access = DashboardAccess {
         credentials: dashboard_credentials(&args.dashboard_token_files, &server_security)?,

@@ -646,3 +646,140 @@ fn errors_keep_their_kind_across_the_wire() {
     assert_eq!(error.kind(), ErrorKind::Decode, "{error}");
     assert!(error.to_string().contains("zz_corrupt.jpg"), "{error}");
 }
+
+/// A relay on 127.0.0.1 to `to`: every connection made to the returned port is carried on
+/// while the flag is set; clearing it cuts every connection it carries and drops new ones until
+/// it is set again (a network partition between one side and `to`).
+fn cuttable_relay(to: u16) -> (u16, std::sync::Arc<std::sync::atomic::AtomicBool>) {
+    use std::net::{Shutdown, TcpListener, TcpStream};
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::{Arc, Mutex};
+    let open = Arc::new(AtomicBool::new(true));
+    let carried: Arc<Mutex<Vec<TcpStream>>> = Arc::default();
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let (accepting, held) = (Arc::clone(&open), Arc::clone(&carried));
+    std::thread::spawn(move || {
+        for client in listener.incoming() {
+            let Ok(client) = client else { continue };
+            if !accepting.load(Ordering::SeqCst) {
+                continue;
+            }
+            let Ok(server) = TcpStream::connect(("127.0.0.1", to)) else {
+                continue;
+            };
+            let mut streams = held.lock().unwrap();
+            streams.extend([client.try_clone().unwrap(), server.try_clone().unwrap()]);
+            for (mut a, mut b) in [
+                (client.try_clone().unwrap(), server.try_clone().unwrap()),
+                (server, client),
+            ] {
+                std::thread::spawn(move || {
+                    let _ = std::io::copy(&mut a, &mut b);
+                    let _ = b.shutdown(Shutdown::Write);
+                });
+            }
+        }
+    });
+    let watched = Arc::clone(&open);
+    std::thread::spawn(move || loop {
+        if !watched.load(Ordering::SeqCst) {
+            for stream in carried.lock().unwrap().drain(..) {
+                let _ = stream.shutdown(Shutdown::Both);
+            }
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    });
+    (port, open)
+}
+
+#[test]
+fn a_job_retired_while_its_client_was_cut_off_is_registered_again_and_read_on() {
+    use std::sync::atomic::Ordering;
+    let dir = fixture();
+    let data = dir.path().join("data");
+    let flags = [
+        "--job-retention-secs",
+        "1",
+        "--session-timeout-ms",
+        "1500",
+        "--http",
+        "127.0.0.1:0",
+    ];
+    let coordinator = Daemon::coordinator_with(&dir.path().join("state"), "127.0.0.1:0", &flags);
+    let http = coordinator.banner_after("dashboard");
+    // Whether the dashboard charts a rank of job `job`.
+    let charted = |job: u64| {
+        let body: serde_json::Value = serde_json::from_str(&http_get(&http, "/api/jobs")).unwrap();
+        let prefix = format!("job {job} ");
+        body["jobs"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|entry| entry["name"].as_str().unwrap().starts_with(&prefix))
+    };
+    let _worker = Daemon::worker(&coordinator.address, dir.path());
+    let port: u16 = coordinator
+        .address
+        .rsplit(':')
+        .next()
+        .unwrap()
+        .parse()
+        .unwrap();
+    let (relayed, open) = cuttable_relay(port);
+    let runtime = common::runtime();
+    let known = |job: u64| {
+        runtime.block_on(async {
+            let mut client = common::coordinator_client(&coordinator.address).await;
+            let request = stoker_proto::v1::GetJobRequest { job_id: job };
+            match client.get_job(request).await {
+                Ok(_) => Ok(true),
+                Err(status) if status.code() == tonic::Code::NotFound => Ok(false),
+                Err(status) => Err(status),
+            }
+        })
+    };
+    let first = runtime
+        .block_on(async {
+            let mut client = common::coordinator_client(&coordinator.address).await;
+            let request = RegisterJobRequest {
+                spec: Some(spec(&data, 0)),
+                weight: 0,
+            };
+            client.register_job(request).await
+        })
+        .unwrap()
+        .into_inner()
+        .job_id;
+    // The client reaches the coordinator through the relay, its workers directly.
+    let loader = remote(&format!("127.0.0.1:{relayed}"), spec(&data, 0)).unwrap();
+    let mut stream = loader.epoch(0, 0).unwrap();
+    let steps = loader.steps_per_epoch();
+    let mut digest = BatchDigest::new();
+    for step in 0..steps {
+        if step == steps / 2 {
+            let deadline = Instant::now() + Duration::from_secs(10);
+            while !charted(first) && Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(100));
+            }
+            assert!(charted(first), "the client's reports reach the dashboard");
+            // Cut off: its session times out, and with no session open the job is retired.
+            open.store(false, Ordering::SeqCst);
+            let deadline = Instant::now() + Duration::from_secs(30);
+            while known(first).unwrap() && Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(100));
+            }
+            assert!(!known(first).unwrap(), "job {first} retired");
+            assert!(!charted(first), "and gone from the dashboard");
+            open.store(true, Ordering::SeqCst);
+        }
+        let batch = stream.next_batch().unwrap().expect("a batch per step");
+        assert_eq!(batch.step, step, "in step order, each step once");
+        digest.update(&batch);
+    }
+    assert!(stream.next_batch().unwrap().is_none(), "the epoch ends");
+    // Back, the client registered the job again under a new id and read on from its position:
+    // the epoch is the embedded one, bit for bit.
+    assert_eq!(digest.hex(), embedded(spec(&data, 0)).0);
+    assert!(!known(first).unwrap());
+}

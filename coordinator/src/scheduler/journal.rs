@@ -268,13 +268,25 @@ impl Journal {
         written
     }
 
-    /// Durably records a job.
-    pub fn put_job(&mut self, id: u64, steps_per_epoch: u64, spec: &[u8]) -> CoordinatorResult<()> {
+    /// Durably records a job, and its weight when it has one, in one transaction.
+    pub fn put_job(
+        &mut self,
+        id: u64,
+        steps_per_epoch: u64,
+        spec: &[u8],
+        weight: Option<u32>,
+    ) -> CoordinatorResult<()> {
         self.write(|_, txn| {
             txn.open_table(JOBS)
                 .map_err(journal_error)?
                 .insert(id, (steps_per_epoch, spec))
                 .map_err(journal_error)?;
+            if let Some(weight) = weight {
+                txn.open_table(WEIGHTS)
+                    .map_err(journal_error)?
+                    .insert(id, weight)
+                    .map_err(journal_error)?;
+            }
             Ok(())
         })
     }
@@ -290,13 +302,14 @@ impl Journal {
         })
     }
 
-    /// Durably records acknowledged positions and deletes the `pruned` ones, all in one
-    /// transaction: appended to the log, or, every [`FOLD_EVERY`]th write, folded with the
-    /// log into the positions table.
+    /// Durably records acknowledged positions, deletes the `pruned` ones and the rows of the
+    /// `retired_jobs` (spec and weight), all in one transaction: positions appended to the
+    /// log, or, every [`FOLD_EVERY`]th write, folded with the log into the positions table.
     pub fn write_positions(
         &mut self,
         positions: impl Iterator<Item = (PositionKey, u64)>,
         pruned: &[PositionKey],
+        retired_jobs: &[u64],
     ) -> CoordinatorResult<()> {
         // Deletions first: a key both pruned and written was opened again after its prune,
         // and replay applies records in order, so its new position must come last.
@@ -315,6 +328,14 @@ impl Journal {
             if fold {
                 Self::fold(txn, &mut log)?;
             }
+            if !retired_jobs.is_empty() {
+                let mut jobs = txn.open_table(JOBS).map_err(journal_error)?;
+                let mut weights = txn.open_table(WEIGHTS).map_err(journal_error)?;
+                for job in retired_jobs {
+                    jobs.remove(job).map_err(journal_error)?;
+                    weights.remove(job).map_err(journal_error)?;
+                }
+            }
             Ok(fold)
         })?;
         self.next_entry += 1;
@@ -330,11 +351,12 @@ impl Journal {
         seq: u64,
         positions: impl Iterator<Item = (PositionKey, u64)>,
         pruned: &[PositionKey],
+        retired_jobs: &[u64],
     ) -> CoordinatorResult<bool> {
         if seq <= self.written_seq {
             return Ok(false);
         }
-        self.write_positions(positions, pruned)?;
+        self.write_positions(positions, pruned, retired_jobs)?;
         self.written_seq = seq;
         Ok(true)
     }
@@ -447,23 +469,23 @@ mod tests {
         });
         {
             let (mut journal, _) = Journal::open_with(dir.path(), open).expect("open");
-            journal.put_job(0, 10, b"first").expect("a job");
+            journal.put_job(0, 10, b"first", None).expect("a job");
             journal
-                .write_positions([((0, 0, 0), 3)].into_iter(), &[])
+                .write_positions([((0, 0, 0), 3)].into_iter(), &[], &[])
                 .expect("positions");
             full.store(true, Ordering::SeqCst);
-            assert!(journal.put_job(1, 10, b"lost").is_err());
+            assert!(journal.put_job(1, 10, b"lost", None).is_err());
             assert!(journal
-                .write_positions([((0, 0, 0), 5)].into_iter(), &[])
+                .write_positions([((0, 0, 0), 5)].into_iter(), &[], &[])
                 .is_err());
             // Room again: the next writes land (redb alone refuses every transaction of a
             // database an I/O error struck, until it is opened again).
             full.store(false, Ordering::SeqCst);
             journal
-                .write_positions([((0, 0, 0), 7)].into_iter(), &[])
+                .write_positions([((0, 0, 0), 7)].into_iter(), &[], &[])
                 .expect("positions once there is room");
             journal
-                .put_job(2, 10, b"second")
+                .put_job(2, 10, b"second", None)
                 .expect("a job once there is room");
         }
         let (_, contents) = Journal::open(dir.path()).expect("reopen");
@@ -496,7 +518,7 @@ mod tests {
                 }
                 expected.extend(changed.iter().copied());
                 journal
-                    .write_positions(changed.into_iter(), &pruned)
+                    .write_positions(changed.into_iter(), &pruned, &[])
                     .expect("write");
             }
             assert_eq!(journal.log_entries, 5, "folded every {FOLD_EVERY} writes");
@@ -527,7 +549,7 @@ mod tests {
             let (mut journal, contents) = Journal::open(dir.path()).expect("open");
             assert_eq!(contents.positions, HashMap::from([((1, 2, 3), 40)]));
             journal
-                .write_positions([((1, 2, 3), 41)].into_iter(), &[])
+                .write_positions([((1, 2, 3), 41)].into_iter(), &[], &[])
                 .expect("write");
         }
         let (journal, contents) = Journal::open(dir.path()).expect("reopen");

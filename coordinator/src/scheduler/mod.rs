@@ -32,7 +32,10 @@
 //!   step), so the client receives identical bytes and drops them by step number.
 //! - Nothing grows with the epochs a job runs: a closed session is dropped (its id answers
 //!   "closed" from then on), and when a rank opens epoch `e` the positions of its epochs before
-//!   `e - 1` leave memory and the journal.
+//!   `e - 1` leave memory and the journal. Nor with the jobs a coordinator has served: a job
+//!   with no session open for [`CoordinatorConfig::job_retention`] is retired
+//!   ([`idle_jobs`](Coordinator::idle_jobs), [`retire_job`](Coordinator::retire_job)), its
+//!   spec, weight and positions gone from memory and the journal; its id is not given again.
 //!
 //! Time is passed in (`now: Instant`), so tests run without sleeping.
 
@@ -45,7 +48,7 @@ mod shares;
 mod tests;
 mod types;
 
-use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 
 /// The core's maps keyed by integers: foldhash (seeded per process, so keys a client picks
 /// cannot be aimed at collisions) instead of std's SipHash, which took about a sixth of an
@@ -77,6 +80,8 @@ use shares::ReadySet;
 struct Job {
     spec: JobSpec,
     steps_per_epoch: u64,
+    /// Since when no session of the job has been seen open (by [`Coordinator::idle_jobs`]).
+    idle_since: Option<Instant>,
 }
 
 struct Worker {
@@ -108,8 +113,11 @@ pub struct Coordinator {
     journal: Option<Arc<Mutex<Journal>>>,
     journal_path: Option<PathBuf>,
     jobs: BTreeMap<JobId, Job>,
-    /// Ids given to [`JobWrite`]s not yet handed back (no other registration takes them).
-    jobs_being_written: BTreeSet<JobId>,
+    /// The id the next [`JobWrite`] takes: ids rise within a run and none is given twice, not
+    /// even one whose write failed or whose job was retired.
+    next_job: JobId,
+    /// Jobs retired whose rows the journal still holds (deleted by the next position write).
+    retired_jobs: Vec<JobId>,
     /// The first job id of this run's range ([`JOB_ID_RUN_BITS`]).
     job_id_base: u64,
     workers: Vec<Worker>,
@@ -189,7 +197,7 @@ fn open_entry(
 /// is told the job is unknown (and registers again), not handed another job's batches.
 const JOB_ID_RUN_BITS: u32 = 32;
 
-/// The journal, once a position write in flight is done with it. A write that panicked left
+/// The journal, once a write in flight is done with it. A write that panicked left
 /// nothing half-done in it (a transaction not committed is dropped), so carry on with it.
 fn lock_journal(journal: &Mutex<Journal>) -> MutexGuard<'_, Journal> {
     journal
@@ -208,6 +216,8 @@ pub struct PositionWrite {
     pruned: Vec<PositionKey>,
     /// The core's count of prunes when it was taken (those before it are in `pruned` or done).
     pruned_upto: u64,
+    /// Retired jobs whose rows it deletes.
+    retired: Vec<u64>,
 }
 
 impl PositionWrite {
@@ -219,6 +229,7 @@ impl PositionWrite {
             self.seq,
             self.positions.iter().copied(),
             &self.pruned,
+            &self.retired,
         )
     }
 }
@@ -229,6 +240,7 @@ pub struct JobWrite {
     journal: Option<Arc<Mutex<Journal>>>,
     id: JobId,
     steps_per_epoch: u64,
+    weight: Option<u32>,
     spec: JobSpec,
     encoded: Vec<u8>,
 }
@@ -239,13 +251,16 @@ impl JobWrite {
         self.id
     }
 
-    /// Writes the job durably (nothing to write without a journal). Waits for another write in
-    /// flight to finish with the journal first.
+    /// Writes the job, and its weight, durably (nothing to write without a journal). Waits for
+    /// another write in flight to finish with the journal first.
     pub fn write(&self) -> CoordinatorResult<()> {
         match &self.journal {
-            Some(journal) => {
-                lock_journal(journal).put_job(self.id.0, self.steps_per_epoch, &self.encoded)
-            }
+            Some(journal) => lock_journal(journal).put_job(
+                self.id.0,
+                self.steps_per_epoch,
+                &self.encoded,
+                self.weight,
+            ),
             None => Ok(()),
         }
     }
@@ -295,7 +310,8 @@ impl Coordinator {
             journal: None,
             journal_path: None,
             jobs: BTreeMap::new(),
-            jobs_being_written: BTreeSet::new(),
+            next_job: JobId(0),
+            retired_jobs: Vec::new(),
             job_id_base: 0,
             workers: Vec::new(),
             sessions: FastMap::default(),
@@ -348,14 +364,19 @@ impl Coordinator {
                 Job {
                     spec,
                     steps_per_epoch: job.steps_per_epoch,
+                    idle_since: None,
                 },
             );
         }
+        coordinator.next_job = coordinator.first_free_job_id();
         coordinator.resume_positions = contents.positions;
         // Capped by this run's limit, which may be lower than the one they were given under.
         let cap = coordinator.weight_cap();
         for (job, weight) in contents.weights {
-            coordinator.ready.set_weight(job, weight.clamp(1, cap));
+            // A weight written after its job was retired is no job's.
+            if coordinator.jobs.contains_key(&JobId(job)) {
+                coordinator.ready.set_weight(job, weight.clamp(1, cap));
+            }
         }
         coordinator.journal_path = Some(journal.path().to_path_buf());
         coordinator.journal = Some(Arc::new(Mutex::new(journal)));
@@ -375,49 +396,39 @@ impl Coordinator {
         spec: JobSpec,
         steps_per_epoch: u64,
     ) -> CoordinatorResult<JobId> {
-        let write = self.job_write(spec, steps_per_epoch)?;
+        let write = self.job_write(spec, steps_per_epoch, 0)?;
         let outcome = write.write();
         self.job_written(write, outcome)
     }
 
-    /// Takes the next job id for a job whose ranks each run `steps_per_epoch` steps, to be
-    /// journaled outside the core ([`JobWrite::write`]) and handed back with
-    /// [`job_written`](Self::job_written), which registers it: until then nobody sees the job,
-    /// and no other registration is given its id.
+    /// Takes the next job id for a job whose ranks each run `steps_per_epoch` steps, of the
+    /// `weight` asked (0: the default; capped as by [`set_job_weight`](Self::set_job_weight)),
+    /// to be journaled outside the core ([`JobWrite::write`]: job and weight in one
+    /// transaction) and handed back with [`job_written`](Self::job_written), which registers
+    /// it: until then nobody sees the job, and no other registration is given its id.
     pub fn job_write(
         &mut self,
         spec: JobSpec,
         steps_per_epoch: u64,
+        weight: u32,
     ) -> CoordinatorResult<JobWrite> {
         if steps_per_epoch == 0 {
             return Err(CoordinatorError::InvalidArgument(
                 "steps_per_epoch must be at least 1".into(),
             ));
         }
-        let range = JobId(self.job_id_base)..JobId(self.job_id_base + (1 << JOB_ID_RUN_BITS));
-        let last_registered = self
-            .jobs
-            .range(range.clone())
-            .next_back()
-            .map(|(id, _)| *id);
-        let last_taken = self
-            .jobs_being_written
-            .range(range.clone())
-            .next_back()
-            .copied();
-        let id = last_registered
-            .max(last_taken)
-            .map_or(range.start, |last| JobId(last.0 + 1));
-        if id >= range.end {
+        let id = self.next_job;
+        if id.0 >= self.job_id_base + (1 << JOB_ID_RUN_BITS) {
             return Err(CoordinatorError::InvalidArgument(
                 "this coordinator run has registered 2^32 jobs; restart it".into(),
             ));
         }
-        self.jobs_being_written.insert(id);
+        self.next_job = JobId(id.0 + 1);
         Ok(JobWrite {
             journal: self.journal.clone(),
             id,
             steps_per_epoch,
+            weight: (weight > 0).then(|| weight.clamp(1, self.weight_cap())),
             encoded: spec.encode_to_vec(),
             spec,
         })
@@ -436,9 +447,9 @@ impl Coordinator {
             id,
             steps_per_epoch,
             spec,
+            weight,
             ..
         } = write;
-        self.jobs_being_written.remove(&id);
         outcome?;
         if journal.is_some() {
             self.stats.journal_commits += 1;
@@ -454,9 +465,81 @@ impl Coordinator {
             Job {
                 spec,
                 steps_per_epoch,
+                idle_since: None,
             },
         );
+        if let Some(weight) = weight {
+            self.ready.set_weight(id.0, weight);
+        }
         Ok(id)
+    }
+
+    /// The first id of this run's range above every job registered in it.
+    fn first_free_job_id(&self) -> JobId {
+        let range = JobId(self.job_id_base)..JobId(self.job_id_base + (1 << JOB_ID_RUN_BITS));
+        self.jobs
+            .range(range.clone())
+            .next_back()
+            .map_or(range.start, |(last, _)| JobId(last.0 + 1))
+    }
+
+    /// The jobs due to be retired at `now`: none of their ranks has had a session open since
+    /// [`CoordinatorConfig::job_retention`] ago, as far as calls of this method saw (a job is
+    /// first seen idle at the first call that finds it so, which also counts for jobs the
+    /// journal brought back). Their clients, if they come back, are told the job is unknown
+    /// and register it again (under a new id), resuming from their own positions.
+    pub fn idle_jobs(&mut self, now: Instant) -> Vec<JobId> {
+        let open: HashSet<JobId> = self.sessions.values().map(|s| s.job).collect();
+        let retention = self.config.job_retention;
+        let mut due = Vec::new();
+        for (id, job) in &mut self.jobs {
+            if open.contains(id) {
+                job.idle_since = None;
+                continue;
+            }
+            let since = *job.idle_since.get_or_insert(now);
+            if retention.is_some_and(|retention| now.saturating_duration_since(since) >= retention)
+            {
+                due.push(*id);
+            }
+        }
+        due
+    }
+
+    /// Forgets `job` (one [`idle_jobs`](Self::idle_jobs) found due): its spec, weight and
+    /// positions leave memory at once and the journal with the next position write. A job
+    /// with a session open is not retired. Its id is not given again.
+    pub fn retire_job(&mut self, job: JobId) -> CoordinatorResult<()> {
+        if !self.jobs.contains_key(&job) {
+            return Err(CoordinatorError::UnknownJob(job));
+        }
+        if self.sessions.values().any(|session| session.job == job) {
+            return Err(CoordinatorError::InvalidArgument(format!(
+                "job {} has a session open",
+                job.0
+            )));
+        }
+        self.jobs.remove(&job);
+        self.ready.forget(job.0);
+        let mut dropped = Vec::new();
+        self.resume_positions.retain(|key, _| {
+            let retired = key.0 == job.0;
+            if retired {
+                dropped.push(*key);
+            }
+            !retired
+        });
+        self.dirty_positions.retain(|key, _| key.0 != job.0);
+        if self.journal.is_some() {
+            self.pruned_positions.extend(dropped);
+            self.retired_jobs.push(job);
+        }
+        self.stats.jobs_retired += 1;
+        tracing::info!(
+            job = job.0,
+            "job retired: no session open for its retention"
+        );
+        Ok(())
     }
 
     /// The largest weight a job gets in this run.
@@ -1128,7 +1211,10 @@ impl Coordinator {
         let Some(journal) = &self.journal else {
             return Ok(());
         };
-        if self.dirty_positions.is_empty() && self.pruned_positions.is_empty() {
+        if self.dirty_positions.is_empty()
+            && self.pruned_positions.is_empty()
+            && self.retired_jobs.is_empty()
+        {
             return Ok(());
         }
         // Nothing moves while this write runs, so no copy is taken: what it wrote is forgotten
@@ -1136,10 +1222,12 @@ impl Coordinator {
         // so a write taken before it and still on its way is skipped when it lands.
         self.position_writes += 1;
         let positions = self.dirty_positions.iter().map(|(key, at)| (*key, *at));
+        let retired: Vec<u64> = self.retired_jobs.iter().map(|job| job.0).collect();
         lock_journal(journal).write_positions_numbered(
             self.position_writes,
             positions,
             &self.pruned_positions,
+            &retired,
         )?;
         self.stats.journal_commits += 1;
         tracing::debug!(
@@ -1150,6 +1238,7 @@ impl Coordinator {
         self.dirty_positions.clear();
         self.pruned_written += self.pruned_positions.len() as u64;
         self.pruned_positions.clear();
+        self.retired_jobs.clear();
         Ok(())
     }
 
@@ -1161,7 +1250,10 @@ impl Coordinator {
     pub fn take_positions(&mut self) -> Option<PositionWrite> {
         self.acks_since_flush = 0;
         let journal = self.journal.as_ref()?;
-        if self.dirty_positions.is_empty() && self.pruned_positions.is_empty() {
+        if self.dirty_positions.is_empty()
+            && self.pruned_positions.is_empty()
+            && self.retired_jobs.is_empty()
+        {
             return None;
         }
         self.position_writes += 1;
@@ -1175,6 +1267,7 @@ impl Coordinator {
                 .collect(),
             pruned: self.pruned_positions.clone(),
             pruned_upto: self.pruned_written + self.pruned_positions.len() as u64,
+            retired: self.retired_jobs.iter().map(|job| job.0).collect(),
         })
     }
 
@@ -1197,6 +1290,8 @@ impl Coordinator {
         });
         self.pruned_positions.drain(..done);
         self.pruned_written += done as u64;
+        self.retired_jobs
+            .retain(|job| !write.retired.contains(&job.0));
         // A key dropped after this write was taken, then opened again, is deleted by the next
         // write before its position is written again: that position stays to be written.
         let pruned_since: HashSet<PositionKey> = self.pruned_positions.iter().copied().collect();

@@ -68,6 +68,16 @@ impl ReadySet {
         })
     }
 
+    /// Forgets `job`: its share, weight and ready sessions.
+    pub fn forget(&mut self, job: u64) {
+        if let Some(share) = self.jobs.remove(&job) {
+            if let Some(key) = share.key(job) {
+                self.order.remove(&key);
+            }
+            self.len -= share.sessions.len();
+        }
+    }
+
     /// Sets `job`'s weight (at least 1).
     pub fn set_weight(&mut self, job: u64, weight: u32) {
         self.share(job).weight = weight.max(1);

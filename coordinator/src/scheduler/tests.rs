@@ -894,8 +894,8 @@ fn a_position_dropped_and_opened_again_while_a_write_was_on_its_way_is_written_a
 fn a_job_being_written_is_seen_by_nobody_and_its_id_given_to_no_other_registration() {
     let dir = tempfile::tempdir().unwrap();
     let mut c = journaled(dir.path());
-    let first = c.job_write(spec(1, 1), 10).unwrap();
-    let second = c.job_write(spec(1, 2), 10).unwrap();
+    let first = c.job_write(spec(1, 1), 10, 0).unwrap();
+    let second = c.job_write(spec(1, 2), 10, 3).unwrap();
     assert_ne!(first.id(), second.id(), "each write has an id of its own");
     assert!(matches!(
         c.job_spec(first.id()),
@@ -920,11 +920,17 @@ fn a_job_being_written_is_seen_by_nobody_and_its_id_given_to_no_other_registrati
         "the failed job is not registered"
     );
     assert_eq!(c.steps_per_epoch(second_id).unwrap(), 10);
+    assert_eq!(
+        c.job_share(second_id).weight,
+        3,
+        "the weight it was written with"
+    );
     assert_eq!(c.stats().journal_commits, 1, "the job that landed only");
     drop(c);
     let c = journaled(dir.path());
     let ids: Vec<JobId> = c.jobs().map(|(id, _, _)| id).collect();
     assert_eq!(ids, [second_id], "the journal holds the job that landed");
+    assert_eq!(c.job_share(second_id).weight, 3, "with its weight");
 }
 
 #[test]
@@ -939,7 +945,8 @@ fn a_weight_is_given_once_its_write_lands_and_kept_when_it_fails() {
     let outcome = write.write();
     assert!(c.weight_written(&write, outcome).is_err());
     assert_eq!(c.job_share(job).weight, 1, "a failed write gives nothing");
-    // A write holds the journal until dropped.
+    // A write shares the journal: its database stays open, for the reopening below, until
+    // every write is dropped.
     drop(write);
     let write = c.weight_write(job, 3).unwrap();
     let outcome = write.write();
@@ -951,4 +958,81 @@ fn a_weight_is_given_once_its_write_lands_and_kept_when_it_fails() {
     );
     drop((write, c));
     assert_eq!(journaled(dir.path()).job_share(job).weight, 3, "journaled");
+}
+
+#[test]
+fn a_job_with_no_session_open_for_its_retention_is_forgotten_and_its_id_not_given_again() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = CoordinatorConfig {
+        journal_every: 1000,
+        job_retention: Some(Duration::from_secs(60)),
+        ..config()
+    };
+    let t0 = Instant::now();
+    let mut c = Coordinator::open(dir.path(), config.clone()).unwrap();
+    let busy = c.register_job(spec(1, 1), 10).unwrap();
+    let idle = c.register_job(spec(1, 2), 10).unwrap();
+    c.set_job_weight(idle, 4).unwrap();
+    let open = c.open_session(busy, 0, 0, Step(0)).unwrap();
+    for epoch in 0..3 {
+        let s = c.open_session(idle, 0, epoch, Step(0)).unwrap();
+        ack(&mut c, s, 0..4);
+        c.close_session(s).unwrap();
+    }
+    c.flush().unwrap();
+    assert!(c.idle_jobs(t0).is_empty(), "first seen idle now");
+    assert!(c.idle_jobs(at(t0, 59_999)).is_empty());
+    assert_eq!(c.idle_jobs(at(t0, 60_000)), [idle]);
+    assert!(
+        c.retire_job(busy).is_err(),
+        "a job with a session open stays"
+    );
+    c.retire_job(idle).unwrap();
+    assert!(matches!(
+        c.open_session(idle, 0, 3, Step(0)),
+        Err(CoordinatorError::UnknownJob(_))
+    ));
+    assert_eq!(c.stats().jobs_retired, 1);
+    assert!(c.resume_positions.keys().all(|key| key.0 != idle.0));
+    // Its id is not given again, though it was the last one given.
+    let next = c.register_job(spec(1, 3), 10).unwrap();
+    assert!(next.0 > idle.0, "{next:?} after {idle:?}");
+    // The journal forgets it with the next position write (taken outside the core here).
+    let write = c.take_positions().expect("the retirement to write");
+    let outcome = write.write();
+    c.positions_written(&write, outcome).unwrap();
+    assert!(c.take_positions().is_none(), "nothing left to write");
+    c.close_session(open).unwrap();
+    c.flush().unwrap();
+    drop((write, c));
+    let c = Coordinator::open(dir.path(), config).unwrap();
+    let ids: Vec<JobId> = c.jobs().map(|(id, _, _)| id).collect();
+    assert_eq!(ids, [busy, next]);
+    assert!(c.resume_positions.keys().all(|key| key.0 != idle.0));
+    assert_eq!(c.job_share(idle).weight, 1, "its weight is gone");
+    assert!(c.ready.stats(idle.0).is_none(), "no share is kept for it");
+}
+
+#[test]
+fn a_job_whose_session_opens_again_is_idle_afresh_and_no_retention_keeps_every_job() {
+    let t0 = Instant::now();
+    let mut c = Coordinator::in_memory(CoordinatorConfig {
+        job_retention: Some(Duration::from_secs(60)),
+        ..config()
+    });
+    let job = c.register_job(spec(1, 1), 10).unwrap();
+    assert!(c.idle_jobs(t0).is_empty());
+    let s = c.open_session(job, 0, 0, Step(0)).unwrap();
+    assert!(c.idle_jobs(at(t0, 50_000)).is_empty());
+    c.close_session(s).unwrap();
+    assert!(c.idle_jobs(at(t0, 61_000)).is_empty(), "idle since 61 s");
+    assert_eq!(c.idle_jobs(at(t0, 121_000)), [job]);
+    let mut keeping = Coordinator::in_memory(CoordinatorConfig {
+        job_retention: None,
+        ..config()
+    });
+    let job = keeping.register_job(spec(1, 1), 10).unwrap();
+    assert!(keeping.idle_jobs(t0).is_empty());
+    assert!(keeping.idle_jobs(at(t0, u64::from(u32::MAX))).is_empty());
+    assert!(keeping.job_spec(job).is_ok());
 }

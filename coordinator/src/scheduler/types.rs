@@ -22,6 +22,10 @@ pub struct CoordinatorConfig {
     /// [`Coordinator::set_job_weight`](super::Coordinator::set_job_weight)); at most
     /// [`MAX_JOB_WEIGHT`].
     pub max_job_weight: u32,
+    /// A job none of whose ranks has had a session open for this long is forgotten (its spec,
+    /// weight and positions leave memory and the journal; see
+    /// [`Coordinator::idle_jobs`](super::Coordinator::idle_jobs)); `None` keeps every job.
+    pub job_retention: Option<Duration>,
 }
 
 /// The largest `max_job_weight` there is: a lease advances a job's pass by 2^20 / weight, and
@@ -37,6 +41,7 @@ impl Default for CoordinatorConfig {
             max_lease_batch: 4096,
             max_sessions: 65_536,
             max_job_weight: 8,
+            job_retention: Some(Duration::from_secs(24 * 3600)),
         }
     }
 }
@@ -117,6 +122,8 @@ pub struct CoordinatorStats {
     pub failed_leases: u64,
     /// Journal transactions committed.
     pub journal_commits: u64,
+    /// Jobs forgotten after their retention with no session open.
+    pub jobs_retired: u64,
     /// Estimated bytes held by the coordinator's data structures (from their capacities).
     pub memory_bytes: u64,
 }

@@ -30,6 +30,7 @@ use tonic::Status;
 
 mod calls;
 
+use crate::client_reports::job_name;
 use crate::dashboard_feed::{fleet, job_shares, serving_workers, worker_loads, LastRefresh};
 use crate::status::coordinator_status;
 use crate::{
@@ -149,6 +150,8 @@ struct State {
     serving: HashMap<u64, HashMap<u64, Instant>>,
     /// When silent workers and sessions were last looked for.
     last_expire: Instant,
+    /// When jobs were last looked at for retirement.
+    last_retire_look: Instant,
 }
 
 /// The coordinator's gRPC service; cheap to clone (shared state).
@@ -230,6 +233,7 @@ impl CoordinatorService {
                 descriptions: HashMap::new(),
                 serving: HashMap::new(),
                 last_expire: Instant::now(),
+                last_retire_look: Instant::now(),
             })),
             dashboard: None,
             incarnation,
@@ -423,76 +427,98 @@ impl CoordinatorService {
     }
 
     /// Registers the job of `spec`, which a worker `described`, unless one of its step count
-    /// is registered already, and sets its `weight` (0 leaves it): each journaled outside the
-    /// state's lock, one registration at a time. Returns the job's id.
+    /// is registered already, and sets its `weight` (0 leaves it): journaled outside the
+    /// state's lock, one registration at a time (a new job with its weight in one write).
+    /// Returns the job's id.
     async fn register_described(
         self,
         spec: JobSpec,
         described: proto::DescribeJobResponse,
         weight: u32,
     ) -> Result<JobId, Status> {
+        // Nothing to write (the ranks of a journaled job after a restart): not in turn.
+        if let Some(id) = self.registered_as_asked(&spec, &described, weight)? {
+            return Ok(id);
+        }
         let _in_turn = self.registrations.lock().await;
+        if let Some(id) = self.registered_as_asked(&spec, &described, weight)? {
+            return Ok(id);
+        }
         let steps = described.steps_per_epoch;
-        let (registered, write, earlier) = {
-            let mut state = lock(&self.state);
-            // Another rank may have registered the job while this one was being checked (or
-            // the journal had it from before a restart). A journaled job of another step count
-            // was registered over another dataset than the workers see now: served as it was,
-            // its clients would wait for steps the core never leases, so it is registered anew.
+        let (registered, earlier) = {
+            let state = lock(&self.state);
             let jobs = jobs_of(&state.core, &spec);
-            match jobs.iter().find(|(_, known)| *known == steps) {
-                Some((id, _)) => {
-                    state.descriptions.insert(id.0, described.clone());
-                    (Some(*id), None, None)
-                }
-                None => {
-                    let write = state
-                        .core
-                        .job_write(spec, steps)
-                        .map_err(coordinator_status)?;
-                    (None, Some(write), jobs.first().copied())
-                }
-            }
+            let registered = jobs.iter().find(|(_, known)| *known == steps).map(|j| j.0);
+            (registered, jobs.first().copied())
         };
-        let id = match (registered, write) {
-            (Some(id), _) => id,
-            (None, Some(write)) => {
-                let (write, outcome) = write_off_the_lock(write, JobWrite::write).await?;
-                let mut state = lock(&self.state);
-                let id = state
-                    .core
-                    .job_written(write, outcome)
-                    .map_err(coordinator_status)?;
-                state.descriptions.insert(id.0, described);
-                if let Some((before, steps_before)) = earlier {
-                    tracing::warn!(
-                        job = id.0,
-                        earlier = before.0,
-                        steps_before,
-                        steps_now = steps,
-                        "the job's dataset changed since it was registered: registered anew"
-                    );
-                }
-                id
-            }
-            (None, None) => return Err(Status::internal("a registration with no job")),
-        };
-        if weight > 0 {
+        if let Some(id) = registered {
+            // Registered, its weight to change.
             let write = lock(&self.state)
                 .core
                 .weight_write(id, weight)
                 .map_err(coordinator_status)?;
-            let (write, outcome) = if write.changes() {
-                write_off_the_lock(write, WeightWrite::write).await?
-            } else {
-                (write, Ok(()))
-            };
-            lock(&self.state)
+            let (write, outcome) = write_off_the_lock(write, WeightWrite::write).await?;
+            let mut state = lock(&self.state);
+            state
                 .core
                 .weight_written(&write, outcome)
                 .map_err(coordinator_status)?;
+            state.descriptions.insert(id.0, described);
+            return Ok(id);
+        }
+        // A journaled job of another step count was registered over another dataset than the
+        // workers see now: served as it was, its clients would wait for steps the core never
+        // leases, so the job is registered anew.
+        let write = lock(&self.state)
+            .core
+            .job_write(spec, steps, weight)
+            .map_err(coordinator_status)?;
+        let (write, outcome) = write_off_the_lock(write, JobWrite::write).await?;
+        let mut state = lock(&self.state);
+        let id = state
+            .core
+            .job_written(write, outcome)
+            .map_err(coordinator_status)?;
+        state.descriptions.insert(id.0, described);
+        if let Some((before, steps_before)) = earlier {
+            tracing::warn!(
+                job = id.0,
+                earlier = before.0,
+                steps_before,
+                steps_now = steps,
+                "the job's dataset changed since it was registered: registered anew"
+            );
         }
         Ok(id)
+    }
+
+    /// The job of `spec` with the step count a worker `described`, when it is registered and
+    /// its weight is as asked (nothing to write); its description kept.
+    fn registered_as_asked(
+        &self,
+        spec: &JobSpec,
+        described: &proto::DescribeJobResponse,
+        weight: u32,
+    ) -> Result<Option<JobId>, Status> {
+        let mut state = lock(&self.state);
+        let steps = described.steps_per_epoch;
+        let Some((id, _)) = jobs_of(&state.core, spec)
+            .into_iter()
+            .find(|(_, known)| *known == steps)
+        else {
+            return Ok(None);
+        };
+        if weight > 0
+            && state
+                .core
+                .weight_write(id, weight)
+                .map_err(coordinator_status)?
+                .changes()
+        {
+            return Ok(None);
+        }
+        state.descriptions.insert(id.0, described.clone());
+        Ok(Some(id))
     }
 
     fn refresh_dashboard(&self) {
@@ -560,9 +586,46 @@ impl CoordinatorService {
                 tracing::warn!(session = id, "client silent too long; session closed");
             }
         }
+        if now.saturating_duration_since(state.last_retire_look) >= self.retire_look_every() {
+            state.last_retire_look = now;
+            // Not while a job is being registered (it may be the one found idle).
+            if let Ok(_no_registration) = self.registrations.try_lock() {
+                self.retire_idle_jobs(&mut state, now);
+            }
+        }
         drop(state);
         if report.requeued_tasks > 0 {
             self.work.notify_waiters();
+        }
+    }
+
+    /// How often jobs are looked at for retirement: a quarter of the retention, at most every
+    /// [`RETIRE_LOOK_EVERY`].
+    fn retire_look_every(&self) -> Duration {
+        self.config
+            .core
+            .job_retention
+            .map_or(RETIRE_LOOK_EVERY, |retention| {
+                (retention / 4).min(RETIRE_LOOK_EVERY)
+            })
+    }
+
+    /// Retires the jobs idle for their retention, and forgets what the service and the
+    /// dashboard kept of them.
+    fn retire_idle_jobs(&self, state: &mut State, now: Instant) {
+        for job in state.core.idle_jobs(now) {
+            let name = job_name(&state.core, job.0);
+            if let Err(error) = state.core.retire_job(job) {
+                tracing::warn!(%error, job = job.0, "retiring an idle job");
+                continue;
+            }
+            state.descriptions.remove(&job.0);
+            state.serving.remove(&job.0);
+            state.monitors.retain(|(of, _), _| *of != job.0);
+            state.clients.retain(|(of, _), _| *of != job.0);
+            if let Some(dashboard) = &self.dashboard {
+                dashboard.forget_job(&name);
+            }
         }
     }
 
@@ -673,6 +736,9 @@ const SHUTDOWN_FLUSH_WAIT: Duration = Duration::from_secs(10);
 
 /// How often silent workers and sessions are looked for.
 const EXPIRE_EVERY: Duration = Duration::from_millis(250);
+
+/// Longest time between two looks for jobs to retire.
+const RETIRE_LOOK_EVERY: Duration = Duration::from_secs(5);
 
 /// A look for silent workers this long after the last one found the coordinator stalled.
 const STALL_EXCUSED_AFTER: Duration = Duration::from_millis(500);

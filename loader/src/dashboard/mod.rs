@@ -220,6 +220,14 @@ impl Dashboard {
             Err(_) => tracing::warn!(job = name, "dashboard registry poisoned; job not shown"),
         }
     }
+
+    /// Stops charting every rank of the job `name`, and forgets its history.
+    pub fn forget_job(&self, name: &str) {
+        match self.registry.lock() {
+            Ok(mut registry) => registry.forget(name),
+            Err(_) => tracing::warn!(job = name, "dashboard registry poisoned; job not forgotten"),
+        }
+    }
 }
 
 impl Drop for Dashboard {

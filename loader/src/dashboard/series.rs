@@ -453,6 +453,11 @@ impl Registry {
         tracing::info!(job = name, rank, "dashboard charting job");
     }
 
+    /// Forgets every rank of the job `name`.
+    pub fn forget(&mut self, name: &str) {
+        self.jobs.retain(|job| job.name != name);
+    }
+
     /// Takes one reading of every job.
     pub fn sample_all(&mut self) {
         let t_ms = unix_ms();
@@ -487,6 +492,22 @@ mod tests {
             gpu_idle_s: 0.0,
             gpu_span_s: 0.0,
         }
+    }
+
+    #[test]
+    fn a_forgotten_job_leaves_the_registry_with_all_its_ranks() {
+        let latest = Arc::new(Mutex::new(MonitorSnapshot::default()));
+        let mut registry = Registry::default();
+        for (name, rank) in [("job 1 a", 0), ("job 1 a", 1), ("job 2 b", 0)] {
+            registry.register(name, rank, LoaderMonitor::reported(Arc::clone(&latest)));
+        }
+        registry.forget("job 1 a");
+        let left: Vec<(&str, u32)> = registry
+            .jobs
+            .iter()
+            .map(|job| (job.name.as_str(), job.rank))
+            .collect();
+        assert_eq!(left, [("job 2 b", 0)]);
     }
 
     #[test]
