@@ -693,11 +693,29 @@ fn cuttable_relay(to: u16) -> (u16, std::sync::Arc<std::sync::atomic::AtomicBool
     (port, open)
 }
 
-#[test]
-fn a_job_retired_while_its_client_was_cut_off_is_registered_again_and_read_on() {
+/// What [`read_cut_off_until_retired`] saw.
+struct CutOff {
+    /// The loader's job before the cut.
+    first: u64,
+    /// The digest of the epoch read, or the first error.
+    read: stoker_loader::Result<String>,
+    /// The embedded loader's digest of the epoch (over the dataset as it was).
+    embedded: String,
+    /// The spec's job when the loader is done (or why none), and whether each is known then.
+    again: Result<u64, tonic::Status>,
+    known: (bool, bool),
+}
+
+/// Reads rank 0's epoch 0 through a relay to the coordinator (retention 1 s, sessions closed
+/// after 1.5 s of silence, a dashboard) that is cut at half the epoch until the loader's job
+/// is retired and gone from the dashboard; `while_cut` runs then, with the dataset's folder,
+/// before the relay carries again, and with `fresh_worker` the one worker is then replaced by
+/// a new process (one that never saw the dataset before).
+fn read_cut_off_until_retired(fresh_worker: bool, while_cut: impl FnOnce(&Path)) -> CutOff {
     use std::sync::atomic::Ordering;
     let dir = fixture();
     let data = dir.path().join("data");
+    let embedded = embedded(spec(&data, 0)).0;
     let flags = [
         "--job-retention-secs",
         "1",
@@ -718,7 +736,7 @@ fn a_job_retired_while_its_client_was_cut_off_is_registered_again_and_read_on() 
             .iter()
             .any(|entry| entry["name"].as_str().unwrap().starts_with(&prefix))
     };
-    let _worker = Daemon::worker(&coordinator.address, dir.path());
+    let mut worker = Daemon::worker(&coordinator.address, dir.path());
     let port: u16 = coordinator
         .address
         .rsplit(':')
@@ -733,53 +751,119 @@ fn a_job_retired_while_its_client_was_cut_off_is_registered_again_and_read_on() 
             let mut client = common::coordinator_client(&coordinator.address).await;
             let request = stoker_proto::v1::GetJobRequest { job_id: job };
             match client.get_job(request).await {
-                Ok(_) => Ok(true),
-                Err(status) if status.code() == tonic::Code::NotFound => Ok(false),
-                Err(status) => Err(status),
+                Ok(_) => true,
+                Err(status) if status.code() == tonic::Code::NotFound => false,
+                Err(status) => panic!("{status:?}"),
             }
         })
     };
-    let first = runtime
-        .block_on(async {
+    let register = || {
+        runtime.block_on(async {
             let mut client = common::coordinator_client(&coordinator.address).await;
             let request = RegisterJobRequest {
                 spec: Some(spec(&data, 0)),
                 weight: 0,
             };
-            client.register_job(request).await
+            client
+                .register_job(request)
+                .await
+                .map(|r| r.into_inner().job_id)
         })
-        .unwrap()
-        .into_inner()
-        .job_id;
+    };
     // The client reaches the coordinator through the relay, its workers directly.
     let loader = remote(&format!("127.0.0.1:{relayed}"), spec(&data, 0)).unwrap();
     let mut stream = loader.epoch(0, 0).unwrap();
     let steps = loader.steps_per_epoch();
-    let mut digest = BatchDigest::new();
-    for step in 0..steps {
-        if step == steps / 2 {
-            let deadline = Instant::now() + Duration::from_secs(10);
-            while !charted(first) && Instant::now() < deadline {
-                std::thread::sleep(Duration::from_millis(100));
+    let mut first = 0;
+    let mut while_cut = Some(while_cut);
+    let mut read = || -> stoker_loader::Result<String> {
+        let mut digest = BatchDigest::new();
+        for step in 0..steps {
+            if step == steps / 2 {
+                // The loader's job: the spec registered again while its session is open.
+                first = register().unwrap();
+                let deadline = Instant::now() + Duration::from_secs(10);
+                while !charted(first) && Instant::now() < deadline {
+                    std::thread::sleep(Duration::from_millis(100));
+                }
+                assert!(charted(first), "the client's reports reach the dashboard");
+                // Cut off: its session times out, and with no session open the job is retired.
+                open.store(false, Ordering::SeqCst);
+                let deadline = Instant::now() + Duration::from_secs(30);
+                while known(first) && Instant::now() < deadline {
+                    std::thread::sleep(Duration::from_millis(100));
+                }
+                assert!(!known(first), "job {first} retired");
+                assert!(!charted(first), "and gone from the dashboard");
+                if let Some(while_cut) = while_cut.take() {
+                    while_cut(&data);
+                }
+                if fresh_worker {
+                    worker.kill();
+                    worker = Daemon::worker(&coordinator.address, dir.path());
+                }
+                open.store(true, Ordering::SeqCst);
             }
-            assert!(charted(first), "the client's reports reach the dashboard");
-            // Cut off: its session times out, and with no session open the job is retired.
-            open.store(false, Ordering::SeqCst);
-            let deadline = Instant::now() + Duration::from_secs(30);
-            while known(first).unwrap() && Instant::now() < deadline {
-                std::thread::sleep(Duration::from_millis(100));
-            }
-            assert!(!known(first).unwrap(), "job {first} retired");
-            assert!(!charted(first), "and gone from the dashboard");
-            open.store(true, Ordering::SeqCst);
+            let batch = stream.next_batch()?.expect("a batch per step");
+            assert_eq!(batch.step, step, "in step order, each step once");
+            digest.update(&batch);
         }
-        let batch = stream.next_batch().unwrap().expect("a batch per step");
-        assert_eq!(batch.step, step, "in step order, each step once");
-        digest.update(&batch);
+        assert!(stream.next_batch()?.is_none(), "the epoch ends");
+        Ok(digest.hex())
+    };
+    let read = read();
+    let again = register();
+    let known = (known(first), again.as_ref().is_ok_and(|job| known(*job)));
+    CutOff {
+        first,
+        read,
+        embedded,
+        again,
+        known,
     }
-    assert!(stream.next_batch().unwrap().is_none(), "the epoch ends");
+}
+
+#[test]
+fn a_job_retired_while_its_client_was_cut_off_is_registered_again_and_read_on() {
+    let seen = read_cut_off_until_retired(false, |_| {});
     // Back, the client registered the job again under a new id and read on from its position:
     // the epoch is the embedded one, bit for bit.
-    assert_eq!(digest.hex(), embedded(spec(&data, 0)).0);
-    assert!(!known(first).unwrap());
+    assert_eq!(seen.read.unwrap(), seen.embedded);
+    assert_ne!(
+        seen.again.unwrap(),
+        seen.first,
+        "registered again under a new id"
+    );
+    assert_eq!(seen.known, (false, true));
+}
+
+#[test]
+fn a_client_whose_job_was_retired_and_its_dataset_changed_meanwhile_stops_with_an_error() {
+    // Forty more images while the client is cut off: registered again, the job has more steps.
+    // A worker that never saw the dataset describes it (one that did refuses the change
+    // itself, and the client stops with its error).
+    let seen = read_cut_off_until_retired(true, |data| {
+        let class = std::fs::read_dir(data)
+            .unwrap()
+            .map(|entry| entry.unwrap().path())
+            .find(|path| path.is_dir())
+            .unwrap();
+        let image = std::fs::read_dir(&class)
+            .unwrap()
+            .map(|entry| entry.unwrap().path())
+            .find(|path| path.is_file())
+            .unwrap();
+        let extension = image.extension().unwrap().to_str().unwrap().to_string();
+        for n in 0..40 {
+            std::fs::copy(&image, class.join(format!("added-{n}.{extension}"))).unwrap();
+        }
+    });
+    let error = seen
+        .read
+        .expect_err("no epoch read on over another dataset");
+    assert_eq!(error.kind(), ErrorKind::Dataset, "{error}");
+    let said = "now describe the dataset with 15 steps per epoch where this loader reads 13";
+    assert!(error.to_string().contains(said), "{error}");
+    // The changed dataset is a job of its own at the coordinator, as any new client sees it.
+    assert!(seen.known.1, "{:?}", seen.again);
 }

@@ -34,7 +34,7 @@
 //!   "closed" from then on), and when a rank opens epoch `e` the positions of its epochs before
 //!   `e - 1` leave memory and the journal. Nor with the jobs a coordinator has served: a job
 //!   with no session open for [`CoordinatorConfig::job_retention`] is retired
-//!   ([`idle_jobs`](Coordinator::idle_jobs), [`retire_job`](Coordinator::retire_job)), its
+//!   ([`idle_jobs`](Coordinator::idle_jobs), [`retire_jobs`](Coordinator::retire_jobs)), its
 //!   spec, weight and positions gone from memory and the journal; its id is not given again.
 //!
 //! Time is passed in (`now: Instant`), so tests run without sleeping.
@@ -82,6 +82,8 @@ struct Job {
     steps_per_epoch: u64,
     /// Since when no session of the job has been seen open (by [`Coordinator::idle_jobs`]).
     idle_since: Option<Instant>,
+    /// A session of it opened since [`Coordinator::idle_jobs`] last looked.
+    opened_since_look: bool,
 }
 
 struct Worker {
@@ -113,6 +115,9 @@ pub struct Coordinator {
     journal: Option<Arc<Mutex<Journal>>>,
     journal_path: Option<PathBuf>,
     jobs: BTreeMap<JobId, Job>,
+    /// The jobs of each spec, by its encoding (equal specs encode alike: a spec has no map
+    /// fields), in id order.
+    jobs_by_spec: HashMap<Vec<u8>, Vec<JobId>>,
     /// The id the next [`JobWrite`] takes: ids rise within a run and none is given twice, not
     /// even one whose write failed or whose job was retired.
     next_job: JobId,
@@ -310,6 +315,7 @@ impl Coordinator {
             journal: None,
             journal_path: None,
             jobs: BTreeMap::new(),
+            jobs_by_spec: HashMap::new(),
             next_job: JobId(0),
             retired_jobs: Vec::new(),
             job_id_base: 0,
@@ -359,14 +365,7 @@ impl Coordinator {
             let id = JobId(job.id);
             let spec = JobSpec::decode(job.spec.as_slice())
                 .map_err(|source| CoordinatorError::CorruptSpec { job: id, source })?;
-            coordinator.jobs.insert(
-                id,
-                Job {
-                    spec,
-                    steps_per_epoch: job.steps_per_epoch,
-                    idle_since: None,
-                },
-            );
+            coordinator.insert_job(id, spec, job.steps_per_epoch);
         }
         coordinator.next_job = coordinator.first_free_job_id();
         coordinator.resume_positions = contents.positions;
@@ -460,14 +459,7 @@ impl Coordinator {
             world_size = spec.world_size,
             "job registered"
         );
-        self.jobs.insert(
-            id,
-            Job {
-                spec,
-                steps_per_epoch,
-                idle_since: None,
-            },
-        );
+        self.insert_job(id, spec, steps_per_epoch);
         if let Some(weight) = weight {
             self.ready.set_weight(id.0, weight);
         }
@@ -484,62 +476,81 @@ impl Coordinator {
     }
 
     /// The jobs due to be retired at `now`: none of their ranks has had a session open since
-    /// [`CoordinatorConfig::job_retention`] ago, as far as calls of this method saw (a job is
-    /// first seen idle at the first call that finds it so, which also counts for jobs the
-    /// journal brought back). Their clients, if they come back, are told the job is unknown
-    /// and register it again (under a new id), resuming from their own positions.
+    /// [`CoordinatorConfig::job_retention`] ago. A job is idle from the first call that finds
+    /// it with no session open and none opened since the call before (jobs the journal brought
+    /// back count from the first call after the restart). None without a retention.
     pub fn idle_jobs(&mut self, now: Instant) -> Vec<JobId> {
+        let Some(retention) = self.config.job_retention else {
+            return Vec::new();
+        };
         let open: HashSet<JobId> = self.sessions.values().map(|s| s.job).collect();
-        let retention = self.config.job_retention;
         let mut due = Vec::new();
         for (id, job) in &mut self.jobs {
-            if open.contains(id) {
+            // A session opened since the last call counts as open then, even if closed again.
+            if std::mem::take(&mut job.opened_since_look) || open.contains(id) {
                 job.idle_since = None;
                 continue;
             }
             let since = *job.idle_since.get_or_insert(now);
-            if retention.is_some_and(|retention| now.saturating_duration_since(since) >= retention)
-            {
+            if now.saturating_duration_since(since) >= retention {
                 due.push(*id);
             }
         }
         due
     }
 
-    /// Forgets `job` (one [`idle_jobs`](Self::idle_jobs) found due): its spec, weight and
-    /// positions leave memory at once and the journal with the next position write. A job
-    /// with a session open is not retired. Its id is not given again.
-    pub fn retire_job(&mut self, job: JobId) -> CoordinatorResult<()> {
-        if !self.jobs.contains_key(&job) {
-            return Err(CoordinatorError::UnknownJob(job));
+    /// Forgets `jobs` (those [`idle_jobs`](Self::idle_jobs) found due): their specs, weights and
+    /// positions leave memory at once and the journal with the next position write; their
+    /// ids are not given again. A job with a session open, or unknown, is passed over. Returns
+    /// the jobs retired. One pass over the sessions and positions, however many jobs.
+    pub fn retire_jobs(&mut self, jobs: &[JobId]) -> Vec<JobId> {
+        let open: HashSet<JobId> = self.sessions.values().map(|s| s.job).collect();
+        let mut retired = HashSet::new();
+        for &job in jobs {
+            if open.contains(&job) {
+                continue;
+            }
+            let Some(forgotten) = self.jobs.remove(&job) else {
+                continue;
+            };
+            let key = forgotten.spec.encode_to_vec();
+            if let Some(ids) = self.jobs_by_spec.get_mut(&key) {
+                ids.retain(|id| *id != job);
+                if ids.is_empty() {
+                    self.jobs_by_spec.remove(&key);
+                }
+            }
+            self.ready.forget(job.0);
+            retired.insert(job.0);
+            tracing::info!(
+                job = job.0,
+                "job retired: no session open for its retention"
+            );
         }
-        if self.sessions.values().any(|session| session.job == job) {
-            return Err(CoordinatorError::InvalidArgument(format!(
-                "job {} has a session open",
-                job.0
-            )));
+        if retired.is_empty() {
+            return Vec::new();
         }
-        self.jobs.remove(&job);
-        self.ready.forget(job.0);
         let mut dropped = Vec::new();
         self.resume_positions.retain(|key, _| {
-            let retired = key.0 == job.0;
-            if retired {
+            let gone = retired.contains(&key.0);
+            if gone {
                 dropped.push(*key);
             }
-            !retired
+            !gone
         });
-        self.dirty_positions.retain(|key, _| key.0 != job.0);
+        self.dirty_positions
+            .retain(|key, _| !retired.contains(&key.0));
+        let retired: Vec<JobId> = jobs
+            .iter()
+            .copied()
+            .filter(|job| retired.contains(&job.0))
+            .collect();
         if self.journal.is_some() {
             self.pruned_positions.extend(dropped);
-            self.retired_jobs.push(job);
+            self.retired_jobs.extend(&retired);
         }
-        self.stats.jobs_retired += 1;
-        tracing::info!(
-            job = job.0,
-            "job retired: no session open for its retention"
-        );
-        Ok(())
+        self.stats.jobs_retired += retired.len() as u64;
+        retired
     }
 
     /// The largest weight a job gets in this run.
@@ -623,6 +634,34 @@ impl Coordinator {
             .get(&job)
             .map(|j| &j.spec)
             .ok_or(CoordinatorError::UnknownJob(job))
+    }
+
+    fn insert_job(&mut self, id: JobId, spec: JobSpec, steps_per_epoch: u64) {
+        let ids = self.jobs_by_spec.entry(spec.encode_to_vec()).or_default();
+        if let Err(at) = ids.binary_search(&id) {
+            ids.insert(at, id);
+        }
+        self.jobs.insert(
+            id,
+            Job {
+                spec,
+                steps_per_epoch,
+                idle_since: None,
+                opened_since_look: false,
+            },
+        );
+    }
+
+    /// The jobs registered with `spec`, with their steps per epoch, in id order: more than one
+    /// when its dataset changed across a restart (the journal keeps a job as it was
+    /// registered). Costs the spec's encoding and a lookup, not a pass over the jobs.
+    pub fn jobs_of_spec(&self, spec: &JobSpec) -> Vec<(JobId, u64)> {
+        self.jobs_by_spec
+            .get(&spec.encode_to_vec())
+            .into_iter()
+            .flatten()
+            .filter_map(|id| Some((*id, self.jobs.get(id)?.steps_per_epoch)))
+            .collect()
     }
 
     /// The registered jobs with their specs and steps per epoch, in id order.
@@ -783,6 +822,9 @@ impl Coordinator {
                 step: start_step,
                 steps_per_epoch,
             });
+        }
+        if let Some(entry) = self.jobs.get_mut(&job) {
+            entry.opened_since_look = true;
         }
         let key = (job.0, rank, epoch);
         if let Some(&index) = self.session_index.get(&key) {

@@ -980,14 +980,18 @@ fn a_job_with_no_session_open_for_its_retention_is_forgotten_and_its_id_not_give
         c.close_session(s).unwrap();
     }
     c.flush().unwrap();
+    assert!(
+        c.idle_jobs(t0).is_empty(),
+        "sessions opened since the last look"
+    );
     assert!(c.idle_jobs(t0).is_empty(), "first seen idle now");
     assert!(c.idle_jobs(at(t0, 59_999)).is_empty());
     assert_eq!(c.idle_jobs(at(t0, 60_000)), [idle]);
-    assert!(
-        c.retire_job(busy).is_err(),
-        "a job with a session open stays"
+    assert_eq!(
+        c.retire_jobs(&[busy, idle, JobId(u64::MAX)]),
+        [idle],
+        "a job with a session open stays, an unknown one is passed over"
     );
-    c.retire_job(idle).unwrap();
     assert!(matches!(
         c.open_session(idle, 0, 3, Step(0)),
         Err(CoordinatorError::UnknownJob(_))
@@ -1026,7 +1030,13 @@ fn a_job_whose_session_opens_again_is_idle_afresh_and_no_retention_keeps_every_j
     assert!(c.idle_jobs(at(t0, 50_000)).is_empty());
     c.close_session(s).unwrap();
     assert!(c.idle_jobs(at(t0, 61_000)).is_empty(), "idle since 61 s");
-    assert_eq!(c.idle_jobs(at(t0, 121_000)), [job]);
+    // A session opened and closed between two looks counts: idle again from the next look.
+    let s = c.open_session(job, 0, 1, Step(0)).unwrap();
+    c.close_session(s).unwrap();
+    assert!(c.idle_jobs(at(t0, 100_000)).is_empty(), "opened since");
+    assert!(c.idle_jobs(at(t0, 101_000)).is_empty(), "idle since 101 s");
+    assert!(c.idle_jobs(at(t0, 160_999)).is_empty());
+    assert_eq!(c.idle_jobs(at(t0, 161_000)), [job]);
     let mut keeping = Coordinator::in_memory(CoordinatorConfig {
         job_retention: None,
         ..config()
@@ -1035,4 +1045,25 @@ fn a_job_whose_session_opens_again_is_idle_afresh_and_no_retention_keeps_every_j
     assert!(keeping.idle_jobs(t0).is_empty());
     assert!(keeping.idle_jobs(at(t0, u64::from(u32::MAX))).is_empty());
     assert!(keeping.job_spec(job).is_ok());
+}
+
+#[test]
+fn jobs_are_found_by_spec_across_restarts_and_retirement() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut c = journaled(dir.path());
+    let a = c.register_job(spec(2, 1), 10).unwrap();
+    let b = c.register_job(spec(2, 2), 10).unwrap();
+    // The same spec over a dataset that changed: a second job of it.
+    let a2 = c.register_job(spec(2, 1), 12).unwrap();
+    assert_eq!(c.jobs_of_spec(&spec(2, 1)), [(a, 10), (a2, 12)]);
+    assert_eq!(c.jobs_of_spec(&spec(2, 2)), [(b, 10)]);
+    assert!(c.jobs_of_spec(&spec(2, 3)).is_empty());
+    drop(c);
+    let mut c = journaled(dir.path());
+    assert_eq!(c.jobs_of_spec(&spec(2, 1)), [(a, 10), (a2, 12)]);
+    assert_eq!(c.retire_jobs(&[a]), [a]);
+    assert_eq!(c.jobs_of_spec(&spec(2, 1)), [(a2, 12)]);
+    assert_eq!(c.retire_jobs(&[a2]), [a2]);
+    assert!(c.jobs_of_spec(&spec(2, 1)).is_empty());
+    assert!(!c.jobs_by_spec.contains_key(&spec(2, 1).encode_to_vec()));
 }

@@ -10,7 +10,7 @@
 //! call but a registration (durable before it is answered): workers' heartbeats and leases,
 //! and clients' acknowledgements, go on meanwhile.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::Path;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
@@ -184,10 +184,7 @@ fn job_key(mut spec: JobSpec) -> JobSpec {
 /// The jobs of `spec` (keyed by [`job_key`]), with their steps per epoch: more than one when
 /// its dataset changed across a restart (the journal keeps the job as it was registered).
 fn jobs_of(core: &Coordinator, spec: &JobSpec) -> Vec<(JobId, u64)> {
-    core.jobs()
-        .filter(|(_, known, _)| *known == spec)
-        .map(|(id, _, steps)| (id, steps))
-        .collect()
+    core.jobs_of_spec(spec)
 }
 
 /// Runs a journal write on a blocking thread, so a slow disk holds up no call; the write comes
@@ -613,19 +610,33 @@ impl CoordinatorService {
     /// Retires the jobs idle for their retention, and forgets what the service and the
     /// dashboard kept of them.
     fn retire_idle_jobs(&self, state: &mut State, now: Instant) {
-        for job in state.core.idle_jobs(now) {
-            let name = job_name(&state.core, job.0);
-            if let Err(error) = state.core.retire_job(job) {
-                tracing::warn!(%error, job = job.0, "retiring an idle job");
-                continue;
-            }
-            state.descriptions.remove(&job.0);
-            state.serving.remove(&job.0);
-            state.monitors.retain(|(of, _), _| *of != job.0);
-            state.clients.retain(|(of, _), _| *of != job.0);
-            if let Some(dashboard) = &self.dashboard {
-                dashboard.forget_job(&name);
-            }
+        let due = state.core.idle_jobs(now);
+        if due.is_empty() {
+            return;
+        }
+        let names: HashMap<u64, String> = due
+            .iter()
+            .map(|job| (job.0, job_name(&state.core, job.0)))
+            .collect();
+        let retired: HashSet<u64> = state
+            .core
+            .retire_jobs(&due)
+            .into_iter()
+            .map(|job| job.0)
+            .collect();
+        for job in &retired {
+            state.descriptions.remove(job);
+            state.serving.remove(job);
+        }
+        state.monitors.retain(|(job, _), _| !retired.contains(job));
+        state.clients.retain(|(job, _), _| !retired.contains(job));
+        if let Some(dashboard) = &self.dashboard {
+            let names: HashSet<String> = names
+                .into_iter()
+                .filter(|(job, _)| retired.contains(job))
+                .map(|(_, name)| name)
+                .collect();
+            dashboard.forget_jobs(&names);
         }
     }
 

@@ -221,11 +221,11 @@ impl Dashboard {
         }
     }
 
-    /// Stops charting every rank of the job `name`, and forgets its history.
-    pub fn forget_job(&self, name: &str) {
+    /// Stops charting every rank of the jobs named in `names`, and forgets their history.
+    pub fn forget_jobs(&self, names: &std::collections::HashSet<String>) {
         match self.registry.lock() {
-            Ok(mut registry) => registry.forget(name),
-            Err(_) => tracing::warn!(job = name, "dashboard registry poisoned; job not forgotten"),
+            Ok(mut registry) => registry.forget(names),
+            Err(_) => tracing::warn!("dashboard registry poisoned; jobs not forgotten"),
         }
     }
 }

@@ -453,9 +453,9 @@ impl Registry {
         tracing::info!(job = name, rank, "dashboard charting job");
     }
 
-    /// Forgets every rank of the job `name`.
-    pub fn forget(&mut self, name: &str) {
-        self.jobs.retain(|job| job.name != name);
+    /// Forgets every rank of the jobs named in `names`.
+    pub fn forget(&mut self, names: &std::collections::HashSet<String>) {
+        self.jobs.retain(|job| !names.contains(&job.name));
     }
 
     /// Takes one reading of every job.
@@ -501,7 +501,7 @@ mod tests {
         for (name, rank) in [("job 1 a", 0), ("job 1 a", 1), ("job 2 b", 0)] {
             registry.register(name, rank, LoaderMonitor::reported(Arc::clone(&latest)));
         }
-        registry.forget("job 1 a");
+        registry.forget(&["job 1 a".to_string()].into());
         let left: Vec<(&str, u32)> = registry
             .jobs
             .iter()

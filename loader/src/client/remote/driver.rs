@@ -4,14 +4,15 @@
 //! session when a stream breaks, a batch is overdue or the coordinator restarts.
 
 use std::collections::{BTreeSet, HashMap, HashSet};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crossbeam_channel::Sender;
 use stoker_proto::v1::coordinator_client::CoordinatorClient;
 use stoker_proto::v1::{
-    CloseSessionRequest, JobSpec, OpenSessionRequest, RegisterJobRequest, SessionToken,
-    SessionUpdateRequest, SubscribeRequest, WorkerInfo,
+    CloseSessionRequest, JobSpec, OpenSessionRequest, RegisterJobRequest, RegisterJobResponse,
+    SessionToken, SessionUpdateRequest, SubscribeRequest, WorkerInfo,
 };
 use stoker_rpc::batch_wire;
 use stoker_rpc::error_kinds;
@@ -26,7 +27,7 @@ use crate::client::landing::{lock, next_landed, Landed, SlotQueue};
 use crate::client::monitor::LoaderMonitor;
 use crate::client::slots::Slot;
 use crate::client::source::{Built, IdleClock};
-use crate::error::{error_from_status, Error, Result};
+use crate::error::{error_from_status, Error, ErrorKind, Result};
 
 /// What a worker stream tells the driver.
 enum Arrival {
@@ -60,6 +61,10 @@ pub(super) struct Driver {
     pub(super) spec: JobSpec,
     pub(super) job_weight: u32,
     pub(super) job_id: u64,
+    /// Where a new id goes when the job is registered again, for the next epochs.
+    pub(super) shared_job_id: Arc<AtomicU64>,
+    /// The dataset's fingerprint the job was registered with (`None` when workers gave none).
+    pub(super) dataset_fingerprint: Option<String>,
     pub(super) rank: u32,
     pub(super) epoch: u64,
     pub(super) steps: u64,
@@ -120,6 +125,34 @@ impl Driver {
         }
     }
 
+    /// Why the job registered again (`registered`) is not the one this loader reads: the
+    /// workers describe its dataset with another step count or fingerprint now, so reading on
+    /// would skip or repeat samples. `None` when it is the same.
+    fn changed_dataset(&self, registered: &RegisterJobResponse) -> Option<String> {
+        if registered.steps_per_epoch != self.steps {
+            return Some(format!(
+                "the coordinator had forgotten the job, and its workers now describe the dataset \
+                 with {} steps per epoch where this loader reads {}: the dataset changed under \
+                 the job; start a new loader",
+                registered.steps_per_epoch, self.steps
+            ));
+        }
+        match &self.dataset_fingerprint {
+            Some(before)
+                if !registered.dataset_fingerprint.is_empty()
+                    && registered.dataset_fingerprint != *before =>
+            {
+                Some(format!(
+                    "the coordinator had forgotten the job, and its workers now fingerprint the \
+                     dataset {} where this loader read {before}: the dataset changed under the \
+                     job; start a new loader",
+                    registered.dataset_fingerprint
+                ))
+            }
+            _ => None,
+        }
+    }
+
     fn register_request(&self) -> RegisterJobRequest {
         RegisterJobRequest {
             spec: Some(self.spec.clone()),
@@ -173,10 +206,26 @@ impl Driver {
                     return Some((token, response.workers));
                 }
                 Err(status) if status.code() == Code::NotFound => {
-                    // The coordinator lost its journal: register the job again.
+                    // The coordinator forgot the job (retired after its clients were gone, or
+                    // its journal lost): registered again, over the same dataset.
                     tracing::warn!(%status, "coordinator does not know the job; registering it again");
                     match client.register_job(self.register_request()).await {
-                        Ok(r) => self.job_id = r.into_inner().job_id,
+                        Ok(r) => {
+                            let r = r.into_inner();
+                            if let Some(changed) = self.changed_dataset(&r) {
+                                let _ = self.batches.send(Err(Error::Remote {
+                                    kind: ErrorKind::Dataset,
+                                    context: format!(
+                                        "registering job {} again at coordinator {}",
+                                        self.job_id, self.address
+                                    ),
+                                    message: changed,
+                                }));
+                                return None;
+                            }
+                            self.job_id = r.job_id;
+                            self.shared_job_id.store(r.job_id, Ordering::Relaxed);
+                        }
                         Err(status) if error_kinds::is_transient(&status) => {
                             tokio::time::sleep(backoff.next_delay()).await;
                         }

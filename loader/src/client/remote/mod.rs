@@ -31,6 +31,7 @@
 //! leasing steps nobody will take at once rather than after its session timeout.
 
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -122,7 +123,9 @@ pub struct RemoteSource {
     channel: RpcChannel,
     security: ClientSecurity,
     spec: JobSpec,
-    job_id: u64,
+    /// The job's id at the coordinator: a later epoch's driver that finds the coordinator has
+    /// forgotten the job registers it again and puts the new id here for the next ones.
+    job_id: Arc<AtomicU64>,
     info: SourceInfo,
     options: RemoteOptions,
 }
@@ -183,7 +186,7 @@ impl RemoteSource {
             channel,
             security,
             spec,
-            job_id: registered.job_id,
+            job_id: Arc::new(AtomicU64::new(registered.job_id)),
             info,
             options,
         })
@@ -191,7 +194,7 @@ impl RemoteSource {
 
     /// The job's id at the coordinator.
     pub fn job_id(&self) -> u64 {
-        self.job_id
+        self.job_id.load(Ordering::Relaxed)
     }
 
     /// The coordinator's address.
@@ -223,7 +226,9 @@ impl BatchSource for RemoteSource {
             address: self.address.clone(),
             spec: self.spec.clone(),
             job_weight: self.options.job_weight,
-            job_id: self.job_id,
+            job_id: self.job_id(),
+            shared_job_id: Arc::clone(&self.job_id),
+            dataset_fingerprint: self.info.dataset_fingerprint.clone(),
             rank: self.spec.rank,
             epoch,
             steps,
