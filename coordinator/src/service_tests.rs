@@ -779,7 +779,17 @@ async fn a_job_with_no_session_open_for_its_retention_is_retired_and_registered_
     let (job, session) = open(&mut client, 2).await?;
     let tasks = lease(&mut client, worker, 4).await?;
     report(&mut client, worker, &tasks).await?;
-    update(&mut client, session, 0, steps(&tasks)).await?;
+    let request = SessionUpdateRequest {
+        session: Some(session),
+        grant_credits: 0,
+        acknowledged: steps(&tasks),
+        stats: Some(stoker_proto::v1::ClientStats::default()),
+    };
+    client.update_session(request).await?;
+    assert!(
+        service.clients().iter().any(|entry| entry.job == job),
+        "the client's report is kept"
+    );
     // Open for three retentions: kept.
     tokio::time::sleep(Duration::from_millis(1200)).await;
     let get = |job: u64| {
@@ -806,6 +816,10 @@ async fn a_job_with_no_session_open_for_its_retention_is_retired_and_registered_
     assert_eq!(get(job).await, Some(Code::NotFound), "retired");
     assert_eq!(service.core_stats().jobs_retired, 1);
     assert_eq!(service.core_stats().jobs, 0);
+    assert!(
+        service.clients().iter().all(|entry| entry.job != job),
+        "and its client's report forgotten"
+    );
     let reopened = client
         .open_session(OpenSessionRequest {
             job_id: job,

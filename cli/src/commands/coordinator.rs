@@ -63,7 +63,8 @@ pub struct CoordinatorArgs {
     /// its spec, weight and positions leave memory, the journal and the dashboard, so a
     /// coordinator that serves jobs for months holds only recent ones. A client that comes
     /// back to it later registers it again (under a new id) and reads on from its own
-    /// position, or stops with an error if the dataset changed meanwhile. 0 keeps every job.
+    /// position, or stops with an error when the workers now describe the dataset with another
+    /// step count or fingerprint. 0 keeps every job.
     #[arg(long, default_value_t = 86_400)]
     pub job_retention_secs: u64,
 }

@@ -704,6 +704,8 @@ struct CutOff {
     /// The spec's job when the loader is done (or why none), and whether each is known then.
     again: Result<u64, tonic::Status>,
     known: (bool, bool),
+    /// Whether the dashboard charts the loader under `again` then.
+    again_charted: bool,
 }
 
 /// Reads rank 0's epoch 0 through a relay to the coordinator (retention 1 s, sessions closed
@@ -813,11 +815,20 @@ fn read_cut_off_until_retired(fresh_worker: bool, while_cut: impl FnOnce(&Path))
     };
     let read = read();
     let again = register();
+    // A loader that read on reports under the job it reads now.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while read.is_ok()
+        && again.as_ref().is_ok_and(|job| !charted(*job))
+        && Instant::now() < deadline
+    {
+        std::thread::sleep(Duration::from_millis(100));
+    }
     let known = (known(first), again.as_ref().is_ok_and(|job| known(*job)));
     CutOff {
         first,
         read,
         embedded,
+        again_charted: again.as_ref().is_ok_and(|job| charted(*job)),
         again,
         known,
     }
@@ -835,6 +846,7 @@ fn a_job_retired_while_its_client_was_cut_off_is_registered_again_and_read_on() 
         "registered again under a new id"
     );
     assert_eq!(seen.known, (false, true));
+    assert!(seen.again_charted, "the loader reads under the new id");
 }
 
 #[test]

@@ -507,7 +507,7 @@ impl Coordinator {
         let open: HashSet<JobId> = self.sessions.values().map(|s| s.job).collect();
         let mut retired = HashSet::new();
         for &job in jobs {
-            if open.contains(&job) {
+            if open.contains(&job) || retired.contains(&job.0) {
                 continue;
             }
             let Some(forgotten) = self.jobs.remove(&job) else {
@@ -540,10 +540,11 @@ impl Coordinator {
         });
         self.dirty_positions
             .retain(|key, _| !retired.contains(&key.0));
+        let mut listed = HashSet::new();
         let retired: Vec<JobId> = jobs
             .iter()
             .copied()
-            .filter(|job| retired.contains(&job.0))
+            .filter(|job| retired.contains(&job.0) && listed.insert(*job))
             .collect();
         if self.journal.is_some() {
             self.pruned_positions.extend(dropped);
@@ -650,6 +651,15 @@ impl Coordinator {
                 opened_since_look: false,
             },
         );
+    }
+
+    /// Counts a use of `job` (a client registering it) as a session opened, for
+    /// [`idle_jobs`](Self::idle_jobs): a job handed to a client is not retired before it opens
+    /// its first session.
+    pub fn job_in_use(&mut self, job: JobId) {
+        if let Some(entry) = self.jobs.get_mut(&job) {
+            entry.opened_since_look = true;
+        }
     }
 
     /// The jobs registered with `spec`, with their steps per epoch, in id order: more than one
@@ -1332,8 +1342,10 @@ impl Coordinator {
         });
         self.pruned_positions.drain(..done);
         self.pruned_written += done as u64;
-        self.retired_jobs
-            .retain(|job| !write.retired.contains(&job.0));
+        if !write.retired.is_empty() {
+            let deleted: HashSet<u64> = write.retired.iter().copied().collect();
+            self.retired_jobs.retain(|job| !deleted.contains(&job.0));
+        }
         // A key dropped after this write was taken, then opened again, is deleted by the next
         // write before its position is written again: that position stays to be written.
         let pruned_since: HashSet<PositionKey> = self.pruned_positions.iter().copied().collect();

@@ -1036,7 +1036,17 @@ fn a_job_whose_session_opens_again_is_idle_afresh_and_no_retention_keeps_every_j
     assert!(c.idle_jobs(at(t0, 100_000)).is_empty(), "opened since");
     assert!(c.idle_jobs(at(t0, 101_000)).is_empty(), "idle since 101 s");
     assert!(c.idle_jobs(at(t0, 160_999)).is_empty());
-    assert_eq!(c.idle_jobs(at(t0, 161_000)), [job]);
+    // A registration handing the job to a client counts too.
+    c.job_in_use(job);
+    assert!(c.idle_jobs(at(t0, 161_000)).is_empty(), "registered since");
+    assert!(c.idle_jobs(at(t0, 162_000)).is_empty(), "idle since 162 s");
+    assert_eq!(c.idle_jobs(at(t0, 222_000)), [job]);
+    assert_eq!(
+        c.retire_jobs(&[job, job]),
+        [job],
+        "once, though listed twice"
+    );
+    assert_eq!(c.stats().jobs_retired, 1);
     let mut keeping = Coordinator::in_memory(CoordinatorConfig {
         job_retention: None,
         ..config()

@@ -256,7 +256,7 @@ impl coordinator_server::Coordinator for CoordinatorService {
         };
         // A job registered and described in this run, its weight as asked: answered at once.
         let known = {
-            let state = lock(&self.state);
+            let mut state = lock(&self.state);
             let described = jobs_of(&state.core, &spec)
                 .into_iter()
                 .find_map(|(id, _)| Some((id, state.descriptions.get(&id.0)?.clone())));
@@ -269,6 +269,7 @@ impl coordinator_server::Coordinator for CoordinatorService {
                             .map_err(coordinator_status)?
                             .changes();
                     if !changes {
+                        state.core.job_in_use(id);
                         return Ok(answer(id, &described));
                     }
                     Some(described)

@@ -461,6 +461,7 @@ impl CoordinatorService {
                 .weight_written(&write, outcome)
                 .map_err(coordinator_status)?;
             state.descriptions.insert(id.0, described);
+            state.core.job_in_use(id);
             return Ok(id);
         }
         // A journaled job of another step count was registered over another dataset than the
@@ -477,6 +478,7 @@ impl CoordinatorService {
             .job_written(write, outcome)
             .map_err(coordinator_status)?;
         state.descriptions.insert(id.0, described);
+        state.core.job_in_use(id);
         if let Some((before, steps_before)) = earlier {
             tracing::warn!(
                 job = id.0,
@@ -515,6 +517,7 @@ impl CoordinatorService {
             return Ok(None);
         }
         state.descriptions.insert(id.0, described.clone());
+        state.core.job_in_use(id);
         Ok(Some(id))
     }
 
