@@ -606,6 +606,24 @@ async fn promptly<T>(
     Ok(answer)
 }
 
+/// One round of `worker` leasing up to 4 tasks and reporting them done, and the client of
+/// `session` acknowledging them and granting their credits again, each call refused when it
+/// takes a lease timeout or more ([`promptly`]). Returns the acknowledged position.
+async fn serve_promptly(
+    client: &mut CoordinatorClient<RpcChannel>,
+    worker: u64,
+    session: SessionToken,
+) -> Result<u64, Box<dyn std::error::Error>> {
+    let tasks = promptly("a lease", lease(client, worker, 4)).await?;
+    promptly("a report", report(client, worker, &tasks)).await?;
+    let credits = tasks.len() as u64;
+    promptly(
+        "an acknowledgement",
+        update(client, session, credits, steps(&tasks)),
+    )
+    .await
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn workers_and_clients_are_answered_while_the_journals_disk_is_stalled() -> TestResult {
     let stall = std::sync::Arc::new(Stall::default());
@@ -629,14 +647,7 @@ async fn workers_and_clients_are_answered_while_the_journals_disk_is_stalled() -
     let mut acknowledged = 2;
     let until = std::time::Instant::now() + LEASE_TIMEOUT * 3;
     while std::time::Instant::now() < until {
-        let tasks = promptly("a lease", lease(&mut client, worker, 4)).await?;
-        promptly("a report", report(&mut client, worker, &tasks)).await?;
-        let credits = tasks.len() as u64;
-        acknowledged = promptly(
-            "an acknowledgement",
-            update(&mut client, session, credits, steps(&tasks)),
-        )
-        .await?;
+        acknowledged = serve_promptly(&mut client, worker, session).await?;
     }
     assert!(stall.waiting() > 0, "the write stalled all along");
     assert_eq!(acknowledged, STEPS, "the epoch went on to its end");
@@ -689,14 +700,7 @@ async fn a_registration_waiting_on_the_journals_disk_holds_up_no_other_call() ->
     let until = std::time::Instant::now() + LEASE_TIMEOUT * 3;
     let mut acknowledged = 0;
     while std::time::Instant::now() < until {
-        let tasks = promptly("a lease", lease(&mut client, worker, 4)).await?;
-        promptly("a report", report(&mut client, worker, &tasks)).await?;
-        let credits = tasks.len() as u64;
-        acknowledged = promptly(
-            "an acknowledgement",
-            update(&mut client, session, credits, steps(&tasks)),
-        )
-        .await?;
+        acknowledged = serve_promptly(&mut client, worker, session).await?;
         let again = promptly("a registration of a known job", async {
             let request = RegisterJobRequest {
                 spec: Some(spec()),
