@@ -706,6 +706,8 @@ struct CutOff {
     known: (bool, bool),
     /// Whether the dashboard charts the loader under `again` then.
     again_charted: bool,
+    /// The job the loader says it reads under, before the cut and when done.
+    loader_job: (Option<u64>, Option<u64>),
 }
 
 /// Reads rank 0's epoch 0 through a relay to the coordinator (retention 1 s, sessions closed
@@ -718,6 +720,12 @@ fn read_cut_off_until_retired(fresh_worker: bool, while_cut: impl FnOnce(&Path))
     let dir = fixture();
     let data = dir.path().join("data");
     let embedded = embedded(spec(&data, 0)).0;
+    let in_process = common::embedded_loader(spec(&data, 0), 1).unwrap();
+    assert_eq!(
+        in_process.coordinator_job(),
+        None,
+        "no coordinator in process"
+    );
     let flags = [
         "--job-retention-secs",
         "1",
@@ -776,6 +784,7 @@ fn read_cut_off_until_retired(fresh_worker: bool, while_cut: impl FnOnce(&Path))
     let loader = remote(&format!("127.0.0.1:{relayed}"), spec(&data, 0)).unwrap();
     let mut stream = loader.epoch(0, 0).unwrap();
     let steps = loader.steps_per_epoch();
+    let loader_job_before = loader.coordinator_job();
     let mut first = 0;
     let mut while_cut = Some(while_cut);
     let mut read = || -> stoker_loader::Result<String> {
@@ -829,6 +838,7 @@ fn read_cut_off_until_retired(fresh_worker: bool, while_cut: impl FnOnce(&Path))
         read,
         embedded,
         again_charted: again.as_ref().is_ok_and(|job| charted(*job)),
+        loader_job: (loader_job_before, loader.coordinator_job()),
         again,
         known,
     }
@@ -840,13 +850,12 @@ fn a_job_retired_while_its_client_was_cut_off_is_registered_again_and_read_on() 
     // Back, the client registered the job again under a new id and read on from its position:
     // the epoch is the embedded one, bit for bit.
     assert_eq!(seen.read.unwrap(), seen.embedded);
-    assert_ne!(
-        seen.again.unwrap(),
-        seen.first,
-        "registered again under a new id"
-    );
+    let again = seen.again.unwrap();
+    assert_ne!(again, seen.first, "registered again under a new id");
     assert_eq!(seen.known, (false, true));
     assert!(seen.again_charted, "the loader reads under the new id");
+    // And says so: its later epochs open under it.
+    assert_eq!(seen.loader_job, (Some(seen.first), Some(again)));
 }
 
 #[test]

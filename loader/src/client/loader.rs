@@ -353,6 +353,13 @@ impl Loader {
         self.info().threads
     }
 
+    /// The job's id at its coordinator in the distributed mode (the dashboard names the job
+    /// by it): the id it reads under now, a new one once the coordinator forgot the job and
+    /// the loader registered it again. `None` for an in-process loader.
+    pub fn coordinator_job(&self) -> Option<u64> {
+        self.core.source.coordinator_job()
+    }
+
     /// Steps per epoch for this rank.
     pub fn steps_per_epoch(&self) -> u64 {
         self.info().steps_per_epoch

@@ -83,6 +83,13 @@ pub trait BatchSource: Send + Sync {
         None
     }
 
+    /// The job's id at the coordinator that serves it (the dashboard's "job ID ..."), for a
+    /// source that has one: the id it reads under now, a new one once the coordinator forgot
+    /// the job and it registered it again.
+    fn coordinator_job(&self) -> Option<u64> {
+        None
+    }
+
     /// What the source is reading right now, for a timeout's message (`"; the decode threads
     /// are reading ..."`), or "" where it cannot tell.
     fn reading_now(&self) -> String {

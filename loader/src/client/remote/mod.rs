@@ -208,6 +208,10 @@ impl BatchSource for RemoteSource {
         &self.info
     }
 
+    fn coordinator_job(&self) -> Option<u64> {
+        Some(self.job_id())
+    }
+
     fn open_epoch(
         &self,
         epoch: u64,
