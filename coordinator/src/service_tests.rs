@@ -592,6 +592,27 @@ fn stalling_fixture(stall: &std::sync::Arc<Stall>) -> Result<Fixture, Box<dyn st
     })
 }
 
+/// A coordinator on a disk `stall` stalls ([`stalling_fixture`]), a client of it, a worker
+/// registered and rank 0's session of [`spec`]'s job open with 2 credits.
+async fn with_a_session(
+    stall: &std::sync::Arc<Stall>,
+) -> Result<
+    (
+        Fixture,
+        CoordinatorClient<RpcChannel>,
+        u64,
+        u64,
+        SessionToken,
+    ),
+    Box<dyn std::error::Error>,
+> {
+    let fixture = stalling_fixture(stall)?;
+    let mut client = coordinator(&fixture.network, None);
+    let worker = register_worker(&mut client).await?;
+    let (job, session) = open(&mut client, 2).await?;
+    Ok((fixture, client, worker, job, session))
+}
+
 /// Runs `call`, refused when it takes a lease timeout or more (on a stalled disk it would).
 async fn promptly<T>(
     what: &str,
@@ -627,15 +648,13 @@ async fn serve_promptly(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn workers_and_clients_are_answered_while_the_journals_disk_is_stalled() -> TestResult {
     let stall = std::sync::Arc::new(Stall::default());
+    let (fixture, mut client, worker, job, session) = with_a_session(&stall).await?;
     let Fixture {
         network,
         service,
         state,
         stop,
-    } = stalling_fixture(&stall)?;
-    let mut client = coordinator(&network, None);
-    let worker = register_worker(&mut client).await?;
-    let (job, session) = open(&mut client, 2).await?;
+    } = fixture;
     let tasks = lease(&mut client, worker, 4).await?;
     report(&mut client, worker, &tasks).await?;
     stall.set(true);
@@ -680,15 +699,13 @@ async fn register_other(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_registration_waiting_on_the_journals_disk_holds_up_no_other_call() -> TestResult {
     let stall = std::sync::Arc::new(Stall::default());
+    let (fixture, mut client, worker, job, session) = with_a_session(&stall).await?;
     let Fixture {
         network,
         service,
         state,
         stop,
-    } = stalling_fixture(&stall)?;
-    let mut client = coordinator(&network, None);
-    let worker = register_worker(&mut client).await?;
-    let (job, session) = open(&mut client, 2).await?;
+    } = fixture;
     stall.set(true);
     // A new job's registration is durable before it is answered: it waits on the disk, and
     // a second rank's registration of the same job, asking for a weight, waits behind it.

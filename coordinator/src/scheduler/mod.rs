@@ -122,7 +122,7 @@ pub struct Coordinator {
     /// even one whose write failed or whose job was retired.
     next_job: JobId,
     /// Jobs retired whose rows the journal still holds (deleted by the next position write).
-    retired_jobs: Vec<JobId>,
+    retired_jobs: Vec<u64>,
     /// The first job id of this run's range ([`JOB_ID_RUN_BITS`]).
     job_id_base: u64,
     workers: Vec<Worker>,
@@ -365,7 +365,10 @@ impl Coordinator {
             let id = JobId(job.id);
             let spec = JobSpec::decode(job.spec.as_slice())
                 .map_err(|source| CoordinatorError::CorruptSpec { job: id, source })?;
-            coordinator.insert_job(id, spec, job.steps_per_epoch);
+            // Encoded again rather than the bytes as stored: specs are looked up by the
+            // encoding this build gives them.
+            let encoding = spec.encode_to_vec();
+            coordinator.insert_job(id, spec, encoding, job.steps_per_epoch);
         }
         coordinator.next_job = coordinator.first_free_job_id();
         coordinator.resume_positions = contents.positions;
@@ -447,7 +450,7 @@ impl Coordinator {
             steps_per_epoch,
             spec,
             weight,
-            ..
+            encoded,
         } = write;
         outcome?;
         if journal.is_some() {
@@ -459,7 +462,7 @@ impl Coordinator {
             world_size = spec.world_size,
             "job registered"
         );
-        self.insert_job(id, spec, steps_per_epoch);
+        self.insert_job(id, spec, encoded, steps_per_epoch);
         if let Some(weight) = weight {
             self.ready.set_weight(id.0, weight);
         }
@@ -548,7 +551,7 @@ impl Coordinator {
             .collect();
         if self.journal.is_some() {
             self.pruned_positions.extend(dropped);
-            self.retired_jobs.extend(&retired);
+            self.retired_jobs.extend(retired.iter().map(|job| job.0));
         }
         self.stats.jobs_retired += retired.len() as u64;
         retired
@@ -579,14 +582,10 @@ impl Coordinator {
             return Err(CoordinatorError::UnknownJob(job));
         }
         let weight = requested.clamp(1, self.weight_cap());
-        let journal = if self.job_share(job).weight == weight {
-            None
-        } else {
-            self.journal.clone()
-        };
+        let changes = self.job_share(job).weight != weight;
         Ok(WeightWrite {
-            journal,
-            changes: self.job_share(job).weight != weight,
+            journal: self.journal.clone().filter(|_| changes),
+            changes,
             job,
             requested,
             weight,
@@ -637,8 +636,9 @@ impl Coordinator {
             .ok_or(CoordinatorError::UnknownJob(job))
     }
 
-    fn insert_job(&mut self, id: JobId, spec: JobSpec, steps_per_epoch: u64) {
-        let ids = self.jobs_by_spec.entry(spec.encode_to_vec()).or_default();
+    /// Registers job `id` in memory, found by its spec's `encoding` from then on.
+    fn insert_job(&mut self, id: JobId, spec: JobSpec, encoding: Vec<u8>, steps_per_epoch: u64) {
+        let ids = self.jobs_by_spec.entry(encoding).or_default();
         if let Err(at) = ids.binary_search(&id) {
             ids.insert(at, id);
         }
@@ -833,9 +833,7 @@ impl Coordinator {
                 steps_per_epoch,
             });
         }
-        if let Some(entry) = self.jobs.get_mut(&job) {
-            entry.opened_since_look = true;
-        }
+        self.job_in_use(job);
         let key = (job.0, rank, epoch);
         if let Some(&index) = self.session_index.get(&key) {
             let session = self
@@ -1263,10 +1261,7 @@ impl Coordinator {
         let Some(journal) = &self.journal else {
             return Ok(());
         };
-        if self.dirty_positions.is_empty()
-            && self.pruned_positions.is_empty()
-            && self.retired_jobs.is_empty()
-        {
+        if self.nothing_to_write() {
             return Ok(());
         }
         // Nothing moves while this write runs, so no copy is taken: what it wrote is forgotten
@@ -1274,12 +1269,11 @@ impl Coordinator {
         // so a write taken before it and still on its way is skipped when it lands.
         self.position_writes += 1;
         let positions = self.dirty_positions.iter().map(|(key, at)| (*key, *at));
-        let retired: Vec<u64> = self.retired_jobs.iter().map(|job| job.0).collect();
         lock_journal(journal).write_positions_numbered(
             self.position_writes,
             positions,
             &self.pruned_positions,
-            &retired,
+            &self.retired_jobs,
         )?;
         self.stats.journal_commits += 1;
         tracing::debug!(
@@ -1294,6 +1288,13 @@ impl Coordinator {
         Ok(())
     }
 
+    /// Whether no position, prune or retired job waits to be written.
+    fn nothing_to_write(&self) -> bool {
+        self.dirty_positions.is_empty()
+            && self.pruned_positions.is_empty()
+            && self.retired_jobs.is_empty()
+    }
+
     /// The acknowledged positions changed (and dropped) since the last write that landed, to be
     /// written outside the core, so the core's other calls go on while the disk takes them; `None`
     /// without a journal or with nothing to write. The core keeps them until
@@ -1302,10 +1303,7 @@ impl Coordinator {
     pub fn take_positions(&mut self) -> Option<PositionWrite> {
         self.acks_since_flush = 0;
         let journal = self.journal.as_ref()?;
-        if self.dirty_positions.is_empty()
-            && self.pruned_positions.is_empty()
-            && self.retired_jobs.is_empty()
-        {
+        if self.nothing_to_write() {
             return None;
         }
         self.position_writes += 1;
@@ -1319,7 +1317,7 @@ impl Coordinator {
                 .collect(),
             pruned: self.pruned_positions.clone(),
             pruned_upto: self.pruned_written + self.pruned_positions.len() as u64,
-            retired: self.retired_jobs.iter().map(|job| job.0).collect(),
+            retired: self.retired_jobs.clone(),
         })
     }
 
@@ -1344,7 +1342,7 @@ impl Coordinator {
         self.pruned_written += done as u64;
         if !write.retired.is_empty() {
             let deleted: HashSet<u64> = write.retired.iter().copied().collect();
-            self.retired_jobs.retain(|job| !deleted.contains(&job.0));
+            self.retired_jobs.retain(|job| !deleted.contains(job));
         }
         // A key dropped after this write was taken, then opened again, is deleted by the next
         // write before its position is written again: that position stays to be written.

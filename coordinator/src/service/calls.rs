@@ -17,7 +17,9 @@ use stoker_proto::v1::{
 use stoker_rpc::transport;
 use tonic::{Request, Response, Status};
 
-use super::{job_key, jobs_of, lock, ClientEntry, CoordinatorService, SessionEntry, WorkerEntry};
+use super::{
+    asks_another_weight, job_key, lock, ClientEntry, CoordinatorService, SessionEntry, WorkerEntry,
+};
 use crate::client_reports::{client_snapshot, job_name};
 use crate::requests::validate_spec;
 use crate::status::coordinator_status;
@@ -257,18 +259,14 @@ impl coordinator_server::Coordinator for CoordinatorService {
         // A job registered and described in this run, its weight as asked: answered at once.
         let known = {
             let mut state = lock(&self.state);
-            let described = jobs_of(&state.core, &spec)
+            let described = state
+                .core
+                .jobs_of_spec(&spec)
                 .into_iter()
                 .find_map(|(id, _)| Some((id, state.descriptions.get(&id.0)?.clone())));
             match described {
                 Some((id, described)) => {
-                    let changes = weight > 0
-                        && state
-                            .core
-                            .weight_write(id, weight)
-                            .map_err(coordinator_status)?
-                            .changes();
-                    if !changes {
+                    if !asks_another_weight(&state.core, id, weight)? {
                         state.core.job_in_use(id);
                         return Ok(answer(id, &described));
                     }

@@ -34,8 +34,8 @@ use crate::client_reports::job_name;
 use crate::dashboard_feed::{fleet, job_shares, serving_workers, worker_loads, LastRefresh};
 use crate::status::coordinator_status;
 use crate::{
-    Coordinator, CoordinatorConfig, CoordinatorError, JobId, JobWrite, SessionId, WeightWrite,
-    WorkerId,
+    Coordinator, CoordinatorConfig, CoordinatorError, JobId, JobWrite, PositionWrite, SessionId,
+    WeightWrite, WorkerId,
 };
 use stoker_loader::{Dashboard, MonitorSnapshot};
 
@@ -181,24 +181,31 @@ fn job_key(mut spec: JobSpec) -> JobSpec {
     spec
 }
 
-/// The jobs of `spec` (keyed by [`job_key`]), with their steps per epoch: more than one when
-/// its dataset changed across a restart (the journal keeps the job as it was registered).
-fn jobs_of(core: &Coordinator, spec: &JobSpec) -> Vec<(JobId, u64)> {
-    core.jobs_of_spec(spec)
-}
-
 /// Runs a journal write on a blocking thread, so a slow disk holds up no call; the write comes
-/// back with its outcome.
-async fn write_off_the_lock<W: Send + 'static>(
+/// back with its outcome, or the error of a write that did not finish (it panicked).
+async fn write_off_the_lock<W: Send + 'static, T: Send + 'static>(
     write: W,
-    run: fn(&W) -> Result<(), CoordinatorError>,
-) -> Result<(W, Result<(), CoordinatorError>), Status> {
+    run: fn(&W) -> Result<T, CoordinatorError>,
+) -> Result<(W, Result<T, CoordinatorError>), CoordinatorError> {
     tokio::task::spawn_blocking(move || {
         let outcome = run(&write);
         (write, outcome)
     })
     .await
-    .map_err(|error| Status::internal(format!("a journal write did not finish: {error}")))
+    .map_err(|error| {
+        CoordinatorError::Journal(Box::new(redb::Error::Io(std::io::Error::other(format!(
+            "the journal write did not finish: {error}"
+        )))))
+    })
+}
+
+/// Whether giving `job` the `weight` a registration asks for (0: none) changes its weight.
+fn asks_another_weight(core: &Coordinator, job: JobId, weight: u32) -> Result<bool, Status> {
+    Ok(weight > 0
+        && core
+            .weight_write(job, weight)
+            .map_err(coordinator_status)?
+            .changes())
 }
 
 impl CoordinatorService {
@@ -409,18 +416,9 @@ impl CoordinatorService {
         let Some(write) = lock(&self.state).core.take_positions() else {
             return Ok(());
         };
-        let written = tokio::task::spawn_blocking(move || {
-            let outcome = write.write();
-            (write, outcome)
-        })
-        .await;
-        match written {
-            Ok((write, outcome)) => lock(&self.state).core.positions_written(&write, outcome),
-            // The core still holds every position the write carried.
-            Err(error) => Err(CoordinatorError::Journal(Box::new(redb::Error::Io(
-                std::io::Error::other(format!("the journal write did not finish: {error}")),
-            )))),
-        }
+        // A write that did not finish leaves the core holding every position it carried.
+        let (write, outcome) = write_off_the_lock(write, PositionWrite::write).await?;
+        lock(&self.state).core.positions_written(&write, outcome)
     }
 
     /// Registers the job of `spec`, which a worker `described`, unless one of its step count
@@ -444,7 +442,7 @@ impl CoordinatorService {
         let steps = described.steps_per_epoch;
         let (registered, earlier) = {
             let state = lock(&self.state);
-            let jobs = jobs_of(&state.core, &spec);
+            let jobs = state.core.jobs_of_spec(&spec);
             let registered = jobs.iter().find(|(_, known)| *known == steps).map(|j| j.0);
             (registered, jobs.first().copied())
         };
@@ -454,7 +452,9 @@ impl CoordinatorService {
                 .core
                 .weight_write(id, weight)
                 .map_err(coordinator_status)?;
-            let (write, outcome) = write_off_the_lock(write, WeightWrite::write).await?;
+            let (write, outcome) = write_off_the_lock(write, WeightWrite::write)
+                .await
+                .map_err(coordinator_status)?;
             let mut state = lock(&self.state);
             state
                 .core
@@ -471,7 +471,9 @@ impl CoordinatorService {
             .core
             .job_write(spec, steps, weight)
             .map_err(coordinator_status)?;
-        let (write, outcome) = write_off_the_lock(write, JobWrite::write).await?;
+        let (write, outcome) = write_off_the_lock(write, JobWrite::write)
+            .await
+            .map_err(coordinator_status)?;
         let mut state = lock(&self.state);
         let id = state
             .core
@@ -501,19 +503,15 @@ impl CoordinatorService {
     ) -> Result<Option<JobId>, Status> {
         let mut state = lock(&self.state);
         let steps = described.steps_per_epoch;
-        let Some((id, _)) = jobs_of(&state.core, spec)
+        let Some((id, _)) = state
+            .core
+            .jobs_of_spec(spec)
             .into_iter()
             .find(|(_, known)| *known == steps)
         else {
             return Ok(None);
         };
-        if weight > 0
-            && state
-                .core
-                .weight_write(id, weight)
-                .map_err(coordinator_status)?
-                .changes()
-        {
+        if asks_another_weight(&state.core, id, weight)? {
             return Ok(None);
         }
         state.descriptions.insert(id.0, described.clone());

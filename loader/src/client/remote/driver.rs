@@ -60,9 +60,9 @@ pub(super) struct Driver {
     pub(super) address: String,
     pub(super) spec: JobSpec,
     pub(super) job_weight: u32,
-    pub(super) job_id: u64,
-    /// Where a new id goes when the job is registered again, for the next epochs.
-    pub(super) shared_job_id: Arc<AtomicU64>,
+    /// The job's id at the coordinator, shared with the source and its other epochs: a new
+    /// one goes here when the job is registered again.
+    pub(super) job_id: Arc<AtomicU64>,
     /// The dataset's fingerprint the job was registered with (`None` when workers gave none).
     pub(super) dataset_fingerprint: Option<String>,
     pub(super) rank: u32,
@@ -153,6 +153,11 @@ impl Driver {
         }
     }
 
+    /// The job's id at the coordinator now.
+    fn job_id(&self) -> u64 {
+        self.job_id.load(Ordering::Relaxed)
+    }
+
     fn register_request(&self) -> RegisterJobRequest {
         RegisterJobRequest {
             spec: Some(self.spec.clone()),
@@ -191,7 +196,7 @@ impl Driver {
             }
             let opened = client
                 .open_session(OpenSessionRequest {
-                    job_id: self.job_id,
+                    job_id: self.job_id(),
                     rank: self.rank,
                     epoch: self.epoch,
                     start_step: floor,
@@ -217,14 +222,14 @@ impl Driver {
                                     kind: ErrorKind::Dataset,
                                     context: format!(
                                         "registering job {} again at coordinator {}",
-                                        self.job_id, self.address
+                                        self.job_id(),
+                                        self.address
                                     ),
                                     message: changed,
                                 }));
                                 return None;
                             }
-                            self.job_id = r.job_id;
-                            self.shared_job_id.store(r.job_id, Ordering::Relaxed);
+                            self.job_id.store(r.job_id, Ordering::Relaxed);
                         }
                         Err(status) if error_kinds::is_transient(&status) => {
                             tokio::time::sleep(backoff.next_delay()).await;
@@ -270,7 +275,7 @@ impl Driver {
             job: format!(
                 "{} (id {}, rank {})",
                 job_label(&self.spec),
-                self.job_id,
+                self.job_id(),
                 self.rank
             ),
             coordinator: self.address.clone(),
@@ -297,7 +302,7 @@ impl Driver {
         let (arrivals_tx, mut arrivals) = mpsc::unbounded_channel();
         let mut streams = Streams::default();
         let mut open_streams: HashSet<u64> = HashSet::new();
-        let job_id = self.job_id;
+        let job_id = self.job_id();
         let security = self.security.clone();
         let network = self.network.clone();
         let free_slots = Arc::clone(&self.free_slots);
