@@ -9,11 +9,12 @@
 //! socket from the batch's own buffer, and read from the HTTP/2 receive buffer straight into the
 //! slot), and, as the baseline, tonic's generated server and client with the copy into the slot
 //! after (the path before `batch_wire`). Server and client each run a single-threaded runtime on
-//! their own thread, as a worker's stream and a client's stream do.
+//! their own thread, as a worker's stream and a client's stream do, and allocate as the daemons
+//! and the Python extension do (this binary's Rust allocator is theirs, jemalloc).
 //!
 //! Two rows of plain TCP with no protocol give the socket's own ceiling on the machine: the same
-//! batches written and read in pieces of 1 MiB, and of 64 KiB (the HTTP/2 frame size of the
-//! transport), each read copied into a slot as the streams land them.
+//! batches written and read in pieces of 1 MiB (the HTTP/2 frame size of the transport), and
+//! of 64 KiB, each read copied into a slot as the streams land them.
 //!
 //! With `--tls` the same stream runs a second time over TLS (a throwaway CA and certificate for
 //! 127.0.0.1, and a token on the call), and the report gives both rates and their ratio.
@@ -21,6 +22,7 @@
 use std::hint::black_box;
 use std::io::{Read, Write};
 use std::net::SocketAddr;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
@@ -270,8 +272,34 @@ fn stream_batches(
         .recv_timeout(Duration::from_secs(10))
         .map_err(|_| Error::Failed("the bench server did not start".into()))?;
     let pool = SlotPool::new(slot_bytes, 4);
-    let streamed = single_thread_runtime()?.block_on(async move {
-        let mut channel = transport::channel(&address.to_string(), &client)?;
+    // The client's stream runs on a thread of its own, as the remote client's streams run on
+    // its runtime's threads: on the process's main thread its buffers would come from glibc's
+    // main heap, which gives freed memory at its top back to the kernel and faults it in again
+    // (benches/README.md, 2026-11-29: a third of the rate).
+    let streamed = std::thread::Builder::new()
+        .name("transport-client".into())
+        .spawn(move || receive(address, &client, &pool, slot_bytes, path))?
+        .join()
+        .map_err(|_| Error::Failed("the bench client thread panicked".into()))?;
+    let _ = stop_tx.send(());
+    server
+        .join()
+        .map_err(|_| Error::Failed("the bench server thread panicked".into()))??;
+    streamed
+}
+
+/// The client's end of [`stream_batches`]: subscribes to the server at `address` and lands
+/// every batch in a slot of `pool` until the stream ends; returns the bytes received after the
+/// first batch and the time they took.
+fn receive(
+    address: SocketAddr,
+    client: &ClientSecurity,
+    pool: &Arc<SlotPool>,
+    slot_bytes: usize,
+    path: Path,
+) -> super::Result<(u64, Duration)> {
+    single_thread_runtime()?.block_on(async move {
+        let mut channel = transport::channel(&address.to_string(), client)?;
         let request = SubscribeRequest {
             session: Some(SessionToken::default()),
             job_id: 0,
@@ -321,12 +349,7 @@ fn stream_batches(
             }
         }
         Ok::<_, Error>((received, started.elapsed()))
-    });
-    let _ = stop_tx.send(());
-    server
-        .join()
-        .map_err(|_| Error::Failed("the bench server thread panicked".into()))??;
-    streamed
+    })
 }
 
 /// Runs the benchmark and prints the report.
@@ -417,11 +440,11 @@ pub fn run(args: &TransportBench) -> super::Result<()> {
         report.tonic_gb_per_s, report.speedup_over_tonic
     );
     println!(
-        "  socket   {:>6.2} GB/s (plain TCP, no protocol: writes and reads of 1 MiB, into slots)",
+        "  socket   {:>6.2} GB/s (plain TCP, no protocol: writes and reads of 1 MiB, the HTTP/2 frame size, into slots)",
         report.socket_gb_per_s
     );
     println!(
-        "  socket   {:>6.2} GB/s (plain TCP, writes and reads of 64 KiB, the HTTP/2 frame size)",
+        "  socket   {:>6.2} GB/s (plain TCP, writes and reads of 64 KiB)",
         report.socket_64k_gb_per_s
     );
     if let (Some(rate), Some(ratio)) = (report.tls_stream_gb_per_s, report.tls_over_plaintext) {
