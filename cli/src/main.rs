@@ -4,6 +4,9 @@
 
 mod commands;
 
+// Rust's allocations go to jemalloc: see the `stoker-alloc` crate.
+use stoker_alloc as _;
+
 use std::process::ExitCode;
 
 use clap::Parser;

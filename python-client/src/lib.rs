@@ -14,8 +14,10 @@ mod spec;
 
 use std::path::PathBuf;
 
+// Rust's allocations go to jemalloc: see the `stoker-alloc` crate.
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
+use stoker_alloc as _;
 
 use buffer::Buffer;
 use errors::{from_dataset, raise, Kind};

@@ -27,12 +27,14 @@ pub const MAX_MESSAGE_BYTES: usize = 512 << 20;
 const STREAM_WINDOW: u32 = 32 << 20;
 /// HTTP/2 flow-control window per connection.
 const CONNECTION_WINDOW: u32 = 64 << 20;
-/// HTTP/2 frame size, the setting that matters most for throughput: 16 KiB frames cap a stream
-/// near 1 GB/s here. 64 KiB rather than 1 MiB because each frame is a slice of the receiver's
-/// read buffer, and while frames wait to be copied into slots that buffer is allocated afresh:
-/// 1 MiB allocations are above glibc's mmap threshold, so each came with fresh pages to fault
-/// in (`stoker bench transport`, batch_wire path: 1.0-1.5 GB/s at 1 MiB, 2.7-3.5 at 64 KiB).
-const MAX_FRAME: u32 = 64 << 10;
+/// HTTP/2 frame size, the setting that matters most for throughput: the sender writes one frame
+/// per system call, and 16 KiB frames cap a stream near 1 GB/s here. Each frame the client
+/// receives is a slice of a buffer its HTTP/2 library allocates as the frames come, so the rate
+/// also rests on the allocator keeping freed buffers (jemalloc does; glibc gave 1 MiB buffers
+/// back to the kernel and faulted them in again). `stoker bench transport`, batch_wire path,
+/// 2026-11-29: 1 MiB frames with jemalloc 2.8-3.6 GB/s, 64 KiB frames 1.8-2.7 GB/s, 1 MiB
+/// frames with glibc 0.8 or 2.8-3.2 GB/s depending on the heap's state.
+const MAX_FRAME: u32 = 1 << 20;
 
 /// A server builder with Stoker's transport settings.
 #[cfg(feature = "server")]

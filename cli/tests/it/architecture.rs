@@ -58,7 +58,8 @@ fn path_extraction_sees_gone_paths() {
 }
 
 /// The crates' folders and where their modules live.
-const MODULE_ROOTS: [(&str, &str); 10] = [
+const MODULE_ROOTS: [(&str, &str); 11] = [
+    ("alloc", "alloc/src"),
     ("proto", "proto/src"),
     ("datasets", "datasets/src"),
     ("worker", "worker/src"),

@@ -7,8 +7,10 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
+// Rust's allocations go to jemalloc: see the `stoker-alloc` crate.
 use anyhow::Context;
 use clap::Parser;
+use stoker_alloc as _;
 use stoker_rpc::health::{serve_health, Health};
 use stoker_rpc::network::Network;
 use stoker_rpc::security::SecurityArgs;
