@@ -4,12 +4,12 @@
 
 mod commands;
 
-// Rust's allocations go to jemalloc: see the `stoker-alloc` crate.
-use stoker_alloc as _;
-
 use std::process::ExitCode;
 
 use clap::Parser;
+
+// Rust's allocations go to jemalloc: see the `stoker-alloc` crate.
+use stoker_alloc as _;
 
 fn main() -> ExitCode {
     let args = commands::Cli::parse();

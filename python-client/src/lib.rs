@@ -14,13 +14,14 @@ mod spec;
 
 use std::path::PathBuf;
 
-// Rust's allocations go to jemalloc: see the `stoker-alloc` crate.
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
-use stoker_alloc as _;
 
 use buffer::Buffer;
 use errors::{from_dataset, raise, Kind};
+
+// Rust's allocations go to jemalloc: see the `stoker-alloc` crate.
+use stoker_alloc as _;
 
 /// `None` when CUDA device `ordinal` is there to page-lock memory, else what is missing (no
 /// driver library, no such device, a driver that does not start). Starts no context: a loader

@@ -5,7 +5,8 @@
 //! (or an abort, a hang, an out-of-memory) is a bug.
 
 /// The client's reader of the batch stream (`batch_wire::BatchReader`): the first two bytes set
-/// the size of the frames the rest is cut into (1 to 65,536 bytes) and the landing's room (a
+/// the size of the frames the rest is cut into (1 to 1,048,816 bytes, just past the
+/// transport's 1 MiB frames) and the landing's room (a
 /// multiple of 4 KiB, 0 for none); the messages are read until the stream ends or fails. Each
 /// batch read is checked: its landed tensors lie inside the landing, and encoding it again
 /// (`encode_batch`) and reading that gives the same batch.
@@ -14,7 +15,7 @@ pub fn batch_stream(data: &[u8]) {
     let [frame_seed, room_seed, rest @ ..] = data else {
         return;
     };
-    let frame = 1 + usize::from(*frame_seed) * 257;
+    let frame = 1 + usize::from(*frame_seed) * 4113;
     let room = usize::from(*room_seed) * 4096;
     let read = |chunks: std::collections::VecDeque<bytes::Bytes>, room: usize| {
         let runtime = tokio::runtime::Builder::new_current_thread()

@@ -30,10 +30,12 @@ const CONNECTION_WINDOW: u32 = 64 << 20;
 /// HTTP/2 frame size, the setting that matters most for throughput: the sender writes one frame
 /// per system call, and 16 KiB frames cap a stream near 1 GB/s here. Each frame the client
 /// receives is a slice of a buffer its HTTP/2 library allocates as the frames come, so the rate
-/// also rests on the allocator keeping freed buffers (jemalloc does; glibc gave 1 MiB buffers
-/// back to the kernel and faulted them in again). `stoker bench transport`, batch_wire path,
-/// 2026-11-29: 1 MiB frames with jemalloc 2.8-3.6 GB/s, 64 KiB frames 1.8-2.7 GB/s, 1 MiB
-/// frames with glibc 0.8 or 2.8-3.2 GB/s depending on the heap's state.
+/// also rests on the program's allocator keeping freed buffers: jemalloc, which Stoker's
+/// binaries and Python extension allocate through (`stoker-alloc`), does; glibc gave 1 MiB
+/// buffers back to the kernel and faulted them in again, or not, by its heap's state. A Rust
+/// program that links this crate keeps its own allocator. `stoker bench transport`, batch_wire
+/// path, 2026-11-29: 1 MiB frames with jemalloc 2.44-2.95 GB/s (50-61% of memcpy), 64 KiB
+/// frames with glibc 1.29-2.68, 1 MiB frames with glibc 0.82-0.85 or 2.77-3.15.
 const MAX_FRAME: u32 = 1 << 20;
 
 /// A server builder with Stoker's transport settings.

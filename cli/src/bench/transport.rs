@@ -273,19 +273,27 @@ fn stream_batches(
         .map_err(|_| Error::Failed("the bench server did not start".into()))?;
     let pool = SlotPool::new(slot_bytes, 4);
     // The client's stream runs on a thread of its own, as the remote client's streams run on
-    // its runtime's threads: on the process's main thread its buffers would come from glibc's
-    // main heap, which gives freed memory at its top back to the kernel and faults it in again
-    // (benches/README.md, 2026-11-29: a third of the rate).
+    // its runtime's threads. (Before this binary allocated through jemalloc, the process's main
+    // thread took its buffers from glibc's main heap, whose top glibc gave back to the kernel
+    // and faulted in again: a third of the rate; benches/README.md, 2026-11-29.)
     let streamed = std::thread::Builder::new()
         .name("transport-client".into())
-        .spawn(move || receive(address, &client, &pool, slot_bytes, path))?
-        .join()
-        .map_err(|_| Error::Failed("the bench client thread panicked".into()))?;
+        .spawn(move || receive(address, &client, &pool, slot_bytes, path))
+        .map_err(Error::from)
+        .and_then(|client| {
+            client
+                .join()
+                .map_err(|_| Error::Failed("the bench client thread panicked".into()))?
+        });
+    // Stopped and joined whatever became of the client, so a server error is not lost.
     let _ = stop_tx.send(());
-    server
+    let served = server
         .join()
-        .map_err(|_| Error::Failed("the bench server thread panicked".into()))??;
-    streamed
+        .map_err(|_| Error::Failed("the bench server thread panicked".into()))
+        .and_then(|served| served);
+    let streamed = streamed?;
+    served?;
+    Ok(streamed)
 }
 
 /// The client's end of [`stream_batches`]: subscribes to the server at `address` and lands

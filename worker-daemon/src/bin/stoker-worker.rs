@@ -7,15 +7,16 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
-// Rust's allocations go to jemalloc: see the `stoker-alloc` crate.
 use anyhow::Context;
 use clap::Parser;
-use stoker_alloc as _;
 use stoker_rpc::health::{serve_health, Health};
 use stoker_rpc::network::Network;
 use stoker_rpc::security::SecurityArgs;
 use stoker_rpc::{daemon_runtime, init_logging, listen, shutdown_signal};
 use stoker_worker_daemon::{run_worker, WorkerConfig, DELIVERY_TIMEOUT, DRAIN_TIMEOUT, JOB_IDLE};
+
+// Rust's allocations go to jemalloc: see the `stoker-alloc` crate.
+use stoker_alloc as _;
 
 /// A Stoker decode worker.
 #[derive(Debug, Parser)]
