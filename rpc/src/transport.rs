@@ -34,8 +34,8 @@ const CONNECTION_WINDOW: u32 = 64 << 20;
 /// binaries and Python extension allocate through (`stoker-alloc`), does; glibc gave 1 MiB
 /// buffers back to the kernel and faulted them in again, or not, by its heap's state. A Rust
 /// program that links this crate keeps its own allocator. `stoker bench transport`, batch_wire
-/// path, 2026-11-29: 1 MiB frames with jemalloc 2.44-2.95 GB/s (50-61% of memcpy), 64 KiB
-/// frames with glibc 1.29-2.68, 1 MiB frames with glibc 0.82-0.85 or 2.77-3.15.
+/// path, 2026-11-29: 1 MiB frames with jemalloc 1.81-2.95 GB/s (43-66% of memcpy, 16 runs),
+/// 64 KiB frames with glibc 1.29-2.68, 1 MiB frames with glibc 0.82-0.85 or 2.77-3.15.
 const MAX_FRAME: u32 = 1 << 20;
 
 /// A server builder with Stoker's transport settings.
