@@ -4,7 +4,7 @@
 //!
 //! jemalloc rather than the C library's: a client's HTTP/2 library allocates a buffer for the
 //! frames it receives as they come, and glibc gave those buffers back to the kernel when freed,
-//! so every frame was faulted in anew (up to two thirds of a batch stream's time; see
+//! so every frame was faulted in anew (it cost a batch stream up to two thirds of its rate; see
 //! `benches/README.md`, "Batches over the wire"). jemalloc keeps freed pages for a while. Its
 //! symbols are prefixed, so in the extension it serves Rust's allocations only, never the
 //! interpreter's or another library's; its thread-local state is reached without the
