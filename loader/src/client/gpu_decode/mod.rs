@@ -9,14 +9,18 @@
 //! what the lanes did before ([`SplitSchedule`]); the split is part of the resume state. The
 //! decode threads read every sample, draw its window and flip from its RNG as always, and
 //! offer the rows of the GPU's share to the lane
-//! ([`stoker_worker::ImageDiverter`]); an image the engines cannot take (see [`jpeg_scan`]) or
-//! too large for the lane's memory is built on the CPU instead, in the same batch.
+//! ([`stoker_worker::ImageDiverter`]); an image the engines cannot take, or whose frame
+//! nvJPEG's own parse reads otherwise than the decode threads did (see [`jpeg_scan`]), or too
+//! large for the lane's memory is built on the CPU instead, in the same batch, as is one whose
+//! decode fails nvJPEG's strict check or leaves its place unwritten (`lane/pipe.rs`).
 //!
 //! The lane's rows stay on the GPU: a batch built with the lane carries them beside its slot
 //! ([`DeviceRows`], attached to the slot), and the device stage merges them into the device
 //! batch after copying the slot's rows. Device memory is the lane's own, allocated up front
 //! within `gpu_memory` bytes and never grown.
 
+#[cfg(test)]
+pub(crate) mod hostile;
 mod jpeg_scan;
 mod kernel;
 mod lane;
@@ -48,7 +52,8 @@ pub enum DecodeMode {
 }
 
 /// The lane's device memory when none is asked for: decoded images in flight, the rows
-/// waiting for the training loop, and nvJPEG's own buffers, all within it.
+/// waiting for the training loop, and what nvJPEG allocates through the lane's allocators, all
+/// within it (the hardware decoder's own buffers are outside it).
 pub const DEFAULT_GPU_MEMORY: usize = 1 << 30;
 
 /// How the GPU decode lane is asked for.

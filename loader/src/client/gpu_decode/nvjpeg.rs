@@ -1,7 +1,8 @@
 //! nvJPEG, loaded at run time, with the few calls the lane needs bound by hand: the library's
 //! version, a handle on the hardware JPEG engines (or the GPU-hybrid backend where a GPU has
-//! none) with device and pinned allocators that count against the lane's memory cap, header
-//! parsing to ask whether the engines take an image, and batched decoding into interleaved RGB.
+//! none) with device and pinned allocators that count against the lane's memory cap and its
+//! strict bitstream check on, the full stream parse whose reading the lane compares with its
+//! own before it takes an image ([`Decoder::read`]), and batched decoding into interleaved RGB.
 //!
 //! Why nvJPEG and not nvImageCodec: the lane needs only baseline JPEG decoding in batches;
 //! nvJPEG has a stable C ABI (its soname carries the CUDA major version) and ships with the
@@ -15,6 +16,7 @@ use std::sync::{Arc, OnceLock};
 
 use cudarc::driver::sys;
 
+use super::jpeg_scan::DecoderReading;
 use super::libraries::search_dirs;
 use super::GpuDecodeError;
 
@@ -32,11 +34,15 @@ const BACKEND_HARDWARE: c_int = 3;
 const CSS_444: c_int = 0;
 /// `NVJPEG_OUTPUT_RGBI`: interleaved RGB.
 const OUTPUT_RGBI: c_int = 5;
-/// Creation flags: the defaults. `NVJPEG_FLAGS_UPSAMPLING_WITH_INTERPOLATION` (32) would
+/// Creation flags: `NVJPEG_FLAGS_BITSTREAM_STRICT` (4), which the documentation gives for every
+/// backend ("nvJPEG library will try to decode a bitstream even if it doesn't strictly follow
+/// the JPEG specification. Using this flag will return an error in such cases"): a stream
+/// nvJPEG finds wrong fails its decode, and the lane builds that image on the CPU, whose
+/// bad-sample policy then decides. `NVJPEG_FLAGS_UPSAMPLING_WITH_INTERPOLATION` (32) would
 /// upsample chroma as libjpeg-turbo does (mean difference from the CPU 0.2 grey levels instead
 /// of 1.4 at 224x224 on the generated set), but the hardware decoder then ran at 4,800 img/s
 /// instead of 8,600 on an H200: the lane keeps the engines' own upsampling.
-const CREATE_FLAGS: c_uint = 0;
+const CREATE_FLAGS: c_uint = 4;
 /// `libraryPropertyType`: MAJOR_VERSION, MINOR_VERSION, PATCH_LEVEL.
 const PROPERTIES: [c_int; 3] = [0, 1, 2];
 
@@ -55,8 +61,8 @@ pub struct Image {
 }
 
 impl Image {
-    /// Interleaved RGB at `ptr`, `width` pixels a row.
-    pub fn rgb(ptr: u64, width: u32) -> Image {
+    /// Interleaved RGB at `ptr`, `pitch` bytes a row.
+    pub fn rgb(ptr: u64, pitch: usize) -> Image {
         Image {
             channel: [
                 ptr as *mut u8,
@@ -64,7 +70,7 @@ impl Image {
                 std::ptr::null_mut(),
                 std::ptr::null_mut(),
             ],
-            pitch: [width as usize * 3, 0, 0, 0],
+            pitch: [pitch, 0, 0, 0],
         }
     }
 }
@@ -90,7 +96,12 @@ struct Api {
     state_destroy: unsafe extern "C" fn(State) -> c_int,
     stream_create: unsafe extern "C" fn(Handle, *mut Stream) -> c_int,
     stream_destroy: unsafe extern "C" fn(Stream) -> c_int,
-    parse_header: unsafe extern "C" fn(Handle, *const u8, usize, Stream) -> c_int,
+    stream_parse: unsafe extern "C" fn(Handle, *const u8, usize, c_int, c_int, Stream) -> c_int,
+    frame_dimensions: unsafe extern "C" fn(Stream, *mut c_uint, *mut c_uint) -> c_int,
+    components_num: unsafe extern "C" fn(Stream, *mut c_uint) -> c_int,
+    chroma_subsampling: unsafe extern "C" fn(Stream, *mut c_int) -> c_int,
+    jpeg_encoding: unsafe extern "C" fn(Stream, *mut c_int) -> c_int,
+    sample_precision: Option<unsafe extern "C" fn(Stream, *mut c_uint) -> c_int>,
     batched_supported: unsafe extern "C" fn(Handle, Stream, *mut c_int) -> c_int,
     batched_initialize: unsafe extern "C" fn(Handle, State, c_int, c_int, c_int) -> c_int,
     batched_preallocate:
@@ -208,7 +219,12 @@ impl Api {
                 state_destroy: symbol(&library, "nvjpegJpegStateDestroy")?,
                 stream_create: symbol(&library, "nvjpegJpegStreamCreate")?,
                 stream_destroy: symbol(&library, "nvjpegJpegStreamDestroy")?,
-                parse_header: symbol(&library, "nvjpegJpegStreamParseHeader")?,
+                stream_parse: symbol(&library, "nvjpegJpegStreamParse")?,
+                frame_dimensions: symbol(&library, "nvjpegJpegStreamGetFrameDimensions")?,
+                components_num: symbol(&library, "nvjpegJpegStreamGetComponentsNum")?,
+                chroma_subsampling: symbol(&library, "nvjpegJpegStreamGetChromaSubsampling")?,
+                jpeg_encoding: symbol(&library, "nvjpegJpegStreamGetJpegEncoding")?,
+                sample_precision: symbol(&library, "nvjpegJpegStreamGetSamplePrecision").ok(),
                 batched_supported: symbol(&library, "nvjpegDecodeBatchedSupported")?,
                 batched_initialize: symbol(&library, "nvjpegDecodeBatchedInitialize")?,
                 batched_decode: symbol(&library, "nvjpegDecodeBatched")?,
@@ -338,7 +354,7 @@ extern "C" fn pinned_free(ctx: Ctx, ptr: *mut c_void, size: usize, _: CuStream) 
 }
 
 /// One nvJPEG decoder: a handle (hardware engines where there are, else the default backend),
-/// its allocators' budget, a header parser, and decode states used in turn.
+/// its allocators' budget, a stream parser, and decode states used in turn.
 pub struct Decoder {
     api: &'static Api,
     handle: Handle,
@@ -468,19 +484,56 @@ impl Decoder {
         Arc::clone(&self.budget)
     }
 
-    /// Whether batched decoding takes `bytes` (parses its header; `false` for a header nvJPEG
-    /// cannot read).
-    pub fn supports(&mut self, bytes: &[u8]) -> bool {
-        // SAFETY: the handle and parser are live; `bytes` is read during the call only.
+    /// nvJPEG's own reading of `bytes`: the whole stream parsed (`nvjpegJpegStreamParse`, the
+    /// parse the hardware backend decodes by, not the header alone), then its frame size,
+    /// component count, chroma subsampling, coding and sample precision; `None` when it cannot
+    /// parse the stream, or its batched decode does not take it.
+    pub fn read(&mut self, bytes: &[u8]) -> Option<DecoderReading> {
+        let api = self.api;
+        let parser = self.parser;
+        let ok = |status: c_int| status == SUCCESS;
+        let (mut width, mut height, mut components): (c_uint, c_uint, c_uint) = (0, 0, 0);
+        let (mut subsampling, mut encoding, mut supported): (c_int, c_int, c_int) = (-1, 0, -1);
+        // SAFETY: the handle and parser are live and used by this thread only; `bytes` is read
+        // during the parse only (save_stream = 0 keeps a pointer to it, which no later call on
+        // this parser reads before the next parse replaces it); each out-pointer is a local of
+        // the type nvjpeg.h gives (`nvjpegChromaSubsampling_t` and `nvjpegJpegEncoding_t` are
+        // C enums, int-sized).
         unsafe {
-            if (self.api.parse_header)(self.handle, bytes.as_ptr(), bytes.len(), self.parser)
-                != SUCCESS
+            if !ok((api.stream_parse)(
+                self.handle,
+                bytes.as_ptr(),
+                bytes.len(),
+                0,
+                0,
+                parser,
+            )) || !ok((api.frame_dimensions)(parser, &mut width, &mut height))
+                || !ok((api.components_num)(parser, &mut components))
+                || !ok((api.chroma_subsampling)(parser, &mut subsampling))
+                || !ok((api.jpeg_encoding)(parser, &mut encoding))
+                || !ok((api.batched_supported)(self.handle, parser, &mut supported))
+                || supported != 0
             {
-                return false;
+                return None;
             }
-            let mut answer: c_int = -1;
-            (self.api.batched_supported)(self.handle, self.parser, &mut answer) == SUCCESS
-                && answer == 0
+            let precision = match api.sample_precision {
+                Some(get) => {
+                    let mut bits: c_uint = 0;
+                    if !ok(get(parser, &mut bits)) {
+                        return None;
+                    }
+                    Some(bits)
+                }
+                None => None,
+            };
+            Some(DecoderReading {
+                width,
+                height,
+                components,
+                subsampling,
+                encoding,
+                precision,
+            })
         }
     }
 

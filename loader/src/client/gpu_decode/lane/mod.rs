@@ -22,7 +22,7 @@ use crossbeam_channel::Sender;
 use cudarc::driver::DriverError;
 use stoker_worker::{AssembledBatch, DivertedImage, ImageDiverter, Job};
 
-use super::jpeg_scan::hardware_candidate;
+use super::jpeg_scan::{scan, Decline, Frame};
 use super::nvjpeg::Budget;
 use super::{
     gpu_row, pinned_split, DecodeMode, GpuDecodeError, GpuDecodeOptions, LaneCounts, SplitSchedule,
@@ -84,7 +84,9 @@ pub struct LaneStats {
     /// Rows offered to the lane that the decode threads kept (not taken by the engines, or
     /// too large for the lane's memory).
     pub declined_rows: AtomicU64,
-    /// Rows the lane took and then built on the CPU (nvJPEG refused them).
+    /// Rows the lane took and then built on the CPU: nvJPEG's parse read another frame or its
+    /// batched decode does not take the stream, the decode failed (its strict bitstream check
+    /// included), or the decode reported success without writing the image's place.
     pub fallback_rows: AtomicU64,
     /// Time the lane's thread worked on batches (waits for the GPU included, waits for a free
     /// output buffer not), in nanoseconds.
@@ -206,7 +208,7 @@ pub struct LaneTask {
     /// Dataset index of each sample.
     pub indices: Vec<u64>,
     /// The samples the lane took.
-    pub items: Vec<DivertedImage>,
+    pub items: Vec<LaneItem>,
     /// The output buffer the rows go to ([`GpuLane::take_ring`], taken in step order).
     pub ring: usize,
     /// Where the finished batch goes.
@@ -215,23 +217,47 @@ pub struct LaneTask {
     pub started: Instant,
 }
 
+/// A sample the lane took, with the frame its marker scan read (which nvJPEG's own parse must
+/// agree with before it is decoded on the GPU).
+#[derive(Debug)]
+pub struct LaneItem {
+    /// The sample as the decode threads offered it.
+    pub image: DivertedImage,
+    /// What [`scan`] read, the same size as the CPU path's header.
+    pub frame: Frame,
+}
+
 /// Offers a batch's GPU rows to the lane: takes the JPEGs the engines decode and that fit its
 /// arena, gives the rest back to the decode threads.
 pub struct LaneDiverter {
     sixteenths: u8,
     max_decoded_bytes: usize,
-    taken: Mutex<Vec<DivertedImage>>,
+    taken: Mutex<Vec<LaneItem>>,
     shared: Arc<Shared>,
 }
 
 impl LaneDiverter {
     /// The samples taken, in row order (the decode threads offer them in any order; the lane's
     /// grouping into sub-batches must not depend on it).
-    pub fn into_items(self) -> Vec<DivertedImage> {
+    pub fn into_items(self) -> Vec<LaneItem> {
         let mut items = self.taken.into_inner().unwrap_or_else(|p| p.into_inner());
-        items.sort_by_key(|item| item.row);
+        items.sort_by_key(|item| item.image.row);
         items
     }
+}
+
+/// The decode threads' half of the acceptance decision: the marker scan's frame, when the lane
+/// may take the image, its size is the CPU path's header's and its decoded bytes fit
+/// `max_decoded_bytes`.
+fn offered_frame(image: &DivertedImage, max_decoded_bytes: usize) -> Result<Frame, Decline> {
+    let frame = scan(&image.bytes)?;
+    if !frame.agrees((image.header.width, image.header.height)) {
+        return Err(Decline::Disagree);
+    }
+    if frame.width as usize * frame.height as usize * 3 > max_decoded_bytes {
+        return Err(Decline::Size);
+    }
+    Ok(frame)
 }
 
 impl ImageDiverter for LaneDiverter {
@@ -240,16 +266,19 @@ impl ImageDiverter for LaneDiverter {
     }
 
     fn offer(&self, image: DivertedImage) -> Option<DivertedImage> {
-        let decoded = image.header.width as usize * image.header.height as usize * 3;
-        if decoded > self.max_decoded_bytes || hardware_candidate(&image.bytes).is_err() {
-            self.shared
-                .stats
-                .declined_rows
-                .fetch_add(1, Ordering::Relaxed);
-            return Some(image);
+        match offered_frame(&image, self.max_decoded_bytes) {
+            Ok(frame) => {
+                lock(&self.taken).push(LaneItem { image, frame });
+                None
+            }
+            Err(_) => {
+                self.shared
+                    .stats
+                    .declined_rows
+                    .fetch_add(1, Ordering::Relaxed);
+                Some(image)
+            }
         }
-        lock(&self.taken).push(image);
-        None
     }
 }
 

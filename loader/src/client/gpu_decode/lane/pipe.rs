@@ -9,10 +9,13 @@ use std::time::Instant;
 
 use crossbeam_channel::Receiver;
 use cudarc::driver::{result, sys, DriverError};
-use stoker_worker::{AssembledBatch, DivertedImage, Job};
+use stoker_worker::{AssembledBatch, Job};
 
-use super::{add_since, driver, DeviceRows, LaneMemory, LaneStats, LaneTask, Shared, ALIGN};
+use super::{
+    add_since, driver, DeviceRows, LaneItem, LaneMemory, LaneStats, LaneTask, Shared, ALIGN,
+};
 use crate::client::cuda::{describe, Cuda};
+use crate::client::gpu_decode::jpeg_scan::{accept, Decline, Placement};
 use crate::client::gpu_decode::kernel::{self, CropItem};
 use crate::client::gpu_decode::nvjpeg::{Decoder, Image};
 use crate::client::gpu_decode::GpuDecodeError;
@@ -93,7 +96,7 @@ pub(super) struct Pipe {
     /// it has passed.
     done: sys::CUevent,
     /// The encoded images the pipe's last decode read, kept until it is done.
-    held: Vec<DivertedImage>,
+    held: Vec<LaneItem>,
     /// The output buffer of the batch being built, until it is handed on (to the batch's
     /// slot) or given back: a panic in between gives it back once, here.
     ring: Option<usize>,
@@ -105,6 +108,10 @@ pub(super) struct Pipe {
     /// it is read from where it is).
     staging: *mut c_void,
     staging_bytes: usize,
+    /// Page-locked room for each decoded image's last [`SENTINEL`] bytes, one per batch row,
+    /// read back to tell a place the decode wrote from one it left poisoned.
+    sentinels: *mut c_void,
+    sentinel_rows: usize,
     stats: Arc<LaneStats>,
 }
 
@@ -145,6 +152,8 @@ impl Pipe {
                 host_params: std::ptr::null_mut(),
                 staging: std::ptr::null_mut(),
                 staging_bytes: staging_bytes(batch_hint.max(1) as usize),
+                sentinels: std::ptr::null_mut(),
+                sentinel_rows: batch_hint.max(1) as usize,
                 stats: Arc::clone(stats),
             };
             // On failure `pipe` drops and releases what was made so far. The stream has the
@@ -165,6 +174,8 @@ impl Pipe {
                 .result()?;
                 sys::cuMemAllocHost_v2(&mut pipe.host_params, memory.params_bytes).result()?;
                 sys::cuMemAllocHost_v2(&mut pipe.staging, pipe.staging_bytes).result()?;
+                sys::cuMemAllocHost_v2(&mut pipe.sentinels, pipe.sentinel_rows * SENTINEL)
+                    .result()?;
             }
             Ok(pipe)
         });
@@ -231,54 +242,90 @@ impl Pipe {
         mut slot: Slot,
         mut assembled: AssembledBatch,
         indices: Vec<u64>,
-        items: Vec<DivertedImage>,
+        items: Vec<LaneItem>,
         row_bytes: usize,
     ) -> Result<stoker_proto::v1::Batch> {
         let out = self.memory.ring_ptr(ring);
-        let mut positions = Vec::with_capacity(items.len());
-        let mut fallback = Vec::new();
-        let mut pending: Vec<(DivertedImage, usize)> = Vec::new();
+        let mut decoded: Vec<Decoded> = Vec::with_capacity(items.len());
+        let mut fallback: Vec<CpuRow> = Vec::new();
+        let mut pending: Vec<Pending> = Vec::new();
         // Bytes of the arena and of the staging buffer the pending images take.
         let (mut used, mut staged) = (0usize, 0usize);
         for item in items {
-            let need = (item.header.width as usize * item.header.height as usize * 3)
-                .div_ceil(ALIGN)
-                * ALIGN;
+            // The lane's half of the acceptance decision: nvJPEG's own parse of the whole
+            // stream must read the frame the decode threads' scan read; the place is sized
+            // from what both read.
             let checked = Instant::now();
-            let supported = self.decoder.supports(&item.bytes);
+            let placement = self
+                .decoder
+                .read(&item.image.bytes)
+                .ok_or(Decline::DecoderRefused)
+                .and_then(|reading| accept(&item.frame, &reading, ALIGN));
             add_since(&self.stats.check_ns, checked);
-            if need > self.memory.arena_bytes || !supported {
-                fallback.push(item);
-                continue;
-            }
+            let placement = match placement {
+                Ok(placement) if placement.place <= self.memory.arena_bytes => placement,
+                Ok(_) | Err(_) => {
+                    fallback.push(CpuRow::of(&item));
+                    continue;
+                }
+            };
             let encoded = self.staged_len(&item);
-            if used + need > self.memory.arena_bytes || staged + encoded > self.staging_bytes {
-                self.flush(&mut pending, out, &mut positions, &mut fallback);
+            if used + placement.place > self.memory.arena_bytes
+                || staged + encoded > self.staging_bytes
+            {
+                self.flush(&mut pending, out, &mut decoded, &mut fallback);
                 (used, staged) = (0, 0);
             }
-            pending.push((item, used));
-            used += need;
+            pending.push(Pending {
+                item,
+                placement,
+                offset: used,
+            });
+            used += placement.place;
             staged += encoded;
         }
-        self.flush(&mut pending, out, &mut positions, &mut fallback);
+        self.flush(&mut pending, out, &mut decoded, &mut fallback);
+
+        // Every place the kernel cropped from must have been written by the decode: one still
+        // holding the poison laid before it is built on the CPU, and its row on the device
+        // replaced by the CPU's.
+        let unwritten = match self.unwritten(&decoded) {
+            Ok(unwritten) => unwritten,
+            Err(error) => {
+                self.release_ring(shared);
+                return Err(Error::Gpu(error.to_string()));
+            }
+        };
+        if !unwritten.is_empty() {
+            tracing::debug!(
+                images = unwritten.len(),
+                pipe = self.index,
+                "nvJPEG reported success without writing some images; building them on the CPU"
+            );
+        }
 
         let image_start = assembled.tensors.first().map_or(0, |t| t.bytes.start);
         shared
             .stats
             .fallback_rows
-            .fetch_add(fallback.len() as u64, Ordering::Relaxed);
-        for item in fallback {
-            let start = image_start + item.row * row_bytes;
+            .fetch_add((fallback.len() + unwritten.len()) as u64, Ordering::Relaxed);
+        let device_row = self.out.0 as usize * self.out.1 as usize * 3;
+        let cpu_rows = fallback
+            .iter()
+            .map(|row| (*row, None))
+            .chain(unwritten.iter().map(|&k| (decoded[k].cpu, Some(k))));
+        for (cpu, device_index) in cpu_rows {
+            let start = image_start + cpu.row * row_bytes;
             let Some(dest) = slot.as_mut_slice().get_mut(start..start + row_bytes) else {
                 self.release_ring(shared);
                 return Err(Error::Stopped(format!(
                     "row {} lies outside its batch's slot",
-                    item.row
+                    cpu.row
                 )));
             };
-            match job.image_row(epoch, item.sample, dest) {
+            match job.image_row(epoch, cpu.sample, dest) {
                 Ok((label, bad)) => {
-                    if let Some(slot_label) = assembled.labels.get_mut(item.row) {
+                    if let Some(slot_label) = assembled.labels.get_mut(cpu.row) {
                         *slot_label = label;
                     }
                     // The row's chain of reads ran again from its sample: its bad sample, if
@@ -295,9 +342,36 @@ impl Pipe {
                     return Err(error.into());
                 }
             }
+            if let Some(k) = device_index {
+                // The device stage copies device rows over the slot's: this one must be the
+                // CPU's row too. The pipe's work is done (`unwritten` waited for it).
+                let copied = if device_row == row_bytes {
+                    // SAFETY: row `k` of the batch's ring buffer holds `device_row` bytes and
+                    // nothing on the GPU uses it now; `dest` is `row_bytes` long.
+                    unsafe {
+                        sys::cuMemcpyHtoD_v2(
+                            out + (k * device_row) as u64,
+                            dest.as_ptr().cast::<c_void>(),
+                            device_row,
+                        )
+                    }
+                    .result()
+                    .map_err(describe)
+                } else {
+                    Err(format!(
+                        "device rows of {device_row} bytes against slot rows of {row_bytes}"
+                    ))
+                };
+                if let Err(error) = copied {
+                    self.release_ring(shared);
+                    return Err(Error::Gpu(format!(
+                        "replacing an undecoded GPU row with the CPU's: {error}"
+                    )));
+                }
+            }
         }
 
-        if positions.is_empty() {
+        if decoded.is_empty() {
             self.ring = None;
             shared.put_ring(ring);
         } else {
@@ -306,13 +380,13 @@ impl Pipe {
                     shared
                         .stats
                         .gpu_rows
-                        .fetch_add(positions.len() as u64, Ordering::Relaxed);
+                        .fetch_add((decoded.len() - unwritten.len()) as u64, Ordering::Relaxed);
                     self.ring = None;
                     slot.attach(Arc::new(DeviceRows {
                         shared: Arc::clone(shared),
                         ring_index: ring,
                         ptr: out,
-                        positions,
+                        positions: decoded.iter().map(|d| d.cpu.row as u32).collect(),
                         height: self.out.1,
                         width: self.out.0,
                         events: vec![event],
@@ -327,10 +401,34 @@ impl Pipe {
         Ok(assembled.into_proto(&indices, slot.into_bytes()))
     }
 
+    /// The images of `decoded` (by index) whose place still holds the poison laid before their
+    /// decode: nvJPEG reported success without writing them. Waits for the pipe's work.
+    fn unwritten(&self, decoded: &[Decoded]) -> std::result::Result<Vec<usize>, GpuDecodeError> {
+        if decoded.is_empty() {
+            return Ok(Vec::new());
+        }
+        // SAFETY: the event is the pipe's own.
+        unsafe { result::event::synchronize(self.done) }.map_err(driver("cuEventSynchronize"))?;
+        // SAFETY: the pipe's page-locked sentinel buffer of `sentinel_rows` sentinels, written
+        // by copies that are done (the event above follows them).
+        let sentinels = unsafe {
+            std::slice::from_raw_parts(self.sentinels.cast::<u8>(), self.sentinel_rows * SENTINEL)
+        };
+        Ok(decoded
+            .iter()
+            .enumerate()
+            .filter(|(k, d)| {
+                let got = &sentinels[k * SENTINEL..k * SENTINEL + d.sentinel_len];
+                got == poison_tail(d.decoded, d.sentinel_len).as_slice()
+            })
+            .map(|(k, _)| k)
+            .collect())
+    }
+
     /// The staging bytes an image takes: its length, or none when it is larger than the whole
     /// buffer (nvJPEG then reads it where it is).
-    fn staged_len(&self, item: &DivertedImage) -> usize {
-        let len = item.bytes.len();
+    fn staged_len(&self, item: &LaneItem) -> usize {
+        let len = item.image.bytes.len();
         if len <= self.staging_bytes {
             len
         } else {
@@ -358,53 +456,62 @@ impl Pipe {
         Ok(event)
     }
 
-    /// Decodes the pending images and crops them into the output rows from
-    /// `positions.len()` on; images nvJPEG refuses go to `fallback`.
+    /// Decodes the pending images and crops them into the output rows from `decoded.len()`
+    /// on; images nvJPEG refuses go to `fallback`.
     fn flush(
         &mut self,
-        pending: &mut Vec<(DivertedImage, usize)>,
+        pending: &mut Vec<Pending>,
         out: u64,
-        positions: &mut Vec<u32>,
-        fallback: &mut Vec<DivertedImage>,
+        decoded: &mut Vec<Decoded>,
+        fallback: &mut Vec<CpuRow>,
     ) {
         if pending.is_empty() {
             return;
         }
-        if let Err(error) = self.run_batch(pending, out, positions) {
+        if let Err(error) = self.run_batch(pending, out, decoded) {
             if pending.len() == 1 {
                 tracing::debug!(%error, pipe = self.index, "the GPU lane could not decode an image; building it on the CPU");
-                fallback.extend(pending.drain(..).map(|(item, _)| item));
+                fallback.extend(pending.drain(..).map(|p| CpuRow::of(&p.item)));
                 return;
             }
-            // One image spoils its whole sub-batch: each is tried alone, so which rows go to
-            // the CPU depends on the images only, not on how they were grouped.
+            // One image spoils its whole sub-batch (nvjpegDecodeBatched has one status for
+            // all): each is tried alone, so each image's own status decides, and which rows
+            // go to the CPU depends on the images only, not on how they were grouped.
             tracing::debug!(%error, images = pending.len(), pipe = self.index, "the GPU lane retries a sub-batch image by image");
             let mut held = Vec::new();
-            for (item, offset) in pending.drain(..) {
-                let mut one = vec![(item, offset)];
-                match self.run_batch(&one, out, positions) {
+            for one in pending.drain(..) {
+                let mut one = vec![one];
+                match self.run_batch(&one, out, decoded) {
                     Ok(()) => {
                         // The arena is reused by the next image: wait for this one's kernel.
                         // SAFETY: the event is the pipe's own.
                         let _ = unsafe { result::event::synchronize(self.done) };
-                        held.extend(one.drain(..).map(|(item, _)| item));
+                        held.extend(one.drain(..).map(|p| p.item));
                     }
-                    Err(_) => fallback.extend(one.drain(..).map(|(item, _)| item)),
+                    Err(_) => fallback.extend(one.drain(..).map(|p| CpuRow::of(&p.item))),
                 }
             }
             self.held = held;
             return;
         }
-        self.held = pending.drain(..).map(|(item, _)| item).collect();
+        self.held = pending.drain(..).map(|p| p.item).collect();
     }
 
     fn run_batch(
         &mut self,
-        pending: &[(DivertedImage, usize)],
+        pending: &[Pending],
         out: u64,
-        positions: &mut Vec<u32>,
+        decoded: &mut Vec<Decoded>,
     ) -> std::result::Result<(), GpuDecodeError> {
         let arena = self.memory.arenas[self.index];
+        let first = decoded.len();
+        if first + pending.len() > self.sentinel_rows {
+            return Err(GpuDecodeError::Unsupported(format!(
+                "{} images in a batch of at most {} rows",
+                first + pending.len(),
+                self.sentinel_rows
+            )));
+        }
         // The state, arena and parameters are free once the pipe's last work is done.
         let waited = Instant::now();
         // SAFETY: the event is the pipe's own.
@@ -419,41 +526,80 @@ impl Pipe {
         };
         let mut bytes: Vec<&[u8]> = Vec::with_capacity(pending.len());
         let mut rest = staging;
-        for (item, _) in pending {
-            let len = self.staged_len(item);
+        for p in pending {
+            let len = self.staged_len(&p.item);
             if len == 0 || len > rest.len() {
-                bytes.push(&item.bytes[..]);
+                bytes.push(&p.item.image.bytes[..]);
                 continue;
             }
             let (place, after) = rest.split_at_mut(len);
-            place.copy_from_slice(&item.bytes);
+            place.copy_from_slice(&p.item.image.bytes);
             bytes.push(place);
             rest = after;
         }
         let mut outputs: Vec<Image> = pending
             .iter()
-            .map(|(item, offset)| Image::rgb(arena + *offset as u64, item.header.width))
+            .map(|p| Image::rgb(arena + p.offset as u64, p.placement.pitch))
             .collect();
+        // Poison the places first: a place the decode leaves unwritten is found by its
+        // sentinel (`unwritten`), never cropped as this sample.
+        let span_start = pending[0].offset;
+        let span_end = pending
+            .iter()
+            .map(|p| p.offset + p.placement.place)
+            .max()
+            .unwrap_or(span_start);
+        // SAFETY: the span lies in the pipe's arena (each place was fitted in it), starts on
+        // an ALIGN boundary and is a whole number of ALIGN blocks, and nothing else uses it now.
+        unsafe {
+            sys::cuMemsetD32Async(
+                arena + span_start as u64,
+                POISON,
+                (span_end - span_start) / 4,
+                self.stream,
+            )
+            .result()
+            .map_err(driver("cuMemsetD32Async"))?;
+        }
         let decoding = Instant::now();
-        // SAFETY: each output lies in the pipe's arena, sized by the caller to fit its image;
-        // the stream is the pipe's.
-        let decoded = unsafe { self.decoder.decode(0, &bytes, &mut outputs, self.stream) };
+        // SAFETY: each output lies in the pipe's arena, sized from the frame nvJPEG's parse and
+        // the marker scan agreed on; the stream is the pipe's.
+        let result = unsafe { self.decoder.decode(0, &bytes, &mut outputs, self.stream) };
         add_since(&self.stats.decode_call_ns, decoding);
-        decoded?;
+        result?;
         let launching = Instant::now();
-        let first = positions.len() as u32;
+        // Each place's last bytes, to the pipe's sentinel buffer, after the decode.
+        for (k, p) in pending.iter().enumerate() {
+            let len = p.placement.decoded.min(SENTINEL);
+            // SAFETY: the source lies in the image's place; the destination is sentinel
+            // `first + k` of the pipe's page-locked buffer (checked in range above), read only
+            // after the pipe's event has passed.
+            unsafe {
+                sys::cuMemcpyDtoHAsync_v2(
+                    self.sentinels
+                        .cast::<u8>()
+                        .add((first + k) * SENTINEL)
+                        .cast::<c_void>(),
+                    arena + (p.offset + p.placement.decoded - len) as u64,
+                    len,
+                    self.stream,
+                )
+                .result()
+                .map_err(driver("cuMemcpyDtoHAsync"))?;
+            }
+        }
         let items: Vec<CropItem> = pending
             .iter()
             .enumerate()
-            .map(|(k, (item, offset))| {
+            .map(|(k, p)| {
                 let mut crop = CropItem::new(
-                    &item.window,
-                    (item.header.width, item.header.height),
+                    &p.item.image.window,
+                    (p.placement.width, p.placement.height),
                     self.out,
-                    item.flip,
-                    first + k as u32,
+                    p.item.image.flip,
+                    (first + k) as u32,
                 );
-                crop.src = arena + *offset as u64;
+                crop.src = arena + p.offset as u64;
                 crop
             })
             .collect();
@@ -493,9 +639,60 @@ impl Pipe {
             result::event::record(self.done, self.stream).map_err(driver("cuEventRecord"))?;
         }
         add_since(&self.stats.launch_ns, launching);
-        positions.extend(pending.iter().map(|(item, _)| item.row as u32));
+        decoded.extend(pending.iter().map(|p| Decoded {
+            cpu: CpuRow::of(&p.item),
+            decoded: p.placement.decoded,
+            sentinel_len: p.placement.decoded.min(SENTINEL),
+        }));
         Ok(())
     }
+}
+
+/// The 32-bit pattern a pipe lays over the places of a sub-batch before decoding into them.
+const POISON: u32 = 0xE1_96_C3_5A;
+
+/// Bytes at the end of each decoded image read back to tell whether it was written: all eight
+/// equal to the poison has a chance of 2^-64 for an image with varied bytes, and an image the
+/// check doubts wrongly is only built on the CPU.
+const SENTINEL: usize = 8;
+
+/// The last `len` bytes of a poisoned place of `decoded` bytes (places start on a multiple of
+/// 4, the poison's period).
+fn poison_tail(decoded: usize, len: usize) -> Vec<u8> {
+    let pattern = POISON.to_le_bytes();
+    (decoded - len..decoded).map(|at| pattern[at % 4]).collect()
+}
+
+/// A row built on the CPU: the batch row and its sample (the RNG stream it draws from).
+#[derive(Debug, Clone, Copy)]
+struct CpuRow {
+    row: usize,
+    sample: u64,
+}
+
+impl CpuRow {
+    fn of(item: &LaneItem) -> CpuRow {
+        CpuRow {
+            row: item.image.row,
+            sample: item.image.sample,
+        }
+    }
+}
+
+/// An image waiting for its sub-batch's decode: where in the arena, sized from the agreed
+/// frame.
+struct Pending {
+    item: LaneItem,
+    placement: Placement,
+    offset: usize,
+}
+
+/// An image decoded and cropped into device row `k` (its index in the batch's list), with
+/// what its sentinel is checked against.
+struct Decoded {
+    cpu: CpuRow,
+    decoded: usize,
+    sentinel_len: usize,
 }
 
 impl Drop for Pipe {
@@ -513,6 +710,9 @@ impl Drop for Pipe {
             }
             if !self.staging.is_null() {
                 let _ = sys::cuMemFreeHost(self.staging);
+            }
+            if !self.sentinels.is_null() {
+                let _ = sys::cuMemFreeHost(self.sentinels);
             }
             if !self.host_params.is_null() {
                 let _ = sys::cuMemFreeHost(self.host_params);
