@@ -18,6 +18,8 @@ mod client;
 mod dashboard;
 mod digest;
 mod error;
+#[doc(hidden)]
+pub mod fuzz_targets;
 
 pub use client::cuda::{
     active_devices as cuda_active_devices, check_device as cuda_check_device,
