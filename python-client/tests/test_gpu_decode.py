@@ -4,13 +4,16 @@ Without a GPU (CI): the kernel's source compiles with NVRTC (torch's CUDA wheels
 ``libnvrtc``), the arguments are checked, ``decode="gpu"`` says what is missing, and
 ``decode="auto"`` gives the CPU's batches. With a GPU (``pytest -m gpu``): pixel parity with
 the CPU pipeline within the bound stated below, the same crop windows, the CPU fallback of
-progressive, PNG and corrupt files, flat device memory, one digest for two ``auto`` runs, and
-the lane's memory under its cap with 6000x6000 JPEGs in the set.
+progressive, PNG and corrupt files, flat device memory, one digest for two ``auto`` runs, the
+lane's memory under its cap with 6000x6000 JPEGs in the set, hostile JPEGs through
+``decode="gpu"`` with the CUDA context usable after, and files with damaged scan data named as
+the same bad samples, with the same substitutes, under ``"cpu"``, ``"gpu"`` and ``"auto"``.
 """
 
 from __future__ import annotations
 
 import hashlib
+import io
 import os
 import shutil
 import time
@@ -454,3 +457,233 @@ def test_a_saved_split_is_ignored_without_a_lane(dataset: Path) -> None:
         resumed.load_state_dict(state)
         np.testing.assert_array_equal(next(iter(resumed))["image"], expected)
         assert "decode_split" not in resumed.state_dict()
+
+
+# -- hostile JPEGs (the Rust generator's set, `loader/src/client/gpu_decode/hostile.rs`, written
+# with Pillow: 12-bit samples and arithmetic coding, which Pillow does not write, are patched
+# into a baseline file's frame header) ----------------------------------------------------------
+
+
+def jpeg_markers(data: bytes) -> list[tuple[int, int, int]]:
+    """(code, start, end) of each marker segment; the scan's ends with its entropy-coded data."""
+    found = [(0xD8, 0, 2)]
+    at = 2
+    while at + 1 < len(data):
+        code = data[at + 1]
+        if code == 0xD9:
+            found.append((code, at, at + 2))
+            break
+        end = at + 2 + int.from_bytes(data[at + 2 : at + 4], "big")
+        if code == 0xDA:
+            while not (
+                data[end] == 0xFF and data[end + 1] != 0 and not 0xD0 <= data[end + 1] <= 0xD7
+            ):
+                end += 1
+        found.append((code, at, end))
+        at = end
+    return found
+
+
+def jpeg_segment(data: bytes, code: int) -> tuple[int, int]:
+    return next((start, end) for c, start, end in jpeg_markers(data) if c == code)
+
+
+def scan_data(data: bytes) -> tuple[int, int]:
+    start, end = jpeg_segment(data, 0xDA)
+    return start + 2 + int.from_bytes(data[start + 2 : start + 4], "big"), end
+
+
+def resized_frame(data: bytes, width: int, height: int) -> bytes:
+    start, end = jpeg_segment(data, 0xC0)
+    frame = bytearray(data[start:end])
+    frame[5:7] = height.to_bytes(2, "big")
+    frame[7:9] = width.to_bytes(2, "big")
+    return bytes(frame)
+
+
+def cut_scan(data: bytes) -> bytes:
+    """The scan cut in the middle, the end marker appended."""
+    first, end = scan_data(data)
+    cut = first + (end - first) // 2
+    while data[cut - 1] == 0xFF:
+        cut += 1
+    return data[:cut] + b"\xff\xd9"
+
+
+def flip_scan(data: bytes, seed: int, flips: int = 6) -> bytes:
+    """Bits flipped in the scan data with every marker intact (no byte becomes or follows
+    0xFF)."""
+    first, end = scan_data(data)
+    out = bytearray(data)
+    rng = np.random.default_rng(seed)
+    done = 0
+    for at in rng.permutation(np.arange(first + 4, end - 4)):
+        bit = 1 << int(rng.integers(8))
+        if 0xFF not in (out[at], out[at] ^ bit, out[at - 1]):
+            out[at] ^= bit
+            done += 1
+        if done == flips:
+            break
+    return bytes(out)
+
+
+def ones_in_scan(data: bytes) -> bytes:
+    """Bits flipped to ones in the middle of the scan data (0xFE, never a marker): no code of
+    the standard Huffman tables, which libjpeg-turbo reports."""
+    first, end = scan_data(data)
+    middle = (first + end) // 2
+    return data[: middle - 6] + b"\xfe" * 12 + data[middle + 6 :]
+
+
+def hostile_set(dataset: Path) -> dict[str, bytes]:
+    """The hostile files, by name, from one of the generated images."""
+    from PIL import Image
+
+    source = Image.open(sorted(dataset.rglob("*.jpg"))[0]).convert("RGB").resize((64, 48))
+
+    def encode(image: Any, **options: Any) -> bytes:
+        out = io.BytesIO()
+        image.save(out, "JPEG", quality=90, **options)
+        return out.getvalue()
+
+    valid = encode(source)
+    restarts = encode(source, restart_marker_rows=1)
+    frame_start, frame_end = jpeg_segment(valid, 0xC0)
+    data_end = scan_data(valid)[1]
+    twelve = bytearray(valid)
+    twelve[frame_start + 4] = 12
+    arithmetic = bytearray(valid)
+    arithmetic[frame_start + 1] = 0xC9
+    disordered = bytearray(restarts)
+    first = scan_data(restarts)[0]
+    second = [
+        i
+        for i in range(first, len(restarts) - 1)
+        if restarts[i] == 0xFF and 0xD0 <= restarts[i + 1] <= 0xD7
+    ][1]
+    disordered[second + 1] = 0xD5
+    return {
+        "valid_420": valid,
+        "restart_markers": restarts,
+        "two_frames": valid[:frame_end] + resized_frame(valid, 4000, 3000) + valid[frame_end:],
+        "stray_soi": valid[:frame_start] + b"\xff\xd8" + valid[frame_start:],
+        "frame_after_scan": valid[:data_end] + resized_frame(valid, 4000, 3000) + valid[data_end:],
+        "side_65500": encode(source.resize((65500, 8))),
+        "precision_12": bytes(twelve),
+        "cmyk": encode(source.convert("CMYK")),
+        "arithmetic": bytes(arithmetic),
+        "progressive": encode(source, progressive=True),
+        "restarts_out_of_order": bytes(disordered),
+        "truncated_scan": cut_scan(valid),
+        "truncated_restart_scan": cut_scan(restarts),
+        "bit_flipped_scan": ones_in_scan(valid),
+        "image_after_end": valid + valid,
+    }
+
+
+def epoch_with_bad_samples(
+    root: Path, decode: str, **overrides: Any
+) -> tuple[list[Any], list[tuple[str, int, int | None]], dict[str, Any]]:
+    """One epoch on cuda:0 with ``decode``: each batch's images and labels (on the host), the
+    bad samples reported (file name, sample index, substitute index), and the stats."""
+    options: dict[str, Any] = {
+        "pipeline": train_pipeline(),
+        "batch_size": 4,
+        "num_threads": 2,
+        "seed": 9,
+        "device": "cuda",
+        "decode": decode,
+        "timeout": 120,
+    }
+    options.update(overrides)
+    with stoker.Loader(root, **options) as loader:
+        iterator = iter(loader)
+        batches, bad = [], []
+        for batch in iterator:
+            batches.append(
+                (batch["image"].cpu().numpy().copy(), batch["label"].cpu().numpy().copy())
+            )
+            bad.extend(
+                (Path(b["path"]).name, b["sample_index"], b.get("substitute_index"))
+                for b in iterator.bad_samples
+            )
+        return batches, sorted(bad), loader.stats()
+
+
+@pytest.mark.gpu
+def test_hostile_jpegs_never_break_the_cuda_context(
+    torch: Any, dataset: Path, tmp_path: Path
+) -> None:
+    root = tmp_path / "hostile"
+    (root / "a").mkdir(parents=True)
+    hostile = hostile_set(dataset)
+    for name, data in hostile.items():
+        (root / "a" / f"{name}.jpg").write_bytes(data)
+    for i, source in enumerate(sorted(dataset.rglob("*.jpg"))[:9]):
+        shutil.copy(source, root / "a" / f"plain{i}.jpg")
+    started = time.monotonic()
+    cpu, cpu_bad, _ = epoch_with_bad_samples(root, "cpu")
+    lane, lane_bad, stats = epoch_with_bad_samples(root, "gpu")
+    # The process's context is usable: a torch op on the device runs and returns.
+    assert float(torch.ones(64, device="cuda").sum().item()) == 64.0
+    torch.cuda.synchronize()
+    print(f"hostile set through decode='gpu' and 'cpu': {time.monotonic() - started:.1f} s")
+    lane_stats = stats["gpu_decode"]
+    print(f"lane: {lane_stats}")
+    # Each file was built on the GPU or by the CPU path, as the CPU would: the same bad
+    # samples, the same labels, the same pixels within the bound.
+    assert lane_bad == cpu_bad
+    assert lane_stats["rows"] >= 2, lane_stats  # the valid files, the plain ones
+    for (cpu_image, cpu_label), (gpu_image, gpu_label) in zip(cpu, lane, strict=True):
+        np.testing.assert_array_equal(cpu_label, gpu_label)
+        per_image = np.abs(cpu_image.astype(np.int16) - gpu_image).mean(axis=(1, 2, 3))
+        assert per_image.max() < IMAGE_MEAN_ABS_BOUND, per_image
+
+
+def damaged_set(dataset: Path, root: Path) -> Path:
+    """24 generated JPEGs, 3 with random bits flipped in their scan data, 3 with a run of bits
+    flipped to ones there, and 2 cut short inside it with the end marker kept, in two
+    classes."""
+    for cls in ("a", "b"):
+        (root / cls).mkdir(parents=True)
+    for i, source in enumerate(sorted(dataset.rglob("*.jpg"))[:32]):
+        data = source.read_bytes()
+        if i < 3:
+            data, name = flip_scan(data, seed=i, flips=24), f"{i:03}_flipped.jpg"
+        elif i < 6:
+            data, name = ones_in_scan(data), f"{i:03}_ones.jpg"
+        elif i < 8:
+            data, name = cut_scan(data), f"{i:03}_cut.jpg"
+        else:
+            name = f"{i:03}.jpg"
+        (root / ("a" if i % 2 else "b") / name).write_bytes(data)
+    return root
+
+
+@pytest.mark.gpu
+def test_damaged_scans_are_the_same_bad_samples_under_every_split(
+    torch: Any, dataset: Path, tmp_path: Path
+) -> None:
+    root = damaged_set(dataset, tmp_path / "damaged")
+    runs = {}
+    for decode in ("cpu", "gpu", "auto"):
+        started = time.monotonic()
+        runs[decode] = epoch_with_bad_samples(root, decode)
+        print(
+            f"decode={decode!r}: {time.monotonic() - started:.1f} s, "
+            f"bad {[b[0] for b in runs[decode][1]]}, lane {runs[decode][2]['gpu_decode']}"
+        )
+    cpu_batches, cpu_bad, cpu_stats = runs["cpu"]
+    # libjpeg-turbo finds the cut scans and most flipped ones (a flip may land where the
+    # Huffman code stays valid: then no decoder can tell, and none reports it).
+    assert any("_cut" in name for name, _, _ in cpu_bad), cpu_bad
+    assert any("_ones" in name for name, _, _ in cpu_bad), cpu_bad
+    for decode in ("gpu", "auto"):
+        batches, bad, stats = runs[decode]
+        assert bad == cpu_bad, decode
+        assert stats["bad_samples"] == cpu_stats["bad_samples"], decode
+        # The same substitutes in the same rows: the labels match batch by batch.
+        for (cpu_image, cpu_label), (image, label) in zip(cpu_batches, batches, strict=True):
+            np.testing.assert_array_equal(cpu_label, label)
+            per_image = np.abs(cpu_image.astype(np.int16) - image).mean(axis=(1, 2, 3))
+            assert per_image.max() < IMAGE_MEAN_ABS_BOUND, (decode, per_image)

@@ -186,11 +186,11 @@ class Loader(FromDataset):
             finished. Without a CUDA driver it warns once, naming what is missing, and runs
             with pageable slots (``stats()["pinned"]`` is False). Implied by
             ``device="cuda"``.
-        pinned_memory_budget: bytes of page-locked slots the ranks of one node may hold
-            together (divided by ``LOCAL_WORLD_SIZE`` for this process); default: a quarter
-            of the node's memory. The slot pool (and the prefetch ceiling) is made smaller to
-            fit; fewer than ``max_held_batches + 2`` slots raise
-            :class:`~stoker.GpuUnavailableError`.
+        pinned_memory_budget: bytes of page-locked slots this process may hold (the slots
+            only: the GPU lane's staging and nvJPEG's pinned buffers are beside it); default: a
+            quarter of the node's memory divided by ``LOCAL_WORLD_SIZE``. The slot pool (and
+            the prefetch ceiling) is made smaller to fit; fewer than ``max_held_batches + 2``
+            slots raise :class:`~stoker.GpuUnavailableError`.
         dtype: with ``device="cuda"``: the image's dtype on the device, ``"float32"``,
             ``"bfloat16"``, ``"float16"`` (or torch's), or ``"uint8"`` without ``Normalize``;
             default: the pipeline's (float32 after ``Normalize``).
@@ -216,7 +216,8 @@ class Loader(FromDataset):
             what the lane did.
         gpu_memory: with ``decode="gpu"`` or ``"auto"``: the most device memory the lane
             holds, in bytes (decoded images in flight, rows waiting for the training loop,
-            nvJPEG's buffers), allocated when the loader starts and never grown; an image
+            what nvJPEG allocates through the lane's allocators; the hardware decoder's own
+            buffers are outside it), allocated when the loader starts and never grown; an image
             whose decoded size does not fit goes to the CPU. Default 1 GiB
             (``stoker._native.DEFAULT_GPU_MEMORY``); freed by :meth:`close` once the batches
             holding its rows are released.
