@@ -154,10 +154,10 @@ pub enum Error {
     #[error("{0} is not empty; write tar shards to an empty or new folder")]
     ShardOutputNotEmpty(PathBuf),
 
-    /// A sample to be written to a tar shard is neither JPEG nor PNG.
+    /// A sample to be written to a tar shard is in no image format Stoker decodes.
     #[error(
-        "cannot put {sample} in a tar shard: it is neither JPEG nor PNG (by its bytes or its \
-         file name), and tar shards hold .jpg/.jpeg/.png images only"
+        "cannot put {sample} in a tar shard: it is not a JPEG, PNG, WebP, BMP, TIFF, PBM/PGM/PPM \
+         or GIF image (by its bytes or its file name), the formats tar shards hold"
     )]
     UnsupportedShardImage {
         /// The sample, as its source describes it.

@@ -7,8 +7,35 @@ pub enum ImageFormat {
     Jpeg,
     /// PNG: starts with the eight-byte PNG signature.
     Png,
-    /// Anything else (WebP, BMP, TIFF, truncated or corrupt data, ...).
+    /// WebP (lossy, lossless, with alpha, animated): a RIFF container of form type `WEBP`.
+    WebP,
+    /// Windows bitmap: starts with `BM`.
+    Bmp,
+    /// TIFF: `II*\0` (little-endian) or `MM\0*` (big-endian); BigTIFF is `Other`.
+    Tiff,
+    /// Netpbm's PBM, PGM and PPM, plain or raw: `P1` to `P6` followed by whitespace.
+    Pnm,
+    /// GIF: `GIF87a` or `GIF89a`.
+    Gif,
+    /// Anything else (AVIF, HEIC, ICO, PAM, truncated or corrupt data, ...).
     Other,
+}
+
+impl ImageFormat {
+    /// The format's short lowercase name (`"jpeg"`, `"png"`, `"webp"`, `"bmp"`, `"tiff"`,
+    /// `"pnm"`, `"gif"`, `"other"`), as reports print it.
+    pub fn name(self) -> &'static str {
+        match self {
+            ImageFormat::Jpeg => "jpeg",
+            ImageFormat::Png => "png",
+            ImageFormat::WebP => "webp",
+            ImageFormat::Bmp => "bmp",
+            ImageFormat::Tiff => "tiff",
+            ImageFormat::Pnm => "pnm",
+            ImageFormat::Gif => "gif",
+            ImageFormat::Other => "other",
+        }
+    }
 }
 
 const JPEG_MAGIC: [u8; 3] = [0xFF, 0xD8, 0xFF];
@@ -21,15 +48,35 @@ const PNG_MAGIC: [u8; 8] = [0x89, b'P', b'N', b'G', 0x0D, 0x0A, 0x1A, 0x0A];
 /// ```
 /// use stoker_datasets::{sniff_format, ImageFormat};
 /// assert_eq!(sniff_format(&[0xFF, 0xD8, 0xFF, 0xE0]), ImageFormat::Jpeg);
-/// assert_eq!(sniff_format(b"GIF89a"), ImageFormat::Other);
+/// assert_eq!(sniff_format(b"GIF89a"), ImageFormat::Gif);
+/// assert_eq!(sniff_format(b"\0\0\0\x1cftypavif"), ImageFormat::Other);
 /// ```
 pub fn sniff_format(bytes: &[u8]) -> ImageFormat {
     if bytes.starts_with(&JPEG_MAGIC) {
         ImageFormat::Jpeg
     } else if bytes.starts_with(&PNG_MAGIC) {
         ImageFormat::Png
+    } else if bytes.len() >= 12 && bytes.starts_with(b"RIFF") && &bytes[8..12] == b"WEBP" {
+        ImageFormat::WebP
+    } else if bytes.starts_with(b"BM") {
+        ImageFormat::Bmp
+    } else if bytes.starts_with(b"II*\0") || bytes.starts_with(b"MM\0*") {
+        ImageFormat::Tiff
+    } else if is_pnm(bytes) {
+        ImageFormat::Pnm
+    } else if bytes.starts_with(b"GIF87a") || bytes.starts_with(b"GIF89a") {
+        ImageFormat::Gif
     } else {
         ImageFormat::Other
+    }
+}
+
+/// `P1`..`P6` and then whitespace (or a comment), so text that happens to start with `P3` is
+/// not taken for an image.
+fn is_pnm(bytes: &[u8]) -> bool {
+    match bytes {
+        [b'P', b'1'..=b'6', next, ..] => next.is_ascii_whitespace() || *next == b'#',
+        _ => false,
     }
 }
 
@@ -38,12 +85,21 @@ mod tests {
     use super::*;
 
     #[test]
-    fn recognises_jpeg_and_png_signatures() {
+    fn recognises_each_signature() {
         assert_eq!(
             sniff_format(&[0xFF, 0xD8, 0xFF, 0xDB, 0]),
             ImageFormat::Jpeg
         );
         assert_eq!(sniff_format(&PNG_MAGIC), ImageFormat::Png);
+        assert_eq!(sniff_format(b"RIFF\x24\0\0\0WEBPVP8L"), ImageFormat::WebP);
+        assert_eq!(sniff_format(b"BM\x36\0\0\0"), ImageFormat::Bmp);
+        assert_eq!(sniff_format(b"II*\0\x08\0\0\0"), ImageFormat::Tiff);
+        assert_eq!(sniff_format(b"MM\0*\0\0\0\x08"), ImageFormat::Tiff);
+        for magic in [b"P1\n", b"P2 ", b"P3\t", b"P4\r", b"P5\n", b"P6#"] {
+            assert_eq!(sniff_format(magic), ImageFormat::Pnm, "{magic:?}");
+        }
+        assert_eq!(sniff_format(b"GIF87a\x01\0"), ImageFormat::Gif);
+        assert_eq!(sniff_format(b"GIF89a\x01\0"), ImageFormat::Gif);
     }
 
     #[test]
@@ -51,7 +107,13 @@ mod tests {
         assert_eq!(sniff_format(&[]), ImageFormat::Other);
         assert_eq!(sniff_format(&[0xFF, 0xD8]), ImageFormat::Other);
         assert_eq!(sniff_format(&PNG_MAGIC[..7]), ImageFormat::Other);
-        assert_eq!(sniff_format(b"RIFF\0\0\0\0WEBP"), ImageFormat::Other);
-        assert_eq!(sniff_format(b"BM"), ImageFormat::Other);
+        assert_eq!(sniff_format(b"RIFF\0\0\0\0WAVE"), ImageFormat::Other);
+        assert_eq!(sniff_format(b"RIFF\0\0\0\0WEB"), ImageFormat::Other);
+        assert_eq!(sniff_format(b"B"), ImageFormat::Other);
+        assert_eq!(sniff_format(b"II+\0\x10\0\0\0"), ImageFormat::Other);
+        assert_eq!(sniff_format(b"P7\nWIDTH 1"), ImageFormat::Other);
+        assert_eq!(sniff_format(b"P3x"), ImageFormat::Other);
+        assert_eq!(sniff_format(b"P6"), ImageFormat::Other);
+        assert_eq!(sniff_format(b"GIF88a"), ImageFormat::Other);
     }
 }

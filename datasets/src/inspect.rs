@@ -22,9 +22,10 @@ pub struct DatasetReport {
     pub samples: u64,
     /// Each class name with its number of samples, in label order.
     pub classes: Vec<(String, u64)>,
-    /// Sample count per format: `"jpeg"`, `"png"`, `"other:EXT"` (by lowercased extension, for
-    /// files whose size could be read but that are neither), and `"unreadable"` (missing,
-    /// truncated or unknown headers). Most frequent first.
+    /// Sample count per format: the formats Stoker decodes by their [`ImageFormat::name`]
+    /// (`"jpeg"`, `"png"`, `"webp"`, `"bmp"`, `"tiff"`, `"pnm"`, `"gif"`), `"other:EXT"` (by
+    /// lowercased extension, for files whose size could be read but that are none of those),
+    /// and `"unreadable"` (missing, truncated or unknown headers). Most frequent first.
     pub formats: Vec<(String, u64)>,
     /// Widths in pixels, over readable samples.
     pub width: Summary,
@@ -127,7 +128,8 @@ pub fn inspect_image_folder(folder: &ImageFolder, pixel_limit: u64) -> Result<Da
 }
 
 /// Counts classes and formats and summarises sizes. `facts` holds each sample's header facts
-/// with, for readable non-JPEG/PNG samples, the extension to report (empty: none known).
+/// with, for readable samples of no format Stoker decodes, the extension to report (empty:
+/// none known).
 fn summarise(
     samples: u64,
     class_names: &[String],
@@ -155,14 +157,7 @@ fn summarise(
             (HeaderFacts::Unreadable, _) => "unreadable".to_owned(),
             (_, Some(extension)) if extension.is_empty() => "other".to_owned(),
             (_, Some(extension)) => format!("other:{extension}"),
-            (
-                HeaderFacts::Readable {
-                    format: ImageFormat::Png,
-                    ..
-                },
-                None,
-            ) => "png".to_owned(),
-            (HeaderFacts::Readable { .. }, None) => "jpeg".to_owned(),
+            (HeaderFacts::Readable { format, .. }, None) => format.name().to_owned(),
         };
         *format_counts.entry(format_name).or_default() += 1;
         if let HeaderFacts::Readable {
@@ -196,9 +191,9 @@ fn summarise(
 
 /// Like [`inspect_image_folder`] for any source, from each sample's bytes (read through
 /// [`SampleSource::read`], in index order per thread so sources read by block, such as
-/// Parquet row groups, decode each block once). Formats are `"jpeg"`, `"png"`, `"other"` and
-/// `"unreadable"` (the read failed or the header did not parse); sizes are the samples' byte
-/// counts.
+/// Parquet row groups, decode each block once). Formats are named as in
+/// [`DatasetReport::formats`], but `"other"` carries no extension, and `"unreadable"` means the
+/// read failed or the header did not parse; sizes are the samples' byte counts.
 pub fn inspect_samples(source: &dyn SampleSource, pixel_limit: u64) -> Result<DatasetReport> {
     const RUN: u64 = 256;
     let started = std::time::Instant::now();

@@ -21,7 +21,8 @@
 //! - [`generate_imagenet_like`]: writes a seeded, ImageNet-like image folder for benchmarks.
 //! - [`inspect_image_folder`]: format and size statistics from image headers;
 //!   [`inspect_samples`] computes the same from any source's bytes.
-//! - [`sniff_format`]: tells JPEG from PNG by magic bytes, for decode decisions.
+//! - [`sniff_format`]: tells the image formats Stoker decodes (JPEG, PNG, WebP, BMP, TIFF,
+//!   PBM/PGM/PPM, GIF) apart by their magic bytes, for decode decisions.
 //! - [`ReadFault`]: whose fault a failed read is (the sample's, the machine's resources, or the
 //!   storage's), so only a sample's own bad bytes ever count as a bad sample.
 //!

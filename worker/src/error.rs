@@ -167,8 +167,8 @@ pub enum SampleError {
     /// The file is empty.
     #[error("empty file")]
     Empty,
-    /// The bytes are not a JPEG or PNG image.
-    #[error("not a JPEG or PNG image")]
+    /// The bytes are in no image format Stoker decodes (by their leading bytes).
+    #[error("not an image Stoker decodes (JPEG, PNG, WebP, BMP, TIFF, PBM/PGM/PPM or GIF)")]
     UnsupportedFormat,
     /// The decoder rejected the bytes (truncated or corrupt data).
     #[error("corrupt image: {0}")]

@@ -18,7 +18,7 @@ const BAD_KINDS: [(&str, &str); 7] = [
     ("zz_2_truncated.jpg", "corrupt"),
     ("zz_3_garbage_after_magic.jpg", "corrupt"),
     ("zz_4_scrambled_body.jpg", "corrupt"),
-    ("zz_5_text.jpg", "not a JPEG or PNG"),
+    ("zz_5_text.jpg", "not an image Stoker decodes"),
     ("zz_6_huge.jpg", "exceeds the limit"),
     ("zz_7_missing.jpg", "unreadable"),
 ];

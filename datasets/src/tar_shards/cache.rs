@@ -32,7 +32,10 @@ use tracing::{debug, warn};
 use super::scan::{IndexedSample, ShardIndex};
 
 const MAGIC: &[u8; 8] = b"STKTARIX";
-const VERSION: u32 = 1;
+/// 2: members `.webp`, `.bmp`, `.tif`, `.tiff`, `.gif`, `.pbm`, `.pgm`, `.ppm` and `.pnm` are
+/// images too (version 1 indexed `.jpg`, `.jpeg` and `.png` only, and left out the samples whose
+/// image had another extension), so indexes of version 1 are rebuilt.
+const VERSION: u32 = 2;
 /// The extension of cache files.
 pub(super) const CACHE_SUFFIX: &str = "stoker-idx";
 const SAMPLE_BYTES: u64 = 32;

@@ -2,7 +2,8 @@
 //!
 //! Members are grouped into samples by key, the member path up to the first dot of its file
 //! name (`dir/0001.jpg` and `dir/0001.cls` form sample `dir/0001`). A sample holds one image
-//! member (`.jpg`, `.jpeg`, `.png`) and one label member: `.cls` (an ASCII integer) or `.json`
+//! member (`.jpg`, `.jpeg`, `.png`, `.webp`, `.bmp`, `.tif`, `.tiff`, `.gif`, `.pbm`, `.pgm`,
+//! `.ppm`, `.pnm`) and one label member: `.cls` (an ASCII integer) or `.json`
 //! (an object with an integer `label` or `cls` field). Other members are ignored.
 //!
 //! Each shard's index (data offset, size and label per sample) is built once by walking the tar

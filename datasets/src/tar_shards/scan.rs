@@ -126,7 +126,8 @@ pub(super) fn split_key(name: &str) -> Option<(&str, String)> {
 
 fn member_kind(extension: &str) -> MemberKind {
     match extension {
-        "jpg" | "jpeg" | "png" => MemberKind::Image,
+        "jpg" | "jpeg" | "png" | "webp" | "bmp" | "tif" | "tiff" | "gif" | "pbm" | "pgm"
+        | "ppm" | "pnm" => MemberKind::Image,
         "cls" => MemberKind::ClassLabel,
         "json" => MemberKind::JsonLabel,
         _ => MemberKind::Other,

@@ -51,23 +51,46 @@ pub struct TarShardsWritten {
 
 /// The member extension for an image: by its bytes, else by the name its source gives it.
 fn image_extension(bytes: &[u8], described: &str) -> Result<&'static str> {
+    let lower = described.to_ascii_lowercase();
     match sniff_format(bytes) {
         ImageFormat::Jpeg => return Ok("jpg"),
         ImageFormat::Png => return Ok("png"),
+        ImageFormat::WebP => return Ok("webp"),
+        ImageFormat::Bmp => return Ok("bmp"),
+        ImageFormat::Tiff => return Ok("tiff"),
+        ImageFormat::Gif => return Ok("gif"),
+        // PBM, PGM and PPM share a decoder; the file's own name is kept when it is one of them.
+        ImageFormat::Pnm => {
+            return Ok(["pbm", "pgm", "ppm"]
+                .into_iter()
+                .find(|extension| lower.ends_with(&format!(".{extension}")))
+                .unwrap_or("pnm"))
+        }
         ImageFormat::Other => {}
     }
     // Damaged files keep their declared type, so the decoder's bad-sample policy treats them
     // the same way in both formats.
-    let lower = described.to_ascii_lowercase();
-    if lower.ends_with(".jpg") || lower.ends_with(".jpeg") {
-        Ok("jpg")
-    } else if lower.ends_with(".png") {
-        Ok("png")
-    } else {
-        Err(Error::UnsupportedShardImage {
+    let by_name = [
+        (".jpg", "jpg"),
+        (".jpeg", "jpg"),
+        (".png", "png"),
+        (".webp", "webp"),
+        (".bmp", "bmp"),
+        (".tif", "tiff"),
+        (".tiff", "tiff"),
+        (".gif", "gif"),
+        (".pbm", "pbm"),
+        (".pgm", "pgm"),
+        (".ppm", "ppm"),
+        (".pnm", "pnm"),
+    ];
+    by_name
+        .into_iter()
+        .find(|(suffix, _)| lower.ends_with(suffix))
+        .map(|(_, extension)| extension)
+        .ok_or_else(|| Error::UnsupportedShardImage {
             sample: described.to_string(),
         })
-    }
 }
 
 /// Bytes a member of `size` bytes takes in a tar file: header plus padded data.
@@ -228,8 +251,18 @@ mod tests {
         );
         assert_eq!(image_extension(b"junk", "x/a.JPEG").unwrap(), "jpg");
         assert_eq!(image_extension(b"junk", "x/a.png").unwrap(), "png");
+        assert_eq!(image_extension(b"junk", "x/a.TIF").unwrap(), "tiff");
+        assert_eq!(
+            image_extension(b"RIFF\0\0\0\0WEBP", "a.jpg").unwrap(),
+            "webp"
+        );
+        assert_eq!(
+            image_extension(b"P5\n1 1\n255\n\0", "x/a.pgm").unwrap(),
+            "pgm"
+        );
+        assert_eq!(image_extension(b"P6\n1 1\n255\n", "x/a").unwrap(), "pnm");
         assert!(matches!(
-            image_extension(b"junk", "x/a.webp"),
+            image_extension(b"junk", "x/a.heic"),
             Err(Error::UnsupportedShardImage { .. })
         ));
     }

@@ -276,7 +276,7 @@ fn generated_set_looks_like_imagenet() {
                 four_four_four += usize::from(header.subsamp == turbojpeg::Subsamp::None);
                 size_buckets_of_50_kb.insert(bytes.len() / 50_000);
             }
-            ImageFormat::Other => panic!("{path:?} is neither jpeg nor png"),
+            other => panic!("{path:?} is {other:?}, neither jpeg nor png"),
         }
     }
     assert_eq!(pngs, 1, "one png per 200 images");
@@ -323,19 +323,29 @@ fn inspect_counts_other_and_unreadable_files() {
     write_file(temp.path(), "a/picture.bmp", &bmp);
     write_file(temp.path(), "a/truncated.jpg", &[0xFF, 0xD8, 0xFF]);
     write_file(temp.path(), "b/text.png", b"not a png at all");
+    // A QOI header (7 x 5) under a TIFF name: readable, but no format Stoker decodes.
+    let mut qoi = b"qoif".to_vec();
+    qoi.extend_from_slice(&7u32.to_be_bytes());
+    qoi.extend_from_slice(&5u32.to_be_bytes());
+    qoi.extend_from_slice(&[3, 0]);
+    write_file(temp.path(), "b/odd.TIF", &qoi);
     let folder = ImageFolder::open(temp.path()).unwrap();
 
     let report = inspect_image_folder(&folder, 30).unwrap();
-    assert_eq!(report.samples, 3);
-    assert_eq!(report.classes, [("a".to_owned(), 2), ("b".to_owned(), 1)]);
+    assert_eq!(report.samples, 4);
+    assert_eq!(report.classes, [("a".to_owned(), 2), ("b".to_owned(), 2)]);
     assert_eq!(
         report.formats,
-        [("unreadable".to_owned(), 2), ("other:bmp".to_owned(), 1)]
+        [
+            ("unreadable".to_owned(), 2),
+            ("bmp".to_owned(), 1),
+            ("other:tif".to_owned(), 1)
+        ]
     );
     assert_eq!(report.width.mean, 7.0);
     assert_eq!(report.height.p50, 5.0);
     assert_eq!(report.file_bytes.max, 54.0);
-    assert_eq!(report.pixels_over_limit, 1);
+    assert_eq!(report.pixels_over_limit, 2);
 }
 
 /// Measures the generator at the scale of `stoker make-dataset` (run with `--ignored`).

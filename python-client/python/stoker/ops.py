@@ -150,7 +150,11 @@ class Op(ABC):
 
 
 class DecodeImage(Op):
-    """Decodes JPEG, PNG and other common image files to RGB.
+    """Decodes an image to RGB as PIL's ``Image.open(f).convert("RGB")`` does.
+
+    JPEG (CMYK and YCCK too), PNG, WebP, BMP, TIFF, PBM/PGM/PPM and GIF (the first frame),
+    told apart by their bytes, not their names; alpha is dropped, gray replicated. Anything
+    else is a bad sample (see ``Loader(on_error=...)``).
 
     Args:
         max_pixels: refuse images with more pixels than this (a decompression-bomb guard,

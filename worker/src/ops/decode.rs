@@ -1,5 +1,31 @@
-//! Image decoding: JPEG through libjpeg-turbo (TurboJPEG 3 API, with region and DCT-scaled
-//! decoding) and PNG through the `png` crate, both to packed RGB8.
+//! Image decoding to packed RGB8, the way PIL's `Image.open(f).convert("RGB")` gives it:
+//!
+//! - JPEG through libjpeg-turbo (TurboJPEG 3 API, with region and DCT-scaled decoding), in
+//!   YCbCr, RGB, grayscale, CMYK and YCCK; CMYK and YCCK are converted to RGB exactly as Pillow
+//!   does (see [`cmyk_to_rgb`]);
+//! - PNG through the `png` crate;
+//! - WebP (lossy, lossless, with alpha; an animation's first frame), BMP, TIFF (the first
+//!   page), PBM/PGM/PPM and GIF (the first frame) through the `image` crate.
+//!
+//! The format comes from the bytes ([`sniff_format`]), never from a file name. Alpha is dropped
+//! without compositing and gray is replicated to three channels, as `convert("RGB")` does (a
+//! GIF's transparent pixels keep their palette colour, as PIL's palette lookup gives them).
+//! Where PIL differs, measured against Pillow 13.0:
+//!
+//! - 16-bit samples keep their high byte. PIL does the same for 16-bit colour PNG and TIFF, but
+//!   clips 16-bit *gray* (PNG, TIFF, PGM: modes "I;16" and "I") at 255, so such an image comes
+//!   out as its 8-bit version here and nearly white from PIL;
+//! - PNM with a maximum other than 255 (a 16-bit PPM, a PGM of maxval 100) is scaled to 8 bits
+//!   by the `image` crate and by PIL with other rounding: one level apart at most.
+//!
+//! Lossy WebP comes out bit-exact against Pillow's libwebp 1.6 on every image tried (qualities
+//! 5 to 99, methods 0 to 6, with and without alpha); the Python suite's
+//! `test_image_formats.py` checks it.
+//!
+//! Sizes come from the header alone ([`read_header`]), and the pixel limit is applied before
+//! any pixel is decoded; the `image` crate's decoders also get [`image::Limits`] (the header's
+//! width and height, and an allocation cap from them), so a file whose later headers claim
+//! more than its first cannot allocate past it.
 //!
 //! The safe `turbojpeg` wrapper does not expose `tj3SetCroppingRegion`, so JPEG decoding talks
 //! to `turbojpeg::raw` through a small owned handle. Every call checks its return code; errors
@@ -22,7 +48,7 @@ pub const DEFAULT_MAX_PIXELS: u64 = 89_478_485;
 /// What the header says.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ImageHeader {
-    /// JPEG or PNG.
+    /// The container format, from the leading bytes (never [`ImageFormat::Other`]).
     pub format: ImageFormat,
     /// Width in pixels.
     pub width: u32,
@@ -79,19 +105,26 @@ pub fn read_header(bytes: &[u8], max_pixels: u64) -> Result<ImageHeader, SampleE
     }
     let format = sniff_format(bytes);
     let (width, height) = match format {
-        // TurboJPEG's header call reports success without touching its stored size when the
-        // data ends before the frame header (it takes that for a tables-only stream), so the
-        // size comes from a marker scan of our own bytes instead.
-        ImageFormat::Jpeg => {
+        ImageFormat::Png => png_header(bytes)?,
+        ImageFormat::Other => return Err(SampleError::UnsupportedFormat),
+        // For JPEG, TurboJPEG's header call reports success without touching its stored size
+        // when the data ends before the frame header (it takes that for a tables-only stream),
+        // so the size comes from a marker scan of our own bytes instead. The others have their
+        // size in a fixed header (a TIFF's in its first directory), which imagesize reads
+        // without touching pixel data.
+        ImageFormat::Jpeg
+        | ImageFormat::WebP
+        | ImageFormat::Bmp
+        | ImageFormat::Tiff
+        | ImageFormat::Pnm
+        | ImageFormat::Gif => {
             let size = imagesize::blob_size(bytes)
-                .map_err(|e| SampleError::Corrupt(format!("JPEG header: {e}")))?;
+                .map_err(|e| SampleError::Corrupt(format!("{} header: {e}", format.name())))?;
             (
                 u32::try_from(size.width).unwrap_or(u32::MAX),
                 u32::try_from(size.height).unwrap_or(u32::MAX),
             )
         }
-        ImageFormat::Png => png_header(bytes)?,
-        ImageFormat::Other => return Err(SampleError::UnsupportedFormat),
     };
     if width == 0 || height == 0 {
         return Err(SampleError::Corrupt(format!(
@@ -125,6 +158,11 @@ pub fn decode(
             decompressor.get()?.decode(bytes, header, request, out)
         }),
         ImageFormat::Png => decode_png(bytes, request.max_pixels, out),
+        ImageFormat::WebP => decode_with_image_crate(bytes, header, image::ImageFormat::WebP, out),
+        ImageFormat::Bmp => decode_with_image_crate(bytes, header, image::ImageFormat::Bmp, out),
+        ImageFormat::Tiff => decode_with_image_crate(bytes, header, image::ImageFormat::Tiff, out),
+        ImageFormat::Pnm => decode_with_image_crate(bytes, header, image::ImageFormat::Pnm, out),
+        ImageFormat::Gif => decode_with_image_crate(bytes, header, image::ImageFormat::Gif, out),
         ImageFormat::Other => Err(SampleError::UnsupportedFormat),
     }
 }
@@ -150,6 +188,8 @@ impl LazyDecompressor {
 /// An owned TurboJPEG decompression handle.
 struct JpegDecompressor {
     handle: raw::tjhandle,
+    /// CMYK pixels of the last four-component JPEG, before [`cmyk_to_rgb`]; kept for reuse.
+    cmyk: Vec<u8>,
 }
 
 // iMCU widths by subsampling, in TurboJPEG's TJSAMP order (444, 422, 420, GRAY, 440, 411, 441).
@@ -164,7 +204,10 @@ impl JpegDecompressor {
                 "libjpeg-turbo could not create a decompressor".into(),
             ));
         }
-        Ok(Self { handle })
+        Ok(Self {
+            handle,
+            cmyk: Vec::new(),
+        })
     }
 
     fn last_error(&self) -> String {
@@ -285,22 +328,28 @@ impl JpegDecompressor {
         self.check(unsafe { raw::tj3SetCroppingRegion(self.handle, crop) })?;
 
         let (width, height) = (x1 - x0, y1 - y0);
-        let len = width as usize * height as usize * 3;
-        out.pixels.clear();
-        out.pixels.resize(len, 0);
-        // SAFETY: `pixels` holds `height` rows of `pitch` bytes, which is what tj3Decompress8
-        // writes for the cropping region set above in RGB format.
-        let status = unsafe {
-            raw::tj3Decompress8(
-                self.handle,
-                bytes.as_ptr(),
-                bytes.len() as raw::size_t,
-                out.pixels.as_mut_ptr(),
-                (width * 3) as c_int,
-                raw::TJPF_TJPF_RGB as c_int,
-            )
-        };
-        self.check(status)?;
+        let pixel_count = width as usize * height as usize;
+        // libjpeg-turbo refuses to turn four components into RGB ("Unsupported color conversion
+        // request"); it gives CMYK for them (converting YCCK itself), which Pillow's formula
+        // then turns into RGB.
+        let colorspace = self.get(raw::TJPARAM_TJPARAM_COLORSPACE);
+        let four_components =
+            colorspace == raw::TJCS_TJCS_CMYK as i32 || colorspace == raw::TJCS_TJCS_YCCK as i32;
+        if four_components {
+            let mut cmyk = std::mem::take(&mut self.cmyk);
+            cmyk.clear();
+            cmyk.resize(pixel_count * 4, 0);
+            let converted = self
+                .decompress(bytes, &mut cmyk, (width, height), 4, raw::TJPF_TJPF_CMYK)
+                .map(|()| cmyk_to_rgb(&cmyk, &mut out.pixels));
+            self.cmyk = cmyk;
+            converted?;
+        } else {
+            out.pixels.clear();
+            out.pixels.resize(pixel_count * 3, 0);
+            let rgb = raw::TJPF_TJPF_RGB;
+            self.decompress(bytes, &mut out.pixels, (width, height), 3, rgb)?;
+        }
         out.width = width;
         out.height = height;
         out.offset_x = x0;
@@ -309,6 +358,66 @@ impl JpegDecompressor {
         out.scaled_height = scaled_height;
         out.scale_eighths = eighths;
         Ok(())
+    }
+}
+
+impl JpegDecompressor {
+    /// Decodes the cropping region set on the handle, `size` (width, height) pixels at the
+    /// scale set, into `pixels`: rows of `width` pixels of `channels` bytes in `pixel_format`.
+    fn decompress(
+        &mut self,
+        bytes: &[u8],
+        pixels: &mut [u8],
+        size: (u32, u32),
+        channels: u32,
+        pixel_format: raw::TJPF,
+    ) -> Result<(), SampleError> {
+        let pitch = size.0 as usize * channels as usize;
+        if pixels.len() < pitch * size.1 as usize {
+            return Err(SampleError::Corrupt(format!(
+                "JPEG region of {}x{} does not fit its buffer of {} bytes",
+                size.0,
+                size.1,
+                pixels.len()
+            )));
+        }
+        // SAFETY: valid handle; `pixels` holds `size.1` rows of `pitch` bytes (checked above),
+        // which is what tj3Decompress8 writes for the cropping region of that size set on the
+        // handle, at that pitch in `pixel_format`.
+        let status = unsafe {
+            raw::tj3Decompress8(
+                self.handle,
+                bytes.as_ptr(),
+                bytes.len() as raw::size_t,
+                pixels.as_mut_ptr(),
+                pitch as c_int,
+                pixel_format as c_int,
+            )
+        };
+        self.check(status)
+    }
+}
+
+/// CMYK from libjpeg-turbo to RGB, bit for bit as Pillow gives `Image.open(f).convert("RGB")`
+/// of a four-component JPEG, appended to a cleared `rgb`.
+///
+/// Pillow's JPEG reader (`JpegImagePlugin.py`) decodes every four-component JPEG, with or
+/// without an Adobe APP14 marker, with rawmode `"CMYK;I"` ("assume adobe conventions"):
+/// libjpeg's CMYK output with each byte inverted (`unpackCMYKI` in `Unpack.c`). `convert("RGB")`
+/// then runs `cmyk2rgb` (`Convert.c`, since Pillow 4.3): `nk = 255 - k`, each channel
+/// `nk - MULDIV255(c, nk)` with `MULDIV255(a, b) = ((t >> 8) + t) >> 8, t = a * b + 128`. Undoing
+/// the inversion, `nk` is libjpeg's own K byte and `c` is `255 - C`.
+fn cmyk_to_rgb(cmyk: &[u8], rgb: &mut Vec<u8>) {
+    rgb.clear();
+    rgb.reserve(cmyk.len() / 4 * 3);
+    for pixel in cmyk.chunks_exact(4) {
+        let not_black = u32::from(pixel[3]);
+        for &ink in &pixel[..3] {
+            let product = (255 - u32::from(ink)) * not_black + 128;
+            let scaled = ((product >> 8) + product) >> 8;
+            // `scaled` is at most `not_black`: no clipping is needed (Pillow's CLIP8 is a no-op).
+            rgb.push((not_black - scaled) as u8);
+        }
     }
 }
 
@@ -417,9 +526,101 @@ fn decode_png(bytes: &[u8], max_pixels: u64, out: &mut DecodedImage) -> Result<(
     Ok(())
 }
 
+/// Bytes per pixel of the widest output the `image` crate decodes to (RGBA, f32 samples).
+const WIDEST_PIXEL_BYTES: u64 = 16;
+
+/// Decodes a WebP, BMP, TIFF, PNM or GIF through the `image` crate.
+///
+/// The decoder may not produce an image larger than the header said (which [`read_header`]
+/// checked against the pixel limit), nor allocate more than twice the widest output of that
+/// size: once for the output, once for the decoder's own buffers.
+fn decode_with_image_crate(
+    bytes: &[u8],
+    header: &ImageHeader,
+    format: image::ImageFormat,
+    out: &mut DecodedImage,
+) -> Result<(), SampleError> {
+    let corrupt = |error: image::ImageError| {
+        SampleError::Corrupt(format!("{}: {error}", header.format.name()))
+    };
+    let pixels = u64::from(header.width) * u64::from(header.height);
+    let mut limits = image::Limits::default();
+    limits.max_image_width = Some(header.width);
+    limits.max_image_height = Some(header.height);
+    limits.max_alloc = Some(pixels.saturating_mul(2 * WIDEST_PIXEL_BYTES));
+    let mut reader = image::ImageReader::with_format(Cursor::new(bytes), format);
+    reader.limits(limits);
+    let decoded = reader.decode().map_err(corrupt)?;
+    if (decoded.width(), decoded.height()) != (header.width, header.height) {
+        return Err(SampleError::Corrupt(format!(
+            "{} header gives {}x{} but the decoder {}x{}",
+            header.format.name(),
+            header.width,
+            header.height,
+            decoded.width(),
+            decoded.height()
+        )));
+    }
+    rgb8_of(decoded, &mut out.pixels);
+    out.width = header.width;
+    out.height = header.height;
+    out.offset_x = 0;
+    out.offset_y = 0;
+    out.scaled_width = header.width;
+    out.scaled_height = header.height;
+    out.scale_eighths = 8;
+    Ok(())
+}
+
+/// Packed RGB8 of any decoded image into `rgb`: alpha dropped without compositing, gray
+/// replicated, 16-bit samples reduced to their high byte (see the module doc for where PIL
+/// differs), float samples through the `image` crate's own conversion (clamped to 0..=1).
+fn rgb8_of(decoded: image::DynamicImage, rgb: &mut Vec<u8>) {
+    use image::DynamicImage;
+
+    fn expand<T: Copy>(samples: &[T], channels: usize, to_u8: impl Fn(T) -> u8, rgb: &mut Vec<u8>) {
+        rgb.clear();
+        rgb.reserve(samples.len() / channels * 3);
+        for pixel in samples.chunks_exact(channels) {
+            if channels < 3 {
+                let gray = to_u8(pixel[0]);
+                rgb.extend_from_slice(&[gray, gray, gray]);
+            } else {
+                rgb.extend(pixel[..3].iter().map(|&sample| to_u8(sample)));
+            }
+        }
+    }
+    let byte = |sample: u8| sample;
+    let high_byte = |sample: u16| (sample >> 8) as u8;
+    match decoded {
+        DynamicImage::ImageRgb8(image) => *rgb = image.into_raw(),
+        DynamicImage::ImageRgba8(image) => expand(image.as_raw(), 4, byte, rgb),
+        DynamicImage::ImageLuma8(image) => expand(image.as_raw(), 1, byte, rgb),
+        DynamicImage::ImageLumaA8(image) => expand(image.as_raw(), 2, byte, rgb),
+        DynamicImage::ImageRgb16(image) => expand(image.as_raw(), 3, high_byte, rgb),
+        DynamicImage::ImageRgba16(image) => expand(image.as_raw(), 4, high_byte, rgb),
+        DynamicImage::ImageLuma16(image) => expand(image.as_raw(), 1, high_byte, rgb),
+        DynamicImage::ImageLumaA16(image) => expand(image.as_raw(), 2, high_byte, rgb),
+        other => *rgb = other.to_rgb8().into_raw(),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn cmyk_conversion_is_pillows() {
+        // (C, M, Y, K) as libjpeg gives them: white, black (K only), black (no K: Adobe's
+        // inverted zero is full ink).
+        let mut rgb = Vec::new();
+        cmyk_to_rgb(&[255, 255, 255, 255, 0, 0, 0, 255, 0, 0, 0, 0], &mut rgb);
+        assert_eq!(rgb, [255, 255, 255, 0, 0, 0, 0, 0, 0]);
+        cmyk_to_rgb(&[200, 100, 30, 128, 10, 20, 30, 40], &mut rgb);
+        // nk = 128: 128 - MULDIV255(55, 128) = 128 - 28 = 100; 155 -> 128 - 78 = 50;
+        // 225 -> 128 - 113 = 15. nk = 40: 245 -> 40 - 38 = 2; 235 -> 40 - 37 = 3; 225 -> 5.
+        assert_eq!(rgb, [100, 50, 15, 2, 3, 5]);
+    }
 
     #[test]
     fn dct_scale_keeps_the_region_at_least_target_sized() {

@@ -122,6 +122,35 @@ fn png(color: png::ColorType, depth: png::BitDepth, channels: u32) -> TestResult
     Ok(out)
 }
 
+/// A small image in a format the `image` crate writes (9 x 7, `color` from [`gradient`]).
+fn image_crate(
+    write: impl FnOnce(&mut std::io::Cursor<Vec<u8>>, &[u8], u32, u32) -> image::ImageResult<()>,
+    channels: u32,
+) -> TestResult<Vec<u8>> {
+    let (width, height) = (9, 7);
+    let mut out = std::io::Cursor::new(Vec::new());
+    write(&mut out, &gradient(width, height, channels), width, height)?;
+    Ok(out.into_inner())
+}
+
+/// A CMYK JPEG (YCCK in the file, with an Adobe marker), as Photoshop writes them.
+fn ycck_jpeg() -> TestResult<Vec<u8>> {
+    let (width, height) = (20, 12);
+    let pixels = gradient(width as u32, height as u32, 4);
+    let mut compressor = Compressor::new()?;
+    compressor.set_quality(80)?;
+    compressor.set_subsamp(Subsamp::Sub2x2)?;
+    compressor.set_colorspace(turbojpeg::Colorspace::YCCK)?;
+    let image = Image {
+        pixels: pixels.as_slice(),
+        width,
+        pitch: width * 4,
+        height,
+        format: PixelFormat::CMYK,
+    };
+    Ok(compressor.compress_to_vec(image)?)
+}
+
 fn op(kind: OpKind) -> proto::Op {
     proto::Op { op: Some(kind) }
 }
@@ -182,6 +211,86 @@ fn write_seed_corpora() -> TestResult<()> {
         "palette.png",
         &png(png::ColorType::Indexed, png::BitDepth::Eight, 1)?,
     )?;
+
+    put("image", "ycck.jpg", &ycck_jpeg()?)?;
+    {
+        use image::codecs::{bmp, gif, pnm, tiff, webp};
+        use image::{ExtendedColorType as Color, ImageEncoder};
+        use pnm::{PnmSubtype, SampleEncoding};
+        let pnm_of = |subtype: PnmSubtype, color: Color, channels: u32| {
+            image_crate(
+                |out, pixels, w, h| {
+                    pnm::PnmEncoder::new(out)
+                        .with_subtype(subtype)
+                        .write_image(pixels, w, h, color)
+                },
+                channels,
+            )
+        };
+        let binary = SampleEncoding::Binary;
+        let seeds = [
+            (
+                "rgb.bmp",
+                image_crate(
+                    |out, pixels, w, h| {
+                        bmp::BmpEncoder::new(out).write_image(pixels, w, h, Color::Rgb8)
+                    },
+                    3,
+                )?,
+            ),
+            (
+                "rgba.tiff",
+                image_crate(
+                    |out, pixels, w, h| {
+                        tiff::TiffEncoder::new(out).write_image(pixels, w, h, Color::Rgba8)
+                    },
+                    4,
+                )?,
+            ),
+            (
+                "gray16.tiff",
+                image_crate(
+                    |out, pixels, w, h| {
+                        tiff::TiffEncoder::new(out).write_image(pixels, w, h, Color::L16)
+                    },
+                    2,
+                )?,
+            ),
+            (
+                "rgba_lossless.webp",
+                image_crate(
+                    |out, pixels, w, h| {
+                        webp::WebPEncoder::new_lossless(out).write_image(pixels, w, h, Color::Rgba8)
+                    },
+                    4,
+                )?,
+            ),
+            (
+                "rgba.gif",
+                image_crate(
+                    |out, pixels, w, h| {
+                        gif::GifEncoder::new(out).encode(pixels, w, h, Color::Rgba8)
+                    },
+                    4,
+                )?,
+            ),
+            (
+                "rgb.ppm",
+                pnm_of(PnmSubtype::Pixmap(binary), Color::Rgb8, 3)?,
+            ),
+            (
+                "gray.pgm",
+                pnm_of(PnmSubtype::Graymap(binary), Color::L8, 1)?,
+            ),
+            (
+                "plain.pgm",
+                pnm_of(PnmSubtype::Graymap(SampleEncoding::Ascii), Color::L8, 1)?,
+            ),
+        ];
+        for (name, bytes) in seeds {
+            put("image", name, &bytes)?;
+        }
+    }
 
     let scratch = tempfile::tempdir()?;
     let tokenizer = scratch.path().join("tokenizer.json");

@@ -1,0 +1,211 @@
+"""Every image format Stoker decodes, against Pillow's ``Image.open(f).convert("RGB")``.
+
+Pillow writes each file; Stoker decodes it through a pipeline that centre-crops the image to its
+own size, which hands the decoded pixels through unresampled (PNG checks that). Lossless formats
+and CMYK JPEGs (Stoker converts CMYK as Pillow's ``cmyk2rgb`` does, on the inverted bytes Pillow
+reads) must be bit-exact. Lossy WebP is decoded by another decoder than Pillow's (the
+``image-webp`` crate, not libwebp), yet measured bit-exact too against Pillow 13.0 (libwebp
+1.6): ``LOSSY_WEBP_MAX_LEVELS`` is 0, checked on a sweep of qualities, methods and alpha. The
+one known difference, 16-bit gray (Stoker keeps the high byte, Pillow clips at 255), has a test
+of its own.
+"""
+
+from __future__ import annotations
+
+import io
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import stoker
+from stoker import _native, ops
+
+Image = pytest.importorskip("PIL.Image")
+
+WIDTH, HEIGHT = 61, 47
+
+# Measured with Pillow 13.0 (libwebp 1.6) over 40 random images (sizes 5-300, qualities 5-99,
+# methods 0-6, a third with alpha): no level differs.
+LOSSY_WEBP_MAX_LEVELS = 0
+
+
+def photo(channels: int = 3) -> np.ndarray:
+    """A smooth picture with some detail and noise, ``channels`` bytes a pixel."""
+    y, x = np.mgrid[0:HEIGHT, 0:WIDTH].astype(np.float64)
+    rng = np.random.default_rng(7)
+    planes = [
+        255 * x / WIDTH,
+        255 * y / HEIGHT,
+        128 + 100 * np.sin(x / 5) * np.cos(y / 7),
+        255 - 200 * (x * y) / (WIDTH * HEIGHT),
+    ][:channels]
+    image = np.stack(planes, axis=-1) + rng.normal(0, 6, (HEIGHT, WIDTH, channels))
+    return np.clip(image, 0, 255).astype(np.uint8)
+
+
+def stoker_rgb(data: bytes, size: tuple[int, int] = (WIDTH, HEIGHT)) -> np.ndarray:
+    """Stoker's decode of ``data``, an image of ``size`` (width, height)."""
+    width, height = size
+    pipeline = _native.ImagePipeline(
+        [op.to_dict() for op in (ops.DecodeImage(), ops.CenterCrop((height, width)))]
+    )
+    out = np.zeros((height, width, 3), np.uint8)
+    pipeline.process(data, 0, 0, 0, out)
+    return out
+
+
+def pillow_rgb(data: bytes) -> np.ndarray:
+    return np.asarray(Image.open(io.BytesIO(data)).convert("RGB"))
+
+
+def saved(image: object, format: str, **options: object) -> bytes:
+    out = io.BytesIO()
+    image.save(out, format, **options)  # type: ignore[attr-defined]
+    return out.getvalue()
+
+
+def without_adobe_marker(jpeg: bytes) -> bytes:
+    """The JPEG without its APP14 segment: libjpeg then takes four components for CMYK."""
+    at = jpeg.index(b"\xff\xee")
+    length = int.from_bytes(jpeg[at + 2 : at + 4], "big")
+    return jpeg[:at] + jpeg[at + 2 + length :]
+
+
+def cmyk_jpeg() -> bytes:
+    return saved(Image.fromarray(photo(4), "CMYK"), "JPEG", quality=92)
+
+
+def gif_with_transparency() -> bytes:
+    """A palette GIF whose index 3 is transparent (its RGB entry is not black)."""
+    indices = (photo(1)[..., 0] // 32).astype(np.uint8)
+    image = Image.fromarray(indices, "L").convert("P")
+    palette = [channel for i in range(8) for channel in (i * 30, 255 - i * 20, (i * 70) % 256)]
+    image.putpalette(palette)
+    return saved(image, "GIF", transparency=3)
+
+
+LOSSLESS: dict[str, Callable[[], bytes]] = {
+    "cmyk jpeg (adobe marker)": cmyk_jpeg,
+    "cmyk jpeg (no adobe marker)": lambda: without_adobe_marker(cmyk_jpeg()),
+    "webp lossless": lambda: saved(Image.fromarray(photo()), "WEBP", lossless=True),
+    "webp lossless with alpha": lambda: saved(
+        Image.fromarray(photo(4), "RGBA"), "WEBP", lossless=True
+    ),
+    "bmp": lambda: saved(Image.fromarray(photo()), "BMP"),
+    "bmp gray": lambda: saved(Image.fromarray(photo(1)[..., 0], "L"), "BMP"),
+    "tiff": lambda: saved(Image.fromarray(photo()), "TIFF"),
+    "tiff lzw": lambda: saved(Image.fromarray(photo()), "TIFF", compression="tiff_lzw"),
+    "tiff deflate rgba": lambda: saved(
+        Image.fromarray(photo(4), "RGBA"), "TIFF", compression="tiff_adobe_deflate"
+    ),
+    "ppm": lambda: saved(Image.fromarray(photo()), "PPM"),
+    "pgm": lambda: saved(Image.fromarray(photo(1)[..., 0], "L"), "PPM"),
+    "pbm": lambda: saved(Image.fromarray(photo(1)[..., 0], "L").convert("1"), "PPM"),
+    "gif": lambda: saved(Image.fromarray(photo()).convert("P"), "GIF"),
+    "gif transparent": gif_with_transparency,
+    "png (the crop copies)": lambda: saved(Image.fromarray(photo()), "PNG"),
+}
+
+LOSSY: dict[str, Callable[[], bytes]] = {
+    "webp lossy": lambda: saved(Image.fromarray(photo()), "WEBP", quality=90),
+    "webp lossy with alpha": lambda: saved(Image.fromarray(photo(4), "RGBA"), "WEBP", quality=90),
+}
+
+
+@pytest.mark.parametrize("name", sorted(LOSSLESS))
+def test_lossless_formats_and_cmyk_match_pillow_exactly(name: str) -> None:
+    data = LOSSLESS[name]()
+    ours, theirs = stoker_rgb(data), pillow_rgb(data)
+    assert ours.shape == theirs.shape == (HEIGHT, WIDTH, 3)
+    differing = int(np.count_nonzero(ours != theirs))
+    assert differing == 0, f"{name}: {differing} bytes differ from Pillow"
+
+
+def test_the_cmyk_files_are_what_they_claim() -> None:
+    adobe = cmyk_jpeg()
+    assert adobe.index(b"\xff\xee") + 4 == adobe.index(b"Adobe")
+    stripped = without_adobe_marker(adobe)
+    assert b"\xff\xee" not in stripped
+    for data in (adobe, stripped):
+        assert Image.open(io.BytesIO(data)).mode == "CMYK"
+
+
+@pytest.mark.parametrize("name", sorted(LOSSY))
+def test_lossy_webp_is_within_the_measured_bound(name: str) -> None:
+    data = LOSSY[name]()
+    difference = np.abs(stoker_rgb(data).astype(int) - pillow_rgb(data).astype(int))
+    assert difference.max() <= LOSSY_WEBP_MAX_LEVELS, (name, int(difference.max()))
+
+
+def test_lossy_webp_bound_holds_over_sizes_qualities_and_methods() -> None:
+    rng = np.random.default_rng(1)
+    for trial in range(12):
+        width, height = (int(side) for side in rng.integers(5, 200, size=2))
+        y, x = np.mgrid[0:height, 0:width]
+        planes = [np.sin(x / rng.uniform(2, 30)), np.cos(y / rng.uniform(2, 30)), (x + y) / 200]
+        picture = np.stack(planes, axis=-1) * 120 + 128
+        picture += rng.normal(0, rng.uniform(0, 40), picture.shape)
+        pixels = np.clip(picture, 0, 255).astype(np.uint8)
+        if trial % 3 == 2:
+            alpha = rng.integers(0, 256, (height, width, 1), dtype=np.uint8)
+            image = Image.fromarray(np.concatenate([pixels, alpha], axis=-1), "RGBA")
+        else:
+            image = Image.fromarray(pixels)
+        quality, method = int(rng.integers(5, 100)), int(rng.integers(0, 7))
+        data = saved(image, "WEBP", quality=quality, method=method)
+        ours = stoker_rgb(data, (width, height)).astype(int)
+        worst = int(np.abs(ours - pillow_rgb(data).astype(int)).max())
+        assert worst <= LOSSY_WEBP_MAX_LEVELS, (width, height, quality, method, image.mode)
+
+
+@pytest.mark.parametrize("format", ["PPM", "TIFF", "PNG"])
+def test_sixteen_bit_gray_keeps_the_high_byte_where_pillow_clips(format: str) -> None:
+    values = (np.arange(WIDTH * HEIGHT, dtype=np.uint32) * 517 % 65536).astype(np.uint16)
+    gray = values.reshape(HEIGHT, WIDTH)
+    data = saved(Image.fromarray(gray), format)
+    high_byte = np.repeat((gray >> 8).astype(np.uint8)[..., None], 3, axis=-1)
+    assert np.array_equal(stoker_rgb(data), high_byte)
+    clipped = np.repeat(np.minimum(gray, 255).astype(np.uint8)[..., None], 3, axis=-1)
+    assert np.array_equal(pillow_rgb(data), clipped)
+
+
+def test_a_folder_of_every_format_has_no_bad_sample(dataset: Path, tmp_path: Path) -> None:
+    jpegs = sorted(dataset.rglob("*.jpg"))[:4]
+    files = {
+        "photo.webp": LOSSY["webp lossy"](),
+        "alpha.webp": LOSSLESS["webp lossless with alpha"](),
+        "photo.bmp": LOSSLESS["bmp"](),
+        "photo.tif": LOSSLESS["tiff lzw"](),
+        "photo.tiff": LOSSLESS["tiff"](),
+        "photo.ppm": LOSSLESS["ppm"](),
+        "photo.pgm": LOSSLESS["pgm"](),
+        "cmyk.jpg": cmyk_jpeg(),
+        "photo.png": saved(Image.fromarray(photo()), "PNG"),
+    }
+    for class_name in ("a", "b"):
+        folder = tmp_path / class_name
+        folder.mkdir()
+        for name, data in files.items():
+            (folder / name).write_bytes(data)
+        for jpeg in jpegs:
+            (folder / jpeg.name).write_bytes(jpeg.read_bytes())
+    samples = 2 * (len(files) + len(jpegs))
+
+    loader = stoker.Loader(
+        tmp_path,
+        pipeline=stoker.vision.imagenet_eval(32),
+        batch_size=6,
+        num_threads=2,
+        output="numpy",
+        on_error="fail",
+        timeout=30,
+    )
+    try:
+        assert loader.num_samples == samples
+        seen = sum(batch["image"].shape[0] for batch in loader)
+        assert seen == samples
+        assert loader.stats()["bad_samples"] == 0
+    finally:
+        loader.close()
