@@ -15,7 +15,8 @@ pub(super) fn job_name(core: &Coordinator, job: u64) -> String {
             stoker_worker::spec_sources(spec)
                 .into_iter()
                 .map(|(d, _)| {
-                    let uri = d.uri.trim_end_matches('/');
+                    let names = stoker_worker::source_names(d);
+                    let uri = names.first().map_or("", |name| name.trim_end_matches('/'));
                     uri.rsplit('/').next().unwrap_or(uri).to_string()
                 })
                 .collect::<Vec<_>>()

@@ -168,6 +168,104 @@ pub enum Error {
     #[error("invalid argument: {0}")]
     InvalidArgument(String),
 
+    /// A source pattern that cannot be read: an unbalanced brace, a bad range or glob, or one
+    /// that names too many files.
+    #[error("source pattern {pattern}: {problem}")]
+    BadSourcePattern {
+        /// The pattern as written.
+        pattern: String,
+        /// What is wrong with it.
+        problem: String,
+    },
+
+    /// A glob pattern that matches no file (or whose folder does not exist).
+    #[error("source pattern {pattern} matches no file in {}", folder.display())]
+    NoMatch {
+        /// The pattern as written (after brace expansion).
+        pattern: String,
+        /// The folder it was looked for in.
+        folder: PathBuf,
+    },
+
+    /// A file a brace pattern names does not exist.
+    #[error("{} does not exist (named by the source pattern {pattern})", path.display())]
+    ListedFileMissing {
+        /// The missing file.
+        path: PathBuf,
+        /// The pattern that named it.
+        pattern: String,
+    },
+
+    /// A list or pattern that names a folder: they name files; a folder is a source alone.
+    #[error(
+        "{} is a folder: a list or pattern of sources names files ({source_name}); pass a \
+         folder as the whole source",
+        path.display()
+    )]
+    FolderInList {
+        /// The folder.
+        path: PathBuf,
+        /// The source as written.
+        source_name: String,
+    },
+
+    /// A named file whose name is of no format Stoker reads from a list of files.
+    #[error(
+        "{} (named by {source_name}) is not a data file Stoker reads from a list: name .tar \
+         shards, .parquet, .jsonl[.gz|.zst] or one .bin token file",
+        path.display()
+    )]
+    NotADataFile {
+        /// The source as written.
+        source_name: String,
+        /// The file.
+        path: PathBuf,
+    },
+
+    /// Files of several formats named as one source.
+    #[error(
+        "{source_name} mixes formats: {first} and {second}; name files of one format (mix \
+             sources of several with stoker.mix)"
+    )]
+    MixedFormats {
+        /// The source as written.
+        source_name: String,
+        /// A file of the first format, with its format.
+        first: String,
+        /// A file of another format, with its format.
+        second: String,
+    },
+
+    /// A source holding several splits, with none named: it is never read whole.
+    #[error(
+        "{source_name} holds the splits {}: name one with split= (e.g. split=\"{}\")",
+        found.join(", "),
+        found.iter().find(|s| s.as_str() == "train")
+            .or(found.iter().find(|s| !s.starts_with('(')))
+            .map_or("train", String::as_str)
+    )]
+    SplitNeeded {
+        /// The source as written.
+        source_name: String,
+        /// The splits found, sorted.
+        found: Vec<String>,
+    },
+
+    /// A split asked for that the source does not hold.
+    #[error(
+        "{source_name} has no split {split:?}; {}",
+        if found.is_empty() { "it is not laid out by split (leave split out)".to_string() }
+        else { format!("its splits are {}", found.join(", ")) }
+    )]
+    NoSuchSplit {
+        /// The source as written.
+        source_name: String,
+        /// The split asked for.
+        split: String,
+        /// The splits it holds (none: not a split layout).
+        found: Vec<String>,
+    },
+
     /// Labels without class names that go too far to name the classes by number: far more
     /// likely a damaged file than a real class count.
     #[error(

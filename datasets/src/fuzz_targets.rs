@@ -270,6 +270,38 @@ pub fn hf_arrow(data: &[u8], scratch: &Path) -> io::Result<()> {
     Ok(())
 }
 
+/// A source name as a user writes it (the input, as UTF-8, lossy), under a scratch folder
+/// holding a small hub-like tree: brace expansion, the glob's compilation and walk, split
+/// detection over what it names, and the reach a worker checks against its roots. Patterns
+/// that expand to more than a few hundred names stop after the expansion (each name is a file
+/// system lookup, and the cap itself is tested in the unit tests).
+pub fn source_pattern(data: &[u8], scratch: &Path) -> io::Result<()> {
+    if data.len() > 256 {
+        return Ok(());
+    }
+    let tree = scratch.join("tree");
+    if !tree.join("data/test-00000-of-00001.parquet").is_file() {
+        for name in [
+            "data/train-00000-of-00002.parquet",
+            "data/train-00001-of-00002.parquet",
+            "data/test-00000-of-00001.parquet",
+            "shards/shard-000000.tar",
+            "shards/shard-000001.tar",
+            "shards/val/shard-000000.tar",
+            "docs/a.jsonl",
+        ] {
+            let path = tree.join(name);
+            if let Some(parent) = path.parent() {
+                std::fs::create_dir_all(parent)?;
+            }
+            std::fs::write(path, b"x")?;
+        }
+    }
+    let text = String::from_utf8_lossy(data);
+    crate::naming::fuzz_names(&tree, &text);
+    Ok(())
+}
+
 /// Decompressed size the tar index target allows (production allows 1 GiB).
 const TAR_INDEX_MAX_BYTES: usize = 16 << 20;
 

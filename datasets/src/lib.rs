@@ -16,6 +16,9 @@
 //! - [`HfDataset`]: a Hugging Face `datasets` folder as `save_to_disk` writes it (Arrow IPC
 //!   stream shards + `dataset_info.json`), its `Image`, string, `ClassLabel` and numeric
 //!   features mapped to samples, labels, class names and numeric columns; read by record batch.
+//! - [`resolve_local`]: what a source names: a path, a glob (`*`, `?`, `[...]`, `**`), a brace
+//!   range or list (`shard-{00000..01023}.tar`), or a list of those, resolved to files sorted
+//!   alike on every machine; a folder laid out by split is read one split at a time.
 //! - [`ObjectCache`], [`parse_dataset_uri`]: `s3://` sources read through
 //!   a local cache tier on disk (size cap, LRU eviction, safe across processes).
 //! - [`generate_imagenet_like`]: writes a seeded, ImageNet-like image folder for benchmarks.
@@ -66,7 +69,9 @@ mod image_format;
 mod inspect;
 mod jsonl;
 mod mapped_file;
+mod naming;
 mod parquet_files;
+mod referenced_files;
 mod sample_source;
 mod storage;
 mod synthetic;
@@ -83,11 +88,16 @@ pub use inspect::{inspect_image_folder, inspect_samples, DatasetReport, Summary}
 pub use jsonl::{
     looks_like_jsonl, JsonlDocuments, JsonlReport, DEFAULT_LABEL_FIELD, DEFAULT_TEXT_FIELD,
 };
+pub use naming::{
+    is_pattern, kind_of, kind_of_files, reach_of_name, remote_kind, resolve_local, FileKind,
+    LocalSource,
+};
 pub use parquet_files::{
     looks_like_parquet, write_parquet, ColumnarSummary, ParquetColumnInfo, ParquetDataset,
     ParquetOptions, ParquetSampleKind, ParquetSummary, ParquetWriterOptions, ParquetWritten,
     CLASS_NAMES_KEY,
 };
+pub use referenced_files::allow_referenced_files_under;
 pub use sample_source::{
     NumericColumns, NumericKind, SampleSource, TokenWindowShape, MAX_NUMBERED_CLASSES,
 };

@@ -19,6 +19,11 @@ pub(crate) struct JobSettings<'a> {
     pub format: &'a str,
     pub shuffle_window: u32,
     pub text_column: String,
+    /// The source's names when it is a list of several (`source` is then the first, for
+    /// messages); empty for one.
+    pub uris: Vec<String>,
+    /// The split to read ("" = none).
+    pub split: String,
 }
 
 /// A mix as Python passes it: the sources as (uri, ops, weight, format, text column), the
@@ -111,7 +116,13 @@ pub(crate) fn job_spec(
     }
     Ok(JobSpec {
         dataset: Some(proto::DatasetSource {
-            uri: source,
+            uri: if settings.uris.is_empty() {
+                source
+            } else {
+                String::new()
+            },
+            uris: settings.uris,
+            split: settings.split,
             format: format as i32,
             text_column: settings.text_column,
             ..Default::default()

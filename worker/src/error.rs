@@ -130,14 +130,21 @@ impl ErrorKind {
     pub fn of_opening(error: &stoker_datasets::Error) -> ErrorKind {
         use stoker_datasets::Error as DatasetError;
         match error {
-            DatasetError::RootNotFound(_) => ErrorKind::NotFound,
+            DatasetError::RootNotFound(_)
+            | DatasetError::NoMatch { .. }
+            | DatasetError::ListedFileMissing { .. } => ErrorKind::NotFound,
             DatasetError::Io { source, .. } if source.kind() == std::io::ErrorKind::NotFound => {
                 ErrorKind::NotFound
             }
             DatasetError::NotADirectory(_) => ErrorKind::NotADirectory,
-            DatasetError::UnsupportedScheme { .. } | DatasetError::InvalidUri { .. } => {
-                ErrorKind::InvalidArgument
-            }
+            DatasetError::UnsupportedScheme { .. }
+            | DatasetError::InvalidUri { .. }
+            | DatasetError::BadSourcePattern { .. }
+            | DatasetError::FolderInList { .. }
+            | DatasetError::MixedFormats { .. }
+            | DatasetError::NotADataFile { .. }
+            | DatasetError::SplitNeeded { .. }
+            | DatasetError::NoSuchSplit { .. } => ErrorKind::InvalidArgument,
             _ => ErrorKind::Dataset,
         }
     }

@@ -86,15 +86,22 @@ pub enum OnError {
 /// Options shared by the commands that run a job.
 #[derive(Debug, Args)]
 pub struct JobArgs {
-    /// Dataset: an ImageFolder root (class folders of JPEG/PNG files), a folder of
+    /// Dataset: an ImageFolder root (class folders of images), a folder of
     /// WebDataset-style `.tar` shards (or one `.tar`), a folder of `.parquet` files (or one
     /// `.parquet`; `image` + `label` columns, as `stoker convert --to parquet` writes), a token
     /// file (`*.bin`, served as windows of --seq-len + 1 tokens) or JSON Lines text (a `.jsonl`
     /// file or a folder of them, tokenised with --tokenizer and packed into rows of --seq-len).
     /// `s3://BUCKET/PREFIX` of `.tar` shards is read through the local cache (STOKER_CACHE_DIR,
-    /// STOKER_CACHE_MAX_BYTES, AWS_*). Required.
+    /// STOKER_CACHE_MAX_BYTES, AWS_*). A local source may be a pattern: a glob (`*`, `?`,
+    /// `[...]`, `**`) or brace groups (`shards/shard-{00000..00127}.tar`), quoted so the shell
+    /// leaves it alone. Required.
     #[arg(long)]
     pub data: Option<PathBuf>,
+    /// The split to read of a source laid out by split (hub shards `train-00000-of-00002.*`,
+    /// `train/` or `data/train/` folders, image folders by split); a source holding several
+    /// splits is refused without it.
+    #[arg(long)]
+    pub split: Option<String>,
     /// Tokens per row for token files and packed text.
     #[arg(long, default_value_t = 1024)]
     pub seq_len: u32,
@@ -160,6 +167,7 @@ impl JobArgs {
                 format: proto::DatasetFormat::Auto as i32,
                 text_column: self.text_field.clone(),
                 token_dtype: token_dtype as i32,
+                split: self.split.clone().unwrap_or_default(),
                 ..Default::default()
             }),
             pipeline: self.pipeline_ops(data)?,
@@ -185,6 +193,16 @@ impl JobArgs {
     fn pipeline_ops(&self, data: &std::path::Path) -> anyhow::Result<Vec<proto::Op>> {
         use proto::op::Op as OpKind;
         let op = |kind| proto::Op { op: Some(kind) };
+        // A pattern or a split is judged by the first file it names.
+        let named =
+            stoker_datasets::resolve_local(&[&data.to_string_lossy()], self.split.as_deref());
+        let data = match &named {
+            Ok(stoker_datasets::LocalSource::Files { files, .. }) => {
+                files.first().map_or(data, PathBuf::as_path)
+            }
+            Ok(stoker_datasets::LocalSource::Path(path)) => path.as_path(),
+            Err(_) => data,
+        };
         if stoker_datasets::looks_like_token_file(data) {
             return Ok(vec![op(OpKind::TokenWindows(proto::TokenWindows {
                 seq_len: self.seq_len,

@@ -45,6 +45,7 @@ use crate::parquet_files::row_group_cache::RowGroupCache;
 use crate::parquet_files::{ColumnarSummary, ParquetOptions, ParquetSampleKind};
 use crate::sample_source::SampleSource;
 use ipc_stream::StreamFile;
+pub(crate) use layout::dict_splits;
 use layout::ColumnChoice;
 
 pub use layout::HfFeature;

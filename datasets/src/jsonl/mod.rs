@@ -219,6 +219,33 @@ impl JsonlDocuments {
         cache: &dyn Fn() -> Result<ObjectCacheOptions>,
     ) -> Result<JsonlDocuments> {
         let (_, paths) = root_files(path, compressed::jsonl_files)?;
+        Self::open_listed_with_cache(path, paths, text_field, label_field, cache)
+    }
+
+    /// Opens the JSONL files `paths` (a pattern's or list's, in this order) as
+    /// [`JsonlDocuments::open`] opens a folder's; `path` names the set in messages.
+    pub fn open_listed(
+        path: &Path,
+        paths: Vec<PathBuf>,
+        text_field: &str,
+        label_field: &str,
+    ) -> Result<JsonlDocuments> {
+        Self::open_listed_with_cache(
+            path,
+            paths,
+            text_field,
+            label_field,
+            &ObjectCacheOptions::from_env,
+        )
+    }
+
+    fn open_listed_with_cache(
+        path: &Path,
+        paths: Vec<PathBuf>,
+        text_field: &str,
+        label_field: &str,
+        cache: &dyn Fn() -> Result<ObjectCacheOptions>,
+    ) -> Result<JsonlDocuments> {
         if paths.is_empty() {
             return Err(Error::NoJsonlFiles(path.to_path_buf()));
         }

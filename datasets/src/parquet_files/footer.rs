@@ -83,24 +83,31 @@ pub(super) fn open_file(
             .iter()
             .find_map(|name| find(name).map(|index| (index, (*name).to_string()))),
     };
+    let mut path_field = None;
     let (sample_column, sample_column_name, kind, struct_field) = match image {
         Some((index, name)) => {
             let data_type = schema.field(index).data_type();
             let struct_field = match data_type {
                 data_type if columns::is_binary(data_type) => None,
-                DataType::Struct(fields) => Some(
-                    fields
-                        .iter()
-                        .position(|field| {
-                            field.name() == "bytes" && columns::is_binary(field.data_type())
-                        })
-                        .ok_or_else(|| {
-                            column_problem(format!(
-                                "image column {name:?} is a struct without a binary \"bytes\" \
-                                 field ({data_type})"
-                            ))
-                        })?,
-                ),
+                DataType::Struct(fields) => {
+                    // Hugging Face's Image: {bytes, path}; a null `bytes` is read from `path`.
+                    path_field = fields.iter().position(|field| {
+                        field.name() == "path" && columns::is_text(field.data_type())
+                    });
+                    Some(
+                        fields
+                            .iter()
+                            .position(|field| {
+                                field.name() == "bytes" && columns::is_binary(field.data_type())
+                            })
+                            .ok_or_else(|| {
+                                column_problem(format!(
+                                    "image column {name:?} is a struct without a binary \
+                                     \"bytes\" field ({data_type})"
+                                ))
+                            })?,
+                    )
+                }
                 other => {
                     return Err(column_problem(format!(
                         "image column {name:?} has type {other}; images need a binary column"
@@ -167,20 +174,31 @@ pub(super) fn open_file(
         }
     }
 
-    let class_names = metadata
-        .metadata()
-        .file_metadata()
-        .key_value_metadata()
-        .and_then(|pairs| pairs.iter().find(|pair| pair.key == CLASS_NAMES_KEY))
-        .and_then(|pair| pair.value.as_deref())
+    let metadata_value = |key: &str| {
+        metadata
+            .metadata()
+            .file_metadata()
+            .key_value_metadata()
+            .and_then(|pairs| pairs.iter().find(|pair| pair.key == key))
+            .and_then(|pair| pair.value.clone())
+    };
+    let class_names = metadata_value(CLASS_NAMES_KEY)
         .map(|json| {
-            serde_json::from_str::<Vec<String>>(json).map_err(|error| {
+            serde_json::from_str::<Vec<String>>(&json).map_err(|error| {
                 column_problem(format!(
                     "the {CLASS_NAMES_KEY} metadata is not a JSON list of strings: {error}"
                 ))
             })
         })
         .transpose()?;
+    // Hugging Face `datasets` keeps the features in the `huggingface` metadata: a ClassLabel
+    // label column's names are the class names.
+    let class_names = match (class_names, label_column) {
+        (Some(names), _) => Some(names),
+        (None, Some(index)) => metadata_value(HF_METADATA_KEY)
+            .and_then(|json| class_label_names(&json, schema.field(index).name())),
+        (None, None) => None,
+    };
 
     Ok(OpenedFile {
         file: ParquetFile {
@@ -190,12 +208,32 @@ pub(super) fn open_file(
             metadata,
             sample_column,
             struct_field,
+            path_field,
         },
         sample_column_name,
         kind,
         label_column,
         class_names,
     })
+}
+
+/// The key of the features `datasets` writes into a Parquet file's metadata.
+const HF_METADATA_KEY: &str = "huggingface";
+
+/// The names of the `ClassLabel` feature `column` in `datasets`' metadata JSON, if it is one
+/// (`{"info": {"features": {column: {"_type": "ClassLabel", "names": [...]}}}}`).
+fn class_label_names(json: &str, column: &str) -> Option<Vec<String>> {
+    let value: serde_json::Value = serde_json::from_str(json).ok()?;
+    let feature = value.get("info")?.get("features")?.get(column)?;
+    if feature.get("_type")?.as_str()? != "ClassLabel" {
+        return None;
+    }
+    feature
+        .get("names")?
+        .as_array()?
+        .iter()
+        .map(|name| name.as_str().map(str::to_string))
+        .collect()
 }
 
 /// Reads the whole label column of a file as `i64`.
@@ -245,4 +283,23 @@ pub(super) fn read_labels(file: &ParquetFile, column: usize) -> Result<Vec<i64>>
         }
     }
     Ok(labels)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn class_label_names_come_from_the_hugging_face_features() {
+        let json = r#"{"info": {"features": {"image": {"_type": "Image"},
+            "label": {"_type": "ClassLabel", "names": ["cat", "dog"]},
+            "score": {"_type": "Value", "dtype": "int64"}}}}"#;
+        assert_eq!(
+            class_label_names(json, "label"),
+            Some(vec!["cat".to_string(), "dog".to_string()])
+        );
+        assert_eq!(class_label_names(json, "score"), None);
+        assert_eq!(class_label_names(json, "missing"), None);
+        assert_eq!(class_label_names("not json", "label"), None);
+    }
 }

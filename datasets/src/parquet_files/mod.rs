@@ -84,18 +84,32 @@ struct ParquetFile {
     sample_column: Option<usize>,
     /// When the sample column is a struct, the index of its binary `bytes` field.
     struct_field: Option<usize>,
+    /// When that struct has a string `path` field (Hugging Face's `Image`), its index: a row
+    /// whose `bytes` are null is read from the file it names.
+    path_field: Option<usize>,
 }
 
 /// The decoded sample column of one row group.
 struct DecodedGroup {
     /// Record batches of the group, in row order.
     chunks: Vec<ArrayRef>,
+    /// The `path` field of each batch, when the column is an image struct with one.
+    paths: Vec<ArrayRef>,
 }
 
 impl DecodedGroup {
     /// The bytes of row `row` of the group, or `None` when the cell is null.
-    fn cell(&self, mut row: usize) -> Option<&[u8]> {
-        for chunk in &self.chunks {
+    fn cell(&self, row: usize) -> Option<&[u8]> {
+        Self::find(&self.chunks, row)
+    }
+
+    /// The `path` of row `row`, when the column has one and it is not null.
+    fn path(&self, row: usize) -> Option<&[u8]> {
+        Self::find(&self.paths, row)
+    }
+
+    fn find(chunks: &[ArrayRef], mut row: usize) -> Option<&[u8]> {
+        for chunk in chunks {
             if row < chunk.len() {
                 return columns::bytes_cell(chunk.as_ref(), row);
             }
@@ -148,6 +162,27 @@ impl ParquetDataset {
         Self::open_files(path, root, files, options, None, started)
     }
 
+    /// Opens the Parquet files `paths` (a pattern's or list's, in this order); `name` names the
+    /// set in messages. Fails as [`ParquetDataset::open`] does.
+    pub fn open_listed(
+        name: &Path,
+        paths: Vec<PathBuf>,
+        options: &ParquetOptions,
+    ) -> Result<ParquetDataset> {
+        let started = Instant::now();
+        let Some(first) = paths.first() else {
+            return Err(Error::NoParquetFiles(name.to_path_buf()));
+        };
+        let root = first
+            .parent()
+            .map_or_else(|| PathBuf::from("."), Path::to_path_buf);
+        let files = paths
+            .into_iter()
+            .map(|path| (path.clone(), FileBytes::Local(path)))
+            .collect();
+        Self::open_files(name, root, files, options, None, started)
+    }
+
     /// Opens the `*.parquet` objects directly under `uri` (`s3://BUCKET/PREFIX`, or the one
     /// object it names), reading their footers and label columns by ranges through `cache`;
     /// samples are then read a row group's column chunk at a time, as from local files.
@@ -156,9 +191,22 @@ impl ParquetDataset {
         cache: Arc<ObjectCache>,
         options: &ParquetOptions,
     ) -> Result<ParquetDataset> {
+        Self::open_remote_split(uri, cache, options, None)
+    }
+
+    /// Like [`ParquetDataset::open_remote`], reading only the objects of `split` when their
+    /// names are the hub's `{split}-NNNNN-of-NNNNN.parquet`: objects of several splits with
+    /// none named are refused, naming the splits.
+    pub fn open_remote_split(
+        uri: &str,
+        cache: Arc<ObjectCache>,
+        options: &ParquetOptions,
+        split: Option<&str>,
+    ) -> Result<ParquetDataset> {
         let started = Instant::now();
         let is_parquet = |name: &str| has_extension(Path::new(name), "parquet");
         let (location, objects) = list_remote(uri, &cache, &is_parquet, "*.parquet file")?;
+        let objects = crate::naming::objects_of_split(uri, objects, split)?;
         let read_ahead = objects.first().and_then(RemoteObject::start_read_ahead);
         let files = objects
             .into_iter()
@@ -436,29 +484,72 @@ impl ParquetDataset {
         self.cache.get_or_decode(group, || {
             let mut decoded = self.decode_columns(span, &[sample_column])?;
             let mut chunks = decoded.pop().unwrap_or_default();
+            let mut paths = Vec::new();
             if let Some(field) = file.struct_field {
-                chunks = chunks
-                    .iter()
-                    .map(|chunk| {
-                        chunk
-                            .as_struct_opt()
-                            .map(|values| Arc::clone(values.column(field)))
-                            .ok_or_else(|| Error::ParquetColumn {
-                                path: file.path.clone(),
-                                problem: format!(
-                                    "image column {} did not decode as a struct",
-                                    self.sample_column.as_deref().unwrap_or(NO_SAMPLE_COLUMN)
-                                ),
-                            })
-                    })
-                    .collect::<Result<_>>()?;
+                let fields = |field: usize| {
+                    chunks
+                        .iter()
+                        .map(|chunk| {
+                            chunk
+                                .as_struct_opt()
+                                .map(|values| Arc::clone(values.column(field)))
+                                .ok_or_else(|| Error::ParquetColumn {
+                                    path: file.path.clone(),
+                                    problem: format!(
+                                        "image column {} did not decode as a struct",
+                                        self.sample_column.as_deref().unwrap_or(NO_SAMPLE_COLUMN)
+                                    ),
+                                })
+                        })
+                        .collect::<Result<Vec<_>>>()
+                };
+                if let Some(path_field) = file.path_field {
+                    paths = fields(path_field)?;
+                }
+                chunks = fields(field)?;
             }
             let bytes = chunks
                 .iter()
+                .chain(&paths)
                 .map(|chunk| chunk.get_array_memory_size())
                 .sum();
-            Ok((DecodedGroup { chunks }, bytes))
+            Ok((DecodedGroup { chunks, paths }, bytes))
         })
+    }
+}
+
+impl ParquetDataset {
+    /// Reads an image kept as a file reference (Hugging Face's `Image` with null `bytes`): an
+    /// absolute path, or one relative to the Parquet file's folder; local Parquet files only,
+    /// and under the roots [`crate::allow_referenced_files_under`] set, if any.
+    fn read_referenced_image(
+        &self,
+        reference: &str,
+        span: &ChunkSpan,
+        row: u64,
+    ) -> Result<Vec<u8>> {
+        let file = &self.files[span.file];
+        let refused = |problem: String| Error::ParquetValue {
+            path: file.path.clone(),
+            column: self.sample_column.clone().unwrap_or_default(),
+            row: span.first_row_in_file + row,
+            problem,
+        };
+        let FileBytes::Local(local) = &file.source else {
+            return Err(refused(format!(
+                "is not embedded but refers to the file {reference:?}; referenced images are read \
+                 beside local Parquet files only (embed the images: `datasets`' \
+                 Image(decode=True) and `embed_table_storage`, or `stoker convert`)"
+            )));
+        };
+        let path = Path::new(reference);
+        let path = if path.is_absolute() {
+            path.to_path_buf()
+        } else {
+            local.parent().unwrap_or(Path::new(".")).join(path)
+        };
+        crate::referenced_files::check_allowed(&path).map_err(refused)?;
+        std::fs::read(&path).map_err(|source| Error::io(path, source))
     }
 }
 
@@ -483,14 +574,20 @@ impl SampleSource for ParquetDataset {
         })?;
         let decoded = self.sample_group(group, span)?;
         let row_in_group = usize::try_from(row).unwrap_or(usize::MAX);
-        decoded
-            .cell(row_in_group)
-            .map(<[u8]>::to_vec)
-            .ok_or_else(|| Error::ParquetNullCell {
+        if let Some(bytes) = decoded.cell(row_in_group) {
+            return Ok(bytes.to_vec());
+        }
+        match decoded.path(row_in_group) {
+            Some(reference) => {
+                let reference = String::from_utf8_lossy(reference);
+                self.read_referenced_image(&reference, span, row)
+            }
+            None => Err(Error::ParquetNullCell {
                 path: self.files[span.file].path.clone(),
                 column: self.sample_column.clone().unwrap_or_default(),
                 row: span.first_row_in_file + row,
-            })
+            }),
+        }
     }
 
     fn class_names(&self) -> &[String] {

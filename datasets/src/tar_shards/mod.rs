@@ -170,6 +170,25 @@ impl TarShards {
         Self::open_listed(path, root, shard_paths, fallback_cache_dir, started)
     }
 
+    /// Opens the shards `files` (a pattern's or list's, in this order), with the class names of
+    /// `classes.txt` beside the first; `name` names the set in messages.
+    pub fn open_files(name: &Path, files: Vec<PathBuf>) -> Result<TarShards> {
+        let started = Instant::now();
+        let Some(first) = files.first() else {
+            return Err(Error::NoShards(name.to_path_buf()));
+        };
+        let root = first
+            .parent()
+            .map_or_else(|| PathBuf::from("."), Path::to_path_buf);
+        Self::open_listed(
+            name,
+            root,
+            files,
+            default_user_cache_dir().as_deref(),
+            started,
+        )
+    }
+
     /// Indexes `shard_paths` (`path` names the set in messages).
     fn open_listed(
         path: &Path,

@@ -35,6 +35,11 @@ fn tar_shards_corpus_replays() -> TestResult<()> {
 }
 
 #[test]
+fn source_pattern_corpus_replays() -> TestResult<()> {
+    replay("source_pattern", fuzz_targets::source_pattern)
+}
+
+#[test]
 fn parquet_corpus_replays() -> TestResult<()> {
     replay("parquet", fuzz_targets::parquet)
 }

@@ -550,6 +550,69 @@ fn a_token_file_opens_from_its_listing_and_reads_ahead_when_told() {
 }
 
 #[test]
+fn a_prefix_of_parquet_is_known_by_its_objects_and_read_by_split() {
+    let dir = tempfile::tempdir().unwrap();
+    let images = dir.path().join("images");
+    let spec = SyntheticImageNetSpec {
+        count: 24,
+        seed: 9,
+        classes: 3,
+    };
+    generate_imagenet_like(&images, &spec, &|_| {}).unwrap();
+    let out = dir.path().join("parquet");
+    let writer = ParquetWriterOptions {
+        file_bytes: 200_000,
+        rows_per_group: 4,
+    };
+    write_parquet(&ImageFolder::open(&images).unwrap(), &out, &writer, &|_| {}).unwrap();
+    let mut parts: Vec<PathBuf> = std::fs::read_dir(&out)
+        .unwrap()
+        .map(|entry| entry.unwrap().path())
+        .filter(|path| path.extension().is_some_and(|e| e == "parquet"))
+        .collect();
+    parts.sort();
+    assert!(parts.len() >= 2, "{parts:?}");
+    let server = S3Server::start(&dir.path().join("server"));
+    let hub = server.bucket_dir(BUCKET).join("hub");
+    std::fs::create_dir_all(&hub).unwrap();
+    let train = &parts[..parts.len() - 1];
+    for (k, part) in train.iter().enumerate() {
+        let name = format!("train-{k:05}-of-{:05}.parquet", train.len());
+        std::fs::copy(part, hub.join(name)).unwrap();
+    }
+    std::fs::copy(
+        &parts[parts.len() - 1],
+        hub.join("test-00000-of-00001.parquet"),
+    )
+    .unwrap();
+    let cache = cache(&server, &dir.path().join("cache"));
+    assert_eq!(
+        stoker_datasets::remote_kind("s3://data/hub", &cache).unwrap(),
+        Some(stoker_datasets::FileKind::Parquet)
+    );
+    let options = ParquetOptions::default();
+    let whole =
+        ParquetDataset::open_remote_split("s3://data/hub", Arc::clone(&cache), &options, None)
+            .unwrap_err()
+            .to_string();
+    assert!(whole.contains("the splits test, train"), "{whole}");
+    let local_train = ParquetDataset::open_listed(&out, train.to_vec(), &options).unwrap();
+    let remote_train = ParquetDataset::open_remote_split(
+        "s3://data/hub",
+        Arc::clone(&cache),
+        &options,
+        Some("train"),
+    )
+    .unwrap();
+    assert_same_samples(&remote_train, &local_train);
+    let missing =
+        ParquetDataset::open_remote_split("s3://data/hub", cache, &options, Some("validation"))
+            .unwrap_err()
+            .to_string();
+    assert!(missing.contains("its splits are test, train"), "{missing}");
+}
+
+#[test]
 fn a_parquet_set_opens_from_its_footers_and_labels_and_reads_like_the_local_one() {
     let dir = tempfile::tempdir().unwrap();
     let images = dir.path().join("images");

@@ -293,6 +293,70 @@ fn named_and_struct_image_columns() {
 }
 
 #[test]
+fn path_only_images_are_read_from_their_files_and_class_labels_name_the_classes() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::create_dir(dir.path().join("pictures")).unwrap();
+    std::fs::write(dir.path().join("pictures/relative.jpg"), b"beside").unwrap();
+    let absolute = dir.path().join("absolute.jpg");
+    std::fs::write(&absolute, b"anywhere").unwrap();
+    // `datasets`' to_parquet of an Image column built from files: bytes null, path set.
+    let fields = Fields::from(vec![
+        Field::new("bytes", DataType::Binary, true),
+        Field::new("path", DataType::Utf8, true),
+    ]);
+    let bytes: ArrayRef = Arc::new(BinaryArray::from(vec![
+        Some(b"embedded".as_slice()),
+        None,
+        None,
+        None,
+        None,
+    ]));
+    let paths: ArrayRef = Arc::new(StringArray::from(vec![
+        Some("ignored.jpg"),
+        Some("pictures/relative.jpg"),
+        Some(absolute.to_str().unwrap()),
+        Some("pictures/missing.jpg"),
+        None,
+    ]));
+    let images = StructArray::new(fields, vec![bytes, paths], None);
+    let batch = RecordBatch::try_from_iter(vec![
+        ("image", Arc::new(images) as ArrayRef),
+        (
+            "label",
+            Arc::new(Int64Array::from(vec![0, 1, 0, 1, 0])) as ArrayRef,
+        ),
+    ])
+    .unwrap();
+    let features = r#"{"info": {"features": {"image": {"_type": "Image"},
+        "label": {"_type": "ClassLabel", "names": ["cat", "dog"]}}}}"#;
+    let properties = WriterProperties::builder()
+        .set_key_value_metadata(Some(vec![parquet::file::metadata::KeyValue::new(
+            "huggingface".to_string(),
+            features.to_string(),
+        )]))
+        .build();
+    let path = dir.path().join("hf.parquet");
+    let file = std::fs::File::create(&path).unwrap();
+    let mut writer = ArrowWriter::try_new(file, batch.schema(), Some(properties)).unwrap();
+    writer.write(&batch).unwrap();
+    writer.close().unwrap();
+
+    let dataset = open(&path).unwrap();
+    assert_eq!(dataset.class_names(), ["cat", "dog"]);
+    assert_eq!(dataset.read(0).unwrap(), b"embedded");
+    assert_eq!(dataset.read(1).unwrap(), b"beside");
+    assert_eq!(dataset.read(2).unwrap(), b"anywhere");
+    let missing = dataset.read(3).unwrap_err();
+    assert!(
+        missing.to_string().contains("pictures/missing.jpg"),
+        "{missing}"
+    );
+    assert_eq!(missing.read_fault(), stoker_datasets::ReadFault::Sample);
+    let empty = dataset.read(4).unwrap_err().to_string();
+    assert!(empty.contains("has no value (null)"), "{empty}");
+}
+
+#[test]
 fn numeric_columns_read_as_row_major_tensors() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("table.parquet");

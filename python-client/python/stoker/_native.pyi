@@ -162,9 +162,13 @@ class NativeLoader:
         decode: str = "cpu",
         gpu_memory: int = 1 << 30,
         library_dirs: list[str] = ...,
+        uris: list[str] = ...,
+        split: str = "",
     ) -> None:
-        """Opens ``source`` and checks ``ops``; with ``mix`` (sources as (uri, ops, weight,
-        format, text column), window, epoch rule, epoch samples) it mixes those sources instead
+        """Opens ``source`` (a path, URI or pattern; with ``uris`` of several, those names as
+        one source, ``source`` being the first) and ``split`` of it, and checks ``ops``; with
+        ``mix`` (sources as (uri, ops, weight, format, text column), window, epoch rule, epoch
+        samples) it mixes those sources instead
         of reading ``source`` with ``ops``; ``num_threads`` 0 means all cores, ``prefetch``
         0 lets a controller size the depth from the stall it observes, within
         ``max_prefetch_bytes``. With ``address`` the job is registered with that coordinator

@@ -14,7 +14,7 @@ import importlib
 import math
 import os
 import sys
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, Final, Literal, TypeGuard
 
 # DataLoader arguments with no Stoker meaning, and what to use instead.
@@ -60,6 +60,31 @@ def check_bool(value: object, name: str) -> bool:
     return value
 
 
+def is_pattern(path: str) -> bool:
+    """Whether a source name is read as a pattern: a glob (``*``, ``?``, ``[...]``) or brace
+    groups (``{00000..01023}``, ``{a,b}``). A name that exists as written is taken as written."""
+    return any(c in path for c in "*?[{}")
+
+
+def source_names(source: object, locate: Callable[[object], str]) -> list[str]:
+    """The names ``source`` gives, each through ``locate``: one path, URI or pattern, or a
+    non-empty list or tuple of them (read as one source)."""
+    if isinstance(source, (list, tuple)):
+        if not source:
+            raise ValueError("source must not be an empty list")
+        return [locate(each) for each in source]
+    return [locate(source)]
+
+
+def check_split(split: object) -> str:
+    """A split's name ("" for None)."""
+    if split is None:
+        return ""
+    if not isinstance(split, str) or not split.strip():
+        raise ValueError(f"split must be a split's name such as 'train', got {split!r}")
+    return split.strip()
+
+
 def remote_source_path(source: object) -> str:
     """``source`` as the workers will open it: a local path that exists here is made absolute
     (workers resolve relative paths against their own working directory)."""
@@ -70,7 +95,7 @@ def remote_source_path(source: object) -> str:
         path = os.fsdecode(path)
     if not path:
         raise ValueError("source must not be empty")
-    if "://" not in path and os.path.exists(path):
+    if "://" not in path and (os.path.exists(path) or is_pattern(path)):
         path = os.path.abspath(path)
     return path
 
@@ -98,7 +123,7 @@ def source_path(source: object) -> str:
         )
     if not path:
         raise ValueError("source must not be empty")
-    if not os.path.exists(path):
+    if not os.path.exists(path) and not is_pattern(path):
         raise FileNotFoundError(errno.ENOENT, f"source {path!r} does not exist", path)
     return path
 

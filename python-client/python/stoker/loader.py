@@ -23,6 +23,7 @@ from stoker.arguments import (
     check_prefetch,
     check_remote,
     check_seconds,
+    check_split,
     check_text_column,
     dashboard_address,
     dashboard_credential_path,
@@ -32,6 +33,7 @@ from stoker.arguments import (
     remote_source_path,
     resolve_output,
     resolve_rank,
+    source_names,
     source_path,
 )
 from stoker.batches import BadSampleLog, BatchFeed, BatchIterator, Taken, host_batch
@@ -87,7 +89,12 @@ class Loader(FromDataset):
     (or copy what you keep: ``tensor.clone()``) and iteration goes on from where it stopped.
 
     Args:
-        source: path (or ``file://`` URL) of the dataset: an image folder laid out like
+        source: path (or ``file://`` URL) of the dataset, a pattern, or a list of them read
+            as one source: a glob (``"data/train-*.parquet"``; ``*``, ``?``, ``[...]``,
+            ``**``) or brace groups (``"shards/shard-{00000..01023}.tar"``, ``{a,b}``), whose
+            files are sorted by their paths' bytes and counted once, all of one format (tar
+            shards, Parquet, JSONL, or one token file). A name that exists as written is taken
+            as written. The dataset: an image folder laid out like
             torchvision's ImageFolder (``root/<class>/<image>``), tar shards, a token file
             (``*.bin``; ``*.u32.bin`` holds uint32 tokens, any other name uint16), JSON Lines
             text (a ``.jsonl`` file or a folder of them; ``.jsonl.gz`` and ``.jsonl.zst`` are
@@ -221,14 +228,23 @@ class Loader(FromDataset):
             whose decoded size does not fit goes to the CPU. Default 1 GiB
             (``stoker._native.DEFAULT_GPU_MEMORY``); freed by :meth:`close` once the batches
             holding its rows are released.
+        split: the split to read of a source laid out by split: hub shards named
+            ``{split}-00000-of-00002.*`` (directly or under ``data/``), ``{split}/`` or
+            ``data/{split}/`` folders of data files, a ``DatasetDict`` folder, or an image
+            folder whose subfolders are all split names (``train/``, ``val/``, ...) holding
+            class folders; also the split among files a pattern names. A source holding several
+            splits without ``split`` raises ValueError naming them; one split alone is read.
 
     Raises:
-        ValueError: an argument is out of range, a DataLoader-only argument was passed, or
-            the pipeline is not supported (the message says what is accepted).
+        ValueError: an argument is out of range, a DataLoader-only argument was passed, the
+            pipeline is not supported (the message says what is accepted), a pattern is
+            malformed, names files of several formats or a folder, or the source holds several
+            splits and none (or one it lacks) is named.
         stoker.GpuUnavailableError: ``device="cuda"`` where no GPU can be used (the message
             names what is missing), or page-locked slots that do not fit the budget.
         TypeError: an unknown keyword argument.
-        FileNotFoundError: ``source`` does not exist.
+        FileNotFoundError: ``source`` does not exist, a glob matches no file, or a file a
+            brace range names is missing.
         ImportError: ``output="torch"`` without an importable torch.
         stoker.DatasetError: ``source`` is not a usable image folder.
     """
@@ -240,7 +256,7 @@ class Loader(FromDataset):
 
     def __init__(
         self,
-        source: str | os.PathLike[str],
+        source: str | os.PathLike[str] | Sequence[str | os.PathLike[str]],
         *,
         pipeline: Iterable[Op],
         batch_size: int,
@@ -272,6 +288,7 @@ class Loader(FromDataset):
         memory_format: Any = None,
         decode: Literal["cpu", "gpu", "auto"] = "cpu",
         gpu_memory: int | None = None,
+        split: str | None = None,
         **unsupported: Any,
     ) -> None:
         # Attributes close() relies on come first, so a failing __init__ leaves an object it
@@ -309,6 +326,7 @@ class Loader(FromDataset):
         self._format: str = check_format(format)
         self._shuffle_window = check_int(shuffle_window, "shuffle_window", 0, MAX_U32)
         self._text_column: str = check_text_column(text_column)
+        source_split = check_split(split)
         dashboard_at = dashboard_address(dashboard)
         dashboard_credential = dashboard_credential_path(dashboard, dashboard_token_file)
         output_kind = resolve_output(output)
@@ -320,11 +338,15 @@ class Loader(FromDataset):
         self._mix = source if isinstance(source, MixRequest) else None
         native_mix = None
         tail = None
+        names: list[str] = []
+        if self._mix is not None and source_split:
+            raise ValueError("split= is for one source; a mix's sources name their own files")
         if self._mix is None:
             self._ops = check_pipeline(pipeline)
             native_ops, tail = placement.split(self._ops)
-            self._source = locate(source)
-            job_name = os.path.basename(os.path.normpath(self._source)) or "python"
+            names = source_names(source, locate)
+            self._source = names[0] if len(names) == 1 else ",".join(names)
+            job_name = os.path.basename(os.path.normpath(names[0])) or "python"
         else:
             placement.refuse_mix()
             pipeline = list(pipeline)
@@ -335,7 +357,7 @@ class Loader(FromDataset):
         placement = placement.resolve(self._torch)
         self._decode = placement.decode
         self._native = _native.NativeLoader(
-            self._source,
+            names[0] if names else self._source,
             [op.to_dict() for op in native_ops],
             self._batch_size,
             self._shuffle,
@@ -362,6 +384,8 @@ class Loader(FromDataset):
             mix=None if native_mix is None else native_mix.arguments(),
             **placement.pinning_arguments(self._torch),
             **placement.lane_arguments(),
+            uris=names,
+            split=source_split,
         )
         try:
             self._finish_init(placement.stage(self._torch, tail))

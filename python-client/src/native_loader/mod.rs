@@ -58,7 +58,7 @@ pub(super) type PyResize = (u64, Vec<u64>);
 #[pymethods]
 impl NativeLoader {
     #[new]
-    #[pyo3(signature = (source, ops, batch_size, shuffle, seed, drop_last, num_threads, rank, world_size, prefetch, on_error, timeout_s, max_held_batches, max_prefetch_bytes = 2 << 30, dashboard = None, dashboard_token_file = None, job_name = "python".to_string(), format = "auto", shuffle_window = 0, text_column = String::new(), address = None, worker_grace_s = 120.0, token = None, tls_ca = None, tls_server_name = None, mix = None, pin_device = None, pin_follow = false, pinned_budget = 0, release_streams = None, decode = "cpu", gpu_memory = stoker_loader::DEFAULT_GPU_MEMORY, library_dirs = Vec::new()))]
+    #[pyo3(signature = (source, ops, batch_size, shuffle, seed, drop_last, num_threads, rank, world_size, prefetch, on_error, timeout_s, max_held_batches, max_prefetch_bytes = 2 << 30, dashboard = None, dashboard_token_file = None, job_name = "python".to_string(), format = "auto", shuffle_window = 0, text_column = String::new(), address = None, worker_grace_s = 120.0, token = None, tls_ca = None, tls_server_name = None, mix = None, pin_device = None, pin_follow = false, pinned_budget = 0, release_streams = None, decode = "cpu", gpu_memory = stoker_loader::DEFAULT_GPU_MEMORY, library_dirs = Vec::new(), uris = Vec::new(), split = String::new()))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -95,6 +95,8 @@ impl NativeLoader {
         decode: &str,
         gpu_memory: usize,
         library_dirs: Vec<PathBuf>,
+        uris: Vec<String>,
+        split: String,
     ) -> PyResult<Self> {
         let mode = match decode {
             "cpu" => None,
@@ -135,6 +137,8 @@ impl NativeLoader {
                 format,
                 shuffle_window,
                 text_column,
+                uris: if uris.len() > 1 { uris } else { Vec::new() },
+                split,
             },
         )?;
         if let Some(mix) = mix {

@@ -83,6 +83,10 @@ fn run(args: Args) -> anyhow::Result<()> {
     } else {
         args.data_roots
     };
+    // Images a dataset refers to by path (not embedded) are read under the roots only.
+    stoker_datasets::allow_referenced_files_under(stoker_worker_daemon::canonical_roots(
+        &data_roots,
+    )?);
     let (server_security, client_security) = args.security.load()?;
     let runtime = daemon_runtime()?;
     runtime.block_on(async move {

@@ -166,12 +166,19 @@ fn check_root(roots: &[PathBuf], spec: &JobSpec) -> std::result::Result<(), Stat
     for (dataset, pipeline) in sources {
         // Remote sources are read with the worker's own credentials, not from its disks. What
         // is local is decided as the opener decides it (`./a://b` is a path).
-        match stoker_datasets::parse_dataset_uri(&dataset.uri) {
-            Ok(stoker_datasets::DatasetLocation::Local(path)) => {
-                check_under_roots(roots, &path, "dataset")?;
+        // A pattern is held to the roots by every folder it can walk (`reach_of_name`).
+        for name in stoker_worker::source_names(dataset) {
+            match stoker_datasets::parse_dataset_uri(name) {
+                Ok(stoker_datasets::DatasetLocation::Local(path)) => {
+                    let reach = stoker_datasets::reach_of_name(&path.to_string_lossy())
+                        .map_err(|error| Status::invalid_argument(error.to_string()))?;
+                    for path in reach {
+                        check_under_roots(roots, &path, "dataset")?;
+                    }
+                }
+                Ok(_) => {}
+                Err(error) => return Err(Status::invalid_argument(error.to_string())),
             }
-            Ok(_) => {}
-            Err(error) => return Err(Status::invalid_argument(error.to_string())),
         }
         // A tokenizer is read whole: outside the roots it could be any file (or /dev/zero).
         for op in pipeline {
@@ -645,6 +652,45 @@ mod tests {
         check_root(&roots, &job_over(&inside.to_string_lossy()))?;
         // A remote source is the worker's credentials' business, not its disks'.
         check_root(&roots, &job_over("s3://bucket/prefix"))?;
+        Ok(())
+    }
+
+    #[test]
+    fn every_folder_a_pattern_or_list_can_reach_is_held_to_the_data_roots() -> TestResult {
+        let dir = tempfile::tempdir()?;
+        let root = dir.path().join("root");
+        std::fs::create_dir_all(root.join("shards"))?;
+        std::fs::create_dir_all(dir.path().join("outside"))?;
+        std::fs::write(root.join("shards/shard-0.tar"), b"x")?;
+        std::fs::write(dir.path().join("outside/shard-0.tar"), b"x")?;
+        let roots = canonical_roots(std::slice::from_ref(&root))?;
+        let root_text = root.display().to_string();
+        check_root(&roots, &job_over(&format!("{root_text}/shards/*.tar")))?;
+        check_root(
+            &roots,
+            &job_over(&format!("{root_text}/**/shard-{{0..0}}.tar")),
+        )?;
+        // A brace that leads out of the root, as a glob's folder or as a file.
+        for sneaky in [
+            format!("{root_text}/{{shards,../outside}}/*.tar"),
+            format!("{root_text}/{{shards,../outside}}/shard-0.tar"),
+        ] {
+            let refused = check_root(&roots, &job_over(&sneaky)).expect_err("outside the roots");
+            assert!(
+                refused.message().contains("--data-root"),
+                "{sneaky}: {refused:?}"
+            );
+        }
+        // A list is checked name by name.
+        let mut listed = job_over("");
+        if let Some(dataset) = listed.dataset.as_mut() {
+            dataset.uris = vec![
+                format!("{root_text}/shards/shard-0.tar"),
+                dir.path().join("outside/shard-0.tar").display().to_string(),
+            ];
+        }
+        let refused = check_root(&roots, &listed).expect_err("outside the roots");
+        assert!(refused.message().contains("outside"), "{refused:?}");
         Ok(())
     }
 

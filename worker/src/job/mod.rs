@@ -18,7 +18,7 @@ mod fingerprint;
 mod sources;
 
 pub use fingerprint::{fingerprint, SAMPLED as FINGERPRINT_SAMPLES};
-pub use sources::{open_source, open_sources, spec_sources};
+pub use sources::{open_source, open_sources, source_names, source_split, spec_sources};
 
 /// Larger batches than this are refused as a likely mistake (a 1M-image batch of 224x224 RGB
 /// would need 150 GB).
@@ -71,7 +71,7 @@ pub fn check_spec_shape(spec: &JobSpec) -> Result<()> {
     }
     if sources
         .iter()
-        .any(|(dataset, _)| dataset.uri.trim().is_empty())
+        .any(|(dataset, _)| sources::source_names(dataset).is_empty())
     {
         return Err(Error::InvalidSpec("dataset.uri is empty".into()));
     }

@@ -6,11 +6,13 @@
 use std::path::Path;
 use std::sync::Arc;
 
+use std::path::PathBuf;
+
 use stoker_datasets::{
-    looks_like_hf_dataset, looks_like_jsonl, looks_like_parquet, looks_like_tar_shards,
-    looks_like_token_file, parse_dataset_uri, DatasetLocation, HfDataset, ImageFolder,
-    JsonlDocuments, ObjectCache, ParquetDataset, ParquetOptions, SampleSource, TarShards,
-    TokenDtype, TokenFile,
+    is_pattern, kind_of_files, looks_like_hf_dataset, looks_like_jsonl, looks_like_parquet,
+    looks_like_tar_shards, looks_like_token_file, parse_dataset_uri, remote_kind, resolve_local,
+    DatasetLocation, FileKind, HfDataset, ImageFolder, JsonlDocuments, LocalSource, ObjectCache,
+    ParquetDataset, ParquetOptions, SampleSource, TarShards, TokenDtype, TokenFile,
 };
 use stoker_proto::v1::{self as proto, op::Op as OpKind, DatasetFormat, JobSpec};
 
@@ -31,6 +33,31 @@ pub fn spec_sources(spec: &JobSpec) -> Vec<(&proto::DatasetSource, &[proto::Op])
             .map(|dataset| (dataset, spec.pipeline.as_slice()))
             .collect(),
     }
+}
+
+/// The names a dataset source gives: its `uris`, or its one `uri` (trimmed; empty ones left
+/// out).
+pub fn source_names(dataset: &proto::DatasetSource) -> Vec<&str> {
+    let listed: Vec<&str> = dataset
+        .uris
+        .iter()
+        .map(|name| name.trim())
+        .filter(|name| !name.is_empty())
+        .collect();
+    if !listed.is_empty() {
+        return listed;
+    }
+    let uri = dataset.uri.trim();
+    if uri.is_empty() {
+        Vec::new()
+    } else {
+        vec![uri]
+    }
+}
+
+/// The split a dataset source asks for, if any.
+pub fn source_split(dataset: &proto::DatasetSource) -> Option<&str> {
+    Some(dataset.split.trim()).filter(|split| !split.is_empty())
 }
 
 /// Opens every dataset `spec` names (see [`open_source`]), in order.
@@ -60,23 +87,42 @@ pub fn open_sources(spec: &JobSpec) -> Result<Vec<Arc<dyn SampleSource>>> {
 /// Opens the dataset a spec names. `ops` is the job's pipeline: a token file is cut into the
 /// windows of its `TokenWindows` op.
 ///
-/// `AUTO` picks the format from the files: a `.tar` file or a folder of them is tar shards, a
-/// folder with `state.json` and `dataset_info.json` (or `dataset_dict.json`) a Hugging Face
-/// `datasets` folder, `.parquet` files Parquet, a `.bin` file a token file, a `.jsonl` file or a folder of them JSONL documents, anything else
-/// an image folder. `s3://BUCKET/PREFIX` is read through the local object cache (configured by
-/// `STOKER_CACHE_DIR`, `STOKER_CACHE_MAX_BYTES` and the `AWS_*` variables); other schemes are
-/// refused.
+/// A local source is first resolved (`resolve_local`): a pattern or a list of names becomes
+/// the files it names, and a folder laid out by split gives the split asked for. Files named so
+/// are read by their one format (tar shards, Parquet, JSONL, or one token file). A folder or file
+/// named alone is read by `AUTO`'s rules: a `.tar` file or a folder of them is tar shards, a
+/// folder with `state.json` and `dataset_info.json` a Hugging Face `datasets` folder,
+/// `.parquet` files Parquet, a `.bin` file a token file, a `.jsonl` file or a folder of them
+/// JSONL documents, anything else an image folder. `s3://BUCKET/PREFIX` is read through the
+/// local object cache (configured by `STOKER_CACHE_DIR`, `STOKER_CACHE_MAX_BYTES` and the
+/// `AWS_*` variables); other schemes are refused.
 pub fn open_source(
     dataset: &proto::DatasetSource,
     ops: &[proto::Op],
 ) -> Result<Arc<dyn SampleSource>> {
-    let uri = dataset.uri.trim();
-    if uri.is_empty() {
+    let names = source_names(dataset);
+    if names.is_empty() {
         return Err(Error::InvalidSpec("dataset.uri is empty".into()));
     }
-    let path = match parse_dataset_uri(uri).map_err(Error::OpenDataset)? {
-        DatasetLocation::Local(path) => path,
-        DatasetLocation::S3(_) => return open_remote_source(uri, dataset, ops),
+    let mut local = Vec::with_capacity(names.len());
+    for &name in &names {
+        match parse_dataset_uri(name).map_err(Error::OpenDataset)? {
+            DatasetLocation::Local(path) => local.push(path.to_string_lossy().into_owned()),
+            DatasetLocation::S3(_) if names.len() == 1 && !is_pattern(name) => {
+                return open_remote_source(name, dataset, ops);
+            }
+            DatasetLocation::S3(_) => {
+                return Err(Error::InvalidSpec(format!(
+                    "{name}: an s3:// source is one prefix or object so far (no pattern or \
+                     list of several)"
+                )))
+            }
+        }
+    }
+    let local: Vec<&str> = local.iter().map(String::as_str).collect();
+    let path = match resolve_local(&local, source_split(dataset)).map_err(Error::OpenDataset)? {
+        LocalSource::Path(path) => path,
+        LocalSource::Files { name, files } => return open_named_files(&name, files, dataset, ops),
     };
     let path = path.as_path();
     let format = match dataset.format() {
@@ -122,6 +168,69 @@ pub fn open_source(
     }
 }
 
+/// Opens files a pattern, a list or a split named, by their one format.
+fn open_named_files(
+    name: &str,
+    files: Vec<PathBuf>,
+    dataset: &proto::DatasetSource,
+    ops: &[proto::Op],
+) -> Result<Arc<dyn SampleSource>> {
+    let kind = kind_of_files(name, &files).map_err(Error::OpenDataset)?;
+    let wanted = match kind {
+        FileKind::TarShard => DatasetFormat::TarShards,
+        FileKind::Parquet => DatasetFormat::Parquet,
+        FileKind::Jsonl => DatasetFormat::Jsonl,
+        FileKind::TokenFile => DatasetFormat::TokenFile,
+    };
+    let format = dataset.format();
+    if format != DatasetFormat::Auto && format != wanted {
+        return Err(Error::InvalidSpec(format!(
+            "{name} names {} files, but the format asked for is {}",
+            kind.name(),
+            format.as_str_name()
+        )));
+    }
+    let display = Path::new(name);
+    match kind {
+        FileKind::TarShard => Ok(Arc::new(
+            TarShards::open_files(display, files).map_err(Error::OpenDataset)?,
+        )),
+        FileKind::Parquet => Ok(Arc::new(
+            ParquetDataset::open_listed(display, files, &column_options(dataset))
+                .map_err(Error::OpenDataset)?,
+        )),
+        FileKind::Jsonl => Ok(Arc::new(
+            JsonlDocuments::open_listed(
+                display,
+                files,
+                dataset.text_column.trim(),
+                dataset.label_column.trim(),
+            )
+            .map_err(Error::OpenDataset)?,
+        )),
+        FileKind::TokenFile => match files.as_slice() {
+            [file] => {
+                let seq_len = token_windows_seq_len(ops).ok_or_else(|| {
+                    Error::InvalidSpec(format!(
+                        "{} is a token file: its pipeline must be [TokenWindows{{seq_len}}]",
+                        file.display()
+                    ))
+                })?;
+                let dtype =
+                    token_dtype(dataset)?.unwrap_or_else(|| TokenDtype::from_file_name(file));
+                Ok(Arc::new(
+                    TokenFile::open(file, dtype, seq_len).map_err(Error::OpenDataset)?,
+                ))
+            }
+            _ => Err(Error::InvalidSpec(format!(
+                "{name} names {} token files: a token source is one file (mix several with \
+                 stoker.mix)",
+                files.len()
+            ))),
+        },
+    }
+}
+
 /// The `seq_len` of the op list's `TokenWindows` op, if it has one.
 fn token_windows_seq_len(ops: &[proto::Op]) -> Option<u32> {
     ops.iter().find_map(|op| match &op.op {
@@ -151,15 +260,20 @@ fn column_options(dataset: &proto::DatasetSource) -> ParquetOptions {
     }
 }
 
-/// Opens an `s3://` dataset; tar shards are the one format read from object stores so far.
-/// Opens an `s3://` dataset: tar shards, Parquet files (format PARQUET, or AUTO with a
-/// `.parquet` key) or a token file (TOKEN_FILE, or AUTO with a `.bin` key); other formats
+/// Opens an `s3://` dataset: tar shards, Parquet files or a token file. `AUTO` takes a key
+/// ending in `.bin` or `.parquet` for that file, and a prefix by the one kind of data object
+/// directly under it (tar shards when it holds none: their index object names them). A split
+/// is read from Parquet objects named by split (`train-00000-of-00002.parquet`); other formats
 /// are refused by name.
 fn open_remote_source(
     uri: &str,
     dataset: &proto::DatasetSource,
     ops: &[proto::Op],
 ) -> Result<Arc<dyn SampleSource>> {
+    let cache = ObjectCache::from_env()
+        .map(Arc::new)
+        .map_err(Error::OpenDataset)?;
+    let cache = || Ok::<_, Error>(Arc::clone(&cache));
     let format = match dataset.format() {
         DatasetFormat::Auto if uri.to_ascii_lowercase().ends_with(".bin") => {
             DatasetFormat::TokenFile
@@ -167,14 +281,20 @@ fn open_remote_source(
         DatasetFormat::Auto if uri.to_ascii_lowercase().ends_with(".parquet") => {
             DatasetFormat::Parquet
         }
-        DatasetFormat::Auto => DatasetFormat::TarShards,
+        DatasetFormat::Auto => match remote_kind(uri, &cache()?).map_err(Error::OpenDataset)? {
+            Some(FileKind::Parquet) => DatasetFormat::Parquet,
+            Some(FileKind::TokenFile) => DatasetFormat::TokenFile,
+            Some(FileKind::Jsonl) => DatasetFormat::Jsonl,
+            Some(FileKind::TarShard) | None => DatasetFormat::TarShards,
+        },
         other => other,
     };
-    let cache = || {
-        ObjectCache::from_env()
-            .map(Arc::new)
-            .map_err(Error::OpenDataset)
-    };
+    if source_split(dataset).is_some() && format != DatasetFormat::Parquet {
+        return Err(Error::InvalidSpec(format!(
+            "split= is read from an s3:// prefix of Parquet files only so far; name the split's \
+             own prefix in {uri} instead"
+        )));
+    }
     match format {
         DatasetFormat::TarShards => Ok(Arc::new(
             TarShards::open_remote(uri, cache()?).map_err(Error::OpenDataset)?,
@@ -192,8 +312,13 @@ fn open_remote_source(
             ))
         }
         DatasetFormat::Parquet => Ok(Arc::new(
-            ParquetDataset::open_remote(uri, cache()?, &column_options(dataset))
-                .map_err(Error::OpenDataset)?,
+            ParquetDataset::open_remote_split(
+                uri,
+                cache()?,
+                &column_options(dataset),
+                source_split(dataset),
+            )
+            .map_err(Error::OpenDataset)?,
         )),
         other => Err(Error::InvalidSpec(format!(
             "dataset format {other:?} cannot be read from {uri} yet: s3:// sources hold tar \

@@ -1,0 +1,334 @@
+//! Naming a dataset's files: what a source string (or a list of them) resolves to on local
+//! disks, the same on every machine.
+//!
+//! A name is taken as written when a file or folder of that name exists. Otherwise it may hold
+//! brace groups (`shard-{00000..01023}.tar`, `{train,val}-*.tar`: `braces.rs`) and glob
+//! characters (`*`, `?`, `[...]`, `**`: `glob.rs`). The files a pattern or list names are
+//! sorted by the bytes of their paths and counted once, so the plan, the digest and the
+//! fingerprint never depend on the order a file system lists them in.
+//!
+//! A folder laid out by split (`splits.rs`) is never read whole: a split is named, or
+//! [`Error::SplitNeeded`] names the splits found. Files named by a pattern or list that span
+//! several splits are refused the same way.
+
+mod braces;
+mod glob;
+mod remote;
+mod splits;
+
+use std::path::{Path, PathBuf};
+
+use tracing::info;
+
+use crate::error::{Error, Result};
+pub(crate) use remote::objects_of_split;
+pub use remote::remote_kind;
+use splits::{find_splits, group_files, split_of_file, SplitLayout};
+
+/// What a source resolves to on local disks.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum LocalSource {
+    /// One folder or file, opened by its format's rules (a folder's own files, an image
+    /// folder's classes).
+    Path(PathBuf),
+    /// Files a pattern, a list or a split named, sorted, each once.
+    Files {
+        /// The source as written (names joined by `,`), for messages.
+        name: String,
+        /// The files.
+        files: Vec<PathBuf>,
+    },
+}
+
+/// The kind of data file a name says a file is, for sources made of named files.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FileKind {
+    /// `.tar`: a WebDataset shard.
+    TarShard,
+    /// `.parquet`.
+    Parquet,
+    /// `.jsonl`, `.jsonl.gz`, `.jsonl.zst`.
+    Jsonl,
+    /// `.bin`: a flat token file.
+    TokenFile,
+}
+
+impl FileKind {
+    /// The format's name in messages.
+    pub fn name(self) -> &'static str {
+        match self {
+            FileKind::TarShard => "tar shards",
+            FileKind::Parquet => "Parquet",
+            FileKind::Jsonl => "JSONL",
+            FileKind::TokenFile => "a token file",
+        }
+    }
+}
+
+/// The kind of data file `path`'s name says it is (any case); `None` for other names.
+pub fn kind_of(path: &Path) -> Option<FileKind> {
+    use crate::files::has_extension;
+    if has_extension(path, "tar") {
+        Some(FileKind::TarShard)
+    } else if has_extension(path, "parquet") {
+        Some(FileKind::Parquet)
+    } else if crate::jsonl::is_jsonl_file_name(path) {
+        Some(FileKind::Jsonl)
+    } else if has_extension(path, "bin") {
+        Some(FileKind::TokenFile)
+    } else {
+        None
+    }
+}
+
+/// The one kind of data file among `files`: refused by name when one is of no kind Stoker reads
+/// from named files, or when they mix kinds.
+pub fn kind_of_files(name: &str, files: &[PathBuf]) -> Result<FileKind> {
+    let mut first: Option<(FileKind, &Path)> = None;
+    for file in files {
+        let Some(kind) = kind_of(file) else {
+            return Err(Error::NotADataFile {
+                source_name: name.to_string(),
+                path: file.clone(),
+            });
+        };
+        match first {
+            None => first = Some((kind, file)),
+            Some((seen, seen_file)) if seen != kind => {
+                return Err(Error::MixedFormats {
+                    source_name: name.to_string(),
+                    first: format!("{} ({})", seen_file.display(), seen.name()),
+                    second: format!("{} ({})", file.display(), kind.name()),
+                });
+            }
+            Some(_) => {}
+        }
+    }
+    first.map(|(kind, _)| kind).ok_or_else(|| Error::NoMatch {
+        pattern: name.to_string(),
+        folder: PathBuf::from("."),
+    })
+}
+
+/// Whether `name` would be read as a pattern (it holds braces or glob characters).
+pub fn is_pattern(name: &str) -> bool {
+    braces::has_braces(name) || glob::has_glob(name)
+}
+
+/// Resolves local source names (paths or patterns; a list of several is one source) and the
+/// split asked for (`None`: none named).
+///
+/// One name of an existing folder or file stays a [`LocalSource::Path`], unless the folder is
+/// laid out by split: then the split asked for (or the only one) is read, and more than one
+/// without `split` is [`Error::SplitNeeded`]. Anything else resolves to the files it names.
+pub fn resolve_local(names: &[&str], split: Option<&str>) -> Result<LocalSource> {
+    let split = split.map(str::trim).filter(|split| !split.is_empty());
+    let Some(&first) = names.first() else {
+        return Err(Error::InvalidArgument("a source names no file".into()));
+    };
+    if names.len() == 1 && Path::new(first).exists() {
+        return resolve_path(Path::new(first), split);
+    }
+    let mut files = Vec::new();
+    for &name in names {
+        files_named(name, &mut files)?;
+    }
+    sort_paths(&mut files);
+    files.dedup();
+    let name = names.join(",");
+    // One format first: files of two formats are refused as such, not as two splits.
+    kind_of_files(&name, &files)?;
+    let files = pick_split(&name, files, split)?;
+    Ok(LocalSource::Files { name, files })
+}
+
+/// One existing path: a split layout's split, or the path itself.
+fn resolve_path(path: &Path, split: Option<&str>) -> Result<LocalSource> {
+    if path.is_dir() {
+        if let Some(layout) = find_splits(path)? {
+            return choose_split(path, layout, split);
+        }
+    }
+    match split {
+        None => Ok(LocalSource::Path(path.to_path_buf())),
+        Some(split) if path.is_file() && split_of_file(path).as_deref() == Some(split) => {
+            Ok(LocalSource::Path(path.to_path_buf()))
+        }
+        Some(split) => Err(Error::NoSuchSplit {
+            source_name: path.display().to_string(),
+            split: split.to_string(),
+            found: Vec::new(),
+        }),
+    }
+}
+
+fn choose_split(root: &Path, layout: SplitLayout, split: Option<&str>) -> Result<LocalSource> {
+    let found = layout.names();
+    let chosen = match split {
+        Some(split) => split.to_string(),
+        None if found.len() == 1 => found[0].clone(),
+        None => {
+            return Err(Error::SplitNeeded {
+                source_name: root.display().to_string(),
+                found,
+            })
+        }
+    };
+    info!(path = %root.display(), split = %chosen, splits = ?found, "reading one split of a split layout");
+    let missing = || Error::NoSuchSplit {
+        source_name: root.display().to_string(),
+        split: chosen.clone(),
+        found: found.clone(),
+    };
+    match layout {
+        SplitLayout::Folders(mut folders) => {
+            let folder = folders.remove(&chosen).ok_or_else(missing)?;
+            Ok(LocalSource::Path(folder))
+        }
+        SplitLayout::Files(mut groups) => {
+            let files = groups.remove(&chosen).ok_or_else(missing)?;
+            Ok(LocalSource::Files {
+                name: format!("{} (split {chosen})", root.display()),
+                files,
+            })
+        }
+    }
+}
+
+/// The files among `files` of the split asked for; all of them when they hold one split and
+/// none is asked for; refused when they span several and none is asked for.
+fn pick_split(name: &str, files: Vec<PathBuf>, split: Option<&str>) -> Result<Vec<PathBuf>> {
+    match (group_files(&files), split) {
+        (None, None) => Ok(files),
+        (Some(groups), None) => Err(Error::SplitNeeded {
+            source_name: name.to_string(),
+            found: groups.into_keys().collect(),
+        }),
+        (groups, Some(split)) => {
+            let kept: Vec<PathBuf> = files
+                .iter()
+                .filter(|file| split_of_file(file).as_deref() == Some(split))
+                .cloned()
+                .collect();
+            if kept.is_empty() {
+                let found = match groups {
+                    Some(groups) => groups.into_keys().collect(),
+                    None => files
+                        .first()
+                        .and_then(|file| split_of_file(file))
+                        .into_iter()
+                        .collect(),
+                };
+                return Err(Error::NoSuchSplit {
+                    source_name: name.to_string(),
+                    split: split.to_string(),
+                    found,
+                });
+            }
+            Ok(kept)
+        }
+    }
+}
+
+/// Adds the files `name` names: itself when it exists (a folder is refused: a list or pattern
+/// names files), else what its braces and globs expand to.
+fn files_named(name: &str, files: &mut Vec<PathBuf>) -> Result<()> {
+    let path = Path::new(name);
+    if path.exists() {
+        return named_file(path, name, files);
+    }
+    if !is_pattern(name) {
+        return Err(Error::RootNotFound(path.to_path_buf()));
+    }
+    let expanded = if braces::has_braces(name) {
+        braces::expand(name)?
+    } else {
+        vec![name.to_string()]
+    };
+    for each in &expanded {
+        if glob::has_glob(each) {
+            files.extend(glob::matching_files(each)?);
+        } else if Path::new(each).exists() {
+            named_file(Path::new(each), name, files)?;
+        } else {
+            return Err(Error::ListedFileMissing {
+                path: PathBuf::from(each),
+                pattern: name.to_string(),
+            });
+        }
+    }
+    Ok(())
+}
+
+fn named_file(path: &Path, name: &str, files: &mut Vec<PathBuf>) -> Result<()> {
+    if path.is_dir() {
+        return Err(Error::FolderInList {
+            path: path.to_path_buf(),
+            source_name: name.to_string(),
+        });
+    }
+    files.push(path.to_path_buf());
+    Ok(())
+}
+
+/// The paths a source name can read under: the name itself when it exists or holds no
+/// pattern; else, for each name its braces expand to, that name (no glob in it) or the folder
+/// its glob's literal head names. A worker holds each to its data roots before opening the
+/// source, so no brace or glob reaches past them (a glob never walks up: `..` is matched
+/// literally, and folders are only entered from their parent's listing).
+pub fn reach_of_name(name: &str) -> Result<Vec<PathBuf>> {
+    if Path::new(name).exists() || !is_pattern(name) {
+        return Ok(vec![PathBuf::from(name)]);
+    }
+    let expanded = if braces::has_braces(name) {
+        braces::expand(name)?
+    } else {
+        vec![name.to_string()]
+    };
+    let mut reach: Vec<PathBuf> = expanded
+        .iter()
+        .map(|each| {
+            if glob::has_glob(each) {
+                glob::literal_folder(each)
+            } else {
+                PathBuf::from(each)
+            }
+        })
+        .collect();
+    sort_paths(&mut reach);
+    reach.dedup();
+    Ok(reach)
+}
+
+/// The `source_pattern` fuzz body's work on `text`, a name under `root`: never panics, and a
+/// resolved source's files are sorted, unique and each of the names' reach.
+#[doc(hidden)]
+pub fn fuzz_names(root: &Path, text: &str) {
+    let _ = splits::split_of_shard_name(text);
+    let Ok(expanded) = braces::expand(text) else {
+        return;
+    };
+    assert!(expanded.len() <= braces::MAX_EXPANDED);
+    if expanded.len() > 256 {
+        return;
+    }
+    let name = format!("{}/{text}", root.display());
+    for split in [None, Some("train"), Some("val")] {
+        if let Ok(LocalSource::Files { files, .. }) = resolve_local(&[&name], split) {
+            let mut sorted = files.clone();
+            sort_paths(&mut sorted);
+            sorted.dedup();
+            assert_eq!(sorted, files, "files come sorted and once");
+        }
+    }
+    let _ = reach_of_name(&name);
+}
+
+/// Sorts paths by their bytes: the order every machine computes alike.
+pub(crate) fn sort_paths(paths: &mut [PathBuf]) {
+    use std::os::unix::ffi::OsStrExt;
+    paths.sort_by(|a, b| a.as_os_str().as_bytes().cmp(b.as_os_str().as_bytes()));
+}
+
+#[cfg(test)]
+mod tests;

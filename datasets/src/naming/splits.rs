@@ -1,0 +1,250 @@
+//! Splits as dataset hubs lay them out, so that a folder holding train and test is never read
+//! whole: shards named `{split}-NNNNN-of-NNNNN.*` (any prefix is a split's name), subfolders
+//! `{split}/` or `data/{split}/` of data files (any name), a `DatasetDict` folder
+//! (`dataset_dict.json`), and image folders whose subfolders are all split names (`train/`,
+//! `val/`, ...) holding class folders.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use super::{kind_of, sort_paths};
+use crate::error::{Error, Result};
+
+/// The folder names a split goes by on the hub (the keywords `datasets` recognises).
+const SPLIT_FOLDER_NAMES: [&str; 10] = [
+    "train",
+    "training",
+    "validation",
+    "valid",
+    "val",
+    "dev",
+    "test",
+    "testing",
+    "eval",
+    "evaluation",
+];
+
+/// The group of files without a split in their name, beside named ones.
+pub(crate) const UNNAMED: &str = "(no split in the name)";
+
+/// Where each split of a folder lies.
+#[derive(Debug)]
+pub(crate) enum SplitLayout {
+    /// The split's files (shards named by split).
+    Files(BTreeMap<String, Vec<PathBuf>>),
+    /// The split's folder.
+    Folders(BTreeMap<String, PathBuf>),
+}
+
+impl SplitLayout {
+    pub(crate) fn names(&self) -> Vec<String> {
+        match self {
+            SplitLayout::Files(splits) => splits.keys().cloned().collect(),
+            SplitLayout::Folders(splits) => splits.keys().cloned().collect(),
+        }
+    }
+}
+
+/// The split a hub shard's name gives: `train` for `train-00000-of-00002.parquet` (or
+/// `train-00000-of-00002-5b3c.parquet`); `None` for any other name.
+pub(crate) fn split_of_shard_name(name: &str) -> Option<&str> {
+    let bytes = name.as_bytes();
+    let mut from = 0;
+    while let Some(found) = name[from..].find("-of-") {
+        let at = from + found;
+        let digits_before = bytes[..at]
+            .iter()
+            .rev()
+            .take_while(|b| b.is_ascii_digit())
+            .count();
+        let number_start = at - digits_before;
+        let digits_after = bytes[at + 4..]
+            .iter()
+            .take_while(|b| b.is_ascii_digit())
+            .count();
+        if digits_before > 0
+            && digits_after > 0
+            && number_start >= 2
+            && bytes[number_start - 1] == b'-'
+        {
+            return Some(&name[..number_start - 1]);
+        }
+        from = at + 4;
+    }
+    None
+}
+
+/// The split `path` belongs to among files named by a pattern or list: its shard name's, else
+/// the nearest folder of its path named like a split; `None` for neither.
+pub(crate) fn split_of_file(path: &Path) -> Option<String> {
+    let name = path.file_name()?.to_string_lossy();
+    if let Some(split) = split_of_shard_name(&name) {
+        return Some(split.to_string());
+    }
+    path.parent()?
+        .components()
+        .rev()
+        .map(|component| component.as_os_str().to_string_lossy())
+        .find(|folder| is_split_folder_name(folder))
+        .map(|folder| folder.into_owned())
+}
+
+fn is_split_folder_name(name: &str) -> bool {
+    SPLIT_FOLDER_NAMES
+        .iter()
+        .any(|split| split.eq_ignore_ascii_case(name))
+}
+
+/// Groups `files` by split when more than one split is among them (files of no split form a
+/// group of their own, [`UNNAMED`]); `None` when they hold one split or none.
+pub(crate) fn group_files(files: &[PathBuf]) -> Option<BTreeMap<String, Vec<PathBuf>>> {
+    let mut groups: BTreeMap<String, Vec<PathBuf>> = BTreeMap::new();
+    for file in files {
+        let split = split_of_file(file).unwrap_or_else(|| UNNAMED.to_string());
+        groups.entry(split).or_default().push(file.clone());
+    }
+    (groups.len() > 1).then_some(groups)
+}
+
+/// The splits laid out in `root`, or `None` when it is not a split layout. Looked for in
+/// `root`, then in `root/data`.
+pub(crate) fn find_splits(root: &Path) -> Result<Option<SplitLayout>> {
+    if root.join("state.json").is_file() {
+        // A `save_to_disk` dataset: its shards are `data-NNNNN-of-NNNNN.arrow`, one split.
+        return Ok(None);
+    }
+    if let Some(splits) = crate::hf_folder::dict_splits(root)? {
+        let folders = splits
+            .into_iter()
+            .map(|split| {
+                let folder = root.join(&split);
+                (split, folder)
+            })
+            .collect();
+        return Ok(Some(SplitLayout::Folders(folders)));
+    }
+    for base in [root.to_path_buf(), root.join("data")] {
+        if !base.is_dir() {
+            continue;
+        }
+        let listing = Listing::of(&base)?;
+        if !listing.data_files.is_empty() {
+            let mut splits: BTreeMap<String, Vec<PathBuf>> = BTreeMap::new();
+            for file in &listing.data_files {
+                let name = file
+                    .file_name()
+                    .map(|name| name.to_string_lossy().into_owned())
+                    .unwrap_or_default();
+                let split = split_of_shard_name(&name).unwrap_or(UNNAMED).to_string();
+                splits.entry(split).or_default().push(file.clone());
+            }
+            if splits.keys().all(|split| split == UNNAMED) {
+                // A plain folder of data files: no split.
+                return Ok(None);
+            }
+            for files in splits.values_mut() {
+                sort_paths(files);
+            }
+            return Ok(Some(SplitLayout::Files(splits)));
+        }
+        // `data/` is looked in next, as a base of its own, not taken for a split.
+        let with_data: BTreeMap<String, PathBuf> = listing
+            .folders
+            .iter()
+            .filter(|(name, _)| !(base == root && name == "data"))
+            .filter(|(_, folder)| Listing::of(folder).is_ok_and(|l| !l.data_files.is_empty()))
+            .cloned()
+            .collect();
+        if !with_data.is_empty() {
+            return Ok(Some(SplitLayout::Folders(with_data)));
+        }
+        if base == root && image_split_folders(&listing) {
+            return Ok(Some(SplitLayout::Folders(
+                listing.folders.into_iter().collect(),
+            )));
+        }
+    }
+    Ok(None)
+}
+
+/// An image folder laid out by split: every subfolder is named like a split, and one of them
+/// holds folders (its classes).
+fn image_split_folders(listing: &Listing) -> bool {
+    !listing.folders.is_empty()
+        && listing
+            .folders
+            .iter()
+            .all(|(name, _)| is_split_folder_name(name))
+        && listing
+            .folders
+            .iter()
+            .any(|(_, folder)| Listing::of(folder).is_ok_and(|l| !l.folders.is_empty()))
+}
+
+/// A folder's data files (by extension, [`kind_of`]) and subfolders (hidden ones left out).
+struct Listing {
+    data_files: Vec<PathBuf>,
+    folders: Vec<(String, PathBuf)>,
+}
+
+impl Listing {
+    fn of(folder: &Path) -> Result<Listing> {
+        let entries = std::fs::read_dir(folder).map_err(|source| Error::io(folder, source))?;
+        let mut data_files = Vec::new();
+        let mut folders = Vec::new();
+        for entry in entries {
+            let path = entry.map_err(|source| Error::io(folder, source))?.path();
+            let name = path
+                .file_name()
+                .map(|name| name.to_string_lossy().into_owned())
+                .unwrap_or_default();
+            if path.is_dir() {
+                if !name.starts_with('.') {
+                    folders.push((name, path));
+                }
+            } else if path.is_file() && kind_of(&path).is_some() {
+                data_files.push(path);
+            }
+        }
+        folders.sort();
+        Ok(Listing {
+            data_files,
+            folders,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hub_shard_names_give_their_split() {
+        assert_eq!(
+            split_of_shard_name("train-00000-of-00002.parquet"),
+            Some("train")
+        );
+        assert_eq!(
+            split_of_shard_name("validation-00001-of-00004-5b3c4e1a.parquet"),
+            Some("validation")
+        );
+        assert_eq!(split_of_shard_name("my-split-3-of-9.tar"), Some("my-split"));
+        assert_eq!(split_of_shard_name("shard-00000.tar"), None);
+        assert_eq!(split_of_shard_name("-00000-of-00001.tar"), None);
+        assert_eq!(split_of_shard_name("train-x-of-00001.tar"), None);
+        assert_eq!(split_of_shard_name("part-of-1.tar"), None);
+    }
+
+    #[test]
+    fn a_file_s_split_comes_from_its_name_or_a_split_folder() {
+        assert_eq!(
+            split_of_file(Path::new("/d/data/test-00000-of-00001.parquet")).as_deref(),
+            Some("test")
+        );
+        assert_eq!(
+            split_of_file(Path::new("/d/val/shard-0.tar")).as_deref(),
+            Some("val")
+        );
+        assert_eq!(split_of_file(Path::new("/d/shards/shard-0.tar")), None);
+    }
+}

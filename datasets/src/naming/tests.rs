@@ -1,0 +1,264 @@
+use super::*;
+
+fn touch(root: &Path, names: &[&str]) {
+    for name in names {
+        let path = root.join(name);
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        std::fs::write(path, b"x").unwrap();
+    }
+}
+
+fn names_of(root: &Path, source: LocalSource) -> Vec<String> {
+    match source {
+        LocalSource::Files { files, .. } => files
+            .iter()
+            .map(|f| f.strip_prefix(root).unwrap().display().to_string())
+            .collect(),
+        LocalSource::Path(path) => vec![format!(
+            "path:{}",
+            path.strip_prefix(root).unwrap().display()
+        )],
+    }
+}
+
+fn at(root: &Path, name: &str) -> String {
+    format!("{}/{name}", root.display())
+}
+
+#[test]
+fn a_hub_folder_with_two_splits_is_refused_without_a_split_and_read_by_split() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    touch(
+        root,
+        &[
+            "README.md",
+            "data/train-00000-of-00002.parquet",
+            "data/train-00001-of-00002.parquet",
+            "data/test-00000-of-00001.parquet",
+        ],
+    );
+    for source in [root.display().to_string(), at(root, "data")] {
+        let message = resolve_local(&[&source], None).unwrap_err().to_string();
+        assert!(message.contains("test, train"), "{message}");
+        assert!(message.contains("split=\"train\""), "{message}");
+        let train = resolve_local(&[&source], Some("train")).unwrap();
+        assert_eq!(
+            names_of(root, train),
+            [
+                "data/train-00000-of-00002.parquet",
+                "data/train-00001-of-00002.parquet"
+            ]
+        );
+        let missing = resolve_local(&[&source], Some("validation"))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            missing.contains("validation") && missing.contains("test, train"),
+            "{missing}"
+        );
+    }
+}
+
+#[test]
+fn split_folders_of_data_files_and_of_image_classes_are_splits() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    touch(
+        root,
+        &[
+            "hub/data/train/0.tar",
+            "hub/data/validation/0.tar",
+            "imagenet/train/n01/a.jpg",
+            "imagenet/val/n01/b.jpg",
+            "classes/cat/a.jpg",
+            "classes/test/b.jpg",
+            "only/train/n01/a.jpg",
+        ],
+    );
+    let hub = at(root, "hub");
+    assert!(matches!(
+        resolve_local(&[&hub], None),
+        Err(Error::SplitNeeded { .. })
+    ));
+    assert_eq!(
+        names_of(root, resolve_local(&[&hub], Some("validation")).unwrap()),
+        ["path:hub/data/validation"]
+    );
+    let imagenet = at(root, "imagenet");
+    let message = resolve_local(&[&imagenet], None).unwrap_err().to_string();
+    assert!(message.contains("train, val"), "{message}");
+    assert_eq!(
+        names_of(root, resolve_local(&[&imagenet], Some("val")).unwrap()),
+        ["path:imagenet/val"]
+    );
+    // Classes that include a split's name are classes, not splits.
+    let classes = at(root, "classes");
+    assert_eq!(
+        names_of(root, resolve_local(&[&classes], None).unwrap()),
+        ["path:classes"]
+    );
+    assert!(matches!(
+        resolve_local(&[&classes], Some("train")),
+        Err(Error::NoSuchSplit { .. })
+    ));
+    // One split alone is read.
+    let only = at(root, "only");
+    assert_eq!(
+        names_of(root, resolve_local(&[&only], None).unwrap()),
+        ["path:only/train"]
+    );
+}
+
+#[test]
+fn a_dataset_dict_folder_reads_the_split_named() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    std::fs::write(
+        root.join("dataset_dict.json"),
+        r#"{"splits": ["train", "test"]}"#,
+    )
+    .unwrap();
+    touch(root, &["train/state.json", "test/state.json"]);
+    let source = root.display().to_string();
+    let message = resolve_local(&[&source], None).unwrap_err().to_string();
+    assert!(message.contains("test, train"), "{message}");
+    assert_eq!(
+        names_of(root, resolve_local(&[&source], Some("test")).unwrap()),
+        ["path:test"]
+    );
+}
+
+#[test]
+fn plain_folders_and_files_are_read_as_before() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    touch(
+        root,
+        &[
+            "shards/shard-00000.tar",
+            "shards/shard-00001.tar",
+            "one.parquet",
+        ],
+    );
+    assert_eq!(
+        names_of(root, resolve_local(&[&at(root, "shards")], None).unwrap()),
+        ["path:shards"]
+    );
+    assert_eq!(
+        names_of(
+            root,
+            resolve_local(&[&at(root, "one.parquet")], None).unwrap()
+        ),
+        ["path:one.parquet"]
+    );
+    assert!(matches!(
+        resolve_local(&[&at(root, "shards")], Some("train")),
+        Err(Error::NoSuchSplit { .. })
+    ));
+    assert!(matches!(
+        resolve_local(&[&at(root, "missing")], None),
+        Err(Error::RootNotFound(_))
+    ));
+}
+
+#[test]
+fn patterns_and_lists_resolve_to_sorted_files_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    touch(
+        root,
+        &[
+            "s/shard-00000.tar",
+            "s/shard-00001.tar",
+            "s/shard-00002.tar",
+            "s/shard-00010.tar",
+            "s/other.tar",
+        ],
+    );
+    let range = resolve_local(&[&at(root, "s/shard-{00000..00002}.tar")], None).unwrap();
+    assert_eq!(
+        names_of(root, range),
+        [
+            "s/shard-00000.tar",
+            "s/shard-00001.tar",
+            "s/shard-00002.tar"
+        ]
+    );
+    let glob = resolve_local(&[&at(root, "s/shard-*.tar")], None).unwrap();
+    assert_eq!(
+        names_of(root, glob),
+        [
+            "s/shard-00000.tar",
+            "s/shard-00001.tar",
+            "s/shard-00002.tar",
+            "s/shard-00010.tar"
+        ]
+    );
+    // A list in any order, with a file named twice: sorted, once.
+    let list = resolve_local(
+        &[
+            &at(root, "s/shard-00010.tar"),
+            &at(root, "s/shard-0000[01].tar"),
+            &at(root, "s/shard-00000.tar"),
+        ],
+        None,
+    )
+    .unwrap();
+    assert_eq!(
+        names_of(root, list),
+        [
+            "s/shard-00000.tar",
+            "s/shard-00001.tar",
+            "s/shard-00010.tar"
+        ]
+    );
+    let gap = resolve_local(&[&at(root, "s/shard-{00000..00004}.tar")], None).unwrap_err();
+    assert!(gap.to_string().contains("shard-00003.tar"), "{gap}");
+    let folder = resolve_local(&[&at(root, "s"), &at(root, "s/other.tar")], None).unwrap_err();
+    assert!(matches!(folder, Error::FolderInList { .. }), "{folder}");
+}
+
+#[test]
+fn patterns_spanning_splits_are_refused_unless_one_is_named() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    touch(
+        root,
+        &[
+            "d/train-00000-of-00001.parquet",
+            "d/test-00000-of-00001.parquet",
+        ],
+    );
+    let pattern = at(root, "d/*.parquet");
+    let message = resolve_local(&[&pattern], None).unwrap_err().to_string();
+    assert!(message.contains("test, train"), "{message}");
+    assert_eq!(
+        names_of(root, resolve_local(&[&pattern], Some("test")).unwrap()),
+        ["d/test-00000-of-00001.parquet"]
+    );
+}
+
+#[test]
+fn kinds_of_named_files_are_one_format() {
+    let files = |names: &[&str]| names.iter().map(PathBuf::from).collect::<Vec<_>>();
+    assert_eq!(
+        kind_of_files("x", &files(&["a.tar", "b.TAR"])).unwrap(),
+        FileKind::TarShard
+    );
+    assert_eq!(
+        kind_of_files("x", &files(&["a.jsonl.gz", "b.jsonl"])).unwrap(),
+        FileKind::Jsonl
+    );
+    let mixed = kind_of_files("x", &files(&["a.tar", "b.parquet"]))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        mixed.contains("a.tar (tar shards)") && mixed.contains("b.parquet (Parquet)"),
+        "{mixed}"
+    );
+    assert!(matches!(
+        kind_of_files("x", &files(&["a.jpg"])),
+        Err(Error::NotADataFile { .. })
+    ));
+}

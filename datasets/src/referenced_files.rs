@@ -1,0 +1,37 @@
+//! Files a dataset refers to by path rather than holds (Hugging Face `Image` cells in Parquet
+//! whose `bytes` are null and whose `path` names the image): where such a file may be read from.
+//!
+//! In process any path the user's own dataset names is read. A worker daemon serves jobs from
+//! clients, so it confines them to its data roots ([`allow_referenced_files_under`]): a
+//! dataset inside a root must not make it read `/etc/shadow` by naming it in a cell.
+
+use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
+
+static ROOTS: OnceLock<Vec<PathBuf>> = OnceLock::new();
+
+/// Confines referenced files to `roots` (canonical paths) for the rest of the process; the
+/// first call wins. Without a call every path is read.
+pub fn allow_referenced_files_under(roots: Vec<PathBuf>) {
+    let _ = ROOTS.set(roots);
+}
+
+/// Whether `path` may be read: `Err` says why not (outside the roots, or not resolvable).
+pub(crate) fn check_allowed(path: &Path) -> Result<(), String> {
+    let Some(roots) = ROOTS.get() else {
+        return Ok(());
+    };
+    let canonical = std::fs::canonicalize(path).map_err(|error| {
+        format!(
+            "refers to the image file {}, which cannot be opened: {error}",
+            path.display()
+        )
+    })?;
+    if roots.iter().any(|root| canonical.starts_with(root)) {
+        return Ok(());
+    }
+    Err(format!(
+        "refers to the image file {}, outside this worker's data roots",
+        path.display()
+    ))
+}
