@@ -47,7 +47,7 @@ pub enum Decline {
     ColorSpace,
     /// No end-of-image marker: the file may be cut short.
     Truncated,
-    /// More than [`EOI_WINDOW`] bytes after the end-of-image marker.
+    /// More than `EOI_WINDOW` bytes after the end-of-image marker.
     TrailingData,
     /// A second frame header, before or after the scan.
     SecondFrame,
@@ -58,7 +58,7 @@ pub enum Decline {
     Scans,
     /// Restart markers out of order, without a restart interval, or not as many as it gives.
     Restarts,
-    /// A side of 0 (a height given by a DNL marker) or over [`MAX_SIDE`].
+    /// A side of 0 (a height given by a DNL marker) or over `MAX_SIDE`.
     Size,
     /// Two readings of the frame differ: the CPU path's header and the marker scan, or the
     /// marker scan and nvJPEG's parse.
@@ -234,7 +234,7 @@ pub fn accept(frame: &Frame, decoder: &DecoderReading, align: usize) -> Result<P
     })
 }
 
-/// `Ok(())` when the hardware lane may take `bytes`, else why not (see [`scan`]).
+/// `Ok(())` when the hardware lane may take `bytes`, else why not (see `scan`).
 pub fn hardware_candidate(bytes: &[u8]) -> Result<(), Decline> {
     scan(bytes).map(|_| ())
 }
