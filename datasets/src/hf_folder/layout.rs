@@ -69,23 +69,6 @@ fn read_json(path: &Path) -> Result<Value> {
     })
 }
 
-/// The splits of a `DatasetDict` folder, or `None` when `root` is not one.
-pub(crate) fn dict_splits(root: &Path) -> Result<Option<Vec<String>>> {
-    let path = root.join(DICT_FILE);
-    if !path.is_file() {
-        return Ok(None);
-    }
-    let json = read_json(&path)?;
-    let splits = json
-        .get("splits")
-        .and_then(Value::as_array)
-        .ok_or_else(|| layout_error(&path, "no \"splits\" list"))?
-        .iter()
-        .filter_map(|split| split.as_str().map(str::to_string))
-        .collect();
-    Ok(Some(splits))
-}
-
 /// The shard files `state.json` lists, in order, as paths inside `root`.
 ///
 /// A file name with a folder part (`../x.arrow`, `/abs.arrow`) is refused: the shards of a

@@ -45,7 +45,6 @@ use crate::parquet_files::row_group_cache::RowGroupCache;
 use crate::parquet_files::{ColumnarSummary, ParquetOptions, ParquetSampleKind};
 use crate::sample_source::SampleSource;
 use ipc_stream::StreamFile;
-pub(crate) use layout::dict_splits;
 use layout::ColumnChoice;
 
 pub use layout::HfFeature;
@@ -141,7 +140,7 @@ impl HfDataset {
             }
             Err(source) => return Err(Error::io(path, source)),
         }
-        if let Some(splits) = layout::dict_splits(path)? {
+        if let Some(splits) = crate::naming::dict_splits(path)? {
             return Err(Error::HfDatasetDict {
                 path: path.to_path_buf(),
                 splits,

@@ -23,6 +23,7 @@ use tracing::info;
 use crate::error::{Error, Result};
 pub(crate) use remote::objects_of_split;
 pub use remote::remote_kind;
+pub(crate) use splits::dict_splits;
 use splits::{find_splits, group_files, split_of_file, SplitLayout};
 
 /// What a source resolves to on local disks.

@@ -113,7 +113,7 @@ pub(crate) fn find_splits(root: &Path) -> Result<Option<SplitLayout>> {
         // A `save_to_disk` dataset: its shards are `data-NNNNN-of-NNNNN.arrow`, one split.
         return Ok(None);
     }
-    if let Some(splits) = crate::hf_folder::dict_splits(root)? {
+    if let Some(splits) = dict_splits(root)? {
         let folders = splits
             .into_iter()
             .map(|split| {
@@ -165,6 +165,32 @@ pub(crate) fn find_splits(root: &Path) -> Result<Option<SplitLayout>> {
         }
     }
     Ok(None)
+}
+
+/// The splits of a Hugging Face `DatasetDict` folder (`dataset_dict.json`: `{"splits": [...]}`,
+/// one subfolder each), or `None` when `root` is not one.
+pub(crate) fn dict_splits(root: &Path) -> Result<Option<Vec<String>>> {
+    let path = root.join("dataset_dict.json");
+    if !path.is_file() {
+        return Ok(None);
+    }
+    let text = std::fs::read_to_string(&path).map_err(|source| Error::io(&path, source))?;
+    let json: serde_json::Value =
+        serde_json::from_str(&text).map_err(|source| Error::Manifest {
+            path: path.clone(),
+            source,
+        })?;
+    let splits = json
+        .get("splits")
+        .and_then(serde_json::Value::as_array)
+        .ok_or_else(|| Error::HfDataset {
+            path: path.clone(),
+            problem: "no \"splits\" list".into(),
+        })?
+        .iter()
+        .filter_map(|split| split.as_str().map(str::to_string))
+        .collect();
+    Ok(Some(splits))
 }
 
 /// An image folder laid out by split: every subfolder is named like a split, and one of them
