@@ -340,3 +340,42 @@ fn token_dtype(dataset: &proto::DatasetSource) -> Result<Option<TokenDtype>> {
         ))),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn named(uris: &[&str]) -> proto::DatasetSource {
+        proto::DatasetSource {
+            uris: uris.iter().map(|uri| uri.to_string()).collect(),
+            ..proto::DatasetSource::default()
+        }
+    }
+
+    /// What the README says of `s3://` names: one prefix or object, no pattern or list yet
+    /// (refused by name before any request, so no store is needed here).
+    #[test]
+    fn s3_patterns_and_lists_are_refused_by_name() {
+        for uris in [
+            &["s3://bucket/shard-*.tar"][..],
+            &["s3://bucket/shard-{0..3}.tar"],
+            &["s3://bucket/a.tar", "s3://bucket/b.tar"],
+        ] {
+            let Err(error) = open_source(&named(uris), &[]) else {
+                panic!("{uris:?} opened");
+            };
+            let message = error.to_string();
+            assert!(message.contains("one prefix or object"), "{message}");
+            assert_eq!(error.kind(), crate::ErrorKind::InvalidArgument);
+        }
+    }
+
+    #[test]
+    fn a_list_s_names_come_before_uri_and_blank_ones_are_left_out() {
+        let mut dataset = named(&[" a.tar ", "", "b.tar"]);
+        dataset.uri = "ignored".into();
+        assert_eq!(source_names(&dataset), ["a.tar", "b.tar"]);
+        assert_eq!(source_names(&named(&[])), Vec::<&str>::new());
+        assert_eq!(source_split(&proto::DatasetSource::default()), None);
+    }
+}
