@@ -3,10 +3,8 @@
 //! (picked from the files when the spec leaves it out), with the options its ops need (a token
 //! file's window length, a Parquet or Hugging Face source's columns).
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
-
-use std::path::PathBuf;
 
 use stoker_datasets::{
     is_pattern, kind_of_files, looks_like_hf_dataset, looks_like_jsonl, looks_like_parquet,
@@ -141,18 +139,7 @@ pub fn open_source(
         DatasetFormat::TarShards => {
             Ok(Arc::new(TarShards::open(path).map_err(Error::OpenDataset)?))
         }
-        DatasetFormat::TokenFile => {
-            let seq_len = token_windows_seq_len(ops).ok_or_else(|| {
-                Error::InvalidSpec(format!(
-                    "{} is a token file: its pipeline must be [TokenWindows{{seq_len}}]",
-                    path.display()
-                ))
-            })?;
-            let dtype = token_dtype(dataset)?.unwrap_or_else(|| TokenDtype::from_file_name(path));
-            Ok(Arc::new(
-                TokenFile::open(path, dtype, seq_len).map_err(Error::OpenDataset)?,
-            ))
-        }
+        DatasetFormat::TokenFile => open_token_file(path, dataset, ops),
         DatasetFormat::Jsonl => Ok(Arc::new(
             JsonlDocuments::open(
                 path,
@@ -209,19 +196,7 @@ fn open_named_files(
             .map_err(Error::OpenDataset)?,
         )),
         FileKind::TokenFile => match files.as_slice() {
-            [file] => {
-                let seq_len = token_windows_seq_len(ops).ok_or_else(|| {
-                    Error::InvalidSpec(format!(
-                        "{} is a token file: its pipeline must be [TokenWindows{{seq_len}}]",
-                        file.display()
-                    ))
-                })?;
-                let dtype =
-                    token_dtype(dataset)?.unwrap_or_else(|| TokenDtype::from_file_name(file));
-                Ok(Arc::new(
-                    TokenFile::open(file, dtype, seq_len).map_err(Error::OpenDataset)?,
-                ))
-            }
+            [file] => open_token_file(file, dataset, ops),
             _ => Err(Error::InvalidSpec(format!(
                 "{name} names {} token files: a token source is one file (mix several with \
                  stoker.mix)",
@@ -229,6 +204,25 @@ fn open_named_files(
             ))),
         },
     }
+}
+
+/// Opens the local token file `path`, cut into the windows of the pipeline's `TokenWindows` op,
+/// its dtype as the spec names it or else from the file name.
+fn open_token_file(
+    path: &Path,
+    dataset: &proto::DatasetSource,
+    ops: &[proto::Op],
+) -> Result<Arc<dyn SampleSource>> {
+    let seq_len = token_windows_seq_len(ops).ok_or_else(|| {
+        Error::InvalidSpec(format!(
+            "{} is a token file: its pipeline must be [TokenWindows{{seq_len}}]",
+            path.display()
+        ))
+    })?;
+    let dtype = token_dtype(dataset)?.unwrap_or_else(|| TokenDtype::from_file_name(path));
+    Ok(Arc::new(
+        TokenFile::open(path, dtype, seq_len).map_err(Error::OpenDataset)?,
+    ))
 }
 
 /// The `seq_len` of the op list's `TokenWindows` op, if it has one.
@@ -270,10 +264,7 @@ fn open_remote_source(
     dataset: &proto::DatasetSource,
     ops: &[proto::Op],
 ) -> Result<Arc<dyn SampleSource>> {
-    let cache = ObjectCache::from_env()
-        .map(Arc::new)
-        .map_err(Error::OpenDataset)?;
-    let cache = || Ok::<_, Error>(Arc::clone(&cache));
+    let cache = Arc::new(ObjectCache::from_env().map_err(Error::OpenDataset)?);
     let format = match dataset.format() {
         DatasetFormat::Auto if uri.to_ascii_lowercase().ends_with(".bin") => {
             DatasetFormat::TokenFile
@@ -281,7 +272,7 @@ fn open_remote_source(
         DatasetFormat::Auto if uri.to_ascii_lowercase().ends_with(".parquet") => {
             DatasetFormat::Parquet
         }
-        DatasetFormat::Auto => match remote_kind(uri, &cache()?).map_err(Error::OpenDataset)? {
+        DatasetFormat::Auto => match remote_kind(uri, &cache).map_err(Error::OpenDataset)? {
             Some(FileKind::Parquet) => DatasetFormat::Parquet,
             Some(FileKind::TokenFile) => DatasetFormat::TokenFile,
             Some(FileKind::Jsonl) => DatasetFormat::Jsonl,
@@ -297,7 +288,7 @@ fn open_remote_source(
     }
     match format {
         DatasetFormat::TarShards => Ok(Arc::new(
-            TarShards::open_remote(uri, cache()?).map_err(Error::OpenDataset)?,
+            TarShards::open_remote(uri, cache).map_err(Error::OpenDataset)?,
         )),
         DatasetFormat::TokenFile => {
             let seq_len = token_windows_seq_len(ops).ok_or_else(|| {
@@ -307,14 +298,13 @@ fn open_remote_source(
             })?;
             let dtype = token_dtype(dataset)?;
             Ok(Arc::new(
-                TokenFile::open_remote(uri, cache()?, dtype, seq_len)
-                    .map_err(Error::OpenDataset)?,
+                TokenFile::open_remote(uri, cache, dtype, seq_len).map_err(Error::OpenDataset)?,
             ))
         }
         DatasetFormat::Parquet => Ok(Arc::new(
             ParquetDataset::open_remote_split(
                 uri,
-                cache()?,
+                cache,
                 &column_options(dataset),
                 source_split(dataset),
             )
