@@ -89,8 +89,8 @@ pub use jsonl::{
     looks_like_jsonl, JsonlDocuments, JsonlReport, DEFAULT_LABEL_FIELD, DEFAULT_TEXT_FIELD,
 };
 pub use naming::{
-    is_pattern, kind_of, kind_of_files, reach_of_name, remote_kind, resolve_local, FileKind,
-    LocalSource,
+    is_pattern, kind_of, kind_of_files, reach_of_name, remote_kind, resolve_local, resolve_remote,
+    FileKind, LocalSource, RemoteFiles,
 };
 pub use parquet_files::{
     looks_like_parquet, write_parquet, ColumnarSummary, ParquetColumnInfo, ParquetDataset,

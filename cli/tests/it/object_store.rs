@@ -172,6 +172,47 @@ fn digest_over_s3_equals_the_local_digest_cold_and_warm() {
     );
     assert_eq!(digest, expected.lines().last().unwrap());
     assert!(!stderr.contains("no tar index object"), "{stderr}");
+    // A glob over the shards' keys and a brace list of two folders read what they name, from
+    // the index objects beside the shards.
+    let (digest, stderr) = stoker_s3(
+        &server,
+        &dir.path().join("converted-cache"),
+        &[&whole_epoch[..], &["--data", "s3://data/converted/*.tar"]].concat(),
+    );
+    assert_eq!(digest, expected.lines().last().unwrap());
+    assert!(!stderr.contains("no tar index object"), "{stderr}");
+    // The folder `train/` is a split's name, as it is locally: a pattern spanning it and
+    // another folder is refused, naming the splits, and `--split train` reads that folder.
+    let spanning = "s3://data/{converted,train}/*.tar";
+    let refused = Command::new(env!("CARGO_BIN_EXE_stoker"))
+        .args([
+            "digest",
+            "--batches",
+            "1",
+            "--size",
+            "32",
+            "--data",
+            spanning,
+        ])
+        .env("AWS_ENDPOINT_URL", server.endpoint())
+        .env("AWS_ACCESS_KEY_ID", ACCESS_KEY)
+        .env("AWS_SECRET_ACCESS_KEY", SECRET_KEY)
+        .env("AWS_REGION", "us-east-1")
+        .env("STOKER_CACHE_DIR", dir.path().join("converted-cache"))
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert!(!refused.status.success());
+    assert!(
+        stderr.contains(spanning) && stderr.contains("train") && stderr.contains("split"),
+        "{stderr}"
+    );
+    let (digest, _) = stoker_s3(
+        &server,
+        &dir.path().join("converted-cache"),
+        &[&whole_epoch[..], &["--data", spanning, "--split", "train"]].concat(),
+    );
+    assert_eq!(digest, expected.lines().last().unwrap());
     let refused = Command::new(env!("CARGO_BIN_EXE_stoker"))
         .args([
             "convert",

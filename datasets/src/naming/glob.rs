@@ -65,7 +65,8 @@ pub(crate) fn literal_folder(pattern: &str) -> PathBuf {
     }
 }
 
-fn compile(pattern: &str) -> Result<GlobMatcher> {
+/// The matcher of `pattern` (`*` and `?` never match a `/`; a backslash escapes).
+pub(crate) fn compile(pattern: &str) -> Result<GlobMatcher> {
     GlobBuilder::new(pattern)
         .literal_separator(true)
         .backslash_escape(true)

@@ -21,8 +21,8 @@ use std::path::{Path, PathBuf};
 use tracing::info;
 
 use crate::error::{Error, Result};
-pub(crate) use remote::objects_of_split;
-pub use remote::remote_kind;
+pub(crate) use remote::{listed_of_split, objects_of_split};
+pub use remote::{remote_kind, resolve_remote, RemoteFiles};
 pub(crate) use splits::dict_splits;
 use splits::{find_splits, group_files, split_of_file, SplitLayout};
 
@@ -164,6 +164,19 @@ fn resolve_path(path: &Path, split: Option<&str>) -> Result<LocalSource> {
 }
 
 fn choose_split(root: &Path, layout: SplitLayout, split: Option<&str>) -> Result<LocalSource> {
+    if let SplitLayout::Unsplit(files) = layout {
+        return match split {
+            None => Ok(LocalSource::Files {
+                name: root.join("data").display().to_string(),
+                files,
+            }),
+            Some(split) => Err(Error::NoSuchSplit {
+                source_name: root.display().to_string(),
+                split: split.to_string(),
+                found: Vec::new(),
+            }),
+        };
+    }
     let found = layout.names();
     let chosen = match split {
         Some(split) => split.to_string(),
@@ -193,6 +206,7 @@ fn choose_split(root: &Path, layout: SplitLayout, split: Option<&str>) -> Result
                 files,
             })
         }
+        SplitLayout::Unsplit(_) => Err(missing()),
     }
 }
 

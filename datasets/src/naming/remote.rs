@@ -1,14 +1,24 @@
 //! What an `s3://` prefix holds: the one format of its data objects, so a prefix of Parquet
 //! files reads as a local folder of them does, and the objects of one split when their names are
-//! the hub's `{split}-NNNNN-of-NNNNN.*`.
+//! the hub's `{split}-NNNNN-of-NNNNN.*`; and the objects that `s3://` patterns and lists name.
+//!
+//! A pattern is matched against keys the way a local one is against paths (`*` and `?` stay in
+//! one folder, `**` crosses folders), over a listing of the folder before its first wildcard
+//! only: one level of it when the wildcards are all in the last part of the key, every key
+//! under it otherwise. Names a brace group expands to are found in their folder's listing, one
+//! listing per folder, not one request per name.
 
-use std::path::Path;
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use object_store::ObjectMeta;
+
 use super::splits::{split_of_shard_name, UNNAMED};
-use super::{kind_of, FileKind};
+use super::{braces, glob, is_pattern, kind_of, kind_of_files, pick_split, FileKind};
 use crate::error::{Error, Result};
-use crate::storage::{list_remote, ObjectCache, RemoteObject};
+use crate::storage::{list_remote, s3_location, ObjectCache, RemoteLocation, RemoteObject, Store};
+use crate::TAR_INDEX_OBJECT;
 
 /// The one kind of data object directly under `uri` (a prefix, or the one object it names);
 /// `None` when it holds none. Objects of several kinds are refused by name.
@@ -33,25 +43,45 @@ pub(crate) fn objects_of_split(
     objects: Vec<RemoteObject>,
     split: Option<&str>,
 ) -> Result<Vec<RemoteObject>> {
-    let split_of = |object: &RemoteObject| {
-        let name = object.uri();
+    of_split(uri, objects, |object| object.uri(), split)
+}
+
+/// [`objects_of_split`] of objects as listed.
+pub(crate) fn listed_of_split(
+    uri: &str,
+    objects: Vec<ObjectMeta>,
+    split: Option<&str>,
+) -> Result<Vec<ObjectMeta>> {
+    of_split(uri, objects, |object| object.location.to_string(), split)
+}
+
+/// The items of `items` whose names (`name_of`) are of the split asked for, by the rules of
+/// [`objects_of_split`].
+fn of_split<T>(
+    uri: &str,
+    items: Vec<T>,
+    name_of: impl Fn(&T) -> String,
+    split: Option<&str>,
+) -> Result<Vec<T>> {
+    let split_of = |item: &T| {
+        let name = name_of(item);
         let file = name.rsplit('/').next().unwrap_or(&name).to_string();
         split_of_shard_name(&file).unwrap_or(UNNAMED).to_string()
     };
-    let mut found: Vec<String> = objects.iter().map(split_of).collect();
+    let mut found: Vec<String> = items.iter().map(split_of).collect();
     found.sort();
     found.dedup();
     let named: Vec<String> = found.iter().filter(|s| *s != UNNAMED).cloned().collect();
     match split {
-        None if named.is_empty() || found.len() == 1 => Ok(objects),
+        None if named.is_empty() || found.len() == 1 => Ok(items),
         None => Err(Error::SplitNeeded {
             source_name: uri.to_string(),
             found,
         }),
         Some(split) => {
-            let kept: Vec<RemoteObject> = objects
+            let kept: Vec<T> = items
                 .into_iter()
-                .filter(|object| split_of(object) == split)
+                .filter(|item| split_of(item) == split)
                 .collect();
             if kept.is_empty() {
                 return Err(Error::NoSuchSplit {
@@ -63,4 +93,215 @@ pub(crate) fn objects_of_split(
             Ok(kept)
         }
     }
+}
+
+/// The objects of one bucket that `s3://` patterns or a list of names select: sorted by key,
+/// each once, of one kind of data file and of one split.
+pub struct RemoteFiles {
+    /// The source as written (names joined by `,`), for messages.
+    pub name: String,
+    /// The kind of data file they are.
+    pub kind: FileKind,
+    /// The bucket, with the first name's folder before its wildcards (the set's root in
+    /// messages).
+    pub(crate) location: RemoteLocation,
+    pub(crate) store: Arc<Store>,
+    /// The objects selected.
+    pub(crate) objects: Vec<ObjectMeta>,
+    /// Every object listed to find them (the tar index objects and `classes.txt` beside them).
+    pub(crate) listing: Vec<ObjectMeta>,
+}
+
+impl RemoteFiles {
+    /// The `s3://` URIs of the objects selected, in their order.
+    pub fn uris(&self) -> Vec<String> {
+        self.objects
+            .iter()
+            .map(|object| self.location.uri_of(object.location.as_ref()))
+            .collect()
+    }
+
+    /// The objects selected, as read through `cache`.
+    pub(crate) fn remote_objects(&self, cache: &Arc<ObjectCache>) -> Vec<RemoteObject> {
+        self.objects
+            .iter()
+            .map(|object| {
+                RemoteObject::new(
+                    Arc::clone(cache),
+                    Arc::clone(&self.store),
+                    &self.location,
+                    object.clone(),
+                )
+            })
+            .collect()
+    }
+}
+
+/// One key a name asks for, as its braces expand: a glob over keys, or one key.
+struct Wanted {
+    /// The name as written (before brace expansion), for messages.
+    written: String,
+    /// The key, or the key pattern.
+    key: String,
+    is_glob: bool,
+}
+
+impl Wanted {
+    /// The folder listed to find it, and whether every key under it is listed (not one level).
+    fn listing(&self) -> (String, bool) {
+        if !self.is_glob {
+            let folder = self.key.rsplit_once('/').map_or("", |(folder, _)| folder);
+            return (folder.to_string(), false);
+        }
+        let parts: Vec<&str> = self.key.split('/').collect();
+        let literal = parts
+            .iter()
+            .position(|part| glob::has_glob(part))
+            .unwrap_or(parts.len());
+        let rest = &parts[literal..];
+        let deep = rest.len() > 1 || rest.iter().any(|part| part.contains("**"));
+        (parts[..literal].join("/"), deep)
+    }
+}
+
+/// Resolves `s3://` names (patterns, brace groups, or a list of several, all of one bucket)
+/// and the split asked for (`None`: none named) to the objects they select, as
+/// [`super::resolve_local`] resolves local ones: a glob that matches nothing names the pattern
+/// and the folder listed; a named object that is missing names it; objects of two formats or of
+/// several splits (none asked for) are refused by name.
+pub fn resolve_remote(
+    names: &[&str],
+    split: Option<&str>,
+    cache: &Arc<ObjectCache>,
+) -> Result<RemoteFiles> {
+    let split = split.map(str::trim).filter(|split| !split.is_empty());
+    let name = names.join(",");
+    let mut bucket: Option<String> = None;
+    let mut wanted = Vec::new();
+    for &written in names {
+        let location = s3_location(written, "a list of s3:// names holds s3:// URIs only")?;
+        if is_pattern(&location.bucket) {
+            return Err(Error::BadSourcePattern {
+                pattern: written.to_string(),
+                problem: "a bucket's name cannot be a pattern".into(),
+            });
+        }
+        match &bucket {
+            Some(first) if *first != location.bucket => {
+                return Err(Error::InvalidArgument(format!(
+                    "{name} names objects of the buckets {first} and {}: one source reads one \
+                     bucket (mix sources of several with stoker.mix)",
+                    location.bucket
+                )))
+            }
+            Some(_) => {}
+            None => bucket = Some(location.bucket.clone()),
+        }
+        let keys = if braces::has_braces(&location.prefix) {
+            braces::expand(&location.prefix).map_err(|error| match error {
+                Error::BadSourcePattern { problem, .. } => Error::BadSourcePattern {
+                    pattern: written.to_string(),
+                    problem,
+                },
+                other => other,
+            })?
+        } else {
+            vec![location.prefix.clone()]
+        };
+        for key in keys {
+            wanted.push(Wanted {
+                written: written.to_string(),
+                is_glob: glob::has_glob(&key),
+                key,
+            });
+        }
+    }
+    let bucket = bucket.ok_or_else(|| Error::InvalidArgument("a source names no file".into()))?;
+    let root = RemoteLocation {
+        bucket: bucket.clone(),
+        prefix: wanted.first().map(|w| w.listing().0).unwrap_or_default(),
+    };
+    let store = cache.store(&root)?;
+    // One listing per folder (and depth), whatever the number of names found in it.
+    let mut listings: BTreeMap<(String, bool), Vec<ObjectMeta>> = BTreeMap::new();
+    for each in &wanted {
+        let (folder, deep) = each.listing();
+        if listings.contains_key(&(folder.clone(), deep)) {
+            continue;
+        }
+        let location = RemoteLocation {
+            bucket: bucket.clone(),
+            prefix: folder.clone(),
+        };
+        let listed = if deep {
+            cache.list_all(&store, &location)?
+        } else {
+            cache.list(&store, &location)?
+        };
+        listings.insert((folder, deep), listed);
+    }
+    let mut selected: BTreeMap<String, ObjectMeta> = BTreeMap::new();
+    for each in &wanted {
+        let (folder, deep) = each.listing();
+        let listed = listings
+            .get(&(folder.clone(), deep))
+            .map_or(&[][..], Vec::as_slice);
+        if each.is_glob {
+            let matcher = glob::compile(&each.key)?;
+            let mut matched = false;
+            for object in listed {
+                let key = object.location.as_ref();
+                let is_index = object.location.filename() == Some(TAR_INDEX_OBJECT);
+                if !is_index && matcher.is_match(key) {
+                    matched = true;
+                    selected.insert(key.to_string(), object.clone());
+                }
+            }
+            if !matched {
+                return Err(Error::NoMatch {
+                    pattern: root.uri_of(&each.key),
+                    folder: PathBuf::from(root.uri_of(&folder)),
+                });
+            }
+        } else {
+            match listed
+                .iter()
+                .find(|object| object.location.as_ref() == each.key)
+            {
+                Some(object) => {
+                    selected.insert(each.key.clone(), object.clone());
+                }
+                None => {
+                    return Err(Error::ListedFileMissing {
+                        path: PathBuf::from(root.uri_of(&each.key)),
+                        pattern: each.written.clone(),
+                    })
+                }
+            }
+        }
+    }
+    // Keys sort by their bytes, as local paths do: the same order on every machine.
+    let uris: Vec<PathBuf> = selected
+        .keys()
+        .map(|key| PathBuf::from(root.uri_of(key)))
+        .collect();
+    let kind = kind_of_files(&name, &uris)?;
+    let kept = pick_split(&name, uris, split)?;
+    let objects: Vec<ObjectMeta> = kept
+        .iter()
+        .filter_map(|uri| {
+            let key = uri.to_string_lossy();
+            let key = key.strip_prefix(&format!("s3://{bucket}/")).unwrap_or(&key);
+            selected.get(key).cloned()
+        })
+        .collect();
+    let listing = listings.into_values().flatten().collect();
+    Ok(RemoteFiles {
+        name,
+        kind,
+        location: root,
+        store,
+        objects,
+        listing,
+    })
 }

@@ -34,6 +34,8 @@ pub(crate) enum SplitLayout {
     Files(BTreeMap<String, Vec<PathBuf>>),
     /// The split's folder.
     Folders(BTreeMap<String, PathBuf>),
+    /// No split: the data files of the root's `data/` folder.
+    Unsplit(Vec<PathBuf>),
 }
 
 impl SplitLayout {
@@ -41,6 +43,7 @@ impl SplitLayout {
         match self {
             SplitLayout::Files(splits) => splits.keys().cloned().collect(),
             SplitLayout::Folders(splits) => splits.keys().cloned().collect(),
+            SplitLayout::Unsplit(_) => Vec::new(),
         }
     }
 }
@@ -139,8 +142,14 @@ pub(crate) fn find_splits(root: &Path) -> Result<Option<SplitLayout>> {
                 splits.entry(split).or_default().push(file.clone());
             }
             if splits.keys().all(|split| split == UNNAMED) {
-                // A plain folder of data files: no split.
-                return Ok(None);
+                // A plain folder of data files: no split; under `data/` (a hub repository
+                // whose files are not named by split), those files.
+                if base == root {
+                    return Ok(None);
+                }
+                let mut files = listing.data_files;
+                sort_paths(&mut files);
+                return Ok(Some(SplitLayout::Unsplit(files)));
             }
             for files in splits.values_mut() {
                 sort_paths(files);

@@ -110,6 +110,31 @@ fn split_folders_of_data_files_and_of_image_classes_are_splits() {
     );
 }
 
+/// A hub repository whose `data/` files are not named by split reads those files, as one
+/// source; a split asked of it names none found.
+#[test]
+fn unnamed_data_files_under_data_are_the_source() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    touch(
+        root,
+        &[
+            "repo/README.md",
+            "repo/data/part-b.parquet",
+            "repo/data/part-a.parquet",
+        ],
+    );
+    let repo = at(root, "repo");
+    assert_eq!(
+        names_of(root, resolve_local(&[&repo], None).unwrap()),
+        ["repo/data/part-a.parquet", "repo/data/part-b.parquet"]
+    );
+    assert!(matches!(
+        resolve_local(&[&repo], Some("train")),
+        Err(Error::NoSuchSplit { .. })
+    ));
+}
+
 #[test]
 fn a_dataset_dict_folder_reads_the_split_named() {
     let dir = tempfile::tempdir().unwrap();

@@ -41,6 +41,7 @@ use tracing::info;
 use crate::arrow_rows::{columns, ArrowRows, ChunkSpan};
 use crate::error::{without_panics, Error, Result};
 use crate::files::{files_with_extension, has_extension, root_files};
+use crate::naming::RemoteFiles;
 use crate::sample_source::{numbered_class_names, SampleSource};
 use crate::storage::{list_remote, ByteRanges, Hint, ObjectCache, Prefetcher, RemoteObject};
 use bytes::FileBytes;
@@ -220,6 +221,39 @@ impl ParquetDataset {
         let root = PathBuf::from(location.uri());
         let mut dataset =
             Self::open_files(&root.clone(), root, files, options, Some(cache), started)?;
+        dataset.read_ahead = read_ahead;
+        Ok(dataset)
+    }
+
+    /// Opens the `.parquet` objects that `s3://` patterns or a list named
+    /// ([`crate::resolve_remote`]), as [`ParquetDataset::open_remote`] opens a prefix of them.
+    pub fn open_remote_files(
+        files: RemoteFiles,
+        cache: Arc<ObjectCache>,
+        options: &ParquetOptions,
+    ) -> Result<ParquetDataset> {
+        if files.kind != crate::FileKind::Parquet {
+            return Err(Error::InvalidArgument(format!(
+                "{} names {} objects, not Parquet files",
+                files.name,
+                files.kind.name()
+            )));
+        }
+        let started = Instant::now();
+        let objects = files.remote_objects(&cache);
+        let read_ahead = objects.first().and_then(RemoteObject::start_read_ahead);
+        let parts = objects
+            .into_iter()
+            .map(|object| {
+                (
+                    PathBuf::from(object.uri()),
+                    FileBytes::Remote(Arc::new(object)),
+                )
+            })
+            .collect();
+        let name = PathBuf::from(&files.name);
+        let root = PathBuf::from(files.location.uri());
+        let mut dataset = Self::open_files(&name, root, parts, options, Some(cache), started)?;
         dataset.read_ahead = read_ahead;
         Ok(dataset)
     }

@@ -206,6 +206,16 @@ impl ObjectCache {
             .block_on(download::list_objects(store, location))
     }
 
+    /// Lists every object under `location`'s prefix, at any depth.
+    pub(crate) fn list_all(
+        &self,
+        store: &Store,
+        location: &RemoteLocation,
+    ) -> Result<Vec<ObjectMeta>> {
+        self.runtime
+            .block_on(download::list_all_objects(store, location))
+    }
+
     /// Reads bytes `range` of the object `key`, bypassing the cache (a shard scanned once); of
     /// the version `e_tag` when given (see [`download::get_range`]).
     pub(crate) fn read_uncached(

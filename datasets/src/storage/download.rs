@@ -96,6 +96,33 @@ pub(super) async fn list_objects(
     Ok(objects)
 }
 
+/// Every object under `location`'s prefix, at any depth, in key order (a pattern whose
+/// wildcards reach below its literal folder).
+pub(super) async fn list_all_objects(
+    store: &Store,
+    location: &RemoteLocation,
+) -> Result<Vec<ObjectMeta>> {
+    let prefix = match location.prefix.as_str() {
+        "" => None,
+        prefix => Some(
+            ObjectPath::parse(prefix).map_err(|source| Error::InvalidUri {
+                uri: location.uri(),
+                reason: source.to_string(),
+            })?,
+        ),
+    };
+    let mut listing = store.list(prefix.as_ref());
+    let mut objects = Vec::new();
+    while let Some(object) = listing.next().await {
+        objects.push(object.map_err(|source| Error::ObjectStore {
+            uri: location.uri(),
+            source,
+        })?);
+    }
+    objects.sort_by(|a, b| a.location.cmp(&b.location));
+    Ok(objects)
+}
+
 /// Neighbouring ranges of one object at most this far apart are fetched by one GET (the bytes
 /// between them are read and dropped): a tar shard's samples are separated by their headers and
 /// label members.

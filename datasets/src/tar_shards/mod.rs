@@ -36,6 +36,7 @@ use crate::cache_stats::CacheStats;
 use crate::error::{Error, Result};
 use crate::file_pool::{is_out_of_descriptors, FileKey, FilePool, PooledFile};
 use crate::files::{files_with_extension, has_extension, root_files};
+use crate::naming::RemoteFiles;
 use crate::sample_source::{numbered_class_names, SampleSource};
 use crate::storage::{
     default_user_cache_dir, ByteRanges, Hint, ObjectCache, Prefetcher, RemoteObject,
@@ -242,7 +243,32 @@ impl TarShards {
     /// scanned once as a stream of ranged GETs (with a warning; `stoker index` writes the
     /// object). Samples are ranged GETs through the cache, read ahead when told.
     pub fn open_remote(uri: &str, cache: Arc<ObjectCache>) -> Result<TarShards> {
-        remote::open_remote_tar_set(uri, cache)
+        remote::open_remote_tar_set(uri, cache, None)
+    }
+
+    /// Like [`TarShards::open_remote`], reading only the shards of `split` when their names are
+    /// the hub's `{split}-NNNNN-of-NNNNN.tar`: shards of several splits with none named are
+    /// refused, naming the splits.
+    pub fn open_remote_split(
+        uri: &str,
+        cache: Arc<ObjectCache>,
+        split: Option<&str>,
+    ) -> Result<TarShards> {
+        remote::open_remote_tar_set(uri, cache, split)
+    }
+
+    /// Opens the tar shards that `s3://` patterns or a list named ([`crate::resolve_remote`]),
+    /// as [`TarShards::open_remote`] opens a prefix: each shard's index from the index object
+    /// of its folder when that describes it, else each shard scanned once.
+    pub fn open_remote_files(files: RemoteFiles, cache: Arc<ObjectCache>) -> Result<TarShards> {
+        if files.kind != crate::FileKind::TarShard {
+            return Err(Error::InvalidArgument(format!(
+                "{} names {} objects, not tar shards",
+                files.name,
+                files.kind.name()
+            )));
+        }
+        remote::open_remote_tar_files(files, cache)
     }
 
     /// The set of `shards` (in sample order) under `root`, with class names from

@@ -194,6 +194,22 @@ fn matching(indexed: Vec<IndexedShard>, shards: &[ObjectMeta]) -> Option<Vec<Sha
         .collect()
 }
 
+/// The indexes of `shards` from `indexed`, in listing order, when it describes each of them (it
+/// may describe other shards of their folder too).
+fn including(indexed: Vec<IndexedShard>, shards: &[ObjectMeta]) -> Option<Vec<ShardIndex>> {
+    let mut by_name: std::collections::HashMap<String, IndexedShard> = indexed
+        .into_iter()
+        .map(|entry| (entry.name.clone(), entry))
+        .collect();
+    shards
+        .iter()
+        .map(|object| {
+            let entry = by_name.remove(object.location.filename()?)?;
+            entry.describes(object).then_some(entry.index)
+        })
+        .collect()
+}
+
 /// Lists the tar shards under `uri`, reads each once, and writes their index object,
 /// `PREFIX/stoker-tar-index.bin`, so later opens read nothing else (`stoker index`).
 pub fn write_tar_index(uri: &str, cache: &ObjectCache) -> Result<TarIndexWritten> {
@@ -310,7 +326,9 @@ fn index_key(location: &RemoteLocation, shards: &[ObjectMeta]) -> String {
 
 /// Opens the tar shards under `uri` (`s3://BUCKET/PREFIX`: every `*.tar` object directly under
 /// the prefix, or the one `.tar` object the URI names, with `classes.txt` when present), read
-/// through `cache` ([`TarShards::open_remote`]).
+/// through `cache` ([`TarShards::open_remote`]); of `split` only when their names are the hub's
+/// `{split}-NNNNN-of-NNNNN.tar` (shards of several splits with none named are refused, naming
+/// them).
 ///
 /// Opening lists the prefix and reads `stoker-tar-index.bin` (written by `stoker index`);
 /// without one, or when it no longer matches the listing (a shard added, removed or changed),
@@ -318,24 +336,115 @@ fn index_key(location: &RemoteLocation, shards: &[ObjectMeta]) -> String {
 /// cache's part size (one in memory at a time; members that span a whole part are skipped, not
 /// fetched), and the index is kept in the local cache folder for the next open. A sample is then
 /// read by a ranged GET of its member, through the cache.
-pub(crate) fn open_remote_tar_set(uri: &str, cache: Arc<ObjectCache>) -> Result<TarShards> {
+pub(crate) fn open_remote_tar_set(
+    uri: &str,
+    cache: Arc<ObjectCache>,
+    split: Option<&str>,
+) -> Result<TarShards> {
     let started = Instant::now();
     let location = remote_location(uri)?;
     let store = cache.store(&location)?;
     let listing = cache.list(&store, &location)?;
     let shards = listed_shards(&listing, &location)?;
-    let named = |name: &str| {
-        listing
+    let shards = crate::naming::listed_of_split(uri, shards, split)?;
+    let local_key = match split {
+        None => location.uri(),
+        Some(split) => format!("{} split {split}", location.uri()),
+    };
+    let set = TarObjects {
+        location,
+        store,
+        shards,
+        listing,
+        local_key,
+        whole_index: split.is_none(),
+    };
+    open_tar_objects(set, cache, started)
+}
+
+/// Opens the tar shards that `s3://` patterns or a list named ([`TarShards::open_remote_files`]):
+/// as [`open_remote_tar_set`] does, each shard's index taken from the index object of its folder
+/// when that describes it, else scanned once.
+pub(crate) fn open_remote_tar_files(
+    files: crate::naming::RemoteFiles,
+    cache: Arc<ObjectCache>,
+) -> Result<TarShards> {
+    let started = Instant::now();
+    let set = TarObjects {
+        local_key: format!("{} named {}", files.location.uri(), files.name),
+        location: files.location,
+        store: files.store,
+        shards: files.objects,
+        listing: files.listing,
+        whole_index: false,
+    };
+    open_tar_objects(set, cache, started)
+}
+
+/// Tar shards found in a store, and what was listed beside them.
+struct TarObjects {
+    /// The bucket and the set's root (its URI names the set).
+    location: RemoteLocation,
+    store: Arc<Store>,
+    /// The shards, in sample order.
+    shards: Vec<ObjectMeta>,
+    /// Everything listed to find them (index objects, `classes.txt`).
+    listing: Vec<ObjectMeta>,
+    /// What names the index scanned on this machine in the cache folder.
+    local_key: String,
+    /// Whether an index object must describe exactly the shards (a whole prefix), not only
+    /// include them (a split or named shards of its folder).
+    whole_index: bool,
+}
+
+/// The folder of `key` (`""` at the top of the bucket).
+fn folder_of(key: &str) -> &str {
+    key.rsplit_once('/').map_or("", |(folder, _)| folder)
+}
+
+fn open_tar_objects(
+    set: TarObjects,
+    cache: Arc<ObjectCache>,
+    started: Instant,
+) -> Result<TarShards> {
+    let TarObjects {
+        location,
+        store,
+        shards,
+        listing,
+        local_key,
+        whole_index,
+    } = set;
+    // The index object and `classes.txt` of the shards' one folder, when they share one.
+    let folder = shards
+        .first()
+        .map(|object| folder_of(object.location.as_ref()).to_string());
+    let one_folder = folder.filter(|folder| {
+        shards
             .iter()
-            .find(|object| object.location.filename() == Some(name))
+            .all(|object| folder_of(object.location.as_ref()) == folder)
+    });
+    let beside = |name: &str| {
+        let folder = one_folder.as_deref()?;
+        listing.iter().find(|object| {
+            folder_of(object.location.as_ref()) == folder
+                && object.location.filename() == Some(name)
+        })
+    };
+    let pick = |decoded: Vec<IndexedShard>| {
+        if whole_index {
+            matching(decoded, &shards)
+        } else {
+            including(decoded, &shards)
+        }
     };
     let before = cache.stats();
     let mut indexes = None;
-    if let Some(object) = named(TAR_INDEX_OBJECT) {
+    if let Some(object) = beside(TAR_INDEX_OBJECT) {
         let key = object.location.to_string();
         let bytes = cache.read_whole(&store, &location, object)?;
         let decoded = tar_index::decode(&bytes, &location.uri_of(&key), MAX_INDEX_BYTES)?;
-        indexes = matching(decoded, &shards);
+        indexes = pick(decoded);
         if indexes.is_none() {
             warn!(
                 index = %location.uri_of(&key),
@@ -344,7 +453,7 @@ pub(crate) fn open_remote_tar_set(uri: &str, cache: Arc<ObjectCache>) -> Result<
             );
         }
     }
-    let local = local_index_path(cache.options().dir.as_path(), &location);
+    let local = local_index_path(cache.options().dir.as_path(), &location, &local_key);
     if indexes.is_none() {
         indexes = std::fs::read(&local)
             .ok()
@@ -366,7 +475,7 @@ pub(crate) fn open_remote_tar_set(uri: &str, cache: Arc<ObjectCache>) -> Result<
             (scanned.into_iter().map(|shard| shard.index).collect(), true)
         }
     };
-    let classes = match named(CLASSES_FILE) {
+    let classes = match beside(CLASSES_FILE) {
         Some(object) => Some((
             location.uri_of(object.location.as_ref()),
             cache.read_whole(&store, &location, object)?,
@@ -425,16 +534,14 @@ pub(crate) fn open_remote_tar_set(uri: &str, cache: Arc<ObjectCache>) -> Result<
     Ok(set)
 }
 
-/// Where the index of `location` scanned on this machine is kept in the cache folder.
-fn local_index_path(dir: &Path, location: &RemoteLocation) -> PathBuf {
+/// Where the index of the shards `key` names (a prefix's URI, with the split or the names that
+/// picked them) in `location`'s bucket scanned on this machine is kept in the cache folder.
+fn local_index_path(dir: &Path, location: &RemoteLocation, key: &str) -> PathBuf {
     let name = format!(
         "{:016x}.bin",
-        location
-            .uri()
-            .bytes()
-            .fold(0xcbf2_9ce4_8422_2325u64, |hash, byte| {
-                (hash ^ u64::from(byte)).wrapping_mul(0x0100_0000_01b3)
-            })
+        key.bytes().fold(0xcbf2_9ce4_8422_2325u64, |hash, byte| {
+            (hash ^ u64::from(byte)).wrapping_mul(0x0100_0000_01b3)
+        })
     );
     dir.join("tar-indexes").join(&location.bucket).join(name)
 }

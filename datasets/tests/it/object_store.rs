@@ -17,7 +17,7 @@ use stoker_datasets::{
 
 use crate::s3_server::{S3Server, ACCESS_KEY, SECRET_KEY};
 
-const BUCKET: &str = "data";
+pub(crate) const BUCKET: &str = "data";
 
 /// A local tar-shard set of `count` images in several shards, under `dir/shards`.
 fn local_shards(dir: &Path, count: u64) -> PathBuf {
@@ -72,12 +72,12 @@ fn options(server: &S3Server, cache_dir: &Path) -> ObjectCacheOptions {
     options
 }
 
-fn cache(server: &S3Server, cache_dir: &Path) -> Arc<ObjectCache> {
+pub(crate) fn cache(server: &S3Server, cache_dir: &Path) -> Arc<ObjectCache> {
     Arc::new(ObjectCache::new(options(server, cache_dir)).unwrap())
 }
 
 /// Every sample of `remote` has the bytes and label of the same sample of `local`.
-fn assert_same_samples(remote: &dyn SampleSource, local: &dyn SampleSource) {
+pub(crate) fn assert_same_samples(remote: &dyn SampleSource, local: &dyn SampleSource) {
     assert_eq!(remote.len(), local.len());
     assert_eq!(remote.class_names(), local.class_names());
     assert_eq!(remote.shard_sizes(), local.shard_sizes());
@@ -375,7 +375,7 @@ fn ranges_evicted_are_fetched_again() {
 
 /// `shards` tar files of `per_shard` samples each: a `.jpg` member of `bytes` seeded bytes (not
 /// an image: these tests read bytes, they do not decode) and a `.cls` label.
-fn byte_shards(dir: &Path, shards: usize, per_shard: usize, bytes: usize) -> PathBuf {
+pub(crate) fn byte_shards(dir: &Path, shards: usize, per_shard: usize, bytes: usize) -> PathBuf {
     let out = dir.join("byte-shards");
     std::fs::create_dir_all(&out).unwrap();
     for shard in 0..shards {
@@ -605,6 +605,12 @@ fn a_prefix_of_parquet_is_known_by_its_objects_and_read_by_split() {
     )
     .unwrap();
     assert_same_samples(&remote_train, &local_train);
+    // A pattern names the same objects, as a local pattern names the same files.
+    let named =
+        stoker_datasets::resolve_remote(&["s3://data/hub/train-*.parquet"], None, &cache).unwrap();
+    let named_train =
+        ParquetDataset::open_remote_files(named, Arc::clone(&cache), &options).unwrap();
+    assert_same_samples(&named_train, &local_train);
     let missing =
         ParquetDataset::open_remote_split("s3://data/hub", cache, &options, Some("validation"))
             .unwrap_err()

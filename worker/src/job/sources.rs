@@ -9,8 +9,8 @@ use std::sync::Arc;
 use stoker_datasets::{
     is_pattern, kind_of_files, looks_like_hf_dataset, looks_like_jsonl, looks_like_parquet,
     looks_like_tar_shards, looks_like_token_file, parse_dataset_uri, remote_kind, resolve_local,
-    DatasetLocation, FileKind, HfDataset, ImageFolder, JsonlDocuments, LocalSource, ObjectCache,
-    ParquetDataset, ParquetOptions, SampleSource, TarShards, TokenDtype, TokenFile,
+    resolve_remote, DatasetLocation, FileKind, HfDataset, ImageFolder, JsonlDocuments, LocalSource,
+    ObjectCache, ParquetDataset, ParquetOptions, SampleSource, TarShards, TokenDtype, TokenFile,
 };
 use stoker_proto::v1::{self as proto, op::Op as OpKind, DatasetFormat, JobSpec};
 
@@ -109,10 +109,14 @@ pub fn open_source(
             DatasetLocation::S3(_) if names.len() == 1 && !is_pattern(name) => {
                 return open_remote_source(name, dataset, ops);
             }
+            DatasetLocation::S3(_) if local.is_empty() && names.iter().all(|n| is_s3(n)) => {
+                return open_remote_names(&names, dataset, ops);
+            }
             DatasetLocation::S3(_) => {
                 return Err(Error::InvalidSpec(format!(
-                    "{name}: an s3:// source is one prefix or object so far (no pattern or \
-                     list of several)"
+                    "{}: a list names local files and s3:// objects; one source is read from \
+                     one place (mix the two with stoker.mix)",
+                    names.join(",")
                 )))
             }
         }
@@ -257,8 +261,7 @@ fn column_options(dataset: &proto::DatasetSource) -> ParquetOptions {
 /// Opens an `s3://` dataset: tar shards, Parquet files or a token file. `AUTO` takes a key
 /// ending in `.bin` or `.parquet` for that file, and a prefix by the one kind of data object
 /// directly under it (tar shards when it holds none: their index object names them). A split
-/// is read from Parquet objects named by split (`train-00000-of-00002.parquet`); other formats
-/// are refused by name.
+/// is read from tar or Parquet objects named by split (`train-00000-of-00002.parquet`).
 fn open_remote_source(
     uri: &str,
     dataset: &proto::DatasetSource,
@@ -280,15 +283,15 @@ fn open_remote_source(
         },
         other => other,
     };
-    if source_split(dataset).is_some() && format != DatasetFormat::Parquet {
+    if source_split(dataset).is_some() && format == DatasetFormat::TokenFile {
         return Err(Error::InvalidSpec(format!(
-            "split= is read from an s3:// prefix of Parquet files only so far; name the split's \
-             own prefix in {uri} instead"
+            "split= picks objects of a prefix by their names; {uri} is one token file"
         )));
     }
     match format {
         DatasetFormat::TarShards => Ok(Arc::new(
-            TarShards::open_remote(uri, cache).map_err(Error::OpenDataset)?,
+            TarShards::open_remote_split(uri, cache, source_split(dataset))
+                .map_err(Error::OpenDataset)?,
         )),
         DatasetFormat::TokenFile => {
             let seq_len = token_windows_seq_len(ops).ok_or_else(|| {
@@ -318,6 +321,59 @@ fn open_remote_source(
     }
 }
 
+/// Whether `name` is an `s3://` URI.
+fn is_s3(name: &str) -> bool {
+    matches!(parse_dataset_uri(name), Ok(DatasetLocation::S3(_)))
+}
+
+/// Opens the objects that `s3://` patterns or a list of names select, by their one format: tar
+/// shards, Parquet files, or one token file.
+fn open_remote_names(
+    names: &[&str],
+    dataset: &proto::DatasetSource,
+    ops: &[proto::Op],
+) -> Result<Arc<dyn SampleSource>> {
+    let cache = Arc::new(ObjectCache::from_env().map_err(Error::OpenDataset)?);
+    let files = resolve_remote(names, source_split(dataset), &cache).map_err(Error::OpenDataset)?;
+    let wanted = match files.kind {
+        FileKind::TarShard => DatasetFormat::TarShards,
+        FileKind::Parquet => DatasetFormat::Parquet,
+        FileKind::Jsonl => DatasetFormat::Jsonl,
+        FileKind::TokenFile => DatasetFormat::TokenFile,
+    };
+    let format = dataset.format();
+    if format != DatasetFormat::Auto && format != wanted {
+        return Err(Error::InvalidSpec(format!(
+            "{} names {} objects, but the format asked for is {}",
+            files.name,
+            files.kind.name(),
+            format.as_str_name()
+        )));
+    }
+    match files.kind {
+        FileKind::TarShard => Ok(Arc::new(
+            TarShards::open_remote_files(files, cache).map_err(Error::OpenDataset)?,
+        )),
+        FileKind::Parquet => Ok(Arc::new(
+            ParquetDataset::open_remote_files(files, cache, &column_options(dataset))
+                .map_err(Error::OpenDataset)?,
+        )),
+        FileKind::TokenFile => match files.uris().as_slice() {
+            [uri] => open_remote_source(uri, dataset, ops),
+            uris => Err(Error::InvalidSpec(format!(
+                "{} names {} token files: a token source is one file (mix several with \
+                 stoker.mix)",
+                files.name,
+                uris.len()
+            ))),
+        },
+        FileKind::Jsonl => Err(Error::InvalidSpec(format!(
+            "{} names JSONL objects: JSONL is read from local files only so far",
+            files.name
+        ))),
+    }
+}
+
 /// The token dtype `dataset` names (`None`: from the file name).
 fn token_dtype(dataset: &proto::DatasetSource) -> Result<Option<TokenDtype>> {
     match dataset.token_dtype() {
@@ -342,20 +398,22 @@ mod tests {
         }
     }
 
-    /// What the README says of `s3://` names: one prefix or object, no pattern or list yet
-    /// (refused by name before any request, so no store is needed here).
+    /// A list is read from one place: local files and `s3://` objects together are refused by
+    /// name, whichever comes first (before any store is asked).
     #[test]
-    fn s3_patterns_and_lists_are_refused_by_name() {
+    fn a_list_of_local_and_s3_names_is_refused_by_name() {
         for uris in [
-            &["s3://bucket/shard-*.tar"][..],
-            &["s3://bucket/shard-{0..3}.tar"],
-            &["s3://bucket/a.tar", "s3://bucket/b.tar"],
+            &["s3://bucket/a.tar", "/data/b.tar"][..],
+            &["/data/b.tar", "s3://bucket/a.tar"],
         ] {
             let Err(error) = open_source(&named(uris), &[]) else {
                 panic!("{uris:?} opened");
             };
             let message = error.to_string();
-            assert!(message.contains("one prefix or object"), "{message}");
+            assert!(
+                message.contains("local files and s3:// objects"),
+                "{message}"
+            );
             assert_eq!(error.kind(), crate::ErrorKind::InvalidArgument);
         }
     }
