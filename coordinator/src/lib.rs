@@ -1,5 +1,6 @@
 //! Stoker's coordinator for the distributed mode: the scheduling core ([`Coordinator`]:
-//! workers, sessions, credits, leases, the journal; no I/O, the time passed in) and the gRPC
+//! workers, sessions, credits, leases, the journal; no sockets, its one I/O the journal it
+//! holds, the time passed in) and the gRPC
 //! daemon around it ([`CoordinatorService`]: worker registry, long-polled leases, timers, job
 //! checks, the dashboard feed). The dashboard itself is `stoker_loader::Dashboard`, which
 //! serves embedded loaders too; `stoker coordinator` (the `stoker-cli` crate) runs this daemon.

@@ -3,7 +3,8 @@
 //! package) is mapped: named by its file name or path in its crate's README.md or in
 //! ARCHITECTURE.md (`mod.rs`, `lib.rs`, `main.rs` and `__init__.py` are their folder's); and
 //! no crate's top-level modules import each other in a circle (the Python package's test
-//! `test_package_layout.py` checks its own).
+//! `test_package_layout.py` checks its own); and every dependency arrow between crates that
+//! README.md and ARCHITECTURE.md draw is one the manifests declare (`cargo metadata`).
 
 #![allow(clippy::unwrap_used)] // tests fail loudly by design
 
@@ -305,4 +306,137 @@ fn an_import_circle_is_found() {
     );
     let without: Vec<_> = files.into_iter().filter(|(w, _)| w != "c.rs").collect();
     assert_eq!(circle(&crate_imports(&without)), None);
+}
+
+/// The dependency arrows a text draws (`a <- b <- c`, names in backticks or not): each
+/// `(dependency, dependent)` pair, for names that are crate folders of the workspace.
+fn drawn_arrows(text: &str, folders: &BTreeSet<String>) -> Vec<(String, String)> {
+    let flat = text.replace('`', "").replace('\n', " ");
+    let mut arrows = Vec::new();
+    for (at, _) in flat.match_indices("<-") {
+        let before = flat[..at].trim_end();
+        let after = flat[at + 2..].trim_start();
+        let name_end = |s: &str| {
+            s.find(|c: char| !(c.is_ascii_lowercase() || c == '-'))
+                .unwrap_or(s.len())
+        };
+        let left_start = before
+            .rfind(|c: char| !(c.is_ascii_lowercase() || c == '-'))
+            .map_or(0, |i| i + 1);
+        let left = &before[left_start..];
+        let right = &after[..name_end(after)];
+        if folders.contains(left) && folders.contains(right) {
+            arrows.push((left.to_string(), right.to_string()));
+        }
+    }
+    arrows
+}
+
+/// Each workspace crate's folder and the folders of the workspace crates it depends on
+/// (normal dependencies), as `cargo metadata` reads the manifests.
+fn crate_dependencies(root: &Path) -> BTreeMap<String, BTreeSet<String>> {
+    let output = std::process::Command::new(env!("CARGO"))
+        .args([
+            "metadata",
+            "--no-deps",
+            "--format-version",
+            "1",
+            "--offline",
+        ])
+        .current_dir(root)
+        .output()
+        .unwrap();
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let metadata: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
+    let packages = metadata["packages"].as_array().unwrap();
+    let folder_of = |manifest: &str| {
+        Path::new(manifest)
+            .parent()
+            .and_then(|dir| dir.file_name())
+            .map(|name| name.to_string_lossy().into_owned())
+            .unwrap()
+    };
+    let folders: BTreeMap<String, String> = packages
+        .iter()
+        .map(|package| {
+            (
+                package["name"].as_str().unwrap().to_string(),
+                folder_of(package["manifest_path"].as_str().unwrap()),
+            )
+        })
+        .collect();
+    packages
+        .iter()
+        .map(|package| {
+            let depends: BTreeSet<String> = package["dependencies"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .filter(|dependency| dependency["kind"].is_null())
+                .filter_map(|dependency| folders.get(dependency["name"].as_str().unwrap()))
+                .cloned()
+                .collect();
+            (
+                folder_of(package["manifest_path"].as_str().unwrap()),
+                depends,
+            )
+        })
+        .collect()
+}
+
+/// Every arrow README.md and ARCHITECTURE.md draw between crates is a dependency the manifests
+/// declare, and both draw the same arrows.
+#[test]
+fn the_crate_arrows_the_docs_draw_are_the_manifests_dependencies() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap();
+    let dependencies = crate_dependencies(root);
+    let folders: BTreeSet<String> = dependencies.keys().cloned().collect();
+    let mut drawn = Vec::new();
+    for doc in ["README.md", "ARCHITECTURE.md"] {
+        let text = std::fs::read_to_string(root.join(doc)).unwrap();
+        let arrows = drawn_arrows(&text, &folders);
+        assert!(arrows.len() >= 5, "{doc} draws {arrows:?}");
+        for (dependency, dependent) in &arrows {
+            assert!(
+                dependencies[dependent].contains(dependency),
+                "{doc} draws {dependency} <- {dependent}, but {dependent}'s manifest does not \
+                 depend on {dependency} (it depends on {:?})",
+                dependencies[dependent]
+            );
+        }
+        let arrows: BTreeSet<(String, String)> = arrows.into_iter().collect();
+        drawn.push(arrows);
+    }
+    assert_eq!(
+        drawn[0], drawn[1],
+        "README.md and ARCHITECTURE.md draw other arrows"
+    );
+}
+
+#[test]
+fn arrows_are_read_in_and_out_of_backticks() {
+    let folders: BTreeSet<String> = ["proto", "worker", "rpc", "python-client"]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+    let arrows = drawn_arrows(
+        "one way: `proto <- worker <- rpc`, and `rpc` <-\n`python-client`; x <- y",
+        &folders,
+    );
+    let pairs: Vec<(&str, &str)> = arrows
+        .iter()
+        .map(|(a, b)| (a.as_str(), b.as_str()))
+        .collect();
+    assert_eq!(
+        pairs,
+        [
+            ("proto", "worker"),
+            ("worker", "rpc"),
+            ("rpc", "python-client")
+        ]
+    );
 }
