@@ -1,5 +1,6 @@
-//! Files a dataset refers to by path rather than holds (Hugging Face `Image` cells in Parquet
-//! whose `bytes` are null and whose `path` names the image): where such a file may be read from.
+//! Files a dataset refers to by path rather than holds (Hugging Face `Image` cells, in Parquet or
+//! in a `save_to_disk` folder, whose `bytes` are null and whose `path` names the image): where
+//! such a file may be read from.
 //!
 //! In process any path the user's own dataset names is read. A worker daemon serves jobs from
 //! clients, so it confines them to its data roots ([`allow_referenced_files_under`]): a

@@ -26,14 +26,20 @@ pub(crate) struct JobSettings<'a> {
     pub split: String,
 }
 
-/// A mix as Python passes it: the sources as (uri, ops, weight, format, text column), the
-/// window, the epoch rule (`"first_exhausted"`, `"all_exhausted"` or `"samples"`) and the
-/// samples of an epoch for `"samples"`.
-pub(crate) type PyMix<'py> = (
-    Vec<(String, Vec<Bound<'py, PyDict>>, f64, String, String)>,
-    u32,
+/// A mix as Python passes it: the sources as (uri, ops, weight, format, text column, the names
+/// of a list of several, split), the window, the epoch rule (`"first_exhausted"`,
+/// `"all_exhausted"` or `"samples"`) and the samples of an epoch for `"samples"`.
+pub(crate) type PyMix<'py> = (Vec<PyMixSource<'py>>, u32, String, u64);
+
+/// One source of a [`PyMix`].
+pub(crate) type PyMixSource<'py> = (
     String,
-    u64,
+    Vec<Bound<'py, PyDict>>,
+    f64,
+    String,
+    String,
+    Vec<String>,
+    String,
 );
 
 /// The spec's `Mix` of a mix from Python.
@@ -52,10 +58,12 @@ pub(crate) fn mix_spec(mix: PyMix<'_>) -> PyResult<proto::Mix> {
     };
     let sources = sources
         .into_iter()
-        .map(|(uri, ops, weight, format, text_column)| {
+        .map(|(uri, ops, weight, format, text_column, uris, split)| {
             Ok(proto::MixSource {
                 dataset: Some(proto::DatasetSource {
-                    uri,
+                    uri: if uris.is_empty() { uri } else { String::new() },
+                    uris,
+                    split,
                     format: dataset_format(&format)? as i32,
                     text_column,
                     ..Default::default()

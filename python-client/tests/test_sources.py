@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import shutil
 import subprocess
+from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 
@@ -136,6 +137,31 @@ def test_an_image_folder_laid_out_by_split(dataset: Path, tmp_path: Path,
     assert val.classes == [c.name for c in classes[:2]]
     train = make_loader(root, split="train")
     assert train.num_samples == SAMPLE_COUNT
+
+
+def test_a_mix_source_is_a_list_a_pattern_or_a_split(tar_set: list[Path], hub_folder: Path,
+                                                     make_loader: Make) -> None:
+    """``stoker.Source`` takes what ``Loader`` takes: a list read as one source, a pattern, a
+    split of a hub folder; and a hub folder without its split is refused as ``Loader`` refuses
+    it."""
+    listed = [str(p) for p in reversed(tar_set[:2])]
+    shards = make_loader(listed).num_samples
+    train = make_loader(hub_folder, split="train").num_samples
+    pipeline = stoker.vision.imagenet_train(32)
+    sources = {stoker.Source(listed): 1, stoker.Source(hub_folder, split="train"): 1}
+    with stoker.mix(sources, pipeline=pipeline, batch_size=8, window=2, output="numpy",
+                    num_threads=2) as mixed:
+        # One of each per window of 2, until the smaller source runs out.
+        assert mixed.num_samples == 2 * min(shards, train)
+        counts = Counter(np.concatenate([b["source"] for b in mixed]).tolist())
+    assert counts == {0: min(shards, train), 1: min(shards, train)}
+    pattern = stoker.Source(f"{tar_set[0].parent}/shard-00000[0-1].tar")
+    with stoker.mix({pattern: 1, stoker.Source(hub_folder, split="test"): 1},
+                    pipeline=pipeline, batch_size=8, window=2, output="numpy") as mixed:
+        assert mixed.num_samples > 0
+    with pytest.raises(ValueError, match=r"the splits test, train: name one with split="):
+        stoker.mix({stoker.Source(listed): 1, stoker.Source(hub_folder): 1},
+                   pipeline=pipeline, batch_size=8)
 
 
 def test_distributed_digests_of_a_glob_and_a_list_equal_the_embedded(

@@ -29,7 +29,7 @@ mod layout;
 mod numeric;
 
 use std::collections::BTreeMap;
-use std::path::{Component, Path, PathBuf};
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -301,29 +301,27 @@ impl HfDataset {
         })
     }
 
-    /// Reads an image kept as a file reference, relative to the dataset folder and inside it.
+    /// Reads an image kept as a file reference: an absolute path, or one relative to the
+    /// dataset folder (what `datasets` writes for images it did not embed), under the roots
+    /// [`crate::allow_referenced_files_under`] set, if any.
     fn read_referenced_image(
         &self,
         reference: &str,
         span: &ChunkSpan,
         row: u64,
     ) -> Result<Vec<u8>> {
-        let inside = Path::new(reference)
-            .components()
-            .all(|component| matches!(component, Component::Normal(_) | Component::CurDir));
-        if !inside {
-            return Err(Error::HfValue {
-                path: self.files[span.file].path.clone(),
-                column: self.choice.sample_column_name.clone(),
-                row: span.first_row_in_file + row,
-                problem: format!(
-                    "the image is not embedded but refers to {reference:?}, outside the dataset \
-                     folder; Stoker reads referenced images only inside it (re-save the dataset \
-                     with a recent `datasets`, whose save_to_disk embeds the images)"
-                ),
-            });
-        }
-        let path = self.root.join(reference);
+        let path = Path::new(reference);
+        let path = if path.is_absolute() {
+            path.to_path_buf()
+        } else {
+            self.root.join(path)
+        };
+        crate::referenced_files::check_allowed(&path).map_err(|problem| Error::HfValue {
+            path: self.files[span.file].path.clone(),
+            column: self.choice.sample_column_name.clone(),
+            row: span.first_row_in_file + row,
+            problem,
+        })?;
         std::fs::read(&path).map_err(|source| Error::io(path, source))
     }
 }

@@ -153,7 +153,9 @@ class NativeLoader:
         token: str | None = None,
         tls_ca: str | None = None,
         tls_server_name: str | None = None,
-        mix: tuple[list[tuple[str, list[dict[str, Any]], float, str, str]], int, str, int]
+        mix: tuple[
+            list[tuple[str, list[dict[str, Any]], float, str, str, list[str], str]], int, str, int
+        ]
         | None = None,
         pin_device: int | None = None,
         pin_follow: bool = False,

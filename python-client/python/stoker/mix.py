@@ -193,7 +193,8 @@ def mix(
 
     Args:
         sources: ``{source: weight}``, in the order that numbers them; a source is a path (or
-            ``s3://`` URI) or a :class:`Source` with its own pipeline. Weights are positive
+            ``s3://`` URI, or a pattern) or a :class:`Source` with its own pipeline, split, or
+            list of names read as one source. Weights are positive
             numbers, normalised to sum 1. Every source's batches must have the same tensors
             (names, dtypes, shapes, labels or not), else a ValueError names the two that differ.
         batch_size: samples per batch.
@@ -252,7 +253,7 @@ def mix(
             )
         if source.pipeline is None and pipeline is None:
             raise ValueError(
-                f"source {os.fspath(source.path)!r} has no pipeline: pass pipeline= to mix, "
+                f"source {source.name!r} has no pipeline: pass pipeline= to mix, "
                 "or give the source its own with stoker.Source(path, pipeline=...)"
             )
         checked.append((source, float(weight)))
