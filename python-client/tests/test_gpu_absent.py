@@ -110,7 +110,7 @@ def test_device_needs_torch_output(make_loader: Callable[..., stoker.Loader]) ->
         ({"dtype": "bfloat16"}, "give device='cuda'"),
         ({"memory_format": "channels_last"}, "give device='cuda'"),
         ({"pin_memory": 1}, "pin_memory must be True or False"),
-        ({"pinned_memory_budget": 0}, "pinned_memory_budget must be a positive"),
+        ({"pinned_memory_budget": 0}, r"positive number of bytes \(this process's own\)"),
         ({"pinned_memory_budget": "4G"}, "pinned_memory_budget must be a positive"),
         ({"device": "tpu"}, "device must be"),
         ({"device": "cuda:x"}, "device must be"),

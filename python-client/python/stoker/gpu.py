@@ -87,7 +87,8 @@ def check_budget(budget: object) -> int:
     """``pinned_memory_budget`` as a positive int of bytes; ValueError otherwise."""
     if isinstance(budget, bool) or not isinstance(budget, int) or budget < 1:
         raise ValueError(
-            f"pinned_memory_budget must be a positive number of bytes (per node), got {budget!r}"
+            "pinned_memory_budget must be a positive number of bytes (this process's own), "
+            f"got {budget!r}"
         )
     return budget
 
