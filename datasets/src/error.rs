@@ -296,6 +296,33 @@ pub enum Error {
         dtype: &'static str,
     },
 
+    /// A Megatron index (`.idx`) that cannot be read as one: truncated, of another version or
+    /// dtype, or contradicting itself.
+    #[error("Megatron index {path}: {problem}")]
+    MegatronIndex {
+        /// The index file.
+        path: PathBuf,
+        /// What is wrong with it.
+        problem: String,
+    },
+
+    /// A Megatron data file (`.bin`) whose size is not the tokens its index counts.
+    #[error(
+        "Megatron data file {path} is {bytes} bytes, {which} than the {expected} bytes its index \
+         {index} counts (a truncated copy, or the .bin of another index)",
+        which = if .bytes < .expected { "shorter" } else { "longer" }
+    )]
+    MegatronBinSize {
+        /// The data file.
+        path: PathBuf,
+        /// Its size.
+        bytes: u64,
+        /// The size its index gives.
+        expected: u64,
+        /// The index file.
+        index: PathBuf,
+    },
+
     /// A token file with fewer tokens than one window.
     #[error("token file {path} holds {tokens} tokens, fewer than one window of {window}")]
     TokenFileTooShort {

@@ -324,6 +324,19 @@ pub fn tar_index(data: &[u8]) {
     }
 }
 
+/// A Megatron `.idx` as opening a corpus reads it: never panics, and an index that parses
+/// holds together (its documents' starts run up from 0 to its token count).
+pub fn megatron_index(data: &[u8]) {
+    let Ok(index) = crate::MegatronIndex::parse(data, std::path::Path::new("fuzz.idx")) else {
+        return;
+    };
+    let starts = index.document_starts();
+    assert_eq!(starts.len(), index.documents() + 1);
+    assert_eq!(starts.first(), Some(&0));
+    assert_eq!(starts.last(), Some(&index.tokens()));
+    assert!(starts.windows(2).all(|pair| pair[0] <= pair[1]));
+}
+
 /// Seed inputs of [`tar_index`]: index objects as this crate writes them, by name.
 pub fn tar_index_seeds() -> crate::Result<Vec<(&'static str, Vec<u8>)>> {
     use crate::tar_shards::index_object::{encode, IndexedShard};

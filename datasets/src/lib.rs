@@ -69,6 +69,7 @@ mod image_format;
 mod inspect;
 mod jsonl;
 mod mapped_file;
+mod megatron;
 mod naming;
 mod parquet_files;
 mod referenced_files;
@@ -87,6 +88,9 @@ pub use image_format::{sniff_format, ImageFormat};
 pub use inspect::{inspect_image_folder, inspect_samples, DatasetReport, Summary};
 pub use jsonl::{
     looks_like_jsonl, JsonlDocuments, JsonlReport, DEFAULT_LABEL_FIELD, DEFAULT_TEXT_FIELD,
+};
+pub use megatron::{
+    megatron_pair, open_megatron, write_megatron_corpus, MegatronIndex, MEGATRON_INDEX_MAGIC,
 };
 pub use naming::{
     is_pattern, kind_of, kind_of_files, reach_of_name, remote_kind, resolve_local, resolve_remote,

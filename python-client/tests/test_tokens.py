@@ -157,3 +157,42 @@ def test_format_must_be_known_and_match(token_file: Path) -> None:
         stoker.Loader(token_file, pipeline=[ops.TokenWindows(8)], batch_size=2, format="csv")
     with pytest.raises(ValueError, match="TokenWindows reads token files only"):
         stoker.Loader(token_file, pipeline=[ops.TokenWindows(8)], batch_size=2, format="jsonl")
+
+
+def write_megatron(prefix: Path, documents: list[list[int]], code: int) -> None:
+    """``prefix.bin`` + ``prefix.idx`` laid out as Megatron's index writer lays them out:
+    ``MMIDIDX\\0\\0``, version 1, the dtype code (8 uint16, 4 int32), the sequence and document
+    counts, then each sequence's length (int32), byte offset (int64), and the sequence index
+    where each document starts (int64, ending with the count)."""
+    dtype = {8: "<u2", 4: "<i4"}[code]
+    np.concatenate([np.asarray(d, dtype=dtype) for d in documents]).tofile(f"{prefix}.bin")
+    count = len(documents)
+    lengths = np.asarray([len(d) for d in documents], dtype="<i4")
+    starts = np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype("<i8")
+    pointers = starts * np.dtype(dtype).itemsize
+    header = b"MMIDIDX\x00\x00" + np.asarray([1], "<u8").tobytes() + bytes([code])
+    header += np.asarray([count, count + 1], "<u8").tobytes()
+    documents_index = np.arange(count + 1, dtype="<i8")
+    Path(f"{prefix}.idx").write_bytes(
+        header + lengths.tobytes() + pointers.tobytes() + documents_index.tobytes()
+    )
+
+
+def test_a_megatron_corpus_reads_with_the_dtype_its_index_names(tmp_path: Path) -> None:
+    # int32 ids above uint16's range, in a file whose name alone would say uint16.
+    documents = [[70_000 + 100 * d + t for t in range(5 + d)] for d in range(40)]
+    prefix = tmp_path / "corpus_text_document"
+    write_megatron(prefix, documents, code=4)
+    flat = np.concatenate([np.asarray(d) for d in documents])
+    for source in (f"{prefix}.bin", f"{prefix}.idx"):
+        batches = load(source, [ops.TokenWindows(SEQ_LEN)], shuffle=False)
+        rows = np.concatenate([b["tokens"] for b in batches])
+        assert rows.dtype == np.uint32
+        assert len(rows) == (len(flat) - 1) // SEQ_LEN
+        for k, row in enumerate(rows):
+            assert row.tolist() == flat[k * SEQ_LEN : k * SEQ_LEN + SEQ_LEN + 1].tolist()
+    # A .bin shorter than its index says is an error naming it.
+    data = Path(f"{prefix}.bin").read_bytes()
+    Path(f"{prefix}.bin").write_bytes(data[:-4])
+    with pytest.raises(stoker.DatasetError, match=r"corpus_text_document\.bin is .* shorter"):
+        load(f"{prefix}.bin", [ops.TokenWindows(SEQ_LEN)])

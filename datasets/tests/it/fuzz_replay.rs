@@ -30,6 +30,14 @@ fn replay(target: &str, body: fn(&[u8], &Path) -> io::Result<()>) -> TestResult<
 }
 
 #[test]
+fn megatron_index_corpus_replays() -> TestResult<()> {
+    replay("megatron_index", |data, _| {
+        fuzz_targets::megatron_index(data);
+        Ok(())
+    })
+}
+
+#[test]
 fn tar_shards_corpus_replays() -> TestResult<()> {
     replay("tar_shards", fuzz_targets::tar_shards)
 }
@@ -347,6 +355,24 @@ fn write_seed_corpora() -> TestResult<()> {
 
     for (name, index) in fuzz_targets::tar_index_seeds()? {
         put("tar_index", name, &index)?;
+    }
+
+    // Megatron indexes as the corpus writer lays them out (its layout is Megatron's).
+    for (name, dtype, documents) in [
+        (
+            "uint16_four_documents",
+            TokenDtype::Uint16,
+            vec![vec![1, 2, 3], vec![4], vec![], vec![5, 6]],
+        ),
+        (
+            "int32_two_documents",
+            TokenDtype::Uint32,
+            vec![vec![70_000; 5], vec![1; 2]],
+        ),
+    ] {
+        let (_, idx) =
+            stoker_datasets::write_megatron_corpus(&work.path().join(name), &documents, dtype)?;
+        put("megatron_index", name, &std::fs::read(idx)?)?;
     }
 
     // Compressed JSONL: a leading byte (bit 0: zstd rather than gzip), then the file.

@@ -8,9 +8,10 @@ use std::sync::Arc;
 
 use stoker_datasets::{
     is_pattern, kind_of_files, looks_like_hf_dataset, looks_like_jsonl, looks_like_parquet,
-    looks_like_tar_shards, looks_like_token_file, parse_dataset_uri, remote_kind, resolve_local,
-    resolve_remote, DatasetLocation, FileKind, HfDataset, ImageFolder, JsonlDocuments, LocalSource,
-    ObjectCache, ParquetDataset, ParquetOptions, SampleSource, TarShards, TokenDtype, TokenFile,
+    looks_like_tar_shards, looks_like_token_file, megatron_pair, open_megatron, parse_dataset_uri,
+    remote_kind, resolve_local, resolve_remote, DatasetLocation, FileKind, HfDataset, ImageFolder,
+    JsonlDocuments, LocalSource, ObjectCache, ParquetDataset, ParquetOptions, SampleSource,
+    TarShards, TokenDtype, TokenFile,
 };
 use stoker_proto::v1::{self as proto, op::Op as OpKind, DatasetFormat, JobSpec};
 
@@ -90,8 +91,9 @@ pub fn open_sources(spec: &JobSpec) -> Result<Vec<Arc<dyn SampleSource>>> {
 /// are read by their one format (tar shards, Parquet, JSONL, or one token file). A folder or file
 /// named alone is read by `AUTO`'s rules: a `.tar` file or a folder of them is tar shards, a
 /// folder with `state.json` and `dataset_info.json` a Hugging Face `datasets` folder,
-/// `.parquet` files Parquet, a `.bin` file a token file, a `.jsonl` file or a folder of them
-/// JSONL documents, anything else an image folder. `s3://BUCKET/PREFIX` is read through the
+/// `.parquet` files Parquet, a `.bin` file a token file (a Megatron corpus, with the dtype its
+/// `.idx` names, when the `.idx` lies beside it; the `.idx` names it too), a `.jsonl` file or a
+/// folder of them JSONL documents, anything else an image folder. `s3://BUCKET/PREFIX` is read through the
 /// local object cache (configured by `STOKER_CACHE_DIR`, `STOKER_CACHE_MAX_BYTES` and the
 /// `AWS_*` variables); other schemes are refused.
 pub fn open_source(
@@ -131,7 +133,9 @@ pub fn open_source(
         DatasetFormat::Auto if looks_like_tar_shards(path) => DatasetFormat::TarShards,
         DatasetFormat::Auto if looks_like_hf_dataset(path) => DatasetFormat::HfDataset,
         DatasetFormat::Auto if looks_like_parquet(path) => DatasetFormat::Parquet,
-        DatasetFormat::Auto if looks_like_token_file(path) => DatasetFormat::TokenFile,
+        DatasetFormat::Auto if looks_like_token_file(path) || is_megatron_index(path) => {
+            DatasetFormat::TokenFile
+        }
         DatasetFormat::Auto if looks_like_jsonl(path) => DatasetFormat::Jsonl,
         DatasetFormat::Auto => DatasetFormat::ImageFolder,
         other => other,
@@ -223,6 +227,12 @@ fn open_token_file(
             path.display()
         ))
     })?;
+    // A Megatron corpus (the .bin beside its .idx): the dtype is the index's.
+    if megatron_pair(path).is_some() {
+        let (tokens, _) =
+            open_megatron(path, token_dtype(dataset)?, seq_len).map_err(Error::OpenDataset)?;
+        return Ok(Arc::new(tokens));
+    }
     let dtype = token_dtype(dataset)?.unwrap_or_else(|| TokenDtype::from_file_name(path));
     Ok(Arc::new(
         TokenFile::open(path, dtype, seq_len).map_err(Error::OpenDataset)?,
@@ -319,6 +329,13 @@ fn open_remote_source(
              .parquet key) or a token file (TOKEN_FILE, or AUTO for a .bin key)"
         ))),
     }
+}
+
+/// Whether `path` is the `.idx` of a Megatron corpus (its `.bin` beside it).
+fn is_megatron_index(path: &Path) -> bool {
+    path.extension()
+        .is_some_and(|e| e.eq_ignore_ascii_case("idx"))
+        && megatron_pair(path).is_some()
 }
 
 /// Whether `name` is an `s3://` URI.
