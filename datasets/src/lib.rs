@@ -90,7 +90,8 @@ pub use jsonl::{
     looks_like_jsonl, JsonlDocuments, JsonlReport, DEFAULT_LABEL_FIELD, DEFAULT_TEXT_FIELD,
 };
 pub use megatron::{
-    megatron_pair, open_megatron, write_megatron_corpus, MegatronIndex, MEGATRON_INDEX_MAGIC,
+    megatron_pair, open_megatron, open_remote_megatron, write_megatron_corpus, MegatronIndex,
+    MEGATRON_INDEX_MAGIC,
 };
 pub use naming::{
     is_pattern, kind_of, kind_of_files, reach_of_name, remote_kind, resolve_local, resolve_remote,

@@ -10,6 +10,9 @@
 //! - `S` sequence lengths in tokens (`i32`), `S` byte offsets of the sequences in the `.bin`
 //!   (`i64`), and `D` sequence indices where documents start (`i64`, from 0, the last `S`).
 //!
+//! The same corpus in a bucket (`s3://BUCKET/PREFIX.bin` beside `PREFIX.idx`) is read through
+//! the cache tier ([`open_remote_megatron`]): the index whole, the windows by ranges.
+//!
 //! Token ids are read as uint16 (code 8) or as int32 (code 4, read as uint32: the same bits for
 //! every id a vocabulary holds); other dtypes are refused by name. The sequences must lie end to
 //! end in the `.bin` (as the writer puts them), and the `.bin` must hold exactly the tokens the
@@ -276,6 +279,71 @@ pub fn open_megatron(
     }
     let tokens = TokenFile::open(&bin, index.dtype, seq_len)?;
     Ok((tokens, index))
+}
+
+/// Opens the object `uri` (`s3://BUCKET/PREFIX.bin`) as a Megatron corpus when its index
+/// `PREFIX.idx` lies beside it, read through `cache`: token windows of the index's dtype (which
+/// `dtype`, when given, must be), the object's size checked against the index. `None` when there
+/// is no index beside it (a flat token file).
+pub fn open_remote_megatron(
+    uri: &str,
+    cache: std::sync::Arc<crate::ObjectCache>,
+    dtype: Option<TokenDtype>,
+    seq_len: u32,
+) -> Result<Option<(TokenFile, MegatronIndex)>> {
+    use crate::storage::{list_remote, ByteRanges};
+    let Some(prefix) = uri.strip_suffix(".bin") else {
+        return Ok(None);
+    };
+    let idx_uri = format!("{prefix}.idx");
+    let named = |name: &str| idx_uri.ends_with(&format!("/{name}"));
+    let mut listed = match list_remote(&idx_uri, &cache, &named, "Megatron index") {
+        Ok((_, objects)) => objects,
+        Err(Error::NoRemoteObjects { .. }) => return Ok(None),
+        Err(error) => return Err(error),
+    };
+    let Some(object) = listed.pop() else {
+        return Ok(None);
+    };
+    let idx = PathBuf::from(&idx_uri);
+    if object.size() > MAX_INDEX_BYTES {
+        return Err(refused(
+            &idx,
+            format!(
+                "is {} bytes, over the {MAX_INDEX_BYTES} read",
+                object.size()
+            ),
+        ));
+    }
+    let bytes = object
+        .read_ranges(std::slice::from_ref(&(0..object.size())))?
+        .pop()
+        .unwrap_or_default();
+    let index = MegatronIndex::parse(&bytes, &idx)?;
+    if let Some(asked) = dtype {
+        if asked != index.dtype {
+            return Err(refused(
+                &idx,
+                format!(
+                    "names {} tokens, but {} was asked for",
+                    index.dtype.name(),
+                    asked.name()
+                ),
+            ));
+        }
+    }
+    let tokens = TokenFile::open_remote(uri, cache, Some(index.dtype), seq_len)?;
+    let expected = index.tokens() * index.dtype.size() as u64;
+    let bytes = tokens.tokens() * index.dtype.size() as u64;
+    if bytes != expected {
+        return Err(Error::MegatronBinSize {
+            path: tokens.path().to_path_buf(),
+            bytes,
+            expected,
+            index: idx,
+        });
+    }
+    Ok(Some((tokens, index)))
 }
 
 /// Writes `documents` (each one sequence of token ids) as the Megatron corpus `prefix.bin` +

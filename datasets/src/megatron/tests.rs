@@ -42,7 +42,10 @@ fn a_written_corpus_reads_back_with_its_dtype_and_document_starts() {
             TokenDtype::Uint16 => TokenDtype::Uint32,
             TokenDtype::Uint32 => TokenDtype::Uint16,
         };
-        let error = open_megatron(&bin, Some(other), 4).err().unwrap().to_string();
+        let error = open_megatron(&bin, Some(other), 4)
+            .err()
+            .unwrap()
+            .to_string();
         assert!(error.contains(&idx.display().to_string()), "{error}");
     }
 }

@@ -721,3 +721,52 @@ fn a_parquet_set_opens_from_its_footers_and_labels_and_reads_like_the_local_one(
     assert_same_samples(&remote, &local);
     assert!(capped.stats().evictions > 0, "{:?}", capped.stats());
 }
+
+#[test]
+fn a_megatron_corpus_in_a_bucket_reads_with_the_dtype_of_its_index() {
+    use stoker_datasets::{open_megatron, open_remote_megatron, write_megatron_corpus, TokenDtype};
+    let dir = tempfile::tempdir().unwrap();
+    let local = dir.path().join("local");
+    std::fs::create_dir_all(&local).unwrap();
+    // int32 ids above uint16's range, in a file whose name alone would say uint16.
+    let documents: Vec<Vec<u32>> = (0..30u32)
+        .map(|d| (0..3 + d % 5).map(|t| 70_000 + d * 10 + t).collect())
+        .collect();
+    let prefix = local.join("corpus_text_document");
+    let (bin, idx) = write_megatron_corpus(&prefix, &documents, TokenDtype::Uint32).unwrap();
+    let server = S3Server::start(&dir.path().join("server"));
+    let target = server.bucket_dir(BUCKET).join("mg");
+    std::fs::create_dir_all(&target).unwrap();
+    std::fs::copy(&bin, target.join("corpus_text_document.bin")).unwrap();
+    std::fs::copy(&idx, target.join("corpus_text_document.idx")).unwrap();
+    let cache = cache(&server, &dir.path().join("cache"));
+    let (remote, index) = open_remote_megatron(
+        "s3://data/mg/corpus_text_document.bin",
+        Arc::clone(&cache),
+        None,
+        8,
+    )
+    .unwrap()
+    .unwrap();
+    assert_eq!(remote.dtype(), TokenDtype::Uint32);
+    assert_eq!(index.documents(), 30);
+    let (local_tokens, _) = open_megatron(&bin, None, 8).unwrap();
+    assert_same_samples(&remote, &local_tokens);
+
+    // Without an index beside it the object is a flat token file.
+    std::fs::copy(&bin, target.join("flat.bin")).unwrap();
+    let flat = open_remote_megatron("s3://data/mg/flat.bin", Arc::clone(&cache), None, 8).unwrap();
+    assert!(flat.is_none());
+    // A .bin shorter than its index says: an error naming it.
+    let data = std::fs::read(&bin).unwrap();
+    std::fs::write(target.join("short.bin"), &data[..data.len() - 4]).unwrap();
+    std::fs::copy(&idx, target.join("short.idx")).unwrap();
+    let error = open_remote_megatron("s3://data/mg/short.bin", cache, None, 8)
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(
+        error.contains("s3://data/mg/short.bin") && error.contains("shorter"),
+        "{error}"
+    );
+}

@@ -8,10 +8,10 @@ use std::sync::Arc;
 
 use stoker_datasets::{
     is_pattern, kind_of_files, looks_like_hf_dataset, looks_like_jsonl, looks_like_parquet,
-    looks_like_tar_shards, looks_like_token_file, megatron_pair, open_megatron, parse_dataset_uri,
-    remote_kind, resolve_local, resolve_remote, DatasetLocation, FileKind, HfDataset, ImageFolder,
-    JsonlDocuments, LocalSource, ObjectCache, ParquetDataset, ParquetOptions, SampleSource,
-    TarShards, TokenDtype, TokenFile,
+    looks_like_tar_shards, looks_like_token_file, megatron_pair, open_megatron,
+    open_remote_megatron, parse_dataset_uri, remote_kind, resolve_local, resolve_remote,
+    DatasetLocation, FileKind, HfDataset, ImageFolder, JsonlDocuments, LocalSource, ObjectCache,
+    ParquetDataset, ParquetOptions, SampleSource, TarShards, TokenDtype, TokenFile,
 };
 use stoker_proto::v1::{self as proto, op::Op as OpKind, DatasetFormat, JobSpec};
 
@@ -310,6 +310,12 @@ fn open_remote_source(
                 ))
             })?;
             let dtype = token_dtype(dataset)?;
+            // A Megatron corpus (its .idx beside the .bin): the dtype is the index's.
+            let megatron = open_remote_megatron(uri, Arc::clone(&cache), dtype, seq_len)
+                .map_err(Error::OpenDataset)?;
+            if let Some((tokens, _)) = megatron {
+                return Ok(Arc::new(tokens));
+            }
             Ok(Arc::new(
                 TokenFile::open_remote(uri, cache, dtype, seq_len).map_err(Error::OpenDataset)?,
             ))
