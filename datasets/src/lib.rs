@@ -94,8 +94,8 @@ pub use megatron::{
     MEGATRON_INDEX_MAGIC,
 };
 pub use naming::{
-    is_pattern, kind_of, kind_of_files, reach_of_name, remote_kind, resolve_local, resolve_remote,
-    FileKind, LocalSource, RemoteFiles,
+    is_pattern, kind_of, kind_of_files, reach_of_name, remote_kind, remote_split_prefix,
+    resolve_local, resolve_remote, FileKind, LocalSource, RemoteFiles,
 };
 pub use parquet_files::{
     looks_like_parquet, write_parquet, ColumnarSummary, ParquetColumnInfo, ParquetDataset,

@@ -22,7 +22,7 @@ use tracing::info;
 
 use crate::error::{Error, Result};
 pub(crate) use remote::{listed_of_split, objects_of_split};
-pub use remote::{remote_kind, resolve_remote, RemoteFiles};
+pub use remote::{remote_kind, remote_split_prefix, resolve_remote, RemoteFiles};
 pub(crate) use splits::dict_splits;
 use splits::{find_splits, group_files, split_of_file, SplitLayout};
 

@@ -3,10 +3,11 @@
 //! the hub's `{split}-NNNNN-of-NNNNN.*`; and the objects that `s3://` patterns and lists name.
 //!
 //! A pattern is matched against keys the way a local one is against paths (`*` and `?` stay in
-//! one folder, `**` crosses folders), over a listing of the folder before its first wildcard
-//! only: one level of it when the wildcards are all in the last part of the key, every key
-//! under it otherwise. Names a brace group expands to are found in their folder's listing, one
-//! listing per folder, not one request per name.
+//! one folder, `**` crosses folders), over a listing of the keys that start with the part of
+//! the pattern before its first wildcard only (S3's `prefix`, any string): those of that one
+//! folder when the wildcards are all in the last part of the key, every key under it otherwise.
+//! Names a brace group expands to are found in their folder's listing, one listing per folder,
+//! not one request per name.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -33,6 +34,80 @@ pub fn remote_kind(uri: &str, cache: &Arc<ObjectCache>) -> Result<Option<FileKin
     };
     let names: Vec<std::path::PathBuf> = listed.iter().map(|object| object.uri().into()).collect();
     super::kind_of_files(uri, &names).map(Some)
+}
+
+/// The prefix to read of an `s3://` prefix laid out by split folders, as a local folder is
+/// (`splits.rs`): `None` (read `uri` itself, the split, if any, taken from its objects' names)
+/// when data objects lie directly under it, or it has no folder of data objects, nor a `data/`
+/// holding either. Otherwise, looked for under `uri` and then under its `data/`: the folder of
+/// the split asked for among its folders holding data objects (any name: `train/`, `test/`), the
+/// only one when there is one, or `data/` itself when data objects lie there; several without
+/// a split asked for are [`Error::SplitNeeded`], naming them. One listing per folder looked in.
+/// With the prefix, whether it is the split's own (else the split, if any, is still to be taken
+/// from the names of the objects under it).
+pub fn remote_split_prefix(
+    uri: &str,
+    split: Option<&str>,
+    cache: &Arc<ObjectCache>,
+) -> Result<Option<(String, bool)>> {
+    let location = s3_location(uri, "objects in a store are named by s3://BUCKET/PREFIX")?;
+    let is_data = |object: &ObjectMeta| {
+        object.location.filename() != Some(TAR_INDEX_OBJECT)
+            && kind_of(Path::new(object.location.as_ref())).is_some()
+    };
+    let holds_data = |key_prefix: &str| -> Result<bool> {
+        let (objects, _) = cache.list_key_prefix(&location.bucket, key_prefix, false)?;
+        Ok(objects.iter().any(is_data))
+    };
+    let base = if location.prefix.is_empty() {
+        String::new()
+    } else {
+        format!("{}/", location.prefix)
+    };
+    for level in [base.clone(), format!("{base}data/")] {
+        let (objects, folders) = cache.list_key_prefix(&location.bucket, &level, false)?;
+        if objects.iter().any(is_data) {
+            // The split, if any, comes from the objects' names.
+            return Ok(
+                (level != base).then(|| (location.uri_of(level.trim_end_matches('/')), false))
+            );
+        }
+        let mut splits: BTreeMap<String, String> = BTreeMap::new();
+        for folder in folders {
+            let name = folder
+                .trim_end_matches('/')
+                .rsplit('/')
+                .next()
+                .unwrap_or_default()
+                .to_string();
+            if level == base && name == "data" {
+                continue;
+            }
+            if holds_data(&folder)? {
+                splits.insert(name, folder);
+            }
+        }
+        if splits.is_empty() {
+            continue;
+        }
+        let found: Vec<String> = splits.keys().cloned().collect();
+        let chosen = match split {
+            Some(split) => splits.get(split).ok_or_else(|| Error::NoSuchSplit {
+                source_name: uri.to_string(),
+                split: split.to_string(),
+                found: found.clone(),
+            })?,
+            None if splits.len() == 1 => &splits[&found[0]],
+            None => {
+                return Err(Error::SplitNeeded {
+                    source_name: uri.to_string(),
+                    found,
+                })
+            }
+        };
+        return Ok(Some((location.uri_of(chosen.trim_end_matches('/')), true)));
+    }
+    Ok(None)
 }
 
 /// The objects of `objects` (listed under `uri`) of the split asked for: all when their names
@@ -147,21 +222,31 @@ struct Wanted {
 }
 
 impl Wanted {
-    /// The folder listed to find it, and whether every key under it is listed (not one level).
+    /// The key prefix listed to find it, and whether every key under it is listed (not only
+    /// those of its folder): a name's folder; a glob's text before its first wildcard.
     fn listing(&self) -> (String, bool) {
         if !self.is_glob {
             let folder = self.key.rsplit_once('/').map_or("", |(folder, _)| folder);
-            return (folder.to_string(), false);
+            return (
+                format!("{folder}/").trim_start_matches('/').to_string(),
+                false,
+            );
         }
-        let parts: Vec<&str> = self.key.split('/').collect();
-        let literal = parts
-            .iter()
-            .position(|part| glob::has_glob(part))
-            .unwrap_or(parts.len());
-        let rest = &parts[literal..];
-        let deep = rest.len() > 1 || rest.iter().any(|part| part.contains("**"));
-        (parts[..literal].join("/"), deep)
+        let first = self
+            .key
+            .find(['*', '?', '[', '\\'])
+            .unwrap_or(self.key.len());
+        let deep = self.key[first..].contains('/') || self.key.contains("**");
+        (self.key[..first].to_string(), deep)
     }
+}
+
+/// The folder of a key prefix, as a location's prefix (no trailing `/`).
+fn folder_of_prefix(key_prefix: &str) -> String {
+    key_prefix
+        .rsplit_once('/')
+        .map_or("", |(folder, _)| folder)
+        .to_string()
 }
 
 /// Resolves `s3://` names (patterns, brace groups, or a list of several, all of one bucket)
@@ -219,26 +304,21 @@ pub fn resolve_remote(
     let bucket = bucket.ok_or_else(|| Error::InvalidArgument("a source names no file".into()))?;
     let root = RemoteLocation {
         bucket: bucket.clone(),
-        prefix: wanted.first().map(|w| w.listing().0).unwrap_or_default(),
+        prefix: wanted
+            .first()
+            .map(|w| folder_of_prefix(&w.listing().0))
+            .unwrap_or_default(),
     };
     let store = cache.store(&root)?;
-    // One listing per folder (and depth), whatever the number of names found in it.
+    // One listing per key prefix (and depth), whatever the number of names found in it.
     let mut listings: BTreeMap<(String, bool), Vec<ObjectMeta>> = BTreeMap::new();
     for each in &wanted {
-        let (folder, deep) = each.listing();
-        if listings.contains_key(&(folder.clone(), deep)) {
+        let (key_prefix, deep) = each.listing();
+        if listings.contains_key(&(key_prefix.clone(), deep)) {
             continue;
         }
-        let location = RemoteLocation {
-            bucket: bucket.clone(),
-            prefix: folder.clone(),
-        };
-        let listed = if deep {
-            cache.list_all(&store, &location)?
-        } else {
-            cache.list(&store, &location)?
-        };
-        listings.insert((folder, deep), listed);
+        let (listed, _) = cache.list_key_prefix(&bucket, &key_prefix, deep)?;
+        listings.insert((key_prefix, deep), listed);
     }
     let mut selected: BTreeMap<String, ObjectMeta> = BTreeMap::new();
     for each in &wanted {
@@ -260,7 +340,7 @@ pub fn resolve_remote(
             if !matched {
                 return Err(Error::NoMatch {
                     pattern: root.uri_of(&each.key),
-                    folder: PathBuf::from(root.uri_of(&folder)),
+                    folder: PathBuf::from(root.uri_of(&folder_of_prefix(&folder))),
                 });
             }
         } else {

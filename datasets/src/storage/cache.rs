@@ -206,14 +206,23 @@ impl ObjectCache {
             .block_on(download::list_objects(store, location))
     }
 
-    /// Lists every object under `location`'s prefix, at any depth.
-    pub(crate) fn list_all(
+    /// Lists the objects of `bucket` whose keys start with `key_prefix` (any string): in its
+    /// folder only unless `deep`; with, not `deep`, the keys of the folders below it that the
+    /// listing names (ending in `/`).
+    pub(crate) fn list_key_prefix(
         &self,
-        store: &Store,
-        location: &RemoteLocation,
-    ) -> Result<Vec<ObjectMeta>> {
-        self.runtime
-            .block_on(download::list_all_objects(store, location))
+        bucket: &str,
+        key_prefix: &str,
+        deep: bool,
+    ) -> Result<(Vec<ObjectMeta>, Vec<String>)> {
+        let lister =
+            s3_client::connect_lister(bucket, &self.options.s3, self.options.request_retries)?;
+        self.runtime.block_on(download::list_key_prefix(
+            lister.as_ref(),
+            bucket,
+            key_prefix,
+            deep,
+        ))
     }
 
     /// Reads bytes `range` of the object `key`, bypassing the cache (a shard scanned once); of

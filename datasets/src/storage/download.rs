@@ -18,6 +18,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures_util::stream::{self, StreamExt};
+use object_store::list::{PaginatedListOptions, PaginatedListStore};
 use object_store::path::Path as ObjectPath;
 use object_store::{GetOptions, ObjectMeta, ObjectStoreExt};
 use tracing::{debug, warn};
@@ -96,31 +97,48 @@ pub(super) async fn list_objects(
     Ok(objects)
 }
 
-/// Every object under `location`'s prefix, at any depth, in key order (a pattern whose
-/// wildcards reach below its literal folder).
-pub(super) async fn list_all_objects(
-    store: &Store,
-    location: &RemoteLocation,
-) -> Result<Vec<ObjectMeta>> {
-    let prefix = match location.prefix.as_str() {
-        "" => None,
-        prefix => Some(
-            ObjectPath::parse(prefix).map_err(|source| Error::InvalidUri {
-                uri: location.uri(),
-                reason: source.to_string(),
-            })?,
-        ),
-    };
-    let mut listing = store.list(prefix.as_ref());
+/// The objects of `bucket` whose keys start with `key_prefix` (any string, not only a folder),
+/// every page of them: those in `key_prefix`'s folder only (`/` as the delimiter) unless `deep`,
+/// in key order; and, not `deep`, the folders below that one the listing names (their keys,
+/// ending in `/`).
+pub(super) async fn list_key_prefix(
+    lister: &dyn PaginatedListStore,
+    bucket: &str,
+    key_prefix: &str,
+    deep: bool,
+) -> Result<(Vec<ObjectMeta>, Vec<String>)> {
     let mut objects = Vec::new();
-    while let Some(object) = listing.next().await {
-        objects.push(object.map_err(|source| Error::ObjectStore {
-            uri: location.uri(),
-            source,
-        })?);
+    let mut folders = Vec::new();
+    let mut page_token = None;
+    loop {
+        let options = PaginatedListOptions {
+            delimiter: (!deep).then_some(std::borrow::Cow::Borrowed("/")),
+            page_token: page_token.take(),
+            ..PaginatedListOptions::default()
+        };
+        let prefix = (!key_prefix.is_empty()).then_some(key_prefix);
+        let page = lister
+            .list_paginated(prefix, options)
+            .await
+            .map_err(|source| Error::ObjectStore {
+                uri: format!("s3://{bucket}/{key_prefix}"),
+                source,
+            })?;
+        objects.extend(page.result.objects);
+        folders.extend(
+            page.result
+                .common_prefixes
+                .iter()
+                .map(|folder| format!("{folder}/")),
+        );
+        match page.page_token {
+            Some(next) => page_token = Some(next),
+            None => break,
+        }
     }
     objects.sort_by(|a, b| a.location.cmp(&b.location));
-    Ok(objects)
+    folders.sort();
+    Ok((objects, folders))
 }
 
 /// Neighbouring ranges of one object at most this far apart are fetched by one GET (the bytes

@@ -9,6 +9,7 @@
 
 use std::sync::Arc;
 
+use object_store::list::PaginatedListStore;
 use object_store::ObjectStore;
 
 use super::options::S3Settings;
@@ -40,6 +41,42 @@ pub(super) fn connect(
         source,
     })?;
     Ok(Arc::new(store))
+}
+
+/// The same client as [`connect`] makes for `bucket`, as a lister of keys by any string prefix
+/// (S3's ListObjectsV2 `prefix`, not only a folder's): what a pattern's listing uses, so that
+/// `data/train-*.parquet` lists the keys under `data/train-` only.
+#[cfg(feature = "s3")]
+pub(super) fn connect_lister(
+    bucket: &str,
+    settings: &S3Settings,
+    request_retries: usize,
+) -> Result<Arc<dyn PaginatedListStore>> {
+    let timeout_from_env = std::env::var_os("AWS_TIMEOUT").is_some();
+    let builder = configure(
+        object_store::aws::AmazonS3Builder::from_env(),
+        bucket,
+        settings,
+        request_retries,
+        timeout_from_env,
+    );
+    let store = builder.build().map_err(|source| Error::ObjectStore {
+        uri: format!("s3://{bucket}"),
+        source,
+    })?;
+    Ok(Arc::new(store))
+}
+
+/// Without the `s3` feature: no client, an error that says so.
+#[cfg(not(feature = "s3"))]
+pub(super) fn connect_lister(
+    bucket: &str,
+    _settings: &S3Settings,
+    _request_retries: usize,
+) -> Result<Arc<dyn PaginatedListStore>> {
+    Err(Error::NoS3Client {
+        uri: format!("s3://{bucket}"),
+    })
 }
 
 /// `builder` (made from the environment) for `bucket` with `settings` over it: the retries,

@@ -1,7 +1,7 @@
 //! `s3://` patterns, brace ranges, lists and splits against the in-test S3 server: each selects
 //! the objects a local pattern would select among the same files, in the same order, listing
-//! only the folder before its first wildcard; what matches nothing, a missing name, two buckets
-//! and two formats are refused by name.
+//! only the keys that start with the text before its first wildcard; what matches nothing, a
+//! missing name, two buckets and two formats are refused by name.
 
 #![allow(clippy::unwrap_used)] // tests fail loudly by design
 
@@ -70,6 +70,23 @@ fn patterns_ranges_and_lists_select_the_objects_a_local_pattern_would() {
     assert_same_samples(&remote, &local_set(&local, &[1, 2, 3]));
 
     let class = resolve_remote(&["s3://data/ws/shard-0000[024].tar"], None, &cache).unwrap();
+    // Only the keys under the text before the first wildcard were listed, in its folder.
+    let last_query = |server: &S3Server| {
+        server
+            .counts
+            .list_queries
+            .lock()
+            .unwrap()
+            .last()
+            .cloned()
+            .unwrap()
+    };
+    let query = last_query(&server);
+    assert!(
+        query.contains("prefix=ws%2Fshard-0000&") || query.ends_with("prefix=ws%2Fshard-0000"),
+        "{query}"
+    );
+    assert!(query.contains("delimiter=%2F"), "{query}");
     let remote = TarShards::open_remote_files(class, Arc::clone(&cache)).unwrap();
     assert_same_samples(&remote, &local_set(&local, &[0, 2, 4]));
 
@@ -96,6 +113,11 @@ fn patterns_ranges_and_lists_select_the_objects_a_local_pattern_would() {
     let star = resolve_remote(&["s3://data/deep/*/*.tar"], None, &cache).unwrap();
     assert_eq!(uris(&star), ["s3://data/deep/c/shard-00002.tar"]);
     let deep = resolve_remote(&["s3://data/deep/**/*.tar"], None, &cache).unwrap();
+    let query = last_query(&server);
+    assert!(
+        query.contains("prefix=deep%2F") && !query.contains("delimiter"),
+        "{query}"
+    );
     assert_eq!(
         uris(&deep),
         [
@@ -186,4 +208,54 @@ fn a_prefix_or_pattern_of_tar_shards_named_by_split_reads_one_split() {
     assert_eq!(uris(&test), ["s3://data/hub/test-00000-of-00001.tar"]);
     let test = TarShards::open_remote_files(test, cache).unwrap();
     assert_same_samples(&test, &local_set(&local, &[2]));
+}
+
+#[test]
+fn a_prefix_laid_out_by_split_folders_reads_one_split() {
+    let dir = tempfile::tempdir().unwrap();
+    let local = byte_shards(dir.path(), 3, 2, 600);
+    let server = S3Server::start(&dir.path().join("server"));
+    put(
+        &server,
+        &local,
+        "splits/train",
+        &[(&shard(0), &shard(0)), (&shard(1), &shard(1))],
+    );
+    put(&server, &local, "splits/test", &[(&shard(2), &shard(2))]);
+    put(
+        &server,
+        &local,
+        "repo/data",
+        &[(&shard(0), "train-00000-of-00001.tar")],
+    );
+    std::fs::write(server.bucket_dir(BUCKET).join("repo/README.md"), "a card").unwrap();
+    put(&server, &local, "flat", &[(&shard(0), &shard(0))]);
+    let cache = cache(&server, &dir.path().join("cache"));
+    let split_prefix =
+        |uri: &str, split: Option<&str>| stoker_datasets::remote_split_prefix(uri, split, &cache);
+
+    let whole = split_prefix("s3://data/splits", None)
+        .unwrap_err()
+        .to_string();
+    assert!(whole.contains("test, train"), "{whole}");
+    let (train, own) = split_prefix("s3://data/splits", Some("train"))
+        .unwrap()
+        .unwrap();
+    assert_eq!((train.as_str(), own), ("s3://data/splits/train", true));
+    let train = TarShards::open_remote(&train, Arc::clone(&cache)).unwrap();
+    assert_same_samples(&train, &local_set(&local, &[0, 1]));
+    let missing = split_prefix("s3://data/splits", Some("val"))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        missing.contains("val") && missing.contains("test, train"),
+        "{missing}"
+    );
+    // A hub repository: its files under data/, their split from their names.
+    assert_eq!(
+        split_prefix("s3://data/repo", Some("train")).unwrap(),
+        Some(("s3://data/repo/data".to_string(), false))
+    );
+    // Data objects right under the prefix: read as it is.
+    assert_eq!(split_prefix("s3://data/flat", None).unwrap(), None);
 }

@@ -28,6 +28,8 @@ pub struct RequestCounts {
     pub object_gets: AtomicU64,
     /// Listings (GET on a bucket).
     pub lists: AtomicU64,
+    /// Each listing's query string (its prefix and delimiter), in order.
+    pub list_queries: std::sync::Mutex<Vec<String>>,
     /// HEADs.
     pub heads: AtomicU64,
     /// Everything else.
@@ -207,6 +209,14 @@ fn count<B>(counts: &RequestCounts, stop: &tokio::sync::Notify, request: &hyper:
         ("HEAD", _) => &counts.heads,
         _ => &counts.other,
     };
+    if std::ptr::eq(counter, &counts.lists) {
+        let query = request.uri().query().unwrap_or_default().to_string();
+        counts
+            .list_queries
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .push(query);
+    }
     let now = counter.fetch_add(1, Ordering::SeqCst) + 1;
     let stop_at = counts.stop_at_object_get.load(Ordering::SeqCst);
     if std::ptr::eq(counter, &counts.object_gets) && stop_at != 0 && now == stop_at {

@@ -7,11 +7,11 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use stoker_datasets::{
-    is_pattern, kind_of_files, looks_like_hf_dataset, looks_like_jsonl, looks_like_parquet,
-    looks_like_tar_shards, looks_like_token_file, megatron_pair, open_megatron,
-    open_remote_megatron, parse_dataset_uri, remote_kind, resolve_local, resolve_remote,
-    DatasetLocation, FileKind, HfDataset, ImageFolder, JsonlDocuments, LocalSource, ObjectCache,
-    ParquetDataset, ParquetOptions, SampleSource, TarShards, TokenDtype, TokenFile,
+    is_pattern, kind_of, kind_of_files, looks_like_hf_dataset, looks_like_jsonl,
+    looks_like_parquet, looks_like_tar_shards, looks_like_token_file, megatron_pair, open_megatron,
+    open_remote_megatron, parse_dataset_uri, remote_kind, remote_split_prefix, resolve_local,
+    resolve_remote, DatasetLocation, FileKind, HfDataset, ImageFolder, JsonlDocuments, LocalSource,
+    ObjectCache, ParquetDataset, ParquetOptions, SampleSource, TarShards, TokenDtype, TokenFile,
 };
 use stoker_proto::v1::{self as proto, op::Op as OpKind, DatasetFormat, JobSpec};
 
@@ -271,13 +271,33 @@ fn column_options(dataset: &proto::DatasetSource) -> ParquetOptions {
 /// Opens an `s3://` dataset: tar shards, Parquet files or a token file. `AUTO` takes a key
 /// ending in `.bin` or `.parquet` for that file, and a prefix by the one kind of data object
 /// directly under it (tar shards when it holds none: their index object names them). A split
-/// is read from tar or Parquet objects named by split (`train-00000-of-00002.parquet`).
+/// is read from tar or Parquet objects named by split (`train-00000-of-00002.parquet`), or from
+/// a prefix's split folders (`train/`, `test/`, or under `data/`), as from a local folder's.
 fn open_remote_source(
     uri: &str,
     dataset: &proto::DatasetSource,
     ops: &[proto::Op],
 ) -> Result<Arc<dyn SampleSource>> {
     let cache = Arc::new(ObjectCache::from_env().map_err(Error::OpenDataset)?);
+    // A prefix laid out by split folders (`train/`, `test/`, or under `data/`) reads the
+    // split's folder, as a local folder does; a data object's key is read as it is.
+    let mut split = source_split(dataset).map(str::to_string);
+    let chosen;
+    let uri = match kind_of(Path::new(uri)) {
+        Some(_) => uri,
+        None => {
+            match remote_split_prefix(uri, split.as_deref(), &cache).map_err(Error::OpenDataset)? {
+                Some((prefix, split_s_own)) => {
+                    if split_s_own {
+                        split = None;
+                    }
+                    chosen = prefix;
+                    chosen.as_str()
+                }
+                None => uri,
+            }
+        }
+    };
     let format = match dataset.format() {
         DatasetFormat::Auto if uri.to_ascii_lowercase().ends_with(".bin") => {
             DatasetFormat::TokenFile
@@ -293,14 +313,14 @@ fn open_remote_source(
         },
         other => other,
     };
-    if source_split(dataset).is_some() && format == DatasetFormat::TokenFile {
+    if split.is_some() && format == DatasetFormat::TokenFile {
         return Err(Error::InvalidSpec(format!(
             "split= picks objects of a prefix by their names; {uri} is one token file"
         )));
     }
     match format {
         DatasetFormat::TarShards => Ok(Arc::new(
-            TarShards::open_remote_split(uri, cache, source_split(dataset))
+            TarShards::open_remote_split(uri, cache, split.as_deref())
                 .map_err(Error::OpenDataset)?,
         )),
         DatasetFormat::TokenFile => {
@@ -325,7 +345,7 @@ fn open_remote_source(
                 uri,
                 cache,
                 &column_options(dataset),
-                source_split(dataset),
+                split.as_deref(),
             )
             .map_err(Error::OpenDataset)?,
         )),
