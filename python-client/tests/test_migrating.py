@@ -1,5 +1,6 @@
 """docs/migrating.md: every Python snippet runs as written, over small data of the kind its
-section names (an image folder, WebDataset-style shards, a hub repository with two splits)."""
+section names (an image folder, WebDataset-style shards, a hub repository with two splits, a
+Megatron corpus written in its published layout)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from typing import Any
 import pytest
 
 from conftest import REPO, daemon_binary
+from test_tokens import write_megatron
 
 DOC = REPO / "docs" / "migrating.md"
 
@@ -51,8 +53,11 @@ def data(dataset: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, A
     for k, part in enumerate(parts[:-1]):
         shutil.copy(part, hub / "data" / f"train-{k:05d}-of-{len(parts) - 1:05d}.parquet")
     shutil.copy(parts[-1], hub / "data" / "test-00000-of-00001.parquet")
+    documents = [[70_000 + 50 * d + t for t in range(20 + d % 7)] for d in range(60)]
+    megatron = root / "corpus_text_document"
+    write_megatron(megatron, documents, code=4)
     return {"image_root": dataset, "shard_dir": shards, "hub_repo": hub,
-            "rank": 1, "world_size": 2}
+            "megatron_prefix": megatron, "rank": 1, "world_size": 2}
 
 
 def test_the_page_has_one_runnable_section_per_peer() -> None:
@@ -60,6 +65,7 @@ def test_the_page_has_one_runnable_section_per_peer() -> None:
         "PyTorch `DataLoader` with `DistributedSampler`",
         "WebDataset",
         "Hugging Face `datasets`",
+        "Megatron-LM, NeMo and GPT-NeoX indexed corpora",
     }
 
 
@@ -70,6 +76,10 @@ def test_each_snippet_runs(section: str, data: dict[str, Any]) -> None:
     loader = names["loader"]
     try:
         assert loader.num_samples > 0
+        if "tokens" in names:
+            assert names["tokens"].shape[1:] == (33,)
+            assert names["tokens"].dtype.name == "uint32"     # the .idx's int32, not the name's
+            return
         assert names["images"].shape[1:] == (64, 64, 3)
         assert names["labels"].shape == (names["images"].shape[0],)
     finally:
