@@ -11,9 +11,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from test_tokens import write_megatron
 
 from conftest import REPO, daemon_binary
-from test_tokens import write_megatron
 
 DOC = REPO / "docs" / "migrating.md"
 
