@@ -229,6 +229,21 @@ impl MegatronIndex {
     }
 }
 
+/// Refuses a dtype asked for that is not the one the index `idx` names.
+fn check_asked_dtype(idx: &Path, index: &MegatronIndex, asked: Option<TokenDtype>) -> Result<()> {
+    match asked {
+        Some(asked) if asked != index.dtype => Err(refused(
+            idx,
+            format!(
+                "names {} tokens, but {} was asked for",
+                index.dtype.name(),
+                asked.name()
+            ),
+        )),
+        _ => Ok(()),
+    }
+}
+
 /// The `.bin` and `.idx` of a Megatron corpus named by either file or by its prefix; `None`
 /// when `path` names neither an existing pair nor a prefix of one.
 pub fn megatron_pair(path: &Path) -> Option<(PathBuf, PathBuf)> {
@@ -253,18 +268,7 @@ pub fn open_megatron(
 ) -> Result<(TokenFile, MegatronIndex)> {
     let (bin, idx) = megatron_pair(path).ok_or_else(|| Error::RootNotFound(path.to_path_buf()))?;
     let index = MegatronIndex::read(&idx)?;
-    if let Some(asked) = dtype {
-        if asked != index.dtype {
-            return Err(refused(
-                &idx,
-                format!(
-                    "names {} tokens, but {} was asked for",
-                    index.dtype.name(),
-                    asked.name()
-                ),
-            ));
-        }
-    }
+    check_asked_dtype(&idx, &index, dtype)?;
     let bytes = std::fs::metadata(&bin)
         .map_err(|source| Error::io(&bin, source))?
         .len();
@@ -320,18 +324,7 @@ pub fn open_remote_megatron(
         .pop()
         .unwrap_or_default();
     let index = MegatronIndex::parse(&bytes, &idx)?;
-    if let Some(asked) = dtype {
-        if asked != index.dtype {
-            return Err(refused(
-                &idx,
-                format!(
-                    "names {} tokens, but {} was asked for",
-                    index.dtype.name(),
-                    asked.name()
-                ),
-            ));
-        }
-    }
+    check_asked_dtype(&idx, &index, dtype)?;
     let tokens = TokenFile::open_remote(uri, cache, Some(index.dtype), seq_len)?;
     let expected = index.tokens() * index.dtype.size() as u64;
     let bytes = tokens.tokens() * index.dtype.size() as u64;

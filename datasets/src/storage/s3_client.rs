@@ -28,6 +28,16 @@ pub(super) fn connect(
     settings: &S3Settings,
     request_retries: usize,
 ) -> Result<Arc<Store>> {
+    Ok(Arc::new(build(bucket, settings, request_retries)?))
+}
+
+/// The S3 client of [`connect`], as object_store builds it.
+#[cfg(feature = "s3")]
+fn build(
+    bucket: &str,
+    settings: &S3Settings,
+    request_retries: usize,
+) -> Result<object_store::aws::AmazonS3> {
     let timeout_from_env = std::env::var_os("AWS_TIMEOUT").is_some();
     let builder = configure(
         object_store::aws::AmazonS3Builder::from_env(),
@@ -36,11 +46,10 @@ pub(super) fn connect(
         request_retries,
         timeout_from_env,
     );
-    let store = builder.build().map_err(|source| Error::ObjectStore {
+    builder.build().map_err(|source| Error::ObjectStore {
         uri: format!("s3://{bucket}"),
         source,
-    })?;
-    Ok(Arc::new(store))
+    })
 }
 
 /// The same client as [`connect`] makes for `bucket`, as a lister of keys by any string prefix
@@ -52,19 +61,7 @@ pub(super) fn connect_lister(
     settings: &S3Settings,
     request_retries: usize,
 ) -> Result<Arc<dyn PaginatedListStore>> {
-    let timeout_from_env = std::env::var_os("AWS_TIMEOUT").is_some();
-    let builder = configure(
-        object_store::aws::AmazonS3Builder::from_env(),
-        bucket,
-        settings,
-        request_retries,
-        timeout_from_env,
-    );
-    let store = builder.build().map_err(|source| Error::ObjectStore {
-        uri: format!("s3://{bucket}"),
-        source,
-    })?;
-    Ok(Arc::new(store))
+    Ok(Arc::new(build(bucket, settings, request_retries)?))
 }
 
 /// Without the `s3` feature: no client, an error that says so.

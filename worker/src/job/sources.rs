@@ -171,20 +171,7 @@ fn open_named_files(
     ops: &[proto::Op],
 ) -> Result<Arc<dyn SampleSource>> {
     let kind = kind_of_files(name, &files).map_err(Error::OpenDataset)?;
-    let wanted = match kind {
-        FileKind::TarShard => DatasetFormat::TarShards,
-        FileKind::Parquet => DatasetFormat::Parquet,
-        FileKind::Jsonl => DatasetFormat::Jsonl,
-        FileKind::TokenFile => DatasetFormat::TokenFile,
-    };
-    let format = dataset.format();
-    if format != DatasetFormat::Auto && format != wanted {
-        return Err(Error::InvalidSpec(format!(
-            "{name} names {} files, but the format asked for is {}",
-            kind.name(),
-            format.as_str_name()
-        )));
-    }
+    check_named_format(name, kind, "files", dataset)?;
     let display = Path::new(name);
     match kind {
         FileKind::TarShard => Ok(Arc::new(
@@ -212,6 +199,31 @@ fn open_named_files(
             ))),
         },
     }
+}
+
+/// Refuses a format asked for that is not the one of the files (or objects: `what`) `name`
+/// named, `kind`; `AUTO` takes theirs.
+fn check_named_format(
+    name: &str,
+    kind: FileKind,
+    what: &str,
+    dataset: &proto::DatasetSource,
+) -> Result<()> {
+    let theirs = match kind {
+        FileKind::TarShard => DatasetFormat::TarShards,
+        FileKind::Parquet => DatasetFormat::Parquet,
+        FileKind::Jsonl => DatasetFormat::Jsonl,
+        FileKind::TokenFile => DatasetFormat::TokenFile,
+    };
+    let format = dataset.format();
+    if format != DatasetFormat::Auto && format != theirs {
+        return Err(Error::InvalidSpec(format!(
+            "{name} names {} {what}, but the format asked for is {}",
+            kind.name(),
+            format.as_str_name()
+        )));
+    }
+    Ok(())
 }
 
 /// Opens the local token file `path`, cut into the windows of the pipeline's `TokenWindows` op,
@@ -378,21 +390,7 @@ fn open_remote_names(
 ) -> Result<Arc<dyn SampleSource>> {
     let cache = Arc::new(ObjectCache::from_env().map_err(Error::OpenDataset)?);
     let files = resolve_remote(names, source_split(dataset), &cache).map_err(Error::OpenDataset)?;
-    let wanted = match files.kind {
-        FileKind::TarShard => DatasetFormat::TarShards,
-        FileKind::Parquet => DatasetFormat::Parquet,
-        FileKind::Jsonl => DatasetFormat::Jsonl,
-        FileKind::TokenFile => DatasetFormat::TokenFile,
-    };
-    let format = dataset.format();
-    if format != DatasetFormat::Auto && format != wanted {
-        return Err(Error::InvalidSpec(format!(
-            "{} names {} objects, but the format asked for is {}",
-            files.name,
-            files.kind.name(),
-            format.as_str_name()
-        )));
-    }
+    check_named_format(&files.name, files.kind, "objects", dataset)?;
     match files.kind {
         FileKind::TarShard => Ok(Arc::new(
             TarShards::open_remote_files(files, cache).map_err(Error::OpenDataset)?,
