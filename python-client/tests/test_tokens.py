@@ -196,3 +196,22 @@ def test_a_megatron_corpus_reads_with_the_dtype_its_index_names(tmp_path: Path) 
     Path(f"{prefix}.bin").write_bytes(data[:-4])
     with pytest.raises(stoker.DatasetError, match=r"corpus_text_document\.bin is .* shorter"):
         load(f"{prefix}.bin", [ops.TokenWindows(SEQ_LEN)])
+
+
+def test_megatron_corpora_mix_by_weight(tmp_path: Path) -> None:
+    """Two corpora weighed as a Megatron blend is: each window's source follows the weights."""
+    corpora = []
+    for k, code in enumerate((8, 4)):
+        prefix = tmp_path / f"corpus{k}"
+        write_megatron(prefix, [[1000 * k + t for t in range(50)] for _ in range(40)], code=code)
+        corpora.append(f"{prefix}.bin")
+    with pytest.raises(ValueError, match=r"DTYPE_UINT16 \[33\], source 1 gives .* DTYPE_UINT32"):
+        # A mix's sources must give the same tensors: uint16 and int32 corpora do not.
+        stoker.mix({corpora[0]: 1, corpora[1]: 1}, pipeline=[ops.TokenWindows(SEQ_LEN)],
+                   batch_size=8, output="numpy")
+    write_megatron(tmp_path / "corpus2", [[7] * 50 for _ in range(40)], code=4)
+    with stoker.mix({corpora[1]: 3, f"{tmp_path / 'corpus2'}.idx": 1},
+                    pipeline=[ops.TokenWindows(SEQ_LEN)], batch_size=8, window=4,
+                    output="numpy") as mixed:
+        sources = Counter(np.concatenate([b["source"] for b in mixed]).tolist())
+    assert sources[0] == 3 * sources[1] > 0
