@@ -229,6 +229,21 @@ impl MegatronIndex {
     }
 }
 
+/// Refuses a `.bin` (`path`, of `bytes`) that does not hold exactly the tokens its index `idx`
+/// counts.
+fn check_bin_size(path: &Path, bytes: u64, index: &MegatronIndex, idx: &Path) -> Result<()> {
+    let expected = index.tokens() * index.dtype.size() as u64;
+    if bytes != expected {
+        return Err(Error::MegatronBinSize {
+            path: path.to_path_buf(),
+            bytes,
+            expected,
+            index: idx.to_path_buf(),
+        });
+    }
+    Ok(())
+}
+
 /// Refuses a dtype asked for that is not the one the index `idx` names.
 fn check_asked_dtype(idx: &Path, index: &MegatronIndex, asked: Option<TokenDtype>) -> Result<()> {
     match asked {
@@ -272,15 +287,7 @@ pub fn open_megatron(
     let bytes = std::fs::metadata(&bin)
         .map_err(|source| Error::io(&bin, source))?
         .len();
-    let expected = index.tokens() * index.dtype.size() as u64;
-    if bytes != expected {
-        return Err(Error::MegatronBinSize {
-            path: bin,
-            bytes,
-            expected,
-            index: idx,
-        });
-    }
+    check_bin_size(&bin, bytes, &index, &idx)?;
     let tokens = TokenFile::open(&bin, index.dtype, seq_len)?;
     Ok((tokens, index))
 }
@@ -326,16 +333,8 @@ pub fn open_remote_megatron(
     let index = MegatronIndex::parse(&bytes, &idx)?;
     check_asked_dtype(&idx, &index, dtype)?;
     let tokens = TokenFile::open_remote(uri, cache, Some(index.dtype), seq_len)?;
-    let expected = index.tokens() * index.dtype.size() as u64;
     let bytes = tokens.tokens() * index.dtype.size() as u64;
-    if bytes != expected {
-        return Err(Error::MegatronBinSize {
-            path: tokens.path().to_path_buf(),
-            bytes,
-            expected,
-            index: idx,
-        });
-    }
+    check_bin_size(tokens.path(), bytes, &index, &idx)?;
     Ok(Some((tokens, index)))
 }
 

@@ -55,8 +55,9 @@ pub fn remote_split_prefix(
         object.location.filename() != Some(TAR_INDEX_OBJECT)
             && kind_of(Path::new(object.location.as_ref())).is_some()
     };
+    let lister = cache.lister(&location.bucket)?;
     let holds_data = |key_prefix: &str| -> Result<bool> {
-        let (objects, _) = cache.list_key_prefix(&location.bucket, key_prefix, false)?;
+        let (objects, _) = cache.list_key_prefix(&lister, key_prefix, false)?;
         Ok(objects.iter().any(is_data))
     };
     let base = if location.prefix.is_empty() {
@@ -65,7 +66,7 @@ pub fn remote_split_prefix(
         format!("{}/", location.prefix)
     };
     for level in [base.clone(), format!("{base}data/")] {
-        let (objects, folders) = cache.list_key_prefix(&location.bucket, &level, false)?;
+        let (objects, folders) = cache.list_key_prefix(&lister, &level, false)?;
         if objects.iter().any(is_data) {
             // The split, if any, comes from the objects' names.
             return Ok(
@@ -310,22 +311,19 @@ pub fn resolve_remote(
             .unwrap_or_default(),
     };
     let store = cache.store(&root)?;
+    let lister = cache.lister(&bucket)?;
     // One listing per key prefix (and depth), whatever the number of names found in it.
     let mut listings: BTreeMap<(String, bool), Vec<ObjectMeta>> = BTreeMap::new();
-    for each in &wanted {
-        let (key_prefix, deep) = each.listing();
-        if listings.contains_key(&(key_prefix.clone(), deep)) {
-            continue;
-        }
-        let (listed, _) = cache.list_key_prefix(&bucket, &key_prefix, deep)?;
-        listings.insert((key_prefix, deep), listed);
-    }
-    let mut selected: BTreeMap<String, ObjectMeta> = BTreeMap::new();
+    // The objects selected, by URI.
+    let mut selected: BTreeMap<PathBuf, ObjectMeta> = BTreeMap::new();
     for each in &wanted {
         let (folder, deep) = each.listing();
-        let listed = listings
-            .get(&(folder.clone(), deep))
-            .map_or(&[][..], Vec::as_slice);
+        let listed = match listings.entry((folder.clone(), deep)) {
+            std::collections::btree_map::Entry::Occupied(entry) => entry.into_mut(),
+            std::collections::btree_map::Entry::Vacant(entry) => {
+                entry.insert(cache.list_key_prefix(&lister, &folder, deep)?.0)
+            }
+        };
         if each.is_glob {
             let matcher = glob::compile(&each.key)?;
             let mut matched = false;
@@ -334,7 +332,7 @@ pub fn resolve_remote(
                 let is_index = object.location.filename() == Some(TAR_INDEX_OBJECT);
                 if !is_index && matcher.is_match(key) {
                     matched = true;
-                    selected.insert(key.to_string(), object.clone());
+                    selected.insert(PathBuf::from(root.uri_of(key)), object.clone());
                 }
             }
             if !matched {
@@ -349,7 +347,7 @@ pub fn resolve_remote(
                 .find(|object| object.location.as_ref() == each.key)
             {
                 Some(object) => {
-                    selected.insert(each.key.clone(), object.clone());
+                    selected.insert(PathBuf::from(root.uri_of(&each.key)), object.clone());
                 }
                 None => {
                     return Err(Error::ListedFileMissing {
@@ -360,20 +358,12 @@ pub fn resolve_remote(
             }
         }
     }
-    // Keys sort by their bytes, as local paths do: the same order on every machine.
-    let uris: Vec<PathBuf> = selected
-        .keys()
-        .map(|key| PathBuf::from(root.uri_of(key)))
-        .collect();
+    // One bucket: URIs sort by their keys' bytes, as local paths do, the same on every machine.
+    let uris: Vec<PathBuf> = selected.keys().cloned().collect();
     let kind = kind_of_files(&name, &uris)?;
-    let kept = pick_split(&name, uris, split)?;
-    let objects: Vec<ObjectMeta> = kept
+    let objects: Vec<ObjectMeta> = pick_split(&name, uris, split)?
         .iter()
-        .filter_map(|uri| {
-            let key = uri.to_string_lossy();
-            let key = key.strip_prefix(&format!("s3://{bucket}/")).unwrap_or(&key);
-            selected.get(key).cloned()
-        })
+        .filter_map(|uri| selected.remove(uri))
         .collect();
     let listing = listings.into_values().flatten().collect();
     Ok(RemoteFiles {

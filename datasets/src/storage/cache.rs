@@ -57,6 +57,13 @@ use crate::error::{Error, Result};
 
 /// Ranges a read-ahead brings in at once (each holds two descriptors while it is fetched).
 const READ_AHEAD_AT_ONCE: usize = 32;
+
+/// A bucket's client for listings by key prefix ([`ObjectCache::lister`]).
+pub(crate) struct Lister {
+    client: Arc<dyn object_store::list::PaginatedListStore>,
+    bucket: String,
+}
+
 /// The local cache tier for remote objects. See the module docs for layout and guarantees.
 ///
 /// One instance per process is the intent (it owns a small tokio runtime for its downloads),
@@ -206,20 +213,31 @@ impl ObjectCache {
             .block_on(download::list_objects(store, location))
     }
 
-    /// Lists the objects of `bucket` whose keys start with `key_prefix` (any string): in its
-    /// folder only unless `deep`; with, not `deep`, the keys of the folders below it that the
-    /// listing names (ending in `/`).
+    /// A client that lists `bucket`'s keys by any string prefix ([`ObjectCache::list_key_prefix`]),
+    /// made once for the listings of one resolution.
+    pub(crate) fn lister(&self, bucket: &str) -> Result<Lister> {
+        Ok(Lister {
+            client: s3_client::connect_lister(
+                bucket,
+                &self.options.s3,
+                self.options.request_retries,
+            )?,
+            bucket: bucket.to_string(),
+        })
+    }
+
+    /// Lists the objects of the lister's bucket whose keys start with `key_prefix` (any string):
+    /// in its folder only unless `deep`; with, not `deep`, the keys of the folders below it that
+    /// the listing names (ending in `/`).
     pub(crate) fn list_key_prefix(
         &self,
-        bucket: &str,
+        lister: &Lister,
         key_prefix: &str,
         deep: bool,
     ) -> Result<(Vec<ObjectMeta>, Vec<String>)> {
-        let lister =
-            s3_client::connect_lister(bucket, &self.options.s3, self.options.request_retries)?;
         self.runtime.block_on(download::list_key_prefix(
-            lister.as_ref(),
-            bucket,
+            lister.client.as_ref(),
+            &lister.bucket,
             key_prefix,
             deep,
         ))

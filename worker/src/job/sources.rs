@@ -93,9 +93,9 @@ pub fn open_sources(spec: &JobSpec) -> Result<Vec<Arc<dyn SampleSource>>> {
 /// folder with `state.json` and `dataset_info.json` a Hugging Face `datasets` folder,
 /// `.parquet` files Parquet, a `.bin` file a token file (a Megatron corpus, with the dtype its
 /// `.idx` names, when the `.idx` lies beside it; the `.idx` names it too), a `.jsonl` file or a
-/// folder of them JSONL documents, anything else an image folder. `s3://BUCKET/PREFIX` is read through the
-/// local object cache (configured by `STOKER_CACHE_DIR`, `STOKER_CACHE_MAX_BYTES` and the
-/// `AWS_*` variables); other schemes are refused.
+/// folder of them JSONL documents, anything else an image folder. `s3://BUCKET/PREFIX` is read
+/// through the local object cache (configured by `STOKER_CACHE_DIR`, `STOKER_CACHE_MAX_BYTES`
+/// and the `AWS_*` variables); other schemes are refused.
 pub fn open_source(
     dataset: &proto::DatasetSource,
     ops: &[proto::Op],
