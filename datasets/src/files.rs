@@ -1,9 +1,25 @@
 //! Finding a dataset's files: the tar, Parquet and JSONL sources all take one file or a folder
-//! of them ([`root_files`]), found by extension.
+//! of them ([`root_files`]), found by extension (a JSONL file's: [`is_jsonl_file_name`]).
 
 use std::path::{Path, PathBuf};
 
 use crate::error::{Error, Result};
+
+/// The lowercase file name of `path`.
+pub(crate) fn lowercase_name(path: &Path) -> String {
+    path.file_name()
+        .map(|name| name.to_string_lossy().to_ascii_lowercase())
+        .unwrap_or_default()
+}
+
+/// Whether `path`'s name is a JSONL file's: `.jsonl`, or compressed, `.jsonl.gz`, `.jsonl.zst`,
+/// `.jsonl.zstd` (any case; `jsonl/compressed.rs` reads the compression from the same endings).
+pub fn is_jsonl_file_name(path: &Path) -> bool {
+    let name = lowercase_name(path);
+    [".jsonl", ".jsonl.gz", ".jsonl.zst", ".jsonl.zstd"]
+        .iter()
+        .any(|ending| name.ends_with(ending))
+}
 
 /// Whether `path` ends in `.extension` (any case).
 pub(crate) fn has_extension(path: &Path, extension: &str) -> bool {

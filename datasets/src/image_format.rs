@@ -80,9 +80,44 @@ fn is_pnm(bytes: &[u8]) -> bool {
     }
 }
 
+/// torchvision's `IMG_EXTENSIONS`, matched against the lowercased file name.
+const IMAGE_EXTENSIONS: [&[u8]; 9] = [
+    b".jpg", b".jpeg", b".png", b".ppm", b".bmp", b".pgm", b".tif", b".tiff", b".webp",
+];
+
+/// Whether torchvision's `has_file_allowed_extension` would accept this file name.
+pub(crate) fn has_image_extension(name: &[u8]) -> bool {
+    IMAGE_EXTENSIONS.iter().any(|extension| {
+        name.len() >= extension.len()
+            && name[name.len() - extension.len()..].eq_ignore_ascii_case(extension)
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn extensions_match_torchvision_case_insensitively() {
+        for name in [
+            "a.jpg",
+            "a.JPEG",
+            "a.Png",
+            "a.ppm",
+            "a.bmp",
+            "a.pgm",
+            "a.TIF",
+            "a.tiff",
+            "a.webp",
+            ".jpg",
+            ".hidden.png",
+        ] {
+            assert!(has_image_extension(name.as_bytes()), "{name}");
+        }
+        for name in ["a.gif", "a.txt", "jpg", "a.jpg.tmp", "a.jpe", "a.heic", "a"] {
+            assert!(!has_image_extension(name.as_bytes()), "{name}");
+        }
+    }
 
     #[test]
     fn recognises_each_signature() {

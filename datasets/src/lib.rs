@@ -20,7 +20,10 @@
 //!   range or list (`shard-{00000..01023}.tar`), or a list of those, resolved to files sorted
 //!   alike on every machine; a folder laid out by split is read one split at a time.
 //! - [`ObjectCache`], [`parse_dataset_uri`]: `s3://` sources read through
-//!   a local cache tier on disk (size cap, LRU eviction, safe across processes).
+//!   a local cache tier on disk (size cap, LRU eviction, safe across processes): tar shards,
+//!   Parquet, token files and Megatron corpora by ranges, JSONL and `save_to_disk` shards
+//!   fetched whole, image folders an object per sample; [`remote_layout`] tells which a prefix
+//!   holds.
 //! - [`generate_imagenet_like`]: writes a seeded, ImageNet-like image folder for benchmarks.
 //! - [`inspect_image_folder`]: format and size statistics from image headers;
 //!   [`inspect_samples`] computes the same from any source's bytes.
@@ -74,6 +77,7 @@ mod naming;
 mod parquet_files;
 mod referenced_files;
 mod sample_source;
+mod split_names;
 mod storage;
 mod synthetic;
 mod tar_shards;
@@ -94,8 +98,9 @@ pub use megatron::{
     MEGATRON_INDEX_MAGIC,
 };
 pub use naming::{
-    is_pattern, kind_of, kind_of_files, reach_of_name, remote_kind, remote_split_prefix,
-    resolve_local, resolve_remote, FileKind, LocalSource, RemoteFiles,
+    is_pattern, kind_of, kind_of_files, reach_of_name, remote_kind, remote_layout,
+    remote_split_prefix, resolve_local, resolve_remote, FileKind, LocalSource, RemoteFiles,
+    RemoteLayout,
 };
 pub use parquet_files::{
     looks_like_parquet, write_parquet, ColumnarSummary, ParquetColumnInfo, ParquetDataset,

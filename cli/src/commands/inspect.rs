@@ -76,8 +76,9 @@ pub fn run(args: InspectArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// An object-store dataset (tar shards under an `s3://` prefix, fetched into the local cache):
-/// samples, classes and shards, then the image statistics read from every sample.
+/// An object-store dataset (an `s3://` prefix or object, opened as a job opens it, read through
+/// the local cache): samples, classes and shards, then the image statistics read from every
+/// sample.
 fn inspect_remote(args: &InspectArgs, uri: String) -> anyhow::Result<()> {
     let dataset = stoker_proto::v1::DatasetSource {
         uri,
@@ -92,10 +93,7 @@ fn inspect_remote(args: &InspectArgs, uri: String) -> anyhow::Result<()> {
         println!("{}", serde_json::to_string(&report)?);
         return Ok(());
     }
-    println!(
-        "dataset   {} (tar shards, through the local object cache)",
-        dataset.uri
-    );
+    println!("dataset   {} (through the local object cache)", dataset.uri);
     println!("classes   {}", source.class_names().len());
     if let Some(shards) = source.shard_sizes() {
         println!("shards    {}", shards.len());

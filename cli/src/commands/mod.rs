@@ -91,10 +91,10 @@ pub struct JobArgs {
     /// `.parquet`; `image` + `label` columns, as `stoker convert --to parquet` writes), a token
     /// file (`*.bin`, served as windows of --seq-len + 1 tokens) or JSON Lines text (a `.jsonl`
     /// file or a folder of them, tokenised with --tokenizer and packed into rows of --seq-len).
-    /// `s3://BUCKET/PREFIX` of `.tar` shards is read through the local cache (STOKER_CACHE_DIR,
-    /// STOKER_CACHE_MAX_BYTES, AWS_*). A local source may be a pattern: a glob (`*`, `?`,
-    /// `[...]`, `**`) or brace groups (`shards/shard-{00000..00127}.tar`), quoted so the shell
-    /// leaves it alone. Required.
+    /// `s3://BUCKET/PREFIX` (any of these, or a `save_to_disk` folder) is read through the local
+    /// cache (STOKER_CACHE_DIR, STOKER_CACHE_MAX_BYTES, AWS_*); given --tokenizer it is read as
+    /// JSONL text. A source may be a pattern: a glob (`*`, `?`, `[...]`, `**`) or brace groups
+    /// (`shards/shard-{00000..00127}.tar`), quoted so the shell leaves it alone. Required.
     #[arg(long)]
     pub data: Option<PathBuf>,
     /// The split to read of a source laid out by split (hub shards `train-00000-of-00002.*`,
@@ -108,7 +108,8 @@ pub struct JobArgs {
     /// Token file element type (auto: from the file name, `*.u32.bin` is uint32, else uint16).
     #[arg(long, default_value = "auto", value_parser = ["auto", "uint16", "uint32"])]
     pub token_dtype: String,
-    /// JSONL text: the `tokenizer.json` to tokenise with.
+    /// JSONL text: the `tokenizer.json` to tokenise with (an `s3://` source given one is read as
+    /// JSONL text).
     #[arg(long)]
     pub tokenizer: Option<PathBuf>,
     /// JSONL text: the field holding the text.
@@ -208,7 +209,7 @@ impl JobArgs {
                 seq_len: self.seq_len,
             }))]);
         }
-        if stoker_datasets::looks_like_jsonl(data) {
+        if self.is_text(data) {
             let tokenizer = self.tokenizer.as_ref().ok_or_else(|| {
                 anyhow::anyhow!("JSONL text needs --tokenizer PATH (a tokenizer.json)")
             })?;
@@ -232,10 +233,15 @@ impl JobArgs {
             Some(data) if stoker_datasets::looks_like_token_file(data) => {
                 format!("token-windows({})", self.seq_len)
             }
-            Some(data) if stoker_datasets::looks_like_jsonl(data) => {
-                format!("tokenize+pack({})", self.seq_len)
-            }
+            Some(data) if self.is_text(data) => format!("tokenize+pack({})", self.seq_len),
             _ => self.pipeline.clone(),
         }
+    }
+
+    /// Whether `data` is read as JSONL text: JSONL files, or an `s3://` source (its objects are
+    /// not listed here) given a tokenizer.
+    fn is_text(&self, data: &std::path::Path) -> bool {
+        stoker_datasets::looks_like_jsonl(data)
+            || (self.tokenizer.is_some() && data.to_string_lossy().starts_with("s3://"))
     }
 }

@@ -280,6 +280,101 @@ fn digest_over_s3_equals_the_local_digest_cold_and_warm() {
     assert_eq!(remote["samples"], 40);
 }
 
+/// Copies the files under `from` to `to`, folders and all.
+fn copy_tree(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for entry in std::fs::read_dir(from).unwrap() {
+        let path = entry.unwrap().path();
+        let target = to.join(path.file_name().unwrap());
+        if path.is_dir() {
+            copy_tree(&path, &target);
+        } else {
+            std::fs::copy(&path, &target).unwrap();
+        }
+    }
+}
+
+#[test]
+fn image_folders_and_jsonl_in_a_bucket_digest_as_their_local_copies() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = S3Server::start(&dir.path().join("server"));
+    let images = dir.path().join("images");
+    common::make_images(&images, 40);
+    copy_tree(&images, &server.bucket_dir("data").join("folder"));
+    let whole_epoch = [&WHOLE_EPOCH[..], &["--shuffle-window", "4"]].concat();
+    let local =
+        common::stdout_of(&[&whole_epoch[..], &["--data", images.to_str().unwrap()]].concat());
+    let local = local.lines().last().unwrap();
+    for threads in ["1", "2"] {
+        let (digest, stderr) = stoker_s3(
+            &server,
+            &dir.path().join("cache"),
+            &[
+                &whole_epoch[..],
+                &["--data", "s3://data/folder", "--threads", threads],
+            ]
+            .concat(),
+        );
+        assert_eq!(digest, local, "threads {threads}");
+        assert!(stderr.contains("object cache: "), "{stderr}");
+    }
+    // Laid out by split (`train/<class>/`, `val/<class>/`): one split, picked by name.
+    copy_tree(&images, &server.bucket_dir("data").join("by-split/train"));
+    copy_tree(&images, &server.bucket_dir("data").join("by-split/val"));
+    let refused = Command::new(env!("CARGO_BIN_EXE_stoker"))
+        .args(["digest", "--batches", "1", "--size", "32"])
+        .args(["--data", "s3://data/by-split"])
+        .env("AWS_ENDPOINT_URL", server.endpoint())
+        .env("AWS_ACCESS_KEY_ID", ACCESS_KEY)
+        .env("AWS_SECRET_ACCESS_KEY", SECRET_KEY)
+        .env("AWS_REGION", "us-east-1")
+        .env("STOKER_CACHE_DIR", dir.path().join("cache"))
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert!(!refused.status.success());
+    assert!(stderr.contains("train, val"), "{stderr}");
+    let (digest, _) = stoker_s3(
+        &server,
+        &dir.path().join("cache"),
+        &[
+            &whole_epoch[..],
+            &["--data", "s3://data/by-split", "--split", "val"],
+        ]
+        .concat(),
+    );
+    assert_eq!(digest, local);
+
+    // JSONL documents, tokenised and packed: the objects of a prefix, and a pattern's.
+    let fixture = crate::tokens::text_fixture();
+    copy_tree(&fixture.jsonl, &server.bucket_dir("data").join("docs"));
+    let tokenizer = fixture.tokenizer.to_str().unwrap();
+    let text = |data: &str| {
+        let args = [
+            "digest",
+            "--data",
+            data,
+            "--tokenizer",
+            tokenizer,
+            "--seq-len",
+            "64",
+        ];
+        stoker_s3(&server, &dir.path().join("cache"), &args).0
+    };
+    let local = common::stdout_of(&[
+        "digest",
+        "--data",
+        fixture.jsonl.to_str().unwrap(),
+        "--tokenizer",
+        tokenizer,
+        "--seq-len",
+        "64",
+    ]);
+    let local = local.lines().last().unwrap();
+    assert_eq!(text("s3://data/docs"), local);
+    assert_eq!(text("s3://data/docs/*.jsonl"), local);
+}
+
 #[test]
 fn unknown_schemes_are_refused_by_name() {
     let output = common::stoker(&["digest", "--data", "gs://bucket/train"]);

@@ -148,14 +148,14 @@ fn document(i: usize) -> String {
         .join(" ")
 }
 
-struct TextFixture {
+pub(crate) struct TextFixture {
     _dir: tempfile::TempDir,
-    jsonl: std::path::PathBuf,
-    tokenizer: std::path::PathBuf,
+    pub(crate) jsonl: std::path::PathBuf,
+    pub(crate) tokenizer: std::path::PathBuf,
 }
 
 /// 45 documents over two files; line 3 of b.jsonl is malformed (sample 31).
-fn text_fixture() -> TextFixture {
+pub(crate) fn text_fixture() -> TextFixture {
     let dir = tempfile::tempdir().unwrap();
     let jsonl = dir.path().join("docs");
     std::fs::create_dir(&jsonl).unwrap();

@@ -26,6 +26,7 @@ use arrow_ipc::{MessageHeader, MetadataVersion};
 use arrow_schema::{DataType, SchemaRef, UnionMode};
 
 use crate::error::{without_panics, Error, Result};
+use crate::storage::CachedObject;
 
 /// The marker before each message's header length (since Arrow 0.15).
 const CONTINUATION_MARKER: [u8; 4] = [0xff; 4];
@@ -50,6 +51,8 @@ pub(super) struct StreamFile {
     file: File,
     pub(super) schema: SchemaRef,
     pub(super) batches: Vec<BatchBlock>,
+    /// The copy in the cache tier read for an object of a store, locked while it is read.
+    _copy: Option<CachedObject>,
 }
 
 fn stream_error(path: &Path, problem: impl Into<String>) -> Error {
@@ -85,7 +88,14 @@ fn non_negative(value: i64, what: &str, path: &Path) -> Result<u64> {
 impl StreamFile {
     /// Opens `path` and indexes its record batches from the message headers.
     pub(super) fn open(path: PathBuf) -> Result<StreamFile> {
-        let file = File::open(&path).map_err(|source| Error::io(&path, source))?;
+        Self::open_copy(path, None)
+    }
+
+    /// Opens `path`, or, when given, its copy `copy` in the cache tier (an object of a store,
+    /// `path` its URI), as [`StreamFile::open`] does.
+    pub(super) fn open_copy(path: PathBuf, copy: Option<CachedObject>) -> Result<StreamFile> {
+        let read_from = copy.as_ref().map_or(path.as_path(), |copy| copy.path());
+        let file = File::open(read_from).map_err(|source| Error::io(&path, source))?;
         let bytes = file
             .metadata()
             .map_err(|source| Error::io(&path, source))?
@@ -199,6 +209,7 @@ impl StreamFile {
             file,
             schema,
             batches,
+            _copy: copy,
         })
     }
 

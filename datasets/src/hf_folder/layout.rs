@@ -23,12 +23,9 @@ use crate::parquet_files::{
     ParquetOptions, ParquetSampleKind, IMAGE_COLUMN_NAMES, LABEL_COLUMN_NAME, TEXT_COLUMN_NAME,
 };
 
-/// The file listing a dataset's shards, in order.
-pub(crate) const STATE_FILE: &str = "state.json";
-/// The file holding a dataset's features.
-pub(crate) const INFO_FILE: &str = "dataset_info.json";
-/// The file marking a `DatasetDict` folder.
-pub(crate) const DICT_FILE: &str = "dataset_dict.json";
+pub(crate) use crate::naming::{
+    HF_DICT_FILE as DICT_FILE, HF_INFO_FILE as INFO_FILE, HF_STATE_FILE as STATE_FILE,
+};
 
 /// What a column means, as `dataset_info.json` declares it (the kinds Stoker maps).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -62,8 +59,13 @@ fn layout_error(path: &Path, problem: impl Into<String>) -> Error {
 
 /// Reads and parses one JSON file of the folder.
 fn read_json(path: &Path) -> Result<Value> {
-    let text = std::fs::read_to_string(path).map_err(|source| Error::io(path, source))?;
-    serde_json::from_str(&text).map_err(|source| Error::Manifest {
+    let text = std::fs::read(path).map_err(|source| Error::io(path, source))?;
+    parse_json(&text, path)
+}
+
+/// Parses the JSON file `path` whose bytes are `text`.
+pub(crate) fn parse_json(text: &[u8], path: &Path) -> Result<Value> {
+    serde_json::from_slice(text).map_err(|source| Error::Manifest {
         path: path.to_path_buf(),
         source,
     })
@@ -75,30 +77,36 @@ fn read_json(path: &Path) -> Result<Value> {
 /// saved dataset sit beside `state.json`, and a dataset must not name files outside itself.
 pub(crate) fn data_files(root: &Path) -> Result<Vec<PathBuf>> {
     let path = root.join(STATE_FILE);
-    let json = read_json(&path)?;
+    let names = data_file_names(&read_json(&path)?, &path)?;
+    Ok(names.iter().map(|name| root.join(name)).collect())
+}
+
+/// The shard file names the `state.json` at `path` (parsed: `json`) lists, in order, each a
+/// plain file name (see [`data_files`]).
+pub(crate) fn data_file_names(json: &Value, path: &Path) -> Result<Vec<String>> {
     let entries = json
         .get("_data_files")
         .and_then(Value::as_array)
-        .ok_or_else(|| layout_error(&path, "no \"_data_files\" list"))?;
+        .ok_or_else(|| layout_error(path, "no \"_data_files\" list"))?;
     let mut files = Vec::with_capacity(entries.len());
     for entry in entries {
         let name = entry
             .get("filename")
             .and_then(Value::as_str)
-            .ok_or_else(|| layout_error(&path, format!("a data file without filename: {entry}")))?;
+            .ok_or_else(|| layout_error(path, format!("a data file without filename: {entry}")))?;
         let mut components = Path::new(name).components();
         match (components.next(), components.next()) {
-            (Some(Component::Normal(_)), None) => files.push(root.join(name)),
+            (Some(Component::Normal(_)), None) => files.push(name.to_string()),
             _ => {
                 return Err(layout_error(
-                    &path,
+                    path,
                     format!("data file {name:?} is not a file name inside the folder"),
                 ))
             }
         }
     }
     if files.is_empty() {
-        return Err(layout_error(&path, "\"_data_files\" is empty"));
+        return Err(layout_error(path, "\"_data_files\" is empty"));
     }
     Ok(files)
 }
@@ -106,14 +114,18 @@ pub(crate) fn data_files(root: &Path) -> Result<Vec<PathBuf>> {
 /// The features `dataset_info.json` declares, by column name.
 pub(crate) fn features(root: &Path) -> Result<BTreeMap<String, HfFeature>> {
     let path = root.join(INFO_FILE);
-    let json = read_json(&path)?;
+    features_of(&read_json(&path)?, &path)
+}
+
+/// The features the `dataset_info.json` at `path` (parsed: `json`) declares, by column name.
+pub(crate) fn features_of(json: &Value, path: &Path) -> Result<BTreeMap<String, HfFeature>> {
     let declared = json
         .get("features")
         .and_then(Value::as_object)
-        .ok_or_else(|| layout_error(&path, "no \"features\" object"))?;
+        .ok_or_else(|| layout_error(path, "no \"features\" object"))?;
     let mut features = BTreeMap::new();
     for (name, feature) in declared {
-        features.insert(name.clone(), parse_feature(feature, &path, name)?);
+        features.insert(name.clone(), parse_feature(feature, path, name)?);
     }
     Ok(features)
 }

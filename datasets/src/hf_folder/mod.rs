@@ -15,6 +15,9 @@
 //! dataset must not make it read elsewhere. Current `datasets` releases embed the bytes in
 //! `save_to_disk` (re-saving an older folder embeds them), so this is the rarer case.
 //!
+//! The same folder under an `s3://` prefix (`remote.rs`) is read from copies of its objects
+//! fetched whole into the cache tier; images kept as paths are not read from there.
+//!
 //! A `DatasetDict` folder (`dataset_dict.json`, one subfolder per split) is not a dataset:
 //! opening it fails with an error naming the splits to pick.
 //!
@@ -27,6 +30,7 @@
 mod ipc_stream;
 mod layout;
 mod numeric;
+mod remote;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -93,6 +97,8 @@ pub struct HfDataset {
     features: BTreeMap<String, HfFeature>,
     choice: ColumnChoice,
     cache: RowGroupCache<DecodedBatch>,
+    /// Read from an object store (`remote.rs`): images kept as paths are not read.
+    in_store: bool,
 }
 
 /// Reads the label column of every batch of `file` as `i64`.
@@ -153,6 +159,19 @@ impl HfDataset {
             .into_par_iter()
             .map(StreamFile::open)
             .collect::<Result<_>>()?;
+        Self::assemble(path, files, features, options, false, started)
+    }
+
+    /// The dataset of the opened shards `files` (in sample order) with the `features` of its
+    /// `dataset_info.json`; `path` names it, `in_store` says it was read from an object store.
+    fn assemble(
+        path: &Path,
+        files: Vec<StreamFile>,
+        features: BTreeMap<String, HfFeature>,
+        options: &ParquetOptions,
+        in_store: bool,
+        started: Instant,
+    ) -> Result<HfDataset> {
         let schema = Arc::clone(&files[0].schema);
         if let Some(other) = files
             .iter()
@@ -223,6 +242,7 @@ impl HfDataset {
             features,
             choice,
             cache: RowGroupCache::new(options.cache_bytes),
+            in_store,
         })
     }
 
@@ -310,18 +330,26 @@ impl HfDataset {
         span: &ChunkSpan,
         row: u64,
     ) -> Result<Vec<u8>> {
+        let refused = |problem: String| Error::HfValue {
+            path: self.files[span.file].path.clone(),
+            column: self.choice.sample_column_name.clone(),
+            row: span.first_row_in_file + row,
+            problem,
+        };
+        if self.in_store {
+            return Err(refused(format!(
+                "is not embedded but refers to the file {reference:?}; referenced images are read \
+                 beside local dataset folders only (save the dataset again with a current \
+                 `datasets`, which embeds them, or `stoker convert` it)"
+            )));
+        }
         let path = Path::new(reference);
         let path = if path.is_absolute() {
             path.to_path_buf()
         } else {
             self.root.join(path)
         };
-        crate::referenced_files::check_allowed(&path).map_err(|problem| Error::HfValue {
-            path: self.files[span.file].path.clone(),
-            column: self.choice.sample_column_name.clone(),
-            row: span.first_row_in_file + row,
-            problem,
-        })?;
+        crate::referenced_files::check_allowed(&path).map_err(refused)?;
         std::fs::read(&path).map_err(|source| Error::io(path, source))
     }
 }

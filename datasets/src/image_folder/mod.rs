@@ -1,8 +1,10 @@
 //! `ImageFolder`: a `root/<class>/**/<image>` tree indexed exactly like torchvision's
-//! `datasets.ImageFolder`, kept compact enough for tens of millions of files.
+//! `datasets.ImageFolder`, kept compact enough for tens of millions of files; the same tree
+//! under an `s3://` prefix (`remote.rs`) is indexed from its keys in the same order.
 
 mod listing;
 mod python_order;
+mod remote;
 
 use std::fmt;
 use std::path::{Path, PathBuf};
@@ -11,6 +13,7 @@ use std::time::Instant;
 use rayon::prelude::*;
 use tracing::info;
 
+use crate::cache_stats::CacheStats;
 use crate::error::{Error, Result};
 use crate::sample_source::SampleSource;
 use listing::{find_classes, list_class, FolderListing};
@@ -28,6 +31,8 @@ pub struct ImageFolder {
     folders: Vec<IndexedFolder>,
     names: Vec<u8>,
     name_ends: Vec<u64>,
+    /// How samples are read when the folder is under an `s3://` prefix.
+    remote: Option<remote::RemoteImages>,
 }
 
 /// A folder holding at least one image; its samples are `first_sample..` up to the next
@@ -91,6 +96,7 @@ impl ImageFolder {
             folders: Vec::new(),
             names: Vec::new(),
             name_ends: Vec::new(),
+            remote: None,
         };
         for (label, class_folders) in (0u32..).zip(listings) {
             for listing in class_folders {
@@ -121,7 +127,7 @@ impl ImageFolder {
             .extend(listing.name_ends.iter().map(|end| base + *end as u64));
     }
 
-    /// The folder the dataset was opened from.
+    /// The folder the dataset was opened from (an `s3://` prefix as a path, when remote).
     pub fn root(&self) -> &Path {
         &self.root
     }
@@ -177,6 +183,9 @@ impl SampleSource for ImageFolder {
     }
 
     fn read(&self, index: u64) -> Result<Vec<u8>> {
+        if self.remote.is_some() {
+            return self.read_remote(index);
+        }
         let path = self.path(index).ok_or(Error::IndexOutOfRange {
             index,
             len: self.len(),
@@ -186,6 +195,14 @@ impl SampleSource for ImageFolder {
 
     fn class_names(&self) -> &[String] {
         &self.class_names
+    }
+
+    fn prefetch(&self, indices: &[u64]) {
+        self.prefetch_remote(indices);
+    }
+
+    fn cache_stats(&self) -> Option<CacheStats> {
+        self.remote.as_ref().map(|remote| remote.cache.stats())
     }
 }
 

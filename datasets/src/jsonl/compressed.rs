@@ -1,4 +1,4 @@
-//! Compressed JSON Lines: which file names are JSONL (plain, gzip or zstd), and the
+//! Compressed JSON Lines: the compression a JSONL file's name says (gzip or zstd), and the
 //! decompression of a compressed file into the local cache tier, done once per file version
 //! (a changed file is decompressed again), so that it is then indexed and read at random like
 //! a plain file.
@@ -7,6 +7,8 @@ use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 
 use crate::error::{Error, Result};
+pub use crate::files::is_jsonl_file_name;
+use crate::files::lowercase_name;
 use crate::storage::{derived_copy, CachedObject, ObjectCacheOptions};
 
 /// How a JSONL file is compressed, told by its name.
@@ -16,13 +18,6 @@ pub(super) enum Compression {
     Gzip,
     /// `.jsonl.zst` or `.jsonl.zstd`: Zstandard (every frame).
     Zstd,
-}
-
-/// The lowercase file name of `path`.
-fn lowercase_name(path: &Path) -> String {
-    path.file_name()
-        .map(|name| name.to_string_lossy().to_ascii_lowercase())
-        .unwrap_or_default()
 }
 
 impl Compression {
@@ -68,11 +63,6 @@ impl Compression {
     }
 }
 
-/// Whether `path`'s name is a JSONL file's: `.jsonl`, `.jsonl.gz`, `.jsonl.zst` (any case).
-pub fn is_jsonl_file_name(path: &Path) -> bool {
-    lowercase_name(path).ends_with(".jsonl") || Compression::of(path).is_some()
-}
-
 /// The JSONL files directly in `folder` (plain and compressed), sorted by name.
 pub(super) fn jsonl_files(folder: &Path) -> Result<Vec<PathBuf>> {
     let entries = std::fs::read_dir(folder).map_err(|error| Error::io(folder, error))?;
@@ -104,6 +94,13 @@ mod tests {
         assert_eq!(Compression::of(Path::new("b.jsonl")), None);
         assert_eq!(Compression::of(Path::new("b.tar.gz")), None);
         assert!(is_jsonl_file_name(Path::new("b.jsonl")));
+        for compressed in ["b.jsonl.gz", "b.JSONL.ZST", "b.jsonl.zstd"] {
+            assert!(
+                Compression::of(Path::new(compressed)).is_some(),
+                "{compressed}"
+            );
+            assert!(is_jsonl_file_name(Path::new(compressed)), "{compressed}");
+        }
         assert!(is_jsonl_file_name(Path::new("b.jsonl.zstd")));
         assert!(!is_jsonl_file_name(Path::new("b.json.gz")));
     }

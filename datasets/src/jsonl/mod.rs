@@ -7,9 +7,10 @@
 //! a running job is an error naming it, never SIGBUS, and many files hold few descriptors),
 //! parses it and returns the UTF-8 text of the text field. Compressed files (`.jsonl.gz`,
 //! `.jsonl.zst`) are decompressed once into the local cache tier (`compressed.rs`) and read from
-//! there the same way; errors still name the compressed file. A line that is not a JSON object, lacks the field, or holds
-//! something other than a string there is a bad sample whose error names `file:line`; it never
-//! stops the index from being built.
+//! there the same way; errors still name the compressed file. JSONL objects in an object store
+//! (`remote.rs`) are fetched whole into the cache tier and read from there. A line that is not
+//! a JSON object, lacks the field, or holds something other than a string there is a bad sample
+//! whose error names `file:line`; it never stops the index from being built.
 
 use std::fs::File;
 use std::io::Read;
@@ -29,6 +30,7 @@ use crate::sample_source::SampleSource;
 use crate::storage::{CachedObject, ObjectCacheOptions};
 
 mod compressed;
+mod remote;
 
 pub use compressed::is_jsonl_file_name;
 
@@ -266,6 +268,16 @@ impl JsonlDocuments {
             };
             files.push(JsonlFile::open(path, copy)?);
         }
+        Self::assemble(path, files, text_field, label_field)
+    }
+
+    /// The documents of the indexed `files` (in sample order); `path` names the set.
+    fn assemble(
+        path: &Path,
+        files: Vec<JsonlFile>,
+        text_field: &str,
+        label_field: &str,
+    ) -> Result<JsonlDocuments> {
         let mut first_samples = Vec::with_capacity(files.len());
         let mut len = 0u64;
         for file in &files {

@@ -22,8 +22,17 @@ use tracing::info;
 
 use crate::error::{Error, Result};
 pub(crate) use remote::{listed_of_split, objects_of_split};
-pub use remote::{remote_kind, remote_split_prefix, resolve_remote, RemoteFiles};
-pub(crate) use splits::dict_splits;
+pub use remote::{
+    remote_kind, remote_layout, remote_split_prefix, resolve_remote, RemoteFiles, RemoteLayout,
+};
+pub(crate) use splits::{dict_splits, dict_splits_of};
+
+/// The file listing a `save_to_disk` folder's shards, in order (`hf_folder/` reads it).
+pub(crate) const HF_STATE_FILE: &str = "state.json";
+/// The file holding a `save_to_disk` folder's features.
+pub(crate) const HF_INFO_FILE: &str = "dataset_info.json";
+/// The file marking a `DatasetDict` folder (one subfolder per split).
+pub(crate) const HF_DICT_FILE: &str = "dataset_dict.json";
 use splits::{find_splits, group_files, split_of_file, SplitLayout};
 
 /// What a source resolves to on local disks.
@@ -73,7 +82,7 @@ pub fn kind_of(path: &Path) -> Option<FileKind> {
         Some(FileKind::TarShard)
     } else if has_extension(path, "parquet") {
         Some(FileKind::Parquet)
-    } else if crate::jsonl::is_jsonl_file_name(path) {
+    } else if crate::files::is_jsonl_file_name(path) {
         Some(FileKind::Jsonl)
     } else if has_extension(path, "bin") {
         Some(FileKind::TokenFile)

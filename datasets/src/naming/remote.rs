@@ -16,24 +16,74 @@ use std::sync::Arc;
 use object_store::ObjectMeta;
 
 use super::splits::{split_of_shard_name, UNNAMED};
-use super::{braces, glob, is_pattern, kind_of, kind_of_files, pick_split, FileKind};
+use super::{
+    braces, glob, is_pattern, kind_of, kind_of_files, pick_split, FileKind, HF_DICT_FILE,
+    HF_INFO_FILE, HF_STATE_FILE,
+};
 use crate::error::{Error, Result};
-use crate::storage::{list_remote, s3_location, ObjectCache, RemoteLocation, RemoteObject, Store};
+use crate::storage::{s3_location, ObjectCache, RemoteLocation, RemoteObject, Store};
 use crate::TAR_INDEX_OBJECT;
+
+/// What the formats find directly under an `s3://` prefix ([`remote_layout`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RemoteLayout {
+    /// Data objects of one kind: tar shards, Parquet, JSONL or token files.
+    Files(FileKind),
+    /// A Hugging Face `save_to_disk` folder (`state.json` and `dataset_info.json`), or a
+    /// `DatasetDict`'s (`dataset_dict.json`).
+    HfDataset,
+    /// Folders and no data object: an image folder (its class folders, or its split folders).
+    Folders,
+    /// None of these (a tar set's index object alone, or nothing).
+    Nothing,
+}
+
+/// What lies directly under `uri` (a prefix, or the one object it names), from one listing:
+/// data objects of several kinds are refused by name.
+pub fn remote_layout(uri: &str, cache: &Arc<ObjectCache>) -> Result<RemoteLayout> {
+    let location = s3_location(uri, "objects in a store are named by s3://BUCKET/PREFIX")?;
+    let store = cache.store(&location)?;
+    let (objects, folders) = cache.list_with_folders(&store, &location)?;
+    if lists_hf_dataset(&objects) {
+        return Ok(RemoteLayout::HfDataset);
+    }
+    // The tar set's own index object (`stoker index`) is no data file of its own.
+    let data: Vec<PathBuf> = objects
+        .iter()
+        .filter(|object| {
+            let name = object.location.filename().unwrap_or_default();
+            name != TAR_INDEX_OBJECT && kind_of(Path::new(name)).is_some()
+        })
+        .map(|object| PathBuf::from(location.uri_of(object.location.as_ref())))
+        .collect();
+    if !data.is_empty() {
+        return kind_of_files(uri, &data).map(RemoteLayout::Files);
+    }
+    Ok(if folders.is_empty() {
+        RemoteLayout::Nothing
+    } else {
+        RemoteLayout::Folders
+    })
+}
+
+/// Whether the listing of a prefix (the objects directly under it) is a `save_to_disk`
+/// folder's or a `DatasetDict`'s.
+fn lists_hf_dataset(listing: &[ObjectMeta]) -> bool {
+    let has = |name: &str| {
+        listing
+            .iter()
+            .any(|object| object.location.filename() == Some(name))
+    };
+    (has(HF_STATE_FILE) && has(HF_INFO_FILE)) || has(HF_DICT_FILE)
+}
 
 /// The one kind of data object directly under `uri` (a prefix, or the one object it names);
 /// `None` when it holds none. Objects of several kinds are refused by name.
 pub fn remote_kind(uri: &str, cache: &Arc<ObjectCache>) -> Result<Option<FileKind>> {
-    // The tar set's own index object (`stoker index`) is no data file of its own.
-    let data_file =
-        |name: &str| name != crate::TAR_INDEX_OBJECT && kind_of(Path::new(name)).is_some();
-    let listed = match list_remote(uri, cache, &data_file, "data file") {
-        Ok((_, objects)) => objects,
-        Err(Error::NoRemoteObjects { .. }) => return Ok(None),
-        Err(error) => return Err(error),
-    };
-    let names: Vec<std::path::PathBuf> = listed.iter().map(|object| object.uri().into()).collect();
-    super::kind_of_files(uri, &names).map(Some)
+    Ok(match remote_layout(uri, cache)? {
+        RemoteLayout::Files(kind) => Some(kind),
+        _ => None,
+    })
 }
 
 /// The prefix to read of an `s3://` prefix laid out by split folders, as a local folder is
@@ -42,7 +92,8 @@ pub fn remote_kind(uri: &str, cache: &Arc<ObjectCache>) -> Result<Option<FileKin
 /// holding either. Otherwise, looked for under `uri` and then under its `data/`: the folder of
 /// the split asked for among its folders holding data objects (any name: `train/`, `test/`), the
 /// only one when there is one, or `data/` itself when data objects lie there; several without
-/// a split asked for are [`Error::SplitNeeded`], naming them. One listing per folder looked in.
+/// a split asked for are [`Error::SplitNeeded`], naming them. One listing per folder looked in,
+/// up to the first that holds images (an image folder's classes: not split folders).
 /// With the prefix, whether it is the split's own (else the split, if any, is still to be taken
 /// from the names of the objects under it).
 pub fn remote_split_prefix(
@@ -56,9 +107,18 @@ pub fn remote_split_prefix(
             && kind_of(Path::new(object.location.as_ref())).is_some()
     };
     let lister = cache.lister(&location.bucket)?;
-    let holds_data = |key_prefix: &str| -> Result<bool> {
+    // Whether a folder holds data objects; `None` when it holds images (a class folder of an
+    // image folder: its siblings are classes too, not splits, and are not listed one by one).
+    let holds_data = |key_prefix: &str| -> Result<Option<bool>> {
         let (objects, _) = cache.list_key_prefix(&lister, key_prefix, false)?;
-        Ok(objects.iter().any(is_data))
+        if objects.iter().any(is_data) {
+            return Ok(Some(true));
+        }
+        let is_image = |object: &ObjectMeta| {
+            let name = object.location.filename().unwrap_or_default();
+            crate::image_format::has_image_extension(name.as_bytes())
+        };
+        Ok((!objects.iter().any(is_image)).then_some(false))
     };
     let base = if location.prefix.is_empty() {
         String::new()
@@ -84,8 +144,12 @@ pub fn remote_split_prefix(
             if level == base && name == "data" {
                 continue;
             }
-            if holds_data(&folder)? {
-                splits.insert(name, folder);
+            match holds_data(&folder)? {
+                Some(true) => {
+                    splits.insert(name, folder);
+                }
+                Some(false) => {}
+                None => return Ok(None),
             }
         }
         if splits.is_empty() {

@@ -9,20 +9,7 @@ use std::path::{Path, PathBuf};
 
 use super::{kind_of, sort_paths};
 use crate::error::{Error, Result};
-
-/// The folder names a split goes by on the hub (the keywords `datasets` recognises).
-const SPLIT_FOLDER_NAMES: [&str; 10] = [
-    "train",
-    "training",
-    "validation",
-    "valid",
-    "val",
-    "dev",
-    "test",
-    "testing",
-    "eval",
-    "evaluation",
-];
+use crate::split_names::is_split_folder_name;
 
 /// The group of files without a split in their name, beside named ones.
 pub(crate) const UNNAMED: &str = "(no split in the name)";
@@ -92,12 +79,6 @@ pub(crate) fn split_of_file(path: &Path) -> Option<String> {
         .map(|folder| folder.into_owned())
 }
 
-fn is_split_folder_name(name: &str) -> bool {
-    SPLIT_FOLDER_NAMES
-        .iter()
-        .any(|split| split.eq_ignore_ascii_case(name))
-}
-
 /// Groups `files` by split when more than one split is among them (files of no split form a
 /// group of their own, [`UNNAMED`]); `None` when they hold one split or none.
 pub(crate) fn group_files(files: &[PathBuf]) -> Option<BTreeMap<String, Vec<PathBuf>>> {
@@ -112,7 +93,7 @@ pub(crate) fn group_files(files: &[PathBuf]) -> Option<BTreeMap<String, Vec<Path
 /// The splits laid out in `root`, or `None` when it is not a split layout. Looked for in
 /// `root`, then in `root/data`.
 pub(crate) fn find_splits(root: &Path) -> Result<Option<SplitLayout>> {
-    if root.join("state.json").is_file() {
+    if root.join(super::HF_STATE_FILE).is_file() {
         // A `save_to_disk` dataset: its shards are `data-NNNNN-of-NNNNN.arrow`, one split.
         return Ok(None);
     }
@@ -179,7 +160,7 @@ pub(crate) fn find_splits(root: &Path) -> Result<Option<SplitLayout>> {
 /// The splits of a Hugging Face `DatasetDict` folder (`dataset_dict.json`: `{"splits": [...]}`,
 /// one subfolder each), or `None` when `root` is not one.
 pub(crate) fn dict_splits(root: &Path) -> Result<Option<Vec<String>>> {
-    let path = root.join("dataset_dict.json");
+    let path = root.join(super::HF_DICT_FILE);
     if !path.is_file() {
         return Ok(None);
     }
@@ -189,17 +170,21 @@ pub(crate) fn dict_splits(root: &Path) -> Result<Option<Vec<String>>> {
             path: path.clone(),
             source,
         })?;
-    let splits = json
+    dict_splits_of(&json, &path).map(Some)
+}
+
+/// The splits the `dataset_dict.json` at `path` (parsed: `json`) lists.
+pub(crate) fn dict_splits_of(json: &serde_json::Value, path: &Path) -> Result<Vec<String>> {
+    Ok(json
         .get("splits")
         .and_then(serde_json::Value::as_array)
         .ok_or_else(|| Error::HfDataset {
-            path: path.clone(),
+            path: path.to_path_buf(),
             problem: "no \"splits\" list".into(),
         })?
         .iter()
         .filter_map(|split| split.as_str().map(str::to_string))
-        .collect();
-    Ok(Some(splits))
+        .collect())
 }
 
 /// An image folder laid out by split: every subfolder is named like a split, and one of them

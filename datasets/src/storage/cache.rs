@@ -174,16 +174,7 @@ impl ObjectCache {
             .filter(|object| keep(object.location.filename().unwrap_or_default()))
             .collect();
         let before = self.stats();
-        let wanted = listing
-            .iter()
-            .map(|object| Wanted {
-                meta: object.clone(),
-                key: object.location.to_string(),
-                offset: 0,
-            })
-            .collect();
-        let ready = self.materialise(&store, &location, wanted, true)?;
-        self.enforce_cap()?;
+        let ready = self.fetch_listed(&store, &location, &listing)?;
 
         let after = self.stats();
         info!(
@@ -196,6 +187,28 @@ impl ObjectCache {
             "objects ready in the cache"
         );
         Ok((location, ready))
+    }
+
+    /// Materialises the listed `objects` of `location`'s bucket whole and returns them in
+    /// order, each locked in the cache for as long as it is kept (the objects a source reads
+    /// whole: JSONL files, Arrow shards).
+    pub(crate) fn fetch_listed(
+        &self,
+        store: &Arc<Store>,
+        location: &RemoteLocation,
+        objects: &[ObjectMeta],
+    ) -> Result<Vec<CachedObject>> {
+        let wanted = objects
+            .iter()
+            .map(|object| Wanted {
+                meta: object.clone(),
+                key: object.location.to_string(),
+                offset: 0,
+            })
+            .collect();
+        let ready = self.materialise(store, location, wanted, true)?;
+        self.enforce_cap()?;
+        Ok(ready)
     }
 
     /// The store of `location`'s bucket, for [`Self::read_ranges`].
@@ -211,6 +224,16 @@ impl ObjectCache {
     pub(crate) fn list(&self, store: &Store, location: &RemoteLocation) -> Result<Vec<ObjectMeta>> {
         self.runtime
             .block_on(download::list_objects(store, location))
+    }
+
+    /// [`Self::list`], with the folders directly under the prefix (their keys, ending in `/`).
+    pub(crate) fn list_with_folders(
+        &self,
+        store: &Store,
+        location: &RemoteLocation,
+    ) -> Result<(Vec<ObjectMeta>, Vec<String>)> {
+        self.runtime
+            .block_on(download::list_objects_and_folders(store, location))
     }
 
     /// A client that lists `bucket`'s keys by any string prefix ([`ObjectCache::list_key_prefix`]),

@@ -62,6 +62,14 @@ pub(super) async fn list_objects(
     store: &Store,
     location: &RemoteLocation,
 ) -> Result<Vec<ObjectMeta>> {
+    Ok(list_objects_and_folders(store, location).await?.0)
+}
+
+/// [`list_objects`], with the folders directly under the prefix (their keys, ending in `/`).
+pub(super) async fn list_objects_and_folders(
+    store: &Store,
+    location: &RemoteLocation,
+) -> Result<(Vec<ObjectMeta>, Vec<String>)> {
     let prefix = match location.prefix.as_str() {
         "" => None,
         prefix => Some(
@@ -94,7 +102,13 @@ pub(super) async fn list_objects(
         }
     }
     objects.sort_by(|a, b| a.location.cmp(&b.location));
-    Ok(objects)
+    let mut folders: Vec<String> = listing
+        .common_prefixes
+        .iter()
+        .map(|folder| format!("{folder}/"))
+        .collect();
+    folders.sort();
+    Ok((objects, folders))
 }
 
 /// The objects of `bucket` whose keys start with `key_prefix` (any string, not only a folder),

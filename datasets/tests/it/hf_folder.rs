@@ -106,7 +106,7 @@ fn write_hf_folder(dir: &Path, shards: &[Vec<RecordBatch>], features: &serde_jso
 }
 
 /// 23 rows in two shards: rows 0..16 as batches of 0..6, 6..12, 12..16; rows 16..23 as one.
-fn write_fixture(dir: &Path, reference_row: Option<usize>) {
+pub(crate) fn write_fixture(dir: &Path, reference_row: Option<usize>) {
     let shards = vec![
         vec![
             table(0..6, reference_row),

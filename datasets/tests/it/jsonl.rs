@@ -124,7 +124,7 @@ fn empty_inputs_are_clear_errors() {
 
 /// Writes `text` gzip-compressed (two members, as `cat a.gz b.gz` makes) or zstd-compressed,
 /// by the name's ending.
-fn write_compressed(path: &Path, text: &str) {
+pub(crate) fn write_compressed(path: &Path, text: &str) {
     use std::io::Write;
     let out = std::fs::File::create(path).unwrap();
     if path.to_string_lossy().ends_with(".gz") {

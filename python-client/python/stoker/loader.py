@@ -102,11 +102,13 @@ class Loader(FromDataset):
             ``datasets`` folder as ``Dataset.save_to_disk`` writes it (its ``Image`` or string
             column gives the samples, its ``ClassLabel`` the labels and :attr:`classes`; for a
             ``DatasetDict`` pass one split's folder). The format is picked from the files
-            unless ``format`` names it. ``s3://BUCKET/PREFIX`` reads the tar shards under that
-            prefix (with ``format="parquet"``, its Parquet files; a key ending in ``.parquet``
-            or ``.bin`` is a Parquet or token file), sample by sample (ranged GETs,
-            read ahead of the loop) through the local object cache (``STOKER_CACHE_DIR``,
-            ``STOKER_CACHE_MAX_BYTES``; credentials and endpoint from the ``AWS_*`` variables);
+            unless ``format`` names it. ``s3://BUCKET/PREFIX`` is read as a local folder of
+            the same files is (tar shards, Parquet, JSONL, a ``save_to_disk`` folder, an image
+            folder; a key ending in ``.parquet`` or ``.bin`` is a Parquet or token file),
+            through the local object cache (``STOKER_CACHE_DIR``, ``STOKER_CACHE_MAX_BYTES``;
+            credentials and endpoint from the ``AWS_*`` variables): tar shards, Parquet and
+            token files by ranged GETs, an image folder an object per image, both read ahead
+            of the loop; JSONL and ``save_to_disk`` shards fetched whole into the cache.
             ``stoker index s3://BUCKET/PREFIX`` writes the index that lets a tar set open
             without reading its shards.
         pipeline: the ops, e.g. ``stoker.vision.imagenet_train(224)`` or a list of

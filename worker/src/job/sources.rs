@@ -9,9 +9,10 @@ use std::sync::Arc;
 use stoker_datasets::{
     is_pattern, kind_of, kind_of_files, looks_like_hf_dataset, looks_like_jsonl,
     looks_like_parquet, looks_like_tar_shards, looks_like_token_file, megatron_pair, open_megatron,
-    open_remote_megatron, parse_dataset_uri, remote_kind, remote_split_prefix, resolve_local,
+    open_remote_megatron, parse_dataset_uri, remote_layout, remote_split_prefix, resolve_local,
     resolve_remote, DatasetLocation, FileKind, HfDataset, ImageFolder, JsonlDocuments, LocalSource,
-    ObjectCache, ParquetDataset, ParquetOptions, SampleSource, TarShards, TokenDtype, TokenFile,
+    ObjectCache, ParquetDataset, ParquetOptions, RemoteLayout, SampleSource, TarShards, TokenDtype,
+    TokenFile,
 };
 use stoker_proto::v1::{self as proto, op::Op as OpKind, DatasetFormat, JobSpec};
 
@@ -280,11 +281,15 @@ fn column_options(dataset: &proto::DatasetSource) -> ParquetOptions {
     }
 }
 
-/// Opens an `s3://` dataset: tar shards, Parquet files or a token file. `AUTO` takes a key
-/// ending in `.bin` or `.parquet` for that file, and a prefix by the one kind of data object
-/// directly under it (tar shards when it holds none: their index object names them). A split
-/// is read from tar or Parquet objects named by split (`train-00000-of-00002.parquet`), or from
-/// a prefix's split folders (`train/`, `test/`, or under `data/`), as from a local folder's.
+/// Opens an `s3://` dataset as a local folder of the same files is opened: tar shards,
+/// Parquet, JSONL, a token file (a Megatron corpus with its `.idx`), a `save_to_disk` folder or
+/// an image folder. `AUTO` takes a key ending in `.bin` or `.parquet` for that file, and a
+/// prefix by what lies directly under it ([`remote_layout`]): the one kind of data object
+/// there, a `save_to_disk` folder (`state.json`), or, with folders only, an image folder (tar
+/// shards when it holds nothing: their index object names them). A split is read from objects
+/// named by split (`train-00000-of-00002.parquet`), from a prefix's split folders (`train/`,
+/// `test/`, or under `data/`), a `DatasetDict`'s, or an image folder's (`train/<class>/`), as
+/// from a local folder's.
 fn open_remote_source(
     uri: &str,
     dataset: &proto::DatasetSource,
@@ -317,11 +322,15 @@ fn open_remote_source(
         DatasetFormat::Auto if uri.to_ascii_lowercase().ends_with(".parquet") => {
             DatasetFormat::Parquet
         }
-        DatasetFormat::Auto => match remote_kind(uri, &cache).map_err(Error::OpenDataset)? {
-            Some(FileKind::Parquet) => DatasetFormat::Parquet,
-            Some(FileKind::TokenFile) => DatasetFormat::TokenFile,
-            Some(FileKind::Jsonl) => DatasetFormat::Jsonl,
-            Some(FileKind::TarShard) | None => DatasetFormat::TarShards,
+        DatasetFormat::Auto => match remote_layout(uri, &cache).map_err(Error::OpenDataset)? {
+            RemoteLayout::Files(FileKind::Parquet) => DatasetFormat::Parquet,
+            RemoteLayout::Files(FileKind::TokenFile) => DatasetFormat::TokenFile,
+            RemoteLayout::Files(FileKind::Jsonl) => DatasetFormat::Jsonl,
+            RemoteLayout::HfDataset => DatasetFormat::HfDataset,
+            RemoteLayout::Folders => DatasetFormat::ImageFolder,
+            RemoteLayout::Files(FileKind::TarShard) | RemoteLayout::Nothing => {
+                DatasetFormat::TarShards
+            }
         },
         other => other,
     };
@@ -361,11 +370,23 @@ fn open_remote_source(
             )
             .map_err(Error::OpenDataset)?,
         )),
-        other => Err(Error::InvalidSpec(format!(
-            "dataset format {other:?} cannot be read from {uri} yet: s3:// sources hold tar \
-             shards (format AUTO or TAR_SHARDS), Parquet files (PARQUET, or AUTO for a \
-             .parquet key) or a token file (TOKEN_FILE, or AUTO for a .bin key)"
-        ))),
+        DatasetFormat::Jsonl => Ok(Arc::new(
+            JsonlDocuments::open_remote(
+                uri,
+                cache,
+                dataset.text_column.trim(),
+                dataset.label_column.trim(),
+                split.as_deref(),
+            )
+            .map_err(Error::OpenDataset)?,
+        )),
+        DatasetFormat::HfDataset => Ok(Arc::new(
+            HfDataset::open_remote(uri, cache, &column_options(dataset), split.as_deref())
+                .map_err(Error::OpenDataset)?,
+        )),
+        DatasetFormat::Auto | DatasetFormat::ImageFolder => Ok(Arc::new(
+            ImageFolder::open_remote(uri, cache, split.as_deref()).map_err(Error::OpenDataset)?,
+        )),
     }
 }
 
@@ -382,7 +403,7 @@ fn is_s3(name: &str) -> bool {
 }
 
 /// Opens the objects that `s3://` patterns or a list of names select, by their one format: tar
-/// shards, Parquet files, or one token file.
+/// shards, Parquet files, JSONL files, or one token file.
 fn open_remote_names(
     names: &[&str],
     dataset: &proto::DatasetSource,
@@ -408,10 +429,15 @@ fn open_remote_names(
                 uris.len()
             ))),
         },
-        FileKind::Jsonl => Err(Error::InvalidSpec(format!(
-            "{} names JSONL objects: JSONL is read from local files only so far",
-            files.name
-        ))),
+        FileKind::Jsonl => Ok(Arc::new(
+            JsonlDocuments::open_remote_files(
+                files,
+                cache,
+                dataset.text_column.trim(),
+                dataset.label_column.trim(),
+            )
+            .map_err(Error::OpenDataset)?,
+        )),
     }
 }
 
