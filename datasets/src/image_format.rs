@@ -85,12 +85,30 @@ const IMAGE_EXTENSIONS: [&[u8]; 9] = [
     b".jpg", b".jpeg", b".png", b".ppm", b".bmp", b".pgm", b".tif", b".tiff", b".webp",
 ];
 
-/// Whether torchvision's `has_file_allowed_extension` would accept this file name.
-pub(crate) fn has_image_extension(name: &[u8]) -> bool {
-    IMAGE_EXTENSIONS.iter().any(|extension| {
+/// Image files an image folder leaves out, by extension: GIF (torchvision's `ImageFolder` leaves
+/// it out too, so sample indices stay torchvision's) and formats Stoker does not decode.
+const LEFT_OUT_IMAGE_EXTENSIONS: [&[u8]; 14] = [
+    b".gif", b".heic", b".heif", b".avif", b".jxl", b".jp2", b".j2k", b".ico", b".tga", b".psd",
+    b".dng", b".cr2", b".nef", b".exr",
+];
+
+/// Whether `name` ends with one of `extensions`, in any case.
+fn ends_with_any(name: &[u8], extensions: &[&[u8]]) -> bool {
+    extensions.iter().any(|extension| {
         name.len() >= extension.len()
             && name[name.len() - extension.len()..].eq_ignore_ascii_case(extension)
     })
+}
+
+/// Whether torchvision's `has_file_allowed_extension` would accept this file name.
+pub(crate) fn has_image_extension(name: &[u8]) -> bool {
+    ends_with_any(name, &IMAGE_EXTENSIONS)
+}
+
+/// Whether this file name is an image's that an image folder does not take (GIF, HEIC, AVIF,
+/// JPEG 2000, raw camera files...): such files are counted and reported, not read.
+pub(crate) fn is_left_out_image(name: &[u8]) -> bool {
+    ends_with_any(name, &LEFT_OUT_IMAGE_EXTENSIONS)
 }
 
 #[cfg(test)]
@@ -117,6 +135,10 @@ mod tests {
         for name in ["a.gif", "a.txt", "jpg", "a.jpg.tmp", "a.jpe", "a.heic", "a"] {
             assert!(!has_image_extension(name.as_bytes()), "{name}");
         }
+        for name in ["a.GIF", "a.heic", "b.avif", "c.jp2"] {
+            assert!(is_left_out_image(name.as_bytes()), "{name}");
+        }
+        assert!(!is_left_out_image(b"a.jpg") && !is_left_out_image(b"a.txt"));
     }
 
     #[test]

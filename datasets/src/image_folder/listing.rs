@@ -20,7 +20,7 @@ use tracing::warn;
 
 use super::python_order::{compare_like_python, os_str_bytes, path_from_bytes};
 use crate::error::{Error, Result};
-use crate::image_format::has_image_extension;
+use crate::image_format::{has_image_extension, is_left_out_image};
 
 /// A class folder found under the root.
 pub(crate) struct ClassFolder {
@@ -58,9 +58,44 @@ pub(crate) struct FolderListing {
     pub(crate) name_ends: Vec<usize>,
 }
 
+/// Image files a folder leaves out (`image_format::is_left_out_image`): how many, and the first
+/// of them by path (relative to the root, components joined by `/`).
+#[derive(Debug, Default)]
+pub(crate) struct LeftOut {
+    pub(crate) count: u64,
+    pub(crate) first: Option<Vec<u8>>,
+}
+
+impl LeftOut {
+    /// Counts the file at `relative`.
+    pub(crate) fn add(&mut self, relative: Vec<u8>) {
+        self.count += 1;
+        let earlier = self
+            .first
+            .as_ref()
+            .is_some_and(|first| compare_like_python(first, &relative).is_le());
+        if !earlier {
+            self.first = Some(relative);
+        }
+    }
+
+    /// Adds the files `other` counted.
+    pub(crate) fn merge(&mut self, other: LeftOut) {
+        if let Some(first) = other.first {
+            self.add(first);
+            self.count += other.count - 1;
+        }
+    }
+}
+
 /// Lists every folder under `root/class_name` that holds at least one image, in
-/// `sorted(os.walk(...))` order, each with its image file names sorted.
-pub(crate) fn list_class(root: &Path, class_name: &[u8]) -> Vec<FolderListing> {
+/// `sorted(os.walk(...))` order, each with its image file names sorted; with the image files of
+/// formats an image folder does not take, counted in `left_out`.
+pub(crate) fn list_class(
+    root: &Path,
+    class_name: &[u8],
+    left_out: &mut LeftOut,
+) -> Vec<FolderListing> {
     struct PendingFolder {
         relative: Vec<u8>,
         ancestors: Vec<PathBuf>,
@@ -107,6 +142,8 @@ pub(crate) fn list_class(root: &Path, class_name: &[u8]) -> Vec<FolderListing> {
                 let start = file_names.len();
                 file_names.extend_from_slice(name);
                 file_spans.push((start, file_names.len()));
+            } else if is_left_out_image(name) {
+                left_out.add([&folder.relative[..], b"/", name].concat());
             }
         }
         if file_spans.is_empty() {

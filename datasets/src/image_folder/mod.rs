@@ -11,12 +11,12 @@ use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use rayon::prelude::*;
-use tracing::info;
+use tracing::{info, warn};
 
 use crate::cache_stats::CacheStats;
 use crate::error::{Error, Result};
 use crate::sample_source::SampleSource;
-use listing::{find_classes, list_class, FolderListing};
+use listing::{find_classes, list_class, FolderListing, LeftOut};
 use python_order::path_from_bytes;
 
 /// A folder of images with one subfolder per class, indexed the way torchvision's
@@ -33,6 +33,8 @@ pub struct ImageFolder {
     name_ends: Vec<u64>,
     /// How samples are read when the folder is under an `s3://` prefix.
     remote: Option<remote::RemoteImages>,
+    /// Image files left out (see [`ImageFolder::left_out`]): how many, and the first.
+    left_out: Option<(u64, PathBuf)>,
 }
 
 /// A folder holding at least one image; its samples are `first_sample..` up to the next
@@ -68,9 +70,21 @@ impl ImageFolder {
             return Err(Error::TooLarge(root.to_path_buf()));
         }
 
-        let listings: Vec<Vec<FolderListing>> = classes
+        let listings: Vec<(Vec<FolderListing>, LeftOut)> = classes
             .par_iter()
-            .map(|class| list_class(root, &class.name_bytes))
+            .map(|class| {
+                let mut left_out = LeftOut::default();
+                let folders = list_class(root, &class.name_bytes, &mut left_out);
+                (folders, left_out)
+            })
+            .collect();
+        let mut left_out = LeftOut::default();
+        let listings: Vec<Vec<FolderListing>> = listings
+            .into_iter()
+            .map(|(folders, class_left_out)| {
+                left_out.merge(class_left_out);
+                folders
+            })
             .collect();
 
         let class_names: Vec<String> = classes.into_iter().map(|class| class.name).collect();
@@ -97,12 +111,14 @@ impl ImageFolder {
             names: Vec::new(),
             name_ends: Vec::new(),
             remote: None,
+            left_out: None,
         };
         for (label, class_folders) in (0u32..).zip(listings) {
             for listing in class_folders {
                 folder.append(label, listing);
             }
         }
+        folder.report_left_out(left_out);
         folder.names.shrink_to_fit();
         folder.name_ends.shrink_to_fit();
         info!(
@@ -125,6 +141,33 @@ impl ImageFolder {
         self.names.extend_from_slice(&listing.names);
         self.name_ends
             .extend(listing.name_ends.iter().map(|end| base + *end as u64));
+    }
+
+    /// Image files the folder holds but does not take as samples, and the first of them by
+    /// path: GIF (torchvision's `ImageFolder` leaves it out too, so sample indices stay
+    /// torchvision's) and formats Stoker does not decode (HEIC, AVIF, JPEG 2000, JPEG XL, raw
+    /// camera files...). Opening logs them once, with the count and that file. `None` when
+    /// there is none.
+    pub fn left_out(&self) -> Option<(u64, &Path)> {
+        self.left_out
+            .as_ref()
+            .map(|(count, first)| (*count, first.as_path()))
+    }
+
+    /// Keeps and logs (once) what `left_out` counted.
+    fn report_left_out(&mut self, left_out: LeftOut) {
+        let Some(first) = left_out.first else {
+            return;
+        };
+        let first = self.root.join(path_from_bytes(&first));
+        warn!(
+            root = %self.root.display(),
+            files = left_out.count,
+            first = %first.display(),
+            "left out image files an image folder does not take: GIF (as torchvision's \
+             ImageFolder) and formats Stoker does not decode (HEIC, AVIF, JPEG 2000...)"
+        );
+        self.left_out = Some((left_out.count, first));
     }
 
     /// The folder the dataset was opened from (an `s3://` prefix as a path, when remote).
@@ -241,6 +284,29 @@ mod tests {
         assert_eq!(folder.read(3).unwrap(), b"b/4.png");
         assert!(folder.path(4).is_none());
         assert!(folder.describe(4).contains("out of range"));
+    }
+
+    #[test]
+    fn image_files_of_formats_not_taken_are_counted_and_the_first_named() {
+        let temp = tempfile::tempdir().unwrap();
+        touch(temp.path(), "a/1.jpg");
+        touch(temp.path(), "a/x/2.heic");
+        touch(temp.path(), "b/3.png");
+        touch(temp.path(), "b/0.gif");
+        touch(temp.path(), "b/notes.txt");
+        let folder = ImageFolder::open(temp.path()).unwrap();
+        assert_eq!(folder.len(), 2);
+        let (count, first) = folder.left_out().unwrap();
+        assert_eq!(count, 2);
+        assert_eq!(first, temp.path().join("a/x/2.heic"));
+        touch(temp.path(), "a/0.avif");
+        let folder = ImageFolder::open(temp.path()).unwrap();
+        assert_eq!(folder.left_out().unwrap().0, 3);
+        assert_eq!(folder.left_out().unwrap().1, temp.path().join("a/0.avif"));
+        std::fs::remove_dir_all(temp.path().join("a/x")).unwrap();
+        std::fs::remove_file(temp.path().join("a/0.avif")).unwrap();
+        std::fs::remove_file(temp.path().join("b/0.gif")).unwrap();
+        assert!(ImageFolder::open(temp.path()).unwrap().left_out().is_none());
     }
 
     #[test]

@@ -20,10 +20,10 @@ use std::sync::Arc;
 use chrono::{DateTime, Utc};
 use object_store::ObjectMeta;
 
-use super::listing::FolderListing;
+use super::listing::{FolderListing, LeftOut};
 use super::ImageFolder;
 use crate::error::{Error, Result};
-use crate::image_format::has_image_extension;
+use crate::image_format::{has_image_extension, is_left_out_image};
 use crate::split_names::is_split_folder_name;
 use crate::storage::{s3_location, Hint, ObjectCache, Prefetcher, RemoteLocation, Store};
 
@@ -83,6 +83,7 @@ impl ImageFolder {
         }
         // Class -> folder (relative to the prefix, class first) -> images.
         let mut classes: BTreeMap<String, BTreeMap<String, Vec<Listed>>> = BTreeMap::new();
+        let mut left_out = LeftOut::default();
         for object in objects {
             let key = object.location.as_ref();
             let Some(relative) = key.strip_prefix(&base) else {
@@ -95,6 +96,9 @@ impl ImageFolder {
             let Some((folder, name)) = relative.rsplit_once('/') else {
                 continue;
             };
+            if is_left_out_image(name.as_bytes()) {
+                left_out.add(relative.as_bytes().to_vec());
+            }
             if name.is_empty() || !has_image_extension(name.as_bytes()) {
                 continue; // a folder marker, or not an image
             }
@@ -143,6 +147,7 @@ impl ImageFolder {
             names: Vec::new(),
             name_ends: Vec::new(),
             remote: None,
+            left_out: None,
         };
         for (label, folders) in (0u32..).zip(classes.into_values()) {
             for (relative, mut images) in folders {
@@ -170,6 +175,7 @@ impl ImageFolder {
         .map_err(|error| tracing::warn!(%error, "cannot start the read-ahead thread"))
         .ok();
         folder.remote = Some(remote);
+        folder.report_left_out(left_out);
         folder.names.shrink_to_fit();
         folder.name_ends.shrink_to_fit();
         tracing::info!(

@@ -50,6 +50,8 @@ fn an_image_folder_in_a_bucket_reads_in_the_order_torchvision_gives_its_local_co
     copy(first, &root.join("class_00/sub-1/c.png"));
     copy(first, &root.join("class_00-x/d.jpg"));
     std::fs::write(root.join("class_01/notes.txt"), b"not an image").unwrap();
+    std::fs::write(root.join("class_01/anim.gif"), b"GIF89a").unwrap();
+    std::fs::write(root.join("class_02/phone.HEIC"), b"heic").unwrap();
     std::fs::write(root.join("README.md"), b"beside the classes").unwrap();
     let cache = cache(&server, &dir.path().join("cache"));
 
@@ -70,6 +72,14 @@ fn an_image_folder_in_a_bucket_reads_in_the_order_torchvision_gives_its_local_co
         ["class_00", "class_00-x", "class_01", "class_02"]
     );
     assert_same_samples(&remote, &local);
+    // The image files left out are counted and the first named, as locally.
+    let (count, first) = local.left_out().unwrap();
+    assert_eq!(count, 2);
+    assert!(first.ends_with("class_01/anim.gif"), "{}", first.display());
+    assert_eq!(
+        remote.left_out().unwrap(),
+        (2, Path::new("s3://data/imgs/class_01/anim.gif"))
+    );
     for index in 0..local.len() {
         let local_path = local.describe(index);
         let relative = local_path
