@@ -113,6 +113,13 @@ pub trait SampleSource: Send + Sync {
         let _ = indices;
     }
 
+    /// What opening the source found that its user should be told once, in words (an image
+    /// folder's image files of formats it does not take); none by default. The loader hands
+    /// them to its caller (Python logs each as a warning).
+    fn notices(&self) -> Vec<String> {
+        Vec::new()
+    }
+
     /// What the local cache tier did for this source (hits, misses, bytes fetched), for
     /// sources read from an object store; `None` (the default) for local ones.
     fn cache_stats(&self) -> Option<CacheStats> {

@@ -133,6 +133,7 @@ impl DatasetSource {
             only_epoch: spec.resized_epoch.as_ref().map(|r| r.epoch),
             shared_slots,
             dataset_fingerprint: None,
+            notices: Vec::new(),
         };
         let (tasks, queue) = crossbeam_channel::unbounded::<Task>();
         let idle = IdleClock::default();

@@ -209,3 +209,33 @@ def test_a_folder_of_every_format_has_no_bad_sample(dataset: Path, tmp_path: Pat
         assert loader.stats()["bad_samples"] == 0
     finally:
         loader.close()
+
+
+def test_image_files_a_folder_does_not_take_are_logged_once_with_the_first(
+    dataset: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    jpegs = sorted(dataset.rglob("*.jpg"))[:2]
+    for class_name in ("a", "b"):
+        folder = tmp_path / class_name
+        folder.mkdir()
+        for jpeg in jpegs:
+            (folder / jpeg.name).write_bytes(jpeg.read_bytes())
+    (tmp_path / "a" / "phone.heic").write_bytes(b"not decoded")
+    (tmp_path / "b" / "anim.gif").write_bytes(saved(Image.fromarray(photo()), "GIF"))
+    (tmp_path / "b" / "notes.txt").write_text("no image")
+    with caplog.at_level("WARNING", logger="stoker"):
+        loader = stoker.Loader(
+            tmp_path,
+            pipeline=stoker.vision.imagenet_eval(32),
+            batch_size=2,
+            num_threads=1,
+            output="numpy",
+        )
+    try:
+        assert loader.num_samples == 4
+        notices = [r.getMessage() for r in caplog.records if "left out" in r.getMessage()]
+        assert len(notices) == 1, notices
+        assert "left out 2 image file(s)" in notices[0], notices
+        assert str(tmp_path / "a" / "phone.heic") in notices[0], notices
+    finally:
+        loader.close()

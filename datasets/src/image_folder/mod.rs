@@ -160,14 +160,10 @@ impl ImageFolder {
             return;
         };
         let first = self.root.join(path_from_bytes(&first));
-        warn!(
-            root = %self.root.display(),
-            files = left_out.count,
-            first = %first.display(),
-            "left out image files an image folder does not take: GIF (as torchvision's \
-             ImageFolder) and formats Stoker does not decode (HEIC, AVIF, JPEG 2000...)"
-        );
         self.left_out = Some((left_out.count, first));
+        for notice in self.notices() {
+            warn!("{notice}");
+        }
     }
 
     /// The folder the dataset was opened from (an `s3://` prefix as a path, when remote).
@@ -242,6 +238,22 @@ impl SampleSource for ImageFolder {
 
     fn prefetch(&self, indices: &[u64]) {
         self.prefetch_remote(indices);
+    }
+
+    /// The image files left out ([`ImageFolder::left_out`]), with their count and the first.
+    fn notices(&self) -> Vec<String> {
+        self.left_out
+            .iter()
+            .map(|(count, first)| {
+                format!(
+                    "{}: left out {count} image file(s) an image folder does not take (GIF, as \
+                     torchvision's ImageFolder; HEIC, AVIF, JPEG 2000 and other formats Stoker \
+                     does not decode), the first {}",
+                    self.root.display(),
+                    first.display()
+                )
+            })
+            .collect()
     }
 
     fn cache_stats(&self) -> Option<CacheStats> {

@@ -134,6 +134,7 @@ impl EmbeddedSource {
             only_epoch: job.spec().resized_epoch.as_ref().map(|r| r.epoch),
             shared_slots: false,
             dataset_fingerprint: Some(job.dataset_fingerprint()),
+            notices: job.notices(),
         })
     }
 

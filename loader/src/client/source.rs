@@ -46,6 +46,10 @@ pub struct SourceInfo {
     /// or as a coordinator's workers gave it (`None` from workers that give none, and for
     /// Python datasets).
     pub dataset_fingerprint: Option<String>,
+    /// What opening the datasets in this process found that the user should be told once
+    /// ([`stoker_datasets::SampleSource::notices`]); empty when they are opened elsewhere (the
+    /// worker daemons log theirs).
+    pub notices: Vec<String>,
 }
 
 /// A finished batch, and how long building it took once started (queueing excluded: the

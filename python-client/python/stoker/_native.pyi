@@ -119,6 +119,7 @@ class NativeLoader:
     steps_per_epoch: Final[int]
     num_samples: Final[int]
     dataset_fingerprint: Final[str | None]
+    notices: Final[list[str]]
     class_names: Final[list[str]]
     num_threads: Final[int]
     prefetch: Final[int]

@@ -8,6 +8,7 @@ then epochs and resumes (:mod:`stoker.resume`) and batches handed out (:mod:`sto
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Literal
@@ -48,6 +49,8 @@ if TYPE_CHECKING:
     from stoker._native import NativeBatch
 
 __all__ = ["BatchIterator", "Loader"]
+
+_log = logging.getLogger("stoker")
 
 
 class Loader(FromDataset):
@@ -408,6 +411,8 @@ class Loader(FromDataset):
         # Read once: state_dict() must work after close() and in a forked child, where the
         # handle may not be touched.
         self._num_samples: int = self._native.num_samples
+        for notice in self._native.notices:
+            _log.warning("%s", notice)
         self._dataset_fingerprint: str | None = self._native.dataset_fingerprint
         # The position of the next batch to yield, which is what state_dict() saves.
         self._position = resume.Position()

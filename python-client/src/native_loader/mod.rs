@@ -389,6 +389,13 @@ impl NativeLoader {
         Ok(self.held(py).loader()?.info().num_samples)
     }
 
+    /// What opening the datasets in this process found to tell the user once (image files an
+    /// image folder left out); empty in distributed mode (the worker daemons log theirs).
+    #[getter]
+    fn notices(&self, py: Python<'_>) -> PyResult<Vec<String>> {
+        Ok(self.held(py).loader()?.info().notices.clone())
+    }
+
     /// The datasets' fingerprint (this process's, or the workers'); None where there is none.
     #[getter]
     fn dataset_fingerprint(&self, py: Python<'_>) -> PyResult<Option<String>> {

@@ -310,6 +310,15 @@ impl Job {
         }
     }
 
+    /// What opening the job's sources found that its user should be told once
+    /// ([`SampleSource::notices`]), in source order.
+    pub fn notices(&self) -> Vec<String> {
+        self.sources()
+            .iter()
+            .flat_map(|source| source.notices())
+            .collect()
+    }
+
     /// What the object cache did for the job's sources read from an object store.
     pub fn cache_stats(&self) -> Option<stoker_datasets::CacheStats> {
         match &self.builder {

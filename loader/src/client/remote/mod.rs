@@ -179,6 +179,7 @@ impl RemoteSource {
             only_epoch: spec.resized_epoch.as_ref().map(|r| r.epoch),
             shared_slots: false,
             dataset_fingerprint: Some(registered.dataset_fingerprint).filter(|f| !f.is_empty()),
+            notices: Vec::new(),
         };
         Ok(RemoteSource {
             runtime: Arc::new(runtime),
