@@ -113,6 +113,12 @@ pub trait SampleSource: Send + Sync {
         let _ = indices;
     }
 
+    /// The token offset of each document's first token, ascending, for token sources that know
+    /// their documents (a Megatron corpus opened with them); `None` by default.
+    fn document_starts(&self) -> Option<&[u64]> {
+        None
+    }
+
     /// What opening the source found that its user should be told once, in words (an image
     /// folder's image files of formats it does not take); none by default. The loader hands
     /// them to its caller (Python logs each as a warning).

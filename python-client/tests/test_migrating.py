@@ -79,6 +79,12 @@ def test_each_snippet_runs(section: str, data: dict[str, Any]) -> None:
         if "tokens" in names:
             assert names["tokens"].shape[1:] == (33,)
             assert names["tokens"].dtype.name == "uint32"     # the .idx's int32, not the name's
+            for ids in ("positions", "documents"):
+                assert names[ids].shape == names["tokens"].shape
+                assert names[ids].dtype.name == "int32"
+            # Every document here is 20-26 tokens long: a window of 33 crosses a boundary.
+            assert (names["documents"][:, -1] >= 1).all()
+            assert (names["positions"] == 0).sum() > len(names["tokens"])
             return
         assert names["images"].shape[1:] == (64, 64, 3)
         assert names["labels"].shape == (names["images"].shape[0],)

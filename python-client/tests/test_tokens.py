@@ -215,3 +215,50 @@ def test_megatron_corpora_mix_by_weight(tmp_path: Path) -> None:
                     output="numpy") as mixed:
         sources = Counter(np.concatenate([b["source"] for b in mixed]).tolist())
     assert sources[0] == 3 * sources[1] > 0
+
+
+def test_megatron_windows_carry_positions_and_documents_restarting_at_each_boundary(
+    tmp_path: Path,
+) -> None:
+    # Document d holds tokens 100 * d + t: a token says its document and its place in it.
+    lengths = [5, 3, 9, 2, 7, 1, 12, 4, 40, 6] * 4
+    documents = [[100 * d + t for t in range(n)] for d, n in enumerate(lengths)]
+    prefix = tmp_path / "docs_text_document"
+    write_megatron(prefix, documents, code=4)
+    pipeline = [ops.TokenWindows(SEQ_LEN, document_boundaries=True)]
+    batches = load(f"{prefix}.bin", pipeline, seed=3)
+    assert sum(len(b["tokens"]) for b in batches) == (sum(lengths) - 1) // SEQ_LEN
+    for batch in batches:
+        assert set(batch) == {"tokens", "position_ids", "document_ids"}
+        for name in ("position_ids", "document_ids"):
+            assert batch[name].dtype == np.int32
+            assert batch[name].shape == batch["tokens"].shape
+        for tokens, positions, ids in zip(
+            batch["tokens"], batch["position_ids"], batch["document_ids"], strict=True
+        ):
+            document = tokens // 100
+            new = np.concatenate([[True], document[1:] != document[:-1]])
+            assert ids.tolist() == (np.cumsum(new) - 1).tolist()
+            # Positions restart at the row start and at each document start; a document
+            # begun in an earlier window restarts at 0 here, not at its place (tokens % 100).
+            expected = []
+            for k, starts in enumerate(new):
+                expected.append(0 if starts else expected[k - 1] + 1)
+            assert positions.tolist() == expected
+            inner = np.flatnonzero(new[1:]) + 1
+            assert (tokens[inner] % 100 == 0).all(), "ids change at document starts only"
+    # Without the switch the batch is as before.
+    plain = load(f"{prefix}.bin", [ops.TokenWindows(SEQ_LEN)], seed=3)
+    assert set(plain[0]) == {"tokens"}
+    pairs = zip(plain, batches, strict=True)
+    assert all(np.array_equal(a["tokens"], b["tokens"]) for a, b in pairs)
+    # A token file without a document index cannot give them.
+    flat = tmp_path / "flat.bin"
+    np.arange(500, dtype="<u2").tofile(flat)
+    with pytest.raises(ValueError, match="document index"):
+        load(flat, pipeline)
+    assert ops.TokenWindows(8, document_boundaries=True).to_dict() == {
+        "op": "token_windows", "seq_len": 8, "document_boundaries": True,
+    }
+    with pytest.raises(ValueError, match="document_boundaries must be a bool"):
+        ops.TokenWindows(8, document_boundaries=1)  # type: ignore[arg-type]

@@ -5,6 +5,7 @@
 //! |---|---|
 //! | `DecodeImage, ...` | `image` (uint8 NHWC or float32), `label` int64 `[B]` |
 //! | `TokenWindows{seq_len}` | `tokens` `[B, seq_len + 1]` in the file's dtype (uint16/uint32) |
+//! | `TokenWindows{seq_len, document_boundaries}` | `tokens`, and `position_ids`, `document_ids`: int32 `[B, seq_len + 1]` (a corpus with a document index) |
 //! | `Tokenize{path}, PackSequences{seq_len, eos_id, pad_id}` | `input_ids`, `position_ids`, `document_ids`: int32 `[B, seq_len]` |
 //! | `SelectColumns{names, dtype}` | one tensor per column, named like it: float32 or int64 `[B]`; `label` int64 `[B]` |
 //!
@@ -55,6 +56,9 @@ pub enum JobPipeline {
     TokenWindows {
         /// Input length of a window.
         seq_len: u32,
+        /// Whether batches carry `position_ids` and `document_ids` from the corpus's
+        /// document boundaries.
+        documents: bool,
     },
     /// Tokenise text samples and pack them into rows.
     PackedText(PackedText),
@@ -219,6 +223,7 @@ enum CheckedOps<'a> {
     Image(Pipeline),
     TokenWindows {
         seq_len: u32,
+        documents: bool,
     },
     Text {
         tokenizer_path: &'a std::path::Path,
@@ -255,6 +260,7 @@ fn check_ops(ops: &[proto::Op]) -> Result<CheckedOps<'_>> {
         }
         [OpKind::TokenWindows(windows)] => Ok(CheckedOps::TokenWindows {
             seq_len: seq_len(windows.seq_len, "TokenWindows")?,
+            documents: windows.document_boundaries,
         }),
         [OpKind::Tokenize(tokenize), OpKind::PackSequences(pack)] => {
             let (seq_len, eos_id) = pack_arguments(pack)?;
@@ -289,7 +295,9 @@ impl JobPipeline {
     pub fn from_ops(ops: &[proto::Op]) -> Result<JobPipeline> {
         match check_ops(ops)? {
             CheckedOps::Image(pipeline) => Ok(JobPipeline::Image(pipeline)),
-            CheckedOps::TokenWindows { seq_len } => Ok(JobPipeline::TokenWindows { seq_len }),
+            CheckedOps::TokenWindows { seq_len, documents } => {
+                Ok(JobPipeline::TokenWindows { seq_len, documents })
+            }
             CheckedOps::Columns(columns) => Ok(JobPipeline::Columns(columns)),
             CheckedOps::Text {
                 tokenizer_path,
@@ -337,7 +345,7 @@ impl JobPipeline {
     /// The `seq_len` of a TokenWindows pipeline: a token file source needs it to cut windows.
     pub fn token_windows_seq_len(&self) -> Option<u32> {
         match self {
-            JobPipeline::TokenWindows { seq_len } => Some(*seq_len),
+            JobPipeline::TokenWindows { seq_len, .. } => Some(*seq_len),
             _ => None,
         }
     }
@@ -364,6 +372,7 @@ mod tests {
     fn the_first_op_picks_the_kind() {
         let windows = JobPipeline::from_ops(&[op(OpKind::TokenWindows(proto::TokenWindows {
             seq_len: 128,
+            ..Default::default()
         }))])
         .unwrap();
         assert_eq!(windows.token_windows_seq_len(), Some(128));
@@ -384,7 +393,10 @@ mod tests {
 
     #[test]
     fn bad_token_op_lists_name_what_is_wrong() {
-        let windows = op(OpKind::TokenWindows(proto::TokenWindows { seq_len: 0 }));
+        let windows = op(OpKind::TokenWindows(proto::TokenWindows {
+            seq_len: 0,
+            ..Default::default()
+        }));
         let error = JobPipeline::from_ops(&[windows]).unwrap_err().to_string();
         assert!(error.contains("seq_len must be in 1..="), "{error}");
         let tokenize = op(OpKind::Tokenize(proto::Tokenize {
@@ -406,7 +418,10 @@ mod tests {
         let error = JobPipeline::from_ops(&[pack]).unwrap_err().to_string();
         assert!(error.contains("supported token pipelines"), "{error}");
         let mixed = [
-            op(OpKind::TokenWindows(proto::TokenWindows { seq_len: 8 })),
+            op(OpKind::TokenWindows(proto::TokenWindows {
+                seq_len: 8,
+                ..Default::default()
+            })),
             op(OpKind::DecodeImage(proto::DecodeImage::default())),
         ];
         assert!(JobPipeline::from_ops(&mixed).is_err());
@@ -478,7 +493,10 @@ mod tests {
         assert!(error_of(&with_image).contains("[SelectColumns]"));
         let then_windows = [
             select(&["x"], proto::Dtype::Unspecified),
-            op(OpKind::TokenWindows(proto::TokenWindows { seq_len: 8 })),
+            op(OpKind::TokenWindows(proto::TokenWindows {
+                seq_len: 8,
+                ..Default::default()
+            })),
         ];
         assert!(error_of(&then_windows).contains("[SelectColumns]"));
     }
@@ -544,7 +562,10 @@ mod tests {
             "{error}"
         );
         assert!(error.contains(IMAGE_ORDERS), "{error}");
-        let windows = op(OpKind::TokenWindows(proto::TokenWindows { seq_len: 8 }));
+        let windows = op(OpKind::TokenWindows(proto::TokenWindows {
+            seq_len: 8,
+            ..Default::default()
+        }));
         let error = JobPipeline::check(&[flip(), windows.clone()])
             .unwrap_err()
             .to_string();

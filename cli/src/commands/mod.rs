@@ -207,6 +207,7 @@ impl JobArgs {
         if stoker_datasets::looks_like_token_file(data) {
             return Ok(vec![op(OpKind::TokenWindows(proto::TokenWindows {
                 seq_len: self.seq_len,
+                ..Default::default()
             }))]);
         }
         if self.is_text(data) {

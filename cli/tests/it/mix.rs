@@ -79,6 +79,7 @@ fn tokens() -> Tokens {
 fn windows() -> Vec<proto::Op> {
     vec![op(OpKind::TokenWindows(proto::TokenWindows {
         seq_len: SEQ_LEN,
+        ..Default::default()
     }))]
 }
 

@@ -189,7 +189,10 @@ fn a_token_file_truncated_under_a_running_loader_is_an_error_naming_it() {
         .collect();
     std::fs::write(&path, &tokens).unwrap();
     let windows = proto::Op {
-        op: Some(OpKind::TokenWindows(proto::TokenWindows { seq_len: 16 })),
+        op: Some(OpKind::TokenWindows(proto::TokenWindows {
+            seq_len: 16,
+            ..Default::default()
+        })),
     };
     let spec = common::spec_over(&path.to_string_lossy(), vec![windows], 8);
     let loader = Loader::new(

@@ -41,7 +41,10 @@ fn write_counting_tokens(path: &Path, tokens: u32) {
 }
 
 fn windows_spec(path: &Path, seq_len: u32, batch_size: u32) -> JobSpec {
-    let windows = op(OpKind::TokenWindows(proto::TokenWindows { seq_len }));
+    let windows = op(OpKind::TokenWindows(proto::TokenWindows {
+        seq_len,
+        ..Default::default()
+    }));
     spec(path, vec![windows], batch_size)
 }
 

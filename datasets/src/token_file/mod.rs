@@ -58,6 +58,9 @@ pub struct TokenFile {
     seq_len: u32,
     tokens: u64,
     windows: u64,
+    /// The token offset of each document start, ascending (a Megatron corpus's, when asked
+    /// for: [`TokenFile::with_document_starts`]).
+    document_starts: Option<Arc<[u64]>>,
 }
 
 impl TokenFile {
@@ -115,6 +118,20 @@ impl TokenFile {
         TokenFile::over(path, FileBytes::remote(object), dtype, seq_len)
     }
 
+    /// The same windows with the corpus's document boundaries: `starts`, the token offset of
+    /// each document's first token (a Megatron index's, [`crate::MegatronIndex::document_starts`]),
+    /// ascending; offsets at or past the end mark no document.
+    pub fn with_document_starts(mut self, starts: Vec<u64>) -> Result<TokenFile> {
+        if starts.windows(2).any(|pair| pair[0] > pair[1]) {
+            return Err(Error::InvalidArgument(format!(
+                "{}: document starts must ascend",
+                self.path.display()
+            )));
+        }
+        self.document_starts = Some(starts.into());
+        Ok(self)
+    }
+
     /// The windows of `data`, checked.
     fn over(path: PathBuf, data: FileBytes, dtype: TokenDtype, seq_len: u32) -> Result<TokenFile> {
         let bytes = data.len();
@@ -151,6 +168,7 @@ impl TokenFile {
             seq_len,
             tokens,
             windows,
+            document_starts: None,
         })
     }
 
@@ -251,6 +269,10 @@ impl SampleSource for TokenFile {
             dtype: self.dtype,
             seq_len: self.seq_len,
         })
+    }
+
+    fn document_starts(&self) -> Option<&[u64]> {
+        self.document_starts.as_deref()
     }
 
     /// An object's windows `indices` are fetched ahead; a local file's are read where they lie.

@@ -332,18 +332,34 @@ class TokenWindows(Op):
     ``tokens[:, :-1]`` and target ``tokens[:, 1:]`` come from one tensor, as in nanoGPT. The
     batch holds ``"tokens"``: ``(B, seq_len + 1)`` in the file's dtype (uint16 or uint32).
 
+    With ``document_boundaries=True`` (a Megatron corpus, whose ``.idx`` gives its documents)
+    the batch also holds ``"position_ids"`` and ``"document_ids"``, int32 ``(B, seq_len + 1)``:
+    positions count from 0 at each row start and at each document start, document ids from 0
+    at each row start and one more at each document start, so a token attends where the ids
+    are equal (document-masked attention), as packed text's ids do.
+
     Args:
         seq_len: input tokens per window, in 1..=2**24.
+        document_boundaries: also give each token's position in its document and its
+            document; a token file without a document index is refused.
     """
 
     proto_name = "token_windows"
 
-    def __init__(self, seq_len: int) -> None:
+    def __init__(self, seq_len: int, document_boundaries: bool = False) -> None:
         self.seq_len = seq_len
+        if not isinstance(document_boundaries, bool):
+            raise ValueError(
+                f"document_boundaries must be a bool, got {document_boundaries!r}"
+            )
+        self.document_boundaries = document_boundaries
         self._check()
 
     def _fields(self) -> dict[str, Any]:
-        return {"seq_len": self.seq_len}
+        fields: dict[str, Any] = {"seq_len": self.seq_len}
+        if self.document_boundaries:
+            fields["document_boundaries"] = True
+        return fields
 
 
 class Tokenize(Op):

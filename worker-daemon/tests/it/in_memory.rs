@@ -386,6 +386,7 @@ fn a_worker_lets_go_of_a_job_no_task_used_for_its_idle_time_and_opens_it_again()
     let windows = proto::Op {
         op: Some(proto::op::Op::TokenWindows(proto::TokenWindows {
             seq_len: 16,
+            ..Default::default()
         })),
     };
     let job = JobSpec {

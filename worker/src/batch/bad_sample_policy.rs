@@ -166,7 +166,10 @@ mod tests {
     fn assembler() -> BatchAssembler {
         BatchAssembler::new(
             Arc::new(Windows),
-            JobPipeline::TokenWindows { seq_len: 2 },
+            JobPipeline::TokenWindows {
+                seq_len: 2,
+                documents: false,
+            },
             1,
             BadSamplePolicy::Skip,
         )

@@ -123,15 +123,30 @@ impl BatchAssembler {
                 shape: pipeline.image_shape(samples),
                 bytes: 0..pipeline.bytes_per_sample() * samples,
             }],
-            JobPipeline::TokenWindows { seq_len } => {
+            JobPipeline::TokenWindows { seq_len, documents } => {
                 let dtype = self.window_dtype.unwrap_or(TokenDtype::Uint16);
-                let row = (*seq_len as usize + 1) * dtype.size();
-                vec![TensorLayout {
+                let width = *seq_len as usize + 1;
+                let tokens_end = width * dtype.size() * samples;
+                let mut tensors = vec![TensorLayout {
                     name: "tokens".into(),
                     dtype: token_dtype_proto(dtype),
-                    shape: vec![batch, u64::from(*seq_len) + 1],
-                    bytes: 0..row * samples,
-                }]
+                    shape: vec![batch, width as u64],
+                    bytes: 0..tokens_end,
+                }];
+                if *documents {
+                    // 8-byte aligned after the tokens, so int32 views need no copy.
+                    let start = tokens_end.next_multiple_of(8);
+                    let len = width * 4 * samples;
+                    for (i, name) in ["position_ids", "document_ids"].into_iter().enumerate() {
+                        tensors.push(TensorLayout {
+                            name: name.into(),
+                            dtype: proto::Dtype::Int32,
+                            shape: vec![batch, width as u64],
+                            bytes: start + i * len..start + (i + 1) * len,
+                        });
+                    }
+                }
+                tensors
             }
             JobPipeline::PackedText(packed) => {
                 let seq_len = packed.pack.seq_len;

@@ -126,30 +126,44 @@ impl BatchAssembler {
     ) -> Result<Self> {
         let pipeline = pipeline.into();
         let windows = source.token_windows();
-        let window_dtype = match (&pipeline, windows) {
-            (JobPipeline::TokenWindows { seq_len }, Some(shape)) if shape.seq_len == *seq_len => {
-                Some(shape.dtype)
-            }
-            (JobPipeline::TokenWindows { seq_len }, Some(shape)) => {
-                return Err(Error::InvalidSpec(format!(
-                    "the token file was opened with windows of seq_len {} but the pipeline's \
+        let window_dtype =
+            match (&pipeline, windows) {
+                (
+                    JobPipeline::TokenWindows {
+                        documents: true, ..
+                    },
+                    Some(_),
+                ) if source.document_starts().is_none() => {
+                    return Err(Error::InvalidSpec(
+                        "TokenWindows with document_boundaries needs a corpus that knows its \
+                     documents (a Megatron .bin beside its .idx); this token file has no \
+                     document index"
+                            .into(),
+                    ))
+                }
+                (JobPipeline::TokenWindows { seq_len, .. }, Some(shape))
+                    if shape.seq_len == *seq_len =>
+                {
+                    Some(shape.dtype)
+                }
+                (JobPipeline::TokenWindows { seq_len, .. }, Some(shape)) => {
+                    return Err(Error::InvalidSpec(format!(
+                        "the token file was opened with windows of seq_len {} but the pipeline's \
                      TokenWindows asks for {seq_len}",
-                    shape.seq_len
-                )))
-            }
-            (JobPipeline::TokenWindows { .. }, None) => {
-                return Err(Error::InvalidSpec(
+                        shape.seq_len
+                    )))
+                }
+                (JobPipeline::TokenWindows { .. }, None) => return Err(Error::InvalidSpec(
                     "TokenWindows reads token files only; for text use [Tokenize, PackSequences]"
                         .into(),
-                ))
-            }
-            (_, Some(_)) => {
-                return Err(Error::InvalidSpec(
-                    "a token file is read through a [TokenWindows] pipeline".into(),
-                ))
-            }
-            (_, None) => None,
-        };
+                )),
+                (_, Some(_)) => {
+                    return Err(Error::InvalidSpec(
+                        "a token file is read through a [TokenWindows] pipeline".into(),
+                    ))
+                }
+                (_, None) => None,
+            };
         if !source.has_sample_bytes() && !matches!(pipeline, JobPipeline::Columns(_)) {
             return Err(Error::InvalidSpec(
                 "the dataset has numeric columns only (no image or text column); read it with \
@@ -258,13 +272,19 @@ impl BatchAssembler {
             AssembledBatch::start(key, self.layout(samples), samples, buffer.len())?;
         match &self.pipeline {
             JobPipeline::Image(_) | JobPipeline::TokenWindows { .. } => {
+                // The rows' tensor first (a TokenWindows batch with documents has the
+                // boundaries' tensors after it, filled below).
+                let rows_end = assembled
+                    .tensors
+                    .first()
+                    .map_or(buffer.len(), |tensor| tensor.bytes.end);
                 let row_bytes = if indices.is_empty() {
                     1
                 } else {
-                    buffer.len() / indices.len()
+                    rows_end / indices.len()
                 };
                 let labelled = matches!(self.pipeline, JobPipeline::Image(_));
-                let outcomes: Vec<Result<SampleOutcome<()>>> = buffer
+                let outcomes: Vec<Result<SampleOutcome<()>>> = buffer[..rows_end]
                     .par_chunks_mut(row_bytes.max(1))
                     .zip(indices.par_iter())
                     .enumerate()
@@ -276,13 +296,22 @@ impl BatchAssembler {
                         })
                     })
                     .collect();
+                let mut used = Vec::with_capacity(indices.len());
                 for outcome in outcomes {
                     let outcome = outcome?;
                     if labelled {
                         assembled.labels.push(self.source.label(outcome.used));
                     }
+                    used.push(outcome.used);
                     assembled.timings.add(&outcome.timings);
                     assembled.bad_samples.extend(outcome.bad);
+                }
+                if let JobPipeline::TokenWindows {
+                    seq_len,
+                    documents: true,
+                } = self.pipeline
+                {
+                    self.document_ids(seq_len, &used, buffer, &assembled.tensors);
                 }
             }
             JobPipeline::Columns(_) => {
@@ -444,6 +473,42 @@ impl BatchAssembler {
                 "this pipeline is not assembled row by row".into(),
             )
             .into()),
+        }
+    }
+
+    /// Writes the `position_ids` and `document_ids` of the windows `used` (the windows the rows
+    /// hold, in row order) into their tensors of `layout` in `buffer`, from the source's
+    /// document starts: positions count from 0 at each row start and each document start,
+    /// document ids from 0 at each row start and one more at each document start.
+    fn document_ids(&self, seq_len: u32, used: &[u64], buffer: &mut [u8], layout: &[TensorLayout]) {
+        let starts = self.source.document_starts().unwrap_or(&[]);
+        let (Some(positions), Some(documents)) = (layout.get(1), layout.get(2)) else {
+            return;
+        };
+        let width = seq_len as usize + 1;
+        let (head, tail) = buffer.split_at_mut(documents.bytes.start);
+        let positions = &mut head[positions.bytes.clone()];
+        let documents = &mut tail[..documents.bytes.len()];
+        for (row, &window) in used.iter().enumerate() {
+            let first = window * u64::from(seq_len);
+            // The next document start after the row's first token.
+            let mut next = starts.partition_point(|&start| start <= first);
+            let mut position = 0i32;
+            let mut document = 0i32;
+            for k in 0..width {
+                let token = first + k as u64;
+                if k > 0 && starts.get(next) == Some(&token) {
+                    position = 0;
+                    document += 1;
+                }
+                while starts.get(next).is_some_and(|&start| start <= token) {
+                    next += 1;
+                }
+                let at = (row * width + k) * 4;
+                positions[at..at + 4].copy_from_slice(&position.to_le_bytes());
+                documents[at..at + 4].copy_from_slice(&document.to_le_bytes());
+                position += 1;
+            }
         }
     }
 

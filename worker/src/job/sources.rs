@@ -11,8 +11,8 @@ use stoker_datasets::{
     looks_like_parquet, looks_like_tar_shards, looks_like_token_file, megatron_pair, open_megatron,
     open_remote_megatron, parse_dataset_uri, remote_layout, remote_split_prefix, resolve_local,
     resolve_remote, DatasetLocation, FileKind, HfDataset, ImageFolder, JsonlDocuments, LocalSource,
-    ObjectCache, ParquetDataset, ParquetOptions, RemoteLayout, SampleSource, TarShards, TokenDtype,
-    TokenFile,
+    MegatronIndex, ObjectCache, ParquetDataset, ParquetOptions, RemoteLayout, SampleSource,
+    TarShards, TokenDtype, TokenFile,
 };
 use stoker_proto::v1::{self as proto, op::Op as OpKind, DatasetFormat, JobSpec};
 
@@ -242,14 +242,33 @@ fn open_token_file(
     })?;
     // A Megatron corpus (the .bin beside its .idx): the dtype is the index's.
     if megatron_pair(path).is_some() {
-        let (tokens, _) =
+        let (tokens, index) =
             open_megatron(path, token_dtype(dataset)?, seq_len).map_err(Error::OpenDataset)?;
-        return Ok(Arc::new(tokens));
+        return with_documents(tokens, &index, ops);
     }
     let dtype = token_dtype(dataset)?.unwrap_or_else(|| TokenDtype::from_file_name(path));
     Ok(Arc::new(
         TokenFile::open(path, dtype, seq_len).map_err(Error::OpenDataset)?,
     ))
+}
+
+/// The Megatron corpus `tokens`, with the document starts of its `index` when the pipeline's
+/// `TokenWindows` asks for document boundaries (kept only then: a `u64` per document).
+fn with_documents(
+    tokens: TokenFile,
+    index: &MegatronIndex,
+    ops: &[proto::Op],
+) -> Result<Arc<dyn SampleSource>> {
+    let wanted = ops.iter().any(
+        |op| matches!(&op.op, Some(OpKind::TokenWindows(windows)) if windows.document_boundaries),
+    );
+    if !wanted {
+        return Ok(Arc::new(tokens));
+    }
+    let tokens = tokens
+        .with_document_starts(index.document_starts())
+        .map_err(Error::OpenDataset)?;
+    Ok(Arc::new(tokens))
 }
 
 /// The `seq_len` of the op list's `TokenWindows` op, if it has one.
@@ -354,8 +373,8 @@ fn open_remote_source(
             // A Megatron corpus (its .idx beside the .bin): the dtype is the index's.
             let megatron = open_remote_megatron(uri, Arc::clone(&cache), dtype, seq_len)
                 .map_err(Error::OpenDataset)?;
-            if let Some((tokens, _)) = megatron {
-                return Ok(Arc::new(tokens));
+            if let Some((tokens, index)) = megatron {
+                return with_documents(tokens, &index, ops);
             }
             Ok(Arc::new(
                 TokenFile::open_remote(uri, cache, dtype, seq_len).map_err(Error::OpenDataset)?,

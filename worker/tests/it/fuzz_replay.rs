@@ -335,6 +335,7 @@ fn write_seed_corpora() -> TestResult<()> {
             "token_windows",
             spec(vec![op(OpKind::TokenWindows(proto::TokenWindows {
                 seq_len: 64,
+                ..Default::default()
             }))]),
         ),
         (

@@ -56,7 +56,10 @@ fn each_mixed_source_is_told_its_samples_of_this_batch_and_the_next() {
         recorders.push(recorder);
     }
     let windows = vec![proto::Op {
-        op: Some(OpKind::TokenWindows(proto::TokenWindows { seq_len: 4 })),
+        op: Some(OpKind::TokenWindows(proto::TokenWindows {
+            seq_len: 4,
+            ..Default::default()
+        })),
     }];
     let source = |name: &str, weight: f64| proto::MixSource {
         dataset: Some(proto::DatasetSource {
@@ -138,7 +141,10 @@ fn a_mix_whose_batches_would_lay_out_too_many_windows_is_refused_by_name() {
                     ..Default::default()
                 }),
                 pipeline: vec![proto::Op {
-                    op: Some(OpKind::TokenWindows(proto::TokenWindows { seq_len: 4 })),
+                    op: Some(OpKind::TokenWindows(proto::TokenWindows {
+                        seq_len: 4,
+                        ..Default::default()
+                    })),
                 }],
                 weight: 1.0,
             }],

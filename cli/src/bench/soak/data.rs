@@ -17,6 +17,7 @@ pub(crate) fn spec(data: &Path, kind: DataKind, rank: u32, world: u32, batch: u3
         DataKind::Tokens => vec![proto::Op {
             op: Some(OpKind::TokenWindows(proto::TokenWindows {
                 seq_len: SEQ_LEN,
+                ..Default::default()
             })),
         }],
     };
