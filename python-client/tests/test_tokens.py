@@ -210,7 +210,10 @@ def test_megatron_corpora_mix_by_weight(tmp_path: Path) -> None:
         stoker.mix({corpora[0]: 1, corpora[1]: 1}, pipeline=[ops.TokenWindows(SEQ_LEN)],
                    batch_size=8, output="numpy")
     write_megatron(tmp_path / "corpus2", [[7] * 50 for _ in range(40)], code=4)
-    with stoker.mix({corpora[1]: 3, f"{tmp_path / 'corpus2'}.idx": 1},
+    # A Megatron blend string names the same mix.
+    blend = f"3 {tmp_path / 'corpus1'} 1 {tmp_path / 'corpus2'}.idx"
+    assert stoker.megatron_blend(blend) == {corpora[1]: 3.0, f"{tmp_path / 'corpus2'}.bin": 1.0}
+    with stoker.mix(stoker.megatron_blend(blend),
                     pipeline=[ops.TokenWindows(SEQ_LEN)], batch_size=8, window=4,
                     output="numpy") as mixed:
         sources = Counter(np.concatenate([b["source"] for b in mixed]).tolist())
@@ -262,3 +265,15 @@ def test_megatron_windows_carry_positions_and_documents_restarting_at_each_bound
     }
     with pytest.raises(ValueError, match="document_boundaries must be a bool"):
         ops.TokenWindows(8, document_boundaries=1)  # type: ignore[arg-type]
+
+
+def test_megatron_blends_are_read_as_megatron_reads_them() -> None:
+    assert stoker.megatron_blend(["0.3", "a_text_document", "0.7", "b.bin"]) == {
+        "a_text_document.bin": 0.3, "b.bin": 0.7,
+    }
+    assert stoker.megatron_blend("a b.idx") == {"a.bin": 1.0, "b.bin": 1.0}
+    for bad, problem in [("", "at least one"), ("0.3 a 0.7", "alternates"),
+                         ("0 a 1 b", "positive"), ("-1 a 1 b", "positive"),
+                         ("0.5 a 0.5 a.bin", "twice"), ("0.5 0.5", "stands where")]:
+        with pytest.raises(ValueError, match=problem):
+            stoker.megatron_blend(bad)

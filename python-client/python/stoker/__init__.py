@@ -25,7 +25,7 @@ from stoker.batches import BatchIterator
 from stoker.dataset import sample_rng, sample_seed
 from stoker.errors import *  # noqa: F403 (the exceptions, exported here too)
 from stoker.loader import Loader
-from stoker.mix import Source, mix
+from stoker.mix import Source, megatron_blend, mix
 
 try:
     __version__: str = version("stoker")
@@ -37,6 +37,7 @@ __all__ = [
     "Loader",
     "Source",
     "__version__",
+    "megatron_blend",
     "mix",
     "ops",
     "sample_rng",

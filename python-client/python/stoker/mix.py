@@ -9,7 +9,7 @@ world_size, step): the same for any thread count, in-process or through a coordi
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Final, Literal
 
 from stoker import _native
@@ -19,7 +19,7 @@ from stoker.mix_request import MixRequest, Source
 from stoker.ops import Op
 from stoker.samples import loading_epoch
 
-__all__ = ["Source", "mix"]
+__all__ = ["Source", "megatron_blend", "mix"]
 
 DEFAULT_WINDOW: Final = 100
 # The widest window the native side lays out (MAX_MIX_WINDOW).
@@ -264,3 +264,48 @@ def mix(
         batch_size=batch_size,
         **loader_args,
     )
+
+
+def megatron_blend(blend: str | Sequence[str]) -> dict[str, float]:
+    """The sources of a Megatron blend (``--data-path``), for :func:`mix`.
+
+    ``"0.3 /data/web_text_document 0.7 /data/code_text_document"`` (or the same as a list of
+    strings, as Megatron's ``--data-path`` takes it) gives ``{"/data/web_text_document.bin":
+    0.3, "/data/code_text_document.bin": 0.7}``; prefixes without weights weigh 1 each, as
+    Megatron weighs them alike. A prefix may also be written with its ``.bin`` or ``.idx``.
+
+    Raises:
+        ValueError: the blend is empty, mixes weighted and unweighted prefixes, has a weight
+            that is not a positive number, or names a prefix twice.
+    """
+    parts = blend.split() if isinstance(blend, str) else [str(part) for part in blend]
+    if not parts:
+        raise ValueError("a Megatron blend names at least one prefix")
+
+    def weight(text: str) -> float | None:
+        try:
+            return float(text)
+        except ValueError:
+            return None
+
+    weighted = weight(parts[0]) is not None
+    if weighted and len(parts) % 2:
+        raise ValueError(f"a weighted Megatron blend alternates weight and prefix: {blend!r}")
+    pairs = (
+        [(weight(parts[k]), parts[k + 1]) for k in range(0, len(parts), 2)]
+        if weighted
+        else [(1.0, part) for part in parts]
+    )
+    sources: dict[str, float] = {}
+    for value, prefix in pairs:
+        if value is None or not value > 0 or value == float("inf"):
+            raise ValueError(f"a blend's weights are positive numbers; got {blend!r}")
+        if weight(prefix) is not None:
+            raise ValueError(f"{prefix!r} stands where a prefix should in {blend!r}")
+        for ending in (".bin", ".idx"):
+            prefix = prefix.removesuffix(ending)
+        if f"{prefix}.bin" in sources:
+            raise ValueError(f"{prefix} appears twice in the blend {blend!r}")
+        sources[f"{prefix}.bin"] = value
+    return sources
+
