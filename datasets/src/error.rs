@@ -323,6 +323,16 @@ pub enum Error {
         index: PathBuf,
     },
 
+    /// An MDS dataset's `index.json` or shard that cannot be read: cut short, inconsistent
+    /// with its index, or using what Stoker does not read.
+    #[error("{}: {problem}", path.display())]
+    Mds {
+        /// The index or shard file.
+        path: PathBuf,
+        /// What is wrong.
+        problem: String,
+    },
+
     /// A token file with fewer tokens than one window.
     #[error("token file {path} holds {tokens} tokens, fewer than one window of {window}")]
     TokenFileTooShort {

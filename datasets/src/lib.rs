@@ -13,6 +13,8 @@
 //! - [`ParquetDataset`]: rows of Parquet files (image bytes or text, plus labels), read by
 //!   row group; [`write_parquet`] writes any source as Parquet, and
 //!   [`ParquetDataset::read_f32_columns`] reads numeric columns as tensors.
+//! - [`MdsDataset`]: Mosaic Streaming's MDS shards (`index.json` and `shard.NNNNN.mds`, or
+//!   zstd/gz-compressed), read in place; [`write_mds`] writes the same layout.
 //! - [`HfDataset`]: a Hugging Face `datasets` folder as `save_to_disk` writes it (Arrow IPC
 //!   stream shards + `dataset_info.json`), its `Image`, string, `ClassLabel` and numeric
 //!   features mapped to samples, labels, class names and numeric columns; read by record batch.
@@ -72,6 +74,7 @@ mod image_format;
 mod inspect;
 mod jsonl;
 mod mapped_file;
+mod mds;
 mod megatron;
 mod naming;
 mod parquet_files;
@@ -93,6 +96,7 @@ pub use inspect::{inspect_image_folder, inspect_samples, DatasetReport, Summary}
 pub use jsonl::{
     looks_like_jsonl, JsonlDocuments, JsonlReport, DEFAULT_LABEL_FIELD, DEFAULT_TEXT_FIELD,
 };
+pub use mds::{looks_like_mds, write_mds, MdsColumn, MdsDataset, MdsOptions, MDS_INDEX_FILE};
 pub use megatron::{
     megatron_pair, open_megatron, open_remote_megatron, write_megatron_corpus, MegatronIndex,
     MEGATRON_INDEX_MAGIC,

@@ -91,10 +91,11 @@ pub(crate) fn dataset_format(format: &str) -> PyResult<proto::DatasetFormat> {
         "tokens" => proto::DatasetFormat::TokenFile,
         "jsonl" => proto::DatasetFormat::Jsonl,
         "hf" => proto::DatasetFormat::HfDataset,
+        "mds" => proto::DatasetFormat::Mds,
         other => {
             return Err(PyValueError::new_err(format!(
                 "format must be \"auto\", \"image_folder\", \"tar\", \"parquet\", \"tokens\", \
-                 \"jsonl\" or \"hf\", got {other:?}"
+                 \"jsonl\", \"hf\" or \"mds\", got {other:?}"
             )))
         }
     })

@@ -1,6 +1,6 @@
 """docs/migrating.md: every Python snippet runs as written, over small data of the kind its
-section names (an image folder, WebDataset-style shards, a hub repository with two splits, a
-Megatron corpus written in its published layout)."""
+section names (an image folder, WebDataset-style shards, a hub repository with two splits, MDS
+shards and a Megatron corpus written in their published layouts)."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from test_mds import write_mds
 from test_tokens import write_megatron
 
 from conftest import REPO, daemon_binary
@@ -56,8 +57,12 @@ def data(dataset: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, A
     documents = [[70_000 + 50 * d + t for t in range(20 + d % 7)] for d in range(60)]
     megatron = root / "corpus_text_document"
     write_megatron(megatron, documents, code=4)
+    classes = sorted(p.name for p in dataset.iterdir() if p.is_dir())
+    images = [(f.read_bytes(), k) for k, c in enumerate(classes)
+              for f in sorted((dataset / c).iterdir())]
+    write_mds(root / "mds", images, per_shard=40, compress=True)
     return {"image_root": dataset, "shard_dir": shards, "hub_repo": hub,
-            "megatron_prefix": megatron, "rank": 1, "world_size": 2}
+            "megatron_prefix": megatron, "mds_root": root / "mds", "rank": 1, "world_size": 2}
 
 
 def test_the_page_has_one_runnable_section_per_peer() -> None:
@@ -65,6 +70,7 @@ def test_the_page_has_one_runnable_section_per_peer() -> None:
         "PyTorch `DataLoader` with `DistributedSampler`",
         "WebDataset",
         "Hugging Face `datasets`",
+        "Mosaic Streaming (MDS)",
         "Megatron-LM, NeMo and GPT-NeoX indexed corpora",
     }
 

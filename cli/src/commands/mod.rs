@@ -88,7 +88,8 @@ pub enum OnError {
 pub struct JobArgs {
     /// Dataset: an ImageFolder root (class folders of images), a folder of
     /// WebDataset-style `.tar` shards (or one `.tar`), a folder of `.parquet` files (or one
-    /// `.parquet`; `image` + `label` columns, as `stoker convert --to parquet` writes), a token
+    /// `.parquet`; `image` + `label` columns, as `stoker convert --to parquet` writes), a Mosaic
+    /// MDS folder (`index.json` and its shards), a token
     /// file (`*.bin`, served as windows of --seq-len + 1 tokens) or JSON Lines text (a `.jsonl`
     /// file or a folder of them, tokenised with --tokenizer and packed into rows of --seq-len).
     /// `s3://BUCKET/PREFIX` (any of these, or a `save_to_disk` folder) is read through the local

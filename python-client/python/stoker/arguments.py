@@ -251,7 +251,7 @@ def dashboard_address(dashboard: int | str | None) -> str | None:
 
 
 # Dataset formats a source may name (None: picked from the files).
-FORMATS: Final = ("image_folder", "tar", "parquet", "tokens", "jsonl", "hf")
+FORMATS: Final = ("image_folder", "tar", "parquet", "tokens", "jsonl", "hf", "mds")
 
 
 def check_prefetch(prefetch: object) -> int:

@@ -7,12 +7,12 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use stoker_datasets::{
-    is_pattern, kind_of, kind_of_files, looks_like_hf_dataset, looks_like_jsonl,
+    is_pattern, kind_of, kind_of_files, looks_like_hf_dataset, looks_like_jsonl, looks_like_mds,
     looks_like_parquet, looks_like_tar_shards, looks_like_token_file, megatron_pair, open_megatron,
     open_remote_megatron, parse_dataset_uri, remote_layout, remote_split_prefix, resolve_local,
     resolve_remote, DatasetLocation, FileKind, HfDataset, ImageFolder, JsonlDocuments, LocalSource,
-    MegatronIndex, ObjectCache, ParquetDataset, ParquetOptions, RemoteLayout, SampleSource,
-    TarShards, TokenDtype, TokenFile,
+    MdsDataset, MdsOptions, MegatronIndex, ObjectCache, ParquetDataset, ParquetOptions,
+    RemoteLayout, SampleSource, TarShards, TokenDtype, TokenFile,
 };
 use stoker_proto::v1::{self as proto, op::Op as OpKind, DatasetFormat, JobSpec};
 
@@ -133,6 +133,7 @@ pub fn open_source(
     let format = match dataset.format() {
         DatasetFormat::Auto if looks_like_tar_shards(path) => DatasetFormat::TarShards,
         DatasetFormat::Auto if looks_like_hf_dataset(path) => DatasetFormat::HfDataset,
+        DatasetFormat::Auto if looks_like_mds(path) => DatasetFormat::Mds,
         DatasetFormat::Auto if looks_like_parquet(path) => DatasetFormat::Parquet,
         DatasetFormat::Auto if looks_like_token_file(path) || is_megatron_index(path) => {
             DatasetFormat::TokenFile
@@ -161,6 +162,22 @@ pub fn open_source(
         DatasetFormat::HfDataset => Ok(Arc::new(
             HfDataset::open(path, &column_options(dataset)).map_err(Error::OpenDataset)?,
         )),
+        DatasetFormat::Mds => Ok(Arc::new(
+            MdsDataset::open(path, &mds_options(dataset)).map_err(Error::OpenDataset)?,
+        )),
+    }
+}
+
+/// The columns the spec names for an MDS dataset: the sample column is its image column, else
+/// its text column ("" = pick by name).
+fn mds_options(dataset: &proto::DatasetSource) -> MdsOptions {
+    let named = |column: &str| {
+        let column = column.trim();
+        (!column.is_empty()).then(|| column.to_string())
+    };
+    MdsOptions {
+        sample_column: named(&dataset.image_column).or_else(|| named(&dataset.text_column)),
+        label_column: named(&dataset.label_column),
     }
 }
 
@@ -406,6 +423,9 @@ fn open_remote_source(
         DatasetFormat::Auto | DatasetFormat::ImageFolder => Ok(Arc::new(
             ImageFolder::open_remote(uri, cache, split.as_deref()).map_err(Error::OpenDataset)?,
         )),
+        DatasetFormat::Mds => Err(Error::InvalidSpec(format!(
+            "{uri}: MDS shards are read from local folders only so far"
+        ))),
     }
 }
 

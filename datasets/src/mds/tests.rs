@@ -1,0 +1,237 @@
+//! MDS shards written by [`write_mds`] in Streaming's layout, read back: every encoding a sample
+//! or label column may use, compressed shards, and damaged files named in errors.
+
+use super::*;
+
+fn column(name: &str, encoding: &str, size: Option<u32>) -> MdsColumn {
+    MdsColumn {
+        name: name.into(),
+        encoding: encoding.into(),
+        size,
+    }
+}
+
+/// 10 samples: an image (`jpeg` bytes of its own), an int64 label, a uint8 `cls`, a text.
+fn samples() -> (Vec<MdsColumn>, Vec<Vec<Vec<u8>>>) {
+    let columns = vec![
+        column("text", "str", None),
+        column("image", "jpeg", None),
+        column("label", "int", Some(8)),
+        column("cls", "uint8", Some(1)),
+    ];
+    let rows = (0..10u8)
+        .map(|k| {
+            vec![
+                format!("document {k}").into_bytes(),
+                vec![k; 3 + usize::from(k)],
+                i64::from(k % 4).to_le_bytes().to_vec(),
+                vec![9 - k],
+            ]
+        })
+        .collect();
+    (columns, rows)
+}
+
+fn open(dir: &Path, options: &MdsOptions, cache: &Path) -> Result<MdsDataset> {
+    let cache = cache.to_path_buf();
+    MdsDataset::open_with_cache(dir, options, &move || Ok(ObjectCacheOptions::new(&cache)))
+}
+
+#[test]
+fn samples_and_labels_read_back_plain_and_compressed() {
+    let temp = tempfile::tempdir().unwrap();
+    let (columns, rows) = samples();
+    for (name, compression) in [("plain", None), ("zstd", Some("zstd:7"))] {
+        let dir = temp.path().join(name);
+        assert_eq!(write_mds(&dir, &columns, &rows, 4, compression).unwrap(), 3);
+        assert!(looks_like_mds(&dir));
+        let dataset = open(&dir, &MdsOptions::default(), &temp.path().join("cache")).unwrap();
+        assert_eq!(dataset.len(), 10);
+        assert_eq!(dataset.shard_sizes(), Some(vec![4, 4, 2]));
+        assert_eq!(dataset.class_names(), ["0", "1", "2", "3"]);
+        for k in 0..10u8 {
+            assert_eq!(
+                dataset.read(u64::from(k)).unwrap(),
+                vec![k; 3 + usize::from(k)]
+            );
+            assert_eq!(dataset.label(u64::from(k)), i64::from(k % 4));
+        }
+        assert!(
+            dataset.describe(5).ends_with("shard.00001.mds:sample 1")
+                || dataset
+                    .describe(5)
+                    .ends_with("shard.00001.mds.zstd:sample 1")
+        );
+        // Other columns by name: the text, and the uint8 labels.
+        let named = MdsOptions {
+            sample_column: Some("text".into()),
+            label_column: Some("cls".into()),
+        };
+        let text = open(&dir, &named, &temp.path().join("cache")).unwrap();
+        assert_eq!(text.read(2).unwrap(), b"document 2");
+        assert_eq!(text.label(2), 7);
+    }
+}
+
+#[test]
+fn pil_images_become_pnm_and_other_columns_are_refused_by_name() {
+    let temp = tempfile::tempdir().unwrap();
+    let pil = |mode: &str, pixels: &[u8], width: u32, height: u32| {
+        let mut bytes = Vec::new();
+        for word in [width, height, mode.len() as u32] {
+            bytes.extend_from_slice(&word.to_le_bytes());
+        }
+        bytes.extend_from_slice(mode.as_bytes());
+        bytes.extend_from_slice(pixels);
+        bytes
+    };
+    let columns = vec![column("img", "pil", None), column("label", "str_int", None)];
+    let rows = vec![
+        vec![pil("RGB", &[1, 2, 3, 4, 5, 6], 2, 1), b"4".to_vec()],
+        vec![pil("L", &[7, 8], 1, 2), b" 5".to_vec()],
+        vec![pil("RGBA", &[0; 4], 1, 1), b"6".to_vec()],
+    ];
+    let dir = temp.path().join("pil");
+    write_mds(&dir, &columns, &rows, 10, None).unwrap();
+    let dataset = open(&dir, &MdsOptions::default(), temp.path()).unwrap();
+    assert_eq!(
+        dataset.read(0).unwrap(),
+        b"P6\n2 1\n255\n\x01\x02\x03\x04\x05\x06"
+    );
+    assert_eq!(dataset.read(1).unwrap(), b"P5\n1 2\n255\n\x07\x08");
+    let error = dataset.read(2).unwrap_err().to_string();
+    assert!(
+        error.contains("shard.00000.mds") && error.contains("RGB or L"),
+        "{error}"
+    );
+    assert_eq!(
+        (0..3).map(|k| dataset.label(k)).collect::<Vec<_>>(),
+        [4, 5, 6]
+    );
+
+    let error = open(
+        &dir,
+        &MdsOptions {
+            sample_column: Some("label".into()),
+            ..MdsOptions::default()
+        },
+        temp.path(),
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(
+        error.contains("column \"label\" is encoded str_int"),
+        "{error}"
+    );
+    let error = open(
+        &dir,
+        &MdsOptions {
+            label_column: Some("img".into()),
+            ..MdsOptions::default()
+        },
+        temp.path(),
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(
+        error.contains("label column \"img\" is encoded pil"),
+        "{error}"
+    );
+    let error = open(
+        &dir,
+        &MdsOptions {
+            sample_column: Some("nope".into()),
+            ..MdsOptions::default()
+        },
+        temp.path(),
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(error.contains("img (pil), label (str_int)"), "{error}");
+}
+
+#[test]
+fn damaged_shards_and_indexes_are_errors_naming_the_file() {
+    let temp = tempfile::tempdir().unwrap();
+    let (columns, rows) = samples();
+    let dir = temp.path().join("set");
+    write_mds(&dir, &columns, &rows, 4, None).unwrap();
+    let shard = dir.join("shard.00001.mds");
+    let bytes = std::fs::read(&shard).unwrap();
+
+    // Cut short: the last offset runs past the end.
+    std::fs::write(&shard, &bytes[..bytes.len() - 3]).unwrap();
+    let error = open(&dir, &MdsOptions::default(), temp.path())
+        .unwrap_err()
+        .to_string();
+    assert!(
+        error.contains("shard.00001.mds") && error.contains("offsets"),
+        "{error}"
+    );
+
+    // Another sample count than the index's.
+    let mut other = bytes.clone();
+    other[0] = 3;
+    std::fs::write(&shard, &other).unwrap();
+    let error = open(&dir, &MdsOptions::default(), temp.path())
+        .unwrap_err()
+        .to_string();
+    assert!(
+        error.contains("holds 3 samples but index.json says 4"),
+        "{error}"
+    );
+
+    // Offsets that run backwards.
+    let mut backwards = bytes.clone();
+    backwards[8..12].copy_from_slice(&u32::MAX.to_le_bytes());
+    std::fs::write(&shard, &backwards).unwrap();
+    let error = open(&dir, &MdsOptions::default(), temp.path())
+        .unwrap_err()
+        .to_string();
+    assert!(error.contains("backwards"), "{error}");
+
+    // A sample whose sizes do not add up is a bad sample naming the shard and the sample.
+    std::fs::write(&shard, &bytes).unwrap();
+    let dataset = open(&dir, &MdsOptions::default(), temp.path()).unwrap();
+    let mut sized = bytes.clone();
+    let first = u32::from_le_bytes([sized[4], sized[5], sized[6], sized[7]]) as usize;
+    sized[first..first + 4].copy_from_slice(&1000u32.to_le_bytes());
+    std::fs::write(&shard, &sized).unwrap();
+    let error = dataset.read(4).unwrap_err().to_string();
+    assert!(error.contains("shard.00001.mds: sample 0"), "{error}");
+
+    // A damaged compressed shard names itself.
+    let zipped = temp.path().join("zipped");
+    write_mds(&zipped, &columns, &rows, 4, Some("zstd")).unwrap();
+    std::fs::write(
+        zipped.join("shard.00002.mds.zstd"),
+        b"\x28\xb5\x2f\xfdgarbage",
+    )
+    .unwrap();
+    let error = open(&zipped, &MdsOptions::default(), &temp.path().join("c"))
+        .unwrap_err()
+        .to_string();
+    assert!(error.contains("shard.00002.mds.zstd"), "{error}");
+
+    // An index of another format, or naming a file outside the folder.
+    let index = dir.join(MDS_INDEX_FILE);
+    let text = std::fs::read_to_string(&index).unwrap();
+    std::fs::write(&index, text.replace("\"mds\"", "\"jsonl\"")).unwrap();
+    assert!(!looks_like_mds(&dir));
+    let error = open(&dir, &MdsOptions::default(), temp.path())
+        .unwrap_err()
+        .to_string();
+    assert!(error.contains("MDS version 2 is read"), "{error}");
+    std::fs::write(
+        &index,
+        text.replace("shard.00000.mds", "../shard.00000.mds"),
+    )
+    .unwrap();
+    let error = open(&dir, &MdsOptions::default(), temp.path())
+        .unwrap_err()
+        .to_string();
+    assert!(
+        error.contains("not a file name inside the folder"),
+        "{error}"
+    );
+}
