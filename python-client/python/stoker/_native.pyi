@@ -318,6 +318,7 @@ class ToTensorDict(TypedDict):
 class TokenWindowsDict(TypedDict):
     op: Literal["token_windows"]
     seq_len: int
+    document_boundaries: bool
 
 class TokenizeDict(TypedDict):
     op: Literal["tokenize"]

@@ -356,10 +356,7 @@ class TokenWindows(Op):
         self._check()
 
     def _fields(self) -> dict[str, Any]:
-        fields: dict[str, Any] = {"seq_len": self.seq_len}
-        if self.document_boundaries:
-            fields["document_boundaries"] = True
-        return fields
+        return {"seq_len": self.seq_len, "document_boundaries": self.document_boundaries}
 
 
 class Tokenize(Op):
