@@ -337,6 +337,45 @@ pub fn megatron_index(data: &[u8]) {
     assert!(starts.windows(2).all(|pair| pair[0] <= pair[1]));
 }
 
+/// An MDS folder: the first two bytes (little-endian) the length of its `index.json`, then the
+/// index, then the bytes of its one shard `shard.00000.mds`: the index's and the shard's checks
+/// at open, every label read then, the samples (by the default columns, and by named ones).
+pub fn mds(data: &[u8], scratch: &Path) -> io::Result<()> {
+    let Some((length, rest)) = data.split_first_chunk::<2>() else {
+        return Ok(());
+    };
+    let length = usize::from(u16::from_le_bytes(*length));
+    let (Some(index), Some(shard)) = (rest.get(..length), rest.get(length..)) else {
+        return Ok(());
+    };
+    write_input(scratch, crate::MDS_INDEX_FILE, index)?;
+    std::fs::write(scratch.join("shard.00000.mds"), shard)?;
+    let cache = scratch.join("cache");
+    let options = move || Ok(crate::ObjectCacheOptions::new(&cache));
+    let named = crate::MdsOptions {
+        sample_column: Some("text".into()),
+        label_column: Some("cls".into()),
+    };
+    for columns in [crate::MdsOptions::default(), named] {
+        if let Ok(dataset) = crate::MdsDataset::open_with_cache(scratch, &columns, &options) {
+            read_some(&dataset);
+        }
+    }
+    Ok(())
+}
+
+/// The input of [`mds`] for the MDS folder `dir` that [`crate::write_mds`] wrote with one
+/// uncompressed shard.
+pub fn mds_input(dir: &Path) -> io::Result<Vec<u8>> {
+    let index = std::fs::read(dir.join(crate::MDS_INDEX_FILE))?;
+    let length = u16::try_from(index.len())
+        .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "index.json past 64 KiB"))?;
+    let mut input = length.to_le_bytes().to_vec();
+    input.extend(index);
+    input.extend(std::fs::read(dir.join("shard.00000.mds"))?);
+    Ok(input)
+}
+
 /// Seed inputs of [`tar_index`]: index objects as this crate writes them, by name.
 pub fn tar_index_seeds() -> crate::Result<Vec<(&'static str, Vec<u8>)>> {
     use crate::tar_shards::index_object::{encode, IndexedShard};

@@ -38,6 +38,11 @@ fn megatron_index_corpus_replays() -> TestResult<()> {
 }
 
 #[test]
+fn mds_corpus_replays() -> TestResult<()> {
+    replay("mds", fuzz_targets::mds)
+}
+
+#[test]
 fn tar_shards_corpus_replays() -> TestResult<()> {
     replay("tar_shards", fuzz_targets::tar_shards)
 }
@@ -373,6 +378,33 @@ fn write_seed_corpora() -> TestResult<()> {
         let (_, idx) =
             stoker_datasets::write_megatron_corpus(&work.path().join(name), &documents, dtype)?;
         put("megatron_index", name, &std::fs::read(idx)?)?;
+    }
+
+    // MDS: a folder of images and labels, and one of text with uint8 `cls` labels.
+    let columns = |spec: &[(&str, &str, Option<u32>)]| -> Vec<stoker_datasets::MdsColumn> {
+        spec.iter()
+            .map(|(name, encoding, size)| stoker_datasets::MdsColumn {
+                name: name.to_string(),
+                encoding: encoding.to_string(),
+                size: *size,
+            })
+            .collect()
+    };
+    let images = columns(&[("image", "jpeg", None), ("label", "int", Some(8))]);
+    let image_rows: Vec<Vec<Vec<u8>>> = (0..4i64)
+        .map(|k| vec![vec![0xff, 0xd8, 0xff, k as u8], k.to_le_bytes().to_vec()])
+        .collect();
+    let text = columns(&[("text", "str", None), ("cls", "uint8", Some(1))]);
+    let text_rows: Vec<Vec<Vec<u8>>> = (0..3u8)
+        .map(|k| vec![format!("document {k}").into_bytes(), vec![k]])
+        .collect();
+    for (name, columns, rows) in [
+        ("images", &images, &image_rows),
+        ("text", &text, &text_rows),
+    ] {
+        let dir = work.path().join(format!("mds-{name}"));
+        stoker_datasets::write_mds(&dir, columns, rows, 100, None)?;
+        put("mds", name, &fuzz_targets::mds_input(&dir)?)?;
     }
 
     // Compressed JSONL: a leading byte (bit 0: zstd rather than gzip), then the file.
