@@ -171,6 +171,15 @@ def test_sixteen_bit_gray_keeps_the_high_byte_where_pillow_clips(format: str) ->
     assert np.array_equal(pillow_rgb(data), clipped)
 
 
+def two_classes(root: Path, files: dict[str, bytes]) -> None:
+    """Class folders ``a`` and ``b`` under ``root``, each holding ``files``."""
+    for class_name in ("a", "b"):
+        folder = root / class_name
+        folder.mkdir()
+        for name, data in files.items():
+            (folder / name).write_bytes(data)
+
+
 def test_a_folder_of_every_format_has_no_bad_sample(dataset: Path, tmp_path: Path) -> None:
     jpegs = sorted(dataset.rglob("*.jpg"))[:4]
     files = {
@@ -184,13 +193,7 @@ def test_a_folder_of_every_format_has_no_bad_sample(dataset: Path, tmp_path: Pat
         "cmyk.jpg": cmyk_jpeg(),
         "photo.png": saved(Image.fromarray(photo()), "PNG"),
     }
-    for class_name in ("a", "b"):
-        folder = tmp_path / class_name
-        folder.mkdir()
-        for name, data in files.items():
-            (folder / name).write_bytes(data)
-        for jpeg in jpegs:
-            (folder / jpeg.name).write_bytes(jpeg.read_bytes())
+    two_classes(tmp_path, {**files, **{j.name: j.read_bytes() for j in jpegs}})
     samples = 2 * (len(files) + len(jpegs))
 
     loader = stoker.Loader(
@@ -215,11 +218,7 @@ def test_image_files_a_folder_does_not_take_are_logged_once_with_the_first(
     dataset: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     jpegs = sorted(dataset.rglob("*.jpg"))[:2]
-    for class_name in ("a", "b"):
-        folder = tmp_path / class_name
-        folder.mkdir()
-        for jpeg in jpegs:
-            (folder / jpeg.name).write_bytes(jpeg.read_bytes())
+    two_classes(tmp_path, {j.name: j.read_bytes() for j in jpegs})
     (tmp_path / "a" / "phone.heic").write_bytes(b"not decoded")
     (tmp_path / "b" / "anim.gif").write_bytes(saved(Image.fromarray(photo()), "GIF"))
     (tmp_path / "b" / "notes.txt").write_text("no image")

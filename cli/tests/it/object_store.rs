@@ -39,6 +39,24 @@ fn stoker_s3(server: &S3Server, cache_dir: &Path, args: &[&str]) -> (String, Str
     )
 }
 
+/// Runs `stoker` as [`stoker_s3`] does, for a run that must fail; returns its stderr.
+fn stoker_s3_refused(server: &S3Server, cache_dir: &Path, args: &[&str]) -> String {
+    let output = Command::new(env!("CARGO_BIN_EXE_stoker"))
+        .args(args)
+        .env("AWS_ENDPOINT_URL", server.endpoint())
+        .env("AWS_ACCESS_KEY_ID", ACCESS_KEY)
+        .env("AWS_SECRET_ACCESS_KEY", SECRET_KEY)
+        .env("AWS_REGION", "us-east-1")
+        .env("STOKER_CACHE_DIR", cache_dir)
+        .output()
+        .unwrap();
+    assert!(
+        !output.status.success(),
+        "stoker {args:?} should have failed"
+    );
+    String::from_utf8_lossy(&output.stderr).into_owned()
+}
+
 /// `stoker digest` over the whole epoch of the 40-image fixture (5 batches of 8): every
 /// sample, once, in the same order.
 const WHOLE_EPOCH: [&str; 7] = [
@@ -184,8 +202,10 @@ fn digest_over_s3_equals_the_local_digest_cold_and_warm() {
     // The folder `train/` is a split's name, as it is locally: a pattern spanning it and
     // another folder is refused, naming the splits, and `--split train` reads that folder.
     let spanning = "s3://data/{converted,train}/*.tar";
-    let refused = Command::new(env!("CARGO_BIN_EXE_stoker"))
-        .args([
+    let stderr = stoker_s3_refused(
+        &server,
+        &dir.path().join("converted-cache"),
+        &[
             "digest",
             "--batches",
             "1",
@@ -193,16 +213,8 @@ fn digest_over_s3_equals_the_local_digest_cold_and_warm() {
             "32",
             "--data",
             spanning,
-        ])
-        .env("AWS_ENDPOINT_URL", server.endpoint())
-        .env("AWS_ACCESS_KEY_ID", ACCESS_KEY)
-        .env("AWS_SECRET_ACCESS_KEY", SECRET_KEY)
-        .env("AWS_REGION", "us-east-1")
-        .env("STOKER_CACHE_DIR", dir.path().join("converted-cache"))
-        .output()
-        .unwrap();
-    let stderr = String::from_utf8_lossy(&refused.stderr);
-    assert!(!refused.status.success());
+        ],
+    );
     assert!(
         stderr.contains(spanning) && stderr.contains("train") && stderr.contains("split"),
         "{stderr}"
@@ -321,18 +333,19 @@ fn image_folders_and_jsonl_in_a_bucket_digest_as_their_local_copies() {
     // Laid out by split (`train/<class>/`, `val/<class>/`): one split, picked by name.
     copy_tree(&images, &server.bucket_dir("data").join("by-split/train"));
     copy_tree(&images, &server.bucket_dir("data").join("by-split/val"));
-    let refused = Command::new(env!("CARGO_BIN_EXE_stoker"))
-        .args(["digest", "--batches", "1", "--size", "32"])
-        .args(["--data", "s3://data/by-split"])
-        .env("AWS_ENDPOINT_URL", server.endpoint())
-        .env("AWS_ACCESS_KEY_ID", ACCESS_KEY)
-        .env("AWS_SECRET_ACCESS_KEY", SECRET_KEY)
-        .env("AWS_REGION", "us-east-1")
-        .env("STOKER_CACHE_DIR", dir.path().join("cache"))
-        .output()
-        .unwrap();
-    let stderr = String::from_utf8_lossy(&refused.stderr);
-    assert!(!refused.status.success());
+    let stderr = stoker_s3_refused(
+        &server,
+        &dir.path().join("cache"),
+        &[
+            "digest",
+            "--batches",
+            "1",
+            "--size",
+            "32",
+            "--data",
+            "s3://data/by-split",
+        ],
+    );
     assert!(stderr.contains("train, val"), "{stderr}");
     let (digest, _) = stoker_s3(
         &server,

@@ -104,7 +104,9 @@ class Loader(FromDataset):
             decompressed once into the cache tier), Parquet files, or a Hugging Face
             ``datasets`` folder as ``Dataset.save_to_disk`` writes it (its ``Image`` or string
             column gives the samples, its ``ClassLabel`` the labels and :attr:`classes`; for a
-            ``DatasetDict`` pass one split's folder). The format is picked from the files
+            ``DatasetDict`` pass one split's folder), or Mosaic Streaming's MDS shards (a folder
+            of ``index.json`` and its ``shard.NNNNN.mds`` files, zstd/gz-compressed ones
+            decompressed once into the cache tier). The format is picked from the files
             unless ``format`` names it. ``s3://BUCKET/PREFIX`` is read as a local folder of
             the same files is (tar shards, Parquet, JSONL, a ``save_to_disk`` folder, an image
             folder; a key ending in ``.parquet`` or ``.bin`` is a Parquet or token file),
@@ -174,7 +176,8 @@ class Loader(FromDataset):
             keeps a cookie for 12 hours, or send ``Authorization: Bearer CREDENTIAL``). Keep it
             apart from the distributed mode's ``token``.
         format: ``None`` (default: from the files), or one of ``"image_folder"``, ``"tar"``,
-            ``"parquet"``, ``"tokens"``, ``"jsonl"``, ``"hf"`` (a ``save_to_disk`` folder).
+            ``"parquet"``, ``"tokens"``, ``"jsonl"``, ``"hf"`` (a ``save_to_disk`` folder),
+            ``"mds"`` (Mosaic Streaming's shards).
         shuffle_window: shards per shuffle window for sharded sources (tar shards, a folder
             of JSONL files): 0 (default) shuffles globally; W >= 1 shuffles the shard order,
             then samples within windows of W shards, keeping reads mostly sequential.
