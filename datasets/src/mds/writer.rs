@@ -20,8 +20,9 @@ pub struct MdsColumn {
 }
 
 /// Writes `samples` (each one byte string per column, already encoded) as MDS shards of up to
-/// `per_shard` samples in `dir`, with its `index.json`; `compression` (`"zstd"`) writes each
-/// shard compressed only, as the writer does. Returns the shard count.
+/// `per_shard` samples in `dir`, with its `index.json`; `compression` (`"zstd"` or `"gz"`, a
+/// `:level` suffix ignored) writes each shard compressed only, as the writer does. Returns the
+/// shard count.
 pub fn write_mds(
     dir: &Path,
     columns: &[MdsColumn],
@@ -86,12 +87,24 @@ pub fn write_mds(
                 Value::Null
             }
             Some(algorithm) => {
-                let zipped = match algorithm.split(':').next().unwrap_or_default() {
+                let extension = algorithm.split(':').next().unwrap_or_default();
+                let zipped = match extension {
                     "zstd" => zstd::stream::encode_all(data.as_slice(), 3)
                         .map_err(|error| Error::io(dir, error))?,
+                    "gz" => {
+                        use std::io::Write;
+                        let mut encoder = flate2::write::GzEncoder::new(
+                            Vec::new(),
+                            flate2::Compression::default(),
+                        );
+                        encoder
+                            .write_all(&data)
+                            .and_then(|()| encoder.finish())
+                            .map_err(|error| Error::io(dir, error))?
+                    }
                     other => return Err(invalid(format!("compression {other:?} is not written"))),
                 };
-                let name = format!("{raw}.zstd");
+                let name = format!("{raw}.{extension}");
                 std::fs::write(dir.join(&name), &zipped).map_err(|error| Error::io(dir, error))?;
                 json!({"basename": name, "bytes": zipped.len(), "hashes": {}})
             }
