@@ -53,10 +53,7 @@ impl HfDataset {
                 }
                 None => return Err(Error::HfDatasetDict { path: root, splits }),
             };
-            location.prefix = match location.prefix.as_str() {
-                "" => split.to_string(),
-                prefix => format!("{prefix}/{split}"),
-            };
+            location.prefix = location.key_of(split);
             listing = cache.list(&store, &location)?;
         } else if let Some(split) = split {
             return Err(Error::NoSuchSplit {
@@ -66,11 +63,11 @@ impl HfDataset {
             });
         }
         let read_json = |name: &str| -> Result<(serde_json::Value, PathBuf)> {
-            let path = PathBuf::from(location.uri_of(&key_in(&location, name)));
             let object = find(&listing, name).ok_or_else(|| Error::HfDataset {
                 path: PathBuf::from(location.uri()),
                 problem: format!("it holds no {name}"),
             })?;
+            let path = PathBuf::from(location.uri_of(object.location.as_ref()));
             let json = layout::parse_json(&cache.read_whole(&store, &location, object)?, &path)?;
             Ok((json, path))
         };
@@ -100,14 +97,6 @@ fn find<'a>(listing: &'a [ObjectMeta], name: &str) -> Option<&'a ObjectMeta> {
     listing
         .iter()
         .find(|object| object.location.filename() == Some(name))
-}
-
-/// The key of the file `name` directly under `location`'s prefix.
-fn key_in(location: &RemoteLocation, name: &str) -> String {
-    match location.prefix.as_str() {
-        "" => name.to_string(),
-        prefix => format!("{prefix}/{name}"),
-    }
 }
 
 /// Fetches the shards `objects` whole into the cache and opens each, named by its URI.

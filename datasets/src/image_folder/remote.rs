@@ -70,16 +70,12 @@ impl ImageFolder {
             uri,
             "an image folder in an object store is named by s3://BUCKET/PREFIX",
         )?;
-        let mut base = if location.prefix.is_empty() {
-            String::new()
-        } else {
-            format!("{}/", location.prefix)
-        };
+        let mut base = location.key_of("");
         let lister = cache.lister(&location.bucket)?;
         let (objects, _) = cache.list_key_prefix(&lister, &base, true)?;
         if let Some(chosen) = split_folder(uri, &base, &objects, split)? {
-            location.prefix = format!("{base}{chosen}");
-            base = format!("{}/", location.prefix);
+            location.prefix = location.key_of(&chosen);
+            base = location.key_of("");
         }
         // Class -> folder (relative to the prefix, class first) -> images.
         let mut classes: BTreeMap<String, BTreeMap<String, Vec<Listed>>> = BTreeMap::new();
@@ -200,13 +196,9 @@ impl ImageFolder {
             _ => usize::try_from(remote.e_tag_ends[position - 1]).ok()?,
         };
         let e_tag = remote.e_tags.get(e_tag_start..e_tag_end)?;
-        let base = remote.location.prefix.as_str();
         let relative = std::str::from_utf8(&folder.relative).ok()?;
         let name = std::str::from_utf8(name).ok()?;
-        let key = match base {
-            "" => format!("{relative}/{name}"),
-            base => format!("{base}/{relative}/{name}"),
-        };
+        let key = remote.location.key_of(&format!("{relative}/{name}"));
         let meta = ObjectMeta {
             location: object_store::path::Path::parse(key).ok()?,
             last_modified: modified,

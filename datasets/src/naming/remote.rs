@@ -120,11 +120,7 @@ pub fn remote_split_prefix(
         };
         Ok((!objects.iter().any(is_image)).then_some(false))
     };
-    let base = if location.prefix.is_empty() {
-        String::new()
-    } else {
-        format!("{}/", location.prefix)
-    };
+    let base = location.key_of("");
     for level in [base.clone(), format!("{base}data/")] {
         let (objects, folders) = cache.list_key_prefix(&lister, &level, false)?;
         if objects.iter().any(is_data) {

@@ -28,6 +28,15 @@ impl RemoteLocation {
         format!("s3://{}/{}", self.bucket, key)
     }
 
+    /// The key of `name` under the prefix (`name` itself when the prefix is the whole bucket);
+    /// `key_of("")` is the key prefix of every object under it (`prefix/`, or empty).
+    pub fn key_of(&self, name: &str) -> String {
+        match self.prefix.as_str() {
+            "" => name.to_string(),
+            prefix => format!("{prefix}/{name}"),
+        }
+    }
+
     /// The `s3://` URI of the prefix itself.
     pub fn uri(&self) -> String {
         self.uri_of(&self.prefix)

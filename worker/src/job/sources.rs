@@ -171,10 +171,6 @@ pub fn open_source(
 /// The columns the spec names for an MDS dataset: the sample column is its image column, else
 /// its text column ("" = pick by name).
 fn mds_options(dataset: &proto::DatasetSource) -> MdsOptions {
-    let named = |column: &str| {
-        let column = column.trim();
-        (!column.is_empty()).then(|| column.to_string())
-    };
     MdsOptions {
         sample_column: named(&dataset.image_column).or_else(|| named(&dataset.text_column)),
         label_column: named(&dataset.label_column),
@@ -303,12 +299,14 @@ fn open_parquet(path: &Path, dataset: &proto::DatasetSource) -> Result<Arc<dyn S
     ))
 }
 
+/// A column a spec names (`None` for "": picked by name).
+fn named(column: &str) -> Option<String> {
+    let column = column.trim();
+    (!column.is_empty()).then(|| column.to_string())
+}
+
 /// The columns the spec names for a Parquet or HF dataset ("" = pick by name).
 fn column_options(dataset: &proto::DatasetSource) -> ParquetOptions {
-    let named = |column: &str| {
-        let column = column.trim();
-        (!column.is_empty()).then(|| column.to_string())
-    };
     ParquetOptions {
         image_column: named(&dataset.image_column),
         text_column: named(&dataset.text_column),
