@@ -339,7 +339,8 @@ pub fn megatron_index(data: &[u8]) {
 
 /// An MDS folder: the first two bytes (little-endian) the length of its `index.json`, then the
 /// index, then the bytes of its one shard `shard.00000.mds`: the index's and the shard's checks
-/// at open, every label read then, the samples (by the default columns, and by named ones).
+/// at open, every label read then, the samples (by the default columns, and by named ones), and
+/// the token windows of an integer `ndarray` column, with their documents.
 pub fn mds(data: &[u8], scratch: &Path) -> io::Result<()> {
     let Some((length, rest)) = data.split_first_chunk::<2>() else {
         return Ok(());
@@ -355,10 +356,25 @@ pub fn mds(data: &[u8], scratch: &Path) -> io::Result<()> {
     let named = crate::MdsOptions {
         sample_column: Some("text".into()),
         label_column: Some("cls".into()),
+        tokens_only: false,
     };
     for columns in [crate::MdsOptions::default(), named] {
         if let Ok(dataset) = crate::MdsDataset::open_with_cache(scratch, &columns, &options) {
             read_some(&dataset);
+        }
+    }
+    let tokens_only = crate::MdsOptions {
+        tokens_only: true,
+        ..crate::MdsOptions::default()
+    };
+    if let Ok(dataset) = crate::MdsDataset::open_with_cache(scratch, &tokens_only, &options) {
+        let windows = crate::MdsTokenWindows {
+            seq_len: 4,
+            document_boundaries: true,
+            ..crate::MdsTokenWindows::default()
+        };
+        if let Ok(tokens) = options().and_then(|cache| dataset.token_windows(&windows, &cache)) {
+            read_some(&tokens);
         }
     }
     Ok(())

@@ -96,7 +96,9 @@ pub use inspect::{inspect_image_folder, inspect_samples, DatasetReport, Summary}
 pub use jsonl::{
     looks_like_jsonl, JsonlDocuments, JsonlReport, DEFAULT_LABEL_FIELD, DEFAULT_TEXT_FIELD,
 };
-pub use mds::{looks_like_mds, write_mds, MdsColumn, MdsDataset, MdsOptions, MDS_INDEX_FILE};
+pub use mds::{
+    looks_like_mds, write_mds, MdsColumn, MdsDataset, MdsOptions, MdsTokenWindows, MDS_INDEX_FILE,
+};
 pub use megatron::{
     megatron_pair, open_megatron, open_remote_megatron, write_megatron_corpus, MegatronIndex,
     MEGATRON_INDEX_MAGIC,

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from test_mds import write_mds
+from test_mds import token_array, write_mds, write_mds_columns
 from test_tokens import write_megatron
 
 from conftest import REPO, daemon_binary
@@ -61,8 +61,11 @@ def data(dataset: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, A
     images = [(f.read_bytes(), k) for k, c in enumerate(classes)
               for f in sorted((dataset / c).iterdir())]
     write_mds(root / "mds", images, per_shard=40, compress=True)
+    write_mds_columns(root / "mds_tokens", {"tokens": "ndarray:uint32"},
+                      [[token_array(d)] for d in documents], per_shard=16, compress=True)
     return {"image_root": dataset, "shard_dir": shards, "hub_repo": hub,
-            "megatron_prefix": megatron, "mds_root": root / "mds", "rank": 1, "world_size": 2}
+            "megatron_prefix": megatron, "mds_root": root / "mds",
+            "mds_tokens_root": root / "mds_tokens", "rank": 1, "world_size": 2}
 
 
 def test_the_page_has_one_runnable_section_per_peer() -> None:
@@ -80,6 +83,12 @@ def test_each_snippet_runs(section: str, data: dict[str, Any]) -> None:
     names = dict(data)
     exec(compile(snippets()[section], f"{DOC}:{section}", "exec"), names)
     loader = names["loader"]
+    if "token_loader" in names:
+        # LLM Foundry's token shards: the same documents as the Megatron corpus.
+        windows, positions = names["windows"], names["positions"]
+        assert windows.shape == (8, 33) and windows.dtype.name == "uint32"
+        assert windows.min() >= 70_000
+        assert positions.shape == windows.shape and (positions == 0).sum() > len(windows)
     try:
         assert loader.num_samples > 0
         if "tokens" in names:

@@ -155,7 +155,7 @@ def test_token_arguments_are_checked() -> None:
 def test_format_must_be_known_and_match(token_file: Path) -> None:
     with pytest.raises(ValueError, match="format must be"):
         stoker.Loader(token_file, pipeline=[ops.TokenWindows(8)], batch_size=2, format="csv")
-    with pytest.raises(ValueError, match="TokenWindows reads token files only"):
+    with pytest.raises(ValueError, match="TokenWindows reads token files, Megatron corpora"):
         stoker.Loader(token_file, pipeline=[ops.TokenWindows(8)], batch_size=2, format="jsonl")
 
 

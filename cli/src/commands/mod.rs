@@ -113,9 +113,10 @@ pub struct JobArgs {
     /// JSONL text).
     #[arg(long)]
     pub tokenizer: Option<PathBuf>,
-    /// JSONL text: the field holding the text.
-    #[arg(long, default_value = "text")]
-    pub text_field: String,
+    /// JSONL text: the field holding the text (default `text`); an MDS set: the column read
+    /// (default: its image column, else `text`; with `--seq-len` its token column).
+    #[arg(long)]
+    pub text_field: Option<String>,
     /// Image pipeline preset (image datasets only; token files and JSONL text get their
     /// token pipeline).
     #[arg(long, default_value = "imagenet-train", value_parser = ["imagenet-train", "imagenet-eval"])]
@@ -167,7 +168,7 @@ impl JobArgs {
             dataset: Some(proto::DatasetSource {
                 uri: data.to_string_lossy().into_owned(),
                 format: proto::DatasetFormat::Auto as i32,
-                text_column: self.text_field.clone(),
+                text_column: self.text_field.clone().unwrap_or_default(),
                 token_dtype: token_dtype as i32,
                 split: self.split.clone().unwrap_or_default(),
                 ..Default::default()

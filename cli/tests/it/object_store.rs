@@ -307,7 +307,7 @@ fn copy_tree(from: &Path, to: &Path) {
 }
 
 #[test]
-fn image_folders_and_jsonl_in_a_bucket_digest_as_their_local_copies() {
+fn image_folders_mds_and_jsonl_in_a_bucket_digest_as_their_local_copies() {
     let dir = tempfile::tempdir().unwrap();
     let server = S3Server::start(&dir.path().join("server"));
     let images = dir.path().join("images");
@@ -357,6 +357,44 @@ fn image_folders_and_jsonl_in_a_bucket_digest_as_their_local_copies() {
         .concat(),
     );
     assert_eq!(digest, local);
+
+    // The same images as Mosaic Streaming's MDS shards (zstd), in torchvision's order: the
+    // same digest, locally and from the bucket.
+    use stoker_datasets::SampleSource as _;
+    let folder = stoker_datasets::ImageFolder::open(&images).unwrap();
+    let columns = [
+        stoker_datasets::MdsColumn {
+            name: "image".into(),
+            encoding: "jpeg".into(),
+            size: None,
+        },
+        stoker_datasets::MdsColumn {
+            name: "label".into(),
+            encoding: "int".into(),
+            size: Some(8),
+        },
+    ];
+    let rows: Vec<Vec<Vec<u8>>> = (0..folder.len())
+        .map(|k| {
+            let label = folder.label(k).to_le_bytes().to_vec();
+            vec![folder.read(k).unwrap(), label]
+        })
+        .collect();
+    let mds = server.bucket_dir("data").join("mds");
+    stoker_datasets::write_mds(&mds, &columns, &rows, 16, Some("zstd")).unwrap();
+    // A global shuffle (no window): shards play no part in the order.
+    let folder_digest =
+        common::stdout_of(&[&WHOLE_EPOCH[..], &["--data", images.to_str().unwrap()]].concat());
+    let folder_digest = folder_digest.lines().last().unwrap();
+    let local_mds =
+        common::stdout_of(&[&WHOLE_EPOCH[..], &["--data", mds.to_str().unwrap()]].concat());
+    assert_eq!(local_mds.lines().last().unwrap(), folder_digest);
+    let (digest, _) = stoker_s3(
+        &server,
+        &dir.path().join("cache"),
+        &[&WHOLE_EPOCH[..], &["--data", "s3://data/mds"]].concat(),
+    );
+    assert_eq!(digest, folder_digest);
 
     // JSONL documents, tokenised and packed: the objects of a prefix, and a pattern's.
     let fixture = crate::tokens::text_fixture();

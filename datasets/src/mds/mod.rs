@@ -24,7 +24,6 @@
 
 use std::fs::File;
 use std::ops::Range;
-use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
 use rayon::prelude::*;
@@ -34,19 +33,24 @@ use tracing::info;
 use crate::error::{Error, Result};
 use crate::file_pool::{is_out_of_descriptors, FileKey, FilePool, PooledFile};
 use crate::sample_source::{numbered_class_names, SampleSource};
-use crate::storage::{derived_copy, CachedObject, ObjectCacheOptions};
+use crate::storage::{CachedObject, ObjectCacheOptions};
 
+use columns::{pick_label_column, pick_sample_column, pil_as_pnm, shard_columns, Column, Encoding};
+use shard::{local_shard_file, read_exact_at, Shard, ShardEntry};
+
+mod columns;
+mod remote;
+mod shard;
 #[cfg(test)]
 mod tests;
+mod tokens;
 mod writer;
 
+pub use tokens::MdsTokenWindows;
 pub use writer::{write_mds, MdsColumn};
 
 /// The file that makes a folder an MDS dataset.
 pub const MDS_INDEX_FILE: &str = "index.json";
-
-/// Image column names looked for, in order, when none is named.
-const IMAGE_COLUMN_NAMES: [&str; 5] = ["image", "jpg", "jpeg", "png", "img"];
 
 /// Whether `path` is a folder holding an MDS `index.json` (its shards' format `mds`).
 pub fn looks_like_mds(path: &Path) -> bool {
@@ -65,103 +69,29 @@ pub fn looks_like_mds(path: &Path) -> bool {
 /// The columns read from an MDS dataset (`None`: picked by name, see the module doc).
 #[derive(Debug, Clone, Default)]
 pub struct MdsOptions {
-    /// The column holding the samples.
+    /// The column holding the samples (or, for token windows, the token ids).
     pub sample_column: Option<String>,
     /// The column holding the labels.
     pub label_column: Option<String>,
-}
-
-/// How a column's bytes are read.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Encoding {
-    /// `bytes`, `jpeg`, `png`: the bytes as they are.
-    Bytes,
-    /// `pil`: raw pixels after a header.
-    Pil,
-    /// `str`: UTF-8 text.
-    Str,
-    /// `int` (int64), or a numpy integer scalar of `size` bytes.
-    Integer { size: usize, signed: bool },
-    /// `str_int`: an integer written as text.
-    StrInt,
-    /// Anything else (floats, `json`, `ndarray`, `pkl`...): not read.
-    Other,
-}
-
-impl Encoding {
-    fn of(name: &str) -> Encoding {
-        match name {
-            "bytes" | "jpeg" | "png" => Encoding::Bytes,
-            "pil" => Encoding::Pil,
-            "str" => Encoding::Str,
-            "int" | "int64" => Encoding::Integer {
-                size: 8,
-                signed: true,
-            },
-            "int8" => Encoding::Integer {
-                size: 1,
-                signed: true,
-            },
-            "int16" => Encoding::Integer {
-                size: 2,
-                signed: true,
-            },
-            "int32" => Encoding::Integer {
-                size: 4,
-                signed: true,
-            },
-            "uint8" => Encoding::Integer {
-                size: 1,
-                signed: false,
-            },
-            "uint16" => Encoding::Integer {
-                size: 2,
-                signed: false,
-            },
-            "uint32" => Encoding::Integer {
-                size: 4,
-                signed: false,
-            },
-            "uint64" => Encoding::Integer {
-                size: 8,
-                signed: false,
-            },
-            "str_int" => Encoding::StrInt,
-            _ => Encoding::Other,
-        }
-    }
-}
-
-/// One column of the dataset.
-#[derive(Debug, Clone, PartialEq, Eq)]
-struct Column {
-    name: String,
-    encoding_name: String,
-    encoding: Encoding,
-    /// Its size when every sample's is the same (`column_sizes`).
-    fixed: Option<u32>,
-}
-
-/// One shard: where it is read from and its samples' offsets.
-struct Shard {
-    /// The file the index names (the compressed one, when compressed), for messages.
-    path: PathBuf,
-    /// The file read: `path`, or its decompressed copy.
-    read_from: PathBuf,
-    /// The samples' byte offsets, `n + 1` of them.
-    offsets: Vec<u32>,
-    /// The decompressed copy in the cache tier, locked while the shard is read.
-    _copy: Option<CachedObject>,
+    /// Opened to be cut into token windows ([`MdsDataset::token_windows`]): no sample or label
+    /// column is picked, and reading a sample is refused.
+    pub tokens_only: bool,
 }
 
 /// An MDS dataset: sample `i` is the `i`-th sample over the shards in index order.
 pub struct MdsDataset {
+    /// The folder, or the prefix's `s3://` URI.
     root: PathBuf,
+    /// The local copy of `index.json` (what the token file is made from), and what keeps it in
+    /// the cache tier when it lies there.
+    index_file: PathBuf,
+    _index_copy: Option<CachedObject>,
     columns: Vec<Column>,
     shards: Vec<Shard>,
     first_samples: Vec<u64>,
     len: u64,
-    sample_column: usize,
+    /// The column read as samples (`None`: opened for token windows only).
+    sample_column: Option<usize>,
     labels: Vec<i64>,
     class_names: Vec<String>,
     pool_keys: Range<FileKey>,
@@ -180,194 +110,37 @@ fn mds_error(path: &Path, problem: impl Into<String>) -> Error {
     }
 }
 
-/// The columns a shard's entry in `index.json` (at `path`) declares.
-fn shard_columns(entry: &Value, path: &Path) -> Result<Vec<Column>> {
-    let list = |key: &str| {
-        entry
-            .get(key)
-            .and_then(Value::as_array)
-            .ok_or_else(|| mds_error(path, format!("a shard has no {key:?} list")))
-    };
-    let names = list("column_names")?;
-    let encodings = list("column_encodings")?;
-    let sizes = list("column_sizes")?;
-    if names.len() != encodings.len() || names.len() != sizes.len() || names.is_empty() {
-        return Err(mds_error(
-            path,
-            "a shard's column names, encodings and sizes differ in number",
-        ));
-    }
-    let mut columns = Vec::with_capacity(names.len());
-    for ((name, encoding), size) in names.iter().zip(encodings).zip(sizes) {
-        let (Some(name), Some(encoding_name)) = (name.as_str(), encoding.as_str()) else {
-            return Err(mds_error(path, "a column name or encoding is not a string"));
-        };
-        let fixed = match size {
-            Value::Null => None,
-            size => Some(
-                size.as_u64()
-                    .and_then(|size| u32::try_from(size).ok())
-                    .ok_or_else(|| mds_error(path, format!("column {name}'s size is {size}")))?,
-            ),
-        };
-        columns.push(Column {
-            name: name.to_string(),
-            encoding_name: encoding_name.to_string(),
-            encoding: Encoding::of(encoding_name),
-            fixed,
-        });
-    }
-    Ok(columns)
-}
-
-/// The file name `info` (`raw_data` or `zip_data`) gives, checked to be a plain file name.
-fn basename<'a>(info: &'a Value, path: &Path) -> Result<Option<&'a str>> {
-    if info.is_null() {
-        return Ok(None);
-    }
-    let name = info
-        .get("basename")
-        .and_then(Value::as_str)
-        .ok_or_else(|| mds_error(path, "a shard's file has no basename"))?;
-    let mut parts = Path::new(name).components();
-    match (parts.next(), parts.next()) {
-        (Some(std::path::Component::Normal(_)), None) => Ok(Some(name)),
-        _ => Err(mds_error(
-            path,
-            format!("shard file {name:?} is not a file name inside the folder"),
-        )),
-    }
-}
-
-/// Decompresses `source`, compressed by `compression` (`zstd`, `gz`; a `:level` suffix
-/// ignored), into `out`.
-fn decompress(compression: &str, source: &Path, out: &mut dyn std::io::Write) -> Result<()> {
-    let file = File::open(source).map_err(|error| Error::io(source, error))?;
-    let input = std::io::BufReader::new(file);
-    let algorithm = compression.split(':').next().unwrap_or_default();
-    let mut reader: Box<dyn std::io::Read> = match algorithm {
-        "zstd" => Box::new(
-            zstd::stream::read::Decoder::with_buffer(input)
-                .map_err(|error| Error::io(source, error))?,
-        ),
-        "gz" => Box::new(flate2::read::MultiGzDecoder::new(input)),
-        other => {
-            return Err(mds_error(
-                source,
-                format!("compression {other:?} is not read (zstd and gz are)"),
-            ))
-        }
-    };
-    std::io::copy(&mut reader, out).map_err(|error| Error::Decompress {
-        path: source.to_path_buf(),
-        source: error,
+/// `index.json`'s bytes (at `index_path`) parsed: its shard entries, every one MDS version 2,
+/// and the columns they all declare.
+fn parse_index(text: &[u8], index_path: &Path) -> Result<(Vec<Value>, Vec<Column>)> {
+    let index: Value = serde_json::from_slice(text).map_err(|source| Error::Manifest {
+        path: index_path.to_path_buf(),
+        source,
     })?;
-    Ok(())
-}
-
-/// Reads exactly `buf.len()` bytes at `offset` of `file` (named `path`); a short file is an
-/// error naming it.
-fn read_exact_at(file: &File, path: &Path, buf: &mut [u8], offset: u64) -> Result<()> {
-    file.read_exact_at(buf, offset).map_err(|error| {
-        if error.kind() == std::io::ErrorKind::UnexpectedEof {
-            mds_error(
-                path,
-                format!(
-                    "the shard ends before byte {} (it is cut short)",
-                    offset + buf.len() as u64
-                ),
-            )
-        } else {
-            Error::io(path, error)
+    let entries = match index.get("shards").and_then(Value::as_array) {
+        Some(shards) if !shards.is_empty() => shards.clone(),
+        _ => return Err(mds_error(index_path, "no \"shards\" list, or an empty one")),
+    };
+    let mut columns = None;
+    for entry in &entries {
+        let format = entry.get("format").and_then(Value::as_str);
+        let version = entry.get("version").and_then(Value::as_u64);
+        if format != Some("mds") || version != Some(2) {
+            return Err(mds_error(
+                index_path,
+                format!("a shard of format {format:?}, version {version:?}: MDS version 2 is read"),
+            ));
         }
-    })
-}
-
-impl Shard {
-    /// Opens the shard of `entry` in `root`, checking its header against the `samples` the
-    /// index gives.
-    fn open(
-        root: &Path,
-        entry: &Value,
-        index_path: &Path,
-        options: &dyn Fn() -> Result<ObjectCacheOptions>,
-    ) -> Result<Shard> {
-        let samples = entry
-            .get("samples")
-            .and_then(Value::as_u64)
-            .ok_or_else(|| mds_error(index_path, "a shard has no sample count"))?;
-        let raw = basename(entry.get("raw_data").unwrap_or(&Value::Null), index_path)?;
-        let zip = basename(entry.get("zip_data").unwrap_or(&Value::Null), index_path)?;
-        let (path, read_from, copy) = match (raw.map(|name| root.join(name)), zip) {
-            (Some(raw), _) if raw.is_file() => (raw.clone(), raw, None),
-            (_, Some(zip)) => {
-                let zip = root.join(zip);
-                let compression = entry
-                    .get("compression")
-                    .and_then(Value::as_str)
-                    .unwrap_or_default()
-                    .to_string();
-                let copy = derived_copy(&options()?, &zip, "decompressed", &|source, out| {
-                    decompress(&compression, source, out)
-                })?;
-                let read_from = copy.path().to_path_buf();
-                (zip, read_from, Some(copy))
+        let these = shard_columns(entry, index_path)?;
+        match &columns {
+            None => columns = Some(these),
+            Some(first) if *first != these => {
+                return Err(mds_error(index_path, "its shards' columns differ"))
             }
-            (Some(raw), None) => return Err(Error::io(&raw, std::io::ErrorKind::NotFound.into())),
-            (None, None) => return Err(mds_error(index_path, "a shard names no file")),
-        };
-        let file = File::open(&read_from).map_err(|error| Error::io(&path, error))?;
-        let bytes = file
-            .metadata()
-            .map_err(|error| Error::io(&path, error))?
-            .len();
-        let mut word = [0u8; 4];
-        read_exact_at(&file, &path, &mut word, 0)?;
-        let count = u64::from(u32::from_le_bytes(word));
-        if count != samples {
-            return Err(mds_error(
-                &path,
-                format!("the shard holds {count} samples but index.json says {samples}"),
-            ));
+            Some(_) => {}
         }
-        let table = (count + 1) * 4;
-        if 4 + table > bytes {
-            return Err(mds_error(
-                &path,
-                format!("the shard's {count} sample offsets run past its {bytes} bytes"),
-            ));
-        }
-        let mut raw_offsets = vec![0u8; table as usize];
-        read_exact_at(&file, &path, &mut raw_offsets, 4)?;
-        let offsets: Vec<u32> = raw_offsets
-            .chunks_exact(4)
-            .map(|word| u32::from_le_bytes([word[0], word[1], word[2], word[3]]))
-            .collect();
-        let ascending = offsets.windows(2).all(|pair| pair[0] <= pair[1]);
-        let first = u64::from(offsets[0]);
-        let last = u64::from(offsets[offsets.len() - 1]);
-        if !ascending || first < 4 + table || last > bytes {
-            return Err(mds_error(
-                &path,
-                format!(
-                    "its sample offsets run from {first} to {last}{} in a file of {bytes} bytes \
-                     whose header ends at {}",
-                    if ascending {
-                        ""
-                    } else {
-                        ", backwards in places,"
-                    },
-                    4 + table
-                ),
-            ));
-        }
-        Ok(Shard {
-            path,
-            read_from,
-            offsets,
-            _copy: copy,
-        })
     }
+    Ok((entries, columns.unwrap_or_default()))
 }
 
 impl MdsDataset {
@@ -387,43 +160,37 @@ impl MdsDataset {
         let started = std::time::Instant::now();
         let index_path = root.join(MDS_INDEX_FILE);
         let text = std::fs::read(&index_path).map_err(|error| Error::io(&index_path, error))?;
-        let index: Value = serde_json::from_slice(&text).map_err(|source| Error::Manifest {
-            path: index_path.clone(),
-            source,
-        })?;
-        let entries = index
-            .get("shards")
-            .and_then(Value::as_array)
-            .filter(|shards| !shards.is_empty())
-            .ok_or_else(|| mds_error(&index_path, "no \"shards\" list, or an empty one"))?;
-        let mut columns = None;
-        for entry in entries {
-            let format = entry.get("format").and_then(Value::as_str);
-            let version = entry.get("version").and_then(Value::as_u64);
-            if format != Some("mds") || version != Some(2) {
-                return Err(mds_error(
-                    &index_path,
-                    format!(
-                        "a shard of format {format:?}, version {version:?}: MDS version 2 is read"
-                    ),
-                ));
-            }
-            let these = shard_columns(entry, &index_path)?;
-            match &columns {
-                None => columns = Some(these),
-                Some(first) if *first != these => {
-                    return Err(mds_error(&index_path, "its shards' columns differ"))
-                }
-                Some(_) => {}
-            }
-        }
-        let columns = columns.unwrap_or_default();
+        let (entries, columns) = parse_index(&text, &index_path)?;
         let shards: Vec<Shard> = entries
             .iter()
-            .map(|entry| Shard::open(root, entry, &index_path, cache))
+            .map(|entry| {
+                let entry = ShardEntry::of(entry, &index_path)?;
+                Shard::open(local_shard_file(root, &entry, cache)?, entry.samples)
+            })
             .collect::<Result<_>>()?;
-        let sample_column = pick_sample_column(&columns, options, &index_path)?;
-        let label_column = pick_label_column(&columns, options, &index_path)?;
+        let index = (index_path, None);
+        Self::assemble(root.to_path_buf(), index, columns, shards, options, started)
+    }
+
+    /// The dataset of `shards`, opened, with its sample and label columns picked and its labels
+    /// read.
+    fn assemble(
+        root: PathBuf,
+        (index_file, index_copy): (PathBuf, Option<CachedObject>),
+        columns: Vec<Column>,
+        shards: Vec<Shard>,
+        options: &MdsOptions,
+        started: std::time::Instant,
+    ) -> Result<MdsDataset> {
+        let index_name = root.join(MDS_INDEX_FILE);
+        let (sample_column, label_column) = if options.tokens_only {
+            (None, None)
+        } else {
+            (
+                Some(pick_sample_column(&columns, options, &index_name)?),
+                pick_label_column(&columns, options, &index_name)?,
+            )
+        };
         let mut first_samples = Vec::with_capacity(shards.len());
         let mut len = 0u64;
         for shard in &shards {
@@ -431,11 +198,13 @@ impl MdsDataset {
             len += shard.offsets.len() as u64 - 1;
         }
         if len == 0 {
-            return Err(mds_error(&index_path, "its shards hold no sample"));
+            return Err(mds_error(&index_name, "its shards hold no sample"));
         }
         let mut dataset = MdsDataset {
-            root: root.to_path_buf(),
             pool_keys: FilePool::global().reserve_keys(shards.len()),
+            root,
+            index_file,
+            _index_copy: index_copy,
             columns,
             shards,
             first_samples,
@@ -450,13 +219,13 @@ impl MdsDataset {
                 .map(|index| dataset.read_label(index, column))
                 .collect::<Result<_>>()?;
             let max = dataset.labels.iter().copied().max();
-            dataset.class_names = numbered_class_names(root, max)?;
+            dataset.class_names = numbered_class_names(&dataset.root, max)?;
         }
         info!(
-            root = %root.display(),
+            root = %dataset.root.display(),
             shards = dataset.shards.len(),
             samples = len,
-            sample_column = %dataset.columns[sample_column].name,
+            sample_column = sample_column.map(|c| dataset.columns[c].name.as_str()).unwrap_or("none"),
             labels = label_column.map(|c| dataset.columns[c].name.as_str()).unwrap_or("none"),
             elapsed_ms = started.elapsed().as_millis() as u64,
             "opened mds dataset"
@@ -545,14 +314,8 @@ impl MdsDataset {
         let (bytes, shard, local) = self.column_bytes(index, column)?;
         let each = &self.columns[column];
         let label = match each.encoding {
-            Encoding::Integer { size, signed } if bytes.len() == size => {
-                let mut word = [0u8; 8];
-                word[..size].copy_from_slice(&bytes);
-                if signed && bytes[size - 1] & 0x80 != 0 {
-                    word[size..].fill(0xff);
-                }
-                let value = i64::from_le_bytes(word);
-                (signed || value >= 0).then_some(value)
+            Encoding::Integer(int) if bytes.len() == int.size => {
+                i64::try_from(int.value(&bytes)).ok()
             }
             Encoding::StrInt => std::str::from_utf8(&bytes)
                 .ok()
@@ -571,111 +334,6 @@ impl MdsDataset {
             )
         })
     }
-}
-
-/// The column whose bytes are the samples (see the module doc).
-fn pick_sample_column(columns: &[Column], options: &MdsOptions, index: &Path) -> Result<usize> {
-    let readable =
-        |c: &Column| matches!(c.encoding, Encoding::Bytes | Encoding::Pil | Encoding::Str);
-    let find = |name: &str| columns.iter().position(|c| c.name == name);
-    let names = || {
-        columns
-            .iter()
-            .map(|c| format!("{} ({})", c.name, c.encoding_name))
-            .collect::<Vec<_>>()
-            .join(", ")
-    };
-    if let Some(name) = &options.sample_column {
-        let k = find(name).ok_or_else(|| {
-            mds_error(
-                index,
-                format!("has no column {name:?}; its columns: {}", names()),
-            )
-        })?;
-        if !readable(&columns[k]) {
-            return Err(mds_error(
-                index,
-                format!(
-                    "column {name:?} is encoded {}: samples are read from bytes, jpeg, png, pil \
-                     or str columns",
-                    columns[k].encoding_name
-                ),
-            ));
-        }
-        return Ok(k);
-    }
-    let image = |c: &Column| matches!(c.encoding_name.as_str(), "jpeg" | "png" | "pil" | "bytes");
-    IMAGE_COLUMN_NAMES
-        .iter()
-        .find_map(|name| find(name).filter(|&k| image(&columns[k])))
-        .or_else(|| {
-            columns
-                .iter()
-                .position(|c| matches!(c.encoding_name.as_str(), "jpeg" | "png" | "pil"))
-        })
-        .or_else(|| find("text").filter(|&k| columns[k].encoding == Encoding::Str))
-        .ok_or_else(|| {
-            mds_error(
-                index,
-                format!(
-                    "has no image column (image, jpg, png, or one encoded jpeg, png or pil) nor \
-                     a text column; its columns: {}",
-                    names()
-                ),
-            )
-        })
-}
-
-/// The label column, if any (see the module doc).
-fn pick_label_column(
-    columns: &[Column],
-    options: &MdsOptions,
-    index: &Path,
-) -> Result<Option<usize>> {
-    let is_label = |c: &Column| matches!(c.encoding, Encoding::Integer { .. } | Encoding::StrInt);
-    if let Some(name) = &options.label_column {
-        let k = columns
-            .iter()
-            .position(|c| &c.name == name)
-            .ok_or_else(|| mds_error(index, format!("has no label column {name:?}")))?;
-        if !is_label(&columns[k]) {
-            return Err(mds_error(
-                index,
-                format!(
-                    "label column {name:?} is encoded {}: labels are int, str_int or a numpy \
-                     integer",
-                    columns[k].encoding_name
-                ),
-            ));
-        }
-        return Ok(Some(k));
-    }
-    Ok(["label", "cls"]
-        .iter()
-        .find_map(|name| columns.iter().position(|c| c.name == *name && is_label(c))))
-}
-
-/// A `pil` sample (width, height and mode length as `u32`, the mode, then raw pixels) as a
-/// binary PPM (`RGB`) or PGM (`L`); `None` for other modes or sizes that do not add up.
-fn pil_as_pnm(bytes: &[u8]) -> Option<Vec<u8>> {
-    let word = |k: usize| {
-        let b = bytes.get(4 * k..4 * k + 4)?;
-        Some(u32::from_le_bytes([b[0], b[1], b[2], b[3]]) as usize)
-    };
-    let (width, height, mode_len) = (word(0)?, word(1)?, word(2)?);
-    let mode = bytes.get(12..12 + mode_len)?;
-    let pixels = bytes.get(12 + mode_len..)?;
-    let (magic, channels) = match mode {
-        b"RGB" => ("P6", 3),
-        b"L" => ("P5", 1),
-        _ => return None,
-    };
-    if pixels.len() != width.checked_mul(height)?.checked_mul(channels)? {
-        return None;
-    }
-    let mut out = format!("{magic}\n{width} {height}\n255\n").into_bytes();
-    out.extend_from_slice(pixels);
-    Some(out)
 }
 
 impl SampleSource for MdsDataset {
@@ -705,8 +363,14 @@ impl SampleSource for MdsDataset {
     }
 
     fn read(&self, index: u64) -> Result<Vec<u8>> {
-        let (bytes, shard, local) = self.column_bytes(index, self.sample_column)?;
-        match self.columns[self.sample_column].encoding {
+        let Some(column) = self.sample_column else {
+            return Err(mds_error(
+                &self.root,
+                "was opened for token windows; it has no sample column",
+            ));
+        };
+        let (bytes, shard, local) = self.column_bytes(index, column)?;
+        match self.columns[column].encoding {
             Encoding::Pil => pil_as_pnm(&bytes).ok_or_else(|| {
                 mds_error(
                     &shard.path,
@@ -739,7 +403,10 @@ impl std::fmt::Debug for MdsDataset {
             .field("root", &self.root)
             .field("shards", &self.shards.len())
             .field("samples", &self.len)
-            .field("sample_column", &self.columns[self.sample_column].name)
+            .field(
+                "sample_column",
+                &self.sample_column.map(|c| self.columns[c].name.as_str()),
+            )
             .finish()
     }
 }

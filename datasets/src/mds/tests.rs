@@ -1,7 +1,9 @@
 //! MDS shards written by [`write_mds`] in Streaming's layout, read back: every encoding a sample
-//! or label column may use, compressed shards, and damaged files named in errors.
+//! or label column may use, compressed shards, token windows from `ndarray` columns, and
+//! damaged files named in errors.
 
 use super::*;
+use crate::token_dtype::TokenDtype;
 
 fn column(name: &str, encoding: &str, size: Option<u32>) -> MdsColumn {
     MdsColumn {
@@ -73,6 +75,7 @@ fn samples_and_labels_read_back_plain_and_compressed() {
         let named = MdsOptions {
             sample_column: Some("text".into()),
             label_column: Some("cls".into()),
+            ..MdsOptions::default()
         };
         let text = open(&dir, &named, &temp.path().join("cache")).unwrap();
         assert_eq!(text.read(2).unwrap(), b"document 2");
@@ -239,6 +242,245 @@ fn damaged_shards_and_indexes_are_errors_naming_the_file() {
         .to_string();
     assert!(
         error.contains("not a file name inside the folder"),
+        "{error}"
+    );
+}
+
+/// `ids` as Streaming's `ndarray` encoding writes an array of them: the dtype's code unless the
+/// encoding names the dtype, a one-axis shape header unless it names the shape, the values
+/// (each `size` bytes, little-endian).
+fn ndarray(ids: &[i64], code: u8, size: usize, dtype_named: bool, shape_named: bool) -> Vec<u8> {
+    let mut bytes = Vec::new();
+    if !dtype_named {
+        bytes.push(code);
+    }
+    if !shape_named {
+        match u8::try_from(ids.len()) {
+            Ok(count) => bytes.extend([1 << 2, count]),
+            Err(_) => {
+                bytes.push((1 << 2) | 1);
+                bytes.extend_from_slice(&(ids.len() as u16).to_le_bytes());
+            }
+        }
+    }
+    for id in ids {
+        bytes.extend_from_slice(&id.to_le_bytes()[..size]);
+    }
+    bytes
+}
+
+fn token_windows(seq_len: u32, document_boundaries: bool) -> MdsTokenWindows {
+    MdsTokenWindows {
+        seq_len,
+        document_boundaries,
+        ..MdsTokenWindows::default()
+    }
+}
+
+fn tokens_only() -> MdsOptions {
+    MdsOptions {
+        tokens_only: true,
+        ..MdsOptions::default()
+    }
+}
+
+/// Documents of 3, 1, 5, 2 and 4 ids: 15 ids in all.
+fn documents() -> Vec<Vec<i64>> {
+    let lengths = [3, 1, 5, 2, 4];
+    let mut next = 0;
+    lengths
+        .iter()
+        .map(|&length| {
+            let document = (next..next + length).map(|id| id * 1000).collect();
+            next += length;
+            document
+        })
+        .collect()
+}
+
+#[test]
+fn ndarray_token_columns_are_cut_into_windows_with_each_sample_a_document() {
+    let temp = tempfile::tempdir().unwrap();
+    let cache = ObjectCacheOptions::new(temp.path().join("cache"));
+    let ids: Vec<i64> = documents().into_iter().flatten().collect();
+    // The encodings LLM Foundry and others write: the dtype named (uint32, int64) or in each
+    // sample's first byte, the shape in each sample or named in the encoding.
+    let layouts = [
+        ("ndarray:uint32", 32, 4, true, false, TokenDtype::Uint32),
+        ("ndarray", 65, 8, false, false, TokenDtype::Uint32),
+        ("ndarray:int64", 65, 8, true, false, TokenDtype::Uint32),
+    ];
+    for (encoding, code, size, dtype_named, shape_named, dtype) in layouts {
+        let dir = temp.path().join(encoding.replace(':', "-"));
+        let rows: Vec<Vec<Vec<u8>>> = documents()
+            .iter()
+            .map(|document| {
+                vec![
+                    b"text".to_vec(),
+                    ndarray(document, code, size, dtype_named, shape_named),
+                ]
+            })
+            .collect();
+        let columns = vec![
+            column("text", "str", None),
+            column("tokens", encoding, None),
+        ];
+        write_mds(&dir, &columns, &rows, 2, Some("zstd")).unwrap();
+        let dataset = open(&dir, &tokens_only(), &cache.dir).unwrap();
+        // Twice: the second reads the copy the first wrote.
+        for _ in 0..2 {
+            let windows = dataset
+                .token_windows(&token_windows(4, true), &cache)
+                .unwrap();
+            assert_eq!(windows.dtype(), dtype, "{encoding}");
+            assert_eq!(windows.tokens(), 15);
+            assert_eq!(windows.len(), 3);
+            for window in 0..3u64 {
+                let expected: Vec<u8> = ids[window as usize * 4..window as usize * 4 + 5]
+                    .iter()
+                    .flat_map(|&id| (id as u32).to_le_bytes())
+                    .collect();
+                assert_eq!(windows.read(window).unwrap(), expected, "{encoding}");
+            }
+            assert_eq!(windows.document_starts(), Some(&[0, 3, 4, 9, 11][..]));
+        }
+    }
+
+    // A named shape and uint16 ids: uint16 windows, unless uint32 is asked for.
+    let dir = temp.path().join("fixed");
+    let rows: Vec<Vec<Vec<u8>>> = (0..6i64)
+        .map(|k| vec![ndarray(&[k, k + 100, 65_535], 16, 2, true, true)])
+        .collect();
+    write_mds(
+        &dir,
+        &[column("input_ids", "ndarray:uint16:3", Some(6))],
+        &rows,
+        4,
+        None,
+    )
+    .unwrap();
+    let dataset = open(&dir, &tokens_only(), &cache.dir).unwrap();
+    let windows = dataset
+        .token_windows(&token_windows(8, false), &cache)
+        .unwrap();
+    assert_eq!(windows.dtype(), TokenDtype::Uint16);
+    assert_eq!(windows.tokens(), 18);
+    assert_eq!(windows.document_starts(), None);
+    assert_eq!(
+        windows.read(1).unwrap(),
+        [65_535i64, 3, 103, 65_535, 4, 104, 65_535, 5, 105]
+            .iter()
+            .flat_map(|&id| (id as u16).to_le_bytes())
+            .collect::<Vec<u8>>()
+    );
+    let wide = MdsTokenWindows {
+        dtype: Some(TokenDtype::Uint32),
+        ..token_windows(8, false)
+    };
+    assert_eq!(
+        dataset.token_windows(&wide, &cache).unwrap().dtype(),
+        TokenDtype::Uint32
+    );
+    // Sample reads are refused on a dataset opened for its tokens.
+    let error = dataset.read(0).unwrap_err().to_string();
+    assert!(error.contains("opened for token windows"), "{error}");
+}
+
+#[test]
+fn token_ids_that_do_not_fit_and_arrays_of_floats_are_errors_naming_the_sample() {
+    let temp = tempfile::tempdir().unwrap();
+    let cache = ObjectCacheOptions::new(temp.path().join("cache"));
+    // A negative id in the second shard's first sample.
+    let dir = temp.path().join("negative");
+    let rows: Vec<Vec<Vec<u8>>> = [vec![1, 2], vec![3, 4], vec![5, -6]]
+        .iter()
+        .map(|ids| vec![ndarray(ids, 65, 8, true, false)])
+        .collect();
+    write_mds(
+        &dir,
+        &[column("tokens", "ndarray:int64", None)],
+        &rows,
+        2,
+        None,
+    )
+    .unwrap();
+    let dataset = open(&dir, &tokens_only(), &cache.dir).unwrap();
+    let error = dataset
+        .token_windows(&token_windows(2, false), &cache)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        error.contains("shard.00001.mds") && error.contains("sample 0: token -6"),
+        "{error}"
+    );
+    // uint16 asked for ids past its range.
+    let narrow = MdsTokenWindows {
+        dtype: Some(TokenDtype::Uint16),
+        ..token_windows(2, false)
+    };
+    let dir = temp.path().join("wide");
+    let rows = vec![vec![ndarray(&[1, 70_000], 32, 4, true, false)]];
+    write_mds(
+        &dir,
+        &[column("tokens", "ndarray:uint32", None)],
+        &rows,
+        2,
+        None,
+    )
+    .unwrap();
+    let dataset = open(&dir, &tokens_only(), &cache.dir).unwrap();
+    let error = dataset
+        .token_windows(&narrow, &cache)
+        .unwrap_err()
+        .to_string();
+    assert!(error.contains("token 70000 does not fit uint16"), "{error}");
+
+    // A shape that holds more values than the bytes: the sample named.
+    let dir = temp.path().join("short");
+    let mut damaged = ndarray(&[1, 2, 3], 32, 4, true, false);
+    damaged[1] = 9;
+    write_mds(
+        &dir,
+        &[column("tokens", "ndarray:uint32", None)],
+        &[vec![damaged]],
+        2,
+        None,
+    )
+    .unwrap();
+    let dataset = open(&dir, &tokens_only(), &cache.dir).unwrap();
+    let error = dataset
+        .token_windows(&token_windows(1, false), &cache)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        error.contains("sample 0: column tokens: its shape holds 9 values but its bytes 3"),
+        "{error}"
+    );
+
+    // Float arrays and other columns are refused at the pick, naming the column.
+    let dir = temp.path().join("floats");
+    let rows = vec![vec![ndarray(&[0], 34, 4, true, false), b"x".to_vec()]];
+    let columns = [
+        column("tokens", "ndarray:float32", None),
+        column("text", "str", None),
+    ];
+    write_mds(&dir, &columns, &rows, 2, None).unwrap();
+    let dataset = open(&dir, &tokens_only(), &cache.dir).unwrap();
+    let error = dataset
+        .token_windows(&token_windows(1, false), &cache)
+        .unwrap_err()
+        .to_string();
+    assert!(error.contains("has no integer ndarray column"), "{error}");
+    let named = MdsTokenWindows {
+        column: Some("text".into()),
+        ..token_windows(1, false)
+    };
+    let error = dataset
+        .token_windows(&named, &cache)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        error.contains("token column \"text\" is encoded str"),
         "{error}"
     );
 }

@@ -22,7 +22,7 @@ use super::{
 };
 use crate::error::{Error, Result};
 use crate::storage::{s3_location, ObjectCache, RemoteLocation, RemoteObject, Store};
-use crate::TAR_INDEX_OBJECT;
+use crate::{MDS_INDEX_FILE, TAR_INDEX_OBJECT};
 
 /// What the formats find directly under an `s3://` prefix ([`remote_layout`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -32,6 +32,9 @@ pub enum RemoteLayout {
     /// A Hugging Face `save_to_disk` folder (`state.json` and `dataset_info.json`), or a
     /// `DatasetDict`'s (`dataset_dict.json`).
     HfDataset,
+    /// Mosaic Streaming's MDS shards: `index.json` beside `shard.NNNNN.mds` objects (or
+    /// compressed ones).
+    Mds,
     /// Folders and no data object: an image folder (its class folders, or its split folders).
     Folders,
     /// None of these (a tar set's index object alone, or nothing).
@@ -46,6 +49,9 @@ pub fn remote_layout(uri: &str, cache: &Arc<ObjectCache>) -> Result<RemoteLayout
     let (objects, folders) = cache.list_with_folders(&store, &location)?;
     if lists_hf_dataset(&objects) {
         return Ok(RemoteLayout::HfDataset);
+    }
+    if lists_mds(&objects) {
+        return Ok(RemoteLayout::Mds);
     }
     // The tar set's own index object (`stoker index`) is no data file of its own.
     let data: Vec<PathBuf> = objects
@@ -77,6 +83,18 @@ fn lists_hf_dataset(listing: &[ObjectMeta]) -> bool {
     (has(HF_STATE_FILE) && has(HF_INFO_FILE)) || has(HF_DICT_FILE)
 }
 
+/// Whether the listing of a prefix holds an MDS `index.json` and a shard (`shard.*.mds`, or
+/// compressed: `shard.*.mds.zstd`).
+fn lists_mds(listing: &[ObjectMeta]) -> bool {
+    let names = || {
+        listing
+            .iter()
+            .filter_map(|object| object.location.filename())
+    };
+    names().any(|name| name == MDS_INDEX_FILE)
+        && names().any(|name| name.starts_with("shard.") && name.contains(".mds"))
+}
+
 /// The one kind of data object directly under `uri` (a prefix, or the one object it names);
 /// `None` when it holds none. Objects of several kinds are refused by name.
 pub fn remote_kind(uri: &str, cache: &Arc<ObjectCache>) -> Result<Option<FileKind>> {
@@ -102,9 +120,12 @@ pub fn remote_split_prefix(
     cache: &Arc<ObjectCache>,
 ) -> Result<Option<(String, bool)>> {
     let location = s3_location(uri, "objects in a store are named by s3://BUCKET/PREFIX")?;
+    // Data objects, and an MDS dataset's index (its shards are no kind of their own).
     let is_data = |object: &ObjectMeta| {
-        object.location.filename() != Some(TAR_INDEX_OBJECT)
-            && kind_of(Path::new(object.location.as_ref())).is_some()
+        let name = object.location.filename();
+        name == Some(MDS_INDEX_FILE)
+            || (name != Some(TAR_INDEX_OBJECT)
+                && kind_of(Path::new(object.location.as_ref())).is_some())
     };
     let lister = cache.lister(&location.bucket)?;
     // Whether a folder holds data objects; `None` when it holds images (a class folder of an

@@ -93,8 +93,9 @@ pub(crate) fn group_files(files: &[PathBuf]) -> Option<BTreeMap<String, Vec<Path
 /// The splits laid out in `root`, or `None` when it is not a split layout. Looked for in
 /// `root`, then in `root/data`.
 pub(crate) fn find_splits(root: &Path) -> Result<Option<SplitLayout>> {
-    if root.join(super::HF_STATE_FILE).is_file() {
-        // A `save_to_disk` dataset: its shards are `data-NNNNN-of-NNNNN.arrow`, one split.
+    if root.join(super::HF_STATE_FILE).is_file() || root.join(crate::MDS_INDEX_FILE).is_file() {
+        // A `save_to_disk` dataset (its shards are `data-NNNNN-of-NNNNN.arrow`) or an MDS one:
+        // one split.
         return Ok(None);
     }
     if let Some(splits) = dict_splits(root)? {
@@ -142,7 +143,10 @@ pub(crate) fn find_splits(root: &Path) -> Result<Option<SplitLayout>> {
             .folders
             .iter()
             .filter(|(name, _)| !(base == root && name == "data"))
-            .filter(|(_, folder)| Listing::of(folder).is_ok_and(|l| !l.data_files.is_empty()))
+            .filter(|(_, folder)| {
+                folder.join(crate::MDS_INDEX_FILE).is_file()
+                    || Listing::of(folder).is_ok_and(|l| !l.data_files.is_empty())
+            })
             .cloned()
             .collect();
         if !with_data.is_empty() {

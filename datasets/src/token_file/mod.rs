@@ -30,7 +30,7 @@ use crate::error::{Error, Result};
 use crate::file_bytes::FileBytes;
 use crate::mapped_file::MappedFile;
 use crate::sample_source::{SampleSource, TokenWindowShape};
-use crate::storage::{list_remote, ObjectCache};
+use crate::storage::{list_remote, CachedObject, ObjectCache};
 use crate::token_dtype::TokenDtype;
 
 pub use synthetic::{write_synthetic_tokens, SyntheticTokensSpec};
@@ -61,6 +61,9 @@ pub struct TokenFile {
     /// The token offset of each document start, ascending (a Megatron corpus's, when asked
     /// for: [`TokenFile::with_document_starts`]).
     document_starts: Option<Arc<[u64]>>,
+    /// The copy in the cache tier the tokens lie in, locked while they are read (tokens
+    /// written out of another format: [`TokenFile::over_copy`]).
+    _copy: Option<CachedObject>,
 }
 
 impl TokenFile {
@@ -169,7 +172,28 @@ impl TokenFile {
             tokens,
             windows,
             document_starts: None,
+            _copy: None,
         })
+    }
+
+    /// The windows of the tokens in `copy`, a local file in the cache tier kept locked while
+    /// they are read; messages name `name` (what the tokens were written out of).
+    pub(crate) fn over_copy(
+        name: PathBuf,
+        copy: CachedObject,
+        dtype: TokenDtype,
+        seq_len: u32,
+    ) -> Result<TokenFile> {
+        check_seq_len(seq_len)?;
+        let file = File::open(copy.path()).map_err(|source| Error::io(&name, source))?;
+        let bytes = file
+            .metadata()
+            .map_err(|source| Error::io(&name, source))?
+            .len();
+        let data = FileBytes::Local(MappedFile::new(copy.path(), file, bytes));
+        let mut tokens = TokenFile::over(name, data, dtype, seq_len)?;
+        tokens._copy = Some(copy);
+        Ok(tokens)
     }
 
     /// The file (an object's `s3://` URI, as a path).
@@ -230,6 +254,19 @@ impl TokenFile {
         }
         let start = index * u64::from(self.seq_len) * self.dtype.size() as u64;
         Ok(start..start + self.window_bytes() as u64)
+    }
+}
+
+impl std::fmt::Debug for TokenFile {
+    fn fmt(&self, formatter: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        formatter
+            .debug_struct("TokenFile")
+            .field("path", &self.path)
+            .field("dtype", &self.dtype)
+            .field("seq_len", &self.seq_len)
+            .field("tokens", &self.tokens)
+            .field("windows", &self.windows)
+            .finish()
     }
 }
 

@@ -57,7 +57,7 @@ fn upload(server: &S3Server, local: &Path, prefix: &str) -> u64 {
     bytes
 }
 
-fn options(server: &S3Server, cache_dir: &Path) -> ObjectCacheOptions {
+pub(crate) fn options(server: &S3Server, cache_dir: &Path) -> ObjectCacheOptions {
     let mut options = ObjectCacheOptions::new(cache_dir);
     // Small parts so that every shard takes several ranged GETs.
     options.part_size = 128 * 1024;

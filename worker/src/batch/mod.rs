@@ -126,44 +126,44 @@ impl BatchAssembler {
     ) -> Result<Self> {
         let pipeline = pipeline.into();
         let windows = source.token_windows();
-        let window_dtype =
-            match (&pipeline, windows) {
-                (
-                    JobPipeline::TokenWindows {
-                        documents: true, ..
-                    },
-                    Some(_),
-                ) if source.document_starts().is_none() => {
-                    return Err(Error::InvalidSpec(
-                        "TokenWindows with document_boundaries needs a corpus that knows its \
+        let window_dtype = match (&pipeline, windows) {
+            (
+                JobPipeline::TokenWindows {
+                    documents: true, ..
+                },
+                Some(_),
+            ) if source.document_starts().is_none() => {
+                return Err(Error::InvalidSpec(
+                    "TokenWindows with document_boundaries needs a corpus that knows its \
                      documents (a Megatron .bin beside its .idx); this token file has no \
                      document index"
-                            .into(),
-                    ))
-                }
-                (JobPipeline::TokenWindows { seq_len, .. }, Some(shape))
-                    if shape.seq_len == *seq_len =>
-                {
-                    Some(shape.dtype)
-                }
-                (JobPipeline::TokenWindows { seq_len, .. }, Some(shape)) => {
-                    return Err(Error::InvalidSpec(format!(
-                        "the token file was opened with windows of seq_len {} but the pipeline's \
-                     TokenWindows asks for {seq_len}",
-                        shape.seq_len
-                    )))
-                }
-                (JobPipeline::TokenWindows { .. }, None) => return Err(Error::InvalidSpec(
-                    "TokenWindows reads token files only; for text use [Tokenize, PackSequences]"
                         .into(),
-                )),
-                (_, Some(_)) => {
-                    return Err(Error::InvalidSpec(
-                        "a token file is read through a [TokenWindows] pipeline".into(),
-                    ))
-                }
-                (_, None) => None,
-            };
+                ))
+            }
+            (JobPipeline::TokenWindows { seq_len, .. }, Some(shape))
+                if shape.seq_len == *seq_len =>
+            {
+                Some(shape.dtype)
+            }
+            (JobPipeline::TokenWindows { seq_len, .. }, Some(shape)) => {
+                return Err(Error::InvalidSpec(format!(
+                    "the token file was opened with windows of seq_len {} but the pipeline's \
+                     TokenWindows asks for {seq_len}",
+                    shape.seq_len
+                )))
+            }
+            (JobPipeline::TokenWindows { .. }, None) => return Err(Error::InvalidSpec(
+                "TokenWindows reads token files, Megatron corpora and MDS token columns only; for \
+                     text use [Tokenize, PackSequences]"
+                    .into(),
+            )),
+            (_, Some(_)) => {
+                return Err(Error::InvalidSpec(
+                    "a token file is read through a [TokenWindows] pipeline".into(),
+                ))
+            }
+            (_, None) => None,
+        };
         if !source.has_sample_bytes() && !matches!(pipeline, JobPipeline::Columns(_)) {
             return Err(Error::InvalidSpec(
                 "the dataset has numeric columns only (no image or text column); read it with \

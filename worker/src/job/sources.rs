@@ -11,8 +11,8 @@ use stoker_datasets::{
     looks_like_parquet, looks_like_tar_shards, looks_like_token_file, megatron_pair, open_megatron,
     open_remote_megatron, parse_dataset_uri, remote_layout, remote_split_prefix, resolve_local,
     resolve_remote, DatasetLocation, FileKind, HfDataset, ImageFolder, JsonlDocuments, LocalSource,
-    MdsDataset, MdsOptions, MegatronIndex, ObjectCache, ParquetDataset, ParquetOptions,
-    RemoteLayout, SampleSource, TarShards, TokenDtype, TokenFile,
+    MdsDataset, MdsOptions, MdsTokenWindows, MegatronIndex, ObjectCache, ObjectCacheOptions,
+    ParquetDataset, ParquetOptions, RemoteLayout, SampleSource, TarShards, TokenDtype, TokenFile,
 };
 use stoker_proto::v1::{self as proto, op::Op as OpKind, DatasetFormat, JobSpec};
 
@@ -162,18 +162,52 @@ pub fn open_source(
         DatasetFormat::HfDataset => Ok(Arc::new(
             HfDataset::open(path, &column_options(dataset)).map_err(Error::OpenDataset)?,
         )),
-        DatasetFormat::Mds => Ok(Arc::new(
-            MdsDataset::open(path, &mds_options(dataset)).map_err(Error::OpenDataset)?,
-        )),
+        DatasetFormat::Mds => {
+            let cache = ObjectCacheOptions::from_env().map_err(Error::OpenDataset)?;
+            open_mds(
+                &|options| MdsDataset::open(path, options),
+                &cache,
+                dataset,
+                ops,
+            )
+        }
     }
 }
 
-/// The columns the spec names for an MDS dataset: the sample column is its image column, else
-/// its text column ("" = pick by name).
+/// Opens an MDS dataset (`open` given the columns to read): its samples, or, when the pipeline
+/// cuts token windows, the ids of its token column cut into them, written once into the cache
+/// tier of `cache`.
+fn open_mds(
+    open: &dyn Fn(&MdsOptions) -> stoker_datasets::Result<MdsDataset>,
+    cache: &ObjectCacheOptions,
+    dataset: &proto::DatasetSource,
+    ops: &[proto::Op],
+) -> Result<Arc<dyn SampleSource>> {
+    let mut options = mds_options(dataset);
+    let Some(seq_len) = token_windows_seq_len(ops) else {
+        return Ok(Arc::new(open(&options).map_err(Error::OpenDataset)?));
+    };
+    options.tokens_only = true;
+    let mds = open(&options).map_err(Error::OpenDataset)?;
+    let windows = MdsTokenWindows {
+        column: options.sample_column.clone(),
+        dtype: token_dtype(dataset)?,
+        seq_len,
+        document_boundaries: wants_document_boundaries(ops),
+    };
+    Ok(Arc::new(
+        mds.token_windows(&windows, cache)
+            .map_err(Error::OpenDataset)?,
+    ))
+}
+
+/// The columns the spec names for an MDS dataset: the sample (or token) column is its image
+/// column, else its text column ("" = pick by name).
 fn mds_options(dataset: &proto::DatasetSource) -> MdsOptions {
     MdsOptions {
         sample_column: named(&dataset.image_column).or_else(|| named(&dataset.text_column)),
         label_column: named(&dataset.label_column),
+        tokens_only: false,
     }
 }
 
@@ -272,16 +306,20 @@ fn with_documents(
     index: &MegatronIndex,
     ops: &[proto::Op],
 ) -> Result<Arc<dyn SampleSource>> {
-    let wanted = ops.iter().any(
-        |op| matches!(&op.op, Some(OpKind::TokenWindows(windows)) if windows.document_boundaries),
-    );
-    if !wanted {
+    if !wants_document_boundaries(ops) {
         return Ok(Arc::new(tokens));
     }
     let tokens = tokens
         .with_document_starts(index.document_starts())
         .map_err(Error::OpenDataset)?;
     Ok(Arc::new(tokens))
+}
+
+/// Whether the op list's `TokenWindows` op asks for document boundaries.
+fn wants_document_boundaries(ops: &[proto::Op]) -> bool {
+    ops.iter().any(
+        |op| matches!(&op.op, Some(OpKind::TokenWindows(windows)) if windows.document_boundaries),
+    )
 }
 
 /// The `seq_len` of the op list's `TokenWindows` op, if it has one.
@@ -361,6 +399,7 @@ fn open_remote_source(
             RemoteLayout::Files(FileKind::TokenFile) => DatasetFormat::TokenFile,
             RemoteLayout::Files(FileKind::Jsonl) => DatasetFormat::Jsonl,
             RemoteLayout::HfDataset => DatasetFormat::HfDataset,
+            RemoteLayout::Mds => DatasetFormat::Mds,
             RemoteLayout::Folders => DatasetFormat::ImageFolder,
             RemoteLayout::Files(FileKind::TarShard) | RemoteLayout::Nothing => {
                 DatasetFormat::TarShards
@@ -371,6 +410,11 @@ fn open_remote_source(
     if split.is_some() && format == DatasetFormat::TokenFile {
         return Err(Error::InvalidSpec(format!(
             "split= picks objects of a prefix by their names; {uri} is one token file"
+        )));
+    }
+    if split.is_some() && format == DatasetFormat::Mds {
+        return Err(Error::InvalidSpec(format!(
+            "split= picks a split folder (PREFIX/<split>/index.json); {uri} is one MDS dataset"
         )));
     }
     match format {
@@ -421,9 +465,15 @@ fn open_remote_source(
         DatasetFormat::Auto | DatasetFormat::ImageFolder => Ok(Arc::new(
             ImageFolder::open_remote(uri, cache, split.as_deref()).map_err(Error::OpenDataset)?,
         )),
-        DatasetFormat::Mds => Err(Error::InvalidSpec(format!(
-            "{uri}: MDS shards are read from local folders only so far"
-        ))),
+        DatasetFormat::Mds => {
+            let options = cache.options().clone();
+            open_mds(
+                &|columns| MdsDataset::open_remote(uri, Arc::clone(&cache), columns),
+                &options,
+                dataset,
+                ops,
+            )
+        }
     }
 }
 

@@ -1,0 +1,404 @@
+//! The columns of an MDS dataset: the encodings Streaming's `MDSWriter` names, which column
+//! holds the samples, the labels or the tokens, and the decoding of `pil` images and `ndarray`
+//! values.
+
+use std::path::Path;
+
+use serde_json::Value;
+
+use super::{mds_error, MdsOptions};
+use crate::error::Result;
+
+/// Image column names looked for, in order, when none is named.
+const IMAGE_COLUMN_NAMES: [&str; 5] = ["image", "jpg", "jpeg", "png", "img"];
+
+/// Columns looked for, in order, as the token column when none is named.
+const TOKEN_COLUMN_NAMES: [&str; 2] = ["tokens", "input_ids"];
+
+/// An integer numpy dtype (of a scalar column or an array's values).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct IntType {
+    pub(super) size: usize,
+    pub(super) signed: bool,
+}
+
+impl IntType {
+    /// The value of the little-endian integer `bytes` (`size` of them).
+    pub(super) fn value(self, bytes: &[u8]) -> i128 {
+        let mut word = [0u8; 8];
+        word[..self.size].copy_from_slice(&bytes[..self.size]);
+        if self.signed && bytes[self.size - 1] & 0x80 != 0 {
+            word[self.size..].fill(0xff);
+            i128::from(i64::from_le_bytes(word))
+        } else {
+            i128::from(u64::from_le_bytes(word))
+        }
+    }
+
+    /// The numpy name of the type.
+    pub(super) fn name(self) -> String {
+        format!("{}int{}", if self.signed { "" } else { "u" }, self.size * 8)
+    }
+}
+
+/// The dtype of an `ndarray` column's values: an integer type, or another (a float) that holds
+/// no token ids.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum NdDtype {
+    Int(IntType),
+    NotInteger,
+}
+
+impl NdDtype {
+    /// The dtype numpy names `name`, if Streaming writes it.
+    fn named(name: &str) -> Option<NdDtype> {
+        let int = |size, signed| Some(NdDtype::Int(IntType { size, signed }));
+        match name {
+            "uint8" => int(1, false),
+            "int8" => int(1, true),
+            "uint16" => int(2, false),
+            "int16" => int(2, true),
+            "uint32" => int(4, false),
+            "int32" => int(4, true),
+            "uint64" => int(8, false),
+            "int64" => int(8, true),
+            "float16" | "float32" | "float64" => Some(NdDtype::NotInteger),
+            _ => None,
+        }
+    }
+
+    /// The dtype Streaming's one-byte code `code` stands for.
+    fn coded(code: u8) -> Option<NdDtype> {
+        let int = |size, signed| Some(NdDtype::Int(IntType { size, signed }));
+        match code {
+            8 => int(1, false),
+            9 => int(1, true),
+            16 => int(2, false),
+            17 => int(2, true),
+            32 => int(4, false),
+            33 => int(4, true),
+            64 => int(8, false),
+            65 => int(8, true),
+            18 | 34 | 66 => Some(NdDtype::NotInteger),
+            _ => None,
+        }
+    }
+}
+
+/// The integer values of one `ndarray` sample (Streaming's layout: a dtype code byte unless the
+/// encoding names the dtype, a shape header unless it names the shape, then the values): their
+/// type and bytes, or what is wrong with them.
+pub(super) fn ndarray_integers(
+    bytes: &[u8],
+    dtype: Option<NdDtype>,
+    static_shape: bool,
+) -> std::result::Result<(IntType, &[u8]), String> {
+    let mut at = 0usize;
+    let dtype = match dtype {
+        Some(dtype) => dtype,
+        None => {
+            let code = *bytes.first().ok_or("an empty array")?;
+            at = 1;
+            NdDtype::coded(code).ok_or(format!("dtype code {code} is none Streaming writes"))?
+        }
+    };
+    let NdDtype::Int(int) = dtype else {
+        return Err("its values are floats, not token ids".into());
+    };
+    let mut count = None;
+    if !static_shape {
+        let head = *bytes.get(at).ok_or("no shape header")?;
+        at += 1;
+        let (ndim, width) = (usize::from(head >> 2), 1usize << (head & 3));
+        let shape = bytes
+            .get(at..at + ndim * width)
+            .ok_or("its shape header runs past its bytes")?;
+        at += ndim * width;
+        let mut product = 1u128;
+        for dim in shape.chunks_exact(width) {
+            let dim = IntType {
+                size: width,
+                signed: false,
+            }
+            .value(dim);
+            product = product.saturating_mul(dim as u128);
+        }
+        count = Some(product);
+    }
+    let values = &bytes[at..];
+    if values.len() % int.size != 0 {
+        return Err(format!(
+            "{} bytes of values are no whole number of {}",
+            values.len(),
+            int.name()
+        ));
+    }
+    if let Some(count) = count {
+        if count != (values.len() / int.size) as u128 {
+            return Err(format!(
+                "its shape holds {count} values but its bytes {}",
+                values.len() / int.size
+            ));
+        }
+    }
+    Ok((int, values))
+}
+
+/// How a column's bytes are read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Encoding {
+    /// `bytes`, `jpeg`, `png`: the bytes as they are.
+    Bytes,
+    /// `pil`: raw pixels after a header.
+    Pil,
+    /// `str`: UTF-8 text.
+    Str,
+    /// `int` (int64), or a numpy integer scalar.
+    Integer(IntType),
+    /// `str_int`: an integer written as text.
+    StrInt,
+    /// `ndarray[:dtype[:shape]]`: a numpy array, its dtype (when the encoding names it) and
+    /// whether its shape is named (then no shape header precedes the values).
+    NdArray {
+        dtype: Option<NdDtype>,
+        static_shape: bool,
+    },
+    /// Anything else (floats, `json`, `pkl`...): not read.
+    Other,
+}
+
+impl Encoding {
+    /// The encoding Streaming names `name`.
+    pub(super) fn of(name: &str) -> Encoding {
+        match name {
+            "bytes" | "jpeg" | "png" => Encoding::Bytes,
+            "pil" => Encoding::Pil,
+            "str" => Encoding::Str,
+            "int" => Encoding::Integer(IntType {
+                size: 8,
+                signed: true,
+            }),
+            "str_int" => Encoding::StrInt,
+            "ndarray" => Encoding::NdArray {
+                dtype: None,
+                static_shape: false,
+            },
+            other => match (NdDtype::named(other), other.strip_prefix("ndarray:")) {
+                (Some(NdDtype::Int(int)), _) => Encoding::Integer(int),
+                (_, Some(rest)) => {
+                    let mut parts = rest.splitn(2, ':');
+                    match NdDtype::named(parts.next().unwrap_or_default()) {
+                        Some(dtype) => Encoding::NdArray {
+                            dtype: Some(dtype),
+                            static_shape: parts.next().is_some(),
+                        },
+                        None => Encoding::Other,
+                    }
+                }
+                _ => Encoding::Other,
+            },
+        }
+    }
+}
+
+/// One column of the dataset.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) struct Column {
+    pub(super) name: String,
+    pub(super) encoding_name: String,
+    pub(super) encoding: Encoding,
+    /// Its size when every sample's is the same (`column_sizes`).
+    pub(super) fixed: Option<u32>,
+}
+
+/// The columns a shard's entry in `index.json` (at `path`) declares.
+pub(super) fn shard_columns(entry: &Value, path: &Path) -> Result<Vec<Column>> {
+    let list = |key: &str| {
+        entry
+            .get(key)
+            .and_then(Value::as_array)
+            .ok_or_else(|| mds_error(path, format!("a shard has no {key:?} list")))
+    };
+    let names = list("column_names")?;
+    let encodings = list("column_encodings")?;
+    let sizes = list("column_sizes")?;
+    if names.len() != encodings.len() || names.len() != sizes.len() || names.is_empty() {
+        return Err(mds_error(
+            path,
+            "a shard's column names, encodings and sizes differ in number",
+        ));
+    }
+    let mut columns = Vec::with_capacity(names.len());
+    for ((name, encoding), size) in names.iter().zip(encodings).zip(sizes) {
+        let (Some(name), Some(encoding_name)) = (name.as_str(), encoding.as_str()) else {
+            return Err(mds_error(path, "a column name or encoding is not a string"));
+        };
+        let fixed = match size {
+            Value::Null => None,
+            size => Some(
+                size.as_u64()
+                    .and_then(|size| u32::try_from(size).ok())
+                    .ok_or_else(|| mds_error(path, format!("column {name}'s size is {size}")))?,
+            ),
+        };
+        columns.push(Column {
+            name: name.to_string(),
+            encoding_name: encoding_name.to_string(),
+            encoding: Encoding::of(encoding_name),
+            fixed,
+        });
+    }
+    Ok(columns)
+}
+
+/// The column whose bytes are the samples (see the module doc).
+pub(super) fn pick_sample_column(
+    columns: &[Column],
+    options: &MdsOptions,
+    index: &Path,
+) -> Result<usize> {
+    let readable =
+        |c: &Column| matches!(c.encoding, Encoding::Bytes | Encoding::Pil | Encoding::Str);
+    let find = |name: &str| columns.iter().position(|c| c.name == name);
+    let names = || {
+        columns
+            .iter()
+            .map(|c| format!("{} ({})", c.name, c.encoding_name))
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    if let Some(name) = &options.sample_column {
+        let k = find(name).ok_or_else(|| {
+            mds_error(
+                index,
+                format!("has no column {name:?}; its columns: {}", names()),
+            )
+        })?;
+        if !readable(&columns[k]) {
+            return Err(mds_error(
+                index,
+                format!(
+                    "column {name:?} is encoded {}: samples are read from bytes, jpeg, png, pil \
+                     or str columns",
+                    columns[k].encoding_name
+                ),
+            ));
+        }
+        return Ok(k);
+    }
+    let image = |c: &Column| matches!(c.encoding_name.as_str(), "jpeg" | "png" | "pil" | "bytes");
+    IMAGE_COLUMN_NAMES
+        .iter()
+        .find_map(|name| find(name).filter(|&k| image(&columns[k])))
+        .or_else(|| {
+            columns
+                .iter()
+                .position(|c| matches!(c.encoding_name.as_str(), "jpeg" | "png" | "pil"))
+        })
+        .or_else(|| find("text").filter(|&k| columns[k].encoding == Encoding::Str))
+        .ok_or_else(|| {
+            mds_error(
+                index,
+                format!(
+                    "has no image column (image, jpg, png, or one encoded jpeg, png or pil) nor \
+                     a text column; its columns: {}",
+                    names()
+                ),
+            )
+        })
+}
+
+/// The label column, if any (see the module doc).
+pub(super) fn pick_label_column(
+    columns: &[Column],
+    options: &MdsOptions,
+    index: &Path,
+) -> Result<Option<usize>> {
+    let is_label = |c: &Column| matches!(c.encoding, Encoding::Integer(_) | Encoding::StrInt);
+    if let Some(name) = &options.label_column {
+        let k = columns
+            .iter()
+            .position(|c| &c.name == name)
+            .ok_or_else(|| mds_error(index, format!("has no label column {name:?}")))?;
+        if !is_label(&columns[k]) {
+            return Err(mds_error(
+                index,
+                format!(
+                    "label column {name:?} is encoded {}: labels are int, str_int or a numpy \
+                     integer",
+                    columns[k].encoding_name
+                ),
+            ));
+        }
+        return Ok(Some(k));
+    }
+    Ok(["label", "cls"]
+        .iter()
+        .find_map(|name| columns.iter().position(|c| c.name == *name && is_label(c))))
+}
+
+/// A `pil` sample (width, height and mode length as `u32`, the mode, then raw pixels) as a
+/// binary PPM (`RGB`) or PGM (`L`); `None` for other modes or sizes that do not add up.
+pub(super) fn pil_as_pnm(bytes: &[u8]) -> Option<Vec<u8>> {
+    let word = |k: usize| {
+        let b = bytes.get(4 * k..4 * k + 4)?;
+        Some(u32::from_le_bytes([b[0], b[1], b[2], b[3]]) as usize)
+    };
+    let (width, height, mode_len) = (word(0)?, word(1)?, word(2)?);
+    let mode = bytes.get(12..12 + mode_len)?;
+    let pixels = bytes.get(12 + mode_len..)?;
+    let (magic, channels) = match mode {
+        b"RGB" => ("P6", 3),
+        b"L" => ("P5", 1),
+        _ => return None,
+    };
+    if pixels.len() != width.checked_mul(height)?.checked_mul(channels)? {
+        return None;
+    }
+    let mut out = format!("{magic}\n{width} {height}\n255\n").into_bytes();
+    out.extend_from_slice(pixels);
+    Some(out)
+}
+
+/// The column whose `ndarray` values are token ids: the one named, else `tokens`, else
+/// `input_ids`, else the first `ndarray` column.
+pub(super) fn pick_token_column(
+    columns: &[Column],
+    named: Option<&str>,
+    index: &Path,
+) -> Result<usize> {
+    let is_array = |c: &Column| {
+        matches!(
+            c.encoding,
+            Encoding::NdArray { dtype, .. } if dtype != Some(NdDtype::NotInteger)
+        )
+    };
+    if let Some(name) = named {
+        let k = columns
+            .iter()
+            .position(|c| c.name == name)
+            .ok_or_else(|| mds_error(index, format!("has no token column {name:?}")))?;
+        if !is_array(&columns[k]) {
+            return Err(mds_error(
+                index,
+                format!(
+                    "token column {name:?} is encoded {}: token ids are read from integer \
+                     ndarray columns",
+                    columns[k].encoding_name
+                ),
+            ));
+        }
+        return Ok(k);
+    }
+    TOKEN_COLUMN_NAMES
+        .iter()
+        .find_map(|name| columns.iter().position(|c| c.name == *name && is_array(c)))
+        .or_else(|| columns.iter().position(is_array))
+        .ok_or_else(|| {
+            mds_error(
+                index,
+                "has no integer ndarray column to read token ids from (tokens, input_ids, or \
+                 one encoded ndarray)",
+            )
+        })
+}

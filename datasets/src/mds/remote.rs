@@ -1,0 +1,118 @@
+//! An MDS dataset under an `s3://` prefix, read through the cache tier: `index.json` and every
+//! shard it names are fetched whole (as Streaming itself downloads its shards) and held in the
+//! cache while the dataset is open; compressed shards are decompressed there once. Each sample
+//! is then read from the shard's local copy, as a local folder's are.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Instant;
+
+use object_store::ObjectMeta;
+
+use super::shard::{decompress, Shard, ShardEntry, ShardFile};
+use super::{mds_error, parse_index, MdsDataset, MdsOptions, MDS_INDEX_FILE};
+use crate::error::{Error, Result};
+use crate::storage::{derived_copy, s3_location, ObjectCache};
+
+impl MdsDataset {
+    /// Opens the MDS dataset under `uri` (`s3://BUCKET/PREFIX`, the prefix `index.json` lies
+    /// directly under) with the columns `options` names, read through `cache`. The shards are
+    /// fetched together at open and stay in the cache while the dataset lives: a set larger than
+    /// the cache's cap is refused, naming both sizes. Errors name the objects' `s3://` URIs.
+    pub fn open_remote(
+        uri: &str,
+        cache: Arc<ObjectCache>,
+        options: &MdsOptions,
+    ) -> Result<MdsDataset> {
+        let started = Instant::now();
+        let location = s3_location(uri, "MDS shards in a store are named by s3://BUCKET/PREFIX")?;
+        let store = cache.store(&location)?;
+        let listing = cache.list(&store, &location)?;
+        let root = PathBuf::from(location.uri());
+        let index_name = root.join(MDS_INDEX_FILE);
+        let find = |name: &str| {
+            listing
+                .iter()
+                .find(|object| object.location.filename() == Some(name))
+        };
+        let index_meta = find(MDS_INDEX_FILE).ok_or_else(|| Error::NoRemoteObjects {
+            uri: location.uri(),
+            what: format!("MDS {MDS_INDEX_FILE}"),
+        })?;
+        let index_object = cache
+            .fetch_listed(&store, &location, std::slice::from_ref(index_meta))?
+            .pop()
+            .ok_or_else(|| mds_error(&index_name, "was listed but not fetched"))?;
+        let text =
+            std::fs::read(index_object.path()).map_err(|error| Error::io(&index_name, error))?;
+        let (entries, columns) = parse_index(&text, &index_name)?;
+        let entries: Vec<ShardEntry<'_>> = entries
+            .iter()
+            .map(|entry| ShardEntry::of(entry, &index_name))
+            .collect::<Result<_>>()?;
+
+        // Each shard's object: its raw file when listed, else its compressed one.
+        let mut objects: Vec<ObjectMeta> = Vec::with_capacity(entries.len());
+        let mut compressed = Vec::with_capacity(entries.len());
+        for entry in &entries {
+            let raw = entry.raw.and_then(find).map(|object| (object, false));
+            let Some((object, zipped)) =
+                raw.or_else(|| entry.zip.and_then(find).map(|object| (object, true)))
+            else {
+                let name = entry.raw.or(entry.zip).unwrap_or_default();
+                return Err(Error::io(
+                    root.join(name),
+                    std::io::ErrorKind::NotFound.into(),
+                ));
+            };
+            objects.push(object.clone());
+            compressed.push(zipped);
+        }
+        let bytes: u64 = objects.iter().map(|object| object.size).sum();
+        let cap = cache.options().max_bytes;
+        if bytes > cap {
+            return Err(mds_error(
+                &root,
+                format!(
+                    "its shards are {bytes} bytes, over the cache tier's cap of {cap} bytes \
+                     (STOKER_CACHE_MAX_BYTES); they are held in the cache while read"
+                ),
+            ));
+        }
+        let fetched = cache.fetch_listed(&store, &location, &objects)?;
+        let mut shards = Vec::with_capacity(entries.len());
+        for (((entry, object), zipped), copy) in
+            entries.iter().zip(&objects).zip(compressed).zip(fetched)
+        {
+            let path = PathBuf::from(location.uri_of(object.location.as_ref()));
+            let file = if zipped {
+                let decompressed = derived_copy(
+                    cache.options(),
+                    copy.path(),
+                    "decompressed",
+                    &|source, out| decompress(&entry.compression, source, &path, out),
+                )?;
+                ShardFile {
+                    read_from: decompressed.path().to_path_buf(),
+                    path,
+                    copy: Some(decompressed),
+                }
+            } else {
+                ShardFile {
+                    read_from: copy.path().to_path_buf(),
+                    path,
+                    copy: Some(copy),
+                }
+            };
+            shards.push(Shard::open(file, entry.samples)?);
+        }
+        MdsDataset::assemble(
+            root,
+            (index_object.path().to_path_buf(), Some(index_object)),
+            columns,
+            shards,
+            options,
+            started,
+        )
+    }
+}

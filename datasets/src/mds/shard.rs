@@ -1,0 +1,231 @@
+//! One MDS shard: where its bytes are (a raw file, a compressed one decompressed into the cache
+//! tier, or an object's copy there) and its header, checked against the index.
+
+use std::fs::File;
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+
+use serde_json::Value;
+
+use super::mds_error;
+use crate::error::{Error, Result};
+use crate::storage::{derived_copy, CachedObject, ObjectCacheOptions};
+
+/// One shard: where it is read from and its samples' offsets.
+pub(super) struct Shard {
+    /// The file the index names (the compressed one, when compressed; an object's `s3://`
+    /// URI), for messages.
+    pub(super) path: PathBuf,
+    /// The local file read: `path`, its decompressed copy, or the object's copy in the cache.
+    pub(super) read_from: PathBuf,
+    /// The samples' byte offsets, `n + 1` of them.
+    pub(super) offsets: Vec<u32>,
+    /// The copy in the cache tier, locked while the shard is read.
+    _copy: Option<CachedObject>,
+}
+
+/// Where a shard's bytes are, before its header is read.
+pub(super) struct ShardFile {
+    /// The name in messages.
+    pub(super) path: PathBuf,
+    /// The local file holding the shard's bytes, uncompressed.
+    pub(super) read_from: PathBuf,
+    /// What keeps `read_from` in the cache tier, when it lies there.
+    pub(super) copy: Option<CachedObject>,
+}
+
+/// The file name `info` (`raw_data` or `zip_data`) gives, checked to be a plain file name.
+pub(super) fn basename<'a>(info: &'a Value, path: &Path) -> Result<Option<&'a str>> {
+    if info.is_null() {
+        return Ok(None);
+    }
+    let name = info
+        .get("basename")
+        .and_then(Value::as_str)
+        .ok_or_else(|| mds_error(path, "a shard's file has no basename"))?;
+    let mut parts = Path::new(name).components();
+    match (parts.next(), parts.next()) {
+        (Some(std::path::Component::Normal(_)), None) => Ok(Some(name)),
+        _ => Err(mds_error(
+            path,
+            format!("shard file {name:?} is not a file name inside the folder"),
+        )),
+    }
+}
+
+/// Decompresses the local file `source`, compressed by `compression` (`zstd`, `gz`; a `:level`
+/// suffix ignored), into `out`; errors name `name`.
+pub(super) fn decompress(
+    compression: &str,
+    source: &Path,
+    name: &Path,
+    out: &mut dyn std::io::Write,
+) -> Result<()> {
+    let file = File::open(source).map_err(|error| Error::io(name, error))?;
+    let input = std::io::BufReader::new(file);
+    let algorithm = compression.split(':').next().unwrap_or_default();
+    let mut reader: Box<dyn std::io::Read> = match algorithm {
+        "zstd" => Box::new(
+            zstd::stream::read::Decoder::with_buffer(input)
+                .map_err(|error| Error::io(name, error))?,
+        ),
+        "gz" => Box::new(flate2::read::MultiGzDecoder::new(input)),
+        other => {
+            return Err(mds_error(
+                name,
+                format!("compression {other:?} is not read (zstd and gz are)"),
+            ))
+        }
+    };
+    std::io::copy(&mut reader, out).map_err(|error| Error::Decompress {
+        path: name.to_path_buf(),
+        source: error,
+    })?;
+    Ok(())
+}
+
+/// Reads exactly `buf.len()` bytes at `offset` of `file` (named `path`); a short file is an
+/// error naming it.
+pub(super) fn read_exact_at(file: &File, path: &Path, buf: &mut [u8], offset: u64) -> Result<()> {
+    file.read_exact_at(buf, offset).map_err(|error| {
+        if error.kind() == std::io::ErrorKind::UnexpectedEof {
+            mds_error(
+                path,
+                format!(
+                    "the shard ends before byte {} (it is cut short)",
+                    offset + buf.len() as u64
+                ),
+            )
+        } else {
+            Error::io(path, error)
+        }
+    })
+}
+
+/// The shard's sample count and its file name in `index.json`'s `entry` (at `index_path`):
+/// the raw file's, the compressed one's, and the compression.
+pub(super) struct ShardEntry<'a> {
+    pub(super) samples: u64,
+    pub(super) raw: Option<&'a str>,
+    pub(super) zip: Option<&'a str>,
+    pub(super) compression: String,
+}
+
+impl<'a> ShardEntry<'a> {
+    pub(super) fn of(entry: &'a Value, index_path: &Path) -> Result<ShardEntry<'a>> {
+        let samples = entry
+            .get("samples")
+            .and_then(Value::as_u64)
+            .ok_or_else(|| mds_error(index_path, "a shard has no sample count"))?;
+        let raw = basename(entry.get("raw_data").unwrap_or(&Value::Null), index_path)?;
+        let zip = basename(entry.get("zip_data").unwrap_or(&Value::Null), index_path)?;
+        if raw.is_none() && zip.is_none() {
+            return Err(mds_error(index_path, "a shard names no file"));
+        }
+        let compression = entry
+            .get("compression")
+            .and_then(Value::as_str)
+            .unwrap_or_default()
+            .to_string();
+        Ok(ShardEntry {
+            samples,
+            raw,
+            zip,
+            compression,
+        })
+    }
+}
+
+/// The local file of the shard `entry` describes in the folder `root`: its raw file when it is
+/// there, else its compressed file decompressed once into the cache tier of `options`.
+pub(super) fn local_shard_file(
+    root: &Path,
+    entry: &ShardEntry<'_>,
+    options: &dyn Fn() -> Result<ObjectCacheOptions>,
+) -> Result<ShardFile> {
+    match (entry.raw.map(|name| root.join(name)), entry.zip) {
+        (Some(raw), _) if raw.is_file() => Ok(ShardFile {
+            path: raw.clone(),
+            read_from: raw,
+            copy: None,
+        }),
+        (_, Some(zip)) => {
+            let zip = root.join(zip);
+            let copy = derived_copy(&options()?, &zip, "decompressed", &|source, out| {
+                decompress(&entry.compression, source, &zip, out)
+            })?;
+            Ok(ShardFile {
+                read_from: copy.path().to_path_buf(),
+                path: zip,
+                copy: Some(copy),
+            })
+        }
+        (raw, None) => Err(Error::io(
+            raw.unwrap_or_else(|| root.to_path_buf()),
+            std::io::ErrorKind::NotFound.into(),
+        )),
+    }
+}
+
+impl Shard {
+    /// Reads the header of the shard in `file`, checking it against the `samples` the index
+    /// gives.
+    pub(super) fn open(shard: ShardFile, samples: u64) -> Result<Shard> {
+        let ShardFile {
+            path,
+            read_from,
+            copy,
+        } = shard;
+        let file = File::open(&read_from).map_err(|error| Error::io(&path, error))?;
+        let bytes = file
+            .metadata()
+            .map_err(|error| Error::io(&path, error))?
+            .len();
+        let mut word = [0u8; 4];
+        read_exact_at(&file, &path, &mut word, 0)?;
+        let count = u64::from(u32::from_le_bytes(word));
+        if count != samples {
+            return Err(mds_error(
+                &path,
+                format!("the shard holds {count} samples but index.json says {samples}"),
+            ));
+        }
+        let table = (count + 1) * 4;
+        if 4 + table > bytes {
+            return Err(mds_error(
+                &path,
+                format!("the shard's {count} sample offsets run past its {bytes} bytes"),
+            ));
+        }
+        let mut raw_offsets = vec![0u8; table as usize];
+        read_exact_at(&file, &path, &mut raw_offsets, 4)?;
+        let offsets: Vec<u32> = raw_offsets
+            .chunks_exact(4)
+            .map(|word| u32::from_le_bytes([word[0], word[1], word[2], word[3]]))
+            .collect();
+        let ascending = offsets.windows(2).all(|pair| pair[0] <= pair[1]);
+        let first = u64::from(offsets[0]);
+        let last = u64::from(offsets[offsets.len() - 1]);
+        if !ascending || first < 4 + table || last > bytes {
+            return Err(mds_error(
+                &path,
+                format!(
+                    "its sample offsets run from {first} to {last}{} in a file of {bytes} bytes \
+                     whose header ends at {}",
+                    if ascending {
+                        ""
+                    } else {
+                        ", backwards in places,"
+                    },
+                    4 + table
+                ),
+            ));
+        }
+        Ok(Shard {
+            path,
+            read_from,
+            offsets,
+            _copy: copy,
+        })
+    }
+}
