@@ -4,7 +4,8 @@
 //! assignment rate ([`coordinator`]) and the whole path to a coordinator process over gRPC
 //! ([`coordinator_grpc`]), the gRPC transport's streaming rate ([`transport`],
 //! plaintext and TLS; [`certificates`] writes the throwaway certificates it and the TLS tests
-//! use) and the distributed mode under faults for a long time ([`soak`]).
+//! use), the distributed mode under faults for a long time ([`soak`]) and the CPU per sample of
+//! peers' formats beside Stoker's own ([`formats`]).
 //! Each prints its report, as text or as one JSON object.
 //!
 //! They are measuring tools, not part of the loader: only `stoker bench` and the tests use them.
@@ -12,6 +13,7 @@
 pub mod certificates;
 pub mod coordinator;
 pub mod coordinator_grpc;
+pub mod formats;
 pub mod pipeline;
 mod resources;
 pub mod soak;

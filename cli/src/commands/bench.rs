@@ -2,9 +2,9 @@
 
 use clap::Args;
 use stoker_cli::bench::{
-    coordinator::CoordinatorBench, coordinator_grpc::CoordinatorGrpcBench, pipeline,
-    pipeline::PipelineBench, soak::client::SoakClient, soak::SoakBench, stall::StallBench,
-    transport::TransportBench,
+    coordinator::CoordinatorBench, coordinator_grpc::CoordinatorGrpcBench, formats::FormatsBench,
+    pipeline, pipeline::PipelineBench, soak::client::SoakClient, soak::SoakBench,
+    stall::StallBench, transport::TransportBench,
 };
 
 use super::JobArgs;
@@ -43,6 +43,12 @@ pub enum BenchKind {
     /// duplicated, digest), and each process's memory and open descriptors fitted over time.
     /// Prints one JSON line.
     Soak(SoakBench),
+    /// CPU per sample of peers' formats beside Stoker's own, side by side: the same images as
+    /// tar shards and as MDS shards (plain, zstd), the same tokens as a token file, a Megatron
+    /// corpus (with and without document boundaries) and an MDS token column; written into a
+    /// temporary folder (whose cache tier, `STOKER_CACHE_DIR`, the run sets) and run in
+    /// interleaved rounds.
+    Formats(FormatsBench),
     /// One rank of `bench soak` (started by it).
     #[command(hide = true)]
     SoakClient(SoakClient),
@@ -50,13 +56,14 @@ pub enum BenchKind {
 
 /// Runs the command.
 pub fn run(args: BenchArgs) -> anyhow::Result<()> {
-    use stoker_cli::bench::{coordinator, coordinator_grpc, soak, stall, transport};
+    use stoker_cli::bench::{coordinator, coordinator_grpc, formats, soak, stall, transport};
     match args.which {
         Some(BenchKind::Stall(bench)) => stall::run(&bench)?,
         Some(BenchKind::Coordinator(bench)) => coordinator::run(&bench)?,
         Some(BenchKind::CoordinatorGrpc(bench)) => coordinator_grpc::run(&bench)?,
         Some(BenchKind::Transport(bench)) => transport::run(&bench)?,
         Some(BenchKind::Soak(bench)) => soak::run(&bench)?,
+        Some(BenchKind::Formats(bench)) => formats::run(&bench)?,
         Some(BenchKind::SoakClient(client)) => soak::client::run(&client)?,
         None => pipeline::run(&args.job.spec()?, &args.job.pipeline_name(), &args.pipeline)?,
     }

@@ -236,6 +236,66 @@ fn bench_coordinator_grpc_drives_a_real_coordinator() {
 }
 
 #[test]
+fn bench_formats_runs_every_format_against_its_baseline() {
+    let out = stdout_of(&[
+        "bench",
+        "formats",
+        "--images",
+        "40",
+        "--size",
+        "32",
+        "--tokens",
+        "60000",
+        "--seq-len",
+        "128",
+        "--rounds",
+        "2",
+        "--threads",
+        "2",
+        "--json",
+    ]);
+    let report: serde_json::Value = serde_json::from_str(last_line(&out).trim()).unwrap();
+    let rows = report["rows"].as_array().unwrap();
+    let row = |name: &str| {
+        rows.iter()
+            .find(|row| row["format"] == name)
+            .unwrap_or_else(|| panic!("no row {name}: {report}"))
+    };
+    for (name, baseline, samples) in [
+        ("tar shards", None, 40),
+        ("MDS (jpeg, int)", Some("tar shards"), 40),
+        ("MDS zstd", Some("tar shards"), 40),
+        ("token file", None, 468),
+        ("Megatron", Some("token file"), 468),
+        ("Megatron + documents", Some("token file"), 468),
+        ("MDS tokens", Some("token file"), 468),
+    ] {
+        let row = row(name);
+        // Every format read every sample, once per round.
+        assert_eq!(row["samples"], samples, "{row}");
+        assert_eq!(row["rounds_cpu_us_per_sample"].as_array().unwrap().len(), 2);
+        let cpu = row["cpu_us_per_sample"].as_f64().unwrap();
+        assert!(cpu > 0.0, "{row}");
+        match baseline {
+            None => assert!(row["over_baseline"].is_null(), "{row}"),
+            Some(baseline) => {
+                assert_eq!(row["baseline"], baseline);
+                let base = self::row_cpu(rows, baseline);
+                let ratio = row["over_baseline"].as_f64().unwrap();
+                assert!((ratio - cpu / base).abs() < 1e-9 * ratio, "{row}");
+            }
+        }
+    }
+}
+
+fn row_cpu(rows: &[serde_json::Value], name: &str) -> f64 {
+    rows.iter()
+        .find(|row| row["format"] == name)
+        .and_then(|row| row["cpu_us_per_sample"].as_f64())
+        .unwrap()
+}
+
+#[test]
 fn demo_refuses_a_dashboard_off_loopback_without_a_credential() {
     let out = common::stoker(&["demo", "--seconds", "1", "--dashboard", "0.0.0.0:0"]);
     assert!(!out.status.success());

@@ -1,0 +1,250 @@
+#!/usr/bin/env python3
+"""stoker.Loader against Mosaic Streaming's own StreamingDataset on the same MDS shards.
+
+The image folder given (``--data``) is written once as MDS shards by Streaming's ``MDSWriter``
+(``{"image": "jpeg", "label": "int"}``, its default 64 MiB shards; ``--compression zstd`` for
+compressed ones) beside it, in ``<data>-mds[-zstd]``. Then, each in a fresh child interpreter
+(``measure.py``, as ``compare_loader.py`` runs its loaders), one epoch of:
+
+- ``StreamingDataset(local=mds, shuffle=True, batch_size=B)`` whose samples go through
+  torchvision's ``RandomResizedCrop(224)``, ``RandomHorizontalFlip()``, ``PILToTensor()``, in a
+  ``StreamingDataLoader`` with ``--workers`` workers (pin_memory, prefetch_factor 2);
+- ``stoker.Loader(mds, pipeline=imagenet_train(224))`` with ``--threads`` decode threads, the
+  same batches in flight, torch tensors out;
+- ``stoker.Loader`` over the image folder itself, for the cost of the format.
+
+Reported: images/s, steady images/s, first batch, CPU-seconds per image (the child's tree),
+added memory, and Stoker on MDS against Streaming; a JSON object with ``--json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import resource
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from measure import (
+    MIB,
+    answer_as_child,
+    busy_cpu_seconds,
+    check_comparison_arguments,
+    comparison_arguments,
+    cpu_seconds,
+    median_run,
+    pss_bytes,
+    run_watched,
+    tree_pss_bytes,
+)
+
+CROP_SIZE = 224
+PREFETCH_FACTOR = 2
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    comparison_arguments(parser)
+    parser.add_argument("--threads", type=int, default=2, help="stoker decode threads")
+    parser.add_argument("--workers", type=int, default=2, help="Streaming's DataLoader workers")
+    parser.add_argument("--compression", default="", help="MDS shards' compression (zstd) or none")
+    parser.add_argument("--mds", type=Path, default=None, help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    check_comparison_arguments(parser, args)
+    if args.threads < 1 or args.workers < 0:
+        parser.error("--threads must be >= 1 and --workers >= 0")
+    if args.mds is None:
+        suffix = f"-{args.compression}" if args.compression else ""
+        args.mds = args.data.with_name(f"{args.data.name}-mds{suffix}")
+    return args
+
+
+def write_mds(data: Path, out: Path, compression: str) -> None:
+    """The image folder's images, in torchvision's order, as ``MDSWriter`` writes them."""
+    from PIL import Image
+    from streaming import MDSWriter
+    from torchvision import datasets
+
+    folder = datasets.ImageFolder(str(data))
+    part = out.with_name(out.name + ".part")
+    with MDSWriter(out=str(part), columns={"image": "jpeg", "label": "int"},
+                   compression=compression or None) as writer:
+        for path, label in folder.samples:
+            # An opened JPEG keeps its file's own bytes in the shard.
+            writer.write({"image": Image.open(path), "label": label})
+    part.rename(out)
+
+
+# -- one configuration, in a child interpreter --------------------------------------------
+
+
+def build_streaming(args: argparse.Namespace) -> Any:
+    import torch
+    from streaming import StreamingDataLoader, StreamingDataset
+    from torchvision import transforms
+
+    recipe = transforms.Compose(
+        [
+            transforms.RandomResizedCrop(CROP_SIZE),
+            transforms.RandomHorizontalFlip(),
+            transforms.PILToTensor(),
+        ]
+    )
+
+    class Images(StreamingDataset):  # type: ignore[misc]
+        def __getitem__(self, index: int) -> tuple[Any, int]:
+            sample = super().__getitem__(index)
+            return recipe(sample["image"].convert("RGB")), sample["label"]
+
+    dataset = Images(local=str(args.mds), shuffle=True, shuffle_seed=args.seed + 1,
+                     batch_size=args.batch_size)
+    return StreamingDataLoader(
+        dataset,
+        batch_size=args.batch_size,
+        num_workers=args.workers,
+        pin_memory=True,
+        prefetch_factor=PREFETCH_FACTOR if args.workers else None,
+        generator=torch.Generator().manual_seed(args.seed),
+    )
+
+
+def build_stoker(args: argparse.Namespace, root: Path) -> Any:
+    import stoker
+
+    return stoker.Loader(
+        root,
+        pipeline=stoker.vision.imagenet_train(CROP_SIZE),
+        batch_size=args.batch_size,
+        shuffle=True,
+        seed=args.seed,
+        num_threads=args.threads,
+        prefetch=PREFETCH_FACTOR * max(args.threads, 1),
+        max_held_batches=1,
+        output="torch",
+    )
+
+
+def run_child(args: argparse.Namespace) -> dict[str, Any]:
+    import warnings
+
+    import torch
+
+    baseline = pss_bytes(os.getpid())
+    if args.child == "streaming":
+        import streaming  # noqa: F401
+        import torchvision  # noqa: F401
+    else:
+        import stoker  # noqa: F401
+    after_imports = pss_bytes(os.getpid())
+    warnings.filterwarnings("ignore", message=".*pin_memory.*")
+    images = batches = 0
+    started = time.perf_counter()
+    if args.child == "streaming":
+        loader = build_streaming(args)
+    else:
+        loader = build_stoker(args, args.mds if args.child == "stoker-mds" else args.data)
+    first_batch_s = math.nan
+    for batch in loader:
+        labels = batch["label"] if isinstance(batch, dict) else batch[1]
+        images += int(labels.shape[0])
+        batches += 1
+        if batches == 1:
+            first_batch_s = time.perf_counter() - started
+        if batches == args.batches:
+            break
+    elapsed = time.perf_counter() - started
+    end_tree_pss = tree_pss_bytes(os.getpid())
+    if args.child != "streaming":
+        loader.close()
+    del loader
+    steady_images = images - args.batch_size
+    return {
+        "config": args.child,
+        "images": images,
+        "batches": batches,
+        "seconds": elapsed,
+        "images_per_s": images / elapsed,
+        "steady_images_per_s": steady_images / (elapsed - first_batch_s)
+        if steady_images > 0
+        else math.nan,
+        "first_batch_s": first_batch_s,
+        "baseline_pss_mib": baseline / MIB,
+        "after_imports_pss_mib": after_imports / MIB,
+        "end_tree_pss_mib": end_tree_pss / MIB,
+        "torch": torch.__version__,
+    }
+
+
+# -- the parent ----------------------------------------------------------------------------
+
+
+def run_once(args: argparse.Namespace, config: str, argv: list[str]) -> dict[str, Any]:
+    busy_before = busy_cpu_seconds()
+    self_before = cpu_seconds(resource.RUSAGE_SELF)
+    run = run_watched(__file__, argv, config, args.memory_period)
+    own_cpu = run.cpu_s + cpu_seconds(resource.RUSAGE_SELF) - self_before
+    result = run.result
+    result.update(
+        peak_tree_pss_mib=run.peak_mib,
+        added_mib=run.peak_mib - result["baseline_pss_mib"],
+        cpu_s=run.cpu_s,
+        cpu_ms_per_image=run.cpu_s * 1e3 / max(result["images"], 1),
+        background_cpu_s=max(0.0, busy_cpu_seconds() - busy_before - own_cpu),
+    )
+    return result
+
+
+LABELS = {
+    "streaming": "StreamingDataset, {workers} workers",
+    "stoker-mds": "stoker.Loader on MDS, {threads} threads",
+    "stoker-folder": "stoker.Loader on the folder, {threads} threads",
+}
+
+
+def main(argv: list[str]) -> int:
+    args = parse_args(argv)
+    if answer_as_child(args, run_child):
+        return 0
+    if not (args.mds / "index.json").is_file():
+        print(f"writing {args.mds} with MDSWriter ...", file=sys.stderr, flush=True)
+        write_mds(args.data, args.mds, args.compression)
+    argv = [*argv, "--mds", str(args.mds)]
+    configs = list(LABELS)
+    runs: dict[str, list[dict[str, Any]]] = {config: [] for config in configs}
+    # Rounds alternate the configurations, so none always runs on a warmer machine.
+    for _ in range(args.repeat):
+        for config in configs:
+            print(f"running {config} ...", file=sys.stderr, flush=True)
+            runs[config].append(run_once(args, config, argv))
+    results = {config: {**median_run(r), "runs": r} for config, r in runs.items()}
+    ours, theirs = results["stoker-mds"], results["streaming"]
+    ratios = {
+        "images_per_s": ours["images_per_s"] / theirs["images_per_s"],
+        "cpu_per_image": ours["cpu_ms_per_image"] / theirs["cpu_ms_per_image"],
+        "added_memory": ours["added_mib"] / theirs["added_mib"] if theirs["added_mib"] > 0
+        else math.nan,
+        "first_batch_speedup": theirs["first_batch_s"] / ours["first_batch_s"],
+    }
+    if args.json:
+        print(json.dumps({"data": str(args.data), "mds": str(args.mds),
+                          "batch_size": args.batch_size, "results": results, "ratios": ratios}))
+        return 0
+    print(f"{'loader':<40} {'images/s':>9} {'steady':>9} {'first s':>8} {'CPU ms/img':>11} "
+          f"{'added MiB':>10}")
+    for config in configs:
+        r = results[config]
+        name = LABELS[config].format(workers=args.workers, threads=args.threads)
+        print(f"{name:<40} {r['images_per_s']:>9.0f} {r['steady_images_per_s']:>9.0f} "
+              f"{r['first_batch_s']:>8.2f} {r['cpu_ms_per_image']:>11.2f} {r['added_mib']:>10.0f}")
+    print(f"stoker on MDS vs StreamingDataset: {ratios['images_per_s']:.2f}x images/s, "
+          f"{ratios['cpu_per_image']:.2f}x CPU per image, {ratios['added_memory']:.2f}x the added "
+          f"memory, first batch {ratios['first_batch_speedup']:.1f}x sooner")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
