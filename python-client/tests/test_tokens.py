@@ -277,3 +277,37 @@ def test_megatron_blends_are_read_as_megatron_reads_them() -> None:
                          ("0.5 a 0.5 a.bin", "twice"), ("0.5 0.5", "stands where")]:
         with pytest.raises(ValueError, match=problem):
             stoker.megatron_blend(bad)
+
+
+# Corpora megatron-core's own IndexedDatasetBuilder wrote (`fixtures/write_megatron_core.py` says
+# how; committed, so no megatron-core install is needed here).
+MEGATRON_CORE = Path(__file__).parent / "fixtures" / "megatron_core"
+
+
+@pytest.mark.parametrize(
+    ("prefix", "dtype"),
+    [("wide_text_document", np.uint32), ("sentences_text_document", np.uint16)],
+)
+def test_corpora_megatron_core_s_builder_wrote_give_their_documents(prefix: str, dtype: Any) -> None:
+    """One sequence per document (int32 ids past uint16's range), and documents of several
+    sequences (``--split-sentences``): windows of the ids in order, documents where the index's
+    document index puts them, not at each sequence."""
+    documents = json.loads((MEGATRON_CORE / "documents.json").read_text())[prefix]
+    flat = np.concatenate([np.asarray(d) for d in documents])
+    document_of = np.concatenate([np.full(len(d), k) for k, d in enumerate(documents)])
+    seq_len = 6
+    pipeline = [ops.TokenWindows(seq_len, document_boundaries=True)]
+    batches = load(MEGATRON_CORE / f"{prefix}.bin", pipeline, shuffle=False, drop_last=False)
+    rows = {name: np.concatenate([b[name] for b in batches]) for name in batches[0]}
+    assert rows["tokens"].dtype == dtype
+    assert len(rows["tokens"]) == (len(flat) - 1) // seq_len
+    for k, row in enumerate(rows["tokens"]):
+        window = slice(k * seq_len, k * seq_len + seq_len + 1)
+        assert row.tolist() == flat[window].tolist()
+        here = document_of[window]
+        new = np.concatenate([[True], here[1:] != here[:-1]])
+        assert rows["document_ids"][k].tolist() == (np.cumsum(new) - 1).tolist()
+        expected: list[int] = []
+        for j, starts in enumerate(new):
+            expected.append(0 if starts else expected[j - 1] + 1)
+        assert rows["position_ids"][k].tolist() == expected

@@ -157,6 +157,8 @@ pub(super) enum Encoding {
     Integer(IntType),
     /// `str_int`: an integer written as text.
     StrInt,
+    /// `json`: a JSON value as UTF-8 text (a label when it is an integer).
+    Json,
     /// `ndarray[:dtype[:shape]]`: a numpy array, its dtype (when the encoding names it) and
     /// whether its shape is named (then no shape header precedes the values).
     NdArray {
@@ -179,6 +181,7 @@ impl Encoding {
                 signed: true,
             }),
             "str_int" => Encoding::StrInt,
+            "json" => Encoding::Json,
             "ndarray" => Encoding::NdArray {
                 dtype: None,
                 static_shape: false,
@@ -314,7 +317,12 @@ pub(super) fn pick_label_column(
     options: &MdsOptions,
     index: &Path,
 ) -> Result<Option<usize>> {
-    let is_label = |c: &Column| matches!(c.encoding, Encoding::Integer(_) | Encoding::StrInt);
+    let is_label = |c: &Column| {
+        matches!(
+            c.encoding,
+            Encoding::Integer(_) | Encoding::StrInt | Encoding::Json
+        )
+    };
     if let Some(name) = &options.label_column {
         let k = columns
             .iter()
@@ -324,8 +332,8 @@ pub(super) fn pick_label_column(
             return Err(mds_error(
                 index,
                 format!(
-                    "label column {name:?} is encoded {}: labels are int, str_int or a numpy \
-                     integer",
+                    "label column {name:?} is encoded {}: labels are int, str_int, json or a \
+                     numpy integer",
                     columns[k].encoding_name
                 ),
             ));

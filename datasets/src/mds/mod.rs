@@ -17,10 +17,13 @@
 //! `text` (encoded `str`). Its bytes are the sample: `jpeg`, `png` and `bytes` as they are; `pil`
 //! (raw pixels after a width, height and mode header) becomes a binary PPM (mode `RGB`) or PGM
 //! (`L`) of the same pixels, which the decoder reads; other modes are bad samples. Labels come
-//! from the column named, else `label`, else `cls`, encoded `int`, `str_int` or a numpy integer
-//! scalar (`uint8`..`int64`), read once at open; class names are the labels' numbers. A shard
-//! cut short, offsets that run backwards or past the file, or a sample count other than its
-//! index says is an error naming the shard.
+//! from the column named, else `label`, else `cls`, encoded `int`, `str_int`, `json` (an integer)
+//! or a numpy integer scalar (`uint8`..`int64`), read once at open; class names are the labels'
+//! numbers. A shard cut short, offsets that run backwards or past the file, or a sample count
+//! other than its index says is an error naming the shard.
+//!
+//! A prefix in a bucket reads the same (`remote.rs`), and an integer `ndarray` column is cut into
+//! token windows (`tokens.rs`).
 
 use std::fs::File;
 use std::ops::Range;
@@ -320,6 +323,9 @@ impl MdsDataset {
             Encoding::StrInt => std::str::from_utf8(&bytes)
                 .ok()
                 .and_then(|text| text.trim().parse().ok()),
+            Encoding::Json => serde_json::from_slice::<Value>(&bytes)
+                .ok()
+                .and_then(|value| value.as_i64()),
             _ => None,
         };
         label.ok_or_else(|| {

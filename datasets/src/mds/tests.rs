@@ -95,11 +95,19 @@ fn pil_images_become_pnm_and_other_columns_are_refused_by_name() {
         bytes.extend_from_slice(pixels);
         bytes
     };
-    let columns = vec![column("img", "pil", None), column("label", "str_int", None)];
+    let columns = vec![
+        column("img", "pil", None),
+        column("label", "str_int", None),
+        column("cls", "json", None),
+    ];
     let rows = vec![
-        vec![pil("RGB", &[1, 2, 3, 4, 5, 6], 2, 1), b"4".to_vec()],
-        vec![pil("L", &[7, 8], 1, 2), b" 5".to_vec()],
-        vec![pil("RGBA", &[0; 4], 1, 1), b"6".to_vec()],
+        vec![
+            pil("RGB", &[1, 2, 3, 4, 5, 6], 2, 1),
+            b"4".to_vec(),
+            b"1".to_vec(),
+        ],
+        vec![pil("L", &[7, 8], 1, 2), b" 5".to_vec(), b"12".to_vec()],
+        vec![pil("RGBA", &[0; 4], 1, 1), b"6".to_vec(), b"0".to_vec()],
     ];
     let dir = temp.path().join("pil");
     write_mds(&dir, &columns, &rows, 10, None).unwrap();
@@ -117,6 +125,30 @@ fn pil_images_become_pnm_and_other_columns_are_refused_by_name() {
     assert_eq!(
         (0..3).map(|k| dataset.label(k)).collect::<Vec<_>>(),
         [4, 5, 6]
+    );
+    // A `json` column of integers is a label column too; one holding other values is not read.
+    let by_json = MdsOptions {
+        label_column: Some("cls".into()),
+        ..MdsOptions::default()
+    };
+    let dataset = open(&dir, &by_json, temp.path()).unwrap();
+    assert_eq!(
+        (0..3).map(|k| dataset.label(k)).collect::<Vec<_>>(),
+        [1, 12, 0]
+    );
+    let objects = temp.path().join("json-objects");
+    let rows = vec![vec![b"x".to_vec(), br#"{"class": 1}"#.to_vec()]];
+    let columns = [
+        column("image", "bytes", None),
+        column("label", "json", None),
+    ];
+    write_mds(&objects, &columns, &rows, 10, None).unwrap();
+    let error = open(&objects, &MdsOptions::default(), temp.path())
+        .unwrap_err()
+        .to_string();
+    assert!(
+        error.contains("label column label (json) holds 12 bytes that are no label"),
+        "{error}"
     );
 
     let error = open(
