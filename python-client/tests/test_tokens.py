@@ -288,7 +288,9 @@ MEGATRON_CORE = Path(__file__).parent / "fixtures" / "megatron_core"
     ("prefix", "dtype"),
     [("wide_text_document", np.uint32), ("sentences_text_document", np.uint16)],
 )
-def test_corpora_megatron_core_s_builder_wrote_give_their_documents(prefix: str, dtype: Any) -> None:
+def test_corpora_megatron_core_s_builder_wrote_give_their_documents(
+    prefix: str, dtype: Any
+) -> None:
     """One sequence per document (int32 ids past uint16's range), and documents of several
     sequences (``--split-sentences``): windows of the ids in order, documents where the index's
     document index puts them, not at each sequence."""
