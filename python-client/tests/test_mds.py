@@ -96,14 +96,21 @@ def test_an_mds_set_gives_the_batches_of_its_images_as_an_image_folder(
 STREAMING = Path(__file__).parent / "fixtures" / "mds_streaming"
 
 
-@pytest.mark.parametrize("name", ["jpeg", "bytes_zstd"])
-def test_sets_streaming_s_writer_wrote_give_the_batches_of_their_image_folder(name: str) -> None:
+@pytest.mark.parametrize(
+    ("name", "folder", "count"),
+    [("jpeg", "images", 18), ("bytes_zstd", "images", 18), ("ndarray", "images_png", 12)],
+)
+def test_sets_streaming_s_writer_wrote_give_the_batches_of_their_image_folder(
+    name: str, folder: str, count: int
+) -> None:
+    """Images as ``jpeg`` and ``bytes`` (zstd), and as ``ndarray:uint8`` pixels (gray and RGB)
+    beside the same pixels as PNG files."""
     index = json.loads((STREAMING / name / "index.json").read_text())
     assert len(index["shards"]) > 1, "several shards"
     for shuffle in (False, True):
-        want = batches(STREAMING / "images", shuffle=shuffle, drop_last=False)
+        want = batches(STREAMING / folder, shuffle=shuffle, drop_last=False)
         got = batches(STREAMING / name, shuffle=shuffle, drop_last=False)
-        assert sum(len(b["label"]) for b in got) == 18
+        assert sum(len(b["label"]) for b in got) == count
         for a, b in zip(got, want, strict=True):
             np.testing.assert_array_equal(a["image"], b["image"])
             np.testing.assert_array_equal(a["label"], b["label"])

@@ -87,12 +87,13 @@ impl NdDtype {
 
 /// The integer values of one `ndarray` sample (Streaming's layout: a dtype code byte unless the
 /// encoding names the dtype, a shape header unless it names the shape, then the values): their
-/// type and bytes, or what is wrong with them.
+/// type, the shape its header gives (`None` when the encoding names it), and their bytes, or what
+/// is wrong with them.
 pub(super) fn ndarray_integers(
     bytes: &[u8],
     dtype: Option<NdDtype>,
     static_shape: bool,
-) -> std::result::Result<(IntType, &[u8]), String> {
+) -> std::result::Result<(IntType, Option<Vec<u64>>, &[u8]), String> {
     let mut at = 0usize;
     let dtype = match dtype {
         Some(dtype) => dtype,
@@ -103,9 +104,9 @@ pub(super) fn ndarray_integers(
         }
     };
     let NdDtype::Int(int) = dtype else {
-        return Err("its values are floats, not token ids".into());
+        return Err("its values are floats, not integers".into());
     };
-    let mut count = None;
+    let mut dims = None;
     if !static_shape {
         let head = *bytes.get(at).ok_or("no shape header")?;
         at += 1;
@@ -114,16 +115,16 @@ pub(super) fn ndarray_integers(
             .get(at..at + ndim * width)
             .ok_or("its shape header runs past its bytes")?;
         at += ndim * width;
-        let mut product = 1u128;
-        for dim in shape.chunks_exact(width) {
-            let dim = IntType {
-                size: width,
-                signed: false,
-            }
-            .value(dim);
-            product = product.saturating_mul(dim as u128);
-        }
-        count = Some(product);
+        let width = IntType {
+            size: width,
+            signed: false,
+        };
+        dims = Some(
+            shape
+                .chunks_exact(width.size)
+                .map(|dim| width.value(dim) as u64)
+                .collect::<Vec<u64>>(),
+        );
     }
     let values = &bytes[at..];
     if values.len() % int.size != 0 {
@@ -133,7 +134,10 @@ pub(super) fn ndarray_integers(
             int.name()
         ));
     }
-    if let Some(count) = count {
+    if let Some(dims) = &dims {
+        let count = dims
+            .iter()
+            .fold(1u128, |product, &dim| product.saturating_mul(u128::from(dim)));
         if count != (values.len() / int.size) as u128 {
             return Err(format!(
                 "its shape holds {count} values but its bytes {}",
@@ -141,7 +145,29 @@ pub(super) fn ndarray_integers(
             ));
         }
     }
-    Ok((int, values))
+    Ok((int, dims, values))
+}
+
+/// An `ndarray` image of `uint8` pixels, `shape` `[height, width]`, `[height, width, 1]` or
+/// `[height, width, 3]`, as a binary PGM or PPM of the same pixels; `None` for other types or
+/// shapes, or values that do not fill the shape.
+pub(super) fn ndarray_as_pnm(int: IntType, shape: &[u64], values: &[u8]) -> Option<Vec<u8>> {
+    if int.size != 1 || int.signed {
+        return None;
+    }
+    let (magic, channels) = match shape {
+        [_, _] | [_, _, 1] => ("P5", 1),
+        [_, _, 3] => ("P6", 3),
+        _ => return None,
+    };
+    let (height, width) = (shape[0], shape[1]);
+    let pixels = height.checked_mul(width)?.checked_mul(channels)?;
+    if height == 0 || width == 0 || pixels != values.len() as u64 {
+        return None;
+    }
+    let mut out = format!("{magic}\n{width} {height}\n255\n").into_bytes();
+    out.extend_from_slice(values);
+    Some(out)
 }
 
 /// How a column's bytes are read.
@@ -212,6 +238,8 @@ pub(super) struct Column {
     pub(super) encoding: Encoding,
     /// Its size when every sample's is the same (`column_sizes`).
     pub(super) fixed: Option<u32>,
+    /// The shape an `ndarray:dtype:shape` encoding names.
+    pub(super) shape: Option<Vec<u64>>,
 }
 
 /// The columns a shard's entry in `index.json` (at `path`) declares.
@@ -249,9 +277,16 @@ pub(super) fn shard_columns(entry: &Value, path: &Path) -> Result<Vec<Column>> {
             encoding_name: encoding_name.to_string(),
             encoding: Encoding::of(encoding_name),
             fixed,
+            shape: named_shape(encoding_name),
         });
     }
     Ok(columns)
+}
+
+/// The shape `ndarray:dtype:d1,d2,...` names, if it names one.
+fn named_shape(encoding: &str) -> Option<Vec<u64>> {
+    let shape = encoding.strip_prefix("ndarray:")?.split_once(':')?.1;
+    shape.split(',').map(|dim| dim.trim().parse().ok()).collect()
 }
 
 /// The column whose bytes are the samples (see the module doc).
@@ -260,8 +295,12 @@ pub(super) fn pick_sample_column(
     options: &MdsOptions,
     index: &Path,
 ) -> Result<usize> {
-    let readable =
-        |c: &Column| matches!(c.encoding, Encoding::Bytes | Encoding::Pil | Encoding::Str);
+    let readable = |c: &Column| {
+        matches!(
+            c.encoding,
+            Encoding::Bytes | Encoding::Pil | Encoding::Str | Encoding::NdArray { .. }
+        )
+    };
     let find = |name: &str| columns.iter().position(|c| c.name == name);
     let names = || {
         columns
@@ -281,15 +320,18 @@ pub(super) fn pick_sample_column(
             return Err(mds_error(
                 index,
                 format!(
-                    "column {name:?} is encoded {}: samples are read from bytes, jpeg, png, pil \
-                     or str columns",
+                    "column {name:?} is encoded {}: samples are read from bytes, jpeg, png, \
+                     pil, ndarray or str columns",
                     columns[k].encoding_name
                 ),
             ));
         }
         return Ok(k);
     }
-    let image = |c: &Column| matches!(c.encoding_name.as_str(), "jpeg" | "png" | "pil" | "bytes");
+    let image = |c: &Column| {
+        matches!(c.encoding_name.as_str(), "jpeg" | "png" | "pil" | "bytes")
+            || matches!(c.encoding, Encoding::NdArray { .. })
+    };
     IMAGE_COLUMN_NAMES
         .iter()
         .find_map(|name| find(name).filter(|&k| image(&columns[k])))

@@ -16,7 +16,9 @@
 //! whose encoding is an image's, else the first column encoded `jpeg`, `png` or `pil`, else
 //! `text` (encoded `str`). Its bytes are the sample: `jpeg`, `png` and `bytes` as they are; `pil`
 //! (raw pixels after a width, height and mode header) becomes a binary PPM (mode `RGB`) or PGM
-//! (`L`) of the same pixels, which the decoder reads; other modes are bad samples. Labels come
+//! (`L`) of the same pixels, which the decoder reads; other modes are bad samples; so does an
+//! `ndarray` of `uint8` pixels shaped `[height, width]` or `[height, width, 3]` (named by the
+//! column, or an image column by name), other arrays being bad samples. Labels come
 //! from the column named, else `label`, else `cls`, encoded `int`, `str_int`, `json` (an integer)
 //! or a numpy integer scalar (`uint8`..`int64`), read once at open; class names are the labels'
 //! numbers. A shard cut short, offsets that run backwards or past the file, or a sample count
@@ -38,7 +40,10 @@ use crate::file_pool::{is_out_of_descriptors, FileKey, FilePool, PooledFile};
 use crate::sample_source::{numbered_class_names, SampleSource};
 use crate::storage::{CachedObject, ObjectCacheOptions};
 
-use columns::{pick_label_column, pick_sample_column, pil_as_pnm, shard_columns, Column, Encoding};
+use columns::{
+    ndarray_as_pnm, ndarray_integers, pick_label_column, pick_sample_column, pil_as_pnm,
+    shard_columns, Column, Encoding,
+};
 use shard::{local_shard_file, read_exact_at, Shard, ShardEntry};
 
 mod columns;
@@ -376,13 +381,27 @@ impl SampleSource for MdsDataset {
             ));
         };
         let (bytes, shard, local) = self.column_bytes(index, column)?;
-        match self.columns[column].encoding {
-            Encoding::Pil => pil_as_pnm(&bytes).ok_or_else(|| {
-                mds_error(
-                    &shard.path,
-                    format!("sample {local}: a pil image of a mode other than RGB or L"),
-                )
-            }),
+        let each = &self.columns[column];
+        let bad = |problem: String| mds_error(&shard.path, format!("sample {local}: {problem}"));
+        match each.encoding {
+            Encoding::Pil => pil_as_pnm(&bytes)
+                .ok_or_else(|| bad("a pil image of a mode other than RGB or L".into())),
+            Encoding::NdArray {
+                dtype,
+                static_shape,
+            } => {
+                let (int, shape, values) = ndarray_integers(&bytes, dtype, static_shape)
+                    .map_err(|problem| bad(format!("column {}: {problem}", each.name)))?;
+                let shape = shape.or_else(|| each.shape.clone()).unwrap_or_default();
+                ndarray_as_pnm(int, &shape, values).ok_or_else(|| {
+                    bad(format!(
+                        "column {}: an array of {} of shape {shape:?} is no image (uint8 of \
+                         [height, width] or [height, width, 3] is)",
+                        each.name,
+                        int.name()
+                    ))
+                })
+            }
             _ => Ok(bytes),
         }
     }

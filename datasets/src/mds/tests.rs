@@ -516,3 +516,52 @@ fn token_ids_that_do_not_fit_and_arrays_of_floats_are_errors_naming_the_sample()
         "{error}"
     );
 }
+
+#[test]
+fn uint8_ndarray_images_become_pnm_and_other_arrays_are_bad_samples() {
+    let temp = tempfile::tempdir().unwrap();
+    // The shape named by the encoding: [height 2, width 1, 3 channels].
+    let dir = temp.path().join("named");
+    let rows = vec![vec![vec![1, 2, 3, 4, 5, 6], b"3".to_vec()]];
+    let columns = [
+        column("pixels", "ndarray:uint8:2,1,3", Some(6)),
+        column("label", "str_int", None),
+    ];
+    write_mds(&dir, &columns, &rows, 4, None).unwrap();
+    let named = MdsOptions {
+        sample_column: Some("pixels".into()),
+        ..MdsOptions::default()
+    };
+    let dataset = open(&dir, &named, temp.path()).unwrap();
+    assert_eq!(dataset.read(0).unwrap(), b"P6\n1 2\n255\n\x01\x02\x03\x04\x05\x06");
+
+    // Dtype and shape in each sample (an `image` column, picked by its name): a [1, 2] gray
+    // image, a uint16 array, a [1, 1, 4] array and one whose shape wants more values.
+    let dynamic = |code: u8, shape: &[u8], values: &[u8]| {
+        let mut bytes = vec![code, (shape.len() as u8) << 2];
+        bytes.extend_from_slice(shape);
+        bytes.extend_from_slice(values);
+        bytes
+    };
+    let dir = temp.path().join("dynamic");
+    let rows = vec![
+        vec![dynamic(8, &[1, 2], &[7, 8])],
+        vec![dynamic(16, &[1, 1], &[7, 8])],
+        vec![dynamic(8, &[1, 1, 4], &[1, 2, 3, 4])],
+        vec![dynamic(8, &[2, 2], &[1, 2, 3])],
+    ];
+    write_mds(&dir, &[column("image", "ndarray", None)], &rows, 4, None).unwrap();
+    let dataset = open(&dir, &MdsOptions::default(), temp.path()).unwrap();
+    assert_eq!(dataset.read(0).unwrap(), b"P5\n2 1\n255\n\x07\x08");
+    for (k, problem) in [
+        (1, "an array of uint16 of shape [1, 1] is no image"),
+        (2, "an array of uint8 of shape [1, 1, 4] is no image"),
+        (3, "its shape holds 4 values but its bytes 3"),
+    ] {
+        let error = dataset.read(k).unwrap_err().to_string();
+        assert!(
+            error.contains(&format!("shard.00000.mds: sample {k}: column image: {problem}")),
+            "{error}"
+        );
+    }
+}
