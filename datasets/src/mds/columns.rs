@@ -135,9 +135,9 @@ pub(super) fn ndarray_integers(
         ));
     }
     if let Some(dims) = &dims {
-        let count = dims
-            .iter()
-            .fold(1u128, |product, &dim| product.saturating_mul(u128::from(dim)));
+        let count = dims.iter().fold(1u128, |product, &dim| {
+            product.saturating_mul(u128::from(dim))
+        });
         if count != (values.len() / int.size) as u128 {
             return Err(format!(
                 "its shape holds {count} values but its bytes {}",
@@ -286,7 +286,10 @@ pub(super) fn shard_columns(entry: &Value, path: &Path) -> Result<Vec<Column>> {
 /// The shape `ndarray:dtype:d1,d2,...` names, if it names one.
 fn named_shape(encoding: &str) -> Option<Vec<u64>> {
     let shape = encoding.strip_prefix("ndarray:")?.split_once(':')?.1;
-    shape.split(',').map(|dim| dim.trim().parse().ok()).collect()
+    shape
+        .split(',')
+        .map(|dim| dim.trim().parse().ok())
+        .collect()
 }
 
 /// The column whose bytes are the samples (see the module doc).

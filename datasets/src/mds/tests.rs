@@ -533,7 +533,10 @@ fn uint8_ndarray_images_become_pnm_and_other_arrays_are_bad_samples() {
         ..MdsOptions::default()
     };
     let dataset = open(&dir, &named, temp.path()).unwrap();
-    assert_eq!(dataset.read(0).unwrap(), b"P6\n1 2\n255\n\x01\x02\x03\x04\x05\x06");
+    assert_eq!(
+        dataset.read(0).unwrap(),
+        b"P6\n1 2\n255\n\x01\x02\x03\x04\x05\x06"
+    );
 
     // Dtype and shape in each sample (an `image` column, picked by its name): a [1, 2] gray
     // image, a uint16 array, a [1, 1, 4] array and one whose shape wants more values.
@@ -560,7 +563,9 @@ fn uint8_ndarray_images_become_pnm_and_other_arrays_are_bad_samples() {
     ] {
         let error = dataset.read(k).unwrap_err().to_string();
         assert!(
-            error.contains(&format!("shard.00000.mds: sample {k}: column image: {problem}")),
+            error.contains(&format!(
+                "shard.00000.mds: sample {k}: column image: {problem}"
+            )),
             "{error}"
         );
     }
