@@ -348,12 +348,22 @@ def dockerfile_instructions() -> list[tuple[str, str]]:
     return instructions
 
 
+def dev_function(name: str) -> str:
+    """The body of the shell function ``name`` in ./dev, continuation lines joined."""
+    text = re.sub(r"\\\n\s*", " ", (REPO / "dev").read_text())
+    body = re.search(rf"^{name}\(\) {{\n(.*?)^}}", text, flags=re.MULTILINE | re.DOTALL)
+    assert body, f"no function {name} in ./dev"
+    return body.group(1)
+
+
 def cargo_build_targets() -> tuple[list[str], list[str]]:
-    """The packages (-p) and binaries (--bin) of the Dockerfile's cargo build."""
-    runs = [args for word, args in dockerfile_instructions()
-            if word == "RUN" and args.startswith("cargo build")]
-    assert len(runs) == 1, runs
-    words = runs[0].split()
+    """The packages (-p) and binaries (--bin) the image's build makes: the Dockerfile runs
+    ``./dev wheel --binaries``, whose ``cargo zigbuild`` names them."""
+    runs = [args for word, args in dockerfile_instructions() if word == "RUN"]
+    assert "./dev wheel --binaries" in runs, runs
+    builds = [line for line in dev_function("dist").splitlines() if "cargo zigbuild" in line]
+    assert len(builds) == 1, builds
+    words = builds[0].split()
     assert "--release" in words and "--locked" in words
     packages = [words[i + 1] for i, w in enumerate(words) if w in ("-p", "--package")]
     binaries = [words[i + 1] for i, w in enumerate(words) if w == "--bin"]
@@ -361,14 +371,19 @@ def cargo_build_targets() -> tuple[list[str], list[str]]:
 
 
 def image_binaries() -> set[str]:
-    """Names of the binaries the Dockerfile copies from the build stage into /usr/local/bin/."""
+    """Names of the binaries the image unpacks into /usr/local/bin/: the tarball the build stage
+    made (``./dev wheel`` packs the binaries its ``tar -czf`` names), copied and unpacked."""
     copies = [args.split() for word, args in dockerfile_instructions()
               if word == "COPY" and args.startswith("--from=")]
     assert len(copies) == 1, copies
-    *sources, destination = copies[0][1:]
-    assert destination == "/usr/local/bin/"
-    assert all("/target/release/" in source for source in sources), sources
-    return {source.rsplit("/", 1)[1] for source in sources}
+    source, destination = copies[0][1:]
+    assert source.startswith("/src/target/dist/") and source.endswith(".tar.gz"), source
+    runs = [args for word, args in dockerfile_instructions() if word == "RUN"]
+    assert f"tar -xzf {destination} -C /usr/local/bin/ && rm {destination}" in runs, runs
+    packed = [line.split() for line in dev_function("dist").splitlines() if "tar -czf" in line]
+    assert len(packed) == 1, packed
+    words = packed[0]
+    return set(words[words.index("-C") + 2:])
 
 
 def workspace_binaries() -> dict[str, set[str]]:
