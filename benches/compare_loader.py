@@ -36,22 +36,19 @@ import argparse
 import json
 import math
 import os
-import resource
 import sys
 import time
 from typing import Any
 
 from measure import (
-    MIB,
     answer_as_child,
-    busy_cpu_seconds,
     check_comparison_arguments,
     comparison_arguments,
-    cpu_seconds,
+    epoch_figures,
     median_run,
     pss_bytes,
-    run_watched,
     tree_pss_bytes,
+    watched_run,
 )
 
 CROP_SIZE = 224
@@ -171,23 +168,9 @@ def run_child(args: argparse.Namespace) -> dict[str, Any]:
         }
         loader.close()
     del batch, loader
-    steady_images = images - args.batch_size
-    return {
-        "config": args.child,
-        "images": images,
-        "batches": batches,
-        "seconds": elapsed,
-        "images_per_s": images / elapsed,
-        "steady_images_per_s": steady_images / (elapsed - first_batch_s)
-        if steady_images > 0
-        else math.nan,
-        "first_batch_s": first_batch_s,
-        "baseline_pss_mib": baseline / MIB,
-        "after_imports_pss_mib": after_imports / MIB,
-        "end_tree_pss_mib": end_tree_pss / MIB,
-        "torch": torch.__version__,
-        **extra,
-    }
+    figures = epoch_figures(args.child, images, batches, elapsed, first_batch_s,
+                            args.batch_size, baseline, after_imports, end_tree_pss)
+    return {**figures, "torch": torch.__version__, **extra}
 
 
 # -- the parent: run every configuration, print the table ----------------------------------
@@ -195,22 +178,7 @@ def run_child(args: argparse.Namespace) -> dict[str, Any]:
 
 def run_once(args: argparse.Namespace, config: str, argv: list[str]) -> dict[str, Any]:
     """One fresh child running ``config``, its memory watched from here."""
-    busy_before = busy_cpu_seconds()
-    self_before = cpu_seconds(resource.RUSAGE_SELF)
-    run = run_watched(__file__, argv, config, args.memory_period)
-    # Our own share is mostly the PSS reads; neither is the rest of the machine's.
-    own_cpu = run.cpu_s + cpu_seconds(resource.RUSAGE_SELF) - self_before
-    background_cpu = max(0.0, busy_cpu_seconds() - busy_before - own_cpu)
-    result = run.result
-    result.update(
-        peak_tree_pss_mib=run.peak_mib,
-        added_mib=run.peak_mib - result["baseline_pss_mib"],
-        loader_only_mib=run.peak_mib - result["after_imports_pss_mib"],
-        pss_samples=run.pss_samples,
-        cpu_s=run.cpu_s,
-        background_cpu_s=background_cpu,
-    )
-    return result
+    return watched_run(__file__, argv, config, args.memory_period)
 
 
 def run_config(args: argparse.Namespace, config: str, argv: list[str]) -> dict[str, Any]:

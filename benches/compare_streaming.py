@@ -23,23 +23,20 @@ import argparse
 import json
 import math
 import os
-import resource
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
 from measure import (
-    MIB,
     answer_as_child,
-    busy_cpu_seconds,
     check_comparison_arguments,
     comparison_arguments,
-    cpu_seconds,
+    epoch_figures,
     median_run,
     pss_bytes,
-    run_watched,
     tree_pss_bytes,
+    watched_run,
 )
 
 CROP_SIZE = 224
@@ -161,41 +158,12 @@ def run_child(args: argparse.Namespace) -> dict[str, Any]:
     if args.child != "streaming":
         loader.close()
     del loader
-    steady_images = images - args.batch_size
-    return {
-        "config": args.child,
-        "images": images,
-        "batches": batches,
-        "seconds": elapsed,
-        "images_per_s": images / elapsed,
-        "steady_images_per_s": steady_images / (elapsed - first_batch_s)
-        if steady_images > 0
-        else math.nan,
-        "first_batch_s": first_batch_s,
-        "baseline_pss_mib": baseline / MIB,
-        "after_imports_pss_mib": after_imports / MIB,
-        "end_tree_pss_mib": end_tree_pss / MIB,
-        "torch": torch.__version__,
-    }
+    figures = epoch_figures(args.child, images, batches, elapsed, first_batch_s,
+                            args.batch_size, baseline, after_imports, end_tree_pss)
+    return {**figures, "torch": torch.__version__}
 
 
 # -- the parent ----------------------------------------------------------------------------
-
-
-def run_once(args: argparse.Namespace, config: str, argv: list[str]) -> dict[str, Any]:
-    busy_before = busy_cpu_seconds()
-    self_before = cpu_seconds(resource.RUSAGE_SELF)
-    run = run_watched(__file__, argv, config, args.memory_period)
-    own_cpu = run.cpu_s + cpu_seconds(resource.RUSAGE_SELF) - self_before
-    result = run.result
-    result.update(
-        peak_tree_pss_mib=run.peak_mib,
-        added_mib=run.peak_mib - result["baseline_pss_mib"],
-        cpu_s=run.cpu_s,
-        cpu_ms_per_image=run.cpu_s * 1e3 / max(result["images"], 1),
-        background_cpu_s=max(0.0, busy_cpu_seconds() - busy_before - own_cpu),
-    )
-    return result
 
 
 LABELS = {
@@ -219,7 +187,7 @@ def main(argv: list[str]) -> int:
     for _ in range(args.repeat):
         for config in configs:
             print(f"running {config} ...", file=sys.stderr, flush=True)
-            runs[config].append(run_once(args, config, argv))
+            runs[config].append(watched_run(__file__, argv, config, args.memory_period))
     results = {config: {**median_run(r), "runs": r} for config, r in runs.items()}
     ours, theirs = results["stoker-mds"], results["streaming"]
     ratios = {

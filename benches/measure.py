@@ -1,7 +1,7 @@
 """How the Python comparisons measure a loader's process without slowing it down.
 
-Shared by compare_loader.py and compare_dataset.py (memory, CPU, medians of runs) and
-compare_torch.py (background CPU).
+Shared by compare_loader.py, compare_streaming.py and compare_dataset.py (memory, CPU, medians
+of runs) and compare_torch.py (background CPU).
 
 Memory: the figure wanted is the peak memory of a loader's whole process tree (the interpreter
 and any worker processes it forks), each page counted once. PSS (proportional set size) splits
@@ -214,3 +214,48 @@ def median_run(runs: list[dict[str, Any]]) -> dict[str, Any]:
         if isinstance(value, float):
             merged[key] = statistics.median(run[key] for run in runs)
     return merged
+
+
+def epoch_figures(
+    config: str, images: int, batches: int, elapsed: float, first_batch_s: float,
+    batch_size: int, baseline_pss: int, after_imports_pss: int, end_tree_pss: int,
+) -> dict[str, Any]:
+    """What a child reports of one run: images/s with and without the first batch, the first
+    batch's time and the PSS it read before its clock started and after it stopped."""
+    steady_images = images - batch_size
+    return {
+        "config": config,
+        "images": images,
+        "batches": batches,
+        "seconds": elapsed,
+        "images_per_s": images / elapsed,
+        "steady_images_per_s": steady_images / (elapsed - first_batch_s)
+        if steady_images > 0
+        else float("nan"),
+        "first_batch_s": first_batch_s,
+        "baseline_pss_mib": baseline_pss / MIB,
+        "after_imports_pss_mib": after_imports_pss / MIB,
+        "end_tree_pss_mib": end_tree_pss / MIB,
+    }
+
+
+def watched_run(script: str, argv: list[str], config: str, period_s: float) -> dict[str, Any]:
+    """One fresh child running ``config`` (:func:`run_watched`): its figures, with its peak
+    PSS, the memory it added over the interpreter and over its imports, its CPU, and the CPU the
+    rest of the machine used meanwhile."""
+    busy_before = busy_cpu_seconds()
+    self_before = cpu_seconds(resource.RUSAGE_SELF)
+    run = run_watched(script, argv, config, period_s)
+    # Our own share is mostly the PSS reads; neither is the rest of the machine's.
+    own_cpu = run.cpu_s + cpu_seconds(resource.RUSAGE_SELF) - self_before
+    result = run.result
+    result.update(
+        peak_tree_pss_mib=run.peak_mib,
+        added_mib=run.peak_mib - result["baseline_pss_mib"],
+        loader_only_mib=run.peak_mib - result["after_imports_pss_mib"],
+        pss_samples=run.pss_samples,
+        cpu_s=run.cpu_s,
+        cpu_ms_per_image=run.cpu_s * 1e3 / max(result["images"], 1),
+        background_cpu_s=max(0.0, busy_cpu_seconds() - busy_before - own_cpu),
+    )
+    return result
