@@ -85,15 +85,24 @@ impl NdDtype {
     }
 }
 
+/// The integer values of one `ndarray` sample ([`ndarray_integers`]).
+pub(super) struct NdValues<'a> {
+    /// Their type.
+    pub(super) int: IntType,
+    /// The shape the sample's header gives (`None` when the encoding names it).
+    pub(super) shape: Option<Vec<u64>>,
+    /// Their bytes, little-endian.
+    pub(super) values: &'a [u8],
+}
+
 /// The integer values of one `ndarray` sample (Streaming's layout: a dtype code byte unless the
-/// encoding names the dtype, a shape header unless it names the shape, then the values): their
-/// type, the shape its header gives (`None` when the encoding names it), and their bytes, or what
+/// encoding names the dtype, a shape header unless it names the shape, then the values), or what
 /// is wrong with them.
 pub(super) fn ndarray_integers(
     bytes: &[u8],
     dtype: Option<NdDtype>,
     static_shape: bool,
-) -> std::result::Result<(IntType, Option<Vec<u64>>, &[u8]), String> {
+) -> std::result::Result<NdValues<'_>, String> {
     let mut at = 0usize;
     let dtype = match dtype {
         Some(dtype) => dtype,
@@ -145,7 +154,11 @@ pub(super) fn ndarray_integers(
             ));
         }
     }
-    Ok((int, dims, values))
+    Ok(NdValues {
+        int,
+        shape: dims,
+        values,
+    })
 }
 
 /// An `ndarray` image of `uint8` pixels, `shape` `[height, width]`, `[height, width, 1]` or

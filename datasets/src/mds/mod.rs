@@ -390,9 +390,13 @@ impl SampleSource for MdsDataset {
                 dtype,
                 static_shape,
             } => {
-                let (int, shape, values) = ndarray_integers(&bytes, dtype, static_shape)
+                let array = ndarray_integers(&bytes, dtype, static_shape)
                     .map_err(|problem| bad(format!("column {}: {problem}", each.name)))?;
-                let shape = shape.or_else(|| each.shape.clone()).unwrap_or_default();
+                let (int, values) = (array.int, array.values);
+                let shape = array
+                    .shape
+                    .or_else(|| each.shape.clone())
+                    .unwrap_or_default();
                 ndarray_as_pnm(int, &shape, values).ok_or_else(|| {
                     bad(format!(
                         "column {}: an array of {} of shape {shape:?} is no image (uint8 of \

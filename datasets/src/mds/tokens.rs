@@ -96,7 +96,7 @@ impl MdsDataset {
             return Err(mds_error(&shard.path, "the token column is no ndarray"));
         };
         match ndarray_integers(&bytes, dtype, static_shape) {
-            Ok((int, _, values)) => Ok((int, values.to_vec())),
+            Ok(array) => Ok((array.int, array.values.to_vec())),
             Err(problem) => Err(mds_error(
                 &shard.path,
                 format!(
