@@ -380,7 +380,8 @@ fn write_seed_corpora() -> TestResult<()> {
         put("megatron_index", name, &std::fs::read(idx)?)?;
     }
 
-    // MDS: a folder of images and labels, and one of text with uint8 `cls` labels.
+    // MDS: a folder of images and labels, one of text with uint8 `cls` labels, one of uint8
+    // pixel arrays (dtype and shape in each sample) and one of uint16 token arrays.
     let columns = |spec: &[(&str, &str, Option<u32>)]| -> Vec<stoker_datasets::MdsColumn> {
         spec.iter()
             .map(|(name, encoding, size)| stoker_datasets::MdsColumn {
@@ -398,9 +399,19 @@ fn write_seed_corpora() -> TestResult<()> {
     let text_rows: Vec<Vec<Vec<u8>>> = (0..3u8)
         .map(|k| vec![format!("document {k}").into_bytes(), vec![k]])
         .collect();
+    let pixels = columns(&[("image", "ndarray", None), ("label", "json", None)]);
+    let pixel_rows: Vec<Vec<Vec<u8>>> = (0..3u8)
+        .map(|k| vec![vec![8, 2 << 2, 1, 2, k, k + 1], format!("{k}").into_bytes()])
+        .collect();
+    let tokens = columns(&[("tokens", "ndarray:uint16", None)]);
+    let token_rows: Vec<Vec<Vec<u8>>> = (0..3u8)
+        .map(|k| vec![vec![1 << 2, 2, k, 0, k + 1, 0]])
+        .collect();
     for (name, columns, rows) in [
         ("images", &images, &image_rows),
         ("text", &text, &text_rows),
+        ("pixels", &pixels, &pixel_rows),
+        ("tokens", &tokens, &token_rows),
     ] {
         let dir = work.path().join(format!("mds-{name}"));
         stoker_datasets::write_mds(&dir, columns, rows, 100, None)?;
