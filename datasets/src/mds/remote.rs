@@ -3,6 +3,7 @@
 //! cache while the dataset is open; compressed shards are decompressed there once. Each sample
 //! is then read from the shard's local copy, as a local folder's are.
 
+use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Instant;
@@ -30,11 +31,12 @@ impl MdsDataset {
         let listing = cache.list(&store, &location)?;
         let root = PathBuf::from(location.uri());
         let index_name = root.join(MDS_INDEX_FILE);
-        let find = |name: &str| {
-            listing
-                .iter()
-                .find(|object| object.location.filename() == Some(name))
-        };
+        // One lookup per shard: a set of terabytes has tens of thousands of them.
+        let by_name: HashMap<&str, &ObjectMeta> = listing
+            .iter()
+            .filter_map(|object| Some((object.location.filename()?, object)))
+            .collect();
+        let find = |name: &str| by_name.get(name).copied();
         let index_meta = find(MDS_INDEX_FILE).ok_or_else(|| Error::NoRemoteObjects {
             uri: location.uri(),
             what: format!("MDS {MDS_INDEX_FILE}"),

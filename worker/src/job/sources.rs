@@ -162,24 +162,21 @@ pub fn open_source(
         DatasetFormat::HfDataset => Ok(Arc::new(
             HfDataset::open(path, &column_options(dataset)).map_err(Error::OpenDataset)?,
         )),
-        DatasetFormat::Mds => {
-            let cache = ObjectCacheOptions::from_env().map_err(Error::OpenDataset)?;
-            open_mds(
-                &|options| MdsDataset::open(path, options),
-                &cache,
-                dataset,
-                ops,
-            )
-        }
+        DatasetFormat::Mds => open_mds(
+            &|options| MdsDataset::open(path, options),
+            &ObjectCacheOptions::from_env,
+            dataset,
+            ops,
+        ),
     }
 }
 
 /// Opens an MDS dataset (`open` given the columns to read): its samples, or, when the pipeline
 /// cuts token windows, the ids of its token column cut into them, written once into the cache
-/// tier of `cache`.
+/// tier `cache` gives (asked for only then: a plain folder needs none).
 fn open_mds(
     open: &dyn Fn(&MdsOptions) -> stoker_datasets::Result<MdsDataset>,
-    cache: &ObjectCacheOptions,
+    cache: &dyn Fn() -> stoker_datasets::Result<ObjectCacheOptions>,
     dataset: &proto::DatasetSource,
     ops: &[proto::Op],
 ) -> Result<Arc<dyn SampleSource>> {
@@ -195,8 +192,9 @@ fn open_mds(
         seq_len,
         document_boundaries: wants_document_boundaries(ops),
     };
+    let cache = cache().map_err(Error::OpenDataset)?;
     Ok(Arc::new(
-        mds.token_windows(&windows, cache)
+        mds.token_windows(&windows, &cache)
             .map_err(Error::OpenDataset)?,
     ))
 }
@@ -465,15 +463,12 @@ fn open_remote_source(
         DatasetFormat::Auto | DatasetFormat::ImageFolder => Ok(Arc::new(
             ImageFolder::open_remote(uri, cache, split.as_deref()).map_err(Error::OpenDataset)?,
         )),
-        DatasetFormat::Mds => {
-            let options = cache.options().clone();
-            open_mds(
-                &|columns| MdsDataset::open_remote(uri, Arc::clone(&cache), columns),
-                &options,
-                dataset,
-                ops,
-            )
-        }
+        DatasetFormat::Mds => open_mds(
+            &|columns| MdsDataset::open_remote(uri, Arc::clone(&cache), columns),
+            &|| Ok(cache.options().clone()),
+            dataset,
+            ops,
+        ),
     }
 }
 
