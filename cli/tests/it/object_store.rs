@@ -69,6 +69,11 @@ const WHOLE_EPOCH: [&str; 7] = [
     "32",
 ];
 
+/// `stoker digest` of one small batch of `data`.
+fn one_batch(data: &str) -> [&str; 7] {
+    ["digest", "--batches", "1", "--size", "32", "--data", data]
+}
+
 /// `stoker convert` of the image folder `images` to `format` in `out`, with `extra` flags.
 fn convert(images: &Path, format: &str, out: &Path, extra: &[&str]) {
     let args = [
@@ -138,19 +143,7 @@ fn digest_over_s3_equals_the_local_digest_cold_and_warm() {
     // The first run fetched every sample's range; every later one was served by the cache.
     let gets = server.counts.object_gets();
     assert!(gets >= objects);
-    let (_, stderr) = stoker_s3(
-        &server,
-        &cache,
-        &[
-            "digest",
-            "--batches",
-            "1",
-            "--size",
-            "32",
-            "--data",
-            "s3://data/train",
-        ],
-    );
+    let (_, stderr) = stoker_s3(&server, &cache, &one_batch("s3://data/train"));
     assert!(
         stderr.contains(" hits, 0 misses, 0 bytes fetched"),
         "{stderr}"
@@ -205,15 +198,7 @@ fn digest_over_s3_equals_the_local_digest_cold_and_warm() {
     let stderr = stoker_s3_refused(
         &server,
         &dir.path().join("converted-cache"),
-        &[
-            "digest",
-            "--batches",
-            "1",
-            "--size",
-            "32",
-            "--data",
-            spanning,
-        ],
+        &one_batch(spanning),
     );
     assert!(
         stderr.contains(spanning) && stderr.contains("train") && stderr.contains("split"),
@@ -336,15 +321,7 @@ fn image_folders_mds_and_jsonl_in_a_bucket_digest_as_their_local_copies() {
     let stderr = stoker_s3_refused(
         &server,
         &dir.path().join("cache"),
-        &[
-            "digest",
-            "--batches",
-            "1",
-            "--size",
-            "32",
-            "--data",
-            "s3://data/by-split",
-        ],
+        &one_batch("s3://data/by-split"),
     );
     assert!(stderr.contains("train, val"), "{stderr}");
     let (digest, _) = stoker_s3(
