@@ -2,7 +2,8 @@
 # The GPU decode lane's check, run from the repository root on a machine with an NVIDIA GPU
 # (what benches/gpu/run.sh needs, plus pillow): installs what benches/gpu/pack.sh put in
 # `.device/`, starts one loader with decode="gpu" (a smoke test, with Python's fault handler),
-# runs the GPU tests (`pytest -m gpu` of tests/test_gpu.py and tests/test_gpu_decode.py), then
+# runs the GPU tests (`pytest -m gpu` of tests/test_gpu.py and tests/test_gpu_decode.py), what
+# fencing released pinned batches on torch's whole stream pool costs (fence_cost.py), then
 # the training benchmark's decode rows on a generated set: ResNet-18 with decode="cpu", "gpu" and
 # "auto", the same with 7 decode threads, and the loader alone; then the "gpu" and "auto" rows
 # again with the training loop on a stream of its own (gpu_train.py --side-stream). Logs go to
@@ -62,6 +63,9 @@ fi
 started=$SECONDS
 [ "${SKIP_PYTEST:-0}" = 1 ] || (cd python-client && timeout 300 python3 -m pytest -m gpu tests/test_gpu.py tests/test_gpu_decode.py -q -rs -s -p no:cacheprovider 2>&1) | tee "$out/pytest.log"
 echo "pytest -m gpu: $((SECONDS - started)) s"
+started=$SECONDS
+[ "${SKIP_BENCH:-0}" = 1 ] || timeout 150 python3 benches/gpu/fence_cost.py --data "$data" --rounds 2 2>&1 | tee "$out/fence-cost.log"
+echo "fence_cost: $((SECONDS - started)) s"
 # A lane that does not start or crashes has nothing to measure.
 [ "$smoke" -eq 0 ] || exit 1
 [ "${SKIP_BENCH:-0}" = 1 ] && exit 0

@@ -23,7 +23,7 @@ pub mod fuzz_targets;
 
 pub use client::cuda::{
     active_devices as cuda_active_devices, check_device as cuda_check_device,
-    driver_present as cuda_driver_present, Cuda, Fence, Unavailable as CudaUnavailable,
+    driver_present as cuda_driver_present, Cuda, Fence, Sweep, Unavailable as CudaUnavailable,
 };
 pub use client::embedded::EmbeddedSource;
 pub use client::gpu_decode::{

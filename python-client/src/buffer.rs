@@ -5,10 +5,11 @@
 //! In a page-locked pool a copy to the GPU may still be reading the slot when the last view
 //! goes (`.cuda(non_blocking=True)` returns at once). The bytes are then let go only after
 //! fences on the streams that may hold such copies have completed ([`ReleaseFences`]): the
-//! loader's own copy stream ([`Buffer::release_after`]), or, for a batch handed to the user,
-//! torch's current stream and the legacy default stream of every device the process has
-//! started CUDA on, at the moment of release (the pages are locked for every device, so a
-//! batch pinned through device 0 may be copied to device 1).
+//! loader's own copy stream ([`Buffer::release_after`]), or, for a batch handed to the user, a
+//! sweep of every device the process has started CUDA on (the fence thread fences the legacy
+//! default stream and every stream of torch's pool there, on whichever thread a copy was
+//! queued) and the releasing thread's current stream when it is none of those (the pages are
+//! locked for every device, so a batch pinned through device 0 may be copied to device 1).
 
 use std::ffi::{c_int, c_void};
 use std::sync::{Arc, Mutex};
@@ -17,11 +18,12 @@ use bytes::Bytes;
 use pyo3::exceptions::PyBufferError;
 use pyo3::ffi;
 use pyo3::prelude::*;
-use stoker_loader::{Cuda, Fence, SlotPool};
+use stoker_loader::{Cuda, Fence, SlotPool, Sweep};
 
 /// How the buffers of a page-locked pool are let go: the device that locked them, and a Python
-/// callable that names the streams a user's copy may be queued on (`stoker.gpu.release_streams`:
-/// a list of `(device, CUstream)` pairs, empty when torch has not started CUDA).
+/// callable that names each device a user's copy may be queued on with the releasing thread's
+/// current stream there (`stoker.gpu.release_streams`: a list of `(device, CUstream)` pairs,
+/// empty when torch has not started CUDA; it registers torch's pool streams for the sweeps).
 pub struct ReleaseFences {
     pub cuda: Arc<Cuda>,
     pub streams: Option<Py<PyAny>>,
@@ -46,9 +48,13 @@ impl PinnedRelease {
 }
 
 impl ReleaseFences {
-    /// Fences on the streams the callable names now; `None` when they cannot be known (the
-    /// caller then waits for the whole device).
-    fn user_fences(&self) -> Option<Vec<Fence>> {
+    /// What a batch released by the user waits for: a sweep of every device the callable
+    /// names (the fence thread fences the legacy default stream and torch's pool streams
+    /// there, whichever thread queued a copy on them), and a fence recorded now on each named
+    /// stream a sweep does not cover (a current stream made outside torch's pool, which may
+    /// not live until the sweep). `None` when the streams cannot be known (the caller then
+    /// waits for the whole device).
+    fn user_release(&self) -> Option<(Vec<Fence>, Vec<Sweep>)> {
         let streams = self.streams.as_ref()?;
         let handles: Vec<(usize, usize)> = Python::attach(|py| {
             streams
@@ -59,19 +65,31 @@ impl ReleaseFences {
             tracing::debug!(%error, "cannot read the current streams; fencing the device");
         })
         .ok()?;
-        let mut fences = Vec::with_capacity(handles.len());
+        let mut fences = Vec::new();
+        let mut sweeps: Vec<(usize, Sweep)> = Vec::with_capacity(handles.len());
         for (device, stream) in handles {
-            let fenced = if device == self.cuda.ordinal() {
-                Ok(Arc::clone(&self.cuda))
+            let cuda = if device == self.cuda.ordinal() {
+                Arc::clone(&self.cuda)
             } else {
                 // The callable names only devices whose primary context is active, so this
                 // retains a running context (once per process) rather than starting one.
-                Cuda::open(device)
+                match Cuda::open(device) {
+                    Ok(cuda) => cuda,
+                    Err(error) => {
+                        tracing::debug!(%error, device, "cannot open a device; fencing the devices");
+                        return None;
+                    }
+                }
+            };
+            if !sweeps.iter().any(|(d, _)| *d == device) {
+                sweeps.push((device, cuda.sweep()));
+            }
+            if cuda.swept(stream) {
+                continue;
             }
             // SAFETY: the handle is a stream of `device`'s primary context, as torch reports
-            // it for that device (0: its legacy default stream).
-            .and_then(|cuda| unsafe { cuda.fence(stream) });
-            match fenced {
+            // it for that device, current on this thread now.
+            match unsafe { cuda.fence(stream) } {
                 Ok(fence) => fences.push(fence),
                 Err(error) => {
                     tracing::debug!(%error, device, stream, "cannot fence a stream; fencing the device");
@@ -79,7 +97,7 @@ impl ReleaseFences {
                 }
             }
         }
-        Some(fences)
+        Some((fences, sweeps.into_iter().map(|(_, sweep)| sweep).collect()))
     }
 
     /// For unknown streams: fences on everything queued so far on the locking device and on
@@ -141,9 +159,13 @@ impl Drop for Buffer {
         };
         let data = std::mem::take(&mut self.data);
         let mut fences = std::mem::take(self.fences.get_mut().unwrap_or_else(|p| p.into_inner()));
+        let mut sweeps = Vec::new();
         if fences.is_empty() {
-            match release.user_fences().or_else(|| release.device_fences()) {
-                Some(found) => fences = found,
+            let found = release
+                .user_release()
+                .or_else(|| release.device_fences().map(|fences| (fences, Vec::new())));
+            match found {
+                Some(found) => (fences, sweeps) = found,
                 None => {
                     // A copy may still read the slot and nothing can say when it is done:
                     // the slot is kept out of the pool for good rather than refilled under it
@@ -153,7 +175,9 @@ impl Drop for Buffer {
                 }
             }
         }
-        release.cuda.release_after(fences, Box::new(data));
+        release
+            .cuda
+            .release_after_sweeps(fences, sweeps, Box::new(data));
     }
 }
 

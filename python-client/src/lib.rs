@@ -49,6 +49,21 @@ fn cuda_active_devices() -> Vec<usize> {
     stoker_loader::cuda_active_devices()
 }
 
+/// Registers `streams` (handles of device `ordinal`'s primary context that are never
+/// destroyed: torch's stream pool) for the fence thread to fence before a released batch's slot
+/// is reused; returns how many the device has now. Retains the device's primary context (call
+/// it only for a device the process uses).
+#[pyfunction]
+fn cuda_watch_streams(py: Python<'_>, ordinal: usize, streams: Vec<usize>) -> PyResult<usize> {
+    py.detach(|| {
+        let cuda = stoker_loader::Cuda::open(ordinal)
+            .map_err(|e| pyo3::exceptions::PyRuntimeError::new_err(e.to_string()))?;
+        // SAFETY: the caller passes pool streams of this device, which torch never destroys.
+        unsafe { cuda.watch_streams(&streams) };
+        Ok(cuda.watched_streams())
+    })
+}
+
 /// Writes (or reuses) a seeded ImageNet-like ImageFolder of `count` JPEGs under `out` and
 /// returns its root.
 #[pyfunction]
@@ -138,6 +153,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(cuda_unavailable, m)?)?;
     m.add_function(wrap_pyfunction!(cuda_driver_present, m)?)?;
     m.add_function(wrap_pyfunction!(cuda_active_devices, m)?)?;
+    m.add_function(wrap_pyfunction!(cuda_watch_streams, m)?)?;
     m.add_function(wrap_pyfunction!(make_tokens, m)?)?;
     m.add_function(wrap_pyfunction!(sample_seed, m)?)?;
     m.add_function(wrap_pyfunction!(train_bpe_tokenizer, m)?)?;

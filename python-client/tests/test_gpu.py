@@ -408,3 +408,119 @@ def test_slots_come_back_from_many_threads(torch: Any, dataset: Path) -> None:
         while pinned.stats()["slots_in_use"] > 2 and time.monotonic() < deadline:
             time.sleep(0.01)
         assert pinned.stats()["slots_in_use"] <= 2, pinned.stats()
+
+
+RACE_BATCHES = 2000
+
+
+def copies_checked(expected: list[np.ndarray], copies: list[Any], torch: Any) -> None:
+    """Every device copy holds the batch it was made from (the reference epoch in turn): a
+    slot refilled under a copy would show another batch's pixels."""
+    torch.cuda.synchronize()
+    assert len(copies) == RACE_BATCHES
+    want = [digest(e) for e in expected]
+    bad = [i for i, c in enumerate(copies) if digest(c.cpu().numpy()) != want[i % len(want)]]
+    assert bad == [], f"{len(bad)} of {len(copies)} copies read a refilled slot, first {bad[:5]}"
+
+
+def race_batches(pinned: stoker.Loader) -> Any:
+    """RACE_BATCHES batches of epoch 0 over and over (the same order every pass)."""
+    handed = 0
+    while True:
+        pinned.set_epoch(0)
+        for batch in pinned:
+            yield batch
+            handed += 1
+            if handed == RACE_BATCHES:
+                return
+
+
+def test_a_prefetch_thread_copying_on_its_own_stream_never_reads_a_refilled_slot(
+    torch: Any, dataset: Path
+) -> None:
+    """A prefetcher as users write one: a thread takes each batch, copies it on a stream of
+    its own behind a slow kernel inside ``with torch.cuda.stream(s)``, and drops the batch
+    after leaving the block (its current stream is the default one then)."""
+    expected = reference_epoch(dataset, False)
+    copies: list[Any] = []
+    failures: list[BaseException] = []
+    with loader(dataset, pin_memory=True, prefetch=2, max_held_batches=1) as pinned:
+
+        def prefetch() -> None:
+            try:
+                stream = torch.cuda.Stream()
+                for batch in race_batches(pinned):
+                    with torch.cuda.stream(stream):
+                        torch.cuda._sleep(2_000_000)
+                        copies.append(batch["image"].to("cuda", non_blocking=True))
+                    del batch
+            except BaseException as error:  # reported by the main thread
+                failures.append(error)
+
+        thread = threading.Thread(target=prefetch)
+        thread.start()
+        thread.join(timeout=600)
+        assert not thread.is_alive() and failures == [], failures
+    copies_checked(expected, copies, torch)
+
+
+def test_a_side_stream_copy_dropped_before_the_main_stream_waits_is_fenced(
+    torch: Any, dataset: Path
+) -> None:
+    """The copy is queued on a side stream behind a slow kernel, the batch dropped outside the
+    ``with`` block, and only then does the main stream wait for the side stream."""
+    expected = reference_epoch(dataset, False)
+    side = torch.cuda.Stream()
+    copies: list[Any] = []
+    with loader(dataset, pin_memory=True, prefetch=2, max_held_batches=1) as pinned:
+        for batch in race_batches(pinned):
+            with torch.cuda.stream(side):
+                torch.cuda._sleep(2_000_000)
+                copy = batch["image"].to("cuda", non_blocking=True)
+            del batch
+            torch.cuda.current_stream().wait_stream(side)
+            copies.append(copy)
+        assert pinned.stats()["pinned"]
+    copies_checked(expected, copies, torch)
+
+
+def test_a_graph_captured_beside_the_releases_is_not_broken(torch: Any, dataset: Path) -> None:
+    """CUDA graphs captured on the main thread (on torch's capture stream, one of its pool's)
+    while batches copied on a side stream are released on another thread: the fence thread's
+    sweep waits each capture out instead of recording into it or breaking it, and the copies
+    stay right. The captures are thread-local (the releasing thread's own allocations would
+    break a global one, with any loader); the fence thread runs in the relaxed mode either
+    way."""
+    expected = reference_epoch(dataset, False)
+    x = torch.zeros(1 << 20, device="cuda")
+    copies: list[Any] = []
+    failures: list[BaseException] = []
+    with loader(dataset, pin_memory=True, prefetch=2, max_held_batches=1) as pinned:
+
+        def release_on_a_side_stream() -> None:
+            try:
+                stream = torch.cuda.Stream()
+                for batch in race_batches(pinned):
+                    with torch.cuda.stream(stream):
+                        torch.cuda._sleep(2_000_000)
+                        copies.append(batch["image"].to("cuda", non_blocking=True))
+                    del batch
+            except BaseException as error:  # reported below
+                failures.append(error)
+
+        thread = threading.Thread(target=release_on_a_side_stream)
+        thread.start()
+        # Once every slot is page-locked (when its first batch went out).
+        while thread.is_alive() and len(copies) < 50:
+            time.sleep(0.01)
+        graphs = 0
+        while thread.is_alive():
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, capture_error_mode="thread_local"):
+                y = x * 2 + 1
+            graph.replay()
+            graphs += 1
+        thread.join()
+        assert failures == [], failures
+        assert graphs > 0 and float(y[0]) == 1.0
+    copies_checked(expected, copies, torch)

@@ -212,29 +212,87 @@ def test_without_a_driver_no_device_is_active() -> None:
     assert _native.cuda_active_devices() == []  # nothing started, nothing raised
 
 
+class RoundRobinPool:
+    """A stand-in for torch's stream pool as its docs describe it: per device and priority
+    level a fixed ring of streams, handed out in turn by ``torch.cuda.Stream()``; priorities
+    past the last level share it."""
+
+    def __init__(self, size: int, levels: int) -> None:
+        self.size, self.levels = size, levels
+        self.counters: dict[tuple[int, int], int] = {}
+
+    def level(self, priority: int) -> int:
+        return min(-priority, self.levels - 1)
+
+    def stream(self, device: int = 0, priority: int = 0) -> SimpleNamespace:
+        key = (device, self.level(priority))
+        index = self.counters.get(key, 0)
+        self.counters[key] = index + 1
+        handle = 0x1000 * (device + 1) + 0x100 * key[1] + index % self.size + 1
+        return SimpleNamespace(cuda_stream=handle)
+
+
+def test_the_pool_is_enumerated_and_its_turn_left_where_it_was() -> None:
+    pool = RoundRobinPool(size=32, levels=4)
+    for _ in range(5):  # the program had asked for five streams of priority 0
+        pool.stream()
+    before = pool.stream().cuda_stream
+    pool.counters[(0, 0)] -= 1  # (that look did not count)
+    handles = gpu.pool_streams(lambda p: pool.stream(0, p), range(0, -6, -1))
+    # Four levels of 32 (priorities -3, -4, -5 share the last), each once.
+    assert len(handles) == 4 * 32 == len(set(handles))
+    assert all(pool.counters[(0, level)] % 32 == 0 for level in range(1, 4))
+    # The next stream the program asks for is the one it would have had.
+    assert pool.stream().cuda_stream == before
+    # A pool of another size is found whole too.
+    small = RoundRobinPool(size=3, levels=1)
+    assert len(gpu.pool_streams(lambda p: small.stream(0, p), [0])) == 3
+    assert small.counters[(0, 0)] % 3 == 0
+
+
 def test_a_release_fences_every_device_the_process_uses(monkeypatch: pytest.MonkeyPatch) -> None:
     """Which streams a released pinned slot waits for, from what torch and the driver report
     (a stand-in for torch's few calls: the pairing needs two GPUs to see for real, which
     ``test_gpu.py`` does where there are two)."""
     current = {0: 7, 1: 0, 2: 9}
     initialized = [False]
+    pool = RoundRobinPool(size=32, levels=2)
+
+    class Stream:
+        @staticmethod
+        def priority_range() -> tuple[int, int]:
+            return (0, -1)
+
+        def __new__(cls, device: int, priority: int) -> Any:
+            return pool.stream(device, priority)
+
     stand_in = SimpleNamespace(
         cuda=SimpleNamespace(
             is_initialized=lambda: initialized[0],
             current_stream=lambda d: SimpleNamespace(cuda_stream=current[d]),
+            Stream=Stream,
         )
     )
     active = [0, 1, 2]
+    watched: list[tuple[int, int]] = []
     monkeypatch.setattr(_native, "cuda_active_devices", lambda: list(active))
+    monkeypatch.setattr(
+        _native, "cuda_watch_streams", lambda d, s: watched.append((d, len(s))) or len(s)
+    )
     streams = gpu.release_streams(stand_in)
     assert streams() == []  # torch has not started CUDA: no copy can be queued
+    assert watched == []
     initialized[0] = True
-    # Each device in use: its current stream and its legacy default stream.
-    assert streams() == [(0, 7), (0, 0), (1, 0), (2, 9), (2, 0)]
+    # Each device in use with the releasing thread's current stream there; each device's
+    # pool (both priority levels) registered for the fence thread's sweeps, once.
+    assert streams() == [(0, 7), (1, 0), (2, 9)]
+    assert watched == [(0, 64), (1, 64), (2, 64)]
+    assert streams() == [(0, 7), (1, 0), (2, 9)]
+    assert len(watched) == 3
     # A device nothing started is not fenced (that would start its context): a rank that
     # set its device before using CUDA has only that one.
     active[:] = [2]
-    assert streams() == [(2, 9), (2, 0)]
+    assert streams() == [(2, 9)]
     assert gpu.release_streams(None)() == []
 
 

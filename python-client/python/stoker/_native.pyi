@@ -182,7 +182,8 @@ class NativeLoader:
         first batch goes out; with ``pin_follow`` by the device whose context is current on
         the thread taking that batch, else ``pin_device`` or another device the process
         already uses (``pin_device`` where it uses none); ``release_streams`` names
-        the ``(device, stream)`` pairs a released batch's slot is fenced on. ``decode``
+        each device a released batch's slot is fenced on with the releasing thread's current
+        stream there (the device's legacy and registered pool streams are swept besides). ``decode``
         ``"gpu"`` or ``"auto"`` (with ``pin_device``) starts the GPU decode lane on that device
         within ``gpu_memory`` bytes, loading nvJPEG and NVRTC from ``library_dirs`` first.
 
@@ -476,6 +477,11 @@ def cuda_driver_present() -> bool:
 def cuda_active_devices() -> list[int]:
     """The CUDA devices whose primary context is active in this process (torch's first use of
     a device starts it); starts nothing; empty without a driver."""
+
+def cuda_watch_streams(ordinal: int, streams: list[int]) -> int:
+    """Registers streams of device ``ordinal`` that are never destroyed (torch's stream pool)
+    for the fence thread to fence before a released batch's slot is reused; returns how many
+    the device has now. Retains the device's primary context."""
 
 def gpu_decode_unavailable(ordinal: int, library_dirs: list[str] = ...) -> str | None:
     """None when the GPU decode lane can run on CUDA device ``ordinal`` (driver, nvJPEG of a

@@ -5,9 +5,10 @@ the time the GPU sat idle waiting for a batch.
   registers its memory with the CUDA driver once per slot (never per batch), so torch tensors
   of a batch report ``is_pinned()`` and ``.cuda(non_blocking=True)`` copies them by DMA. A slot
   whose batch was released goes back to the pool only after fences on the streams that may
-  still be copying from it have completed: torch's current stream and the legacy default
-  stream, at the moment of release, of each device the process uses (:func:`release_streams`),
-  or the loader's own copy stream.
+  still be copying from it have completed: on each device the process uses, the legacy default
+  stream and every stream of torch's pool (``torch.cuda.Stream()``), fenced by the native fence
+  thread after the release whichever thread queued a copy there, and the releasing thread's
+  current stream (:func:`release_streams`); or the loader's own copy stream.
 - **Device delivery** (``device="cuda"``): :class:`DeviceStage` copies each finished batch to
   the device on a stream of its own and runs the pipeline's tail there (the image's
   ``Normalize`` and ``ToTensor`` layout and dtype, or bfloat16 / float16 and channels_last),
@@ -50,6 +51,7 @@ __all__ = [
     "default_pinned_budget",
     "parse_device",
     "pin_device",
+    "pool_streams",
     "release_streams",
     "split_tail",
     "warn_unpinned",
@@ -163,24 +165,60 @@ def lane_decode(decode: str, index: int) -> str:
     return "cpu"
 
 
+def pool_streams(make: Callable[[int], Any], priorities: Sequence[int]) -> list[int]:
+    """The handles of every stream torch's pool on one device can hand out, as
+    ``make(priority)`` (``torch.cuda.Stream(device=..., priority=...)``) returns them: each
+    priority's pool is asked until its first stream comes round again, then as many more
+    times as return its round-robin counter to where it was (the pool hands streams out in
+    turn), so the streams the program asks for next are those it would have had."""
+    handles: set[int] = set()
+    for priority in priorities:
+        first = int(make(priority).cuda_stream)
+        seen = [first]
+        while len(seen) < _POOL_LIMIT:
+            handle = int(make(priority).cuda_stream)
+            if handle == first:
+                break
+            seen.append(handle)
+        # len(seen) + 1 asked so far: len(seen) - 1 more make a whole number of turns.
+        for _ in range(len(seen) - 1):
+            make(priority)
+        handles.update(seen)
+    return sorted(handles)
+
+
+# Streams asked of one priority's pool before the enumeration stops (torch's holds 32).
+_POOL_LIMIT = 1024
+
+
 def release_streams(torch: Any) -> Callable[[], list[tuple[int, int]]]:
     """What a page-locked slot is fenced on when the user lets go of its batch, as ``(device,
-    stream)`` pairs: torch's current stream and the legacy default stream of every device
-    the process has started CUDA on, the one that locked the slot among them (the slots are
-    locked for all devices, so a batch pinned through device 0 may be copied to device 1);
-    none on a device nothing started (no copy can be queued there, and fencing it would
-    start its context), so none before torch has started CUDA."""
+    stream)`` pairs: the releasing thread's current stream on every device the process has
+    started CUDA on, the one that locked the slot among them (the slots are locked for all
+    devices, so a batch pinned through device 0 may be copied to device 1); none on a device
+    nothing started (no copy can be queued there, and fencing it would start its context), so
+    none before torch has started CUDA. Each device named is also swept by the native fence
+    thread: the first time a device is named here its pool streams (:func:`pool_streams`, every
+    priority) are registered for that, so a copy queued on any of them by any thread before
+    the release finishes before the slot is reused, as is one on the legacy default stream."""
+    watched: set[int] = set()
 
     def streams() -> list[tuple[int, int]]:
         if torch is None or not torch.cuda.is_initialized():
             return []
-        fenced = []
+        named = []
         for device in _native.cuda_active_devices():
-            current = int(torch.cuda.current_stream(device).cuda_stream)
-            fenced.append((device, current))
-            if current != 0:
-                fenced.append((device, 0))
-        return fenced
+            if device not in watched:
+                least, greatest = torch.cuda.Stream.priority_range()
+                priorities = range(least, greatest - 1, -1) if greatest <= least else [least]
+
+                def make(priority: int, device: int = device) -> Any:
+                    return torch.cuda.Stream(device=device, priority=priority)
+
+                _native.cuda_watch_streams(device, pool_streams(make, priorities))
+                watched.add(device)
+            named.append((device, int(torch.cuda.current_stream(device).cuda_stream)))
+        return named
 
     return streams
 

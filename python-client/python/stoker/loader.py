@@ -196,11 +196,12 @@ class Loader(FromDataset):
         pin_memory: page-lock the batch slots (registered with the CUDA driver once per slot,
             never per batch), like DataLoader's ``pin_memory``: torch tensors of a batch
             report ``is_pinned()`` and ``.cuda(non_blocking=True)`` copies them
-            asynchronously; a slot returns to the pool only after the copies queued on
-            torch's current stream (and the default stream) when its batch was released have
-            finished. Without a CUDA driver it warns once, naming what is missing, and runs
-            with pageable slots (``stats()["pinned"]`` is False). Implied by
-            ``device="cuda"``.
+            asynchronously; a slot returns to the pool only after every copy from its batch
+            queued before the batch was released has finished, on any stream of torch's (the
+            default stream and every ``torch.cuda.Stream()``) from any thread, or on another
+            stream current on the releasing thread. Without a CUDA driver it warns once,
+            naming what is missing, and runs with pageable slots (``stats()["pinned"]`` is
+            False). Implied by ``device="cuda"``.
         pinned_memory_budget: bytes of page-locked slots this process may hold (the slots
             only: the GPU lane's staging and nvJPEG's pinned buffers are beside it); default: a
             quarter of the node's memory divided by ``LOCAL_WORLD_SIZE``. The slot pool (and

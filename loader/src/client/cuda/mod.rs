@@ -12,6 +12,16 @@
 //! which waits for the fences (blocking-sync events: the thread sleeps, it does not spin a
 //! core) and only then drops the reference, so the slot returns to the pool after the copies,
 //! never under one.
+//!
+//! A batch handed to the user may be copied on any stream by any thread before it is dropped,
+//! so its release also asks for a *sweep* ([`Cuda::sweep`]): the fence thread records a fence
+//! on every stream registered for the device ([`Cuda::watch_streams`]: torch's stream pool,
+//! which every `torch.cuda.Stream()` comes from) and on the legacy default stream, and waits for
+//! them all. Recorded later than the release, such a fence covers every copy queued before it
+//! (and perhaps more work, which only delays the slot). The fence thread runs in the relaxed
+//! stream-capture mode, so its calls never break a CUDA graph another thread is capturing; a
+//! stream under capture is fenced once its capture has ended (work queued on it before the
+//! capture began is still in its queue then).
 
 use std::collections::HashMap;
 use std::ffi::c_void;
@@ -19,8 +29,12 @@ use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
-use crossbeam_channel::{Receiver, Sender};
+use crossbeam_channel::Sender;
 use cudarc::driver::{result, sys, DriverError};
+
+mod sweep;
+pub use sweep::Sweep;
+use sweep::{new_event, reclaim, Deferred};
 
 /// Why the CUDA driver cannot be used here; the message names what is missing.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -156,10 +170,14 @@ pub struct Cuda {
     shared: Arc<FenceState>,
 }
 
-/// Events no fence uses now, and counts of the waits.
+/// Events no fence uses now, the streams a sweep fences, and counts of the waits.
 struct FenceState {
+    ordinal: usize,
     context: SendContext,
     free_events: Mutex<Vec<Event>>,
+    /// Streams of this context that live as long as the process (torch's pool), fenced by
+    /// every sweep besides the legacy default stream; sorted, each once.
+    watched: Mutex<Vec<usize>>,
     /// Fences waited for, and those whose wait failed (the reference was dropped anyway: the
     /// device is lost then, and reads nothing more).
     waited: AtomicU64,
@@ -197,6 +215,11 @@ impl FenceState {
             }),
             FenceKind::Device => self.synchronize_device(),
         };
+        self.count(waited);
+    }
+
+    /// Counts a wait that is over.
+    fn count(&self, waited: Result<(), DriverError>) {
         match waited {
             Ok(()) => {
                 self.waited.fetch_add(1, Ordering::Relaxed);
@@ -207,17 +230,6 @@ impl FenceState {
                 tracing::warn!(error = %describe(error), "a batch slot's fence failed; releasing the slot");
             }
         }
-    }
-}
-
-impl Deferred {
-    /// Waits for each fence (each on its own device), then drops what was kept.
-    fn wait_and_drop(self) {
-        let Deferred { fences, keep } = self;
-        for fence in fences {
-            fence.device.wait(fence.kind);
-        }
-        drop(keep);
     }
 }
 
@@ -275,12 +287,6 @@ enum FenceKind {
     Device,
 }
 
-/// What the reclaimer thread waits for and then drops.
-struct Deferred {
-    fences: Vec<Fence>,
-    keep: Box<dyn Send>,
-}
-
 impl Cuda {
     /// The device `ordinal`'s primary context, retained once per process; the same `Arc` for
     /// every caller. Checks the driver library is there before touching it.
@@ -305,8 +311,10 @@ impl Cuda {
             .map_err(|e| call_failed("cuDevicePrimaryCtxRetain", e))?;
         let (sender, receiver) = crossbeam_channel::unbounded();
         let shared = Arc::new(FenceState {
+            ordinal,
             context: SendContext(context),
             free_events: Mutex::new(Vec::new()),
+            watched: Mutex::new(Vec::new()),
             waited: AtomicU64::new(0),
             failed: AtomicU64::new(0),
         });
@@ -413,21 +421,7 @@ impl Cuda {
     pub unsafe fn fence(&self, stream: usize) -> Result<Fence, Unavailable> {
         let event = match self.shared.take() {
             Some(event) => event,
-            // Blocking sync: the fence thread sleeps while it waits instead of spinning a
-            // core the decode threads need; no timing: cheaper to record.
-            None => Event(self.in_context("cuEventCreate", || {
-                let mut event = std::ptr::null_mut();
-                // SAFETY: a plain event creation into a local.
-                unsafe {
-                    sys::cuEventCreate(
-                        &mut event,
-                        sys::CUevent_flags::CU_EVENT_BLOCKING_SYNC as u32
-                            | sys::CUevent_flags::CU_EVENT_DISABLE_TIMING as u32,
-                    )
-                    .result()?;
-                }
-                Ok(event)
-            })?),
+            None => self.in_context("cuEventCreate", new_event)?,
         };
         let recorded = self.in_context("cuEventRecord", || {
             // SAFETY: the event is this context's; the stream is, as the caller promises.
@@ -454,15 +448,61 @@ impl Cuda {
         }
     }
 
+    /// Registers streams of this device's primary context that a user's copy may be queued
+    /// on, for every later [`Cuda::sweep`] to fence (each once, however often registered).
+    ///
+    /// # Safety
+    /// Each is a stream of this device's primary context that is never destroyed while the
+    /// process runs (torch's pool streams are not).
+    pub unsafe fn watch_streams(&self, streams: &[usize]) {
+        self.shared.watch(streams);
+    }
+
+    /// Streams registered by [`Cuda::watch_streams`] so far.
+    pub fn watched_streams(&self) -> usize {
+        self.shared
+            .watched
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .len()
+    }
+
+    /// A sweep of this device for [`Cuda::release_after_sweeps`]: the fence thread fences the
+    /// legacy default stream and every watched stream, and waits for them.
+    pub fn sweep(&self) -> Sweep {
+        Sweep(Arc::clone(&self.shared))
+    }
+
+    /// Whether `stream` is one a sweep of this device fences (the legacy default stream or a
+    /// watched one): a release need not fence it itself.
+    pub fn swept(&self, stream: usize) -> bool {
+        self.shared.swept_streams().binary_search(&stream).is_ok()
+    }
+
     /// Drops `keep` once every fence has completed (fences of other devices too), on this
     /// device's fence thread; at once when there are none. The fences' events are reused
     /// afterwards.
     pub fn release_after(self: &Arc<Self>, fences: Vec<Fence>, keep: Box<dyn Send>) {
-        if fences.is_empty() {
+        self.release_after_sweeps(fences, Vec::new(), keep);
+    }
+
+    /// [`Cuda::release_after`], and before `keep` is dropped each device of `sweeps` is swept
+    /// on this device's fence thread: fences on all its known streams, recorded then.
+    pub fn release_after_sweeps(
+        self: &Arc<Self>,
+        fences: Vec<Fence>,
+        sweeps: Vec<Sweep>,
+        keep: Box<dyn Send>,
+    ) {
+        if fences.is_empty() && sweeps.is_empty() {
             drop(keep);
             return;
         }
-        let deferred = Deferred { fences, keep };
+        let deferred = Deferred {
+            fences,
+            sweeps,
+            keep,
+        };
         if let Err(crossbeam_channel::SendError(deferred)) = self.reclaimer.send(deferred) {
             // The fence thread is gone (process exit): wait here instead.
             deferred.wait_and_drop();
@@ -498,20 +538,6 @@ struct SendContext(sys::CUcontext);
 // SAFETY: a context handle may be made current on any thread.
 unsafe impl Send for SendContext {}
 unsafe impl Sync for SendContext {}
-
-/// The fence thread: waits for each deferred reference's fences in arrival order, then drops
-/// it. Fences of one stream complete in order, so waiting in order costs nothing extra. The
-/// `Cuda` lives in a process-wide map and is never dropped, so this runs until the process
-/// ends.
-fn reclaim(shared: Arc<FenceState>, deferred: Receiver<Deferred>) {
-    // SAFETY: the context is retained for the process's life; this thread is ours.
-    if let Err(error) = unsafe { result::ctx::set_current(shared.context.0) } {
-        tracing::warn!(error = %describe(error), "the fence thread cannot use the device");
-    }
-    while let Ok(item) = deferred.recv() {
-        item.wait_and_drop();
-    }
-}
 
 #[cfg(test)]
 mod tests {
