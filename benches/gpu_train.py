@@ -12,7 +12,15 @@ ResNet-18 and ResNet-50 from torchvision, bfloat16 autocast, channels_last, SGD,
 - Stoker, device="cuda": the same loader delivering normalised bfloat16 channels_last batches
   on the GPU (page-locked slots, the copy and the normalisation on the loader's own stream);
 - Stoker, decode="gpu" / decode="auto": the same, with the GPU decode lane taking every row
-  the JPEG engines decode, or a share of each batch by the measured rates.
+  the JPEG engines decode, or a share of each batch by the measured rates;
+- DALI (``dali``, ``dali-hwNN``): NVIDIA DALI's pipeline as its ResNet examples build it, in
+  the same process: ``fn.readers.file`` over the same folder (shuffled), ``fn.decoders.image``
+  on the ``mixed`` device (nvJPEG's hardware decoder taking ``--dali-hw-load`` of each batch,
+  or NN/100 for ``dali-hwNN``; the CUDA decoder the rest), ``fn.random_resized_crop`` to 224,
+  ``fn.crop_mirror_normalize`` with a random flip to float16 NHWC, which the loop takes as
+  channels_last NCHW (bfloat16 autocast casts it as it casts Stoker's bfloat16);
+  ``--workers`` CPU threads, ``--dali-prefetch`` batches queued. Needs ``nvidia-dali-cuda130``
+  (or ``-cuda120``); without it the row says so and is skipped.
 
 A row named ``ROW@N`` runs with N decode threads instead of ``--workers`` (``stoker-auto@7``:
 a node with fewer cores per GPU). A row named ``loader:ROW`` runs the loader alone, without
@@ -70,6 +78,15 @@ def main() -> int:
         type=int,
         default=None,
         help="the GPU decode lane's gpu_memory in MiB (default: the loader's)",
+    )
+    parser.add_argument(
+        "--dali-hw-load",
+        type=float,
+        default=0.65,
+        help="share of each batch DALI's mixed decoder gives the hardware engines (DALI's default)",
+    )
+    parser.add_argument(
+        "--dali-prefetch", type=int, default=2, help="DALI's prefetch_queue_depth"
     )
     parser.add_argument(
         "--side-stream",
@@ -266,6 +283,17 @@ def run_row(
             return model.normalise(x, nhwc=True), b["label"].cuda(non_blocking=True)
 
         extra = {"loader": loader}
+    elif kind == "dali" or kind.startswith("dali-hw"):
+        hw_load = int(kind.removeprefix("dali-hw")) / 100 if kind != "dali" else args.dali_hw_load
+        made = dali_batches(torch, args.data, batch, workers, hw_load, args.dali_prefetch)
+        if made is None:
+            return {"row": row, "skipped": "nvidia.dali is not importable", "trains": False}
+        dali_fetch = made
+
+        def fetch() -> tuple[Any, Any]:
+            return dali_fetch()
+
+        extra = {}
     else:
         raise SystemExit(f"unknown row {row!r}")
 
@@ -323,7 +351,66 @@ def run_row(
     return result
 
 
+def dali_batches(
+    torch: Any, data: Path, batch: int, threads: int, hw_load: float, prefetch: int
+) -> Callable[[], tuple[Any, Any]] | None:
+    """DALI's pipeline for the row (see the module doc), as a function giving the next
+    (images, labels) on the GPU, epoch after epoch; None when DALI is not installed."""
+    try:
+        from nvidia.dali import fn, pipeline_def, types
+        from nvidia.dali.plugin.pytorch import DALIGenericIterator, LastBatchPolicy
+    except ImportError as error:
+        print(f"dali: not importable ({error}); row skipped", flush=True)
+        return None
+
+    @pipeline_def(
+        batch_size=batch,
+        num_threads=threads,
+        device_id=torch.cuda.current_device(),
+        prefetch_queue_depth=prefetch,
+        seed=0,
+    )
+    def pipeline() -> tuple[Any, Any]:
+        jpegs, labels = fn.readers.file(
+            file_root=str(data), random_shuffle=True, name="Reader"
+        )
+        images = fn.decoders.image(
+            jpegs, device="mixed", output_type=types.RGB, hw_decoder_load=hw_load
+        )
+        images = fn.random_resized_crop(images, size=CROP)
+        images = fn.crop_mirror_normalize(
+            images,
+            dtype=types.FLOAT16,
+            output_layout="HWC",
+            mean=[m * 255 for m in MEAN],
+            std=[s * 255 for s in STD],
+            mirror=fn.random.coin_flip(probability=0.5),
+        )
+        return images, labels.gpu()
+
+    pipe = pipeline()
+    pipe.build()
+    iterator = DALIGenericIterator(
+        pipe,
+        ["images", "labels"],
+        reader_name="Reader",
+        last_batch_policy=LastBatchPolicy.DROP,
+        auto_reset=True,
+    )
+    batches = forever(lambda: iterator)
+
+    def fetch() -> tuple[Any, Any]:
+        out = next(batches)[0]
+        # NHWC in memory is channels_last NCHW: a view, no copy.
+        return out["images"].permute(0, 3, 1, 2), out["labels"].view(-1).long()
+
+    return fetch
+
+
 def print_row(r: dict[str, Any], flush: bool) -> None:
+    if "skipped" in r:
+        print(f"{r['model']:9} {r['row']:16} skipped: {r['skipped']}", flush=flush)
+        return
     share = (
         f"{100 * r['share_of_ceiling']:5.1f}%" if "share_of_ceiling" in r else "   -  "
     )

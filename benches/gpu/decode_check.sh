@@ -5,7 +5,9 @@
 # runs the GPU tests (`pytest -m gpu` of tests/test_gpu.py and tests/test_gpu_decode.py), what
 # fencing released pinned batches on torch's whole stream pool costs (fence_cost.py), then
 # the training benchmark's decode rows on a generated set: ResNet-18 with decode="cpu", "gpu" and
-# "auto", the same with 7 decode threads, and the loader alone; then the "gpu" and "auto" rows
+# "auto" beside NVIDIA DALI (its default hardware-decoder load and 0.99; installed when
+# benches/gpu/pack_dali.sh's parts were carried, else its rows say they skip), the same with 7
+# decode threads, and the loader alone; then the "gpu" and "auto" rows
 # again with the training loop on a stream of its own (gpu_train.py --side-stream). Logs go to
 # $OUT.
 # SMOKE_ONLY=1 stops after the smoke test, SKIP_PYTEST=1 leaves out the tests, SKIP_BENCH=1 the
@@ -70,8 +72,8 @@ echo "fence_cost: $((SECONDS - started)) s"
 [ "$smoke" -eq 0 ] || exit 1
 [ "${SKIP_BENCH:-0}" = 1 ] && exit 0
 started=$SECONDS
-rows=ceiling,stoker-cuda,stoker-gpu,stoker-auto,stoker-cuda@7,stoker-auto@7,stoker-gpu@7,loader:stoker-cuda,loader:stoker-gpu,loader:stoker-auto
-timeout 200 python3 benches/gpu_train.py --data "$data" --models resnet18 --rows "$rows" --workers "$(( $(nproc) - 1 ))" 2>&1 | tee "$out/bench.log"
+rows=ceiling,stoker-cuda,stoker-gpu,stoker-auto,dali,dali-hw99,stoker-cuda@7,stoker-auto@7,stoker-gpu@7,dali@7,loader:stoker-cuda,loader:stoker-gpu,loader:stoker-auto,loader:dali
+timeout 260 python3 benches/gpu_train.py --data "$data" --models resnet18 --rows "$rows" --workers "$(( $(nproc) - 1 ))" 2>&1 | tee "$out/bench.log"
 echo "gpu_train: $((SECONDS - started)) s"
 started=$SECONDS
 timeout 100 python3 benches/gpu_train.py --data "$data" --models resnet18 --rows ceiling,stoker-gpu,stoker-auto --workers "$(( $(nproc) - 1 ))" --side-stream 2>&1 | tee "$out/bench-side-stream.log"

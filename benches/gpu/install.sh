@@ -20,3 +20,22 @@ if [ ! -d "$data" ]; then
     "$bin/stoker" make-dataset --out "$data" --count 10000 2>&1 | tail -1
     echo "data made in $((SECONDS - made)) s"
 fi
+# DALI, when benches/gpu/pack_dali.sh's parts were all carried here: joined in order, checked
+# against their sum, installed beside the wheel (without it the DALI rows say so and are skipped).
+if [ -d .device-dali ]; then
+    joined=/tmp/stoker-dali.tar
+    parts=$(find .device-dali -mindepth 1 -maxdepth 1 -type d -printf '%f\n' | sort -n)
+    for n in $parts; do cat ".device-dali/$n/part"; done > "$joined"
+    first=$(echo "$parts" | head -1)
+    want=$(cut -d' ' -f1 ".device-dali/$first/SHA256SUMS")
+    if [ "$(sha256sum "$joined" | cut -d' ' -f1)" = "$want" ]; then
+        rm -rf /tmp/stoker-dali && mkdir -p /tmp/stoker-dali && tar -xf "$joined" -C /tmp/stoker-dali
+        python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target "$site" \
+            /tmp/stoker-dali/wheels/*.whl \
+            && echo "DALI installed from $(echo "$parts" | wc -l) parts" | tee -a "$out/machine.log"
+        export LD_LIBRARY_PATH="/usr/local/cuda/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+    else
+        echo "DALI: the parts in .device-dali/ do not join to the packed tar (not all carried?); DALI rows skip" | tee -a "$out/machine.log"
+    fi
+    rm -f "$joined"
+fi
