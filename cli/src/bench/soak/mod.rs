@@ -33,7 +33,7 @@ use clients::{Clients, Said};
 use data::make_data;
 pub(crate) use data::spec;
 use fleet::{Recipe, Running};
-use report::{flat_roles, SoakReport};
+use report::{verdict, NotFlat, SoakReport};
 use trend::Incarnation;
 
 /// Settings of `stoker bench soak`.
@@ -423,8 +423,8 @@ pub fn run(args: &SoakBench) -> Result<()> {
             .min(args.minutes * 60.0 / 2.0),
     };
     let (processes, long_lived) = trend::fit(&soak.incarnations, life, |i| soak.warm_after(i));
-    let flat_roles = flat_roles(&processes, &long_lived);
-    let flat = flat_roles.values().all(|flat| *flat);
+    let verdict = verdict(&processes, &long_lived);
+    let flat = verdict.not_flat.is_empty();
     let flat_judged = args.minutes >= JUDGED_FROM_MINUTES || args.judge;
     let ok = checked.lost == 0
         && checked.duplicated == 0
@@ -450,7 +450,8 @@ pub fn run(args: &SoakBench) -> Result<()> {
         processes,
         long_lived,
         flat,
-        flat_roles,
+        flat_roles: verdict.flat_roles,
+        not_flat: verdict.not_flat,
         flat_judged,
         failures,
         ok,
@@ -460,16 +461,24 @@ pub fn run(args: &SoakBench) -> Result<()> {
     writeln!(stdout)?;
     drop(stdout);
     if ok {
-        Ok(())
+        return Ok(());
+    }
+    let logs = if args.log.is_some() {
+        log_path.display().to_string()
     } else {
-        Err(Error::Failed(format!(
-            "the soak failed (see the JSON line; logs in {})",
-            if args.log.is_some() {
-                log_path.display().to_string()
-            } else {
-                "--log PATH when rerun".to_string()
-            }
-        )))
+        "--log PATH when rerun".to_string()
+    };
+    let growth = report.not_flat.first().filter(|_| flat_judged);
+    Err(Error::Failed(failure_message(&logs, growth)))
+}
+
+/// The failed run's error, the last line it prints: where to look, then the first judgement
+/// that is not flat when that counts.
+fn failure_message(logs: &str, not_flat: Option<&NotFlat>) -> String {
+    let message = format!("the soak failed (see the JSON line; logs in {logs})");
+    match not_flat {
+        Some(first) => format!("{message}; not flat: {first}"),
+        None => message,
     }
 }
 
@@ -544,34 +553,46 @@ mod tests {
         processes: &BTreeMap<&'static str, RoleTrend>,
         long_lived: &[IncarnationTrend],
     ) -> bool {
-        flat_roles(processes, long_lived).values().all(|flat| *flat)
+        verdict(processes, long_lived)
+            .flat_roles
+            .values()
+            .all(|flat| *flat)
     }
 
-    fn role(drift: Option<(f64, f64)>) -> RoleTrend {
+    /// A role with a drift of (MiB, descriptors) per 10 minutes over `incarnations`, each
+    /// with a standard error of 0.1.
+    fn role(drift: Option<(f64, f64)>, incarnations: usize) -> RoleTrend {
         RoleTrend {
-            incarnations: 10,
-            fitted: 10,
+            incarnations,
+            fitted: incarnations,
             readings: 300,
             // Never judged, however steep.
             within_life_rss_mib_per_10min: 25.0,
             within_life_fds_per_10min: 3.0,
             drift: drift.map(|(rss, fds)| Drift {
-                incarnations: 10,
+                incarnations,
                 rss_mib_per_10min: rss,
+                rss_standard_error: 0.1,
                 fds_per_10min: fds,
+                fds_standard_error: 0.1,
             }),
             peak_rss_mib: 16.0,
             peak_fds: 16,
         }
     }
 
-    fn long(role: &'static str, rss: f64) -> IncarnationTrend {
+    /// A long life whose resident set grows `rss` MiB per 10 minutes, with a standard error
+    /// of `error`.
+    fn long(role: &'static str, rss: f64, error: f64) -> IncarnationTrend {
         IncarnationTrend {
             role,
             slot: 0,
             minutes: 60.0,
+            blocks: 12,
             rss_mib_per_10min: rss,
+            rss_standard_error: error,
             fds_per_10min: 0.0,
+            fds_standard_error: 0.1,
         }
     }
 
@@ -591,24 +612,96 @@ mod tests {
 
     #[test]
     fn flat_judges_long_lives_and_drifts_and_every_role() {
-        let roles = |worker: Option<(f64, f64)>| {
+        let roles = |worker: Option<(f64, f64)>, incarnations| {
             BTreeMap::from([
-                ("client", role(None)),
-                ("coordinator", role(Some((0.2, 0.0)))),
-                ("worker", role(worker)),
+                ("client", role(None, 5)),
+                ("coordinator", role(Some((0.2, 0.0)), 17)),
+                ("worker", role(worker, incarnations)),
             ])
         };
-        let clients = [long("client", 0.1), long("client", 0.05)];
-        let with_spared = |rss| [&clients[..], &[long("worker", rss)]].concat();
-        assert!(is_flat(&roles(Some((0.3, 0.1))), &with_spared(0.2)));
+        let clients = [long("client", 0.1, 0.1), long("client", 0.05, 0.1)];
+        let with_spared = |rss, error| [&clients[..], &[long("worker", rss, error)]].concat();
+        assert!(is_flat(
+            &roles(Some((0.3, 0.1)), 30),
+            &with_spared(0.2, 0.1)
+        ));
         // A spared worker that grows, a drift that grows, descriptors that drift.
-        assert!(!is_flat(&roles(Some((0.3, 0.1))), &with_spared(1.5)));
-        assert!(!is_flat(&roles(Some((1.2, 0.0))), &with_spared(0.2)));
-        assert!(!is_flat(&roles(Some((0.3, 0.8))), &with_spared(0.2)));
+        assert!(!is_flat(
+            &roles(Some((0.3, 0.1)), 30),
+            &with_spared(1.5, 0.1)
+        ));
+        assert!(!is_flat(
+            &roles(Some((1.2, 0.0)), 30),
+            &with_spared(0.2, 0.1)
+        ));
+        assert!(!is_flat(
+            &roles(Some((0.3, 0.8)), 30),
+            &with_spared(0.2, 0.1)
+        ));
+        // Counts that fall, however steeply, do not grow.
+        assert!(is_flat(
+            &roles(Some((-3.0, -2.0)), 30),
+            &with_spared(-2.0, 0.1)
+        ));
+        // Growth below the floor, however certain, and above it within the noise (1.5 MiB
+        // with a standard error of 0.5: 99.99% lower bound -1.35) are not leaks.
+        assert!(is_flat(
+            &roles(Some((0.7, 0.4)), 30),
+            &with_spared(0.7, 0.01)
+        ));
+        assert!(is_flat(
+            &roles(Some((0.3, 0.1)), 30),
+            &with_spared(1.5, 0.5)
+        ));
+        // A drift over too few incarnations is not judged.
+        assert!(is_flat(&roles(Some((3.0, 2.0)), 9), &with_spared(0.2, 0.1)));
         // Workers judged by the drift alone, or by the spared one alone: enough.
-        assert!(is_flat(&roles(Some((0.3, 0.1))), &clients));
-        assert!(is_flat(&roles(None), &with_spared(0.2)));
-        // Workers judged by nothing at all: not flat.
-        assert!(!is_flat(&roles(None), &clients));
+        assert!(is_flat(&roles(Some((0.3, 0.1)), 30), &clients));
+        assert!(is_flat(&roles(None, 30), &with_spared(0.2, 0.1)));
+        // Workers judged by nothing at all, or by a drift over too few: not flat.
+        assert!(!is_flat(&roles(None, 30), &clients));
+        let unjudged = verdict(&roles(Some((0.3, 0.1)), 9), &clients);
+        assert!(!unjudged.flat_roles["worker"]);
+        assert_eq!(
+            unjudged.not_flat,
+            [NotFlat::Unjudged { role: "worker" }],
+            "{unjudged:?}"
+        );
+    }
+
+    #[test]
+    fn the_last_line_names_the_first_judgement_that_fails() {
+        let processes = BTreeMap::from([
+            ("client", role(Some((0.1, 1.3)), 12)),
+            ("worker", role(Some((1.2, 0.0)), 30)),
+        ]);
+        let judged = verdict(&processes, &[long("client", 1.03, 0.06)]);
+        let first = judged.not_flat.first();
+        assert_eq!(
+            failure_message("--log PATH when rerun", first),
+            "the soak failed (see the JSON line; logs in --log PATH when rerun); not flat: \
+             client 0's own life (60.0 min): resident set +1.03 ± 0.06 MiB per 10 min, 99.99% \
+             lower bound +0.69 (growth from 0.75)"
+        );
+        // Then the client's drift, then the worker's.
+        let rest: Vec<String> = judged.not_flat[1..].iter().map(|n| n.to_string()).collect();
+        assert_eq!(
+            rest,
+            [
+                "client drift (12 incarnations): descriptors +1.30 ± 0.10 per 10 min, 99.99% \
+                 lower bound +0.73 (growth from 0.50)",
+                "worker drift (30 incarnations): resident set +1.20 ± 0.10 MiB per 10 min, \
+                 99.99% lower bound +0.77 (growth from 0.75)",
+            ]
+        );
+        // A run that failed on anything else says so without naming a slope.
+        assert_eq!(
+            failure_message("soak.log", None),
+            "the soak failed (see the JSON line; logs in soak.log)"
+        );
+        let json = serde_json::to_value(&judged.not_flat[0]).unwrap();
+        assert_eq!(json["why"], "grows");
+        assert_eq!(json["fit"]["long_life"]["slot"], 0);
+        assert_eq!(json["measure"], "resident_set");
     }
 }

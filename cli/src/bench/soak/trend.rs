@@ -1,4 +1,4 @@
-//! Resident memory and open descriptors of the soak's processes over time, and the line fitted
+//! Resident memory and open descriptors of the soak's processes over time, and the lines fitted
 //! through them: is anything growing?
 //!
 //! Each process incarnation (one pid, from start to kill) is sampled from `/proc`. Its samples
@@ -14,7 +14,14 @@
 //!   intercept (least squares on the deviations from each incarnation's means). Reported, not
 //!   judged: workers killed every ~20 s and a coordinator every ~60 s spend their whole life in
 //!   the minute where a process still grows its thread stacks, allocator arenas and buffers,
-//!   and a 20-second line stated per 10 minutes cannot tell that from a leak.
+//!   and a 20-second line stated per 10 minutes cannot tell that from a leak (a leak in a
+//!   worker shows in the spared one's own slope, which lives the whole run).
+//!
+//! The first two are judged, each with its uncertainty ([`Slope`]): a slope is growth when it
+//! is material (at least [`RSS_MATERIAL_MIB_PER_10MIN`] or [`FDS_MATERIAL_PER_10MIN`]) and
+//! significant (its one-sided lower bound at [`CONFIDENCE`] above zero). A count that falls is
+//! never growth. Noise is growth at most once in 10,000 judgements where it scatters a slope as
+//! widely as the floor, and less often where it scatters it less.
 
 use std::collections::BTreeMap;
 use std::ops::Range;
@@ -37,8 +44,56 @@ pub const DRIFT_AGES: Range<f64> = 10.0..20.0;
 /// Readings an incarnation needs within [`DRIFT_AGES`] to count in the drift.
 const DRIFT_READINGS: usize = 5;
 
-/// Incarnations a drift needs to be fitted.
-const DRIFT_INCARNATIONS: usize = 3;
+/// Incarnations a drift is fitted (and reported) from: the fewest that leave a residual.
+const DRIFT_FITTED: usize = 3;
+
+/// Incarnations a drift needs to be judged. With fewer, it is all but noise: its standard
+/// error comes from fewer than 8 residuals (Student's t at [`CONFIDENCE`] is 9.7 with 5 of
+/// them, 22 with 3, against 6.4 with 8), and one odd incarnation at either end of a line
+/// through 5 points 2 minutes apart (a client that started during a coordinator restart and
+/// holds one connection more) moves it by a descriptor per 10 minutes. The run that failed on
+/// a falling count had 5 client incarnations. A 10-minute run reaches this for its workers only
+/// (~30, one killed every ~20 s); its coordinators (3) and clients (5-7) are judged by the one
+/// of each that lives long, and by their drift too in longer runs (clients' from about 20
+/// minutes, coordinators' from about 40).
+///
+/// A drift of one descriptor per 10 minutes, with readings that jitter by ±2 (uniform, each
+/// second), is a rise of one descriptor over a 10-minute run against a standard error of 0.23
+/// from 30 workers' means of 10 readings: it fails about 1 in 4 simulated 10-minute runs, 96%
+/// of 15-minute ones and every 20-minute one (`report.rs`'s tests simulate them).
+pub const DRIFT_INCARNATIONS: usize = 10;
+
+/// Blocks a long life's readings are cut into before its line is fitted. Readings 1 s apart
+/// are not independent (a batch's buffers, the allocator's purges and a reconnect last
+/// seconds), and a standard error from 480 of them as if they were would be several times too
+/// small; the means of 12 blocks (40 s each over the 8 minutes a spared process is fitted,
+/// 25 s over a coordinator's 5) are independent but for the few seconds at their edges, and
+/// their residuals give the standard error with 10 degrees of freedom.
+pub const BLOCKS: usize = 12;
+
+/// The level of the one-sided lower bound a growing slope must have above zero. The verdict
+/// of a 10-minute run has 6 judgements of long lives and up to 6 of drifts, and an hour's 16
+/// and 6; where noise scatters a slope as widely as the floor (descriptors jittering ±2 each
+/// second over a coordinator's 6 minutes: a standard error of 0.2 against a floor of 0.5), the
+/// level alone keeps it from failing the run. Simulated so, 4 in 1,000 10-minute runs and 7 in
+/// 1,000 hours failed at 99.9%; at this level, 3 in 5,000 and 4 in 5,000.
+pub const CONFIDENCE: f64 = 0.9999;
+
+/// The standard normal quantile at [`CONFIDENCE`].
+const Z_AT_CONFIDENCE: f64 = 3.719_016;
+
+/// A resident set that grows by less than this (MiB per 10 minutes) is not judged a leak:
+/// three quarters of the 1 MiB per 10 minutes the soak must catch. A leak at that rate in a
+/// spared client, fitted over its 8 minutes with readings jittering by 250 KiB (standard
+/// deviation; correlation 0.5 from one second to the next), has a standard error of 0.085 and
+/// estimates above this in 4,992 of 5,000 simulated runs (4,949 at 300 KiB); the steepest slope
+/// a clean run has shown, 0.70 (the first resting coordinator of the hour in benches/README.md),
+/// stays under it.
+pub const RSS_MATERIAL_MIB_PER_10MIN: f64 = 0.75;
+
+/// Descriptors that grow by less than this per 10 minutes are not judged a leak: half the one
+/// descriptor per 10 minutes the soak must catch, 0 when rounded.
+pub const FDS_MATERIAL_PER_10MIN: f64 = 0.5;
 
 /// Fitted slopes are stated per this span.
 const PER: f64 = 600.0;
@@ -131,7 +186,8 @@ pub struct RoleTrend {
     pub within_life_rss_mib_per_10min: f64,
     /// Within-life slope of the open descriptors, per 10 minutes.
     pub within_life_fds_per_10min: f64,
-    /// The incarnations compared at the same age, when enough lived to that age.
+    /// The incarnations compared at the same age, when three or more lived to that age (judged
+    /// from [`DRIFT_INCARNATIONS`]).
     pub drift: Option<Drift>,
     /// Largest resident set read, MiB.
     pub peak_rss_mib: f64,
@@ -140,18 +196,51 @@ pub struct RoleTrend {
 }
 
 /// The drift of one role: each incarnation's mean resident set and descriptors at the same age
-/// ([`DRIFT_AGES`]), fitted against when it started.
+/// ([`DRIFT_AGES`]), fitted against when it started. Its standard errors come from the
+/// residuals of those means about the line: the means are minutes apart, each of up to ten
+/// readings, so they are taken as independent.
 #[derive(Debug, Clone, Serialize, PartialEq)]
 pub struct Drift {
-    /// Incarnations that lived to the age compared.
+    /// Incarnations that lived to the age compared (judged from [`DRIFT_INCARNATIONS`]).
     pub incarnations: usize,
     /// Slope of the resident set at that age over the run, MiB per 10 minutes.
     pub rss_mib_per_10min: f64,
+    /// Its standard error, MiB per 10 minutes.
+    pub rss_standard_error: f64,
     /// Slope of the descriptors at that age over the run, per 10 minutes.
     pub fds_per_10min: f64,
+    /// Its standard error, per 10 minutes.
+    pub fds_standard_error: f64,
 }
 
-/// The fit of one long-lived incarnation.
+impl Drift {
+    /// Whether enough incarnations lived to the age compared for the drift to be judged.
+    pub fn judged(&self) -> bool {
+        self.incarnations >= DRIFT_INCARNATIONS
+    }
+
+    /// The resident set's slope, MiB per 10 minutes.
+    pub fn rss(&self) -> Slope {
+        Slope {
+            per_10min: self.rss_mib_per_10min,
+            standard_error: self.rss_standard_error,
+            degrees_of_freedom: self.incarnations.saturating_sub(2),
+        }
+    }
+
+    /// The descriptors' slope, per 10 minutes.
+    pub fn fds(&self) -> Slope {
+        Slope {
+            per_10min: self.fds_per_10min,
+            standard_error: self.fds_standard_error,
+            degrees_of_freedom: self.incarnations.saturating_sub(2),
+        }
+    }
+}
+
+/// The fit of one long-lived incarnation: the line through the means of [`BLOCKS`] equal spans
+/// of its readings, the standard errors from their residuals (a life with readings in fewer
+/// than three spans is not fitted alone).
 #[derive(Debug, Clone, Serialize, PartialEq)]
 pub struct IncarnationTrend {
     /// Its role.
@@ -160,16 +249,139 @@ pub struct IncarnationTrend {
     pub slot: usize,
     /// Minutes fitted (after its warm-up).
     pub minutes: f64,
+    /// Block means fitted (spans with no reading left out).
+    pub blocks: usize,
     /// Slope of the resident set, MiB per 10 minutes.
     pub rss_mib_per_10min: f64,
+    /// Its standard error, MiB per 10 minutes.
+    pub rss_standard_error: f64,
     /// Slope of the open descriptors, per 10 minutes.
     pub fds_per_10min: f64,
+    /// Its standard error, per 10 minutes.
+    pub fds_standard_error: f64,
 }
 
-/// The bounds a flat run stays within: resident set under 1 MiB per 10 minutes, and descriptors
-/// a fitted change of under half a descriptor per 10 minutes (that is, 0 when rounded).
-pub fn is_flat(rss_mib_per_10min: f64, fds_per_10min: f64) -> bool {
-    rss_mib_per_10min < 1.0 && fds_per_10min.abs() < 0.5
+impl IncarnationTrend {
+    /// The resident set's slope, MiB per 10 minutes.
+    pub fn rss(&self) -> Slope {
+        Slope {
+            per_10min: self.rss_mib_per_10min,
+            standard_error: self.rss_standard_error,
+            degrees_of_freedom: self.blocks.saturating_sub(2),
+        }
+    }
+
+    /// The descriptors' slope, per 10 minutes.
+    pub fn fds(&self) -> Slope {
+        Slope {
+            per_10min: self.fds_per_10min,
+            standard_error: self.fds_standard_error,
+            degrees_of_freedom: self.blocks.saturating_sub(2),
+        }
+    }
+}
+
+/// A fitted slope per 10 minutes with its uncertainty.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Slope {
+    /// The least-squares slope, per 10 minutes.
+    pub per_10min: f64,
+    /// Its standard error, from the residuals about the line.
+    pub standard_error: f64,
+    /// The residuals' degrees of freedom (points fitted less two).
+    pub degrees_of_freedom: usize,
+}
+
+impl Slope {
+    /// The one-sided lower confidence bound at [`CONFIDENCE`]: Student's t quantile at the
+    /// residuals' degrees of freedom times the standard error below the slope (minus infinity
+    /// with no residual).
+    pub fn lower_bound(&self) -> f64 {
+        match t_quantile(self.degrees_of_freedom) {
+            Some(t) => self.per_10min - t * self.standard_error,
+            None => f64::NEG_INFINITY,
+        }
+    }
+
+    /// Whether this is growth: at least `material` per 10 minutes, and its lower bound above
+    /// zero. A slope below zero never is; a slope as large as `material` that noise could
+    /// have drawn from a flat line (one time in 10,000 or more) is not either.
+    pub fn grows(&self, material: f64) -> bool {
+        self.per_10min >= material && self.lower_bound() > 0.0
+    }
+}
+
+/// Student's t quantile at [`CONFIDENCE`] for `degrees_of_freedom` (`None` for 0): tabulated
+/// up to 5, from 6 on the Cornish-Fisher expansion about the normal quantile, within 0.6% of
+/// the exact value there and closer as the degrees grow.
+fn t_quantile(degrees_of_freedom: usize) -> Option<f64> {
+    let table = [3183.046, 70.700, 22.204, 13.034, 9.678];
+    match degrees_of_freedom {
+        0 => None,
+        1..=5 => table.get(degrees_of_freedom - 1).copied(),
+        _ => {
+            let v = degrees_of_freedom as f64;
+            let z = Z_AT_CONFIDENCE;
+            let terms = [
+                (z.powi(3) + z) / 4.0,
+                (5.0 * z.powi(5) + 16.0 * z.powi(3) + 3.0 * z) / 96.0,
+                (3.0 * z.powi(7) + 19.0 * z.powi(5) + 17.0 * z.powi(3) - 15.0 * z) / 384.0,
+                (79.0 * z.powi(9) + 776.0 * z.powi(7) + 1482.0 * z.powi(5)
+                    - 1920.0 * z.powi(3)
+                    - 945.0 * z)
+                    / 92160.0,
+            ];
+            Some(z + (1..=4).zip(terms).map(|(k, g)| g / v.powi(k)).sum::<f64>())
+        }
+    }
+}
+
+/// The least-squares line through `points` (seconds, value): its slope per 10 minutes, and the
+/// slope's standard error from the residuals (none with fewer than three points).
+fn least_squares(points: &[(f64, f64)]) -> Slope {
+    let n = points.len() as f64;
+    let mean_t = points.iter().map(|p| p.0).sum::<f64>() / n;
+    let mean_y = points.iter().map(|p| p.1).sum::<f64>() / n;
+    let mut sums = Sums::default();
+    sums.add_group(points);
+    let slope = sums.slope();
+    let degrees_of_freedom = points.len().saturating_sub(2);
+    let squared_residuals: f64 = points
+        .iter()
+        .map(|&(t, y)| (y - mean_y - slope * (t - mean_t)).powi(2))
+        .sum();
+    let standard_error = if degrees_of_freedom > 0 && sums.spread > 0.0 {
+        (squared_residuals / degrees_of_freedom as f64 / sums.spread).sqrt()
+    } else {
+        0.0
+    };
+    Slope {
+        per_10min: slope * PER,
+        standard_error: standard_error * PER,
+        degrees_of_freedom,
+    }
+}
+
+/// The means (time, value) of `points` in `blocks` equal spans from the first point's time to
+/// the last's, spans with no point left out.
+fn block_means(points: &[(f64, f64)], blocks: usize) -> Points {
+    let (Some(first), Some(last)) = (points.first(), points.last()) else {
+        return Vec::new();
+    };
+    let span = (last.0 - first.0).max(f64::MIN_POSITIVE);
+    let blocks = blocks.max(1);
+    let mut sums = vec![(0.0, 0.0, 0usize); blocks];
+    for &(t, y) in points {
+        let block = (((t - first.0) / span * blocks as f64) as usize).min(blocks - 1);
+        let sum = &mut sums[block];
+        sum.0 += t;
+        sum.1 += y;
+        sum.2 += 1;
+    }
+    sums.into_iter()
+        .filter(|sum| sum.2 > 0)
+        .map(|(t, y, n)| (t / n as f64, y / n as f64))
+        .collect()
 }
 
 /// Sums of one fit with a common slope and one intercept per group.
@@ -279,16 +491,20 @@ pub fn fit(
         };
         if span >= life.long_lived {
             let (rss, fds) = points(alone);
-            let (mut alone_rss, mut alone_fds) = (Sums::default(), Sums::default());
-            alone_rss.add_group(&rss);
-            alone_fds.add_group(&fds);
-            long_lived.push(IncarnationTrend {
-                role: incarnation.role,
-                slot: incarnation.slot,
-                minutes: span / 60.0,
-                rss_mib_per_10min: alone_rss.slope() * PER,
-                fds_per_10min: alone_fds.slope() * PER,
-            });
+            let (rss, fds) = (block_means(&rss, BLOCKS), block_means(&fds, BLOCKS));
+            let (rss_slope, fds_slope) = (least_squares(&rss), least_squares(&fds));
+            if rss_slope.degrees_of_freedom > 0 {
+                long_lived.push(IncarnationTrend {
+                    role: incarnation.role,
+                    slot: incarnation.slot,
+                    minutes: span / 60.0,
+                    blocks: rss.len(),
+                    rss_mib_per_10min: rss_slope.per_10min,
+                    rss_standard_error: rss_slope.standard_error,
+                    fds_per_10min: fds_slope.per_10min,
+                    fds_standard_error: fds_slope.standard_error,
+                });
+            }
         }
     }
     let roles = roles
@@ -298,15 +514,15 @@ pub fn fit(
             trend.within_life_fds_per_10min = fds.slope() * PER;
             trend.drift = at_age
                 .get(role)
-                .filter(|(rss, _)| rss.len() >= DRIFT_INCARNATIONS)
+                .filter(|(rss, _)| rss.len() >= DRIFT_FITTED)
                 .map(|(rss, fds)| {
-                    let (mut rss_sums, mut fd_sums) = (Sums::default(), Sums::default());
-                    rss_sums.add_group(rss);
-                    fd_sums.add_group(fds);
+                    let (rss_slope, fds_slope) = (least_squares(rss), least_squares(fds));
                     Drift {
                         incarnations: rss.len(),
-                        rss_mib_per_10min: rss_sums.slope() * PER,
-                        fds_per_10min: fd_sums.slope() * PER,
+                        rss_mib_per_10min: rss_slope.per_10min,
+                        rss_standard_error: rss_slope.standard_error,
+                        fds_per_10min: fds_slope.per_10min,
+                        fds_standard_error: fds_slope.standard_error,
                     }
                 });
             (role, trend)
@@ -364,7 +580,6 @@ mod tests {
         let slope = worker.within_life_rss_mib_per_10min;
         assert!((slope - 10.0).abs() < 0.05, "{worker:?}");
         assert_eq!(worker.within_life_fds_per_10min, 0.0);
-        assert!(!is_flat(slope, worker.within_life_fds_per_10min));
         assert!(long_lived.is_empty(), "none lived five minutes");
     }
 
@@ -379,8 +594,9 @@ mod tests {
         );
         let (roles, long_lived) = fit(std::slice::from_ref(&client), LIFE, |_| 60.0);
         assert_eq!(roles["client"].within_life_rss_mib_per_10min, 0.0);
-        assert!(is_flat(0.0, 0.0));
         assert_eq!(long_lived.len(), 1);
+        assert_eq!(long_lived[0].rss_mib_per_10min, 0.0);
+        assert!(!long_lived[0].rss().grows(RSS_MATERIAL_MIB_PER_10MIN));
         assert!((long_lived[0].minutes - 839.0 / 60.0).abs() < 1e-9);
         // Fitted from 0 instead, the warm-up reads as growth.
         let (cold, _) = fit(std::slice::from_ref(&client), LIFE, |_| 0.0);
@@ -435,7 +651,9 @@ mod tests {
         let drift = worker.drift.as_ref().expect("all lived 20 s");
         assert_eq!(drift.incarnations, 20);
         assert!(drift.rss_mib_per_10min.abs() < 1e-9, "{drift:?}");
-        assert!(is_flat(drift.rss_mib_per_10min, drift.fds_per_10min));
+        assert!(drift.judged());
+        assert!(!drift.rss().grows(RSS_MATERIAL_MIB_PER_10MIN), "{drift:?}");
+        assert!(!drift.fds().grows(FDS_MATERIAL_PER_10MIN), "{drift:?}");
         // Coordinators that replay a journal growing 3 MiB per 10 minutes of the run start
         // higher each time: flat within each life, the drift shows the growth.
         let growing: Vec<Incarnation> = (0..10)
@@ -451,7 +669,8 @@ mod tests {
         assert_eq!(coordinator.within_life_rss_mib_per_10min, 0.0);
         let drift = coordinator.drift.as_ref().expect("all lived 20 s");
         assert!((drift.rss_mib_per_10min - 3.0).abs() < 0.05, "{drift:?}");
-        assert!(!is_flat(drift.rss_mib_per_10min, drift.fds_per_10min));
+        assert!(drift.judged());
+        assert!(drift.rss().grows(RSS_MATERIAL_MIB_PER_10MIN), "{drift:?}");
     }
 
     #[test]
@@ -462,6 +681,82 @@ mod tests {
             .collect();
         let (roles, _) = fit(&young, LIFE, |i| i.started);
         assert_eq!(roles["worker"].drift, None);
+    }
+
+    #[test]
+    fn the_t_quantile_is_within_0_6_percent_of_the_exact_one() {
+        // Student's t at 99.99%, one-sided, by numerical integration of its density.
+        for (degrees, exact) in [
+            (1, 3183.046),
+            (5, 9.678),
+            (6, 8.025),
+            (8, 6.442),
+            (10, 5.694),
+            (20, 4.539),
+            (60, 3.962),
+        ] {
+            let t = t_quantile(degrees).expect("a residual");
+            assert!(
+                (t / exact - 1.0).abs() < 0.006,
+                "{degrees}: {t} against {exact}"
+            );
+        }
+        assert_eq!(t_quantile(0), None);
+        let unknown = Slope {
+            per_10min: 5.0,
+            standard_error: 0.0,
+            degrees_of_freedom: 0,
+        };
+        assert!(!unknown.grows(0.5), "no residual, no verdict of growth");
+    }
+
+    #[test]
+    fn the_standard_error_comes_from_the_residuals() {
+        // Four points 5 minutes apart, off a line of 1 per 10 minutes by +0.1, -0.1, -0.1,
+        // +0.1: slope 1 per 10 minutes, residual variance 0.04 / 2, spread 450,000 s², so a
+        // standard error of sqrt(0.02 / 450,000) per second.
+        let points = [(0.0, 0.1), (300.0, 0.4), (600.0, 0.9), (900.0, 1.6)];
+        let slope = least_squares(&points);
+        assert!((slope.per_10min - 1.0).abs() < 1e-9, "{slope:?}");
+        let expected = (0.02f64 / 450_000.0).sqrt() * 600.0;
+        assert!((slope.standard_error - expected).abs() < 1e-9, "{slope:?}");
+        assert_eq!(slope.degrees_of_freedom, 2);
+        // Blocks of equal time, empty ones left out, each at its points' mean.
+        let points: Vec<(f64, f64)> = [0.0, 1.0, 2.0, 7.0, 8.0, 12.0]
+            .iter()
+            .map(|&t| (t, t * 2.0))
+            .collect();
+        assert_eq!(
+            block_means(&points, 4),
+            [(1.0, 2.0), (7.5, 15.0), (12.0, 24.0)]
+        );
+    }
+
+    #[test]
+    fn a_long_life_is_judged_on_block_means_not_on_correlated_readings() {
+        // A flat client whose resident set wanders by 1 MiB for a minute at a time: 480
+        // readings taken as independent would make its chance slope certain.
+        let wandering = incarnation("client", 0.0, 600, |t| {
+            16.0 + if (t / 60.0) as u64 % 3 == 1 { 1.0 } else { 0.0 }
+        });
+        let settled = LongLife {
+            settle: 120.0,
+            long_lived: 300.0,
+        };
+        let (_, alone) = fit(std::slice::from_ref(&wandering), settled, |_| 0.0);
+        let rss = alone[0].rss();
+        assert_eq!(alone[0].blocks, BLOCKS);
+        let (readings, _) = points(wandering.settled(120.0));
+        let naive = least_squares(&readings);
+        assert!(
+            (naive.per_10min - rss.per_10min).abs() < 0.1,
+            "{naive:?} {rss:?}"
+        );
+        assert!(
+            rss.standard_error > 3.0 * naive.standard_error,
+            "{naive:?} {rss:?}"
+        );
+        assert!(!rss.grows(RSS_MATERIAL_MIB_PER_10MIN), "{rss:?}");
     }
 
     #[test]
