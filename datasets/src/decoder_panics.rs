@@ -10,6 +10,7 @@ thread_local! {
 /// Whether this thread is inside [`without_panics`]: a panic now is a decoder's (arrow, parquet)
 /// on untrusted bytes, which becomes an error for that sample or file. The fuzz targets' panic
 /// hook lets such a panic unwind to that error, and aborts on any other.
+#[cfg(any(test, feature = "fuzzing"))]
 pub(crate) fn panic_is_contained() -> bool {
     CONTAINING.with(|depth| depth.get() > 0)
 }

@@ -697,7 +697,9 @@ impl Error {
     }
 }
 
-pub(crate) use crate::decoder_panics::{panic_is_contained, without_panics};
+#[cfg(feature = "fuzzing")]
+pub(crate) use crate::decoder_panics::panic_is_contained;
+pub(crate) use crate::decoder_panics::without_panics;
 
 /// Whose fault a failed system call is; see [`ReadFault`].
 pub(crate) fn io_fault(error: &std::io::Error) -> ReadFault {

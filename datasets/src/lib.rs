@@ -66,6 +66,9 @@ mod error;
 mod file_bytes;
 mod file_pool;
 mod files;
+/// The fuzz targets' bodies (`fuzz/`), behind the `fuzzing` feature: the fuzz crate and this
+/// crate's corpus replay tests turn it on; a build for users leaves them out.
+#[cfg(feature = "fuzzing")]
 #[doc(hidden)]
 pub mod fuzz_targets;
 mod hf_folder;

@@ -16,6 +16,9 @@
 //! The servers' side (tonic's server, the probes, the daemons' runtime and logging) comes with
 //! the `server` feature; without it the crate is what a client needs.
 
+/// The fuzz targets' bodies (`fuzz/`), behind the `fuzzing` feature: the fuzz crate and this
+/// crate's corpus replay tests turn it on; a build for users leaves them out.
+#[cfg(feature = "fuzzing")]
 #[doc(hidden)]
 pub mod fuzz_targets;
 

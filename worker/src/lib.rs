@@ -44,6 +44,9 @@
 
 mod batch;
 mod error;
+/// The fuzz targets' bodies (`fuzz/`), behind the `fuzzing` feature: the fuzz crate and this
+/// crate's corpus replay tests turn it on; a build for users leaves them out.
+#[cfg(feature = "fuzzing")]
 #[doc(hidden)]
 pub mod fuzz_targets;
 mod job;

@@ -326,6 +326,7 @@ pub fn reach_of_name(name: &str) -> Result<Vec<PathBuf>> {
 
 /// The `source_pattern` fuzz body's work on `text`, a name under `root`: never panics, and a
 /// resolved source's files are sorted, unique and each of the names' reach.
+#[cfg(feature = "fuzzing")]
 #[doc(hidden)]
 pub fn fuzz_names(root: &Path, text: &str) {
     let _ = splits::split_of_shard_name(text);

@@ -43,7 +43,7 @@ use crate::error::{without_panics, Error, Result};
 use crate::files::{files_with_extension, has_extension, root_files};
 use crate::naming::RemoteFiles;
 use crate::sample_source::{numbered_class_names, SampleSource};
-use crate::storage::{list_remote, ByteRanges, Hint, ObjectCache, Prefetcher, RemoteObject};
+use crate::storage::{list_remote, Hint, ObjectCache, Prefetcher, RemoteObject};
 use bytes::FileBytes;
 use row_group_cache::RowGroupCache;
 
@@ -261,9 +261,10 @@ impl ParquetDataset {
     /// Opens one file read by ranges (`name` in messages), as an object in a store is: the
     /// footer from its tail, each row group's column chunks by ranges. The fuzz target of the
     /// ranged reads opens its input this way.
+    #[cfg(feature = "fuzzing")]
     pub(crate) fn open_ranged(
         name: &Path,
-        bytes: Arc<dyn ByteRanges>,
+        bytes: Arc<dyn crate::storage::ByteRanges>,
         options: &ParquetOptions,
     ) -> Result<ParquetDataset> {
         let files = vec![(name.to_path_buf(), FileBytes::Remote(bytes))];

@@ -87,6 +87,7 @@ impl ShardIndex {
 
     /// An index of `members` (name, data offset, size, label), with `problems` counted: what
     /// the tests and the fuzz seeds write by hand.
+    #[cfg(any(test, feature = "fuzzing"))]
     pub(crate) fn of(problems: u64, members: &[(&str, u64, u64, i64)]) -> ShardIndex {
         let mut index = ShardIndex {
             problems,

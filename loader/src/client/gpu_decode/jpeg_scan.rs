@@ -477,6 +477,7 @@ fn entropy_data(bytes: &[u8], mut at: usize, interval: u32, mcus: u64) -> Result
 /// header's size, component count, sampling factors (`nvjpegJpegStreamGetChromaSubsampling`:
 /// grey for one component, a known layout for three, else unknown), coding and precision.
 /// `None` where it finds no frame header.
+#[cfg(any(test, feature = "fuzzing"))]
 pub fn documented_reading(bytes: &[u8]) -> Option<DecoderReading> {
     if bytes.get(..2) != Some(&[0xFF, 0xD8]) {
         return None;

@@ -30,6 +30,7 @@ mod split;
 
 use std::path::PathBuf;
 
+#[cfg(feature = "fuzzing")]
 pub(crate) use jpeg_scan::{accept, documented_reading, scan, MAX_SIDE as MAX_JPEG_SIDE};
 pub use jpeg_scan::{hardware_candidate, Decline};
 pub use kernel::{compile as compile_kernel, Compiled, CropItem, KERNEL, SOURCE as KERNEL_SOURCE};
