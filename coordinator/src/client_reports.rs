@@ -4,7 +4,7 @@
 use stoker_proto::v1::ClientStats;
 
 use crate::{Coordinator, JobId};
-use stoker_loader::{LoaderStats, MonitorSnapshot};
+use stoker_dashboard::{LoaderStats, MonitorSnapshot};
 
 /// A job's name on the dashboard: its id and the last part of its dataset path (a mix: of
 /// each, joined by `+`).

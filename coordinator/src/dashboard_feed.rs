@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 use super::client_reports::job_name;
 use super::service::{ClientEntry, WorkerEntry};
 use crate::Coordinator;
-use stoker_loader::{JobShare, WorkerLoad};
+use stoker_dashboard::{JobShare, WorkerLoad};
 
 /// Counters at the previous refresh, for the per-second figures.
 #[derive(Debug, Default)]

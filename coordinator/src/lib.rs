@@ -2,7 +2,7 @@
 //! workers, sessions, credits, leases, the journal; no sockets, its one I/O the journal it
 //! holds, the time passed in) and the gRPC
 //! daemon around it ([`CoordinatorService`]: worker registry, long-polled leases, timers, job
-//! checks, the dashboard feed). The dashboard itself is `stoker_loader::Dashboard`, which
+//! checks, the dashboard feed). The dashboard itself is `stoker_dashboard::Dashboard`, which
 //! serves embedded loaders too; `stoker coordinator` (the `stoker-cli` crate) runs this daemon.
 //!
 //! Control messages go to the coordinator; batches go from a worker straight to the client, on a

@@ -1,8 +1,8 @@
 //! Stoker's loader: the client side of the service. One [`Loader`] over one [`BatchSource`]
 //! seam (the embedded producer or the remote client), the slots batches land in, the prefetch
-//! controller, the stall figures and the stall [`Dashboard`]. The coordinator
-//! (`stoker-coordinator`) and the `stoker` command-line tool with its bench harnesses
-//! (`stoker-cli`) sit on top of it.
+//! controller and the stall figures, which the stall [`Dashboard`] (`stoker-dashboard`,
+//! re-exported here) shows. The `stoker` command-line tool with its bench harnesses
+//! (`stoker-cli`) and the Python extension sit on top of it.
 //!
 //! Jobs and their epoch plans come from `stoker-worker`; the loader runs them in process or
 //! asks the workers of a coordinator for their batches, and yields them in step order.
@@ -15,7 +15,6 @@
 //! ```
 
 mod client;
-mod dashboard;
 mod digest;
 mod error;
 /// The fuzz targets' bodies (`fuzz/`), behind the `fuzzing` feature: the fuzz crate and this
@@ -37,7 +36,6 @@ pub use client::gpu_decode::{
 };
 pub use client::landing;
 pub use client::loader::{Loader, LoaderOptions, PinOptions};
-pub use client::monitor::{LoaderMonitor, MonitorSnapshot};
 pub use client::prefetch::{
     ChangeReason, ControllerConfig, ControllerSnapshot, PrefetchController,
 };
@@ -47,12 +45,12 @@ pub use client::source::{
     receive, BatchSource, Built, EpochFeed, IdleClock, QueueFeed, SourceInfo, StepContext,
     StepTask, TaskQueue,
 };
-pub use client::stats::{GpuDecodeFigures, LoaderStats};
 pub use client::stream::{EpochStream, INTERRUPT_CHECK};
-pub use dashboard::{
-    Dashboard, DashboardAccess, DashboardError, JobShare, WorkerLoad, COOKIE_LIFETIME,
-};
 pub use digest::BatchDigest;
 pub use error::{Error, ErrorKind, Result, ERROR_KINDS};
+pub use stoker_dashboard::{
+    Dashboard, DashboardAccess, DashboardError, GpuDecodeFigures, JobShare, LoaderMonitor,
+    LoaderStats, MonitorSnapshot, MonitorSource, WorkerLoad, COOKIE_LIFETIME,
+};
 /// The shared token of the distributed mode (see [`RemoteOptions::token`]).
 pub use stoker_rpc::security::Token;

@@ -59,13 +59,14 @@ fn path_extraction_sees_gone_paths() {
 }
 
 /// The crates' folders and where their modules live.
-const MODULE_ROOTS: [(&str, &str); 11] = [
+const MODULE_ROOTS: [(&str, &str); 12] = [
     ("alloc", "alloc/src"),
     ("proto", "proto/src"),
     ("datasets", "datasets/src"),
     ("worker", "worker/src"),
     ("rpc", "rpc/src"),
     ("worker-daemon", "worker-daemon/src"),
+    ("dashboard", "dashboard/src"),
     ("loader", "loader/src"),
     ("coordinator", "coordinator/src"),
     ("cli", "cli/src"),

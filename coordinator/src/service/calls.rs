@@ -24,7 +24,7 @@ use crate::client_reports::{client_snapshot, job_name};
 use crate::requests::validate_spec;
 use crate::status::coordinator_status;
 use crate::{CoordinatorError, JobId, Lease, LeaseId, SessionId, Step};
-use stoker_loader::LoaderMonitor;
+use stoker_dashboard::LoaderMonitor;
 
 fn task_lease(lease: &Lease, incarnation: u64) -> TaskLease {
     TaskLease {

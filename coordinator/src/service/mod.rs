@@ -37,7 +37,7 @@ use crate::{
     Coordinator, CoordinatorConfig, CoordinatorError, JobId, JobWrite, PositionWrite, SessionId,
     WeightWrite, WorkerId,
 };
-use stoker_loader::{Dashboard, MonitorSnapshot};
+use stoker_dashboard::{Dashboard, MonitorSnapshot};
 
 /// Tuning of the coordinator daemon.
 #[derive(Debug, Clone)]

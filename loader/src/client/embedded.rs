@@ -19,12 +19,12 @@ use stoker_proto::v1::JobSpec;
 use stoker_worker::Job;
 
 use super::gpu_decode::{DecodeMode, GpuDecodeOptions, GpuLane, LaneTask};
-use super::monitor::LoaderMonitor;
 use super::source::{
     BatchSource, Built, EpochFeed, IdleClock, QueueFeed, SourceInfo, StepContext, StepTask,
     TaskQueue,
 };
 use crate::error::{Error, Result};
+use stoker_dashboard::LoaderMonitor;
 
 /// Reads in progress a timeout's message names at most.
 const READS_NAMED: usize = 8;

@@ -7,18 +7,19 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use stoker_dashboard::{LoaderMonitor, LoaderStats};
 use stoker_proto::v1::JobSpec;
 use stoker_worker::Job;
 
 use super::cuda::check_device;
 use super::embedded::EmbeddedSource;
 use super::gpu_decode::{GpuDecodeOptions, GpuLane};
-use super::monitor::{LoaderMonitor, LocalSources};
+use super::monitor::LocalSources;
 use super::prefetch::{ControllerConfig, ControllerSnapshot, PrefetchController};
 use super::remote::{RemoteOptions, RemoteSource};
 use super::slots::{pinned_reserved, slot_stride, PinDevice, SlotPool};
 use super::source::{BatchSource, SourceInfo};
-use super::stats::{LoaderStats, StatsRecorder};
+use super::stats::StatsRecorder;
 use super::stream::{EpochStream, Successor};
 use crate::error::{Error, Result};
 
@@ -108,14 +109,15 @@ pub(crate) struct Core {
 
 impl Core {
     pub(crate) fn monitor(&self) -> LoaderMonitor {
-        LoaderMonitor::local(LocalSources {
+        LocalSources {
             stats: Arc::clone(&self.stats),
             controller: self.controller.clone(),
             slots: Arc::clone(&self.slots),
             threads: self.source.info().threads,
             fixed_prefetch: self.controller.is_none().then_some(self.prefetch),
             lane: self.source.gpu_lane().map(GpuLane::view),
-        })
+        }
+        .monitor()
     }
 
     /// The GPU idle reported since the last call.

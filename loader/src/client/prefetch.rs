@@ -46,6 +46,8 @@
 
 use std::time::Duration;
 
+pub use stoker_dashboard::{ChangeReason, ControllerSnapshot};
+
 /// Smoothing of the latency estimates, per arrived batch.
 const LATENCY_ALPHA: f64 = 1.0 / 16.0;
 /// Smoothing of the step-time estimates, per `next()`.
@@ -86,46 +88,6 @@ pub struct ControllerConfig {
     pub batch_bytes: u64,
     /// Depth to use until there is something to measure.
     pub initial_depth: usize,
-}
-
-/// Why the target depth last changed.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ChangeReason {
-    /// It has not changed since the controller was created.
-    Startup,
-    /// The training loop waited inside `next()`.
-    Stall,
-    /// No stall for a long stretch and Little's law asked for much less.
-    Idle,
-    /// Little's law asked for more than the target.
-    LittlesLaw,
-    /// A raise wanted more than the memory budget or slot pool allows, and got the cap.
-    Budget,
-}
-
-/// What the controller believes, for stats and logs.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct ControllerSnapshot {
-    /// Depth the loader should keep.
-    pub target_depth: usize,
-    /// Largest depth the budget allows.
-    pub budget_depth: usize,
-    /// Smoothed latency from request to arrival of a batch.
-    pub latency_mean: Duration,
-    /// Standard deviation of that latency.
-    pub latency_std: Duration,
-    /// Smoothed time the training loop spends between `next()` calls (bursts clipped).
-    pub step_mean: Duration,
-    /// Standard deviation of that step time.
-    pub step_std: Duration,
-    /// Depth Little's law asks for, within the limits; the target when nothing is measured yet.
-    pub littles_depth: usize,
-    /// Depth idle drops stop at: what the worst recent stall showed was needed.
-    pub stall_floor_depth: usize,
-    /// Recent share of the training loop's time spent waiting inside `next()`, in `[0, 1]`.
-    pub stall_fraction: f64,
-    /// Why the target last changed.
-    pub last_change: ChangeReason,
 }
 
 /// An exponentially weighted mean and variance.

@@ -13,9 +13,9 @@ use stoker_proto::v1::{Batch, JobSpec};
 use stoker_worker::EpochPlan;
 
 use super::gpu_decode::GpuLane;
-use super::monitor::LoaderMonitor;
 use super::slots::Slot;
 use crate::error::{Error, Result};
+use stoker_dashboard::LoaderMonitor;
 
 /// What a source knows about its job once it is open.
 #[derive(Debug, Clone, Default)]

@@ -3,74 +3,8 @@
 
 use std::time::{Duration, Instant};
 
-use serde::Serialize;
+use stoker_dashboard::LoaderStats;
 use stoker_proto::v1::Batch;
-
-/// A snapshot of the loader's figures since it was created.
-#[derive(Debug, Clone, Default, PartialEq, Serialize)]
-pub struct LoaderStats {
-    /// Batches yielded.
-    pub batches: u64,
-    /// Samples yielded.
-    pub samples: u64,
-    /// Seconds since the first epoch started.
-    pub elapsed_s: f64,
-    /// Samples per second over `elapsed_s`.
-    pub samples_per_s: f64,
-    /// Seconds the consumer spent waiting inside `next()`.
-    pub wait_s: f64,
-    /// The part of `wait_s` spent waiting for the first batch of an epoch after the first
-    /// epoch (an epoch-boundary stall).
-    pub epoch_start_wait_s: f64,
-    /// Seconds from the start of the first epoch to its first batch.
-    pub first_batch_s: Option<f64>,
-    /// Decode-thread seconds spent reading bytes.
-    pub read_s: f64,
-    /// Decode-thread seconds spent decoding.
-    pub decode_s: f64,
-    /// Decode-thread seconds spent on crop, resize and flip.
-    pub augment_s: f64,
-    /// Decode-thread seconds spent writing the output layout.
-    pub assemble_s: f64,
-    /// Samples replaced under the skip policy.
-    pub bad_samples: u64,
-    /// Tensor bytes yielded.
-    pub bytes: u64,
-    /// Batches in flight after the last `next()`.
-    pub in_flight: usize,
-    /// Batches allowed in flight after the last `next()` (the controller's choice in auto mode).
-    pub prefetch_depth: usize,
-    /// Seconds the consumer's GPU stream sat idle waiting for a batch, measured with events on
-    /// that stream ([`crate::Loader::record_gpu_idle`]; 0 when nothing reports it). It differs
-    /// from `wait_s` when the training loop runs ahead of the GPU.
-    pub gpu_idle_s: f64,
-    /// Seconds of the GPU stream's time over which `gpu_idle_s` was measured.
-    pub gpu_span_s: f64,
-    /// The GPU decode lane's figures, when the loader has one.
-    pub gpu_decode: Option<GpuDecodeFigures>,
-}
-
-/// What the GPU decode lane did, as the dashboard and `/metrics` show it.
-#[derive(Debug, Clone, Default, PartialEq, Serialize)]
-pub struct GpuDecodeFigures {
-    /// The share of each batch offered to the GPU in the newest epoch started, percent.
-    pub split_pct: f64,
-    /// Rows per second the GPU lane built while it worked.
-    pub gpu_rows_per_s: f64,
-    /// Rows per second the decode threads built in the batches the lane also worked on.
-    pub cpu_rows_per_s: f64,
-    /// Rows the GPU lane built.
-    pub gpu_rows: u64,
-    /// Rows offered to the lane that the decode threads built (not JPEGs the engines take, or
-    /// too large for the lane's memory).
-    pub declined_rows: u64,
-    /// Device bytes the lane holds.
-    pub memory_bytes: u64,
-    /// The most it may hold (`gpu_memory`).
-    pub memory_cap: u64,
-    /// Whether the hardware JPEG engines decode (else nvJPEG's default backend).
-    pub hardware: bool,
-}
 
 /// Accumulates [`LoaderStats`].
 #[derive(Debug)]

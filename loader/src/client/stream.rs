@@ -387,9 +387,9 @@ impl Drop for EpochStream {
 mod tests {
     use super::*;
     use crate::client::loader::{Loader, LoaderOptions};
-    use crate::client::monitor::LoaderMonitor;
     use crate::client::slots::Slot;
     use crate::client::source::{BatchSource, Built, SourceInfo};
+    use stoker_dashboard::LoaderMonitor;
 
     /// A source whose feed fails the way a remote one does: its error is handed out once,
     /// then only "stopped".

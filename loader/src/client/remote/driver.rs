@@ -24,10 +24,10 @@ use tonic::{Code, Status};
 
 use super::{client_stats, job_label, STREAM_RETRY};
 use crate::client::landing::{lock, next_landed, Landed, SlotQueue};
-use crate::client::monitor::LoaderMonitor;
 use crate::client::slots::Slot;
 use crate::client::source::{Built, IdleClock};
 use crate::error::{error_from_status, Error, ErrorKind, Result};
+use stoker_dashboard::LoaderMonitor;
 
 /// What a worker stream tells the driver.
 enum Arrival {

@@ -47,11 +47,11 @@ use tokio::sync::mpsc;
 mod driver;
 
 use super::landing::SLOT_ALIGN;
-use super::monitor::LoaderMonitor;
 use super::slots::Slot;
 use super::source::{receive, BatchSource, Built, EpochFeed, IdleClock, SourceInfo};
 use crate::error::{error_from_status, Error, Result};
 use driver::Driver;
+use stoker_dashboard::LoaderMonitor;
 
 /// How the remote source runs.
 #[derive(Debug, Clone)]

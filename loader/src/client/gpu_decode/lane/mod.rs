@@ -31,8 +31,8 @@ use super::{
 use crate::client::cuda::{describe, Cuda};
 use crate::client::slots::Slot;
 use crate::client::source::Built;
-use crate::client::stats::GpuDecodeFigures;
 use crate::error::Error;
+use stoker_dashboard::GpuDecodeFigures;
 
 pub use memory::LaneMemory;
 use pipe::{run, Kernel, Pipe};

@@ -1,6 +1,10 @@
-//! The dashboard: an HTTP page with live charts of each registered job's stall, throughput,
-//! queue depth and where the time goes, the JSON API the page polls, and `/metrics` in the
-//! Prometheus text format.
+//! Stoker's stall dashboard, one crate for the embedded loader and the coordinator alike: an
+//! HTTP page with live charts of each registered job's stall, throughput, queue depth and where
+//! the time goes, the JSON API the page polls, and `/metrics` in the Prometheus text format; and
+//! the figures it shows ([`LoaderStats`], [`ControllerSnapshot`], [`GpuDecodeFigures`],
+//! [`MonitorSnapshot`]), read through a [`LoaderMonitor`]: the loader plugs its own in through
+//! the [`MonitorSource`] hook, a coordinator shows what its clients report. It knows nothing of
+//! CUDA, decoding or the loader.
 //!
 //! The server runs on its own thread with a single-threaded tokio runtime, so it never takes a
 //! core from the decode pool for long: every request only formats figures the sampler already
@@ -9,11 +13,13 @@
 //!
 //! Routes: `/` (the page, compiled into the binary), `/api/jobs` (JSON; `?since=<unix ms>` for
 //! only newer points, `?at=<unix ms>` for the figures as they were at that reading), and
-//! `/metrics`. Who may read them is [`access`]'s business: anyone on a loopback address, only
-//! holders of a dashboard credential elsewhere ([`Dashboard::start_with`]); a dashboard off
-//! loopback without one does not start. With a daemon's certificate it serves HTTPS.
+//! `/metrics`. Who may read them is the `access` module's business: anyone on a loopback
+//! address, only holders of a dashboard credential elsewhere ([`Dashboard::start_with`]); a
+//! dashboard off loopback without one does not start. With a daemon's certificate it serves
+//! HTTPS.
 
 mod access;
+mod figures;
 mod metrics;
 mod routes;
 mod series;
@@ -27,9 +33,12 @@ use tokio::sync::oneshot;
 
 use stoker_rpc::security::{ServerConnection, ServerSecurity};
 
-use crate::LoaderMonitor;
 use access::Gate;
 pub use access::{DashboardAccess, COOKIE_LIFETIME};
+pub use figures::{
+    ChangeReason, ControllerSnapshot, GpuDecodeFigures, LoaderMonitor, LoaderStats,
+    MonitorSnapshot, MonitorSource,
+};
 
 use series::{Registry, SAMPLE_INTERVAL};
 
@@ -98,9 +107,15 @@ pub struct JobShare {
 /// A running dashboard server; it stops when dropped.
 ///
 /// ```no_run
-/// # fn demo(loader: &stoker_loader::Loader) -> Result<(), stoker_loader::DashboardError> {
-/// let dashboard = stoker_loader::Dashboard::start("127.0.0.1:0".parse().unwrap())?;
-/// dashboard.register_job("train", 0, loader.monitor());
+/// # fn demo() -> Result<(), stoker_dashboard::DashboardError> {
+/// use std::sync::{Arc, Mutex};
+/// use stoker_dashboard::{Dashboard, LoaderMonitor, MonitorSnapshot};
+///
+/// let dashboard = Dashboard::start("127.0.0.1:0".parse().unwrap())?;
+/// // A coordinator's view of a remote client; a loader in this process gives its own monitor
+/// // (`stoker_loader::Loader::monitor`).
+/// let latest = Arc::new(Mutex::new(MonitorSnapshot::default()));
+/// dashboard.register_job("train", 0, LoaderMonitor::reported(latest));
 /// println!("dashboard: {}", dashboard.url());
 /// # Ok(()) }
 /// ```

@@ -221,7 +221,7 @@ pub(crate) struct Point {
     /// Samples replaced under the skip policy since the loader started.
     pub bad_samples: u64,
     /// The GPU decode lane's split, rates and memory, when the loader has one.
-    pub gpu_decode: Option<crate::client::stats::GpuDecodeFigures>,
+    pub gpu_decode: Option<crate::GpuDecodeFigures>,
     #[serde(skip)]
     delta: Delta,
 }
@@ -512,7 +512,7 @@ mod tests {
 
     #[test]
     fn a_gpu_lanes_figures_reach_the_points_and_metrics() {
-        let figures = crate::client::stats::GpuDecodeFigures {
+        let figures = crate::GpuDecodeFigures {
             split_pct: 62.5,
             gpu_rows_per_s: 8000.0,
             cpu_rows_per_s: 5000.0,

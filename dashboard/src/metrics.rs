@@ -22,14 +22,14 @@ struct Family {
 }
 
 /// The newest reading's GPU decode lane figures, for jobs that have a lane.
-fn lane(job: &JobSeries) -> Option<&crate::client::stats::GpuDecodeFigures> {
+fn lane(job: &JobSeries) -> Option<&crate::GpuDecodeFigures> {
     job.latest
         .as_ref()
         .and_then(|s| s.stats.gpu_decode.as_ref())
 }
 
 /// The newest reading's prefetch controller view, for jobs in automatic prefetch.
-fn controller(job: &JobSeries) -> Option<crate::client::prefetch::ControllerSnapshot> {
+fn controller(job: &JobSeries) -> Option<crate::ControllerSnapshot> {
     job.latest.as_ref().and_then(|s| s.controller)
 }
 
