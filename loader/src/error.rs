@@ -1,9 +1,9 @@
-//! The loader's error type. Its kinds ([`ErrorKind`], defined in `stoker-worker`) are the same
+//! The loader's error type. Its kinds ([`ErrorKind`], defined in `stoker-proto`) are the same
 //! whether the error happened in this process or came back from a daemon over gRPC.
 
 use std::time::Duration;
 
-pub use stoker_worker::{ErrorKind, ERROR_KINDS};
+pub use stoker_proto::{ErrorKind, ERROR_KINDS};
 
 /// Everything that can stop the loader from yielding a batch.
 #[derive(Debug, thiserror::Error)]
@@ -88,12 +88,19 @@ pub enum Error {
 /// Result alias for the loader crate.
 pub type Result<T> = std::result::Result<T, Error>;
 
+impl From<stoker_rpc::transport::BadAddress> for Error {
+    /// An address no channel can be made to is a setting of the job to fix.
+    fn from(error: stoker_rpc::transport::BadAddress) -> Self {
+        Error::InvalidSpec(error.to_string())
+    }
+}
+
 impl Error {
     /// The kind of this error.
     pub fn kind(&self) -> ErrorKind {
         match self {
             Error::InvalidSpec(_) | Error::Security(_) => ErrorKind::InvalidArgument,
-            Error::Dataset(error) => ErrorKind::of_opening(error),
+            Error::Dataset(error) => stoker_worker::kind_of_opening(error),
             Error::Worker(error) => error.kind(),
             Error::Timeout { .. } | Error::SlotsHeld { .. } => ErrorKind::Timeout,
             Error::Interrupted => ErrorKind::Interrupted,

@@ -7,7 +7,7 @@
 
 use tonic::{Code, Status};
 
-use stoker_worker::{Error, ErrorKind};
+use stoker_proto::ErrorKind;
 
 /// The status metadata entry that carries an error's [`ErrorKind`].
 pub const KIND_METADATA: &str = "stoker-error-kind";
@@ -147,18 +147,13 @@ pub fn with_kind(mut status: Status, kind: ErrorKind) -> Status {
     status
 }
 
-/// The status a worker error (opening a job, building a batch) travels as.
-pub fn error_status(error: &Error) -> Status {
-    status(error.kind(), error.to_string())
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
     fn every_kind_survives_the_wire() {
-        for kind in stoker_worker::ERROR_KINDS {
+        for kind in stoker_proto::ERROR_KINDS {
             assert_eq!(kind_of_status(&status(kind, "why")), kind);
         }
         assert_eq!(

@@ -3,7 +3,7 @@
 //!
 //! - [`transport`]: message limits and HTTP/2 windows sized for multi-MB batches, endpoints,
 //!   retry backoff;
-//! - [`error_kinds`]: the one two-way table between [`ErrorKind`](stoker_worker::ErrorKind)
+//! - [`error_kinds`]: the one two-way table between [`ErrorKind`](stoker_proto::ErrorKind)
 //!   and gRPC statuses, and the refusals of a token or a TLS setting;
 //! - [`batch_wire`]: the batch stream's messages, sent from and read into the batches' own
 //!   buffers, and the worker's data service over it;

@@ -20,8 +20,7 @@ use tonic::transport::server::Connected;
 use tonic::transport::{Endpoint, Uri};
 
 use crate::security::ClientSecurity;
-use crate::transport::{self, RpcChannel};
-use stoker_worker::Error;
+use crate::transport::{self, BadAddress, RpcChannel};
 
 /// Bytes an in-memory pipe holds each way before a writer waits: a few HTTP/2 frames.
 const PIPE_BYTES: usize = 256 << 10;
@@ -45,7 +44,11 @@ pub enum Network {
 
 impl Network {
     /// A lazily connecting channel to `address`, presenting `security`'s token on every call.
-    pub fn channel(&self, address: &str, security: &ClientSecurity) -> Result<RpcChannel, Error> {
+    pub fn channel(
+        &self,
+        address: &str,
+        security: &ClientSecurity,
+    ) -> Result<RpcChannel, BadAddress> {
         match self {
             Network::Sockets => transport::channel(address, security),
             Network::Memory(network) => Ok(network.channel(address, security)),
@@ -320,7 +323,7 @@ mod tests {
     use stoker_proto::v1::worker_data_client::WorkerDataClient;
     use stoker_proto::v1::worker_data_server::WorkerDataServer;
     use stoker_proto::v1::{DescribeJobRequest, DescribeJobResponse, SubscribeRequest};
-    use stoker_worker::ErrorKind;
+    use stoker_proto::ErrorKind;
 
     fn serve(network: &MemoryNetwork, address: &str, security: &ServerSecurity) {
         let describer = DescribeOnly(DescribeJobResponse {

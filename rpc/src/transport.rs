@@ -9,16 +9,33 @@
 
 use std::time::Duration;
 
+use stoker_proto::ErrorKind;
 use tonic::service::interceptor::InterceptedService;
 #[cfg(feature = "server")]
 use tonic::transport::Server;
 use tonic::transport::{Channel, Endpoint};
 
 use crate::security::{AttachToken, ClientSecurity};
-use stoker_worker::Error;
 
 /// A channel to a daemon that presents the caller's token on every call.
 pub type RpcChannel = InterceptedService<Channel, AttachToken>;
+
+/// An address no channel can be made to: not `host:port` (nor a URI with both).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("address {address:?} is not host:port{why}")]
+pub struct BadAddress {
+    /// The address as given.
+    pub address: String,
+    /// What the URI parser said, in parentheses after a space; empty when it parsed.
+    why: String,
+}
+
+impl BadAddress {
+    /// The kind it travels as: a setting to fix.
+    pub fn kind(&self) -> ErrorKind {
+        ErrorKind::InvalidArgument
+    }
+}
 
 /// Largest gRPC message either side accepts or sends (a 1024-image 224x224 RGB batch is
 /// 154 MB).
@@ -54,14 +71,17 @@ pub fn server() -> Server {
 /// a DNS name), over TLS when `security` has a CA, presenting its token on every call. A
 /// refused TLS handshake fails the call with a status that
 /// [`crate::error_kinds::refusal_of`] recognises.
-pub fn channel(address: &str, security: &ClientSecurity) -> Result<RpcChannel, Error> {
+pub fn channel(address: &str, security: &ClientSecurity) -> Result<RpcChannel, BadAddress> {
     let uri = if address.contains("://") {
         address.to_string()
     } else {
         format!("http://{address}")
     };
     let endpoint = Endpoint::from_shared(uri)
-        .map_err(|e| Error::InvalidSpec(format!("address {address:?} is not host:port ({e})")))?
+        .map_err(|e| BadAddress {
+            address: address.to_string(),
+            why: format!(" ({e})"),
+        })?
         .connect_timeout(Duration::from_secs(3))
         .initial_stream_window_size(STREAM_WINDOW)
         .initial_connection_window_size(CONNECTION_WINDOW)
@@ -73,9 +93,10 @@ pub fn channel(address: &str, security: &ClientSecurity) -> Result<RpcChannel, E
     let (host, port) = match (endpoint.uri().host(), endpoint.uri().port_u16()) {
         (Some(host), Some(port)) => (host.to_string(), port),
         _ => {
-            return Err(Error::InvalidSpec(format!(
-                "address {address:?} is not host:port"
-            )))
+            return Err(BadAddress {
+                address: address.to_string(),
+                why: String::new(),
+            })
         }
     };
     let connector = {

@@ -1,9 +1,9 @@
-//! The worker's error type (bad pipelines, bad samples, failures of the libraries below), and
-//! the kinds Stoker's errors fall into: the same kinds whether an error happened in this process
-//! or came back from a daemon over gRPC, so callers (and Python's exception classes) can tell a
-//! missing dataset from a corrupt sample in both modes.
+//! The worker's error type (bad pipelines, bad samples, failures of the libraries below) and the
+//! kind of each ([`ErrorKind`], defined in `stoker-proto` with the wire that carries it).
 
 use std::path::PathBuf;
+
+pub use stoker_proto::{ErrorKind, ERROR_KINDS};
 
 /// Everything that can go wrong while turning samples into batches.
 #[derive(Debug, thiserror::Error)]
@@ -50,103 +50,27 @@ pub enum Error {
 /// Result alias for the worker crate.
 pub type Result<T> = std::result::Result<T, Error>;
 
-/// What went wrong, as callers tell errors apart. Travels with every error a daemon returns
-/// (the `stoker-error-kind` metadata of its gRPC status), so remote errors keep their kind.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ErrorKind {
-    /// A request or setting is not acceptable (bad spec, out-of-range value).
-    InvalidArgument,
-    /// A path that does not exist.
-    NotFound,
-    /// A path that is not a directory where one is needed.
-    NotADirectory,
-    /// A dataset that cannot be opened, indexed or read.
-    Dataset,
-    /// A sample that cannot be decoded (under the fail policy).
-    Decode,
-    /// A pipeline the workers refuse.
-    Pipeline,
-    /// A wait that passed its deadline.
-    Timeout,
-    /// A request the daemon is not allowed to serve (a path outside `--data-root`).
-    PermissionDenied,
-    /// No worker serves the job.
-    WorkerUnavailable,
-    /// The caller interrupted a wait.
-    Interrupted,
-    /// A daemon refused the call's token: none was given, or not one it accepts.
-    Unauthenticated,
-    /// The TLS connection failed: a certificate from an unknown CA or for another name, or one
-    /// side speaking TLS and the other plaintext.
-    Tls,
-    /// Anything else: the loader stopped, a daemon failed internally.
-    Internal,
-}
-
-/// Every kind.
-pub const ERROR_KINDS: [ErrorKind; 13] = [
-    ErrorKind::InvalidArgument,
-    ErrorKind::NotFound,
-    ErrorKind::NotADirectory,
-    ErrorKind::Dataset,
-    ErrorKind::Decode,
-    ErrorKind::Pipeline,
-    ErrorKind::Timeout,
-    ErrorKind::PermissionDenied,
-    ErrorKind::WorkerUnavailable,
-    ErrorKind::Interrupted,
-    ErrorKind::Unauthenticated,
-    ErrorKind::Tls,
-    ErrorKind::Internal,
-];
-
-impl ErrorKind {
-    /// The name it travels as.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            ErrorKind::InvalidArgument => "invalid_argument",
-            ErrorKind::NotFound => "not_found",
-            ErrorKind::NotADirectory => "not_a_directory",
-            ErrorKind::Dataset => "dataset",
-            ErrorKind::Decode => "decode",
-            ErrorKind::Pipeline => "pipeline",
-            ErrorKind::Timeout => "timeout",
-            ErrorKind::PermissionDenied => "permission_denied",
-            ErrorKind::WorkerUnavailable => "worker_unavailable",
-            ErrorKind::Interrupted => "interrupted",
-            ErrorKind::Unauthenticated => "unauthenticated",
-            ErrorKind::Tls => "tls",
-            ErrorKind::Internal => "internal",
+/// The kind of a failure to open a dataset: a missing path is `NotFound`, a bad URI an
+/// invalid argument, anything else a dataset error.
+pub fn kind_of_opening(error: &stoker_datasets::Error) -> ErrorKind {
+    use stoker_datasets::Error as DatasetError;
+    match error {
+        DatasetError::RootNotFound(_)
+        | DatasetError::NoMatch { .. }
+        | DatasetError::ListedFileMissing { .. } => ErrorKind::NotFound,
+        DatasetError::Io { source, .. } if source.kind() == std::io::ErrorKind::NotFound => {
+            ErrorKind::NotFound
         }
-    }
-
-    /// The kind named `name`, if it is one.
-    pub fn from_name(name: &str) -> Option<ErrorKind> {
-        ERROR_KINDS.into_iter().find(|kind| kind.as_str() == name)
-    }
-
-    /// The kind of a failure to open a dataset: a missing path is `NotFound`, a bad URI an
-    /// invalid argument, anything else a dataset error.
-    pub fn of_opening(error: &stoker_datasets::Error) -> ErrorKind {
-        use stoker_datasets::Error as DatasetError;
-        match error {
-            DatasetError::RootNotFound(_)
-            | DatasetError::NoMatch { .. }
-            | DatasetError::ListedFileMissing { .. } => ErrorKind::NotFound,
-            DatasetError::Io { source, .. } if source.kind() == std::io::ErrorKind::NotFound => {
-                ErrorKind::NotFound
-            }
-            DatasetError::NotADirectory(_) => ErrorKind::NotADirectory,
-            DatasetError::UnsupportedScheme { .. }
-            | DatasetError::InvalidUri { .. }
-            | DatasetError::BadSourcePattern { .. }
-            | DatasetError::FolderInList { .. }
-            | DatasetError::MixedFormats { .. }
-            | DatasetError::NotADataFile { .. }
-            | DatasetError::SplitNeeded { .. }
-            | DatasetError::NoSuchSplit { .. } => ErrorKind::InvalidArgument,
-            _ => ErrorKind::Dataset,
-        }
+        DatasetError::NotADirectory(_) => ErrorKind::NotADirectory,
+        DatasetError::UnsupportedScheme { .. }
+        | DatasetError::InvalidUri { .. }
+        | DatasetError::BadSourcePattern { .. }
+        | DatasetError::FolderInList { .. }
+        | DatasetError::MixedFormats { .. }
+        | DatasetError::NotADataFile { .. }
+        | DatasetError::SplitNeeded { .. }
+        | DatasetError::NoSuchSplit { .. } => ErrorKind::InvalidArgument,
+        _ => ErrorKind::Dataset,
     }
 }
 
@@ -155,7 +79,7 @@ impl Error {
     pub fn kind(&self) -> ErrorKind {
         match self {
             Error::InvalidSpec(_) => ErrorKind::InvalidArgument,
-            Error::OpenDataset(error) => ErrorKind::of_opening(error),
+            Error::OpenDataset(error) => kind_of_opening(error),
             Error::Dataset(_) | Error::Io { .. } => ErrorKind::Dataset,
             Error::InvalidPipeline(_) => ErrorKind::Pipeline,
             Error::BadSample { .. } => ErrorKind::Decode,
@@ -211,17 +135,4 @@ pub fn panic_text(panic: &(dyn std::any::Any + Send)) -> String {
         .map(|text| (*text).to_string())
         .or_else(|| panic.downcast_ref::<String>().cloned())
         .unwrap_or_else(|| "unknown panic".to_string())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn kinds_round_trip_by_name() {
-        for kind in ERROR_KINDS {
-            assert_eq!(ErrorKind::from_name(kind.as_str()), Some(kind));
-        }
-        assert_eq!(ErrorKind::from_name("no such kind"), None);
-    }
 }

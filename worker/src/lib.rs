@@ -61,7 +61,7 @@ pub use batch::{
     mix_samples, AssembledBatch, BatchAssembler, BatchKey, DivertedImage, ImageDiverter,
     TensorLayout, MAX_SUBSTITUTE_TRIES,
 };
-pub use error::{panic_text, Error, ErrorKind, Result, SampleError, ERROR_KINDS};
+pub use error::{kind_of_opening, panic_text, Error, ErrorKind, Result, SampleError, ERROR_KINDS};
 pub use job::{
     check_spec_shape, fingerprint as dataset_fingerprint, open_source, open_sources, plan_for_spec,
     source_names, source_split, spec_sources, BatchBuffer, Job, FINGERPRINT_SAMPLES,

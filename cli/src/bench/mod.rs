@@ -38,6 +38,9 @@ pub enum Error {
     /// A token is not usable.
     #[error(transparent)]
     Security(#[from] stoker_rpc::security::SecurityError),
+    /// An address no channel can be made to.
+    #[error(transparent)]
+    Address(#[from] stoker_rpc::transport::BadAddress),
     /// The coordinator core refused a call.
     #[error(transparent)]
     Coordinator(#[from] stoker_coordinator::CoordinatorError),

@@ -19,8 +19,8 @@
 //!   the daemon's log.
 //!
 //! [`Refusal`]: crate::error_kinds::Refusal
-//! [`ErrorKind::Unauthenticated`]: stoker_worker::ErrorKind::Unauthenticated
-//! [`ErrorKind::Tls`]: stoker_worker::ErrorKind::Tls
+//! [`ErrorKind::Unauthenticated`]: stoker_proto::ErrorKind::Unauthenticated
+//! [`ErrorKind::Tls`]: stoker_proto::ErrorKind::Tls
 
 mod tls;
 mod token;

@@ -212,7 +212,7 @@ impl Interceptor for TokenCheck {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use stoker_worker::ErrorKind;
+    use stoker_proto::ErrorKind;
 
     #[cfg(unix)]
     #[test]

@@ -16,7 +16,9 @@ use stoker_proto::v1::{
 use tokio::sync::{mpsc, watch, Semaphore};
 use tonic::{Code, Status};
 
-use stoker_rpc::error_kinds::{self, error_status};
+use stoker_rpc::error_kinds;
+
+use super::error_status;
 use stoker_rpc::transport::{Backoff, RpcChannel, MAX_MESSAGE_BYTES};
 use stoker_worker::open_sources;
 

@@ -37,7 +37,7 @@ use tonic::service::interceptor::InterceptedService;
 use tonic::{Request, Response, Status};
 
 use stoker_rpc::batch_wire::WorkerDataService;
-use stoker_rpc::error_kinds::{self, error_status};
+use stoker_rpc::error_kinds;
 use stoker_rpc::health::Health;
 use stoker_rpc::network::Network;
 use stoker_rpc::security::{ClientSecurity, ServerSecurity};
@@ -503,10 +503,7 @@ where
     config
         .network
         .channel(&config.coordinator, &config.client_security)
-        .map_err(|e| match e {
-            Error::InvalidSpec(why) => Error::Stopped(format!("cannot use --coordinator: {why}")),
-            other => other,
-        })?;
+        .map_err(|e| Error::Stopped(format!("cannot use --coordinator: {e}")))?;
     let threads = if config.threads == 0 {
         std::thread::available_parallelism().map_or(1, |n| n.get())
     } else {
@@ -620,6 +617,11 @@ fn server_result(
     ended
         .map_err(|e| Error::Stopped(format!("worker server task: {e}")))?
         .map_err(|e| Error::Stopped(format!("worker server: {e}")))
+}
+
+/// The status a worker error (opening a job, building a batch) travels as: its kind and message.
+pub(super) fn error_status(error: &Error) -> Status {
+    error_kinds::status(error.kind(), error.to_string())
 }
 
 #[cfg(test)]
