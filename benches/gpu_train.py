@@ -26,7 +26,10 @@ A row named ``ROW@N`` runs with N decode threads instead of ``--workers`` (``sto
 a node with fewer cores per GPU). A row named ``loader:ROW`` runs the loader alone, without
 the model (its images/s is what decoding and cropping deliver). ``--side-stream`` runs every
 row's loop on a stream of its own (set current) instead of the legacy default stream;
-``--gpu-memory`` sets the lane's ``gpu_memory`` in MiB.
+``--gpu-memory`` sets the lane's ``gpu_memory`` in MiB. ``--compile`` runs the model as fast-model
+users do, ``torch.compile(mode="reduce-overhead")`` (its forward and backward replayed as CUDA
+graphs, so the step's launches no longer come one by one from the loop's thread); compiling
+happens in the first row's warm-up, so give ``--warmup`` room (30 or more).
 
 Per row: images/s over ``--steps`` steps after ``--warmup`` (CUDA synchronised at both ends),
 its share of the ceiling, host wait % (time inside ``next()`` and the loop's own copy), GPU
@@ -89,6 +92,11 @@ def main() -> int:
         "--dali-prefetch", type=int, default=2, help="DALI's prefetch_queue_depth"
     )
     parser.add_argument(
+        "--compile",
+        action="store_true",
+        help='run the model under torch.compile(mode="reduce-overhead") (CUDA graphs)',
+    )
+    parser.add_argument(
         "--side-stream",
         action="store_true",
         help="train (and take batches) on a stream of its own instead of the legacy default one",
@@ -126,7 +134,8 @@ def main() -> int:
         f"{device_name}, {cores} cores, torch {torch.__version__}, torchvision "
         f"{torchvision.__version__}, stoker {stoker.__version__}; batch {args.batch_size}, "
         f"{args.workers} workers/threads, {args.steps} steps after {args.warmup}; CUDA start-up "
-        f"{cuda_startup_s:.2f} s{'; on a side stream' if args.side_stream else ''}",
+        f"{cuda_startup_s:.2f} s{'; on a side stream' if args.side_stream else ''}"
+        f"{'; model compiled (reduce-overhead)' if args.compile else ''}",
         flush=True,
     )
     rows = args.rows.split(",")
@@ -134,7 +143,7 @@ def main() -> int:
     if args.side_stream:
         torch.cuda.set_stream(torch.cuda.Stream())
     for model_name in args.models.split(","):
-        model = Model(torch, torchvision, model_name, args.batch_size)
+        model = Model(torch, torchvision, model_name, args.batch_size, args.compile)
         ceiling = None
         for row in rows:
             result = run_row(torch, torchvision, stoker, model, row, args)
@@ -157,6 +166,7 @@ def main() -> int:
                 "batch_size": args.batch_size,
                 "workers": args.workers,
                 "steps": args.steps,
+                "compiled": args.compile,
                 "rows": results,
             }
         )
@@ -168,11 +178,13 @@ class Model:
     """The network, its optimiser and one bf16 training step on a device batch."""
 
     def __init__(
-        self, torch: Any, torchvision: Any, name: str, batch_size: int
+        self, torch: Any, torchvision: Any, name: str, batch_size: int, compiled: bool = False
     ) -> None:
         self.torch = torch
         self.net = getattr(torchvision.models, name)(num_classes=1000).cuda()
         self.net = self.net.to(memory_format=torch.channels_last)
+        if compiled:
+            self.net = torch.compile(self.net, mode="reduce-overhead")
         self.optimizer = torch.optim.SGD(self.net.parameters(), lr=0.01, momentum=0.9)
         self.mean = torch.tensor(MEAN, device="cuda").view(1, 3, 1, 1) * 255
         self.std = torch.tensor(STD, device="cuda").view(1, 3, 1, 1) * 255

@@ -11,7 +11,7 @@
 # again with the training loop on a stream of its own (gpu_train.py --side-stream). Logs go to
 # $OUT.
 # SMOKE_ONLY=1 stops after the smoke test, SKIP_PYTEST=1 leaves out the tests, SKIP_BENCH=1 the
-# benchmark. About 2 minutes on an H200 with 16 cores, tests included (2026-11-27).
+# benchmark; COMPILE=1 adds the ResNet-18 rows with the model compiled (CUDA graphs). About 2 minutes on an H200 with 16 cores, tests included (2026-11-27).
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 source benches/gpu/install.sh
@@ -78,3 +78,9 @@ echo "gpu_train: $((SECONDS - started)) s"
 started=$SECONDS
 timeout 100 python3 benches/gpu_train.py --data "$data" --models resnet18 --rows ceiling,stoker-gpu,stoker-auto --workers "$(( $(nproc) - 1 ))" --side-stream 2>&1 | tee "$out/bench-side-stream.log"
 echo "gpu_train --side-stream: $((SECONDS - started)) s"
+if [ "${COMPILE:-0}" = 1 ]; then
+    # The step as a CUDA graph (torch.compile reduce-overhead), beside the lane and DALI.
+    started=$SECONDS
+    timeout 300 python3 benches/gpu_train.py --data "$data" --models resnet18 --rows ceiling,stoker-auto,dali --workers "$(( $(nproc) - 1 ))" --compile --warmup 40 2>&1 | tee "$out/bench-compiled.log"
+    echo "gpu_train --compile: $((SECONDS - started)) s"
+fi
