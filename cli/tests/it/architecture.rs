@@ -4,7 +4,9 @@
 //! ARCHITECTURE.md (`mod.rs`, `lib.rs`, `main.rs` and `__init__.py` are their folder's); and
 //! no crate's top-level modules import each other in a circle (the Python package's test
 //! `test_package_layout.py` checks its own); and every dependency arrow between crates that
-//! README.md and ARCHITECTURE.md draw is one the manifests declare (`cargo metadata`).
+//! README.md and ARCHITECTURE.md draw is one the manifests declare (`cargo metadata`); and no
+//! library file grows past 600 lines before its tests (the few over it when this check came in
+//! may shrink, not grow).
 
 #![allow(clippy::unwrap_used)] // tests fail loudly by design
 
@@ -440,4 +442,83 @@ fn arrows_are_read_in_and_out_of_backticks() {
             ("rpc", "python-client")
         ]
     );
+}
+
+/// The most lines a library file may hold before its tests.
+const FILE_LINES: usize = 600;
+
+/// The files over [`FILE_LINES`] when the check came in, each with the lines it held then: the
+/// most it may hold until it is split.
+const LONG_FILES: [(&str, usize); 10] = [
+    ("coordinator/src/service/mod.rs", 760),
+    ("datasets/src/error.rs", 735),
+    ("datasets/src/parquet_files/mod.rs", 708),
+    ("datasets/src/tar_shards/mod.rs", 636),
+    ("loader/src/client/gpu_decode/lane/pipe.rs", 756),
+    ("loader/src/client/remote/driver.rs", 642),
+    ("python-client/python/stoker/loader.py", 674),
+    ("python-client/src/native_loader/mod.rs", 611),
+    ("worker-daemon/src/worker_daemon/leases.rs", 602),
+    ("worker/src/ops/decode.rs", 607),
+];
+
+/// Lines of a module before its inline test module (`#[cfg(test)]` then `mod NAME {`), or all
+/// of them; a Python module's are all its lines.
+fn lines_before_tests(text: &str) -> usize {
+    let lines: Vec<&str> = text.split('\n').collect();
+    lines
+        .windows(2)
+        .position(|pair| {
+            pair[0] == "#[cfg(test)]"
+                && pair[1].starts_with("mod ")
+                && pair[1].trim_end().ends_with('{')
+        })
+        .unwrap_or(lines.len())
+}
+
+#[test]
+fn no_library_file_grows_past_600_lines_before_its_tests() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap();
+    let mut over = Vec::new();
+    let mut seen = 0;
+    for (_, modules) in MODULE_ROOTS {
+        let mut files = Vec::new();
+        module_files(root, &root.join(modules), &mut files);
+        for file in files {
+            // A module that is tests whole (`tests.rs`, `service_tests.rs`) is not a library's.
+            if file.ends_with("/tests.rs") || file.ends_with("_tests.rs") {
+                continue;
+            }
+            seen += 1;
+            let lines = lines_before_tests(&std::fs::read_to_string(root.join(&file)).unwrap());
+            let most = LONG_FILES
+                .iter()
+                .find(|(path, _)| *path == file)
+                .map_or(FILE_LINES, |(_, most)| *most);
+            if lines > most {
+                over.push(format!(
+                    "{file}: {lines} lines before its tests (at most {most})"
+                ));
+            }
+        }
+    }
+    assert!(seen > 100, "found only {seen} modules");
+    assert!(over.is_empty(), "files past their length: {over:#?}");
+    for (path, _) in LONG_FILES {
+        assert!(
+            root.join(path).exists(),
+            "{path} is gone: take it off LONG_FILES"
+        );
+    }
+}
+
+#[test]
+fn lines_before_tests_stop_at_the_inline_test_module() {
+    assert_eq!(
+        lines_before_tests("a\nb\n#[cfg(test)]\nmod tests {\n}\n"),
+        2
+    );
+    // A test-only item or an external test file is not where the tests begin.
+    assert_eq!(lines_before_tests("#[cfg(test)]\nmod tests;\nfn f() {}"), 3);
+    assert_eq!(lines_before_tests("#[cfg(test)]\nfn helper() {}\n"), 3);
 }

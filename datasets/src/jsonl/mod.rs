@@ -12,10 +12,7 @@
 //! a JSON object, lacks the field, or holds something other than a string there is a bad sample
 //! whose error names `file:line`; it never stops the index from being built.
 
-use std::fs::File;
-use std::io::Read;
 use std::ops::Range;
-use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
 use serde::Serialize;
@@ -23,16 +20,18 @@ use serde_json::Value;
 use tracing::info;
 
 use crate::error::{Error, Result};
-use crate::file_pool::{is_out_of_descriptors, FileKey, FilePool, PooledFile};
+use crate::file_pool::{FileKey, FilePool};
 use crate::files::root_files;
 use crate::inspect::Summary;
 use crate::sample_source::SampleSource;
-use crate::storage::{CachedObject, ObjectCacheOptions};
+use crate::storage::ObjectCacheOptions;
 
 mod compressed;
+mod lines;
 mod remote;
 
 pub use compressed::is_jsonl_file_name;
+use lines::{JsonlFile, LineRef};
 
 /// The text field read when none is named.
 pub const DEFAULT_TEXT_FIELD: &str = "text";
@@ -47,138 +46,6 @@ pub fn looks_like_jsonl(path: &Path) -> bool {
         return is_jsonl_file_name(path);
     }
     compressed::jsonl_files(path).is_ok_and(|files| !files.is_empty())
-}
-
-/// One indexed line.
-#[derive(Debug, Clone, Copy)]
-struct LineRef {
-    /// Byte offset of the line in its file.
-    start: u64,
-    /// Length without the line ending.
-    len: u32,
-    /// 1-based line number, for errors.
-    line: u32,
-}
-
-struct JsonlFile {
-    /// The file as the user named it (the compressed one, when compressed), for messages.
-    path: PathBuf,
-    /// The file read: `path`, or its decompressed copy.
-    read_from: PathBuf,
-    /// The file's length when it was indexed.
-    bytes: u64,
-    lines: Vec<LineRef>,
-    /// The decompressed copy in the cache tier, locked while the file is read.
-    _copy: Option<CachedObject>,
-}
-
-/// The line being scanned at open.
-struct LineScan {
-    start: u64,
-    blank: bool,
-    ends_with_cr: bool,
-    number: u32,
-}
-
-impl LineScan {
-    fn take(&mut self, bytes: &[u8]) {
-        if let Some(last) = bytes.last() {
-            self.blank &= bytes.iter().all(u8::is_ascii_whitespace);
-            self.ends_with_cr = *last == b'\r';
-        }
-    }
-
-    /// Ends the line at byte `end` (its newline or the end of the file).
-    fn finish(&mut self, end: u64, path: &Path, lines: &mut Vec<LineRef>) -> Result<()> {
-        self.number = self
-            .number
-            .checked_add(1)
-            .ok_or_else(|| Error::TooLarge(path.to_path_buf()))?;
-        if !self.blank {
-            let len = end - self.start - u64::from(self.ends_with_cr);
-            let len = u32::try_from(len).map_err(|_| Error::MalformedRecord {
-                path: path.to_path_buf(),
-                line: u64::from(self.number),
-                reason: "line longer than 4 GiB".into(),
-            })?;
-            lines.push(LineRef {
-                start: self.start,
-                len,
-                line: self.number,
-            });
-        }
-        self.start = end + 1;
-        self.blank = true;
-        self.ends_with_cr = false;
-        Ok(())
-    }
-}
-
-impl JsonlFile {
-    /// Indexes `path`, reading it from `copy` (its decompressed copy) when given.
-    fn open(path: PathBuf, copy: Option<CachedObject>) -> Result<JsonlFile> {
-        const CHUNK: usize = 1 << 20;
-        let read_from = copy
-            .as_ref()
-            .map_or_else(|| path.clone(), |copy| copy.path().to_path_buf());
-        let mut file = File::open(&read_from).map_err(|source| Error::io(&path, source))?;
-        let mut chunk = vec![0u8; CHUNK];
-        let mut lines = Vec::new();
-        let mut scan = LineScan {
-            start: 0,
-            blank: true,
-            ends_with_cr: false,
-            number: 0,
-        };
-        let mut offset = 0u64;
-        loop {
-            let filled = match file.read(&mut chunk) {
-                Ok(0) => break,
-                Ok(filled) => filled,
-                Err(source) if source.kind() == std::io::ErrorKind::Interrupted => continue,
-                Err(source) => return Err(Error::io(&path, source)),
-            };
-            let bytes = &chunk[..filled];
-            let mut segment_start = 0;
-            for newline in memchr::memchr_iter(b'\n', bytes) {
-                scan.take(&bytes[segment_start..newline]);
-                scan.finish(offset + newline as u64, &path, &mut lines)?;
-                segment_start = newline + 1;
-            }
-            scan.take(&bytes[segment_start..]);
-            offset += filled as u64;
-        }
-        scan.finish(offset, &path, &mut lines)?;
-        Ok(JsonlFile {
-            path,
-            read_from,
-            bytes: offset,
-            lines,
-            _copy: copy,
-        })
-    }
-
-    /// The bytes of `line`, read from the file of pool key `key`.
-    fn line(&self, pool: &FilePool, key: FileKey, line: LineRef) -> Result<Vec<u8>> {
-        let opened = pool.get_or_open(
-            key,
-            || File::open(&self.read_from).map(PooledFile::plain),
-            is_out_of_descriptors,
-        );
-        let opened = opened.map_err(|source| Error::io(&self.path, source))?;
-        let mut bytes = vec![0u8; line.len as usize];
-        match opened.file.read_exact_at(&mut bytes, line.start) {
-            Ok(()) => Ok(bytes),
-            Err(source) if source.kind() == std::io::ErrorKind::UnexpectedEof => {
-                Err(Error::FileChanged {
-                    path: self.path.clone(),
-                    opened_len: self.bytes,
-                    end: line.start + u64::from(line.len),
-                })
-            }
-            Err(source) => Err(Error::io(&self.path, source)),
-        }
-    }
 }
 
 /// JSON Lines documents: sample `i` is the `i`-th non-blank line over the files in name order.

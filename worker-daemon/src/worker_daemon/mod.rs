@@ -4,7 +4,7 @@
 //!
 //! - It reads datasets and tokenizers only under its `--data-root` folders (paths are resolved
 //!   first, so `..` and symlinks count where they lead); a job naming anything else is refused
-//!   with `PERMISSION_DENIED` saying so.
+//!   with `PERMISSION_DENIED` saying so (`data_roots`).
 //! - It produces only what it was leased, and the coordinator leases a session only against the
 //!   credits its client granted: memory stays bounded at both ends.
 //! - When the coordinator goes away it re-registers with backoff (a restarted coordinator gets a
@@ -21,13 +21,12 @@
 //!   all within [`WorkerConfig::drain_timeout`].
 
 use std::collections::HashMap;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use stoker_datasets::SampleSource;
-use stoker_proto::v1::op::Op as OpKind;
 use stoker_proto::v1::worker_data_server;
 use stoker_proto::v1::{
     Batch, DescribeJobRequest, DescribeJobResponse, JobSpec, SubscribeRequest, TaskLease,
@@ -42,9 +41,13 @@ use stoker_rpc::health::Health;
 use stoker_rpc::network::Network;
 use stoker_rpc::security::{ClientSecurity, ServerSecurity};
 use stoker_rpc::transport::{self, MAX_MESSAGE_BYTES};
-use stoker_worker::{spec_sources, EpochPlan, Error, ErrorKind, Job, Result};
+use stoker_worker::{EpochPlan, Error, Job, Result};
 
+mod data_roots;
 mod leases;
+
+pub use data_roots::canonical_roots;
+use data_roots::check_root;
 
 use crate::client_stream::{self, ClientStream};
 use leases::task_loop;
@@ -141,85 +144,6 @@ struct Shared {
 
 fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
     mutex.lock().unwrap_or_else(|p| p.into_inner())
-}
-
-/// Canonical forms of the data roots; a root that does not exist is an error naming it.
-pub fn canonical_roots(roots: &[PathBuf]) -> Result<Vec<PathBuf>> {
-    roots
-        .iter()
-        .map(|root| {
-            std::fs::canonicalize(root).map_err(|e| {
-                Error::InvalidSpec(format!("--data-root {} is not usable: {e}", root.display()))
-            })
-        })
-        .collect()
-}
-
-/// Checks that a job's datasets (each of a mix), and the tokenizers they name, lie under one
-/// of `roots`.
-fn check_root(roots: &[PathBuf], spec: &JobSpec) -> std::result::Result<(), Status> {
-    let sources = spec_sources(spec);
-    let named = spec.mix.as_ref().map_or(1, |mix| mix.sources.len());
-    if sources.is_empty() || sources.len() != named {
-        return Err(Status::invalid_argument("job spec has no dataset"));
-    }
-    for (dataset, pipeline) in sources {
-        // Remote sources are read with the worker's own credentials, not from its disks. What
-        // is local is decided as the opener decides it (`./a://b` is a path).
-        // A pattern is held to the roots by every folder it can walk (`reach_of_name`).
-        for name in stoker_worker::source_names(dataset) {
-            match stoker_datasets::parse_dataset_uri(name) {
-                Ok(stoker_datasets::DatasetLocation::Local(path)) => {
-                    let reach = stoker_datasets::reach_of_name(&path.to_string_lossy())
-                        .map_err(|error| Status::invalid_argument(error.to_string()))?;
-                    for path in reach {
-                        check_under_roots(roots, &path, "dataset")?;
-                    }
-                }
-                Ok(_) => {}
-                Err(error) => return Err(Status::invalid_argument(error.to_string())),
-            }
-        }
-        // A tokenizer is read whole: outside the roots it could be any file (or /dev/zero).
-        for op in pipeline {
-            if let Some(OpKind::Tokenize(tokenize)) = &op.op {
-                let path = tokenize.tokenizer_path.trim();
-                if !path.is_empty() {
-                    check_under_roots(roots, Path::new(path), "tokenizer")?;
-                }
-            }
-        }
-    }
-    Ok(())
-}
-
-/// Checks that `path` (the `what` of a job), resolved, lies under one of `roots`.
-fn check_under_roots(
-    roots: &[PathBuf],
-    path: &Path,
-    what: &str,
-) -> std::result::Result<(), Status> {
-    let canonical = std::fs::canonicalize(path).map_err(|e| {
-        error_kinds::status(
-            ErrorKind::NotFound,
-            format!(
-                "{what} {} cannot be opened on this worker: {e}",
-                path.display()
-            ),
-        )
-    })?;
-    if roots.iter().any(|root| canonical.starts_with(root)) {
-        return Ok(());
-    }
-    let listed: Vec<String> = roots.iter().map(|r| r.display().to_string()).collect();
-    Err(error_kinds::status(
-        ErrorKind::PermissionDenied,
-        format!(
-            "{what} {} is outside this worker's --data-root ({})",
-            path.display(),
-            listed.join(", ")
-        ),
-    ))
 }
 
 impl Shared {
@@ -622,79 +546,4 @@ fn server_result(
 /// The status a worker error (opening a job, building a batch) travels as: its kind and message.
 pub(super) fn error_status(error: &Error) -> Status {
     error_kinds::status(error.kind(), error.to_string())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use stoker_proto::v1::DatasetSource;
-
-    fn job_over(uri: &str) -> JobSpec {
-        JobSpec {
-            dataset: Some(DatasetSource {
-                uri: uri.into(),
-                ..DatasetSource::default()
-            }),
-            ..JobSpec::default()
-        }
-    }
-
-    #[test]
-    fn a_path_that_only_looks_like_a_uri_is_held_to_the_data_roots() -> TestResult {
-        let dir = tempfile::tempdir()?;
-        let root = dir.path().join("root");
-        std::fs::create_dir_all(root.join("inside"))?;
-        // `elsewhere/x:` is a folder: `elsewhere/x://y` is a local path, not a URI.
-        std::fs::create_dir_all(dir.path().join("elsewhere/x:/y"))?;
-        let roots = canonical_roots(std::slice::from_ref(&root))?;
-        let sneaky = format!("{}/elsewhere/x://y", dir.path().display());
-        let refused = check_root(&roots, &job_over(&sneaky)).expect_err("outside the roots");
-        assert!(refused.message().contains("--data-root"), "{refused:?}");
-        let inside = root.join("inside");
-        check_root(&roots, &job_over(&inside.to_string_lossy()))?;
-        // A remote source is the worker's credentials' business, not its disks'.
-        check_root(&roots, &job_over("s3://bucket/prefix"))?;
-        Ok(())
-    }
-
-    #[test]
-    fn every_folder_a_pattern_or_list_can_reach_is_held_to_the_data_roots() -> TestResult {
-        let dir = tempfile::tempdir()?;
-        let root = dir.path().join("root");
-        std::fs::create_dir_all(root.join("shards"))?;
-        std::fs::create_dir_all(dir.path().join("outside"))?;
-        std::fs::write(root.join("shards/shard-0.tar"), b"x")?;
-        std::fs::write(dir.path().join("outside/shard-0.tar"), b"x")?;
-        let roots = canonical_roots(std::slice::from_ref(&root))?;
-        let root_text = root.display().to_string();
-        check_root(&roots, &job_over(&format!("{root_text}/shards/*.tar")))?;
-        check_root(
-            &roots,
-            &job_over(&format!("{root_text}/**/shard-{{0..0}}.tar")),
-        )?;
-        // A brace that leads out of the root, as a glob's folder or as a file.
-        for sneaky in [
-            format!("{root_text}/{{shards,../outside}}/*.tar"),
-            format!("{root_text}/{{shards,../outside}}/shard-0.tar"),
-        ] {
-            let refused = check_root(&roots, &job_over(&sneaky)).expect_err("outside the roots");
-            assert!(
-                refused.message().contains("--data-root"),
-                "{sneaky}: {refused:?}"
-            );
-        }
-        // A list is checked name by name.
-        let mut listed = job_over("");
-        if let Some(dataset) = listed.dataset.as_mut() {
-            dataset.uris = vec![
-                format!("{root_text}/shards/shard-0.tar"),
-                dir.path().join("outside/shard-0.tar").display().to_string(),
-            ];
-        }
-        let refused = check_root(&roots, &listed).expect_err("outside the roots");
-        assert!(refused.message().contains("outside"), "{refused:?}");
-        Ok(())
-    }
-
-    type TestResult = std::result::Result<(), Box<dyn std::error::Error>>;
 }
