@@ -12,7 +12,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::time::{Duration, Instant};
 
 use super::client_reports::job_name;
-use super::service::{ClientEntry, WorkerEntry};
+use crate::registry::{ClientEntry, WorkerEntry};
 use crate::Coordinator;
 use stoker_dashboard::{JobShare, WorkerLoad};
 

@@ -12,6 +12,7 @@
 
 mod client_reports;
 mod dashboard_feed;
+mod registry;
 mod requests;
 mod scheduler;
 mod service;
@@ -19,9 +20,10 @@ mod service;
 mod service_tests;
 mod status;
 
+pub use registry::{ClientEntry, WorkerEntry};
 pub use scheduler::{
     AckOutcome, Coordinator, CoordinatorConfig, CoordinatorError, CoordinatorResult,
     CoordinatorStats, ExpireReport, JobId, JobShareStats, JobWrite, Lease, LeaseId, LeaseOutcome,
     PositionWrite, SessionId, Step, TaskKey, WeightWrite, WorkerId, JOURNAL_FILE, MAX_JOB_WEIGHT,
 };
-pub use service::{ClientEntry, CoordinatorService, CoordinatorServiceConfig, WorkerEntry};
+pub use service::{CoordinatorService, CoordinatorServiceConfig};

@@ -187,8 +187,10 @@ fn an_unnamed_module_is_reported() {
 }
 
 /// Each top-level module of a crate (the first part of its path under `src/`) and the other
-/// top-level modules its code names as `crate::NAME` (comments and `#[cfg(test)]` parts left
-/// out: a test module may reach anywhere).
+/// top-level modules its code names as `crate::NAME`, or as `super::NAME` from a top-level
+/// module's own file (and `super::super::NAME` one level down, and so on: whatever path leads
+/// out of the module); comments and `#[cfg(test)]` parts left out: a test module may reach
+/// anywhere.
 fn crate_imports(files: &[(String, String)]) -> BTreeMap<String, BTreeSet<String>> {
     let top = |within: &str| {
         let first = within.split('/').next().unwrap_or_default();
@@ -208,12 +210,9 @@ fn crate_imports(files: &[(String, String)]) -> BTreeMap<String, BTreeSet<String
         };
         let code = text.split("#[cfg(test)]").next().unwrap_or_default();
         let mut edges = edges;
+        let depth = module_depth(within);
         for line in code.lines().filter(|l| !l.trim_start().starts_with("//")) {
-            for (at, _) in line.match_indices("crate::") {
-                let name: String = line[at + "crate::".len()..]
-                    .chars()
-                    .take_while(|c| c.is_alphanumeric() || *c == '_')
-                    .collect();
+            for name in named_top_modules(line, depth) {
                 if name != module && graph.contains_key(&name) {
                     edges.insert(name);
                 }
@@ -222,6 +221,49 @@ fn crate_imports(files: &[(String, String)]) -> BTreeMap<String, BTreeSet<String
         graph.insert(module, edges);
     }
     graph
+}
+
+/// How deep below the crate root the module of the file at `within` (its path under `src/`)
+/// is: 1 for `name.rs` and `name/mod.rs`, 2 for `name/sub.rs`; 0 for `lib.rs`.
+fn module_depth(within: &str) -> usize {
+    let parts: Vec<&str> = within.split('/').collect();
+    match parts.last() {
+        Some(&"mod.rs") => parts.len() - 1,
+        Some(&"lib.rs") | Some(&"main.rs") if parts.len() == 1 => 0,
+        _ => parts.len(),
+    }
+}
+
+/// The top-level modules `line` names from a module `depth` below the root: `crate::NAME`, and
+/// `super::`s that climb to the root followed by `NAME`.
+fn named_top_modules(line: &str, depth: usize) -> Vec<String> {
+    let ident = |rest: &str| -> String {
+        rest.chars()
+            .take_while(|c| c.is_alphanumeric() || *c == '_')
+            .collect()
+    };
+    let mut names = Vec::new();
+    for (at, _) in line.match_indices("crate::") {
+        names.push(ident(&line[at + "crate::".len()..]));
+    }
+    let mut at = 0;
+    while let Some(found) = line[at..].find("super::") {
+        let start = at + found;
+        // A chain is counted from its first `super::` only.
+        let chained = line[..start].ends_with("::");
+        let mut rest = &line[start..];
+        let mut climbs = 0;
+        while let Some(next) = rest.strip_prefix("super::") {
+            climbs += 1;
+            rest = next;
+        }
+        if !chained && depth > 0 && climbs == depth {
+            names.push(ident(rest));
+        }
+        at = line.len() - rest.len();
+    }
+    names.retain(|name| !name.is_empty());
+    names
 }
 
 /// One circle of `graph` (its modules, the first repeated at the end), if it has one.
@@ -283,6 +325,26 @@ fn no_crate_has_modules_that_import_each_other_in_a_circle() {
     }
     assert!(crates >= 9, "checked only {crates} crates");
     assert!(circles.is_empty(), "import circles: {circles:?}");
+}
+
+#[test]
+fn super_paths_that_leave_the_module_are_imports() {
+    assert_eq!(module_depth("feed.rs"), 1);
+    assert_eq!(module_depth("service/mod.rs"), 1);
+    assert_eq!(module_depth("service/calls.rs"), 2);
+    assert_eq!(module_depth("lib.rs"), 0);
+    // From a top-level module's file, `super::` is the crate root.
+    assert_eq!(
+        named_top_modules("use super::service::{A, B};", 1),
+        ["service"]
+    );
+    // One level down, `super::` stays inside the module; `super::super::` leaves it.
+    assert!(named_top_modules("use super::{lock, Entry};", 2).is_empty());
+    assert_eq!(named_top_modules("use super::super::feed::f;", 2), ["feed"]);
+    assert_eq!(
+        named_top_modules("let x = crate::status::f(super::registry::g());", 1),
+        ["status", "registry"]
+    );
 }
 
 #[test]

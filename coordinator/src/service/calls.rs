@@ -17,10 +17,9 @@ use stoker_proto::v1::{
 use stoker_rpc::transport;
 use tonic::{Request, Response, Status};
 
-use super::{
-    asks_another_weight, job_key, lock, ClientEntry, CoordinatorService, SessionEntry, WorkerEntry,
-};
+use super::{asks_another_weight, job_key, lock, CoordinatorService, SessionEntry};
 use crate::client_reports::{client_snapshot, job_name};
+use crate::registry::{ClientEntry, WorkerEntry};
 use crate::requests::validate_spec;
 use crate::status::coordinator_status;
 use crate::{CoordinatorError, JobId, Lease, LeaseId, SessionId, Step};

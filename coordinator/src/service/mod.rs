@@ -17,9 +17,7 @@ use std::time::{Duration, Instant};
 
 use stoker_proto::v1::coordinator_server::CoordinatorServer;
 use stoker_proto::v1::worker_data_client::WorkerDataClient;
-use stoker_proto::v1::{
-    self as proto, ClientStats, DescribeJobRequest, JobSpec, SessionToken, WorkerInfo,
-};
+use stoker_proto::v1::{self as proto, DescribeJobRequest, JobSpec, SessionToken, WorkerInfo};
 use stoker_rpc::error_kinds::{self, with_kind};
 use stoker_rpc::network::Network;
 use stoker_rpc::security::{ClientSecurity, ServerSecurity};
@@ -32,6 +30,7 @@ mod calls;
 
 use crate::client_reports::job_name;
 use crate::dashboard_feed::{fleet, job_shares, serving_workers, worker_loads, LastRefresh};
+use crate::registry::{ClientEntry, WorkerEntry};
 use crate::status::coordinator_status;
 use crate::{
     Coordinator, CoordinatorConfig, CoordinatorError, JobId, JobWrite, PositionWrite, SessionId,
@@ -81,48 +80,6 @@ impl Default for CoordinatorServiceConfig {
             network: Network::Sockets,
         }
     }
-}
-
-/// A registered worker as the daemon knows it.
-#[derive(Debug, Clone)]
-pub struct WorkerEntry {
-    /// Id in the core.
-    pub id: u64,
-    /// Where clients reach its data server.
-    pub data_address: String,
-    /// Its decode threads.
-    pub threads: u32,
-    /// Its `--data-root` folders.
-    pub data_roots: Vec<String>,
-    /// When it registered.
-    pub registered_at: Instant,
-    /// Leases it reported completed.
-    pub completed: u64,
-    /// Leases it reported failed.
-    pub failed: u64,
-    /// Samples it replaced under the skip policy.
-    pub bad_samples: u64,
-    /// Nanoseconds it reported having a batch in production.
-    pub busy_ns: u64,
-}
-
-/// The latest figures a client reported for one (job, rank).
-#[derive(Debug, Clone)]
-pub struct ClientEntry {
-    /// The job.
-    pub job: u64,
-    /// The rank.
-    pub rank: u32,
-    /// The epoch of the session that reported.
-    pub epoch: u64,
-    /// Cumulative figures as reported.
-    pub stats: ClientStats,
-    /// Every step below this is acknowledged.
-    pub acknowledged_position: u64,
-    /// Steps in the epoch.
-    pub steps_per_epoch: u64,
-    /// When the report came.
-    pub at: Instant,
 }
 
 struct SessionEntry {
