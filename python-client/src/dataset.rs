@@ -10,7 +10,7 @@
 //!
 //! A slot is laid out field by field: each field of an `n`-sample batch takes `n` rows of its
 //! per-sample bytes, from a 64-byte boundary after the field before it; the Python side
-//! (`stoker/dataset.py`) writes and reads it by the same rule.
+//! (`stoker/_dataset.py`) writes and reads it by the same rule.
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};

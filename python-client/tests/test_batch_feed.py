@@ -17,7 +17,7 @@ import pytest
 
 import stoker
 from stoker import vision
-from stoker.batches import BatchFeed, Taken
+from stoker._batches import BatchFeed, Taken
 
 
 class Native:

@@ -130,7 +130,7 @@ def test_a_loader_failing_late_in_its_making_lets_its_port_go(
     def fails(*_: object) -> None:
         raise RuntimeError("failed after the native loader was made")
 
-    monkeypatch.setattr(stoker.loader, "BatchFeed", fails)
+    monkeypatch.setattr(stoker._loader, "BatchFeed", fails)
     # The traceback pytest keeps holds the half-made loader; its port must be free anyway.
     with pytest.raises(RuntimeError, match="after the native loader") as failure:
         stoker.Loader(dataset, dashboard=address, **options)  # type: ignore[arg-type]

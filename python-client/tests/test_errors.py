@@ -70,7 +70,7 @@ def test_skip_policy_keeps_batch_shapes_and_reports(
 def test_the_bad_sample_log_stops_after_its_cap_and_says_so(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    from stoker.batches import MAX_LOGGED_BAD_SAMPLES, BadSampleLog
+    from stoker._batches import MAX_LOGGED_BAD_SAMPLES, BadSampleLog
 
     log = BadSampleLog()
     sample = {"path": "x.jpg", "sample_index": 1, "reason": "cut short", "substitute_index": 2}

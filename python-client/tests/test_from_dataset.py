@@ -424,7 +424,7 @@ def test_a_killed_worker_process_is_replaced_and_its_batch_built_again(
 def test_a_batch_buffer_the_dataset_code_keeps_goes_back_with_its_last_view(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from stoker.samples import ThreadBuilder
+    from stoker._samples import ThreadBuilder
 
     kept: list[memoryview] = []
     build = ThreadBuilder.build
@@ -583,7 +583,7 @@ def test_worker_processes_end_with_their_killed_parent_even_mid_sample(
 
 
 def test_the_loader_watch_tells_a_running_process_from_a_gone_one() -> None:
-    from stoker import dataset_workers
+    from stoker import _dataset_workers as dataset_workers
 
     assert str(dataset_workers._started_at(os.getpid())).isdigit()
     gone = subprocess.Popen([sys.executable, "-c", "pass"])
@@ -685,7 +685,7 @@ def test_a_timeout_names_the_batch_a_lane_is_stuck_on_and_its_python_line(
 
 
 def test_a_faulthandler_dump_is_read_to_the_loading_threads_dataset_lines() -> None:
-    from stoker import busy
+    from stoker import _busy as busy
 
     ours = busy._PACKAGE
     dump = (
@@ -707,7 +707,7 @@ def test_a_faulthandler_dump_is_read_to_the_loading_threads_dataset_lines() -> N
 
 def test_a_stack_is_asked_only_of_a_process_that_catches_the_signal(tmp_path: Path) -> None:
     """The dump signal ends a process that does not catch it: such a process is not sent it."""
-    from stoker import busy
+    from stoker import _busy as busy
 
     sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
     try:
@@ -765,7 +765,7 @@ def test_a_close_interrupted_in_its_grace_period_still_stops_every_worker(
 ) -> None:
     """A second Ctrl-C while close() waits for busy workers: they are killed at once, not
     left running with nothing left to stop them, and the loader is closed."""
-    from stoker import dataset_workers
+    from stoker import _dataset_workers as dataset_workers
 
     loader = stoker.Loader.from_dataset(
         SlowBatches(64), batch_size=4, num_workers=2, prefetch=2, output="numpy", timeout=60
@@ -796,7 +796,7 @@ def test_close_leaves_a_workers_pipe_to_the_lane_in_an_exchange_with_it(
     the next file opened, which that lane could then read, write or close."""
     from multiprocessing import connection
 
-    from stoker import dataset_workers
+    from stoker import _dataset_workers as dataset_workers
 
     under_a_lane: list[str] = []
     workers: list[Any] = []

@@ -25,7 +25,7 @@ import pytest
 
 import stoker
 from conftest import require_cuda_torch
-from stoker import _native, gpu, ops, resume
+from stoker import _native, _resume, gpu, ops
 
 CROP = 64
 
@@ -431,14 +431,14 @@ def test_each_rank_resumes_with_its_own_states_split(dataset: Path) -> None:
             states.append({**loader.state_dict(), "decode_split": [0, 4 + rank]})
     for rank, options in enumerate(ranks):
         with stoker.Loader(dataset, **options) as loader:
-            saved = resume.read_states(states, loader.state_dict())
+            saved = _resume.read_states(states, loader.state_dict())
             assert saved.decode_split == (0, 4 + rank)
             # One state alone resumes any rank, with that state's split.
-            assert resume.read_states(states[0], loader.state_dict()).decode_split == (0, 4)
+            assert _resume.read_states(states[0], loader.state_dict()).decode_split == (0, 4)
 
 
 def test_the_split_saved_after_an_epoch_is_the_next_epochs() -> None:
-    position = resume.Position(epoch=3, step=7)
+    position = _resume.Position(epoch=3, step=7)
     assert position.next_batch(8) == (3, 7)
     position.step = 8
     assert position.next_batch(8) == (4, 0)

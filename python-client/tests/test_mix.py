@@ -16,7 +16,7 @@ import pytest
 
 import stoker
 from stoker import _native, ops
-from stoker.mix import MixedDataset
+from stoker._mix import MixedDataset
 
 SEQ_LEN = 7
 

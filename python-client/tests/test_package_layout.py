@@ -86,19 +86,45 @@ def test_no_module_takes_another_modules_private_names() -> None:
 
 
 def test_the_mix_request_is_a_leaf() -> None:
-    # stoker.loader reads a mix through it without importing stoker.mix, which builds loaders.
-    # It checks each source's settings with the argument checks, themselves a leaf.
+    # stoker._loader reads a mix through it without importing stoker._mix, which builds
+    # loaders. It checks each source's settings with the argument checks, themselves a leaf.
     graph = _imports()
-    assert graph["mix_request"] <= {"ops", "errors", "arguments"}
-    assert graph["arguments"] <= {"errors"}
-    assert "mix" not in graph["loader"]
-    assert "dataset" not in graph["loader"]
+    assert graph["_mix_request"] <= {"ops", "errors", "_arguments"}
+    assert graph["_arguments"] <= {"errors"}
+    assert "_mix" not in graph["_loader"]
+    assert "_dataset" not in graph["_loader"]
+
+
+# The modules a user imports by name; every other module of the package is private (its name
+# starts with an underscore) and reached only through what `stoker` exports.
+PUBLIC_MODULES = {"errors", "gpu", "ops", "vision"}
+
+
+def test_the_public_surface_is_the_exports_and_four_modules() -> None:
+    public = {
+        path.stem
+        for path in PACKAGE.glob("*.py")
+        if not path.stem.startswith("_")
+    }
+    assert public == PUBLIC_MODULES
+    # Each public module, and the package, lists what it exports, and each name is there.
+    for module in [stoker, *(getattr(stoker, name, None) or _module(name) for name in public)]:
+        exported = module.__all__
+        assert exported, module.__name__
+        missing = [name for name in exported if not hasattr(module, name)]
+        assert missing == [], f"{module.__name__} exports names it lacks: {missing}"
+
+
+def _module(name: str) -> object:
+    import importlib
+
+    return importlib.import_module(f"stoker.{name}")
 
 
 def test_no_module_names_torch_in_an_import_statement() -> None:
     # torch is optional: `mypy --strict` (part of `./dev test`'s lint) fails on a static import
     # of a package that is not installed, which is how a machine without torch runs it. The
-    # package imports torch by name (stoker.arguments.import_torch) instead.
+    # package imports torch by name (stoker._arguments.import_torch) instead.
     named = []
     for path in PACKAGE.glob("*.py"):
         for node in ast.walk(ast.parse(path.read_text())):

@@ -518,7 +518,7 @@ const LONG_FILES: [(&str, usize); 10] = [
     ("datasets/src/tar_shards/mod.rs", 636),
     ("loader/src/client/gpu_decode/lane/pipe.rs", 756),
     ("loader/src/client/remote/driver.rs", 642),
-    ("python-client/python/stoker/loader.py", 674),
+    ("python-client/python/stoker/_loader.py", 674),
     ("python-client/src/native_loader/mod.rs", 611),
     ("worker-daemon/src/worker_daemon/leases.rs", 602),
     ("worker/src/ops/decode.rs", 607),

@@ -21,11 +21,11 @@ from __future__ import annotations
 from importlib.metadata import PackageNotFoundError, version
 
 from stoker import errors, ops, vision
-from stoker.batches import BatchIterator
-from stoker.dataset import sample_rng, sample_seed
+from stoker._batches import BatchIterator
+from stoker._dataset import sample_rng, sample_seed
+from stoker._loader import Loader
+from stoker._mix import Source, megatron_blend, mix
 from stoker.errors import *  # noqa: F403 (the exceptions, exported here too)
-from stoker.loader import Loader
-from stoker.mix import Source, megatron_blend, mix
 
 try:
     __version__: str = version("stoker")

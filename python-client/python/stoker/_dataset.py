@@ -28,7 +28,7 @@ from typing import Any, Literal
 import numpy as np
 
 from stoker import _native
-from stoker.arguments import (
+from stoker._arguments import (
     MAX_U32,
     MAX_U64,
     check_bool,
@@ -44,14 +44,12 @@ from stoker.arguments import (
     resolve_output,
     resolve_rank,
 )
-from stoker.dataset_entry import register_dataset_builder
-from stoker.dataset_workers import ProcessBuilder, start_context
-from stoker.errors import DatasetError
-from stoker.fork import ForkGuard
-from stoker.loader import Loader
-from stoker.ops import check_pipeline
-from stoker.placement import Placement
-from stoker.samples import (
+from stoker._dataset_entry import register_dataset_builder
+from stoker._dataset_workers import ProcessBuilder, start_context
+from stoker._fork import ForkGuard
+from stoker._loader import Loader
+from stoker._placement import Placement
+from stoker._samples import (
     NO_LAYOUT,
     Layout,
     State,
@@ -62,6 +60,8 @@ from stoker.samples import (
     sample_rng,
     sample_seed,
 )
+from stoker.errors import DatasetError
+from stoker.ops import check_pipeline
 
 __all__ = ["from_dataset", "loading_epoch", "sample_rng", "sample_seed"]
 

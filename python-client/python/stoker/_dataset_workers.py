@@ -24,9 +24,9 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, NoReturn
 
-from stoker.busy import LoadingLog, batch_text, describe, listen_for_dumps, read_dumps
+from stoker._busy import LoadingLog, batch_text, describe, listen_for_dumps, read_dumps
+from stoker._samples import Layout, State, fill_batch, probe
 from stoker.errors import DatasetError, LoaderTimeoutError, StokerError
-from stoker.samples import Layout, State, fill_batch, probe
 
 __all__ = ["ProcessBuilder", "start_context"]
 
@@ -72,7 +72,7 @@ class _Arena:
 def _worker_main(conn: Any, state: State | bytes, dumps: str, loader_pid: int) -> None:
     """A worker process: loads the batches it is sent straight into their slots, in the
     loader's shared slot mapping (sent once, as a descriptor, before the first batch). Its
-    stacks go to a file in the folder ``dumps`` when the parent asks (:mod:`stoker.busy`).
+    stacks go to a file in the folder ``dumps`` when the parent asks (:mod:`stoker._busy`).
 
     Under spawn and forkserver ``state`` comes pickled and is loaded here, so that a failure
     to do so (the dataset's module failing to import in a fresh interpreter, say) reaches the
@@ -461,7 +461,7 @@ class ProcessBuilder:
                     "multiprocessing_context='fork' hands it over without pickling"
                 ) from error
         try:
-            # The workers' stack files (see stoker.busy), removed by close().
+            # The workers' stack files (see stoker._busy), removed by close().
             self._dumps = tempfile.mkdtemp(prefix="stoker-stacks-")
             for number in range(workers):
                 self._workers.append(_Worker(context, number, sent, self._dumps, self._log))
@@ -490,7 +490,7 @@ class ProcessBuilder:
 
     def loading_now(self) -> str:
         """What the worker processes are loading now, for how long, and where each is in
-        Python code (see :mod:`stoker.busy`); "" when none is loading."""
+        Python code (see :mod:`stoker._busy`); "" when none is loading."""
         workers = self._workers
         loading = [(entry, _live_pid(workers[entry.lane].process))
                    for entry in self._log.now() if entry.lane < len(workers)]
@@ -589,7 +589,7 @@ def start_context(name: object, dataset: Any) -> Any:
     context = multiprocessing.get_context(str(name))
     if name == "forkserver":
         module = type(dataset).__module__
-        preload = ["stoker.dataset"] + ([module] if module not in ("__main__", "builtins") else [])
+        preload = ["stoker._dataset"] + ([module] if module not in ("__main__", "builtins") else [])
         # Takes effect when this process starts its fork server, i.e. the first time.
         context.set_forkserver_preload(preload)
     return context

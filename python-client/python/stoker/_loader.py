@@ -1,9 +1,9 @@
 """``stoker.Loader``: Stoker's training-loop side, a drop-in for torch's ``DataLoader``.
 
 The loader's story in Python: its arguments checked before any thread starts or any file is
-read (:mod:`stoker.arguments`, :class:`stoker.placement.Placement`) and handed to the native loader
-(:mod:`stoker._native`: reading, decoding, augmenting and batching in Rust, the GIL released),
-then epochs and resumes (:mod:`stoker.resume`) and batches handed out (:mod:`stoker.batches`).
+read (:mod:`stoker._arguments`, :class:`stoker._placement.Placement`), handed to the native
+loader (:mod:`stoker._native`: reading, decoding, augmenting, batching in Rust, GIL released),
+then epochs, resumes (:mod:`stoker._resume`) and batches handed out (:mod:`stoker._batches`).
 """
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ import os
 from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Literal
 
-from stoker import _native, gpu, resume
-from stoker.arguments import (
+from stoker import _native, _resume, gpu
+from stoker._arguments import (
     MAX_U32,
     MAX_U64,
     check_bool,
@@ -37,13 +37,13 @@ from stoker.arguments import (
     source_names,
     source_path,
 )
-from stoker.batches import BadSampleLog, BatchFeed, BatchIterator, Taken, host_batch
-from stoker.dataset_entry import FromDataset
+from stoker._batches import BadSampleLog, BatchFeed, BatchIterator, Taken, host_batch
+from stoker._dataset_entry import FromDataset
+from stoker._fork import ForkGuard
+from stoker._mix_request import MixRequest
+from stoker._placement import Placement
 from stoker.errors import StokerError
-from stoker.fork import ForkGuard
-from stoker.mix_request import MixRequest
 from stoker.ops import Op, check_pipeline
-from stoker.placement import Placement
 
 if TYPE_CHECKING:
     from stoker._native import NativeBatch
@@ -419,7 +419,7 @@ class Loader(FromDataset):
             _log.warning("%s", notice)
         self._dataset_fingerprint: str | None = self._native.dataset_fingerprint
         # The position of the next batch to yield, which is what state_dict() saves.
-        self._position = resume.Position()
+        self._position = _resume.Position()
         self._bad_log = BadSampleLog()
         self._fork.hold(self._native)
 
@@ -508,7 +508,7 @@ class Loader(FromDataset):
         batch, exactly the batch this one would have yielded next. Works after :meth:`close`.
         """
         state: dict[str, Any] = {
-            "version": resume.STATE_VERSION,
+            "version": _resume.STATE_VERSION,
             **self._position.saved(),
             "seed": self._seed, "batch_size": self._batch_size, "num_samples": self._num_samples,
             "rank": self._rank, "world_size": self._world_size, "shuffle": self._shuffle,
@@ -558,7 +558,7 @@ class Loader(FromDataset):
                 disagree or leave ranks out.
         """
         native = self._handle()
-        saved = resume.read_states(state, self.state_dict())
+        saved = _resume.read_states(state, self.state_dict())
         self._position.resume_saved(saved, native, self._world_size)
 
     # -- stats and lifetime -----------------------------------------------------------------

@@ -1,6 +1,6 @@
 """A mix as :class:`stoker.Loader` takes it: the sources with their weights, checked, and the
 epoch rule, and the form the native loader takes it in. A leaf module beside the argument
-checks and ops it uses: :mod:`stoker.loader` reads a mix request without importing
+checks and ops it uses: :mod:`stoker._loader` reads a mix request without importing
 :mod:`stoker.mix`, which builds loaders.
 """
 
@@ -11,7 +11,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from stoker.arguments import check_format, check_split, check_text_column, source_names
+from stoker._arguments import check_format, check_split, check_text_column, source_names
 from stoker.ops import Op, check_pipeline
 
 __all__ = ["MixRequest", "NativeMix", "Source"]

@@ -13,7 +13,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Final
 
-from stoker.arguments import MAX_U32, MAX_U64, check_int
+from stoker._arguments import MAX_U32, MAX_U64, check_int
 
 if TYPE_CHECKING:
     from stoker._native import NativeLoader

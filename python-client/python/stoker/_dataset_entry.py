@@ -1,6 +1,6 @@
 """``Loader.from_dataset``, the way in for a Python map-style dataset: :class:`FromDataset`
 gives :class:`stoker.Loader` that constructor, and :func:`register_dataset_builder` is how
-:mod:`stoker.dataset` (which subclasses ``Loader``, so ``loader.py`` cannot import it)
+:mod:`stoker._dataset` (which subclasses ``Loader``, so ``loader.py`` cannot import it)
 supplies what it calls.
 """
 
@@ -14,13 +14,13 @@ from stoker.ops import Op
 
 __all__ = ["FromDataset", "register_dataset_builder"]
 
-# What Loader.from_dataset calls: stoker.dataset's builder, registered when that module loads
+# What Loader.from_dataset calls: stoker._dataset's builder, registered when that module loads
 # (stoker's __init__ imports it).
 _dataset_builder: Callable[..., Any] | None = None
 
 
 def register_dataset_builder(builder: Callable[..., Any]) -> None:
-    """Sets what :meth:`Loader.from_dataset` calls (done once, by :mod:`stoker.dataset`)."""
+    """Sets what :meth:`Loader.from_dataset` calls (done once, by :mod:`stoker._dataset`)."""
     global _dataset_builder
     _dataset_builder = builder
 
@@ -121,8 +121,8 @@ class FromDataset:
             stoker.DatasetError: the dataset is empty, or ``dataset[0]`` raised.
         """
         if _dataset_builder is None:
-            raise RuntimeError("stoker.dataset did not register its builder: import stoker")
-        # The builder makes stoker.dataset's DatasetLoader, a Loader.
+            raise RuntimeError("stoker._dataset did not register its builder: import stoker")
+        # The builder makes stoker._dataset's DatasetLoader, a Loader.
         loader: Self = _dataset_builder(
             dataset,
             batch_size=batch_size,

@@ -13,11 +13,11 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Final, Literal
 
 from stoker import _native
-from stoker.dataset import DatasetLoader
-from stoker.loader import Loader
-from stoker.mix_request import MixRequest, Source
+from stoker._dataset import DatasetLoader
+from stoker._loader import Loader
+from stoker._mix_request import MixRequest, Source
+from stoker._samples import loading_epoch
 from stoker.ops import Op
-from stoker.samples import loading_epoch
 
 __all__ = ["Source", "megatron_blend", "mix"]
 

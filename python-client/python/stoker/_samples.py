@@ -21,7 +21,7 @@ from typing import Any, Final
 import numpy as np
 
 from stoker import _native
-from stoker.busy import LoadingLog, batch_text, describe, where
+from stoker._busy import LoadingLog, batch_text, describe, where
 from stoker.errors import DatasetError
 
 __all__ = [

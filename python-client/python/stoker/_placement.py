@@ -14,7 +14,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from stoker import _native
-from stoker.arguments import check_bool
+from stoker._arguments import check_bool
 from stoker.gpu import (
     DeviceStage,
     DeviceTail,

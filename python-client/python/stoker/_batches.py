@@ -21,8 +21,8 @@ from stoker.gpu import GpuIdleMeter
 
 if TYPE_CHECKING:
     from stoker._native import BadSample, NativeBatch, NativeLoader
+    from stoker._resume import Position
     from stoker.gpu import DeviceStage
-    from stoker.resume import Position
 
 __all__ = ["BadSampleLog", "BatchFeed", "BatchIterator", "Taken", "host_batch", "weakly"]
 
