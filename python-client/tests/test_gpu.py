@@ -435,30 +435,39 @@ def race_batches(pinned: stoker.Loader) -> Any:
                 return
 
 
+def prefetch_thread(
+    torch: Any, pinned: stoker.Loader, copies: list[Any], failures: list[BaseException]
+) -> threading.Thread:
+    """A prefetcher as users write one, started: a thread takes each batch, copies it on a
+    stream of its own behind a slow kernel inside ``with torch.cuda.stream(s)``, and drops the
+    batch after leaving the block (its current stream is the default one then). What it raises
+    lands in ``failures``."""
+
+    def prefetch() -> None:
+        try:
+            stream = torch.cuda.Stream()
+            for batch in race_batches(pinned):
+                with torch.cuda.stream(stream):
+                    torch.cuda._sleep(2_000_000)
+                    copies.append(batch["image"].to("cuda", non_blocking=True))
+                del batch
+        except BaseException as error:  # reported by the test's thread
+            failures.append(error)
+
+    thread = threading.Thread(target=prefetch)
+    thread.start()
+    return thread
+
+
 def test_a_prefetch_thread_copying_on_its_own_stream_never_reads_a_refilled_slot(
     torch: Any, dataset: Path
 ) -> None:
-    """A prefetcher as users write one: a thread takes each batch, copies it on a stream of
-    its own behind a slow kernel inside ``with torch.cuda.stream(s)``, and drops the batch
-    after leaving the block (its current stream is the default one then)."""
+    """The prefetcher of :func:`prefetch_thread`, its copies checked."""
     expected = reference_epoch(dataset, False)
     copies: list[Any] = []
     failures: list[BaseException] = []
     with loader(dataset, pin_memory=True, prefetch=2, max_held_batches=1) as pinned:
-
-        def prefetch() -> None:
-            try:
-                stream = torch.cuda.Stream()
-                for batch in race_batches(pinned):
-                    with torch.cuda.stream(stream):
-                        torch.cuda._sleep(2_000_000)
-                        copies.append(batch["image"].to("cuda", non_blocking=True))
-                    del batch
-            except BaseException as error:  # reported by the main thread
-                failures.append(error)
-
-        thread = threading.Thread(target=prefetch)
-        thread.start()
+        thread = prefetch_thread(torch, pinned, copies, failures)
         thread.join(timeout=600)
         assert not thread.is_alive() and failures == [], failures
     copies_checked(expected, copies, torch)
@@ -486,9 +495,9 @@ def test_a_side_stream_copy_dropped_before_the_main_stream_waits_is_fenced(
 
 def test_a_graph_captured_beside_the_releases_is_not_broken(torch: Any, dataset: Path) -> None:
     """CUDA graphs captured on the main thread (on torch's capture stream, one of its pool's)
-    while batches copied on a side stream are released on another thread: the fence thread's
-    sweep waits each capture out instead of recording into it or breaking it, and the copies
-    stay right. The captures are thread-local (the releasing thread's own allocations would
+    while a prefetch thread (:func:`prefetch_thread`) copies and releases batches: the fence
+    thread's sweep waits each capture out instead of recording into it or breaking it, and the
+    copies stay right. The captures are thread-local (the releasing thread's own allocations would
     break a global one, with any loader); the fence thread runs in the relaxed mode either
     way."""
     expected = reference_epoch(dataset, False)
@@ -496,20 +505,7 @@ def test_a_graph_captured_beside_the_releases_is_not_broken(torch: Any, dataset:
     copies: list[Any] = []
     failures: list[BaseException] = []
     with loader(dataset, pin_memory=True, prefetch=2, max_held_batches=1) as pinned:
-
-        def release_on_a_side_stream() -> None:
-            try:
-                stream = torch.cuda.Stream()
-                for batch in race_batches(pinned):
-                    with torch.cuda.stream(stream):
-                        torch.cuda._sleep(2_000_000)
-                        copies.append(batch["image"].to("cuda", non_blocking=True))
-                    del batch
-            except BaseException as error:  # reported below
-                failures.append(error)
-
-        thread = threading.Thread(target=release_on_a_side_stream)
-        thread.start()
+        thread = prefetch_thread(torch, pinned, copies, failures)
         # Once every slot is page-locked (when its first batch went out).
         while thread.is_alive() and len(copies) < 50:
             time.sleep(0.01)
