@@ -476,7 +476,7 @@ impl Cuda {
     /// Whether `stream` is one a sweep of this device fences (the legacy default stream or a
     /// watched one): a release need not fence it itself.
     pub fn swept(&self, stream: usize) -> bool {
-        self.shared.swept_streams().binary_search(&stream).is_ok()
+        self.shared.sweeps(stream)
     }
 
     /// Drops `keep` once every fence has completed (fences of other devices too), on this

@@ -135,6 +135,17 @@ impl FenceState {
         streams
     }
 
+    /// Whether a sweep fences `stream`, read in place (asked at every release of a batch).
+    pub(super) fn sweeps(&self, stream: usize) -> bool {
+        stream == 0
+            || self
+                .watched
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .binary_search(&stream)
+                .is_ok()
+    }
+
     /// Fences every swept stream of this device and waits for them all, counting each wait.
     pub(super) fn sweep(&self) {
         let streams = self.swept_streams();
@@ -365,6 +376,7 @@ mod tests {
         state.watch(&[0x30, 0x10, 0x20]);
         state.watch(&[0x20, 0, 0x40]);
         assert_eq!(state.swept_streams(), [0, 0x10, 0x20, 0x30, 0x40]);
+        assert!(state.sweeps(0) && state.sweeps(0x20) && !state.sweeps(0x50));
     }
 
     #[test]
