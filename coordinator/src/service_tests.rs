@@ -207,6 +207,7 @@ async fn update(
         grant_credits: credits,
         acknowledged,
         stats: None,
+        workers_version: 0,
     };
     let updated = client.update_session(request).await?.into_inner();
     Ok(updated.acknowledged_position)
@@ -223,6 +224,7 @@ async fn lease(
             max_tasks: max,
             // Shorter than the lease timeout: a lease call is the worker's heartbeat too.
             wait_ms: 200,
+            report: None,
         })
         .await?
         .into_inner()
@@ -415,6 +417,150 @@ async fn a_session_reopened_on_a_restarted_coordinator_resumes_where_it_was_ackn
     assert_eq!(reopened.acknowledged_position, 3);
     let session = reopened.session.ok_or("a session without a token")?;
     let worker = register_worker(&mut client).await?;
+    update(&mut client, session, 1, Vec::new()).await?;
+    assert_eq!(steps(&lease(&mut client, worker, 4).await?), [3]);
+    Ok(())
+}
+
+#[tokio::test]
+async fn updates_on_the_session_stream_are_answered_in_turn_listing_workers_only_when_changed(
+) -> TestResult {
+    let fixture = fixture(Vec::new())?;
+    let network = &fixture.network;
+    let mut client = coordinator(network, None);
+    let worker = register_worker(&mut client).await?;
+    let job = client
+        .register_job(RegisterJobRequest {
+            spec: Some(spec()),
+            weight: 0,
+        })
+        .await?
+        .into_inner()
+        .job_id;
+    let opened = client
+        .open_session(OpenSessionRequest {
+            job_id: job,
+            ..OpenSessionRequest::default()
+        })
+        .await?
+        .into_inner();
+    assert_eq!(opened.workers.len(), 1);
+    let session = opened.session.ok_or("a session without a token")?;
+    let (requests, receiver) = tokio::sync::mpsc::unbounded_channel();
+    let mut answers = client
+        .update_session_stream(tokio_stream::wrappers::UnboundedReceiverStream::new(
+            receiver,
+        ))
+        .await?
+        .into_inner();
+    let update = |credits: u64, acknowledged: Vec<u64>, version: u64| SessionUpdateRequest {
+        session: Some(session),
+        grant_credits: credits,
+        acknowledged,
+        stats: None,
+        workers_version: version,
+    };
+    // The list the session opened with is current: the answer does not repeat it.
+    requests.send(update(2, Vec::new(), opened.workers_version))?;
+    let first = answers.message().await?.ok_or("an answer")?;
+    assert!(first.workers.is_empty(), "{first:?}");
+    assert_eq!(first.workers_version, opened.workers_version);
+    assert_eq!(steps(&lease(&mut client, worker, 4).await?), [0, 1]);
+    // A worker joins: the next answer lists both, under a new version.
+    register_worker(&mut client).await?;
+    requests.send(update(0, vec![0, 1], first.workers_version))?;
+    let second = answers.message().await?.ok_or("an answer")?;
+    assert_eq!(second.acknowledged_position, 2);
+    assert_eq!(second.workers.len(), 2, "{second:?}");
+    assert_ne!(second.workers_version, first.workers_version);
+    // An update the coordinator refuses ends the stream with its status.
+    let stale = SessionToken {
+        incarnation: session.incarnation ^ 1,
+        ..session
+    };
+    requests.send(SessionUpdateRequest {
+        session: Some(stale),
+        ..update(1, Vec::new(), 0)
+    })?;
+    let refused = answers.message().await.expect_err("a stale token");
+    assert_eq!(refused.code(), Code::FailedPrecondition, "{refused}");
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_report_carried_by_a_lease_call_counts_as_a_report() -> TestResult {
+    let fixture = fixture(Vec::new())?;
+    let (network, service) = (&fixture.network, &fixture.service);
+    let mut client = coordinator(network, None);
+    let worker = register_worker(&mut client).await?;
+    let (_, session) = open(&mut client, 2).await?;
+    let tasks = lease(&mut client, worker, 4).await?;
+    assert_eq!(steps(&tasks), [0, 1]);
+    update(&mut client, session, 2, vec![0, 1]).await?;
+    let carried = |tasks: &[TaskLease]| LeaseRequest {
+        worker_id: worker,
+        max_tasks: 4,
+        wait_ms: 200,
+        report: Some(ReportRequest {
+            completed: tasks.iter().map(|t| t.lease_id).collect(),
+            ..ReportRequest::default()
+        }),
+    };
+    let next = client.lease(carried(&tasks)).await?.into_inner().tasks;
+    assert_eq!(steps(&next), [2, 3], "reported, then leased in one call");
+    completed(service, 2, 0);
+    // Carried again (a retry after a lost answer): a duplicate, as a report sent twice.
+    client.lease(carried(&tasks)).await?;
+    completed(service, 2, 2);
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_coordinator_restarted_between_a_lease_batch_and_its_report_leases_the_steps_again(
+) -> TestResult {
+    let (network, state, stop) = restartable()?;
+    let mut client = coordinator(&network, None);
+    let worker = register_worker(&mut client).await?;
+    let (job, session) = open(&mut client, 3).await?;
+    let tasks = lease(&mut client, worker, 4).await?;
+    assert_eq!(steps(&tasks), [0, 1, 2]);
+    // All three delivered; the client acknowledged step 0 and held the rest (its interval),
+    // and the worker held its report for its next lease call. Then the coordinator restarts.
+    assert_eq!(update(&mut client, session, 0, vec![0]).await?, 1);
+    let (_, _stop) = restart(&network, state.path(), stop).await?;
+    let mut client = coordinator(&network, None);
+    let carried = LeaseRequest {
+        worker_id: worker,
+        max_tasks: 4,
+        wait_ms: 0,
+        report: Some(ReportRequest {
+            completed: tasks.iter().map(|t| t.lease_id).collect(),
+            ..ReportRequest::default()
+        }),
+    };
+    let lost = client
+        .lease(carried)
+        .await
+        .expect_err("a worker of the earlier run");
+    assert!(lost.message().contains("worker"), "{lost}");
+    let worker = register_worker(&mut client).await?;
+    // A client that kept no position resumes at the journal's: the held acknowledgements are
+    // lost, so steps 1 and 2 come again (it drops them by step if it had them).
+    let reopened = reopen_from_journal(&mut client, job).await?;
+    assert_eq!(reopened.acknowledged_position, 1);
+    let session = reopened.session.ok_or("a session without a token")?;
+    update(&mut client, session, 2, Vec::new()).await?;
+    assert_eq!(steps(&lease(&mut client, worker, 4).await?), [1, 2]);
+    // The loader keeps its own position (all three arrived) and opens there: nothing again.
+    let own = client
+        .open_session(OpenSessionRequest {
+            job_id: job,
+            start_step: 3,
+            ..OpenSessionRequest::default()
+        })
+        .await?
+        .into_inner();
+    let session = own.session.ok_or("a session without a token")?;
     update(&mut client, session, 1, Vec::new()).await?;
     assert_eq!(steps(&lease(&mut client, worker, 4).await?), [3]);
     Ok(())
@@ -805,6 +951,7 @@ async fn a_job_with_no_session_open_for_its_retention_is_retired_and_registered_
         grant_credits: 0,
         acknowledged: steps(&tasks),
         stats: Some(stoker_proto::v1::ClientStats::default()),
+        workers_version: 0,
     };
     client.update_session(request).await?;
     assert!(

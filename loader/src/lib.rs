@@ -39,6 +39,7 @@ pub use client::loader::{Loader, LoaderOptions, PinOptions};
 pub use client::prefetch::{
     ChangeReason, ControllerConfig, ControllerSnapshot, PrefetchController,
 };
+pub use client::remote::updates as session_updates;
 pub use client::remote::{RemoteOptions, RemoteSource};
 pub use client::slots::{Attachment, PinDevice, PinnedPoolError, SharedMemory, Slot, SlotPool};
 pub use client::source::{

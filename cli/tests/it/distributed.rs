@@ -204,6 +204,42 @@ fn a_coordinator_restarted_mid_epoch_resumes_from_its_journal() {
 }
 
 #[test]
+fn a_coordinator_restarted_between_a_lease_batch_and_its_report_costs_nothing() {
+    // Workers that report only with their next lease call (the reporter's interval is a
+    // minute) and lease one task at a time: the task delivered last is unreported whenever
+    // the coordinator dies, and its restart voids that lease.
+    let dir = fixture();
+    let data = dir.path().join("data");
+    let state = dir.path().join("state");
+    let mut coordinator = Daemon::coordinator(&state, "127.0.0.1:0");
+    let address = coordinator.address.clone();
+    let held = ["--report-interval-ms", "60000", "--lease-ahead", "1"];
+    let log = dir.path().join("workers.log");
+    let workers: Vec<Daemon> = (0..2)
+        .map(|_| {
+            let file = std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(&log)
+                .unwrap();
+            Daemon::worker_logging_to(&address, dir.path(), &held, file)
+        })
+        .collect();
+    let mut restarted = None;
+    let got = distributed(&address, &data, || {
+        coordinator.kill();
+        restarted = Some(Daemon::coordinator(&state, &address));
+    });
+    assert_matches_embedded(&data, &got);
+    drop(workers);
+    let log = std::fs::read_to_string(&log).unwrap();
+    assert!(
+        log.contains("a report did not reach the coordinator"),
+        "no worker had an unreported task when the coordinator died:\n{log}"
+    );
+}
+
+#[test]
 fn a_worker_that_joins_mid_epoch_takes_tasks() {
     let (dir, data, coordinator) = cluster();
     let mut first = Daemon::worker(&coordinator.address, dir.path());

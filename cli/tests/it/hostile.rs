@@ -324,12 +324,29 @@ async fn out_of_order(
         Code::NotFound,
         "unknown lease 0xdead00000000",
     );
+    // The same report carried by a lease call is refused the same way.
+    refused(
+        client
+            .lease(LeaseRequest {
+                worker_id: fake.worker_id,
+                max_tasks: 1,
+                wait_ms: 0,
+                report: Some(ReportRequest {
+                    completed: vec![0xdead_0000_0000],
+                    ..ReportRequest::default()
+                }),
+            })
+            .await,
+        Code::NotFound,
+        "unknown lease 0xdead00000000",
+    );
     refused(
         client
             .lease(LeaseRequest {
                 worker_id: fake.worker_id,
                 max_tasks: 0,
                 wait_ms: 0,
+                report: None,
             })
             .await,
         Code::InvalidArgument,

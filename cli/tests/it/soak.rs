@@ -80,6 +80,36 @@ fn two_minutes_of_kills_and_restarts_lose_and_duplicate_nothing() {
 }
 
 #[test]
+fn client_kills_that_cut_an_acknowledgement_interval_lose_and_duplicate_nothing() {
+    // Clients hold wanted credits up to 2 s, acknowledgements riding with them (or alone after
+    // 200 ms): a client killed every ~6 s dies with steps arrived that the coordinator has not
+    // heard acknowledged. Its successor resumes at its last checkpoint all the same.
+    let out = soak(&[
+        "--minutes",
+        "0.75",
+        "--ack-interval-ms",
+        "2000",
+        "--client-kill-every-s",
+        "6",
+        "--spared-clients",
+        "0",
+        "--kill-every-s",
+        "1000",
+        "--restart-every-s",
+        "1000",
+    ]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    let report: serde_json::Value = serde_json::from_str(stdout.lines().last().unwrap()).unwrap();
+    for zero in ["lost", "duplicated", "digest_mismatches", "misplaced"] {
+        assert_eq!(report[zero], 0, "{zero}: {report}");
+    }
+    assert!(report["client_kills"].as_u64().unwrap() >= 4, "{report}");
+    assert_eq!(report["ok"], true, "{report}");
+}
+
+#[test]
 fn a_planted_leak_fails_the_verdict_on_the_client_that_leaks() {
     // Rank 0's client grows by 100 MiB per 10 minutes; no client is killed, so both live the
     // whole run and, judged on purpose at this length, are fitted alone from half of it.

@@ -15,15 +15,19 @@ use stoker_proto::v1::{
     SessionUpdateRequest, SessionUpdateResponse, TaskLease,
 };
 use stoker_rpc::transport;
-use tonic::{Request, Response, Status};
+use tokio_stream::StreamExt;
+use tonic::{Request, Response, Status, Streaming};
 
 use super::{asks_another_weight, job_key, lock, CoordinatorService, SessionEntry};
 use crate::client_reports::{client_snapshot, job_name};
 use crate::registry::{ClientEntry, WorkerEntry};
 use crate::requests::validate_spec;
 use crate::status::coordinator_status;
-use crate::{CoordinatorError, JobId, Lease, LeaseId, SessionId, Step};
+use crate::{CoordinatorError, JobId, Lease, LeaseId, SessionId, Step, WorkerId};
 use stoker_dashboard::LoaderMonitor;
+
+/// Most waiting lease calls one grant wakes (one per credit up to this).
+const MAX_WAKES: u64 = 64;
 
 fn task_lease(lease: &Lease, incarnation: u64) -> TaskLease {
     TaskLease {
@@ -54,20 +58,17 @@ impl coordinator_server::Coordinator for CoordinatorService {
         }
         let mut state = lock(&self.state);
         let id = state.core.register_worker(Instant::now());
-        state.workers.insert(
-            id.0,
-            WorkerEntry {
-                id: id.0,
-                data_address: address.to_string(),
-                threads: request.threads,
-                data_roots: request.data_roots,
-                registered_at: Instant::now(),
-                completed: 0,
-                failed: 0,
-                bad_samples: 0,
-                busy_ns: 0,
-            },
-        );
+        state.worker_joined(WorkerEntry {
+            id: id.0,
+            data_address: address.to_string(),
+            threads: request.threads,
+            data_roots: request.data_roots,
+            registered_at: Instant::now(),
+            completed: 0,
+            failed: 0,
+            bad_samples: 0,
+            busy_ns: 0,
+        });
         tracing::info!(
             worker = id.0,
             address,
@@ -99,6 +100,9 @@ impl coordinator_server::Coordinator for CoordinatorService {
     ) -> Result<Response<LeaseResponse>, Status> {
         let request = request.into_inner();
         let worker = self.core_worker(request.worker_id)?;
+        if let Some(report) = &request.report {
+            self.apply_report(worker, report)?;
+        }
         let wait =
             Duration::from_millis(u64::from(request.wait_ms)).min(self.config.max_lease_wait);
         let deadline = Instant::now() + wait;
@@ -144,49 +148,8 @@ impl coordinator_server::Coordinator for CoordinatorService {
     ) -> Result<Response<ReportResponse>, Status> {
         let request = request.into_inner();
         let worker = self.core_worker(request.worker_id)?;
-        let mut state = lock(&self.state);
-        let mut requeued = false;
-        // A lease never issued or another worker's: the rest still counts, the caller hears of it.
-        let mut refused = None;
-        let mut refuse = |error: CoordinatorError| match error {
-            CoordinatorError::UnknownWorker(_) | CoordinatorError::WorkerExpired(_) => Err(error),
-            error => {
-                tracing::warn!(%error, worker = worker.0, "lease report refused");
-                refused.get_or_insert(error);
-                Ok(())
-            }
-        };
-        for lease in &request.completed {
-            if let Err(error) = state.core.complete(worker, LeaseId(*lease)) {
-                refuse(error).map_err(coordinator_status)?;
-            }
-        }
-        for failed in &request.failed {
-            tracing::warn!(worker = worker.0, lease = failed.lease_id, reason = %failed.reason, "task failed on a worker; requeued");
-            let lease = LeaseId(failed.lease_id);
-            let failed = match failed.unclaimed {
-                true => state.core.fail_unclaimed(worker, lease, &failed.reason),
-                false => state.core.fail(worker, lease, &failed.reason),
-            };
-            match failed {
-                Ok(_) => requeued = true,
-                Err(error) => refuse(error).map_err(coordinator_status)?,
-            }
-        }
-        if let Some(entry) = state.workers.get_mut(&worker.0) {
-            entry.completed += request.completed.len() as u64;
-            entry.failed += request.failed.len() as u64;
-            entry.bad_samples = entry.bad_samples.saturating_add(request.bad_samples);
-            entry.busy_ns = entry.busy_ns.saturating_add(request.busy_ns);
-        }
-        drop(state);
-        if requeued {
-            self.work.notify_waiters();
-        }
-        match refused {
-            Some(error) => Err(coordinator_status(error)),
-            None => Ok(Response::new(ReportResponse {})),
-        }
+        self.apply_report(worker, &request)?;
+        Ok(Response::new(ReportResponse {}))
     }
 
     async fn leave(
@@ -199,7 +162,7 @@ impl coordinator_server::Coordinator for CoordinatorService {
             .core
             .leave_worker(worker)
             .map_err(coordinator_status)?;
-        if let Some(entry) = state.workers.remove(&worker.0) {
+        if let Some(entry) = state.worker_gone(worker.0) {
             tracing::info!(
                 worker = worker.0,
                 address = %entry.data_address,
@@ -340,6 +303,7 @@ impl coordinator_server::Coordinator for CoordinatorService {
             acknowledged_position: position.0,
             steps_per_epoch,
             workers,
+            workers_version: state.workers_version,
         }))
     }
 
@@ -347,7 +311,49 @@ impl coordinator_server::Coordinator for CoordinatorService {
         &self,
         request: Request<SessionUpdateRequest>,
     ) -> Result<Response<SessionUpdateResponse>, Status> {
-        let request = request.into_inner();
+        self.apply_update(&request.into_inner()).map(Response::new)
+    }
+
+    type UpdateSessionStreamStream = std::pin::Pin<
+        Box<dyn tokio_stream::Stream<Item = Result<SessionUpdateResponse, Status>> + Send>,
+    >;
+
+    async fn update_session_stream(
+        &self,
+        request: Request<Streaming<SessionUpdateRequest>>,
+    ) -> Result<Response<Self::UpdateSessionStreamStream>, Status> {
+        let service = self.clone();
+        // Each update answered as it comes, on the call's own task: no task or channel more.
+        // tonic ends the stream at the first error, with its status (the client opens its
+        // session again).
+        let answers = request
+            .into_inner()
+            .map(move |update| update.and_then(|update| service.apply_update(&update)));
+        Ok(Response::new(Box::pin(answers)))
+    }
+
+    async fn close_session(
+        &self,
+        request: Request<CloseSessionRequest>,
+    ) -> Result<Response<CloseSessionResponse>, Status> {
+        let id = self.check_token(request.into_inner().session.as_ref())?;
+        let mut state = lock(&self.state);
+        state.sessions.remove(&id);
+        state
+            .core
+            .close_session(SessionId(id))
+            .map_err(coordinator_status)?;
+        Ok(Response::new(CloseSessionResponse {}))
+    }
+}
+
+impl CoordinatorService {
+    /// A client's update of its session (acknowledgements, credits, stats), answered with its
+    /// position and, when they changed since the version the client holds, the live workers.
+    fn apply_update(
+        &self,
+        request: &SessionUpdateRequest,
+    ) -> Result<SessionUpdateResponse, Status> {
         let id = self.check_token(request.session.as_ref())?;
         let session = SessionId(id);
         let mut state = lock(&self.state);
@@ -403,28 +409,71 @@ impl coordinator_server::Coordinator for CoordinatorService {
                 },
             );
         }
-        let workers = Self::worker_infos(&state);
+        let workers_version = state.workers_version;
+        let workers = if request.workers_version == workers_version {
+            Vec::new()
+        } else {
+            Self::worker_infos(&state)
+        };
         drop(state);
-        if request.grant_credits > 0 {
-            self.work.notify_waiters();
+        // One waiting lease call woken per credit, not all of them: with thousands of workers
+        // waiting, waking each for every credit costs the coordinator O(workers) per grant.
+        // A call woken for work another took waits again; a call dropped before it ran hands
+        // its wake-up on (tokio's `Notify`).
+        for _ in 0..request.grant_credits.min(MAX_WAKES) {
+            self.work.notify_one();
         }
-        Ok(Response::new(SessionUpdateResponse {
+        Ok(SessionUpdateResponse {
             acknowledged_position: position.0,
             workers,
-        }))
+            workers_version,
+        })
     }
 
-    async fn close_session(
-        &self,
-        request: Request<CloseSessionRequest>,
-    ) -> Result<Response<CloseSessionResponse>, Status> {
-        let id = self.check_token(request.into_inner().session.as_ref())?;
+    /// A worker's report of its leases' outcomes (by `Report`, or with a `Lease` call).
+    fn apply_report(&self, worker: WorkerId, request: &ReportRequest) -> Result<(), Status> {
         let mut state = lock(&self.state);
-        state.sessions.remove(&id);
-        state
-            .core
-            .close_session(SessionId(id))
-            .map_err(coordinator_status)?;
-        Ok(Response::new(CloseSessionResponse {}))
+        let mut requeued = false;
+        // A lease never issued or another worker's: the rest still counts, the caller hears of it.
+        let mut refused = None;
+        let mut refuse = |error: CoordinatorError| match error {
+            CoordinatorError::UnknownWorker(_) | CoordinatorError::WorkerExpired(_) => Err(error),
+            error => {
+                tracing::warn!(%error, worker = worker.0, "lease report refused");
+                refused.get_or_insert(error);
+                Ok(())
+            }
+        };
+        for lease in &request.completed {
+            if let Err(error) = state.core.complete(worker, LeaseId(*lease)) {
+                refuse(error).map_err(coordinator_status)?;
+            }
+        }
+        for failed in &request.failed {
+            tracing::warn!(worker = worker.0, lease = failed.lease_id, reason = %failed.reason, "task failed on a worker; requeued");
+            let lease = LeaseId(failed.lease_id);
+            let failed = match failed.unclaimed {
+                true => state.core.fail_unclaimed(worker, lease, &failed.reason),
+                false => state.core.fail(worker, lease, &failed.reason),
+            };
+            match failed {
+                Ok(_) => requeued = true,
+                Err(error) => refuse(error).map_err(coordinator_status)?,
+            }
+        }
+        if let Some(entry) = state.workers.get_mut(&worker.0) {
+            entry.completed += request.completed.len() as u64;
+            entry.failed += request.failed.len() as u64;
+            entry.bad_samples = entry.bad_samples.saturating_add(request.bad_samples);
+            entry.busy_ns = entry.busy_ns.saturating_add(request.busy_ns);
+        }
+        drop(state);
+        if requeued {
+            self.work.notify_waiters();
+        }
+        match refused {
+            Some(error) => Err(coordinator_status(error)),
+            None => Ok(()),
+        }
     }
 }

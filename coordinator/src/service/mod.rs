@@ -97,6 +97,9 @@ struct State {
     /// Counters at the last dashboard refresh, for the per-second figures.
     last_refresh: LastRefresh,
     workers: BTreeMap<u64, WorkerEntry>,
+    /// Changes with every worker that joins or goes (never 0), so a session's update lists
+    /// the workers only when its client's list is out of date.
+    workers_version: u64,
     sessions: HashMap<u64, SessionEntry>,
     clients: BTreeMap<(u64, u32), ClientEntry>,
     /// What a worker said of each job when it was registered (kept in memory: after a restart
@@ -109,6 +112,21 @@ struct State {
     last_expire: Instant,
     /// When jobs were last looked at for retirement.
     last_retire_look: Instant,
+}
+
+impl State {
+    /// A worker registered: the workers' list has a new version.
+    fn worker_joined(&mut self, entry: WorkerEntry) {
+        self.workers.insert(entry.id, entry);
+        self.workers_version += 1;
+    }
+
+    /// A worker left or was lost: the list has a new version if it was in it.
+    fn worker_gone(&mut self, id: u64) -> Option<WorkerEntry> {
+        let entry = self.workers.remove(&id)?;
+        self.workers_version += 1;
+        Some(entry)
+    }
 }
 
 /// The coordinator's gRPC service; cheap to clone (shared state).
@@ -189,6 +207,7 @@ impl CoordinatorService {
                 monitors: HashMap::new(),
                 last_refresh: LastRefresh::default(),
                 workers: BTreeMap::new(),
+                workers_version: 1,
                 sessions: HashMap::new(),
                 clients: BTreeMap::new(),
                 descriptions: HashMap::new(),
@@ -516,7 +535,7 @@ impl CoordinatorService {
         }
         let report = state.core.expire(now);
         for worker in &report.workers {
-            if let Some(entry) = state.workers.remove(&worker.0) {
+            if let Some(entry) = state.worker_gone(worker.0) {
                 tracing::warn!(
                     worker = worker.0,
                     address = %entry.data_address,

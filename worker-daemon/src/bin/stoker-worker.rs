@@ -50,6 +50,11 @@ struct Args {
     /// Tasks leased ahead of the one being built.
     #[arg(long, default_value_t = 2)]
     lease_ahead: u32,
+    /// Least milliseconds between two reports of finished tasks to the coordinator: what
+    /// finishes meanwhile goes in one report, or with the next lease call when that comes
+    /// first.
+    #[arg(long, default_value_t = 5)]
+    report_interval_ms: u64,
     #[command(flatten)]
     security: SecurityArgs,
     /// How long a finished batch waits for its client's stream to open, or to take it, before
@@ -123,6 +128,7 @@ fn run(args: Args) -> anyhow::Result<()> {
             threads: args.threads,
             data_roots,
             lease_ahead: args.lease_ahead,
+            report_interval: Duration::from_millis(args.report_interval_ms),
             server_security,
             client_security,
             network: Network::Sockets,

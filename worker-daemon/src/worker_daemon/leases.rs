@@ -195,11 +195,15 @@ async fn serve_leases(
         lease_timeout_ms,
         lost_tx.clone(),
     ));
+    // Outcomes taken off the channel and not yet reported: the reporter's next report or the
+    // lease loop's next call sends them, whichever comes first.
+    let unreported = Arc::new(Mutex::new(Vec::new()));
     let reporter = tokio::spawn(report_loop(
         client.clone(),
         worker_id,
         shared.clone(),
-        outcomes_rx,
+        (outcomes_rx, unreported.clone()),
+        config.report_interval,
         lost_tx,
     ));
     // Deliveries in flight: each holds one finished batch.
@@ -215,17 +219,25 @@ async fn serve_leases(
         if let Ok(status) = lost_rx.try_recv() {
             break Some(status);
         }
+        let report = take_report(worker_id, shared, &unreported);
+        let counts = report.as_ref().map(|r| (r.bad_samples, r.busy_ns));
+        let carried = report.as_ref().map_or(0, reported_tasks);
         let leased = client
             .lease(LeaseRequest {
                 worker_id,
                 max_tasks: config.lease_ahead.max(1),
                 wait_ms: 1000,
+                report,
             })
             .await;
         // Leased even if the drain started meanwhile: these are finished like the others.
         let tasks = match leased {
             Ok(response) => response.into_inner().tasks,
-            Err(status) => break Some(status),
+            Err(status) => {
+                put_back_counts(shared, counts);
+                unreported_lost(carried, &status);
+                break Some(status);
+            }
         };
         // The shortest wait of the jobs whose tasks went back untried, while no task of this
         // lease was served.
@@ -318,6 +330,7 @@ async fn serve_leases(
     if let Some(status) = status {
         heartbeat.abort();
         reporter.abort();
+        unreported_lost(lock(&unreported).len(), &status);
         return Ended::Lost(status);
     }
     // The drain, by its deadline (the loop ends here only once it has one): the deliveries,
@@ -557,45 +570,114 @@ async fn heartbeat_loop(
     }
 }
 
+/// The report of the outcomes in `unreported` (taken), with the counts since the last report
+/// that went through; `None` when there is nothing to report.
+fn take_report(
+    worker_id: u64,
+    shared: &Shared,
+    unreported: &Mutex<Vec<Outcome>>,
+) -> Option<ReportRequest> {
+    let outcomes = std::mem::take(&mut *lock(unreported));
+    if outcomes.is_empty() {
+        return None;
+    }
+    let mut request = ReportRequest {
+        worker_id,
+        ..ReportRequest::default()
+    };
+    for outcome in outcomes {
+        match outcome {
+            Outcome::Completed(lease) => request.completed.push(lease),
+            Outcome::Failed(lease_id, reason) => request.failed.push(FailedTask {
+                lease_id,
+                reason,
+                unclaimed: false,
+            }),
+            Outcome::Unclaimed(lease_id, reason) => request.failed.push(FailedTask {
+                lease_id,
+                reason,
+                unclaimed: true,
+            }),
+        }
+    }
+    // Taken now, put back when this report fails (a re-registered worker reports them under
+    // its new id, once).
+    request.bad_samples = shared.bad_samples.swap(0, Ordering::Relaxed);
+    request.busy_ns = shared.busy_ns.swap(0, Ordering::Relaxed);
+    Some(request)
+}
+
+/// Tasks whose outcome `report` carries.
+fn reported_tasks(report: &ReportRequest) -> usize {
+    report.completed.len() + report.failed.len()
+}
+
+/// A report of `tasks` outcomes did not go through: the coordinator leases them again (its
+/// sessions reopened, or the leases timed out), and the clients drop what they already have.
+fn unreported_lost(tasks: usize, status: &Status) {
+    if tasks > 0 {
+        tracing::warn!(tasks, %status, "a report did not reach the coordinator; it leases those tasks again");
+    }
+}
+
+/// The counts of a report that did not go through, for the next one.
+fn put_back_counts(shared: &Shared, counts: Option<(u64, u64)>) {
+    if let Some((bad, busy)) = counts {
+        shared.bad_samples.fetch_add(bad, Ordering::Relaxed);
+        shared.busy_ns.fetch_add(busy, Ordering::Relaxed);
+    }
+}
+
+/// Reports the outcomes as they come, at most one report per `interval`: what comes meanwhile
+/// waits in `unreported` for the report, unless a lease call takes it first. Ends when the
+/// outcomes' senders are gone and all is reported, or when a report fails.
 async fn report_loop(
     mut client: CoordinatorClient<RpcChannel>,
     worker_id: u64,
     shared: Arc<Shared>,
-    mut outcomes: mpsc::UnboundedReceiver<Outcome>,
+    (mut outcomes, unreported): (mpsc::UnboundedReceiver<Outcome>, Arc<Mutex<Vec<Outcome>>>),
+    interval: Duration,
     lost: mpsc::Sender<Status>,
 ) {
-    while let Some(first) = outcomes.recv().await {
-        let mut request = ReportRequest {
-            worker_id,
-            ..ReportRequest::default()
+    let mut last = tokio::time::Instant::now();
+    let mut open = true;
+    while open {
+        let Some(first) = outcomes.recv().await else {
+            break;
         };
-        let mut next = Some(first);
-        while let Some(outcome) = next {
-            match outcome {
-                Outcome::Completed(lease) => request.completed.push(lease),
-                Outcome::Failed(lease_id, reason) => request.failed.push(FailedTask {
-                    lease_id,
-                    reason,
-                    unclaimed: false,
-                }),
-                Outcome::Unclaimed(lease_id, reason) => request.failed.push(FailedTask {
-                    lease_id,
-                    reason,
-                    unclaimed: true,
-                }),
+        lock(&unreported).push(first);
+        // Each outcome goes where a lease call can take it as soon as it comes.
+        let due = last + interval;
+        while open {
+            tokio::select! {
+                () = tokio::time::sleep_until(due) => break,
+                outcome = outcomes.recv() => match outcome {
+                    Some(outcome) => lock(&unreported).push(outcome),
+                    None => open = false,
+                },
             }
-            next = outcomes.try_recv().ok();
         }
-        // Counts since the last report that went through: taken now, put back when this one
-        // fails (a re-registered worker reports them under its new id, once).
-        request.bad_samples = shared.bad_samples.swap(0, Ordering::Relaxed);
-        request.busy_ns = shared.busy_ns.swap(0, Ordering::Relaxed);
-        let (bad, busy) = (request.bad_samples, request.busy_ns);
+        let Some(request) = take_report(worker_id, &shared, &unreported) else {
+            continue;
+        };
+        last = tokio::time::Instant::now();
+        let counts = Some((request.bad_samples, request.busy_ns));
+        let carried = reported_tasks(&request);
         if let Err(status) = client.report(request).await {
-            shared.bad_samples.fetch_add(bad, Ordering::Relaxed);
-            shared.busy_ns.fetch_add(busy, Ordering::Relaxed);
+            put_back_counts(&shared, counts);
+            unreported_lost(carried, &status);
             let _ = lost.send(status).await;
             return;
+        }
+    }
+    // The last outcomes a lease call had not taken.
+    if let Some(request) = take_report(worker_id, &shared, &unreported) {
+        let counts = Some((request.bad_samples, request.busy_ns));
+        let carried = reported_tasks(&request);
+        if let Err(status) = client.report(request).await {
+            put_back_counts(&shared, counts);
+            unreported_lost(carried, &status);
+            let _ = lost.send(status).await;
         }
     }
 }

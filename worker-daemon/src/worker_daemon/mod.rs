@@ -82,6 +82,9 @@ pub struct WorkerConfig {
     pub data_roots: Vec<PathBuf>,
     /// Tasks leased ahead of the one being built.
     pub lease_ahead: u32,
+    /// Least time between two reports of the leases' outcomes: what finishes meanwhile goes in
+    /// one report, or with the next lease call when that comes first.
+    pub report_interval: Duration,
     /// What the data server accepts (token, TLS).
     pub server_security: ServerSecurity,
     /// What the worker presents to the coordinator (token, trusted CA).

@@ -78,6 +78,7 @@ fn start_cluster_with(
             threads: 1,
             data_roots: vec![data.to_path_buf()],
             lease_ahead: 2,
+            report_interval: Duration::from_millis(5),
             server_security: ServerSecurity::new(tokens.clone(), None)?,
             client_security: ClientSecurity::new(token.cloned(), None, None)?,
             network: Network::Memory(network.clone()),

@@ -49,6 +49,10 @@ pub struct SoakClient {
     /// The step of that epoch to start at.
     #[arg(long, default_value_t = 0)]
     pub resume_step: u64,
+    /// Longest wanted credits, and the acknowledgements riding with them, are held (the
+    /// loader's `ack_interval`).
+    #[arg(long, default_value_t = 50)]
+    pub ack_interval_ms: u64,
     /// Grow this process's resident set by this many KiB a second, never freed: a planted
     /// leak, to check that the soak's verdict catches one.
     #[arg(long, default_value_t = 0)]
@@ -148,6 +152,7 @@ fn read_epochs(args: &SoakClient, stop: &AtomicBool) -> Result<()> {
             connect_timeout: Duration::from_secs(60),
             stall_reopen: Duration::from_secs(3),
             worker_grace: Duration::from_secs(120),
+            ack_interval: Duration::from_millis(args.ack_interval_ms),
             ..RemoteOptions::default()
         },
     )?;

@@ -89,6 +89,11 @@ pub struct SoakBench {
     /// resident set by this many MiB per 10 minutes, never freed.
     #[arg(long, default_value_t = 0.0)]
     pub plant_leak_mib_per_10min: f64,
+    /// Longest the clients hold wanted credits (and the acknowledgements riding with them) while
+    /// the workers hold more than half their window (the loader's `ack_interval`); a long one
+    /// makes every client kill cut an interval with acknowledgements not yet sent.
+    #[arg(long, default_value_t = 50)]
+    pub ack_interval_ms: u64,
     /// Judge memory and descriptors in a run shorter than 10 minutes too (processes that lived
     /// half the run after its first quarter are then fitted alone).
     #[arg(long)]
@@ -529,6 +534,8 @@ fn client_args(args: &SoakBench, address: &str, data: &Path, rank: u32) -> Vec<S
         &args.batch_size.to_string(),
         "--step-ms",
         &args.step_ms.to_string(),
+        "--ack-interval-ms",
+        &args.ack_interval_ms.to_string(),
         "--leak-kib-per-s",
         &if rank == 0 {
             (args.plant_leak_mib_per_10min * 1024.0 / 600.0).round() as u64

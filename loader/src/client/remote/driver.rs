@@ -1,7 +1,9 @@
 //! The driver of one epoch's session (see the parent module for what it recovers from): it opens
 //! the session, subscribes to every worker the coordinator lists, grants a credit for every step
 //! the loader asks for, acknowledges what arrives, drops duplicates by step, and reopens the
-//! session when a stream breaks, a batch is overdue or the coordinator restarts.
+//! session when a stream breaks, a batch is overdue or the coordinator restarts. Credits and
+//! acknowledgements go on the session's update stream, held as [`Hold`] says (up to
+//! [`Driver::ack_interval`] while the workers hold more than half the window's credits).
 
 use std::collections::{BTreeSet, HashMap, HashSet};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -12,46 +14,23 @@ use crossbeam_channel::Sender;
 use stoker_proto::v1::coordinator_client::CoordinatorClient;
 use stoker_proto::v1::{
     CloseSessionRequest, JobSpec, OpenSessionRequest, RegisterJobRequest, RegisterJobResponse,
-    SessionToken, SessionUpdateRequest, SubscribeRequest, WorkerInfo,
+    SessionToken, SessionUpdateRequest, WorkerInfo,
 };
-use stoker_rpc::batch_wire;
 use stoker_rpc::error_kinds;
 use stoker_rpc::network::Network;
 use stoker_rpc::security::ClientSecurity;
 use stoker_rpc::transport::{Backoff, RpcChannel, MAX_MESSAGE_BYTES};
 use tokio::sync::mpsc;
-use tonic::{Code, Status};
+use tonic::Code;
 
+use super::streams::{stream_worker, Arrival, Streams};
+use super::updates::{Due, Hold, Pending, Updates};
 use super::{client_stats, job_label, STREAM_RETRY};
-use crate::client::landing::{lock, next_landed, Landed, SlotQueue};
+use crate::client::landing::{lock, SlotQueue};
 use crate::client::slots::Slot;
 use crate::client::source::{Built, IdleClock};
 use crate::error::{error_from_status, Error, ErrorKind, Result};
 use stoker_dashboard::LoaderMonitor;
-
-/// What a worker stream tells the driver.
-enum Arrival {
-    /// The stream is open.
-    Opened { worker: u64 },
-    Batch {
-        incarnation: u64,
-        batch: Box<Landed>,
-        /// When the batch's bytes had arrived.
-        received: Instant,
-    },
-    /// A batch the worker could not build (fail policy): the consumer gets the error.
-    Failed(Status),
-    /// The worker refused the stream (token or TLS): a setting to fix, not worth a retry.
-    Refused { address: String, status: Status },
-    /// The worker ended the stream cleanly, after everything it sent into it.
-    Ended { worker: u64 },
-    /// The stream broke or could not open; `opened` says whether it was ever up.
-    Lost {
-        worker: u64,
-        opened: bool,
-        status: Status,
-    },
-}
 
 pub(super) struct Driver {
     pub(super) channel: RpcChannel,
@@ -70,6 +49,8 @@ pub(super) struct Driver {
     pub(super) steps: u64,
     pub(super) stall_reopen: Duration,
     pub(super) worker_grace: Duration,
+    /// Longest wanted credits are held while the workers hold more than half the window's.
+    pub(super) ack_interval: Duration,
     pub(super) batches: Sender<Result<Built>>,
     /// One slot per step the loader asks for.
     pub(super) requests: mpsc::UnboundedReceiver<Slot>,
@@ -88,18 +69,6 @@ pub(super) struct Driver {
 
 /// How long a reopen waits for the update on its way to be answered.
 const REOPEN_WAIT: Duration = Duration::from_secs(1);
-
-/// An update of the session sent and not yet answered.
-type PendingUpdate = std::pin::Pin<
-    Box<
-        dyn std::future::Future<
-                Output = std::result::Result<
-                    tonic::Response<stoker_proto::v1::SessionUpdateResponse>,
-                    Status,
-                >,
-            > + Send,
-    >,
->;
 
 /// Why a session ended.
 enum SessionEnd {
@@ -189,7 +158,7 @@ impl Driver {
         client: &mut CoordinatorClient<RpcChannel>,
         floor: u64,
         backoff: &mut Backoff,
-    ) -> Option<(SessionToken, Vec<WorkerInfo>)> {
+    ) -> Option<(SessionToken, Vec<WorkerInfo>, u64)> {
         loop {
             if !self.take_requests() {
                 return None;
@@ -208,7 +177,7 @@ impl Driver {
                     let response = response.into_inner();
                     backoff.reset();
                     let token = response.session?;
-                    return Some((token, response.workers));
+                    return Some((token, response.workers, response.workers_version));
                 }
                 Err(status) if status.code() == Code::NotFound => {
                     // The coordinator forgot the job (retired after its clients were gone, or
@@ -295,8 +264,20 @@ impl Driver {
     ) -> SessionEnd {
         let mut client = CoordinatorClient::new(self.channel.clone())
             .max_decoding_message_size(MAX_MESSAGE_BYTES);
-        let Some((token, workers)) = self.open(&mut client, *floor, backoff).await else {
+        let Some((token, mut workers, workers_version)) =
+            self.open(&mut client, *floor, backoff).await
+        else {
             return SessionEnd::Stop;
+        };
+        let mut updates = match Updates::open(&client, workers_version).await {
+            Ok(updates) => updates,
+            Err(status) => {
+                tracing::warn!(coordinator = %self.address, %status, "cannot open the session's update stream; opening the session again");
+                if error_kinds::is_transient(&status) {
+                    tokio::time::sleep(backoff.next_delay()).await;
+                }
+                return SessionEnd::Reopen;
+            }
         };
         tracing::debug!(session = token.session_id, floor = *floor, "session open");
         let (arrivals_tx, mut arrivals) = mpsc::unbounded_channel();
@@ -345,27 +326,42 @@ impl Driver {
         // report period still shows on the dashboard.
         let mut last_stats: Option<Instant> = None;
         let mut tick = tokio::time::interval(Duration::from_millis(50));
-        // The update on its way to the coordinator, at most one: arrivals are handed out while
-        // it is answered (the data plane never waits on the control plane), and what comes
-        // meanwhile (acks, credits) goes in the next one.
-        let mut updating: Option<PendingUpdate> = None;
+        // Whether an update is on its way to the coordinator, at most one: arrivals are handed
+        // out while it is answered (the data plane never waits on the control plane), and what
+        // comes meanwhile (acks, credits) goes in the next one.
+        let mut updating = false;
+        // When the next update is due.
+        let mut hold = Hold::new(self.ack_interval);
         // The steps the update on its way acknowledges (sent again at a Stop rather than waited
         // for), and whether its credits started the stall clock (restarted at its answer).
         let mut acks_on_the_way: Vec<u64> = Vec::new();
         let mut clock_from_answer = false;
         let end = loop {
             let received = *floor + ahead.len() as u64;
-            if received >= self.steps && acks.is_empty() && updating.is_none() {
+            if received >= self.steps && acks.is_empty() && !updating {
                 break SessionEnd::Done;
             }
-            if updating.is_none() {
+            // Until when the next update is held back.
+            let mut held_until = None;
+            if !updating {
                 // Credits: one for every step asked for and not yet received.
                 let want = self
                     .requested
                     .min(self.steps)
                     .saturating_sub(received + outstanding);
                 let report = last_stats.is_none_or(|at| at.elapsed() >= Duration::from_millis(500));
-                if want > 0 || !acks.is_empty() || report {
+                let pending = Pending {
+                    want,
+                    outstanding,
+                    acks: acks.len(),
+                    all_in: received >= self.steps,
+                    report,
+                };
+                let due = hold.due(Instant::now(), pending);
+                if let Due::At(at) = due {
+                    held_until = Some(tokio::time::Instant::from_std(at));
+                } else if due == Due::Now {
+                    hold.sent();
                     let stats = report.then(|| {
                         last_stats = Some(Instant::now());
                         client_stats(&self.monitor)
@@ -376,6 +372,7 @@ impl Driver {
                         grant_credits: want,
                         acknowledged: acks_on_the_way.clone(),
                         stats,
+                        workers_version: 0,
                     };
                     // Counted as granted from now: a batch of these credits may arrive before
                     // the answer does.
@@ -384,29 +381,28 @@ impl Driver {
                         progress_at = Instant::now();
                     }
                     outstanding += want;
-                    let mut client = client.clone();
-                    updating = Some(Box::pin(
-                        async move { client.update_session(request).await },
-                    ));
+                    updating = true;
+                    if let Err(status) = updates.send(request) {
+                        tracing::warn!(coordinator = %self.address, %status, "session update not sent; opening the session again");
+                        break SessionEnd::Reopen;
+                    }
                 }
             }
             tokio::select! {
-                updated = async {
-                    match updating.as_mut() {
-                        Some(update) => update.await,
-                        None => std::future::pending().await,
-                    }
-                }, if updating.is_some() => {
-                    updating = None;
+                updated = updates.answer(), if updating => {
+                    updating = false;
                     acks_on_the_way.clear();
                     match updated {
-                        Ok(response) => {
+                        Ok(answer) => {
                             // Credits granted from nothing outstanding: the wait for their
                             // batches starts once the coordinator has them.
                             if clock_from_answer {
                                 progress_at = Instant::now();
                             }
-                            subscribe_all(&response.into_inner().workers, &mut streams, &mut retry_at);
+                            if let Some(listed) = answer.workers {
+                                workers = listed;
+                            }
+                            subscribe_all(&workers, &mut streams, &mut retry_at);
                         }
                         Err(status) => {
                             tracing::warn!(coordinator = %self.address, %status, "session update failed; opening the session again");
@@ -487,6 +483,12 @@ impl Driver {
                     Some(slot) => self.add_request(slot),
                     None => break SessionEnd::Stop,
                 },
+                () = async {
+                    match held_until {
+                        Some(until) => tokio::time::sleep_until(until).await,
+                        None => std::future::pending().await,
+                    }
+                }, if held_until.is_some() => {}
                 _ = tick.tick() => {
                     let received = *floor + ahead.len() as u64;
                     let wanted = self.requested.min(self.steps) > received;
@@ -498,7 +500,7 @@ impl Driver {
                     }
                     // Not while an update is unanswered: its credits' wait has not begun.
                     let stalled = progress_at.elapsed() >= self.stall_reopen;
-                    if wanted && outstanding > 0 && updating.is_none() && stalled {
+                    if wanted && outstanding > 0 && !updating && stalled {
                         tracing::warn!(step = *floor, waited = ?progress_at.elapsed(), "no batch arrived; opening the session again");
                         break SessionEnd::Reopen;
                     }
@@ -513,15 +515,14 @@ impl Driver {
                 batch.give_back(&self.free_slots);
             }
         }
-        if let Some(update) = updating.take() {
+        if updating {
             if matches!(end, SessionEnd::Reopen) {
                 // Its credits would land on the reopened session's window if the coordinator
                 // took it after the reopen: given a moment to be answered first.
-                let _ = tokio::time::timeout(REOPEN_WAIT, update).await;
+                let _ = tokio::time::timeout(REOPEN_WAIT, updates.answer()).await;
             } else {
                 // Its acks go again with the last ones (an ack taken twice is one), in one
                 // call before the close: the loader gives the end a short while.
-                drop(update);
                 acks_on_the_way.extend_from_slice(&acks);
                 acks = acks_on_the_way;
             }
@@ -535,6 +536,7 @@ impl Driver {
                         grant_credits: 0,
                         acknowledged: acks,
                         stats: Some(client_stats(&self.monitor)),
+                        workers_version: 0,
                     })
                     .await;
             }
@@ -545,97 +547,5 @@ impl Driver {
                 .await;
         }
         end
-    }
-}
-
-/// A session's worker streams by worker: aborted when dropped, at the session's end or with
-/// the session itself when its driver is cancelled (a stream left running would hold the
-/// slots of the steps it was to land, and its subscription at the worker).
-#[derive(Default)]
-struct Streams(HashMap<u64, tokio::task::JoinHandle<()>>);
-
-impl Drop for Streams {
-    fn drop(&mut self) {
-        for handle in self.0.values() {
-            handle.abort();
-        }
-    }
-}
-
-/// Opens the worker's stream for the session and forwards what arrives, each batch landed in a
-/// slot of `slots` as its bytes come.
-async fn stream_worker(
-    worker: WorkerInfo,
-    network: Network,
-    security: ClientSecurity,
-    token: SessionToken,
-    job_id: u64,
-    arrivals: mpsc::UnboundedSender<Arrival>,
-    slots: Arc<SlotQueue>,
-) {
-    let lost = |opened: bool, status: Status| Arrival::Lost {
-        worker: worker.worker_id,
-        opened,
-        status,
-    };
-    let mut channel = match network.channel(&worker.data_address, &security) {
-        Ok(channel) => channel,
-        Err(error) => {
-            let _ = arrivals.send(lost(false, Status::invalid_argument(error.to_string())));
-            return;
-        }
-    };
-    let request = SubscribeRequest {
-        session: Some(token),
-        job_id,
-    };
-    let mut reader = match batch_wire::subscribe(&mut channel, request, MAX_MESSAGE_BYTES).await {
-        Ok(reader) => reader,
-        Err(status) if error_kinds::is_refusal(&status) => {
-            let _ = arrivals.send(Arrival::Refused {
-                address: worker.data_address.clone(),
-                status,
-            });
-            return;
-        }
-        Err(status) => {
-            let _ = arrivals.send(lost(false, status));
-            return;
-        }
-    };
-    let _ = arrivals.send(Arrival::Opened {
-        worker: worker.worker_id,
-    });
-    loop {
-        match next_landed(&mut reader, &slots).await {
-            Ok(Some(landed)) => {
-                let arrival = Arrival::Batch {
-                    incarnation: token.incarnation,
-                    batch: Box::new(landed),
-                    received: Instant::now(),
-                };
-                if arrivals.send(arrival).is_err() {
-                    return;
-                }
-            }
-            Ok(None) => {
-                let _ = arrivals.send(Arrival::Ended {
-                    worker: worker.worker_id,
-                });
-                return;
-            }
-            Err(status)
-                if status.code() == Code::Unavailable
-                    || status.code() == Code::Unknown
-                    || status.code() == Code::Cancelled =>
-            {
-                let _ = arrivals.send(lost(true, status));
-                return;
-            }
-            Err(status) => {
-                let _ = arrivals.send(Arrival::Failed(status));
-                return;
-            }
-        }
     }
 }

@@ -45,6 +45,8 @@ use stoker_rpc::transport::{Backoff, RpcChannel, MAX_MESSAGE_BYTES};
 use tokio::sync::mpsc;
 
 mod driver;
+mod streams;
+pub mod updates;
 
 use super::landing::SLOT_ALIGN;
 use super::slots::Slot;
@@ -64,6 +66,14 @@ pub struct RemoteOptions {
     /// [`Error::WorkerUnavailable`]. Separate from the `next()` deadline, so that workers
     /// leaving during a scale-down or a rolling update do not trip it.
     pub worker_grace: Duration,
+    /// Longest credits wanted back (steps the loader asked for) are held while the workers
+    /// still hold more than half the prefetch window's credits: what is asked for meanwhile
+    /// goes in one update of the session. They go at once when half the window is wanted
+    /// back. Acknowledgements of arrived steps ride with the credits, or go alone after
+    /// 200 ms, when 64 wait, or when the epoch is all in. Longer: fewer updates for the
+    /// coordinator to take (its cost per assignment is mostly these); shorter: credits reach
+    /// the workers sooner.
+    pub ack_interval: Duration,
     /// The job's weight against other jobs waiting on the same coordinator (sent when the job
     /// registers; capped by the coordinator's `--max-job-weight`); 0 leaves it as the
     /// coordinator has it (1 for a new job).
@@ -86,6 +96,7 @@ impl Default for RemoteOptions {
             connect_timeout: Duration::from_secs(60),
             stall_reopen: Duration::from_secs(10),
             worker_grace: Duration::from_secs(120),
+            ack_interval: Duration::from_millis(50),
             job_weight: 0,
             token: None,
             tls_ca: None,
@@ -238,6 +249,7 @@ impl BatchSource for RemoteSource {
             steps,
             stall_reopen: self.options.stall_reopen,
             worker_grace: self.options.worker_grace,
+            ack_interval: self.options.ack_interval,
             batches: batches_tx,
             requests: requests_rx,
             free_slots: Arc::default(),

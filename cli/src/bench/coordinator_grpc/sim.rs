@@ -1,0 +1,314 @@
+//! The simulated workers and clients of `stoker bench coordinator-grpc`, in the two ways the
+//! control plane can talk:
+//! - [`Control::Before`], as Stoker did until the update stream: a client answers each batch of
+//!   arrivals at once with an `UpdateSession` call, whose answer lists every worker; a worker
+//!   reports each lease's tasks right after leasing them;
+//! - [`Control::After`], as the loader and the worker daemon do now: a client's updates go on
+//!   its session's stream (`UpdateSessionStream`), held as the loader holds them (its
+//!   `Hold`), naming the workers' list it holds so the answer lists them only when they
+//!   changed; a worker's reports go with its
+//!   next lease call, or from a task of their own at most one per interval, whichever comes
+//!   first.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use clap::ValueEnum;
+use serde::Serialize;
+use stoker_proto::v1::coordinator_client::CoordinatorClient;
+use stoker_proto::v1::{
+    LeaseRequest, ReportRequest, SessionToken, SessionUpdateRequest, SessionUpdateResponse,
+};
+use stoker_rpc::transport::RpcChannel;
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::UnboundedReceiverStream;
+
+use crate::bench::Result;
+use stoker_loader::session_updates::{Due, Hold, Pending};
+
+/// How the simulators talk to the coordinator.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Control {
+    /// A call per update, the full worker list in each answer, a report per lease.
+    Before,
+    /// The session's update stream, updates and reports held for the interval, the workers
+    /// listed only when they changed.
+    After,
+}
+
+/// Least time between two reports of a worker, the way after (the worker daemon's default).
+const REPORT_INTERVAL: Duration = Duration::from_millis(5);
+
+/// What the simulators share.
+pub struct Shared {
+    pub stop: AtomicBool,
+    pub measuring: AtomicBool,
+    pub acknowledged: AtomicU64,
+    pub lease_calls: AtomicU64,
+    pub latencies_us: Mutex<Vec<u32>>,
+    /// Each session's client, by session id: the steps handed to it, with when.
+    pub clients: HashMap<u64, mpsc::UnboundedSender<(u64, Instant)>>,
+    pub control: Control,
+    /// Longest an update of a session is held (`After`).
+    pub interval: Duration,
+    /// Set once the measurement is over.
+    pub stopped: tokio::sync::watch::Receiver<bool>,
+    /// Batches a second each rank consumes (0: each as it arrives).
+    pub rank_rate: f64,
+    /// Per batch, microseconds from its credit's grant to its arrival.
+    pub served_us: Mutex<Vec<u32>>,
+}
+
+/// Lease ids handed on and not yet reported (`After`), shared by a worker's lease loop and its
+/// reporter.
+type Unreported = std::sync::Arc<Mutex<Vec<u64>>>;
+
+/// The report of what `unreported` holds (taken), if anything.
+fn take_report(worker_id: u64, unreported: &Unreported) -> Option<ReportRequest> {
+    let completed = std::mem::take(&mut *unreported.lock().ok()?);
+    (!completed.is_empty()).then(|| ReportRequest {
+        worker_id,
+        completed,
+        ..ReportRequest::default()
+    })
+}
+
+/// One simulated worker: lease, hand the steps to their clients, report.
+pub async fn worker(
+    channel: RpcChannel,
+    worker_id: u64,
+    batch: u32,
+    shared: std::sync::Arc<Shared>,
+) -> Result<()> {
+    let mut client = CoordinatorClient::new(channel);
+    let mut latencies = Vec::new();
+    let after = shared.control == Control::After;
+    let unreported = Unreported::default();
+    // After: the reporter, woken as lease ids are handed on.
+    let (handed_on, wakes) = mpsc::unbounded_channel::<()>();
+    let reporter = after.then(|| {
+        let reports = (worker_id, unreported.clone(), wakes);
+        tokio::spawn(report_loop(client.clone(), reports, REPORT_INTERVAL))
+    });
+    while !shared.stop.load(Ordering::Relaxed) {
+        let started = Instant::now();
+        let tasks = client
+            .lease(LeaseRequest {
+                worker_id,
+                max_tasks: batch,
+                wait_ms: 100,
+                report: take_report(worker_id, &unreported),
+            })
+            .await?
+            .into_inner()
+            .tasks;
+        if tasks.is_empty() {
+            continue;
+        }
+        if shared.measuring.load(Ordering::Relaxed) {
+            latencies.push(u32::try_from(started.elapsed().as_micros()).unwrap_or(u32::MAX));
+            shared.lease_calls.fetch_add(1, Ordering::Relaxed);
+        }
+        if !after {
+            client
+                .report(ReportRequest {
+                    worker_id,
+                    completed: tasks.iter().map(|t| t.lease_id).collect(),
+                    ..ReportRequest::default()
+                })
+                .await?;
+        }
+        for task in tasks {
+            let session = task.session.map_or(u64::MAX, |s| s.session_id);
+            if let Some(client) = shared.clients.get(&session) {
+                let _ = client.send((task.step, Instant::now()));
+            }
+            if after {
+                if let Ok(mut held) = unreported.lock() {
+                    held.push(task.lease_id);
+                }
+                let _ = handed_on.send(());
+            }
+        }
+    }
+    drop(handed_on);
+    if let Some(reporter) = reporter {
+        reporter.await.map_err(|e| {
+            crate::bench::Error::Failed(format!("a simulated worker's reports: {e}"))
+        })??;
+    }
+    if let Ok(mut all) = shared.latencies_us.lock() {
+        all.extend(latencies);
+    }
+    Ok(())
+}
+
+/// A worker's reports, at most one per `interval`, each holding what was handed on meanwhile
+/// and not taken by a lease call.
+async fn report_loop(
+    mut client: CoordinatorClient<RpcChannel>,
+    (worker_id, unreported, mut wakes): (u64, Unreported, mpsc::UnboundedReceiver<()>),
+    interval: Duration,
+) -> Result<()> {
+    let mut last = tokio::time::Instant::now();
+    while wakes.recv().await.is_some() {
+        tokio::time::sleep_until(last + interval).await;
+        while wakes.try_recv().is_ok() {}
+        if let Some(request) = take_report(worker_id, &unreported) {
+            last = tokio::time::Instant::now();
+            client.report(request).await?;
+        }
+    }
+    Ok(())
+}
+
+/// A client's way to the coordinator.
+enum Updates {
+    Calls(CoordinatorClient<RpcChannel>),
+    Stream {
+        requests: mpsc::UnboundedSender<SessionUpdateRequest>,
+        answers: tonic::Streaming<SessionUpdateResponse>,
+    },
+}
+
+impl Updates {
+    async fn send(&mut self, request: SessionUpdateRequest) -> Result<SessionUpdateResponse> {
+        match self {
+            Self::Calls(client) => Ok(client.update_session(request).await?.into_inner()),
+            Self::Stream { requests, answers } => {
+                requests
+                    .send(request)
+                    .map_err(|_| crate::bench::Error::Failed("an update stream closed".into()))?;
+                answers.message().await?.ok_or_else(|| {
+                    crate::bench::Error::Failed("the coordinator ended an update stream".into())
+                })
+            }
+        }
+    }
+}
+
+/// One simulated client (rank): acknowledges what arrives and consumes it, one batch per
+/// `1 / rank_rate` seconds (at once when the rate is 0), a credit back for each batch
+/// consumed, as the loader asks a step for each one its training takes. Before: an update as
+/// soon as there is anything to send (the driver before the update stream); after: held as
+/// the driver holds it now. Records, per batch, the time from its credit's grant (the update
+/// that carried it sent) to the batch's arrival.
+pub async fn client(
+    channel: RpcChannel,
+    (session, mut workers_version): (SessionToken, u64),
+    credits: u64,
+    mut arrivals: mpsc::UnboundedReceiver<(u64, Instant)>,
+    shared: std::sync::Arc<Shared>,
+) -> Result<()> {
+    let mut updates = match shared.control {
+        Control::Before => {
+            workers_version = 0;
+            Updates::Calls(CoordinatorClient::new(channel))
+        }
+        Control::After => {
+            let (requests, receiver) = mpsc::unbounded_channel();
+            let answers = CoordinatorClient::new(channel)
+                .update_session_stream(UnboundedReceiverStream::new(receiver))
+                .await?
+                .into_inner();
+            Updates::Stream { requests, answers }
+        }
+    };
+    let period = (shared.rank_rate > 0.0).then(|| Duration::from_secs_f64(1.0 / shared.rank_rate));
+    let (mut acks, mut want, mut outstanding, mut buffered) = (Vec::new(), 0u64, credits, 0u64);
+    // When each credit granted and not yet served was granted, oldest first.
+    let mut granted_at: std::collections::VecDeque<Instant> =
+        std::iter::repeat_n(Instant::now(), credits as usize).collect();
+    let mut latencies = Vec::new();
+    let mut hold = Hold::new(shared.interval);
+    let mut next_step = tokio::time::Instant::now();
+    let mut stopped = shared.stopped.clone();
+    while !shared.stop.load(Ordering::Relaxed) {
+        let mut held_until = None;
+        let pending = Pending {
+            want,
+            outstanding,
+            acks: acks.len(),
+            all_in: false,
+            report: false,
+        };
+        let due = match shared.control {
+            Control::Before if want > 0 || !acks.is_empty() => Due::Now,
+            Control::Before => Due::Nothing,
+            Control::After => hold.due(Instant::now(), pending),
+        };
+        if due == Due::Now {
+            hold.sent();
+            let count = acks.len() as u64;
+            granted_at.extend(std::iter::repeat_n(Instant::now(), want as usize));
+            let answer = updates
+                .send(SessionUpdateRequest {
+                    session: Some(session),
+                    grant_credits: want,
+                    acknowledged: std::mem::take(&mut acks),
+                    stats: None,
+                    workers_version,
+                })
+                .await?;
+            if shared.control == Control::After {
+                workers_version = answer.workers_version;
+            }
+            outstanding += want;
+            want = 0;
+            if shared.measuring.load(Ordering::Relaxed) {
+                shared.acknowledged.fetch_add(count, Ordering::Relaxed);
+            }
+            continue;
+        }
+        if let Due::At(at) = due {
+            held_until = Some(tokio::time::Instant::from_std(at));
+        }
+        let consume = period.filter(|_| buffered > 0).map(|_| next_step);
+        tokio::select! {
+            arrival = arrivals.recv() => {
+                let Some((step, handed_at)) = arrival else { break };
+                acks.push(step);
+                outstanding = outstanding.saturating_sub(1);
+                if let Some(at) = granted_at.pop_front() {
+                    if shared.measuring.load(Ordering::Relaxed) {
+                        let took = handed_at.saturating_duration_since(at);
+                        latencies.push(u32::try_from(took.as_micros()).unwrap_or(u32::MAX));
+                    }
+                }
+                match period {
+                    Some(_) => {
+                        if buffered == 0 {
+                            next_step = next_step.max(tokio::time::Instant::now());
+                        }
+                        buffered += 1;
+                    }
+                    None => {
+                        want += 1;
+                    }
+                }
+            }
+            () = sleep_until_some(consume) => {
+                buffered -= 1;
+                want += 1;
+                next_step += period.unwrap_or_default();
+            }
+            () = sleep_until_some(held_until) => {}
+            _ = stopped.changed() => break,
+        }
+    }
+    if let Ok(mut all) = shared.served_us.lock() {
+        all.extend(latencies);
+    }
+    Ok(())
+}
+
+/// Sleeps until `at`; forever when `None`.
+async fn sleep_until_some(at: Option<tokio::time::Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
+    }
+}

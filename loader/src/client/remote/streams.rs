@@ -1,0 +1,133 @@
+//! A session's streams from the workers: each opened on its own task, landing every batch in a
+//! slot of the session's queue as its bytes come, and telling the driver what happens.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Instant;
+
+use stoker_proto::v1::{SessionToken, SubscribeRequest, WorkerInfo};
+use stoker_rpc::batch_wire;
+use stoker_rpc::error_kinds;
+use stoker_rpc::network::Network;
+use stoker_rpc::security::ClientSecurity;
+use stoker_rpc::transport::MAX_MESSAGE_BYTES;
+use tokio::sync::mpsc;
+use tonic::{Code, Status};
+
+use crate::client::landing::{next_landed, Landed, SlotQueue};
+
+/// What a worker stream tells the driver.
+pub(super) enum Arrival {
+    /// The stream is open.
+    Opened { worker: u64 },
+    Batch {
+        incarnation: u64,
+        batch: Box<Landed>,
+        /// When the batch's bytes had arrived.
+        received: Instant,
+    },
+    /// A batch the worker could not build (fail policy): the consumer gets the error.
+    Failed(Status),
+    /// The worker refused the stream (token or TLS): a setting to fix, not worth a retry.
+    Refused { address: String, status: Status },
+    /// The worker ended the stream cleanly, after everything it sent into it.
+    Ended { worker: u64 },
+    /// The stream broke or could not open; `opened` says whether it was ever up.
+    Lost {
+        worker: u64,
+        opened: bool,
+        status: Status,
+    },
+}
+
+/// A session's worker streams by worker: aborted when dropped, at the session's end or with
+/// the session itself when its driver is cancelled (a stream left running would hold the
+/// slots of the steps it was to land, and its subscription at the worker).
+#[derive(Default)]
+pub(super) struct Streams(pub(super) HashMap<u64, tokio::task::JoinHandle<()>>);
+
+impl Drop for Streams {
+    fn drop(&mut self) {
+        for handle in self.0.values() {
+            handle.abort();
+        }
+    }
+}
+
+/// Opens the worker's stream for the session and forwards what arrives, each batch landed in a
+/// slot of `slots` as its bytes come.
+pub(super) async fn stream_worker(
+    worker: WorkerInfo,
+    network: Network,
+    security: ClientSecurity,
+    token: SessionToken,
+    job_id: u64,
+    arrivals: mpsc::UnboundedSender<Arrival>,
+    slots: Arc<SlotQueue>,
+) {
+    let lost = |opened: bool, status: Status| Arrival::Lost {
+        worker: worker.worker_id,
+        opened,
+        status,
+    };
+    let mut channel = match network.channel(&worker.data_address, &security) {
+        Ok(channel) => channel,
+        Err(error) => {
+            let _ = arrivals.send(lost(false, Status::invalid_argument(error.to_string())));
+            return;
+        }
+    };
+    let request = SubscribeRequest {
+        session: Some(token),
+        job_id,
+    };
+    let mut reader = match batch_wire::subscribe(&mut channel, request, MAX_MESSAGE_BYTES).await {
+        Ok(reader) => reader,
+        Err(status) if error_kinds::is_refusal(&status) => {
+            let _ = arrivals.send(Arrival::Refused {
+                address: worker.data_address.clone(),
+                status,
+            });
+            return;
+        }
+        Err(status) => {
+            let _ = arrivals.send(lost(false, status));
+            return;
+        }
+    };
+    let _ = arrivals.send(Arrival::Opened {
+        worker: worker.worker_id,
+    });
+    loop {
+        match next_landed(&mut reader, &slots).await {
+            Ok(Some(landed)) => {
+                let arrival = Arrival::Batch {
+                    incarnation: token.incarnation,
+                    batch: Box::new(landed),
+                    received: Instant::now(),
+                };
+                if arrivals.send(arrival).is_err() {
+                    return;
+                }
+            }
+            Ok(None) => {
+                let _ = arrivals.send(Arrival::Ended {
+                    worker: worker.worker_id,
+                });
+                return;
+            }
+            Err(status)
+                if status.code() == Code::Unavailable
+                    || status.code() == Code::Unknown
+                    || status.code() == Code::Cancelled =>
+            {
+                let _ = arrivals.send(lost(true, status));
+                return;
+            }
+            Err(status) => {
+                let _ = arrivals.send(Arrival::Failed(status));
+                return;
+            }
+        }
+    }
+}
