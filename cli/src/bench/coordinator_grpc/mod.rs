@@ -199,7 +199,7 @@ pub fn run(args: &CoordinatorGrpcBench) -> Result<()> {
     }
     if let [before, after] = reports.as_slice() {
         println!(
-            "after / before: {:.2}x assignments per coordinator core-second, {:.2}x loopback bytes per assignment",
+            "after / before: {:.2}x assignments per coordinator core-second, {:.4}x loopback bytes per assignment",
             after.assignments_per_coordinator_core_s / before.assignments_per_coordinator_core_s.max(1e-9),
             after.loopback_bytes_per_assignment / before.loopback_bytes_per_assignment.max(1e-9)
         );

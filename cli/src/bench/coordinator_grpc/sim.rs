@@ -99,7 +99,8 @@ pub async fn worker(
             .lease(LeaseRequest {
                 worker_id,
                 max_tasks: batch,
-                wait_ms: 100,
+                // As the worker daemon waits.
+                wait_ms: 1000,
                 report: take_report(worker_id, &unreported),
             })
             .await?
