@@ -539,6 +539,12 @@ mod tests {
 
     #[test]
     fn shared_connections_are_handed_out_in_turn() {
+        // A channel connects lazily, on the runtime it is made in.
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("a runtime");
+        let _entered = runtime.enter();
         let security = ClientSecurity::default();
         assert_eq!(
             channels("127.0.0.1:9", &security, 5, 2)
