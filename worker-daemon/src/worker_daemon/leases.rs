@@ -1,7 +1,8 @@
-//! The worker's side of the control plane: register with the coordinator, lease tasks, build
-//! each batch on the decode pool, deliver it to its client's stream, report it; heartbeats and
-//! reports on their own cadence; register again when the coordinator is lost or restarted; on
-//! the drain, finish what is held, report it and leave.
+//! The worker's side of the control plane: register with the coordinator, lease tasks (each
+//! lease call carrying the outcomes finished since the last), build each batch on the decode
+//! pool, deliver it to its client's stream; heartbeats and the other reports on their own
+//! cadence (`reports.rs`); register again when the coordinator is lost or restarted; on the
+//! drain, finish what is held, report it and leave.
 
 use std::collections::HashMap;
 use std::sync::atomic::Ordering;
@@ -22,6 +23,9 @@ use super::error_status;
 use stoker_rpc::transport::{Backoff, RpcChannel, MAX_MESSAGE_BYTES};
 use stoker_worker::open_sources;
 
+use super::reports::{
+    heartbeat_loop, put_back_counts, reported_tasks, report_loop, take_report, unreported_lost,
+};
 use super::{check_root, lock, JobEntry, Outcome, Shared, WorkerConfig, LEAVE_RESERVE};
 
 /// Tries at opening a job whose datasets failed to open in a way that may pass (a disk or
@@ -548,136 +552,6 @@ async fn before_drain_due<T>(
                     return Some(work.await);
                 }
             }
-        }
-    }
-}
-
-async fn heartbeat_loop(
-    mut client: CoordinatorClient<RpcChannel>,
-    worker_id: u64,
-    lease_timeout_ms: u64,
-    lost: mpsc::Sender<Status>,
-) {
-    let every = Duration::from_millis((lease_timeout_ms / 4).clamp(50, 5_000));
-    loop {
-        tokio::time::sleep(every).await;
-        if let Err(status) = client.heartbeat(HeartbeatRequest { worker_id }).await {
-            if !error_kinds::is_transient(&status) || status.code() == Code::Unavailable {
-                let _ = lost.send(status).await;
-                return;
-            }
-        }
-    }
-}
-
-/// The report of the outcomes in `unreported` (taken), with the counts since the last report
-/// that went through; `None` when there is nothing to report.
-fn take_report(
-    worker_id: u64,
-    shared: &Shared,
-    unreported: &Mutex<Vec<Outcome>>,
-) -> Option<ReportRequest> {
-    let outcomes = std::mem::take(&mut *lock(unreported));
-    if outcomes.is_empty() {
-        return None;
-    }
-    let mut request = ReportRequest {
-        worker_id,
-        ..ReportRequest::default()
-    };
-    for outcome in outcomes {
-        match outcome {
-            Outcome::Completed(lease) => request.completed.push(lease),
-            Outcome::Failed(lease_id, reason) => request.failed.push(FailedTask {
-                lease_id,
-                reason,
-                unclaimed: false,
-            }),
-            Outcome::Unclaimed(lease_id, reason) => request.failed.push(FailedTask {
-                lease_id,
-                reason,
-                unclaimed: true,
-            }),
-        }
-    }
-    // Taken now, put back when this report fails (a re-registered worker reports them under
-    // its new id, once).
-    request.bad_samples = shared.bad_samples.swap(0, Ordering::Relaxed);
-    request.busy_ns = shared.busy_ns.swap(0, Ordering::Relaxed);
-    Some(request)
-}
-
-/// Tasks whose outcome `report` carries.
-fn reported_tasks(report: &ReportRequest) -> usize {
-    report.completed.len() + report.failed.len()
-}
-
-/// A report of `tasks` outcomes did not go through: the coordinator leases them again (its
-/// sessions reopened, or the leases timed out), and the clients drop what they already have.
-fn unreported_lost(tasks: usize, status: &Status) {
-    if tasks > 0 {
-        tracing::warn!(tasks, %status, "a report did not reach the coordinator; it leases those tasks again");
-    }
-}
-
-/// The counts of a report that did not go through, for the next one.
-fn put_back_counts(shared: &Shared, counts: Option<(u64, u64)>) {
-    if let Some((bad, busy)) = counts {
-        shared.bad_samples.fetch_add(bad, Ordering::Relaxed);
-        shared.busy_ns.fetch_add(busy, Ordering::Relaxed);
-    }
-}
-
-/// Reports the outcomes as they come, at most one report per `interval`: what comes meanwhile
-/// waits in `unreported` for the report, unless a lease call takes it first. Ends when the
-/// outcomes' senders are gone and all is reported, or when a report fails.
-async fn report_loop(
-    mut client: CoordinatorClient<RpcChannel>,
-    worker_id: u64,
-    shared: Arc<Shared>,
-    (mut outcomes, unreported): (mpsc::UnboundedReceiver<Outcome>, Arc<Mutex<Vec<Outcome>>>),
-    interval: Duration,
-    lost: mpsc::Sender<Status>,
-) {
-    let mut last = tokio::time::Instant::now();
-    let mut open = true;
-    while open {
-        let Some(first) = outcomes.recv().await else {
-            break;
-        };
-        lock(&unreported).push(first);
-        // Each outcome goes where a lease call can take it as soon as it comes.
-        let due = last + interval;
-        while open {
-            tokio::select! {
-                () = tokio::time::sleep_until(due) => break,
-                outcome = outcomes.recv() => match outcome {
-                    Some(outcome) => lock(&unreported).push(outcome),
-                    None => open = false,
-                },
-            }
-        }
-        let Some(request) = take_report(worker_id, &shared, &unreported) else {
-            continue;
-        };
-        last = tokio::time::Instant::now();
-        let counts = Some((request.bad_samples, request.busy_ns));
-        let carried = reported_tasks(&request);
-        if let Err(status) = client.report(request).await {
-            put_back_counts(&shared, counts);
-            unreported_lost(carried, &status);
-            let _ = lost.send(status).await;
-            return;
-        }
-    }
-    // The last outcomes a lease call had not taken.
-    if let Some(request) = take_report(worker_id, &shared, &unreported) {
-        let counts = Some((request.bad_samples, request.busy_ns));
-        let carried = reported_tasks(&request);
-        if let Err(status) = client.report(request).await {
-            put_back_counts(&shared, counts);
-            unreported_lost(carried, &status);
-            let _ = lost.send(status).await;
         }
     }
 }

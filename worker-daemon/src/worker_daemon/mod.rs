@@ -45,6 +45,7 @@ use stoker_worker::{EpochPlan, Error, Job, Result};
 
 mod data_roots;
 mod leases;
+mod reports;
 
 pub use data_roots::canonical_roots;
 use data_roots::check_root;
