@@ -124,23 +124,31 @@ pub(super) async fn report_loop(
             continue;
         };
         last = tokio::time::Instant::now();
-        let counts = Some((request.bad_samples, request.busy_ns));
-        let carried = reported_tasks(&request);
-        if let Err(status) = client.report(request).await {
-            put_back_counts(&shared, counts);
-            unreported_lost(carried, &status);
-            let _ = lost.send(status).await;
+        if !send_report(&mut client, &shared, request, &lost).await {
             return;
         }
     }
     // The last outcomes a lease call had not taken.
     if let Some(request) = take_report(worker_id, &shared, &unreported) {
-        let counts = Some((request.bad_samples, request.busy_ns));
-        let carried = reported_tasks(&request);
-        if let Err(status) = client.report(request).await {
-            put_back_counts(&shared, counts);
-            unreported_lost(carried, &status);
-            let _ = lost.send(status).await;
-        }
+        send_report(&mut client, &shared, request, &lost).await;
     }
+}
+
+/// Sends `request`; whether it went through. When not, its counts are kept for the next
+/// report and the serving loop hears the coordinator is lost.
+async fn send_report(
+    client: &mut CoordinatorClient<RpcChannel>,
+    shared: &Shared,
+    request: ReportRequest,
+    lost: &mpsc::Sender<Status>,
+) -> bool {
+    let counts = Some((request.bad_samples, request.busy_ns));
+    let carried = reported_tasks(&request);
+    let Err(status) = client.report(request).await else {
+        return true;
+    };
+    put_back_counts(shared, counts);
+    unreported_lost(carried, &status);
+    let _ = lost.send(status).await;
+    false
 }
