@@ -5,17 +5,15 @@
 //! drain, finish what is held, report it and leave.
 
 use std::collections::HashMap;
-use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use stoker_proto::v1::coordinator_client::CoordinatorClient;
 use stoker_proto::v1::{
-    Batch, FailedTask, GetJobRequest, HeartbeatRequest, LeaseRequest, LeaveRequest,
-    RegisterWorkerRequest, ReportRequest, TaskLease,
+    Batch, GetJobRequest, LeaseRequest, LeaveRequest, RegisterWorkerRequest, TaskLease,
 };
 use tokio::sync::{mpsc, watch, Semaphore};
-use tonic::{Code, Status};
+use tonic::Status;
 
 use stoker_rpc::error_kinds;
 
@@ -24,7 +22,7 @@ use stoker_rpc::transport::{Backoff, RpcChannel, MAX_MESSAGE_BYTES};
 use stoker_worker::open_sources;
 
 use super::reports::{
-    heartbeat_loop, put_back_counts, reported_tasks, report_loop, take_report, unreported_lost,
+    heartbeat_loop, put_back_counts, report_loop, reported_tasks, take_report, unreported_lost,
 };
 use super::{check_root, lock, JobEntry, Outcome, Shared, WorkerConfig, LEAVE_RESERVE};
 
