@@ -372,6 +372,7 @@ impl Driver {
                         grant_credits: want,
                         acknowledged: acks_on_the_way.clone(),
                         stats,
+                        // Set by `updates.send`.
                         workers_version: 0,
                     };
                     // Counted as granted from now: a batch of these credits may arrive before
@@ -536,7 +537,8 @@ impl Driver {
                         grant_credits: 0,
                         acknowledged: acks,
                         stats: Some(client_stats(&self.monitor)),
-                        workers_version: 0,
+                        // The list held is current or not, it is not needed any more.
+                        workers_version: updates.workers_version(),
                     })
                     .await;
             }

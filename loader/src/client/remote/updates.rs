@@ -102,6 +102,11 @@ impl Updates {
         }
     }
 
+    /// The version of the workers' list the client holds.
+    pub(super) fn workers_version(&self) -> u64 {
+        self.workers_version
+    }
+
     /// The answer to the update sent last. Cancel-safe: dropped before it is ready, the same
     /// answer is waited for at the next call.
     pub(super) async fn answer(&mut self) -> Result<Answer, Status> {
