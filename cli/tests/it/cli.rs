@@ -212,27 +212,37 @@ fn bench_coordinator_grpc_drives_a_real_coordinator() {
         "1",
         "--json",
     ]);
-    let report: serde_json::Value = serde_json::from_str(last_line(&out).trim()).unwrap();
-    assert_eq!(report["jobs"], 2);
-    let assignments = report["assignments"].as_f64().unwrap();
-    assert!(assignments > 0.0, "{report}");
-    let cpu = report["coordinator_cpu_s"].as_f64().unwrap();
-    assert!(cpu > 0.0, "the coordinator process worked: {report}");
-    let per_core = report["assignments_per_coordinator_core_s"]
-        .as_f64()
-        .unwrap();
-    assert!(
-        (per_core - assignments / cpu).abs() < 1e-6 * per_core,
-        "{report}"
-    );
-    let (p50, p99) = (
-        report["lease_p50_us"].as_f64().unwrap(),
-        report["lease_p99_us"].as_f64().unwrap(),
-    );
-    assert!(
-        report["lease_calls"].as_u64() > Some(0) && p99 >= p50,
-        "{report}"
-    );
+    // One row per control plane, the tree before and the batched one, from one run.
+    let rows: serde_json::Value = serde_json::from_str(last_line(&out).trim()).unwrap();
+    let rows = rows.as_array().expect("a JSON array of rows");
+    let controls: Vec<_> = rows.iter().map(|r| r["control"].clone()).collect();
+    assert_eq!(controls, ["before", "after"]);
+    for report in rows {
+        assert_eq!(report["jobs"], 2);
+        let assignments = report["assignments"].as_f64().unwrap();
+        assert!(assignments > 0.0, "{report}");
+        let cpu = report["coordinator_cpu_s"].as_f64().unwrap();
+        assert!(cpu > 0.0, "the coordinator process worked: {report}");
+        let per_core = report["assignments_per_coordinator_core_s"]
+            .as_f64()
+            .unwrap();
+        assert!(
+            (per_core - assignments / cpu).abs() < 1e-6 * per_core,
+            "{report}"
+        );
+        let (p50, p99) = (
+            report["lease_p50_us"].as_f64().unwrap(),
+            report["lease_p99_us"].as_f64().unwrap(),
+        );
+        assert!(
+            report["lease_calls"].as_u64() > Some(0) && p99 >= p50,
+            "{report}"
+        );
+        assert!(
+            report["loopback_bytes_per_assignment"].as_f64() > Some(0.0),
+            "{report}"
+        );
+    }
 }
 
 #[test]
