@@ -720,14 +720,14 @@ fn stalling_fixture(stall: &std::sync::Arc<Stall>) -> Result<Fixture, Box<dyn st
         state.path().join(crate::JOURNAL_FILE),
         std::sync::Arc::clone(stall),
     );
-    let open: crate::scheduler::OpenDatabase = Box::new(move || {
+    let open: crate::journal::OpenDatabase = Box::new(move || {
         redb::Builder::new().create_with_backend(StallingDisk {
-            file: crate::scheduler::journal_file(&path)?,
+            file: crate::journal::journal_file(&path)?,
             stall: std::sync::Arc::clone(&disk),
         })
     });
     let config = service_config(&network, Vec::new())?;
-    let core = crate::Coordinator::open_with(state.path(), config.core.clone(), open)?;
+    let core = crate::Durable::open_with(state.path(), config.core.clone(), open)?;
     let (service, stop) = serve(&network, CoordinatorService::with_core(core, config));
     start_data_server(&network, Vec::new())?;
     Ok(Fixture {

@@ -14,7 +14,7 @@ use serde::Serialize;
 use stoker_proto::v1::JobSpec;
 
 use super::{Error, Result};
-use stoker_coordinator::{Coordinator, CoordinatorConfig, Lease, LeaseOutcome, Step};
+use stoker_coordinator::{CoordinatorConfig, Durable, Lease, LeaseOutcome, Step};
 
 /// Settings of `stoker bench coordinator`.
 #[derive(Debug, Clone, Args)]
@@ -103,9 +103,9 @@ pub fn run(args: &CoordinatorBench) -> Result<()> {
     let state_dir = tempfile::tempdir()
         .map_err(|e| Error::Failed(format!("creating the journal's temporary directory: {e}")))?;
     let mut coordinator = if args.no_journal {
-        Coordinator::in_memory(config)
+        Durable::in_memory(config)
     } else {
-        Coordinator::open(state_dir.path(), config)?
+        Durable::open(state_dir.path(), config)?
     };
     // Sessions must not run out of steps during the run.
     let per_rank = args.assignments / u64::from(args.ranks) + 1;
@@ -123,13 +123,13 @@ pub fn run(args: &CoordinatorBench) -> Result<()> {
         };
         let job = coordinator.register_job(spec, steps_per_epoch)?;
         for rank in 0..world_size {
-            let session = coordinator.open_session(job, rank, 0, Step(0))?;
-            coordinator.grant_credits(session, args.credits)?;
+            let session = coordinator.core.open_session(job, rank, 0, Step(0))?;
+            coordinator.core.grant_credits(session, args.credits)?;
             sessions.push(session);
         }
     }
     let workers: Vec<_> = (0..args.workers)
-        .map(|_| coordinator.register_worker(t0))
+        .map(|_| coordinator.core.register_worker(t0))
         .collect();
     let setup_s = setup_start.elapsed().as_secs_f64();
 
@@ -144,16 +144,19 @@ pub fn run(args: &CoordinatorBench) -> Result<()> {
         for &worker in &workers {
             leases.clear();
             let lease_start = Instant::now();
-            assigned += coordinator.lease_into(worker, args.lease_batch, now, &mut leases)? as u64;
+            assigned += coordinator
+                .core
+                .lease_into(worker, args.lease_batch, now, &mut leases)?
+                as u64;
             lease_time += lease_start.elapsed();
             for lease in &leases {
-                if coordinator.complete(worker, lease.lease_id)? == LeaseOutcome::Applied {
+                if coordinator.core.complete(worker, lease.lease_id)? == LeaseOutcome::Applied {
                     coordinator.acknowledge(lease.session, lease.task.step)?;
-                    coordinator.grant_credits(lease.session, 1)?;
+                    coordinator.core.grant_credits(lease.session, 1)?;
                 }
             }
         }
-        let expired = coordinator.expire(now);
+        let expired = coordinator.core.expire(now);
         if !expired.workers.is_empty() {
             return Err(Error::Failed("a simulated worker expired".into()));
         }
@@ -161,7 +164,7 @@ pub fn run(args: &CoordinatorBench) -> Result<()> {
     coordinator.flush()?;
     let wall = run_start.elapsed();
     let rss_delta = current_rss_bytes().saturating_sub(rss_start);
-    let stats = coordinator.stats();
+    let stats = coordinator.core.stats();
     if stats.duplicates_dropped != 0 || stats.leased_tasks != 0 {
         return Err(Error::Failed(format!("bookkeeping is off: {stats:?}")));
     }

@@ -6,7 +6,8 @@
 //! `test_package_layout.py` checks its own); and every dependency arrow between crates that
 //! README.md and ARCHITECTURE.md draw is one the manifests declare (`cargo metadata`); and no
 //! library file grows past 600 lines before its tests (the few over it when this check came in
-//! may shrink, not grow).
+//! may shrink, not grow); and the coordinator's core (`coordinator/src/scheduler/`) names no
+//! file, socket, database or runtime.
 
 #![allow(clippy::unwrap_used)] // tests fail loudly by design
 
@@ -581,4 +582,47 @@ fn lines_before_tests_stop_at_the_inline_test_module() {
     // A test-only item or an external test file is not where the tests begin.
     assert_eq!(lines_before_tests("#[cfg(test)]\nmod tests;\nfn f() {}"), 3);
     assert_eq!(lines_before_tests("#[cfg(test)]\nfn helper() {}\n"), 3);
+}
+
+/// What a file doing I/O names: files, sockets, the journal's database, an async runtime.
+const IO_NAMES: [&str; 7] = [
+    "std::fs",
+    "std::net",
+    "File::",
+    "redb::Database",
+    "Journal::",
+    "tokio::",
+    "tonic::",
+];
+
+/// The lines of `text` before its tests that name one of [`IO_NAMES`].
+fn io_lines(text: &str) -> Vec<String> {
+    text.split('\n')
+        .take(lines_before_tests(text))
+        .filter(|line| IO_NAMES.iter().any(|name| line.contains(name)))
+        .map(str::to_owned)
+        .collect()
+}
+
+#[test]
+fn the_coordinator_core_does_no_io() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap();
+    let mut files = Vec::new();
+    module_files(root, &root.join("coordinator/src/scheduler"), &mut files);
+    assert!(files.len() >= 8, "{files:?}");
+    let mut io = Vec::new();
+    for file in files.iter().filter(|file| !file.ends_with("/tests.rs")) {
+        for line in io_lines(&std::fs::read_to_string(root.join(file)).unwrap()) {
+            io.push(format!("{file}: {}", line.trim()));
+        }
+    }
+    assert!(
+        io.is_empty(),
+        "the core writes intents and leaves the I/O to its holder: {io:#?}"
+    );
+    // The check sees what it looks for.
+    assert_eq!(
+        io_lines("use redb::Database;\nfn f() {}\n#[cfg(test)]\nmod tests {\nuse std::fs;\n}"),
+        ["use redb::Database;"]
+    );
 }

@@ -1,71 +1,29 @@
-//! What the core makes durable: acknowledged positions taken out as a [`PositionWrite`],
-//! written off the core's lock and handed back, or flushed in place; and a session's position
-//! as the journal has it.
+//! What the core makes durable: acknowledged positions taken out as a [`PositionWrite`], an
+//! intent the caller writes to the journal (off the core's lock) and hands back; and a
+//! session's position as the journal has it.
 
 use super::*;
 
-/// Acknowledged positions taken from the core by [`Coordinator::take_positions`], written to
-/// the journal by [`PositionWrite::write`] without the core (a service runs it off its lock, so
-/// a slow disk stalls no call), then handed back with [`Coordinator::positions_written`].
+/// Acknowledged positions taken from the core by [`Coordinator::take_positions`], to be
+/// written to the journal in one transaction without the core (a service writes it off its
+/// lock, so a slow disk stalls no call), then handed back with
+/// [`Coordinator::positions_written`].
 pub struct PositionWrite {
-    pub(super) journal: Arc<Mutex<Journal>>,
     /// Rises with each write taken: a write that lands after a later one is skipped.
-    pub(super) seq: u64,
-    pub(super) positions: Vec<(PositionKey, u64)>,
-    pub(super) pruned: Vec<PositionKey>,
+    pub(crate) seq: u64,
+    pub(crate) positions: Vec<(PositionKey, u64)>,
+    pub(crate) pruned: Vec<PositionKey>,
     /// The core's count of prunes when it was taken (those before it are in `pruned` or done).
     pub(super) pruned_upto: u64,
     /// Retired jobs whose rows it deletes.
-    pub(super) retired: Vec<u64>,
-}
-
-impl PositionWrite {
-    /// Writes the positions durably, in one transaction; `Ok(false)` when a later write landed
-    /// first (it held these or newer). Waits for a job registration or another write in
-    /// flight to finish with the journal first.
-    pub fn write(&self) -> CoordinatorResult<bool> {
-        lock_journal(&self.journal).write_positions_numbered(
-            self.seq,
-            self.positions.iter().copied(),
-            &self.pruned,
-            &self.retired,
-        )
-    }
+    pub(crate) retired: Vec<u64>,
 }
 
 impl Coordinator {
-    /// Writes the acknowledged positions changed since the last write, durably, here and now
-    /// (see [`take_positions`](Self::take_positions) for a write outside the core).
-    pub fn flush(&mut self) -> CoordinatorResult<()> {
-        self.acks_since_flush = 0;
-        let Some(journal) = &self.journal else {
-            return Ok(());
-        };
-        if self.nothing_to_write() {
-            return Ok(());
-        }
-        // Nothing moves while this write runs, so no copy is taken: what it wrote is forgotten
-        // once it lands, and kept for the next write if it fails. It carries the latest number,
-        // so a write taken before it and still on its way is skipped when it lands.
-        self.position_writes += 1;
-        let positions = self.dirty_positions.iter().map(|(key, at)| (*key, *at));
-        lock_journal(journal).write_positions_numbered(
-            self.position_writes,
-            positions,
-            &self.pruned_positions,
-            &self.retired_jobs,
-        )?;
-        self.stats.journal_commits += 1;
-        tracing::debug!(
-            positions = self.dirty_positions.len(),
-            pruned = self.pruned_positions.len(),
-            "acknowledged positions journaled"
-        );
-        self.dirty_positions.clear();
-        self.pruned_written += self.pruned_positions.len() as u64;
-        self.pruned_positions.clear();
-        self.retired_jobs.clear();
-        Ok(())
+    /// Whether [`CoordinatorConfig::journal_every`] acknowledgements came since positions were
+    /// last taken: a caller that writes by count takes them now.
+    pub fn write_due(&self) -> bool {
+        self.journaled && self.acks_since_flush >= self.config.journal_every
     }
 
     /// Whether no position, prune or retired job waits to be written.
@@ -79,16 +37,15 @@ impl Coordinator {
     /// written outside the core, so the core's other calls go on while the disk takes them; `None`
     /// without a journal or with nothing to write. The core keeps them until
     /// [`positions_written`](Self::positions_written) says a write of theirs landed: a write
-    /// that fails, or is never made, loses nothing.
+    /// that fails, or is never made, loses nothing. Each write taken carries a higher number
+    /// than the ones before, so one that lands after a later one is skipped.
     pub fn take_positions(&mut self) -> Option<PositionWrite> {
         self.acks_since_flush = 0;
-        let journal = self.journal.as_ref()?;
-        if self.nothing_to_write() {
+        if !self.journaled || self.nothing_to_write() {
             return None;
         }
         self.position_writes += 1;
         Some(PositionWrite {
-            journal: Arc::clone(journal),
             seq: self.position_writes,
             positions: self
                 .dirty_positions
@@ -101,7 +58,8 @@ impl Coordinator {
         })
     }
 
-    /// Takes back `write` after [`PositionWrite::write`] gave `outcome`: once landed, its
+    /// Takes back `write` after the journal gave `outcome` for it (`Ok(false)`: skipped, a
+    /// later write landed first): once landed, its
     /// positions that have not changed since are written, and its prunes done; otherwise
     /// everything stays for the next write. Returns the write's error.
     pub fn positions_written(

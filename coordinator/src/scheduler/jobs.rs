@@ -1,4 +1,4 @@
-//! Jobs in the core: registration (its journal write taken out as a [`JobWrite`]), weights
+//! Jobs in the core: registration (its journal write an intent, a [`JobWrite`]), weights
 //! (a [`WeightWrite`]), shares, the specs by id, and the retirement of jobs idle past their
 //! retention.
 
@@ -6,15 +6,15 @@ use std::time::Instant;
 
 use super::*;
 
-/// A job registration taken from the core by [`Coordinator::job_write`], journaled by
-/// [`JobWrite::write`] without the core, then handed back with [`Coordinator::job_written`].
+/// A job registration taken from the core by [`Coordinator::job_write`], to be journaled
+/// without the core (job and weight in one transaction), then handed back with
+/// [`Coordinator::job_written`].
 pub struct JobWrite {
-    pub(super) journal: Option<Arc<Mutex<Journal>>>,
-    pub(super) id: JobId,
-    pub(super) steps_per_epoch: u64,
-    pub(super) weight: Option<u32>,
+    pub(crate) id: JobId,
+    pub(crate) steps_per_epoch: u64,
+    pub(crate) weight: Option<u32>,
     pub(super) spec: JobSpec,
-    pub(super) encoded: Vec<u8>,
+    pub(crate) encoded: Vec<u8>,
 }
 
 impl JobWrite {
@@ -22,44 +22,19 @@ impl JobWrite {
     pub fn id(&self) -> JobId {
         self.id
     }
-
-    /// Writes the job, and its weight, durably (nothing to write without a journal). Waits for
-    /// another write in flight to finish with the journal first.
-    pub fn write(&self) -> CoordinatorResult<()> {
-        match &self.journal {
-            Some(journal) => lock_journal(journal).put_job(
-                self.id.0,
-                self.steps_per_epoch,
-                &self.encoded,
-                self.weight,
-            ),
-            None => Ok(()),
-        }
-    }
 }
 
-/// A change of a job's weight taken by [`Coordinator::weight_write`], journaled by
-/// [`WeightWrite::write`] without the core, then handed back with
+/// A change of a job's weight taken by [`Coordinator::weight_write`], to be journaled without
+/// the core when it [`changes`](Self::changes) the weight, then handed back with
 /// [`Coordinator::weight_written`].
 pub struct WeightWrite {
-    /// `None` without a journal or when the weight does not change.
-    pub(super) journal: Option<Arc<Mutex<Journal>>>,
     pub(super) changes: bool,
-    pub(super) job: JobId,
+    pub(crate) job: JobId,
     pub(super) requested: u32,
-    pub(super) weight: u32,
+    pub(crate) weight: u32,
 }
 
 impl WeightWrite {
-    /// Writes the weight durably when it changes. Waits for another write in flight to
-    /// finish with the journal first.
-    pub fn write(&self) -> CoordinatorResult<()> {
-        match &self.journal {
-            Some(journal) => lock_journal(journal).put_weight(self.job.0, self.weight),
-            None => Ok(()),
-        }
-    }
-
     /// Whether the job's weight changes (else there is nothing to write).
     pub fn changes(&self) -> bool {
         self.changes
@@ -67,17 +42,30 @@ impl WeightWrite {
 }
 
 impl Coordinator {
-    /// Registers a job whose ranks each run `steps_per_epoch` steps; durable on return. The
-    /// journal is written under `&mut self`; a service that must not wait on its disk uses
-    /// [`job_write`](Self::job_write) instead.
+    /// Registers a job whose ranks each run `steps_per_epoch` steps, in a core without a
+    /// journal (tests, benches). A journaled core is refused: its registrations are
+    /// [`job_write`](Self::job_write)s, written before they count (`Durable::register_job`
+    /// does both in place).
     pub fn register_job(
         &mut self,
         spec: JobSpec,
         steps_per_epoch: u64,
     ) -> CoordinatorResult<JobId> {
+        self.refuse_if_journaled("register_job")?;
         let write = self.job_write(spec, steps_per_epoch, 0)?;
-        let outcome = write.write();
-        self.job_written(write, outcome)
+        self.job_written(write, Ok(()))
+    }
+
+    /// An error for a write-in-place call on a journaled core, whose writes go through the
+    /// journal.
+    fn refuse_if_journaled(&self, call: &str) -> CoordinatorResult<()> {
+        if self.journaled {
+            return Err(CoordinatorError::InvalidArgument(format!(
+                "{call} does not write the journal; a journaled core's changes go through its \
+                 journal (Durable)"
+            )));
+        }
+        Ok(())
     }
 
     /// Takes the next job id for a job whose ranks each run `steps_per_epoch` steps, of the
@@ -104,7 +92,6 @@ impl Coordinator {
         }
         self.next_job = JobId(id.0 + 1);
         Ok(JobWrite {
-            journal: self.journal.clone(),
             id,
             steps_per_epoch,
             weight: (weight > 0).then(|| weight.clamp(1, self.weight_cap())),
@@ -113,7 +100,7 @@ impl Coordinator {
         })
     }
 
-    /// Takes back `write` after [`JobWrite::write`] gave `outcome`: once it landed the job is
+    /// Takes back `write` after the journal gave `outcome` for it: once it landed the job is
     /// registered and its id returned; otherwise its id is let go and the write's error
     /// returned.
     pub fn job_written(
@@ -122,7 +109,6 @@ impl Coordinator {
         outcome: CoordinatorResult<()>,
     ) -> CoordinatorResult<JobId> {
         let JobWrite {
-            journal,
             id,
             steps_per_epoch,
             spec,
@@ -130,7 +116,7 @@ impl Coordinator {
             encoded,
         } = write;
         outcome?;
-        if journal.is_some() {
+        if self.journaled {
             self.stats.journal_commits += 1;
         }
         tracing::info!(
@@ -226,7 +212,7 @@ impl Coordinator {
             .copied()
             .filter(|job| retired.contains(&job.0) && listed.insert(*job))
             .collect();
-        if self.journal.is_some() {
+        if self.journaled {
             self.pruned_positions.extend(dropped);
             self.retired_jobs.extend(retired.iter().map(|job| job.0));
         }
@@ -240,18 +226,18 @@ impl Coordinator {
     }
 
     /// Sets `job`'s share of the workers to the `requested` weight, capped by
-    /// [`CoordinatorConfig::max_job_weight`] (0 counts as 1); journaled when it changes, under
-    /// `&mut self` (a service uses [`weight_write`](Self::weight_write)). Returns the weight
-    /// given.
+    /// [`CoordinatorConfig::max_job_weight`] (0 counts as 1), in a core without a journal; a
+    /// journaled core is refused (its weights are [`weight_write`](Self::weight_write)s).
+    /// Returns the weight given.
     pub fn set_job_weight(&mut self, job: JobId, requested: u32) -> CoordinatorResult<u32> {
+        self.refuse_if_journaled("set_job_weight")?;
         let write = self.weight_write(job, requested)?;
-        let outcome = write.write();
-        self.weight_written(&write, outcome)
+        self.weight_written(&write, Ok(()))
     }
 
     /// What setting `job`'s weight to `requested` (as [`set_job_weight`](Self::set_job_weight))
-    /// writes to the journal, to be written outside the core ([`WeightWrite::write`]: nothing
-    /// when the weight does not change) and handed back with
+    /// writes to the journal, to be written outside the core (nothing when the weight does not
+    /// change) and handed back with
     /// [`weight_written`](Self::weight_written), which gives the job its weight. Two changes of
     /// one job's weight must be written and handed back in the order they were taken.
     pub fn weight_write(&self, job: JobId, requested: u32) -> CoordinatorResult<WeightWrite> {
@@ -261,7 +247,6 @@ impl Coordinator {
         let weight = requested.clamp(1, self.weight_cap());
         let changes = self.job_share(job).weight != weight;
         Ok(WeightWrite {
-            journal: self.journal.clone().filter(|_| changes),
             changes,
             job,
             requested,
@@ -269,7 +254,7 @@ impl Coordinator {
         })
     }
 
-    /// Takes back `write` after [`WeightWrite::write`] gave `outcome`: once it landed the job
+    /// Takes back `write` after the journal gave `outcome` for it: once it landed the job
     /// has its weight, which is returned; otherwise the weight is unchanged and the write's
     /// error returned.
     pub fn weight_written(
@@ -281,7 +266,7 @@ impl Coordinator {
         if !self.jobs.contains_key(&write.job) {
             return Err(CoordinatorError::UnknownJob(write.job));
         }
-        if write.journal.is_some() {
+        if self.journaled && write.changes {
             self.stats.journal_commits += 1;
         }
         if write.changes {

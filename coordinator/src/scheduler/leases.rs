@@ -279,14 +279,11 @@ impl Coordinator {
         }
         let position = entry.acked_position;
         self.stats.acknowledgements += 1;
-        if position != before && self.journal.is_some() {
+        if position != before && self.journaled {
             self.dirty_positions
                 .insert((entry.job.0, entry.rank, entry.epoch), position);
         }
         self.acks_since_flush += 1;
-        if self.acks_since_flush >= self.config.journal_every {
-            self.flush()?;
-        }
         Ok(AckOutcome::Recorded {
             position: Step(position),
         })

@@ -1,5 +1,6 @@
-//! The coordinator's core: workers, sessions, task leases and the journal, in process and
-//! without sockets (the gRPC service is a thin layer over exactly this API).
+//! The coordinator's core: workers, sessions, task leases and what must be durable, in process,
+//! without sockets and without I/O (the gRPC service is a thin layer over exactly this API; the
+//! journal, `crate::journal`, writes what the core hands out, `crate::durable` pairs them).
 //!
 //! One module per idea, each an `impl Coordinator` over the state kept here: `jobs`
 //! (registration, weights, retirement), `workers` (liveness), `sessions` (opening, closing,
@@ -27,14 +28,17 @@
 //!   Duplicates (a step acknowledged twice, a late report on a lease that expired) are ignored
 //!   and counted.
 //! - Job specs and each (job, rank, epoch)'s acknowledged position (every step below it was
-//!   received) are journaled in redb. Job registrations are durable when the call returns;
-//!   positions are written every [`CoordinatorConfig::journal_every`] acknowledgements and on
-//!   [`flush`](Coordinator::flush), or, by a service that must not wait on its disk, taken
-//!   with [`take_positions`](Coordinator::take_positions), written outside the core
-//!   ([`PositionWrite::write`], on any thread) and handed back with
-//!   [`positions_written`](Coordinator::positions_written). A crash loses at most the unwritten
-//!   positions, whose steps are then redone: batches are a pure function of (spec, epoch, rank,
-//!   step), so the client receives identical bytes and drops them by step number.
+//!   received) are journaled, but not by the core: every journal write is an intent the core
+//!   hands out, a [`JobWrite`], [`WeightWrite`] or [`PositionWrite`], which the caller writes
+//!   (on any thread, off its lock) and hands back ([`job_written`](Coordinator::job_written),
+//!   [`weight_written`](Coordinator::weight_written),
+//!   [`positions_written`](Coordinator::positions_written)). A job exists once its write
+//!   landed; positions are taken with [`take_positions`](Coordinator::take_positions), due
+//!   every [`CoordinatorConfig::journal_every`] acknowledgements
+//!   ([`write_due`](Coordinator::write_due)) or on a timer, and kept until a write of theirs
+//!   lands. A crash loses at most the unwritten positions, whose steps are then redone: batches
+//!   are a pure function of (spec, epoch, rank, step), so the client receives identical bytes
+//!   and drops them by step number.
 //! - Nothing grows with the epochs a job runs: a closed session is dropped (its id answers
 //!   "closed" from then on), and when a rank opens epoch `e` the positions of its epochs before
 //!   `e - 1` leave memory and the journal. Nor with the jobs a coordinator has served: a job
@@ -48,7 +52,6 @@ mod durability;
 mod error;
 mod ids;
 mod jobs;
-mod journal;
 mod leases;
 mod session;
 mod sessions;
@@ -65,26 +68,22 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 /// assignment's time in `stoker bench coordinator`.
 pub(crate) type FastMap<K, V> = HashMap<K, V, foldhash::fast::RandomState>;
 use std::mem::size_of;
-use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Instant;
 
 use prost::Message;
 use stoker_proto::v1::JobSpec;
 
 pub use durability::PositionWrite;
+pub(crate) use error::journal_error;
 pub use error::{CoordinatorError, CoordinatorResult};
 pub use ids::{JobId, LeaseId, SessionId, Step, TaskKey, WorkerId};
 pub use jobs::{JobWrite, WeightWrite};
-pub use journal::JOURNAL_FILE;
-#[cfg(test)]
-pub(crate) use journal::{journal_file, OpenDatabase};
 pub use types::{
     AckOutcome, CoordinatorConfig, CoordinatorStats, ExpireReport, Lease, LeaseOutcome,
     MAX_JOB_WEIGHT,
 };
+pub(crate) use types::{JournalContents, JournaledJob, PositionKey};
 
-use journal::{Journal, PositionKey};
 use session::{AckEffect, ReadyKey, Session};
 pub use shares::JobShareStats;
 use shares::ReadySet;
@@ -119,13 +118,13 @@ struct LeaseSlot {
 }
 
 /// The coordinator core: workers, sessions, task leases (most-starved session first) and the
-/// journal of job specs and acknowledged positions. Single-threaded (`&mut self`); a service
-/// wraps it in a lock or an actor.
+/// journal writes they call for, handed out as intents. Single-threaded (`&mut self`); a
+/// service wraps it in a lock or an actor.
 pub struct Coordinator {
     config: CoordinatorConfig,
-    /// Shared with the [`PositionWrite`]s in flight, which write outside the core.
-    journal: Option<Arc<Mutex<Journal>>>,
-    journal_path: Option<PathBuf>,
+    /// Whether a journal keeps this core (restored from one): only then are positions, prunes
+    /// and retired jobs kept for [`PositionWrite`]s.
+    journaled: bool,
     jobs: BTreeMap<JobId, Job>,
     /// The jobs of each spec, by its encoding (equal specs encode alike: a spec has no map
     /// fields), in id order.
@@ -214,14 +213,6 @@ fn open_entry(
 /// is told the job is unknown (and registers again), not handed another job's batches.
 const JOB_ID_RUN_BITS: u32 = 32;
 
-/// The journal, once a write in flight is done with it. A write that panicked left
-/// nothing half-done in it (a transaction not committed is dropped), so carry on with it.
-fn lock_journal(journal: &Mutex<Journal>) -> MutexGuard<'_, Journal> {
-    journal
-        .lock()
-        .unwrap_or_else(|poisoned| poisoned.into_inner())
-}
-
 /// The first id of a run's job range for the random `seed`: a tag of 1 to 2^20 - 1 above the
 /// run's bits, so ids stay below 2^52 (exact as JSON numbers in the dashboard's JavaScript).
 fn run_job_id_base(seed: u64) -> u64 {
@@ -235,8 +226,7 @@ impl Coordinator {
     pub fn in_memory(config: CoordinatorConfig) -> Self {
         Self {
             config,
-            journal: None,
-            journal_path: None,
+            journaled: false,
             jobs: BTreeMap::new(),
             jobs_by_spec: HashMap::new(),
             next_job: JobId(0),
@@ -260,29 +250,15 @@ impl Coordinator {
         }
     }
 
-    /// Opens the coordinator journaled in `state_dir` (created if missing): registered jobs and
+    /// A journaled core, as its journal held it when opened: registered jobs, their weights and
     /// acknowledged positions come back; workers and leases do not (workers re-register, and
-    /// unacknowledged steps are redone).
-    pub fn open(state_dir: &Path, config: CoordinatorConfig) -> CoordinatorResult<Self> {
-        Self::with_journal(Journal::open(state_dir)?, config)
-    }
-
-    /// [`Coordinator::open`], the journal's database opened by `open_database` (tests give a
-    /// storage that fails or stalls on demand).
-    #[cfg(test)]
-    pub(crate) fn open_with(
-        state_dir: &Path,
+    /// unacknowledged steps are redone). No I/O: the journal was read by its opener.
+    pub(crate) fn restore(
         config: CoordinatorConfig,
-        open_database: journal::OpenDatabase,
-    ) -> CoordinatorResult<Self> {
-        Self::with_journal(Journal::open_with(state_dir, open_database)?, config)
-    }
-
-    fn with_journal(
-        (journal, contents): (Journal, journal::JournalContents),
-        config: CoordinatorConfig,
+        contents: JournalContents,
     ) -> CoordinatorResult<Self> {
         let mut coordinator = Self::in_memory(config);
+        coordinator.journaled = true;
         coordinator.job_id_base = run_job_id_base(stoker_rpc::transport::random_u64());
         for job in contents.jobs {
             let id = JobId(job.id);
@@ -303,14 +279,12 @@ impl Coordinator {
                 coordinator.ready.set_weight(job, weight.clamp(1, cap));
             }
         }
-        coordinator.journal_path = Some(journal.path().to_path_buf());
-        coordinator.journal = Some(Arc::new(Mutex::new(journal)));
         Ok(coordinator)
     }
 
-    /// The journal file, when there is one.
-    pub fn journal_path(&self) -> Option<PathBuf> {
-        self.journal_path.clone()
+    /// Whether a journal keeps this core (its writes are to be made).
+    pub fn journaled(&self) -> bool {
+        self.journaled
     }
 
     /// Counters, sizes and the memory estimate. Costs a pass over the sessions.

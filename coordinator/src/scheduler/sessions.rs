@@ -67,7 +67,7 @@ impl Coordinator {
                 session.reset(start_step.0);
             }
             self.stats.session_opens += 1;
-            if self.journal.is_some() {
+            if self.journaled {
                 // An exact reopen may move the position back, a plain one forward.
                 self.dirty_positions.insert(key, session.acked_position);
             }
@@ -104,7 +104,7 @@ impl Coordinator {
             Session::new(id, job, rank, epoch, steps_per_epoch, position),
         );
         self.prune_positions(job, rank, epoch);
-        if self.journal.is_some() && position != journaled {
+        if self.journaled && position != journaled {
             self.dirty_positions.insert(key, position);
         }
         self.session_index.insert(key, index);
@@ -155,7 +155,7 @@ impl Coordinator {
         let open = &self.session_index;
         self.dirty_positions
             .retain(|key, _| !stale(key) || open.contains_key(key));
-        if self.journal.is_some() {
+        if self.journaled {
             self.pruned_positions.extend(dropped);
         }
     }

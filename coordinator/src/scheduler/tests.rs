@@ -7,6 +7,7 @@ use std::time::{Duration, Instant};
 use stoker_proto::v1::JobSpec;
 
 use super::*;
+use crate::Durable;
 
 fn spec(world_size: u32, seed: u64) -> JobSpec {
     JobSpec {
@@ -340,17 +341,17 @@ fn restart_resumes_from_the_journal_and_redoes_the_rest_once() {
     let t0 = Instant::now();
     let steps = 30;
     let (job, acked_before) = {
-        let mut c = Coordinator::open(dir.path(), config()).unwrap();
+        let mut c = Durable::open(dir.path(), config()).unwrap();
         let job = c.register_job(spec(2, 9), steps).unwrap();
-        let s0 = c.open_session(job, 0, 3, Step(0)).unwrap();
-        let s1 = c.open_session(job, 1, 3, Step(0)).unwrap();
-        c.grant_credits(s0, 8).unwrap();
-        c.grant_credits(s1, 8).unwrap();
-        let w = c.register_worker(t0);
-        let leases = c.lease(w, 16, t0).unwrap();
+        let s0 = c.core.open_session(job, 0, 3, Step(0)).unwrap();
+        let s1 = c.core.open_session(job, 1, 3, Step(0)).unwrap();
+        c.core.grant_credits(s0, 8).unwrap();
+        c.core.grant_credits(s1, 8).unwrap();
+        let w = c.core.register_worker(t0);
+        let leases = c.core.lease(w, 16, t0).unwrap();
         // Rank 0 acks 0..6, rank 1 acks 0..3 and 5; the rest stays in flight at the "crash".
         for l in &leases {
-            c.complete(w, l.lease_id).unwrap();
+            c.core.complete(w, l.lease_id).unwrap();
             let s = l.task.step.0;
             if (l.session == s0 && s < 6) || (l.session == s1 && (s < 3 || s == 5)) {
                 c.acknowledge(l.session, l.task.step).unwrap();
@@ -359,23 +360,29 @@ fn restart_resumes_from_the_journal_and_redoes_the_rest_once() {
         c.flush().unwrap();
         (job, [6, 3])
     };
-    let mut c = Coordinator::open(dir.path(), config()).unwrap();
-    assert_eq!(c.job_spec(job).unwrap().seed, 9);
-    assert_eq!(c.steps_per_epoch(job).unwrap(), steps);
-    let s0 = c.open_session(job, 0, 3, Step(0)).unwrap();
-    let s1 = c.open_session(job, 1, 3, Step(0)).unwrap();
-    assert_eq!(c.acknowledged_position(s0).unwrap(), Step(acked_before[0]));
-    assert_eq!(c.acknowledged_position(s1).unwrap(), Step(acked_before[1]));
-    c.grant_credits(s0, 4).unwrap();
-    c.grant_credits(s1, 4).unwrap();
-    let w = c.register_worker(t0);
+    let mut c = Durable::open(dir.path(), config()).unwrap();
+    assert_eq!(c.core.job_spec(job).unwrap().seed, 9);
+    assert_eq!(c.core.steps_per_epoch(job).unwrap(), steps);
+    let s0 = c.core.open_session(job, 0, 3, Step(0)).unwrap();
+    let s1 = c.core.open_session(job, 1, 3, Step(0)).unwrap();
+    assert_eq!(
+        c.core.acknowledged_position(s0).unwrap(),
+        Step(acked_before[0])
+    );
+    assert_eq!(
+        c.core.acknowledged_position(s1).unwrap(),
+        Step(acked_before[1])
+    );
+    c.core.grant_credits(s0, 4).unwrap();
+    c.core.grant_credits(s1, 4).unwrap();
+    let w = c.core.register_worker(t0);
     let mut received = BTreeMap::new();
-    drain(&mut c, &[w], t0, &mut received);
+    drain(&mut c.core, &[w], t0, &mut received);
     for (s, from) in [(s0, 6), (s1, 3)] {
         let got: Vec<u64> = received.keys().filter(|k| k.0 == s).map(|k| k.1).collect();
         assert_eq!(got, (from..steps).collect::<Vec<_>>());
         assert!(received.iter().all(|(_, &n)| n == 1));
-        assert_eq!(c.acknowledged_position(s).unwrap(), Step(steps));
+        assert_eq!(c.core.acknowledged_position(s).unwrap(), Step(steps));
     }
     // A job registered after the restart gets a fresh id (of this run's range), and the
     // journaled job keeps its own.
@@ -384,7 +391,7 @@ fn restart_resumes_from_the_journal_and_redoes_the_rest_once() {
         fresh != job && fresh.0 >> 32 != job.0 >> 32,
         "{fresh:?} beside {job:?}"
     );
-    assert_eq!(c.job_spec(job).unwrap().seed, 9);
+    assert_eq!(c.core.job_spec(job).unwrap().seed, 9);
 }
 
 #[test]
@@ -392,7 +399,7 @@ fn journal_writes_are_batched_until_flush() {
     let dir = tempfile::tempdir().unwrap();
     let t0 = Instant::now();
     let job = {
-        let mut c = Coordinator::open(
+        let mut c = Durable::open(
             dir.path(),
             CoordinatorConfig {
                 journal_every: 1000,
@@ -401,19 +408,19 @@ fn journal_writes_are_batched_until_flush() {
         )
         .unwrap();
         let job = c.register_job(spec(1, 0), 10).unwrap();
-        let s = c.open_session(job, 0, 0, Step(0)).unwrap();
-        c.grant_credits(s, 5).unwrap();
-        let w = c.register_worker(t0);
-        for l in c.lease(w, 5, t0).unwrap() {
+        let s = c.core.open_session(job, 0, 0, Step(0)).unwrap();
+        c.core.grant_credits(s, 5).unwrap();
+        let w = c.core.register_worker(t0);
+        for l in c.core.lease(w, 5, t0).unwrap() {
             c.acknowledge(l.session, l.task.step).unwrap();
         }
-        assert_eq!(c.stats().journal_commits, 1, "only the job so far");
+        assert_eq!(c.core.stats().journal_commits, 1, "only the job so far");
         job
     };
-    let mut c = Coordinator::open(dir.path(), config()).unwrap();
-    let s = c.open_session(job, 0, 0, Step(2)).unwrap();
+    let mut c = Durable::open(dir.path(), config()).unwrap();
+    let s = c.core.open_session(job, 0, 0, Step(2)).unwrap();
     // Unflushed acks are lost; the client's own start step still counts.
-    assert_eq!(c.acknowledged_position(s).unwrap(), Step(2));
+    assert_eq!(c.core.acknowledged_position(s).unwrap(), Step(2));
 }
 
 #[test]
@@ -574,31 +581,31 @@ fn closed_sessions_and_old_epochs_positions_are_not_kept() {
     let steps = 4;
     let epochs = 40;
     let job = {
-        let mut c = Coordinator::open(dir.path(), config()).unwrap();
+        let mut c = Durable::open(dir.path(), config()).unwrap();
         let job = c.register_job(spec(2, 5), steps).unwrap();
-        let w = c.register_worker(t0);
+        let w = c.core.register_worker(t0);
         for epoch in 0..epochs {
             for rank in 0..2 {
-                let s = c.open_session(job, rank, epoch, Step(0)).unwrap();
-                c.grant_credits(s, 4).unwrap();
+                let s = c.core.open_session(job, rank, epoch, Step(0)).unwrap();
+                c.core.grant_credits(s, 4).unwrap();
                 // The last epoch stops half-way, the way a run is cut.
                 let take = if epoch + 1 == epochs { 2 } else { 4 };
-                for lease in c.lease(w, take, t0).unwrap() {
-                    c.complete(w, lease.lease_id).unwrap();
+                for lease in c.core.lease(w, take, t0).unwrap() {
+                    c.core.complete(w, lease.lease_id).unwrap();
                     c.acknowledge(s, lease.task.step).unwrap();
                 }
-                c.close_session(s).unwrap();
+                c.core.close_session(s).unwrap();
                 // A closed session is dropped, yet a late call on it is told it closed.
                 assert!(matches!(
-                    c.grant_credits(s, 1),
+                    c.core.grant_credits(s, 1),
                     Err(CoordinatorError::SessionClosed(_))
                 ));
             }
         }
         c.flush().unwrap();
-        assert_eq!(c.sessions.len(), 0);
+        assert_eq!(c.core.sessions.len(), 0);
         // Per rank, the positions of the last two epochs it opened.
-        let mut kept: Vec<PositionKey> = c.resume_positions.keys().copied().collect();
+        let mut kept: Vec<PositionKey> = c.core.resume_positions.keys().copied().collect();
         kept.sort_unstable();
         let last = epochs - 1;
         assert_eq!(
@@ -611,19 +618,19 @@ fn closed_sessions_and_old_epochs_positions_are_not_kept() {
             ]
         );
         assert!(matches!(
-            c.grant_credits(SessionId(10_000), 1),
+            c.core.grant_credits(SessionId(10_000), 1),
             Err(CoordinatorError::UnknownSession(_))
         ));
         job
     };
     // The journal holds the same, and the cut epoch resumes where it stopped.
-    let mut c = Coordinator::open(dir.path(), config()).unwrap();
-    assert_eq!(c.resume_positions.len(), 4);
-    let s = c.open_session(job, 1, epochs - 1, Step(0)).unwrap();
-    assert_eq!(c.acknowledged_position(s).unwrap(), Step(2));
+    let mut c = Durable::open(dir.path(), config()).unwrap();
+    assert_eq!(c.core.resume_positions.len(), 4);
+    let s = c.core.open_session(job, 1, epochs - 1, Step(0)).unwrap();
+    assert_eq!(c.core.acknowledged_position(s).unwrap(), Step(2));
     // An epoch whose position was dropped starts where the client asks.
-    let old = c.open_session(job, 1, 3, Step(1)).unwrap();
-    assert_eq!(c.acknowledged_position(old).unwrap(), Step(1));
+    let old = c.core.open_session(job, 1, 3, Step(1)).unwrap();
+    assert_eq!(c.core.acknowledged_position(old).unwrap(), Step(1));
 }
 
 /// Acknowledges steps `from..to` of session `s`.
@@ -634,19 +641,19 @@ fn ack(c: &mut Coordinator, s: SessionId, steps: std::ops::Range<u64>) {
 }
 
 /// A core journaling in `dir` that writes acknowledged positions on `flush` (or every 1000).
-fn journaled(dir: &std::path::Path) -> Coordinator {
+fn journaled(dir: &std::path::Path) -> Durable {
     let config = CoordinatorConfig {
         journal_every: 1000,
         ..config()
     };
-    Coordinator::open(dir, config).unwrap()
+    Durable::open(dir, config).unwrap()
 }
 
 /// The position rank 0's session of `job` in `epoch` opens at on a core restarted over `dir`.
 fn position_after_restart(dir: &std::path::Path, job: JobId, epoch: u64) -> Step {
     let mut c = journaled(dir);
-    let s = c.open_session(job, 0, epoch, Step(0)).unwrap();
-    c.acknowledged_position(s).unwrap()
+    let s = c.core.open_session(job, 0, epoch, Step(0)).unwrap();
+    c.core.acknowledged_position(s).unwrap()
 }
 
 #[test]
@@ -654,11 +661,11 @@ fn positions_a_failed_journal_write_carried_are_written_by_the_next_flush() {
     let dir = tempfile::tempdir().unwrap();
     let mut c = journaled(dir.path());
     let job = c.register_job(spec(1, 0), 10).unwrap();
-    let s = c.open_session(job, 0, 0, Step(0)).unwrap();
-    ack(&mut c, s, 0..6);
-    lock_journal(c.journal.as_ref().unwrap()).fail_next_write = true;
+    let s = c.core.open_session(job, 0, 0, Step(0)).unwrap();
+    ack(&mut c.core, s, 0..6);
+    c.journal().fail_next_write();
     assert!(matches!(c.flush(), Err(CoordinatorError::Journal(_))));
-    c.close_session(s).unwrap();
+    c.core.close_session(s).unwrap();
     c.flush().unwrap();
     drop(c);
     assert_eq!(position_after_restart(dir.path(), job, 0), Step(6));
@@ -669,17 +676,17 @@ fn the_position_a_session_is_opened_at_is_journaled() {
     let dir = tempfile::tempdir().unwrap();
     let mut c = journaled(dir.path());
     let job = c.register_job(spec(1, 0), 10).unwrap();
-    let s = c.open_session(job, 0, 0, Step(0)).unwrap();
-    ack(&mut c, s, 0..6);
+    let s = c.core.open_session(job, 0, 0, Step(0)).unwrap();
+    ack(&mut c.core, s, 0..6);
     c.flush().unwrap();
-    c.close_session(s).unwrap();
+    c.core.close_session(s).unwrap();
     // A client resuming from an older checkpoint: the position goes back to 2 and stays there
     // (step 4 acknowledged, 2 and 3 not).
-    let s = c.open_session_at(job, 0, 0, Step(2), true).unwrap();
+    let s = c.core.open_session_at(job, 0, 0, Step(2), true).unwrap();
     c.acknowledge(s, Step(4)).unwrap();
-    c.close_session(s).unwrap();
+    c.core.close_session(s).unwrap();
     // A new epoch opened at step 3 holds position 3 with nothing acknowledged.
-    c.open_session(job, 0, 1, Step(3)).unwrap();
+    c.core.open_session(job, 0, 1, Step(3)).unwrap();
     c.flush().unwrap();
     drop(c);
     assert_eq!(position_after_restart(dir.path(), job, 0), Step(2));
@@ -691,16 +698,16 @@ fn a_position_pruned_then_opened_again_before_a_flush_is_kept() {
     let dir = tempfile::tempdir().unwrap();
     let mut c = journaled(dir.path());
     let job = c.register_job(spec(1, 0), 10).unwrap();
-    let s = c.open_session(job, 0, 1, Step(0)).unwrap();
-    ack(&mut c, s, 0..2);
+    let s = c.core.open_session(job, 0, 1, Step(0)).unwrap();
+    ack(&mut c.core, s, 0..2);
     c.flush().unwrap();
-    c.close_session(s).unwrap();
+    c.core.close_session(s).unwrap();
     // Opening epoch 3 prunes epoch 1's position; epoch 1 is opened again and goes on.
-    let later = c.open_session(job, 0, 3, Step(0)).unwrap();
-    c.close_session(later).unwrap();
-    let s = c.open_session(job, 0, 1, Step(0)).unwrap();
-    ack(&mut c, s, 0..3);
-    c.close_session(s).unwrap();
+    let later = c.core.open_session(job, 0, 3, Step(0)).unwrap();
+    c.core.close_session(later).unwrap();
+    let s = c.core.open_session(job, 0, 1, Step(0)).unwrap();
+    ack(&mut c.core, s, 0..3);
+    c.core.close_session(s).unwrap();
     c.flush().unwrap();
     drop(c);
     assert_eq!(position_after_restart(dir.path(), job, 1), Step(3));
@@ -734,14 +741,14 @@ fn a_task_its_client_could_not_take_is_requeued_without_its_credit() {
 fn a_job_id_is_not_given_again_across_restarts_and_lost_journals() {
     let (dir, lost) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
     let first = {
-        let mut c = Coordinator::open(dir.path(), config()).unwrap();
+        let mut c = Durable::open(dir.path(), config()).unwrap();
         let first = c.register_job(spec(2, 1), 10).unwrap();
         assert_eq!(c.register_job(spec(2, 2), 10).unwrap().0, first.0 + 1);
         first
     };
     // Restarted: the job is there under its id; a new one gets an id of this run's range.
-    let mut c = Coordinator::open(dir.path(), config()).unwrap();
-    assert_eq!(c.steps_per_epoch(first).unwrap(), 10);
+    let mut c = Durable::open(dir.path(), config()).unwrap();
+    assert_eq!(c.core.steps_per_epoch(first).unwrap(), 10);
     let later = c.register_job(spec(2, 3), 10).unwrap();
     assert!(
         later.0 >> 32 != first.0 >> 32,
@@ -749,11 +756,11 @@ fn a_job_id_is_not_given_again_across_restarts_and_lost_journals() {
     );
     // A coordinator whose journal was lost gives its first job another id than the lost
     // one's first (a client holding that id is told it is unknown, not served this job).
-    let mut fresh = Coordinator::open(lost.path(), config()).unwrap();
+    let mut fresh = Durable::open(lost.path(), config()).unwrap();
     let other = fresh.register_job(spec(2, 4), 10).unwrap();
     assert_ne!(other, first);
     assert!(matches!(
-        fresh.steps_per_epoch(first),
+        fresh.core.steps_per_epoch(first),
         Err(CoordinatorError::UnknownJob(_))
     ));
     // Ids stay exact as JSON numbers (the dashboard's JavaScript).
@@ -771,23 +778,27 @@ fn a_position_write_outside_the_core_keeps_what_moved_meanwhile_and_a_late_one_i
     let dir = tempfile::tempdir().unwrap();
     let mut c = journaled(dir.path());
     let job = c.register_job(spec(1, 0), 10).unwrap();
-    let s = c.open_session(job, 0, 0, Step(0)).unwrap();
-    ack(&mut c, s, 0..3);
-    let first = c.take_positions().expect("position 3 to write");
+    let s = c.core.open_session(job, 0, 0, Step(0)).unwrap();
+    ack(&mut c.core, s, 0..3);
+    let first = c.core.take_positions().expect("position 3 to write");
     // The position moves while the first write is on its way; a second write is taken.
-    ack(&mut c, s, 3..5);
-    let second = c.take_positions().expect("position 5 to write");
-    ack(&mut c, s, 5..6);
+    ack(&mut c.core, s, 3..5);
+    let second = c.core.take_positions().expect("position 5 to write");
+    ack(&mut c.core, s, 5..6);
     // The second lands first; the first, older, is then skipped rather than written over it.
-    let outcome = second.write();
+    let outcome = c.journal().write_positions(&second);
     assert!(matches!(outcome, Ok(true)), "{outcome:?}");
-    c.positions_written(&second, outcome).unwrap();
-    let late = first.write();
+    c.core.positions_written(&second, outcome).unwrap();
+    let late = c.journal().write_positions(&first);
     assert!(matches!(late, Ok(false)), "{late:?}");
-    c.positions_written(&first, late).unwrap();
-    assert_eq!(c.stats().journal_commits, 2, "the job and the second write");
+    c.core.positions_written(&first, late).unwrap();
+    assert_eq!(
+        c.core.stats().journal_commits,
+        2,
+        "the job and the second write"
+    );
     // Position 6 came after both were taken: the only one left to write.
-    let third = c.take_positions().expect("position 6 still to write");
+    let third = c.core.take_positions().expect("position 6 still to write");
     assert_eq!(third.positions, [((job.0, 0, 0), 6)]);
     // A crash now: the journal holds the second write's position.
     drop((c, first, second, third));
@@ -799,21 +810,24 @@ fn a_failed_or_abandoned_position_write_loses_nothing() {
     let dir = tempfile::tempdir().unwrap();
     let mut c = journaled(dir.path());
     let job = c.register_job(spec(1, 0), 10).unwrap();
-    let s = c.open_session(job, 0, 0, Step(0)).unwrap();
-    ack(&mut c, s, 0..4);
+    let s = c.core.open_session(job, 0, 0, Step(0)).unwrap();
+    ack(&mut c.core, s, 0..4);
     // Taken and never written (a write whose thread went away): the core still has it.
-    drop(c.take_positions().expect("position 4 to write"));
-    let failing = c.take_positions().expect("position 4 again");
-    lock_journal(c.journal.as_ref().unwrap()).fail_next_write = true;
-    let outcome = failing.write();
+    drop(c.core.take_positions().expect("position 4 to write"));
+    let failing = c.core.take_positions().expect("position 4 again");
+    c.journal().fail_next_write();
+    let outcome = c.journal().write_positions(&failing);
     assert!(matches!(
-        c.positions_written(&failing, outcome),
+        c.core.positions_written(&failing, outcome),
         Err(CoordinatorError::Journal(_))
     ));
-    assert_eq!(c.stats().journal_commits, 1, "the job only");
+    assert_eq!(c.core.stats().journal_commits, 1, "the job only");
     drop(failing);
     c.flush().unwrap();
-    assert!(c.take_positions().is_none(), "nothing left once landed");
+    assert!(
+        c.core.take_positions().is_none(),
+        "nothing left once landed"
+    );
     drop(c);
     assert_eq!(position_after_restart(dir.path(), job, 0), Step(4));
 }
@@ -824,32 +838,40 @@ fn prunes_taken_by_a_write_are_done_once_it_lands_and_later_ones_wait_for_theirs
     let mut c = journaled(dir.path());
     let job = c.register_job(spec(2, 0), 10).unwrap();
     for rank in 0..2 {
-        let s = c.open_session(job, rank, 0, Step(0)).unwrap();
-        ack(&mut c, s, 0..2);
-        c.close_session(s).unwrap();
+        let s = c.core.open_session(job, rank, 0, Step(0)).unwrap();
+        ack(&mut c.core, s, 0..2);
+        c.core.close_session(s).unwrap();
     }
     c.flush().unwrap();
     // Rank 0 opens epoch 2: its epoch 0 position is dropped, and a write takes that drop.
-    let s = c.open_session(job, 0, 2, Step(0)).unwrap();
-    c.close_session(s).unwrap();
-    let first = c.take_positions().expect("a prune to write");
+    let s = c.core.open_session(job, 0, 2, Step(0)).unwrap();
+    c.core.close_session(s).unwrap();
+    let first = c.core.take_positions().expect("a prune to write");
     assert_eq!(first.pruned, [(job.0, 0, 0)]);
     // Rank 1 does the same while the write is on its way.
-    let s = c.open_session(job, 1, 2, Step(0)).unwrap();
-    c.close_session(s).unwrap();
-    let outcome = first.write();
-    c.positions_written(&first, outcome).unwrap();
-    assert_eq!(c.pruned_positions, [(job.0, 1, 0)], "rank 1's drop waits");
-    let second = c.take_positions().expect("rank 1's prune to write");
+    let s = c.core.open_session(job, 1, 2, Step(0)).unwrap();
+    c.core.close_session(s).unwrap();
+    let outcome = c.journal().write_positions(&first);
+    c.core.positions_written(&first, outcome).unwrap();
+    assert_eq!(
+        c.core.pruned_positions,
+        [(job.0, 1, 0)],
+        "rank 1's drop waits"
+    );
+    let second = c.core.take_positions().expect("rank 1's prune to write");
     assert_eq!(second.pruned, [(job.0, 1, 0)]);
-    let outcome = second.write();
-    c.positions_written(&second, outcome).unwrap();
-    assert!(c.pruned_positions.is_empty());
+    let outcome = c.journal().write_positions(&second);
+    c.core.positions_written(&second, outcome).unwrap();
+    assert!(c.core.pruned_positions.is_empty());
     drop((c, first, second));
     for rank in 0..2 {
         let mut c = journaled(dir.path());
-        let s = c.open_session(job, rank, 0, Step(0)).unwrap();
-        assert_eq!(c.acknowledged_position(s).unwrap(), Step(0), "rank {rank}");
+        let s = c.core.open_session(job, rank, 0, Step(0)).unwrap();
+        assert_eq!(
+            c.core.acknowledged_position(s).unwrap(),
+            Step(0),
+            "rank {rank}"
+        );
     }
 }
 
@@ -873,18 +895,18 @@ fn a_position_dropped_and_opened_again_while_a_write_was_on_its_way_is_written_a
     let dir = tempfile::tempdir().unwrap();
     let mut c = journaled(dir.path());
     let job = c.register_job(spec(1, 0), 10).unwrap();
-    let s = c.open_session(job, 0, 0, Step(0)).unwrap();
-    ack(&mut c, s, 0..5);
-    c.close_session(s).unwrap();
-    let write = c.take_positions().expect("position 5 to write");
+    let s = c.core.open_session(job, 0, 0, Step(0)).unwrap();
+    ack(&mut c.core, s, 0..5);
+    c.core.close_session(s).unwrap();
+    let write = c.core.take_positions().expect("position 5 to write");
     // While it is on its way: epoch 2 drops epoch 0's position, then a resume from an older
     // checkpoint opens epoch 0 again at exactly 5.
-    let later = c.open_session(job, 0, 2, Step(0)).unwrap();
-    c.close_session(later).unwrap();
-    c.open_session_at(job, 0, 0, Step(5), true).unwrap();
+    let later = c.core.open_session(job, 0, 2, Step(0)).unwrap();
+    c.core.close_session(later).unwrap();
+    c.core.open_session_at(job, 0, 0, Step(5), true).unwrap();
     // The write lands with the same value; the drop after it must not be the last word.
-    let outcome = write.write();
-    c.positions_written(&write, outcome).unwrap();
+    let outcome = c.journal().write_positions(&write);
+    c.core.positions_written(&write, outcome).unwrap();
     c.flush().unwrap();
     drop((c, write));
     assert_eq!(position_after_restart(dir.path(), job, 0), Step(5));
@@ -894,43 +916,47 @@ fn a_position_dropped_and_opened_again_while_a_write_was_on_its_way_is_written_a
 fn a_job_being_written_is_seen_by_nobody_and_its_id_given_to_no_other_registration() {
     let dir = tempfile::tempdir().unwrap();
     let mut c = journaled(dir.path());
-    let first = c.job_write(spec(1, 1), 10, 0).unwrap();
-    let second = c.job_write(spec(1, 2), 10, 3).unwrap();
+    let first = c.core.job_write(spec(1, 1), 10, 0).unwrap();
+    let second = c.core.job_write(spec(1, 2), 10, 3).unwrap();
     assert_ne!(first.id(), second.id(), "each write has an id of its own");
     assert!(matches!(
-        c.job_spec(first.id()),
+        c.core.job_spec(first.id()),
         Err(CoordinatorError::UnknownJob(_))
     ));
     assert_eq!(
-        c.jobs().count(),
+        c.core.jobs().count(),
         0,
         "nothing registered before its write lands"
     );
     // The second lands first; the first fails, and its id is let go with nothing registered.
-    let outcome = second.write();
-    let second_id = c.job_written(second, outcome).unwrap();
-    lock_journal(c.journal.as_ref().unwrap()).fail_next_write = true;
-    let (first_id, outcome) = (first.id(), first.write());
+    let outcome = c.journal().write_job(&second);
+    let second_id = c.core.job_written(second, outcome).unwrap();
+    c.journal().fail_next_write();
+    let (first_id, outcome) = (first.id(), c.journal().write_job(&first));
     assert!(matches!(
-        c.job_written(first, outcome),
+        c.core.job_written(first, outcome),
         Err(CoordinatorError::Journal(_))
     ));
     assert!(
-        c.job_spec(first_id).is_err(),
+        c.core.job_spec(first_id).is_err(),
         "the failed job is not registered"
     );
-    assert_eq!(c.steps_per_epoch(second_id).unwrap(), 10);
+    assert_eq!(c.core.steps_per_epoch(second_id).unwrap(), 10);
     assert_eq!(
-        c.job_share(second_id).weight,
+        c.core.job_share(second_id).weight,
         3,
         "the weight it was written with"
     );
-    assert_eq!(c.stats().journal_commits, 1, "the job that landed only");
+    assert_eq!(
+        c.core.stats().journal_commits,
+        1,
+        "the job that landed only"
+    );
     drop(c);
     let c = journaled(dir.path());
-    let ids: Vec<JobId> = c.jobs().map(|(id, _, _)| id).collect();
+    let ids: Vec<JobId> = c.core.jobs().map(|(id, _, _)| id).collect();
     assert_eq!(ids, [second_id], "the journal holds the job that landed");
-    assert_eq!(c.job_share(second_id).weight, 3, "with its weight");
+    assert_eq!(c.core.job_share(second_id).weight, 3, "with its weight");
 }
 
 #[test]
@@ -938,26 +964,35 @@ fn a_weight_is_given_once_its_write_lands_and_kept_when_it_fails() {
     let dir = tempfile::tempdir().unwrap();
     let mut c = journaled(dir.path());
     let job = c.register_job(spec(1, 0), 10).unwrap();
-    let write = c.weight_write(job, 3).unwrap();
+    let write = c.core.weight_write(job, 3).unwrap();
     assert!(write.changes());
-    assert_eq!(c.job_share(job).weight, 1, "not before the write lands");
-    lock_journal(c.journal.as_ref().unwrap()).fail_next_write = true;
-    let outcome = write.write();
-    assert!(c.weight_written(&write, outcome).is_err());
-    assert_eq!(c.job_share(job).weight, 1, "a failed write gives nothing");
-    // A write shares the journal: its database stays open, for the reopening below, until
-    // every write is dropped.
-    drop(write);
-    let write = c.weight_write(job, 3).unwrap();
-    let outcome = write.write();
-    assert_eq!(c.weight_written(&write, outcome).unwrap(), 3);
-    assert_eq!(c.job_share(job).weight, 3);
+    assert_eq!(
+        c.core.job_share(job).weight,
+        1,
+        "not before the write lands"
+    );
+    c.journal().fail_next_write();
+    let outcome = c.journal().write_weight(&write);
+    assert!(c.core.weight_written(&write, outcome).is_err());
+    assert_eq!(
+        c.core.job_share(job).weight,
+        1,
+        "a failed write gives nothing"
+    );
+    let write = c.core.weight_write(job, 3).unwrap();
+    let outcome = c.journal().write_weight(&write);
+    assert_eq!(c.core.weight_written(&write, outcome).unwrap(), 3);
+    assert_eq!(c.core.job_share(job).weight, 3);
     assert!(
-        !c.weight_write(job, 3).unwrap().changes(),
+        !c.core.weight_write(job, 3).unwrap().changes(),
         "nothing to write"
     );
     drop((write, c));
-    assert_eq!(journaled(dir.path()).job_share(job).weight, 3, "journaled");
+    assert_eq!(
+        journaled(dir.path()).core.job_share(job).weight,
+        3,
+        "journaled"
+    );
 }
 
 #[test]
@@ -969,52 +1004,55 @@ fn a_job_with_no_session_open_for_its_retention_is_forgotten_and_its_id_not_give
         ..config()
     };
     let t0 = Instant::now();
-    let mut c = Coordinator::open(dir.path(), config.clone()).unwrap();
+    let mut c = Durable::open(dir.path(), config.clone()).unwrap();
     let busy = c.register_job(spec(1, 1), 10).unwrap();
     let idle = c.register_job(spec(1, 2), 10).unwrap();
     c.set_job_weight(idle, 4).unwrap();
-    let open = c.open_session(busy, 0, 0, Step(0)).unwrap();
+    let open = c.core.open_session(busy, 0, 0, Step(0)).unwrap();
     for epoch in 0..3 {
-        let s = c.open_session(idle, 0, epoch, Step(0)).unwrap();
-        ack(&mut c, s, 0..4);
-        c.close_session(s).unwrap();
+        let s = c.core.open_session(idle, 0, epoch, Step(0)).unwrap();
+        ack(&mut c.core, s, 0..4);
+        c.core.close_session(s).unwrap();
     }
     c.flush().unwrap();
     assert!(
-        c.idle_jobs(t0).is_empty(),
+        c.core.idle_jobs(t0).is_empty(),
         "sessions opened since the last look"
     );
-    assert!(c.idle_jobs(t0).is_empty(), "first seen idle now");
-    assert!(c.idle_jobs(at(t0, 59_999)).is_empty());
-    assert_eq!(c.idle_jobs(at(t0, 60_000)), [idle]);
+    assert!(c.core.idle_jobs(t0).is_empty(), "first seen idle now");
+    assert!(c.core.idle_jobs(at(t0, 59_999)).is_empty());
+    assert_eq!(c.core.idle_jobs(at(t0, 60_000)), [idle]);
     assert_eq!(
-        c.retire_jobs(&[busy, idle, JobId(u64::MAX)]),
+        c.core.retire_jobs(&[busy, idle, JobId(u64::MAX)]),
         [idle],
         "a job with a session open stays, an unknown one is passed over"
     );
     assert!(matches!(
-        c.open_session(idle, 0, 3, Step(0)),
+        c.core.open_session(idle, 0, 3, Step(0)),
         Err(CoordinatorError::UnknownJob(_))
     ));
-    assert_eq!(c.stats().jobs_retired, 1);
-    assert!(c.resume_positions.keys().all(|key| key.0 != idle.0));
+    assert_eq!(c.core.stats().jobs_retired, 1);
+    assert!(c.core.resume_positions.keys().all(|key| key.0 != idle.0));
     // Its id is not given again, though it was the last one given.
     let next = c.register_job(spec(1, 3), 10).unwrap();
     assert!(next.0 > idle.0, "{next:?} after {idle:?}");
     // The journal forgets it with the next position write (taken outside the core here).
-    let write = c.take_positions().expect("the retirement to write");
-    let outcome = write.write();
-    c.positions_written(&write, outcome).unwrap();
-    assert!(c.take_positions().is_none(), "nothing left to write");
-    c.close_session(open).unwrap();
+    let write = c.core.take_positions().expect("the retirement to write");
+    let outcome = c.journal().write_positions(&write);
+    c.core.positions_written(&write, outcome).unwrap();
+    assert!(c.core.take_positions().is_none(), "nothing left to write");
+    c.core.close_session(open).unwrap();
     c.flush().unwrap();
     drop((write, c));
-    let c = Coordinator::open(dir.path(), config).unwrap();
-    let ids: Vec<JobId> = c.jobs().map(|(id, _, _)| id).collect();
+    let c = Durable::open(dir.path(), config).unwrap();
+    let ids: Vec<JobId> = c.core.jobs().map(|(id, _, _)| id).collect();
     assert_eq!(ids, [busy, next]);
-    assert!(c.resume_positions.keys().all(|key| key.0 != idle.0));
-    assert_eq!(c.job_share(idle).weight, 1, "its weight is gone");
-    assert!(c.ready.stats(idle.0).is_none(), "no share is kept for it");
+    assert!(c.core.resume_positions.keys().all(|key| key.0 != idle.0));
+    assert_eq!(c.core.job_share(idle).weight, 1, "its weight is gone");
+    assert!(
+        c.core.ready.stats(idle.0).is_none(),
+        "no share is kept for it"
+    );
 }
 
 #[test]
@@ -1058,6 +1096,46 @@ fn a_job_whose_session_opens_again_is_idle_afresh_and_no_retention_keeps_every_j
 }
 
 #[test]
+fn a_journaled_core_refuses_the_changes_it_would_not_write_and_writes_what_is_due() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut c = Durable::open(dir.path(), config()).unwrap();
+    // The core alone does no I/O: a registration or weight in place would not be durable.
+    for refused in [
+        c.core.register_job(spec(1, 0), 10).map(|_| ()),
+        c.core.set_job_weight(JobId(0), 2).map(|_| ()),
+    ] {
+        assert!(
+            matches!(&refused, Err(CoordinatorError::InvalidArgument(m)) if m.contains("journal")),
+            "{refused:?}"
+        );
+    }
+    assert_eq!(c.core.jobs().count(), 0);
+    let job = c.register_job(spec(1, 0), 10).unwrap();
+    let s = c.core.open_session(job, 0, 0, Step(0)).unwrap();
+    // Three acknowledgements: not yet due (every 4); the fourth writes them.
+    for step in 0..3 {
+        c.acknowledge(s, Step(step)).unwrap();
+    }
+    assert!(!c.core.write_due());
+    assert_eq!(c.core.stats().journal_commits, 1, "the job");
+    c.acknowledge(s, Step(3)).unwrap();
+    assert_eq!(
+        c.core.stats().journal_commits,
+        2,
+        "the job and the positions"
+    );
+    assert!(c.core.take_positions().is_none(), "written");
+    drop(c);
+    assert_eq!(position_after_restart(dir.path(), job, 0), Step(4));
+    // A core without a journal has nothing to write, whatever it is asked.
+    let mut plain = Coordinator::in_memory(config());
+    let job = plain.register_job(spec(1, 0), 10).unwrap();
+    let s = plain.open_session(job, 0, 0, Step(0)).unwrap();
+    ack(&mut plain, s, 0..8);
+    assert!(!plain.write_due() && plain.take_positions().is_none());
+}
+
+#[test]
 fn jobs_are_found_by_spec_across_restarts_and_retirement() {
     let dir = tempfile::tempdir().unwrap();
     let mut c = journaled(dir.path());
@@ -1065,15 +1143,18 @@ fn jobs_are_found_by_spec_across_restarts_and_retirement() {
     let b = c.register_job(spec(2, 2), 10).unwrap();
     // The same spec over a dataset that changed: a second job of it.
     let a2 = c.register_job(spec(2, 1), 12).unwrap();
-    assert_eq!(c.jobs_of_spec(&spec(2, 1)), [(a, 10), (a2, 12)]);
-    assert_eq!(c.jobs_of_spec(&spec(2, 2)), [(b, 10)]);
-    assert!(c.jobs_of_spec(&spec(2, 3)).is_empty());
+    assert_eq!(c.core.jobs_of_spec(&spec(2, 1)), [(a, 10), (a2, 12)]);
+    assert_eq!(c.core.jobs_of_spec(&spec(2, 2)), [(b, 10)]);
+    assert!(c.core.jobs_of_spec(&spec(2, 3)).is_empty());
     drop(c);
     let mut c = journaled(dir.path());
-    assert_eq!(c.jobs_of_spec(&spec(2, 1)), [(a, 10), (a2, 12)]);
-    assert_eq!(c.retire_jobs(&[a]), [a]);
-    assert_eq!(c.jobs_of_spec(&spec(2, 1)), [(a2, 12)]);
-    assert_eq!(c.retire_jobs(&[a2]), [a2]);
-    assert!(c.jobs_of_spec(&spec(2, 1)).is_empty());
-    assert!(!c.jobs_by_spec.contains_key(&spec(2, 1).encode_to_vec()));
+    assert_eq!(c.core.jobs_of_spec(&spec(2, 1)), [(a, 10), (a2, 12)]);
+    assert_eq!(c.core.retire_jobs(&[a]), [a]);
+    assert_eq!(c.core.jobs_of_spec(&spec(2, 1)), [(a2, 12)]);
+    assert_eq!(c.core.retire_jobs(&[a2]), [a2]);
+    assert!(c.core.jobs_of_spec(&spec(2, 1)).is_empty());
+    assert!(!c
+        .core
+        .jobs_by_spec
+        .contains_key(&spec(2, 1).encode_to_vec()));
 }

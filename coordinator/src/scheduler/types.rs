@@ -1,5 +1,6 @@
 //! The coordinator core's settings and the values its calls return.
 
+use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 use super::ids::{LeaseId, SessionId, Step, TaskKey, WorkerId};
@@ -126,4 +127,23 @@ pub struct CoordinatorStats {
     pub jobs_retired: u64,
     /// Estimated bytes held by the coordinator's data structures (from their capacities).
     pub memory_bytes: u64,
+}
+
+/// Where a (job, rank, epoch) stands, as journaled.
+pub(crate) type PositionKey = (u64, u32, u64);
+
+/// A job as journaled.
+pub(crate) struct JournaledJob {
+    pub id: u64,
+    pub steps_per_epoch: u64,
+    pub spec: Vec<u8>,
+}
+
+/// What a journal held when it was opened: the state a core is restored from
+/// ([`Coordinator::restore`](super::Coordinator::restore)).
+pub(crate) struct JournalContents {
+    pub jobs: Vec<JournaledJob>,
+    pub positions: HashMap<PositionKey, u64>,
+    /// Weights of the jobs given one.
+    pub weights: HashMap<u64, u32>,
 }

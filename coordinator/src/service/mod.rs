@@ -33,8 +33,8 @@ use crate::dashboard_feed::{fleet, job_shares, serving_workers, worker_loads, La
 use crate::registry::{ClientEntry, WorkerEntry};
 use crate::status::coordinator_status;
 use crate::{
-    Coordinator, CoordinatorConfig, CoordinatorError, JobId, JobWrite, PositionWrite, SessionId,
-    WeightWrite, WorkerId,
+    Coordinator, CoordinatorConfig, CoordinatorError, Durable, JobId, JournalWriter, SessionId,
+    WorkerId,
 };
 use stoker_dashboard::{Dashboard, MonitorSnapshot};
 
@@ -133,6 +133,8 @@ impl State {
 #[derive(Clone)]
 pub struct CoordinatorService {
     state: Arc<Mutex<State>>,
+    /// Where the core's journal writes go, made off the state's lock.
+    journal: JournalWriter,
     dashboard: Option<Arc<Dashboard>>,
     incarnation: u64,
     work: Arc<Notify>,
@@ -160,7 +162,7 @@ fn job_key(mut spec: JobSpec) -> JobSpec {
 /// back with its outcome, or the error of a write that did not finish (it panicked).
 async fn write_off_the_lock<W: Send + 'static, T: Send + 'static>(
     write: W,
-    run: fn(&W) -> Result<T, CoordinatorError>,
+    run: impl FnOnce(&W) -> Result<T, CoordinatorError> + Send + 'static,
 ) -> Result<(W, Result<T, CoordinatorError>), CoordinatorError> {
     tokio::task::spawn_blocking(move || {
         let outcome = run(&write);
@@ -189,12 +191,15 @@ impl CoordinatorService {
         state_dir: &Path,
         config: CoordinatorServiceConfig,
     ) -> Result<Self, CoordinatorError> {
-        let core = Coordinator::open(state_dir, config.core.clone())?;
-        Ok(Self::with_core(core, config))
+        Ok(Self::with_core(
+            Durable::open(state_dir, config.core.clone())?,
+            config,
+        ))
     }
 
-    /// A service over an existing core (tests, in-memory use).
-    pub fn with_core(core: Coordinator, config: CoordinatorServiceConfig) -> Self {
+    /// A service over an existing core and its journal (tests, in-memory use).
+    pub fn with_core(durable: Durable, config: CoordinatorServiceConfig) -> Self {
+        let (core, journal) = durable.into_parts();
         let incarnation = transport::random_u64();
         tracing::info!(
             incarnation,
@@ -215,6 +220,7 @@ impl CoordinatorService {
                 last_expire: Instant::now(),
                 last_retire_look: Instant::now(),
             })),
+            journal,
             dashboard: None,
             incarnation,
             work: Arc::new(Notify::new()),
@@ -393,7 +399,9 @@ impl CoordinatorService {
             return Ok(());
         };
         // A write that did not finish leaves the core holding every position it carried.
-        let (write, outcome) = write_off_the_lock(write, PositionWrite::write).await?;
+        let journal = self.journal.clone();
+        let (write, outcome) =
+            write_off_the_lock(write, move |write| journal.write_positions(write)).await?;
         lock(&self.state).core.positions_written(&write, outcome)
     }
 
@@ -428,9 +436,11 @@ impl CoordinatorService {
                 .core
                 .weight_write(id, weight)
                 .map_err(coordinator_status)?;
-            let (write, outcome) = write_off_the_lock(write, WeightWrite::write)
-                .await
-                .map_err(coordinator_status)?;
+            let journal = self.journal.clone();
+            let (write, outcome) =
+                write_off_the_lock(write, move |write| journal.write_weight(write))
+                    .await
+                    .map_err(coordinator_status)?;
             let mut state = lock(&self.state);
             state
                 .core
@@ -447,7 +457,8 @@ impl CoordinatorService {
             .core
             .job_write(spec, steps, weight)
             .map_err(coordinator_status)?;
-        let (write, outcome) = write_off_the_lock(write, JobWrite::write)
+        let journal = self.journal.clone();
+        let (write, outcome) = write_off_the_lock(write, move |write| journal.write_job(write))
             .await
             .map_err(coordinator_status)?;
         let mut state = lock(&self.state);

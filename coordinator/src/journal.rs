@@ -18,7 +18,9 @@ use std::path::{Path, PathBuf};
 use prost::encoding::{decode_varint, encode_varint};
 use redb::{Database, ReadableTable, TableDefinition};
 
-use super::error::{journal_error, CoordinatorError, CoordinatorResult};
+use crate::scheduler::{
+    journal_error, CoordinatorError, CoordinatorResult, JournalContents, JournaledJob, PositionKey,
+};
 
 /// Job id -> (steps per epoch, protobuf-encoded `JobSpec`).
 const JOBS: TableDefinition<u64, (u64, &[u8])> = TableDefinition::new("jobs");
@@ -37,24 +39,6 @@ pub(crate) const FOLD_EVERY: u64 = 64;
 
 /// Name of the redb file inside the state directory.
 pub const JOURNAL_FILE: &str = "coordinator.redb";
-
-/// Where a (job, rank, epoch) stands, as journaled.
-pub(crate) type PositionKey = (u64, u32, u64);
-
-/// A job as journaled.
-pub(crate) struct JournaledJob {
-    pub id: u64,
-    pub steps_per_epoch: u64,
-    pub spec: Vec<u8>,
-}
-
-/// What a journal holds when it is opened.
-pub(crate) struct JournalContents {
-    pub jobs: Vec<JournaledJob>,
-    pub positions: HashMap<PositionKey, u64>,
-    /// Weights of the jobs given one.
-    pub weights: HashMap<u64, u32>,
-}
 
 /// Opens the journal's database: at start, and again after a write failed.
 pub(crate) type OpenDatabase = Box<dyn Fn() -> Result<Database, redb::DatabaseError> + Send>;
@@ -75,7 +59,7 @@ pub(crate) struct Journal {
     written_seq: u64,
     /// Makes the next `write_positions` fail as a full disk would (tests only).
     #[cfg(test)]
-    pub(super) fail_next_write: bool,
+    pub(crate) fail_next_write: bool,
 }
 
 /// Appends one position change to `out`: the key's three parts and the position plus one (0:
