@@ -20,7 +20,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         println!("cargo:rerun-if-changed={}", root.join(file).display());
     }
     let out_dir = PathBuf::from(std::env::var("OUT_DIR")?);
-    // The messages alone (what the worker core and the datasets build on), and the messages
+    // The messages alone (what the batch pipeline and the datasets build on), and the messages
     // with the gRPC clients and servers (the `grpc` feature): a crate that plans and decodes
     // builds without tonic.
     let grpc = std::env::var_os("CARGO_FEATURE_GRPC").is_some();

@@ -12,7 +12,7 @@ use std::hint::black_box;
 
 use criterion::{criterion_group, criterion_main, Criterion, SamplingMode, Throughput};
 use stoker_benches::{full_decode_request, imagenet_like_jpegs, JpegFixture};
-use stoker_worker::{
+use stoker_pipeline::{
     decode, presets, random_resized_crop_window, CropWindow, DecodeRequest, DecodedImage, Pipeline,
     RandomResizedCropRange, SampleRng, SampleTimings, Scratch, DEFAULT_MAX_PIXELS,
 };

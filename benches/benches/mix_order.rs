@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 use stoker_proto::v1::UnevenTail;
-use stoker_worker::{EpochPlan, MixEnd, MixOrder, PlanConfig};
+use stoker_pipeline::{EpochPlan, MixEnd, MixOrder, PlanConfig};
 
 const BATCH: u32 = 98;
 const WORLD: u32 = 53;

@@ -1,6 +1,6 @@
 //! Resize of one decoded ImageNet-sized photo (the fixture nearest 500x375, packed RGB8) to
 //! 224x224, in images/s: fast_image_resize's antialiased bilinear convolution (the filter PIL
-//! and torchvision use), the same through `stoker_worker::resample` (the call the pipeline
+//! and torchvision use), the same through `stoker_pipeline::resample` (the call the pipeline
 //! makes, to show the wrapper costs nothing), the pure-Rust `resize` crate's Triangle filter as
 //! the alternative, and fast_image_resize's nearest neighbour as the floor of any resampler.
 
@@ -13,7 +13,7 @@ use fast_image_resize::images::{Image, ImageRef};
 use fast_image_resize::{FilterType, PixelType, ResizeAlg, ResizeOptions, Resizer};
 use rgb::FromSlice;
 use stoker_benches::{decoded_near, imagenet_like_jpegs};
-use stoker_worker::{resample, CropWindow, DecodedImage, SourceWindow};
+use stoker_pipeline::{resample, CropWindow, DecodedImage, SourceWindow};
 
 /// The typical ImageNet training image: 4:3 with the long side at 500.
 const SOURCE_SIZE: (u32, u32) = (500, 375);

@@ -12,7 +12,7 @@ use stoker_datasets::{
     generate_imagenet_like, sniff_format, ImageFolder, ImageFormat, SampleSource,
     SyntheticImageNetSpec,
 };
-use stoker_worker::{
+use stoker_pipeline::{
     decode, read_header, DecodeRequest, DecodedImage, ImageHeader, SampleError, DEFAULT_MAX_PIXELS,
 };
 

@@ -12,10 +12,10 @@ pub(super) fn job_name(core: &Coordinator, job: u64) -> String {
     let dataset = core
         .job_spec(JobId(job))
         .map(|spec| {
-            stoker_worker::spec_sources(spec)
+            stoker_pipeline::spec_sources(spec)
                 .into_iter()
                 .map(|(d, _)| {
-                    let names = stoker_worker::source_names(d);
+                    let names = stoker_pipeline::source_names(d);
                     let uri = names.first().map_or("", |name| name.trim_end_matches('/'));
                     uri.rsplit('/').next().unwrap_or(uri).to_string()
                 })

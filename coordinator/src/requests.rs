@@ -5,9 +5,9 @@ use stoker_proto::v1::JobSpec;
 use tonic::Status;
 
 /// Refuses a spec with an absurd batch size or world size, or without a dataset (a mix: a
-/// dataset for each source): [`stoker_worker::check_spec_shape`], as a gRPC status.
+/// dataset for each source): [`stoker_pipeline::check_spec_shape`], as a gRPC status.
 pub(super) fn validate_spec(spec: &JobSpec) -> Result<(), Status> {
-    stoker_worker::check_spec_shape(spec)
+    stoker_pipeline::check_spec_shape(spec)
         .map_err(|error| Status::invalid_argument(error.to_string()))
 }
 
@@ -37,7 +37,7 @@ mod tests {
             .message()
             .contains("batch_size"));
         let too_wide = JobSpec {
-            world_size: stoker_worker::MAX_WORLD_SIZE + 1,
+            world_size: stoker_pipeline::MAX_WORLD_SIZE + 1,
             ..good.clone()
         };
         assert!(validate_spec(&too_wide)

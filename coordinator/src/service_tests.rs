@@ -18,7 +18,7 @@ use stoker_rpc::error_kinds::kind_of_status;
 use stoker_rpc::network::{MemoryNetwork, Network};
 use stoker_rpc::security::{ClientSecurity, ServerSecurity, Token};
 use stoker_rpc::transport::RpcChannel;
-use stoker_worker::ErrorKind;
+use stoker_pipeline::ErrorKind;
 use tokio::sync::oneshot;
 use tonic::{Code, Status};
 

@@ -2,7 +2,7 @@
 //! `stoker_rpc::error_kinds`): the status each refusal of the core travels as.
 
 use stoker_rpc::error_kinds::{status, with_kind};
-use stoker_worker::ErrorKind;
+use stoker_pipeline::ErrorKind;
 use tonic::Status;
 
 use crate::CoordinatorError;

@@ -1,8 +1,8 @@
-//! Fuzz target `image`: see `stoker_worker::fuzz_targets::image`.
+//! Fuzz target `image`: see `stoker_pipeline::fuzz_targets::image`.
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {
-    stoker_worker::fuzz_targets::image(data);
+    stoker_pipeline::fuzz_targets::image(data);
 });

@@ -1,4 +1,4 @@
-//! Fuzz target `tokenizer`: see `stoker_worker::fuzz_targets::tokenizer`.
+//! Fuzz target `tokenizer`: see `stoker_pipeline::fuzz_targets::tokenizer`.
 //!
 //! `TextTokenizer::load` runs the tokenizers crate's parser under `catch_unwind` (it panics on
 //! some malformed files, and the load turns that into an error). libFuzzer's panic hook aborts
@@ -13,6 +13,6 @@ fuzz_target!(
         drop(std::panic::take_hook());
     },
     |data: &[u8]| {
-        stoker_worker::fuzz_targets::tokenizer(data, stoker_fuzz::scratch()).expect("scratch folder");
+        stoker_pipeline::fuzz_targets::tokenizer(data, stoker_fuzz::scratch()).expect("scratch folder");
     }
 );

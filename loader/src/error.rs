@@ -16,7 +16,7 @@ pub enum Error {
     Dataset(#[from] stoker_datasets::Error),
     /// A worker-side failure (bad pipeline, bad sample under the fail policy).
     #[error(transparent)]
-    Worker(#[from] stoker_worker::Error),
+    Worker(#[from] stoker_pipeline::Error),
     /// The token or TLS settings cannot be used.
     #[error(transparent)]
     Security(#[from] stoker_rpc::security::SecurityError),
@@ -100,7 +100,7 @@ impl Error {
     pub fn kind(&self) -> ErrorKind {
         match self {
             Error::InvalidSpec(_) | Error::Security(_) => ErrorKind::InvalidArgument,
-            Error::Dataset(error) => stoker_worker::kind_of_opening(error),
+            Error::Dataset(error) => stoker_pipeline::kind_of_opening(error),
             Error::Worker(error) => error.kind(),
             Error::Timeout { .. } | Error::SlotsHeld { .. } => ErrorKind::Timeout,
             Error::Interrupted => ErrorKind::Interrupted,

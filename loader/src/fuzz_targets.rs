@@ -4,7 +4,7 @@
 //! A body returns normally whatever the input; a panic is a bug. The `assert!`s are the
 //! promises the decision makes: nothing is ever sized from one parser's reading alone.
 
-use stoker_worker::{read_header, DEFAULT_MAX_PIXELS};
+use stoker_pipeline::{read_header, DEFAULT_MAX_PIXELS};
 
 use crate::client::gpu_decode::{accept, documented_reading, scan, Decline, MAX_JPEG_SIDE};
 

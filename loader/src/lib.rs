@@ -4,7 +4,7 @@
 //! re-exported here) shows. The `stoker` command-line tool with its bench harnesses
 //! (`stoker-cli`) and the Python extension sit on top of it.
 //!
-//! Jobs and their epoch plans come from `stoker-worker`; the loader runs them in process or
+//! Jobs and their epoch plans come from `stoker-pipeline`; the loader runs them in process or
 //! asks the workers of a coordinator for their batches, and yields them in step order.
 //!
 //! ```

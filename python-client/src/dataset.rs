@@ -25,7 +25,7 @@ use stoker_loader::{
     SourceInfo, StepContext, StepTask, TaskQueue,
 };
 use stoker_proto::v1::{self as proto, JobSpec};
-use stoker_worker::{plan_for_spec, PlanConfig};
+use stoker_pipeline::{plan_for_spec, PlanConfig};
 
 /// How long closing a loader waits for its lanes to finish the batch each is building.
 const LANE_JOIN: Duration = Duration::from_secs(30);
@@ -109,10 +109,10 @@ impl DatasetSource {
         waiting_on: String,
         shared_slots: bool,
     ) -> Result<DatasetSource> {
-        if spec.batch_size == 0 || spec.batch_size > stoker_worker::MAX_BATCH_SIZE {
+        if spec.batch_size == 0 || spec.batch_size > stoker_pipeline::MAX_BATCH_SIZE {
             return Err(Error::InvalidSpec(format!(
                 "batch_size must be in 1..={}, got {}",
-                stoker_worker::MAX_BATCH_SIZE,
+                stoker_pipeline::MAX_BATCH_SIZE,
                 spec.batch_size
             )));
         }
@@ -484,7 +484,7 @@ fn build_in_python(
     }
     let (bad, failure): (Vec<Replaced>, Option<Failed>) = outcome.extract().map_err(python)?;
     if let Some((index, reason)) = failure {
-        return Err(Error::Worker(stoker_worker::Error::BadSample {
+        return Err(Error::Worker(stoker_pipeline::Error::BadSample {
             index,
             path: format!("dataset[{index}]"),
             reason,

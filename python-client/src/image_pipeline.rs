@@ -9,7 +9,7 @@ use pyo3::prelude::*;
 /// index) give the same pixels as a native source.
 #[pyclass(module = "stoker._native", frozen)]
 pub(crate) struct ImagePipeline {
-    pipeline: stoker_worker::Pipeline,
+    pipeline: stoker_pipeline::Pipeline,
     /// The op dicts it was made from, to pickle it to worker processes.
     ops: OpDicts,
 }
@@ -19,8 +19,8 @@ type OpDicts = Vec<Py<pyo3::types::PyDict>>;
 
 thread_local! {
     /// Each thread's decode buffers, reused from sample to sample.
-    static SCRATCH: std::cell::RefCell<stoker_worker::Scratch> =
-        std::cell::RefCell::new(stoker_worker::Scratch::default());
+    static SCRATCH: std::cell::RefCell<stoker_pipeline::Scratch> =
+        std::cell::RefCell::new(stoker_pipeline::Scratch::default());
 }
 
 #[pymethods]
@@ -29,7 +29,7 @@ impl ImagePipeline {
     #[new]
     fn new(ops: Vec<Bound<'_, pyo3::types::PyDict>>) -> PyResult<Self> {
         let proto_ops = crate::ops::from_python(&ops)?;
-        let pipeline = stoker_worker::Pipeline::from_ops(&proto_ops)
+        let pipeline = stoker_pipeline::Pipeline::from_ops(&proto_ops)
             .map_err(|e| crate::errors::raise(crate::errors::Kind::Pipeline, e.to_string()))?;
         Ok(Self {
             pipeline,
@@ -74,8 +74,8 @@ impl ImagePipeline {
             // SAFETY: `buffer` holds the export (the memory stays valid and writable, checked
             // above) until it drops after this closure; nothing else writes it meanwhile.
             let dest = unsafe { std::slice::from_raw_parts_mut(address as *mut u8, size) };
-            let mut rng = stoker_worker::SampleRng::new(seed, epoch, index);
-            let mut timings = stoker_worker::SampleTimings::default();
+            let mut rng = stoker_pipeline::SampleRng::new(seed, epoch, index);
+            let mut timings = stoker_pipeline::SampleTimings::default();
             SCRATCH.with(|scratch| {
                 pipeline.process(
                     data,

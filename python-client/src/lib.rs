@@ -92,7 +92,7 @@ fn train_bpe_tokenizer(
 ) -> PyResult<()> {
     py.detach(|| {
         let texts: Vec<&str> = texts.iter().map(String::as_str).collect();
-        stoker_worker::train_bpe_tokenizer(&texts, vocab_size, &eos, &out)
+        stoker_pipeline::train_bpe_tokenizer(&texts, vocab_size, &eos, &out)
     })
     .map_err(|e| raise(Kind::Stoker, e.to_string()))
 }
@@ -132,7 +132,7 @@ fn make_tokens(
 /// per-sample random stream starts from (`stoker.sample_rng()` seeds numpy's with it).
 #[pyfunction]
 fn sample_seed(seed: u64, epoch: u64, index: u64) -> u64 {
-    stoker_worker::sample_seed(seed, epoch, index)
+    stoker_pipeline::sample_seed(seed, epoch, index)
 }
 
 #[pymodule]

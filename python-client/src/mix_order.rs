@@ -17,11 +17,11 @@ fn python_mix(
     epoch_samples: u64,
     seed: u64,
     shuffle: bool,
-) -> PyResult<stoker_worker::MixOrder> {
+) -> PyResult<stoker_pipeline::MixOrder> {
     let end = match epoch_end {
-        "first_exhausted" => stoker_worker::MixEnd::FirstExhausted,
-        "all_exhausted" => stoker_worker::MixEnd::AllExhausted,
-        "samples" => stoker_worker::MixEnd::Samples(epoch_samples),
+        "first_exhausted" => stoker_pipeline::MixEnd::FirstExhausted,
+        "all_exhausted" => stoker_pipeline::MixEnd::AllExhausted,
+        "samples" => stoker_pipeline::MixEnd::Samples(epoch_samples),
         other => {
             return Err(PyValueError::new_err(format!(
                 "epoch_end must be \"first_exhausted\", \"all_exhausted\" or a number of \
@@ -29,7 +29,7 @@ fn python_mix(
             )))
         }
     };
-    stoker_worker::MixOrder::new(weights, lens, window, end, seed, shuffle)
+    stoker_pipeline::MixOrder::new(weights, lens, window, end, seed, shuffle)
         .map_err(|e| PyValueError::new_err(e.to_string()))
 }
 
@@ -37,9 +37,9 @@ fn python_mix(
 /// out stay laid out for the positions after them.
 #[pyclass(module = "stoker._native", frozen)]
 pub(crate) struct MixOrder {
-    order: stoker_worker::MixOrder,
+    order: stoker_pipeline::MixOrder,
     /// Each source's own order (batch 1, one rank).
-    sources: Vec<stoker_worker::PlanConfig>,
+    sources: Vec<stoker_pipeline::PlanConfig>,
 }
 
 #[pymethods]
@@ -67,10 +67,10 @@ impl MixOrder {
         let sources = lens
             .iter()
             .enumerate()
-            .map(|(k, &len)| stoker_worker::PlanConfig {
+            .map(|(k, &len)| stoker_pipeline::PlanConfig {
                 num_samples: len,
                 batch_size: 1,
-                seed: stoker_worker::source_seed(seed, k),
+                seed: stoker_pipeline::source_seed(seed, k),
                 shuffle,
                 drop_last: false,
                 rank: 0,
@@ -97,9 +97,9 @@ impl MixOrder {
                 self.order.epoch_len()
             )));
         }
-        let orders: Vec<(stoker_worker::PlanConfig, Option<&[u64]>)> =
+        let orders: Vec<(stoker_pipeline::PlanConfig, Option<&[u64]>)> =
             self.sources.iter().map(|config| (*config, None)).collect();
-        let samples = stoker_worker::mix_samples(&self.order, &orders, epoch, &positions)
+        let samples = stoker_pipeline::mix_samples(&self.order, &orders, epoch, &positions)
             .map_err(|e| PyValueError::new_err(e.to_string()))?;
         Ok(samples
             .into_iter()

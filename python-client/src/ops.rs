@@ -3,8 +3,8 @@
 //! An op crosses as a dict whose `"op"` key names a variant of the proto's `Op` oneof and whose
 //! other keys are that message's fields (`{"op": "center_crop", "height": 224, "width": 224}`);
 //! [`stoker_proto::build_op`] turns it into a typed op through the embedded descriptor, so this
-//! file lists no op. The checks are the workers' own ([`stoker_worker::check_op`],
-//! [`stoker_worker::JobPipeline::check`]); Python calls them instead of keeping copies.
+//! file lists no op. The checks are the workers' own ([`stoker_pipeline::check_op`],
+//! [`stoker_pipeline::JobPipeline::check`]); Python calls them instead of keeping copies.
 //! `op_schema()` shows Python the language: the ops, their fields, types and comments.
 
 use pyo3::prelude::*;
@@ -77,7 +77,7 @@ pub fn from_python(ops: &[Bound<'_, PyDict>]) -> PyResult<Vec<proto::Op>> {
 #[pyfunction]
 fn check_op(op: &Bound<'_, PyDict>) -> PyResult<()> {
     let op = op_from_dict(op)?.map_err(pipeline_error)?;
-    stoker_worker::check_op(&op).map_err(pipeline_error)
+    stoker_pipeline::check_op(&op).map_err(pipeline_error)
 }
 
 /// Checks an op list's ops and order without reading a file. Returns whether it is an image
@@ -85,7 +85,7 @@ fn check_op(op: &Bound<'_, PyDict>) -> PyResult<()> {
 #[pyfunction]
 fn check_pipeline(ops: Vec<Bound<'_, PyDict>>) -> PyResult<bool> {
     let mut ops = from_python(&ops)?;
-    let lacks_decode = stoker_worker::lacks_decode_image(&ops);
+    let lacks_decode = stoker_pipeline::lacks_decode_image(&ops);
     if lacks_decode {
         ops.insert(
             0,
@@ -94,7 +94,7 @@ fn check_pipeline(ops: Vec<Bound<'_, PyDict>>) -> PyResult<bool> {
             },
         );
     }
-    stoker_worker::JobPipeline::check(&ops).map_err(pipeline_error)?;
+    stoker_pipeline::JobPipeline::check(&ops).map_err(pipeline_error)?;
     Ok(lacks_decode)
 }
 
@@ -141,17 +141,17 @@ fn encode_texts(
     texts: Vec<String>,
 ) -> PyResult<(Vec<Vec<u32>>, String)> {
     py.detach(|| {
-        let loaded = stoker_worker::TextTokenizer::load(&tokenizer)?;
+        let loaded = stoker_pipeline::TextTokenizer::load(&tokenizer)?;
         let ids = texts
             .iter()
             .map(|text| loaded.encode(text))
             .collect::<Result<Vec<_>, _>>()
-            .map_err(|error| stoker_worker::Error::InvalidSpec(error.to_string()))?;
+            .map_err(|error| stoker_pipeline::Error::InvalidSpec(error.to_string()))?;
         let engine = match loaded.engine() {
-            stoker_worker::TokenizerEngine::V1 => "1.0".to_string(),
-            stoker_worker::TokenizerEngine::Legacy(why) => format!("0.23: {why}"),
+            stoker_pipeline::TokenizerEngine::V1 => "1.0".to_string(),
+            stoker_pipeline::TokenizerEngine::Legacy(why) => format!("0.23: {why}"),
         };
-        Ok::<_, stoker_worker::Error>((ids, engine))
+        Ok::<_, stoker_pipeline::Error>((ids, engine))
     })
     .map_err(pipeline_error)
 }
@@ -162,11 +162,11 @@ pub fn register(module: &Bound<'_, PyModule>) -> PyResult<()> {
     module.add_function(wrap_pyfunction!(check_pipeline, module)?)?;
     module.add_function(wrap_pyfunction!(op_schema, module)?)?;
     module.add_function(wrap_pyfunction!(encode_texts, module)?)?;
-    module.add("IMAGE_ORDERS", stoker_worker::IMAGE_ORDERS)?;
-    module.add("TOKEN_ORDERS", stoker_worker::TOKEN_ORDERS)?;
-    module.add("COLUMNS_ORDER", stoker_worker::COLUMNS_ORDER)?;
-    module.add("MAX_SIDE", stoker_worker::MAX_SIDE)?;
+    module.add("IMAGE_ORDERS", stoker_pipeline::IMAGE_ORDERS)?;
+    module.add("TOKEN_ORDERS", stoker_pipeline::TOKEN_ORDERS)?;
+    module.add("COLUMNS_ORDER", stoker_pipeline::COLUMNS_ORDER)?;
+    module.add("MAX_SIDE", stoker_pipeline::MAX_SIDE)?;
     module.add("MAX_SEQ_LEN", stoker_datasets::MAX_SEQ_LEN)?;
-    module.add("DEFAULT_MAX_PIXELS", stoker_worker::DEFAULT_MAX_PIXELS)?;
+    module.add("DEFAULT_MAX_PIXELS", stoker_pipeline::DEFAULT_MAX_PIXELS)?;
     Ok(())
 }

@@ -1,5 +1,5 @@
 //! Stoker's RPC layer: what every daemon and client on the wire shares, under the services
-//! (the worker daemon, the coordinator, the remote client) and over the worker core.
+//! (the worker daemon, the coordinator, the remote client) and over the batch pipeline.
 //!
 //! - [`transport`]: message limits and HTTP/2 windows sized for multi-MB batches, endpoints,
 //!   retry backoff;

@@ -1,6 +1,6 @@
 //! The worker daemon of the distributed mode (`stoker-worker`): it registers with the
 //! coordinator, leases tasks (one task is one batch), builds them with the same
-//! [`Job`](stoker_worker::Job) as the embedded loader and streams them to the client that owns
+//! [`Job`](stoker_pipeline::Job) as the embedded loader and streams them to the client that owns
 //! the session, against the credits that client granted. The wire it speaks is `stoker-rpc`'s.
 //! See the repository's `ARCHITECTURE.md` ("Data plane and control plane") for the contract.
 

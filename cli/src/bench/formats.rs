@@ -16,7 +16,7 @@ use stoker_datasets::{
     MdsColumn, SampleSource, SyntheticImageNetSpec, TarShardsWriterOptions, TokenDtype,
 };
 use stoker_proto::v1::{self as proto, op::Op as OpKind, JobSpec};
-use stoker_worker::presets;
+use stoker_pipeline::presets;
 
 use super::resources::usage;
 use super::{Error, Result};

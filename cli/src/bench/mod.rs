@@ -34,7 +34,7 @@ pub enum Error {
     Loader(#[from] stoker_loader::Error),
     /// Opening or building a job failed, or the security settings are unusable.
     #[error(transparent)]
-    Worker(#[from] stoker_worker::Error),
+    Worker(#[from] stoker_pipeline::Error),
     /// A token is not usable.
     #[error(transparent)]
     Security(#[from] stoker_rpc::security::SecurityError),

@@ -10,8 +10,8 @@ use rayon::prelude::*;
 use serde::Serialize;
 use stoker_datasets::CacheStats;
 use stoker_proto::v1::JobSpec;
-use stoker_worker::open_source;
-use stoker_worker::{decode, read_header, DecodeRequest, DecodedImage, DEFAULT_MAX_PIXELS};
+use stoker_pipeline::open_source;
+use stoker_pipeline::{decode, read_header, DecodeRequest, DecodedImage, DEFAULT_MAX_PIXELS};
 
 use super::resources::usage;
 use super::{Error, Result};

@@ -15,7 +15,7 @@ use clap::Args;
 use serde::Serialize;
 use stoker_datasets::SampleSource;
 use stoker_proto::v1::{self as proto, op::Op as OpKind, JobSpec};
-use stoker_worker::Job;
+use stoker_pipeline::Job;
 
 use super::{Error, Result};
 use stoker_loader::{Loader, LoaderOptions};

@@ -97,7 +97,7 @@ pub fn run(args: DemoArgs) -> anyhow::Result<()> {
             format: proto::DatasetFormat::Auto as i32,
             ..Default::default()
         }),
-        pipeline: stoker_worker::presets::imagenet_train(224),
+        pipeline: stoker_pipeline::presets::imagenet_train(224),
         batch_size: args.batch_size,
         seed: 0,
         shuffle: true,

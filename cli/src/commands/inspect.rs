@@ -10,7 +10,7 @@ use stoker_datasets::{
     JsonlDocuments, ParquetDataset, ParquetOptions, ParquetSampleKind, SampleSource,
 };
 use stoker_datasets::{TokenDtype, TokenFile};
-use stoker_worker::DEFAULT_MAX_PIXELS;
+use stoker_pipeline::DEFAULT_MAX_PIXELS;
 
 /// Arguments of `stoker inspect`.
 #[derive(Debug, Args)]
@@ -84,7 +84,7 @@ fn inspect_remote(args: &InspectArgs, uri: String) -> anyhow::Result<()> {
         uri,
         ..Default::default()
     };
-    let source = stoker_worker::open_source(&dataset, &[])?;
+    let source = stoker_pipeline::open_source(&dataset, &[])?;
     let report = inspect_samples(source.as_ref(), DEFAULT_MAX_PIXELS)?;
     if let Some(cache) = source.cache_stats() {
         eprintln!("{cache}");

@@ -66,7 +66,7 @@ const MODULE_ROOTS: [(&str, &str); 12] = [
     ("alloc", "alloc/src"),
     ("proto", "proto/src"),
     ("datasets", "datasets/src"),
-    ("worker", "worker/src"),
+    ("pipeline", "pipeline/src"),
     ("rpc", "rpc/src"),
     ("worker-daemon", "worker-daemon/src"),
     ("dashboard", "dashboard/src"),
@@ -520,7 +520,7 @@ const LONG_FILES: [(&str, usize); 8] = [
     ("loader/src/client/gpu_decode/lane/pipe.rs", 756),
     ("python-client/python/stoker/_loader.py", 674),
     ("python-client/src/native_loader/mod.rs", 611),
-    ("worker/src/ops/decode.rs", 607),
+    ("pipeline/src/ops/decode.rs", 607),
 ];
 
 /// Lines of a module before its inline test module (`#[cfg(test)]` then `mod NAME {`), or all

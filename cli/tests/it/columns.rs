@@ -257,7 +257,7 @@ fn a_numeric_only_file_reads_like_the_same_columns_beside_text() {
     // A pipeline that reads samples' bytes has nothing to read: refused when the job opens.
     let uri = format!("file://{}", numbers.display());
     let error = Loader::new(
-        crate::common::spec_over(&uri, stoker_worker::presets::imagenet_train(32), 8),
+        crate::common::spec_over(&uri, stoker_pipeline::presets::imagenet_train(32), 8),
         LoaderOptions::default(),
     )
     .err()

@@ -25,7 +25,7 @@ pub fn make_images(dir: &Path, count: u64) {
 pub fn train_spec(dir: &Path, batch_size: u32) -> JobSpec {
     spec_over(
         &dir.to_string_lossy(),
-        stoker_worker::presets::imagenet_train(32),
+        stoker_pipeline::presets::imagenet_train(32),
         batch_size,
     )
 }
@@ -77,7 +77,7 @@ pub fn worker_binary() -> PathBuf {
     for sources in [
         "worker-daemon/src",
         "rpc/src",
-        "worker/src",
+        "pipeline/src",
         "datasets/src",
         "proto/src",
         "proto/stoker",

@@ -88,7 +88,7 @@ async fn malformed_jobs(client: &mut CoordinatorClient<Channel>, root: &Path, ou
         "op 1 is empty",
     );
     let mut zero_side = good.clone();
-    zero_side.pipeline = stoker_worker::presets::imagenet_eval(32);
+    zero_side.pipeline = stoker_pipeline::presets::imagenet_eval(32);
     for op in &mut zero_side.pipeline {
         if let Some(OpKind::Resize(resize)) = &mut op.op {
             resize.shorter_side = 0;
@@ -496,7 +496,7 @@ fn hostile_requests_get_clear_errors_while_a_good_client_reads_on() {
 
         // A job of large batches (8 x 224 x 224 x 3 bytes, 25 steps) for the streams below.
         let mut big = common::train_spec(&data, 8);
-        big.pipeline = stoker_worker::presets::imagenet_train(224);
+        big.pipeline = stoker_pipeline::presets::imagenet_train(224);
         let big = client
             .register_job(RegisterJobRequest {
                 spec: Some(big),

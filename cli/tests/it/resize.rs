@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use stoker_loader::{Loader, LoaderOptions, RemoteOptions};
 use stoker_proto::v1::{JobSpec, OpenSessionRequest, RegisterJobRequest};
-use stoker_worker::resized_spec;
+use stoker_pipeline::resized_spec;
 
 use crate::common::{self, Daemon};
 
@@ -166,7 +166,7 @@ fn a_loader_beside_the_plain_one_reads_the_resized_epoch_over_its_slots_and_thre
     let other = plain
         .beside(larger, LoaderOptions::default(), |spec| {
             started = true;
-            let job = stoker_worker::Job::open(spec)?;
+            let job = stoker_pipeline::Job::open(spec)?;
             Ok(Box::new(stoker_loader::EmbeddedSource::start(job, 1)?))
         })
         .unwrap();

@@ -189,7 +189,7 @@ fn workers_wanted_rises_with_a_clients_demand() {
     // second, far fewer than a trainer with no step of its own takes.
     let spec = common::spec_over(
         &data.to_string_lossy(),
-        stoker_worker::presets::imagenet_train(224),
+        stoker_pipeline::presets::imagenet_train(224),
         16,
     );
     let loader = remote(&coordinator.address, spec, 0);

@@ -9,7 +9,7 @@ use std::path::Path;
 
 use stoker_loader::{ErrorKind, Loader, LoaderOptions};
 use stoker_proto::v1::{self as proto, op::Op as OpKind, BadSamplePolicy, JobSpec};
-use stoker_worker::{pack_documents, PackSpec, PackedRowsMut, TextTokenizer};
+use stoker_pipeline::{pack_documents, PackSpec, PackedRowsMut, TextTokenizer};
 
 use crate::common::{self, digest, epoch_batches as epoch, tensor};
 
@@ -117,7 +117,7 @@ fn a_token_file_needs_token_windows_of_a_known_dtype() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("train.bin");
     write_counting_tokens(&path, 1001);
-    let image = spec(&path, stoker_worker::presets::imagenet_eval(32), 4);
+    let image = spec(&path, stoker_pipeline::presets::imagenet_eval(32), 4);
     let error = Loader::new(image, LoaderOptions::default()).err().unwrap();
     assert_eq!(error.kind(), ErrorKind::InvalidArgument, "{error}");
     assert!(error.to_string().contains("TokenWindows"), "{error}");
@@ -171,7 +171,7 @@ pub(crate) fn text_fixture() -> TextFixture {
     let tokenizer = dir.path().join("tokenizer.json");
     let corpus: Vec<String> = (0..200).map(document).collect();
     let corpus: Vec<&str> = corpus.iter().map(String::as_str).collect();
-    stoker_worker::train_bpe_tokenizer(&corpus, 400, "<|endoftext|>", &tokenizer).unwrap();
+    stoker_pipeline::train_bpe_tokenizer(&corpus, 400, "<|endoftext|>", &tokenizer).unwrap();
     TextFixture {
         _dir: dir,
         jsonl,

@@ -22,7 +22,7 @@ use stoker_rpc::error_kinds::{self, with_kind};
 use stoker_rpc::network::Network;
 use stoker_rpc::security::{ClientSecurity, ServerSecurity};
 use stoker_rpc::transport::{self, MAX_MESSAGE_BYTES};
-use stoker_worker::ErrorKind;
+use stoker_pipeline::ErrorKind;
 use tokio::sync::Notify;
 use tonic::Status;
 

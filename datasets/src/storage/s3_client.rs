@@ -2,7 +2,7 @@
 //! crate; the loader, the worker daemon and the CLI ask for it) that is object_store's S3 client,
 //! configured from the standard `AWS_*` environment variables and [`S3Settings`]; without it an
 //! `s3://` URI still parses, and opening its bucket fails with [`Error::NoS3Client`], so the
-//! worker core builds without an HTTP client or TLS.
+//! batch pipeline builds without an HTTP client or TLS.
 //!
 //! Everything above this module holds the client as a [`Store`] (any object_store
 //! implementation), so listings, downloads and ranged reads are written once.

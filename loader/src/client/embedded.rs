@@ -16,7 +16,7 @@ use std::time::Instant;
 
 use crossbeam_channel::{Receiver, Sender};
 use stoker_proto::v1::JobSpec;
-use stoker_worker::Job;
+use stoker_pipeline::Job;
 
 use super::gpu_decode::{DecodeMode, GpuDecodeOptions, GpuLane, LaneTask};
 use super::source::{
@@ -242,7 +242,7 @@ fn produce(
 fn panic_message(step: u64, panic: Box<dyn std::any::Any + Send>) -> Error {
     Error::Stopped(format!(
         "a decode thread panicked building step {step}: {}",
-        stoker_worker::panic_text(&*panic)
+        stoker_pipeline::panic_text(&*panic)
     ))
 }
 

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use stoker_dashboard::{LoaderMonitor, LoaderStats};
 use stoker_proto::v1::JobSpec;
-use stoker_worker::Job;
+use stoker_pipeline::Job;
 
 use super::cuda::check_device;
 use super::embedded::EmbeddedSource;

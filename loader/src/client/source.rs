@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
 use stoker_proto::v1::{Batch, JobSpec};
-use stoker_worker::EpochPlan;
+use stoker_pipeline::EpochPlan;
 
 use super::gpu_decode::GpuLane;
 use super::slots::Slot;
@@ -42,7 +42,7 @@ pub struct SourceInfo {
     /// Slots in one shared mapping ([`super::slots::SlotPool::shared`]), for sources whose
     /// batches other processes write.
     pub shared_slots: bool,
-    /// The fingerprint of the datasets ([`stoker_worker::dataset_fingerprint`]): this process's,
+    /// The fingerprint of the datasets ([`stoker_pipeline::dataset_fingerprint`]): this process's,
     /// or as a coordinator's workers gave it (`None` from workers that give none, and for
     /// Python datasets).
     pub dataset_fingerprint: Option<String>,

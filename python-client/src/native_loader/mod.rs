@@ -292,9 +292,9 @@ impl NativeLoader {
     ) -> PyResult<(u64, u64, Vec<PyResize>)> {
         let plain = Arc::clone(self.held(py).loader()?);
         let num_samples = plain.info().num_samples;
-        let earlier: Vec<stoker_worker::Resize> = resizes
+        let earlier: Vec<stoker_pipeline::Resize> = resizes
             .into_iter()
-            .map(|(cursor, taken)| stoker_worker::Resize { cursor, taken })
+            .map(|(cursor, taken)| stoker_pipeline::Resize { cursor, taken })
             .collect();
         let same_step = steps.windows(2).all(|w| w[0] == w[1]);
         let (spec, start_step) = if old_world == self.recipe.spec.world_size.max(1) && same_step {
@@ -305,7 +305,7 @@ impl NativeLoader {
             });
             (spec, steps.first().copied().unwrap_or(0))
         } else {
-            let spec = stoker_worker::resized_spec(
+            let spec = stoker_pipeline::resized_spec(
                 &self.recipe.spec,
                 num_samples,
                 epoch,

@@ -63,7 +63,7 @@ impl Recipe {
                     remote.clone(),
                 )?)),
                 None => Ok(Box::new(EmbeddedSource::start_with(
-                    stoker_worker::Job::open(spec)?,
+                    stoker_pipeline::Job::open(spec)?,
                     self.options.threads,
                     self.options.gpu_decode.as_ref(),
                 )?)),

@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use stoker_proto::v1::op::Op as OpKind;
 use stoker_proto::v1::JobSpec;
 use stoker_rpc::error_kinds;
-use stoker_worker::{spec_sources, Error, ErrorKind, Result};
+use stoker_pipeline::{spec_sources, Error, ErrorKind, Result};
 use tonic::Status;
 
 /// Canonical forms of the data roots; a root that does not exist is an error naming it.
@@ -35,7 +35,7 @@ pub(super) fn check_root(roots: &[PathBuf], spec: &JobSpec) -> std::result::Resu
         // Remote sources are read with the worker's own credentials, not from its disks. What
         // is local is decided as the opener decides it (`./a://b` is a path).
         // A pattern is held to the roots by every folder it can walk (`reach_of_name`).
-        for name in stoker_worker::source_names(dataset) {
+        for name in stoker_pipeline::source_names(dataset) {
             match stoker_datasets::parse_dataset_uri(name) {
                 Ok(stoker_datasets::DatasetLocation::Local(path)) => {
                     let reach = stoker_datasets::reach_of_name(&path.to_string_lossy())

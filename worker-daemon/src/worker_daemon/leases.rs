@@ -19,7 +19,7 @@ use stoker_rpc::error_kinds;
 
 use super::error_status;
 use stoker_rpc::transport::{Backoff, RpcChannel, MAX_MESSAGE_BYTES};
-use stoker_worker::open_sources;
+use stoker_pipeline::open_sources;
 
 use super::reports::{
     heartbeat_loop, put_back_counts, report_loop, reported_tasks, take_report, unreported_lost,
@@ -440,10 +440,10 @@ enum Unopened {
 }
 
 /// Whether opening a job's datasets failed in a way another try may not repeat.
-fn may_pass(error: &stoker_worker::Error) -> bool {
+fn may_pass(error: &stoker_pipeline::Error) -> bool {
     use stoker_datasets::ReadFault;
     match error {
-        stoker_worker::Error::OpenDataset(error) | stoker_worker::Error::Dataset(error) => {
+        stoker_pipeline::Error::OpenDataset(error) | stoker_pipeline::Error::Dataset(error) => {
             match error {
                 stoker_datasets::Error::Io { source, .. }
                     if source.kind() == std::io::ErrorKind::NotFound =>
@@ -453,7 +453,7 @@ fn may_pass(error: &stoker_worker::Error) -> bool {
                 error => error.read_fault() != ReadFault::Sample,
             }
         }
-        stoker_worker::Error::Io { .. } => true,
+        stoker_pipeline::Error::Io { .. } => true,
         _ => false,
     }
 }
@@ -558,8 +558,8 @@ async fn before_drain_due<T>(
 mod tests {
     use super::*;
 
-    fn opening(code: i32) -> stoker_worker::Error {
-        stoker_worker::Error::OpenDataset(stoker_datasets::Error::Io {
+    fn opening(code: i32) -> stoker_pipeline::Error {
+        stoker_pipeline::Error::OpenDataset(stoker_datasets::Error::Io {
             path: "/data/train".into(),
             source: std::io::Error::from_raw_os_error(code),
         })
@@ -577,7 +577,7 @@ mod tests {
         for code in [2, 13, 20] {
             assert!(!may_pass(&opening(code)), "{code}");
         }
-        let not_a_dataset = stoker_worker::Error::InvalidSpec("no images".into());
+        let not_a_dataset = stoker_pipeline::Error::InvalidSpec("no images".into());
         assert!(!may_pass(&not_a_dataset));
     }
 

@@ -41,7 +41,7 @@ use stoker_rpc::health::Health;
 use stoker_rpc::network::Network;
 use stoker_rpc::security::{ClientSecurity, ServerSecurity};
 use stoker_rpc::transport::{self, MAX_MESSAGE_BYTES};
-use stoker_worker::{EpochPlan, Error, Job, Result};
+use stoker_pipeline::{EpochPlan, Error, Job, Result};
 
 mod data_roots;
 mod leases;
@@ -174,7 +174,7 @@ impl Shared {
         lock(&self.jobs).drain().map(|(_, entry)| entry).collect()
     }
 
-    /// Records the sample counts and fingerprint ([`stoker_worker::dataset_fingerprint`]) of the
+    /// Records the sample counts and fingerprint ([`stoker_pipeline::dataset_fingerprint`]) of the
     /// datasets of a job opened now, or refuses them when they differ from those this worker
     /// first opened the same spec with: its epochs would mix two orders, and the fingerprint
     /// the coordinator gave the job's clients would name another dataset. A file rewritten in
@@ -189,7 +189,7 @@ impl Shared {
         prost::Message::encode_to_vec(spec).hash(&mut hasher);
         let key = hasher.finish();
         let lengths: Vec<u64> = sources.iter().map(|source| source.len()).collect();
-        let fingerprint = stoker_worker::dataset_fingerprint(sources);
+        let fingerprint = stoker_pipeline::dataset_fingerprint(sources);
         let mut opened = lock(&self.opened_datasets);
         let changed = match opened.get(&key) {
             Some((first, _)) if *first != lengths => format!(

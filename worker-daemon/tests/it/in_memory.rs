@@ -139,7 +139,7 @@ fn spec(data: &Path) -> JobSpec {
             uri: data.to_string_lossy().into_owned(),
             ..proto::DatasetSource::default()
         }),
-        pipeline: stoker_worker::presets::imagenet_train(32),
+        pipeline: stoker_pipeline::presets::imagenet_train(32),
         batch_size: 6,
         seed: 3,
         shuffle: true,

@@ -13,7 +13,7 @@ const SEQ_LEN: u32 = 128;
 /// The job every soak process agrees on, for `rank` of `world`.
 pub(crate) fn spec(data: &Path, kind: DataKind, rank: u32, world: u32, batch: u32) -> JobSpec {
     let pipeline = match kind {
-        DataKind::Images => stoker_worker::presets::imagenet_train(32),
+        DataKind::Images => stoker_pipeline::presets::imagenet_train(32),
         DataKind::Tokens => vec![proto::Op {
             op: Some(OpKind::TokenWindows(proto::TokenWindows {
                 seq_len: SEQ_LEN,

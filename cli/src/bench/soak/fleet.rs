@@ -133,7 +133,7 @@ pub fn worker_binary() -> Result<PathBuf> {
         Ok(beside)
     } else {
         Err(Error::Failed(format!(
-            "no stoker-worker beside {} (build it with `cargo build --release -p stoker-worker`, \
+            "no stoker-worker beside {} (build it with `cargo build --release -p stoker-worker-daemon`, \
              or set STOKER_WORKER_BIN)",
             exe.display()
         )))

@@ -362,7 +362,7 @@ pub fn hostile_set() -> Vec<Hostile> {
 
 #[cfg(test)]
 mod tests {
-    use stoker_worker::{decode, read_header, DecodeRequest, DecodedImage, DEFAULT_MAX_PIXELS};
+    use stoker_pipeline::{decode, read_header, DecodeRequest, DecodedImage, DEFAULT_MAX_PIXELS};
 
     use super::super::jpeg_scan::{accept, documented_reading, scan};
     use super::*;

@@ -7,7 +7,7 @@
 use std::path::PathBuf;
 use std::sync::Mutex;
 
-use stoker_worker::SourceWindow;
+use stoker_pipeline::SourceWindow;
 
 use super::libraries::preload;
 use super::GpuDecodeError;
@@ -70,7 +70,7 @@ fn clamp_i64(value: i64, low: i64, high: i64) -> i32 {
 
 impl CropItem {
     /// The kernel's geometry for an image decoded whole at `decoded` (width, height) whose
-    /// output pixels come from `window` (as on the CPU: [`stoker_worker::resample`]), into an
+    /// output pixels come from `window` (as on the CPU: [`stoker_pipeline::resample`]), into an
     /// output of `out` (width, height) at batch row `row`.
     pub fn new(
         window: &SourceWindow,
@@ -243,7 +243,7 @@ fn compile_now(dirs: &[PathBuf], sm: Option<(i32, i32)>) -> Result<Compiled, Gpu
 mod tests {
     use super::*;
     use std::path::Path;
-    use stoker_worker::CropWindow;
+    use stoker_pipeline::CropWindow;
 
     #[test]
     fn the_item_matches_the_kernels_struct_layout() {

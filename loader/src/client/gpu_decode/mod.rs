@@ -9,7 +9,7 @@
 //! what the lanes did before ([`SplitSchedule`]); the split is part of the resume state. The
 //! decode threads read every sample, draw its window and flip from its RNG as always, and
 //! offer the rows of the GPU's share to the lane
-//! ([`stoker_worker::ImageDiverter`]); an image the engines cannot take, or whose frame
+//! ([`stoker_pipeline::ImageDiverter`]); an image the engines cannot take, or whose frame
 //! nvJPEG's own parse reads otherwise than the decode threads did (see [`jpeg_scan`]), or too
 //! large for the lane's memory is built on the CPU instead, in the same batch, as is one whose
 //! decode fails nvJPEG's strict check or leaves its place unwritten (`lane/pipe.rs`).

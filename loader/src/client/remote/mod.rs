@@ -403,9 +403,9 @@ pub(super) fn client_stats(monitor: &LoaderMonitor) -> stoker_proto::v1::ClientS
 
 /// A short name for the job in messages: its dataset (a mix: its datasets joined by `+`).
 pub(super) fn job_label(spec: &JobSpec) -> String {
-    let uris: Vec<String> = stoker_worker::spec_sources(spec)
+    let uris: Vec<String> = stoker_pipeline::spec_sources(spec)
         .into_iter()
-        .map(|(dataset, _)| stoker_worker::source_names(dataset).join(","))
+        .map(|(dataset, _)| stoker_pipeline::source_names(dataset).join(","))
         .collect();
     if uris.is_empty() {
         "without a dataset".to_string()

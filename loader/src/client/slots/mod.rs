@@ -485,7 +485,7 @@ impl Slot {
 }
 
 /// Embedded jobs build their batches straight into a slot.
-impl stoker_worker::BatchBuffer for Slot {
+impl stoker_pipeline::BatchBuffer for Slot {
     fn as_mut_slice(&mut self) -> &mut [u8] {
         Slot::as_mut_slice(self)
     }

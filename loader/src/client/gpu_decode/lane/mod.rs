@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 
 use crossbeam_channel::Sender;
 use cudarc::driver::DriverError;
-use stoker_worker::{AssembledBatch, DivertedImage, ImageDiverter, Job};
+use stoker_pipeline::{AssembledBatch, DivertedImage, ImageDiverter, Job};
 
 use super::jpeg_scan::{scan, Decline, Frame};
 use super::nvjpeg::Budget;

@@ -9,7 +9,7 @@ use std::time::Instant;
 
 use crossbeam_channel::Receiver;
 use cudarc::driver::{result, sys, DriverError};
-use stoker_worker::{AssembledBatch, Job};
+use stoker_pipeline::{AssembledBatch, Job};
 
 use super::{
     add_since, driver, DeviceRows, LaneItem, LaneMemory, LaneStats, LaneTask, Shared, ALIGN,
@@ -742,7 +742,7 @@ pub(super) fn run(
             pipe.release_ring(&shared);
             Err(Error::Stopped(format!(
                 "the GPU decode lane panicked building step {step}: {}",
-                stoker_worker::panic_text(&*panic)
+                stoker_pipeline::panic_text(&*panic)
             )))
         });
         let _ = reply.send(Built {

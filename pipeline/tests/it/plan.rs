@@ -4,7 +4,7 @@
 
 use proptest::prelude::*;
 use stoker_proto::v1::UnevenTail;
-use stoker_worker::{EpochPlan, Permutation, PlanConfig};
+use stoker_pipeline::{EpochPlan, Permutation, PlanConfig};
 
 /// Checks the padded ranks of `n` samples over `world`: each rank has `n / world` samples
 /// (rounded up), every sample is seen, and the repeats add up to the padding. Returns how often

@@ -15,7 +15,7 @@ use image::codecs::{
 };
 use image::{ExtendedColorType, ImageEncoder};
 use stoker_datasets::{sniff_format, ImageFormat};
-use stoker_worker::{
+use stoker_pipeline::{
     decode, read_header, CropWindow, DecodeRequest, DecodedImage, SampleError, DEFAULT_MAX_PIXELS,
 };
 
@@ -287,7 +287,7 @@ fn a_decoder_may_not_exceed_the_header() {
     );
     let small = try_decode(&big, &request(None, (1, 1), false)).unwrap();
     let header = read_header(&big, DEFAULT_MAX_PIXELS).unwrap();
-    let lying = stoker_worker::ImageHeader {
+    let lying = stoker_pipeline::ImageHeader {
         width: WIDTH - 1,
         ..header
     };

@@ -7,7 +7,7 @@ use stoker_datasets::fuzz_targets::committed_inputs;
 
 use prost::Message;
 use stoker_proto::v1::{self as proto, op::Op as OpKind};
-use stoker_worker::{fuzz_targets, presets, train_bpe_tokenizer};
+use stoker_pipeline::{fuzz_targets, presets, train_bpe_tokenizer};
 use turbojpeg::{Compressor, Image, PixelFormat, Subsamp};
 
 type TestResult<T> = Result<T, Box<dyn std::error::Error>>;
@@ -156,7 +156,7 @@ fn op(kind: OpKind) -> proto::Op {
 }
 
 /// Writes the seed corpora of the worker's targets into `fuzz/corpus/`; run by hand when a
-/// format changes (`cargo test --release -p stoker-worker --test it write_seed_corpora --
+/// format changes (`cargo test --release -p stoker-pipeline --test it write_seed_corpora --
 /// --ignored`), then commit what changed.
 #[test]
 #[ignore = "writes into the source tree; run by hand to refresh the seeds"]

@@ -6,7 +6,7 @@
 
 use serde_json::Value;
 use stoker_proto::v1::{self as proto, op::Op as OpKind};
-use stoker_worker::{
+use stoker_pipeline::{
     decode, read_header, resample, CropWindow, DecodeRequest, DecodedImage, Error, ImageDtype,
     ImageLayout, OutputFormat, Pipeline, SampleError, SampleRng, SampleTimings, Scratch,
     SourceWindow, DEFAULT_MAX_PIXELS,
@@ -92,7 +92,7 @@ fn run_case(case: &Value) -> Vec<u8> {
             let resized = if shorter == 0 {
                 (width, height)
             } else {
-                stoker_worker::resize_shorter_side(width, height, shorter)
+                stoker_pipeline::resize_shorter_side(width, height, shorter)
             };
             let r = case["resized"].as_array().unwrap();
             assert_eq!(
@@ -102,8 +102,8 @@ fn run_case(case: &Value) -> Vec<u8> {
             );
             SourceWindow::ResizeThenCrop {
                 resized,
-                left: stoker_worker::center_crop_offset(resized.0, out_w),
-                top: stoker_worker::center_crop_offset(resized.1, out_h),
+                left: stoker_pipeline::center_crop_offset(resized.0, out_w),
+                top: stoker_pipeline::center_crop_offset(resized.1, out_h),
             }
         }
     };
@@ -149,7 +149,7 @@ fn flip_matches_torchvision() {
     let doc = expected();
     let case = &doc["cases"][0];
     let mut ours = numbers(&case["pixels"]);
-    stoker_worker::flip_horizontal(&mut ours, 16);
+    stoker_pipeline::flip_horizontal(&mut ours, 16);
     assert_eq!(ours, numbers(&doc["flip_of_crop_downscale"]));
 }
 
@@ -458,7 +458,7 @@ fn pipeline_checks_name_the_op_at_fault() {
 fn pipeline_output_is_a_function_of_the_rng_stream() {
     let (w, h) = (300, 220);
     let bytes = encode_jpeg(&smooth_photo(w, h), w, h, turbojpeg::Subsamp::Sub2x2);
-    let pipeline = Pipeline::from_ops(&stoker_worker::presets::imagenet_train(64)).unwrap();
+    let pipeline = Pipeline::from_ops(&stoker_pipeline::presets::imagenet_train(64)).unwrap();
     let run = |index: u64| {
         let mut out = vec![0u8; pipeline.bytes_per_sample()];
         let mut timings = SampleTimings::default();

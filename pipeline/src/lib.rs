@@ -1,4 +1,4 @@
-//! Stoker's worker core: the epoch plan and the job spec, the pipeline ops that turn encoded
+//! Stoker's batch pipeline (the workers' core): the epoch plan and the job spec, the pipeline ops that turn encoded
 //! samples into tensors, and batch assembly. No network here: the worker daemon of the
 //! distributed mode (`stoker-worker-daemon`) and the wire (`stoker-rpc`) sit on top.
 //!
@@ -22,7 +22,7 @@
 //! bad-input policy and stage timings.
 //!
 //! ```
-//! use stoker_worker::{EpochPlan, PlanConfig};
+//! use stoker_pipeline::{EpochPlan, PlanConfig};
 //! use stoker_proto::v1::UnevenTail;
 //! let config = PlanConfig {
 //!     num_samples: 10, batch_size: 4, seed: 7, shuffle: true, drop_last: false,
@@ -36,7 +36,7 @@
 //! ```
 //!
 //! ```
-//! use stoker_worker::{presets, Pipeline};
+//! use stoker_pipeline::{presets, Pipeline};
 //! let pipeline = Pipeline::from_ops(&presets::imagenet_train(224)).unwrap();
 //! assert_eq!(pipeline.image_shape(64), vec![64, 224, 224, 3]);
 //! assert_eq!(pipeline.bytes_per_sample(), 224 * 224 * 3);
