@@ -1,0 +1,249 @@
+//! Jobs through the service: checked by a worker (`WorkerData.DescribeJob`), registered with
+//! their weight off the state's lock (one registration at a time, durable before it is
+//! answered), and retired with what the service and the dashboard kept of them.
+
+use std::collections::{HashMap, HashSet};
+use std::time::{Duration, Instant};
+
+use stoker_pipeline::ErrorKind;
+use stoker_proto::v1::worker_data_client::WorkerDataClient;
+use stoker_proto::v1::{self as proto, DescribeJobRequest, JobSpec};
+use stoker_rpc::error_kinds;
+use tonic::Status;
+
+use super::timers::write_off_the_lock;
+use super::{lock, CoordinatorService, State};
+use crate::client_reports::job_name;
+use crate::status::coordinator_status;
+use crate::{Coordinator, JobId};
+
+/// Whether giving `job` the `weight` a registration asks for (0: none) changes its weight.
+fn asks_another_weight(core: &Coordinator, job: JobId, weight: u32) -> Result<bool, Status> {
+    Ok(weight > 0
+        && core
+            .weight_write(job, weight)
+            .map_err(coordinator_status)?
+            .changes())
+}
+
+impl CoordinatorService {
+    /// Registers the job of `spec`, which a worker `described`, unless one of its step count
+    /// is registered already, and sets its `weight` (0 leaves it): journaled outside the
+    /// state's lock, one registration at a time (a new job with its weight in one write).
+    /// Returns the job's id.
+    pub(super) async fn register_described(
+        self,
+        spec: JobSpec,
+        described: proto::DescribeJobResponse,
+        weight: u32,
+    ) -> Result<JobId, Status> {
+        // Nothing to write (the ranks of a journaled job after a restart): not in turn.
+        if let Some(id) = self.registered_as_asked(&spec, &described, weight)? {
+            return Ok(id);
+        }
+        let _in_turn = self.registrations.lock().await;
+        if let Some(id) = self.registered_as_asked(&spec, &described, weight)? {
+            return Ok(id);
+        }
+        let steps = described.steps_per_epoch;
+        let (registered, earlier) = {
+            let state = lock(&self.state);
+            let jobs = state.core.jobs_of_spec(&spec);
+            let registered = jobs.iter().find(|(_, known)| *known == steps).map(|j| j.0);
+            (registered, jobs.first().copied())
+        };
+        if let Some(id) = registered {
+            // Registered, its weight to change.
+            let write = lock(&self.state)
+                .core
+                .weight_write(id, weight)
+                .map_err(coordinator_status)?;
+            let journal = self.journal.clone();
+            let (write, outcome) =
+                write_off_the_lock(write, move |write| journal.write_weight(write))
+                    .await
+                    .map_err(coordinator_status)?;
+            let mut state = lock(&self.state);
+            state
+                .core
+                .weight_written(&write, outcome)
+                .map_err(coordinator_status)?;
+            state.descriptions.insert(id.0, described);
+            state.core.job_in_use(id);
+            return Ok(id);
+        }
+        // A journaled job of another step count was registered over another dataset than the
+        // workers see now: served as it was, its clients would wait for steps the core never
+        // leases, so the job is registered anew.
+        let write = lock(&self.state)
+            .core
+            .job_write(spec, steps, weight)
+            .map_err(coordinator_status)?;
+        let journal = self.journal.clone();
+        let (write, outcome) = write_off_the_lock(write, move |write| journal.write_job(write))
+            .await
+            .map_err(coordinator_status)?;
+        let mut state = lock(&self.state);
+        let id = state
+            .core
+            .job_written(write, outcome)
+            .map_err(coordinator_status)?;
+        state.descriptions.insert(id.0, described);
+        state.core.job_in_use(id);
+        if let Some((before, steps_before)) = earlier {
+            tracing::warn!(
+                job = id.0,
+                earlier = before.0,
+                steps_before,
+                steps_now = steps,
+                "the job's dataset changed since it was registered: registered anew"
+            );
+        }
+        Ok(id)
+    }
+
+    /// The job of `spec` with the step count a worker `described`, when it is registered and
+    /// its weight is as asked (nothing to write); its description kept.
+    pub(super) fn registered_as_asked(
+        &self,
+        spec: &JobSpec,
+        described: &proto::DescribeJobResponse,
+        weight: u32,
+    ) -> Result<Option<JobId>, Status> {
+        let mut state = lock(&self.state);
+        let steps = described.steps_per_epoch;
+        let Some((id, _)) = state
+            .core
+            .jobs_of_spec(spec)
+            .into_iter()
+            .find(|(_, known)| *known == steps)
+        else {
+            return Ok(None);
+        };
+        if asks_another_weight(&state.core, id, weight)? {
+            return Ok(None);
+        }
+        state.descriptions.insert(id.0, described.clone());
+        state.core.job_in_use(id);
+        Ok(Some(id))
+    }
+
+    /// How often jobs are looked at for retirement: a quarter of the retention, at most every
+    /// [`RETIRE_LOOK_EVERY`].
+    pub(super) fn retire_look_every(&self) -> Duration {
+        self.config
+            .core
+            .job_retention
+            .map_or(RETIRE_LOOK_EVERY, |retention| {
+                (retention / 4).min(RETIRE_LOOK_EVERY)
+            })
+    }
+
+    /// Retires the jobs idle for their retention, and forgets what the service and the
+    /// dashboard kept of them.
+    pub(super) fn retire_idle_jobs(&self, state: &mut State, now: Instant) {
+        let due = state.core.idle_jobs(now);
+        if due.is_empty() {
+            return;
+        }
+        let names: HashMap<u64, String> = due
+            .iter()
+            .map(|job| (job.0, job_name(&state.core, job.0)))
+            .collect();
+        let retired: HashSet<u64> = state
+            .core
+            .retire_jobs(&due)
+            .into_iter()
+            .map(|job| job.0)
+            .collect();
+        for job in &retired {
+            state.descriptions.remove(job);
+            state.serving.remove(job);
+        }
+        state.monitors.retain(|(job, _), _| !retired.contains(job));
+        state.clients.retain(|(job, _), _| !retired.contains(job));
+        if let Some(dashboard) = &self.dashboard {
+            let names: HashSet<String> = names
+                .into_iter()
+                .filter(|(job, _)| retired.contains(job))
+                .map(|(_, name)| name)
+                .collect();
+            dashboard.forget_jobs(&names);
+        }
+    }
+
+    /// Asks live workers, in turn, to open the job; the first answer decides.
+    pub(super) async fn describe(&self, spec: &JobSpec) -> Result<proto::DescribeJobResponse, Status> {
+        let waited_since = Instant::now();
+        loop {
+            let workers = {
+                let state = lock(&self.state);
+                Self::worker_infos(&state)
+            };
+            if workers.is_empty() {
+                if waited_since.elapsed() >= self.config.worker_wait {
+                    return Err(error_kinds::status(
+                        ErrorKind::WorkerUnavailable,
+                        "no worker is registered with the coordinator (start stoker-worker --coordinator ADDR)",
+                    ));
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                continue;
+            }
+            let mut last_error = None;
+            for worker in &workers {
+                let channel = self
+                    .config
+                    .network
+                    .channel(&worker.data_address, &self.config.client_security)
+                    .map_err(|e| Status::internal(e.to_string()))?;
+                let mut client = WorkerDataClient::new(channel);
+                let request = DescribeJobRequest {
+                    spec: Some(spec.clone()),
+                };
+                match tokio::time::timeout(
+                    self.config.describe_timeout,
+                    client.describe_job(request),
+                )
+                .await
+                {
+                    Ok(Ok(response)) => return Ok(response.into_inner()),
+                    Ok(Err(status)) if error_kinds::is_transient(&status) => {
+                        tracing::warn!(worker = worker.worker_id, %status, "worker unreachable while checking a job");
+                        last_error = Some(status);
+                    }
+                    Ok(Err(status)) => {
+                        // The worker's kind goes back with its reason (or the kind of the
+                        // connector's refusal, when the coordinator could not reach it).
+                        let kind = error_kinds::kind_of_status(&status);
+                        return Err(error_kinds::with_kind(
+                            Status::with_metadata(
+                                status.code(),
+                                format!(
+                                    "worker {} ({}) refused the job: {}",
+                                    worker.worker_id,
+                                    worker.data_address,
+                                    status.message()
+                                ),
+                                status.metadata().clone(),
+                            ),
+                            kind,
+                        ));
+                    }
+                    Err(_) => {
+                        last_error = Some(Status::deadline_exceeded(format!(
+                            "worker {} took over {:?} to open the job",
+                            worker.worker_id, self.config.describe_timeout
+                        )))
+                    }
+                }
+            }
+            return Err(
+                last_error.unwrap_or_else(|| Status::unavailable("no worker could check the job"))
+            );
+        }
+    }
+}
+
+/// Longest time between two looks for jobs to retire.
+const RETIRE_LOOK_EVERY: Duration = Duration::from_secs(5);

@@ -1,0 +1,160 @@
+//! The service's timers: the look for silent workers and sessions (the coordinator's own
+//! stalls excused, idle jobs retired), the dashboard's refresh, and the journal's writes of
+//! acknowledged positions, taken under the state's lock and written outside it.
+
+use std::time::{Duration, Instant};
+
+use super::{lock, CoordinatorService};
+use crate::dashboard_feed::{fleet, job_shares, serving_workers, worker_loads};
+use crate::{CoordinatorError, SessionId};
+
+/// Runs a journal write on a blocking thread, so a slow disk holds up no call; the write comes
+/// back with its outcome, or the error of a write that did not finish (it panicked).
+pub(super) async fn write_off_the_lock<W: Send + 'static, T: Send + 'static>(
+    write: W,
+    run: impl FnOnce(&W) -> Result<T, CoordinatorError> + Send + 'static,
+) -> Result<(W, Result<T, CoordinatorError>), CoordinatorError> {
+    tokio::task::spawn_blocking(move || {
+        let outcome = run(&write);
+        (write, outcome)
+    })
+    .await
+    .map_err(|error| {
+        CoordinatorError::Journal(Box::new(redb::Error::Io(std::io::Error::other(format!(
+            "the journal write did not finish: {error}"
+        )))))
+    })
+}
+
+impl CoordinatorService {
+    pub(super) async fn run_timers(self) {
+        // The first look counts from the start of serving, not from the service's making.
+        lock(&self.state).last_expire = Instant::now();
+        let mut expire = tokio::time::interval(EXPIRE_EVERY);
+        let mut refresh = tokio::time::interval(DASHBOARD_REFRESH);
+        loop {
+            tokio::select! {
+                _ = refresh.tick() => self.refresh_dashboard(),
+                _ = expire.tick() => self.expire(),
+            }
+        }
+    }
+
+    /// Writes the acknowledged positions every `flush_every`, each write waited for before the
+    /// next is taken, until `stop` fires (a write in flight is finished first).
+    pub(super) async fn run_flushes(self, mut stop: tokio::sync::oneshot::Receiver<()>) {
+        let mut flush = tokio::time::interval(self.config.flush_every);
+        // After a write that took long (a slow disk), the next one a period later, not a burst.
+        flush.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                _ = &mut stop => return,
+                _ = flush.tick() => {}
+            }
+            if let Err(error) = self.flush_journal().await {
+                tracing::error!(%error, "coordinator journal flush failed; the positions stay for the next write");
+            }
+        }
+    }
+
+    /// Writes the acknowledged positions changed since the last write: taken under the lock,
+    /// written outside it on a blocking thread, handed back under it.
+    pub(super) async fn flush_journal(&self) -> Result<(), CoordinatorError> {
+        let Some(write) = lock(&self.state).core.take_positions() else {
+            return Ok(());
+        };
+        // A write that did not finish leaves the core holding every position it carried.
+        let journal = self.journal.clone();
+        let (write, outcome) =
+            write_off_the_lock(write, move |write| journal.write_positions(write)).await?;
+        lock(&self.state).core.positions_written(&write, outcome)
+    }
+
+    pub(super) fn refresh_dashboard(&self) {
+        let Some(dashboard) = &self.dashboard else {
+            return;
+        };
+        let mut state = lock(&self.state);
+        let state = &mut *state;
+        let last = &mut state.last_refresh;
+        dashboard.set_workers(worker_loads(&state.workers, last, DASHBOARD_REFRESH));
+        let serving = serving_workers(&mut state.serving, &state.workers, Instant::now());
+        dashboard.set_shares(job_shares(&state.core, last, DASHBOARD_REFRESH, serving));
+        let (live, wanted) = fleet(&state.workers, &state.clients, last);
+        dashboard.set_fleet(live, wanted);
+    }
+
+    /// Drops the workers and sessions silent too long, once the coordinator's own stalls are
+    /// excused: when the last look was long ago (a paused machine, a starved process), the time
+    /// since was no time for heartbeats to be taken, so it is not counted against anyone.
+    pub(super) fn expire(&self) {
+        let mut state = lock(&self.state);
+        // Read under the lock: a look that waited for it was not looking meanwhile.
+        let now = Instant::now();
+        let since = now.saturating_duration_since(std::mem::replace(&mut state.last_expire, now));
+        if since >= STALL_EXCUSED_AFTER {
+            // All of it: the silence counted is what came before the last look.
+            let stalled = since;
+            tracing::warn!(
+                ?stalled,
+                "the coordinator could not look for silent workers and clients for a while (a paused machine, no CPU); that time is not counted against them"
+            );
+            state.core.excuse_stall(stalled, now);
+            for session in state.sessions.values_mut() {
+                session.last_seen = session
+                    .last_seen
+                    .checked_add(stalled)
+                    .map_or(now, |later| later.min(now))
+                    .max(session.last_seen);
+            }
+        }
+        let report = state.core.expire(now);
+        for worker in &report.workers {
+            if let Some(entry) = state.worker_gone(worker.0) {
+                tracing::warn!(
+                    worker = worker.0,
+                    address = %entry.data_address,
+                    requeued = report.requeued_tasks,
+                    "worker lost (no heartbeat within the lease timeout); its tasks go back to the queue"
+                );
+            }
+        }
+        let stale: Vec<u64> = state
+            .sessions
+            .iter()
+            .filter(|(_, s)| {
+                now.saturating_duration_since(s.last_seen) >= self.config.session_timeout
+            })
+            .map(|(id, _)| *id)
+            .collect();
+        for id in stale {
+            state.sessions.remove(&id);
+            if let Err(error) = state.core.close_session(SessionId(id)) {
+                tracing::debug!(%error, session = id, "closing a silent session");
+            } else {
+                tracing::warn!(session = id, "client silent too long; session closed");
+            }
+        }
+        if now.saturating_duration_since(state.last_retire_look) >= self.retire_look_every() {
+            state.last_retire_look = now;
+            // Not while a job is being registered (it may be the one found idle).
+            if let Ok(_no_registration) = self.registrations.try_lock() {
+                self.retire_idle_jobs(&mut state, now);
+            }
+        }
+        drop(state);
+        if report.requeued_tasks > 0 {
+            self.work.notify_waiters();
+        }
+    }
+
+}
+
+/// How often silent workers and sessions are looked for.
+const EXPIRE_EVERY: Duration = Duration::from_millis(250);
+
+/// A look for silent workers this long after the last one found the coordinator stalled.
+const STALL_EXCUSED_AFTER: Duration = Duration::from_millis(500);
+
+/// How often the dashboard's worker table is refreshed.
+const DASHBOARD_REFRESH: Duration = Duration::from_millis(500);

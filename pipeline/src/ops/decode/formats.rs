@@ -1,0 +1,171 @@
+//! The formats beside JPEG: PNG through the `png` crate (its palette checked before any pixel),
+//! and WebP, BMP, TIFF, PBM/PGM/PPM and GIF through the `image` crate with limits from the
+//! header, each to packed RGB8 as `convert("RGB")` gives it.
+
+use std::io::Cursor;
+
+use super::*;
+
+pub(super) fn png_error(error: png::DecodingError) -> SampleError {
+    SampleError::Corrupt(format!("png: {error}"))
+}
+
+pub(super) fn png_header(bytes: &[u8]) -> Result<(u32, u32), SampleError> {
+    let decoder = png::Decoder::new(Cursor::new(bytes));
+    let reader = decoder.read_info().map_err(png_error)?;
+    let info = reader.info();
+    Ok((info.width, info.height))
+}
+
+/// Refuses palettes the `png` crate (0.18.1) would panic on while expanding them: a PLTE chunk
+/// whose length is not a multiple of 3, and a tRNS chunk with more entries than the palette
+/// (both invalid PNG; the crate stores them unchecked and slices past their ends). Found by the
+/// `image` fuzz target; `fuzz/regressions/image/` keeps the inputs.
+pub(super) fn check_png_palette(info: &png::Info<'_>) -> Result<(), SampleError> {
+    let Some(palette) = info.palette.as_deref() else {
+        return Ok(());
+    };
+    if palette.len() % 3 != 0 {
+        return Err(SampleError::Corrupt(format!(
+            "png: PLTE chunk of {} bytes is not a whole number of RGB entries",
+            palette.len()
+        )));
+    }
+    let transparent = info.trns.as_deref().map_or(0, <[u8]>::len);
+    if info.color_type == png::ColorType::Indexed && transparent > palette.len() / 3 {
+        return Err(SampleError::Corrupt(format!(
+            "png: tRNS chunk has {transparent} entries for a palette of {}",
+            palette.len() / 3
+        )));
+    }
+    Ok(())
+}
+
+pub(super) fn decode_png(bytes: &[u8], max_pixels: u64, out: &mut DecodedImage) -> Result<(), SampleError> {
+    let mut decoder = png::Decoder::new(Cursor::new(bytes));
+    decoder.set_transformations(png::Transformations::EXPAND | png::Transformations::STRIP_16);
+    let mut reader = decoder.read_info().map_err(png_error)?;
+    check_png_palette(reader.info())?;
+    let (width, height) = (reader.info().width, reader.info().height);
+    if u64::from(width) * u64::from(height) > max_pixels {
+        return Err(SampleError::TooManyPixels {
+            width: u64::from(width),
+            height: u64::from(height),
+            limit: max_pixels,
+        });
+    }
+    let size = reader
+        .output_buffer_size()
+        .ok_or_else(|| SampleError::Corrupt("png: output size overflows".into()))?;
+    let mut raw_pixels = vec![0u8; size];
+    let frame = reader.next_frame(&mut raw_pixels).map_err(png_error)?;
+    let channels = match frame.color_type {
+        png::ColorType::Grayscale => 1,
+        png::ColorType::GrayscaleAlpha => 2,
+        png::ColorType::Rgb => 3,
+        png::ColorType::Rgba => 4,
+        png::ColorType::Indexed => {
+            return Err(SampleError::Corrupt("png: palette was not expanded".into()))
+        }
+    };
+    let pixel_count = width as usize * height as usize;
+    out.pixels.clear();
+    out.pixels.reserve(pixel_count * 3);
+    for y in 0..height as usize {
+        let row = &raw_pixels[y * frame.line_size..][..width as usize * channels];
+        for px in row.chunks_exact(channels) {
+            // PIL's convert("RGB") drops alpha without compositing; so do we.
+            match channels {
+                1 | 2 => out.pixels.extend_from_slice(&[px[0], px[0], px[0]]),
+                _ => out.pixels.extend_from_slice(&px[..3]),
+            }
+        }
+    }
+    out.width = width;
+    out.height = height;
+    out.offset_x = 0;
+    out.offset_y = 0;
+    out.scaled_width = width;
+    out.scaled_height = height;
+    out.scale_eighths = 8;
+    Ok(())
+}
+
+/// Bytes per pixel of the widest output the `image` crate decodes to (RGBA, f32 samples).
+const WIDEST_PIXEL_BYTES: u64 = 16;
+
+/// Decodes a WebP, BMP, TIFF, PNM or GIF through the `image` crate.
+///
+/// The decoder may not produce an image larger than the header said (which [`read_header`]
+/// checked against the pixel limit), nor allocate more than twice the widest output of that
+/// size: once for the output, once for the decoder's own buffers.
+pub(super) fn decode_with_image_crate(
+    bytes: &[u8],
+    header: &ImageHeader,
+    format: image::ImageFormat,
+    out: &mut DecodedImage,
+) -> Result<(), SampleError> {
+    let corrupt = |error: image::ImageError| {
+        SampleError::Corrupt(format!("{}: {error}", header.format.name()))
+    };
+    let pixels = u64::from(header.width) * u64::from(header.height);
+    let mut limits = image::Limits::default();
+    limits.max_image_width = Some(header.width);
+    limits.max_image_height = Some(header.height);
+    limits.max_alloc = Some(pixels.saturating_mul(2 * WIDEST_PIXEL_BYTES));
+    let mut reader = image::ImageReader::with_format(Cursor::new(bytes), format);
+    reader.limits(limits);
+    let decoded = reader.decode().map_err(corrupt)?;
+    if (decoded.width(), decoded.height()) != (header.width, header.height) {
+        return Err(SampleError::Corrupt(format!(
+            "{} header gives {}x{} but the decoder {}x{}",
+            header.format.name(),
+            header.width,
+            header.height,
+            decoded.width(),
+            decoded.height()
+        )));
+    }
+    rgb8_of(decoded, &mut out.pixels);
+    out.width = header.width;
+    out.height = header.height;
+    out.offset_x = 0;
+    out.offset_y = 0;
+    out.scaled_width = header.width;
+    out.scaled_height = header.height;
+    out.scale_eighths = 8;
+    Ok(())
+}
+
+/// Packed RGB8 of any decoded image into `rgb`: alpha dropped without compositing, gray
+/// replicated, 16-bit samples reduced to their high byte (see the module doc for where PIL
+/// differs), float samples through the `image` crate's own conversion (clamped to 0..=1).
+pub(super) fn rgb8_of(decoded: image::DynamicImage, rgb: &mut Vec<u8>) {
+    use image::DynamicImage;
+
+    fn expand<T: Copy>(samples: &[T], channels: usize, to_u8: impl Fn(T) -> u8, rgb: &mut Vec<u8>) {
+        rgb.clear();
+        rgb.reserve(samples.len() / channels * 3);
+        for pixel in samples.chunks_exact(channels) {
+            if channels < 3 {
+                let gray = to_u8(pixel[0]);
+                rgb.extend_from_slice(&[gray, gray, gray]);
+            } else {
+                rgb.extend(pixel[..3].iter().map(|&sample| to_u8(sample)));
+            }
+        }
+    }
+    let byte = |sample: u8| sample;
+    let high_byte = |sample: u16| (sample >> 8) as u8;
+    match decoded {
+        DynamicImage::ImageRgb8(image) => *rgb = image.into_raw(),
+        DynamicImage::ImageRgba8(image) => expand(image.as_raw(), 4, byte, rgb),
+        DynamicImage::ImageLuma8(image) => expand(image.as_raw(), 1, byte, rgb),
+        DynamicImage::ImageLumaA8(image) => expand(image.as_raw(), 2, byte, rgb),
+        DynamicImage::ImageRgb16(image) => expand(image.as_raw(), 3, high_byte, rgb),
+        DynamicImage::ImageRgba16(image) => expand(image.as_raw(), 4, high_byte, rgb),
+        DynamicImage::ImageLuma16(image) => expand(image.as_raw(), 1, high_byte, rgb),
+        DynamicImage::ImageLumaA16(image) => expand(image.as_raw(), 2, high_byte, rgb),
+        other => *rgb = other.to_rgb8().into_raw(),
+    }
+}
