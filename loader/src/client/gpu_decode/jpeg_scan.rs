@@ -26,7 +26,7 @@
 //!
 //! What headers cannot show (flipped bits in the scan data, a scan cut short with an end marker
 //! appended) is left to the decode itself: nvJPEG's strict bitstream check and per-image status,
-//! and the lane's check that every place it crops from was written (`lane/pipe.rs`).
+//! and the lane's check that every place it crops from was written (`lane/pipe/`).
 
 /// Why an image is left to the CPU threads.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

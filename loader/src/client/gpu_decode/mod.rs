@@ -12,7 +12,7 @@
 //! ([`stoker_pipeline::ImageDiverter`]); an image the engines cannot take, or whose frame
 //! nvJPEG's own parse reads otherwise than the decode threads did (see [`jpeg_scan`]), or too
 //! large for the lane's memory is built on the CPU instead, in the same batch, as is one whose
-//! decode fails nvJPEG's strict check or leaves its place unwritten (`lane/pipe.rs`).
+//! decode fails nvJPEG's strict check or leaves its place unwritten (`lane/pipe/`).
 //!
 //! The lane's rows stay on the GPU: a batch built with the lane carries them beside its slot
 //! ([`DeviceRows`], attached to the slot), and the device stage merges them into the device

@@ -1,0 +1,218 @@
+//! A pipe's sub-batch on the GPU: nvJPEG's batched decode into the arena, the crop kernel's
+//! launch into the batch's device rows, and a sub-batch one image spoils retried image by
+//! image, each image's own status deciding whether it is built on the CPU.
+
+use super::*;
+
+impl Pipe {
+    /// A new event recorded after the work queued so far on the pipe's stream.
+    pub(super) fn ready_event(&self) -> std::result::Result<sys::CUevent, GpuDecodeError> {
+        let mut event = std::ptr::null_mut();
+        // SAFETY: creation into a local and a record on the pipe's own stream, with the
+        // device's context current on this thread.
+        unsafe {
+            sys::cuEventCreate(
+                &mut event,
+                sys::CUevent_flags::CU_EVENT_DISABLE_TIMING as u32,
+            )
+            .result()
+            .map_err(driver("cuEventCreate"))?;
+            if let Err(error) = result::event::record(event, self.stream) {
+                let _ = sys::cuEventDestroy_v2(event);
+                return Err(driver("cuEventRecord")(error));
+            }
+        }
+        Ok(event)
+    }
+
+    /// Decodes the pending images and crops them into the output rows from `decoded.len()`
+    /// on; images nvJPEG refuses go to `fallback`.
+    pub(super) fn flush(
+        &mut self,
+        pending: &mut Vec<Pending>,
+        out: u64,
+        decoded: &mut Vec<Decoded>,
+        fallback: &mut Vec<CpuRow>,
+    ) {
+        if pending.is_empty() {
+            return;
+        }
+        if let Err(error) = self.run_batch(pending, out, decoded) {
+            if pending.len() == 1 {
+                tracing::debug!(%error, pipe = self.index, "the GPU lane could not decode an image; building it on the CPU");
+                fallback.extend(pending.drain(..).map(|p| CpuRow::of(&p.item)));
+                return;
+            }
+            // One image spoils its whole sub-batch (nvjpegDecodeBatched has one status for
+            // all): each is tried alone, so each image's own status decides, and which rows
+            // go to the CPU depends on the images only, not on how they were grouped.
+            tracing::debug!(%error, images = pending.len(), pipe = self.index, "the GPU lane retries a sub-batch image by image");
+            let mut held = Vec::new();
+            for one in pending.drain(..) {
+                let mut one = vec![one];
+                match self.run_batch(&one, out, decoded) {
+                    Ok(()) => {
+                        // The arena is reused by the next image: wait for this one's kernel.
+                        // SAFETY: the event is the pipe's own.
+                        let _ = unsafe { result::event::synchronize(self.done) };
+                        held.extend(one.drain(..).map(|p| p.item));
+                    }
+                    Err(_) => fallback.extend(one.drain(..).map(|p| CpuRow::of(&p.item))),
+                }
+            }
+            self.held = held;
+            return;
+        }
+        self.held = pending.drain(..).map(|p| p.item).collect();
+    }
+
+    fn run_batch(
+        &mut self,
+        pending: &[Pending],
+        out: u64,
+        decoded: &mut Vec<Decoded>,
+    ) -> std::result::Result<(), GpuDecodeError> {
+        let arena = self.memory.arenas[self.index];
+        let first = decoded.len();
+        if first + pending.len() > self.sentinel_rows {
+            return Err(GpuDecodeError::Unsupported(format!(
+                "{} images in a batch of at most {} rows",
+                first + pending.len(),
+                self.sentinel_rows
+            )));
+        }
+        // The state, arena and parameters are free once the pipe's last work is done.
+        let waited = Instant::now();
+        // SAFETY: the event is the pipe's own.
+        unsafe { result::event::synchronize(self.done) }.map_err(driver("cuEventSynchronize"))?;
+        add_since(&self.stats.pipe_wait_ns, waited);
+        self.held.clear();
+        // SAFETY: the staging buffer is the pipe's own page-locked allocation of
+        // `staging_bytes`, and nvJPEG's reads of it from the last decode are done (the copies
+        // come before the decode the event above follows).
+        let staging = unsafe {
+            std::slice::from_raw_parts_mut(self.staging.cast::<u8>(), self.staging_bytes)
+        };
+        let mut bytes: Vec<&[u8]> = Vec::with_capacity(pending.len());
+        let mut rest = staging;
+        for p in pending {
+            let len = self.staged_len(&p.item);
+            if len == 0 || len > rest.len() {
+                bytes.push(&p.item.image.bytes[..]);
+                continue;
+            }
+            let (place, after) = rest.split_at_mut(len);
+            place.copy_from_slice(&p.item.image.bytes);
+            bytes.push(place);
+            rest = after;
+        }
+        let mut outputs: Vec<Image> = pending
+            .iter()
+            .map(|p| Image::rgb(arena + p.offset as u64, p.placement.pitch))
+            .collect();
+        // Poison the places first: a place the decode leaves unwritten is found by its
+        // sentinel (`unwritten`), never cropped as this sample.
+        let span_start = pending[0].offset;
+        let span_end = pending
+            .iter()
+            .map(|p| p.offset + p.placement.place)
+            .max()
+            .unwrap_or(span_start);
+        // SAFETY: the span lies in the pipe's arena (each place was fitted in it), starts on
+        // an ALIGN boundary and is a whole number of ALIGN blocks, and nothing else uses it now.
+        unsafe {
+            sys::cuMemsetD32Async(
+                arena + span_start as u64,
+                POISON,
+                (span_end - span_start) / 4,
+                self.stream,
+            )
+            .result()
+            .map_err(driver("cuMemsetD32Async"))?;
+        }
+        let decoding = Instant::now();
+        // SAFETY: each output lies in the pipe's arena, sized from the frame nvJPEG's parse and
+        // the marker scan agreed on; the stream is the pipe's.
+        let result = unsafe { self.decoder.decode(0, &bytes, &mut outputs, self.stream) };
+        add_since(&self.stats.decode_call_ns, decoding);
+        result?;
+        let launching = Instant::now();
+        // Each place's last bytes, to the pipe's sentinel buffer, after the decode.
+        for (k, p) in pending.iter().enumerate() {
+            let len = p.placement.decoded.min(SENTINEL);
+            // SAFETY: the source lies in the image's place; the destination is sentinel
+            // `first + k` of the pipe's page-locked buffer (checked in range above), read only
+            // after the pipe's event has passed.
+            unsafe {
+                sys::cuMemcpyDtoHAsync_v2(
+                    self.sentinels
+                        .cast::<u8>()
+                        .add((first + k) * SENTINEL)
+                        .cast::<c_void>(),
+                    arena + (p.offset + p.placement.decoded - len) as u64,
+                    len,
+                    self.stream,
+                )
+                .result()
+                .map_err(driver("cuMemcpyDtoHAsync"))?;
+            }
+        }
+        let items: Vec<CropItem> = pending
+            .iter()
+            .enumerate()
+            .map(|(k, p)| {
+                let mut crop = CropItem::new(
+                    &p.item.image.window,
+                    (p.placement.width, p.placement.height),
+                    self.out,
+                    p.item.image.flip,
+                    (first + k) as u32,
+                );
+                crop.src = arena + p.offset as u64;
+                crop
+            })
+            .collect();
+        let params = self.memory.params[self.index];
+        let (out_w, out_h) = (self.out.0 as i32, self.out.1 as i32);
+        let blocks = (self.out.0 * self.out.1).div_ceil(kernel::BLOCK);
+        let size = std::mem::size_of_val(items.as_slice());
+        // SAFETY: both parameter buffers hold a batch's items (`items.len()` <= batch rows)
+        // and the pipe's previous kernel is done (waited for above), so neither is read now;
+        // the output rows lie in this batch's ring buffer; the arguments match the kernel's
+        // signature.
+        unsafe {
+            std::ptr::copy_nonoverlapping(
+                items.as_ptr().cast::<u8>(),
+                self.host_params.cast::<u8>(),
+                size,
+            );
+            sys::cuMemcpyHtoDAsync_v2(params, self.host_params, size, self.stream)
+                .result()
+                .map_err(driver("cuMemcpyHtoDAsync"))?;
+            let (mut params_arg, mut out_arg, mut w_arg, mut h_arg) = (params, out, out_w, out_h);
+            let mut args: [*mut c_void; 4] = [
+                (&mut params_arg as *mut u64).cast(),
+                (&mut out_arg as *mut u64).cast(),
+                (&mut w_arg as *mut i32).cast(),
+                (&mut h_arg as *mut i32).cast(),
+            ];
+            result::launch_kernel(
+                self.function,
+                (blocks, items.len() as u32, 1),
+                (kernel::BLOCK, 1, 1),
+                0,
+                self.stream,
+                &mut args,
+            )
+            .map_err(driver("cuLaunchKernel"))?;
+            result::event::record(self.done, self.stream).map_err(driver("cuEventRecord"))?;
+        }
+        add_since(&self.stats.launch_ns, launching);
+        decoded.extend(pending.iter().map(|p| Decoded {
+            cpu: CpuRow::of(&p.item),
+            decoded: p.placement.decoded,
+            sentinel_len: p.placement.decoded.min(SENTINEL),
+        }));
+        Ok(())
+    }
+}
