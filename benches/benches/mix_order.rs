@@ -8,8 +8,8 @@ use std::hint::black_box;
 use std::time::Duration;
 
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
-use stoker_proto::v1::UnevenTail;
 use stoker_pipeline::{EpochPlan, MixEnd, MixOrder, PlanConfig};
+use stoker_proto::v1::UnevenTail;
 
 const BATCH: u32 = 98;
 const WORLD: u32 = 53;

@@ -6,6 +6,7 @@
 use std::path::Path;
 use std::time::Duration;
 
+use stoker_pipeline::ErrorKind;
 use stoker_proto::v1::coordinator_client::CoordinatorClient;
 use stoker_proto::v1::worker_data_server::WorkerDataServer;
 use stoker_proto::v1::{
@@ -18,7 +19,6 @@ use stoker_rpc::error_kinds::kind_of_status;
 use stoker_rpc::network::{MemoryNetwork, Network};
 use stoker_rpc::security::{ClientSecurity, ServerSecurity, Token};
 use stoker_rpc::transport::RpcChannel;
-use stoker_pipeline::ErrorKind;
 use tokio::sync::oneshot;
 use tonic::{Code, Status};
 

@@ -1,8 +1,8 @@
 //! The coordinator's side of the error/status table (the rest is
 //! `stoker_rpc::error_kinds`): the status each refusal of the core travels as.
 
-use stoker_rpc::error_kinds::{status, with_kind};
 use stoker_pipeline::ErrorKind;
+use stoker_rpc::error_kinds::{status, with_kind};
 use tonic::Status;
 
 use crate::CoordinatorError;

@@ -24,8 +24,8 @@ use stoker_loader::{
     BatchSource, Built, EpochFeed, Error, IdleClock, LoaderMonitor, QueueFeed, Result, Slot,
     SourceInfo, StepContext, StepTask, TaskQueue,
 };
-use stoker_proto::v1::{self as proto, JobSpec};
 use stoker_pipeline::{plan_for_spec, PlanConfig};
+use stoker_proto::v1::{self as proto, JobSpec};
 
 /// How long closing a loader waits for its lanes to finish the batch each is building.
 const LANE_JOIN: Duration = Duration::from_secs(30);

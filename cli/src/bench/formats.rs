@@ -15,8 +15,8 @@ use stoker_datasets::{
     generate_imagenet_like, write_mds, write_megatron_corpus, write_tar_shards, ImageFolder,
     MdsColumn, SampleSource, SyntheticImageNetSpec, TarShardsWriterOptions, TokenDtype,
 };
-use stoker_proto::v1::{self as proto, op::Op as OpKind, JobSpec};
 use stoker_pipeline::presets;
+use stoker_proto::v1::{self as proto, op::Op as OpKind, JobSpec};
 
 use super::resources::usage;
 use super::{Error, Result};

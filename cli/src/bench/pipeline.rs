@@ -9,9 +9,9 @@ use clap::Args;
 use rayon::prelude::*;
 use serde::Serialize;
 use stoker_datasets::CacheStats;
-use stoker_proto::v1::JobSpec;
 use stoker_pipeline::open_source;
 use stoker_pipeline::{decode, read_header, DecodeRequest, DecodedImage, DEFAULT_MAX_PIXELS};
+use stoker_proto::v1::JobSpec;
 
 use super::resources::usage;
 use super::{Error, Result};

@@ -14,8 +14,8 @@ use std::time::{Duration, Instant};
 use clap::Args;
 use serde::Serialize;
 use stoker_datasets::SampleSource;
-use stoker_proto::v1::{self as proto, op::Op as OpKind, JobSpec};
 use stoker_pipeline::Job;
+use stoker_proto::v1::{self as proto, op::Op as OpKind, JobSpec};
 
 use super::{Error, Result};
 use stoker_loader::{Loader, LoaderOptions};

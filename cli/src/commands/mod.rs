@@ -227,7 +227,10 @@ impl JobArgs {
                 })),
             ]);
         }
-        Ok(stoker_pipeline::presets::by_name(&self.pipeline, self.size)?)
+        Ok(stoker_pipeline::presets::by_name(
+            &self.pipeline,
+            self.size,
+        )?)
     }
 
     /// The pipeline in words, for reports.

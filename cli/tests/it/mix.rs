@@ -8,8 +8,8 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
-use stoker_proto::v1::{self as proto, op::Op as OpKind, JobSpec, MixEpochEnd};
 use stoker_pipeline::resized_spec;
+use stoker_proto::v1::{self as proto, op::Op as OpKind, JobSpec, MixEpochEnd};
 
 use crate::common::{self, digest, elements, epoch_batches, tensor};
 
@@ -267,8 +267,16 @@ fn image_sources_keep_their_own_pipelines_and_labels() {
     common::make_images(&b, 20);
     let spec = mix_spec(
         &[
-            (a.as_path(), stoker_pipeline::presets::imagenet_train(32), 2.0),
-            (b.as_path(), stoker_pipeline::presets::imagenet_eval(32), 1.0),
+            (
+                a.as_path(),
+                stoker_pipeline::presets::imagenet_train(32),
+                2.0,
+            ),
+            (
+                b.as_path(),
+                stoker_pipeline::presets::imagenet_eval(32),
+                1.0,
+            ),
         ],
         MixEpochEnd::FirstExhausted,
         0,
@@ -390,8 +398,16 @@ fn sources_that_cannot_mix_are_refused_by_name() {
     common::make_images(&b, 10);
     let spec = mix_spec(
         &[
-            (a.as_path(), stoker_pipeline::presets::imagenet_train(32), 1.0),
-            (b.as_path(), stoker_pipeline::presets::imagenet_train(48), 1.0),
+            (
+                a.as_path(),
+                stoker_pipeline::presets::imagenet_train(32),
+                1.0,
+            ),
+            (
+                b.as_path(),
+                stoker_pipeline::presets::imagenet_train(48),
+                1.0,
+            ),
         ],
         MixEpochEnd::AllExhausted,
         0,
@@ -408,8 +424,16 @@ fn sources_that_cannot_mix_are_refused_by_name() {
     );
     let bad_weight = mix_spec(
         &[
-            (a.as_path(), stoker_pipeline::presets::imagenet_train(32), 1.0),
-            (b.as_path(), stoker_pipeline::presets::imagenet_train(32), 0.0),
+            (
+                a.as_path(),
+                stoker_pipeline::presets::imagenet_train(32),
+                1.0,
+            ),
+            (
+                b.as_path(),
+                stoker_pipeline::presets::imagenet_train(32),
+                0.0,
+            ),
         ],
         MixEpochEnd::AllExhausted,
         0,

@@ -11,8 +11,8 @@ use std::path::Path;
 use std::time::Duration;
 
 use stoker_loader::{Loader, LoaderOptions, RemoteOptions};
-use stoker_proto::v1::{JobSpec, OpenSessionRequest, RegisterJobRequest};
 use stoker_pipeline::resized_spec;
+use stoker_proto::v1::{JobSpec, OpenSessionRequest, RegisterJobRequest};
 
 use crate::common::{self, Daemon};
 

@@ -8,8 +8,8 @@ use std::collections::BTreeMap;
 use std::path::Path;
 
 use stoker_loader::{ErrorKind, Loader, LoaderOptions};
-use stoker_proto::v1::{self as proto, op::Op as OpKind, BadSamplePolicy, JobSpec};
 use stoker_pipeline::{pack_documents, PackSpec, PackedRowsMut, TextTokenizer};
+use stoker_proto::v1::{self as proto, op::Op as OpKind, BadSamplePolicy, JobSpec};
 
 use crate::common::{self, digest, epoch_batches as epoch, tensor};
 

@@ -18,7 +18,8 @@ use stoker_rpc::transport;
 use tokio_stream::StreamExt;
 use tonic::{Request, Response, Status, Streaming};
 
-use super::{asks_another_weight, job_key, lock, CoordinatorService, SessionEntry};
+use super::jobs::asks_another_weight;
+use super::{job_key, lock, CoordinatorService, SessionEntry};
 use crate::client_reports::{client_snapshot, job_name};
 use crate::registry::{ClientEntry, WorkerEntry};
 use crate::requests::validate_spec;

@@ -18,7 +18,11 @@ use crate::status::coordinator_status;
 use crate::{Coordinator, JobId};
 
 /// Whether giving `job` the `weight` a registration asks for (0: none) changes its weight.
-fn asks_another_weight(core: &Coordinator, job: JobId, weight: u32) -> Result<bool, Status> {
+pub(super) fn asks_another_weight(
+    core: &Coordinator,
+    job: JobId,
+    weight: u32,
+) -> Result<bool, Status> {
     Ok(weight > 0
         && core
             .weight_write(job, weight)
@@ -173,7 +177,10 @@ impl CoordinatorService {
     }
 
     /// Asks live workers, in turn, to open the job; the first answer decides.
-    pub(super) async fn describe(&self, spec: &JobSpec) -> Result<proto::DescribeJobResponse, Status> {
+    pub(super) async fn describe(
+        &self,
+        spec: &JobSpec,
+    ) -> Result<proto::DescribeJobResponse, Status> {
         let waited_since = Instant::now();
         loop {
             let workers = {

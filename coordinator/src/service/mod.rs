@@ -10,19 +10,18 @@
 //! call but a registration (durable before it is answered): workers' heartbeats and leases,
 //! and clients' acknowledgements, go on meanwhile.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
+use stoker_pipeline::ErrorKind;
 use stoker_proto::v1::coordinator_server::CoordinatorServer;
-use stoker_proto::v1::worker_data_client::WorkerDataClient;
-use stoker_proto::v1::{self as proto, DescribeJobRequest, JobSpec, SessionToken, WorkerInfo};
-use stoker_rpc::error_kinds::{self, with_kind};
+use stoker_proto::v1::{self as proto, JobSpec, SessionToken, WorkerInfo};
+use stoker_rpc::error_kinds::with_kind;
 use stoker_rpc::network::Network;
 use stoker_rpc::security::{ClientSecurity, ServerSecurity};
 use stoker_rpc::transport::{self, MAX_MESSAGE_BYTES};
-use stoker_pipeline::ErrorKind;
 use tokio::sync::Notify;
 use tonic::Status;
 
@@ -30,13 +29,10 @@ mod calls;
 mod jobs;
 mod timers;
 
-use crate::client_reports::job_name;
-use crate::dashboard_feed::{fleet, job_shares, serving_workers, worker_loads, LastRefresh};
+use crate::dashboard_feed::LastRefresh;
 use crate::registry::{ClientEntry, WorkerEntry};
-use crate::status::coordinator_status;
 use crate::{
-    Coordinator, CoordinatorConfig, CoordinatorError, Durable, JobId, JournalWriter, SessionId,
-    WorkerId,
+    Coordinator, CoordinatorConfig, CoordinatorError, Durable, JournalWriter, SessionId, WorkerId,
 };
 use stoker_dashboard::{Dashboard, MonitorSnapshot};
 
@@ -365,7 +361,6 @@ impl CoordinatorService {
             })
             .collect()
     }
-
 }
 
 /// How long a stopping coordinator waits for its journal's last write.

@@ -147,7 +147,6 @@ impl CoordinatorService {
             self.work.notify_waiters();
         }
     }
-
 }
 
 /// How often silent workers and sessions are looked for.

@@ -15,8 +15,8 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use crossbeam_channel::{Receiver, Sender};
-use stoker_proto::v1::JobSpec;
 use stoker_pipeline::Job;
+use stoker_proto::v1::JobSpec;
 
 use super::gpu_decode::{DecodeMode, GpuDecodeOptions, GpuLane, LaneTask};
 use super::source::{

@@ -8,8 +8,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use stoker_dashboard::{LoaderMonitor, LoaderStats};
-use stoker_proto::v1::JobSpec;
 use stoker_pipeline::Job;
+use stoker_proto::v1::JobSpec;
 
 use super::cuda::check_device;
 use super::embedded::EmbeddedSource;

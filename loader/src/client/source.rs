@@ -9,8 +9,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
-use stoker_proto::v1::{Batch, JobSpec};
 use stoker_pipeline::EpochPlan;
+use stoker_proto::v1::{Batch, JobSpec};
 
 use super::gpu_decode::GpuLane;
 use super::slots::Slot;

@@ -8,8 +8,8 @@
 use std::sync::Mutex;
 
 use stoker_datasets::{generate_imagenet_like, SyntheticImageNetSpec};
-use stoker_proto::v1::{self as proto, JobSpec};
 use stoker_pipeline::{presets, DivertedImage, ImageDiverter, Job, SampleRng};
+use stoker_proto::v1::{self as proto, JobSpec};
 
 /// Takes the odd rows, or gives every row back.
 struct OddRows {

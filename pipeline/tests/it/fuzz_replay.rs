@@ -6,8 +6,8 @@
 use stoker_datasets::fuzz_targets::committed_inputs;
 
 use prost::Message;
-use stoker_proto::v1::{self as proto, op::Op as OpKind};
 use stoker_pipeline::{fuzz_targets, presets, train_bpe_tokenizer};
+use stoker_proto::v1::{self as proto, op::Op as OpKind};
 use turbojpeg::{Compressor, Image, PixelFormat, Subsamp};
 
 type TestResult<T> = Result<T, Box<dyn std::error::Error>>;

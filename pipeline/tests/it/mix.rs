@@ -6,8 +6,8 @@
 use std::sync::{Arc, Mutex};
 
 use stoker_datasets::{SampleSource, TokenDtype, TokenFile, TokenWindowShape};
-use stoker_proto::v1::{self as proto, op::Op as OpKind, JobSpec, MixEpochEnd};
 use stoker_pipeline::Job;
+use stoker_proto::v1::{self as proto, op::Op as OpKind, JobSpec, MixEpochEnd};
 
 /// A token file that records the read-ahead hints it gets.
 struct Recording {

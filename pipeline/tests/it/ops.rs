@@ -5,12 +5,12 @@
 #![allow(clippy::unwrap_used)] // tests fail loudly by design
 
 use serde_json::Value;
-use stoker_proto::v1::{self as proto, op::Op as OpKind};
 use stoker_pipeline::{
     decode, read_header, resample, CropWindow, DecodeRequest, DecodedImage, Error, ImageDtype,
     ImageLayout, OutputFormat, Pipeline, SampleError, SampleRng, SampleTimings, Scratch,
     SourceWindow, DEFAULT_MAX_PIXELS,
 };
+use stoker_proto::v1::{self as proto, op::Op as OpKind};
 
 fn pattern(width: u32, height: u32) -> Vec<u8> {
     let mut pixels = Vec::with_capacity((width * height * 3) as usize);

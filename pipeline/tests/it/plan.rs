@@ -3,8 +3,8 @@
 #![allow(clippy::unwrap_used)] // tests fail loudly by design
 
 use proptest::prelude::*;
-use stoker_proto::v1::UnevenTail;
 use stoker_pipeline::{EpochPlan, Permutation, PlanConfig};
+use stoker_proto::v1::UnevenTail;
 
 /// Checks the padded ranks of `n` samples over `world`: each rank has `n / world` samples
 /// (rounded up), every sample is seen, and the repeats add up to the padding. Returns how often

@@ -115,7 +115,10 @@ pub(super) fn resize_chain(spec: &proto::JobSpec) -> Vec<super::PyResize> {
 /// Steps of `epoch` for `spec`'s rank under its resized epoch (dataset of `num_samples`).
 pub(super) fn resized_steps(spec: &proto::JobSpec, num_samples: u64, epoch: u64) -> PyResult<u64> {
     let resizes = spec.resized_epoch.as_ref().map_or_else(Vec::new, |r| {
-        r.resizes.iter().map(stoker_pipeline::Resize::from).collect()
+        r.resizes
+            .iter()
+            .map(stoker_pipeline::Resize::from)
+            .collect()
     });
     let config = stoker_pipeline::PlanConfig::from_spec(spec, num_samples);
     stoker_pipeline::EpochPlan::new(config, epoch)

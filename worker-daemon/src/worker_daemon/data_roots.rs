@@ -5,10 +5,10 @@
 
 use std::path::{Path, PathBuf};
 
+use stoker_pipeline::{spec_sources, Error, ErrorKind, Result};
 use stoker_proto::v1::op::Op as OpKind;
 use stoker_proto::v1::JobSpec;
 use stoker_rpc::error_kinds;
-use stoker_pipeline::{spec_sources, Error, ErrorKind, Result};
 use tonic::Status;
 
 /// Canonical forms of the data roots; a root that does not exist is an error naming it.

@@ -18,8 +18,8 @@ use tonic::Status;
 use stoker_rpc::error_kinds;
 
 use super::error_status;
-use stoker_rpc::transport::{Backoff, RpcChannel, MAX_MESSAGE_BYTES};
 use stoker_pipeline::open_sources;
+use stoker_rpc::transport::{Backoff, RpcChannel, MAX_MESSAGE_BYTES};
 
 use super::reports::{
     heartbeat_loop, put_back_counts, report_loop, reported_tasks, take_report, unreported_lost,

@@ -35,13 +35,13 @@ use tokio::sync::{mpsc, watch, Notify};
 use tonic::service::interceptor::InterceptedService;
 use tonic::{Request, Response, Status};
 
+use stoker_pipeline::{EpochPlan, Error, Job, Result};
 use stoker_rpc::batch_wire::WorkerDataService;
 use stoker_rpc::error_kinds;
 use stoker_rpc::health::Health;
 use stoker_rpc::network::Network;
 use stoker_rpc::security::{ClientSecurity, ServerSecurity};
 use stoker_rpc::transport::{self, MAX_MESSAGE_BYTES};
-use stoker_pipeline::{EpochPlan, Error, Job, Result};
 
 mod data_roots;
 mod leases;

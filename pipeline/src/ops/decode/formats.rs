@@ -41,7 +41,11 @@ pub(super) fn check_png_palette(info: &png::Info<'_>) -> Result<(), SampleError>
     Ok(())
 }
 
-pub(super) fn decode_png(bytes: &[u8], max_pixels: u64, out: &mut DecodedImage) -> Result<(), SampleError> {
+pub(super) fn decode_png(
+    bytes: &[u8],
+    max_pixels: u64,
+    out: &mut DecodedImage,
+) -> Result<(), SampleError> {
     let mut decoder = png::Decoder::new(Cursor::new(bytes));
     decoder.set_transformations(png::Transformations::EXPAND | png::Transformations::STRIP_16);
     let mut reader = decoder.read_info().map_err(png_error)?;

@@ -33,7 +33,6 @@
 
 use std::cell::RefCell;
 use std::ffi::CStr;
-use std::io::Cursor;
 use std::os::raw::c_int;
 
 use stoker_datasets::{sniff_format, ImageFormat};
