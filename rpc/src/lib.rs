@@ -11,6 +11,8 @@
 //! - [`network`]: where channels lead: sockets, or an in-process network of named addresses
 //!   (the services' unit tests run over it, with connections they can cut);
 //! - [`security`]: the shared token and TLS; `health`: the probes;
+//! - [`shards`]: jobs sharded over coordinators (one address list, a job's coordinator found by
+//!   a hash of its spec);
 //! - the daemons' runtime, listening socket, shutdown signal and logging.
 //!
 //! The servers' side (tonic's server, the probes, the daemons' runtime and logging) comes with
@@ -29,6 +31,7 @@ pub mod error_kinds;
 pub mod health;
 pub mod network;
 pub mod security;
+pub mod shards;
 pub mod transport;
 
 #[cfg(feature = "server")]

@@ -67,6 +67,31 @@ pub struct CoordinatorArgs {
     /// step count or fingerprint. 0 keeps every job.
     #[arg(long, default_value_t = 86_400)]
     pub job_retention_secs: u64,
+    /// This coordinator's place in a fleet, `I/N` (0-based): the Ith address of the list of N
+    /// coordinators that clients (`address="a:7070,b:7070,c:7070"`) and workers
+    /// (`--coordinator a:7070,b:7070,c:7070`) are given, in the same order. It registers only
+    /// the jobs whose specs hash to it, with a journal of its own.
+    #[arg(long, value_name = "I/N", value_parser = parse_shard)]
+    pub shard: Option<(usize, usize)>,
+}
+
+/// `I/N` with `I < N`, as `--shard` takes it.
+fn parse_shard(text: &str) -> Result<(usize, usize), String> {
+    let (index, of) = text
+        .split_once('/')
+        .ok_or_else(|| format!("{text:?} is not I/N"))?;
+    let number = |part: &str| {
+        part.trim()
+            .parse::<usize>()
+            .map_err(|_| format!("{text:?} is not I/N"))
+    };
+    let (index, of) = (number(index)?, number(of)?);
+    if of == 0 || index >= of {
+        return Err(format!(
+            "--shard {text}: I counts from 0 and must be below N"
+        ));
+    }
+    Ok((index, of))
 }
 
 /// The dashboard credentials of `files`, refused when one is also an RPC token of `rpc`.
@@ -93,6 +118,7 @@ pub fn run(args: CoordinatorArgs) -> anyhow::Result<()> {
     config.core.max_job_weight = args.max_job_weight.max(1);
     config.core.job_retention =
         (args.job_retention_secs > 0).then(|| Duration::from_secs(args.job_retention_secs));
+    config.shard = args.shard;
     let (server_security, client_security) = args.security.load()?;
     let access = DashboardAccess {
         credentials: dashboard_credentials(&args.dashboard_token_files, &server_security)?,
@@ -159,4 +185,18 @@ pub fn run(args: CoordinatorArgs) -> anyhow::Result<()> {
     // process from exiting.
     runtime.shutdown_timeout(Duration::from_secs(1));
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_shard;
+
+    #[test]
+    fn a_shard_is_its_place_below_the_fleets_size() {
+        assert_eq!(parse_shard("0/1"), Ok((0, 1)));
+        assert_eq!(parse_shard("2/3"), Ok((2, 3)));
+        for bad in ["3/3", "0/0", "1", "a/3", "1/b", "-1/3"] {
+            assert!(parse_shard(bad).is_err(), "{bad} taken");
+        }
+    }
 }

@@ -99,11 +99,21 @@ pub(crate) fn distributed_with(
     address: &str,
     data: &Path,
     stall_reopen: Duration,
+    halfway: impl FnMut(),
+) -> Vec<(String, BTreeMap<u64, Vec<u64>>)> {
+    distributed_specs(address, &|rank| spec(data, rank), stall_reopen, halfway)
+}
+
+/// [`distributed_with`] for the ranks' specs `make` gives.
+pub(crate) fn distributed_specs(
+    address: &str,
+    make: &dyn Fn(u32) -> JobSpec,
+    stall_reopen: Duration,
     mut halfway: impl FnMut(),
 ) -> Vec<(String, BTreeMap<u64, Vec<u64>>)> {
     let grace = Duration::from_secs(60);
     let loaders: Vec<Loader> = (0..2)
-        .map(|rank| remote_with(address, spec(data, rank), grace, stall_reopen).unwrap())
+        .map(|rank| remote_with(address, make(rank), grace, stall_reopen).unwrap())
         .collect();
     let mut streams: Vec<_> = loaders.iter().map(|l| l.epoch(0, 0).unwrap()).collect();
     let steps = loaders[0].steps_per_epoch();
@@ -144,9 +154,17 @@ pub(crate) fn distributed_with(
 }
 
 pub(crate) fn assert_matches_embedded(data: &Path, got: &[(String, BTreeMap<u64, Vec<u64>>)]) {
+    assert_specs_match_embedded(&|rank| spec(data, rank), got);
+}
+
+/// [`assert_matches_embedded`] for the ranks' specs `make` gives.
+pub(crate) fn assert_specs_match_embedded(
+    make: &dyn Fn(u32) -> JobSpec,
+    got: &[(String, BTreeMap<u64, Vec<u64>>)],
+) {
     let mut all = Vec::new();
     for (rank, (digest, steps)) in got.iter().enumerate() {
-        let (want_digest, want_steps) = embedded(spec(data, rank as u32));
+        let (want_digest, want_steps) = embedded(make(rank as u32));
         assert_eq!(
             steps, &want_steps,
             "rank {rank}: the same samples at the same steps"
@@ -162,7 +180,7 @@ pub(crate) fn assert_matches_embedded(data: &Path, got: &[(String, BTreeMap<u64,
     assert_eq!(all, (0..200).collect::<Vec<u64>>());
 }
 
-fn fixture() -> tempfile::TempDir {
+pub(crate) fn fixture() -> tempfile::TempDir {
     let dir = tempfile::tempdir().unwrap();
     common::make_images(&dir.path().join("data"), 200);
     dir

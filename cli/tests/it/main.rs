@@ -19,6 +19,7 @@ mod mix;
 mod object_store;
 mod resize;
 mod resources;
+mod sharded;
 mod shares;
 mod soak;
 mod tokens;

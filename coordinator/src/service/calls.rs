@@ -208,6 +208,7 @@ impl coordinator_server::Coordinator for CoordinatorService {
         let RegisterJobRequest { spec, weight } = request.into_inner();
         let spec = spec.ok_or_else(|| Status::invalid_argument("job spec is missing"))?;
         validate_spec(&spec)?;
+        self.check_shard(&spec)?;
         let spec = job_key(spec);
         let answer = |id: JobId, described: &proto::DescribeJobResponse| {
             Response::new(RegisterJobResponse {

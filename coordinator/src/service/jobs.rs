@@ -31,6 +31,27 @@ pub(super) fn asks_another_weight(
 }
 
 impl CoordinatorService {
+    /// Refuses a job this coordinator's shard does not own: its clients were given another
+    /// address list than its workers and coordinators (or another order).
+    pub(super) fn check_shard(&self, spec: &JobSpec) -> Result<(), Status> {
+        let Some((index, of)) = self.config.shard else {
+            return Ok(());
+        };
+        let owner = stoker_rpc::shards::job_shard(spec, of);
+        if owner == index {
+            return Ok(());
+        }
+        Err(error_kinds::status(
+            ErrorKind::InvalidArgument,
+            format!(
+                "this job belongs to coordinator {} of the {of} in the list, and this is \
+                 coordinator {} (--shard {index}/{of}): give clients the same address list, \
+                 in the same order, as the workers and coordinators",
+                owner, index
+            ),
+        ))
+    }
+
     /// Registers the job of `spec`, which a worker `described`, unless one of its step count
     /// is registered already, and sets its `weight` (0 leaves it): journaled outside the
     /// state's lock, one registration at a time (a new job with its weight in one write).

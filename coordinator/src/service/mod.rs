@@ -57,6 +57,9 @@ pub struct CoordinatorServiceConfig {
     pub client_security: ClientSecurity,
     /// Where its calls to the workers lead (sockets; an in-memory network in tests).
     pub network: Network,
+    /// Its place in a fleet of coordinators, `(index, of)`: it registers only the jobs whose
+    /// specs hash to `index` of `of` (`stoker_rpc::shards`). `None`: every job.
+    pub shard: Option<(usize, usize)>,
 }
 
 impl Default for CoordinatorServiceConfig {
@@ -76,6 +79,7 @@ impl Default for CoordinatorServiceConfig {
             server_security: ServerSecurity::default(),
             client_security: ClientSecurity::default(),
             network: Network::Sockets,
+            shard: None,
         }
     }
 }

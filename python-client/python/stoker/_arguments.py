@@ -325,15 +325,18 @@ def check_text_column(text_column: object, whose: str = "text_column") -> str:
 def check_remote(
     address: object, token: object, tls_ca: object, tls_server_name: object
 ) -> None:
-    """A coordinator's ``host:port`` and the settings that apply only with one: the token (a
-    str), and ``tls_server_name`` only beside ``tls_ca``."""
+    """A coordinator's ``host:port`` (or a fleet's, comma-separated) and the settings that
+    apply only with one: the token (a str), and ``tls_server_name`` only beside ``tls_ca``."""
     if address is not None and (
         not isinstance(address, str)
         or ":" not in address
         or "://" in address
         or address.strip() != address
     ):
-        raise ValueError(f"address must be 'host:port' of a Stoker coordinator, got {address!r}")
+        raise ValueError(
+            "address must be 'host:port' of a Stoker coordinator (or a comma-separated list "
+            f"of a fleet's), got {address!r}"
+        )
     if address is None and (token, tls_ca, tls_server_name) != (None, None, None):
         raise ValueError(
             "token, tls_ca and tls_server_name apply to the distributed mode only: "

@@ -142,14 +142,14 @@ class Loader(FromDataset):
             with a deterministic substitute (batch shapes hold; it is logged with its path and
             counted in :meth:`stats`), ``"fail"`` raises :class:`~stoker.DecodeError` naming
             the file.
-        address: ``"host:port"`` of a Stoker coordinator (``stoker coordinator``) whose
-            workers (``stoker-worker``) build the batches: distributed mode. ``source`` is then
-            a path on the workers (under their ``--data-root``); batches are bit-identical to
-            the in-process mode for the same arguments. ``None`` (default) runs in-process.
-            In distributed mode ``num_threads`` does not apply, ``prefetch`` is the number of
-            batches the workers may send ahead (``"auto"``: the controller, starting at 8), and
-            each batch lands in one of the loader's slots as in-process; the coordinator serves
-            its own dashboard (``stoker coordinator --http ADDR``) beside any ``dashboard=``.
+        address: ``"host:port"`` of a Stoker coordinator whose workers (``stoker-worker``)
+            build the batches: distributed mode; or a fleet's coordinators, ``"a:7070,b:7070"``
+            (the workers' list, in its order), each job at the one its spec hashes to.
+            ``source`` is then a path on the workers (under their ``--data-root``); batches are
+            bit-identical to the in-process mode. ``None`` (default) runs in-process. Then
+            ``num_threads`` does not apply, ``prefetch`` is the batches the workers may send
+            ahead (``"auto"``: the controller, from 8), each batch lands in one of the loader's
+            slots, and the coordinator serves its own dashboard (``--http``) besides ``dashboard=``.
         timeout: seconds ``next()`` waits for a batch (or for a held slot to come back)
             before it raises :class:`~stoker.LoaderTimeoutError`; default 600 (at most 1e9).
         worker_grace: distributed mode: seconds batches may be wanted with no worker stream

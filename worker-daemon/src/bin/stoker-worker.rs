@@ -28,7 +28,9 @@ use stoker_alloc as _;
     long_about = None
 )]
 struct Args {
-    /// The coordinator's host:port.
+    /// The coordinator's host:port, or a fleet's coordinators as a comma-separated list
+    /// (`a:7070,b:7070,c:7070`, in the order given to the clients and to each coordinator's
+    /// `--shard`): the worker registers with every one and serves them all.
     #[arg(long)]
     coordinator: String,
     /// Address of this worker's data server (port 0: any free port; the chosen address is

@@ -21,6 +21,7 @@ use super::error_status;
 use stoker_pipeline::open_sources;
 use stoker_rpc::transport::{Backoff, RpcChannel, MAX_MESSAGE_BYTES};
 
+use super::fleet::Place;
 use super::reports::{
     heartbeat_loop, put_back_counts, report_loop, reported_tasks, take_report, unreported_lost,
 };
@@ -84,15 +85,19 @@ pub(super) type Draining = watch::Receiver<Option<tokio::time::Instant>>;
 
 /// Register, lease, build, deliver, report; again from registration when the coordinator is
 /// lost or forgets this worker; returns once the drain starts and the worker has left.
-pub(super) async fn task_loop(config: WorkerConfig, shared: Arc<Shared>, mut draining: Draining) {
+pub(super) async fn task_loop(
+    config: WorkerConfig,
+    place: Place,
+    shared: Arc<Shared>,
+    mut draining: Draining,
+) {
     let channel = match config
         .network
-        .channel(&config.coordinator, &config.client_security)
+        .channel(&place.address, &config.client_security)
     {
         Ok(channel) => channel,
         Err(error) => {
-            tracing::error!(%error, "bad coordinator address");
-            config.health.set_not_ready("bad coordinator address");
+            tracing::error!(%error, coordinator = %place.address, "bad coordinator address");
             return;
         }
     };
@@ -127,9 +132,9 @@ pub(super) async fn task_loop(config: WorkerConfig, shared: Arc<Shared>, mut dra
                 let delay = backoff.next_delay();
                 if error_kinds::is_refusal(&status) {
                     // A setting to fix, not a network blip: say so at the loudest level.
-                    tracing::error!(message = status.message(), retry_in = ?delay, coordinator = %config.coordinator, "the coordinator refused this worker");
+                    tracing::error!(message = status.message(), retry_in = ?delay, coordinator = %place.address, "the coordinator refused this worker");
                 } else {
-                    tracing::warn!(%status, retry_in = ?delay, coordinator = %config.coordinator, "cannot register with the coordinator");
+                    tracing::warn!(%status, retry_in = ?delay, coordinator = %place.address, "cannot register with the coordinator");
                 }
                 if pause(&mut draining, delay).await {
                     return;
@@ -140,13 +145,15 @@ pub(super) async fn task_loop(config: WorkerConfig, shared: Arc<Shared>, mut dra
         backoff.reset();
         if incarnation != Some(registered.incarnation) {
             // A new coordinator run: job ids may mean other jobs now.
-            let forgotten = shared.forget_jobs();
+            let forgotten = shared.forget_jobs(place.index);
             let _ = tokio::task::spawn_blocking(move || drop(forgotten)).await;
             incarnation = Some(registered.incarnation);
         }
-        tracing::info!(worker = registered.worker_id, coordinator = %config.coordinator, "registered with the coordinator");
+        tracing::info!(worker = registered.worker_id, coordinator = %place.address, "registered with the coordinator");
         if draining.borrow().is_none() {
-            config.health.set_ready();
+            place
+                .registrations
+                .set(place.index, true, draining.borrow().is_some());
             // The drain may have started in between; its not-ready may have come first.
             if draining.borrow().is_some() {
                 config.health.set_not_ready("draining");
@@ -155,6 +162,7 @@ pub(super) async fn task_loop(config: WorkerConfig, shared: Arc<Shared>, mut dra
         let ended = serve_leases(
             &config,
             &shared,
+            place.index,
             client,
             registered.worker_id,
             registered.lease_timeout_ms,
@@ -164,12 +172,10 @@ pub(super) async fn task_loop(config: WorkerConfig, shared: Arc<Shared>, mut dra
         match ended {
             Ended::Drained => return,
             Ended::Lost(status) => {
-                if draining.borrow().is_none() {
-                    config
-                        .health
-                        .set_not_ready("not registered with the coordinator");
-                }
-                tracing::warn!(%status, "lost the coordinator; registering again");
+                place
+                    .registrations
+                    .set(place.index, false, draining.borrow().is_some());
+                tracing::warn!(%status, coordinator = %place.address, "lost the coordinator; registering again");
                 if pause(&mut draining, backoff.next_delay()).await {
                     return;
                 }
@@ -184,6 +190,7 @@ pub(super) async fn task_loop(config: WorkerConfig, shared: Arc<Shared>, mut dra
 async fn serve_leases(
     config: &WorkerConfig,
     shared: &Arc<Shared>,
+    place: usize,
     mut client: CoordinatorClient<RpcChannel>,
     worker_id: u64,
     lease_timeout_ms: u64,
@@ -259,7 +266,7 @@ async fn serve_leases(
                 continue;
             }
             only_handed_back = None;
-            let opened = job_entry(shared, &mut client, task.job_id);
+            let opened = job_entry(shared, &mut client, place, task.job_id);
             let Some(opened) = before_drain_due(opened, draining.clone(), reserve).await else {
                 let _ = outcomes_tx.send(handed_back(&task));
                 continue;
@@ -461,9 +468,10 @@ fn may_pass(error: &stoker_pipeline::Error) -> bool {
 async fn job_entry(
     shared: &Arc<Shared>,
     client: &mut CoordinatorClient<RpcChannel>,
+    place: usize,
     job_id: u64,
 ) -> std::result::Result<Arc<JobEntry>, Unopened> {
-    if let Some(entry) = lock(&shared.jobs).get(&job_id) {
+    if let Some(entry) = lock(&shared.jobs).get(&(place, job_id)) {
         *lock(&entry.used) = Instant::now();
         return Ok(entry.clone());
     }
@@ -513,7 +521,7 @@ async fn job_entry(
         ranks: Mutex::new(HashMap::new()),
         plans: Mutex::new(HashMap::new()),
     });
-    lock(&shared.jobs).insert(job_id, entry.clone());
+    lock(&shared.jobs).insert((place, job_id), entry.clone());
     tracing::info!(job = job_id, "job opened");
     Ok(entry)
 }

@@ -9,6 +9,9 @@
 //!   credits its client granted: memory stays bounded at both ends.
 //! - When the coordinator goes away it re-registers with backoff (a restarted coordinator gets a
 //!   new incarnation; streams of the old one end and clients open new ones).
+//! - Given a fleet's list of coordinators (jobs sharded over them, `stoker_rpc::shards`), it
+//!   runs this loop against each, over one decode pool, and keys the jobs it opened by the
+//!   coordinator's place in the list.
 //! - A batch it cannot deliver within [`WorkerConfig::delivery_timeout`] (no stream from the
 //!   client, or a stream that takes nothing: a client that stopped reading) is reported failed
 //!   and goes back to the queue; a stream that holds a batch and took none for that long is
@@ -44,6 +47,7 @@ use stoker_rpc::security::{ClientSecurity, ServerSecurity};
 use stoker_rpc::transport::{self, MAX_MESSAGE_BYTES};
 
 mod data_roots;
+mod fleet;
 mod leases;
 mod reports;
 
@@ -51,7 +55,6 @@ pub use data_roots::canonical_roots;
 use data_roots::check_root;
 
 use crate::client_stream::{self, ClientStream};
-use leases::task_loop;
 
 /// The default [`WorkerConfig::delivery_timeout`].
 pub const DELIVERY_TIMEOUT: Duration = Duration::from_secs(10);
@@ -72,7 +75,9 @@ const STREAM_QUEUE: usize = 8;
 /// How the worker runs.
 #[derive(Debug, Clone)]
 pub struct WorkerConfig {
-    /// The coordinator's `host:port`.
+    /// The coordinator's `host:port`, or the comma-separated list of a fleet's coordinators
+    /// (jobs sharded over them, `stoker_rpc::shards`): the worker registers with each and
+    /// serves them all.
     pub coordinator: String,
     /// The address clients reach this worker's data server at, `host:port` (registered with
     /// the coordinator; the host may be a DNS name, which a TLS certificate can carry).
@@ -127,7 +132,9 @@ struct Shared {
     roots: Vec<PathBuf>,
     subscriptions: Mutex<HashMap<Key, Subscription>>,
     subscribed: Notify,
-    jobs: Mutex<HashMap<u64, Arc<JobEntry>>>,
+    /// By (the coordinator's place in the address list, job id): two coordinators' job ids
+    /// may coincide.
+    jobs: Mutex<HashMap<(usize, u64), Arc<JobEntry>>>,
     pool: rayon::ThreadPool,
     threads: usize,
     delivery_timeout: Duration,
@@ -157,7 +164,7 @@ impl Shared {
     fn take_idle_jobs(&self) -> Vec<Arc<JobEntry>> {
         let now = Instant::now();
         let mut idle = Vec::new();
-        lock(&self.jobs).retain(|&job, entry| {
+        lock(&self.jobs).retain(|&(_, job), entry| {
             let unused = now.saturating_duration_since(*lock(&entry.used));
             let keep = unused < self.job_idle || Arc::strong_count(entry) > 1;
             if !keep {
@@ -169,9 +176,18 @@ impl Shared {
         idle
     }
 
-    /// Lets go of every job (a new coordinator run: job ids may mean other jobs now).
-    fn forget_jobs(&self) -> Vec<Arc<JobEntry>> {
-        lock(&self.jobs).drain().map(|(_, entry)| entry).collect()
+    /// Lets go of every job of the coordinator at `place` in the list (a new run of it: its
+    /// job ids may mean other jobs now).
+    fn forget_jobs(&self, place: usize) -> Vec<Arc<JobEntry>> {
+        let mut forgotten = Vec::new();
+        lock(&self.jobs).retain(|&(of, _), entry| {
+            let keep = of != place;
+            if !keep {
+                forgotten.push(Arc::clone(entry));
+            }
+            keep
+        });
+        forgotten
     }
 
     /// Records the sample counts and fingerprint ([`stoker_pipeline::dataset_fingerprint`]) of the
@@ -428,10 +444,14 @@ where
 {
     // A coordinator address that cannot be used fails the start, rather than leave a worker
     // running that never registers (the channel connects lazily: nothing is dialled here).
-    config
-        .network
-        .channel(&config.coordinator, &config.client_security)
+    let coordinators = stoker_rpc::shards::addresses(&config.coordinator)
         .map_err(|e| Error::Stopped(format!("cannot use --coordinator: {e}")))?;
+    for address in &coordinators {
+        config
+            .network
+            .channel(address, &config.client_security)
+            .map_err(|e| Error::Stopped(format!("cannot use --coordinator: {e}")))?;
+    }
     let threads = if config.threads == 0 {
         std::thread::available_parallelism().map_or(1, |n| n.get())
     } else {
@@ -479,7 +499,12 @@ where
     let (drain, draining) = watch::channel(None);
     let health = config.health.clone();
     let drain_timeout = config.drain_timeout;
-    let mut tasks = tokio::spawn(task_loop(config, shared.clone(), draining));
+    let mut tasks = tokio::spawn(fleet::task_loops(
+        config.clone(),
+        coordinators,
+        shared.clone(),
+        draining,
+    ));
     tokio::select! {
         () = shutdown => {}
         ended = &mut server => {

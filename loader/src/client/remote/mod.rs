@@ -155,7 +155,15 @@ struct Registered {
 impl RemoteSource {
     /// Connects to the coordinator at `address` and registers the job (the coordinator has a
     /// worker open it, so a spec no worker can serve is refused here, with the worker's reason).
-    pub fn connect(address: &str, spec: JobSpec, options: RemoteOptions) -> Result<RemoteSource> {
+    /// `address` may list several coordinators, comma-separated (jobs sharded over them,
+    /// `stoker_rpc::shards`): the job goes to the one its spec hashes to.
+    pub fn connect(list: &str, spec: JobSpec, options: RemoteOptions) -> Result<RemoteSource> {
+        let (shard, address) = stoker_rpc::shards::coordinator_of(list, &spec)
+            .map_err(|error| Error::InvalidSpec(format!("address: {error}")))?;
+        if address != list {
+            tracing::info!(coordinator = %address, shard, "the job's coordinator, of the list");
+        }
+        let address = address.as_str();
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
             .thread_name("stoker-client-io")
