@@ -243,6 +243,45 @@ fn bench_coordinator_grpc_drives_a_real_coordinator() {
             "{report}"
         );
     }
+
+    // Sharded: each job at the coordinator its spec hashes to, every shard's CPU counted.
+    let out = stdout_of(&[
+        "bench",
+        "coordinator-grpc",
+        "--workers",
+        "2",
+        "--ranks",
+        "16",
+        "--ranks-per-job",
+        "2",
+        "--shards",
+        "2",
+        "--control",
+        "after",
+        "--seconds",
+        "1",
+        "--json",
+    ]);
+    let rows: serde_json::Value = serde_json::from_str(last_line(&out).trim()).unwrap();
+    let report = &rows[0];
+    assert_eq!(report["shards"], 2, "{report}");
+    assert!(report["assignments"].as_u64() > Some(0), "{report}");
+    let cpu: Vec<f64> = report["shard_cpu_s"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c.as_f64().unwrap())
+        .collect();
+    assert_eq!(cpu.len(), 2, "{report}");
+    let total = report["coordinator_cpu_s"].as_f64().unwrap();
+    assert!((cpu.iter().sum::<f64>() - total).abs() < 1e-9, "{report}");
+    let jobs: u64 = report["shard_jobs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|j| j.as_u64().unwrap())
+        .sum();
+    assert_eq!(jobs, 8, "every job at one shard: {report}");
 }
 
 #[test]

@@ -8,11 +8,13 @@
 //! the control plane can talk ([`Control`]) run by default, each against a coordinator of its
 //! own, one after the other in the same run: the way before the update stream beside the way
 //! now. A data server in this process answers the coordinator's `DescribeJob` when the jobs
-//! register.
+//! register. With `--shards N` each way runs against N coordinator processes (`--shard I/N`):
+//! each job registers at the one its spec hashes to, and every simulated worker leases from
+//! all of them, as a worker given the fleet's list does.
 //!
 //! Reported per way: assignments per second (acknowledged steps in the measured window), the
-//! coordinator process's CPU time over that window (from `/proc/PID/stat`) and assignments
-//! per second of it, the latency of the lease calls that returned tasks (p50, p99), and the
+//! coordinator processes' CPU time over that window (from `/proc/PID/stat`; summed over the
+//! shards, and each shard's) and assignments per second of it, the latency of the lease calls that returned tasks (p50, p99), and the
 //! bytes on the loopback interface per assignment (both directions, TCP/IP headers included;
 //! all of the machine's loopback traffic in the window, from `/proc/net/dev`). On a small
 //! machine the simulators take cores from the coordinator: the per-core figure is the one
@@ -78,6 +80,9 @@ pub struct CoordinatorGrpcBench {
     /// ranks go as fast as the coordinator lets them). A vision job's GPU takes about 40.
     #[arg(long, default_value_t = 0.0)]
     pub rank_rate: f64,
+    /// Coordinator processes the jobs are sharded over (each `--shard I/N`).
+    #[arg(long, default_value_t = 1)]
+    pub shards: u32,
     /// Seconds measured per way, after one second of warm-up.
     #[arg(long, default_value_t = 10.0)]
     pub seconds: f64,
@@ -93,11 +98,16 @@ struct GrpcReport {
     ranks: u32,
     jobs: u32,
     connections: u32,
+    shards: u32,
     seconds: f64,
     assignments: u64,
     assignments_per_s: f64,
-    /// CPU seconds the coordinator process used in the window.
+    /// CPU seconds the coordinator processes used in the window, summed.
     coordinator_cpu_s: f64,
+    /// Each shard's CPU seconds in the window.
+    shard_cpu_s: Vec<f64>,
+    /// Each shard's jobs.
+    shard_jobs: Vec<u32>,
     /// Assignments per CPU-second of the coordinator process.
     assignments_per_coordinator_core_s: f64,
     /// Cores of this machine (the coordinator and the simulators share them).
@@ -179,6 +189,9 @@ pub fn run(args: &CoordinatorGrpcBench) -> Result<()> {
             "--rank-rate must be in [0, 1000000]".into(),
         ));
     }
+    if !(1..=64).contains(&args.shards) {
+        return Err(Error::InvalidArgument("--shards must be 1..=64".into()));
+    }
     if !(args.interval_ms >= 0.0 && args.interval_ms <= 1000.0) {
         return Err(Error::InvalidArgument(
             "--interval-ms must be in [0, 1000]".into(),
@@ -215,12 +228,21 @@ fn print_report(args: &CoordinatorGrpcBench, report: &GrpcReport) {
         "[{:?}] coordinator over gRPC: {} workers, {} ranks in {} jobs over {} connections, {} credits each, {} tasks per lease; {} cores on this machine, shared with the simulators",
         report.control, report.workers, report.ranks, report.jobs, report.connections, args.credits, args.lease_batch, report.machine_cores
     );
+    if report.shards > 1 {
+        let cpu: Vec<String> = report
+            .shard_cpu_s
+            .iter()
+            .zip(&report.shard_jobs)
+            .map(|(cpu, jobs)| format!("{cpu:.2} CPU s for {jobs} jobs"))
+            .collect();
+        println!("  {} shards: {}", report.shards, cpu.join(", "));
+    }
     println!(
         "  {} assignments in {:.1} s: {:.0} assignments/s (lease + report + acknowledge + credit, each over gRPC)",
         report.assignments, report.seconds, report.assignments_per_s
     );
     println!(
-        "  coordinator process: {:.2} CPU s in the window, {:.0} assignments per core-second",
+        "  coordinator processes: {:.2} CPU s in the window, {:.0} assignments per core-second",
         report.coordinator_cpu_s, report.assignments_per_coordinator_core_s
     );
     println!(
@@ -233,22 +255,44 @@ fn print_report(args: &CoordinatorGrpcBench, report: &GrpcReport) {
     );
 }
 
-/// One way measured, against a coordinator process of its own.
+/// One way measured, against coordinator processes of its own (one per shard).
 fn measure(
     args: &CoordinatorGrpcBench,
     control: Control,
     runtime: &tokio::runtime::Runtime,
 ) -> Result<GrpcReport> {
     let state = tempfile::tempdir()?;
-    let log = std::fs::File::create(state.path().join("coordinator.log"))?;
-    let recipe = Recipe {
+    let mut coordinators = Vec::new();
+    let mut addresses = Vec::new();
+    for shard in 0..args.shards {
+        let log = std::fs::File::create(state.path().join(format!("coordinator-{shard}.log")))?;
+        let (child, address) = start_daemon(&coordinator_recipe(args, state.path(), shard)?, &log)?;
+        coordinators.push(child);
+        addresses.push(address);
+    }
+    let pids: Vec<u32> = coordinators.iter().map(std::process::Child::id).collect();
+    let measured = runtime.block_on(drive(args, control, &addresses, &pids));
+    for mut coordinator in coordinators {
+        let _ = coordinator.kill();
+        let _ = coordinator.wait();
+    }
+    measured
+}
+
+/// How shard `shard` of `args.shards` starts, journaling under `state`.
+fn coordinator_recipe(
+    args: &CoordinatorGrpcBench,
+    state: &std::path::Path,
+    shard: u32,
+) -> Result<Recipe> {
+    let mut recipe = Recipe {
         program: std::env::current_exe()?,
         args: [
             "coordinator",
             "--listen",
             "127.0.0.1:0",
             "--state",
-            &state.path().join("journal").to_string_lossy(),
+            &state.join(format!("journal-{shard}")).to_string_lossy(),
             // Long: the simulated workers send no heartbeats, and a 16,384-rank setup takes a
             // while.
             "--lease-timeout-ms",
@@ -262,12 +306,11 @@ fn measure(
         .map(|s| s.to_string())
         .collect(),
     };
-    let (mut coordinator, address) = start_daemon(&recipe, &log)?;
-    let pid = coordinator.id();
-    let measured = runtime.block_on(drive(args, control, &address, pid));
-    let _ = coordinator.kill();
-    let _ = coordinator.wait();
-    measured
+    if args.shards > 1 {
+        recipe.args.push("--shard".into());
+        recipe.args.push(format!("{shard}/{}", args.shards));
+    }
+    Ok(recipe)
 }
 
 /// `count` channels to `address`: one per user when `connections` is 0, else `connections`
@@ -291,14 +334,9 @@ fn channels(
         .collect())
 }
 
-/// Registers simulated job `job` of `world_size` ranks and opens a session per rank, each on
-/// its channel.
-async fn open_job(
-    job: u32,
-    world_size: u32,
-    channels: Vec<RpcChannel>,
-) -> Result<Vec<(RpcChannel, SessionToken, u64)>> {
-    let spec = JobSpec {
+/// The spec of simulated job `job` of `world_size` ranks.
+fn job_spec(job: u32, world_size: u32) -> JobSpec {
+    JobSpec {
         dataset: Some(DatasetSource {
             uri: format!("/bench/job-{job}"),
             ..DatasetSource::default()
@@ -307,7 +345,15 @@ async fn open_job(
         seed: u64::from(job),
         world_size,
         ..JobSpec::default()
-    };
+    }
+}
+
+/// Registers the job of `spec` and opens a session per rank, each on its channel.
+async fn open_job(
+    spec: JobSpec,
+    channels: Vec<RpcChannel>,
+) -> Result<Vec<(RpcChannel, SessionToken, u64)>> {
+    let world_size = spec.world_size;
     let Some(first) = channels.first() else {
         return Ok(Vec::new());
     };
@@ -338,12 +384,13 @@ async fn open_job(
     Ok(sessions)
 }
 
-/// Sets the jobs, sessions, workers and clients up, and measures.
+/// Sets the jobs, sessions, workers and clients up against the coordinators at `addresses`
+/// (one per shard, processes `pids`), and measures.
 async fn drive(
     args: &CoordinatorGrpcBench,
     control: Control,
-    address: &str,
-    pid: u32,
+    addresses: &[String],
+    pids: &[u32],
 ) -> Result<GrpcReport> {
     let security = ClientSecurity::default();
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
@@ -360,28 +407,38 @@ async fn drive(
             })))
             .serve_with_incoming(incoming),
     );
+    // Every simulated worker registers with every shard, as a worker given the list does.
     let mut workers = Vec::new();
-    for channel in channels(address, &security, args.workers, args.connections)? {
-        let registered = CoordinatorClient::new(channel.clone())
-            .register_worker(RegisterWorkerRequest {
-                data_address: data_address.clone(),
-                threads: 1,
-                data_roots: Vec::new(),
-            })
-            .await?
-            .into_inner();
-        workers.push((channel, registered.worker_id));
+    for address in addresses {
+        for channel in channels(address, &security, args.workers, args.connections)? {
+            let registered = CoordinatorClient::new(channel.clone())
+                .register_worker(RegisterWorkerRequest {
+                    data_address: data_address.clone(),
+                    threads: 1,
+                    data_roots: Vec::new(),
+                })
+                .await?
+                .into_inner();
+            workers.push((channel, registered.worker_id));
+        }
     }
     let jobs = args.ranks.div_ceil(args.ranks_per_job);
-    let rank_channels = channels(address, &security, args.ranks, args.connections)?;
+    let rank_channels = addresses
+        .iter()
+        .map(|address| channels(address, &security, args.ranks, args.connections))
+        .collect::<Result<Vec<_>>>()?;
     // The jobs registered and their sessions opened side by side (a 16,384-rank setup one
-    // call at a time takes minutes).
+    // call at a time takes minutes), each at the shard its spec hashes to.
+    let mut shard_jobs = vec![0u32; addresses.len()];
     let mut setup = tokio::task::JoinSet::new();
     for job in 0..jobs {
         let first = job * args.ranks_per_job;
         let world_size = args.ranks_per_job.min(args.ranks - first);
-        let channels = rank_channels[first as usize..(first + world_size) as usize].to_vec();
-        setup.spawn(open_job(job, world_size, channels));
+        let spec = job_spec(job, world_size);
+        let shard = stoker_rpc::shards::job_shard(&spec, addresses.len());
+        shard_jobs[shard] += 1;
+        let channels = rank_channels[shard][first as usize..(first + world_size) as usize].to_vec();
+        setup.spawn(open_job(spec, channels));
     }
     let mut sessions = Vec::new();
     while let Some(opened) = setup.join_next().await {
@@ -392,7 +449,7 @@ async fn drive(
     let mut arrivals = Vec::new();
     for (_, token, _) in &sessions {
         let (sender, receiver) = mpsc::unbounded_channel();
-        clients.insert(token.session_id, sender);
+        clients.insert((token.incarnation, token.session_id), sender);
         arrivals.push(receiver);
     }
     let (stop, stopped) = tokio::sync::watch::channel(false);
@@ -437,14 +494,22 @@ async fn drive(
         )));
     }
     tokio::time::sleep(Duration::from_secs(1)).await;
-    let cpu_before = cpu_seconds(pid)?;
+    let cpu_before = pids
+        .iter()
+        .map(|&pid| cpu_seconds(pid))
+        .collect::<Result<Vec<_>>>()?;
     let bytes_before = loopback_bytes()?;
     shared.measuring.store(true, Ordering::Relaxed);
     let started = Instant::now();
     tokio::time::sleep(Duration::from_secs_f64(args.seconds)).await;
     shared.measuring.store(false, Ordering::Relaxed);
     let seconds = started.elapsed().as_secs_f64();
-    let cpu = cpu_seconds(pid)? - cpu_before;
+    let shard_cpu_s = pids
+        .iter()
+        .zip(&cpu_before)
+        .map(|(&pid, before)| Ok(cpu_seconds(pid)? - before))
+        .collect::<Result<Vec<_>>>()?;
+    let cpu: f64 = shard_cpu_s.iter().sum();
     let bytes = loopback_bytes()?.saturating_sub(bytes_before);
     shared.stop.store(true, Ordering::Relaxed);
     let _ = stop.send(true);
@@ -488,15 +553,20 @@ async fn drive(
         workers: args.workers,
         ranks: args.ranks,
         jobs,
+        // Workers connect to every shard; with shared connections, so do the ranks' (a
+        // shard's channels are spread over the ranks of its jobs).
         connections: if args.connections == 0 {
-            args.ranks + args.workers
+            args.ranks + args.workers * args.shards
         } else {
-            args.connections.min(args.ranks) + args.connections.min(args.workers)
+            (args.connections.min(args.ranks) + args.connections.min(args.workers)) * args.shards
         },
+        shards: args.shards,
         seconds,
         assignments,
         assignments_per_s: assignments as f64 / seconds,
         coordinator_cpu_s: cpu,
+        shard_cpu_s,
+        shard_jobs,
         assignments_per_coordinator_core_s: if cpu > 0.0 {
             assignments as f64 / cpu
         } else {

@@ -49,8 +49,9 @@ pub struct Shared {
     pub acknowledged: AtomicU64,
     pub lease_calls: AtomicU64,
     pub latencies_us: Mutex<Vec<u32>>,
-    /// Each session's client, by session id: the steps handed to it, with when.
-    pub clients: HashMap<u64, mpsc::UnboundedSender<(u64, Instant)>>,
+    /// Each session's client, by its coordinator's incarnation and session id (session ids of
+    /// two shards may coincide): the steps handed to it, with when.
+    pub clients: HashMap<(u64, u64), mpsc::UnboundedSender<(u64, Instant)>>,
     pub control: Control,
     /// Longest an update of a session is held (`After`).
     pub interval: Duration,
@@ -123,7 +124,9 @@ pub async fn worker(
                 .await?;
         }
         for task in tasks {
-            let session = task.session.map_or(u64::MAX, |s| s.session_id);
+            let session = task
+                .session
+                .map_or((0, u64::MAX), |s| (s.incarnation, s.session_id));
             if let Some(client) = shared.clients.get(&session) {
                 let _ = client.send((task.step, Instant::now()));
             }
