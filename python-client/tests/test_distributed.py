@@ -125,3 +125,53 @@ def test_distributed_batches_are_zero_copy_views(dataset: Path, cluster: str) ->
         assert image.shape == (16, SMALL_CROP, SMALL_CROP, 3)
     finally:
         loader.close()
+
+
+def test_jobs_sharded_over_two_coordinators_equal_the_in_process_ones(
+    dataset: Path, tmp_path: Path
+) -> None:
+    # Two coordinators, each owning the jobs that hash to it, and workers serving both; the
+    # clients are given the same list. Jobs of several seeds land on both shards.
+    processes = []
+    try:
+        addresses = []
+        for shard in range(2):
+            coordinator, address = start_daemon(
+                [str(daemon_binary("stoker")), "coordinator", "--listen", "127.0.0.1:0",
+                 "--state", str(tmp_path / f"state-{shard}"), "--shard", f"{shard}/2"]
+            )
+            processes.append(coordinator)
+            addresses.append(address)
+        fleet = ",".join(addresses)
+        for _ in range(2):
+            worker, _ = start_daemon(
+                [str(daemon_binary("stoker-worker")), "--coordinator", fleet,
+                 "--data-root", str(dataset), "--threads", "1"]
+            )
+            processes.append(worker)
+        served = {0: 0, 1: 0}
+        for seed in range(6):
+            remote = stoker.Loader(dataset, address=fleet, rank=1, **_options(seed=seed))
+            local = stoker.Loader(dataset, rank=1, num_threads=1, **_options(seed=seed))
+            try:
+                assert_same_batches(epoch_batches(remote), epoch_batches(local))
+            finally:
+                remote.close()
+                local.close()
+            # The job went to one coordinator only: the other refuses it by name.
+            owner = None
+            for shard, address in enumerate(addresses):
+                try:
+                    stoker.Loader(dataset, address=address, rank=1, **_options(seed=seed)).close()
+                    owner = shard
+                except ValueError as error:
+                    assert "--shard" in str(error)
+            assert owner is not None
+            served[owner] += 1
+        assert served[0] > 0 and served[1] > 0, served
+        with pytest.raises(ValueError, match="empty entry"):
+            stoker.Loader(dataset, address=f"{addresses[0]},,{addresses[1]}", **_options())
+    finally:
+        for process in processes:
+            process.kill()
+            process.wait(timeout=10)
