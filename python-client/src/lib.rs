@@ -142,6 +142,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
         m.add(*name, class.bind(m.py()))?;
     }
     m.add_class::<native_loader::NativeLoader>()?;
+    m.add_class::<native_loader::NativeBatch>()?;
     m.add_class::<mix_order::MixOrder>()?;
     m.add_class::<Buffer>()?;
     m.add_class::<gpu_decode::DeviceRows>()?;

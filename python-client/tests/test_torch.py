@@ -31,7 +31,7 @@ class RecordingNative:
     def next_batch(self) -> Any:
         item = self._native.next_batch()
         if item is not None:
-            self.buffers = {name: data for name, _, _, data in item[2]}
+            self.buffers = {name: data for name, _, _, data in item.tensors}
         return item
 
 

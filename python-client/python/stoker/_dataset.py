@@ -289,8 +289,9 @@ class DatasetLoader(Loader):
         builder = self._builder
         return builder.loading_now() if builder is not None else ""
 
-    def _to_batch(self, item: Any) -> tuple[int, Any, list[int], list[Any]]:
-        _, step, tensors, indices, bad, _ = item
+    def _to_batch(self, item: _native.NativeBatch) -> tuple[int, Any, list[int], list[Any]]:
+        step, tensors = item.step, item.tensors
+        indices, bad = item.sample_indices, item.bad_samples
         if self._pin_unsettled:
             self._settle_pinning()
         n = len(indices)

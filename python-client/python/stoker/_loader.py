@@ -660,14 +660,13 @@ class Loader(FromDataset):
         return ""
 
     def _to_batch(self, item: NativeBatch) -> Taken:
-        _, step, tensors, indices, bad, device_rows = item
         # On the device: the tensors and the event that says they are ready.
         batch: Any
         if self._feed.stage is not None:
-            batch = self._feed.stage.stage(tensors, device_rows)
+            batch = self._feed.stage.stage(item.tensors, item.device_rows)
         else:
             if self._pin_unsettled:
                 self._settle_pinning()
-            batch = host_batch(tensors, self._torch, self._pin_small)
-        self._bad_log.note(bad)
-        return step, batch, list(indices), list(bad)
+            batch = host_batch(item.tensors, self._torch, self._pin_small)
+        self._bad_log.note(item.bad_samples)
+        return item.step, batch, list(item.sample_indices), list(item.bad_samples)

@@ -105,10 +105,19 @@ class DeviceRows:
         """Keeps the rows' buffer from the lane until the work queued on ``stream`` so far
         (the copies reading the rows) is done."""
 
-NativeBatch = tuple[
-    int, int, list[TensorEntry], list[int], list[BadSample], DeviceRows | None
-]
-"""``(epoch, step, tensors, sample_indices, bad_samples, device_rows)``."""
+@final
+class NativeBatch:
+    """One batch as the loader hands it to Python, by name. Tensor bytes are shared with the
+    slot, not copied."""
+
+    epoch: Final[int]
+    step: Final[int]
+    tensors: Final[list[TensorEntry]]
+    """``(name, dtype, shape, Buffer)`` per tensor: the image first, then the label."""
+    sample_indices: Final[list[int]]
+    bad_samples: Final[list[BadSample]]
+    device_rows: Final[DeviceRows | None]
+    """The rows the GPU decode lane left on the GPU, if any."""
 
 @final
 class NativeLoader:

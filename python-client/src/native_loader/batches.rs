@@ -1,11 +1,13 @@
 //! A batch as Python reads it: waiting for one with the interpreter let go (Ctrl-C checked),
-//! and the tuple of `Buffer`s it becomes; the page-locking options of a loader.
+//! and the `NativeBatch` of `Buffer`s it becomes; the page-locking options of a loader.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList, PyTuple};
+
+use crate::gpu_decode::DeviceRows;
 use stoker_loader::PinOptions;
 use stoker_proto::v1 as proto;
 
@@ -14,14 +16,14 @@ use crate::errors::{from_loader, raise, Kind};
 
 /// Runs a blocking `next_batch_checked` with the GIL released, looking for Ctrl-C and for
 /// `closing` (set by a `close()` from another thread) every `INTERRUPT_CHECK`, and turns the
-/// batch into its Python tuple.
+/// batch into its [`NativeBatch`].
 pub(super) fn wait_for_batch<'py>(
     py: Python<'py>,
     closing: &AtomicBool,
     release: Option<(Arc<PinnedRelease>, Arc<stoker_loader::SlotPool>)>,
     slots: Option<Arc<stoker_loader::SlotPool>>,
     next: impl Send + FnOnce(&mut dyn FnMut() -> bool) -> stoker_loader::Result<Option<proto::Batch>>,
-) -> PyResult<Option<Bound<'py, PyTuple>>> {
+) -> PyResult<Option<Bound<'py, NativeBatch>>> {
     let mut signal: Option<PyErr> = None;
     let batch = py.detach(|| {
         next(&mut || {
@@ -46,26 +48,53 @@ pub(super) fn wait_for_batch<'py>(
         (batch, _) => batch.map_err(from_loader)?,
     };
     match batch {
-        Some(batch) => batch_tuple(py, batch, release, slots).map(Some),
+        Some(batch) => native_batch(py, batch, release, slots).map(Some),
         None => Ok(None),
     }
 }
 
-/// A batch as Python sees it: (epoch, step, [(name, dtype, shape, Buffer)], sample_indices,
-/// [bad sample dicts], DeviceRows or None). Tensor bytes are shared, not copied; the last item
-/// holds the rows the GPU decode lane left on the GPU.
-pub(super) fn batch_tuple(
+/// One batch as Python reads it, by name. Tensor bytes are shared with the slot, not copied.
+#[pyclass(module = "stoker._native", frozen, get_all)]
+pub(crate) struct NativeBatch {
+    /// The epoch it belongs to.
+    epoch: u64,
+    /// Its step in the epoch.
+    step: u64,
+    /// `(name, dtype, shape, Buffer)` per tensor: the image first, then the label.
+    tensors: Py<PyList>,
+    /// The samples of its rows, in row order.
+    sample_indices: Vec<u64>,
+    /// A dict per sample that could not be read or decoded (and what replaced it).
+    bad_samples: Py<PyList>,
+    /// The rows the GPU decode lane left on the GPU, if any.
+    device_rows: Option<Py<DeviceRows>>,
+}
+
+#[pymethods]
+impl NativeBatch {
+    fn __repr__(&self) -> String {
+        format!(
+            "<stoker NativeBatch epoch {} step {} of {} rows>",
+            self.epoch,
+            self.step,
+            self.sample_indices.len()
+        )
+    }
+}
+
+/// The [`NativeBatch`] of `batch`: its tensors as `Buffer`s over the slot (fenced when the
+/// slot is page-locked), its bad samples as dicts, and the rows the GPU decode lane left on the
+/// GPU.
+pub(super) fn native_batch(
     py: Python<'_>,
     batch: proto::Batch,
     release: Option<(Arc<PinnedRelease>, Arc<stoker_loader::SlotPool>)>,
     slots: Option<Arc<stoker_loader::SlotPool>>,
-) -> PyResult<Bound<'_, PyTuple>> {
+) -> PyResult<Bound<'_, NativeBatch>> {
     let device_rows = match (&slots, batch.tensors.first()) {
-        (Some(slots), Some(first)) => {
-            crate::gpu_decode::DeviceRows::of_slot(slots, first.data.as_ptr())
-                .map(|rows| Bound::new(py, rows))
-                .transpose()?
-        }
+        (Some(slots), Some(first)) => DeviceRows::of_slot(slots, first.data.as_ptr())
+            .map(|rows| Py::new(py, rows))
+            .transpose()?,
         _ => None,
     };
     let tensors = PyList::empty(py);
@@ -94,15 +123,17 @@ pub(super) fn batch_tuple(
         entry.set_item("substitute_index", sample.substitute_index)?;
         bad.append(entry)?;
     }
-    (
-        batch.epoch,
-        batch.step,
-        tensors,
-        batch.sample_indices,
-        bad,
-        device_rows,
+    Bound::new(
+        py,
+        NativeBatch {
+            epoch: batch.epoch,
+            step: batch.step,
+            tensors: tensors.unbind(),
+            sample_indices: batch.sample_indices,
+            bad_samples: bad.unbind(),
+            device_rows,
+        },
     )
-        .into_pyobject(py)
 }
 
 /// The resizes of `spec`'s resized epoch as Python takes them, oldest first.

@@ -1,6 +1,6 @@
 //! `NativeLoader`: one job's loader as Python drives it (`stoker.Loader` holds one): epochs,
 //! batches, resume and resize, the dashboard, closing. How it is built from its recipe is
-//! [`recipe`]; how a batch becomes the tuple Python reads is [`batches`]; how any thread
+//! [`recipe`]; how a batch becomes the `NativeBatch` Python reads is [`batches`]; how any thread
 //! reaches its parts is [`access`].
 
 mod access;
@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
-use pyo3::types::{PyDict, PyTuple};
+use pyo3::types::PyDict;
 use stoker_loader::{Loader, LoaderOptions, RemoteOptions, Token};
 use stoker_proto::v1::{self as proto, JobSpec};
 
@@ -23,7 +23,8 @@ use crate::dataset::DatasetRecipe;
 use crate::errors::from_loader;
 
 use access::{closed, Current, Held};
-use batches::{batch_tuple, pin_options, resize_chain, resized_steps, slot_stats, wait_for_batch};
+pub(crate) use batches::NativeBatch;
+use batches::{native_batch, pin_options, resize_chain, resized_steps, slot_stats, wait_for_batch};
 use recipe::Recipe;
 
 use crate::spec::{job_spec, mix_spec, JobSettings, PyMix};
@@ -477,10 +478,9 @@ impl NativeLoader {
         Ok(())
     }
 
-    /// The next batch as (epoch, step, tensors, sample_indices, bad_samples, device_rows);
-    /// None at the end of the epoch. Waits with the GIL released; a `close()` from another
-    /// thread ends the wait with StokerError.
-    fn next_batch<'py>(&self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyTuple>>> {
+    /// The next batch; None at the end of the epoch. Waits with the GIL released; a `close()`
+    /// from another thread ends the wait with StokerError.
+    fn next_batch<'py>(&self, py: Python<'py>) -> PyResult<Option<Bound<'py, NativeBatch>>> {
         let mut current = self.current(py);
         let current = self.started(&mut current)?;
         let release = self.release_for(current);
@@ -493,7 +493,7 @@ impl NativeLoader {
 
     /// The next batch if it has already arrived, else None (also at the end of the epoch, and
     /// while another thread waits in `next_batch`); never waits.
-    fn try_next_batch<'py>(&self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyTuple>>> {
+    fn try_next_batch<'py>(&self, py: Python<'py>) -> PyResult<Option<Bound<'py, NativeBatch>>> {
         let mut current = match self.current.try_lock() {
             Ok(current) => current,
             Err(TryLockError::Poisoned(poisoned)) => poisoned.into_inner(),
@@ -503,7 +503,7 @@ impl NativeLoader {
         let release = self.release_for(current);
         let slots = Some(Arc::clone(&current.slots));
         match current.stream.try_next_batch().map_err(from_loader)? {
-            Some(batch) => batch_tuple(py, batch, release, slots).map(Some),
+            Some(batch) => native_batch(py, batch, release, slots).map(Some),
             None => Ok(None),
         }
     }
