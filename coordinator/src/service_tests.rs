@@ -338,15 +338,32 @@ async fn calls_without_the_token_or_with_another_are_refused_before_any_handler(
     Ok(())
 }
 
-#[tokio::test]
-async fn a_task_reported_twice_and_a_step_acknowledged_twice_count_once() -> TestResult {
-    let fixture = fixture(Vec::new())?;
-    let (network, service) = (&fixture.network, &fixture.service);
+/// A worker and a client of one coordinator, the client's session granted two credits, and
+/// the two steps they cover leased to the worker.
+async fn two_steps_leased(
+    network: &MemoryNetwork,
+) -> Result<
+    (
+        CoordinatorClient<RpcChannel>,
+        u64,
+        SessionToken,
+        Vec<TaskLease>,
+    ),
+    Box<dyn std::error::Error>,
+> {
     let mut client = coordinator(network, None);
     let worker = register_worker(&mut client).await?;
     let (_, session) = open(&mut client, 2).await?;
     let tasks = lease(&mut client, worker, 4).await?;
     assert_eq!(steps(&tasks), [0, 1], "two credits lease two steps");
+    Ok((client, worker, session, tasks))
+}
+
+#[tokio::test]
+async fn a_task_reported_twice_and_a_step_acknowledged_twice_count_once() -> TestResult {
+    let fixture = fixture(Vec::new())?;
+    let (network, service) = (&fixture.network, &fixture.service);
+    let (mut client, worker, session, tasks) = two_steps_leased(network).await?;
     report(&mut client, worker, &tasks).await?;
     // A report sent again (a retry after a lost answer) is taken and counted as a duplicate.
     report(&mut client, worker, &tasks).await?;
@@ -491,11 +508,7 @@ async fn updates_on_the_session_stream_are_answered_in_turn_listing_workers_only
 async fn a_report_carried_by_a_lease_call_counts_as_a_report() -> TestResult {
     let fixture = fixture(Vec::new())?;
     let (network, service) = (&fixture.network, &fixture.service);
-    let mut client = coordinator(network, None);
-    let worker = register_worker(&mut client).await?;
-    let (_, session) = open(&mut client, 2).await?;
-    let tasks = lease(&mut client, worker, 4).await?;
-    assert_eq!(steps(&tasks), [0, 1]);
+    let (mut client, worker, session, tasks) = two_steps_leased(network).await?;
     update(&mut client, session, 2, vec![0, 1]).await?;
     let carried = |tasks: &[TaskLease]| LeaseRequest {
         worker_id: worker,

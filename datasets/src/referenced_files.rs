@@ -9,6 +9,8 @@
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
+use crate::error::Error;
+
 static ROOTS: OnceLock<Vec<PathBuf>> = OnceLock::new();
 
 /// Confines referenced files to `roots` (canonical paths) for the rest of the process; the
@@ -35,4 +37,21 @@ pub(crate) fn check_allowed(path: &Path) -> Result<(), String> {
         "refers to the image file {}, outside this worker's data roots",
         path.display()
     ))
+}
+
+/// Reads the file `reference` names: an absolute path, or one relative to `base`, once
+/// [`check_allowed`] lets it; a refusal becomes the error `refused` makes of its reason.
+pub(crate) fn read_referenced(
+    reference: &str,
+    base: &Path,
+    refused: impl FnOnce(String) -> Error,
+) -> crate::error::Result<Vec<u8>> {
+    let path = Path::new(reference);
+    let path = if path.is_absolute() {
+        path.to_path_buf()
+    } else {
+        base.join(path)
+    };
+    check_allowed(&path).map_err(refused)?;
+    std::fs::read(&path).map_err(|source| Error::io(path, source))
 }

@@ -197,27 +197,36 @@ fn bench_coordinator_states_its_figures_with_the_journal_on() {
     );
 }
 
+/// The JSON rows of `stoker bench coordinator-grpc` with 2 workers, 2 ranks per job, one
+/// second, and `extra`.
+fn bench_grpc_rows(extra: &[&str]) -> Vec<serde_json::Value> {
+    let args = [
+        &[
+            "bench",
+            "coordinator-grpc",
+            "--workers",
+            "2",
+            "--ranks-per-job",
+            "2",
+            "--seconds",
+            "1",
+            "--json",
+        ][..],
+        extra,
+    ]
+    .concat();
+    let out = stdout_of(&args);
+    let rows: serde_json::Value = serde_json::from_str(last_line(&out).trim()).unwrap();
+    rows.as_array().expect("a JSON array of rows").clone()
+}
+
 #[test]
 fn bench_coordinator_grpc_drives_a_real_coordinator() {
-    let out = stdout_of(&[
-        "bench",
-        "coordinator-grpc",
-        "--workers",
-        "2",
-        "--ranks",
-        "4",
-        "--ranks-per-job",
-        "2",
-        "--seconds",
-        "1",
-        "--json",
-    ]);
     // One row per control plane, the tree before and the batched one, from one run.
-    let rows: serde_json::Value = serde_json::from_str(last_line(&out).trim()).unwrap();
-    let rows = rows.as_array().expect("a JSON array of rows");
+    let rows = bench_grpc_rows(&["--ranks", "4"]);
     let controls: Vec<_> = rows.iter().map(|r| r["control"].clone()).collect();
     assert_eq!(controls, ["before", "after"]);
-    for report in rows {
+    for report in &rows {
         assert_eq!(report["jobs"], 2);
         let assignments = report["assignments"].as_f64().unwrap();
         assert!(assignments > 0.0, "{report}");
@@ -245,24 +254,7 @@ fn bench_coordinator_grpc_drives_a_real_coordinator() {
     }
 
     // Sharded: each job at the coordinator its spec hashes to, every shard's CPU counted.
-    let out = stdout_of(&[
-        "bench",
-        "coordinator-grpc",
-        "--workers",
-        "2",
-        "--ranks",
-        "16",
-        "--ranks-per-job",
-        "2",
-        "--shards",
-        "2",
-        "--control",
-        "after",
-        "--seconds",
-        "1",
-        "--json",
-    ]);
-    let rows: serde_json::Value = serde_json::from_str(last_line(&out).trim()).unwrap();
+    let rows = bench_grpc_rows(&["--ranks", "16", "--shards", "2", "--control", "after"]);
     let report = &rows[0];
     assert_eq!(report["shards"], 2, "{report}");
     assert!(report["assignments"].as_u64() > Some(0), "{report}");

@@ -343,14 +343,7 @@ impl HfDataset {
                  `datasets`, which embeds them, or `stoker convert` it)"
             )));
         }
-        let path = Path::new(reference);
-        let path = if path.is_absolute() {
-            path.to_path_buf()
-        } else {
-            self.root.join(path)
-        };
-        crate::referenced_files::check_allowed(&path).map_err(refused)?;
-        std::fs::read(&path).map_err(|source| Error::io(path, source))
+        crate::referenced_files::read_referenced(reference, &self.root, refused)
     }
 }
 

@@ -322,14 +322,8 @@ impl ParquetDataset {
                  Image(decode=True) and `embed_table_storage`, or `stoker convert`)"
             )));
         };
-        let path = Path::new(reference);
-        let path = if path.is_absolute() {
-            path.to_path_buf()
-        } else {
-            local.parent().unwrap_or(Path::new(".")).join(path)
-        };
-        crate::referenced_files::check_allowed(&path).map_err(refused)?;
-        std::fs::read(&path).map_err(|source| Error::io(path, source))
+        let base = local.parent().unwrap_or(Path::new("."));
+        crate::referenced_files::read_referenced(reference, base, refused)
     }
 }
 
