@@ -338,32 +338,38 @@ async fn calls_without_the_token_or_with_another_are_refused_before_any_handler(
     Ok(())
 }
 
-/// A worker and a client of one coordinator, the client's session granted two credits, and
-/// the two steps they cover leased to the worker.
-async fn two_steps_leased(
+/// What [`steps_leased`] sets up: a client, a worker id, the job, the session and its tasks.
+type Leased = (
+    CoordinatorClient<RpcChannel>,
+    u64,
+    u64,
+    SessionToken,
+    Vec<TaskLease>,
+);
+
+/// A worker and a client of the coordinator on `network`, the client's session granted
+/// `credits` credits, and the steps they cover leased to the worker.
+async fn steps_leased(
     network: &MemoryNetwork,
-) -> Result<
-    (
-        CoordinatorClient<RpcChannel>,
-        u64,
-        SessionToken,
-        Vec<TaskLease>,
-    ),
-    Box<dyn std::error::Error>,
-> {
+    credits: u64,
+) -> Result<Leased, Box<dyn std::error::Error>> {
     let mut client = coordinator(network, None);
     let worker = register_worker(&mut client).await?;
-    let (_, session) = open(&mut client, 2).await?;
+    let (job, session) = open(&mut client, credits).await?;
     let tasks = lease(&mut client, worker, 4).await?;
-    assert_eq!(steps(&tasks), [0, 1], "two credits lease two steps");
-    Ok((client, worker, session, tasks))
+    assert_eq!(
+        steps(&tasks),
+        (0..credits).collect::<Vec<_>>(),
+        "each credit leases a step"
+    );
+    Ok((client, worker, job, session, tasks))
 }
 
 #[tokio::test]
 async fn a_task_reported_twice_and_a_step_acknowledged_twice_count_once() -> TestResult {
     let fixture = fixture(Vec::new())?;
     let (network, service) = (&fixture.network, &fixture.service);
-    let (mut client, worker, session, tasks) = two_steps_leased(network).await?;
+    let (mut client, worker, _, session, tasks) = steps_leased(network, 2).await?;
     report(&mut client, worker, &tasks).await?;
     // A report sent again (a retry after a lost answer) is taken and counted as a duplicate.
     report(&mut client, worker, &tasks).await?;
@@ -414,10 +420,7 @@ async fn a_worker_lost_with_its_leases_gives_them_to_another_and_its_late_report
 async fn a_session_reopened_on_a_restarted_coordinator_resumes_where_it_was_acknowledged(
 ) -> TestResult {
     let (network, state, stop) = restartable()?;
-    let mut client = coordinator(&network, None);
-    let worker = register_worker(&mut client).await?;
-    let (job, session) = open(&mut client, 3).await?;
-    let tasks = lease(&mut client, worker, 4).await?;
+    let (mut client, worker, job, session, tasks) = steps_leased(&network, 3).await?;
     report(&mut client, worker, &tasks).await?;
     assert_eq!(update(&mut client, session, 0, vec![0, 1, 2]).await?, 3);
     let (_, _stop) = restart(&network, state.path(), stop).await?;
@@ -508,7 +511,7 @@ async fn updates_on_the_session_stream_are_answered_in_turn_listing_workers_only
 async fn a_report_carried_by_a_lease_call_counts_as_a_report() -> TestResult {
     let fixture = fixture(Vec::new())?;
     let (network, service) = (&fixture.network, &fixture.service);
-    let (mut client, worker, session, tasks) = two_steps_leased(network).await?;
+    let (mut client, worker, _, session, tasks) = steps_leased(network, 2).await?;
     update(&mut client, session, 2, vec![0, 1]).await?;
     let carried = |tasks: &[TaskLease]| LeaseRequest {
         worker_id: worker,
@@ -532,11 +535,7 @@ async fn a_report_carried_by_a_lease_call_counts_as_a_report() -> TestResult {
 async fn a_coordinator_restarted_between_a_lease_batch_and_its_report_leases_the_steps_again(
 ) -> TestResult {
     let (network, state, stop) = restartable()?;
-    let mut client = coordinator(&network, None);
-    let worker = register_worker(&mut client).await?;
-    let (job, session) = open(&mut client, 3).await?;
-    let tasks = lease(&mut client, worker, 4).await?;
-    assert_eq!(steps(&tasks), [0, 1, 2]);
+    let (mut client, worker, job, session, tasks) = steps_leased(&network, 3).await?;
     // All three delivered; the client acknowledged step 0 and held the rest (its interval),
     // and the worker held its report for its next lease call. Then the coordinator restarts.
     assert_eq!(update(&mut client, session, 0, vec![0]).await?, 1);

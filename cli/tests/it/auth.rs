@@ -344,9 +344,7 @@ fn last_line(output: &std::process::Output) -> String {
 
 #[test]
 fn a_job_over_tls_with_a_token_gives_the_embedded_digest() {
-    let dir = tempfile::tempdir().unwrap();
-    let data = dir.path().join("data");
-    common::make_images(&data, 64);
+    let (dir, data) = common::images_in_tempdir(64);
     let pki = localhost_certificates(&dir.path().join("pki"));
     let token_file = write_token(dir.path(), "token", TOKEN);
     let security = [&["--token-file", path(&token_file)][..], &tls_flags(&pki)].concat();
@@ -402,9 +400,7 @@ fn a_wildcard_certificate_serves_every_name_under_it() {
     // deploy/ gives every worker the name <pod>.stoker-workers.<namespace>.svc... and one
     // certificate for `*.stoker-workers.<namespace>.svc...`: the same here, every daemon and
     // client checking a name under the wildcard (127.0.0.1 cannot resolve the real ones).
-    let dir = tempfile::tempdir().unwrap();
-    let data = dir.path().join("data");
-    common::make_images(&data, 64);
+    let (dir, data) = common::images_in_tempdir(64);
     let pki_dir = dir.path().join("pki");
     std::fs::create_dir_all(&pki_dir).unwrap();
     let pki =

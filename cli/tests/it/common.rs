@@ -11,6 +11,14 @@ use stoker_datasets::{generate_imagenet_like, SyntheticImageNetSpec};
 use stoker_loader::{BatchDigest, Loader, LoaderOptions};
 use stoker_proto::v1::{self as proto, BadSamplePolicy, JobSpec};
 
+/// A temporary folder holding `count` images in `data/`; returns it and that folder.
+pub fn images_in_tempdir(count: u64) -> (tempfile::TempDir, std::path::PathBuf) {
+    let dir = tempfile::tempdir().expect("a temporary folder");
+    let data = dir.path().join("data");
+    make_images(&data, count);
+    (dir, data)
+}
+
 /// Writes a seeded ImageNet-like set of `count` images under `dir`.
 pub fn make_images(dir: &Path, count: u64) {
     let spec = SyntheticImageNetSpec {

@@ -181,9 +181,7 @@ pub(crate) fn assert_specs_match_embedded(
 }
 
 pub(crate) fn fixture() -> tempfile::TempDir {
-    let dir = tempfile::tempdir().unwrap();
-    common::make_images(&dir.path().join("data"), 200);
-    dir
+    common::images_in_tempdir(200).0
 }
 
 /// The fixture, its images' folder, and a coordinator journaling beside them (no worker yet).

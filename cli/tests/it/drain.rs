@@ -45,9 +45,7 @@ fn wait_ready(address: &str) {
 
 #[test]
 fn a_worker_stopped_with_sigterm_drains_and_the_epoch_loses_and_duplicates_nothing() {
-    let dir = tempfile::tempdir().unwrap();
-    let data = dir.path().join("data");
-    common::make_images(&data, 200);
+    let (dir, data) = common::images_in_tempdir(200);
     let state = dir.path().join("state");
     let coordinator = Daemon::coordinator_with(
         &state,
@@ -152,9 +150,7 @@ fn leases_so_far(http: &str) -> f64 {
 
 #[test]
 fn a_worker_whose_client_takes_nothing_still_leaves_within_its_drain_timeout() {
-    let dir = tempfile::tempdir().unwrap();
-    let data = dir.path().join("data");
-    common::make_images(&data, 64);
+    let (dir, data) = common::images_in_tempdir(64);
     let coordinator = Daemon::coordinator_with(
         &dir.path().join("state"),
         "127.0.0.1:0",

@@ -39,22 +39,24 @@ fn refused<T: std::fmt::Debug>(result: Result<T, tonic::Status>, code: Code, wor
     assert!(status.message().contains(words), "{words:?}: {status:?}");
 }
 
-/// `spec` with `op` before its last op (ToTensor), where the image orders allow Normalize.
-fn with_op(mut spec: JobSpec, op: OpKind) -> RegisterJobRequest {
-    let last = spec.pipeline.len() - 1;
-    spec.pipeline.insert(last, proto::Op { op: Some(op) });
+/// The registration of `spec`, no weight asked.
+fn register(spec: JobSpec) -> RegisterJobRequest {
     RegisterJobRequest {
         spec: Some(spec),
         ..Default::default()
     }
 }
 
+/// `spec` with `op` before its last op (ToTensor), where the image orders allow Normalize.
+fn with_op(mut spec: JobSpec, op: OpKind) -> RegisterJobRequest {
+    let last = spec.pipeline.len() - 1;
+    spec.pipeline.insert(last, proto::Op { op: Some(op) });
+    register(spec)
+}
+
 fn at_uri(mut spec: JobSpec, uri: &Path) -> RegisterJobRequest {
     spec.dataset.as_mut().unwrap().uri = uri.display().to_string();
-    RegisterJobRequest {
-        spec: Some(spec),
-        ..Default::default()
-    }
+    register(spec)
 }
 
 /// Job specs the worker or the coordinator must refuse, each with the words naming why.
@@ -65,12 +67,8 @@ async fn malformed_jobs(client: &mut CoordinatorClient<Channel>, root: &Path, ou
     let mut zero = good.clone();
     zero.batch_size = 0;
     for bad in [huge, zero] {
-        let request = RegisterJobRequest {
-            spec: Some(bad),
-            ..Default::default()
-        };
         refused(
-            client.register_job(request).await,
+            client.register_job(register(bad)).await,
             Code::InvalidArgument,
             "batch_size",
         );
@@ -78,12 +76,8 @@ async fn malformed_jobs(client: &mut CoordinatorClient<Channel>, root: &Path, ou
     // An op of a kind this build does not know decodes as an empty one.
     let mut unknown_op = good.clone();
     unknown_op.pipeline.insert(1, proto::Op { op: None });
-    let request = RegisterJobRequest {
-        spec: Some(unknown_op),
-        ..Default::default()
-    };
     refused(
-        client.register_job(request).await,
+        client.register_job(register(unknown_op)).await,
         Code::InvalidArgument,
         "op 1 is empty",
     );
@@ -94,12 +88,8 @@ async fn malformed_jobs(client: &mut CoordinatorClient<Channel>, root: &Path, ou
             resize.shorter_side = 0;
         }
     }
-    let request = RegisterJobRequest {
-        spec: Some(zero_side),
-        ..Default::default()
-    };
     refused(
-        client.register_job(request).await,
+        client.register_job(register(zero_side)).await,
         Code::InvalidArgument,
         "Resize size (shorter_side)",
     );
@@ -119,24 +109,14 @@ async fn malformed_jobs(client: &mut CoordinatorClient<Channel>, root: &Path, ou
         }
     }
     refused(
-        client
-            .register_job(RegisterJobRequest {
-                spec: Some(unknown_dtype),
-                ..Default::default()
-            })
-            .await,
+        client.register_job(register(unknown_dtype)).await,
         Code::InvalidArgument,
         "ToTensor dtype -7 is not a known dtype",
     );
     let mut huge_world = good.clone();
     huge_world.world_size = u32::MAX;
     refused(
-        client
-            .register_job(RegisterJobRequest {
-                spec: Some(huge_world),
-                ..Default::default()
-            })
-            .await,
+        client.register_job(register(huge_world)).await,
         Code::InvalidArgument,
         "world_size",
     );
@@ -498,10 +478,7 @@ fn hostile_requests_get_clear_errors_while_a_good_client_reads_on() {
         let mut big = common::train_spec(&data, 8);
         big.pipeline = stoker_pipeline::presets::imagenet_train(224);
         let big = client
-            .register_job(RegisterJobRequest {
-                spec: Some(big),
-                ..Default::default()
-            })
+            .register_job(register(big))
             .await
             .unwrap()
             .into_inner();

@@ -15,10 +15,9 @@ use s3_server::{S3Server, ACCESS_KEY, SECRET_KEY};
 
 use crate::common;
 
-/// Runs `stoker` with the server's endpoint and credentials and a cache in `cache_dir`;
-/// returns (last stdout line, stderr), after checking the run read the whole 40-sample epoch.
-fn stoker_s3(server: &S3Server, cache_dir: &Path, args: &[&str]) -> (String, String) {
-    let output = Command::new(env!("CARGO_BIN_EXE_stoker"))
+/// Runs `stoker` with the server's endpoint and credentials and a cache in `cache_dir`.
+fn run_stoker_s3(server: &S3Server, cache_dir: &Path, args: &[&str]) -> std::process::Output {
+    Command::new(env!("CARGO_BIN_EXE_stoker"))
         .args(args)
         .env("AWS_ENDPOINT_URL", server.endpoint())
         .env("AWS_ACCESS_KEY_ID", ACCESS_KEY)
@@ -26,7 +25,13 @@ fn stoker_s3(server: &S3Server, cache_dir: &Path, args: &[&str]) -> (String, Str
         .env("AWS_REGION", "us-east-1")
         .env("STOKER_CACHE_DIR", cache_dir)
         .output()
-        .unwrap();
+        .unwrap()
+}
+
+/// Runs `stoker` as [`run_stoker_s3`] does; returns (last stdout line, stderr), after
+/// checking the run read the whole 40-sample epoch.
+fn stoker_s3(server: &S3Server, cache_dir: &Path, args: &[&str]) -> (String, String) {
+    let output = run_stoker_s3(server, cache_dir, args);
     let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
     let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
     assert!(output.status.success(), "stoker {args:?} failed: {stderr}");
@@ -41,15 +46,7 @@ fn stoker_s3(server: &S3Server, cache_dir: &Path, args: &[&str]) -> (String, Str
 
 /// Runs `stoker` as [`stoker_s3`] does, for a run that must fail; returns its stderr.
 fn stoker_s3_refused(server: &S3Server, cache_dir: &Path, args: &[&str]) -> String {
-    let output = Command::new(env!("CARGO_BIN_EXE_stoker"))
-        .args(args)
-        .env("AWS_ENDPOINT_URL", server.endpoint())
-        .env("AWS_ACCESS_KEY_ID", ACCESS_KEY)
-        .env("AWS_SECRET_ACCESS_KEY", SECRET_KEY)
-        .env("AWS_REGION", "us-east-1")
-        .env("STOKER_CACHE_DIR", cache_dir)
-        .output()
-        .unwrap();
+    let output = run_stoker_s3(server, cache_dir, args);
     assert!(
         !output.status.success(),
         "stoker {args:?} should have failed"
@@ -252,15 +249,7 @@ fn digest_over_s3_equals_the_local_digest_cold_and_warm() {
 
     // `stoker inspect` takes the same URI, and describes the same 40 images as the local set.
     let inspected = |data: &str| {
-        let output = Command::new(env!("CARGO_BIN_EXE_stoker"))
-            .args(["inspect", "--json", "--data", data])
-            .env("AWS_ENDPOINT_URL", server.endpoint())
-            .env("AWS_ACCESS_KEY_ID", ACCESS_KEY)
-            .env("AWS_SECRET_ACCESS_KEY", SECRET_KEY)
-            .env("AWS_REGION", "us-east-1")
-            .env("STOKER_CACHE_DIR", &cache)
-            .output()
-            .unwrap();
+        let output = run_stoker_s3(&server, &cache, &["inspect", "--json", "--data", data]);
         assert!(
             output.status.success(),
             "{}",

@@ -126,9 +126,7 @@ fn assert_next_epoch_is_plain(mode: Mode<'_>, data: &Path, new: u32) {
 
 #[test]
 fn embedded_four_ranks_resumed_on_two_and_two_on_three_read_each_sample_once() {
-    let dir = tempfile::tempdir().unwrap();
-    let data = dir.path().join("data");
-    common::make_images(&data, SAMPLES);
+    let (_dir, data) = common::images_in_tempdir(SAMPLES);
     // 4 ranks x 25 samples: 3 steps of 4 read (48), 52 left for 2 ranks.
     assert_exactly_once(resize_run(Mode::Embedded, &data, 4, 3, 2));
     // 2 ranks x 50: 5 steps read (40), 60 left, 20 for each of 3 ranks.
@@ -138,9 +136,7 @@ fn embedded_four_ranks_resumed_on_two_and_two_on_three_read_each_sample_once() {
 
 #[test]
 fn a_loader_beside_the_plain_one_reads_the_resized_epoch_over_its_slots_and_threads() {
-    let dir = tempfile::tempdir().unwrap();
-    let data = dir.path().join("data");
-    common::make_images(&data, SAMPLES);
+    let (_dir, data) = common::images_in_tempdir(SAMPLES);
     let resumed_spec =
         |rank| resized_spec(&spec(&data, rank, 3), SAMPLES, 1, 2, Vec::new(), &[5, 5]).unwrap();
     let plain = common::embedded_loader(spec(&data, 0, 3), 1).unwrap();
@@ -181,9 +177,7 @@ fn a_loader_beside_the_plain_one_reads_the_resized_epoch_over_its_slots_and_thre
 
 #[test]
 fn distributed_four_ranks_resumed_on_two_and_two_on_three_read_each_sample_once() {
-    let dir = tempfile::tempdir().unwrap();
-    let data = dir.path().join("data");
-    common::make_images(&data, SAMPLES);
+    let (dir, data) = common::images_in_tempdir(SAMPLES);
     let coordinator = Daemon::coordinator(&dir.path().join("state"), "127.0.0.1:0");
     // A run stopped mid-epoch leaves leased batches nobody will take; a short delivery timeout
     // hands the workers back to the next run sooner.
@@ -250,9 +244,7 @@ fn journaled(address: &str, spec: &JobSpec, positions: &[(u32, u64)]) -> (u64, V
 
 #[test]
 fn a_resized_epoch_survives_a_coordinator_restarted_mid_epoch() {
-    let dir = tempfile::tempdir().unwrap();
-    let data = dir.path().join("data");
-    common::make_images(&data, SAMPLES);
+    let (dir, data) = common::images_in_tempdir(SAMPLES);
     let state = dir.path().join("state");
     let mut coordinator = Daemon::coordinator(&state, "127.0.0.1:0");
     let address = coordinator.address.clone();

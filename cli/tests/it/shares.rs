@@ -24,9 +24,7 @@ fn remote(address: &str, spec: JobSpec, job_weight: u32) -> Loader {
 
 #[test]
 fn two_jobs_share_the_workers_and_both_finish_exactly_once() {
-    let dir = tempfile::tempdir().unwrap();
-    let data = dir.path().join("data");
-    common::make_images(&data, 96);
+    let (dir, data) = common::images_in_tempdir(96);
     let state = dir.path().join("state");
     let coordinator = Daemon::coordinator_with(
         &state,
@@ -175,9 +173,7 @@ fn train(loader: &Loader, http: &str, epoch: &mut u64, seconds: f64, step: Durat
 
 #[test]
 fn workers_wanted_rises_with_a_clients_demand() {
-    let dir = tempfile::tempdir().unwrap();
-    let data = dir.path().join("data");
-    common::make_images(&data, 64);
+    let (dir, data) = common::images_in_tempdir(64);
     let coordinator = Daemon::coordinator_with(
         &dir.path().join("state"),
         "127.0.0.1:0",
