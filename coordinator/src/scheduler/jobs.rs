@@ -70,8 +70,8 @@ impl Coordinator {
 
     /// Takes the next job id for a job whose ranks each run `steps_per_epoch` steps, of the
     /// `weight` asked (0: the default; capped as by [`set_job_weight`](Self::set_job_weight)),
-    /// to be journaled outside the core ([`JobWrite::write`]: job and weight in one
-    /// transaction) and handed back with [`job_written`](Self::job_written), which registers
+    /// to be journaled outside the core (job and weight in one transaction, as
+    /// `JournalWriter::write_job` does) and handed back with [`job_written`](Self::job_written), which registers
     /// it: until then nobody sees the job, and no other registration is given its id.
     pub fn job_write(
         &mut self,

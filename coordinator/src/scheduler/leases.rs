@@ -245,8 +245,9 @@ impl Coordinator {
     }
 
     /// The session's client received `step`. Acknowledgements may arrive in any order; a step
-    /// acknowledged twice is ignored and counted. The acknowledged position is journaled every
-    /// [`CoordinatorConfig::journal_every`] acknowledgements (and on [`flush`](Self::flush)).
+    /// acknowledged twice is ignored and counted. The acknowledged position is kept for the next
+    /// [`PositionWrite`] ([`take_positions`](Self::take_positions)), which is due every
+    /// [`CoordinatorConfig::journal_every`] acknowledgements ([`write_due`](Self::write_due)).
     pub fn acknowledge(&mut self, session: SessionId, step: Step) -> CoordinatorResult<AckOutcome> {
         let entry = open_entry(&mut self.sessions, self.next_session, session)?;
         if step.0 >= entry.steps_per_epoch {
