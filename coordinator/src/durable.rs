@@ -7,7 +7,7 @@
 //! and whoever holds it (this module's [`Durable`], or the service, which writes off its lock)
 //! writes it and hands the outcome back.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use stoker_proto::v1::JobSpec;
@@ -16,8 +16,8 @@ use crate::journal::Journal;
 #[cfg(test)]
 use crate::journal::OpenDatabase;
 use crate::scheduler::{
-    AckOutcome, Coordinator, CoordinatorConfig, CoordinatorResult, JobId, JobWrite, PositionWrite,
-    SessionId, Step, WeightWrite,
+    AckOutcome, Coordinator, CoordinatorConfig, CoordinatorResult, JobId, JobWrite,
+    JournalContents, PositionWrite, SessionId, Step, WeightWrite,
 };
 
 /// Where a core's journal writes go: a redb journal shared by the writes in flight, or nowhere
@@ -37,13 +37,6 @@ impl JournalWriter {
         journal
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
-    }
-
-    /// The journal's file, when there is one.
-    pub fn path(&self) -> Option<PathBuf> {
-        self.0
-            .as_ref()
-            .map(|journal| Self::lock(journal).path().to_path_buf())
     }
 
     /// Writes a job, and its weight, durably in one transaction. Waits for another write in
@@ -114,11 +107,7 @@ impl Durable {
     /// registered jobs, weights and acknowledged positions come back; workers and leases do not
     /// (workers re-register, and unacknowledged steps are redone).
     pub fn open(state_dir: &Path, config: CoordinatorConfig) -> CoordinatorResult<Self> {
-        let (journal, contents) = Journal::open(state_dir)?;
-        Ok(Self {
-            core: Coordinator::restore(config, contents)?,
-            journal: JournalWriter(Some(Arc::new(Mutex::new(journal)))),
-        })
+        Self::restored(Journal::open(state_dir)?, config)
     }
 
     /// [`Durable::open`], the journal's database opened by `open_database` (tests give a
@@ -129,7 +118,14 @@ impl Durable {
         config: CoordinatorConfig,
         open_database: OpenDatabase,
     ) -> CoordinatorResult<Self> {
-        let (journal, contents) = Journal::open_with(state_dir, open_database)?;
+        Self::restored(Journal::open_with(state_dir, open_database)?, config)
+    }
+
+    /// The core restored from what the journal held when opened, beside that journal.
+    fn restored(
+        (journal, contents): (Journal, JournalContents),
+        config: CoordinatorConfig,
+    ) -> CoordinatorResult<Self> {
         Ok(Self {
             core: Coordinator::restore(config, contents)?,
             journal: JournalWriter(Some(Arc::new(Mutex::new(journal)))),

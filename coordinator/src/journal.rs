@@ -371,11 +371,6 @@ impl Journal {
         log.retain(|_, _| false).map_err(journal_error)?;
         Ok(())
     }
-
-    /// The redb file.
-    pub fn path(&self) -> &Path {
-        &self.path
-    }
 }
 
 /// The journal's file at `path` as redb's plain file storage, for tests that wrap it in a

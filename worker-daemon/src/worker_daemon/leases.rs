@@ -150,14 +150,12 @@ pub(super) async fn task_loop(
             incarnation = Some(registered.incarnation);
         }
         tracing::info!(worker = registered.worker_id, coordinator = %place.address, "registered with the coordinator");
-        if draining.borrow().is_none() {
-            place
-                .registrations
-                .set(place.index, true, draining.borrow().is_some());
-            // The drain may have started in between; its not-ready may have come first.
-            if draining.borrow().is_some() {
-                config.health.set_not_ready("draining");
-            }
+        place
+            .registrations
+            .set(place.index, true, draining.borrow().is_some());
+        // The drain may have started in between; its not-ready may have come first.
+        if draining.borrow().is_some() {
+            config.health.set_not_ready("draining");
         }
         let ended = serve_leases(
             &config,

@@ -163,31 +163,36 @@ impl Shared {
     /// while to free).
     fn take_idle_jobs(&self) -> Vec<Arc<JobEntry>> {
         let now = Instant::now();
-        let mut idle = Vec::new();
-        lock(&self.jobs).retain(|&(_, job), entry| {
+        self.take_jobs(|&(_, job), entry| {
             let unused = now.saturating_duration_since(*lock(&entry.used));
-            let keep = unused < self.job_idle || Arc::strong_count(entry) > 1;
-            if !keep {
+            let idle = unused >= self.job_idle && Arc::strong_count(entry) == 1;
+            if idle {
                 tracing::info!(job, unused = ?unused, "job let go: no task used it for a while");
-                idle.push(Arc::clone(entry));
             }
-            keep
-        });
-        idle
+            idle
+        })
     }
 
     /// Lets go of every job of the coordinator at `place` in the list (a new run of it: its
     /// job ids may mean other jobs now).
     fn forget_jobs(&self, place: usize) -> Vec<Arc<JobEntry>> {
-        let mut forgotten = Vec::new();
-        lock(&self.jobs).retain(|&(of, _), entry| {
-            let keep = of != place;
-            if !keep {
-                forgotten.push(Arc::clone(entry));
+        self.take_jobs(|&(of, _), _| of == place)
+    }
+
+    /// Takes out the jobs `gone` picks, to be dropped by the caller.
+    fn take_jobs(
+        &self,
+        mut gone: impl FnMut(&(usize, u64), &Arc<JobEntry>) -> bool,
+    ) -> Vec<Arc<JobEntry>> {
+        let mut taken = Vec::new();
+        lock(&self.jobs).retain(|key, entry| {
+            let take = gone(key, entry);
+            if take {
+                taken.push(Arc::clone(entry));
             }
-            keep
+            !take
         });
-        forgotten
+        taken
     }
 
     /// Records the sample counts and fingerprint ([`stoker_pipeline::dataset_fingerprint`]) of the
@@ -500,7 +505,7 @@ where
     let health = config.health.clone();
     let drain_timeout = config.drain_timeout;
     let mut tasks = tokio::spawn(fleet::task_loops(
-        config.clone(),
+        config,
         coordinators,
         shared.clone(),
         draining,
