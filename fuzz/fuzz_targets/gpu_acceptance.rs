@@ -1,8 +1,8 @@
-//! Fuzz target `gpu_acceptance`: see `stoker_loader::fuzz_targets::gpu_acceptance`.
+//! Fuzz target `gpu_acceptance`: see `stoker_gpu::fuzz_targets::gpu_acceptance`.
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {
-    stoker_loader::fuzz_targets::gpu_acceptance(data);
+    stoker_gpu::fuzz_targets::gpu_acceptance(data);
 });

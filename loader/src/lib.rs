@@ -5,7 +5,9 @@
 //! (`stoker-cli`) and the Python extension sit on top of it.
 //!
 //! Jobs and their epoch plans come from `stoker-pipeline`; the loader runs them in process or
-//! asks the workers of a coordinator for their batches, and yields them in step order.
+//! asks the workers of a coordinator for their batches, and yields them in step order. Nothing
+//! here talks to a GPU: `stoker-gpu` plugs in through two hooks, the [`PageLocker`] of a pinned
+//! slot pool and the [`DecodeLane`] beside the embedded decode threads.
 //!
 //! ```
 //! use stoker_loader::{Error, ErrorKind};
@@ -17,23 +19,9 @@
 mod client;
 mod digest;
 mod error;
-/// The fuzz targets' bodies (`fuzz/`), behind the `fuzzing` feature: the fuzz crate and this
-/// crate's corpus replay tests turn it on; a build for users leaves them out.
-#[cfg(feature = "fuzzing")]
-#[doc(hidden)]
-pub mod fuzz_targets;
 
-pub use client::cuda::{
-    active_devices as cuda_active_devices, check_device as cuda_check_device,
-    driver_present as cuda_driver_present, Cuda, Fence, Sweep, Unavailable as CudaUnavailable,
-};
-pub use client::embedded::EmbeddedSource;
-pub use client::gpu_decode::{
-    compile_kernel, cuda_library_dirs, gpu_row, hardware_candidate, nvjpeg_version,
-    split_for_rates, Compiled, CropItem, Decline, DecodeMode, DeviceRows, GpuDecodeError,
-    GpuDecodeOptions, GpuLane, LaneStats, LaneView, AUTO_POINT_STEPS, AUTO_START,
-    DEFAULT_GPU_MEMORY, KERNEL, KERNEL_SOURCE, NVJPEG_TESTED_MAJORS,
-};
+pub use client::decode_lane::{DecodeLane, LaneStep, StartDecodeLane};
+pub use client::embedded::{decode_panic, EmbeddedSource};
 pub use client::landing;
 pub use client::loader::{Loader, LoaderOptions, PinOptions};
 pub use client::prefetch::{
@@ -41,7 +29,7 @@ pub use client::prefetch::{
 };
 pub use client::remote::updates as session_updates;
 pub use client::remote::{RemoteOptions, RemoteSource};
-pub use client::slots::{Attachment, PinDevice, PinnedPoolError, SharedMemory, Slot, SlotPool};
+pub use client::slots::{Attachment, PageLocker, PinnedPoolError, SharedMemory, Slot, SlotPool};
 pub use client::source::{
     receive, BatchSource, Built, EpochFeed, IdleClock, QueueFeed, SourceInfo, StepContext,
     StepTask, TaskQueue,

@@ -18,7 +18,7 @@ use bytes::Bytes;
 use pyo3::exceptions::PyBufferError;
 use pyo3::ffi;
 use pyo3::prelude::*;
-use stoker_loader::{Cuda, Fence, SlotPool, Sweep};
+use stoker_gpu::{Cuda, DevicePinning, Fence, Sweep};
 
 /// How the buffers of a page-locked pool are let go: the device that locked them, and a Python
 /// callable that names each device a user's copy may be queued on with the releasing thread's
@@ -30,18 +30,20 @@ pub struct ReleaseFences {
 }
 
 /// What a loader's page-locked buffers are let go with before its pool has chosen the device
-/// that locks its slots (when the first batch goes out): the callable naming the streams. Each
-/// batch's [`ReleaseFences`] pairs it with the context that locked the batch's slot.
+/// that locks its slots (when the first batch goes out): the callable naming the streams, and
+/// what locks the slots. Each batch's [`ReleaseFences`] pairs the callable with the context
+/// that locked the batch's slot.
 pub struct PinnedRelease {
     pub streams: Option<Py<PyAny>>,
+    pub pinning: Arc<DevicePinning>,
 }
 
 impl PinnedRelease {
-    /// The fences of a batch whose bytes are in a locked slot of `pool` (its context is
-    /// open then), else `None`.
-    pub fn for_pool(&self, py: Python<'_>, pool: &SlotPool) -> Option<Arc<ReleaseFences>> {
+    /// The fences of a batch whose bytes are in a locked slot (its context is open then),
+    /// else `None`.
+    pub fn for_batch(&self, py: Python<'_>) -> Option<Arc<ReleaseFences>> {
         Some(Arc::new(ReleaseFences {
-            cuda: Arc::clone(pool.cuda()?),
+            cuda: Arc::clone(self.pinning.opened()?),
             streams: self.streams.as_ref().map(|s| s.clone_ref(py)),
         }))
     }
@@ -105,7 +107,7 @@ impl ReleaseFences {
     /// be fenced.
     fn device_fences(&self) -> Option<Vec<Fence>> {
         let mut fences = vec![self.cuda.device_fence()];
-        for device in stoker_loader::cuda_active_devices() {
+        for device in stoker_gpu::cuda_active_devices() {
             if device != self.cuda.ordinal() {
                 match Cuda::open(device) {
                     Ok(cuda) => fences.push(cuda.device_fence()),

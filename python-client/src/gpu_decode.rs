@@ -1,14 +1,16 @@
-//! The GPU decode lane as Python sees it: the rows a batch's lane decoded, still on the GPU
-//! (`DeviceRows`, a CUDA array interface torch wraps without a copy), the lane's figures
-//! (`stats()["gpu_decode"]`), and the check that says why the lane cannot run here.
+//! The GPU decode lane as Python sees it: the `decode=` argument made a starter of the lane,
+//! the rows a batch's lane decoded, still on the GPU (`DeviceRows`, a CUDA array interface
+//! torch wraps without a copy), the lane's figures (`stats()["gpu_decode"]`), and the check
+//! that says why the lane cannot run here.
 
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-use pyo3::exceptions::PyRuntimeError;
+use pyo3::exceptions::{PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyTuple};
+use stoker_gpu::{DecodeMode, GpuDecodeOptions, StartGpuLane};
 
 /// The rows of one batch that the GPU lane decoded: `shape` uint8 (rows, height, width, 3) on
 /// CUDA device `device`, row `k` being the batch's row `positions[k]`. Make a stream wait for
@@ -16,14 +18,14 @@ use pyo3::types::{PyDict, PyTuple};
 /// they stay valid while this object, the batch's slot, or such a fence holds them.
 #[pyclass(module = "stoker._native", frozen)]
 pub struct DeviceRows {
-    rows: Arc<stoker_loader::DeviceRows>,
+    rows: Arc<stoker_gpu::DeviceRows>,
 }
 
 impl DeviceRows {
     /// The lane's rows attached to the slot holding `ptr`, if any.
     pub fn of_slot(slots: &stoker_loader::SlotPool, ptr: *const u8) -> Option<DeviceRows> {
         let attachment = slots.attachment(ptr)?;
-        let rows = attachment.downcast::<stoker_loader::DeviceRows>().ok()?;
+        let rows = attachment.downcast::<stoker_gpu::DeviceRows>().ok()?;
         Some(DeviceRows { rows })
     }
 }
@@ -80,6 +82,38 @@ impl DeviceRows {
     }
 }
 
+/// What starts the lane `decode` asks for ("cpu": none; "gpu", "auto": on `pin_device`, the
+/// device batches go to, within `gpu_memory` bytes, the CUDA libraries looked for in
+/// `library_dirs` first); ValueError for another mode, or a lane without a device.
+pub fn lane_starter(
+    decode: &str,
+    pin_device: Option<usize>,
+    gpu_memory: usize,
+    library_dirs: Vec<PathBuf>,
+) -> PyResult<Option<Arc<StartGpuLane>>> {
+    let mode = match decode {
+        "cpu" => return Ok(None),
+        "gpu" => DecodeMode::Gpu,
+        "auto" => DecodeMode::Auto,
+        other => {
+            return Err(PyValueError::new_err(format!(
+                "decode must be 'cpu', 'gpu' or 'auto', got {other:?}"
+            )))
+        }
+    };
+    let Some(device) = pin_device else {
+        return Err(PyValueError::new_err(
+            "decode='gpu' or 'auto' needs a CUDA device to deliver to (device='cuda')",
+        ));
+    };
+    Ok(Some(Arc::new(StartGpuLane::new(GpuDecodeOptions {
+        mode,
+        device,
+        memory_bytes: gpu_memory,
+        library_dirs,
+    }))))
+}
+
 /// `None` when the GPU decode lane can run on CUDA device `ordinal` here (driver, nvJPEG of a
 /// tested version, NVRTC compiling the kernel), else what is missing. `library_dirs` are
 /// searched first for the libraries.
@@ -91,11 +125,11 @@ pub fn gpu_decode_unavailable(
     library_dirs: Vec<PathBuf>,
 ) -> Option<String> {
     py.detach(|| {
-        let cuda = match stoker_loader::Cuda::open(ordinal) {
+        let cuda = match stoker_gpu::Cuda::open(ordinal) {
             Ok(cuda) => cuda,
             Err(error) => return Some(error.to_string()),
         };
-        if let Err(error) = stoker_loader::nvjpeg_version(&library_dirs) {
+        if let Err(error) = stoker_gpu::nvjpeg_version(&library_dirs) {
             return Some(error.to_string());
         }
         // The lane's own compile, for this GPU (kept for the lane).
@@ -103,7 +137,7 @@ pub fn gpu_decode_unavailable(
             Ok(sm) => sm,
             Err(error) => return Some(error.to_string()),
         };
-        stoker_loader::compile_kernel(&library_dirs, Some(sm))
+        stoker_gpu::compile_kernel(&library_dirs, Some(sm))
             .err()
             .map(|e| e.to_string())
     })
@@ -120,11 +154,11 @@ pub fn compile_gpu_kernel(
     sm: Option<(i32, i32)>,
 ) -> PyResult<Py<PyAny>> {
     let compiled = py
-        .detach(|| stoker_loader::compile_kernel(&library_dirs, sm))
+        .detach(|| stoker_gpu::compile_kernel(&library_dirs, sm))
         .map_err(|e| PyRuntimeError::new_err(e.to_string()))?;
     Ok(match compiled {
-        stoker_loader::Compiled::Ptx(text) => text.into_pyobject(py)?.into_any().unbind(),
-        stoker_loader::Compiled::Cubin(bytes) => {
+        stoker_gpu::Compiled::Ptx(text) => text.into_pyobject(py)?.into_any().unbind(),
+        stoker_gpu::Compiled::Cubin(bytes) => {
             pyo3::types::PyBytes::new(py, &bytes).into_any().unbind()
         }
     })
@@ -134,7 +168,7 @@ pub fn compile_gpu_kernel(
 /// each lane's rate, its memory and where its threads spent their time.
 pub fn lane_stats<'py>(
     py: Python<'py>,
-    lane: &stoker_loader::GpuLane,
+    lane: &stoker_gpu::GpuLane,
 ) -> PyResult<Bound<'py, PyDict>> {
     let counts = lane.stats();
     let entry = PyDict::new(py);

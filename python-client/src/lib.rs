@@ -29,7 +29,7 @@ use stoker_alloc as _;
 #[pyfunction]
 fn cuda_unavailable(py: Python<'_>, ordinal: usize) -> Option<String> {
     py.detach(|| {
-        stoker_loader::cuda_check_device(ordinal)
+        stoker_gpu::cuda_check_device(ordinal)
             .err()
             .map(|e| e.to_string())
     })
@@ -38,7 +38,7 @@ fn cuda_unavailable(py: Python<'_>, ordinal: usize) -> Option<String> {
 /// Whether the CUDA driver's library can be loaded (checks nothing else; starts nothing).
 #[pyfunction]
 fn cuda_driver_present() -> bool {
-    stoker_loader::cuda_driver_present()
+    stoker_gpu::cuda_driver_present()
 }
 
 /// The CUDA devices whose primary context is active in this process (torch's first use of a
@@ -46,7 +46,7 @@ fn cuda_driver_present() -> bool {
 /// without a driver.
 #[pyfunction]
 fn cuda_active_devices() -> Vec<usize> {
-    stoker_loader::cuda_active_devices()
+    stoker_gpu::cuda_active_devices()
 }
 
 /// Registers `streams` (handles of device `ordinal`'s primary context that are never
@@ -56,7 +56,7 @@ fn cuda_active_devices() -> Vec<usize> {
 #[pyfunction]
 fn cuda_watch_streams(py: Python<'_>, ordinal: usize, streams: Vec<usize>) -> PyResult<usize> {
     py.detach(|| {
-        let cuda = stoker_loader::Cuda::open(ordinal)
+        let cuda = stoker_gpu::Cuda::open(ordinal)
             .map_err(|e| pyo3::exceptions::PyRuntimeError::new_err(e.to_string()))?;
         // SAFETY: the caller passes pool streams of this device, which torch never destroys.
         unsafe { cuda.watch_streams(&streams) };
@@ -146,7 +146,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<mix_order::MixOrder>()?;
     m.add_class::<Buffer>()?;
     m.add_class::<gpu_decode::DeviceRows>()?;
-    m.add("DEFAULT_GPU_MEMORY", stoker_loader::DEFAULT_GPU_MEMORY)?;
+    m.add("DEFAULT_GPU_MEMORY", stoker_gpu::DEFAULT_GPU_MEMORY)?;
     m.add_function(wrap_pyfunction!(gpu_decode::gpu_decode_unavailable, m)?)?;
     m.add_function(wrap_pyfunction!(gpu_decode::compile_gpu_kernel, m)?)?;
     m.add_class::<image_pipeline::ImagePipeline>()?;

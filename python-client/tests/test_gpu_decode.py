@@ -459,7 +459,7 @@ def test_a_saved_split_is_ignored_without_a_lane(dataset: Path) -> None:
         assert "decode_split" not in resumed.state_dict()
 
 
-# -- hostile JPEGs (the Rust generator's set, `loader/src/client/gpu_decode/hostile.rs`, written
+# -- hostile JPEGs (the Rust generator's set, `gpu/src/decode/hostile.rs`, written
 # with Pillow: 12-bit samples and arithmetic coding, which Pillow does not write, are patched
 # into a baseline file's frame header) ----------------------------------------------------------
 

@@ -62,7 +62,7 @@ fn path_extraction_sees_gone_paths() {
 }
 
 /// The crates' folders and where their modules live.
-const MODULE_ROOTS: [(&str, &str); 12] = [
+const MODULE_ROOTS: [(&str, &str); 13] = [
     ("alloc", "alloc/src"),
     ("proto", "proto/src"),
     ("datasets", "datasets/src"),
@@ -71,6 +71,7 @@ const MODULE_ROOTS: [(&str, &str); 12] = [
     ("worker-daemon", "worker-daemon/src"),
     ("dashboard", "dashboard/src"),
     ("loader", "loader/src"),
+    ("gpu", "gpu/src"),
     ("coordinator", "coordinator/src"),
     ("cli", "cli/src"),
     ("python-client", "python-client/src"),
@@ -512,10 +513,9 @@ const FILE_LINES: usize = 600;
 
 /// The files over [`FILE_LINES`] when the check came in, each with the lines it held then: the
 /// most it may hold until it is split.
-const LONG_FILES: [(&str, usize); 3] = [
+const LONG_FILES: [(&str, usize); 2] = [
     ("datasets/src/error.rs", 735),
     ("python-client/python/stoker/_loader.py", 674),
-    ("python-client/src/native_loader/mod.rs", 611),
 ];
 
 /// Lines of a module before its inline test module (`#[cfg(test)]` then `mod NAME {`), or all

@@ -1,14 +1,22 @@
 //! The GPU side of the loader that runs without a GPU: batches taken early without waiting
 //! (what the device stage copies ahead), GPU idle as the consumer reports it (stats and the
-//! prefetch controller), and page-locked slots asked for where there is no CUDA driver (an
-//! error naming what is missing). The GPU itself is exercised by `python-client/tests/test_gpu.py`
+//! prefetch controller), page-locked slots asked for where there is no CUDA driver (an error
+//! naming what is missing), and a decode lane in the loader's hook (what it is asked, its
+//! figures, its end). The GPU itself is exercised by `python-client/tests/test_gpu.py`
 //! on a GPU machine.
 
 #![allow(clippy::unwrap_used)] // tests fail loudly by design
 
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use stoker_loader::{Error, Loader, LoaderOptions, PinOptions};
+use stoker_gpu::{DevicePinning, PinDevice};
+use stoker_loader::{
+    Built, DecodeLane, Error, GpuDecodeFigures, LaneStep, Loader, LoaderOptions, PinOptions,
+    StartDecodeLane, StepTask,
+};
+use stoker_pipeline::Job;
 
 use crate::common::{self, digest, epoch_batches};
 
@@ -98,7 +106,7 @@ fn gpu_idle_reported_by_the_consumer_shows_in_stats_and_raises_the_depth() {
 
 #[test]
 fn pinned_slots_without_a_cuda_driver_are_an_error_naming_it() {
-    if stoker_loader::cuda_driver_present() {
+    if stoker_gpu::cuda_driver_present() {
         // With a driver, pinning works or fails for another reason: test_gpu.py covers it.
         return;
     }
@@ -108,8 +116,7 @@ fn pinned_slots_without_a_cuda_driver_are_an_error_naming_it() {
     let options = LoaderOptions {
         threads: 1,
         pin: Some(PinOptions {
-            device: 0,
-            follow_thread: true,
+            locker: Arc::new(DevicePinning::new(PinDevice::Follow(0))),
             budget_bytes: 1 << 30,
         }),
         ..LoaderOptions::default()
@@ -122,4 +129,130 @@ fn pinned_slots_without_a_cuda_driver_are_an_error_naming_it() {
             && message.contains("libcuda.so.1"),
         "{message}"
     );
+}
+
+/// A decode lane in the loader's hook that builds each step it has a share of (the even ones)
+/// on the decode pool itself, and counts what the loader asks of it.
+#[derive(Default)]
+struct CountingLane {
+    asked: AtomicU64,
+    built: AtomicU64,
+    delivered: AtomicU64,
+    resumed: Mutex<Vec<(u64, u64, u8)>>,
+    shutdowns: AtomicU64,
+}
+
+impl DecodeLane for CountingLane {
+    fn split_at(&self, _epoch: u64, step: u64) -> u8 {
+        self.asked.fetch_add(1, Ordering::Relaxed);
+        if step % 2 == 0 {
+            8
+        } else {
+            0
+        }
+    }
+
+    fn build(&self, pool: &rayon::ThreadPool, step: LaneStep, sixteenths: u8) {
+        assert_eq!(sixteenths, 8, "only a step with a share comes to the lane");
+        self.built.fetch_add(1, Ordering::Relaxed);
+        let StepTask {
+            context: job,
+            plan,
+            step,
+            slot,
+            reply,
+            ..
+        } = step;
+        let result = pool.install(|| job.batch_into(&plan, step, slot).map_err(Error::from));
+        let _ = reply.send(Built {
+            step,
+            service: Duration::ZERO,
+            result,
+        });
+    }
+
+    fn note_delivered(&self, _epoch: u64, _step: u64, rows: usize, _interval: Duration) {
+        assert!(rows > 0);
+        self.delivered.fetch_add(1, Ordering::Relaxed);
+    }
+
+    fn set_split(&self, epoch: u64, step: u64, sixteenths: u8) -> bool {
+        self.resumed.lock().unwrap().push((epoch, step, sixteenths));
+        true
+    }
+
+    fn figures(&self) -> GpuDecodeFigures {
+        GpuDecodeFigures {
+            split_pct: 50.0,
+            gpu_rows: self.built.load(Ordering::Relaxed),
+            ..GpuDecodeFigures::default()
+        }
+    }
+
+    fn shutdown(&self) {
+        self.shutdowns.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+#[derive(Debug)]
+struct StartCounting(Arc<CountingLane>);
+
+impl std::fmt::Debug for CountingLane {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("CountingLane")
+    }
+}
+
+impl StartDecodeLane for StartCounting {
+    fn start(&self, _job: &Job) -> stoker_loader::Result<Option<Arc<dyn DecodeLane>>> {
+        Ok(Some(self.0.clone()))
+    }
+}
+
+#[test]
+fn a_decode_lane_in_the_hook_builds_its_steps_hears_their_pace_and_stops_with_the_loader() {
+    let dir = tempfile::tempdir().unwrap();
+    common::make_images(dir.path(), 40);
+    let spec = common::train_spec(dir.path(), 8);
+    let expected = epoch_batches(&spec, 2, 0);
+    let lane = Arc::new(CountingLane::default());
+    let options = LoaderOptions {
+        threads: 2,
+        prefetch_next_epoch: false,
+        decode_lane: Some(Arc::new(StartCounting(lane.clone()))),
+        ..LoaderOptions::default()
+    };
+    let loader = Loader::new(spec.clone(), options.clone()).unwrap();
+    let got: Vec<_> = loader
+        .epoch(0, 0)
+        .unwrap()
+        .collect::<Result<_, _>>()
+        .unwrap();
+    // The lane's steps and the pool's make the same batches.
+    assert_eq!(digest(&got), digest(&expected));
+    let steps = got.len() as u64;
+    assert_eq!(steps, 5);
+    assert!(lane.asked.load(Ordering::Relaxed) >= steps);
+    assert_eq!(lane.built.load(Ordering::Relaxed), 3, "steps 0, 2 and 4");
+    // Every batch after the first went out a measured interval after the one before.
+    assert_eq!(lane.delivered.load(Ordering::Relaxed), steps - 1);
+    let figures = loader.stats().gpu_decode.expect("the lane's figures");
+    assert_eq!((figures.split_pct, figures.gpu_rows), (50.0, 3));
+    let monitored = loader.monitor().snapshot().stats.gpu_decode;
+    assert_eq!(monitored, Some(figures));
+    loader.set_gpu_decode_split(1, 16, 4);
+    assert_eq!(*lane.resumed.lock().unwrap(), vec![(1, 16, 4)]);
+    assert_eq!(lane.shutdowns.load(Ordering::Relaxed), 0);
+    drop(loader);
+    assert_eq!(
+        lane.shutdowns.load(Ordering::Relaxed),
+        1,
+        "closing the loader stops its lane"
+    );
+    // A coordinator's workers decode on their CPUs: the remote mode refuses a lane by name.
+    let refused = Loader::remote("127.0.0.1:9", spec, options, Default::default())
+        .err()
+        .unwrap();
+    assert!(matches!(refused, Error::Gpu(_)), "{refused:?}");
+    assert!(refused.to_string().contains("embedded mode"), "{refused}");
 }

@@ -18,7 +18,7 @@ use crossbeam_channel::{Receiver, Sender};
 use stoker_pipeline::Job;
 use stoker_proto::v1::JobSpec;
 
-use super::gpu_decode::{DecodeMode, GpuDecodeOptions, GpuLane, LaneTask};
+use super::decode_lane::DecodeLane;
 use super::source::{
     BatchSource, Built, EpochFeed, IdleClock, QueueFeed, SourceInfo, StepContext, StepTask,
     TaskQueue,
@@ -38,8 +38,8 @@ impl StepContext for Arc<Job> {
     }
 }
 
-/// A job built by decode threads in this process, and by a GPU decode lane beside them when
-/// one is asked for.
+/// A job built by decode threads in this process, and by a decode lane beside them (the GPU
+/// decode lane of `stoker-gpu`) when one is given.
 pub struct EmbeddedSource {
     job: Arc<Job>,
     info: SourceInfo,
@@ -49,10 +49,10 @@ pub struct EmbeddedSource {
     lane: Option<Arc<LaneHold>>,
 }
 
-/// The sources' hold on the GPU lane: the last source to let go stops the lane, so that
-/// closing the loader releases the lane's threads and CUDA objects before it returns (the
-/// producer thread, which also holds the lane, ends on its own once its queue is gone).
-struct LaneHold(Arc<GpuLane>);
+/// The sources' hold on the lane: the last source to let go stops the lane, so that closing
+/// the loader releases the lane's threads and device objects before it returns (the producer
+/// thread, which also holds the lane, ends on its own once its queue is gone).
+struct LaneHold(Arc<dyn DecodeLane>);
 
 impl Drop for LaneHold {
     fn drop(&mut self) {
@@ -66,28 +66,13 @@ impl EmbeddedSource {
         Self::start_with(job, threads, None)
     }
 
-    /// Like [`EmbeddedSource::start`], with the GPU decode lane `gpu` asks for (which fails
-    /// the start when it cannot run: no driver, no nvJPEG, a job it cannot build).
+    /// Like [`EmbeddedSource::start`], with `lane` beside the decode threads (started for
+    /// this job by a [`crate::StartDecodeLane`]).
     pub fn start_with(
         job: Job,
         threads: usize,
-        gpu: Option<&GpuDecodeOptions>,
+        lane: Option<Arc<dyn DecodeLane>>,
     ) -> Result<EmbeddedSource> {
-        let lane = match gpu {
-            None => None,
-            Some(options) => {
-                let batch = job.plan_config().batch_size as usize;
-                match GpuLane::start(options, &job, batch) {
-                    Ok(lane) => Some(Arc::new(lane)),
-                    // "auto" decodes on the CPU where the lane cannot run; "gpu" fails.
-                    Err(error) if options.mode == DecodeMode::Auto => {
-                        tracing::warn!(%error, "decode='auto': the GPU decode lane cannot run; decoding on the CPU");
-                        None
-                    }
-                    Err(error) => return Err(Error::Gpu(error.to_string())),
-                }
-            }
-        };
         let threads = if threads == 0 {
             std::thread::available_parallelism().map_or(1, |n| n.get())
         } else {
@@ -166,10 +151,6 @@ impl BatchSource for EmbeddedSource {
         self.job.cache_stats()
     }
 
-    fn gpu_lane(&self) -> Option<&GpuLane> {
-        self.lane.as_ref().map(|hold| &*hold.0)
-    }
-
     fn reading_now(&self) -> String {
         let reads = self.job.reading_now(READS_NAMED);
         if reads.is_empty() {
@@ -178,7 +159,7 @@ impl BatchSource for EmbeddedSource {
         format!("; the decode threads are reading {}", reads.join(", "))
     }
 
-    /// The source of `spec` on this source's decode threads, producer and GPU lane: the steps
+    /// The source of `spec` on this source's decode threads, producer and lane: the steps
     /// of both go through one queue, so the process runs one set of threads and holds the
     /// lane's device memory once.
     fn beside(&self, spec: JobSpec) -> Result<Option<Box<dyn BatchSource>>> {
@@ -206,14 +187,14 @@ impl BatchSource for EmbeddedSource {
 }
 
 /// Builds queued steps one at a time, each with every pool thread on its samples; stops when
-/// the source (the last sender) is gone. With a GPU lane, a step's GPU rows go to the lane once
-/// its CPU rows are built, and the lane sends the batch on, so the threads start the next step
-/// while the GPU works.
+/// the source (the last sender) is gone. With a lane, a step it has a share of is the lane's
+/// to build ([`DecodeLane::build`]): its CPU rows on the pool, then its own rows, the batch
+/// sent on by the lane, so the threads start the next step while the lane works.
 fn produce(
     pool: rayon::ThreadPool,
     queue: Receiver<Task>,
     idle: IdleClock,
-    lane: Option<Arc<GpuLane>>,
+    lane: Option<Arc<dyn DecodeLane>>,
 ) {
     let _running = idle.running();
     loop {
@@ -233,13 +214,13 @@ fn produce(
         // `auto` decides from what the batches handed out just before took.
         match lane.split_at(task.plan.epoch(), task.step) {
             0 => build(&pool, task),
-            sixteenths => build_with_lane(&pool, lane, task, sixteenths),
+            sixteenths => lane.build(&pool, task, sixteenths),
         }
     }
 }
 
-/// The message of a decode thread's panic.
-fn panic_message(step: u64, panic: Box<dyn std::any::Any + Send>) -> Error {
+/// The message of a decode thread's panic (a lane's decode threads' too).
+pub fn decode_panic(step: u64, panic: Box<dyn std::any::Any + Send>) -> Error {
     Error::Stopped(format!(
         "a decode thread panicked building step {step}: {}",
         stoker_pipeline::panic_text(&*panic)
@@ -261,77 +242,12 @@ fn build(pool: &rayon::ThreadPool, task: Task) {
         catch_unwind(AssertUnwindSafe(|| {
             job.batch_into(&plan, step, slot).map_err(Error::from)
         }))
-        .unwrap_or_else(|panic| Err(panic_message(step, panic)))
+        .unwrap_or_else(|panic| Err(decode_panic(step, panic)))
     });
     // A stream that went away no longer wants the batch; that is not an error.
     let _ = reply.send(Built {
         step,
         service: started.elapsed(),
         result,
-    });
-}
-
-/// Builds a step's CPU rows on the pool, offering `gpu_sixteenths` of its rows to the lane,
-/// then hands the rest to the lane (or sends the batch when the lane took nothing).
-fn build_with_lane(pool: &rayon::ThreadPool, lane: &GpuLane, task: Task, gpu_sixteenths: u8) {
-    let StepTask {
-        context: job,
-        plan,
-        step,
-        mut slot,
-        reply,
-        ..
-    } = task;
-    let started = Instant::now();
-    let diverter = lane.diverter(gpu_sixteenths);
-    let assembled = pool.install(|| {
-        catch_unwind(AssertUnwindSafe(|| {
-            job.assemble_step(&plan, step, slot.as_mut_slice(), Some(&diverter))
-                .map_err(Error::from)
-        }))
-        .unwrap_or_else(|panic| Err(panic_message(step, panic)))
-    });
-    let (assembled, indices) = match assembled {
-        Ok(built) => built,
-        Err(error) => {
-            let _ = reply.send(Built {
-                step,
-                service: started.elapsed(),
-                result: Err(error),
-            });
-            return;
-        }
-    };
-    let items = diverter.into_items();
-    lane.note_cpu(indices.len() - items.len(), started.elapsed());
-    if items.is_empty() {
-        let _ = reply.send(Built {
-            step,
-            service: started.elapsed(),
-            result: Ok(assembled.into_proto(&indices, slot.into_bytes())),
-        });
-        return;
-    }
-    // The output buffer is taken here, in step order: a later step never holds the buffer an
-    // earlier one waits for.
-    let Some(ring) = lane.take_ring() else {
-        let _ = reply.send(Built {
-            step,
-            service: started.elapsed(),
-            result: Err(Error::Stopped("the GPU decode lane shut down".into())),
-        });
-        return;
-    };
-    lane.submit(LaneTask {
-        job,
-        epoch: plan.epoch(),
-        step,
-        slot,
-        assembled,
-        indices,
-        items,
-        ring,
-        reply,
-        started,
     });
 }

@@ -11,13 +11,12 @@ use stoker_dashboard::{LoaderMonitor, LoaderStats};
 use stoker_pipeline::Job;
 use stoker_proto::v1::JobSpec;
 
-use super::cuda::check_device;
+use super::decode_lane::{DecodeLane, StartDecodeLane};
 use super::embedded::EmbeddedSource;
-use super::gpu_decode::{GpuDecodeOptions, GpuLane};
 use super::monitor::LocalSources;
 use super::prefetch::{ControllerConfig, ControllerSnapshot, PrefetchController};
 use super::remote::{RemoteOptions, RemoteSource};
-use super::slots::{pinned_reserved, slot_stride, PinDevice, SlotPool};
+use super::slots::{pinned_reserved, slot_stride, PageLocker, SlotPool};
 use super::source::{BatchSource, SourceInfo};
 use super::stats::StatsRecorder;
 use super::stream::{EpochStream, Successor};
@@ -44,26 +43,17 @@ pub struct LoaderOptions {
     pub prefetch_next_epoch: bool,
     /// Page-lock the batch slots for a GPU; `None` (default): plain memory.
     pub pin: Option<PinOptions>,
-    /// A GPU decode lane beside the decode threads (embedded mode only); `None` (default):
-    /// every image is decoded on the CPU.
-    pub gpu_decode: Option<GpuDecodeOptions>,
+    /// A decode lane beside the decode threads (embedded mode only; the GPU decode lane of
+    /// `stoker-gpu`); `None` (default): every image is decoded on the decode threads.
+    pub decode_lane: Option<Arc<dyn StartDecodeLane>>,
 }
 
 /// Page-locked batch slots ([`SlotPool::pinned`]).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone)]
 pub struct PinOptions {
-    /// The CUDA device whose primary context registers the slots (they are pinned for every
-    /// device of the process); with `follow_thread`, the fallback of the choice made when the
-    /// first batch goes out.
-    pub device: usize,
-    /// Choose the device when the first batch goes out rather than take `device`: the one
-    /// whose context is current on the thread taking that batch (torch's current device,
-    /// once torch has used it there), else `device` if its context is active, else another
-    /// device whose context is, else `device`. A loader made before `torch.cuda.set_device`
-    /// then starts no context on a device its process never uses (with eight ranks, eight
-    /// contexts' memory on GPU 0), as long as the rank used its own device before its first
-    /// batch.
-    pub follow_thread: bool,
+    /// What locks the slots (the CUDA driver's primary context, from `stoker-gpu`, which also
+    /// chooses the device).
+    pub locker: Arc<dyn PageLocker>,
     /// The most page-locked slot memory the loaders of this process may hold together, in
     /// bytes (a node's budget divided by its ranks). The pool is made smaller to fit, and
     /// refused when fewer than `max_held_batches + 2` slots fit.
@@ -80,7 +70,7 @@ impl Default for LoaderOptions {
             max_held_batches: 4,
             prefetch_next_epoch: true,
             pin: None,
-            gpu_decode: None,
+            decode_lane: None,
         }
     }
 }
@@ -91,6 +81,8 @@ const MAX_AUTO_DEPTH: usize = 64;
 /// What a loader and its streams share.
 pub(crate) struct Core {
     pub(crate) source: Box<dyn BatchSource>,
+    /// The decode lane beside an embedded source's decode threads.
+    pub(crate) lane: Option<Arc<dyn DecodeLane>>,
     /// Fixed depth, or the controller's ceiling when `controller` is set.
     pub(crate) prefetch: usize,
     pub(crate) controller: Option<Arc<Mutex<PrefetchController>>>,
@@ -115,7 +107,7 @@ impl Core {
             slots: Arc::clone(&self.slots),
             threads: self.source.info().threads,
             fixed_prefetch: self.controller.is_none().then_some(self.prefetch),
-            lane: self.source.gpu_lane().map(GpuLane::view),
+            lane: self.lane.as_ref().map(Arc::downgrade),
         }
         .monitor()
     }
@@ -153,8 +145,12 @@ impl Loader {
 
     /// The embedded mode over an opened job.
     pub fn from_job(job: Job, options: LoaderOptions) -> Result<Loader> {
-        let source = EmbeddedSource::start_with(job, options.threads, options.gpu_decode.as_ref())?;
-        Self::with_source(Box::new(source), options)
+        let lane = match &options.decode_lane {
+            Some(start) => start.start(&job)?,
+            None => None,
+        };
+        let source = EmbeddedSource::start_with(job, options.threads, lane.clone())?;
+        Self::assemble(Box::new(source), lane, options, None)
     }
 
     /// The distributed mode: registers the job with the coordinator at `address`, whose
@@ -165,7 +161,7 @@ impl Loader {
         options: LoaderOptions,
         remote: RemoteOptions,
     ) -> Result<Loader> {
-        if options.gpu_decode.is_some() {
+        if options.decode_lane.is_some() {
             return Err(Error::Gpu(
                 "the GPU decode lane runs beside the decode threads of the embedded mode; the \
                  workers of a coordinator decode on their CPUs"
@@ -178,7 +174,7 @@ impl Loader {
 
     /// A loader over any batch source.
     pub fn with_source(source: Box<dyn BatchSource>, options: LoaderOptions) -> Result<Loader> {
-        Self::assemble(source, options, None)
+        Self::assemble(source, None, options, None)
     }
 
     /// The loader of an epoch resumed on another world size (`spec`: this loader's job with
@@ -195,17 +191,19 @@ impl Loader {
         options: LoaderOptions,
         fresh: impl FnOnce(JobSpec) -> Result<Box<dyn BatchSource>>,
     ) -> Result<Loader> {
-        let source = match self.core.source.beside(spec.clone())? {
-            Some(source) => source,
-            None => fresh(spec)?,
+        // A source that shares this one's threads shares its lane; a fresh one has its own.
+        let (source, lane) = match self.core.source.beside(spec.clone())? {
+            Some(source) => (source, self.core.lane.clone()),
+            None => (fresh(spec)?, None),
         };
-        Self::assemble(source, options, Some(Arc::clone(&self.core.slots)))
+        Self::assemble(source, lane, options, Some(Arc::clone(&self.core.slots)))
     }
 
-    /// A loader over `source`, with the slots of `pool` when it is given and fits the source's
-    /// batches, else a pool of its own.
+    /// A loader over `source` (and the decode lane beside it), with the slots of `pool` when it
+    /// is given and fits the source's batches, else a pool of its own.
     fn assemble(
         source: Box<dyn BatchSource>,
+        lane: Option<Arc<dyn DecodeLane>>,
         options: LoaderOptions,
         pool: Option<Arc<SlotPool>>,
     ) -> Result<Loader> {
@@ -228,7 +226,7 @@ impl Loader {
         // Page-locked slots must fit the pinned budget: the slots past what it holds are not
         // made, which lowers the controller's ceiling (or a fixed depth) to match. A loader
         // over another's pool has that pool's slots.
-        let pinned = match (options.pin, &pool) {
+        let pinned = match (&options.pin, &pool) {
             (Some(pin), None) => Some(Self::pinned_slots_fit(pin, info.batch_bytes, &options)?),
             _ => None,
         };
@@ -274,17 +272,13 @@ impl Loader {
             }
         };
         let capacity = prefetch + options.max_held_batches;
-        let slots = match (pool, pinned, options.pin) {
+        let slots = match (pool, pinned, &options.pin) {
             (Some(pool), _, _) => pool,
             (None, Some(_), Some(pin)) => SlotPool::pinned(
                 info.batch_bytes,
                 capacity,
                 info.shared_slots,
-                if pin.follow_thread {
-                    PinDevice::Follow(pin.device)
-                } else {
-                    PinDevice::Fixed(pin.device)
-                },
+                Arc::clone(&pin.locker),
                 pin.budget_bytes,
             )
             .map_err(|e| Error::Gpu(e.to_string()))?,
@@ -298,6 +292,7 @@ impl Loader {
         Ok(Loader {
             core: Arc::new(Core {
                 source,
+                lane,
                 prefetch,
                 controller,
                 deadline: options.deadline,
@@ -317,13 +312,11 @@ impl Loader {
     /// budget when fewer than `max_held_batches + 2` do (two in flight, the held ones beside
     /// them).
     fn pinned_slots_fit(
-        pin: PinOptions,
+        pin: &PinOptions,
         batch_bytes: usize,
         options: &LoaderOptions,
     ) -> Result<usize> {
-        check_device(pin.device).map_err(|e| {
-            Error::Gpu(format!("page-locked batch slots need the CUDA driver: {e}"))
-        })?;
+        pin.locker.check().map_err(Error::Gpu)?;
         let stride = slot_stride(batch_bytes) as u64;
         let held = pinned_reserved();
         let fit =
@@ -391,17 +384,17 @@ impl Loader {
             .and_then(|c| c.lock().ok().map(|c| c.snapshot()))
     }
 
-    /// The GPU decode lane, when the loader has one.
-    pub fn gpu_lane(&self) -> Option<&GpuLane> {
-        self.core.source.gpu_lane()
+    /// The decode lane beside the decode threads, when the loader has one.
+    pub fn decode_lane(&self) -> Option<&Arc<dyn DecodeLane>> {
+        self.core.lane.as_ref()
     }
 
-    /// Sets the GPU decode lane's split for the point step `step` of `epoch` is in (a resumed
+    /// Sets the decode lane's split for the point step `step` of `epoch` is in (a resumed
     /// state's; nothing without a lane). When batches started ahead may carry another split
     /// (the point, or a later one, had been decided), the next [`Loader::epoch`] does not take
     /// them over.
     pub fn set_gpu_decode_split(&self, epoch: u64, step: u64, sixteenths: u8) {
-        if let Some(lane) = self.gpu_lane() {
+        if let Some(lane) = self.decode_lane() {
             if lane.set_split(epoch, step, sixteenths) {
                 self.core.discard_started.store(true, Ordering::Relaxed);
             }
@@ -435,7 +428,7 @@ impl Loader {
             .lock()
             .map(|recorder| recorder.snapshot())
             .unwrap_or_default();
-        stats.gpu_decode = self.gpu_lane().map(GpuLane::figures);
+        stats.gpu_decode = self.decode_lane().map(|lane| lane.figures());
         stats
     }
 

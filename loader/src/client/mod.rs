@@ -4,12 +4,12 @@
 //! and [`remote`] (a coordinator's workers, over gRPC). Above it, once for both: the slot pool
 //! ([`slots`]), the prefetch controller ([`prefetch`]), the reorder buffer, deadline and
 //! epoch-boundary prefetch ([`stream`]), the statistics ([`stats`]) and the monitor the
-//! dashboard reads ([`monitor`]); [`cuda`] page-locks the slots and fences their reuse when a
-//! GPU is asked for.
+//! dashboard reads ([`monitor`]). Two hooks take what a device driver adds: a pinned pool's
+//! [`slots::PageLocker`], and a [`decode_lane::DecodeLane`] beside the embedded decode
+//! threads (both `stoker-gpu`'s).
 
-pub(crate) mod cuda;
+pub(crate) mod decode_lane;
 pub(crate) mod embedded;
-pub mod gpu_decode;
 pub mod landing;
 pub(crate) mod loader;
 pub(crate) mod monitor;

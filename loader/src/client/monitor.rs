@@ -1,11 +1,11 @@
 //! A loader's figures, read by a [`LoaderMonitor`] from any thread: the loader's side of the
 //! dashboard crate's [`MonitorSource`] hook.
 
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, Weak};
 
 use stoker_dashboard::{LoaderMonitor, MonitorSnapshot, MonitorSource};
 
-use super::gpu_decode::LaneView;
+use super::decode_lane::DecodeLane;
 use super::prefetch::PrefetchController;
 use super::slots::SlotPool;
 use super::stats::StatsRecorder;
@@ -20,7 +20,8 @@ pub(crate) struct LocalSources {
     pub(crate) threads: usize,
     /// The fixed depth, when not in auto mode.
     pub(crate) fixed_prefetch: Option<usize>,
-    pub(crate) lane: Option<LaneView>,
+    /// The decode lane, read through its figures hook without keeping it alive.
+    pub(crate) lane: Option<Weak<dyn DecodeLane>>,
 }
 
 impl LocalSources {
@@ -35,7 +36,11 @@ impl MonitorSource for LocalSources {
         MonitorSnapshot {
             stats: {
                 let mut stats = self.stats.lock().map(|s| s.snapshot()).unwrap_or_default();
-                stats.gpu_decode = self.lane.as_ref().and_then(LaneView::figures);
+                stats.gpu_decode = self
+                    .lane
+                    .as_ref()
+                    .and_then(Weak::upgrade)
+                    .map(|lane| lane.figures());
                 stats
             },
             controller: self

@@ -12,7 +12,6 @@ use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
 use stoker_pipeline::EpochPlan;
 use stoker_proto::v1::{Batch, JobSpec};
 
-use super::gpu_decode::GpuLane;
 use super::slots::Slot;
 use crate::error::{Error, Result};
 use stoker_dashboard::LoaderMonitor;
@@ -79,11 +78,6 @@ pub trait BatchSource: Send + Sync {
 
     /// The object cache's counters, for sources read through one.
     fn cache_stats(&self) -> Option<stoker_datasets::CacheStats> {
-        None
-    }
-
-    /// The GPU decode lane beside the source's decode threads, when it has one.
-    fn gpu_lane(&self) -> Option<&GpuLane> {
         None
     }
 

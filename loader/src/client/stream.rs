@@ -349,7 +349,7 @@ impl EpochStream {
         self.adjust_depth(started, waited);
         self.top_up();
         let batch = result?;
-        if let (Some(lane), Some(interval)) = (self.core.source.gpu_lane(), interval) {
+        if let (Some(lane), Some(interval)) = (&self.core.lane, interval) {
             lane.note_delivered(self.epoch, step, batch.sample_indices.len(), interval);
         }
         if let Some(tensor) = batch.tensors.first() {

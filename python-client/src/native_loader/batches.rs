@@ -8,6 +8,7 @@ use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList, PyTuple};
 
 use crate::gpu_decode::DeviceRows;
+use stoker_gpu::{DevicePinning, PinDevice};
 use stoker_loader::PinOptions;
 use stoker_proto::v1 as proto;
 
@@ -105,7 +106,7 @@ pub(super) fn native_batch(
         let fences = match &release {
             Some((pinned, slots)) if slots.holds_pinned(tensor.data.as_ptr()) => {
                 if batch_fences.is_none() {
-                    batch_fences = pinned.for_pool(py, slots);
+                    batch_fences = pinned.for_batch(py);
                 }
                 batch_fences.clone()
             }
@@ -168,20 +169,29 @@ pub(super) fn slot_stats(
     dict.set_item("pinned", slots.all_pinned())?;
     dict.set_item("pinned_bytes", slots.pinned_bytes())?;
     dict.set_item("pin_error", slots.pin_error())?;
-    dict.set_item("pinned_device", slots.cuda().map(|cuda| cuda.ordinal()))
+    dict.set_item("pinned_device", slots.pinned_device())
 }
 
-/// Page-locking for a loader: on `pin_device` (with `pin_follow`, on the device the process
-/// uses when the first batch goes out, `pin_device` where it uses none) within
-/// `pinned_budget` bytes, or none.
+/// Page-locking for a loader and the loaders built beside it: on `pin_device` (with
+/// `pin_follow`, on the device the process uses when the first batch goes out, `pin_device`
+/// where it uses none), or none.
+pub(super) fn pinning(pin_device: Option<usize>, pin_follow: bool) -> Option<Arc<DevicePinning>> {
+    pin_device.map(|device| {
+        Arc::new(DevicePinning::new(if pin_follow {
+            PinDevice::Follow(device)
+        } else {
+            PinDevice::Fixed(device)
+        }))
+    })
+}
+
+/// The loader's page-locked slots through `pinning`, within `pinned_budget` bytes.
 pub(super) fn pin_options(
-    pin_device: Option<usize>,
-    pin_follow: bool,
+    pinning: &Option<Arc<DevicePinning>>,
     pinned_budget: u64,
 ) -> Option<PinOptions> {
-    pin_device.map(|device| PinOptions {
-        device,
-        follow_thread: pin_follow,
+    pinning.as_ref().map(|pinning| PinOptions {
+        locker: Arc::clone(pinning) as Arc<dyn stoker_loader::PageLocker>,
         budget_bytes: pinned_budget,
     })
 }

@@ -15,7 +15,7 @@ use std::time::Duration;
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
-use stoker_loader::{Loader, LoaderOptions, RemoteOptions, Token};
+use stoker_loader::{Loader, LoaderOptions, RemoteOptions, StartDecodeLane, Token};
 use stoker_proto::v1::{self as proto, JobSpec};
 
 use crate::buffer::PinnedRelease;
@@ -24,7 +24,9 @@ use crate::errors::from_loader;
 
 use access::{closed, Current, Held};
 pub(crate) use batches::NativeBatch;
-use batches::{native_batch, pin_options, resize_chain, resized_steps, slot_stats, wait_for_batch};
+use batches::{
+    native_batch, pin_options, pinning, resize_chain, resized_steps, slot_stats, wait_for_batch,
+};
 use recipe::Recipe;
 
 use crate::spec::{job_spec, mix_spec, JobSettings, PyMix};
@@ -59,7 +61,7 @@ pub(super) type PyResize = (u64, Vec<u64>);
 #[pymethods]
 impl NativeLoader {
     #[new]
-    #[pyo3(signature = (source, ops, batch_size, shuffle, seed, drop_last, num_threads, rank, world_size, prefetch, on_error, timeout_s, max_held_batches, max_prefetch_bytes = 2 << 30, dashboard = None, dashboard_token_file = None, job_name = "python".to_string(), format = "auto", shuffle_window = 0, text_column = String::new(), address = None, worker_grace_s = 120.0, token = None, tls_ca = None, tls_server_name = None, mix = None, pin_device = None, pin_follow = false, pinned_budget = 0, release_streams = None, decode = "cpu", gpu_memory = stoker_loader::DEFAULT_GPU_MEMORY, library_dirs = Vec::new(), uris = Vec::new(), split = String::new()))]
+    #[pyo3(signature = (source, ops, batch_size, shuffle, seed, drop_last, num_threads, rank, world_size, prefetch, on_error, timeout_s, max_held_batches, max_prefetch_bytes = 2 << 30, dashboard = None, dashboard_token_file = None, job_name = "python".to_string(), format = "auto", shuffle_window = 0, text_column = String::new(), address = None, worker_grace_s = 120.0, token = None, tls_ca = None, tls_server_name = None, mix = None, pin_device = None, pin_follow = false, pinned_budget = 0, release_streams = None, decode = "cpu", gpu_memory = stoker_gpu::DEFAULT_GPU_MEMORY, library_dirs = Vec::new(), uris = Vec::new(), split = String::new()))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -99,30 +101,7 @@ impl NativeLoader {
         uris: Vec<String>,
         split: String,
     ) -> PyResult<Self> {
-        let mode = match decode {
-            "cpu" => None,
-            "gpu" => Some(stoker_loader::DecodeMode::Gpu),
-            "auto" => Some(stoker_loader::DecodeMode::Auto),
-            other => {
-                return Err(PyValueError::new_err(format!(
-                    "decode must be 'cpu', 'gpu' or 'auto', got {other:?}"
-                )))
-            }
-        };
-        let gpu_decode = match (mode, pin_device) {
-            (None, _) => None,
-            (Some(mode), Some(device)) => Some(stoker_loader::GpuDecodeOptions {
-                mode,
-                device,
-                memory_bytes: gpu_memory,
-                library_dirs,
-            }),
-            (Some(_), None) => {
-                return Err(PyValueError::new_err(
-                    "decode='gpu' or 'auto' needs a CUDA device to deliver to (device='cuda')",
-                ))
-            }
-        };
+        let lane = crate::gpu_decode::lane_starter(decode, pin_device, gpu_memory, library_dirs)?;
         let mut spec = job_spec(
             source.to_string_lossy().into_owned(),
             &ops,
@@ -152,14 +131,15 @@ impl NativeLoader {
                 "worker_grace must be a positive number of seconds, got {worker_grace_s}"
             )));
         }
+        let pinning = pinning(pin_device, pin_follow);
         let options = LoaderOptions {
             threads: num_threads,
             prefetch,
             max_prefetch_bytes,
             deadline: Duration::from_secs_f64(timeout_s),
             max_held_batches,
-            pin: pin_options(pin_device, pin_follow, pinned_budget),
-            gpu_decode,
+            pin: pin_options(&pinning, pinned_budget),
+            decode_lane: lane.clone().map(|lane| lane as Arc<dyn StartDecodeLane>),
             ..LoaderOptions::default()
         };
         let token = token
@@ -181,6 +161,8 @@ impl NativeLoader {
                 (address.clone(), remote)
             }),
             dataset: None,
+            pinning,
+            lane,
         };
         Self::from_recipe(
             py,
@@ -242,6 +224,7 @@ impl NativeLoader {
             uneven_tail: proto::UnevenTail::Pad as i32,
             ..JobSpec::default()
         };
+        let pinning = pinning(pin_device, pin_follow);
         let recipe = Recipe {
             spec,
             options: LoaderOptions {
@@ -250,7 +233,7 @@ impl NativeLoader {
                 max_prefetch_bytes,
                 deadline: Duration::from_secs_f64(timeout_s),
                 max_held_batches,
-                pin: pin_options(pin_device, pin_follow, pinned_budget),
+                pin: pin_options(&pinning, pinned_budget),
                 ..LoaderOptions::default()
             },
             remote: None,
@@ -264,6 +247,8 @@ impl NativeLoader {
                 },
                 num_samples,
             )),
+            pinning,
+            lane: None,
         };
         Self::from_recipe(
             py,
@@ -514,7 +499,7 @@ impl NativeLoader {
         Ok(self
             .held(py)
             .loader_of(epoch)?
-            .gpu_lane()
+            .decode_lane()
             .map(|lane| lane.split_at(epoch, step)))
     }
 
@@ -578,8 +563,8 @@ impl NativeLoader {
         slot_stats(&dict, loader.slots())?;
         dict.set_item("gpu_idle_s", stats.gpu_idle_s)?;
         dict.set_item("gpu_span_s", stats.gpu_span_s)?;
-        let lane = loader.gpu_lane();
-        let lane_stats = lane.map(|lane| crate::gpu_decode::lane_stats(py, lane));
+        let lane = self.recipe.lane.as_ref().and_then(|start| start.lane());
+        let lane_stats = lane.map(|lane| crate::gpu_decode::lane_stats(py, &lane));
         dict.set_item("gpu_decode", lane_stats.transpose()?)?;
         if let Some(address) = &self.address {
             dict.set_item("address", address)?;

@@ -13,6 +13,8 @@ use stoker_loader::{
 };
 use stoker_proto::v1::JobSpec;
 
+use stoker_gpu::{DevicePinning, StartGpuLane};
+
 use crate::buffer::PinnedRelease;
 use crate::dataset::DatasetRecipe;
 use crate::errors::{from_loader, raise, Kind};
@@ -28,6 +30,10 @@ pub(super) struct Recipe {
     /// A Python dataset's source and its length (`Loader.from_dataset`), in place of the
     /// spec's dataset.
     pub(super) dataset: Option<(DatasetRecipe, u64)>,
+    /// What page-locks the slots of every loader built from this recipe (`options.pin`'s).
+    pub(super) pinning: Option<Arc<DevicePinning>>,
+    /// What starts the GPU decode lane (`options.decode_lane`'s), for the lane's figures.
+    pub(super) lane: Option<Arc<StartGpuLane>>,
 }
 
 impl Recipe {
@@ -62,11 +68,18 @@ impl Recipe {
                     spec,
                     remote.clone(),
                 )?)),
-                None => Ok(Box::new(EmbeddedSource::start_with(
-                    stoker_pipeline::Job::open(spec)?,
-                    self.options.threads,
-                    self.options.gpu_decode.as_ref(),
-                )?)),
+                None => {
+                    let job = stoker_pipeline::Job::open(spec)?;
+                    let lane = match &self.options.decode_lane {
+                        Some(start) => start.start(&job)?,
+                        None => None,
+                    };
+                    Ok(Box::new(EmbeddedSource::start_with(
+                        job,
+                        self.options.threads,
+                        lane,
+                    )?))
+                }
             }
         })
     }
@@ -122,11 +135,13 @@ impl NativeLoader {
             .detach(|| recipe.build(recipe.spec.clone()))
             .map_err(from_loader)?;
         let dashboard = start_dashboard(dashboard, job_name, rank, &loader)?;
-        let release = loader.slots().is_pinned().then(|| {
-            Arc::new(PinnedRelease {
+        let release = match &recipe.pinning {
+            Some(pinning) if loader.slots().is_pinned() => Some(Arc::new(PinnedRelease {
                 streams: release_streams,
-            })
-        });
+                pinning: Arc::clone(pinning),
+            })),
+            _ => None,
+        };
         Ok(Self {
             held: Mutex::new(Held {
                 loader: Some(Arc::new(loader)),

@@ -4,9 +4,9 @@
 
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex};
 
-use crate::client::cuda::{active_devices, current_device, follow_device, Cuda, Unavailable};
+use super::PageLocker;
 
 /// One mapping holding every slot of a pool, slot `i` at `i * stride` (`slot_bytes` rounded up
 /// to whole pages). Its pages are made when first written, so memory grows with the slots
@@ -20,46 +20,17 @@ pub(super) struct Arena {
     pub(super) id: u64,
 }
 
-/// Page-locking of a pool's slots: the device context that registers them (chosen when the
-/// first slot is locked), where each slot stands, and the share of the process's pinned budget
-/// the pool holds (given back when the pool is dropped).
+/// Page-locking of a pool's slots: the driver hook that registers them (which may choose its
+/// device when the first slot is locked), where each slot stands, and the share of the
+/// process's pinned budget the pool holds (given back when the pool is dropped).
 #[derive(Debug)]
 pub(super) struct Pinning {
-    pub(super) device: PinDevice,
-    pub(super) cuda: OnceLock<Result<Arc<Cuda>, Unavailable>>,
+    pub(super) locker: Arc<dyn PageLocker>,
     pub(super) reserved: u64,
     pub(super) slots: Mutex<PinSlots>,
 }
 
-/// Which device's primary context page-locks a pool's slots.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum PinDevice {
-    /// This device's.
-    Fixed(usize),
-    /// The one the process uses when the first slot is locked ([`crate::PinOptions`]), this
-    /// one where it uses none.
-    Follow(usize),
-}
-
 impl Pinning {
-    /// The context that locks the slots, opened (and the device chosen) on the first call.
-    pub(super) fn cuda(&self) -> &Result<Arc<Cuda>, Unavailable> {
-        self.cuda.get_or_init(|| {
-            let ordinal = match self.device {
-                PinDevice::Fixed(ordinal) => ordinal,
-                PinDevice::Follow(fallback) => {
-                    follow_device(current_device(), &active_devices(), fallback)
-                }
-            };
-            Cuda::open(ordinal)
-        })
-    }
-
-    /// The context that locked the slots, once chosen and opened.
-    pub(super) fn opened(&self) -> Option<&Arc<Cuda>> {
-        self.cuda.get().and_then(|cuda| cuda.as_ref().ok())
-    }
-
     pub(super) fn status(&self, index: usize) -> PinStatus {
         self.slots
             .lock()

@@ -6,22 +6,22 @@
 //! A pool's buffers live on the heap, or in one mapping (an arena): shared
 //! ([`SlotPool::shared`]: a `memfd` that other processes map too, so they can write a batch
 //! straight into its slot), and/or page-locked for a GPU ([`SlotPool::pinned`]: each slot is
-//! registered with the CUDA driver once, when the first batch built in it is handed out, and
-//! stays so until the pool is dropped; never per batch).
+//! registered with the device driver through a [`PageLocker`] once, when the first batch built
+//! in it is handed out, and stays so until the pool is dropped; never per batch).
 
 use std::os::fd::{AsRawFd, RawFd};
 use std::sync::atomic::Ordering;
-use std::sync::{Arc, Condvar, Mutex, OnceLock};
+use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;
 
 use bytes::Bytes;
 
-use super::cuda::Cuda;
-
 mod memory;
+mod page_lock;
 
-pub use memory::{pinned_reserved, slot_stride, PinDevice, PinnedPoolError};
+pub use memory::{pinned_reserved, slot_stride, PinnedPoolError};
 use memory::{reserve_pinned, Arena, PinSlots, PinStatus, Pinning, PINNED_RESERVED};
+pub use page_lock::PageLocker;
 
 /// Where a slot's bytes are.
 #[derive(Debug)]
@@ -118,10 +118,9 @@ impl SlotPool {
     }
 
     /// Like [`SlotPool::new`] (or [`SlotPool::shared`] when `shared`), each slot page-locked by
-    /// `device`'s primary context when its first batch is handed out
-    /// ([`SlotPool::pin_for_hand_out`]; the context is opened then, not here) and until the
-    /// pool is dropped (never per batch), so copies to the device read it by DMA and torch
-    /// reports it pinned. The slots (`capacity` times `slot_stride(slot_bytes)` bytes) are
+    /// `locker` when its first batch is handed out ([`SlotPool::pin_for_hand_out`]; a driver
+    /// context is opened then, not here) and until the pool is dropped (never per batch), so
+    /// copies to the device read it by DMA (and torch reports it pinned). The slots (`capacity` times `slot_stride(slot_bytes)` bytes) are
     /// reserved against `budget_bytes`, the most page-locked slot memory the pools of this
     /// process may hold together; when they do not
     /// fit, the error says how much the other pools hold. A shared pinned slot keeps its pages
@@ -131,7 +130,7 @@ impl SlotPool {
         slot_bytes: usize,
         capacity: usize,
         shared: bool,
-        device: PinDevice,
+        locker: Arc<dyn PageLocker>,
         budget_bytes: u64,
     ) -> Result<Arc<SlotPool>, PinnedPoolError> {
         let capacity = capacity.max(1);
@@ -149,8 +148,7 @@ impl SlotPool {
             }
         };
         let pinning = Pinning {
-            device,
-            cuda: OnceLock::new(),
+            locker,
             reserved,
             slots: Mutex::new(PinSlots::default()),
         };
@@ -212,10 +210,10 @@ impl SlotPool {
         })
     }
 
-    /// The device context that page-locks the slots, for a pinned pool once it has locked
-    /// (or tried to lock) its first slot.
-    pub fn cuda(&self) -> Option<&Arc<Cuda>> {
-        self.pinning.as_ref().and_then(Pinning::opened)
+    /// The device whose context page-locks the slots, for a pinned pool once it has locked
+    /// (or tried to lock) its first slot and the context opened.
+    pub fn pinned_device(&self) -> Option<usize> {
+        self.pinning.as_ref().and_then(|p| p.locker.device())
     }
 
     /// Why the driver refused to page-lock a slot, if it did.
@@ -259,19 +257,15 @@ impl SlotPool {
         if slots.status[index] != PinStatus::Unused {
             return;
         }
-        let locked = match pinning.cuda() {
-            // SAFETY: the slot's `stride` bytes lie inside the arena, which stays mapped until
-            // the pool's drop unlocks every locked slot first; the status makes each lock
-            // happen once.
-            Ok(cuda) => unsafe { cuda.lock_pages(self.arena_start(index), arena.stride) },
-            Err(unavailable) => Err(unavailable.clone()),
-        };
+        // SAFETY: the slot's `stride` bytes lie inside the arena, which stays mapped until the
+        // pool's drop unlocks every locked slot first; the status makes each lock happen once.
+        let locked = unsafe { pinning.locker.lock(self.arena_start(index), arena.stride) };
         match locked {
             Ok(()) => slots.status[index] = PinStatus::Locked,
             Err(error) => {
                 if slots.error.is_none() {
                     tracing::warn!(%error, slot = index, "a batch slot could not be page-locked; it stays pageable");
-                    slots.error = Some(error.to_string());
+                    slots.error = Some(error);
                 }
                 slots.status[index] = PinStatus::Failed;
             }
@@ -402,11 +396,6 @@ impl Drop for SlotPool {
         let Some(pinning) = &self.pinning else {
             return;
         };
-        let Some(cuda) = pinning.opened() else {
-            // No slot was locked.
-            PINNED_RESERVED.fetch_sub(pinning.reserved, Ordering::AcqRel);
-            return;
-        };
         let status = pinning
             .slots
             .lock()
@@ -419,7 +408,7 @@ impl Drop for SlotPool {
         {
             // SAFETY: the slot was locked by `pin_for_hand_out`; every slot is back (slots hold
             // the pool), and a slot comes back only after the fences of the copies reading it.
-            unsafe { cuda.unlock_pages(self.arena_start(index)) };
+            unsafe { pinning.locker.unlock(self.arena_start(index)) };
         }
         PINNED_RESERVED.fetch_sub(pinning.reserved, Ordering::AcqRel);
     }
@@ -602,32 +591,83 @@ mod tests {
         PINNED_RESERVED.fetch_sub(10_000, Ordering::AcqRel);
     }
 
-    #[test]
-    fn a_pool_that_follows_the_process_opens_no_context_until_a_slot_goes_out() {
-        if crate::client::cuda::driver_present() {
-            // With a driver the slot is locked for real: test_gpu.py covers that.
-            return;
+    /// A locker that refuses its first lock and takes the others, counting what it was asked.
+    #[derive(Debug, Default)]
+    struct Recording {
+        locked: Mutex<Vec<usize>>,
+        unlocked: Mutex<Vec<usize>>,
+    }
+
+    impl PageLocker for Recording {
+        fn check(&self) -> Result<(), String> {
+            Ok(())
         }
-        // Slots of 512 MiB (mapped, never touched): a budget with room for this pool and
-        // what other tests may reserve meanwhile, not for two of it.
-        let (slot_bytes, capacity) = (512 << 20, 2);
-        let reserved = (capacity * slot_stride(slot_bytes)) as u64;
-        let budget = pinned_reserved() + reserved + 1_000_000;
-        let pool = SlotPool::pinned(slot_bytes, capacity, false, PinDevice::Follow(0), budget)
+
+        unsafe fn lock(&self, start: *mut u8, len: usize) -> Result<(), String> {
+            let mut locked = lock(&self.locked);
+            locked.push(start as usize);
+            assert_eq!(len % page_size(), 0, "whole pages are locked");
+            if locked.len() == 1 {
+                return Err("the driver refused the first slot".into());
+            }
+            Ok(())
+        }
+
+        unsafe fn unlock(&self, start: *mut u8) {
+            lock(&self.unlocked).push(start as usize);
+        }
+
+        fn device(&self) -> Option<usize> {
+            (!lock(&self.locked).is_empty()).then_some(3)
+        }
+    }
+
+    #[test]
+    fn a_pinned_pool_locks_each_slot_once_as_it_goes_out_and_unlocks_them_when_dropped() {
+        let locker = Arc::new(Recording::default());
+        let (slot_bytes, capacity) = (100, 3);
+        let budget = pinned_reserved() + (capacity * slot_stride(slot_bytes)) as u64 + 1_000_000;
+        let pool = SlotPool::pinned(slot_bytes, capacity, false, locker.clone(), budget)
             .expect("the pool fits its budget");
-        // Made, nothing opened; the first slot out tries and stays pageable, saying why.
-        assert!(pool.is_pinned() && pool.cuda().is_none() && pool.pin_error().is_none());
-        let mut slot = pool.try_take(8).unwrap();
-        pool.pin_for_hand_out(slot.as_mut_slice().as_ptr());
-        assert!(pool.cuda().is_none() && !pool.all_pinned());
-        assert_eq!(pool.pinned_bytes(), 0);
-        let error = pool.pin_error().unwrap_or_default();
-        assert!(error.contains("no CUDA driver"), "{error}");
-        // Dropped, the pool gives its share of the budget back: another of it fits again.
-        drop(slot);
+        // Made, nothing locked yet.
+        assert!(pool.is_pinned() && pool.pinned_device().is_none() && pool.pin_error().is_none());
+        let mut first = pool.try_take(8).unwrap();
+        let first_at = first.as_mut_slice().as_ptr();
+        pool.pin_for_hand_out(first_at);
+        // Refused: the slot stays pageable and the pool says why.
+        assert!(!pool.all_pinned() && !pool.holds_pinned(first_at));
+        assert_eq!(
+            pool.pin_error().as_deref(),
+            Some("the driver refused the first slot")
+        );
+        assert_eq!(pool.pinned_device(), Some(3));
+        let mut second = pool.try_take(8).unwrap();
+        let second_at = second.as_mut_slice().as_ptr();
+        pool.pin_for_hand_out(second_at);
+        pool.pin_for_hand_out(second_at);
+        pool.pin_for_hand_out(first_at);
+        assert!(pool.holds_pinned(second_at));
+        assert_eq!(pool.pinned_bytes(), slot_stride(slot_bytes) as u64);
+        assert_eq!(
+            lock(&locker.locked).len(),
+            2,
+            "each slot is tried once, the refused one included"
+        );
+        // Given back and taken again, a locked slot is not locked again.
+        drop(second);
+        let mut again = pool.try_take(8).unwrap();
+        pool.pin_for_hand_out(again.as_mut_slice().as_ptr());
+        assert_eq!(lock(&locker.locked).len(), 2);
+        assert!(lock(&locker.unlocked).is_empty());
+        drop((first, again));
         drop(pool);
-        let again = SlotPool::pinned(slot_bytes, capacity, false, PinDevice::Fixed(0), budget);
-        assert!(again.is_ok(), "the first pool's reservation was kept");
+        assert_eq!(
+            *lock(&locker.unlocked),
+            vec![second_at as usize],
+            "the pool unlocks the slot it locked, once, when dropped"
+        );
+        // Its share of the budget is back: the same pool fits again.
+        assert!(SlotPool::pinned(slot_bytes, capacity, false, locker, budget).is_ok());
     }
 
     #[test]
@@ -643,7 +683,7 @@ mod tests {
             (Some(0), Some(page))
         );
         assert_eq!(pool.shared_memory().unwrap().size, 3 * page);
-        assert!(!pool.is_pinned() && !pool.all_pinned() && pool.cuda().is_none());
+        assert!(!pool.is_pinned() && !pool.all_pinned() && pool.pinned_device().is_none());
         assert_eq!(pool.pinned_bytes(), 0);
     }
 

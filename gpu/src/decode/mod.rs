@@ -19,6 +19,7 @@
 //! batch after copying the slot's rows. Device memory is the lane's own, allocated up front
 //! within `gpu_memory` bytes and never grown.
 
+mod backend;
 #[cfg(test)]
 pub(crate) mod hostile;
 mod jpeg_scan;
@@ -30,11 +31,12 @@ mod split;
 
 use std::path::PathBuf;
 
+pub use backend::StartGpuLane;
 #[cfg(feature = "fuzzing")]
 pub(crate) use jpeg_scan::{accept, documented_reading, scan, MAX_SIDE as MAX_JPEG_SIDE};
 pub use jpeg_scan::{hardware_candidate, Decline};
 pub use kernel::{compile as compile_kernel, Compiled, CropItem, KERNEL, SOURCE as KERNEL_SOURCE};
-pub use lane::{DeviceRows, GpuLane, LaneStats, LaneTask, LaneView};
+pub use lane::{DeviceRows, GpuLane, LaneStats, LaneTask};
 pub use libraries::search_dirs as cuda_library_dirs;
 pub use nvjpeg::{version as nvjpeg_version, TESTED_MAJORS as NVJPEG_TESTED_MAJORS};
 pub use split::{

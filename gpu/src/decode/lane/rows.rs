@@ -6,7 +6,7 @@ use std::sync::Arc;
 use cudarc::driver::sys;
 
 use super::Shared;
-use crate::client::gpu_decode::GpuDecodeError;
+use crate::decode::GpuDecodeError;
 
 /// The GPU rows of one batch, kept with its slot until the slot returns to its pool: `count`
 /// rows of `height x width x 3` bytes from [`DeviceRows::ptr`], row `k` being the batch's row

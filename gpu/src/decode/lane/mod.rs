@@ -28,11 +28,9 @@ use super::{
     gpu_row, pinned_split, DecodeMode, GpuDecodeError, GpuDecodeOptions, LaneCounts, SplitSchedule,
     SPLIT_PIN_VARIABLE,
 };
-use crate::client::cuda::{describe, Cuda};
-use crate::client::slots::Slot;
-use crate::client::source::Built;
-use crate::error::Error;
+use crate::cuda::{describe, Cuda};
 use stoker_dashboard::GpuDecodeFigures;
+use stoker_loader::{Built, Error, Slot};
 
 pub use memory::LaneMemory;
 use pipe::{run, Kernel, Pipe};
@@ -282,21 +280,6 @@ impl ImageDiverter for LaneDiverter {
     }
 }
 
-/// Reads a lane's figures from any thread ([`GpuLane::view`]); holds nothing of the lane (its
-/// memory goes when the lane and its batches do, whoever still has a view).
-#[derive(Clone)]
-pub struct LaneView {
-    shared: std::sync::Weak<Shared>,
-}
-
-impl LaneView {
-    /// The lane's figures now; `None` once the lane is gone.
-    pub fn figures(&self) -> Option<GpuDecodeFigures> {
-        let shared = self.shared.upgrade()?;
-        Some(figures_of(&shared))
-    }
-}
-
 /// A lane's figures from what it shares.
 fn figures_of(shared: &Shared) -> GpuDecodeFigures {
     let stats = &shared.stats;
@@ -321,7 +304,7 @@ fn figures_of(shared: &Shared) -> GpuDecodeFigures {
     }
 }
 
-/// The GPU decode lane of one loader (see the module docs of `gpu_decode`).
+/// The GPU decode lane of one loader (see the module docs of `decode`).
 pub struct GpuLane {
     shared: Arc<Shared>,
     tasks: Mutex<Option<Sender<LaneTask>>>,
@@ -451,7 +434,7 @@ impl GpuLane {
     }
 
     /// The GPU's share of step `step` of `epoch`, in sixteenths: `gpu` mode always 16; `auto`
-    /// the share of the point the step is in (`gpu_decode::split`): set from a resumed state,
+    /// the share of the point the step is in (`decode::split`): set from a resumed state,
     /// else decided when a step of the point is first asked for (the producer, as it starts
     /// the step, or the loader's state), from what the lanes did before, and then kept.
     pub fn split_at(&self, epoch: u64, step: u64) -> u8 {
@@ -510,14 +493,6 @@ impl GpuLane {
     /// The cap the lane keeps within.
     pub fn memory_cap(&self) -> usize {
         self.shared.memory.cap()
-    }
-
-    /// A handle that reads the lane's figures from any thread (the loader's monitor), without
-    /// keeping anything of the lane alive.
-    pub fn view(&self) -> LaneView {
-        LaneView {
-            shared: Arc::downgrade(&self.shared),
-        }
     }
 
     /// The lane's figures now.

@@ -133,7 +133,7 @@ pub fn current_device() -> Option<usize> {
 }
 
 /// The device whose primary context page-locks a pool's slots when it follows the process's
-/// use of the GPUs ([`crate::PinOptions::follow_thread`]): the one current on the thread taking
+/// use of the GPUs ([`crate::PinDevice::Follow`]): the one current on the thread taking
 /// the first batch, else `fallback` if its context is active, else the first active one, else
 /// `fallback`, so that no context is started on a device the process does not use while it
 /// uses another.

@@ -6,9 +6,9 @@ use std::sync::Arc;
 use cudarc::driver::result;
 
 use super::ALIGN;
-use crate::client::cuda::Cuda;
-use crate::client::gpu_decode::kernel::CropItem;
-use crate::client::gpu_decode::GpuDecodeError;
+use crate::cuda::Cuda;
+use crate::decode::kernel::CropItem;
+use crate::decode::GpuDecodeError;
 
 /// The least memory left for decoding (arenas and nvJPEG) once the rows in flight are set
 /// aside.

@@ -17,14 +17,12 @@ use stoker_pipeline::{AssembledBatch, Job};
 use super::{
     add_since, driver, DeviceRows, LaneItem, LaneMemory, LaneStats, LaneTask, Shared, ALIGN,
 };
-use crate::client::cuda::{describe, Cuda};
-use crate::client::gpu_decode::jpeg_scan::{accept, Decline, Placement};
-use crate::client::gpu_decode::kernel::{self, CropItem};
-use crate::client::gpu_decode::nvjpeg::{Decoder, Image};
-use crate::client::gpu_decode::GpuDecodeError;
-use crate::client::slots::Slot;
-use crate::client::source::Built;
-use crate::error::{Error, Result};
+use crate::cuda::{describe, Cuda};
+use crate::decode::jpeg_scan::{accept, Decline, Placement};
+use crate::decode::kernel::{self, CropItem};
+use crate::decode::nvjpeg::{Decoder, Image};
+use crate::decode::GpuDecodeError;
+use stoker_loader::{Built, Error, Result, Slot};
 
 /// Page-locked host memory per pipe for the encoded images of a sub-batch, per batch row, and
 /// its bounds: nvJPEG copies each image to the device itself, and a copy from pageable memory

@@ -6,7 +6,7 @@
 
 use stoker_pipeline::{read_header, DEFAULT_MAX_PIXELS};
 
-use crate::client::gpu_decode::{accept, documented_reading, scan, Decline, MAX_JPEG_SIDE};
+use crate::decode::{accept, documented_reading, scan, Decline, MAX_JPEG_SIDE};
 
 /// Arena places are aligned to this in the lane.
 const ALIGN: usize = 256;
@@ -76,7 +76,7 @@ mod tests {
     use stoker_datasets::fuzz_targets::committed_inputs;
 
     use super::*;
-    use crate::client::gpu_decode::hostile::hostile_set;
+    use crate::decode::hostile::hostile_set;
 
     /// Seeds over this size are left out of the committed corpus.
     const MAX_SEED: usize = 16 << 10;
