@@ -105,6 +105,27 @@ struct Fixture {
     stop: oneshot::Sender<()>,
 }
 
+impl Fixture {
+    /// The coordinator stopped and started again on its journal, on the same network (the
+    /// first run's service let go first, so the journal is free for the second).
+    async fn restarted(self) -> Result<Fixture, Box<dyn std::error::Error>> {
+        let Fixture {
+            network,
+            service,
+            state,
+            stop,
+        } = self;
+        drop(service);
+        let (service, stop) = restart(&network, state.path(), stop).await?;
+        Ok(Fixture {
+            network,
+            service,
+            state,
+            stop,
+        })
+    }
+}
+
 fn fixture(tokens: Vec<Token>) -> Result<Fixture, Box<dyn std::error::Error>> {
     let network = MemoryNetwork::new();
     let state = tempfile::tempdir()?;
@@ -167,19 +188,21 @@ async fn register_worker_at(
     Ok(registered.worker_id)
 }
 
+/// Registers the job of [`spec`] (weight 0); its id.
+async fn register_job(client: &mut CoordinatorClient<RpcChannel>) -> Result<u64, Status> {
+    let request = RegisterJobRequest {
+        spec: Some(spec()),
+        weight: 0,
+    };
+    Ok(client.register_job(request).await?.into_inner().job_id)
+}
+
 /// A job of [`spec`] and rank 0's session on it, with `credits` granted.
 async fn open(
     client: &mut CoordinatorClient<RpcChannel>,
     credits: u64,
 ) -> Result<(u64, SessionToken), Box<dyn std::error::Error>> {
-    let job = client
-        .register_job(RegisterJobRequest {
-            spec: Some(spec()),
-            weight: 0,
-        })
-        .await?
-        .into_inner()
-        .job_id;
+    let job = register_job(client).await?;
     let session = client
         .open_session(OpenSessionRequest {
             job_id: job,
@@ -449,14 +472,7 @@ async fn updates_on_the_session_stream_are_answered_in_turn_listing_workers_only
     let network = &fixture.network;
     let mut client = coordinator(network, None);
     let worker = register_worker(&mut client).await?;
-    let job = client
-        .register_job(RegisterJobRequest {
-            spec: Some(spec()),
-            weight: 0,
-        })
-        .await?
-        .into_inner()
-        .job_id;
+    let job = register_job(&mut client).await?;
     let opened = client
         .open_session(OpenSessionRequest {
             job_id: job,
@@ -807,12 +823,6 @@ async fn serve_promptly(
 async fn workers_and_clients_are_answered_while_the_journals_disk_is_stalled() -> TestResult {
     let stall = std::sync::Arc::new(Stall::default());
     let (fixture, mut client, worker, job, session) = with_a_session(&stall).await?;
-    let Fixture {
-        network,
-        service,
-        state,
-        stop,
-    } = fixture;
     let tasks = lease(&mut client, worker, 4).await?;
     report(&mut client, worker, &tasks).await?;
     stall.set(true);
@@ -828,13 +838,16 @@ async fn workers_and_clients_are_answered_while_the_journals_disk_is_stalled() -
     }
     assert!(stall.waiting() > 0, "the write stalled all along");
     assert_eq!(acknowledged, STEPS, "the epoch went on to its end");
-    assert_eq!(service.workers().len(), 1, "the worker was not lost");
+    assert_eq!(
+        fixture.service.workers().len(),
+        1,
+        "the worker was not lost"
+    );
     stall.set(false);
     // Stopped (the last positions written once the disk moves again) and restarted: nothing
     // acknowledged was lost.
-    drop(service);
-    let (_second, _stop) = restart(&network, state.path(), stop).await?;
-    let reopened = reopen_from_journal(&mut coordinator(&network, None), job).await?;
+    let fixture = fixture.restarted().await?;
+    let reopened = reopen_from_journal(&mut coordinator(&fixture.network, None), job).await?;
     assert_eq!(reopened.acknowledged_position, STEPS);
     Ok(())
 }
@@ -858,32 +871,19 @@ async fn register_other(
 async fn a_registration_waiting_on_the_journals_disk_holds_up_no_other_call() -> TestResult {
     let stall = std::sync::Arc::new(Stall::default());
     let (fixture, mut client, worker, job, session) = with_a_session(&stall).await?;
-    let Fixture {
-        network,
-        service,
-        state,
-        stop,
-    } = fixture;
     stall.set(true);
     // A new job's registration is durable before it is answered: it waits on the disk, and
     // a second rank's registration of the same job, asking for a weight, waits behind it.
-    let first = tokio::spawn(register_other(coordinator(&network, None), 2, 0));
+    let first = tokio::spawn(register_other(coordinator(&fixture.network, None), 2, 0));
     stall.a_write_waits()?;
-    let second = tokio::spawn(register_other(coordinator(&network, None), 2, 3));
+    let second = tokio::spawn(register_other(coordinator(&fixture.network, None), 2, 3));
     // For three lease timeouts the worker leases and reports, the client acknowledges and
     // grants, and the job registered before is registered again, each answered at once.
     let until = std::time::Instant::now() + LEASE_TIMEOUT * 3;
     let mut acknowledged = 0;
     while std::time::Instant::now() < until {
         acknowledged = serve_promptly(&mut client, worker, session).await?;
-        let again = promptly("a registration of a known job", async {
-            let request = RegisterJobRequest {
-                spec: Some(spec()),
-                weight: 0,
-            };
-            Ok(client.register_job(request).await?.into_inner().job_id)
-        })
-        .await?;
+        let again = promptly("a registration of a known job", register_job(&mut client)).await?;
         assert_eq!(again, job);
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
@@ -892,23 +892,31 @@ async fn a_registration_waiting_on_the_journals_disk_holds_up_no_other_call() ->
         !first.is_finished() && !second.is_finished(),
         "both wait on the disk"
     );
-    assert_eq!(service.workers().len(), 1, "the worker was not lost");
+    assert_eq!(
+        fixture.service.workers().len(),
+        1,
+        "the worker was not lost"
+    );
     stall.set(false);
     let other = first.await??;
     assert_eq!(second.await??, other, "one job for both ranks");
     assert_ne!(other, job);
-    let weight = service.locked_core().job_share(crate::JobId(other)).weight;
+    let weight = fixture
+        .service
+        .locked_core()
+        .job_share(crate::JobId(other))
+        .weight;
     assert_eq!(weight, 3, "the second rank's weight was given");
     // Both writes landed: a restarted coordinator knows the job and its weight.
-    drop(service);
-    let (second_run, _stop) = restart(&network, state.path(), stop).await?;
-    let weight = second_run
+    let fixture = fixture.restarted().await?;
+    let weight = fixture
+        .service
         .locked_core()
         .job_share(crate::JobId(other))
         .weight;
     assert_eq!(weight, 3, "the weight was journaled");
-    register_worker(&mut coordinator(&network, None)).await?;
-    let again = register_other(coordinator(&network, None), 2, 0).await?;
+    register_worker(&mut coordinator(&fixture.network, None)).await?;
+    let again = register_other(coordinator(&fixture.network, None), 2, 0).await?;
     assert_eq!(again, other, "the job was journaled");
     Ok(())
 }

@@ -20,8 +20,8 @@ mod client;
 mod digest;
 mod error;
 
-pub use client::decode_lane::{DecodeLane, LaneStep, StartDecodeLane};
-pub use client::embedded::{decode_panic, EmbeddedSource};
+pub use client::decode_lane::{DecodeLane, EmbeddedStep, StartDecodeLane};
+pub use client::embedded::{build_on_pool, decode_panic, EmbeddedSource};
 pub use client::landing;
 pub use client::loader::{Loader, LoaderOptions, PinOptions};
 pub use client::prefetch::{

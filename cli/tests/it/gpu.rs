@@ -13,8 +13,8 @@ use std::time::{Duration, Instant};
 
 use stoker_gpu::{DevicePinning, PinDevice};
 use stoker_loader::{
-    Built, DecodeLane, Error, GpuDecodeFigures, LaneStep, Loader, LoaderOptions, PinOptions,
-    StartDecodeLane, StepTask,
+    build_on_pool, DecodeLane, EmbeddedStep, Error, GpuDecodeFigures, Loader, LoaderOptions,
+    PinOptions, StartDecodeLane,
 };
 use stoker_pipeline::Job;
 
@@ -152,23 +152,10 @@ impl DecodeLane for CountingLane {
         }
     }
 
-    fn build(&self, pool: &rayon::ThreadPool, step: LaneStep, sixteenths: u8) {
+    fn build(&self, pool: &rayon::ThreadPool, step: EmbeddedStep, sixteenths: u8) {
         assert_eq!(sixteenths, 8, "only a step with a share comes to the lane");
         self.built.fetch_add(1, Ordering::Relaxed);
-        let StepTask {
-            context: job,
-            plan,
-            step,
-            slot,
-            reply,
-            ..
-        } = step;
-        let result = pool.install(|| job.batch_into(&plan, step, slot).map_err(Error::from));
-        let _ = reply.send(Built {
-            step,
-            service: Duration::ZERO,
-            result,
-        });
+        build_on_pool(pool, step);
     }
 
     fn note_delivered(&self, _epoch: u64, _step: u64, rows: usize, _interval: Duration) {

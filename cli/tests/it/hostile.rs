@@ -293,42 +293,30 @@ async fn out_of_order(
         .await
         .unwrap()
         .into_inner();
+    let unknown_lease = || ReportRequest {
+        worker_id: fake.worker_id,
+        completed: vec![0xdead_0000_0000],
+        ..ReportRequest::default()
+    };
+    let lease = |max_tasks, report| LeaseRequest {
+        worker_id: fake.worker_id,
+        max_tasks,
+        wait_ms: 0,
+        report,
+    };
     refused(
-        client
-            .report(ReportRequest {
-                worker_id: fake.worker_id,
-                completed: vec![0xdead_0000_0000],
-                ..ReportRequest::default()
-            })
-            .await,
+        client.report(unknown_lease()).await,
         Code::NotFound,
         "unknown lease 0xdead00000000",
     );
     // The same report carried by a lease call is refused the same way.
     refused(
-        client
-            .lease(LeaseRequest {
-                worker_id: fake.worker_id,
-                max_tasks: 1,
-                wait_ms: 0,
-                report: Some(ReportRequest {
-                    completed: vec![0xdead_0000_0000],
-                    ..ReportRequest::default()
-                }),
-            })
-            .await,
+        client.lease(lease(1, Some(unknown_lease()))).await,
         Code::NotFound,
         "unknown lease 0xdead00000000",
     );
     refused(
-        client
-            .lease(LeaseRequest {
-                worker_id: fake.worker_id,
-                max_tasks: 0,
-                wait_ms: 0,
-                report: None,
-            })
-            .await,
+        client.lease(lease(0, None)).await,
         Code::InvalidArgument,
         "max_tasks",
     );

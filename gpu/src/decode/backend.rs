@@ -7,7 +7,9 @@ use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 
 use stoker_dashboard::GpuDecodeFigures;
-use stoker_loader::{decode_panic, Built, DecodeLane, Error, LaneStep, StartDecodeLane, StepTask};
+use stoker_loader::{
+    decode_panic, Built, DecodeLane, EmbeddedStep, Error, StartDecodeLane, StepTask,
+};
 use stoker_pipeline::Job;
 
 use super::{DecodeMode, GpuDecodeOptions, GpuLane, LaneTask};
@@ -67,7 +69,7 @@ impl DecodeLane for GpuLane {
         GpuLane::split_at(self, epoch, step)
     }
 
-    fn build(&self, pool: &rayon::ThreadPool, step: LaneStep, sixteenths: u8) {
+    fn build(&self, pool: &rayon::ThreadPool, step: EmbeddedStep, sixteenths: u8) {
         build_with_lane(pool, self, step, sixteenths);
     }
 
@@ -90,7 +92,12 @@ impl DecodeLane for GpuLane {
 
 /// Builds a step's CPU rows on the pool, offering `gpu_sixteenths` of its rows to the lane,
 /// then hands the rest to the lane (or sends the batch when the lane took nothing).
-fn build_with_lane(pool: &rayon::ThreadPool, lane: &GpuLane, task: LaneStep, gpu_sixteenths: u8) {
+fn build_with_lane(
+    pool: &rayon::ThreadPool,
+    lane: &GpuLane,
+    task: EmbeddedStep,
+    gpu_sixteenths: u8,
+) {
     let StepTask {
         context: job,
         plan,

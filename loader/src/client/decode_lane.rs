@@ -13,8 +13,9 @@ use stoker_pipeline::Job;
 use super::source::StepTask;
 use crate::error::Result;
 
-/// One embedded step, as the decode pool's producer hands it to a lane.
-pub type LaneStep = StepTask<Arc<Job>>;
+/// One step of an embedded job, as the decode pool's producer takes it from its queue (and
+/// hands it to a lane).
+pub type EmbeddedStep = StepTask<Arc<Job>>;
 
 /// A decoder beside the embedded decode threads. A batch's bits depend only on the share of
 /// its rows the lane was offered ([`DecodeLane::split_at`]), never on timing.
@@ -26,7 +27,7 @@ pub trait DecodeLane: Send + Sync {
 
     /// Builds `step` on `pool` with `sixteenths` of its rows offered to the lane, and sends
     /// the batch to the step's reply channel (the lane's work may finish after this returns).
-    fn build(&self, pool: &rayon::ThreadPool, step: LaneStep, sixteenths: u8);
+    fn build(&self, pool: &rayon::ThreadPool, step: EmbeddedStep, sixteenths: u8);
 
     /// Step `step` of `epoch`, `rows` rows, went to the training loop `interval` after the
     /// batch before it.

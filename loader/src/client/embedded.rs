@@ -18,7 +18,7 @@ use crossbeam_channel::{Receiver, Sender};
 use stoker_pipeline::Job;
 use stoker_proto::v1::JobSpec;
 
-use super::decode_lane::DecodeLane;
+use super::decode_lane::{DecodeLane, EmbeddedStep};
 use super::source::{
     BatchSource, Built, EpochFeed, IdleClock, QueueFeed, SourceInfo, StepContext, StepTask,
     TaskQueue,
@@ -28,9 +28,6 @@ use stoker_dashboard::LoaderMonitor;
 
 /// Reads in progress a timeout's message names at most.
 const READS_NAMED: usize = 8;
-
-/// One step for the producer thread to build.
-type Task = StepTask<Arc<Job>>;
 
 impl StepContext for Arc<Job> {
     fn batch_bytes(&self, samples: usize) -> usize {
@@ -43,7 +40,7 @@ impl StepContext for Arc<Job> {
 pub struct EmbeddedSource {
     job: Arc<Job>,
     info: SourceInfo,
-    tasks: Sender<Task>,
+    tasks: Sender<EmbeddedStep>,
     idle: IdleClock,
     /// The lane, held by this source and those made [`BatchSource::beside`] it.
     lane: Option<Arc<LaneHold>>,
@@ -192,7 +189,7 @@ impl BatchSource for EmbeddedSource {
 /// sent on by the lane, so the threads start the next step while the lane works.
 fn produce(
     pool: rayon::ThreadPool,
-    queue: Receiver<Task>,
+    queue: Receiver<EmbeddedStep>,
     idle: IdleClock,
     lane: Option<Arc<dyn DecodeLane>>,
 ) {
@@ -207,13 +204,13 @@ fn produce(
             continue;
         }
         let Some(lane) = &lane else {
-            build(&pool, task);
+            build_on_pool(&pool, task);
             continue;
         };
         // The split is looked up as the step is built (decided here for a new point), so
         // `auto` decides from what the batches handed out just before took.
         match lane.split_at(task.plan.epoch(), task.step) {
-            0 => build(&pool, task),
+            0 => build_on_pool(&pool, task),
             sixteenths => lane.build(&pool, task, sixteenths),
         }
     }
@@ -227,8 +224,9 @@ pub fn decode_panic(step: u64, panic: Box<dyn std::any::Any + Send>) -> Error {
     ))
 }
 
-/// Builds a step on the pool alone and sends it.
-fn build(pool: &rayon::ThreadPool, task: Task) {
+/// Builds a step on the pool alone and sends it: the producer's way without a lane's share,
+/// and a lane's for a step it leaves whole to the decode threads.
+pub fn build_on_pool(pool: &rayon::ThreadPool, task: EmbeddedStep) {
     let StepTask {
         context: job,
         plan,
