@@ -11,6 +11,7 @@ use pyo3::exceptions::{PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyTuple};
 use stoker_gpu::{DecodeMode, GpuDecodeOptions, StartGpuLane};
+use stoker_loader::LaneRows;
 
 /// The rows of one batch that the GPU lane decoded: `shape` uint8 (rows, height, width, 3) on
 /// CUDA device `device`, row `k` being the batch's row `positions[k]`. Make a stream wait for
@@ -18,15 +19,13 @@ use stoker_gpu::{DecodeMode, GpuDecodeOptions, StartGpuLane};
 /// they stay valid while this object, the batch's slot, or such a fence holds them.
 #[pyclass(module = "stoker._native", frozen)]
 pub struct DeviceRows {
-    rows: Arc<stoker_gpu::DeviceRows>,
+    rows: Arc<dyn LaneRows>,
 }
 
 impl DeviceRows {
-    /// The lane's rows attached to the slot holding `ptr`, if any.
+    /// The lane's rows kept with the slot holding `ptr`, if any.
     pub fn of_slot(slots: &stoker_loader::SlotPool, ptr: *const u8) -> Option<DeviceRows> {
-        let attachment = slots.attachment(ptr)?;
-        let rows = attachment.downcast::<stoker_gpu::DeviceRows>().ok()?;
-        Some(DeviceRows { rows })
+        slots.attachment(ptr).map(|rows| DeviceRows { rows })
     }
 }
 
@@ -56,7 +55,7 @@ impl DeviceRows {
     fn wait(&self, stream: usize) -> PyResult<()> {
         // SAFETY: the caller passes a live stream of the device's primary context (torch's
         // streams are), as documented.
-        unsafe { self.rows.wait_on(stream) }.map_err(|e| PyRuntimeError::new_err(e.to_string()))
+        unsafe { self.rows.wait_on(stream) }.map_err(PyRuntimeError::new_err)
     }
 
     /// Keeps the rows' buffer from the lane until the work queued on CUDA stream `stream` so
@@ -64,7 +63,7 @@ impl DeviceRows {
     fn keep_until(&self, stream: usize) -> PyResult<()> {
         // SAFETY: the caller passes a live stream of the device's primary context, as
         // documented.
-        unsafe { self.rows.keep_until(stream) }.map_err(|e| PyRuntimeError::new_err(e.to_string()))
+        unsafe { Arc::clone(&self.rows).keep_until(stream) }.map_err(PyRuntimeError::new_err)
     }
 
     /// The CUDA array interface (version 3): no stream is named, so no consumer stream is

@@ -10,6 +10,7 @@ mod image_pipeline;
 mod mix_order;
 mod native_loader;
 mod ops;
+mod settings;
 mod spec;
 
 use std::path::PathBuf;
@@ -147,6 +148,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<Buffer>()?;
     m.add_class::<gpu_decode::DeviceRows>()?;
     m.add("DEFAULT_GPU_MEMORY", stoker_gpu::DEFAULT_GPU_MEMORY)?;
+    m.add("SETTINGS_FIELDS", settings::fields(m.py())?)?;
     m.add_function(wrap_pyfunction!(gpu_decode::gpu_decode_unavailable, m)?)?;
     m.add_function(wrap_pyfunction!(gpu_decode::compile_gpu_kernel, m)?)?;
     m.add_class::<image_pipeline::ImagePipeline>()?;

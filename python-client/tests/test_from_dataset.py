@@ -405,10 +405,10 @@ def test_a_killed_worker_process_is_replaced_and_its_batch_built_again(
                     batches.append((epoch, list(it.sample_indices), features.ravel().tolist()))
                     if kill and epoch == 0 and taken == 0:
                         # Mid-batch, as the OOM killer would.
-                        os.kill(loader._builder._workers[1].process.pid, signal.SIGKILL)
+                        os.kill(loader._side.builder._workers[1].process.pid, signal.SIGKILL)
                 if kill and epoch == 0:
                     # Between epochs: whatever it was doing, the next epoch still comes whole.
-                    os.kill(loader._builder._workers[0].process.pid, signal.SIGKILL)
+                    os.kill(loader._side.builder._workers[0].process.pid, signal.SIGKILL)
             return batches
 
     # Every batch comes, once, with the bytes of a run where nothing died.
@@ -503,13 +503,13 @@ loader = stoker.Loader.from_dataset(Squares(), batch_size=4, num_workers=2, outp
                                     multiprocessing_context="fork", timeout=30)
 it = iter(loader)
 next(it)
-processes = [w.process for w in loader._builder._workers]
+processes = [w.process for w in loader._side.builder._workers]
 child = os.fork()
 if child == 0:
     sys.exit(0)  # exits normally: the exit handlers run, multiprocessing's among them
 os.waitpid(child, 0)
 rest = sum(1 for _ in it)
-same = [w.process for w in loader._builder._workers] == processes
+same = [w.process for w in loader._side.builder._workers] == processes
 print("alive", all(p.is_alive() for p in processes), "same", same, "rest", rest)
 loader.close()
 """
@@ -546,7 +546,7 @@ if __name__ == "__main__":
                                         timeout=3600)
     it = iter(loader)
     next(it)
-    print(" ".join(str(w.process.pid) for w in loader._builder._workers), flush=True)
+    print(" ".join(str(w.process.pid) for w in loader._side.builder._workers), flush=True)
     next(it)  # waits on a hung sample until killed
 """
 
@@ -602,7 +602,7 @@ def _running(pid: int) -> bool:
 
 def test_close_stops_the_worker_processes() -> None:
     loader = stoker.Loader.from_dataset(Squares(20), batch_size=4, num_workers=2, output="numpy")
-    processes = [w.process for w in loader._builder._workers]
+    processes = [w.process for w in loader._side.builder._workers]
     next(iter(loader))
     loader.close()
     assert all(not p.is_alive() for p in processes)
@@ -680,7 +680,7 @@ def test_a_timeout_names_the_batch_a_lane_is_stuck_on_and_its_python_line(
     finally:
         release.touch()
         loader.close()
-    stacks = getattr(loader._builder, "_dumps", None)  # process mode: the workers' stack files
+    stacks = getattr(loader._side.builder, "_dumps", None)  # process mode: the workers' stack files
     assert stacks is None or not Path(stacks).exists()
 
 
@@ -750,7 +750,7 @@ def test_close_with_busy_worker_processes_waits_one_grace_period_for_all() -> No
     loader = stoker.Loader.from_dataset(
         SlowBatches(64), batch_size=4, num_workers=3, prefetch=3, output="numpy", timeout=60
     )
-    processes = [w.process for w in loader._builder._workers]
+    processes = [w.process for w in loader._side.builder._workers]
     iter(loader)  # the three workers start on their first batches
     time.sleep(1.5)
     started = time.monotonic()
@@ -770,7 +770,7 @@ def test_a_close_interrupted_in_its_grace_period_still_stops_every_worker(
     loader = stoker.Loader.from_dataset(
         SlowBatches(64), batch_size=4, num_workers=2, prefetch=2, output="numpy", timeout=60
     )
-    processes = [w.process for w in loader._builder._workers]
+    processes = [w.process for w in loader._side.builder._workers]
     iter(loader)  # both workers start on their first batches (16 s each)
     time.sleep(1.5)
 
@@ -846,7 +846,7 @@ def test_close_leaves_a_workers_pipe_to_the_lane_in_an_exchange_with_it(
     loader = stoker.Loader.from_dataset(
         SlowBatches(64), batch_size=4, num_workers=2, prefetch=2, output="numpy", timeout=60
     )
-    workers.extend(loader._builder._workers)
+    workers.extend(loader._side.builder._workers)
     for worker in workers:
         worker.lock = WatchedLock()
     processes = [w.process for w in workers]

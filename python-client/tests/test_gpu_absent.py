@@ -333,10 +333,11 @@ def test_slots_the_driver_refuses_at_the_first_batch_warn_once_and_pin_nothing(
 
     loader._native = Refusing()  # type: ignore[assignment]
     loader._finish_init()
-    assert loader._pin_unsettled and loader._pin_small == (output == "torch")
+    made = loader._batches
+    assert made._pin_unsettled and made._pin_small == (output == "torch")
     with pytest.warns(UserWarning, match="cannot be page-locked: CUDA driver call") as caught:
         got = epoch_batches(loader)
     unpinned = [w for w in caught if "page-locked" in str(w.message)]
     assert len(unpinned) == 1 and len(got) > 1
-    assert not loader._pin_small and not loader._pin_unsettled
+    assert not made._pin_small and not made._pin_unsettled
     loader.close()

@@ -17,14 +17,22 @@ from typing import TYPE_CHECKING, Any, Final, ParamSpec, TypeVar
 import numpy as np
 
 from stoker.errors import LoaderTimeoutError, StokerError
-from stoker.gpu import GpuIdleMeter
+from stoker.gpu import GpuIdleMeter, warn_unpinned
 
 if TYPE_CHECKING:
     from stoker._native import BadSample, NativeBatch, NativeLoader
     from stoker._resume import Position
     from stoker.gpu import DeviceStage
 
-__all__ = ["BadSampleLog", "BatchFeed", "BatchIterator", "Taken", "host_batch", "weakly"]
+__all__ = [
+    "BadSampleLog",
+    "BatchFeed",
+    "BatchIterator",
+    "BatchMaker",
+    "Taken",
+    "host_batch",
+    "weakly",
+]
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -105,6 +113,55 @@ def weakly(function: Callable[P, R]) -> Callable[P, R]:
         return result
 
     return call
+
+
+class BatchMaker:
+    """What a batch from the native loader becomes in Python: on the device, what ``stage``
+    made of it; on the host, its tensors viewing the slot (:func:`host_batch`), or a Python
+    dataset's batch as ``rebuild`` makes it. With page-locked slots, torch tensors outside them
+    are pinned by a copy once the driver context that locks the slots is known to open (with
+    the first batch); where it does not, one warning (as where no driver is there), and they are
+    not. Logs the samples each batch replaced. ``handle`` is held :func:`weakly`."""
+
+    def __init__(
+        self,
+        handle: Callable[[], NativeLoader],
+        torch: Any,
+        stage: DeviceStage | None,
+        rebuild: Callable[[NativeBatch, Any], Any] | None = None,
+    ) -> None:
+        stats = handle().stats()
+        self._handle = weakly(handle)
+        self._torch = torch
+        self._stage = stage
+        self._rebuild = rebuild
+        self._pin_small = bool(stats["pinned"]) and torch is not None
+        self._pin_unsettled = bool(stats["pinned"]) and stats["pinned_device"] is None
+        self._bad_log = BadSampleLog()
+
+    def make(self, item: NativeBatch) -> Taken:
+        """The batch ``item`` holds, with its step, indices and replaced samples."""
+        batch: Any
+        if self._stage is not None:
+            # The tensors on the device and the event that says they are ready.
+            batch = self._stage.stage(item.tensors, item.device_rows)
+        else:
+            if self._pin_unsettled:
+                self._settle_pinning()
+            if self._rebuild is not None:
+                batch = self._rebuild(item, self._torch)
+            else:
+                batch = host_batch(item.tensors, self._torch, self._pin_small)
+        self._bad_log.note(item.bad_samples)
+        return item.step, batch, list(item.sample_indices), list(item.bad_samples)
+
+    def _settle_pinning(self) -> None:
+        stats = self._handle().stats()
+        if stats["pinned_device"] is not None:
+            self._pin_unsettled = False
+        elif stats["pin_error"] is not None:
+            self._pin_unsettled = self._pin_small = False
+            warn_unpinned(stats["pin_error"])
 
 
 class BatchFeed:

@@ -22,32 +22,22 @@ from __future__ import annotations
 import atexit
 import os
 import weakref
-from collections.abc import Callable
-from typing import Any, Literal
+from collections.abc import Callable, Iterable
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any, Literal, Protocol, Self, runtime_checkable
 
 import numpy as np
 
 from stoker import _native
 from stoker._arguments import (
-    MAX_U32,
-    MAX_U64,
-    check_bool,
     check_int,
     check_on_error,
-    check_prefetch,
-    check_seconds,
-    dashboard_address,
-    dashboard_credential_path,
     default_threads,
     import_torch,
     is_int,
     resolve_output,
-    resolve_rank,
 )
-from stoker._dataset_entry import register_dataset_builder
 from stoker._dataset_workers import ProcessBuilder, start_context
-from stoker._fork import ForkGuard
-from stoker._loader import Loader
 from stoker._placement import Placement
 from stoker._samples import (
     NO_LAYOUT,
@@ -60,143 +50,87 @@ from stoker._samples import (
     sample_rng,
     sample_seed,
 )
+from stoker._settings import DatasetSettings, LoaderSettings, checked_settings
 from stoker.errors import DatasetError
-from stoker.ops import check_pipeline
+from stoker.ops import Op, check_pipeline
 
-__all__ = ["from_dataset", "loading_epoch", "sample_rng", "sample_seed"]
+if TYPE_CHECKING:
+    from stoker._native import NativeBatch, NativeLoader
+
+__all__ = [
+    "DatasetSide",
+    "FromDataset",
+    "SavedWithStates",
+    "loading_epoch",
+    "sample_rng",
+    "sample_seed",
+]
 
 
-def from_dataset(
-    dataset: Any,
-    *,
-    batch_size: int,
-    shuffle: bool,
-    seed: int,
-    drop_last: bool,
-    transform: Callable[[Any], Any] | None,
-    collate_fn: Callable[[list[Any]], Any] | None,
-    num_threads: int | None,
-    num_workers: int,
-    multiprocessing_context: Literal["forkserver", "spawn", "fork"] | None,
-    rank: int | None,
-    world_size: int | None,
-    prefetch: int | Literal["auto"],
-    output: Literal["torch", "numpy"] | None,
-    on_error: Literal["skip", "fail"],
-    timeout: float,
-    max_held_batches: int,
-    dashboard: int | str | None,
-    dashboard_token_file: str | os.PathLike[str] | None = None,
-    pipeline: Any = None,
-    pin_memory: bool = False,
-    pinned_memory_budget: int | None = None,
-) -> Any:
-    """Builds the :class:`DatasetLoader` that ``Loader.from_dataset`` returns."""
+@runtime_checkable
+class SavedWithStates(Protocol):
+    """A dataset whose loader's states save more than the loader's own settings: a mix of
+    Python datasets (``stoker.mix``) saves its fingerprint, which a resume compares."""
 
-    if not hasattr(dataset, "__getitem__") or not hasattr(dataset, "__len__"):
-        raise TypeError(
-            "from_dataset needs a map-style dataset (with __getitem__ and __len__), got "
-            f"{type(dataset).__name__}"
-        )
-    length = len(dataset)
-    if not is_int(length) or length < 1:
-        raise DatasetError(f"the dataset has {length!r} samples; from_dataset needs at least one")
-    for name, value in (("transform", transform), ("collate_fn", collate_fn)):
-        if value is not None and not callable(value):
-            raise TypeError(f"{name} must be callable or None, got {type(value).__name__}")
-    batch_size = check_int(batch_size, "batch_size", 1, MAX_U32)
-    shuffle = check_bool(shuffle, "shuffle")
-    seed = check_int(seed, "seed", 0, MAX_U64)
-    drop_last = check_bool(drop_last, "drop_last")
-    workers = check_int(num_workers, "num_workers", 0, 1024)
-    if workers and num_threads is not None:
-        raise ValueError(
-            "give num_threads (threads in this process) or num_workers (worker processes), "
-            "not both"
-        )
-    if workers:
-        context = start_context(multiprocessing_context, dataset)
-        lanes, rule = workers, "num_workers"
-        waiting_on = f"on {workers} dataset worker processes"
-    else:
-        if multiprocessing_context is not None:
-            raise ValueError("multiprocessing_context applies to num_workers >= 1 only")
-        if num_threads is None:
-            lanes, rule = default_threads()
+    def saved_with_states(self) -> dict[str, Any]:
+        """The entries the loader's ``state_dict()`` adds."""
+        ...
+
+
+class DatasetSide:
+    """A Python dataset's part of a :class:`stoker.Loader` made by ``Loader.from_dataset``:
+    the threads or worker processes that load its batches (``builder``), the layout a batch
+    is rebuilt in (or ``collate_fn``), the name the loader shows, and what its states save
+    besides the loader's settings."""
+
+    def __init__(
+        self,
+        builder: Any,
+        layout: Layout,
+        collate_fn: Callable[[list[Any]], Any] | None,
+        name: str,
+        saved: dict[str, Any],
+    ) -> None:
+        self.builder = builder
+        self.layout = layout
+        self.collate_fn = collate_fn
+        self.name = name
+        self.saved = saved
+
+    def batch(self, item: NativeBatch, torch: Any) -> Any:
+        """The batch ``item`` holds, in the samples' structure (each leaf stacked to
+        ``(n, *shape)``, a view of the slot), or ``collate_fn`` of its samples."""
+        tensors, indices = item.tensors, item.sample_indices
+        n = len(indices)
+        leaves = []
+        for (_, _, _, data), field in zip(tensors, self.layout.fields, strict=False):
+            array = np.frombuffer(
+                memoryview(data), dtype=field.dtype,
+                count=n * field.nbytes // field.dtype.itemsize,
+            ).reshape((n, *field.shape))
+            leaves.append(torch.from_numpy(array) if torch is not None else array)
+        if self.collate_fn is not None:
+            samples = [rebuild(self.layout.template, [leaf[i] for leaf in leaves])
+                       for i in range(n)]
+            batch = self.collate_fn(samples)
         else:
-            lanes, rule = check_int(num_threads, "num_threads", 1, 4096), "num_threads"
-        waiting_on = f"on {lanes} dataset threads"
-    prefetch_count = check_prefetch(prefetch)
-    error_policy = check_on_error(on_error)
-    seconds = check_seconds(timeout, "timeout")
-    max_held = check_int(max_held_batches, "max_held_batches", 1, 4096)
-    output_kind = resolve_output(output)
-    rank_, world = resolve_rank(rank, world_size)
-    pinning = Placement.check(pin_memory=pin_memory, pinned_memory_budget=pinned_memory_budget)
-    torch = import_torch("output='torch'") if output_kind == "torch" else None
-    pinning = pinning.resolve(torch)
+            batch = rebuild(self.layout.template, leaves)
+        return batch
 
-    image = None
-    if pipeline is not None:
-        image = _native.ImagePipeline([op.to_dict() for op in check_pipeline(pipeline)])
-    # The first sample fixes the layout: read here in thread mode, by a worker in process mode
-    # (so that this process never runs the dataset's code, nor starts what it starts).
-    state = State(
-        dataset, transform, NO_LAYOUT, seed, error_policy, length, bool(workers), image
-    )
-    builder: Any
-    if workers:
-        builder = ProcessBuilder(state, workers, context)
-        try:
-            layout = builder.probe(seconds)
-        except BaseException:
-            builder.close()
-            raise
-    else:
-        layout = probe(state)
-        state.layout = layout
-        builder = ThreadBuilder(state)
-    try:
-        native = _native.NativeLoader.from_dataset(
-            builder,
-            length,
-            [f.nbytes for f in layout.fields],
-            lanes,
-            waiting_on,
-            batch_size,
-            shuffle,
-            seed,
-            drop_last,
-            rank_,
-            world,
-            prefetch_count,
-            seconds,
-            max_held,
-            dashboard=dashboard_address(dashboard),
-            dashboard_token_file=dashboard_credential_path(dashboard, dashboard_token_file),
-            job_name=type(dataset).__name__,
-            shared_slots=bool(workers),
-            **pinning.pinning_arguments(torch),
-        )
-    except BaseException:
-        builder.close()
-        raise
-    try:
-        return DatasetLoader._make(
-            native, builder, layout, collate_fn, output_kind,
-            batch_size=batch_size, shuffle=shuffle, seed=seed, drop_last=drop_last, rank=rank_,
-            world_size=world, timeout=seconds, max_held_batches=max_held, thread_rule=rule,
-            name=type(dataset).__name__,
-        )
-    except BaseException:  # its workers, threads and port go now, not with the traceback
-        builder.close()
-        native.close()
-        raise
+    def loading_now(self) -> str:
+        """What the lanes are loading now, for a timeout's message."""
+        return str(self.builder.loading_now())
+
+    def close(self) -> None:
+        """Stops the worker processes and threads (a lane waiting on a worker returns at
+        once). Idempotent."""
+        self.builder.close()
 
 
-# Dataset loaders not closed yet: closed at exit, before the interpreter tears down, so no
-# worker process outlives it and no thread of theirs calls into a dying interpreter.
-_OPEN: weakref.WeakSet[DatasetLoader] = weakref.WeakSet()
+# The loaders over Python datasets, closed at exit (a no-op for one closed before), before the
+# interpreter tears down, so no worker process outlives it and no thread of theirs calls into
+# a dying interpreter.
+_OPEN: weakref.WeakSet[Any] = weakref.WeakSet()
 
 
 @atexit.register
@@ -205,111 +139,206 @@ def _close_at_exit() -> None:
         loader.close()
 
 
-class DatasetLoader(Loader):
-    """A :class:`stoker.Loader` over a Python dataset (see :meth:`Loader.from_dataset`).
-
-    Iteration, ``len``, ``set_epoch``, ``state_dict``/``load_state_dict``, ``stats`` and
-    the dashboard behave as for a native source; batches have the samples' structure.
-    """
-
-    _builder: Any
-    _layout: Layout
-    _collate_fn: Callable[[list[Any]], Any] | None
-    # The mix of Python datasets this loader reads (stoker.mix), saved with its states.
-    _mix_fingerprint: dict[str, Any] | None = None
+class FromDataset:
+    """Gives :class:`stoker.Loader` its second constructor, ``from_dataset``, over the same
+    settings (:class:`stoker._settings.LoaderSettings`) as the first; the loader finishes it
+    (``_over_dataset``)."""
 
     @classmethod
-    def _make(cls, native: Any, builder: Any, layout: Layout,
-              collate_fn: Any, output: str, **settings: Any) -> DatasetLoader:
-        self = cls.__new__(cls)
-        self._native = native
-        self._fork = ForkGuard()
-        self._closed = False  # set after _fork, which __del__ reads once this is set
-        self._builder = builder
-        self._layout = layout
-        self._collate_fn = collate_fn
-        self._batch_size = settings["batch_size"]
-        self._shuffle = settings["shuffle"]
-        self._seed = settings["seed"]
-        self._drop_last = settings["drop_last"]
-        self._shuffle_window = 0  # a Python dataset has no shards to shuffle by window
-        self._rank = settings["rank"]
-        self._world_size = settings["world_size"]
-        self._timeout = settings["timeout"]
-        self._max_held_batches = settings["max_held_batches"]
-        self._thread_rule = settings["thread_rule"]
-        self._source = settings["name"]
-        self._ops = []
-        self._output = output
-        self._torch = import_torch("output='torch'") if output == "torch" else None
-        self._finish_init()
-        _OPEN.add(self)
-        return self
+    def from_dataset(
+        cls,
+        dataset: Any,
+        *,
+        batch_size: int = 1,
+        shuffle: bool = False,
+        seed: int = 0,
+        drop_last: bool = False,
+        transform: Any = None,
+        collate_fn: Any = None,
+        num_threads: int | None = None,
+        num_workers: int = 0,
+        multiprocessing_context: Literal["forkserver", "spawn", "fork"] | None = None,
+        rank: int | None = None,
+        world_size: int | None = None,
+        prefetch: int | Literal["auto"] = "auto",
+        output: Literal["torch", "numpy"] | None = None,
+        on_error: Literal["skip", "fail"] = "fail",
+        timeout: float = 600.0,
+        max_held_batches: int = 4,
+        dashboard: int | str | None = None,
+        dashboard_token_file: str | os.PathLike[str] | None = None,
+        pipeline: Iterable[Op] | None = None,
+        pin_memory: bool = False,
+        pinned_memory_budget: int | None = None,
+    ) -> Self:
+        """A loader over a map-style dataset (``__getitem__`` and ``__len__``, such as a
+        ``torch.utils.data.Dataset``), run under Stoker's planner.
 
-    def __del__(self) -> None:
-        # Closing here lets go of the interpreter while the threads finish; a drop of the native
-        # loader by the collector would wait for them holding it.
-        if not getattr(self, "_closed", True) and not self._fork.forked:
-            self.close()
+        The order is the native loader's for a source of ``len(dataset)`` samples with the same
+        ``seed``, ``shuffle``, ``rank`` and ``world_size``: each index once per epoch, the same
+        whatever ``num_threads`` or ``num_workers``; ``set_epoch``, ``state_dict`` and
+        ``load_state_dict`` (also on another world size), ``stats()`` and ``dashboard=`` work
+        as on a native source. Defaults follow DataLoader (``batch_size=1``,
+        ``shuffle=False``).
 
-    def close(self) -> None:
-        """Stops the worker processes and threads. Idempotent; batches already yielded
-        stay valid."""
-        if self._closed:
-            return
-        try:
-            if self._native is not None and not self._fork.forked:
-                self._native.interrupt()  # a next() waiting in another thread ends now
-            builder = getattr(self, "_builder", None)
-            if builder is not None and not self._fork.forked:
-                builder.close()  # a lane waiting on a worker then returns at once
-        finally:
-            # Also when interrupted (Ctrl-C in the workers' grace period): the threads stop.
-            super().close()
-            _OPEN.discard(self)
+        ``transform``, when given, is called on each sample as ``dataset[index]`` returns it,
+        where that sample is loaded (a loader thread or a worker process), before it is
+        batched; its result is the sample.
 
-    def state_dict(self) -> dict[str, Any]:
-        """As :meth:`stoker.Loader.state_dict`; for a mix of Python datasets also the mix
-        (each dataset's length and weight, the window, the rule, the shuffle), which
-        :meth:`load_state_dict` compares."""
-        state = super().state_dict()
-        if self._mix_fingerprint is not None:
-            state["mix"] = self._mix_fingerprint
-        return state
+        Samples: ``dataset[0]`` is read once here to learn the layout; every sample must
+        have its structure (a value, or tuples, lists and dicts of them) and, for each
+        numpy array, torch tensor, PIL image or number in it, the same dtype and shape. A
+        batch has that structure with each value stacked to ``(batch, *shape)`` (numbers
+        become int64, float64 or bool arrays), like DataLoader's default collation; with
+        ``collate_fn``, the batch is ``collate_fn(samples)`` over the batch's samples,
+        called in the training loop's thread.
 
-    def __repr__(self) -> str:
-        position = self._position
-        state = "closed" if self._closed else f"epoch={position.epoch}, step={position.step}"
-        return (
-            f"DatasetLoader({self._source}, batch_size={self._batch_size}, "
-            f"rank={self._rank}, world_size={self._world_size}, {state})"
+        Two ways to run the dataset's code:
+
+        - ``num_workers=0`` (default): ``num_threads`` threads of this process (default: as
+          :class:`Loader`) each load whole batches. Fast when the code releases the GIL
+          (PIL decoding and resizing, numpy); pure-Python code runs one thread at a time.
+        - ``num_workers=N``: N worker processes (``multiprocessing_context``: ``"fork"``,
+          the default on Linux as for DataLoader (inherited; fastest to start and leanest;
+          started before any of the loader's own threads, see the package README for the
+          caveat of forking a process with threads), ``"forkserver"`` (the default elsewhere
+          where available) or ``"spawn"`` (the dataset pickled once to each; a dataset class
+          defined in a script read from stdin cannot be loaded there and is refused by
+          name)). A worker loads a whole batch straight into its batch slot: the slots are
+          one shared mapping (``memfd``, not ``/dev/shm``), so there are no pickled batches,
+          no copy after the worker's, and memory stays bounded by the slots. A worker that
+          cannot load the dataset (its module failing to import there, say) raises
+          :class:`~stoker.DatasetError` with the end of its traceback.
+
+        Determinism: :func:`stoker.sample_rng` (a numpy generator) and
+        :func:`stoker.sample_seed` give the code a seed of (seed, epoch, index), the same for
+        any thread or process count. Code drawing from the global RNGs (``random``,
+        ``numpy.random``, ``torch``; torchvision's v2 transforms do) is deterministic only
+        with worker processes, where each sample starts with those three seeded from
+        :func:`stoker.sample_seed`; threads share the global RNGs, so draws there depend on
+        timing: use ``sample_rng()`` or a ``torch.Generator`` seeded from ``sample_seed()``.
+
+        Native ops after Python: with ``pipeline=[stoker.ops.DecodeImage(), ...]`` (or
+        ``stoker.vision.imagenet_train(224)``), a ``bytes`` value in the sample (an encoded
+        image the dataset read) is decoded and augmented by Stoker's pipeline into that field
+        (its output shape and dtype), with the GIL released and the native per-sample random
+        stream: the same bytes at the same (seed, epoch, index) give the same pixels as a
+        native source. Without ``pipeline``, ``bytes`` in a sample is refused.
+
+        Errors in the dataset's code follow ``on_error``: ``"fail"`` (default, as DataLoader)
+        raises :class:`~stoker.DecodeError` naming the index, the exception and its traceback;
+        ``"skip"`` replaces the sample by the next one that loads (as native sources do),
+        logged and listed in the iterator's ``bad_samples``.
+
+        ``pin_memory`` and ``pinned_memory_budget`` are :class:`Loader`'s: the slots (with
+        worker processes, the shared mapping they write into) are page-locked once, so the
+        batch's tensors report ``is_pinned()``.
+
+        Raises:
+            TypeError: ``dataset`` is not map-style, or a sample holds a value that cannot be
+                batched (the message names where in the sample).
+            ValueError: an argument is out of range.
+            stoker.DatasetError: the dataset is empty, or ``dataset[0]`` raised.
+        """
+        if not hasattr(dataset, "__getitem__") or not hasattr(dataset, "__len__"):
+            raise TypeError(
+                "from_dataset needs a map-style dataset (with __getitem__ and __len__), got "
+                f"{type(dataset).__name__}"
+            )
+        length = len(dataset)
+        if not is_int(length) or length < 1:
+            raise DatasetError(
+                f"the dataset has {length!r} samples; from_dataset needs at least one"
+            )
+        saved = dataset.saved_with_states() if isinstance(dataset, SavedWithStates) else {}
+        for name, value in (("transform", transform), ("collate_fn", collate_fn)):
+            if value is not None and not callable(value):
+                raise TypeError(f"{name} must be callable or None, got {type(value).__name__}")
+        settings = checked_settings(
+            batch_size=batch_size, shuffle=shuffle, seed=seed, drop_last=drop_last, rank=rank,
+            world_size=world_size, prefetch=prefetch, timeout=timeout,
+            max_held_batches=max_held_batches, dashboard=dashboard,
+            dashboard_token_file=dashboard_token_file,
         )
-
-    def _loading_now(self) -> str:
-        builder = self._builder
-        return builder.loading_now() if builder is not None else ""
-
-    def _to_batch(self, item: _native.NativeBatch) -> tuple[int, Any, list[int], list[Any]]:
-        step, tensors = item.step, item.tensors
-        indices, bad = item.sample_indices, item.bad_samples
-        if self._pin_unsettled:
-            self._settle_pinning()
-        n = len(indices)
-        leaves = []
-        for (_, _, _, data), field in zip(tensors, self._layout.fields, strict=False):
-            array = np.frombuffer(
-                memoryview(data), dtype=field.dtype,
-                count=n * field.nbytes // field.dtype.itemsize,
-            ).reshape((n, *field.shape))
-            leaves.append(self._torch.from_numpy(array) if self._torch is not None else array)
-        if self._collate_fn is not None:
-            samples = [rebuild(self._layout.template, [leaf[i] for leaf in leaves])
-                       for i in range(n)]
-            batch = self._collate_fn(samples)
+        workers = check_int(num_workers, "num_workers", 0, 1024)
+        if workers and num_threads is not None:
+            raise ValueError(
+                "give num_threads (threads in this process) or num_workers (worker processes), "
+                "not both"
+            )
+        if workers:
+            context = start_context(multiprocessing_context, dataset)
+            lanes, rule = workers, "num_workers"
+            waiting_on = f"on {workers} dataset worker processes"
         else:
-            batch = rebuild(self._layout.template, leaves)
-        self._bad_log.note(bad)
-        return step, batch, list(indices), list(bad)
+            if multiprocessing_context is not None:
+                raise ValueError("multiprocessing_context applies to num_workers >= 1 only")
+            if num_threads is None:
+                lanes, rule = default_threads()
+            else:
+                lanes, rule = check_int(num_threads, "num_threads", 1, 4096), "num_threads"
+            waiting_on = f"on {lanes} dataset threads"
+        error_policy = check_on_error(on_error)
+        output_kind = resolve_output(output)
+        pinning = Placement.check(pin_memory=pin_memory, pinned_memory_budget=pinned_memory_budget)
+        torch = import_torch("output='torch'") if output_kind == "torch" else None
+        pinning = pinning.resolve(torch)
 
+        image = None
+        if pipeline is not None:
+            image = _native.ImagePipeline([op.to_dict() for op in check_pipeline(pipeline)])
+        # The first sample fixes the layout: read here in thread mode, by a worker in process
+        # mode (so that this process never runs the dataset's code, nor starts what it starts).
+        state = State(
+            dataset, transform, NO_LAYOUT, settings.seed, error_policy, length, bool(workers), image
+        )
+        builder: Any
+        if workers:
+            builder = ProcessBuilder(state, workers, context)
+            try:
+                layout = builder.probe(settings.timeout_s)
+            except BaseException:
+                builder.close()
+                raise
+        else:
+            layout = probe(state)
+            state.layout = layout
+            builder = ThreadBuilder(state)
+        try:
+            settings = replace(
+                settings, job_name=type(dataset).__name__, **pinning.pinning_arguments(torch)
+            )
+            native = _native.NativeLoader.from_dataset(
+                settings,
+                DatasetSettings(
+                    builder=builder,
+                    num_samples=length,
+                    sample_bytes=[f.nbytes for f in layout.fields],
+                    lanes=lanes,
+                    waiting_on=waiting_on,
+                    shared_slots=bool(workers),
+                ),
+            )
+        except BaseException:
+            builder.close()
+            raise
+        try:
+            loader = cls._over_dataset(
+                native, DatasetSide(builder, layout, collate_fn, settings.job_name, saved),
+                settings, output_kind, rule,
+            )
+            _OPEN.add(loader)
+            return loader
+        except BaseException:  # its workers, threads and port go now, not with the traceback
+            builder.close()
+            native.close()
+            raise
 
-register_dataset_builder(from_dataset)
+    @classmethod
+    def _over_dataset(
+        cls, native: NativeLoader, side: DatasetSide, settings: LoaderSettings, output: str,
+        thread_rule: str,
+    ) -> Self:
+        """The loader over ``native``, the native loader of the Python dataset ``side``
+        loads (made by :class:`stoker.Loader`)."""
+        raise NotImplementedError

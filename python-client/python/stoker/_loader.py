@@ -11,42 +11,36 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Iterable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, Literal
+from dataclasses import replace
+from typing import Any, Literal, Self
 
 from stoker import _native, _resume, gpu
 from stoker._arguments import (
     MAX_U32,
     MAX_U64,
-    check_bool,
     check_format,
     check_int,
     check_on_error,
-    check_prefetch,
     check_remote,
     check_seconds,
     check_split,
     check_text_column,
-    dashboard_address,
-    dashboard_credential_path,
     default_threads,
     import_torch,
     refuse_unexpected,
     remote_source_path,
     resolve_output,
-    resolve_rank,
     source_names,
     source_path,
 )
-from stoker._batches import BadSampleLog, BatchFeed, BatchIterator, Taken, host_batch
-from stoker._dataset_entry import FromDataset
+from stoker._batches import BatchFeed, BatchIterator, BatchMaker
+from stoker._dataset import DatasetSide, FromDataset
 from stoker._fork import ForkGuard
 from stoker._mix_request import MixRequest
 from stoker._placement import Placement
+from stoker._settings import LoaderSettings, SourceSettings, checked_settings
 from stoker.errors import StokerError
 from stoker.ops import Op, check_pipeline
-
-if TYPE_CHECKING:
-    from stoker._native import NativeBatch
 
 __all__ = ["BatchIterator", "Loader"]
 
@@ -258,6 +252,10 @@ class Loader(FromDataset):
         stoker.DatasetError: ``source`` is not a usable image folder.
     """
 
+    # The settings the native loader was made with.
+    _settings: LoaderSettings
+    # The Python dataset's part of a loader from Loader.from_dataset; None over Stoker's own.
+    _side: DatasetSide | None = None
     # The mix this loader reads (stoker.mix), if any.
     _mix: MixRequest | None = None
     # Where images are decoded ("cpu", "gpu" or "auto"); from_dataset loaders decode none.
@@ -318,31 +316,27 @@ class Loader(FromDataset):
             gpu_memory=gpu_memory,
             address=address,
         )
-        self._batch_size = check_int(batch_size, "batch_size", 1, MAX_U32)
-        self._shuffle = check_bool(shuffle, "shuffle")
-        self._seed = check_int(seed, "seed", 0, MAX_U64)
-        self._drop_last = check_bool(drop_last, "drop_last")
+        settings = checked_settings(
+            batch_size=batch_size, shuffle=shuffle, seed=seed, drop_last=drop_last, rank=rank,
+            world_size=world_size, prefetch=prefetch, timeout=timeout,
+            max_held_batches=max_held_batches, dashboard=dashboard,
+            dashboard_token_file=dashboard_token_file,
+        )
         if num_threads is None:
             threads, self._thread_rule = default_threads()
         else:
             threads = check_int(num_threads, "num_threads (None: all cores)", 1, 4096)
             self._thread_rule = "num_threads"
-        prefetch_count = check_prefetch(prefetch)
         error_policy = check_on_error(on_error)
-        self._timeout = check_seconds(timeout, "timeout")
         worker_grace = check_seconds(worker_grace, "worker_grace")
-        self._max_held_batches = check_int(max_held_batches, "max_held_batches", 1, 4096)
         self._format: str = check_format(format)
         self._shuffle_window = check_int(shuffle_window, "shuffle_window", 0, MAX_U32)
         self._text_column: str = check_text_column(text_column)
         source_split = check_split(split)
-        dashboard_at = dashboard_address(dashboard)
-        dashboard_credential = dashboard_credential_path(dashboard, dashboard_token_file)
         output_kind = resolve_output(output)
         placement.check_output(output_kind)
         self._torch = import_torch("output='torch'") if output_kind == "torch" else None
         self._output: str = output_kind
-        self._rank, self._world_size = resolve_rank(rank, world_size)
         locate = remote_source_path if address is not None else source_path
         self._mix = source if isinstance(source, MixRequest) else None
         native_mix = None
@@ -365,36 +359,29 @@ class Loader(FromDataset):
             self._source, job_name = native_mix.source, native_mix.job_name
         placement = placement.resolve(self._torch)
         self._decode = placement.decode
+        self._settings = replace(
+            settings, job_name=job_name, **placement.pinning_arguments(self._torch)
+        )
         self._native = _native.NativeLoader(
-            names[0] if names else self._source,
-            [op.to_dict() for op in native_ops],
-            self._batch_size,
-            self._shuffle,
-            self._seed,
-            self._drop_last,
-            threads,
-            self._rank,
-            self._world_size,
-            prefetch_count,
-            error_policy,
-            self._timeout,
-            self._max_held_batches,
-            dashboard=dashboard_at,
-            dashboard_token_file=dashboard_credential,
-            job_name=job_name,
-            format=self._format,
-            shuffle_window=self._shuffle_window,
-            text_column=self._text_column,
-            address=address,
-            worker_grace_s=worker_grace,
-            token=token,
-            tls_ca=None if tls_ca is None else os.fspath(tls_ca),
-            tls_server_name=tls_server_name,
-            mix=None if native_mix is None else native_mix.arguments(),
-            **placement.pinning_arguments(self._torch),
-            **placement.lane_arguments(),
-            uris=names,
-            split=source_split,
+            self._settings,
+            SourceSettings(
+                source=names[0] if names else self._source,
+                ops=[op.to_dict() for op in native_ops],
+                num_threads=threads,
+                on_error=error_policy,
+                format=self._format,
+                shuffle_window=self._shuffle_window,
+                text_column=self._text_column,
+                address=address,
+                worker_grace_s=worker_grace,
+                token=token,
+                tls_ca=None if tls_ca is None else os.fspath(tls_ca),
+                tls_server_name=tls_server_name,
+                mix=None if native_mix is None else native_mix.arguments(),
+                **placement.lane_arguments(),
+                uris=names,
+                split=source_split,
+            ),
         )
         try:
             self._finish_init(placement.stage(self._torch, tail))
@@ -402,15 +389,28 @@ class Loader(FromDataset):
             self.close()
             raise
 
+    @classmethod
+    def _over_dataset(
+        cls, native: _native.NativeLoader, side: DatasetSide, settings: LoaderSettings,
+        output: str, thread_rule: str,
+    ) -> Self:
+        self = cls.__new__(cls)
+        self._native = native
+        self._fork = ForkGuard()
+        self._closed = False  # set after _fork, which __del__ reads once this is set
+        self._side, self._settings, self._thread_rule = side, settings, thread_rule
+        self._shuffle_window = 0  # a Python dataset has no shards to shuffle by window
+        self._source, self._ops, self._output = side.name, [], output
+        self._torch = import_torch("output='torch'") if output == "torch" else None
+        self._finish_init()
+        return self
+
     def _finish_init(self, device_stage: gpu.DeviceStage | None = None) -> None:
         assert self._native is not None
-        # With page-locked slots, torch tensors outside them are pinned by a copy. The driver
-        # context that locks the slots opens with the first batch: whether it does is known then.
-        stats = self._native.stats()
-        self._pin_small = bool(stats["pinned"]) and self._torch is not None
-        self._pin_unsettled = bool(stats["pinned"]) and stats["pinned_device"] is None
+        rebuild = None if self._side is None else self._side.batch
+        self._batches = BatchMaker(self._handle, self._torch, device_stage, rebuild)
         self._feed = BatchFeed(
-            self._handle, self._to_batch, device_stage, self._torch, self._loading_now
+            self._handle, self._batches.make, device_stage, self._torch, self._loading_now
         )
         # Read once: state_dict() must work after close() and in a forked child, where the
         # handle may not be touched.
@@ -420,7 +420,6 @@ class Loader(FromDataset):
         self._dataset_fingerprint: str | None = self._native.dataset_fingerprint
         # The position of the next batch to yield, which is what state_dict() saves.
         self._position = _resume.Position()
-        self._bad_log = BadSampleLog()
         self._fork.hold(self._native)
 
     # -- properties -------------------------------------------------------------------------
@@ -428,7 +427,7 @@ class Loader(FromDataset):
     @property
     def batch_size(self) -> int:
         """Samples per batch (the last batch of an epoch may be smaller unless ``drop_last``)."""
-        return self._batch_size
+        return self._settings.batch_size
 
     @property
     def num_samples(self) -> int:
@@ -448,12 +447,12 @@ class Loader(FromDataset):
     @property
     def rank(self) -> int:
         """This loader's rank."""
-        return self._rank
+        return self._settings.rank
 
     @property
     def world_size(self) -> int:
         """The number of ranks."""
-        return self._world_size
+        return self._settings.world_size
 
     @property
     def num_threads(self) -> int:
@@ -507,15 +506,19 @@ class Loader(FromDataset):
         ``load_state_dict`` on a loader made with the same arguments then yields, as its next
         batch, exactly the batch this one would have yielded next. Works after :meth:`close`.
         """
+        settings = self._settings
         state: dict[str, Any] = {
             "version": _resume.STATE_VERSION,
             **self._position.saved(),
-            "seed": self._seed, "batch_size": self._batch_size, "num_samples": self._num_samples,
-            "rank": self._rank, "world_size": self._world_size, "shuffle": self._shuffle,
-            "drop_last": self._drop_last, "shuffle_window": self._shuffle_window,
+            "seed": settings.seed, "batch_size": settings.batch_size,
+            "num_samples": self._num_samples, "rank": settings.rank,
+            "world_size": settings.world_size, "shuffle": settings.shuffle,
+            "drop_last": settings.drop_last, "shuffle_window": self._shuffle_window,
         }
         if self._mix is not None:
             state["mix"] = self._mix.fingerprint()
+        if self._side is not None:
+            state.update(self._side.saved)
         if self._dataset_fingerprint is not None:
             state["dataset"] = self._dataset_fingerprint
         if (split := self._decode_split()) is not None:
@@ -559,7 +562,7 @@ class Loader(FromDataset):
         """
         native = self._handle()
         saved = _resume.read_states(state, self.state_dict())
-        self._position.resume_saved(saved, native, self._world_size)
+        self._position.resume_saved(saved, native, self._settings.world_size)
 
     # -- stats and lifetime -----------------------------------------------------------------
 
@@ -599,9 +602,19 @@ class Loader(FromDataset):
         return stats
 
     def close(self) -> None:
-        """Stops the decode threads. Idempotent; batches already yielded stay valid."""
+        """Stops the decode threads (from a dataset, its worker processes and threads).
+        Idempotent; batches already yielded stay valid."""
         if self._closed:
             return
+        try:
+            if self._side is not None and not self._fork.forked:
+                if self._native is not None:
+                    self._native.interrupt()  # a next() waiting in another thread ends now
+                self._side.close()  # a lane waiting on a worker then returns at once
+        finally:  # also when interrupted (Ctrl-C in the workers' grace period)
+            self._close_native()
+
+    def _close_native(self) -> None:
         if getattr(self, "_position", None) is not None:
             self._decode_split()  # kept: state_dict() after close() saves it
         self._closed = True
@@ -617,6 +630,13 @@ class Loader(FromDataset):
         """Whether :meth:`close` was called."""
         return self._closed
 
+    def __del__(self) -> None:
+        # A dataset's loader closes here, letting go of the interpreter while the threads that
+        # call its code finish; a drop of the native loader by the collector would wait for
+        # them holding it.
+        if self._side is not None and not getattr(self, "_closed", True) and not self._fork.forked:
+            self.close()
+
     def __enter__(self) -> Loader:
         return self
 
@@ -628,9 +648,11 @@ class Loader(FromDataset):
             return "Loader(<not initialised>)"
         position = self._position
         state = "closed" if self._closed else f"epoch={position.epoch}, step={position.step}"
+        settings = self._settings
         return (
-            f"Loader({self._source!r}, batch_size={self._batch_size}, rank={self._rank}, "
-            f"world_size={self._world_size}, output={self._output!r}, {state})"
+            f"{'Loader' if self._side is None else 'Loader.from_dataset'}({self._source!r}, "
+            f"batch_size={settings.batch_size}, rank={settings.rank}, "
+            f"world_size={settings.world_size}, output={self._output!r}, {state})"
         )
 
     # -- internals --------------------------------------------------------------------------
@@ -642,31 +664,8 @@ class Loader(FromDataset):
             raise StokerError("this Loader is closed; make a new one")
         return self._native
 
-    def _settle_pinning(self) -> None:
-        """Once the first batch went out: whether the driver context that locks the slots
-        opened. Where it did not, one warning (as where no driver is there), and the tensors
-        outside the slots are not pinned either."""
-        stats = self._handle().stats()
-        if stats["pinned_device"] is not None:
-            self._pin_unsettled = False
-        elif stats["pin_error"] is not None:
-            self._pin_unsettled = self._pin_small = False
-            gpu.warn_unpinned(stats["pin_error"])
-
     def _loading_now(self) -> str:
-        """What the source's lanes are loading now, added to a timeout's message: nothing here
-        (the native message says what it waits on); ``from_dataset``'s loader names each batch
+        """What the source's lanes are loading now, added to a timeout's message: nothing for
+        Stoker's own (the native message says what it waits on); a dataset's names each batch
         being loaded and where its Python code is."""
-        return ""
-
-    def _to_batch(self, item: NativeBatch) -> Taken:
-        # On the device: the tensors and the event that says they are ready.
-        batch: Any
-        if self._feed.stage is not None:
-            batch = self._feed.stage.stage(item.tensors, item.device_rows)
-        else:
-            if self._pin_unsettled:
-                self._settle_pinning()
-            batch = host_batch(item.tensors, self._torch, self._pin_small)
-        self._bad_log.note(item.bad_samples)
-        return item.step, batch, list(item.sample_indices), list(item.bad_samples)
+        return "" if self._side is None else self._side.loading_now()

@@ -13,7 +13,6 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Final, Literal
 
 from stoker import _native
-from stoker._dataset import DatasetLoader
 from stoker._loader import Loader
 from stoker._mix_request import MixRequest, Source
 from stoker._samples import loading_epoch
@@ -63,16 +62,20 @@ class MixedDataset:
     def __len__(self) -> int:
         return self.len
 
-    def fingerprint(self) -> dict[str, Any]:
-        """What a saved state must match: each dataset's length and weight, the window, the
-        epoch rule and whether the order is shuffled."""
+    def saved_with_states(self) -> dict[str, Any]:
+        """What its loader's states save, and a resume must match (``"mix"``): each dataset's
+        length and weight, the window, the epoch rule and whether the order is shuffled."""
         weights, lens, window, epoch_end, epoch_samples, _, shuffle = self.args
         return {
-            "sources": [[f"dataset of {n} samples", w] for n, w in zip(lens, weights, strict=True)],
-            "window": window,
-            "epoch_end": epoch_end,
-            "epoch_samples": epoch_samples,
-            "shuffle": shuffle,
+            "mix": {
+                "sources": [
+                    [f"dataset of {n} samples", w] for n, w in zip(lens, weights, strict=True)
+                ],
+                "window": window,
+                "epoch_end": epoch_end,
+                "epoch_samples": epoch_samples,
+                "shuffle": shuffle,
+            }
         }
 
     def __getstate__(self) -> dict[str, Any]:
@@ -130,12 +133,10 @@ def _mix_datasets(
     if not isinstance(seed, int) or isinstance(seed, bool) or not 0 <= seed < 2**64:
         raise ValueError(f"seed must be an int in 0..2**64, got {seed!r}")
     mixed = MixedDataset(datasets, weights, window, rule, samples, seed, shuffle)
-    loader = Loader.from_dataset(
+    # Its states name the mix they resume (MixedDataset.saved_with_states).
+    return Loader.from_dataset(
         mixed, batch_size=batch_size, shuffle=False, pipeline=pipeline, **loader_args
     )
-    assert isinstance(loader, DatasetLoader)
-    loader._mix_fingerprint = mixed.fingerprint()  # its states name the mix they resume
-    return loader
 
 
 def mix(

@@ -5,8 +5,9 @@ releases. Every method that waits or works releases the GIL.
 """
 
 import os
-from collections.abc import Callable
 from typing import Any, Final, Literal, NotRequired, TypedDict, final
+
+from stoker._settings import DatasetSettings, LoaderSettings, SourceSettings
 
 TensorDtype = Literal["uint8", "float32", "int64", "int32", "uint16", "uint32"]
 
@@ -136,65 +137,24 @@ class NativeLoader:
     dashboard_url: Final[str | None]
     address: Final[str | None]
 
-    def __init__(
-        self,
-        source: str,
-        ops: list[dict[str, Any]],
-        batch_size: int,
-        shuffle: bool,
-        seed: int,
-        drop_last: bool,
-        num_threads: int,
-        rank: int,
-        world_size: int,
-        prefetch: int,
-        on_error: Literal["skip", "fail"],
-        timeout_s: float,
-        max_held_batches: int,
-        max_prefetch_bytes: int = 2 << 30,
-        dashboard: str | None = None,
-        dashboard_token_file: str | None = None,
-        job_name: str = "python",
-        format: str = "auto",
-        shuffle_window: int = 0,
-        text_column: str = "",
-        address: str | None = None,
-        worker_grace_s: float = 120.0,
-        token: str | None = None,
-        tls_ca: str | None = None,
-        tls_server_name: str | None = None,
-        mix: tuple[
-            list[tuple[str, list[dict[str, Any]], float, str, str, list[str], str]], int, str, int
-        ]
-        | None = None,
-        pin_device: int | None = None,
-        pin_follow: bool = False,
-        pinned_budget: int = 0,
-        release_streams: Callable[[], list[tuple[int, int]]] | None = None,
-        decode: str = "cpu",
-        gpu_memory: int = 1 << 30,
-        library_dirs: list[str] = ...,
-        uris: list[str] = ...,
-        split: str = "",
-    ) -> None:
-        """Opens ``source`` (a path, URI or pattern; with ``uris`` of several, those names as
-        one source, ``source`` being the first) and ``split`` of it, and checks ``ops``; with
-        ``mix`` (sources as (uri, ops, weight, format, text column), window, epoch rule, epoch
-        samples) it mixes those sources instead
-        of reading ``source`` with ``ops``; ``num_threads`` 0 means all cores, ``prefetch``
-        0 lets a controller size the depth from the stall it observes, within
-        ``max_prefetch_bytes``. With ``address`` the job is registered with that coordinator
-        (a worker opens it, so a dataset outside the workers' ``--data-root`` is refused here);
-        every call carries ``token`` (else ``STOKER_TOKEN``'s), over TLS trusting ``tls_ca``.
-        With ``pin_device`` the slots are page-locked by that CUDA device's driver within
-        ``pinned_budget`` bytes (this process's loaders together), its context opened when the
-        first batch goes out; with ``pin_follow`` by the device whose context is current on
-        the thread taking that batch, else ``pin_device`` or another device the process
-        already uses (``pin_device`` where it uses none); ``release_streams`` names
-        each device a released batch's slot is fenced on with the releasing thread's current
-        stream there (the device's legacy and registered pool streams are swept besides). ``decode``
-        ``"gpu"`` or ``"auto"`` (with ``pin_device``) starts the GPU decode lane on that device
-        within ``gpu_memory`` bytes, loading nvJPEG and NVRTC from ``library_dirs`` first.
+    def __init__(self, settings: LoaderSettings, source: SourceSettings) -> None:
+        """Opens ``source.source`` (a path, URI or pattern; with ``uris`` of several, those
+        names as one source, ``source`` being the first) and ``split`` of it, and checks
+        ``ops``; with ``mix`` it mixes those sources instead; ``num_threads`` 0 means all
+        cores, ``settings.prefetch`` 0 lets a controller size the depth from the stall it
+        observes, within ``max_prefetch_bytes``. With ``address`` the job is registered with
+        that coordinator (a worker opens it, so a dataset outside the workers' ``--data-root``
+        is refused here); every call carries ``token`` (else ``STOKER_TOKEN``'s), over TLS
+        trusting ``tls_ca``. With ``settings.pin_device`` the slots are page-locked by that CUDA
+        device's driver within ``pinned_budget`` bytes (this process's loaders together), its
+        context opened when the first batch goes out; with ``pin_follow`` by the device whose
+        context is current on the thread taking that batch, else ``pin_device`` or another
+        device the process already uses (``pin_device`` where it uses none);
+        ``release_streams`` names each device a released batch's slot is fenced on with the
+        releasing thread's current stream there (the device's legacy and registered pool
+        streams are swept besides). ``decode`` ``"gpu"`` or ``"auto"`` (with ``pin_device``)
+        starts the GPU decode lane on that device within ``gpu_memory`` bytes, loading nvJPEG
+        and NVRTC from ``library_dirs`` first.
 
         Raises:
             GpuUnavailableError: ``pin_device`` given but its driver or device is missing, or the
@@ -207,34 +167,10 @@ class NativeLoader:
             TlsError: distributed mode: the TLS connection failed; the message says why.
         """
     @staticmethod
-    def from_dataset(
-        builder: Any,
-        num_samples: int,
-        sample_bytes: list[int],
-        lanes: int,
-        waiting_on: str,
-        batch_size: int,
-        shuffle: bool,
-        seed: int,
-        drop_last: bool,
-        rank: int,
-        world_size: int,
-        prefetch: int,
-        timeout_s: float,
-        max_held_batches: int,
-        max_prefetch_bytes: int = ...,
-        dashboard: str | None = None,
-        dashboard_token_file: str | None = None,
-        job_name: str = "dataset",
-        shared_slots: bool = False,
-        pin_device: int | None = None,
-        pin_follow: bool = False,
-        pinned_budget: int = 0,
-        release_streams: Callable[[], list[tuple[int, int]]] | None = None,
-    ) -> NativeLoader:
-        """A loader over a Python dataset: ``builder.build(lane, epoch, step, indices, view,
-        shared)`` fills each batch's slot (``shared``: (id, fd, size, offset) of the slot in
-        the shared mapping when ``shared_slots``, else None)."""
+    def from_dataset(settings: LoaderSettings, dataset: DatasetSettings) -> NativeLoader:
+        """A loader over a Python dataset: ``dataset.builder.build(lane, epoch, step, indices,
+        view, shared)`` fills each batch's slot (``shared``: (id, fd, size, offset) of the slot
+        in the shared mapping when ``shared_slots``, else None)."""
     def start_epoch(self, epoch: int, start_step: int) -> None:
         """Starts producing ``epoch`` from ``start_step`` (no replay of earlier steps)."""
     def resume_resized(
@@ -391,6 +327,8 @@ MAX_SEQ_LEN: Final[int]
 """The longest token row."""
 DEFAULT_MAX_PIXELS: Final[int]
 DEFAULT_GPU_MEMORY: Final[int]
+# The fields the native loader reads from each settings dataclass of stoker._settings.
+SETTINGS_FIELDS: Final[dict[str, list[str]]]
 """The GPU decode lane's device memory when ``gpu_memory`` is not given (1 GiB)."""
 """DecodeImage's pixel limit when none is given."""
 

@@ -7,7 +7,6 @@ mod access;
 mod batches;
 mod recipe;
 
-use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, TryLockError};
 use std::time::Duration;
@@ -15,7 +14,7 @@ use std::time::Duration;
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
-use stoker_loader::{Loader, LoaderOptions, RemoteOptions, StartDecodeLane, Token};
+use stoker_loader::{Loader, RemoteOptions, StartDecodeLane, Token};
 use stoker_proto::v1::{self as proto, JobSpec};
 
 use crate::buffer::PinnedRelease;
@@ -24,12 +23,11 @@ use crate::errors::from_loader;
 
 use access::{closed, Current, Held};
 pub(crate) use batches::NativeBatch;
-use batches::{
-    native_batch, pin_options, pinning, resize_chain, resized_steps, slot_stats, wait_for_batch,
-};
+use batches::{native_batch, resize_chain, resized_steps, slot_stats, wait_for_batch};
 use recipe::Recipe;
 
-use crate::spec::{job_spec, mix_spec, JobSettings, PyMix};
+use crate::settings::{DatasetSettings, LoaderSettings, SourceSettings};
+use crate::spec::{job_spec, mix_spec, JobSettings};
 
 /// One job's loader, driven from Python: in-process (decode threads here) or, with an
 /// address, served by a coordinator's workers. Both go through the same `stoker_loader::Loader`.
@@ -60,61 +58,48 @@ pub(super) type PyResize = (u64, Vec<u64>);
 
 #[pymethods]
 impl NativeLoader {
+    /// A loader of the source `source` describes, with `settings`.
     #[new]
-    #[pyo3(signature = (source, ops, batch_size, shuffle, seed, drop_last, num_threads, rank, world_size, prefetch, on_error, timeout_s, max_held_batches, max_prefetch_bytes = 2 << 30, dashboard = None, dashboard_token_file = None, job_name = "python".to_string(), format = "auto", shuffle_window = 0, text_column = String::new(), address = None, worker_grace_s = 120.0, token = None, tls_ca = None, tls_server_name = None, mix = None, pin_device = None, pin_follow = false, pinned_budget = 0, release_streams = None, decode = "cpu", gpu_memory = stoker_gpu::DEFAULT_GPU_MEMORY, library_dirs = Vec::new(), uris = Vec::new(), split = String::new()))]
-    #[allow(clippy::too_many_arguments)]
-    fn new(
-        py: Python<'_>,
-        source: PathBuf,
-        ops: Vec<Bound<'_, PyDict>>,
-        batch_size: u32,
-        shuffle: bool,
-        seed: u64,
-        drop_last: bool,
-        num_threads: usize,
-        rank: u32,
-        world_size: u32,
-        prefetch: usize,
-        on_error: &str,
-        timeout_s: f64,
-        max_held_batches: usize,
-        max_prefetch_bytes: u64,
-        dashboard: Option<String>,
-        dashboard_token_file: Option<PathBuf>,
-        job_name: String,
-        format: &str,
-        shuffle_window: u32,
-        text_column: String,
-        address: Option<String>,
-        worker_grace_s: f64,
-        token: Option<String>,
-        tls_ca: Option<PathBuf>,
-        tls_server_name: Option<String>,
-        mix: Option<PyMix<'_>>,
-        pin_device: Option<usize>,
-        pin_follow: bool,
-        pinned_budget: u64,
-        release_streams: Option<Py<PyAny>>,
-        decode: &str,
-        gpu_memory: usize,
-        library_dirs: Vec<PathBuf>,
-        uris: Vec<String>,
-        split: String,
-    ) -> PyResult<Self> {
-        let lane = crate::gpu_decode::lane_starter(decode, pin_device, gpu_memory, library_dirs)?;
+    fn new(py: Python<'_>, settings: LoaderSettings, source: SourceSettings<'_>) -> PyResult<Self> {
+        let SourceSettings {
+            source: path,
+            ops,
+            num_threads,
+            on_error,
+            format,
+            shuffle_window,
+            text_column,
+            address,
+            worker_grace_s,
+            token,
+            tls_ca,
+            tls_server_name,
+            mix,
+            decode,
+            gpu_memory,
+            library_dirs,
+            uris,
+            split,
+        } = source;
+        let lane = crate::gpu_decode::lane_starter(
+            &decode,
+            settings.pin_device,
+            gpu_memory,
+            library_dirs,
+        )?;
         let mut spec = job_spec(
-            source.to_string_lossy().into_owned(),
+            path.to_string_lossy().into_owned(),
             &ops,
             JobSettings {
-                batch_size,
-                shuffle,
-                seed,
-                drop_last,
-                rank,
-                world_size,
-                on_error,
-                timeout_s,
-                format,
+                batch_size: settings.batch_size,
+                shuffle: settings.shuffle,
+                seed: settings.seed,
+                drop_last: settings.drop_last,
+                rank: settings.rank,
+                world_size: settings.world_size,
+                on_error: &on_error,
+                timeout_s: settings.timeout_s,
+                format: &format,
                 shuffle_window,
                 text_column,
                 uris: if uris.len() > 1 { uris } else { Vec::new() },
@@ -131,48 +116,26 @@ impl NativeLoader {
                 "worker_grace must be a positive number of seconds, got {worker_grace_s}"
             )));
         }
-        let pinning = pinning(pin_device, pin_follow);
-        let options = LoaderOptions {
-            threads: num_threads,
-            prefetch,
-            max_prefetch_bytes,
-            deadline: Duration::from_secs_f64(timeout_s),
-            max_held_batches,
-            pin: pin_options(&pinning, pinned_budget),
-            decode_lane: lane.clone().map(|lane| lane as Arc<dyn StartDecodeLane>),
-            ..LoaderOptions::default()
-        };
         let token = token
             .as_deref()
             .map(Token::new)
             .transpose()
             .map_err(|e| PyValueError::new_err(format!("token: {e}")))?;
-        let recipe = Recipe {
-            spec,
-            options,
-            remote: address.as_ref().map(|address| {
-                let remote = RemoteOptions {
-                    worker_grace: Duration::from_secs_f64(worker_grace_s),
-                    token,
-                    tls_ca,
-                    tls_server_name,
-                    ..RemoteOptions::default()
-                };
-                (address.clone(), remote)
-            }),
-            dataset: None,
-            pinning,
-            lane,
-        };
-        Self::from_recipe(
-            py,
-            recipe,
-            address,
-            dashboard.map(|address| (address, dashboard_token_file)),
-            &job_name,
-            rank,
-            release_streams,
-        )
+        let remote = address.as_ref().map(|address| {
+            let remote = RemoteOptions {
+                worker_grace: Duration::from_secs_f64(worker_grace_s),
+                token,
+                tls_ca,
+                tls_server_name,
+                ..RemoteOptions::default()
+            };
+            (address.clone(), remote)
+        });
+        let mut recipe = Recipe::new(spec, num_threads, &settings);
+        recipe.options.decode_lane = lane.clone().map(|lane| lane as Arc<dyn StartDecodeLane>);
+        recipe.lane = lane;
+        recipe.remote = remote;
+        Self::from_recipe(py, recipe, address, settings)
     }
 
     /// A loader over a Python map-style dataset (`Loader.from_dataset`): `builder.build`
@@ -181,84 +144,47 @@ impl NativeLoader {
     /// worker processes write into. Shuffle, ranks, resume and the dashboard are the native
     /// ones.
     #[staticmethod]
-    #[pyo3(signature = (builder, num_samples, sample_bytes, lanes, waiting_on, batch_size, shuffle, seed, drop_last, rank, world_size, prefetch, timeout_s, max_held_batches, max_prefetch_bytes = 2 << 30, dashboard = None, dashboard_token_file = None, job_name = "dataset".to_string(), shared_slots = false, pin_device = None, pin_follow = false, pinned_budget = 0, release_streams = None))]
-    #[allow(clippy::too_many_arguments)]
     fn from_dataset(
         py: Python<'_>,
-        builder: Py<PyAny>,
-        num_samples: u64,
-        sample_bytes: Vec<usize>,
-        lanes: usize,
-        waiting_on: String,
-        batch_size: u32,
-        shuffle: bool,
-        seed: u64,
-        drop_last: bool,
-        rank: u32,
-        world_size: u32,
-        prefetch: usize,
-        timeout_s: f64,
-        max_held_batches: usize,
-        max_prefetch_bytes: u64,
-        dashboard: Option<String>,
-        dashboard_token_file: Option<PathBuf>,
-        job_name: String,
-        shared_slots: bool,
-        pin_device: Option<usize>,
-        pin_follow: bool,
-        pinned_budget: u64,
-        release_streams: Option<Py<PyAny>>,
+        settings: LoaderSettings,
+        dataset: DatasetSettings,
     ) -> PyResult<Self> {
+        let timeout_s = settings.timeout_s;
         if !(timeout_s.is_finite() && timeout_s > 0.0) {
             return Err(PyValueError::new_err(format!(
                 "timeout must be a positive number of seconds, got {timeout_s}"
             )));
         }
         let spec = JobSpec {
-            batch_size,
-            seed,
-            shuffle,
-            drop_last,
-            rank,
-            world_size,
+            batch_size: settings.batch_size,
+            seed: settings.seed,
+            shuffle: settings.shuffle,
+            drop_last: settings.drop_last,
+            rank: settings.rank,
+            world_size: settings.world_size,
             uneven_tail: proto::UnevenTail::Pad as i32,
             ..JobSpec::default()
         };
-        let pinning = pinning(pin_device, pin_follow);
-        let recipe = Recipe {
-            spec,
-            options: LoaderOptions {
-                threads: lanes,
-                prefetch,
-                max_prefetch_bytes,
-                deadline: Duration::from_secs_f64(timeout_s),
-                max_held_batches,
-                pin: pin_options(&pinning, pinned_budget),
-                ..LoaderOptions::default()
+        let DatasetSettings {
+            builder,
+            num_samples,
+            sample_bytes,
+            lanes,
+            waiting_on,
+            shared_slots,
+        } = dataset;
+        let mut recipe = Recipe::new(spec, lanes, &settings);
+        recipe.dataset = Some((
+            DatasetRecipe {
+                builder: Arc::new(builder),
+                sample_bytes,
+                lanes,
+                waiting_on,
+                shared_slots,
             },
-            remote: None,
-            dataset: Some((
-                DatasetRecipe {
-                    builder: Arc::new(builder),
-                    sample_bytes,
-                    lanes,
-                    waiting_on,
-                    shared_slots,
-                },
-                num_samples,
-            )),
-            pinning,
-            lane: None,
-        };
-        Self::from_recipe(
-            py,
-            recipe,
-            None,
-            dashboard.map(|address| (address, dashboard_token_file)),
-            &job_name,
-            rank,
-            release_streams,
-        )
+            num_samples,
+        ));
+        Self::from_recipe(py, recipe, None, settings)
     }
 
     /// Resumes `epoch` on this loader's world size after ranks of `old_world`, striding what

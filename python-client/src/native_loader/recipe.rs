@@ -4,22 +4,24 @@
 use std::path::PathBuf;
 use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
+use stoker_gpu::{DevicePinning, StartGpuLane};
 use stoker_loader::{
     Dashboard, DashboardAccess, DashboardError, EmbeddedSource, Loader, LoaderOptions,
     RemoteOptions, RemoteSource, Token,
 };
 use stoker_proto::v1::JobSpec;
 
-use stoker_gpu::{DevicePinning, StartGpuLane};
-
 use crate::buffer::PinnedRelease;
 use crate::dataset::DatasetRecipe;
 use crate::errors::{from_loader, raise, Kind};
+use crate::settings::LoaderSettings;
 
 use super::access::Held;
+use super::batches::{pin_options, pinning};
 use super::NativeLoader;
 
 /// How to build a loader like this one for another spec.
@@ -37,6 +39,28 @@ pub(super) struct Recipe {
 }
 
 impl Recipe {
+    /// The recipe of `spec` on `threads` decode threads (or dataset lanes) with `settings`'
+    /// queue, deadline and pinning; no coordinator, Python dataset or GPU decode lane yet.
+    pub(super) fn new(spec: JobSpec, threads: usize, settings: &LoaderSettings) -> Recipe {
+        let pinning = pinning(settings.pin_device, settings.pin_follow);
+        Recipe {
+            spec,
+            options: LoaderOptions {
+                threads,
+                prefetch: settings.prefetch,
+                max_prefetch_bytes: settings.max_prefetch_bytes,
+                deadline: Duration::from_secs_f64(settings.timeout_s),
+                max_held_batches: settings.max_held_batches,
+                pin: pin_options(&pinning, settings.pinned_budget),
+                ..LoaderOptions::default()
+            },
+            remote: None,
+            dataset: None,
+            pinning,
+            lane: None,
+        }
+    }
+
     pub(super) fn build(&self, spec: JobSpec) -> stoker_loader::Result<Loader> {
         if let Some((dataset, num_samples)) = &self.dataset {
             let source = dataset.build(spec, *num_samples)?;
@@ -120,21 +144,26 @@ pub(super) fn start_dashboard(
 
 impl NativeLoader {
     /// Builds the loader `recipe` describes (the interpreter let go meanwhile) and its
-    /// dashboard, when `dashboard` gives an address.
-    #[allow(clippy::too_many_arguments)]
+    /// dashboard, when `settings` give it an address.
     pub(super) fn from_recipe(
         py: Python<'_>,
         recipe: Recipe,
         address: Option<String>,
-        dashboard: Option<(String, Option<PathBuf>)>,
-        job_name: &str,
-        rank: u32,
-        release_streams: Option<Py<PyAny>>,
+        settings: LoaderSettings,
     ) -> PyResult<Self> {
         let loader = py
             .detach(|| recipe.build(recipe.spec.clone()))
             .map_err(from_loader)?;
-        let dashboard = start_dashboard(dashboard, job_name, rank, &loader)?;
+        let LoaderSettings {
+            dashboard,
+            dashboard_token_file,
+            job_name,
+            rank,
+            release_streams,
+            ..
+        } = settings;
+        let dashboard = dashboard.map(|address| (address, dashboard_token_file));
+        let dashboard = start_dashboard(dashboard, &job_name, rank, &loader)?;
         let release = match &recipe.pinning {
             Some(pinning) if loader.slots().is_pinned() => Some(Arc::new(PinnedRelease {
                 streams: release_streams,

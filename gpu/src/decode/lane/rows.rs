@@ -104,6 +104,35 @@ impl DeviceRows {
     }
 }
 
+/// The loader's view of the rows, kept with the batch's slot.
+impl stoker_loader::LaneRows for DeviceRows {
+    fn ptr(&self) -> u64 {
+        DeviceRows::ptr(self)
+    }
+
+    fn positions(&self) -> &[u32] {
+        DeviceRows::positions(self)
+    }
+
+    fn shape(&self) -> [usize; 4] {
+        DeviceRows::shape(self)
+    }
+
+    fn device(&self) -> usize {
+        DeviceRows::device(self)
+    }
+
+    unsafe fn wait_on(&self, stream: usize) -> std::result::Result<(), String> {
+        // SAFETY: as the caller promises.
+        unsafe { DeviceRows::wait_on(self, stream) }.map_err(|e| e.to_string())
+    }
+
+    unsafe fn keep_until(self: Arc<Self>, stream: usize) -> std::result::Result<(), String> {
+        // SAFETY: as the caller promises.
+        unsafe { DeviceRows::keep_until(&self, stream) }.map_err(|e| e.to_string())
+    }
+}
+
 impl Drop for DeviceRows {
     /// Gives the rows' buffer back to the lane once the work that writes them is done: a batch
     /// dropped unread (a loop that stopped, batches built ahead and let go) may go while its

@@ -16,9 +16,11 @@ use std::time::Duration;
 
 use bytes::Bytes;
 
+mod lane_rows;
 mod memory;
 mod page_lock;
 
+pub use lane_rows::LaneRows;
 pub use memory::{pinned_reserved, slot_stride, PinnedPoolError};
 use memory::{reserve_pinned, Arena, PinSlots, PinStatus, Pinning, PINNED_RESERVED};
 pub use page_lock::PageLocker;
@@ -58,9 +60,9 @@ pub struct SlotPool {
     attached: Mutex<Vec<(usize, usize, Attachment)>>,
 }
 
-/// A value kept with a slot for as long as the slot is out of its pool, and found from a
-/// pointer into the slot ([`SlotPool::attachment`]): the GPU lane's rows of the batch in it.
-pub type Attachment = Arc<dyn std::any::Any + Send + Sync>;
+/// What is kept with a slot for as long as the slot is out of its pool, and found from a
+/// pointer into the slot ([`SlotPool::attachment`]): a decode lane's rows of the batch in it.
+pub type Attachment = Arc<dyn LaneRows>;
 
 /// Where a shared pool's slots are, for another process to map them
 /// ([`SlotPool::shared_memory`]).
