@@ -5,8 +5,10 @@
 
 use std::path::PathBuf;
 
+use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList};
+use stoker_proto::v1::{self as proto, JobSpec};
 
 use crate::spec::PyMix;
 
@@ -124,6 +126,29 @@ settings! {
         waiting_on: String,
         /// Slots in one shared mapping that worker processes write into.
         shared_slots: bool,
+    }
+}
+
+impl LoaderSettings {
+    /// Every loader's part of its job spec, once the deadline is checked: the batch size, the
+    /// order and the ranks (a rank's short last batch padded), no dataset yet.
+    pub(crate) fn plan(&self) -> PyResult<JobSpec> {
+        let timeout_s = self.timeout_s;
+        if !(timeout_s.is_finite() && timeout_s > 0.0) {
+            return Err(PyValueError::new_err(format!(
+                "timeout must be a positive number of seconds, got {timeout_s}"
+            )));
+        }
+        Ok(JobSpec {
+            batch_size: self.batch_size,
+            seed: self.seed,
+            shuffle: self.shuffle,
+            drop_last: self.drop_last,
+            rank: self.rank,
+            world_size: self.world_size,
+            uneven_tail: proto::UnevenTail::Pad as i32,
+            ..JobSpec::default()
+        })
     }
 }
 

@@ -6,16 +6,9 @@ use pyo3::prelude::*;
 use pyo3::types::PyDict;
 use stoker_proto::v1::{self as proto, BadSamplePolicy, JobSpec};
 
-/// The job settings the loader takes from Python.
+/// What a source Stoker reads adds to a job's plan: how it is read, and which of its files.
 pub(crate) struct JobSettings<'a> {
-    pub batch_size: u32,
-    pub shuffle: bool,
-    pub seed: u64,
-    pub drop_last: bool,
-    pub rank: u32,
-    pub world_size: u32,
     pub on_error: &'a str,
-    pub timeout_s: f64,
     pub format: &'a str,
     pub shuffle_window: u32,
     pub text_column: String,
@@ -101,8 +94,10 @@ pub(crate) fn dataset_format(format: &str) -> PyResult<proto::DatasetFormat> {
     })
 }
 
-/// Checks the settings and builds the job spec (the pipeline from the ops' dicts).
+/// Checks the settings and builds the job spec of `plan` (its order and ranks) over `source`
+/// (the pipeline from the ops' dicts).
 pub(crate) fn job_spec(
+    plan: JobSpec,
     source: String,
     ops: &[Bound<'_, PyDict>],
     settings: JobSettings<'_>,
@@ -117,12 +112,6 @@ pub(crate) fn job_spec(
             )))
         }
     };
-    let timeout_s = settings.timeout_s;
-    if !(timeout_s.is_finite() && timeout_s > 0.0) {
-        return Err(PyValueError::new_err(format!(
-            "timeout must be a positive number of seconds, got {timeout_s}"
-        )));
-    }
     Ok(JobSpec {
         dataset: Some(proto::DatasetSource {
             uri: if settings.uris.is_empty() {
@@ -137,16 +126,8 @@ pub(crate) fn job_spec(
             ..Default::default()
         }),
         pipeline: crate::ops::from_python(ops)?,
-        batch_size: settings.batch_size,
-        seed: settings.seed,
-        shuffle: settings.shuffle,
-        drop_last: settings.drop_last,
-        rank: settings.rank,
-        world_size: settings.world_size,
-        uneven_tail: proto::UnevenTail::Pad as i32,
         on_error: on_error as i32,
         shuffle_window: settings.shuffle_window,
-        resized_epoch: None,
-        mix: None,
+        ..plan
     })
 }

@@ -15,7 +15,7 @@ use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 use stoker_loader::{Loader, RemoteOptions, StartDecodeLane, Token};
-use stoker_proto::v1::{self as proto, JobSpec};
+use stoker_proto::v1 as proto;
 
 use crate::buffer::PinnedRelease;
 use crate::dataset::DatasetRecipe;
@@ -88,17 +88,11 @@ impl NativeLoader {
             library_dirs,
         )?;
         let mut spec = job_spec(
+            settings.plan()?,
             path.to_string_lossy().into_owned(),
             &ops,
             JobSettings {
-                batch_size: settings.batch_size,
-                shuffle: settings.shuffle,
-                seed: settings.seed,
-                drop_last: settings.drop_last,
-                rank: settings.rank,
-                world_size: settings.world_size,
                 on_error: &on_error,
-                timeout_s: settings.timeout_s,
                 format: &format,
                 shuffle_window,
                 text_column,
@@ -149,22 +143,7 @@ impl NativeLoader {
         settings: LoaderSettings,
         dataset: DatasetSettings,
     ) -> PyResult<Self> {
-        let timeout_s = settings.timeout_s;
-        if !(timeout_s.is_finite() && timeout_s > 0.0) {
-            return Err(PyValueError::new_err(format!(
-                "timeout must be a positive number of seconds, got {timeout_s}"
-            )));
-        }
-        let spec = JobSpec {
-            batch_size: settings.batch_size,
-            seed: settings.seed,
-            shuffle: settings.shuffle,
-            drop_last: settings.drop_last,
-            rank: settings.rank,
-            world_size: settings.world_size,
-            uneven_tail: proto::UnevenTail::Pad as i32,
-            ..JobSpec::default()
-        };
+        let spec = settings.plan()?;
         let DatasetSettings {
             builder,
             num_samples,
