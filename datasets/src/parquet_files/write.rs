@@ -24,7 +24,7 @@ use parquet::schema::types::ColumnPath;
 use tracing::info;
 
 use super::CLASS_NAMES_KEY;
-use crate::error::{Error, Result};
+use crate::error::{Error, Result, WriteError};
 use crate::sample_source::SampleSource;
 
 /// Options of [`write_parquet`].
@@ -109,7 +109,7 @@ impl OpenFile {
         let temporary = out.join(format!("part-{number:06}.parquet.partial"));
         let file = File::create(&temporary).map_err(|source| Error::io(&temporary, source))?;
         let writer = ArrowWriter::try_new(file, Arc::clone(schema), Some(properties.clone()))
-            .map_err(|source| Error::ParquetWrite {
+            .map_err(|source| WriteError::ParquetWrite {
                 path: temporary.clone(),
                 source,
             })?;
@@ -123,10 +123,11 @@ impl OpenFile {
     }
 
     fn write_error(&self, source: parquet::errors::ParquetError) -> Error {
-        Error::ParquetWrite {
+        WriteError::ParquetWrite {
             path: self.temporary.clone(),
             source,
         }
+        .into()
     }
 
     /// Writes `pending` as one row group.
@@ -176,7 +177,7 @@ impl OpenFile {
         let file = self
             .writer
             .into_inner()
-            .map_err(|source| Error::ParquetWrite {
+            .map_err(|source| WriteError::ParquetWrite {
                 path: temporary.clone(),
                 source,
             })?;
@@ -217,7 +218,7 @@ pub fn write_parquet(
     std::fs::create_dir_all(out).map_err(|source| Error::io(out, source))?;
     let mut entries = std::fs::read_dir(out).map_err(|source| Error::io(out, source))?;
     if entries.next().is_some() {
-        return Err(Error::ParquetOutputNotEmpty(out.to_path_buf()));
+        return Err(WriteError::ParquetOutputNotEmpty(out.to_path_buf()).into());
     }
     let rows_per_group = options.rows_per_group.max(1);
     let schema: SchemaRef = Arc::new(Schema::new(vec![

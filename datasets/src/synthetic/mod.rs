@@ -14,7 +14,7 @@ use rayon::prelude::*;
 use serde::Serialize;
 use tracing::info;
 
-use crate::error::{Error, Result};
+use crate::error::{Error, Result, WriteError};
 use image_plan::{Encoding, ImagePlan};
 use manifest::{read_record, write_record, Manifest, SpecRecord, IN_PROGRESS_NAME, MANIFEST_NAME};
 use photo_painter::paint_photo;
@@ -183,19 +183,21 @@ fn prepare_output(out: &Path, record: &SpecRecord) -> Result<OutputState> {
         if manifest.spec == *record {
             return Ok(OutputState::Complete(manifest));
         }
-        return Err(Error::OutputHoldsOtherDataset {
+        return Err(WriteError::OutputHoldsOtherDataset {
             path: out.to_path_buf(),
             found: manifest.spec.describe(),
-        });
+        }
+        .into());
     }
     if let Some(in_progress) = read_record::<SpecRecord>(&out.join(IN_PROGRESS_NAME))? {
         if in_progress == *record {
             return Ok(OutputState::Resume);
         }
-        return Err(Error::OutputHoldsOtherDataset {
+        return Err(WriteError::OutputHoldsOtherDataset {
             path: out.to_path_buf(),
             found: format!("{} (incomplete)", in_progress.describe()),
-        });
+        }
+        .into());
     }
     // Temporary files are all a run killed before writing its marker can have left.
     for entry in std::fs::read_dir(out).map_err(|source| Error::io(out, source))? {
@@ -205,7 +207,7 @@ fn prepare_output(out: &Path, record: &SpecRecord) -> Result<OutputState> {
             .to_string_lossy()
             .ends_with(TEMPORARY_SUFFIX)
         {
-            return Err(Error::OutputNotEmpty(out.to_path_buf()));
+            return Err(WriteError::OutputNotEmpty(out.to_path_buf()).into());
         }
     }
     Ok(OutputState::Fresh)
@@ -276,7 +278,7 @@ fn make_image(
             let compressor = match compressor {
                 Some(compressor) => compressor,
                 None => compressor.insert(turbojpeg::Compressor::new().map_err(|source| {
-                    Error::JpegEncode {
+                    WriteError::JpegEncode {
                         path: path.clone(),
                         source,
                     }
@@ -290,12 +292,12 @@ fn make_image(
                 subsampling,
                 progressive,
             )
-            .map_err(|source| Error::JpegEncode {
+            .map_err(|source| WriteError::JpegEncode {
                 path: path.clone(),
                 source,
             })?
         }
-        Encoding::Png => encode_png(&plan, &pixels).map_err(|source| Error::PngEncode {
+        Encoding::Png => encode_png(&plan, &pixels).map_err(|source| WriteError::PngEncode {
             path: path.clone(),
             source,
         })?,
@@ -400,7 +402,7 @@ mod tests {
         std::fs::write(temp.path().join("notes.txt"), b"mine").unwrap();
         assert!(matches!(
             prepare_output(temp.path(), &record),
-            Err(Error::OutputNotEmpty(_))
+            Err(Error::Write(WriteError::OutputNotEmpty(_)))
         ));
     }
 

@@ -14,7 +14,7 @@ use std::path::{Path, PathBuf};
 use tracing::info;
 
 use super::CLASSES_FILE;
-use crate::error::{Error, Result};
+use crate::error::{Error, Result, WriteError};
 use crate::image_format::{sniff_format, ImageFormat};
 use crate::sample_source::SampleSource;
 
@@ -88,8 +88,11 @@ fn image_extension(bytes: &[u8], described: &str) -> Result<&'static str> {
         .into_iter()
         .find(|(suffix, _)| lower.ends_with(suffix))
         .map(|(_, extension)| extension)
-        .ok_or_else(|| Error::UnsupportedShardImage {
-            sample: described.to_string(),
+        .ok_or_else(|| {
+            WriteError::UnsupportedShardImage {
+                sample: described.to_string(),
+            }
+            .into()
         })
 }
 
@@ -161,7 +164,7 @@ pub fn write_tar_shards(
     std::fs::create_dir_all(out).map_err(|source| Error::io(out, source))?;
     let mut entries = std::fs::read_dir(out).map_err(|source| Error::io(out, source))?;
     if entries.next().is_some() {
-        return Err(Error::ShardOutputNotEmpty(out.to_path_buf()));
+        return Err(WriteError::ShardOutputNotEmpty(out.to_path_buf()).into());
     }
 
     let mut written = TarShardsWritten {
@@ -263,7 +266,7 @@ mod tests {
         assert_eq!(image_extension(b"P6\n1 1\n255\n", "x/a").unwrap(), "pnm");
         assert!(matches!(
             image_extension(b"junk", "x/a.heic"),
-            Err(Error::UnsupportedShardImage { .. })
+            Err(Error::Write(WriteError::UnsupportedShardImage { .. }))
         ));
     }
 

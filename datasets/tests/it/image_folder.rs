@@ -9,7 +9,7 @@ use std::time::Instant;
 
 use stoker_datasets::{
     generate_imagenet_like, inspect_image_folder, sniff_format, Error, ImageFolder, ImageFormat,
-    SampleSource, SyntheticImageNetSpec,
+    SampleSource, SyntheticImageNetSpec, WriteError,
 };
 
 fn write_file(root: &Path, relative: &str, bytes: &[u8]) {
@@ -216,7 +216,10 @@ fn generator_reuses_resumes_and_refuses() {
     // Another spec: refused, naming what is there.
     let error = generate_imagenet_like(&out, &spec(13, 1, 3), &|_| {}).unwrap_err();
     assert!(
-        matches!(error, Error::OutputHoldsOtherDataset { .. }),
+        matches!(
+            error,
+            Error::Write(WriteError::OutputHoldsOtherDataset { .. })
+        ),
         "{error}"
     );
     assert!(error.to_string().contains("count=12"), "{error}");
@@ -239,7 +242,7 @@ fn generator_reuses_resumes_and_refuses() {
     let foreign = temp.path().join("foreign");
     write_file(&foreign, "holiday.jpg", b"x");
     let error = generate_imagenet_like(&foreign, &spec(12, 1, 3), &|_| {}).unwrap_err();
-    assert!(matches!(&error, Error::OutputNotEmpty(path) if *path == foreign));
+    assert!(matches!(&error, Error::Write(WriteError::OutputNotEmpty(path)) if *path == foreign));
     assert!(error.to_string().contains("not a stoker-generated dataset"));
 }
 

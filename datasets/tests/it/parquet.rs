@@ -18,7 +18,7 @@ use parquet::file::properties::WriterProperties;
 use stoker_datasets::{
     generate_imagenet_like, looks_like_parquet, write_parquet, Error, ImageFolder, NumericKind,
     ParquetDataset, ParquetOptions, ParquetSampleKind, ParquetWriterOptions, SampleSource,
-    SyntheticImageNetSpec,
+    SyntheticImageNetSpec, WriteError,
 };
 
 /// Named columns of a file to write.
@@ -133,7 +133,10 @@ fn write_parquet_keeps_order_bytes_labels_and_class_names() {
     let first = open(&written.files[0]).unwrap();
     assert_eq!(first.read(0).unwrap(), folder.read(0).unwrap());
     let again = write_parquet(&folder, &out, &options, &|_| {});
-    assert!(matches!(again, Err(Error::ParquetOutputNotEmpty(_))));
+    assert!(matches!(
+        again,
+        Err(Error::Write(WriteError::ParquetOutputNotEmpty(_)))
+    ));
 }
 
 #[test]

@@ -9,7 +9,8 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime};
 
 use stoker_datasets::{
-    write_tar_shards, Error, SampleSource, TarShards, TarShardsWriterOptions, CLASSES_FILE,
+    write_tar_shards, Error, SampleSource, TarShards, TarShardsWriterOptions, WriteError,
+    CLASSES_FILE,
 };
 
 /// A tar archive holding `members` (name, data) in order, as regular files.
@@ -431,6 +432,6 @@ fn written_shards_read_back_sample_for_sample() {
     // A non-empty output folder is refused.
     assert!(matches!(
         write_tar_shards(&source, &out, &options, &|_| {}),
-        Err(Error::ShardOutputNotEmpty(_))
+        Err(Error::Write(WriteError::ShardOutputNotEmpty(_)))
     ));
 }

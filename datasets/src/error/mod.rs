@@ -2,6 +2,9 @@
 
 use std::path::PathBuf;
 
+mod fault;
+mod writing;
+
 /// Everything that can go wrong while indexing, reading, generating or inspecting a dataset.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
@@ -66,25 +69,6 @@ pub enum Error {
     #[error("invalid synthetic dataset spec: {0}")]
     InvalidSpec(String),
 
-    /// The generator's output folder holds files that are not a generated dataset.
-    #[error(
-        "{0} is not empty and is not a stoker-generated dataset; \
-         choose an empty or new folder"
-    )]
-    OutputNotEmpty(PathBuf),
-
-    /// The generator's output folder holds a generated dataset made from another spec.
-    #[error(
-        "{path} already holds a generated dataset with {found}; \
-         delete it or choose another folder"
-    )]
-    OutputHoldsOtherDataset {
-        /// The output folder.
-        path: PathBuf,
-        /// The spec of the set found there, in words.
-        found: String,
-    },
-
     /// A dataset manifest could not be read or written.
     #[error("bad dataset manifest {path}: {source}")]
     Manifest {
@@ -94,23 +78,9 @@ pub enum Error {
         source: serde_json::Error,
     },
 
-    /// libjpeg-turbo failed to encode a generated image.
-    #[error("jpeg encoding failed for {path}: {source}")]
-    JpegEncode {
-        /// The file being written.
-        path: PathBuf,
-        /// What libjpeg-turbo reported.
-        source: turbojpeg::Error,
-    },
-
-    /// The PNG encoder failed on a generated image.
-    #[error("png encoding failed for {path}: {source}")]
-    PngEncode {
-        /// The file being written.
-        path: PathBuf,
-        /// What the encoder reported.
-        source: png::EncodingError,
-    },
+    /// A dataset could not be written (the generator, tar shards, Parquet files).
+    #[error(transparent)]
+    Write(#[from] WriteError),
 
     /// A tar shard set path names a folder without any `*.tar` file.
     #[error("found no *.tar shard in {0}")]
@@ -148,20 +118,6 @@ pub enum Error {
         member: String,
         /// What the operating system reported.
         source: std::io::Error,
-    },
-
-    /// The folder tar shards were to be written to already holds files.
-    #[error("{0} is not empty; write tar shards to an empty or new folder")]
-    ShardOutputNotEmpty(PathBuf),
-
-    /// A sample to be written to a tar shard is in no image format Stoker decodes.
-    #[error(
-        "cannot put {sample} in a tar shard: it is not a JPEG, PNG, WebP, BMP, TIFF, PBM/PGM/PPM \
-         or GIF image (by its bytes or its file name), the formats tar shards hold"
-    )]
-    UnsupportedShardImage {
-        /// The sample, as its source describes it.
-        sample: String,
     },
 
     /// An argument out of range (a window length).
@@ -475,19 +431,6 @@ pub enum Error {
         problem: String,
     },
 
-    /// Writing a Parquet file failed.
-    #[error("cannot write the parquet file {path}: {source}")]
-    ParquetWrite {
-        /// The file being written.
-        path: PathBuf,
-        /// What the Parquet writer reported.
-        source: parquet::errors::ParquetError,
-    },
-
-    /// The folder Parquet files were to be written to already holds files.
-    #[error("{0} is not empty; write parquet files to an empty or new folder")]
-    ParquetOutputNotEmpty(PathBuf),
-
     /// A Hugging Face `datasets` folder whose layout or features Stoker cannot use: a missing
     /// or malformed `state.json` / `dataset_info.json`, shards that differ, or columns missing
     /// or of an unusable type.
@@ -635,103 +578,12 @@ pub enum Error {
 /// The crate's result type.
 pub type Result<T> = std::result::Result<T, Error>;
 
-/// Whose fault a failed read is: the bad-input policy may replace a sample only for
-/// [`ReadFault::Sample`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ReadFault {
-    /// The sample's own bytes are missing or wrong (a deleted file, a truncated member, a
-    /// malformed record): a bad sample.
-    Sample,
-    /// The process or the machine ran short of something (descriptors, memory, kernel
-    /// buffers): the same read may succeed after a pause.
-    Resource,
-    /// The storage or the dataset failed as a whole (an I/O error of the device, a full or
-    /// stale file system, a file changed under the job): neither the sample's fault nor worth
-    /// retrying.
-    Source,
-}
-
-impl Error {
-    /// Whose fault this error is when it comes from reading one sample.
-    pub fn read_fault(&self) -> ReadFault {
-        match self {
-            Error::Io { source, .. } | Error::ShardRead { source, .. } => io_fault(source),
-            // Short of descriptors or memory it may pass; anything else is the cache's.
-            Error::Cache { source, .. } => match io_fault(source) {
-                ReadFault::Resource => ReadFault::Resource,
-                _ => ReadFault::Source,
-            },
-            Error::ParquetFile { source, .. } | Error::ParquetRowGroup { source, .. } => {
-                match source {
-                    parquet::errors::ParquetError::External(inner) => inner
-                        .downcast_ref::<std::io::Error>()
-                        .map_or(ReadFault::Sample, io_fault),
-                    _ => ReadFault::Sample,
-                }
-            }
-            Error::FileChanged { .. }
-            | Error::FileReplaced { .. }
-            | Error::ObjectChanged { .. }
-            | Error::CacheLockTimeout { .. }
-            | Error::ObjectStore { .. }
-            | Error::NoS3Client { .. }
-            | Error::IncompleteObject { .. } => ReadFault::Source,
-            _ => ReadFault::Sample,
-        }
-    }
-
-    /// Wraps an I/O error with the path it concerns.
-    pub(crate) fn io(path: impl Into<PathBuf>, source: std::io::Error) -> Error {
-        Error::Io {
-            path: path.into(),
-            source,
-        }
-    }
-
-    /// Wraps an I/O error on a file of the cache tier ([`Error::Cache`]).
-    pub(crate) fn cache(path: impl Into<PathBuf>, source: std::io::Error) -> Error {
-        Error::Cache {
-            path: path.into(),
-            source,
-        }
-    }
-}
+pub use fault::ReadFault;
+pub use writing::WriteError;
 
 #[cfg(feature = "fuzzing")]
 pub(crate) use crate::decoder_panics::panic_is_contained;
 pub(crate) use crate::decoder_panics::without_panics;
-
-/// Whose fault a failed system call is; see [`ReadFault`].
-pub(crate) fn io_fault(error: &std::io::Error) -> ReadFault {
-    if error.kind() == std::io::ErrorKind::OutOfMemory {
-        return ReadFault::Resource;
-    }
-    match error.raw_os_error() {
-        Some(
-            libc::EMFILE
-            | libc::ENFILE
-            | libc::ENOMEM
-            | libc::ENOBUFS
-            | libc::EAGAIN
-            | libc::EINTR
-            | libc::ENOLCK,
-        ) => ReadFault::Resource,
-        Some(
-            libc::EIO
-            | libc::ENOSPC
-            | libc::EDQUOT
-            | libc::ESTALE
-            | libc::ENODEV
-            | libc::ENXIO
-            | libc::EROFS
-            | libc::ETIMEDOUT
-            | libc::ENOTCONN
-            | libc::EHOSTDOWN
-            | libc::EREMOTEIO,
-        ) => ReadFault::Source,
-        _ => ReadFault::Sample,
-    }
-}
 
 #[cfg(test)]
 mod tests {
