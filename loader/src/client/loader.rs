@@ -60,6 +60,16 @@ pub struct PinOptions {
     pub budget_bytes: u64,
 }
 
+impl LoaderOptions {
+    /// The decode lane `decode_lane` starts for `job`, if one is asked for and runs.
+    pub fn start_lane(&self, job: &Job) -> Result<Option<Arc<dyn DecodeLane>>> {
+        match &self.decode_lane {
+            Some(start) => start.start(job),
+            None => Ok(None),
+        }
+    }
+}
+
 impl Default for LoaderOptions {
     fn default() -> Self {
         Self {
@@ -145,10 +155,7 @@ impl Loader {
 
     /// The embedded mode over an opened job.
     pub fn from_job(job: Job, options: LoaderOptions) -> Result<Loader> {
-        let lane = match &options.decode_lane {
-            Some(start) => start.start(&job)?,
-            None => None,
-        };
+        let lane = options.start_lane(&job)?;
         let source = EmbeddedSource::start_with(job, options.threads, lane.clone())?;
         Self::assemble(Box::new(source), lane, options, None)
     }
@@ -191,7 +198,8 @@ impl Loader {
         options: LoaderOptions,
         fresh: impl FnOnce(JobSpec) -> Result<Box<dyn BatchSource>>,
     ) -> Result<Loader> {
-        // A source that shares this one's threads shares its lane; a fresh one has its own.
+        // A source that shares this one's threads shares its lane; a fresh one brings no lane
+        // this loader knows of (its figures and pace are not read).
         let (source, lane) = match self.core.source.beside(spec.clone())? {
             Some(source) => (source, self.core.lane.clone()),
             None => (fresh(spec)?, None),

@@ -8,8 +8,6 @@ use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList, PyTuple};
 
 use crate::gpu_decode::DeviceRows;
-use stoker_gpu::{DevicePinning, PinDevice};
-use stoker_loader::PinOptions;
 use stoker_proto::v1 as proto;
 
 use crate::buffer::{dtype_name, Buffer, PinnedRelease};
@@ -170,28 +168,4 @@ pub(super) fn slot_stats(
     dict.set_item("pinned_bytes", slots.pinned_bytes())?;
     dict.set_item("pin_error", slots.pin_error())?;
     dict.set_item("pinned_device", slots.pinned_device())
-}
-
-/// Page-locking for a loader and the loaders built beside it: on `pin_device` (with
-/// `pin_follow`, on the device the process uses when the first batch goes out, `pin_device`
-/// where it uses none), or none.
-pub(super) fn pinning(pin_device: Option<usize>, pin_follow: bool) -> Option<Arc<DevicePinning>> {
-    pin_device.map(|device| {
-        Arc::new(DevicePinning::new(if pin_follow {
-            PinDevice::Follow(device)
-        } else {
-            PinDevice::Fixed(device)
-        }))
-    })
-}
-
-/// The loader's page-locked slots through `pinning`, within `pinned_budget` bytes.
-pub(super) fn pin_options(
-    pinning: &Option<Arc<DevicePinning>>,
-    pinned_budget: u64,
-) -> Option<PinOptions> {
-    pinning.as_ref().map(|pinning| PinOptions {
-        locker: Arc::clone(pinning) as Arc<dyn stoker_loader::PageLocker>,
-        budget_bytes: pinned_budget,
-    })
 }

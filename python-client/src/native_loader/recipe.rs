@@ -8,10 +8,10 @@ use std::time::Duration;
 
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
-use stoker_gpu::{DevicePinning, StartGpuLane};
+use stoker_gpu::{DevicePinning, PinDevice, StartGpuLane};
 use stoker_loader::{
-    Dashboard, DashboardAccess, DashboardError, EmbeddedSource, Loader, LoaderOptions,
-    RemoteOptions, RemoteSource, Token,
+    Dashboard, DashboardAccess, DashboardError, EmbeddedSource, Loader, LoaderOptions, PageLocker,
+    PinOptions, RemoteOptions, RemoteSource, Token,
 };
 use stoker_proto::v1::JobSpec;
 
@@ -21,7 +21,6 @@ use crate::errors::{from_loader, raise, Kind};
 use crate::settings::LoaderSettings;
 
 use super::access::Held;
-use super::batches::{pin_options, pinning};
 use super::NativeLoader;
 
 /// How to build a loader like this one for another spec.
@@ -40,9 +39,21 @@ pub(super) struct Recipe {
 
 impl Recipe {
     /// The recipe of `spec` on `threads` decode threads (or dataset lanes) with `settings`'
-    /// queue, deadline and pinning; no coordinator, Python dataset or GPU decode lane yet.
+    /// queue, deadline and pinning (on `pin_device`; with `pin_follow`, on the device the
+    /// process uses when the first batch goes out, `pin_device` where it uses none); no
+    /// coordinator, Python dataset or GPU decode lane yet.
     pub(super) fn new(spec: JobSpec, threads: usize, settings: &LoaderSettings) -> Recipe {
-        let pinning = pinning(settings.pin_device, settings.pin_follow);
+        let pinning = settings.pin_device.map(|device| {
+            Arc::new(DevicePinning::new(if settings.pin_follow {
+                PinDevice::Follow(device)
+            } else {
+                PinDevice::Fixed(device)
+            }))
+        });
+        let pin = pinning.as_ref().map(|pinning| PinOptions {
+            locker: Arc::clone(pinning) as Arc<dyn PageLocker>,
+            budget_bytes: settings.pinned_budget,
+        });
         Recipe {
             spec,
             options: LoaderOptions {
@@ -51,7 +62,7 @@ impl Recipe {
                 max_prefetch_bytes: settings.max_prefetch_bytes,
                 deadline: Duration::from_secs_f64(settings.timeout_s),
                 max_held_batches: settings.max_held_batches,
-                pin: pin_options(&pinning, settings.pinned_budget),
+                pin,
                 ..LoaderOptions::default()
             },
             remote: None,
@@ -94,10 +105,7 @@ impl Recipe {
                 )?)),
                 None => {
                     let job = stoker_pipeline::Job::open(spec)?;
-                    let lane = match &self.options.decode_lane {
-                        Some(start) => start.start(&job)?,
-                        None => None,
-                    };
+                    let lane = self.options.start_lane(&job)?;
                     Ok(Box::new(EmbeddedSource::start_with(
                         job,
                         self.options.threads,
