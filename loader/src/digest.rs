@@ -2,7 +2,7 @@
 //! can be compared with one line.
 
 use sha2::{Digest, Sha256};
-use stoker_proto::v1::Batch;
+use stoker_pipeline::Batch;
 
 /// Running digest of a sequence of batches.
 #[derive(Default, Clone)]
@@ -24,7 +24,7 @@ impl BatchDigest {
         for tensor in &batch.tensors {
             self.hasher.update((tensor.name.len() as u64).to_le_bytes());
             self.hasher.update(tensor.name.as_bytes());
-            self.hasher.update(tensor.dtype.to_le_bytes());
+            self.hasher.update((tensor.dtype as i32).to_le_bytes());
             self.hasher
                 .update((tensor.shape.len() as u64).to_le_bytes());
             for dim in &tensor.shape {

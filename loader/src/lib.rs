@@ -29,9 +29,7 @@ pub use client::prefetch::{
 };
 pub use client::remote::updates as session_updates;
 pub use client::remote::{RemoteOptions, RemoteSource};
-pub use client::slots::{
-    Attachment, LaneRows, PageLocker, PinnedPoolError, SharedMemory, Slot, SlotPool,
-};
+pub use client::slots::{PageLocker, PinnedPoolError, SharedMemory, Slot, SlotPool};
 pub use client::source::{
     receive, BatchSource, Built, EpochFeed, IdleClock, QueueFeed, SourceInfo, StepContext,
     StepTask, TaskQueue,
@@ -43,5 +41,8 @@ pub use stoker_dashboard::{
     Dashboard, DashboardAccess, DashboardError, GpuDecodeFigures, JobShare, LoaderMonitor,
     LoaderStats, MonitorSnapshot, MonitorSource, WorkerLoad, COOKIE_LIFETIME,
 };
+/// The batch as the loader hands it on (built in process or landed off the wire), with its
+/// tensors over their slot and any rows a decode lane left on a device.
+pub use stoker_pipeline::{Batch, LaneRows, Tensor};
 /// The shared token of the distributed mode (see [`RemoteOptions::token`]).
 pub use stoker_rpc::security::Token;

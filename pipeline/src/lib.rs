@@ -58,8 +58,8 @@ pub mod presets;
 mod rng;
 
 pub use batch::{
-    mix_samples, AssembledBatch, BatchAssembler, BatchKey, DivertedImage, ImageDiverter,
-    TensorLayout, MAX_SUBSTITUTE_TRIES,
+    mix_samples, AssembledBatch, Batch, BatchAssembler, BatchKey, DivertedImage, ImageDiverter,
+    LaneRows, Tensor, TensorLayout, MAX_SUBSTITUTE_TRIES,
 };
 pub use error::{kind_of_opening, panic_text, Error, ErrorKind, Result, SampleError, ERROR_KINDS};
 pub use job::{

@@ -7,7 +7,7 @@
 //! The pipeline op language is the `Op` oneof of `job.proto`, and nothing else lists it:
 //! [`op_schema`] reads the ops, their fields and comments from the embedded descriptor set, and
 //! [`build_op`] builds an op by name from loosely typed values (the Python client's path).
-//! [`v1::Tensor::elements`] reads a tensor's values back as numbers of its dtype. [`ErrorKind`]
+//! [`elements()`] reads a tensor's bytes back as numbers of its dtype. [`ErrorKind`]
 //! is the kind every error travels with, in process and over gRPC.
 //!
 //! ```
@@ -24,7 +24,7 @@ mod elements;
 mod error_kind;
 mod schema;
 
-pub use elements::Element;
+pub use elements::{elements, Element};
 pub use error_kind::{ErrorKind, ERROR_KINDS};
 
 pub use schema::{

@@ -19,6 +19,7 @@ use pyo3::exceptions::PyBufferError;
 use pyo3::ffi;
 use pyo3::prelude::*;
 use stoker_gpu::{Cuda, DevicePinning, Fence, Sweep};
+use stoker_proto::v1::Dtype;
 
 /// How the buffers of a page-locked pool are let go: the device that locked them, and a Python
 /// callable that names each device a user's copy may be queued on with the releasing thread's
@@ -311,14 +312,14 @@ pub(crate) unsafe fn fill_byte_view(
 }
 
 /// The numpy name of a proto dtype.
-pub(crate) fn dtype_name(dtype: i32) -> &'static str {
-    match stoker_proto::v1::Dtype::try_from(dtype) {
-        Ok(stoker_proto::v1::Dtype::Uint8) => "uint8",
-        Ok(stoker_proto::v1::Dtype::Float32) => "float32",
-        Ok(stoker_proto::v1::Dtype::Int64) => "int64",
-        Ok(stoker_proto::v1::Dtype::Int32) => "int32",
-        Ok(stoker_proto::v1::Dtype::Uint16) => "uint16",
-        Ok(stoker_proto::v1::Dtype::Uint32) => "uint32",
-        _ => "unknown",
+pub(crate) fn dtype_name(dtype: Dtype) -> &'static str {
+    match dtype {
+        Dtype::Uint8 => "uint8",
+        Dtype::Float32 => "float32",
+        Dtype::Int64 => "int64",
+        Dtype::Int32 => "int32",
+        Dtype::Uint16 => "uint16",
+        Dtype::Uint32 => "uint32",
+        Dtype::Unspecified => "unknown",
     }
 }

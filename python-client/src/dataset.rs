@@ -24,7 +24,7 @@ use stoker_loader::{
     BatchSource, Built, EpochFeed, Error, IdleClock, LoaderMonitor, QueueFeed, Result, Slot,
     SourceInfo, StepContext, StepTask, TaskQueue,
 };
-use stoker_pipeline::{plan_for_spec, PlanConfig};
+use stoker_pipeline::{plan_for_spec, Batch, PlanConfig, SampleTimings, Tensor};
 use stoker_proto::v1::{self as proto, JobSpec};
 
 /// How long closing a loader waits for its lanes to finish the batch each is building.
@@ -287,7 +287,7 @@ impl Lane {
             let _ = task.reply.send(Built {
                 step,
                 service: started.elapsed(),
-                result: built.map(|_| proto::Batch::default()),
+                result: built.map(|_| Batch::default()),
             });
             return;
         }
@@ -300,9 +300,9 @@ impl Lane {
                 .enumerate()
                 .map(|(field, &size)| {
                     let len = size * n;
-                    let tensor = proto::Tensor {
+                    let tensor = Tensor {
                         name: field.to_string(),
-                        dtype: proto::Dtype::Uint8 as i32,
+                        dtype: proto::Dtype::Uint8,
                         shape: vec![n as u64, size as u64],
                         data: bytes.slice(offset..offset + len),
                     };
@@ -310,17 +310,18 @@ impl Lane {
                     tensor
                 })
                 .collect();
-            proto::Batch {
+            Batch {
                 epoch,
                 rank: task.plan.config().rank,
                 step,
                 tensors,
                 sample_indices: indices,
-                timings: Some(proto::StageTimings {
+                timings: SampleTimings {
                     read_ns: started.elapsed().as_nanos() as u64,
                     ..Default::default()
-                }),
+                },
                 bad_samples: bad,
+                device_rows: None,
             }
         });
         let _ = task.reply.send(Built {

@@ -16,16 +16,16 @@ use stoker_loader::LaneRows;
 /// The rows of one batch that the GPU lane decoded: `shape` uint8 (rows, height, width, 3) on
 /// CUDA device `device`, row `k` being the batch's row `positions[k]`. Make a stream wait for
 /// them with `wait(stream)` before reading, and fence the reads with `keep_until(stream)`;
-/// they stay valid while this object, the batch's slot, or such a fence holds them.
+/// they stay valid while this object, the batch, or such a fence holds them.
 #[pyclass(module = "stoker._native", frozen)]
 pub struct DeviceRows {
     rows: Arc<dyn LaneRows>,
 }
 
 impl DeviceRows {
-    /// The lane's rows kept with the slot holding `ptr`, if any.
-    pub fn of_slot(slots: &stoker_loader::SlotPool, ptr: *const u8) -> Option<DeviceRows> {
-        slots.attachment(ptr).map(|rows| DeviceRows { rows })
+    /// The lane's rows a batch carried.
+    pub fn new(rows: Arc<dyn LaneRows>) -> DeviceRows {
+        DeviceRows { rows }
     }
 }
 

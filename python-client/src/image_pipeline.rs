@@ -46,7 +46,7 @@ impl ImagePipeline {
     /// The output's dtype: "uint8" or "float32".
     #[getter]
     fn dtype(&self) -> &'static str {
-        crate::buffer::dtype_name(self.pipeline.image_dtype() as i32)
+        crate::buffer::dtype_name(self.pipeline.image_dtype())
     }
 
     /// Decodes and augments `data` (an encoded image) into `out` (a writable, contiguous

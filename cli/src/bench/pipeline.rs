@@ -62,7 +62,7 @@ struct BenchReport {
 
 /// Training tokens in a batch: `batch x seq_len` of its `tokens` (windows of seq_len + 1) or
 /// `input_ids` tensor; `None` for image batches.
-fn batch_tokens(batch: &stoker_proto::v1::Batch) -> Option<u64> {
+fn batch_tokens(batch: &stoker_loader::Batch) -> Option<u64> {
     batch
         .tensors
         .iter()

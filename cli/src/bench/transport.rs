@@ -320,7 +320,7 @@ fn receive(
         let mut received = 0u64;
         let mut started = Instant::now();
         let mut first = true;
-        let mut count = |batch: &Batch| {
+        let mut count = |batch: &stoker_loader::Batch| {
             if std::mem::take(&mut first) {
                 started = Instant::now();
             } else {
@@ -351,7 +351,7 @@ fn receive(
                     .max_encoding_message_size(MAX_MESSAGE_BYTES);
                 let mut stream = client.subscribe(request).await?.into_inner();
                 while let Some(batch) = stream.message().await? {
-                    let batch = land_in_slot(batch, slot()?);
+                    let batch = land_in_slot(batch.into(), slot()?);
                     count(black_box(&batch));
                 }
             }

@@ -42,7 +42,7 @@ struct Digested {
 /// Hashes up to `limit` batches from `next` (which says `None` at the end of the epoch).
 fn digest_batches(
     limit: u64,
-    mut next: impl FnMut() -> stoker_loader::Result<Option<stoker_proto::v1::Batch>>,
+    mut next: impl FnMut() -> stoker_loader::Result<Option<stoker_loader::Batch>>,
 ) -> anyhow::Result<Digested> {
     let mut digested = Digested {
         digest: BatchDigest::new(),

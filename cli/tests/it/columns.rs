@@ -15,7 +15,8 @@ use parquet::file::properties::WriterProperties;
 use stoker_loader::{Loader, LoaderOptions};
 
 use crate::common::{digest, elements, tensor, try_epoch as epoch};
-use stoker_proto::v1::{self as proto, op::Op as OpKind, BadSamplePolicy, Batch, JobSpec};
+use stoker_loader::Batch;
+use stoker_proto::v1::{self as proto, op::Op as OpKind, BadSamplePolicy, JobSpec};
 
 const ROWS: i32 = 45;
 

@@ -8,7 +8,7 @@ use std::sync::mpsc;
 use std::time::Duration;
 
 use stoker_datasets::{generate_imagenet_like, SyntheticImageNetSpec};
-use stoker_loader::{BatchDigest, Loader, LoaderOptions};
+use stoker_loader::{Batch, BatchDigest, Loader, LoaderOptions, Tensor};
 use stoker_proto::v1::{self as proto, BadSamplePolicy, JobSpec};
 
 /// A temporary folder holding `count` images in `data/`; returns it and that folder.
@@ -145,42 +145,34 @@ pub fn embedded_loader(spec: JobSpec, threads: usize) -> stoker_loader::Result<L
 }
 
 /// Every batch of `epoch` of `spec`, from an embedded loader with `threads` decode threads.
-pub fn try_epoch(
-    spec: &JobSpec,
-    threads: usize,
-    epoch: u64,
-) -> stoker_loader::Result<Vec<proto::Batch>> {
+pub fn try_epoch(spec: &JobSpec, threads: usize, epoch: u64) -> stoker_loader::Result<Vec<Batch>> {
     embedded_loader(spec.clone(), threads)?
         .epoch(epoch, 0)?
         .collect()
 }
 
 /// Like [`try_epoch`], failing the test on any error.
-pub fn epoch_batches(spec: &JobSpec, threads: usize, epoch: u64) -> Vec<proto::Batch> {
+pub fn epoch_batches(spec: &JobSpec, threads: usize, epoch: u64) -> Vec<Batch> {
     try_epoch(spec, threads, epoch).expect("an epoch of batches")
 }
 
 /// The SHA-256 of `batches`, as `stoker digest` prints it.
-pub fn digest(batches: &[proto::Batch]) -> String {
+pub fn digest(batches: &[Batch]) -> String {
     let mut digest = BatchDigest::new();
     batches.iter().for_each(|b| digest.update(b));
     digest.hex()
 }
 
 /// The tensor `name` of `batch`.
-pub fn tensor<'a>(batch: &'a proto::Batch, name: &str) -> &'a proto::Tensor {
-    batch
-        .tensors
-        .iter()
-        .find(|t| t.name == name)
-        .expect("the tensor is in the batch")
+pub fn tensor<'a>(batch: &'a Batch, name: &str) -> &'a Tensor {
+    batch.tensor(name).expect("the tensor is in the batch")
 }
 
 /// The elements of `tensor` as `T`, which must be its dtype.
-pub fn elements<T: stoker_proto::Element>(tensor: &proto::Tensor) -> Vec<T> {
+pub fn elements<T: stoker_proto::Element>(tensor: &Tensor) -> Vec<T> {
     tensor.elements().unwrap_or_else(|| {
         panic!(
-            "tensor {} has dtype {} and {} bytes, not {:?} elements",
+            "tensor {} has dtype {:?} and {} bytes, not {:?} elements",
             tensor.name,
             tensor.dtype,
             tensor.data.len(),

@@ -8,9 +8,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use stoker_datasets::SampleSource;
+use stoker_loader::Batch;
 use stoker_loader::{Error, Loader, LoaderOptions};
 use stoker_pipeline::Job;
-use stoker_proto::v1::{Batch, JobSpec};
+use stoker_proto::v1::JobSpec;
 
 use crate::common::{self, digest, epoch_batches};
 

@@ -8,6 +8,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
+use stoker_loader::Batch;
 use stoker_pipeline::resized_spec;
 use stoker_proto::v1::{self as proto, op::Op as OpKind, JobSpec, MixEpochEnd};
 
@@ -97,7 +98,7 @@ fn token_mix(fixture: &Tokens, end: MixEpochEnd, epoch_samples: u64, batch: u32)
 
 /// (source, sample index) of every row of `batch`, in order; checks that each row's tokens
 /// are that sample's.
-fn batch_rows(batch: &proto::Batch) -> Vec<(i64, u64)> {
+fn batch_rows(batch: &Batch) -> Vec<(i64, u64)> {
     let sources = elements::<i64>(tensor(batch, "source"));
     let tokens = elements::<u16>(tensor(batch, "tokens"));
     assert_eq!(sources.len(), batch.sample_indices.len());
@@ -123,7 +124,7 @@ fn stream(
     threads: usize,
     (epoch, step): (u64, u64),
     steps: Option<usize>,
-    mut each: impl FnMut(&proto::Batch),
+    mut each: impl FnMut(&Batch),
 ) {
     let loader = common::embedded_loader(spec.clone(), threads).unwrap();
     let mut stream = loader.epoch(epoch, step).unwrap();
@@ -304,7 +305,7 @@ fn image_sources_keep_their_own_pipelines_and_labels() {
     }
     // The eval pipeline is deterministic: source 1's sample i is the same image in any epoch,
     // while the train pipeline crops differently.
-    let image_of = |batches: &[proto::Batch], source: i64, index: u64| -> Vec<u8> {
+    let image_of = |batches: &[Batch], source: i64, index: u64| -> Vec<u8> {
         for batch in batches {
             let sources = elements::<i64>(tensor(batch, "source"));
             let image = tensor(batch, "image");

@@ -64,7 +64,7 @@ fn token_windows_cover_the_file_once_per_epoch_across_ranks() {
         };
         for batch in epoch(&ranked, 2, 1) {
             let tokens = tensor(&batch, "tokens");
-            assert_eq!(tokens.dtype, proto::Dtype::Uint16 as i32);
+            assert_eq!(tokens.dtype, proto::Dtype::Uint16);
             let rows = batch.sample_indices.len() as u64;
             assert_eq!(tokens.shape, [rows, 17]);
             assert!(batch.tensors.iter().all(|t| t.name != "label"));
@@ -100,7 +100,7 @@ fn token_batches_are_bit_identical_for_any_thread_count() {
     stoker_datasets::write_synthetic_tokens(&path, &spec_tokens).unwrap();
     let spec = windows_spec(&path, 128, 16);
     let one = epoch(&spec, 1, 0);
-    assert_eq!(tensor(&one[0], "tokens").dtype, proto::Dtype::Uint32 as i32);
+    assert_eq!(tensor(&one[0], "tokens").dtype, proto::Dtype::Uint32);
     assert_eq!(tensor(&one[0], "tokens").shape, [16, 129]);
     for threads in [2, 4] {
         assert_eq!(
@@ -212,7 +212,7 @@ fn packed_text_follows_the_packing_rule_and_covers_every_document_once() {
                 let t = tensor(&batch, name);
                 assert_eq!(
                     (t.dtype, t.shape.as_slice()),
-                    (proto::Dtype::Int32 as i32, &[rows as u64, 24][..])
+                    (proto::Dtype::Int32, &[rows as u64, 24][..])
                 );
             }
             // The same documents, tokenised and packed here, give the same rows.

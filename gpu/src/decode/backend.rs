@@ -132,7 +132,7 @@ fn build_with_lane(
         let _ = reply.send(Built {
             step,
             service: started.elapsed(),
-            result: Ok(assembled.into_proto(&indices, slot.into_bytes())),
+            result: Ok(assembled.into_batch(&indices, slot.into_bytes())),
         });
         return;
     }

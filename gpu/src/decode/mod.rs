@@ -15,7 +15,7 @@
 //! decode fails nvJPEG's strict check or leaves its place unwritten (`lane/pipe/`).
 //!
 //! The lane's rows stay on the GPU: a batch built with the lane carries them beside its slot
-//! ([`DeviceRows`], attached to the slot), and the device stage merges them into the device
+//! ([`DeviceRows`], carried by the batch), and the device stage merges them into the device
 //! batch after copying the slot's rows. Device memory is the lane's own, allocated up front
 //! within `gpu_memory` bytes and never grown.
 

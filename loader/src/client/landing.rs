@@ -9,7 +9,7 @@ use std::sync::Mutex;
 use std::time::Instant;
 
 use bytes::Bytes;
-use stoker_proto::v1::Batch;
+use stoker_pipeline::Batch;
 use stoker_rpc::batch_wire::{BatchReader, Landing, WireBatch};
 use tonic::codegen::{Body, StdError};
 use tonic::Status;
@@ -114,7 +114,8 @@ impl Landed {
     /// The batch, its landed tensors pointing into the slot, and when its slot was asked for
     /// (none: it landed in no slot).
     pub fn finish(self) -> (Batch, Option<Instant>) {
-        let WireBatch { mut batch, landed } = self.wire;
+        let WireBatch { batch, landed } = self.wire;
+        let mut batch = Batch::from(batch);
         let Some((slot, asked)) = self.slot else {
             return (batch, None);
         };
@@ -170,6 +171,7 @@ pub fn land_in_slot(mut batch: Batch, mut slot: Slot) -> Batch {
 mod tests {
     use super::*;
     use crate::SlotPool;
+    use stoker_proto::v1 as proto;
     use stoker_proto::v1::worker_data_client::WorkerDataClient;
     use stoker_proto::v1::worker_data_server::WorkerData;
     use stoker_proto::v1::{
@@ -181,7 +183,7 @@ mod tests {
     use tonic::{Request, Response, Status};
 
     /// A data server that streams the same batches to every subscriber.
-    struct Fixed(Vec<Batch>);
+    struct Fixed(Vec<proto::Batch>);
 
     #[tonic::async_trait]
     impl WorkerData for Fixed {
@@ -192,7 +194,7 @@ mod tests {
             Err(Status::unimplemented("test server"))
         }
 
-        type SubscribeStream = tokio_stream::Iter<std::vec::IntoIter<Result<Batch, Status>>>;
+        type SubscribeStream = tokio_stream::Iter<std::vec::IntoIter<Result<proto::Batch, Status>>>;
 
         async fn subscribe(
             &self,
@@ -203,7 +205,7 @@ mod tests {
         }
     }
 
-    fn batch(step: u64) -> Batch {
+    fn batch(step: u64) -> proto::Batch {
         let tensor = |name: &str, len: usize| Tensor {
             name: name.into(),
             dtype: 1,
@@ -213,11 +215,12 @@ mod tests {
                 .collect::<Vec<u8>>()
                 .into(),
         };
-        Batch {
+        proto::Batch {
             step,
             tensors: vec![tensor("image", 300_000), tensor("label", 64)],
             sample_indices: vec![step, step + 1],
-            ..Batch::default()
+            timings: Some(proto::StageTimings::default()),
+            ..proto::Batch::default()
         }
     }
 
@@ -226,7 +229,7 @@ mod tests {
     /// client reads the same stream into the same batches.
     #[test]
     fn remote_batches_land_in_their_slot_with_one_copy() {
-        let sent: Vec<Batch> = (0..4).map(batch).collect();
+        let sent: Vec<proto::Batch> = (0..4).map(batch).collect();
         let runtime = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
@@ -281,6 +284,7 @@ mod tests {
                 }
                 received.push(batch);
             }
+            let received: Vec<proto::Batch> = received.into_iter().map(Into::into).collect();
             assert_eq!(received, sent);
             let copies = reader.copies();
             let tensor_bytes: usize = sent

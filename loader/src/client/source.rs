@@ -9,8 +9,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
+use stoker_pipeline::Batch;
 use stoker_pipeline::EpochPlan;
-use stoker_proto::v1::{Batch, JobSpec};
+use stoker_proto::v1::JobSpec;
 
 use super::slots::Slot;
 use crate::error::{Error, Result};

@@ -4,7 +4,7 @@
 use std::time::{Duration, Instant};
 
 use stoker_dashboard::LoaderStats;
-use stoker_proto::v1::Batch;
+use stoker_pipeline::Batch;
 
 /// Accumulates [`LoaderStats`].
 #[derive(Debug)]
@@ -44,12 +44,11 @@ impl StatsRecorder {
         totals.batches += 1;
         totals.samples += batch.sample_indices.len() as u64;
         totals.wait_s += waited.as_secs_f64();
-        if let Some(t) = &batch.timings {
-            totals.read_s += t.read_ns as f64 * 1e-9;
-            totals.decode_s += t.decode_ns as f64 * 1e-9;
-            totals.augment_s += t.augment_ns as f64 * 1e-9;
-            totals.assemble_s += t.assemble_ns as f64 * 1e-9;
-        }
+        let t = &batch.timings;
+        totals.read_s += t.read_ns as f64 * 1e-9;
+        totals.decode_s += t.decode_ns as f64 * 1e-9;
+        totals.augment_s += t.augment_ns as f64 * 1e-9;
+        totals.assemble_s += t.assemble_ns as f64 * 1e-9;
         totals.bad_samples += batch.bad_samples.len() as u64;
         totals.bytes += batch
             .tensors

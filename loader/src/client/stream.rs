@@ -8,7 +8,7 @@ use std::collections::{BTreeMap, VecDeque};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use stoker_proto::v1::Batch;
+use stoker_pipeline::Batch;
 
 use super::loader::Core;
 use super::source::EpochFeed;

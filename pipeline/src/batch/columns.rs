@@ -199,7 +199,7 @@ mod tests {
     use stoker_proto::v1::BadSamplePolicy;
 
     use super::*;
-    use crate::batch::BatchKey;
+    use crate::batch::{Batch, BatchKey, Tensor};
     use crate::job_pipeline::JobPipeline;
 
     /// An in-memory table: `i` int (null at `null_row`), `f` float, `s` text, labels `10 * i`.
@@ -326,19 +326,19 @@ mod tests {
         }
     }
 
-    fn ints(tensor: &proto::Tensor) -> Vec<i64> {
+    fn ints(tensor: &Tensor) -> Vec<i64> {
         tensor
             .elements()
             .unwrap_or_else(|| panic!("{} is not int64", tensor.name))
     }
 
-    fn floats(tensor: &proto::Tensor) -> Vec<f32> {
+    fn floats(tensor: &Tensor) -> Vec<f32> {
         tensor
             .elements()
             .unwrap_or_else(|| panic!("{} is not float32", tensor.name))
     }
 
-    fn named<'a>(batch: &'a proto::Batch, name: &str) -> &'a proto::Tensor {
+    fn named<'a>(batch: &'a Batch, name: &str) -> &'a Tensor {
         batch.tensors.iter().find(|t| t.name == name).unwrap()
     }
 

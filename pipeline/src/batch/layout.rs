@@ -1,11 +1,11 @@
 //! Where a batch's tensors lie in its buffer ([`TensorLayout`], one after the other, column
-//! tensors 8-byte aligned) and the batch's wire form ([`AssembledBatch::into_proto`]).
+//! tensors 8-byte aligned) and the batch they become ([`AssembledBatch::into_batch`]).
 
 use bytes::Bytes;
 use stoker_datasets::TokenDtype;
 use stoker_proto::v1 as proto;
 
-use super::{BatchAssembler, BatchKey};
+use super::{Batch, BatchAssembler, BatchKey, Tensor};
 use crate::error::{Error, Result};
 use crate::job_pipeline::{token_dtype_proto, JobPipeline};
 use crate::pipeline::SampleTimings;
@@ -70,14 +70,14 @@ impl AssembledBatch {
         })
     }
 
-    /// The wire form; `data` is the batch buffer the tensors were written into.
-    pub fn into_proto(self, indices: &[u64], data: Bytes) -> proto::Batch {
-        let mut tensors: Vec<proto::Tensor> = self
+    /// The batch; `data` is the batch buffer the tensors were written into.
+    pub fn into_batch(self, indices: &[u64], data: Bytes) -> Batch {
+        let mut tensors: Vec<Tensor> = self
             .tensors
             .into_iter()
-            .map(|layout| proto::Tensor {
+            .map(|layout| Tensor {
                 name: layout.name,
-                dtype: layout.dtype as i32,
+                dtype: layout.dtype,
                 shape: layout.shape,
                 data: data.slice(layout.bytes),
             })
@@ -87,27 +87,22 @@ impl AssembledBatch {
                 continue;
             }
             let bytes: Vec<u8> = values.iter().flat_map(|v| v.to_le_bytes()).collect();
-            tensors.push(proto::Tensor {
+            tensors.push(Tensor {
                 name: name.into(),
-                dtype: proto::Dtype::Int64 as i32,
+                dtype: proto::Dtype::Int64,
                 shape: vec![values.len() as u64],
                 data: Bytes::from(bytes),
             });
         }
-        proto::Batch {
+        Batch {
             epoch: self.key.epoch,
             rank: self.key.rank,
             step: self.key.step,
             tensors,
             sample_indices: indices.to_vec(),
-            timings: Some(proto::StageTimings {
-                read_ns: self.timings.read_ns,
-                decode_ns: self.timings.decode_ns,
-                augment_ns: self.timings.augment_ns,
-                assemble_ns: self.timings.assemble_ns,
-                transfer_ns: 0,
-            }),
+            timings: self.timings,
             bad_samples: self.bad_samples,
+            device_rows: None,
         }
     }
 }

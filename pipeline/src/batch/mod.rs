@@ -6,11 +6,12 @@
 //! The buffer holds the batch's tensors one after the other ([`AssembledBatch::tensors`]).
 //!
 //! This module builds the rows; `layout` says where each tensor lies in the buffer and makes
-//! the wire form, `columns` reads Parquet numeric columns, `bad_sample_policy` replaces or
+//! the [`Batch`] (`built`), `columns` reads Parquet numeric columns, `bad_sample_policy` replaces or
 //! reports samples that cannot be read, `source_reads` tells those from reads that failed for
 //! want of resources or storage (retried, or raised; never a bad sample).
 
 mod bad_sample_policy;
+mod built;
 mod columns;
 mod layout;
 mod mixed;
@@ -36,6 +37,7 @@ use crate::rng::SampleRng;
 
 use bad_sample_policy::SampleOutcome;
 pub use bad_sample_policy::MAX_SUBSTITUTE_TRIES;
+pub use built::{Batch, LaneRows, Tensor};
 use columns::{output_columns, OutputColumn};
 pub use layout::{AssembledBatch, TensorLayout};
 pub use mixed::{mix_samples, MixedAssembler, MixedPart};
@@ -380,10 +382,10 @@ impl BatchAssembler {
     }
 
     /// Builds the batch of `indices` in a new buffer; see [`BatchAssembler::assemble_into`].
-    pub fn assemble(&self, key: BatchKey, indices: &[u64]) -> Result<proto::Batch> {
+    pub fn assemble(&self, key: BatchKey, indices: &[u64]) -> Result<Batch> {
         let mut buffer = vec![0u8; self.batch_bytes(indices.len())];
         let assembled = self.assemble_into(key, indices, &mut buffer)?;
-        Ok(assembled.into_proto(indices, Bytes::from(buffer)))
+        Ok(assembled.into_batch(indices, Bytes::from(buffer)))
     }
 
     /// Builds image row `dest` of epoch `epoch` on the CPU, for sample `index` under the

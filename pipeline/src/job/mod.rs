@@ -5,7 +5,8 @@
 use std::sync::Arc;
 
 use crate::batch::{
-    AssembledBatch, BatchAssembler, BatchKey, ImageDiverter, MixedAssembler, MixedPart, ReadWatch,
+    AssembledBatch, Batch, BatchAssembler, BatchKey, ImageDiverter, MixedAssembler, MixedPart,
+    ReadWatch,
 };
 use crate::error::{Error, Result};
 use crate::job_pipeline::JobPipeline;
@@ -382,12 +383,12 @@ impl Job {
     }
 
     /// Builds batch `step` of `plan` on the current rayon pool, in a new buffer.
-    pub fn batch(&self, plan: &EpochPlan, step: u64) -> Result<proto::Batch> {
+    pub fn batch(&self, plan: &EpochPlan, step: u64) -> Result<Batch> {
         let (key, indices) = self.batch_key(plan, step)?;
         self.read_ahead(plan, step, &indices);
         let mut buffer = vec![0u8; self.batch_bytes(indices.len())];
         let (assembled, indices) = self.assemble(key, indices, &mut buffer)?;
-        Ok(assembled.into_proto(&indices, bytes::Bytes::from(buffer)))
+        Ok(assembled.into_batch(&indices, bytes::Bytes::from(buffer)))
     }
 
     /// Builds batch `step` of `plan` on the current rayon pool into `slot`; the batch tensors'
@@ -398,16 +399,16 @@ impl Job {
         plan: &EpochPlan,
         step: u64,
         mut slot: impl BatchBuffer,
-    ) -> Result<proto::Batch> {
+    ) -> Result<Batch> {
         let (key, indices) = self.batch_key(plan, step)?;
         self.read_ahead(plan, step, &indices);
         let (assembled, indices) = self.assemble(key, indices, slot.as_mut_slice())?;
-        Ok(assembled.into_proto(&indices, slot.into_bytes()))
+        Ok(assembled.into_batch(&indices, slot.into_bytes()))
     }
 
     /// Builds batch `step` of `plan` into `buffer` (its [`Job::batch_bytes`]), leaving the image
     /// rows that `diverter` takes for it to fill; returns the batch's tensors and labels with
-    /// the dataset index of each sample, which [`AssembledBatch::into_proto`] turns into the
+    /// the dataset index of each sample, which [`AssembledBatch::into_batch`] turns into the
     /// batch once those rows are in. A mix is built whole here (nothing is offered).
     pub fn assemble_step(
         &self,

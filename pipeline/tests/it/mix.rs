@@ -86,7 +86,7 @@ fn each_mixed_source_is_told_its_samples_of_this_batch_and_the_next() {
     let plan = job.plan(0).unwrap();
     let batch = job.batch(&plan, 0).unwrap();
     let next = job.batch(&plan, 1).unwrap();
-    let source_of = |batch: &proto::Batch| -> Vec<i64> {
+    let source_of = |batch: &stoker_pipeline::Batch| -> Vec<i64> {
         let tensor = batch.tensors.iter().find(|t| t.name == "source").unwrap();
         tensor
             .data
@@ -97,7 +97,7 @@ fn each_mixed_source_is_told_its_samples_of_this_batch_and_the_next() {
     for (k, recorder) in recorders.iter().enumerate() {
         let hints = recorder.hints.lock().unwrap().clone();
         // Batch 0 built: hints for batches 0 and 1; batch 1 built: for 1 and 2.
-        let mine = |batch: &proto::Batch| -> Vec<u64> {
+        let mine = |batch: &stoker_pipeline::Batch| -> Vec<u64> {
             source_of(batch)
                 .iter()
                 .zip(&batch.sample_indices)

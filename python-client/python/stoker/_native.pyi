@@ -93,7 +93,7 @@ class GpuDecodeStats(TypedDict):
 class DeviceRows:
     """The rows of one batch that the GPU decode lane decoded, still on the GPU: uint8
     ``shape`` (rows, height, width, 3), row ``k`` being the batch's row ``positions[k]``; valid
-    while the batch's image buffer is alive."""
+    while this object (which the batch holds) is alive."""
 
     positions: Final[list[int]]
     shape: Final[tuple[int, int, int, int]]

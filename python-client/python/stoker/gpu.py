@@ -410,8 +410,8 @@ class DeviceStage:
         the image's tail, on the stage's stream; returns the device tensors and the event
         that says they are ready. ``rows`` (a native ``DeviceRows``): the image rows the GPU
         decode lane left on the device, copied over their places after the slot's rows. Each
-        host slot is fenced on the stream after its copies (the lane's rows live as long as
-        their slot), so it returns to the pool only once they have read it."""
+        host slot is fenced on the stream after its copies, so it returns to the pool only once
+        they have read it; the lane's rows are kept until the copy of them is done."""
         torch = self._torch
         out: dict[str, Any] = {}
         with torch.cuda.stream(self.stream):
@@ -448,8 +448,8 @@ class DeviceStage:
         decoded = torch.as_tensor(rows, device=self.device)
         places = torch.tensor(rows.positions, dtype=torch.long).pin_memory()
         image.index_copy_(0, places.to(self.device, non_blocking=True), decoded)
-        # The lane reuses the rows' buffer only after this copy (a slot that is not page-locked
-        # has no fence of its own to hold them).
+        # The lane reuses the rows' buffer only after this copy, whoever lets go of the rows
+        # first.
         rows.keep_until(self.stream.cuda_stream)
 
     def _apply_tail(self, image: Any) -> Any:

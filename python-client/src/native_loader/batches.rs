@@ -8,6 +8,7 @@ use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList, PyTuple};
 
 use crate::gpu_decode::DeviceRows;
+use stoker_loader::Batch;
 use stoker_proto::v1 as proto;
 
 use crate::buffer::{dtype_name, Buffer, PinnedRelease};
@@ -20,8 +21,7 @@ pub(super) fn wait_for_batch<'py>(
     py: Python<'py>,
     closing: &AtomicBool,
     release: Option<(Arc<PinnedRelease>, Arc<stoker_loader::SlotPool>)>,
-    slots: Option<Arc<stoker_loader::SlotPool>>,
-    next: impl Send + FnOnce(&mut dyn FnMut() -> bool) -> stoker_loader::Result<Option<proto::Batch>>,
+    next: impl Send + FnOnce(&mut dyn FnMut() -> bool) -> stoker_loader::Result<Option<Batch>>,
 ) -> PyResult<Option<Bound<'py, NativeBatch>>> {
     let mut signal: Option<PyErr> = None;
     let batch = py.detach(|| {
@@ -47,7 +47,7 @@ pub(super) fn wait_for_batch<'py>(
         (batch, _) => batch.map_err(from_loader)?,
     };
     match batch {
-        Some(batch) => native_batch(py, batch, release, slots).map(Some),
+        Some(batch) => native_batch(py, batch, release).map(Some),
         None => Ok(None),
     }
 }
@@ -86,16 +86,11 @@ impl NativeBatch {
 /// GPU.
 pub(super) fn native_batch(
     py: Python<'_>,
-    batch: proto::Batch,
+    batch: Batch,
     release: Option<(Arc<PinnedRelease>, Arc<stoker_loader::SlotPool>)>,
-    slots: Option<Arc<stoker_loader::SlotPool>>,
 ) -> PyResult<Bound<'_, NativeBatch>> {
-    let device_rows = match (&slots, batch.tensors.first()) {
-        (Some(slots), Some(first)) => DeviceRows::of_slot(slots, first.data.as_ptr())
-            .map(|rows| Py::new(py, rows))
-            .transpose()?,
-        _ => None,
-    };
+    let device_rows = batch.device_rows.map(DeviceRows::new);
+    let device_rows = device_rows.map(|rows| Py::new(py, rows)).transpose()?;
     let tensors = PyList::empty(py);
     let mut batch_fences = None;
     for tensor in batch.tensors {

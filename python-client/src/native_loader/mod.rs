@@ -374,9 +374,8 @@ impl NativeLoader {
         let mut current = self.current(py);
         let current = self.started(&mut current)?;
         let release = self.release_for(current);
-        let slots = Some(Arc::clone(&current.slots));
         let stream = &mut current.stream;
-        wait_for_batch(py, &self.closing, release, slots, |interrupted| {
+        wait_for_batch(py, &self.closing, release, |interrupted| {
             stream.next_batch_checked(interrupted)
         })
     }
@@ -391,9 +390,8 @@ impl NativeLoader {
         };
         let current = self.started(&mut current)?;
         let release = self.release_for(current);
-        let slots = Some(Arc::clone(&current.slots));
         match current.stream.try_next_batch().map_err(from_loader)? {
-            Some(batch) => native_batch(py, batch, release, slots).map(Some),
+            Some(batch) => native_batch(py, batch, release).map(Some),
             None => Ok(None),
         }
     }

@@ -300,7 +300,8 @@ impl Shared {
         let batch = self.pool.install(|| job.batch(&plan, task.step))?;
         self.bad_samples
             .fetch_add(batch.bad_samples.len() as u64, Ordering::Relaxed);
-        Ok(batch)
+        // The wire's form from here on: the batch goes out on its client's stream.
+        Ok(batch.into())
     }
 
     /// Forgets the stream of `key` if it is still `sender`'s (the client may have opened a new

@@ -204,7 +204,7 @@ impl Segment {
         }
     }
 
-    fn add(&mut self, batch: &stoker_proto::v1::Batch) {
+    fn add(&mut self, batch: &stoker_loader::Batch) {
         self.digest.update(batch);
         self.samples.extend_from_slice(&batch.sample_indices);
         self.batches += 1;

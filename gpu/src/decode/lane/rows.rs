@@ -1,5 +1,5 @@
-//! The lane's rows of one batch, handed out with the batch's slot and given back to the lane
-//! once every holder and fence has let go.
+//! The lane's rows of one batch, handed out in the batch (`Batch::device_rows`) and given back
+//! to the lane once every holder and fence has let go.
 
 use std::sync::Arc;
 
@@ -8,7 +8,7 @@ use cudarc::driver::sys;
 use super::Shared;
 use crate::decode::GpuDecodeError;
 
-/// The GPU rows of one batch, kept with its slot until the slot returns to its pool: `count`
+/// The GPU rows of one batch, held by the batch and whoever it hands them to: `count`
 /// rows of `height x width x 3` bytes from [`DeviceRows::ptr`], row `k` being the batch's row
 /// `positions()[k]`. Ready once the lane's events have passed ([`DeviceRows::wait_on`]).
 pub struct DeviceRows {
@@ -104,7 +104,7 @@ impl DeviceRows {
     }
 }
 
-/// The loader's view of the rows, kept with the batch's slot.
+/// The loader's view of the rows, as the batch carries them.
 impl stoker_loader::LaneRows for DeviceRows {
     fn ptr(&self) -> u64 {
         DeviceRows::ptr(self)

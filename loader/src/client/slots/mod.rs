@@ -16,11 +16,9 @@ use std::time::Duration;
 
 use bytes::Bytes;
 
-mod lane_rows;
 mod memory;
 mod page_lock;
 
-pub use lane_rows::LaneRows;
 pub use memory::{pinned_reserved, slot_stride, PinnedPoolError};
 use memory::{reserve_pinned, Arena, PinSlots, PinStatus, Pinning, PINNED_RESERVED};
 pub use page_lock::PageLocker;
@@ -40,12 +38,6 @@ struct PoolState {
     allocated: usize,
 }
 
-/// Locks `mutex`, also after a panic elsewhere left it poisoned (the lists it guards stay
-/// consistent: each change is one push or removal).
-fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    mutex.lock().unwrap_or_else(|p| p.into_inner())
-}
-
 /// A bounded pool of equally sized batch buffers.
 #[derive(Debug)]
 pub struct SlotPool {
@@ -55,14 +47,7 @@ pub struct SlotPool {
     pinning: Option<Pinning>,
     state: Mutex<PoolState>,
     released: Condvar,
-    /// What slots out of the pool carry beside their bytes ([`Slot::attach`]): the slot's
-    /// start and length, and the value.
-    attached: Mutex<Vec<(usize, usize, Attachment)>>,
 }
-
-/// What is kept with a slot for as long as the slot is out of its pool, and found from a
-/// pointer into the slot ([`SlotPool::attachment`]): a decode lane's rows of the batch in it.
-pub type Attachment = Arc<dyn LaneRows>;
 
 /// Where a shared pool's slots are, for another process to map them
 /// ([`SlotPool::shared_memory`]).
@@ -82,8 +67,6 @@ pub struct Slot {
     buffer: Buffer,
     len: usize,
     pool: Arc<SlotPool>,
-    /// Whether the pool holds an attachment of this slot.
-    attached: bool,
 }
 
 impl SlotPool {
@@ -96,7 +79,6 @@ impl SlotPool {
             pinning: None,
             state: Mutex::new(PoolState::default()),
             released: Condvar::new(),
-            attached: Mutex::new(Vec::new()),
         })
     }
 
@@ -115,7 +97,6 @@ impl SlotPool {
             pinning: None,
             state: Mutex::new(PoolState::default()),
             released: Condvar::new(),
-            attached: Mutex::new(Vec::new()),
         }))
     }
 
@@ -161,7 +142,6 @@ impl SlotPool {
             pinning: Some(pinning),
             state: Mutex::new(PoolState::default()),
             released: Condvar::new(),
-            attached: Mutex::new(Vec::new()),
         }))
     }
 
@@ -318,7 +298,6 @@ impl SlotPool {
             None => return None,
         };
         Some(Slot {
-            attached: false,
             buffer,
             len: len.min(self.slot_bytes),
             pool: Arc::clone(self),
@@ -333,15 +312,6 @@ impl SlotPool {
             Some(arena) => unsafe { arena.base.add(index * arena.stride) },
             None => unreachable!("arena slots come from arena pools"),
         }
-    }
-
-    /// The attachment of the slot out of the pool that holds `ptr` ([`Slot::attach`]).
-    pub fn attachment(&self, ptr: *const u8) -> Option<Attachment> {
-        let ptr = ptr as usize;
-        lock(&self.attached)
-            .iter()
-            .find(|(start, len, _)| (*start..start + len).contains(&ptr))
-            .map(|(_, _, value)| Arc::clone(value))
     }
 
     fn give_back(&self, buffer: Buffer) {
@@ -461,18 +431,6 @@ impl Slot {
     pub fn into_bytes(self) -> Bytes {
         Bytes::from_owner(self)
     }
-
-    /// Keeps `value` with the slot until the slot returns to its pool (dropped then); until
-    /// then [`SlotPool::attachment`] finds it from any pointer into the slot's bytes. A second
-    /// attachment replaces the first.
-    pub fn attach(&mut self, value: Attachment) {
-        let start = self.as_ref().as_ptr() as usize;
-        let len = self.len.max(1);
-        let mut attached = lock(&self.pool.attached);
-        attached.retain(|(at, _, _)| *at != start);
-        attached.push((start, len, value));
-        self.attached = true;
-    }
 }
 
 /// Embedded jobs build their batches straight into a slot.
@@ -500,17 +458,6 @@ impl AsRef<[u8]> for Slot {
 
 impl Drop for Slot {
     fn drop(&mut self) {
-        if self.attached {
-            let start = self.as_ref().as_ptr() as usize;
-            let mut attached = lock(&self.pool.attached);
-            let gone = attached
-                .iter()
-                .position(|(at, _, _)| *at == start)
-                .map(|i| attached.swap_remove(i));
-            drop(attached);
-            // Dropped outside the lock: an attachment may do work when it goes.
-            drop(gone);
-        }
         let buffer = std::mem::replace(&mut self.buffer, Buffer::Heap(Vec::new()));
         self.pool.give_back(buffer);
     }
@@ -520,6 +467,10 @@ impl Drop for Slot {
 mod tests {
     use super::memory::page_size;
     use super::*;
+
+    fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+        mutex.lock().expect("no test thread panicked holding it")
+    }
 
     #[test]
     fn slots_come_back_when_the_last_bytes_drop() {

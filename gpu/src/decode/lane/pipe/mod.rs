@@ -22,7 +22,7 @@ use crate::decode::jpeg_scan::{accept, Decline, Placement};
 use crate::decode::kernel::{self, CropItem};
 use crate::decode::nvjpeg::{Decoder, Image};
 use crate::decode::GpuDecodeError;
-use stoker_loader::{Built, Error, Result, Slot};
+use stoker_loader::{Built, Error, LaneRows, Result, Slot};
 
 /// Page-locked host memory per pipe for the encoded images of a sub-batch, per batch row, and
 /// its bounds: nvJPEG copies each image to the device itself, and a copy from pageable memory
@@ -193,7 +193,7 @@ impl Pipe {
         shared: &Arc<Shared>,
         task: LaneTask,
         row_bytes: usize,
-    ) -> Result<stoker_proto::v1::Batch> {
+    ) -> Result<stoker_loader::Batch> {
         let LaneTask {
             job,
             epoch,
@@ -245,7 +245,7 @@ impl Pipe {
         indices: Vec<u64>,
         items: Vec<LaneItem>,
         row_bytes: usize,
-    ) -> Result<stoker_proto::v1::Batch> {
+    ) -> Result<stoker_loader::Batch> {
         let out = self.memory.ring_ptr(ring);
         let mut decoded: Vec<Decoded> = Vec::with_capacity(items.len());
         let mut fallback: Vec<CpuRow> = Vec::new();
@@ -372,9 +372,10 @@ impl Pipe {
             }
         }
 
-        if decoded.is_empty() {
+        let device_rows: Option<Arc<dyn LaneRows>> = if decoded.is_empty() {
             self.ring = None;
             shared.put_ring(ring);
+            None
         } else {
             match self.ready_event() {
                 Ok(event) => {
@@ -383,7 +384,7 @@ impl Pipe {
                         .gpu_rows
                         .fetch_add((decoded.len() - unwritten.len()) as u64, Ordering::Relaxed);
                     self.ring = None;
-                    slot.attach(Arc::new(DeviceRows {
+                    Some(Arc::new(DeviceRows {
                         shared: Arc::clone(shared),
                         ring_index: ring,
                         ptr: out,
@@ -391,15 +392,17 @@ impl Pipe {
                         height: self.out.1,
                         width: self.out.0,
                         events: vec![event],
-                    }));
+                    }))
                 }
                 Err(error) => {
                     self.release_ring(shared);
                     return Err(Error::Gpu(error.to_string()));
                 }
             }
-        }
-        Ok(assembled.into_proto(&indices, slot.into_bytes()))
+        };
+        let mut batch = assembled.into_batch(&indices, slot.into_bytes());
+        batch.device_rows = device_rows;
+        Ok(batch)
     }
 
     /// The images of `decoded` (by index) whose place still holds the poison laid before their
