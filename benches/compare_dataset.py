@@ -38,9 +38,6 @@ from typing import Any
 
 import measure
 
-CROP_SIZE = 224
-PREFETCH_FACTOR = 2
-
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -65,7 +62,7 @@ def dataset(args: argparse.Namespace) -> Any:
     recipe = v2.Compose(
         [
             v2.PILToTensor(),
-            v2.RandomResizedCrop(CROP_SIZE, antialias=True),
+            v2.RandomResizedCrop(measure.CROP_SIZE, antialias=True),
             v2.RandomHorizontalFlip(),
             v2.ToDtype(torch.uint8),
         ]
@@ -98,7 +95,7 @@ def build(args: argparse.Namespace, config: str) -> Any:
         batch_size=args.batch_size,
         shuffle=True,
         seed=args.seed,
-        prefetch=args.prefetch or PREFETCH_FACTOR * n,
+        prefetch=args.prefetch or measure.PREFETCH_FACTOR * n,
         max_held_batches=1,
         output="torch",
         **mode,
@@ -183,7 +180,7 @@ def main(argv: list[str]) -> int:
     print(
         f"{args.data}, batch {args.batch_size}, {reference['images']} images per run, "
         f"median of {args.repeat} run(s), from_dataset prefetch "
-        f"{args.prefetch or PREFETCH_FACTOR * args.workers}"
+        f"{args.prefetch or measure.PREFETCH_FACTOR * args.workers}"
     )
     header = (
         f"{'loader':<34}{'images/s':>10}{'vs DL':>7}{'steady':>8}{'vs DL':>7}{'CPU ms/img':>12}"

@@ -40,27 +40,15 @@ import sys
 import time
 from typing import Any
 
-from measure import (
-    answer_as_child,
-    check_comparison_arguments,
-    comparison_arguments,
-    epoch_figures,
-    median_run,
-    pss_bytes,
-    tree_pss_bytes,
-    watched_run,
-)
+import measure
 
-CROP_SIZE = 224
-# DataLoader's default prefetch_factor: batches in flight per worker.
-PREFETCH_FACTOR = 2
 # Background CPU above this share of the measured run's own CPU makes the table warn.
 BACKGROUND_WARN_FRACTION = 0.05
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    comparison_arguments(parser)
+    measure.comparison_arguments(parser)
     parser.add_argument("--threads", type=int, default=2, help="stoker decode threads (default 2)")
     parser.add_argument(
         "--workers",
@@ -68,7 +56,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         help="DataLoader num_workers values to run, comma-separated (default 0,1,2)",
     )
     args = parser.parse_args(argv)
-    check_comparison_arguments(parser, args)
+    measure.check_comparison_arguments(parser, args)
     try:
         args.worker_counts = [int(w) for w in args.workers.split(",") if w.strip()]
     except ValueError:
@@ -94,12 +82,12 @@ def build_stoker(args: argparse.Namespace) -> Any:
 
     return stoker.Loader(
         args.data,
-        pipeline=stoker.vision.imagenet_train(CROP_SIZE),
+        pipeline=stoker.vision.imagenet_train(measure.CROP_SIZE),
         batch_size=args.batch_size,
         shuffle=True,
         seed=args.seed,
         num_threads=args.threads,
-        prefetch=PREFETCH_FACTOR * args.threads,
+        prefetch=measure.PREFETCH_FACTOR * args.threads,
         max_held_batches=1,
         output="torch",
     )
@@ -111,7 +99,7 @@ def build_dataloader(args: argparse.Namespace, workers: int) -> Any:
 
     recipe = transforms.Compose(
         [
-            transforms.RandomResizedCrop(CROP_SIZE),
+            transforms.RandomResizedCrop(measure.CROP_SIZE),
             transforms.RandomHorizontalFlip(),
             transforms.PILToTensor(),
         ]
@@ -131,9 +119,9 @@ def run_child(args: argparse.Namespace) -> dict[str, Any]:
 
     import torch
 
-    baseline = pss_bytes(os.getpid())
+    baseline = measure.pss_bytes(os.getpid())
     import_loader(args.child)
-    after_imports = pss_bytes(os.getpid())
+    after_imports = measure.pss_bytes(os.getpid())
     # pin_memory without CUDA only warns; the comparison is CPU-side either way.
     warnings.filterwarnings("ignore", message=".*pin_memory.*")
     images = batches = 0
@@ -158,7 +146,7 @@ def run_child(args: argparse.Namespace) -> dict[str, Any]:
     elapsed = time.perf_counter() - started
     # The clock has stopped, so this read slows nothing measured; the loader is still alive
     # and at its fullest (slots filled, workers running).
-    end_tree_pss = tree_pss_bytes(os.getpid())
+    end_tree_pss = measure.tree_pss_bytes(os.getpid())
     extra: dict[str, Any] = {}
     if args.child == "stoker":
         stats = loader.stats()
@@ -168,7 +156,7 @@ def run_child(args: argparse.Namespace) -> dict[str, Any]:
         }
         loader.close()
     del batch, loader
-    figures = epoch_figures(args.child, images, batches, elapsed, first_batch_s,
+    figures = measure.epoch_figures(args.child, images, batches, elapsed, first_batch_s,
                             args.batch_size, baseline, after_imports, end_tree_pss)
     return {**figures, "torch": torch.__version__, **extra}
 
@@ -178,14 +166,14 @@ def run_child(args: argparse.Namespace) -> dict[str, Any]:
 
 def run_once(args: argparse.Namespace, config: str, argv: list[str]) -> dict[str, Any]:
     """One fresh child running ``config``, its memory watched from here."""
-    return watched_run(__file__, argv, config, args.memory_period)
+    return measure.watched_run(__file__, argv, config, args.memory_period)
 
 
 def run_config(args: argparse.Namespace, config: str, argv: list[str]) -> dict[str, Any]:
     """The configuration's figures, each the median over ``--repeat`` fresh processes."""
     print(f"running {config} ({args.repeat}x) ...", file=sys.stderr, flush=True)
     runs = [run_once(args, config, argv) for _ in range(args.repeat)]
-    merged = median_run(runs)
+    merged = measure.median_run(runs)
     merged["runs"] = runs
     return merged
 
@@ -198,7 +186,7 @@ def label(config: str, args: argparse.Namespace) -> str:
 
 def main(argv: list[str]) -> int:
     args = parse_args(argv)
-    if answer_as_child(args, run_child):
+    if measure.answer_as_child(args, run_child):
         return 0
 
     configs = ["stoker", *(f"torch{w}" for w in args.worker_counts)]

@@ -28,30 +28,18 @@ import time
 from pathlib import Path
 from typing import Any
 
-from measure import (
-    answer_as_child,
-    check_comparison_arguments,
-    comparison_arguments,
-    epoch_figures,
-    median_run,
-    pss_bytes,
-    tree_pss_bytes,
-    watched_run,
-)
-
-CROP_SIZE = 224
-PREFETCH_FACTOR = 2
+import measure
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    comparison_arguments(parser)
+    measure.comparison_arguments(parser)
     parser.add_argument("--threads", type=int, default=2, help="stoker decode threads")
     parser.add_argument("--workers", type=int, default=2, help="Streaming's DataLoader workers")
     parser.add_argument("--compression", default="", help="MDS shards' compression (zstd) or none")
     parser.add_argument("--mds", type=Path, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
-    check_comparison_arguments(parser, args)
+    measure.check_comparison_arguments(parser, args)
     if args.threads < 1 or args.workers < 0:
         parser.error("--threads must be >= 1 and --workers >= 0")
     if args.mds is None:
@@ -86,7 +74,7 @@ def build_streaming(args: argparse.Namespace) -> Any:
 
     recipe = transforms.Compose(
         [
-            transforms.RandomResizedCrop(CROP_SIZE),
+            transforms.RandomResizedCrop(measure.CROP_SIZE),
             transforms.RandomHorizontalFlip(),
             transforms.PILToTensor(),
         ]
@@ -104,7 +92,7 @@ def build_streaming(args: argparse.Namespace) -> Any:
         batch_size=args.batch_size,
         num_workers=args.workers,
         pin_memory=True,
-        prefetch_factor=PREFETCH_FACTOR if args.workers else None,
+        prefetch_factor=measure.PREFETCH_FACTOR if args.workers else None,
         generator=torch.Generator().manual_seed(args.seed),
     )
 
@@ -114,12 +102,12 @@ def build_stoker(args: argparse.Namespace, root: Path) -> Any:
 
     return stoker.Loader(
         root,
-        pipeline=stoker.vision.imagenet_train(CROP_SIZE),
+        pipeline=stoker.vision.imagenet_train(measure.CROP_SIZE),
         batch_size=args.batch_size,
         shuffle=True,
         seed=args.seed,
         num_threads=args.threads,
-        prefetch=PREFETCH_FACTOR * max(args.threads, 1),
+        prefetch=measure.PREFETCH_FACTOR * max(args.threads, 1),
         max_held_batches=1,
         output="torch",
     )
@@ -130,13 +118,13 @@ def run_child(args: argparse.Namespace) -> dict[str, Any]:
 
     import torch
 
-    baseline = pss_bytes(os.getpid())
+    baseline = measure.pss_bytes(os.getpid())
     if args.child == "streaming":
         import streaming  # noqa: F401
         import torchvision  # noqa: F401
     else:
         import stoker  # noqa: F401
-    after_imports = pss_bytes(os.getpid())
+    after_imports = measure.pss_bytes(os.getpid())
     warnings.filterwarnings("ignore", message=".*pin_memory.*")
     images = batches = 0
     started = time.perf_counter()
@@ -154,11 +142,11 @@ def run_child(args: argparse.Namespace) -> dict[str, Any]:
         if batches == args.batches:
             break
     elapsed = time.perf_counter() - started
-    end_tree_pss = tree_pss_bytes(os.getpid())
+    end_tree_pss = measure.tree_pss_bytes(os.getpid())
     if args.child != "streaming":
         loader.close()
     del loader
-    figures = epoch_figures(args.child, images, batches, elapsed, first_batch_s,
+    figures = measure.epoch_figures(args.child, images, batches, elapsed, first_batch_s,
                             args.batch_size, baseline, after_imports, end_tree_pss)
     return {**figures, "torch": torch.__version__}
 
@@ -175,7 +163,7 @@ LABELS = {
 
 def main(argv: list[str]) -> int:
     args = parse_args(argv)
-    if answer_as_child(args, run_child):
+    if measure.answer_as_child(args, run_child):
         return 0
     if not (args.mds / "index.json").is_file():
         print(f"writing {args.mds} with MDSWriter ...", file=sys.stderr, flush=True)
@@ -187,8 +175,8 @@ def main(argv: list[str]) -> int:
     for _ in range(args.repeat):
         for config in configs:
             print(f"running {config} ...", file=sys.stderr, flush=True)
-            runs[config].append(watched_run(__file__, argv, config, args.memory_period))
-    results = {config: {**median_run(r), "runs": r} for config, r in runs.items()}
+            runs[config].append(measure.watched_run(__file__, argv, config, args.memory_period))
+    results = {config: {**measure.median_run(r), "runs": r} for config, r in runs.items()}
     ours, theirs = results["stoker-mds"], results["streaming"]
     ratios = {
         "images_per_s": ours["images_per_s"] / theirs["images_per_s"],

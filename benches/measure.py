@@ -42,6 +42,11 @@ from typing import Any, Self
 KIB = 1024
 MIB = 1024 * 1024
 
+# The comparisons' common settings: the crop every loader makes, and the batches in flight per
+# worker (DataLoader's default prefetch_factor), which Stoker's prefetch is set from.
+CROP_SIZE = 224
+PREFETCH_FACTOR = 2
+
 
 def pss_bytes(pid: int) -> int:
     """The process's proportional set size, or 0 when it is gone."""

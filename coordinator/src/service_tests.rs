@@ -334,6 +334,17 @@ fn steps(tasks: &[TaskLease]) -> Vec<u64> {
     tasks.iter().map(|t| t.step).collect()
 }
 
+/// Grants `credits` on `session`, then the steps `worker`'s next lease (of up to 4) takes.
+async fn granted(
+    client: &mut CoordinatorClient<RpcChannel>,
+    session: SessionToken,
+    credits: u64,
+    worker: u64,
+) -> Result<Vec<u64>, Status> {
+    update(client, session, credits, Vec::new()).await?;
+    Ok(steps(&lease(client, worker, 4).await?))
+}
+
 #[tokio::test]
 async fn calls_without_the_token_or_with_another_are_refused_before_any_handler() -> TestResult {
     let token = Token::new("the-shared-token")?;
@@ -405,8 +416,7 @@ async fn a_task_reported_twice_and_a_step_acknowledged_twice_count_once() -> Tes
         lease(&mut client, worker, 4).await?.is_empty(),
         "a lease without credits"
     );
-    update(&mut client, session, 1, Vec::new()).await?;
-    assert_eq!(steps(&lease(&mut client, worker, 4).await?), [2]);
+    assert_eq!(granted(&mut client, session, 1, worker).await?, [2]);
     Ok(())
 }
 
@@ -460,8 +470,7 @@ async fn a_session_reopened_on_a_restarted_coordinator_resumes_where_it_was_ackn
     assert_eq!(reopened.acknowledged_position, 3);
     let session = reopened.session.ok_or("a session without a token")?;
     let worker = register_worker(&mut client).await?;
-    update(&mut client, session, 1, Vec::new()).await?;
-    assert_eq!(steps(&lease(&mut client, worker, 4).await?), [3]);
+    assert_eq!(granted(&mut client, session, 1, worker).await?, [3]);
     Ok(())
 }
 
@@ -577,8 +586,7 @@ async fn a_coordinator_restarted_between_a_lease_batch_and_its_report_leases_the
     let reopened = reopen_from_journal(&mut client, job).await?;
     assert_eq!(reopened.acknowledged_position, 1);
     let session = reopened.session.ok_or("a session without a token")?;
-    update(&mut client, session, 2, Vec::new()).await?;
-    assert_eq!(steps(&lease(&mut client, worker, 4).await?), [1, 2]);
+    assert_eq!(granted(&mut client, session, 2, worker).await?, [1, 2]);
     // The loader keeps its own position (all three arrived) and opens there: nothing again.
     let own = client
         .open_session(OpenSessionRequest {
@@ -589,8 +597,7 @@ async fn a_coordinator_restarted_between_a_lease_batch_and_its_report_leases_the
         .await?
         .into_inner();
     let session = own.session.ok_or("a session without a token")?;
-    update(&mut client, session, 1, Vec::new()).await?;
-    assert_eq!(steps(&lease(&mut client, worker, 4).await?), [3]);
+    assert_eq!(granted(&mut client, session, 1, worker).await?, [3]);
     Ok(())
 }
 

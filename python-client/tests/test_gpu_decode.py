@@ -195,8 +195,10 @@ def test_the_windows_are_the_cpus(torch: Any, dataset: Path) -> None:
         assert (same < mirrored).all(), (same, mirrored)
 
 
-def mixed_set(dataset: Path, root: Path) -> Path:
+@pytest.fixture
+def mixed_root(dataset: Path, tmp_path: Path) -> Path:
     """Baseline JPEGs, progressive JPEGs, PNGs and a corrupt JPEG in one folder."""
+    root = tmp_path / "mixed"
     from PIL import Image
 
     files = sorted(p for p in dataset.rglob("*.jpg"))[:24]
@@ -217,12 +219,9 @@ def mixed_set(dataset: Path, root: Path) -> Path:
 
 
 @pytest.mark.gpu
-def test_progressive_png_and_corrupt_files_go_to_the_cpu(
-    torch: Any, dataset: Path, tmp_path: Path
-) -> None:
-    root = mixed_set(dataset, tmp_path / "mixed")
-    cpu, _ = device_epoch(root, "cpu", batch_size=5)
-    lane, stats = device_epoch(root, "gpu", batch_size=5)
+def test_progressive_png_and_corrupt_files_go_to_the_cpu(torch: Any, mixed_root: Path) -> None:
+    cpu, _ = device_epoch(mixed_root, "cpu", batch_size=5)
+    lane, stats = device_epoch(mixed_root, "gpu", batch_size=5)
     lane_stats = stats["gpu_decode"]
     # 6 progressive + 6 PNG + the corrupt one are declined; the 12 baseline JPEGs decoded.
     assert lane_stats["declined_rows"] >= 13, lane_stats
@@ -640,10 +639,12 @@ def test_hostile_jpegs_never_break_the_cuda_context(
         assert per_image.max() < IMAGE_MEAN_ABS_BOUND, per_image
 
 
-def damaged_set(dataset: Path, root: Path) -> Path:
+@pytest.fixture
+def damaged_root(dataset: Path, tmp_path: Path) -> Path:
     """24 generated JPEGs, 3 with random bits flipped in their scan data, 3 with a run of bits
     flipped to ones there, and 2 cut short inside it with the end marker kept, in two
     classes."""
+    root = tmp_path / "damaged"
     for cls in ("a", "b"):
         (root / cls).mkdir(parents=True)
     for i, source in enumerate(sorted(dataset.rglob("*.jpg"))[:32]):
@@ -662,13 +663,12 @@ def damaged_set(dataset: Path, root: Path) -> Path:
 
 @pytest.mark.gpu
 def test_damaged_scans_are_the_same_bad_samples_under_every_split(
-    torch: Any, dataset: Path, tmp_path: Path
+    torch: Any, damaged_root: Path
 ) -> None:
-    root = damaged_set(dataset, tmp_path / "damaged")
     runs = {}
     for decode in ("cpu", "gpu", "auto"):
         started = time.monotonic()
-        runs[decode] = epoch_with_bad_samples(root, decode)
+        runs[decode] = epoch_with_bad_samples(damaged_root, decode)
         print(
             f"decode={decode!r}: {time.monotonic() - started:.1f} s, "
             f"bad {[b[0] for b in runs[decode][1]]}, lane {runs[decode][2]['gpu_decode']}"

@@ -15,6 +15,7 @@ from __future__ import annotations
 import io
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -180,6 +181,13 @@ def two_classes(root: Path, files: dict[str, bytes]) -> None:
             (folder / name).write_bytes(data)
 
 
+def small_loader(root: Path, **options: Any) -> stoker.Loader:
+    """A loader of 32x32 numpy batches over the class folders under ``root``."""
+    return stoker.Loader(
+        root, pipeline=stoker.vision.imagenet_eval(32), output="numpy", timeout=30, **options
+    )
+
+
 def test_a_folder_of_every_format_has_no_bad_sample(dataset: Path, tmp_path: Path) -> None:
     jpegs = sorted(dataset.rglob("*.jpg"))[:4]
     files = {
@@ -196,22 +204,11 @@ def test_a_folder_of_every_format_has_no_bad_sample(dataset: Path, tmp_path: Pat
     two_classes(tmp_path, {**files, **{j.name: j.read_bytes() for j in jpegs}})
     samples = 2 * (len(files) + len(jpegs))
 
-    loader = stoker.Loader(
-        tmp_path,
-        pipeline=stoker.vision.imagenet_eval(32),
-        batch_size=6,
-        num_threads=2,
-        output="numpy",
-        on_error="fail",
-        timeout=30,
-    )
-    try:
+    with small_loader(tmp_path, batch_size=6, num_threads=2, on_error="fail") as loader:
         assert loader.num_samples == samples
         seen = sum(batch["image"].shape[0] for batch in loader)
         assert seen == samples
         assert loader.stats()["bad_samples"] == 0
-    finally:
-        loader.close()
 
 
 def test_image_files_a_folder_does_not_take_are_logged_once_with_the_first(
@@ -223,18 +220,10 @@ def test_image_files_a_folder_does_not_take_are_logged_once_with_the_first(
     (tmp_path / "b" / "anim.gif").write_bytes(saved(Image.fromarray(photo()), "GIF"))
     (tmp_path / "b" / "notes.txt").write_text("no image")
     with caplog.at_level("WARNING", logger="stoker"):
-        loader = stoker.Loader(
-            tmp_path,
-            pipeline=stoker.vision.imagenet_eval(32),
-            batch_size=2,
-            num_threads=1,
-            output="numpy",
-        )
-    try:
+        loader = small_loader(tmp_path, batch_size=2, num_threads=1)
+    with loader:
         assert loader.num_samples == 4
         notices = [r.getMessage() for r in caplog.records if "left out" in r.getMessage()]
         assert len(notices) == 1, notices
         assert "left out 2 image file(s)" in notices[0], notices
         assert str(tmp_path / "a" / "phone.heic") in notices[0], notices
-    finally:
-        loader.close()

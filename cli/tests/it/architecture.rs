@@ -511,10 +511,6 @@ fn arrows_are_read_in_and_out_of_backticks() {
 /// The most lines a library file may hold before its tests.
 const FILE_LINES: usize = 600;
 
-/// The files over [`FILE_LINES`] when the check came in, each with the lines it held then: the
-/// most it may hold until it is split.
-const LONG_FILES: [(&str, usize); 1] = [("python-client/python/stoker/_loader.py", 674)];
-
 /// Lines of a module before its inline test module (`#[cfg(test)]` then `mod NAME {`), or all
 /// of them; a Python module's are all its lines.
 fn lines_before_tests(text: &str) -> usize {
@@ -544,25 +540,13 @@ fn no_library_file_grows_past_600_lines_before_its_tests() {
             }
             seen += 1;
             let lines = lines_before_tests(&std::fs::read_to_string(root.join(&file)).unwrap());
-            let most = LONG_FILES
-                .iter()
-                .find(|(path, _)| *path == file)
-                .map_or(FILE_LINES, |(_, most)| *most);
-            if lines > most {
-                over.push(format!(
-                    "{file}: {lines} lines before its tests (at most {most})"
-                ));
+            if lines > FILE_LINES {
+                over.push(format!("{file}: {lines} lines before its tests"));
             }
         }
     }
     assert!(seen > 100, "found only {seen} modules");
-    assert!(over.is_empty(), "files past their length: {over:#?}");
-    for (path, _) in LONG_FILES {
-        assert!(
-            root.join(path).exists(),
-            "{path} is gone: take it off LONG_FILES"
-        );
-    }
+    assert!(over.is_empty(), "files past {FILE_LINES} lines: {over:#?}");
 }
 
 #[test]

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import replace
 from typing import Any, Literal, Self
 
@@ -28,26 +28,24 @@ from stoker._arguments import (
     default_threads,
     import_torch,
     refuse_unexpected,
-    remote_source_path,
     resolve_output,
-    source_names,
-    source_path,
 )
 from stoker._batches import BatchFeed, BatchIterator, BatchMaker
 from stoker._dataset import DatasetSide, FromDataset
 from stoker._fork import ForkGuard
-from stoker._mix_request import MixRequest
 from stoker._placement import Placement
-from stoker._settings import LoaderSettings, SourceSettings, checked_settings
+from stoker._saved_state import SavedState
+from stoker._settings import LoaderSettings, checked_settings
+from stoker._source import choose_source
 from stoker.errors import StokerError
-from stoker.ops import Op, check_pipeline
+from stoker.ops import Op
 
 __all__ = ["BatchIterator", "Loader"]
 
 _log = logging.getLogger("stoker")
 
 
-class Loader(FromDataset):
+class Loader(FromDataset, SavedState):
     """Loads batches of images or tokens, decoded, augmented or tokenised in Rust threads.
 
     Iterating yields one epoch of batches, each a dict of named tensors: ``"image"`` (uint8
@@ -252,15 +250,6 @@ class Loader(FromDataset):
         stoker.DatasetError: ``source`` is not a usable image folder.
     """
 
-    # The settings the native loader was made with.
-    _settings: LoaderSettings
-    # The Python dataset's part of a loader from Loader.from_dataset; None over Stoker's own.
-    _side: DatasetSide | None = None
-    # The mix this loader reads (stoker.mix), if any.
-    _mix: MixRequest | None = None
-    # Where images are decoded ("cpu", "gpu" or "auto"); from_dataset loaders decode none.
-    _decode: str = "cpu"
-
     def __init__(
         self,
         source: str | os.PathLike[str] | Sequence[str | os.PathLike[str]],
@@ -337,54 +326,27 @@ class Loader(FromDataset):
         placement.check_output(output_kind)
         self._torch = import_torch("output='torch'") if output_kind == "torch" else None
         self._output: str = output_kind
-        locate = remote_source_path if address is not None else source_path
-        self._mix = source if isinstance(source, MixRequest) else None
-        native_mix = None
-        tail = None
-        names: list[str] = []
-        if self._mix is not None and source_split:
-            raise ValueError("split= is for one source; a mix's sources name their own files")
-        if self._mix is None:
-            self._ops = check_pipeline(pipeline)
-            native_ops, tail = placement.split(self._ops)
-            names = source_names(source, locate)
-            self._source = names[0] if len(names) == 1 else ",".join(names)
-            job_name = os.path.basename(os.path.normpath(names[0])) or "python"
-        else:
-            placement.refuse_mix()
-            pipeline = list(pipeline)
-            self._ops = check_pipeline(pipeline) if pipeline else []
-            native_ops = self._ops
-            native_mix = self._mix.native(self._ops, self._format, self._text_column, locate)
-            self._source, job_name = native_mix.source, native_mix.job_name
+        chosen = choose_source(
+            source, pipeline, placement, remote=address is not None, format=self._format,
+            text_column=self._text_column, split=source_split,
+        )  # fmt: skip
+        self._mix, self._ops, self._source = chosen.mix, chosen.ops, chosen.label
         placement = placement.resolve(self._torch)
         self._decode = placement.decode
         self._settings = replace(
-            settings, job_name=job_name, **placement.pinning_arguments(self._torch)
+            settings, job_name=chosen.job_name, **placement.pinning_arguments(self._torch)
         )
         self._native = _native.NativeLoader(
             self._settings,
-            SourceSettings(
-                source=names[0] if names else self._source,
-                ops=[op.to_dict() for op in native_ops],
-                num_threads=threads,
-                on_error=error_policy,
-                format=self._format,
-                shuffle_window=self._shuffle_window,
-                text_column=self._text_column,
-                address=address,
-                worker_grace_s=worker_grace,
-                token=token,
+            chosen.settings(
+                num_threads=threads, on_error=error_policy, shuffle_window=self._shuffle_window,
+                address=address, worker_grace_s=worker_grace, token=token,
                 tls_ca=None if tls_ca is None else os.fspath(tls_ca),
-                tls_server_name=tls_server_name,
-                mix=None if native_mix is None else native_mix.arguments(),
-                **placement.lane_arguments(),
-                uris=names,
-                split=source_split,
+                tls_server_name=tls_server_name, **placement.lane_arguments(),
             ),
-        )
+        )  # fmt: skip
         try:
-            self._finish_init(placement.stage(self._torch, tail))
+            self._finish_init(placement.stage(self._torch, chosen.tail))
         except BaseException:  # its threads, slots, port go now, not with the traceback
             self.close()
             raise
@@ -499,70 +461,6 @@ class Loader(FromDataset):
         """
         self._handle()
         self._position.set_epoch(check_int(epoch, "epoch", 0, MAX_U64))
-
-    def state_dict(self) -> dict[str, Any]:
-        """The position of the next batch, and the settings a resume must match.
-
-        ``load_state_dict`` on a loader made with the same arguments then yields, as its next
-        batch, exactly the batch this one would have yielded next. Works after :meth:`close`.
-        """
-        settings = self._settings
-        state: dict[str, Any] = {
-            "version": _resume.STATE_VERSION,
-            **self._position.saved(),
-            "seed": settings.seed, "batch_size": settings.batch_size,
-            "num_samples": self._num_samples, "rank": settings.rank,
-            "world_size": settings.world_size, "shuffle": settings.shuffle,
-            "drop_last": settings.drop_last, "shuffle_window": self._shuffle_window,
-        }
-        if self._mix is not None:
-            state["mix"] = self._mix.fingerprint()
-        if self._side is not None:
-            state.update(self._side.saved)
-        if self._dataset_fingerprint is not None:
-            state["dataset"] = self._dataset_fingerprint
-        if (split := self._decode_split()) is not None:
-            state["decode_split"] = split
-        return state
-
-    def _decode_split(self) -> list[int] | None:
-        """[epoch, sixteenths] of the next batch's GPU decode split; None without a lane."""
-        if self._decode == "cpu" or self._native is None or self._fork.forked:
-            return None
-        return self._position.read_split(None if self._closed else self._native)
-
-    def load_state_dict(self, state: Mapping[str, Any] | Sequence[Mapping[str, Any]]) -> None:
-        """Resumes at the position saved by :meth:`state_dict`: the next ``iter()`` starts there.
-
-        ``state`` is one rank's dict, or the dicts of every rank of the run that saved them.
-        One dict is enough when every rank saved at the same step, as synchronous data-parallel
-        training does; any rank's dict then resumes any rank (with ``decode="auto"`` a rank's own
-        gives its own GPU split). With all the dicts, ranks that had gone further than the
-        slowest one are accounted for too.
-
-        The world size may differ from the saved one: the rest of the saved epoch (the samples
-        no rank had read) is then spread over this run's ranks, each sample once, in equal step
-        counts by the loader's tail rules (padding may repeat up to ``world_size - 1`` of them;
-        ``drop_last`` may drop a last partial batch per rank); that epoch has fewer steps
-        (``len(loader)``; none when nothing of it is left, and the next epoch starts), and the
-        next epoch is the plain one of the new world size.
-
-        A loader over Stoker's own formats saves its datasets' fingerprint (in-process, or as a
-        coordinator's workers report it; not under ``from_dataset``): ``state["dataset"]``, the
-        sample count, class names, and the names and labels of 4,096 samples spread over each
-        dataset, names without their folder. So a state saved over another dataset of the same
-        size is refused; the dataset may move to another folder, machine or bucket. A file
-        changed in place under the same name is not seen. Delete the key to resume over a
-        dataset changed on purpose.
-
-        Raises:
-            ValueError: ``state`` is not a Stoker state, was saved by a loader with other
-                settings or over another dataset (the message names the mismatch), or the dicts
-                disagree or leave ranks out.
-        """
-        native = self._handle()
-        saved = _resume.read_states(state, self.state_dict())
-        self._position.resume_saved(saved, native, self._settings.world_size)
 
     # -- stats and lifetime -----------------------------------------------------------------
 

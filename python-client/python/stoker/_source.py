@@ -1,0 +1,91 @@
+"""What a :class:`stoker.Loader` reads, resolved from its arguments before anything starts:
+one source (a folder, files, URIs, a pattern; or a coordinator's job by the same names) or a
+mix of sources, its pipeline split into the part Stoker runs natively and the device stage's
+tail, and the :class:`~stoker._settings.SourceSettings` the native loader opens it with."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from stoker._arguments import remote_source_path, source_names, source_path
+from stoker._mix_request import MixRequest
+from stoker._settings import SourceSettings
+from stoker.ops import Op, check_pipeline
+
+if TYPE_CHECKING:
+    from stoker._mix_request import NativeMix
+    from stoker._placement import Placement
+    from stoker.gpu import DeviceTail
+
+
+@dataclass(frozen=True)
+class ChosenSource:
+    """A loader's source as resolved: ``ops`` is its pipeline as given (checked),
+    ``native_ops`` what runs natively and ``tail`` what the device stage runs after the copy;
+    ``label`` how the loader names it, ``job_name`` the name its job gets."""
+
+    ops: list[Op]
+    native_ops: list[Op]
+    tail: DeviceTail | None
+    # Every name of one source (empty for a mix).
+    names: list[str]
+    label: str
+    job_name: str
+    mix: MixRequest | None
+    native_mix: NativeMix | None
+    format: str
+    text_column: str
+    split: str
+
+    def settings(self, **rest: Any) -> SourceSettings:
+        """The native loader's settings of this source; ``rest`` are the fields the source
+        does not decide (threads, bad-sample policy, coordinator, decode lane)."""
+        return SourceSettings(
+            source=self.names[0] if self.names else self.label,
+            ops=[op.to_dict() for op in self.native_ops],
+            format=self.format,
+            text_column=self.text_column,
+            mix=None if self.native_mix is None else self.native_mix.arguments(),
+            uris=self.names,
+            split=self.split,
+            **rest,
+        )
+
+
+def choose_source(
+    source: object,
+    pipeline: Iterable[Op],
+    placement: Placement,
+    *,
+    remote: bool,
+    format: str,
+    text_column: str,
+    split: str,
+) -> ChosenSource:
+    """Resolves ``source`` (names, or a :class:`MixRequest`) and ``pipeline`` for a loader
+    placed by ``placement``, read through a coordinator when ``remote``; arguments already
+    checked one by one. Raises ValueError for a combination a loader cannot run."""
+    locate = remote_source_path if remote else source_path
+    if not isinstance(source, MixRequest):
+        ops = check_pipeline(pipeline)
+        native_ops, tail = placement.split(ops)
+        names = source_names(source, locate)
+        return ChosenSource(
+            ops, native_ops, tail, names,
+            label=names[0] if len(names) == 1 else ",".join(names),
+            job_name=os.path.basename(os.path.normpath(names[0])) or "python",
+            mix=None, native_mix=None, format=format, text_column=text_column, split=split,
+        )  # fmt: skip
+    if split:
+        raise ValueError("split= is for one source; a mix's sources name their own files")
+    placement.refuse_mix()
+    pipeline = list(pipeline)
+    ops = check_pipeline(pipeline) if pipeline else []
+    native_mix = source.native(ops, format, text_column, locate)
+    return ChosenSource(
+        ops, ops, None, [], native_mix.source, native_mix.job_name, source, native_mix,
+        format=format, text_column=text_column, split="",
+    )  # fmt: skip
