@@ -30,10 +30,8 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import sys
-import time
 from typing import Any
 
 import measure
@@ -109,22 +107,12 @@ def run_child(args: argparse.Namespace) -> dict[str, Any]:
     import stoker  # noqa: F401
 
     after_imports = measure.pss_bytes(os.getpid())
-    images = batches = 0
-    started = time.perf_counter()
-    loader = build(args, args.child)
-    limit = args.batches or len(loader)
-    first_batch_s = math.nan
-    for batches, (_, labels) in enumerate(loader, 1):
-        images += int(labels.shape[0])
-        if batches == 1:
-            first_batch_s = time.perf_counter() - started
-        if batches == limit:
-            break
-    elapsed = time.perf_counter() - started
+    run = measure.timed_run(lambda: build(args, args.child), args.batches)
     end_tree_pss = measure.tree_pss_bytes(os.getpid())
-    if hasattr(loader, "close"):
-        loader.close()
-    del loader
+    if hasattr(run.loader, "close"):
+        run.loader.close()
+    images, elapsed, first_batch_s = run.images, run.seconds, run.first_batch_s
+    del run
     return {
         "config": args.child,
         "images": images,
@@ -158,10 +146,8 @@ def label(config: str) -> str:
     return f"from_dataset, {n} proc. ({kind.partition('-')[2]})"
 
 
-def main(argv: list[str]) -> int:
-    args = parse_args(argv)
-    if measure.answer_as_child(args, run_child):
-        return 0
+def compare(args: argparse.Namespace, argv: list[str]) -> int:
+    """The parent: every configuration run in fresh children (given ``argv``), then the table."""
     configs = [
         f"{kind}:{args.workers}"
         for kind in (
@@ -182,24 +168,21 @@ def main(argv: list[str]) -> int:
         f"median of {args.repeat} run(s), from_dataset prefetch "
         f"{args.prefetch or measure.PREFETCH_FACTOR * args.workers}"
     )
-    header = (
-        f"{'loader':<34}{'images/s':>10}{'vs DL':>7}{'steady':>8}{'vs DL':>7}{'CPU ms/img':>12}"
-        f"{'first batch':>13}"
-        f"{'loader MiB':>12}{'vs DL':>7}"
-    )
-    print(header)
-    print("-" * len(header))
-    for config, r in results.items():
-        print(
-            f"{label(config):<34}{r['images_per_s']:>10.0f}"
-            f"{r['images_per_s'] / reference['images_per_s']:>6.2f}x"
-            f"{r['steady_images_per_s']:>8.0f}"
-            f"{r['steady_images_per_s'] / reference['steady_images_per_s']:>6.2f}x"
-            f"{r['cpu_ms_per_image']:>12.2f}{r['first_batch_s']:>12.2f}s"
-            f"{r['loader_mib']:>12.0f}{r['loader_mib'] / reference['loader_mib']:>6.2f}x"
-        )
+    columns = [("loader", 34), ("images/s", 10), ("vs DL", 7), ("steady", 8), ("vs DL", 7),
+               ("CPU ms/img", 12), ("first batch", 13), ("loader MiB", 12), ("vs DL", 7)]
+
+    def vs(r: dict[str, Any], key: str) -> str:
+        return f"{r[key] / reference[key]:.2f}x"
+
+    measure.print_table(columns, [
+        [label(config), f"{r['images_per_s']:.0f}", vs(r, "images_per_s"),
+         f"{r['steady_images_per_s']:.0f}", vs(r, "steady_images_per_s"),
+         f"{r['cpu_ms_per_image']:.2f}", f"{r['first_batch_s']:.2f}s",
+         f"{r['loader_mib']:.0f}", vs(r, "loader_mib")]
+        for config, r in results.items()
+    ])
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    sys.exit(measure.main(sys.argv[1:], parse_args, run_child, compare))

@@ -37,7 +37,6 @@ import json
 import math
 import os
 import sys
-import time
 from typing import Any
 
 import measure
@@ -124,26 +123,14 @@ def run_child(args: argparse.Namespace) -> dict[str, Any]:
     after_imports = measure.pss_bytes(os.getpid())
     # pin_memory without CUDA only warns; the comparison is CPU-side either way.
     warnings.filterwarnings("ignore", message=".*pin_memory.*")
-    images = batches = 0
-    started = time.perf_counter()
-    if args.child == "stoker":
-        loader = build_stoker(args)
-    else:
-        loader = build_dataloader(args, int(args.child.removeprefix("torch")))
-    limit = args.batches or len(loader)
-    first_batch_s = math.nan
-    for batch in loader:
+
+    def build() -> Any:
         if args.child == "stoker":
-            labels = batch["label"]
-        else:
-            _, labels = batch
-        images += int(labels.shape[0])
-        batches += 1
-        if batches == 1:
-            first_batch_s = time.perf_counter() - started
-        if batches == limit:
-            break
-    elapsed = time.perf_counter() - started
+            return build_stoker(args)
+        return build_dataloader(args, int(args.child.removeprefix("torch")))
+
+    run = measure.timed_run(build, args.batches)
+    loader = run.loader
     # The clock has stopped, so this read slows nothing measured; the loader is still alive
     # and at its fullest (slots filled, workers running).
     end_tree_pss = measure.tree_pss_bytes(os.getpid())
@@ -155,9 +142,11 @@ def run_child(args: argparse.Namespace) -> dict[str, Any]:
             "slot_capacity": stats["slot_capacity"],
         }
         loader.close()
-    del batch, loader
-    figures = measure.epoch_figures(args.child, images, batches, elapsed, first_batch_s,
-                            args.batch_size, baseline, after_imports, end_tree_pss)
+    figures = measure.epoch_figures(
+        args.child, run.images, run.batches, run.seconds, run.first_batch_s, args.batch_size,
+        baseline, after_imports, end_tree_pss,
+    )
+    del run, loader
     return {**figures, "torch": torch.__version__, **extra}
 
 
@@ -184,11 +173,8 @@ def label(config: str, args: argparse.Namespace) -> str:
     return f"DataLoader, {config.removeprefix('torch')} workers"
 
 
-def main(argv: list[str]) -> int:
-    args = parse_args(argv)
-    if measure.answer_as_child(args, run_child):
-        return 0
-
+def compare(args: argparse.Namespace, argv: list[str]) -> int:
+    """The parent: every configuration run in fresh children (given ``argv``), then the table."""
     configs = ["stoker", *(f"torch{w}" for w in args.worker_counts)]
     results = {config: run_config(args, config, argv) for config in configs}
     reference_name = f"torch{args.threads}" if f"torch{args.threads}" in results else configs[-1]
@@ -224,19 +210,14 @@ def main(argv: list[str]) -> int:
         f"{args.data}, batch {args.batch_size}, {results['stoker']['images']} images per run, "
         f"median of {args.repeat} run(s) each"
     )
-    header = (
-        f"{'loader':<28}{'images/s':>10}{'steady':>10}{'first batch':>13}{'added MiB':>11}"
-        f"{'loader only':>13}{'peak MiB':>10}"
-    )
-    print(header)
-    print("-" * len(header))
-    for config, result in results.items():
-        print(
-            f"{label(config, args):<28}{result['images_per_s']:>10.0f}"
-            f"{result['steady_images_per_s']:>10.0f}"
-            f"{result['first_batch_s']:>12.3f}s{result['added_mib']:>11.0f}{result['loader_only_mib']:>13.0f}"
-            f"{result['peak_tree_pss_mib']:>10.0f}"
-        )
+    columns = [("loader", 28), ("images/s", 10), ("steady", 10), ("first batch", 13),
+               ("added MiB", 11), ("loader only", 13), ("peak MiB", 10)]
+    measure.print_table(columns, [
+        [label(config, args), f"{r['images_per_s']:.0f}", f"{r['steady_images_per_s']:.0f}",
+         f"{r['first_batch_s']:.3f}s", f"{r['added_mib']:.0f}", f"{r['loader_only_mib']:.0f}",
+         f"{r['peak_tree_pss_mib']:.0f}"]
+        for config, r in results.items()
+    ])
     print(
         f"\nstoker vs {label(reference_name, args)}: {ratios['images_per_s']:.2f}x images/s "
         f"({ratios['steady_images_per_s']:.2f}x steady), "
@@ -255,4 +236,4 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    sys.exit(measure.main(sys.argv[1:], parse_args, run_child, compare))

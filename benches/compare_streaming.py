@@ -24,7 +24,6 @@ import json
 import math
 import os
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -126,28 +125,21 @@ def run_child(args: argparse.Namespace) -> dict[str, Any]:
         import stoker  # noqa: F401
     after_imports = measure.pss_bytes(os.getpid())
     warnings.filterwarnings("ignore", message=".*pin_memory.*")
-    images = batches = 0
-    started = time.perf_counter()
-    if args.child == "streaming":
-        loader = build_streaming(args)
-    else:
-        loader = build_stoker(args, args.mds if args.child == "stoker-mds" else args.data)
-    first_batch_s = math.nan
-    for batch in loader:
-        labels = batch["label"] if isinstance(batch, dict) else batch[1]
-        images += int(labels.shape[0])
-        batches += 1
-        if batches == 1:
-            first_batch_s = time.perf_counter() - started
-        if batches == args.batches:
-            break
-    elapsed = time.perf_counter() - started
+
+    def build() -> Any:
+        if args.child == "streaming":
+            return build_streaming(args)
+        return build_stoker(args, args.mds if args.child == "stoker-mds" else args.data)
+
+    run = measure.timed_run(build, args.batches)
     end_tree_pss = measure.tree_pss_bytes(os.getpid())
     if args.child != "streaming":
-        loader.close()
-    del loader
-    figures = measure.epoch_figures(args.child, images, batches, elapsed, first_batch_s,
-                            args.batch_size, baseline, after_imports, end_tree_pss)
+        run.loader.close()
+    figures = measure.epoch_figures(
+        args.child, run.images, run.batches, run.seconds, run.first_batch_s, args.batch_size,
+        baseline, after_imports, end_tree_pss,
+    )
+    del run
     return {**figures, "torch": torch.__version__}
 
 
@@ -161,10 +153,8 @@ LABELS = {
 }
 
 
-def main(argv: list[str]) -> int:
-    args = parse_args(argv)
-    if measure.answer_as_child(args, run_child):
-        return 0
+def compare(args: argparse.Namespace, argv: list[str]) -> int:
+    """The parent: every configuration run in fresh children (given ``argv``), then the table."""
     if not (args.mds / "index.json").is_file():
         print(f"writing {args.mds} with MDSWriter ...", file=sys.stderr, flush=True)
         write_mds(args.data, args.mds, args.compression)
@@ -203,4 +193,4 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    sys.exit(measure.main(sys.argv[1:], parse_args, run_child, compare))

@@ -28,12 +28,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import resource
 import statistics
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -164,15 +166,20 @@ class ChildRun:
     pss_samples: int
 
 
-def answer_as_child(
-    args: argparse.Namespace, run_child: Callable[[argparse.Namespace], dict[str, Any]]
-) -> bool:
-    """In a child that ``run_watched`` started (``--child``): runs the measured loader and
-    prints its figures as one JSON line. Whether this process is such a child."""
+def main(
+    argv: list[str],
+    parse_args: Callable[[list[str]], argparse.Namespace],
+    run_child: Callable[[argparse.Namespace], dict[str, Any]],
+    compare: Callable[[argparse.Namespace, list[str]], int],
+) -> int:
+    """A comparison script's entry: its arguments parsed; in a child that ``run_watched``
+    started (``--child``), the measured loader run and its figures printed as one JSON line;
+    else ``compare``, the parent that starts the children with ``argv``."""
+    args = parse_args(argv)
     if not args.child:
-        return False
+        return compare(args, argv)
     print(json.dumps(run_child(args)))
-    return True
+    return 0
 
 
 def run_watched(script: str, argv: list[str], config: str, period_s: float) -> ChildRun:
@@ -219,6 +226,52 @@ def median_run(runs: list[dict[str, Any]]) -> dict[str, Any]:
         if isinstance(value, float):
             merged[key] = statistics.median(run[key] for run in runs)
     return merged
+
+
+@dataclass
+class TimedRun:
+    """One loader run on one clock, started before the loader was built (:func:`timed_run`)."""
+
+    loader: Any
+    images: int
+    batches: int
+    seconds: float
+    first_batch_s: float
+
+
+def timed_run(build: Callable[[], Any], limit: int) -> TimedRun:
+    """Builds a loader and iterates it for ``limit`` batches (0: until it ends), counting a
+    batch's images as the rows of its labels (Stoker's ``"label"``, or the second of a
+    DataLoader's pair); the clock starts before the build, so the first batch's time includes
+    it."""
+    images = batches = 0
+    started = time.perf_counter()
+    loader = build()
+    first_batch_s = math.nan
+    for batch in loader:
+        labels = batch["label"] if isinstance(batch, dict) else batch[1]
+        images += int(labels.shape[0])
+        batches += 1
+        if batches == 1:
+            first_batch_s = time.perf_counter() - started
+        if batches == limit:
+            break
+    return TimedRun(loader, images, batches, time.perf_counter() - started, first_batch_s)
+
+
+def print_table(columns: list[tuple[str, int]], rows: list[list[str]]) -> None:
+    """Prints ``rows`` of formatted cells under a header of ``columns`` (title, width) and a
+    rule: the first column left-aligned, the others right-aligned."""
+
+    def line(cells: list[str]) -> str:
+        first, *rest = zip(cells, (width for _, width in columns), strict=True)
+        return first[0].ljust(first[1]) + "".join(cell.rjust(width) for cell, width in rest)
+
+    header = line([title for title, _ in columns])
+    print(header)
+    print("-" * len(header))
+    for row in rows:
+        print(line(row))
 
 
 def epoch_figures(

@@ -7,60 +7,65 @@ use pyo3::exceptions::{
 };
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
-use pyo3::types::{PyDict, PyType};
+use pyo3::types::{PyDict, PyTuple, PyType};
 
-/// The exception classes, defined in Python so that they can inherit from two bases
-/// (`PipelineError` is a `StokerError` and a `ValueError`).
-const DEFINITIONS: &std::ffi::CStr = c"
-class StokerError(Exception):
-    'Base class of every error Stoker raises.'
-    __module__ = 'stoker'
-
-class DatasetError(StokerError):
-    'The dataset cannot be opened or indexed.'
-    __module__ = 'stoker'
-
-class DecodeError(StokerError):
-    'A sample could not be read or decoded (raised under on_error=\"fail\"); the message names the file.'
-    __module__ = 'stoker'
-
-class PipelineError(StokerError, ValueError):
-    'The op list or one of its arguments is invalid.'
-    __module__ = 'stoker'
-
-class LoaderTimeoutError(StokerError, TimeoutError):
-    'A wait passed its deadline: a batch did not arrive, or every batch slot is held.'
-    __module__ = 'stoker'
-
-class WorkerUnavailableError(StokerError):
-    'Distributed mode: no worker served the job for longer than worker_grace.'
-    __module__ = 'stoker'
-
-class AuthenticationError(StokerError, PermissionError):
-    'Distributed mode: a daemon refused the token (none given, or not one it accepts).'
-    __module__ = 'stoker'
-
-class TlsError(StokerError, ConnectionError):
-    'Distributed mode: TLS failed (unknown CA, wrong name, or TLS on one side only).'
-    __module__ = 'stoker'
-
-class GpuUnavailableError(StokerError, RuntimeError):
-    'device=\"cuda\" cannot run here: no CUDA driver or device, torch without CUDA, or page-locked slots over the pinned budget; the message names what is missing.'
-    __module__ = 'stoker'
-";
-
-/// The exception classes, in the order of [`Kind`].
-pub const NAMES: [&str; 9] = [
-    "StokerError",
-    "DatasetError",
-    "DecodeError",
-    "PipelineError",
-    "LoaderTimeoutError",
-    "WorkerUnavailableError",
-    "AuthenticationError",
-    "TlsError",
-    "GpuUnavailableError",
+/// The exception classes, in the order of [`Kind`]: each one's name, the built-in exception it
+/// also is (two bases: `PipelineError` is a `StokerError` and a `ValueError`), and its
+/// docstring. Every class but the first derives from `StokerError`.
+const HIERARCHY: [(&str, Option<&str>, &str); 9] = [
+    (
+        "StokerError",
+        None,
+        "Base class of every error Stoker raises.",
+    ),
+    (
+        "DatasetError",
+        None,
+        "The dataset cannot be opened or indexed.",
+    ),
+    (
+        "DecodeError",
+        None,
+        "A sample could not be read or decoded (raised under on_error=\"fail\"); the message \
+         names the file.",
+    ),
+    (
+        "PipelineError",
+        Some("ValueError"),
+        "The op list or one of its arguments is invalid.",
+    ),
+    (
+        "LoaderTimeoutError",
+        Some("TimeoutError"),
+        "A wait passed its deadline: a batch did not arrive, or every batch slot is held.",
+    ),
+    (
+        "WorkerUnavailableError",
+        None,
+        "Distributed mode: no worker served the job for longer than worker_grace.",
+    ),
+    (
+        "AuthenticationError",
+        Some("PermissionError"),
+        "Distributed mode: a daemon refused the token (none given, or not one it accepts).",
+    ),
+    (
+        "TlsError",
+        Some("ConnectionError"),
+        "Distributed mode: TLS failed (unknown CA, wrong name, or TLS on one side only).",
+    ),
+    (
+        "GpuUnavailableError",
+        Some("RuntimeError"),
+        "device=\"cuda\" cannot run here: no CUDA driver or device, torch without CUDA, or \
+         page-locked slots over the pinned budget; the message names what is missing.",
+    ),
 ];
+
+/// The exception classes' names, in the order of [`Kind`].
+pub fn names() -> impl Iterator<Item = &'static str> {
+    HIERARCHY.iter().map(|(name, _, _)| *name)
+}
 
 /// Which Stoker exception to raise.
 #[derive(Debug, Clone, Copy)]
@@ -78,20 +83,29 @@ pub enum Kind {
 
 static CLASSES: PyOnceLock<Vec<Py<PyType>>> = PyOnceLock::new();
 
-/// Defines the classes once and returns them.
+/// Defines the classes once (of module `stoker`, as `type(name, bases, namespace)` would)
+/// and returns them.
 pub fn classes(py: Python<'_>) -> PyResult<&Vec<Py<PyType>>> {
     CLASSES.get_or_try_init(py, || {
-        let namespace = PyDict::new(py);
-        py.run(DEFINITIONS, Some(&namespace), None)?;
-        NAMES
-            .iter()
-            .map(|name| {
-                let class = namespace
-                    .get_item(name)?
-                    .ok_or_else(|| PyValueError::new_err(format!("{name} was not defined")))?;
-                Ok(class.cast_into::<PyType>()?.unbind())
-            })
-            .collect()
+        let builtins = py.import("builtins")?;
+        let mut classes: Vec<Py<PyType>> = Vec::with_capacity(HIERARCHY.len());
+        for (name, builtin, doc) in HIERARCHY {
+            let mut bases = Vec::new();
+            match classes.first() {
+                Some(root) => bases.push(root.bind(py).clone().into_any()),
+                None => bases.push(builtins.getattr("Exception")?),
+            }
+            if let Some(builtin) = builtin {
+                bases.push(builtins.getattr(builtin)?);
+            }
+            let namespace = PyDict::new(py);
+            namespace.set_item("__doc__", doc)?;
+            namespace.set_item("__module__", "stoker")?;
+            let bases = PyTuple::new(py, bases)?;
+            let class = py.get_type::<PyType>().call1((name, bases, namespace))?;
+            classes.push(class.cast_into::<PyType>()?.unbind());
+        }
+        Ok(classes)
     })
 }
 

@@ -139,8 +139,8 @@ fn sample_seed(seed: u64, epoch: u64, index: u64) -> u64 {
 #[pymodule]
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     let classes = errors::classes(m.py())?;
-    for (name, class) in errors::NAMES.iter().zip(classes) {
-        m.add(*name, class.bind(m.py()))?;
+    for (name, class) in errors::names().zip(classes) {
+        m.add(name, class.bind(m.py()))?;
     }
     m.add_class::<native_loader::NativeLoader>()?;
     m.add_class::<native_loader::NativeBatch>()?;

@@ -162,6 +162,14 @@ def device_epoch(dataset: Path, decode: str, **overrides: Any) -> tuple[list[Any
         return images, loader.stats()
 
 
+def one_class(root: Path, dataset: Path, count: int, name: str) -> None:
+    """Makes ``root`` a dataset of one class, ``a``, holding the first ``count`` JPEGs of
+    ``dataset`` named ``name.format(i)``."""
+    (root / "a").mkdir(parents=True)
+    for i, source in enumerate(sorted(dataset.rglob("*.jpg"))[:count]):
+        shutil.copy(source, root / "a" / name.format(i))
+
+
 @pytest.mark.gpu
 def test_gpu_rows_match_the_cpu_pipeline_within_the_bound(torch: Any, dataset: Path) -> None:
     cpu, _ = device_epoch(dataset, "cpu")
@@ -370,26 +378,28 @@ def test_auto_changes_its_split_only_at_fixed_points(torch: Any, dataset: Path) 
         assert same == (split == state["decode_split"][1]), split
 
 
-@pytest.mark.gpu
-def test_huge_jpegs_keep_the_lane_under_its_cap(
-    torch: Any, dataset: Path, tmp_path: Path
-) -> None:
+@pytest.fixture
+def huge_root(dataset: Path, tmp_path: Path) -> Path:
+    """One class: 20 of the dataset's JPEGs and 3 of 6000x6000 pixels."""
     from PIL import Image
 
     root = tmp_path / "huge"
-    (root / "a").mkdir(parents=True)
-    for i, source in enumerate(sorted(dataset.rglob("*.jpg"))[:20]):
-        shutil.copy(source, root / "a" / f"{i:03}.jpg")
+    one_class(root, dataset, 20, "{:03}.jpg")
     gradient = np.linspace(0, 255, 6000, dtype=np.uint8)
     big = np.stack([np.tile(gradient, (6000, 1))] * 3, axis=-1)
     for i in range(3):
         Image.fromarray(big).save(root / "a" / f"big{i}.jpg", quality=80)
+    return root
+
+
+@pytest.mark.gpu
+def test_huge_jpegs_keep_the_lane_under_its_cap(torch: Any, huge_root: Path) -> None:
     cap = 128 << 20
     torch.cuda.synchronize()
     torch.cuda.empty_cache()
     free_before = torch.cuda.mem_get_info()[0]
     lane_images, stats = device_epoch(
-        root, "gpu", batch_size=4, gpu_memory=cap, pipeline=train_pipeline()
+        huge_root, "gpu", batch_size=4, gpu_memory=cap, pipeline=train_pipeline()
     )
     lane = stats["gpu_decode"]
     assert lane["memory_cap"] == cap
@@ -609,20 +619,21 @@ def epoch_with_bad_samples(
         return batches, sorted(bad), loader.stats()
 
 
-@pytest.mark.gpu
-def test_hostile_jpegs_never_break_the_cuda_context(
-    torch: Any, dataset: Path, tmp_path: Path
-) -> None:
+@pytest.fixture
+def hostile_root(dataset: Path, tmp_path: Path) -> Path:
+    """One class of the hostile set beside 9 plain JPEGs."""
     root = tmp_path / "hostile"
-    (root / "a").mkdir(parents=True)
-    hostile = hostile_set(dataset)
-    for name, data in hostile.items():
+    one_class(root, dataset, 9, "plain{}.jpg")
+    for name, data in hostile_set(dataset).items():
         (root / "a" / f"{name}.jpg").write_bytes(data)
-    for i, source in enumerate(sorted(dataset.rglob("*.jpg"))[:9]):
-        shutil.copy(source, root / "a" / f"plain{i}.jpg")
+    return root
+
+
+@pytest.mark.gpu
+def test_hostile_jpegs_never_break_the_cuda_context(torch: Any, hostile_root: Path) -> None:
     started = time.monotonic()
-    cpu, cpu_bad, _ = epoch_with_bad_samples(root, "cpu")
-    lane, lane_bad, stats = epoch_with_bad_samples(root, "gpu")
+    cpu, cpu_bad, _ = epoch_with_bad_samples(hostile_root, "cpu")
+    lane, lane_bad, stats = epoch_with_bad_samples(hostile_root, "gpu")
     # The process's context is usable: a torch op on the device runs and returns.
     assert float(torch.ones(64, device="cuda").sum().item()) == 64.0
     torch.cuda.synchronize()

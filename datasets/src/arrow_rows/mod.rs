@@ -90,6 +90,14 @@ impl ArrowRows {
         (row < span.rows).then_some((chunk, span, row))
     }
 
+    /// [`ArrowRows::locate`], or the error for an index past the samples.
+    pub(crate) fn find(&self, index: u64) -> Result<(usize, &ChunkSpan, u64)> {
+        self.locate(index).ok_or(Error::IndexOutOfRange {
+            index,
+            len: self.len,
+        })
+    }
+
     /// The label of sample `index` (0 without a label column).
     ///
     /// # Panics
@@ -133,11 +141,66 @@ impl ArrowRows {
         }
     }
 
+    /// A chunked source's `Debug`: `name`, its `root`, `files` files, its chunks counted under
+    /// `chunks` (what the format calls them), samples, sample column and classes.
+    pub(crate) fn debug_source(
+        &self,
+        formatter: &mut std::fmt::Formatter<'_>,
+        (name, chunks): (&str, &str),
+        root: &Path,
+        files: usize,
+        sample_column: &dyn std::fmt::Debug,
+    ) -> std::fmt::Result {
+        formatter
+            .debug_struct(name)
+            .field("root", &root)
+            .field("files", &files)
+            .field(chunks, &self.spans.len())
+            .field("samples", &self.len)
+            .field("sample_column", sample_column)
+            .field("classes", &self.class_names.len())
+            .finish()
+    }
+
     /// Rows per chunk: chunks are the unit the files are read and decoded by.
     pub(crate) fn shard_sizes(&self) -> Vec<u64> {
         self.spans.iter().map(|span| span.rows).collect()
     }
 }
+
+/// The [`SampleSource`](crate::SampleSource) methods a chunked source answers from its
+/// `rows` ([`ArrowRows`]), `files` (each with its `path`) and `root`, the same way for every
+/// format; `$what` names the format in messages. Shards are chunks: the unit a file is read
+/// and decoded by.
+macro_rules! arrow_rows_source {
+    ($what:literal) => {
+        fn len(&self) -> u64 {
+            self.rows.len()
+        }
+
+        fn label(&self, index: u64) -> i64 {
+            self.rows.label(index, $what)
+        }
+
+        fn describe(&self, index: u64) -> String {
+            let path = |file: usize| self.files[file].path.as_path();
+            self.rows.describe(index, path, $what, &self.root)
+        }
+
+        fn class_names(&self) -> &[String] {
+            self.rows.class_names()
+        }
+
+        fn shard_sizes(&self) -> Option<Vec<u64>> {
+            Some(self.rows.shard_sizes())
+        }
+
+        fn numeric_columns(&self) -> Option<&dyn crate::sample_source::NumericColumns> {
+            Some(self)
+        }
+    };
+}
+pub(crate) use arrow_rows_source;
 
 /// What a chunked format gives the readers written here.
 pub(crate) trait ArrowChunks {
@@ -238,10 +301,7 @@ fn read_numeric<T: Copy + Default>(
     // Output position of each row, grouped by chunk so each chunk decodes once.
     let mut by_chunk: BTreeMap<usize, Vec<(usize, u64)>> = BTreeMap::new();
     for (position, &index) in rows.iter().enumerate() {
-        let (chunk, _, row) = table.locate(index).ok_or(Error::IndexOutOfRange {
-            index,
-            len: table.len(),
-        })?;
+        let (chunk, _, row) = table.find(index)?;
         by_chunk.entry(chunk).or_default().push((position, row));
     }
     out.resize(base + rows.len() * width, T::default());

@@ -43,7 +43,7 @@ use rayon::prelude::*;
 use tracing::info;
 
 use crate::arrow_rows::columns::{self, Cell};
-use crate::arrow_rows::{ArrowRows, ChunkSpan};
+use crate::arrow_rows::{arrow_rows_source, ArrowRows, ChunkSpan};
 use crate::error::{Error, Result};
 use crate::parquet_files::row_group_cache::RowGroupCache;
 use crate::parquet_files::{ColumnarSummary, ParquetOptions, ParquetSampleKind};
@@ -348,28 +348,10 @@ impl HfDataset {
 }
 
 impl SampleSource for HfDataset {
-    fn len(&self) -> u64 {
-        self.rows.len()
-    }
-
-    fn label(&self, index: u64) -> i64 {
-        self.rows.label(index, "hugging face")
-    }
-
-    fn describe(&self, index: u64) -> String {
-        self.rows.describe(
-            index,
-            |file| &self.files[file].path,
-            "hugging face",
-            &self.root,
-        )
-    }
+    arrow_rows_source!("hugging face");
 
     fn read(&self, index: u64) -> Result<Vec<u8>> {
-        let (batch, span, row) = self.rows.locate(index).ok_or(Error::IndexOutOfRange {
-            index,
-            len: self.rows.len(),
-        })?;
+        let (batch, span, row) = self.rows.find(index)?;
         let decoded = self.sample_batch(batch, span)?;
         let row_in_batch = usize::try_from(row).unwrap_or(usize::MAX);
         if let Some(bytes) = columns::bytes_cell(decoded.values.as_ref(), row_in_batch) {
@@ -393,31 +375,14 @@ impl SampleSource for HfDataset {
             }),
         }
     }
-
-    fn class_names(&self) -> &[String] {
-        self.rows.class_names()
-    }
-
-    /// Rows per record batch: batches are the unit a stream file is read and decoded by.
-    fn shard_sizes(&self) -> Option<Vec<u64>> {
-        Some(self.rows.shard_sizes())
-    }
-
-    fn numeric_columns(&self) -> Option<&dyn crate::sample_source::NumericColumns> {
-        Some(self)
-    }
 }
 
 impl std::fmt::Debug for HfDataset {
     fn fmt(&self, formatter: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        formatter
-            .debug_struct("HfDataset")
-            .field("root", &self.root)
-            .field("files", &self.files.len())
-            .field("record_batches", &self.rows.spans().len())
-            .field("samples", &self.rows.len())
-            .field("sample_column", &self.choice.sample_column_name)
-            .field("classes", &self.rows.class_names().len())
-            .finish()
+        let column = &self.choice.sample_column_name;
+        let names = ("HfDataset", "record_batches");
+        let files = self.files.len();
+        self.rows
+            .debug_source(formatter, names, &self.root, files, column)
     }
 }

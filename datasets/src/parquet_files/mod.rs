@@ -39,7 +39,7 @@ use parquet::errors::ParquetError;
 use rayon::prelude::*;
 use tracing::info;
 
-use crate::arrow_rows::{columns, ArrowRows, ChunkSpan};
+use crate::arrow_rows::{arrow_rows_source, columns, ArrowRows, ChunkSpan};
 use crate::error::{without_panics, Error, Result};
 use crate::files::{files_with_extension, has_extension, root_files};
 use crate::naming::RemoteFiles;
@@ -328,24 +328,10 @@ impl ParquetDataset {
 }
 
 impl SampleSource for ParquetDataset {
-    fn len(&self) -> u64 {
-        self.rows.len()
-    }
-
-    fn label(&self, index: u64) -> i64 {
-        self.rows.label(index, "parquet")
-    }
-
-    fn describe(&self, index: u64) -> String {
-        self.rows
-            .describe(index, |file| &self.files[file].path, "parquet", &self.root)
-    }
+    arrow_rows_source!("parquet");
 
     fn read(&self, index: u64) -> Result<Vec<u8>> {
-        let (group, span, row) = self.rows.locate(index).ok_or(Error::IndexOutOfRange {
-            index,
-            len: self.rows.len(),
-        })?;
+        let (group, span, row) = self.rows.find(index)?;
         let decoded = self.sample_group(group, span)?;
         let row_in_group = usize::try_from(row).unwrap_or(usize::MAX);
         if let Some(bytes) = decoded.cell(row_in_group) {
@@ -364,21 +350,8 @@ impl SampleSource for ParquetDataset {
         }
     }
 
-    fn class_names(&self) -> &[String] {
-        self.rows.class_names()
-    }
-
-    /// Rows per row group: groups are the unit Parquet is read and decoded by.
-    fn shard_sizes(&self) -> Option<Vec<u64>> {
-        Some(self.rows.shard_sizes())
-    }
-
     fn has_sample_bytes(&self) -> bool {
         self.sample_kind != ParquetSampleKind::Numeric
-    }
-
-    fn numeric_columns(&self) -> Option<&dyn crate::sample_source::NumericColumns> {
-        Some(self)
     }
 
     /// Brings the sample column's chunks of the row groups holding `indices` into the object
@@ -433,14 +406,10 @@ impl SampleSource for ParquetDataset {
 
 impl std::fmt::Debug for ParquetDataset {
     fn fmt(&self, formatter: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        formatter
-            .debug_struct("ParquetDataset")
-            .field("root", &self.root)
-            .field("files", &self.files.len())
-            .field("row_groups", &self.rows.spans().len())
-            .field("samples", &self.rows.len())
-            .field("sample_column", &self.sample_column)
-            .field("classes", &self.rows.class_names().len())
-            .finish()
+        let column = &self.sample_column;
+        let names = ("ParquetDataset", "row_groups");
+        let files = self.files.len();
+        self.rows
+            .debug_source(formatter, names, &self.root, files, column)
     }
 }

@@ -296,13 +296,8 @@ class Loader(FromDataset, SavedState):
         refuse_unexpected(unsupported)
         check_remote(address, token, tls_ca, tls_server_name)
         placement = Placement.check(
-            device=device,
-            pin_memory=pin_memory,
-            pinned_memory_budget=pinned_memory_budget,
-            dtype=dtype,
-            memory_format=memory_format,
-            decode=decode,
-            gpu_memory=gpu_memory,
+            device=device, pin_memory=pin_memory, pinned_memory_budget=pinned_memory_budget,
+            dtype=dtype, memory_format=memory_format, decode=decode, gpu_memory=gpu_memory,
             address=address,
         )
         settings = checked_settings(
@@ -329,7 +324,7 @@ class Loader(FromDataset, SavedState):
         chosen = choose_source(
             source, pipeline, placement, remote=address is not None, format=self._format,
             text_column=self._text_column, split=source_split,
-        )  # fmt: skip
+        )
         self._mix, self._ops, self._source = chosen.mix, chosen.ops, chosen.label
         placement = placement.resolve(self._torch)
         self._decode = placement.decode
@@ -344,7 +339,7 @@ class Loader(FromDataset, SavedState):
                 tls_ca=None if tls_ca is None else os.fspath(tls_ca),
                 tls_server_name=tls_server_name, **placement.lane_arguments(),
             ),
-        )  # fmt: skip
+        )
         try:
             self._finish_init(placement.stage(self._torch, chosen.tail))
         except BaseException:  # its threads, slots, port go now, not with the traceback

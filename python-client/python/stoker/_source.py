@@ -78,7 +78,7 @@ def choose_source(
             label=names[0] if len(names) == 1 else ",".join(names),
             job_name=os.path.basename(os.path.normpath(names[0])) or "python",
             mix=None, native_mix=None, format=format, text_column=text_column, split=split,
-        )  # fmt: skip
+        )
     if split:
         raise ValueError("split= is for one source; a mix's sources name their own files")
     placement.refuse_mix()
@@ -88,4 +88,4 @@ def choose_source(
     return ChosenSource(
         ops, ops, None, [], native_mix.source, native_mix.job_name, source, native_mix,
         format=format, text_column=text_column, split="",
-    )  # fmt: skip
+    )
