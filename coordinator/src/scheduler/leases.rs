@@ -21,6 +21,11 @@ impl Coordinator {
         Ok(leases)
     }
 
+    /// Sessions with credits and a step to lease: the work waiting here for a worker.
+    pub fn waiting_sessions(&self) -> usize {
+        self.ready.len()
+    }
+
     /// [`lease`](Self::lease) appending to `out`, so a caller can reuse one vector.
     pub fn lease_into(
         &mut self,

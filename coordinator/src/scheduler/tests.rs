@@ -77,6 +77,21 @@ fn jobs_alternate_at_equal_weights_and_sessions_go_most_starved_first() {
     assert_eq!(c.job_share(job_b).leased, 6);
 }
 
+#[test]
+fn waiting_sessions_count_those_with_credits_and_a_step_to_lease() {
+    let t0 = Instant::now();
+    let (mut c, _, s, w) = one_session(3, 2, t0);
+    assert_eq!(c.waiting_sessions(), 1);
+    assert_eq!(lease_steps(&mut c, w, 1, t0), [0]);
+    assert_eq!(c.waiting_sessions(), 1, "one credit left");
+    assert_eq!(lease_steps(&mut c, w, 4, t0), [1]);
+    assert_eq!(c.waiting_sessions(), 0, "credits spent");
+    c.grant_credits(s, 5).unwrap();
+    assert_eq!(c.waiting_sessions(), 1);
+    assert_eq!(lease_steps(&mut c, w, 4, t0), [2]);
+    assert_eq!(c.waiting_sessions(), 0, "credits left but no step");
+}
+
 /// Two jobs whose clients always wait (each consumes a batch and grants a credit again as
 /// soon as one arrives) on `workers` workers, for `rounds` rounds of simulated time; returns
 /// the leases each job got.

@@ -108,6 +108,7 @@ impl coordinator_server::Coordinator for CoordinatorService {
             Duration::from_millis(u64::from(request.wait_ms)).min(self.config.max_lease_wait);
         let deadline = Instant::now() + wait;
         let mut leases = Vec::new();
+        let mut waiting: usize;
         loop {
             // Register for a wake-up before looking, so a grant in between is not missed.
             let notified = self.work.notified();
@@ -117,6 +118,7 @@ impl coordinator_server::Coordinator for CoordinatorService {
                 let mut state = lock(&self.state);
                 let before = leases.len();
                 let now = Instant::now();
+                waiting = state.core.waiting_sessions();
                 state
                     .core
                     .lease_into(worker, request.max_tasks as usize, now, &mut leases)
@@ -140,6 +142,7 @@ impl coordinator_server::Coordinator for CoordinatorService {
                 .iter()
                 .map(|l| task_lease(l, self.incarnation))
                 .collect(),
+            waiting_sessions: u32::try_from(waiting).unwrap_or(u32::MAX),
         }))
     }
 

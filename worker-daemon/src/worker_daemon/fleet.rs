@@ -1,7 +1,9 @@
 //! The coordinators of the worker's list (one, or a fleet's, jobs sharded over them): a task
 //! loop against each over the one decode pool, each coordinator's place (its job ids are its
-//! own), and the registrations the probes read.
+//! own), the worker's deliveries in flight split between them by the sessions waiting at each
+//! ([`Shares`]), and the registrations the probes read.
 
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 
 use stoker_rpc::health::Health;
@@ -21,12 +23,15 @@ pub(super) async fn task_loops(
         config.health.clone(),
         coordinators.len(),
     ));
+    let budget = config.lease_ahead.max(1).saturating_mul(2);
+    let shares = Arc::new(Shares::new(budget, coordinators.len()));
     let mut set = tokio::task::JoinSet::new();
     for (index, address) in coordinators.into_iter().enumerate() {
         let place = Place {
             index,
             address,
             registrations: registrations.clone(),
+            shares: shares.clone(),
         };
         set.spawn(task_loop(
             config.clone(),
@@ -38,12 +43,64 @@ pub(super) async fn task_loops(
     while set.join_next().await.is_some() {}
 }
 
-/// A coordinator of the worker's list: its place (job ids are its own), its address, and the
-/// registrations the probes read.
+/// A coordinator of the worker's list: its place (job ids are its own), its address, the
+/// registrations the probes read, and the shares of the worker's deliveries.
 pub(super) struct Place {
     pub(super) index: usize,
     pub(super) address: String,
     pub(super) registrations: Arc<Registrations>,
+    pub(super) shares: Arc<Shares>,
+}
+
+/// How a worker serving several coordinators splits its deliveries in flight between them: in
+/// proportion to the sessions waiting at each (as each coordinator's last lease answer said),
+/// so a shard with three times the waiting clients gets three times the worker. No clock and
+/// no I/O: the task loops note what each coordinator said and ask for their room.
+pub(super) struct Shares {
+    /// Deliveries in flight the worker allows over all its coordinators.
+    budget: u32,
+    /// Each coordinator's waiting sessions at its last answer.
+    waiting: Vec<AtomicU32>,
+}
+
+impl Shares {
+    pub(super) fn new(budget: u32, coordinators: usize) -> Self {
+        Self {
+            budget: budget.max(1),
+            waiting: (0..coordinators).map(|_| AtomicU32::new(0)).collect(),
+        }
+    }
+
+    /// Coordinator `place` answered a lease with `waiting` sessions waiting.
+    pub(super) fn note(&self, place: usize, waiting: u32) {
+        if let Some(slot) = self.waiting.get(place) {
+            slot.store(waiting, Ordering::Relaxed);
+        }
+    }
+
+    /// The deliveries coordinator `place` may have in flight now ([`share`]).
+    pub(super) fn cap(&self, place: usize) -> u32 {
+        let waiting: Vec<u32> = self
+            .waiting
+            .iter()
+            .map(|w| w.load(Ordering::Relaxed))
+            .collect();
+        share(self.budget, &waiting, place)
+    }
+}
+
+/// Coordinator `place`'s part of `budget` when `waiting[i]` sessions wait at coordinator `i`:
+/// `budget` split in proportion, rounded up, and at least one (a coordinator with nothing
+/// waiting yet is still leased from, so its first task is taken at once); the whole budget
+/// while nothing waits anywhere, and always with one coordinator.
+pub(super) fn share(budget: u32, waiting: &[u32], place: usize) -> u32 {
+    let total: u64 = waiting.iter().map(|&w| u64::from(w)).sum();
+    let mine = waiting.get(place).copied().map_or(0, u64::from);
+    if total == 0 || waiting.len() == 1 {
+        return budget;
+    }
+    let part = (u64::from(budget) * mine).div_ceil(total);
+    u32::try_from(part).unwrap_or(budget).clamp(1, budget)
 }
 
 /// Which coordinators of the list the worker is registered with, for the probes: ready while
@@ -87,7 +144,31 @@ impl Registrations {
 mod tests {
     use stoker_rpc::health::{Health, Readiness};
 
-    use super::Registrations;
+    use super::{share, Registrations, Shares};
+
+    #[test]
+    fn deliveries_are_split_by_the_sessions_waiting_at_each_coordinator() {
+        // Three times the waiting sessions, three times the deliveries.
+        assert_eq!(share(8, &[3, 1], 0), 6);
+        assert_eq!(share(8, &[3, 1], 1), 2);
+        // Rounded up, and never below one: a coordinator with nothing waiting is still leased
+        // from, so its first task is taken at once.
+        assert_eq!(share(8, &[10, 0, 1], 0), 8);
+        assert_eq!(share(8, &[10, 0, 1], 1), 1);
+        assert_eq!(share(8, &[10, 0, 1], 2), 1);
+        // Nothing waiting anywhere, or one coordinator: the whole budget.
+        assert_eq!(share(8, &[0, 0], 1), 8);
+        assert_eq!(share(8, &[0], 0), 8);
+        assert_eq!(share(8, &[5], 0), 8);
+        // What each coordinator last said is what counts.
+        let shares = Shares::new(8, 2);
+        assert_eq!(shares.cap(0), 8);
+        shares.note(0, 1);
+        shares.note(1, 3);
+        assert_eq!((shares.cap(0), shares.cap(1)), (2, 6));
+        shares.note(1, 0);
+        assert_eq!((shares.cap(0), shares.cap(1)), (8, 1));
+    }
 
     #[test]
     fn a_worker_of_a_fleet_is_ready_while_registered_with_any_coordinator() {

@@ -79,6 +79,10 @@ enum Ended {
 /// Why a task goes back untried: the drain's time for deliveries is up.
 const STOPPING: &str = "the worker is stopping and had no time left to deliver it";
 
+/// Most time a task loop whose share of the worker is taken waits before it looks at the
+/// shares again (they move with what the other coordinators say).
+const SHARE_RECHECK: Duration = Duration::from_millis(100);
+
 /// The drain's deadline once it has started (`None` before): by then the worker has finished,
 /// reported and left.
 pub(super) type Draining = watch::Receiver<Option<tokio::time::Instant>>;
@@ -160,7 +164,7 @@ pub(super) async fn task_loop(
         let ended = serve_leases(
             &config,
             &shared,
-            place.index,
+            &place,
             client,
             registered.worker_id,
             registered.lease_timeout_ms,
@@ -188,7 +192,7 @@ pub(super) async fn task_loop(
 async fn serve_leases(
     config: &WorkerConfig,
     shared: &Arc<Shared>,
-    place: usize,
+    place: &Place,
     mut client: CoordinatorClient<RpcChannel>,
     worker_id: u64,
     lease_timeout_ms: u64,
@@ -213,7 +217,8 @@ async fn serve_leases(
         config.report_interval,
         lost_tx,
     ));
-    // Deliveries in flight: each holds one finished batch.
+    // Deliveries in flight: each holds one finished batch. This coordinator's part of them is
+    // the fleet's share (all of them with one coordinator).
     let most_deliveries = config.lease_ahead.max(1).saturating_mul(2);
     let deliveries = Arc::new(Semaphore::new(most_deliveries as usize));
     // Of the drain's time, what is kept for the last report and the leave.
@@ -226,20 +231,33 @@ async fn serve_leases(
         if let Ok(status) = lost_rx.try_recv() {
             break Some(status);
         }
+        let in_flight = most_deliveries - deliveries.available_permits() as u32;
+        let share = place.shares.cap(place.index).min(most_deliveries);
+        if in_flight >= share {
+            // This coordinator's share of the worker is taken: lease again once one of its
+            // deliveries ends, or after a while (the shares may have moved meanwhile).
+            let freed = deliveries.acquire_many(most_deliveries - share + 1);
+            let _ = tokio::time::timeout(SHARE_RECHECK, freed).await;
+            continue;
+        }
         let report = take_report(worker_id, shared, &unreported);
         let counts = report.as_ref().map(|r| (r.bad_samples, r.busy_ns));
         let carried = report.as_ref().map_or(0, reported_tasks);
         let leased = client
             .lease(LeaseRequest {
                 worker_id,
-                max_tasks: config.lease_ahead.max(1),
+                max_tasks: config.lease_ahead.max(1).min(share - in_flight),
                 wait_ms: 1000,
                 report,
             })
             .await;
         // Leased even if the drain started meanwhile: these are finished like the others.
         let tasks = match leased {
-            Ok(response) => response.into_inner().tasks,
+            Ok(response) => {
+                let response = response.into_inner();
+                place.shares.note(place.index, response.waiting_sessions);
+                response.tasks
+            }
             Err(status) => {
                 put_back_counts(shared, counts);
                 unreported_lost(carried, &status);
@@ -264,7 +282,7 @@ async fn serve_leases(
                 continue;
             }
             only_handed_back = None;
-            let opened = job_entry(shared, &mut client, place, task.job_id);
+            let opened = job_entry(shared, &mut client, place.index, task.job_id);
             let Some(opened) = before_drain_due(opened, draining.clone(), reserve).await else {
                 let _ = outcomes_tx.send(handed_back(&task));
                 continue;

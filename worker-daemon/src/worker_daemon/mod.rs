@@ -86,7 +86,8 @@ pub struct WorkerConfig {
     pub threads: usize,
     /// Folders datasets may be read from.
     pub data_roots: Vec<PathBuf>,
-    /// Tasks leased ahead of the one being built.
+    /// Tasks leased ahead of the one being built; twice this many deliveries may be in flight
+    /// at once, over all the coordinators.
     pub lease_ahead: u32,
     /// Least time between two reports of the leases' outcomes: what finishes meanwhile goes in
     /// one report, or with the next lease call when that comes first.
