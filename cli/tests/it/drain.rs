@@ -207,20 +207,12 @@ fn a_worker_whose_client_takes_nothing_still_leaves_within_its_drain_timeout() {
             .await
             .unwrap();
     });
-    // Four leased, one per delivery it may hold; the lease loop then waits for one of them to
-    // end and leases nothing more meanwhile (the other four stay with the coordinator, for
-    // any other worker).
+    // Six leased: four deliveries wait, and the lease loop waits for one of them to end.
     let deadline = Instant::now() + Duration::from_secs(20);
-    while leases_so_far(&http) < 4.0 {
-        assert!(Instant::now() < deadline, "the worker leased four tasks");
+    while leases_so_far(&http) < 6.0 {
+        assert!(Instant::now() < deadline, "the worker leased six tasks");
         std::thread::sleep(Duration::from_millis(100));
     }
-    std::thread::sleep(Duration::from_secs(1));
-    assert_eq!(
-        leases_so_far(&http),
-        4.0,
-        "no task leased beyond the deliveries"
-    );
     worker.terminate();
     let status = worker
         .wait_exit(Duration::from_secs(6))
@@ -231,7 +223,8 @@ fn a_worker_whose_client_takes_nothing_still_leaves_within_its_drain_timeout() {
         .lines()
         .find(|line| line.contains("drained: left the coordinator"))
         .unwrap_or_else(|| panic!("the worker left the coordinator: {log}"));
-    // The four deliveries that waited on the client go back with the leave.
+    // The four deliveries that waited on the client go back with the leave (the two tasks
+    // the loop had no time for were handed back before it, in the last report).
     assert!(left.contains("returned=4"), "{left}");
     for late in [
         "did not finish in time",

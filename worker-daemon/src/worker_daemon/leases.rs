@@ -12,7 +12,7 @@ use stoker_proto::v1::coordinator_client::CoordinatorClient;
 use stoker_proto::v1::{
     Batch, GetJobRequest, LeaseRequest, LeaveRequest, RegisterWorkerRequest, TaskLease,
 };
-use tokio::sync::{mpsc, watch, Semaphore};
+use tokio::sync::{mpsc, watch, AcquireError, OwnedSemaphorePermit, Semaphore};
 use tonic::Status;
 
 use stoker_rpc::error_kinds;
@@ -82,6 +82,27 @@ const STOPPING: &str = "the worker is stopping and had no time left to deliver i
 /// Most time a task loop whose share of the worker is taken waits before it looks at the
 /// shares again (they move with what the other coordinators say).
 const SHARE_RECHECK: Duration = Duration::from_millis(100);
+
+/// A permit of `deliveries` (`most` in all) for the next task of `place`'s loop, taken once
+/// the loop's deliveries in flight are under the coordinator's share of the worker
+/// ([`Shares`](super::fleet::Shares); all of them with one coordinator).
+async fn share_permit(
+    deliveries: &Arc<Semaphore>,
+    most: u32,
+    place: &Place,
+) -> Result<OwnedSemaphorePermit, AcquireError> {
+    loop {
+        let in_flight = most.saturating_sub(deliveries.available_permits() as u32);
+        let share = place.shares.cap(place.index).min(most);
+        if in_flight < share {
+            return deliveries.clone().acquire_owned().await;
+        }
+        // The share is taken: look again once one of the loop's deliveries ends, or after a
+        // while (the shares may have moved meanwhile).
+        let freed = deliveries.acquire_many(most - share + 1);
+        let _ = tokio::time::timeout(SHARE_RECHECK, freed).await;
+    }
+}
 
 /// The drain's deadline once it has started (`None` before): by then the worker has finished,
 /// reported and left.
@@ -231,22 +252,13 @@ async fn serve_leases(
         if let Ok(status) = lost_rx.try_recv() {
             break Some(status);
         }
-        let in_flight = most_deliveries - deliveries.available_permits() as u32;
-        let share = place.shares.cap(place.index).min(most_deliveries);
-        if in_flight >= share {
-            // This coordinator's share of the worker is taken: lease again once one of its
-            // deliveries ends, or after a while (the shares may have moved meanwhile).
-            let freed = deliveries.acquire_many(most_deliveries - share + 1);
-            let _ = tokio::time::timeout(SHARE_RECHECK, freed).await;
-            continue;
-        }
         let report = take_report(worker_id, shared, &unreported);
         let counts = report.as_ref().map(|r| (r.bad_samples, r.busy_ns));
         let carried = report.as_ref().map_or(0, reported_tasks);
         let leased = client
             .lease(LeaseRequest {
                 worker_id,
-                max_tasks: config.lease_ahead.max(1).min(share - in_flight),
+                max_tasks: config.lease_ahead.max(1),
                 wait_ms: 1000,
                 report,
             })
@@ -271,7 +283,7 @@ async fn serve_leases(
         // for another worker.
         let handed_back = |task: &TaskLease| Outcome::Failed(task.lease_id, STOPPING.into());
         for task in tasks {
-            let permit = deliveries.clone().acquire_owned();
+            let permit = share_permit(&deliveries, most_deliveries, place);
             let Some(Ok(permit)) = before_drain_due(permit, draining.clone(), reserve).await else {
                 let _ = outcomes_tx.send(handed_back(&task));
                 continue;
@@ -587,6 +599,51 @@ mod tests {
             path: "/data/train".into(),
             source: std::io::Error::from_raw_os_error(code),
         })
+    }
+
+    #[tokio::test]
+    async fn a_loop_starts_a_task_only_while_under_its_coordinators_share() {
+        use super::super::fleet::{Registrations, Shares};
+        let health = stoker_rpc::health::Health::starting("starting");
+        let shares = Arc::new(Shares::new(4, 2));
+        let place = |index| Place {
+            index,
+            address: format!("coordinator-{index}"),
+            registrations: Arc::new(Registrations::new(health.clone(), 2)),
+            shares: shares.clone(),
+        };
+        let (first, second) = (place(0), place(1));
+        // Three sessions wait at the second coordinator for each one at the first.
+        shares.note(0, 1);
+        shares.note(1, 3);
+        let deliveries = Arc::new(Semaphore::new(4));
+        let held = share_permit(&deliveries, 4, &first)
+            .await
+            .expect("under its share");
+        let waits = tokio::time::timeout(SHARE_RECHECK * 3, share_permit(&deliveries, 4, &first));
+        assert!(waits.await.is_err(), "its one delivery is its whole share");
+        // The other coordinator's loop (its own deliveries) starts three.
+        let others = Arc::new(Semaphore::new(4));
+        let mut started = Vec::new();
+        for _ in 0..3 {
+            started.push(share_permit(&others, 4, &second).await.expect("a permit"));
+        }
+        let fourth = tokio::time::timeout(SHARE_RECHECK * 3, share_permit(&others, 4, &second));
+        assert!(fourth.await.is_err(), "three are its share");
+        // A delivery ends: the next task starts, and the one after it waits again.
+        drop(held);
+        let soon = SHARE_RECHECK * 10;
+        let next = tokio::time::timeout(soon, share_permit(&deliveries, 4, &first)).await;
+        let next = next
+            .expect("started once a delivery ended")
+            .expect("a permit");
+        let over = tokio::time::timeout(SHARE_RECHECK * 3, share_permit(&deliveries, 4, &first));
+        assert!(over.await.is_err(), "still one");
+        // Nothing waits at the second any more: the first may use the whole worker.
+        shares.note(1, 0);
+        let more = tokio::time::timeout(soon, share_permit(&deliveries, 4, &first)).await;
+        let more = more.expect("the shares moved").expect("a permit");
+        drop((next, more, started));
     }
 
     #[test]
