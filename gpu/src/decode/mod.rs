@@ -14,10 +14,10 @@
 //! large for the lane's memory is built on the CPU instead, in the same batch, as is one whose
 //! decode fails nvJPEG's strict check or leaves its place unwritten (`lane/pipe/`).
 //!
-//! The lane's rows stay on the GPU: a batch built with the lane carries them beside its slot
-//! ([`DeviceRows`], carried by the batch), and the device stage merges them into the device
-//! batch after copying the slot's rows. Device memory is the lane's own, allocated up front
-//! within `gpu_memory` bytes and never grown.
+//! The lane's rows stay on the GPU: a batch built with the lane carries them beside the bytes
+//! of its slot ([`DeviceRows`], in `Batch::device_rows`), and the device stage merges them
+//! into the device batch after copying the slot's rows. Device memory is the lane's own,
+//! allocated up front within `gpu_memory` bytes and never grown.
 
 mod backend;
 #[cfg(test)]

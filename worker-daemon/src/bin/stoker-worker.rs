@@ -51,7 +51,7 @@ struct Args {
     data_roots: Vec<PathBuf>,
     /// Tasks leased ahead of the one being built; twice this many may be in flight at once
     /// (building, or built and waiting for their client), split between the coordinators of
-    /// a fleet by the sessions waiting at each.
+    /// a fleet by the sessions waiting at each (each share rounded up, at least one).
     #[arg(long, default_value_t = 2)]
     lease_ahead: u32,
     /// Least milliseconds between two reports of finished tasks to the coordinator: what

@@ -71,7 +71,8 @@ impl Shares {
         }
     }
 
-    /// Coordinator `place` answered a lease with `waiting` sessions waiting.
+    /// Coordinator `place` answered a lease with `waiting` sessions waiting (0 once the worker
+    /// has lost it).
     pub(super) fn note(&self, place: usize, waiting: u32) {
         if let Some(slot) = self.waiting.get(place) {
             slot.store(waiting, Ordering::Relaxed);

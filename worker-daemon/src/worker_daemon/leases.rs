@@ -192,6 +192,9 @@ pub(super) async fn task_loop(
             draining.clone(),
         )
         .await;
+        // Nothing waits for this worker at a coordinator it no longer serves: the others'
+        // shares are not held down by what it last said.
+        place.shares.note(place.index, 0);
         match ended {
             Ended::Drained => return,
             Ended::Lost(status) => {
