@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use stoker_proto::v1::coordinator_client::CoordinatorClient;
 use stoker_proto::v1::{
-    Batch, GetJobRequest, LeaseRequest, LeaveRequest, RegisterWorkerRequest, TaskLease,
+    GetJobRequest, LeaseRequest, LeaveRequest, RegisterWorkerRequest, TaskLease,
 };
 use tokio::sync::{mpsc, watch, AcquireError, OwnedSemaphorePermit, Semaphore};
 use tonic::Status;
@@ -435,7 +435,7 @@ async fn send_error(shared: &Shared, task: &TaskLease, status: Status) -> Outcom
     }
 }
 
-async fn deliver(shared: &Shared, task: &TaskLease, batch: Batch) -> Outcome {
+async fn deliver(shared: &Shared, task: &TaskLease, batch: stoker_pipeline::Batch) -> Outcome {
     let Some(token) = &task.session else {
         return Outcome::Failed(task.lease_id, "lease without a session".into());
     };
@@ -448,7 +448,8 @@ async fn deliver(shared: &Shared, task: &TaskLease, batch: Batch) -> Outcome {
             "no stream from the client of session {session} within {wait:?}"
         ));
     };
-    match tokio::time::timeout(wait, sender.send(Ok(batch))).await {
+    // The wire's form only as it goes onto the client's stream.
+    match tokio::time::timeout(wait, sender.send(Ok(batch.into()))).await {
         Ok(Ok(())) => Outcome::Completed(task.lease_id),
         Ok(Err(_)) => unclaimed(format!("the client of session {session} closed its stream")),
         Err(_) => {

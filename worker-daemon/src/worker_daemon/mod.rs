@@ -32,13 +32,13 @@ use std::time::{Duration, Instant};
 use stoker_datasets::SampleSource;
 use stoker_proto::v1::worker_data_server;
 use stoker_proto::v1::{
-    Batch, DescribeJobRequest, DescribeJobResponse, JobSpec, SubscribeRequest, TaskLease,
+    DescribeJobRequest, DescribeJobResponse, JobSpec, SubscribeRequest, TaskLease,
 };
 use tokio::sync::{mpsc, watch, Notify};
 use tonic::service::interceptor::InterceptedService;
 use tonic::{Request, Response, Status};
 
-use stoker_pipeline::{EpochPlan, Error, Job, Result};
+use stoker_pipeline::{Batch, EpochPlan, Error, Job, Result};
 use stoker_rpc::batch_wire::WorkerDataService;
 use stoker_rpc::error_kinds;
 use stoker_rpc::health::Health;
@@ -301,8 +301,7 @@ impl Shared {
         let batch = self.pool.install(|| job.batch(&plan, task.step))?;
         self.bad_samples
             .fetch_add(batch.bad_samples.len() as u64, Ordering::Relaxed);
-        // The wire's form from here on: the batch goes out on its client's stream.
-        Ok(batch.into())
+        Ok(batch)
     }
 
     /// Forgets the stream of `key` if it is still `sender`'s (the client may have opened a new
