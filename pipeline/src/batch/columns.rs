@@ -339,7 +339,7 @@ mod tests {
     }
 
     fn named<'a>(batch: &'a Batch, name: &str) -> &'a Tensor {
-        batch.tensors.iter().find(|t| t.name == name).unwrap()
+        batch.tensor(name).unwrap()
     }
 
     #[test]

@@ -87,7 +87,7 @@ fn each_mixed_source_is_told_its_samples_of_this_batch_and_the_next() {
     let batch = job.batch(&plan, 0).unwrap();
     let next = job.batch(&plan, 1).unwrap();
     let source_of = |batch: &stoker_pipeline::Batch| -> Vec<i64> {
-        let tensor = batch.tensors.iter().find(|t| t.name == "source").unwrap();
+        let tensor = batch.tensor("source").unwrap();
         tensor
             .data
             .chunks_exact(8)
