@@ -354,6 +354,10 @@ def run_row(
     if "loader" in extra:
         stats = extra["loader"].stats()
         result["stoker_gpu_idle_fraction"] = stats["gpu_idle_fraction"]
+        # What the loader counts the lane beside the step to cost the GPU (to set beside the
+        # step's time against the ceiling's).
+        result["stoker_gpu_lane_cost_fraction"] = stats["gpu_lane_cost_fraction"]
+        result["stoker_gpu_lane_quiet_steps"] = stats["gpu_lane_quiet_steps"]
         result["stoker_pinned"] = stats["pinned"]
         result["gpu_decode"] = stats.get("gpu_decode")
         if splits:
@@ -435,7 +439,9 @@ def print_row(r: dict[str, Any], flush: bool) -> None:
             f"fell back {lane['fallback_rows']}, "
             f"GPU {lane['gpu_rows_per_s']:.0f} / CPU {lane['cpu_rows_per_s']:.0f} rows/s, "
             f"split {'>'.join(map(str, r.get('decode_splits_sixteenths', [])))}/16, "
-            f"{lane['memory_bytes'] >> 20} MiB"
+            f"{lane['memory_bytes'] >> 20} MiB, "
+            f"lane cost {100 * r['stoker_gpu_lane_cost_fraction']:.1f}% of the GPU "
+            f"({r['stoker_gpu_lane_quiet_steps']} quiet steps)"
         )
     print(
         f"{r['model']:9} {r['row']:16} {r['images_per_s']:8.0f} img/s {share} of ceiling  "

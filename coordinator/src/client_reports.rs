@@ -53,6 +53,9 @@ pub(super) fn client_snapshot(stats: &ClientStats, threads: usize) -> MonitorSna
             prefetch_depth: stats.prefetch_target as usize,
             gpu_idle_s: stats.gpu_idle_ns as f64 / 1e9,
             gpu_span_s: stats.gpu_span_ns as f64 / 1e9,
+            // Nor what a lane beside the step costs.
+            gpu_lane_cost_s: 0.0,
+            gpu_lane_quiet_steps: 0,
             // Remote clients decode nothing themselves: no GPU lane to report.
             gpu_decode: None,
         },

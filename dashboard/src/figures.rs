@@ -49,6 +49,13 @@ pub struct LoaderStats {
     pub gpu_idle_s: f64,
     /// Seconds of the GPU stream's time over which `gpu_idle_s` was measured.
     pub gpu_span_s: f64,
+    /// Seconds the consumer's GPU stream was busier on its steps beside the GPU decode lane's
+    /// work than on steps with the lane quiet (medians of the recent ones of each): what the
+    /// lane beside the step costs it, which no wait shows. Counted once a few quiet steps give
+    /// a baseline (`gpu_lane_quiet_steps`); 0 without a lane or a consumer that reports it.
+    pub gpu_lane_cost_s: f64,
+    /// Steps the consumer measured with the lane quiet (the baseline of `gpu_lane_cost_s`).
+    pub gpu_lane_quiet_steps: u64,
     /// The GPU decode lane's figures, when the loader has one.
     pub gpu_decode: Option<GpuDecodeFigures>,
 }

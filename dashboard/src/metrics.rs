@@ -89,6 +89,12 @@ const FAMILIES: &[Family] = &[
         samples: |job| one(job.latest.as_ref().map(|s| s.stats.gpu_span_s)),
     },
     Family {
+        name: "stoker_gpu_lane_cost_seconds_total",
+        kind: "counter",
+        help: "Seconds the GPU's stream was busier on steps beside the GPU decode lane's work than on steps with the lane quiet, since the loader started (0 until quiet steps give a baseline).",
+        samples: |job| one(job.latest.as_ref().map(|s| s.stats.gpu_lane_cost_s)),
+    },
+    Family {
         name: "stoker_gpu_decode_share_ratio",
         kind: "gauge",
         help: "Share of each batch offered to the GPU decode lane in the newest epoch (jobs with a lane only).",

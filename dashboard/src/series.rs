@@ -44,6 +44,9 @@ pub enum Verdict {
     InputBound(&'static str),
     /// The trainer waited more than 5% of the time, mostly for the first batch of an epoch.
     EpochBoundary,
+    /// The GPU decode lane's work beside the training step cost the consumer's GPU stream more
+    /// than 5% of its time, and more than the trainer waited: no wait in `next()` shows it.
+    LaneBeside,
     /// The trainer waited between 1% and 5% of the time.
     Balanced,
     /// The trainer waited less than 1% of the time.
@@ -57,6 +60,7 @@ impl std::fmt::Display for Verdict {
             Self::Idle => f.write_str("idle"),
             Self::InputBound(stage) => write!(f, "input-bound: {stage}"),
             Self::EpochBoundary => f.write_str("input-bound: epoch boundary"),
+            Self::LaneBeside => f.write_str("input-bound: GPU decode beside the step"),
             Self::Balanced => f.write_str("balanced"),
             Self::ComputeBound => f.write_str("compute-bound"),
         }
@@ -83,6 +87,8 @@ struct Delta {
     /// GPU idle waiting for a batch, and the GPU time it was measured over.
     gpu_idle_s: f64,
     gpu_span_s: f64,
+    /// What the GPU decode lane beside the step cost the GPU stream over that time.
+    gpu_lane_cost_s: f64,
 }
 
 impl Delta {
@@ -102,6 +108,7 @@ impl Delta {
             ],
             gpu_idle_s: (after.gpu_idle_s - before.gpu_idle_s).max(0.0),
             gpu_span_s: (after.gpu_span_s - before.gpu_span_s).max(0.0),
+            gpu_lane_cost_s: (after.gpu_lane_cost_s - before.gpu_lane_cost_s).max(0.0),
         }
     }
 
@@ -117,12 +124,19 @@ impl Delta {
         }
         self.gpu_idle_s += other.gpu_idle_s;
         self.gpu_span_s += other.gpu_span_s;
+        self.gpu_lane_cost_s += other.gpu_lane_cost_s;
     }
 
     /// Share of the GPU's measured time spent idle waiting for a batch, percent; `None` when
     /// nothing measured it over the interval.
     fn gpu_idle_pct(&self) -> Option<f64> {
         (self.gpu_span_s > 0.0).then(|| round(100.0 * self.gpu_idle_s / self.gpu_span_s, 1))
+    }
+
+    /// Share of the GPU's measured time the decode lane beside the step cost it, percent;
+    /// `None` when nothing measured the GPU's time over the interval.
+    fn gpu_lane_cost_pct(&self) -> Option<f64> {
+        (self.gpu_span_s > 0.0).then(|| round(100.0 * self.gpu_lane_cost_s / self.gpu_span_s, 1))
     }
 
     fn stall_pct(&self) -> Option<f64> {
@@ -201,6 +215,9 @@ pub(crate) struct Point {
     /// Share of the GPU's time over the interval its stream sat idle waiting for a batch,
     /// percent (measured with events by the consumer; `None` where nothing measures it).
     pub gpu_idle_pct: Option<f64>,
+    /// Share of the GPU's time over the interval the decode lane beside the step cost it,
+    /// percent (see `LoaderStats::gpu_lane_cost_s`; `None` where nothing measures it).
+    pub gpu_lane_cost_pct: Option<f64>,
     /// Samples yielded per second over the interval.
     pub samples_per_s: Option<f64>,
     /// Batches being built.
@@ -235,6 +252,8 @@ pub(crate) struct Window {
     pub stall_pct: Option<f64>,
     /// Share of the GPU's time over the window spent idle waiting for a batch, percent.
     pub gpu_idle_pct: Option<f64>,
+    /// Share of the GPU's time over the window the decode lane beside the step cost it, percent.
+    pub gpu_lane_cost_pct: Option<f64>,
     /// Samples per second over the window.
     pub samples_per_s: Option<f64>,
     /// Where a sample's time went over the window.
@@ -299,6 +318,7 @@ impl JobSeries {
                 t_ms,
                 stall_pct: delta.stall_pct(),
                 gpu_idle_pct: delta.gpu_idle_pct(),
+                gpu_lane_cost_pct: delta.gpu_lane_cost_pct(),
                 samples_per_s: delta.samples_per_s(),
                 in_flight: stats.in_flight,
                 prefetch_depth: stats.prefetch_depth,
@@ -368,6 +388,7 @@ impl JobSeries {
             seconds: round(sum.elapsed_s, 1),
             stall_pct,
             gpu_idle_pct: sum.gpu_idle_pct(),
+            gpu_lane_cost_pct: sum.gpu_lane_cost_pct(),
             samples_per_s: sum.samples_per_s(),
             time,
             verdict,
@@ -382,6 +403,13 @@ fn verdict_of(sum: &Delta) -> Verdict {
     }
     if sum.samples == 0 {
         return Verdict::Idle;
+    }
+    // The lane's cost is GPU time no wait shows: named when it is above the input-bound line
+    // and more than the trainer waited.
+    if let Some(lane) = sum.gpu_lane_cost_pct() {
+        if lane > INPUT_BOUND_STALL_PCT && lane >= sum.stall_pct().unwrap_or(0.0) {
+            return Verdict::LaneBeside;
+        }
     }
     match sum.stall_pct() {
         // Most of the wait was for the first batch of an epoch: the boundary, not a stage.
@@ -491,6 +519,7 @@ mod tests {
             stages_s,
             gpu_idle_s: 0.0,
             gpu_span_s: 0.0,
+            gpu_lane_cost_s: 0.0,
         }
     }
 
@@ -597,6 +626,30 @@ mod tests {
             Verdict::EpochBoundary.to_string(),
             "input-bound: epoch boundary"
         );
+        assert_eq!(
+            Verdict::LaneBeside.to_string(),
+            "input-bound: GPU decode beside the step"
+        );
+    }
+
+    #[test]
+    fn a_lane_costing_the_gpu_stream_more_than_the_wait_is_the_verdict() {
+        // 0.1% stall in next(), but the lane cost the stream 20% of its time.
+        let mut slowed = delta(10.0, 0.01, 1000, [0.0, 4.0, 1.0, 0.0]);
+        slowed.gpu_span_s = 10.0;
+        slowed.gpu_lane_cost_s = 2.0;
+        assert_eq!(slowed.gpu_lane_cost_pct(), Some(20.0));
+        assert_eq!(verdict_of(&slowed), Verdict::LaneBeside);
+        // Under the line: the verdict the wait gives.
+        slowed.gpu_lane_cost_s = 0.3;
+        assert_eq!(verdict_of(&slowed), Verdict::ComputeBound);
+        // A wait larger than the lane's cost names the stage it waits on.
+        let mut waiting = delta(10.0, 3.0, 1000, [0.0, 4.0, 1.0, 0.0]);
+        waiting.gpu_span_s = 10.0;
+        waiting.gpu_lane_cost_s = 1.0;
+        assert_eq!(verdict_of(&waiting), Verdict::InputBound("decode"));
+        // Nothing measured on the GPU: no lane figure.
+        assert_eq!(delta(10.0, 0.0, 1000, [0.0; 4]).gpu_lane_cost_pct(), None);
     }
 
     #[test]

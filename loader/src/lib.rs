@@ -23,6 +23,7 @@ mod error;
 pub use client::decode_lane::{DecodeLane, EmbeddedStep, StartDecodeLane};
 pub use client::embedded::{build_on_pool, decode_panic, EmbeddedSource};
 pub use client::landing;
+pub use client::lane_cost::LaneWindow;
 pub use client::loader::{Loader, LoaderOptions, PinOptions};
 pub use client::prefetch::{
     ChangeReason, ControllerConfig, ControllerSnapshot, PrefetchController,

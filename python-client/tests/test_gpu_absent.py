@@ -341,3 +341,81 @@ def test_slots_the_driver_refuses_at_the_first_batch_warn_once_and_pin_nothing(
     assert len(unpinned) == 1 and len(got) > 1
     assert not made._pin_small and not made._pin_unsettled
     loader.close()
+
+
+class ScriptedGpu:
+    """The few torch calls :class:`stoker.gpu.GpuIdleMeter` makes, over a GPU clock the test
+    moves (an event records the clock's reading; every event has finished)."""
+
+    def __init__(self) -> None:
+        self.now_ms = 0.0
+        self.cuda = SimpleNamespace(
+            is_initialized=lambda: True,
+            current_stream=lambda index: "the consumer's stream",
+            Event=self.event,
+        )
+
+    def event(self, enable_timing: bool) -> SimpleNamespace:
+        assert enable_timing
+        event = SimpleNamespace(at=None)
+        event.record = lambda stream: setattr(event, "at", self.now_ms)
+        event.query = lambda: True
+        event.elapsed_time = lambda other: other.at - event.at
+        return event
+
+
+def test_the_idle_meter_reports_each_step_with_the_lanes_work_in_its_host_window() -> None:
+    gpu_clock = ScriptedGpu()
+    host = {"s": 100.0, "lane_s": 5.0}
+    reports: list[tuple[float, ...]] = []
+    meter = gpu.GpuIdleMeter(
+        gpu_clock,
+        None,
+        lambda *figures: reports.append(tuple(round(f, 6) for f in figures)),
+        lambda: host["lane_s"],
+        clock=lambda: host["s"],
+    )
+
+    def step(work_ms: float, wait_ms: float, host_s: float, lane_s: float) -> None:
+        # The consumer's stream works `work_ms`, then waits `wait_ms` inside next().
+        gpu_clock.now_ms += work_ms
+        meter.before()
+        gpu_clock.now_ms += wait_ms
+        host["s"] += host_s
+        host["lane_s"] += lane_s
+        meter.after()
+
+    step(0.0, 2.0, 0.0, 0.0)  # the first batch: nothing before it to measure from
+    assert reports == []
+    step(10.0, 0.0, 0.010, 0.0)  # the lane quiet over the step's 10 ms
+    step(12.0, 1.0, 0.013, 0.008)  # beside the lane's 8 ms of work
+    assert reports == [(0.0, 0.010, 0.0, 0.010), (0.001, 0.013, 0.008, 0.013)]
+    # Without a lane, a step reports its idle and span only.
+    bare: list[tuple[float, ...]] = []
+    meter = gpu.GpuIdleMeter(gpu_clock, None, lambda *figures: bare.append(figures))
+    for _ in range(2):
+        gpu_clock.now_ms += 5.0
+        meter.before()
+        meter.after()
+    assert bare == [(0.0, 0.005)]
+
+
+def test_steps_reported_beside_the_lane_show_their_cost_in_stats(
+    make_loader: Callable[..., stoker.Loader],
+) -> None:
+    loader = make_loader()
+    native = loader._handle()
+    assert native.lane_busy_s() is None  # no lane here
+    for _ in range(4):  # quiet steps: busy 10 ms of their 10.5
+        native.record_gpu_idle(0.0005, 0.0105, 0.0, 0.0105)
+    for _ in range(2):  # beside the lane: busy 13 ms, no wait at all
+        native.record_gpu_idle(0.0, 0.013, 0.008, 0.013)
+    stats = loader.stats()
+    assert stats["gpu_lane_cost_s"] == pytest.approx(0.006)
+    assert stats["gpu_lane_quiet_steps"] == 4
+    assert stats["gpu_lane_cost_fraction"] == pytest.approx(0.006 / 0.068)
+    assert stats["gpu_idle_fraction"] == pytest.approx(0.002 / 0.068)
+    with pytest.raises(ValueError, match="come together"):
+        native.record_gpu_idle(0.0, 0.01, 0.001)
+    with pytest.raises(ValueError, match="finite and >= 0"):
+        native.record_gpu_idle(0.0, 0.01, -1.0, 0.01)

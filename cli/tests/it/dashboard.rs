@@ -762,6 +762,7 @@ fn demo_dashboard_page_matches_api_and_metrics_parse() {
         ("bad", current["bad_samples"].to_string()),
         ("window-stall", shown(&window["stall_pct"], 1)),
         ("window-gpu-idle", shown(&window["gpu_idle_pct"], 1)),
+        ("window-lane-cost", shown(&window["gpu_lane_cost_pct"], 1)),
         ("window-seconds", shown(&window["seconds"], 1)),
         ("window-throughput", shown(&window["samples_per_s"], 1)),
     ];

@@ -13,8 +13,8 @@ use std::time::{Duration, Instant};
 
 use stoker_gpu::{DevicePinning, PinDevice};
 use stoker_loader::{
-    build_on_pool, DecodeLane, EmbeddedStep, Error, GpuDecodeFigures, Loader, LoaderOptions,
-    PinOptions, StartDecodeLane,
+    build_on_pool, DecodeLane, EmbeddedStep, Error, GpuDecodeFigures, LaneWindow, Loader,
+    LoaderOptions, PinOptions, StartDecodeLane,
 };
 use stoker_pipeline::Job;
 
@@ -92,7 +92,7 @@ fn gpu_idle_reported_by_the_consumer_shows_in_stats_and_raises_the_depth() {
     assert_eq!(loader.stats().gpu_idle_s, 0.0);
     // The consumer's GPU stream sat idle 4 ms of 9 for the next batch, while the host did not
     // wait: that is stall too.
-    loader.record_gpu_idle(Duration::from_millis(4), Duration::from_millis(9));
+    loader.record_gpu_idle(Duration::from_millis(4), Duration::from_millis(9), None);
     stream.next_batch().unwrap().unwrap();
     let after = loader.controller_snapshot().unwrap();
     let stats = loader.stats();
@@ -140,6 +140,8 @@ struct CountingLane {
     delivered: AtomicU64,
     resumed: Mutex<Vec<(u64, u64, u8)>>,
     shutdowns: AtomicU64,
+    /// What `busy` answers, in milliseconds.
+    busy_ms: AtomicU64,
 }
 
 impl DecodeLane for CountingLane {
@@ -174,6 +176,10 @@ impl DecodeLane for CountingLane {
             gpu_rows: self.built.load(Ordering::Relaxed),
             ..GpuDecodeFigures::default()
         }
+    }
+
+    fn busy(&self) -> Duration {
+        Duration::from_millis(self.busy_ms.load(Ordering::Relaxed))
     }
 
     fn shutdown(&self) {
@@ -242,4 +248,55 @@ fn a_decode_lane_in_the_hook_builds_its_steps_hears_their_pace_and_stops_with_th
         .unwrap();
     assert!(matches!(refused, Error::Gpu(_)), "{refused:?}");
     assert!(refused.to_string().contains("embedded mode"), "{refused}");
+}
+
+#[test]
+fn steps_the_consumer_reports_beside_the_lane_cost_what_they_take_over_quiet_ones() {
+    let dir = tempfile::tempdir().unwrap();
+    common::make_images(dir.path(), 16);
+    let spec = common::train_spec(dir.path(), 8);
+    let lane = Arc::new(CountingLane::default());
+    let options = LoaderOptions {
+        threads: 1,
+        decode_lane: Some(Arc::new(StartCounting(lane.clone()))),
+        ..LoaderOptions::default()
+    };
+    let loader = Loader::new(spec.clone(), options).unwrap();
+    // The consumer reads the lane's busy time through the loader.
+    lane.busy_ms.store(1234, Ordering::Relaxed);
+    assert_eq!(loader.lane_busy(), Some(Duration::from_millis(1234)));
+    let ms = Duration::from_millis;
+    let quiet = Some(LaneWindow {
+        busy: Duration::ZERO,
+        window: ms(10),
+    });
+    let beside = Some(LaneWindow {
+        busy: ms(8),
+        window: ms(13),
+    });
+    // Four quiet steps busy 10 ms of their 10.5 (the baseline), then three beside the lane
+    // busy 13 ms with no wait for the batch at all: 3 ms each the lane cost.
+    for _ in 0..4 {
+        loader.record_gpu_idle(
+            Duration::from_micros(500),
+            Duration::from_micros(10_500),
+            quiet,
+        );
+    }
+    for _ in 0..3 {
+        loader.record_gpu_idle(Duration::ZERO, ms(13), beside);
+    }
+    let stats = loader.stats();
+    assert!((stats.gpu_lane_cost_s - 0.009).abs() < 1e-9, "{stats:?}");
+    assert_eq!(stats.gpu_lane_quiet_steps, 4);
+    assert!((stats.gpu_idle_s - 0.002).abs() < 1e-9, "{stats:?}");
+    // The monitor the dashboard reads carries them.
+    let monitored = loader.monitor().snapshot().stats;
+    assert_eq!(monitored.gpu_lane_cost_s, stats.gpu_lane_cost_s);
+    // A step without the lane's figures counts as GPU idle only.
+    loader.record_gpu_idle(Duration::ZERO, ms(50), None);
+    assert_eq!(loader.stats().gpu_lane_cost_s, stats.gpu_lane_cost_s);
+    // Without a lane there is nothing to read.
+    let plain = common::embedded_loader(spec, 1).unwrap();
+    assert_eq!(plain.lane_busy(), None);
 }

@@ -59,6 +59,8 @@ function createCard(job) {
         el("span", { id: `job-${key}-window-stall`, text: "\u2013" }),
         document.createTextNode("% \u00b7 GPU idle "),
         el("span", { id: `job-${key}-window-gpu-idle`, text: "\u2013" }),
+        document.createTextNode("% \u00b7 GPU decode beside the step "),
+        el("span", { id: `job-${key}-window-lane-cost`, text: "\u2013" }),
         document.createTextNode("% over the last "),
         el("span", { id: `job-${key}-window-seconds`, text: "\u2013" }),
         document.createTextNode(" s \u00b7 "),
@@ -78,7 +80,7 @@ function createCard(job) {
       figure(key, "bad", "Bad samples", "total"),
     ]),
     el("div", { class: "charts" }, [
-      chart(key, "stall", "Stall (% of time the trainer waited, and the GPU sat idle)"),
+      chart(key, "stall", "Stall (% of time the trainer waited, the GPU sat idle, and the GPU decode lane cost the GPU)"),
       chart(key, "throughput", "Throughput (samples/s)"),
       chart(key, "queue", "Queue depth (batches)"),
       chart(key, "time", "Where time goes (ms per sample, last 10 s)"),
@@ -116,6 +118,7 @@ function updateFigures(job) {
   line.className = `verdict-line ${verdictClass(job.verdict)}`;
   setText(`job-${key}-window-stall`, fixed(w ? w.stall_pct : null, 1));
   setText(`job-${key}-window-gpu-idle`, fixed(w ? w.gpu_idle_pct : null, 1));
+  setText(`job-${key}-window-lane-cost`, fixed(w ? w.gpu_lane_cost_pct : null, 1));
   setText(`job-${key}-window-seconds`, fixed(w ? w.seconds : null, 1));
   setText(`job-${key}-window-throughput`, fixed(w ? w.samples_per_s : null, 1));
   const share = document.getElementById(`job-${key}-share`);
@@ -366,6 +369,7 @@ function drawCharts(key, state, window, now) {
   drawLines(document.getElementById(`job-${key}-chart-stall`), [
     { label: "host wait %", color: "#dc2626", values: pick("stall_pct") },
     { label: "GPU idle %", color: "#7c3aed", values: pick("gpu_idle_pct") },
+    { label: "GPU decode beside the step %", color: "#db2777", values: pick("gpu_lane_cost_pct") },
   ], {
     now, yLabel: "% of time", yMin: 10,
     marks: [

@@ -85,6 +85,10 @@ impl DecodeLane for GpuLane {
         GpuLane::figures(self)
     }
 
+    fn busy(&self) -> Duration {
+        GpuLane::busy(self)
+    }
+
     fn shutdown(&self) {
         GpuLane::shutdown(self);
     }

@@ -136,6 +136,11 @@ const STALE_DECISIONS: u64 = 16;
 /// one point's measurement varies by).
 const MARGIN: f64 = 0.03;
 
+/// Decisions between two points built with the lane quiet (every row on the CPU): the steps
+/// the loader's figures compare the steps beside the lane with, and a split `auto` keeps when
+/// its batches came faster. One point in this many, about 1% of the steps at most.
+pub const QUIET_EVERY: u64 = 128;
+
 /// The time per row of the batches built at one split: the time between batches over the rows
 /// they brought, summed (two batches handed out together give one long and one short
 /// interval, so the sums, not each interval, carry the pace), older ones weighing less.
@@ -176,7 +181,10 @@ fn rate(rows: u64, busy_ns: u64) -> f64 {
 /// starts a point, ahead of the loop by the prefetch depth, and keep the split until it is
 /// measured), and the one after keeps it if its batches came faster, else goes back; later
 /// decisions move by one sixteenth at most, toward the split whose batches came fastest, and
-/// try all rows on the GPU again once its measure is old.
+/// try all rows on the GPU again once its measure is old. Every [`QUIET_EVERY`] decisions a
+/// point goes to the CPU alone (the lane quiet), kept like the probe of every row on the GPU
+/// if its batches came faster: the lane's work beside the training step costs the step
+/// itself (its launches come late), which the pace of the loop shows and this compares.
 #[derive(Debug)]
 pub struct SplitSchedule {
     /// The split every decision takes, when one is pinned ([`PIN_VARIABLE`]).
@@ -193,8 +201,10 @@ pub struct SplitSchedule {
     estimated: bool,
     /// The way the last move went: +1 more rows to the GPU, -1 fewer.
     direction: i8,
-    /// The split to go back to when trying all rows on the GPU showed nothing better.
+    /// The split to go back to when trying all rows on the GPU, or none, showed nothing better.
     probed_from: Option<u8>,
+    /// The decision count from which the next point with the lane quiet is due.
+    quiet_due: u64,
     /// The split of the last step counted, and steps at it since the change.
     last_noted: (u8, u32),
     /// The last intervals per row, any split (for the mean [`OUTLIER`] compares with).
@@ -219,6 +229,7 @@ impl SplitSchedule {
             estimated: false,
             direction: 1,
             probed_from: None,
+            quiet_due: QUIET_EVERY,
             last_noted: (AUTO_START, 0),
             recent: VecDeque::with_capacity(RECENT),
         }
@@ -334,18 +345,26 @@ impl SplitSchedule {
             return current;
         }
         let better = |time: f64| time < here * (1.0 - MARGIN);
-        // After a point with every row on the GPU: keep it if its batches came faster (or the
-        // split before has no measure left to compare with), else back.
+        // After a point with every row on the GPU, or none: keep it if its batches came faster
+        // (or the split before has no measure left to compare with), else back.
         if let Some(from) = self.probed_from.take() {
-            if current == 16 {
+            if current == 16 || current == 0 {
                 if self
                     .known(from)
                     .is_none_or(|time| here < time * (1.0 - MARGIN))
                 {
-                    self.direction = -1;
+                    self.direction = if current == 0 { 1 } else { -1 };
                     return current;
                 }
                 return from;
+            }
+        }
+        // The lane quiet for a point, when that is due and was not measured lately.
+        if current > 0 && self.decisions >= self.quiet_due {
+            self.quiet_due = self.decisions + QUIET_EVERY;
+            if self.known(0).is_none() {
+                self.probed_from = Some(current);
+                return 0;
             }
         }
         // Every row on the GPU once more, when that was not measured lately.
@@ -573,6 +592,46 @@ mod tests {
         let splits = climb(&mut schedule, 20, |split| 100 + 10 * u64::from(split));
         assert_eq!(&splits[..6], [AUTO_START, 11, 16, 11, 12, 11], "{splits:?}");
         assert_eq!(splits.last(), Some(&0), "{splits:?}");
+    }
+
+    #[test]
+    fn a_point_on_the_cpu_alone_is_tried_now_and_then_and_kept_when_faster() {
+        // The lane slows the training loop: the CPU alone is fastest, but no climb from the
+        // start reaches it (16 is tried and kept, the moves down stop at 14, within the margin
+        // of their neighbours).
+        let lane_beside = |split: u8| {
+            if split == 0 {
+                800
+            } else {
+                1000 - u64::from(split)
+            }
+        };
+        let mut schedule = SplitSchedule::default();
+        let splits = climb(&mut schedule, QUIET_EVERY + 20, lane_beside);
+        let first_quiet = splits.iter().position(|&s| s == 0);
+        // The first point on the CPU alone comes once QUIET_EVERY decisions were made...
+        assert_eq!(first_quiet, Some(QUIET_EVERY as usize), "{splits:?}");
+        // ...and, faster, it is kept.
+        assert_eq!(splits[QUIET_EVERY as usize + 1], 0, "{splits:?}");
+        // Slower, it is left for the split before it, and tried again QUIET_EVERY later.
+        let mut schedule = SplitSchedule::default();
+        let splits = climb(&mut schedule, 2 * QUIET_EVERY + 4, |split| {
+            100 + 20 * u64::from(split.abs_diff(14))
+        });
+        let quiet: Vec<usize> = (0..splits.len()).filter(|&i| splits[i] == 0).collect();
+        assert_eq!(
+            quiet,
+            [QUIET_EVERY as usize, 2 * QUIET_EVERY as usize],
+            "{splits:?}"
+        );
+        assert_eq!(
+            splits[QUIET_EVERY as usize + 1],
+            splits[QUIET_EVERY as usize - 1]
+        );
+        // A pinned split has no quiet points.
+        let mut schedule = SplitSchedule::new(Some(12));
+        let splits = climb(&mut schedule, QUIET_EVERY + 4, lane_beside);
+        assert!(splits.iter().all(|&s| s == 12));
     }
 
     #[test]

@@ -40,6 +40,11 @@ pub trait DecodeLane: Send + Sync {
     /// The lane's figures now, for the loader's statistics and its monitor.
     fn figures(&self) -> GpuDecodeFigures;
 
+    /// The time the lane has worked so far (its work in progress included): a consumer that
+    /// reads it at each step tells the steps beside the lane's work from the steps with the
+    /// lane quiet ([`crate::Loader::record_gpu_idle`]).
+    fn busy(&self) -> Duration;
+
     /// Stops the lane's threads; a step queued after it fails as stopped. Idempotent. The
     /// embedded source calls it when the last source sharing the lane is dropped.
     fn shutdown(&self);

@@ -13,6 +13,7 @@ use stoker_proto::v1::JobSpec;
 
 use super::decode_lane::{DecodeLane, StartDecodeLane};
 use super::embedded::EmbeddedSource;
+use super::lane_cost::LaneWindow;
 use super::monitor::LocalSources;
 use super::prefetch::{ControllerConfig, ControllerSnapshot, PrefetchController};
 use super::remote::{RemoteOptions, RemoteSource};
@@ -397,6 +398,11 @@ impl Loader {
         self.core.lane.as_ref()
     }
 
+    /// The time the decode lane has worked so far, when the loader has one ([`DecodeLane::busy`]).
+    pub fn lane_busy(&self) -> Option<Duration> {
+        self.decode_lane().map(|lane| lane.busy())
+    }
+
     /// Sets the decode lane's split for the point step `step` of `epoch` is in (a resumed
     /// state's; nothing without a lane). When batches started ahead may carry another split
     /// (the point, or a later one, had been decided), the next [`Loader::epoch`] does not take
@@ -419,9 +425,15 @@ impl Loader {
     /// between the stream reaching the point where it asks for a batch and the batch being
     /// there). It shows in [`Loader::stats`] and the dashboard, and the prefetch controller
     /// counts it as stall, like a wait in `next()`.
-    pub fn record_gpu_idle(&self, idle: Duration, span: Duration) {
+    ///
+    /// With `lane` (one step's figures, the lane's work in that step's host window read
+    /// through [`Loader::lane_busy`]), the step also counts towards what the decode lane
+    /// costs the stream ([`LoaderStats::gpu_lane_cost_s`]): time the stream was busier on
+    /// steps beside the lane's work than on steps with the lane quiet. That is not stall to
+    /// the controller (a deeper queue does not take it away).
+    pub fn record_gpu_idle(&self, idle: Duration, span: Duration, lane: Option<LaneWindow>) {
         if let Ok(mut stats) = self.core.stats.lock() {
-            stats.record_gpu_idle(idle, span);
+            stats.record_gpu_idle(idle, span, lane);
         }
         if let Ok(mut pending) = self.core.gpu_idle_pending.lock() {
             *pending = pending.saturating_add(idle);

@@ -1,10 +1,13 @@
-//! What the loader measured: throughput, the time the consumer waited inside `next()`, and the
-//! stage timings the decode threads reported with each batch.
+//! What the loader measured: throughput, the time the consumer waited inside `next()`, the
+//! stage timings the decode threads reported with each batch, and what the consumer's GPU
+//! stream reported (its idle time, and what a decode lane beside it cost it: [`LaneCost`]).
 
 use std::time::{Duration, Instant};
 
 use stoker_dashboard::LoaderStats;
 use stoker_pipeline::Batch;
+
+use super::lane_cost::{LaneCost, LaneWindow};
 
 /// Accumulates [`LoaderStats`].
 #[derive(Debug)]
@@ -12,6 +15,7 @@ pub(crate) struct StatsRecorder {
     started: Option<Instant>,
     first_batch: Option<Duration>,
     totals: LoaderStats,
+    lane_cost: LaneCost,
 }
 
 impl StatsRecorder {
@@ -20,6 +24,7 @@ impl StatsRecorder {
             started: None,
             first_batch: None,
             totals: LoaderStats::default(),
+            lane_cost: LaneCost::default(),
         }
     }
 
@@ -66,9 +71,19 @@ impl StatsRecorder {
         }
     }
 
-    pub(crate) fn record_gpu_idle(&mut self, idle: Duration, span: Duration) {
+    pub(crate) fn record_gpu_idle(
+        &mut self,
+        idle: Duration,
+        span: Duration,
+        lane: Option<LaneWindow>,
+    ) {
         self.totals.gpu_idle_s += idle.as_secs_f64();
         self.totals.gpu_span_s += span.as_secs_f64();
+        if let Some(lane) = lane {
+            self.lane_cost.note(span.saturating_sub(idle), lane);
+            self.totals.gpu_lane_cost_s = self.lane_cost.cost_s;
+            self.totals.gpu_lane_quiet_steps = self.lane_cost.quiet_steps;
+        }
     }
 
     pub(crate) fn snapshot(&self) -> LoaderStats {

@@ -191,7 +191,8 @@ class BatchFeed:
         self._meter: GpuIdleMeter | None = None
         if torch is not None:
             index = stage.index if stage is not None else None
-            self._meter = GpuIdleMeter(torch, index, handle().record_gpu_idle)
+            native = handle()
+            self._meter = GpuIdleMeter(torch, index, native.record_gpu_idle, native.lane_busy_s)
         # (the iterator generation it was taken for, the batch, or the error taking it raised).
         self._staged: tuple[int, Taken | Exception] | None = None
 

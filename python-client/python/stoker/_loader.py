@@ -215,7 +215,8 @@ class Loader(FromDataset, SavedState):
             batch is split between the CPU threads and the GPU, half and half at first, changed
             only at fixed points (each epoch's first step, then every 16 steps) toward the split
             whose batches reached the training loop fastest (first by the lanes' rates, then all
-            rows on the GPU for one point, then a sixteenth at a time); the split in force is
+            rows on the GPU for one point, then a sixteenth at a time; one point in 128 all on
+            the CPU, kept when faster: the lane's cost to the step counts); the split in force is
             saved in :meth:`state_dict`, so a resumed run gets the same bits up to the next
             point. Without ``device="cuda"``, or where the lane cannot run, ``"auto"`` is
             ``"cpu"``. Needs nvJPEG 13 (the CUDA toolkit's, or NVIDIA's pip wheel) and NVRTC
@@ -479,10 +480,16 @@ class Loader(FromDataset, SavedState):
             chosen when the first batch goes out; None before, and for pageable slots),
             ``gpu_idle_s`` and ``gpu_span_s`` (seconds the consumer's CUDA
             stream sat idle waiting for a batch, over how much of its time: measured with events
-            once torch has started CUDA)), ``thread_rule`` (how ``num_threads`` was chosen),
+            once torch has started CUDA), ``gpu_lane_cost_s`` (with a GPU decode lane: seconds
+            that stream was busier on steps beside the lane's work than on steps with the lane
+            quiet, counted once ``gpu_lane_quiet_steps`` such steps give a baseline; they come
+            where the lane has nothing to build, and under ``decode="auto"`` from points it
+            builds all on the CPU)), ``thread_rule`` (how ``num_threads`` was chosen),
             ``device`` (``"cpu"`` or ``"cuda:N"``), ``gpu_idle_fraction`` (``gpu_idle_s /
-            gpu_span_s``, the GPU's share of time waiting for data) and ``stall_fraction``:
-            ``wait_s / elapsed_s``, the share of time the training loop spent waiting for data.
+            gpu_span_s``, the GPU's share of time waiting for data), ``gpu_lane_cost_fraction``
+            (``gpu_lane_cost_s / gpu_span_s``, the GPU's share of time the lane beside the step
+            cost it, which no wait shows) and ``stall_fraction``: ``wait_s / elapsed_s``, the
+            share of time the training loop spent waiting for data.
         """
         stats: dict[str, Any] = dict(self._handle().stats())
         stats["thread_rule"] = self._thread_rule
@@ -490,6 +497,8 @@ class Loader(FromDataset, SavedState):
         stats["device"] = f"cuda:{stage.index}" if stage is not None else "cpu"
         span = float(stats.get("gpu_span_s") or 0.0)
         stats["gpu_idle_fraction"] = float(stats.get("gpu_idle_s", 0.0)) / span if span > 0 else 0.0
+        lane_cost = float(stats.get("gpu_lane_cost_s", 0.0))
+        stats["gpu_lane_cost_fraction"] = lane_cost / span if span > 0 else 0.0
         elapsed = float(stats.get("elapsed_s") or 0.0)
         stats["stall_fraction"] = float(stats.get("wait_s", 0.0)) / elapsed if elapsed > 0 else 0.0
         return stats

@@ -44,6 +44,8 @@ class NativeStats(TypedDict):
     pinned_device: int | None
     gpu_idle_s: float
     gpu_span_s: float
+    gpu_lane_cost_s: float
+    gpu_lane_quiet_steps: int
     gpu_decode: GpuDecodeStats | None
     address: NotRequired[str]
 
@@ -208,9 +210,19 @@ class NativeLoader:
     def set_decode_split(self, epoch: int, step: int, sixteenths: int) -> None:
         """Sets the lane's share of the point step ``step`` of ``epoch`` is in (from a saved
         state)."""
-    def record_gpu_idle(self, idle_s: float, span_s: float) -> None:
+    def record_gpu_idle(
+        self,
+        idle_s: float,
+        span_s: float,
+        lane_busy_s: float | None = None,
+        window_s: float | None = None,
+    ) -> None:
         """Counts ``idle_s`` seconds the consumer's GPU stream waited for batches, over
-        ``span_s`` seconds of its time (stats, dashboard, prefetch controller)."""
+        ``span_s`` seconds of its time (stats, dashboard, prefetch controller); with
+        ``lane_busy_s`` and ``window_s`` (one step's: the decode lane's work within the step's
+        host window), the step also counts towards what the lane costs the stream."""
+    def lane_busy_s(self) -> float | None:
+        """Seconds the GPU decode lane has worked so far; None without a lane."""
     def stats(self) -> NativeStats:
         """Throughput, stall and queue counters so far."""
     def interrupt(self) -> None:

@@ -17,7 +17,9 @@ the time the GPU sat idle waiting for a batch.
   stream (``record_stream``) so it is not reused under the consumer's work.
 - **GPU idle** (:class:`GpuIdleMeter`): events on the consumer's stream around each
   ``next()`` give how long the GPU sat idle waiting for a batch, which differs from the host's
-  wait inside ``next()`` when the training loop runs ahead of the GPU.
+  wait inside ``next()`` when the training loop runs ahead of the GPU; and, beside a GPU
+  decode lane, how much longer the stream took over steps beside the lane's work than over
+  steps with the lane quiet (``stats()["gpu_lane_cost_s"]``).
 - **GPU decode lane** (``decode="gpu"`` or ``"auto"`` with ``device="cuda"``): the native
   loader decodes part of each image batch with nvJPEG and crops it with one kernel, leaving
   those rows on the GPU; :meth:`DeviceStage.stage` merges them into the device batch after
@@ -32,6 +34,7 @@ import logging
 import math
 import os
 import sys
+import time
 import warnings
 from collections import deque
 from collections.abc import Callable, Sequence
@@ -494,20 +497,31 @@ class GpuIdleMeter:
     """Events on the consumer's current stream at the start and end of each ``next()``: the
     time between them on the GPU is the time the stream sat with nothing to do but wait for
     the batch (0 when the GPU was still busy with earlier steps). Finished pairs are read
-    without waiting and reported to the native loader as (idle, span) seconds, the span being
-    the GPU time from one batch's hand-out to the next. ``index`` None: torch's current
-    device."""
+    without waiting and reported to the native loader, one step each, as (idle, span) seconds,
+    the span being the GPU time from one batch's hand-out to the next. With ``lane_busy`` (the
+    GPU decode lane's busy seconds so far, None without a lane), read as each batch is handed
+    out, a step's report also carries the lane's work within the step's host window and that
+    window (by ``clock``), from which the loader tells steps beside the lane from steps with it
+    quiet. ``index`` None: torch's current device."""
 
     def __init__(
-        self, torch: Any, index: int | None, report: Callable[[float, float], None]
+        self,
+        torch: Any,
+        index: int | None,
+        report: Callable[..., None],
+        lane_busy: Callable[[], float | None] | None = None,
+        clock: Callable[[], float] = time.perf_counter,
     ) -> None:
         self._torch = torch
+        self._clock = clock
         self._index = index
         self._report = report
+        self._lane_busy = lane_busy
         self._free: list[Any] = []
-        self._pending: deque[tuple[Any, Any]] = deque()
+        # (start event, end event, the lane's busy seconds and the host clock at the end).
+        self._pending: deque[tuple[Any, Any, float | None, float]] = deque()
         self._start: Any = None
-        self._last_end: Any = None
+        self._last: tuple[Any, float | None, float] | None = None
         self._stream: Any = None
 
     def _event(self) -> Any:
@@ -529,7 +543,8 @@ class GpuIdleMeter:
             return
         end = self._event()
         end.record(self._stream)
-        self._pending.append((self._start, end))
+        lane = self._lane_busy() if self._lane_busy is not None else None
+        self._pending.append((self._start, end, lane, self._clock()))
         self._start = None
         self._drain()
 
@@ -540,14 +555,19 @@ class GpuIdleMeter:
             self._start = None
 
     def _drain(self) -> None:
-        idle = span = 0.0
         while self._pending and self._pending[0][1].query():
-            start, end = self._pending.popleft()
-            if self._last_end is not None:
-                idle += max(0.0, start.elapsed_time(end))
-                span += max(0.0, self._last_end.elapsed_time(end))
-                self._free.append(self._last_end)
+            start, end, lane, at = self._pending.popleft()
+            last, self._last = self._last, (end, lane, at)
             self._free.append(start)
-            self._last_end = end
-        if span > 0.0:
-            self._report(idle / 1e3, span / 1e3)
+            if last is None:
+                continue
+            last_end, last_lane, last_at = last
+            self._free.append(last_end)
+            idle = max(0.0, start.elapsed_time(end)) / 1e3
+            span = max(0.0, last_end.elapsed_time(end)) / 1e3
+            if span <= 0.0:
+                continue
+            if lane is not None and last_lane is not None:
+                self._report(idle, span, max(0.0, lane - last_lane), max(0.0, at - last_at))
+            else:
+                self._report(idle, span)

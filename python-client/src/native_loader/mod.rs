@@ -14,7 +14,7 @@ use std::time::Duration;
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
-use stoker_loader::{Loader, RemoteOptions, StartDecodeLane, Token};
+use stoker_loader::{LaneWindow, Loader, RemoteOptions, StartDecodeLane, Token};
 use stoker_proto::v1 as proto;
 
 use crate::buffer::PinnedRelease;
@@ -429,18 +429,56 @@ impl NativeLoader {
 
     /// Records that the consumer's GPU stream sat idle for `idle_s` seconds waiting for
     /// batches, over `span_s` seconds of its time (measured with events by the Python layer).
-    fn record_gpu_idle(&self, py: Python<'_>, idle_s: f64, span_s: f64) -> PyResult<()> {
-        if !(idle_s.is_finite() && span_s.is_finite() && idle_s >= 0.0 && span_s >= 0.0) {
+    /// With `lane_busy_s` and `window_s` (one step's: the decode lane's work within the host
+    /// window of `window_s` seconds the step ran in), the step also counts towards what the
+    /// lane costs the stream.
+    #[pyo3(signature = (idle_s, span_s, lane_busy_s=None, window_s=None))]
+    fn record_gpu_idle(
+        &self,
+        py: Python<'_>,
+        idle_s: f64,
+        span_s: f64,
+        lane_busy_s: Option<f64>,
+        window_s: Option<f64>,
+    ) -> PyResult<()> {
+        let figures = [Some(idle_s), Some(span_s), lane_busy_s, window_s];
+        if figures
+            .iter()
+            .flatten()
+            .any(|s| !(s.is_finite() && *s >= 0.0))
+        {
             return Err(PyValueError::new_err(format!(
-                "GPU idle and span must be finite and >= 0, got {idle_s} and {span_s}"
+                "GPU idle, span, lane busy and window must be finite and >= 0, got {idle_s}, \
+                 {span_s}, {lane_busy_s:?} and {window_s:?}"
             )));
         }
         // Finite and >= 0, but maybe past what a Duration holds: saturated.
         let seconds = |s: f64| Duration::try_from_secs_f64(s).unwrap_or(Duration::MAX);
+        let lane = match (lane_busy_s, window_s) {
+            (Some(busy), Some(window)) => Some(LaneWindow {
+                busy: seconds(busy),
+                window: seconds(window),
+            }),
+            (None, None) => None,
+            _ => {
+                return Err(PyValueError::new_err(
+                    "lane_busy_s and window_s come together",
+                ))
+            }
+        };
         self.held(py)
             .loader()?
-            .record_gpu_idle(seconds(idle_s), seconds(span_s));
+            .record_gpu_idle(seconds(idle_s), seconds(span_s), lane);
         Ok(())
+    }
+
+    /// Seconds the GPU decode lane has worked so far; None without a lane.
+    fn lane_busy_s(&self, py: Python<'_>) -> PyResult<Option<f64>> {
+        Ok(self
+            .held(py)
+            .loader()?
+            .lane_busy()
+            .map(|busy| busy.as_secs_f64()))
     }
 
     /// Throughput, stall and queue figures so far.
@@ -466,6 +504,8 @@ impl NativeLoader {
         slot_stats(&dict, loader.slots())?;
         dict.set_item("gpu_idle_s", stats.gpu_idle_s)?;
         dict.set_item("gpu_span_s", stats.gpu_span_s)?;
+        dict.set_item("gpu_lane_cost_s", stats.gpu_lane_cost_s)?;
+        dict.set_item("gpu_lane_quiet_steps", stats.gpu_lane_quiet_steps)?;
         let lane = self.recipe.lane.as_ref().and_then(|start| start.lane());
         let lane_stats = lane.map(|lane| crate::gpu_decode::lane_stats(py, &lane));
         dict.set_item("gpu_decode", lane_stats.transpose()?)?;

@@ -166,6 +166,17 @@ impl Shared {
         }
     }
 
+    /// The lane's busy time so far, the stretch of the work in progress included.
+    fn busy(&self) -> Duration {
+        let working = lock(&self.working);
+        let counted = self.stats.gpu_busy_ns.load(Ordering::Relaxed);
+        let running = match working.1 {
+            Some(since) if working.0 > 0 => since.elapsed(),
+            _ => Duration::ZERO,
+        };
+        Duration::from_nanos(counted) + running
+    }
+
     /// A pipe starts (`true`) or ends (`false`) work on a batch; the lane's busy time runs
     /// while any pipe works (counted at each change, so overlapping pipes count once).
     fn working(&self, starts: bool) {
@@ -493,6 +504,12 @@ impl GpuLane {
     /// The cap the lane keeps within.
     pub fn memory_cap(&self) -> usize {
         self.shared.memory.cap()
+    }
+
+    /// The time the lane has worked so far: while any pipe works, counted once, the work in
+    /// progress included.
+    pub fn busy(&self) -> Duration {
+        self.shared.busy()
     }
 
     /// The lane's figures now.
