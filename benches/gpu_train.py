@@ -22,6 +22,13 @@ ResNet-18 and ResNet-50 from torchvision, bfloat16 autocast, channels_last, SGD,
   ``--workers`` CPU threads, ``--dali-prefetch`` batches queued. Needs ``nvidia-dali-cuda130``
   (or ``-cuda120``); without it the row says so and is skipped.
 
+- Stoker in a helper process (``helper-cuda``, ``helper-gpu``, ``helper-auto``): the Stoker
+  row of the same name in a process of its own with its own CUDA context, its device batches
+  handed to the training process through torch's CUDA IPC (4 in flight): whether the lane
+  slows the step from inside the training process (its threads, the driver's locks of one
+  context) or on the GPU itself. Run under MPS (``nvidia-cuda-mps-control -d``) the two
+  contexts' kernels share the GPU at once rather than in time slices.
+
 A row named ``ROW@N`` runs with N decode threads instead of ``--workers`` (``stoker-auto@7``:
 a node with fewer cores per GPU). A row named ``loader:ROW`` runs the loader alone, without
 the model (its images/s is what decoding and cropping deliver). ``--side-stream`` runs every
@@ -48,6 +55,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import queue
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -263,27 +271,7 @@ def run_row(
         extra = {}
     elif kind in ("stoker-cpu", "stoker-cuda", "stoker-gpu", "stoker-auto"):
         on_device = kind != "stoker-cpu"
-        pipeline = stoker.vision.imagenet_train(CROP)
-        options: dict[str, Any] = {}
-        if on_device:
-            pipeline = [*pipeline[:-1], stoker.ops.Normalize(MEAN, STD)]
-            options = {
-                "device": "cuda",
-                "dtype": "bfloat16",
-                "memory_format": "channels_last",
-            }
-        if kind in ("stoker-gpu", "stoker-auto"):
-            options["decode"] = kind.removeprefix("stoker-")
-            if args.gpu_memory is not None:
-                options["gpu_memory"] = args.gpu_memory << 20
-        loader = stoker.Loader(
-            str(args.data),
-            pipeline=pipeline,
-            batch_size=batch,
-            num_threads=workers,
-            drop_last=True,
-            **options,
-        )
+        loader = stoker_loader(stoker, kind, str(args.data), batch, workers, args.gpu_memory)
         closers.append(loader.close)
         batches = forever(lambda: loader)
 
@@ -295,6 +283,16 @@ def run_row(
             return model.normalise(x, nhwc=True), b["label"].cuda(non_blocking=True)
 
         extra = {"loader": loader}
+    elif kind in ("helper-cuda", "helper-gpu", "helper-auto"):
+        helper = Helper(
+            torch, kind.replace("helper-", "stoker-"), args.data, batch, workers, args.gpu_memory
+        )
+        closers.append(helper.close)
+
+        def fetch() -> tuple[Any, Any]:
+            return helper.next()
+
+        extra = {"helper": helper}
     elif kind == "dali" or kind.startswith("dali-hw"):
         hw_load = int(kind.removeprefix("dali-hw")) / 100 if kind != "dali" else args.dali_hw_load
         made = dali_batches(torch, args.data, batch, workers, hw_load, args.dali_prefetch)
@@ -364,7 +362,109 @@ def run_row(
             result["decode_splits_sixteenths"] = splits
     for close in closers:
         close()
+    if "helper" in extra and extra["helper"].stats is not None:
+        result["gpu_decode"] = extra["helper"].stats.get("gpu_decode")
     return result
+
+
+def stoker_loader(
+    stoker: Any, kind: str, data: str, batch: int, workers: int, gpu_memory: int | None
+) -> Any:
+    """The loader of a ``stoker-*`` row: uint8 NHWC in host memory for ``stoker-cpu``, else
+    normalised bfloat16 channels_last on the GPU, decoded as the row's name says."""
+    pipeline = stoker.vision.imagenet_train(CROP)
+    options: dict[str, Any] = {}
+    if kind != "stoker-cpu":
+        pipeline = [*pipeline[:-1], stoker.ops.Normalize(MEAN, STD)]
+        options = {"device": "cuda", "dtype": "bfloat16", "memory_format": "channels_last"}
+    if kind in ("stoker-gpu", "stoker-auto"):
+        options["decode"] = kind.removeprefix("stoker-")
+        if gpu_memory is not None:
+            options["gpu_memory"] = gpu_memory << 20
+    return stoker.Loader(
+        data, pipeline=pipeline, batch_size=batch, num_threads=workers, drop_last=True, **options
+    )
+
+
+class Helper:
+    """A ``helper-*`` row's feed: the ``stoker-*`` loader of the same name in a process of its
+    own, with its own CUDA context (the experiment that tells contention inside the training
+    process, its threads and its one context, from contention on the GPU itself). Each device
+    batch crosses to the training process through torch's CUDA IPC (a memory handle per block
+    and an IPC event; torch keeps the block alive in the helper until the trainer drops it),
+    ``HELPER_DEPTH`` batches in flight at most."""
+
+    def __init__(
+        self, torch: Any, kind: str, data: Path, batch: int, workers: int, gpu_memory: int | None
+    ) -> None:
+        context = torch.multiprocessing.get_context("spawn")
+        self.batches = context.Queue(maxsize=HELPER_DEPTH)
+        self.results = context.Queue()
+        self.stop = context.Event()
+        self.stats: dict[str, Any] | None = None
+        self.process = context.Process(
+            target=helper_main,
+            args=(
+                *(kind, str(data), batch, workers, gpu_memory),
+                *(self.batches, self.results, self.stop),
+            ),
+            daemon=True,
+        )
+        self.process.start()
+
+    def next(self) -> tuple[Any, Any]:
+        while True:
+            try:
+                return self.batches.get(timeout=5)
+            except queue.Empty:
+                if not self.process.is_alive():
+                    raise SystemExit(
+                        f"the helper process ended (exit {self.process.exitcode})"
+                    ) from None
+
+    def close(self) -> None:
+        self.stop.set()
+        try:
+            self.stats = self.results.get(timeout=60)
+        except queue.Empty:
+            print("helper: no figures came back", flush=True)
+        self.process.join(timeout=30)
+        if self.process.is_alive():
+            self.process.kill()
+
+
+HELPER_DEPTH = 4
+
+
+def helper_main(
+    kind: str,
+    data: str,
+    batch: int,
+    workers: int,
+    gpu_memory: int | None,
+    batches: Any,
+    results: Any,
+    stop: Any,
+) -> None:
+    """The helper process of :class:`Helper`: sends the loader's batches until told to stop,
+    then its figures."""
+    import torch  # noqa: F401 (CUDA tensors cross the queue through torch's reductions)
+
+    import stoker
+
+    loader = stoker_loader(stoker, kind, data, batch, workers, gpu_memory)
+    for b in forever(lambda: loader):
+        item = (b["image"], b["label"])
+        while not stop.is_set():
+            try:
+                batches.put(item, timeout=0.5)
+                break
+            except queue.Full:
+                continue
+        if stop.is_set():
+            break
+    results.put(loader.stats())
+    loader.close()
 
 
 def dali_batches(

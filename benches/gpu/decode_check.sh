@@ -11,7 +11,8 @@
 # again with the training loop on a stream of its own (gpu_train.py --side-stream). Logs go to
 # $OUT.
 # SMOKE_ONLY=1 stops after the smoke test, SKIP_PYTEST=1 leaves out the tests, SKIP_BENCH=1 the
-# benchmark; COMPILE=1 adds the ResNet-18 rows with the model compiled (CUDA graphs). About 2 minutes on an H200 with 16 cores, tests included (2026-11-27).
+# benchmark; COMPILE=1 adds the ResNet-18 rows with the model compiled (CUDA graphs). Last, the
+# loader in a helper process (gpu_train.py's helper-* rows), and with MPS=1 again under MPS. About 2 minutes on an H200 with 16 cores, tests included (2026-11-27).
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 source benches/gpu/install.sh
@@ -83,4 +84,25 @@ if [ "${COMPILE:-0}" = 1 ]; then
     started=$SECONDS
     timeout 300 python3 benches/gpu_train.py --data "$data" --models resnet18 --rows ceiling,stoker-auto,dali --workers "$(( $(nproc) - 1 ))" --compile --warmup 40 2>&1 | tee "$out/bench-compiled.log"
     echo "gpu_train --compile: $((SECONDS - started)) s"
+fi
+# The loader in a helper process with its own CUDA context, its batches handed over through
+# CUDA IPC (the experiment that tells contention inside the training process from contention
+# on the GPU), beside the same rows in process; MPS=1 runs the helper rows again under MPS
+# (a control daemon started for this run alone, and stopped after it).
+started=$SECONDS
+helper_rows=ceiling,stoker-auto,helper-cuda,helper-gpu,helper-auto,stoker-auto@7,helper-auto@7
+timeout 200 python3 benches/gpu_train.py --data "$data" --models resnet18 --rows "$helper_rows" --workers "$(( $(nproc) - 1 ))" 2>&1 | tee "$out/bench-helper.log"
+echo "gpu_train helper rows: $((SECONDS - started)) s"
+if [ "${MPS:-0}" = 1 ] && command -v nvidia-cuda-mps-control >/dev/null 2>&1; then
+    started=$SECONDS
+    export CUDA_MPS_PIPE_DIRECTORY="$out/mps-pipe" CUDA_MPS_LOG_DIRECTORY="$out/mps-log"
+    mkdir -p "$CUDA_MPS_PIPE_DIRECTORY" "$CUDA_MPS_LOG_DIRECTORY"
+    if nvidia-cuda-mps-control -d; then
+        timeout 200 python3 benches/gpu_train.py --data "$data" --models resnet18 --rows "$helper_rows" --workers "$(( $(nproc) - 1 ))" 2>&1 | tee "$out/bench-helper-mps.log"
+        echo quit | nvidia-cuda-mps-control
+    else
+        echo "MPS: the control daemon did not start" | tee "$out/bench-helper-mps.log"
+    fi
+    unset CUDA_MPS_PIPE_DIRECTORY CUDA_MPS_LOG_DIRECTORY
+    echo "gpu_train helper rows under MPS: $((SECONDS - started)) s"
 fi
