@@ -30,7 +30,9 @@ pub use client::prefetch::{
 };
 pub use client::remote::updates as session_updates;
 pub use client::remote::{RemoteOptions, RemoteSource};
-pub use client::slots::{PageLocker, PinnedPoolError, SharedMemory, Slot, SlotPool};
+pub use client::slots::{
+    pinned_reserved, PageLocker, PinnedPoolError, PinnedShare, SharedMemory, Slot, SlotPool,
+};
 pub use client::source::{
     receive, BatchSource, Built, EpochFeed, IdleClock, QueueFeed, SourceInfo, StepContext,
     StepTask, TaskQueue,

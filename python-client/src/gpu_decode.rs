@@ -83,12 +83,14 @@ impl DeviceRows {
 
 /// What starts the lane `decode` asks for ("cpu": none; "gpu", "auto": on `pin_device`, the
 /// device batches go to, within `gpu_memory` bytes, the CUDA libraries looked for in
-/// `library_dirs` first); ValueError for another mode, or a lane without a device.
+/// `library_dirs` first, its page-locked memory within the process's `pinned_budget` beside
+/// the slots); ValueError for another mode, or a lane without a device.
 pub fn lane_starter(
     decode: &str,
     pin_device: Option<usize>,
     gpu_memory: usize,
     library_dirs: Vec<PathBuf>,
+    pinned_budget: u64,
 ) -> PyResult<Option<Arc<StartGpuLane>>> {
     let mode = match decode {
         "cpu" => return Ok(None),
@@ -110,6 +112,7 @@ pub fn lane_starter(
         device,
         memory_bytes: gpu_memory,
         library_dirs,
+        pinned_budget: Some(pinned_budget),
     }))))
 }
 
@@ -182,6 +185,8 @@ pub fn lane_stats<'py>(
     entry.set_item("memory_bytes", lane.memory_bytes())?;
     entry.set_item("memory_cap", lane.memory_cap())?;
     entry.set_item("nvjpeg_allocations", lane.nvjpeg_allocations())?;
+    entry.set_item("pinned_bytes", lane.pinned_bytes())?;
+    entry.set_item("pinned_refused", lane.pinned_refused())?;
     entry.set_item("busy_s", seconds(&counts.gpu_busy_ns))?;
     entry.set_item("check_s", seconds(&counts.check_ns))?;
     entry.set_item("decode_call_s", seconds(&counts.decode_call_ns))?;

@@ -1,7 +1,8 @@
 //! The GPU side of the loader that runs without a GPU: batches taken early without waiting
 //! (what the device stage copies ahead), GPU idle as the consumer reports it (stats and the
 //! prefetch controller), page-locked slots asked for where there is no CUDA driver (an error
-//! naming what is missing), and a decode lane in the loader's hook (what it is asked, its
+//! naming what is missing) or beside other page-locked memory of the same budget, what a
+//! decode lane beside the step costs it as the consumer reports it, and a decode lane in the loader's hook (what it is asked, its
 //! figures, its end). The GPU itself is exercised by `python-client/tests/test_gpu.py`
 //! on a GPU machine.
 
@@ -14,7 +15,7 @@ use std::time::{Duration, Instant};
 use stoker_gpu::{DevicePinning, PinDevice};
 use stoker_loader::{
     build_on_pool, DecodeLane, EmbeddedStep, Error, GpuDecodeFigures, LaneWindow, Loader,
-    LoaderOptions, PinOptions, StartDecodeLane,
+    LoaderOptions, PageLocker, PinOptions, PinnedShare, StartDecodeLane,
 };
 use stoker_pipeline::Job;
 
@@ -299,4 +300,59 @@ fn steps_the_consumer_reports_beside_the_lane_cost_what_they_take_over_quiet_one
     // Without a lane there is nothing to read.
     let plain = common::embedded_loader(spec, 1).unwrap();
     assert_eq!(plain.lane_busy(), None);
+}
+
+/// A locker that locks nothing and says it did (the pool's sizing is what is tested).
+#[derive(Debug)]
+struct AcceptingLocker;
+
+impl PageLocker for AcceptingLocker {
+    fn check(&self) -> Result<(), String> {
+        Ok(())
+    }
+
+    unsafe fn lock(&self, _start: *mut u8, _len: usize) -> Result<(), String> {
+        Ok(())
+    }
+
+    unsafe fn unlock(&self, _start: *mut u8) {}
+
+    fn device(&self) -> Option<usize> {
+        Some(0)
+    }
+}
+
+#[test]
+fn page_locked_memory_beside_the_slots_counts_against_the_same_budget() {
+    let dir = tempfile::tempdir().unwrap();
+    common::make_images(dir.path(), 16);
+    let spec = common::train_spec(dir.path(), 4);
+    let options = |budget_bytes| LoaderOptions {
+        threads: 1,
+        pin: Some(PinOptions {
+            locker: Arc::new(AcceptingLocker),
+            budget_bytes,
+        }),
+        ..LoaderOptions::default()
+    };
+    // The budget of a loader alone (this test binary's other tests may hold some: measured
+    // from what is held now, with room to spare for the slots).
+    let budget = stoker_loader::pinned_reserved() + (256 << 20);
+    let loader = Loader::new(spec.clone(), options(budget)).unwrap();
+    assert!(loader.slots().is_pinned());
+    drop(loader);
+    // A GPU decode lane's staging (a share of the same budget) leaves too little for the
+    // slots: the loader says so, naming what holds the rest.
+    let lane_staging = PinnedShare::take(budget - stoker_loader::pinned_reserved() - 4096, budget)
+        .expect("the lane's staging fits first");
+    let error = Loader::new(spec.clone(), options(budget)).err().unwrap();
+    let message = error.to_string();
+    assert!(
+        message.contains("pinned memory budget")
+            && message.contains("held by its other loaders and GPU decode lanes"),
+        "{message}"
+    );
+    // Given back, the slots fit again.
+    drop(lane_staging);
+    assert!(Loader::new(spec, options(budget)).is_ok());
 }

@@ -71,6 +71,11 @@ pub struct GpuDecodeOptions {
     pub memory_bytes: usize,
     /// Folders to look in first for nvJPEG and NVRTC (see [`cuda_library_dirs`]).
     pub library_dirs: Vec<PathBuf>,
+    /// The process's pinned budget (`stoker_loader::PinnedShare`) the lane's page-locked
+    /// memory counts against, beside the slot pools: its pipes' staging, taken as it starts,
+    /// and nvJPEG's pinned buffers, as nvJPEG allocates them (refused past the budget, which
+    /// sends those images to the CPU). `None`: not counted.
+    pub pinned_budget: Option<u64>,
 }
 
 /// Why the lane cannot run here; the message names what is missing.

@@ -12,9 +12,10 @@
 use std::ffi::{c_int, c_uint, c_void};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock};
 
 use cudarc::driver::sys;
+use stoker_loader::PinnedShare;
 
 use super::jpeg_scan::DecoderReading;
 use super::libraries::search_dirs;
@@ -262,8 +263,52 @@ pub struct Budget {
     pub pinned: AtomicUsize,
     /// The device bytes allowed.
     pub device_limit: usize,
+    /// The process's pinned budget the pinned allocations count against (`None`: not counted).
+    pub pinned_budget: Option<u64>,
+    /// The part of that budget the pinned allocations hold.
+    pub pinned_share: Mutex<PinnedShare>,
+    /// Pinned allocations refused because the budget was full.
+    pub pinned_refused: std::sync::atomic::AtomicU64,
     /// Allocations made so far (device and pinned): steady work makes none.
     pub allocations: std::sync::atomic::AtomicU64,
+}
+
+impl Budget {
+    /// A budget of `device_limit` device bytes, its pinned allocations counted against the
+    /// process's `pinned_budget` when there is one.
+    pub fn new(device_limit: usize, pinned_budget: Option<u64>) -> Budget {
+        Budget {
+            device: AtomicUsize::new(0),
+            pinned: AtomicUsize::new(0),
+            device_limit,
+            pinned_budget,
+            pinned_share: Mutex::new(PinnedShare::empty()),
+            pinned_refused: std::sync::atomic::AtomicU64::new(0),
+            allocations: std::sync::atomic::AtomicU64::new(0),
+        }
+    }
+
+    /// Takes `size` pinned bytes of the process's budget (always, without one); false when
+    /// they do not fit.
+    fn take_pinned(&self, size: usize) -> bool {
+        let Some(budget) = self.pinned_budget else {
+            return true;
+        };
+        let mut share = self.pinned_share.lock().unwrap_or_else(|p| p.into_inner());
+        let taken = share.grow(size as u64, budget).is_ok();
+        if !taken {
+            self.pinned_refused.fetch_add(1, Ordering::Relaxed);
+        }
+        taken
+    }
+
+    /// Gives `size` pinned bytes back to the process's budget.
+    fn give_back_pinned(&self, size: usize) {
+        if self.pinned_budget.is_some() {
+            let mut share = self.pinned_share.lock().unwrap_or_else(|p| p.into_inner());
+            share.shrink(size as u64);
+        }
+    }
 }
 
 /// An allocator callback's context (the decoder's [`Budget`]), the place for an allocation's
@@ -334,12 +379,17 @@ extern "C" fn pinned_malloc(ctx: Ctx, ptr: Out, size: usize, _: CuStream) -> c_i
     // SAFETY: as in `device_malloc`.
     let budget = unsafe { budget_of(ctx) };
     budget.allocations.fetch_add(1, Ordering::Relaxed);
+    if !budget.take_pinned(size) {
+        return hand_over(ptr, None);
+    }
     let mut address = std::ptr::null_mut();
     // SAFETY: an allocation into a local.
     let allocated =
         unsafe { sys::cuMemAllocHost_v2(&mut address, size.max(1)) } == sys::CUresult::CUDA_SUCCESS;
     if allocated {
         budget.pinned.fetch_add(size, Ordering::Relaxed);
+    } else {
+        budget.give_back_pinned(size);
     }
     hand_over(ptr, allocated.then_some(address))
 }
@@ -347,6 +397,9 @@ extern "C" fn pinned_malloc(ctx: Ctx, ptr: Out, size: usize, _: CuStream) -> c_i
 extern "C" fn pinned_free(ctx: Ctx, ptr: *mut c_void, size: usize, _: CuStream) -> c_int {
     // SAFETY: as in `device_malloc`.
     let budget = unsafe { budget_of(ctx) };
+    if !ptr.is_null() {
+        budget.give_back_pinned(size);
+    }
     // SAFETY: a non-null `ptr` came from `pinned_malloc`.
     release(ptr, size, &budget.pinned, || unsafe {
         sys::cuMemFreeHost(ptr);
@@ -379,14 +432,10 @@ impl Decoder {
         states: usize,
         batch_hint: c_int,
         device_limit: usize,
+        pinned_budget: Option<u64>,
     ) -> Result<Decoder, GpuDecodeError> {
         let api = api(dirs)?;
-        let budget = Arc::new(Budget {
-            device: AtomicUsize::new(0),
-            pinned: AtomicUsize::new(0),
-            device_limit,
-            allocations: std::sync::atomic::AtomicU64::new(0),
-        });
+        let budget = Arc::new(Budget::new(device_limit, pinned_budget));
         let ctx = Arc::as_ptr(&budget).cast_mut().cast::<c_void>();
         let mut allocators = Box::new((
             Allocator {
@@ -602,12 +651,27 @@ mod tests {
     use super::*;
 
     fn budget(device_limit: usize) -> Budget {
-        Budget {
-            device: AtomicUsize::new(0),
-            pinned: AtomicUsize::new(0),
-            device_limit,
-            allocations: std::sync::atomic::AtomicU64::new(0),
-        }
+        Budget::new(device_limit, None)
+    }
+
+    #[test]
+    fn a_pinned_allocation_past_the_process_budget_is_refused_without_reaching_cuda() {
+        // A budget of one page, whatever else the process holds: 4,097 bytes never fit.
+        let budget = Budget::new(0, Some(4096));
+        let ctx = &budget as *const Budget as Ctx;
+        let mut place: *mut c_void = std::ptr::null_mut();
+        let status = pinned_malloc(ctx, &mut place, 4097, std::ptr::null_mut());
+        assert_eq!(status, NO_MEMORY);
+        assert!(place.is_null());
+        assert_eq!(budget.pinned.load(Ordering::Relaxed), 0);
+        assert_eq!(budget.pinned_refused.load(Ordering::Relaxed), 1);
+        assert_eq!(budget.pinned_share.lock().unwrap().bytes(), 0);
+        // Freeing nothing gives nothing back.
+        assert_eq!(
+            pinned_free(ctx, std::ptr::null_mut(), 4097, std::ptr::null_mut()),
+            0
+        );
+        assert_eq!(budget.pinned_share.lock().unwrap().bytes(), 0);
     }
 
     #[test]

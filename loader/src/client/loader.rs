@@ -333,7 +333,7 @@ impl Loader {
         let needed = options.max_held_batches + 2;
         if fit < needed {
             return Err(Error::Gpu(format!(
-                "the pinned memory budget ({budget} bytes for this process, {held} of them held by its other loaders) \
+                "the pinned memory budget ({budget} bytes for this process, {held} of them held by its other loaders and GPU decode lanes) \
                  holds {fit} page-locked batch slots of {stride} bytes; {needed} are needed (max_held_batches + 2): \
                  raise the budget, or lower batch_size or max_held_batches",
                 budget = pin.budget_bytes,

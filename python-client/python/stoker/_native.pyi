@@ -85,6 +85,8 @@ class GpuDecodeStats(TypedDict):
     memory_bytes: int
     memory_cap: int
     nvjpeg_allocations: int
+    pinned_bytes: int
+    pinned_refused: int
     busy_s: float
     check_s: float
     decode_call_s: float

@@ -86,6 +86,7 @@ impl NativeLoader {
             settings.pin_device,
             gpu_memory,
             library_dirs,
+            settings.pinned_budget,
         )?;
         let mut spec = job_spec(
             settings.plan()?,

@@ -139,6 +139,8 @@ struct Shared {
     returned: Condvar,
     stats: Arc<LaneStats>,
     budgets: Vec<Arc<Budget>>,
+    /// Page-locked bytes the pipes allocated as they started.
+    host_bytes: usize,
     mode: DecodeMode,
     splits: Mutex<SplitSchedule>,
     hardware: bool,
@@ -373,7 +375,7 @@ impl GpuLane {
                 index,
                 &cuda,
                 &memory,
-                &options.library_dirs,
+                options,
                 &kernel,
                 (width, height),
                 &stats,
@@ -397,6 +399,7 @@ impl GpuLane {
             returned: Condvar::new(),
             stats,
             budgets: pipes.iter().map(|pipe| pipe.decoder.budget()).collect(),
+            host_bytes: pipes.iter().map(|pipe| pipe.host_bytes()).sum(),
             mode: options.mode,
             splits: Mutex::new(SplitSchedule::new(pinned_split(
                 std::env::var(SPLIT_PIN_VARIABLE).ok().as_deref(),
@@ -492,6 +495,28 @@ impl GpuLane {
             .budgets
             .iter()
             .map(|b| b.allocations.load(Ordering::Relaxed))
+            .sum()
+    }
+
+    /// Page-locked bytes the lane holds now: its pipes' staging and nvJPEG's pinned buffers
+    /// (all within the process's pinned budget when it was given one).
+    pub fn pinned_bytes(&self) -> usize {
+        self.shared.host_bytes
+            + self
+                .shared
+                .budgets
+                .iter()
+                .map(|b| b.pinned.load(Ordering::Relaxed))
+                .sum::<usize>()
+    }
+
+    /// nvJPEG's pinned allocations refused because the process's pinned budget was full (the
+    /// images they were for are built on the CPU).
+    pub fn pinned_refused(&self) -> u64 {
+        self.shared
+            .budgets
+            .iter()
+            .map(|b| b.pinned_refused.load(Ordering::Relaxed))
             .sum()
     }
 

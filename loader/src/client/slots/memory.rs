@@ -77,9 +77,60 @@ pub(super) fn reserve_pinned(bytes: u64, budget: u64) -> Result<(), u64> {
     }
 }
 
-/// Bytes of the pinned budget that the pools of this process hold now.
+/// Bytes of the pinned budget that this process's pools and other [`PinnedShare`]s hold now.
 pub fn pinned_reserved() -> u64 {
     PINNED_RESERVED.load(Ordering::Relaxed)
+}
+
+/// A share of the process's pinned budget for page-locked memory beside the slot pools (the
+/// GPU decode lane's staging, nvJPEG's pinned buffers), given back when dropped: with them the
+/// budget the pools are sized against covers every page the process locks through Stoker.
+#[derive(Debug)]
+#[must_use = "the share is given back when dropped"]
+pub struct PinnedShare {
+    bytes: u64,
+}
+
+impl PinnedShare {
+    /// Takes `bytes` of the process's pinned budget `budget`; `Err(held)`, what the pools and
+    /// shares of the process hold, when they do not fit beside it.
+    pub fn take(bytes: u64, budget: u64) -> Result<PinnedShare, u64> {
+        let mut share = PinnedShare::empty();
+        share.grow(bytes, budget)?;
+        Ok(share)
+    }
+
+    /// A share of nothing yet, for a holder whose page-locked memory comes and goes
+    /// ([`PinnedShare::grow`], [`PinnedShare::shrink`]).
+    pub fn empty() -> PinnedShare {
+        PinnedShare { bytes: 0 }
+    }
+
+    /// Takes `bytes` more of `budget`; `Err(held)` as [`PinnedShare::take`] when they do not
+    /// fit (the share is then unchanged).
+    pub fn grow(&mut self, bytes: u64, budget: u64) -> Result<(), u64> {
+        reserve_pinned(bytes, budget)?;
+        self.bytes += bytes;
+        Ok(())
+    }
+
+    /// Gives `bytes` back (at most what the share holds).
+    pub fn shrink(&mut self, bytes: u64) {
+        let bytes = bytes.min(self.bytes);
+        self.bytes -= bytes;
+        PINNED_RESERVED.fetch_sub(bytes, Ordering::AcqRel);
+    }
+
+    /// The bytes taken.
+    pub fn bytes(&self) -> u64 {
+        self.bytes
+    }
+}
+
+impl Drop for PinnedShare {
+    fn drop(&mut self) {
+        PINNED_RESERVED.fetch_sub(self.bytes, Ordering::AcqRel);
+    }
 }
 
 /// The host's page size.
@@ -119,13 +170,13 @@ static ARENAS: AtomicU64 = AtomicU64::new(1);
 #[derive(Debug, thiserror::Error)]
 pub enum PinnedPoolError {
     /// Its slots do not fit in what is left of the process's pinned budget.
-    #[error("{wanted} bytes of page-locked batch slots do not fit in the pinned budget of {budget} bytes for this process ({held} held by its other loaders)")]
+    #[error("{wanted} bytes of page-locked batch slots do not fit in the pinned budget of {budget} bytes for this process ({held} held by its other loaders and GPU decode lanes)")]
     Budget {
         /// Bytes the pool's slots need.
         wanted: u64,
         /// The budget.
         budget: u64,
-        /// Bytes other pools of the process hold.
+        /// Bytes other pools and shares of the process hold.
         held: u64,
     },
     /// The slots' mapping could not be made.

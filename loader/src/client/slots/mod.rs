@@ -19,7 +19,7 @@ use bytes::Bytes;
 mod memory;
 mod page_lock;
 
-pub use memory::{pinned_reserved, slot_stride, PinnedPoolError};
+pub use memory::{pinned_reserved, slot_stride, PinnedPoolError, PinnedShare};
 use memory::{reserve_pinned, Arena, PinSlots, PinStatus, Pinning, PINNED_RESERVED};
 pub use page_lock::PageLocker;
 
@@ -527,9 +527,13 @@ mod tests {
         assert!(SlotPool::new(8, 1).shared_memory().is_none());
     }
 
+    /// Held by the tests that reserve parts of the process's pinned budget, so one's
+    /// reservations do not land between another's reading of what is held and its own.
+    static LEDGER: Mutex<()> = Mutex::new(());
+
     #[test]
     fn the_pinned_budget_is_shared_by_the_pools_of_a_process() {
-        // Other tests may hold a reservation meanwhile: measure against what is held now.
+        let _ledger = LEDGER.lock().unwrap_or_else(|p| p.into_inner());
         let budget = pinned_reserved() + 10_000;
         assert!(reserve_pinned(6_000, budget).is_ok());
         let held = reserve_pinned(6_000, budget).unwrap_err();
@@ -542,6 +546,31 @@ mod tests {
             "what is left still fits"
         );
         PINNED_RESERVED.fetch_sub(10_000, Ordering::AcqRel);
+    }
+
+    #[test]
+    fn a_share_beside_the_pools_counts_against_the_budget_until_dropped() {
+        let _ledger = LEDGER.lock().unwrap_or_else(|p| p.into_inner());
+        let budget = pinned_reserved() + 10_000;
+        let share = PinnedShare::take(8_000, budget).expect("it fits");
+        assert_eq!(share.bytes(), 8_000);
+        // A pool's slots (or another share) do not fit beside it...
+        let held = reserve_pinned(4_000, budget).unwrap_err();
+        assert!(held >= 8_000, "{held}");
+        assert!(PinnedShare::take(4_000, budget).is_err());
+        // A share that grows and shrinks with its holder's allocations.
+        let mut growing = PinnedShare::empty();
+        assert!(growing.grow(2_000, budget).is_ok());
+        assert!(growing.grow(1, budget).is_err(), "the budget is full");
+        growing.shrink(1_500);
+        growing.shrink(1_000_000);
+        assert_eq!(growing.bytes(), 0, "it gives back no more than it holds");
+        assert_eq!(pinned_reserved() + 2_000, budget);
+        // ...until it is given back.
+        drop(share);
+        assert_eq!(pinned_reserved() + 10_000, budget);
+        let again = PinnedShare::take(10_000, budget).expect("the whole budget is free again");
+        drop(again);
     }
 
     /// A locker that refuses its first lock and takes the others, counting what it was asked.
@@ -577,6 +606,7 @@ mod tests {
 
     #[test]
     fn a_pinned_pool_locks_each_slot_once_as_it_goes_out_and_unlocks_them_when_dropped() {
+        let _ledger = LEDGER.lock().unwrap_or_else(|p| p.into_inner());
         let locker = Arc::new(Recording::default());
         let (slot_bytes, capacity) = (100, 3);
         let budget = pinned_reserved() + (capacity * slot_stride(slot_bytes)) as u64 + 1_000_000;

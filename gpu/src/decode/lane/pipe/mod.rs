@@ -21,8 +21,8 @@ use crate::cuda::{describe, Cuda};
 use crate::decode::jpeg_scan::{accept, Decline, Placement};
 use crate::decode::kernel::{self, CropItem};
 use crate::decode::nvjpeg::{Decoder, Image};
-use crate::decode::GpuDecodeError;
-use stoker_loader::{Built, Error, LaneRows, Result, Slot};
+use crate::decode::{GpuDecodeError, GpuDecodeOptions};
+use stoker_loader::{Built, Error, LaneRows, PinnedShare, Result, Slot};
 
 /// Page-locked host memory per pipe for the encoded images of a sub-batch, per batch row, and
 /// its bounds: nvJPEG copies each image to the device itself, and a copy from pageable memory
@@ -114,6 +114,8 @@ pub(super) struct Pipe {
     sentinels: *mut c_void,
     sentinel_rows: usize,
     stats: Arc<LaneStats>,
+    /// The part of the process's pinned budget the page-locked memory above holds.
+    pinned: Option<PinnedShare>,
 }
 
 // SAFETY: CUDA handles may move between threads; a pipe is used by its one thread.
@@ -124,7 +126,7 @@ impl Pipe {
         index: usize,
         cuda: &Arc<Cuda>,
         memory: &Arc<LaneMemory>,
-        dirs: &[PathBuf],
+        options: &GpuDecodeOptions,
         kernel: &Kernel,
         out: (u32, u32),
         stats: &Arc<LaneStats>,
@@ -132,14 +134,19 @@ impl Pipe {
         let mut failure = None;
         let pipe = cuda.in_context("starting the GPU decode lane", || {
             let batch_hint = (memory.params_bytes / std::mem::size_of::<CropItem>()) as i32;
-            let decoder =
-                match Decoder::new(dirs, 1, batch_hint, memory.nvjpeg_limit / memory.pipes) {
-                    Ok(decoder) => decoder,
-                    Err(error) => {
-                        failure = Some(error);
-                        return Err(DriverError(sys::cudaError_enum::CUDA_ERROR_UNKNOWN));
-                    }
-                };
+            let decoder = match Decoder::new(
+                &options.library_dirs,
+                1,
+                batch_hint,
+                memory.nvjpeg_limit / memory.pipes,
+                options.pinned_budget,
+            ) {
+                Ok(decoder) => decoder,
+                Err(error) => {
+                    failure = Some(error);
+                    return Err(DriverError(sys::cudaError_enum::CUDA_ERROR_UNKNOWN));
+                }
+            };
             let mut pipe = Pipe {
                 index,
                 decoder,
@@ -156,7 +163,23 @@ impl Pipe {
                 sentinels: std::ptr::null_mut(),
                 sentinel_rows: batch_hint.max(1) as usize,
                 stats: Arc::clone(stats),
+                pinned: None,
             };
+            // The page-locked memory below counts against the process's pinned budget.
+            if let Some(budget) = options.pinned_budget {
+                let wanted = pipe.host_bytes() as u64;
+                match PinnedShare::take(wanted, budget) {
+                    Ok(share) => pipe.pinned = Some(share),
+                    Err(held) => {
+                        failure = Some(GpuDecodeError::Memory(format!(
+                            "the GPU decode lane's page-locked staging ({wanted} bytes a pipe) \
+                             does not fit in the pinned memory budget of {budget} bytes for this \
+                             process ({held} held by its loaders and lanes)"
+                        )));
+                        return Err(DriverError(sys::cudaError_enum::CUDA_ERROR_UNKNOWN));
+                    }
+                }
+            }
             // On failure `pipe` drops and releases what was made so far. The stream has the
             // device's highest priority: the crop kernel is small and the training step waits
             // for its rows, so its blocks go ahead of a running step's queued ones.
@@ -185,6 +208,11 @@ impl Pipe {
             (Err(_), Some(error)) => Err(error),
             (Err(error), None) => Err(GpuDecodeError::Cuda(error.to_string())),
         }
+    }
+
+    /// The page-locked bytes the pipe allocates as it starts (parameters, staging, sentinels).
+    pub(super) fn host_bytes(&self) -> usize {
+        self.memory.params_bytes + self.staging_bytes + self.sentinel_rows * SENTINEL
     }
 
     /// Builds the lane's rows of `task` and finishes the batch.
