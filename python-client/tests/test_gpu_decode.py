@@ -279,6 +279,26 @@ def test_device_memory_is_flat_over_2000_batches(torch: Any, dataset: Path) -> N
         assert free_after_warmup - free_end < 4 << 20, (free_after_warmup, free_end)
 
 
+@pytest.mark.gpu
+def test_the_lanes_page_locked_memory_stays_within_the_pinned_budget(
+    torch: Any, dataset: Path
+) -> None:
+    """The lane's staging and nvJPEG's pinned buffers count against ``pinned_memory_budget``
+    beside the slots: what both hold stays within it, and slots that do not fit beside the
+    lane are refused by name."""
+    budget = 256 << 20
+    _, stats = device_epoch(dataset, "gpu", pinned_memory_budget=budget)
+    lane = stats["gpu_decode"]
+    print(f"slots {stats['pinned_bytes']} B, lane {lane['pinned_bytes']} B of {budget} B")
+    assert lane["pinned_bytes"] > 0 and lane["pinned_refused"] == 0, lane
+    assert stats["pinned_bytes"] + lane["pinned_bytes"] <= budget, (stats, lane)
+    # A budget the lane's memory fills: it starts first, and the slots then do not fit beside
+    # it, which the error says.
+    beside_the_lane = "held by its other loaders and GPU decode lanes"
+    with pytest.raises(stoker.GpuUnavailableError, match=beside_the_lane):
+        device_epoch(dataset, "gpu", pinned_memory_budget=lane["pinned_bytes"])
+
+
 def auto_options(seed: int) -> dict[str, Any]:
     """A small decode="auto" loader's arguments on the GPU."""
     return {

@@ -2,8 +2,8 @@
 //! (what the device stage copies ahead), GPU idle as the consumer reports it (stats and the
 //! prefetch controller), page-locked slots asked for where there is no CUDA driver (an error
 //! naming what is missing) or beside other page-locked memory of the same budget, what a
-//! decode lane beside the step costs it as the consumer reports it, and a decode lane in the loader's hook (what it is asked, its
-//! figures, its end). The GPU itself is exercised by `python-client/tests/test_gpu.py`
+//! decode lane beside the step costs it as the consumer reports it, and a decode lane in the
+//! loader's hook (what it is asked, its figures, its end). The GPU itself is exercised by `python-client/tests/test_gpu.py`
 //! on a GPU machine.
 
 #![allow(clippy::unwrap_used)] // tests fail loudly by design
