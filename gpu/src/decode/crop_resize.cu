@@ -5,6 +5,12 @@
 // the scale when shrinking, taps normalised to sum to one, and the horizontal pass rounded to
 // 8 bits before the vertical one (as PIL does), so the GPU lane differs from the CPU threads by
 // rounding only. Compiled at run time with NVRTC (no headers needed).
+//
+// The first thread of each image also copies the image's last bytes (at most SENTINEL) into
+// its row of `sentinels`, which the host reads back with one copy to tell a place the decode
+// wrote from one it left poisoned: one copy per sub-batch instead of one per image.
+
+#define SENTINEL 8
 
 struct CropItem {
     unsigned long long src;  // first byte of the decoded image (interleaved RGB)
@@ -23,6 +29,8 @@ struct CropItem {
     int inside_y1;
     int flip;                // mirror left to right
     unsigned int row;        // the image's row in the output batch
+    unsigned long long sentinel;  // the decoded image's last sentinel_len bytes
+    unsigned int sentinel_len;    // at most SENTINEL
 };
 
 __device__ __forceinline__ float triangle(float t) {
@@ -36,8 +44,15 @@ __device__ __forceinline__ float to_byte(float v) {
 }
 
 extern "C" __global__ void crop_resize_flip(const CropItem* items, unsigned char* out,
-                                            int out_w, int out_h) {
+                                            int out_w, int out_h, unsigned char* sentinels) {
     const CropItem item = items[blockIdx.y];
+    if (blockIdx.x == 0 && threadIdx.x == 0) {
+        const unsigned char* tail = (const unsigned char*)item.sentinel;
+        unsigned char* into = sentinels + (unsigned long long)item.row * SENTINEL;
+        for (unsigned int i = 0; i < item.sentinel_len && i < SENTINEL; ++i) {
+            into[i] = tail[i];
+        }
+    }
     const int pixel = blockIdx.x * blockDim.x + threadIdx.x;
     if (pixel >= out_w * out_h) {
         return;

@@ -62,7 +62,16 @@ pub struct CropItem {
     pub flip: i32,
     /// The image's row in the output batch.
     pub row: u32,
+    /// Device address of the decoded image's last `sentinel_len` bytes, which the kernel
+    /// copies to the image's row of the sentinel buffer ([`SENTINEL`] bytes a row).
+    pub sentinel: u64,
+    /// At most [`SENTINEL`] (0: nothing copied).
+    pub sentinel_len: u32,
 }
+
+/// Bytes of each image's tail the kernel gathers into the sentinel buffer (the kernel's
+/// `SENTINEL`).
+pub const SENTINEL: usize = 8;
 
 fn clamp_i64(value: i64, low: i64, high: i64) -> i32 {
     value.clamp(low, high.max(low)) as i32
@@ -97,6 +106,8 @@ impl CropItem {
             inside_y1: out.1 as i32,
             flip: i32::from(flip),
             row,
+            sentinel: 0,
+            sentinel_len: 0,
         };
         match *window {
             // The window alone is resized: the filter stays inside it.
@@ -247,8 +258,10 @@ mod tests {
 
     #[test]
     fn the_item_matches_the_kernels_struct_layout() {
-        // 8 + 4 + 4*4 + 4*4 + 4*4 + 4 + 4 = 68 bytes, padded to the u64's alignment.
-        assert_eq!(std::mem::size_of::<CropItem>(), 72);
+        // 8 + 4 + 4*4 + 4*4 + 4*4 + 4 + 4 = 68 bytes, padded to 72 for the u64 after them,
+        // + 8 + 4 = 84, padded to the u64's alignment.
+        assert_eq!(std::mem::size_of::<CropItem>(), 88);
+        assert_eq!(std::mem::offset_of!(CropItem, sentinel), 72);
         assert_eq!(std::mem::align_of::<CropItem>(), 8);
         for field in [
             "unsigned long long src;",
@@ -259,6 +272,8 @@ mod tests {
             "int inside_y1;",
             "int flip;",
             "unsigned int row;",
+            "unsigned long long sentinel;",
+            "unsigned int sentinel_len;",
         ] {
             assert!(
                 SOURCE.contains(field),
@@ -266,6 +281,7 @@ mod tests {
             );
         }
         assert!(SOURCE.contains(&format!("__global__ void {KERNEL}(")));
+        assert!(SOURCE.contains(&format!("#define SENTINEL {SENTINEL}\n")));
     }
 
     /// Folders that may hold libnvrtc here: the search's own, and the NVIDIA wheels of the

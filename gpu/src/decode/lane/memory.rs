@@ -7,15 +7,16 @@ use cudarc::driver::result;
 
 use super::ALIGN;
 use crate::cuda::Cuda;
-use crate::decode::kernel::CropItem;
+use crate::decode::kernel::{CropItem, SENTINEL};
 use crate::decode::GpuDecodeError;
 
 /// The least memory left for decoding (arenas and nvJPEG) once the rows in flight are set
 /// aside.
 const MIN_DECODE_MEMORY: usize = 48 << 20;
 
-/// The lane's device memory, allocated once within the cap: the decoded-image arena and
-/// kernel parameters of each pipe, and a ring of output buffers (one batch of rows each) that
+/// The lane's device memory, allocated once within the cap: the decoded-image arena, kernel
+/// parameters and sentinel rows (what the crop kernel gathers of each image's tail) of each
+/// pipe, and a ring of output buffers (one batch of rows each) that
 /// the training loop's batches hold until they are released. Freed when the lane and every
 /// batch holding its rows are gone.
 #[derive(Debug)]
@@ -28,6 +29,8 @@ pub struct LaneMemory {
     pub(super) ring_slots: usize,
     pub(super) ring_slot_bytes: usize,
     pub(super) params_bytes: usize,
+    /// Bytes of a pipe's sentinel rows, after its parameters in the same allocation.
+    pub(super) sentinel_bytes: usize,
     /// nvJPEG's own device allocations may reach this much.
     pub(super) nvjpeg_limit: usize,
     pub(super) cap: usize,
@@ -48,8 +51,10 @@ impl LaneMemory {
     ) -> std::result::Result<LaneMemory, GpuDecodeError> {
         let ring_slot_bytes = (batch_rows * row_bytes).div_ceil(ALIGN) * ALIGN;
         let params_bytes = (batch_rows * std::mem::size_of::<CropItem>()).max(ALIGN);
+        // A sentinel row for each item the parameters hold (a pipe's `sentinel_rows`).
+        let sentinel_bytes = params_bytes / std::mem::size_of::<CropItem>() * SENTINEL;
         let ring_slots = ((cap / 4) / ring_slot_bytes.max(1)).clamp(2, 8);
-        let fixed = ring_slots * ring_slot_bytes + pipes * params_bytes;
+        let fixed = ring_slots * ring_slot_bytes + pipes * (params_bytes + sentinel_bytes);
         let rest = cap.saturating_sub(fixed);
         if rest < MIN_DECODE_MEMORY {
             return Err(GpuDecodeError::Memory(format!(
@@ -69,6 +74,7 @@ impl LaneMemory {
             ring_slots,
             ring_slot_bytes,
             params_bytes,
+            sentinel_bytes,
             nvjpeg_limit: rest - pipes * arena_bytes,
             cap,
             pipes,
@@ -82,7 +88,7 @@ impl LaneMemory {
                     .push(unsafe { result::malloc_sync(arena_bytes) }?);
                 memory
                     .params
-                    .push(unsafe { result::malloc_sync(params_bytes) }?);
+                    .push(unsafe { result::malloc_sync(params_bytes + sentinel_bytes) }?);
             }
             // SAFETY: as above.
             memory.ring = unsafe { result::malloc_sync(ring_slots * ring_slot_bytes) }?;
@@ -94,7 +100,8 @@ impl LaneMemory {
 
     /// Device bytes allocated here (nvJPEG's own are counted apart).
     pub fn allocated(&self) -> usize {
-        self.pipes * (self.arena_bytes + self.params_bytes) + self.ring_slots * self.ring_slot_bytes
+        self.pipes * (self.arena_bytes + self.params_bytes + self.sentinel_bytes)
+            + self.ring_slots * self.ring_slot_bytes
     }
 
     /// The cap the memory was planned within.
@@ -106,6 +113,11 @@ impl LaneMemory {
     /// are decoded on the CPU.
     pub fn arena_bytes(&self) -> usize {
         self.arena_bytes
+    }
+
+    /// Pipe `pipe`'s sentinel rows on the device ([`SENTINEL`] bytes a batch row).
+    pub(super) fn sentinels_ptr(&self, pipe: usize) -> u64 {
+        self.params[pipe] + self.params_bytes as u64
     }
 
     pub(super) fn ring_ptr(&self, index: usize) -> u64 {

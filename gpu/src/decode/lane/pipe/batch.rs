@@ -137,26 +137,6 @@ impl Pipe {
         add_since(&self.stats.decode_call_ns, decoding);
         result?;
         let launching = Instant::now();
-        // Each place's last bytes, to the pipe's sentinel buffer, after the decode.
-        for (k, p) in pending.iter().enumerate() {
-            let len = p.placement.decoded.min(SENTINEL);
-            // SAFETY: the source lies in the image's place; the destination is sentinel
-            // `first + k` of the pipe's page-locked buffer (checked in range above), read only
-            // after the pipe's event has passed.
-            unsafe {
-                sys::cuMemcpyDtoHAsync_v2(
-                    self.sentinels
-                        .cast::<u8>()
-                        .add((first + k) * SENTINEL)
-                        .cast::<c_void>(),
-                    arena + (p.offset + p.placement.decoded - len) as u64,
-                    len,
-                    self.stream,
-                )
-                .result()
-                .map_err(driver("cuMemcpyDtoHAsync"))?;
-            }
-        }
         let items: Vec<CropItem> = pending
             .iter()
             .enumerate()
@@ -169,6 +149,10 @@ impl Pipe {
                     (first + k) as u32,
                 );
                 crop.src = arena + p.offset as u64;
+                // The place's last bytes, which the kernel copies to sentinel row `first + k`.
+                let len = p.placement.decoded.min(SENTINEL);
+                crop.sentinel = arena + (p.offset + p.placement.decoded - len) as u64;
+                crop.sentinel_len = len as u32;
                 crop
             })
             .collect();
@@ -189,12 +173,15 @@ impl Pipe {
             sys::cuMemcpyHtoDAsync_v2(params, self.host_params, size, self.stream)
                 .result()
                 .map_err(driver("cuMemcpyHtoDAsync"))?;
-            let (mut params_arg, mut out_arg, mut w_arg, mut h_arg) = (params, out, out_w, out_h);
-            let mut args: [*mut c_void; 4] = [
+            let sentinels = self.memory.sentinels_ptr(self.index);
+            let (mut params_arg, mut out_arg, mut w_arg, mut h_arg, mut sentinels_arg) =
+                (params, out, out_w, out_h, sentinels);
+            let mut args: [*mut c_void; 5] = [
                 (&mut params_arg as *mut u64).cast(),
                 (&mut out_arg as *mut u64).cast(),
                 (&mut w_arg as *mut i32).cast(),
                 (&mut h_arg as *mut i32).cast(),
+                (&mut sentinels_arg as *mut u64).cast(),
             ];
             result::launch_kernel(
                 self.function,
@@ -205,6 +192,17 @@ impl Pipe {
                 &mut args,
             )
             .map_err(driver("cuLaunchKernel"))?;
+            // The sub-batch's sentinel rows (`first` on, in range: checked above) in one copy
+            // to the pipe's page-locked buffer, read only after the pipe's event has passed.
+            let (offset, len) = (first * SENTINEL, pending.len() * SENTINEL);
+            sys::cuMemcpyDtoHAsync_v2(
+                self.sentinels.cast::<u8>().add(offset).cast::<c_void>(),
+                sentinels + offset as u64,
+                len,
+                self.stream,
+            )
+            .result()
+            .map_err(driver("cuMemcpyDtoHAsync"))?;
             result::event::record(self.done, self.stream).map_err(driver("cuEventRecord"))?;
         }
         add_since(&self.stats.launch_ns, launching);

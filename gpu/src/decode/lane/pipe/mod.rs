@@ -19,7 +19,7 @@ use super::{
 };
 use crate::cuda::{describe, Cuda};
 use crate::decode::jpeg_scan::{accept, Decline, Placement};
-use crate::decode::kernel::{self, CropItem};
+use crate::decode::kernel::{self, CropItem, SENTINEL};
 use crate::decode::nvjpeg::{Decoder, Image};
 use crate::decode::{GpuDecodeError, GpuDecodeOptions};
 use stoker_loader::{Built, Error, LaneRows, PinnedShare, Result, Slot};
@@ -472,10 +472,10 @@ impl Pipe {
 /// The 32-bit pattern a pipe lays over the places of a sub-batch before decoding into them.
 const POISON: u32 = 0xE1_96_C3_5A;
 
-/// Bytes at the end of each decoded image read back to tell whether it was written: all eight
-/// equal to the poison has a chance of 2^-64 for an image with varied bytes, and an image the
-/// check doubts wrongly is only built on the CPU.
-const SENTINEL: usize = 8;
+// Bytes at the end of each decoded image read back to tell whether it was written
+// (`kernel::SENTINEL`, gathered by the crop kernel): all eight equal to the poison has a chance
+// of 2^-64 for an image with varied bytes, and an image the check doubts wrongly is only built
+// on the CPU.
 
 /// The last `len` bytes of a poisoned place of `decoded` bytes (places start on a multiple of
 /// 4, the poison's period).
