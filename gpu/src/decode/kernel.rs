@@ -63,9 +63,9 @@ pub struct CropItem {
     /// The image's row in the output batch.
     pub row: u32,
     /// Device address of the decoded image's last `sentinel_len` bytes, which the kernel
-    /// copies to the image's row of the sentinel buffer ([`SENTINEL`] bytes a row).
+    /// copies to the image's row of the sentinel buffer (`SENTINEL` bytes a row).
     pub sentinel: u64,
-    /// At most [`SENTINEL`] (0: nothing copied).
+    /// At most `SENTINEL` (0: nothing copied).
     pub sentinel_len: u32,
 }
 
