@@ -1,5 +1,6 @@
 //! The lane itself: its device memory ([`memory`]), the pipes that decode and crop the rows it
-//! was given ([`pipe`]), and the rows it hands out with their batch ([`rows`]).
+//! was given ([`pipe`]), the rows it hands out with their batch ([`rows`]), and what it
+//! counted ([`stats`]).
 //!
 //! Two pipes (unless `STOKER_GPU_DECODE_PIPES` asks for another count),
 //! each a thread with its own nvJPEG decoder, CUDA stream, arena of decoded images
@@ -12,8 +13,9 @@
 mod memory;
 mod pipe;
 mod rows;
+mod stats;
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -35,6 +37,8 @@ use stoker_loader::{Built, Error, Slot};
 pub use memory::LaneMemory;
 use pipe::{run, Kernel, Pipe};
 pub use rows::DeviceRows;
+use stats::add_since;
+pub use stats::LaneStats;
 
 /// Pipes (streams with their own decode state and arena, used in turn) unless
 /// `STOKER_GPU_DECODE_PIPES` names another count from 1 to [`MAX_PIPES`].
@@ -71,63 +75,6 @@ fn driver(call: &'static str) -> impl Fn(DriverError) -> GpuDecodeError {
     move |error| GpuDecodeError::Call {
         call,
         error: describe(error),
-    }
-}
-
-/// What the lane counted so far.
-#[derive(Debug, Default)]
-pub struct LaneStats {
-    /// Rows decoded and cropped on the GPU.
-    pub gpu_rows: AtomicU64,
-    /// Rows offered to the lane that the decode threads kept (not taken by the engines, or
-    /// too large for the lane's memory).
-    pub declined_rows: AtomicU64,
-    /// Rows the lane took and then built on the CPU: nvJPEG's parse read another frame or its
-    /// batched decode does not take the stream, the decode failed (its strict bitstream check
-    /// included), or the decode reported success without writing the image's place.
-    pub fallback_rows: AtomicU64,
-    /// Time the lane's thread worked on batches (waits for the GPU included, waits for a free
-    /// output buffer not), in nanoseconds.
-    pub gpu_busy_ns: AtomicU64,
-    /// Rows the decode threads built in batches the lane also worked on.
-    pub cpu_rows: AtomicU64,
-    /// Time the decode threads spent on those batches, in nanoseconds.
-    pub cpu_busy_ns: AtomicU64,
-    /// Where the lane's thread spent its time, in nanoseconds: asking nvJPEG whether it takes
-    /// each image, in nvJPEG's decode calls, waiting for a pipe's previous work, and queueing
-    /// the crop kernel.
-    pub check_ns: AtomicU64,
-    /// See `check_ns`.
-    pub decode_call_ns: AtomicU64,
-    /// See `check_ns`.
-    pub pipe_wait_ns: AtomicU64,
-    /// See `check_ns`.
-    pub launch_ns: AtomicU64,
-}
-
-fn add_since(counter: &AtomicU64, since: Instant) {
-    counter.fetch_add(since.elapsed().as_nanos() as u64, Ordering::Relaxed);
-}
-
-impl LaneStats {
-    /// Rows per second of the GPU lane while it worked.
-    pub fn gpu_rate(&self) -> f64 {
-        self.counts().gpu_rate()
-    }
-
-    /// Rows per second of the decode threads in the batches the lane also worked on.
-    pub fn cpu_rate(&self) -> f64 {
-        self.counts().cpu_rate()
-    }
-
-    /// The two lanes' totals now, as `auto`'s split decisions read them.
-    pub fn counts(&self) -> LaneCounts {
-        LaneCounts {
-            gpu_rows: self.gpu_rows.load(Ordering::Relaxed),
-            gpu_busy_ns: self.gpu_busy_ns.load(Ordering::Relaxed),
-            cpu_rows: self.cpu_rows.load(Ordering::Relaxed),
-            cpu_busy_ns: self.cpu_busy_ns.load(Ordering::Relaxed),
-        }
     }
 }
 

@@ -472,11 +472,6 @@ impl Pipe {
 /// The 32-bit pattern a pipe lays over the places of a sub-batch before decoding into them.
 const POISON: u32 = 0xE1_96_C3_5A;
 
-// Bytes at the end of each decoded image read back to tell whether it was written
-// (`kernel::SENTINEL`, gathered by the crop kernel): all eight equal to the poison has a chance
-// of 2^-64 for an image with varied bytes, and an image the check doubts wrongly is only built
-// on the CPU.
-
 /// The last `len` bytes of a poisoned place of `decoded` bytes (places start on a multiple of
 /// 4, the poison's period).
 fn poison_tail(decoded: usize, len: usize) -> Vec<u8> {
