@@ -130,12 +130,7 @@ pub(super) extern "C" fn device_free(
     size: usize,
     _: CuStream,
 ) -> c_int {
-    // SAFETY: as in `device_malloc`.
-    let budget = unsafe { budget_of(ctx) };
-    // SAFETY: a non-null `ptr` came from `device_malloc`.
-    release(ptr, size, &budget.device, || unsafe {
-        sys::cuMemFree_v2(ptr as sys::CUdeviceptr);
-    })
+    free_from(ctx, ptr, size, false)
 }
 
 pub(super) extern "C" fn pinned_malloc(ctx: Ctx, ptr: Out, size: usize, _: CuStream) -> c_int {
@@ -163,8 +158,20 @@ pub(super) extern "C" fn pinned_free(
     size: usize,
     _: CuStream,
 ) -> c_int {
+    free_from(ctx, ptr, size, true)
+}
+
+/// Frees a non-null `ptr` of `size` bytes that `pinned_malloc` (`pinned`) or `device_malloc`
+/// made, and takes it off the budget (and the process's pinned budget).
+fn free_from(ctx: Ctx, ptr: *mut c_void, size: usize, pinned: bool) -> c_int {
     // SAFETY: as in `device_malloc`.
     let budget = unsafe { budget_of(ctx) };
+    if !pinned {
+        // SAFETY: a non-null `ptr` came from `device_malloc`.
+        return release(ptr, size, &budget.device, || unsafe {
+            sys::cuMemFree_v2(ptr as sys::CUdeviceptr);
+        });
+    }
     if !ptr.is_null() {
         budget.give_back_pinned(size);
     }
