@@ -26,7 +26,8 @@ pub(super) struct Arena {
 #[derive(Debug)]
 pub(super) struct Pinning {
     pub(super) locker: Arc<dyn PageLocker>,
-    pub(super) reserved: u64,
+    /// Held for its drop: the pool's slots' part of the pinned budget.
+    pub(super) _share: PinnedShare,
     pub(super) slots: Mutex<PinSlots>,
 }
 

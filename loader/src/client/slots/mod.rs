@@ -10,7 +10,6 @@
 //! in it is handed out, and stays so until the pool is dropped; never per batch).
 
 use std::os::fd::{AsRawFd, RawFd};
-use std::sync::atomic::Ordering;
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;
 
@@ -20,7 +19,7 @@ mod memory;
 mod page_lock;
 
 pub use memory::{pinned_reserved, slot_stride, PinnedPoolError, PinnedShare};
-use memory::{reserve_pinned, Arena, PinSlots, PinStatus, Pinning, PINNED_RESERVED};
+use memory::{Arena, PinSlots, PinStatus, Pinning};
 pub use page_lock::PageLocker;
 
 /// Where a slot's bytes are.
@@ -117,22 +116,18 @@ impl SlotPool {
         budget_bytes: u64,
     ) -> Result<Arc<SlotPool>, PinnedPoolError> {
         let capacity = capacity.max(1);
-        let reserved = (capacity as u64).saturating_mul(slot_stride(slot_bytes) as u64);
-        reserve_pinned(reserved, budget_bytes).map_err(|held| PinnedPoolError::Budget {
-            wanted: reserved,
-            budget: budget_bytes,
-            held,
-        })?;
-        let arena = match Arena::map(slot_bytes, capacity, shared) {
-            Ok(arena) => arena,
-            Err(error) => {
-                PINNED_RESERVED.fetch_sub(reserved, Ordering::AcqRel);
-                return Err(PinnedPoolError::Map(error));
-            }
-        };
+        let wanted = (capacity as u64).saturating_mul(slot_stride(slot_bytes) as u64);
+        let share =
+            PinnedShare::take(wanted, budget_bytes).map_err(|held| PinnedPoolError::Budget {
+                wanted,
+                budget: budget_bytes,
+                held,
+            })?;
+        // A mapping that fails drops the share, giving it back.
+        let arena = Arena::map(slot_bytes, capacity, shared).map_err(PinnedPoolError::Map)?;
         let pinning = Pinning {
             locker,
-            reserved,
+            _share: share,
             slots: Mutex::new(PinSlots::default()),
         };
         Ok(Arc::new(SlotPool {
@@ -382,7 +377,7 @@ impl Drop for SlotPool {
             // the pool), and a slot comes back only after the fences of the copies reading it.
             unsafe { pinning.locker.unlock(self.arena_start(index)) };
         }
-        PINNED_RESERVED.fetch_sub(pinning.reserved, Ordering::AcqRel);
+        // The pool's share of the pinned budget goes back as `pinning` drops, after this.
     }
 }
 
@@ -465,8 +460,9 @@ impl Drop for Slot {
 
 #[cfg(test)]
 mod tests {
-    use super::memory::page_size;
+    use super::memory::{page_size, reserve_pinned, PINNED_RESERVED};
     use super::*;
+    use std::sync::atomic::Ordering;
 
     fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
         mutex.lock().expect("no test thread panicked holding it")
