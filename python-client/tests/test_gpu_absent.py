@@ -390,14 +390,18 @@ def test_the_idle_meter_reports_each_step_with_the_lanes_work_in_its_host_window
     step(10.0, 0.0, 0.010, 0.0)  # the lane quiet over the step's 10 ms
     step(12.0, 1.0, 0.013, 0.008)  # beside the lane's 8 ms of work
     assert reports == [(0.0, 0.010, 0.0, 0.010), (0.001, 0.013, 0.008, 0.013)]
-    # Without a lane, a step reports its idle and span only.
+    # Without a lane, a step reports its idle and span only, and the lane is asked once.
     bare: list[tuple[float, ...]] = []
-    meter = gpu.GpuIdleMeter(gpu_clock, None, lambda *figures: bare.append(figures))
-    for _ in range(2):
+    asked: list[None] = []
+    meter = gpu.GpuIdleMeter(
+        gpu_clock, None, lambda *figures: bare.append(figures), lambda: asked.append(None)
+    )
+    for _ in range(3):
         gpu_clock.now_ms += 5.0
         meter.before()
         meter.after()
-    assert bare == [(0.0, 0.005)]
+    assert bare == [(0.0, 0.005), (0.0, 0.005)]
+    assert len(asked) == 1
 
 
 def test_steps_reported_beside_the_lane_show_their_cost_in_stats(

@@ -544,6 +544,9 @@ class GpuIdleMeter:
         end = self._event()
         end.record(self._stream)
         lane = self._lane_busy() if self._lane_busy is not None else None
+        if lane is None:
+            # A loader without a lane says so at once and for good: not asked again.
+            self._lane_busy = None
         self._pending.append((self._start, end, lane, self._clock()))
         self._start = None
         self._drain()
