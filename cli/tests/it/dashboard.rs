@@ -662,6 +662,14 @@ fn demo_dashboard_page_matches_api_and_metrics_parse() {
     assert!(metrics
         .body
         .contains("# TYPE stoker_gpu_idle_seconds_total counter"));
+    // Nor what a GPU decode lane beside the step costs: the counter is there, at 0.
+    assert!(metrics
+        .body
+        .contains("# TYPE stoker_gpu_lane_cost_seconds_total counter"));
+    assert_eq!(
+        metric(&samples, "stoker_gpu_lane_cost_seconds_total", &labels),
+        Some(0.0)
+    );
     for name in ["stoker_stall_ratio", "stoker_stall_ratio_window"] {
         let ratio = metric(&samples, name, &labels).unwrap_or_else(|| panic!("{name} missing"));
         assert!((0.0..=1.0).contains(&ratio), "{name} = {ratio}");
