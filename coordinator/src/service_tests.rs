@@ -229,8 +229,7 @@ async fn update(
         session: Some(session),
         grant_credits: credits,
         acknowledged,
-        stats: None,
-        workers_version: 0,
+        ..SessionUpdateRequest::default()
     };
     let updated = client.update_session(request).await?.into_inner();
     Ok(updated.acknowledged_position)
@@ -502,8 +501,8 @@ async fn updates_on_the_session_stream_are_answered_in_turn_listing_workers_only
         session: Some(session),
         grant_credits: credits,
         acknowledged,
-        stats: None,
         workers_version: version,
+        ..SessionUpdateRequest::default()
     };
     // The list the session opened with is current: the answer does not repeat it.
     requests.send(update(2, Vec::new(), opened.workers_version))?;
@@ -529,6 +528,73 @@ async fn updates_on_the_session_stream_are_answered_in_turn_listing_workers_only
     })?;
     let refused = answers.message().await.expect_err("a stale token");
     assert_eq!(refused.code(), Code::FailedPrecondition, "{refused}");
+    Ok(())
+}
+
+#[tokio::test]
+async fn quiet_updates_are_answered_only_when_they_bring_workers_the_stream_has_not_listed(
+) -> TestResult {
+    let fixture = fixture(Vec::new())?;
+    let network = &fixture.network;
+    let mut client = coordinator(network, None);
+    let worker = register_worker(&mut client).await?;
+    let job = register_job(&mut client).await?;
+    let opened = client
+        .open_session(OpenSessionRequest {
+            job_id: job,
+            ..OpenSessionRequest::default()
+        })
+        .await?
+        .into_inner();
+    let session = opened.session.ok_or("a session without a token")?;
+    let (requests, receiver) = tokio::sync::mpsc::unbounded_channel();
+    let mut answers = client
+        .update_session_stream(tokio_stream::wrappers::UnboundedReceiverStream::new(
+            receiver,
+        ))
+        .await?
+        .into_inner();
+    let update =
+        |sequence: u64, credits: u64, acknowledged: Vec<u64>, quiet: bool| SessionUpdateRequest {
+            session: Some(session),
+            grant_credits: credits,
+            acknowledged,
+            workers_version: opened.workers_version,
+            quiet,
+            sequence,
+            ..SessionUpdateRequest::default()
+        };
+    // Quiet updates are applied unanswered: their credits lease.
+    requests.send(update(1, 2, Vec::new(), true))?;
+    requests.send(update(2, 2, Vec::new(), true))?;
+    let answer = tokio::time::timeout(Duration::from_millis(300), answers.message()).await;
+    assert!(answer.is_err(), "a quiet update answered: {answer:?}");
+    assert_eq!(steps(&lease(&mut client, worker, 8).await?), [0, 1, 2, 3]);
+    // A worker joins: the next quiet update is answered with the list, under its number.
+    register_worker(&mut client).await?;
+    requests.send(update(3, 0, vec![0, 1], true))?;
+    let listed = answers.message().await?.ok_or("an answer")?;
+    assert_eq!(
+        (
+            listed.sequence,
+            listed.workers.len(),
+            listed.acknowledged_position
+        ),
+        (3, 2, 2),
+        "{listed:?}"
+    );
+    // One sent before its client read that answer still names the older list: not listed
+    // again, so not answered. One that asks is answered with its number, after the quiet
+    // ones before it.
+    requests.send(update(4, 0, vec![2], true))?;
+    requests.send(update(5, 0, vec![3], false))?;
+    let asked = answers.message().await?.ok_or("an answer")?;
+    assert_eq!(
+        (asked.sequence, asked.acknowledged_position),
+        (5, 4),
+        "{asked:?}"
+    );
+    assert!(asked.workers.is_empty(), "listed twice: {asked:?}");
     Ok(())
 }
 
@@ -978,7 +1044,7 @@ async fn a_job_with_no_session_open_for_its_retention_is_retired_and_registered_
         grant_credits: 0,
         acknowledged: steps(&tasks),
         stats: Some(stoker_proto::v1::ClientStats::default()),
-        workers_version: 0,
+        ..SessionUpdateRequest::default()
     };
     client.update_session(request).await?;
     assert!(

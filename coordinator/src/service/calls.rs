@@ -99,51 +99,26 @@ impl coordinator_server::Coordinator for CoordinatorService {
         &self,
         request: Request<LeaseRequest>,
     ) -> Result<Response<LeaseResponse>, Status> {
-        let request = request.into_inner();
-        let worker = self.core_worker(request.worker_id)?;
-        if let Some(report) = &request.report {
-            self.apply_report(worker, report)?;
-        }
-        let wait =
-            Duration::from_millis(u64::from(request.wait_ms)).min(self.config.max_lease_wait);
-        let deadline = Instant::now() + wait;
-        let mut leases = Vec::new();
-        let mut waiting: usize;
-        loop {
-            // Register for a wake-up before looking, so a grant in between is not missed.
-            let notified = self.work.notified();
-            tokio::pin!(notified);
-            notified.as_mut().enable();
-            {
-                let mut state = lock(&self.state);
-                let before = leases.len();
-                let now = Instant::now();
-                waiting = state.core.waiting_sessions();
-                state
-                    .core
-                    .lease_into(worker, request.max_tasks as usize, now, &mut leases)
-                    .map_err(coordinator_status)?;
-                // Kept for the dashboard alone (its refresh prunes it).
-                if self.dashboard.is_some() {
-                    for lease in &leases[before..] {
-                        let job = state.serving.entry(lease.task.job.0).or_default();
-                        job.insert(worker.0, now);
-                    }
-                }
-            }
-            let now = Instant::now();
-            if !leases.is_empty() || now >= deadline {
-                break;
-            }
-            let _ = tokio::time::timeout(deadline - now, notified).await;
-        }
-        Ok(Response::new(LeaseResponse {
-            tasks: leases
-                .iter()
-                .map(|l| task_lease(l, self.incarnation))
-                .collect(),
-            waiting_sessions: u32::try_from(waiting).unwrap_or(u32::MAX),
-        }))
+        self.lease_one(request.into_inner())
+            .await
+            .map(Response::new)
+    }
+
+    type LeaseStreamStream =
+        std::pin::Pin<Box<dyn tokio_stream::Stream<Item = Result<LeaseResponse, Status>> + Send>>;
+
+    async fn lease_stream(
+        &self,
+        request: Request<Streaming<LeaseRequest>>,
+    ) -> Result<Response<Self::LeaseStreamStream>, Status> {
+        let service = self.clone();
+        // Each request taken in turn on the call's own task, its long poll included. tonic
+        // ends the stream at the first error, with its status.
+        let answers = request.into_inner().then(move |request| {
+            let service = service.clone();
+            async move { service.lease_one(request?).await }
+        });
+        Ok(Response::new(Box::pin(answers)))
     }
 
     async fn report(
@@ -316,7 +291,9 @@ impl coordinator_server::Coordinator for CoordinatorService {
         &self,
         request: Request<SessionUpdateRequest>,
     ) -> Result<Response<SessionUpdateResponse>, Status> {
-        self.apply_update(&request.into_inner()).map(Response::new)
+        let request = request.into_inner();
+        let known = request.workers_version;
+        self.apply_update(&request, known).map(Response::new)
     }
 
     type UpdateSessionStreamStream = std::pin::Pin<
@@ -328,12 +305,28 @@ impl coordinator_server::Coordinator for CoordinatorService {
         request: Request<Streaming<SessionUpdateRequest>>,
     ) -> Result<Response<Self::UpdateSessionStreamStream>, Status> {
         let service = self.clone();
-        // Each update answered as it comes, on the call's own task: no task or channel more.
+        // Each update applied as it comes, on the call's own task: no task or channel more.
         // tonic ends the stream at the first error, with its status (the client opens its
-        // session again).
-        let answers = request
-            .into_inner()
-            .map(move |update| update.and_then(|update| service.apply_update(&update)));
+        // session again). The workers' list this stream sent last: a quiet update sent before
+        // its client read that answer still names the older one.
+        let mut listed = None;
+        let answers = request.into_inner().filter_map(move |update| {
+            let update = match update {
+                Ok(update) => update,
+                Err(status) => return Some(Err(status)),
+            };
+            let known = listed.unwrap_or(update.workers_version);
+            match service.apply_update(&update, known) {
+                Ok(answer) => {
+                    let lists = !answer.workers.is_empty();
+                    if lists {
+                        listed = Some(answer.workers_version);
+                    }
+                    (lists || !update.quiet).then_some(Ok(answer))
+                }
+                Err(status) => Some(Err(status)),
+            }
+        });
         Ok(Response::new(Box::pin(answers)))
     }
 
@@ -353,11 +346,62 @@ impl coordinator_server::Coordinator for CoordinatorService {
 }
 
 impl CoordinatorService {
+    /// A worker's lease (by `Lease`, or on its `LeaseStream`): its report first, then up to
+    /// `max_tasks` tasks, waiting up to `wait_ms` (capped) for one when there is none.
+    async fn lease_one(&self, request: LeaseRequest) -> Result<LeaseResponse, Status> {
+        let worker = self.core_worker(request.worker_id)?;
+        if let Some(report) = &request.report {
+            self.apply_report(worker, report)?;
+        }
+        let wait =
+            Duration::from_millis(u64::from(request.wait_ms)).min(self.config.max_lease_wait);
+        let deadline = Instant::now() + wait;
+        let mut leases = Vec::new();
+        let mut waiting: usize;
+        loop {
+            // Register for a wake-up before looking, so a grant in between is not missed.
+            let notified = self.work.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            {
+                let mut state = lock(&self.state);
+                let before = leases.len();
+                let now = Instant::now();
+                waiting = state.core.waiting_sessions();
+                state
+                    .core
+                    .lease_into(worker, request.max_tasks as usize, now, &mut leases)
+                    .map_err(coordinator_status)?;
+                // Kept for the dashboard alone (its refresh prunes it).
+                if self.dashboard.is_some() {
+                    for lease in &leases[before..] {
+                        let job = state.serving.entry(lease.task.job.0).or_default();
+                        job.insert(worker.0, now);
+                    }
+                }
+            }
+            let now = Instant::now();
+            if !leases.is_empty() || now >= deadline {
+                break;
+            }
+            let _ = tokio::time::timeout(deadline - now, notified).await;
+        }
+        Ok(LeaseResponse {
+            tasks: leases
+                .iter()
+                .map(|l| task_lease(l, self.incarnation))
+                .collect(),
+            waiting_sessions: u32::try_from(waiting).unwrap_or(u32::MAX),
+        })
+    }
+
     /// A client's update of its session (acknowledgements, credits, stats), answered with its
-    /// position and, when they changed since the version the client holds, the live workers.
+    /// position and, when they changed since the version `known` (what the client holds), the
+    /// live workers.
     fn apply_update(
         &self,
         request: &SessionUpdateRequest,
+        known: u64,
     ) -> Result<SessionUpdateResponse, Status> {
         let id = self.check_token(request.session.as_ref())?;
         let session = SessionId(id);
@@ -415,7 +459,7 @@ impl CoordinatorService {
             );
         }
         let workers_version = state.workers_version;
-        let workers = if request.workers_version == workers_version {
+        let workers = if known == workers_version {
             Vec::new()
         } else {
             Self::worker_infos(&state)
@@ -432,6 +476,7 @@ impl CoordinatorService {
             acknowledged_position: position.0,
             workers,
             workers_version,
+            sequence: request.sequence,
         })
     }
 

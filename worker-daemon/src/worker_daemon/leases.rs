@@ -1,5 +1,5 @@
-//! The worker's side of the control plane: register with the coordinator, lease tasks (each
-//! lease call carrying the outcomes finished since the last), build each batch on the decode
+//! The worker's side of the control plane: register with the coordinator, lease tasks (on the
+//! lease stream, `lease_calls.rs`; each lease carrying the outcomes finished since the last), build each batch on the decode
 //! pool, deliver it to its client's stream; heartbeats and the other reports on their own
 //! cadence (`reports.rs`); register again when the coordinator is lost or restarted; on the
 //! drain, finish what is held, report it and leave.
@@ -22,6 +22,7 @@ use stoker_pipeline::open_sources;
 use stoker_rpc::transport::{Backoff, RpcChannel, MAX_MESSAGE_BYTES};
 
 use super::fleet::Place;
+use super::lease_calls::LeaseCalls;
 use super::reports::{
     heartbeat_loop, put_back_counts, report_loop, reported_tasks, take_report, unreported_lost,
 };
@@ -248,6 +249,7 @@ async fn serve_leases(
     // Of the drain's time, what is kept for the last report and the leave.
     let reserve = LEAVE_RESERVE.min(config.drain_timeout / 4);
     let mut open_backoff = OpenBackoff::default();
+    let mut leases = LeaseCalls::new(client.clone());
     let status = loop {
         if draining.borrow().is_some() {
             break None;
@@ -258,7 +260,7 @@ async fn serve_leases(
         let report = take_report(worker_id, shared, &unreported);
         let counts = report.as_ref().map(|r| (r.bad_samples, r.busy_ns));
         let carried = report.as_ref().map_or(0, reported_tasks);
-        let leased = client
+        let leased = leases
             .lease(LeaseRequest {
                 worker_id,
                 max_tasks: config.lease_ahead.max(1),
@@ -269,7 +271,6 @@ async fn serve_leases(
         // Leased even if the drain started meanwhile: these are finished like the others.
         let tasks = match leased {
             Ok(response) => {
-                let response = response.into_inner();
                 place.shares.note(place.index, response.waiting_sessions);
                 response.tasks
             }

@@ -18,6 +18,8 @@ use tokio::sync::oneshot;
 
 type TestResult = Result<(), Box<dyn std::error::Error>>;
 
+use super::older_coordinator as older;
+
 const COORDINATOR: &str = "coordinator:7070";
 
 /// A coordinator and `workers` worker daemons on `network`, accepting `token` if given, on a
@@ -47,6 +49,18 @@ fn start_cluster_with(
     token: Option<&Token>,
     tune: impl Fn(&mut WorkerConfig),
 ) -> Result<Cluster, Box<dyn std::error::Error>> {
+    start_cluster_of(network, (data, state), workers, token, tune, None)
+}
+
+/// [`start_cluster_with`], the coordinator served as an older build when `older` is given.
+fn start_cluster_of(
+    network: &MemoryNetwork,
+    (data, state): (&Path, &Path),
+    workers: &[&str],
+    token: Option<&Token>,
+    tune: impl Fn(&mut WorkerConfig),
+    older: Option<&older::Refusals>,
+) -> Result<Cluster, Box<dyn std::error::Error>> {
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -68,9 +82,18 @@ fn start_cluster_with(
     let (stop, stopped) = oneshot::channel::<()>();
     stops.push(stop);
     let incoming = network.listen(COORDINATOR);
-    runtime.spawn(coordinator.clone().serve_incoming(incoming, async {
+    let stopped = async {
         let _ = stopped.await;
-    }));
+    };
+    match older {
+        None => {
+            runtime.spawn(coordinator.clone().serve_incoming(incoming, stopped));
+        }
+        Some(refusals) => {
+            let older = older::Coordinator::new(coordinator.clone(), refusals.clone());
+            runtime.spawn(older::serve(older, incoming, stopped));
+        }
+    }
     for address in workers {
         let mut config = WorkerConfig {
             coordinator: COORDINATOR.into(),
@@ -235,6 +258,43 @@ fn an_epoch_over_the_network_equals_the_embedded_one_through_cut_worker_streams(
     }
     assert_eq!(seen, (0..steps).collect::<Vec<_>>());
     assert_eq!(digest.hex(), expected);
+    Ok(())
+}
+
+#[test]
+fn an_epoch_through_a_coordinator_without_the_update_and_lease_streams_equals_the_embedded_one(
+) -> TestResult {
+    let data = tempfile::tempdir()?;
+    images(data.path())?;
+    let state = tempfile::tempdir()?;
+    let (expected, steps) = embedded(data.path())?;
+    let network = MemoryNetwork::new();
+    let refusals = older::Refusals::default();
+    let paths = (data.path(), state.path());
+    let _cluster = start_cluster_of(
+        &network,
+        paths,
+        &["worker-a:7001"],
+        None,
+        |_| {},
+        Some(&refusals),
+    )?;
+    let loader = remote(&network, data.path(), None)?;
+    let mut digest = BatchDigest::new();
+    let mut seen = Vec::new();
+    for batch in loader.epoch(0, 0)? {
+        let batch = batch?;
+        seen.push(batch.step);
+        digest.update(&batch);
+    }
+    assert_eq!(seen, (0..steps).collect::<Vec<_>>());
+    assert_eq!(digest.hex(), expected);
+    // Both tried the stream first, and went on with a call each.
+    let (updates, leases) = refusals.counts();
+    assert!(
+        updates >= 1 && leases >= 1,
+        "refused: {updates} update streams, {leases} lease streams"
+    );
     Ok(())
 }
 

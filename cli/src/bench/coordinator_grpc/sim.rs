@@ -2,14 +2,14 @@
 //! control plane can talk:
 //! - [`Control::Before`], as Stoker did until the update stream: a client answers each batch of
 //!   arrivals at once with an `UpdateSession` call, whose answer lists every worker; a worker
-//!   reports each lease's tasks right after leasing them;
+//!   leases with a `Lease` call each and reports each lease's tasks right after leasing them;
 //! - [`Control::After`], as the loader and the worker daemon do now: a client's updates go on
 //!   its session's stream (`UpdateSessionStream`), held as the loader holds them (its
 //!   `Hold`), naming the workers' list it holds so the answer lists them only when they
-//!   changed; a worker's reports go with its
-//!   next lease call, or from a task of their own at most one per interval, whichever comes
-//!   first.
-
+//!   changed, and quiet (unanswered) but for one every [`ANSWER_EVERY`], as the loader asks
+//!   for an answer to the updates carrying its figures; a worker leases on its lease stream
+//!   (`LeaseStream`), and its reports go with its next lease, or from a task of their own at
+//!   most one per interval, whichever comes first.
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Mutex;
@@ -19,7 +19,8 @@ use clap::ValueEnum;
 use serde::Serialize;
 use stoker_proto::v1::coordinator_client::CoordinatorClient;
 use stoker_proto::v1::{
-    LeaseRequest, ReportRequest, SessionToken, SessionUpdateRequest, SessionUpdateResponse,
+    LeaseRequest, LeaseResponse, ReportRequest, SessionToken, SessionUpdateRequest,
+    SessionUpdateResponse,
 };
 use stoker_rpc::transport::RpcChannel;
 use tokio::sync::mpsc;
@@ -34,8 +35,9 @@ use stoker_loader::session_updates::{Due, Hold, Pending};
 pub enum Control {
     /// A call per update, the full worker list in each answer, a report per lease.
     Before,
-    /// The session's update stream, updates and reports held for the interval, the workers
-    /// listed only when they changed.
+    /// The session's update stream, updates held for the interval and mostly unanswered, the
+    /// workers listed only when they changed; leases on each worker's lease stream, reports
+    /// riding them.
     After,
 }
 
@@ -94,19 +96,24 @@ pub async fn worker(
         let reports = (worker_id, unreported.clone(), wakes);
         tokio::spawn(report_loop(client.clone(), reports, REPORT_INTERVAL))
     });
+    // After: the leases go on the worker's lease stream.
+    let mut leases = match after {
+        true => Some(LeaseStream::open(&client).await?),
+        false => None,
+    };
     while !shared.stop.load(Ordering::Relaxed) {
         let started = Instant::now();
-        let tasks = client
-            .lease(LeaseRequest {
-                worker_id,
-                max_tasks: batch,
-                // As the worker daemon waits.
-                wait_ms: 1000,
-                report: take_report(worker_id, &unreported),
-            })
-            .await?
-            .into_inner()
-            .tasks;
+        let request = LeaseRequest {
+            worker_id,
+            max_tasks: batch,
+            // As the worker daemon waits.
+            wait_ms: 1000,
+            report: take_report(worker_id, &unreported),
+        };
+        let tasks = match &mut leases {
+            Some(stream) => stream.lease(request).await?.tasks,
+            None => client.lease(request).await?.into_inner().tasks,
+        };
         if tasks.is_empty() {
             continue;
         }
@@ -150,6 +157,33 @@ pub async fn worker(
     Ok(())
 }
 
+/// A worker's lease stream: each request answered in turn.
+struct LeaseStream {
+    requests: mpsc::UnboundedSender<LeaseRequest>,
+    answers: tonic::Streaming<LeaseResponse>,
+}
+
+impl LeaseStream {
+    async fn open(client: &CoordinatorClient<RpcChannel>) -> Result<Self> {
+        let (requests, receiver) = mpsc::unbounded_channel();
+        let answers = client
+            .clone()
+            .lease_stream(UnboundedReceiverStream::new(receiver))
+            .await?
+            .into_inner();
+        Ok(Self { requests, answers })
+    }
+
+    async fn lease(&mut self, request: LeaseRequest) -> Result<LeaseResponse> {
+        self.requests
+            .send(request)
+            .map_err(|_| crate::bench::Error::Failed("a lease stream closed".into()))?;
+        self.answers.message().await?.ok_or_else(|| {
+            crate::bench::Error::Failed("the coordinator ended a lease stream".into())
+        })
+    }
+}
+
 /// A worker's reports, at most one per `interval`, each holding what was handed on meanwhile
 /// and not taken by a lease call.
 async fn report_loop(
@@ -179,20 +213,38 @@ enum Updates {
 }
 
 impl Updates {
-    async fn send(&mut self, request: SessionUpdateRequest) -> Result<SessionUpdateResponse> {
+    /// Sends `request`; waits for its answer unless it is quiet (`None` then).
+    async fn send(
+        &mut self,
+        request: SessionUpdateRequest,
+    ) -> Result<Option<SessionUpdateResponse>> {
         match self {
-            Self::Calls(client) => Ok(client.update_session(request).await?.into_inner()),
+            Self::Calls(client) => Ok(Some(client.update_session(request).await?.into_inner())),
             Self::Stream { requests, answers } => {
+                let (quiet, sequence) = (request.quiet, request.sequence);
                 requests
                     .send(request)
                     .map_err(|_| crate::bench::Error::Failed("an update stream closed".into()))?;
-                answers.message().await?.ok_or_else(|| {
-                    crate::bench::Error::Failed("the coordinator ended an update stream".into())
-                })
+                if quiet {
+                    return Ok(None);
+                }
+                // Answers to quiet updates before it (a changed workers' list) come first.
+                loop {
+                    let answer = answers.message().await?.ok_or_else(|| {
+                        crate::bench::Error::Failed("the coordinator ended an update stream".into())
+                    })?;
+                    if answer.sequence >= sequence {
+                        return Ok(Some(answer));
+                    }
+                }
             }
         }
     }
 }
+
+/// How often a simulated client asks for its update's answer, as the loader does with the
+/// updates that carry its figures.
+const ANSWER_EVERY: Duration = Duration::from_millis(500);
 
 /// One simulated client (rank): acknowledges what arrives and consumes it, one batch per
 /// `1 / rank_rate` seconds (at once when the rate is 0), a credit back for each batch
@@ -228,6 +280,7 @@ pub async fn client(
         std::iter::repeat_n(Instant::now(), credits as usize).collect();
     let mut latencies = Vec::new();
     let mut hold = Hold::new(shared.interval);
+    let (mut sequence, mut answered) = (0u64, Instant::now());
     let mut next_step = tokio::time::Instant::now();
     let mut stopped = shared.stopped.clone();
     while !shared.stop.load(Ordering::Relaxed) {
@@ -248,6 +301,8 @@ pub async fn client(
             hold.sent();
             let count = acks.len() as u64;
             granted_at.extend(std::iter::repeat_n(Instant::now(), want as usize));
+            sequence += 1;
+            let quiet = shared.control == Control::After && answered.elapsed() < ANSWER_EVERY;
             let answer = updates
                 .send(SessionUpdateRequest {
                     session: Some(session),
@@ -255,10 +310,13 @@ pub async fn client(
                     acknowledged: std::mem::take(&mut acks),
                     stats: None,
                     workers_version,
+                    quiet,
+                    sequence,
                 })
                 .await?;
-            if shared.control == Control::After {
+            if let Some(answer) = answer.filter(|_| shared.control == Control::After) {
                 workers_version = answer.workers_version;
+                answered = Instant::now();
             }
             outstanding += want;
             want = 0;

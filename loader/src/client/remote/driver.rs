@@ -67,7 +67,7 @@ pub(super) struct Driver {
     pub(super) unserved_since: Option<Instant>,
 }
 
-/// How long a reopen waits for the update on its way to be answered.
+/// How long a reopen waits for the updates on their way to be applied.
 const REOPEN_WAIT: Duration = Duration::from_secs(1);
 
 /// Why a session ended.
@@ -326,24 +326,25 @@ impl Driver {
         // report period still shows on the dashboard.
         let mut last_stats: Option<Instant> = None;
         let mut tick = tokio::time::interval(Duration::from_millis(50));
-        // Whether an update is on its way to the coordinator, at most one: arrivals are handed
-        // out while it is answered (the data plane never waits on the control plane), and what
-        // comes meanwhile (acks, credits) goes in the next one.
-        let mut updating = false;
-        // When the next update is due.
+        // Updates go quiet (unanswered) on the stream, except those whose answer is needed;
+        // while one of those waits for it (`updates.awaiting()`) no other goes: arrivals are
+        // handed out meanwhile (the data plane never waits on the control plane), and what comes
+        // (acks, credits) goes in the next one. When the next update is due:
         let mut hold = Hold::new(self.ack_interval);
-        // The steps the update on its way acknowledges (sent again at a Stop rather than waited
-        // for), and whether its credits started the stall clock (restarted at its answer).
+        // The steps acknowledged by updates not yet known applied (sent again at a Stop rather
+        // than waited for), and whether the awaited update's credits started the stall clock
+        // (restarted at its answer).
         let mut acks_on_the_way: Vec<u64> = Vec::new();
         let mut clock_from_answer = false;
         let end = loop {
             let received = *floor + ahead.len() as u64;
-            if received >= self.steps && acks.is_empty() && !updating {
+            let all_in = received >= self.steps;
+            if all_in && acks.is_empty() && updates.all_applied() {
                 break SessionEnd::Done;
             }
             // Until when the next update is held back.
             let mut held_until = None;
-            if !updating {
+            if !updates.awaiting() {
                 // Credits: one for every step asked for and not yet received.
                 let want = self
                     .requested
@@ -354,10 +355,15 @@ impl Driver {
                     want,
                     outstanding,
                     acks: acks.len(),
-                    all_in: received >= self.steps,
+                    all_in,
                     report,
                 };
-                let due = hold.due(Instant::now(), pending);
+                // The end waits for every update to be known applied: this one asks for that.
+                let flush = all_in && acks.is_empty();
+                let due = match hold.due(Instant::now(), pending) {
+                    _ if flush => Due::Now,
+                    due => due,
+                };
                 if let Due::At(at) = due {
                     held_until = Some(tokio::time::Instant::from_std(at));
                 } else if due == Due::Now {
@@ -366,14 +372,17 @@ impl Driver {
                         last_stats = Some(Instant::now());
                         client_stats(&self.monitor)
                     });
-                    acks_on_the_way = std::mem::take(&mut acks);
+                    acks_on_the_way.extend_from_slice(&acks);
+                    // Its answer is needed when it carries figures (so the acks sent again at a
+                    // Stop stay few), ends the epoch, or starts the stall clock.
+                    let quiet = !(stats.is_some() || all_in);
                     let request = SessionUpdateRequest {
                         session: Some(token),
                         grant_credits: want,
-                        acknowledged: acks_on_the_way.clone(),
+                        acknowledged: std::mem::take(&mut acks),
                         stats,
-                        // Set by `updates.send`.
-                        workers_version: 0,
+                        // The workers' version, number and quietness are set by `updates.send`.
+                        ..SessionUpdateRequest::default()
                     };
                     // Counted as granted from now: a batch of these credits may arrive before
                     // the answer does.
@@ -382,22 +391,23 @@ impl Driver {
                         progress_at = Instant::now();
                     }
                     outstanding += want;
-                    updating = true;
-                    if let Err(status) = updates.send(request) {
+                    if let Err(status) = updates.send(request, quiet && !clock_from_answer) {
                         tracing::warn!(coordinator = %self.address, %status, "session update not sent; opening the session again");
                         break SessionEnd::Reopen;
                     }
                 }
             }
             tokio::select! {
-                updated = updates.answer(), if updating => {
-                    updating = false;
-                    acks_on_the_way.clear();
+                updated = updates.answer(), if updates.awaiting() || updates.listens() => {
                     match updated {
                         Ok(answer) => {
+                            if updates.all_applied() {
+                                acks_on_the_way.clear();
+                            }
                             // Credits granted from nothing outstanding: the wait for their
                             // batches starts once the coordinator has them.
-                            if clock_from_answer {
+                            if clock_from_answer && !updates.awaiting() {
+                                clock_from_answer = false;
                                 progress_at = Instant::now();
                             }
                             if let Some(listed) = answer.workers {
@@ -501,7 +511,7 @@ impl Driver {
                     }
                     // Not while an update is unanswered: its credits' wait has not begun.
                     let stalled = progress_at.elapsed() >= self.stall_reopen;
-                    if wanted && outstanding > 0 && !updating && stalled {
+                    if wanted && outstanding > 0 && !updates.awaiting() && stalled {
                         tracing::warn!(step = *floor, waited = ?progress_at.elapsed(), "no batch arrived; opening the session again");
                         break SessionEnd::Reopen;
                     }
@@ -516,11 +526,20 @@ impl Driver {
                 batch.give_back(&self.free_slots);
             }
         }
-        if updating {
+        if !updates.all_applied() {
             if matches!(end, SessionEnd::Reopen) {
-                // Its credits would land on the reopened session's window if the coordinator
-                // took it after the reopen: given a moment to be answered first.
-                let _ = tokio::time::timeout(REOPEN_WAIT, updates.answer()).await;
+                // Their credits would land on the reopened session's window if the coordinator
+                // took them after the reopen: given a moment to be applied first (an update
+                // that asks for its answer says when).
+                let flush = SessionUpdateRequest {
+                    session: Some(token),
+                    ..SessionUpdateRequest::default()
+                };
+                if updates.awaiting() || updates.send(flush, false).is_ok() {
+                    let applied =
+                        async { while !updates.all_applied() && updates.answer().await.is_ok() {} };
+                    let _ = tokio::time::timeout(REOPEN_WAIT, applied).await;
+                }
             } else {
                 // Its acks go again with the last ones (an ack taken twice is one), in one
                 // call before the close: the loader gives the end a short while.
@@ -539,6 +558,7 @@ impl Driver {
                         stats: Some(client_stats(&self.monitor)),
                         // The list held is current or not, it is not needed any more.
                         workers_version: updates.workers_version(),
+                        ..SessionUpdateRequest::default()
                     })
                     .await;
             }

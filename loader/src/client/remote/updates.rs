@@ -4,9 +4,13 @@
 //! on the stream costs the coordinator no headers and no new HTTP/2 stream, which is most of
 //! what a call costs it.
 //!
-//! At most one update waits for its answer (the driver sends the next one after it), and each
-//! carries the version of the workers' list the client holds, so an answer lists the workers
-//! only when they changed. When one is due is [`Hold`]'s to say: fewer, fuller updates, since
+//! Each update carries the version of the workers' list the client holds, so an answer lists
+//! the workers only when they changed. On the stream most updates are *quiet*: the coordinator
+//! answers them only when the workers changed, so an update costs it a read and no write. An
+//! update whose answer the driver needs (its figures, the epoch's last acknowledgements, credits
+//! that start the stall clock, a flush before a reopen) asks for one, and waits for it before
+//! the next update; its answer, like any, says up to which update the stream is applied (the
+//! updates are numbered). When one is due is [`Hold`]'s to say: fewer, fuller updates, since
 //! the coordinator's cost per assignment is mostly the updates it takes. [`Hold`] is public as
 //! `stoker_loader::session_updates` so `stoker bench coordinator-grpc` simulates clients that
 //! hold their updates as the loader does.
@@ -50,6 +54,12 @@ pub(super) struct Updates {
     way: Way,
     /// The version of the workers' list the client holds.
     workers_version: u64,
+    /// The number of the last update sent (counted from 1).
+    sent: u64,
+    /// Updates up to this one are known applied.
+    applied: u64,
+    /// The update sent not quiet whose answer has not come yet.
+    awaited: Option<u64>,
 }
 
 impl Updates {
@@ -81,13 +91,34 @@ impl Updates {
         Ok(Self {
             way,
             workers_version,
+            sent: 0,
+            applied: 0,
+            awaited: None,
         })
     }
 
-    /// Sends `request` (its workers' version set here). Call [`Updates::answer`] before the
-    /// next one.
-    pub(super) fn send(&mut self, mut request: SessionUpdateRequest) -> Result<(), Status> {
+    /// Whether answers come unasked (a quiet update's changed workers, an ended stream), so
+    /// [`Updates::answer`] is worth waiting on while no update asked for one.
+    pub(super) fn listens(&self) -> bool {
+        matches!(self.way, Way::Stream { .. })
+    }
+
+    /// Sends `request` (its workers' version, number and quietness set here), quiet when
+    /// `quiet` and the stream is used. An update not quiet is answered: wait for that
+    /// ([`Updates::awaiting`]) before the next one.
+    pub(super) fn send(
+        &mut self,
+        mut request: SessionUpdateRequest,
+        quiet: bool,
+    ) -> Result<(), Status> {
+        self.sent += 1;
         request.workers_version = self.workers_version;
+        request.sequence = self.sent;
+        request.quiet = quiet && self.listens();
+        if !request.quiet {
+            // Known applied with its answer at the latest; until then it is the one awaited.
+            self.awaited = Some(self.sent);
+        }
         match &mut self.way {
             Way::Stream { requests, .. } => requests
                 .send(request)
@@ -107,8 +138,19 @@ impl Updates {
         self.workers_version
     }
 
-    /// The answer to the update sent last. Cancel-safe: dropped before it is ready, the same
-    /// answer is waited for at the next call.
+    /// Whether an update that asked for its answer has not had it yet.
+    pub(super) fn awaiting(&self) -> bool {
+        self.awaited.is_some()
+    }
+
+    /// Whether every update sent is known applied.
+    pub(super) fn all_applied(&self) -> bool {
+        self.applied >= self.sent
+    }
+
+    /// The next answer: to the update that asked for one, or to a quiet one that brings the
+    /// workers' list. Cancel-safe: dropped before it is ready, the same answer is waited for at
+    /// the next call.
     pub(super) async fn answer(&mut self) -> Result<Answer, Status> {
         let answer = match &mut self.way {
             Way::Stream { answers, .. } => answers.message().await?.ok_or_else(|| {
@@ -125,6 +167,16 @@ impl Updates {
                 answered?.into_inner()
             }
         };
+        // Updates are applied in turn, so those before the one answered are too. A coordinator
+        // from before the numbers answers each update, numbered 0.
+        self.applied = match answer.sequence {
+            0 => self.applied + 1,
+            sequence => sequence.max(self.applied),
+        }
+        .min(self.sent);
+        if self.awaited.is_some_and(|awaited| self.applied >= awaited) {
+            self.awaited = None;
+        }
         // A coordinator from before the versions answers 0, with the list every time.
         if answer.workers_version != 0 && answer.workers_version == self.workers_version {
             return Ok(Answer { workers: None });
