@@ -167,13 +167,7 @@ impl Updates {
                 answered?.into_inner()
             }
         };
-        // Updates are applied in turn, so those before the one answered are too. A coordinator
-        // from before the numbers answers each update, numbered 0.
-        self.applied = match answer.sequence {
-            0 => self.applied + 1,
-            sequence => sequence.max(self.applied),
-        }
-        .min(self.sent);
+        self.applied = applied_after(self.applied, self.sent, answer.sequence);
         if self.awaited.is_some_and(|awaited| self.applied >= awaited) {
             self.awaited = None;
         }
@@ -186,6 +180,17 @@ impl Updates {
             workers: Some(answer.workers),
         })
     }
+}
+
+/// The updates known applied once an answer numbered `answered` comes, `applied` of the `sent`
+/// ones known before. Updates are applied in turn, so those before the one answered are too. A
+/// coordinator from before the numbers answers each update, numbered 0.
+fn applied_after(applied: u64, sent: u64, answered: u64) -> u64 {
+    match answered {
+        0 => applied + 1,
+        answered => answered.max(applied),
+    }
+    .min(sent)
 }
 
 /// Longest acknowledgements wait alone for credits to go with.
@@ -298,6 +303,20 @@ mod tests {
             all_in: false,
             report: false,
         }
+    }
+
+    #[test]
+    fn an_answer_says_the_updates_up_to_its_number_are_applied() {
+        // Quiet 1 and 2 unanswered, 3 answered: all three applied.
+        assert_eq!(applied_after(0, 3, 3), 3);
+        // A list brought by quiet update 2 while 3 and 4 are on their way.
+        assert_eq!(applied_after(0, 4, 2), 2);
+        // Never backwards, never past what was sent.
+        assert_eq!(applied_after(3, 4, 2), 3);
+        assert_eq!(applied_after(3, 4, 9), 4);
+        // A coordinator without the numbers answers each update in turn.
+        assert_eq!(applied_after(1, 3, 0), 2);
+        assert_eq!(applied_after(3, 3, 0), 3);
     }
 
     #[test]
