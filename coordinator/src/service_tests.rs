@@ -10,7 +10,7 @@ use stoker_pipeline::ErrorKind;
 use stoker_proto::v1::coordinator_client::CoordinatorClient;
 use stoker_proto::v1::worker_data_server::WorkerDataServer;
 use stoker_proto::v1::{
-    DatasetSource, DescribeJobResponse, JobSpec, LeaseRequest, OpenSessionRequest,
+    DatasetSource, DescribeJobResponse, JobSpec, LeaseRequest, LeaveRequest, OpenSessionRequest,
     RegisterJobRequest, RegisterWorkerRequest, ReportRequest, SessionToken, SessionUpdateRequest,
     TaskLease,
 };
@@ -473,14 +473,19 @@ async fn a_session_reopened_on_a_restarted_coordinator_resumes_where_it_was_ackn
     Ok(())
 }
 
-#[tokio::test]
-async fn updates_on_the_session_stream_are_answered_in_turn_listing_workers_only_when_changed(
-) -> TestResult {
-    let fixture = fixture(Vec::new())?;
-    let network = &fixture.network;
-    let mut client = coordinator(network, None);
-    let worker = register_worker(&mut client).await?;
-    let job = register_job(&mut client).await?;
+/// A worker, a job and a session of it, with the session's update stream.
+struct SessionStream {
+    worker: u64,
+    opened: stoker_proto::v1::OpenSessionResponse,
+    requests: tokio::sync::mpsc::UnboundedSender<SessionUpdateRequest>,
+    answers: tonic::Streaming<stoker_proto::v1::SessionUpdateResponse>,
+}
+
+async fn session_stream(
+    client: &mut CoordinatorClient<RpcChannel>,
+) -> Result<SessionStream, Box<dyn std::error::Error>> {
+    let worker = register_worker(client).await?;
+    let job = register_job(client).await?;
     let opened = client
         .open_session(OpenSessionRequest {
             job_id: job,
@@ -488,15 +493,29 @@ async fn updates_on_the_session_stream_are_answered_in_turn_listing_workers_only
         })
         .await?
         .into_inner();
-    assert_eq!(opened.workers.len(), 1);
-    let session = opened.session.ok_or("a session without a token")?;
     let (requests, receiver) = tokio::sync::mpsc::unbounded_channel();
-    let mut answers = client
+    let answers = client
         .update_session_stream(tokio_stream::wrappers::UnboundedReceiverStream::new(
             receiver,
         ))
         .await?
         .into_inner();
+    Ok(SessionStream {
+        worker,
+        opened,
+        requests,
+        answers,
+    })
+}
+
+#[tokio::test]
+async fn updates_on_the_session_stream_are_answered_in_turn_listing_workers_only_when_changed(
+) -> TestResult {
+    let fixture = fixture(Vec::new())?;
+    let mut client = coordinator(&fixture.network, None);
+    let mut stream = session_stream(&mut client).await?;
+    assert_eq!(stream.opened.workers.len(), 1);
+    let session = stream.opened.session.ok_or("a session without a token")?;
     let update = |credits: u64, acknowledged: Vec<u64>, version: u64| SessionUpdateRequest {
         session: Some(session),
         grant_credits: credits,
@@ -505,15 +524,19 @@ async fn updates_on_the_session_stream_are_answered_in_turn_listing_workers_only
         ..SessionUpdateRequest::default()
     };
     // The list the session opened with is current: the answer does not repeat it.
-    requests.send(update(2, Vec::new(), opened.workers_version))?;
-    let first = answers.message().await?.ok_or("an answer")?;
+    stream
+        .requests
+        .send(update(2, Vec::new(), stream.opened.workers_version))?;
+    let first = stream.answers.message().await?.ok_or("an answer")?;
     assert!(first.workers.is_empty(), "{first:?}");
-    assert_eq!(first.workers_version, opened.workers_version);
-    assert_eq!(steps(&lease(&mut client, worker, 4).await?), [0, 1]);
+    assert_eq!(first.workers_version, stream.opened.workers_version);
+    assert_eq!(steps(&lease(&mut client, stream.worker, 4).await?), [0, 1]);
     // A worker joins: the next answer lists both, under a new version.
     register_worker(&mut client).await?;
-    requests.send(update(0, vec![0, 1], first.workers_version))?;
-    let second = answers.message().await?.ok_or("an answer")?;
+    stream
+        .requests
+        .send(update(0, vec![0, 1], first.workers_version))?;
+    let second = stream.answers.message().await?.ok_or("an answer")?;
     assert_eq!(second.acknowledged_position, 2);
     assert_eq!(second.workers.len(), 2, "{second:?}");
     assert_ne!(second.workers_version, first.workers_version);
@@ -522,11 +545,11 @@ async fn updates_on_the_session_stream_are_answered_in_turn_listing_workers_only
         incarnation: session.incarnation ^ 1,
         ..session
     };
-    requests.send(SessionUpdateRequest {
+    stream.requests.send(SessionUpdateRequest {
         session: Some(stale),
         ..update(1, Vec::new(), 0)
     })?;
-    let refused = answers.message().await.expect_err("a stale token");
+    let refused = stream.answers.message().await.expect_err("a stale token");
     assert_eq!(refused.code(), Code::FailedPrecondition, "{refused}");
     Ok(())
 }
@@ -535,45 +558,32 @@ async fn updates_on_the_session_stream_are_answered_in_turn_listing_workers_only
 async fn quiet_updates_are_answered_only_when_they_bring_workers_the_stream_has_not_listed(
 ) -> TestResult {
     let fixture = fixture(Vec::new())?;
-    let network = &fixture.network;
-    let mut client = coordinator(network, None);
-    let worker = register_worker(&mut client).await?;
-    let job = register_job(&mut client).await?;
-    let opened = client
-        .open_session(OpenSessionRequest {
-            job_id: job,
-            ..OpenSessionRequest::default()
-        })
-        .await?
-        .into_inner();
-    let session = opened.session.ok_or("a session without a token")?;
-    let (requests, receiver) = tokio::sync::mpsc::unbounded_channel();
-    let mut answers = client
-        .update_session_stream(tokio_stream::wrappers::UnboundedReceiverStream::new(
-            receiver,
-        ))
-        .await?
-        .into_inner();
+    let mut client = coordinator(&fixture.network, None);
+    let mut stream = session_stream(&mut client).await?;
+    let session = stream.opened.session.ok_or("a session without a token")?;
     let update =
         |sequence: u64, credits: u64, acknowledged: Vec<u64>, quiet: bool| SessionUpdateRequest {
             session: Some(session),
             grant_credits: credits,
             acknowledged,
-            workers_version: opened.workers_version,
+            workers_version: stream.opened.workers_version,
             quiet,
             sequence,
             ..SessionUpdateRequest::default()
         };
     // Quiet updates are applied unanswered: their credits lease.
-    requests.send(update(1, 2, Vec::new(), true))?;
-    requests.send(update(2, 2, Vec::new(), true))?;
-    let answer = tokio::time::timeout(Duration::from_millis(300), answers.message()).await;
+    stream.requests.send(update(1, 2, Vec::new(), true))?;
+    stream.requests.send(update(2, 2, Vec::new(), true))?;
+    let answer = tokio::time::timeout(Duration::from_millis(300), stream.answers.message()).await;
     assert!(answer.is_err(), "a quiet update answered: {answer:?}");
-    assert_eq!(steps(&lease(&mut client, worker, 8).await?), [0, 1, 2, 3]);
+    assert_eq!(
+        steps(&lease(&mut client, stream.worker, 8).await?),
+        [0, 1, 2, 3]
+    );
     // A worker joins: the next quiet update is answered with the list, under its number.
-    register_worker(&mut client).await?;
-    requests.send(update(3, 0, vec![0, 1], true))?;
-    let listed = answers.message().await?.ok_or("an answer")?;
+    let second = register_worker(&mut client).await?;
+    stream.requests.send(update(3, 0, vec![0, 1], true))?;
+    let listed = stream.answers.message().await?.ok_or("an answer")?;
     assert_eq!(
         (
             listed.sequence,
@@ -586,15 +596,24 @@ async fn quiet_updates_are_answered_only_when_they_bring_workers_the_stream_has_
     // One sent before its client read that answer still names the older list: not listed
     // again, so not answered. One that asks is answered with its number, after the quiet
     // ones before it.
-    requests.send(update(4, 0, vec![2], true))?;
-    requests.send(update(5, 0, vec![3], false))?;
-    let asked = answers.message().await?.ok_or("an answer")?;
+    stream.requests.send(update(4, 0, vec![2], true))?;
+    stream.requests.send(update(5, 0, vec![3], false))?;
+    let asked = stream.answers.message().await?.ok_or("an answer")?;
     assert_eq!(
         (asked.sequence, asked.acknowledged_position),
         (5, 4),
         "{asked:?}"
     );
     assert!(asked.workers.is_empty(), "listed twice: {asked:?}");
+    // Every worker gone: a quiet update is answered with the empty list, under a new version.
+    for worker_id in [stream.worker, second] {
+        client.leave(LeaveRequest { worker_id }).await?;
+    }
+    stream.requests.send(update(6, 0, Vec::new(), true))?;
+    let emptied = stream.answers.message().await?.ok_or("an answer")?;
+    assert_eq!(emptied.sequence, 6, "{emptied:?}");
+    assert!(emptied.workers.is_empty(), "{emptied:?}");
+    assert_ne!(emptied.workers_version, listed.workers_version);
     Ok(())
 }
 

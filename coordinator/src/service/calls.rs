@@ -318,7 +318,8 @@ impl coordinator_server::Coordinator for CoordinatorService {
             let known = listed.unwrap_or(update.workers_version);
             match service.apply_update(&update, known) {
                 Ok(answer) => {
-                    let lists = !answer.workers.is_empty();
+                    // Listed (the list may be empty: every worker gone) when it changed since.
+                    let lists = answer.workers_version != known;
                     if lists {
                         listed = Some(answer.workers_version);
                     }

@@ -541,8 +541,9 @@ impl Driver {
                     let _ = tokio::time::timeout(REOPEN_WAIT, applied).await;
                 }
             } else {
-                // Its acks go again with the last ones (an ack taken twice is one), in one
-                // call before the close: the loader gives the end a short while.
+                // The acks of the updates not known applied go again with the last ones (an
+                // ack taken twice is one), in one call before the close: the loader gives the
+                // end a short while.
                 acks_on_the_way.extend_from_slice(&acks);
                 acks = acks_on_the_way;
             }
