@@ -11,6 +11,7 @@
 //! - [`network`]: where channels lead: sockets, or an in-process network of named addresses
 //!   (the services' unit tests run over it, with connections they can cut);
 //! - [`security`]: the shared token and TLS; `health`: the probes;
+//! - [`lease_calls`]: a worker's leases, on one stream per coordinator or a call each;
 //! - [`shards`]: jobs sharded over coordinators (one address list, a job's coordinator found by
 //!   a hash of its spec);
 //! - the daemons' runtime, listening socket, shutdown signal and logging.
@@ -29,6 +30,7 @@ pub mod describe_only;
 pub mod error_kinds;
 #[cfg(feature = "server")]
 pub mod health;
+pub mod lease_calls;
 pub mod network;
 pub mod security;
 pub mod shards;

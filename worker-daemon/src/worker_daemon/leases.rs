@@ -1,5 +1,5 @@
 //! The worker's side of the control plane: register with the coordinator, lease tasks (on the
-//! lease stream, `lease_calls.rs`; each lease carrying the outcomes finished since the last), build each batch on the decode
+//! lease stream, `stoker_rpc::lease_calls`; each lease carrying the outcomes finished since the last), build each batch on the decode
 //! pool, deliver it to its client's stream; heartbeats and the other reports on their own
 //! cadence (`reports.rs`); register again when the coordinator is lost or restarted; on the
 //! drain, finish what is held, report it and leave.
@@ -16,13 +16,13 @@ use tokio::sync::{mpsc, watch, AcquireError, OwnedSemaphorePermit, Semaphore};
 use tonic::Status;
 
 use stoker_rpc::error_kinds;
+use stoker_rpc::lease_calls::LeaseCalls;
 
 use super::error_status;
 use stoker_pipeline::open_sources;
 use stoker_rpc::transport::{Backoff, RpcChannel, MAX_MESSAGE_BYTES};
 
 use super::fleet::Place;
-use super::lease_calls::LeaseCalls;
 use super::reports::{
     heartbeat_loop, put_back_counts, report_loop, reported_tasks, take_report, unreported_lost,
 };

@@ -48,7 +48,6 @@ use stoker_rpc::transport::{self, MAX_MESSAGE_BYTES};
 
 mod data_roots;
 mod fleet;
-mod lease_calls;
 mod leases;
 mod reports;
 

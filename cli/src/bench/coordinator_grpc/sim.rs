@@ -8,8 +8,9 @@
 //!   `Hold`), naming the workers' list it holds so the answer lists them only when they
 //!   changed, and quiet (unanswered) but for one every [`ANSWER_EVERY`], as the loader asks
 //!   for an answer to the updates carrying its figures; a worker leases on its lease stream
-//!   (`LeaseStream`), and its reports go with its next lease, or from a task of their own at
+//!   (`LeaseStream`, through the worker daemon's `stoker_rpc::lease_calls`), and its reports go with its next lease, or from a task of their own at
 //!   most one per interval, whichever comes first.
+
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Mutex;
@@ -19,9 +20,9 @@ use clap::ValueEnum;
 use serde::Serialize;
 use stoker_proto::v1::coordinator_client::CoordinatorClient;
 use stoker_proto::v1::{
-    LeaseRequest, LeaseResponse, ReportRequest, SessionToken, SessionUpdateRequest,
-    SessionUpdateResponse,
+    LeaseRequest, ReportRequest, SessionToken, SessionUpdateRequest, SessionUpdateResponse,
 };
+use stoker_rpc::lease_calls::LeaseCalls;
 use stoker_rpc::transport::RpcChannel;
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::UnboundedReceiverStream;
@@ -96,11 +97,8 @@ pub async fn worker(
         let reports = (worker_id, unreported.clone(), wakes);
         tokio::spawn(report_loop(client.clone(), reports, REPORT_INTERVAL))
     });
-    // After: the leases go on the worker's lease stream.
-    let mut leases = match after {
-        true => Some(LeaseStream::open(&client).await?),
-        false => None,
-    };
+    // After: the leases go on the worker's lease stream, as the worker daemon's do.
+    let mut leases = after.then(|| LeaseCalls::new(client.clone()));
     while !shared.stop.load(Ordering::Relaxed) {
         let started = Instant::now();
         let request = LeaseRequest {
@@ -111,7 +109,7 @@ pub async fn worker(
             report: take_report(worker_id, &unreported),
         };
         let tasks = match &mut leases {
-            Some(stream) => stream.lease(request).await?.tasks,
+            Some(leases) => leases.lease(request).await?.tasks,
             None => client.lease(request).await?.into_inner().tasks,
         };
         if tasks.is_empty() {
@@ -155,33 +153,6 @@ pub async fn worker(
         all.extend(latencies);
     }
     Ok(())
-}
-
-/// A worker's lease stream: each request answered in turn.
-struct LeaseStream {
-    requests: mpsc::UnboundedSender<LeaseRequest>,
-    answers: tonic::Streaming<LeaseResponse>,
-}
-
-impl LeaseStream {
-    async fn open(client: &CoordinatorClient<RpcChannel>) -> Result<Self> {
-        let (requests, receiver) = mpsc::unbounded_channel();
-        let answers = client
-            .clone()
-            .lease_stream(UnboundedReceiverStream::new(receiver))
-            .await?
-            .into_inner();
-        Ok(Self { requests, answers })
-    }
-
-    async fn lease(&mut self, request: LeaseRequest) -> Result<LeaseResponse> {
-        self.requests
-            .send(request)
-            .map_err(|_| crate::bench::Error::Failed("a lease stream closed".into()))?;
-        self.answers.message().await?.ok_or_else(|| {
-            crate::bench::Error::Failed("the coordinator ended a lease stream".into())
-        })
-    }
 }
 
 /// A worker's reports, at most one per `interval`, each holding what was handed on meanwhile

@@ -1,11 +1,12 @@
 //! A worker's lease calls to one coordinator: on one long-lived stream (`LeaseStream`), opened
 //! with the first lease, or one `Lease` call each when the coordinator has no such stream (a
 //! build from before it). A lease on the stream costs the coordinator no headers and no new
-//! HTTP/2 stream, which is most of what a call costs it.
+//! HTTP/2 stream, which is most of what a call costs it. The worker daemon leases through it,
+//! and so do `stoker bench coordinator-grpc`'s simulated workers.
 
+use crate::transport::RpcChannel;
 use stoker_proto::v1::coordinator_client::CoordinatorClient;
 use stoker_proto::v1::{LeaseRequest, LeaseResponse};
-use stoker_rpc::transport::RpcChannel;
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::UnboundedReceiverStream;
 use tonic::{Code, Status, Streaming};
@@ -24,13 +25,14 @@ enum Way {
 }
 
 /// The lease calls of one worker to one coordinator.
-pub(super) struct LeaseCalls {
+pub struct LeaseCalls {
     client: CoordinatorClient<RpcChannel>,
     way: Way,
 }
 
 impl LeaseCalls {
-    pub(super) fn new(client: CoordinatorClient<RpcChannel>) -> Self {
+    /// Leases through `client`; the stream opens with the first lease.
+    pub fn new(client: CoordinatorClient<RpcChannel>) -> Self {
         Self {
             client,
             way: Way::Unopened,
@@ -38,9 +40,10 @@ impl LeaseCalls {
     }
 
     /// Leases as `request` says: its report first, then tasks (long poll). Not cancel-safe:
-    /// an answer not read would be read as the next request's, so the lease loop awaits each
-    /// to its end. An error ends the stream; the loop registers again and starts anew.
-    pub(super) async fn lease(&mut self, request: LeaseRequest) -> Result<LeaseResponse, Status> {
+    /// an answer not read would be read as the next request's, so a lease loop awaits each to
+    /// its end. An error ends the stream; the worker daemon then registers again and starts
+    /// anew.
+    pub async fn lease(&mut self, request: LeaseRequest) -> Result<LeaseResponse, Status> {
         if matches!(self.way, Way::Unopened) {
             self.way = self.open().await?;
         }
