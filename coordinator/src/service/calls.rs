@@ -104,21 +104,13 @@ impl coordinator_server::Coordinator for CoordinatorService {
             .map(Response::new)
     }
 
-    type LeaseStreamStream =
-        std::pin::Pin<Box<dyn tokio_stream::Stream<Item = Result<LeaseResponse, Status>> + Send>>;
+    type LeaseStreamStream = StreamAnswers<LeaseResponse>;
 
     async fn lease_stream(
         &self,
         request: Request<Streaming<LeaseRequest>>,
     ) -> Result<Response<Self::LeaseStreamStream>, Status> {
-        let service = self.clone();
-        // Each request taken in turn on the call's own task, its long poll included. tonic
-        // ends the stream at the first error, with its status.
-        let answers = request.into_inner().then(move |request| {
-            let service = service.clone();
-            async move { service.lease_one(request?).await }
-        });
-        Ok(Response::new(Box::pin(answers)))
+        Ok(Response::new(self.lease_answers(request.into_inner())))
     }
 
     async fn report(
@@ -296,39 +288,13 @@ impl coordinator_server::Coordinator for CoordinatorService {
         self.apply_update(&request, known).map(Response::new)
     }
 
-    type UpdateSessionStreamStream = std::pin::Pin<
-        Box<dyn tokio_stream::Stream<Item = Result<SessionUpdateResponse, Status>> + Send>,
-    >;
+    type UpdateSessionStreamStream = StreamAnswers<SessionUpdateResponse>;
 
     async fn update_session_stream(
         &self,
         request: Request<Streaming<SessionUpdateRequest>>,
     ) -> Result<Response<Self::UpdateSessionStreamStream>, Status> {
-        let service = self.clone();
-        // Each update applied as it comes, on the call's own task: no task or channel more.
-        // tonic ends the stream at the first error, with its status (the client opens its
-        // session again). The workers' list this stream sent last: a quiet update sent before
-        // its client read that answer still names the older one.
-        let mut listed = None;
-        let answers = request.into_inner().filter_map(move |update| {
-            let update = match update {
-                Ok(update) => update,
-                Err(status) => return Some(Err(status)),
-            };
-            let known = listed.unwrap_or(update.workers_version);
-            match service.apply_update(&update, known) {
-                Ok(answer) => {
-                    // Listed (the list may be empty: every worker gone) when it changed since.
-                    let lists = answer.workers_version != known;
-                    if lists {
-                        listed = Some(answer.workers_version);
-                    }
-                    (lists || !update.quiet).then_some(Ok(answer))
-                }
-                Err(status) => Some(Err(status)),
-            }
-        });
-        Ok(Response::new(Box::pin(answers)))
+        Ok(Response::new(self.update_answers(request.into_inner())))
     }
 
     async fn close_session(
@@ -346,7 +312,57 @@ impl coordinator_server::Coordinator for CoordinatorService {
     }
 }
 
+/// Answers on a stream, as the service's streaming calls send them.
+pub type StreamAnswers<T> =
+    std::pin::Pin<Box<dyn tokio_stream::Stream<Item = Result<T, Status>> + Send>>;
+
 impl CoordinatorService {
+    /// The answers `LeaseStream` gives to a worker's `requests`: each taken in turn on the
+    /// stream's own task, its long poll included, as [`Lease`](coordinator_server::Coordinator::lease)
+    /// answers it. tonic ends the stream at the first error, with its status. Public so a
+    /// proxy in front of the service (a test's) can serve the stream from requests it has read.
+    pub fn lease_answers(
+        &self,
+        requests: impl tokio_stream::Stream<Item = Result<LeaseRequest, Status>> + Send + 'static,
+    ) -> StreamAnswers<LeaseResponse> {
+        let service = self.clone();
+        Box::pin(requests.then(move |request| {
+            let service = service.clone();
+            async move { service.lease_one(request?).await }
+        }))
+    }
+
+    /// The answers `UpdateSessionStream` gives to a client's `updates`: each applied as it
+    /// comes, on the stream's own task (no task or channel more), and answered when it asks
+    /// (not `quiet`) or brings a workers' list this stream has not sent. The stream remembers
+    /// the list it sent last: a quiet update sent before its client read that answer still
+    /// names the older one. Public for the same reason as [`Self::lease_answers`].
+    pub fn update_answers(
+        &self,
+        updates: impl tokio_stream::Stream<Item = Result<SessionUpdateRequest, Status>> + Send + 'static,
+    ) -> StreamAnswers<SessionUpdateResponse> {
+        let service = self.clone();
+        let mut listed = None;
+        Box::pin(updates.filter_map(move |update| {
+            let update = match update {
+                Ok(update) => update,
+                Err(status) => return Some(Err(status)),
+            };
+            let known = listed.unwrap_or(update.workers_version);
+            match service.apply_update(&update, known) {
+                Ok(answer) => {
+                    // Listed (the list may be empty: every worker gone) when it changed since.
+                    let lists = answer.workers_version != known;
+                    if lists {
+                        listed = Some(answer.workers_version);
+                    }
+                    (lists || !update.quiet).then_some(Ok(answer))
+                }
+                Err(status) => Some(Err(status)),
+            }
+        }))
+    }
+
     /// A worker's lease (by `Lease`, or on its `LeaseStream`): its report first, then up to
     /// `max_tasks` tasks, waiting up to `wait_ms` (capped) for one when there is none.
     async fn lease_one(&self, request: LeaseRequest) -> Result<LeaseResponse, Status> {

@@ -29,6 +29,8 @@ mod calls;
 mod jobs;
 mod timers;
 
+pub use calls::StreamAnswers;
+
 use crate::dashboard_feed::LastRefresh;
 use crate::registry::{ClientEntry, WorkerEntry};
 use crate::{

@@ -18,7 +18,7 @@ use tokio::sync::oneshot;
 
 type TestResult = Result<(), Box<dyn std::error::Error>>;
 
-use super::older_coordinator as older;
+use super::proxy_coordinator as proxy;
 
 const COORDINATOR: &str = "coordinator:7070";
 
@@ -52,14 +52,14 @@ fn start_cluster_with(
     start_cluster_of(network, (data, state), workers, token, tune, None)
 }
 
-/// [`start_cluster_with`], the coordinator served as an older build when `older` is given.
+/// [`start_cluster_with`], the coordinator served behind `proxy` when one is given.
 fn start_cluster_of(
     network: &MemoryNetwork,
     (data, state): (&Path, &Path),
     workers: &[&str],
     token: Option<&Token>,
     tune: impl Fn(&mut WorkerConfig),
-    older: Option<&older::Refusals>,
+    proxy: Option<proxy::Proxy>,
 ) -> Result<Cluster, Box<dyn std::error::Error>> {
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -85,13 +85,13 @@ fn start_cluster_of(
     let stopped = async {
         let _ = stopped.await;
     };
-    match older {
+    match proxy {
         None => {
             runtime.spawn(coordinator.clone().serve_incoming(incoming, stopped));
         }
-        Some(refusals) => {
-            let older = older::Coordinator::new(coordinator.clone(), refusals.clone());
-            runtime.spawn(older::serve(older, incoming, stopped));
+        Some(proxy) => {
+            let proxied = proxy::Coordinator::new(coordinator.clone(), proxy);
+            runtime.spawn(proxy::serve(proxied, incoming, stopped));
         }
     }
     for address in workers {
@@ -269,7 +269,7 @@ fn an_epoch_through_a_coordinator_without_the_update_and_lease_streams_equals_th
     let state = tempfile::tempdir()?;
     let (expected, steps) = embedded(data.path())?;
     let network = MemoryNetwork::new();
-    let refusals = older::Refusals::default();
+    let refusals = proxy::Refusals::default();
     let paths = (data.path(), state.path());
     let _cluster = start_cluster_of(
         &network,
@@ -277,7 +277,7 @@ fn an_epoch_through_a_coordinator_without_the_update_and_lease_streams_equals_th
         &["worker-a:7001"],
         None,
         |_| {},
-        Some(&refusals),
+        Some(proxy::Proxy::Older(refusals.clone())),
     )?;
     let loader = remote(&network, data.path(), None)?;
     let mut digest = BatchDigest::new();
@@ -294,6 +294,91 @@ fn an_epoch_through_a_coordinator_without_the_update_and_lease_streams_equals_th
     assert!(
         updates >= 1 && leases >= 1,
         "refused: {updates} update streams, {leases} lease streams"
+    );
+    Ok(())
+}
+
+#[test]
+fn the_loader_asks_for_an_answer_only_with_its_figures_at_the_epochs_end_and_for_credits_that_start_its_clock(
+) -> TestResult {
+    let data = tempfile::tempdir()?;
+    images(data.path())?;
+    let state = tempfile::tempdir()?;
+    let (expected, steps) = embedded(data.path())?;
+    let network = MemoryNetwork::new();
+    let recorded = proxy::Recorded::default();
+    let paths = (data.path(), state.path());
+    let _cluster = start_cluster_of(
+        &network,
+        paths,
+        &["worker-a:7001"],
+        None,
+        |_| {},
+        Some(proxy::Proxy::Recording(recorded.clone())),
+    )?;
+    let loader = remote(&network, data.path(), None)?;
+    let mut digest = BatchDigest::new();
+    for (k, batch) in loader.epoch(0, 0)?.enumerate() {
+        digest.update(&batch?);
+        // As fast as the batches come (credits granted with some outstanding go quiet), but
+        // for one pause long enough for every batch asked for to arrive: the credit after it
+        // is granted with nothing outstanding, starts the stall clock and asks.
+        if k == 4 {
+            std::thread::sleep(Duration::from_millis(300));
+        }
+    }
+    assert_eq!(digest.hex(), expected);
+    drop(loader);
+    let updates = recorded.updates();
+    // Epoch 0's session is the first one updated (epoch 1's opens as epoch 0 ends).
+    let first = updates
+        .first()
+        .map(|u| u.session)
+        .ok_or("no session update")?;
+    let session: Vec<&proxy::Update> = updates.iter().filter(|u| u.session == first).collect();
+    // Every update goes on the stream, but for one: a loader stopped before its last answer
+    // came sends the acks not known applied again, by a call of their own (granting nothing;
+    // the coordinator may take it before the stream's last).
+    let (epoch, calls): (Vec<&proxy::Update>, Vec<&proxy::Update>) =
+        session.iter().partition(|u| u.streamed);
+    assert!(
+        calls.len() <= 1 && calls.iter().all(|u| u.credits == 0),
+        "{session:?}"
+    );
+    // Replay the client's count: an update's acks are the arrivals since the one before, and
+    // its credits are asked for from then on.
+    let (mut granted, mut received) = (0u64, 0u64);
+    let (mut asked, mut quiet) = (0, 0);
+    for (k, update) in epoch.iter().enumerate() {
+        received += update.acks as u64;
+        let outstanding = granted
+            .checked_sub(received)
+            .ok_or_else(|| format!("update {k} acknowledges more than was granted: {epoch:?}"))?;
+        let all_in = received >= steps;
+        let starts_clock = outstanding == 0 && update.credits > 0;
+        let asks = update.stats || all_in || starts_clock;
+        assert_eq!(
+            update.quiet, !asks,
+            "update {k} of {}: {update:?}, {outstanding} outstanding, {received} of {steps} received",
+            epoch.len()
+        );
+        if asks {
+            asked += 1;
+        } else {
+            quiet += 1;
+        }
+        granted += update.credits;
+    }
+    assert_eq!(received, steps, "{epoch:?}");
+    // The first update carries the figures, the first credits start the clock, the last
+    // update ends the epoch, one more starts the clock after the pause; the rest go quiet.
+    assert!(!epoch[0].quiet && epoch[0].stats, "{session:?}");
+    let first_credits = epoch.iter().find(|u| u.credits > 0);
+    assert!(first_credits.is_some_and(|u| !u.quiet), "{session:?}");
+    assert!(epoch.last().is_some_and(|u| !u.quiet));
+    assert!(
+        quiet >= 1 && asked >= 3,
+        "{quiet} quiet and {asked} asking updates: {epoch:?}"
     );
     Ok(())
 }

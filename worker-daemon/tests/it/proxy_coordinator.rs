@@ -1,15 +1,17 @@
-//! The coordinator service as a build from before the update and lease streams answers: those
-//! two calls refused as unimplemented (what tonic answers for a method it does not know), every
-//! other call the service's own. Clients and workers must go on with a call each.
+//! The coordinator service behind a proxy a test controls. As an *older* build it refuses the
+//! update and lease streams as unimplemented (what tonic answers for a method it does not
+//! know), and clients and workers must go on with a call each; *recording*, it passes every
+//! call through and keeps what each session update asked of the coordinator.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
-use stoker_coordinator::CoordinatorService;
+use stoker_coordinator::{CoordinatorService, StreamAnswers};
 use stoker_proto::v1::coordinator_server::{self, CoordinatorServer};
 use stoker_proto::v1::*;
 use stoker_rpc::network::Connection;
 use stoker_rpc::transport;
+use tokio_stream::StreamExt;
 use tonic::{Request, Response, Status, Streaming};
 
 /// How many times each stream was refused: (update streams, lease streams).
@@ -25,22 +27,68 @@ impl Refusals {
     }
 }
 
-#[derive(Clone)]
-pub struct Coordinator {
-    current: CoordinatorService,
-    refusals: Refusals,
+/// One session update as it reached the coordinator.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Update {
+    pub session: u64,
+    /// Sent on the update stream (not by an `UpdateSession` call).
+    pub streamed: bool,
+    pub quiet: bool,
+    /// It carried the client's figures.
+    pub stats: bool,
+    pub credits: u64,
+    pub acks: usize,
 }
 
-impl Coordinator {
-    pub fn new(current: CoordinatorService, refusals: Refusals) -> Self {
-        Self { current, refusals }
+/// The session updates forwarded so far, in the order they came.
+#[derive(Clone, Default)]
+pub struct Recorded(Arc<Mutex<Vec<Update>>>);
+
+impl Recorded {
+    pub fn updates(&self) -> Vec<Update> {
+        self.0.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    fn push(&self, update: &SessionUpdateRequest, streamed: bool) {
+        self.0
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(Update {
+                session: update.session.as_ref().map_or(0, |s| s.session_id),
+                streamed,
+                quiet: update.quiet,
+                stats: update.stats.is_some(),
+                credits: update.grant_credits,
+                acks: update.acknowledged.len(),
+            });
     }
 }
 
-/// Serves `older` on `incoming` until `shutdown` (without the service's timers: nothing here
+/// What the proxy does with the streams.
+#[derive(Clone)]
+pub enum Proxy {
+    /// Refuses both streams, counting each refusal.
+    Older(Refusals),
+    /// Passes everything through, recording each session update.
+    Recording(Recorded),
+}
+
+#[derive(Clone)]
+pub struct Coordinator {
+    current: CoordinatorService,
+    proxy: Proxy,
+}
+
+impl Coordinator {
+    pub fn new(current: CoordinatorService, proxy: Proxy) -> Self {
+        Self { current, proxy }
+    }
+}
+
+/// Serves `proxy` on `incoming` until `shutdown` (without the service's timers: nothing here
 /// waits on a lease timeout).
 pub async fn serve<IO, E>(
-    older: Coordinator,
+    proxy: Coordinator,
     incoming: impl tokio_stream::Stream<Item = Result<IO, E>> + Send + 'static,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> Result<(), tonic::transport::Error>
@@ -49,7 +97,7 @@ where
     E: Into<Box<dyn std::error::Error + Send + Sync>>,
 {
     transport::server()
-        .add_service(CoordinatorServer::new(older))
+        .add_service(CoordinatorServer::new(proxy))
         .serve_with_incoming_shutdown(incoming, shutdown)
         .await
 }
@@ -58,8 +106,6 @@ fn unknown(count: &AtomicUsize, method: &str) -> Status {
     count.fetch_add(1, Ordering::Relaxed);
     Status::unimplemented(format!("unknown method {method}"))
 }
-
-type Answers<T> = std::pin::Pin<Box<dyn tokio_stream::Stream<Item = Result<T, Status>> + Send>>;
 
 #[tonic::async_trait]
 impl coordinator_server::Coordinator for Coordinator {
@@ -84,13 +130,18 @@ impl coordinator_server::Coordinator for Coordinator {
         self.current.lease(request).await
     }
 
-    type LeaseStreamStream = Answers<LeaseResponse>;
+    type LeaseStreamStream = StreamAnswers<LeaseResponse>;
 
     async fn lease_stream(
         &self,
-        _: Request<Streaming<LeaseRequest>>,
+        request: Request<Streaming<LeaseRequest>>,
     ) -> Result<Response<Self::LeaseStreamStream>, Status> {
-        Err(unknown(&self.refusals.0 .1, "LeaseStream"))
+        match &self.proxy {
+            Proxy::Older(refusals) => Err(unknown(&refusals.0 .1, "LeaseStream")),
+            Proxy::Recording(_) => Ok(Response::new(
+                self.current.lease_answers(request.into_inner()),
+            )),
+        }
     }
 
     async fn report(
@@ -132,16 +183,31 @@ impl coordinator_server::Coordinator for Coordinator {
         &self,
         request: Request<SessionUpdateRequest>,
     ) -> Result<Response<SessionUpdateResponse>, Status> {
+        if let Proxy::Recording(recorded) = &self.proxy {
+            recorded.push(request.get_ref(), false);
+        }
         self.current.update_session(request).await
     }
 
-    type UpdateSessionStreamStream = Answers<SessionUpdateResponse>;
+    type UpdateSessionStreamStream = StreamAnswers<SessionUpdateResponse>;
 
     async fn update_session_stream(
         &self,
-        _: Request<Streaming<SessionUpdateRequest>>,
+        request: Request<Streaming<SessionUpdateRequest>>,
     ) -> Result<Response<Self::UpdateSessionStreamStream>, Status> {
-        Err(unknown(&self.refusals.0 .0, "UpdateSessionStream"))
+        match &self.proxy {
+            Proxy::Older(refusals) => Err(unknown(&refusals.0 .0, "UpdateSessionStream")),
+            Proxy::Recording(recorded) => {
+                let recorded = recorded.clone();
+                let updates = request.into_inner().map(move |update| {
+                    if let Ok(update) = &update {
+                        recorded.push(update, true);
+                    }
+                    update
+                });
+                Ok(Response::new(self.current.update_answers(updates)))
+            }
+        }
     }
 
     async fn close_session(
