@@ -30,13 +30,17 @@ ResNet-18 and ResNet-50 from torchvision, bfloat16 autocast, channels_last, SGD,
   contexts' kernels share the GPU at once rather than in time slices.
 
 A row named ``ROW@N`` runs with N decode threads instead of ``--workers`` (``stoker-auto@7``:
-a node with fewer cores per GPU). A row named ``loader:ROW`` runs the loader alone, without
-the model (its images/s is what decoding and cropping deliver). ``--side-stream`` runs every
-row's loop on a stream of its own (set current) instead of the legacy default stream;
-``--gpu-memory`` sets the lane's ``gpu_memory`` in MiB. ``--compile`` runs the model as fast-model
-users do, ``torch.compile(mode="reduce-overhead")`` (its forward and backward replayed as CUDA
-graphs, so the step's launches no longer come one by one from the loop's thread); compiling
-happens in the first row's warm-up, so give ``--warmup`` room (30 or more).
+a node with fewer cores per GPU). ``stoker-gpu-smsN`` and ``stoker-auto-smsN`` run the lane's
+pipes each in a green context of N SMs (``STOKER_GPU_DECODE_SMS``, set for the row alone; CUDA
+12.5 drivers and later), so the lane's kernels keep to those SMs while the training step still
+has every one: whether the lane slows the step by taking its SMs. A row named ``loader:ROW``
+runs the loader alone, without the model (its images/s is what decoding and cropping
+deliver). ``--side-stream`` runs every row's loop on a stream of its own (set current) instead
+of the legacy default stream; ``--gpu-memory`` sets the lane's ``gpu_memory`` in MiB.
+``--compile`` runs the model as fast-model users do, ``torch.compile(mode="reduce-overhead")``
+(its forward and backward replayed as CUDA graphs, so the step's launches no longer come one by
+one from the loop's thread); compiling happens in the first row's warm-up, so give
+``--warmup`` room (30 or more).
 
 Per row: images/s over ``--steps`` steps after ``--warmup`` (CUDA synchronised at both ends),
 its share of the ceiling, host wait % (time inside ``next()`` and the loop's own copy), GPU
@@ -65,6 +69,8 @@ from typing import Any
 MEAN = (0.485, 0.456, 0.406)
 STD = (0.229, 0.224, 0.225)
 CROP = 224
+#: Green contexts of this many SMs for the lane's pipes (read as the lane starts).
+SMS_VARIABLE = "STOKER_GPU_DECODE_SMS"
 
 
 def main() -> int:
@@ -229,6 +235,12 @@ def run_row(
     workers = int(threads) if threads else args.workers
     train = alone != "loader"
     closers: list[Callable[[], None]] = []
+    kind, _, sms = kind.partition("-sms")
+    # Each row starts without it (a row that failed may not have cleared it).
+    os.environ.pop(SMS_VARIABLE, None)
+    if sms:
+        os.environ[SMS_VARIABLE] = sms
+        closers.append(lambda: os.environ.pop(SMS_VARIABLE, None))
     built = time.perf_counter()
     if kind == "ceiling":
         images = torch.randn(batch, 3, CROP, CROP, device="cuda").contiguous(

@@ -12,7 +12,8 @@
 # $OUT.
 # SMOKE_ONLY=1 stops after the smoke test, SKIP_PYTEST=1 leaves out the tests, SKIP_BENCH=1 the
 # benchmark; COMPILE=1 adds the ResNet-18 rows with the model compiled (CUDA graphs). Last, the
-# loader in a helper process (gpu_train.py's helper-* rows), and with MPS=1 again under MPS. About 2 minutes on an H200 with 16 cores, tests included (2026-11-27).
+# lane's pipes in green contexts of a few SMs (the -smsN rows), the loader in a helper
+# process (gpu_train.py's helper-* rows), and with MPS=1 again under MPS. About 2 minutes on an H200 with 16 cores, tests included (2026-11-27).
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 source benches/gpu/install.sh
@@ -85,6 +86,11 @@ if [ "${COMPILE:-0}" = 1 ]; then
     timeout 300 python3 benches/gpu_train.py --data "$data" --models resnet18 --rows ceiling,stoker-auto,dali --workers "$(( $(nproc) - 1 ))" --compile --warmup 40 2>&1 | tee "$out/bench-compiled.log"
     echo "gpu_train --compile: $((SECONDS - started)) s"
 fi
+# The lane's pipes in green contexts of 16 and 32 SMs (STOKER_GPU_DECODE_SMS): does the lane
+# slow the step by taking its SMs? Beside the same rows without.
+started=$SECONDS
+timeout 150 python3 benches/gpu_train.py --data "$data" --models resnet18 --rows ceiling,stoker-gpu,stoker-gpu-sms16,stoker-gpu-sms32,stoker-auto,stoker-auto-sms16 --workers "$(( $(nproc) - 1 ))" 2>&1 | tee "$out/bench-green.log"
+echo "gpu_train green-context rows: $((SECONDS - started)) s"
 # The loader in a helper process with its own CUDA context, its batches handed over through
 # CUDA IPC (the experiment that tells contention inside the training process from contention
 # on the GPU), beside the same rows in process; MPS=1 runs the helper rows again under MPS

@@ -299,6 +299,26 @@ def test_the_lanes_page_locked_memory_stays_within_the_pinned_budget(
         device_epoch(dataset, "gpu", pinned_memory_budget=lane["pinned_bytes"])
 
 
+@pytest.mark.gpu
+def test_pipes_in_green_contexts_give_the_same_batches(
+    torch: Any, dataset: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``STOKER_GPU_DECODE_SMS`` runs each pipe in a green context of that many SMs: the bits
+    are those of the primary context; a count the device cannot give stops ``decode="gpu"``
+    with the variable named, and a count that is not one is refused by name."""
+    plain, _ = device_epoch(dataset, "gpu")
+    monkeypatch.setenv("STOKER_GPU_DECODE_SMS", "16")
+    green, stats = device_epoch(dataset, "gpu")
+    assert stats["gpu_decode"]["rows"] > 0, stats["gpu_decode"]
+    for (a, a_labels), (b, b_labels) in zip(plain, green, strict=True):
+        np.testing.assert_array_equal(a, b)
+        np.testing.assert_array_equal(a_labels, b_labels)
+    for wrong in ("100000", "sixteen"):
+        monkeypatch.setenv("STOKER_GPU_DECODE_SMS", wrong)
+        with pytest.raises(stoker.GpuUnavailableError, match="STOKER_GPU_DECODE_SMS"):
+            device_epoch(dataset, "gpu")
+
+
 def auto_options(seed: int) -> dict[str, Any]:
     """A small decode="auto" loader's arguments on the GPU."""
     return {

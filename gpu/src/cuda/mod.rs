@@ -32,7 +32,9 @@ use std::sync::{Arc, Mutex, OnceLock};
 use crossbeam_channel::Sender;
 use cudarc::driver::{result, sys, DriverError};
 
+mod green;
 mod sweep;
+pub use green::{sms_asked, GreenContext, SMS_VARIABLE as GREEN_SMS_VARIABLE};
 pub use sweep::Sweep;
 use sweep::{new_event, reclaim, Deferred};
 
@@ -519,11 +521,23 @@ impl Cuda {
 }
 
 /// Runs `f` with `context` current on the calling thread, then restores what was current
-/// before (a framework's thread keeps its own context).
-fn in_context<T>(
+/// before (a framework's thread keeps its own context). A thread that has `context` current
+/// already (a lane pipe's, torch's) runs `f` as it is: pushing and popping the same context
+/// changes nothing but costs two driver calls each time.
+pub(crate) fn in_context<T>(
     context: sys::CUcontext,
     f: impl FnOnce() -> Result<T, DriverError>,
 ) -> Result<T, DriverError> {
+    let mut current = std::ptr::null_mut();
+    // SAFETY: reads the calling thread's current context into a local.
+    if unsafe { sys::cuCtxGetCurrent(&mut current) }
+        .result()
+        .is_ok()
+        && !context.is_null()
+        && current == context
+    {
+        return f();
+    }
     // SAFETY: the contexts given here are primary contexts retained for the process's life.
     unsafe { sys::cuCtxPushCurrent_v2(context) }.result()?;
     let out = f();

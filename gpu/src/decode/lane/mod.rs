@@ -4,7 +4,8 @@
 //!
 //! Two pipes (unless `STOKER_GPU_DECODE_PIPES` asks for another count),
 //! each a thread with its own nvJPEG decoder, CUDA stream, arena of decoded images
-//! and kernel parameters, take batches from the lane's queue: nvJPEG's batched decode call
+//! and kernel parameters (in the primary context, or in a green context of its own when
+//! `STOKER_GPU_DECODE_SMS` asks), take batches from the lane's queue: nvJPEG's batched decode call
 //! returns only once the engines are done with it, so one pipe's call overlaps the other's
 //! and its kernel. A pipe reuses its arena and state only once its previous work is done (an
 //! event it waits for), so each pipe has at most one sub-batch on the GPU, and nothing is
@@ -30,12 +31,12 @@ use super::{
     gpu_row, pinned_split, DecodeMode, GpuDecodeError, GpuDecodeOptions, LaneCounts, SplitSchedule,
     SPLIT_PIN_VARIABLE,
 };
-use crate::cuda::{describe, Cuda};
+use crate::cuda::{describe, sms_asked, Cuda, GREEN_SMS_VARIABLE};
 use stoker_dashboard::GpuDecodeFigures;
 use stoker_loader::{Built, Error, Slot};
 
 pub use memory::LaneMemory;
-use pipe::{run, Kernel, Pipe};
+use pipe::{run, Pipe, Place};
 pub use rows::DeviceRows;
 use stats::add_since;
 pub use stats::LaneStats;
@@ -269,7 +270,6 @@ pub struct GpuLane {
     shared: Arc<Shared>,
     tasks: Mutex<Option<Sender<LaneTask>>>,
     threads: Mutex<Vec<JoinHandle<()>>>,
-    kernel: Mutex<Option<Kernel>>,
 }
 
 impl std::fmt::Debug for GpuLane {
@@ -315,30 +315,24 @@ impl GpuLane {
             pipe_count,
         )?);
         let stats = Arc::new(LaneStats::default());
-        let kernel = Kernel::load(&cuda, &options.library_dirs)?;
-        let mut pipes = Vec::with_capacity(pipe_count);
+        // Each pipe in the primary context, or in a green context of its own.
+        let sms = sms_asked(std::env::var(GREEN_SMS_VARIABLE).ok().as_deref())
+            .map_err(GpuDecodeError::Unsupported)?;
+        let mut pipes: Vec<Pipe> = Vec::with_capacity(pipe_count);
         for index in 0..pipe_count {
-            match Pipe::new(
-                index,
-                &cuda,
-                &memory,
-                options,
-                &kernel,
-                (width, height),
-                &stats,
-            ) {
+            let made = Place::new(&cuda, sms).and_then(|place| {
+                Pipe::new(index, place, &memory, options, (width, height), &stats)
+            });
+            match made {
                 Ok(pipe) => pipes.push(pipe),
                 Err(error) => {
-                    // Pipes release CUDA objects (and nvJPEG's memory) with the context current.
-                    let _ = cuda.in_context("releasing the GPU decode lane", || {
-                        drop(pipes);
-                        Ok(())
-                    });
-                    kernel.unload(&cuda);
+                    // Pipes release CUDA objects (and nvJPEG's memory) with their context current.
+                    pipes.into_iter().for_each(Pipe::release);
                     return Err(error);
                 }
             }
         }
+        let granted_sms = pipes[0].green_sms();
         let shared = Arc::new(Shared {
             cuda: Arc::clone(&cuda),
             free: Mutex::new((0..memory.ring_slots).rev().collect()),
@@ -377,6 +371,8 @@ impl GpuLane {
             hardware = shared.hardware,
             cap = options.memory_bytes,
             pipes = pipe_count,
+            green_context_sms = ?sms,
+            granted_sms = ?granted_sms,
             "GPU decode lane started"
         );
         let started = !threads.is_empty();
@@ -384,7 +380,6 @@ impl GpuLane {
             shared,
             tasks: Mutex::new(Some(tasks)),
             threads: Mutex::new(threads),
-            kernel: Mutex::new(Some(kernel)),
         };
         if !started {
             return Err(GpuDecodeError::Cuda(
@@ -537,7 +532,7 @@ impl GpuLane {
 impl GpuLane {
     /// Stops the lane: no more batches are taken, a pipe waiting for an output buffer gives up
     /// (its batch fails as stopped), the pipes' threads finish their work and release their
-    /// CUDA objects, and the kernel is unloaded. The lane's memory goes once the last batch
+    /// CUDA objects (their kernel modules too). The lane's memory goes once the last batch
     /// holding its rows is released. Idempotent; dropping the lane does it too.
     pub fn shutdown(&self) {
         drop(lock(&self.tasks).take());
@@ -549,9 +544,6 @@ impl GpuLane {
         let threads = std::mem::take(&mut *lock(&self.threads));
         for thread in threads {
             let _ = thread.join();
-        }
-        if let Some(kernel) = lock(&self.kernel).take() {
-            kernel.unload(&self.shared.cuda);
         }
     }
 }

@@ -5,12 +5,15 @@ use std::sync::Arc;
 
 use cudarc::driver::sys;
 
+use super::pipe::ReadyEvent;
 use super::Shared;
+use crate::cuda::describe;
 use crate::decode::GpuDecodeError;
 
 /// The GPU rows of one batch, held by the batch and whoever it hands them to: `count`
 /// rows of `height x width x 3` bytes from [`DeviceRows::ptr`], row `k` being the batch's row
-/// `positions()[k]`. Ready once the lane's events have passed ([`DeviceRows::wait_on`]).
+/// `positions()[k]`. Ready once the lane's events have passed ([`DeviceRows::wait_on`]); they
+/// come from their pipe's pool and go back to it, so a batch creates none.
 pub struct DeviceRows {
     pub(super) shared: Arc<Shared>,
     pub(super) ring_index: usize,
@@ -18,7 +21,7 @@ pub struct DeviceRows {
     pub(super) positions: Vec<u32>,
     pub(super) height: u32,
     pub(super) width: u32,
-    pub(super) events: Vec<sys::CUevent>,
+    pub(super) events: Vec<ReadyEvent>,
 }
 
 // SAFETY: event handles and device addresses may be used from any thread.
@@ -67,7 +70,7 @@ impl DeviceRows {
     /// `stream` is a live stream of the device's primary context, or 0 (the legacy default
     /// stream).
     pub unsafe fn wait_on(&self, stream: usize) -> std::result::Result<(), GpuDecodeError> {
-        let events = self.events.clone();
+        let events: Vec<sys::CUevent> = self.events.iter().map(ReadyEvent::handle).collect();
         self.shared
             .cuda
             .in_context("cuStreamWaitEvent", || {
@@ -138,20 +141,12 @@ impl Drop for DeviceRows {
     /// dropped unread (a loop that stopped, batches built ahead and let go) may go while its
     /// kernel still runs, and the next batch given the buffer must not share it with that kernel.
     fn drop(&mut self) {
-        let events = std::mem::take(&mut self.events);
-        let _ = self.shared.cuda.in_context("cuEventDestroy", || {
-            for event in events {
-                // SAFETY: the event is this batch's own and was recorded; it is destroyed
-                // once, after it has passed.
-                unsafe {
-                    if let Err(error) = sys::cuEventSynchronize(event).result() {
-                        tracing::warn!(%error, "waiting for a GPU batch's rows before reusing their buffer");
-                    }
-                    let _ = sys::cuEventDestroy_v2(event);
-                }
+        for event in std::mem::take(&mut self.events) {
+            if let Err(error) = event.synchronize() {
+                tracing::warn!(error = %describe(error), "waiting for a GPU batch's rows before reusing their buffer");
             }
-            Ok(())
-        });
+            // The event goes back to its pipe's pool as it drops here, passed.
+        }
         self.shared.put_ring(self.ring_index);
     }
 }

@@ -5,26 +5,6 @@
 use super::*;
 
 impl Pipe {
-    /// A new event recorded after the work queued so far on the pipe's stream.
-    pub(super) fn ready_event(&self) -> std::result::Result<sys::CUevent, GpuDecodeError> {
-        let mut event = std::ptr::null_mut();
-        // SAFETY: creation into a local and a record on the pipe's own stream, with the
-        // device's context current on this thread.
-        unsafe {
-            sys::cuEventCreate(
-                &mut event,
-                sys::CUevent_flags::CU_EVENT_DISABLE_TIMING as u32,
-            )
-            .result()
-            .map_err(driver("cuEventCreate"))?;
-            if let Err(error) = result::event::record(event, self.stream) {
-                let _ = sys::cuEventDestroy_v2(event);
-                return Err(driver("cuEventRecord")(error));
-            }
-        }
-        Ok(event)
-    }
-
     /// Decodes the pending images and crops them into the output rows from `decoded.len()`
     /// on; images nvJPEG refuses go to `fallback`.
     pub(super) fn flush(
@@ -184,7 +164,7 @@ impl Pipe {
                 (&mut sentinels_arg as *mut u64).cast(),
             ];
             result::launch_kernel(
-                self.function,
+                self.kernel.function,
                 (blocks, items.len() as u32, 1),
                 (kernel::BLOCK, 1, 1),
                 0,

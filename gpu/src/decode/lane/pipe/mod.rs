@@ -1,11 +1,12 @@
 //! A pipe: one lane thread with its own nvJPEG decoder, stream, arena, kernel parameters and
-//! page-locked staging for the JPEGs it decodes, and the crop kernel every pipe launches. Its
-//! sub-batch on the GPU (decode, crop, retry) is [`batch`].
+//! page-locked staging for the JPEGs it decodes, in a context of its own choosing ([`place`]:
+//! where its kernel is loaded and its events are made). Its sub-batch on the GPU (decode, crop,
+//! retry) is [`batch`].
 
 mod batch;
+mod place;
 
-use std::ffi::{c_void, CString};
-use std::path::PathBuf;
+use std::ffi::c_void;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Instant;
@@ -17,12 +18,15 @@ use stoker_pipeline::{AssembledBatch, Job};
 use super::{
     add_since, driver, DeviceRows, LaneItem, LaneMemory, LaneStats, LaneTask, Shared, ALIGN,
 };
-use crate::cuda::{describe, Cuda};
+use crate::cuda::describe;
 use crate::decode::jpeg_scan::{accept, Decline, Placement};
 use crate::decode::kernel::{self, CropItem, SENTINEL};
 use crate::decode::nvjpeg::{Decoder, Image};
 use crate::decode::{GpuDecodeError, GpuDecodeOptions};
 use stoker_loader::{Built, Error, LaneRows, PinnedShare, Result, Slot};
+
+use place::{EventPool, Kernel};
+pub(super) use place::{Place, ReadyEvent};
 
 /// Page-locked host memory per pipe for the encoded images of a sub-batch, per batch row, and
 /// its bounds: nvJPEG copies each image to the device itself, and a copy from pageable memory
@@ -37,52 +41,6 @@ fn staging_bytes(batch_rows: usize) -> usize {
     batch_rows
         .saturating_mul(STAGING_PER_ROW)
         .clamp(STAGING_BOUNDS.0, STAGING_BOUNDS.1)
-}
-
-/// The kernel, loaded once per lane into the device's context; every pipe launches its function.
-pub(super) struct Kernel {
-    module: sys::CUmodule,
-    function: sys::CUfunction,
-}
-
-// SAFETY: module and function handles of a context may be used from any thread.
-unsafe impl Send for Kernel {}
-unsafe impl Sync for Kernel {}
-
-impl Kernel {
-    pub(super) fn load(
-        cuda: &Arc<Cuda>,
-        dirs: &[PathBuf],
-    ) -> std::result::Result<Kernel, GpuDecodeError> {
-        let sm = cuda
-            .compute_capability()
-            .map_err(|e| GpuDecodeError::Cuda(e.to_string()))?;
-        let image = kernel::compile(dirs, Some(sm))?.image();
-        let name =
-            CString::new(kernel::KERNEL).map_err(|e| GpuDecodeError::Kernel(e.to_string()))?;
-        cuda.in_context("loading the crop kernel", || {
-            // SAFETY: `image` is a CUBIN (or NUL-terminated PTX) for this device.
-            let module = unsafe { result::module::load_data(image.as_ptr().cast::<c_void>()) }?;
-            // SAFETY: the module is loaded; the name is NUL-terminated.
-            match unsafe { result::module::get_function(module, name) } {
-                Ok(function) => Ok(Kernel { module, function }),
-                Err(error) => {
-                    // SAFETY: the module was loaded above and nothing uses it.
-                    let _ = unsafe { result::module::unload(module) };
-                    Err(error)
-                }
-            }
-        })
-        .map_err(|e| GpuDecodeError::Kernel(e.to_string()))
-    }
-
-    /// Unloads the module once no pipe launches from it any more.
-    pub(super) fn unload(self, cuda: &Cuda) {
-        let _ = cuda.in_context("cuModuleUnload", || {
-            // SAFETY: every pipe's thread has ended and synchronised its stream.
-            unsafe { result::module::unload(self.module) }
-        });
-    }
 }
 
 /// One pipe, owned by one lane thread: its own nvJPEG decoder (handle and state), stream,
@@ -101,7 +59,10 @@ pub(super) struct Pipe {
     /// The output buffer of the batch being built, until it is handed on (to the batch's
     /// slot) or given back: a panic in between gives it back once, here.
     ring: Option<usize>,
-    function: sys::CUfunction,
+    /// The pipe's context, and the crop kernel and events made in it.
+    place: Arc<Place>,
+    kernel: Kernel,
+    events: Arc<EventPool>,
     out: (u32, u32),
     /// Page-locked staging for the kernel parameters (copied on the pipe's stream).
     host_params: *mut c_void,
@@ -122,17 +83,17 @@ pub(super) struct Pipe {
 unsafe impl Send for Pipe {}
 
 impl Pipe {
+    /// A pipe working in `place`'s context (made current on the calling thread meanwhile).
     pub(super) fn new(
         index: usize,
-        cuda: &Arc<Cuda>,
+        place: Arc<Place>,
         memory: &Arc<LaneMemory>,
         options: &GpuDecodeOptions,
-        kernel: &Kernel,
         out: (u32, u32),
         stats: &Arc<LaneStats>,
     ) -> std::result::Result<Pipe, GpuDecodeError> {
         let mut failure = None;
-        let pipe = cuda.in_context("starting the GPU decode lane", || {
+        let pipe = place.run(|| {
             let batch_hint = (memory.params_bytes / std::mem::size_of::<CropItem>()) as i32;
             let decoder = match Decoder::new(
                 &options.library_dirs,
@@ -147,6 +108,13 @@ impl Pipe {
                     return Err(DriverError(sys::cudaError_enum::CUDA_ERROR_UNKNOWN));
                 }
             };
+            let kernel = match Kernel::load(&place, &options.library_dirs) {
+                Ok(kernel) => kernel,
+                Err(error) => {
+                    failure = Some(error);
+                    return Err(DriverError(sys::cudaError_enum::CUDA_ERROR_UNKNOWN));
+                }
+            };
             let mut pipe = Pipe {
                 index,
                 decoder,
@@ -155,7 +123,9 @@ impl Pipe {
                 done: std::ptr::null_mut(),
                 held: Vec::new(),
                 ring: None,
-                function: kernel.function,
+                events: EventPool::new(&place),
+                place: Arc::clone(&place),
+                kernel,
                 out,
                 host_params: std::ptr::null_mut(),
                 staging: std::ptr::null_mut(),
@@ -184,11 +154,8 @@ impl Pipe {
             // device's highest priority: the crop kernel is small and the training step waits
             // for its rows, so its blocks go ahead of a running step's queued ones.
             let (_, greatest) = result::stream::get_priority_range()?;
-            pipe.stream = result::stream::create_with_priority(
-                result::stream::StreamKind::NonBlocking,
-                greatest,
-            )?;
-            // SAFETY: creations and an allocation into fields, in the device's context.
+            pipe.stream = place.stream(greatest)?;
+            // SAFETY: creations and an allocation into fields, in the pipe's context.
             unsafe {
                 sys::cuEventCreate(
                     &mut pipe.done,
@@ -206,8 +173,13 @@ impl Pipe {
         match (pipe, failure) {
             (Ok(pipe), _) => Ok(pipe),
             (Err(_), Some(error)) => Err(error),
-            (Err(error), None) => Err(GpuDecodeError::Cuda(error.to_string())),
+            (Err(error), None) => Err(GpuDecodeError::Cuda(describe(error))),
         }
+    }
+
+    /// The SMs a green context keeps the pipe's kernels to, if one does.
+    pub(super) fn green_sms(&self) -> Option<u32> {
+        self.place.sms()
     }
 
     /// The page-locked bytes the pipe allocates as it starts (parameters, staging, sentinels).
@@ -405,8 +377,8 @@ impl Pipe {
             shared.put_ring(ring);
             None
         } else {
-            match self.ready_event() {
-                Ok(event) => {
+            match self.events.record(self.stream) {
+                Ok(ready) => {
                     shared
                         .stats
                         .gpu_rows
@@ -419,12 +391,12 @@ impl Pipe {
                         positions: decoded.iter().map(|d| d.cpu.row as u32).collect(),
                         height: self.out.1,
                         width: self.out.0,
-                        events: vec![event],
+                        events: vec![ready],
                     }))
                 }
                 Err(error) => {
                     self.release_ring(shared);
-                    return Err(Error::Gpu(error.to_string()));
+                    return Err(Error::Gpu(describe(error)));
                 }
             }
         };
@@ -513,7 +485,8 @@ struct Decoded {
 
 impl Drop for Pipe {
     /// Waits for the pipe's work, then releases its CUDA objects (the memory goes with the
-    /// last holder of it). Runs on the pipe's thread, whose context is current.
+    /// last holder of it). Runs on the pipe's thread, whose context is current, or within
+    /// [`Pipe::release`].
     fn drop(&mut self) {
         // SAFETY: the pipe's own objects, destroyed once, after their work.
         unsafe {
@@ -534,6 +507,19 @@ impl Drop for Pipe {
                 let _ = sys::cuMemFreeHost(self.host_params);
             }
         }
+        self.kernel.unload();
+    }
+}
+
+impl Pipe {
+    /// Drops a pipe that never ran on its thread, with its context current meanwhile (nvJPEG's
+    /// objects and the module belong to it).
+    pub(super) fn release(self) {
+        let place = Arc::clone(&self.place);
+        let _ = place.run(|| {
+            drop(self);
+            Ok(())
+        });
     }
 }
 
@@ -545,8 +531,9 @@ pub(super) fn run(
     queue: Receiver<LaneTask>,
     row_bytes: usize,
 ) {
-    // SAFETY: the primary context is retained for the process's life; this thread is ours.
-    if let Err(error) = unsafe { result::ctx::set_current(shared.cuda.context()) } {
+    // SAFETY: the primary context is retained for the process's life (a green context for as
+    // long as the pipe holds it); this thread is ours, and the only one it is current on.
+    if let Err(error) = unsafe { result::ctx::set_current(pipe.place.context()) } {
         tracing::error!(error = %describe(error), "the GPU decode lane cannot use the device");
     }
     while let Ok(task) = queue.recv() {
@@ -567,7 +554,13 @@ pub(super) fn run(
             result,
         });
     }
+    // The pipe's objects go with its context current; the context is then left current here
+    // no longer, so a green one is destroyed (with its last holder) current nowhere.
+    let place = Arc::clone(&pipe.place);
     drop(pipe);
+    // SAFETY: clears this thread's current context.
+    let _ = unsafe { result::ctx::set_current(std::ptr::null_mut()) };
+    drop(place);
 }
 
 #[cfg(test)]
