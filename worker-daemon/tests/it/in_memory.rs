@@ -155,6 +155,29 @@ fn one_worker_with(
     Ok((data, state, network, cluster))
 }
 
+/// [`one_worker`] with the coordinator served behind `proxy`.
+fn one_worker_behind(
+    proxy: proxy::Proxy,
+) -> Result<
+    (tempfile::TempDir, tempfile::TempDir, MemoryNetwork, Cluster),
+    Box<dyn std::error::Error>,
+> {
+    let data = tempfile::tempdir()?;
+    images(data.path())?;
+    let state = tempfile::tempdir()?;
+    let network = MemoryNetwork::new();
+    let paths = (data.path(), state.path());
+    let cluster = start_cluster_of(
+        &network,
+        paths,
+        &["worker-a:7001"],
+        None,
+        |_| {},
+        Some(proxy),
+    )?;
+    Ok((data, state, network, cluster))
+}
+
 /// A shuffled imagenet-train job (32 px) over `data`, batches of 6.
 fn spec(data: &Path) -> JobSpec {
     JobSpec {
@@ -264,21 +287,10 @@ fn an_epoch_over_the_network_equals_the_embedded_one_through_cut_worker_streams(
 #[test]
 fn an_epoch_through_a_coordinator_without_the_update_and_lease_streams_equals_the_embedded_one(
 ) -> TestResult {
-    let data = tempfile::tempdir()?;
-    images(data.path())?;
-    let state = tempfile::tempdir()?;
-    let (expected, steps) = embedded(data.path())?;
-    let network = MemoryNetwork::new();
     let refusals = proxy::Refusals::default();
-    let paths = (data.path(), state.path());
-    let _cluster = start_cluster_of(
-        &network,
-        paths,
-        &["worker-a:7001"],
-        None,
-        |_| {},
-        Some(proxy::Proxy::Older(refusals.clone())),
-    )?;
+    let (data, _state, network, _cluster) =
+        one_worker_behind(proxy::Proxy::Older(refusals.clone()))?;
+    let (expected, steps) = embedded(data.path())?;
     let loader = remote(&network, data.path(), None)?;
     let mut digest = BatchDigest::new();
     let mut seen = Vec::new();
@@ -301,21 +313,10 @@ fn an_epoch_through_a_coordinator_without_the_update_and_lease_streams_equals_th
 #[test]
 fn the_loader_asks_for_an_answer_only_with_its_figures_at_the_epochs_end_and_for_credits_that_start_its_clock(
 ) -> TestResult {
-    let data = tempfile::tempdir()?;
-    images(data.path())?;
-    let state = tempfile::tempdir()?;
-    let (expected, steps) = embedded(data.path())?;
-    let network = MemoryNetwork::new();
     let recorded = proxy::Recorded::default();
-    let paths = (data.path(), state.path());
-    let _cluster = start_cluster_of(
-        &network,
-        paths,
-        &["worker-a:7001"],
-        None,
-        |_| {},
-        Some(proxy::Proxy::Recording(recorded.clone())),
-    )?;
+    let (data, _state, network, _cluster) =
+        one_worker_behind(proxy::Proxy::Recording(recorded.clone()))?;
+    let (expected, steps) = embedded(data.path())?;
     let loader = remote(&network, data.path(), None)?;
     let mut digest = BatchDigest::new();
     for (k, batch) in loader.epoch(0, 0)?.enumerate() {
