@@ -186,7 +186,8 @@ impl Drop for Buffer {
 
 #[pymethods]
 impl Buffer {
-    /// Whether the bytes are in page-locked memory (a pinned pool's slot).
+    /// Whether the bytes are in page-locked memory (a pinned pool's slot, or its room beside
+    /// the slots).
     #[getter]
     fn pinned(&self) -> bool {
         self.release.is_some()

@@ -300,6 +300,50 @@ def test_the_lanes_page_locked_memory_stays_within_the_pinned_budget(
 
 
 @pytest.mark.gpu
+def test_the_lanes_row_places_and_the_labels_reach_the_device_from_the_room_beside_the_slots(
+    torch: Any, dataset: Path
+) -> None:
+    """Under ``decode="gpu"`` each batch's row places (where the lane's rows go) and labels are
+    page-locked beside the slots, within the budget, and the places say the rows' positions."""
+    options = {"pipeline": train_pipeline(), "batch_size": 16, "num_threads": 2, "seed": 5}
+    with stoker.Loader(dataset, device="cuda", decode="gpu", timeout=120, **options) as loader:
+        native = loader._native
+        items: list[Any] = []
+
+        class Recording:
+            def __getattr__(self, name: str) -> Any:
+                return getattr(native, name)
+
+            def next_batch(self) -> Any:
+                item = native.next_batch()
+                if item is not None:
+                    items.append(item)
+                return item
+
+            def try_next_batch(self) -> Any:
+                item = native.try_next_batch()
+                if item is not None:
+                    items.append(item)
+                return item
+
+        loader._native = Recording()  # type: ignore[assignment]
+        labels = [batch["label"].cpu().numpy().copy() for batch in loader]
+    with stoker.Loader(dataset, output="numpy", **options) as cpu:
+        expected = [batch["label"].copy() for batch in cpu]
+    assert len(labels) == len(expected)
+    for got, want in zip(labels, expected, strict=True):
+        np.testing.assert_array_equal(got, want)
+    with_rows = [item for item in items if item.device_rows is not None]
+    assert with_rows, "the lane built rows"
+    for item in items:
+        assert {name: data for name, _, _, data in item.tensors}["label"].pinned
+    for item in with_rows:
+        places = np.frombuffer(memoryview(item.row_places), dtype=np.int64)
+        assert places.tolist() == list(item.device_rows.positions)
+        assert item.row_places.pinned
+
+
+@pytest.mark.gpu
 def test_pipes_in_green_contexts_give_the_same_batches(
     torch: Any, dataset: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

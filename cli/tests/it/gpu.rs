@@ -323,6 +323,45 @@ impl PageLocker for AcceptingLocker {
 }
 
 #[test]
+fn a_pinned_loaders_labels_fit_the_page_locked_room_beside_its_slots() {
+    let dir = tempfile::tempdir().unwrap();
+    common::make_images(dir.path(), 16);
+    let spec = common::train_spec(dir.path(), 4);
+    let budget = stoker_loader::pinned_reserved() + (256 << 20);
+    let options = LoaderOptions {
+        threads: 1,
+        pin: Some(PinOptions {
+            locker: Arc::new(AcceptingLocker),
+            budget_bytes: budget,
+        }),
+        ..LoaderOptions::default()
+    };
+    let loader = Loader::new(spec, options).unwrap();
+    let slots = Arc::clone(loader.slots());
+    let mut held = Vec::new();
+    for batch in loader.epoch(0, 0).unwrap() {
+        let batch = batch.unwrap();
+        let image = batch.tensor("image").unwrap();
+        assert!(slots.holds_pinned(image.data.as_ptr()));
+        let label = batch.tensor("label").unwrap();
+        assert!(
+            !slots.holds_pinned(label.data.as_ptr()),
+            "labels are built apart"
+        );
+        let beside = slots
+            .pin_beside(&[&label.data])
+            .expect("room beside the slots");
+        assert_eq!(beside[0], label.data);
+        assert!(slots.holds_pinned(beside[0].as_ptr()));
+        held.push(beside);
+    }
+    assert_eq!(held.len(), 4);
+    // The room holds what the slots' pages do not, within the same budget.
+    assert!(slots.pinned_bytes() > 0);
+    assert!(stoker_loader::pinned_reserved() <= budget);
+}
+
+#[test]
 fn page_locked_memory_beside_the_slots_counts_against_the_same_budget() {
     let dir = tempfile::tempdir().unwrap();
     common::make_images(dir.path(), 16);

@@ -51,8 +51,8 @@ def host_batch(
     tensors: Sequence[tuple[str, str, tuple[int, ...], Any]], torch: Any, pin_small: bool
 ) -> dict[str, Any]:
     """The batch's tensors (``(name, dtype, shape, Buffer)``) as numpy arrays, or torch tensors
-    when ``torch`` is given, viewing the slot; with ``pin_small``, a tensor outside the slot is
-    copied into torch's pinned memory."""
+    when ``torch`` is given, viewing the slot; with ``pin_small``, a tensor in pageable memory
+    (labels the pool had no page-locked room for) is copied into torch's pinned memory."""
     batch: dict[str, Any] = {}
     for name, dtype, shape, data in tensors:
         count = math.prod(shape)
@@ -64,8 +64,9 @@ def host_batch(
             continue
         tensor = torch.from_numpy(array)
         if pin_small and not data.pinned:
-            # Labels and other small tensors live outside the slot: pinned as DataLoader
-            # pins them, by a copy into torch's pinned memory.
+            # A small tensor (labels) the pool had no page-locked room for beside its slots
+            # (the consumer holds as many): pinned as DataLoader pins them, by a copy into
+            # torch's pinned memory.
             tensor = tensor.pin_memory()
         batch[name] = tensor
     return batch
@@ -144,7 +145,7 @@ class BatchMaker:
         batch: Any
         if self._stage is not None:
             # The tensors on the device and the event that says they are ready.
-            batch = self._stage.stage(item.tensors, item.device_rows)
+            batch = self._stage.stage(item.tensors, item.device_rows, item.row_places)
         else:
             if self._pin_unsettled:
                 self._settle_pinning()

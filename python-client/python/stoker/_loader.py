@@ -194,9 +194,9 @@ class Loader(FromDataset, SavedState):
             stream current on the releasing thread. Without a CUDA driver it warns once,
             naming what is missing, and runs with pageable slots (``stats()["pinned"]`` is
             False). Implied by ``device="cuda"``.
-        pinned_memory_budget: bytes of page-locked memory this process may hold: the slots,
-            and the GPU decode lane's staging and nvJPEG's pinned buffers (not torch's few KiB
-            a batch for labels); default: a quarter of the node's memory divided by
+        pinned_memory_budget: bytes of page-locked memory this process may hold: the slots
+            and the room beside them for labels, and the GPU decode lane's staging and
+            nvJPEG's pinned buffers; default: a quarter of the node's memory divided by
             ``LOCAL_WORLD_SIZE``. The slot pool (and
             the prefetch ceiling) is made smaller to fit; fewer than ``max_held_batches + 2``
             slots raise :class:`~stoker.GpuUnavailableError`.

@@ -62,7 +62,8 @@ class Buffer:
         """The size in bytes."""
     @property
     def pinned(self) -> bool:
-        """Whether the bytes are in a page-locked slot."""
+        """Whether the bytes are in a page-locked slot, or in the page-locked room beside
+        the slots (labels, row places)."""
     def release_after(self, stream: int) -> None:
         """Fences the slot on ``stream`` (a ``CUstream`` of the pool's device): it returns to
         the pool only after the copies queued there so far have completed. For the loader's
@@ -123,6 +124,9 @@ class NativeBatch:
     bad_samples: Final[list[BadSample]]
     device_rows: Final[DeviceRows | None]
     """The rows the GPU decode lane left on the GPU, if any."""
+    row_places: Final[Buffer | None]
+    """With ``device_rows``: the batch row of each, as int64 bytes (page-locked beside the
+    slots when the pool pins and had room there)."""
 
 @final
 class NativeLoader:

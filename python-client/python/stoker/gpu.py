@@ -407,14 +407,18 @@ class DeviceStage:
         self.stream.synchronize()
 
     def stage(
-        self, tensors: Sequence[tuple[str, str, tuple[int, ...], Any]], rows: Any = None
+        self,
+        tensors: Sequence[tuple[str, str, tuple[int, ...], Any]],
+        rows: Any = None,
+        places: Any = None,
     ) -> tuple[dict[str, Any], Any]:
         """Queues the copy of every tensor of a batch (``(name, dtype, shape, Buffer)``), and
         the image's tail, on the stage's stream; returns the device tensors and the event
         that says they are ready. ``rows`` (a native ``DeviceRows``): the image rows the GPU
-        decode lane left on the device, copied over their places after the slot's rows. Each
-        host slot is fenced on the stream after its copies, so it returns to the pool only once
-        they have read it; the lane's rows are kept until the copy of them is done."""
+        decode lane left on the device, copied over their places after the slot's rows;
+        ``places`` (a ``Buffer``, int64): the batch row of each. Each host slot is fenced on
+        the stream after its copies, so it returns to the pool only once they have read it;
+        the lane's rows are kept until the copy of them is done."""
         torch = self._torch
         out: dict[str, Any] = {}
         with torch.cuda.stream(self.stream):
@@ -425,16 +429,15 @@ class DeviceStage:
                         shape
                     )
                 )
-                if not data.pinned:
-                    # A tensor outside the slot (labels) goes through torch's pinned memory: a
-                    # copy from pageable memory would wait for the stream's earlier copies.
-                    host = host.pin_memory()
+                # Labels come page-locked too, from the pool's room beside its slots; where
+                # that room had no slot free (or the pool does not pin) they are copied from
+                # pageable memory, never page-locked outside the pinned budget.
                 device = torch.empty(shape, dtype=host.dtype, device=self.device)
                 lane_rows = rows if name == "image" else None
                 if lane_rows is None or len(lane_rows.positions) < shape[0]:
                     device.copy_(host, non_blocking=True)
                 if lane_rows is not None:
-                    self._merge_rows(device, lane_rows)
+                    self._merge_rows(device, lane_rows, places)
                 data.release_after(self.stream.cuda_stream)
                 if name == "image" and self._changes_image and len(shape) == 4:
                     device = self._apply_tail(device)
@@ -443,14 +446,20 @@ class DeviceStage:
             ready.record(self.stream)
         return out, ready
 
-    def _merge_rows(self, image: Any, rows: Any) -> None:
+    def _merge_rows(self, image: Any, rows: Any, places: Any) -> None:
         """Copies the lane's rows over their places in ``image`` (uint8 NHWC on the device),
-        on the stage's stream once the lane's events have passed."""
+        on the stage's stream once the lane's events have passed; ``places`` (a ``Buffer`` of
+        int64, page-locked beside the slots where there was room) says where."""
         torch = self._torch
         rows.wait(self.stream.cuda_stream)
         decoded = torch.as_tensor(rows, device=self.device)
-        places = torch.tensor(rows.positions, dtype=torch.long).pin_memory()
-        image.index_copy_(0, places.to(self.device, non_blocking=True), decoded)
+        if places is None:
+            host = torch.tensor(rows.positions, dtype=torch.long)
+        else:
+            host = torch.from_numpy(np.frombuffer(memoryview(places), dtype=np.int64))
+        image.index_copy_(0, host.to(self.device, non_blocking=True), decoded)
+        if places is not None:
+            places.release_after(self.stream.cuda_stream)
         # The lane reuses the rows' buffer only after this copy, whoever lets go of the rows
         # first.
         rows.keep_until(self.stream.cuda_stream)

@@ -4,6 +4,7 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
+use bytes::Bytes;
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList, PyTuple};
 
@@ -67,6 +68,9 @@ pub(crate) struct NativeBatch {
     bad_samples: Py<PyList>,
     /// The rows the GPU decode lane left on the GPU, if any.
     device_rows: Option<Py<DeviceRows>>,
+    /// With `device_rows`: the batch row of each of them as int64 bytes, page-locked beside
+    /// the slots when the pool pins and has room there.
+    row_places: Option<Py<Buffer>>,
 }
 
 #[pymethods]
@@ -83,31 +87,68 @@ impl NativeBatch {
 
 /// The [`NativeBatch`] of `batch`: its tensors as `Buffer`s over the slot (fenced when the
 /// slot is page-locked), its bad samples as dicts, and the rows the GPU decode lane left on the
-/// GPU.
+/// GPU with their places. With a page-locked pool, the tensors built apart from the slot
+/// (labels, sources) and the row places are copied into the pool's page-locked room beside
+/// the slots and fenced with the batch, so no page is locked for them outside the pinned
+/// budget; where that room has no slot free they stay pageable.
 pub(super) fn native_batch(
     py: Python<'_>,
-    batch: Batch,
+    mut batch: Batch,
     release: Option<(Arc<PinnedRelease>, Arc<stoker_loader::SlotPool>)>,
 ) -> PyResult<Bound<'_, NativeBatch>> {
+    let places: Option<Bytes> = batch.device_rows.as_ref().map(|rows| {
+        let places = rows.positions().iter();
+        places.flat_map(|&p| i64::from(p).to_le_bytes()).collect()
+    });
+    let mut places = places;
+    if let Some((_, slots)) = &release {
+        let apart: Vec<usize> = (0..batch.tensors.len())
+            .filter(|&i| !slots.holds(batch.tensors[i].data.as_ptr()))
+            .collect();
+        let parts: Vec<&[u8]> = apart
+            .iter()
+            .map(|&i| &batch.tensors[i].data[..])
+            .chain(places.as_deref())
+            .collect();
+        if let Some(mut pinned) = slots.pin_beside(&parts) {
+            if let Some(bytes) = places.as_mut() {
+                *bytes = pinned.pop().unwrap_or_default();
+            }
+            for (i, bytes) in apart.into_iter().zip(pinned) {
+                batch.tensors[i].data = bytes;
+            }
+        }
+    }
     let device_rows = batch.device_rows.map(DeviceRows::new);
     let device_rows = device_rows.map(|rows| Py::new(py, rows)).transpose()?;
     let tensors = PyList::empty(py);
     let mut batch_fences = None;
+    let mut fences_of = |pinned: bool| match (&release, pinned) {
+        (Some((release, _)), true) => {
+            if batch_fences.is_none() {
+                batch_fences = release.for_batch(py);
+            }
+            batch_fences.clone()
+        }
+        _ => None,
+    };
     for tensor in batch.tensors {
         let shape = PyTuple::new(py, tensor.shape.iter().copied())?;
-        // Only bytes in a page-locked slot need fences (labels built apart do not).
-        let fences = match &release {
-            Some((pinned, slots)) if slots.holds_pinned(tensor.data.as_ptr()) => {
-                if batch_fences.is_none() {
-                    batch_fences = pinned.for_batch(py);
-                }
-                batch_fences.clone()
-            }
-            _ => None,
-        };
-        let buffer = Bound::new(py, Buffer::new(tensor.data, fences))?;
+        // Only page-locked bytes need fences.
+        let pinned = release
+            .as_ref()
+            .is_some_and(|(_, slots)| slots.holds_pinned(tensor.data.as_ptr()));
+        let buffer = Bound::new(py, Buffer::new(tensor.data, fences_of(pinned)))?;
         tensors.append((tensor.name, dtype_name(tensor.dtype), shape, buffer))?;
     }
+    let row_places = places
+        .map(|bytes| {
+            let pinned = release
+                .as_ref()
+                .is_some_and(|(_, slots)| slots.holds_pinned(bytes.as_ptr()));
+            Py::new(py, Buffer::new(bytes, fences_of(pinned)))
+        })
+        .transpose()?;
     let bad = PyList::empty(py);
     for sample in batch.bad_samples {
         let entry = PyDict::new(py);
@@ -126,6 +167,7 @@ pub(super) fn native_batch(
             sample_indices: batch.sample_indices,
             bad_samples: bad.unbind(),
             device_rows,
+            row_places,
         },
     )
 }

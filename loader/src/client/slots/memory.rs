@@ -26,6 +26,9 @@ pub(super) struct Arena {
 #[derive(Debug)]
 pub(super) struct Pinning {
     pub(super) locker: Arc<dyn PageLocker>,
+    /// The process's pinned budget the pool was made within (a pool beside it takes its
+    /// part of the same).
+    pub(super) budget_bytes: u64,
     /// Held for its drop: the pool's slots' part of the pinned budget.
     pub(super) _share: PinnedShare,
     pub(super) slots: Mutex<PinSlots>,

@@ -10,11 +10,12 @@
 //! in it is handed out, and stays so until the pool is dropped; never per batch).
 
 use std::os::fd::{AsRawFd, RawFd};
-use std::sync::{Arc, Condvar, Mutex};
+use std::sync::{Arc, Condvar, Mutex, OnceLock};
 use std::time::Duration;
 
 use bytes::Bytes;
 
+mod beside;
 mod memory;
 mod page_lock;
 
@@ -44,6 +45,9 @@ pub struct SlotPool {
     capacity: usize,
     arena: Option<Arena>,
     pinning: Option<Pinning>,
+    /// A pinned pool's page-locked room for the small tensors of its batches
+    /// ([`SlotPool::pin_beside`]): made when first asked for; `None` when it could not be.
+    beside: OnceLock<Option<Arc<SlotPool>>>,
     state: Mutex<PoolState>,
     released: Condvar,
 }
@@ -76,6 +80,7 @@ impl SlotPool {
             capacity: capacity.max(1),
             arena: None,
             pinning: None,
+            beside: OnceLock::new(),
             state: Mutex::new(PoolState::default()),
             released: Condvar::new(),
         })
@@ -94,6 +99,7 @@ impl SlotPool {
             capacity,
             arena: Some(arena),
             pinning: None,
+            beside: OnceLock::new(),
             state: Mutex::new(PoolState::default()),
             released: Condvar::new(),
         }))
@@ -127,6 +133,7 @@ impl SlotPool {
         let arena = Arena::map(slot_bytes, capacity, shared).map_err(PinnedPoolError::Map)?;
         let pinning = Pinning {
             locker,
+            budget_bytes,
             _share: share,
             slots: Mutex::new(PinSlots::default()),
         };
@@ -135,6 +142,7 @@ impl SlotPool {
             capacity,
             arena: Some(arena),
             pinning: Some(pinning),
+            beside: OnceLock::new(),
             state: Mutex::new(PoolState::default()),
             released: Condvar::new(),
         }))
@@ -165,15 +173,16 @@ impl SlotPool {
         self.pinning.is_some()
     }
 
-    /// Bytes of slot memory page-locked now.
+    /// Bytes of slot memory page-locked now (the room beside the slots included).
     pub fn pinned_bytes(&self) -> u64 {
         let (Some(pinning), Some(arena)) = (&self.pinning, &self.arena) else {
             return 0;
         };
-        pinning.slots.lock().map_or(0, |s| {
+        let slots = pinning.slots.lock().map_or(0, |s| {
             let locked = s.status.iter().filter(|&&p| p == PinStatus::Locked).count();
             (locked * arena.stride) as u64
-        })
+        });
+        slots + self.beside_pool().map_or(0, |beside| beside.pinned_bytes())
     }
 
     /// Whether no slot handed out so far was refused page-locking: false for a pool that does
@@ -200,11 +209,23 @@ impl SlotPool {
             .and_then(|p| p.slots.lock().ok().and_then(|s| s.error.clone()))
     }
 
-    /// Whether `ptr` lies in a page-locked slot of this pool: the tensors of a batch
-    /// outside its slot (labels, built apart) are not.
+    /// Whether `ptr` lies in a page-locked slot of this pool, or in its page-locked room
+    /// beside the slots ([`SlotPool::pin_beside`]): the tensors of a batch built apart from
+    /// its slot (labels) are only once copied there.
     pub fn holds_pinned(&self, ptr: *const u8) -> bool {
         self.pinned_slot_of(ptr)
             .is_some_and(|(pinning, index)| pinning.status(index) == PinStatus::Locked)
+            || self
+                .beside_pool()
+                .is_some_and(|beside| beside.holds_pinned(ptr))
+    }
+
+    /// Whether `ptr` lies in one of this pool's arena slots, page-locked or not (a batch's
+    /// tensors built apart from its slot, such as labels, do not).
+    pub fn holds(&self, ptr: *const u8) -> bool {
+        self.arena
+            .as_ref()
+            .is_some_and(|arena| (ptr as usize).wrapping_sub(arena.base as usize) < arena.size)
     }
 
     /// The pinning and the slot index of `ptr`, when the pool pins and `ptr` is in its arena.
@@ -647,6 +668,75 @@ mod tests {
         );
         // Its share of the budget is back: the same pool fits again.
         assert!(SlotPool::pinned(slot_bytes, capacity, false, locker, budget).is_ok());
+    }
+
+    #[test]
+    fn small_tensors_copied_beside_a_pinned_pool_are_page_locked_within_its_budget() {
+        let _ledger = LEDGER.lock().unwrap_or_else(|p| p.into_inner());
+        let locker = Arc::new(Recording::default());
+        let (slot_bytes, capacity, page) = (100, 2, page_size());
+        let slots = (capacity * slot_stride(slot_bytes)) as u64;
+        // Room for the slots and for two pages beside them, no more.
+        let budget = pinned_reserved() + slots + 2 * page as u64;
+        let pool = SlotPool::pinned(slot_bytes, capacity, false, locker.clone(), budget)
+            .expect("the pool fits its budget");
+        // The locker refuses its first lock: spend it on a batch slot.
+        let mut batch = pool.try_take(8).unwrap();
+        pool.pin_for_hand_out(batch.as_mut_slice().as_ptr());
+        let labels: Vec<u8> = [7i64, -1, 3].iter().flat_map(|v| v.to_le_bytes()).collect();
+        let odd = [1u8, 2, 3];
+        let first = pool
+            .pin_beside(&[&labels, &odd, &labels])
+            .expect("room beside");
+        assert_eq!(first[0], labels.as_slice());
+        assert_eq!(first[1], odd.as_slice());
+        assert_eq!(first[2], labels.as_slice());
+        for part in &first {
+            assert_eq!(part.as_ptr() as usize % 8, 0, "each part 8-byte aligned");
+            assert!(
+                pool.holds_pinned(part.as_ptr()),
+                "the room beside is page-locked"
+            );
+        }
+        assert!(
+            !pool.holds_pinned(labels.as_ptr()),
+            "the caller's own bytes are not"
+        );
+        assert!(pool.holds(batch.as_mut_slice().as_ptr()) && !pool.holds(labels.as_ptr()));
+        assert!(
+            !pool.holds(first[0].as_ptr()),
+            "the room beside is not a batch slot"
+        );
+        assert_eq!(
+            pool.pinned_bytes(),
+            page as u64,
+            "one slot beside locked, the refused one not"
+        );
+        // As many slots beside as the pool has: a third batch's parts wait for one.
+        let second = pool.pin_beside(&[&odd]).expect("a second slot beside");
+        assert!(
+            pool.pin_beside(&[&odd]).is_none(),
+            "both slots beside are held"
+        );
+        drop(first);
+        assert!(
+            pool.pin_beside(&[&odd]).is_some(),
+            "the slot beside came back"
+        );
+        // Nothing to copy, or more than a slot beside holds: the caller keeps its bytes.
+        assert!(pool.pin_beside(&[]).is_none());
+        assert!(pool.pin_beside(&[&vec![0u8; page + 1]]).is_none());
+        // The room counts against the budget: nothing more fits beside the pool...
+        assert!(PinnedShare::take(1, budget).is_err());
+        drop((second, batch));
+        drop(pool);
+        // ...until the pool and its room are gone.
+        assert_eq!(pinned_reserved() + slots + 2 * page as u64, budget);
+        // A budget without room beside the slots: the pool works, its parts stay pageable.
+        let tight = pinned_reserved() + slots;
+        let pool = SlotPool::pinned(slot_bytes, capacity, false, locker, tight).unwrap();
+        assert!(pool.pin_beside(&[&odd]).is_none());
+        assert!(pool.try_take(8).is_some());
     }
 
     #[test]
