@@ -226,8 +226,10 @@ class Loader(FromDataset, SavedState):
             what the lane did.
         gpu_memory: with ``decode="gpu"`` or ``"auto"``: the most device memory the lane
             holds, in bytes (decoded images in flight, rows waiting for the training loop,
-            what nvJPEG allocates through the lane's allocators; the hardware decoder's own
-            buffers are outside it), allocated when the loader starts and never grown; an image
+            what nvJPEG allocates through the lane's allocators: on the hardware backend,
+            whose own buffers are outside the cap, a margin of 8 MiB a decode thread, else a
+            share equal to each thread's decoded images), allocated when the loader starts and
+            never grown; an image
             whose decoded size does not fit goes to the CPU. Default 1 GiB
             (``stoker._native.DEFAULT_GPU_MEMORY``); freed by :meth:`close` once the batches
             holding its rows are released.

@@ -38,33 +38,87 @@ pub struct LaneMemory {
     pub(super) pipes: usize,
 }
 
+/// What nvJPEG's own device allocations through a hardware-backend decoder may reach, per pipe.
+/// The hardware decoder keeps its buffers outside the allocators the lane gives it (on an H200
+/// with nvJPEG 13 it made no call to them), so its share of the cap is kept small: a margin for
+/// a release that does call them (past it an allocation is refused and its images are built on
+/// the CPU, as any refused one is).
+const HARDWARE_NVJPEG_SHARE: usize = 8 << 20;
+
+/// How the lane splits its cap ([`plan`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct Plan {
+    pub(super) ring_slots: usize,
+    pub(super) ring_slot_bytes: usize,
+    pub(super) params_bytes: usize,
+    pub(super) sentinel_bytes: usize,
+    pub(super) arena_bytes: usize,
+    pub(super) nvjpeg_limit: usize,
+}
+
+/// Splits `cap` bytes: up to 8 ring buffers of `batch_rows` rows of `row_bytes` (at least 2, at
+/// most a quarter of the cap beyond those 2) and each pipe's kernel parameters and sentinel
+/// rows; then, of the rest, nvJPEG's allocations may reach an equal part beside each of the
+/// `pipes` arenas on nvJPEG's default backend, and [`HARDWARE_NVJPEG_SHARE`] a pipe on the
+/// `hardware` one, the arenas sharing what is left.
+pub(super) fn plan(
+    cap: usize,
+    batch_rows: usize,
+    row_bytes: usize,
+    pipes: usize,
+    hardware: bool,
+) -> std::result::Result<Plan, GpuDecodeError> {
+    let pipes = pipes.max(1);
+    let ring_slot_bytes = (batch_rows * row_bytes).div_ceil(ALIGN) * ALIGN;
+    let params_bytes = (batch_rows * std::mem::size_of::<CropItem>()).max(ALIGN);
+    // A sentinel row for each item the parameters hold (a pipe's `sentinel_rows`).
+    let sentinel_bytes = params_bytes / std::mem::size_of::<CropItem>() * SENTINEL;
+    let ring_slots = ((cap / 4) / ring_slot_bytes.max(1)).clamp(2, 8);
+    let fixed = ring_slots * ring_slot_bytes + pipes * (params_bytes + sentinel_bytes);
+    let rest = cap.saturating_sub(fixed);
+    if rest < MIN_DECODE_MEMORY {
+        return Err(GpuDecodeError::Memory(format!(
+            "gpu_memory={cap} bytes leaves {rest} for decoding after {ring_slots} batches of \
+             rows in flight ({ring_slot_bytes} bytes each); the lane needs at least {} \
+             more: raise gpu_memory",
+            MIN_DECODE_MEMORY - rest
+        )));
+    }
+    let nvjpeg_share = match hardware {
+        true => (pipes * HARDWARE_NVJPEG_SHARE).min(rest / (pipes + 1)),
+        false => rest / (pipes + 1),
+    };
+    let arena_bytes = ((rest - nvjpeg_share) / pipes) / ALIGN * ALIGN;
+    Ok(Plan {
+        ring_slots,
+        ring_slot_bytes,
+        params_bytes,
+        sentinel_bytes,
+        arena_bytes,
+        nvjpeg_limit: rest - pipes * arena_bytes,
+    })
+}
+
 impl LaneMemory {
-    /// Splits `cap` bytes: up to 8 ring buffers of `batch_rows` rows of `row_bytes` (at least
-    /// 2, at most a quarter of the cap beyond those 2), then equal parts of the rest for each of
-    /// the `pipes` arenas and for nvJPEG. Allocates all but nvJPEG's share now.
+    /// Allocates what [`plan`] gives the arenas, parameters and ring (nvJPEG's share is
+    /// allocated by nvJPEG, through the decoders' budgets).
     pub(super) fn allocate(
         cuda: &Arc<Cuda>,
         cap: usize,
         batch_rows: usize,
         row_bytes: usize,
         pipes: usize,
+        hardware: bool,
     ) -> std::result::Result<LaneMemory, GpuDecodeError> {
-        let ring_slot_bytes = (batch_rows * row_bytes).div_ceil(ALIGN) * ALIGN;
-        let params_bytes = (batch_rows * std::mem::size_of::<CropItem>()).max(ALIGN);
-        // A sentinel row for each item the parameters hold (a pipe's `sentinel_rows`).
-        let sentinel_bytes = params_bytes / std::mem::size_of::<CropItem>() * SENTINEL;
-        let ring_slots = ((cap / 4) / ring_slot_bytes.max(1)).clamp(2, 8);
-        let fixed = ring_slots * ring_slot_bytes + pipes * (params_bytes + sentinel_bytes);
-        let rest = cap.saturating_sub(fixed);
-        if rest < MIN_DECODE_MEMORY {
-            return Err(GpuDecodeError::Memory(format!(
-                "gpu_memory={cap} bytes leaves {rest} for decoding after {ring_slots} batches of \
-                 rows in flight ({ring_slot_bytes} bytes each); the lane needs at least {} \
-                 more: raise gpu_memory",
-                MIN_DECODE_MEMORY - rest
-            )));
-        }
-        let arena_bytes = (rest / (pipes + 1)) / ALIGN * ALIGN;
+        let plan = plan(cap, batch_rows, row_bytes, pipes, hardware)?;
+        let Plan {
+            ring_slots,
+            ring_slot_bytes,
+            params_bytes,
+            sentinel_bytes,
+            arena_bytes,
+            nvjpeg_limit,
+        } = plan;
         let mut memory = LaneMemory {
             cuda: Arc::clone(cuda),
             arenas: Vec::new(),
@@ -75,7 +129,7 @@ impl LaneMemory {
             ring_slot_bytes,
             params_bytes,
             sentinel_bytes,
-            nvjpeg_limit: rest - pipes * arena_bytes,
+            nvjpeg_limit,
             cap,
             pipes,
         };
@@ -145,5 +199,53 @@ impl Drop for LaneMemory {
         if let Err(error) = freed {
             tracing::warn!(%error, "could not free the GPU decode lane's memory");
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MIB: usize = 1 << 20;
+
+    #[test]
+    fn on_the_hardware_backend_the_arenas_take_what_the_default_one_leaves_to_nvjpeg() {
+        // The default cap, a batch of 256 rows of 224 x 224 x 3, two pipes.
+        let (cap, rows, row) = (1024 * MIB, 256, 224 * 224 * 3);
+        let default = plan(cap, rows, row, 2, false).unwrap();
+        let hardware = plan(cap, rows, row, 2, true).unwrap();
+        // The same ring and parameters either way.
+        assert_eq!(default.ring_slots, hardware.ring_slots);
+        assert_eq!(default.params_bytes, hardware.params_bytes);
+        let fixed = default.ring_slots * default.ring_slot_bytes
+            + 2 * (default.params_bytes + default.sentinel_bytes);
+        for p in [default, hardware] {
+            assert_eq!(
+                fixed + 2 * p.arena_bytes + p.nvjpeg_limit,
+                cap,
+                "the cap, all of it"
+            );
+            assert_eq!(p.arena_bytes % ALIGN, 0);
+        }
+        // The default backend: a third of the rest each for nvJPEG and the two arenas.
+        let rest = cap - fixed;
+        assert!(default.nvjpeg_limit >= rest / 3 && default.nvjpeg_limit < rest / 3 + 2 * ALIGN);
+        // The hardware backend: a margin for nvJPEG, the arenas the rest.
+        assert!(hardware.nvjpeg_limit >= 2 * HARDWARE_NVJPEG_SHARE);
+        assert!(hardware.nvjpeg_limit < 2 * HARDWARE_NVJPEG_SHARE + 2 * ALIGN);
+        // Each arena gains half of what the default backend's nvJPEG share was, less its margin.
+        let gained = default.nvjpeg_limit / 2 - HARDWARE_NVJPEG_SHARE;
+        assert!(hardware.arena_bytes + ALIGN > default.arena_bytes + gained);
+        assert!(hardware.arena_bytes > default.arena_bytes + 100 * MIB);
+    }
+
+    #[test]
+    fn a_small_cap_keeps_nvjpegs_margin_within_an_equal_part_and_too_small_a_cap_is_refused() {
+        let (rows, row) = (16, 32 * 32 * 3);
+        let tight = plan(60 * MIB, rows, row, 8, true).unwrap();
+        assert!(tight.nvjpeg_limit < 8 * HARDWARE_NVJPEG_SHARE, "{tight:?}");
+        assert!(tight.arena_bytes > 0);
+        let error = plan(40 * MIB, rows, row, 2, true).unwrap_err().to_string();
+        assert!(error.contains("raise gpu_memory"), "{error}");
     }
 }

@@ -307,12 +307,21 @@ impl GpuLane {
         let (height, width) = pipeline.output_size();
         let row_bytes = pipeline.bytes_per_sample();
         let pipe_count = pipe_count(std::env::var("STOKER_GPU_DECODE_PIPES").ok().as_deref());
+        // The memory is planned for the backend the decoders will use (tried the same way).
+        let mut probed = None;
+        cuda.in_context("nvjpegCreateExV2", || {
+            probed = Some(super::nvjpeg::hardware_backend(&options.library_dirs));
+            Ok(())
+        })
+        .map_err(|e| GpuDecodeError::Cuda(e.to_string()))?;
+        let hardware = probed.unwrap_or(Ok(false))?;
         let memory = Arc::new(LaneMemory::allocate(
             &cuda,
             options.memory_bytes,
             batch_size.max(1),
             row_bytes,
             pipe_count,
+            hardware,
         )?);
         let stats = Arc::new(LaneStats::default());
         // Each pipe in the primary context, or in a green context of its own.
@@ -331,6 +340,13 @@ impl GpuLane {
                     return Err(error);
                 }
             }
+        }
+        if hardware && pipes.iter().any(|pipe| !pipe.decoder.hardware()) {
+            tracing::warn!(
+                "the lane's memory was planned for nvJPEG's hardware backend, but a decoder \
+                 started on the default one: its allocations past the margin are refused and \
+                 those images built on the CPU"
+            );
         }
         let granted_sms = pipes[0].green_sms();
         let shared = Arc::new(Shared {

@@ -255,6 +255,25 @@ pub fn version(dirs: &[PathBuf]) -> Result<((i32, i32, i32), String), GpuDecodeE
     Ok((api.version, api.from.clone()))
 }
 
+/// Whether nvJPEG's hardware backend starts on the device whose context is current: a handle
+/// made with it (nvJPEG's own allocators) and destroyed at once. [`Decoder::new`] tries that
+/// backend first too; the lane asks beforehand to plan its memory for the backend it will use.
+pub fn hardware_backend(dirs: &[PathBuf]) -> Result<bool, GpuDecodeError> {
+    let api = api(dirs)?;
+    let mut handle = std::ptr::null_mut();
+    let (device, pinned) = (std::ptr::null_mut(), std::ptr::null_mut());
+    // SAFETY: null allocators ask for nvJPEG's own; the out-pointer is a local.
+    let status =
+        unsafe { (api.create_ex_v2)(BACKEND_HARDWARE, device, pinned, CREATE_FLAGS, &mut handle) };
+    if status != SUCCESS {
+        tracing::debug!(status = status_name(status), "no hardware backend");
+        return Ok(false);
+    }
+    // SAFETY: the handle was made just above and nothing else holds it.
+    unsafe { (api.destroy)(handle) };
+    Ok(true)
+}
+
 /// One nvJPEG decoder: a handle (hardware engines where there are, else the default backend),
 /// its allocators' budget, a stream parser, and decode states used in turn.
 pub struct Decoder {
