@@ -395,11 +395,12 @@ class DeviceStage:
 
     def _warm_up(self) -> None:
         """Runs the stage once on a tiny batch, so that loading CUDA's kernels for the copy
-        and the tail (and torch's pinned and stream memory pools) happens while the loader is
-        built, not in the first ``next()``."""
+        and the tail (and torch's stream memory pool) happens while the loader is built, not in
+        the first ``next()``. The tiny batch is pageable: the stage page-locks nothing of its
+        own (the slots and the room beside them are the pool's, within the pinned budget)."""
         torch = self._torch
         with torch.cuda.stream(self.stream):
-            tiny = torch.zeros((1, 2, 2, 3), dtype=torch.uint8).pin_memory()
+            tiny = torch.zeros((1, 2, 2, 3), dtype=torch.uint8)
             device = torch.empty_like(tiny, device=self.device)
             device.copy_(tiny, non_blocking=True)
             if self._changes_image:
