@@ -274,6 +274,28 @@ fn bench_coordinator_grpc_drives_a_real_coordinator() {
         .map(|j| j.as_u64().unwrap())
         .sum();
     assert_eq!(jobs, 8, "every job at one shard: {report}");
+
+    // The coordinator on a core of its own, the simulators on the others (this machine has 2
+    // or more; CI's has 2).
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    if cores >= 2 {
+        let rows = bench_grpc_rows(&[
+            "--ranks",
+            "4",
+            "--control",
+            "after",
+            "--coordinator-cores",
+            "1",
+        ]);
+        let report = &rows[0];
+        assert_eq!(report["machine_cores"], cores, "{report}");
+        let listed = |key: &str| report[key].as_array().map_or(0, Vec::len);
+        assert_eq!(
+            (listed("coordinator_cores"), listed("simulator_cores")),
+            (1, cores - 1)
+        );
+        assert!(report["coordinator_cpu_s"].as_f64() > Some(0.0), "{report}");
+    }
 }
 
 #[test]

@@ -22,6 +22,7 @@
 //! (the harness then fits a 16,384-rank job on a small machine; the coordinator still sees a
 //! session, and its updates, per rank).
 
+mod cores;
 mod sim;
 
 use std::collections::HashMap;
@@ -83,6 +84,10 @@ pub struct CoordinatorGrpcBench {
     /// Coordinator processes the jobs are sharded over (each `--shard I/N`).
     #[arg(long, default_value_t = 1)]
     pub shards: u32,
+    /// The coordinator processes on cores of their own: the first N this process may use,
+    /// the simulators on the others (0: they share every core).
+    #[arg(long, default_value_t = 0)]
+    pub coordinator_cores: usize,
     /// Seconds measured per way, after one second of warm-up.
     #[arg(long, default_value_t = 10.0)]
     pub seconds: f64,
@@ -110,8 +115,9 @@ struct GrpcReport {
     shard_jobs: Vec<u32>,
     /// Assignments per CPU-second of the coordinator process.
     assignments_per_coordinator_core_s: f64,
-    /// Cores of this machine (the coordinator and the simulators share them).
-    machine_cores: usize,
+    /// The machine's cores, and the coordinators' and the simulators' when they are apart.
+    #[serde(flatten)]
+    placement: cores::Placement,
     lease_calls: u64,
     lease_p50_us: f64,
     lease_p99_us: f64,
@@ -201,12 +207,14 @@ pub fn run(args: &CoordinatorGrpcBench) -> Result<()> {
         Some(control) => vec![control],
         None => vec![Control::Before, Control::After],
     };
+    // Before the runtime: its threads take this thread's cores.
+    let placement = cores::Placement::take(args.coordinator_cores)?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;
     let mut reports = Vec::new();
     for control in ways {
-        let report = measure(args, control, &runtime)?;
+        let report = measure(args, control, &runtime, &placement)?;
         print_report(args, &report);
         reports.push(report);
     }
@@ -225,8 +233,8 @@ pub fn run(args: &CoordinatorGrpcBench) -> Result<()> {
 
 fn print_report(args: &CoordinatorGrpcBench, report: &GrpcReport) {
     println!(
-        "[{:?}] coordinator over gRPC: {} workers, {} ranks in {} jobs over {} connections, {} credits each, {} tasks per lease; {} cores on this machine, shared with the simulators",
-        report.control, report.workers, report.ranks, report.jobs, report.connections, args.credits, args.lease_batch, report.machine_cores
+        "[{:?}] coordinator over gRPC: {} workers, {} ranks in {} jobs over {} connections, {} credits each, {} tasks per lease; {}",
+        report.control, report.workers, report.ranks, report.jobs, report.connections, args.credits, args.lease_batch, report.placement.describe()
     );
     if report.shards > 1 {
         let cpu: Vec<String> = report
@@ -260,6 +268,7 @@ fn measure(
     args: &CoordinatorGrpcBench,
     control: Control,
     runtime: &tokio::runtime::Runtime,
+    placement: &cores::Placement,
 ) -> Result<GrpcReport> {
     let state = tempfile::tempdir()?;
     let mut coordinators = Vec::new();
@@ -271,7 +280,11 @@ fn measure(
         addresses.push(address);
     }
     let pids: Vec<u32> = coordinators.iter().map(std::process::Child::id).collect();
-    let measured = runtime.block_on(drive(args, control, &addresses, &pids));
+    let placed = pids
+        .iter()
+        .try_for_each(|&pid| placement.place_coordinator(pid));
+    let measured =
+        placed.and_then(|()| runtime.block_on(drive(args, control, &addresses, &pids, placement)));
     for mut coordinator in coordinators {
         let _ = coordinator.kill();
         let _ = coordinator.wait();
@@ -391,6 +404,7 @@ async fn drive(
     control: Control,
     addresses: &[String],
     pids: &[u32],
+    placement: &cores::Placement,
 ) -> Result<GrpcReport> {
     let security = ClientSecurity::default();
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
@@ -572,7 +586,7 @@ async fn drive(
         } else {
             0.0
         },
-        machine_cores: std::thread::available_parallelism().map_or(1, |n| n.get()),
+        placement: placement.clone(),
         lease_calls: shared.lease_calls.load(Ordering::Relaxed),
         lease_p50_us: quantile(&latencies, 0.50),
         lease_p99_us: quantile(&latencies, 0.99),
