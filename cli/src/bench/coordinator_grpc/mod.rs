@@ -14,15 +14,17 @@
 //!
 //! Reported per way: assignments per second (acknowledged steps in the measured window), the
 //! coordinator processes' CPU time over that window (from `/proc/PID/stat`; summed over the
-//! shards, and each shard's) and assignments per second of it, the latency of the lease calls that returned tasks (p50, p99), and the
-//! bytes on the loopback interface per assignment (both directions, TCP/IP headers included;
-//! all of the machine's loopback traffic in the window, from `/proc/net/dev`). On a small
-//! machine the simulators take cores from the coordinator: the per-core figure is the one
+//! shards, and each shard's) and assignments per second of it, the latency of the lease calls
+//! that returned tasks (p50, p99), and the bytes on the loopback interface per assignment (both
+//! directions, TCP/IP headers included; all of the machine's loopback traffic in the window,
+//! from `/proc/net/dev`). On a small machine the simulators take cores from the coordinator
+//! (unless `--coordinator-cores` keeps them apart, `cores.rs`): the per-core figure is the one
 //! that carries over. Many simulated ranks share a connection when `--connections` says so
 //! (the harness then fits a 16,384-rank job on a small machine; the coordinator still sees a
 //! session, and its updates, per rank).
 
 mod cores;
+mod figures;
 mod sim;
 
 use std::collections::HashMap;
@@ -45,6 +47,7 @@ use tokio::sync::mpsc;
 
 use super::soak::fleet::{start_daemon, Recipe};
 use super::{Error, Result};
+use figures::{cpu_seconds, loopback_bytes, quantile};
 pub use sim::Control;
 use sim::Shared;
 
@@ -130,48 +133,6 @@ struct GrpcReport {
 
 /// Steps per epoch the data server describes: more than any run uses.
 const STEPS: u64 = 1 << 40;
-
-/// CPU seconds (user + system) process `pid` has used, from `/proc/PID/stat`.
-fn cpu_seconds(pid: u32) -> Result<f64> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
-    // The fields after the command name, which is in parentheses and may hold spaces.
-    let rest = stat
-        .rsplit_once(')')
-        .map(|(_, rest)| rest)
-        .ok_or_else(|| Error::Failed(format!("unreadable /proc/{pid}/stat")))?;
-    let fields: Vec<&str> = rest.split_whitespace().collect();
-    let ticks = |i: usize| fields.get(i).and_then(|f| f.parse::<u64>().ok());
-    // utime and stime are fields 14 and 15 of the line, 12 and 13 after the name.
-    let (Some(user), Some(system)) = (ticks(11), ticks(12)) else {
-        return Err(Error::Failed(format!("unreadable /proc/{pid}/stat")));
-    };
-    // SAFETY: sysconf has no preconditions.
-    let per_second = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as f64;
-    Ok((user + system) as f64 / per_second)
-}
-
-/// The value at fraction `q` of `sorted`.
-fn quantile(sorted: &[u32], q: f64) -> f64 {
-    if sorted.is_empty() {
-        return 0.0;
-    }
-    let at = ((sorted.len() - 1) as f64 * q).round() as usize;
-    f64::from(sorted[at.min(sorted.len() - 1)])
-}
-
-/// Bytes sent on the loopback interface so far (each byte between two local sockets once),
-/// from `/proc/net/dev`.
-fn loopback_bytes() -> Result<u64> {
-    let table = std::fs::read_to_string("/proc/net/dev")?;
-    table
-        .lines()
-        .find_map(|line| {
-            let (name, counters) = line.split_once(':')?;
-            (name.trim() == "lo").then_some(counters)
-        })
-        .and_then(|counters| counters.split_whitespace().nth(8)?.parse().ok())
-        .ok_or_else(|| Error::Failed("no loopback interface in /proc/net/dev".into()))
-}
 
 /// Runs the benchmark and prints the report.
 pub fn run(args: &CoordinatorGrpcBench) -> Result<()> {
@@ -599,27 +560,6 @@ async fn drive(
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn quantiles_of_sorted_latencies() {
-        let sorted: Vec<u32> = (1..=100).collect();
-        assert_eq!(quantile(&sorted, 0.5), 51.0);
-        assert_eq!(quantile(&sorted, 0.99), 99.0);
-        assert_eq!(quantile(&[], 0.99), 0.0);
-    }
-
-    #[test]
-    fn the_loopback_interface_counts_bytes() {
-        let before = loopback_bytes().expect("a loopback interface");
-        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bound");
-        let mut sender =
-            std::net::TcpStream::connect(listener.local_addr().expect("addr")).expect("connected");
-        let (mut receiver, _) = listener.accept().expect("accepted");
-        std::io::Write::write_all(&mut sender, &[7u8; 100_000]).expect("sent");
-        let mut got = vec![0u8; 100_000];
-        std::io::Read::read_exact(&mut receiver, &mut got).expect("received");
-        assert!(loopback_bytes().expect("counted") >= before + 100_000);
-    }
 
     #[test]
     fn shared_connections_are_handed_out_in_turn() {
