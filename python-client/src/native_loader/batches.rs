@@ -96,11 +96,10 @@ pub(super) fn native_batch(
     mut batch: Batch,
     release: Option<(Arc<PinnedRelease>, Arc<stoker_loader::SlotPool>)>,
 ) -> PyResult<Bound<'_, NativeBatch>> {
-    let places: Option<Bytes> = batch.device_rows.as_ref().map(|rows| {
+    let mut places: Option<Bytes> = batch.device_rows.as_ref().map(|rows| {
         let places = rows.positions().iter();
         places.flat_map(|&p| i64::from(p).to_le_bytes()).collect()
     });
-    let mut places = places;
     if let Some((_, slots)) = &release {
         let apart: Vec<usize> = (0..batch.tensors.len())
             .filter(|&i| !slots.holds(batch.tensors[i].data.as_ptr()))
