@@ -220,3 +220,28 @@ def cluster(dataset: Path, tmp_path: Path) -> Iterator[str]:
     """A coordinator and two workers allowed to read ``dataset``; yields the coordinator."""
     with running_cluster(dataset, tmp_path / "state") as address:
         yield address
+
+
+class RecordingNative:
+    """Stands in for a loader's native handle and keeps what ``note`` reads of each batch it
+    hands out (not the batch itself, which would hold its slot)."""
+
+    def __init__(self, native: Any, note: Callable[[Any], Any]) -> None:
+        self._native = native
+        self._note = note
+        self.notes: list[Any] = []
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._native, name)
+
+    def next_batch(self) -> Any:
+        item = self._native.next_batch()
+        if item is not None:
+            self.notes.append(self._note(item))
+        return item
+
+    def try_next_batch(self) -> Any:
+        item = self._native.try_next_batch()
+        if item is not None:
+            self.notes.append(self._note(item))
+        return item

@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 
 import stoker
-from conftest import require_cuda_torch, running_cluster
+from conftest import RecordingNative, require_cuda_torch, running_cluster
 from stoker import ops, vision
 
 pytestmark = pytest.mark.gpu
@@ -75,42 +75,22 @@ def test_pin_memory_gives_pinned_tensors(torch: Any, dataset: Path) -> None:
         assert plain.stats()["pinned"] is False
 
 
-class RecordingNative:
-    """Stands in for a loader's native handle and keeps each batch it hands out, so a test can
-    read the native Buffers behind the tensors."""
-
-    def __init__(self, native: Any) -> None:
-        self._native = native
-        self.items: list[Any] = []
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._native, name)
-
-    def next_batch(self) -> Any:
-        item = self._native.next_batch()
-        if item is not None:
-            self.items.append(item)
-        return item
-
-    def try_next_batch(self) -> Any:
-        item = self._native.try_next_batch()
-        if item is not None:
-            self.items.append(item)
-        return item
-
-
 def test_labels_are_page_locked_beside_the_slots_not_by_torch(torch: Any, dataset: Path) -> None:
     """A batch's labels come in the pool's page-locked room beside its slots, within the pinned
     budget: the label tensor handed out is that memory, not a copy into torch's pinned pool."""
+
+    def label(item: Any) -> tuple[bool, int]:
+        data = {name: data for name, _, _, data in item.tensors}["label"]
+        return data.pinned, data.address
+
     with loader(dataset, pin_memory=True) as pinned:
-        recorder = RecordingNative(pinned._native)
+        recorder = RecordingNative(pinned._native, label)
         pinned._native = recorder  # type: ignore[assignment]
         batches = list(iter(pinned))
-        assert len(recorder.items) == len(batches) > 0
-        for batch, item in zip(batches, recorder.items, strict=True):
-            label = {name: data for name, _, _, data in item.tensors}["label"]
-            assert label.pinned, "in Stoker's page-locked memory"
-            assert batch["label"].data_ptr() == label.address, "not a copy made by torch"
+        assert len(recorder.notes) == len(batches) > 0
+        for batch, (in_stokers_memory, address) in zip(batches, recorder.notes, strict=True):
+            assert in_stokers_memory, "in Stoker's page-locked memory"
+            assert batch["label"].data_ptr() == address, "not a copy made by torch"
             assert batch["label"].is_pinned()
         assert pinned.stats()["pinned_bytes"] > 0
 

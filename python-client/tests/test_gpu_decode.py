@@ -24,7 +24,7 @@ import numpy as np
 import pytest
 
 import stoker
-from conftest import require_cuda_torch
+from conftest import RecordingNative, require_cuda_torch
 from stoker import _native, _resume, gpu, ops
 
 CROP = 64
@@ -305,42 +305,31 @@ def test_the_lanes_row_places_and_the_labels_reach_the_device_from_the_room_besi
 ) -> None:
     """Under ``decode="gpu"`` each batch's row places (where the lane's rows go) and labels are
     page-locked beside the slots, within the budget, and the places say the rows' positions."""
+
+    def note(item: Any) -> tuple[bool, list[int] | None, bool, list[int] | None]:
+        label = {name: data for name, _, _, data in item.tensors}["label"]
+        places, rows = item.row_places, item.device_rows
+        if rows is None:
+            return label.pinned, None, False, None
+        read = np.frombuffer(memoryview(places), dtype=np.int64).tolist()
+        return label.pinned, read, places.pinned, list(rows.positions)
+
     options = {"pipeline": train_pipeline(), "batch_size": 16, "num_threads": 2, "seed": 5}
     with stoker.Loader(dataset, device="cuda", decode="gpu", timeout=120, **options) as loader:
-        native = loader._native
-        items: list[Any] = []
-
-        class Recording:
-            def __getattr__(self, name: str) -> Any:
-                return getattr(native, name)
-
-            def next_batch(self) -> Any:
-                item = native.next_batch()
-                if item is not None:
-                    items.append(item)
-                return item
-
-            def try_next_batch(self) -> Any:
-                item = native.try_next_batch()
-                if item is not None:
-                    items.append(item)
-                return item
-
-        loader._native = Recording()  # type: ignore[assignment]
+        recorder = RecordingNative(loader._native, note)
+        loader._native = recorder  # type: ignore[assignment]
         labels = [batch["label"].cpu().numpy().copy() for batch in loader]
     with stoker.Loader(dataset, output="numpy", **options) as cpu:
         expected = [batch["label"].copy() for batch in cpu]
     assert len(labels) == len(expected)
     for got, want in zip(labels, expected, strict=True):
         np.testing.assert_array_equal(got, want)
-    with_rows = [item for item in items if item.device_rows is not None]
+    assert all(label_pinned for label_pinned, _, _, _ in recorder.notes)
+    with_rows = [n for n in recorder.notes if n[1] is not None]
     assert with_rows, "the lane built rows"
-    for item in items:
-        assert {name: data for name, _, _, data in item.tensors}["label"].pinned
-    for item in with_rows:
-        places = np.frombuffer(memoryview(item.row_places), dtype=np.int64)
-        assert places.tolist() == list(item.device_rows.positions)
-        assert item.row_places.pinned
+    for _, places, places_pinned, positions in with_rows:
+        assert places == positions
+        assert places_pinned
 
 
 @pytest.mark.gpu
