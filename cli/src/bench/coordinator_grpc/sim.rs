@@ -6,8 +6,8 @@
 //! - [`Control::After`], as the loader and the worker daemon do now: a client's updates go on
 //!   its session's stream (`UpdateSessionStream`), held as the loader holds them (its
 //!   `Hold`), naming the workers' list it holds so the answer lists them only when they
-//!   changed, and quiet (unanswered) but for one every [`ANSWER_EVERY`], as the loader asks
-//!   for an answer to the updates carrying its figures; a worker leases on its lease stream
+//!   changed, and quiet (unanswered) but for one whenever the loader's `ANSWER_AFTER_ACKS`
+//!   acknowledgements are on the way, as the loader asks; a worker leases on its lease stream
 //!   (`LeaseStream`, through the worker daemon's `stoker_rpc::lease_calls`), and its reports go with its next lease, or from a task of their own at
 //!   most one per interval, whichever comes first.
 
@@ -28,7 +28,7 @@ use tokio::sync::mpsc;
 use tokio_stream::wrappers::UnboundedReceiverStream;
 
 use crate::bench::Result;
-use stoker_loader::session_updates::{Due, Hold, Pending};
+use stoker_loader::session_updates::{Due, Hold, Pending, ANSWER_AFTER_ACKS};
 
 /// How the simulators talk to the coordinator.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Serialize)]
@@ -213,10 +213,6 @@ impl Updates {
     }
 }
 
-/// How often a simulated client asks for its update's answer, as the loader does with the
-/// updates that carry its figures.
-const ANSWER_EVERY: Duration = Duration::from_millis(500);
-
 /// One simulated client (rank): acknowledges what arrives and consumes it, one batch per
 /// `1 / rank_rate` seconds (at once when the rate is 0), a credit back for each batch
 /// consumed, as the loader asks a step for each one its training takes. Before: an update as
@@ -251,7 +247,8 @@ pub async fn client(
         std::iter::repeat_n(Instant::now(), credits as usize).collect();
     let mut latencies = Vec::new();
     let mut hold = Hold::new(shared.interval);
-    let (mut sequence, mut answered) = (0u64, Instant::now());
+    // Updates sent, and acknowledgements sent since the last answer.
+    let (mut sequence, mut on_the_way) = (0u64, 0usize);
     let mut next_step = tokio::time::Instant::now();
     let mut stopped = shared.stopped.clone();
     while !shared.stop.load(Ordering::Relaxed) {
@@ -273,7 +270,8 @@ pub async fn client(
             let count = acks.len() as u64;
             granted_at.extend(std::iter::repeat_n(Instant::now(), want as usize));
             sequence += 1;
-            let quiet = shared.control == Control::After && answered.elapsed() < ANSWER_EVERY;
+            on_the_way += count as usize;
+            let quiet = shared.control == Control::After && on_the_way < ANSWER_AFTER_ACKS;
             let answer = updates
                 .send(SessionUpdateRequest {
                     session: Some(session),
@@ -287,7 +285,7 @@ pub async fn client(
                 .await?;
             if let Some(answer) = answer.filter(|_| shared.control == Control::After) {
                 workers_version = answer.workers_version;
-                answered = Instant::now();
+                on_the_way = 0;
             }
             outstanding += want;
             want = 0;

@@ -24,7 +24,7 @@ use tokio::sync::mpsc;
 use tonic::Code;
 
 use super::streams::{stream_worker, Arrival, Streams};
-use super::updates::{Due, Hold, Pending, Updates};
+use super::updates::{Due, Hold, Pending, Updates, ANSWER_AFTER_ACKS};
 use super::{client_stats, job_label, STREAM_RETRY};
 use crate::client::landing::{lock, SlotQueue};
 use crate::client::slots::Slot;
@@ -373,9 +373,10 @@ impl Driver {
                         client_stats(&self.monitor)
                     });
                     acks_on_the_way.extend_from_slice(&acks);
-                    // Its answer is needed when it carries figures (so the acks sent again at a
-                    // Stop stay few), ends the epoch, or starts the stall clock.
-                    let quiet = !(stats.is_some() || all_in);
+                    // Its answer is needed when the acks on the way reach ANSWER_AFTER_ACKS (so
+                    // those sent again at a Stop stay few), when it ends the epoch, or when it
+                    // starts the stall clock; figures go quiet like the rest.
+                    let quiet = !(acks_on_the_way.len() >= ANSWER_AFTER_ACKS || all_in);
                     let request = SessionUpdateRequest {
                         session: Some(token),
                         grant_credits: want,

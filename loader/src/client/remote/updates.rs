@@ -7,8 +7,9 @@
 //! Each update carries the version of the workers' list the client holds, so an answer lists
 //! the workers only when they changed. On the stream most updates are *quiet*: the coordinator
 //! answers them only when the workers changed, so an update costs it a read and no write. An
-//! update whose answer the driver needs (its figures, the epoch's last acknowledgements, credits
-//! that start the stall clock, a flush before a reopen) asks for one, and waits for it before
+//! update whose answer the driver needs (once [`ANSWER_AFTER_ACKS`] acknowledgements are on
+//! the way, the epoch's last acknowledgements, credits that start the stall clock, a flush
+//! before a reopen) asks for one, and waits for it before
 //! the next update; its answer, like any, says up to which update the stream is applied (the
 //! updates are numbered). When one is due is [`Hold`]'s to say: fewer, fuller updates, since
 //! the coordinator's cost per assignment is mostly the updates it takes. [`Hold`] is public as
@@ -198,6 +199,12 @@ pub const ACKS_ALONE: Duration = Duration::from_millis(200);
 
 /// Acknowledgements that make an update due at once.
 pub const ACK_BATCH: usize = 64;
+
+/// Acknowledgements on the way (sent on the stream, not yet known applied) at which an update
+/// asks for its answer, so that what a Stop sends again stays at most about this many. Counted,
+/// not timed: a job of many slow ranks (16,384 at a few batches a second each) would otherwise
+/// have the coordinator answer an update for every other assignment.
+pub const ANSWER_AFTER_ACKS: usize = 256;
 
 /// What the session has to send now.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
