@@ -308,13 +308,11 @@ impl GpuLane {
         let row_bytes = pipeline.bytes_per_sample();
         let pipe_count = pipe_count(std::env::var("STOKER_GPU_DECODE_PIPES").ok().as_deref());
         // The memory is planned for the backend the decoders will use (tried the same way).
-        let mut probed = None;
-        cuda.in_context("nvjpegCreateExV2", || {
-            probed = Some(super::nvjpeg::hardware_backend(&options.library_dirs));
-            Ok(())
-        })
-        .map_err(|e| GpuDecodeError::Cuda(e.to_string()))?;
-        let hardware = probed.unwrap_or(Ok(false))?;
+        let hardware = cuda
+            .in_context("nvjpegCreateExV2", || {
+                Ok(super::nvjpeg::hardware_backend(&options.library_dirs))
+            })
+            .map_err(|e| GpuDecodeError::Cuda(e.to_string()))??;
         let memory = Arc::new(LaneMemory::allocate(
             &cuda,
             options.memory_bytes,
