@@ -484,7 +484,8 @@ impl Driver {
                             tracing::warn!(worker, %status, "worker stream lost; opening the session again so its undelivered batches are redone");
                             break SessionEnd::Reopen;
                         }
-                        // Tried again with a later update that still lists it.
+                        // Tried again once STREAM_RETRY has passed (the tick below), while the
+                        // workers' list still holds it; answers are few, so not left to them.
                         streams.0.remove(&worker);
                         retry_at.insert(worker, Instant::now() + STREAM_RETRY);
                         tracing::debug!(worker, %status, retry_in = ?STREAM_RETRY, "worker unreachable");
@@ -502,6 +503,10 @@ impl Driver {
                     }
                 }, if held_until.is_some() => {}
                 _ = tick.tick() => {
+                    let now = Instant::now();
+                    if retry_at.values().any(|at| *at <= now) {
+                        subscribe_all(&workers, &mut streams, &mut retry_at);
+                    }
                     let received = *floor + ahead.len() as u64;
                     let wanted = self.requested.min(self.steps) > received;
                     if open_streams.is_empty() && wanted {
