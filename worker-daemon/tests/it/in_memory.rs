@@ -314,7 +314,9 @@ fn an_epoch_through_a_coordinator_without_the_update_and_lease_streams_equals_th
 #[test]
 fn the_loader_asks_for_an_answer_only_for_many_acks_on_the_way_at_the_epochs_end_and_for_credits_that_start_its_clock(
 ) -> TestResult {
-    let recorded = proxy::Recorded::default();
+    // A slow worker (each lease held 200 ms): the epoch lasts past the figures' 500 ms with
+    // credits outstanding, so an update carries figures while nothing else asks.
+    let recorded = proxy::Recorded::with_lease_delay(Duration::from_millis(200));
     let (data, _state, network, _cluster) =
         one_worker_behind(proxy::Proxy::Recording(recorded.clone()))?;
     let (expected, steps) = embedded(data.path())?;
@@ -381,6 +383,11 @@ fn the_loader_asks_for_an_answer_only_for_many_acks_on_the_way_at_the_epochs_end
     // by the rule above); the first credits start the clock, the last update ends the epoch,
     // one more starts the clock after the pause; the rest go quiet.
     assert!(epoch[0].stats, "{session:?}");
+    // Figures sent later, mid-epoch with credits outstanding, went quiet.
+    assert!(
+        epoch.iter().skip(1).any(|u| u.stats && u.quiet),
+        "no quiet update carried figures: {epoch:?}"
+    );
     let first_credits = epoch.iter().find(|u| u.credits > 0);
     assert!(first_credits.is_some_and(|u| !u.quiet), "{session:?}");
     assert!(epoch.last().is_some_and(|u| !u.quiet));

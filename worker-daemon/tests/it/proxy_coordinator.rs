@@ -1,10 +1,12 @@
 //! The coordinator service behind a proxy a test controls. As an *older* build it refuses the
 //! update and lease streams as unimplemented (what tonic answers for a method it does not
 //! know), and clients and workers must go on with a call each; *recording*, it passes every
-//! call through and keeps what each session update asked of the coordinator.
+//! call through, keeps what each session update asked of the coordinator and may hold each
+//! lease request a while.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use stoker_coordinator::{CoordinatorService, StreamAnswers};
 use stoker_proto::v1::coordinator_server::{self, CoordinatorServer};
@@ -40,11 +42,18 @@ pub struct Update {
     pub acks: usize,
 }
 
-/// The session updates forwarded so far, in the order they came.
+/// The session updates forwarded so far, in the order they came, and how long each of a
+/// worker's lease requests is held before the coordinator takes it (a slow worker, so the
+/// client waits with credits outstanding).
 #[derive(Clone, Default)]
-pub struct Recorded(Arc<Mutex<Vec<Update>>>);
+pub struct Recorded(Arc<Mutex<Vec<Update>>>, Duration);
 
 impl Recorded {
+    /// Records, holding each lease request on a lease stream for `delay`.
+    pub fn with_lease_delay(delay: Duration) -> Self {
+        Self(Arc::default(), delay)
+    }
+
     pub fn updates(&self) -> Vec<Update> {
         self.0.lock().unwrap_or_else(|p| p.into_inner()).clone()
     }
@@ -138,9 +147,14 @@ impl coordinator_server::Coordinator for Coordinator {
     ) -> Result<Response<Self::LeaseStreamStream>, Status> {
         match &self.proxy {
             Proxy::Older(refusals) => Err(unknown(&refusals.0 .1, "LeaseStream")),
-            Proxy::Recording(_) => Ok(Response::new(
-                self.current.lease_answers(request.into_inner()),
-            )),
+            Proxy::Recording(recorded) => {
+                let delay = recorded.1;
+                let requests = request.into_inner().then(move |lease| async move {
+                    tokio::time::sleep(delay).await;
+                    lease
+                });
+                Ok(Response::new(self.current.lease_answers(requests)))
+            }
         }
     }
 
