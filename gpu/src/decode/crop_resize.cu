@@ -3,8 +3,9 @@
 //
 // The filter is the one PIL and torchvision use for bilinear resizing: a triangle widened by
 // the scale when shrinking, taps normalised to sum to one, and the horizontal pass rounded to
-// 8 bits before the vertical one (as PIL does), so the GPU lane differs from the CPU threads by
-// rounding only. Compiled at run time with NVRTC (no headers needed).
+// 8 bits before the vertical one (as PIL does), so the resize adds only rounding to what the
+// decoders differ by (IDCT and chroma upsampling; the CPU's DCT scaling where it is on).
+// Compiled at run time with NVRTC (no headers needed).
 //
 // The first thread of each image also copies the image's last bytes (at most SENTINEL) into
 // its row of `sentinels`, which the host reads back with one copy to tell a place the decode

@@ -68,7 +68,8 @@ pub struct BatchKey {
 
 /// An image sample offered to another decoder instead of the CPU threads (the GPU lane): its
 /// bytes and header, and the output window and flip drawn from the sample's own RNG stream, the
-/// same draws the CPU would make, so a decoder changes pixels by rounding only.
+/// same draws the CPU would make, so another decoder changes pixels only where its decode
+/// differs (rounding, chroma upsampling, or a full-size decode where the CPU scales).
 #[derive(Debug)]
 pub struct DivertedImage {
     /// The sample's row in the batch.

@@ -210,7 +210,11 @@ class Loader(FromDataset, SavedState):
             (needs ``device="cuda"``): every row the GPU's JPEG engines take is decoded there
             (nvJPEG, hardware backend where the GPU has one) and cropped, resized and flipped by
             one batched kernel straight into the device batch; the RandomResizedCrop window and
-            flip are drawn as on the CPU, so pixels differ from ``"cpu"`` by rounding only.
+            flip are drawn as on the CPU, so with ``DecodeImage(dct_scaling=False)`` pixels
+            differ from ``"cpu"`` by the decoders' rounding and chroma upsampling; with DCT
+            scaling on (``imagenet_train``'s default) the CPU decodes large windows at a reduced
+            scale and the GPU at full size, so those rows differ more (the README gives both
+            figures).
             Progressive JPEGs, PNGs, CMYK, files cut short and images too large for
             ``gpu_memory`` are decoded on the CPU threads in the same batch. ``"auto"``: each
             batch is split between the CPU threads and the GPU, half and half at first, changed
