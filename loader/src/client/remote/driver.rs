@@ -476,6 +476,9 @@ impl Driver {
                     Some(Arrival::Ended { worker }) => {
                         open_streams.remove(&worker);
                         streams.0.remove(&worker);
+                        // A worker that stays listed (its stall watch ended a stream the
+                        // consumer left unread) gets a new one after the same wait.
+                        retry_at.insert(worker, Instant::now() + STREAM_RETRY);
                         tracing::debug!(worker, "the worker ended its stream");
                     }
                     Some(Arrival::Lost { worker, opened, status }) => {
