@@ -15,7 +15,8 @@
 //! Reported per way: assignments per second (acknowledged steps in the measured window), the
 //! coordinator processes' CPU time over that window (from `/proc/PID/stat`; summed over the
 //! shards, and each shard's) and assignments per second of it, the latency of the lease calls
-//! that returned tasks (p50, p99), and the bytes on the loopback interface per assignment (both
+//! that returned tasks (p50, p99) from the call and from when their work was there (the call,
+//! or the grant of its earliest task's credit if later), and the bytes on the loopback interface per assignment (both
 //! directions, TCP/IP headers included; all of the machine's loopback traffic in the window,
 //! from `/proc/net/dev`). On a small machine the simulators take cores from the coordinator
 //! (unless `--coordinator-cores` keeps them apart, `cores.rs`): the per-core figure is the one
@@ -124,6 +125,10 @@ struct GrpcReport {
     lease_calls: u64,
     lease_p50_us: f64,
     lease_p99_us: f64,
+    /// Lease calls that returned tasks, from when their work was there (the later of the call
+    /// and the grant of its earliest task's credit) to the answer: p50, p99.
+    ready_p50_us: f64,
+    ready_p99_us: f64,
     /// From a credit's grant (the update carrying it sent) to its batch's arrival: p50, p99.
     served_p50_us: f64,
     served_p99_us: f64,
@@ -217,6 +222,10 @@ fn print_report(args: &CoordinatorGrpcBench, report: &GrpcReport) {
     println!(
         "  lease calls that returned tasks: {}, latency p50 {:.0} us, p99 {:.0} us (with the long poll's wait for work); {:.0} loopback bytes per assignment",
         report.lease_calls, report.lease_p50_us, report.lease_p99_us, report.loopback_bytes_per_assignment
+    );
+    println!(
+        "  the same lease calls from when their work was there (the call, or its earliest task's credit granted if later): p50 {:.0} us, p99 {:.0} us",
+        report.ready_p50_us, report.ready_p99_us
     );
     println!(
         "  a credit granted to its batch's arrival (update, lease, hand-over): p50 {:.0} us, p99 {:.0} us",
@@ -420,11 +429,15 @@ async fn drive(
         let opened = opened.map_err(|e| Error::Failed(format!("a job's setup: {e}")))?;
         sessions.extend(opened?);
     }
-    let mut clients = HashMap::new();
+    let (mut clients, mut grants) = (HashMap::new(), HashMap::new());
     let mut arrivals = Vec::new();
     for (_, token, _) in &sessions {
         let (sender, receiver) = mpsc::unbounded_channel();
-        clients.insert((token.incarnation, token.session_id), sender);
+        let key = (token.incarnation, token.session_id);
+        clients.insert(key, sender);
+        // The credits its opening granted.
+        let opened = std::iter::repeat_n(Instant::now(), args.credits as usize);
+        grants.insert(key, Mutex::new(opened.collect()));
         arrivals.push(receiver);
     }
     let (stop, stopped) = tokio::sync::watch::channel(false);
@@ -440,6 +453,8 @@ async fn drive(
         rank_rate: args.rank_rate,
         stopped,
         served_us: Mutex::new(Vec::new()),
+        grants,
+        ready_us: Mutex::new(Vec::new()),
     });
     let mut tasks = Vec::new();
     for ((channel, token, workers_version), arrivals) in sessions.into_iter().zip(arrivals) {
@@ -516,6 +531,12 @@ async fn drive(
         .map(|mut all| std::mem::take(&mut *all))
         .unwrap_or_default();
     latencies.sort_unstable();
+    let mut ready = shared
+        .ready_us
+        .lock()
+        .map(|mut all| std::mem::take(&mut *all))
+        .unwrap_or_default();
+    ready.sort_unstable();
     let per_assignment = |total: f64| {
         if assignments > 0 {
             total / assignments as f64
@@ -551,6 +572,8 @@ async fn drive(
         lease_calls: shared.lease_calls.load(Ordering::Relaxed),
         lease_p50_us: quantile(&latencies, 0.50),
         lease_p99_us: quantile(&latencies, 0.99),
+        ready_p50_us: quantile(&ready, 0.50),
+        ready_p99_us: quantile(&ready, 0.99),
         served_p50_us: quantile(&served, 0.50),
         served_p99_us: quantile(&served, 0.99),
         loopback_bytes_per_assignment: per_assignment(bytes as f64),

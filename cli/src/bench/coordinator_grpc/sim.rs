@@ -11,7 +11,7 @@
 //!   (`LeaseStream`, through the worker daemon's `stoker_rpc::lease_calls`), and its reports go with its next lease, or from a task of their own at
 //!   most one per interval, whichever comes first.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
@@ -21,6 +21,7 @@ use serde::Serialize;
 use stoker_proto::v1::coordinator_client::CoordinatorClient;
 use stoker_proto::v1::{
     LeaseRequest, ReportRequest, SessionToken, SessionUpdateRequest, SessionUpdateResponse,
+    TaskLease,
 };
 use stoker_rpc::lease_calls::LeaseCalls;
 use stoker_rpc::transport::RpcChannel;
@@ -64,6 +65,27 @@ pub struct Shared {
     pub rank_rate: f64,
     /// Per batch, microseconds from its credit's grant to its arrival.
     pub served_us: Mutex<Vec<u32>>,
+    /// Each session's credits granted and not yet leased, by when they were granted, oldest
+    /// first: a worker takes one for each step it hands on, in the order the coordinator
+    /// leases them.
+    pub grants: HashMap<(u64, u64), Mutex<VecDeque<Instant>>>,
+    /// Per lease call that returned tasks, microseconds from when its work was there (the
+    /// later of the call and the grant of its earliest task's credit) to its answer.
+    pub ready_us: Mutex<Vec<u32>>,
+}
+
+impl Shared {
+    /// Notes `count` credits of `session` granted now.
+    fn granted(&self, session: (u64, u64), count: u64) {
+        if let Some(Ok(mut grants)) = self.grants.get(&session).map(Mutex::lock) {
+            grants.extend(std::iter::repeat_n(Instant::now(), count as usize));
+        }
+    }
+
+    /// When the credit of `session`'s next leased step was granted.
+    fn leased(&self, session: (u64, u64)) -> Option<Instant> {
+        self.grants.get(&session)?.lock().ok()?.pop_front()
+    }
 }
 
 /// Lease ids handed on and not yet reported (`After`), shared by a worker's lease loop and its
@@ -88,7 +110,7 @@ pub async fn worker(
     shared: std::sync::Arc<Shared>,
 ) -> Result<()> {
     let mut client = CoordinatorClient::new(channel);
-    let mut latencies = Vec::new();
+    let (mut latencies, mut ready) = (Vec::new(), Vec::new());
     let after = shared.control == Control::After;
     let unreported = Unreported::default();
     // After: the reporter, woken as lease ids are handed on.
@@ -115,8 +137,18 @@ pub async fn worker(
         if tasks.is_empty() {
             continue;
         }
+        let answered = Instant::now();
+        let granted = tasks
+            .iter()
+            .filter_map(|task| shared.leased(session_of(task)))
+            .min();
         if shared.measuring.load(Ordering::Relaxed) {
-            latencies.push(u32::try_from(started.elapsed().as_micros()).unwrap_or(u32::MAX));
+            let micros = |from: Instant| {
+                u32::try_from(answered.saturating_duration_since(from).as_micros())
+                    .unwrap_or(u32::MAX)
+            };
+            latencies.push(micros(started));
+            ready.push(micros(granted.map_or(started, |at| at.max(started))));
             shared.lease_calls.fetch_add(1, Ordering::Relaxed);
         }
         if !after {
@@ -129,10 +161,7 @@ pub async fn worker(
                 .await?;
         }
         for task in tasks {
-            let session = task
-                .session
-                .map_or((0, u64::MAX), |s| (s.incarnation, s.session_id));
-            if let Some(client) = shared.clients.get(&session) {
+            if let Some(client) = shared.clients.get(&session_of(&task)) {
                 let _ = client.send((task.step, Instant::now()));
             }
             if after {
@@ -152,7 +181,17 @@ pub async fn worker(
     if let Ok(mut all) = shared.latencies_us.lock() {
         all.extend(latencies);
     }
+    if let Ok(mut all) = shared.ready_us.lock() {
+        all.extend(ready);
+    }
     Ok(())
+}
+
+/// A leased task's session, as the simulators key it: its coordinator's incarnation and its
+/// session id.
+fn session_of(task: &TaskLease) -> (u64, u64) {
+    task.session
+        .map_or((0, u64::MAX), |s| (s.incarnation, s.session_id))
 }
 
 /// A worker's reports, at most one per `interval`, each holding what was handed on meanwhile
@@ -243,8 +282,10 @@ pub async fn client(
     let period = (shared.rank_rate > 0.0).then(|| Duration::from_secs_f64(1.0 / shared.rank_rate));
     let (mut acks, mut want, mut outstanding, mut buffered) = (Vec::new(), 0u64, credits, 0u64);
     // When each credit granted and not yet served was granted, oldest first.
-    let mut granted_at: std::collections::VecDeque<Instant> =
+    let mut granted_at: VecDeque<Instant> =
         std::iter::repeat_n(Instant::now(), credits as usize).collect();
+    // The session's first credits came with its opening (noted with the session's setup).
+    let key = (session.incarnation, session.session_id);
     let mut latencies = Vec::new();
     let mut hold = Hold::new(shared.interval);
     // Updates sent, and acknowledgements sent since the last answer.
@@ -269,6 +310,7 @@ pub async fn client(
             hold.sent();
             let count = acks.len() as u64;
             granted_at.extend(std::iter::repeat_n(Instant::now(), want as usize));
+            shared.granted(key, want);
             sequence += 1;
             on_the_way += count as usize;
             let quiet = shared.control == Control::After && on_the_way < ANSWER_AFTER_ACKS;
