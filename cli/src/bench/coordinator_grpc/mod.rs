@@ -518,25 +518,18 @@ async fn drive(
         }
     }
     data_server.abort();
-    let mut served = shared
-        .served_us
-        .lock()
-        .map(|mut all| std::mem::take(&mut *all))
-        .unwrap_or_default();
-    served.sort_unstable();
+    // What the simulators gathered, sorted for the quantiles.
+    let sorted = |gathered: &Mutex<Vec<u32>>| {
+        let mut all = gathered
+            .lock()
+            .map(|mut all| std::mem::take(&mut *all))
+            .unwrap_or_default();
+        all.sort_unstable();
+        all
+    };
+    let (served, latencies) = (sorted(&shared.served_us), sorted(&shared.latencies_us));
+    let ready = sorted(&shared.ready_us);
     let assignments = shared.acknowledged.load(Ordering::Relaxed);
-    let mut latencies = shared
-        .latencies_us
-        .lock()
-        .map(|mut all| std::mem::take(&mut *all))
-        .unwrap_or_default();
-    latencies.sort_unstable();
-    let mut ready = shared
-        .ready_us
-        .lock()
-        .map(|mut all| std::mem::take(&mut *all))
-        .unwrap_or_default();
-    ready.sort_unstable();
     let per_assignment = |total: f64| {
         if assignments > 0 {
             total / assignments as f64
