@@ -429,17 +429,14 @@ async fn drive(
         let opened = opened.map_err(|e| Error::Failed(format!("a job's setup: {e}")))?;
         sessions.extend(opened?);
     }
-    let (mut clients, mut grants) = (HashMap::new(), HashMap::new());
+    let mut clients = HashMap::new();
     let mut arrivals = Vec::new();
     for (_, token, _) in &sessions {
         let (sender, receiver) = mpsc::unbounded_channel();
-        let key = (token.incarnation, token.session_id);
-        clients.insert(key, sender);
-        // The credits its opening granted.
-        let opened = std::iter::repeat_n(Instant::now(), args.credits as usize);
-        grants.insert(key, Mutex::new(opened.collect()));
+        clients.insert((token.incarnation, token.session_id), sender);
         arrivals.push(receiver);
     }
+    let grants = sim::Grants::new(clients.keys().copied());
     let (stop, stopped) = tokio::sync::watch::channel(false);
     let shared = Arc::new(Shared {
         stop: AtomicBool::new(false),
@@ -466,6 +463,8 @@ async fn drive(
                 ..SessionUpdateRequest::default()
             })
             .await?;
+        let key = (token.incarnation, token.session_id);
+        shared.grants.granted(key, args.credits, Instant::now());
         tasks.push(tokio::spawn(sim::client(
             channel,
             (token, workers_version),

@@ -11,7 +11,7 @@
 //!   (`LeaseStream`, through the worker daemon's `stoker_rpc::lease_calls`), and its reports go with its next lease, or from a task of their own at
 //!   most one per interval, whichever comes first.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
@@ -65,26 +65,39 @@ pub struct Shared {
     pub rank_rate: f64,
     /// Per batch, microseconds from its credit's grant to its arrival.
     pub served_us: Mutex<Vec<u32>>,
-    /// Each session's credits granted and not yet leased, by when they were granted, oldest
-    /// first: a worker takes one for each step it hands on, in the order the coordinator
-    /// leases them.
-    pub grants: HashMap<(u64, u64), Mutex<VecDeque<Instant>>>,
+    /// When each session's credits were granted.
+    pub grants: Grants,
     /// Per lease call that returned tasks, microseconds from when its work was there (the
     /// later of the call and the grant of its earliest task's credit) to its answer.
     pub ready_us: Mutex<Vec<u32>>,
 }
 
-impl Shared {
-    /// Notes `count` credits of `session` granted now.
-    fn granted(&self, session: (u64, u64), count: u64) {
-        if let Some(Ok(mut grants)) = self.grants.get(&session).map(Mutex::lock) {
-            grants.extend(std::iter::repeat_n(Instant::now(), count as usize));
+/// When each session's credits were granted, in grant order. A session starts at step 0 and
+/// its credit `k` (counted from 0) lets step `k` be leased, so a leased task's step finds the
+/// grant that made its work, whichever worker leases it and in whatever order.
+pub struct Grants(HashMap<(u64, u64), Mutex<Vec<Instant>>>);
+
+impl Grants {
+    /// The sessions `keys` (incarnation, session id), none granted yet.
+    pub fn new(keys: impl IntoIterator<Item = (u64, u64)>) -> Self {
+        Self(
+            keys.into_iter()
+                .map(|key| (key, Mutex::default()))
+                .collect(),
+        )
+    }
+
+    /// Notes `count` credits of `session` granted `at`.
+    pub fn granted(&self, session: (u64, u64), count: u64, at: Instant) {
+        if let Some(Ok(mut grants)) = self.0.get(&session).map(Mutex::lock) {
+            grants.extend(std::iter::repeat_n(at, count as usize));
         }
     }
 
-    /// When the credit of `session`'s next leased step was granted.
-    fn leased(&self, session: (u64, u64)) -> Option<Instant> {
-        self.grants.get(&session)?.lock().ok()?.pop_front()
+    /// When the credit that let `session`'s `step` be leased was granted.
+    fn of(&self, session: (u64, u64), step: u64) -> Option<Instant> {
+        let grants = self.0.get(&session)?.lock().ok()?;
+        grants.get(usize::try_from(step).ok()?).copied()
     }
 }
 
@@ -140,7 +153,7 @@ pub async fn worker(
         let answered = Instant::now();
         let granted = tasks
             .iter()
-            .filter_map(|task| shared.leased(session_of(task)))
+            .filter_map(|task| shared.grants.of(session_of(task), task.step))
             .min();
         if shared.measuring.load(Ordering::Relaxed) {
             let micros = |from: Instant| {
@@ -282,9 +295,9 @@ pub async fn client(
     let period = (shared.rank_rate > 0.0).then(|| Duration::from_secs_f64(1.0 / shared.rank_rate));
     let (mut acks, mut want, mut outstanding, mut buffered) = (Vec::new(), 0u64, credits, 0u64);
     // When each credit granted and not yet served was granted, oldest first.
-    let mut granted_at: VecDeque<Instant> =
+    let mut granted_at: std::collections::VecDeque<Instant> =
         std::iter::repeat_n(Instant::now(), credits as usize).collect();
-    // The session's first credits came with its opening (noted with the session's setup).
+    // The session's first credits were granted (and noted) before this starts.
     let key = (session.incarnation, session.session_id);
     let mut latencies = Vec::new();
     let mut hold = Hold::new(shared.interval);
@@ -310,7 +323,7 @@ pub async fn client(
             hold.sent();
             let count = acks.len() as u64;
             granted_at.extend(std::iter::repeat_n(Instant::now(), want as usize));
-            shared.granted(key, want);
+            shared.grants.granted(key, want, Instant::now());
             sequence += 1;
             on_the_way += count as usize;
             let quiet = shared.control == Control::After && on_the_way < ANSWER_AFTER_ACKS;
@@ -383,5 +396,33 @@ async fn sleep_until_some(at: Option<tokio::time::Instant>) {
     match at {
         Some(at) => tokio::time::sleep_until(at).await,
         None => std::future::pending().await,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_leased_step_finds_the_grant_that_let_it_be_leased() {
+        let (a, b) = ((1, 7), (2, 7));
+        let grants = Grants::new([a, b]);
+        let start = Instant::now();
+        let (t0, t1, t2) = (
+            start,
+            start + Duration::from_millis(5),
+            start + Duration::from_millis(9),
+        );
+        grants.granted(a, 2, t0);
+        grants.granted(b, 1, t2);
+        grants.granted(a, 3, t1);
+        let of_a: Vec<_> = (0..6).map(|step| grants.of(a, step)).collect();
+        assert_eq!(
+            of_a,
+            [Some(t0), Some(t0), Some(t1), Some(t1), Some(t1), None]
+        );
+        assert_eq!(grants.of(b, 0), Some(t2));
+        assert_eq!(grants.of(b, 1), None);
+        assert_eq!(grants.of((3, 7), 0), None, "a session not set up");
     }
 }

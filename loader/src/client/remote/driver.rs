@@ -287,8 +287,9 @@ impl Driver {
         let security = self.security.clone();
         let network = self.network.clone();
         let free_slots = Arc::clone(&self.free_slots);
-        // Workers whose stream could not open, and when to try them again: a worker may be
-        // listed before its address resolves or accepts (a new pod's DNS name).
+        // Workers whose stream could not open or was ended by the worker, and when to try them
+        // again: a worker may be listed before its address resolves or accepts (a new pod's
+        // DNS name), or end a stream and stay listed.
         let mut retry_at: HashMap<u64, Instant> = HashMap::new();
         let subscribe_all = |workers: &[WorkerInfo],
                              streams: &mut Streams,
@@ -476,8 +477,9 @@ impl Driver {
                     Some(Arrival::Ended { worker }) => {
                         open_streams.remove(&worker);
                         streams.0.remove(&worker);
-                        // A worker that stays listed (its stall watch ended a stream the
-                        // consumer left unread) gets a new one after the same wait.
+                        // A worker that stays listed (one whose delivery timed out or whose
+                        // stall watch ended the stream) gets a new one after the same wait; a
+                        // draining one refuses it until the workers' list drops it.
                         retry_at.insert(worker, Instant::now() + STREAM_RETRY);
                         tracing::debug!(worker, "the worker ended its stream");
                     }

@@ -124,7 +124,8 @@ const INITIAL_CREDITS: usize = 8;
 /// How long dropping an epoch's feed waits for its driver to close the session.
 const CLOSE_WAIT: Duration = Duration::from_millis(500);
 
-/// How long after a worker's stream failed to open the driver tries it again.
+/// How long after a worker's stream failed to open, or was ended by the worker, the driver
+/// opens it again (while the coordinator lists the worker).
 const STREAM_RETRY: Duration = Duration::from_millis(500);
 
 /// A job served by a coordinator and its workers.
