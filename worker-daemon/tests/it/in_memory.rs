@@ -315,8 +315,8 @@ fn an_epoch_through_a_coordinator_without_the_update_and_lease_streams_equals_th
 fn the_loader_asks_for_an_answer_only_for_many_acks_on_the_way_at_the_epochs_end_and_for_credits_that_start_its_clock(
 ) -> TestResult {
     // A slow worker (each of its lease requests held 200 ms before the coordinator takes it):
-    // the epoch lasts past the figures' 500 ms with
-    // credits outstanding, so an update carries figures while nothing else asks.
+    // the epoch lasts past the figures' 500 ms with credits outstanding, so an update carries
+    // figures while nothing else asks.
     let recorded = proxy::Recorded::with_lease_delay(Duration::from_millis(200));
     let (data, _state, network, _cluster) =
         one_worker_behind(proxy::Proxy::Recording(recorded.clone()))?;
