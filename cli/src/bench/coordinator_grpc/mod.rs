@@ -16,7 +16,8 @@
 //! coordinator processes' CPU time over that window (from `/proc/PID/stat`; summed over the
 //! shards, and each shard's) and assignments per second of it, the latency of the lease calls
 //! that returned tasks (p50, p99) from the call and from when their work was there (the call,
-//! or the grant of its earliest task's credit if later), and the bytes on the loopback interface per assignment (both
+//! or the grant of its earliest task's credit if later), the time from a credit's grant to its
+//! step's arrival (p50, p99), and the bytes on the loopback interface per assignment (both
 //! directions, TCP/IP headers included; all of the machine's loopback traffic in the window,
 //! from `/proc/net/dev`). On a small machine the simulators take cores from the coordinator
 //! (unless `--coordinator-cores` keeps them apart, `cores.rs`): the per-core figure is the one

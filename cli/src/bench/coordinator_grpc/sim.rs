@@ -294,10 +294,7 @@ pub async fn client(
     };
     let period = (shared.rank_rate > 0.0).then(|| Duration::from_secs_f64(1.0 / shared.rank_rate));
     let (mut acks, mut want, mut outstanding, mut buffered) = (Vec::new(), 0u64, credits, 0u64);
-    // When each credit granted and not yet served was granted, oldest first.
-    let mut granted_at: std::collections::VecDeque<Instant> =
-        std::iter::repeat_n(Instant::now(), credits as usize).collect();
-    // The session's first credits were granted (and noted) before this starts.
+    // Its grants, in `shared.grants`: the first credits were noted before this starts.
     let key = (session.incarnation, session.session_id);
     let mut latencies = Vec::new();
     let mut hold = Hold::new(shared.interval);
@@ -322,7 +319,6 @@ pub async fn client(
         if due == Due::Now {
             hold.sent();
             let count = acks.len() as u64;
-            granted_at.extend(std::iter::repeat_n(Instant::now(), want as usize));
             shared.grants.granted(key, want, Instant::now());
             sequence += 1;
             on_the_way += count as usize;
@@ -358,7 +354,7 @@ pub async fn client(
                 let Some((step, handed_at)) = arrival else { break };
                 acks.push(step);
                 outstanding = outstanding.saturating_sub(1);
-                if let Some(at) = granted_at.pop_front() {
+                if let Some(at) = shared.grants.of(key, step) {
                     if shared.measuring.load(Ordering::Relaxed) {
                         let took = handed_at.saturating_duration_since(at);
                         latencies.push(u32::try_from(took.as_micros()).unwrap_or(u32::MAX));
