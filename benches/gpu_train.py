@@ -33,7 +33,11 @@ A row named ``ROW@N`` runs with N decode threads instead of ``--workers`` (``sto
 a node with fewer cores per GPU). ``stoker-gpu-smsN`` and ``stoker-auto-smsN`` run the lane's
 pipes each in a green context of N SMs (``STOKER_GPU_DECODE_SMS``, set for the row alone; CUDA
 12.5 drivers and later), so the lane's kernels keep to those SMs while the training step still
-has every one: whether the lane slows the step by taking its SMs. A row named ``loader:ROW``
+has every one: whether the lane slows the step by taking its SMs. ``-fused`` in a Stoker row's
+name (``stoker-auto-fused``, ``helper-gpu-fused``) has the lane's crop kernel write the
+normalised bfloat16 rows itself (``STOKER_GPU_DECODE_FUSED_TAIL=1``, set for the row alone), so
+the loader's stage copies them into place without its own normalising pass: whether the
+stage's launches on the training thread matter. A row named ``loader:ROW``
 runs the loader alone, without the model (its images/s is what decoding and cropping
 deliver). ``--side-stream`` runs every row's loop on a stream of its own (set current) instead
 of the legacy default stream; ``--gpu-memory`` sets the lane's ``gpu_memory`` in MiB.
@@ -71,6 +75,8 @@ STD = (0.229, 0.224, 0.225)
 CROP = 224
 #: Green contexts of this many SMs for the lane's pipes (read as the lane starts).
 SMS_VARIABLE = "STOKER_GPU_DECODE_SMS"
+#: The lane's kernel applies the device stage's tail (read as the lane starts).
+FUSED_VARIABLE = "STOKER_GPU_DECODE_FUSED_TAIL"
 
 
 def main() -> int:
@@ -236,11 +242,17 @@ def run_row(
     train = alone != "loader"
     closers: list[Callable[[], None]] = []
     kind, _, sms = kind.partition("-sms")
-    # Each row starts without it (a row that failed may not have cleared it).
+    fused = kind.endswith("-fused")
+    kind = kind.removesuffix("-fused")
+    # Each row starts without them (a row that failed may not have cleared them).
     os.environ.pop(SMS_VARIABLE, None)
+    os.environ.pop(FUSED_VARIABLE, None)
     if sms:
         os.environ[SMS_VARIABLE] = sms
         closers.append(lambda: os.environ.pop(SMS_VARIABLE, None))
+    if fused:
+        os.environ[FUSED_VARIABLE] = "1"
+        closers.append(lambda: os.environ.pop(FUSED_VARIABLE, None))
     built = time.perf_counter()
     if kind == "ceiling":
         images = torch.randn(batch, 3, CROP, CROP, device="cuda").contiguous(
@@ -547,7 +559,8 @@ def print_row(r: dict[str, Any], flush: bool) -> None:
     lane_text = ""
     if lane:
         lane_text = (
-            f"  lane {lane['rows']} rows, declined {lane['declined_rows']}, "
+            f"  lane {lane['rows']} {lane.get('rows_dtype', 'uint8')} rows, "
+            f"declined {lane['declined_rows']}, "
             f"fell back {lane['fallback_rows']}, "
             f"GPU {lane['gpu_rows_per_s']:.0f} / CPU {lane['cpu_rows_per_s']:.0f} rows/s, "
             f"split {'>'.join(map(str, r.get('decode_splits_sixteenths', [])))}/16, "

@@ -11,9 +11,15 @@
 # again with the training loop on a stream of its own (gpu_train.py --side-stream). Logs go to
 # $OUT.
 # SMOKE_ONLY=1 stops after the smoke test, SKIP_PYTEST=1 leaves out the tests, SKIP_BENCH=1 the
-# benchmark; COMPILE=1 adds the ResNet-18 rows with the model compiled (CUDA graphs). Last, the
-# lane's pipes in green contexts of a few SMs (the -smsN rows), the loader in a helper
-# process (gpu_train.py's helper-* rows), and with MPS=1 again under MPS. About 2 minutes on an H200 with 16 cores, tests included (2026-11-27).
+# benchmark; COMPILE=1 adds the ResNet-18 rows with the model compiled (CUDA graphs). Then the
+# levers: the side-stream rows, the lane's pipes in green contexts of a few SMs (the -smsN rows)
+# and its kernel writing the normalised rows itself (the -fused rows), the loader in a helper
+# process (gpu_train.py's helper-* rows), and with MPS=1 again under MPS. SKIP_LEVERS=1 stops
+# before the levers; LEVERS_ONLY=1 runs the smoke test and the levers alone.
+# Time: about 2 minutes on an H200 with 16 cores, tests included, on 2026-11-27, before the
+# DALI rows, the levers and the newer GPU tests were added; it has not run since. The timeouts
+# add up to more than the 10 minutes one device call may take, so split it in two calls:
+# SKIP_LEVERS=1, then LEVERS_ONLY=1.
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 source benches/gpu/install.sh
@@ -65,18 +71,21 @@ PY
 fi
 [ "${SMOKE_ONLY:-0}" = 1 ] && exit "$smoke"
 started=$SECONDS
-[ "${SKIP_PYTEST:-0}" = 1 ] || (cd python-client && timeout 300 python3 -m pytest -m gpu tests/test_gpu.py tests/test_gpu_decode.py -q -rs -s -p no:cacheprovider 2>&1) | tee "$out/pytest.log"
+[ "${SKIP_PYTEST:-0}" = 1 ] || [ "${LEVERS_ONLY:-0}" = 1 ] || (cd python-client && timeout 300 python3 -m pytest -m gpu tests/test_gpu.py tests/test_gpu_decode.py -q -rs -s -p no:cacheprovider 2>&1) | tee "$out/pytest.log"
 echo "pytest -m gpu: $((SECONDS - started)) s"
 started=$SECONDS
-[ "${SKIP_BENCH:-0}" = 1 ] || timeout 150 python3 benches/gpu/fence_cost.py --data "$data" --rounds 2 2>&1 | tee "$out/fence-cost.log"
+[ "${SKIP_BENCH:-0}" = 1 ] || [ "${LEVERS_ONLY:-0}" = 1 ] || timeout 150 python3 benches/gpu/fence_cost.py --data "$data" --rounds 2 2>&1 | tee "$out/fence-cost.log"
 echo "fence_cost: $((SECONDS - started)) s"
 # A lane that does not start or crashes has nothing to measure.
 [ "$smoke" -eq 0 ] || exit 1
 [ "${SKIP_BENCH:-0}" = 1 ] && exit 0
-started=$SECONDS
-rows=ceiling,stoker-cuda,stoker-gpu,stoker-auto,dali,dali-hw99,stoker-cuda@7,stoker-auto@7,stoker-gpu@7,dali@7,loader:stoker-cuda,loader:stoker-gpu,loader:stoker-auto,loader:dali
-timeout 260 python3 benches/gpu_train.py --data "$data" --models resnet18 --rows "$rows" --workers "$(( $(nproc) - 1 ))" 2>&1 | tee "$out/bench.log"
-echo "gpu_train: $((SECONDS - started)) s"
+if [ "${LEVERS_ONLY:-0}" != 1 ]; then
+    started=$SECONDS
+    rows=ceiling,stoker-cuda,stoker-gpu,stoker-auto,dali,dali-hw99,stoker-cuda@7,stoker-auto@7,stoker-gpu@7,dali@7,loader:stoker-cuda,loader:stoker-gpu,loader:stoker-auto,loader:dali
+    timeout 260 python3 benches/gpu_train.py --data "$data" --models resnet18 --rows "$rows" --workers "$(( $(nproc) - 1 ))" 2>&1 | tee "$out/bench.log"
+    echo "gpu_train: $((SECONDS - started)) s"
+fi
+[ "${SKIP_LEVERS:-0}" = 1 ] && exit 0
 started=$SECONDS
 timeout 100 python3 benches/gpu_train.py --data "$data" --models resnet18 --rows ceiling,stoker-gpu,stoker-auto --workers "$(( $(nproc) - 1 ))" --side-stream 2>&1 | tee "$out/bench-side-stream.log"
 echo "gpu_train --side-stream: $((SECONDS - started)) s"
@@ -87,10 +96,12 @@ if [ "${COMPILE:-0}" = 1 ]; then
     echo "gpu_train --compile: $((SECONDS - started)) s"
 fi
 # The lane's pipes in green contexts of 16 and 32 SMs (STOKER_GPU_DECODE_SMS): does the lane
-# slow the step by taking its SMs? Beside the same rows without.
+# slow the step by taking its SMs? And the lane's kernel writing the normalised rows itself
+# (STOKER_GPU_DECODE_FUSED_TAIL=1, the -fused rows): do the stage's launches on the training
+# thread matter? Beside the same rows without.
 started=$SECONDS
-timeout 150 python3 benches/gpu_train.py --data "$data" --models resnet18 --rows ceiling,stoker-gpu,stoker-gpu-sms16,stoker-gpu-sms32,stoker-auto,stoker-auto-sms16 --workers "$(( $(nproc) - 1 ))" 2>&1 | tee "$out/bench-green.log"
-echo "gpu_train green-context rows: $((SECONDS - started)) s"
+timeout 200 python3 benches/gpu_train.py --data "$data" --models resnet18 --rows ceiling,stoker-gpu,stoker-gpu-fused,stoker-gpu-sms16,stoker-gpu-sms32,stoker-auto,stoker-auto-fused,stoker-auto-sms16 --workers "$(( $(nproc) - 1 ))" 2>&1 | tee "$out/bench-green.log"
+echo "gpu_train green-context and fused-tail rows: $((SECONDS - started)) s"
 # The loader in a helper process with its own CUDA context, its batches handed over through
 # CUDA IPC (the experiment that tells contention inside the training process from contention
 # on the GPU), beside the same rows in process; MPS=1 runs the helper rows again under MPS

@@ -34,8 +34,9 @@ pub use cuda::{
 };
 pub use decode::{
     compile_kernel, cuda_library_dirs, gpu_row, hardware_candidate, nvjpeg_version,
-    split_for_rates, Compiled, CropItem, Decline, DecodeMode, DeviceRows, GpuDecodeError,
-    GpuDecodeOptions, GpuLane, LaneStats, StartGpuLane, AUTO_POINT_STEPS, AUTO_START,
-    DEFAULT_GPU_MEMORY, KERNEL, KERNEL_SOURCE, NVJPEG_TESTED_MAJORS,
+    split_for_rates, Compiled, CropItem, Decline, DecodeMode, DeviceRows, Element, GpuDecodeError,
+    GpuDecodeOptions, GpuLane, LaneStats, RowTail, StartGpuLane, TailParams, AUTO_POINT_STEPS,
+    AUTO_START, DEFAULT_GPU_MEMORY, FUSED_TAIL_VARIABLE, KERNEL, KERNEL_SOURCE,
+    NVJPEG_TESTED_MAJORS,
 };
 pub use pinning::{DevicePinning, PinDevice};

@@ -10,11 +10,13 @@ use std::sync::Arc;
 use pyo3::exceptions::{PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyTuple};
-use stoker_gpu::{DecodeMode, GpuDecodeOptions, StartGpuLane};
+use stoker_gpu::{DecodeMode, GpuDecodeOptions, RowTail, StartGpuLane};
 use stoker_loader::LaneRows;
 
-/// The rows of one batch that the GPU lane decoded: `shape` uint8 (rows, height, width, 3) on
-/// CUDA device `device`, row `k` being the batch's row `positions[k]`. Make a stream wait for
+/// The rows of one batch that the GPU lane decoded: `shape` of `dtype` on CUDA device
+/// `device`, row `k` being the batch's row `positions[k]`; uint8 (rows, height, width, 3) as
+/// the slot's rows, unless `tail_applied` (the lane's kernel applied the device stage's tail,
+/// `STOKER_GPU_DECODE_FUSED_TAIL=1`: NHWC memory, or (rows, 3, height, width) planes). Make a stream wait for
 /// them with `wait(stream)` before reading, and fence the reads with `keep_until(stream)`;
 /// they stay valid while this object, the batch, or such a fence holds them.
 #[pyclass(module = "stoker._native", frozen)]
@@ -37,11 +39,24 @@ impl DeviceRows {
         self.rows.positions().to_vec()
     }
 
-    /// (rows, height, width, 3).
+    /// (rows, height, width, 3), or (rows, 3, height, width) for channel planes.
     #[getter]
     fn shape(&self) -> (usize, usize, usize, usize) {
         let [n, h, w, c] = self.rows.shape();
         (n, h, w, c)
+    }
+
+    /// The element type, as torch names its dtype ("uint8", "float32", "bfloat16",
+    /// "float16").
+    #[getter]
+    fn dtype(&self) -> &'static str {
+        self.rows.element()
+    }
+
+    /// Whether the rows are already what the device stage's tail makes of the slot's rows.
+    #[getter]
+    fn tail_applied(&self) -> bool {
+        self.rows.tail_applied()
     }
 
     /// The CUDA device ordinal.
@@ -67,13 +82,14 @@ impl DeviceRows {
     }
 
     /// The CUDA array interface (version 3): no stream is named, so no consumer stream is
-    /// synchronised by it; order reads with `wait`.
+    /// synchronised by it; order reads with `wait`. bfloat16, which the interface has no
+    /// type for, is given as its 16-bit patterns (`<i2`): view the tensor as `dtype`.
     #[getter]
     fn __cuda_array_interface__<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
         let interface = PyDict::new(py);
         let [n, h, w, c] = self.rows.shape();
         interface.set_item("shape", PyTuple::new(py, [n, h, w, c])?)?;
-        interface.set_item("typestr", "|u1")?;
+        interface.set_item("typestr", typestr(self.rows.element()))?;
         interface.set_item("data", (self.rows.ptr(), false))?;
         interface.set_item("version", 3)?;
         interface.set_item("strides", py.None())?;
@@ -81,16 +97,34 @@ impl DeviceRows {
     }
 }
 
+/// The device stage's tail as Python gives it (`stoker.gpu.lane_tail`): the dtype's name,
+/// whether the image's memory holds channel planes, and the per-channel scale and shift of a
+/// `Normalize` (None without one).
+pub type StageTail = (String, bool, Option<(Vec<f64>, Vec<f64>)>);
+
+/// The CUDA array interface's type of an element named as torch names its dtype.
+fn typestr(element: &str) -> &'static str {
+    match element {
+        "float32" => "<f4",
+        "float16" => "<f2",
+        "bfloat16" => "<i2",
+        _ => "|u1",
+    }
+}
+
 /// What starts the lane `decode` asks for ("cpu": none; "gpu", "auto": on `pin_device`, the
 /// device batches go to, within `gpu_memory` bytes, the CUDA libraries looked for in
 /// `library_dirs` first, its page-locked memory within the process's `pinned_budget` beside
-/// the slots); ValueError for another mode, or a lane without a device.
+/// the slots; `tail` the device stage's, for its kernel to apply when asked: see
+/// `SourceSettings.gpu_tail`); ValueError for another mode, a lane without a device, or a tail
+/// it cannot apply.
 pub fn lane_starter(
     decode: &str,
     pin_device: Option<usize>,
     gpu_memory: usize,
     library_dirs: Vec<PathBuf>,
     pinned_budget: u64,
+    tail: Option<StageTail>,
 ) -> PyResult<Option<Arc<StartGpuLane>>> {
     let mode = match decode {
         "cpu" => return Ok(None),
@@ -107,12 +141,24 @@ pub fn lane_starter(
             "decode='gpu' or 'auto' needs a CUDA device to deliver to (device='cuda')",
         ));
     };
+    let tail = match &tail {
+        None => RowTail::BYTES,
+        Some((dtype, planar, affine)) => RowTail::from_stage(
+            dtype,
+            *planar,
+            affine
+                .as_ref()
+                .map(|(scale, shift)| (scale.as_slice(), shift.as_slice())),
+        )
+        .map_err(PyValueError::new_err)?,
+    };
     Ok(Some(Arc::new(StartGpuLane::new(GpuDecodeOptions {
         mode,
         device,
         memory_bytes: gpu_memory,
         library_dirs,
         pinned_budget: Some(pinned_budget),
+        tail,
     }))))
 }
 
@@ -177,6 +223,7 @@ pub fn lane_stats<'py>(
     let load = |counter: &AtomicU64| counter.load(Ordering::Relaxed);
     let seconds = |counter: &AtomicU64| load(counter) as f64 / 1e9;
     entry.set_item("hardware", lane.hardware())?;
+    entry.set_item("rows_dtype", lane.rows_element())?;
     entry.set_item("rows", load(&counts.gpu_rows))?;
     entry.set_item("declined_rows", load(&counts.declined_rows))?;
     entry.set_item("fallback_rows", load(&counts.fallback_rows))?;

@@ -104,6 +104,9 @@ settings! {
         gpu_memory: usize,
         /// Folders searched first for the CUDA libraries.
         library_dirs: Vec<PathBuf>,
+        /// The device stage's tail for the lane's kernel to apply when asked: (dtype, channel
+        /// planes, per-channel scale and shift or None); None: no device stage tail.
+        gpu_tail: Option<crate::gpu_decode::StageTail>,
         /// Every name a source of several names holds.
         uris: Vec<String>,
         /// The split to read ("": the only one).

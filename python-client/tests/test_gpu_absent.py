@@ -177,6 +177,30 @@ def test_the_tail_of_an_image_pipeline_moves_to_the_device(
     assert ops.check_pipeline(cpu)
 
 
+def test_the_lane_is_given_the_tail_as_the_stage_computes_it() -> None:
+    """What the native lane gets for its kernel to apply (with STOKER_GPU_DECODE_FUSED_TAIL=1):
+    the dtype, whether the memory holds channel planes (contiguous NCHW only), and Normalize as
+    the per-channel scale and shift of byte values the stage multiplies and adds."""
+    assert gpu.lane_tail(None) is None
+    mean, std = vision.IMAGENET_MEAN, vision.IMAGENET_STD
+    normalize = ops.Normalize(mean, std)
+    _, tail = gpu.split_tail([*crop(), normalize], "bfloat16", "channels_last")
+    assert tail is not None
+    dtype, planar, affine = gpu.lane_tail(tail)  # type: ignore[misc]
+    assert (dtype, planar) == ("bfloat16", False)
+    assert affine is not None
+    scale, shift = affine
+    for v in (0, 17, 255):
+        for c in range(3):
+            assert v * scale[c] + shift[c] == pytest.approx((v / 255 - mean[c]) / std[c])
+    _, contiguous = gpu.split_tail([*crop(), normalize], None, None)
+    assert contiguous is not None
+    assert gpu.lane_tail(contiguous)[:2] == ("float32", True)  # type: ignore[index]
+    _, nhwc = gpu.split_tail([*crop(), ops.ToTensor("NHWC", "float32")], "float16", None)
+    assert nhwc is not None
+    assert gpu.lane_tail(nhwc) == ("float16", False, None)
+
+
 def test_the_tail_refuses_what_contradicts_the_pipeline() -> None:
     normalize = ops.Normalize(vision.IMAGENET_MEAN, vision.IMAGENET_STD)
     with pytest.raises(ValueError, match="contradicts Normalize"):

@@ -414,6 +414,64 @@ def test_pipes_in_green_contexts_give_the_same_batches(
             device_epoch(dataset, "gpu")
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize(
+    ("dtype", "memory_format"),
+    [("bfloat16", "channels_last"), ("float32", "contiguous"), ("float16", "channels_last")],
+)
+def test_the_lanes_kernel_applying_the_tail_gives_the_stages_batches(
+    torch: Any, dataset: Path, monkeypatch: pytest.MonkeyPatch, dtype: str, memory_format: str
+) -> None:
+    """``STOKER_GPU_DECODE_FUSED_TAIL=1``: the lane's crop kernel writes the normalised rows
+    itself (channel planes for contiguous NCHW), and the stage only copies them into place.
+    Under ``"gpu"`` and under ``"auto"`` (whose batches mix the lane's rows with the CPU's) the
+    batches have the stage's shape, strides and dtype, and values equal within one rounding of
+    the dtype (the kernel's multiply-add is one fused operation; torch's addcmul may round
+    twice); a value other than 0 or 1 stops ``decode="gpu"`` with the variable named."""
+    # One unit in the last place, relative to the value (at most).
+    eps = {"bfloat16": 2.0**-7, "float16": 2.0**-10, "float32": 2.0**-22}[dtype]
+    options = {
+        "pipeline": [
+            *train_pipeline()[:-1],
+            ops.Normalize(vision.IMAGENET_MEAN, vision.IMAGENET_STD),
+        ],
+        "batch_size": 16,
+        "num_threads": 2,
+        "seed": 5,
+        "device": "cuda",
+        "dtype": dtype,
+        "memory_format": memory_format,
+        "timeout": 120,
+    }
+
+    def epoch(decode: str) -> tuple[list[Any], dict[str, Any]]:
+        with stoker.Loader(dataset, decode=decode, **options) as loader:
+            images = []
+            for batch in loader:
+                image = batch["image"]
+                assert str(image.dtype) == f"torch.{dtype}"
+                images.append((image.stride(), image.float().cpu().numpy()))
+            return images, loader.stats()
+
+    for decode in ("gpu", "auto"):
+        monkeypatch.delenv("STOKER_GPU_DECODE_FUSED_TAIL", raising=False)
+        plain, plain_stats = epoch(decode)
+        assert plain_stats["gpu_decode"]["rows_dtype"] == "uint8"
+        monkeypatch.setenv("STOKER_GPU_DECODE_FUSED_TAIL", "1")
+        fused, stats = epoch(decode)
+        assert stats["gpu_decode"]["rows"] > 0, stats["gpu_decode"]
+        assert stats["gpu_decode"]["rows_dtype"] == dtype
+        differing = 0
+        for (plain_strides, a), (fused_strides, b) in zip(plain, fused, strict=True):
+            assert plain_strides == fused_strides
+            np.testing.assert_allclose(b, a, rtol=eps, atol=1e-6, err_msg=decode)
+            differing += int(np.count_nonzero(a != b))
+        print(f"fused tail, {decode}, {dtype}: {differing} values differ from the stage's")
+    monkeypatch.setenv("STOKER_GPU_DECODE_FUSED_TAIL", "yes")
+    with pytest.raises(stoker.GpuUnavailableError, match="STOKER_GPU_DECODE_FUSED_TAIL"):
+        epoch("gpu")
+
+
 def auto_options(seed: int) -> dict[str, Any]:
     """A small decode="auto" loader's arguments on the GPU."""
     return {

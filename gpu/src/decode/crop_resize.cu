@@ -1,5 +1,9 @@
 // Crop, antialiased resize and flip for a batch of decoded images: one launch, one thread per
-// output pixel, each image's geometry in its own CropItem. Output: uint8 RGB rows (NHWC).
+// output pixel, each image's geometry in its own CropItem. Output: RGB rows as TailParams says,
+// uint8 NHWC by default; with the device stage's tail fused in, each byte value v becomes
+// v * scale + shift per channel (one fused multiply-add in float, as torch's addcmul on the
+// stage computes it) in float, bfloat16 or half (rounded to nearest even), channels
+// interleaved (NHWC memory, also channels_last's) or in planes (NCHW).
 //
 // The filter is the one PIL and torchvision use for bilinear resizing: a triangle widened by
 // the scale when shrinking, taps normalised to sum to one, and the horizontal pass rounded to
@@ -34,6 +38,53 @@ struct CropItem {
     unsigned int sentinel_len;    // at most SENTINEL
 };
 
+// Element types of the output (the host's `Element`).
+#define OUT_U8 0
+#define OUT_F32 1
+#define OUT_BF16 2
+#define OUT_F16 3
+
+struct TailParams {
+    float scale[3];
+    float shift[3];
+    int element;  // OUT_*
+    int planar;   // 1: channel planes (NCHW), 0: interleaved (NHWC)
+};
+
+__device__ __forceinline__ unsigned short to_bf16(float v) {
+    // Round to nearest even (the values are finite).
+    const unsigned int bits = __float_as_uint(v);
+    return (unsigned short)((bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16);
+}
+
+__device__ __forceinline__ unsigned short to_f16(float v) {
+    unsigned short h;
+    asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(v));
+    return h;
+}
+
+// Writes channel c of output pixel (x, y) of batch row `row`, whose byte value is `v`.
+__device__ __forceinline__ void store(unsigned char* out, const TailParams& tail,
+                                      unsigned long long row, int out_w, int out_h, int x,
+                                      int y, int c, float v) {
+    const unsigned long long pixels = (unsigned long long)out_w * out_h;
+    const unsigned long long pixel = (unsigned long long)y * out_w + x;
+    const unsigned long long index =
+        tail.planar ? (row * 3 + c) * pixels + pixel : (row * pixels + pixel) * 3 + c;
+    if (tail.element == OUT_U8) {
+        out[index] = (unsigned char)v;
+        return;
+    }
+    const float value = fmaf(v, tail.scale[c], tail.shift[c]);
+    if (tail.element == OUT_F32) {
+        ((float*)out)[index] = value;
+    } else if (tail.element == OUT_BF16) {
+        ((unsigned short*)out)[index] = to_bf16(value);
+    } else {
+        ((unsigned short*)out)[index] = to_f16(value);
+    }
+}
+
 __device__ __forceinline__ float triangle(float t) {
     t = fabsf(t);
     return t < 1.0f ? 1.0f - t : 0.0f;
@@ -45,13 +96,14 @@ __device__ __forceinline__ float to_byte(float v) {
 }
 
 extern "C" __global__ void crop_resize_flip(const CropItem* items, unsigned char* out,
-                                            int out_w, int out_h, unsigned char* sentinels) {
+                                            int out_w, int out_h, unsigned char* sentinels,
+                                            TailParams tail) {
     const CropItem item = items[blockIdx.y];
     if (blockIdx.x == 0 && threadIdx.x == 0) {
-        const unsigned char* tail = (const unsigned char*)item.sentinel;
+        const unsigned char* last = (const unsigned char*)item.sentinel;
         unsigned char* into = sentinels + (unsigned long long)item.row * SENTINEL;
         for (unsigned int i = 0; i < item.sentinel_len && i < SENTINEL; ++i) {
-            into[i] = tail[i];
+            into[i] = last[i];
         }
     }
     const int pixel = blockIdx.x * blockDim.x + threadIdx.x;
@@ -61,13 +113,11 @@ extern "C" __global__ void crop_resize_flip(const CropItem* items, unsigned char
     const int y = pixel / out_w;
     const int x_out = pixel - y * out_w;
     const int x = item.flip ? out_w - 1 - x_out : x_out;
-    unsigned char* dest =
-        out + (((unsigned long long)item.row * out_h + y) * out_w + x_out) * 3ULL;
     if (x < item.inside_x0 || x >= item.inside_x1 || y < item.inside_y0 ||
         y >= item.inside_y1) {
-        dest[0] = 0;
-        dest[1] = 0;
-        dest[2] = 0;
+        for (int c = 0; c < 3; ++c) {
+            store(out, tail, item.row, out_w, out_h, x_out, y, c, 0.0f);
+        }
         return;
     }
     const float support_x = fmaxf(item.scale_x, 1.0f);
@@ -107,7 +157,7 @@ extern "C" __global__ void crop_resize_flip(const CropItem* items, unsigned char
         weight_y_sum += weight_y;
     }
     const float inverse_y = weight_y_sum > 0.0f ? 1.0f / weight_y_sum : 0.0f;
-    dest[0] = (unsigned char)to_byte(sum0 * inverse_y);
-    dest[1] = (unsigned char)to_byte(sum1 * inverse_y);
-    dest[2] = (unsigned char)to_byte(sum2 * inverse_y);
+    store(out, tail, item.row, out_w, out_h, x_out, y, 0, to_byte(sum0 * inverse_y));
+    store(out, tail, item.row, out_w, out_h, x_out, y, 1, to_byte(sum1 * inverse_y));
+    store(out, tail, item.row, out_w, out_h, x_out, y, 2, to_byte(sum2 * inverse_y));
 }

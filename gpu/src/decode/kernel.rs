@@ -255,6 +255,7 @@ fn compile_now(dirs: &[PathBuf], sm: Option<(i32, i32)>) -> Result<Compiled, Gpu
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::decode::Element;
     use std::path::Path;
     use stoker_pipeline::CropWindow;
 
@@ -281,6 +282,27 @@ mod tests {
                 SOURCE.contains(field),
                 "{field} missing from the kernel source"
             );
+        }
+        for field in [
+            "float scale[3];",
+            "float shift[3];",
+            "int element;",
+            "int planar;",
+            "TailParams tail) {",
+        ] {
+            assert!(
+                SOURCE.contains(field),
+                "{field} missing from the kernel source"
+            );
+        }
+        for element in [Element::U8, Element::F32, Element::Bf16, Element::F16] {
+            let name = match element {
+                Element::U8 => "U8",
+                Element::F32 => "F32",
+                Element::Bf16 => "BF16",
+                Element::F16 => "F16",
+            };
+            assert!(SOURCE.contains(&format!("#define OUT_{name} {}\n", element as i32)));
         }
         assert!(SOURCE.contains(&format!("__global__ void {KERNEL}(")));
         assert!(SOURCE.contains(&format!("#define SENTINEL {SENTINEL}\n")));

@@ -16,7 +16,8 @@
 //!
 //! The lane's rows stay on the GPU: a batch built with the lane carries them beside the bytes
 //! of its slot ([`DeviceRows`], in `Batch::device_rows`), and the device stage merges them
-//! into the device batch after copying the slot's rows. Device memory is the lane's own,
+//! into the device batch after copying the slot's rows; with [`FUSED_TAIL_VARIABLE`] set the
+//! lane's kernel has already applied the stage's tail to them ([`RowTail`]). Device memory is the lane's own,
 //! allocated up front within `gpu_memory` bytes and never grown.
 
 mod backend;
@@ -28,6 +29,7 @@ mod lane;
 mod libraries;
 mod nvjpeg;
 mod split;
+mod tail;
 
 use std::path::PathBuf;
 
@@ -43,6 +45,7 @@ pub use split::{
     gpu_row, pinned_split, split_for_rates, LaneCounts, SplitSchedule, AUTO_POINT_STEPS,
     AUTO_START, PIN_VARIABLE as SPLIT_PIN_VARIABLE,
 };
+pub use tail::{fused_tail_asked, Element, RowTail, TailParams, FUSED_TAIL_VARIABLE};
 
 /// Where image rows are decoded.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -61,7 +64,7 @@ pub enum DecodeMode {
 pub const DEFAULT_GPU_MEMORY: usize = 1 << 30;
 
 /// How the GPU decode lane is asked for.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct GpuDecodeOptions {
     /// `Gpu` or `Auto` (`Cpu` asks for no lane).
     pub mode: DecodeMode,
@@ -76,6 +79,10 @@ pub struct GpuDecodeOptions {
     /// and nvJPEG's pinned buffers, as nvJPEG allocates them (refused past the budget, which
     /// sends those images to the CPU). `None`: not counted.
     pub pinned_budget: Option<u64>,
+    /// What the device stage makes of the rows after the lane (normalise, dtype, layout):
+    /// applied by the lane's kernel when [`FUSED_TAIL_VARIABLE`] asks, else the rows stay
+    /// uint8 NHWC ([`RowTail::BYTES`]) and the stage applies it.
+    pub tail: RowTail,
 }
 
 /// Why the lane cannot run here; the message names what is missing.

@@ -62,8 +62,10 @@ impl Batch {
 }
 
 /// Rows of one batch a decode lane built on a device rather than in its buffer: `shape()[0]`
-/// rows of uint8 `(height, width, 3)`, C order, from [`LaneRows::ptr`], row `k` standing for
-/// the batch's row `positions()[k]`. They stay valid while this value is held.
+/// rows of [`LaneRows::element`], C order, from [`LaneRows::ptr`], row `k` standing for the
+/// batch's row `positions()[k]`: uint8 `(height, width, 3)` as the buffer's rows are, unless
+/// the lane applied the device's tail ([`LaneRows::tail_applied`]). They stay valid while this
+/// value is held.
 pub trait LaneRows: Send + Sync + std::fmt::Debug {
     /// Device address of the first row.
     fn ptr(&self) -> u64;
@@ -71,8 +73,16 @@ pub trait LaneRows: Send + Sync + std::fmt::Debug {
     /// The batch row of each device row.
     fn positions(&self) -> &[u32];
 
-    /// (rows, height, width, 3).
+    /// (rows, height, width, 3), or (rows, 3, height, width) for channel planes.
     fn shape(&self) -> [usize; 4];
+
+    /// The element type, as torch names its dtype (`"uint8"`, `"float32"`, `"bfloat16"`,
+    /// `"float16"`).
+    fn element(&self) -> &'static str;
+
+    /// Whether the rows are already what the device's tail (normalise, dtype, layout) makes of
+    /// the buffer's uint8 rows.
+    fn tail_applied(&self) -> bool;
 
     /// The device's ordinal.
     fn device(&self) -> usize;

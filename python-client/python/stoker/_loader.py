@@ -345,7 +345,7 @@ class Loader(FromDataset, SavedState):
                 num_threads=threads, on_error=error_policy, shuffle_window=self._shuffle_window,
                 address=address, worker_grace_s=worker_grace, token=token,
                 tls_ca=None if tls_ca is None else os.fspath(tls_ca),
-                tls_server_name=tls_server_name, **placement.lane_arguments(),
+                tls_server_name=tls_server_name, **placement.lane_arguments(chosen.tail),
             ),
         )
         try:

@@ -23,6 +23,7 @@ from stoker.gpu import (
     cuda_library_dirs,
     default_pinned_budget,
     lane_decode,
+    lane_tail,
     parse_device,
     pin_device,
     release_streams,
@@ -141,12 +142,14 @@ class Placement:
             "release_streams": fences,
         }
 
-    def lane_arguments(self) -> dict[str, Any]:
-        """The native loader's keyword arguments for the GPU decode lane (once resolved)."""
+    def lane_arguments(self, tail: DeviceTail | None) -> dict[str, Any]:
+        """The native loader's keyword arguments for the GPU decode lane (once resolved), with
+        the device stage's ``tail`` for its kernel to apply when asked."""
         return {
             "decode": self.decode,
             "gpu_memory": self.lane_memory,
             "library_dirs": cuda_library_dirs() if self.decode != "cpu" else [],
+            "gpu_tail": lane_tail(tail) if self.decode != "cpu" else None,
         }
 
     def stage(self, torch: Any, tail: DeviceTail | None) -> DeviceStage | None:

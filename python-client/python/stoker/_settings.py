@@ -92,6 +92,9 @@ class SourceSettings:
     decode: Literal["cpu", "gpu", "auto"] = "cpu"
     gpu_memory: int = _native.DEFAULT_GPU_MEMORY
     library_dirs: list[str] = field(default_factory=list)
+    # The device stage's tail, for the lane's kernel to apply when STOKER_GPU_DECODE_FUSED_TAIL=1
+    # asks: (dtype, channel planes, (scale, shift) or None); None: no tail.
+    gpu_tail: tuple[str, bool, tuple[list[float], list[float]] | None] | None = None
     uris: list[str] = field(default_factory=list)
     # The split to read; "": the only one.
     split: str = ""

@@ -309,6 +309,33 @@ class DeviceTail:
         norm = "normalise, " if self.normalize is not None else ""
         return f"{norm}{self.dtype} {self.layout} {self.memory_format}"
 
+    def affine(self) -> tuple[list[float], list[float]] | None:
+        """``Normalize`` as ``v * scale + shift`` per channel of byte values ``v``:
+        ``(v / 255 - mean) / std == v * (1 / (255 std)) + (-mean / std)``, in float64 here, to be
+        rounded once to float32; None without ``Normalize``."""
+        if self.normalize is None:
+            return None
+        mean, std = self.normalize
+        scale = [1.0 / (255.0 * s) for s in std]
+        shift = [-m / s for m, s in zip(mean, std, strict=True)]
+        return scale, shift
+
+    def planar(self) -> bool:
+        """Whether the image's memory holds channel planes (contiguous NCHW) rather than
+        interleaved channels (NHWC, or NCHW ``channels_last``)."""
+        return self.layout == "NCHW" and self.memory_format == "contiguous"
+
+
+def lane_tail(
+    tail: DeviceTail | None,
+) -> tuple[str, bool, tuple[list[float], list[float]] | None] | None:
+    """The device stage's ``tail`` as the native GPU decode lane takes it, for its kernel to
+    apply when ``STOKER_GPU_DECODE_FUSED_TAIL=1`` asks: (dtype, channel planes, per-channel
+    scale and shift or None)."""
+    if tail is None:
+        return None
+    return tail.dtype, tail.planar(), tail.affine()
+
 
 def split_tail(
     ops: Sequence[Op], dtype: object, memory_format: object
@@ -383,11 +410,7 @@ class DeviceStage:
         self._scale: Any = None
         self._shift: Any = None
         if tail is not None and (tail.normalize is not None or tail.dtype != "uint8"):
-            mean, std = tail.normalize if tail.normalize is not None else ((0.0,) * 3, (1.0,) * 3)
-            # (v / 255 - mean) / std == v * (1 / (255 std)) + (-mean / std), in float64 here
-            # and rounded once to float32.
-            scale = [1.0 / (255.0 * s) for s in std]
-            shift = [-m / s for m, s in zip(mean, std, strict=True)]
+            scale, shift = tail.affine() or ([1.0] * 3, [0.0] * 3)
             shape = (1, 1, 1, 3) if tail.layout == "NHWC" else (1, 3, 1, 1)
             self._scale = torch.tensor(scale, dtype=torch.float32, device=self.device).view(shape)
             self._shift = torch.tensor(shift, dtype=torch.float32, device=self.device).view(shape)
@@ -417,9 +440,11 @@ class DeviceStage:
         the image's tail, on the stage's stream; returns the device tensors and the event
         that says they are ready. ``rows`` (a native ``DeviceRows``): the image rows the GPU
         decode lane left on the device, copied over their places after the slot's rows;
-        ``places`` (a ``Buffer``, int64): the batch row of each. Each host slot is fenced on
-        the stream after its copies, so it returns to the pool only once they have read it;
-        the lane's rows are kept until the copy of them is done."""
+        ``places`` (a ``Buffer``, int64): the batch row of each. Rows the lane's kernel already
+        made as the tail makes them (``rows.tail_applied``) are copied into the tail's tensor
+        as they are, and the tail runs only over the slot's rows, when the batch has any. Each
+        host slot is fenced on the stream after its copies, so it returns to the pool only once
+        they have read it; the lane's rows are kept until the copy of them is done."""
         torch = self._torch
         out: dict[str, Any] = {}
         with torch.cuda.stream(self.stream):
@@ -433,8 +458,12 @@ class DeviceStage:
                 # Labels come page-locked too, from the pool's room beside its slots; where
                 # that room had no slot free (or the pool does not pin) they are copied from
                 # pageable memory, never page-locked outside the pinned budget.
-                device = torch.empty(shape, dtype=host.dtype, device=self.device)
                 lane_rows = rows if name == "image" else None
+                if lane_rows is not None and lane_rows.tail_applied:
+                    out[name] = self._fused_image(host, lane_rows, places)
+                    data.release_after(self.stream.cuda_stream)
+                    continue
+                device = torch.empty(shape, dtype=host.dtype, device=self.device)
                 if lane_rows is None or len(lane_rows.positions) < shape[0]:
                     device.copy_(host, non_blocking=True)
                 if lane_rows is not None:
@@ -447,13 +476,36 @@ class DeviceStage:
             ready.record(self.stream)
         return out, ready
 
+    def _fused_image(self, host: Any, rows: Any, places: Any) -> Any:
+        """The tail's image tensor for a batch whose lane rows the lane's kernel made as the
+        tail makes them: the slot's image copied and put through the tail when some rows are
+        the slot's, then the lane's rows copied over their places."""
+        torch = self._torch
+        tail = self.tail
+        assert tail is not None
+        if len(rows.positions) < host.shape[0]:
+            device = torch.empty(host.shape, dtype=host.dtype, device=self.device)
+            device.copy_(host, non_blocking=True)
+            image = self._apply_tail(device)
+        else:
+            image = self._tail_output(host.shape)
+        # The rows' memory order: channel planes, or interleaved (NHWC, and channels_last's).
+        target = image if tail.planar() or tail.layout == "NHWC" else image.permute(0, 2, 3, 1)
+        self._merge_rows(target, rows, places)
+        return image
+
     def _merge_rows(self, image: Any, rows: Any, places: Any) -> None:
-        """Copies the lane's rows over their places in ``image`` (uint8 NHWC on the device),
-        on the stage's stream once the lane's events have passed; ``places`` (a ``Buffer`` of
-        int64, page-locked beside the slots where there was room) says where."""
+        """Copies the lane's rows over their places in ``image`` (on the device, of the rows'
+        shape and dtype past the first dimension), on the stage's stream once the lane's
+        events have passed; ``places`` (a ``Buffer`` of int64, page-locked beside the slots
+        where there was room) says where."""
         torch = self._torch
         rows.wait(self.stream.cuda_stream)
         decoded = torch.as_tensor(rows, device=self.device)
+        element = getattr(torch, rows.dtype)
+        if decoded.dtype != element:
+            # bfloat16 comes as its bit patterns (the array interface has no type for it).
+            decoded = decoded.view(element)
         if places is None:
             host = torch.tensor(rows.positions, dtype=torch.long)
         else:
@@ -465,31 +517,36 @@ class DeviceStage:
         # first.
         rows.keep_until(self.stream.cuda_stream)
 
-    def _apply_tail(self, image: Any) -> Any:
-        """uint8 NHWC on the device -> the tail's layout, values and dtype, in one pass."""
+    def _tail_output(self, shape: Sequence[int]) -> Any:
+        """An empty tensor of the tail's layout, dtype and memory format for images of NHWC
+        ``shape``."""
         torch = self._torch
         tail = self.tail
         assert tail is not None
-        batch, height, width, channels = image.shape
+        batch, height, width, channels = shape
         dtype = getattr(torch, tail.dtype)
         if tail.layout == "NHWC":
-            source = image
-            out = torch.empty((batch, height, width, channels), dtype=dtype, device=self.device)
-        else:
-            # The NHWC bytes seen as NCHW: a channels_last view, no copy.
-            source = image.permute(0, 3, 1, 2)
-            fmt = (
-                torch.channels_last
-                if tail.memory_format == "channels_last"
-                else torch.contiguous_format
-            )
-            out = torch.empty(
-                (batch, channels, height, width), dtype=dtype, device=self.device, memory_format=fmt
-            )
+            return torch.empty((batch, height, width, channels), dtype=dtype, device=self.device)
+        fmt = (
+            torch.channels_last
+            if tail.memory_format == "channels_last"
+            else torch.contiguous_format
+        )
+        return torch.empty(
+            (batch, channels, height, width), dtype=dtype, device=self.device, memory_format=fmt
+        )
+
+    def _apply_tail(self, image: Any) -> Any:
+        """uint8 NHWC on the device -> the tail's layout, values and dtype, in one pass."""
+        tail = self.tail
+        assert tail is not None
+        out = self._tail_output(image.shape)
+        # For NCHW, the NHWC bytes seen as NCHW: a channels_last view, no copy.
+        source = image if tail.layout == "NHWC" else image.permute(0, 3, 1, 2)
         if self._scale is None:
             out.copy_(source)
         else:
-            torch.addcmul(self._shift, source, self._scale, out=out)
+            self._torch.addcmul(self._shift, source, self._scale, out=out)
         return out
 
     def hand_out(self, staged: tuple[dict[str, Any], Any]) -> dict[str, Any]:

@@ -78,6 +78,7 @@ impl NativeLoader {
             decode,
             gpu_memory,
             library_dirs,
+            gpu_tail,
             uris,
             split,
         } = source;
@@ -87,6 +88,7 @@ impl NativeLoader {
             gpu_memory,
             library_dirs,
             settings.pinned_budget,
+            gpu_tail,
         )?;
         let mut spec = job_spec(
             settings.plan()?,

@@ -5,7 +5,8 @@
 //! Two pipes (unless `STOKER_GPU_DECODE_PIPES` asks for another count),
 //! each a thread with its own nvJPEG decoder, CUDA stream, arena of decoded images
 //! and kernel parameters (in the primary context, or in a green context of its own when
-//! `STOKER_GPU_DECODE_SMS` asks), take batches from the lane's queue: nvJPEG's batched decode call
+//! `STOKER_GPU_DECODE_SMS` asks), take batches from the lane's queue (their kernel writing the
+//! device stage's tail straight into the rows when `STOKER_GPU_DECODE_FUSED_TAIL=1` asks): nvJPEG's batched decode call
 //! returns only once the engines are done with it, so one pipe's call overlaps the other's
 //! and its kernel. A pipe reuses its arena and state only once its previous work is done (an
 //! event it waits for), so each pipe has at most one sub-batch on the GPU, and nothing is
@@ -28,8 +29,8 @@ use stoker_pipeline::{AssembledBatch, DivertedImage, ImageDiverter, Job};
 use super::jpeg_scan::{scan, Decline, Frame};
 use super::nvjpeg::Budget;
 use super::{
-    gpu_row, pinned_split, DecodeMode, GpuDecodeError, GpuDecodeOptions, LaneCounts, SplitSchedule,
-    SPLIT_PIN_VARIABLE,
+    fused_tail_asked, gpu_row, pinned_split, DecodeMode, GpuDecodeError, GpuDecodeOptions,
+    LaneCounts, RowTail, SplitSchedule, FUSED_TAIL_VARIABLE, SPLIT_PIN_VARIABLE,
 };
 use crate::cuda::{describe, sms_asked, Cuda, GREEN_SMS_VARIABLE};
 use stoker_dashboard::GpuDecodeFigures;
@@ -92,6 +93,8 @@ struct Shared {
     mode: DecodeMode,
     splits: Mutex<SplitSchedule>,
     hardware: bool,
+    /// What the kernel makes of the rows ([`RowTail::BYTES`] unless the tail is fused).
+    tail: RowTail,
     /// Set when the lane shuts down: a pipe waiting for an output buffer gives up.
     closed: std::sync::atomic::AtomicBool,
     /// Pipes working now, and when that count last changed (the lane's busy time counts
@@ -306,6 +309,10 @@ impl GpuLane {
         let cuda = Cuda::open(options.device).map_err(|e| GpuDecodeError::Cuda(e.to_string()))?;
         let (height, width) = pipeline.output_size();
         let row_bytes = pipeline.bytes_per_sample();
+        // The rows as the kernel writes them: the stage's tail, or the slot's uint8 NHWC.
+        let fused = fused_tail_asked(std::env::var(FUSED_TAIL_VARIABLE).ok().as_deref())
+            .map_err(GpuDecodeError::Unsupported)?;
+        let tail = if fused { options.tail } else { RowTail::BYTES };
         let pipe_count = pipe_count(std::env::var("STOKER_GPU_DECODE_PIPES").ok().as_deref());
         // The memory is planned for the backend the decoders will use (tried the same way).
         let hardware = cuda
@@ -317,7 +324,7 @@ impl GpuLane {
             &cuda,
             options.memory_bytes,
             batch_size.max(1),
-            row_bytes,
+            tail.row_bytes(height, width),
             pipe_count,
             hardware,
         )?);
@@ -328,7 +335,15 @@ impl GpuLane {
         let mut pipes: Vec<Pipe> = Vec::with_capacity(pipe_count);
         for index in 0..pipe_count {
             let made = Place::new(&cuda, sms).and_then(|place| {
-                Pipe::new(index, place, &memory, options, (width, height), &stats)
+                Pipe::new(
+                    index,
+                    place,
+                    &memory,
+                    options,
+                    (width, height),
+                    tail,
+                    &stats,
+                )
             });
             match made {
                 Ok(pipe) => pipes.push(pipe),
@@ -360,6 +375,7 @@ impl GpuLane {
                 std::env::var(SPLIT_PIN_VARIABLE).ok().as_deref(),
             ))),
             hardware: pipes[0].decoder.hardware(),
+            tail,
             closed: std::sync::atomic::AtomicBool::new(false),
             working: Mutex::new((0, None)),
         });
@@ -386,6 +402,8 @@ impl GpuLane {
             cap = options.memory_bytes,
             pipes = pipe_count,
             green_context_sms = ?sms,
+            rows = tail.element.name(),
+            tail_fused = !tail.is_bytes(),
             granted_sms = ?granted_sms,
             "GPU decode lane started"
         );
@@ -438,6 +456,12 @@ impl GpuLane {
     /// Whether the hardware engines decode (else nvJPEG's default backend).
     pub fn hardware(&self) -> bool {
         self.shared.hardware
+    }
+
+    /// The element type of the rows the kernel writes: `"uint8"`, or the device tail's dtype
+    /// when the kernel applies it.
+    pub fn rows_element(&self) -> &'static str {
+        self.shared.tail.element.name()
     }
 
     /// The counts so far.

@@ -8,11 +8,11 @@ use cudarc::driver::sys;
 use super::pipe::ReadyEvent;
 use super::Shared;
 use crate::cuda::describe;
-use crate::decode::GpuDecodeError;
+use crate::decode::{GpuDecodeError, RowTail};
 
 /// The GPU rows of one batch, held by the batch and whoever it hands them to: `count`
-/// rows of `height x width x 3` bytes from [`DeviceRows::ptr`], row `k` being the batch's row
-/// `positions()[k]`. Ready once the lane's events have passed ([`DeviceRows::wait_on`]); they
+/// rows of `height x width x 3` elements from [`DeviceRows::ptr`] (bytes, or what the lane's
+/// [`RowTail`] made of them), row `k` being the batch's row `positions()[k]`. Ready once the lane's events have passed ([`DeviceRows::wait_on`]); they
 /// come from their pipe's pool and go back to it, so a batch creates none.
 pub struct DeviceRows {
     pub(super) shared: Arc<Shared>,
@@ -21,6 +21,7 @@ pub struct DeviceRows {
     pub(super) positions: Vec<u32>,
     pub(super) height: u32,
     pub(super) width: u32,
+    pub(super) tail: RowTail,
     pub(super) events: Vec<ReadyEvent>,
 }
 
@@ -49,14 +50,30 @@ impl DeviceRows {
         &self.positions
     }
 
-    /// (rows, height, width, 3): uint8, C order.
+    /// (rows, height, width, 3), or (rows, 3, height, width) when the lane's tail writes
+    /// channel planes; C order, of [`DeviceRows::element`].
     pub fn shape(&self) -> [usize; 4] {
-        [
+        let (rows, height, width) = (
             self.positions.len(),
             self.height as usize,
             self.width as usize,
-            3,
-        ]
+        );
+        if self.tail.planar {
+            [rows, 3, height, width]
+        } else {
+            [rows, height, width, 3]
+        }
+    }
+
+    /// The element type, as torch names its dtype.
+    pub fn element(&self) -> &'static str {
+        self.tail.element.name()
+    }
+
+    /// Whether the lane's kernel applied the device stage's tail (else the rows are uint8
+    /// NHWC, as the slot's).
+    pub fn tail_applied(&self) -> bool {
+        !self.tail.is_bytes()
     }
 
     /// The CUDA device ordinal.
@@ -119,6 +136,14 @@ impl stoker_loader::LaneRows for DeviceRows {
 
     fn shape(&self) -> [usize; 4] {
         DeviceRows::shape(self)
+    }
+
+    fn element(&self) -> &'static str {
+        DeviceRows::element(self)
+    }
+
+    fn tail_applied(&self) -> bool {
+        DeviceRows::tail_applied(self)
     }
 
     fn device(&self) -> usize {

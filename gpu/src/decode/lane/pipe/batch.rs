@@ -3,6 +3,7 @@
 //! image, each image's own status deciding whether it is built on the CPU.
 
 use super::*;
+use crate::decode::TailParams;
 
 impl Pipe {
     /// Decodes the pending images and crops them into the output rows from `decoded.len()`
@@ -156,12 +157,14 @@ impl Pipe {
             let sentinels = self.memory.sentinels_ptr(self.index);
             let (mut params_arg, mut out_arg, mut w_arg, mut h_arg, mut sentinels_arg) =
                 (params, out, out_w, out_h, sentinels);
-            let mut args: [*mut c_void; 5] = [
+            let mut tail_arg = self.tail.params();
+            let mut args: [*mut c_void; 6] = [
                 (&mut params_arg as *mut u64).cast(),
                 (&mut out_arg as *mut u64).cast(),
                 (&mut w_arg as *mut i32).cast(),
                 (&mut h_arg as *mut i32).cast(),
                 (&mut sentinels_arg as *mut u64).cast(),
+                (&mut tail_arg as *mut TailParams).cast(),
             ];
             result::launch_kernel(
                 self.kernel.function,

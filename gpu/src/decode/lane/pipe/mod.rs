@@ -22,7 +22,7 @@ use crate::cuda::describe;
 use crate::decode::jpeg_scan::{accept, Decline, Placement};
 use crate::decode::kernel::{self, CropItem, SENTINEL};
 use crate::decode::nvjpeg::{Decoder, Image};
-use crate::decode::{GpuDecodeError, GpuDecodeOptions};
+use crate::decode::{GpuDecodeError, GpuDecodeOptions, RowTail};
 use stoker_loader::{Built, Error, LaneRows, PinnedShare, Result, Slot};
 
 use place::{EventPool, Kernel};
@@ -64,6 +64,8 @@ pub(super) struct Pipe {
     kernel: Kernel,
     events: Arc<EventPool>,
     out: (u32, u32),
+    /// What the kernel makes of the rows' byte values ([`RowTail::BYTES`]: the bytes).
+    tail: RowTail,
     /// Page-locked staging for the kernel parameters (copied on the pipe's stream).
     host_params: *mut c_void,
     /// Page-locked staging for the encoded images nvJPEG reads (an image larger than all of
@@ -90,6 +92,7 @@ impl Pipe {
         memory: &Arc<LaneMemory>,
         options: &GpuDecodeOptions,
         out: (u32, u32),
+        tail: RowTail,
         stats: &Arc<LaneStats>,
     ) -> std::result::Result<Pipe, GpuDecodeError> {
         let mut failure = None;
@@ -127,6 +130,7 @@ impl Pipe {
                 place: Arc::clone(&place),
                 kernel,
                 out,
+                tail,
                 host_params: std::ptr::null_mut(),
                 staging: std::ptr::null_mut(),
                 staging_bytes: staging_bytes(batch_hint.max(1) as usize),
@@ -310,7 +314,9 @@ impl Pipe {
             .stats
             .fallback_rows
             .fetch_add((fallback.len() + unwritten.len()) as u64, Ordering::Relaxed);
-        let device_row = self.out.0 as usize * self.out.1 as usize * 3;
+        let (width, height) = self.out;
+        let device_row = self.tail.row_bytes(height, width);
+        let byte_row = RowTail::BYTES.row_bytes(height, width);
         let cpu_rows = fallback
             .iter()
             .map(|row| (*row, None))
@@ -345,14 +351,24 @@ impl Pipe {
             }
             if let Some(k) = device_index {
                 // The device stage copies device rows over the slot's: this one must be the
-                // CPU's row too. The pipe's work is done (`unwritten` waited for it).
-                let copied = if device_row == row_bytes {
+                // CPU's row too, made what the kernel would have made of it. The pipe's work
+                // is done (`unwritten` waited for it).
+                let copied = if byte_row == row_bytes {
+                    let made;
+                    let row: &[u8] = if self.tail.is_bytes() {
+                        dest
+                    } else {
+                        let mut converted = vec![0u8; device_row];
+                        self.tail.apply(dest, height, width, &mut converted);
+                        made = converted;
+                        &made
+                    };
                     // SAFETY: row `k` of the batch's ring buffer holds `device_row` bytes and
-                    // nothing on the GPU uses it now; `dest` is `row_bytes` long.
+                    // nothing on the GPU uses it now; `row` is `device_row` long.
                     unsafe {
                         sys::cuMemcpyHtoD_v2(
                             out + (k * device_row) as u64,
-                            dest.as_ptr().cast::<c_void>(),
+                            row.as_ptr().cast::<c_void>(),
                             device_row,
                         )
                     }
@@ -360,7 +376,7 @@ impl Pipe {
                     .map_err(describe)
                 } else {
                     Err(format!(
-                        "device rows of {device_row} bytes against slot rows of {row_bytes}"
+                        "device rows of {byte_row} bytes against slot rows of {row_bytes}"
                     ))
                 };
                 if let Err(error) = copied {
@@ -389,8 +405,9 @@ impl Pipe {
                         ring_index: ring,
                         ptr: out,
                         positions: decoded.iter().map(|d| d.cpu.row as u32).collect(),
-                        height: self.out.1,
-                        width: self.out.0,
+                        height,
+                        width,
+                        tail: self.tail,
                         events: vec![ready],
                     }))
                 }
