@@ -320,8 +320,8 @@ def run_row(
     elif kind == "dali" or kind.startswith("dali-hw"):
         hw_load = int(kind.removeprefix("dali-hw")) / 100 if kind != "dali" else args.dali_hw_load
         made = dali_batches(torch, args.data, batch, workers, hw_load, args.dali_prefetch)
-        if made is None:
-            return {"row": row, "skipped": "nvidia.dali is not importable", "trains": False}
+        if isinstance(made, str):
+            return {"row": row, "skipped": made, "trains": False}
         dali_fetch = made
 
         def fetch() -> tuple[Any, Any]:
@@ -386,8 +386,12 @@ def run_row(
             result["decode_splits_sixteenths"] = splits
     for close in closers:
         close()
-    if "helper" in extra and extra["helper"].stats is not None:
-        result["gpu_decode"] = extra["helper"].stats.get("gpu_decode")
+    helper_stats = extra["helper"].stats if "helper" in extra else None
+    if helper_stats is not None:
+        # The loader's own figures, from the helper process.
+        result["gpu_decode"] = helper_stats.get("gpu_decode")
+        result["stoker_gpu_lane_cost_fraction"] = helper_stats.get("gpu_lane_cost_fraction", 0.0)
+        result["stoker_gpu_lane_quiet_steps"] = helper_stats.get("gpu_lane_quiet_steps", 0)
     return result
 
 
@@ -493,15 +497,16 @@ def helper_main(
 
 def dali_batches(
     torch: Any, data: Path, batch: int, threads: int, hw_load: float, prefetch: int
-) -> Callable[[], tuple[Any, Any]] | None:
+) -> Callable[[], tuple[Any, Any]] | str:
     """DALI's pipeline for the row (see the module doc), as a function giving the next
-    (images, labels) on the GPU, epoch after epoch; None when DALI is not installed."""
+    (images, labels) on the GPU, epoch after epoch; or why the row is skipped: DALI is not
+    installed, or its pipeline did not build (the other rows still run)."""
     try:
         from nvidia.dali import fn, pipeline_def, types
         from nvidia.dali.plugin.pytorch import DALIGenericIterator, LastBatchPolicy
     except ImportError as error:
         print(f"dali: not importable ({error}); row skipped", flush=True)
-        return None
+        return f"nvidia.dali is not importable ({error})"
 
     @pipeline_def(
         batch_size=batch,
@@ -528,15 +533,21 @@ def dali_batches(
         )
         return images, labels.gpu()
 
-    pipe = pipeline()
-    pipe.build()
-    iterator = DALIGenericIterator(
-        pipe,
-        ["images", "labels"],
-        reader_name="Reader",
-        last_batch_policy=LastBatchPolicy.DROP,
-        auto_reset=True,
-    )
+    try:
+        # nvImageCodec and nvJPEG load as the pipeline builds and the iterator's first
+        # batches run.
+        pipe = pipeline()
+        pipe.build()
+        iterator = DALIGenericIterator(
+            pipe,
+            ["images", "labels"],
+            reader_name="Reader",
+            last_batch_policy=LastBatchPolicy.DROP,
+            auto_reset=True,
+        )
+    except Exception as error:
+        print(f"dali: the pipeline did not build ({error!r}); row skipped", flush=True)
+        return f"DALI's pipeline did not build: {error!r}"
     batches = forever(lambda: iterator)
 
     def fetch() -> tuple[Any, Any]:
@@ -565,8 +576,8 @@ def print_row(r: dict[str, Any], flush: bool) -> None:
             f"GPU {lane['gpu_rows_per_s']:.0f} / CPU {lane['cpu_rows_per_s']:.0f} rows/s, "
             f"split {'>'.join(map(str, r.get('decode_splits_sixteenths', [])))}/16, "
             f"{lane['memory_bytes'] >> 20} MiB, "
-            f"lane cost {100 * r['stoker_gpu_lane_cost_fraction']:.1f}% of the GPU "
-            f"({r['stoker_gpu_lane_quiet_steps']} quiet steps)"
+            f"lane cost {100 * r.get('stoker_gpu_lane_cost_fraction', 0.0):.1f}% of the GPU "
+            f"({r.get('stoker_gpu_lane_quiet_steps', 0)} quiet steps)"
         )
     print(
         f"{r['model']:9} {r['row']:16} {r['images_per_s']:8.0f} img/s {share} of ceiling  "

@@ -21,17 +21,22 @@ if [ ! -d "$data" ]; then
     echo "data made in $((SECONDS - made)) s"
 fi
 # DALI, when benches/gpu/pack_dali.sh's parts were all carried here: joined in order, checked
-# against their sum, installed beside the wheel (without it the DALI rows say so and are skipped).
+# against their sum, installed beside the wheel (without it the DALI rows say so and are skipped),
+# once per packed tar while the machine stays warm (a stamp in $site says it is there).
 if [ -d .device-dali ]; then
     joined=/tmp/stoker-dali.tar
     parts=$(find .device-dali -mindepth 1 -maxdepth 1 -type d -printf '%f\n' | sort -n)
-    for n in $parts; do cat ".device-dali/$n/part"; done > "$joined"
     first=$(echo "$parts" | head -1)
     want=$(cut -d' ' -f1 ".device-dali/$first/SHA256SUMS")
-    if [ "$(sha256sum "$joined" | cut -d' ' -f1)" = "$want" ]; then
+    if [ -e "$site/.dali-$want" ]; then
+        echo "DALI already installed from these parts" | tee -a "$out/machine.log"
+        export LD_LIBRARY_PATH="/usr/local/cuda/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+    elif for n in $parts; do cat ".device-dali/$n/part"; done > "$joined" \
+        && [ "$(sha256sum "$joined" | cut -d' ' -f1)" = "$want" ]; then
         rm -rf /tmp/stoker-dali && mkdir -p /tmp/stoker-dali && tar -xf "$joined" -C /tmp/stoker-dali
         python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target "$site" \
             /tmp/stoker-dali/wheels/*.whl \
+            && touch "$site/.dali-$want" \
             && echo "DALI installed from $(echo "$parts" | wc -l) parts" | tee -a "$out/machine.log"
         export LD_LIBRARY_PATH="/usr/local/cuda/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
     else

@@ -363,13 +363,17 @@ impl Pipe {
                         made = converted;
                         &made
                     };
+                    // On the pipe's stream, so the rows' ready event below follows it (pageable
+                    // bytes are staged as the call returns; a page-locked slot is untouched
+                    // until its batch is released, after the stage waited for that event).
                     // SAFETY: row `k` of the batch's ring buffer holds `device_row` bytes and
                     // nothing on the GPU uses it now; `row` is `device_row` long.
                     unsafe {
-                        sys::cuMemcpyHtoD_v2(
+                        sys::cuMemcpyHtoDAsync_v2(
                             out + (k * device_row) as u64,
                             row.as_ptr().cast::<c_void>(),
                             device_row,
+                            self.stream,
                         )
                     }
                     .result()
