@@ -232,18 +232,30 @@ def forever(make: Callable[[], Any]) -> Iterator[Any]:
         yield from loader
 
 
+def row_parts(row: str, workers: int) -> tuple[bool, str, int, str, bool]:
+    """What a row's name asks for (see the module doc): whether it trains (not ``loader:``),
+    its kind (``stoker-auto``, ``dali``...), its thread count (``@N``, else ``workers``), the
+    green context's SMs (``-smsN``, else "") and whether the lane's kernel applies the tail
+    (``-fused``)."""
+    alone, _, name = row.rpartition(":")
+    kind, _, threads = name.partition("@")
+    kind, _, sms = kind.partition("-sms")
+    fused = kind.endswith("-fused")
+    return (
+        alone != "loader",
+        kind.removesuffix("-fused"),
+        int(threads) if threads else workers,
+        sms,
+        fused,
+    )
+
+
 def run_row(
     torch: Any, torchvision: Any, stoker: Any, model: Model, row: str, args: Any
 ) -> dict[str, Any]:
     batch = args.batch_size
-    alone, _, name = row.rpartition(":")
-    kind, _, threads = name.partition("@")
-    workers = int(threads) if threads else args.workers
-    train = alone != "loader"
+    train, kind, workers, sms, fused = row_parts(row, args.workers)
     closers: list[Callable[[], None]] = []
-    kind, _, sms = kind.partition("-sms")
-    fused = kind.endswith("-fused")
-    kind = kind.removesuffix("-fused")
     # Each row starts without them (a row that failed may not have cleared them).
     os.environ.pop(SMS_VARIABLE, None)
     os.environ.pop(FUSED_VARIABLE, None)

@@ -1,0 +1,100 @@
+"""The GPU benchmark script (``benches/gpu_train.py``) where it runs without a GPU: its rows'
+names are read as its documentation says, every kind of row's result prints (an in-process lane
+row, a helper-process row, a skipped DALI row), and without a CUDA GPU it says so and exits 0.
+Its rows themselves run only on a GPU machine (``benches/gpu/decode_check.sh``)."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+SCRIPT = Path(__file__).resolve().parents[2] / "benches" / "gpu_train.py"
+
+
+@pytest.fixture(scope="module")
+def gpu_train() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("gpu_train", SCRIPT)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize(
+    ("row", "parts"),
+    [
+        ("ceiling", (True, "ceiling", 15, "", False)),
+        ("stoker-auto@7", (True, "stoker-auto", 7, "", False)),
+        ("loader:stoker-gpu", (False, "stoker-gpu", 15, "", False)),
+        ("stoker-gpu-sms16", (True, "stoker-gpu", 15, "16", False)),
+        ("stoker-auto-fused", (True, "stoker-auto", 15, "", True)),
+        ("helper-gpu-fused@7", (True, "helper-gpu", 7, "", True)),
+        ("loader:stoker-auto-fused-sms32@3", (False, "stoker-auto", 3, "32", True)),
+        ("dali-hw99", (True, "dali-hw99", 15, "", False)),
+    ],
+)
+def test_a_rows_name_is_read_as_documented(
+    gpu_train: ModuleType, row: str, parts: tuple[bool, str, int, str, bool]
+) -> None:
+    assert gpu_train.row_parts(row, 15) == parts
+
+
+def test_every_kind_of_result_prints(
+    gpu_train: ModuleType, capsys: pytest.CaptureFixture[str]
+) -> None:
+    common = {
+        "model": "resnet18",
+        "images_per_s": 9000.0,
+        "host_wait_fraction": 0.01,
+        "gpu_idle_fraction": 0.02,
+        "build_s": 0.5,
+        "first_batch_s": 0.1,
+        "threads": 15,
+        "trains": True,
+    }
+    lane = {
+        "rows": 1000,
+        "rows_dtype": "bfloat16",
+        "declined_rows": 1,
+        "fallback_rows": 2,
+        "gpu_rows_per_s": 9000.0,
+        "cpu_rows_per_s": 3000.0,
+        "memory_bytes": 512 << 20,
+    }
+    in_process = {
+        **common,
+        "row": "stoker-auto-fused",
+        "gpu_decode": lane,
+        "stoker_gpu_lane_cost_fraction": 0.2,
+        "stoker_gpu_lane_quiet_steps": 0,
+        "share_of_ceiling": 0.7,
+        "ceiling_x_busy": 12000.0,
+    }
+    # A helper row's figures come from the helper process's loader, and may be missing.
+    helper = {**common, "row": "helper-gpu", "gpu_decode": lane}
+    skipped = {"model": "resnet18", "row": "dali", "skipped": "nvidia.dali is not importable"}
+    for result in (in_process, helper, skipped, {**common, "row": "ceiling"}):
+        gpu_train.print_row(result, flush=False)
+    printed = capsys.readouterr().out.splitlines()
+    assert len(printed) == 4
+    assert "lane 1000 bfloat16 rows" in printed[0] and "lane cost 20.0%" in printed[0]
+    assert "lane cost 0.0% of the GPU (0 quiet steps)" in printed[1]
+    assert printed[2].endswith("skipped: nvidia.dali is not importable")
+
+
+def test_without_a_cuda_gpu_it_says_so_and_exits_0(
+    gpu_train: ModuleType, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setattr(sys, "argv", ["gpu_train.py", "--rows", "ceiling"])
+    try:
+        import torch
+    except ImportError:
+        torch = None
+    if torch is not None and torch.cuda.is_available():
+        pytest.skip("a CUDA GPU is here: the script would measure")
+    assert gpu_train.main() == 0
+    assert "nothing to measure" in capsys.readouterr().out
