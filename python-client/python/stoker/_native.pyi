@@ -78,6 +78,7 @@ class GpuDecodeStats(TypedDict):
     """What the GPU decode lane did so far."""
 
     hardware: bool
+    rows_dtype: str
     rows: int
     declined_rows: int
     fallback_rows: int
@@ -96,12 +97,17 @@ class GpuDecodeStats(TypedDict):
 
 @final
 class DeviceRows:
-    """The rows of one batch that the GPU decode lane decoded, still on the GPU: uint8
-    ``shape`` (rows, height, width, 3), row ``k`` being the batch's row ``positions[k]``; valid
-    while this object (which the batch holds) is alive."""
+    """The rows of one batch that the GPU decode lane decoded, still on the GPU: ``shape`` of
+    ``dtype``, row ``k`` being the batch's row ``positions[k]``; uint8 (rows, height, width, 3)
+    unless ``tail_applied`` (``STOKER_GPU_DECODE_FUSED_TAIL=1``: the device stage's tail already
+    applied, NHWC memory or (rows, 3, height, width) planes); valid while this object (which
+    the batch holds) is alive."""
 
     positions: Final[list[int]]
     shape: Final[tuple[int, int, int, int]]
+    dtype: Final[str]
+    """As torch names its dtype: "uint8", "float32", "bfloat16" or "float16"."""
+    tail_applied: Final[bool]
     device: Final[int]
     __cuda_array_interface__: Final[dict[str, Any]]
     def wait(self, stream: int) -> None:
