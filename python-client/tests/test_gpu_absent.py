@@ -196,9 +196,13 @@ def test_the_lane_is_given_the_tail_as_the_stage_computes_it() -> None:
     _, contiguous = gpu.split_tail([*crop(), normalize], None, None)
     assert contiguous is not None
     assert gpu.lane_tail(contiguous)[:2] == ("float32", True)  # type: ignore[index]
+    # Without Normalize a float dtype is ToTensor's v / 255; uint8 keeps its values.
     _, nhwc = gpu.split_tail([*crop(), ops.ToTensor("NHWC", "float32")], "float16", None)
     assert nhwc is not None
-    assert gpu.lane_tail(nhwc) == ("float16", False, None)
+    assert gpu.lane_tail(nhwc) == ("float16", False, ([1 / 255] * 3, [0.0] * 3))
+    _, planes = gpu.split_tail([*crop(), ops.ToTensor("NCHW", "uint8")], None, None)
+    assert planes is not None
+    assert gpu.lane_tail(planes) == ("uint8", True, None)
 
 
 def test_the_tail_refuses_what_contradicts_the_pipeline() -> None:

@@ -72,8 +72,8 @@ impl Element {
 /// What the rows are made into: each channel `c` of a pixel's byte value `v` becomes
 /// `v * scale[c] + shift[c]` (one fused multiply-add in f32, as torch's `addcmul` on the device
 /// stage computes it) in `element`, the three channels interleaved (NHWC memory, which is also
-/// `channels_last`'s) or `planar` (contiguous NCHW). Without a normalise, `scale` 1 and `shift`
-/// 0 give the bytes as floats.
+/// `channels_last`'s) or `planar` (contiguous NCHW). A `Normalize` gives `1 / (255 std)` and
+/// `-mean / std`, `ToTensor`'s float output `1 / 255` and 0; uint8 keeps the bytes.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct RowTail {
     /// The rows' element type.
@@ -101,7 +101,8 @@ impl RowTail {
     }
 
     /// The tail from what Python's device stage holds: the dtype's name, whether the layout
-    /// is contiguous NCHW, and the per-channel scale and shift (`None`: no `Normalize`).
+    /// is contiguous NCHW, and the per-channel scale and shift of the values (`None` for
+    /// uint8 alone, whose bytes stay).
     pub fn from_stage(
         dtype: &str,
         planar: bool,
@@ -110,13 +111,16 @@ impl RowTail {
         let element = Element::named(dtype).ok_or_else(|| {
             format!("the device tail's dtype must be uint8, float32, bfloat16 or float16, got {dtype:?}")
         })?;
-        let (scale, shift) = match affine {
-            None => ([1.0; 3], [0.0; 3]),
-            Some((scale, shift)) => (three(scale, "scale")?, three(shift, "shift")?),
+        let (scale, shift) = match (element, affine) {
+            (Element::U8, None) => ([1.0; 3], [0.0; 3]),
+            (Element::U8, Some(_)) => return Err("a uint8 device tail cannot normalise".into()),
+            (_, None) => {
+                return Err(format!(
+                    "a {dtype} device tail needs the scale and shift of its values"
+                ))
+            }
+            (_, Some((scale, shift))) => (three(scale, "scale")?, three(shift, "shift")?),
         };
-        if element == Element::U8 && (scale != [1.0; 3] || shift != [0.0; 3]) {
-            return Err("a uint8 device tail cannot normalise".into());
-        }
         Ok(RowTail {
             element,
             planar,
@@ -224,6 +228,7 @@ mod tests {
         assert!(!RowTail::from_stage("uint8", true, None).unwrap().is_bytes());
         for (dtype, affine, named) in [
             ("int8", None, "int8"),
+            ("float16", None, "scale and shift"),
             ("float32", Some((&scale[..2], &shift[..])), "scale"),
             (
                 "float32",

@@ -34,9 +34,7 @@ import logging
 import math
 import os
 import sys
-import time
 import warnings
-from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -44,6 +42,7 @@ from typing import Any
 import numpy as np
 
 from stoker import _native
+from stoker._gpu_idle import GpuIdleMeter
 from stoker.errors import GpuUnavailableError
 from stoker.ops import Normalize, Op, ToTensor
 
@@ -310,12 +309,13 @@ class DeviceTail:
         return f"{norm}{self.dtype} {self.layout} {self.memory_format}"
 
     def affine(self) -> tuple[list[float], list[float]] | None:
-        """``Normalize`` as ``v * scale + shift`` per channel of byte values ``v``:
-        ``(v / 255 - mean) / std == v * (1 / (255 std)) + (-mean / std)``, in float64 here, to be
-        rounded once to float32; None without ``Normalize``."""
-        if self.normalize is None:
+        """The tail's values as ``v * scale + shift`` per channel of byte values ``v``, in
+        float64 here, to be rounded once to float32: ``Normalize``'s
+        ``(v / 255 - mean) / std == v * (1 / (255 std)) + (-mean / std)``, or without it, for a
+        float dtype, ``ToTensor``'s ``v / 255``; None for uint8, whose values stay."""
+        if self.normalize is None and self.dtype == "uint8":
             return None
-        mean, std = self.normalize
+        mean, std = self.normalize if self.normalize is not None else ((0.0,) * 3, (1.0,) * 3)
         scale = [1.0 / (255.0 * s) for s in std]
         shift = [-m / s for m, s in zip(mean, std, strict=True)]
         return scale, shift
@@ -409,8 +409,9 @@ class DeviceStage:
         )
         self._scale: Any = None
         self._shift: Any = None
-        if tail is not None and (tail.normalize is not None or tail.dtype != "uint8"):
-            scale, shift = tail.affine() or ([1.0] * 3, [0.0] * 3)
+        affine = tail.affine() if tail is not None else None
+        if tail is not None and affine is not None:
+            scale, shift = affine
             shape = (1, 1, 1, 3) if tail.layout == "NHWC" else (1, 3, 1, 1)
             self._scale = torch.tensor(scale, dtype=torch.float32, device=self.device).view(shape)
             self._shift = torch.tensor(shift, dtype=torch.float32, device=self.device).view(shape)
@@ -558,86 +559,3 @@ class DeviceStage:
         for tensor in tensors.values():
             tensor.record_stream(consumer)
         return tensors
-
-
-class GpuIdleMeter:
-    """Events on the consumer's current stream at the start and end of each ``next()``: the
-    time between them on the GPU is the time the stream sat with nothing to do but wait for
-    the batch (0 when the GPU was still busy with earlier steps). Finished pairs are read
-    without waiting and reported to the native loader, one step each, as (idle, span) seconds,
-    the span being the GPU time from one batch's hand-out to the next. With ``lane_busy`` (the
-    GPU decode lane's busy seconds so far, None without a lane), read as each batch is handed
-    out, a step's report also carries the lane's work within the step's host window and that
-    window (by ``clock``), from which the loader tells steps beside the lane from steps with it
-    quiet. ``index`` None: torch's current device."""
-
-    def __init__(
-        self,
-        torch: Any,
-        index: int | None,
-        report: Callable[..., None],
-        lane_busy: Callable[[], float | None] | None = None,
-        clock: Callable[[], float] = time.perf_counter,
-    ) -> None:
-        self._torch = torch
-        self._clock = clock
-        self._index = index
-        self._report = report
-        self._lane_busy = lane_busy
-        self._free: list[Any] = []
-        # (start event, end event, the lane's busy seconds and the host clock at the end).
-        self._pending: deque[tuple[Any, Any, float | None, float]] = deque()
-        self._start: Any = None
-        self._last: tuple[Any, float | None, float] | None = None
-        self._stream: Any = None
-
-    def _event(self) -> Any:
-        return self._free.pop() if self._free else self._torch.cuda.Event(enable_timing=True)
-
-    def before(self) -> None:
-        """At the start of ``next()``."""
-        torch = self._torch
-        if not torch.cuda.is_initialized():
-            self._start = None
-            return
-        self._stream = torch.cuda.current_stream(self._index)
-        self._start = self._event()
-        self._start.record(self._stream)
-
-    def after(self) -> None:
-        """Once the batch is handed out (after the consumer's stream was told to wait)."""
-        if self._start is None:
-            return
-        end = self._event()
-        end.record(self._stream)
-        lane = self._lane_busy() if self._lane_busy is not None else None
-        if lane is None:
-            # A loader without a lane says so at once and for good: not asked again.
-            self._lane_busy = None
-        self._pending.append((self._start, end, lane, self._clock()))
-        self._start = None
-        self._drain()
-
-    def cancel(self) -> None:
-        """``next()`` ended without a batch (end of epoch, an error)."""
-        if self._start is not None:
-            self._free.append(self._start)
-            self._start = None
-
-    def _drain(self) -> None:
-        while self._pending and self._pending[0][1].query():
-            start, end, lane, at = self._pending.popleft()
-            last, self._last = self._last, (end, lane, at)
-            self._free.append(start)
-            if last is None:
-                continue
-            last_end, last_lane, last_at = last
-            self._free.append(last_end)
-            idle = max(0.0, start.elapsed_time(end)) / 1e3
-            span = max(0.0, last_end.elapsed_time(end)) / 1e3
-            if span <= 0.0:
-                continue
-            if lane is not None and last_lane is not None:
-                self._report(idle, span, max(0.0, lane - last_lane), max(0.0, at - last_at))
-            else:
-                self._report(idle, span)
