@@ -49,7 +49,8 @@ impl GreenContext {
     /// A green context of at least `sms` of `cuda`'s device's SMs (as many more as the
     /// driver's partition size rounds up to), or what refused it, naming the variable: a
     /// driver older than 12.5, more SMs than the device can give beside the rest, a call that
-    /// failed.
+    /// failed. Each call splits the whole device afresh, so two contexts made this way may
+    /// hold the same SMs (the driver does not say which it gives).
     pub fn new(cuda: &Cuda, sms: u32) -> Result<GreenContext, String> {
         Self::make(cuda, sms).map_err(|problem| format!("{SMS_VARIABLE}={sms}: {problem}"))
     }
