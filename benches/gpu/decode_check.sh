@@ -11,7 +11,8 @@
 # again with the training loop on a stream of its own (gpu_train.py --side-stream). Logs go to
 # $OUT.
 # SMOKE_ONLY=1 stops after the smoke test, SKIP_PYTEST=1 leaves out the tests, SKIP_BENCH=1 the
-# benchmark; COMPILE=1 adds the ResNet-18 rows with the model compiled (CUDA graphs). Then the
+# benchmark; COMPILE=1 adds the ResNet-18 rows with the model compiled (CUDA graphs) to the
+# levers, COMPILE=only runs them alone after the smoke test (5 minutes at worst). Then the
 # levers: the side-stream rows, the lane's pipes in green contexts of a few SMs (the -smsN rows)
 # and its kernel writing the normalised rows itself (the -fused rows), the loader in a helper
 # process (gpu_train.py's helper-* rows), and with MPS=1 again under MPS. SKIP_LEVERS=1 stops
@@ -71,31 +72,37 @@ print("sanitized run done", loader.stats()["gpu_decode"])
 PY
 fi
 [ "${SMOKE_ONLY:-0}" = 1 ] && exit "$smoke"
+# COMPILE=only runs the smoke test and the compiled rows alone.
+levers_only=0
+if [ "${LEVERS_ONLY:-0}" = 1 ] || [ "${COMPILE:-0}" = only ]; then levers_only=1; fi
 started=$SECONDS
-[ "${SKIP_PYTEST:-0}" = 1 ] || [ "${LEVERS_ONLY:-0}" = 1 ] || (cd python-client && timeout 300 python3 -m pytest -m gpu tests/test_gpu.py tests/test_gpu_decode.py -q -rs -s -p no:cacheprovider 2>&1) | tee "$out/pytest.log"
+[ "${SKIP_PYTEST:-0}" = 1 ] || [ "$levers_only" = 1 ] || (cd python-client && timeout 300 python3 -m pytest -m gpu tests/test_gpu.py tests/test_gpu_decode.py -q -rs -s -p no:cacheprovider 2>&1) | tee "$out/pytest.log"
 echo "pytest -m gpu: $((SECONDS - started)) s"
 started=$SECONDS
-[ "${SKIP_BENCH:-0}" = 1 ] || [ "${LEVERS_ONLY:-0}" = 1 ] || timeout 150 python3 benches/gpu/fence_cost.py --data "$data" --rounds 2 2>&1 | tee "$out/fence-cost.log"
+[ "${SKIP_BENCH:-0}" = 1 ] || [ "$levers_only" = 1 ] || timeout 150 python3 benches/gpu/fence_cost.py --data "$data" --rounds 2 2>&1 | tee "$out/fence-cost.log"
 echo "fence_cost: $((SECONDS - started)) s"
 # A lane that does not start or crashes has nothing to measure.
 [ "$smoke" -eq 0 ] || exit 1
 [ "${SKIP_BENCH:-0}" = 1 ] && exit 0
-if [ "${LEVERS_ONLY:-0}" != 1 ]; then
+if [ "$levers_only" != 1 ]; then
     started=$SECONDS
     rows=ceiling,stoker-cuda,stoker-gpu,stoker-auto,dali,dali-hw99,stoker-cuda@7,stoker-auto@7,stoker-gpu@7,dali@7,loader:stoker-cuda,loader:stoker-gpu,loader:stoker-auto,loader:dali
     timeout 260 python3 benches/gpu_train.py --data "$data" --models resnet18 --rows "$rows" --workers "$(( $(nproc) - 1 ))" 2>&1 | tee "$out/bench.log"
     echo "gpu_train: $((SECONDS - started)) s"
 fi
 [ "${SKIP_LEVERS:-0}" = 1 ] && exit 0
-started=$SECONDS
-timeout 100 python3 benches/gpu_train.py --data "$data" --models resnet18 --rows ceiling,stoker-gpu,stoker-auto --workers "$(( $(nproc) - 1 ))" --side-stream 2>&1 | tee "$out/bench-side-stream.log"
-echo "gpu_train --side-stream: $((SECONDS - started)) s"
-if [ "${COMPILE:-0}" = 1 ]; then
+if [ "${COMPILE:-0}" != only ]; then
+    started=$SECONDS
+    timeout 100 python3 benches/gpu_train.py --data "$data" --models resnet18 --rows ceiling,stoker-gpu,stoker-auto --workers "$(( $(nproc) - 1 ))" --side-stream 2>&1 | tee "$out/bench-side-stream.log"
+    echo "gpu_train --side-stream: $((SECONDS - started)) s"
+fi
+if [ "${COMPILE:-0}" = 1 ] || [ "${COMPILE:-0}" = only ]; then
     # The step as a CUDA graph (torch.compile reduce-overhead), beside the lane and DALI.
     started=$SECONDS
     timeout 300 python3 benches/gpu_train.py --data "$data" --models resnet18 --rows ceiling,stoker-auto,dali --workers "$(( $(nproc) - 1 ))" --compile --warmup 40 2>&1 | tee "$out/bench-compiled.log"
     echo "gpu_train --compile: $((SECONDS - started)) s"
 fi
+[ "${COMPILE:-0}" = only ] && exit 0
 # The lane's pipes in green contexts of 16 and 32 SMs (STOKER_GPU_DECODE_SMS): does the lane
 # slow the step by taking its SMs? And the lane's kernel writing the normalised rows itself
 # (STOKER_GPU_DECODE_FUSED_TAIL=1, the -fused rows): do the stage's launches on the training
