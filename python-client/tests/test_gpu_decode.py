@@ -480,6 +480,48 @@ def test_the_lanes_kernel_applying_the_tail_gives_the_stages_batches(
         epoch("gpu")
 
 
+@pytest.mark.gpu
+def test_places_the_decode_left_unwritten_are_found_and_built_on_the_cpu(
+    torch: Any, dataset: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``STOKER_GPU_DECODE_FAULT_EVERY=1`` poisons every place again after nvJPEG wrote it, as
+    a decode that reported success without writing would leave it: the lane finds each by its
+    sentinel and builds the row on the CPU, whose bytes replace the device row (copied on the
+    pipe's stream before the rows' ready event), so the batches are the CPU path's bit for bit;
+    with the tail fused in, the replaced rows are made on the host, within one rounding of the
+    stage's."""
+    monkeypatch.setenv("STOKER_GPU_DECODE_FAULT_EVERY", "1")
+    cpu, _ = device_epoch(dataset, "cpu")
+    faulted, stats = device_epoch(dataset, "gpu")
+    lane = stats["gpu_decode"]
+    assert lane["rows"] == 0 and lane["fallback_rows"] > 0, lane
+    for (a, a_labels), (b, b_labels) in zip(cpu, faulted, strict=True):
+        np.testing.assert_array_equal(a, b)
+        np.testing.assert_array_equal(a_labels, b_labels)
+
+    options = {
+        "pipeline": [
+            *train_pipeline()[:-1],
+            ops.Normalize(vision.IMAGENET_MEAN, vision.IMAGENET_STD),
+        ],
+        "batch_size": 16,
+        "num_threads": 2,
+        "seed": 5,
+        "device": "cuda",
+        "dtype": "bfloat16",
+        "memory_format": "channels_last",
+        "timeout": 120,
+    }
+
+    def epoch(decode: str) -> list[Any]:
+        with stoker.Loader(dataset, decode=decode, **options) as loader:
+            return [batch["image"].float().cpu().numpy() for batch in loader]
+
+    monkeypatch.setenv("STOKER_GPU_DECODE_FUSED_TAIL", "1")
+    for a, b in zip(epoch("cpu"), epoch("gpu"), strict=True):
+        np.testing.assert_allclose(b, a, rtol=2.0**-7, atol=1e-6)
+
+
 def auto_options(seed: int) -> dict[str, Any]:
     """A small decode="auto" loader's arguments on the GPU."""
     return {

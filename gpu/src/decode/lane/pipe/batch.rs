@@ -1,9 +1,33 @@
 //! A pipe's sub-batch on the GPU: nvJPEG's batched decode into the arena, the crop kernel's
 //! launch into the batch's device rows, and a sub-batch one image spoils retried image by
-//! image, each image's own status deciding whether it is built on the CPU.
+//! image, each image's own status deciding whether it is built on the CPU; and the poison laid
+//! over each place before the decode, by which a place the decode left unwritten is found
+//! (where [`FAULT_VARIABLE`] asks, some places are poisoned again after the decode, to test
+//! that finding).
 
 use super::*;
 use crate::decode::TailParams;
+
+/// A test hook: every image whose sample number is a multiple of this count has its place
+/// poisoned again after nvJPEG wrote it, as if the decode had left it unwritten, so the lane
+/// must find it and build its row on the CPU. Unset (or not a positive count, with a
+/// warning): no image.
+pub const FAULT_VARIABLE: &str = "STOKER_GPU_DECODE_FAULT_EVERY";
+
+/// [`FAULT_VARIABLE`]'s count, from its value if set.
+pub(super) fn fault_every(value: Option<&str>) -> Option<u64> {
+    let text = value?.trim();
+    match text.parse::<u64>() {
+        Ok(every) if every > 0 => Some(every),
+        _ => {
+            tracing::warn!(
+                value = text,
+                "{FAULT_VARIABLE} is not a positive count; ignored"
+            );
+            None
+        }
+    }
+}
 
 impl Pipe {
     /// Decodes the pending images and crops them into the output rows from `decoded.len()`
@@ -117,6 +141,22 @@ impl Pipe {
         let result = unsafe { self.decoder.decode(0, &bytes, &mut outputs, self.stream) };
         add_since(&self.stats.decode_call_ns, decoding);
         result?;
+        if let Some(every) = self.fault_every {
+            for p in pending.iter().filter(|p| p.item.image.sample % every == 0) {
+                // SAFETY: the place lies in the pipe's arena, starts on an ALIGN boundary and
+                // its whole ALIGN blocks are the image's; queued after the decode that wrote it.
+                unsafe {
+                    sys::cuMemsetD32Async(
+                        arena + p.offset as u64,
+                        POISON,
+                        p.placement.place / 4,
+                        self.stream,
+                    )
+                    .result()
+                    .map_err(driver("cuMemsetD32Async"))?;
+                }
+            }
+        }
         let launching = Instant::now();
         let items: Vec<CropItem> = pending
             .iter()
@@ -195,5 +235,68 @@ impl Pipe {
             sentinel_len: p.placement.decoded.min(SENTINEL),
         }));
         Ok(())
+    }
+
+    /// The images of `decoded` (by index) whose place still holds the poison laid before their
+    /// decode: nvJPEG reported success without writing them. Waits for the pipe's work.
+    pub(super) fn unwritten(
+        &self,
+        decoded: &[Decoded],
+    ) -> std::result::Result<Vec<usize>, GpuDecodeError> {
+        if decoded.is_empty() {
+            return Ok(Vec::new());
+        }
+        // SAFETY: the event is the pipe's own.
+        unsafe { result::event::synchronize(self.done) }.map_err(driver("cuEventSynchronize"))?;
+        // SAFETY: the pipe's page-locked sentinel buffer of `sentinel_rows` sentinels, written
+        // by copies that are done (the event above follows them).
+        let sentinels = unsafe {
+            std::slice::from_raw_parts(self.sentinels.cast::<u8>(), self.sentinel_rows * SENTINEL)
+        };
+        Ok(decoded
+            .iter()
+            .enumerate()
+            .filter(|(k, d)| {
+                let got = &sentinels[k * SENTINEL..k * SENTINEL + d.sentinel_len];
+                got == poison_tail(d.decoded, d.sentinel_len).as_slice()
+            })
+            .map(|(k, _)| k)
+            .collect())
+    }
+}
+
+/// The 32-bit pattern a pipe lays over the places of a sub-batch before decoding into them.
+const POISON: u32 = 0xE1_96_C3_5A;
+
+/// The last `len` bytes of a poisoned place of `decoded` bytes (places start on a multiple of
+/// 4, the poison's period).
+fn poison_tail(decoded: usize, len: usize) -> Vec<u8> {
+    let pattern = POISON.to_le_bytes();
+    (decoded - len..decoded).map(|at| pattern[at % 4]).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_fault_hook_takes_a_positive_count_and_ignores_anything_else() {
+        assert_eq!(fault_every(None), None);
+        assert_eq!(fault_every(Some("3")), Some(3));
+        assert_eq!(fault_every(Some(" 1 ")), Some(1));
+        for ignored in ["0", "-1", "every", ""] {
+            assert_eq!(fault_every(Some(ignored)), None, "{ignored:?}");
+        }
+    }
+
+    #[test]
+    fn a_poisoned_places_tail_is_the_pattern_at_its_offset() {
+        let pattern = POISON.to_le_bytes();
+        // A place of 10 bytes: its last 8 start at byte 2 of the 4-byte pattern.
+        let tail = poison_tail(10, 8);
+        assert_eq!(tail.len(), 8);
+        assert_eq!(tail[0], pattern[2]);
+        assert_eq!(tail[2], pattern[0]);
+        assert!(poison_tail(4, 0).is_empty());
     }
 }

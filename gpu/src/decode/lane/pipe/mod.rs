@@ -79,6 +79,8 @@ pub(super) struct Pipe {
     stats: Arc<LaneStats>,
     /// The part of the process's pinned budget the page-locked memory above holds.
     pinned: Option<PinnedShare>,
+    /// [`batch::FAULT_VARIABLE`]'s count: the test hook that poisons some places again.
+    fault_every: Option<u64>,
 }
 
 // SAFETY: CUDA handles may move between threads; a pipe is used by its one thread.
@@ -138,6 +140,9 @@ impl Pipe {
                 sentinel_rows: batch_hint.max(1) as usize,
                 stats: Arc::clone(stats),
                 pinned: None,
+                fault_every: batch::fault_every(
+                    std::env::var(batch::FAULT_VARIABLE).ok().as_deref(),
+                ),
             };
             // The page-locked memory below counts against the process's pinned budget.
             if let Some(budget) = options.pinned_budget {
@@ -426,30 +431,6 @@ impl Pipe {
         Ok(batch)
     }
 
-    /// The images of `decoded` (by index) whose place still holds the poison laid before their
-    /// decode: nvJPEG reported success without writing them. Waits for the pipe's work.
-    fn unwritten(&self, decoded: &[Decoded]) -> std::result::Result<Vec<usize>, GpuDecodeError> {
-        if decoded.is_empty() {
-            return Ok(Vec::new());
-        }
-        // SAFETY: the event is the pipe's own.
-        unsafe { result::event::synchronize(self.done) }.map_err(driver("cuEventSynchronize"))?;
-        // SAFETY: the pipe's page-locked sentinel buffer of `sentinel_rows` sentinels, written
-        // by copies that are done (the event above follows them).
-        let sentinels = unsafe {
-            std::slice::from_raw_parts(self.sentinels.cast::<u8>(), self.sentinel_rows * SENTINEL)
-        };
-        Ok(decoded
-            .iter()
-            .enumerate()
-            .filter(|(k, d)| {
-                let got = &sentinels[k * SENTINEL..k * SENTINEL + d.sentinel_len];
-                got == poison_tail(d.decoded, d.sentinel_len).as_slice()
-            })
-            .map(|(k, _)| k)
-            .collect())
-    }
-
     /// The staging bytes an image takes: its length, or none when it is larger than the whole
     /// buffer (nvJPEG then reads it where it is).
     fn staged_len(&self, item: &LaneItem) -> usize {
@@ -460,16 +441,6 @@ impl Pipe {
             0
         }
     }
-}
-
-/// The 32-bit pattern a pipe lays over the places of a sub-batch before decoding into them.
-const POISON: u32 = 0xE1_96_C3_5A;
-
-/// The last `len` bytes of a poisoned place of `decoded` bytes (places start on a multiple of
-/// 4, the poison's period).
-fn poison_tail(decoded: usize, len: usize) -> Vec<u8> {
-    let pattern = POISON.to_le_bytes();
-    (decoded - len..decoded).map(|at| pattern[at % 4]).collect()
 }
 
 /// A row built on the CPU: the batch row and its sample (the RNG stream it draws from).
