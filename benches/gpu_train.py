@@ -239,15 +239,9 @@ def row_parts(row: str, workers: int) -> tuple[bool, str, int, str, bool]:
     (``-fused``)."""
     alone, _, name = row.rpartition(":")
     kind, _, threads = name.partition("@")
-    kind, _, sms = kind.partition("-sms")
-    fused = kind.endswith("-fused")
-    return (
-        alone != "loader",
-        kind.removesuffix("-fused"),
-        int(threads) if threads else workers,
-        sms,
-        fused,
-    )
+    fused = "-fused" in kind
+    kind, _, sms = kind.replace("-fused", "").partition("-sms")
+    return alone != "loader", kind, int(threads) if threads else workers, sms, fused
 
 
 def run_row(

@@ -15,8 +15,10 @@
 # levers, COMPILE=only runs them alone after the smoke test (5 minutes at worst). Then the
 # levers: the side-stream rows, the lane's pipes in green contexts of a few SMs (the -smsN rows)
 # and its kernel writing the normalised rows itself (the -fused rows), the loader in a helper
-# process (gpu_train.py's helper-* rows), and with MPS=1 again under MPS. SKIP_LEVERS=1 stops
-# before the levers; LEVERS_ONLY=1 runs the smoke test and the levers alone.
+# process (gpu_train.py's helper-* rows), and with MPS=1 again under MPS (MPS=only: those
+# alone after the smoke test, 5 minutes at worst; MPS=1 with the levers passes one call's
+# 10 minutes). SKIP_LEVERS=1 stops before the levers; LEVERS_ONLY=1 runs the smoke test and
+# the levers alone.
 # Time: about 2 minutes on an H200 with 16 cores, tests included, on 2026-11-27, before the
 # DALI rows, the levers and the newer GPU tests were added; it has not run since. The timeouts
 # add up to more than the 10 minutes one device call may take, so run it as up to three calls,
@@ -72,9 +74,12 @@ print("sanitized run done", loader.stats()["gpu_decode"])
 PY
 fi
 [ "${SMOKE_ONLY:-0}" = 1 ] && exit "$smoke"
-# COMPILE=only runs the smoke test and the compiled rows alone.
+# COMPILE=only and MPS=only run the smoke test and the compiled or MPS rows alone.
 levers_only=0
-if [ "${LEVERS_ONLY:-0}" = 1 ] || [ "${COMPILE:-0}" = only ]; then levers_only=1; fi
+if [ "${LEVERS_ONLY:-0}" = 1 ] || [ "${COMPILE:-0}" = only ] || [ "${MPS:-0}" = only ]; then
+    levers_only=1
+fi
+helper_rows=ceiling,stoker-auto,helper-cuda,helper-gpu,helper-auto,stoker-auto@7,helper-auto@7
 started=$SECONDS
 [ "${SKIP_PYTEST:-0}" = 1 ] || [ "$levers_only" = 1 ] || (cd python-client && timeout 300 python3 -m pytest -m gpu tests/test_gpu.py tests/test_gpu_decode.py -q -rs -s -p no:cacheprovider 2>&1) | tee "$out/pytest.log"
 echo "pytest -m gpu: $((SECONDS - started)) s"
@@ -91,7 +96,7 @@ if [ "$levers_only" != 1 ]; then
     echo "gpu_train: $((SECONDS - started)) s"
 fi
 [ "${SKIP_LEVERS:-0}" = 1 ] && exit 0
-if [ "${COMPILE:-0}" != only ]; then
+if [ "${COMPILE:-0}" != only ] && [ "${MPS:-0}" != only ]; then
     started=$SECONDS
     timeout 100 python3 benches/gpu_train.py --data "$data" --models resnet18 --rows ceiling,stoker-gpu,stoker-auto --workers "$(( $(nproc) - 1 ))" --side-stream 2>&1 | tee "$out/bench-side-stream.log"
     echo "gpu_train --side-stream: $((SECONDS - started)) s"
@@ -103,22 +108,23 @@ if [ "${COMPILE:-0}" = 1 ] || [ "${COMPILE:-0}" = only ]; then
     echo "gpu_train --compile: $((SECONDS - started)) s"
 fi
 [ "${COMPILE:-0}" = only ] && exit 0
+if [ "${MPS:-0}" != only ]; then
 # The lane's pipes in green contexts of 16 and 32 SMs (STOKER_GPU_DECODE_SMS): does the lane
 # slow the step by taking its SMs? And the lane's kernel writing the normalised rows itself
 # (STOKER_GPU_DECODE_FUSED_TAIL=1, the -fused rows): do the stage's launches on the training
 # thread matter? Beside the same rows without.
 started=$SECONDS
-timeout 200 python3 benches/gpu_train.py --data "$data" --models resnet18 --rows ceiling,stoker-gpu,stoker-gpu-fused,stoker-gpu-sms16,stoker-gpu-sms32,stoker-auto,stoker-auto-fused,stoker-auto-sms16 --workers "$(( $(nproc) - 1 ))" 2>&1 | tee "$out/bench-green.log"
+timeout 180 python3 benches/gpu_train.py --data "$data" --models resnet18 --rows ceiling,stoker-gpu,stoker-gpu-fused,stoker-gpu-sms16,stoker-gpu-sms32,stoker-auto,stoker-auto-fused,stoker-auto-sms16 --workers "$(( $(nproc) - 1 ))" 2>&1 | tee "$out/bench-green.log"
 echo "gpu_train green-context and fused-tail rows: $((SECONDS - started)) s"
 # The loader in a helper process with its own CUDA context, its batches handed over through
 # CUDA IPC (the experiment that tells contention inside the training process from contention
 # on the GPU), beside the same rows in process; MPS=1 runs the helper rows again under MPS
 # (a control daemon started for this run alone, and stopped after it).
 started=$SECONDS
-helper_rows=ceiling,stoker-auto,helper-cuda,helper-gpu,helper-auto,stoker-auto@7,helper-auto@7
-timeout 200 python3 benches/gpu_train.py --data "$data" --models resnet18 --rows "$helper_rows" --workers "$(( $(nproc) - 1 ))" 2>&1 | tee "$out/bench-helper.log"
+timeout 180 python3 benches/gpu_train.py --data "$data" --models resnet18 --rows "$helper_rows" --workers "$(( $(nproc) - 1 ))" 2>&1 | tee "$out/bench-helper.log"
 echo "gpu_train helper rows: $((SECONDS - started)) s"
-if [ "${MPS:-0}" = 1 ] && command -v nvidia-cuda-mps-control >/dev/null 2>&1; then
+fi
+if { [ "${MPS:-0}" = 1 ] || [ "${MPS:-0}" = only ]; } && command -v nvidia-cuda-mps-control >/dev/null 2>&1; then
     started=$SECONDS
     export CUDA_MPS_PIPE_DIRECTORY="$out/mps-pipe" CUDA_MPS_LOG_DIRECTORY="$out/mps-log"
     mkdir -p "$CUDA_MPS_PIPE_DIRECTORY" "$CUDA_MPS_LOG_DIRECTORY"

@@ -223,7 +223,8 @@ pub fn lane_stats<'py>(
     let load = |counter: &AtomicU64| counter.load(Ordering::Relaxed);
     let seconds = |counter: &AtomicU64| load(counter) as f64 / 1e9;
     entry.set_item("hardware", lane.hardware())?;
-    entry.set_item("rows_dtype", lane.rows_element())?;
+    entry.set_item("rows_dtype", lane.rows_tail().element.name())?;
+    entry.set_item("tail_fused", !lane.rows_tail().is_bytes())?;
     entry.set_item("rows", load(&counts.gpu_rows))?;
     entry.set_item("declined_rows", load(&counts.declined_rows))?;
     entry.set_item("fallback_rows", load(&counts.fallback_rows))?;
@@ -233,6 +234,7 @@ pub fn lane_stats<'py>(
     entry.set_item("memory_cap", lane.memory_cap())?;
     entry.set_item("nvjpeg_allocations", lane.nvjpeg_allocations())?;
     entry.set_item("pinned_bytes", lane.pinned_bytes())?;
+    entry.set_item("staging_bytes", lane.staging_bytes())?;
     entry.set_item("pinned_refused", lane.pinned_refused())?;
     entry.set_item("busy_s", seconds(&counts.gpu_busy_ns))?;
     entry.set_item("check_s", seconds(&counts.check_ns))?;

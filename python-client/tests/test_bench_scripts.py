@@ -34,6 +34,7 @@ def gpu_train() -> ModuleType:
         ("stoker-auto-fused", (True, "stoker-auto", 15, "", True)),
         ("helper-gpu-fused@7", (True, "helper-gpu", 7, "", True)),
         ("loader:stoker-auto-fused-sms32@3", (False, "stoker-auto", 3, "32", True)),
+        ("stoker-gpu-sms16-fused", (True, "stoker-gpu", 15, "16", True)),
         ("dali-hw99", (True, "dali-hw99", 15, "", False)),
     ],
 )

@@ -354,19 +354,13 @@ def test_the_lanes_page_locked_memory_stays_within_the_pinned_budget(
     print(f"slots {stats['pinned_bytes']} B, lane {lane['pinned_bytes']} B of {budget} B")
     assert lane["pinned_bytes"] > 0 and lane["pinned_refused"] == 0, lane
     assert stats["pinned_bytes"] + lane["pinned_bytes"] <= budget, (stats, lane)
-    # A budget the lane's memory at its start fills (its staging, and whatever nvJPEG pins as
-    # its decoders are made; what nvJPEG pins later as it decodes is not there yet when the
-    # slots are sized): the lane starts first, and the slots then do not fit beside it, which
-    # the error says.
-    options = {"pipeline": train_pipeline(), "batch_size": 16, "num_threads": 2}
-    with stoker.Loader(
-        dataset, device="cuda", decode="gpu", pinned_memory_budget=budget, **options
-    ) as fresh:
-        at_start = fresh.stats()["gpu_decode"]["pinned_bytes"]
-    assert 0 < at_start <= lane["pinned_bytes"], (at_start, lane)
+    # A budget the lane's staging fills (what it takes as it starts, before the slots are sized;
+    # nvJPEG's pinned buffers come later, as it decodes): the lane starts, and the slots then
+    # do not fit beside it, which the error says.
+    assert 0 < lane["staging_bytes"] <= lane["pinned_bytes"], lane
     beside_the_lane = "held by its other loaders and GPU decode lanes"
     with pytest.raises(stoker.GpuUnavailableError, match=beside_the_lane):
-        device_epoch(dataset, "gpu", pinned_memory_budget=at_start)
+        device_epoch(dataset, "gpu", pinned_memory_budget=lane["staging_bytes"])
 
 
 @pytest.mark.gpu
@@ -422,13 +416,28 @@ def test_pipes_in_green_contexts_give_the_same_batches(
             device_epoch(dataset, "gpu")
 
 
+NORMALIZE = ops.Normalize(vision.IMAGENET_MEAN, vision.IMAGENET_STD)
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize(
-    ("dtype", "memory_format"),
-    [("bfloat16", "channels_last"), ("float32", "contiguous"), ("float16", "channels_last")],
+    ("tail_ops", "dtype", "memory_format", "expected"),
+    [
+        ([NORMALIZE], "bfloat16", "channels_last", "bfloat16"),
+        ([NORMALIZE], None, None, "float32"),  # NCHW planes
+        ([NORMALIZE], "float16", "channels_last", "float16"),
+        ([NORMALIZE, ops.ToTensor("NHWC", "float32")], None, None, "float32"),
+        ([ops.ToTensor("NCHW", "uint8")], None, None, "uint8"),  # planes of bytes
+    ],
 )
 def test_the_lanes_kernel_applying_the_tail_gives_the_stages_batches(
-    torch: Any, dataset: Path, monkeypatch: pytest.MonkeyPatch, dtype: str, memory_format: str
+    torch: Any,
+    dataset: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    tail_ops: list[ops.Op],
+    dtype: str | None,
+    memory_format: str | None,
+    expected: str,
 ) -> None:
     """``STOKER_GPU_DECODE_FUSED_TAIL=1``: the lane's crop kernel writes the normalised rows
     itself (channel planes for contiguous NCHW), and the stage only copies them into place.
@@ -436,13 +445,10 @@ def test_the_lanes_kernel_applying_the_tail_gives_the_stages_batches(
     batches have the stage's shape, strides and dtype, and values equal within one rounding of
     the dtype (the kernel's multiply-add is one fused operation; torch's addcmul may round
     twice); a value other than 0 or 1 stops ``decode="gpu"`` with the variable named."""
-    # One unit in the last place, relative to the value (at most).
-    eps = {"bfloat16": 2.0**-7, "float16": 2.0**-10, "float32": 2.0**-22}[dtype]
+    # One unit in the last place, relative to the value (at most); bytes are exact.
+    eps = {"bfloat16": 2.0**-7, "float16": 2.0**-10, "float32": 2.0**-22, "uint8": 0.0}[expected]
     options = {
-        "pipeline": [
-            *train_pipeline()[:-1],
-            ops.Normalize(vision.IMAGENET_MEAN, vision.IMAGENET_STD),
-        ],
+        "pipeline": [*train_pipeline()[:-1], *tail_ops],
         "batch_size": 16,
         "num_threads": 2,
         "seed": 5,
@@ -457,7 +463,7 @@ def test_the_lanes_kernel_applying_the_tail_gives_the_stages_batches(
             images = []
             for batch in loader:
                 image = batch["image"]
-                assert str(image.dtype) == f"torch.{dtype}"
+                assert str(image.dtype) == f"torch.{expected}"
                 images.append((image.stride(), image.float().cpu().numpy()))
             return images, loader.stats()
 
@@ -465,16 +471,18 @@ def test_the_lanes_kernel_applying_the_tail_gives_the_stages_batches(
         monkeypatch.delenv("STOKER_GPU_DECODE_FUSED_TAIL", raising=False)
         plain, plain_stats = epoch(decode)
         assert plain_stats["gpu_decode"]["rows_dtype"] == "uint8"
+        assert not plain_stats["gpu_decode"]["tail_fused"]
         monkeypatch.setenv("STOKER_GPU_DECODE_FUSED_TAIL", "1")
         fused, stats = epoch(decode)
         assert stats["gpu_decode"]["rows"] > 0, stats["gpu_decode"]
-        assert stats["gpu_decode"]["rows_dtype"] == dtype
+        assert stats["gpu_decode"]["rows_dtype"] == expected
+        assert stats["gpu_decode"]["tail_fused"]
         differing = 0
         for (plain_strides, a), (fused_strides, b) in zip(plain, fused, strict=True):
             assert plain_strides == fused_strides
             np.testing.assert_allclose(b, a, rtol=eps, atol=1e-6, err_msg=decode)
             differing += int(np.count_nonzero(a != b))
-        print(f"fused tail, {decode}, {dtype}: {differing} values differ from the stage's")
+        print(f"fused tail, {decode}, {expected}: {differing} values differ from the stage's")
     monkeypatch.setenv("STOKER_GPU_DECODE_FUSED_TAIL", "yes")
     with pytest.raises(stoker.GpuUnavailableError, match="STOKER_GPU_DECODE_FUSED_TAIL"):
         epoch("gpu")
@@ -513,12 +521,17 @@ def test_places_the_decode_left_unwritten_are_found_and_built_on_the_cpu(
         "timeout": 120,
     }
 
-    def epoch(decode: str) -> list[Any]:
+    def epoch(decode: str) -> tuple[list[Any], dict[str, Any]]:
         with stoker.Loader(dataset, decode=decode, **options) as loader:
-            return [batch["image"].float().cpu().numpy() for batch in loader]
+            return [batch["image"].float().cpu().numpy() for batch in loader], loader.stats()
 
     monkeypatch.setenv("STOKER_GPU_DECODE_FUSED_TAIL", "1")
-    for a, b in zip(epoch("cpu"), epoch("gpu"), strict=True):
+    stage, _ = epoch("cpu")
+    fused, stats = epoch("gpu")
+    lane = stats["gpu_decode"]
+    assert lane["tail_fused"] and lane["rows_dtype"] == "bfloat16", lane
+    assert lane["fallback_rows"] > 0, lane
+    for a, b in zip(stage, fused, strict=True):
         np.testing.assert_allclose(b, a, rtol=2.0**-7, atol=1e-6)
 
 

@@ -1,8 +1,8 @@
 // Crop, antialiased resize and flip for a batch of decoded images: one launch, one thread per
 // output pixel, each image's geometry in its own CropItem. Output: RGB rows as TailParams says,
 // uint8 NHWC by default; with the device stage's tail fused in, each byte value v becomes
-// v * scale + shift per channel (one fused multiply-add in float, as torch's addcmul on the
-// stage computes it) in float, bfloat16 or half (rounded to nearest even), channels
+// v * scale + shift per channel (one fused multiply-add in float: within one rounding of torch's
+// addcmul on the stage) in float, bfloat16 or half (rounded to nearest even), channels
 // interleaved (NHWC memory, also channels_last's) or in planes (NCHW).
 //
 // The filter is the one PIL and torchvision use for bilinear resizing: a triangle widened by

@@ -70,8 +70,8 @@ impl Element {
 }
 
 /// What the rows are made into: each channel `c` of a pixel's byte value `v` becomes
-/// `v * scale[c] + shift[c]` (one fused multiply-add in f32, as torch's `addcmul` on the device
-/// stage computes it) in `element`, the three channels interleaved (NHWC memory, which is also
+/// `v * scale[c] + shift[c]` (one fused multiply-add in f32: within one rounding of torch's
+/// `addcmul` on the device stage) in `element`, the three channels interleaved (NHWC memory, which is also
 /// `channels_last`'s) or `planar` (contiguous NCHW). A `Normalize` gives `1 / (255 std)` and
 /// `-mean / std`, `ToTensor`'s float output `1 / 255` and 0; uint8 keeps the bytes.
 #[derive(Debug, Clone, Copy, PartialEq)]

@@ -79,6 +79,7 @@ class GpuDecodeStats(TypedDict):
 
     hardware: bool
     rows_dtype: str
+    tail_fused: bool
     rows: int
     declined_rows: int
     fallback_rows: int
@@ -88,6 +89,7 @@ class GpuDecodeStats(TypedDict):
     memory_cap: int
     nvjpeg_allocations: int
     pinned_bytes: int
+    staging_bytes: int
     pinned_refused: int
     busy_s: float
     check_s: float

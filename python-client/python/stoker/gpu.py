@@ -443,7 +443,8 @@ class DeviceStage:
         decode lane left on the device, copied over their places after the slot's rows;
         ``places`` (a ``Buffer``, int64): the batch row of each. Rows the lane's kernel already
         made as the tail makes them (``rows.tail_applied``) are copied into the tail's tensor
-        as they are, and the tail runs only over the slot's rows, when the batch has any. Each
+        as they are: the tail runs over the batch only when some of its rows are the slot's
+        (and then over all of it, the lane's rows copied over their places after). Each
         host slot is fenced on the stream after its copies, so it returns to the pool only once
         they have read it; the lane's rows are kept until the copy of them is done."""
         torch = self._torch

@@ -458,10 +458,10 @@ impl GpuLane {
         self.shared.hardware
     }
 
-    /// The element type of the rows the kernel writes: `"uint8"`, or the device tail's dtype
-    /// when the kernel applies it.
-    pub fn rows_element(&self) -> &'static str {
-        self.shared.tail.element.name()
+    /// What the kernel makes of the rows: [`RowTail::BYTES`], or the device stage's tail when
+    /// the kernel applies it.
+    pub fn rows_tail(&self) -> RowTail {
+        self.shared.tail
     }
 
     /// The counts so far.
@@ -478,10 +478,15 @@ impl GpuLane {
             .sum()
     }
 
+    /// Page-locked bytes the lane's pipes took as it started (staging, parameters, sentinels).
+    pub fn staging_bytes(&self) -> usize {
+        self.shared.host_bytes
+    }
+
     /// Page-locked bytes the lane holds now: its pipes' staging and nvJPEG's pinned buffers
     /// (all within the process's pinned budget when it was given one).
     pub fn pinned_bytes(&self) -> usize {
-        self.shared.host_bytes
+        self.staging_bytes()
             + self
                 .shared
                 .budgets
