@@ -22,7 +22,10 @@ if [ ! -d "$data" ]; then
 fi
 # DALI, when benches/gpu/pack_dali.sh's parts were all carried here: joined in order, checked
 # against their sum, installed beside the wheel (without it the DALI rows say so and are skipped),
-# once per packed tar while the machine stays warm (a stamp in $site says it is there).
+# once per packed tar while the machine stays warm (a stamp in $site says it is there). No
+# LD_LIBRARY_PATH is set for it: DALI's and nvImageCodec's libraries search /usr/local/cuda/lib64
+# (the toolkit's nvJPEG, NPP, cuFFT) in their own RUNPATH, and setting it would put the
+# toolkit's CUDA libraries before torch's own for every row of the run.
 if [ -d .device-dali ]; then
     joined=/tmp/stoker-dali.tar
     parts=$(find .device-dali -mindepth 1 -maxdepth 1 -type d -printf '%f\n' | sort -n)
@@ -30,7 +33,6 @@ if [ -d .device-dali ]; then
     want=$(cut -d' ' -f1 ".device-dali/$first/SHA256SUMS")
     if [ -e "$site/.dali-$want" ]; then
         echo "DALI already installed from these parts" | tee -a "$out/machine.log"
-        export LD_LIBRARY_PATH="/usr/local/cuda/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
     elif for n in $parts; do cat ".device-dali/$n/part"; done > "$joined" \
         && [ "$(sha256sum "$joined" | cut -d' ' -f1)" = "$want" ]; then
         rm -rf /tmp/stoker-dali && mkdir -p /tmp/stoker-dali && tar -xf "$joined" -C /tmp/stoker-dali
@@ -38,7 +40,6 @@ if [ -d .device-dali ]; then
             /tmp/stoker-dali/wheels/*.whl \
             && touch "$site/.dali-$want" \
             && echo "DALI installed from $(echo "$parts" | wc -l) parts" | tee -a "$out/machine.log"
-        export LD_LIBRARY_PATH="/usr/local/cuda/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
     else
         echo "DALI: the parts in .device-dali/ do not join to the packed tar (not all carried?); DALI rows skip" | tee -a "$out/machine.log"
     fi
