@@ -81,7 +81,11 @@ if [ "${LEVERS_ONLY:-0}" = 1 ] || [ "${COMPILE:-0}" = only ] || [ "${MPS:-0}" = 
 fi
 helper_rows=ceiling,stoker-auto,helper-cuda,helper-gpu,helper-auto,stoker-auto@7,helper-auto@7
 started=$SECONDS
-[ "${SKIP_PYTEST:-0}" = 1 ] || [ "$levers_only" = 1 ] || (cd python-client && timeout 300 python3 -m pytest -m gpu tests/test_gpu.py tests/test_gpu_decode.py -q -rs -s -p no:cacheprovider 2>&1) | tee "$out/pytest.log"
+# The slowest tests named; where pytest-timeout is installed, a test that hangs fails alone
+# after 120 s instead of taking the whole run's time.
+pytest_flags=(-m gpu -q -rs -s -p no:cacheprovider --durations=15)
+if python3 -c "import pytest_timeout" 2>/dev/null; then pytest_flags+=(--timeout=120); fi
+[ "${SKIP_PYTEST:-0}" = 1 ] || [ "$levers_only" = 1 ] || (cd python-client && timeout 300 python3 -m pytest "${pytest_flags[@]}" tests/test_gpu.py tests/test_gpu_decode.py 2>&1) | tee "$out/pytest.log"
 echo "pytest -m gpu: $((SECONDS - started)) s"
 started=$SECONDS
 [ "${SKIP_BENCH:-0}" = 1 ] || [ "$levers_only" = 1 ] || timeout 150 python3 benches/gpu/fence_cost.py --data "$data" --rounds 2 2>&1 | tee "$out/fence-cost.log"
