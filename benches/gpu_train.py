@@ -31,13 +31,15 @@ ResNet-18 and ResNet-50 from torchvision, bfloat16 autocast, channels_last, SGD,
 
 A row named ``ROW@N`` runs with N decode threads instead of ``--workers`` (``stoker-auto@7``:
 a node with fewer cores per GPU). ``stoker-gpu-smsN`` and ``stoker-auto-smsN`` run the lane's
-pipes each in a green context of N SMs (``STOKER_GPU_DECODE_SMS``, set for the row alone; CUDA
-12.5 drivers and later), so the lane's kernels keep to those SMs while the training step still
+pipes each in a green context of at least N SMs (``STOKER_GPU_DECODE_SMS``, set for the row
+alone; CUDA 12.5 drivers and later), so the lane's kernels keep to those SMs while the step still
 has every one: whether the lane slows the step by taking its SMs. ``-fused`` in a Stoker row's
 name (``stoker-auto-fused``, ``helper-gpu-fused``) has the lane's crop kernel write the
 normalised bfloat16 rows itself (``STOKER_GPU_DECODE_FUSED_TAIL=1``, set for the row alone), so
-the loader's stage copies them into place without its own normalising pass: whether the
-stage's launches on the training thread matter. A row named ``loader:ROW``
+the loader's stage copies them into place without its own normalising pass for a batch whose
+rows all came from the lane (under ``decode="gpu"``, most batches; under ``"auto"``, only at a
+split of 16/16: other batches still get the pass): whether the stage's launches on the
+training thread matter. A row named ``loader:ROW``
 runs the loader alone, without the model (its images/s is what decoding and cropping
 deliver). ``--side-stream`` runs every row's loop on a stream of its own (set current) instead
 of the legacy default stream; ``--gpu-memory`` sets the lane's ``gpu_memory`` in MiB.

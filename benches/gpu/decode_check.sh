@@ -12,18 +12,20 @@
 # $OUT.
 # SMOKE_ONLY=1 stops after the smoke test, SKIP_PYTEST=1 leaves out the tests, SKIP_BENCH=1 the
 # benchmark; COMPILE=1 adds the ResNet-18 rows with the model compiled (CUDA graphs) to the
-# levers, COMPILE=only runs them alone after the smoke test (5 minutes at worst). Then the
+# levers, COMPILE=only runs them alone after the smoke test (7 minutes at worst). Then the
 # levers: the side-stream rows, the lane's pipes in green contexts of a few SMs (the -smsN rows)
 # and its kernel writing the normalised rows itself (the -fused rows), the loader in a helper
 # process (gpu_train.py's helper-* rows), and with MPS=1 again under MPS (MPS=only: those
-# alone after the smoke test, 5 minutes at worst; MPS=1 with the levers passes one call's
+# alone after the smoke test, 5.5 minutes at worst; MPS=1 with the levers passes one call's
 # 10 minutes). SKIP_LEVERS=1 stops before the levers; LEVERS_ONLY=1 runs the smoke test and
 # the levers alone.
 # Time: about 2 minutes on an H200 with 16 cores, tests included, on 2026-11-27, before the
 # DALI rows, the levers and the newer GPU tests were added; it has not run since. The timeouts
-# add up to more than the 10 minutes one device call may take, so run it as up to three calls,
-# in this order of priority (worst cases): SKIP_BENCH=1 (smoke test and GPU tests, 7 minutes),
-# SKIP_PYTEST=1 SKIP_LEVERS=1 (fence cost and the rows beside DALI, 9), LEVERS_ONLY=1 (10).
+# add up to more than the 10 minutes one device call may take, so run it as three calls, in
+# this order of priority (worst cases, install.sh's time not counted): SKIP_BENCH=1 (smoke test
+# and GPU tests, 7 minutes, 9.5 when the smoke test fails and the sanitizer runs),
+# SKIP_PYTEST=1 SKIP_LEVERS=1 (fence cost and the rows beside DALI, 9), LEVERS_ONLY=1 (just
+# under 10); then COMPILE=only and MPS=only as time allows.
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 source benches/gpu/install.sh
@@ -81,7 +83,8 @@ if [ "${LEVERS_ONLY:-0}" = 1 ] || [ "${COMPILE:-0}" = only ] || [ "${MPS:-0}" = 
 fi
 helper_rows=ceiling,stoker-auto,helper-cuda,helper-gpu,helper-auto,stoker-auto@7,helper-auto@7
 started=$SECONDS
-# The slowest tests named; where pytest-timeout is installed, a test that hangs fails alone
+# The slowest tests named; where pytest-timeout is installed, a test that hangs in Python code
+# (not inside a native call) fails alone
 # after 120 s instead of taking the whole run's time.
 pytest_flags=(-m gpu -q -rs -s -p no:cacheprovider --durations=15)
 if python3 -c "import pytest_timeout" 2>/dev/null; then pytest_flags+=(--timeout=120); fi
@@ -115,7 +118,8 @@ fi
 if [ "${MPS:-0}" != only ]; then
 # The lane's pipes in green contexts of 16 and 32 SMs (STOKER_GPU_DECODE_SMS): does the lane
 # slow the step by taking its SMs? And the lane's kernel writing the normalised rows itself
-# (STOKER_GPU_DECODE_FUSED_TAIL=1, the -fused rows): do the stage's launches on the training
+# (STOKER_GPU_DECODE_FUSED_TAIL=1, the -fused rows; the stage then skips its normalising pass
+# for a batch whose rows all came from the lane): do the stage's launches on the training
 # thread matter? Beside the same rows without.
 started=$SECONDS
 timeout 180 python3 benches/gpu_train.py --data "$data" --models resnet18 --rows ceiling,stoker-gpu,stoker-gpu-fused,stoker-gpu-sms16,stoker-gpu-sms32,stoker-auto,stoker-auto-fused,stoker-auto-sms16 --workers "$(( $(nproc) - 1 ))" 2>&1 | tee "$out/bench-green.log"

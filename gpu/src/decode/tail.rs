@@ -10,8 +10,8 @@ use half::{bf16, f16};
 /// uint8 NHWC and the device stage runs the tail).
 pub const FUSED_TAIL_VARIABLE: &str = "STOKER_GPU_DECODE_FUSED_TAIL";
 
-/// Whether `value` (the variable's, if set) asks for the fused tail; anything but `0`, `1` or
-/// unset is an error naming the variable.
+/// Whether `value` (the variable's, if set) asks for the fused tail; after trimming, anything
+/// but `0`, `1` or empty (read as `0`) is an error naming the variable.
 pub fn fused_tail_asked(value: Option<&str>) -> Result<bool, String> {
     match value.map(str::trim) {
         None | Some("") | Some("0") => Ok(false),
