@@ -16,9 +16,10 @@ use stoker_loader::LaneRows;
 /// The rows of one batch that the GPU lane decoded: `shape` of `dtype` on CUDA device
 /// `device`, row `k` being the batch's row `positions[k]`; uint8 (rows, height, width, 3) as
 /// the slot's rows, unless `tail_applied` (the lane's kernel applied the device stage's tail,
-/// `STOKER_GPU_DECODE_FUSED_TAIL=1`: NHWC memory, or (rows, 3, height, width) planes). Make a stream wait for
-/// them with `wait(stream)` before reading, and fence the reads with `keep_until(stream)`;
-/// they stay valid while this object, the batch, or such a fence holds them.
+/// `STOKER_GPU_DECODE_FUSED_TAIL=1`: NHWC memory, or (rows, 3, height, width) planes). Make a
+/// stream wait for them with `wait(stream)` before reading, and fence the reads with
+/// `keep_until(stream)`; they stay valid while this object, the batch, or such a fence holds
+/// them.
 #[pyclass(module = "stoker._native", frozen)]
 pub struct DeviceRows {
     rows: Arc<dyn LaneRows>,

@@ -295,13 +295,12 @@ mod tests {
                 "{field} missing from the kernel source"
             );
         }
-        for element in [Element::U8, Element::F32, Element::Bf16, Element::F16] {
-            let name = match element {
-                Element::U8 => "U8",
-                Element::F32 => "F32",
-                Element::Bf16 => "BF16",
-                Element::F16 => "F16",
-            };
+        for (name, element) in [
+            ("U8", Element::U8),
+            ("F32", Element::F32),
+            ("BF16", Element::Bf16),
+            ("F16", Element::F16),
+        ] {
             assert!(SOURCE.contains(&format!("#define OUT_{name} {}\n", element as i32)));
         }
         assert!(SOURCE.contains(&format!("__global__ void {KERNEL}(")));

@@ -17,8 +17,8 @@
 //! The lane's rows stay on the GPU: a batch built with the lane carries them beside the bytes
 //! of its slot ([`DeviceRows`], in `Batch::device_rows`), and the device stage merges them
 //! into the device batch after copying the slot's rows; with [`FUSED_TAIL_VARIABLE`] set the
-//! lane's kernel has already applied the stage's tail to them ([`RowTail`]). Device memory is the lane's own,
-//! allocated up front within `gpu_memory` bytes and never grown.
+//! lane's kernel has already applied the stage's tail to them ([`RowTail`]). Device memory is
+//! the lane's own, allocated up front within `gpu_memory` bytes and never grown.
 
 mod backend;
 #[cfg(test)]

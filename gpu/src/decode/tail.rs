@@ -71,8 +71,8 @@ impl Element {
 
 /// What the rows are made into: each channel `c` of a pixel's byte value `v` becomes
 /// `v * scale[c] + shift[c]` (one fused multiply-add in f32: within one rounding of torch's
-/// `addcmul` on the device stage) in `element`, the three channels interleaved (NHWC memory, which is also
-/// `channels_last`'s) or `planar` (contiguous NCHW). A `Normalize` gives `1 / (255 std)` and
+/// `addcmul` on the device stage) in `element`, the three channels interleaved (NHWC memory,
+/// which is also `channels_last`'s) or `planar` (contiguous NCHW). A `Normalize` gives `1 / (255 std)` and
 /// `-mean / std`, `ToTensor`'s float output `1 / 255` and 0; uint8 keeps the bytes.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct RowTail {
@@ -109,7 +109,10 @@ impl RowTail {
         affine: Option<(&[f64], &[f64])>,
     ) -> Result<RowTail, String> {
         let element = Element::named(dtype).ok_or_else(|| {
-            format!("the device tail's dtype must be uint8, float32, bfloat16 or float16, got {dtype:?}")
+            format!(
+                "the device tail's dtype must be uint8, float32, bfloat16 or float16, \
+                 got {dtype:?}"
+            )
         })?;
         let (scale, shift) = match (element, affine) {
             (Element::U8, None) => ([1.0; 3], [0.0; 3]),

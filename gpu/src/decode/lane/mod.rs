@@ -6,9 +6,9 @@
 //! each a thread with its own nvJPEG decoder, CUDA stream, arena of decoded images
 //! and kernel parameters (in the primary context, or in a green context of its own when
 //! `STOKER_GPU_DECODE_SMS` asks), take batches from the lane's queue (their kernel writing the
-//! device stage's tail straight into the rows when `STOKER_GPU_DECODE_FUSED_TAIL=1` asks): nvJPEG's batched decode call
-//! returns only once the engines are done with it, so one pipe's call overlaps the other's
-//! and its kernel. A pipe reuses its arena and state only once its previous work is done (an
+//! device stage's tail straight into the rows when `STOKER_GPU_DECODE_FUSED_TAIL=1` asks):
+//! nvJPEG's batched decode call returns only once the engines are done with it, so one pipe's
+//! call overlaps the other's and its kernel. A pipe reuses its arena and state only once its previous work is done (an
 //! event it waits for), so each pipe has at most one sub-batch on the GPU, and nothing is
 //! allocated after start.
 

@@ -12,8 +12,9 @@ use crate::decode::{GpuDecodeError, RowTail};
 
 /// The GPU rows of one batch, held by the batch and whoever it hands them to: `count`
 /// rows of `height x width x 3` elements from [`DeviceRows::ptr`] (bytes, or what the lane's
-/// [`RowTail`] made of them), row `k` being the batch's row `positions()[k]`. Ready once the lane's events have passed ([`DeviceRows::wait_on`]); they
-/// come from their pipe's pool and go back to it, so a batch creates none.
+/// [`RowTail`] made of them), row `k` being the batch's row `positions()[k]`. Ready once the
+/// lane's events have passed ([`DeviceRows::wait_on`]); they come from their pipe's pool and
+/// go back to it, so a batch creates none.
 pub struct DeviceRows {
     pub(super) shared: Arc<Shared>,
     pub(super) ring_index: usize,

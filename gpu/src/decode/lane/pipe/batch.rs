@@ -125,16 +125,7 @@ impl Pipe {
             .unwrap_or(span_start);
         // SAFETY: the span lies in the pipe's arena (each place was fitted in it), starts on
         // an ALIGN boundary and is a whole number of ALIGN blocks, and nothing else uses it now.
-        unsafe {
-            sys::cuMemsetD32Async(
-                arena + span_start as u64,
-                POISON,
-                (span_end - span_start) / 4,
-                self.stream,
-            )
-            .result()
-            .map_err(driver("cuMemsetD32Async"))?;
-        }
+        unsafe { self.poison(arena + span_start as u64, span_end - span_start) }?;
         let decoding = Instant::now();
         // SAFETY: each output lies in the pipe's arena, sized from the frame nvJPEG's parse and
         // the marker scan agreed on; the stream is the pipe's.
@@ -145,16 +136,7 @@ impl Pipe {
             for p in pending.iter().filter(|p| p.item.image.sample % every == 0) {
                 // SAFETY: the place lies in the pipe's arena, starts on an ALIGN boundary and
                 // its whole ALIGN blocks are the image's; queued after the decode that wrote it.
-                unsafe {
-                    sys::cuMemsetD32Async(
-                        arena + p.offset as u64,
-                        POISON,
-                        p.placement.place / 4,
-                        self.stream,
-                    )
-                    .result()
-                    .map_err(driver("cuMemsetD32Async"))?;
-                }
+                unsafe { self.poison(arena + p.offset as u64, p.placement.place) }?;
             }
         }
         let launching = Instant::now();
@@ -235,6 +217,18 @@ impl Pipe {
             sentinel_len: p.placement.decoded.min(SENTINEL),
         }));
         Ok(())
+    }
+
+    /// Lays the poison over `bytes` of the arena from `start`, on the pipe's stream.
+    ///
+    /// # Safety
+    /// The range lies in the pipe's arena, `start` and `bytes` are multiples of 4, and no work
+    /// but the pipe's own, ordered on its stream, uses the range.
+    unsafe fn poison(&self, start: u64, bytes: usize) -> std::result::Result<(), GpuDecodeError> {
+        // SAFETY: as the caller promises.
+        unsafe { sys::cuMemsetD32Async(start, POISON, bytes / 4, self.stream) }
+            .result()
+            .map_err(driver("cuMemsetD32Async"))
     }
 
     /// The images of `decoded` (by index) whose place still holds the poison laid before their
