@@ -14,6 +14,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         "stoker/v1/job.proto",
         "stoker/v1/batch.proto",
         "stoker/v1/service.proto",
+        "stoker/v1/lane_helper.proto",
     ];
     println!("cargo:rerun-if-changed=build.rs");
     for file in files {

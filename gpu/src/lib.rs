@@ -3,7 +3,8 @@
 //! fences on streams and their sweeps), page-locked batch slots ([`DevicePinning`], the
 //! loader's `PageLocker`), and the GPU decode lane ([`GpuLane`]: nvJPEG, the crop kernel, the
 //! split with the CPU decode threads), the loader's `DecodeLane` below its seam
-//! ([`StartGpuLane`]). Nothing here needs CUDA to build, and without a driver each entry point
+//! ([`StartGpuLane`]), in this process or in a helper process of its own ([`HelperLane`]; the
+//! helper's side of the lane is [`GpuLane::start_served`], its messages [`helper_wire`]). Nothing here needs CUDA to build, and without a driver each entry point
 //! says what is missing.
 //!
 //! ```
@@ -32,11 +33,13 @@ pub use cuda::{
     active_devices as cuda_active_devices, check_device as cuda_check_device,
     driver_present as cuda_driver_present, Cuda, Fence, Sweep, Unavailable as CudaUnavailable,
 };
+pub use decode::helper::wire as helper_wire;
 pub use decode::{
-    compile_kernel, cuda_library_dirs, gpu_row, hardware_candidate, nvjpeg_version,
+    compile_kernel, cuda_library_dirs, gpu_row, hardware_candidate, helper_asked, nvjpeg_version,
     split_for_rates, Compiled, CropItem, Decline, DecodeMode, DeviceRows, Element, GpuDecodeError,
-    GpuDecodeOptions, GpuLane, LaneStats, RowTail, StartGpuLane, TailParams, AUTO_POINT_STEPS,
-    AUTO_START, DEFAULT_GPU_MEMORY, FUSED_TAIL_VARIABLE, KERNEL, KERNEL_SOURCE,
-    NVJPEG_TESTED_MAJORS,
+    GpuDecodeOptions, GpuLane, HelperLane, HelperOptions, LaneItem, LaneStats, RowTail, RowsBuilt,
+    RowsTask, ServedHandles, StartGpuLane, TailParams, AUTO_POINT_STEPS, AUTO_START,
+    DEFAULT_GPU_MEMORY, FUSED_TAIL_VARIABLE, HELPER_BINARY, HELPER_VARIABLE, IPC_HANDLE_BYTES,
+    KERNEL, KERNEL_SOURCE, NVJPEG_TESTED_MAJORS,
 };
 pub use pinning::{DevicePinning, PinDevice};

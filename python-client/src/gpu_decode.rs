@@ -118,7 +118,8 @@ fn typestr(element: &str) -> &'static str {
 /// `library_dirs` first, its page-locked memory within the process's `pinned_budget` beside
 /// the slots; `tail` the device stage's, for its kernel to apply when asked: see
 /// `SourceSettings.gpu_tail`); ValueError for another mode, a lane without a device, or a tail
-/// it cannot apply.
+/// it cannot apply, or a helper process asked for (`STOKER_GPU_DECODE_HELPER`) whose binary is not
+/// found.
 pub fn lane_starter(
     decode: &str,
     pin_device: Option<usize>,
@@ -153,6 +154,17 @@ pub fn lane_starter(
         )
         .map_err(PyValueError::new_err)?,
     };
+    // STOKER_GPU_DECODE_HELPER runs the lane in a helper process of its own.
+    let beside = std::env::current_exe()
+        .ok()
+        .and_then(|exe| exe.parent().map(PathBuf::from));
+    let helper = stoker_gpu::helper_asked(
+        std::env::var(stoker_gpu::HELPER_VARIABLE).ok().as_deref(),
+        beside.as_deref(),
+        std::env::var_os("PATH").as_deref(),
+    )
+    .map_err(PyValueError::new_err)?
+    .map(stoker_gpu::HelperOptions::new);
     Ok(Some(Arc::new(StartGpuLane::new(GpuDecodeOptions {
         mode,
         device,
@@ -160,6 +172,7 @@ pub fn lane_starter(
         library_dirs,
         pinned_budget: Some(pinned_budget),
         tail,
+        helper,
     }))))
 }
 
@@ -242,5 +255,39 @@ pub fn lane_stats<'py>(
     entry.set_item("decode_call_s", seconds(&counts.decode_call_ns))?;
     entry.set_item("pipe_wait_s", seconds(&counts.pipe_wait_ns))?;
     entry.set_item("launch_s", seconds(&counts.launch_ns))?;
+    entry.set_item("helper", py.None())?;
+    Ok(entry)
+}
+
+/// A helper process's lane's figures as `stats()["gpu_decode"]` gives them: the same keys as
+/// [`lane_stats`] where this process knows them, and `helper`: its `pid`, whether it builds
+/// rows on a device (`on_device`), and why it was `lost` (None while it runs).
+pub fn helper_stats<'py>(
+    py: Python<'py>,
+    helper: &stoker_gpu::HelperLane,
+) -> PyResult<Bound<'py, PyDict>> {
+    let counts = helper.stats();
+    let figures = helper.figures();
+    let entry = PyDict::new(py);
+    let load = |counter: &AtomicU64| counter.load(Ordering::Relaxed);
+    entry.set_item("hardware", helper.hardware())?;
+    entry.set_item("rows_dtype", helper.rows_tail().element.name())?;
+    entry.set_item("tail_fused", !helper.rows_tail().is_bytes())?;
+    entry.set_item("rows", load(&counts.gpu_rows))?;
+    entry.set_item("declined_rows", load(&counts.declined_rows))?;
+    entry.set_item("fallback_rows", load(&counts.fallback_rows))?;
+    entry.set_item("gpu_rows_per_s", counts.gpu_rate())?;
+    entry.set_item("cpu_rows_per_s", counts.cpu_rate())?;
+    entry.set_item("memory_bytes", figures.memory_bytes)?;
+    entry.set_item("memory_cap", figures.memory_cap)?;
+    entry.set_item(
+        "busy_s",
+        stoker_loader::DecodeLane::busy(helper).as_secs_f64(),
+    )?;
+    let about = PyDict::new(py);
+    about.set_item("pid", helper.pid())?;
+    about.set_item("on_device", helper.on_device())?;
+    about.set_item("lost", helper.lost())?;
+    entry.set_item("helper", about)?;
     Ok(entry)
 }

@@ -102,6 +102,34 @@ pub fn worker_binary() -> PathBuf {
     binary
 }
 
+/// The `stoker-lane-helper` binary, beside `stoker` (the lane-helper crate's; built by `cargo
+/// test --workspace`), checked as [`worker_binary`] is.
+pub fn helper_binary() -> PathBuf {
+    let stoker = Path::new(env!("CARGO_BIN_EXE_stoker"));
+    let binary = stoker.with_file_name(format!(
+        "stoker-lane-helper{}",
+        std::env::consts::EXE_SUFFIX
+    ));
+    let build = "cargo build --release -p stoker-lane-helper (or cargo test --workspace)";
+    let built = std::fs::metadata(&binary)
+        .and_then(|m| m.modified())
+        .unwrap_or_else(|e| panic!("{} is not usable ({e}): {build}", binary.display()));
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("the workspace root");
+    for sources in ["lane-helper/src", "gpu/src", "proto/stoker"] {
+        if let Some((path, modified)) = newest_file(&root.join(sources)) {
+            assert!(
+                modified <= built,
+                "{} is older than {}: {build}",
+                binary.display(),
+                path.display()
+            );
+        }
+    }
+    binary
+}
+
 /// The most recently modified file below `dir`, and when.
 fn newest_file(dir: &Path) -> Option<(PathBuf, std::time::SystemTime)> {
     let mut newest: Option<(PathBuf, std::time::SystemTime)> = None;

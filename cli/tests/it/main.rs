@@ -15,6 +15,7 @@ mod drain;
 mod embedded;
 mod gpu;
 mod hostile;
+mod lane_helper;
 mod mix;
 mod object_store;
 mod resize;

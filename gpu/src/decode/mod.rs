@@ -21,6 +21,7 @@
 //! the lane's own, allocated up front within `gpu_memory` bytes and never grown.
 
 mod backend;
+pub mod helper;
 #[cfg(test)]
 pub(crate) mod hostile;
 mod jpeg_scan;
@@ -34,11 +35,15 @@ mod tail;
 use std::path::PathBuf;
 
 pub use backend::StartGpuLane;
+pub use helper::{helper_asked, HelperLane, HelperOptions, HELPER_BINARY, HELPER_VARIABLE};
 #[cfg(feature = "fuzzing")]
 pub(crate) use jpeg_scan::{accept, documented_reading, scan, MAX_SIDE as MAX_JPEG_SIDE};
 pub use jpeg_scan::{hardware_candidate, Decline};
 pub use kernel::{compile as compile_kernel, Compiled, CropItem, KERNEL, SOURCE as KERNEL_SOURCE};
-pub use lane::{DeviceRows, GpuLane, LaneStats, LaneTask};
+pub use lane::{
+    DeviceRows, GpuLane, LaneItem, LaneStats, LaneTask, RowsBuilt, RowsTask, ServedHandles,
+    IPC_HANDLE_BYTES,
+};
 pub use libraries::search_dirs as cuda_library_dirs;
 pub use nvjpeg::{version as nvjpeg_version, TESTED_MAJORS as NVJPEG_TESTED_MAJORS};
 pub use split::{
@@ -83,6 +88,8 @@ pub struct GpuDecodeOptions {
     /// applied by the lane's kernel when [`FUSED_TAIL_VARIABLE`] asks, else the rows stay
     /// uint8 NHWC ([`RowTail::BYTES`]) and the stage applies it.
     pub tail: RowTail,
+    /// Runs the lane in a helper process of its own ([`HelperLane`]); `None`: in this process.
+    pub helper: Option<HelperOptions>,
 }
 
 /// Why the lane cannot run here; the message names what is missing.

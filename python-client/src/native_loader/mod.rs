@@ -509,9 +509,16 @@ impl NativeLoader {
         dict.set_item("gpu_span_s", stats.gpu_span_s)?;
         dict.set_item("gpu_lane_cost_s", stats.gpu_lane_cost_s)?;
         dict.set_item("gpu_lane_quiet_steps", stats.gpu_lane_quiet_steps)?;
-        let lane = self.recipe.lane.as_ref().and_then(|start| start.lane());
-        let lane_stats = lane.map(|lane| crate::gpu_decode::lane_stats(py, &lane));
-        dict.set_item("gpu_decode", lane_stats.transpose()?)?;
+        let starter = self.recipe.lane.as_ref();
+        let lane_stats = match (
+            starter.and_then(|start| start.lane()),
+            starter.and_then(|start| start.helper()),
+        ) {
+            (Some(lane), _) => Some(crate::gpu_decode::lane_stats(py, &lane)?),
+            (None, Some(helper)) => Some(crate::gpu_decode::helper_stats(py, &helper)?),
+            (None, None) => None,
+        };
+        dict.set_item("gpu_decode", lane_stats)?;
         if let Some(address) = &self.address {
             dict.set_item("address", address)?;
         }

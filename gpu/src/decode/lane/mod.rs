@@ -12,9 +12,12 @@
 //! event it waits for), so each pipe has at most one sub-batch on the GPU, and nothing is
 //! allocated after start.
 
+mod cpu_rows;
 mod memory;
 mod pipe;
 mod rows;
+mod serve;
+mod start;
 mod stats;
 
 use std::sync::atomic::Ordering;
@@ -28,17 +31,18 @@ use stoker_pipeline::{AssembledBatch, DivertedImage, ImageDiverter, Job};
 
 use super::jpeg_scan::{scan, Decline, Frame};
 use super::nvjpeg::Budget;
-use super::{
-    fused_tail_asked, gpu_row, pinned_split, DecodeMode, GpuDecodeError, GpuDecodeOptions,
-    LaneCounts, RowTail, SplitSchedule, FUSED_TAIL_VARIABLE, SPLIT_PIN_VARIABLE,
-};
-use crate::cuda::{describe, sms_asked, Cuda, GREEN_SMS_VARIABLE};
+use super::{gpu_row, DecodeMode, GpuDecodeError, LaneCounts, RowTail, SplitSchedule};
+use crate::cuda::{describe, Cuda};
 use stoker_dashboard::GpuDecodeFigures;
 use stoker_loader::{Built, Error, Slot};
 
+pub(crate) use cpu_rows::{as_device_row, CpuRow, CpuRows};
 pub use memory::LaneMemory;
-use pipe::{run, Pipe, Place};
+use pipe::Work;
 pub use rows::DeviceRows;
+pub(crate) use serve::handle_chars;
+pub use serve::{RowsBuilt, RowsTask, ServedHandles, IPC_HANDLE_BYTES};
+pub(crate) use start::image_rows_of;
 use stats::add_since;
 pub use stats::LaneStats;
 
@@ -100,6 +104,8 @@ struct Shared {
     /// Pipes working now, and when that count last changed (the lane's busy time counts
     /// while any pipe works, once).
     working: Mutex<(usize, Option<Instant>)>,
+    /// A served lane's output buffers' interprocess ready events.
+    served: Option<serve::ReadyEvents>,
 }
 
 impl Shared {
@@ -185,7 +191,7 @@ pub struct LaneTask {
 pub struct LaneItem {
     /// The sample as the decode threads offered it.
     pub image: DivertedImage,
-    /// What [`scan`] read, the same size as the CPU path's header.
+    /// What the marker scan read, the same size as the CPU path's header.
     pub frame: Frame,
 }
 
@@ -195,10 +201,21 @@ pub struct LaneDiverter {
     sixteenths: u8,
     max_decoded_bytes: usize,
     taken: Mutex<Vec<LaneItem>>,
-    shared: Arc<Shared>,
+    stats: Arc<LaneStats>,
 }
 
 impl LaneDiverter {
+    /// Offers the rows of `sixteenths` of a batch, taking images of up to `max_decoded_bytes`
+    /// decoded and counting those it declines in `stats`.
+    pub(crate) fn new(sixteenths: u8, max_decoded_bytes: usize, stats: &Arc<LaneStats>) -> Self {
+        LaneDiverter {
+            sixteenths,
+            max_decoded_bytes,
+            taken: Mutex::new(Vec::new()),
+            stats: Arc::clone(stats),
+        }
+    }
+
     /// The samples taken, in row order (the decode threads offer them in any order; the lane's
     /// grouping into sub-batches must not depend on it).
     pub fn into_items(self) -> Vec<LaneItem> {
@@ -234,10 +251,7 @@ impl ImageDiverter for LaneDiverter {
                 None
             }
             Err(_) => {
-                self.shared
-                    .stats
-                    .declined_rows
-                    .fetch_add(1, Ordering::Relaxed);
+                self.stats.declined_rows.fetch_add(1, Ordering::Relaxed);
                 Some(image)
             }
         }
@@ -271,7 +285,7 @@ fn figures_of(shared: &Shared) -> GpuDecodeFigures {
 /// The GPU decode lane of one loader (see the module docs of `decode`).
 pub struct GpuLane {
     shared: Arc<Shared>,
-    tasks: Mutex<Option<Sender<LaneTask>>>,
+    tasks: Mutex<Option<Sender<Work>>>,
     threads: Mutex<Vec<JoinHandle<()>>>,
 }
 
@@ -285,142 +299,6 @@ impl std::fmt::Debug for GpuLane {
 }
 
 impl GpuLane {
-    /// Starts the lane for `job` (one image source whose CPU output is uint8 NHWC) with batches
-    /// of up to `batch_size` rows: loads nvJPEG, compiles the kernel, allocates the memory.
-    pub fn start(
-        options: &GpuDecodeOptions,
-        job: &Job,
-        batch_size: usize,
-    ) -> std::result::Result<GpuLane, GpuDecodeError> {
-        let pipeline = job.image_pipeline().ok_or_else(|| {
-            GpuDecodeError::Unsupported(
-                "the GPU decode lane builds image batches of one dataset (not a mix, not text \
-                 or columns)"
-                    .into(),
-            )
-        })?;
-        if !pipeline.output.is_packed_rgb8() {
-            return Err(GpuDecodeError::Unsupported(
-                "the GPU decode lane needs uint8 NHWC rows from the CPU side (with \
-                 device='cuda', Normalize and ToTensor run on the GPU after it)"
-                    .into(),
-            ));
-        }
-        let cuda = Cuda::open(options.device).map_err(|e| GpuDecodeError::Cuda(e.to_string()))?;
-        let (height, width) = pipeline.output_size();
-        let row_bytes = pipeline.bytes_per_sample();
-        // The rows as the kernel writes them: the stage's tail, or the slot's uint8 NHWC.
-        let fused = fused_tail_asked(std::env::var(FUSED_TAIL_VARIABLE).ok().as_deref())
-            .map_err(GpuDecodeError::Unsupported)?;
-        let tail = if fused { options.tail } else { RowTail::BYTES };
-        let pipe_count = pipe_count(std::env::var("STOKER_GPU_DECODE_PIPES").ok().as_deref());
-        // The memory is planned for the backend the decoders will use (tried the same way).
-        let hardware = cuda
-            .in_context("nvjpegCreateExV2", || {
-                Ok(super::nvjpeg::hardware_backend(&options.library_dirs))
-            })
-            .map_err(|e| GpuDecodeError::Cuda(e.to_string()))??;
-        let memory = Arc::new(LaneMemory::allocate(
-            &cuda,
-            options.memory_bytes,
-            batch_size.max(1),
-            tail.row_bytes(height, width),
-            pipe_count,
-            hardware,
-        )?);
-        let stats = Arc::new(LaneStats::default());
-        // Each pipe in the primary context, or in a green context of its own.
-        let sms = sms_asked(std::env::var(GREEN_SMS_VARIABLE).ok().as_deref())
-            .map_err(GpuDecodeError::Unsupported)?;
-        let mut pipes: Vec<Pipe> = Vec::with_capacity(pipe_count);
-        for index in 0..pipe_count {
-            let made = Place::new(&cuda, sms).and_then(|place| {
-                Pipe::new(
-                    index,
-                    place,
-                    &memory,
-                    options,
-                    (width, height),
-                    tail,
-                    &stats,
-                )
-            });
-            match made {
-                Ok(pipe) => pipes.push(pipe),
-                Err(error) => {
-                    // Pipes release CUDA objects (and nvJPEG's memory) with their context current.
-                    pipes.into_iter().for_each(Pipe::release);
-                    return Err(error);
-                }
-            }
-        }
-        if hardware && pipes.iter().any(|pipe| !pipe.decoder.hardware()) {
-            tracing::warn!(
-                "the lane's memory was planned for nvJPEG's hardware backend, but a decoder \
-                 started on the default one: its allocations past the margin are refused and \
-                 those images built on the CPU"
-            );
-        }
-        let granted_sms = pipes[0].green_sms();
-        let shared = Arc::new(Shared {
-            cuda: Arc::clone(&cuda),
-            free: Mutex::new((0..memory.ring_slots).rev().collect()),
-            memory,
-            returned: Condvar::new(),
-            stats,
-            budgets: pipes.iter().map(|pipe| pipe.decoder.budget()).collect(),
-            host_bytes: pipes.iter().map(|pipe| pipe.host_bytes()).sum(),
-            mode: options.mode,
-            splits: Mutex::new(SplitSchedule::new(pinned_split(
-                std::env::var(SPLIT_PIN_VARIABLE).ok().as_deref(),
-            ))),
-            hardware: pipes[0].decoder.hardware(),
-            tail,
-            closed: std::sync::atomic::AtomicBool::new(false),
-            working: Mutex::new((0, None)),
-        });
-        let (tasks, queue) = crossbeam_channel::bounded(1);
-        let mut threads = Vec::with_capacity(pipe_count);
-        for pipe in pipes {
-            let (thread_shared, queue) = (Arc::clone(&shared), queue.clone());
-            let name = format!("stoker-gpu{}-decode{}", options.device, pipe.index);
-            match std::thread::Builder::new()
-                .name(name)
-                .spawn(move || run(thread_shared, pipe, queue, row_bytes))
-            {
-                Ok(thread) => threads.push(thread),
-                Err(error) => {
-                    // The pipes not started are dropped here; the lane is dropped below with
-                    // the threads that did start.
-                    tracing::error!(%error, "spawning a GPU decode lane thread");
-                }
-            }
-        }
-        tracing::info!(
-            device = options.device,
-            hardware = shared.hardware,
-            cap = options.memory_bytes,
-            pipes = pipe_count,
-            green_context_sms = ?sms,
-            rows = tail.element.name(),
-            tail_fused = !tail.is_bytes(),
-            granted_sms = ?granted_sms,
-            "GPU decode lane started"
-        );
-        let started = !threads.is_empty();
-        let lane = GpuLane {
-            shared,
-            tasks: Mutex::new(Some(tasks)),
-            threads: Mutex::new(threads),
-        };
-        if !started {
-            return Err(GpuDecodeError::Cuda(
-                "no GPU decode lane thread could be started".into(),
-            ));
-        }
-        Ok(lane)
-    }
-
     /// The GPU's share of step `step` of `epoch`, in sixteenths: `gpu` mode always 16; `auto`
     /// the share of the point the step is in (`decode::split`): set from a resumed state,
     /// else decided when a step of the point is first asked for (the producer, as it starts
@@ -529,12 +407,11 @@ impl GpuLane {
 
     /// A diverter offering the rows of `sixteenths` of a batch to the lane.
     pub fn diverter(&self, sixteenths: u8) -> LaneDiverter {
-        LaneDiverter {
+        LaneDiverter::new(
             sixteenths,
-            max_decoded_bytes: self.shared.memory.arena_bytes(),
-            taken: Mutex::new(Vec::new()),
-            shared: Arc::clone(&self.shared),
-        }
+            self.shared.memory.arena_bytes(),
+            &self.shared.stats,
+        )
     }
 
     /// Waits for a free output buffer for the next batch, or `None` once the lane shuts down.
@@ -558,10 +435,11 @@ impl GpuLane {
     pub fn submit(&self, task: LaneTask) {
         let tasks = lock(&self.tasks).clone();
         let sent = match tasks {
-            Some(tasks) => tasks.send(task),
-            None => Err(crossbeam_channel::SendError(task)),
+            Some(tasks) => tasks.send(Work::Batch(Box::new(task))),
+            None => Err(crossbeam_channel::SendError(Work::Batch(Box::new(task)))),
         };
-        if let Err(crossbeam_channel::SendError(task)) = sent {
+        if let Err(crossbeam_channel::SendError(Work::Batch(task))) = sent {
+            let task = *task;
             self.shared.put_ring(task.ring);
             let _ = task.reply.send(Built {
                 step: task.step,

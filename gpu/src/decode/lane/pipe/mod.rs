@@ -15,6 +15,8 @@ use crossbeam_channel::Receiver;
 use cudarc::driver::{result, sys, DriverError};
 use stoker_pipeline::{AssembledBatch, Job};
 
+use super::cpu_rows::{as_device_row, CpuRow, CpuRows};
+use super::serve::{RowsBuilt, RowsTask};
 use super::{
     add_since, driver, DeviceRows, LaneItem, LaneMemory, LaneStats, LaneTask, Shared, ALIGN,
 };
@@ -241,20 +243,14 @@ impl Pipe {
         shared.put_ring(ring);
     }
 
-    /// The body of [`Pipe::build`].
-    #[allow(clippy::too_many_arguments)]
-    fn build_rows(
+    /// Decodes and crops `items` into output buffer `ring` (the GPU part of a batch): which
+    /// device row each image got, and which images go to the CPU, those the decode left
+    /// unwritten keeping their device row. The pipe's work is done when it returns.
+    pub(super) fn decode_set(
         &mut self,
-        shared: &Arc<Shared>,
         ring: usize,
-        job: Arc<Job>,
-        epoch: u64,
-        mut slot: Slot,
-        mut assembled: AssembledBatch,
-        indices: Vec<u64>,
         items: Vec<LaneItem>,
-        row_bytes: usize,
-    ) -> Result<stoker_loader::Batch> {
+    ) -> std::result::Result<DecodedSet, GpuDecodeError> {
         let out = self.memory.ring_ptr(ring);
         let mut decoded: Vec<Decoded> = Vec::with_capacity(items.len());
         let mut fallback: Vec<CpuRow> = Vec::new();
@@ -299,13 +295,7 @@ impl Pipe {
         // Every place the kernel cropped from must have been written by the decode: one still
         // holding the poison laid before it is built on the CPU, and its row on the device
         // replaced by the CPU's.
-        let unwritten = match self.unwritten(&decoded) {
-            Ok(unwritten) => unwritten,
-            Err(error) => {
-                self.release_ring(shared);
-                return Err(Error::Gpu(error.to_string()));
-            }
-        };
+        let unwritten = self.unwritten(&decoded)?;
         if !unwritten.is_empty() {
             tracing::debug!(
                 images = unwritten.len(),
@@ -313,107 +303,92 @@ impl Pipe {
                 "nvJPEG reported success without writing some images; building them on the CPU"
             );
         }
-
-        let image_start = assembled.tensors.first().map_or(0, |t| t.bytes.start);
-        shared
-            .stats
+        self.stats
             .fallback_rows
             .fetch_add((fallback.len() + unwritten.len()) as u64, Ordering::Relaxed);
-        let (width, height) = self.out;
-        let device_row = self.tail.row_bytes(height, width);
-        let byte_row = RowTail::BYTES.row_bytes(height, width);
-        let cpu_rows = fallback
-            .iter()
-            .map(|row| (*row, None))
-            .chain(unwritten.iter().map(|&k| (decoded[k].cpu, Some(k))));
-        for (cpu, device_index) in cpu_rows {
-            let start = image_start + cpu.row * row_bytes;
-            let Some(dest) = slot.as_mut_slice().get_mut(start..start + row_bytes) else {
+        self.stats
+            .gpu_rows
+            .fetch_add((decoded.len() - unwritten.len()) as u64, Ordering::Relaxed);
+        Ok(DecodedSet {
+            out,
+            rows: decoded.iter().map(|d| d.cpu.row as u32).collect(),
+            cpu: fallback
+                .iter()
+                .map(|row| (*row, None))
+                .chain(unwritten.iter().map(|&k| (decoded[k].cpu, Some(k))))
+                .collect(),
+        })
+    }
+
+    /// The body of [`Pipe::build`].
+    #[allow(clippy::too_many_arguments)]
+    fn build_rows(
+        &mut self,
+        shared: &Arc<Shared>,
+        ring: usize,
+        job: Arc<Job>,
+        epoch: u64,
+        mut slot: Slot,
+        mut assembled: AssembledBatch,
+        indices: Vec<u64>,
+        items: Vec<LaneItem>,
+        row_bytes: usize,
+    ) -> Result<stoker_loader::Batch> {
+        let set = match self.decode_set(ring, items) {
+            Ok(set) => set,
+            Err(error) => {
                 self.release_ring(shared);
-                return Err(Error::Stopped(format!(
-                    "row {} lies outside its batch's slot",
-                    cpu.row
-                )));
-            };
-            match job.image_row(epoch, cpu.sample, dest) {
-                Ok((label, bad)) => {
-                    if let Some(slot_label) = assembled.labels.get_mut(cpu.row) {
-                        *slot_label = label;
-                    }
-                    // The row's chain of reads ran again from its sample: its bad sample, if
-                    // any, replaces the one the decode threads recorded for that sample.
-                    if let Some(bad) = bad {
-                        assembled
-                            .bad_samples
-                            .retain(|known| known.sample_index != bad.sample_index);
-                        assembled.bad_samples.push(bad);
-                    }
-                }
-                Err(error) => {
-                    self.release_ring(shared);
-                    return Err(error.into());
-                }
+                return Err(Error::Gpu(error.to_string()));
             }
-            if let Some(k) = device_index {
-                // The device stage copies device rows over the slot's: this one must be the
-                // CPU's row too, made what the kernel would have made of it. The pipe's work
-                // is done (`unwritten` waited for it).
-                let copied = if byte_row == row_bytes {
-                    let made;
-                    let row: &[u8] = if self.tail.is_bytes() {
-                        dest
-                    } else {
-                        let mut converted = vec![0u8; device_row];
-                        self.tail.apply(dest, height, width, &mut converted);
-                        made = converted;
-                        &made
-                    };
-                    // On the pipe's stream, so the rows' ready event below follows it (pageable
-                    // bytes are staged as the call returns; a page-locked slot is untouched
-                    // until its batch is released, after the stage waited for that event).
-                    // SAFETY: row `k` of the batch's ring buffer holds `device_row` bytes and
-                    // nothing on the GPU uses it now; `row` is `device_row` long.
-                    unsafe {
-                        sys::cuMemcpyHtoDAsync_v2(
-                            out + (k * device_row) as u64,
-                            row.as_ptr().cast::<c_void>(),
-                            device_row,
-                            self.stream,
-                        )
-                    }
-                    .result()
-                    .map_err(describe)
-                } else {
-                    Err(format!(
-                        "device rows of {byte_row} bytes against slot rows of {row_bytes}"
-                    ))
-                };
-                if let Err(error) = copied {
-                    self.release_ring(shared);
-                    return Err(Error::Gpu(format!(
-                        "replacing an undecoded GPU row with the CPU's: {error}"
-                    )));
-                }
+        };
+        let (width, height) = self.out;
+        let (tail, stream) = (self.tail, self.stream);
+        let built = CpuRows {
+            job: &job,
+            epoch,
+            slot: &mut slot,
+            assembled: &mut assembled,
+            row_bytes,
+        }
+        .build(set.cpu.iter().copied(), |k, row| {
+            // The device stage copies device rows over the slot's: this one must be the CPU's
+            // row too, made what the kernel would have made of it. The pipe's work is done
+            // (`unwritten` waited for it).
+            let row = as_device_row(tail, row, height, width)?;
+            // On the pipe's stream, so the rows' ready event below follows it (pageable bytes
+            // are staged as the call returns; a page-locked slot is untouched until its batch
+            // is released, after the stage waited for that event).
+            // SAFETY: row `k` of the batch's ring buffer holds `row.len()` bytes and nothing
+            // on the GPU uses it now.
+            unsafe {
+                sys::cuMemcpyHtoDAsync_v2(
+                    set.out + (k * row.len()) as u64,
+                    row.as_ptr().cast::<c_void>(),
+                    row.len(),
+                    stream,
+                )
             }
+            .result()
+            .map_err(describe)
+        });
+        if let Err(error) = built {
+            self.release_ring(shared);
+            return Err(error);
         }
 
-        let device_rows: Option<Arc<dyn LaneRows>> = if decoded.is_empty() {
+        let device_rows: Option<Arc<dyn LaneRows>> = if set.rows.is_empty() {
             self.ring = None;
             shared.put_ring(ring);
             None
         } else {
             match self.events.record(self.stream) {
                 Ok(ready) => {
-                    shared
-                        .stats
-                        .gpu_rows
-                        .fetch_add((decoded.len() - unwritten.len()) as u64, Ordering::Relaxed);
                     self.ring = None;
                     Some(Arc::new(DeviceRows {
                         shared: Arc::clone(shared),
                         ring_index: ring,
-                        ptr: out,
-                        positions: decoded.iter().map(|d| d.cpu.row as u32).collect(),
+                        ptr: set.out,
+                        positions: set.rows,
                         height,
                         width,
                         tail: self.tail,
@@ -443,11 +418,14 @@ impl Pipe {
     }
 }
 
-/// A row built on the CPU: the batch row and its sample (the RNG stream it draws from).
-#[derive(Debug, Clone, Copy)]
-struct CpuRow {
-    row: usize,
-    sample: u64,
+/// What decoding a batch's images gave ([`Pipe::decode_set`]).
+pub(super) struct DecodedSet {
+    /// The output buffer's address.
+    pub(super) out: u64,
+    /// The batch row of each device row.
+    pub(super) rows: Vec<u32>,
+    /// The rows to build on the CPU, with the device row each replaces, if any.
+    pub(super) cpu: Vec<(CpuRow, Option<usize>)>,
 }
 
 impl CpuRow {
@@ -515,20 +493,32 @@ impl Pipe {
     }
 }
 
-/// A pipe's thread: builds the GPU rows of the batches it takes from the lane's queue, then
+/// What a pipe's thread is given: a batch of the lane beside the decode threads, or the
+/// images of one batch of a served lane (the helper process's).
+pub(super) enum Work {
+    /// Build the batch's GPU rows and finish it.
+    Batch(Box<LaneTask>),
+    /// Build the images into their output buffer and say what became of each.
+    Rows(RowsTask),
+}
+
+/// A pipe's thread: builds the GPU rows of the work it takes from the lane's queue, then
 /// sends each batch on (out of order between pipes: the stream above reorders).
-pub(super) fn run(
-    shared: Arc<Shared>,
-    mut pipe: Pipe,
-    queue: Receiver<LaneTask>,
-    row_bytes: usize,
-) {
+pub(super) fn run(shared: Arc<Shared>, mut pipe: Pipe, queue: Receiver<Work>, row_bytes: usize) {
     // SAFETY: the primary context is retained for the process's life (a green context for as
     // long as the pipe holds it); this thread is ours, and the only one it is current on.
     if let Err(error) = unsafe { result::ctx::set_current(pipe.place.context()) } {
         tracing::error!(error = %describe(error), "the GPU decode lane cannot use the device");
     }
-    while let Ok(task) = queue.recv() {
+    while let Ok(work) = queue.recv() {
+        let task = match work {
+            Work::Batch(task) => *task,
+            Work::Rows(task) => {
+                let reply = task.reply.clone();
+                let _ = reply.send(pipe.serve(&shared, task));
+                continue;
+            }
+        };
         let (reply, step, task_started) = (task.reply.clone(), task.step, task.started);
         let built = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
             pipe.build(&shared, task, row_bytes)
@@ -553,6 +543,49 @@ pub(super) fn run(
     // SAFETY: clears this thread's current context.
     let _ = unsafe { result::ctx::set_current(std::ptr::null_mut()) };
     drop(place);
+}
+
+impl Pipe {
+    /// Builds a served batch's images into its output buffer and records the buffer's ready
+    /// event after them; a failure (or a panic) sends every image back to the CPU.
+    fn serve(&mut self, shared: &Arc<Shared>, task: RowsTask) -> RowsBuilt {
+        let RowsTask {
+            id, ring, items, ..
+        } = task;
+        let all: Vec<(CpuRow, Option<usize>)> =
+            items.iter().map(|item| (CpuRow::of(item), None)).collect();
+        let started = Instant::now();
+        shared.working(true);
+        let built = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            let set = self.decode_set(ring, items)?;
+            shared.record_ready(ring, self.stream)?;
+            Ok::<_, GpuDecodeError>(set)
+        }));
+        shared.working(false);
+        let (rows, cpu, error) = match built {
+            Ok(Ok(set)) => (set.rows, set.cpu, None),
+            Ok(Err(error)) => (Vec::new(), all, Some(error.to_string())),
+            Err(panic) => (
+                Vec::new(),
+                all,
+                Some(format!(
+                    "the lane panicked: {}",
+                    stoker_pipeline::panic_text(&*panic)
+                )),
+            ),
+        };
+        RowsBuilt {
+            id,
+            ring,
+            rows,
+            cpu: cpu
+                .into_iter()
+                .map(|(row, device_row)| (row.row as u32, row.sample, device_row))
+                .collect(),
+            error,
+            busy: started.elapsed(),
+        }
+    }
 }
 
 #[cfg(test)]

@@ -1,0 +1,230 @@
+//! The GPU decode lane in a helper process, where no GPU is needed: the helper started for
+//! real without a device (its test hook), so every row it is offered comes back to be built
+//! on the CPU. What holds here holds for the process around a lane on a device: the batches
+//! are the CPU's, bit for bit; a helper killed, or stopped so that it no longer answers, costs
+//! the run nothing (its batches and every later one are built on the CPU, the figures say why);
+//! a helper that cannot start leaves `"auto"` on the CPU and fails `"gpu"` with its reason.
+//! The rows a helper builds on a device are `python-client/tests/test_gpu_decode.py`'s.
+
+#![allow(clippy::unwrap_used)] // tests fail loudly by design
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
+use stoker_gpu::{
+    DecodeMode, GpuDecodeOptions, HelperOptions, RowTail, StartGpuLane, DEFAULT_GPU_MEMORY,
+};
+use stoker_lane_helper::NO_DEVICE_VARIABLE;
+use stoker_loader::{Loader, LoaderOptions, StartDecodeLane};
+use stoker_proto::v1::JobSpec;
+
+use crate::common::{self, digest, epoch_batches};
+
+fn starter(mode: DecodeMode, env: &[(&str, &str)], answer_timeout: Duration) -> Arc<StartGpuLane> {
+    let mut helper = HelperOptions::new(common::helper_binary());
+    helper.env = env
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+    helper.answer_timeout = answer_timeout;
+    Arc::new(StartGpuLane::new(GpuDecodeOptions {
+        mode,
+        device: 0,
+        memory_bytes: DEFAULT_GPU_MEMORY,
+        library_dirs: Vec::new(),
+        pinned_budget: None,
+        tail: RowTail::BYTES,
+        helper: Some(helper),
+    }))
+}
+
+fn loader(spec: &JobSpec, starter: &Arc<StartGpuLane>) -> stoker_loader::Result<Loader> {
+    Loader::new(
+        spec.clone(),
+        LoaderOptions {
+            threads: 2,
+            prefetch_next_epoch: false,
+            decode_lane: Some(Arc::clone(starter) as Arc<dyn StartDecodeLane>),
+            ..LoaderOptions::default()
+        },
+    )
+}
+
+#[test]
+fn a_helper_without_a_device_gives_the_cpus_batches_and_ends_with_the_loader() {
+    let dir = tempfile::tempdir().unwrap();
+    common::make_images(dir.path(), 40);
+    let spec = common::train_spec(dir.path(), 8);
+    let expected = epoch_batches(&spec, 2, 0);
+    let starter = starter(
+        DecodeMode::Gpu,
+        &[(NO_DEVICE_VARIABLE, "1")],
+        Duration::from_secs(60),
+    );
+    let loader = loader(&spec, &starter).unwrap();
+    let got: Vec<_> = loader
+        .epoch(0, 0)
+        .unwrap()
+        .collect::<Result<_, _>>()
+        .unwrap();
+    assert_eq!(digest(&got), digest(&expected));
+    assert!(got.iter().all(|batch| batch.device_rows.is_none()));
+    let helper = starter.helper().expect("the helper lane runs");
+    assert!(!helper.on_device());
+    assert_eq!(helper.lost(), None);
+    let stats = helper.stats();
+    // Every row was offered (decode="gpu"): declined by the decode threads' marker scan, or
+    // sent and come back.
+    let load = |counter: &std::sync::atomic::AtomicU64| counter.load(Ordering::Relaxed);
+    let (sent_back, declined) = (load(&stats.fallback_rows), load(&stats.declined_rows));
+    assert_eq!(sent_back + declined, 40);
+    assert!(sent_back >= 30, "{sent_back} sent and come back");
+    assert_eq!(load(&stats.gpu_rows), 0);
+    let figures = loader.stats().gpu_decode.expect("the lane's figures");
+    assert_eq!((figures.split_pct, figures.gpu_rows), (100.0, 0));
+    let pid = helper.pid() as i32;
+    drop(helper);
+    drop(loader);
+    // The loader's end closes the helper's stdin: it exits and is reaped.
+    assert!(!process_exists(pid), "the helper {pid} outlived its loader");
+}
+
+/// Whether process `pid` exists (a zombie counts: it was not reaped).
+fn process_exists(pid: i32) -> bool {
+    // SAFETY: signal 0 only checks the process.
+    unsafe { libc::kill(pid, 0) == 0 }
+}
+
+/// Reads an epoch, sending `signal` to the helper after `after` batches; the batches.
+fn epoch_with_signal(
+    loader: &Loader,
+    starter: &StartGpuLane,
+    after: usize,
+    signal: i32,
+) -> Vec<stoker_pipeline::Batch> {
+    let mut got = Vec::new();
+    for batch in loader.epoch(0, 0).unwrap() {
+        got.push(batch.unwrap());
+        if got.len() == after {
+            let pid = starter.helper().unwrap().pid() as i32;
+            // SAFETY: a signal to the test's own child process.
+            assert_eq!(unsafe { libc::kill(pid, signal) }, 0);
+        }
+    }
+    got
+}
+
+#[test]
+fn a_killed_helper_costs_the_run_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    common::make_images(dir.path(), 96);
+    let spec = common::train_spec(dir.path(), 8);
+    let expected: Vec<_> = (0..2).map(|epoch| epoch_batches(&spec, 2, epoch)).collect();
+    let starter = starter(
+        DecodeMode::Gpu,
+        &[(NO_DEVICE_VARIABLE, "1")],
+        Duration::from_secs(60),
+    );
+    let loader = loader(&spec, &starter).unwrap();
+    let got = epoch_with_signal(&loader, &starter, 3, libc::SIGKILL);
+    assert_eq!(
+        digest(&got),
+        digest(&expected[0]),
+        "every batch of the epoch, the CPU's"
+    );
+    let helper = starter.helper().unwrap();
+    let lost = helper.lost().expect("the helper is known lost");
+    assert!(lost.contains("signal: 9"), "{lost}");
+    // Later epochs are built on the CPU from the start.
+    let next: Vec<_> = loader
+        .epoch(1, 0)
+        .unwrap()
+        .collect::<Result<_, _>>()
+        .unwrap();
+    assert_eq!(digest(&next), digest(&expected[1]));
+}
+
+#[test]
+fn a_helper_that_stops_answering_is_stopped_and_its_batches_built_on_the_cpu() {
+    let dir = tempfile::tempdir().unwrap();
+    common::make_images(dir.path(), 64);
+    let spec = common::train_spec(dir.path(), 8);
+    let expected = epoch_batches(&spec, 2, 0);
+    let starter = starter(
+        DecodeMode::Gpu,
+        &[(NO_DEVICE_VARIABLE, "1")],
+        Duration::from_secs(2),
+    );
+    let loader = loader(&spec, &starter).unwrap();
+    let got = epoch_with_signal(&loader, &starter, 2, libc::SIGSTOP);
+    assert_eq!(digest(&got), digest(&expected));
+    let helper = starter.helper().unwrap();
+    let lost = helper.lost().expect("the helper is known lost");
+    assert!(lost.starts_with("no answer to a batch in"), "{lost}");
+    // It was killed (a stopped process takes SIGKILL) and reaped.
+    let pid = helper.pid() as i32;
+    drop(helper);
+    drop(loader);
+    assert!(
+        !process_exists(pid),
+        "the stopped helper {pid} was left behind"
+    );
+}
+
+#[test]
+fn a_helper_that_cannot_start_leaves_auto_on_the_cpu_and_fails_gpu_with_its_reason() {
+    let dir = tempfile::tempdir().unwrap();
+    common::make_images(dir.path(), 16);
+    let spec = common::train_spec(dir.path(), 8);
+    let expected = epoch_batches(&spec, 2, 0);
+    // CUDA sees no device in the helper, on any machine.
+    let no_device = [("CUDA_VISIBLE_DEVICES", "")];
+    let auto = starter(DecodeMode::Auto, &no_device, Duration::from_secs(60));
+    let loader = loader(&spec, &auto).unwrap();
+    let got: Vec<_> = loader
+        .epoch(0, 0)
+        .unwrap()
+        .collect::<Result<_, _>>()
+        .unwrap();
+    assert_eq!(digest(&got), digest(&expected));
+    assert!(auto.helper().is_none());
+    assert!(loader.stats().gpu_decode.is_none(), "no lane ran");
+
+    let gpu = starter(DecodeMode::Gpu, &no_device, Duration::from_secs(60));
+    let error = loader_error(&spec, &gpu);
+    assert!(
+        error.contains("the lane's helper process cannot run the lane"),
+        "{error}"
+    );
+
+    // A binary that is not there.
+    let mut missing = HelperOptions::new(dir.path().join("no-such-helper"));
+    missing.start_timeout = Duration::from_secs(5);
+    let gone = Arc::new(StartGpuLane::new(GpuDecodeOptions {
+        mode: DecodeMode::Gpu,
+        device: 0,
+        memory_bytes: DEFAULT_GPU_MEMORY,
+        library_dirs: Vec::new(),
+        pinned_budget: None,
+        tail: RowTail::BYTES,
+        helper: Some(missing),
+    }));
+    let error = loader_error(&spec, &gone);
+    assert!(error.contains("no-such-helper"), "{error}");
+}
+
+/// The error a `"gpu"` loader of `spec` with `starter` fails with (at its start or its first
+/// epoch's).
+fn loader_error(spec: &JobSpec, starter: &Arc<StartGpuLane>) -> String {
+    match loader(spec, starter) {
+        Err(error) => error.to_string(),
+        Ok(loader) => match loader.epoch(0, 0) {
+            Err(error) => error.to_string(),
+            Ok(mut epoch) => epoch
+                .find_map(Result::err)
+                .expect("the epoch fails")
+                .to_string(),
+        },
+    }
+}

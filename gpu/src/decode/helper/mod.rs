@@ -1,0 +1,487 @@
+//! The GPU decode lane in a helper process of its own (`stoker-lane-helper`, asked for with
+//! [`HELPER_VARIABLE`]): the decode threads offer the split's rows as ever, and the loader's
+//! side of the lane ([`HelperLane`], the loader's `DecodeLane`) sends them to the helper, whose
+//! own CUDA context decodes and crops them into output buffers the loader's process has opened
+//! from their IPC handles ([`rows`]). The helper answers each batch with which rows it built
+//! and which go to the CPU; the loader builds those into the slot as the lane in this process
+//! does. Nothing the helper does can reach this process's CUDA context: if it dies, stops
+//! answering (for [`HelperOptions::answer_timeout`]) or says something out of step, it is
+//! stopped, every batch it owed and every later one is built on the CPU, and the lane's
+//! figures say why ([`HelperLane::lost`]).
+
+mod inner;
+mod process;
+mod rows;
+pub mod wire;
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use stoker_dashboard::GpuDecodeFigures;
+use stoker_loader::{DecodeLane, EmbeddedStep};
+use stoker_pipeline::Job;
+use stoker_proto::v1::{helper_request, HelperRequest, HelperRows};
+
+use super::lane::{CpuRow, LaneDiverter, LaneStats};
+use super::{pinned_split, DecodeMode, GpuDecodeError, GpuDecodeOptions, RowTail, SplitSchedule};
+use super::{LaneTask, SPLIT_PIN_VARIABLE};
+use inner::{lock, Inner, Pending, NO_RING};
+use process::{failed, open_device, read_answers, spawn, watch_answers, Spawned};
+use wire::{image_message, write_message};
+
+/// Asks for the lane in a helper process: `1` finds `stoker-lane-helper` beside the running
+/// program or on `PATH`; a path names the binary. Unset, empty or `0`: the lane runs in this
+/// process.
+pub const HELPER_VARIABLE: &str = "STOKER_GPU_DECODE_HELPER";
+
+/// The helper's file name.
+pub const HELPER_BINARY: &str = "stoker-lane-helper";
+
+/// How the helper process is run.
+#[derive(Debug, Clone, PartialEq)]
+pub struct HelperOptions {
+    /// The `stoker-lane-helper` binary.
+    pub binary: PathBuf,
+    /// Variables set in the helper's environment beside this process's own.
+    pub env: Vec<(String, String)>,
+    /// How long a batch may wait for the helper's answer before the helper is taken as lost.
+    pub answer_timeout: Duration,
+    /// How long the helper may take to start (CUDA, nvJPEG and the kernel's compilation).
+    pub start_timeout: Duration,
+}
+
+impl HelperOptions {
+    /// The defaults for `binary`: 60 s for an answer, 120 s to start.
+    pub fn new(binary: PathBuf) -> HelperOptions {
+        HelperOptions {
+            binary,
+            env: Vec::new(),
+            answer_timeout: Duration::from_secs(60),
+            start_timeout: Duration::from_secs(120),
+        }
+    }
+}
+
+/// The helper binary [`HELPER_VARIABLE`]'s `value` asks for: `None` when it asks for none,
+/// else the binary, or why it cannot be found. `beside` is the running program's folder and
+/// `path` the `PATH` variable, looked in in that order for `1`.
+pub fn helper_asked(
+    value: Option<&str>,
+    beside: Option<&Path>,
+    path: Option<&std::ffi::OsStr>,
+) -> Result<Option<PathBuf>, String> {
+    let value = value.map(str::trim).unwrap_or_default();
+    match value {
+        "" | "0" => Ok(None),
+        "1" => {
+            let folders = beside
+                .map(Path::to_path_buf)
+                .into_iter()
+                .chain(path.map(std::env::split_paths).into_iter().flatten());
+            folders
+                .map(|folder| folder.join(HELPER_BINARY))
+                .find(|candidate| candidate.is_file())
+                .map(Some)
+                .ok_or_else(|| {
+                    format!(
+                        "{HELPER_VARIABLE}=1: no {HELPER_BINARY} beside the running program or \
+                         on PATH (build it with `cargo build --release -p stoker-lane-helper`, \
+                         or set {HELPER_VARIABLE} to its path)"
+                    )
+                })
+        }
+        named => {
+            let binary = PathBuf::from(named);
+            if binary.is_file() {
+                Ok(Some(binary))
+            } else {
+                Err(format!(
+                    "{HELPER_VARIABLE}={named}: not a file (1 finds {HELPER_BINARY}; 0 runs the \
+                     lane in this process)"
+                ))
+            }
+        }
+    }
+}
+
+/// The loader's side of the lane in a helper process (see the module docs).
+pub struct HelperLane {
+    inner: Arc<Inner>,
+    threads: Mutex<Vec<JoinHandle<()>>>,
+}
+
+impl std::fmt::Debug for HelperLane {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("HelperLane")
+            .field("pid", &self.inner.started.pid)
+            .field("lost", &*lock(&self.inner.lost))
+            .finish_non_exhaustive()
+    }
+}
+
+impl HelperLane {
+    /// Starts the helper for `job`'s rows (one image source, uint8 NHWC on the CPU side) in
+    /// batches of up to `batch_size`, and waits for it to say it runs.
+    pub fn start(
+        options: &GpuDecodeOptions,
+        helper: &HelperOptions,
+        job: &Job,
+        batch_size: usize,
+    ) -> Result<HelperLane, GpuDecodeError> {
+        let pipeline = super::lane::image_rows_of(job)?;
+        let (height, width) = pipeline.output_size();
+        let row_bytes = pipeline.bytes_per_sample();
+        let fused =
+            super::fused_tail_asked(std::env::var(super::FUSED_TAIL_VARIABLE).ok().as_deref())
+                .map_err(GpuDecodeError::Unsupported)?;
+        let tail = if fused { options.tail } else { RowTail::BYTES };
+        let Spawned {
+            mut child,
+            requests,
+            answers: stdout,
+            started,
+        } = spawn(options, helper, (height, width), batch_size, &tail)?;
+        let device = match started.device {
+            false => None,
+            true => match open_device(options.device, &started) {
+                Ok(side) => Some(side),
+                Err(error) => return Err(failed(&mut child, error.to_string())),
+            },
+        };
+        let ring_slots = if device.is_some() {
+            started.ring_slots as usize
+        } else {
+            // Without a device the helper builds no rows: the buffers are names only.
+            2
+        };
+        tracing::info!(
+            pid = started.pid,
+            device = started.device,
+            hardware = started.hardware,
+            ring_slots,
+            "the GPU decode lane's helper process started"
+        );
+        let inner = Arc::new(Inner {
+            mode: options.mode,
+            stats: Arc::new(LaneStats::default()),
+            splits: Mutex::new(SplitSchedule::new(pinned_split(
+                std::env::var(SPLIT_PIN_VARIABLE).ok().as_deref(),
+            ))),
+            tail,
+            out: (width, height),
+            row_bytes,
+            device,
+            requests: Mutex::new(Some(requests)),
+            child: Mutex::new(child),
+            pending: Mutex::new(HashMap::new()),
+            free: Mutex::new((0..ring_slots).rev().collect()),
+            ring_slots,
+            returned: Condvar::new(),
+            lost: Mutex::new(None),
+            closed: AtomicBool::new(false),
+            next_id: AtomicU64::new(0),
+            busy_ns: AtomicU64::new(0),
+            answer_timeout: helper.answer_timeout,
+            started,
+        });
+        let lane = HelperLane {
+            inner: Arc::clone(&inner),
+            threads: Mutex::new(Vec::new()),
+        };
+        let reader = {
+            let inner = Arc::clone(&inner);
+            std::thread::Builder::new()
+                .name("stoker-lane-helper-answers".into())
+                .spawn(move || read_answers(&inner, stdout))
+        };
+        let watch = {
+            let inner = Arc::clone(&inner);
+            std::thread::Builder::new()
+                .name("stoker-lane-helper-watch".into())
+                .spawn(move || watch_answers(&inner))
+        };
+        for thread in [reader, watch] {
+            match thread {
+                Ok(thread) => lock(&lane.threads).push(thread),
+                Err(error) => {
+                    lane.shutdown();
+                    return Err(GpuDecodeError::Unsupported(format!(
+                        "a thread for the helper: {error}"
+                    )));
+                }
+            }
+        }
+        Ok(lane)
+    }
+
+    /// The helper's process id.
+    pub fn pid(&self) -> u32 {
+        self.inner.started.pid
+    }
+
+    /// Why the helper was lost, once it was.
+    pub fn lost(&self) -> Option<String> {
+        lock(&self.inner.lost).clone()
+    }
+
+    /// Whether the helper builds rows on a device (else the test hook that starts it without
+    /// one is set, and it sends every image back).
+    pub fn on_device(&self) -> bool {
+        self.inner.started.device
+    }
+
+    /// Whether the helper's decoders use the hardware engines.
+    pub fn hardware(&self) -> bool {
+        self.inner.started.hardware
+    }
+
+    /// What the rows are (the kernel applying the device stage's tail, or the bytes).
+    pub fn rows_tail(&self) -> RowTail {
+        self.inner.tail
+    }
+
+    /// The counts so far (this process's view: rows the helper built, rows built here).
+    pub fn stats(&self) -> &LaneStats {
+        &self.inner.stats
+    }
+
+    /// The lane's figures now.
+    pub fn figures(&self) -> GpuDecodeFigures {
+        let inner = &self.inner;
+        let stats = &inner.stats;
+        let sixteenths = match inner.mode {
+            DecodeMode::Gpu => 16,
+            _ => lock(&inner.splits).latest().unwrap_or(super::AUTO_START),
+        };
+        GpuDecodeFigures {
+            split_pct: f64::from(sixteenths) * 100.0 / 16.0,
+            gpu_rows_per_s: stats.gpu_rate(),
+            cpu_rows_per_s: stats.cpu_rate(),
+            gpu_rows: stats.gpu_rows.load(Ordering::Relaxed),
+            declined_rows: stats.declined_rows.load(Ordering::Relaxed),
+            memory_bytes: inner.started.memory_bytes,
+            memory_cap: inner.started.memory_cap,
+            hardware: inner.started.hardware,
+        }
+    }
+
+    /// Stops the lane: batches still waiting fail as stopped, and the helper's stdin is closed
+    /// (it finishes and exits; it is killed if it has not within 10 s) once no batch holds
+    /// rows in its buffers: until then a batch kept by the training loop still reads them, so
+    /// the last one let go closes it. Idempotent.
+    pub fn shutdown(&self) {
+        let inner = &self.inner;
+        if inner.closed.swap(true, Ordering::Relaxed) {
+            return;
+        }
+        {
+            let _free = lock(&inner.free);
+            inner.returned.notify_all();
+        }
+        if !inner.close_when_free() {
+            // The last rows let go close it; the threads end with the helper.
+            inner.drain();
+            return;
+        }
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let mut child = lock(&inner.child);
+            match child.try_wait() {
+                Ok(Some(_)) | Err(_) => break,
+                Ok(None) if Instant::now() >= deadline => {
+                    tracing::warn!("the lane's helper did not end within 10 s of its stdin closing; killing it");
+                    let _ = child.kill();
+                    let _ = child.wait();
+                    break;
+                }
+                Ok(None) => {}
+            }
+            drop(child);
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        for thread in std::mem::take(&mut *lock(&self.threads)) {
+            let _ = thread.join();
+        }
+        inner.drain();
+    }
+
+    /// Sends a batch's images to the helper; if it is lost (or is lost now), the batch is
+    /// built on the CPU here.
+    fn send(&self, task: LaneTask) {
+        let inner = &self.inner;
+        let id = inner.next_id.fetch_add(1, Ordering::Relaxed);
+        let lost = task.ring == NO_RING || lock(&inner.lost).is_some();
+        let request = HelperRequest {
+            kind: Some(helper_request::Kind::Rows(HelperRows {
+                id,
+                ring: task.ring as u32,
+                images: task
+                    .items
+                    .iter()
+                    .map(|item| image_message(&item.image))
+                    .collect(),
+            })),
+        };
+        let pending = Pending {
+            job: task.job,
+            epoch: task.epoch,
+            step: task.step,
+            slot: task.slot,
+            assembled: task.assembled,
+            indices: task.indices,
+            sent: task
+                .items
+                .iter()
+                .map(|item| CpuRow {
+                    row: item.image.row,
+                    sample: item.image.sample,
+                })
+                .collect(),
+            ring: task.ring,
+            reply: task.reply,
+            started: task.started,
+            sent_at: Instant::now(),
+        };
+        if lost {
+            let reply = pending.reply.clone();
+            let _ = reply.send(inner.finish(pending, None));
+            return;
+        }
+        lock(&inner.pending).insert(id, pending);
+        let written = match lock(&inner.requests).as_mut() {
+            Some(requests) => write_message(requests, &request).map_err(|e| e.to_string()),
+            None => Err("its stdin is closed".into()),
+        };
+        if let Err(error) = written {
+            inner.lose(format!("sending it a batch: {error}"));
+            // The reader drains what is left once the helper's stdout ends; this batch may
+            // be built here first.
+            if let Some(pending) = lock(&inner.pending).remove(&id) {
+                let reply = pending.reply.clone();
+                let _ = reply.send(inner.finish(pending, None));
+            }
+        }
+    }
+}
+
+impl Drop for HelperLane {
+    fn drop(&mut self) {
+        self.shutdown();
+    }
+}
+
+impl super::backend::StepLane for HelperLane {
+    fn diverter(&self, sixteenths: u8) -> LaneDiverter {
+        let max = if self.inner.device.is_some() {
+            self.inner.started.max_decoded_bytes as usize
+        } else {
+            usize::MAX
+        };
+        LaneDiverter::new(sixteenths, max, &self.inner.stats)
+    }
+
+    fn note_cpu(&self, rows: usize, busy: Duration) {
+        let stats = &self.inner.stats;
+        stats.cpu_rows.fetch_add(rows as u64, Ordering::Relaxed);
+        stats
+            .cpu_busy_ns
+            .fetch_add(busy.as_nanos() as u64, Ordering::Relaxed);
+    }
+
+    fn take_ring(&self) -> Option<usize> {
+        self.inner.take_ring()
+    }
+
+    fn submit(&self, task: LaneTask) {
+        self.send(task);
+    }
+}
+
+impl DecodeLane for HelperLane {
+    fn split_at(&self, epoch: u64, step: u64) -> u8 {
+        if self.inner.mode == DecodeMode::Gpu {
+            return 16;
+        }
+        lock(&self.inner.splits).split_at(epoch, step, self.inner.stats.counts())
+    }
+
+    fn build(&self, pool: &rayon::ThreadPool, step: EmbeddedStep, sixteenths: u8) {
+        // A lost helper takes nothing: every row is built on the decode threads.
+        let lost = lock(&self.inner.lost).is_some();
+        super::backend::build_with_lane(pool, self, step, if lost { 0 } else { sixteenths });
+    }
+
+    fn note_delivered(&self, epoch: u64, step: u64, rows: usize, interval: Duration) {
+        if self.inner.mode == DecodeMode::Auto {
+            lock(&self.inner.splits).note_delivered(epoch, step, rows, interval.as_nanos() as u64);
+        }
+    }
+
+    fn set_split(&self, epoch: u64, step: u64, sixteenths: u8) -> bool {
+        lock(&self.inner.splits).set(epoch, step, sixteenths)
+    }
+
+    fn figures(&self) -> GpuDecodeFigures {
+        HelperLane::figures(self)
+    }
+
+    fn busy(&self) -> Duration {
+        Duration::from_nanos(self.inner.busy_ns.load(Ordering::Relaxed))
+    }
+
+    fn shutdown(&self) {
+        HelperLane::shutdown(self);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_helper_asked_for_is_found_beside_the_program_then_on_path_or_named() {
+        let beside = tempfile_dir("beside");
+        let on_path = tempfile_dir("on-path");
+        let path = std::env::join_paths([on_path.as_path()]).unwrap();
+        for off in [None, Some(""), Some("0"), Some(" 0 ")] {
+            assert_eq!(
+                helper_asked(off, Some(&beside), Some(&path)),
+                Ok(None),
+                "{off:?}"
+            );
+        }
+        let missing = helper_asked(Some("1"), Some(&beside), Some(&path)).unwrap_err();
+        assert!(missing.contains("no stoker-lane-helper"), "{missing}");
+        std::fs::write(on_path.join(HELPER_BINARY), b"").unwrap();
+        assert_eq!(
+            helper_asked(Some("1"), Some(&beside), Some(&path)),
+            Ok(Some(on_path.join(HELPER_BINARY)))
+        );
+        std::fs::write(beside.join(HELPER_BINARY), b"").unwrap();
+        assert_eq!(
+            helper_asked(Some("1"), Some(&beside), Some(&path)),
+            Ok(Some(beside.join(HELPER_BINARY))),
+            "beside the program first"
+        );
+        let named = on_path.join(HELPER_BINARY);
+        let text = named.to_string_lossy().into_owned();
+        assert_eq!(helper_asked(Some(&text), None, None), Ok(Some(named)));
+        let wrong = helper_asked(Some("/no/such/helper"), None, None).unwrap_err();
+        assert!(wrong.contains("not a file"), "{wrong}");
+        std::fs::remove_dir_all(beside).unwrap();
+        std::fs::remove_dir_all(on_path).unwrap();
+    }
+
+    /// A fresh folder of this test's under the temporary folder.
+    fn tempfile_dir(name: &str) -> PathBuf {
+        let dir =
+            std::env::temp_dir().join(format!("stoker-helper-asked-{}-{name}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        dir
+    }
+}

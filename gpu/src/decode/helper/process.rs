@@ -1,0 +1,226 @@
+//! The helper process: started and its start answered ([`spawn`]), its buffers opened here
+//! ([`open_device`]), its answers read ([`read_answers`]) and their wait watched
+//! ([`watch_answers`]).
+
+use std::io::{BufReader, BufWriter};
+use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
+use stoker_proto::v1::{
+    helper_reply, helper_request, HelperReply, HelperRequest, HelperStart, HelperStarted,
+};
+
+use super::inner::{lock, Inner};
+use super::rows::DeviceSide;
+use super::wire::{read_message, tail_message, write_message, HELPER_PROTOCOL};
+use super::HelperOptions;
+use crate::decode::lane::IPC_HANDLE_BYTES;
+use crate::decode::{GpuDecodeError, GpuDecodeOptions, RowTail};
+
+/// A helper that said it runs: the process, its stdin and stdout, and its start's answer.
+pub(super) struct Spawned {
+    pub(super) child: Child,
+    pub(super) requests: BufWriter<ChildStdin>,
+    pub(super) answers: BufReader<ChildStdout>,
+    pub(super) started: HelperStarted,
+}
+
+/// Stops a helper that did not start, for `why`.
+pub(super) fn failed(child: &mut Child, why: String) -> GpuDecodeError {
+    let _ = child.kill();
+    let _ = child.wait();
+    GpuDecodeError::Unsupported(format!("the lane's helper process: {why}"))
+}
+
+/// Starts the helper for rows of `size` (height, width) made `tail`, batches of up to
+/// `batch_size`, and waits (within the start timeout) for it to say it runs.
+pub(super) fn spawn(
+    options: &GpuDecodeOptions,
+    helper: &HelperOptions,
+    (height, width): (u32, u32),
+    batch_size: usize,
+    tail: &RowTail,
+) -> Result<Spawned, GpuDecodeError> {
+    let mut child = Command::new(&helper.binary)
+        .envs(helper.env.iter().map(|(k, v)| (k, v)))
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .map_err(|e| {
+            GpuDecodeError::Unsupported(format!(
+                "starting the lane's helper {}: {e}",
+                helper.binary.display()
+            ))
+        })?;
+    let (Some(stdin), Some(stdout)) = (child.stdin.take(), child.stdout.take()) else {
+        return Err(failed(&mut child, "its pipes were not made".into()));
+    };
+    let mut requests = BufWriter::with_capacity(1 << 20, stdin);
+    let start = HelperRequest {
+        kind: Some(helper_request::Kind::Start(HelperStart {
+            protocol: HELPER_PROTOCOL,
+            device: options.device as u32,
+            memory_bytes: options.memory_bytes as u64,
+            height,
+            width,
+            batch_rows: batch_size as u32,
+            library_dirs: options
+                .library_dirs
+                .iter()
+                .map(|dir| dir.to_string_lossy().into_owned())
+                .collect(),
+            pinned_budget: options.pinned_budget,
+            tail: Some(tail_message(tail)),
+        })),
+    };
+    if let Err(error) = write_message(&mut requests, &start) {
+        return Err(failed(&mut child, format!("sending its start: {error}")));
+    }
+    let (answered, answer) = crossbeam_channel::bounded(1);
+    let first = std::thread::Builder::new()
+        .name("stoker-lane-helper-start".into())
+        .spawn(move || {
+            let mut stdout = BufReader::with_capacity(1 << 16, stdout);
+            let reply = read_message::<HelperReply>(&mut stdout);
+            let _ = answered.send((reply, stdout));
+        })
+        .map_err(|e| GpuDecodeError::Unsupported(format!("a thread for the helper: {e}")))?;
+    let (reply, stdout) = match answer.recv_timeout(helper.start_timeout) {
+        Ok(answer) => answer,
+        Err(_) => {
+            let error = failed(
+                &mut child,
+                format!("no answer to its start in {:?}", helper.start_timeout),
+            );
+            let _ = first.join();
+            return Err(error);
+        }
+    };
+    let _ = first.join();
+    let started = match reply {
+        Ok(Some(HelperReply {
+            kind: Some(helper_reply::Kind::Started(started)),
+        })) => started,
+        Ok(Some(_)) => {
+            return Err(failed(
+                &mut child,
+                "its first answer was not a start".into(),
+            ))
+        }
+        Ok(None) => {
+            let status = child.wait().map(|s| s.to_string()).unwrap_or_default();
+            return Err(GpuDecodeError::Unsupported(format!(
+                "the lane's helper process ended before it started ({status})"
+            )));
+        }
+        Err(error) => return Err(failed(&mut child, format!("reading its start: {error}"))),
+    };
+    if !started.error.is_empty() {
+        let _ = child.wait();
+        return Err(GpuDecodeError::Unsupported(format!(
+            "the lane's helper process cannot run the lane: {}",
+            started.error
+        )));
+    }
+    Ok(Spawned {
+        child,
+        requests,
+        answers: stdout,
+        started,
+    })
+}
+
+/// Opens the helper's buffers and events named in `started`.
+pub(super) fn open_device(
+    device: usize,
+    started: &HelperStarted,
+) -> Result<DeviceSide, GpuDecodeError> {
+    let handle = |bytes: &[u8]| -> Result<[u8; IPC_HANDLE_BYTES], GpuDecodeError> {
+        bytes.try_into().map_err(|_| {
+            GpuDecodeError::Unsupported(format!(
+                "an IPC handle of {} bytes, not {IPC_HANDLE_BYTES}",
+                bytes.len()
+            ))
+        })
+    };
+    let ready = started
+        .ready_events
+        .iter()
+        .map(|bytes| handle(bytes))
+        .collect::<Result<Vec<_>, _>>()?;
+    if ready.len() != started.ring_slots as usize || ready.is_empty() {
+        return Err(GpuDecodeError::Unsupported(format!(
+            "{} ready events for {} output buffers",
+            ready.len(),
+            started.ring_slots
+        )));
+    }
+    DeviceSide::open(
+        device,
+        &handle(&started.ring_handle)?,
+        started.ring_slot_bytes as usize,
+        &ready,
+    )
+}
+
+/// The reader's thread: finishes each batch the helper answers; once its stdout ends (or says
+/// something out of step), takes it as lost and builds what it owed on the CPU.
+pub(super) fn read_answers(inner: &Arc<Inner>, stdout: BufReader<ChildStdout>) {
+    let mut stdout = stdout;
+    let why = loop {
+        let built = match read_message::<HelperReply>(&mut stdout) {
+            Ok(Some(HelperReply {
+                kind: Some(helper_reply::Kind::Built(built)),
+            })) => built,
+            Ok(Some(_)) => break "it answered out of step".to_string(),
+            Ok(None) => break "its output ended".to_string(),
+            Err(error) => break format!("reading its answers: {error}"),
+        };
+        let Some(pending) = lock(&inner.pending).remove(&built.id) else {
+            if inner.closed.load(Ordering::Relaxed) {
+                // A batch failed as stopped when the lane shut down.
+                continue;
+            }
+            break format!("it answered batch {}, which was not sent", built.id);
+        };
+        if built.ring as usize != pending.ring {
+            let ring = pending.ring;
+            lock(&inner.pending).insert(built.id, pending);
+            break format!(
+                "it answered batch {} in output buffer {}, not {ring}",
+                built.id, built.ring
+            );
+        }
+        let reply = pending.reply.clone();
+        let _ = reply.send(inner.finish(pending, Some(built)));
+    };
+    if inner.closed.load(Ordering::Relaxed) {
+        // Its stdin was closed: it ends by itself.
+        let _ = lock(&inner.child).wait();
+    } else {
+        inner.lose(why);
+    }
+    inner.drain();
+}
+
+/// The watch's thread: takes the helper as lost when a batch has waited for its answer longer
+/// than the answer timeout.
+pub(super) fn watch_answers(inner: &Arc<Inner>) {
+    while !inner.closed.load(Ordering::Relaxed) && lock(&inner.lost).is_none() {
+        let oldest = lock(&inner.pending)
+            .values()
+            .map(|p| p.sent_at.elapsed())
+            .max();
+        if let Some(waited) = oldest.filter(|&w| w > inner.answer_timeout) {
+            inner.lose(format!(
+                "no answer to a batch in {:.1} s",
+                waited.as_secs_f64()
+            ));
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}

@@ -1,0 +1,282 @@
+//! The helper process's side of the GPU decode lane (`stoker-lane-helper`): it reads the
+//! loader's start and batches from its input, runs the lane in its own CUDA context
+//! (`stoker_gpu::GpuLane::start_served`), and answers each batch on its output with what became
+//! of each image; the rows themselves stay in the lane's output buffers, which the loader has
+//! opened through their IPC handles. The messages are `stoker.v1.Helper*`
+//! (`stoker_gpu::helper_wire`).
+//!
+//! A test hook, [`NO_DEVICE_VARIABLE`], starts the helper without a device: it then builds no
+//! rows and sends every image back to be built on the CPU, so the process, its messages and
+//! the loader's fallback are exercised where there is no GPU.
+
+use std::collections::HashMap;
+use std::io::{BufReader, BufWriter, Read, Write};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use stoker_gpu::helper_wire::{image_of, read_message, tail_of, write_message, HELPER_PROTOCOL};
+use stoker_gpu::{DecodeMode, GpuDecodeOptions, GpuLane, RowsBuilt, RowsTask};
+use stoker_proto::v1::{
+    helper_reply, helper_request, HelperBuilt, HelperCpuRow, HelperReply, HelperRequest,
+    HelperRows, HelperStart, HelperStarted,
+};
+
+/// The test hook: `1` starts the helper without a device (see the crate's docs).
+pub const NO_DEVICE_VARIABLE: &str = "STOKER_LANE_HELPER_NO_DEVICE";
+
+/// Why the helper stopped before its input ended.
+#[derive(Debug, thiserror::Error)]
+pub enum HelperError {
+    /// Reading or writing a message failed.
+    #[error("{0}")]
+    Io(#[from] std::io::Error),
+    /// The loader sent something out of step.
+    #[error("{0}")]
+    Protocol(String),
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Serves one loader: its start from `input`, then its batches until `input` ends; answers on
+/// `output`. A lane that cannot start is answered as such (and is not an error here).
+pub fn serve(input: impl Read, output: impl Write + Send + 'static) -> Result<(), HelperError> {
+    let mut input = BufReader::with_capacity(1 << 20, input);
+    let mut output = BufWriter::with_capacity(1 << 16, output);
+    let start = match read_message::<HelperRequest>(&mut input)? {
+        Some(HelperRequest {
+            kind: Some(helper_request::Kind::Start(start)),
+        }) => start,
+        Some(_) => {
+            return Err(HelperError::Protocol(
+                "the first message was not a start".into(),
+            ))
+        }
+        None => return Ok(()),
+    };
+    if start.protocol != HELPER_PROTOCOL {
+        let refusal = format!(
+            "the loader speaks the helper's protocol {}, this helper {HELPER_PROTOCOL}: use the \
+             helper built with the loader",
+            start.protocol
+        );
+        write_message(&mut output, &started(refusal))?;
+        return Ok(());
+    }
+    if std::env::var(NO_DEVICE_VARIABLE).is_ok_and(|v| v.trim() == "1") {
+        return serve_without_device(&mut input, &mut output);
+    }
+    let lane = match start_lane(&start) {
+        Ok((lane, reply)) => {
+            write_message(&mut output, &reply)?;
+            lane
+        }
+        Err(error) => {
+            write_message(&mut output, &started(error))?;
+            return Ok(());
+        }
+    };
+    serve_lane(&lane, input, output)
+}
+
+/// A start's answer that the lane cannot run, for `error`.
+fn started(error: String) -> HelperReply {
+    HelperReply {
+        kind: Some(helper_reply::Kind::Started(HelperStarted {
+            error,
+            pid: std::process::id(),
+            ..HelperStarted::default()
+        })),
+    }
+}
+
+/// Starts the lane `start` asks for, with the answer naming its buffers and events.
+fn start_lane(start: &HelperStart) -> Result<(GpuLane, HelperReply), String> {
+    let tail = start
+        .tail
+        .as_ref()
+        .map(tail_of)
+        .transpose()?
+        .ok_or("the start names no tail")?;
+    let options = GpuDecodeOptions {
+        mode: DecodeMode::Gpu,
+        device: start.device as usize,
+        memory_bytes: start.memory_bytes as usize,
+        library_dirs: start.library_dirs.iter().map(Into::into).collect(),
+        pinned_budget: start.pinned_budget,
+        tail,
+        helper: None,
+    };
+    let (lane, handles) = GpuLane::start_served(
+        &options,
+        start.height,
+        start.width,
+        start.batch_rows as usize,
+    )
+    .map_err(|e| e.to_string())?;
+    let figures = lane.figures();
+    let reply = HelperReply {
+        kind: Some(helper_reply::Kind::Started(HelperStarted {
+            error: String::new(),
+            pid: std::process::id(),
+            device: true,
+            hardware: lane.hardware(),
+            max_decoded_bytes: handles.max_decoded_bytes as u64,
+            ring_slots: handles.ring_slots as u32,
+            ring_slot_bytes: handles.ring_slot_bytes as u64,
+            ring_handle: handles.ring.to_vec().into(),
+            ready_events: handles.ready.iter().map(|h| h.to_vec().into()).collect(),
+            memory_bytes: figures.memory_bytes,
+            memory_cap: figures.memory_cap,
+            rows_dtype: lane.rows_tail().element.name().into(),
+        })),
+    };
+    Ok((lane, reply))
+}
+
+/// The next batch from `input`: `None` when it ends.
+fn next_rows(input: &mut impl Read) -> Result<Option<HelperRows>, HelperError> {
+    match read_message::<HelperRequest>(input)? {
+        Some(HelperRequest {
+            kind: Some(helper_request::Kind::Rows(rows)),
+        }) => Ok(Some(rows)),
+        Some(_) => Err(HelperError::Protocol(
+            "a message other than a batch after the start".into(),
+        )),
+        None => Ok(None),
+    }
+}
+
+/// The test hook's helper: every image of every batch goes back to the CPU.
+fn serve_without_device(input: &mut impl Read, output: &mut impl Write) -> Result<(), HelperError> {
+    let reply = HelperReply {
+        kind: Some(helper_reply::Kind::Started(HelperStarted {
+            pid: std::process::id(),
+            device: false,
+            rows_dtype: "uint8".into(),
+            ..HelperStarted::default()
+        })),
+    };
+    write_message(output, &reply)?;
+    while let Some(rows) = next_rows(input)? {
+        let cpu = rows
+            .images
+            .iter()
+            .map(|image| HelperCpuRow {
+                row: image.row,
+                sample: image.sample,
+                device_row: None,
+            })
+            .collect();
+        let built = HelperBuilt {
+            id: rows.id,
+            ring: rows.ring,
+            cpu,
+            ..HelperBuilt::default()
+        };
+        write_message(
+            output,
+            &HelperReply {
+                kind: Some(helper_reply::Kind::Built(built)),
+            },
+        )?;
+    }
+    Ok(())
+}
+
+/// Serves batches on `lane` until `input` ends: each batch's images the lane takes are queued
+/// on it, the rest noted as declined; a writer thread answers each batch as the lane finishes
+/// it, declined images with the CPU's.
+fn serve_lane(
+    lane: &GpuLane,
+    mut input: impl Read,
+    output: impl Write + Send + 'static,
+) -> Result<(), HelperError> {
+    let declined: Arc<Mutex<HashMap<u64, Vec<HelperCpuRow>>>> = Arc::default();
+    let (answers, answered) = crossbeam_channel::unbounded::<RowsBuilt>();
+    let writer = {
+        let declined = Arc::clone(&declined);
+        std::thread::Builder::new()
+            .name("stoker-lane-helper-answers".into())
+            .spawn(move || write_answers(output, &answered, &declined))?
+    };
+    let served = (|| {
+        while let Some(rows) = next_rows(&mut input)? {
+            let mut items = Vec::with_capacity(rows.images.len());
+            let mut kept = Vec::new();
+            for image in rows.images {
+                let (row, sample) = (image.row, image.sample);
+                match lane.served_item(image_of(image)) {
+                    Some(item) => items.push(item),
+                    None => kept.push(HelperCpuRow {
+                        row,
+                        sample,
+                        device_row: None,
+                    }),
+                }
+            }
+            lock(&declined).insert(rows.id, kept);
+            if items.is_empty() {
+                let _ = answers.send(RowsBuilt {
+                    id: rows.id,
+                    ring: rows.ring as usize,
+                    rows: Vec::new(),
+                    cpu: Vec::new(),
+                    error: None,
+                    busy: Duration::ZERO,
+                });
+                continue;
+            }
+            lane.serve(RowsTask {
+                id: rows.id,
+                ring: rows.ring as usize,
+                items,
+                reply: answers.clone(),
+            });
+        }
+        Ok::<(), HelperError>(())
+    })();
+    // The lane's pipes finish what was queued (answering it), then the writer ends with the
+    // last answer.
+    lane.shutdown();
+    drop(answers);
+    let written = writer
+        .join()
+        .unwrap_or_else(|_| Err(HelperError::Protocol("the answers' thread panicked".into())));
+    served.and(written)
+}
+
+/// The writer's thread: each finished batch's answer, its declined images added.
+fn write_answers(
+    output: impl Write,
+    answered: &crossbeam_channel::Receiver<RowsBuilt>,
+    declined: &Mutex<HashMap<u64, Vec<HelperCpuRow>>>,
+) -> Result<(), HelperError> {
+    let mut output = BufWriter::with_capacity(1 << 16, output);
+    for built in answered {
+        let mut cpu = lock(declined).remove(&built.id).unwrap_or_default();
+        cpu.extend(
+            built
+                .cpu
+                .iter()
+                .map(|&(row, sample, device_row)| HelperCpuRow {
+                    row,
+                    sample,
+                    device_row: device_row.map(|k| k as u32),
+                }),
+        );
+        let reply = HelperReply {
+            kind: Some(helper_reply::Kind::Built(HelperBuilt {
+                id: built.id,
+                ring: built.ring as u32,
+                rows: built.rows,
+                cpu,
+                error: built.error.unwrap_or_default(),
+                busy_ns: built.busy.as_nanos() as u64,
+            })),
+        };
+        write_message(&mut output, &reply)?;
+    }
+    Ok(())
+}
