@@ -39,7 +39,11 @@ normalised bfloat16 rows itself (``STOKER_GPU_DECODE_FUSED_TAIL=1``, set for the
 the loader's stage copies them into place without its own normalising pass for a batch whose
 rows all came from the lane (under ``decode="gpu"``, most batches; under ``"auto"``, only at a
 split of 16/16: other batches still get the pass): whether the stage's launches on the
-training thread matter. A row named ``loader:ROW``
+training thread matter. ``-laneproc`` in a Stoker row's name (``stoker-auto-laneproc``) runs
+the decode lane alone in Stoker's own helper process, ``stoker-lane-helper`` (from
+``$STOKER_BIN_DIR``, else beside Python or on ``PATH``; ``STOKER_GPU_DECODE_HELPER``, set for
+the row alone): the decode threads stay in the training process and the lane's CUDA calls move
+to a context of their own, its rows reaching the loop through CUDA IPC. A row named ``loader:ROW``
 runs the loader alone, without the model (its images/s is what decoding and cropping
 deliver). ``--side-stream`` runs every row's loop on a stream of its own (set current) instead
 of the legacy default stream; ``--gpu-memory`` sets the lane's ``gpu_memory`` in MiB.
@@ -79,6 +83,8 @@ CROP = 224
 SMS_VARIABLE = "STOKER_GPU_DECODE_SMS"
 #: The lane's kernel applies the device stage's tail (read as the lane starts).
 FUSED_VARIABLE = "STOKER_GPU_DECODE_FUSED_TAIL"
+#: The lane runs in the stoker-lane-helper process (read as the lane starts).
+HELPER_VARIABLE = "STOKER_GPU_DECODE_HELPER"
 
 
 def main() -> int:
@@ -234,27 +240,36 @@ def forever(make: Callable[[], Any]) -> Iterator[Any]:
         yield from loader
 
 
-def row_parts(row: str, workers: int) -> tuple[bool, str, int, str, bool]:
+def row_parts(row: str, workers: int) -> tuple[bool, str, int, str, bool, bool]:
     """What a row's name asks for (see the module doc): whether it trains (not ``loader:``),
     its kind (``stoker-auto``, ``dali``...), its thread count (``@N``, else ``workers``), the
-    green context's SMs (``-smsN``, else "") and whether the lane's kernel applies the tail
-    (``-fused``)."""
+    green context's SMs (``-smsN``, else ""), whether the lane's kernel applies the tail
+    (``-fused``) and whether the lane runs in ``stoker-lane-helper`` (``-laneproc``)."""
     alone, _, name = row.rpartition(":")
+    lane_process = "-laneproc" in name
+    name = name.replace("-laneproc", "")
     kind, _, threads = name.partition("@")
     fused = "-fused" in kind
     kind, _, sms = kind.replace("-fused", "").partition("-sms")
-    return alone != "loader", kind, int(threads) if threads else workers, sms, fused
+    return alone != "loader", kind, int(threads) if threads else workers, sms, fused, lane_process
 
 
 def run_row(
     torch: Any, torchvision: Any, stoker: Any, model: Model, row: str, args: Any
 ) -> dict[str, Any]:
     batch = args.batch_size
-    train, kind, workers, sms, fused = row_parts(row, args.workers)
+    train, kind, workers, sms, fused, lane_process = row_parts(row, args.workers)
     closers: list[Callable[[], None]] = []
     # Each row starts without them (a row that failed may not have cleared them).
     os.environ.pop(SMS_VARIABLE, None)
     os.environ.pop(FUSED_VARIABLE, None)
+    os.environ.pop(HELPER_VARIABLE, None)
+    if lane_process:
+        folder = os.environ.get("STOKER_BIN_DIR")
+        os.environ[HELPER_VARIABLE] = (
+            str(Path(folder) / "stoker-lane-helper") if folder else "1"
+        )
+        closers.append(lambda: os.environ.pop(HELPER_VARIABLE, None))
     if sms:
         os.environ[SMS_VARIABLE] = sms
         closers.append(lambda: os.environ.pop(SMS_VARIABLE, None))

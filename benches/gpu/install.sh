@@ -11,7 +11,7 @@ mkdir -p "$out" "$bin"
 export PYTHONUNBUFFERED=1 PYTHONFAULTHANDLER=1
 python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target "$site" .device/*.whl || exit 1
 export PYTHONPATH="$site" STOKER_BIN_DIR="$bin"
-for name in stoker stoker-worker; do
+for name in stoker stoker-worker stoker-lane-helper; do
     gunzip -c ".device/$name.gz" > "$bin/$name" && chmod +x "$bin/$name"
 done
 { nvidia-smi -L; nproc; python3 -c 'import torch, stoker; print("torch", torch.__version__, "cuda", torch.version.cuda, "stoker", stoker.__version__)'; } 2>&1 | tee "$out/machine.log"

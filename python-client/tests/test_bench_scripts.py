@@ -27,19 +27,21 @@ def gpu_train() -> ModuleType:
 @pytest.mark.parametrize(
     ("row", "parts"),
     [
-        ("ceiling", (True, "ceiling", 15, "", False)),
-        ("stoker-auto@7", (True, "stoker-auto", 7, "", False)),
-        ("loader:stoker-gpu", (False, "stoker-gpu", 15, "", False)),
-        ("stoker-gpu-sms16", (True, "stoker-gpu", 15, "16", False)),
-        ("stoker-auto-fused", (True, "stoker-auto", 15, "", True)),
-        ("helper-gpu-fused@7", (True, "helper-gpu", 7, "", True)),
-        ("loader:stoker-auto-fused-sms32@3", (False, "stoker-auto", 3, "32", True)),
-        ("stoker-gpu-sms16-fused", (True, "stoker-gpu", 15, "16", True)),
-        ("dali-hw99", (True, "dali-hw99", 15, "", False)),
+        ("ceiling", (True, "ceiling", 15, "", False, False)),
+        ("stoker-auto@7", (True, "stoker-auto", 7, "", False, False)),
+        ("loader:stoker-gpu", (False, "stoker-gpu", 15, "", False, False)),
+        ("stoker-gpu-sms16", (True, "stoker-gpu", 15, "16", False, False)),
+        ("stoker-auto-fused", (True, "stoker-auto", 15, "", True, False)),
+        ("helper-gpu-fused@7", (True, "helper-gpu", 7, "", True, False)),
+        ("loader:stoker-auto-fused-sms32@3", (False, "stoker-auto", 3, "32", True, False)),
+        ("stoker-gpu-sms16-fused", (True, "stoker-gpu", 15, "16", True, False)),
+        ("dali-hw99", (True, "dali-hw99", 15, "", False, False)),
+        ("stoker-auto-laneproc", (True, "stoker-auto", 15, "", False, True)),
+        ("loader:stoker-gpu-laneproc-fused@7", (False, "stoker-gpu", 7, "", True, True)),
     ],
 )
 def test_a_rows_name_is_read_as_documented(
-    gpu_train: ModuleType, row: str, parts: tuple[bool, str, int, str, bool]
+    gpu_train: ModuleType, row: str, parts: tuple[bool, str, int, str, bool, bool]
 ) -> None:
     assert gpu_train.row_parts(row, 15) == parts
 

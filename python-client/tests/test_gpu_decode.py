@@ -27,7 +27,7 @@ import numpy as np
 import pytest
 
 import stoker
-from conftest import RecordingNative, require_cuda_torch
+from conftest import RecordingNative, daemon_binary, require_cuda_torch
 from stoker import _native, _resume, gpu, ops, vision
 
 CROP = 64
@@ -533,6 +533,62 @@ def test_places_the_decode_left_unwritten_are_found_and_built_on_the_cpu(
     assert lane["fallback_rows"] > 0, lane
     for a, b in zip(stage, fused, strict=True):
         np.testing.assert_allclose(b, a, rtol=2.0**-7, atol=1e-6)
+
+
+@pytest.mark.gpu
+def test_the_lane_in_a_helper_process_gives_the_lanes_batches_and_its_kill_costs_nothing(
+    torch: Any, dataset: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``STOKER_GPU_DECODE_HELPER`` naming ``stoker-lane-helper`` runs the lane in a process of
+    its own: its rows reach this process through CUDA IPC (buffers and events), and the batches
+    are the in-process lane's bit for bit (the same nvJPEG and kernel). Killed mid-epoch, the
+    helper costs the run nothing: every batch is the lane's or the CPU's, the last ones the
+    CPU's, this process's CUDA context still works, and ``stats()`` names the loss."""
+    import signal
+
+    in_process, _ = device_epoch(dataset, "gpu")
+    cpu, _ = device_epoch(dataset, "cpu")
+    monkeypatch.setenv("STOKER_GPU_DECODE_HELPER", str(daemon_binary("stoker-lane-helper")))
+    helped, stats = device_epoch(dataset, "gpu")
+    lane = stats["gpu_decode"]
+    assert lane["helper"]["on_device"] and lane["helper"]["lost"] is None, lane
+    assert lane["rows"] > 0, lane
+    for (a, a_labels), (b, b_labels) in zip(in_process, helped, strict=True):
+        np.testing.assert_array_equal(a, b)
+        np.testing.assert_array_equal(a_labels, b_labels)
+
+    options = {
+        "pipeline": train_pipeline(),
+        "batch_size": 16,
+        "num_threads": 2,
+        "seed": 5,
+        "device": "cuda",
+        "decode": "gpu",
+        "timeout": 120,
+    }
+    got = []
+    with stoker.Loader(dataset, **options) as loader:
+        for k, batch in enumerate(loader):
+            got.append(batch["image"].cpu().numpy().copy())
+            if k == 2:
+                os.kill(loader.stats()["gpu_decode"]["helper"]["pid"], signal.SIGKILL)
+        stats = loader.stats()
+    lost = stats["gpu_decode"]["helper"]["lost"]
+    assert lost is not None and "signal: 9" in lost, stats["gpu_decode"]
+    assert len(got) == len(cpu)
+    for k, (batch, (lane_batch, _), (cpu_batch, _)) in enumerate(
+        zip(got, in_process, cpu, strict=True)
+    ):
+        assert np.array_equal(batch, lane_batch) or np.array_equal(batch, cpu_batch), k
+    np.testing.assert_array_equal(got[-1], cpu[-1][0])
+    # This process's context is untouched.
+    x = torch.ones(1024, device="cuda") * 2
+    torch.cuda.synchronize()
+    assert float(x.sum()) == 2048.0
+
+    monkeypatch.setenv("STOKER_GPU_DECODE_HELPER", "/no/such/helper")
+    with pytest.raises(ValueError, match="STOKER_GPU_DECODE_HELPER=/no/such/helper: not a file"):
+        stoker.Loader(dataset, **options)
 
 
 def auto_options(seed: int) -> dict[str, Any]:
