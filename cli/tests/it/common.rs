@@ -73,51 +73,42 @@ pub fn stoker(args: &[&str]) -> Output {
 /// missing one, or one older than the sources it is built from, fails the test with the
 /// command that builds it.
 pub fn worker_binary() -> PathBuf {
-    let stoker = Path::new(env!("CARGO_BIN_EXE_stoker"));
-    let binary = stoker.with_file_name(format!("stoker-worker{}", std::env::consts::EXE_SUFFIX));
-    let build = "cargo build --release -p stoker-worker-daemon (or cargo test --workspace)";
-    let built = std::fs::metadata(&binary)
-        .and_then(|m| m.modified())
-        .unwrap_or_else(|e| panic!("{} is not usable ({e}): {build}", binary.display()));
-    let root = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .expect("the workspace root");
-    for sources in [
-        "worker-daemon/src",
-        "rpc/src",
-        "pipeline/src",
-        "datasets/src",
-        "proto/src",
-        "proto/stoker",
-    ] {
-        if let Some((path, modified)) = newest_file(&root.join(sources)) {
-            assert!(
-                modified <= built,
-                "{} is older than {}: {build}",
-                binary.display(),
-                path.display()
-            );
-        }
-    }
-    binary
+    built_binary(
+        "stoker-worker",
+        "stoker-worker-daemon",
+        &[
+            "worker-daemon/src",
+            "rpc/src",
+            "pipeline/src",
+            "datasets/src",
+            "proto/src",
+            "proto/stoker",
+        ],
+    )
 }
 
-/// The `stoker-lane-helper` binary, beside `stoker` (the lane-helper crate's; built by `cargo
-/// test --workspace`), checked as [`worker_binary`] is.
+/// The `stoker-lane-helper` binary, beside `stoker` (the lane-helper crate's), checked as
+/// [`worker_binary`] is.
 pub fn helper_binary() -> PathBuf {
+    built_binary(
+        "stoker-lane-helper",
+        "stoker-lane-helper",
+        &["lane-helper/src", "gpu/src", "proto/stoker"],
+    )
+}
+
+/// Binary `name` of package `package`, beside `stoker`, no older than any file below `sources`.
+fn built_binary(name: &str, package: &str, sources: &[&str]) -> PathBuf {
     let stoker = Path::new(env!("CARGO_BIN_EXE_stoker"));
-    let binary = stoker.with_file_name(format!(
-        "stoker-lane-helper{}",
-        std::env::consts::EXE_SUFFIX
-    ));
-    let build = "cargo build --release -p stoker-lane-helper (or cargo test --workspace)";
+    let binary = stoker.with_file_name(format!("{name}{}", std::env::consts::EXE_SUFFIX));
+    let build = format!("cargo build --release -p {package} (or cargo test --workspace)");
     let built = std::fs::metadata(&binary)
         .and_then(|m| m.modified())
         .unwrap_or_else(|e| panic!("{} is not usable ({e}): {build}", binary.display()));
     let root = Path::new(env!("CARGO_MANIFEST_DIR"))
         .parent()
         .expect("the workspace root");
-    for sources in ["lane-helper/src", "gpu/src", "proto/stoker"] {
+    for sources in sources {
         if let Some((path, modified)) = newest_file(&root.join(sources)) {
             assert!(
                 modified <= built,

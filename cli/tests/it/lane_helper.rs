@@ -28,6 +28,11 @@ fn starter(mode: DecodeMode, env: &[(&str, &str)], answer_timeout: Duration) -> 
         .map(|(k, v)| (k.to_string(), v.to_string()))
         .collect();
     helper.answer_timeout = answer_timeout;
+    starter_of(helper, mode)
+}
+
+/// A starter of the lane for `mode` in `helper`.
+fn starter_of(helper: HelperOptions, mode: DecodeMode) -> Arc<StartGpuLane> {
     Arc::new(StartGpuLane::new(GpuDecodeOptions {
         mode,
         device: 0,
@@ -37,6 +42,28 @@ fn starter(mode: DecodeMode, env: &[(&str, &str)], answer_timeout: Duration) -> 
         tail: RowTail::BYTES,
         helper: Some(helper),
     }))
+}
+
+/// `count` images in a temporary folder and the training spec over them, batches of 8.
+fn images(count: u64) -> (tempfile::TempDir, JobSpec) {
+    let dir = tempfile::tempdir().unwrap();
+    common::make_images(dir.path(), count);
+    let spec = common::train_spec(dir.path(), 8);
+    (dir, spec)
+}
+
+/// A helper without a device for `mode`, taken as lost after `answer_timeout`.
+fn deviceless(mode: DecodeMode, answer_timeout: Duration) -> Arc<StartGpuLane> {
+    starter(mode, &[(NO_DEVICE_VARIABLE, "1")], answer_timeout)
+}
+
+/// Every batch of `epoch`, failing the test on an error.
+fn whole_epoch(loader: &Loader, epoch: u64) -> Vec<stoker_pipeline::Batch> {
+    loader
+        .epoch(epoch, 0)
+        .unwrap()
+        .collect::<Result<_, _>>()
+        .unwrap()
 }
 
 fn loader(spec: &JobSpec, starter: &Arc<StartGpuLane>) -> stoker_loader::Result<Loader> {
@@ -53,21 +80,11 @@ fn loader(spec: &JobSpec, starter: &Arc<StartGpuLane>) -> stoker_loader::Result<
 
 #[test]
 fn a_helper_without_a_device_gives_the_cpus_batches_and_ends_with_the_loader() {
-    let dir = tempfile::tempdir().unwrap();
-    common::make_images(dir.path(), 40);
-    let spec = common::train_spec(dir.path(), 8);
+    let (_dir, spec) = images(40);
     let expected = epoch_batches(&spec, 2, 0);
-    let starter = starter(
-        DecodeMode::Gpu,
-        &[(NO_DEVICE_VARIABLE, "1")],
-        Duration::from_secs(60),
-    );
+    let starter = deviceless(DecodeMode::Gpu, Duration::from_secs(60));
     let loader = loader(&spec, &starter).unwrap();
-    let got: Vec<_> = loader
-        .epoch(0, 0)
-        .unwrap()
-        .collect::<Result<_, _>>()
-        .unwrap();
+    let got = whole_epoch(&loader, 0);
     assert_eq!(digest(&got), digest(&expected));
     assert!(got.iter().all(|batch| batch.device_rows.is_none()));
     let helper = starter.helper().expect("the helper lane runs");
@@ -117,15 +134,9 @@ fn epoch_with_signal(
 
 #[test]
 fn a_killed_helper_costs_the_run_nothing() {
-    let dir = tempfile::tempdir().unwrap();
-    common::make_images(dir.path(), 96);
-    let spec = common::train_spec(dir.path(), 8);
+    let (_dir, spec) = images(96);
     let expected: Vec<_> = (0..2).map(|epoch| epoch_batches(&spec, 2, epoch)).collect();
-    let starter = starter(
-        DecodeMode::Gpu,
-        &[(NO_DEVICE_VARIABLE, "1")],
-        Duration::from_secs(60),
-    );
+    let starter = deviceless(DecodeMode::Gpu, Duration::from_secs(60));
     let loader = loader(&spec, &starter).unwrap();
     let got = epoch_with_signal(&loader, &starter, 3, libc::SIGKILL);
     assert_eq!(
@@ -137,25 +148,14 @@ fn a_killed_helper_costs_the_run_nothing() {
     let lost = helper.lost().expect("the helper is known lost");
     assert!(lost.contains("signal: 9"), "{lost}");
     // Later epochs are built on the CPU from the start.
-    let next: Vec<_> = loader
-        .epoch(1, 0)
-        .unwrap()
-        .collect::<Result<_, _>>()
-        .unwrap();
-    assert_eq!(digest(&next), digest(&expected[1]));
+    assert_eq!(digest(&whole_epoch(&loader, 1)), digest(&expected[1]));
 }
 
 #[test]
 fn a_helper_that_stops_answering_is_stopped_and_its_batches_built_on_the_cpu() {
-    let dir = tempfile::tempdir().unwrap();
-    common::make_images(dir.path(), 64);
-    let spec = common::train_spec(dir.path(), 8);
+    let (_dir, spec) = images(64);
     let expected = epoch_batches(&spec, 2, 0);
-    let starter = starter(
-        DecodeMode::Gpu,
-        &[(NO_DEVICE_VARIABLE, "1")],
-        Duration::from_secs(2),
-    );
+    let starter = deviceless(DecodeMode::Gpu, Duration::from_secs(2));
     let loader = loader(&spec, &starter).unwrap();
     let got = epoch_with_signal(&loader, &starter, 2, libc::SIGSTOP);
     assert_eq!(digest(&got), digest(&expected));
@@ -174,20 +174,13 @@ fn a_helper_that_stops_answering_is_stopped_and_its_batches_built_on_the_cpu() {
 
 #[test]
 fn a_helper_that_cannot_start_leaves_auto_on_the_cpu_and_fails_gpu_with_its_reason() {
-    let dir = tempfile::tempdir().unwrap();
-    common::make_images(dir.path(), 16);
-    let spec = common::train_spec(dir.path(), 8);
+    let (dir, spec) = images(16);
     let expected = epoch_batches(&spec, 2, 0);
     // CUDA sees no device in the helper, on any machine.
     let no_device = [("CUDA_VISIBLE_DEVICES", "")];
     let auto = starter(DecodeMode::Auto, &no_device, Duration::from_secs(60));
     let loader = loader(&spec, &auto).unwrap();
-    let got: Vec<_> = loader
-        .epoch(0, 0)
-        .unwrap()
-        .collect::<Result<_, _>>()
-        .unwrap();
-    assert_eq!(digest(&got), digest(&expected));
+    assert_eq!(digest(&whole_epoch(&loader, 0)), digest(&expected));
     assert!(auto.helper().is_none());
     assert!(loader.stats().gpu_decode.is_none(), "no lane ran");
 
@@ -199,17 +192,10 @@ fn a_helper_that_cannot_start_leaves_auto_on_the_cpu_and_fails_gpu_with_its_reas
     );
 
     // A binary that is not there.
-    let mut missing = HelperOptions::new(dir.path().join("no-such-helper"));
-    missing.start_timeout = Duration::from_secs(5);
-    let gone = Arc::new(StartGpuLane::new(GpuDecodeOptions {
-        mode: DecodeMode::Gpu,
-        device: 0,
-        memory_bytes: DEFAULT_GPU_MEMORY,
-        library_dirs: Vec::new(),
-        pinned_budget: None,
-        tail: RowTail::BYTES,
-        helper: Some(missing),
-    }));
+    let gone = starter_of(
+        HelperOptions::new(dir.path().join("no-such-helper")),
+        DecodeMode::Gpu,
+    );
     let error = loader_error(&spec, &gone);
     assert!(error.contains("no-such-helper"), "{error}");
 }

@@ -414,6 +414,24 @@ impl Cuda {
         }
     }
 
+    /// Makes `stream` wait (on the GPU) for each of `events` (recorded, or never recorded).
+    ///
+    /// # Safety
+    /// `stream` is a live stream of this device's primary context (or 0); the events are live.
+    pub(crate) unsafe fn stream_wait(
+        &self,
+        stream: usize,
+        events: &[sys::CUevent],
+    ) -> Result<(), Unavailable> {
+        self.in_context("cuStreamWaitEvent", || {
+            for &event in events {
+                // SAFETY: as the caller promises.
+                unsafe { sys::cuStreamWaitEvent(stream as sys::CUstream, event, 0) }.result()?;
+            }
+            Ok(())
+        })
+    }
+
     /// A fence on `stream` (a `CUstream` of this device's primary context, such as
     /// `torch.cuda.Stream.cuda_stream`; 0 is the legacy default stream): done once the work
     /// queued there so far is.

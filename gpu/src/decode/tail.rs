@@ -132,6 +132,17 @@ impl RowTail {
         })
     }
 
+    /// The shape of `rows` such rows of `height x width`: (rows, height, width, 3), or (rows,
+    /// 3, height, width) in planes; C order.
+    pub fn shape(&self, rows: usize, height: u32, width: u32) -> [usize; 4] {
+        let (height, width) = (height as usize, width as usize);
+        if self.planar {
+            [rows, 3, height, width]
+        } else {
+            [rows, height, width, 3]
+        }
+    }
+
     /// Bytes of one row of `height x width` pixels.
     pub fn row_bytes(&self, height: u32, width: u32) -> usize {
         height as usize * width as usize * 3 * self.element.bytes()

@@ -163,6 +163,16 @@ impl Inner {
             sent_at: _,
         } = pending;
         let all_cpu = || sent.iter().map(|row| (*row, None)).collect::<Vec<_>>();
+        // An answer that does not account for each image sent once, or names more rows than
+        // its buffer holds, is out of step: nothing of it is used.
+        let built = match built.map(|built| (check_answer(&built, &sent, self.capacity()), built)) {
+            Some((Err(why), _)) => {
+                self.lose(format!("its answer for step {step} {why}"));
+                None
+            }
+            Some((Ok(()), built)) => Some(built),
+            None => None,
+        };
         let (positions, cpu): (Vec<u32>, Vec<(CpuRow, Option<usize>)>) = match &built {
             Some(built) if built.error.is_empty() && self.device.is_some() => (
                 built.rows.clone(),
@@ -242,6 +252,15 @@ impl Inner {
         }
     }
 
+    /// How many device rows one output buffer holds (none without a device).
+    fn capacity(&self) -> usize {
+        let (width, height) = self.out;
+        match &self.device {
+            Some(side) => side.ring_slot_bytes / self.tail.row_bytes(height, width).max(1),
+            None => 0,
+        }
+    }
+
     /// The helper's rows of a batch in buffer `ring` (`replaced` put over some of them here),
     /// or `None` when it built none (the buffer then goes back at once).
     fn hand_on(
@@ -294,6 +313,150 @@ impl Inner {
                 self.finish(pending, None)
             };
             let _ = reply.send(built);
+        }
+    }
+}
+
+/// Whether `built` accounts for each image of `sent` once (a device row or the CPU, or both
+/// for a device row the CPU's replaces) with at most `capacity` device rows; else how it does
+/// not.
+pub(super) fn check_answer(
+    built: &HelperBuilt,
+    sent: &[CpuRow],
+    capacity: usize,
+) -> Result<(), String> {
+    if !built.error.is_empty() {
+        return Ok(());
+    }
+    let mut left: HashMap<usize, u64> = sent.iter().map(|r| (r.row, r.sample)).collect();
+    if left.len() != sent.len() {
+        return Err("cannot be checked: two images sent for one row".into());
+    }
+    if built.rows.len() > capacity {
+        return Err(format!(
+            "names {} device rows where its buffer holds {capacity}",
+            built.rows.len()
+        ));
+    }
+    let mut device_rows = built
+        .rows
+        .iter()
+        .map(|&row| row as usize)
+        .collect::<Vec<_>>();
+    for cpu in &built.cpu {
+        match cpu.device_row {
+            Some(k) if built.rows.get(k as usize) == Some(&cpu.row) => {
+                // Its device row is accounted for here.
+                device_rows.retain(|&row| row != cpu.row as usize);
+            }
+            Some(k) => return Err(format!("names device row {k} for batch row {}", cpu.row)),
+            None => {}
+        }
+        if left.remove(&(cpu.row as usize)) != Some(cpu.sample) {
+            return Err(format!(
+                "names batch row {} for the CPU, not sent so",
+                cpu.row
+            ));
+        }
+    }
+    for row in device_rows {
+        if left.remove(&row).is_none() {
+            return Err(format!("names batch row {row} on the device, not sent so"));
+        }
+    }
+    match left.keys().min() {
+        Some(row) => Err(format!("leaves batch row {row} unbuilt")),
+        None => Ok(()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use stoker_proto::v1::HelperCpuRow;
+
+    fn sent() -> Vec<CpuRow> {
+        [(0, 10), (2, 12), (5, 15)]
+            .map(|(row, sample)| CpuRow { row, sample })
+            .to_vec()
+    }
+
+    fn cpu(row: u32, sample: u64, device_row: Option<u32>) -> HelperCpuRow {
+        HelperCpuRow {
+            row,
+            sample,
+            device_row,
+        }
+    }
+
+    fn answer(rows: &[u32], cpu: Vec<HelperCpuRow>) -> HelperBuilt {
+        HelperBuilt {
+            rows: rows.to_vec(),
+            cpu,
+            ..HelperBuilt::default()
+        }
+    }
+
+    #[test]
+    fn an_answer_accounting_for_each_image_once_is_taken() {
+        let ok = [
+            answer(&[0, 2, 5], vec![]),
+            answer(
+                &[],
+                vec![cpu(0, 10, None), cpu(2, 12, None), cpu(5, 15, None)],
+            ),
+            answer(&[0, 5], vec![cpu(2, 12, None), cpu(5, 15, Some(1))]),
+        ];
+        for built in ok {
+            assert_eq!(check_answer(&built, &sent(), 3), Ok(()), "{built:?}");
+        }
+        // A failed batch goes to the CPU whole, whatever else it says.
+        let failed = HelperBuilt {
+            error: "sticky".into(),
+            rows: vec![99],
+            ..HelperBuilt::default()
+        };
+        assert_eq!(check_answer(&failed, &sent(), 0), Ok(()));
+    }
+
+    #[test]
+    fn an_answer_out_of_step_is_named() {
+        let wrong = [
+            (
+                answer(&[0, 2, 5], vec![]),
+                2,
+                "names 3 device rows where its buffer holds 2",
+            ),
+            (answer(&[0, 2], vec![]), 3, "leaves batch row 5 unbuilt"),
+            (
+                answer(&[0, 2, 5, 7], vec![]),
+                4,
+                "names batch row 7 on the device",
+            ),
+            (
+                answer(&[0, 2, 2], vec![cpu(5, 15, None)]),
+                3,
+                "names batch row 2 on the device",
+            ),
+            (
+                answer(&[0, 2], vec![cpu(5, 16, None)]),
+                3,
+                "names batch row 5 for the CPU",
+            ),
+            (
+                answer(&[0, 2, 5], vec![cpu(5, 15, Some(1))]),
+                3,
+                "names device row 1 for batch row 5",
+            ),
+            (
+                answer(&[0, 2, 5], vec![cpu(2, 12, None)]),
+                3,
+                "names batch row 2 on the device",
+            ),
+        ];
+        for (built, capacity, why) in wrong {
+            let error = check_answer(&built, &sent(), capacity).unwrap_err();
+            assert!(error.starts_with(why), "{error} for {built:?}");
         }
     }
 }

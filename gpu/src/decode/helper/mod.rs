@@ -252,21 +252,13 @@ impl HelperLane {
     /// The lane's figures now.
     pub fn figures(&self) -> GpuDecodeFigures {
         let inner = &self.inner;
-        let stats = &inner.stats;
-        let sixteenths = match inner.mode {
-            DecodeMode::Gpu => 16,
-            _ => lock(&inner.splits).latest().unwrap_or(super::AUTO_START),
-        };
-        GpuDecodeFigures {
-            split_pct: f64::from(sixteenths) * 100.0 / 16.0,
-            gpu_rows_per_s: stats.gpu_rate(),
-            cpu_rows_per_s: stats.cpu_rate(),
-            gpu_rows: stats.gpu_rows.load(Ordering::Relaxed),
-            declined_rows: stats.declined_rows.load(Ordering::Relaxed),
-            memory_bytes: inner.started.memory_bytes,
-            memory_cap: inner.started.memory_cap,
-            hardware: inner.started.hardware,
-        }
+        let started = &inner.started;
+        inner.stats.figures(
+            inner.mode,
+            &inner.splits,
+            (started.memory_bytes, started.memory_cap),
+            started.hardware,
+        )
     }
 
     /// Stops the lane: batches still waiting fail as stopped, and the helper's stdin is closed

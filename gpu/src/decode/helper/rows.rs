@@ -234,16 +234,8 @@ impl stoker_loader::LaneRows for HelperRows {
     }
 
     fn shape(&self) -> [usize; 4] {
-        let (rows, height, width) = (
-            self.positions.len(),
-            self.height as usize,
-            self.width as usize,
-        );
-        if self.tail.planar {
-            [rows, 3, height, width]
-        } else {
-            [rows, height, width, 3]
-        }
+        self.tail
+            .shape(self.positions.len(), self.height, self.width)
     }
 
     fn element(&self) -> &'static str {
@@ -263,18 +255,9 @@ impl stoker_loader::LaneRows for HelperRows {
 
     unsafe fn wait_on(&self, stream: usize) -> Result<(), String> {
         let events = self.events()?;
-        self.side()?
-            .cuda
-            .in_context("cuStreamWaitEvent", || {
-                for event in events {
-                    // SAFETY: the events are open here and recorded before the batch was
-                    // answered; the stream is of the primary context, as the caller promises.
-                    unsafe { sys::cuStreamWaitEvent(stream as sys::CUstream, event, 0) }
-                        .result()?;
-                }
-                Ok(())
-            })
-            .map_err(|e| e.to_string())
+        // SAFETY: the events are open here and recorded before the batch was answered; the
+        // stream is of the primary context, as the caller promises.
+        unsafe { self.side()?.cuda.stream_wait(stream, &events) }.map_err(|e| e.to_string())
     }
 
     unsafe fn keep_until(self: Arc<Self>, stream: usize) -> Result<(), String> {

@@ -260,26 +260,18 @@ impl ImageDiverter for LaneDiverter {
 
 /// A lane's figures from what it shares.
 fn figures_of(shared: &Shared) -> GpuDecodeFigures {
-    let stats = &shared.stats;
-    let sixteenths = match shared.mode {
-        DecodeMode::Gpu => 16,
-        _ => lock(&shared.splits).latest().unwrap_or(super::AUTO_START),
-    };
-    GpuDecodeFigures {
-        split_pct: f64::from(sixteenths) * 100.0 / 16.0,
-        gpu_rows_per_s: stats.gpu_rate(),
-        cpu_rows_per_s: stats.cpu_rate(),
-        gpu_rows: stats.gpu_rows.load(Ordering::Relaxed),
-        declined_rows: stats.declined_rows.load(Ordering::Relaxed),
-        memory_bytes: (shared.memory.allocated()
-            + shared
-                .budgets
-                .iter()
-                .map(|b| b.device.load(Ordering::Relaxed))
-                .sum::<usize>()) as u64,
-        memory_cap: shared.memory.cap() as u64,
-        hardware: shared.hardware,
-    }
+    let held = shared.memory.allocated()
+        + shared
+            .budgets
+            .iter()
+            .map(|b| b.device.load(Ordering::Relaxed))
+            .sum::<usize>();
+    shared.stats.figures(
+        shared.mode,
+        &shared.splits,
+        (held as u64, shared.memory.cap() as u64),
+        shared.hardware,
+    )
 }
 
 /// The GPU decode lane of one loader (see the module docs of `decode`).

@@ -54,16 +54,8 @@ impl DeviceRows {
     /// (rows, height, width, 3), or (rows, 3, height, width) when the lane's tail writes
     /// channel planes; C order, of [`DeviceRows::element`].
     pub fn shape(&self) -> [usize; 4] {
-        let (rows, height, width) = (
-            self.positions.len(),
-            self.height as usize,
-            self.width as usize,
-        );
-        if self.tail.planar {
-            [rows, 3, height, width]
-        } else {
-            [rows, height, width, 3]
-        }
+        self.tail
+            .shape(self.positions.len(), self.height, self.width)
     }
 
     /// The element type, as torch names its dtype.
@@ -89,17 +81,9 @@ impl DeviceRows {
     /// stream).
     pub unsafe fn wait_on(&self, stream: usize) -> std::result::Result<(), GpuDecodeError> {
         let events: Vec<sys::CUevent> = self.events.iter().map(ReadyEvent::handle).collect();
-        self.shared
-            .cuda
-            .in_context("cuStreamWaitEvent", || {
-                for event in events {
-                    // SAFETY: the event is the lane's and was recorded; the stream is as the
-                    // caller promises.
-                    unsafe { sys::cuStreamWaitEvent(stream as sys::CUstream, event, 0) }
-                        .result()?;
-                }
-                Ok(())
-            })
+        // SAFETY: the events are the lane's and were recorded; the stream is as the caller
+        // promises.
+        unsafe { self.shared.cuda.stream_wait(stream, &events) }
             .map_err(|e| GpuDecodeError::Cuda(e.to_string()))
     }
 }

@@ -2,9 +2,13 @@
 //! beside it (what `auto`'s decisions read), and where its threads spent their time.
 
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Mutex;
 use std::time::Instant;
 
-use super::LaneCounts;
+use stoker_dashboard::GpuDecodeFigures;
+
+use super::{lock, LaneCounts};
+use crate::decode::{DecodeMode, SplitSchedule, AUTO_START};
 
 /// What the lane counted so far.
 #[derive(Debug, Default)]
@@ -42,6 +46,31 @@ pub(super) fn add_since(counter: &AtomicU64, since: Instant) {
 }
 
 impl LaneStats {
+    /// The lane's figures: these counts, the split in effect under `mode` (the latest of
+    /// `splits` under `"auto"`), and the lane's device memory (held, cap) and engines.
+    pub(crate) fn figures(
+        &self,
+        mode: DecodeMode,
+        splits: &Mutex<SplitSchedule>,
+        (memory_bytes, memory_cap): (u64, u64),
+        hardware: bool,
+    ) -> GpuDecodeFigures {
+        let sixteenths = match mode {
+            DecodeMode::Gpu => 16,
+            _ => lock(splits).latest().unwrap_or(AUTO_START),
+        };
+        GpuDecodeFigures {
+            split_pct: f64::from(sixteenths) * 100.0 / 16.0,
+            gpu_rows_per_s: self.gpu_rate(),
+            cpu_rows_per_s: self.cpu_rate(),
+            gpu_rows: self.gpu_rows.load(Ordering::Relaxed),
+            declined_rows: self.declined_rows.load(Ordering::Relaxed),
+            memory_bytes,
+            memory_cap,
+            hardware,
+        }
+    }
+
     /// Rows per second of the GPU lane while it worked.
     pub fn gpu_rate(&self) -> f64 {
         self.counts().gpu_rate()
