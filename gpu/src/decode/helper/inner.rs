@@ -71,26 +71,31 @@ pub(super) struct Inner {
 pub(super) const NO_RING: usize = usize::MAX;
 
 impl Inner {
-    /// Gives output buffer `ring` back for a later batch (after the lane shut down, the last
-    /// one back closes the helper's stdin).
+    /// Gives output buffer `ring` back for a later batch (after the lane shut down or the
+    /// helper was lost, the last one back closes the mapping and the helper's stdin).
     pub(super) fn put_ring(&self, ring: usize) {
         if ring == NO_RING {
             return;
         }
         lock(&self.free).push(ring);
         self.returned.notify_one();
-        if self.closed.load(Ordering::Relaxed) {
+        if self.closed.load(Ordering::Relaxed) || lock(&self.lost).is_some() {
             self.close_when_free();
         }
     }
 
-    /// Closes the helper's stdin if every output buffer is free; whether it did (or was).
+    /// If every output buffer is free, closes this process's mapping of them and then the
+    /// helper's stdin (CUDA asks that an importer close its mapping before the exporter frees
+    /// the memory; the helper frees it as it ends); whether it did (or had).
     pub(super) fn close_when_free(&self) -> bool {
         let free = lock(&self.free);
         if free.len() < self.ring_slots {
             return false;
         }
         drop(free);
+        if let Some(side) = &self.device {
+            side.close_ring();
+        }
         drop(lock(&self.requests).take());
         true
     }

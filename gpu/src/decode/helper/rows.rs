@@ -18,6 +18,8 @@ pub(super) struct DeviceSide {
     pub(super) cuda: Arc<Cuda>,
     /// Where the helper's output buffers are mapped here.
     pub(super) ring: u64,
+    /// Set once the mapping is closed ([`DeviceSide::close_ring`]).
+    ring_closed: std::sync::atomic::AtomicBool,
     pub(super) ring_slot_bytes: usize,
     /// Each buffer's ready event (the helper's, opened here).
     ready: Vec<sys::CUevent>,
@@ -51,6 +53,7 @@ impl DeviceSide {
         let mut side = DeviceSide {
             cuda: Arc::clone(&cuda),
             ring: 0,
+            ring_closed: std::sync::atomic::AtomicBool::new(false),
             ring_slot_bytes,
             ready: Vec::new(),
             replaced: Vec::new(),
@@ -146,34 +149,56 @@ impl DeviceSide {
     }
 }
 
+impl DeviceSide {
+    /// Closes the mapping of the helper's buffers, once: before the helper may free them (it
+    /// ends once its stdin closes), as CUDA asks, and when no rows in them are held any more
+    /// (after this process's copies into them are done).
+    pub(super) fn close_ring(&self) {
+        if self.ring == 0
+            || self
+                .ring_closed
+                .swap(true, std::sync::atomic::Ordering::Relaxed)
+        {
+            return;
+        }
+        let (ring, stream) = (self.ring, self.stream);
+        let closed = self.cuda.in_context("cuIpcCloseMemHandle", || {
+            // SAFETY: this side's own stream and mapping; no rows in the buffers are held.
+            unsafe {
+                if !stream.is_null() {
+                    result::stream::synchronize(stream)?;
+                }
+                sys::cuIpcCloseMemHandle(ring).result()
+            }
+        });
+        if let Err(error) = closed {
+            tracing::warn!(%error, "closing the helper's output buffers");
+        }
+    }
+}
+
 impl Drop for DeviceSide {
     /// Closes what was opened (every batch holding rows is gone: they hold the lane).
     fn drop(&mut self) {
-        let (ring, stream) = (self.ring, self.stream);
+        self.close_ring();
+        let stream = self.stream;
         let events: Vec<sys::CUevent> = self
             .ready
             .drain(..)
             .chain(self.replaced.drain(..))
             .collect();
-        let closed = self.cuda.in_context("cuIpcCloseMemHandle", || {
+        let _ = self.cuda.in_context("cuEventDestroy", || {
             // SAFETY: this side's own objects, used by no one now.
             unsafe {
                 if !stream.is_null() {
-                    let _ = result::stream::synchronize(stream);
                     let _ = result::stream::destroy(stream);
                 }
                 for event in events {
                     let _ = sys::cuEventDestroy_v2(event);
                 }
-                if ring != 0 {
-                    sys::cuIpcCloseMemHandle(ring).result()?;
-                }
             }
             Ok(())
         });
-        if let Err(error) = closed {
-            tracing::warn!(%error, "closing the helper's output buffers");
-        }
     }
 }
 
