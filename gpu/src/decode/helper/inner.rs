@@ -266,8 +266,8 @@ impl Inner {
         }
     }
 
-    /// The helper's rows of a batch in buffer `ring` (`replaced` put over some of them here),
-    /// or `None` when it built none (the buffer then goes back at once).
+    /// The helper's rows of a batch in buffer `ring`, copied here with `replaced` put over
+    /// some of them, or `None` when it built none (the buffer then goes back at once).
     fn hand_on(
         self: &Arc<Self>,
         ring: usize,
@@ -278,17 +278,12 @@ impl Inner {
             self.put_ring(ring);
             return Ok(None);
         };
-        let replaced = match replaced.is_empty() {
-            true => None,
-            false => match side.replace(ring, replaced) {
-                Ok(event) => Some(event),
-                Err(error) => {
-                    self.put_ring(ring);
-                    return Err(Error::Gpu(error.to_string()));
-                }
-            },
-        };
         let (width, height) = self.out;
+        let bytes = positions.len() * self.tail.row_bytes(height, width);
+        if let Err(error) = side.take_over(ring, bytes, replaced) {
+            self.put_ring(ring);
+            return Err(Error::Gpu(error.to_string()));
+        }
         Ok(Some(Arc::new(Rows {
             lane: Arc::clone(self),
             ring,
@@ -296,7 +291,6 @@ impl Inner {
             height,
             width,
             tail: self.tail,
-            replaced,
         })))
     }
 

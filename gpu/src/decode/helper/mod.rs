@@ -3,7 +3,8 @@
 //! side of the lane ([`HelperLane`], the loader's `DecodeLane`) sends them to the helper, whose
 //! own CUDA context decodes and crops them into output buffers the loader's process has opened
 //! from their IPC handles ([`rows`]). The helper answers each batch with which rows it built
-//! and which go to the CPU; the loader builds those into the slot as the lane in this process
+//! and which go to the CPU; the loader copies the rows into its own memory at once (a copy of
+//! the buffers beside the cap) and builds the others into the slot as the lane in this process
 //! does. Nothing the helper does can reach this process's CUDA context: if it dies, stops
 //! answering (for [`HelperOptions::answer_timeout`]) or says something out of step, it is
 //! stopped, every batch it owed and every later one is built on the CPU, and the lane's
@@ -249,14 +250,20 @@ impl HelperLane {
         &self.inner.stats
     }
 
-    /// The lane's figures now.
+    /// The lane's figures now (its memory: the helper's, and this process's copy of the
+    /// helper's output buffers beside the cap).
     pub fn figures(&self) -> GpuDecodeFigures {
         let inner = &self.inner;
         let started = &inner.started;
+        // The helper's memory and this process's copy of its output buffers.
+        let copy = inner
+            .device
+            .as_ref()
+            .map_or(0, |side| side.own_bytes() as u64);
         inner.stats.figures(
             inner.mode,
             &inner.splits,
-            (started.memory_bytes, started.memory_cap),
+            (started.memory_bytes + copy, started.memory_cap),
             started.hardware,
         )
     }

@@ -1,15 +1,18 @@
-//! The helper's output buffers as the loader's process sees them: opened from their IPC
-//! handles in the device's primary context, with each buffer's ready event, an event of the
-//! loader's own for rows it puts over the helper's, and a stream those copies go on
-//! ([`DeviceSide`]); and the rows of one batch ([`HelperRows`]), handed out in the batch and
-//! given back to the lane's free buffers once every holder and fence has let go.
+//! The helper's output buffers as the loader's process sees them ([`DeviceSide`]): opened from
+//! their IPC handles in the device's primary context with each buffer's ready event, and a
+//! copy of them in this process's own memory, into which each batch's rows are copied (and the
+//! rows the CPU replaced put over them) on a stream of this side's as the helper's answer
+//! comes; and the rows of one batch there ([`HelperRows`]), handed out in the batch and given
+//! back to the lane's free buffers once every holder and fence has let go. The rows handed out
+//! are this process's own: a helper that dies while batches hold rows takes nothing they read
+//! with it (CUDA leaves reading an exporter's freed memory undefined).
 
 use std::sync::Arc;
 
 use cudarc::driver::{result, sys};
 
 use super::Inner;
-use crate::cuda::{describe, Cuda};
+use crate::cuda::Cuda;
 use crate::decode::lane::{handle_chars, IPC_HANDLE_BYTES};
 use crate::decode::{GpuDecodeError, RowTail};
 
@@ -18,14 +21,16 @@ pub(super) struct DeviceSide {
     pub(super) cuda: Arc<Cuda>,
     /// Where the helper's output buffers are mapped here.
     pub(super) ring: u64,
+    /// This process's copy of them, where the rows handed out are.
+    own: u64,
     /// Set once the mapping is closed ([`DeviceSide::close_ring`]).
     ring_closed: std::sync::atomic::AtomicBool,
     pub(super) ring_slot_bytes: usize,
     /// Each buffer's ready event (the helper's, opened here).
     ready: Vec<sys::CUevent>,
-    /// Each buffer's event for rows the loader put over the helper's.
-    replaced: Vec<sys::CUevent>,
-    /// The stream those copies go on.
+    /// Each buffer's event its copy here is done by.
+    copied: Vec<sys::CUevent>,
+    /// The stream the copies go on.
     stream: sys::CUstream,
 }
 
@@ -53,10 +58,11 @@ impl DeviceSide {
         let mut side = DeviceSide {
             cuda: Arc::clone(&cuda),
             ring: 0,
+            own: 0,
             ring_closed: std::sync::atomic::AtomicBool::new(false),
             ring_slot_bytes,
             ready: Vec::new(),
-            replaced: Vec::new(),
+            copied: Vec::new(),
             stream: std::ptr::null_mut(),
         };
         // On failure `side` drops and closes what was opened so far.
@@ -87,65 +93,87 @@ impl DeviceSide {
                     sys::cuEventCreate(&mut own, sys::CUevent_flags::CU_EVENT_DISABLE_TIMING as u32)
                 }
                 .result()?;
-                side.replaced.push(own);
+                side.copied.push(own);
             }
             side.stream = result::stream::create(result::stream::StreamKind::NonBlocking)?;
+            // SAFETY: a plain allocation in the primary context.
+            side.own = unsafe { result::malloc_sync(ready.len() * ring_slot_bytes) }?;
             Ok(())
         })
         .map_err(cuda_error("opening the helper's buffers"))?;
         Ok(side)
     }
 
-    /// Buffer `ring`'s address here.
+    /// Buffer `ring`'s rows here (this process's copy).
     pub(super) fn ring_ptr(&self, ring: usize) -> u64 {
-        self.ring + (ring * self.ring_slot_bytes) as u64
+        self.own + (ring * self.ring_slot_bytes) as u64
     }
 
-    /// Puts `rows` (device row, bytes) over buffer `ring`'s rows of `row_len` bytes, after the
-    /// helper's work on it, on this side's stream; returns the event they are done by.
-    pub(super) fn replace(
+    /// This process's device bytes (the copy of the buffers).
+    pub(super) fn own_bytes(&self) -> usize {
+        self.copied.len() * self.ring_slot_bytes
+    }
+
+    /// Copies `bytes` of buffer `ring` (its rows) here, after the helper's work on it, and
+    /// puts `replaced` (device row, bytes) over the copy's rows, on this side's stream; waits
+    /// until that is done (the helper's memory is read no longer), and returns the event it
+    /// was done by.
+    pub(super) fn take_over(
         &self,
         ring: usize,
-        rows: &[(usize, Vec<u8>)],
+        bytes: usize,
+        replaced: &[(usize, Vec<u8>)],
     ) -> Result<sys::CUevent, GpuDecodeError> {
-        let (ready, replaced) = match (self.ready.get(ring), self.replaced.get(ring)) {
-            (Some(&ready), Some(&replaced)) => (ready, replaced),
+        let (ready, copied) = match (self.ready.get(ring), self.copied.get(ring)) {
+            (Some(&ready), Some(&copied)) if bytes <= self.ring_slot_bytes => (ready, copied),
             _ => {
                 return Err(GpuDecodeError::Unsupported(format!(
-                    "the helper named output buffer {ring}, past its {}",
-                    self.ready.len()
+                    "{bytes} bytes of output buffer {ring} asked for, of {} buffers of {}",
+                    self.ready.len(),
+                    self.ring_slot_bytes
                 )))
             }
         };
-        let base = self.ring_ptr(ring);
+        let (from, to) = (
+            self.ring + (ring * self.ring_slot_bytes) as u64,
+            self.ring_ptr(ring),
+        );
         self.cuda
-            .in_context("cuMemcpyHtoDAsync", || {
-                // SAFETY: the event and stream are this side's, in the primary context.
-                unsafe { sys::cuStreamWaitEvent(self.stream, ready, 0) }.result()?;
-                for (k, bytes) in rows {
-                    // SAFETY: row `k` of the buffer holds `bytes.len()` bytes (the helper
-                    // sized the rows by the same tail) and nothing else writes it now; the
-                    // bytes are staged as the call returns (pageable memory).
+            .in_context("cuMemcpyDtoDAsync", || {
+                // SAFETY: the event and stream are this side's, in the primary context; the
+                // buffer and its copy hold `bytes`, and nothing else uses the copy now (its
+                // last rows were let go before the buffer was named again).
+                unsafe {
+                    sys::cuStreamWaitEvent(self.stream, ready, 0).result()?;
+                    sys::cuMemcpyDtoDAsync_v2(to, from, bytes, self.stream).result()?;
+                }
+                for (k, row) in replaced {
+                    // SAFETY: row `k` of the copy holds `row.len()` bytes (the helper sized
+                    // the rows by the same tail); the bytes are staged as the call returns
+                    // (pageable memory).
                     unsafe {
                         sys::cuMemcpyHtoDAsync_v2(
-                            base + (k * bytes.len()) as u64,
-                            bytes.as_ptr().cast(),
-                            bytes.len(),
+                            to + (k * row.len()) as u64,
+                            row.as_ptr().cast(),
+                            row.len(),
                             self.stream,
                         )
                     }
                     .result()?;
                 }
                 // SAFETY: as above.
-                unsafe { result::event::record(replaced, self.stream) }?;
-                Ok(replaced)
+                unsafe {
+                    result::event::record(copied, self.stream)?;
+                    result::event::synchronize(copied)?;
+                }
+                Ok(copied)
             })
-            .map_err(cuda_error("replacing the helper's rows"))
+            .map_err(cuda_error("copying the helper's rows"))
     }
 
-    /// Buffer `ring`'s ready event.
-    fn ready(&self, ring: usize) -> Option<sys::CUevent> {
-        self.ready.get(ring).copied()
+    /// Buffer `ring`'s event its copy here was done by.
+    fn copied(&self, ring: usize) -> Option<sys::CUevent> {
+        self.copied.get(ring).copied()
     }
 }
 
@@ -182,16 +210,16 @@ impl Drop for DeviceSide {
     fn drop(&mut self) {
         self.close_ring();
         let stream = self.stream;
-        let events: Vec<sys::CUevent> = self
-            .ready
-            .drain(..)
-            .chain(self.replaced.drain(..))
-            .collect();
+        let events: Vec<sys::CUevent> = self.ready.drain(..).chain(self.copied.drain(..)).collect();
+        let own = self.own;
         let _ = self.cuda.in_context("cuEventDestroy", || {
             // SAFETY: this side's own objects, used by no one now.
             unsafe {
                 if !stream.is_null() {
                     let _ = result::stream::destroy(stream);
+                }
+                if own != 0 {
+                    let _ = result::free_sync(own);
                 }
                 for event in events {
                     let _ = sys::cuEventDestroy_v2(event);
@@ -211,8 +239,6 @@ pub(super) struct HelperRows {
     pub(super) height: u32,
     pub(super) width: u32,
     pub(super) tail: RowTail,
-    /// The loader's own copies over some rows, when there were any.
-    pub(super) replaced: Option<sys::CUevent>,
 }
 
 // SAFETY: event handles and device addresses may be used from any thread.
@@ -236,13 +262,13 @@ impl HelperRows {
             .ok_or_else(|| "the helper's rows have no device side".to_string())
     }
 
-    /// The events the rows are ready by.
+    /// The event the rows' copy here was done by (passed before they were handed out).
     fn events(&self) -> Result<Vec<sys::CUevent>, String> {
         let side = self.side()?;
-        let ready = side
-            .ready(self.ring)
-            .ok_or_else(|| format!("no ready event for output buffer {}", self.ring))?;
-        Ok(std::iter::once(ready).chain(self.replaced).collect())
+        let copied = side
+            .copied(self.ring)
+            .ok_or_else(|| format!("no event for output buffer {}", self.ring))?;
+        Ok(vec![copied])
     }
 }
 
@@ -280,8 +306,8 @@ impl stoker_loader::LaneRows for HelperRows {
 
     unsafe fn wait_on(&self, stream: usize) -> Result<(), String> {
         let events = self.events()?;
-        // SAFETY: the events are open here and recorded before the batch was answered; the
-        // stream is of the primary context, as the caller promises.
+        // SAFETY: the event is this side's and was recorded (and passed) before the batch was
+        // handed out; the stream is of the primary context, as the caller promises.
         unsafe { self.side()?.cuda.stream_wait(stream, &events) }.map_err(|e| e.to_string())
     }
 
@@ -295,17 +321,9 @@ impl stoker_loader::LaneRows for HelperRows {
 }
 
 impl Drop for HelperRows {
-    /// Gives the buffer back to the lane once the work writing it is done (a batch dropped
-    /// unread may go before its copies ran).
+    /// Gives the buffer back to the lane: its copy here was done before the rows were handed
+    /// out, and their readers are fenced (`keep_until`) or gone.
     fn drop(&mut self) {
-        if let Ok(events) = self.events() {
-            for event in events {
-                // SAFETY: an event open here, recorded before the batch was answered.
-                if let Err(error) = unsafe { result::event::synchronize(event) } {
-                    tracing::warn!(error = %describe(error), "waiting for the helper's rows before reusing their buffer");
-                }
-            }
-        }
         self.lane.put_ring(self.ring);
     }
 }
