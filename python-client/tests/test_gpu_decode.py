@@ -540,8 +540,9 @@ def test_the_lane_in_a_helper_process_gives_the_lanes_batches_and_its_kill_costs
     torch: Any, dataset: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """``STOKER_GPU_DECODE_HELPER`` naming ``stoker-lane-helper`` runs the lane in a process of
-    its own: its rows reach this process through CUDA IPC (buffers and events), and the batches
-    are the in-process lane's bit for bit (the same nvJPEG and kernel). Killed mid-epoch, the
+    its own: its rows reach this process through CUDA IPC (buffers and events, copied here as
+    each answer comes), and the batches are the in-process lane's bit for bit (the same nvJPEG
+    and kernel); places its decode left unwritten are replaced by the CPU's. Killed mid-epoch, the
     helper costs the run nothing: every batch is the lane's or the CPU's, the last ones the
     CPU's, this process's CUDA context still works, and ``stats()`` names the loss."""
     import signal
@@ -556,6 +557,15 @@ def test_the_lane_in_a_helper_process_gives_the_lanes_batches_and_its_kill_costs
     for (a, a_labels), (b, b_labels) in zip(in_process, helped, strict=True):
         np.testing.assert_array_equal(a, b)
         np.testing.assert_array_equal(a_labels, b_labels)
+    # Places the helper's decode left unwritten (the fault hook, in the helper's environment)
+    # come back as device rows the CPU's replace: put over the copy here, the CPU's bit for bit.
+    monkeypatch.setenv("STOKER_GPU_DECODE_FAULT_EVERY", "1")
+    faulted, stats = device_epoch(dataset, "gpu")
+    monkeypatch.delenv("STOKER_GPU_DECODE_FAULT_EVERY")
+    lane = stats["gpu_decode"]
+    assert lane["rows"] == 0 and lane["fallback_rows"] > 0, lane
+    for (a, _), (b, _) in zip(cpu, faulted, strict=True):
+        np.testing.assert_array_equal(a, b)
 
     options = {
         "pipeline": train_pipeline(),
