@@ -130,6 +130,7 @@ fn start_lane(start: &HelperStart) -> Result<(GpuLane, HelperReply), String> {
             memory_bytes: figures.memory_bytes,
             memory_cap: figures.memory_cap,
             rows_dtype: lane.rows_tail().element.name().into(),
+            staging_bytes: lane.staging_bytes() as u64,
         })),
     };
     Ok((lane, reply))

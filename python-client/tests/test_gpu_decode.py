@@ -347,7 +347,7 @@ def test_the_lanes_page_locked_memory_stays_within_the_pinned_budget(
 ) -> None:
     """The lane's staging and nvJPEG's pinned buffers count against ``pinned_memory_budget``
     beside the slots: what both hold stays within it, and slots that do not fit beside the
-    lane are refused by name."""
+    lane are refused by name; in the helper process, its staging is reserved here alike."""
     budget = 256 << 20
     _, stats = device_epoch(dataset, "gpu", pinned_memory_budget=budget)
     lane = stats["gpu_decode"]
@@ -361,6 +361,15 @@ def test_the_lanes_page_locked_memory_stays_within_the_pinned_budget(
     beside_the_lane = "held by its other loaders and GPU decode lanes"
     with pytest.raises(stoker.GpuUnavailableError, match=beside_the_lane):
         device_epoch(dataset, "gpu", pinned_memory_budget=lane["staging_bytes"])
+    # The lane in its helper process: the helper's staging is reserved here the same way.
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("STOKER_GPU_DECODE_HELPER", str(daemon_binary("stoker-lane-helper")))
+        _, stats = device_epoch(dataset, "gpu", pinned_memory_budget=budget)
+        assert stats["gpu_decode"]["staging_bytes"] == lane["staging_bytes"], stats
+        with pytest.raises(stoker.GpuUnavailableError, match=beside_the_lane):
+            device_epoch(dataset, "gpu", pinned_memory_budget=lane["staging_bytes"])
+        with pytest.raises(stoker.GpuUnavailableError, match="does not fit in the pinned"):
+            device_epoch(dataset, "gpu", pinned_memory_budget=lane["staging_bytes"] - 1)
 
 
 @pytest.mark.gpu
@@ -553,7 +562,7 @@ def test_the_lane_in_a_helper_process_gives_the_lanes_batches_and_its_kill_costs
     helped, stats = device_epoch(dataset, "gpu")
     lane = stats["gpu_decode"]
     assert lane["helper"]["on_device"] and lane["helper"]["lost"] is None, lane
-    assert lane["rows"] > 0, lane
+    assert lane["rows"] > 0 and lane["staging_bytes"] > 0, lane
     for (a, a_labels), (b, b_labels) in zip(in_process, helped, strict=True):
         np.testing.assert_array_equal(a, b)
         np.testing.assert_array_equal(a_labels, b_labels)

@@ -11,7 +11,7 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 use crossbeam_channel::Sender;
-use stoker_loader::{Built, Error, LaneRows, Slot};
+use stoker_loader::{Built, Error, LaneRows, PinnedShare, Slot};
 use stoker_pipeline::{AssembledBatch, Job};
 use stoker_proto::v1::{HelperBuilt, HelperStarted};
 
@@ -65,6 +65,8 @@ pub(super) struct Inner {
     /// The helper's time on the batches it answered.
     pub(super) busy_ns: AtomicU64,
     pub(super) answer_timeout: Duration,
+    /// The helper's page-locked staging, reserved within this process's pinned budget.
+    pub(super) _pinned: Option<PinnedShare>,
 }
 
 /// The buffer of a batch taken while the helper is lost: none (the batch is built on the CPU).

@@ -23,7 +23,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use stoker_dashboard::GpuDecodeFigures;
-use stoker_loader::{DecodeLane, EmbeddedStep};
+use stoker_loader::{DecodeLane, EmbeddedStep, PinnedShare};
 use stoker_pipeline::Job;
 use stoker_proto::v1::{helper_request, HelperRequest, HelperRows};
 
@@ -146,6 +146,27 @@ impl HelperLane {
             answers: stdout,
             started,
         } = spawn(options, helper, (height, width), batch_size, &tail)?;
+        // The helper's page-locked staging is reserved within this process's pinned budget,
+        // as the lane's own would be.
+        let pinned = match options.pinned_budget {
+            Some(budget) if started.staging_bytes > 0 => {
+                match PinnedShare::take(started.staging_bytes, budget) {
+                    Ok(share) => Some(share),
+                    Err(held) => {
+                        return Err(failed(
+                            &mut child,
+                            format!(
+                                "its page-locked staging ({} bytes) does not fit in the pinned \
+                                 memory budget of {budget} bytes for this process ({held} held \
+                                 by its loaders and lanes)",
+                                started.staging_bytes
+                            ),
+                        ))
+                    }
+                }
+            }
+            _ => None,
+        };
         let device = match started.device {
             false => None,
             true => match open_device(options.device, &started) {
@@ -188,6 +209,7 @@ impl HelperLane {
             busy_ns: AtomicU64::new(0),
             answer_timeout: helper.answer_timeout,
             started,
+            _pinned: pinned,
         });
         let lane = HelperLane {
             inner: Arc::clone(&inner),
@@ -233,6 +255,12 @@ impl HelperLane {
     /// one is set, and it sends every image back).
     pub fn on_device(&self) -> bool {
         self.inner.started.device
+    }
+
+    /// Page-locked bytes the helper's lane took as it started, reserved within this process's
+    /// pinned budget.
+    pub fn staging_bytes(&self) -> u64 {
+        self.inner.started.staging_bytes
     }
 
     /// Whether the helper's decoders use the hardware engines.
