@@ -80,6 +80,9 @@ pub struct GpuDecodeFigures {
     pub memory_cap: u64,
     /// Whether the hardware JPEG engines decode (else nvJPEG's default backend).
     pub hardware: bool,
+    /// Why the lane builds no rows any more (its helper process lost), every row then built
+    /// by the decode threads; `None` while it runs.
+    pub lost: Option<String>,
 }
 
 /// Why the target depth last changed.

@@ -550,6 +550,7 @@ mod tests {
             memory_bytes: 700 << 20,
             memory_cap: 1 << 30,
             hardware: true,
+            lost: None,
         };
         let latest = Arc::new(Mutex::new(MonitorSnapshot::default()));
         latest.lock().unwrap().stats.gpu_decode = Some(figures.clone());
@@ -563,6 +564,7 @@ mod tests {
         );
         let json = serde_json::to_value(job.points.back().unwrap()).unwrap();
         assert_eq!(json["gpu_decode"]["split_pct"], 62.5);
+        assert!(json["gpu_decode"]["lost"].is_null());
         let text = super::super::metrics::render(&registry);
         for line in [
             "stoker_gpu_decode_share_ratio{job=\"lane\",rank=\"0\"} 0.625",

@@ -124,7 +124,7 @@ fn dechunk(mut data: &[u8]) -> Vec<u8> {
     }
 }
 
-fn get_json(address: SocketAddr, path: &str) -> Value {
+pub(crate) fn get_json(address: SocketAddr, path: &str) -> Value {
     let response = http_get(address, path);
     assert_eq!(response.status, 200, "{path}: {}", response.body);
     assert!(
@@ -211,7 +211,7 @@ impl Drop for Demo {
 }
 
 /// Runs a command, killing it if it outlives `limit`.
-fn run_with_limit(command: &mut Command, limit: Duration) -> Output {
+pub(crate) fn run_with_limit(command: &mut Command, limit: Duration) -> Output {
     let mut child = command
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -260,7 +260,7 @@ fn chromium() -> &'static str {
 
 /// Chromium with a fresh profile, no network beyond the URL it is given, and virtual time so
 /// the page's 1 s polls run without the test waiting for them.
-fn headless(profile: &Path) -> Command {
+pub(crate) fn headless(profile: &Path) -> Command {
     let mut command = Command::new(chromium());
     command
         .args([
@@ -307,7 +307,7 @@ fn tag_with_id<'a>(dom: &'a str, id: &str) -> &'a str {
 }
 
 /// The text of the element with `id` (a leaf element), entities decoded.
-fn text_of(dom: &str, id: &str) -> String {
+pub(crate) fn text_of(dom: &str, id: &str) -> String {
     let tag = tag_with_id(dom, id);
     let start = dom.find(tag).unwrap() + tag.len();
     let end = start + dom[start..].find('<').unwrap();

@@ -100,6 +100,7 @@ fn a_helper_without_a_device_gives_the_cpus_batches_and_ends_with_the_loader() {
     assert_eq!(load(&stats.gpu_rows), 0);
     let figures = loader.stats().gpu_decode.expect("the lane's figures");
     assert_eq!((figures.split_pct, figures.gpu_rows), (100.0, 0));
+    assert_eq!(figures.lost, None);
     let pid = helper.pid() as i32;
     drop(helper);
     drop(loader);
@@ -147,6 +148,47 @@ fn a_killed_helper_costs_the_run_nothing() {
     let helper = starter.helper().unwrap();
     let lost = helper.lost().expect("the helper is known lost");
     assert!(lost.contains("signal: 9"), "{lost}");
+    // The loader's figures, which its monitor and the dashboard read, say so too.
+    let figures = loader.stats().gpu_decode.expect("the lane's figures");
+    assert_eq!(figures.lost.as_deref(), Some(lost.as_str()));
+    let monitored = loader.monitor().snapshot().stats.gpu_decode;
+    assert_eq!(monitored.and_then(|f| f.lost), Some(lost.clone()));
+    // The dashboard's page names it beside the lane's figures.
+    let dashboard = stoker_loader::Dashboard::start("127.0.0.1:0".parse().unwrap()).unwrap();
+    dashboard.register_job("lane", 0, loader.monitor());
+    let address = dashboard.local_addr();
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    let key = loop {
+        let jobs = crate::dashboard::get_json(address, "/api/jobs");
+        let job = &jobs["jobs"][0];
+        if job["current"]["gpu_decode"]["lost"].as_str() == Some(lost.as_str()) {
+            break job["key"].as_str().unwrap().to_string();
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no lost lane in {jobs}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    let profile = tempfile::tempdir().unwrap();
+    let dump = crate::dashboard::run_with_limit(
+        crate::dashboard::headless(profile.path())
+            .arg("--dump-dom")
+            .arg(format!("http://{address}/")),
+        Duration::from_secs(90),
+    );
+    assert!(
+        dump.status.success(),
+        "{}",
+        String::from_utf8_lossy(&dump.stderr)
+    );
+    let dom = String::from_utf8(dump.stdout).unwrap();
+    let shown = crate::dashboard::text_of(&dom, &format!("job-{key}-decode"));
+    assert!(
+        shown.contains("lost (") && shown.contains("signal: 9"),
+        "{shown}"
+    );
+    drop(dashboard);
     // Later epochs are built on the CPU from the start.
     assert_eq!(digest(&whole_epoch(&loader, 1)), digest(&expected[1]));
 }

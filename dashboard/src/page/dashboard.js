@@ -151,7 +151,8 @@ function updateFigures(job) {
       `${fixed(d.split_pct, 1)}% of each batch offered \u00b7 GPU ${fixed(d.gpu_rows_per_s, 0)} ` +
       `rows/s \u00b7 CPU threads ${fixed(d.cpu_rows_per_s, 0)} rows/s \u00b7 ` +
       `${d.declined_rows} rows left to the CPU \u00b7 memory ` +
-      `${fixed(d.memory_bytes / 1048576, 0)} of ${fixed(d.memory_cap / 1048576, 0)} MiB`;
+      `${fixed(d.memory_bytes / 1048576, 0)} of ${fixed(d.memory_cap / 1048576, 0)} MiB` +
+      (d.lost ? ` \u00b7 lost (${d.lost}): every row on the CPU threads` : "");
   } else {
     decode.hidden = true;
   }

@@ -279,7 +279,7 @@ impl HelperLane {
     }
 
     /// The lane's figures now (its memory: the helper's, and this process's copy of the
-    /// helper's output buffers beside the cap).
+    /// helper's output buffers beside the cap; why the helper was lost, once it was).
     pub fn figures(&self) -> GpuDecodeFigures {
         let inner = &self.inner;
         let started = &inner.started;
@@ -288,12 +288,14 @@ impl HelperLane {
             .device
             .as_ref()
             .map_or(0, |side| side.own_bytes() as u64);
-        inner.stats.figures(
+        let mut figures = inner.stats.figures(
             inner.mode,
             &inner.splits,
             (started.memory_bytes + copy, started.memory_cap),
             started.hardware,
-        )
+        );
+        figures.lost = lock(&inner.lost).clone();
+        figures
     }
 
     /// Stops the lane: batches still waiting fail as stopped, and the helper's stdin is closed

@@ -68,6 +68,7 @@ impl LaneStats {
             memory_bytes,
             memory_cap,
             hardware,
+            lost: None,
         }
     }
 
