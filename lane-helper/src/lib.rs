@@ -248,13 +248,13 @@ fn serve_lane(
     served.and(written)
 }
 
-/// The writer's thread: each finished batch's answer, its declined images added.
+/// The writer's thread: each finished batch's answer, its declined images added, on `output`
+/// (buffered by [`serve`]; each message is flushed as it is written).
 fn write_answers(
-    output: impl Write,
+    mut output: impl Write,
     answered: &crossbeam_channel::Receiver<RowsBuilt>,
     declined: &Mutex<HashMap<u64, Vec<HelperCpuRow>>>,
 ) -> Result<(), HelperError> {
-    let mut output = BufWriter::with_capacity(1 << 16, output);
     for built in answered {
         let mut cpu = lock(declined).remove(&built.id).unwrap_or_default();
         cpu.extend(

@@ -117,6 +117,18 @@ fn a_start_it_cannot_serve_is_answered_with_why() {
     let answer = started(&mut child);
     assert!(answer.error.contains("protocol"), "{}", answer.error);
     assert_eq!(ended(child).0, Some(0));
+    // Green contexts are not served, said before any device is touched.
+    let mut child = helper(&[("STOKER_GPU_DECODE_SMS", "16")]);
+    write_message(child.stdin.as_mut().unwrap(), &start(HELPER_PROTOCOL)).unwrap();
+    let answer = started(&mut child);
+    assert!(
+        answer
+            .error
+            .contains("STOKER_GPU_DECODE_SMS does not apply"),
+        "{}",
+        answer.error
+    );
+    assert_eq!(ended(child).0, Some(0));
     // No device to run on, on any machine: CUDA sees none.
     let mut child = helper(&[("CUDA_VISIBLE_DEVICES", "")]);
     write_message(child.stdin.as_mut().unwrap(), &start(HELPER_PROTOCOL)).unwrap();

@@ -16,12 +16,9 @@ use stoker_pipeline::{AssembledBatch, Job};
 use stoker_proto::v1::{HelperBuilt, HelperStarted};
 
 use super::rows::{DeviceSide, HelperRows as Rows};
-use crate::decode::lane::{as_device_row, CpuRow, CpuRows, LaneStats};
-use crate::decode::{DecodeMode, RowTail, SplitSchedule};
-
-pub(super) fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    mutex.lock().unwrap_or_else(|p| p.into_inner())
-}
+pub(super) use crate::decode::lane::lock;
+use crate::decode::lane::{as_device_row, CpuRow, CpuRows, LaneSplit, LaneStats};
+use crate::decode::RowTail;
 
 /// A batch sent to the helper, waiting for its answer.
 pub(super) struct Pending {
@@ -41,9 +38,9 @@ pub(super) struct Pending {
 
 /// What the lane's threads share with its rows.
 pub(super) struct Inner {
-    pub(super) mode: DecodeMode,
+    /// The share of each step offered to the lane.
+    pub(super) split: LaneSplit,
     pub(super) stats: Arc<LaneStats>,
-    pub(super) splits: Mutex<SplitSchedule>,
     pub(super) started: HelperStarted,
     pub(super) tail: RowTail,
     /// Output rows' (width, height) and the slot's bytes per row.

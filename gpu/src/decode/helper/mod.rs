@@ -27,9 +27,8 @@ use stoker_loader::{DecodeLane, EmbeddedStep, PinnedShare};
 use stoker_pipeline::Job;
 use stoker_proto::v1::{helper_request, HelperRequest, HelperRows};
 
-use super::lane::{CpuRow, LaneDiverter, LaneStats};
-use super::{pinned_split, DecodeMode, GpuDecodeError, GpuDecodeOptions, RowTail, SplitSchedule};
-use super::{LaneTask, SPLIT_PIN_VARIABLE};
+use super::lane::{CpuRow, LaneDiverter, LaneSplit, LaneStats};
+use super::{GpuDecodeError, GpuDecodeOptions, LaneTask, RowTail};
 use inner::{lock, Inner, Pending, NO_RING};
 use process::{failed, open_device, read_answers, spawn, watch_answers, Spawned};
 use wire::{image_message, write_message};
@@ -188,11 +187,8 @@ impl HelperLane {
             "the GPU decode lane's helper process started"
         );
         let inner = Arc::new(Inner {
-            mode: options.mode,
+            split: LaneSplit::new(options.mode),
             stats: Arc::new(LaneStats::default()),
-            splits: Mutex::new(SplitSchedule::new(pinned_split(
-                std::env::var(SPLIT_PIN_VARIABLE).ok().as_deref(),
-            ))),
             tail,
             out: (width, height),
             row_bytes,
@@ -288,9 +284,8 @@ impl HelperLane {
             .device
             .as_ref()
             .map_or(0, |side| side.own_bytes() as u64);
-        let mut figures = inner.stats.figures(
-            inner.mode,
-            &inner.splits,
+        let mut figures = inner.split.figures(
+            &inner.stats,
             (started.memory_bytes + copy, started.memory_cap),
             started.hardware,
         );
@@ -414,11 +409,7 @@ impl super::backend::StepLane for HelperLane {
     }
 
     fn note_cpu(&self, rows: usize, busy: Duration) {
-        let stats = &self.inner.stats;
-        stats.cpu_rows.fetch_add(rows as u64, Ordering::Relaxed);
-        stats
-            .cpu_busy_ns
-            .fetch_add(busy.as_nanos() as u64, Ordering::Relaxed);
+        self.inner.stats.note_cpu(rows, busy);
     }
 
     fn take_ring(&self) -> Option<usize> {
@@ -432,10 +423,7 @@ impl super::backend::StepLane for HelperLane {
 
 impl DecodeLane for HelperLane {
     fn split_at(&self, epoch: u64, step: u64) -> u8 {
-        if self.inner.mode == DecodeMode::Gpu {
-            return 16;
-        }
-        lock(&self.inner.splits).split_at(epoch, step, self.inner.stats.counts())
+        self.inner.split.split_at(epoch, step, &self.inner.stats)
     }
 
     fn build(&self, pool: &rayon::ThreadPool, step: EmbeddedStep, sixteenths: u8) {
@@ -445,13 +433,11 @@ impl DecodeLane for HelperLane {
     }
 
     fn note_delivered(&self, epoch: u64, step: u64, rows: usize, interval: Duration) {
-        if self.inner.mode == DecodeMode::Auto {
-            lock(&self.inner.splits).note_delivered(epoch, step, rows, interval.as_nanos() as u64);
-        }
+        self.inner.split.note_delivered(epoch, step, rows, interval);
     }
 
     fn set_split(&self, epoch: u64, step: u64, sixteenths: u8) -> bool {
-        lock(&self.inner.splits).set(epoch, step, sixteenths)
+        self.inner.split.set(epoch, step, sixteenths)
     }
 
     fn figures(&self) -> GpuDecodeFigures {
@@ -503,6 +489,14 @@ mod tests {
         assert!(wrong.contains("not a file"), "{wrong}");
         std::fs::remove_dir_all(beside).unwrap();
         std::fs::remove_dir_all(on_path).unwrap();
+    }
+
+    #[test]
+    fn a_helper_is_given_a_minute_to_answer_and_two_to_start() {
+        let options = HelperOptions::new(PathBuf::from("helper"));
+        assert_eq!(options.answer_timeout, Duration::from_secs(60));
+        assert_eq!(options.start_timeout, Duration::from_secs(120));
+        assert!(options.env.is_empty());
     }
 
     /// A fresh folder of this test's under the temporary folder.

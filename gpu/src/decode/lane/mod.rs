@@ -31,7 +31,7 @@ use stoker_pipeline::{AssembledBatch, DivertedImage, ImageDiverter, Job};
 
 use super::jpeg_scan::{scan, Decline, Frame};
 use super::nvjpeg::Budget;
-use super::{gpu_row, DecodeMode, GpuDecodeError, LaneCounts, RowTail, SplitSchedule};
+use super::{gpu_row, DecodeMode, GpuDecodeError, LaneCounts, RowTail};
 use crate::cuda::{describe, Cuda};
 use stoker_dashboard::GpuDecodeFigures;
 use stoker_loader::{Built, Error, Slot};
@@ -44,6 +44,7 @@ pub(crate) use serve::handle_chars;
 pub use serve::{RowsBuilt, RowsTask, ServedHandles, IPC_HANDLE_BYTES};
 pub(crate) use start::image_rows_of;
 use stats::add_since;
+pub(crate) use stats::LaneSplit;
 pub use stats::LaneStats;
 
 /// Pipes (streams with their own decode state and arena, used in turn) unless
@@ -73,7 +74,9 @@ fn pipe_count(asked: Option<&str>) -> usize {
 /// Alignment of each decoded image in an arena.
 const ALIGN: usize = 256;
 
-fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+/// `mutex`'s guard, a poisoned lock taken as it is (what it guards stays consistent between
+/// statements).
+pub(crate) fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     mutex.lock().unwrap_or_else(|p| p.into_inner())
 }
 
@@ -94,8 +97,8 @@ struct Shared {
     budgets: Vec<Arc<Budget>>,
     /// Page-locked bytes the pipes allocated as they started.
     host_bytes: usize,
-    mode: DecodeMode,
-    splits: Mutex<SplitSchedule>,
+    /// The share of each step offered to the lane.
+    split: LaneSplit,
     hardware: bool,
     /// What the kernel makes of the rows ([`RowTail::BYTES`] unless the tail is fused).
     tail: RowTail,
@@ -266,9 +269,8 @@ fn figures_of(shared: &Shared) -> GpuDecodeFigures {
             .iter()
             .map(|b| b.device.load(Ordering::Relaxed))
             .sum::<usize>();
-    shared.stats.figures(
-        shared.mode,
-        &shared.splits,
+    shared.split.figures(
+        &shared.stats,
         (held as u64, shared.memory.cap() as u64),
         shared.hardware,
     )
@@ -284,7 +286,7 @@ pub struct GpuLane {
 impl std::fmt::Debug for GpuLane {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("GpuLane")
-            .field("mode", &self.shared.mode)
+            .field("mode", &self.shared.split.mode())
             .field("hardware", &self.shared.hardware)
             .finish_non_exhaustive()
     }
@@ -296,31 +298,28 @@ impl GpuLane {
     /// else decided when a step of the point is first asked for (the producer, as it starts
     /// the step, or the loader's state), from what the lanes did before, and then kept.
     pub fn split_at(&self, epoch: u64, step: u64) -> u8 {
-        if self.shared.mode == DecodeMode::Gpu {
-            return 16;
-        }
-        lock(&self.shared.splits).split_at(epoch, step, self.shared.stats.counts())
+        self.shared.split.split_at(epoch, step, &self.shared.stats)
     }
 
     /// Counts a batch of `rows` rows, step `step` of `epoch`, handed to the training loop
     /// `interval` after the one before: what `auto`'s later decisions compare, for the split
     /// the step was built with.
     pub fn note_delivered(&self, epoch: u64, step: u64, rows: usize, interval: Duration) {
-        if self.shared.mode == DecodeMode::Auto {
-            lock(&self.shared.splits).note_delivered(epoch, step, rows, interval.as_nanos() as u64);
-        }
+        self.shared
+            .split
+            .note_delivered(epoch, step, rows, interval);
     }
 
     /// Sets the GPU's share of the point step `step` of `epoch` is in (a resumed run's, saved
     /// with its state); returns whether batches built ahead may carry another share (see
     /// `SplitSchedule::set`).
     pub fn set_split(&self, epoch: u64, step: u64, sixteenths: u8) -> bool {
-        lock(&self.shared.splits).set(epoch, step, sixteenths)
+        self.shared.split.set(epoch, step, sixteenths)
     }
 
     /// The mode asked for.
     pub fn mode(&self) -> DecodeMode {
-        self.shared.mode
+        self.shared.split.mode()
     }
 
     /// Whether the hardware engines decode (else nvJPEG's default backend).
@@ -415,11 +414,7 @@ impl GpuLane {
 
     /// Counts `rows` built by the decode threads in `busy` for a batch the lane also worked on.
     pub fn note_cpu(&self, rows: usize, busy: Duration) {
-        let stats = &self.shared.stats;
-        stats.cpu_rows.fetch_add(rows as u64, Ordering::Relaxed);
-        stats
-            .cpu_busy_ns
-            .fetch_add(busy.as_nanos() as u64, Ordering::Relaxed);
+        self.shared.stats.note_cpu(rows, busy);
     }
 
     /// Queues a batch for the lane; waits while the lane already has one queued. After

@@ -7,11 +7,10 @@ use stoker_pipeline::{Job, Pipeline};
 
 use super::pipe::{run, Pipe, Place};
 use super::serve::ReadyEvents;
-use super::{pipe_count, GpuLane, LaneMemory, LaneStats, Shared};
+use super::{pipe_count, GpuLane, LaneMemory, LaneSplit, LaneStats, Shared};
 use crate::cuda::{sms_asked, Cuda, GREEN_SMS_VARIABLE};
 use crate::decode::{
-    fused_tail_asked, pinned_split, GpuDecodeError, GpuDecodeOptions, RowTail, SplitSchedule,
-    FUSED_TAIL_VARIABLE, SPLIT_PIN_VARIABLE,
+    fused_tail_asked, GpuDecodeError, GpuDecodeOptions, RowTail, FUSED_TAIL_VARIABLE,
 };
 
 /// The image pipeline of a job the lane can build rows of: one image source whose CPU output is
@@ -139,10 +138,7 @@ impl GpuLane {
             stats,
             budgets: pipes.iter().map(|pipe| pipe.decoder.budget()).collect(),
             host_bytes: pipes.iter().map(|pipe| pipe.host_bytes()).sum(),
-            mode: options.mode,
-            splits: Mutex::new(SplitSchedule::new(pinned_split(
-                std::env::var(SPLIT_PIN_VARIABLE).ok().as_deref(),
-            ))),
+            split: LaneSplit::new(options.mode),
             hardware: pipes[0].decoder.hardware(),
             tail,
             closed: std::sync::atomic::AtomicBool::new(false),

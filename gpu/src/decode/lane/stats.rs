@@ -1,14 +1,16 @@
 //! What the lane counted: rows by where they were built, its busy time and the decode threads'
-//! beside it (what `auto`'s decisions read), and where its threads spent their time.
+//! beside it (what `auto`'s decisions read), and where its threads spent their time; and the
+//! share of each step it is offered ([`LaneSplit`]), the same for the lane in this process and
+//! in its helper process.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use stoker_dashboard::GpuDecodeFigures;
 
 use super::{lock, LaneCounts};
-use crate::decode::{DecodeMode, SplitSchedule, AUTO_START};
+use crate::decode::{pinned_split, DecodeMode, SplitSchedule, AUTO_START, SPLIT_PIN_VARIABLE};
 
 /// What the lane counted so far.
 #[derive(Debug, Default)]
@@ -45,31 +47,85 @@ pub(super) fn add_since(counter: &AtomicU64, since: Instant) {
     counter.fetch_add(since.elapsed().as_nanos() as u64, Ordering::Relaxed);
 }
 
-impl LaneStats {
-    /// The lane's figures: these counts, the split in effect under `mode` (the latest of
-    /// `splits` under `"auto"`), and the lane's device memory (held, cap) and engines.
+/// The share of each step a lane is offered: always all under `"gpu"`, and under `"auto"` the
+/// share `SplitSchedule` decides at each point from the lanes' counts (held by
+/// `STOKER_GPU_DECODE_SPLIT` when it pins one).
+#[derive(Debug)]
+pub(crate) struct LaneSplit {
+    mode: DecodeMode,
+    splits: Mutex<SplitSchedule>,
+}
+
+impl LaneSplit {
+    /// The split of a lane in `mode`.
+    pub(crate) fn new(mode: DecodeMode) -> LaneSplit {
+        LaneSplit {
+            mode,
+            splits: Mutex::new(SplitSchedule::new(pinned_split(
+                std::env::var(SPLIT_PIN_VARIABLE).ok().as_deref(),
+            ))),
+        }
+    }
+
+    /// The mode asked for.
+    pub(crate) fn mode(&self) -> DecodeMode {
+        self.mode
+    }
+
+    /// The lane's share of step `step` of `epoch`, in sixteenths: `gpu` mode always 16; `auto`
+    /// the share of the point the step is in, decided from `stats` when first asked.
+    pub(crate) fn split_at(&self, epoch: u64, step: u64, stats: &LaneStats) -> u8 {
+        if self.mode == DecodeMode::Gpu {
+            return 16;
+        }
+        lock(&self.splits).split_at(epoch, step, stats.counts())
+    }
+
+    /// Counts a batch of `rows` rows, step `step` of `epoch`, handed out `interval` after the
+    /// one before (what `auto`'s later decisions compare).
+    pub(crate) fn note_delivered(&self, epoch: u64, step: u64, rows: usize, interval: Duration) {
+        if self.mode == DecodeMode::Auto {
+            lock(&self.splits).note_delivered(epoch, step, rows, interval.as_nanos() as u64);
+        }
+    }
+
+    /// Sets the share of the point step `step` of `epoch` is in (see `SplitSchedule::set`).
+    pub(crate) fn set(&self, epoch: u64, step: u64, sixteenths: u8) -> bool {
+        lock(&self.splits).set(epoch, step, sixteenths)
+    }
+
+    /// The lane's figures: `stats`, the split in effect (the latest decided under `"auto"`),
+    /// and the lane's device memory (held, cap) and engines.
     pub(crate) fn figures(
         &self,
-        mode: DecodeMode,
-        splits: &Mutex<SplitSchedule>,
+        stats: &LaneStats,
         (memory_bytes, memory_cap): (u64, u64),
         hardware: bool,
     ) -> GpuDecodeFigures {
-        let sixteenths = match mode {
+        let sixteenths = match self.mode {
             DecodeMode::Gpu => 16,
-            _ => lock(splits).latest().unwrap_or(AUTO_START),
+            _ => lock(&self.splits).latest().unwrap_or(AUTO_START),
         };
         GpuDecodeFigures {
             split_pct: f64::from(sixteenths) * 100.0 / 16.0,
-            gpu_rows_per_s: self.gpu_rate(),
-            cpu_rows_per_s: self.cpu_rate(),
-            gpu_rows: self.gpu_rows.load(Ordering::Relaxed),
-            declined_rows: self.declined_rows.load(Ordering::Relaxed),
+            gpu_rows_per_s: stats.gpu_rate(),
+            cpu_rows_per_s: stats.cpu_rate(),
+            gpu_rows: stats.gpu_rows.load(Ordering::Relaxed),
+            declined_rows: stats.declined_rows.load(Ordering::Relaxed),
             memory_bytes,
             memory_cap,
             hardware,
             lost: None,
         }
+    }
+}
+
+impl LaneStats {
+    /// Counts `rows` built by the decode threads in `busy` for a batch the lane also worked on.
+    pub(crate) fn note_cpu(&self, rows: usize, busy: Duration) {
+        self.cpu_rows.fetch_add(rows as u64, Ordering::Relaxed);
+        self.cpu_busy_ns
+            .fetch_add(busy.as_nanos() as u64, Ordering::Relaxed);
     }
 
     /// Rows per second of the GPU lane while it worked.
