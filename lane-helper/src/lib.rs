@@ -10,7 +10,7 @@
 //! the loader's fallback are exercised where there is no GPU.
 
 use std::collections::HashMap;
-use std::io::{BufReader, BufWriter, Read, Write};
+use std::io::{BufReader, BufWriter, IsTerminal, Read, Write};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -37,6 +37,39 @@ pub enum HelperError {
 
 fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     mutex.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// What the helper's command does, with the `arguments` after its name: none are taken (exit
+/// status 2, saying so); the log goes to stderr (`RUST_LOG`, warnings by default, where no
+/// log is set up yet); one loader is served on stdin and stdout ([`serve`]); 0 when its input
+/// ended, 1 when it stopped on an error (said on stderr). `stoker-lane-helper` (this crate's
+/// binary) and the command the Python package installs (through its native module) both run
+/// it.
+pub fn run(arguments: &[std::ffi::OsString]) -> u8 {
+    if !arguments.is_empty() {
+        eprintln!(
+            "stoker-lane-helper takes no arguments: a Stoker loader starts it and speaks to it \
+             over its stdin and stdout (STOKER_GPU_DECODE_HELPER=1)"
+        );
+        return 2;
+    }
+    // Fails only where the process has a log already; that one is kept.
+    let _ = tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal())
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+        )
+        .try_init();
+    match serve(std::io::stdin().lock(), std::io::stdout()) {
+        Ok(()) => 0,
+        Err(error) => {
+            tracing::error!(%error, "the lane's helper stops");
+            eprintln!("stoker-lane-helper: {error}");
+            1
+        }
+    }
 }
 
 /// Serves one loader: its start from `input`, then its batches until `input` ends; answers on

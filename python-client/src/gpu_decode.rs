@@ -121,6 +121,7 @@ fn typestr(element: &str) -> &'static str {
 /// it cannot apply, or a helper process asked for (`STOKER_GPU_DECODE_HELPER`) whose binary is not
 /// found.
 pub fn lane_starter(
+    py: Python<'_>,
     decode: &str,
     pin_device: Option<usize>,
     gpu_memory: usize,
@@ -155,16 +156,7 @@ pub fn lane_starter(
         .map_err(PyValueError::new_err)?,
     };
     // STOKER_GPU_DECODE_HELPER runs the lane in a helper process of its own.
-    let beside = std::env::current_exe()
-        .ok()
-        .and_then(|exe| exe.parent().map(PathBuf::from));
-    let helper = stoker_gpu::helper_asked(
-        std::env::var(stoker_gpu::HELPER_VARIABLE).ok().as_deref(),
-        beside.as_deref(),
-        std::env::var_os("PATH").as_deref(),
-    )
-    .map_err(PyValueError::new_err)?
-    .map(stoker_gpu::HelperOptions::new);
+    let helper = crate::lane_helper::lane_helper(py)?.map(stoker_gpu::HelperOptions::new);
     Ok(Some(Arc::new(StartGpuLane::new(GpuDecodeOptions {
         mode,
         device,

@@ -7,6 +7,7 @@ mod dataset;
 mod errors;
 mod gpu_decode;
 mod image_pipeline;
+mod lane_helper;
 mod mix_order;
 mod native_loader;
 mod ops;
@@ -151,6 +152,8 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("SETTINGS_FIELDS", settings::fields(m.py())?)?;
     m.add_function(wrap_pyfunction!(gpu_decode::gpu_decode_unavailable, m)?)?;
     m.add_function(wrap_pyfunction!(gpu_decode::compile_gpu_kernel, m)?)?;
+    m.add_function(wrap_pyfunction!(lane_helper::lane_helper, m)?)?;
+    m.add_function(wrap_pyfunction!(lane_helper::lane_helper_main, m)?)?;
     m.add_class::<image_pipeline::ImagePipeline>()?;
     m.add_function(wrap_pyfunction!(make_dataset, m)?)?;
     m.add_function(wrap_pyfunction!(cuda_unavailable, m)?)?;

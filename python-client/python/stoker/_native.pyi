@@ -460,6 +460,18 @@ def gpu_decode_unavailable(ordinal: int, library_dirs: list[str] = ...) -> str |
     """None when the GPU decode lane can run on CUDA device ``ordinal`` (driver, nvJPEG of a
     tested version, NVRTC compiling the kernel), else what is missing."""
 
+def lane_helper() -> os.PathLike[str] | None:
+    """The ``stoker-lane-helper`` that ``STOKER_GPU_DECODE_HELPER`` asks loaders to start, or
+    None when it asks for none.
+
+    Raises:
+        ValueError: the binary it names, or for ``1`` finds, is not there.
+    """
+
+def lane_helper_main(arguments: list[str]) -> int:
+    """Runs the helper on this process's stdin and stdout until its input ends; the exit
+    status (2 for any argument)."""
+
 def encode_texts(tokenizer: str, texts: list[str]) -> tuple[list[list[int]], str]:
     """The ids ``tokenizer`` (a ``tokenizer.json``) gives each text as the Tokenize op encodes
     them (no special tokens added), and the ``tokenizers`` line that encoded them: ``"1.0"``, or

@@ -43,6 +43,7 @@ import numpy as np
 
 from stoker import _native
 from stoker._gpu_idle import GpuIdleMeter
+from stoker._lane_helper import lane_helper
 from stoker.errors import GpuUnavailableError
 from stoker.ops import Normalize, Op, ToTensor
 
@@ -51,6 +52,7 @@ __all__ = [
     "DeviceTail",
     "GpuIdleMeter",
     "default_pinned_budget",
+    "lane_helper",
     "parse_device",
     "pin_device",
     "pool_streams",

@@ -83,6 +83,7 @@ impl NativeLoader {
             split,
         } = source;
         let lane = crate::gpu_decode::lane_starter(
+            py,
             &decode,
             settings.pin_device,
             gpu_memory,

@@ -16,7 +16,7 @@ mod rows;
 pub mod wire;
 
 use std::collections::HashMap;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
@@ -33,8 +33,9 @@ use inner::{lock, Inner, Pending, NO_RING};
 use process::{failed, open_device, read_answers, spawn, watch_answers, Spawned};
 use wire::{image_message, write_message};
 
-/// Asks for the lane in a helper process: `1` finds `stoker-lane-helper` beside the running
-/// program or on `PATH`; a path names the binary. Unset, empty or `0`: the lane runs in this
+/// Asks for the lane in a helper process: `1` finds `stoker-lane-helper` where the running
+/// program's installation keeps its commands or on `PATH` ([`helper_asked`]); a path names the
+/// binary. Unset, empty or `0`: the lane runs in this
 /// process.
 pub const HELPER_VARIABLE: &str = "STOKER_GPU_DECODE_HELPER";
 
@@ -67,20 +68,21 @@ impl HelperOptions {
 }
 
 /// The helper binary [`HELPER_VARIABLE`]'s `value` asks for: `None` when it asks for none,
-/// else the binary, or why it cannot be found. `beside` is the running program's folder and
-/// `path` the `PATH` variable, looked in in that order for `1`.
+/// else the binary, or why it cannot be found. For `1` it is looked for in `first` (the folders
+/// the running program's installation puts commands in, in order), then on `path` (the `PATH`
+/// variable).
 pub fn helper_asked(
     value: Option<&str>,
-    beside: Option<&Path>,
+    first: &[PathBuf],
     path: Option<&std::ffi::OsStr>,
 ) -> Result<Option<PathBuf>, String> {
     let value = value.map(str::trim).unwrap_or_default();
     match value {
         "" | "0" => Ok(None),
         "1" => {
-            let folders = beside
-                .map(Path::to_path_buf)
-                .into_iter()
+            let folders = first
+                .iter()
+                .cloned()
                 .chain(path.map(std::env::split_paths).into_iter().flatten());
             folders
                 .map(|folder| folder.join(HELPER_BINARY))
@@ -88,9 +90,10 @@ pub fn helper_asked(
                 .map(Some)
                 .ok_or_else(|| {
                     format!(
-                        "{HELPER_VARIABLE}=1: no {HELPER_BINARY} beside the running program or \
-                         on PATH (build it with `cargo build --release -p stoker-lane-helper`, \
-                         or set {HELPER_VARIABLE} to its path)"
+                        "{HELPER_VARIABLE}=1: no {HELPER_BINARY} where the running program's \
+                         commands are installed or on PATH (`pip install stoker` installs it; \
+                         `cargo build --release -p stoker-lane-helper` builds it; or set \
+                         {HELPER_VARIABLE} to its path)"
                     )
                 })
         }
@@ -458,36 +461,41 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_helper_asked_for_is_found_beside_the_program_then_on_path_or_named() {
+    fn the_helper_asked_for_is_found_where_commands_are_installed_then_on_path_or_named() {
         let beside = tempfile_dir("beside");
+        let scripts = tempfile_dir("scripts");
+        let first = [scripts.clone(), beside.clone()];
         let on_path = tempfile_dir("on-path");
         let path = std::env::join_paths([on_path.as_path()]).unwrap();
         for off in [None, Some(""), Some("0"), Some(" 0 ")] {
-            assert_eq!(
-                helper_asked(off, Some(&beside), Some(&path)),
-                Ok(None),
-                "{off:?}"
-            );
+            assert_eq!(helper_asked(off, &first, Some(&path)), Ok(None), "{off:?}");
         }
-        let missing = helper_asked(Some("1"), Some(&beside), Some(&path)).unwrap_err();
+        let missing = helper_asked(Some("1"), &first, Some(&path)).unwrap_err();
         assert!(missing.contains("no stoker-lane-helper"), "{missing}");
         std::fs::write(on_path.join(HELPER_BINARY), b"").unwrap();
         assert_eq!(
-            helper_asked(Some("1"), Some(&beside), Some(&path)),
+            helper_asked(Some("1"), &first, Some(&path)),
             Ok(Some(on_path.join(HELPER_BINARY)))
         );
         std::fs::write(beside.join(HELPER_BINARY), b"").unwrap();
         assert_eq!(
-            helper_asked(Some("1"), Some(&beside), Some(&path)),
+            helper_asked(Some("1"), &first, Some(&path)),
             Ok(Some(beside.join(HELPER_BINARY))),
-            "beside the program first"
+            "the installation's folders first"
+        );
+        std::fs::write(scripts.join(HELPER_BINARY), b"").unwrap();
+        assert_eq!(
+            helper_asked(Some("1"), &first, Some(&path)),
+            Ok(Some(scripts.join(HELPER_BINARY))),
+            "in their order"
         );
         let named = on_path.join(HELPER_BINARY);
         let text = named.to_string_lossy().into_owned();
-        assert_eq!(helper_asked(Some(&text), None, None), Ok(Some(named)));
-        let wrong = helper_asked(Some("/no/such/helper"), None, None).unwrap_err();
+        assert_eq!(helper_asked(Some(&text), &[], None), Ok(Some(named)));
+        let wrong = helper_asked(Some("/no/such/helper"), &[], None).unwrap_err();
         assert!(wrong.contains("not a file"), "{wrong}");
         std::fs::remove_dir_all(beside).unwrap();
+        std::fs::remove_dir_all(scripts).unwrap();
         std::fs::remove_dir_all(on_path).unwrap();
     }
 
