@@ -41,7 +41,8 @@ fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 
 /// What the helper's command does, with the `arguments` after its name: none are taken (exit
 /// status 2, saying so); the log goes to stderr (`RUST_LOG`, warnings by default, where no
-/// log is set up yet); one loader is served on stdin and stdout ([`serve`]); 0 when its input
+/// log is set up yet); one loader is served on stdin and stdout ([`serve`]; stdout set apart
+/// for the messages, anything else printed going to stderr); 0 when its input
 /// ended, 1 when it stopped on an error (said on stderr). `stoker-lane-helper` (this crate's
 /// binary) and the command the Python package installs (through its native module) both run
 /// it.
@@ -62,13 +63,40 @@ pub fn run(arguments: &[std::ffi::OsString]) -> u8 {
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
         )
         .try_init();
-    match serve(std::io::stdin().lock(), std::io::stdout()) {
+    let output = match protocol_output() {
+        Ok(output) => output,
+        Err(error) => {
+            eprintln!("stoker-lane-helper: setting its output apart: {error}");
+            return 1;
+        }
+    };
+    match serve(std::io::stdin().lock(), output) {
         Ok(()) => 0,
         Err(error) => {
             tracing::error!(%error, "the lane's helper stops");
             eprintln!("stoker-lane-helper: {error}");
             1
         }
+    }
+}
+
+/// The stdout the loader reads, set apart for the messages: they go out on a copy of it, and
+/// stdout itself then points at stderr, so whatever else in the process prints (a library's
+/// message, Python code in the package's command) lands there instead of cutting into them.
+fn protocol_output() -> std::io::Result<std::fs::File> {
+    use std::os::fd::FromRawFd;
+    // SAFETY: plain descriptor calls; the copy is owned by the file made from it alone.
+    unsafe {
+        let messages = libc::fcntl(1, libc::F_DUPFD_CLOEXEC, 3);
+        if messages < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        if libc::dup2(2, 1) < 0 {
+            let error = std::io::Error::last_os_error();
+            libc::close(messages);
+            return Err(error);
+        }
+        Ok(std::fs::File::from_raw_fd(messages))
     }
 }
 
@@ -159,7 +187,7 @@ fn start_lane(start: &HelperStart) -> Result<(GpuLane, HelperReply), String> {
             ring_slots: handles.ring_slots as u32,
             ring_slot_bytes: handles.ring_slot_bytes as u64,
             ring_handle: handles.ring.to_vec().into(),
-            ready_events: handles.ready.iter().map(|h| h.to_vec().into()).collect(),
+            device_uuid: handles.device_uuid.to_vec().into(),
             memory_bytes: figures.memory_bytes,
             memory_cap: figures.memory_cap,
             rows_dtype: lane.rows_tail().element.name().into(),

@@ -10,7 +10,9 @@ from __future__ import annotations
 import os
 import struct
 import subprocess
+import sys
 import sysconfig
+import time
 from pathlib import Path
 
 import pytest
@@ -18,7 +20,7 @@ import pytest
 import stoker.gpu
 
 COMMAND = Path(sysconfig.get_path("scripts")) / "stoker-lane-helper"
-HELPER_PROTOCOL = 1
+HELPER_PROTOCOL = 2  # gpu/src/decode/helper/wire.rs
 
 
 def _varint(value: int) -> bytes:
@@ -174,7 +176,8 @@ def test_the_command_refuses_what_the_binary_refuses() -> None:
     assert refused[0] == [1]
     error = refused[1][0]
     assert isinstance(error, bytes)
-    assert b"the loader speaks the helper's protocol 99, this helper 1" in error
+    expected = f"the loader speaks the helper's protocol {HELPER_PROTOCOL + 98}, this helper "
+    assert (expected + str(HELPER_PROTOCOL)).encode() in error
     code, stderr = _ended(helper)
     assert code == 0, stderr
     # A message out of step ends it with a failure, said on stderr.
@@ -189,3 +192,43 @@ def test_the_command_refuses_what_the_binary_refuses() -> None:
     )
     assert taken.returncode == 2
     assert "stoker-lane-helper takes no arguments" in taken.stderr
+
+
+def test_what_else_the_process_prints_goes_to_stderr_not_into_the_messages(
+    tmp_path: Path,
+) -> None:
+    # The command's process with Python code printing on stdout while the helper serves
+    # (once the helper has answered its start, so after it set stdout apart).
+    flag = tmp_path / "print-now"
+    script = (
+        "import os, sys, threading, time\n"
+        "from stoker import _native\n"
+        "def noise():\n"
+        f"    while not os.path.exists({str(flag)!r}):\n"
+        "        time.sleep(0.001)\n"
+        "    while True:\n"
+        "        print('noise on stdout', flush=True)\n"
+        "        time.sleep(0.001)\n"
+        "threading.Thread(target=noise, daemon=True).start()\n"
+        "raise SystemExit(_native.lane_helper_main([]))\n"
+    )
+    helper = subprocess.Popen(
+        [sys.executable, "-c", script],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env={**os.environ, "STOKER_LANE_HELPER_NO_DEVICE": "1"},
+    )
+    _send(helper, _start(HELPER_PROTOCOL))
+    assert _reply(helper)[0] == [1]
+    flag.touch()
+    time.sleep(0.05)
+    for batch in range(20):
+        _send(helper, _field(2, _field(1, batch) + _field(3, _field(2, 7))))
+        built = _reply(helper)
+        assert built[0] == [2]
+        assert built.get(1, [0]) == [batch]
+        time.sleep(0.002)
+    code, stderr = _ended(helper)
+    assert code == 0, stderr
+    assert "noise on stdout" in stderr

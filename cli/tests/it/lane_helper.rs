@@ -215,6 +215,39 @@ fn a_helper_that_stops_answering_is_stopped_and_its_batches_built_on_the_cpu() {
 }
 
 #[test]
+fn a_loader_dropped_while_its_helper_hangs_ends_the_helper() {
+    let (_dir, spec) = images(64);
+    let mut helper = HelperOptions::new(common::helper_binary());
+    helper.env = vec![(NO_DEVICE_VARIABLE.to_string(), "1".to_string())];
+    helper.end_timeout = Duration::from_secs(1);
+    let starter = starter_of(helper, DecodeMode::Gpu);
+    let loader = loader(&spec, &starter).unwrap();
+    let mut epoch = loader.epoch(0, 0).unwrap();
+    for _ in 0..2 {
+        epoch.next().unwrap().unwrap();
+    }
+    let pid = starter.helper().unwrap().pid() as i32;
+    // SAFETY: a signal to the test's own child process.
+    assert_eq!(unsafe { libc::kill(pid, libc::SIGSTOP) }, 0);
+    // The batches sent to it since wait for answers that do not come (for a minute).
+    std::thread::sleep(Duration::from_millis(300));
+    let dropped = std::time::Instant::now();
+    drop(epoch);
+    drop(loader);
+    assert!(starter.helper().is_none(), "the lane outlived its loader");
+    assert!(
+        dropped.elapsed() < Duration::from_secs(8),
+        "dropping the loader took {:?}",
+        dropped.elapsed()
+    );
+    // Its stdin closed, it did not end within the second it was given: killed and reaped.
+    assert!(
+        !process_exists(pid),
+        "the hung helper {pid} was left behind"
+    );
+}
+
+#[test]
 fn a_helper_that_cannot_start_leaves_auto_on_the_cpu_and_fails_gpu_with_its_reason() {
     let (dir, spec) = images(16);
     let expected = epoch_batches(&spec, 2, 0);

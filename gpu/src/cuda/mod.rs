@@ -363,6 +363,16 @@ impl Cuda {
         ))
     }
 
+    /// The device's UUID, which names the same GPU in every process whatever
+    /// `CUDA_VISIBLE_DEVICES` each was given.
+    pub fn uuid(&self) -> Result<[u8; 16], Unavailable> {
+        let device =
+            result::device::get(self.ordinal as i32).map_err(|e| call_failed("cuDeviceGet", e))?;
+        let uuid =
+            result::device::get_uuid(device).map_err(|e| call_failed("cuDeviceGetUuid", e))?;
+        Ok(uuid.bytes.map(|b| b as u8))
+    }
+
     /// The device's primary context (retained for the process's life).
     pub(crate) fn context(&self) -> sys::CUcontext {
         self.context

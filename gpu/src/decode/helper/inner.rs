@@ -49,10 +49,13 @@ pub(super) struct Inner {
     pub(super) device: Option<DeviceSide>,
     pub(super) requests: Mutex<Option<BufWriter<ChildStdin>>>,
     pub(super) child: Mutex<Child>,
+    /// The helper's process id.
+    pub(super) pid: u32,
+    /// Held while rows are copied out of the helper's buffers, and while the helper is taken
+    /// as lost or the lane closes: nothing reads its memory once it may be gone.
+    pub(super) copying: Mutex<()>,
     pub(super) pending: Mutex<HashMap<u64, Pending>>,
     pub(super) free: Mutex<Vec<usize>>,
-    /// Output buffers in all.
-    pub(super) ring_slots: usize,
     pub(super) returned: Condvar,
     /// Why the helper was lost; set once.
     pub(super) lost: Mutex<Option<String>>,
@@ -62,6 +65,8 @@ pub(super) struct Inner {
     /// The helper's time on the batches it answered.
     pub(super) busy_ns: AtomicU64,
     pub(super) answer_timeout: Duration,
+    /// How long the helper may take to end once its stdin closes.
+    pub(super) end_timeout: Duration,
     /// The helper's page-locked staging, reserved within this process's pinned budget.
     pub(super) _pinned: Option<PinnedShare>,
 }
@@ -70,33 +75,24 @@ pub(super) struct Inner {
 pub(super) const NO_RING: usize = usize::MAX;
 
 impl Inner {
-    /// Gives output buffer `ring` back for a later batch (after the lane shut down or the
-    /// helper was lost, the last one back closes the mapping and the helper's stdin).
+    /// Gives output buffer `ring` back for a later batch.
     pub(super) fn put_ring(&self, ring: usize) {
         if ring == NO_RING {
             return;
         }
         lock(&self.free).push(ring);
         self.returned.notify_one();
-        if self.closed.load(Ordering::Relaxed) || lock(&self.lost).is_some() {
-            self.close_when_free();
-        }
     }
 
-    /// If every output buffer is free, closes this process's mapping of them and then the
-    /// helper's stdin (CUDA asks that an importer close its mapping before the exporter frees
-    /// the memory; the helper frees it as it ends); whether it did (or had).
-    pub(super) fn close_when_free(&self) -> bool {
-        let free = lock(&self.free);
-        if free.len() < self.ring_slots {
-            return false;
-        }
-        drop(free);
+    /// Closes this process's mapping of the helper's buffers, after any copy out of them (the
+    /// rows handed out are in this process's own copy, which lives on with them). CUDA asks
+    /// that an importer close its mapping before the exporter frees the memory, as the helper
+    /// does when it ends; so this comes before its stdin closes or it is killed.
+    pub(super) fn close_mapping(&self) {
+        let _copying = lock(&self.copying);
         if let Some(side) = &self.device {
             side.close_ring();
         }
-        drop(lock(&self.requests).take());
-        true
     }
 
     /// Waits for a free output buffer: `None` once the lane shuts down, [`NO_RING`] once the
@@ -125,18 +121,22 @@ impl Inner {
     /// ended), stops it, and wakes a producer waiting for a buffer. The reader then builds
     /// what it owed on the CPU.
     pub(super) fn lose(&self, why: String) {
+        // Not while rows are copied out of its buffers: that copy finishes first, and none
+        // starts after (`lost` is set before the lock is let go).
+        let copying = lock(&self.copying);
         let mut lost = lock(&self.lost);
         if lost.is_some() || self.closed.load(Ordering::Relaxed) {
             return;
         }
+        if let Some(side) = &self.device {
+            side.close_ring();
+        }
+        // A process that ended by itself keeps its own status: the kill finds it gone.
         let ended = {
             let mut child = lock(&self.child);
-            // A process that ended by itself keeps its own status: the kill finds it gone.
             let _ = child.kill();
-            child
-                .wait()
-                .map(|s| s.to_string())
-                .unwrap_or_else(|e| e.to_string())
+            reap(&mut child, Duration::from_secs(5))
+                .unwrap_or_else(|| "not ended 5 s after it was killed".into())
         };
         let why = format!("{why} (the process: {ended})");
         tracing::error!(
@@ -145,6 +145,7 @@ impl Inner {
         );
         *lost = Some(why);
         drop(lost);
+        drop(copying);
         drop(lock(&self.requests).take());
         let _free = lock(&self.free);
         self.returned.notify_all();
@@ -202,25 +203,16 @@ impl Inner {
         if let Some(built) = &built {
             self.busy_ns.fetch_add(built.busy_ns, Ordering::Relaxed);
         }
-        let replacing = cpu.iter().filter(|(_, k)| k.is_some()).count();
-        let stats = &self.stats;
-        stats
-            .fallback_rows
-            .fetch_add(cpu.len() as u64, Ordering::Relaxed);
-        stats.gpu_rows.fetch_add(
-            positions.len().saturating_sub(replacing) as u64,
-            Ordering::Relaxed,
-        );
         let (width, height) = self.out;
         let mut replaced: Vec<(usize, Vec<u8>)> = Vec::new();
-        let made = CpuRows {
+        let mut rows = CpuRows {
             job: &job,
             epoch,
             slot: &mut slot,
             assembled: &mut assembled,
             row_bytes: self.row_bytes,
-        }
-        .build(cpu.iter().copied(), |k, row| {
+        };
+        let made = rows.build(cpu.iter().copied(), |k, row| {
             if k >= positions.len() {
                 return Err(format!(
                     "the helper named device row {k} of {}",
@@ -233,20 +225,54 @@ impl Inner {
             ));
             Ok(())
         });
-        let result = match made {
+        // The helper's rows, copied here; if they cannot be (the helper lost meanwhile, or
+        // the copy failing), they are built here too.
+        let mut on_cpu = cpu.len();
+        let device_rows = match made {
+            Err(error) => Err(error),
+            Ok(()) => match self.copy_rows(ring, positions.clone(), &replaced) {
+                Ok(device_rows) => Ok(device_rows),
+                Err(why) => {
+                    if let Some(why) = why {
+                        self.lose(format!("copying its rows for step {step}: {why}"));
+                    }
+                    let samples: HashMap<usize, u64> =
+                        sent.iter().map(|row| (row.row, row.sample)).collect();
+                    let left: Vec<(CpuRow, Option<usize>)> = positions
+                        .iter()
+                        .enumerate()
+                        .filter(|(k, _)| !replaced.iter().any(|(r, _)| r == k))
+                        .filter_map(|(_, &row)| {
+                            let row = row as usize;
+                            let sample = *samples.get(&row)?;
+                            Some((CpuRow { row, sample }, None))
+                        })
+                        .collect();
+                    on_cpu += left.len();
+                    rows.build(left, |_, _| Ok(())).map(|()| None)
+                }
+            },
+        };
+        let stats = &self.stats;
+        let on_device = match &device_rows {
+            Ok(Some(_)) => positions.len().saturating_sub(replaced.len()),
+            _ => 0,
+        };
+        stats
+            .fallback_rows
+            .fetch_add(on_cpu as u64, Ordering::Relaxed);
+        stats
+            .gpu_rows
+            .fetch_add(on_device as u64, Ordering::Relaxed);
+        let result = match device_rows {
             Err(error) => {
                 self.put_ring(ring);
                 Err(error)
             }
-            Ok(()) => {
+            Ok(device_rows) => {
                 let mut batch = assembled.into_batch(&indices, slot.into_bytes());
-                match self.hand_on(ring, positions, &replaced) {
-                    Ok(rows) => {
-                        batch.device_rows = rows;
-                        Ok(batch)
-                    }
-                    Err(error) => Err(error),
-                }
+                batch.device_rows = device_rows;
+                Ok(batch)
             }
         };
         Built {
@@ -266,22 +292,34 @@ impl Inner {
     }
 
     /// The helper's rows of a batch in buffer `ring`, copied here with `replaced` put over
-    /// some of them, or `None` when it built none (the buffer then goes back at once).
-    fn hand_on(
+    /// some of them, or `None` when it built none. Fails with `None` when the helper is lost
+    /// or the lane closed (its buffers are read no more), with why when the copy failed. The
+    /// buffer goes back at once unless rows are handed out.
+    fn copy_rows(
         self: &Arc<Self>,
         ring: usize,
         positions: Vec<u32>,
         replaced: &[(usize, Vec<u8>)],
-    ) -> stoker_loader::Result<Option<Arc<dyn LaneRows>>> {
+    ) -> Result<Option<Arc<dyn LaneRows>>, Option<String>> {
         let (Some(side), false) = (self.device.as_ref(), positions.is_empty()) else {
             self.put_ring(ring);
             return Ok(None);
         };
         let (width, height) = self.out;
         let bytes = positions.len() * self.tail.row_bytes(height, width);
-        if let Err(error) = side.take_over(ring, bytes, replaced) {
+        let copied = {
+            let _copying = lock(&self.copying);
+            if lock(&self.lost).is_some() || self.closed.load(Ordering::Relaxed) {
+                Err(None)
+            } else {
+                side.take_over(ring, bytes, replaced)
+                    .map(|_| ())
+                    .map_err(|e| Some(e.to_string()))
+            }
+        };
+        if let Err(why) = copied {
             self.put_ring(ring);
-            return Err(Error::Gpu(error.to_string()));
+            return Err(why);
         }
         Ok(Some(Arc::new(Rows {
             lane: Arc::clone(self),
@@ -315,6 +353,20 @@ impl Inner {
     }
 }
 
+/// Waits up to `within` for `child` to end (after a kill or its stdin closing): how it ended,
+/// or `None` if it has not yet.
+pub(super) fn reap(child: &mut Child, within: Duration) -> Option<String> {
+    let deadline = Instant::now() + within;
+    loop {
+        match child.try_wait() {
+            Ok(Some(status)) => return Some(status.to_string()),
+            Err(error) => return Some(error.to_string()),
+            Ok(None) if Instant::now() >= deadline => return None,
+            Ok(None) => std::thread::sleep(Duration::from_millis(5)),
+        }
+    }
+}
+
 /// Whether `built` accounts for each image of `sent` once (a device row or the CPU, or both
 /// for a device row the CPU's replaces) with at most `capacity` device rows; else how it does
 /// not.
@@ -336,19 +388,20 @@ pub(super) fn check_answer(
             built.rows.len()
         ));
     }
-    let mut device_rows = built
-        .rows
-        .iter()
-        .map(|&row| row as usize)
-        .collect::<Vec<_>>();
+    // Each batch row on the device once, by its device row.
+    let mut device_rows: HashMap<usize, usize> = HashMap::with_capacity(built.rows.len());
+    for (k, &row) in built.rows.iter().enumerate() {
+        if device_rows.insert(row as usize, k).is_some() {
+            return Err(format!("names batch row {row} twice on the device"));
+        }
+    }
     for cpu in &built.cpu {
-        match cpu.device_row {
-            Some(k) if built.rows.get(k as usize) == Some(&cpu.row) => {
-                // Its device row is accounted for here.
-                device_rows.retain(|&row| row != cpu.row as usize);
+        if let Some(k) = cpu.device_row {
+            // Its device row is accounted for here (once: it leaves the map).
+            if device_rows.get(&(cpu.row as usize)) != Some(&(k as usize)) {
+                return Err(format!("names device row {k} for batch row {}", cpu.row));
             }
-            Some(k) => return Err(format!("names device row {k} for batch row {}", cpu.row)),
-            None => {}
+            device_rows.remove(&(cpu.row as usize));
         }
         if left.remove(&(cpu.row as usize)) != Some(cpu.sample) {
             return Err(format!(
@@ -357,6 +410,8 @@ pub(super) fn check_answer(
             ));
         }
     }
+    let mut device_rows: Vec<usize> = device_rows.into_keys().collect();
+    device_rows.sort_unstable();
     for row in device_rows {
         if left.remove(&row).is_none() {
             return Err(format!("names batch row {row} on the device, not sent so"));
@@ -434,7 +489,19 @@ mod tests {
             (
                 answer(&[0, 2, 2], vec![cpu(5, 15, None)]),
                 3,
-                "names batch row 2 on the device",
+                "names batch row 2 twice on the device",
+            ),
+            // A row twice on the device, one of them replaced by the CPU's.
+            (
+                answer(&[0, 2, 5, 2], vec![cpu(2, 12, Some(1))]),
+                4,
+                "names batch row 2 twice on the device",
+            ),
+            // One device row replaced twice.
+            (
+                answer(&[0, 2, 5], vec![cpu(2, 12, Some(1)), cpu(2, 12, Some(1))]),
+                3,
+                "names device row 1 for batch row 2",
             ),
             (
                 answer(&[0, 2], vec![cpu(5, 16, None)]),

@@ -22,6 +22,8 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+use prost::Message;
+
 use stoker_dashboard::GpuDecodeFigures;
 use stoker_loader::{DecodeLane, EmbeddedStep, PinnedShare};
 use stoker_pipeline::Job;
@@ -29,8 +31,8 @@ use stoker_proto::v1::{helper_request, HelperRequest, HelperRows};
 
 use super::lane::{CpuRow, LaneDiverter, LaneSplit, LaneStats};
 use super::{GpuDecodeError, GpuDecodeOptions, LaneTask, RowTail};
-use inner::{lock, Inner, Pending, NO_RING};
-use process::{failed, open_device, read_answers, spawn, watch_answers, Spawned};
+use inner::{lock, reap, Inner, Pending, NO_RING};
+use process::{failed, open_device, read_answers, spawn, watch_answers, without_sigpipe, Spawned};
 use wire::{image_message, write_message};
 
 /// Asks for the lane in a helper process: `1` finds `stoker-lane-helper` where the running
@@ -53,16 +55,20 @@ pub struct HelperOptions {
     pub answer_timeout: Duration,
     /// How long the helper may take to start (CUDA, nvJPEG and the kernel's compilation).
     pub start_timeout: Duration,
+    /// How long the helper may take to end once the lane closes (its stdin closed) before it
+    /// is killed.
+    pub end_timeout: Duration,
 }
 
 impl HelperOptions {
-    /// The defaults for `binary`: 60 s for an answer, 120 s to start.
+    /// The defaults for `binary`: 60 s for an answer, 120 s to start, 10 s to end.
     pub fn new(binary: PathBuf) -> HelperOptions {
         HelperOptions {
             binary,
             env: Vec::new(),
             answer_timeout: Duration::from_secs(60),
             start_timeout: Duration::from_secs(120),
+            end_timeout: Duration::from_secs(10),
         }
     }
 }
@@ -197,16 +203,18 @@ impl HelperLane {
             row_bytes,
             device,
             requests: Mutex::new(Some(requests)),
+            pid: child.id(),
             child: Mutex::new(child),
+            copying: Mutex::new(()),
             pending: Mutex::new(HashMap::new()),
             free: Mutex::new((0..ring_slots).rev().collect()),
-            ring_slots,
             returned: Condvar::new(),
             lost: Mutex::new(None),
             closed: AtomicBool::new(false),
             next_id: AtomicU64::new(0),
             busy_ns: AtomicU64::new(0),
             answer_timeout: helper.answer_timeout,
+            end_timeout: helper.end_timeout,
             started,
             _pinned: pinned,
         });
@@ -242,7 +250,7 @@ impl HelperLane {
 
     /// The helper's process id.
     pub fn pid(&self) -> u32 {
-        self.inner.started.pid
+        self.inner.pid
     }
 
     /// Why the helper was lost, once it was.
@@ -296,10 +304,11 @@ impl HelperLane {
         figures
     }
 
-    /// Stops the lane: batches still waiting fail as stopped, and the helper's stdin is closed
-    /// (it finishes and exits; it is killed if it has not within 10 s) once no batch holds
-    /// rows in its buffers: until then a batch kept by the training loop still reads them, so
-    /// the last one let go closes it. Idempotent.
+    /// Stops the lane: this process's mapping of the helper's buffers is closed (the rows
+    /// handed out are in its own copy and stay valid as long as a batch holds them), then the
+    /// helper's stdin; it finishes what it was sent and exits, and is killed if it has not
+    /// within [`HelperOptions::end_timeout`]. Batches still waiting fail as stopped.
+    /// Idempotent.
     pub fn shutdown(&self) {
         let inner = &self.inner;
         if inner.closed.swap(true, Ordering::Relaxed) {
@@ -309,29 +318,56 @@ impl HelperLane {
             let _free = lock(&inner.free);
             inner.returned.notify_all();
         }
-        if !inner.close_when_free() {
-            // The last rows let go close it; the threads end with the helper.
-            inner.drain();
-            return;
-        }
-        let deadline = Instant::now() + Duration::from_secs(10);
-        loop {
-            let mut child = lock(&inner.child);
-            match child.try_wait() {
-                Ok(Some(_)) | Err(_) => break,
-                Ok(None) if Instant::now() >= deadline => {
-                    tracing::warn!("the lane's helper did not end within 10 s of its stdin closing; killing it");
-                    let _ = child.kill();
-                    let _ = child.wait();
-                    break;
+        inner.close_mapping();
+        // Its stdin closes, unless a batch is being written to a helper that stopped reading
+        // (the write holds it): the kill below ends that write.
+        let deadline = Instant::now() + inner.end_timeout;
+        let stdin_closed = loop {
+            match inner.requests.try_lock() {
+                Ok(mut requests) => {
+                    drop(requests.take());
+                    break true;
                 }
-                Ok(None) => {}
+                Err(std::sync::TryLockError::Poisoned(poisoned)) => {
+                    drop(poisoned.into_inner().take());
+                    break true;
+                }
+                Err(std::sync::TryLockError::WouldBlock) if Instant::now() >= deadline => {
+                    break false
+                }
+                Err(std::sync::TryLockError::WouldBlock) => {
+                    std::thread::sleep(Duration::from_millis(5))
+                }
             }
-            drop(child);
-            std::thread::sleep(Duration::from_millis(10));
-        }
-        for thread in std::mem::take(&mut *lock(&self.threads)) {
-            let _ = thread.join();
+        };
+        let ended = {
+            let mut child = lock(&inner.child);
+            let left = deadline.saturating_duration_since(Instant::now());
+            let ended = match stdin_closed {
+                true => reap(&mut child, left),
+                false => None,
+            };
+            ended.or_else(|| {
+                tracing::warn!(
+                    timeout = ?inner.end_timeout,
+                    "the lane's helper did not end in time once its stdin closed; killing it"
+                );
+                let _ = child.kill();
+                reap(&mut child, Duration::from_secs(5))
+            })
+        };
+        drop(lock(&inner.requests).take());
+        let threads = std::mem::take(&mut *lock(&self.threads));
+        if ended.is_some() {
+            for thread in threads {
+                let _ = thread.join();
+            }
+        } else {
+            // Its output may never end: the reader is left to end with it.
+            tracing::error!(
+                pid = inner.pid,
+                "the lane's helper did not end 5 s after it was killed"
+            );
         }
         inner.drain();
     }
@@ -373,14 +409,19 @@ impl HelperLane {
             started: task.started,
             sent_at: Instant::now(),
         };
-        if lost {
+        // A batch past the largest message is built here, the helper kept.
+        let too_large = request.encoded_len() > wire::MAX_MESSAGE;
+        if lost || too_large {
             let reply = pending.reply.clone();
             let _ = reply.send(inner.finish(pending, None));
             return;
         }
         lock(&inner.pending).insert(id, pending);
         let written = match lock(&inner.requests).as_mut() {
-            Some(requests) => write_message(requests, &request).map_err(|e| e.to_string()),
+            // A helper that died makes the write fail, never this process end (SIGPIPE).
+            Some(requests) => {
+                without_sigpipe(|| write_message(requests, &request)).map_err(|e| e.to_string())
+            }
             None => Err("its stdin is closed".into()),
         };
         if let Err(error) = written {
@@ -500,10 +541,11 @@ mod tests {
     }
 
     #[test]
-    fn a_helper_is_given_a_minute_to_answer_and_two_to_start() {
+    fn a_helper_is_given_a_minute_to_answer_two_to_start_and_ten_seconds_to_end() {
         let options = HelperOptions::new(PathBuf::from("helper"));
         assert_eq!(options.answer_timeout, Duration::from_secs(60));
         assert_eq!(options.start_timeout, Duration::from_secs(120));
+        assert_eq!(options.end_timeout, Duration::from_secs(10));
         assert!(options.env.is_empty());
     }
 

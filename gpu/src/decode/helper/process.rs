@@ -12,9 +12,9 @@ use stoker_proto::v1::{
     helper_reply, helper_request, HelperReply, HelperRequest, HelperStart, HelperStarted,
 };
 
-use super::inner::{lock, Inner};
+use super::inner::{lock, reap, Inner};
 use super::rows::DeviceSide;
-use super::wire::{read_message, tail_message, write_message, HELPER_PROTOCOL};
+use super::wire::{read_answer, tail_message, write_message, HELPER_PROTOCOL};
 use super::HelperOptions;
 use crate::decode::lane::IPC_HANDLE_BYTES;
 use crate::decode::{GpuDecodeError, GpuDecodeOptions, RowTail};
@@ -76,7 +76,7 @@ pub(super) fn spawn(
             tail: Some(tail_message(tail)),
         })),
     };
-    if let Err(error) = write_message(&mut requests, &start) {
+    if let Err(error) = without_sigpipe(|| write_message(&mut requests, &start)) {
         return Err(failed(&mut child, format!("sending its start: {error}")));
     }
     let (answered, answer) = crossbeam_channel::bounded(1);
@@ -84,10 +84,10 @@ pub(super) fn spawn(
         .name("stoker-lane-helper-start".into())
         .spawn(move || {
             let mut stdout = BufReader::with_capacity(1 << 16, stdout);
-            let reply = read_message::<HelperReply>(&mut stdout);
+            let reply = read_answer(&mut stdout);
             let _ = answered.send((reply, stdout));
         })
-        .map_err(|e| GpuDecodeError::Unsupported(format!("a thread for the helper: {e}")))?;
+        .map_err(|e| failed(&mut child, format!("a thread for it: {e}")))?;
     let (reply, stdout) = match answer.recv_timeout(helper.start_timeout) {
         Ok(answer) => answer,
         Err(_) => {
@@ -111,15 +111,21 @@ pub(super) fn spawn(
             ))
         }
         Ok(None) => {
-            let status = child.wait().map(|s| s.to_string()).unwrap_or_default();
+            let status = reap(&mut child, Duration::from_secs(5));
+            let _ = child.kill();
             return Err(GpuDecodeError::Unsupported(format!(
-                "the lane's helper process ended before it started ({status})"
+                "the lane's helper process ended before it started ({})",
+                status.unwrap_or_default()
             )));
         }
         Err(error) => return Err(failed(&mut child, format!("reading its start: {error}"))),
     };
     if !started.error.is_empty() {
-        let _ = child.wait();
+        // It ends by itself once it has said why; within 5 s, or it is killed.
+        if reap(&mut child, Duration::from_secs(5)).is_none() {
+            let _ = child.kill();
+            let _ = reap(&mut child, Duration::from_secs(5));
+        }
         return Err(GpuDecodeError::Unsupported(format!(
             "the lane's helper process cannot run the lane: {}",
             started.error
@@ -133,36 +139,26 @@ pub(super) fn spawn(
     })
 }
 
-/// Opens the helper's buffers and events named in `started`.
+/// Opens the helper's buffers named in `started`.
 pub(super) fn open_device(
     device: usize,
     started: &HelperStarted,
 ) -> Result<DeviceSide, GpuDecodeError> {
-    let handle = |bytes: &[u8]| -> Result<[u8; IPC_HANDLE_BYTES], GpuDecodeError> {
-        bytes.try_into().map_err(|_| {
+    let handle: &[u8; IPC_HANDLE_BYTES] =
+        started.ring_handle.as_ref().try_into().map_err(|_| {
             GpuDecodeError::Unsupported(format!(
                 "an IPC handle of {} bytes, not {IPC_HANDLE_BYTES}",
-                bytes.len()
+                started.ring_handle.len()
             ))
-        })
-    };
-    let ready = started
-        .ready_events
-        .iter()
-        .map(|bytes| handle(bytes))
-        .collect::<Result<Vec<_>, _>>()?;
-    if ready.len() != started.ring_slots as usize || ready.is_empty() {
-        return Err(GpuDecodeError::Unsupported(format!(
-            "{} ready events for {} output buffers",
-            ready.len(),
-            started.ring_slots
-        )));
-    }
+        })?;
     DeviceSide::open(
         device,
-        &handle(&started.ring_handle)?,
-        started.ring_slot_bytes as usize,
-        &ready,
+        &started.device_uuid,
+        handle,
+        (
+            started.ring_slots as usize,
+            started.ring_slot_bytes as usize,
+        ),
     )
 }
 
@@ -171,7 +167,7 @@ pub(super) fn open_device(
 pub(super) fn read_answers(inner: &Arc<Inner>, stdout: BufReader<ChildStdout>) {
     let mut stdout = stdout;
     let why = loop {
-        let built = match read_message::<HelperReply>(&mut stdout) {
+        let built = match read_answer(&mut stdout) {
             Ok(Some(HelperReply {
                 kind: Some(helper_reply::Kind::Built(built)),
             })) => built,
@@ -197,10 +193,8 @@ pub(super) fn read_answers(inner: &Arc<Inner>, stdout: BufReader<ChildStdout>) {
         let reply = pending.reply.clone();
         let _ = reply.send(inner.finish(pending, Some(built)));
     };
-    if inner.closed.load(Ordering::Relaxed) {
-        // Its stdin was closed: it ends by itself.
-        let _ = lock(&inner.child).wait();
-    } else {
+    // Once the lane is closed, the shutdown reaps it.
+    if !inner.closed.load(Ordering::Relaxed) {
         inner.lose(why);
     }
     inner.drain();
@@ -222,5 +216,98 @@ pub(super) fn watch_answers(inner: &Arc<Inner>) {
             return;
         }
         std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// Runs `write` with SIGPIPE blocked on this thread, so that a write to a helper that died
+/// fails (`EPIPE`) instead of ending this process, whatever the process does with SIGPIPE
+/// (Rust and Python ignore it, but a training script may have set it back to its default).
+/// The SIGPIPE such a write raises is taken before the thread's mask is put back.
+pub(super) fn without_sigpipe<T>(write: impl FnOnce() -> T) -> T {
+    // SAFETY: signal sets are plain values set up by the calls that take them; the mask is
+    // this thread's, and put back as it was.
+    unsafe {
+        let mut pipe: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut pipe);
+        libc::sigaddset(&mut pipe, libc::SIGPIPE);
+        let mut before: libc::sigset_t = std::mem::zeroed();
+        libc::pthread_sigmask(libc::SIG_BLOCK, &pipe, &mut before);
+        let pending_before = sigpipe_pending();
+        let result = write();
+        if !pending_before && sigpipe_pending() {
+            let now = libc::timespec {
+                tv_sec: 0,
+                tv_nsec: 0,
+            };
+            libc::sigtimedwait(&pipe, std::ptr::null_mut(), &now);
+        }
+        libc::pthread_sigmask(libc::SIG_SETMASK, &before, std::ptr::null_mut());
+        result
+    }
+}
+
+/// Whether a SIGPIPE is pending for this thread (or the process).
+fn sigpipe_pending() -> bool {
+    // SAFETY: as above.
+    unsafe {
+        let mut pending: libc::sigset_t = std::mem::zeroed();
+        libc::sigpending(&mut pending);
+        libc::sigismember(&pending, libc::SIGPIPE) == 1
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Write;
+    use std::os::unix::process::ExitStatusExt;
+
+    const CHILD: &str = "STOKER_TEST_SIGPIPE_CHILD";
+    const NAME: &str = "decode::helper::process::tests::a_write_to_a_helper_that_ended_fails_and_this_process_lives_on";
+
+    /// In a child process of this test, with SIGPIPE at its default (as a training script may
+    /// set it): writes to a pipe whose reader has ended, guarded or not.
+    fn write_to_an_ended_reader(guarded: bool) {
+        // SAFETY: sets this (child) process's disposition before any other thread writes.
+        unsafe { libc::signal(libc::SIGPIPE, libc::SIG_DFL) };
+        let mut reader = Command::new("true").stdin(Stdio::piped()).spawn().unwrap();
+        let mut stdin = reader.stdin.take().unwrap();
+        reader.wait().unwrap();
+        let bytes = vec![0u8; 1 << 20];
+        let written = if guarded {
+            without_sigpipe(|| stdin.write_all(&bytes))
+        } else {
+            stdin.write_all(&bytes)
+        };
+        assert_eq!(written.unwrap_err().kind(), std::io::ErrorKind::BrokenPipe);
+        assert!(
+            !sigpipe_pending(),
+            "the signal the write raised was left pending"
+        );
+    }
+
+    #[test]
+    fn a_write_to_a_helper_that_ended_fails_and_this_process_lives_on() {
+        if let Ok(mode) = std::env::var(CHILD) {
+            write_to_an_ended_reader(mode == "guarded");
+            return;
+        }
+        let run = |mode: &str| {
+            Command::new(std::env::current_exe().unwrap())
+                .args(["--exact", NAME, "--nocapture"])
+                .env(CHILD, mode)
+                .output()
+                .unwrap()
+        };
+        let guarded = run("guarded");
+        assert!(
+            guarded.status.success(),
+            "{:?}: {}",
+            guarded.status,
+            String::from_utf8_lossy(&guarded.stdout)
+        );
+        // Unguarded, the same write ends the process: the test reaches what it guards against.
+        let unguarded = run("unguarded");
+        assert_eq!(unguarded.status.signal(), Some(libc::SIGPIPE));
     }
 }

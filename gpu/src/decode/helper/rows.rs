@@ -1,6 +1,5 @@
 //! The helper's output buffers as the loader's process sees them ([`DeviceSide`]): opened from
-//! their IPC handles in the device's primary context with each buffer's ready event, and a
-//! copy of them in this process's own memory, into which each batch's rows are copied (and the
+//! their IPC handle in the device's primary context, and a copy of them in this process's own memory, into which each batch's rows are copied (and the
 //! rows the CPU replaced put over them) on a stream of this side's as the helper's answer
 //! comes; and the rows of one batch there ([`HelperRows`]), handed out in the batch and given
 //! back to the lane's free buffers once every holder and fence has let go. The rows handed out
@@ -26,8 +25,6 @@ pub(super) struct DeviceSide {
     /// Set once the mapping is closed ([`DeviceSide::close_ring`]).
     ring_closed: std::sync::atomic::AtomicBool,
     pub(super) ring_slot_bytes: usize,
-    /// Each buffer's ready event (the helper's, opened here).
-    ready: Vec<sys::CUevent>,
     /// Each buffer's event its copy here is done by.
     copied: Vec<sys::CUevent>,
     /// The stream the copies go on.
@@ -47,24 +44,42 @@ fn cuda_error(call: &'static str) -> impl Fn(crate::cuda::Unavailable) -> GpuDec
 }
 
 impl DeviceSide {
-    /// Opens the buffers of `ring_handle` and the events of `ready` on device `ordinal`.
+    /// Opens the `ring_slots` buffers of `ring_slot_bytes` of `ring_handle` on device
+    /// `ordinal`, which must be the GPU of UUID `uuid` (the helper's).
     pub(super) fn open(
         ordinal: usize,
+        uuid: &[u8],
         ring_handle: &[u8; IPC_HANDLE_BYTES],
-        ring_slot_bytes: usize,
-        ready: &[[u8; IPC_HANDLE_BYTES]],
+        (ring_slots, ring_slot_bytes): (usize, usize),
     ) -> Result<DeviceSide, GpuDecodeError> {
         let cuda = Cuda::open(ordinal).map_err(|e| GpuDecodeError::Cuda(e.to_string()))?;
+        let here = cuda
+            .uuid()
+            .map_err(|e| GpuDecodeError::Cuda(e.to_string()))?;
+        if uuid != here {
+            return Err(GpuDecodeError::Unsupported(format!(
+                "the helper's GPU is not this process's device {ordinal} (another UUID: were \
+                 the two given different CUDA_VISIBLE_DEVICES?)"
+            )));
+        }
+        let ring_bytes = ring_slots
+            .checked_mul(ring_slot_bytes)
+            .filter(|&bytes| ring_slots > 0 && bytes > 0)
+            .ok_or_else(|| {
+                GpuDecodeError::Unsupported(format!(
+                    "{ring_slots} output buffers of {ring_slot_bytes} bytes"
+                ))
+            })?;
         let mut side = DeviceSide {
             cuda: Arc::clone(&cuda),
             ring: 0,
             own: 0,
             ring_closed: std::sync::atomic::AtomicBool::new(false),
             ring_slot_bytes,
-            ready: Vec::new(),
             copied: Vec::new(),
             stream: std::ptr::null_mut(),
         };
+        let mut mapped = 0;
         // On failure `side` drops and closes what was opened so far.
         cuda.in_context("cuIpcOpenMemHandle", || {
             let handle = sys::CUipcMemHandle {
@@ -79,16 +94,14 @@ impl DeviceSide {
                 )
             }
             .result()?;
-            for handle in ready {
-                let mut event = std::ptr::null_mut();
-                let handle = sys::CUipcEventHandle {
-                    reserved: handle_chars(handle),
-                };
-                // SAFETY: as above.
-                unsafe { sys::cuIpcOpenEventHandle(&mut event, handle) }.result()?;
-                side.ready.push(event);
+            // The buffers must be within what was opened: a copy past it would fault here.
+            let (mut base, mut size) = (0, 0);
+            // SAFETY: a query of the mapping just made.
+            unsafe { sys::cuMemGetAddressRange_v2(&mut base, &mut size, side.ring) }.result()?;
+            mapped = size;
+            for _ in 0..ring_slots {
                 let mut own = std::ptr::null_mut();
-                // SAFETY: as above.
+                // SAFETY: creation into a local, in the primary context.
                 unsafe {
                     sys::cuEventCreate(&mut own, sys::CUevent_flags::CU_EVENT_DISABLE_TIMING as u32)
                 }
@@ -97,10 +110,15 @@ impl DeviceSide {
             }
             side.stream = result::stream::create(result::stream::StreamKind::NonBlocking)?;
             // SAFETY: a plain allocation in the primary context.
-            side.own = unsafe { result::malloc_sync(ready.len() * ring_slot_bytes) }?;
+            side.own = unsafe { result::malloc_sync(ring_bytes) }?;
             Ok(())
         })
         .map_err(cuda_error("opening the helper's buffers"))?;
+        if mapped < ring_bytes {
+            return Err(GpuDecodeError::Unsupported(format!(
+                "the helper named {ring_bytes} bytes of output buffers in an allocation of {mapped}"
+            )));
+        }
         Ok(side)
     }
 
@@ -114,22 +132,22 @@ impl DeviceSide {
         self.copied.len() * self.ring_slot_bytes
     }
 
-    /// Copies `bytes` of buffer `ring` (its rows) here, after the helper's work on it, and
-    /// puts `replaced` (device row, bytes) over the copy's rows, on this side's stream; waits
-    /// until that is done (the helper's memory is read no longer), and returns the event it
-    /// was done by.
+    /// Copies `bytes` of buffer `ring` (its rows, written before the helper answered) here,
+    /// and puts `replaced` (device row, bytes) over the copy's rows, on this side's stream;
+    /// waits until that is done (the helper's memory is read no longer), and returns the event
+    /// it was done by.
     pub(super) fn take_over(
         &self,
         ring: usize,
         bytes: usize,
         replaced: &[(usize, Vec<u8>)],
     ) -> Result<sys::CUevent, GpuDecodeError> {
-        let (ready, copied) = match (self.ready.get(ring), self.copied.get(ring)) {
-            (Some(&ready), Some(&copied)) if bytes <= self.ring_slot_bytes => (ready, copied),
+        let copied = match self.copied.get(ring) {
+            Some(&copied) if bytes <= self.ring_slot_bytes => copied,
             _ => {
                 return Err(GpuDecodeError::Unsupported(format!(
                     "{bytes} bytes of output buffer {ring} asked for, of {} buffers of {}",
-                    self.ready.len(),
+                    self.copied.len(),
                     self.ring_slot_bytes
                 )))
             }
@@ -140,13 +158,11 @@ impl DeviceSide {
         );
         self.cuda
             .in_context("cuMemcpyDtoDAsync", || {
-                // SAFETY: the event and stream are this side's, in the primary context; the
-                // buffer and its copy hold `bytes`, and nothing else uses the copy now (its
-                // last rows were let go before the buffer was named again).
-                unsafe {
-                    sys::cuStreamWaitEvent(self.stream, ready, 0).result()?;
-                    sys::cuMemcpyDtoDAsync_v2(to, from, bytes, self.stream).result()?;
-                }
+                // SAFETY: the stream is this side's, in the primary context; the buffer (within
+                // the mapping, checked as it opened) and its copy hold `bytes`, and nothing
+                // else uses the copy now (its last rows were let go before the buffer was
+                // named again).
+                unsafe { sys::cuMemcpyDtoDAsync_v2(to, from, bytes, self.stream) }.result()?;
                 for (k, row) in replaced {
                     // SAFETY: row `k` of the copy holds `row.len()` bytes (the helper sized
                     // the rows by the same tail); the bytes are staged as the call returns
@@ -179,8 +195,8 @@ impl DeviceSide {
 
 impl DeviceSide {
     /// Closes the mapping of the helper's buffers, once: before the helper may free them (it
-    /// ends once its stdin closes), as CUDA asks, and when no rows in them are held any more
-    /// (after this process's copies into them are done).
+    /// ends once its stdin closes, or is killed), as CUDA asks, and after this process's
+    /// copies out of them are done (the caller holds the copy lock; this waits for the stream).
     pub(super) fn close_ring(&self) {
         if self.ring == 0
             || self
@@ -191,7 +207,7 @@ impl DeviceSide {
         }
         let (ring, stream) = (self.ring, self.stream);
         let closed = self.cuda.in_context("cuIpcCloseMemHandle", || {
-            // SAFETY: this side's own stream and mapping; no rows in the buffers are held.
+            // SAFETY: this side's own stream and mapping; no copy out of it is queued after.
             unsafe {
                 if !stream.is_null() {
                     result::stream::synchronize(stream)?;
@@ -210,7 +226,7 @@ impl Drop for DeviceSide {
     fn drop(&mut self) {
         self.close_ring();
         let stream = self.stream;
-        let events: Vec<sys::CUevent> = self.ready.drain(..).chain(self.copied.drain(..)).collect();
+        let events: Vec<sys::CUevent> = self.copied.drain(..).collect();
         let own = self.own;
         let _ = self.cuda.in_context("cuEventDestroy", || {
             // SAFETY: this side's own objects, used by no one now.

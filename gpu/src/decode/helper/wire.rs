@@ -7,12 +7,13 @@ use std::io::{self, Read, Write};
 use prost::Message;
 use stoker_datasets::ImageFormat;
 use stoker_pipeline::{CropWindow, DivertedImage, ImageHeader, SourceWindow};
-use stoker_proto::v1::{HelperImage, HelperTail};
+use stoker_proto::v1::{HelperImage, HelperReply, HelperTail};
 
 use crate::decode::{Element, RowTail};
 
-/// The protocol's version: a helper refuses a start of another.
-pub const HELPER_PROTOCOL: u32 = 1;
+/// The protocol's version: a helper refuses a start of another (2: an answer comes once its
+/// rows are written, no ready events).
+pub const HELPER_PROTOCOL: u32 = 2;
 
 /// The largest message either side reads: a batch of large JPEGs fits many times over; a length
 /// past it is a stream out of step, not a message.
@@ -35,8 +36,23 @@ pub fn write_message(out: &mut impl Write, message: &impl Message) -> io::Result
     out.flush()
 }
 
+/// The largest answer the loader reads from its helper: an answer lists a batch's rows (a few
+/// bytes each), so a longer length is a stream out of step, which then costs no more memory
+/// than this.
+pub const MAX_ANSWER: usize = 16 << 20;
+
 /// Reads one frame's message; `Ok(None)` when the stream ends before a frame starts.
 pub fn read_message<M: Message + Default>(input: &mut impl Read) -> io::Result<Option<M>> {
+    read_frame(input, MAX_MESSAGE)
+}
+
+/// Reads one of the helper's answers (at most [`MAX_ANSWER`] bytes), as [`read_message`].
+pub fn read_answer(input: &mut impl Read) -> io::Result<Option<HelperReply>> {
+    read_frame(input, MAX_ANSWER)
+}
+
+/// Reads one frame's message of at most `max` bytes.
+fn read_frame<M: Message + Default>(input: &mut impl Read, max: usize) -> io::Result<Option<M>> {
     let mut len = [0u8; 4];
     let mut got = 0;
     while got < len.len() {
@@ -49,12 +65,10 @@ pub fn read_message<M: Message + Default>(input: &mut impl Read) -> io::Result<O
         }
     }
     let len = u32::from_le_bytes(len) as usize;
-    if len > MAX_MESSAGE {
+    if len > max {
         return Err(io::Error::new(
             io::ErrorKind::InvalidData,
-            format!(
-                "a frame of {len} bytes (the most is {MAX_MESSAGE}): the stream is out of step"
-            ),
+            format!("a frame of {len} bytes (the most is {max}): the stream is out of step"),
         ));
     }
     let mut bytes = vec![0u8; len];
@@ -254,5 +268,11 @@ mod tests {
         let huge = ((MAX_MESSAGE + 1) as u32).to_le_bytes();
         let error = read_message::<HelperRequest>(&mut &huge[..]).unwrap_err();
         assert!(error.to_string().contains("out of step"), "{error}");
+        // An answer longer than the most an answer has is out of step before it is read.
+        let long = ((MAX_ANSWER + 1) as u32).to_le_bytes();
+        let error = read_answer(&mut &long[..]).unwrap_err();
+        assert!(error.to_string().contains("out of step"), "{error}");
+        assert!(read_message::<HelperReply>(&mut &long[..])
+            .is_err_and(|e| e.kind() == io::ErrorKind::UnexpectedEof));
     }
 }

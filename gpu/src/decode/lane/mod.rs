@@ -107,8 +107,8 @@ struct Shared {
     /// Pipes working now, and when that count last changed (the lane's busy time counts
     /// while any pipe works, once).
     working: Mutex<(usize, Option<Instant>)>,
-    /// A served lane's output buffers' interprocess ready events.
-    served: Option<serve::ReadyEvents>,
+    /// Whether the lane is served to another process ([`GpuLane::start_served`]).
+    served: bool,
 }
 
 impl Shared {

@@ -1,12 +1,14 @@
 //! A lane served to another process (the helper process of `stoker-lane-helper`): started for
-//! an output size rather than a job, its output buffers and the event each one's rows are
-//! ready by exported as CUDA IPC handles, and its batches given as images and answered with
-//! what became of each image (a device row, the CPU, or both when the decode left its place
-//! unwritten). The process holding the handles decides which output buffer each batch goes to,
-//! and names one again only once every read of its last rows has finished.
+//! an output size rather than a job, its output buffers exported as one CUDA IPC handle, and
+//! its batches given as images and answered with what became of each image (a device row, the
+//! CPU, or both when the decode left its place unwritten). A batch is answered only once
+//! everything queued on the device for it has finished, so the other process may read the
+//! buffer as soon as it has the answer, and waits on nothing of this process's (no event
+//! crosses over: waiting on one whose process died is left undefined by CUDA). The process
+//! holding the handle decides which output buffer each batch goes to, and names one again
+//! only once its copy of the last rows there is done.
 
 use std::sync::atomic::Ordering;
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use crossbeam_channel::Sender;
@@ -14,11 +16,11 @@ use cudarc::driver::sys;
 use stoker_pipeline::DivertedImage;
 
 use super::pipe::Work;
-use super::{lock, offered_frame, GpuLane, LaneItem, Shared};
-use crate::cuda::{describe, sms_asked, Cuda, GREEN_SMS_VARIABLE};
+use super::{lock, offered_frame, GpuLane, LaneItem};
+use crate::cuda::{sms_asked, GREEN_SMS_VARIABLE};
 use crate::decode::{GpuDecodeError, GpuDecodeOptions};
 
-/// Bytes of a CUDA IPC handle (memory or event).
+/// Bytes of a CUDA IPC memory handle.
 pub const IPC_HANDLE_BYTES: usize = 64;
 
 /// One served batch: its images, and the output buffer they go to.
@@ -40,7 +42,7 @@ pub struct RowsBuilt {
     pub id: u64,
     /// Its output buffer.
     pub ring: usize,
-    /// The batch row of each device row, ready once the buffer's event has passed.
+    /// The batch row of each device row (written before the answer is sent).
     pub rows: Vec<u32>,
     /// The images to build on the CPU: batch row, sample, and the device row the CPU's row
     /// replaces (an image the decode left unwritten).
@@ -51,7 +53,7 @@ pub struct RowsBuilt {
     pub busy: Duration,
 }
 
-/// A served lane's output buffers and their ready events, as IPC handles another process opens.
+/// A served lane's output buffers, as the IPC handle another process opens.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ServedHandles {
     /// `cuIpcGetMemHandle` of the buffers' one allocation.
@@ -60,101 +62,11 @@ pub struct ServedHandles {
     pub ring_slots: usize,
     /// Bytes of each.
     pub ring_slot_bytes: usize,
-    /// `cuIpcGetEventHandle` of each buffer's ready event.
-    pub ready: Vec<[u8; IPC_HANDLE_BYTES]>,
     /// The most decoded bytes an image sent to the lane may have.
     pub max_decoded_bytes: usize,
-}
-
-/// The interprocess events of a served lane's output buffers, made in the primary context,
-/// with their handles; destroyed with the lane's last holder.
-pub(super) struct ReadyEvents {
-    cuda: Arc<Cuda>,
-    events: Vec<sys::CUevent>,
-    handles: Vec<[u8; IPC_HANDLE_BYTES]>,
-    /// Serialises records (two pipes never share a buffer, but a caller naming a buffer still
-    /// in use must not race the driver).
-    recording: Mutex<()>,
-}
-
-// SAFETY: event handles may be used from any thread.
-unsafe impl Send for ReadyEvents {}
-unsafe impl Sync for ReadyEvents {}
-
-impl Shared {
-    /// Records output buffer `ring`'s ready event on `stream`, after the work queued there.
-    pub(super) fn record_ready(
-        &self,
-        ring: usize,
-        stream: sys::CUstream,
-    ) -> Result<(), GpuDecodeError> {
-        let served = self.served.as_ref();
-        let Some((served, &event)) = served.and_then(|s| Some((s, s.events.get(ring)?))) else {
-            return Err(GpuDecodeError::Unsupported(format!(
-                "output buffer {ring} has no ready event (not a served lane, or past its buffers)"
-            )));
-        };
-        let _one = lock(&served.recording);
-        // SAFETY: the event is the lane's and lives as long as `self`; the stream is the
-        // calling pipe's, in the primary context (a served lane has no green contexts).
-        unsafe { sys::cuEventRecord(event, stream) }
-            .result()
-            .map_err(|e| GpuDecodeError::Call {
-                call: "cuEventRecord",
-                error: describe(e),
-            })
-    }
-}
-
-impl ReadyEvents {
-    /// One interprocess event for each of `count` buffers, with its handle.
-    pub(super) fn make(cuda: &Arc<Cuda>, count: usize) -> Result<ReadyEvents, GpuDecodeError> {
-        let mut made = ReadyEvents {
-            cuda: Arc::clone(cuda),
-            events: Vec::with_capacity(count),
-            handles: Vec::with_capacity(count),
-            recording: Mutex::new(()),
-        };
-        // On failure `made` drops and destroys the events made so far.
-        cuda.in_context("cuIpcGetEventHandle", || {
-            for _ in 0..count {
-                let mut event = std::ptr::null_mut();
-                // SAFETY: creation into a local in the current (primary) context; an
-                // interprocess event must not time.
-                unsafe {
-                    sys::cuEventCreate(
-                        &mut event,
-                        sys::CUevent_flags::CU_EVENT_INTERPROCESS as u32
-                            | sys::CUevent_flags::CU_EVENT_DISABLE_TIMING as u32,
-                    )
-                    .result()?;
-                }
-                made.events.push(event);
-                let mut handle = std::mem::MaybeUninit::<sys::CUipcEventHandle>::zeroed();
-                // SAFETY: the event was made interprocess just above.
-                unsafe { sys::cuIpcGetEventHandle(handle.as_mut_ptr(), event) }.result()?;
-                // SAFETY: written by the call.
-                made.handles
-                    .push(handle_bytes(unsafe { handle.assume_init() }.reserved));
-            }
-            Ok(())
-        })
-        .map_err(|e| GpuDecodeError::Cuda(e.to_string()))?;
-        Ok(made)
-    }
-}
-
-impl Drop for ReadyEvents {
-    fn drop(&mut self) {
-        let events = std::mem::take(&mut self.events);
-        let _ = self.cuda.in_context("cuEventDestroy", || {
-            for event in events {
-                // SAFETY: the lane's own event; its pipes have ended.
-                let _ = unsafe { sys::cuEventDestroy_v2(event) };
-            }
-            Ok(())
-        });
-    }
+    /// The device's UUID (`cuDeviceGetUuid`), for the other process to check it opens the
+    /// buffers on the same GPU.
+    pub device_uuid: [u8; 16],
 }
 
 /// A handle's bytes, as they travel.
@@ -171,8 +83,8 @@ pub(crate) fn handle_chars(bytes: &[u8; IPC_HANDLE_BYTES]) -> [std::ffi::c_char;
 
 impl GpuLane {
     /// Starts a lane served to another process: rows of `height x width` for batches of up to
-    /// `batch_rows`, with what `options` ask (its kernel applying `options.tail` as it is), its output buffers
-    /// and their ready events exported ([`ServedHandles`]). Green contexts are not served.
+    /// `batch_rows`, with what `options` ask (its kernel applying `options.tail` as it is), its
+    /// output buffers exported ([`ServedHandles`]). Green contexts are not served.
     pub fn start_served(
         options: &GpuDecodeOptions,
         height: u32,
@@ -211,13 +123,11 @@ impl GpuLane {
             ring,
             ring_slots: memory.ring_slots,
             ring_slot_bytes: memory.ring_slot_bytes,
-            ready: lane
-                .shared
-                .served
-                .as_ref()
-                .map(|served| served.handles.clone())
-                .unwrap_or_default(),
             max_decoded_bytes: memory.arena_bytes(),
+            device_uuid: memory
+                .cuda
+                .uuid()
+                .map_err(|e| GpuDecodeError::Cuda(e.to_string()))?,
         };
         Ok((lane, handles))
     }
@@ -241,7 +151,7 @@ impl GpuLane {
     /// to the task's `reply`. A buffer past the lane's, or a lane that is not served or has
     /// shut down, answers at once with every image for the CPU.
     pub fn serve(&self, task: RowsTask) {
-        let refused = if self.shared.served.is_none() {
+        let refused = if !self.shared.served {
             Some("the lane is not served".to_string())
         } else if task.ring >= self.shared.memory.ring_slots {
             Some(format!(

@@ -6,7 +6,6 @@ use std::sync::{Arc, Condvar, Mutex};
 use stoker_pipeline::{Job, Pipeline};
 
 use super::pipe::{run, Pipe, Place};
-use super::serve::ReadyEvents;
 use super::{pipe_count, GpuLane, LaneMemory, LaneSplit, LaneStats, Shared};
 use crate::cuda::{sms_asked, Cuda, GREEN_SMS_VARIABLE};
 use crate::decode::{
@@ -58,8 +57,8 @@ impl GpuLane {
     }
 
     /// Starts a lane for rows of `height x width` (`row_bytes` in the slot) that its kernel
-    /// makes `tail`, batches of up to `batch_size` rows; `served` also makes each output
-    /// buffer's interprocess ready event.
+    /// makes `tail`, batches of up to `batch_size` rows; `served` for a lane served to another
+    /// process ([`GpuLane::start_served`]).
     pub(super) fn start_sized(
         options: &GpuDecodeOptions,
         (height, width): (u32, u32),
@@ -120,16 +119,6 @@ impl GpuLane {
             );
         }
         let granted_sms = pipes[0].green_sms();
-        let served = match served {
-            true => match ReadyEvents::make(&cuda, memory.ring_slots) {
-                Ok(events) => Some(events),
-                Err(error) => {
-                    pipes.into_iter().for_each(Pipe::release);
-                    return Err(error);
-                }
-            },
-            false => None,
-        };
         let shared = Arc::new(Shared {
             cuda: Arc::clone(&cuda),
             free: Mutex::new((0..memory.ring_slots).rev().collect()),

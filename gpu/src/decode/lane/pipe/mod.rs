@@ -546,8 +546,11 @@ pub(super) fn run(shared: Arc<Shared>, mut pipe: Pipe, queue: Receiver<Work>, ro
 }
 
 impl Pipe {
-    /// Builds a served batch's images into its output buffer and records the buffer's ready
-    /// event after them; a failure (or a panic) sends every image back to the CPU.
+    /// Builds a served batch's images into its output buffer; a failure (or a panic) sends
+    /// every image back to the CPU. It returns only once nothing queued on the pipe's stream
+    /// still runs (on the failures too, where a kernel may have been launched): the other
+    /// process reads the buffer as soon as it has the answer, and the buffer may be written
+    /// next by another pipe.
     fn serve(&mut self, shared: &Arc<Shared>, task: RowsTask) -> RowsBuilt {
         let RowsTask {
             id, ring, items, ..
@@ -557,11 +560,18 @@ impl Pipe {
         let started = Instant::now();
         shared.working(true);
         let built = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            let set = self.decode_set(ring, items)?;
-            shared.record_ready(ring, self.stream)?;
-            Ok::<_, GpuDecodeError>(set)
+            self.decode_set(ring, items)
         }));
+        // SAFETY: the pipe's own stream, in the context current on this thread.
+        let finished = unsafe { result::stream::synchronize(self.stream) };
         shared.working(false);
+        let built = match (built, finished) {
+            (Ok(Ok(_)), Err(error)) => Ok(Err(GpuDecodeError::Call {
+                call: "cuStreamSynchronize",
+                error: describe(error),
+            })),
+            (built, _) => built,
+        };
         let (rows, cpu, error) = match built {
             Ok(Ok(set)) => (set.rows, set.cpu, None),
             Ok(Err(error)) => (Vec::new(), all, Some(error.to_string())),
