@@ -102,6 +102,9 @@ fn a_helper_without_a_device_gives_the_cpus_batches_and_ends_with_the_loader() {
     assert_eq!((figures.split_pct, figures.gpu_rows), (100.0, 0));
     assert_eq!(figures.lost, None);
     let pid = helper.pid() as i32;
+    // In a process group of its own (a Ctrl-C at the training script's terminal is not its).
+    // SAFETY: a query of the test's own child process.
+    assert_eq!(unsafe { libc::getpgid(pid) }, pid);
     drop(helper);
     drop(loader);
     // The loader's end closes the helper's stdin: it exits and is reaped.

@@ -67,8 +67,9 @@ pub(super) struct Inner {
     pub(super) answer_timeout: Duration,
     /// How long the helper may take to end once its stdin closes.
     pub(super) end_timeout: Duration,
-    /// The helper's page-locked staging, reserved within this process's pinned budget.
-    pub(super) _pinned: Option<PinnedShare>,
+    /// The helper's page-locked staging, reserved within this process's pinned budget while
+    /// the helper runs (let go when it is lost: its pages went with it).
+    pub(super) pinned: Mutex<Option<PinnedShare>>,
 }
 
 /// The buffer of a batch taken while the helper is lost: none (the batch is built on the CPU).
@@ -146,6 +147,7 @@ impl Inner {
         *lost = Some(why);
         drop(lost);
         drop(copying);
+        drop(lock(&self.pinned).take());
         drop(lock(&self.requests).take());
         let _free = lock(&self.free);
         self.returned.notify_all();

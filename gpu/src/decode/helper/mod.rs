@@ -216,7 +216,7 @@ impl HelperLane {
             answer_timeout: helper.answer_timeout,
             end_timeout: helper.end_timeout,
             started,
-            _pinned: pinned,
+            pinned: Mutex::new(pinned),
         });
         let lane = HelperLane {
             inner: Arc::clone(&inner),

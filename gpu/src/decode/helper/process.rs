@@ -3,6 +3,7 @@
 //! ([`watch_answers`]).
 
 use std::io::{BufReader, BufWriter};
+use std::os::unix::process::CommandExt;
 use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -43,7 +44,10 @@ pub(super) fn spawn(
     batch_size: usize,
     tail: &RowTail,
 ) -> Result<Spawned, GpuDecodeError> {
+    // In a process group of its own: a Ctrl-C meant for the training script (which may catch
+    // it and go on) does not end the lane; the helper ends when its stdin does.
     let mut child = Command::new(&helper.binary)
+        .process_group(0)
         .envs(helper.env.iter().map(|(k, v)| (k, v)))
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
