@@ -112,10 +112,10 @@ def _helper(**env: str) -> subprocess.Popen[bytes]:
 
 
 def _ended(helper: subprocess.Popen[bytes]) -> tuple[int, str]:
-    assert helper.stdin is not None and helper.stderr is not None
-    helper.stdin.close()
-    code = helper.wait(timeout=60)
-    return code, helper.stderr.read().decode()
+    """Closes the helper's stdin and waits for it to end (reading what it still writes): its
+    exit status and stderr."""
+    _, stderr = helper.communicate(timeout=60)
+    return helper.returncode, stderr.decode()
 
 
 def test_the_package_installs_the_helper_where_one_asks_it_to_be_found(

@@ -15,6 +15,7 @@ use stoker_loader::{Built, Error, LaneRows, PinnedShare, Slot};
 use stoker_pipeline::{AssembledBatch, Job};
 use stoker_proto::v1::{HelperBuilt, HelperStarted};
 
+use super::process::discard;
 use super::rows::{DeviceSide, HelperRows as Rows};
 pub(super) use crate::decode::lane::lock;
 use crate::decode::lane::{as_device_row, CpuRow, CpuRows, LaneSplit, LaneStats};
@@ -119,38 +120,57 @@ impl Inner {
     }
 
     /// Takes the helper as lost for `why` (the first reason stays, with how the process
-    /// ended), stops it, and wakes a producer waiting for a buffer. The reader then builds
-    /// what it owed on the CPU.
-    pub(super) fn lose(&self, why: String) {
-        // Not while rows are copied out of its buffers: that copy finishes first, and none
-        // starts after (`lost` is set before the lock is let go).
-        let copying = lock(&self.copying);
-        let mut lost = lock(&self.lost);
-        if lost.is_some() || self.closed.load(Ordering::Relaxed) {
-            return;
+    /// ended), stops it, builds every batch it owed on the CPU, and wakes a producer waiting
+    /// for a buffer.
+    pub(super) fn lose(self: &Arc<Self>, why: String) {
+        {
+            // Not while rows are copied out of its buffers: that copy finishes first, and
+            // none starts after (`lost` is set before the lock is let go).
+            let _copying = lock(&self.copying);
+            {
+                let mut lost = lock(&self.lost);
+                if lost.is_some() || self.closed.load(Ordering::Relaxed) {
+                    return;
+                }
+                *lost = Some(why.clone());
+            }
+            if let Some(side) = &self.device {
+                side.close_ring();
+            }
+            // A process that ended by itself keeps its own status: the kill finds it gone.
+            let ended = {
+                let mut child = lock(&self.child);
+                let _ = child.kill();
+                reap(&mut child, Duration::from_secs(5))
+            };
+            let why = format!(
+                "{why} (the process: {})",
+                ended
+                    .as_deref()
+                    .unwrap_or("not ended 5 s after it was killed")
+            );
+            tracing::error!(
+                reason = %why,
+                "the GPU decode lane's helper process is lost; its batches and every later one are built on the CPU"
+            );
+            *lock(&self.lost) = Some(why);
+            // Its page-locked pages went with it.
+            if ended.is_some() {
+                drop(lock(&self.pinned).take());
+            }
         }
-        if let Some(side) = &self.device {
-            side.close_ring();
+        // A write blocked on it ended with the kill (unless it could not be killed: that
+        // writer keeps its stdin).
+        if let Ok(mut requests) = self.requests.try_lock() {
+            if let Some(requests) = requests.take() {
+                discard(requests);
+            }
         }
-        // A process that ended by itself keeps its own status: the kill finds it gone.
-        let ended = {
-            let mut child = lock(&self.child);
-            let _ = child.kill();
-            reap(&mut child, Duration::from_secs(5))
-                .unwrap_or_else(|| "not ended 5 s after it was killed".into())
-        };
-        let why = format!("{why} (the process: {ended})");
-        tracing::error!(
-            reason = %why,
-            "the GPU decode lane's helper process is lost; its batches and every later one are built on the CPU"
-        );
-        *lost = Some(why);
-        drop(lost);
-        drop(copying);
-        drop(lock(&self.pinned).take());
-        drop(lock(&self.requests).take());
-        let _free = lock(&self.free);
-        self.returned.notify_all();
+        {
+            let _free = lock(&self.free);
+            self.returned.notify_all();
+        }
+        self.drain();
     }
 
     /// Finishes a batch: the rows `built` names for the CPU (every image sent, without an
@@ -231,10 +251,14 @@ impl Inner {
         // the copy failing), they are built here too.
         let mut on_cpu = cpu.len();
         let device_rows = match made {
-            Err(error) => Err(error),
+            Err(error) => {
+                self.put_ring(ring);
+                Err(error)
+            }
             Ok(()) => match self.copy_rows(ring, positions.clone(), &replaced) {
                 Ok(device_rows) => Ok(device_rows),
                 Err(why) => {
+                    self.put_ring(ring);
                     if let Some(why) = why {
                         self.lose(format!("copying its rows for step {step}: {why}"));
                     }
@@ -267,10 +291,7 @@ impl Inner {
             .gpu_rows
             .fetch_add(on_device as u64, Ordering::Relaxed);
         let result = match device_rows {
-            Err(error) => {
-                self.put_ring(ring);
-                Err(error)
-            }
+            Err(error) => Err(error),
             Ok(device_rows) => {
                 let mut batch = assembled.into_batch(&indices, slot.into_bytes());
                 batch.device_rows = device_rows;
@@ -294,9 +315,9 @@ impl Inner {
     }
 
     /// The helper's rows of a batch in buffer `ring`, copied here with `replaced` put over
-    /// some of them, or `None` when it built none. Fails with `None` when the helper is lost
-    /// or the lane closed (its buffers are read no more), with why when the copy failed. The
-    /// buffer goes back at once unless rows are handed out.
+    /// some of them, or `None` when it built none (the buffer then goes back). Fails with
+    /// `None` when the helper is lost or the lane closed (its buffers are read no more), with
+    /// why when the copy failed; the caller gives the buffer back then.
     fn copy_rows(
         self: &Arc<Self>,
         ring: usize,
@@ -319,10 +340,7 @@ impl Inner {
                     .map_err(|e| Some(e.to_string()))
             }
         };
-        if let Err(why) = copied {
-            self.put_ring(ring);
-            return Err(why);
-        }
+        copied?;
         Ok(Some(Arc::new(Rows {
             lane: Arc::clone(self),
             ring,
@@ -339,18 +357,22 @@ impl Inner {
         let pending: Vec<Pending> = lock(&self.pending).drain().map(|(_, p)| p).collect();
         for pending in pending {
             let reply = pending.reply.clone();
-            let built = if self.closed.load(Ordering::Relaxed) {
-                // Nothing will read its buffer; the helper may still write it, until it ends.
-                self.put_ring(pending.ring);
-                Built {
-                    step: pending.step,
-                    service: pending.started.elapsed(),
-                    result: Err(Error::Stopped("the GPU decode lane shut down".into())),
-                }
-            } else {
-                self.finish(pending, None)
+            let built = match self.closed.load(Ordering::Relaxed) {
+                true => self.stopped(pending),
+                false => self.finish(pending, None),
             };
             let _ = reply.send(built);
+        }
+    }
+
+    /// A batch of a lane that shut down: failed as stopped, its buffer given back (nothing
+    /// here reads it any more).
+    pub(super) fn stopped(&self, pending: Pending) -> Built {
+        self.put_ring(pending.ring);
+        Built {
+            step: pending.step,
+            service: pending.started.elapsed(),
+            result: Err(Error::Stopped("the GPU decode lane shut down".into())),
         }
     }
 }

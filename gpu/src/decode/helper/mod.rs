@@ -32,7 +32,9 @@ use stoker_proto::v1::{helper_request, HelperRequest, HelperRows};
 use super::lane::{CpuRow, LaneDiverter, LaneSplit, LaneStats};
 use super::{GpuDecodeError, GpuDecodeOptions, LaneTask, RowTail};
 use inner::{lock, reap, Inner, Pending, NO_RING};
-use process::{failed, open_device, read_answers, spawn, watch_answers, without_sigpipe, Spawned};
+use process::{
+    discard, failed, open_device, read_answers, spawn, watch_answers, without_sigpipe, Spawned,
+};
 use wire::{image_message, write_message};
 
 /// Asks for the lane in a helper process: `1` finds `stoker-lane-helper` where the running
@@ -324,16 +326,12 @@ impl HelperLane {
         let deadline = Instant::now() + inner.end_timeout;
         let stdin_closed = loop {
             match inner.requests.try_lock() {
-                Ok(mut requests) => {
-                    drop(requests.take());
-                    break true;
-                }
+                Ok(mut requests) => break Some(requests.take()),
                 Err(std::sync::TryLockError::Poisoned(poisoned)) => {
-                    drop(poisoned.into_inner().take());
-                    break true;
+                    break Some(poisoned.into_inner().take())
                 }
                 Err(std::sync::TryLockError::WouldBlock) if Instant::now() >= deadline => {
-                    break false
+                    break None
                 }
                 Err(std::sync::TryLockError::WouldBlock) => {
                     std::thread::sleep(Duration::from_millis(5))
@@ -344,8 +342,13 @@ impl HelperLane {
             let mut child = lock(&inner.child);
             let left = deadline.saturating_duration_since(Instant::now());
             let ended = match stdin_closed {
-                true => reap(&mut child, left),
-                false => None,
+                Some(requests) => {
+                    if let Some(requests) = requests {
+                        discard(requests);
+                    }
+                    reap(&mut child, left)
+                }
+                None => None,
             };
             ended.or_else(|| {
                 tracing::warn!(
@@ -356,7 +359,12 @@ impl HelperLane {
                 reap(&mut child, Duration::from_secs(5))
             })
         };
-        drop(lock(&inner.requests).take());
+        if ended.is_some() {
+            // A write blocked on it ended with it.
+            if let Some(requests) = lock(&inner.requests).take() {
+                discard(requests);
+            }
+        }
         let threads = std::mem::take(&mut *lock(&self.threads));
         if ended.is_some() {
             for thread in threads {
@@ -428,7 +436,8 @@ impl HelperLane {
             inner.lose(format!("sending it a batch: {error}"));
             // The reader drains what is left once the helper's stdout ends; this batch may
             // be built here first.
-            if let Some(pending) = lock(&inner.pending).remove(&id) {
+            let taken = lock(&inner.pending).remove(&id);
+            if let Some(pending) = taken {
                 let reply = pending.reply.clone();
                 let _ = reply.send(inner.finish(pending, None));
             }

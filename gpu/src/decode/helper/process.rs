@@ -81,6 +81,7 @@ pub(super) fn spawn(
         })),
     };
     if let Err(error) = without_sigpipe(|| write_message(&mut requests, &start)) {
+        discard(requests);
         return Err(failed(&mut child, format!("sending its start: {error}")));
     }
     let (answered, answer) = crossbeam_channel::bounded(1);
@@ -195,7 +196,12 @@ pub(super) fn read_answers(inner: &Arc<Inner>, stdout: BufReader<ChildStdout>) {
             );
         }
         let reply = pending.reply.clone();
-        let _ = reply.send(inner.finish(pending, Some(built)));
+        let built = match inner.closed.load(Ordering::Relaxed) {
+            // No one waits for it: its rows are not copied or built.
+            true => inner.stopped(pending),
+            false => inner.finish(pending, Some(built)),
+        };
+        let _ = reply.send(built);
     };
     // Once the lane is closed, the shutdown reaps it.
     if !inner.closed.load(Ordering::Relaxed) {
@@ -250,6 +256,13 @@ pub(super) fn without_sigpipe<T>(write: impl FnOnce() -> T) -> T {
     }
 }
 
+/// Closes the helper's stdin without writing what a failed write left buffered (dropping the
+/// writer would try again, outside [`without_sigpipe`]).
+pub(super) fn discard(requests: BufWriter<ChildStdin>) {
+    let (stdin, _unwritten) = requests.into_parts();
+    drop(stdin);
+}
+
 /// Whether a SIGPIPE is pending for this thread (or the process).
 fn sigpipe_pending() -> bool {
     // SAFETY: as above.
@@ -270,30 +283,41 @@ mod tests {
     const NAME: &str = "decode::helper::process::tests::a_write_to_a_helper_that_ended_fails_and_this_process_lives_on";
 
     /// In a child process of this test, with SIGPIPE at its default (as a training script may
-    /// set it): writes to a pipe whose reader has ended, guarded or not.
-    fn write_to_an_ended_reader(guarded: bool) {
+    /// set it): writes to a pipe whose reader has ended, then closes a writer whose flush
+    /// failed with a frame in it; `mode` says which of the two are guarded ("guarded": both;
+    /// "write": neither; "drop": the write only).
+    fn write_to_an_ended_reader(mode: &str) {
         // SAFETY: sets this (child) process's disposition before any other thread writes.
         unsafe { libc::signal(libc::SIGPIPE, libc::SIG_DFL) };
         let mut reader = Command::new("true").stdin(Stdio::piped()).spawn().unwrap();
         let mut stdin = reader.stdin.take().unwrap();
         reader.wait().unwrap();
         let bytes = vec![0u8; 1 << 20];
-        let written = if guarded {
-            without_sigpipe(|| stdin.write_all(&bytes))
-        } else {
-            stdin.write_all(&bytes)
+        let written = match mode {
+            "write" => stdin.write_all(&bytes),
+            _ => without_sigpipe(|| stdin.write_all(&bytes)),
         };
         assert_eq!(written.unwrap_err().kind(), std::io::ErrorKind::BrokenPipe);
         assert!(
             !sigpipe_pending(),
             "the signal the write raised was left pending"
         );
+        let mut requests = BufWriter::with_capacity(1 << 16, stdin);
+        let flushed = without_sigpipe(|| {
+            requests.write_all(b"a frame")?;
+            requests.flush()
+        });
+        assert_eq!(flushed.unwrap_err().kind(), std::io::ErrorKind::BrokenPipe);
+        match mode {
+            "drop" => drop(requests),
+            _ => discard(requests),
+        }
     }
 
     #[test]
     fn a_write_to_a_helper_that_ended_fails_and_this_process_lives_on() {
         if let Ok(mode) = std::env::var(CHILD) {
-            write_to_an_ended_reader(mode == "guarded");
+            write_to_an_ended_reader(&mode);
             return;
         }
         let run = |mode: &str| {
@@ -310,8 +334,11 @@ mod tests {
             guarded.status,
             String::from_utf8_lossy(&guarded.stdout)
         );
-        // Unguarded, the same write ends the process: the test reaches what it guards against.
-        let unguarded = run("unguarded");
-        assert_eq!(unguarded.status.signal(), Some(libc::SIGPIPE));
+        // Unguarded, the write ends the process, and so does a writer dropped with a frame in
+        // it: the test reaches what it guards against.
+        for mode in ["write", "drop"] {
+            let unguarded = run(mode);
+            assert_eq!(unguarded.status.signal(), Some(libc::SIGPIPE), "{mode}");
+        }
     }
 }
