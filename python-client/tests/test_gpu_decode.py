@@ -549,9 +549,11 @@ def test_the_lane_in_a_helper_process_gives_the_lanes_batches_and_its_kill_costs
     torch: Any, dataset: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """``STOKER_GPU_DECODE_HELPER`` naming ``stoker-lane-helper`` runs the lane in a process of
-    its own: its rows reach this process through CUDA IPC (buffers and events, copied here as
-    each answer comes), and the batches are the in-process lane's bit for bit (the same nvJPEG
-    and kernel); places its decode left unwritten are replaced by the CPU's. Killed mid-epoch, the
+    its own: its rows reach this process through CUDA IPC (its buffers, copied here as each
+    answer comes), and the batches are the in-process lane's bit for bit (the same nvJPEG and
+    kernel), also with the ``stoker-lane-helper`` command the wheel installs (the same helper
+    through the package's native module); places its decode left unwritten are replaced by the
+    CPU's. Killed mid-epoch, the
     helper costs the run nothing: every batch is the lane's or the CPU's, the last ones the
     CPU's, this process's CUDA context still works, and ``stats()`` names the loss."""
     import signal
@@ -566,6 +568,15 @@ def test_the_lane_in_a_helper_process_gives_the_lanes_batches_and_its_kill_costs
     for (a, a_labels), (b, b_labels) in zip(in_process, helped, strict=True):
         np.testing.assert_array_equal(a, b)
         np.testing.assert_array_equal(a_labels, b_labels)
+    # The wheel's command: found by "1" where pip put it, or beside the package after
+    # `pip install --target` (as benches/gpu/install.sh installs it).
+    beside = Path(stoker.__file__).parent.parent / "bin" / "stoker-lane-helper"
+    monkeypatch.setenv("STOKER_GPU_DECODE_HELPER", str(beside) if beside.is_file() else "1")
+    commanded, stats = device_epoch(dataset, "gpu")
+    assert stats["gpu_decode"]["helper"]["on_device"], stats["gpu_decode"]
+    for (a, _), (b, _) in zip(in_process, commanded, strict=True):
+        np.testing.assert_array_equal(a, b)
+    monkeypatch.setenv("STOKER_GPU_DECODE_HELPER", str(daemon_binary("stoker-lane-helper")))
     # Places the helper's decode left unwritten (the fault hook, in the helper's environment)
     # come back as device rows the CPU's replace: put over the copy here, the CPU's bit for bit.
     monkeypatch.setenv("STOKER_GPU_DECODE_FAULT_EVERY", "1")
