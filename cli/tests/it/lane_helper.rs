@@ -101,6 +101,17 @@ fn a_helper_without_a_device_gives_the_cpus_batches_and_ends_with_the_loader() {
     let figures = loader.stats().gpu_decode.expect("the lane's figures");
     assert_eq!((figures.split_pct, figures.gpu_rows), (100.0, 0));
     assert_eq!(figures.lost, None);
+    // The lane's busy time (what `auto`'s rates and the lane-cost figure read) ran while
+    // batches waited for the helper's answers, and runs no more once all were answered.
+    assert!(load(&stats.gpu_busy_ns) > 0, "no busy time counted");
+    let busy = loader.lane_busy().expect("the lane's busy time");
+    assert_eq!(busy, Duration::from_nanos(load(&stats.gpu_busy_ns)));
+    std::thread::sleep(Duration::from_millis(50));
+    assert_eq!(
+        loader.lane_busy(),
+        Some(busy),
+        "a batch still counted as in work"
+    );
     let pid = helper.pid() as i32;
     // In a process group of its own (a Ctrl-C at the training script's terminal is not its).
     // SAFETY: a query of the test's own child process.

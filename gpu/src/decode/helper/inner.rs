@@ -63,8 +63,6 @@ pub(super) struct Inner {
     /// Set when the lane shuts down.
     pub(super) closed: AtomicBool,
     pub(super) next_id: AtomicU64,
-    /// The helper's time on the batches it answered.
-    pub(super) busy_ns: AtomicU64,
     pub(super) answer_timeout: Duration,
     /// How long the helper may take to end once its stdin closes.
     pub(super) end_timeout: Duration,
@@ -77,6 +75,22 @@ pub(super) struct Inner {
 pub(super) const NO_RING: usize = usize::MAX;
 
 impl Inner {
+    /// Puts batch `id`, sent to the helper, among those waiting for an answer: the lane's busy
+    /// time runs while any waits (from before it is there, so no taking can come first).
+    pub(super) fn add_pending(&self, id: u64, pending: Pending) {
+        self.stats.working(true);
+        lock(&self.pending).insert(id, pending);
+    }
+
+    /// Takes batch `id` from those waiting for an answer.
+    pub(super) fn take_pending(&self, id: u64) -> Option<Pending> {
+        let taken = lock(&self.pending).remove(&id);
+        if taken.is_some() {
+            self.stats.working(false);
+        }
+        taken
+    }
+
     /// Gives output buffer `ring` back for a later batch.
     pub(super) fn put_ring(&self, ring: usize) {
         if ring == NO_RING {
@@ -222,9 +236,6 @@ impl Inner {
             }
             None => (Vec::new(), all_cpu()),
         };
-        if let Some(built) = &built {
-            self.busy_ns.fetch_add(built.busy_ns, Ordering::Relaxed);
-        }
         let (width, height) = self.out;
         let mut replaced: Vec<(usize, Vec<u8>)> = Vec::new();
         let mut rows = CpuRows {
@@ -356,6 +367,7 @@ impl Inner {
     pub(super) fn drain(self: &Arc<Self>) {
         let pending: Vec<Pending> = lock(&self.pending).drain().map(|(_, p)| p).collect();
         for pending in pending {
+            self.stats.working(false);
             let reply = pending.reply.clone();
             let built = match self.closed.load(Ordering::Relaxed) {
                 true => self.stopped(pending),

@@ -214,7 +214,6 @@ impl HelperLane {
             lost: Mutex::new(None),
             closed: AtomicBool::new(false),
             next_id: AtomicU64::new(0),
-            busy_ns: AtomicU64::new(0),
             answer_timeout: helper.answer_timeout,
             end_timeout: helper.end_timeout,
             started,
@@ -424,7 +423,7 @@ impl HelperLane {
             let _ = reply.send(inner.finish(pending, None));
             return;
         }
-        lock(&inner.pending).insert(id, pending);
+        inner.add_pending(id, pending);
         let written = match lock(&inner.requests).as_mut() {
             // A helper that died makes the write fail, never this process end (SIGPIPE).
             Some(requests) => {
@@ -436,7 +435,7 @@ impl HelperLane {
             inner.lose(format!("sending it a batch: {error}"));
             // The reader drains what is left once the helper's stdout ends; this batch may
             // be built here first.
-            let taken = lock(&inner.pending).remove(&id);
+            let taken = inner.take_pending(id);
             if let Some(pending) = taken {
                 let reply = pending.reply.clone();
                 let _ = reply.send(inner.finish(pending, None));
@@ -498,7 +497,7 @@ impl DecodeLane for HelperLane {
     }
 
     fn busy(&self) -> Duration {
-        Duration::from_nanos(self.inner.busy_ns.load(Ordering::Relaxed))
+        self.inner.stats.busy()
     }
 
     fn shutdown(&self) {

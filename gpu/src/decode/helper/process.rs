@@ -180,7 +180,7 @@ pub(super) fn read_answers(inner: &Arc<Inner>, stdout: BufReader<ChildStdout>) {
             Ok(None) => break "its output ended".to_string(),
             Err(error) => break format!("reading its answers: {error}"),
         };
-        let Some(pending) = lock(&inner.pending).remove(&built.id) else {
+        let Some(pending) = inner.take_pending(built.id) else {
             if inner.closed.load(Ordering::Relaxed) {
                 // A batch failed as stopped when the lane shut down.
                 continue;
@@ -189,7 +189,7 @@ pub(super) fn read_answers(inner: &Arc<Inner>, stdout: BufReader<ChildStdout>) {
         };
         if built.ring as usize != pending.ring {
             let ring = pending.ring;
-            lock(&inner.pending).insert(built.id, pending);
+            inner.add_pending(built.id, pending);
             break format!(
                 "it answered batch {} in output buffer {}, not {ring}",
                 built.id, built.ring

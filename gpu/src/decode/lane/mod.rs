@@ -104,9 +104,6 @@ struct Shared {
     tail: RowTail,
     /// Set when the lane shuts down: a pipe waiting for an output buffer gives up.
     closed: std::sync::atomic::AtomicBool,
-    /// Pipes working now, and when that count last changed (the lane's busy time counts
-    /// while any pipe works, once).
-    working: Mutex<(usize, Option<Instant>)>,
     /// Whether the lane is served to another process ([`GpuLane::start_served`]).
     served: bool,
 }
@@ -128,33 +125,14 @@ impl Shared {
         }
     }
 
-    /// The lane's busy time so far, the stretch of the work in progress included.
+    /// The lane's busy time so far ([`LaneStats::busy`]).
     fn busy(&self) -> Duration {
-        let working = lock(&self.working);
-        let counted = self.stats.gpu_busy_ns.load(Ordering::Relaxed);
-        let running = match working.1 {
-            Some(since) if working.0 > 0 => since.elapsed(),
-            _ => Duration::ZERO,
-        };
-        Duration::from_nanos(counted) + running
+        self.stats.busy()
     }
 
-    /// A pipe starts (`true`) or ends (`false`) work on a batch; the lane's busy time runs
-    /// while any pipe works (counted at each change, so overlapping pipes count once).
+    /// A pipe starts (`true`) or ends (`false`) work on a batch ([`LaneStats::working`]).
     fn working(&self, starts: bool) {
-        let mut working = lock(&self.working);
-        let now = Instant::now();
-        if let (true, Some(since)) = (working.0 > 0, working.1) {
-            self.stats
-                .gpu_busy_ns
-                .fetch_add((now - since).as_nanos() as u64, Ordering::Relaxed);
-        }
-        working.0 = if starts {
-            working.0 + 1
-        } else {
-            working.0.saturating_sub(1)
-        };
-        working.1 = Some(now);
+        self.stats.working(starts);
     }
 
     fn put_ring(&self, index: usize) {

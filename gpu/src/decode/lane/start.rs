@@ -131,7 +131,6 @@ impl GpuLane {
             hardware: pipes[0].decoder.hardware(),
             tail,
             closed: std::sync::atomic::AtomicBool::new(false),
-            working: Mutex::new((0, None)),
             served,
         });
         let (tasks, queue) = crossbeam_channel::bounded(1);

@@ -24,8 +24,9 @@ pub struct LaneStats {
     /// batched decode does not take the stream, the decode failed (its strict bitstream check
     /// included), or the decode reported success without writing the image's place.
     pub fallback_rows: AtomicU64,
-    /// Time the lane's thread worked on batches (waits for the GPU included, waits for a free
-    /// output buffer not), in nanoseconds.
+    /// Time the lane worked on batches, counted once while it works on any, in nanoseconds:
+    /// in this process, while a pipe works on one (waits for the GPU included, waits for a
+    /// free output buffer not); in a helper process, while one is sent and not yet answered.
     pub gpu_busy_ns: AtomicU64,
     /// Rows the decode threads built in batches the lane also worked on.
     pub cpu_rows: AtomicU64,
@@ -41,6 +42,39 @@ pub struct LaneStats {
     pub pipe_wait_ns: AtomicU64,
     /// See `check_ns`.
     pub launch_ns: AtomicU64,
+    /// Batches the lane works on now, and when that count last changed ([`LaneStats::working`]).
+    working: Mutex<(usize, Option<Instant>)>,
+}
+
+impl LaneStats {
+    /// The lane starts (`true`) or ends (`false`) work on a batch: its busy time
+    /// (`gpu_busy_ns`, which `auto`'s rates and the lane-cost figure read) runs while it works
+    /// on any, counted at each change, so batches worked on together count once.
+    pub(crate) fn working(&self, starts: bool) {
+        let mut working = lock(&self.working);
+        let now = Instant::now();
+        if let (true, Some(since)) = (working.0 > 0, working.1) {
+            self.gpu_busy_ns
+                .fetch_add((now - since).as_nanos() as u64, Ordering::Relaxed);
+        }
+        working.0 = if starts {
+            working.0 + 1
+        } else {
+            working.0.saturating_sub(1)
+        };
+        working.1 = Some(now);
+    }
+
+    /// The lane's busy time so far, the stretch of the work in progress included.
+    pub(crate) fn busy(&self) -> Duration {
+        let working = lock(&self.working);
+        let counted = self.gpu_busy_ns.load(Ordering::Relaxed);
+        let running = match working.1 {
+            Some(since) if working.0 > 0 => since.elapsed(),
+            _ => Duration::ZERO,
+        };
+        Duration::from_nanos(counted) + running
+    }
 }
 
 pub(super) fn add_since(counter: &AtomicU64, since: Instant) {
