@@ -7,7 +7,8 @@
 //!
 //! A test hook, [`NO_DEVICE_VARIABLE`], starts the helper without a device: it then builds no
 //! rows and sends every image back to be built on the CPU, so the process, its messages and
-//! the loader's fallback are exercised where there is no GPU.
+//! the loader's fallback are exercised where there is no GPU; with it, [`FAULT_VARIABLE`]
+//! makes it go out of step in one of the ways the loader must survive.
 
 use std::collections::HashMap;
 use std::io::{BufReader, BufWriter, IsTerminal, Read, Write};
@@ -23,6 +24,13 @@ use stoker_proto::v1::{
 
 /// The test hook: `1` starts the helper without a device (see the crate's docs).
 pub const NO_DEVICE_VARIABLE: &str = "STOKER_LANE_HELPER_NO_DEVICE";
+
+/// A second test hook, read only by the helper without a device: `kind:count` makes it go out
+/// of step once it has answered `count` batches (`exit`: it exits without answering;
+/// `garbage`: it writes a length no answer has; `unsent`: it answers a batch not sent;
+/// `device-row`: it names a device row it cannot have), so the loader's side of each is
+/// exercised through real pipes.
+pub const FAULT_VARIABLE: &str = "STOKER_LANE_HELPER_FAULT";
 
 /// Why the helper stopped before its input ended.
 #[derive(Debug, thiserror::Error)]
@@ -210,8 +218,47 @@ fn next_rows(input: &mut impl Read) -> Result<Option<HelperRows>, HelperError> {
     }
 }
 
-/// The test hook's helper: every image of every batch goes back to the CPU.
+/// How the test hook's helper goes out of step, after answering so many batches
+/// ([`FAULT_VARIABLE`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Fault {
+    /// It exits (status 0) without answering.
+    Exit,
+    /// It writes a length no answer has, then reads on without answering.
+    Garbage,
+    /// It answers a batch that was not sent.
+    Unsent,
+    /// It answers with a device row though it has no device.
+    DeviceRow,
+}
+
+/// The fault `value` asks for and after how many answers (`kind:count`), or why it is not one.
+fn fault_of(value: &str) -> Result<(Fault, u64), String> {
+    let (kind, after) = value.trim().split_once(':').unwrap_or((value.trim(), "0"));
+    let fault = match kind {
+        "exit" => Fault::Exit,
+        "garbage" => Fault::Garbage,
+        "unsent" => Fault::Unsent,
+        "device-row" => Fault::DeviceRow,
+        other => {
+            return Err(format!(
+                "{FAULT_VARIABLE}: no fault {other:?} (exit, garbage, unsent, device-row)"
+            ))
+        }
+    };
+    let after = after
+        .parse()
+        .map_err(|_| format!("{FAULT_VARIABLE}: {after:?} is not a count of answers"))?;
+    Ok((fault, after))
+}
+
+/// The test hook's helper: every image of every batch goes back to the CPU (and, with
+/// [`FAULT_VARIABLE`], it goes out of step after so many answers).
 fn serve_without_device(input: &mut impl Read, output: &mut impl Write) -> Result<(), HelperError> {
+    let fault = match std::env::var(FAULT_VARIABLE) {
+        Ok(value) => Some(fault_of(&value).map_err(HelperError::Protocol)?),
+        Err(_) => None,
+    };
     let reply = HelperReply {
         kind: Some(helper_reply::Kind::Started(HelperStarted {
             pid: std::process::id(),
@@ -221,28 +268,45 @@ fn serve_without_device(input: &mut impl Read, output: &mut impl Write) -> Resul
         })),
     };
     write_message(output, &reply)?;
+    let mut answered = 0;
     while let Some(rows) = next_rows(input)? {
-        let cpu = rows
-            .images
-            .iter()
-            .map(|image| HelperCpuRow {
-                row: image.row,
-                sample: image.sample,
-                device_row: None,
-            })
-            .collect();
-        let built = HelperBuilt {
+        let mut built = HelperBuilt {
             id: rows.id,
             ring: rows.ring,
-            cpu,
+            cpu: rows
+                .images
+                .iter()
+                .map(|image| HelperCpuRow {
+                    row: image.row,
+                    sample: image.sample,
+                    device_row: None,
+                })
+                .collect(),
             ..HelperBuilt::default()
         };
+        match fault.filter(|&(_, after)| answered >= after) {
+            None => {}
+            Some((Fault::Exit, _)) => return Ok(()),
+            Some((Fault::Garbage, _)) => {
+                output.write_all(&u32::MAX.to_le_bytes())?;
+                output.flush()?;
+                std::io::copy(input, &mut std::io::sink())?;
+                return Ok(());
+            }
+            Some((Fault::Unsent, _)) => built.id += 1 << 40,
+            Some((Fault::DeviceRow, _)) => {
+                if let Some(first) = built.cpu.pop() {
+                    built.rows.push(first.row);
+                }
+            }
+        }
         write_message(
             output,
             &HelperReply {
                 kind: Some(helper_reply::Kind::Built(built)),
             },
         )?;
+        answered += 1;
     }
     Ok(())
 }
@@ -341,4 +405,19 @@ fn write_answers(
         write_message(&mut output, &reply)?;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_fault_is_read_as_its_kind_and_count_or_named_wrong() {
+        assert_eq!(fault_of("exit:3"), Ok((Fault::Exit, 3)));
+        assert_eq!(fault_of(" garbage:0 "), Ok((Fault::Garbage, 0)));
+        assert_eq!(fault_of("unsent"), Ok((Fault::Unsent, 0)));
+        assert_eq!(fault_of("device-row:2"), Ok((Fault::DeviceRow, 2)));
+        assert!(fault_of("crash:1").is_err_and(|e| e.contains("no fault \"crash\"")));
+        assert!(fault_of("exit:x").is_err_and(|e| e.contains("not a count")));
+    }
 }

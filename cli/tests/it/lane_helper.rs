@@ -15,7 +15,7 @@ use std::time::Duration;
 use stoker_gpu::{
     DecodeMode, GpuDecodeOptions, HelperOptions, RowTail, StartGpuLane, DEFAULT_GPU_MEMORY,
 };
-use stoker_lane_helper::NO_DEVICE_VARIABLE;
+use stoker_lane_helper::{FAULT_VARIABLE, NO_DEVICE_VARIABLE};
 use stoker_loader::{Loader, LoaderOptions, StartDecodeLane};
 use stoker_proto::v1::JobSpec;
 
@@ -226,6 +226,41 @@ fn a_helper_that_stops_answering_is_stopped_and_its_batches_built_on_the_cpu() {
         !process_exists(pid),
         "the stopped helper {pid} was left behind"
     );
+}
+
+#[test]
+fn a_helper_out_of_step_in_any_way_costs_the_run_nothing() {
+    let (_dir, spec) = images(64);
+    let expected: Vec<_> = (0..2).map(|epoch| epoch_batches(&spec, 2, epoch)).collect();
+    // Each way, after three answers: how the loader names the loss.
+    let faults = [
+        ("exit:3", "its output ended (the process: exit status: 0)"),
+        (
+            "garbage:3",
+            "reading its answers: a frame of 4294967295 bytes",
+        ),
+        ("unsent:3", "which was not sent"),
+        ("device-row:3", "device rows where its buffer holds 0"),
+    ];
+    for (fault, named) in faults {
+        let env = [(NO_DEVICE_VARIABLE, "1"), (FAULT_VARIABLE, fault)];
+        let starter = starter(DecodeMode::Gpu, &env, Duration::from_secs(60));
+        let loader = loader(&spec, &starter).unwrap();
+        for (epoch, expected) in expected.iter().enumerate() {
+            let got = whole_epoch(&loader, epoch as u64);
+            assert_eq!(digest(&got), digest(expected), "{fault}: epoch {epoch}");
+        }
+        let helper = starter.helper().unwrap();
+        let lost = helper.lost().expect("the helper is known lost");
+        assert!(lost.contains(named), "{fault}: {lost}");
+        let pid = helper.pid() as i32;
+        drop(helper);
+        drop(loader);
+        assert!(
+            !process_exists(pid),
+            "{fault}: the helper {pid} was left behind"
+        );
+    }
 }
 
 #[test]
