@@ -80,7 +80,14 @@ fn loader(spec: &JobSpec, starter: &Arc<StartGpuLane>) -> stoker_loader::Result<
 
 #[test]
 fn a_helper_without_a_device_gives_the_cpus_batches_and_ends_with_the_loader() {
-    let (_dir, spec) = images(40);
+    let (dir, spec) = images(40);
+    // A descriptor this process holds without CLOEXEC, as a library's may be.
+    let marker = dir.path().join("inherited-marker");
+    std::fs::write(&marker, b"").unwrap();
+    let path = std::ffi::CString::new(marker.to_str().unwrap()).unwrap();
+    // SAFETY: a plain open of a file the test made; closed below.
+    let inheritable = unsafe { libc::open(path.as_ptr(), libc::O_RDONLY) };
+    assert!(inheritable >= 0);
     let expected = epoch_batches(&spec, 2, 0);
     let starter = deviceless(DecodeMode::Gpu, Duration::from_secs(60));
     let loader = loader(&spec, &starter).unwrap();
@@ -113,6 +120,14 @@ fn a_helper_without_a_device_gives_the_cpus_batches_and_ends_with_the_loader() {
         "a batch still counted as in work"
     );
     let pid = helper.pid() as i32;
+    // It did not inherit the descriptor.
+    let held: Vec<_> = std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .unwrap()
+        .filter_map(|entry| std::fs::read_link(entry.ok()?.path()).ok())
+        .collect();
+    assert!(!held.contains(&marker), "the helper holds {held:?}");
+    // SAFETY: the descriptor opened above.
+    unsafe { libc::close(inheritable) };
     // In a process group of its own (a Ctrl-C at the training script's terminal is not its).
     // SAFETY: a query of the test's own child process.
     assert_eq!(unsafe { libc::getpgid(pid) }, pid);

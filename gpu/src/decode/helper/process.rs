@@ -44,9 +44,25 @@ pub(super) fn spawn(
     batch_size: usize,
     tail: &RowTail,
 ) -> Result<Spawned, GpuDecodeError> {
+    let mut command = Command::new(&helper.binary);
+    // SAFETY: the closure makes one system call (async-signal-safe) between fork and exec.
+    unsafe {
+        command.pre_exec(|| {
+            // What this process opened without CLOEXEC (a library's socket, say) closes at the
+            // exec instead of living on in the helper; 0-2 are the helper's own. A kernel
+            // before 5.11 lacks the call, and the helper then inherits them.
+            libc::syscall(
+                libc::SYS_close_range,
+                3u32,
+                u32::MAX,
+                libc::CLOSE_RANGE_CLOEXEC,
+            );
+            Ok(())
+        });
+    }
     // In a process group of its own: a Ctrl-C meant for the training script (which may catch
     // it and go on) does not end the lane; the helper ends when its stdin does.
-    let mut child = Command::new(&helper.binary)
+    let mut child = command
         .process_group(0)
         .envs(helper.env.iter().map(|(k, v)| (k, v)))
         .stdin(Stdio::piped())
