@@ -41,7 +41,8 @@ rows all came from the lane (under ``decode="gpu"``, most batches; under ``"auto
 split of 16/16: other batches still get the pass): whether the stage's launches on the
 training thread matter. ``-laneproc`` in a Stoker row's name (``stoker-auto-laneproc``) runs
 the decode lane alone in Stoker's own helper process, ``stoker-lane-helper`` (from
-``$STOKER_BIN_DIR``, else beside Python or on ``PATH``; ``STOKER_GPU_DECODE_HELPER``, set for
+``$STOKER_BIN_DIR``, else as ``STOKER_GPU_DECODE_HELPER=1`` finds the package's command: the
+installation's scripts folders, beside ``sys.executable``, then ``PATH``; set for
 the row alone): the decode threads stay in the training process and the lane's CUDA calls move
 to a context of their own, its rows reaching the loop through CUDA IPC. A row named ``loader:ROW``
 runs the loader alone, without the model (its images/s is what decoding and cropping

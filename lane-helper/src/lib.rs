@@ -2,7 +2,7 @@
 //! loader's start and batches from its input, runs the lane in its own CUDA context
 //! (`stoker_gpu::GpuLane::start_served`), and answers each batch on its output with what became
 //! of each image; the rows themselves stay in the lane's output buffers, which the loader has
-//! opened through their IPC handles. The messages are `stoker.v1.Helper*`
+//! opened through their IPC handle. The messages are `stoker.v1.Helper*`
 //! (`stoker_gpu::helper_wire`).
 //!
 //! A test hook, [`NO_DEVICE_VARIABLE`], starts the helper without a device: it then builds no
@@ -160,7 +160,8 @@ fn started(error: String) -> HelperReply {
     }
 }
 
-/// Starts the lane `start` asks for, with the answer naming its buffers and events.
+/// Starts the lane `start` asks for, with the answer naming its buffers (one IPC handle) and
+/// its device's UUID.
 fn start_lane(start: &HelperStart) -> Result<(GpuLane, HelperReply), String> {
     let tail = start
         .tail

@@ -67,7 +67,8 @@ pub(super) struct Inner {
     /// How long the helper may take to end once its stdin closes.
     pub(super) end_timeout: Duration,
     /// The helper's page-locked staging, reserved within this process's pinned budget while
-    /// the helper runs (let go when it is lost: its pages went with it).
+    /// the helper runs (let go once it is lost or the lane closed, and it ended: its pages
+    /// went with it).
     pub(super) pinned: Mutex<Option<PinnedShare>>,
 }
 

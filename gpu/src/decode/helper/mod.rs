@@ -2,7 +2,7 @@
 //! [`HELPER_VARIABLE`]): the decode threads offer the split's rows as ever, and the loader's
 //! side of the lane ([`HelperLane`], the loader's `DecodeLane`) sends them to the helper, whose
 //! own CUDA context decodes and crops them into output buffers the loader's process has opened
-//! from their IPC handles ([`rows`]). The helper answers each batch with which rows it built
+//! from their IPC handle ([`rows`]). The helper answers each batch with which rows it built
 //! and which go to the CPU; the loader copies the rows into its own memory at once (a copy of
 //! the buffers beside the cap) and builds the others into the slot as the lane in this process
 //! does. Nothing the helper does can reach this process's CUDA context: if it dies, stops
@@ -359,10 +359,11 @@ impl HelperLane {
             })
         };
         if ended.is_some() {
-            // A write blocked on it ended with it.
+            // A write blocked on it ended with it; its page-locked pages went with it.
             if let Some(requests) = lock(&inner.requests).take() {
                 discard(requests);
             }
+            drop(lock(&inner.pinned).take());
         }
         let threads = std::mem::take(&mut *lock(&self.threads));
         if ended.is_some() {

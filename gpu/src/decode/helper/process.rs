@@ -49,8 +49,9 @@ pub(super) fn spawn(
     unsafe {
         command.pre_exec(|| {
             // What this process opened without CLOEXEC (a library's socket, say) closes at the
-            // exec instead of living on in the helper; 0-2 are the helper's own. A kernel
-            // before 5.11 lacks the call, and the helper then inherits them.
+            // exec instead of living on in the helper; 0-2 are the helper's own. Before Linux
+            // 5.11 (no CLOSE_RANGE_CLOEXEC), or where seccomp refuses the call, it fails, the
+            // failure is ignored, and the helper inherits them.
             libc::syscall(
                 libc::SYS_close_range,
                 3u32,

@@ -15,7 +15,8 @@ use crate::cuda::Cuda;
 use crate::decode::lane::{handle_chars, IPC_HANDLE_BYTES};
 use crate::decode::{GpuDecodeError, RowTail};
 
-/// The helper's buffers and events, opened in this process.
+/// The helper's buffers as mapped here, this process's copy of them, and the stream and
+/// events its copies run on.
 pub(super) struct DeviceSide {
     pub(super) cuda: Arc<Cuda>,
     /// Where the helper's output buffers are mapped here.

@@ -26,7 +26,8 @@ pub struct LaneStats {
     pub fallback_rows: AtomicU64,
     /// Time the lane worked on batches, counted once while it works on any, in nanoseconds:
     /// in this process, while a pipe works on one (waits for the GPU included, waits for a
-    /// free output buffer not); in a helper process, while one is sent and not yet answered.
+    /// free output buffer not); for the lane in a helper process (the loader's `HelperLane`),
+    /// while one is sent and not yet answered.
     pub gpu_busy_ns: AtomicU64,
     /// Rows the decode threads built in batches the lane also worked on.
     pub cpu_rows: AtomicU64,
