@@ -13,7 +13,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use stoker_gpu::{
-    DecodeMode, GpuDecodeOptions, HelperOptions, RowTail, StartGpuLane, DEFAULT_GPU_MEMORY,
+    DecodeMode, GpuDecodeOptions, HelperLane, HelperOptions, RowTail, StartGpuLane,
+    DEFAULT_GPU_MEMORY,
 };
 use stoker_lane_helper::{FAULT_VARIABLE, NO_DEVICE_VARIABLE};
 use stoker_loader::{Loader, LoaderOptions, StartDecodeLane};
@@ -143,10 +144,20 @@ fn a_helper_without_a_device_gives_the_cpus_batches_and_ends_with_the_loader() {
     // In a process group of its own (a Ctrl-C at the training script's terminal is not its).
     // SAFETY: a query of the test's own child process.
     assert_eq!(unsafe { libc::getpgid(pid) }, pid);
+    // The loader's end closes the helper's stdin: it exits and is reaped.
+    dropped_and_reaped(helper, loader, "a loader's end");
+}
+
+/// Drops `loader` and the test's hold on its `helper` lane, and checks the helper process
+/// ended and was reaped by then (`what` names the case).
+fn dropped_and_reaped(helper: Arc<HelperLane>, loader: Loader, what: &str) {
+    let pid = helper.pid() as i32;
     drop(helper);
     drop(loader);
-    // The loader's end closes the helper's stdin: it exits and is reaped.
-    assert!(!process_exists(pid), "the helper {pid} outlived its loader");
+    assert!(
+        !process_exists(pid),
+        "{what}: the helper {pid} was left behind"
+    );
 }
 
 /// Whether process `pid` exists (a zombie counts: it was not reaped).
@@ -246,13 +257,7 @@ fn a_helper_that_stops_answering_is_stopped_and_its_batches_built_on_the_cpu() {
     let lost = helper.lost().expect("the helper is known lost");
     assert!(lost.starts_with("no answer to a batch in"), "{lost}");
     // It was killed (a stopped process takes SIGKILL) and reaped.
-    let pid = helper.pid() as i32;
-    drop(helper);
-    drop(loader);
-    assert!(
-        !process_exists(pid),
-        "the stopped helper {pid} was left behind"
-    );
+    dropped_and_reaped(helper, loader, "stopped");
 }
 
 #[test]
@@ -281,13 +286,7 @@ fn a_helper_out_of_step_in_any_way_costs_the_run_nothing() {
         let helper = starter.helper().unwrap();
         let lost = helper.lost().expect("the helper is known lost");
         assert!(lost.contains(named), "{fault}: {lost}");
-        let pid = helper.pid() as i32;
-        drop(helper);
-        drop(loader);
-        assert!(
-            !process_exists(pid),
-            "{fault}: the helper {pid} was left behind"
-        );
+        dropped_and_reaped(helper, loader, fault);
     }
 }
 

@@ -153,11 +153,7 @@ impl Inner {
                 side.close_ring();
             }
             // A process that ended by itself keeps its own status: the kill finds it gone.
-            let ended = {
-                let mut child = lock(&self.child);
-                let _ = child.kill();
-                reap(&mut child, Duration::from_secs(5))
-            };
+            let ended = end(&mut lock(&self.child), Duration::ZERO);
             let why = format!(
                 "{why} (the process: {})",
                 ended
@@ -390,9 +386,23 @@ impl Inner {
     }
 }
 
-/// Waits up to `within` for `child` to end (after a kill or its stdin closing): how it ended,
-/// or `None` if it has not yet.
-pub(super) fn reap(child: &mut Child, within: Duration) -> Option<String> {
+/// Gives `child` `within` to end by itself (its stdin closed, or having said why it cannot
+/// run), then kills it: how it ended, or `None` if it had not 5 s after the kill.
+pub(super) fn end(child: &mut Child, within: Duration) -> Option<String> {
+    reap(child, within).or_else(|| {
+        if !within.is_zero() {
+            tracing::warn!(
+                timeout = ?within,
+                "the lane's helper did not end in time; killing it"
+            );
+        }
+        let _ = child.kill();
+        reap(child, Duration::from_secs(5))
+    })
+}
+
+/// Waits up to `within` for `child` to end: how it ended, or `None` if it has not yet.
+fn reap(child: &mut Child, within: Duration) -> Option<String> {
     let deadline = Instant::now() + within;
     loop {
         match child.try_wait() {

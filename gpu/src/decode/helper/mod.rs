@@ -31,7 +31,7 @@ use stoker_proto::v1::{helper_request, HelperRequest, HelperRows};
 
 use super::lane::{CpuRow, LaneDiverter, LaneSplit, LaneStats};
 use super::{GpuDecodeError, GpuDecodeOptions, LaneTask, RowTail};
-use inner::{lock, reap, Inner, Pending, NO_RING};
+use inner::{end, lock, Inner, Pending, NO_RING};
 use process::{
     discard, failed, open_device, read_answers, spawn, watch_answers, without_sigpipe, Spawned,
 };
@@ -128,7 +128,7 @@ pub struct HelperLane {
 impl std::fmt::Debug for HelperLane {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("HelperLane")
-            .field("pid", &self.inner.started.pid)
+            .field("pid", &self.inner.pid)
             .field("lost", &*lock(&self.inner.lost))
             .finish_non_exhaustive()
     }
@@ -337,27 +337,17 @@ impl HelperLane {
                 }
             }
         };
-        let ended = {
-            let mut child = lock(&inner.child);
-            let left = deadline.saturating_duration_since(Instant::now());
-            let ended = match stdin_closed {
-                Some(requests) => {
-                    if let Some(requests) = requests {
-                        discard(requests);
-                    }
-                    reap(&mut child, left)
+        // What is left of its time to end (none when its stdin could not be closed).
+        let left = match stdin_closed {
+            Some(requests) => {
+                if let Some(requests) = requests {
+                    discard(requests);
                 }
-                None => None,
-            };
-            ended.or_else(|| {
-                tracing::warn!(
-                    timeout = ?inner.end_timeout,
-                    "the lane's helper did not end in time once its stdin closed; killing it"
-                );
-                let _ = child.kill();
-                reap(&mut child, Duration::from_secs(5))
-            })
+                deadline.saturating_duration_since(Instant::now())
+            }
+            None => Duration::ZERO,
         };
+        let ended = end(&mut lock(&inner.child), left);
         if ended.is_some() {
             // A write blocked on it ended with it; its page-locked pages went with it.
             if let Some(requests) = lock(&inner.requests).take() {
@@ -434,8 +424,8 @@ impl HelperLane {
         };
         if let Err(error) = written {
             inner.lose(format!("sending it a batch: {error}"));
-            // The reader drains what is left once the helper's stdout ends; this batch may
-            // be built here first.
+            // `lose` built what the helper owed; if it was lost already (and this batch added
+            // after that), the batch is built here.
             let taken = inner.take_pending(id);
             if let Some(pending) = taken {
                 let reply = pending.reply.clone();

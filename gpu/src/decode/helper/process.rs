@@ -13,7 +13,7 @@ use stoker_proto::v1::{
     helper_reply, helper_request, HelperReply, HelperRequest, HelperStart, HelperStarted,
 };
 
-use super::inner::{lock, reap, Inner};
+use super::inner::{end, lock, Inner};
 use super::rows::DeviceSide;
 use super::wire::{read_answer, tail_message, write_message, HELPER_PROTOCOL};
 use super::HelperOptions;
@@ -30,8 +30,7 @@ pub(super) struct Spawned {
 
 /// Stops a helper that did not start, for `why`.
 pub(super) fn failed(child: &mut Child, why: String) -> GpuDecodeError {
-    let _ = child.kill();
-    let _ = child.wait();
+    let _ = end(child, Duration::ZERO);
     GpuDecodeError::Unsupported(format!("the lane's helper process: {why}"))
 }
 
@@ -133,8 +132,7 @@ pub(super) fn spawn(
             ))
         }
         Ok(None) => {
-            let status = reap(&mut child, Duration::from_secs(5));
-            let _ = child.kill();
+            let status = end(&mut child, Duration::from_secs(5));
             return Err(GpuDecodeError::Unsupported(format!(
                 "the lane's helper process ended before it started ({})",
                 status.unwrap_or_default()
@@ -144,10 +142,7 @@ pub(super) fn spawn(
     };
     if !started.error.is_empty() {
         // It ends by itself once it has said why; within 5 s, or it is killed.
-        if reap(&mut child, Duration::from_secs(5)).is_none() {
-            let _ = child.kill();
-            let _ = reap(&mut child, Duration::from_secs(5));
-        }
+        let _ = end(&mut child, Duration::from_secs(5));
         return Err(GpuDecodeError::Unsupported(format!(
             "the lane's helper process cannot run the lane: {}",
             started.error
