@@ -218,6 +218,27 @@ pub fn compile_gpu_kernel(
     })
 }
 
+/// The keys both lanes' figures start with: whether the hardware engines decode, what the rows
+/// are (`tail`), and `counts`' rows by where they were built and each lane's rate.
+fn rows_stats<'py>(
+    py: Python<'py>,
+    hardware: bool,
+    tail: RowTail,
+    counts: &stoker_gpu::LaneStats,
+) -> PyResult<Bound<'py, PyDict>> {
+    let entry = PyDict::new(py);
+    let load = |counter: &AtomicU64| counter.load(Ordering::Relaxed);
+    entry.set_item("hardware", hardware)?;
+    entry.set_item("rows_dtype", tail.element.name())?;
+    entry.set_item("tail_fused", !tail.is_bytes())?;
+    entry.set_item("rows", load(&counts.gpu_rows))?;
+    entry.set_item("declined_rows", load(&counts.declined_rows))?;
+    entry.set_item("fallback_rows", load(&counts.fallback_rows))?;
+    entry.set_item("gpu_rows_per_s", counts.gpu_rate())?;
+    entry.set_item("cpu_rows_per_s", counts.cpu_rate())?;
+    Ok(entry)
+}
+
 /// The lane's figures as `stats()["gpu_decode"]` gives them: rows by where they were built,
 /// each lane's rate, its memory and where its threads spent their time.
 pub fn lane_stats<'py>(
@@ -225,17 +246,8 @@ pub fn lane_stats<'py>(
     lane: &stoker_gpu::GpuLane,
 ) -> PyResult<Bound<'py, PyDict>> {
     let counts = lane.stats();
-    let entry = PyDict::new(py);
-    let load = |counter: &AtomicU64| counter.load(Ordering::Relaxed);
-    let seconds = |counter: &AtomicU64| load(counter) as f64 / 1e9;
-    entry.set_item("hardware", lane.hardware())?;
-    entry.set_item("rows_dtype", lane.rows_tail().element.name())?;
-    entry.set_item("tail_fused", !lane.rows_tail().is_bytes())?;
-    entry.set_item("rows", load(&counts.gpu_rows))?;
-    entry.set_item("declined_rows", load(&counts.declined_rows))?;
-    entry.set_item("fallback_rows", load(&counts.fallback_rows))?;
-    entry.set_item("gpu_rows_per_s", counts.gpu_rate())?;
-    entry.set_item("cpu_rows_per_s", counts.cpu_rate())?;
+    let entry = rows_stats(py, lane.hardware(), lane.rows_tail(), counts)?;
+    let seconds = |counter: &AtomicU64| counter.load(Ordering::Relaxed) as f64 / 1e9;
     entry.set_item("memory_bytes", lane.memory_bytes())?;
     entry.set_item("memory_cap", lane.memory_cap())?;
     entry.set_item("nvjpeg_allocations", lane.nvjpeg_allocations())?;
@@ -258,18 +270,8 @@ pub fn helper_stats<'py>(
     py: Python<'py>,
     helper: &stoker_gpu::HelperLane,
 ) -> PyResult<Bound<'py, PyDict>> {
-    let counts = helper.stats();
     let figures = helper.figures();
-    let entry = PyDict::new(py);
-    let load = |counter: &AtomicU64| counter.load(Ordering::Relaxed);
-    entry.set_item("hardware", helper.hardware())?;
-    entry.set_item("rows_dtype", helper.rows_tail().element.name())?;
-    entry.set_item("tail_fused", !helper.rows_tail().is_bytes())?;
-    entry.set_item("rows", load(&counts.gpu_rows))?;
-    entry.set_item("declined_rows", load(&counts.declined_rows))?;
-    entry.set_item("fallback_rows", load(&counts.fallback_rows))?;
-    entry.set_item("gpu_rows_per_s", counts.gpu_rate())?;
-    entry.set_item("cpu_rows_per_s", counts.cpu_rate())?;
+    let entry = rows_stats(py, helper.hardware(), helper.rows_tail(), helper.stats())?;
     entry.set_item("memory_bytes", figures.memory_bytes)?;
     entry.set_item("memory_cap", figures.memory_cap)?;
     entry.set_item("staging_bytes", helper.staging_bytes())?;
