@@ -39,7 +39,11 @@ normalised bfloat16 rows itself (``STOKER_GPU_DECODE_FUSED_TAIL=1``, set for the
 the loader's stage copies them into place without its own normalising pass for a batch whose
 rows all came from the lane (under ``decode="gpu"``, most batches; under ``"auto"``, only at a
 split of 16/16: other batches still get the pass): whether the stage's launches on the
-training thread matter. ``-laneproc`` in a Stoker row's name (``stoker-auto-laneproc``) runs
+training thread matter. ``-roi`` in a Stoker row's name (``stoker-auto-roi``) has the
+hardware engines decode only each image's crop window, grown to whole MCUs
+(``STOKER_GPU_DECODE_ROI=1``, set for the row alone), into smaller places, so each of the lane's
+decode calls takes more images: whether the lane's per-call host work and the engines' full
+decodes are what slow the step. ``-laneproc`` in a Stoker row's name (``stoker-auto-laneproc``) runs
 the decode lane alone in Stoker's own helper process, ``stoker-lane-helper`` (from
 ``$STOKER_BIN_DIR``, else as ``STOKER_GPU_DECODE_HELPER=1`` finds the package's command: the
 installation's scripts folders, beside ``sys.executable``, then ``PATH``; set for
@@ -84,6 +88,8 @@ CROP = 224
 SMS_VARIABLE = "STOKER_GPU_DECODE_SMS"
 #: The lane's kernel applies the device stage's tail (read as the lane starts).
 FUSED_VARIABLE = "STOKER_GPU_DECODE_FUSED_TAIL"
+#: The lane decodes only each image's crop window (read as the lane starts).
+ROI_VARIABLE = "STOKER_GPU_DECODE_ROI"
 #: The lane runs in the stoker-lane-helper process (read as the lane starts).
 HELPER_VARIABLE = "STOKER_GPU_DECODE_HELPER"
 
@@ -241,30 +247,34 @@ def forever(make: Callable[[], Any]) -> Iterator[Any]:
         yield from loader
 
 
-def row_parts(row: str, workers: int) -> tuple[bool, str, int, str, bool, bool]:
+def row_parts(row: str, workers: int) -> tuple[bool, str, int, str, bool, bool, bool]:
     """What a row's name asks for (see the module doc): whether it trains (not ``loader:``),
     its kind (``stoker-auto``, ``dali``...), its thread count (``@N``, else ``workers``), the
     green context's SMs (``-smsN``, else ""), whether the lane's kernel applies the tail
-    (``-fused``) and whether the lane runs in ``stoker-lane-helper`` (``-laneproc``)."""
+    (``-fused``), whether the lane runs in ``stoker-lane-helper`` (``-laneproc``) and whether
+    it decodes crop windows alone (``-roi``)."""
     alone, _, name = row.rpartition(":")
     lane_process = "-laneproc" in name
-    name = name.replace("-laneproc", "")
+    roi = "-roi" in name
+    name = name.replace("-laneproc", "").replace("-roi", "")
     kind, _, threads = name.partition("@")
     fused = "-fused" in kind
     kind, _, sms = kind.replace("-fused", "").partition("-sms")
-    return alone != "loader", kind, int(threads) if threads else workers, sms, fused, lane_process
+    threads_used = int(threads) if threads else workers
+    return alone != "loader", kind, threads_used, sms, fused, lane_process, roi
 
 
 def run_row(
     torch: Any, torchvision: Any, stoker: Any, model: Model, row: str, args: Any
 ) -> dict[str, Any]:
     batch = args.batch_size
-    train, kind, workers, sms, fused, lane_process = row_parts(row, args.workers)
+    train, kind, workers, sms, fused, lane_process, roi = row_parts(row, args.workers)
     closers: list[Callable[[], None]] = []
     # Each row starts without them (a row that failed may not have cleared them).
     os.environ.pop(SMS_VARIABLE, None)
     os.environ.pop(FUSED_VARIABLE, None)
     os.environ.pop(HELPER_VARIABLE, None)
+    os.environ.pop(ROI_VARIABLE, None)
     if lane_process:
         folder = os.environ.get("STOKER_BIN_DIR")
         os.environ[HELPER_VARIABLE] = (
@@ -277,6 +287,9 @@ def run_row(
     if fused:
         os.environ[FUSED_VARIABLE] = "1"
         closers.append(lambda: os.environ.pop(FUSED_VARIABLE, None))
+    if roi:
+        os.environ[ROI_VARIABLE] = "1"
+        closers.append(lambda: os.environ.pop(ROI_VARIABLE, None))
     built = time.perf_counter()
     if kind == "ceiling":
         images = torch.randn(batch, 3, CROP, CROP, device="cuda").contiguous(
@@ -593,10 +606,11 @@ def print_row(r: dict[str, Any], flush: bool) -> None:
     lane = r.get("gpu_decode")
     lane_text = ""
     if lane:
+        by_region = f"{lane['roi_rows']} by region, " if lane.get("roi") else ""
         lane_text = (
             f"  lane {lane['rows']} {lane.get('rows_dtype', 'uint8')} rows, "
             f"declined {lane['declined_rows']}, "
-            f"fell back {lane['fallback_rows']}, "
+            f"fell back {lane['fallback_rows']}, {by_region}"
             f"GPU {lane['gpu_rows_per_s']:.0f} / CPU {lane['cpu_rows_per_s']:.0f} rows/s, "
             f"split {'>'.join(map(str, r.get('decode_splits_sixteenths', [])))}/16, "
             f"{lane['memory_bytes'] >> 20} MiB, "

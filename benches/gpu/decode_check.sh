@@ -25,8 +25,9 @@
 # this order of priority (worst cases, install.sh's time not counted): SKIP_BENCH=1 (smoke test
 # and GPU tests, 7 minutes, 9.5 when the smoke test fails and the sanitizer runs),
 # SKIP_PYTEST=1 SKIP_LEVERS=1 (fence cost and the rows beside DALI, 9), LEVERS_ONLY=1 (just
-# under 10); then COMPILE=only, MPS=only and LANEPROC=only (the decode lane alone in
-# stoker-lane-helper, the -laneproc rows, 5 minutes at worst) as time allows.
+# under 10); then COMPILE=only, MPS=only, LANEPROC=only (the decode lane alone in
+# stoker-lane-helper, the -laneproc rows, 5 minutes at worst) and ROI=only (the lane decoding
+# only each crop window, the -roi rows, 5 minutes at worst) as time allows.
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 source benches/gpu/install.sh
@@ -79,7 +80,7 @@ fi
 [ "${SMOKE_ONLY:-0}" = 1 ] && exit "$smoke"
 # COMPILE=only and MPS=only run the smoke test and the compiled or MPS rows alone.
 levers_only=0
-if [ "${LEVERS_ONLY:-0}" = 1 ] || [ "${COMPILE:-0}" = only ] || [ "${MPS:-0}" = only ] || [ "${LANEPROC:-0}" = only ]; then
+if [ "${LEVERS_ONLY:-0}" = 1 ] || [ "${COMPILE:-0}" = only ] || [ "${MPS:-0}" = only ] || [ "${LANEPROC:-0}" = only ] || [ "${ROI:-0}" = only ]; then
     levers_only=1
 fi
 helper_rows=ceiling,stoker-auto,helper-cuda,helper-gpu,helper-auto,stoker-auto@7,helper-auto@7
@@ -104,7 +105,7 @@ if [ "$levers_only" != 1 ]; then
     echo "gpu_train: $((SECONDS - started)) s"
 fi
 [ "${SKIP_LEVERS:-0}" = 1 ] && exit 0
-if [ "${COMPILE:-0}" != only ] && [ "${MPS:-0}" != only ] && [ "${LANEPROC:-0}" != only ]; then
+if [ "${COMPILE:-0}" != only ] && [ "${MPS:-0}" != only ] && [ "${LANEPROC:-0}" != only ] && [ "${ROI:-0}" != only ]; then
     started=$SECONDS
     timeout 100 python3 benches/gpu_train.py --data "$data" --models resnet18 --rows ceiling,stoker-gpu,stoker-auto --workers "$(( $(nproc) - 1 ))" --side-stream 2>&1 | tee "$out/bench-side-stream.log"
     echo "gpu_train --side-stream: $((SECONDS - started)) s"
@@ -116,6 +117,14 @@ if [ "${COMPILE:-0}" = 1 ] || [ "${COMPILE:-0}" = only ]; then
     echo "gpu_train --compile: $((SECONDS - started)) s"
 fi
 [ "${COMPILE:-0}" = only ] && exit 0
+if [ "${ROI:-0}" = only ]; then
+    # The hardware engines decoding only each image's crop window (STOKER_GPU_DECODE_ROI=1, the
+    # -roi rows) beside the same rows decoding whole images, and the loader alone both ways.
+    started=$SECONDS
+    timeout 180 python3 benches/gpu_train.py --data "$data" --models resnet18 --rows ceiling,stoker-gpu,stoker-gpu-roi,stoker-auto,stoker-auto-roi,loader:stoker-gpu,loader:stoker-gpu-roi --workers "$(( $(nproc) - 1 ))" 2>&1 | tee "$out/bench-roi.log"
+    echo "gpu_train -roi rows: $((SECONDS - started)) s"
+    exit 0
+fi
 if [ "${LANEPROC:-0}" = only ]; then
     # The decode lane alone in Stoker's helper process (stoker-lane-helper, the -laneproc rows)
     # beside the same rows with the lane in the training process.

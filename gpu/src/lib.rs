@@ -40,6 +40,6 @@ pub use decode::{
     GpuDecodeOptions, GpuLane, HelperLane, HelperOptions, LaneItem, LaneStats, RowTail, RowsBuilt,
     RowsTask, ServedHandles, StartGpuLane, TailParams, AUTO_POINT_STEPS, AUTO_START,
     DEFAULT_GPU_MEMORY, FUSED_TAIL_VARIABLE, HELPER_BINARY, HELPER_VARIABLE, IPC_HANDLE_BYTES,
-    KERNEL, KERNEL_SOURCE, NVJPEG_TESTED_MAJORS,
+    KERNEL, KERNEL_SOURCE, NVJPEG_TESTED_MAJORS, ROI_VARIABLE,
 };
 pub use pinning::{DevicePinning, PinDevice};

@@ -259,6 +259,8 @@ pub fn lane_stats<'py>(
     entry.set_item("decode_call_s", seconds(&counts.decode_call_ns))?;
     entry.set_item("pipe_wait_s", seconds(&counts.pipe_wait_ns))?;
     entry.set_item("launch_s", seconds(&counts.launch_ns))?;
+    entry.set_item("roi", lane.roi())?;
+    entry.set_item("roi_rows", counts.roi_rows.load(Ordering::Relaxed))?;
     entry.set_item("helper", py.None())?;
     Ok(entry)
 }

@@ -27,21 +27,24 @@ def gpu_train() -> ModuleType:
 @pytest.mark.parametrize(
     ("row", "parts"),
     [
-        ("ceiling", (True, "ceiling", 15, "", False, False)),
-        ("stoker-auto@7", (True, "stoker-auto", 7, "", False, False)),
-        ("loader:stoker-gpu", (False, "stoker-gpu", 15, "", False, False)),
-        ("stoker-gpu-sms16", (True, "stoker-gpu", 15, "16", False, False)),
-        ("stoker-auto-fused", (True, "stoker-auto", 15, "", True, False)),
-        ("helper-gpu-fused@7", (True, "helper-gpu", 7, "", True, False)),
-        ("loader:stoker-auto-fused-sms32@3", (False, "stoker-auto", 3, "32", True, False)),
-        ("stoker-gpu-sms16-fused", (True, "stoker-gpu", 15, "16", True, False)),
-        ("dali-hw99", (True, "dali-hw99", 15, "", False, False)),
-        ("stoker-auto-laneproc", (True, "stoker-auto", 15, "", False, True)),
-        ("loader:stoker-gpu-laneproc-fused@7", (False, "stoker-gpu", 7, "", True, True)),
+        ("ceiling", (True, "ceiling", 15, "", False, False, False)),
+        ("stoker-auto@7", (True, "stoker-auto", 7, "", False, False, False)),
+        ("loader:stoker-gpu", (False, "stoker-gpu", 15, "", False, False, False)),
+        ("stoker-gpu-sms16", (True, "stoker-gpu", 15, "16", False, False, False)),
+        ("stoker-auto-fused", (True, "stoker-auto", 15, "", True, False, False)),
+        ("helper-gpu-fused@7", (True, "helper-gpu", 7, "", True, False, False)),
+        ("loader:stoker-auto-fused-sms32@3", (False, "stoker-auto", 3, "32", True, False, False)),
+        ("stoker-gpu-sms16-fused", (True, "stoker-gpu", 15, "16", True, False, False)),
+        ("dali-hw99", (True, "dali-hw99", 15, "", False, False, False)),
+        ("stoker-auto-laneproc", (True, "stoker-auto", 15, "", False, True, False)),
+        ("loader:stoker-gpu-laneproc-fused@7", (False, "stoker-gpu", 7, "", True, True, False)),
+        ("stoker-auto-roi", (True, "stoker-auto", 15, "", False, False, True)),
+        ("stoker-gpu-roi-fused@7", (True, "stoker-gpu", 7, "", True, False, True)),
+        ("loader:stoker-auto-laneproc-roi", (False, "stoker-auto", 15, "", False, True, True)),
     ],
 )
 def test_a_rows_name_is_read_as_documented(
-    gpu_train: ModuleType, row: str, parts: tuple[bool, str, int, str, bool, bool]
+    gpu_train: ModuleType, row: str, parts: tuple[bool, str, int, str, bool, bool, bool]
 ) -> None:
     assert gpu_train.row_parts(row, 15) == parts
 
@@ -80,11 +83,18 @@ def test_every_kind_of_result_prints(
     # A helper row's figures come from the helper process's loader, and may be missing.
     helper = {**common, "row": "helper-gpu", "gpu_decode": lane}
     skipped = {"model": "resnet18", "row": "dali", "skipped": "nvidia.dali is not importable"}
-    for result in (in_process, helper, skipped, {**common, "row": "ceiling"}):
+    by_region = {
+        **in_process,
+        "row": "stoker-gpu-roi",
+        "gpu_decode": {**lane, "roi": True, "roi_rows": 900},
+    }
+    for result in (in_process, helper, skipped, {**common, "row": "ceiling"}, by_region):
         gpu_train.print_row(result, flush=False)
     printed = capsys.readouterr().out.splitlines()
-    assert len(printed) == 4
+    assert len(printed) == 5
     assert "lane 1000 bfloat16 rows" in printed[0] and "lane cost 20.0%" in printed[0]
+    assert "by region" not in printed[0]
+    assert "fell back 2, 900 by region, GPU 9000" in printed[4]
     assert "lane cost 0.0% of the GPU (0 quiet steps)" in printed[1]
     assert printed[2].endswith("skipped: nvidia.dali is not importable")
 

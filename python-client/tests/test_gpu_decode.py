@@ -8,9 +8,10 @@ pixel parity with the CPU pipeline within the bound stated below, the same crop 
 CPU fallback of progressive, PNG and corrupt files, the default ``imagenet_train`` recipe (the
 CPU decoding large windows at a reduced DCT scale) within its own stated bound, flat device
 memory, one digest for two ``auto`` runs, the lane's memory under its cap with 6000x6000 JPEGs
-in the set, hostile JPEGs through ``decode="gpu"`` with the CUDA context usable after, and
+in the set, hostile JPEGs through ``decode="gpu"`` with the CUDA context usable after,
 files with damaged scan data named as the same bad samples, with the same substitutes, under
-``"cpu"``, ``"gpu"`` and ``"auto"``.
+``"cpu"``, ``"gpu"`` and ``"auto"``, and crop windows decoded alone giving the whole images'
+rows within the resize's rounding.
 """
 
 from __future__ import annotations
@@ -495,6 +496,50 @@ def test_the_lanes_kernel_applying_the_tail_gives_the_stages_batches(
     monkeypatch.setenv("STOKER_GPU_DECODE_FUSED_TAIL", "yes")
     with pytest.raises(stoker.GpuUnavailableError, match="STOKER_GPU_DECODE_FUSED_TAIL"):
         epoch("gpu")
+
+
+@pytest.mark.gpu
+def test_decoding_only_the_crop_window_gives_the_whole_images_rows(
+    torch: Any, dataset: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``STOKER_GPU_DECODE_ROI=1``: on nvJPEG's hardware backend the engines decode each
+    RandomResizedCrop window alone, grown to whole MCUs, and the batches equal those of whole
+    decodes but for the resize's rounding (its filter placed in the region's coordinates): the
+    same labels, the same rows built on the GPU, every image within a tenth of a grey level on
+    average. Elsewhere the lane decodes whole images and says so (``roi`` False). A pipeline
+    that resizes before it crops is decoded whole; a value other than 0 or 1 stops the lane."""
+    monkeypatch.delenv("STOKER_GPU_DECODE_ROI", raising=False)
+    whole, whole_stats = device_epoch(dataset, "gpu")
+    assert not whole_stats["gpu_decode"]["roi"], whole_stats["gpu_decode"]
+    assert whole_stats["gpu_decode"]["roi_rows"] == 0
+    monkeypatch.setenv("STOKER_GPU_DECODE_ROI", "1")
+    by_region, stats = device_epoch(dataset, "gpu")
+    lane = stats["gpu_decode"]
+    if lane["hardware"]:
+        assert lane["roi"] and lane["roi_rows"] > 0, lane
+    else:
+        assert not lane["roi"] and lane["roi_rows"] == 0, lane
+    assert lane["rows"] == whole_stats["gpu_decode"]["rows"], (lane, whole_stats["gpu_decode"])
+    image_means, largest = [], 0
+    for (a, a_labels), (b, b_labels) in zip(whole, by_region, strict=True):
+        np.testing.assert_array_equal(a_labels, b_labels)
+        diff = np.abs(a.astype(np.int16) - b.astype(np.int16))
+        image_means.extend(diff.reshape(diff.shape[0], -1).mean(axis=1).tolist())
+        largest = max(largest, int(diff.max()))
+    print(
+        f"region decode: {lane['roi_rows']} rows by region, mean abs diff "
+        f"{np.mean(image_means):.4f}, worst image {max(image_means):.4f}, largest {largest}"
+    )
+    assert max(image_means) <= 0.1, max(image_means)
+
+    # Resize before the crop: the filter reads past any window, so nothing is decoded by region.
+    eval_pipeline = [ops.DecodeImage(dct_scaling=False), *vision.imagenet_eval(CROP)[1:]]
+    _, eval_stats = device_epoch(dataset, "gpu", pipeline=eval_pipeline)
+    assert eval_stats["gpu_decode"]["rows"] > 0 and eval_stats["gpu_decode"]["roi_rows"] == 0
+
+    monkeypatch.setenv("STOKER_GPU_DECODE_ROI", "yes")
+    with pytest.raises(stoker.GpuUnavailableError, match="STOKER_GPU_DECODE_ROI"):
+        device_epoch(dataset, "gpu")
 
 
 @pytest.mark.gpu

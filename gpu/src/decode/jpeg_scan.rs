@@ -130,6 +130,13 @@ impl Chroma {
         }
     }
 
+    /// The minimum coded unit's width and height in pixels: 8 times the largest horizontal
+    /// and vertical sampling factors.
+    pub fn mcu(self) -> (u32, u32) {
+        let (h, v) = self.max_factors();
+        (8 * h, 8 * v)
+    }
+
     /// The largest horizontal and vertical sampling factors (the MCU is 8 times these).
     fn max_factors(self) -> (u32, u32) {
         match self {

@@ -256,7 +256,6 @@ fn compile_now(dirs: &[PathBuf], sm: Option<(i32, i32)>) -> Result<Compiled, Gpu
 mod tests {
     use super::*;
     use crate::decode::Element;
-    use std::path::Path;
     use stoker_pipeline::CropWindow;
 
     #[test]
@@ -307,23 +306,9 @@ mod tests {
         assert!(SOURCE.contains(&format!("#define SENTINEL {SENTINEL}\n")));
     }
 
-    /// Folders that may hold libnvrtc here: the search's own, and the NVIDIA wheels of the
-    /// workspace's virtualenv (`./dev test` makes it; in CI it has torch's CUDA wheels).
-    fn nvrtc_dirs() -> Vec<PathBuf> {
-        let venv = Path::new(env!("CARGO_MANIFEST_DIR")).join("../.venv/lib");
-        let mut dirs = Vec::new();
-        for python in std::fs::read_dir(&venv).into_iter().flatten().flatten() {
-            let nvidia = python.path().join("site-packages/nvidia");
-            for package in std::fs::read_dir(nvidia).into_iter().flatten().flatten() {
-                dirs.push(package.path().join("lib"));
-            }
-        }
-        dirs
-    }
-
     #[test]
     fn nvrtc_compiles_the_kernel_to_ptx_and_machine_code() {
-        let dirs = nvrtc_dirs();
+        let dirs = crate::decode::libraries::venv_library_dirs();
         let ptx = match compile(&dirs, None) {
             Ok(Compiled::Ptx(ptx)) => ptx,
             Ok(other) => panic!("PTX asked for, got {other:?}"),

@@ -65,3 +65,19 @@ pub fn preload(names: &[&str], first: &[PathBuf]) -> Result<String, String> {
     }
     Err(format!("tried {}", tried.join("; ")))
 }
+
+/// Folders that may hold the CUDA libraries in tests: the NVIDIA wheels of the workspace's
+/// virtualenv (`./dev test` makes it before the Rust suites run, with nvJPEG's wheel; in CI it
+/// has torch's CUDA wheels, NVRTC among them).
+#[cfg(test)]
+pub(crate) fn venv_library_dirs() -> Vec<PathBuf> {
+    let venv = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../.venv/lib");
+    let mut dirs = Vec::new();
+    for python in std::fs::read_dir(&venv).into_iter().flatten().flatten() {
+        let nvidia = python.path().join("site-packages/nvidia");
+        for package in std::fs::read_dir(nvidia).into_iter().flatten().flatten() {
+            dirs.push(package.path().join("lib"));
+        }
+    }
+    dirs
+}

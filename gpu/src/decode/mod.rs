@@ -12,7 +12,9 @@
 //! ([`stoker_pipeline::ImageDiverter`]); an image the engines cannot take, or whose frame
 //! nvJPEG's own parse reads otherwise than the decode threads did (see [`jpeg_scan`]), or too
 //! large for the lane's memory is built on the CPU instead, in the same batch, as is one whose
-//! decode fails nvJPEG's strict check or leaves its place unwritten (`lane/pipe/`).
+//! decode fails nvJPEG's strict check or leaves its place unwritten (`lane/pipe/`). With
+//! [`ROI_VARIABLE`] set, the hardware engines decode only the part of each image its crop
+//! window covers (`region`).
 //!
 //! The lane's rows stay on the GPU: a batch built with the lane carries them beside the bytes
 //! of its slot ([`DeviceRows`], in `Batch::device_rows`), and the device stage merges them
@@ -29,6 +31,7 @@ mod kernel;
 mod lane;
 mod libraries;
 mod nvjpeg;
+mod region;
 mod split;
 mod tail;
 
@@ -46,6 +49,7 @@ pub use lane::{
 };
 pub use libraries::search_dirs as cuda_library_dirs;
 pub use nvjpeg::{version as nvjpeg_version, TESTED_MAJORS as NVJPEG_TESTED_MAJORS};
+pub use region::{roi_asked, ROI_VARIABLE};
 pub use split::{
     gpu_row, pinned_split, split_for_rates, LaneCounts, SplitSchedule, AUTO_POINT_STEPS,
     AUTO_START, PIN_VARIABLE as SPLIT_PIN_VARIABLE,

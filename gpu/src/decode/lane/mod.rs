@@ -100,6 +100,8 @@ struct Shared {
     /// The share of each step offered to the lane.
     split: LaneSplit,
     hardware: bool,
+    /// Whether each pipe decodes only its images' crop windows ([`crate::decode::ROI_VARIABLE`]).
+    roi: bool,
     /// What the kernel makes of the rows ([`RowTail::BYTES`] unless the tail is fused).
     tail: RowTail,
     /// Set when the lane shuts down: a pipe waiting for an output buffer gives up.
@@ -303,6 +305,13 @@ impl GpuLane {
     /// Whether the hardware engines decode (else nvJPEG's default backend).
     pub fn hardware(&self) -> bool {
         self.shared.hardware
+    }
+
+    /// Whether the pipes decode only each image's crop window where nvJPEG takes it
+    /// ([`crate::decode::ROI_VARIABLE`] asked, and every pipe's decoder is on the hardware
+    /// backend with the calls region decoding needs).
+    pub fn roi(&self) -> bool {
+        self.shared.roi
     }
 
     /// What the kernel makes of the rows: [`RowTail::BYTES`], or the device stage's tail when

@@ -9,7 +9,8 @@ use super::pipe::{run, Pipe, Place};
 use super::{pipe_count, GpuLane, LaneMemory, LaneSplit, LaneStats, Shared};
 use crate::cuda::{sms_asked, Cuda, GREEN_SMS_VARIABLE};
 use crate::decode::{
-    fused_tail_asked, GpuDecodeError, GpuDecodeOptions, RowTail, FUSED_TAIL_VARIABLE,
+    fused_tail_asked, roi_asked, GpuDecodeError, GpuDecodeOptions, RowTail, FUSED_TAIL_VARIABLE,
+    ROI_VARIABLE,
 };
 
 /// The image pipeline of a job the lane can build rows of: one image source whose CPU output is
@@ -89,6 +90,8 @@ impl GpuLane {
         // Each pipe in the primary context, or in a green context of its own.
         let sms = sms_asked(std::env::var(GREEN_SMS_VARIABLE).ok().as_deref())
             .map_err(GpuDecodeError::Unsupported)?;
+        let roi_wanted = roi_asked(std::env::var(ROI_VARIABLE).ok().as_deref())
+            .map_err(GpuDecodeError::Unsupported)?;
         let mut pipes: Vec<Pipe> = Vec::with_capacity(pipe_count);
         for index in 0..pipe_count {
             let made = Place::new(&cuda, sms).and_then(|place| {
@@ -118,6 +121,16 @@ impl GpuLane {
                  those images built on the CPU"
             );
         }
+        // Region decoding where every pipe's decoder takes it (else none decodes by region,
+        // so the rows do not depend on which pipe built them).
+        let roi = roi_wanted && pipes.iter_mut().all(Pipe::enable_roi);
+        if roi_wanted && !roi {
+            pipes.iter_mut().for_each(Pipe::disable_roi);
+            tracing::warn!(
+                "{ROI_VARIABLE}=1, but nvJPEG here decodes no regions (it needs the hardware \
+                 backend and nvjpegDecodeBatchedEx): the lane decodes whole images"
+            );
+        }
         let granted_sms = pipes[0].green_sms();
         let shared = Arc::new(Shared {
             cuda: Arc::clone(&cuda),
@@ -129,6 +142,7 @@ impl GpuLane {
             host_bytes: pipes.iter().map(|pipe| pipe.host_bytes()).sum(),
             split: LaneSplit::new(options.mode),
             hardware: pipes[0].decoder.hardware(),
+            roi,
             tail,
             closed: std::sync::atomic::AtomicBool::new(false),
             served,
@@ -158,6 +172,7 @@ impl GpuLane {
             green_context_sms = ?sms,
             rows = tail.element.name(),
             tail_fused = !tail.is_bytes(),
+            roi,
             granted_sms = ?granted_sms,
             "GPU decode lane started"
         );

@@ -2,7 +2,8 @@
 //! version, a handle on the hardware JPEG engines (or the GPU-hybrid backend where a GPU has
 //! none) with device and pinned allocators that count against the lane's memory cap and its
 //! strict bitstream check on, the full stream parse whose reading the lane compares with its
-//! own before it takes an image ([`Decoder::read`]), and batched decoding into interleaved RGB.
+//! own before it takes an image ([`Decoder::read`]), and batched decoding into interleaved RGB,
+//! of whole images or, on the hardware backend, of a region of each ([`Decoder::enable_roi`]).
 //!
 //! Why nvJPEG and not nvImageCodec: the lane needs only baseline JPEG decoding in batches;
 //! nvJPEG has a stable C ABI (its soname carries the CUDA major version) and ships with the
@@ -16,13 +17,16 @@ use std::sync::{Arc, OnceLock};
 use cudarc::driver::sys;
 
 mod budget;
+mod roi;
 
 pub use budget::Budget;
 use budget::{device_free, device_malloc, pinned_free, pinned_malloc, Ctx, CuStream, Out};
 
 use super::jpeg_scan::DecoderReading;
 use super::libraries::search_dirs;
+use super::region::Region;
 use super::GpuDecodeError;
+use roi::{RoiApi, RoiParams};
 
 /// The nvJPEG major versions Stoker has been run against on a GPU.
 pub const TESTED_MAJORS: &[i32] = &[13];
@@ -53,6 +57,7 @@ const PROPERTIES: [c_int; 3] = [0, 1, 2];
 type Handle = *mut c_void;
 type State = *mut c_void;
 type Stream = *mut c_void;
+type Params = *mut c_void;
 
 /// `nvjpegImage_t`: up to four planes and their pitches (one plane for interleaved output).
 #[repr(C)]
@@ -118,6 +123,8 @@ struct Api {
         *mut Image,
         sys::CUstream,
     ) -> c_int,
+    /// The calls of region decoding, where the library has them all.
+    roi: Option<RoiApi>,
 }
 
 // SAFETY: function pointers and a library handle, usable from any thread.
@@ -233,6 +240,7 @@ impl Api {
                 batched_initialize: symbol(&library, "nvjpegDecodeBatchedInitialize")?,
                 batched_decode: symbol(&library, "nvjpegDecodeBatched")?,
                 batched_preallocate: symbol(&library, "nvjpegDecodeBatchedPreAllocate").ok(),
+                roi: RoiApi::resolve(&library),
                 version,
                 from,
                 _library: library,
@@ -286,11 +294,9 @@ pub struct Decoder {
     budget: Arc<Budget>,
     // Kept for the handle's life, in case nvJPEG holds on to the tables themselves.
     _allocators: Box<(Allocator, Allocator)>,
+    /// Region decoding, once [`Decoder::enable_roi`] made its parameters.
+    roi: Option<RoiParams>,
 }
-
-// SAFETY: the decoder is used by one thread at a time (the lane's); nvJPEG handles may move
-// between threads.
-unsafe impl Send for Decoder {}
 
 impl Decoder {
     /// A decoder with `states` decode states, whose own device allocations stay under
@@ -352,6 +358,7 @@ impl Decoder {
             hardware,
             budget,
             _allocators: allocators,
+            roi: None,
         };
         // SAFETY: the handle is live; out-pointers are fields of `decoder`, which destroys
         // whatever was made if a later step fails.
@@ -456,21 +463,30 @@ impl Decoder {
 
     /// Decodes `images` to interleaved RGB at `outputs` (device memory, each big enough) on
     /// `stream`, with decode state `state` (which must not be in use by a decode still
-    /// running: the caller waits for that one first).
+    /// running: the caller waits for that one first): of each image the region `regions`
+    /// names for it (each one [`Decoder::takes_region`] said yes to), else the whole image.
     ///
     /// # Safety
-    /// `outputs` point at device memory of this context large enough for each image, which
-    /// stays allocated until the work queued on `stream` is done; `stream` is live.
+    /// `outputs` point at device memory of this context large enough for each image (or its
+    /// region), which stays allocated until the work queued on `stream` is done; `stream` is
+    /// live; no decode of this decoder with regions is still running.
     pub unsafe fn decode(
         &mut self,
         state: usize,
         images: &[&[u8]],
         outputs: &mut [Image],
+        regions: &[Option<Region>],
         stream: sys::CUstream,
     ) -> Result<(), GpuDecodeError> {
         let state = self.states[state % self.states.len()];
         let pointers: Vec<*const u8> = images.iter().map(|b| b.as_ptr()).collect();
         let lengths: Vec<usize> = images.iter().map(|b| b.len()).collect();
+        if regions.iter().any(Option::is_some) {
+            // SAFETY: as the caller promises.
+            return unsafe {
+                self.decode_regions(state, &pointers, &lengths, outputs, regions, stream)
+            };
+        }
         // SAFETY: as the caller promises; the arrays live across the calls.
         unsafe {
             check(
@@ -500,6 +516,8 @@ impl Decoder {
 
 impl Drop for Decoder {
     fn drop(&mut self) {
+        // The region parameters go before the handle they were made with.
+        self.roi = None;
         // SAFETY: everything here was made by this decoder and is destroyed once; the lane
         // waits for its streams before dropping it.
         unsafe {

@@ -1,5 +1,7 @@
-//! A pipe's sub-batch on the GPU: nvJPEG's batched decode into the arena, the crop kernel's
-//! launch into the batch's device rows, and a sub-batch one image spoils retried image by
+//! A pipe's work on a batch's images on the GPU: each image's acceptance and place (the whole
+//! frame, or with region decoding the region of it nvJPEG takes), gathered into sub-batches that
+//! fit the arena; for each, nvJPEG's batched decode into the arena, the crop kernel's launch
+//! into the batch's device rows, and a sub-batch one image spoils retried image by
 //! image, each image's own status deciding whether it is built on the CPU; and the poison laid
 //! over each place before the decode, by which a place the decode left unwritten is found
 //! (where [`FAULT_VARIABLE`] asks, some places are poisoned again after the decode, to test
@@ -30,9 +32,103 @@ pub(super) fn fault_every(value: Option<&str>) -> Option<u64> {
 }
 
 impl Pipe {
+    /// Decodes and crops `items` into output buffer `ring` (the GPU part of a batch): which
+    /// device row each image got, and which images go to the CPU, those the decode left
+    /// unwritten keeping their device row. The pipe's work is done when it returns.
+    pub(super) fn decode_set(
+        &mut self,
+        ring: usize,
+        items: Vec<LaneItem>,
+    ) -> std::result::Result<DecodedSet, GpuDecodeError> {
+        let out = self.memory.ring_ptr(ring);
+        let mut decoded: Vec<Decoded> = Vec::with_capacity(items.len());
+        let mut fallback: Vec<CpuRow> = Vec::new();
+        let mut pending: Vec<Pending> = Vec::new();
+        // Bytes of the arena and of the staging buffer the pending images take.
+        let (mut used, mut staged) = (0usize, 0usize);
+        for item in items {
+            // The lane's half of the acceptance decision: nvJPEG's own parse of the whole
+            // stream must read the frame the decode threads' scan read; the place is sized
+            // from what both read.
+            let checked = Instant::now();
+            let placement = self
+                .decoder
+                .read(&item.image.bytes)
+                .ok_or(Decline::DecoderRefused)
+                .and_then(|reading| accept(&item.frame, &reading, ALIGN));
+            add_since(&self.stats.check_ns, checked);
+            // With region decoding, the window's region alone where nvJPEG takes it (asked
+            // with the parse `read` just made): the place is the region's.
+            let region = match &placement {
+                Ok(placement) if self.roi => region_for(
+                    &item.image.window,
+                    (placement.width, placement.height),
+                    item.frame.chroma.mcu(),
+                )
+                .filter(|decode| self.decoder.takes_region(&decode.region)),
+                _ => None,
+            };
+            let placement = match (placement, region) {
+                (Ok(_), Some(decode)) => decode.region.placement(ALIGN),
+                (Ok(placement), None) => placement,
+                (Err(_), _) => {
+                    fallback.push(CpuRow::of(&item));
+                    continue;
+                }
+            };
+            if placement.place > self.memory.arena_bytes {
+                fallback.push(CpuRow::of(&item));
+                continue;
+            }
+            let encoded = self.staged_len(&item);
+            if used + placement.place > self.memory.arena_bytes
+                || staged + encoded > self.staging_bytes
+            {
+                self.flush(&mut pending, out, &mut decoded, &mut fallback);
+                (used, staged) = (0, 0);
+            }
+            pending.push(Pending {
+                item,
+                placement,
+                offset: used,
+                region,
+            });
+            used += placement.place;
+            staged += encoded;
+        }
+        self.flush(&mut pending, out, &mut decoded, &mut fallback);
+
+        // Every place the kernel cropped from must have been written by the decode: one still
+        // holding the poison laid before it is built on the CPU, and its row on the device
+        // replaced by the CPU's.
+        let unwritten = self.unwritten(&decoded)?;
+        if !unwritten.is_empty() {
+            tracing::debug!(
+                images = unwritten.len(),
+                pipe = self.index,
+                "nvJPEG reported success without writing some images; building them on the CPU"
+            );
+        }
+        self.stats
+            .fallback_rows
+            .fetch_add((fallback.len() + unwritten.len()) as u64, Ordering::Relaxed);
+        self.stats
+            .gpu_rows
+            .fetch_add((decoded.len() - unwritten.len()) as u64, Ordering::Relaxed);
+        Ok(DecodedSet {
+            out,
+            rows: decoded.iter().map(|d| d.cpu.row as u32).collect(),
+            cpu: fallback
+                .iter()
+                .map(|row| (*row, None))
+                .chain(unwritten.iter().map(|&k| (decoded[k].cpu, Some(k))))
+                .collect(),
+        })
+    }
+
     /// Decodes the pending images and crops them into the output rows from `decoded.len()`
     /// on; images nvJPEG refuses go to `fallback`.
-    pub(super) fn flush(
+    fn flush(
         &mut self,
         pending: &mut Vec<Pending>,
         out: u64,
@@ -127,11 +223,23 @@ impl Pipe {
         // an ALIGN boundary and is a whole number of ALIGN blocks, and nothing else uses it now.
         unsafe { self.poison(arena + span_start as u64, span_end - span_start) }?;
         let decoding = Instant::now();
+        let regions: Vec<_> = pending
+            .iter()
+            .map(|p| p.region.map(|decode| decode.region))
+            .collect();
         // SAFETY: each output lies in the pipe's arena, sized from the frame nvJPEG's parse and
-        // the marker scan agreed on; the stream is the pipe's.
-        let result = unsafe { self.decoder.decode(0, &bytes, &mut outputs, self.stream) };
+        // the marker scan agreed on (or from the region of it nvJPEG said it takes); the
+        // stream is the pipe's, and its last decode is done (waited for above).
+        let result = unsafe {
+            self.decoder
+                .decode(0, &bytes, &mut outputs, &regions, self.stream)
+        };
         add_since(&self.stats.decode_call_ns, decoding);
         result?;
+        let by_region = regions.iter().filter(|r| r.is_some()).count();
+        self.stats
+            .roi_rows
+            .fetch_add(by_region as u64, std::sync::atomic::Ordering::Relaxed);
         if let Some(every) = self.fault_every {
             for p in pending.iter().filter(|p| p.item.image.sample % every == 0) {
                 // SAFETY: the place lies in the pipe's arena, starts on an ALIGN boundary and
@@ -144,8 +252,10 @@ impl Pipe {
             .iter()
             .enumerate()
             .map(|(k, p)| {
+                // Decoded by region: the window as seen from the region's corner.
+                let window = p.region.map_or(p.item.image.window, |decode| decode.window);
                 let mut crop = CropItem::new(
-                    &p.item.image.window,
+                    &window,
                     (p.placement.width, p.placement.height),
                     self.out,
                     p.item.image.flip,
@@ -233,10 +343,7 @@ impl Pipe {
 
     /// The images of `decoded` (by index) whose place still holds the poison laid before their
     /// decode: nvJPEG reported success without writing them. Waits for the pipe's work.
-    pub(super) fn unwritten(
-        &self,
-        decoded: &[Decoded],
-    ) -> std::result::Result<Vec<usize>, GpuDecodeError> {
+    fn unwritten(&self, decoded: &[Decoded]) -> std::result::Result<Vec<usize>, GpuDecodeError> {
         if decoded.is_empty() {
             return Ok(Vec::new());
         }
@@ -257,6 +364,24 @@ impl Pipe {
             .map(|(k, _)| k)
             .collect())
     }
+}
+
+/// An image waiting for its sub-batch's decode: where in the arena, sized from the agreed
+/// frame (or from the region of it decoded).
+struct Pending {
+    item: LaneItem,
+    placement: Placement,
+    offset: usize,
+    /// The region decoded instead of the whole image, and the window seen from its corner.
+    region: Option<RegionDecode>,
+}
+
+/// An image decoded and cropped into device row `k` (its index in the batch's list), with
+/// what its sentinel is checked against.
+struct Decoded {
+    cpu: CpuRow,
+    decoded: usize,
+    sentinel_len: usize,
 }
 
 /// The 32-bit pattern a pipe lays over the places of a sub-batch before decoding into them.

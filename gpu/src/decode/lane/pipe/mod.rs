@@ -24,6 +24,7 @@ use crate::cuda::describe;
 use crate::decode::jpeg_scan::{accept, Decline, Placement};
 use crate::decode::kernel::{self, CropItem, SENTINEL};
 use crate::decode::nvjpeg::{Decoder, Image};
+use crate::decode::region::{region_for, RegionDecode};
 use crate::decode::{GpuDecodeError, GpuDecodeOptions, RowTail};
 use stoker_loader::{Built, Error, LaneRows, PinnedShare, Result, Slot};
 
@@ -83,6 +84,8 @@ pub(super) struct Pipe {
     pinned: Option<PinnedShare>,
     /// [`batch::FAULT_VARIABLE`]'s count: the test hook that poisons some places again.
     fault_every: Option<u64>,
+    /// Whether images are decoded by region where nvJPEG takes it ([`Pipe::enable_roi`]).
+    roi: bool,
 }
 
 // SAFETY: CUDA handles may move between threads; a pipe is used by its one thread.
@@ -145,6 +148,7 @@ impl Pipe {
                 fault_every: batch::fault_every(
                     std::env::var(batch::FAULT_VARIABLE).ok().as_deref(),
                 ),
+                roi: false,
             };
             // The page-locked memory below counts against the process's pinned budget.
             if let Some(budget) = options.pinned_budget {
@@ -186,6 +190,20 @@ impl Pipe {
             (Err(_), Some(error)) => Err(error),
             (Err(error), None) => Err(GpuDecodeError::Cuda(describe(error))),
         }
+    }
+
+    /// Has the pipe decode only each image's crop window where nvJPEG takes it; whether its
+    /// decoder can (the hardware backend, with the calls region decoding needs).
+    pub(super) fn enable_roi(&mut self) -> bool {
+        let (place, rows) = (Arc::clone(&self.place), self.sentinel_rows);
+        let decoder = &mut self.decoder;
+        self.roi = place.run(|| Ok(decoder.enable_roi(rows))).unwrap_or(false);
+        self.roi
+    }
+
+    /// Has the pipe decode whole images (when not every pipe of the lane can decode regions).
+    pub(super) fn disable_roi(&mut self) {
+        self.roi = false;
     }
 
     /// The SMs a green context keeps the pipe's kernels to, if one does.
@@ -241,83 +259,6 @@ impl Pipe {
             tracing::warn!(error = %describe(error), "waiting for a GPU lane pipe before reusing its buffer");
         }
         shared.put_ring(ring);
-    }
-
-    /// Decodes and crops `items` into output buffer `ring` (the GPU part of a batch): which
-    /// device row each image got, and which images go to the CPU, those the decode left
-    /// unwritten keeping their device row. The pipe's work is done when it returns.
-    pub(super) fn decode_set(
-        &mut self,
-        ring: usize,
-        items: Vec<LaneItem>,
-    ) -> std::result::Result<DecodedSet, GpuDecodeError> {
-        let out = self.memory.ring_ptr(ring);
-        let mut decoded: Vec<Decoded> = Vec::with_capacity(items.len());
-        let mut fallback: Vec<CpuRow> = Vec::new();
-        let mut pending: Vec<Pending> = Vec::new();
-        // Bytes of the arena and of the staging buffer the pending images take.
-        let (mut used, mut staged) = (0usize, 0usize);
-        for item in items {
-            // The lane's half of the acceptance decision: nvJPEG's own parse of the whole
-            // stream must read the frame the decode threads' scan read; the place is sized
-            // from what both read.
-            let checked = Instant::now();
-            let placement = self
-                .decoder
-                .read(&item.image.bytes)
-                .ok_or(Decline::DecoderRefused)
-                .and_then(|reading| accept(&item.frame, &reading, ALIGN));
-            add_since(&self.stats.check_ns, checked);
-            let placement = match placement {
-                Ok(placement) if placement.place <= self.memory.arena_bytes => placement,
-                Ok(_) | Err(_) => {
-                    fallback.push(CpuRow::of(&item));
-                    continue;
-                }
-            };
-            let encoded = self.staged_len(&item);
-            if used + placement.place > self.memory.arena_bytes
-                || staged + encoded > self.staging_bytes
-            {
-                self.flush(&mut pending, out, &mut decoded, &mut fallback);
-                (used, staged) = (0, 0);
-            }
-            pending.push(Pending {
-                item,
-                placement,
-                offset: used,
-            });
-            used += placement.place;
-            staged += encoded;
-        }
-        self.flush(&mut pending, out, &mut decoded, &mut fallback);
-
-        // Every place the kernel cropped from must have been written by the decode: one still
-        // holding the poison laid before it is built on the CPU, and its row on the device
-        // replaced by the CPU's.
-        let unwritten = self.unwritten(&decoded)?;
-        if !unwritten.is_empty() {
-            tracing::debug!(
-                images = unwritten.len(),
-                pipe = self.index,
-                "nvJPEG reported success without writing some images; building them on the CPU"
-            );
-        }
-        self.stats
-            .fallback_rows
-            .fetch_add((fallback.len() + unwritten.len()) as u64, Ordering::Relaxed);
-        self.stats
-            .gpu_rows
-            .fetch_add((decoded.len() - unwritten.len()) as u64, Ordering::Relaxed);
-        Ok(DecodedSet {
-            out,
-            rows: decoded.iter().map(|d| d.cpu.row as u32).collect(),
-            cpu: fallback
-                .iter()
-                .map(|row| (*row, None))
-                .chain(unwritten.iter().map(|&k| (decoded[k].cpu, Some(k))))
-                .collect(),
-        })
     }
 
     /// The body of [`Pipe::build`].
@@ -435,22 +376,6 @@ impl CpuRow {
             sample: item.image.sample,
         }
     }
-}
-
-/// An image waiting for its sub-batch's decode: where in the arena, sized from the agreed
-/// frame.
-struct Pending {
-    item: LaneItem,
-    placement: Placement,
-    offset: usize,
-}
-
-/// An image decoded and cropped into device row `k` (its index in the batch's list), with
-/// what its sentinel is checked against.
-struct Decoded {
-    cpu: CpuRow,
-    decoded: usize,
-    sentinel_len: usize,
 }
 
 impl Drop for Pipe {
