@@ -121,6 +121,13 @@ impl GpuLane {
                  those images built on the CPU"
             );
         }
+        if !hardware && pipes.iter().any(|pipe| pipe.decoder.hardware()) {
+            tracing::warn!(
+                "the lane's memory was planned for nvJPEG's default backend, but a decoder \
+                 started on the hardware one: nvJPEG's share of the cap goes unused and the \
+                 arenas are smaller than they could be"
+            );
+        }
         // Region decoding where every pipe's decoder takes it (else none decodes by region,
         // so the rows do not depend on which pipe built them).
         let roi = roi_wanted && pipes.iter_mut().all(Pipe::enable_roi);

@@ -264,22 +264,52 @@ pub fn version(dirs: &[PathBuf]) -> Result<((i32, i32, i32), String), GpuDecodeE
 }
 
 /// Whether nvJPEG's hardware backend starts on the device whose context is current: a handle
-/// made with it (nvJPEG's own allocators) and destroyed at once. [`Decoder::new`] tries that
-/// backend first too; the lane asks beforehand to plan its memory for the backend it will use.
+/// made with it as [`Decoder::new`] makes one, and destroyed at once. [`Decoder::new`] tries
+/// that backend first too; the lane asks beforehand to plan its memory for the backend it will
+/// use.
 pub fn hardware_backend(dirs: &[PathBuf]) -> Result<bool, GpuDecodeError> {
-    let api = api(dirs)?;
-    let mut handle = std::ptr::null_mut();
-    let (device, pinned) = (std::ptr::null_mut(), std::ptr::null_mut());
-    // SAFETY: null allocators ask for nvJPEG's own; the out-pointer is a local.
-    let status =
-        unsafe { (api.create_ex_v2)(BACKEND_HARDWARE, device, pinned, CREATE_FLAGS, &mut handle) };
+    let status = try_backend(api(dirs)?, BACKEND_HARDWARE);
     if status != SUCCESS {
         tracing::debug!(status = status_name(status), "no hardware backend");
-        return Ok(false);
     }
-    // SAFETY: the handle was made just above and nothing else holds it.
-    unsafe { (api.destroy)(handle) };
-    Ok(true)
+    Ok(status == SUCCESS)
+}
+
+/// The status of making a handle on `backend` with the lane's allocators (over a budget of
+/// their own, unbounded), the handle destroyed at once if made. nvJPEG's V2 creation refuses
+/// null allocators (`NVJPEG_STATUS_INVALID_PARAMETER`, whatever the device), so the probe
+/// passes real ones, as the decoder does.
+fn try_backend(api: &Api, backend: c_int) -> c_int {
+    let budget = Arc::new(Budget::new(usize::MAX, None));
+    let mut allocators = allocators(&budget);
+    let (device, pinned) = &mut *allocators;
+    let mut handle = std::ptr::null_mut();
+    // SAFETY: the allocators and their budget outlive the handle (destroyed below, before
+    // they drop); the out-pointer is a local.
+    let status = unsafe { (api.create_ex_v2)(backend, device, pinned, CREATE_FLAGS, &mut handle) };
+    if status == SUCCESS {
+        // SAFETY: the handle was made just above and nothing else holds it.
+        unsafe { (api.destroy)(handle) };
+    }
+    status
+}
+
+/// The device and pinned allocators over `budget` (their context points at it: the budget
+/// must outlive any handle made with them).
+fn allocators(budget: &Arc<Budget>) -> Box<(Allocator, Allocator)> {
+    let ctx = Arc::as_ptr(budget).cast_mut().cast::<c_void>();
+    Box::new((
+        Allocator {
+            malloc: device_malloc,
+            free: device_free,
+            ctx,
+        },
+        Allocator {
+            malloc: pinned_malloc,
+            free: pinned_free,
+            ctx,
+        },
+    ))
 }
 
 /// One nvJPEG decoder: a handle (hardware engines where there are, else the default backend),
@@ -310,19 +340,7 @@ impl Decoder {
     ) -> Result<Decoder, GpuDecodeError> {
         let api = api(dirs)?;
         let budget = Arc::new(Budget::new(device_limit, pinned_budget));
-        let ctx = Arc::as_ptr(&budget).cast_mut().cast::<c_void>();
-        let mut allocators = Box::new((
-            Allocator {
-                malloc: device_malloc,
-                free: device_free,
-                ctx,
-            },
-            Allocator {
-                malloc: pinned_malloc,
-                free: pinned_free,
-                ctx,
-            },
-        ));
+        let mut allocators = allocators(&budget);
         let mut handle = std::ptr::null_mut();
         let mut chosen = None;
         // The hardware engines first, then the default backend.
@@ -528,6 +546,59 @@ impl Drop for Decoder {
                 (self.api.stream_destroy)(self.parser);
             }
             (self.api.destroy)(self.handle);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::decode::libraries::venv_library_dirs;
+
+    /// The nvJPEG of the workspace's virtualenv (`./dev test` installs NVIDIA's wheel, whose
+    /// library links the CUDA runtime statically and loads without a GPU), or `None` to skip
+    /// (outside CI).
+    fn venv_api() -> Option<&'static Api> {
+        match api(&venv_library_dirs()) {
+            Ok(api) => Some(api),
+            Err(GpuDecodeError::Library { problem, .. })
+                if std::env::var("CI").as_deref() != Ok("true") =>
+            {
+                eprintln!("skipped: no libnvjpeg here ({problem}); ./dev test installs it");
+                None
+            }
+            Err(error) => panic!("{error}"),
+        }
+    }
+
+    #[test]
+    fn nvjpeg_13_has_every_call_the_lane_binds_region_decoding_included() {
+        // A misspelt name would stop the lane, or leave region decoding off for good, and only
+        // a GPU run would tell.
+        let Some(api) = venv_api() else { return };
+        assert_eq!(api.version.0, 13, "{}", api.from);
+        assert!(api.sample_precision.is_some() && api.batched_preallocate.is_some());
+        assert!(
+            api.roi.is_some(),
+            "{} lacks a region decoding call",
+            api.from
+        );
+    }
+
+    #[test]
+    fn the_backend_probe_makes_its_handle_as_nvjpeg_accepts_it() {
+        // nvjpegCreateExV2 checks its arguments before the device: null allocators are
+        // INVALID_PARAMETER on any machine (so a probe passing them read every GPU as lacking
+        // the hardware engines), where real ones get as far as the device (here, without CUDA,
+        // EXECUTION_FAILED; on a GPU, the backend's answer).
+        let Some(api) = venv_api() else { return };
+        for backend in [BACKEND_HARDWARE, BACKEND_DEFAULT] {
+            let status = try_backend(api, backend);
+            assert_ne!(
+                status_name(status),
+                "NVJPEG_STATUS_INVALID_PARAMETER",
+                "backend {backend}"
+            );
         }
     }
 }

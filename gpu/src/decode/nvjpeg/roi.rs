@@ -225,33 +225,3 @@ impl Drop for RoiParams {
         }
     }
 }
-
-#[cfg(test)]
-mod tests {
-    use crate::decode::libraries::venv_library_dirs;
-    use crate::decode::GpuDecodeError;
-
-    #[test]
-    fn nvjpeg_13_has_every_call_the_lane_binds_region_decoding_included() {
-        // Loading nvJPEG and resolving its symbols needs no GPU (the pip wheel's library links
-        // the CUDA runtime statically): a misspelt name would leave region decoding off for
-        // good, or stop the lane, and only a GPU run would tell.
-        let api = match super::super::api(&venv_library_dirs()) {
-            Ok(api) => api,
-            Err(GpuDecodeError::Library { problem, .. })
-                if std::env::var("CI").as_deref() != Ok("true") =>
-            {
-                eprintln!("skipped: no libnvjpeg here ({problem}); ./dev test installs it");
-                return;
-            }
-            Err(error) => panic!("{error}"),
-        };
-        assert_eq!(api.version.0, 13, "{}", api.from);
-        assert!(api.sample_precision.is_some() && api.batched_preallocate.is_some());
-        assert!(
-            api.roi.is_some(),
-            "{} lacks a region decoding call",
-            api.from
-        );
-    }
-}
