@@ -585,6 +585,75 @@ mod tests {
         );
     }
 
+    /// `nvjpeg.h` of the wheel beside its library, with its whitespace runs made one space.
+    fn venv_header() -> Option<String> {
+        let found = venv_library_dirs()
+            .iter()
+            .filter_map(|lib| std::fs::read_to_string(lib.join("../include/nvjpeg.h")).ok())
+            .next();
+        if found.is_none() && std::env::var("CI").as_deref() == Ok("true") {
+            panic!("no nvjpeg.h in the virtualenv's NVIDIA wheels");
+        }
+        found.map(|text| text.split_whitespace().collect::<Vec<_>>().join(" "))
+    }
+
+    #[test]
+    fn the_values_and_calls_bound_by_hand_are_nvjpeg_hs() {
+        let Some(header) = venv_header() else {
+            eprintln!("skipped: no nvjpeg.h here; ./dev test installs NVIDIA's nvJPEG wheel");
+            return;
+        };
+        let mut declared = vec![
+            format!("NVJPEG_BACKEND_DEFAULT = {BACKEND_DEFAULT},"),
+            format!("NVJPEG_BACKEND_HARDWARE = {BACKEND_HARDWARE},"),
+            format!("NVJPEG_CSS_444 = {CSS_444},"),
+            format!("NVJPEG_OUTPUT_RGBI = {OUTPUT_RGBI},"),
+            "#define NVJPEG_FLAGS_BITSTREAM_STRICT 1<<2".to_string(),
+            "#define NVJPEG_MAX_COMPONENT 4".to_string(),
+            "unsigned char * channel[NVJPEG_MAX_COMPONENT]; size_t pitch[NVJPEG_MAX_COMPONENT];"
+                .to_string(),
+            "typedef int (*tDevMallocV2)(void* ctx, void **ptr, size_t size, cudaStream_t stream);"
+                .to_string(),
+            "typedef int (*tDevFreeV2)(void* ctx, void *ptr, size_t size, cudaStream_t stream);"
+                .to_string(),
+            "tDevMallocV2 dev_malloc; tDevFreeV2 dev_free; void *dev_ctx;".to_string(),
+            "nvjpegCreateExV2(nvjpegBackend_t backend, nvjpegDevAllocatorV2_t *dev_allocator, \
+             nvjpegPinnedAllocatorV2_t *pinned_allocator, unsigned int flags, nvjpegHandle_t \
+             *handle);"
+                .to_string(),
+            "nvjpegDecodeParamsSetROI( nvjpegDecodeParams_t decode_params, int offset_x, int \
+             offset_y, int roi_width, int roi_height);"
+                .to_string(),
+            "nvjpegDecodeBatchedEx( nvjpegHandle_t handle, nvjpegJpegState_t jpeg_handle, const \
+             unsigned char *const *data, const size_t *lengths, nvjpegImage_t *destinations, \
+             nvjpegDecodeParams_t *decode_params, cudaStream_t stream);"
+                .to_string(),
+            "nvjpegDecodeBatchedSupportedEx(nvjpegHandle_t handle, nvjpegJpegStream_t \
+             jpeg_stream, nvjpegDecodeParams_t decode_params, int* is_supported);"
+                .to_string(),
+            "NVJPEG_ENCODING_BASELINE_DCT = 0xc0,".to_string(),
+            "NVJPEG_ENCODING_EXTENDED_SEQUENTIAL_DCT_HUFFMAN = 0xc1,".to_string(),
+        ];
+        assert_eq!(CREATE_FLAGS, 1 << 2);
+        for status in 0..=10 {
+            let separator = if status == 10 { "" } else { "," };
+            declared.push(format!("{} = {status}{separator}", status_name(status)));
+        }
+        use crate::decode::jpeg_scan::Chroma;
+        for (chroma, name) in [
+            (Chroma::S444, "444"),
+            (Chroma::S422, "422"),
+            (Chroma::S420, "420"),
+            (Chroma::S440, "440"),
+            (Chroma::Grey, "GRAY"),
+        ] {
+            declared.push(format!("NVJPEG_CSS_{name} = {},", chroma.nvjpeg_code()));
+        }
+        for line in declared {
+            assert!(header.contains(&line), "nvjpeg.h has no {line:?}");
+        }
+    }
+
     #[test]
     fn the_backend_probe_makes_its_handle_as_nvjpeg_accepts_it() {
         // nvjpegCreateExV2 checks its arguments before the device: null allocators are
