@@ -42,6 +42,7 @@ def child(data: str, batches: int, sweep_pool: bool) -> dict[str, float]:
         started = time.perf_counter()
         handed = 0
         while handed < batches:
+            epoch_start = handed
             for batch in it:
                 with torch.cuda.stream(side):
                     batch["image"].to("cuda", non_blocking=True)
@@ -50,6 +51,8 @@ def child(data: str, batches: int, sweep_pool: bool) -> dict[str, float]:
                 if handed == batches:
                     break
             else:
+                if handed == epoch_start:
+                    raise SystemExit(f"fence_cost: {data} gives no batch")
                 pinned.set_epoch(handed)
                 it = iter(pinned)
         torch.cuda.synchronize()
@@ -66,6 +69,14 @@ def main() -> int:
     args = parser.parse_args()
     if args.child:
         print(json.dumps(child(args.data, args.batches, args.child == "pool")))
+        return 0
+    try:
+        import torch
+    except ImportError:
+        print("fence_cost: torch is not installed; nothing to measure")
+        return 0
+    if not torch.cuda.is_available():
+        print("fence_cost: no CUDA GPU here; nothing to measure")
         return 0
     figures: dict[str, list[float]] = {"pool": [], "legacy": []}
     for _ in range(args.rounds):

@@ -1,11 +1,13 @@
-"""The GPU benchmark script (``benches/gpu_train.py``) where it runs without a GPU: its rows'
+"""The GPU benchmark scripts where they run without a GPU: ``benches/gpu_train.py``'s rows'
 names are read as its documentation says, every kind of row's result prints (an in-process lane
-row, a helper-process row, a skipped DALI row), and without a CUDA GPU it says so and exits 0.
-Its rows themselves run only on a GPU machine (``benches/gpu/decode_check.sh``)."""
+row, a helper-process row, a skipped DALI row), and without a CUDA GPU it and the GPU check's
+other scripts (``benches/gpu/``) say so and exit 0. What they measure runs only on a GPU machine
+(``benches/gpu/decode_check.sh``)."""
 
 from __future__ import annotations
 
 import importlib.util
+import subprocess
 import sys
 from pathlib import Path
 from types import ModuleType
@@ -111,3 +113,23 @@ def test_without_a_cuda_gpu_it_says_so_and_exits_0(
         pytest.skip("a CUDA GPU is here: the script would measure")
     assert gpu_train.main() == 0
     assert "nothing to measure" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    "script", ["fence_cost.py", "lane_profile.py", "nvjpeg_beside_training.py"]
+)
+def test_the_gpu_checks_scripts_say_there_is_nothing_to_measure_without_a_gpu(
+    script: str, tmp_path: Path
+) -> None:
+    torch = pytest.importorskip("torch")
+    if torch.cuda.is_available():
+        pytest.skip("a CUDA GPU is here: the script would measure")
+    (tmp_path / "a").mkdir()
+    ran = subprocess.run(
+        [sys.executable, str(SCRIPT.parent / "gpu" / script), "--data", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert ran.returncode == 0, ran.stderr
+    assert "no CUDA GPU here; nothing to measure" in ran.stdout

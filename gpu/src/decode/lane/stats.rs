@@ -37,7 +37,7 @@ pub struct LaneStats {
     /// Time the decode threads spent on those batches, in nanoseconds.
     pub cpu_busy_ns: AtomicU64,
     /// Where the lane's thread spent its time, in nanoseconds: asking nvJPEG whether it takes
-    /// each image, in nvJPEG's decode calls, waiting for a pipe's previous work, and queueing
+    /// each image (and, with region decoding, its region), in nvJPEG's decode calls, waiting for a pipe's previous work, and queueing
     /// the crop kernel.
     pub check_ns: AtomicU64,
     /// See `check_ns`.

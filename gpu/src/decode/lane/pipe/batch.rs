@@ -56,7 +56,6 @@ impl Pipe {
                 .read(&item.image.bytes)
                 .ok_or(Decline::DecoderRefused)
                 .and_then(|reading| accept(&item.frame, &reading, ALIGN));
-            add_since(&self.stats.check_ns, checked);
             // With region decoding, the window's region alone where nvJPEG takes it (asked
             // with the parse `read` just made): the place is the region's.
             let region = match &placement {
@@ -68,6 +67,7 @@ impl Pipe {
                 .filter(|decode| self.decoder.takes_region(&decode.region)),
                 _ => None,
             };
+            add_since(&self.stats.check_ns, checked);
             let placement = match (placement, region) {
                 (Ok(_), Some(decode)) => decode.region.placement(ALIGN),
                 (Ok(placement), None) => placement,
