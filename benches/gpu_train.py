@@ -614,6 +614,7 @@ def print_row(r: dict[str, Any], flush: bool) -> None:
             f"GPU {lane['gpu_rows_per_s']:.0f} / CPU {lane['cpu_rows_per_s']:.0f} rows/s, "
             f"split {'>'.join(map(str, r.get('decode_splits_sixteenths', [])))}/16, "
             f"{lane['memory_bytes'] >> 20} MiB, "
+            f"{lane.get('nvjpeg_allocations', '-')} nvJPEG allocations, "
             f"lane cost {100 * r.get('stoker_gpu_lane_cost_fraction', 0.0):.1f}% of the GPU "
             f"({r.get('stoker_gpu_lane_quiet_steps', 0)} quiet steps)"
         )

@@ -65,6 +65,7 @@ def test_every_kind_of_result_prints(
         "trains": True,
     }
     lane = {
+        "nvjpeg_allocations": 7,
         "rows": 1000,
         "rows_dtype": "bfloat16",
         "declined_rows": 1,
@@ -83,7 +84,9 @@ def test_every_kind_of_result_prints(
         "ceiling_x_busy": 12000.0,
     }
     # A helper row's figures come from the helper process's loader, and may be missing.
-    helper = {**common, "row": "helper-gpu", "gpu_decode": lane}
+    # A helper process's lane reports no nvJPEG allocations.
+    helper_lane = {key: value for key, value in lane.items() if key != "nvjpeg_allocations"}
+    helper = {**common, "row": "helper-gpu", "gpu_decode": helper_lane}
     skipped = {"model": "resnet18", "row": "dali", "skipped": "nvidia.dali is not importable"}
     by_region = {
         **in_process,
@@ -97,6 +100,8 @@ def test_every_kind_of_result_prints(
     assert "lane 1000 bfloat16 rows" in printed[0] and "lane cost 20.0%" in printed[0]
     assert "by region" not in printed[0]
     assert "fell back 2, 900 by region, GPU 9000" in printed[4]
+    assert "512 MiB, 7 nvJPEG allocations" in printed[0]
+    assert "512 MiB, - nvJPEG allocations" in printed[1]
     assert "lane cost 0.0% of the GPU (0 quiet steps)" in printed[1]
     assert printed[2].endswith("skipped: nvidia.dali is not importable")
 
