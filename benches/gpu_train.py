@@ -13,14 +13,18 @@ ResNet-18 and ResNet-50 from torchvision, bfloat16 autocast, channels_last, SGD,
   on the GPU (page-locked slots, the copy and the normalisation on the loader's own stream);
 - Stoker, decode="gpu" / decode="auto": the same, with the GPU decode lane taking every row
   the JPEG engines decode, or a share of each batch by the measured rates;
-- DALI (``dali``, ``dali-hwNN``): NVIDIA DALI's pipeline as its ResNet examples build it, in
-  the same process: ``fn.readers.file`` over the same folder (shuffled), ``fn.decoders.image``
-  on the ``mixed`` device (nvJPEG's hardware decoder taking ``--dali-hw-load`` of each batch,
-  or NN/100 for ``dali-hwNN``; the CUDA decoder the rest), ``fn.random_resized_crop`` to 224,
+- DALI (``dali``, ``dali-hwNN``): NVIDIA DALI's pipeline in the same process:
+  ``fn.readers.file`` over the same folder (shuffled), ``fn.decoders.image`` on the ``mixed``
+  device (nvJPEG's hardware decoder taking ``--dali-hw-load`` of each batch, or NN/100 for
+  ``dali-hwNN``; the CUDA decoder the rest), ``fn.random_resized_crop`` to 224,
   ``fn.crop_mirror_normalize`` with a random flip to float16 NHWC, which the loop takes as
   channels_last NCHW (bfloat16 autocast casts it as it casts Stoker's bfloat16);
-  ``--workers`` CPU threads, ``--dali-prefetch`` batches queued. Needs ``nvidia-dali-cuda130``
-  (or ``-cuda120``); without it the row says so and is skipped.
+  ``--workers`` CPU threads, ``--dali-prefetch`` batches queued. ``dali-crop`` (and
+  ``dali-crop-hwNN``) is the pipeline DALI's own ResNet-50 example builds: the crop window
+  drawn by the decoder, which decodes it alone (``fn.decoders.image_random_crop``, with
+  RandomResizedCrop's area and aspect ranges and torchvision's 10 attempts), then
+  ``fn.resize`` to 224 and the same normalisation. Needs ``nvidia-dali-cuda130`` (or
+  ``-cuda120``); without it the row says so and is skipped.
 
 - Stoker in a helper process (``helper-cuda``, ``helper-gpu``, ``helper-auto``): the Stoker
   row of the same name in a process of its own with its own CUDA context, its device batches
@@ -354,9 +358,13 @@ def run_row(
             return helper.next()
 
         extra = {"helper": helper}
-    elif kind == "dali" or kind.startswith("dali-hw"):
-        hw_load = int(kind.removeprefix("dali-hw")) / 100 if kind != "dali" else args.dali_hw_load
-        made = dali_batches(torch, args.data, batch, workers, hw_load, args.dali_prefetch)
+    elif kind == "dali" or kind.startswith(("dali-hw", "dali-crop")):
+        random_crop = kind.startswith("dali-crop")
+        hw = kind.removeprefix("dali-crop" if random_crop else "dali").removeprefix("-hw")
+        hw_load = int(hw) / 100 if hw else args.dali_hw_load
+        made = dali_batches(
+            torch, args.data, batch, workers, hw_load, args.dali_prefetch, random_crop
+        )
         if isinstance(made, str):
             return {"row": row, "skipped": made, "trains": False}
         dali_fetch = made
@@ -533,10 +541,17 @@ def helper_main(
 
 
 def dali_batches(
-    torch: Any, data: Path, batch: int, threads: int, hw_load: float, prefetch: int
+    torch: Any,
+    data: Path,
+    batch: int,
+    threads: int,
+    hw_load: float,
+    prefetch: int,
+    random_crop: bool = False,
 ) -> Callable[[], tuple[Any, Any]] | str:
-    """DALI's pipeline for the row (see the module doc), as a function giving the next
-    (images, labels) on the GPU, epoch after epoch; or why the row is skipped: DALI is not
+    """DALI's pipeline for the row (see the module doc; ``random_crop``: the decoder draws and
+    decodes the crop window alone, as DALI's ResNet-50 example does), as a function giving the
+    next (images, labels) on the GPU, epoch after epoch; or why the row is skipped: DALI is not
     installed, or its pipeline did not build (the other rows still run)."""
     try:
         from nvidia.dali import fn, pipeline_def, types
@@ -556,10 +571,22 @@ def dali_batches(
         jpegs, labels = fn.readers.file(
             file_root=str(data), random_shuffle=True, name="Reader"
         )
-        images = fn.decoders.image(
-            jpegs, device="mixed", output_type=types.RGB, hw_decoder_load=hw_load
-        )
-        images = fn.random_resized_crop(images, size=CROP)
+        if random_crop:
+            images = fn.decoders.image_random_crop(
+                jpegs,
+                device="mixed",
+                output_type=types.RGB,
+                hw_decoder_load=hw_load,
+                random_area=[0.08, 1.0],
+                random_aspect_ratio=[3 / 4, 4 / 3],
+                num_attempts=10,
+            )
+            images = fn.resize(images, resize_x=CROP, resize_y=CROP)
+        else:
+            images = fn.decoders.image(
+                jpegs, device="mixed", output_type=types.RGB, hw_decoder_load=hw_load
+            )
+            images = fn.random_resized_crop(images, size=CROP)
         images = fn.crop_mirror_normalize(
             images,
             dtype=types.FLOAT16,

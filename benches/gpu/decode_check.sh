@@ -5,7 +5,8 @@
 # runs the GPU tests (`pytest -m gpu` of tests/test_gpu.py and tests/test_gpu_decode.py), what
 # fencing released pinned batches on torch's whole stream pool costs (fence_cost.py), then
 # the training benchmark's decode rows on a generated set: ResNet-18 with decode="cpu", "gpu" and
-# "auto" beside NVIDIA DALI (its default hardware-decoder load and 0.99; installed when
+# "auto" beside NVIDIA DALI (its default hardware-decoder load and 0.99, and the pipeline of
+# DALI's ResNet-50 example, which decodes each crop window alone; installed when
 # benches/gpu/pack_dali.sh's parts were carried, else its rows say they skip), the same with 7
 # decode threads, and the loader alone; then the "gpu" and "auto" rows
 # again with the training loop on a stream of its own (gpu_train.py --side-stream). Logs go to
@@ -100,7 +101,7 @@ echo "fence_cost: $((SECONDS - started)) s"
 [ "${SKIP_BENCH:-0}" = 1 ] && exit 0
 if [ "$levers_only" != 1 ]; then
     started=$SECONDS
-    rows=ceiling,stoker-cuda,stoker-gpu,stoker-auto,dali,dali-hw99,stoker-cuda@7,stoker-auto@7,stoker-gpu@7,dali@7,loader:stoker-cuda,loader:stoker-gpu,loader:stoker-auto,loader:dali
+    rows=ceiling,stoker-cuda,stoker-gpu,stoker-auto,dali,dali-crop,dali-hw99,stoker-cuda@7,stoker-auto@7,stoker-gpu@7,dali@7,loader:stoker-cuda,loader:stoker-gpu,loader:stoker-auto,loader:dali
     timeout 260 python3 benches/gpu_train.py --data "$data" --models resnet18 --rows "$rows" --workers "$(( $(nproc) - 1 ))" 2>&1 | tee "$out/bench.log"
     echo "gpu_train: $((SECONDS - started)) s"
 fi

@@ -38,6 +38,7 @@ def gpu_train() -> ModuleType:
         ("loader:stoker-auto-fused-sms32@3", (False, "stoker-auto", 3, "32", True, False, False)),
         ("stoker-gpu-sms16-fused", (True, "stoker-gpu", 15, "16", True, False, False)),
         ("dali-hw99", (True, "dali-hw99", 15, "", False, False, False)),
+        ("dali-crop-hw80@7", (True, "dali-crop-hw80", 7, "", False, False, False)),
         ("stoker-auto-laneproc", (True, "stoker-auto", 15, "", False, True, False)),
         ("loader:stoker-gpu-laneproc-fused@7", (False, "stoker-gpu", 7, "", True, True, False)),
         ("stoker-auto-roi", (True, "stoker-auto", 15, "", False, False, True)),
