@@ -9,7 +9,8 @@
 // the scale when shrinking, taps normalised to sum to one, and the horizontal pass rounded to
 // 8 bits before the vertical one (as PIL does), so the resize adds only rounding to what the
 // decoders differ by (IDCT and chroma upsampling; the CPU's DCT scaling where it is on).
-// Compiled at run time with NVRTC (no headers needed).
+// Compiled at run time with NVRTC (no headers needed); a test also compiles it for the host
+// with a C++ compiler and runs it on the CPU against the CPU path's resize.
 //
 // The first thread of each image also copies the image's last bytes (at most SENTINEL) into
 // its row of `sentinels`, which the host reads back with one copy to tell a place the decode
@@ -58,9 +59,18 @@ __device__ __forceinline__ unsigned short to_bf16(float v) {
 }
 
 __device__ __forceinline__ unsigned short to_f16(float v) {
+#ifdef __CUDA_ARCH__
     unsigned short h;
     asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(v));
     return h;
+#else
+    // Compiled for the host (a test runs the kernel on the CPU): the compiler's half type,
+    // whose conversion also rounds to nearest even.
+    const _Float16 h = (_Float16)v;
+    unsigned short bits;
+    __builtin_memcpy(&bits, &h, sizeof bits);
+    return bits;
+#endif
 }
 
 // Writes channel c of output pixel (x, y) of batch row `row`, whose byte value is `v`.

@@ -215,7 +215,10 @@ fn compile_now(dirs: &[PathBuf], sm: Option<(i32, i32)>) -> Result<Compiled, Gpu
     // the sizes NVRTC gives.
     let compiled = unsafe {
         let outcome = (|| {
-            if let Err(error) = result::compile_program(program, std::slice::from_ref(&arch)) {
+            // No multiply-add contraction: the kernel computes as written, as its host build
+            // in the tests does (`kernel_host`).
+            let options = [arch.clone(), "--fmad=false".to_string()];
+            if let Err(error) = result::compile_program(program, &options) {
                 let log = result::get_program_log(program)
                     .map(|raw| {
                         std::ffi::CStr::from_ptr(raw.as_ptr())

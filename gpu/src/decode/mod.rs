@@ -28,6 +28,8 @@ pub mod helper;
 pub(crate) mod hostile;
 mod jpeg_scan;
 mod kernel;
+#[cfg(test)]
+mod kernel_host;
 mod lane;
 mod libraries;
 mod nvjpeg;

@@ -211,7 +211,8 @@ class Loader(FromDataset, SavedState):
             (nvJPEG, hardware backend where the GPU has one) and cropped, resized and flipped by
             one batched kernel straight into the device batch; the RandomResizedCrop window and
             flip are drawn as on the CPU, so with ``DecodeImage(dct_scaling=False)`` pixels
-            differ from ``"cpu"`` by the decoders' rounding and chroma upsampling; with DCT
+            differ from ``"cpu"`` by the decoders' rounding and chroma upsampling (and the
+            resize's rounding, at most 1 per value); with DCT
             scaling on (``imagenet_train``'s default) the CPU decodes large windows at a reduced
             scale and the GPU at full size, so those rows differ more (the README gives both
             figures).
