@@ -507,16 +507,7 @@ impl Decoder {
         }
         // SAFETY: as the caller promises; the arrays live across the calls.
         unsafe {
-            check(
-                "nvjpegDecodeBatchedInitialize",
-                (self.api.batched_initialize)(
-                    self.handle,
-                    state,
-                    images.len() as c_int,
-                    1,
-                    OUTPUT_RGBI,
-                ),
-            )?;
+            self.initialize_batch(state, images.len())?;
             check(
                 "nvjpegDecodeBatched",
                 (self.api.batched_decode)(
@@ -529,6 +520,20 @@ impl Decoder {
                 ),
             )
         }
+    }
+}
+
+impl Decoder {
+    /// Readies decode state `state` for a batch of `count` images in interleaved RGB.
+    ///
+    /// # Safety
+    /// `state` is this decoder's and no decode with it is still running.
+    unsafe fn initialize_batch(&self, state: State, count: usize) -> Result<(), GpuDecodeError> {
+        // SAFETY: as the caller promises.
+        let status = unsafe {
+            (self.api.batched_initialize)(self.handle, state, count as c_int, 1, OUTPUT_RGBI)
+        };
+        check("nvjpegDecodeBatchedInitialize", status)
     }
 }
 

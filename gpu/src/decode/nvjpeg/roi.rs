@@ -136,7 +136,7 @@ impl Decoder {
     /// # Safety
     /// As [`Decoder::decode`]'s.
     pub(super) unsafe fn decode_regions(
-        &mut self,
+        &self,
         state: State,
         pointers: &[*const u8],
         lengths: &[usize],
@@ -144,14 +144,15 @@ impl Decoder {
         regions: &[Option<Region>],
         stream: sys::CUstream,
     ) -> Result<(), GpuDecodeError> {
-        let roi = match &mut self.roi {
-            Some(roi) if roi.images.len() >= pointers.len() => roi,
-            _ => {
-                return Err(GpuDecodeError::Unsupported(format!(
-                    "region decoding of {} images without their decode parameters",
-                    pointers.len()
-                )))
-            }
+        let Some(roi) = self
+            .roi
+            .as_ref()
+            .filter(|roi| roi.images.len() >= pointers.len())
+        else {
+            return Err(GpuDecodeError::Unsupported(format!(
+                "region decoding of {} images without their decode parameters",
+                pointers.len()
+            )));
         };
         // SAFETY: each parameter is live and read by no decode still running (the caller's
         // promise); the arrays live across the calls; the rest as the caller promises.
@@ -164,16 +165,7 @@ impl Decoder {
                     });
                 }
             }
-            check(
-                "nvjpegDecodeBatchedInitialize",
-                (self.api.batched_initialize)(
-                    self.handle,
-                    state,
-                    pointers.len() as c_int,
-                    1,
-                    OUTPUT_RGBI,
-                ),
-            )?;
+            self.initialize_batch(state, pointers.len())?;
             check(
                 "nvjpegDecodeBatchedEx",
                 (roi.api.decode_ex)(
@@ -182,7 +174,8 @@ impl Decoder {
                     pointers.as_ptr(),
                     lengths.as_ptr(),
                     outputs.as_mut_ptr(),
-                    roi.images.as_mut_ptr(),
+                    // nvJPEG reads the parameters (the C signature names no `const`).
+                    roi.images.as_ptr().cast_mut(),
                     stream,
                 ),
             )
