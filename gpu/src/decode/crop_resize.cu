@@ -25,8 +25,8 @@ struct CropItem {
     int clamp_y0;            // and rows clamp_y0 .. clamp_y1 - 1
     int clamp_x1;
     int clamp_y1;
-    float origin_x;          // source coordinate of the output's left edge
-    float origin_y;          // and of its top edge
+    float origin_x;          // source coordinate of the output's left edge, from clamp_x0
+    float origin_y;          // and of its top edge, from clamp_y0
     float scale_x;           // source pixels per output pixel
     float scale_y;
     int inside_x0;           // output columns inside_x0 .. inside_x1 - 1 have a source;
@@ -132,12 +132,14 @@ extern "C" __global__ void crop_resize_flip(const CropItem* items, unsigned char
     }
     const float support_x = fmaxf(item.scale_x, 1.0f);
     const float support_y = fmaxf(item.scale_y, 1.0f);
+    // Positions count from the first source column and row the filter may read (clamp_x0,
+    // clamp_y0): the same numbers whether the whole image or a region of it was decoded.
     const float centre_x = item.origin_x + (x + 0.5f) * item.scale_x;
     const float centre_y = item.origin_y + (y + 0.5f) * item.scale_y;
-    const int x0 = max((int)floorf(centre_x - support_x + 0.5f), item.clamp_x0);
-    const int x1 = min((int)floorf(centre_x + support_x + 0.5f), item.clamp_x1);
-    const int y0 = max((int)floorf(centre_y - support_y + 0.5f), item.clamp_y0);
-    const int y1 = min((int)floorf(centre_y + support_y + 0.5f), item.clamp_y1);
+    const int x0 = max((int)floorf(centre_x - support_x + 0.5f), 0);
+    const int x1 = min((int)floorf(centre_x + support_x + 0.5f), item.clamp_x1 - item.clamp_x0);
+    const int y0 = max((int)floorf(centre_y - support_y + 0.5f), 0);
+    const int y1 = min((int)floorf(centre_y + support_y + 0.5f), item.clamp_y1 - item.clamp_y0);
 
     float weight_x_sum = 0.0f;
     for (int i = x0; i < x1; ++i) {
@@ -145,7 +147,9 @@ extern "C" __global__ void crop_resize_flip(const CropItem* items, unsigned char
     }
     const float inverse_x = weight_x_sum > 0.0f ? 1.0f / weight_x_sum : 0.0f;
 
-    const unsigned char* src = (const unsigned char*)item.src;
+    const unsigned char* src = (const unsigned char*)item.src +
+                               (unsigned long long)item.clamp_y0 * item.pitch +
+                               (unsigned long long)item.clamp_x0 * 3;
     float sum0 = 0.0f, sum1 = 0.0f, sum2 = 0.0f, weight_y_sum = 0.0f;
     for (int j = y0; j < y1; ++j) {
         const float weight_y = triangle((j - centre_y + 0.5f) / support_y);

@@ -41,9 +41,11 @@ pub struct CropItem {
     pub clamp_x1: i32,
     /// See `clamp_x0`.
     pub clamp_y1: i32,
-    /// Source coordinate of the output's left edge.
+    /// Source coordinate of the output's left edge, counted from `clamp_x0` (the kernel's
+    /// positions all count from the clamp's corner, so a region decoded alone gives the same
+    /// numbers as the whole image).
     pub origin_x: f32,
-    /// Source coordinate of the output's top edge.
+    /// Source coordinate of the output's top edge, counted from `clamp_y0`.
     pub origin_y: f32,
     /// Source pixels per output pixel, across.
     pub scale_x: f32,
@@ -118,8 +120,7 @@ impl CropItem {
                 item.clamp_y0 = crop.top as i32;
                 item.clamp_x1 = (crop.left + crop.width) as i32;
                 item.clamp_y1 = (crop.top + crop.height) as i32;
-                item.origin_x = crop.left as f32;
-                item.origin_y = crop.top as f32;
+                // The output's edges are the window's, the clamp's corner.
                 item.scale_x = (f64::from(crop.width) / f64::from(out.0)) as f32;
                 item.scale_y = (f64::from(crop.height) / f64::from(out.1)) as f32;
             }

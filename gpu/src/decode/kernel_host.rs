@@ -195,6 +195,8 @@ fn windows(width: u32, height: u32) -> Vec<SourceWindow> {
         crop(100, 50, 30, 40),
         crop(width - 61, height - 97, 61, 97),
         crop(37, 3, 255, 64),
+        crop(width * 3 / 4 - 40, height / 2 + 3, width / 5, height / 3),
+        crop(width / 2 + 1, height / 3, width / 2 - 2, height / 2),
         SourceWindow::ResizeThenCrop {
             resized: (97, 73),
             left: 16,
@@ -245,11 +247,11 @@ fn the_kernel_resizes_as_the_cpu_path_does() {
          {largest}; kernel minus CPU {signed} in all"
     );
     // The kernel's float taps (PIL's arithmetic) against fast_image_resize's fixed-point ones:
-    // rounding alone, so never more than 1 apart, and as often up as down (measured here: 11.1%
-    // of the values differ, kernel minus CPU -104 over all 147,456).
+    // rounding alone, so never more than 1 apart, and as often up as down (measured here: 12.1%
+    // of the values differ, kernel minus CPU -148 over all 196,608).
     assert!(largest <= 1, "a value differs by {largest}");
     assert!(
-        differing * 8 <= values,
+        differing * 6 <= values,
         "{differing} of {values} values differ"
     );
     assert!(
@@ -326,42 +328,39 @@ fn a_region_decoded_alone_gives_the_whole_images_rows_and_sentinels_its_last_byt
     if host_kernel().is_none() {
         return;
     }
-    let (width, height, out) = (333u32, 250u32, (64u32, 64u32));
-    let pixels = test_image(width, height);
-    let (mut values, mut differing, mut largest, mut regions) = (0usize, 0usize, 0u8, 0);
-    for window in windows(width, height) {
-        for mcu in [(8, 8), (16, 16), (16, 8)] {
-            let Some(decode) = region_for(&window, (width, height), mcu) else {
-                continue;
-            };
-            regions += 1;
-            // What the engines write for the region: its rows of the whole image.
-            let r = decode.region;
-            let region: Vec<u8> = (r.top..r.top + r.height)
-                .flat_map(|y| {
-                    let start = (y as usize * width as usize + r.left as usize) * 3;
-                    pixels[start..start + r.width as usize * 3].iter().copied()
-                })
-                .collect();
-            let whole = item_over(&pixels, &window, (width, height), out, true, 0);
-            let part = item_over(&region, &decode.window, (r.width, r.height), out, true, 1);
-            let (rows, sentinels) = launch(&[whole, part], out, RowTail::BYTES);
-            let (a, b) = rows.split_at(rows.len() / 2);
-            for (x, y) in a.iter().zip(b) {
-                let diff = x.abs_diff(*y);
-                differing += usize::from(diff != 0);
-                largest = largest.max(diff);
+    let out = (64u32, 64u32);
+    let (mut values, mut regions) = (0usize, 0);
+    // A small frame, and a large one, where a window's place in the whole image is a large
+    // float and its place in the region a small one.
+    for (width, height) in [(333u32, 250u32), (3001, 2003)] {
+        let pixels = test_image(width, height);
+        for window in windows(width, height) {
+            for mcu in [(8, 8), (16, 16), (16, 8)] {
+                let Some(decode) = region_for(&window, (width, height), mcu) else {
+                    continue;
+                };
+                regions += 1;
+                // What the engines write for the region: its rows of the whole image.
+                let r = decode.region;
+                let region: Vec<u8> = (r.top..r.top + r.height)
+                    .flat_map(|y| {
+                        let start = (y as usize * width as usize + r.left as usize) * 3;
+                        pixels[start..start + r.width as usize * 3].iter().copied()
+                    })
+                    .collect();
+                let whole = item_over(&pixels, &window, (width, height), out, true, 0);
+                let part = item_over(&region, &decode.window, (r.width, r.height), out, true, 1);
+                let (rows, sentinels) = launch(&[whole, part], out, RowTail::BYTES);
+                let (a, b) = rows.split_at(rows.len() / 2);
+                // The kernel's positions count from the window's corner in both: the same
+                // numbers, the same rows.
+                assert!(a == b, "{window:?} in {width}x{height}, region {r:?}");
+                values += a.len();
+                assert_eq!(&sentinels[..SENTINEL], &pixels[pixels.len() - SENTINEL..]);
+                assert_eq!(&sentinels[SENTINEL..], &region[region.len() - SENTINEL..]);
             }
-            values += a.len();
-            assert_eq!(&sentinels[..SENTINEL], &pixels[pixels.len() - SENTINEL..]);
-            assert_eq!(&sentinels[SENTINEL..], &region[region.len() - SENTINEL..]);
         }
     }
-    assert!(regions >= 8, "{regions}");
-    eprintln!(
-        "region against whole image: {differing} of {values} values differ, by at most {largest}"
-    );
-    // The window's place moves by whole pixels, and at these sizes the filter's float
-    // positions round alike: the rows are the same.
-    assert_eq!(differing, 0, "by at most {largest}");
+    assert!(regions >= 16, "{regions}");
+    eprintln!("region against whole image: {values} values, all equal");
 }
