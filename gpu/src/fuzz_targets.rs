@@ -2,11 +2,16 @@
 //! decision on the CPU (`fuzz/`, see its README; the corpus replay is the test below).
 //!
 //! A body returns normally whatever the input; a panic is a bug. The `assert!`s are the
-//! promises the decision makes: nothing is ever sized from one parser's reading alone.
+//! promises the decision makes: nothing is ever sized from one parser's reading alone, and a
+//! region decoded instead of the whole image lies in the frame both read.
 
 use stoker_pipeline::{read_header, DEFAULT_MAX_PIXELS};
 
-use crate::decode::{accept, documented_reading, scan, Decline, MAX_JPEG_SIDE};
+use stoker_pipeline::{CropWindow, SourceWindow};
+
+use crate::decode::{
+    accept, documented_reading, region_for, scan, Decline, Frame, Placement, MAX_JPEG_SIDE,
+};
 
 /// Arena places are aligned to this in the lane.
 const ALIGN: usize = 256;
@@ -59,6 +64,7 @@ pub fn gpu_acceptance(data: &[u8]) {
             "changed field {k}"
         );
     }
+    region_within_the_frame(data, &frame, &placement);
     // The CPU path's header (imagesize) either reads this size, and the window drawn in it
     // lies in the place, or the decode threads keep the image.
     if let Ok(header) = read_header(data, DEFAULT_MAX_PIXELS) {
@@ -69,6 +75,48 @@ pub fn gpu_acceptance(data: &[u8]) {
             );
         }
     }
+}
+
+/// With region decoding, a crop window drawn from the input's last bytes: the region decoded
+/// for it lies in the agreed frame, holds the window on MCU edges (or the frame's), and its
+/// place is never larger than the whole image's, so a region asks the arena for no more than
+/// the whole image would.
+fn region_within_the_frame(data: &[u8], frame: &Frame, whole: &Placement) {
+    let mut tail = data.iter().rev().copied().chain(std::iter::repeat(0));
+    let mut draw = |below: u32| {
+        let bytes = [0, 0, 0, 0].map(|_: u8| tail.next().unwrap_or(0));
+        u32::from_le_bytes(bytes) % below.max(1)
+    };
+    let width = 1 + draw(frame.width);
+    let height = 1 + draw(frame.height);
+    let left = draw(frame.width - width + 1);
+    let top = draw(frame.height - height + 1);
+    let window = SourceWindow::CropThenResize(CropWindow {
+        left,
+        top,
+        width,
+        height,
+    });
+    let mcu = frame.chroma.mcu();
+    let Some(decode) = region_for(&window, (frame.width, frame.height), mcu) else {
+        return;
+    };
+    let r = decode.region;
+    assert!(r.left <= left && r.top <= top, "{r:?} {window:?}");
+    assert!(r.left + r.width >= left + width && r.top + r.height >= top + height);
+    assert!(r.left + r.width <= frame.width && r.top + r.height <= frame.height);
+    assert!(r.left % mcu.0 == 0 && r.top % mcu.1 == 0);
+    let place = r.placement(ALIGN);
+    assert!(place.decoded <= whole.decoded && place.place <= whole.place);
+    assert_eq!(
+        decode.window,
+        SourceWindow::CropThenResize(CropWindow {
+            left: left - r.left,
+            top: top - r.top,
+            width,
+            height,
+        })
+    );
 }
 
 #[cfg(test)]

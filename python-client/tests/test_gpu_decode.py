@@ -1070,12 +1070,18 @@ def damaged_root(dataset: Path, tmp_path: Path) -> Path:
 
 @pytest.mark.gpu
 def test_damaged_scans_are_the_same_bad_samples_under_every_split(
-    torch: Any, damaged_root: Path
+    torch: Any, damaged_root: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """The same files are bad samples, with the same substitutes, under ``"cpu"``, ``"gpu"``,
+    ``"auto"``, and ``"gpu"`` with region decoding (``STOKER_GPU_DECODE_ROI=1``: the engines
+    must find damage outside the window they decode, as libjpeg-turbo does)."""
     runs = {}
-    for decode in ("cpu", "gpu", "auto"):
+    monkeypatch.delenv("STOKER_GPU_DECODE_ROI", raising=False)
+    for decode in ("cpu", "gpu", "auto", "gpu-roi"):
+        if decode == "gpu-roi":
+            monkeypatch.setenv("STOKER_GPU_DECODE_ROI", "1")
         started = time.monotonic()
-        runs[decode] = epoch_with_bad_samples(damaged_root, decode)
+        runs[decode] = epoch_with_bad_samples(damaged_root, decode.removesuffix("-roi"))
         print(
             f"decode={decode!r}: {time.monotonic() - started:.1f} s, "
             f"bad {[b[0] for b in runs[decode][1]]}, lane {runs[decode][2]['gpu_decode']}"
@@ -1085,7 +1091,7 @@ def test_damaged_scans_are_the_same_bad_samples_under_every_split(
     # Huffman code stays valid: then no decoder can tell, and none reports it).
     assert any("_cut" in name for name, _, _ in cpu_bad), cpu_bad
     assert any("_ones" in name for name, _, _ in cpu_bad), cpu_bad
-    for decode in ("gpu", "auto"):
+    for decode in ("gpu", "auto", "gpu-roi"):
         batches, bad, stats = runs[decode]
         assert bad == cpu_bad, decode
         assert stats["bad_samples"] == cpu_stats["bad_samples"], decode

@@ -42,7 +42,9 @@ use std::path::PathBuf;
 pub use backend::StartGpuLane;
 pub use helper::{helper_asked, HelperLane, HelperOptions, HELPER_BINARY, HELPER_VARIABLE};
 #[cfg(feature = "fuzzing")]
-pub(crate) use jpeg_scan::{accept, documented_reading, scan, MAX_SIDE as MAX_JPEG_SIDE};
+pub(crate) use jpeg_scan::{
+    accept, documented_reading, scan, Frame, Placement, MAX_SIDE as MAX_JPEG_SIDE,
+};
 pub use jpeg_scan::{hardware_candidate, Decline};
 pub use kernel::{compile as compile_kernel, Compiled, CropItem, KERNEL, SOURCE as KERNEL_SOURCE};
 pub use lane::{
@@ -51,6 +53,8 @@ pub use lane::{
 };
 pub use libraries::search_dirs as cuda_library_dirs;
 pub use nvjpeg::{version as nvjpeg_version, TESTED_MAJORS as NVJPEG_TESTED_MAJORS};
+#[cfg(feature = "fuzzing")]
+pub(crate) use region::region_for;
 pub use region::{roi_asked, ROI_VARIABLE};
 pub use split::{
     gpu_row, pinned_split, split_for_rates, LaneCounts, SplitSchedule, AUTO_POINT_STEPS,

@@ -24,8 +24,8 @@ pub struct LaneStats {
     /// batched decode does not take the stream, the decode failed (its strict bitstream check
     /// included), or the decode reported success without writing the image's place.
     pub fallback_rows: AtomicU64,
-    /// Rows whose crop window alone the engines were asked to decode (region decoding,
-    /// [`crate::decode::ROI_VARIABLE`]); counted as each sub-batch's decode is queued.
+    /// Rows built on the GPU from the region of their image the engines decoded alone (region
+    /// decoding, [`crate::decode::ROI_VARIABLE`]); part of `gpu_rows`.
     pub roi_rows: AtomicU64,
     /// Time the lane worked on batches, counted once while it works on any, in nanoseconds:
     /// in this process, while a pipe works on one (waits for the GPU included, waits for a

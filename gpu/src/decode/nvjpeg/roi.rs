@@ -114,6 +114,11 @@ impl Decoder {
         }
     }
 
+    /// Decodes whole images again, the region parameters destroyed.
+    pub fn disable_roi(&mut self) {
+        self.roi = None;
+    }
+
     /// Whether the batched decode takes `region` of the image [`Decoder::read`] read last
     /// (asked of nvJPEG with that image's parse); `false` without [`Decoder::enable_roi`].
     pub fn takes_region(&mut self, region: &Region) -> bool {

@@ -2,7 +2,8 @@
 //! frame, or with region decoding the region of it nvJPEG takes), gathered into sub-batches that
 //! fit the arena; for each, nvJPEG's batched decode into the arena, the crop kernel's launch
 //! into the batch's device rows, and a sub-batch one image spoils retried image by
-//! image, each image's own status deciding whether it is built on the CPU; and the poison laid
+//! image (one refused by region tried whole, the stream waited for after each failure), each
+//! image's own status deciding whether it is built on the CPU; and the poison laid
 //! over each place before the decode, by which a place the decode left unwritten is found
 //! (where [`FAULT_VARIABLE`] asks, some places are poisoned again after the decode, to test
 //! that finding).
@@ -68,9 +69,9 @@ impl Pipe {
                 _ => None,
             };
             add_since(&self.stats.check_ns, checked);
-            let placement = match (placement, region) {
-                (Ok(_), Some(decode)) => decode.region.placement(ALIGN),
-                (Ok(placement), None) => placement,
+            let (placement, whole) = match (placement, region) {
+                (Ok(whole), Some(decode)) => (decode.region.placement(ALIGN), whole),
+                (Ok(whole), None) => (whole, whole),
                 (Err(_), _) => {
                     fallback.push(CpuRow::of(&item));
                     continue;
@@ -92,6 +93,7 @@ impl Pipe {
                 placement,
                 offset: used,
                 region,
+                whole,
             });
             used += placement.place;
             staged += encoded;
@@ -115,6 +117,14 @@ impl Pipe {
         self.stats
             .gpu_rows
             .fetch_add((decoded.len() - unwritten.len()) as u64, Ordering::Relaxed);
+        let by_region = decoded
+            .iter()
+            .enumerate()
+            .filter(|(k, d)| d.by_region && !unwritten.contains(k))
+            .count();
+        self.stats
+            .roi_rows
+            .fetch_add(by_region as u64, Ordering::Relaxed);
         Ok(DecodedSet {
             out,
             rows: decoded.iter().map(|d| d.cpu.row as u32).collect(),
@@ -138,33 +148,59 @@ impl Pipe {
         if pending.is_empty() {
             return;
         }
-        if let Err(error) = self.run_batch(pending, out, decoded) {
-            if pending.len() == 1 {
-                tracing::debug!(%error, pipe = self.index, "the GPU lane could not decode an image; building it on the CPU");
-                fallback.extend(pending.drain(..).map(|p| CpuRow::of(&p.item)));
-                return;
-            }
-            // One image spoils its whole sub-batch (nvjpegDecodeBatched has one status for
-            // all): each is tried alone, so each image's own status decides, and which rows
-            // go to the CPU depends on the images only, not on how they were grouped.
-            tracing::debug!(%error, images = pending.len(), pipe = self.index, "the GPU lane retries a sub-batch image by image");
-            let mut held = Vec::new();
-            for one in pending.drain(..) {
-                let mut one = vec![one];
-                match self.run_batch(&one, out, decoded) {
-                    Ok(()) => {
-                        // The arena is reused by the next image: wait for this one's kernel.
-                        // SAFETY: the event is the pipe's own.
-                        let _ = unsafe { result::event::synchronize(self.done) };
-                        held.extend(one.drain(..).map(|p| p.item));
-                    }
-                    Err(_) => fallback.extend(one.drain(..).map(|p| CpuRow::of(&p.item))),
-                }
-            }
-            self.held = held;
+        let Err(error) = self.attempt(pending, out, decoded) else {
+            self.held = pending.drain(..).map(|p| p.item).collect();
             return;
+        };
+        // One image spoils its whole sub-batch (nvjpegDecodeBatched has one status for all):
+        // each is tried alone (a lone image has had its try), and one refused by region is
+        // tried whole, so each image's own status decides, and which rows go to the CPU
+        // depends on the images only, not on how they were grouped.
+        tracing::debug!(%error, images = pending.len(), pipe = self.index, "the GPU lane tries a sub-batch's images alone");
+        let alone = pending.len() == 1;
+        let mut held = Vec::new();
+        for mut one in pending.drain(..) {
+            let on_gpu = (!alone && self.decoded_alone(&one, out, decoded))
+                || (one.decode_whole(self.memory.arena_bytes)
+                    && self.decoded_alone(&one, out, decoded));
+            if on_gpu {
+                held.push(one.item);
+            } else {
+                fallback.push(CpuRow::of(&one.item));
+            }
         }
-        self.held = pending.drain(..).map(|p| p.item).collect();
+        self.held = held;
+    }
+
+    /// Decodes and crops one image alone; whether it went to the GPU (its work is done then,
+    /// since the next image reuses the arena).
+    fn decoded_alone(&mut self, one: &Pending, out: u64, decoded: &mut Vec<Decoded>) -> bool {
+        if self
+            .attempt(std::slice::from_ref(one), out, decoded)
+            .is_err()
+        {
+            return false;
+        }
+        // SAFETY: the event is the pipe's own.
+        let _ = unsafe { result::event::synchronize(self.done) };
+        true
+    }
+
+    /// [`Pipe::run_batch`], and after a failure a wait for whatever the failed calls queued on
+    /// the pipe's stream (a copy of the staged JPEGs nvJPEG may still be making), so the next
+    /// try may reuse the staging and the decode parameters.
+    fn attempt(
+        &mut self,
+        pending: &[Pending],
+        out: u64,
+        decoded: &mut Vec<Decoded>,
+    ) -> std::result::Result<(), GpuDecodeError> {
+        let tried = self.run_batch(pending, out, decoded);
+        if tried.is_err() {
+            // SAFETY: the pipe's own stream.
+            let _ = unsafe { result::stream::synchronize(self.stream) };
+        }
+        tried
     }
 
     fn run_batch(
@@ -236,10 +272,6 @@ impl Pipe {
         };
         add_since(&self.stats.decode_call_ns, decoding);
         result?;
-        let by_region = regions.iter().filter(|r| r.is_some()).count();
-        self.stats
-            .roi_rows
-            .fetch_add(by_region as u64, std::sync::atomic::Ordering::Relaxed);
         if let Some(every) = self.fault_every {
             for p in pending.iter().filter(|p| p.item.image.sample % every == 0) {
                 // SAFETY: the place lies in the pipe's arena, starts on an ALIGN boundary and
@@ -325,6 +357,7 @@ impl Pipe {
             cpu: CpuRow::of(&p.item),
             decoded: p.placement.decoded,
             sentinel_len: p.placement.decoded.min(SENTINEL),
+            by_region: p.region.is_some(),
         }));
         Ok(())
     }
@@ -374,6 +407,22 @@ struct Pending {
     offset: usize,
     /// The region decoded instead of the whole image, and the window seen from its corner.
     region: Option<RegionDecode>,
+    /// The whole image's placement (`placement` too when no region is decoded).
+    whole: Placement,
+}
+
+impl Pending {
+    /// Makes the image one decoded whole, alone at the arena's start, when it was to be
+    /// decoded by region and its whole decode fits an arena of `arena_bytes`; whether it did.
+    fn decode_whole(&mut self, arena_bytes: usize) -> bool {
+        if self.region.is_none() || self.whole.place > arena_bytes {
+            return false;
+        }
+        self.placement = self.whole;
+        self.offset = 0;
+        self.region = None;
+        true
+    }
 }
 
 /// An image decoded and cropped into device row `k` (its index in the batch's list), with
@@ -382,6 +431,8 @@ struct Decoded {
     cpu: CpuRow,
     decoded: usize,
     sentinel_len: usize,
+    /// Decoded from a region of its image.
+    by_region: bool,
 }
 
 /// The 32-bit pattern a pipe lays over the places of a sub-batch before decoding into them.

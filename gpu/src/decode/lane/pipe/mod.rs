@@ -201,9 +201,16 @@ impl Pipe {
         self.roi
     }
 
-    /// Has the pipe decode whole images (when not every pipe of the lane can decode regions).
+    /// Has the pipe decode whole images (when not every pipe of the lane can decode regions),
+    /// its decoder's region parameters destroyed in its context.
     pub(super) fn disable_roi(&mut self) {
         self.roi = false;
+        let place = Arc::clone(&self.place);
+        let decoder = &mut self.decoder;
+        let _ = place.run(|| {
+            decoder.disable_roi();
+            Ok(())
+        });
     }
 
     /// The SMs a green context keeps the pipe's kernels to, if one does.
