@@ -193,7 +193,12 @@ fn windows(width: u32, height: u32) -> Vec<SourceWindow> {
         crop(10, 20, 200, 150),
         crop(0, 0, width, height),
         crop(100, 50, 30, 40),
-        crop(width - 61, height - 97, 61, 97),
+        crop(
+            width.saturating_sub(61),
+            height.saturating_sub(97),
+            61.min(width),
+            97.min(height),
+        ),
         crop(37, 3, 255, 64),
         crop(width * 3 / 4 - 40, height / 2 + 3, width / 5, height / 3),
         crop(width / 2 + 1, height / 3, width / 2 - 2, height / 2),
@@ -265,7 +270,8 @@ fn the_kernel_resizes_as_the_cpu_path_does() {
 fn fits(window: &SourceWindow, width: u32, height: u32) -> bool {
     match window {
         SourceWindow::CropThenResize(crop) => {
-            crop.left + crop.width <= width && crop.top + crop.height <= height
+            u64::from(crop.left) + u64::from(crop.width) <= u64::from(width)
+                && u64::from(crop.top) + u64::from(crop.height) <= u64::from(height)
         }
         SourceWindow::ResizeThenCrop { .. } => true,
     }
