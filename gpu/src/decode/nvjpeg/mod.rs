@@ -328,6 +328,10 @@ pub struct Decoder {
     roi: Option<RoiParams>,
 }
 
+// SAFETY: the decoder is used by one thread at a time (the lane's); nvJPEG handles may move
+// between threads.
+unsafe impl Send for Decoder {}
+
 impl Decoder {
     /// A decoder with `states` decode states, whose own device allocations stay under
     /// `device_limit` bytes. Call with the device's context current.

@@ -59,10 +59,6 @@ pub(super) struct RoiParams {
     images: Vec<Params>,
 }
 
-// SAFETY: the decoder is used by one thread at a time (the lane's); nvJPEG handles may move
-// between threads.
-unsafe impl Send for Decoder {}
-
 impl Decoder {
     /// Makes what decoding a region of each image of batches of up to `rows` images takes;
     /// `false` (decoding stays whole) where the handle is not on the hardware backend, the
