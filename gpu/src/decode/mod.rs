@@ -62,6 +62,16 @@ pub use split::{
 };
 pub use tail::{fused_tail_asked, Element, RowTail, TailParams, FUSED_TAIL_VARIABLE};
 
+/// Whether `value` (switch `variable`'s, if set) turns it on; after trimming, anything but
+/// `0`, `1` or empty (read as `0`) is an error naming the variable.
+fn switch_asked(variable: &str, value: Option<&str>) -> Result<bool, String> {
+    match value.map(str::trim) {
+        None | Some("") | Some("0") => Ok(false),
+        Some("1") => Ok(true),
+        Some(other) => Err(format!("{variable} must be 0 or 1, got {other:?}")),
+    }
+}
+
 /// Where image rows are decoded.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum DecodeMode {

@@ -17,11 +17,7 @@ pub const ROI_VARIABLE: &str = "STOKER_GPU_DECODE_ROI";
 /// Whether `value` (the variable's, if set) asks for region decoding; after trimming, anything
 /// but `0`, `1` or empty (read as `0`) is an error naming the variable.
 pub fn roi_asked(value: Option<&str>) -> Result<bool, String> {
-    match value.map(str::trim) {
-        None | Some("") | Some("0") => Ok(false),
-        Some("1") => Ok(true),
-        Some(other) => Err(format!("{ROI_VARIABLE} must be 0 or 1, got {other:?}")),
-    }
+    super::switch_asked(ROI_VARIABLE, value)
 }
 
 /// A rectangle of an image, in pixels.

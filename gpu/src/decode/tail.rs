@@ -13,13 +13,7 @@ pub const FUSED_TAIL_VARIABLE: &str = "STOKER_GPU_DECODE_FUSED_TAIL";
 /// Whether `value` (the variable's, if set) asks for the fused tail; after trimming, anything
 /// but `0`, `1` or empty (read as `0`) is an error naming the variable.
 pub fn fused_tail_asked(value: Option<&str>) -> Result<bool, String> {
-    match value.map(str::trim) {
-        None | Some("") | Some("0") => Ok(false),
-        Some("1") => Ok(true),
-        Some(other) => Err(format!(
-            "{FUSED_TAIL_VARIABLE} must be 0 or 1, got {other:?}"
-        )),
-    }
+    super::switch_asked(FUSED_TAIL_VARIABLE, value)
 }
 
 /// The element type of the rows.
