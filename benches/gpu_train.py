@@ -274,26 +274,21 @@ def run_row(
     batch = args.batch_size
     train, kind, workers, sms, fused, lane_process, roi = row_parts(row, args.workers)
     closers: list[Callable[[], None]] = []
-    # Each row starts without them (a row that failed may not have cleared them).
-    os.environ.pop(SMS_VARIABLE, None)
-    os.environ.pop(FUSED_VARIABLE, None)
-    os.environ.pop(HELPER_VARIABLE, None)
-    os.environ.pop(ROI_VARIABLE, None)
-    if lane_process:
-        folder = os.environ.get("STOKER_BIN_DIR")
-        os.environ[HELPER_VARIABLE] = (
-            str(Path(folder) / "stoker-lane-helper") if folder else "1"
-        )
-        closers.append(lambda: os.environ.pop(HELPER_VARIABLE, None))
-    if sms:
-        os.environ[SMS_VARIABLE] = sms
-        closers.append(lambda: os.environ.pop(SMS_VARIABLE, None))
-    if fused:
-        os.environ[FUSED_VARIABLE] = "1"
-        closers.append(lambda: os.environ.pop(FUSED_VARIABLE, None))
-    if roi:
-        os.environ[ROI_VARIABLE] = "1"
-        closers.append(lambda: os.environ.pop(ROI_VARIABLE, None))
+    folder = os.environ.get("STOKER_BIN_DIR")
+    helper = str(Path(folder) / "stoker-lane-helper") if folder else "1"
+    # The variables the row's name asks for, set for the row alone; each row starts without
+    # the others (a row that failed may not have cleared them).
+    asked = {
+        HELPER_VARIABLE: helper if lane_process else None,
+        SMS_VARIABLE: sms or None,
+        FUSED_VARIABLE: "1" if fused else None,
+        ROI_VARIABLE: "1" if roi else None,
+    }
+    for variable, value in asked.items():
+        os.environ.pop(variable, None)
+        if value is not None:
+            os.environ[variable] = value
+            closers.append(lambda variable=variable: os.environ.pop(variable, None))
     built = time.perf_counter()
     if kind == "ceiling":
         images = torch.randn(batch, 3, CROP, CROP, device="cuda").contiguous(
