@@ -23,6 +23,9 @@ use super::proxy_coordinator as proxy;
 
 const COORDINATOR: &str = "coordinator:7070";
 
+/// The worker of [`one_worker`].
+const WORKER: &str = "worker-a:7001";
+
 /// A coordinator and `workers` worker daemons on `network`, accepting `token` if given, on a
 /// runtime of their own; they stop when it is dropped.
 struct Cluster {
@@ -145,14 +148,7 @@ fn one_worker_with(
     images(data.path())?;
     let state = tempfile::tempdir()?;
     let network = MemoryNetwork::new();
-    let cluster = start_cluster_with(
-        &network,
-        data.path(),
-        state.path(),
-        &["worker-a:7001"],
-        None,
-        tune,
-    )?;
+    let cluster = start_cluster_with(&network, data.path(), state.path(), &[WORKER], None, tune)?;
     Ok((data, state, network, cluster))
 }
 
@@ -642,9 +638,12 @@ fn a_reopened_job_over_renamed_files_of_the_same_count_is_refused() -> TestResul
 
 #[test]
 fn batches_leased_before_the_coordinator_stops_answering_still_reach_the_consumer() -> TestResult {
-    // One decode thread leasing 8 steps at a time: after the first batch the worker holds
-    // the rest of its lease, built one by one.
-    let (data, _state, network, _cluster) = one_worker_with(|config| config.lease_ahead = 8)?;
+    // One decode thread leasing 8 steps at a time; a finished batch waits for its client as
+    // long as the test needs.
+    let (data, _state, network, cluster) = one_worker_with(|config| {
+        config.lease_ahead = 8;
+        config.delivery_timeout = Duration::from_secs(60);
+    })?;
     let job = JobSpec {
         batch_size: 4,
         ..spec(data.path())
@@ -677,10 +676,34 @@ fn batches_leased_before_the_coordinator_stops_answering_still_reach_the_consume
         Ok(digest.hex())
     });
     assert_eq!(taken.recv_timeout(Duration::from_secs(30))?, 0);
+    // The worker's batches stop reaching the client, which takes what it already has; the
+    // worker goes on leasing from the coordinator, building and queueing.
+    network.hold(WORKER);
+    let mut consumed: u64 = 1;
+    while taken.recv_timeout(Duration::from_millis(300)).is_ok() {
+        consumed += 1;
+    }
+    // Leased past what the consumer has: at least 4 steps the worker holds or is building.
+    // A lease answer leaves the coordinator as the step is counted; a second is the margin for
+    // it to reach the worker before the coordinator stops answering.
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    let leased = loop {
+        let leased = cluster.coordinator.core_stats().assignments;
+        if leased >= consumed + 4 || std::time::Instant::now() >= deadline {
+            break leased;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    assert!(
+        leased >= consumed + 4,
+        "{leased} steps leased with {consumed} consumed"
+    );
+    std::thread::sleep(Duration::from_secs(1));
     // The coordinator stops answering (a stopped process): no lease, grant or ack goes
-    // through, but the steps the worker leased travel on its own stream to the client.
+    // through; the worker's stream to the client carries again. Every batch that arrives
+    // from now on left the worker after the coordinator stopped answering.
     network.hold(COORDINATOR);
-    let arrived_before = taken.try_iter().count();
+    network.release(WORKER);
     let until = std::time::Instant::now() + Duration::from_secs(3);
     let mut arrived_during = 0;
     while taken
@@ -693,7 +716,7 @@ fn batches_leased_before_the_coordinator_stops_answering_still_reach_the_consume
     assert!(
         arrived_during >= 3,
         "{arrived_during} batches reached the consumer while the coordinator was held \
-         ({arrived_before} just before)"
+         ({consumed} before, {leased} leased)"
     );
     // Nothing lost or repeated once it answers again.
     let digest = reader.join().map_err(|_| "the reader panicked")??;
