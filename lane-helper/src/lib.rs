@@ -51,9 +51,11 @@ fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 /// status 2, saying so); the log goes to stderr (`RUST_LOG`, warnings by default, where no
 /// log is set up yet); one loader is served on stdin and stdout ([`serve`]; stdout set apart
 /// for the messages, anything else printed going to stderr); 0 when its input
-/// ended, 1 when it stopped on an error (said on stderr). `stoker-lane-helper` (this crate's
-/// binary) and the command the Python package installs (through its native module) both run
-/// it.
+/// ended or the loader said its end, 1 when it stopped on an error (said on stderr), also
+/// within a second of the end of the process that started it (the loader's: a helper left
+/// running would hold its share of the GPU's memory). `stoker-lane-helper` (this
+/// crate's binary) and the command the Python package installs (through its native module)
+/// both run it.
 pub fn run(arguments: &[std::ffi::OsString]) -> u8 {
     if !arguments.is_empty() {
         eprintln!(
@@ -71,6 +73,7 @@ pub fn run(arguments: &[std::ffi::OsString]) -> u8 {
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
         )
         .try_init();
+    watch_the_loader();
     let output = match protocol_output() {
         Ok(output) => output,
         Err(error) => {
@@ -85,6 +88,37 @@ pub fn run(arguments: &[std::ffi::OsString]) -> u8 {
             eprintln!("stoker-lane-helper: {error}");
             1
         }
+    }
+}
+
+/// How often the helper looks whether the loader's process still runs.
+const LOADER_CHECK: Duration = Duration::from_millis(500);
+
+/// Ends this process (status 1) within [`LOADER_CHECK`] of the end of the process that started
+/// it, the loader's: a helper left running would hold its share of the GPU's memory. Its stdin
+/// ends with the loader's process, unless a process forked from that one (without an exec)
+/// holds a copy; so this watches for the helper being handed to another parent (init or a
+/// subreaper), which happens as the loader's process ends. The exit is immediate (`_exit`: no
+/// exit handlers run beside the lane's threads); the system frees the process's GPU memory.
+fn watch_the_loader() {
+    let loader = std::os::unix::process::parent_id();
+    let watch = move || loop {
+        std::thread::sleep(LOADER_CHECK);
+        if std::os::unix::process::parent_id() != loader {
+            tracing::error!(
+                loader,
+                "the loader's process ended; the lane's helper ends too"
+            );
+            eprintln!("stoker-lane-helper: the loader's process {loader} ended; ending too");
+            // SAFETY: ends the process at once; nothing after it runs.
+            unsafe { libc::_exit(1) };
+        }
+    };
+    if let Err(error) = std::thread::Builder::new()
+        .name("stoker-lane-helper-loader".into())
+        .spawn(watch)
+    {
+        tracing::warn!(%error, "no thread to watch the loader's process; the helper ends with its stdin only");
     }
 }
 
@@ -108,8 +142,8 @@ fn protocol_output() -> std::io::Result<std::fs::File> {
     }
 }
 
-/// Serves one loader: its start from `input`, then its batches until `input` ends; answers on
-/// `output`. A lane that cannot start is answered as such (and is not an error here).
+/// Serves one loader: its start from `input`, then its batches until the loader's end or the
+/// end of `input`; answers on `output`. A lane that cannot start is answered as such (and is not an error here).
 pub fn serve(input: impl Read, output: impl Write + Send + 'static) -> Result<(), HelperError> {
     let mut input = BufReader::with_capacity(1 << 20, input);
     let mut output = BufWriter::with_capacity(1 << 16, output);
@@ -117,12 +151,15 @@ pub fn serve(input: impl Read, output: impl Write + Send + 'static) -> Result<()
         Some(HelperRequest {
             kind: Some(helper_request::Kind::Start(start)),
         }) => start,
+        Some(HelperRequest {
+            kind: Some(helper_request::Kind::End(_)),
+        })
+        | None => return Ok(()),
         Some(_) => {
             return Err(HelperError::Protocol(
                 "the first message was not a start".into(),
             ))
         }
-        None => return Ok(()),
     };
     if start.protocol != HELPER_PROTOCOL {
         let refusal = format!(
@@ -212,10 +249,13 @@ fn next_rows(input: &mut impl Read) -> Result<Option<HelperRows>, HelperError> {
         Some(HelperRequest {
             kind: Some(helper_request::Kind::Rows(rows)),
         }) => Ok(Some(rows)),
+        Some(HelperRequest {
+            kind: Some(helper_request::Kind::End(_)),
+        })
+        | None => Ok(None),
         Some(_) => Err(HelperError::Protocol(
-            "a message other than a batch after the start".into(),
+            "a message other than a batch or the end after the start".into(),
         )),
-        None => Ok(None),
     }
 }
 

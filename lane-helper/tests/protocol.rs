@@ -1,6 +1,7 @@
 //! The helper binary as the loader runs it: a real process spoken to over its stdin and
 //! stdout. Without a device (the test hook) it answers every image for the CPU; a start it
-//! cannot serve is answered with why; a stream out of step ends it with a failure.
+//! cannot serve is answered with why; the loader's end ends it, answering what it was sent,
+//! while its stdin stays open; a stream out of step ends it with a failure.
 
 #![allow(clippy::unwrap_used)] // tests fail loudly by design
 
@@ -12,8 +13,8 @@ use stoker_gpu::helper_wire::{read_message, tail_message, write_message, HELPER_
 use stoker_gpu::RowTail;
 use stoker_lane_helper::NO_DEVICE_VARIABLE;
 use stoker_proto::v1::{
-    helper_reply, helper_request, HelperImage, HelperReply, HelperRequest, HelperRows, HelperStart,
-    HelperStarted,
+    helper_reply, helper_request, HelperEnd, HelperImage, HelperReply, HelperRequest, HelperRows,
+    HelperStart, HelperStarted,
 };
 
 fn helper(env: &[(&str, &str)]) -> Child {
@@ -107,6 +108,50 @@ fn without_a_device_every_image_is_answered_for_the_cpu() {
     }
     let (code, stderr) = ended(child);
     assert_eq!(code, Some(0), "{stderr}");
+}
+
+#[test]
+fn the_loaders_end_ends_the_helper_after_its_answers_while_its_stdin_stays_open() {
+    let mut child = helper(&[(NO_DEVICE_VARIABLE, "1")]);
+    let stdin = child.stdin.as_mut().unwrap();
+    write_message(stdin, &start(HELPER_PROTOCOL)).unwrap();
+    let rows = HelperRequest {
+        kind: Some(helper_request::Kind::Rows(HelperRows {
+            id: 5,
+            ring: 0,
+            images: vec![HelperImage {
+                row: 0,
+                sample: 9,
+                jpeg: vec![0xFF, 0xD8, 0xFF, 0xD9].into(),
+                ..HelperImage::default()
+            }],
+        })),
+    };
+    write_message(stdin, &rows).unwrap();
+    let end = HelperRequest {
+        kind: Some(helper_request::Kind::End(HelperEnd {})),
+    };
+    write_message(stdin, &end).unwrap();
+    assert_eq!(started(&mut child).error, "");
+    let stdout = child.stdout.as_mut().unwrap();
+    match read_message::<HelperReply>(stdout).unwrap() {
+        Some(HelperReply {
+            kind: Some(helper_reply::Kind::Built(built)),
+        }) => assert_eq!((built.id, built.cpu.len()), (5, 1)),
+        other => panic!("not the batch's answer: {other:?}"),
+    }
+    // Its output ends, and it exits, with this side of its stdin still open.
+    assert!(read_message::<HelperReply>(stdout).unwrap().is_none());
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        assert!(Instant::now() < deadline, "the helper did not end");
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    assert!(child.stdin.is_some());
+    assert_eq!(status.code(), Some(0));
 }
 
 #[test]

@@ -20,7 +20,7 @@ import pytest
 import stoker.gpu
 
 COMMAND = Path(sysconfig.get_path("scripts")) / "stoker-lane-helper"
-HELPER_PROTOCOL = 2  # gpu/src/decode/helper/wire.rs
+HELPER_PROTOCOL = 3  # gpu/src/decode/helper/wire.rs
 
 
 def _varint(value: int) -> bytes:

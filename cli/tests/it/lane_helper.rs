@@ -373,3 +373,118 @@ fn loader_error(spec: &JobSpec, starter: &Arc<StartGpuLane>) -> String {
         },
     }
 }
+
+/// Forks this process; the copy waits for a signal (holding every descriptor this one has, as
+/// a training script's forked worker does) and never runs anything else. Its pid.
+fn forked_waiting() -> i32 {
+    // SAFETY: the child makes only async-signal-safe calls (`pause`, `_exit`) before it ends.
+    let pid = unsafe { libc::fork() };
+    assert!(pid >= 0, "fork failed");
+    if pid == 0 {
+        // SAFETY: as above.
+        unsafe {
+            libc::pause();
+            libc::_exit(0);
+        }
+    }
+    pid
+}
+
+/// Kills and reaps the forked `pid`.
+fn kill_forked(pid: i32) {
+    // SAFETY: the test's own child process, then its reaping.
+    unsafe {
+        libc::kill(pid, libc::SIGKILL);
+        libc::waitpid(pid, std::ptr::null_mut(), 0);
+    }
+}
+
+#[test]
+fn a_loader_dropped_while_a_forked_process_holds_the_helpers_stdin_ends_it_at_once() {
+    let (_dir, spec) = images(16);
+    // The default end timeout (10 s): a helper waiting for its stdin to end would be killed
+    // only then.
+    let starter = deviceless(DecodeMode::Gpu, Duration::from_secs(60));
+    let loader = loader(&spec, &starter).unwrap();
+    whole_epoch(&loader, 0);
+    let helper = starter.helper().expect("the helper lane runs");
+    let forked = forked_waiting();
+    let dropped = std::time::Instant::now();
+    dropped_and_reaped(helper, loader, "a loader's end beside a forked process");
+    let took = dropped.elapsed();
+    kill_forked(forked);
+    assert!(
+        took < Duration::from_secs(5),
+        "the helper ended {took:?} after the loader was dropped"
+    );
+}
+
+/// Set in the copy of this test binary that plays the training process.
+const TRAINING_PROCESS: &str = "STOKER_TEST_TRAINING_PROCESS";
+
+#[test]
+fn a_helper_whose_loader_process_died_beside_a_forked_one_ends() {
+    if std::env::var_os(TRAINING_PROCESS).is_some() {
+        // The training process: its lane's helper runs, a forked worker holds the helper's
+        // stdin, and it dies without dropping anything.
+        let (_dir, spec) = images(16);
+        let starter = deviceless(DecodeMode::Gpu, Duration::from_secs(60));
+        let loader = loader(&spec, &starter).unwrap();
+        whole_epoch(&loader, 0);
+        let helper = starter.helper().expect("the helper lane runs").pid();
+        let forked = forked_waiting();
+        println!("helper {helper} forked {forked}");
+        use std::io::Write;
+        std::io::stdout().flush().unwrap();
+        // SAFETY: ends this process at once, as a crash would.
+        unsafe { libc::_exit(0) };
+    }
+    // Its output is read up to its line only: the forked process holds the pipe open.
+    let mut training = std::process::Command::new(std::env::current_exe().unwrap())
+        .args([
+            "--exact",
+            "lane_helper::a_helper_whose_loader_process_died_beside_a_forked_one_ends",
+            "--nocapture",
+        ])
+        .env(TRAINING_PROCESS, "1")
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let said = std::io::BufRead::lines(std::io::BufReader::new(training.stdout.take().unwrap()))
+        .map_while(Result::ok)
+        .find_map(|line| line.strip_prefix("helper ").map(str::to_string));
+    training.wait().unwrap();
+    let pids: Vec<i32> = said
+        .expect("the training process names its helper")
+        .split(" forked ")
+        .map(|pid| pid.parse().unwrap())
+        .collect();
+    let (helper, forked) = (pids[0], pids[1]);
+    // The forked process (now no one's child here) holds the helper's stdin open; the helper
+    // ends anyway, within a few of its checks.
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while running(helper) && std::time::Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let left = running(helper);
+    // SAFETY: signals to the processes the test's copy started.
+    unsafe {
+        libc::kill(forked, libc::SIGKILL);
+        if left {
+            libc::kill(helper, libc::SIGKILL);
+        }
+    }
+    assert!(
+        !left,
+        "the helper {helper} outlived its loader's process by 10 s"
+    );
+}
+
+/// Whether process `pid` runs: it exists and is not a zombie (a process whose parent is gone
+/// may be left unreaped where the system's first process does not reap).
+fn running(pid: i32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| {
+        stat.rsplit_once(") ")
+            .is_some_and(|(_, rest)| !rest.starts_with('Z'))
+    })
+}

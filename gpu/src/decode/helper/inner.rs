@@ -64,7 +64,7 @@ pub(super) struct Inner {
     pub(super) closed: AtomicBool,
     pub(super) next_id: AtomicU64,
     pub(super) answer_timeout: Duration,
-    /// How long the helper may take to end once its stdin closes.
+    /// How long the helper may take to end once told the end (or its stdin closes).
     pub(super) end_timeout: Duration,
     /// The helper's page-locked staging, reserved within this process's pinned budget while
     /// the helper runs (let go once it is lost or the lane closed, and it ended: its pages

@@ -33,7 +33,8 @@ use super::lane::{CpuRow, LaneDiverter, LaneSplit, LaneStats};
 use super::{GpuDecodeError, GpuDecodeOptions, LaneTask, RowTail};
 use inner::{end, lock, Inner, Pending, NO_RING};
 use process::{
-    discard, failed, open_device, read_answers, spawn, watch_answers, without_sigpipe, Spawned,
+    discard, end_and_close, failed, open_device, read_answers, spawn, watch_answers,
+    without_sigpipe, Spawned,
 };
 use wire::{image_message, write_message};
 
@@ -57,8 +58,8 @@ pub struct HelperOptions {
     pub answer_timeout: Duration,
     /// How long the helper may take to start (CUDA, nvJPEG and the kernel's compilation).
     pub start_timeout: Duration,
-    /// How long the helper may take to end once the lane closes (its stdin closed) before it
-    /// is killed.
+    /// How long the helper may take to end once the lane closes (told the end, its stdin
+    /// closed) before it is killed.
     pub end_timeout: Duration,
 }
 
@@ -307,8 +308,9 @@ impl HelperLane {
 
     /// Stops the lane: this process's mapping of the helper's buffers is closed (the rows
     /// handed out are in its own copy and stay valid as long as a batch holds them), then the
-    /// helper's stdin; it finishes what it was sent and exits, and is killed if it has not
-    /// within [`HelperOptions::end_timeout`]. Batches still waiting fail as stopped.
+    /// helper is told the end and its stdin closed; it finishes what it was sent and exits,
+    /// and is killed if it has not within [`HelperOptions::end_timeout`]. Batches still
+    /// waiting fail as stopped.
     /// Idempotent.
     pub fn shutdown(&self) {
         let inner = &self.inner;
@@ -341,7 +343,7 @@ impl HelperLane {
         let left = match stdin_closed {
             Some(requests) => {
                 if let Some(requests) = requests {
-                    discard(requests);
+                    end_and_close(requests);
                 }
                 deadline.saturating_duration_since(Instant::now())
             }

@@ -2,7 +2,8 @@
 //! ([`open_device`]), its answers read ([`read_answers`]) and their wait watched
 //! ([`watch_answers`]).
 
-use std::io::{BufReader, BufWriter};
+use std::io::{BufReader, BufWriter, Write};
+use std::os::fd::AsRawFd;
 use std::os::unix::process::CommandExt;
 use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
 use std::sync::atomic::Ordering;
@@ -10,7 +11,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use stoker_proto::v1::{
-    helper_reply, helper_request, HelperReply, HelperRequest, HelperStart, HelperStarted,
+    helper_reply, helper_request, HelperEnd, HelperReply, HelperRequest, HelperStart, HelperStarted,
 };
 
 use super::inner::{end, lock, Inner};
@@ -272,6 +273,38 @@ pub(super) fn without_sigpipe<T>(write: impl FnOnce() -> T) -> T {
 /// writer would try again, outside [`without_sigpipe`]).
 pub(super) fn discard(requests: BufWriter<ChildStdin>) {
     let (stdin, _unwritten) = requests.into_parts();
+    drop(stdin);
+}
+
+/// Tells the helper the loader is done with it, where that can be written at once, and closes
+/// its stdin: the helper ends at either. The end is said because the stdin does not close while
+/// a process forked from this one (without an exec) holds a copy of it. Nothing waits on a
+/// helper that stopped reading: the write does not block, and a frame a failed write left
+/// unfinished is not followed by another.
+pub(super) fn end_and_close(requests: BufWriter<ChildStdin>) {
+    let (stdin, unwritten) = requests.into_parts();
+    if unwritten.is_ok_and(|bytes| bytes.is_empty()) {
+        let mut frame = Vec::new();
+        let end = HelperRequest {
+            kind: Some(helper_request::Kind::End(HelperEnd {})),
+        };
+        let fd = stdin.as_raw_fd();
+        // SAFETY: flag calls on the descriptor `stdin` owns, which closes below.
+        let nonblocking = unsafe {
+            let flags = libc::fcntl(fd, libc::F_GETFL);
+            flags >= 0 && libc::fcntl(fd, libc::F_SETFL, flags | libc::O_NONBLOCK) == 0
+        };
+        if nonblocking && write_message(&mut frame, &end).is_ok() {
+            // A few bytes, under the pipe's atomic size: written whole or not at all.
+            let written = without_sigpipe(|| (&stdin).write(&frame));
+            if !written.as_ref().is_ok_and(|&n| n == frame.len()) {
+                tracing::debug!(
+                    ?written,
+                    "the lane's helper was not told the end; its stdin closes"
+                );
+            }
+        }
+    }
     drop(stdin);
 }
 
