@@ -8,9 +8,15 @@
 //! waiting on it, and would keep its queued batches for as long as its connection lives. The
 //! [`StallWatch`] closes that gap: a stream that holds a batch and takes none for the delivery
 //! timeout is stalled, whether or not a delivery is waiting.
+//!
+//! A stream ended for a stall ([`StallMark::set`]) does not end cleanly: after the batches
+//! already queued it says `UNAVAILABLE`, so its client opens its session again. Deliveries it
+//! did not take went back to the coordinator with their credits spent (a client gone is leased
+//! no more), and only a new session grants them again; a client that just opened a new stream
+//! would wait for them until its stall watch. A stream the drain ends ends cleanly.
 
 use std::pin::Pin;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
@@ -23,10 +29,14 @@ use tonic::Status;
 pub(super) type Item = std::result::Result<Batch, Status>;
 
 /// The stream the data server answers `Subscribe` with: the receiving end of the stream's
-/// queue, counting what the server takes from it.
+/// queue, counting what the server takes from it; once the queue is done, the stall's status
+/// if the stream was ended for one.
 pub struct ClientStream {
     receiver: mpsc::Receiver<Item>,
     taken: Arc<AtomicU64>,
+    stalled: StallMark,
+    /// The queue is done (and the stall's status, if any, said).
+    done: bool,
 }
 
 impl tokio_stream::Stream for ClientStream {
@@ -34,11 +44,36 @@ impl tokio_stream::Stream for ClientStream {
 
     fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Item>> {
         let this = self.get_mut();
-        let polled = this.receiver.poll_recv(cx);
-        if let Poll::Ready(Some(_)) = &polled {
-            this.taken.fetch_add(1, Ordering::Relaxed);
+        if this.done {
+            return Poll::Ready(None);
         }
-        polled
+        match this.receiver.poll_recv(cx) {
+            Poll::Ready(Some(item)) => {
+                this.taken.fetch_add(1, Ordering::Relaxed);
+                Poll::Ready(Some(item))
+            }
+            Poll::Ready(None) => {
+                this.done = true;
+                Poll::Ready(this.stalled.0.load(Ordering::Acquire).then(|| {
+                    Err(Status::unavailable(
+                        "this worker ended the stream: it took no batch within the worker's \
+                         delivery timeout, and the batches it did not take went back to the \
+                         coordinator; open the session again",
+                    ))
+                }))
+            }
+            Poll::Pending => Poll::Pending,
+        }
+    }
+}
+
+/// Set on a stream ended for a stall, before its last sender goes: its end then says so.
+#[derive(Clone, Default)]
+pub(super) struct StallMark(Arc<AtomicBool>);
+
+impl StallMark {
+    pub(super) fn set(&self) {
+        self.0.store(true, Ordering::Release);
     }
 }
 
@@ -50,16 +85,24 @@ pub(super) struct StallWatch {
 }
 
 /// A stream of `capacity` queued batches: the sender deliveries use, the stream the server
-/// sends from, and its watch.
-pub(super) fn client_stream(capacity: usize) -> (mpsc::Sender<Item>, ClientStream, StallWatch) {
+/// sends from, its watch, and the mark that says it was ended for a stall.
+pub(super) fn client_stream(
+    capacity: usize,
+) -> (mpsc::Sender<Item>, ClientStream, StallWatch, StallMark) {
     let (sender, receiver) = mpsc::channel(capacity);
     let taken = Arc::new(AtomicU64::new(0));
     let watch = StallWatch {
         sender: sender.downgrade(),
         taken: taken.clone(),
     };
-    let stream = ClientStream { receiver, taken };
-    (sender, stream, watch)
+    let stalled = StallMark::default();
+    let stream = ClientStream {
+        receiver,
+        taken,
+        stalled: stalled.clone(),
+        done: false,
+    };
+    (sender, stream, watch, stalled)
 }
 
 impl StallWatch {
@@ -110,7 +153,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_stream_holding_a_batch_it_never_takes_is_stalled() {
-        let (sender, _stream, watch) = client_stream(8);
+        let (sender, _stream, watch, _) = client_stream(8);
         // One batch, far fewer than the queue holds: no delivery ever waits on this stream.
         sender.send(batch(0)).await.unwrap();
         let started = std::time::Instant::now();
@@ -123,7 +166,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_stream_that_keeps_taking_or_holds_nothing_is_not_stalled() {
-        let (sender, mut stream, watch) = client_stream(8);
+        let (sender, mut stream, watch, _) = client_stream(8);
         let watch = tokio::spawn(watch.stalled(TIMEOUT));
         // Nothing queued for a while, then batches taken as they come.
         tokio::time::sleep(TIMEOUT * 2).await;
@@ -144,12 +187,38 @@ mod tests {
 
     #[tokio::test]
     async fn the_watch_ends_with_the_stream() {
-        let (sender, stream, watch) = client_stream(8);
+        let (sender, stream, watch, _) = client_stream(8);
         sender.send(batch(0)).await.unwrap();
         drop(stream);
         let ended = tokio::time::timeout(TIMEOUT * 10, watch.stalled(TIMEOUT)).await;
         assert!(ended
             .expect("the watch ends when the client closes")
             .is_none());
+    }
+
+    #[tokio::test]
+    async fn a_stream_ended_for_a_stall_says_so_after_its_queue_and_a_drained_one_ends_cleanly() {
+        for stall in [true, false] {
+            let (sender, mut stream, _watch, mark) = client_stream(8);
+            sender.send(batch(0)).await.unwrap();
+            sender.send(batch(1)).await.unwrap();
+            if stall {
+                mark.set();
+            }
+            drop(sender);
+            for step in 0..2 {
+                assert_eq!(stream.next().await.unwrap().unwrap().step, step);
+            }
+            if stall {
+                let status = stream.next().await.unwrap().unwrap_err();
+                assert_eq!(status.code(), tonic::Code::Unavailable);
+                assert!(
+                    status.message().contains("open the session again"),
+                    "{status}"
+                );
+            }
+            assert!(stream.next().await.is_none(), "stall: {stall}");
+            assert!(stream.next().await.is_none(), "stall: {stall}");
+        }
     }
 }

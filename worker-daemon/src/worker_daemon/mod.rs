@@ -16,7 +16,9 @@
 //!   client, or a stream that takes nothing: a client that stopped reading) is reported failed
 //!   and goes back to the queue; a stream that holds a batch and took none for that long is
 //!   ended, whether or not a delivery waits on it (`client_stream`), so it holds at most its
-//!   queue of batches meanwhile.
+//!   queue of batches meanwhile. Such a stream ends with `UNAVAILABLE` after what it queued,
+//!   and its client opens its session again (the batches it did not take were requeued with
+//!   their credits spent); the drain's streams end cleanly.
 //! - Told to stop (the `shutdown` future of [`run_worker`]: SIGTERM or Ctrl-C for the binary), it
 //!   drains: `/readyz` turns to `draining`, it takes no more leases, finishes and delivers the
 //!   ones it holds, reports them, tells the coordinator it leaves (the coordinator requeues at
@@ -117,6 +119,7 @@ type Key = (u64, u64);
 
 struct Subscription {
     sender: mpsc::Sender<client_stream::Item>,
+    stalled: client_stream::StallMark,
 }
 
 struct JobEntry {
@@ -304,15 +307,18 @@ impl Shared {
         Ok(batch)
     }
 
-    /// Forgets the stream of `key` if it is still `sender`'s (the client may have opened a new
-    /// one meanwhile): once the clones in flight are gone, the stream ends. Whether it did.
+    /// Forgets the stream of `key`, which stalled, if it is still `sender`'s (the client may
+    /// have opened a new one meanwhile): once the clones in flight are gone, the stream ends,
+    /// saying it stalled. Whether it did.
     fn end_subscription(&self, key: Key, sender: &mpsc::Sender<client_stream::Item>) -> bool {
         let mut subscriptions = lock(&self.subscriptions);
         let ours = subscriptions
             .get(&key)
             .is_some_and(|sub| sub.sender.same_channel(sender));
         if ours {
-            subscriptions.remove(&key);
+            if let Some(sub) = subscriptions.remove(&key) {
+                sub.stalled.set();
+            }
         }
         ours
     }
@@ -386,7 +392,7 @@ impl worker_data_server::WorkerData for DataService {
         let token = request
             .session
             .ok_or_else(|| Status::invalid_argument("session token is missing"))?;
-        let (sender, stream, watch) = client_stream::client_stream(STREAM_QUEUE);
+        let (sender, stream, watch, stalled) = client_stream::client_stream(STREAM_QUEUE);
         let key = (token.incarnation, token.session_id);
         {
             let mut subscriptions = lock(&self.shared.subscriptions);
@@ -395,7 +401,7 @@ impl worker_data_server::WorkerData for DataService {
                 return Err(Status::unavailable("this worker is stopping"));
             }
             subscriptions.retain(|_, sub| !sub.sender.is_closed());
-            subscriptions.insert(key, Subscription { sender });
+            subscriptions.insert(key, Subscription { sender, stalled });
         }
         self.shared.subscribed.notify_waiters();
         tracing::debug!(

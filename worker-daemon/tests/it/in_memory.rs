@@ -723,3 +723,61 @@ fn batches_leased_before_the_coordinator_stops_answering_still_reach_the_consume
     assert_eq!(digest, expected);
     Ok(())
 }
+
+#[test]
+fn a_stream_the_worker_ends_for_taking_nothing_makes_the_client_open_its_session_again_at_once(
+) -> TestResult {
+    // The worker ends a client's stream that takes nothing for half a second.
+    let (data, _state, network, cluster) =
+        one_worker_with(|config| config.delivery_timeout = Duration::from_millis(500))?;
+    // Batches larger than a connection's flow-control window: one fills it.
+    let job = JobSpec {
+        batch_size: 8,
+        pipeline: stoker_pipeline::presets::imagenet_train(224),
+        ..spec(data.path())
+    };
+    let (expected, _) = embedded_of(job.clone())?;
+    // The client's own stall watch (120 s) is past its deadline (30 s): the epoch ends in
+    // time only if the worker's end of the stream opens the session again.
+    let loader = Loader::remote(
+        COORDINATOR,
+        job,
+        LoaderOptions {
+            prefetch: 3,
+            deadline: Duration::from_secs(30),
+            prefetch_next_epoch: false,
+            ..LoaderOptions::default()
+        },
+        RemoteOptions {
+            connect_timeout: Duration::from_secs(20),
+            stall_reopen: Duration::from_secs(120),
+            network: Network::Memory(network.clone()),
+            ..RemoteOptions::default()
+        },
+    )?;
+    let (taken_tx, taken) = std::sync::mpsc::channel::<u64>();
+    let reader = std::thread::spawn(move || -> stoker_loader::Result<String> {
+        let mut digest = BatchDigest::new();
+        for batch in loader.epoch(0, 0)? {
+            let batch = batch?;
+            digest.update(&batch);
+            let _ = taken_tx.send(batch.step);
+        }
+        Ok(digest.hex())
+    });
+    assert_eq!(taken.recv_timeout(Duration::from_secs(30))?, 0);
+    // The client's connection to the worker carries nothing (a network stalled) for several
+    // times the worker's wait while the client asks for more: the stream takes nothing and the
+    // worker ends it; deliveries that then find no stream go back to the coordinator with their
+    // credits spent.
+    network.hold(WORKER);
+    std::thread::sleep(Duration::from_secs(2));
+    network.release(WORKER);
+    let digest = reader.join().map_err(|_| "the reader panicked")??;
+    assert_eq!(digest, expected);
+    // Once: a stream opened again in the same session would wait for the requeued steps
+    // until the client's stall watch.
+    let stats = cluster.coordinator.core_stats();
+    assert_eq!(stats.session_opens, 2, "{stats:?}");
+    Ok(())
+}

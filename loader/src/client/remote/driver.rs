@@ -477,9 +477,10 @@ impl Driver {
                     Some(Arrival::Ended { worker }) => {
                         open_streams.remove(&worker);
                         streams.0.remove(&worker);
-                        // A worker that stays listed (one whose delivery timed out or whose
-                        // stall watch ended the stream) gets a new one after the same wait; a
-                        // draining one refuses it until the workers' list drops it.
+                        // A worker that stays listed gets a new one after the same wait; a
+                        // draining one (whose end this is) refuses it until the workers' list
+                        // drops it. A stream a worker ended for taking nothing ends with
+                        // UNAVAILABLE instead: lost, so the session opens again.
                         retry_at.insert(worker, Instant::now() + STREAM_RETRY);
                         tracing::debug!(worker, "the worker ended its stream");
                     }
