@@ -36,10 +36,10 @@ pub use cuda::{
 pub use decode::helper::wire as helper_wire;
 pub use decode::{
     compile_kernel, cuda_library_dirs, gpu_row, hardware_candidate, helper_asked, nvjpeg_version,
-    split_for_rates, Compiled, CropItem, Decline, DecodeMode, DeviceRows, Element, GpuDecodeError,
-    GpuDecodeOptions, GpuLane, HelperLane, HelperOptions, LaneItem, LaneStats, RowTail, RowsBuilt,
-    RowsTask, ServedHandles, StartGpuLane, TailParams, AUTO_POINT_STEPS, AUTO_START,
-    DEFAULT_GPU_MEMORY, FUSED_TAIL_VARIABLE, HELPER_BINARY, HELPER_VARIABLE, IPC_HANDLE_BYTES,
-    KERNEL, KERNEL_SOURCE, NVJPEG_TESTED_MAJORS, ROI_VARIABLE,
+    served_pinned_limit, split_for_rates, Compiled, CropItem, Decline, DecodeMode, DeviceRows,
+    Element, GpuDecodeError, GpuDecodeOptions, GpuLane, HelperLane, HelperOptions, LaneItem,
+    LaneStats, RowTail, RowsBuilt, RowsTask, ServedHandles, StartGpuLane, TailParams,
+    AUTO_POINT_STEPS, AUTO_START, DEFAULT_GPU_MEMORY, FUSED_TAIL_VARIABLE, HELPER_BINARY,
+    HELPER_VARIABLE, IPC_HANDLE_BYTES, KERNEL, KERNEL_SOURCE, NVJPEG_TESTED_MAJORS, ROI_VARIABLE,
 };
 pub use pinning::{DevicePinning, PinDevice};

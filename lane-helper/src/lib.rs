@@ -16,7 +16,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use stoker_gpu::helper_wire::{image_of, read_message, tail_of, write_message, HELPER_PROTOCOL};
-use stoker_gpu::{DecodeMode, GpuDecodeOptions, GpuLane, RowsBuilt, RowsTask};
+use stoker_gpu::{served_pinned_limit, DecodeMode, GpuDecodeOptions, GpuLane, RowsBuilt, RowsTask};
 use stoker_proto::v1::{
     helper_reply, helper_request, HelperBuilt, HelperCpuRow, HelperReply, HelperRequest,
     HelperRows, HelperStart, HelperStarted,
@@ -31,6 +31,12 @@ pub const NO_DEVICE_VARIABLE: &str = "STOKER_LANE_HELPER_NO_DEVICE";
 /// `device-row`: it names a device row it cannot have), so the loader's side of each is
 /// exercised through real pipes.
 pub const FAULT_VARIABLE: &str = "STOKER_LANE_HELPER_FAULT";
+
+/// A third, read only by the helper without a device: a byte count it answers as its lane's
+/// page-locked staging, with the limit a lane keeps to in the start's room (refusing to start,
+/// as a lane does, when the staging does not fit in that room), so the loader's reservation of
+/// the helper's page-locked memory is exercised through real pipes.
+pub const STAGING_VARIABLE: &str = "STOKER_LANE_HELPER_STAGING";
 
 /// Why the helper stopped before its input ended.
 #[derive(Debug, thiserror::Error)]
@@ -171,7 +177,7 @@ pub fn serve(input: impl Read, output: impl Write + Send + 'static) -> Result<()
         return Ok(());
     }
     if std::env::var(NO_DEVICE_VARIABLE).is_ok_and(|v| v.trim() == "1") {
-        return serve_without_device(&mut input, &mut output);
+        return serve_without_device(&start, &mut input, &mut output);
     }
     let lane = match start_lane(&start) {
         Ok((lane, reply)) => {
@@ -238,6 +244,7 @@ fn start_lane(start: &HelperStart) -> Result<(GpuLane, HelperReply), String> {
             memory_cap: figures.memory_cap,
             rows_dtype: lane.rows_tail().element.name().into(),
             staging_bytes: lane.staging_bytes() as u64,
+            pinned_limit: handles.pinned_limit,
         })),
     };
     Ok((lane, reply))
@@ -295,16 +302,38 @@ fn fault_of(value: &str) -> Result<(Fault, u64), String> {
 
 /// The test hook's helper: every image of every batch goes back to the CPU (and, with
 /// [`FAULT_VARIABLE`], it goes out of step after so many answers).
-fn serve_without_device(input: &mut impl Read, output: &mut impl Write) -> Result<(), HelperError> {
+fn serve_without_device(
+    start: &HelperStart,
+    input: &mut impl Read,
+    output: &mut impl Write,
+) -> Result<(), HelperError> {
     let fault = match std::env::var(FAULT_VARIABLE) {
         Ok(value) => Some(fault_of(&value).map_err(HelperError::Protocol)?),
         Err(_) => None,
     };
+    let staging = match std::env::var(STAGING_VARIABLE) {
+        Ok(value) => value.trim().parse::<u64>().map_err(|_| {
+            HelperError::Protocol(format!("{STAGING_VARIABLE}: {value:?} is not a byte count"))
+        })?,
+        Err(_) => 0,
+    };
+    if let Some(room) = start.pinned_budget.filter(|&room| staging > room) {
+        let refusal = format!(
+            "its page-locked staging ({staging} bytes) does not fit in the {room} bytes its \
+             loader's pinned budget had left"
+        );
+        write_message(output, &started(refusal))?;
+        return Ok(());
+    }
     let reply = HelperReply {
         kind: Some(helper_reply::Kind::Started(HelperStarted {
             pid: std::process::id(),
             device: false,
             rows_dtype: "uint8".into(),
+            staging_bytes: staging,
+            pinned_limit: start
+                .pinned_budget
+                .map_or(0, |room| served_pinned_limit(room, staging)),
             ..HelperStarted::default()
         })),
     };

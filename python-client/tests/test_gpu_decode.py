@@ -356,7 +356,8 @@ def test_the_lanes_page_locked_memory_stays_within_the_pinned_budget(
 ) -> None:
     """The lane's staging and nvJPEG's pinned buffers count against ``pinned_memory_budget``
     beside the slots: what both hold stays within it, and slots that do not fit beside the
-    lane are refused by name; in the helper process, its staging is reserved here alike."""
+    lane are refused by name; in the helper process, its staging and the room it keeps to for
+    nvJPEG's pinned buffers are reserved here alike."""
     budget = 256 << 20
     _, stats = device_epoch(dataset, "gpu", pinned_memory_budget=budget)
     lane = stats["gpu_decode"]
@@ -370,11 +371,16 @@ def test_the_lanes_page_locked_memory_stays_within_the_pinned_budget(
     beside_the_lane = "held by its other loaders and GPU decode lanes"
     with pytest.raises(stoker.GpuUnavailableError, match=beside_the_lane):
         device_epoch(dataset, "gpu", pinned_memory_budget=lane["staging_bytes"])
-    # The lane in its helper process: the helper's staging is reserved here the same way.
+    # The lane in its helper process: the helper's staging, and the room it keeps to for
+    # nvJPEG's pinned buffers there (twice the staging), are reserved here within the budget.
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("STOKER_GPU_DECODE_HELPER", str(daemon_binary("stoker-lane-helper")))
         _, stats = device_epoch(dataset, "gpu", pinned_memory_budget=budget)
-        assert stats["gpu_decode"]["staging_bytes"] == lane["staging_bytes"], stats
+        helped = stats["gpu_decode"]
+        assert helped["staging_bytes"] == lane["staging_bytes"], stats
+        staging = helped["staging_bytes"]
+        assert staging <= helped["pinned_bytes"] <= 3 * staging, stats
+        assert stats["pinned_bytes"] + helped["pinned_bytes"] <= budget, stats
         with pytest.raises(stoker.GpuUnavailableError, match=beside_the_lane):
             device_epoch(dataset, "gpu", pinned_memory_budget=lane["staging_bytes"])
         with pytest.raises(stoker.GpuUnavailableError, match="does not fit in the pinned"):

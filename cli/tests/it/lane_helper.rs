@@ -16,7 +16,7 @@ use stoker_gpu::{
     DecodeMode, GpuDecodeOptions, HelperLane, HelperOptions, RowTail, StartGpuLane,
     DEFAULT_GPU_MEMORY,
 };
-use stoker_lane_helper::{FAULT_VARIABLE, NO_DEVICE_VARIABLE};
+use stoker_lane_helper::{FAULT_VARIABLE, NO_DEVICE_VARIABLE, STAGING_VARIABLE};
 use stoker_loader::{Loader, LoaderOptions, StartDecodeLane};
 use stoker_proto::v1::JobSpec;
 
@@ -487,4 +487,46 @@ fn running(pid: i32) -> bool {
         stat.rsplit_once(") ")
             .is_some_and(|(_, rest)| !rest.starts_with('Z'))
     })
+}
+
+#[test]
+fn the_helpers_page_locked_memory_is_reserved_within_this_processs_pinned_budget() {
+    let (_dir, spec) = images(16);
+    let staging: u64 = 1 << 20;
+    // A helper answering 1 MiB of staging, in a budget `room` past what this process holds.
+    let starter = |room: u64| {
+        let mut helper = HelperOptions::new(common::helper_binary());
+        helper.env = vec![
+            (NO_DEVICE_VARIABLE.to_string(), "1".to_string()),
+            (STAGING_VARIABLE.to_string(), staging.to_string()),
+        ];
+        Arc::new(StartGpuLane::new(GpuDecodeOptions {
+            mode: DecodeMode::Gpu,
+            device: 0,
+            memory_bytes: DEFAULT_GPU_MEMORY,
+            library_dirs: Vec::new(),
+            pinned_budget: Some(stoker_loader::pinned_reserved() + room),
+            tail: RowTail::BYTES,
+            helper: Some(helper),
+        }))
+    };
+    // Room enough: its staging and twice that for nvJPEG's pinned buffers, reserved here
+    // while it runs and given back with it.
+    for (room, reserved) in [(64 << 20, 3 * staging), (2 << 20, 2 << 20)] {
+        let before = stoker_loader::pinned_reserved();
+        let starter = starter(room);
+        let loader = loader(&spec, &starter).unwrap();
+        whole_epoch(&loader, 0);
+        let helper = starter.helper().expect("the helper lane runs");
+        assert_eq!(helper.staging_bytes(), staging);
+        assert_eq!(helper.pinned_bytes(), reserved, "room {room}");
+        assert!(stoker_loader::pinned_reserved() >= before + reserved);
+        dropped_and_reaped(helper, loader, "a loader's end");
+    }
+    // Less room than its staging: the helper does not start, and says why.
+    let error = loader_error(&spec, &starter(staging / 2));
+    assert!(
+        error.contains("page-locked staging (1048576 bytes) does not fit"),
+        "{error}"
+    );
 }

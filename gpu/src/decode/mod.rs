@@ -48,8 +48,8 @@ pub(crate) use jpeg_scan::{
 pub use jpeg_scan::{hardware_candidate, Decline};
 pub use kernel::{compile as compile_kernel, Compiled, CropItem, KERNEL, SOURCE as KERNEL_SOURCE};
 pub use lane::{
-    DeviceRows, GpuLane, LaneItem, LaneStats, LaneTask, RowsBuilt, RowsTask, ServedHandles,
-    IPC_HANDLE_BYTES,
+    served_pinned_limit, DeviceRows, GpuLane, LaneItem, LaneStats, LaneTask, RowsBuilt, RowsTask,
+    ServedHandles, IPC_HANDLE_BYTES,
 };
 pub use libraries::search_dirs as cuda_library_dirs;
 pub use nvjpeg::{version as nvjpeg_version, TESTED_MAJORS as NVJPEG_TESTED_MAJORS};

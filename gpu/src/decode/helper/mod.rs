@@ -157,25 +157,25 @@ impl HelperLane {
             answers: stdout,
             started,
         } = spawn(options, helper, (height, width), batch_size, &tail)?;
-        // The helper's page-locked staging is reserved within this process's pinned budget,
-        // as the lane's own would be.
+        // The helper's page-locked memory (its staging, and nvJPEG's pinned buffers within the
+        // limit it keeps to) is reserved within this process's pinned budget.
+        let reserved = started.pinned_limit.max(started.staging_bytes);
         let pinned = match options.pinned_budget {
-            Some(budget) if started.staging_bytes > 0 => {
-                match PinnedShare::take(started.staging_bytes, budget) {
-                    Ok(share) => Some(share),
-                    Err(held) => {
-                        return Err(failed(
-                            &mut child,
-                            format!(
-                                "its page-locked staging ({} bytes) does not fit in the pinned \
-                                 memory budget of {budget} bytes for this process ({held} held \
-                                 by its loaders and lanes)",
-                                started.staging_bytes
-                            ),
-                        ))
-                    }
+            Some(budget) if reserved > 0 => match PinnedShare::take(reserved, budget) {
+                Ok(share) => Some(share),
+                Err(held) => {
+                    return Err(failed(
+                        &mut child,
+                        format!(
+                            "its page-locked memory ({reserved} bytes: {} of staging, the rest \
+                             for nvJPEG's pinned buffers) does not fit in the pinned memory \
+                             budget of {budget} bytes for this process ({held} held by its \
+                             loaders and lanes)",
+                            started.staging_bytes
+                        ),
+                    ))
                 }
-            }
+            },
             _ => None,
         };
         let device = match started.device {
@@ -266,10 +266,18 @@ impl HelperLane {
         self.inner.started.device
     }
 
-    /// Page-locked bytes the helper's lane took as it started, reserved within this process's
-    /// pinned budget.
+    /// Page-locked bytes the helper's lane took as it started (its staging).
     pub fn staging_bytes(&self) -> u64 {
         self.inner.started.staging_bytes
+    }
+
+    /// Page-locked bytes reserved for the helper within this process's pinned budget: its
+    /// staging and the room it keeps for nvJPEG's pinned buffers (0 without a budget, and once
+    /// the helper is gone).
+    pub fn pinned_bytes(&self) -> u64 {
+        lock(&self.inner.pinned)
+            .as_ref()
+            .map_or(0, PinnedShare::bytes)
     }
 
     /// Whether the helper's decoders use the hardware engines.

@@ -93,7 +93,10 @@ pub(super) fn spawn(
                 .iter()
                 .map(|dir| dir.to_string_lossy().into_owned())
                 .collect(),
-            pinned_budget: options.pinned_budget,
+            // The room left in this process's budget: the helper keeps to a limit within it.
+            pinned_budget: options
+                .pinned_budget
+                .map(|budget| budget.saturating_sub(stoker_loader::pinned_reserved())),
             tail: Some(tail_message(tail)),
         })),
     };

@@ -41,7 +41,7 @@ pub use memory::LaneMemory;
 use pipe::Work;
 pub use rows::DeviceRows;
 pub(crate) use serve::handle_chars;
-pub use serve::{RowsBuilt, RowsTask, ServedHandles, IPC_HANDLE_BYTES};
+pub use serve::{served_pinned_limit, RowsBuilt, RowsTask, ServedHandles, IPC_HANDLE_BYTES};
 pub(crate) use start::image_rows_of;
 use stats::add_since;
 pub(crate) use stats::LaneSplit;
@@ -261,6 +261,8 @@ pub struct GpuLane {
     shared: Arc<Shared>,
     tasks: Mutex<Option<Sender<Work>>>,
     threads: Mutex<Vec<JoinHandle<()>>>,
+    /// A served lane's hold on the rest of its pinned budget, past its limit (`serve.rs`).
+    served_ceiling: Mutex<Option<stoker_loader::PinnedShare>>,
 }
 
 impl std::fmt::Debug for GpuLane {

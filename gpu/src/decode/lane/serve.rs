@@ -15,6 +15,8 @@ use crossbeam_channel::Sender;
 use cudarc::driver::sys;
 use stoker_pipeline::DivertedImage;
 
+use stoker_loader::{pinned_reserved, PinnedShare};
+
 use super::pipe::Work;
 use super::{lock, offered_frame, GpuLane, LaneItem};
 use crate::cuda::{sms_asked, GREEN_SMS_VARIABLE};
@@ -67,6 +69,25 @@ pub struct ServedHandles {
     /// The device's UUID (`cuDeviceGetUuid`), for the other process to check it opens the
     /// buffers on the same GPU.
     pub device_uuid: [u8; 16],
+    /// Page-locked bytes the lane keeps to within its pinned budget ([`served_pinned_limit`];
+    /// 0 without a budget): the other process reserves them in its own.
+    pub pinned_limit: u64,
+}
+
+/// Page-locked bytes a served lane keeps to within `room` (its pinned budget, what its loader
+/// had left) with `staging` bytes of staging: the staging and twice as much for nvJPEG's pinned
+/// buffers (they hold a sub-batch's JPEGs, which the staging is sized for, and a buffer nvJPEG
+/// grows is allocated before the one it replaces is freed), at most the room.
+pub fn served_pinned_limit(room: u64, staging: u64) -> u64 {
+    staging.saturating_mul(3).min(room)
+}
+
+/// A share of what is left of `budget` past `spare` bytes, which locks nothing: the process's
+/// later pinned allocations (nvJPEG's) then fit within `spare`. `None` when it cannot be taken
+/// (another holder took some of the budget meanwhile).
+fn pinned_ceiling(budget: u64, spare: u64) -> Option<PinnedShare> {
+    let left = budget.saturating_sub(pinned_reserved());
+    PinnedShare::take(left.saturating_sub(spare), budget).ok()
 }
 
 /// A handle's bytes, as they travel.
@@ -119,7 +140,26 @@ impl GpuLane {
                 Ok(handle_bytes(unsafe { handle.assume_init() }.reserved))
             })
             .map_err(|e| GpuDecodeError::Cuda(e.to_string()))?;
+        // Within its budget the lane keeps to its limit: what nvJPEG's pinned buffers may take
+        // past the staging is all that is left of it.
+        let staging = lane.staging_bytes() as u64;
+        let pinned_limit = match options.pinned_budget {
+            Some(room) => {
+                let limit = served_pinned_limit(room, staging);
+                let ceiling = pinned_ceiling(room, limit.saturating_sub(staging));
+                if ceiling.is_none() {
+                    return Err(GpuDecodeError::Memory(format!(
+                        "the served lane's pinned limit ({limit} bytes) could not be set in its \
+                         budget of {room} bytes"
+                    )));
+                }
+                *lock(&lane.served_ceiling) = ceiling;
+                limit
+            }
+            None => 0,
+        };
         let handles = ServedHandles {
+            pinned_limit,
             ring,
             ring_slots: memory.ring_slots,
             ring_slot_bytes: memory.ring_slot_bytes,
@@ -191,4 +231,27 @@ fn answer_all_cpu(task: RowsTask, error: String) {
         busy: Duration::ZERO,
     };
     let _ = task.reply.send(built);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_served_lane_keeps_its_page_locked_memory_to_its_limit() {
+        assert_eq!(served_pinned_limit(1000, 100), 300);
+        assert_eq!(served_pinned_limit(250, 100), 250);
+        assert_eq!(served_pinned_limit(1000, 0), 0);
+        // A budget 64 MiB past what the process holds, 1 MiB of staging taken in it, and the
+        // ceiling set for 2 MiB more: a pinned allocation fits within those 2 MiB, not past.
+        let budget = pinned_reserved() + (64 << 20);
+        let _staging = PinnedShare::take(1 << 20, budget).unwrap();
+        let ceiling = pinned_ceiling(budget, 2 << 20).expect("the ceiling is taken");
+        assert_eq!(ceiling.bytes(), 61 << 20);
+        assert!(PinnedShare::take((2 << 20) + 4096, budget).is_err());
+        let nvjpeg = PinnedShare::take(2 << 20, budget).expect("the spare room fits");
+        drop((nvjpeg, ceiling));
+        // Given back with the lane: the budget's room is whole again.
+        assert!(PinnedShare::take(63 << 20, budget).is_ok());
+    }
 }

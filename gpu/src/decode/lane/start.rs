@@ -188,6 +188,7 @@ impl GpuLane {
             shared,
             tasks: Mutex::new(Some(tasks)),
             threads: Mutex::new(threads),
+            served_ceiling: Mutex::new(None),
         };
         if !started {
             return Err(GpuDecodeError::Cuda(
