@@ -149,7 +149,8 @@ fn protocol_output() -> std::io::Result<std::fs::File> {
 }
 
 /// Serves one loader: its start from `input`, then its batches until the loader's end or the
-/// end of `input`; answers on `output`. A lane that cannot start is answered as such (and is not an error here).
+/// end of `input`; answers on `output`. A lane that cannot start is answered as such (and is
+/// not an error here).
 pub fn serve(input: impl Read, output: impl Write + Send + 'static) -> Result<(), HelperError> {
     let mut input = BufReader::with_capacity(1 << 20, input);
     let mut output = BufWriter::with_capacity(1 << 16, output);

@@ -636,31 +636,32 @@ fn a_reopened_job_over_renamed_files_of_the_same_count_is_refused() -> TestResul
     Ok(())
 }
 
-#[test]
-fn batches_leased_before_the_coordinator_stops_answering_still_reach_the_consumer() -> TestResult {
-    // One decode thread leasing 8 steps at a time; a finished batch waits for its client as
-    // long as the test needs.
-    let (data, _state, network, cluster) = one_worker_with(|config| {
-        config.lease_ahead = 8;
-        config.delivery_timeout = Duration::from_secs(60);
-    })?;
-    let job = JobSpec {
-        batch_size: 4,
-        ..spec(data.path())
-    };
-    let (expected, _) = embedded_of(job.clone())?;
+/// The step of each batch as a reader thread takes it, and the thread (its epoch's digest).
+type EpochReader = (
+    std::sync::mpsc::Receiver<u64>,
+    std::thread::JoinHandle<stoker_loader::Result<String>>,
+);
+
+/// A thread reading epoch 0 of `job` from a remote loader on `network` (`prefetch` batches
+/// ahead, `deadline` for each, the session reopened after `stall_reopen` without a batch).
+fn read_remote_epoch(
+    network: &MemoryNetwork,
+    job: JobSpec,
+    prefetch: usize,
+    (deadline, stall_reopen): (Duration, Duration),
+) -> Result<EpochReader, Box<dyn std::error::Error>> {
     let loader = Loader::remote(
         COORDINATOR,
         job,
         LoaderOptions {
-            prefetch: 16,
-            deadline: Duration::from_secs(60),
+            prefetch,
+            deadline,
             prefetch_next_epoch: false,
             ..LoaderOptions::default()
         },
         RemoteOptions {
             connect_timeout: Duration::from_secs(20),
-            stall_reopen: Duration::from_secs(30),
+            stall_reopen,
             network: Network::Memory(network.clone()),
             ..RemoteOptions::default()
         },
@@ -675,6 +676,24 @@ fn batches_leased_before_the_coordinator_stops_answering_still_reach_the_consume
         }
         Ok(digest.hex())
     });
+    Ok((taken, reader))
+}
+
+#[test]
+fn batches_leased_before_the_coordinator_stops_answering_still_reach_the_consumer() -> TestResult {
+    // One decode thread leasing 8 steps at a time; a finished batch waits for its client as
+    // long as the test needs.
+    let (data, _state, network, cluster) = one_worker_with(|config| {
+        config.lease_ahead = 8;
+        config.delivery_timeout = Duration::from_secs(60);
+    })?;
+    let job = JobSpec {
+        batch_size: 4,
+        ..spec(data.path())
+    };
+    let (expected, _) = embedded_of(job.clone())?;
+    let timeouts = (Duration::from_secs(60), Duration::from_secs(30));
+    let (taken, reader) = read_remote_epoch(&network, job, 16, timeouts)?;
     assert_eq!(taken.recv_timeout(Duration::from_secs(30))?, 0);
     // The worker's batches stop reaching the client, which takes what it already has; the
     // worker goes on leasing from the coordinator, building and queueing.
@@ -739,32 +758,8 @@ fn a_stream_the_worker_ends_for_taking_nothing_makes_the_client_open_its_session
     let (expected, _) = embedded_of(job.clone())?;
     // The client's own stall watch (120 s) is past its deadline (30 s): the epoch ends in
     // time only if the worker's end of the stream opens the session again.
-    let loader = Loader::remote(
-        COORDINATOR,
-        job,
-        LoaderOptions {
-            prefetch: 3,
-            deadline: Duration::from_secs(30),
-            prefetch_next_epoch: false,
-            ..LoaderOptions::default()
-        },
-        RemoteOptions {
-            connect_timeout: Duration::from_secs(20),
-            stall_reopen: Duration::from_secs(120),
-            network: Network::Memory(network.clone()),
-            ..RemoteOptions::default()
-        },
-    )?;
-    let (taken_tx, taken) = std::sync::mpsc::channel::<u64>();
-    let reader = std::thread::spawn(move || -> stoker_loader::Result<String> {
-        let mut digest = BatchDigest::new();
-        for batch in loader.epoch(0, 0)? {
-            let batch = batch?;
-            digest.update(&batch);
-            let _ = taken_tx.send(batch.step);
-        }
-        Ok(digest.hex())
-    });
+    let timeouts = (Duration::from_secs(30), Duration::from_secs(120));
+    let (taken, reader) = read_remote_epoch(&network, job, 3, timeouts)?;
     assert_eq!(taken.recv_timeout(Duration::from_secs(30))?, 0);
     // The client's connection to the worker carries nothing (a network stalled) for several
     // times the worker's wait while the client asks for more: the stream takes nothing and the

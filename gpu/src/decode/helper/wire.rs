@@ -12,7 +12,8 @@ use stoker_proto::v1::{HelperImage, HelperReply, HelperTail};
 use crate::decode::{Element, RowTail};
 
 /// The protocol's version: a helper refuses a start of another (2: an answer comes once its
-/// rows are written, no ready events; 3: the loader says its end).
+/// rows are written, no ready events; 3: the loader says its end, and gives the helper the room
+/// left in its pinned budget, within which the helper keeps to a limit it answers).
 pub const HELPER_PROTOCOL: u32 = 3;
 
 /// The largest message either side reads: a batch of large JPEGs fits many times over; a length

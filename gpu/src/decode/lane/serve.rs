@@ -75,9 +75,10 @@ pub struct ServedHandles {
 }
 
 /// Page-locked bytes a served lane keeps to within `room` (its pinned budget, what its loader
-/// had left) with `staging` bytes of staging: the staging and twice as much for nvJPEG's pinned
-/// buffers (they hold a sub-batch's JPEGs, which the staging is sized for, and a buffer nvJPEG
-/// grows is allocated before the one it replaces is freed), at most the room.
+/// had left) with `staging` bytes of staging: the staging and twice as much again for nvJPEG's
+/// pinned buffers, at most the room. The allowance is a choice, not a measure: nvJPEG sizes its
+/// pinned buffers by the JPEGs it decodes, which the staging holds too; an allocation past it is
+/// refused, and its images are built on the CPU.
 pub fn served_pinned_limit(room: u64, staging: u64) -> u64 {
     staging.saturating_mul(3).min(room)
 }
