@@ -58,8 +58,8 @@ fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 /// log is set up yet); one loader is served on stdin and stdout ([`serve`]; stdout set apart
 /// for the messages, anything else printed going to stderr); 0 when its input
 /// ended or the loader said its end, 1 when it stopped on an error (said on stderr), also
-/// within a second of the end of the process that started it (the loader's: a helper left
-/// running would hold its share of the GPU's memory). `stoker-lane-helper` (this
+/// within a second of the end of its parent process (the loader's, which starts it directly:
+/// a helper left running would hold its share of the GPU's memory). `stoker-lane-helper` (this
 /// crate's binary) and the command the Python package installs (through its native module)
 /// both run it.
 pub fn run(arguments: &[std::ffi::OsString]) -> u8 {
@@ -100,8 +100,9 @@ pub fn run(arguments: &[std::ffi::OsString]) -> u8 {
 /// How often the helper looks whether the loader's process still runs.
 const LOADER_CHECK: Duration = Duration::from_millis(500);
 
-/// Ends this process (status 1) within [`LOADER_CHECK`] of the end of the process that started
-/// it, the loader's: a helper left running would hold its share of the GPU's memory. Its stdin
+/// Ends this process (status 1) within [`LOADER_CHECK`] of the end of its parent as it started,
+/// the loader's process (which starts it directly; a wrapper that does not exec it would be
+/// watched instead): a helper left running would hold its share of the GPU's memory. Its stdin
 /// ends with the loader's process, unless a process forked from that one (without an exec)
 /// holds a copy; so this watches for the helper being handed to another parent (init or a
 /// subreaper), which happens as the loader's process ends. The exit is immediate (`_exit`: no

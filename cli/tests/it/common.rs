@@ -87,6 +87,10 @@ pub fn worker_binary() -> PathBuf {
     )
 }
 
+/// Held by the tests that size a pinned budget from what this process holds now
+/// (`stoker_loader::pinned_reserved`), so that none takes a share while another measures.
+pub static PINNED_BUDGET: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
 /// The `stoker-lane-helper` binary, beside `stoker` (the lane-helper crate's), checked as
 /// [`worker_binary`] is.
 pub fn helper_binary() -> PathBuf {

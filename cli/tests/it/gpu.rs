@@ -324,6 +324,7 @@ impl PageLocker for AcceptingLocker {
 
 #[test]
 fn a_pinned_loaders_labels_fit_the_page_locked_room_beside_its_slots() {
+    let _measuring = common::PINNED_BUDGET.lock();
     let dir = tempfile::tempdir().unwrap();
     common::make_images(dir.path(), 16);
     let spec = common::train_spec(dir.path(), 4);
@@ -363,6 +364,7 @@ fn a_pinned_loaders_labels_fit_the_page_locked_room_beside_its_slots() {
 
 #[test]
 fn page_locked_memory_beside_the_slots_counts_against_the_same_budget() {
+    let _measuring = common::PINNED_BUDGET.lock();
     let dir = tempfile::tempdir().unwrap();
     common::make_images(dir.path(), 16);
     let spec = common::train_spec(dir.path(), 4);

@@ -374,29 +374,37 @@ fn loader_error(spec: &JobSpec, starter: &Arc<StartGpuLane>) -> String {
     }
 }
 
-/// Forks this process; the copy waits for a signal (holding every descriptor this one has, as
-/// a training script's forked worker does) and never runs anything else. Its pid.
-fn forked_waiting() -> i32 {
-    // SAFETY: the child makes only async-signal-safe calls (`pause`, `_exit`) before it ends.
+/// A copy of this process made by [`forked_waiting`]: killed and reaped when dropped.
+struct Forked(i32);
+
+impl Drop for Forked {
+    fn drop(&mut self) {
+        // SAFETY: the test's own child process, then its reaping.
+        unsafe {
+            libc::kill(self.0, libc::SIGKILL);
+            libc::waitpid(self.0, std::ptr::null_mut(), 0);
+        }
+    }
+}
+
+/// Forks this process; the copy runs `first` (which must take no lock: the copy has only the
+/// forking thread), then waits, holding every descriptor this one has, as a training script's
+/// forked worker does, until it is killed or 60 s have passed (so a failed test leaves none).
+fn forked_waiting(first: impl FnOnce()) -> Forked {
+    // SAFETY: the child runs `first`, then only async-signal-safe calls (`alarm`, `pause`,
+    // `_exit`) before it ends.
     let pid = unsafe { libc::fork() };
     assert!(pid >= 0, "fork failed");
     if pid == 0 {
+        first();
         // SAFETY: as above.
         unsafe {
+            libc::alarm(60);
             libc::pause();
             libc::_exit(0);
         }
     }
-    pid
-}
-
-/// Kills and reaps the forked `pid`.
-fn kill_forked(pid: i32) {
-    // SAFETY: the test's own child process, then its reaping.
-    unsafe {
-        libc::kill(pid, libc::SIGKILL);
-        libc::waitpid(pid, std::ptr::null_mut(), 0);
-    }
+    Forked(pid)
 }
 
 #[test]
@@ -408,11 +416,20 @@ fn a_loader_dropped_while_a_forked_process_holds_the_helpers_stdin_ends_it_at_on
     let loader = loader(&spec, &starter).unwrap();
     whole_epoch(&loader, 0);
     let helper = starter.helper().expect("the helper lane runs");
-    let forked = forked_waiting();
+    // The forked copy drops its hold on the lane (as a copy of the training process ending
+    // would): the helper is not its to end, and the loader here reads on with it.
+    let forked = forked_waiting(|| helper.shutdown());
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(
+        process_exists(helper.pid() as i32),
+        "the fork ended the helper"
+    );
+    whole_epoch(&loader, 1);
+    assert_eq!(helper.lost(), None);
     let dropped = std::time::Instant::now();
     dropped_and_reaped(helper, loader, "a loader's end beside a forked process");
     let took = dropped.elapsed();
-    kill_forked(forked);
+    drop(forked);
     assert!(
         took < Duration::from_secs(5),
         "the helper ended {took:?} after the loader was dropped"
@@ -432,8 +449,9 @@ fn a_helper_whose_loader_process_died_beside_a_forked_one_ends() {
         let loader = loader(&spec, &starter).unwrap();
         whole_epoch(&loader, 0);
         let helper = starter.helper().expect("the helper lane runs").pid();
-        let forked = forked_waiting();
-        println!("helper {helper} forked {forked}");
+        let forked = forked_waiting(|| {});
+        println!("helper {helper} forked {}", forked.0);
+        std::mem::forget(forked);
         use std::io::Write;
         std::io::stdout().flush().unwrap();
         // SAFETY: ends this process at once, as a crash would.
@@ -450,11 +468,22 @@ fn a_helper_whose_loader_process_died_beside_a_forked_one_ends() {
         .stdout(std::process::Stdio::piped())
         .spawn()
         .unwrap();
-    let said = std::io::BufRead::lines(std::io::BufReader::new(training.stdout.take().unwrap()))
-        .map_while(Result::ok)
-        .find_map(|line| line.strip_prefix("helper ").map(str::to_string));
+    let stdout = training.stdout.take().unwrap();
+    let (line_tx, line) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let said = std::io::BufRead::lines(std::io::BufReader::new(stdout))
+            .map_while(Result::ok)
+            .find_map(|line| line.strip_prefix("helper ").map(str::to_string));
+        let _ = line_tx.send(said);
+    });
+    let said = line.recv_timeout(Duration::from_secs(120));
+    if said.is_err() {
+        let _ = training.kill();
+    }
     training.wait().unwrap();
     let pids: Vec<i32> = said
+        .ok()
+        .flatten()
         .expect("the training process names its helper")
         .split(" forked ")
         .map(|pid| pid.parse().unwrap())
@@ -491,6 +520,7 @@ fn running(pid: i32) -> bool {
 
 #[test]
 fn the_helpers_page_locked_memory_is_reserved_within_this_processs_pinned_budget() {
+    let _measuring = common::PINNED_BUDGET.lock();
     let (_dir, spec) = images(16);
     let staging: u64 = 1 << 20;
     // A helper answering 1 MiB of staging, in a budget `room` past what this process holds.

@@ -719,8 +719,8 @@ fn batches_leased_before_the_coordinator_stops_answering_still_reach_the_consume
     );
     std::thread::sleep(Duration::from_secs(1));
     // The coordinator stops answering (a stopped process): no lease, grant or ack goes
-    // through; the worker's stream to the client carries again. Every batch that arrives
-    // from now on left the worker after the coordinator stopped answering.
+    // through; the worker's stream to the client carries again. What arrives from now on was
+    // leased before, and reaches the consumer only through the worker's stream.
     network.hold(COORDINATOR);
     network.release(WORKER);
     let until = std::time::Instant::now() + Duration::from_secs(3);
@@ -749,7 +749,8 @@ fn a_stream_the_worker_ends_for_taking_nothing_makes_the_client_open_its_session
     // The worker ends a client's stream that takes nothing for half a second.
     let (data, _state, network, cluster) =
         one_worker_with(|config| config.delivery_timeout = Duration::from_millis(500))?;
-    // Batches larger than a connection's flow-control window: one fills it.
+    // Batches of about 1.2 MB: a couple fill what the connection buffers (h2's send buffer
+    // and the in-memory pipe), so a held connection stops the stream's queue.
     let job = JobSpec {
         batch_size: 8,
         pipeline: stoker_pipeline::presets::imagenet_train(224),
@@ -770,9 +771,9 @@ fn a_stream_the_worker_ends_for_taking_nothing_makes_the_client_open_its_session
     network.release(WORKER);
     let digest = reader.join().map_err(|_| "the reader panicked")??;
     assert_eq!(digest, expected);
-    // Once: a stream opened again in the same session would wait for the requeued steps
-    // until the client's stall watch.
+    // Opened again: a stream opened again in the same session would have waited for the
+    // requeued steps until the client's stall watch, past the deadline.
     let stats = cluster.coordinator.core_stats();
-    assert_eq!(stats.session_opens, 2, "{stats:?}");
+    assert!(stats.session_opens >= 2, "{stats:?}");
     Ok(())
 }

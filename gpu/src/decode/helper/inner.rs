@@ -52,6 +52,8 @@ pub(super) struct Inner {
     pub(super) child: Mutex<Child>,
     /// The helper's process id.
     pub(super) pid: u32,
+    /// The process that started the helper (a process forked from it must not end its lane).
+    pub(super) owner: u32,
     /// Held while rows are copied out of the helper's buffers, and while the helper is taken
     /// as lost or the lane closes: nothing reads its memory once it may be gone.
     pub(super) copying: Mutex<()>,
@@ -66,9 +68,9 @@ pub(super) struct Inner {
     pub(super) answer_timeout: Duration,
     /// How long the helper may take to end once told the end (or its stdin closes).
     pub(super) end_timeout: Duration,
-    /// The helper's page-locked staging, reserved within this process's pinned budget while
-    /// the helper runs (let go once it is lost or the lane closed, and it ended: its pages
-    /// went with it).
+    /// The helper's page-locked memory (its staging and the room it keeps for nvJPEG's pinned
+    /// buffers), reserved within this process's pinned budget while the helper runs (let go
+    /// once it is lost or the lane closed, and it ended: its pages went with it).
     pub(super) pinned: Mutex<Option<PinnedShare>>,
 }
 

@@ -207,6 +207,7 @@ impl HelperLane {
             device,
             requests: Mutex::new(Some(requests)),
             pid: child.id(),
+            owner: std::process::id(),
             child: Mutex::new(child),
             copying: Mutex::new(()),
             pending: Mutex::new(HashMap::new()),
@@ -319,9 +320,14 @@ impl HelperLane {
     /// helper is told the end and its stdin closed; it finishes what it was sent and exits,
     /// and is killed if it has not within [`HelperOptions::end_timeout`]. Batches still
     /// waiting fail as stopped.
-    /// Idempotent.
+    /// Idempotent. In a process forked from the one that started the helper (which has none
+    /// of the lane's threads, and shares its pipes), it does nothing: that helper is not its
+    /// own to end.
     pub fn shutdown(&self) {
         let inner = &self.inner;
+        if std::process::id() != inner.owner {
+            return;
+        }
         if inner.closed.swap(true, Ordering::Relaxed) {
             return;
         }
@@ -351,7 +357,7 @@ impl HelperLane {
         let left = match stdin_closed {
             Some(requests) => {
                 if let Some(requests) = requests {
-                    end_and_close(requests);
+                    end_and_close(requests, deadline);
                 }
                 deadline.saturating_duration_since(Instant::now())
             }

@@ -279,12 +279,13 @@ pub(super) fn discard(requests: BufWriter<ChildStdin>) {
     drop(stdin);
 }
 
-/// Tells the helper the loader is done with it, where that can be written at once, and closes
-/// its stdin: the helper ends at either. The end is said because the stdin does not close while
-/// a process forked from this one (without an exec) holds a copy of it. Nothing waits on a
-/// helper that stopped reading: the write does not block, and a frame a failed write left
-/// unfinished is not followed by another.
-pub(super) fn end_and_close(requests: BufWriter<ChildStdin>) {
+/// Tells the helper the loader is done with it and closes its stdin: the helper ends at either.
+/// The end is said because the stdin does not close while a process forked from this one
+/// (without an exec) holds a copy of it. It waits for room in the pipe until `deadline` at
+/// most (a helper still reading the last batches makes room; one that stopped reading is
+/// killed at the deadline anyway), and a frame a failed write left unfinished is not followed
+/// by another.
+pub(super) fn end_and_close(requests: BufWriter<ChildStdin>, deadline: std::time::Instant) {
     let (stdin, unwritten) = requests.into_parts();
     if unwritten.is_ok_and(|bytes| bytes.is_empty()) {
         let mut frame = Vec::new();
@@ -299,7 +300,23 @@ pub(super) fn end_and_close(requests: BufWriter<ChildStdin>) {
         };
         if nonblocking && write_message(&mut frame, &end).is_ok() {
             // A few bytes, under the pipe's atomic size: written whole or not at all.
-            let written = without_sigpipe(|| (&stdin).write(&frame));
+            let written = loop {
+                let written = without_sigpipe(|| (&stdin).write(&frame));
+                let left = deadline.saturating_duration_since(std::time::Instant::now());
+                match &written {
+                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock && !left.is_zero() => {
+                        let mut room = libc::pollfd {
+                            fd,
+                            events: libc::POLLOUT,
+                            revents: 0,
+                        };
+                        let wait = left.as_millis().clamp(1, 100) as libc::c_int;
+                        // SAFETY: one descriptor this function owns, for at most `wait` ms.
+                        unsafe { libc::poll(&mut room, 1, wait) };
+                    }
+                    _ => break written,
+                }
+            };
             if !written.as_ref().is_ok_and(|&n| n == frame.len()) {
                 tracing::debug!(
                     ?written,
