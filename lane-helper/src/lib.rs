@@ -395,9 +395,10 @@ fn serve_lane(
     let (answers, answered) = crossbeam_channel::unbounded::<RowsBuilt>();
     let writer = {
         let declined = Arc::clone(&declined);
+        let refused = lane.pinned_refused_reader();
         std::thread::Builder::new()
             .name("stoker-lane-helper-answers".into())
-            .spawn(move || write_answers(output, &answered, &declined))?
+            .spawn(move || write_answers(output, &answered, &declined, refused))?
     };
     let served = (|| {
         while let Some(rows) = next_rows(&mut input)? {
@@ -445,12 +446,14 @@ fn serve_lane(
     served.and(written)
 }
 
-/// The writer's thread: each finished batch's answer, its declined images added, on `output`
-/// (buffered by [`serve`]; each message is flushed as it is written).
+/// The writer's thread: each finished batch's answer, its declined images added, and the
+/// lane's count of refused pinned allocations so far, on `output` (buffered by [`serve`]; each
+/// message is flushed as it is written).
 fn write_answers(
     mut output: impl Write,
     answered: &crossbeam_channel::Receiver<RowsBuilt>,
     declined: &Mutex<HashMap<u64, Vec<HelperCpuRow>>>,
+    pinned_refused: impl Fn() -> u64,
 ) -> Result<(), HelperError> {
     for built in answered {
         let mut cpu = lock(declined).remove(&built.id).unwrap_or_default();
@@ -472,6 +475,7 @@ fn write_answers(
                 cpu,
                 error: built.error.unwrap_or_default(),
                 busy_ns: built.busy.as_nanos() as u64,
+                pinned_refused: pinned_refused(),
             })),
         };
         write_message(&mut output, &reply)?;
@@ -482,6 +486,36 @@ fn write_answers(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn each_answer_carries_the_lanes_refused_pinned_allocations_so_far() {
+        let (sent, answered) = crossbeam_channel::unbounded();
+        for id in [3, 4] {
+            sent.send(RowsBuilt {
+                id,
+                ring: 1,
+                rows: vec![0],
+                cpu: Vec::new(),
+                error: None,
+                busy: Duration::ZERO,
+            })
+            .unwrap();
+        }
+        drop(sent);
+        let refused = std::sync::atomic::AtomicU64::new(2);
+        let mut output = Vec::new();
+        let counted = || refused.fetch_add(3, std::sync::atomic::Ordering::Relaxed);
+        write_answers(&mut output, &answered, &Mutex::default(), counted).unwrap();
+        let mut input = output.as_slice();
+        let mut seen = Vec::new();
+        while let Some(reply) = read_message::<HelperReply>(&mut input).unwrap() {
+            let Some(helper_reply::Kind::Built(built)) = reply.kind else {
+                panic!("not an answer: {reply:?}");
+            };
+            seen.push((built.id, built.pinned_refused));
+        }
+        assert_eq!(seen, vec![(3, 2), (4, 5)]);
+    }
 
     #[test]
     fn a_fault_is_read_as_its_kind_and_count_or_named_wrong() {

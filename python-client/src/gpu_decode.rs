@@ -278,6 +278,7 @@ pub fn helper_stats<'py>(
     entry.set_item("memory_cap", figures.memory_cap)?;
     entry.set_item("staging_bytes", helper.staging_bytes())?;
     entry.set_item("pinned_bytes", helper.pinned_bytes())?;
+    entry.set_item("pinned_refused", helper.pinned_refused())?;
     entry.set_item(
         "busy_s",
         stoker_loader::DecodeLane::busy(helper).as_secs_f64(),

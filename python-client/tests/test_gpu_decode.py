@@ -380,6 +380,7 @@ def test_the_lanes_page_locked_memory_stays_within_the_pinned_budget(
         assert helped["staging_bytes"] == lane["staging_bytes"], stats
         staging = helped["staging_bytes"]
         assert staging <= helped["pinned_bytes"] <= 3 * staging, stats
+        assert helped["pinned_refused"] == 0, stats
         assert stats["pinned_bytes"] + helped["pinned_bytes"] <= budget, stats
         with pytest.raises(stoker.GpuUnavailableError, match=beside_the_lane):
             device_epoch(dataset, "gpu", pinned_memory_budget=lane["staging_bytes"])

@@ -54,6 +54,8 @@ pub(super) struct Inner {
     pub(super) pid: u32,
     /// The process that started the helper (a process forked from it must not end its lane).
     pub(super) owner: u32,
+    /// nvJPEG's pinned allocations the helper refused, as its latest answer said.
+    pub(super) pinned_refused: AtomicU64,
     /// Held while rows are copied out of the helper's buffers, and while the helper is taken
     /// as lost or the lane closes: nothing reads its memory once it may be gone.
     pub(super) copying: Mutex<()>,

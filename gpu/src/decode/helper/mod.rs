@@ -208,6 +208,7 @@ impl HelperLane {
             requests: Mutex::new(Some(requests)),
             pid: child.id(),
             owner: std::process::id(),
+            pinned_refused: AtomicU64::new(0),
             child: Mutex::new(child),
             copying: Mutex::new(()),
             pending: Mutex::new(HashMap::new()),
@@ -279,6 +280,12 @@ impl HelperLane {
         lock(&self.inner.pinned)
             .as_ref()
             .map_or(0, PinnedShare::bytes)
+    }
+
+    /// nvJPEG's pinned allocations the helper refused past the page-locked limit it keeps to
+    /// (their images built on the CPU), as its latest answer said.
+    pub fn pinned_refused(&self) -> u64 {
+        self.inner.pinned_refused.load(Ordering::Relaxed)
     }
 
     /// Whether the helper's decoders use the hardware engines.

@@ -196,6 +196,9 @@ pub(super) fn read_answers(inner: &Arc<Inner>, stdout: BufReader<ChildStdout>) {
             Ok(None) => break "its output ended".to_string(),
             Err(error) => break format!("reading its answers: {error}"),
         };
+        inner
+            .pinned_refused
+            .fetch_max(built.pinned_refused, Ordering::Relaxed);
         let Some(pending) = inner.take_pending(built.id) else {
             if inner.closed.load(Ordering::Relaxed) {
                 // A batch failed as stopped when the lane shut down.

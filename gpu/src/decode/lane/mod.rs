@@ -363,6 +363,19 @@ impl GpuLane {
             .sum()
     }
 
+    /// [`GpuLane::pinned_refused`] as a function that needs no hold on the lane (a served
+    /// lane's answer writer reads it on a thread of its own).
+    pub fn pinned_refused_reader(&self) -> impl Fn() -> u64 + Send + 'static {
+        let shared = Arc::clone(&self.shared);
+        move || {
+            shared
+                .budgets
+                .iter()
+                .map(|b| b.pinned_refused.load(Ordering::Relaxed))
+                .sum()
+        }
+    }
+
     /// Device bytes the lane holds now: its memory and nvJPEG's allocations through the
     /// lane's allocators.
     pub fn memory_bytes(&self) -> usize {
