@@ -111,6 +111,14 @@ struct Shared {
 }
 
 impl Shared {
+    /// nvJPEG's pinned allocations refused so far, over the pipes' decoders.
+    fn pinned_refused(&self) -> u64 {
+        self.budgets
+            .iter()
+            .map(|b| b.pinned_refused.load(Ordering::Relaxed))
+            .sum()
+    }
+
     /// Waits for a free output buffer; returns it and how long the wait was, or `None` once
     /// the lane shuts down.
     fn take_ring(&self) -> (Option<usize>, Duration) {
@@ -356,24 +364,14 @@ impl GpuLane {
     /// nvJPEG's pinned allocations refused because the process's pinned budget was full (the
     /// images they were for are built on the CPU).
     pub fn pinned_refused(&self) -> u64 {
-        self.shared
-            .budgets
-            .iter()
-            .map(|b| b.pinned_refused.load(Ordering::Relaxed))
-            .sum()
+        self.shared.pinned_refused()
     }
 
     /// [`GpuLane::pinned_refused`] as a function that needs no hold on the lane (a served
     /// lane's answer writer reads it on a thread of its own).
     pub fn pinned_refused_reader(&self) -> impl Fn() -> u64 + Send + 'static {
         let shared = Arc::clone(&self.shared);
-        move || {
-            shared
-                .budgets
-                .iter()
-                .map(|b| b.pinned_refused.load(Ordering::Relaxed))
-                .sum()
-        }
+        move || shared.pinned_refused()
     }
 
     /// Device bytes the lane holds now: its memory and nvJPEG's allocations through the
