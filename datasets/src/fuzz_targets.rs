@@ -312,7 +312,7 @@ pub fn tar_index(data: &[u8]) {
     let Ok(shards) = decode(data, "s3://fuzz/set", TAR_INDEX_MAX_BYTES) else {
         return;
     };
-    let encoded = encode(&shards).expect("a decoded index encodes");
+    let encoded = encode(&shards, TAR_INDEX_MAX_BYTES).expect("a decoded index encodes");
     let again = decode(&encoded, "s3://fuzz/set", TAR_INDEX_MAX_BYTES)
         .expect("an index this crate encoded decodes");
     assert_eq!(again.len(), shards.len());
@@ -408,16 +408,19 @@ pub fn tar_index_seeds() -> crate::Result<Vec<(&'static str, Vec<u8>)>> {
     Ok(vec![
         (
             "two_shards",
-            encode(&[
-                shard(
-                    "shard-000000.tar",
-                    Some("\"etag-a\""),
-                    &[("a/0.jpg", 512, 100, 0), ("a/1.jpg", 1536, 2000, 2)],
-                ),
-                shard("shard-000001.tar", None, &[("b/0.png", 512, 9000, -1)]),
-            ])?,
+            encode(
+                &[
+                    shard(
+                        "shard-000000.tar",
+                        Some("\"etag-a\""),
+                        &[("a/0.jpg", 512, 100, 0), ("a/1.jpg", 1536, 2000, 2)],
+                    ),
+                    shard("shard-000001.tar", None, &[("b/0.png", 512, 9000, -1)]),
+                ],
+                TAR_INDEX_MAX_BYTES,
+            )?,
         ),
-        ("empty_set", encode(&[])?),
+        ("empty_set", encode(&[], TAR_INDEX_MAX_BYTES)?),
     ])
 }
 

@@ -527,6 +527,20 @@ pub enum Error {
         /// What is wrong with it.
         reason: String,
     },
+    /// A tar index (`stoker index`, or the one kept in the local cache after a scan) that would
+    /// be larger than an index may be once decompressed.
+    #[error(
+        "the tar index of {samples} samples would take {bytes} bytes, over the {limit} bytes a \
+         tar index may hold; without one the set opens by scanning its shards"
+    )]
+    TarIndexTooLarge {
+        /// Samples it would describe.
+        samples: u64,
+        /// Its size before compression.
+        bytes: u64,
+        /// The most an index may take.
+        limit: u64,
+    },
     /// A prefix of an object store holds no object the format reads.
     #[error("found no {what} under {uri}")]
     NoRemoteObjects {

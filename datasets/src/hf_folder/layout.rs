@@ -108,6 +108,28 @@ pub(crate) fn data_file_names(json: &Value, path: &Path) -> Result<Vec<String>> 
     if files.is_empty() {
         return Err(layout_error(path, "\"_data_files\" is empty"));
     }
+    // Older `datasets` releases saved a selected, shuffled or split dataset as the whole table
+    // and a mapping of the rows it keeps; read without the mapping, every row of the table
+    // (another split's included) would be served.
+    if let Some(indices) = json
+        .get("_indices_data_files")
+        .and_then(Value::as_array)
+        .filter(|indices| !indices.is_empty())
+    {
+        let names: Vec<&str> = indices
+            .iter()
+            .filter_map(|entry| entry.get("filename").and_then(Value::as_str))
+            .collect();
+        return Err(layout_error(
+            path,
+            format!(
+                "it keeps its rows through an indices mapping (\"_indices_data_files\": {}), \
+                 which Stoker does not apply; save the dataset again after \
+                 `dataset.flatten_indices()`",
+                names.join(", ")
+            ),
+        ));
+    }
     Ok(files)
 }
 

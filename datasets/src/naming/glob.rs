@@ -95,6 +95,9 @@ fn walk(
         let entry = entry.map_err(|source| Error::io(folder, source))?;
         let name = entry.file_name();
         let name = name.to_string_lossy();
+        // The index caches written beside tar shards are Stoker's, not data (`train-*` would
+        // otherwise take them once a first run has written them).
+        let is_own = crate::tar_shards::is_cache_file_name(&name);
         let candidate = if written.is_empty() {
             name.into_owned()
         } else if written.ends_with('/') {
@@ -117,7 +120,7 @@ fn walk(
         };
         if is_dir && depth < max_depth {
             walk(&path, &candidate, depth + 1, max_depth, matcher, found)?;
-        } else if is_file && matcher.is_match(&candidate) {
+        } else if is_file && !is_own && matcher.is_match(&candidate) {
             found.push(path);
         }
     }

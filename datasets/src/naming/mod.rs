@@ -329,7 +329,7 @@ pub fn reach_of_name(name: &str) -> Result<Vec<PathBuf>> {
 #[cfg(feature = "fuzzing")]
 #[doc(hidden)]
 pub fn fuzz_names(root: &Path, text: &str) {
-    let _ = splits::split_of_shard_name(text);
+    let _ = splits::split_of_file_name(text);
     let Ok(expanded) = braces::expand(text) else {
         return;
     };

@@ -1,6 +1,7 @@
 //! What an `s3://` prefix holds: the one format of its data objects, so a prefix of Parquet
-//! files reads as a local folder of them does, and the objects of one split when their names are
-//! the hub's `{split}-NNNNN-of-NNNNN.*`; and the objects that `s3://` patterns and lists name.
+//! files reads as a local folder of them does, and the objects of one split when their names
+//! give it as a local file's do (the hub's `{split}-NNNNN-of-NNNNN.*`, or a split's keyword as a
+//! word of the name: `train.parquet`); and the objects that `s3://` patterns and lists name.
 //!
 //! A pattern is matched against keys the way a local one is against paths (`*` and `?` stay in
 //! one folder, `**` crosses folders), over a listing of the keys that start with the part of
@@ -15,7 +16,7 @@ use std::sync::Arc;
 
 use object_store::ObjectMeta;
 
-use super::splits::{split_of_shard_name, UNNAMED};
+use super::splits::{split_of_file_name, UNNAMED};
 use super::{
     braces, glob, is_pattern, kind_of, kind_of_files, pick_split, FileKind, HF_DICT_FILE,
     HF_INFO_FILE, HF_STATE_FILE,
@@ -223,7 +224,7 @@ fn of_split<T>(
     let split_of = |item: &T| {
         let name = name_of(item);
         let file = name.rsplit('/').next().unwrap_or(&name).to_string();
-        split_of_shard_name(&file).unwrap_or(UNNAMED).to_string()
+        split_of_file_name(&file).unwrap_or_else(|| UNNAMED.to_string())
     };
     let mut found: Vec<String> = items.iter().map(split_of).collect();
     found.sort();
@@ -395,8 +396,9 @@ pub fn resolve_remote(
     let lister = cache.lister(&bucket)?;
     // One listing per key prefix (and depth), whatever the number of names found in it.
     let mut listings: BTreeMap<(String, bool), Vec<ObjectMeta>> = BTreeMap::new();
-    // The objects selected, by URI.
-    let mut selected: BTreeMap<PathBuf, ObjectMeta> = BTreeMap::new();
+    // The objects selected, by URI: a string, so they sort by its bytes as local paths do (a
+    // path sorts by components: `a/0.tar` before `a-1.tar`).
+    let mut selected: BTreeMap<String, ObjectMeta> = BTreeMap::new();
     for each in &wanted {
         let (folder, deep) = each.listing();
         let listed = match listings.entry((folder.clone(), deep)) {
@@ -413,7 +415,7 @@ pub fn resolve_remote(
                 let is_index = object.location.filename() == Some(TAR_INDEX_OBJECT);
                 if !is_index && matcher.is_match(key) {
                     matched = true;
-                    selected.insert(PathBuf::from(root.uri_of(key)), object.clone());
+                    selected.insert(root.uri_of(key), object.clone());
                 }
             }
             if !matched {
@@ -428,7 +430,7 @@ pub fn resolve_remote(
                 .find(|object| object.location.as_ref() == each.key)
             {
                 Some(object) => {
-                    selected.insert(PathBuf::from(root.uri_of(&each.key)), object.clone());
+                    selected.insert(root.uri_of(&each.key), object.clone());
                 }
                 None => {
                     return Err(Error::ListedFileMissing {
@@ -440,11 +442,11 @@ pub fn resolve_remote(
         }
     }
     // One bucket: URIs sort by their keys' bytes, as local paths do, the same on every machine.
-    let uris: Vec<PathBuf> = selected.keys().cloned().collect();
+    let uris: Vec<PathBuf> = selected.keys().map(PathBuf::from).collect();
     let kind = kind_of_files(&name, &uris)?;
     let objects: Vec<ObjectMeta> = pick_split(&name, uris, split)?
         .iter()
-        .filter_map(|uri| selected.remove(uri))
+        .filter_map(|uri| selected.remove(uri.to_str()?))
         .collect();
     let listing = listings.into_values().flatten().collect();
     Ok(RemoteFiles {

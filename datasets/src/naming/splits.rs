@@ -1,15 +1,16 @@
 //! Splits as dataset hubs lay them out, so that a folder holding train and test is never read
-//! whole: shards named `{split}-NNNNN-of-NNNNN.*` (any prefix is a split's name), subfolders
-//! `{split}/` or `data/{split}/` of data files (any name), a `DatasetDict` folder
-//! (`dataset_dict.json`), and image folders whose subfolders are all split names (`train/`,
-//! `val/`, ...) holding class folders.
+//! whole: shards named `{split}-NNNNN-of-NNNNN.*` (any prefix is a split's name), files whose
+//! names hold a split's keyword as a word of their own (`train.jsonl`, `test.parquet`,
+//! `imagenet-val-0003.tar`), subfolders `{split}/` or `data/{split}/` of data files (any name), a
+//! `DatasetDict` folder (`dataset_dict.json`), and image folders whose subfolders are all split
+//! names (`train/`, `val/`, ...) holding class folders.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use super::{kind_of, sort_paths};
 use crate::error::{Error, Result};
-use crate::split_names::is_split_folder_name;
+use crate::split_names::{is_split_folder_name, split_keyword_in_file_name};
 
 /// The group of files without a split in their name, beside named ones.
 pub(crate) const UNNAMED: &str = "(no split in the name)";
@@ -64,12 +65,22 @@ pub(crate) fn split_of_shard_name(name: &str) -> Option<&str> {
     None
 }
 
-/// The split `path` belongs to among files named by a pattern or list: its shard name's, else
-/// the nearest folder of its path named like a split; `None` for neither.
+/// The split a file's name gives: its hub shard name's ([`split_of_shard_name`]), else the
+/// split keyword it holds as a word of its own (`train.jsonl`, `imagenet-val-0003.tar`: the hub's
+/// rule, [`split_keyword_in_file_name`]); `None` for neither.
+pub(crate) fn split_of_file_name(name: &str) -> Option<String> {
+    split_of_shard_name(name)
+        .or_else(|| split_keyword_in_file_name(name))
+        .map(str::to_string)
+}
+
+/// The split `path` belongs to among files named by a pattern or list: its name's
+/// ([`split_of_file_name`]), else the nearest folder of its path named like a split; `None` for
+/// neither.
 pub(crate) fn split_of_file(path: &Path) -> Option<String> {
     let name = path.file_name()?.to_string_lossy();
-    if let Some(split) = split_of_shard_name(&name) {
-        return Some(split.to_string());
+    if let Some(split) = split_of_file_name(&name) {
+        return Some(split);
     }
     path.parent()?
         .components()
@@ -120,7 +131,7 @@ pub(crate) fn find_splits(root: &Path) -> Result<Option<SplitLayout>> {
                     .file_name()
                     .map(|name| name.to_string_lossy().into_owned())
                     .unwrap_or_default();
-                let split = split_of_shard_name(&name).unwrap_or(UNNAMED).to_string();
+                let split = split_of_file_name(&name).unwrap_or_else(|| UNNAMED.to_string());
                 splits.entry(split).or_default().push(file.clone());
             }
             if splits.keys().all(|split| split == UNNAMED) {

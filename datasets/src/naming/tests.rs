@@ -135,6 +135,84 @@ fn unnamed_data_files_under_data_are_the_source() {
     ));
 }
 
+/// Files named for their split by a keyword (`train.jsonl`, the hub's `data/train.parquet`,
+/// `imagenet1k-val-0000.tar`) are splits as hub shards are: a folder of two is refused without
+/// a split and read by split, here, under `data/` and in a pattern.
+#[test]
+fn files_named_by_a_split_keyword_are_splits() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    touch(
+        root,
+        &[
+            "hub/train.jsonl",
+            "hub/test.jsonl",
+            "repo/README.md",
+            "repo/data/train.parquet",
+            "repo/data/test.parquet",
+            "wds/imagenet1k-train-0000.tar",
+            "wds/imagenet1k-train-0001.tar",
+            "wds/imagenet1k-val-0000.tar",
+            "one/pretrain.jsonl",
+            "one/train.jsonl",
+            "single/data/train.parquet",
+        ],
+    );
+    for (source, train, test) in [
+        ("hub", "hub/train.jsonl", "hub/test.jsonl"),
+        ("repo", "repo/data/train.parquet", "repo/data/test.parquet"),
+        (
+            "repo/data",
+            "repo/data/train.parquet",
+            "repo/data/test.parquet",
+        ),
+        ("hub/*.jsonl", "hub/train.jsonl", "hub/test.jsonl"),
+    ] {
+        let source = at(root, source);
+        let refused = resolve_local(&[&source], None).unwrap_err();
+        assert!(
+            matches!(&refused, Error::SplitNeeded { found, .. } if found == &["test", "train"]),
+            "{source}: {refused}"
+        );
+        assert_eq!(
+            names_of(root, resolve_local(&[&source], Some("train")).unwrap()),
+            [train]
+        );
+        assert_eq!(
+            names_of(root, resolve_local(&[&source], Some("test")).unwrap()),
+            [test]
+        );
+    }
+    let wds = at(root, "wds");
+    assert!(matches!(
+        resolve_local(&[&wds], None),
+        Err(Error::SplitNeeded { .. })
+    ));
+    assert_eq!(
+        names_of(root, resolve_local(&[&wds], Some("train")).unwrap()),
+        [
+            "wds/imagenet1k-train-0000.tar",
+            "wds/imagenet1k-train-0001.tar"
+        ]
+    );
+    // A keyword inside a word is no split's; files named by a split beside ones named by none
+    // are refused as two groups.
+    let one = at(root, "one");
+    let message = resolve_local(&[&one], None).unwrap_err().to_string();
+    assert!(
+        message.contains("(no split in the name), train"),
+        "{message}"
+    );
+    // One split alone is read, and can be named.
+    let single = at(root, "single");
+    for split in [None, Some("train")] {
+        assert_eq!(
+            names_of(root, resolve_local(&[&single], split).unwrap()),
+            ["single/data/train.parquet"]
+        );
+    }
+}
+
 #[test]
 fn a_dataset_dict_folder_reads_the_split_named() {
     let dir = tempfile::tempdir().unwrap();
@@ -242,6 +320,30 @@ fn patterns_and_lists_resolve_to_sorted_files_once() {
     assert!(gap.to_string().contains("shard-00003.tar"), "{gap}");
     let folder = resolve_local(&[&at(root, "s"), &at(root, "s/other.tar")], None).unwrap_err();
     assert!(matches!(folder, Error::FolderInList { .. }), "{folder}");
+}
+
+/// The index caches a first open writes beside tar shards (and their temporaries) are never
+/// taken by a pattern, so a pattern without an extension reads the same shards the second time.
+#[test]
+fn patterns_leave_out_the_index_caches_written_beside_shards() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    touch(
+        root,
+        &[
+            "s/shard-0.tar",
+            "s/shard-1.tar",
+            "s/shard-0.tar.stoker-idx",
+            "s/shard-1.tar.stoker-idx.tmp-4242",
+        ],
+    );
+    for pattern in ["s/shard-*", "s/*", "**/shard-?.*"] {
+        assert_eq!(
+            names_of(root, resolve_local(&[&at(root, pattern)], None).unwrap()),
+            ["s/shard-0.tar", "s/shard-1.tar"],
+            "{pattern}"
+        );
+    }
 }
 
 #[test]

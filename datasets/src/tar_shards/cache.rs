@@ -61,6 +61,13 @@ impl ShardStamp {
     }
 }
 
+/// Whether a file named `name` is a cache this module writes beside a shard (or its temporary,
+/// `<...>.stoker-idx.tmp-<pid>`): Stoker's own file, never data a pattern names.
+pub(crate) fn is_cache_file_name(name: &str) -> bool {
+    let suffix = format!(".{CACHE_SUFFIX}");
+    name.ends_with(&suffix) || name.contains(&format!("{suffix}.tmp-"))
+}
+
 /// Where the cache of `shard` goes when its folder is writable.
 pub(super) fn beside_path(shard: &Path) -> PathBuf {
     let mut name = shard.file_name().unwrap_or_default().to_os_string();

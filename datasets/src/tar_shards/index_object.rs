@@ -1,12 +1,13 @@
 //! The index object of a tar shard set in an object store: every shard's name, size and ETag
 //! and, per sample, where its image member's bytes lie, its label and its member name. With it
-//! an `s3://` set opens with one listing and one GET, whatever its size.
+//! an `s3://` set opens with one listing and one GET, whatever its number of shards (up to about
+//! 20 million samples: an index over 1 GiB once decompressed is neither written nor read).
 //!
 //! Who writes it: `stoker index s3://BUCKET/PREFIX` (for an existing WebDataset set: each shard
 //! is read once, start to end, and scanned), which puts it at `PREFIX/stoker-tar-index.bin`.
-//! A set opened without one (or with one that no longer matches the listing) is scanned the
-//! same way at open, with a warning, and the index is kept in the local cache folder
-//! (`tar-indexes/`) so the next open on this machine does not scan again.
+//! A set opened without one (or with one that no longer matches the listing, or that cannot be
+//! decoded) is scanned the same way at open, with a warning, and the index is kept in the local
+//! cache folder (`tar-indexes/`) so the next open on this machine does not scan again.
 //!
 //! Encoding (zstd-compressed): `STKTIDX1`, the shard count (u32 LE), then per shard its name
 //! (u16 length + UTF-8), size (u64), ETag (u16 length + bytes; 0: none), problem count (u64),
@@ -53,8 +54,9 @@ fn put_str(out: &mut Vec<u8>, text: &[u8]) -> Result<()> {
     Ok(())
 }
 
-/// The index object's bytes for `shards`.
-pub(crate) fn encode(shards: &[IndexedShard]) -> Result<Vec<u8>> {
+/// The index object's bytes for `shards`; refused when it would take more than `max_bytes` once
+/// decompressed (what [`decode`] with the same bound would refuse).
+pub(crate) fn encode(shards: &[IndexedShard], max_bytes: usize) -> Result<Vec<u8>> {
     let mut out = Vec::new();
     out.extend_from_slice(MAGIC);
     out.extend_from_slice(&(shards.len() as u32).to_le_bytes());
@@ -73,6 +75,13 @@ pub(crate) fn encode(shards: &[IndexedShard]) -> Result<Vec<u8>> {
             out.extend_from_slice(&sample.label.to_le_bytes());
             put_str(&mut out, shard.index.member_name(position).as_bytes())?;
         }
+    }
+    if out.len() > max_bytes {
+        return Err(Error::TarIndexTooLarge {
+            samples: shards.iter().map(|s| s.index.samples.len() as u64).sum(),
+            bytes: out.len() as u64,
+            limit: max_bytes as u64,
+        });
     }
     zstd::bulk::compress(&out, 3).map_err(|source| Error::io("tar index", source))
 }
@@ -198,7 +207,7 @@ mod tests {
     #[test]
     fn round_trips_and_refuses_damage() {
         let shards = vec![shard("s0.tar"), shard("s1.tar")];
-        let bytes = encode(&shards).unwrap();
+        let bytes = encode(&shards, 1 << 20).unwrap();
         let back = decode(&bytes, "s3://b/i", 1 << 20).unwrap();
         assert_eq!(back.len(), 2);
         assert_eq!(back[1].name, "s1.tar");
@@ -210,6 +219,12 @@ mod tests {
         let bound = zstd::bulk::decompress(&bytes, 1 << 20).unwrap().len() - 1;
         let error = decode(&bytes, "u", bound).unwrap_err().to_string();
         assert!(error.contains("larger than"), "{error}");
+        // And never written past it.
+        let error = encode(&shards, bound).unwrap_err();
+        assert!(
+            matches!(error, Error::TarIndexTooLarge { samples, .. } if samples == 2 * shards[0].index.samples.len() as u64),
+            "{error}"
+        );
         let raw = zstd::bulk::decompress(&bytes, 1 << 20).unwrap();
         for cut in [4, raw.len() - 1] {
             let short = zstd::bulk::compress(&raw[..cut], 3).unwrap();
@@ -217,7 +232,7 @@ mod tests {
         }
         let mut past = shard("p.tar");
         past.size = 100;
-        let bytes = encode(&[past]).unwrap();
+        let bytes = encode(&[past], 1 << 20).unwrap();
         let error = decode(&bytes, "u", 1 << 20).unwrap_err().to_string();
         assert!(error.contains("past its end"), "{error}");
     }

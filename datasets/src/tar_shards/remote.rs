@@ -232,7 +232,7 @@ fn put_index(
     indexed: &[IndexedShard],
     shard_bytes: u64,
 ) -> Result<TarIndexWritten> {
-    let bytes = tar_index::encode(indexed)?;
+    let bytes = tar_index::encode(indexed, MAX_INDEX_BYTES)?;
     let key = index_key(location, shards);
     let written = TarIndexWritten {
         uri: location.uri_of(&key),
@@ -443,14 +443,21 @@ fn open_tar_objects(
     if let Some(object) = beside(TAR_INDEX_OBJECT) {
         let key = object.location.to_string();
         let bytes = cache.read_whole(&store, &location, object)?;
-        let decoded = tar_index::decode(&bytes, &location.uri_of(&key), MAX_INDEX_BYTES)?;
-        indexes = pick(decoded);
-        if indexes.is_none() {
-            warn!(
-                index = %location.uri_of(&key),
-                "the tar index no longer matches the shards listed (one was added, removed \
-                 or changed); scanning the shards (run `stoker index` to write it again)"
-            );
+        // An index that cannot be read is no reason not to read the shards: they are scanned,
+        // as without one.
+        match tar_index::decode(&bytes, &location.uri_of(&key), MAX_INDEX_BYTES) {
+            Ok(decoded) => {
+                indexes = pick(decoded);
+                if indexes.is_none() {
+                    warn!(
+                        index = %location.uri_of(&key),
+                        "the tar index no longer matches the shards listed (one was added, \
+                         removed or changed); scanning the shards (run `stoker index` to write \
+                         it again)"
+                    );
+                }
+            }
+            Err(error) => warn!(%error, "scanning the shards instead"),
         }
     }
     let local = local_index_path(cache.options().dir.as_path(), &location, &local_key);
@@ -463,13 +470,15 @@ fn open_tar_objects(
     let (indexes, scanned): (Vec<ShardIndex>, bool) = match indexes {
         Some(indexes) => (indexes, false),
         None => {
-            warn!(
-                uri = %location.uri(),
-                shards = shards.len(),
-                "no tar index object ({TAR_INDEX_OBJECT}) under this prefix: reading every \
-                 shard once to index it; write one with `stoker index {}`",
-                location.uri()
-            );
+            if beside(TAR_INDEX_OBJECT).is_none() {
+                warn!(
+                    uri = %location.uri(),
+                    shards = shards.len(),
+                    "no tar index object ({TAR_INDEX_OBJECT}) under this prefix: reading every \
+                     shard once to index it; write one with `stoker index {}`",
+                    location.uri()
+                );
+            }
             let scanned = scan_shards(&cache, &store, &location, &shards)?;
             keep_local_index(&local, &scanned);
             (scanned.into_iter().map(|shard| shard.index).collect(), true)
@@ -549,7 +558,7 @@ fn local_index_path(dir: &Path, location: &RemoteLocation, key: &str) -> PathBuf
 /// Keeps a scanned index for the next open on this machine; failing that, warns (the next open
 /// scans again).
 fn keep_local_index(path: &Path, shards: &[IndexedShard]) {
-    let kept = tar_index::encode(shards).and_then(|bytes| {
+    let kept = tar_index::encode(shards, MAX_INDEX_BYTES).and_then(|bytes| {
         if let Some(parent) = path.parent() {
             std::fs::create_dir_all(parent).map_err(|source| Error::io(parent, source))?;
         }

@@ -397,6 +397,25 @@ fn dataset_dict_folders_and_bad_layouts_are_refused_with_what_to_do() {
         "{message}"
     );
 
+    // A dataset saved with an indices mapping (older `datasets`, after select, shuffle or
+    // train_test_split): refused by name, never read as the whole table; a null mapping (what
+    // those releases wrote for a dataset without one) reads as before.
+    let mapped = dir.path().join("mapped");
+    write_fixture(&mapped, None);
+    let state_path = mapped.join("state.json");
+    let mut state: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&state_path).unwrap()).unwrap();
+    state["_indices_data_files"] = json!(null);
+    std::fs::write(&state_path, state.to_string()).unwrap();
+    assert_eq!(open(&mapped).unwrap().len(), 23);
+    state["_indices_data_files"] = json!([{ "filename": "indices.arrow" }]);
+    std::fs::write(&state_path, state.to_string()).unwrap();
+    let message = open(&mapped).unwrap_err().to_string();
+    assert!(
+        message.contains("indices.arrow") && message.contains("flatten_indices()"),
+        "{message}"
+    );
+
     // A ClassLabel feature on a text column, as the label column.
     let wrong = dir.path().join("wrong");
     write_fixture(&wrong, None);

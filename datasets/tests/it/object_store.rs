@@ -441,6 +441,26 @@ fn a_thousand_shards_open_from_their_index_and_read_through_a_cache_of_a_tenth()
     assert!(stats.bytes_fetched < uploaded + uploaded / 10, "{stats:?}");
 }
 
+/// An index object that cannot be decoded (damaged, or over the size an index may take) is no
+/// reason the set cannot open: its shards are scanned, as without one.
+#[test]
+fn a_set_whose_index_object_is_unreadable_opens_by_scanning_its_shards() {
+    let dir = tempfile::tempdir().unwrap();
+    let local_dir = byte_shards(dir.path(), 3, 2, 1_000);
+    let local = TarShards::open_with_cache_dir(&local_dir, None).unwrap();
+    let server = S3Server::start(&dir.path().join("server"));
+    upload(&server, &local_dir, "damaged");
+    let index = server
+        .bucket_dir(BUCKET)
+        .join("damaged")
+        .join(stoker_datasets::TAR_INDEX_OBJECT);
+    std::fs::write(&index, b"not an index").unwrap();
+    let cache = Arc::new(ObjectCache::new(options(&server, &dir.path().join("cache"))).unwrap());
+    let remote = TarShards::open_remote("s3://data/damaged", cache).unwrap();
+    assert_eq!(remote.index_stats().built, 3);
+    assert_same_samples(&remote, &local);
+}
+
 #[test]
 fn a_shard_larger_than_the_cache_is_scanned_as_a_stream_of_windows() {
     // One 9.6 MB shard of 32 members of 300 KB, no index object; a cache capped at 1 MiB,

@@ -48,6 +48,9 @@ fn patterns_ranges_and_lists_select_the_objects_a_local_pattern_would() {
     put(&server, &local, "ws", &all);
     put(&server, &local, "deep/a/b", &all[..2]);
     put(&server, &local, "deep/c", &all[2..3]);
+    // A key that sorts before `deep/a/...` by its bytes (`-` is below `/`), as a local path does,
+    // and after it by path components.
+    put(&server, &local, "deep", &[(all[3].0, "a-1.tar")]);
     let cache = cache(&server, &dir.path().join("cache"));
     // The index object `stoker index` writes: named shards take their entries from it.
     stoker_datasets::write_tar_index("s3://data/ws", &cache).unwrap();
@@ -121,14 +124,15 @@ fn patterns_ranges_and_lists_select_the_objects_a_local_pattern_would() {
     assert_eq!(
         uris(&deep),
         [
+            "s3://data/deep/a-1.tar",
             "s3://data/deep/a/b/shard-00000.tar",
             "s3://data/deep/a/b/shard-00001.tar",
             "s3://data/deep/c/shard-00002.tar"
         ]
     );
     let remote = TarShards::open_remote_files(deep, Arc::clone(&cache)).unwrap();
-    assert_eq!(remote.len(), 9);
-    assert_eq!(remote.index_stats().built, 3, "no index object: scanned");
+    assert_eq!(remote.len(), 12);
+    assert_eq!(remote.index_stats().built, 4, "no index object: scanned");
 }
 
 #[test]
