@@ -28,6 +28,9 @@ use stoker_proto::v1::Dtype;
 pub struct ReleaseFences {
     pub cuda: Arc<Cuda>,
     pub streams: Option<Py<PyAny>>,
+    /// The process the batch was handed out in: a process forked from it (a checkpoint writer)
+    /// has no driver context nor fence thread of its own, and lets its copy go unfenced.
+    pub pid: u32,
 }
 
 /// What a loader's page-locked buffers are let go with before its pool has chosen the device
@@ -46,6 +49,7 @@ impl PinnedRelease {
         Some(Arc::new(ReleaseFences {
             cuda: Arc::clone(self.pinning.opened()?),
             streams: self.streams.as_ref().map(|s| s.clone_ref(py)),
+            pid: std::process::id(),
         }))
     }
 }
@@ -160,6 +164,11 @@ impl Drop for Buffer {
         let Some(release) = self.release.take() else {
             return;
         };
+        if release.pid != std::process::id() {
+            // A forked process's copy: its slot stays the parent's (the pool does nothing with
+            // it here either).
+            return;
+        }
         let data = std::mem::take(&mut self.data);
         let mut fences = std::mem::take(self.fences.get_mut().unwrap_or_else(|p| p.into_inner()));
         let mut sweeps = Vec::new();

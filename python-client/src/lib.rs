@@ -37,6 +37,13 @@ fn cuda_unavailable(py: Python<'_>, ordinal: usize) -> Option<String> {
     })
 }
 
+/// The threads `num_threads=None` gives where no launcher splits the node: one per CPU this
+/// process may run on (its affinity and cgroup quota), as the embedded loader counts them.
+#[pyfunction]
+fn available_threads() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| n.get())
+}
+
 /// Whether the CUDA driver's library can be loaded (checks nothing else; starts nothing).
 #[pyfunction]
 fn cuda_driver_present() -> bool {
@@ -157,6 +164,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<image_pipeline::ImagePipeline>()?;
     m.add_function(wrap_pyfunction!(make_dataset, m)?)?;
     m.add_function(wrap_pyfunction!(cuda_unavailable, m)?)?;
+    m.add_function(wrap_pyfunction!(available_threads, m)?)?;
     m.add_function(wrap_pyfunction!(cuda_driver_present, m)?)?;
     m.add_function(wrap_pyfunction!(cuda_active_devices, m)?)?;
     m.add_function(wrap_pyfunction!(cuda_watch_streams, m)?)?;

@@ -132,6 +132,22 @@ def test_the_order_is_the_native_loaders_for_the_same_seed(tmp_path) -> None:
             assert epoch_of(native)[0] == epoch_of(wrapped)[0]
 
 
+def test_threads_default_to_the_cpus_available_as_the_native_loaders_do(
+    monkeypatch: pytest.MonkeyPatch, dataset: Path
+) -> None:
+    """``num_threads=None`` gives a Python dataset the threads it gives the native loader: one
+    per CPU this process may run on (it used to give one thread, whatever the machine)."""
+    monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
+    cpus = stoker._native.available_threads()
+    assert 1 <= cpus <= (os.cpu_count() or 1)
+    native = stoker.Loader(dataset, batch_size=4, output="numpy", pipeline=stoker.vision.imagenet_eval(32))
+    wrapped = stoker.Loader.from_dataset(Squares(40), batch_size=4, output="numpy")
+    with native, wrapped:
+        assert wrapped.num_threads == native.num_threads == cpus
+        assert wrapped.stats()["thread_rule"] == native.stats()["thread_rule"]
+        assert sum(1 for _ in wrapped) == 10
+
+
 def test_resume_mid_epoch_is_exact() -> None:
     settings = dict(batch_size=4, shuffle=True, seed=5, output="numpy", num_threads=2)
     with stoker.Loader.from_dataset(Squares(30), **settings) as full:
@@ -525,6 +541,55 @@ def test_a_forked_child_that_exits_leaves_the_parents_worker_processes_alone() -
     assert done.returncode == 0, done.stderr
     assert "alive True same True rest 9" in done.stdout, (done.stdout, done.stderr)
     assert "replaced" not in done.stderr, done.stderr
+
+
+_A_CHILD_DROPS_ITS_COPY_OF_A_BATCH = """
+import gc, os, sys
+import numpy as np
+import stoker
+
+class Squares:
+    def __len__(self):
+        return 40
+    def __getitem__(self, i):
+        return np.arange(1024, dtype=np.float32) + i + 1, i
+
+def fork_a_writer(how, batch):
+    child = os.fork()
+    if child == 0:
+        if how == "exit":
+            sys.exit(0)  # unwinds this frame and the loop's: the child's copies of batch drop
+        del batch
+        gc.collect()
+        os._exit(0)
+    os.waitpid(child, 0)
+
+loader = stoker.Loader.from_dataset(Squares(), batch_size=4, num_workers=2, output="numpy",
+                                    multiprocessing_context="fork", timeout=30)
+for how in ["exit", "del"]:
+    for step, batch in enumerate(loader):
+        if step == 1:
+            before = batch[0].copy()
+            fork_a_writer(how, batch)
+            print(how, "intact", bool(np.array_equal(batch[0], before)))
+loader.close()
+"""
+
+
+def test_a_forked_child_dropping_its_copy_of_a_batch_leaves_the_parents_batch_intact() -> None:
+    """A child made by os.fork() that drops its copy of a batch (exiting through sys.exit, or
+    deleting it) leaves the parent's batch as it was: the batch's slot lies in memory shared
+    with the worker processes, and the child's drop used to release its pages (the parent's
+    batch then read as zeros)."""
+    done = subprocess.run(
+        [sys.executable, "-c", _A_CHILD_DROPS_ITS_COPY_OF_A_BATCH],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "exit intact True" in done.stdout, (done.stdout, done.stderr)
+    assert "del intact True" in done.stdout, (done.stdout, done.stderr)
 
 
 _PARENT_KILLED_MID_SAMPLE = """

@@ -275,6 +275,8 @@ class FromDataset:
                 raise ValueError("multiprocessing_context applies to num_workers >= 1 only")
             if num_threads is None:
                 lanes, rule = default_threads()
+                # 0: every CPU available, as the embedded loader counts them.
+                lanes = lanes or _native.available_threads()
             else:
                 lanes, rule = check_int(num_threads, "num_threads", 1, 4096), "num_threads"
             waiting_on = f"on {lanes} dataset threads"

@@ -444,6 +444,9 @@ def cuda_unavailable(ordinal: int) -> str | None:
     """None when CUDA device ``ordinal`` is there to page-lock memory (starts no context),
     else what is missing."""
 
+def available_threads() -> int:
+    """One per CPU this process may run on (affinity and cgroup quota)."""
+
 def cuda_driver_present() -> bool:
     """Whether the CUDA driver's library can be loaded (starts nothing)."""
 

@@ -50,6 +50,8 @@ pub struct SlotPool {
     beside: OnceLock<Option<Arc<SlotPool>>>,
     state: Mutex<PoolState>,
     released: Condvar,
+    /// The process that made the pool; see [`SlotPool::give_back`].
+    owner: u32,
 }
 
 /// Where a shared pool's slots are, for another process to map them
@@ -83,6 +85,7 @@ impl SlotPool {
             beside: OnceLock::new(),
             state: Mutex::new(PoolState::default()),
             released: Condvar::new(),
+            owner: std::process::id(),
         })
     }
 
@@ -102,6 +105,7 @@ impl SlotPool {
             beside: OnceLock::new(),
             state: Mutex::new(PoolState::default()),
             released: Condvar::new(),
+            owner: std::process::id(),
         }))
     }
 
@@ -145,6 +149,7 @@ impl SlotPool {
             beside: OnceLock::new(),
             state: Mutex::new(PoolState::default()),
             released: Condvar::new(),
+            owner: std::process::id(),
         }))
     }
 
@@ -331,6 +336,14 @@ impl SlotPool {
     }
 
     fn give_back(&self, buffer: Buffer) {
+        if std::process::id() != self.owner {
+            // A process forked from the pool's (a checkpoint writer, a helper) let go of its
+            // copy of a batch: the slot is still the parent's, its pages shared with it (a
+            // `memfd`) or locked by it, and a thread of the parent may have held the pool's
+            // lock at the fork. So nothing is punched, locked or returned here: the child's
+            // copy of the buffer goes with it.
+            return;
+        }
         let locked = |index: usize| {
             self.pinning
                 .as_ref()
@@ -384,6 +397,10 @@ impl Drop for SlotPool {
         let Some(pinning) = &self.pinning else {
             return;
         };
+        if std::process::id() != self.owner {
+            // The parent's pages, locked through the parent's driver context (see `give_back`).
+            return;
+        }
         let status = pinning
             .slots
             .lock()
@@ -542,6 +559,40 @@ mod tests {
         assert_eq!(d.shared_offset(), Some(2 * 4096));
         assert!(pool.try_take(10).is_none(), "capacity is 3");
         assert!(SlotPool::new(8, 1).shared_memory().is_none());
+    }
+
+    /// A process forked from the pool's (a checkpoint writer) that drops its copy of a batch
+    /// leaves the parent's slot as it is: its shared pages keep the batch, and the slot is not
+    /// handed out again in the parent until the parent drops it.
+    #[test]
+    fn a_forked_process_dropping_its_copy_of_a_batch_leaves_the_parents_slot_alone() {
+        let pool = SlotPool::shared(4096, 2).unwrap();
+        let mut slot = pool.try_take(4096).unwrap();
+        slot.as_mut_slice().fill(7);
+        let batch = slot.into_bytes();
+        // SAFETY: the child only drops the batch (a process id check and, before the fix,
+        // a punch and the pool's lock, which no other thread of this test holds) and exits.
+        let child = unsafe { libc::fork() };
+        assert!(child >= 0, "fork: {}", std::io::Error::last_os_error());
+        if child == 0 {
+            drop(batch);
+            // SAFETY: ends the child without running the test harness's exit path.
+            unsafe { libc::_exit(0) };
+        }
+        let mut status = 0;
+        // SAFETY: waits for the child made above.
+        assert_eq!(unsafe { libc::waitpid(child, &mut status, 0) }, child);
+        assert!(libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0);
+        assert!(
+            batch.iter().all(|&x| x == 7),
+            "the child's drop released the parent's pages"
+        );
+        // The parent's slot is still out: the other one comes next, then none.
+        let other = pool.try_take(10).unwrap();
+        assert_eq!(other.shared_offset(), Some(4096));
+        assert!(pool.try_take(10).is_none());
+        drop(batch);
+        assert_eq!(pool.try_take(10).unwrap().shared_offset(), Some(0));
     }
 
     /// Held by the tests that reserve parts of the process's pinned budget, so one's
