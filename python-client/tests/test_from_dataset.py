@@ -140,7 +140,8 @@ def test_threads_default_to_the_cpus_available_as_the_native_loaders_do(
     monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
     cpus = stoker._native.available_threads()
     assert 1 <= cpus <= (os.cpu_count() or 1)
-    native = stoker.Loader(dataset, batch_size=4, output="numpy", pipeline=stoker.vision.imagenet_eval(32))
+    eval_recipe = stoker.vision.imagenet_eval(32)
+    native = stoker.Loader(dataset, batch_size=4, output="numpy", pipeline=eval_recipe)
     wrapped = stoker.Loader.from_dataset(Squares(40), batch_size=4, output="numpy")
     with native, wrapped:
         assert wrapped.num_threads == native.num_threads == cpus
