@@ -508,6 +508,41 @@ async fn session_stream(
     })
 }
 
+/// A stop ends the service within its grace though a client keeps its session's update stream
+/// (and so its connection) open, as every live client does: the connections left are closed
+/// and the journal flushed. Before, the server waited for them to end, which they never did.
+#[tokio::test]
+async fn a_stop_ends_the_service_within_its_grace_though_a_client_keeps_its_stream_open(
+) -> TestResult {
+    let network = MemoryNetwork::new();
+    let state = tempfile::tempdir()?;
+    let service = CoordinatorService::open(state.path(), service_config(&network, Vec::new())?)?;
+    start_data_server(&network, Vec::new())?;
+    let (stop, stopped) = oneshot::channel::<()>();
+    let serving = tokio::spawn(service.serve_incoming(network.listen(COORDINATOR), async {
+        let _ = stopped.await;
+    }));
+    let mut client = coordinator(&network, None);
+    let mut stream = session_stream(&mut client).await?;
+    let session = stream.opened.session.ok_or("a session without a token")?;
+    stream.requests.send(SessionUpdateRequest {
+        session: Some(session),
+        grant_credits: 1,
+        ..SessionUpdateRequest::default()
+    })?;
+    stream.answers.message().await?.ok_or("the stream ended")?;
+    stop.send(())
+        .map_err(|()| "the coordinator already stopped")?;
+    let started = tokio::time::Instant::now();
+    let ended = tokio::time::timeout(crate::service::SHUTDOWN_GRACE * 3, serving)
+        .await
+        .map_err(|_| "the coordinator still serves its client's open stream")?;
+    ended??;
+    assert!(started.elapsed() >= crate::service::SHUTDOWN_GRACE / 2);
+    drop(stream);
+    Ok(())
+}
+
 #[tokio::test]
 async fn updates_on_the_session_stream_are_answered_in_turn_listing_workers_only_when_changed(
 ) -> TestResult {

@@ -234,3 +234,66 @@ fn a_worker_whose_client_takes_nothing_still_leaves_within_its_drain_timeout() {
         assert!(!log.contains(late), "the drain finished in time: {log}");
     }
 }
+
+/// A coordinator sent SIGTERM while a client keeps its session's update stream open (every live
+/// client does, for as long as its session lasts) still exits 0 soon: it closes the connections
+/// left after its 5 s grace and writes its journal. Before, it waited for them for good.
+#[test]
+fn a_coordinator_sent_sigterm_exits_though_a_client_keeps_its_session_stream_open() {
+    let (dir, data) = common::images_in_tempdir(16);
+    let mut coordinator = Daemon::coordinator(&dir.path().join("state"), "127.0.0.1:0");
+    // The worker describes the job; the client's stream is what stays open.
+    let _worker = Daemon::worker(&coordinator.address, dir.path());
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let (requests, stream) = runtime.block_on(async {
+        let mut client = common::coordinator_client(&coordinator.address).await;
+        let job_id = client
+            .register_job(RegisterJobRequest {
+                spec: Some(common::train_spec(&data, 4)),
+                weight: 0,
+            })
+            .await
+            .unwrap()
+            .into_inner()
+            .job_id;
+        let session = client
+            .open_session(OpenSessionRequest {
+                job_id,
+                ..OpenSessionRequest::default()
+            })
+            .await
+            .unwrap()
+            .into_inner()
+            .session;
+        let (requests, updates) = tokio::sync::mpsc::unbounded_channel();
+        requests
+            .send(SessionUpdateRequest {
+                session,
+                grant_credits: 1,
+                ..SessionUpdateRequest::default()
+            })
+            .unwrap();
+        let mut stream = client
+            .update_session_stream(tokio_stream::wrappers::UnboundedReceiverStream::new(
+                updates,
+            ))
+            .await
+            .unwrap()
+            .into_inner();
+        stream
+            .message()
+            .await
+            .unwrap()
+            .expect("the update is answered");
+        (requests, stream)
+    });
+    coordinator.terminate();
+    let status = coordinator
+        .wait_exit(Duration::from_secs(15))
+        .expect("the coordinator exits within its grace and its journal's write");
+    assert!(status.success(), "it exits 0: {status:?}");
+    drop((requests, stream));
+}

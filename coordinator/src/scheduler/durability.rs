@@ -99,6 +99,16 @@ impl Coordinator {
         Ok(())
     }
 
+    /// The opening `session` is in: 0 when first opened, one more at each reopen (the
+    /// session's leases before it are stale).
+    pub fn session_opening(&self, session: SessionId) -> CoordinatorResult<u32> {
+        let index = open_key(&self.sessions, self.next_session, session)?;
+        self.sessions
+            .get(&index)
+            .map(|entry| entry.incarnation)
+            .ok_or(CoordinatorError::UnknownSession(session))
+    }
+
     /// The acknowledged position of a session: every step below it was received.
     pub fn acknowledged_position(&self, session: SessionId) -> CoordinatorResult<Step> {
         let index = open_key(&self.sessions, self.next_session, session)?;

@@ -75,11 +75,12 @@ impl Coordinator {
                 incarnation: session.incarnation,
                 step,
             };
-            let session_id = session.id;
+            let (session_id, opening) = (session.id, session.incarnation);
             let lease_id = self.alloc_slot(entry);
             out.push(Lease {
                 task,
                 session: session_id,
+                opening,
                 lease_id,
                 deadline,
             });

@@ -479,11 +479,18 @@ fn reopened_session_redoes_unacknowledged_steps() {
     let t0 = Instant::now();
     let (mut c, job, s, w) = one_session(10, 4, t0);
     let old = c.lease(w, 4, t0).unwrap();
+    assert!(old.iter().all(|lease| lease.opening == 0));
+    assert_eq!(c.session_opening(s).unwrap(), 0);
     c.acknowledge(s, Step(0)).unwrap();
     assert_eq!(c.open_session(job, 0, 0, Step(0)).unwrap(), s);
+    // The same session, in its next opening: its leases say so (their batches go on the
+    // reopened session's streams, not on one opened before).
+    assert_eq!(c.session_opening(s).unwrap(), 1);
     assert_eq!(c.complete(w, old[1].lease_id).unwrap(), LeaseOutcome::Stale);
     c.grant_credits(s, 2).unwrap();
-    let steps: Vec<u64> = lease_steps(&mut c, w, 4, t0);
+    let new = c.lease(w, 4, t0).unwrap();
+    assert!(new.iter().all(|lease| lease.opening == 1));
+    let steps: Vec<u64> = new.iter().map(|lease| lease.task.step.0).collect();
     assert_eq!(steps, [1, 2]);
 }
 

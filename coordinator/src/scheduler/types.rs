@@ -54,6 +54,8 @@ pub struct Lease {
     pub task: TaskKey,
     /// The session (client stream) to send it to.
     pub session: SessionId,
+    /// The session's opening this lease was made in (bumped by each reopen).
+    pub opening: u32,
     /// What the worker quotes when it reports completion or failure.
     pub lease_id: LeaseId,
     /// When the lease dies unless the worker heartbeats before (heartbeats extend it).

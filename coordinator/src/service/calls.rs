@@ -40,6 +40,7 @@ fn task_lease(lease: &Lease, incarnation: u64) -> TaskLease {
         session: Some(SessionToken {
             incarnation,
             session_id: lease.session.0,
+            opening: lease.opening,
         }),
     }
 }
@@ -247,6 +248,10 @@ impl coordinator_server::Coordinator for CoordinatorService {
             .core
             .acknowledged_position(session)
             .map_err(coordinator_status)?;
+        let opening = state
+            .core
+            .session_opening(session)
+            .map_err(coordinator_status)?;
         let steps_per_epoch = state
             .core
             .steps_per_epoch(job)
@@ -271,7 +276,7 @@ impl coordinator_server::Coordinator for CoordinatorService {
             "session opened"
         );
         Ok(Response::new(OpenSessionResponse {
-            session: Some(self.token(session)),
+            session: Some(self.token(session, opening)),
             acknowledged_position: position.0,
             steps_per_epoch,
             workers,

@@ -301,7 +301,7 @@ impl CoordinatorService {
     ) -> Result<(), tonic::transport::Error>
     where
         IO: stoker_rpc::network::Connection,
-        E: Into<Box<dyn std::error::Error + Send + Sync>>,
+        E: Into<Box<dyn std::error::Error + Send + Sync>> + 'static,
     {
         let timers = tokio::spawn(self.clone().run_timers());
         let (stop_flushes, flushes_stopped) = tokio::sync::oneshot::channel::<()>();
@@ -313,10 +313,36 @@ impl CoordinatorService {
             server,
             self.config.server_security.check(),
         );
-        let result = transport::server()
-            .add_service(server)
-            .serve_with_incoming_shutdown(incoming, shutdown)
-            .await;
+        // The server stops taking connections once told to, and then waits for the open ones
+        // to end, which a client's update stream never does: past SHUTDOWN_GRACE they are
+        // closed, so the journal's last positions go and the process ends.
+        let (told, told_to_stop) = tokio::sync::oneshot::channel::<()>();
+        let shutdown = async move {
+            shutdown.await;
+            let _ = told.send(());
+        };
+        let mut serving = tokio::spawn(
+            transport::server()
+                .add_service(server)
+                .serve_with_incoming_shutdown(incoming, shutdown),
+        );
+        let ended = tokio::select! {
+            ended = &mut serving => Some(ended),
+            _ = told_to_stop => tokio::time::timeout(SHUTDOWN_GRACE, &mut serving).await.ok(),
+        };
+        let result = match ended {
+            Some(Ok(result)) => result,
+            Some(Err(join)) if join.is_panic() => std::panic::resume_unwind(join.into_panic()),
+            Some(Err(_)) => Ok(()),
+            None => {
+                tracing::warn!(
+                    waited = ?SHUTDOWN_GRACE,
+                    "client connections still open after the stop; closing them"
+                );
+                serving.abort();
+                Ok(())
+            }
+        };
         timers.abort();
         // The write in flight finishes, then the last positions go, within the deadline.
         let _ = stop_flushes.send(());
@@ -350,10 +376,11 @@ impl CoordinatorService {
         Ok(token.session_id)
     }
 
-    fn token(&self, session: SessionId) -> SessionToken {
+    fn token(&self, session: SessionId, opening: u32) -> SessionToken {
         SessionToken {
             incarnation: self.incarnation,
             session_id: session.0,
+            opening,
         }
     }
 
@@ -368,6 +395,10 @@ impl CoordinatorService {
             .collect()
     }
 }
+
+/// How long a stopping coordinator waits for its clients' and workers' connections to end
+/// before it closes them (a client's update stream lasts as long as its session).
+pub(crate) const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
 
 /// How long a stopping coordinator waits for its journal's last write.
 const SHUTDOWN_FLUSH_WAIT: Duration = Duration::from_secs(10);

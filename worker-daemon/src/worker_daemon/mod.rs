@@ -34,7 +34,7 @@ use std::time::{Duration, Instant};
 use stoker_datasets::SampleSource;
 use stoker_proto::v1::worker_data_server;
 use stoker_proto::v1::{
-    DescribeJobRequest, DescribeJobResponse, JobSpec, SubscribeRequest, TaskLease,
+    DescribeJobRequest, DescribeJobResponse, JobSpec, SessionToken, SubscribeRequest, TaskLease,
 };
 use tokio::sync::{mpsc, watch, Notify};
 use tonic::service::interceptor::InterceptedService;
@@ -115,11 +115,32 @@ pub struct WorkerConfig {
     pub job_idle: Duration,
 }
 
-type Key = (u64, u64);
+/// A client stream's session: the coordinator's incarnation, the session's id and its opening
+/// (a reopened session's streams are new ones).
+type Key = (u64, u64, u32);
+
+/// The stream key of the session `token` names.
+fn key_of(token: &SessionToken) -> Key {
+    (token.incarnation, token.session_id, token.opening)
+}
 
 struct Subscription {
     sender: mpsc::Sender<client_stream::Item>,
     stalled: client_stream::StallMark,
+}
+
+/// How long a session whose stream closed is remembered as gone, so its deliveries come back
+/// unclaimed at once instead of waiting for a stream (see [`Shared::subscription`]). Past the
+/// coordinator's session timeout its tasks are leased no more; forgotten earlier, a delivery
+/// only waits as for a stream not yet opened.
+const GONE_KEPT: Duration = Duration::from_secs(600);
+
+/// The clients' streams: open ones by session, and when the sessions whose stream closed were
+/// first seen so.
+#[derive(Default)]
+struct Subscriptions {
+    open: HashMap<Key, Subscription>,
+    gone: HashMap<Key, Instant>,
 }
 
 struct JobEntry {
@@ -134,7 +155,7 @@ struct JobEntry {
 
 struct Shared {
     roots: Vec<PathBuf>,
-    subscriptions: Mutex<HashMap<Key, Subscription>>,
+    subscriptions: Mutex<Subscriptions>,
     subscribed: Notify,
     /// By (the coordinator's place in the address list, job id): two coordinators' job ids
     /// may coincide.
@@ -309,21 +330,27 @@ impl Shared {
 
     /// Forgets the stream of `key`, which stalled, if it is still `sender`'s (the client may
     /// have opened a new one meanwhile): once the clones in flight are gone, the stream ends,
-    /// saying it stalled. Whether it did.
+    /// saying it stalled, and the session's deliveries of this opening come back unclaimed at
+    /// once. Whether it did.
     fn end_subscription(&self, key: Key, sender: &mpsc::Sender<client_stream::Item>) -> bool {
         let mut subscriptions = lock(&self.subscriptions);
         let ours = subscriptions
+            .open
             .get(&key)
             .is_some_and(|sub| sub.sender.same_channel(sender));
         if ours {
-            if let Some(sub) = subscriptions.remove(&key) {
+            if let Some(sub) = subscriptions.open.remove(&key) {
                 sub.stalled.set();
             }
+            // Its client opens the session again (a new opening, a new stream): what is still
+            // to be delivered on this one is stale.
+            subscriptions.gone.insert(key, Instant::now());
         }
         ours
     }
 
-    /// Waits until the client of `key` has opened its stream, up to `wait`.
+    /// Waits until the client of `key` has opened its stream, up to `wait`; `None` at once when
+    /// the stream it opened has closed.
     async fn subscription(
         &self,
         key: Key,
@@ -334,9 +361,19 @@ impl Shared {
             let notified = self.subscribed.notified();
             tokio::pin!(notified);
             notified.as_mut().enable();
-            if let Some(sub) = lock(&self.subscriptions).get(&key) {
-                if !sub.sender.is_closed() {
-                    return Some(sub.sender.clone());
+            {
+                let subscriptions = lock(&self.subscriptions);
+                let closed = match subscriptions.open.get(&key) {
+                    Some(sub) if !sub.sender.is_closed() => return Some(sub.sender.clone()),
+                    Some(_) => true,
+                    None => subscriptions.gone.contains_key(&key),
+                };
+                if closed {
+                    // The client's stream is gone: its process died, or it lost the stream and
+                    // opens its session again, which grants the step again (this lease is then
+                    // stale). Waiting would hold one of the worker's delivery permits, which
+                    // other jobs' batches wait for, for nothing.
+                    return None;
                 }
             }
             if tokio::time::timeout_at(deadline, notified).await.is_err() {
@@ -393,15 +430,25 @@ impl worker_data_server::WorkerData for DataService {
             .session
             .ok_or_else(|| Status::invalid_argument("session token is missing"))?;
         let (sender, stream, watch, stalled) = client_stream::client_stream(STREAM_QUEUE);
-        let key = (token.incarnation, token.session_id);
+        let key = key_of(&token);
         {
             let mut subscriptions = lock(&self.shared.subscriptions);
             // Checked under the lock the drain clears the streams under: none slips past it.
             if self.shared.closing.load(Ordering::Acquire) {
                 return Err(Status::unavailable("this worker is stopping"));
             }
-            subscriptions.retain(|_, sub| !sub.sender.is_closed());
-            subscriptions.insert(key, Subscription { sender, stalled });
+            let now = Instant::now();
+            let Subscriptions { open, gone } = &mut *subscriptions;
+            open.retain(|key, sub| {
+                let closed = sub.sender.is_closed();
+                if closed {
+                    gone.insert(*key, now);
+                }
+                !closed
+            });
+            gone.retain(|_, since| now.duration_since(*since) < GONE_KEPT);
+            gone.remove(&key);
+            open.insert(key, Subscription { sender, stalled });
         }
         self.shared.subscribed.notify_waiters();
         tracing::debug!(
@@ -476,7 +523,7 @@ where
         .map_err(|e| Error::Threads(e.to_string()))?;
     let shared = Arc::new(Shared {
         roots: canonical_roots(&config.data_roots)?,
-        subscriptions: Mutex::new(HashMap::new()),
+        subscriptions: Mutex::new(Subscriptions::default()),
         subscribed: Notify::new(),
         jobs: Mutex::new(HashMap::new()),
         pool,
@@ -539,7 +586,7 @@ where
     {
         let mut subscriptions = lock(&shared.subscriptions);
         shared.closing.store(true, Ordering::Release);
-        subscriptions.clear();
+        subscriptions.open.clear();
     }
     let _ = stop_server.send(());
     match tokio::time::timeout_at(deadline, &mut server).await {

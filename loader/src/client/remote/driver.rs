@@ -431,7 +431,7 @@ impl Driver {
                         open_streams.insert(worker);
                         self.unserved_since = None;
                     }
-                    Some(Arrival::Batch { incarnation, batch: landed, received }) => {
+                    Some(Arrival::Batch { session, batch: landed, received }) => {
                         let batch = &landed.wire.batch;
                         let step = batch.step;
                         if batch.epoch != self.epoch || batch.rank != self.rank || step >= self.steps {
@@ -444,7 +444,9 @@ impl Driver {
                             landed.give_back(&self.free_slots);
                             continue;
                         }
-                        if incarnation == token.incarnation {
+                        // A batch sent on a stream of an earlier opening of the session spent
+                        // none of this opening's credits.
+                        if session == token {
                             outstanding = outstanding.saturating_sub(1);
                         }
                         progress_at = Instant::now();
