@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import math
 import types
 from collections.abc import Callable
@@ -269,8 +270,43 @@ def test_an_iterator_started_again_before_its_first_batch_keeps_the_resume_step(
         return {name: np.array(value, copy=True) for name, value in next(iter(loader)).items()}
 
     assert_same_batches([first(loader)], plain[2:3])
-    # Once a batch was handed out the resume is used: a new iteration starts the epoch over.
-    assert_same_batches([first(loader)], plain[:1])
+    # Once a batch was handed out the resume is used: a new iteration goes on at the next.
+    assert_same_batches([first(loader)], plain[3:4])
+
+
+def test_passes_left_early_go_on_through_the_epoch_where_a_state_would_resume(
+    make_loader: Callable[..., stoker.Loader],
+) -> None:
+    """Loops left after a few batches (islice, a break, Lightning's limit_train_batches) each
+    take up the epoch at the next batch, as a loader loaded with the state saved between them
+    does; the epoch then ends and the next starts. Before, each pass started the epoch over:
+    the same first batches every pass, and a checkpoint resumed elsewhere than the run went."""
+    plain = make_loader(batch_size=8)
+    epochs = [epoch_batches(plain), epoch_batches(plain)]
+    steps = len(epochs[0])
+    assert steps >= 6
+    loader = make_loader(batch_size=8)
+
+    def take(loader: stoker.Loader, count: int) -> list[dict[str, np.ndarray]]:
+        return [
+            {name: np.array(value, copy=True) for name, value in batch.items()}
+            for batch in itertools.islice(loader, count)
+        ]
+
+    assert_same_batches(take(loader, 2), epochs[0][:2])
+    state = loader.state_dict()
+    assert (state["epoch"], state["step"]) == (0, 2)
+    assert_same_batches(take(loader, 3), epochs[0][2:5])
+    resumed = make_loader(batch_size=8)
+    resumed.load_state_dict(state)
+    assert_same_batches(take(resumed, 3), epochs[0][2:5])
+    # The rest of the epoch, then the next one from its first batch.
+    assert_same_batches(epoch_batches(loader), epochs[0][5:])
+    assert loader.state_dict()["epoch"] == 1
+    assert_same_batches(take(loader, 1), epochs[1][:1])
+    # set_epoch starts an epoch from its first batch.
+    loader.set_epoch(1)
+    assert_same_batches(take(loader, 2), epochs[1][:2])
 
 
 def test_a_state_without_a_shuffle_window_still_loads(

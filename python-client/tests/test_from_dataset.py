@@ -593,6 +593,43 @@ def test_a_forked_child_dropping_its_copy_of_a_batch_leaves_the_parents_batch_in
     assert "del intact True" in done.stdout, (done.stdout, done.stderr)
 
 
+_EXITS_WITHOUT_CLOSING = """
+import sys, time
+import numpy as np
+import stoker
+
+class Slow:
+    def __len__(self):
+        return 64
+    def __getitem__(self, i):
+        time.sleep(0.05)
+        return np.full((4,), i, dtype=np.int64)
+
+if __name__ == "__main__":
+    loader = stoker.Loader.from_dataset(Slow(), batch_size=4, num_workers=2, output="numpy",
+                                        prefetch=4, multiprocessing_context=sys.argv[1])
+    next(iter(loader))
+    print("exiting without close", flush=True)
+"""
+
+
+@pytest.mark.parametrize("method", ["fork", "spawn"])
+def test_a_script_that_exits_without_closing_stops_its_workers_without_replacing_them(
+    method: str, tmp_path: Path
+) -> None:
+    """A script that ends with a loader still open (no close(), work in flight) closes it at
+    exit before multiprocessing's exit handler SIGTERMs the worker processes: no worker is taken
+    for dead and replaced while the interpreter exits."""
+    script = tmp_path / "exits.py"  # a file: spawned workers import the dataset's class
+    script.write_text(_EXITS_WITHOUT_CLOSING)
+    done = subprocess.run(
+        [sys.executable, str(script), method], capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+    assert "exiting without close" in done.stdout, (done.stdout, done.stderr)
+    assert "replaced" not in done.stderr, done.stderr
+
+
 _PARENT_KILLED_MID_SAMPLE = """
 import sys, time
 import numpy as np

@@ -20,6 +20,12 @@ A batch comes back with the sample's structure, each leaf stacked (``(n, *shape)
 from __future__ import annotations
 
 import atexit
+
+# Imported before `_close_at_exit` is registered below: exit handlers run newest first, so the
+# loaders close (and stop their worker processes) before multiprocessing's own handler, which
+# SIGTERMs every daemonic child, would end the workers under them (whose lanes would then
+# start replacements while the interpreter exits).
+import multiprocessing.util  # noqa: F401
 import os
 import weakref
 from collections.abc import Callable, Iterable

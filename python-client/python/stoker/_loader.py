@@ -56,8 +56,11 @@ class Loader(FromDataset, SavedState):
     ``"position_ids"`` and ``"document_ids"``, int32 ``(B, seq_len)``; for Parquet numeric
     columns (``[ops.SelectColumns(names)]``) one ``(B,)`` array per column, named like it, and
     ``"label"``. The tensors are views
-    of the loader's batch slots, not copies. Iterating again runs the next
-    epoch, reshuffled. Argument names follow ``torch.utils.data.DataLoader`` where the meaning
+    of the loader's batch slots, not copies. Iterating again goes on from where the last
+    iteration stopped: after an epoch's last batch, the next epoch, reshuffled; after a loop
+    left early (a ``break``, ``islice``, Lightning's ``limit_train_batches``), the same epoch
+    from the next batch, where :meth:`state_dict` points; :meth:`set_epoch` starts an epoch
+    from its first batch. Argument names follow ``torch.utils.data.DataLoader`` where the meaning
     is the same; DataLoader-only arguments raise a ValueError naming the alternative.
 
     Example::
@@ -443,7 +446,8 @@ class Loader(FromDataset, SavedState):
         return self._handle().steps_in(self._position.epoch)
 
     def __iter__(self) -> BatchIterator:
-        """Starts the current epoch (at the resume step after :meth:`load_state_dict`).
+        """Goes on with the current epoch at its next batch (the resume step after
+        :meth:`load_state_dict`, the first after :meth:`set_epoch` or a finished epoch).
 
         Only the newest iterator is live: another, :meth:`set_epoch` or :meth:`load_state_dict`
         ends it. ValueError when a refused load let go of the resumed epoch to run.

@@ -97,14 +97,18 @@ class Position:
         if self.resized_epoch is not None and self.resized_epoch < self.epoch:
             # Past the resumed epoch its loader (and so its resizes) are done, natively too.
             self.resized_epoch, self.resizes, self.resized_lost = None, [], False
-        return self.epoch, self.resume_step if self.resume_step is not None else 0
+        # An iteration left early (a break, islice, Lightning's limit_train_batches) goes on at
+        # its next batch, where state_dict() points: starting the epoch over would hand out its
+        # first batches again, every pass, and a checkpoint taken meanwhile would resume
+        # elsewhere than the run goes on.
+        return self.epoch, self.resume_step if self.resume_step is not None else self.step
 
     def start(self) -> int:
-        """Starts an iterator over the current epoch, at the resume step or 0; returns the
-        step. The resume step holds until a batch is yielded or the epoch ends, so an iterator
-        started again before its first batch (a first ``next()`` interrupted or timed out)
-        starts there again rather than at 0."""
-        step = self.resume_step if self.resume_step is not None else 0
+        """Starts an iterator over the current epoch, at the resume step or the next batch
+        (0 once an epoch ended or ``set_epoch`` chose one); returns the step. The resume step
+        holds until a batch is yielded or the epoch ends, so an iterator started again before
+        its first batch (a first ``next()`` interrupted or timed out) starts there again."""
+        step = self.resume_step if self.resume_step is not None else self.step
         self.step = step
         self.generation += 1
         return step
