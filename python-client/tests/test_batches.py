@@ -277,7 +277,7 @@ def test_an_iterator_started_again_before_its_first_batch_keeps_the_resume_step(
 def test_passes_left_early_go_on_through_the_epoch_where_a_state_would_resume(
     make_loader: Callable[..., stoker.Loader],
 ) -> None:
-    """Loops left after a few batches (islice, a break, Lightning's limit_train_batches) each
+    """Loops left after a few batches (islice, a break, a fixed number of batches a pass) each
     take up the epoch at the next batch, as a loader loaded with the state saved between them
     does; the epoch then ends and the next starts. Before, each pass started the epoch over:
     the same first batches every pass, and a checkpoint resumed elsewhere than the run went."""

@@ -58,7 +58,7 @@ class Loader(FromDataset, SavedState):
     ``"label"``. The tensors are views
     of the loader's batch slots, not copies. Iterating again goes on from where the last
     iteration stopped: after an epoch's last batch, the next epoch, reshuffled; after a loop
-    left early (a ``break``, ``islice``, Lightning's ``limit_train_batches``), the same epoch
+    left early (a ``break``, ``islice``, a loop of a fixed number of batches), the same epoch
     from the next batch, where :meth:`state_dict` points; :meth:`set_epoch` starts an epoch
     from its first batch. Argument names follow ``torch.utils.data.DataLoader`` where the meaning
     is the same; DataLoader-only arguments raise a ValueError naming the alternative.

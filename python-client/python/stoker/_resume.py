@@ -97,10 +97,10 @@ class Position:
         if self.resized_epoch is not None and self.resized_epoch < self.epoch:
             # Past the resumed epoch its loader (and so its resizes) are done, natively too.
             self.resized_epoch, self.resizes, self.resized_lost = None, [], False
-        # An iteration left early (a break, islice, Lightning's limit_train_batches) goes on at
-        # its next batch, where state_dict() points: starting the epoch over would hand out its
-        # first batches again, every pass, and a checkpoint taken meanwhile would resume
-        # elsewhere than the run goes on.
+        # An iteration left early (a break, islice, a loop of a fixed number of batches) goes
+        # on at its next batch, where state_dict() points: starting the epoch over would hand
+        # out its first batches again, every pass, and a checkpoint taken meanwhile would
+        # resume elsewhere than the run goes on.
         return self.epoch, self.resume_step if self.resume_step is not None else self.step
 
     def start(self) -> int:
