@@ -25,7 +25,7 @@ use tonic::Code;
 
 use super::streams::{stream_worker, Arrival, Streams};
 use super::updates::{Due, Hold, Pending, Updates, ANSWER_AFTER_ACKS};
-use super::{client_stats, job_label, STREAM_RETRY};
+use super::{client_stats, job_label, STREAM_RETRY, UNREACHABLE_SAID_AFTER};
 use crate::client::landing::{lock, SlotQueue};
 use crate::client::slots::Slot;
 use crate::client::source::{Built, IdleClock};
@@ -291,6 +291,8 @@ impl Driver {
         // again: a worker may be listed before its address resolves or accepts (a new pod's
         // DNS name), or end a stream and stay listed.
         let mut retry_at: HashMap<u64, Instant> = HashMap::new();
+        // Listed workers whose stream has not opened: since when, and whether that was said.
+        let mut unreachable: HashMap<u64, (Instant, bool)> = HashMap::new();
         let subscribe_all = |workers: &[WorkerInfo],
                              streams: &mut Streams,
                              retry_at: &mut HashMap<u64, Instant>| {
@@ -430,6 +432,7 @@ impl Driver {
                     Some(Arrival::Opened { worker }) => {
                         open_streams.insert(worker);
                         self.unserved_since = None;
+                        unreachable.remove(&worker);
                     }
                     Some(Arrival::Batch { session, batch: landed, received }) => {
                         let batch = &landed.wire.batch;
@@ -497,6 +500,25 @@ impl Driver {
                         streams.0.remove(&worker);
                         retry_at.insert(worker, Instant::now() + STREAM_RETRY);
                         tracing::debug!(worker, %status, retry_in = ?STREAM_RETRY, "worker unreachable");
+                        // Said once: the coordinator still leases this client's steps to the
+                        // worker, and they come back only after its delivery timeout, their
+                        // credits spent (the stall watch then opens the session again).
+                        let (since, said) = unreachable.entry(worker).or_insert((Instant::now(), false));
+                        if !*said && since.elapsed() >= UNREACHABLE_SAID_AFTER {
+                            *said = true;
+                            let address = workers
+                                .iter()
+                                .find(|listed| listed.worker_id == worker)
+                                .map(|listed| listed.data_address.clone())
+                                .unwrap_or_default();
+                            tracing::warn!(
+                                worker,
+                                %address,
+                                %status,
+                                for_s = since.elapsed().as_secs(),
+                                "cannot open a stream to a worker the coordinator lists: the batches it builds for this client arrive only after the stall watch reopens the session; check that its --advertise address is reachable from here"
+                            );
+                        }
                     }
                     None => break SessionEnd::Stop,
                 },

@@ -128,6 +128,10 @@ const CLOSE_WAIT: Duration = Duration::from_millis(500);
 /// opens it again (while the coordinator lists the worker).
 const STREAM_RETRY: Duration = Duration::from_millis(500);
 
+/// How long a listed worker's stream fails to open before the client says so (a warning, once
+/// per session).
+const UNREACHABLE_SAID_AFTER: Duration = Duration::from_secs(5);
+
 /// A job served by a coordinator and its workers.
 pub struct RemoteSource {
     runtime: Arc<tokio::runtime::Runtime>,
