@@ -318,6 +318,22 @@ fn a_worker_whose_address_answers_late_gets_its_stream() {
     // and the batches it builds wait for them; once the address answers, the clients open
     // their streams to it and the epoch completes, each sample once. (The other worker lets
     // the job register: the coordinator has a worker open it first.)
+    late_worker_epoch(Duration::from_millis(1500));
+}
+
+#[test]
+fn a_worker_the_clients_cannot_reach_past_its_delivery_timeout_costs_the_epoch_nothing() {
+    // The same, the address answering only after the worker's delivery timeout (10 s): the
+    // clients tell the coordinator they cannot reach it, so it is leased none of their steps
+    // and what it held comes back with its credits; the other worker serves the epoch. Before,
+    // its batches came back unclaimed after 10 s with their credits spent, and the epoch
+    // waited for the clients' stall watch (a minute here).
+    late_worker_epoch(Duration::from_secs(12));
+}
+
+/// An epoch of two clients beside a reachable worker and one whose advertised address opens
+/// only after `opens_after`, checked against the embedded loader's and done within 30 s.
+fn late_worker_epoch(opens_after: Duration) {
     let (dir, data, coordinator) = cluster();
     let (advertised, listening) = (free_port(), free_port());
     let _reachable = Daemon::worker(&coordinator.address, dir.path());
@@ -333,7 +349,7 @@ fn a_worker_whose_address_answers_late_gets_its_stream() {
     );
     // `distributed` blocks on the first batch: the address opens from another thread.
     let opener = std::thread::spawn(move || {
-        std::thread::sleep(Duration::from_millis(1500));
+        std::thread::sleep(opens_after);
         relay(advertised, listening)
     });
     // The clients reopen a session only after a minute without a batch (which would open
@@ -344,7 +360,7 @@ fn a_worker_whose_address_answers_late_gets_its_stream() {
     let took = started.elapsed();
     assert!(
         took < Duration::from_secs(30),
-        "the epoch took {took:?} after the address opened at 1.5 s"
+        "the epoch took {took:?}, the address opening after {opens_after:?}"
     );
     let stop = opener.join().unwrap();
     stop.store(true, std::sync::atomic::Ordering::SeqCst);

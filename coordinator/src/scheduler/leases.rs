@@ -45,6 +45,8 @@ impl Coordinator {
         *heartbeat = (*heartbeat).max(now);
         let deadline = *heartbeat + self.config.lease_timeout;
         let mut leased = 0;
+        // Ready sessions whose client cannot reach this worker: put back for the others.
+        let mut passed_over = Vec::new();
         while leased < max_tasks {
             let Some((job, key)) = self.ready.pop() else {
                 break;
@@ -53,6 +55,10 @@ impl Coordinator {
             let Some(session) = self.sessions.get_mut(&session_index) else {
                 continue;
             };
+            if session.unreachable.contains(&(worker_index as u32)) {
+                passed_over.push((job, key));
+                continue;
+            }
             let Some(step) = session.take_step() else {
                 continue;
             };
@@ -86,8 +92,59 @@ impl Coordinator {
             });
             leased += 1;
         }
+        for (job, key) in passed_over {
+            self.ready.put_back(job, key);
+        }
         self.stats.assignments += leased as u64;
         Ok(leased)
+    }
+
+    /// The workers `session`'s client cannot open a stream to (it says so when that changes):
+    /// its steps are leased to none of them from now on (until it says otherwise, or the
+    /// session is reopened), and the leases they hold for it end, their steps requeued with
+    /// their credits. Returns those leases; workers not registered are left out.
+    pub fn set_unreachable(
+        &mut self,
+        session: SessionId,
+        workers: &[WorkerId],
+    ) -> CoordinatorResult<u64> {
+        let index = open_key(&self.sessions, self.next_session, session)?;
+        let mut unreachable: Vec<u32> = workers
+            .iter()
+            .filter(|worker| (worker.0 as usize) < self.workers.len())
+            .map(|worker| worker.0 as u32)
+            .collect();
+        unreachable.sort_unstable();
+        unreachable.dedup();
+        let Some(entry) = self.sessions.get_mut(&index) else {
+            return Err(CoordinatorError::UnknownSession(session));
+        };
+        let incarnation = entry.incarnation;
+        entry.unreachable = unreachable.clone();
+        let mut taken_back = 0;
+        for slot_index in 0..self.leases.len() {
+            let Some(lease) = self.leases[slot_index].entry else {
+                continue;
+            };
+            if lease.session != index
+                || lease.incarnation != incarnation
+                || unreachable.binary_search(&lease.worker).is_err()
+            {
+                continue;
+            }
+            self.free_slot(slot_index);
+            taken_back += 1;
+            self.requeue(lease, true);
+        }
+        if taken_back > 0 || !unreachable.is_empty() {
+            tracing::info!(
+                session = session.0,
+                workers = ?unreachable,
+                taken_back,
+                "the session's client cannot reach these workers: its steps go to the others"
+            );
+        }
+        Ok(taken_back)
     }
 
     pub(super) fn alloc_slot(&mut self, entry: LeaseEntry) -> LeaseId {

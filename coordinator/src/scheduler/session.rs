@@ -43,6 +43,9 @@ pub(crate) struct Session {
     pub requeued: BTreeSet<u64>,
     pub acked_position: u64,
     pub acked_ahead: BTreeSet<u64>,
+    /// The workers (by index) this opening's client cannot open a stream to: its steps are
+    /// leased to none of them.
+    pub unreachable: Vec<u32>,
 }
 
 impl Session {
@@ -68,6 +71,7 @@ impl Session {
             requeued: BTreeSet::new(),
             acked_position: position,
             acked_ahead: BTreeSet::new(),
+            unreachable: Vec::new(),
         }
     }
 
@@ -77,6 +81,8 @@ impl Session {
         self.incarnation = self.incarnation.wrapping_add(1);
         self.credits = 0;
         self.requeued.clear();
+        // The new opening's client says again which workers it cannot reach.
+        self.unreachable.clear();
         if position > self.acked_position {
             self.acked_position = position;
             self.acked_ahead = self.acked_ahead.split_off(&position);

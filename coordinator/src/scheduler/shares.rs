@@ -113,6 +113,19 @@ impl ReadySet {
         self.rekey(old, new);
     }
 
+    /// Puts back a session [`pop`](Self::pop) took and that was not served (its client cannot
+    /// reach the worker asking): unlike [`insert`](Self::insert), its job keeps its pass.
+    pub fn put_back(&mut self, job: u64, key: ReadyKey) {
+        let share = self.share(job);
+        let old = share.key(job);
+        let added = share.sessions.insert(key);
+        let new = share.key(job);
+        if added {
+            self.len += 1;
+        }
+        self.rekey(old, new);
+    }
+
     /// Takes the top session of the job served next; [`charge`](Self::charge) that job when a
     /// task of the session is leased.
     pub fn pop(&mut self) -> Option<(u64, ReadyKey)> {

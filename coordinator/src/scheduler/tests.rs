@@ -494,6 +494,38 @@ fn reopened_session_redoes_unacknowledged_steps() {
     assert_eq!(steps, [1, 2]);
 }
 
+/// A session whose client cannot reach a worker is leased to it no more, and what that worker
+/// held for it comes back with its credits, for the others; the next opening starts clean.
+#[test]
+fn a_worker_the_sessions_client_cannot_reach_leases_none_of_its_steps() {
+    let t0 = Instant::now();
+    let (mut c, job, s, unreachable) = one_session(10, 4, t0);
+    let reachable = c.register_worker(t0);
+    let held = c.lease(unreachable, 2, t0).unwrap();
+    assert_eq!(held.len(), 2);
+    assert_eq!(
+        c.set_unreachable(s, &[unreachable, WorkerId(99)]).unwrap(),
+        2
+    );
+    // Its reports on what it held are stale; it is leased nothing more of this session.
+    assert_eq!(
+        c.complete(unreachable, held[0].lease_id).unwrap(),
+        LeaseOutcome::Stale
+    );
+    assert!(c.lease(unreachable, 4, t0).unwrap().is_empty());
+    // The other worker takes every step, the two taken back first, with their credits.
+    assert_eq!(lease_steps(&mut c, reachable, 8, t0), [0, 1, 2, 3]);
+    // Reachable again: leased again.
+    c.set_unreachable(s, &[]).unwrap();
+    c.grant_credits(s, 1).unwrap();
+    assert_eq!(lease_steps(&mut c, unreachable, 4, t0), [4]);
+    // A reopened session's client says again what it cannot reach.
+    c.set_unreachable(s, &[unreachable]).unwrap();
+    assert_eq!(c.open_session(job, 0, 0, Step(0)).unwrap(), s);
+    c.grant_credits(s, 1).unwrap();
+    assert_eq!(c.lease(unreachable, 4, t0).unwrap().len(), 1);
+}
+
 #[test]
 fn absurd_inputs_are_refused_by_name() {
     let t0 = Instant::now();

@@ -440,6 +440,16 @@ impl CoordinatorService {
                 .grant_credits(session, request.grant_credits)
                 .map_err(coordinator_status)?;
         }
+        if let Some(unreachable) = &request.unreachable_workers {
+            // The ids of the workers' list this run gave the session (its token is this run's);
+            // one it never gave is left out.
+            let workers: Vec<WorkerId> =
+                unreachable.workers.iter().map(|&id| WorkerId(id)).collect();
+            state
+                .core
+                .set_unreachable(session, &workers)
+                .map_err(coordinator_status)?;
+        }
         let position = state
             .core
             .acknowledged_position(session)

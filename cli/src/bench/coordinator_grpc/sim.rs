@@ -310,6 +310,7 @@ pub async fn client(
             acks: acks.len(),
             all_in: false,
             report: false,
+            unreachable_changed: false,
         };
         let due = match shared.control {
             Control::Before if want > 0 || !acks.is_empty() => Due::Now,
@@ -332,6 +333,7 @@ pub async fn client(
                     workers_version,
                     quiet,
                     sequence,
+                    unreachable_workers: None,
                 })
                 .await?;
             if let Some(answer) = answer.filter(|_| shared.control == Control::After) {

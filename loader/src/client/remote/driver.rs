@@ -14,7 +14,7 @@ use crossbeam_channel::Sender;
 use stoker_proto::v1::coordinator_client::CoordinatorClient;
 use stoker_proto::v1::{
     CloseSessionRequest, JobSpec, OpenSessionRequest, RegisterJobRequest, RegisterJobResponse,
-    SessionToken, SessionUpdateRequest, WorkerInfo,
+    SessionToken, SessionUpdateRequest, WorkerInfo, WorkerSet,
 };
 use stoker_rpc::error_kinds;
 use stoker_rpc::network::Network;
@@ -293,6 +293,9 @@ impl Driver {
         let mut retry_at: HashMap<u64, Instant> = HashMap::new();
         // Listed workers whose stream has not opened: since when, and whether that was said.
         let mut unreachable: HashMap<u64, (Instant, bool)> = HashMap::new();
+        // Those the coordinator was last told of (it leases this opening's steps to none of
+        // them, and takes back what they hold: their batches could not arrive).
+        let mut unreachable_told: Vec<u64> = Vec::new();
         let subscribe_all = |workers: &[WorkerInfo],
                              streams: &mut Streams,
                              retry_at: &mut HashMap<u64, Instant>| {
@@ -354,12 +357,16 @@ impl Driver {
                     .min(self.steps)
                     .saturating_sub(received + outstanding);
                 let report = last_stats.is_none_or(|at| at.elapsed() >= Duration::from_millis(500));
+                let mut unreachable_now: Vec<u64> = unreachable.keys().copied().collect();
+                unreachable_now.sort_unstable();
+                let unreachable_changed = unreachable_now != unreachable_told;
                 let pending = Pending {
                     want,
                     outstanding,
                     acks: acks.len(),
                     all_in,
                     report,
+                    unreachable_changed,
                 };
                 // The end waits for every update to be known applied: this one asks for that.
                 let flush = all_in && acks.is_empty();
@@ -380,11 +387,18 @@ impl Driver {
                     // those sent again at a Stop stay few), when it ends the epoch, or when it
                     // starts the stall clock; figures go quiet like the rest.
                     let quiet = !(acks_on_the_way.len() >= ANSWER_AFTER_ACKS || all_in);
+                    let unreachable_workers = unreachable_changed.then(|| {
+                        unreachable_told = unreachable_now.clone();
+                        WorkerSet {
+                            workers: unreachable_now,
+                        }
+                    });
                     let request = SessionUpdateRequest {
                         session: Some(token),
                         grant_credits: want,
                         acknowledged: std::mem::take(&mut acks),
                         stats,
+                        unreachable_workers,
                         // The workers' version, number and quietness are set by `updates.send`.
                         ..SessionUpdateRequest::default()
                     };

@@ -219,6 +219,8 @@ pub struct Pending {
     pub all_in: bool,
     /// The session's figures are due for the dashboard.
     pub report: bool,
+    /// The workers the client cannot open a stream to changed since the last update.
+    pub unreachable_changed: bool,
 }
 
 /// What to do with the update.
@@ -235,7 +237,8 @@ pub enum Due {
 /// When a session's update is due. Credits go once half the window is wanted back (the
 /// workers still hold the other half), or once the first of them has waited `interval`;
 /// acknowledgements ride with credits, or go alone after [`ACKS_ALONE`], when [`ACK_BATCH`]
-/// wait, or when the epoch is all in; figures due for the dashboard go at once.
+/// wait, or when the epoch is all in; figures due for the dashboard, and a change of the workers
+/// the client cannot reach, go at once.
 #[derive(Debug)]
 pub struct Hold {
     interval: Duration,
@@ -282,7 +285,7 @@ impl Hold {
             (a, b) => a.or(b),
         };
         match at {
-            _ if pending.report => Due::Now,
+            _ if pending.report || pending.unreachable_changed => Due::Now,
             Some(at) if at <= now => Due::Now,
             Some(at) => Due::At(at),
             None => Due::Nothing,
@@ -309,6 +312,7 @@ mod tests {
             acks,
             all_in: false,
             report: false,
+            unreachable_changed: false,
         }
     }
 
@@ -386,5 +390,11 @@ mod tests {
             ..pending(0, 8, 0)
         };
         assert_eq!(hold.due(later, report), Due::Now);
+        // So does a change of the workers the client cannot reach.
+        let unreachable = Pending {
+            unreachable_changed: true,
+            ..pending(0, 8, 0)
+        };
+        assert_eq!(hold.due(later, unreachable), Due::Now);
     }
 }
