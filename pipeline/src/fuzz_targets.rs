@@ -31,7 +31,7 @@ pub const FUZZ_MAX_PIXELS: u64 = 1 << 22;
 const PIPELINE_SIDE: u32 = 24;
 
 /// Batches the job-spec target assembles are at most this large (an image pipeline may ask
-/// for 16384x16384 float outputs, which the checks allow).
+/// for 16384x16384 float outputs, which the checks allow while a batch stays under 16 GiB).
 const MAX_FUZZ_BATCH_BYTES: usize = 8 << 20;
 
 /// The training and evaluation presets at a small size, under [`FUZZ_MAX_PIXELS`].

@@ -52,6 +52,11 @@ enum Builder {
     Mixed(MixedAssembler),
 }
 
+/// The most bytes one batch may take (checked when a job opens): each side and the batch size
+/// are bounded on their own, not their product, and a batch is one allocation, which a daemon
+/// serving other jobs must never be asked to make past what any machine holds.
+pub const MAX_BATCH_BYTES: usize = 16 << 30;
+
 /// Ranks one job has at most (the coordinator keeps state for each).
 pub const MAX_WORLD_SIZE: u32 = 1 << 20;
 
@@ -187,6 +192,15 @@ impl Job {
         };
         // Surface rank/world/batch/shard/resize errors now rather than at the first epoch.
         job.plan(job.first_epoch())?;
+        let batch_size = job.spec.batch_size as usize;
+        let bytes = job.batch_bytes(batch_size);
+        if bytes > MAX_BATCH_BYTES {
+            return Err(Error::InvalidSpec(format!(
+                "a batch of {batch_size} samples would take {bytes} bytes, more than the \
+                 {MAX_BATCH_BYTES} a batch may (its output size times batch_size): make the \
+                 batch or the output smaller"
+            )));
+        }
         Ok(job)
     }
 

@@ -287,6 +287,217 @@ fn region_decode_equals_the_same_part_of_a_full_decode() {
     }
 }
 
+/// Bits written MSB first into a JPEG scan, 0xFF bytes stuffed, the last byte padded with ones.
+#[derive(Default)]
+struct ScanBits {
+    bytes: Vec<u8>,
+    current: u32,
+    count: u32,
+}
+
+impl ScanBits {
+    fn put(&mut self, code: u32, length: u32) {
+        for bit in (0..length).rev() {
+            self.current = (self.current << 1) | ((code >> bit) & 1);
+            self.count += 1;
+            if self.count == 8 {
+                self.byte();
+            }
+        }
+    }
+
+    fn byte(&mut self) {
+        let byte = self.current as u8;
+        self.bytes.push(byte);
+        if byte == 0xFF {
+            self.bytes.push(0x00);
+        }
+        self.current = 0;
+        self.count = 0;
+    }
+
+    fn finish(mut self) -> Vec<u8> {
+        if self.count > 0 {
+            let pad = 8 - self.count;
+            self.put((1 << pad) - 1, pad);
+        }
+        self.bytes
+    }
+}
+
+/// A baseline JPEG of three components with the sampling factors `factors` (h, v), every block
+/// flat (its DC coefficient only, unit quantisation): block (bx, by) of component c is
+/// `level(c, bx, by)` + 128 everywhere. libjpeg-turbo's encoder takes only the usual
+/// subsamplings; this writes any.
+fn flat_block_jpeg(
+    width: u16,
+    height: u16,
+    factors: [(u8, u8); 3],
+    level: impl Fn(usize, usize, usize) -> i32,
+) -> Vec<u8> {
+    // The spec's luminance DC table (Annex K.3); an AC table holding end-of-block alone.
+    let dc_bits: [u8; 16] = [0, 1, 5, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0];
+    let mut dc_codes = [(0u32, 0u32); 12];
+    let (mut code, mut symbol) = (0u32, 0usize);
+    for (length, &count) in dc_bits.iter().enumerate() {
+        for _ in 0..count {
+            dc_codes[symbol] = (code, length as u32 + 1);
+            code += 1;
+            symbol += 1;
+        }
+        code <<= 1;
+    }
+    let mut out = vec![0xFF, 0xD8];
+    let segment = |out: &mut Vec<u8>, marker: u8, body: &[u8]| {
+        out.extend_from_slice(&[0xFF, marker]);
+        out.extend_from_slice(&((body.len() + 2) as u16).to_be_bytes());
+        out.extend_from_slice(body);
+    };
+    let mut quant = vec![0x00];
+    quant.extend_from_slice(&[1u8; 64]);
+    segment(&mut out, 0xDB, &quant);
+    let mut frame = vec![8];
+    frame.extend_from_slice(&height.to_be_bytes());
+    frame.extend_from_slice(&width.to_be_bytes());
+    frame.push(3);
+    for (id, (h, v)) in factors.iter().enumerate() {
+        frame.extend_from_slice(&[id as u8 + 1, (h << 4) | v, 0]);
+    }
+    segment(&mut out, 0xC0, &frame);
+    let mut dc_table = vec![0x00];
+    dc_table.extend_from_slice(&dc_bits);
+    dc_table.extend(0..12u8);
+    segment(&mut out, 0xC4, &dc_table);
+    let mut ac_table = vec![0x10, 1];
+    ac_table.extend_from_slice(&[0; 15]);
+    ac_table.push(0x00);
+    segment(&mut out, 0xC4, &ac_table);
+    segment(&mut out, 0xDA, &[3, 1, 0x00, 2, 0x00, 3, 0x00, 0, 63, 0]);
+    let h_max = factors.iter().map(|f| usize::from(f.0)).max().unwrap();
+    let v_max = factors.iter().map(|f| usize::from(f.1)).max().unwrap();
+    let mcus_x = usize::from(width).div_ceil(8 * h_max);
+    let mcus_y = usize::from(height).div_ceil(8 * v_max);
+    let mut bits = ScanBits::default();
+    let mut previous = [0i32; 3];
+    for my in 0..mcus_y {
+        for mx in 0..mcus_x {
+            for (c, (h, v)) in factors.iter().enumerate() {
+                let (h, v) = (usize::from(*h), usize::from(*v));
+                for by in 0..v {
+                    for bx in 0..h {
+                        // A flat block of value L has DC coefficient 8 L (level-shifted).
+                        let dc = 8 * level(c, mx * h + bx, my * v + by);
+                        let diff = dc - previous[c];
+                        previous[c] = dc;
+                        let category = 32 - diff.unsigned_abs().leading_zeros();
+                        let (code, length) = dc_codes[category as usize];
+                        bits.put(code, length);
+                        let value = if diff < 0 { diff - 1 } else { diff };
+                        bits.put(value as u32 & ((1 << category) - 1), category);
+                        bits.put(0, 1); // end of block
+                    }
+                }
+            }
+        }
+    }
+    out.extend_from_slice(&bits.finish());
+    out.extend_from_slice(&[0xFF, 0xD9]);
+    out
+}
+
+/// A JPEG whose sampling factors TurboJPEG's subsampling classes do not name as libjpeg crops
+/// it (all components 2x1 is "4:4:4" to it, an 8-pixel iMCU, and Y 2x2 with chroma 2x1 is
+/// "4:4:0"; libjpeg crops both on 16) decodes by region as it decodes whole: before, half the
+/// crops failed and a valid image was replaced as a bad sample.
+#[test]
+fn a_region_of_a_jpeg_with_unusual_sampling_factors_decodes_as_its_whole() {
+    let (w, h) = (64u32, 48u32);
+    for factors in [[(2, 1), (2, 1), (2, 1)], [(2, 2), (2, 1), (2, 1)]] {
+        let bytes = flat_block_jpeg(w as u16, h as u16, factors, |c, bx, by| {
+            ((bx * 37 + by * 11 + c * 23) % 160) as i32 - 80
+        });
+        let full = decode_with(&bytes, None, (w, h), false);
+        assert_eq!((full.width, full.height), (w, h));
+        for left in [0, 8, 16, 24, 40] {
+            let window = CropWindow {
+                top: 8,
+                left,
+                height: 24,
+                width: 20,
+            };
+            let part = decode_with(&bytes, Some(window), (16, 16), false);
+            assert!(
+                part.offset_x <= left && part.offset_y <= 8,
+                "{factors:?} at {left}"
+            );
+            assert!(
+                part.offset_x + part.width >= left + 20,
+                "{factors:?} at {left}"
+            );
+            assert!(part.offset_y + part.height >= 32, "{factors:?} at {left}");
+            for row in 0..part.height {
+                let full_row = &full.pixels
+                    [(((row + part.offset_y) * w + part.offset_x) * 3) as usize..]
+                    [..(part.width * 3) as usize];
+                let part_row =
+                    &part.pixels[(row * part.width * 3) as usize..][..(part.width * 3) as usize];
+                assert_eq!(full_row, part_row, "{factors:?} at {left}, row {row}");
+            }
+        }
+    }
+}
+
+/// A progressive JPEG whose last scan is repeated past 500 scans is refused as corrupt by the
+/// scan limit (libjpeg walks every block on each scan: a small file of a large image could
+/// hold a decode thread for minutes).
+#[test]
+fn a_progressive_jpeg_of_too_many_scans_is_refused() {
+    let (w, h) = (96u32, 64u32);
+    let pixels = smooth_photo(w, h);
+    let image = turbojpeg::Image {
+        pixels: pixels.as_slice(),
+        width: w as usize,
+        pitch: w as usize * 3,
+        height: h as usize,
+        format: turbojpeg::PixelFormat::RGB,
+    };
+    let mut compressor = turbojpeg::Compressor::new().unwrap();
+    compressor.set_progressive(true).unwrap();
+    let bytes = compressor.compress_to_vec(image).unwrap();
+    assert_eq!(decode_with(&bytes, None, (w, h), false).width, w);
+    // The last scan: from its SOS marker to the end-of-image marker.
+    let last_scan = bytes
+        .windows(2)
+        .rposition(|pair| pair == [0xFF, 0xDA])
+        .unwrap();
+    let scan = &bytes[last_scan..bytes.len() - 2];
+    let mut repeated = bytes[..bytes.len() - 2].to_vec();
+    for _ in 0..600 {
+        repeated.extend_from_slice(scan);
+    }
+    repeated.extend_from_slice(&[0xFF, 0xD9]);
+    let header = read_header(&repeated, DEFAULT_MAX_PIXELS).unwrap();
+    let mut out = DecodedImage::default();
+    let refused = decode(
+        &repeated,
+        &header,
+        &DecodeRequest {
+            region: None,
+            target: (w, h),
+            allow_dct_scaling: false,
+            max_pixels: DEFAULT_MAX_PIXELS,
+        },
+        &mut out,
+    )
+    .unwrap_err();
+    // Refused by the limit, at its 501st scan; without it the repeats were each decoded (a
+    // warning apiece) before the file was refused.
+    assert!(
+        refused.to_string().contains("more than 500 scans"),
+        "{refused}"
+    );
+}
+
 #[test]
 fn dct_scaling_halves_large_regions() {
     let (w, h) = (640, 480);
@@ -507,4 +718,37 @@ fn normalized_pipeline_gives_float_chw() {
         .unwrap();
     let first = f32::from_le_bytes([out[0], out[1], out[2], out[3]]);
     assert_eq!(first, (1.0 - 0.5) / 0.25);
+}
+
+/// A spec whose batches would not fit any machine (each side and the batch size in range, their
+/// product not) is refused by name when the job opens, before a daemon serving other jobs is
+/// asked to allocate one: here 256 samples of 16384x16384 pixels, 206 GB at least.
+#[test]
+fn a_job_whose_batch_would_take_more_than_16_gib_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let spec = stoker_datasets::SyntheticImageNetSpec {
+        count: 4,
+        seed: 3,
+        classes: 2,
+    };
+    let generated = stoker_datasets::generate_imagenet_like(dir.path(), &spec, &|_| {}).unwrap();
+    let job_spec = |side: u32| stoker_proto::v1::JobSpec {
+        dataset: Some(stoker_proto::v1::DatasetSource {
+            uri: generated.root.to_string_lossy().into_owned(),
+            ..Default::default()
+        }),
+        pipeline: stoker_pipeline::presets::imagenet_train(side),
+        batch_size: 256,
+        world_size: 1,
+        ..Default::default()
+    };
+    assert!(stoker_pipeline::Job::open(job_spec(224)).is_ok());
+    let refused = match stoker_pipeline::Job::open(job_spec(16384)) {
+        Ok(_) => panic!("a batch of 206 GB was accepted"),
+        Err(error) => error.to_string(),
+    };
+    assert!(
+        refused.contains("256 samples") && refused.contains(&(16usize << 30).to_string()),
+        "{refused}"
+    );
 }

@@ -29,7 +29,10 @@
 //!
 //! The safe `turbojpeg` wrapper does not expose `tj3SetCroppingRegion`, so JPEG decoding talks
 //! to `turbojpeg::raw` through a small owned handle. Every call checks its return code; errors
-//! and warnings (a truncated file is a warning to libjpeg) become [`SampleError::Corrupt`].
+//! and warnings (a truncated file is a warning to libjpeg) become [`SampleError::Corrupt`], as
+//! does a progressive JPEG of more than 500 scans. A region that libjpeg refuses (its crop
+//! alignment follows the file's sampling factors, which TurboJPEG's subsampling classes do not
+//! always name) is decoded whole at the same scale.
 
 use std::cell::RefCell;
 use std::ffi::CStr;
@@ -197,6 +200,11 @@ struct JpegDecompressor {
 // iMCU widths by subsampling, in TurboJPEG's TJSAMP order (444, 422, 420, GRAY, 440, 411, 441).
 const MCU_WIDTH: [u32; 7] = [8, 16, 16, 8, 8, 32, 8];
 
+/// The most scans a progressive JPEG may have: libjpeg walks every block of the image on each
+/// scan, so a small file repeating one scan thousands of times would hold a decode thread for
+/// minutes (libjpeg-turbo's own advice for untrusted input: 500).
+const MAX_SCANS: c_int = 500;
+
 impl JpegDecompressor {
     fn new() -> Result<Self, SampleError> {
         // SAFETY: tj3Init has no preconditions; a null return is handled below.
@@ -255,6 +263,26 @@ impl JpegDecompressor {
         request: &DecodeRequest,
         out: &mut DecodedImage,
     ) -> Result<(), SampleError> {
+        match self.decode_at(bytes, header, request, out, false) {
+            // libjpeg starts a region on an iMCU of the largest sampling factors, which
+            // TurboJPEG's subsampling class does not always give (three components all 2x2 are
+            // "4:4:4" to it, 8 pixels wide, 16 to libjpeg): such a valid file fails a region
+            // decode, and is decoded whole at the same scale instead (a damaged one fails again).
+            Err(_) if request.region.is_some() => self.decode_at(bytes, header, request, out, true),
+            decoded => decoded,
+        }
+    }
+
+    /// [`decode`](Self::decode) of the request's region, or of the whole image (at the scale
+    /// the region asks for) when `whole`.
+    fn decode_at(
+        &mut self,
+        bytes: &[u8],
+        header: &ImageHeader,
+        request: &DecodeRequest,
+        out: &mut DecodedImage,
+        whole: bool,
+    ) -> Result<(), SampleError> {
         let size = self.read_header(bytes)?;
         if size != (header.width, header.height) {
             return Err(SampleError::Corrupt(format!(
@@ -269,6 +297,14 @@ impl JpegDecompressor {
                 self.handle,
                 raw::TJPARAM_TJPARAM_MAXPIXELS as c_int,
                 max_pixels,
+            )
+        })?;
+        // SAFETY: as above.
+        self.check(unsafe {
+            raw::tj3Set(
+                self.handle,
+                raw::TJPARAM_TJPARAM_SCANLIMIT as c_int,
+                MAX_SCANS,
             )
         })?;
         let region = request.region.unwrap_or(CropWindow {
@@ -299,7 +335,7 @@ impl JpegDecompressor {
             .and_then(|s| MCU_WIDTH.get(s))
             .map(|w| (w * eighths / 8).max(1));
         let (x0, y0, x1, y1) = match (request.region, mcu_width) {
-            (Some(region), Some(mcu)) => {
+            (Some(region), Some(mcu)) if !whole => {
                 let left = (u64::from(region.left) * u64::from(eighths) / 8) as u32;
                 let top = (u64::from(region.top) * u64::from(eighths) / 8) as u32;
                 let right = scaled(region.left + region.width).min(scaled_width);
