@@ -139,8 +139,10 @@ impl Delta {
         (self.gpu_span_s > 0.0).then(|| round(100.0 * self.gpu_lane_cost_s / self.gpu_span_s, 1))
     }
 
+    /// Share of the time the consumer waited inside `next()`, percent: at most 100 (a wait is
+    /// counted as it goes, but a reading's two clocks are read a moment apart).
     fn stall_pct(&self) -> Option<f64> {
-        (self.elapsed_s > 0.0).then(|| round(100.0 * self.wait_s / self.elapsed_s, 1))
+        (self.elapsed_s > 0.0).then(|| round((100.0 * self.wait_s / self.elapsed_s).min(100.0), 1))
     }
 
     fn samples_per_s(&self) -> Option<f64> {
@@ -665,6 +667,20 @@ mod tests {
         let mut quiet = delta(10.0, 0.05, 1000, [0.0, 4.0, 1.0, 0.0]);
         quiet.epoch_start_wait_s = 0.05;
         assert_eq!(verdict_of(&quiet), Verdict::ComputeBound);
+    }
+
+    #[test]
+    fn a_stall_share_is_at_most_the_whole_time() {
+        let before = LoaderStats::default();
+        let after = LoaderStats {
+            elapsed_s: 0.5,
+            wait_s: 0.500_01,
+            ..LoaderStats::default()
+        };
+        assert_eq!(
+            Delta::between(&before, &after, 0.5).stall_pct(),
+            Some(100.0)
+        );
     }
 
     #[test]

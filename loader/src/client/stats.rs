@@ -16,6 +16,11 @@ pub(crate) struct StatsRecorder {
     first_batch: Option<Duration>,
     totals: LoaderStats,
     lane_cost: LaneCost,
+    /// A wait inside `next()` that has not ended yet: since when, and whether it is for an
+    /// epoch's first batch. Snapshots count it as it goes, so a consumer blocked for a minute
+    /// reads as waiting all along, not as idle until the batch comes and then as one reading
+    /// of a minute's wait.
+    waiting: Option<(Instant, bool)>,
 }
 
 impl StatsRecorder {
@@ -25,7 +30,15 @@ impl StatsRecorder {
             first_batch: None,
             totals: LoaderStats::default(),
             lane_cost: LaneCost::default(),
+            waiting: None,
         }
+    }
+
+    /// The consumer began waiting inside `next()` at `at` (for an epoch's first batch when
+    /// `epoch_start`); [`record_batch`](Self::record_batch) or
+    /// [`record_wait`](Self::record_wait) ends it.
+    pub(crate) fn wait_began(&mut self, at: Instant, epoch_start: bool) {
+        self.waiting = Some((at, epoch_start));
     }
 
     pub(crate) fn epoch_started(&mut self) {
@@ -40,6 +53,7 @@ impl StatsRecorder {
         in_flight: usize,
         prefetch_depth: usize,
     ) {
+        self.waiting = None;
         if self.first_batch.is_none() {
             self.first_batch = self.started.map(|s| s.elapsed());
         } else if epoch_start {
@@ -65,6 +79,7 @@ impl StatsRecorder {
     }
 
     pub(crate) fn record_wait(&mut self, waited: Duration, epoch_start: bool) {
+        self.waiting = None;
         self.totals.wait_s += waited.as_secs_f64();
         if epoch_start && self.first_batch.is_some() {
             self.totals.epoch_start_wait_s += waited.as_secs_f64();
@@ -95,6 +110,40 @@ impl StatsRecorder {
             0.0
         };
         stats.first_batch_s = self.first_batch.map(|d| d.as_secs_f64());
+        if let Some((since, epoch_start)) = self.waiting {
+            // As record_batch will count it when it ends (the whole wait, from the same start).
+            let so_far = since.elapsed().as_secs_f64();
+            stats.wait_s += so_far;
+            if epoch_start && self.first_batch.is_some() {
+                stats.epoch_start_wait_s += so_far;
+            }
+        }
         stats
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A wait in progress counts in every snapshot as it goes, and once it ends the figure
+    /// goes on from there, never back: a consumer blocked in `next()` reads as waiting.
+    #[test]
+    fn a_wait_in_progress_counts_as_it_goes_and_never_twice() {
+        let mut recorder = StatsRecorder::new();
+        recorder.epoch_started();
+        assert_eq!(recorder.snapshot().wait_s, 0.0);
+        let began = Instant::now()
+            .checked_sub(Duration::from_secs(2))
+            .expect("the clock is past 2 s");
+        recorder.wait_began(began, false);
+        let during = recorder.snapshot().wait_s;
+        assert!((2.0..3.0).contains(&during), "{during}");
+        recorder.record_wait(began.elapsed(), false);
+        let after = recorder.snapshot().wait_s;
+        assert!(after >= during && after < 3.0, "{during} then {after}");
+        // Ended: no longer counted as it goes.
+        std::thread::sleep(Duration::from_millis(20));
+        assert_eq!(recorder.snapshot().wait_s, after);
     }
 }

@@ -242,6 +242,11 @@ impl EpochStream {
         let started = Instant::now();
         let step = self.next_step;
         let deadline = self.core.deadline;
+        if !self.ready.contains_key(&step) {
+            if let Ok(mut stats) = self.core.stats.lock() {
+                stats.wait_began(started, step == 0);
+            }
+        }
         while !self.ready.contains_key(&step) {
             let remaining = deadline.saturating_sub(started.elapsed());
             let slice = remaining.min(INTERRUPT_CHECK);
