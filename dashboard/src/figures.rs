@@ -5,7 +5,7 @@
 //! implements for a loader in this process, or from what a remote client last reported.
 
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use serde::Serialize;
 
@@ -159,15 +159,35 @@ pub struct LoaderMonitor {
     source: Arc<dyn MonitorSource>,
 }
 
-/// The latest figures a remote client reported.
-struct Reported(Arc<Mutex<MonitorSnapshot>>);
+/// How long a remote client's last report stands for the present before its clock is taken to
+/// run on without it (it reports every half second while it reads).
+pub(crate) const REPORT_STALE_AFTER: Duration = Duration::from_millis(1500);
+
+/// The latest figures a remote client reported, and when this monitor first saw them (by the
+/// client's own elapsed time).
+struct Reported {
+    latest: Arc<Mutex<MonitorSnapshot>>,
+    seen: Mutex<(f64, Instant)>,
+}
 
 impl MonitorSource for Reported {
+    /// The latest report; once it is older than [`REPORT_STALE_AFTER`] (the client stopped,
+    /// paused between sessions, or died), with its elapsed time run on to now and nothing
+    /// else: the time passes with no batch taken, so the figures read idle, not a client
+    /// forever at the moment of its last report.
     fn snapshot(&self) -> MonitorSnapshot {
-        self.0
+        let mut snapshot = self
+            .latest
             .lock()
             .map(|s| s.clone())
-            .unwrap_or_else(|p| p.into_inner().clone())
+            .unwrap_or_else(|p| p.into_inner().clone());
+        let mut seen = self.seen.lock().unwrap_or_else(|p| p.into_inner());
+        if seen.0 != snapshot.stats.elapsed_s {
+            *seen = (snapshot.stats.elapsed_s, Instant::now());
+        } else if seen.1.elapsed() > REPORT_STALE_AFTER {
+            snapshot.stats.elapsed_s += seen.1.elapsed().as_secs_f64();
+        }
+        snapshot
     }
 }
 
@@ -179,7 +199,10 @@ impl LoaderMonitor {
 
     /// A monitor that shows whatever is written into `latest` (a remote client's reports).
     pub fn reported(latest: Arc<Mutex<MonitorSnapshot>>) -> Self {
-        Self::new(Arc::new(Reported(latest)))
+        Self::new(Arc::new(Reported {
+            latest,
+            seen: Mutex::new((f64::NAN, Instant::now())),
+        }))
     }
 
     /// The figures now.

@@ -508,7 +508,9 @@ pub(crate) fn unix_ms() -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::figures::REPORT_STALE_AFTER;
     use std::sync::{Arc, Mutex};
+    use std::time::Duration;
 
     fn delta(elapsed_s: f64, wait_s: f64, samples: u64, stages_s: [f64; 4]) -> Delta {
         Delta {
@@ -523,6 +525,39 @@ mod tests {
             gpu_span_s: 0.0,
             gpu_lane_cost_s: 0.0,
         }
+    }
+
+    /// A remote client that stops reporting (it ended, paused between sessions, or died)
+    /// reads as time passing with nothing taken, so its verdict goes to idle; before, its last
+    /// report stood for the present and the job read "starting" until it was retired.
+    #[test]
+    fn a_remote_client_that_stops_reporting_reads_as_idle_time() {
+        let reported = LoaderStats {
+            elapsed_s: 100.0,
+            samples: 5000,
+            batches: 50,
+            wait_s: 1.0,
+            ..LoaderStats::default()
+        };
+        let latest = Arc::new(Mutex::new(MonitorSnapshot {
+            stats: reported.clone(),
+            ..MonitorSnapshot::default()
+        }));
+        let mut registry = Registry::default();
+        registry.register("remote", 0, LoaderMonitor::reported(Arc::clone(&latest)));
+        registry.sample_all();
+        // Reports coming: the figures are the report's.
+        assert_eq!(registry.jobs[0].monitor.snapshot().stats.elapsed_s, 100.0);
+        std::thread::sleep(REPORT_STALE_AFTER + Duration::from_millis(600));
+        let later = registry.jobs[0].monitor.snapshot().stats;
+        assert!(later.elapsed_s >= 102.0, "{}", later.elapsed_s);
+        assert_eq!((later.samples, later.wait_s), (5000, 1.0));
+        registry.sample_all();
+        let window = registry.jobs[0].window_ending(registry.jobs[0].points.len() - 1);
+        assert_eq!(window.verdict, Verdict::Idle);
+        // A new report is taken as it is.
+        latest.lock().unwrap().stats.elapsed_s = 103.0;
+        assert_eq!(registry.jobs[0].monitor.snapshot().stats.elapsed_s, 103.0);
     }
 
     #[test]
