@@ -128,7 +128,12 @@ pub struct PrefetchController {
     target: usize,
     last_change: ChangeReason,
     latency: Ewma,
+    /// The consumer's pace: the time from one `next()` returning to the next one's, its wait
+    /// included (what Little's law sizes the queue by).
     step: Ewma,
+    /// The training loop's own time between `next()` calls, waits left out (what the
+    /// dashboard shows as the trainer's step).
+    trainer: Ewma,
     stall_fraction: f64,
     /// `observe` calls so far; the first one only seeds the estimates.
     calls: u64,
@@ -169,6 +174,7 @@ impl PrefetchController {
             last_change: ChangeReason::Startup,
             latency: Ewma::default(),
             step: Ewma::default(),
+            trainer: Ewma::default(),
             stall_fraction: 0.0,
             calls: 0,
             quiet_calls: 0,
@@ -180,7 +186,9 @@ impl PrefetchController {
     }
 
     /// Records one `next()`: `waited` is how long the caller waited inside it (the stall),
-    /// `step_time` how long the caller spent outside since the previous `next()` returned, and
+    /// `step_time` the caller's pace, the time since the previous `next()` returned with this
+    /// wait included (the training loop's own part goes to
+    /// [`observe_trainer`](Self::observe_trainer)), and
     /// `arrived_latencies` the request-to-arrival latencies of the batches that arrived since
     /// the previous call. The first call only seeds the latency estimate: its wait is the
     /// pipeline filling up, and there was no previous return to measure a step from.
@@ -201,8 +209,12 @@ impl PrefetchController {
         let step = step_time.as_secs_f64();
         self.observe_step(step);
         let waited = waited.as_secs_f64();
-        let busy = waited + step;
-        let share = if busy > 0.0 { waited / busy } else { 0.0 };
+        // The pace holds the wait already: its share of it, not of the two added again.
+        let share = if step > 0.0 {
+            (waited / step).min(1.0)
+        } else {
+            0.0
+        };
         self.stall_fraction += STALL_FRACTION_ALPHA * (share - self.stall_fraction);
 
         let stalled = waited > self.stall_threshold();
@@ -249,12 +261,33 @@ impl PrefetchController {
             budget_depth: self.budget_depth,
             latency_mean: duration_from_secs(self.latency.mean),
             latency_std: duration_from_secs(self.latency.std()),
-            step_mean: duration_from_secs(self.step.mean),
-            step_std: duration_from_secs(self.step.std()),
+            step_mean: duration_from_secs(self.trainer_or_pace().mean),
+            step_std: duration_from_secs(self.trainer_or_pace().std()),
             littles_depth,
             stall_floor_depth: self.stall_floor(),
             stall_fraction: self.stall_fraction,
             last_change: self.last_change,
+        }
+    }
+
+    /// Records the training loop's own time since the previous `next()` returned, its wait
+    /// left out (bursts clipped as the pace's are).
+    pub fn observe_trainer(&mut self, step_time: Duration) {
+        let step = step_time.as_secs_f64();
+        let sample = if self.trainer.seeded {
+            step.min(2.0 * self.trainer.mean + 3.0 * self.trainer.std())
+        } else {
+            step
+        };
+        self.trainer.update(sample, STEP_ALPHA);
+    }
+
+    /// The trainer's step estimate, or the pace while nothing fed it.
+    fn trainer_or_pace(&self) -> Ewma {
+        if self.trainer.seeded {
+            self.trainer
+        } else {
+            self.step
         }
     }
 
@@ -785,6 +818,32 @@ mod tests {
             controller.observe(Duration::ZERO, ms(1.0), &[ms(4.0)]);
         }
         controller
+    }
+
+    /// An input-bound loop (10 ms of its own, 20 ms waiting a step): the trainer's step reads
+    /// 10 ms, not its 30 ms pace, and the stall share two thirds, not a third (the wait was
+    /// counted twice).
+    #[test]
+    fn the_trainers_step_leaves_out_its_wait_and_the_stall_share_counts_it_once() {
+        let mut controller = PrefetchController::new(config(BUDGET_BATCHES));
+        for _ in 0..400 {
+            controller.observe_trainer(ms(10.0));
+            controller.observe(ms(20.0), ms(30.0), &[ms(4.0)]);
+        }
+        let snapshot = controller.snapshot();
+        assert!(
+            (snapshot.step_mean.as_secs_f64() - 0.010).abs() < 1e-6,
+            "{:?}",
+            snapshot.step_mean
+        );
+        assert!(
+            (snapshot.stall_fraction - 2.0 / 3.0).abs() < 0.01,
+            "{}",
+            snapshot.stall_fraction
+        );
+        // Fed no trainer time (a caller that measures none), the pace stands in.
+        let steady = steady(100).snapshot();
+        assert!((steady.step_mean.as_secs_f64() - 0.001).abs() < 1e-6);
     }
 
     #[test]

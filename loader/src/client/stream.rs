@@ -207,6 +207,7 @@ impl EpochStream {
         // ran ahead) is stall too, gated the same way.
         let stall = gated(waited).max(gated(self.core.take_gpu_idle()));
         if let Ok(mut controller) = controller.lock() {
+            controller.observe_trainer(step_time);
             controller.observe(stall, step_time + waited, &self.arrived_latencies);
             // The controller counts the batch the consumer holds; the stream does not.
             self.prefetch = controller.target_depth().saturating_sub(1).max(1);
