@@ -5,6 +5,16 @@ use std::path::{Path, PathBuf};
 
 use crate::error::{Error, Result};
 
+/// The extension of the index caches written beside tar shards (`tar_shards/cache.rs`).
+pub(crate) const TAR_INDEX_CACHE_SUFFIX: &str = "stoker-idx";
+
+/// Whether a file named `name` is an index cache written beside a tar shard (or its temporary,
+/// `<...>.stoker-idx.tmp-<pid>`): Stoker's own file, never data a pattern names.
+pub(crate) fn is_tar_index_cache_name(name: &str) -> bool {
+    let suffix = format!(".{TAR_INDEX_CACHE_SUFFIX}");
+    name.ends_with(&suffix) || name.contains(&format!("{suffix}.tmp-"))
+}
+
 /// The lowercase file name of `path`.
 pub(crate) fn lowercase_name(path: &Path) -> String {
     path.file_name()

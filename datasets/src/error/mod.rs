@@ -527,8 +527,7 @@ pub enum Error {
         /// What is wrong with it.
         reason: String,
     },
-    /// A tar index (`stoker index`, or the one kept in the local cache after a scan) that would
-    /// be larger than an index may be once decompressed.
+    /// A tar index (`stoker index`, or kept locally after a scan) over the size an index may be.
     #[error(
         "the tar index of {samples} samples would take {bytes} bytes, over the {limit} bytes a \
          tar index may hold; without one the set opens by scanning its shards"

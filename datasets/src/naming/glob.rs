@@ -97,7 +97,7 @@ fn walk(
         let name = name.to_string_lossy();
         // The index caches written beside tar shards are Stoker's, not data (`train-*` would
         // otherwise take them once a first run has written them).
-        let is_own = crate::tar_shards::is_cache_file_name(&name);
+        let is_own = crate::files::is_tar_index_cache_name(&name);
         let candidate = if written.is_empty() {
             name.into_owned()
         } else if written.ends_with('/') {

@@ -37,7 +37,7 @@ const MAGIC: &[u8; 8] = b"STKTARIX";
 /// image had another extension), so indexes of version 1 are rebuilt.
 const VERSION: u32 = 2;
 /// The extension of cache files.
-pub(super) const CACHE_SUFFIX: &str = "stoker-idx";
+pub(super) const CACHE_SUFFIX: &str = crate::files::TAR_INDEX_CACHE_SUFFIX;
 const SAMPLE_BYTES: u64 = 32;
 
 /// What identifies a shard's content for the cache: where it is, its size and its mtime.
@@ -59,13 +59,6 @@ impl ShardStamp {
             mtime_nanoseconds: metadata.mtime_nsec(),
         }
     }
-}
-
-/// Whether a file named `name` is a cache this module writes beside a shard (or its temporary,
-/// `<...>.stoker-idx.tmp-<pid>`): Stoker's own file, never data a pattern names.
-pub(crate) fn is_cache_file_name(name: &str) -> bool {
-    let suffix = format!(".{CACHE_SUFFIX}");
-    name.ends_with(&suffix) || name.contains(&format!("{suffix}.tmp-"))
 }
 
 /// Where the cache of `shard` goes when its folder is writable.

@@ -45,7 +45,6 @@ use crate::storage::{
 use cache::ShardStamp;
 use scan::ShardIndex;
 
-pub(crate) use cache::is_cache_file_name;
 pub use index_object::TAR_INDEX_OBJECT;
 pub use remote::{upload_tar_set, write_tar_index, TarIndexWritten, TarSetUploaded};
 pub use write::{write_tar_shards, TarShardsWriterOptions, TarShardsWritten};

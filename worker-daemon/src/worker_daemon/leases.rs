@@ -419,7 +419,7 @@ async fn send_error(shared: &Shared, task: &TaskLease, status: Status) -> Outcom
     let Some(token) = &task.session else {
         return Outcome::Failed(task.lease_id, "lease without a session".into());
     };
-    let key = super::key_of(token);
+    let key = super::subscriptions::key_of(token);
     let wait = shared.delivery_timeout;
     let unclaimed =
         |why: &str| Outcome::Unclaimed(task.lease_id, format!("its error was not taken: {why}"));
@@ -440,7 +440,7 @@ async fn deliver(shared: &Shared, task: &TaskLease, batch: stoker_pipeline::Batc
     let Some(token) = &task.session else {
         return Outcome::Failed(task.lease_id, "lease without a session".into());
     };
-    let key = super::key_of(token);
+    let key = super::subscriptions::key_of(token);
     let wait = shared.delivery_timeout;
     let session = token.session_id;
     let unclaimed = |why: String| Outcome::Unclaimed(task.lease_id, why);

@@ -34,7 +34,7 @@ use std::time::{Duration, Instant};
 use stoker_datasets::SampleSource;
 use stoker_proto::v1::worker_data_server;
 use stoker_proto::v1::{
-    DescribeJobRequest, DescribeJobResponse, JobSpec, SessionToken, SubscribeRequest, TaskLease,
+    DescribeJobRequest, DescribeJobResponse, JobSpec, SubscribeRequest, TaskLease,
 };
 use tokio::sync::{mpsc, watch, Notify};
 use tonic::service::interceptor::InterceptedService;
@@ -52,9 +52,11 @@ mod data_roots;
 mod fleet;
 mod leases;
 mod reports;
+mod subscriptions;
 
 pub use data_roots::canonical_roots;
 use data_roots::check_root;
+use subscriptions::{key_of, Found, Key, Subscription, Subscriptions};
 
 use crate::client_stream::{self, ClientStream};
 
@@ -113,34 +115,6 @@ pub struct WorkerConfig {
     /// refused when its datasets' sample counts changed meanwhile. Zero: never. Without it a
     /// worker that serves job after job would hold every job it ever opened.
     pub job_idle: Duration,
-}
-
-/// A client stream's session: the coordinator's incarnation, the session's id and its opening
-/// (a reopened session's streams are new ones).
-type Key = (u64, u64, u32);
-
-/// The stream key of the session `token` names.
-fn key_of(token: &SessionToken) -> Key {
-    (token.incarnation, token.session_id, token.opening)
-}
-
-struct Subscription {
-    sender: mpsc::Sender<client_stream::Item>,
-    stalled: client_stream::StallMark,
-}
-
-/// How long a session whose stream closed is remembered as gone, so its deliveries come back
-/// unclaimed at once instead of waiting for a stream (see [`Shared::subscription`]). Past the
-/// coordinator's session timeout its tasks are leased no more; forgotten earlier, a delivery
-/// only waits as for a stream not yet opened.
-const GONE_KEPT: Duration = Duration::from_secs(600);
-
-/// The clients' streams: open ones by session, and when the sessions whose stream closed were
-/// first seen so.
-#[derive(Default)]
-struct Subscriptions {
-    open: HashMap<Key, Subscription>,
-    gone: HashMap<Key, Instant>,
 }
 
 struct JobEntry {
@@ -333,20 +307,7 @@ impl Shared {
     /// saying it stalled, and the session's deliveries of this opening come back unclaimed at
     /// once. Whether it did.
     fn end_subscription(&self, key: Key, sender: &mpsc::Sender<client_stream::Item>) -> bool {
-        let mut subscriptions = lock(&self.subscriptions);
-        let ours = subscriptions
-            .open
-            .get(&key)
-            .is_some_and(|sub| sub.sender.same_channel(sender));
-        if ours {
-            if let Some(sub) = subscriptions.open.remove(&key) {
-                sub.stalled.set();
-            }
-            // Its client opens the session again (a new opening, a new stream): what is still
-            // to be delivered on this one is stale.
-            subscriptions.gone.insert(key, Instant::now());
-        }
-        ours
+        lock(&self.subscriptions).end_stalled(key, sender)
     }
 
     /// Waits until the client of `key` has opened its stream, up to `wait`; `None` at once when
@@ -361,20 +322,13 @@ impl Shared {
             let notified = self.subscribed.notified();
             tokio::pin!(notified);
             notified.as_mut().enable();
-            {
-                let subscriptions = lock(&self.subscriptions);
-                let closed = match subscriptions.open.get(&key) {
-                    Some(sub) if !sub.sender.is_closed() => return Some(sub.sender.clone()),
-                    Some(_) => true,
-                    None => subscriptions.gone.contains_key(&key),
-                };
-                if closed {
-                    // The client's stream is gone: its process died, or it lost the stream and
-                    // opens its session again, which grants the step again (this lease is then
-                    // stale). Waiting would hold one of the worker's delivery permits, which
-                    // other jobs' batches wait for, for nothing.
-                    return None;
-                }
+            match lock(&self.subscriptions).find(&key) {
+                Found::Open(sender) => return Some(sender),
+                // Its process died, or it lost the stream and opens its session again, which
+                // grants the step again (this lease is then stale). Waiting would hold one of
+                // the worker's delivery permits, which other jobs' batches wait for.
+                Found::Gone => return None,
+                Found::NotYet => {}
             }
             if tokio::time::timeout_at(deadline, notified).await.is_err() {
                 return None;
@@ -437,18 +391,7 @@ impl worker_data_server::WorkerData for DataService {
             if self.shared.closing.load(Ordering::Acquire) {
                 return Err(Status::unavailable("this worker is stopping"));
             }
-            let now = Instant::now();
-            let Subscriptions { open, gone } = &mut *subscriptions;
-            open.retain(|key, sub| {
-                let closed = sub.sender.is_closed();
-                if closed {
-                    gone.insert(*key, now);
-                }
-                !closed
-            });
-            gone.retain(|_, since| now.duration_since(*since) < GONE_KEPT);
-            gone.remove(&key);
-            open.insert(key, Subscription { sender, stalled });
+            subscriptions.opened(key, Subscription { sender, stalled });
         }
         self.shared.subscribed.notify_waiters();
         tracing::debug!(

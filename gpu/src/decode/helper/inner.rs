@@ -406,7 +406,7 @@ pub(super) fn end(child: &mut Child, within: Duration) -> Option<String> {
 }
 
 /// Waits up to `within` for `child` to end: how it ended, or `None` if it has not yet.
-fn reap(child: &mut Child, within: Duration) -> Option<String> {
+pub(super) fn reap(child: &mut Child, within: Duration) -> Option<String> {
     let deadline = Instant::now() + within;
     loop {
         match child.try_wait() {

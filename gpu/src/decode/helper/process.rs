@@ -14,7 +14,7 @@ use stoker_proto::v1::{
     helper_reply, helper_request, HelperEnd, HelperReply, HelperRequest, HelperStart, HelperStarted,
 };
 
-use super::inner::{end, lock, Inner};
+use super::inner::{end, lock, reap, Inner};
 use super::rows::DeviceSide;
 use super::wire::{read_answer, tail_message, write_message, HELPER_PROTOCOL};
 use super::HelperOptions;
@@ -193,7 +193,7 @@ pub(super) fn read_answers(inner: &Arc<Inner>, stdout: BufReader<ChildStdout>) {
                 kind: Some(helper_reply::Kind::Built(built)),
             })) => built,
             Ok(Some(_)) => break "it answered out of step".to_string(),
-            Ok(None) => break "its output ended".to_string(),
+            Ok(None) => break OUTPUT_ENDED.to_string(),
             Err(error) => break format!("reading its answers: {error}"),
         };
         inner
@@ -224,10 +224,21 @@ pub(super) fn read_answers(inner: &Arc<Inner>, stdout: BufReader<ChildStdout>) {
     };
     // Once the lane is closed, the shutdown reaps it.
     if !inner.closed.load(Ordering::Relaxed) {
+        if why == OUTPUT_ENDED {
+            // Its output ends as it exits: the loss names how it ended, not the kill that
+            // would otherwise find it still tearing down.
+            let _ = reap(&mut lock(&inner.child), EXIT_GRACE);
+        }
         inner.lose(why);
     }
     inner.drain();
 }
+
+/// Why a helper whose stdout closed is lost.
+const OUTPUT_ENDED: &str = "its output ended";
+
+/// How long a helper whose output ended is given to finish exiting before it is killed.
+const EXIT_GRACE: Duration = Duration::from_millis(500);
 
 /// The watch's thread: takes the helper as lost when a batch has waited for its answer longer
 /// than the answer timeout.

@@ -14,7 +14,7 @@ use crossbeam_channel::Sender;
 use stoker_proto::v1::coordinator_client::CoordinatorClient;
 use stoker_proto::v1::{
     CloseSessionRequest, JobSpec, OpenSessionRequest, RegisterJobRequest, RegisterJobResponse,
-    SessionToken, SessionUpdateRequest, WorkerInfo, WorkerSet,
+    SessionToken, SessionUpdateRequest, WorkerInfo,
 };
 use stoker_rpc::error_kinds;
 use stoker_rpc::network::Network;
@@ -24,8 +24,9 @@ use tokio::sync::mpsc;
 use tonic::Code;
 
 use super::streams::{stream_worker, Arrival, Streams};
+use super::unreachable::Unreachable;
 use super::updates::{Due, Hold, Pending, Updates, ANSWER_AFTER_ACKS};
-use super::{client_stats, job_label, STREAM_RETRY, UNREACHABLE_SAID_AFTER};
+use super::{client_stats, job_label, STREAM_RETRY};
 use crate::client::landing::{lock, SlotQueue};
 use crate::client::slots::Slot;
 use crate::client::source::{Built, IdleClock};
@@ -291,11 +292,8 @@ impl Driver {
         // again: a worker may be listed before its address resolves or accepts (a new pod's
         // DNS name), or end a stream and stay listed.
         let mut retry_at: HashMap<u64, Instant> = HashMap::new();
-        // Listed workers whose stream has not opened: since when, and whether that was said.
-        let mut unreachable: HashMap<u64, (Instant, bool)> = HashMap::new();
-        // Those the coordinator was last told of (it leases this opening's steps to none of
-        // them, and takes back what they hold: their batches could not arrive).
-        let mut unreachable_told: Vec<u64> = Vec::new();
+        // Listed workers whose stream has not opened, told to the coordinator as they change.
+        let mut unreachable = Unreachable::default();
         let subscribe_all = |workers: &[WorkerInfo],
                              streams: &mut Streams,
                              retry_at: &mut HashMap<u64, Instant>| {
@@ -357,16 +355,13 @@ impl Driver {
                     .min(self.steps)
                     .saturating_sub(received + outstanding);
                 let report = last_stats.is_none_or(|at| at.elapsed() >= Duration::from_millis(500));
-                let mut unreachable_now: Vec<u64> = unreachable.keys().copied().collect();
-                unreachable_now.sort_unstable();
-                let unreachable_changed = unreachable_now != unreachable_told;
                 let pending = Pending {
                     want,
                     outstanding,
                     acks: acks.len(),
                     all_in,
                     report,
-                    unreachable_changed,
+                    unreachable_changed: unreachable.changed(),
                 };
                 // The end waits for every update to be known applied: this one asks for that.
                 let flush = all_in && acks.is_empty();
@@ -387,12 +382,7 @@ impl Driver {
                     // those sent again at a Stop stay few), when it ends the epoch, or when it
                     // starts the stall clock; figures go quiet like the rest.
                     let quiet = !(acks_on_the_way.len() >= ANSWER_AFTER_ACKS || all_in);
-                    let unreachable_workers = unreachable_changed.then(|| {
-                        unreachable_told = unreachable_now.clone();
-                        WorkerSet {
-                            workers: unreachable_now,
-                        }
-                    });
+                    let unreachable_workers = unreachable.take_change();
                     let request = SessionUpdateRequest {
                         session: Some(token),
                         grant_credits: want,
@@ -446,7 +436,7 @@ impl Driver {
                     Some(Arrival::Opened { worker }) => {
                         open_streams.insert(worker);
                         self.unserved_since = None;
-                        unreachable.remove(&worker);
+                        unreachable.opened(worker);
                     }
                     Some(Arrival::Batch { session, batch: landed, received }) => {
                         let batch = &landed.wire.batch;
@@ -514,25 +504,7 @@ impl Driver {
                         streams.0.remove(&worker);
                         retry_at.insert(worker, Instant::now() + STREAM_RETRY);
                         tracing::debug!(worker, %status, retry_in = ?STREAM_RETRY, "worker unreachable");
-                        // Said once: the coordinator still leases this client's steps to the
-                        // worker, and they come back only after its delivery timeout, their
-                        // credits spent (the stall watch then opens the session again).
-                        let (since, said) = unreachable.entry(worker).or_insert((Instant::now(), false));
-                        if !*said && since.elapsed() >= UNREACHABLE_SAID_AFTER {
-                            *said = true;
-                            let address = workers
-                                .iter()
-                                .find(|listed| listed.worker_id == worker)
-                                .map(|listed| listed.data_address.clone())
-                                .unwrap_or_default();
-                            tracing::warn!(
-                                worker,
-                                %address,
-                                %status,
-                                for_s = since.elapsed().as_secs(),
-                                "cannot open a stream to a worker the coordinator lists: the batches it builds for this client arrive only after the stall watch reopens the session; check that its --advertise address is reachable from here"
-                            );
-                        }
+                        unreachable.failed(worker, &workers, &status);
                     }
                     None => break SessionEnd::Stop,
                 },

@@ -46,6 +46,7 @@ use tokio::sync::mpsc;
 
 mod driver;
 mod streams;
+mod unreachable;
 pub mod updates;
 
 use super::landing::SLOT_ALIGN;

@@ -1,0 +1,102 @@
+//! The listed workers a session's client cannot open a stream to: said in a warning once each
+//! has failed for [`UNREACHABLE_SAID_AFTER`](super::UNREACHABLE_SAID_AFTER), and told to the
+//! coordinator in the next update whenever the set changes, so it leases this opening's steps
+//! to none of them and takes back, with their credits, those they hold.
+
+use std::collections::HashMap;
+use std::time::Instant;
+
+use stoker_proto::v1::{WorkerInfo, WorkerSet};
+use tonic::Status;
+
+use super::UNREACHABLE_SAID_AFTER;
+
+/// One opening's unreachable workers.
+#[derive(Debug, Default)]
+pub(super) struct Unreachable {
+    /// Since when each has failed to open, and whether that was said.
+    failing: HashMap<u64, (Instant, bool)>,
+    /// The set the coordinator was last told of.
+    told: Vec<u64>,
+}
+
+impl Unreachable {
+    /// `worker`'s stream opened.
+    pub(super) fn opened(&mut self, worker: u64) {
+        self.failing.remove(&worker);
+    }
+
+    /// `worker`'s stream failed to open with `status`; `workers` is the list it is on.
+    pub(super) fn failed(&mut self, worker: u64, workers: &[WorkerInfo], status: &Status) {
+        let (since, said) = self
+            .failing
+            .entry(worker)
+            .or_insert((Instant::now(), false));
+        if !*said && since.elapsed() >= UNREACHABLE_SAID_AFTER {
+            *said = true;
+            let address = workers
+                .iter()
+                .find(|listed| listed.worker_id == worker)
+                .map(|listed| listed.data_address.clone())
+                .unwrap_or_default();
+            tracing::warn!(
+                worker,
+                %address,
+                %status,
+                for_s = since.elapsed().as_secs(),
+                "cannot open a stream to a worker the coordinator lists: this client's batches go to the other workers; check that its --advertise address is reachable from here"
+            );
+        }
+    }
+
+    /// Whether the set changed since the coordinator was last told.
+    pub(super) fn changed(&self) -> bool {
+        self.now() != self.told
+    }
+
+    /// The set to tell the coordinator, when it changed (then taken as told).
+    pub(super) fn take_change(&mut self) -> Option<WorkerSet> {
+        let now = self.now();
+        (now != self.told).then(|| {
+            self.told = now.clone();
+            WorkerSet { workers: now }
+        })
+    }
+
+    fn now(&self) -> Vec<u64> {
+        let mut workers: Vec<u64> = self.failing.keys().copied().collect();
+        workers.sort_unstable();
+        workers
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_set_is_told_when_it_changes_and_then_not_again() {
+        let mut unreachable = Unreachable::default();
+        assert!(!unreachable.changed() && unreachable.take_change().is_none());
+        let status = Status::unavailable("connection refused");
+        unreachable.failed(7, &[], &status);
+        unreachable.failed(3, &[], &status);
+        assert!(unreachable.changed());
+        assert_eq!(
+            unreachable.take_change().map(|set| set.workers),
+            Some(vec![3, 7])
+        );
+        unreachable.failed(7, &[], &status);
+        assert!(!unreachable.changed() && unreachable.take_change().is_none());
+        unreachable.opened(3);
+        assert_eq!(
+            unreachable.take_change().map(|set| set.workers),
+            Some(vec![7])
+        );
+        unreachable.opened(7);
+        assert_eq!(
+            unreachable.take_change().map(|set| set.workers),
+            Some(vec![])
+        );
+    }
+}
