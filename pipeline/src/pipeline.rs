@@ -69,6 +69,24 @@ pub struct Scratch {
     resizer: Resizer,
 }
 
+/// A per-thread buffer larger than this is let go before the next sample instead of kept: a
+/// few very large images (up to the pixel limit, 268 MB of RGB) would otherwise hold their size
+/// on every decode thread for good, outside every memory budget. 64 MiB keeps the buffers of
+/// photos up to about 22 megapixels.
+pub(crate) const SCRATCH_KEEP_BYTES: usize = 64 << 20;
+
+impl Scratch {
+    /// Lets go of buffers past [`SCRATCH_KEEP_BYTES`].
+    fn trim(&mut self) {
+        if self.decoded.pixels.capacity() > SCRATCH_KEEP_BYTES {
+            self.decoded.pixels = Vec::new();
+        }
+        if self.rgb.capacity() > SCRATCH_KEEP_BYTES {
+            self.rgb = Vec::new();
+        }
+    }
+}
+
 /// A checked, fused image pipeline.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Pipeline {
@@ -428,6 +446,7 @@ impl Pipeline {
         timings: &mut SampleTimings,
     ) -> std::result::Result<(), SampleError> {
         let started = Instant::now();
+        scratch.trim();
         let header = decode::read_header(bytes, self.max_pixels)?;
         let (window, flip) = self.plan(&header, rng);
         let (out_h, out_w) = self.output_size();
@@ -486,5 +505,46 @@ pub(crate) fn op_name(op: &OpKind) -> &'static str {
         OpKind::Tokenize(_) => "Tokenize",
         OpKind::PackSequences(_) => "PackSequences",
         OpKind::SelectColumns(_) => "SelectColumns",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A buffer a very large image left is let go before the next sample; one of an ordinary
+    /// size is kept and reused.
+    #[test]
+    fn a_very_large_images_buffers_are_not_kept_for_the_next_sample() {
+        let pipeline = Pipeline::from_ops(&crate::presets::imagenet_eval(32)).unwrap();
+        let (w, h) = (64usize, 48usize);
+        let pixels: Vec<u8> = (0..w * h * 3).map(|i| (i % 251) as u8).collect();
+        let image = turbojpeg::Image {
+            pixels: pixels.as_slice(),
+            width: w,
+            pitch: w * 3,
+            height: h,
+            format: turbojpeg::PixelFormat::RGB,
+        };
+        let jpeg = turbojpeg::compress(image, 90, turbojpeg::Subsamp::Sub2x2).unwrap();
+        let (out_h, out_w) = pipeline.output_size();
+        let mut dest = vec![0u8; out_h as usize * out_w as usize * 3];
+        let mut scratch = Scratch::default();
+        scratch.decoded.pixels = Vec::with_capacity(SCRATCH_KEEP_BYTES + 1);
+        let mut rng = SampleRng::new(1, 0, 0);
+        let mut timings = SampleTimings::default();
+        pipeline
+            .process(&jpeg, &mut rng, &mut dest, &mut scratch, &mut timings)
+            .unwrap();
+        let kept = scratch.decoded.pixels.capacity();
+        assert!(kept <= SCRATCH_KEEP_BYTES && kept >= w * h * 3, "{kept}");
+        pipeline
+            .process(&jpeg, &mut rng, &mut dest, &mut scratch, &mut timings)
+            .unwrap();
+        assert_eq!(
+            scratch.decoded.pixels.capacity(),
+            kept,
+            "an ordinary buffer is reused"
+        );
     }
 }

@@ -380,7 +380,10 @@ impl JpegDecompressor {
             let converted = self
                 .decompress(bytes, &mut cmyk, (width, height), 4, raw::TJPF_TJPF_CMYK)
                 .map(|()| cmyk_to_rgb(&cmyk, &mut out.pixels));
-            self.cmyk = cmyk;
+            // Kept for the next CMYK image unless it is one of the very large ones.
+            if cmyk.capacity() <= crate::pipeline::SCRATCH_KEEP_BYTES {
+                self.cmyk = cmyk;
+            }
             converted?;
         } else {
             out.pixels.clear();
