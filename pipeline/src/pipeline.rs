@@ -69,19 +69,13 @@ pub struct Scratch {
     resizer: Resizer,
 }
 
-/// A per-thread buffer larger than this is let go before the next sample instead of kept: a
-/// few very large images (up to the pixel limit, 268 MB of RGB) would otherwise hold their size
-/// on every decode thread for good, outside every memory budget. 64 MiB keeps the buffers of
-/// photos up to about 22 megapixels.
-pub(crate) const SCRATCH_KEEP_BYTES: usize = 64 << 20;
-
 impl Scratch {
-    /// Lets go of buffers past [`SCRATCH_KEEP_BYTES`].
+    /// Lets go of buffers past [`decode::SCRATCH_KEEP_BYTES`].
     fn trim(&mut self) {
-        if self.decoded.pixels.capacity() > SCRATCH_KEEP_BYTES {
+        if self.decoded.pixels.capacity() > decode::SCRATCH_KEEP_BYTES {
             self.decoded.pixels = Vec::new();
         }
-        if self.rgb.capacity() > SCRATCH_KEEP_BYTES {
+        if self.rgb.capacity() > decode::SCRATCH_KEEP_BYTES {
             self.rgb = Vec::new();
         }
     }
@@ -530,14 +524,17 @@ mod tests {
         let (out_h, out_w) = pipeline.output_size();
         let mut dest = vec![0u8; out_h as usize * out_w as usize * 3];
         let mut scratch = Scratch::default();
-        scratch.decoded.pixels = Vec::with_capacity(SCRATCH_KEEP_BYTES + 1);
+        scratch.decoded.pixels = Vec::with_capacity(decode::SCRATCH_KEEP_BYTES + 1);
         let mut rng = SampleRng::new(1, 0, 0);
         let mut timings = SampleTimings::default();
         pipeline
             .process(&jpeg, &mut rng, &mut dest, &mut scratch, &mut timings)
             .unwrap();
         let kept = scratch.decoded.pixels.capacity();
-        assert!(kept <= SCRATCH_KEEP_BYTES && kept >= w * h * 3, "{kept}");
+        assert!(
+            kept <= decode::SCRATCH_KEEP_BYTES && kept >= w * h * 3,
+            "{kept}"
+        );
         pipeline
             .process(&jpeg, &mut rng, &mut dest, &mut scratch, &mut timings)
             .unwrap();

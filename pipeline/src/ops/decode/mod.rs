@@ -200,6 +200,12 @@ struct JpegDecompressor {
 // iMCU widths by subsampling, in TurboJPEG's TJSAMP order (444, 422, 420, GRAY, 440, 411, 441).
 const MCU_WIDTH: [u32; 7] = [8, 16, 16, 8, 8, 32, 8];
 
+/// A per-thread decode buffer larger than this is let go after use instead of kept for the
+/// next sample: a few very large images (up to the pixel limit, 268 MB of RGB) would otherwise
+/// hold their size on every decode thread for good, outside every memory budget. 64 MiB keeps
+/// the buffers of photos up to about 22 megapixels.
+pub(crate) const SCRATCH_KEEP_BYTES: usize = 64 << 20;
+
 /// The most scans a progressive JPEG may have: libjpeg walks every block of the image on each
 /// scan, so a small file repeating one scan thousands of times would hold a decode thread for
 /// minutes (libjpeg-turbo's own advice for untrusted input: 500).
@@ -381,7 +387,7 @@ impl JpegDecompressor {
                 .decompress(bytes, &mut cmyk, (width, height), 4, raw::TJPF_TJPF_CMYK)
                 .map(|()| cmyk_to_rgb(&cmyk, &mut out.pixels));
             // Kept for the next CMYK image unless it is one of the very large ones.
-            if cmyk.capacity() <= crate::pipeline::SCRATCH_KEEP_BYTES {
+            if cmyk.capacity() <= SCRATCH_KEEP_BYTES {
                 self.cmyk = cmyk;
             }
             converted?;
