@@ -418,6 +418,14 @@ async function poll() {
       updateFigures(job);
       drawCharts(job.key, state, job.window, data.now_ms);
     }
+    // A job the server no longer lists (retired: no session for --job-retention-secs) leaves
+    // the page too.
+    const listed = new Set(data.jobs.map((job) => job.key));
+    for (const key of [...jobs.keys()]) {
+      if (listed.has(key)) continue;
+      jobs.delete(key);
+      document.getElementById(`job-${key}`)?.remove();
+    }
     status.className = "status";
     status.textContent = `live \u00b7 ${new Date(data.now_ms).toLocaleTimeString()}`;
   } catch (error) {

@@ -113,6 +113,17 @@ impl Ewma {
         self.variance = (1.0 - alpha) * (self.variance + deviation * step);
     }
 
+    /// [`update`](Self::update) with a step time, a burst (an evaluation, a checkpoint) clipped
+    /// to twice the mean plus three deviations, so one long pause does not swamp the estimate.
+    fn update_clipped(&mut self, sample: f64, alpha: f64) {
+        let sample = if self.seeded {
+            sample.min(2.0 * self.mean + 3.0 * self.std())
+        } else {
+            sample
+        };
+        self.update(sample, alpha);
+    }
+
     fn std(&self) -> f64 {
         self.variance.max(0.0).sqrt()
     }
@@ -273,13 +284,8 @@ impl PrefetchController {
     /// Records the training loop's own time since the previous `next()` returned, its wait
     /// left out (bursts clipped as the pace's are).
     pub fn observe_trainer(&mut self, step_time: Duration) {
-        let step = step_time.as_secs_f64();
-        let sample = if self.trainer.seeded {
-            step.min(2.0 * self.trainer.mean + 3.0 * self.trainer.std())
-        } else {
-            step
-        };
-        self.trainer.update(sample, STEP_ALPHA);
+        self.trainer
+            .update_clipped(step_time.as_secs_f64(), STEP_ALPHA);
     }
 
     /// The trainer's step estimate, or the pace while nothing fed it.
@@ -292,12 +298,7 @@ impl PrefetchController {
     }
 
     fn observe_step(&mut self, step: f64) {
-        let sample = if self.step.seeded {
-            step.min(2.0 * self.step.mean + 3.0 * self.step.std())
-        } else {
-            step
-        };
-        self.step.update(sample, STEP_ALPHA);
+        self.step.update_clipped(step, STEP_ALPHA);
     }
 
     fn stall_threshold(&self) -> f64 {
