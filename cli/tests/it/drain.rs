@@ -148,6 +148,37 @@ fn leases_so_far(http: &str) -> f64 {
         .sum()
 }
 
+/// A client of the coordinator at `address` with a job over `data` registered and its
+/// session open.
+async fn open_session(
+    address: &str,
+    data: &std::path::Path,
+) -> (
+    stoker_proto::v1::coordinator_client::CoordinatorClient<tonic::transport::Channel>,
+    Option<stoker_proto::v1::SessionToken>,
+) {
+    let mut client = common::coordinator_client(address).await;
+    let job_id = client
+        .register_job(RegisterJobRequest {
+            spec: Some(common::train_spec(data, 4)),
+            weight: 0,
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .job_id;
+    let session = client
+        .open_session(OpenSessionRequest {
+            job_id,
+            ..OpenSessionRequest::default()
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .session;
+    (client, session)
+}
+
 #[test]
 fn a_worker_whose_client_takes_nothing_still_leaves_within_its_drain_timeout() {
     let (dir, data) = common::images_in_tempdir(64);
@@ -179,25 +210,7 @@ fn a_worker_whose_client_takes_nothing_still_leaves_within_its_drain_timeout() {
         .unwrap();
     // A client that asks for eight batches and never opens its stream.
     runtime.block_on(async {
-        let mut client = common::coordinator_client(&coordinator.address).await;
-        let job_id = client
-            .register_job(RegisterJobRequest {
-                spec: Some(common::train_spec(&data, 4)),
-                weight: 0,
-            })
-            .await
-            .unwrap()
-            .into_inner()
-            .job_id;
-        let session = client
-            .open_session(OpenSessionRequest {
-                job_id,
-                ..OpenSessionRequest::default()
-            })
-            .await
-            .unwrap()
-            .into_inner()
-            .session;
+        let (mut client, session) = open_session(&coordinator.address, &data).await;
         client
             .update_session(SessionUpdateRequest {
                 session,
@@ -249,25 +262,7 @@ fn a_coordinator_sent_sigterm_exits_though_a_client_keeps_its_session_stream_ope
         .build()
         .unwrap();
     let (requests, stream) = runtime.block_on(async {
-        let mut client = common::coordinator_client(&coordinator.address).await;
-        let job_id = client
-            .register_job(RegisterJobRequest {
-                spec: Some(common::train_spec(&data, 4)),
-                weight: 0,
-            })
-            .await
-            .unwrap()
-            .into_inner()
-            .job_id;
-        let session = client
-            .open_session(OpenSessionRequest {
-                job_id,
-                ..OpenSessionRequest::default()
-            })
-            .await
-            .unwrap()
-            .into_inner()
-            .session;
+        let (mut client, session) = open_session(&coordinator.address, &data).await;
         let (requests, updates) = tokio::sync::mpsc::unbounded_channel();
         requests
             .send(SessionUpdateRequest {

@@ -414,6 +414,62 @@ fn a_consumer_pausing_longer_than_stall_reopen_reopens_nothing() -> TestResult {
     Ok(())
 }
 
+/// A client of another job (seed 4) over `data`, its job registered and its session open, as
+/// the coordinator's client of a trainer that will take nothing: the client, the job and the
+/// session.
+async fn other_jobs_session(
+    network: &MemoryNetwork,
+    data: &Path,
+) -> Result<
+    (
+        proto::coordinator_client::CoordinatorClient<stoker_rpc::transport::RpcChannel>,
+        u64,
+        Option<proto::SessionToken>,
+    ),
+    Box<dyn std::error::Error>,
+> {
+    let security = ClientSecurity::new(None, None, None)?;
+    let mut client = proto::coordinator_client::CoordinatorClient::new(
+        Network::Memory(network.clone()).channel(COORDINATOR, &security)?,
+    );
+    let job_id = client
+        .register_job(proto::RegisterJobRequest {
+            spec: Some(JobSpec {
+                seed: 4,
+                ..spec(data)
+            }),
+            weight: 0,
+        })
+        .await?
+        .into_inner()
+        .job_id;
+    let session = client
+        .open_session(proto::OpenSessionRequest {
+            job_id,
+            ..proto::OpenSessionRequest::default()
+        })
+        .await?
+        .into_inner()
+        .session;
+    Ok((client, job_id, session))
+}
+
+/// Grants `session` `credits` more.
+async fn grant(
+    client: &mut proto::coordinator_client::CoordinatorClient<stoker_rpc::transport::RpcChannel>,
+    session: Option<proto::SessionToken>,
+    credits: u64,
+) -> TestResult {
+    client
+        .update_session(proto::SessionUpdateRequest {
+            session,
+            grant_credits: credits,
+            ..proto::SessionUpdateRequest::default()
+        })
+        .await?;
+    Ok(())
+}
+
 #[test]
 fn a_client_that_never_takes_its_batches_is_leased_no_more_once_its_credits_are_spent() -> TestResult
 {
@@ -424,37 +480,8 @@ fn a_client_that_never_takes_its_batches_is_leased_no_more_once_its_credits_are_
         .enable_all()
         .build()?;
     runtime.block_on(async {
-        let security = ClientSecurity::new(None, None, None)?;
-        let mut client = proto::coordinator_client::CoordinatorClient::new(
-            Network::Memory(network.clone()).channel(COORDINATOR, &security)?,
-        );
-        let job = client
-            .register_job(proto::RegisterJobRequest {
-                spec: Some(JobSpec {
-                    seed: 4,
-                    ..spec(data.path())
-                }),
-                weight: 0,
-            })
-            .await?
-            .into_inner()
-            .job_id;
-        let session = client
-            .open_session(proto::OpenSessionRequest {
-                job_id: job,
-                ..proto::OpenSessionRequest::default()
-            })
-            .await?
-            .into_inner()
-            .session;
-        client
-            .update_session(proto::SessionUpdateRequest {
-                session,
-                grant_credits: 8,
-                ..proto::SessionUpdateRequest::default()
-            })
-            .await?;
-        Ok::<_, Box<dyn std::error::Error>>(())
+        let (mut client, _, session) = other_jobs_session(&network, data.path()).await?;
+        grant(&mut client, session, 8).await
     })?;
     // A live client's epoch beside it. Each task of the silent session holds a delivery slot
     // for the delivery timeout (2 s) and comes back unclaimed, its credit spent: once its 8
@@ -489,29 +516,8 @@ fn a_dead_clients_closed_stream_holds_up_no_other_jobs_epoch() -> TestResult {
         .enable_all()
         .build()?;
     runtime.block_on(async {
+        let (mut client, job_id, session) = other_jobs_session(&network, data.path()).await?;
         let security = ClientSecurity::new(None, None, None)?;
-        let mut client = proto::coordinator_client::CoordinatorClient::new(
-            Network::Memory(network.clone()).channel(COORDINATOR, &security)?,
-        );
-        let job_id = client
-            .register_job(proto::RegisterJobRequest {
-                spec: Some(JobSpec {
-                    seed: 4,
-                    ..spec(data.path())
-                }),
-                weight: 0,
-            })
-            .await?
-            .into_inner()
-            .job_id;
-        let session = client
-            .open_session(proto::OpenSessionRequest {
-                job_id,
-                ..proto::OpenSessionRequest::default()
-            })
-            .await?
-            .into_inner()
-            .session;
         let mut worker = proto::worker_data_client::WorkerDataClient::new(
             Network::Memory(network.clone()).channel(WORKER, &security)?,
         );
@@ -523,14 +529,7 @@ fn a_dead_clients_closed_stream_holds_up_no_other_jobs_epoch() -> TestResult {
         drop(stream);
         drop(worker);
         tokio::time::sleep(Duration::from_millis(200)).await;
-        client
-            .update_session(proto::SessionUpdateRequest {
-                session,
-                grant_credits: 16,
-                ..proto::SessionUpdateRequest::default()
-            })
-            .await?;
-        Ok::<_, Box<dyn std::error::Error>>(())
+        grant(&mut client, session, 16).await
     })?;
     let started = std::time::Instant::now();
     let loader = remote(&network, data.path(), None)?;
