@@ -263,6 +263,12 @@ impl CoordinatorService {
         lock(&self.state).core.stats()
     }
 
+    /// Job `job`'s share of the workers: its weight, the leases handed to it, its ready
+    /// sessions.
+    pub fn job_share(&self, job: u64) -> crate::JobShareStats {
+        lock(&self.state).core.job_share(crate::JobId(job))
+    }
+
     /// The core under the service's lock, held as long as the guard lives (tests stall the
     /// coordinator with it).
     #[cfg(test)]

@@ -479,9 +479,10 @@ fn a_client_that_never_takes_its_batches_is_leased_no_more_once_its_credits_are_
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
-    runtime.block_on(async {
-        let (mut client, _, session) = other_jobs_session(&network, data.path()).await?;
-        grant(&mut client, session, 8).await
+    let silent = runtime.block_on(async {
+        let (mut client, job, session) = other_jobs_session(&network, data.path()).await?;
+        grant(&mut client, session, 8).await?;
+        Ok::<_, Box<dyn std::error::Error>>(job)
     })?;
     // A live client's epoch beside it. Each task of the silent session holds a delivery slot
     // for the delivery timeout (2 s) and comes back unclaimed, its credit spent: once its 8
@@ -496,8 +497,11 @@ fn a_client_that_never_takes_its_batches_is_leased_no_more_once_its_credits_are_
     assert_eq!(seen, (0..steps).collect::<Vec<_>>());
     // Past two more delivery timeouts nothing of it is left in flight or leased again.
     std::thread::sleep(Duration::from_secs(5));
+    // Eight leases, each failed unclaimed (the live client's own, when a slow machine makes it
+    // reopen, may fail too: they are not counted against the silent job).
     let stats = cluster.coordinator.core_stats();
-    assert_eq!(stats.failed_leases, 8, "{stats:?}");
+    assert_eq!(cluster.coordinator.job_share(silent).leased, 8, "{stats:?}");
+    assert!(stats.failed_leases >= 8, "{stats:?}");
     assert_eq!(stats.leased_tasks, 0, "{stats:?}");
     Ok(())
 }
