@@ -94,6 +94,13 @@ pub fn run(spec: &JobSpec, pipeline: &str, args: &PipelineBench) -> Result<()> {
         },
     )?;
     let steps = loader.steps_per_epoch();
+    if steps == 0 {
+        return Err(Error::InvalidArgument(
+            "an epoch of this job holds no batch (fewer samples than one batch with \
+             --drop-last, or than the ranks): nothing to benchmark"
+                .into(),
+        ));
+    }
     let batches = if args.batches == 0 {
         steps
     } else {

@@ -11,8 +11,8 @@ use anyhow::Context;
 use clap::{Args, ValueEnum};
 use indicatif::{ProgressBar, ProgressStyle};
 use stoker_datasets::{
-    upload_tar_set, write_parquet, write_tar_shards, ImageFolder, ObjectCache,
-    ParquetWriterOptions, SampleSource, TarShardsWriterOptions,
+    resolve_local, upload_tar_set, write_parquet, write_tar_shards, ImageFolder, LocalSource,
+    ObjectCache, ParquetWriterOptions, SampleSource, TarShardsWriterOptions,
 };
 
 /// Target formats of `stoker convert`.
@@ -31,6 +31,10 @@ pub struct ConvertArgs {
     /// ImageFolder root to read.
     #[arg(long)]
     pub from: PathBuf,
+    /// The split to read of a folder laid out by split (`train/`, `val/`, ... each holding
+    /// class folders), which is never converted whole.
+    #[arg(long)]
+    pub split: Option<String>,
     /// Format to write.
     #[arg(long, value_enum)]
     pub to: TargetFormat,
@@ -48,14 +52,27 @@ pub struct ConvertArgs {
     pub row_group_size: u64,
 }
 
+/// The image folder `--from` names, or its split `--split`: a folder laid out by split is
+/// refused whole, naming its splits, as the loader refuses it.
+fn open_folder(args: &ConvertArgs) -> anyhow::Result<ImageFolder> {
+    let from = args.from.to_string_lossy();
+    let cannot = || format!("cannot open the image folder {}", args.from.display());
+    let path = match resolve_local(&[&from], args.split.as_deref()).with_context(cannot)? {
+        LocalSource::Path(path) => path,
+        LocalSource::Files { name, .. } => {
+            anyhow::bail!("{name} names files; convert reads an image folder")
+        }
+    };
+    ImageFolder::open(&path).with_context(cannot)
+}
+
 /// Runs the command.
 pub fn run(args: ConvertArgs) -> anyhow::Result<()> {
     let out = args.out.to_string_lossy().into_owned();
     if out.starts_with("s3://") {
         return convert_to_bucket(args, &out);
     }
-    let folder = ImageFolder::open(&args.from)
-        .with_context(|| format!("cannot open the image folder {}", args.from.display()))?;
+    let folder = open_folder(&args)?;
     let max_bytes = args.shard_size.saturating_mul(1_000_000);
     let bar = ProgressBar::new(folder.len());
     bar.set_style(

@@ -13,8 +13,8 @@ pub struct DigestArgs {
     /// Epoch to read.
     #[arg(long, default_value_t = 0)]
     pub epoch: u64,
-    /// Batches to hash (fewer if the epoch is shorter).
-    #[arg(long, default_value_t = 4)]
+    /// Batches to hash, at least 1 (fewer if the epoch is shorter).
+    #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u64).range(1..))]
     pub batches: u64,
     /// Decode threads (0: all cores).
     #[arg(long, default_value_t = 0)]
@@ -80,6 +80,14 @@ pub fn run(args: DigestArgs) -> anyhow::Result<()> {
     };
     let mut stream = loader.epoch(args.epoch, 0)?;
     let done = digest_batches(args.batches, || stream.next_batch())?;
+    if done.digest.batches() == 0 {
+        // A hash of nothing would match any other run's.
+        anyhow::bail!(
+            "epoch {} of this job holds no batch ({} steps per epoch): nothing to hash",
+            args.epoch,
+            loader.steps_per_epoch()
+        );
+    }
     let served_by = match &args.address {
         Some(address) => format!("coordinator {address}"),
         None => format!("threads {}", loader.threads()),

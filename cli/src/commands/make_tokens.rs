@@ -10,11 +10,11 @@ use stoker_datasets::{write_synthetic_tokens, SyntheticTokensSpec, TokenDtype};
 /// Arguments of `stoker make-tokens`.
 #[derive(Debug, Args)]
 pub struct MakeTokensArgs {
-    /// Number of tokens.
-    #[arg(long)]
+    /// Number of tokens, at least 1.
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
     pub tokens: u64,
-    /// Output file (replaced). Name it `*.u32.bin` with `--dtype uint32` so that readers pick
-    /// the dtype from the name.
+    /// Output file (replaced once written whole). Readers pick the dtype from the name:
+    /// `--dtype uint32` needs a `*.u32.bin` (or `*.uint32.bin`) name, `uint16` any other.
     #[arg(long)]
     pub out: PathBuf,
     /// Ids are drawn from 0..vocab (50257: GPT-2's vocabulary).
@@ -35,6 +35,16 @@ pub fn run(args: MakeTokensArgs) -> anyhow::Result<()> {
     } else {
         TokenDtype::Uint16
     };
+    let named = TokenDtype::from_file_name(&args.out);
+    if named != dtype {
+        anyhow::bail!(
+            "--out {}: readers take a file of that name for {} tokens, not {}; name it \
+             *.u32.bin for uint32 (any other name for uint16)",
+            args.out.display(),
+            named.name(),
+            dtype.name()
+        );
+    }
     if let Some(parent) = args.out.parent().filter(|p| !p.as_os_str().is_empty()) {
         std::fs::create_dir_all(parent)
             .with_context(|| format!("cannot create {}", parent.display()))?;

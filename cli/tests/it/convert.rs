@@ -180,3 +180,92 @@ fn non_empty_outputs_are_refused_clearly() {
     assert!(help.contains("--shard-size"), "{help}");
     assert!(help.contains("--row-group-size"), "{help}");
 }
+
+/// A folder laid out by split is never converted whole (its split names becoming classes): it
+/// is refused naming its splits, and `--split` converts one, as the loader reads it.
+#[test]
+fn a_folder_laid_out_by_split_is_converted_one_split_at_a_time() {
+    let dir = tempfile::tempdir().unwrap();
+    let splits = dir.path().join("splits");
+    common::make_images(&splits.join("train"), 8);
+    common::make_images(&splits.join("val"), 4);
+    let whole = stoker(&convert_args(
+        &splits,
+        "tar",
+        &dir.path().join("whole"),
+        &[],
+    ));
+    assert!(!whole.status.success());
+    let message = String::from_utf8_lossy(&whole.stderr);
+    assert!(message.contains("train, val"), "{message}");
+    let out = dir.path().join("train");
+    stdout_of(&convert_args(&splits, "tar", &out, &["--split", "train"]));
+    assert_eq!(
+        digest(&out, &[]),
+        digest(&splits, &["--split", "train"]),
+        "the split converted reads as the split"
+    );
+}
+
+/// A conversion that stops on a sample it cannot read leaves no shard or file behind: nothing
+/// a reader would take for the whole set.
+#[test]
+fn a_conversion_stopped_midway_leaves_no_set_to_read() {
+    let dir = tempfile::tempdir().unwrap();
+    let folder = dir.path().join("folder");
+    // Enough images for a shard of 1 MB to be finished before the last sample fails.
+    common::make_images(&folder, 40);
+    let class = std::fs::read_dir(&folder)
+        .unwrap()
+        .flatten()
+        .map(|entry| entry.path())
+        .filter(|path| path.is_dir())
+        .max()
+        .unwrap();
+    std::os::unix::fs::symlink(dir.path().join("gone.jpg"), class.join("zzzz.jpg")).unwrap();
+    for to in ["tar", "parquet"] {
+        let out = dir.path().join(to);
+        let failed = stoker(&convert_args(&folder, to, &out, &["--shard-size", "1"]));
+        assert!(!failed.status.success(), "{to}");
+        let left: Vec<String> = std::fs::read_dir(&out)
+            .unwrap()
+            .flatten()
+            .map(|entry| entry.file_name().to_string_lossy().into_owned())
+            .collect();
+        assert!(
+            !left
+                .iter()
+                .any(|name| name.ends_with(".tar") || name.ends_with(".parquet")),
+            "{to}: {left:?}"
+        );
+    }
+}
+
+/// `digest` never prints the hash of nothing: `--batches 0` is refused, and so is an epoch
+/// without a batch; `bench` of such an epoch says so rather than spinning.
+#[test]
+fn an_epoch_without_a_batch_is_refused_not_hashed_or_spun_on() {
+    let (_dir, folder) = common::images_in_tempdir(4);
+    let data = folder.to_str().unwrap();
+    let zero = stoker(&["digest", "--data", data, "--batches", "0"]);
+    assert!(!zero.status.success());
+    let short = [
+        "--data",
+        data,
+        "--batch-size",
+        "8",
+        "--drop-last",
+        "--size",
+        "32",
+    ];
+    let digest = stoker(&[&["digest"][..], &short].concat());
+    assert!(!digest.status.success());
+    let message = String::from_utf8_lossy(&digest.stderr);
+    assert!(message.contains("holds no batch"), "{message}");
+    let started = std::time::Instant::now();
+    let bench = stoker(&[&["bench"][..], &short, &["--floor-images", "0"]].concat());
+    assert!(!bench.status.success());
+    let message = String::from_utf8_lossy(&bench.stderr);
+    assert!(message.contains("holds no batch"), "{message}");
+    assert!(started.elapsed() < std::time::Duration::from_secs(60));
+}

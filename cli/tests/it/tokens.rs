@@ -499,3 +499,38 @@ fn walk(dir: &Path) -> Vec<std::path::PathBuf> {
     }
     files
 }
+
+/// `make-tokens` writes no file its readers would misread: a uint32 file must be named so
+/// (`*.u32.bin`), and an empty one is refused.
+#[test]
+fn make_tokens_refuses_a_name_readers_would_take_for_another_dtype() {
+    let dir = tempfile::tempdir().unwrap();
+    let plain = dir.path().join("llama.bin");
+    let plain = plain.to_str().unwrap();
+    let wrong = common::stoker(&[
+        "make-tokens",
+        "--tokens",
+        "100",
+        "--dtype",
+        "uint32",
+        "--out",
+        plain,
+    ]);
+    assert!(!wrong.status.success());
+    let message = String::from_utf8_lossy(&wrong.stderr);
+    assert!(message.contains("*.u32.bin"), "{message}");
+    assert!(!Path::new(plain).exists());
+    let empty = common::stoker(&["make-tokens", "--tokens", "0", "--out", plain]);
+    assert!(!empty.status.success());
+    let named = dir.path().join("llama.u32.bin");
+    common::stdout_of(&[
+        "make-tokens",
+        "--tokens",
+        "100",
+        "--dtype",
+        "uint32",
+        "--out",
+        named.to_str().unwrap(),
+    ]);
+    assert_eq!(std::fs::metadata(&named).unwrap().len(), 400);
+}

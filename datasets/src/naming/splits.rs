@@ -10,6 +10,7 @@ use std::path::{Path, PathBuf};
 
 use super::{kind_of, sort_paths};
 use crate::error::{Error, Result};
+use crate::image_format::has_image_extension;
 use crate::split_names::{is_split_folder_name, split_keyword_in_file_name};
 
 /// The group of files without a split in their name, beside named ones.
@@ -150,17 +151,25 @@ pub(crate) fn find_splits(root: &Path) -> Result<Option<SplitLayout>> {
             return Ok(Some(SplitLayout::Files(splits)));
         }
         // `data/` is looked in next, as a base of its own, not taken for a split.
-        let with_data: BTreeMap<String, PathBuf> = listing
+        let candidates = listing
             .folders
             .iter()
-            .filter(|(name, _)| !(base == root && name == "data"))
-            .filter(|(_, folder)| {
-                folder.join(crate::MDS_INDEX_FILE).is_file()
-                    || Listing::of(folder).is_ok_and(|l| !l.data_files.is_empty())
-            })
-            .cloned()
-            .collect();
-        if !with_data.is_empty() {
+            .filter(|(name, _)| !(base == root && name == "data"));
+        let mut with_data = BTreeMap::new();
+        let mut with_images = false;
+        for (name, folder) in candidates {
+            let inside = Listing::of(folder).ok();
+            // A folder holding images is an image folder's class (a data file in it, or a
+            // conversion written into it, stray), never a split of data files.
+            if inside.as_ref().is_some_and(|l| l.images) {
+                with_images = true;
+            } else if folder.join(crate::MDS_INDEX_FILE).is_file()
+                || inside.is_some_and(|l| !l.data_files.is_empty())
+            {
+                with_data.insert(name.clone(), folder.clone());
+            }
+        }
+        if !with_data.is_empty() && !with_images {
             return Ok(Some(SplitLayout::Folders(with_data)));
         }
         if base == root && image_split_folders(&listing) {
@@ -216,10 +225,12 @@ fn image_split_folders(listing: &Listing) -> bool {
             .any(|(_, folder)| Listing::of(folder).is_ok_and(|l| !l.folders.is_empty()))
 }
 
-/// A folder's data files (by extension, [`kind_of`]) and subfolders (hidden ones left out).
+/// A folder's data files (by extension, [`kind_of`]) and subfolders (hidden ones left out),
+/// and whether it holds image files of its own.
 struct Listing {
     data_files: Vec<PathBuf>,
     folders: Vec<(String, PathBuf)>,
+    images: bool,
 }
 
 impl Listing {
@@ -227,6 +238,7 @@ impl Listing {
         let entries = std::fs::read_dir(folder).map_err(|source| Error::io(folder, source))?;
         let mut data_files = Vec::new();
         let mut folders = Vec::new();
+        let mut images = false;
         for entry in entries {
             let path = entry.map_err(|source| Error::io(folder, source))?.path();
             let name = path
@@ -239,12 +251,15 @@ impl Listing {
                 }
             } else if path.is_file() && kind_of(&path).is_some() {
                 data_files.push(path);
+            } else if has_image_extension(name.to_ascii_lowercase().as_bytes()) {
+                images = true;
             }
         }
         folders.sort();
         Ok(Listing {
             data_files,
             folders,
+            images,
         })
     }
 }

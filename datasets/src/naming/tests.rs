@@ -110,6 +110,32 @@ fn split_folders_of_data_files_and_of_image_classes_are_splits() {
     );
 }
 
+/// An image folder with a data file in one class folder (a stray Parquet file, a conversion
+/// written into the source) is an image folder: that class folder is no split read alone.
+#[test]
+fn a_data_file_in_an_image_folders_class_folder_makes_no_split() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    touch(
+        root,
+        &[
+            "stray/class_00/a.jpg",
+            "stray/class_01/b.JPEG",
+            "stray/class_01/extra.parquet",
+            "nest/class_00/a.png",
+            "nest/shards/shard-000000.tar",
+        ],
+    );
+    for name in ["stray", "nest"] {
+        let folder = at(root, name);
+        assert_eq!(
+            names_of(root, resolve_local(&[&folder], None).unwrap()),
+            [format!("path:{name}")],
+            "{name}"
+        );
+    }
+}
+
 /// A hub repository whose `data/` files are not named by split reads those files, as one
 /// source; a split asked of it names none found.
 #[test]

@@ -155,23 +155,27 @@ impl OpenFile {
         self.writer.bytes_written() as u64 + pending.image_bytes
     }
 
-    /// Writes `pending` as the last row group, then the footer; syncs the file, gives it its
-    /// final name and counts it in `written`.
+    /// Writes `pending` as the last row group, then the footer; syncs the file, counts it in
+    /// `written` and adds it to `finished` as (temporary name, final name): every file takes
+    /// its final name once the whole set is written, so a run stopped midway leaves no file a
+    /// reader would take for the set.
     fn close(
         mut self,
         pending: &mut PendingRows,
         schema: &SchemaRef,
         written: &mut ParquetWritten,
+        finished: &mut Vec<(PathBuf, PathBuf)>,
     ) -> Result<()> {
         self.write_group(pending, schema)?;
+        let temporary = self.temporary.clone();
         let (path, bytes, groups) = self.finish()?;
-        written.files.push(path);
+        finished.push((temporary, path));
         written.bytes += bytes;
         written.row_groups += groups;
         Ok(())
     }
 
-    /// Writes the footer, syncs the file and gives it its final name.
+    /// Writes the footer and syncs the file, still under its temporary name.
     fn finish(self) -> Result<(PathBuf, u64, usize)> {
         let temporary = self.temporary;
         let file = self
@@ -184,7 +188,6 @@ impl OpenFile {
         let io = |source| Error::io(&temporary, source);
         file.sync_all().map_err(io)?;
         let bytes = file.metadata().map_err(io)?.len();
-        std::fs::rename(&temporary, &self.path).map_err(io)?;
         Ok((self.path, bytes, self.row_groups))
     }
 }
@@ -208,7 +211,9 @@ fn writer_properties(class_names: &[String], rows_per_group: usize) -> Result<Wr
 }
 
 /// Writes every sample of `source` as Parquet files into `out` (created; it must be empty).
-/// `progress` is called with the number of samples written so far.
+/// `progress` is called with the number of samples written so far. The files are written under
+/// temporary names and take theirs only once every sample is written, so a run stopped midway
+/// (or failing on a sample) leaves no set a reader would open as whole.
 pub fn write_parquet(
     source: &dyn SampleSource,
     out: &Path,
@@ -235,6 +240,7 @@ pub fn write_parquet(
         bytes: 0,
     };
     let mut current: Option<OpenFile> = None;
+    let mut finished: Vec<(PathBuf, PathBuf)> = Vec::new();
     let mut pending = PendingRows::default();
     let result = (|| -> Result<()> {
         for index in 0..source.len() {
@@ -245,17 +251,14 @@ pub fn write_parquet(
             });
             if full {
                 if let Some(file) = current.take() {
-                    file.close(&mut pending, &schema, &mut written)?;
+                    file.close(&mut pending, &schema, &mut written, &mut finished)?;
                 }
             }
             let file = match current.as_mut() {
                 Some(file) => file,
-                None => current.insert(OpenFile::create(
-                    out,
-                    written.files.len(),
-                    &schema,
-                    &properties,
-                )?),
+                None => {
+                    current.insert(OpenFile::create(out, finished.len(), &schema, &properties)?)
+                }
             };
             pending.keys.push(format!("{index:08}"));
             pending.labels.push(source.label(index));
@@ -268,16 +271,21 @@ pub fn write_parquet(
             progress(written.samples);
         }
         if let Some(file) = current.take() {
-            file.close(&mut pending, &schema, &mut written)?;
+            file.close(&mut pending, &schema, &mut written, &mut finished)?;
         }
         Ok(())
     })();
     if let Err(error) = result {
-        if let Some(file) = current {
-            // Best effort: leave no half-written file behind.
-            let _ = std::fs::remove_file(&file.temporary);
+        // Best effort: leave no file of a set cut short behind.
+        let temporaries = current.map(|file| file.temporary);
+        for temporary in finished.iter().map(|(t, _)| t).chain(&temporaries) {
+            let _ = std::fs::remove_file(temporary);
         }
         return Err(error);
+    }
+    for (temporary, path) in finished {
+        std::fs::rename(&temporary, &path).map_err(|source| Error::io(&path, source))?;
+        written.files.push(path);
     }
     info!(
         out = %out.display(),

@@ -136,8 +136,10 @@ impl OpenShard {
         })
     }
 
-    /// Ends the archive, flushes it and gives it its final name.
-    fn finish(self) -> Result<(PathBuf, u64)> {
+    /// Ends the archive and flushes it, still under its temporary name (every shard is given
+    /// its final name once the whole set is written: a run stopped midway leaves no shard a
+    /// reader would take for the set).
+    fn finish(self) -> Result<(FinishedShard, u64)> {
         let temporary = self.temporary;
         let io = |source| Error::io(&temporary, source);
         let mut writer = self.builder.into_inner().map_err(io)?;
@@ -147,14 +149,25 @@ impl OpenShard {
             .map_err(|error| io(error.into_error()))?;
         file.sync_all().map_err(io)?;
         let bytes = file.metadata().map_err(io)?.len();
-        std::fs::rename(&temporary, &self.path).map_err(io)?;
-        Ok((self.path, bytes))
+        let finished = FinishedShard {
+            temporary,
+            path: self.path,
+        };
+        Ok((finished, bytes))
     }
+}
+
+/// A shard written whole, under its temporary name until the set is.
+struct FinishedShard {
+    temporary: PathBuf,
+    path: PathBuf,
 }
 
 /// Writes every sample of `source` as tar shards into `out` (created; it must be empty), plus
 /// a `classes.txt` with the class names. `progress` is called with the number of samples
-/// written so far.
+/// written so far. The shards are written as `.partial` files and take their names only once
+/// every sample is written, so a run stopped midway (or failing on a sample) leaves no set a
+/// reader would open as whole.
 pub fn write_tar_shards(
     source: &dyn SampleSource,
     out: &Path,
@@ -172,7 +185,18 @@ pub fn write_tar_shards(
         samples: 0,
         bytes: 0,
     };
+    if let Some(name) = source
+        .class_names()
+        .iter()
+        .find(|name| name.contains(['\n', '\r']))
+    {
+        return Err(Error::InvalidArgument(format!(
+            "class name {name:?} holds a line break, which classes.txt (one name per line) \
+             cannot hold"
+        )));
+    }
     let mut current: Option<OpenShard> = None;
+    let mut finished: Vec<FinishedShard> = Vec::new();
     let result = (|| -> Result<()> {
         for index in 0..source.len() {
             let image = source.read(index)?;
@@ -185,14 +209,14 @@ pub fn write_tar_shards(
             });
             if full {
                 if let Some(shard) = current.take() {
-                    let (path, bytes) = shard.finish()?;
-                    written.shards.push(path);
+                    let (shard, bytes) = shard.finish()?;
+                    finished.push(shard);
                     written.bytes += bytes;
                 }
             }
             let shard = match current.as_mut() {
                 Some(shard) => shard,
-                None => current.insert(OpenShard::create(out, written.shards.len())?),
+                None => current.insert(OpenShard::create(out, finished.len())?),
             };
             let io = |source| Error::io(&shard.temporary, source);
             append_member(
@@ -212,26 +236,32 @@ pub fn write_tar_shards(
             progress(written.samples);
         }
         if let Some(shard) = current.take() {
-            let (path, bytes) = shard.finish()?;
-            written.shards.push(path);
+            let (shard, bytes) = shard.finish()?;
+            finished.push(shard);
             written.bytes += bytes;
         }
         Ok(())
     })();
     if let Err(error) = result {
-        if let Some(shard) = current {
-            // Best effort: leave no half-written shard behind.
-            let _ = std::fs::remove_file(&shard.temporary);
+        // Best effort: leave no shard of a set cut short behind.
+        let temporaries = current.map(|shard| shard.temporary);
+        for temporary in finished.iter().map(|f| &f.temporary).chain(&temporaries) {
+            let _ = std::fs::remove_file(temporary);
         }
         return Err(error);
     }
-
     let classes = out.join(CLASSES_FILE);
     let temporary = out.join(format!("{CLASSES_FILE}.partial"));
     let mut text = source.class_names().join("\n");
     text.push('\n');
     std::fs::write(&temporary, text).map_err(|source| Error::io(&temporary, source))?;
     std::fs::rename(&temporary, &classes).map_err(|source| Error::io(&classes, source))?;
+    for shard in finished {
+        std::fs::rename(&shard.temporary, &shard.path)
+            .map_err(|source| Error::io(&shard.path, source))?;
+        written.shards.push(shard.path);
+    }
+
     info!(
         out = %out.display(),
         shards = written.shards.len(),

@@ -22,7 +22,8 @@ pub struct SyntheticTokensSpec {
     pub seed: u64,
 }
 
-/// Writes a token file of `spec.tokens` seeded random ids to `path` (replacing it).
+/// Writes a token file of `spec.tokens` seeded random ids to `path` (replacing it once written
+/// whole).
 pub fn write_synthetic_tokens(path: &Path, spec: &SyntheticTokensSpec) -> Result<()> {
     let fits = match spec.dtype {
         TokenDtype::Uint16 => spec.vocab <= 1 << 16,
@@ -40,6 +41,21 @@ pub fn write_synthetic_tokens(path: &Path, spec: &SyntheticTokensSpec) -> Result
             }
         )));
     }
+    // Written under a temporary name and renamed once whole: a run stopped midway leaves no
+    // shorter file under `path` for a reader to take as the set.
+    let mut temporary = path.as_os_str().to_owned();
+    temporary.push(".partial");
+    let temporary = std::path::PathBuf::from(temporary);
+    let written = write_ids(&temporary, spec)
+        .and_then(|()| std::fs::rename(&temporary, path).map_err(|e| Error::io(path, e)));
+    if written.is_err() {
+        let _ = std::fs::remove_file(&temporary);
+    }
+    written
+}
+
+/// Writes `spec`'s ids to `path`.
+fn write_ids(path: &Path, spec: &SyntheticTokensSpec) -> Result<()> {
     let file = std::fs::File::create(path).map_err(|source| Error::io(path, source))?;
     let mut out = BufWriter::with_capacity(1 << 20, file);
     let mut rng = Pcg64Mcg::new(u128::from(spec.seed) | 1 << 100);
