@@ -213,6 +213,13 @@ def test_megatron_corpora_mix_by_weight(tmp_path: Path) -> None:
     # A Megatron blend string names the same mix.
     blend = f"3 {tmp_path / 'corpus1'} 1 {tmp_path / 'corpus2'}.idx"
     assert stoker.megatron_blend(blend) == {corpora[1]: 3.0, f"{tmp_path / 'corpus2'}.bin": 1.0}
+    # Without weights, as Megatron weighs such a blend: by the corpora's sizes (2,000 int32
+    # tokens against 500), not alike.
+    write_megatron(tmp_path / "corpus3", [[5] * 50 for _ in range(10)], code=4)
+    unweighted = f"{tmp_path / 'corpus1'} {tmp_path / 'corpus3'}.bin"
+    assert stoker.megatron_blend(unweighted) == {
+        corpora[1]: 2000.0, f"{tmp_path / 'corpus3'}.bin": 500.0,
+    }
     with stoker.mix(stoker.megatron_blend(blend),
                     pipeline=[ops.TokenWindows(SEQ_LEN)], batch_size=8, window=4,
                     output="numpy") as mixed:
@@ -271,7 +278,11 @@ def test_megatron_blends_are_read_as_megatron_reads_them() -> None:
     assert stoker.megatron_blend(["0.3", "a_text_document", "0.7", "b.bin"]) == {
         "a_text_document.bin": 0.3, "b.bin": 0.7,
     }
-    assert stoker.megatron_blend("a b.idx") == {"a.bin": 1.0, "b.bin": 1.0}
+    # Unweighted prefixes weigh their sizes, read from their files.
+    with pytest.raises(ValueError, match="cannot be read"):
+        stoker.megatron_blend("a b.idx")
+    with pytest.raises(ValueError, match="give the blend's weights"):
+        stoker.megatron_blend("s3://bucket/a s3://bucket/b")
     for bad, problem in [("", "at least one"), ("0.3 a 0.7", "alternates"),
                          ("0 a 1 b", "positive"), ("-1 a 1 b", "positive"),
                          ("0.5 a 0.5 a.bin", "twice"), ("0.5 0.5", "stands where")]:

@@ -111,7 +111,9 @@ fn scan(folder: &Path, entries: &mut Vec<ScannedEntry>) {
         let name = name.to_string_lossy();
         if let Some((data_name, _)) = name.split_once(PART_MARKER) {
             // A download holds its entry's lock exclusive until the part is renamed into
-            // place: a part whose entry nobody holds was left by a process that died.
+            // place: a part whose entry nobody holds was left by a process that died. The
+            // metadata being written (`<data>.stoker-meta.stoker-part-...`) is its entry's too.
+            let data_name = data_name.strip_suffix(META_SUFFIX).unwrap_or(data_name);
             let lock = with_suffix(&path.with_file_name(data_name), LOCK_SUFFIX);
             let abandoned = match OpenOptions::new().read(true).write(true).open(&lock) {
                 Ok(file) => try_lock(&file, true, &lock).unwrap_or(false),
@@ -169,8 +171,12 @@ mod tests {
         std::fs::write(&left, b"half").unwrap();
         let orphan = bucket.join("nolock.stoker-part-4242-2");
         std::fs::write(&orphan, b"half").unwrap();
+        // The metadata a commit is writing under the entry's lock, before its rename.
+        let committing = bucket.join("busy.stoker-meta.stoker-part-4242-meta");
+        std::fs::write(&committing, b"{}").unwrap();
         evict_to_cap(dir.path(), u64::MAX, &Counters::default()).unwrap();
         assert!(busy.exists(), "a download in progress is kept");
+        assert!(committing.exists(), "metadata being committed is kept");
         assert!(
             !left.exists() && !orphan.exists(),
             "abandoned downloads are removed"

@@ -181,7 +181,18 @@ pub fn window_counts(weights: &[f64], window: u32) -> Result<Vec<u64>> {
         )));
     }
     let window = u64::from(window);
-    let total: f64 = weights.iter().sum();
+    // Weights whose sum overflows (each finite, say 1e308 twice) are taken relative to the
+    // largest; weights that sum finite are used as given, so their counts never change.
+    let relative: Vec<f64>;
+    let mut total: f64 = weights.iter().sum();
+    let weights = if total.is_finite() {
+        weights
+    } else {
+        let largest = weights.iter().copied().fold(0.0, f64::max);
+        relative = weights.iter().map(|w| w / largest).collect();
+        total = relative.iter().sum();
+        &relative[..]
+    };
     let exact: Vec<f64> = weights.iter().map(|w| w / total * window as f64).collect();
     let mut counts: Vec<u64> = exact.iter().map(|e| e.floor() as u64).collect();
     let assigned: u64 = counts.iter().sum();
@@ -413,6 +424,12 @@ mod tests {
         assert_eq!(window_counts(&[1.0, 1.0, 1.0], 10).unwrap(), vec![4, 3, 3]);
         // 0.625 * 8 = 5, 0.375 * 8 = 3: exact.
         assert_eq!(window_counts(&[5.0, 3.0], 8).unwrap(), vec![5, 3]);
+        // Finite weights whose sum is not: the counts still fill the window.
+        assert_eq!(window_counts(&[1e308, 1e308], 100).unwrap(), vec![50, 50]);
+        assert_eq!(
+            window_counts(&[f64::MAX, f64::MAX / 3.0, f64::MAX], 10).unwrap(),
+            vec![4, 2, 4]
+        );
         // Remainders .6 and .4 of 2.6 and 1.4 (window 4): the larger remainder gets the extra.
         assert_eq!(window_counts(&[0.65, 0.35], 4).unwrap(), vec![3, 1]);
         for (weights, needle) in [

@@ -272,12 +272,15 @@ def megatron_blend(blend: str | Sequence[str]) -> dict[str, float]:
 
     ``"0.3 /data/web_text_document 0.7 /data/code_text_document"`` (or the same as a list of
     strings, as Megatron's ``--data-path`` takes it) gives ``{"/data/web_text_document.bin":
-    0.3, "/data/code_text_document.bin": 0.7}``; prefixes without weights weigh 1 each, as
-    Megatron weighs them alike. A prefix may also be written with its ``.bin`` or ``.idx``.
+    0.3, "/data/code_text_document.bin": 0.7}``. Prefixes without weights weigh their token
+    counts, as Megatron weighs an unweighted blend by its corpora's sizes (read from each
+    local ``.idx`` header and ``.bin`` length; an ``s3://`` prefix needs a weight). A prefix
+    may also be written with its ``.bin`` or ``.idx``.
 
     Raises:
         ValueError: the blend is empty, mixes weighted and unweighted prefixes, has a weight
-            that is not a positive number, or names a prefix twice.
+            that is not a positive number, names a prefix twice, or names without weights a
+            corpus whose size cannot be read here.
     """
     parts = blend.split() if isinstance(blend, str) else [str(part) for part in blend]
     if not parts:
@@ -295,7 +298,7 @@ def megatron_blend(blend: str | Sequence[str]) -> dict[str, float]:
     pairs = (
         [(weight(parts[k]), parts[k + 1]) for k in range(0, len(parts), 2)]
         if weighted
-        else [(1.0, part) for part in parts]
+        else [(float(_corpus_tokens(part)), part) for part in parts]
     )
     sources: dict[str, float] = {}
     for value, prefix in pairs:
@@ -310,3 +313,35 @@ def megatron_blend(blend: str | Sequence[str]) -> dict[str, float]:
         sources[f"{prefix}.bin"] = value
     return sources
 
+
+# Bytes per token of each dtype code of a Megatron `.idx` header (Megatron's `DType`).
+_MEGATRON_DTYPE_SIZES = {1: 1, 2: 1, 3: 2, 4: 4, 5: 8, 6: 8, 7: 4, 8: 2}
+_MEGATRON_INDEX_MAGIC = b"MMIDIDX\x00\x00"
+
+
+def _corpus_tokens(prefix: str) -> int:
+    """The tokens of the Megatron corpus ``prefix`` (its ``.bin``'s length over the token size
+    its ``.idx`` header names), an unweighted blend's weight."""
+    for ending in (".bin", ".idx"):
+        prefix = prefix.removesuffix(ending)
+    if "://" in prefix:
+        raise ValueError(
+            f"{prefix}: an unweighted blend weighs each corpus by its size, which is read from "
+            "local files only; give the blend's weights"
+        )
+    index = f"{prefix}.idx"
+    try:
+        with open(index, "rb") as file:
+            header = file.read(len(_MEGATRON_INDEX_MAGIC) + 9)
+        size = os.path.getsize(f"{prefix}.bin")
+    except OSError as error:
+        raise ValueError(
+            f"an unweighted blend weighs each corpus by its size, and {prefix} cannot be read "
+            f"({error}); give the blend's weights"
+        ) from error
+    token_size = _MEGATRON_DTYPE_SIZES.get(header[-1]) if len(header) == 18 else None
+    if not header.startswith(_MEGATRON_INDEX_MAGIC) or token_size is None:
+        raise ValueError(f"{index} is not a Megatron index (its header is not one)")
+    if size < token_size:
+        raise ValueError(f"{prefix}.bin holds no token, so weighs nothing in the blend")
+    return size // token_size
