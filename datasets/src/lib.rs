@@ -76,6 +76,7 @@ mod image_folder;
 mod image_format;
 mod inspect;
 mod jsonl;
+mod label_checks;
 mod mapped_file;
 mod mds;
 mod megatron;

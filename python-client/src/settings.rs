@@ -86,6 +86,8 @@ settings! {
         shuffle_window: u32,
         /// JSONL's text field ("": `"text"`).
         text_column: String,
+        /// The label column ("": found by name).
+        label_column: String,
         /// The coordinator (or fleet) serving the job, for the distributed mode.
         address: Option<String>,
         /// Seconds batches may be wanted with no worker.

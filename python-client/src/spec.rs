@@ -12,6 +12,8 @@ pub(crate) struct JobSettings<'a> {
     pub format: &'a str,
     pub shuffle_window: u32,
     pub text_column: String,
+    /// The label column ("" = found by name).
+    pub label_column: String,
     /// The source's names when it is a list of several (`source` is then the first, for
     /// messages); empty for one.
     pub uris: Vec<String>,
@@ -123,6 +125,7 @@ pub(crate) fn job_spec(
             split: settings.split,
             format: format as i32,
             text_column: settings.text_column,
+            label_column: settings.label_column,
             ..Default::default()
         }),
         pipeline: crate::ops::from_python(ops)?,

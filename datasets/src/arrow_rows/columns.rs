@@ -106,7 +106,8 @@ pub(crate) fn integer_cell(array: &dyn Array, row: usize) -> Cell<i64> {
 }
 
 /// Cell `row` of an integer or floating-point column as `f32` (rounded to nearest, as a cast
-/// in numpy or torch would).
+/// in numpy or torch would); a finite double past `f32`'s range does not fit (a cast would make
+/// it infinite), while the data's own infinities and NaNs are kept.
 pub(crate) fn float_cell(array: &dyn Array, row: usize) -> Cell<f32> {
     if row >= array.len() || array.is_null(row) {
         return Cell::Null;
@@ -120,11 +121,20 @@ pub(crate) fn float_cell(array: &dyn Array, row: usize) -> Cell<f32> {
     if let Some(values) = array.as_primitive_opt::<Float32Type>() {
         return Cell::Value(values.value(row));
     }
+    if let Some(values) = array.as_primitive_opt::<Float64Type>() {
+        let value = values.value(row);
+        let narrowed = value as f32;
+        return if value.is_finite() && narrowed.is_infinite() {
+            Cell::Unfit
+        } else {
+            Cell::Value(narrowed)
+        };
+    }
     primitive_cell!(
         array,
         row,
         |value| Cell::Value(value as f32),
-        [Int32Type, Int64Type, UInt32Type, UInt64Type, Float64Type]
+        [Int32Type, Int64Type, UInt32Type, UInt64Type]
     );
     Cell::Unfit
 }
@@ -177,5 +187,23 @@ mod tests {
         assert_eq!(float_cell(small.as_ref(), 0), Cell::Value(7.0));
         let text: ArrayRef = Arc::new(LargeStringArray::from(vec!["1"]));
         assert_eq!(float_cell(text.as_ref(), 0), Cell::Unfit);
+    }
+
+    #[test]
+    fn a_double_past_the_range_of_f32_does_not_fit_while_the_datas_own_infinities_pass() {
+        let doubles: ArrayRef = Arc::new(Float64Array::from(vec![
+            1e300,
+            -1e39,
+            f64::INFINITY,
+            f64::MAX,
+            3.4e38,
+        ]));
+        assert_eq!(float_cell(doubles.as_ref(), 0), Cell::Unfit);
+        assert_eq!(float_cell(doubles.as_ref(), 1), Cell::Unfit);
+        assert_eq!(float_cell(doubles.as_ref(), 2), Cell::Value(f32::INFINITY));
+        assert_eq!(float_cell(doubles.as_ref(), 3), Cell::Unfit);
+        assert_eq!(float_cell(doubles.as_ref(), 4), Cell::Value(3.4e38));
+        let nan: ArrayRef = Arc::new(Float64Array::from(vec![f64::NAN]));
+        assert!(matches!(float_cell(nan.as_ref(), 0), Cell::Value(v) if v.is_nan()));
     }
 }

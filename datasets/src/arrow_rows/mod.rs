@@ -40,6 +40,8 @@ pub(crate) struct ArrowRows {
     /// Per-sample labels; empty when there is no label column (every label is 0).
     labels: Vec<i64>,
     class_names: Vec<String>,
+    /// What opening found that its user should be told once.
+    notices: Vec<String>,
 }
 
 impl ArrowRows {
@@ -58,7 +60,19 @@ impl ArrowRows {
             len,
             labels,
             class_names,
+            notices: Vec::new(),
         }
+    }
+
+    /// The same rows, with `notice` to tell the source's user.
+    pub(crate) fn with_notice(mut self, notice: Option<String>) -> Self {
+        self.notices.extend(notice);
+        self
+    }
+
+    /// What opening found that the source's user should be told once.
+    pub(crate) fn notices(&self) -> &[String] {
+        &self.notices
     }
 
     /// Samples.
@@ -168,6 +182,25 @@ impl ArrowRows {
     }
 }
 
+/// Sample `index` of the chunks `spans` (in sample order) as `FILE:row N`, the file being
+/// `file_path(span.file)`, before their [`ArrowRows`] is made (a label check names a row with
+/// it); past them, `sample N`.
+pub(crate) fn describe_in<'a>(
+    spans: &[ChunkSpan],
+    index: u64,
+    file_path: impl Fn(usize) -> &'a Path,
+) -> String {
+    let mut start = 0u64;
+    for span in spans {
+        if index < start + span.rows {
+            let row = span.first_row_in_file + (index - start);
+            return format!("{}:row {row}", file_path(span.file).display());
+        }
+        start += span.rows;
+    }
+    format!("sample {index}")
+}
+
 /// The [`SampleSource`](crate::SampleSource) methods a chunked source answers from its
 /// `rows` ([`ArrowRows`]), `files` (each with its `path`) and `root`, the same way for every
 /// format; `$what` names the format in messages. Shards are chunks: the unit a file is read
@@ -198,6 +231,10 @@ macro_rules! arrow_rows_source {
         fn numeric_columns(&self) -> Option<&dyn crate::sample_source::NumericColumns> {
             Some(self)
         }
+
+        fn notices(&self) -> Vec<String> {
+            self.rows.notices().to_vec()
+        }
     };
 }
 pub(crate) use arrow_rows_source;
@@ -209,6 +246,9 @@ pub(crate) trait ArrowChunks {
 
     /// The schema of file `file`.
     fn schema(&self, file: usize) -> &Schema;
+
+    /// How many files' schemas `schema` tells apart (1 where every file has the first one's).
+    fn schemas(&self) -> usize;
 
     /// The error for column problem `problem` in file `file`.
     fn column_error(&self, file: usize, problem: String) -> Error;
@@ -239,23 +279,35 @@ impl<S: ArrowChunks> NumericColumns for S {
     }
 }
 
-/// Whether column `name` (in the first file's schema) of `source` holds integers or floats.
+/// Whether column `name` of `source` holds integers (in every file) or floats (in one file at
+/// least: the integers of the others are read as floats too); a file without the column, or
+/// with it of another type, refuses it, so a set of files written apart is refused when the job
+/// opens rather than read as bad samples.
 pub(crate) fn numeric_kind(source: &impl ArrowChunks, name: &str) -> Result<NumericKind> {
-    let schema = source.schema(0);
-    let index = schema
-        .index_of(name)
-        .map_err(|_| source.column_error(0, format!("no numeric column named {name:?}")))?;
-    let data_type = schema.field(index).data_type();
-    if columns::is_integer(data_type) {
-        Ok(NumericKind::Integer)
-    } else if columns::is_numeric(data_type) {
-        Ok(NumericKind::Float)
-    } else {
-        Err(source.column_error(
-            0,
-            format!("column {name:?} has type {data_type}, which is not numeric"),
-        ))
+    let mut kind = NumericKind::Integer;
+    for file in 0..source.schemas() {
+        let schema = source.schema(file);
+        let index = schema.index_of(name).map_err(|_| {
+            let problem = if file == 0 {
+                format!("no numeric column named {name:?}")
+            } else {
+                format!("no column named {name:?}, which the first file has")
+            };
+            source.column_error(file, problem)
+        })?;
+        let data_type = schema.field(index).data_type();
+        if columns::is_integer(data_type) {
+            continue;
+        }
+        if !columns::is_numeric(data_type) {
+            return Err(source.column_error(
+                file,
+                format!("column {name:?} has type {data_type}, which is not numeric"),
+            ));
+        }
+        kind = NumericKind::Float;
     }
+    Ok(kind)
 }
 
 /// [`read_numeric`] as `f32`: integer and floating-point columns, 64-bit values rounded to the

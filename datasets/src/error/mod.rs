@@ -238,6 +238,26 @@ pub enum Error {
         limit: u64,
     },
 
+    /// Negative labels in a dataset that reads its labels whole at open: a class index cannot
+    /// be negative (Hugging Face writes -1 for a missing label).
+    #[error(
+        "{count} label(s) of column {column:?} under {path} are negative, the first {label} at \
+         {first}: labels are class indices from 0 (Hugging Face writes -1 for a missing label, \
+         as in many test splits); leave out those rows, or the label column, before saving"
+    )]
+    NegativeLabels {
+        /// The dataset.
+        path: PathBuf,
+        /// The label column.
+        column: String,
+        /// How many labels are negative.
+        count: u64,
+        /// The first of them.
+        label: i64,
+        /// The sample it labels, in words.
+        first: String,
+    },
+
     /// A token file whose length is not a whole number of tokens.
     #[error(
         "token file {path} has {bytes} bytes, not a multiple of the {dtype} token size: wrong \

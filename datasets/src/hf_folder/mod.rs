@@ -43,8 +43,9 @@ use rayon::prelude::*;
 use tracing::info;
 
 use crate::arrow_rows::columns::{self, Cell};
-use crate::arrow_rows::{arrow_rows_source, ArrowRows, ChunkSpan};
+use crate::arrow_rows::{arrow_rows_source, describe_in, ArrowRows, ChunkSpan};
 use crate::error::{Error, Result};
+use crate::label_checks;
 use crate::parquet_files::row_group_cache::RowGroupCache;
 use crate::parquet_files::{ColumnarSummary, ParquetOptions, ParquetSampleKind};
 use crate::sample_source::SampleSource;
@@ -216,15 +217,27 @@ impl HfDataset {
                 problem: "its shards hold no row".into(),
             });
         }
-        let class_names = match (&choice.label_column, &choice.class_names) {
-            (None, _) => Vec::new(),
-            (Some(_), Some(names)) => names.clone(),
-            (Some(_), None) => {
-                let count = labels.iter().max().map_or(0, |max| max.saturating_add(1));
-                (0..count).map(|label| label.to_string()).collect()
+        let (class_names, notice) = match choice.label_column {
+            None if choice.kind == ParquetSampleKind::Image => {
+                let columns: Vec<String> =
+                    schema.fields().iter().map(|f| f.name().clone()).collect();
+                let looked_for = "none named \"label\", no ClassLabel feature";
+                let notice = label_checks::no_label_column(path, looked_for, &columns);
+                (Vec::new(), Some(notice))
+            }
+            None => (Vec::new(), None),
+            Some(column) => {
+                let checked = label_checks::check_labels(
+                    path,
+                    schema.field(column).name(),
+                    &labels,
+                    choice.class_names.clone(),
+                    |index| describe_in(&batches, index, |file| files[file].path.as_path()),
+                )?;
+                (checked.class_names, checked.notice)
             }
         };
-        let rows = ArrowRows::new(batches, labels, class_names);
+        let rows = ArrowRows::new(batches, labels, class_names).with_notice(notice);
         info!(
             path = %path.display(),
             files = files.len(),

@@ -21,6 +21,10 @@ impl ArrowChunks for HfDataset {
         &self.files[0].schema
     }
 
+    fn schemas(&self) -> usize {
+        1
+    }
+
     fn column_error(&self, _file: usize, problem: String) -> Error {
         Error::HfDataset {
             path: self.root.clone(),

@@ -369,11 +369,14 @@ pub(super) fn pick_sample_column(
         })
 }
 
-/// The label column, if any (see the module doc).
+/// The label column, if any (see the module doc); when `labels_matter` (the samples are not
+/// text), a `label` or `cls` column of an encoding labels are not read from refuses the
+/// dataset rather than leave every label 0.
 pub(super) fn pick_label_column(
     columns: &[Column],
     options: &MdsOptions,
     index: &Path,
+    labels_matter: bool,
 ) -> Result<Option<usize>> {
     let is_label = |c: &Column| {
         matches!(
@@ -398,10 +401,28 @@ pub(super) fn pick_label_column(
         }
         return Ok(Some(k));
     }
-    Ok(["label", "cls"]
+    let named = |name: &str| columns.iter().position(|c| c.name == name);
+    if let Some(k) = LABEL_NAMES
         .iter()
-        .find_map(|name| columns.iter().position(|c| c.name == *name && is_label(c))))
+        .find_map(|name| named(name).filter(|&k| is_label(&columns[k])))
+    {
+        return Ok(Some(k));
+    }
+    match LABEL_NAMES.iter().find_map(|name| named(name)) {
+        Some(k) if labels_matter => Err(mds_error(
+            index,
+            format!(
+                "label column {:?} is encoded {}: labels are int, str_int, json or a numpy \
+                 integer (label_column names another)",
+                columns[k].name, columns[k].encoding_name
+            ),
+        )),
+        _ => Ok(None),
+    }
 }
+
+/// The columns a label is looked for in, in order, when none is named.
+pub(super) const LABEL_NAMES: [&str; 2] = ["label", "cls"];
 
 /// A `pil` sample (width, height and mode length as `u32`, the mode, then raw pixels) as a
 /// binary PPM (`RGB`) or PGM (`L`); `None` for other modes or sizes that do not add up.

@@ -37,7 +37,8 @@ use tracing::info;
 
 use crate::error::{Error, Result};
 use crate::file_pool::{is_out_of_descriptors, FileKey, FilePool, PooledFile};
-use crate::sample_source::{numbered_class_names, SampleSource};
+use crate::label_checks;
+use crate::sample_source::SampleSource;
 use crate::storage::{CachedObject, ObjectCacheOptions};
 
 use columns::{
@@ -102,6 +103,8 @@ pub struct MdsDataset {
     sample_column: Option<usize>,
     labels: Vec<i64>,
     class_names: Vec<String>,
+    /// What opening found that its user should be told once.
+    notices: Vec<String>,
     pool_keys: Range<FileKey>,
 }
 
@@ -191,13 +194,14 @@ impl MdsDataset {
         started: std::time::Instant,
     ) -> Result<MdsDataset> {
         let index_name = root.join(MDS_INDEX_FILE);
-        let (sample_column, label_column) = if options.tokens_only {
-            (None, None)
+        // Labels matter where the samples are images (not text, not token windows).
+        let (sample_column, label_column, labels_matter) = if options.tokens_only {
+            (None, None, false)
         } else {
-            (
-                Some(pick_sample_column(&columns, options, &index_name)?),
-                pick_label_column(&columns, options, &index_name)?,
-            )
+            let sample = pick_sample_column(&columns, options, &index_name)?;
+            let images = columns[sample].encoding != Encoding::Str;
+            let label = pick_label_column(&columns, options, &index_name, images)?;
+            (Some(sample), label, images)
         };
         let mut first_samples = Vec::with_capacity(shards.len());
         let mut len = 0u64;
@@ -220,14 +224,26 @@ impl MdsDataset {
             sample_column,
             labels: Vec::new(),
             class_names: Vec::new(),
+            notices: Vec::new(),
         };
         if let Some(column) = label_column {
             dataset.labels = (0..len)
                 .into_par_iter()
                 .map(|index| dataset.read_label(index, column))
                 .collect::<Result<_>>()?;
-            let max = dataset.labels.iter().copied().max();
-            dataset.class_names = numbered_class_names(&dataset.root, max)?;
+            let checked = label_checks::check_labels(
+                &dataset.root,
+                &dataset.columns[column].name,
+                &dataset.labels,
+                None,
+                |index| dataset.describe(index),
+            )?;
+            dataset.class_names = checked.class_names;
+        } else if labels_matter {
+            let names: Vec<String> = dataset.columns.iter().map(|c| c.name.clone()).collect();
+            let looked_for = "none named \"label\" or \"cls\"";
+            let notice = label_checks::no_label_column(&dataset.root, looked_for, &names);
+            dataset.notices.push(notice);
         }
         info!(
             root = %dataset.root.display(),
@@ -412,6 +428,11 @@ impl SampleSource for MdsDataset {
 
     fn class_names(&self) -> &[String] {
         &self.class_names
+    }
+
+    /// An image dataset without a label column.
+    fn notices(&self) -> Vec<String> {
+        self.notices.clone()
     }
 
     /// Samples per shard.

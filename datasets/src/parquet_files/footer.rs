@@ -154,6 +154,17 @@ pub(super) fn open_file(
         }
     };
 
+    let metadata_value = |key: &str| {
+        metadata
+            .metadata()
+            .file_metadata()
+            .key_value_metadata()
+            .and_then(|pairs| pairs.iter().find(|pair| pair.key == key))
+            .and_then(|pair| pair.value.clone())
+    };
+    // The label column: the one named, else `label`, else, as in a Hugging Face folder, the
+    // first `ClassLabel` of the features `datasets` writes into the metadata (`to_parquet` of a
+    // set whose labels are `labels`).
     let label_column = match &options.label_column {
         Some(name) => Some(find(name).ok_or_else(|| {
             column_problem(format!(
@@ -161,7 +172,11 @@ pub(super) fn open_file(
                 names.join(", ")
             ))
         })?),
-        None => find(LABEL_COLUMN_NAME),
+        None => find(LABEL_COLUMN_NAME).or_else(|| {
+            let features = metadata_value(HF_METADATA_KEY)?;
+            (0..schema.fields().len())
+                .find(|&index| class_label_names(&features, schema.field(index).name()).is_some())
+        }),
     };
     if let Some(index) = label_column {
         let field = schema.field(index);
@@ -174,14 +189,6 @@ pub(super) fn open_file(
         }
     }
 
-    let metadata_value = |key: &str| {
-        metadata
-            .metadata()
-            .file_metadata()
-            .key_value_metadata()
-            .and_then(|pairs| pairs.iter().find(|pair| pair.key == key))
-            .and_then(|pair| pair.value.clone())
-    };
     let class_names = metadata_value(CLASS_NAMES_KEY)
         .map(|json| {
             serde_json::from_str::<Vec<String>>(&json).map_err(|error| {

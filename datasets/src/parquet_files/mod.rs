@@ -39,11 +39,12 @@ use parquet::errors::ParquetError;
 use rayon::prelude::*;
 use tracing::info;
 
-use crate::arrow_rows::{arrow_rows_source, columns, ArrowRows, ChunkSpan};
+use crate::arrow_rows::{arrow_rows_source, columns, describe_in, ArrowRows, ChunkSpan};
 use crate::error::{without_panics, Error, Result};
 use crate::files::{files_with_extension, has_extension, root_files};
+use crate::label_checks;
 use crate::naming::RemoteFiles;
-use crate::sample_source::{numbered_class_names, SampleSource};
+use crate::sample_source::SampleSource;
 use crate::storage::{list_remote, Hint, ObjectCache, Prefetcher, RemoteObject};
 use bytes::FileBytes;
 use row_group_cache::RowGroupCache;

@@ -54,6 +54,10 @@ impl ArrowChunks for ParquetDataset {
         self.files[file].metadata.schema()
     }
 
+    fn schemas(&self) -> usize {
+        self.files.len()
+    }
+
     fn column_error(&self, file: usize, problem: String) -> Error {
         Error::ParquetColumn {
             path: self.files[file].path.clone(),

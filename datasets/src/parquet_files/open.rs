@@ -9,7 +9,9 @@ impl ParquetDataset {
     ///
     /// Fails when the path is missing, holds no Parquet file, a file's footer cannot be read
     /// (a truncated or non-Parquet file), a file lacks the columns asked for or holds them
-    /// with unusable types, or a label is null. Damage inside the sample column shows up
+    /// with unusable types, a label is null or negative, or the files' class names differ.
+    /// Labels past the class names the files give are told ([`SampleSource::notices`]), as is
+    /// an image dataset without a label column (every label 0). Damage inside the sample column shows up
     /// later, as an error from [`SampleSource::read`] for the samples concerned.
     pub fn open(path: &Path, options: &ParquetOptions) -> Result<ParquetDataset> {
         let started = Instant::now();
@@ -180,9 +182,12 @@ impl ParquetDataset {
         let mut labels = Vec::new();
         let mut len = 0u64;
         for (file_number, (opened, file_labels)) in opened.into_iter().enumerate() {
+            let label_name = opened
+                .label_column
+                .map(|index| opened.file.metadata.schema().field(index).name());
             let same_columns = opened.sample_column_name == sample_column
                 && opened.kind == sample_kind
-                && opened.label_column.is_some() == label_column.is_some();
+                && label_name == label_column.as_ref();
             if !same_columns {
                 return Err(Error::ParquetColumn {
                     path: opened.file.path,
@@ -227,17 +232,44 @@ impl ParquetDataset {
                 }
                 labels.extend(file_labels);
             }
+            if opened.class_names != class_names_from_metadata {
+                return Err(Error::ParquetColumn {
+                    path: opened.file.path,
+                    problem: format!(
+                        "its class names ({}) differ from the first file's ({}): the same \
+                         label would name two classes",
+                        names_in_words(opened.class_names.as_deref()),
+                        names_in_words(class_names_from_metadata.as_deref())
+                    ),
+                });
+            }
             files.push(opened.file);
         }
         if len == 0 {
             return Err(Error::NoParquetRows(path.to_path_buf()));
         }
-        let class_names = match (&label_column, class_names_from_metadata) {
-            (None, _) => Vec::new(),
-            (Some(_), Some(names)) => names,
-            (Some(_), None) => numbered_class_names(path, labels.iter().max().copied())?,
+        let (class_names, notice) = match &label_column {
+            None if sample_kind == ParquetSampleKind::Image => {
+                let notice = label_checks::no_label_column(
+                    path,
+                    "none named \"label\", no ClassLabel feature",
+                    &column_names(&files[0]),
+                );
+                (Vec::new(), Some(notice))
+            }
+            None => (Vec::new(), None),
+            Some(column) => {
+                let checked = label_checks::check_labels(
+                    path,
+                    column,
+                    &labels,
+                    class_names_from_metadata,
+                    |index| describe_in(&groups, index, |file| files[file].path.as_path()),
+                )?;
+                (checked.class_names, checked.notice)
+            }
         };
-        let rows = ArrowRows::new(groups, labels, class_names);
+        let rows = ArrowRows::new(groups, labels, class_names).with_notice(notice);
         info!(
             path = %path.display(),
             files = files.len(),
@@ -260,4 +292,22 @@ impl ParquetDataset {
             read_ahead: None,
         })
     }
+}
+
+/// The class names a file's metadata gives, in words.
+fn names_in_words(names: Option<&[String]>) -> String {
+    match names {
+        Some(names) => format!("{names:?}"),
+        None => "none".to_string(),
+    }
+}
+
+/// The columns of `file`, by name.
+fn column_names(file: &ParquetFile) -> Vec<String> {
+    let schema = file.metadata.schema();
+    schema
+        .fields()
+        .iter()
+        .map(|field| field.name().clone())
+        .collect()
 }

@@ -134,6 +134,9 @@ pub struct TarShards {
     len: u64,
     class_names: Vec<String>,
     stats: TarIndexStats,
+    /// What opening found that its user should be told once: members left out, labels past
+    /// the class names.
+    notices: Vec<String>,
     /// The shards' keys in the pool of open files (one per shard, in order).
     pool_keys: Range<FileKey>,
     /// Objects' shards: what they are read through.
@@ -207,13 +210,9 @@ impl TarShards {
     }
 }
 
-/// The class names of a `classes.txt` holding `text` (named `classes_file` in the warning when
-/// the labels go past them): one per line, trailing empty lines dropped.
-pub(crate) fn parse_class_names(
-    text: &str,
-    classes_file: &Path,
-    max_label: Option<i64>,
-) -> Vec<String> {
+/// The class names of a `classes.txt` holding `text`: one per line, trailing empty lines
+/// dropped (labels past them are a notice of the set).
+pub(crate) fn parse_class_names(text: &str) -> Vec<String> {
     let names: Vec<String> = text
         .lines()
         .map(|line| line.trim_end_matches('\r').to_string())
@@ -223,16 +222,6 @@ pub(crate) fn parse_class_names(
         Some(last) => names[..=last].to_vec(),
         None => Vec::new(),
     };
-    if let Some(max) = max_label {
-        if usize::try_from(max).map_or(true, |max| max >= names.len()) {
-            warn!(
-                classes_file = %classes_file.display(),
-                classes = names.len(),
-                max_label = max,
-                "labels go past the class names of classes.txt"
-            );
-        }
-    }
     names
 }
 
@@ -373,6 +362,11 @@ impl SampleSource for TarShards {
 
     fn class_names(&self) -> &[String] {
         &self.class_names
+    }
+
+    /// Members left out or cut short while indexing, and labels past the class names.
+    fn notices(&self) -> Vec<String> {
+        self.notices.clone()
     }
 
     fn shard_sizes(&self) -> Option<Vec<u64>> {

@@ -152,6 +152,24 @@ impl TarShards {
             return Err(Error::NoTarSamples(path.to_path_buf()));
         }
         let class_names = class_names(&root, max_label)?;
+        let mut notices = Vec::new();
+        if stats.problems > 0 {
+            notices.push(format!(
+                "{}: {} problem(s) indexing the tar shards (an image without a .cls or .json \
+                 member holding a class index, which is left out; a label without an image; a \
+                 second image for one key; a member cut short); `stoker inspect` counts them",
+                path.display(),
+                stats.problems
+            ));
+        }
+        if let Some(max) = max_label.filter(|max| *max as u64 >= class_names.len() as u64) {
+            notices.push(format!(
+                "{}: labels go up to {max}, past the {} class names of {CLASSES_FILE}; the \
+                 batches carry them as they are",
+                path.display(),
+                class_names.len()
+            ));
+        }
         let pool_keys = match remote {
             None => FilePool::global().reserve_keys(shards.len()),
             Some(_) => 0..0,
@@ -163,6 +181,7 @@ impl TarShards {
             len,
             class_names,
             stats,
+            notices,
             pool_keys,
             remote,
         })
@@ -211,5 +230,5 @@ fn class_names(root: &Path, max_label: Option<i64>) -> Result<Vec<String>> {
         }
         Err(source) => return Err(Error::io(classes_file, source)),
     };
-    Ok(parse_class_names(&text, &classes_file, max_label))
+    Ok(parse_class_names(&text))
 }

@@ -515,11 +515,7 @@ fn open_tar_objects(
         cache: Arc::clone(&cache),
     };
     let class_names = |root: &Path, max_label| match classes {
-        Some((uri, text)) => Ok(parse_class_names(
-            &String::from_utf8_lossy(&text),
-            Path::new(&uri),
-            max_label,
-        )),
+        Some((_, text)) => Ok(parse_class_names(&String::from_utf8_lossy(&text))),
         None => numbered_class_names(root, max_label),
     };
     let set = TarShards::assemble(

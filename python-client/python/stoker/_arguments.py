@@ -316,7 +316,7 @@ def check_format(format: object, whose: str = "format") -> str:
 
 
 def check_text_column(text_column: object, whose: str = "text_column") -> str:
-    """A text column's name ("" for None)."""
+    """A text (or label) column's name ("" for None)."""
     if text_column is not None and not isinstance(text_column, str):
         raise ValueError(f"{whose} must be a str or None, got {text_column!r}")
     return text_column or ""

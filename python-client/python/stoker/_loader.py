@@ -177,6 +177,10 @@ class Loader(FromDataset, SavedState):
             of JSONL files): 0 (default) shuffles globally; W >= 1 shuffles the shard order,
             then samples within windows of W shards, keeping reads mostly sequential.
         text_column: the text field of JSONL documents (default ``"text"``).
+        label_column: the label column of a Parquet file, Hugging Face folder or MDS set
+            (default: ``label``, else the first ``ClassLabel`` feature, else, in MDS, ``cls``;
+            an image set without one logs a warning that every label is 0). Labels are class
+            indices: a negative one refuses the set. Not with :func:`stoker.mix`.
         device: ``None`` or ``"cpu"`` (default): batches in host memory. ``"cuda"`` (the
             current device) or ``"cuda:N"``: batches delivered as tensors on that GPU. The
             slots are page-locked, each finished batch is copied on the loader's own CUDA
@@ -289,6 +293,7 @@ class Loader(FromDataset, SavedState):
         format: str | None = None,
         shuffle_window: int = 0,
         text_column: str | None = None,
+        label_column: str | None = None,
         device: str | None = None,
         pin_memory: bool = False,
         pinned_memory_budget: int | None = None,
@@ -328,6 +333,7 @@ class Loader(FromDataset, SavedState):
         self._format: str = check_format(format)
         self._shuffle_window = check_int(shuffle_window, "shuffle_window", 0, MAX_U32)
         self._text_column: str = check_text_column(text_column)
+        label_column = check_text_column(label_column, "label_column")
         source_split = check_split(split)
         output_kind = resolve_output(output)
         placement.check_output(output_kind)
@@ -335,7 +341,7 @@ class Loader(FromDataset, SavedState):
         self._output: str = output_kind
         chosen = choose_source(
             source, pipeline, placement, remote=address is not None, format=self._format,
-            text_column=self._text_column, split=source_split,
+            text_column=self._text_column, split=source_split, label_column=label_column,
         )
         self._mix, self._ops, self._source = chosen.mix, chosen.ops, chosen.label
         placement = placement.resolve(self._torch)

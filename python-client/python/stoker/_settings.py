@@ -83,6 +83,8 @@ class SourceSettings:
     shuffle_window: int = 0
     # JSONL's text field; "": "text".
     text_column: str = ""
+    # The label column of Parquet, Hugging Face and MDS sets; "": found by name.
+    label_column: str = ""
     address: str | None = None
     worker_grace_s: float = 120.0
     token: str | None = None

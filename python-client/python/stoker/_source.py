@@ -39,6 +39,7 @@ class ChosenSource:
     format: str
     text_column: str
     split: str
+    label_column: str = ""
 
     def settings(self, **rest: Any) -> SourceSettings:
         """The native loader's settings of this source; ``rest`` are the fields the source
@@ -48,6 +49,7 @@ class ChosenSource:
             ops=[op.to_dict() for op in self.native_ops],
             format=self.format,
             text_column=self.text_column,
+            label_column=self.label_column,
             mix=None if self.native_mix is None else self.native_mix.arguments(),
             uris=self.names,
             split=self.split,
@@ -64,6 +66,7 @@ def choose_source(
     format: str,
     text_column: str,
     split: str,
+    label_column: str = "",
 ) -> ChosenSource:
     """Resolves ``source`` (names, or a :class:`MixRequest`) and ``pipeline`` for a loader
     placed by ``placement``, read through a coordinator when ``remote``; arguments already
@@ -78,9 +81,12 @@ def choose_source(
             label=names[0] if len(names) == 1 else ",".join(names),
             job_name=os.path.basename(os.path.normpath(names[0])) or "python",
             mix=None, native_mix=None, format=format, text_column=text_column, split=split,
+            label_column=label_column,
         )
     if split:
         raise ValueError("split= is for one source; a mix's sources name their own files")
+    if label_column:
+        raise ValueError("label_column= is for one source, not a mix")
     placement.refuse_mix()
     pipeline = list(pipeline)
     ops = check_pipeline(pipeline) if pipeline else []
