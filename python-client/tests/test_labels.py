@@ -18,11 +18,11 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from test_hf_datasets import class_names, datasets_or_skip
+from test_mds import write_mds_columns
 
 import stoker
 from conftest import class_index_of, epoch_batches, image_files
-from test_hf_datasets import class_names, datasets_or_skip
-from test_mds import write_mds_columns
 
 LOADER_LOG = "stoker"  # the logger the loader warns through
 
