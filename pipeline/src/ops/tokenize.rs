@@ -8,7 +8,8 @@
 //! own upgrade pass; a file it still cannot read, or cannot encode a probe text of many scripts
 //! with exactly as 0.23 does, is encoded by 0.23 as before (logged once, and said by
 //! [`TextTokenizer::engine`]). 0.23 also answers the vocabulary lookups (size, EOS) and
-//! trains the test tokenizers.
+//! trains the test tokenizers. A file's own truncation and padding are left unapplied, as
+//! `transformers` leaves them unless asked: packing cuts and pads the rows itself.
 
 use std::path::{Path, PathBuf};
 
@@ -132,21 +133,35 @@ impl TextTokenizer {
                 panic_text(&*panic)
             ))
         })?;
-        let tokenizer = loaded.map_err(|error| cannot_load(error.to_string()))?;
-        let text = std::fs::read_to_string(path).map_err(|source| Error::Io {
+        let mut tokenizer = loaded.map_err(|error| cannot_load(error.to_string()))?;
+        let mut text = std::fs::read_to_string(path).map_err(|source| Error::Io {
             path: path.to_path_buf(),
             source,
         })?;
-        // 1.0 does not apply a file's truncation or padding yet (0.23 does, and the probe is
-        // too short to see it): such files stay on 0.23.
-        let settled = if tokenizer.get_truncation().is_some() {
-            Err("the file sets truncation, which 1.0 does not apply yet".to_string())
-        } else if tokenizer.get_padding().is_some() {
-            Err("the file sets padding, which 1.0 does not apply yet".to_string())
-        } else {
-            Ok(())
-        };
-        let checked = settled.and_then(|()| load_v1(&text)).and_then(|fast| {
+        // A file's truncation and padding (a model's input length, say) are not applied, as
+        // `transformers` leaves them unapplied unless asked: packing splits a long document
+        // across rows and pads only a batch's last row, where a file's padding would pack pad
+        // ids as a document's tokens and its truncation drop the rest of each document.
+        let ignored: Vec<&str> = [
+            ("truncation", tokenizer.get_truncation().is_some()),
+            ("padding", tokenizer.get_padding().is_some()),
+        ]
+        .into_iter()
+        .filter_map(|(setting, set)| set.then_some(setting))
+        .collect();
+        if !ignored.is_empty() {
+            tracing::info!(
+                path = %path.display(),
+                settings = %ignored.join(" and "),
+                "Tokenize leaves the tokenizer file's truncation and padding unapplied"
+            );
+            tokenizer
+                .with_truncation(None)
+                .map_err(|error| cannot_load(error.to_string()))?;
+            tokenizer.with_padding(None);
+            text = without_truncation_and_padding(&text).map_err(cannot_load)?;
+        }
+        let checked = load_v1(&text).and_then(|fast| {
             agrees_on_probe(&fast, &tokenizer)?;
             Ok(fast)
         });
@@ -284,6 +299,17 @@ pub fn train_bpe_tokenizer(texts: &[&str], vocab_size: usize, eos: &str, out: &P
     })
 }
 
+/// The `tokenizer.json` text `text` with its `truncation` and `padding` set to none.
+fn without_truncation_and_padding(text: &str) -> std::result::Result<String, String> {
+    let mut config: serde_json::Value =
+        serde_json::from_str(text).map_err(|error| error.to_string())?;
+    if let Some(object) = config.as_object_mut() {
+        object.insert("truncation".into(), serde_json::Value::Null);
+        object.insert("padding".into(), serde_json::Value::Null);
+    }
+    Ok(config.to_string())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -342,23 +368,29 @@ mod tests {
     }
 
     #[test]
-    fn a_file_that_truncates_stays_on_0_23_and_is_truncated() {
+    fn a_files_truncation_and_padding_are_left_unapplied() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("tokenizer.json");
         let texts = ["the cat sat on the mat and the dog sat on the log"];
         train_bpe_tokenizer(&texts, 300, "<|endoftext|>", &path).unwrap();
         let mut config: serde_json::Value =
             serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+        let plain = TextTokenizer::load(&path).unwrap();
+        let whole = plain.encode(texts[0]).unwrap();
+        assert!(whole.len() > 4);
         config["truncation"] = serde_json::json!({
             "direction": "Right", "max_length": 4, "strategy": "LongestFirst", "stride": 0
         });
+        config["padding"] = serde_json::json!({
+            "strategy": {"Fixed": 64}, "direction": "Right", "pad_to_multiple_of": null,
+            "pad_id": 0, "pad_type_id": 0, "pad_token": "<|endoftext|>"
+        });
         std::fs::write(&path, config.to_string()).unwrap();
         let tokenizer = TextTokenizer::load(&path).unwrap();
-        match tokenizer.engine() {
-            TokenizerEngine::Legacy(why) => assert!(why.contains("truncation"), "{why}"),
-            TokenizerEngine::V1 => panic!("1.0 would not truncate"),
-        }
-        assert_eq!(tokenizer.encode(texts[0]).unwrap().len(), 4);
+        // Neither cut to 4 nor padded to 64: the document's own ids, on the fast engine.
+        assert_eq!(tokenizer.encode(texts[0]).unwrap(), whole);
+        assert_eq!(tokenizer.encode_legacy(texts[0]).unwrap(), whole);
+        assert_eq!(tokenizer.engine(), TokenizerEngine::V1);
     }
 
     #[test]

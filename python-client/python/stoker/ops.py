@@ -362,6 +362,10 @@ class TokenWindows(Op):
 class Tokenize(Op):
     """Tokenises text samples with a Hugging Face ``tokenizer.json`` (read by the workers).
 
+    The file's own truncation and padding settings are left unapplied, as ``transformers``
+    leaves them unless asked: :class:`PackSequences` splits long documents across rows and
+    pads only the last row.
+
     Args:
         tokenizer_path: path of the ``tokenizer.json``; must be followed by
             :class:`PackSequences`.
