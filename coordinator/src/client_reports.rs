@@ -48,6 +48,8 @@ pub(super) fn client_snapshot(stats: &ClientStats, threads: usize) -> MonitorSna
             augment_s: stages.augment_ns as f64 / 1e9,
             assemble_s: stages.assemble_ns as f64 / 1e9,
             bad_samples: stats.bad_samples,
+            // The clients' reports carry no count of the tokens packing dropped.
+            tokens_dropped: 0,
             bytes: stats.bytes,
             in_flight: stats.queue_depth as usize,
             prefetch_depth: stats.prefetch_target as usize,

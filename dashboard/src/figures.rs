@@ -37,6 +37,8 @@ pub struct LoaderStats {
     pub assemble_s: f64,
     /// Samples replaced under the skip policy.
     pub bad_samples: u64,
+    /// Packed text: document tokens past a batch's last row, dropped.
+    pub tokens_dropped: u64,
     /// Tensor bytes yielded.
     pub bytes: u64,
     /// Batches in flight after the last `next()`.

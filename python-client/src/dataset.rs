@@ -321,6 +321,7 @@ impl Lane {
                     ..Default::default()
                 },
                 bad_samples: bad,
+                dropped_tokens: 0,
                 device_rows: None,
             }
         });

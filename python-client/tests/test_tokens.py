@@ -126,6 +126,26 @@ def test_packed_text_rows_eos_and_boundaries(text: tuple[Path, Path]) -> None:
             np.testing.assert_array_equal(a[name], b[name])
 
 
+def test_tokens_packing_drops_are_counted(text: tuple[Path, Path]) -> None:
+    """Rows too short for their batch's documents drop the rest: ``stats()["tokens_dropped"]``
+    counts it, so the tokens delivered and dropped add up to the epoch's tokens (EOS included)
+    that rows long enough deliver whole."""
+    folder, tokenizer = text
+
+    def delivered_and_dropped(seq_len: int) -> tuple[int, int]:
+        pipeline = [ops.Tokenize(tokenizer), ops.PackSequences(seq_len)]
+        with stoker.Loader(folder, pipeline=pipeline, batch_size=5, seed=3, output="numpy",
+                           num_threads=2) as loader:
+            delivered = sum(int((b["document_ids"] >= 0).sum()) for b in loader)
+            return delivered, int(loader.stats()["tokens_dropped"])
+
+    whole, none_dropped = delivered_and_dropped(4096)
+    assert none_dropped == 0
+    delivered, dropped = delivered_and_dropped(4)
+    assert dropped > whole // 2
+    assert delivered + dropped == whole
+
+
 def test_bad_lines_are_skipped_or_fail_naming_file_and_line(text: tuple[Path, Path]) -> None:
     folder, tokenizer = text
     pipeline = [ops.Tokenize(tokenizer), ops.PackSequences(SEQ_LEN)]

@@ -69,6 +69,7 @@ impl StatsRecorder {
         totals.augment_s += t.augment_ns as f64 * 1e-9;
         totals.assemble_s += t.assemble_ns as f64 * 1e-9;
         totals.bad_samples += batch.bad_samples.len() as u64;
+        totals.tokens_dropped += batch.dropped_tokens;
         totals.bytes += batch
             .tensors
             .iter()

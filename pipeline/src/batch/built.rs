@@ -49,6 +49,8 @@ pub struct Batch {
     pub timings: SampleTimings,
     /// Samples replaced under the skip policy.
     pub bad_samples: Vec<proto::BadSample>,
+    /// Packed text: document tokens (EOS included) past the batch's last row, dropped.
+    pub dropped_tokens: u64,
     /// The image rows a decode lane built on a device instead of in the buffer; their rows of
     /// the `image` tensor's bytes are not written.
     pub device_rows: Option<Arc<dyn LaneRows>>,
@@ -127,6 +129,7 @@ impl From<Batch> for proto::Batch {
                 transfer_ns: 0,
             }),
             bad_samples: batch.bad_samples,
+            dropped_tokens: batch.dropped_tokens,
         }
     }
 }
@@ -155,6 +158,7 @@ impl From<proto::Batch> for Batch {
                 assemble_ns: timings.assemble_ns,
             },
             bad_samples: batch.bad_samples,
+            dropped_tokens: batch.dropped_tokens,
             device_rows: None,
         }
     }
@@ -197,6 +201,7 @@ mod tests {
                 reason: "truncated".into(),
                 substitute_index: 5,
             }],
+            dropped_tokens: 11,
         }
     }
 
@@ -213,6 +218,7 @@ mod tests {
         );
         assert!(batch.tensor("source").is_none());
         assert_eq!(batch.timings.augment_ns, 3);
+        assert_eq!(batch.dropped_tokens, 11);
         assert_eq!(proto::Batch::from(batch), wire());
     }
 

@@ -102,6 +102,7 @@ impl AssembledBatch {
             sample_indices: indices.to_vec(),
             timings: self.timings,
             bad_samples: self.bad_samples,
+            dropped_tokens: self.dropped_tokens,
             device_rows: None,
         }
     }

@@ -491,7 +491,8 @@ class Loader(FromDataset, SavedState):
             The native counters (``samples``, ``batches``, ``elapsed_s``, ``samples_per_s``,
             ``wait_s`` (time the caller waited inside ``next()``), ``first_batch_s``, ``read_s``,
             ``decode_s``, ``augment_s``, ``assemble_s`` (thread-seconds per stage),
-            ``bad_samples``, ``in_flight``, ``prefetch_depth`` (the current depth, which
+            ``bad_samples``, ``tokens_dropped`` (packed text: document tokens past a batch's
+            last row, dropped), ``in_flight``, ``prefetch_depth`` (the current depth, which
             ``prefetch="auto"`` adjusts), ``slots_in_use``, ``slot_capacity``, ``pinned`` (every
             slot page-locked), ``pinned_bytes``, ``pin_error`` (why the driver refused to lock a
             slot, or None), ``pinned_device`` (the CUDA device whose context locks the slots,

@@ -388,7 +388,9 @@ class PackSequences(Op):
     """Packs tokenised documents into rows of ``seq_len`` tokens, EOS after each document.
 
     A batch's documents (``batch_size`` of them) are laid end to end in order and cut into
-    ``batch_size`` rows; tokens past the last row are dropped, a short last row is padded.
+    ``batch_size`` rows; tokens past the last row are dropped (counted in the loader's
+    ``stats()["tokens_dropped"]``: documents much longer than ``seq_len`` lose most of their
+    tokens), a short last row is padded.
     The batch holds int32 ``(B, seq_len)`` tensors ``"input_ids"``, ``"position_ids"``
     (0 at each document start and each row start) and ``"document_ids"`` (the document's
     place in the batch, -1 on padding: attend where they are equal).

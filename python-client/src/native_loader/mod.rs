@@ -505,6 +505,7 @@ impl NativeLoader {
         dict.set_item("augment_s", stats.augment_s)?;
         dict.set_item("assemble_s", stats.assemble_s)?;
         dict.set_item("bad_samples", stats.bad_samples)?;
+        dict.set_item("tokens_dropped", stats.tokens_dropped)?;
         dict.set_item("in_flight", stats.in_flight)?;
         dict.set_item("prefetch_depth", stats.prefetch_depth)?;
         slot_stats(&dict, loader.slots())?;

@@ -92,6 +92,7 @@ mod tests {
                 reason: "truncated".into(),
                 substitute_index: 10,
             }],
+            dropped_tokens: 17,
         }
     }
 

@@ -51,6 +51,7 @@ fn write_seed_corpus() -> TestResult<()> {
             reason: "truncated".into(),
             substitute_index: 7,
         }],
+        dropped_tokens: 3,
     };
     let ours: Vec<u8> = stoker_rpc::batch_wire::encode_batch(batch.clone(), 1 << 20)?
         .iter()
