@@ -321,10 +321,39 @@ impl ObjectCache {
     /// range is an entry of its own (`<key>.stoker-ranges/<start>-<end>`, checked against the
     /// object's ETag like a whole object, evicted like one), so a dataset larger than the cache
     /// is read piece by piece. Ranges missing from the cache are fetched together, neighbours
-    /// of one object in one GET (`download::MAX_COALESCE_GAP`). When another process holds
-    /// one of the entries past the lock deadline (a slow store, a stuck process), the ranges
-    /// are read from the store past the cache rather than failing the read.
+    /// of one object in one GET (`download::MAX_COALESCE_GAP`). When the cache cannot hold
+    /// them (another process holds one of the entries past the lock deadline, or the cache's
+    /// own files fail: a full disk, a quota), the ranges are read from the store past the
+    /// cache rather than failing the read: the store still has them.
     pub(super) fn read_ranges(
+        &self,
+        store: &Arc<Store>,
+        location: &RemoteLocation,
+        object: &ObjectMeta,
+        ranges: &[Range<u64>],
+    ) -> Result<Vec<Vec<u8>>> {
+        match self.read_ranges_cached(store, location, object, ranges) {
+            Err(error @ (Error::CacheLockTimeout { .. } | Error::Cache { .. })) => {
+                let past = self.counters.past_cache.fetch_add(1, Ordering::Relaxed) + 1;
+                if past.is_power_of_two() {
+                    warn!(%error, reads_past_the_cache = past, "the cache tier cannot hold these ranges; reading them from the store");
+                }
+                let key = object.location.as_ref();
+                let e_tag = object.e_tag.as_deref();
+                ranges
+                    .iter()
+                    .map(|range| {
+                        self.read_uncached(store, location, key, e_tag, range.clone())
+                            .map(|bytes| bytes.to_vec())
+                    })
+                    .collect()
+            }
+            read => read,
+        }
+    }
+
+    /// [`ObjectCache::read_ranges`] through the cache only.
+    fn read_ranges_cached(
         &self,
         store: &Arc<Store>,
         location: &RemoteLocation,
@@ -336,24 +365,7 @@ impl ObjectCache {
             .map(|range| range_wanted(object, range))
             .collect();
         let fetched_before = self.counters.bytes_fetched.load(Ordering::Relaxed);
-        let ready = match self.materialise(store, location, wanted, true) {
-            Err(Error::CacheLockTimeout {
-                path,
-                waited_seconds,
-            }) => {
-                warn!(lock = %path.display(), waited_seconds, "a cache entry stayed locked past the deadline; reading its ranges from the store");
-                let key = object.location.as_ref();
-                let e_tag = object.e_tag.as_deref();
-                return ranges
-                    .iter()
-                    .map(|range| {
-                        self.read_uncached(store, location, key, e_tag, range.clone())
-                            .map(|bytes| bytes.to_vec())
-                    })
-                    .collect();
-            }
-            ready => ready?,
-        };
+        let ready = self.materialise(store, location, wanted, true)?;
         let mut out = Vec::with_capacity(ready.len());
         for (cached, range) in ready.into_iter().zip(ranges) {
             let bytes = match cached.entry().read_checked()? {
@@ -380,7 +392,10 @@ impl ObjectCache {
             };
             out.push(bytes);
         }
-        self.after_range_fetch(fetched_before)?;
+        // The bytes are read: a cap check that fails costs this read nothing.
+        if let Err(error) = self.after_range_fetch(fetched_before) {
+            warn!(%error, "the cache tier could not check its size cap");
+        }
         Ok(out)
     }
 

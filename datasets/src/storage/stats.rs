@@ -17,6 +17,10 @@ pub(super) struct Counters {
     pub(super) evictions: AtomicU64,
     pub(super) bytes_evicted: AtomicU64,
     pub(super) read_ahead: AtomicU64,
+    /// Range reads that went past the cache because it could not hold them (its disk full,
+    /// an entry locked past the deadline): logged at 1, 2, 4, 8... so a full disk does not
+    /// flood the log.
+    pub(super) past_cache: AtomicU64,
 }
 
 impl Counters {

@@ -373,6 +373,31 @@ fn ranges_evicted_are_fetched_again() {
     );
 }
 
+/// A cache that cannot hold the ranges it is asked for (its disk full, a quota, a folder it
+/// cannot write: here each object's range folder is a file) costs the read nothing: the ranges
+/// come from the store past the cache, where before the read failed and the run with it.
+#[test]
+fn ranges_the_cache_cannot_hold_are_read_past_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let local_dir = local_shards(dir.path(), 12);
+    let local = TarShards::open_with_cache_dir(&local_dir, None).unwrap();
+    let server = S3Server::start(&dir.path().join("server"));
+    upload(&server, &local_dir, "train/v1");
+    let cache_dir = dir.path().join("cache");
+    let remote = TarShards::open_remote("s3://data/train/v1", cache(&server, &cache_dir)).unwrap();
+    let prefix = cache_dir.join("s3").join(BUCKET).join("train").join("v1");
+    std::fs::create_dir_all(&prefix).unwrap();
+    for shard in remote.shard_paths() {
+        let name = shard.file_name().unwrap().to_string_lossy().into_owned();
+        let folder = prefix.join(format!("{name}.stoker-ranges"));
+        if folder.is_dir() {
+            std::fs::remove_dir_all(&folder).unwrap();
+        }
+        std::fs::write(&folder, b"not a folder").unwrap();
+    }
+    assert_same_samples(&remote, &local);
+}
+
 /// `shards` tar files of `per_shard` samples each: a `.jpg` member of `bytes` seeded bytes (not
 /// an image: these tests read bytes, they do not decode) and a `.cls` label.
 pub(crate) fn byte_shards(dir: &Path, shards: usize, per_shard: usize, bytes: usize) -> PathBuf {
