@@ -17,8 +17,22 @@ fn main() -> ExitCode {
     match commands::run(args) {
         Ok(()) => ExitCode::SUCCESS,
         Err(error) => {
-            eprintln!("error: {error:#}");
+            eprintln!("error: {}", in_words(&error));
             ExitCode::FAILURE
         }
     }
+}
+
+/// `error` and its causes joined by `: `, each cause left out when the words before already
+/// hold it (an error whose message quotes its source, as many library errors do).
+fn in_words(error: &anyhow::Error) -> String {
+    let mut words = error.to_string();
+    for cause in error.chain().skip(1) {
+        let cause = cause.to_string();
+        if !words.contains(&cause) {
+            words.push_str(": ");
+            words.push_str(&cause);
+        }
+    }
+    words
 }

@@ -196,17 +196,9 @@ impl JobArgs {
     fn pipeline_ops(&self, data: &std::path::Path) -> anyhow::Result<Vec<proto::Op>> {
         use proto::op::Op as OpKind;
         let op = |kind| proto::Op { op: Some(kind) };
-        // A pattern or a split is judged by the first file it names.
-        let named =
-            stoker_datasets::resolve_local(&[&data.to_string_lossy()], self.split.as_deref());
-        let data = match &named {
-            Ok(stoker_datasets::LocalSource::Files { files, .. }) => {
-                files.first().map_or(data, PathBuf::as_path)
-            }
-            Ok(stoker_datasets::LocalSource::Path(path)) => path.as_path(),
-            Err(_) => data,
-        };
-        if stoker_datasets::looks_like_token_file(data) {
+        let judged = self.judged(data);
+        let data = judged.as_path();
+        if is_tokens(data) {
             return Ok(vec![op(OpKind::TokenWindows(proto::TokenWindows {
                 seq_len: self.seq_len,
                 ..Default::default()
@@ -233,14 +225,27 @@ impl JobArgs {
         )?)
     }
 
-    /// The pipeline in words, for reports.
+    /// The pipeline in words, for reports (as [`JobArgs::pipeline_ops`] chooses it).
     pub fn pipeline_name(&self) -> String {
-        match &self.data {
-            Some(data) if stoker_datasets::looks_like_token_file(data) => {
-                format!("token-windows({})", self.seq_len)
-            }
+        let judged = self.data.as_deref().map(|data| self.judged(data));
+        match judged.as_deref() {
+            Some(data) if is_tokens(data) => format!("token-windows({})", self.seq_len),
             Some(data) if self.is_text(data) => format!("tokenize+pack({})", self.seq_len),
             _ => self.pipeline.clone(),
+        }
+    }
+
+    /// The file `data` is judged by: the first file a pattern or a split names, else `data`.
+    fn judged(&self, data: &std::path::Path) -> PathBuf {
+        let named =
+            stoker_datasets::resolve_local(&[&data.to_string_lossy()], self.split.as_deref());
+        match named {
+            Ok(stoker_datasets::LocalSource::Files { files, .. }) => files
+                .into_iter()
+                .next()
+                .unwrap_or_else(|| data.to_path_buf()),
+            Ok(stoker_datasets::LocalSource::Path(path)) => path,
+            Err(_) => data.to_path_buf(),
         }
     }
 
@@ -250,4 +255,14 @@ impl JobArgs {
         stoker_datasets::looks_like_jsonl(data)
             || (self.tokenizer.is_some() && data.to_string_lossy().starts_with("s3://"))
     }
+}
+
+/// Whether `data` is read as token windows: a token file, or a Megatron corpus named by its
+/// `.idx` (its `.bin` beside it).
+fn is_tokens(data: &std::path::Path) -> bool {
+    let megatron_index = data
+        .extension()
+        .is_some_and(|extension| extension.eq_ignore_ascii_case("idx"))
+        && data.with_extension("bin").is_file();
+    megatron_index || stoker_datasets::looks_like_token_file(data)
 }

@@ -3,6 +3,7 @@
 
 #![allow(clippy::unwrap_used)] // tests fail loudly by design
 
+use std::path::Path;
 use std::process::Command;
 
 use crate::common::{self, stdout_of, stoker};
@@ -159,6 +160,72 @@ fn bad_arguments_fail_with_a_message() {
         let stderr = String::from_utf8_lossy(&output.stderr);
         assert!(stderr.contains("1..=65536"), "{stderr}");
     }
+}
+
+/// An error's cause is said once, though the library's message quotes it.
+#[test]
+fn an_error_says_its_cause_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = stoker(&[
+        "make-tokens",
+        "--tokens",
+        "10",
+        "--out",
+        dir.path().to_str().unwrap(),
+    ]);
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(stderr.matches("Is a directory").count(), 1, "{stderr}");
+}
+
+/// A Megatron corpus named by its `.idx` (as by its `.bin`) is read as token windows, and a
+/// pattern is judged by the files it names: the report names the pipeline run.
+#[test]
+fn a_megatron_index_and_a_pattern_choose_the_token_pipeline() {
+    let dir = tempfile::tempdir().unwrap();
+    let prefix = dir.path().join("corpus_text_document");
+    // Two documents of 300 uint16 tokens, laid out as Megatron's index writer lays them out.
+    let tokens: Vec<u8> = (0..600u16).flat_map(u16::to_le_bytes).collect();
+    std::fs::write(prefix.with_extension("bin"), tokens).unwrap();
+    let mut index = b"MMIDIDX\x00\x00".to_vec();
+    index.extend(1u64.to_le_bytes());
+    index.push(8);
+    index.extend(2u64.to_le_bytes());
+    index.extend(3u64.to_le_bytes());
+    index.extend([300i32, 300].iter().flat_map(|l| l.to_le_bytes()));
+    index.extend([0i64, 600].iter().flat_map(|p| p.to_le_bytes()));
+    index.extend([0i64, 1, 2].iter().flat_map(|d| d.to_le_bytes()));
+    std::fs::write(prefix.with_extension("idx"), index).unwrap();
+    let by_index = prefix.with_extension("idx");
+    let by_bin = prefix.with_extension("bin");
+    let digest = |data: &Path| {
+        let args = [
+            "digest",
+            "--data",
+            data.to_str().unwrap(),
+            "--seq-len",
+            "16",
+            "--batch-size",
+            "4",
+        ];
+        let out = stdout_of(&args);
+        out.lines().last().unwrap_or_default().to_string()
+    };
+    assert_eq!(digest(&by_index), digest(&by_bin));
+    let pattern = dir.path().join("corpus_*.bin");
+    let report = stdout_of(&[
+        "bench",
+        "--data",
+        pattern.to_str().unwrap(),
+        "--seq-len",
+        "16",
+        "--batch-size",
+        "4",
+        "--batches",
+        "2",
+        "--json",
+    ]);
+    assert!(report.contains("token-windows(16)"), "{report}");
 }
 
 #[test]
