@@ -171,10 +171,13 @@ def mix(
     - **Order.** With ``shuffle`` each window's positions are permuted (seeded by seed, epoch
       and window) and each source is read in its own shuffled order; without, the sources are
       interleaved evenly and read in dataset order. A source that runs out starts a fresh pass
-      in a new order (and with new augmentations).
+      (in a new order with ``shuffle``, in dataset order again without; with new
+      augmentations).
     - **Epoch end** (``epoch_end``): ``"first_exhausted"`` (default) is the whole windows every
-      source fills without repeating a sample, ``min(len_k // count_k)`` windows (so what is
-      left of the limiting source waits for the next epoch's order); ``"all_exhausted"`` is
+      source fills without repeating a sample, ``min(len_k // count_k)`` windows: what each
+      source holds past them is not read that epoch (with ``shuffle`` another epoch's order
+      draws other samples; without it every epoch reads the same first ones, so those past
+      them are never read: use ``"all_exhausted"`` or shuffle); ``"all_exhausted"`` is
       the whole windows it takes every source to give each of its samples once, the others
       restarting, ``max(ceil(len_k / count_k))`` windows; an int is that many positions, the
       sources restarting as needed (its last window may be partial). :attr:`Loader.num_samples`
