@@ -5,6 +5,7 @@ text packed after mixing, the distributed mode, and the errors for mixes that ca
 from __future__ import annotations
 
 import json
+import logging
 import pickle
 from collections import Counter
 from collections.abc import Iterator
@@ -70,6 +71,23 @@ def test_every_window_of_100_holds_exactly_70_and_30_over_10000_samples(
         counts = Counter(source for source, _ in seen[start : start + 100])
         assert counts == {0: 70, 1: 30}, f"window {start // 100}"
     assert len(set(seen)) == 10_000, "within one pass of each source: no window twice"
+
+
+def test_weights_the_window_rounds_far_off_are_warned_about(
+    token_files: tuple[Path, Path], caplog: pytest.LogCaptureFixture
+) -> None:
+    a, b = token_files
+    pipeline = [ops.TokenWindows(SEQ_LEN)]
+    with caplog.at_level(logging.WARNING, logger="stoker"):
+        with stoker.mix({a: 0.985, b: 0.015}, pipeline=pipeline, batch_size=8):
+            pass
+    assert any("source 1 asks 0.0150 of the mix and gets 0.0100" in r.getMessage()
+               for r in caplog.records), caplog.text
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="stoker"):
+        with stoker.mix({a: 0.985, b: 0.015}, pipeline=pipeline, batch_size=8, window=1000):
+            pass
+    assert not any("rounds its weights" in r.getMessage() for r in caplog.records), caplog.text
 
 
 def test_the_same_seed_gives_the_same_stream(token_files: tuple[Path, Path]) -> None:

@@ -326,12 +326,18 @@ impl Job {
     }
 
     /// What opening the job's sources found that its user should be told once
-    /// ([`SampleSource::notices`]), in source order.
+    /// ([`SampleSource::notices`]), in source order, then a mix's weights rounded far off by
+    /// its window.
     pub fn notices(&self) -> Vec<String> {
-        self.sources()
+        let mut notices: Vec<String> = self
+            .sources()
             .iter()
             .flat_map(|source| source.notices())
-            .collect()
+            .collect();
+        if let Builder::Mixed(mixed) = &self.builder {
+            notices.extend(mixed.order().rounding().map(str::to_string));
+        }
+        notices
     }
 
     /// What the object cache did for the job's sources read from an object store.

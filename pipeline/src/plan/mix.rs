@@ -91,6 +91,8 @@ pub struct MixOrder {
     interleave: Vec<u32>,
     /// Windows laid out lately, shared by the order's clones.
     kept: Arc<KeptLayouts>,
+    /// Where the window's counts are far from the weights ([`rounding_notice`]).
+    rounding: Option<String>,
 }
 
 /// One window laid out: for each position, its source and how many positions of the same
@@ -222,6 +224,35 @@ pub fn window_counts(weights: &[f64], window: u32) -> Result<Vec<u64>> {
     Ok(counts)
 }
 
+/// Where `counts` of a `window` give a source a share more than a tenth off the share its
+/// weight asks (a weight small beside the window's resolution: 0.005 of a window of 100 gets
+/// 0.01), in words, naming up to four such sources; `None` when every share is within.
+pub fn rounding_notice(weights: &[f64], counts: &[u64], window: u64) -> Option<String> {
+    let largest = weights.iter().copied().fold(0.0, f64::max);
+    let total: f64 = weights.iter().map(|w| w / largest).sum();
+    let off: Vec<String> = weights
+        .iter()
+        .zip(counts)
+        .enumerate()
+        .filter_map(|(k, (w, &count))| {
+            let asked = w / largest / total;
+            let gets = count as f64 / window as f64;
+            ((gets - asked).abs() > asked / 10.0)
+                .then(|| format!("source {k} asks {asked:.4} of the mix and gets {gets:.4}"))
+        })
+        .collect();
+    if off.is_empty() {
+        return None;
+    }
+    let shown: Vec<&str> = off.iter().take(4).map(String::as_str).collect();
+    Some(format!(
+        "a mix's window of {window} positions rounds its weights: {}{}; a larger window \
+         (window=) rounds them less",
+        shown.join(", "),
+        if off.len() > shown.len() { ", ..." } else { "" }
+    ))
+}
+
 impl MixOrder {
     /// The order of a mix of sources of `lens` samples with `weights`, `window` positions per
     /// window (0: `DEFAULT_MIX_WINDOW`, 100) and the epoch rule `end`.
@@ -288,6 +319,7 @@ impl MixOrder {
         .ok_or_else(|| Error::InvalidSpec("a mixed epoch of more than 2^62 samples".into()))?;
         Ok(Self {
             interleave: interleave(&counts),
+            rounding: rounding_notice(weights, &counts, window),
             counts,
             lens: lens.to_vec(),
             window,
@@ -306,6 +338,11 @@ impl MixOrder {
     /// Positions per window.
     pub fn window(&self) -> u64 {
         self.window
+    }
+
+    /// Where the window's counts give sources shares far from their weights', in words.
+    pub fn rounding(&self) -> Option<&str> {
+        self.rounding.as_deref()
     }
 
     /// Positions of an epoch (the same for every epoch).
@@ -424,6 +461,17 @@ mod tests {
         assert_eq!(window_counts(&[1.0, 1.0, 1.0], 10).unwrap(), vec![4, 3, 3]);
         // 0.625 * 8 = 5, 0.375 * 8 = 3: exact.
         assert_eq!(window_counts(&[5.0, 3.0], 8).unwrap(), vec![5, 3]);
+        // Weights the window rounds far off are told; those it holds to within a tenth not.
+        let notice = rounding_notice(&[0.7, 0.2949, 0.0051], &[70, 29, 1], 100).unwrap();
+        assert!(
+            notice.contains("source 2 asks 0.0051 of the mix and gets 0.0100"),
+            "{notice}"
+        );
+        assert!(
+            !notice.contains("source 0") && !notice.contains("source 1"),
+            "{notice}"
+        );
+        assert_eq!(rounding_notice(&[0.7, 0.3], &[70, 30], 100), None);
         // Finite weights whose sum is not: the counts still fill the window.
         assert_eq!(window_counts(&[1e308, 1e308], 100).unwrap(), vec![50, 50]);
         assert_eq!(

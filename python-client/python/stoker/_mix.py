@@ -164,7 +164,9 @@ def mix(
       window (``share_k``: its weight over the sum of the weights), and the sources with the
       largest remainders one more each until the counts sum to ``window`` (ties: the earlier
       source in ``sources``' order); so ``{a: 0.7, b: 0.3}`` with ``window=100`` is exactly
-      70 of ``a`` and 30 of ``b`` in every window. A source whose count would be 0 is refused.
+      70 of ``a`` and 30 of ``b`` in every window. A source whose count would be 0 is refused;
+      one whose count gives it a share more than a tenth off its weight's (0.015 of a window
+      of 100 is 0.01) is warned about when the loader opens: a larger ``window`` rounds less.
       Windows start at the epoch's position 0; ranks stride the positions as they stride a
       single source (rank ``r`` of ``W`` takes positions ``r, r + W, ...``), so the counts
       hold for the run as a whole, not for each rank's share.
