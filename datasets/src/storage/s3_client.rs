@@ -107,7 +107,11 @@ fn configure(
         builder = builder.with_config(AmazonS3ConfigKey::Client(ClientConfigKey::Timeout), "120s");
     }
     if let Some(endpoint) = &settings.endpoint {
-        builder = builder.with_endpoint(endpoint);
+        // Both keys: object_store builds with the S3 one first, which `AWS_ENDPOINT_URL_S3` in
+        // the environment sets, so the setting would lose to it.
+        builder = builder
+            .with_endpoint(endpoint)
+            .with_config(AmazonS3ConfigKey::S3Endpoint, endpoint);
     }
     if let Some(key) = &settings.access_key_id {
         builder = builder.with_access_key_id(key);
@@ -118,8 +122,10 @@ fn configure(
     if let Some(region) = &settings.region {
         builder = builder.with_region(region);
     }
+    // The endpoint the client will use: the S3 one where set, as object_store builds.
     let loopback = builder
-        .get_config_value(&AmazonS3ConfigKey::Endpoint)
+        .get_config_value(&AmazonS3ConfigKey::S3Endpoint)
+        .or_else(|| builder.get_config_value(&AmazonS3ConfigKey::Endpoint))
         .is_some_and(|endpoint| is_loopback_http(&endpoint));
     if settings.allow_http || loopback {
         builder = builder.with_allow_http(true);
@@ -213,6 +219,37 @@ mod tests {
                 .as_deref(),
             Some("120s")
         );
+    }
+
+    #[cfg(feature = "s3")]
+    #[test]
+    fn the_settings_endpoint_beats_the_environments_s3_endpoint() {
+        use object_store::aws::{AmazonS3Builder, AmazonS3ConfigKey};
+        use object_store::ClientConfigKey;
+
+        // As from_env makes it with AWS_ENDPOINT_URL_S3 set.
+        let from_env = || {
+            AmazonS3Builder::new()
+                .with_config(AmazonS3ConfigKey::S3Endpoint, "https://elsewhere.example")
+        };
+        let settings = S3Settings {
+            endpoint: Some("http://127.0.0.1:9000".into()),
+            ..S3Settings::default()
+        };
+        let built = configure(from_env(), "bucket", &settings, 3, false);
+        for key in [AmazonS3ConfigKey::S3Endpoint, AmazonS3ConfigKey::Endpoint] {
+            assert_eq!(
+                built.get_config_value(&key).as_deref(),
+                Some("http://127.0.0.1:9000")
+            );
+        }
+        // The environment's S3 endpoint alone, on loopback over HTTP, is allowed as the
+        // setting would be.
+        let local = AmazonS3Builder::new()
+            .with_config(AmazonS3ConfigKey::S3Endpoint, "http://localhost:9000");
+        let built = configure(local, "bucket", &S3Settings::default(), 3, false);
+        let allow = built.get_config_value(&AmazonS3ConfigKey::Client(ClientConfigKey::AllowHttp));
+        assert_eq!(allow.as_deref(), Some("true"));
     }
 
     #[cfg(not(feature = "s3"))]
