@@ -2,22 +2,26 @@
 
 mod hf;
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use clap::Args;
 use stoker_datasets::{
-    inspect_image_folder, inspect_samples, ColumnarSummary, DatasetReport, ImageFolder,
-    JsonlDocuments, ParquetDataset, ParquetOptions, ParquetSampleKind, SampleSource,
+    inspect_image_folder, inspect_samples, resolve_local, ColumnarSummary, DatasetReport,
+    ImageFolder, JsonlDocuments, LocalSource, ParquetDataset, ParquetOptions, ParquetSampleKind,
+    SampleSource,
 };
 use stoker_datasets::{TokenDtype, TokenFile};
 use stoker_pipeline::DEFAULT_MAX_PIXELS;
+use stoker_proto::v1::{self as proto, DatasetSource};
 
 /// Arguments of `stoker inspect`.
 #[derive(Debug, Args)]
 pub struct InspectArgs {
-    /// ImageFolder root, tar shards (a folder of `*.tar` or one file), Parquet (a folder of
-    /// `*.parquet` or one file), a Hugging Face `save_to_disk` folder, a token file (`*.bin`) or JSONL (a `.jsonl` file or a folder
-    /// of them).
+    /// The source, named as a job names it: an ImageFolder root, tar shards (a folder of
+    /// `*.tar` or one file), Parquet (a folder of `*.parquet` or one file), a Hugging Face
+    /// `save_to_disk` folder, MDS shards, a token file (`*.bin`), a Megatron corpus (its `.bin`
+    /// or `.idx`), JSONL (a `.jsonl` file or a folder of them), a pattern or list of files, or
+    /// an `s3://` prefix or object.
     #[arg(long)]
     pub data: PathBuf,
     /// Token files: the window length to count windows for.
@@ -32,14 +36,47 @@ pub struct InspectArgs {
     /// Print one JSON object instead of text.
     #[arg(long)]
     pub json: bool,
+    /// The split to inspect of a folder laid out by split (which is never inspected whole,
+    /// as it is never read whole).
+    #[arg(long)]
+    pub split: Option<String>,
 }
 
-/// Runs the command.
+/// Runs the command: a source is found as a job finds it (a pattern, a list, a split), then
+/// described by its format.
 pub fn run(args: InspectArgs) -> anyhow::Result<()> {
     let uri = args.data.to_string_lossy().into_owned();
+    let named = |uri: &str| DatasetSource {
+        uri: uri.to_string(),
+        split: args.split.clone().unwrap_or_default(),
+        ..Default::default()
+    };
     if uri.starts_with("s3://") {
-        return inspect_remote(&args, uri);
+        return inspect_opened(&args, &named(&uri), &[], "through the local object cache");
     }
+    let path = match resolve_local(&[&uri], args.split.as_deref())? {
+        LocalSource::Path(path) => path,
+        LocalSource::Files { .. } => {
+            return inspect_opened(&args, &named(&uri), &[], "the files it names");
+        }
+    };
+    let here = || DatasetSource {
+        uri: path.to_string_lossy().into_owned(),
+        ..Default::default()
+    };
+    if is_megatron_corpus(&path) {
+        let windows = proto::Op {
+            op: Some(proto::op::Op::TokenWindows(proto::TokenWindows {
+                seq_len: args.seq_len,
+                ..Default::default()
+            })),
+        };
+        return inspect_opened(&args, &here(), &[windows], "Megatron corpus");
+    }
+    if stoker_datasets::looks_like_mds(&path) {
+        return inspect_opened(&args, &here(), &[], "MDS shards");
+    }
+    let args = InspectArgs { data: path, ..args };
     if stoker_datasets::looks_like_token_file(&args.data) {
         return inspect_tokens(&args);
     }
@@ -49,6 +86,17 @@ pub fn run(args: InspectArgs) -> anyhow::Result<()> {
     if stoker_datasets::looks_like_tar_shards(&args.data) {
         let shards = stoker_datasets::TarShards::open(&args.data)?;
         let stats = shards.index_stats();
+        if args.json {
+            let json = serde_json::json!({
+                "format": "tar",
+                "samples": shards.len(),
+                "classes": shards.class_names().len(),
+                "shards": stats.shards,
+                "problems": stats.problems,
+            });
+            println!("{json}");
+            return Ok(());
+        }
         println!("dataset   {} (tar shards)", args.data.display());
         println!("samples   {}", shards.len());
         println!("classes   {}", shards.class_names().len());
@@ -76,30 +124,61 @@ pub fn run(args: InspectArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// An object-store dataset (an `s3://` prefix or object, opened as a job opens it, read through
-/// the local cache): samples, classes and shards, then the image statistics read from every
-/// sample.
-fn inspect_remote(args: &InspectArgs, uri: String) -> anyhow::Result<()> {
-    let dataset = stoker_proto::v1::DatasetSource {
-        uri,
-        ..Default::default()
-    };
-    let source = stoker_pipeline::open_source(&dataset, &[])?;
-    let report = inspect_samples(source.as_ref(), DEFAULT_MAX_PIXELS)?;
+/// A source opened as a job opens it (`dataset`, read with `ops`; `how` says how, in the
+/// report): an `s3://` prefix or object (through the local cache), the files a pattern, list or
+/// split names, MDS shards, a Megatron corpus. A token source's windows, else samples, classes
+/// and shards, then the image statistics read from every sample.
+fn inspect_opened(
+    args: &InspectArgs,
+    dataset: &DatasetSource,
+    ops: &[proto::Op],
+    how: &str,
+) -> anyhow::Result<()> {
+    let source = stoker_pipeline::open_source(dataset, ops)?;
     if let Some(cache) = source.cache_stats() {
         eprintln!("{cache}");
     }
+    if let Some(windows) = source.token_windows() {
+        if args.json {
+            let json = serde_json::json!({
+                "format": "token windows",
+                "windows": source.len(),
+                "seq_len": windows.seq_len,
+                "dtype": windows.dtype.name(),
+            });
+            println!("{json}");
+            return Ok(());
+        }
+        println!("dataset   {} ({how})", dataset.uri);
+        println!("dtype     {}", windows.dtype.name());
+        println!(
+            "windows   {} of {} tokens (seq_len {} + 1)",
+            source.len(),
+            windows.seq_len + 1,
+            windows.seq_len
+        );
+        return Ok(());
+    }
+    let report = inspect_samples(source.as_ref(), DEFAULT_MAX_PIXELS)?;
     if args.json {
         println!("{}", serde_json::to_string(&report)?);
         return Ok(());
     }
-    println!("dataset   {} (through the local object cache)", dataset.uri);
+    println!("dataset   {} ({how})", dataset.uri);
     println!("classes   {}", source.class_names().len());
     if let Some(shards) = source.shard_sizes() {
         println!("shards    {}", shards.len());
     }
     print_report(&report);
     Ok(())
+}
+
+/// Whether `path` is a Megatron corpus named by its `.bin` or `.idx`, the other beside it.
+fn is_megatron_corpus(path: &Path) -> bool {
+    let named = path
+        .extension()
+        .is_some_and(|e| e.eq_ignore_ascii_case("bin") || e.eq_ignore_ascii_case("idx"));
+    named && path.with_extension("bin").is_file() && path.with_extension("idx").is_file()
 }
 
 /// Files, row groups and columns, then the image statistics of the sample column (read from

@@ -162,6 +162,85 @@ fn bad_arguments_fail_with_a_message() {
     }
 }
 
+/// A Megatron corpus of two documents of 300 int32 tokens in `dir`, laid out as Megatron's index
+/// writer lays it out; its prefix.
+fn write_megatron_corpus(dir: &Path) -> std::path::PathBuf {
+    let prefix = dir.join("corpus_text_document");
+    let tokens: Vec<u8> = (0..600i32).flat_map(i32::to_le_bytes).collect();
+    std::fs::write(prefix.with_extension("bin"), tokens).unwrap();
+    let mut index = b"MMIDIDX\x00\x00".to_vec();
+    index.extend(1u64.to_le_bytes());
+    index.push(4);
+    index.extend(2u64.to_le_bytes());
+    index.extend(3u64.to_le_bytes());
+    index.extend([300i32, 300].iter().flat_map(|l| l.to_le_bytes()));
+    index.extend([0i64, 1200].iter().flat_map(|p| p.to_le_bytes()));
+    index.extend([0i64, 1, 2].iter().flat_map(|d| d.to_le_bytes()));
+    std::fs::write(prefix.with_extension("idx"), index).unwrap();
+    prefix
+}
+
+/// `inspect` finds a source as a job does: a folder laid out by split is refused whole and
+/// read by `--split`, a pattern names its files, a Megatron corpus is read with the dtype its
+/// index names (not the `.bin` name's), and tar shards answer `--json`.
+#[test]
+fn inspect_finds_its_source_as_a_job_does() {
+    let dir = tempfile::tempdir().unwrap();
+    let splits = dir.path().join("splits");
+    common::make_images(&splits.join("train"), 6);
+    common::make_images(&splits.join("val"), 3);
+    let whole = stoker(&["inspect", "--data", splits.to_str().unwrap()]);
+    assert!(!whole.status.success());
+    let message = String::from_utf8_lossy(&whole.stderr);
+    assert!(
+        message.contains("train, val") && message.contains("--split"),
+        "{message}"
+    );
+    let val = stdout_of(&[
+        "inspect",
+        "--data",
+        splits.to_str().unwrap(),
+        "--split",
+        "val",
+    ]);
+    assert!(val.contains("samples   3"), "{val}");
+    let shards = dir.path().join("shards");
+    stdout_of(&[
+        "convert",
+        "--from",
+        splits.to_str().unwrap(),
+        "--split",
+        "train",
+        "--to",
+        "tar",
+        "--out",
+        shards.to_str().unwrap(),
+    ]);
+    let json = stdout_of(&["inspect", "--data", shards.to_str().unwrap(), "--json"]);
+    let json: serde_json::Value = serde_json::from_str(json.trim()).unwrap();
+    assert_eq!(json["samples"], 6);
+    let pattern = shards.join("shard-*.tar");
+    let named = stdout_of(&["inspect", "--data", pattern.to_str().unwrap(), "--json"]);
+    let named: serde_json::Value = serde_json::from_str(named.trim()).unwrap();
+    assert_eq!(named["samples"], 6);
+    let prefix = write_megatron_corpus(dir.path());
+    for file in ["bin", "idx"] {
+        let data = prefix.with_extension(file);
+        let report = stdout_of(&[
+            "inspect",
+            "--data",
+            data.to_str().unwrap(),
+            "--seq-len",
+            "8",
+            "--json",
+        ]);
+        let report: serde_json::Value = serde_json::from_str(report.trim()).unwrap();
+        // 4-byte tokens (the name rule would say uint16), in (600 - 1) / 8 windows.
+        assert_eq!(report["dtype"], "uint32", "{report}");
+        assert_eq!(report["windows"], 74, "{report}");
+    }
+}
+
 /// An error's cause is said once, though the library's message quotes it.
 #[test]
 fn an_error_says_its_cause_once() {
@@ -183,19 +262,7 @@ fn an_error_says_its_cause_once() {
 #[test]
 fn a_megatron_index_and_a_pattern_choose_the_token_pipeline() {
     let dir = tempfile::tempdir().unwrap();
-    let prefix = dir.path().join("corpus_text_document");
-    // Two documents of 300 uint16 tokens, laid out as Megatron's index writer lays them out.
-    let tokens: Vec<u8> = (0..600u16).flat_map(u16::to_le_bytes).collect();
-    std::fs::write(prefix.with_extension("bin"), tokens).unwrap();
-    let mut index = b"MMIDIDX\x00\x00".to_vec();
-    index.extend(1u64.to_le_bytes());
-    index.push(8);
-    index.extend(2u64.to_le_bytes());
-    index.extend(3u64.to_le_bytes());
-    index.extend([300i32, 300].iter().flat_map(|l| l.to_le_bytes()));
-    index.extend([0i64, 600].iter().flat_map(|p| p.to_le_bytes()));
-    index.extend([0i64, 1, 2].iter().flat_map(|d| d.to_le_bytes()));
-    std::fs::write(prefix.with_extension("idx"), index).unwrap();
+    let prefix = write_megatron_corpus(dir.path());
     let by_index = prefix.with_extension("idx");
     let by_bin = prefix.with_extension("bin");
     let digest = |data: &Path| {

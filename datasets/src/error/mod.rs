@@ -194,7 +194,8 @@ pub enum Error {
 
     /// A source holding several splits, with none named: it is never read whole.
     #[error(
-        "{source_name} holds the splits {}: name one with split= (e.g. split=\"{}\")",
+        "{source_name} holds the splits {}: name one with split= (e.g. split=\"{}\"; --split \
+         on the command line)",
         found.join(", "),
         found.iter().find(|s| s.as_str() == "train")
             .or(found.iter().find(|s| !s.starts_with('(')))
