@@ -78,15 +78,15 @@ def test_weights_the_window_rounds_far_off_are_warned_about(
 ) -> None:
     a, b = token_files
     pipeline = [ops.TokenWindows(SEQ_LEN)]
-    with caplog.at_level(logging.WARNING, logger="stoker"):
-        with stoker.mix({a: 0.985, b: 0.015}, pipeline=pipeline, batch_size=8):
-            pass
+    with (caplog.at_level(logging.WARNING, logger="stoker"),
+          stoker.mix({a: 0.985, b: 0.015}, pipeline=pipeline, batch_size=8)):
+        pass
     assert any("source 1 asks 0.0150 of the mix and gets 0.0100" in r.getMessage()
                for r in caplog.records), caplog.text
     caplog.clear()
-    with caplog.at_level(logging.WARNING, logger="stoker"):
-        with stoker.mix({a: 0.985, b: 0.015}, pipeline=pipeline, batch_size=8, window=1000):
-            pass
+    with (caplog.at_level(logging.WARNING, logger="stoker"),
+          stoker.mix({a: 0.985, b: 0.015}, pipeline=pipeline, batch_size=8, window=1000)):
+        pass
     assert not any("rounds its weights" in r.getMessage() for r in caplog.records), caplog.text
 
 
