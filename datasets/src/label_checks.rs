@@ -7,7 +7,7 @@
 
 use std::path::Path;
 
-use crate::error::{Error, Result};
+use crate::error::{LabelError, Result};
 use crate::sample_source::numbered_class_names;
 
 /// What checking a dataset's labels found: its class names, and what its user should be told.
@@ -30,13 +30,14 @@ pub(crate) fn check_labels(
 ) -> Result<CheckedLabels> {
     let negative = labels.iter().filter(|label| **label < 0).count();
     if let Some(first) = labels.iter().position(|label| *label < 0) {
-        return Err(Error::NegativeLabels {
+        return Err(LabelError::NegativeLabels {
             path: path.to_path_buf(),
             column: column.to_string(),
             count: negative as u64,
             label: labels[first],
             first: describe(first as u64),
-        });
+        }
+        .into());
     }
     let max = labels.iter().copied().max();
     let Some(names) = names else {
@@ -78,6 +79,7 @@ pub(crate) fn no_label_column(path: &Path, looked_for: &str, columns: &[String])
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::error::Error;
 
     fn names(names: &[&str]) -> Option<Vec<String>> {
         Some(names.iter().map(|name| name.to_string()).collect())
@@ -92,11 +94,11 @@ mod tests {
         let message = error.to_string();
         assert!(matches!(
             error,
-            Error::NegativeLabels {
+            Error::Labels(LabelError::NegativeLabels {
                 count: 2,
                 label: -1,
                 ..
-            }
+            })
         ));
         assert!(message.contains("row 1"), "{message}");
         assert!(message.contains("missing label"), "{message}");
@@ -137,6 +139,9 @@ mod tests {
         assert!(checked.notice.is_none());
         let error =
             check_labels(Path::new("d"), "label", &[1 << 23], None, |i| i.to_string()).unwrap_err();
-        assert!(matches!(error, Error::TooManyClasses { .. }), "{error}");
+        assert!(
+            matches!(error, Error::Labels(LabelError::TooManyClasses { .. })),
+            "{error}"
+        );
     }
 }

@@ -92,7 +92,7 @@ mod token_dtype;
 mod token_file;
 
 pub use cache_stats::CacheStats;
-pub use error::{Error, ReadFault, Result, WriteError};
+pub use error::{Error, LabelError, ReadFault, Result, WriteError};
 pub use hf_folder::{looks_like_hf_dataset, HfColumnInfo, HfDataset, HfFeature, HfSummary};
 pub use image_folder::ImageFolder;
 pub use image_format::{sniff_format, ImageFormat};

@@ -174,11 +174,12 @@ pub(crate) fn numbered_class_names(
     };
     let count = u64::try_from(max_label.saturating_add(1)).unwrap_or(0);
     if count > MAX_NUMBERED_CLASSES {
-        return Err(crate::Error::TooManyClasses {
+        return Err(crate::error::LabelError::TooManyClasses {
             path: path.to_path_buf(),
             max_label,
             limit: MAX_NUMBERED_CLASSES,
-        });
+        }
+        .into());
     }
     Ok((0..count).map(|label| label.to_string()).collect())
 }

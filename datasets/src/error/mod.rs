@@ -3,6 +3,7 @@
 use std::path::PathBuf;
 
 mod fault;
+mod labels;
 mod writing;
 
 /// Everything that can go wrong while indexing, reading, generating or inspecting a dataset.
@@ -223,41 +224,9 @@ pub enum Error {
         found: Vec<String>,
     },
 
-    /// Labels without class names that go too far to name the classes by number: far more
-    /// likely a damaged file than a real class count.
-    #[error(
-        "labels under {path} go up to {max_label}, more classes than are named by number \
-         (at most {limit}); give the class names (classes.txt beside tar shards, the \
-         stoker.class_names metadata in Parquet)"
-    )]
-    TooManyClasses {
-        /// The dataset.
-        path: PathBuf,
-        /// The largest label.
-        max_label: i64,
-        /// [`crate::MAX_NUMBERED_CLASSES`].
-        limit: u64,
-    },
-
-    /// Negative labels in a dataset that reads its labels whole at open: a class index cannot
-    /// be negative (Hugging Face writes -1 for a missing label).
-    #[error(
-        "{count} label(s) of column {column:?} under {path} are negative, the first {label} at \
-         {first}: labels are class indices from 0 (Hugging Face writes -1 for a missing label, \
-         as in many test splits); leave out those rows, or the label column, before saving"
-    )]
-    NegativeLabels {
-        /// The dataset.
-        path: PathBuf,
-        /// The label column.
-        column: String,
-        /// How many labels are negative.
-        count: u64,
-        /// The first of them.
-        label: i64,
-        /// The sample it labels, in words.
-        first: String,
-    },
+    /// Labels a dataset cannot be read with: negative, or too many classes to number.
+    #[error(transparent)]
+    Labels(#[from] LabelError),
 
     /// A token file whose length is not a whole number of tokens.
     #[error(
@@ -613,6 +582,7 @@ pub enum Error {
 pub type Result<T> = std::result::Result<T, Error>;
 
 pub use fault::ReadFault;
+pub use labels::LabelError;
 pub use writing::WriteError;
 
 #[cfg(feature = "fuzzing")]

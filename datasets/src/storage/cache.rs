@@ -39,7 +39,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use object_store::ObjectMeta;
-use tracing::{debug, info, warn};
+use tracing::{debug, info};
 
 use super::download::{self, Download, FetchPlan};
 use super::entry::{
@@ -55,9 +55,6 @@ use super::uri::{s3_location, RemoteLocation};
 use crate::cache_stats::CacheStats;
 use crate::error::{Error, Result};
 
-/// Ranges a read-ahead brings in at once (each holds two descriptors while it is fetched).
-const READ_AHEAD_AT_ONCE: usize = 32;
-
 /// A bucket's client for listings by key prefix ([`ObjectCache::lister`]).
 pub(crate) struct Lister {
     client: Arc<dyn object_store::list::PaginatedListStore>,
@@ -69,38 +66,21 @@ pub(crate) struct Lister {
 /// One instance per process is the intent (it owns a small tokio runtime for its downloads),
 /// but any number of instances and processes may share one folder.
 pub struct ObjectCache {
-    options: ObjectCacheOptions,
+    pub(super) options: ObjectCacheOptions,
     runtime: tokio::runtime::Runtime,
-    counters: Counters,
+    pub(super) counters: Counters,
     next_part: AtomicU64,
     /// Bytes fetched by range reads into the folder since the cap was last enforced, by
     /// every process using it.
-    fetch_meter: FetchMeter,
-}
-
-/// The entry of bytes `range` of `object`.
-fn range_wanted(object: &ObjectMeta, range: &Range<u64>) -> Wanted {
-    let key = object.location.to_string();
-    Wanted {
-        meta: ObjectMeta {
-            location: object_store::path::Path::from(format!(
-                "{key}{RANGES_SUFFIX}/{}-{}",
-                range.start, range.end
-            )),
-            size: range.end.saturating_sub(range.start),
-            ..object.clone()
-        },
-        key,
-        offset: range.start,
-    }
+    pub(super) fetch_meter: FetchMeter,
 }
 
 /// An entry to materialise: its identity in the cache (`meta`: a listed object, or a range of
 /// one named by [`RANGES_SUFFIX`]), and where its bytes are: object `key` from `offset`.
-struct Wanted {
-    meta: ObjectMeta,
-    key: String,
-    offset: u64,
+pub(super) struct Wanted {
+    pub(super) meta: ObjectMeta,
+    pub(super) key: String,
+    pub(super) offset: u64,
 }
 
 impl std::fmt::Debug for ObjectCache {
@@ -317,132 +297,9 @@ impl ObjectCache {
             .block_on(download::put(store, location, key, bytes))
     }
 
-    /// The bytes of `ranges` of `object` (listed under `location`), through the cache: each
-    /// range is an entry of its own (`<key>.stoker-ranges/<start>-<end>`, checked against the
-    /// object's ETag like a whole object, evicted like one), so a dataset larger than the cache
-    /// is read piece by piece. Ranges missing from the cache are fetched together, neighbours
-    /// of one object in one GET (`download::MAX_COALESCE_GAP`). When the cache cannot hold
-    /// them (another process holds one of the entries past the lock deadline, or the cache's
-    /// own files fail: a full disk, a quota), the ranges are read from the store past the
-    /// cache rather than failing the read: the store still has them.
-    pub(super) fn read_ranges(
-        &self,
-        store: &Arc<Store>,
-        location: &RemoteLocation,
-        object: &ObjectMeta,
-        ranges: &[Range<u64>],
-    ) -> Result<Vec<Vec<u8>>> {
-        match self.read_ranges_cached(store, location, object, ranges) {
-            Err(error @ (Error::CacheLockTimeout { .. } | Error::Cache { .. })) => {
-                let past = self.counters.past_cache.fetch_add(1, Ordering::Relaxed) + 1;
-                if past.is_power_of_two() {
-                    warn!(%error, reads_past_the_cache = past, "the cache tier cannot hold these ranges; reading them from the store");
-                }
-                let key = object.location.as_ref();
-                let e_tag = object.e_tag.as_deref();
-                ranges
-                    .iter()
-                    .map(|range| {
-                        self.read_uncached(store, location, key, e_tag, range.clone())
-                            .map(|bytes| bytes.to_vec())
-                    })
-                    .collect()
-            }
-            read => read,
-        }
-    }
-
-    /// [`ObjectCache::read_ranges`] through the cache only.
-    fn read_ranges_cached(
-        &self,
-        store: &Arc<Store>,
-        location: &RemoteLocation,
-        object: &ObjectMeta,
-        ranges: &[Range<u64>],
-    ) -> Result<Vec<Vec<u8>>> {
-        let wanted = ranges
-            .iter()
-            .map(|range| range_wanted(object, range))
-            .collect();
-        let fetched_before = self.counters.bytes_fetched.load(Ordering::Relaxed);
-        let ready = self.materialise(store, location, wanted, true)?;
-        let mut out = Vec::with_capacity(ready.len());
-        for (cached, range) in ready.into_iter().zip(ranges) {
-            let bytes = match cached.entry().read_checked()? {
-                Some(bytes) => bytes,
-                None => {
-                    // Torn by a crash: its metadata is gone now, so this fetches it again.
-                    drop(cached);
-                    let again =
-                        self.materialise(store, location, vec![range_wanted(object, range)], true)?;
-                    let again = again.first().ok_or_else(|| Error::IncompleteObject {
-                        uri: location.uri_of(object.location.as_ref()),
-                        expected: range.end - range.start,
-                        received: 0,
-                    })?;
-                    again
-                        .entry()
-                        .read_checked()?
-                        .ok_or_else(|| Error::IncompleteObject {
-                            uri: location.uri_of(object.location.as_ref()),
-                            expected: range.end - range.start,
-                            received: 0,
-                        })?
-                }
-            };
-            out.push(bytes);
-        }
-        // The bytes are read: a cap check that fails costs this read nothing.
-        if let Err(error) = self.after_range_fetch(fetched_before) {
-            warn!(%error, "the cache tier could not check its size cap");
-        }
-        Ok(out)
-    }
-
-    /// Brings the ranges of `hint` into the cache (several objects at once, neighbours
-    /// coalesced) without reading them: the read-ahead of `prefetch.rs`.
-    pub(super) fn prefetch_ranges(
-        &self,
-        store: &Arc<Store>,
-        location: &RemoteLocation,
-        hint: &[(ObjectMeta, Vec<Range<u64>>)],
-    ) -> Result<()> {
-        let wanted: Vec<Wanted> = hint
-            .iter()
-            .flat_map(|(object, ranges)| {
-                ranges.iter().map(move |range| range_wanted(object, range))
-            })
-            .collect();
-        let fetched_before = self.counters.bytes_fetched.load(Ordering::Relaxed);
-        // A few ranges at a time: each holds a lock descriptor and a part file while it is
-        // fetched, and a hint is a whole batch (a thousand ranges would take two thousand
-        // descriptors, past a common soft limit of 1024).
-        let mut wanted = wanted.into_iter().peekable();
-        while wanted.peek().is_some() {
-            let some: Vec<Wanted> = wanted.by_ref().take(READ_AHEAD_AT_ONCE).collect();
-            drop(self.materialise(store, location, some, false)?);
-        }
-        self.after_range_fetch(fetched_before)
-    }
-
-    /// Enforces the cap once an eighth of it was fetched by range reads into the folder since
-    /// the last time, by any process using it (a check walks the cache folder);
-    /// `fetched_before` is the byte counter before this fetch.
-    fn after_range_fetch(&self, fetched_before: u64) -> Result<()> {
-        let fetched = self
-            .counters
-            .bytes_fetched
-            .load(Ordering::Relaxed)
-            .saturating_sub(fetched_before);
-        if self.fetch_meter.add(fetched, self.options.max_bytes / 8) {
-            self.enforce_cap()?;
-        }
-        Ok(())
-    }
-
     /// Brings `wanted` into the cache (hits as they are, the rest downloaded together) and
     /// returns them in order, each locked shared.
-    fn materialise(
+    pub(super) fn materialise(
         &self,
         store: &Arc<Store>,
         location: &RemoteLocation,
@@ -619,6 +476,7 @@ mod tests {
     use object_store::path::Path as ObjectPath;
     use object_store::{ObjectStoreExt, PutPayload};
 
+    use super::super::cached_ranges::range_wanted;
     use super::*;
     use crate::storage::entry::{LOCK_SUFFIX, META_SUFFIX};
 

@@ -35,6 +35,7 @@
 //! [`SampleSource`]: crate::SampleSource
 
 mod cache;
+mod cached_ranges;
 mod derived;
 mod download;
 mod entry;
