@@ -269,3 +269,22 @@ fn an_epoch_without_a_batch_is_refused_not_hashed_or_spun_on() {
     assert!(message.contains("holds no batch"), "{message}");
     assert!(started.elapsed() < std::time::Duration::from_secs(60));
 }
+
+/// What opening a dataset finds that its user should be told (here labels past the class names
+/// of `classes.txt`) is in the command's log, as the Python module logs it.
+#[test]
+fn a_datasets_notices_reach_the_commands_log() {
+    let dir = tempfile::tempdir().unwrap();
+    let folder = dir.path().join("folder");
+    common::make_images(&folder, 12);
+    let shards = dir.path().join("shards");
+    stdout_of(&convert_args(&folder, "tar", &shards, &[]));
+    std::fs::write(shards.join("classes.txt"), "a\nb\n").unwrap();
+    let out = stoker(&["digest", "--data", shards.to_str().unwrap(), "--size", "32"]);
+    assert!(out.status.success());
+    let log = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        log.contains("past the 2 class names of classes.txt"),
+        "{log}"
+    );
+}

@@ -201,6 +201,11 @@ impl Job {
                  batch or the output smaller"
             )));
         }
+        // Told where the job opens, in the command line's and the daemons' logs (the Python
+        // module, which shows no Rust log, logs them itself from the loader's notices).
+        for notice in job.notices() {
+            tracing::warn!("{notice}");
+        }
         Ok(job)
     }
 
