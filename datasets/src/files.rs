@@ -1,5 +1,7 @@
 //! Finding a dataset's files: the tar, Parquet and JSONL sources all take one file or a folder
-//! of them ([`root_files`]), found by extension (a JSONL file's: [`is_jsonl_file_name`]).
+//! of them ([`root_files`]), found by extension (a JSONL file's: [`is_jsonl_file_name`]); and
+//! the files a writer of a set wrote under temporary names, named once the set is whole
+//! ([`name_written_set`]) or removed when it is not ([`remove_written_set`]).
 
 use std::path::{Path, PathBuf};
 
@@ -73,4 +75,25 @@ pub(crate) fn root_files(
         .parent()
         .map_or_else(|| PathBuf::from("."), Path::to_path_buf);
     Ok((folder, vec![path.to_path_buf()]))
+}
+/// Gives each file of a set written under a temporary name, `(temporary, final)`, its final
+/// name, once every file of the set is written (so a write stopped midway leaves no set a
+/// reader would open as whole); the final names, in order.
+pub(crate) fn name_written_set(files: Vec<(PathBuf, PathBuf)>) -> Result<Vec<PathBuf>> {
+    files
+        .into_iter()
+        .map(|(temporary, path)| {
+            std::fs::rename(&temporary, &path).map_err(|source| Error::io(&path, source))?;
+            Ok(path)
+        })
+        .collect()
+}
+
+/// Removes, best effort, the temporary files of a set whose write failed: those `files` written
+/// whole (`(temporary, final)`) and the one being written, `open`.
+pub(crate) fn remove_written_set(files: &[(PathBuf, PathBuf)], open: Option<&Path>) {
+    let temporaries = files.iter().map(|(temporary, _)| temporary.as_path());
+    for temporary in temporaries.chain(open) {
+        let _ = std::fs::remove_file(temporary);
+    }
 }

@@ -2,7 +2,7 @@
 
 mod hf;
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use clap::Args;
 use stoker_datasets::{
@@ -64,7 +64,7 @@ pub fn run(args: InspectArgs) -> anyhow::Result<()> {
         uri: path.to_string_lossy().into_owned(),
         ..Default::default()
     };
-    if is_megatron_corpus(&path) {
+    if super::is_megatron_corpus(&path) {
         let windows = proto::Op {
             op: Some(proto::op::Op::TokenWindows(proto::TokenWindows {
                 seq_len: args.seq_len,
@@ -171,14 +171,6 @@ fn inspect_opened(
     }
     print_report(&report);
     Ok(())
-}
-
-/// Whether `path` is a Megatron corpus named by its `.bin` or `.idx`, the other beside it.
-fn is_megatron_corpus(path: &Path) -> bool {
-    let named = path
-        .extension()
-        .is_some_and(|e| e.eq_ignore_ascii_case("bin") || e.eq_ignore_ascii_case("idx"));
-    named && path.with_extension("bin").is_file() && path.with_extension("idx").is_file()
 }
 
 /// Files, row groups and columns, then the image statistics of the sample column (read from

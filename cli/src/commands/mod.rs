@@ -258,11 +258,15 @@ impl JobArgs {
 }
 
 /// Whether `data` is read as token windows: a token file, or a Megatron corpus named by its
-/// `.idx` (its `.bin` beside it).
+/// `.bin` or `.idx` ([`is_megatron_corpus`]).
 fn is_tokens(data: &std::path::Path) -> bool {
-    let megatron_index = data
+    is_megatron_corpus(data) || stoker_datasets::looks_like_token_file(data)
+}
+
+/// Whether `path` names a Megatron corpus by its `.bin` or `.idx`, the other beside it.
+pub(crate) fn is_megatron_corpus(path: &std::path::Path) -> bool {
+    let named = path
         .extension()
-        .is_some_and(|extension| extension.eq_ignore_ascii_case("idx"))
-        && data.with_extension("bin").is_file();
-    megatron_index || stoker_datasets::looks_like_token_file(data)
+        .is_some_and(|e| e.eq_ignore_ascii_case("bin") || e.eq_ignore_ascii_case("idx"));
+    named && stoker_datasets::megatron_pair(path).is_some()
 }

@@ -25,6 +25,7 @@ use tracing::info;
 
 use super::CLASS_NAMES_KEY;
 use crate::error::{Error, Result, WriteError};
+use crate::files::{name_written_set, remove_written_set};
 use crate::sample_source::SampleSource;
 
 /// Options of [`write_parquet`].
@@ -276,17 +277,10 @@ pub fn write_parquet(
         Ok(())
     })();
     if let Err(error) = result {
-        // Best effort: leave no file of a set cut short behind.
-        let temporaries = current.map(|file| file.temporary);
-        for temporary in finished.iter().map(|(t, _)| t).chain(&temporaries) {
-            let _ = std::fs::remove_file(temporary);
-        }
+        remove_written_set(&finished, current.as_ref().map(|f| f.temporary.as_path()));
         return Err(error);
     }
-    for (temporary, path) in finished {
-        std::fs::rename(&temporary, &path).map_err(|source| Error::io(&path, source))?;
-        written.files.push(path);
-    }
+    written.files = name_written_set(finished)?;
     info!(
         out = %out.display(),
         files = written.files.len(),

@@ -15,6 +15,7 @@ use tracing::info;
 
 use super::CLASSES_FILE;
 use crate::error::{Error, Result, WriteError};
+use crate::files::{name_written_set, remove_written_set};
 use crate::image_format::{sniff_format, ImageFormat};
 use crate::sample_source::SampleSource;
 
@@ -139,7 +140,7 @@ impl OpenShard {
     /// Ends the archive and flushes it, still under its temporary name (every shard is given
     /// its final name once the whole set is written: a run stopped midway leaves no shard a
     /// reader would take for the set).
-    fn finish(self) -> Result<(FinishedShard, u64)> {
+    fn finish(self) -> Result<((PathBuf, PathBuf), u64)> {
         let temporary = self.temporary;
         let io = |source| Error::io(&temporary, source);
         let mut writer = self.builder.into_inner().map_err(io)?;
@@ -149,18 +150,8 @@ impl OpenShard {
             .map_err(|error| io(error.into_error()))?;
         file.sync_all().map_err(io)?;
         let bytes = file.metadata().map_err(io)?.len();
-        let finished = FinishedShard {
-            temporary,
-            path: self.path,
-        };
-        Ok((finished, bytes))
+        Ok(((temporary, self.path), bytes))
     }
-}
-
-/// A shard written whole, under its temporary name until the set is.
-struct FinishedShard {
-    temporary: PathBuf,
-    path: PathBuf,
 }
 
 /// Writes every sample of `source` as tar shards into `out` (created; it must be empty), plus
@@ -196,7 +187,8 @@ pub fn write_tar_shards(
         )));
     }
     let mut current: Option<OpenShard> = None;
-    let mut finished: Vec<FinishedShard> = Vec::new();
+    // Shards written whole: (temporary name, final name).
+    let mut finished: Vec<(PathBuf, PathBuf)> = Vec::new();
     let result = (|| -> Result<()> {
         for index in 0..source.len() {
             let image = source.read(index)?;
@@ -243,11 +235,7 @@ pub fn write_tar_shards(
         Ok(())
     })();
     if let Err(error) = result {
-        // Best effort: leave no shard of a set cut short behind.
-        let temporaries = current.map(|shard| shard.temporary);
-        for temporary in finished.iter().map(|f| &f.temporary).chain(&temporaries) {
-            let _ = std::fs::remove_file(temporary);
-        }
+        remove_written_set(&finished, current.as_ref().map(|s| s.temporary.as_path()));
         return Err(error);
     }
     let classes = out.join(CLASSES_FILE);
@@ -256,11 +244,7 @@ pub fn write_tar_shards(
     text.push('\n');
     std::fs::write(&temporary, text).map_err(|source| Error::io(&temporary, source))?;
     std::fs::rename(&temporary, &classes).map_err(|source| Error::io(&classes, source))?;
-    for shard in finished {
-        std::fs::rename(&shard.temporary, &shard.path)
-            .map_err(|source| Error::io(&shard.path, source))?;
-        written.shards.push(shard.path);
-    }
+    written.shards = name_written_set(finished)?;
 
     info!(
         out = %out.display(),
