@@ -342,6 +342,27 @@ impl JobPipeline {
         }
     }
 
+    /// What its user should be told once: a packed text's EOS or padding id past its
+    /// tokenizer's ids, which a model with an embedding row per tokenizer id cannot look up
+    /// (an id beyond the tokenizer is kept: a model may have rows past it).
+    pub fn notices(&self) -> Vec<String> {
+        let JobPipeline::PackedText(text) = self else {
+            return Vec::new();
+        };
+        let ids = text.tokenizer.vocab_size();
+        [("eos_id", text.pack.eos_id), ("pad_id", text.pack.pad_id)]
+            .into_iter()
+            .filter(|&(_, id)| usize::try_from(id).map_or(true, |id| id >= ids))
+            .map(|(name, id)| {
+                format!(
+                    "PackSequences {name} {id} is past the ids of the tokenizer {} (0..{ids}): \
+                     a model whose embedding has a row per tokenizer id fails on it",
+                    text.tokenizer.path().display()
+                )
+            })
+            .collect()
+    }
+
     /// The `seq_len` of a TokenWindows pipeline: a token file source needs it to cut windows.
     pub fn token_windows_seq_len(&self) -> Option<u32> {
         match self {

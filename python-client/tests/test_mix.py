@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import logging
 import pickle
+import shutil
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
@@ -157,20 +158,29 @@ def test_a_mixed_epoch_resumes_on_another_world_size(token_files: tuple[Path, Pa
     assert set(seen) == set(whole) and len(whole) == 11_400
 
 
-def test_text_sources_are_packed_after_mixing(tmp_path: Path) -> None:
-    words = ["alpha", "beta", "gamma", "delta", "stoker", "mixes", "text", "by", "weight"]
+WORDS = ["alpha", "beta", "gamma", "delta", "stoker", "mixes", "text", "by", "weight"]
+
+
+def text_sources(root: Path) -> tuple[list[Path], Path]:
+    """Two folders of 30 JSONL documents each, and a tokenizer trained on their words."""
     folders = []
     for source in range(2):
-        folder = tmp_path / f"docs{source}"
+        folder = root / f"docs{source}"
         folder.mkdir()
         lines = [
-            json.dumps({"text": " ".join(words[(i + w + source) % len(words)] for w in range(9))})
+            json.dumps({"text": " ".join(WORDS[(i + w + source) % len(WORDS)] for w in range(9))})
             for i in range(30)
         ]
         (folder / "part.jsonl").write_text("\n".join(lines) + "\n")
         folders.append(folder)
-    tokenizer = tmp_path / "tokenizer.json"
-    _native.train_bpe_tokenizer([" ".join(words)] * 20, str(tokenizer), vocab_size=200)
+    tokenizer = root / "tokenizer.json"
+    # Past the 256 bytes and EOS, so it has merges of its own.
+    _native.train_bpe_tokenizer([" ".join(WORDS)] * 20, str(tokenizer), vocab_size=300)
+    return folders, tokenizer
+
+
+def test_text_sources_are_packed_after_mixing(tmp_path: Path) -> None:
+    folders, tokenizer = text_sources(tmp_path)
     pipeline = [ops.Tokenize(str(tokenizer)), ops.PackSequences(48)]
     with stoker.mix(
         {folders[0]: 1, folders[1]: 1},
@@ -188,6 +198,32 @@ def test_text_sources_are_packed_after_mixing(tmp_path: Path) -> None:
                 in_row = {int(sources[d]) for d in row if d >= 0}
                 mixed_rows += in_row == {0, 1}
     assert mixed_rows > 0, "a packed row holds documents of both sources"
+
+
+def test_text_sources_whose_tokenizers_give_other_ids_are_refused(tmp_path: Path) -> None:
+    """Packed rows hold documents of every source, so an id must mean one token in all: a
+    second tokenizer with other ids is refused by name; the same one under another path is
+    not."""
+    folders, tokenizer = text_sources(tmp_path)
+    other = tmp_path / "other.json"
+    _native.train_bpe_tokenizer(["an unrelated corpus of other words"] * 20, str(other),
+                                vocab_size=300)
+    copy = tmp_path / "copy" / "tokenizer.json"
+    copy.parent.mkdir()
+    shutil.copy(tokenizer, copy)
+
+    def mix(second: Path) -> stoker.Loader:
+        def source(folder: Path, path: Path) -> stoker.Source:
+            return stoker.Source(folder, pipeline=[ops.Tokenize(str(path)),
+                                                   ops.PackSequences(48)])
+        return stoker.mix({source(folders[0], tokenizer): 1, source(folders[1], second): 1},
+                          batch_size=8, window=4, output="numpy", num_threads=2)
+
+    with pytest.raises(ValueError, match="same id: source 0 and source 1 differ") as refused:
+        mix(other)
+    assert str(other) in str(refused.value)
+    with mix(copy) as loader:
+        assert sum(len(batch["input_ids"]) for batch in loader) > 0
 
 
 def test_sources_keep_their_own_pipelines(dataset: Path) -> None:

@@ -4,6 +4,7 @@ token ops, zero-copy tensors, every sample once per epoch, determinism, bad line
 from __future__ import annotations
 
 import json
+import logging
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -124,6 +125,26 @@ def test_packed_text_rows_eos_and_boundaries(text: tuple[Path, Path]) -> None:
     for a, b in zip(batches, again, strict=True):
         for name in a:
             np.testing.assert_array_equal(a[name], b[name])
+
+
+def test_packing_ids_past_the_tokenizers_are_warned_about(
+    text: tuple[Path, Path], caplog: pytest.LogCaptureFixture
+) -> None:
+    """An EOS or padding id past the tokenizer's ids is delivered as given (a model may have
+    rows past them) and warned about once, by name, where the loader opens."""
+    folder, tokenizer = text
+    pipeline = [ops.Tokenize(tokenizer), ops.PackSequences(SEQ_LEN, eos_id=70_000, pad_id=50_000)]
+    with caplog.at_level(logging.WARNING, logger="stoker"):
+        batches = load(folder, pipeline, seed=3)
+    warned = [r.getMessage() for r in caplog.records if "PackSequences" in r.getMessage()]
+    assert len(warned) == 2, caplog.text
+    assert f"eos_id 70000 is past the ids of the tokenizer {tokenizer} (0.." in warned[0]
+    assert "pad_id 50000 is past" in warned[1]
+    assert any((batch["input_ids"] == 70_000).any() for batch in batches)
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="stoker"):
+        load(folder, [ops.Tokenize(tokenizer), ops.PackSequences(SEQ_LEN, eos_id=0, pad_id=1)])
+    assert "PackSequences" not in caplog.text
 
 
 def test_tokens_packing_drops_are_counted(text: tuple[Path, Path]) -> None:

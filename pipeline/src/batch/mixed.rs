@@ -87,6 +87,14 @@ impl MixedAssembler {
                         a.pack, b.pack
                     )));
                 }
+                // Rows hold documents of several sources: an id must mean one token in all.
+                if let Some(difference) = a.tokenizer.vocabulary_difference(&b.tokenizer) {
+                    return Err(Error::InvalidSpec(format!(
+                        "mixed text sources are packed into the same rows, so their tokenizers \
+                         must give every token the same id: source 0 and source {k} differ \
+                         ({difference})"
+                    )));
+                }
             }
         }
         let names = |part: &MixedPart| part.assembler.source().class_names().to_vec();
@@ -121,6 +129,11 @@ impl MixedAssembler {
     /// source's own classes; `source` tells which).
     pub fn class_names(&self) -> &[String] {
         &self.class_names
+    }
+
+    /// The sources' pipelines, in the spec's order.
+    pub fn pipelines(&self) -> impl Iterator<Item = &JobPipeline> {
+        self.parts.iter().map(|part| part.assembler.pipeline())
     }
 
     /// The mixed datasets, in the spec's order.

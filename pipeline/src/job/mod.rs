@@ -331,14 +331,25 @@ impl Job {
     }
 
     /// What opening the job's sources found that its user should be told once
-    /// ([`SampleSource::notices`]), in source order, then a mix's weights rounded far off by
-    /// its window.
+    /// ([`SampleSource::notices`]), in source order, then its pipelines' (an id past the
+    /// tokenizer's, [`JobPipeline::notices`]), then a mix's weights rounded far off by its
+    /// window.
     pub fn notices(&self) -> Vec<String> {
         let mut notices: Vec<String> = self
             .sources()
             .iter()
             .flat_map(|source| source.notices())
             .collect();
+        let pipelines: Vec<String> = match &self.builder {
+            Builder::Single(assembler) => assembler.pipeline().notices(),
+            Builder::Mixed(mixed) => mixed.pipelines().flat_map(|p| p.notices()).collect(),
+        };
+        // Mixed text sources share their PackSequences (and often the tokenizer): once each.
+        for notice in pipelines {
+            if !notices.contains(&notice) {
+                notices.push(notice);
+            }
+        }
         if let Builder::Mixed(mixed) = &self.builder {
             notices.extend(mixed.order().rounding().map(str::to_string));
         }

@@ -202,6 +202,43 @@ impl TextTokenizer {
         self.tokenizer.get_vocab_size(true)
     }
 
+    /// The first token `other` gives another id than this tokenizer does (their vocabularies
+    /// with added tokens), said in words; `None` when every token has the same id in both, so
+    /// their ids mean the same text.
+    pub fn vocabulary_difference(&self, other: &TextTokenizer) -> Option<String> {
+        let mine = self.tokenizer.get_vocab(true);
+        let theirs = other.tokenizer.get_vocab(true);
+        let mut differing: Vec<(u32, &String, Option<u32>)> = mine
+            .iter()
+            .filter_map(|(token, &id)| {
+                let other_id = theirs.get(token).copied();
+                (other_id != Some(id)).then_some((id, token, other_id))
+            })
+            .collect();
+        differing.sort_unstable();
+        match differing.first() {
+            Some((id, token, Some(other_id))) => Some(format!(
+                "{token:?} is id {id} in {} and {other_id} in {}",
+                self.path.display(),
+                other.path.display()
+            )),
+            Some((id, token, None)) => Some(format!(
+                "{token:?} (id {id} in {}) is not in {}",
+                self.path.display(),
+                other.path.display()
+            )),
+            // Every token of this one has its id in the other: the other may have more.
+            None if theirs.len() != mine.len() => Some(format!(
+                "{} has {} ids and {} has {}",
+                self.path.display(),
+                mine.len(),
+                other.path.display(),
+                theirs.len()
+            )),
+            None => None,
+        }
+    }
+
     /// The tokenizer's own end-of-sequence token: the first of [`EOS_CANDIDATES`] it knows.
     pub fn eos_id(&self) -> Option<u32> {
         EOS_CANDIDATES
