@@ -13,6 +13,10 @@ use stoker_alloc as _;
 
 fn main() -> ExitCode {
     let args = commands::Cli::parse();
+    if args.ends_with_its_reader() {
+        // SAFETY: signal() with SIG_DFL installs no handler; this runs before any thread starts.
+        unsafe { libc::signal(libc::SIGPIPE, libc::SIG_DFL) };
+    }
     commands::init_logging(args.verbose);
     match commands::run(args) {
         Ok(()) => ExitCode::SUCCESS,

@@ -59,6 +59,19 @@ enum Command {
 
 pub use stoker_rpc::{init_logging, shutdown_signal};
 
+impl Cli {
+    /// Whether the command is a report read through a pipe (`stoker inspect ... | head`), so
+    /// it should end quietly when its reader goes, as Unix tools do (SIGPIPE's default action),
+    /// rather than panic in `println!` on the closed pipe. The daemons, benches and commands
+    /// that write files keep Rust's default (SIGPIPE ignored: a closed pipe is an error).
+    pub fn ends_with_its_reader(&self) -> bool {
+        matches!(
+            self.command,
+            Command::Digest(_) | Command::Inspect(_) | Command::Demo(_)
+        )
+    }
+}
+
 /// Runs the chosen subcommand.
 pub fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {

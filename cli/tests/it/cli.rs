@@ -111,6 +111,39 @@ fn make_dataset_then_inspect() {
 }
 
 #[test]
+fn a_report_whose_reader_goes_ends_quietly() {
+    use std::os::unix::process::ExitStatusExt;
+    use std::process::Stdio;
+    let dir = tempfile::tempdir().unwrap();
+    let set = dir.path().join("set");
+    let out = stdout_of(&[
+        "make-dataset",
+        "--count",
+        "10",
+        "--out",
+        set.to_str().unwrap(),
+    ]);
+    assert!(out.contains("wrote 10 images"), "{out}");
+    // `stoker inspect ... | head -0`: the reader is gone before the report is printed.
+    let mut child = Command::new(env!("CARGO_BIN_EXE_stoker"))
+        .args(["inspect", "--data", set.to_str().unwrap()])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    drop(child.stdout.take());
+    let output = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(!stderr.contains("panicked"), "{stderr}");
+    assert_eq!(
+        output.status.signal(),
+        Some(libc::SIGPIPE),
+        "{:?}",
+        output.status
+    );
+}
+
+#[test]
 fn demo_makes_its_own_data_and_summarises() {
     let tmp = tempfile::tempdir().unwrap();
     let output = Command::new(env!("CARGO_BIN_EXE_stoker"))
