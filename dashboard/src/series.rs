@@ -32,15 +32,20 @@ const COMPUTE_BOUND_STALL_PCT: f64 = 1.0;
 /// The decode-thread stages, in pipeline order (names as in `/metrics` and the API).
 pub(crate) const STAGES: [&str; 4] = ["read", "decode", "augment", "assemble"];
 
+/// The input-bound verdict's "stage" when no batch was built over the window.
+const NO_BATCH_BUILT: &str = "no batch built";
+
 /// What holds a job back, in words.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 #[serde(into = "String")]
 pub enum Verdict {
     /// Too little data yet.
     Starting,
-    /// No batches were taken over the window (the run ended or the trainer paused).
+    /// No batches were taken over the window and the trainer waited for less than half of it
+    /// (the run ended or the trainer paused).
     Idle,
-    /// The trainer waited more than 5% of the time; the named stage costs the most.
+    /// The trainer waited more than 5% of the time; the named stage costs the most ("no batch
+    /// built" when no batch was built over the window).
     InputBound(&'static str),
     /// The trainer waited more than 5% of the time, mostly for the first batch of an epoch.
     EpochBoundary,
@@ -403,7 +408,9 @@ fn verdict_of(sum: &Delta) -> Verdict {
     if sum.elapsed_s < MIN_VERDICT_SECONDS {
         return Verdict::Starting;
     }
-    if sum.samples == 0 {
+    // No batch over the window: a trainer that paused (or a run that ended) is idle; one
+    // blocked in `next()` the whole time is as input-bound as a job gets.
+    if sum.samples == 0 && sum.wait_s * 2.0 < sum.elapsed_s {
         return Verdict::Idle;
     }
     // The lane's cost is GPU time no wait shows: named when it is above the input-bound line
@@ -429,8 +436,12 @@ fn verdict_of(sum: &Delta) -> Verdict {
     }
 }
 
-/// The stage that took the most decode-thread time.
+/// The stage that took the most decode-thread time; [`NO_BATCH_BUILT`] when none took any
+/// (a stage's time is counted as its batch is built).
 fn dominant_stage(stages_s: &[f64; 4]) -> &'static str {
+    if stages_s.iter().all(|seconds| *seconds <= 0.0) {
+        return NO_BATCH_BUILT;
+    }
     let mut best = 0;
     for (index, seconds) in stages_s.iter().enumerate() {
         if *seconds > stages_s[best] {
@@ -702,6 +713,22 @@ mod tests {
         let mut quiet = delta(10.0, 0.05, 1000, [0.0, 4.0, 1.0, 0.0]);
         quiet.epoch_start_wait_s = 0.05;
         assert_eq!(verdict_of(&quiet), Verdict::ComputeBound);
+    }
+
+    #[test]
+    fn a_trainer_blocked_for_the_whole_window_is_input_bound_not_idle() {
+        // Each batch takes longer than the window: no sample, the wait the whole time.
+        let blocked = delta(10.0, 10.0, 0, [0.0; 4]);
+        assert_eq!(verdict_of(&blocked), Verdict::InputBound(NO_BATCH_BUILT));
+        assert_eq!(
+            verdict_of(&blocked).to_string(),
+            "input-bound: no batch built"
+        );
+        let mut first = delta(10.0, 10.0, 0, [0.0; 4]);
+        first.epoch_start_wait_s = 10.0;
+        assert_eq!(verdict_of(&first), Verdict::EpochBoundary);
+        // Paused (an evaluation outside the loader, the run over): idle.
+        assert_eq!(verdict_of(&delta(10.0, 0.0, 0, [0.0; 4])), Verdict::Idle);
     }
 
     #[test]

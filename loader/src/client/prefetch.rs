@@ -209,10 +209,7 @@ impl PrefetchController {
         step_time: Duration,
         arrived_latencies: &[Duration],
     ) {
-        self.calls += 1;
-        for latency in arrived_latencies {
-            self.latency.update(latency.as_secs_f64(), LATENCY_ALPHA);
-        }
+        self.observe_arrivals(arrived_latencies);
         if self.calls == 1 {
             return;
         }
@@ -242,6 +239,15 @@ impl PrefetchController {
         }
         if !stalled {
             self.maybe_lower();
+        }
+    }
+
+    /// Records a call with no step before it (an epoch stream's first): the latencies of the
+    /// batches that arrived, no pace, no stall.
+    pub fn observe_arrivals(&mut self, arrived_latencies: &[Duration]) {
+        self.calls += 1;
+        for latency in arrived_latencies {
+            self.latency.update(latency.as_secs_f64(), LATENCY_ALPHA);
         }
     }
 

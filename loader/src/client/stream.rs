@@ -174,9 +174,12 @@ impl EpochStream {
 
     /// Feeds the controller what this call saw and takes its new depth.
     fn adjust_depth(&mut self, started: Instant, waited: Duration) {
+        // None on the stream's first call: no step of the consumer's came before it here, and
+        // a step of 0 would seed the trainer's estimate at 0 (which its burst clip then holds
+        // there) and count the whole wait as this epoch's first pace.
         let step_time = self
             .last_return
-            .map_or(Duration::ZERO, |at| started.saturating_duration_since(at));
+            .map(|at| started.saturating_duration_since(at));
         self.last_return = Some(Instant::now());
         let Some(controller) = &self.core.controller else {
             return;
@@ -207,14 +210,19 @@ impl EpochStream {
         // ran ahead) is stall too, gated the same way.
         let stall = gated(waited).max(gated(self.core.take_gpu_idle()));
         if let Ok(mut controller) = controller.lock() {
-            controller.observe_trainer(step_time);
-            controller.observe(stall, step_time + waited, &self.arrived_latencies);
+            match step_time {
+                Some(step_time) => {
+                    controller.observe_trainer(step_time);
+                    controller.observe(stall, step_time + waited, &self.arrived_latencies);
+                }
+                None => controller.observe_arrivals(&self.arrived_latencies),
+            }
             // The controller counts the batch the consumer holds; the stream does not.
             self.prefetch = controller.target_depth().saturating_sub(1).max(1);
             tracing::trace!(
                 step = self.next_step - 1,
                 waited_us = waited.as_micros() as u64,
-                step_us = step_time.as_micros() as u64,
+                step_us = step_time.unwrap_or_default().as_micros() as u64,
                 depth = self.prefetch,
                 in_flight = self.in_flight(),
                 "loader.prefetch"
@@ -354,7 +362,17 @@ impl EpochStream {
         self.next_step += 1;
         self.adjust_depth(started, waited);
         self.top_up();
-        let batch = result?;
+        let batch = match result {
+            Ok(batch) => batch,
+            Err(error) => {
+                // The wait ends here too: left open, every later reading would count the time
+                // since as the consumer waiting, and the batch after would take it back.
+                if let Ok(mut stats) = self.core.stats.lock() {
+                    stats.record_wait(waited, step == 0);
+                }
+                return Err(error);
+            }
+        };
         if let (Some(lane), Some(interval)) = (&self.core.lane, interval) {
             lane.note_delivered(self.epoch, step, batch.sample_indices.len(), interval);
         }
@@ -440,6 +458,76 @@ mod tests {
         fn producer_idle(&self) -> Duration {
             Duration::ZERO
         }
+    }
+
+    /// A source whose one batch fails to build.
+    struct BuildFails {
+        info: SourceInfo,
+    }
+
+    struct BuildFailsFeed {
+        requested: Vec<(u64, Slot)>,
+    }
+
+    impl BatchSource for BuildFails {
+        fn info(&self) -> &SourceInfo {
+            &self.info
+        }
+
+        fn open_epoch(&self, _: u64, _: u64, _: LoaderMonitor) -> Result<Box<dyn EpochFeed>> {
+            Ok(Box::new(BuildFailsFeed {
+                requested: Vec::new(),
+            }))
+        }
+    }
+
+    impl EpochFeed for BuildFailsFeed {
+        fn steps(&self) -> u64 {
+            1
+        }
+
+        fn request(&mut self, step: u64, slot: Slot) {
+            self.requested.push((step, slot));
+        }
+
+        fn recv(&mut self, wait: Duration) -> Result<Option<Built>> {
+            match self.requested.pop() {
+                Some((step, _slot)) => Ok(Some(Built {
+                    step,
+                    service: Duration::ZERO,
+                    result: Err(Error::Stopped("a sample could not be read".into())),
+                })),
+                None => {
+                    std::thread::sleep(wait);
+                    Ok(None)
+                }
+            }
+        }
+
+        fn producer_idle(&self) -> Duration {
+            Duration::ZERO
+        }
+    }
+
+    #[test]
+    fn a_batch_that_fails_ends_the_wait_it_was_waited_for_in() -> Result<()> {
+        let source = BuildFails {
+            info: SourceInfo {
+                steps_per_epoch: 1,
+                batch_bytes: 64,
+                initial_depth: 1,
+                waiting_on: "on a test feed".into(),
+                ..SourceInfo::default()
+            },
+        };
+        let loader = Loader::with_source(Box::new(source), LoaderOptions::default())?;
+        let mut stream = loader.epoch(0, 0)?;
+        assert!(stream.next_batch().is_err());
+        let after = loader.stats().wait_s;
+        std::thread::sleep(Duration::from_millis(50));
+        // Left open, the wait went on counting with no one in `next()`.
+        assert_eq!(loader.stats().wait_s, after);
+        Ok(())
     }
 
     #[test]
