@@ -224,6 +224,16 @@ impl Lane {
     fn run(&self, queue: &Receiver<Task>) {
         // A lane dead of a panic took its step with it: the loader's wait fails at once.
         let _running = self.idle.running();
+        // One Python thread state for the lane's life, let go of between calls: each attach
+        // of a thread without one makes a fresh state, and a dataset's `threading.local()`
+        // (a file handle of its own per thread) would be lost after every batch.
+        if Python::try_attach(|py| py.detach(|| self.serve(queue))).is_none() {
+            self.serve(queue);
+        }
+    }
+
+    /// [`run`](Self::run)'s loop.
+    fn serve(&self, queue: &Receiver<Task>) {
         let mut asked = Instant::now();
         while !self.closing.load(Ordering::Relaxed) {
             let task = match queue.recv_timeout(LANE_POLL) {

@@ -132,21 +132,64 @@ def test_the_order_is_the_native_loaders_for_the_same_seed(tmp_path) -> None:
             assert epoch_of(native)[0] == epoch_of(wrapped)[0]
 
 
-def test_threads_default_to_the_cpus_available_as_the_native_loaders_do(
-    monkeypatch: pytest.MonkeyPatch, dataset: Path
+class OneFile(Squares):
+    """A DataLoader-era dataset: one open file it seeks then reads (safe one call at a time,
+    not from two threads at once), or one per thread with ``per_thread``."""
+
+    def __init__(self, path: Path, length: int, per_thread: bool = False) -> None:
+        super().__init__(length)
+        self.path, self.per_thread = path, per_thread
+        self.local = threading.local()
+        self.opened = 0
+        self.lock = threading.Lock()
+        self.shared = open(path, "rb")  # noqa: SIM115 (kept open, as such datasets do)
+
+    def handle(self):
+        if not self.per_thread:
+            return self.shared
+        if not hasattr(self.local, "file"):
+            with self.lock:
+                self.opened += 1
+            self.local.file = open(self.path, "rb")  # noqa: SIM115
+        return self.local.file
+
+    def __getitem__(self, index: int):
+        file = self.handle()
+        file.seek(index * 8)
+        time.sleep(0.0005)  # another thread seeking here moves this one's read
+        return np.frombuffer(file.read(8), dtype="<i8")[0]
+
+
+def each_row_is_its_sample(loader) -> None:
+    """One epoch of ``OneFile`` batches: each row holds its own index (batches not kept)."""
+    it = iter(loader)
+    for batch in it:
+        assert batch.tolist() == list(it.sample_indices)
+
+
+def test_threads_default_to_one_so_a_dataset_is_called_one_sample_at_a_time(
+    tmp_path: Path,
 ) -> None:
-    """``num_threads=None`` gives a Python dataset the threads it gives the native loader: one
-    per CPU this process may run on (it used to give one thread, whatever the machine)."""
-    monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
-    cpus = stoker._native.available_threads()
-    assert 1 <= cpus <= (os.cpu_count() or 1)
-    eval_recipe = stoker.vision.imagenet_eval(32)
-    native = stoker.Loader(dataset, batch_size=4, output="numpy", pipeline=eval_recipe)
-    wrapped = stoker.Loader.from_dataset(Squares(40), batch_size=4, output="numpy")
-    with native, wrapped:
-        assert wrapped.num_threads == native.num_threads == cpus
-        assert wrapped.stats()["thread_rule"] == native.stats()["thread_rule"]
-        assert sum(1 for _ in wrapped) == 10
+    """``num_threads=None`` calls ``dataset[i]`` one at a time, as DataLoader's
+    ``num_workers=0`` does: a dataset with one open file gives its own rows. More threads keep
+    their ``threading.local()`` for the loader's life (one file each, not one per batch)."""
+    path = tmp_path / "values.bin"
+    np.arange(400, dtype="<i8").tofile(path)
+    one_file, per_thread = OneFile(path, 400), OneFile(path, 400, per_thread=True)
+    with stoker.Loader.from_dataset(one_file, batch_size=16, shuffle=True,
+                                    output="numpy") as loader:
+        assert loader.num_threads == 1
+        assert "one thread unless num_threads is given" in loader.stats()["thread_rule"]
+        for _ in range(2):
+            each_row_is_its_sample(loader)
+    with stoker.Loader.from_dataset(per_thread, batch_size=8, shuffle=True, num_threads=3,
+                                    output="numpy") as loader:
+        for _ in range(2):
+            each_row_is_its_sample(loader)
+    one_file.shared.close()
+    per_thread.shared.close()
+    # dataset[0] read here for the layout, then one file per lane thread: not one per batch.
+    assert per_thread.opened <= 4, per_thread.opened
 
 
 def test_resume_mid_epoch_is_exact() -> None:

@@ -38,7 +38,6 @@ from stoker import _native
 from stoker._arguments import (
     check_int,
     check_on_error,
-    default_threads,
     import_torch,
     is_int,
     resolve_output,
@@ -201,9 +200,14 @@ class FromDataset:
 
         Two ways to run the dataset's code:
 
-        - ``num_workers=0`` (default): ``num_threads`` threads of this process (default: as
-          :class:`Loader`) each load whole batches. Fast when the code releases the GIL
-          (PIL decoding and resizing, numpy); pure-Python code runs one thread at a time.
+        - ``num_workers=0`` (default): ``num_threads`` threads of this process each load
+          whole batches (default 1: the dataset's code is called one sample at a time, as
+          DataLoader's ``num_workers=0`` calls it, ahead of the training loop). More threads
+          call ``dataset[i]`` at the same time, so the dataset must be safe to call from
+          several threads (an open file it seeks and reads is not: keep one per thread in a
+          ``threading.local()``, which lasts the loader's life on each of its threads, or
+          use ``num_workers``). Fast when the code releases the GIL (PIL decoding and
+          resizing, numpy); pure-Python code runs one thread at a time.
         - ``num_workers=N``: N worker processes (``multiprocessing_context``: ``"fork"``,
           the default on Linux as for DataLoader (inherited; fastest to start and leanest;
           started before any of the loader's own threads, see the package README for the
@@ -280,9 +284,11 @@ class FromDataset:
             if multiprocessing_context is not None:
                 raise ValueError("multiprocessing_context applies to num_workers >= 1 only")
             if num_threads is None:
-                lanes, rule = default_threads()
-                # 0: every CPU available, as the embedded loader counts them.
-                lanes = lanes or _native.available_threads()
+                # One by default: a DataLoader-era dataset may keep state that is not safe to
+                # use from two threads at once (an open file it seeks and reads), which several
+                # threads would turn into rows of other samples, silently.
+                lanes, rule = 1, "one thread unless num_threads is given (a dataset's code " \
+                    "is called one sample at a time, as DataLoader's num_workers=0 calls it)"
             else:
                 lanes, rule = check_int(num_threads, "num_threads", 1, 4096), "num_threads"
             waiting_on = f"on {lanes} dataset threads"
