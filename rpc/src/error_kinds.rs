@@ -147,6 +147,26 @@ pub fn with_kind(mut status: Status, kind: ErrorKind) -> Status {
     status
 }
 
+/// The status metadata entry a worker sets on the error it sends a client when it cannot open
+/// the job's datasets itself (a path missing on its machine, outside its `--data-root`): another
+/// worker may, so the client takes its batches from the others and fails only once every
+/// worker listed has said so.
+pub const UNOPENED_METADATA: &str = "stoker-job-unopened";
+
+/// `status` marked as a worker's own failure to open the job ([`UNOPENED_METADATA`]).
+pub fn job_unopened(mut status: Status) -> Status {
+    status.metadata_mut().insert(
+        UNOPENED_METADATA,
+        tonic::metadata::MetadataValue::from_static("1"),
+    );
+    status
+}
+
+/// Whether `status` is a worker's own failure to open the job ([`job_unopened`]).
+pub fn is_job_unopened(status: &Status) -> bool {
+    status.metadata().contains_key(UNOPENED_METADATA)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -308,13 +308,20 @@ async fn serve_leases(
                     open_backoff.opened(task.job_id);
                     entry
                 }
-                // A dataset that cannot be opened (gone, outside --data-root, not a dataset,
-                // changed since first opened) fails the same way next time: the client hears
-                // why. One that may open later (a store or disk failing) is handed back.
+                // A dataset this worker cannot open (gone from its disk, outside its
+                // --data-root, not a dataset, changed since first opened) fails the same way
+                // here next time: the client hears why, marked as this worker's own failure
+                // (it takes its batches from the others, and fails once every worker has said
+                // so), and the task goes back to the queue for another worker. The job's
+                // next tasks go back untried for a while. One that may open later (a store or
+                // disk failing) is only handed back.
                 Err(Unopened::Refused(status)) => {
-                    let sent = send_error(shared, &task, status);
-                    let outcome = before_drain_due(sent, draining.clone(), reserve).await;
-                    let _ = outcomes_tx.send(outcome.unwrap_or_else(|| handed_back(&task)));
+                    let reason = status.message().to_string();
+                    let pause = open_backoff.failed(task.job_id, Instant::now(), &reason);
+                    tracing::warn!(job = task.job_id, %reason, ?pause, "cannot open the job's datasets on this worker: its clients are told and its tasks go to other workers");
+                    let sent = send_error(shared, &task, error_kinds::job_unopened(status));
+                    let _ = before_drain_due(sent, draining.clone(), reserve).await;
+                    let _ = outcomes_tx.send(Outcome::Failed(task.lease_id, reason));
                     continue;
                 }
                 Err(Unopened::Dataset(status) | Unopened::Coordinator(status)) => {

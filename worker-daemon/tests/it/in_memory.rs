@@ -98,35 +98,67 @@ fn start_cluster_of(
             runtime.spawn(proxy::serve(proxied, incoming, stopped));
         }
     }
-    for address in workers {
-        let mut config = WorkerConfig {
-            coordinator: COORDINATOR.into(),
-            advertise: (*address).into(),
-            threads: 1,
-            data_roots: vec![data.to_path_buf()],
-            lease_ahead: 2,
-            report_interval: Duration::from_millis(5),
-            server_security: ServerSecurity::new(tokens.clone(), None)?,
-            client_security: ClientSecurity::new(token.cloned(), None, None)?,
-            network: Network::Memory(network.clone()),
-            delivery_timeout: Duration::from_secs(2),
-            drain_timeout: DRAIN_TIMEOUT,
-            health: Health::starting("registering"),
-            job_idle: JOB_IDLE,
-        };
-        tune(&mut config);
-        let (stop, stopped) = oneshot::channel::<()>();
-        stops.push(stop);
-        let incoming = network.listen(address);
-        runtime.spawn(run_worker_incoming(config, incoming, async {
-            let _ = stopped.await;
-        }));
-    }
-    Ok(Cluster {
+    let mut cluster = Cluster {
         coordinator,
         _runtime: runtime,
         _stops: stops,
+    };
+    for address in workers {
+        let mut config = worker_config(network, address, data, token)?;
+        tune(&mut config);
+        cluster.add_worker(network, config);
+    }
+    Ok(cluster)
+}
+
+/// The configuration of the worker at `address` serving `data` with `token`.
+fn worker_config(
+    network: &MemoryNetwork,
+    address: &str,
+    data: &Path,
+    token: Option<&Token>,
+) -> Result<WorkerConfig, Box<dyn std::error::Error>> {
+    let tokens: Vec<Token> = token.into_iter().cloned().collect();
+    Ok(WorkerConfig {
+        coordinator: COORDINATOR.into(),
+        advertise: address.into(),
+        threads: 1,
+        data_roots: vec![data.to_path_buf()],
+        lease_ahead: 2,
+        report_interval: Duration::from_millis(5),
+        server_security: ServerSecurity::new(tokens, None)?,
+        client_security: ClientSecurity::new(token.cloned(), None, None)?,
+        network: Network::Memory(network.clone()),
+        delivery_timeout: Duration::from_secs(2),
+        drain_timeout: DRAIN_TIMEOUT,
+        health: Health::starting("registering"),
+        job_idle: JOB_IDLE,
     })
+}
+
+impl Cluster {
+    /// Starts a worker daemon with `config` on `network`; it stops with the cluster.
+    fn add_worker(&mut self, network: &MemoryNetwork, config: WorkerConfig) {
+        let (stop, stopped) = oneshot::channel::<()>();
+        self._stops.push(stop);
+        let incoming = network.listen(&config.advertise);
+        self._runtime
+            .spawn(run_worker_incoming(config, incoming, async {
+                let _ = stopped.await;
+            }));
+    }
+
+    /// Waits (at most 10 s) until `count` workers are registered.
+    fn wait_for_workers(&self, count: usize) -> TestResult {
+        let until = std::time::Instant::now() + Duration::from_secs(10);
+        while self.coordinator.workers().len() < count {
+            if std::time::Instant::now() > until {
+                return Err(format!("{count} workers did not register within 10 s").into());
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        Ok(())
+    }
 }
 
 /// A 60-image folder, a journal folder, a network and a cluster of one worker on it.
@@ -711,6 +743,60 @@ fn a_reopened_job_over_renamed_files_of_the_same_count_is_refused() -> TestResul
         message.contains("dataset changed") && message.contains("other names"),
         "{message}"
     );
+    Ok(())
+}
+
+/// A worker that cannot open a job (its folder outside the worker's --data-root: a node whose
+/// mount failed) tells the client so, which takes that worker's share from the others: the
+/// epoch is the embedded one. Before, the worker's error ended the run though another worker
+/// served the job. Alone, it fails the run by name.
+#[test]
+fn a_worker_that_cannot_open_the_job_leaves_it_to_the_others_and_fails_it_only_alone() -> TestResult
+{
+    let (data, _state, network, mut cluster) = one_worker()?;
+    let (expected, steps) = embedded(data.path())?;
+    // Registered through worker-a, which checks the job.
+    let loader = remote(&network, data.path(), None)?;
+    let elsewhere = tempfile::tempdir()?;
+    let config = worker_config(&network, "worker-b:7001", elsewhere.path(), None)?;
+    cluster.add_worker(&network, config);
+    cluster.wait_for_workers(2)?;
+    for epoch in 0..2 {
+        let mut digest = BatchDigest::new();
+        let mut seen = Vec::new();
+        for batch in loader.epoch(epoch, 0)? {
+            let batch = batch?;
+            seen.push(batch.step);
+            digest.update(&batch);
+        }
+        assert_eq!(seen, (0..steps).collect::<Vec<_>>());
+        if epoch == 0 {
+            assert_eq!(digest.hex(), expected);
+        }
+    }
+    // worker-b was leased tasks, and gave them back.
+    let stats = cluster.coordinator.core_stats();
+    assert!(stats.failed_leases >= 1, "{stats:?}");
+
+    // worker-a leaves (its stop is the one after the coordinator's): worker-b alone cannot
+    // open the job, and the client hears so, naming it, instead of waiting.
+    let _ = cluster._stops.remove(1).send(());
+    let until = std::time::Instant::now() + Duration::from_secs(20);
+    while cluster.coordinator.workers().len() > 1 {
+        assert!(std::time::Instant::now() < until, "worker-a did not leave");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let error = loader
+        .epoch(2, 0)
+        .and_then(|stream| stream.collect::<stoker_loader::Result<Vec<_>>>())
+        .expect_err("no worker can open the job");
+    let message = error.to_string();
+    assert!(
+        message.contains("no worker can open the job's datasets (workers worker-b:7001)")
+            && message.contains("outside this worker's --data-root"),
+        "{message}"
+    );
+    assert_eq!(error.kind(), ErrorKind::PermissionDenied, "{error:?}");
     Ok(())
 }
 

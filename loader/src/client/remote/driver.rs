@@ -5,7 +5,7 @@
 //! acknowledgements go on the session's update stream, held as [`Hold`] says (up to
 //! [`Driver::ack_interval`] while the workers hold more than half the window's credits).
 
-use std::collections::{BTreeSet, HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -24,7 +24,7 @@ use tokio::sync::mpsc;
 use tonic::Code;
 
 use super::streams::{stream_worker, Arrival, Streams};
-use super::unreachable::Unreachable;
+use super::unreachable::{address_of, Unreachable};
 use super::updates::{Due, Hold, Pending, Updates, ANSWER_AFTER_ACKS};
 use super::{client_stats, job_label, STREAM_RETRY};
 use crate::client::landing::{lock, SlotQueue};
@@ -294,6 +294,8 @@ impl Driver {
         let mut retry_at: HashMap<u64, Instant> = HashMap::new();
         // Listed workers whose stream has not opened, told to the coordinator as they change.
         let mut unreachable = Unreachable::default();
+        // Workers that could not open the job, by id, with their address.
+        let mut unopened: BTreeMap<u64, String> = BTreeMap::new();
         let subscribe_all = |workers: &[WorkerInfo],
                              streams: &mut Streams,
                              retry_at: &mut HashMap<u64, Instant>| {
@@ -474,8 +476,28 @@ impl Driver {
                             break SessionEnd::Stop;
                         }
                     }
-                    Some(Arrival::Failed(status)) => {
-                        let _ = self.batches.send(Err(error_from_status("a worker could not build a batch", &status)));
+                    // A worker that cannot open the job (its disk, its --data-root) keeps its
+                    // ended stream in `streams`, so none is opened to it again this opening;
+                    // the coordinator, told it is unreachable, gives its share to the others.
+                    Some(Arrival::Failed { worker, status }) if error_kinds::is_job_unopened(&status) => {
+                        open_streams.remove(&worker);
+                        unreachable.refused(worker);
+                        let address = address_of(&workers, worker);
+                        tracing::warn!(worker, %address, %status, "a worker cannot open the job's datasets: its batches come from the other workers");
+                        unopened.insert(worker, address);
+                        if workers.iter().all(|listed| unopened.contains_key(&listed.worker_id)) {
+                            let named: Vec<&str> = unopened.values().map(String::as_str).collect();
+                            let context = format!(
+                                "no worker can open the job's datasets (workers {})",
+                                named.join(", ")
+                            );
+                            let _ = self.batches.send(Err(error_from_status(&context, &status)));
+                            break SessionEnd::Stop;
+                        }
+                    }
+                    Some(Arrival::Failed { worker, status }) => {
+                        let context = format!("worker {} could not build a batch", address_of(&workers, worker));
+                        let _ = self.batches.send(Err(error_from_status(&context, &status)));
                         break SessionEnd::Stop;
                     }
                     Some(Arrival::Refused { address, status }) => {

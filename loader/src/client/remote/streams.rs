@@ -27,8 +27,10 @@ pub(super) enum Arrival {
         /// When the batch's bytes had arrived.
         received: Instant,
     },
-    /// A batch the worker could not build (fail policy): the consumer gets the error.
-    Failed(Status),
+    /// A batch the worker could not build (fail policy), or the job it could not open
+    /// ([`error_kinds::is_job_unopened`]): the consumer gets the error, the second kind only
+    /// once no listed worker is left that has not sent it.
+    Failed { worker: u64, status: Status },
     /// The worker refused the stream (token or TLS): a setting to fix, not worth a retry.
     Refused { address: String, status: Status },
     /// The worker ended the stream cleanly, after everything it sent into it.
@@ -126,7 +128,10 @@ pub(super) async fn stream_worker(
                 return;
             }
             Err(status) => {
-                let _ = arrivals.send(Arrival::Failed(status));
+                let _ = arrivals.send(Arrival::Failed {
+                    worker: worker.worker_id,
+                    status,
+                });
                 return;
             }
         }

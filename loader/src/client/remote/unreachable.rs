@@ -34,11 +34,7 @@ impl Unreachable {
             .or_insert((Instant::now(), false));
         if !*said && since.elapsed() >= UNREACHABLE_SAID_AFTER {
             *said = true;
-            let address = workers
-                .iter()
-                .find(|listed| listed.worker_id == worker)
-                .map(|listed| listed.data_address.clone())
-                .unwrap_or_default();
+            let address = address_of(workers, worker);
             tracing::warn!(
                 worker,
                 %address,
@@ -47,6 +43,11 @@ impl Unreachable {
                 "cannot open a stream to a worker the coordinator lists: this client's batches go to the other workers; check that its --advertise address is reachable from here"
             );
         }
+    }
+
+    /// `worker` cannot open the job: unreachable for this opening (the caller said why).
+    pub(super) fn refused(&mut self, worker: u64) {
+        self.failing.insert(worker, (Instant::now(), true));
     }
 
     /// Whether the set changed since the coordinator was last told.
@@ -68,6 +69,15 @@ impl Unreachable {
         workers.sort_unstable();
         workers
     }
+}
+
+/// The data address `workers` lists for `worker` (empty when it is not listed).
+pub(super) fn address_of(workers: &[WorkerInfo], worker: u64) -> String {
+    workers
+        .iter()
+        .find(|listed| listed.worker_id == worker)
+        .map(|listed| listed.data_address.clone())
+        .unwrap_or_default()
 }
 
 #[cfg(test)]
