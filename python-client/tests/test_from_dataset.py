@@ -423,6 +423,30 @@ def test_samples_of_another_shape_are_refused_by_name() -> None:
         list(loader)
 
 
+class KeysInAnyOrder(Squares):
+    """Dicts whose keys come in another order every other sample (as JSON records may)."""
+
+    def __getitem__(self, index: int):
+        value, square = np.int64(index), np.float32(index * index)
+        return {"i": value, "sq": square} if index % 2 else {"sq": square, "i": value}
+
+
+def test_the_same_keys_in_another_order_are_the_same_structure() -> None:
+    with stoker.Loader.from_dataset(KeysInAnyOrder(10), batch_size=5, output="numpy") as loader:
+        batches = list(loader)
+    assert [list(batch) for batch in batches] == [["sq", "i"]] * 2, "dataset[0]'s order"
+    for batch in batches:
+        np.testing.assert_array_equal(batch["sq"], batch["i"].astype(np.float32) ** 2)
+
+
+def test_a_value_numpy_cannot_hold_is_refused_naming_its_place() -> None:
+    torch = pytest.importorskip("torch")
+    with pytest.raises(TypeError, match=r"sample\['x'\] \(torch.bfloat16\) cannot be batched"):
+        stoker.Loader.from_dataset([{"x": torch.zeros(2, dtype=torch.bfloat16)}])
+    with pytest.raises(TypeError, match=r"sample\[0\] \(int\) cannot be batched"):
+        stoker.Loader.from_dataset([(2**63,)])
+
+
 def _divide_by_zero(sample):
     return 1 / 0
 
@@ -479,6 +503,54 @@ def test_a_killed_worker_process_is_replaced_and_its_batch_built_again(
     assert "process 1 (exit code -9)" in replaced[0]
     assert "process 0 (exit code -9)" in replaced[1]
     assert killed == read(kill=False)
+
+
+class StartsAHelper(Slow):
+    """A dataset that starts a helper process of its own in each worker (a decoder, a reader),
+    which inherits the worker's pipe to the loader and outlives it; its pid goes to
+    ``pids``."""
+
+    def __init__(self, length: int, pids: Path) -> None:
+        super().__init__(length)
+        self.pids, self.started = pids, False
+
+    def __getitem__(self, index: int):
+        if not self.started:
+            self.started = True
+            pid = os.fork()
+            if pid == 0:  # the helper: holds every inherited descriptor until killed
+                time.sleep(60)
+                os._exit(0)
+            with open(self.pids, "a") as out:
+                out.write(f"{pid}\n")
+        return super().__getitem__(index)
+
+
+def test_a_killed_worker_whose_helper_holds_its_pipe_is_still_replaced(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The worker's death is seen by asking for the process, not from its pipe's end or its
+    sentinel, which a helper process holding them delays: replaced at once, where it used to
+    be a timeout."""
+    pids = tmp_path / "helpers"
+    try:
+        with caplog.at_level("WARNING", logger="stoker"), stoker.Loader.from_dataset(
+            StartsAHelper(40, pids), batch_size=4, output="numpy", num_workers=1, timeout=15
+        ) as loader:
+            started = time.monotonic()
+            it = iter(loader)
+            seen = []
+            for taken, _ in enumerate(it):
+                seen.extend(it.sample_indices)
+                if taken == 0:
+                    os.kill(loader._side.builder._workers[0].process.pid, signal.SIGKILL)
+            assert sorted(seen) == list(range(40))
+            assert time.monotonic() - started < 10
+        assert any("replaced by pid" in r.getMessage() for r in caplog.records), caplog.text
+    finally:
+        for pid in pids.read_text().split() if pids.exists() else []:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(int(pid), signal.SIGKILL)
 
 
 def test_a_batch_buffer_the_dataset_code_keeps_goes_back_with_its_last_view(

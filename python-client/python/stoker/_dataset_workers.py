@@ -35,6 +35,9 @@ _log = logging.getLogger("stoker")
 # Seconds a closing loader's workers have to finish their batch and exit before they are killed.
 _CLOSE_GRACE_S = 5.0
 
+# Seconds between two looks, while a lane waits for its worker's reply, at whether it exited.
+_DEATH_CHECK = 0.1
+
 # Every worker process started, so that a child forked from this process forgets them.
 _STARTED: weakref.WeakSet[Any] = weakref.WeakSet()
 
@@ -342,7 +345,9 @@ class _Worker:
         failed outside the dataset's code, LoaderTimeoutError when ``timeout`` passed."""
         try:
             self.conn.send(message)
-            answered = timeout is None or self.conn.poll(timeout)
+            answered = self._answered(timeout)
+            if answered is None:
+                self._died(doing)
             if answered:
                 reply = self.conn.recv()
         except (EOFError, OSError):
@@ -362,6 +367,24 @@ class _Worker:
                 + _last_lines(reply[1])
             )
         return reply
+
+    def _answered(self, timeout: float | None) -> bool | None:
+        """Whether the reply came within ``timeout``; None when the process exited without
+        one. Its exit is asked of the process itself (``waitpid``), not only read from the
+        pipe's end or the process's sentinel: a process the dataset's code started in the
+        worker inherits both and holds them open past the worker's death (killed by the OOM
+        killer, say), where neither would tell."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            wait = _DEATH_CHECK if deadline is None else min(
+                _DEATH_CHECK, max(0.0, deadline - time.monotonic())
+            )
+            if self.conn.poll(wait):
+                return True
+            if not self.process.is_alive():
+                return True if self.conn.poll(0) else None
+            if deadline is not None and time.monotonic() >= deadline:
+                return False
 
     def _died(self, doing: str) -> NoReturn:
         self.process.join(timeout=1.0)

@@ -125,15 +125,30 @@ def _leaf_array(value: Any) -> np.ndarray[Any, Any] | None:
     return None
 
 
-def _flatten(value: Any, path: str, leaves: list[tuple[str, Any]], encoded: bool) -> Any:
+def _flatten(
+    value: Any, path: str, leaves: list[tuple[str, Any]], encoded: bool, like: Any = None
+) -> Any:
     """Appends the leaves of ``value`` to ``leaves`` and returns its structure's template;
-    with ``encoded``, bytes are a leaf (an encoded image for the native pipeline)."""
+    with ``encoded``, bytes are a leaf (an encoded image for the native pipeline). ``like``
+    (dataset[0]'s template) orders a dict's keys: a sample with the same keys in another
+    order is the same structure, as DataLoader's collation takes them by name."""
     if isinstance(value, Mapping):
         keys = list(value.keys())
-        children = [_flatten(value[k], f"{path}[{k!r}]", leaves, encoded) for k in keys]
+        known = like[1] if like is not None and like[0] == "dict" else None
+        if known is not None and len(known) == len(keys) and set(known) == set(keys):
+            keys = list(known)
+        inner = like[2] if known is not None and keys == known else [None] * len(keys)
+        children = [
+            _flatten(value[k], f"{path}[{k!r}]", leaves, encoded, inner[i])
+            for i, k in enumerate(keys)
+        ]
         return ("dict", keys, children)
     if isinstance(value, (tuple, list)):
-        children = [_flatten(v, f"{path}[{i}]", leaves, encoded) for i, v in enumerate(value)]
+        same = like is not None and like[0] == "seq" and len(like[2]) == len(value)
+        inner = like[2] if same else [None] * len(value)
+        children = [
+            _flatten(v, f"{path}[{i}]", leaves, encoded, inner[i]) for i, v in enumerate(value)
+        ]
         return ("seq", type(value), children)
     if isinstance(value, (bytes, bytearray, memoryview)):
         if not encoded:
@@ -143,7 +158,16 @@ def _flatten(value: Any, path: str, leaves: list[tuple[str, Any]], encoded: bool
             )
         leaves.append((path, value))
         return ("image", len(leaves) - 1)
-    array = _leaf_array(value)
+    try:
+        array = _leaf_array(value)
+    except (TypeError, RuntimeError, OverflowError, ValueError) as error:
+        # torch's bfloat16 has no numpy dtype; an int past int64; a conjugate view.
+        dtype = getattr(value, "dtype", type(value).__name__)
+        raise TypeError(
+            f"sample{path} ({dtype}) cannot be batched as a numpy array: {error}; convert it "
+            "in the transform (a bfloat16 tensor: .float(), or .view(torch.int16) to keep its "
+            "bits)"
+        ) from None
     if array is None:
         raise TypeError(
             f"sample{path} is a {type(value).__name__}: from_dataset batches numpy arrays, "
@@ -204,7 +228,8 @@ class Layout:
     def leaves_of(self, sample: Any) -> list[Any]:
         """The sample's leaves, checked against the layout; ValueError saying what differs."""
         leaves: list[tuple[str, Any]] = []
-        template = _flatten(sample, "", leaves, any(field.encoded for field in self.fields))
+        encoded = any(field.encoded for field in self.fields)
+        template = _flatten(sample, "", leaves, encoded, self.template)
         if template != self.template:
             raise ValueError(
                 "the sample's structure differs from dataset[0]'s: every sample must have the "
