@@ -800,6 +800,32 @@ fn a_worker_that_cannot_open_the_job_leaves_it_to_the_others_and_fails_it_only_a
     Ok(())
 }
 
+/// A coordinator nobody answers for is said to be unreachable once the connect timeout ran
+/// out, not to have refused the job.
+#[test]
+fn a_coordinator_that_never_answers_is_unreachable_not_refusing() -> TestResult {
+    let data = tempfile::tempdir()?;
+    let network = MemoryNetwork::new();
+    let error = Loader::remote(
+        COORDINATOR,
+        spec(data.path()),
+        LoaderOptions::default(),
+        RemoteOptions {
+            connect_timeout: Duration::from_secs(1),
+            network: Network::Memory(network),
+            ..RemoteOptions::default()
+        },
+    )
+    .err()
+    .ok_or("a loader with no coordinator")?;
+    let message = error.to_string();
+    assert!(
+        message.contains("could not reach coordinator coordinator:7070 within 1 s"),
+        "{message}"
+    );
+    Ok(())
+}
+
 /// The step of each batch as a reader thread takes it, and the thread (its epoch's digest).
 type EpochReader = (
     std::sync::mpsc::Receiver<u64>,

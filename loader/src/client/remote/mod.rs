@@ -321,6 +321,16 @@ async fn register_job(
                 tracing::warn!(coordinator = address, %status, retry_in = ?delay, "coordinator unreachable");
                 tokio::time::sleep(delay).await;
             }
+            // Still unreachable when the connect timeout ran out: nothing refused the job.
+            Err(status) if error_kinds::is_transient(&status) => {
+                return Err(error_from_status(
+                    &format!(
+                        "could not reach coordinator {address} within {:.0} s",
+                        timeout.as_secs_f64()
+                    ),
+                    &status,
+                ))
+            }
             Err(status) => {
                 return Err(error_from_status(
                     &format!("coordinator {address} refused the job"),
