@@ -8,7 +8,7 @@
 //! Wanted = ⌈[`HEADROOM`] × Σ demand / capacity⌉ (the workers there are, until a capacity is
 //! measured; 0 without clients).
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::time::{Duration, Instant};
 
 use super::client_reports::job_name;
@@ -32,6 +32,38 @@ pub(super) struct LastRefresh {
     clients: HashMap<(u64, u32), (ClientCounters, f64)>,
     /// Batches one worker builds per busy second (smoothed), once measured.
     capacity: Option<f64>,
+}
+
+impl LastRefresh {
+    /// Forgets the counters of workers, jobs and clients no longer there (a worker gone or
+    /// registered again under a new id, a job retired, a client's session closed), so a
+    /// coordinator serving job after job for months keeps only the live ones.
+    pub(super) fn forget_gone(
+        &mut self,
+        workers: &BTreeMap<u64, WorkerEntry>,
+        jobs: &HashSet<u64>,
+        clients: &BTreeMap<(u64, u32), ClientEntry>,
+    ) {
+        for by_worker in [
+            &mut self.completed,
+            &mut self.recent_completed,
+            &mut self.busy_ns,
+        ] {
+            by_worker.retain(|worker, _| workers.contains_key(worker));
+        }
+        self.leased.retain(|job, _| jobs.contains(job));
+        self.clients.retain(|key, _| clients.contains_key(key));
+    }
+
+    /// Entries held, over every map (for tests).
+    #[cfg(test)]
+    fn held(&self) -> usize {
+        self.completed.len()
+            + self.recent_completed.len()
+            + self.busy_ns.len()
+            + self.leased.len()
+            + self.clients.len()
+    }
 }
 
 /// A client's (batches, wait ns, elapsed ns) as reported.
@@ -212,6 +244,37 @@ fn secs(interval: Duration) -> f64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn counters_of_workers_jobs_and_clients_gone_are_forgotten() {
+        let mut last = LastRefresh::default();
+        for id in 0..100u64 {
+            last.completed.insert(id, 1);
+            last.recent_completed.insert(id, 1);
+            last.busy_ns.insert(id, 1);
+            last.leased.insert(id, 1);
+            last.clients.insert((id, 0), ((1, 1, 1), 1.0));
+        }
+        let mut workers = BTreeMap::new();
+        workers.insert(
+            7,
+            WorkerEntry {
+                id: 7,
+                data_address: "w:1".into(),
+                threads: 1,
+                data_roots: Vec::new(),
+                registered_at: Instant::now(),
+                completed: 0,
+                failed: 0,
+                bad_samples: 0,
+                busy_ns: 0,
+            },
+        );
+        let jobs: HashSet<u64> = [3].into();
+        last.forget_gone(&workers, &jobs, &BTreeMap::new());
+        assert_eq!(last.held(), 4, "worker 7's three counters and job 3's");
+        assert!(last.completed.contains_key(&7) && last.leased.contains_key(&3));
+    }
 
     #[test]
     fn wanted_follows_demand_over_capacity_with_headroom() {

@@ -10,9 +10,9 @@ use stoker_pipeline::ErrorKind;
 use stoker_proto::v1::coordinator_client::CoordinatorClient;
 use stoker_proto::v1::worker_data_server::WorkerDataServer;
 use stoker_proto::v1::{
-    DatasetSource, DescribeJobResponse, JobSpec, LeaseRequest, LeaveRequest, OpenSessionRequest,
-    RegisterJobRequest, RegisterWorkerRequest, ReportRequest, SessionToken, SessionUpdateRequest,
-    TaskLease,
+    CloseSessionRequest, DatasetSource, DescribeJobResponse, JobSpec, LeaseRequest, LeaveRequest,
+    OpenSessionRequest, RegisterJobRequest, RegisterWorkerRequest, ReportRequest, SessionToken,
+    SessionUpdateRequest, TaskLease,
 };
 use stoker_rpc::describe_only::DescribeOnly;
 use stoker_rpc::error_kinds::kind_of_status;
@@ -416,6 +416,46 @@ async fn a_task_reported_twice_and_a_step_acknowledged_twice_count_once() -> Tes
         "a lease without credits"
     );
     assert_eq!(granted(&mut client, session, 1, worker).await?, [2]);
+    Ok(())
+}
+
+/// An update or a close of an earlier opening of a session (a late one, or an old feed's as a
+/// new feed reopens the same session) is refused: its credits, acknowledgements and close are
+/// not the current opening's client's.
+#[tokio::test]
+async fn an_update_or_close_of_an_earlier_opening_is_refused() -> TestResult {
+    let fixture = fixture(Vec::new())?;
+    let mut client = coordinator(&fixture.network, None);
+    let worker = register_worker(&mut client).await?;
+    let (job, first) = open(&mut client, 0).await?;
+    let again = client
+        .open_session(OpenSessionRequest {
+            job_id: job,
+            rank: 0,
+            epoch: 0,
+            start_step: 0,
+            resume_from_journal: false,
+        })
+        .await?
+        .into_inner()
+        .session
+        .ok_or("a session without a token")?;
+    assert_eq!(again.session_id, first.session_id);
+    assert_ne!(again.opening, first.opening);
+    let stale = update(&mut client, first, 4, vec![0, 1]).await.unwrap_err();
+    assert_eq!(stale.code(), tonic::Code::FailedPrecondition, "{stale:?}");
+    assert!(stale.message().contains("opened again"), "{stale:?}");
+    // Its credits were not granted: nothing is leased.
+    assert!(lease(&mut client, worker, 4).await?.is_empty());
+    let close = client
+        .close_session(CloseSessionRequest {
+            session: Some(first),
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(close.code(), tonic::Code::FailedPrecondition, "{close:?}");
+    // The current opening is open and served.
+    assert_eq!(granted(&mut client, again, 2, worker).await?, [0, 1]);
     Ok(())
 }
 

@@ -306,8 +306,10 @@ impl coordinator_server::Coordinator for CoordinatorService {
         &self,
         request: Request<CloseSessionRequest>,
     ) -> Result<Response<CloseSessionResponse>, Status> {
-        let id = self.check_token(request.into_inner().session.as_ref())?;
+        let token = request.into_inner().session;
+        let id = self.check_token(token.as_ref())?;
         let mut state = lock(&self.state);
+        Self::check_opening(&state.core, token.as_ref())?;
         state.sessions.remove(&id);
         state
             .core
@@ -428,6 +430,7 @@ impl CoordinatorService {
         let id = self.check_token(request.session.as_ref())?;
         let session = SessionId(id);
         let mut state = lock(&self.state);
+        Self::check_opening(&state.core, request.session.as_ref())?;
         for step in &request.acknowledged {
             state
                 .core

@@ -33,6 +33,7 @@ pub use calls::StreamAnswers;
 
 use crate::dashboard_feed::LastRefresh;
 use crate::registry::{ClientEntry, WorkerEntry};
+use crate::status::coordinator_status;
 use crate::{
     Coordinator, CoordinatorConfig, CoordinatorError, Durable, JournalWriter, SessionId, WorkerId,
 };
@@ -380,6 +381,26 @@ impl CoordinatorService {
             )));
         }
         Ok(token.session_id)
+    }
+
+    /// Refuses `token` when its session was opened again since (a late update or close of
+    /// an earlier opening, whose credits, acknowledgements or close are not the current
+    /// client's).
+    fn check_opening(core: &Coordinator, token: Option<&SessionToken>) -> Result<(), Status> {
+        let Some(token) = token else {
+            return Err(Status::invalid_argument("session token is missing"));
+        };
+        let current = core
+            .session_opening(SessionId(token.session_id))
+            .map_err(coordinator_status)?;
+        if token.opening != current {
+            return Err(Status::failed_precondition(format!(
+                "session {} was opened again (opening {current}) since opening {} this call \
+                 belongs to; it is not applied",
+                token.session_id, token.opening
+            )));
+        }
+        Ok(())
     }
 
     fn token(&self, session: SessionId, opening: u32) -> SessionToken {

@@ -2,6 +2,7 @@
 //! stalls excused, idle jobs retired), the dashboard's refresh, and the journal's writes of
 //! acknowledged positions, taken under the state's lock and written outside it.
 
+use std::collections::HashSet;
 use std::time::{Duration, Instant};
 
 use super::{lock, CoordinatorService};
@@ -76,7 +77,9 @@ impl CoordinatorService {
         };
         let mut state = lock(&self.state);
         let state = &mut *state;
+        let jobs: HashSet<u64> = state.core.jobs().map(|(id, _, _)| id.0).collect();
         let last = &mut state.last_refresh;
+        last.forget_gone(&state.workers, &jobs, &state.clients);
         dashboard.set_workers(worker_loads(&state.workers, last, DASHBOARD_REFRESH));
         let serving = serving_workers(&mut state.serving, &state.workers, Instant::now());
         dashboard.set_shares(job_shares(&state.core, last, DASHBOARD_REFRESH, serving));
