@@ -115,7 +115,7 @@ impl Core {
         LocalSources {
             stats: Arc::clone(&self.stats),
             controller: self.controller.clone(),
-            slots: Arc::clone(&self.slots),
+            slots: Arc::downgrade(&self.slots),
             threads: self.source.info().threads,
             fixed_prefetch: self.controller.is_none().then_some(self.prefetch),
             lane: self.lane.as_ref().map(Arc::downgrade),
@@ -380,7 +380,8 @@ impl Loader {
     }
 
     /// A cheap, shareable handle that reads this loader's figures from any thread (for a
-    /// dashboard or a metrics endpoint); it keeps no thread or batch alive.
+    /// dashboard or a metrics endpoint); it keeps no thread, batch or batch buffer alive (once
+    /// the loader is gone it reads no slots).
     pub fn monitor(&self) -> LoaderMonitor {
         self.core.monitor()
     }

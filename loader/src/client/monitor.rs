@@ -16,7 +16,9 @@ pub(crate) struct LocalSources {
     pub(crate) stats: Arc<Mutex<StatsRecorder>>,
     /// The prefetch controller, in auto mode.
     pub(crate) controller: Option<Arc<Mutex<PrefetchController>>>,
-    pub(crate) slots: Arc<SlotPool>,
+    /// The slot pool, read without keeping it (and its memory, page-locked or not) alive
+    /// once the loader is dropped: 0s then.
+    pub(crate) slots: Weak<SlotPool>,
     pub(crate) threads: usize,
     /// The fixed depth, when not in auto mode.
     pub(crate) fixed_prefetch: Option<usize>,
@@ -33,6 +35,7 @@ impl LocalSources {
 
 impl MonitorSource for LocalSources {
     fn snapshot(&self) -> MonitorSnapshot {
+        let slots = self.slots.upgrade();
         MonitorSnapshot {
             stats: {
                 let mut stats = self.stats.lock().map(|s| s.snapshot()).unwrap_or_default();
@@ -48,9 +51,9 @@ impl MonitorSource for LocalSources {
                 .as_ref()
                 .and_then(|c| c.lock().ok().map(|c| c.snapshot())),
             fixed_prefetch: self.fixed_prefetch,
-            slots_in_use: self.slots.in_use(),
-            slot_capacity: self.slots.capacity(),
-            slot_bytes: self.slots.slot_bytes(),
+            slots_in_use: slots.as_ref().map_or(0, |pool| pool.in_use()),
+            slot_capacity: slots.as_ref().map_or(0, |pool| pool.capacity()),
+            slot_bytes: slots.as_ref().map_or(0, |pool| pool.slot_bytes()),
             threads: self.threads,
         }
     }

@@ -527,6 +527,12 @@ mod tests {
         std::thread::sleep(Duration::from_millis(50));
         // Left open, the wait went on counting with no one in `next()`.
         assert_eq!(loader.stats().wait_s, after);
+        // A monitor outliving its loader keeps none of its batch buffers.
+        let monitor = loader.monitor();
+        assert!(monitor.snapshot().slot_capacity > 0);
+        drop(stream);
+        drop(loader);
+        assert_eq!(monitor.snapshot().slot_capacity, 0);
         Ok(())
     }
 
