@@ -1212,6 +1212,24 @@ def test_a_script_fed_to_python_runs_with_worker_processes(via: str) -> None:
     assert done.stdout.strip() == str([i * i for i in range(12)])
 
 
+def test_the_programs_own_start_method_is_the_default() -> None:
+    """A program that set its start method (``multiprocessing.set_start_method``) gets its
+    workers started so, as DataLoader's are; only a program that set none gets fork."""
+    script = (
+        "import multiprocessing, stoker\n"
+        "multiprocessing.set_start_method('spawn')\n"
+        "if __name__ == '__main__':\n"
+        "    with stoker.Loader.from_dataset(list(range(8)), batch_size=4, num_workers=1,\n"
+        "                                    output='numpy') as loader:\n"
+        "        rows = [int(v) for batch in loader for v in batch]\n"
+        "        print(loader._side.builder._workers[0].start_method, rows)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          timeout=120, check=False)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "spawn [0, 1, 2, 3, 4, 5, 6, 7]"
+
+
 @pytest.mark.parametrize("method", ["fork", "forkserver", "spawn"])
 def test_a_script_read_from_stdin_runs_under_each_start_method(method: str) -> None:
     """A dataset of importable classes loads under every start method from a `python -`
@@ -1292,7 +1310,13 @@ class Locked(Squares):
 @pytest.mark.parametrize("method", ["forkserver", "spawn"])
 def test_a_dataset_that_does_not_pickle_is_refused_naming_fork(method: str) -> None:
     refused = r"does not pickle.*multiprocessing_context='fork'"
-    with pytest.raises(stoker.DatasetError, match=refused):
+    with pytest.raises(stoker.DatasetError, match=f"the dataset cannot.*{refused}"):
         stoker.Loader.from_dataset(
             Locked(), batch_size=2, num_workers=1, multiprocessing_context=method
+        )
+    # A picklable dataset with a transform that is not (a lambda): the transform is named.
+    with pytest.raises(stoker.DatasetError, match=f"the transform cannot.*{refused}"):
+        stoker.Loader.from_dataset(
+            Squares(4), batch_size=2, num_workers=1, multiprocessing_context=method,
+            transform=lambda sample: sample,
         )

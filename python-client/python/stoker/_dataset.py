@@ -208,8 +208,10 @@ class FromDataset:
           ``threading.local()``, which lasts the loader's life on each of its threads, or
           use ``num_workers``). Fast when the code releases the GIL (PIL decoding and
           resizing, numpy); pure-Python code runs one thread at a time.
-        - ``num_workers=N``: N worker processes (``multiprocessing_context``: ``"fork"``,
-          the default on Linux as for DataLoader (inherited; fastest to start and leanest;
+        - ``num_workers=N``: N worker processes (``multiprocessing_context``, by default the
+          start method the program set with ``multiprocessing.set_start_method``, as
+          DataLoader takes it, else: ``"fork"``, the default on Linux (inherited; fastest to
+          start and leanest;
           started before any of the loader's own threads, see the package README for the
           caveat of forking a process with threads), ``"forkserver"`` (the default elsewhere
           where available) or ``"spawn"`` (the dataset pickled once to each; a dataset class

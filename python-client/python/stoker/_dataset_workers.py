@@ -479,8 +479,8 @@ class ProcessBuilder:
                 sent = pickle.dumps(state, protocol=pickle.HIGHEST_PROTOCOL)
             except Exception as error:
                 raise DatasetError(
-                    f"the dataset cannot be sent to worker processes started by {method!r}: it "
-                    f"does not pickle ({type(error).__name__}: {error}); "
+                    f"the {_unpicklable_part(state)} cannot be sent to worker processes started "
+                    f"by {method!r}: it does not pickle ({type(error).__name__}: {error}); "
                     "multiprocessing_context='fork' hands it over without pickling"
                 ) from error
         try:
@@ -548,10 +548,24 @@ class ProcessBuilder:
                 shutil.rmtree(self._dumps, ignore_errors=True)
 
 
+def _unpicklable_part(state: State) -> str:
+    """Which part of ``state`` does not pickle: the transform (a lambda, say) or the dataset."""
+    if state.transform is not None:
+        try:
+            pickle.dumps(state.transform, protocol=pickle.HIGHEST_PROTOCOL)
+        except Exception:
+            return "transform"
+    return "dataset"
+
+
 def _default_start_method() -> str:
-    """fork on Linux, as DataLoader: the workers start before any of the loader's own threads,
-    in milliseconds, sharing the parent's pages. Elsewhere fork is unsafe (macOS's system
-    libraries) or missing: forkserver where there is one, else spawn."""
+    """The program's own choice when it set one (``multiprocessing.set_start_method``), as
+    DataLoader takes it; else fork on Linux: the workers start before any of the loader's own
+    threads, in milliseconds, sharing the parent's pages. Elsewhere fork is unsafe (macOS's
+    system libraries) or missing: forkserver where there is one, else spawn."""
+    chosen = multiprocessing.get_start_method(allow_none=True)
+    if chosen is not None:
+        return chosen
     methods = multiprocessing.get_all_start_methods()
     if sys.platform.startswith("linux") and "fork" in methods:
         return "fork"
