@@ -1,4 +1,7 @@
-//! Who may read the dashboard. On a loopback address, anyone on the machine. Elsewhere, only a
+//! Who may read the dashboard. On a loopback address, anyone on the machine, through an address
+//! or `localhost` (its `Host`): a request naming another host reached it only by DNS rebinding
+//! (a web page's own domain pointed at 127.0.0.1, read by a browser on this machine) and gets
+//! `403`. Elsewhere, only a
 //! request that carries a dashboard credential: a read-only secret of its own (a daemon's
 //! `--dashboard-token-file`, Python's `dashboard_token_file=`), never the RPC token, so a
 //! credential seen on the dashboard's wire opens no gRPC call, and the RPC token opens no page.
@@ -161,8 +164,21 @@ impl Gate {
 /// The middleware: passes a request the gate lets through, turns a good `?token=` into the
 /// cookie and a redirect, refuses the rest.
 pub(crate) async fn guard(State(gate): State<Arc<Gate>>, request: Request, next: Next) -> Response {
-    if gate.open
-        || (gate.metrics_open && request.uri().path() == "/metrics")
+    if gate.open {
+        if let Some(host) = foreign_host(&request) {
+            tracing::warn!(%host, "loopback dashboard refused a request for another host");
+            return (
+                StatusCode::FORBIDDEN,
+                [(header::CONTENT_TYPE, "text/plain; charset=utf-8")],
+                format!(
+                    "this dashboard answers requests for its address or localhost, not {host}\n"
+                ),
+            )
+                .into_response();
+        }
+        return next.run(request).await;
+    }
+    if (gate.metrics_open && request.uri().path() == "/metrics")
         || gate.bearer_ok(&request)
         || gate.cookie_ok(&request)
     {
@@ -205,6 +221,34 @@ pub(crate) async fn guard(State(gate): State<Arc<Gate>>, request: Request, next:
     response
 }
 
+/// The host a request names (`Host`, or an HTTP/2 authority) when it is neither an address
+/// nor `localhost`: a loopback dashboard reached under another name was reached by DNS
+/// rebinding. None without a host (no browser sends such a request).
+fn foreign_host(request: &Request) -> Option<String> {
+    let host = request
+        .headers()
+        .get(header::HOST)
+        .map(|value| String::from_utf8_lossy(value.as_bytes()).into_owned())
+        .or_else(|| request.uri().authority().map(|a| a.as_str().to_string()))?;
+    (!is_local_name(&host)).then_some(host)
+}
+
+/// Whether `host` (a `Host` header: a name or address, maybe with a port) is an IP address,
+/// `localhost` or a name under `.localhost`.
+fn is_local_name(host: &str) -> bool {
+    let name = match host.strip_prefix('[') {
+        Some(bracketed) => bracketed.split(']').next().unwrap_or_default(),
+        None => match host.rsplit_once(':') {
+            Some((name, port)) if port.bytes().all(|b| b.is_ascii_digit()) => name,
+            _ => host,
+        },
+    };
+    let lower = name.to_ascii_lowercase();
+    name.parse::<std::net::IpAddr>().is_ok()
+        || lower == "localhost"
+        || lower.ends_with(".localhost")
+}
+
 fn refused(why: &str) -> Response {
     (
         StatusCode::UNAUTHORIZED,
@@ -229,6 +273,29 @@ mod tests {
             .expect("randomness");
         gate.secure = secure;
         gate
+    }
+
+    #[test]
+    fn a_loopback_dashboard_answers_for_addresses_and_localhost_only() {
+        for host in [
+            "127.0.0.1:8321",
+            "127.0.0.1",
+            "[::1]:8321",
+            "localhost:8321",
+            "LOCALHOST",
+            "app.localhost:80",
+            "10.0.0.5:8321",
+        ] {
+            assert!(is_local_name(host), "{host}");
+        }
+        for host in [
+            "evil.example:8321",
+            "evil.example",
+            "127.0.0.1.nip.io:8321",
+            "localhost.evil.example",
+        ] {
+            assert!(!is_local_name(host), "{host}");
+        }
     }
 
     #[test]

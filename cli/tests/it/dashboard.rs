@@ -800,6 +800,18 @@ fn dashboard_binds_port_zero_charts_a_loader_and_stops_on_drop() {
 
     let empty = get_json(address, "/api/jobs");
     assert_eq!(empty["jobs"].as_array().unwrap().len(), 0);
+    // Another host's name (a web page's domain rebound to 127.0.0.1): refused; localhost is not.
+    for (host, status) in [
+        ("evil.example:80", 403),
+        (&*format!("localhost:{}", address.port()), 200),
+    ] {
+        let mut stream = TcpStream::connect_timeout(&address, Duration::from_secs(5)).unwrap();
+        stream
+            .set_read_timeout(Some(Duration::from_secs(10)))
+            .unwrap();
+        let answer = get_over(&mut stream, host, "/api/jobs", &[]);
+        assert_eq!(answer.status, status, "{host}: {}", answer.body);
+    }
     let metrics = http_get(address, "/metrics");
     assert!(parse_prometheus(&metrics.body).unwrap().is_empty());
 
