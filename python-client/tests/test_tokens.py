@@ -94,6 +94,20 @@ def test_token_batches_do_not_depend_on_threads(token_file: Path) -> None:
         np.testing.assert_array_equal(a, b)
 
 
+def test_uint32_ids_under_a_uint16_name_are_refused_not_read_as_pairs(tmp_path: Path) -> None:
+    """A Llama-3-sized vocabulary written as uint32 under a plain ``.bin`` name would be read
+    as uint16, each id followed by a 0: refused by name; named ``*.u32.bin`` it is read."""
+    ids = (np.arange(100 * SEQ_LEN + 1) * 7919 % 128_256).astype("<u4")
+    plain = tmp_path / "train.bin"
+    ids.tofile(plain)
+    with pytest.raises(ValueError, match=r"holds uint32 ids.*\*\.u32\.bin"):
+        load(plain, [ops.TokenWindows(SEQ_LEN)])
+    named = tmp_path / "train.u32.bin"
+    ids.tofile(named)
+    first = load(named, [ops.TokenWindows(SEQ_LEN)], shuffle=False)[0]["tokens"]
+    np.testing.assert_array_equal(first[0], ids[: SEQ_LEN + 1])
+
+
 def test_token_files_can_reach_torch(token_file: Path) -> None:
     torch = pytest.importorskip("torch")
     batch = load(token_file, [ops.TokenWindows(SEQ_LEN)], output="torch")[0]

@@ -47,6 +47,34 @@ pub fn looks_like_token_file(path: &Path) -> bool {
             .is_some_and(|extension| extension.eq_ignore_ascii_case("bin"))
 }
 
+/// Tokens looked at by [`looks_like_uint32`]: the head of the file, 64 KiB.
+const DTYPE_PROBE_TOKENS: usize = 32 << 10;
+
+/// Whether the local token file `path`, about to be read as uint16, rather holds uint32 ids (a
+/// vocabulary past 65,536 written by another tool under a plain `*.bin` name): in its head every
+/// second 16-bit value (a uint32's high half, little-endian) is 0 or 1 while the others vary,
+/// which natural uint16 text never does. Read as uint16, such a file trains on ids interleaved
+/// with zeros. Looks at the first 64 KiB; a file too short to tell is taken as uint16.
+pub fn looks_like_uint32(path: &Path) -> Result<bool> {
+    use std::io::Read;
+    let file = File::open(path).map_err(|source| Error::io(path, source))?;
+    let mut head = Vec::with_capacity(DTYPE_PROBE_TOKENS * 2);
+    file.take((DTYPE_PROBE_TOKENS * 2) as u64)
+        .read_to_end(&mut head)
+        .map_err(|source| Error::io(path, source))?;
+    let values: Vec<u16> = head
+        .chunks_exact(2)
+        .map(|pair| u16::from_le_bytes([pair[0], pair[1]]))
+        .collect();
+    let pairs = values.len() / 2;
+    if pairs < 256 {
+        return Ok(false);
+    }
+    let high_halves_small = values.iter().skip(1).step_by(2).all(|&high| high <= 1);
+    let low_halves_vary = values.iter().step_by(2).filter(|&&low| low > 1).count() * 2 >= pairs;
+    Ok(high_halves_small && low_halves_vary)
+}
+
 /// A token array cut into windows of `seq_len + 1` tokens; one window is one sample. Reading
 /// copies the window's bytes (little-endian, the file's dtype) out of a local file's map or
 /// from the object through the cache tier.
@@ -387,5 +415,33 @@ impl TokenFile {
             windows: self.windows,
             max_token: max_token.unwrap_or(0),
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn written(values: impl Iterator<Item = u8>) -> tempfile::NamedTempFile {
+        let mut file = tempfile::NamedTempFile::new().expect("a temporary file");
+        std::io::Write::write_all(&mut file, &values.collect::<Vec<u8>>()).expect("written");
+        file
+    }
+
+    #[test]
+    fn uint32_ids_under_a_uint16_name_are_told_apart() {
+        // Llama 3's ids (below 128,256) as uint32: high halves 0 or 1.
+        let ids = (0..4096u32).map(|i| (i * 7919) % 128_256);
+        let wide = written(ids.clone().flat_map(u32::to_le_bytes));
+        assert!(looks_like_uint32(wide.path()).expect("read"));
+        // The same ids below 65,536 as uint16: natural text, read as it is.
+        let narrow = written(
+            ids.map(|id| (id % 65_536) as u16)
+                .flat_map(u16::to_le_bytes),
+        );
+        assert!(!looks_like_uint32(narrow.path()).expect("read"));
+        // All zeros, and a file too short to tell: uint16.
+        assert!(!looks_like_uint32(written(std::iter::repeat(0).take(8192)).path()).expect("read"));
+        assert!(!looks_like_uint32(written([5, 0, 0, 0].into_iter()).path()).expect("read"));
     }
 }

@@ -291,7 +291,25 @@ fn open_token_file(
             open_megatron(path, token_dtype(dataset)?, seq_len).map_err(Error::OpenDataset)?;
         return with_documents(tokens, &index, ops);
     }
-    let dtype = token_dtype(dataset)?.unwrap_or_else(|| TokenDtype::from_file_name(path));
+    let dtype = match token_dtype(dataset)? {
+        Some(dtype) => dtype,
+        None => {
+            let dtype = TokenDtype::from_file_name(path);
+            // The name says uint16; ids of a larger vocabulary written as uint32 would train
+            // interleaved with zeros, silently.
+            if dtype == TokenDtype::Uint16
+                && stoker_datasets::looks_like_uint32(path).map_err(Error::OpenDataset)?
+            {
+                return Err(Error::InvalidSpec(format!(
+                    "{} is read as uint16 tokens by its name, but holds uint32 ids (every \
+                     second 16-bit value of its head is 0 or 1): name it *.u32.bin, or give \
+                     the dataset's token_dtype",
+                    path.display()
+                )));
+            }
+            dtype
+        }
+    };
     Ok(Arc::new(
         TokenFile::open(path, dtype, seq_len).map_err(Error::OpenDataset)?,
     ))
