@@ -50,6 +50,39 @@ def test_dashboard_serves_the_loaders_figures(dataset: Path) -> None:
         _get(url.rstrip("/") + "/api/jobs")
 
 
+def _samples_charted(url: str, at_least: int) -> int:
+    """The samples the dashboard's one job shows, once at least ``at_least`` (10 s at most)."""
+    deadline, samples = time.monotonic() + 10, 0
+    while time.monotonic() < deadline:
+        jobs = json.loads(_get(url.rstrip("/") + "/api/jobs"))["jobs"]
+        samples = (jobs[0]["current"] or {}).get("samples_total", 0) if jobs else 0
+        if samples >= at_least:
+            break
+        time.sleep(0.3)
+    return samples
+
+
+def test_an_epoch_resumed_on_another_world_size_is_charted(dataset: Path) -> None:
+    """The loader serving an epoch resumed on another world size is the one charted while it
+    serves it (the plain one, which built nothing then, was), and the plain one again after."""
+    options: dict = {"pipeline": stoker.vision.imagenet_eval(32), "batch_size": 8,
+                     "output": "numpy", "seed": 3}
+    with stoker.Loader(dataset, rank=0, world_size=2, **options) as old:
+        it = iter(old)
+        next(it), next(it)
+        state = old.state_dict()
+    with stoker.Loader(dataset, rank=0, world_size=3, dashboard=0, **options) as loader:
+        loader.load_state_dict(state)
+        url = loader.dashboard_url
+        assert url is not None
+        resumed = sum(len(batch["label"]) for batch in loader)
+        assert resumed > 0
+        assert _samples_charted(url, resumed) == resumed
+        # The next epoch is the plain loader's, charted afresh.
+        plain = sum(len(batch["label"]) for batch in loader)
+        assert _samples_charted(url, plain) == plain
+
+
 @pytest.mark.parametrize("bad", [-1, 70000, "nohost", ":80", "host:port"])
 def test_bad_dashboard_addresses_are_refused(dataset: Path, bad: object) -> None:
     with pytest.raises(ValueError, match="dashboard"):

@@ -26,6 +26,11 @@ pub(super) struct Held {
     /// has no steps, and runs empty.
     pub(super) resumed_empty: Option<u64>,
     pub(super) dashboard: Option<Dashboard>,
+    /// The job name and rank the dashboard charts this loader as.
+    pub(super) charted_as: (String, u32),
+    /// Whether the dashboard charts the resumed epoch's loader (while it serves its epoch)
+    /// rather than the plain one.
+    pub(super) charting_resumed: bool,
 }
 
 /// An epoch's stream and the slot pool of the loader it reads (the plain or the resumed one).
@@ -66,6 +71,8 @@ impl Held {
     /// nothing left is forgotten once a later one starts.
     pub(super) fn start_of(&mut self, epoch: u64, step: u64) -> PyResult<(Arc<Loader>, u64)> {
         let loader = Arc::clone(self.loader_of(epoch)?);
+        let resumed = matches!(&self.resumed, Some((resumed, _)) if *resumed == epoch);
+        self.chart(resumed, &loader);
         let empty = self.resumed_empty == Some(epoch);
         self.resumed_empty = self.resumed_empty.filter(|&empty| empty >= epoch);
         let step = if empty {
@@ -80,7 +87,23 @@ impl Held {
     /// records `empty` as a resumed epoch with nothing left, or none.
     pub(super) fn let_go_of_resumed(&mut self, empty: Option<u64>) -> Option<(u64, Arc<Loader>)> {
         self.resumed_empty = empty;
+        if let Some(plain) = self.loader.clone() {
+            self.chart(false, &plain);
+        }
         self.resumed.take()
+    }
+
+    /// Has the dashboard chart `loader`, the resumed epoch's when `resumed`, when it charts
+    /// the other one now (its history starts afresh: the figures are another loader's).
+    fn chart(&mut self, resumed: bool, loader: &Loader) {
+        if resumed == self.charting_resumed {
+            return;
+        }
+        self.charting_resumed = resumed;
+        if let Some(dashboard) = &self.dashboard {
+            let (name, rank) = &self.charted_as;
+            dashboard.register_job(name, *rank, loader.monitor());
+        }
     }
 }
 

@@ -185,6 +185,8 @@ impl NativeLoader {
                 resumed: None,
                 resumed_empty: None,
                 dashboard,
+                charted_as: (job_name, rank),
+                charting_resumed: false,
             }),
             current: Mutex::new(None),
             closing: AtomicBool::new(false),
