@@ -441,7 +441,7 @@ mod tests {
         );
         assert!(!looks_like_uint32(narrow.path()).expect("read"));
         // All zeros, and a file too short to tell: uint16.
-        assert!(!looks_like_uint32(written(std::iter::repeat(0).take(8192)).path()).expect("read"));
+        assert!(!looks_like_uint32(written(std::iter::repeat_n(0, 8192)).path()).expect("read"));
         assert!(!looks_like_uint32(written([5, 0, 0, 0].into_iter()).path()).expect("read"));
     }
 }
