@@ -51,6 +51,7 @@ use stoker_rpc::transport::{self, MAX_MESSAGE_BYTES};
 mod data_roots;
 mod fleet;
 mod leases;
+mod opening;
 mod reports;
 mod subscriptions;
 

@@ -5,7 +5,7 @@
 //! acknowledgements go on the session's update stream, held as [`Hold`] says (up to
 //! [`Driver::ack_interval`] while the workers hold more than half the window's credits).
 
-use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::collections::{BTreeSet, HashMap, HashSet};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -13,8 +13,8 @@ use std::time::{Duration, Instant};
 use crossbeam_channel::Sender;
 use stoker_proto::v1::coordinator_client::CoordinatorClient;
 use stoker_proto::v1::{
-    CloseSessionRequest, JobSpec, OpenSessionRequest, RegisterJobRequest, RegisterJobResponse,
-    SessionToken, SessionUpdateRequest, WorkerInfo,
+    JobSpec, OpenSessionRequest, RegisterJobRequest, RegisterJobResponse, SessionToken,
+    SessionUpdateRequest, WorkerInfo,
 };
 use stoker_rpc::error_kinds;
 use stoker_rpc::network::Network;
@@ -24,8 +24,8 @@ use tokio::sync::mpsc;
 use tonic::Code;
 
 use super::streams::{stream_worker, Arrival, Streams};
-use super::unreachable::{address_of, Unreachable};
-use super::updates::{Due, Hold, Pending, Updates, ANSWER_AFTER_ACKS};
+use super::unreachable::{address_of, Unopened, Unreachable};
+use super::updates::{close_session, Due, Hold, Pending, Updates, ANSWER_AFTER_ACKS};
 use super::{client_stats, job_label, STREAM_RETRY};
 use crate::client::landing::{lock, SlotQueue};
 use crate::client::slots::Slot;
@@ -294,8 +294,7 @@ impl Driver {
         let mut retry_at: HashMap<u64, Instant> = HashMap::new();
         // Listed workers whose stream has not opened, told to the coordinator as they change.
         let mut unreachable = Unreachable::default();
-        // Workers that could not open the job, by id, with their address.
-        let mut unopened: BTreeMap<u64, String> = BTreeMap::new();
+        let mut unopened = Unopened::default();
         let subscribe_all = |workers: &[WorkerInfo],
                              streams: &mut Streams,
                              retry_at: &mut HashMap<u64, Instant>| {
@@ -482,15 +481,7 @@ impl Driver {
                     Some(Arrival::Failed { worker, status }) if error_kinds::is_job_unopened(&status) => {
                         open_streams.remove(&worker);
                         unreachable.refused(worker);
-                        let address = address_of(&workers, worker);
-                        tracing::warn!(worker, %address, %status, "a worker cannot open the job's datasets: its batches come from the other workers");
-                        unopened.insert(worker, address);
-                        if workers.iter().all(|listed| unopened.contains_key(&listed.worker_id)) {
-                            let named: Vec<&str> = unopened.values().map(String::as_str).collect();
-                            let context = format!(
-                                "no worker can open the job's datasets (workers {})",
-                                named.join(", ")
-                            );
+                        if let Some(context) = unopened.add(worker, &workers, &status) {
                             let _ = self.batches.send(Err(error_from_status(&context, &status)));
                             break SessionEnd::Stop;
                         }
@@ -593,25 +584,15 @@ impl Driver {
             }
         }
         if matches!(end, SessionEnd::Done | SessionEnd::Stop) {
-            if !acks.is_empty() {
-                // The consumer went away with steps received since the last update.
-                let _ = client
-                    .update_session(SessionUpdateRequest {
-                        session: Some(token),
-                        grant_credits: 0,
-                        acknowledged: acks,
-                        stats: Some(client_stats(&self.monitor)),
-                        // The list held is current or not, it is not needed any more.
-                        workers_version: updates.workers_version(),
-                        ..SessionUpdateRequest::default()
-                    })
-                    .await;
-            }
-            let _ = client
-                .close_session(CloseSessionRequest {
-                    session: Some(token),
-                })
-                .await;
+            let last = SessionUpdateRequest {
+                session: Some(token),
+                acknowledged: acks,
+                stats: Some(client_stats(&self.monitor)),
+                // The list held is current or not, it is not needed any more.
+                workers_version: updates.workers_version(),
+                ..SessionUpdateRequest::default()
+            };
+            close_session(&mut client, last).await;
         }
         end
     }

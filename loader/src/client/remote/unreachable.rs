@@ -1,9 +1,11 @@
 //! The listed workers a session's client cannot open a stream to: said in a warning once each
 //! has failed for [`UNREACHABLE_SAID_AFTER`](super::UNREACHABLE_SAID_AFTER), and told to the
 //! coordinator in the next update whenever the set changes, so it leases this opening's steps
-//! to none of them and takes back, with their credits, those they hold.
+//! to none of them and takes back, with their credits, those they hold. A worker that cannot
+//! open the job itself ([`Unopened`]) joins that set; the consumer's error comes once every
+//! listed worker has said so.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::time::Instant;
 
 use stoker_proto::v1::{WorkerInfo, WorkerSet};
@@ -68,6 +70,37 @@ impl Unreachable {
         let mut workers: Vec<u64> = self.failing.keys().copied().collect();
         workers.sort_unstable();
         workers
+    }
+}
+
+/// The listed workers that could not open the job this opening, by id, with their address.
+#[derive(Debug, Default)]
+pub(super) struct Unopened(BTreeMap<u64, String>);
+
+impl Unopened {
+    /// `worker` of `workers` could not open the job (`status`): the context of the consumer's
+    /// error once no listed worker is left that has not said so, else `None` (the others
+    /// serve the job).
+    pub(super) fn add(
+        &mut self,
+        worker: u64,
+        workers: &[WorkerInfo],
+        status: &Status,
+    ) -> Option<String> {
+        let address = address_of(workers, worker);
+        tracing::warn!(worker, %address, %status, "a worker cannot open the job's datasets: its batches come from the other workers");
+        self.0.insert(worker, address);
+        if !workers
+            .iter()
+            .all(|listed| self.0.contains_key(&listed.worker_id))
+        {
+            return None;
+        }
+        let named: Vec<&str> = self.0.values().map(String::as_str).collect();
+        Some(format!(
+            "no worker can open the job's datasets (workers {})",
+            named.join(", ")
+        ))
     }
 }
 

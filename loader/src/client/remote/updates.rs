@@ -14,14 +14,17 @@
 //! updates are numbered). When one is due is [`Hold`]'s to say: fewer, fuller updates, since
 //! the coordinator's cost per assignment is mostly the updates it takes. [`Hold`] is public as
 //! `stoker_loader::session_updates` so `stoker bench coordinator-grpc` simulates clients that
-//! hold their updates as the loader does.
+//! hold their updates as the loader does. The session's last update and its close are
+//! [`close_session`]'s.
 
 use std::future::Future;
 use std::pin::Pin;
 use std::time::{Duration, Instant};
 
 use stoker_proto::v1::coordinator_client::CoordinatorClient;
-use stoker_proto::v1::{SessionUpdateRequest, SessionUpdateResponse, WorkerInfo};
+use stoker_proto::v1::{
+    CloseSessionRequest, SessionUpdateRequest, SessionUpdateResponse, WorkerInfo,
+};
 use stoker_rpc::transport::RpcChannel;
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::UnboundedReceiverStream;
@@ -297,6 +300,19 @@ impl Hold {
         self.wanted_since = None;
         self.acked_since = None;
     }
+}
+
+/// Sends `last`, the steps received since the last update, when it holds any (the consumer
+/// went away with them), then closes its session.
+pub(super) async fn close_session(
+    client: &mut CoordinatorClient<RpcChannel>,
+    last: SessionUpdateRequest,
+) {
+    let session = last.session;
+    if !last.acknowledged.is_empty() {
+        let _ = client.update_session(last).await;
+    }
+    let _ = client.close_session(CloseSessionRequest { session }).await;
 }
 
 #[cfg(test)]

@@ -1,0 +1,146 @@
+//! A job's datasets opened for its first task on this worker: its spec asked of the
+//! coordinator, its paths held under the data roots, the failures another try may pass (the
+//! task handed back) and those it will not (the client told), and the pause between tries.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use stoker_pipeline::open_sources;
+use stoker_proto::v1::coordinator_client::CoordinatorClient;
+use stoker_proto::v1::GetJobRequest;
+use stoker_rpc::transport::RpcChannel;
+use tonic::Status;
+
+use super::{check_root, error_status, lock, JobEntry, Shared};
+
+/// Tries at opening a job whose datasets failed to open in a way that may pass (a disk or
+/// store failing, the machine short of descriptors), spaced: the next try after 250 ms, each
+/// one after twice the pause before, up to 5 s. Until then a task of that job is handed back
+/// at once, untried (another worker may open it), and a lease that brought nothing else
+/// pauses this worker's leasing until the next try is due (at most a second at a time): else
+/// the task is leased, failed and requeued by this worker as fast as the coordinator
+/// answers, for as long as the failure lasts.
+#[derive(Default)]
+pub(super) struct OpenBackoff {
+    /// Per job: when it may be tried again, the pause that led there, why it failed.
+    jobs: HashMap<u64, (Instant, Duration, String)>,
+}
+
+impl OpenBackoff {
+    pub(super) const FIRST: Duration = Duration::from_millis(250);
+    pub(super) const MOST: Duration = Duration::from_secs(5);
+
+    /// How long until `job` may be tried again, with why it failed; `None`: now.
+    pub(super) fn wait(&self, job: u64, now: Instant) -> Option<(Duration, String)> {
+        let (next, _, reason) = self.jobs.get(&job)?;
+        let wait = next.saturating_duration_since(now);
+        (!wait.is_zero()).then(|| (wait, reason.clone()))
+    }
+
+    /// Opening `job` failed at `now` for `reason`: the pause until the next try.
+    pub(super) fn failed(&mut self, job: u64, now: Instant, reason: &str) -> Duration {
+        let pause = self
+            .jobs
+            .get(&job)
+            .map_or(Self::FIRST, |(_, pause, _)| (*pause * 2).min(Self::MOST));
+        self.jobs
+            .insert(job, (now + pause, pause, reason.to_string()));
+        pause
+    }
+
+    /// `job` opened: no pause next time it fails.
+    pub(super) fn opened(&mut self, job: u64) {
+        self.jobs.remove(&job);
+    }
+}
+
+/// Why a job could not be opened: the coordinator did not give its spec; its datasets could
+/// not be opened in a way that may pass (a store or file system failing, the machine short of
+/// descriptors: the task is handed back); or in a way that will not (a path that is not there
+/// or outside --data-root, data that is not a dataset, a changed dataset: the client is told).
+pub(super) enum Unopened {
+    Coordinator(Status),
+    Dataset(Status),
+    Refused(Status),
+}
+
+/// Whether opening a job's datasets failed in a way another try may not repeat.
+pub(super) fn may_pass(error: &stoker_pipeline::Error) -> bool {
+    use stoker_datasets::ReadFault;
+    match error {
+        stoker_pipeline::Error::OpenDataset(error) | stoker_pipeline::Error::Dataset(error) => {
+            match error {
+                stoker_datasets::Error::Io { source, .. }
+                    if source.kind() == std::io::ErrorKind::NotFound =>
+                {
+                    false
+                }
+                error => error.read_fault() != ReadFault::Sample,
+            }
+        }
+        stoker_pipeline::Error::Io { .. } => true,
+        _ => false,
+    }
+}
+
+pub(super) async fn job_entry(
+    shared: &Arc<Shared>,
+    client: &mut CoordinatorClient<RpcChannel>,
+    place: usize,
+    job_id: u64,
+) -> std::result::Result<Arc<JobEntry>, Unopened> {
+    if let Some(entry) = lock(&shared.jobs).get(&(place, job_id)) {
+        *lock(&entry.used) = Instant::now();
+        return Ok(entry.clone());
+    }
+    let spec = client
+        .get_job(GetJobRequest { job_id })
+        .await
+        .map_err(Unopened::Coordinator)?
+        .into_inner()
+        .spec
+        .ok_or_else(|| {
+            Unopened::Coordinator(Status::internal(format!(
+                "coordinator sent job {job_id} without a spec"
+            )))
+        })?;
+    let opened = {
+        let shared = shared.clone();
+        let spec = spec.clone();
+        tokio::task::spawn_blocking(move || {
+            check_root(&shared.roots, &spec).map_err(Unopened::Refused)?;
+            let sources = open_sources(&spec).map_err(|error| {
+                let status = error_status(&error);
+                if may_pass(&error) {
+                    Unopened::Dataset(status)
+                } else {
+                    Unopened::Refused(status)
+                }
+            })?;
+            shared
+                .check_dataset(
+                    &spec,
+                    &sources.iter().map(|s| s.as_ref()).collect::<Vec<_>>(),
+                )
+                .map_err(Unopened::Refused)?;
+            Ok(sources)
+        })
+        .await
+        .map_err(|e| {
+            Unopened::Dataset(Status::internal(format!(
+                "opening job {job_id} panicked: {e}"
+            )))
+        })??
+    };
+    let entry = Arc::new(JobEntry {
+        spec,
+        used: Mutex::new(Instant::now()),
+        sources: opened,
+        ranks: Mutex::new(HashMap::new()),
+        plans: Mutex::new(HashMap::new()),
+    });
+    lock(&shared.jobs).insert((place, job_id), entry.clone());
+    tracing::info!(job = job_id, "job opened");
+    Ok(entry)
+}
