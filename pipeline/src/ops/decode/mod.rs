@@ -45,7 +45,16 @@ mod formats;
 
 use super::geometry::CropWindow;
 use crate::error::SampleError;
-use formats::{decode_png, decode_with_image_crate, png_header};
+use formats::{bmp_size, decode_png, decode_with_image_crate, jpeg_size, png_header};
+
+/// libjpeg warnings that say nothing of the pixels: the whole image was decoded when they are
+/// given (see `JpegDecompressor::check_decoded`).
+const HARMLESS_WARNINGS: [&str; 2] = [
+    // Bytes between the last scan's data and the end-of-image marker.
+    "extraneous bytes before marker 0xd9",
+    // A JFIF APP0 segment of a major version past 1.
+    "Warning: unknown JFIF revision number",
+];
 
 /// PIL's `Image.MAX_IMAGE_PIXELS`: the default limit against decompression bombs.
 pub const DEFAULT_MAX_PIXELS: u64 = 89_478_485;
@@ -114,15 +123,13 @@ pub fn read_header(bytes: &[u8], max_pixels: u64) -> Result<ImageHeader, SampleE
         ImageFormat::Other => return Err(SampleError::UnsupportedFormat),
         // For JPEG, TurboJPEG's header call reports success without touching its stored size
         // when the data ends before the frame header (it takes that for a tables-only stream),
-        // so the size comes from a marker scan of our own bytes instead. The others have their
-        // size in a fixed header (a TIFF's in its first directory), which imagesize reads
-        // without touching pixel data.
-        ImageFormat::Jpeg
-        | ImageFormat::WebP
-        | ImageFormat::Bmp
-        | ImageFormat::Tiff
-        | ImageFormat::Pnm
-        | ImageFormat::Gif => {
+        // so the size comes from a marker scan of our own bytes instead.
+        ImageFormat::Jpeg => jpeg_size(bytes)?,
+        // A BMP's height is signed (top-down rows), and an OS/2 header's fields are 16-bit.
+        ImageFormat::Bmp => bmp_size(bytes)?,
+        // The others have their size in a fixed header (a TIFF's in its first directory),
+        // which imagesize reads without touching pixel data.
+        ImageFormat::WebP | ImageFormat::Tiff | ImageFormat::Pnm | ImageFormat::Gif => {
             let size = imagesize::blob_size(bytes)
                 .map_err(|e| SampleError::Corrupt(format!("{} header: {e}", format.name())))?;
             (
@@ -246,12 +253,35 @@ impl JpegDecompressor {
         }
     }
 
+    /// [`check`](Self::check) of a header read or a decode, which passes the warnings that say
+    /// nothing of the pixels ([`HARMLESS_WARNINGS`]): bytes padding the end of the last scan
+    /// (common in scraped sets; Pillow reads such files, with the same pixels) and a JFIF
+    /// version the library does not know. TurboJPEG keeps the first warning, so a file that
+    /// warned of damaged data before one of these is still refused.
+    fn check_decoded(&self, status: i32) -> Result<(), SampleError> {
+        if status == 0 {
+            return Ok(());
+        }
+        let message = self.last_error();
+        // SAFETY: valid handle.
+        let code = unsafe { raw::tj3GetErrorCode(self.handle) };
+        if code == raw::TJERR_TJERR_WARNING as c_int
+            && HARMLESS_WARNINGS
+                .iter()
+                .any(|warning| message.contains(warning))
+        {
+            tracing::debug!(%message, "a JPEG warning that leaves the pixels whole, passed");
+            return Ok(());
+        }
+        Err(SampleError::Corrupt(message))
+    }
+
     fn read_header(&mut self, bytes: &[u8]) -> Result<(u32, u32), SampleError> {
         // SAFETY: valid handle; the pointer and length describe a live slice.
         let status = unsafe {
             raw::tj3DecompressHeader(self.handle, bytes.as_ptr(), bytes.len() as raw::size_t)
         };
-        self.check(status)?;
+        self.check_decoded(status)?;
         let width = self.get(raw::TJPARAM_TJPARAM_JPEGWIDTH);
         let height = self.get(raw::TJPARAM_TJPARAM_JPEGHEIGHT);
         if width <= 0 || height <= 0 {
@@ -342,9 +372,13 @@ impl JpegDecompressor {
             .map(|w| (w * eighths / 8).max(1));
         let (x0, y0, x1, y1) = match (request.region, mcu_width) {
             (Some(region), Some(mcu)) if !whole => {
+                // One column more on each side than the window: libjpeg upsamples a
+                // subsampled chroma at the region's left and right edges as at the image's,
+                // which would change the window's own edge columns (by 20 levels on photos).
                 let left = (u64::from(region.left) * u64::from(eighths) / 8) as u32;
+                let left = left.saturating_sub(1);
                 let top = (u64::from(region.top) * u64::from(eighths) / 8) as u32;
-                let right = scaled(region.left + region.width).min(scaled_width);
+                let right = (scaled(region.left + region.width) + 1).min(scaled_width);
                 let bottom = scaled(region.top + region.height).min(scaled_height);
                 (left - left % mcu, top, right, bottom)
             }
@@ -441,7 +475,7 @@ impl JpegDecompressor {
                 pixel_format as c_int,
             )
         };
-        self.check(status)
+        self.check_decoded(status)
     }
 }
 
