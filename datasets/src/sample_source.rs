@@ -13,11 +13,6 @@ pub struct TokenWindowShape {
     pub seq_len: u32,
 }
 
-/// A sample's location without its folder: the part of it after the last `/`.
-pub(crate) fn location_name(location: &str) -> &str {
-    location.rsplit('/').next().unwrap_or(location)
-}
-
 /// A dataset of (encoded bytes, label) samples addressed by a dense index `0..len`.
 ///
 /// Implementations are shared between decode threads, so they are `Send + Sync` and reading
@@ -45,12 +40,12 @@ pub trait SampleSource: Send + Sync {
     fn describe(&self, index: u64) -> String;
 
     /// What a dataset's fingerprint reads of sample `index` (the fingerprint a saved loader
-    /// state carries): its name without the folder (the part of [`Self::describe`] after the
-    /// last `/`) and its label. Names only what the index holds, with no read: a source whose
-    /// labels live in the samples' own bytes leaves them out.
+    /// state carries): its location ([`Self::describe`]) and its label; the fingerprint
+    /// leaves out the folder all the dataset's locations share. Names only what the index
+    /// holds, with no read: a source whose labels live in the samples' own bytes leaves them
+    /// out.
     fn fingerprint_key(&self, index: u64) -> String {
-        let location = self.describe(index);
-        format!("{}#{}", location_name(&location), self.label(index))
+        format!("{}#{}", self.describe(index), self.label(index))
     }
 
     /// Reads the sample's encoded bytes.

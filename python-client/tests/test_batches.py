@@ -257,6 +257,30 @@ def test_load_state_dict_names_the_mismatch(
         loader.load_state_dict(dict(loader.state_dict(), **change))
 
 
+def test_a_state_of_another_pipeline_or_kind_of_loader_is_refused(
+    make_loader: Callable[..., stoker.Loader], dataset: Path
+) -> None:
+    """The pipeline (and the columns, format, split) decide a batch's bytes as much as the
+    plan: a state saved with another one is refused, as is one a Python dataset's loader
+    saved (its positions are another kind's), and the reverse."""
+    state = dict(make_loader(batch_size=8).state_dict(), step=2)
+    other = stoker.Loader(dataset, pipeline=stoker.vision.imagenet_train(48), batch_size=8,
+                          output="numpy", seed=state["seed"])
+    with other, pytest.raises(ValueError, match="reading: saved 'sha256:"):
+        other.load_state_dict(state)
+    count = state["num_samples"]
+    with stoker.Loader.from_dataset(list(range(count)), batch_size=8, seed=state["seed"],
+                                    shuffle=state["shuffle"], output="numpy") as python:
+        with pytest.raises(ValueError, match="source: saved 'stoker source'"):
+            python.load_state_dict(state)
+        python_state = dict(python.state_dict(), step=2)
+    with pytest.raises(ValueError, match="source: saved 'python dataset'"):
+        make_loader(batch_size=8).load_state_dict(python_state)
+    # A state from before these keys resumes as it did.
+    older = {k: v for k, v in state.items() if k not in ("source", "reading")}
+    make_loader(batch_size=8).load_state_dict(older)
+
+
 def test_an_iterator_started_again_before_its_first_batch_keeps_the_resume_step(
     make_loader: Callable[..., stoker.Loader],
 ) -> None:
@@ -322,6 +346,40 @@ def test_a_state_without_a_shuffle_window_still_loads(
         loader.load_state_dict({"epoch": 0})
 
 
+def test_a_partition_replaced_by_another_of_the_same_size_is_another_dataset(
+    tmp_path: Path,
+) -> None:
+    """Files of the same names in folders below the dataset's own (hive partitions): a
+    partition replaced by another of the same size is refused, not resumed over other rows."""
+    pq = pytest.importorskip("pyarrow.parquet")
+    pa = pytest.importorskip("pyarrow")
+    import shutil
+
+    root = tmp_path / "sales"
+
+    def partition(name: str, start: int) -> None:
+        (root / name).mkdir(parents=True)
+        pq.write_table(pa.table({"x": list(range(start, start + 100))}),
+                       root / name / "part-0.parquet")
+
+    partition("year=2022", 0)
+    partition("year=2023", 1000)
+
+    def loader() -> stoker.Loader:
+        return stoker.Loader(f"{root}/**/*.parquet", pipeline=[stoker.ops.SelectColumns(["x"])],
+                             batch_size=10, output="numpy")
+
+    with loader() as first:
+        it = iter(first)
+        for _ in range(3):
+            next(it)
+        state = first.state_dict()
+    shutil.rmtree(root / "year=2022")
+    partition("year=2024", 2000)
+    with loader() as second, pytest.raises(ValueError, match="saved over another dataset"):
+        second.load_state_dict(state)
+
+
 def test_a_state_saved_over_another_dataset_of_the_same_size_is_refused(
     make_loader: Callable[..., stoker.Loader], dataset: Path, tmp_path: Path
 ) -> None:
@@ -330,7 +388,7 @@ def test_a_state_saved_over_another_dataset_of_the_same_size_is_refused(
     import shutil
 
     state = dict(make_loader(batch_size=8).state_dict(), step=2)
-    assert str(state["dataset"]).startswith("v2:")
+    assert str(state["dataset"]).startswith("v3:")
     moved = tmp_path / "moved"
     shutil.copytree(dataset, moved)
     assert make_loader(moved, batch_size=8).state_dict()["dataset"] == state["dataset"]

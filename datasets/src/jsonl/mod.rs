@@ -416,9 +416,9 @@ impl SampleSource for JsonlDocuments {
         self.len
     }
 
-    /// The document's file name and line: a label would be read from the line itself.
+    /// The document's file and line: a label would be read from the line itself.
     fn fingerprint_key(&self, index: u64) -> String {
-        crate::sample_source::location_name(&self.describe(index)).to_string()
+        self.describe(index)
     }
 
     /// The integer label field of the document, -1 when labels are off or the document has

@@ -244,17 +244,12 @@ impl SampleSource for TarShards {
         self.len
     }
 
-    /// The shard's file name and the member's whole name (which may hold folders), and the
-    /// label.
+    /// The shard's path and the member's whole name (which may hold folders), and the label.
     fn fingerprint_key(&self, index: u64) -> String {
         match self.locate(index) {
             Some((shard, local)) => format!(
                 "{}:{}#{}",
-                shard
-                    .path
-                    .file_name()
-                    .map_or(std::borrow::Cow::Borrowed(""), |name| name
-                        .to_string_lossy()),
+                shard.path.to_string_lossy(),
                 shard.index.member_name(local),
                 shard.index.samples[local].label
             ),
@@ -464,11 +459,15 @@ mod tests {
     }
 
     #[test]
-    fn a_fingerprint_key_names_the_shard_file_and_the_whole_member() {
+    fn a_fingerprint_key_names_the_shard_and_the_whole_member() {
         let dir = tempfile::tempdir().unwrap();
         write_shard(&dir.path().join("a.tar"), "train/a", 2);
         let shards = TarShards::open_with_cache_dir(dir.path(), None).unwrap();
-        // The member's folder is kept, the shard's folder is not (the set may move).
-        assert_eq!(shards.fingerprint_key(1), "a.tar:train/a/0001.jpg#1");
+        // The member's folder is kept; the fingerprint leaves out the folder shards share.
+        let shard = dir.path().join("a.tar");
+        assert_eq!(
+            shards.fingerprint_key(1),
+            format!("{}:train/a/0001.jpg#1", shard.display())
+        );
     }
 }

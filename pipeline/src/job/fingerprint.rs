@@ -4,11 +4,13 @@
 //!
 //! The fingerprint is a SHA-256 over each dataset's sample count, class names, and what
 //! [`SampleSource::fingerprint_key`] gives of [`SAMPLED`] samples spread evenly over it: a
-//! sample's name without its folder (`file.jpg`, `shard-0003.tar:train/000123.jpg`,
-//! `part-0.parquet:row 17`) and its label (not for JSONL, whose labels are in the lines). So a
-//! dataset moved to another folder, machine or bucket keeps its fingerprint, while renamed,
-//! replaced, added-and-removed or relabelled files change it. A file whose bytes change in
-//! place under the same name does not change it.
+//! sample's location (`/data/train/n01/file.jpg`, `/data/shard-0003.tar:train/000123.jpg`,
+//! `/data/year=2022/part-0.parquet:row 17`) and its label (not for JSONL, whose labels are in
+//! the lines), with the folder every sampled location shares left out: the paths below the
+//! dataset's own folder. So a dataset moved to another folder, machine or bucket keeps its
+//! fingerprint, while renamed, replaced, added-and-removed or relabelled files (and folders
+//! below its own: a partition replaced by another of the same size) change it. A file whose
+//! bytes change in place under the same name does not change it.
 
 use sha2::{Digest, Sha256};
 use stoker_datasets::SampleSource;
@@ -16,11 +18,12 @@ use stoker_datasets::SampleSource;
 /// Samples named in a dataset's fingerprint (all of them in a smaller dataset).
 pub const SAMPLED: u64 = 4096;
 
-/// The version of the rule, the fingerprint's prefix: a state with another one is not compared.
-pub const VERSION: &str = "v2";
+/// The version of the rule, the fingerprint's prefix: a state with another one is not compared
+/// (v2 named each sample without any folder, so folders below the dataset's own went unseen).
+pub const VERSION: &str = "v3";
 
 /// The fingerprint of `sources`, in order (a mix's sources in the spec's order), as
-/// `v2:` and 32 hexadecimal digits.
+/// `v3:` and 32 hexadecimal digits.
 pub fn fingerprint(sources: &[&dyn SampleSource]) -> String {
     let mut hash = Sha256::new();
     for source in sources {
@@ -32,11 +35,17 @@ pub fn fingerprint(sources: &[&dyn SampleSource]) -> String {
             field(&mut hash, class);
         }
         let sampled = len.min(SAMPLED);
-        for k in 0..sampled {
-            // Evenly spread, the first sample and (for k = sampled - 1) one near the last.
-            let index = u64::try_from(u128::from(k) * u128::from(len) / u128::from(sampled))
-                .unwrap_or(len - 1);
-            field(&mut hash, &source.fingerprint_key(index));
+        let keys: Vec<String> = (0..sampled)
+            .map(|k| {
+                // Evenly spread, the first sample and (for k = sampled - 1) one near the last.
+                let index = u64::try_from(u128::from(k) * u128::from(len) / u128::from(sampled))
+                    .unwrap_or(len - 1);
+                source.fingerprint_key(index)
+            })
+            .collect();
+        let shared = shared_folder(&keys);
+        for key in &keys {
+            field(&mut hash, &key[shared..]);
         }
     }
     let digest = hash.finalize();
@@ -45,6 +54,29 @@ pub fn fingerprint(sources: &[&dyn SampleSource]) -> String {
         .map(|byte| format!("{byte:02x}"))
         .collect();
     format!("{VERSION}:{hex}")
+}
+
+/// The length of the folder every key starts with: their common prefix cut back to its last
+/// `/` (0 when they share none). Files sort by their paths, so the first and the last sampled
+/// share what all the dataset's do.
+fn shared_folder(keys: &[String]) -> usize {
+    let Some(first) = keys.first() else {
+        return 0;
+    };
+    let mut common = first.len();
+    for key in &keys[1..] {
+        common = common.min(
+            first
+                .bytes()
+                .zip(key.bytes())
+                .take_while(|(a, b)| a == b)
+                .count(),
+        );
+    }
+    first.as_bytes()[..common]
+        .iter()
+        .rposition(|&byte| byte == b'/')
+        .map_or(0, |slash| slash + 1)
 }
 
 /// Feeds `text` with its length, so that two fields never run into each other.
@@ -104,7 +136,25 @@ mod tests {
         let here = Named::new("/data/set", 10_000);
         let there = Named::new("s3://bucket/elsewhere/set", 10_000);
         assert_eq!(of(&here), of(&there));
-        assert!(of(&here).starts_with("v2:") && of(&here).len() == 3 + 32);
+        assert!(of(&here).starts_with("v3:") && of(&here).len() == 3 + 32);
+    }
+
+    #[test]
+    fn a_folder_below_the_datasets_own_is_part_of_its_samples_names() {
+        // Partitions of the same size and file names: another partition is another dataset.
+        let partitioned = |years: [&str; 2]| {
+            let mut set = Named::new("/data/sales", 100);
+            for (i, name) in set.names.iter_mut().enumerate() {
+                *name = format!("year={}/part-{}.parquet:row {}", years[i / 50], 0, i % 50);
+            }
+            set
+        };
+        let before = partitioned(["2022", "2023"]);
+        assert_ne!(of(&before), of(&partitioned(["2023", "2024"])));
+        // Moved whole, it is the same.
+        let mut moved = partitioned(["2022", "2023"]);
+        moved.folder = "s3://bucket/copy";
+        assert_eq!(of(&before), of(&moved));
     }
 
     #[test]
@@ -143,6 +193,6 @@ mod tests {
     fn the_fingerprint_is_stable_across_builds() {
         // The value a state saved today carries: a change of the rule must change VERSION.
         let base = Named::new("/data", 20);
-        assert_eq!(of(&base), "v2:2026159b18b46de0a76e8348fa323417");
+        assert_eq!(of(&base), "v3:2026159b18b46de0a76e8348fa323417");
     }
 }

@@ -344,6 +344,7 @@ class Loader(FromDataset, SavedState):
             text_column=self._text_column, split=source_split, label_column=label_column,
         )
         self._mix, self._ops, self._source = chosen.mix, chosen.ops, chosen.label
+        self._reading = chosen.reading()
         placement = placement.resolve(self._torch)
         self._decode = placement.decode
         self._settings = replace(

@@ -32,7 +32,7 @@ SPEC_KEYS: Final = (
 )
 # Compared when the state has it (states saved before it was added lack it): a sharded
 # source's order depends on its shuffle window.
-OPTIONAL_SPEC_KEYS: Final = ("shuffle_window",)
+OPTIONAL_SPEC_KEYS: Final = ("shuffle_window", "source", "reading")
 
 
 @dataclass(frozen=True)
@@ -269,7 +269,7 @@ def check_state(state: Any, ours: Mapping[str, Any]) -> None:
 
 
 def _version(fingerprint: str) -> str:
-    """The rule a dataset fingerprint was made by (its prefix, ``v2``)."""
+    """The rule a dataset fingerprint was made by (its prefix, ``v3``)."""
     return fingerprint.partition(":")[0]
 
 

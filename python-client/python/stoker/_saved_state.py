@@ -36,6 +36,9 @@ class SavedState:
     _num_samples: int
     _dataset_fingerprint: str | None
     _shuffle_window: int
+    # What decides a batch's bytes besides the plan (pipeline, columns, format, split): a
+    # digest for Stoker's own sources; None under from_dataset (the Python code decides).
+    _reading: str | None = None
     _native: NativeLoader | None
     _fork: ForkGuard
     _closed: bool
@@ -58,6 +61,10 @@ class SavedState:
             "world_size": settings.world_size, "shuffle": settings.shuffle,
             "drop_last": settings.drop_last, "shuffle_window": self._shuffle_window,
         }
+        # Which kind of loader saved it: its positions mean nothing to the other kind.
+        state["source"] = "python dataset" if self._side is not None else "stoker source"
+        if self._reading is not None:
+            state["reading"] = self._reading
         if self._mix is not None:
             state["mix"] = self._mix.fingerprint()
         if self._side is not None:
@@ -93,7 +100,7 @@ class SavedState:
         A loader over Stoker's own formats saves its datasets' fingerprint (in-process, or as a
         coordinator's workers report it; not under ``from_dataset``): ``state["dataset"]``, the
         sample count, class names, and the names and labels of 4,096 samples spread over each
-        dataset, names without their folder. So a state saved over another dataset of the same
+        dataset, named below the folder they all share. So a state saved over another dataset of the same
         size is refused; the dataset may move to another folder, machine or bucket. A file
         changed in place under the same name is not seen. Delete the key to resume over a
         dataset changed on purpose.

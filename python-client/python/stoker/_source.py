@@ -5,6 +5,8 @@ tail, and the :class:`~stoker._settings.SourceSettings` the native loader opens 
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -40,6 +42,23 @@ class ChosenSource:
     text_column: str
     split: str
     label_column: str = ""
+
+    def reading(self) -> str:
+        """What decides the bytes of a batch besides the plan, as a short digest a saved state
+        carries: the pipeline, format, text and label columns and split (a mix's, each
+        source's; not where the files lie, which the dataset's fingerprint covers)."""
+        what: dict[str, Any] = {
+            "ops": [op.to_dict() for op in self.ops], "format": self.format,
+            "text_column": self.text_column, "label_column": self.label_column,
+            "split": self.split,
+        }
+        if self.native_mix is not None:
+            what["sources"] = [
+                [ops, source_format, text_column, split]
+                for _, ops, _, source_format, text_column, _, split in self.native_mix.entries
+            ]
+        text = json.dumps(what, sort_keys=True, default=str)
+        return "sha256:" + hashlib.sha256(text.encode()).hexdigest()[:32]
 
     def settings(self, **rest: Any) -> SourceSettings:
         """The native loader's settings of this source; ``rest`` are the fields the source

@@ -714,7 +714,7 @@ fn a_reopened_job_over_renamed_files_of_the_same_count_is_refused() -> TestResul
     let loader = remote_epoch_by_epoch(&network, spec(data.path()))?;
     let fingerprint = loader.info().dataset_fingerprint.clone();
     assert!(
-        fingerprint.as_deref().is_some_and(|f| f.starts_with("v2:")),
+        fingerprint.as_deref().is_some_and(|f| f.starts_with("v3:")),
         "{fingerprint:?}: the workers' fingerprint reaches the client"
     );
     for batch in loader.epoch(0, 0)? {
