@@ -15,7 +15,7 @@
 //! the coordinator's cost per assignment is mostly the updates it takes. [`Hold`] is public as
 //! `stoker_loader::session_updates` so `stoker bench coordinator-grpc` simulates clients that
 //! hold their updates as the loader does. The session's last update and its close are
-//! [`close_session`]'s.
+//! `close_session`'s.
 
 use std::future::Future;
 use std::pin::Pin;
