@@ -203,6 +203,16 @@ async fn open(
     credits: u64,
 ) -> Result<(u64, SessionToken), Box<dyn std::error::Error>> {
     let job = register_job(client).await?;
+    let session = open_again(client, job).await?;
+    update(client, session, credits, Vec::new()).await?;
+    Ok((job, session))
+}
+
+/// Rank 0's session of `job`, epoch 0, opened (again) from its start.
+async fn open_again(
+    client: &mut CoordinatorClient<RpcChannel>,
+    job: u64,
+) -> Result<SessionToken, Box<dyn std::error::Error>> {
     let session = client
         .open_session(OpenSessionRequest {
             job_id: job,
@@ -215,8 +225,7 @@ async fn open(
         .into_inner()
         .session
         .ok_or("a session without a token")?;
-    update(client, session, credits, Vec::new()).await?;
-    Ok((job, session))
+    Ok(session)
 }
 
 async fn update(
@@ -428,18 +437,7 @@ async fn an_update_or_close_of_an_earlier_opening_is_refused() -> TestResult {
     let mut client = coordinator(&fixture.network, None);
     let worker = register_worker(&mut client).await?;
     let (job, first) = open(&mut client, 0).await?;
-    let again = client
-        .open_session(OpenSessionRequest {
-            job_id: job,
-            rank: 0,
-            epoch: 0,
-            start_step: 0,
-            resume_from_journal: false,
-        })
-        .await?
-        .into_inner()
-        .session
-        .ok_or("a session without a token")?;
+    let again = open_again(&mut client, job).await?;
     assert_eq!(again.session_id, first.session_id);
     assert_ne!(again.opening, first.opening);
     let stale = update(&mut client, first, 4, vec![0, 1]).await.unwrap_err();

@@ -222,7 +222,17 @@ fn decode_with(
     target: (u32, u32),
     dct: bool,
 ) -> DecodedImage {
-    let header = read_header(bytes, DEFAULT_MAX_PIXELS).unwrap();
+    try_decode(bytes, region, target, dct).unwrap()
+}
+
+/// [`decode_with`], its refusal returned.
+fn try_decode(
+    bytes: &[u8],
+    region: Option<CropWindow>,
+    target: (u32, u32),
+    dct: bool,
+) -> Result<DecodedImage, stoker_pipeline::SampleError> {
+    let header = read_header(bytes, DEFAULT_MAX_PIXELS)?;
     let mut out = DecodedImage::default();
     decode(
         bytes,
@@ -234,9 +244,8 @@ fn decode_with(
             max_pixels: DEFAULT_MAX_PIXELS,
         },
         &mut out,
-    )
-    .unwrap();
-    out
+    )?;
+    Ok(out)
 }
 
 #[test]
@@ -273,20 +282,10 @@ fn jpeg_warnings_that_leave_the_pixels_whole_are_passed_and_damage_is_not() {
     // Damaged scan data is still refused: the middle of the scan cut out.
     let mut damaged = bytes[..bytes.len() / 2].to_vec();
     damaged.extend_from_slice(&bytes[bytes.len() * 3 / 4..]);
-    let header = read_header(&damaged, DEFAULT_MAX_PIXELS).unwrap();
-    let mut out = DecodedImage::default();
-    let refused = decode(
-        &damaged,
-        &header,
-        &DecodeRequest {
-            region: None,
-            target: (w, h),
-            allow_dct_scaling: false,
-            max_pixels: DEFAULT_MAX_PIXELS,
-        },
-        &mut out,
+    assert!(
+        try_decode(&damaged, None, (w, h), false).is_err(),
+        "a cut scan decoded"
     );
-    assert!(refused.is_err(), "a cut scan decoded");
 }
 
 /// A 24-bit BMP of `pixels` (RGB rows), its rows stored top down when `top_down` (a negative

@@ -100,8 +100,11 @@ class SavedState:
         A loader over Stoker's own formats saves its datasets' fingerprint (in-process, or as a
         coordinator's workers report it; not under ``from_dataset``): ``state["dataset"]``, the
         sample count, class names, and the names and labels of 4,096 samples spread over each
-        dataset, named below the folder they all share. So a state saved over another dataset of the same
-        size is refused; the dataset may move to another folder, machine or bucket. A file
+        dataset, named below the folder they all share. So a state saved over another dataset
+        of the same size is refused; the dataset may move to another folder, machine or
+        bucket. It also carries what decides the batches' bytes besides the plan (a digest of
+        the pipeline, format, columns and split) and whether a Python dataset's loader saved
+        it: a state of another pipeline or kind of loader is refused. A file
         changed in place under the same name is not seen. Delete the key to resume over a
         dataset changed on purpose.
 
