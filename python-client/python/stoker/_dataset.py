@@ -42,7 +42,7 @@ from stoker._arguments import (
     is_int,
     resolve_output,
 )
-from stoker._dataset_workers import ProcessBuilder, start_context
+from stoker._dataset_workers import ProcessBuilder
 from stoker._placement import Placement
 from stoker._samples import (
     NO_LAYOUT,
@@ -56,6 +56,7 @@ from stoker._samples import (
     sample_seed,
 )
 from stoker._settings import DatasetSettings, LoaderSettings, checked_settings
+from stoker._start_method import start_context
 from stoker.errors import DatasetError
 from stoker.ops import Op, check_pipeline
 
