@@ -325,7 +325,9 @@ impl EpochStream {
     /// has not (or at the end of the epoch). For a consumer that starts work on the next
     /// batch early (the device stage copies it while the GPU runs the current step).
     pub fn try_next_batch(&mut self) -> Result<Option<Batch>> {
-        if self.next_step >= self.steps {
+        // An error already seen waits for `next_batch`: asking the feed again would get its
+        // "stopped" in the error's place.
+        if self.next_step >= self.steps || self.pending.is_some() {
             return Ok(None);
         }
         let step = self.next_step;
@@ -549,6 +551,8 @@ mod tests {
         };
         let loader = Loader::with_source(Box::new(source), LoaderOptions::default())?;
         let mut stream = loader.epoch(0, 0)?;
+        assert!(stream.try_next_batch()?.is_none());
+        // Asked again before the wait: the error seen first is kept.
         assert!(stream.try_next_batch()?.is_none());
         let Err(error) = stream.next_batch() else {
             panic!("the feed's error was lost");
