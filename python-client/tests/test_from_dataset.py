@@ -235,10 +235,13 @@ def test_resume_on_another_world_size_follows_the_native_loader(tmp_path, mode) 
                 next(it)
                 seen.extend(it.sample_indices)
             states.append(old.state_dict())
+    # The native loader reads the same positions (a state of the other kind of loader, which
+    # its "source" refuses unless left out, as here, where it is the reference order).
+    as_native = [{k: v for k, v in state.items() if k != "source"} for state in states]
     for rank in range(3):
         with wrapped(rank, 3) as new, native(rank, 3) as reference:
             new.load_state_dict(states)
-            reference.load_state_dict(states)
+            reference.load_state_dict(as_native)
             order, batches = epoch_of(new)
             assert order == epoch_of(reference)[0]
             seen.extend(i for step in order for i in step)

@@ -140,6 +140,41 @@ def test_a_mixed_epoch_resumes_exactly(token_files: tuple[Path, Path]) -> None:
         mixed.load_state_dict(plain)
 
 
+def test_a_mix_of_moved_files_resumes_and_a_source_of_another_size_is_named(
+    token_files: tuple[Path, Path], tmp_path: Path
+) -> None:
+    """The same files in another folder are the same mix (the dataset fingerprint compares
+    what they hold); a source that changed size is refused saying so, not as other
+    settings."""
+    import shutil
+
+    a, b = token_files
+    windows = [ops.TokenWindows(SEQ_LEN)]
+
+    def mixed(x: Path, y: Path) -> stoker.Loader:
+        return stoker.mix({x: 3, y: 1}, pipeline=windows, batch_size=64, output="numpy",
+                          seed=1)
+
+    with mixed(a, b) as loader:
+        it = iter(loader)
+        next(it), next(it)
+        state = loader.state_dict()
+        rest = [np.array(batch["tokens"]) for batch in it]
+    moved = tmp_path / "moved"
+    moved.mkdir()
+    x, y = shutil.copy(a, moved), shutil.copy(b, moved)
+    with mixed(Path(x), Path(y)) as loader:
+        loader.load_state_dict(state)
+        again = [np.array(batch["tokens"]) for batch in loader]
+    assert len(again) == len(rest)
+    for one, two in zip(rest, again, strict=True):
+        np.testing.assert_array_equal(one, two)
+    with open(x, "ab") as grown:
+        grown.write(np.zeros(SEQ_LEN * 50, dtype="<u2").tobytes())
+    with mixed(Path(x), Path(y)) as loader, pytest.raises(ValueError, match="changed size"):
+        loader.load_state_dict(state)
+
+
 def test_a_mixed_epoch_resumes_on_another_world_size(token_files: tuple[Path, Path]) -> None:
     with token_mix(token_files, batch_size=100) as single:
         whole = Counter(rows(single))

@@ -9,6 +9,7 @@ several ranks' states into the position they resume.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Final
@@ -244,10 +245,21 @@ def check_state(state: Any, ours: Mapping[str, Any]) -> None:
             f"state version {state['version']!r} is not supported "
             f"(this build reads {STATE_VERSION})"
         )
-    mismatched = [
-        f"{key}: saved {state.get(key)!r}, this loader {ours.get(key)!r}"
+    differing = [
+        key
         for key in (*SPEC_KEYS, "mix", *(k for k in OPTIONAL_SPEC_KEYS if k in state))
         if _normalised(state.get(key), key) != _normalised(ours.get(key), key)
+    ]
+    if differing == ["num_samples"]:
+        # No setting differs: the dataset changed size.
+        raise ValueError(
+            f"state was saved over {state.get('num_samples')!r} samples and the dataset now "
+            f"has {ours.get('num_samples')!r} (num_samples): its positions would name other "
+            "samples, some read twice and some never (a dataset that changed size cannot be "
+            "resumed over; start its epoch again)"
+        )
+    mismatched = [
+        f"{key}: saved {state.get(key)!r}, this loader {ours.get(key)!r}" for key in differing
     ]
     if mismatched:
         raise ValueError(
@@ -275,7 +287,9 @@ def _version(fingerprint: str) -> str:
 
 def _normalised(value: Any, key: str) -> Any:
     """``value`` as compared: a mix's weights divided by their sum (the mix normalises them,
-    so {a: 1, b: 1} is {a: 0.5, b: 0.5}), rounded off past 12 digits."""
+    so {a: 1, b: 1} is {a: 0.5, b: 0.5}), rounded off past 12 digits, and its sources named
+    by their last path component (the same files elsewhere, or named by a relative path, are
+    the same mix: what they hold is the dataset fingerprint's to compare)."""
     if key != "mix" or not isinstance(value, Mapping):
         return value
     sources = value.get("sources")
@@ -283,10 +297,20 @@ def _normalised(value: Any, key: str) -> Any:
         return value  # not a mix this build saved: compared as it is
     try:
         total = sum(float(weight) for _, weight in sources)
-        named = [[name, round(float(weight) / total, 12)] for name, weight in sources]
+        named = [[_last_parts(name), round(float(weight) / total, 12)]
+                 for name, weight in sources]
     except (TypeError, ValueError, ZeroDivisionError):
         return value
     return {**value, "sources": named}
+
+
+def _last_parts(name: Any) -> Any:
+    """A mix source's name with each of its comma-separated paths cut to its last component."""
+    if not isinstance(name, str):
+        return name
+    return ",".join(
+        os.path.basename(os.path.normpath(part)) or part for part in name.split(",")
+    )
 
 
 def read_states(
