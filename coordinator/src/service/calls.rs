@@ -306,10 +306,10 @@ impl coordinator_server::Coordinator for CoordinatorService {
         &self,
         request: Request<CloseSessionRequest>,
     ) -> Result<Response<CloseSessionResponse>, Status> {
-        let token = request.into_inner().session;
-        let id = self.check_token(token.as_ref())?;
+        let token = self.check_token(request.into_inner().session.as_ref())?;
+        let id = token.session_id;
         let mut state = lock(&self.state);
-        Self::check_opening(&state.core, token.as_ref())?;
+        Self::check_opening(&state.core, &token)?;
         state.sessions.remove(&id);
         state
             .core
@@ -427,10 +427,11 @@ impl CoordinatorService {
         request: &SessionUpdateRequest,
         known: u64,
     ) -> Result<SessionUpdateResponse, Status> {
-        let id = self.check_token(request.session.as_ref())?;
+        let token = self.check_token(request.session.as_ref())?;
+        let id = token.session_id;
         let session = SessionId(id);
         let mut state = lock(&self.state);
-        Self::check_opening(&state.core, request.session.as_ref())?;
+        Self::check_opening(&state.core, &token)?;
         for step in &request.acknowledged {
             state
                 .core

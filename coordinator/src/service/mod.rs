@@ -372,7 +372,7 @@ impl CoordinatorService {
         result
     }
 
-    fn check_token(&self, token: Option<&SessionToken>) -> Result<u64, Status> {
+    fn check_token(&self, token: Option<&SessionToken>) -> Result<SessionToken, Status> {
         let token = token.ok_or_else(|| Status::invalid_argument("session token is missing"))?;
         if token.incarnation != self.incarnation {
             return Err(Status::failed_precondition(format!(
@@ -380,16 +380,13 @@ impl CoordinatorService {
                 token.session_id
             )));
         }
-        Ok(token.session_id)
+        Ok(*token)
     }
 
-    /// Refuses `token` when its session was opened again since (a late update or close of
-    /// an earlier opening, whose credits, acknowledgements or close are not the current
-    /// client's).
-    fn check_opening(core: &Coordinator, token: Option<&SessionToken>) -> Result<(), Status> {
-        let Some(token) = token else {
-            return Err(Status::invalid_argument("session token is missing"));
-        };
+    /// Refuses `token` (one [`check_token`](Self::check_token) passed) when its session was
+    /// opened again since (a late update or close of an earlier opening, whose credits,
+    /// acknowledgements or close are not the current client's).
+    fn check_opening(core: &Coordinator, token: &SessionToken) -> Result<(), Status> {
         let current = core
             .session_opening(SessionId(token.session_id))
             .map_err(coordinator_status)?;

@@ -57,6 +57,11 @@ impl Held {
         })
     }
 
+    /// Whether `epoch` is the one resumed on another world size (its own loader builds it).
+    fn is_resumed(&self, epoch: u64) -> bool {
+        matches!(&self.resumed, Some((resumed, _)) if *resumed == epoch)
+    }
+
     /// Steps of `epoch` for this rank (0 for a resumed epoch with nothing left).
     pub(super) fn steps_in(&self, epoch: u64) -> PyResult<u64> {
         if self.resumed_empty == Some(epoch) {
@@ -71,8 +76,7 @@ impl Held {
     /// nothing left is forgotten once a later one starts.
     pub(super) fn start_of(&mut self, epoch: u64, step: u64) -> PyResult<(Arc<Loader>, u64)> {
         let loader = Arc::clone(self.loader_of(epoch)?);
-        let resumed = matches!(&self.resumed, Some((resumed, _)) if *resumed == epoch);
-        self.chart(resumed, &loader);
+        self.chart(self.is_resumed(epoch), &loader);
         let empty = self.resumed_empty == Some(epoch);
         self.resumed_empty = self.resumed_empty.filter(|&empty| empty >= epoch);
         let step = if empty {
