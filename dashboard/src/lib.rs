@@ -19,6 +19,7 @@
 //! HTTPS.
 
 mod access;
+mod connections;
 mod figures;
 mod metrics;
 mod routes;
@@ -35,6 +36,7 @@ use stoker_rpc::security::{ServerConnection, ServerSecurity};
 
 use access::Gate;
 pub use access::{DashboardAccess, COOKIE_LIFETIME};
+use connections::{serve_within, ConnectionLimits};
 pub use figures::{
     ChangeReason, ControllerSnapshot, GpuDecodeFigures, LoaderMonitor, LoaderStats,
     MonitorSnapshot, MonitorSource,
@@ -267,8 +269,8 @@ impl std::fmt::Debug for Dashboard {
     }
 }
 
-/// Serves requests and samples the jobs until `stop` fires. Open connections are dropped with
-/// the runtime rather than drained: a browser's keep-alive connection would otherwise hold the
+/// Serves requests (within the `connections` module's bounds) and samples the jobs until
+/// `stop` fires. Open connections are dropped with the runtime rather than drained: a browser's keep-alive connection would otherwise hold the
 /// shutdown for as long as the tab stays open.
 async fn serve(
     listener: TcpListener,
@@ -289,16 +291,14 @@ async fn serve(
         access::guard,
     ));
     let sampler = sample_forever(registry);
+    let limits = ConnectionLimits::DASHBOARD;
     let server = async move {
-        let served = match tls {
+        match tls {
             Some(tls) => match TlsListener::new(listener, &tls) {
-                Ok(listener) => axum::serve(listener, app).await,
-                Err(error) => Err(error),
+                Ok(listener) => serve_within(listener, app, limits).await,
+                Err(error) => tracing::error!(%error, "dashboard cannot serve TLS"),
             },
-            None => axum::serve(listener, app).await,
-        };
-        if let Err(error) = served {
-            tracing::error!(%error, "dashboard server stopped");
+            None => serve_within(listener, app, limits).await,
         }
     };
     tokio::select! {

@@ -1,0 +1,157 @@
+//! The dashboard's connections, plain or TLS, served one task each with two bounds a process
+//! that also trains needs: how many it holds at once, and how long a client may take to send
+//! a request's head (idle keep-alive time included). Without them a client that opens
+//! connections and sends nothing, or a byte a minute, holds a file descriptor each for as long
+//! as it likes, until the training process runs out of them.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::serve::Listener;
+use hyper_util::rt::{TokioIo, TokioTimer};
+use hyper_util::service::TowerToHyperService;
+use tokio::sync::Semaphore;
+
+/// The bounds on the connections the dashboard holds.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct ConnectionLimits {
+    /// Connections held at once; a further one is accepted once one of these ends.
+    pub(crate) most: usize,
+    /// How long a connection may take to send a request's head, counted from when the server
+    /// starts reading it (so also the longest a kept-alive connection may sit idle).
+    pub(crate) head_within: Duration,
+}
+
+impl ConnectionLimits {
+    /// The dashboard's: a page polls once a second on one or two connections, so 128 is room
+    /// for many tabs and scrapers; 20 s is far above the time a browser on a slow link takes.
+    pub(crate) const DASHBOARD: ConnectionLimits = ConnectionLimits {
+        most: 128,
+        head_within: Duration::from_secs(20),
+    };
+}
+
+/// Serves `app` on each connection `listener` accepts, within `limits`, until the future is
+/// dropped (the tasks it spawned end with the runtime).
+pub(crate) async fn serve_within<L>(mut listener: L, app: axum::Router, limits: ConnectionLimits)
+where
+    L: Listener,
+{
+    let held = Arc::new(Semaphore::new(limits.most));
+    loop {
+        // Not closed while this holds it; were it, nothing more is served.
+        let Ok(permit) = Arc::clone(&held).acquire_owned().await else {
+            return;
+        };
+        let (io, _) = listener.accept().await;
+        let service = TowerToHyperService::new(app.clone());
+        tokio::spawn(async move {
+            let mut builder = hyper::server::conn::http1::Builder::new();
+            builder
+                .timer(TokioTimer::new())
+                .header_read_timeout(limits.head_within);
+            if let Err(error) = builder.serve_connection(TokioIo::new(io), service).await {
+                tracing::debug!(%error, "dashboard connection ended");
+            }
+            drop(permit);
+        });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::io::{Read, Write};
+    use std::net::{SocketAddr, TcpStream};
+    use std::time::Instant;
+
+    use super::*;
+
+    /// Serves a one-route app within `limits` on a thread of its own; the address it listens on.
+    fn start(limits: ConnectionLimits) -> SocketAddr {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let address = listener.local_addr().unwrap();
+        listener.set_nonblocking(true).unwrap();
+        std::thread::spawn(move || {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap();
+            runtime.block_on(async move {
+                let listener = tokio::net::TcpListener::from_std(listener).unwrap();
+                let app = axum::Router::new().route("/", axum::routing::get(|| async { "up" }));
+                serve_within(listener, app, limits).await;
+            });
+        });
+        address
+    }
+
+    fn get(address: SocketAddr) -> String {
+        let mut stream = TcpStream::connect(address).unwrap();
+        stream
+            .set_read_timeout(Some(Duration::from_secs(10)))
+            .unwrap();
+        stream
+            .write_all(b"GET / HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n")
+            .unwrap();
+        let mut answer = String::new();
+        stream.read_to_string(&mut answer).unwrap();
+        answer
+    }
+
+    /// Reads until the server closes `stream`; how long that took.
+    fn closed_after(mut stream: TcpStream) -> Duration {
+        stream
+            .set_read_timeout(Some(Duration::from_secs(10)))
+            .unwrap();
+        let started = Instant::now();
+        let mut rest = Vec::new();
+        // A timeout here is an error, which the caller's bound on the duration catches.
+        let _ = stream.read_to_end(&mut rest);
+        started.elapsed()
+    }
+
+    #[test]
+    fn a_client_that_never_finishes_its_head_is_cut_off() {
+        let address = start(ConnectionLimits {
+            most: 8,
+            head_within: Duration::from_millis(300),
+        });
+        assert!(get(address).ends_with("up"));
+        let mut slow = TcpStream::connect(address).unwrap();
+        slow.write_all(b"GET / HTTP/1.1\r\nHost: 127").unwrap();
+        let waited = closed_after(slow);
+        assert!(
+            waited < Duration::from_secs(5),
+            "a half-sent head was held {waited:?}"
+        );
+        // Idle (a kept-alive connection that never asks again) is cut the same way.
+        let idle = TcpStream::connect(address).unwrap();
+        let waited = closed_after(idle);
+        assert!(
+            waited < Duration::from_secs(5),
+            "an idle connection was held {waited:?}"
+        );
+    }
+
+    #[test]
+    fn connections_past_the_most_wait_for_one_to_end() {
+        let address = start(ConnectionLimits {
+            most: 2,
+            head_within: Duration::from_millis(500),
+        });
+        let held: Vec<TcpStream> = (0..2)
+            .map(|_| TcpStream::connect(address).unwrap())
+            .collect();
+        std::thread::sleep(Duration::from_millis(100));
+        // The third is queued by the kernel, not served, until a held one is cut off: its answer
+        // comes only after the head timeout has ended one of the two.
+        let started = Instant::now();
+        assert!(get(address).ends_with("up"));
+        assert!(
+            started.elapsed() >= Duration::from_millis(300),
+            "served at once past the limit: {:?}",
+            started.elapsed()
+        );
+        drop(held);
+    }
+}
