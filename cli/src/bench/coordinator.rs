@@ -4,6 +4,10 @@
 //! whole life cycle (lease, completion, acknowledgement, credit, journal). Only coordinator
 //! calls run in the timed loop; the clock is simulated (1 ms per round of all workers).
 //!
+//! Then every rank turns to the next epoch, three times (its session closed, the next epoch's
+//! opened, which drops the positions of the epochs two behind): the time one turn of all ranks
+//! takes, what the coordinator pays at each epoch boundary.
+//!
 //! Memory is given twice: the coordinator's own estimate from its data structures' capacities,
 //! and the change of this process's resident set (from `/proc/self/statm`) across setup and run.
 
@@ -65,7 +69,12 @@ struct CoordinatorReport {
     memory_bytes_per_rank: f64,
     rss_delta_bytes: u64,
     setup_s: f64,
+    /// One turn of every rank to its next epoch (close, open), averaged over the turns.
+    epoch_turn_s: f64,
 }
+
+/// Epoch turns of every rank timed after the run.
+const EPOCH_TURNS: u64 = 3;
 
 /// Resident set of this process now, in bytes (0 where `/proc` is missing).
 fn current_rss_bytes() -> u64 {
@@ -113,6 +122,7 @@ pub fn run(args: &CoordinatorBench) -> Result<()> {
     let t0 = Instant::now();
     let jobs = args.ranks.div_ceil(args.ranks_per_job);
     let mut sessions = Vec::with_capacity(args.ranks as usize);
+    let mut ranks = Vec::with_capacity(args.ranks as usize);
     for j in 0..jobs {
         let world_size = args.ranks_per_job.min(args.ranks - j * args.ranks_per_job);
         let spec = JobSpec {
@@ -126,6 +136,7 @@ pub fn run(args: &CoordinatorBench) -> Result<()> {
             let session = coordinator.core.open_session(job, rank, 0, Step(0))?;
             coordinator.core.grant_credits(session, args.credits)?;
             sessions.push(session);
+            ranks.push((job, rank));
         }
     }
     let workers: Vec<_> = (0..args.workers)
@@ -168,6 +179,15 @@ pub fn run(args: &CoordinatorBench) -> Result<()> {
     if stats.duplicates_dropped != 0 || stats.leased_tasks != 0 {
         return Err(Error::Failed(format!("bookkeeping is off: {stats:?}")));
     }
+    let turns_start = Instant::now();
+    for epoch in 1..=EPOCH_TURNS {
+        for (session, &(job, rank)) in sessions.iter_mut().zip(&ranks) {
+            coordinator.core.close_session(*session)?;
+            *session = coordinator.core.open_session(job, rank, epoch, Step(0))?;
+        }
+    }
+    coordinator.flush()?;
+    let epoch_turn_s = turns_start.elapsed().as_secs_f64() / EPOCH_TURNS as f64;
 
     let wall_s = wall.as_secs_f64();
     let report = CoordinatorReport {
@@ -185,6 +205,7 @@ pub fn run(args: &CoordinatorBench) -> Result<()> {
         memory_bytes_per_rank: stats.memory_bytes as f64 / f64::from(args.ranks),
         rss_delta_bytes: rss_delta,
         setup_s,
+        epoch_turn_s,
     };
     let journal = if args.no_journal {
         "none".to_string()
@@ -205,6 +226,10 @@ pub fn run(args: &CoordinatorBench) -> Result<()> {
     println!(
         "lease calls alone: {:.0} assignments/s; {} journal commits; setup {:.2} s",
         report.lease_only_assignments_per_s, report.journal_commits, setup_s
+    );
+    println!(
+        "epoch boundary: every rank's session closed and the next epoch's opened in {:.1} ms (mean of {EPOCH_TURNS} turns, journal written)",
+        epoch_turn_s * 1e3
     );
     println!(
         "memory: {:.1} MiB estimated from the coordinator's data structures ({:.0} bytes per rank); {:.1} MiB process RSS growth over setup and run",

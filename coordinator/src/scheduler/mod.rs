@@ -143,8 +143,8 @@ pub struct Coordinator {
     next_session: u32,
     session_index: FastMap<PositionKey, u32>,
     /// Acknowledged positions of (job, rank, epoch)s without a session (from the journal, or
-    /// closed), consulted when one opens.
-    resume_positions: HashMap<PositionKey, u64>,
+    /// closed), consulted when one opens; in key order, so a rank's epochs are one range.
+    resume_positions: BTreeMap<PositionKey, u64>,
     /// Positions changed and not yet written (each stays until a write of its value lands).
     dirty_positions: FastMap<PositionKey, u64>,
     /// Positions dropped and not yet deleted from the journal, in the order dropped.
@@ -236,7 +236,7 @@ impl Coordinator {
             sessions: FastMap::default(),
             next_session: 0,
             session_index: FastMap::default(),
-            resume_positions: HashMap::new(),
+            resume_positions: BTreeMap::new(),
             dirty_positions: FastMap::default(),
             pruned_positions: Vec::new(),
             pruned_written: 0,
@@ -270,7 +270,7 @@ impl Coordinator {
             coordinator.insert_job(id, spec, encoding, job.steps_per_epoch);
         }
         coordinator.next_job = coordinator.first_free_job_id();
-        coordinator.resume_positions = contents.positions;
+        coordinator.resume_positions = contents.positions.into_iter().collect();
         // Capped by this run's limit, which may be lower than the one they were given under.
         let cap = coordinator.weight_cap();
         for (job, weight) in contents.weights {
@@ -317,10 +317,8 @@ impl Coordinator {
                 self.session_index.capacity(),
                 size_of::<(PositionKey, u32)>(),
             )
-            + map(
-                self.resume_positions.capacity(),
-                size_of::<(PositionKey, u64)>(),
-            )
+            // A B-tree's nodes: about the entries' size again in keys, values and slack.
+            + self.resume_positions.len() * 2 * size_of::<(PositionKey, u64)>()
             + map(
                 self.dirty_positions.capacity(),
                 size_of::<(PositionKey, u64)>(),
