@@ -95,13 +95,16 @@ def test_token_batches_do_not_depend_on_threads(token_file: Path) -> None:
 
 
 def test_uint32_ids_under_a_uint16_name_are_refused_not_read_as_pairs(tmp_path: Path) -> None:
-    """A Llama-3-sized vocabulary written as uint32 under a plain ``.bin`` name would be read
-    as uint16, each id followed by a 0: refused by name; named ``*.u32.bin`` it is read."""
-    ids = (np.arange(100 * SEQ_LEN + 1) * 7919 % 128_256).astype("<u4")
+    """Llama 3's, Qwen's or Gemma's vocabulary written as uint32 under a plain ``.bin`` name
+    would be read as uint16, each id's halves two tokens: refused by name; named
+    ``*.u32.bin`` it is read."""
     plain = tmp_path / "train.bin"
-    ids.tofile(plain)
-    with pytest.raises(ValueError, match=r"holds uint32 ids.*\*\.u32\.bin"):
-        load(plain, [ops.TokenWindows(SEQ_LEN)])
+    for vocabulary in (128_256, 151_646, 256_000):
+        wide = (np.arange(100 * SEQ_LEN + 1) * 7919 % vocabulary).astype("<u4")
+        wide.tofile(plain)
+        with pytest.raises(ValueError, match=r"holds uint32 ids.*\*\.u32\.bin"):
+            load(plain, [ops.TokenWindows(SEQ_LEN)])
+    ids = (np.arange(100 * SEQ_LEN + 1) * 7919 % 151_646).astype("<u4")
     named = tmp_path / "train.u32.bin"
     ids.tofile(named)
     first = load(named, [ops.TokenWindows(SEQ_LEN)], shuffle=False)[0]["tokens"]

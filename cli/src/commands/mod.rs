@@ -270,10 +270,15 @@ impl JobArgs {
     }
 }
 
-/// Whether `data` is read as token windows: a token file, or a Megatron corpus named by its
-/// `.bin` or `.idx` ([`is_megatron_corpus`]).
+/// Whether `data` is read as token windows: a token file, a Megatron corpus named by its
+/// `.bin` or `.idx` ([`is_megatron_corpus`]), or an `s3://` object named `*.bin` (not looked
+/// at here: the pipeline opens it).
 fn is_tokens(data: &std::path::Path) -> bool {
-    is_megatron_corpus(data) || stoker_datasets::looks_like_token_file(data)
+    let remote_bin = data.to_string_lossy().starts_with("s3://")
+        && data
+            .extension()
+            .is_some_and(|extension| extension.eq_ignore_ascii_case("bin"));
+    remote_bin || is_megatron_corpus(data) || stoker_datasets::looks_like_token_file(data)
 }
 
 /// Whether `path` names a Megatron corpus by its `.bin` or `.idx`, the other beside it.

@@ -281,7 +281,7 @@ fn copy_tree(from: &Path, to: &Path) {
 }
 
 #[test]
-fn image_folders_mds_and_jsonl_in_a_bucket_digest_as_their_local_copies() {
+fn image_folders_mds_jsonl_and_tokens_in_a_bucket_digest_as_their_local_copies() {
     let dir = tempfile::tempdir().unwrap();
     let server = S3Server::start(&dir.path().join("server"));
     let images = dir.path().join("images");
@@ -390,6 +390,29 @@ fn image_folders_mds_and_jsonl_in_a_bucket_digest_as_their_local_copies() {
     let local = local.lines().last().unwrap();
     assert_eq!(text("s3://data/docs"), local);
     assert_eq!(text("s3://data/docs/*.jsonl"), local);
+
+    // Qwen's ids written as uint32 under a plain `.bin` name: refused from the object's head,
+    // as a local file is; `--token-dtype uint32` reads it.
+    let ids: Vec<u8> = (0..4096u32)
+        .flat_map(|i| ((i * 7919) % 151_646).to_le_bytes())
+        .collect();
+    let tokens = server.bucket_dir("data").join("tokens");
+    std::fs::create_dir_all(&tokens).unwrap();
+    std::fs::write(tokens.join("train.bin"), ids).unwrap();
+    let windows = [
+        "digest",
+        "--data",
+        "s3://data/tokens/train.bin",
+        "--seq-len",
+        "64",
+    ];
+    let stderr = stoker_s3_refused(&server, &dir.path().join("cache"), &windows);
+    assert!(stderr.contains("holds uint32 ids"), "{stderr}");
+    stoker_s3(
+        &server,
+        &dir.path().join("cache"),
+        &[&windows[..], &["--token-dtype", "uint32"]].concat(),
+    );
 }
 
 #[test]

@@ -47,32 +47,40 @@ pub fn looks_like_token_file(path: &Path) -> bool {
             .is_some_and(|extension| extension.eq_ignore_ascii_case("bin"))
 }
 
-/// Tokens looked at by [`looks_like_uint32`]: the head of the file, 64 KiB.
-const DTYPE_PROBE_TOKENS: usize = 32 << 10;
+/// Bytes of a token file's head [`TokenFile::holds_uint32_ids`] looks at: 64 KiB.
+const DTYPE_PROBE_BYTES: u64 = 64 << 10;
 
-/// Whether the local token file `path`, about to be read as uint16, rather holds uint32 ids (a
-/// vocabulary past 65,536 written by another tool under a plain `*.bin` name): in its head every
-/// second 16-bit value (a uint32's high half, little-endian) is 0 or 1 while the others vary,
-/// which natural uint16 text never does. Read as uint16, such a file trains on ids interleaved
-/// with zeros. Looks at the first 64 KiB; a file too short to tell is taken as uint16.
-pub fn looks_like_uint32(path: &Path) -> Result<bool> {
-    use std::io::Read;
-    let file = File::open(path).map_err(|source| Error::io(path, source))?;
-    let mut head = Vec::with_capacity(DTYPE_PROBE_TOKENS * 2);
-    file.take((DTYPE_PROBE_TOKENS * 2) as u64)
-        .read_to_end(&mut head)
-        .map_err(|source| Error::io(path, source))?;
+/// Highest high half (a uint32's upper 16 bits) a uint32 id of a vocabulary in use has: ids
+/// below 1,048,576 (Llama 3's 128,256, Qwen's 151,646, Gemma's 256,000 and beyond).
+const UINT32_HIGH_HALF_MAX: u16 = 15;
+
+/// Whether `head`, little-endian 16-bit values, reads as uint32 ids: every second value (a
+/// uint32's high half) at most [`UINT32_HIGH_HALF_MAX`] while at least half the others are
+/// above it. Tokens of one vocabulary read as uint16 are alike at every position, so both never
+/// hold at once for them (a vocabulary of 16 ids fails the second); too short a head (under
+/// 256 pairs) is taken as uint16.
+fn head_reads_as_uint32(head: &[u8]) -> bool {
     let values: Vec<u16> = head
         .chunks_exact(2)
         .map(|pair| u16::from_le_bytes([pair[0], pair[1]]))
         .collect();
     let pairs = values.len() / 2;
     if pairs < 256 {
-        return Ok(false);
+        return false;
     }
-    let high_halves_small = values.iter().skip(1).step_by(2).all(|&high| high <= 1);
-    let low_halves_vary = values.iter().step_by(2).filter(|&&low| low > 1).count() * 2 >= pairs;
-    Ok(high_halves_small && low_halves_vary)
+    let high_halves_small = values
+        .iter()
+        .skip(1)
+        .step_by(2)
+        .all(|&high| high <= UINT32_HIGH_HALF_MAX);
+    let low_halves_vary = values
+        .iter()
+        .step_by(2)
+        .filter(|&&low| low > UINT32_HIGH_HALF_MAX)
+        .count()
+        * 2
+        >= pairs;
+    high_halves_small && low_halves_vary
 }
 
 /// A token array cut into windows of `seq_len + 1` tokens; one window is one sample. Reading
@@ -161,6 +169,21 @@ impl TokenFile {
         }
         self.document_starts = Some(starts.into());
         Ok(self)
+    }
+
+    /// Whether this file, opened as uint16 by its name, rather holds uint32 ids (a vocabulary
+    /// past 65,536 written by another tool under a plain `*.bin` name): its first 64 KiB,
+    /// read from the local map or the object, hold uint32 ids of under 1,048,576 (see
+    /// `head_reads_as_uint32`). Read as uint16, such a file trains on each id's halves as two
+    /// tokens. Always false for a file opened as uint32.
+    pub fn holds_uint32_ids(&self) -> Result<bool> {
+        if self.dtype != TokenDtype::Uint16 {
+            return Ok(false);
+        }
+        let head = self
+            .data
+            .read_range(0..self.data.len().min(DTYPE_PROBE_BYTES))?;
+        Ok(head_reads_as_uint32(&head))
     }
 
     /// The windows of `data`, checked.
@@ -422,26 +445,45 @@ impl TokenFile {
 mod tests {
     use super::*;
 
-    fn written(values: impl Iterator<Item = u8>) -> tempfile::NamedTempFile {
-        let mut file = tempfile::NamedTempFile::new().expect("a temporary file");
-        std::io::Write::write_all(&mut file, &values.collect::<Vec<u8>>()).expect("written");
-        file
+    /// `values`, little-endian 16-bit or 32-bit, as bytes.
+    fn bytes_of<T: Copy>(values: impl Iterator<Item = T>, le: fn(T) -> Vec<u8>) -> Vec<u8> {
+        values.flat_map(le).collect()
     }
 
     #[test]
     fn uint32_ids_under_a_uint16_name_are_told_apart() {
-        // Llama 3's ids (below 128,256) as uint32: high halves 0 or 1.
-        let ids = (0..4096u32).map(|i| (i * 7919) % 128_256);
-        let wide = written(ids.clone().flat_map(u32::to_le_bytes));
-        assert!(looks_like_uint32(wide.path()).expect("read"));
-        // The same ids below 65,536 as uint16: natural text, read as it is.
-        let narrow = written(
-            ids.map(|id| (id % 65_536) as u16)
-                .flat_map(u16::to_le_bytes),
-        );
-        assert!(!looks_like_uint32(narrow.path()).expect("read"));
-        // All zeros, and a file too short to tell: uint16.
-        assert!(!looks_like_uint32(written(std::iter::repeat_n(0, 8192)).path()).expect("read"));
-        assert!(!looks_like_uint32(written([5, 0, 0, 0].into_iter()).path()).expect("read"));
+        let wide = |vocabulary: u32| {
+            let ids = (0..4096u32).map(move |i| (i * 7919) % vocabulary);
+            bytes_of(ids, |id| id.to_le_bytes().to_vec())
+        };
+        // Llama 3 (128,256: high halves 0 or 1), Qwen (151,646) and Gemma (256,000: up to 3),
+        // and a million-id vocabulary (up to 15).
+        for vocabulary in [128_256, 151_646, 256_000, 1_048_576] {
+            assert!(head_reads_as_uint32(&wide(vocabulary)), "{vocabulary}");
+        }
+        // Ids below 65,536 as uint16: text, read as it is; so is a 16-id vocabulary.
+        let narrow = (0..8192u32).map(|i| ((i * 7919) % 65_536) as u16);
+        assert!(!head_reads_as_uint32(&bytes_of(narrow, |id| id
+            .to_le_bytes()
+            .to_vec())));
+        let tiny = (0..8192u16).map(|i| i % 16);
+        assert!(!head_reads_as_uint32(&bytes_of(tiny, |id| id
+            .to_le_bytes()
+            .to_vec())));
+        // All zeros, and a head too short to tell: uint16.
+        assert!(!head_reads_as_uint32(&[0; 8192]));
+        assert!(!head_reads_as_uint32(&[5, 0, 0, 0]));
+    }
+
+    #[test]
+    fn an_opened_file_reads_its_own_head() {
+        let mut file = tempfile::NamedTempFile::new().expect("a temporary file");
+        let ids = (0..4096u32).map(|i| (i * 7919) % 151_646);
+        std::io::Write::write_all(&mut file, &bytes_of(ids, |id| id.to_le_bytes().to_vec()))
+            .expect("written");
+        let as_uint16 = TokenFile::open(file.path(), TokenDtype::Uint16, 16).expect("opens");
+        assert!(as_uint16.holds_uint32_ids().expect("reads"));
+        let as_uint32 = TokenFile::open(file.path(), TokenDtype::Uint32, 16).expect("opens");
+        assert!(!as_uint32.holds_uint32_ids().expect("reads"));
     }
 }

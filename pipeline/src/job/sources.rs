@@ -291,28 +291,23 @@ fn open_token_file(
             open_megatron(path, token_dtype(dataset)?, seq_len).map_err(Error::OpenDataset)?;
         return with_documents(tokens, &index, ops);
     }
-    let dtype = match token_dtype(dataset)? {
-        Some(dtype) => dtype,
-        None => {
-            let dtype = TokenDtype::from_file_name(path);
-            // The name says uint16; ids of a larger vocabulary written as uint32 would train
-            // interleaved with zeros, silently.
-            if dtype == TokenDtype::Uint16
-                && stoker_datasets::looks_like_uint32(path).map_err(Error::OpenDataset)?
-            {
-                return Err(Error::InvalidSpec(format!(
-                    "{} is read as uint16 tokens by its name, but holds uint32 ids (every \
-                     second 16-bit value of its head is 0 or 1): name it *.u32.bin, or give \
-                     the dataset's token_dtype",
-                    path.display()
-                )));
-            }
-            dtype
-        }
-    };
-    Ok(Arc::new(
-        TokenFile::open(path, dtype, seq_len).map_err(Error::OpenDataset)?,
-    ))
+    let named = token_dtype(dataset)?;
+    let dtype = named.unwrap_or_else(|| TokenDtype::from_file_name(path));
+    let tokens = TokenFile::open(path, dtype, seq_len).map_err(Error::OpenDataset)?;
+    checked_dtype(tokens, named.is_some(), &path.display().to_string())
+}
+
+/// `tokens`, unless its dtype came from its name (`given` false) as uint16 while its head holds
+/// uint32 ids: read so, it would train on each id's halves as two tokens, silently.
+fn checked_dtype(tokens: TokenFile, given: bool, name: &str) -> Result<Arc<dyn SampleSource>> {
+    if !given && tokens.holds_uint32_ids().map_err(Error::OpenDataset)? {
+        return Err(Error::InvalidSpec(format!(
+            "{name} is read as uint16 tokens by its name, but holds uint32 ids (every second \
+             16-bit value of its head is a uint32's small high half): name it *.u32.bin, or \
+             give the dataset's token_dtype"
+        )));
+    }
+    Ok(Arc::new(tokens))
 }
 
 /// The Megatron corpus `tokens`, with the document starts of its `index` when the pipeline's
@@ -451,9 +446,9 @@ fn open_remote_source(
             if let Some((tokens, index)) = megatron {
                 return with_documents(tokens, &index, ops);
             }
-            Ok(Arc::new(
-                TokenFile::open_remote(uri, cache, dtype, seq_len).map_err(Error::OpenDataset)?,
-            ))
+            let tokens =
+                TokenFile::open_remote(uri, cache, dtype, seq_len).map_err(Error::OpenDataset)?;
+            checked_dtype(tokens, dtype.is_some(), uri)
         }
         DatasetFormat::Parquet => Ok(Arc::new(
             ParquetDataset::open_remote_split(
