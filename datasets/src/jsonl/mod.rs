@@ -10,7 +10,9 @@
 //! there the same way; errors still name the compressed file. JSONL objects in an object store
 //! (`remote.rs`) are fetched whole into the cache tier and read from there. A line that is not
 //! a JSON object, lacks the field, or holds something other than a string there is a bad sample
-//! whose error names `file:line`; it never stops the index from being built.
+//! whose error names `file:line`; it never stops the index from being built. What Python's
+//! `json.dumps` writes beyond strict JSON (`NaN`, a lone surrogate) and a byte-order mark are
+//! read as Python reads them back (`lenient.rs`).
 
 use std::ops::Range;
 use std::path::{Path, PathBuf};
@@ -27,6 +29,7 @@ use crate::sample_source::SampleSource;
 use crate::storage::ObjectCacheOptions;
 
 mod compressed;
+mod lenient;
 mod lines;
 mod remote;
 
@@ -243,7 +246,16 @@ impl JsonlDocuments {
             len: self.len,
         })?;
         let bytes = file.line(FilePool::global(), key, line)?;
-        match serde_json::from_slice::<Value>(&bytes) {
+        let parsed = serde_json::from_slice::<Value>(lenient::without_bom(&bytes));
+        // What Python's json wrote (NaN, a lone surrogate) is read as it reads it back; a line
+        // the rewrite does not mend is explained by the strict parse's error.
+        let parsed = match (parsed, lenient::rewritten(&bytes)) {
+            (Err(strict), Some(fixed)) => {
+                serde_json::from_slice::<Value>(&fixed).map_err(|_| strict)
+            }
+            (parsed, _) => parsed,
+        };
+        match parsed {
             Ok(Value::Object(record)) => Ok(record),
             Ok(other) => Err(Self::malformed(
                 file,
@@ -459,8 +471,14 @@ impl SampleSource for JsonlDocuments {
             })?;
             file.line(FilePool::global(), key, line)?
         };
-        if let Ok(Some(Value::String(text))) = text_field_of(&bytes, &self.text_field) {
+        let field = &self.text_field;
+        if let Ok(Some(Value::String(text))) = text_field_of(lenient::without_bom(&bytes), field) {
             return Ok(text.into_bytes());
+        }
+        if let Some(fixed) = lenient::rewritten(&bytes) {
+            if let Ok(Some(Value::String(text))) = text_field_of(&fixed, field) {
+                return Ok(text.into_bytes());
+            }
         }
         let mut record = self.record(index)?;
         match record.remove(&self.text_field) {

@@ -56,6 +56,40 @@ fn other_fields_and_missing_labels() {
     assert_eq!((labelled.label(0), labelled.label(1)), (7, -1));
 }
 
+/// Lines as Python's `json.dumps` writes them (a float that is not finite as `NaN` or
+/// `Infinity`, a `str` holding a lone surrogate as its escape), after a byte-order mark:
+/// documents, read as `json.loads` reads them back, not bad samples replaced by a neighbour.
+#[test]
+fn what_pythons_json_writes_is_read_as_it_reads_it_back() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("docs.jsonl");
+    std::fs::write(
+        &path,
+        concat!(
+            "\u{FEFF}{\"text\": \"first\", \"label\": 1}\n",
+            "{\"text\": \"second\", \"score\": NaN, \"label\": 2}\n",
+            "{\"meta\": [Infinity, -Infinity], \"text\": \"third\", \"label\": 3}\n",
+            "{\"text\": \"lone \\ud800 half\", \"label\": 4}\n",
+            "{\"text\": NaN}\n",
+        ),
+    )
+    .unwrap();
+    let documents = JsonlDocuments::open(&path, "", "").unwrap();
+    assert_eq!(documents.label_field(), Some("label"));
+    assert_eq!(
+        (0..4).map(|i| text(&documents, i)).collect::<Vec<_>>(),
+        ["first", "second", "third", "lone \u{FFFD} half"]
+    );
+    assert_eq!(
+        (0..4).map(|i| documents.label(i)).collect::<Vec<_>>(),
+        [1, 2, 3, 4]
+    );
+    // A text that is not a number stays a bad sample.
+    let message = documents.read(4).unwrap_err().to_string();
+    assert!(message.contains("holds null, not a string"), "{message}");
+    assert_eq!(documents.report().malformed, 1);
+}
+
 #[test]
 fn malformed_lines_are_bad_samples_naming_file_and_line() {
     let dir = tempfile::tempdir().unwrap();
