@@ -70,6 +70,7 @@ pub fn kind_of_opening(error: &stoker_datasets::Error) -> ErrorKind {
         | DatasetError::NotADataFile { .. }
         | DatasetError::SplitNeeded { .. }
         | DatasetError::NoSuchSplit { .. } => ErrorKind::InvalidArgument,
+        DatasetError::ShardSet { .. } => ErrorKind::Dataset,
         _ => ErrorKind::Dataset,
     }
 }

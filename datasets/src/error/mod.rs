@@ -224,6 +224,18 @@ pub enum Error {
         found: Vec<String>,
     },
 
+    /// A split of a folder whose hub shards (`train-00000-of-00003.*`) are not one whole set:
+    /// one missing (a download cut short) or of two sets (a new export over an older one).
+    #[error("{source_name}: the {split:?} split's shards are not one whole set: {problem}")]
+    ShardSet {
+        /// The folder.
+        source_name: String,
+        /// The split.
+        split: String,
+        /// What is missing or extra.
+        problem: String,
+    },
+
     /// Labels a dataset cannot be read with: negative, or too many classes to number.
     #[error(transparent)]
     Labels(#[from] LabelError),

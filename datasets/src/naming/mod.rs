@@ -186,6 +186,17 @@ fn choose_split(root: &Path, layout: SplitLayout, split: Option<&str>) -> Result
             }),
         };
     }
+    // One folder (`default/`, a hub repository's one configuration) whose files are named by
+    // split, asked for a split it holds: that folder's.
+    if let (SplitLayout::Folders(folders), Some(asked)) = (&layout, split) {
+        if let (1, false) = (folders.len(), folders.contains_key(asked)) {
+            if let Some(folder) = folders.values().next() {
+                if let Some(inner) = find_splits(folder)? {
+                    return choose_split(folder, inner, split);
+                }
+            }
+        }
+    }
     let found = layout.names();
     let chosen = match split {
         Some(split) => split.to_string(),
@@ -206,7 +217,12 @@ fn choose_split(root: &Path, layout: SplitLayout, split: Option<&str>) -> Result
     match layout {
         SplitLayout::Folders(mut folders) => {
             let folder = folders.remove(&chosen).ok_or_else(missing)?;
-            Ok(LocalSource::Path(folder))
+            // A hub repository's configuration (`cola/` holding `train-*`, `test-*`) is laid
+            // out by split itself: never read whole either.
+            match find_splits(&folder)? {
+                Some(inner) => choose_split(&folder, inner, None),
+                None => Ok(LocalSource::Path(folder)),
+            }
         }
         SplitLayout::Files(mut groups) => {
             let files = groups.remove(&chosen).ok_or_else(missing)?;

@@ -16,7 +16,7 @@ use std::sync::Arc;
 
 use object_store::ObjectMeta;
 
-use super::splits::{split_of_file_name, UNNAMED};
+use super::splits::{check_shard_set, split_of_file_name, UNNAMED};
 use super::{
     braces, glob, is_pattern, kind_of, kind_of_files, pick_split, FileKind, HF_DICT_FILE,
     HF_INFO_FILE, HF_STATE_FILE,
@@ -230,8 +230,16 @@ fn of_split<T>(
     found.sort();
     found.dedup();
     let named: Vec<String> = found.iter().filter(|s| *s != UNNAMED).cloned().collect();
+    // A split's hub shards are one whole set, as in a local folder.
+    let whole_set = |kept: &[T], split: &str| {
+        let paths: Vec<std::path::PathBuf> = kept.iter().map(|item| name_of(item).into()).collect();
+        check_shard_set(uri, split, &paths)
+    };
     match split {
-        None if named.is_empty() || found.len() == 1 => Ok(items),
+        None if named.is_empty() || found.len() == 1 => {
+            whole_set(&items, found.first().map_or(UNNAMED, String::as_str))?;
+            Ok(items)
+        }
         None => Err(Error::SplitNeeded {
             source_name: uri.to_string(),
             found,
@@ -248,6 +256,7 @@ fn of_split<T>(
                     found: named,
                 });
             }
+            whole_set(&kept, split)?;
             Ok(kept)
         }
     }

@@ -40,6 +40,18 @@ impl SplitLayout {
 /// The split a hub shard's name gives: `train` for `train-00000-of-00002.parquet` (or
 /// `train-00000-of-00002-5b3c.parquet`); `None` for any other name.
 pub(crate) fn split_of_shard_name(name: &str) -> Option<&str> {
+    hub_shard(name).map(|shard| shard.split)
+}
+
+/// What a hub shard's name says: its split, its number and the set's count.
+struct HubShard<'n> {
+    split: &'n str,
+    index: u64,
+    count: u64,
+}
+
+/// The parts of a hub shard's name (`{split}-NNNNN-of-NNNNN[...]`), or `None` for another name.
+fn hub_shard(name: &str) -> Option<HubShard<'_>> {
     let bytes = name.as_bytes();
     let mut from = 0;
     while let Some(found) = name[from..].find("-of-") {
@@ -59,11 +71,73 @@ pub(crate) fn split_of_shard_name(name: &str) -> Option<&str> {
             && number_start >= 2
             && bytes[number_start - 1] == b'-'
         {
-            return Some(&name[..number_start - 1]);
+            let index = name[number_start..at].parse().ok()?;
+            let count = name[at + 4..at + 4 + digits_after].parse().ok()?;
+            return Some(HubShard {
+                split: &name[..number_start - 1],
+                index,
+                count,
+            });
         }
         from = at + 4;
     }
     None
+}
+
+/// Checks that the hub shards among `files` (one split of a folder read whole) are one whole
+/// set: one count, and each number below it once. Files not named as hub shards are not
+/// looked at. A set with one missing would be read as the whole split, short; two sets (a new
+/// export beside an older one) would repeat its rows.
+pub(crate) fn check_shard_set(source_name: &str, split: &str, files: &[PathBuf]) -> Result<()> {
+    let names: Vec<String> = files
+        .iter()
+        .filter_map(|file| file.file_name().map(|n| n.to_string_lossy().into_owned()))
+        .collect();
+    let shards: Vec<(&str, HubShard<'_>)> = names
+        .iter()
+        .filter_map(|name| hub_shard(name).map(|shard| (name.as_str(), shard)))
+        .collect();
+    let Some((first_name, first)) = shards.first() else {
+        return Ok(());
+    };
+    let refuse = |problem: String| {
+        Err(Error::ShardSet {
+            source_name: source_name.to_string(),
+            split: split.to_string(),
+            problem,
+        })
+    };
+    if let Some((other_name, other)) = shards.iter().find(|(_, s)| s.count != first.count) {
+        return refuse(format!(
+            "{first_name} is one of {}, {other_name} one of {} (an export beside an older \
+             one?); keep one set",
+            first.count, other.count
+        ));
+    }
+    let mut seen = std::collections::BTreeSet::new();
+    for (name, shard) in &shards {
+        if shard.index >= shard.count {
+            return refuse(format!("{name} is numbered past its count"));
+        }
+        if !seen.insert(shard.index) {
+            return refuse(format!("shard {:05} is there twice", shard.index));
+        }
+    }
+    let missing_count = first.count - seen.len() as u64;
+    if missing_count > 0 {
+        let shown: Vec<String> = (0..first.count)
+            .filter(|index| !seen.contains(index))
+            .take(5)
+            .map(|index| format!("{index:05}"))
+            .collect();
+        let more = if missing_count > 5 { ", ..." } else { "" };
+        return refuse(format!(
+            "{missing_count} of its {} shards are missing ({}{more}): a download cut short?",
+            first.count,
+            shown.join(", ")
+        ));
+    }
+    Ok(())
 }
 
 /// The split a file's name gives: its hub shard name's ([`split_of_shard_name`]), else the
@@ -145,8 +219,9 @@ pub(crate) fn find_splits(root: &Path) -> Result<Option<SplitLayout>> {
                 sort_paths(&mut files);
                 return Ok(Some(SplitLayout::Unsplit(files)));
             }
-            for files in splits.values_mut() {
+            for (split, files) in splits.iter_mut() {
                 sort_paths(files);
+                check_shard_set(&base.display().to_string(), split, files)?;
             }
             return Ok(Some(SplitLayout::Files(splits)));
         }

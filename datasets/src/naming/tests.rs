@@ -60,6 +60,100 @@ fn a_hub_folder_with_two_splits_is_refused_without_a_split_and_read_by_split() {
     }
 }
 
+/// `push_to_hub(config_name=...)` writes `{config}/{split}-NNNNN-of-NNNNN.parquet`: a config
+/// folder is itself laid out by split, so neither the repository nor the config is read whole.
+#[test]
+fn a_hub_configs_folder_is_read_by_split_too() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    touch(
+        root,
+        &[
+            "default/train-00000-of-00001.parquet",
+            "default/test-00000-of-00001.parquet",
+        ],
+    );
+    let source = root.display().to_string();
+    let message = resolve_local(&[&source], None).unwrap_err().to_string();
+    assert!(message.contains("test, train"), "{message}");
+    let train = resolve_local(&[&source], Some("train")).unwrap();
+    assert_eq!(
+        names_of(root, train),
+        ["default/train-00000-of-00001.parquet"]
+    );
+    // Two configurations: one is named by its folder, then one of its splits.
+    touch(
+        root,
+        &[
+            "sst2/train-00000-of-00001.parquet",
+            "sst2/validation-00000-of-00001.parquet",
+        ],
+    );
+    let message = resolve_local(&[&source], Some("sst2"))
+        .unwrap_err()
+        .to_string();
+    assert!(message.contains("train, validation"), "{message}");
+    let sst2 = at(root, "sst2");
+    let validation = resolve_local(&[&sst2], Some("validation")).unwrap();
+    assert_eq!(
+        names_of(root, validation),
+        ["sst2/validation-00000-of-00001.parquet"]
+    );
+}
+
+/// A split whose hub shards are not one whole set is refused, naming what is wrong: one
+/// missing would read as the whole split, short; an older export beside a newer one would
+/// repeat rows.
+#[test]
+fn a_hub_split_missing_a_shard_or_holding_two_sets_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    touch(
+        root,
+        &[
+            "data/train-00000-of-00003.parquet",
+            "data/train-00002-of-00003.parquet",
+            "data/test-00000-of-00001.parquet",
+        ],
+    );
+    let source = root.display().to_string();
+    let message = resolve_local(&[&source], Some("train"))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        message.contains("\"train\" split")
+            && message.contains("1 of its 3 shards are missing (00001)"),
+        "{message}"
+    );
+    touch(
+        root,
+        &[
+            "data/train-00001-of-00003.parquet",
+            "data/train-00000-of-00001.parquet",
+        ],
+    );
+    let message = resolve_local(&[&source], Some("test"))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        message.contains("one of 3") && message.contains("one of 1"),
+        "{message}"
+    );
+    std::fs::remove_file(root.join("data/train-00000-of-00001.parquet")).unwrap();
+    touch(root, &["data/train-00001-of-00003-5b3c.parquet"]);
+    let message = resolve_local(&[&source], Some("train"))
+        .unwrap_err()
+        .to_string();
+    assert!(message.contains("shard 00001 is there twice"), "{message}");
+    std::fs::remove_file(root.join("data/train-00001-of-00003-5b3c.parquet")).unwrap();
+    let train = resolve_local(&[&source], Some("train")).unwrap();
+    assert_eq!(names_of(root, train).len(), 3);
+    // A pattern picks files on purpose: a subset of a set is read as named.
+    let some = at(root, "data/train-0000[01]-of-00003.parquet");
+    let picked = resolve_local(&[&some], None).unwrap();
+    assert_eq!(names_of(root, picked).len(), 2);
+}
+
 #[test]
 fn split_folders_of_data_files_and_of_image_classes_are_splits() {
     let dir = tempfile::tempdir().unwrap();

@@ -210,8 +210,26 @@ fn a_prefix_or_pattern_of_tar_shards_named_by_split_reads_one_split() {
     assert!(spanning.contains("test, train"), "{spanning}");
     let test = resolve_remote(&["s3://data/hub/*.tar"], Some("test"), &cache).unwrap();
     assert_eq!(uris(&test), ["s3://data/hub/test-00000-of-00001.tar"]);
-    let test = TarShards::open_remote_files(test, cache).unwrap();
+    let test = TarShards::open_remote_files(test, Arc::clone(&cache)).unwrap();
     assert_same_samples(&test, &local_set(&local, &[2]));
+
+    // A split missing one of its shards under a prefix read whole is refused, naming it.
+    put(
+        &server,
+        &local,
+        "cut",
+        &[
+            (&shard(0), "train-00000-of-00003.tar"),
+            (&shard(1), "train-00002-of-00003.tar"),
+        ],
+    );
+    let cut = TarShards::open_remote_split("s3://data/cut", cache, Some("train"))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        cut.contains("1 of its 3 shards are missing (00001)"),
+        "{cut}"
+    );
 }
 
 #[test]
