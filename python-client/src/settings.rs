@@ -88,6 +88,8 @@ settings! {
         text_column: String,
         /// The label column ("": found by name).
         label_column: String,
+        /// The image column ("": found by name or feature).
+        image_column: String,
         /// The coordinator (or fleet) serving the job, for the distributed mode.
         address: Option<String>,
         /// Seconds batches may be wanted with no worker.

@@ -14,6 +14,8 @@ pub(crate) struct JobSettings<'a> {
     pub text_column: String,
     /// The label column ("" = found by name).
     pub label_column: String,
+    /// The image column ("" = found by name or feature).
+    pub image_column: String,
     /// The source's names when it is a list of several (`source` is then the first, for
     /// messages); empty for one.
     pub uris: Vec<String>,
@@ -126,6 +128,7 @@ pub(crate) fn job_spec(
             format: format as i32,
             text_column: settings.text_column,
             label_column: settings.label_column,
+            image_column: settings.image_column,
             ..Default::default()
         }),
         pipeline: crate::ops::from_python(ops)?,

@@ -54,6 +54,27 @@ def test_a_parquet_export_whose_class_label_is_not_named_label_gives_its_labels(
     assert loader.classes == class_names(dataset)
 
 
+def test_a_parquet_export_whose_image_is_not_named_image_reads_its_image_feature(
+    dataset: Path, tmp_path: Path, make_loader: Callable[..., stoker.Loader]
+) -> None:
+    """CIFAR on the hub keeps its images in ``img``: the ``Image`` feature ``datasets`` writes
+    into the file's metadata names it, as in a ``save_to_disk`` folder."""
+    datasets = datasets_or_skip()
+    files = image_files(dataset)
+    batches = {}
+    for column in ("image", "img"):
+        table = datasets.Dataset.from_dict(
+            {column: [str(path) for path in files], "label": class_index_of(dataset)}
+        )
+        table = table.cast_column(column, datasets.Image())
+        out = tmp_path / f"{column}.parquet"
+        table.to_parquet(str(out))
+        batches[column] = [b["image"].copy() for b in epoch_batches(make_loader(out, seed=3))]
+    assert len(batches["img"]) == len(batches["image"]) > 0
+    for a, b in zip(batches["img"], batches["image"], strict=True):
+        np.testing.assert_array_equal(a, b)
+
+
 def test_label_column_names_another_column_and_an_image_set_without_one_says_so(
     dataset: Path,
     tmp_path: Path,

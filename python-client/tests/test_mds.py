@@ -91,6 +91,27 @@ def test_an_mds_set_gives_the_batches_of_its_images_as_an_image_folder(
             np.testing.assert_array_equal(a["label"], b["label"])
 
 
+def test_several_image_columns_are_refused_until_image_column_names_one(
+    dataset: Path, tmp_path: Path
+) -> None:
+    """``MDSWriter(columns={"x": "jpeg", "depth": "png", ...})`` keeps them in name order: the
+    first, ``depth``, is no choice of the writer's, so the set waits for one to be named."""
+    classes = sorted(p.name for p in dataset.iterdir() if p.is_dir())
+    files = [(f, k) for k, c in enumerate(classes) for f in sorted((dataset / c).iterdir())]
+    rows = [[b"not a png", str(k).encode(), f.read_bytes()] for f, k in files]
+    mds = tmp_path / "two"
+    write_mds_columns(mds, {"depth": "png", "label": "str_int", "x": "jpeg"}, rows, 25, False)
+    with pytest.raises(stoker.DatasetError, match=r"several image columns.*image_column="):
+        batches(mds)
+    got = batches(mds, shuffle=False, image_column="x")
+    want = batches(dataset, shuffle=False)
+    assert len(got) == len(want)
+    for a, b in zip(got, want, strict=True):
+        np.testing.assert_array_equal(a["image"], b["image"])
+    with pytest.raises(ValueError, match="image_column must be a str"):
+        batches(mds, image_column=3)
+
+
 # Sets written by Mosaic Streaming's own MDSWriter (`fixtures/write_mds_streaming.py` says how;
 # the files are committed so that no Streaming install is needed here).
 STREAMING = Path(__file__).parent / "fixtures" / "mds_streaming"

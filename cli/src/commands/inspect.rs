@@ -33,6 +33,10 @@ pub struct InspectArgs {
     /// JSONL: the text field.
     #[arg(long, default_value = "text")]
     pub text_field: String,
+    /// Parquet, Hugging Face folders and MDS sets: the image column (default: found as a job
+    /// finds it).
+    #[arg(long)]
+    pub image_column: Option<String>,
     /// Print one JSON object instead of text.
     #[arg(long)]
     pub json: bool,
@@ -49,6 +53,7 @@ pub fn run(args: InspectArgs) -> anyhow::Result<()> {
     let named = |uri: &str| DatasetSource {
         uri: uri.to_string(),
         split: args.split.clone().unwrap_or_default(),
+        image_column: args.image_column.clone().unwrap_or_default(),
         ..Default::default()
     };
     if uri.starts_with("s3://") {
@@ -62,6 +67,7 @@ pub fn run(args: InspectArgs) -> anyhow::Result<()> {
     };
     let here = || DatasetSource {
         uri: path.to_string_lossy().into_owned(),
+        image_column: args.image_column.clone().unwrap_or_default(),
         ..Default::default()
     };
     if super::is_megatron_corpus(&path) {

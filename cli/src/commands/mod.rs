@@ -130,6 +130,10 @@ pub struct JobArgs {
     /// (default: its image column, else `text`; with `--seq-len` its token column).
     #[arg(long)]
     pub text_field: Option<String>,
+    /// Parquet, Hugging Face folders and MDS sets: the image column (default `image`, `jpg` or
+    /// `png`, else the `Image` feature, else MDS's one image-encoded column).
+    #[arg(long)]
+    pub image_column: Option<String>,
     /// Image pipeline preset (image datasets only; token files and JSONL text get their
     /// token pipeline).
     #[arg(long, default_value = "imagenet-train", value_parser = ["imagenet-train", "imagenet-eval"])]
@@ -182,6 +186,7 @@ impl JobArgs {
                 uri: data.to_string_lossy().into_owned(),
                 format: proto::DatasetFormat::Auto as i32,
                 text_column: self.text_field.clone().unwrap_or_default(),
+                image_column: self.image_column.clone().unwrap_or_default(),
                 token_dtype: token_dtype as i32,
                 split: self.split.clone().unwrap_or_default(),
                 ..Default::default()

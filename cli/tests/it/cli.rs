@@ -110,6 +110,64 @@ fn make_dataset_then_inspect() {
     assert_eq!(value["samples"], 30);
 }
 
+/// An MDS set with two image columns, none named `image`: `inspect` and `digest` refuse it
+/// naming `--image-column`, and read it once the column is named.
+#[test]
+fn image_column_names_the_one_of_several_image_columns() {
+    use stoker_datasets::SampleSource as _;
+    let dir = tempfile::tempdir().unwrap();
+    let images = dir.path().join("images");
+    common::make_images(&images, 8);
+    let folder = stoker_datasets::ImageFolder::open(&images).unwrap();
+    let column = |name: &str, encoding: &str, size| stoker_datasets::MdsColumn {
+        name: name.into(),
+        encoding: encoding.into(),
+        size,
+    };
+    let columns = [
+        column("depth", "png", None),
+        column("label", "int", Some(8)),
+        column("x", "jpeg", None),
+    ];
+    let rows: Vec<Vec<Vec<u8>>> = (0..folder.len())
+        .map(|k| {
+            let label = folder.label(k).to_le_bytes().to_vec();
+            vec![b"not a png".to_vec(), label, folder.read(k).unwrap()]
+        })
+        .collect();
+    let mds = dir.path().join("mds");
+    stoker_datasets::write_mds(&mds, &columns, &rows, 4, None).unwrap();
+    let mds = mds.to_str().unwrap();
+    for command in ["inspect", "digest"] {
+        let refused = stoker(&[command, "--data", mds]);
+        let stderr = String::from_utf8_lossy(&refused.stderr);
+        assert!(!refused.status.success(), "{command}");
+        assert!(stderr.contains("--image-column"), "{command}: {stderr}");
+    }
+    let report = stdout_of(&["inspect", "--data", mds, "--image-column", "x"]);
+    assert!(report.contains("samples   8"), "{report}");
+    let digest = |data: &str, extra: &[&str]| {
+        let args = [
+            &[
+                "digest",
+                "--size",
+                "32",
+                "--batch-size",
+                "4",
+                "--data",
+                data,
+            ],
+            extra,
+        ]
+        .concat();
+        last_line(&stdout_of(&args))
+    };
+    assert_eq!(
+        digest(mds, &["--image-column", "x"]),
+        digest(images.to_str().unwrap(), &[])
+    );
+}
+
 #[test]
 fn a_report_whose_reader_goes_ends_quietly() {
     use std::os::unix::process::ExitStatusExt;

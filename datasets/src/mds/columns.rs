@@ -348,14 +348,34 @@ pub(super) fn pick_sample_column(
         matches!(c.encoding_name.as_str(), "jpeg" | "png" | "pil" | "bytes")
             || matches!(c.encoding, Encoding::NdArray { .. })
     };
-    IMAGE_COLUMN_NAMES
+    if let Some(k) = IMAGE_COLUMN_NAMES
         .iter()
         .find_map(|name| find(name).filter(|&k| image(&columns[k])))
-        .or_else(|| {
-            columns
-                .iter()
-                .position(|c| matches!(c.encoding_name.as_str(), "jpeg" | "png" | "pil"))
-        })
+    {
+        return Ok(k);
+    }
+    // Else the one column encoded as an image; of several (MDSWriter keeps them in name
+    // order, so the first is no choice of the writer's), none is guessed.
+    let encoded: Vec<usize> = (0..columns.len())
+        .filter(|&k| matches!(columns[k].encoding_name.as_str(), "jpeg" | "png" | "pil"))
+        .collect();
+    if encoded.len() > 1 {
+        let listed: Vec<String> = encoded
+            .iter()
+            .map(|&k| format!("{} ({})", columns[k].name, columns[k].encoding_name))
+            .collect();
+        return Err(mds_error(
+            index,
+            format!(
+                "has several image columns, {}, and none named image, jpg or png: name the \
+                 one to read (Python image_column=, stoker --image-column)",
+                listed.join(", ")
+            ),
+        ));
+    }
+    encoded
+        .first()
+        .copied()
         .or_else(|| find("text").filter(|&k| columns[k].encoding == Encoding::Str))
         .ok_or_else(|| {
             mds_error(

@@ -13,8 +13,9 @@
 //!   order, then the columns' bytes end to end.
 //!
 //! The sample column is the one named, else the first of `image`, `jpg`, `jpeg`, `png`, `img`
-//! whose encoding is an image's, else the first column encoded `jpeg`, `png` or `pil`, else
-//! `text` (encoded `str`). Its bytes are the sample: `jpeg`, `png` and `bytes` as they are; `pil`
+//! whose encoding is an image's, else the one column encoded `jpeg`, `png` or `pil` (several
+//! refuse the set: Streaming's writer keeps columns in name order, so the first is no choice),
+//! else `text` (encoded `str`). Its bytes are the sample: `jpeg`, `png` and `bytes` as they are; `pil`
 //! (raw pixels after a width, height and mode header) becomes a binary PPM (mode `RGB`) or PGM
 //! (`L`) of the same pixels, which the decoder reads; other modes are bad samples; so does an
 //! `ndarray` of `uint8` pixels shaped `[height, width]` or `[height, width, 3]` (named by the

@@ -83,6 +83,58 @@ fn samples_and_labels_read_back_plain_and_compressed() {
     }
 }
 
+/// MDSWriter keeps columns in name order: of `x` (jpeg) and `depth` (png), the first is no
+/// choice of the writer's, so neither is taken without being named.
+#[test]
+fn several_image_columns_none_named_image_are_refused_until_one_is_named() {
+    let temp = tempfile::tempdir().unwrap();
+    let columns = vec![
+        column("depth", "png", None),
+        column("label", "int", Some(8)),
+        column("x", "jpeg", None),
+    ];
+    let rows = (0..4u8)
+        .map(|k| {
+            vec![
+                vec![200 + k; 4],
+                i64::from(k).to_le_bytes().to_vec(),
+                vec![k; 3],
+            ]
+        })
+        .collect::<Vec<_>>();
+    let dir = temp.path().join("two");
+    write_mds(&dir, &columns, &rows, 4, None).unwrap();
+    let cache = temp.path().join("cache");
+    let refused = open(&dir, &MdsOptions::default(), &cache)
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(
+        refused.contains("several image columns, depth (png), x (jpeg)")
+            && refused.contains("image_column="),
+        "{refused}"
+    );
+    let named = MdsOptions {
+        sample_column: Some("x".into()),
+        ..MdsOptions::default()
+    };
+    assert_eq!(
+        open(&dir, &named, &cache).unwrap().read(2).unwrap(),
+        vec![2; 3]
+    );
+    // One image column under another name is the one.
+    let one = temp.path().join("one");
+    let rows: Vec<Vec<Vec<u8>>> = rows.into_iter().map(|row| row[1..].to_vec()).collect();
+    write_mds(&one, &columns[1..], &rows, 4, None).unwrap();
+    assert_eq!(
+        open(&one, &MdsOptions::default(), &cache)
+            .unwrap()
+            .read(1)
+            .unwrap(),
+        vec![1; 3]
+    );
+}
+
 #[test]
 fn pil_images_become_pnm_and_other_columns_are_refused_by_name() {
     let temp = tempfile::tempdir().unwrap();

@@ -79,9 +79,22 @@ pub(super) fn open_file(
             })?,
             name.clone(),
         )),
+        // Else, as in a Hugging Face folder, the first `Image` feature `datasets` wrote into
+        // the metadata (CIFAR's `img`).
         None => IMAGE_COLUMN_NAMES
             .iter()
-            .find_map(|name| find(name).map(|index| (index, (*name).to_string()))),
+            .find_map(|name| find(name).map(|index| (index, (*name).to_string())))
+            .or_else(|| {
+                let features = hf_features(&metadata)?;
+                schema
+                    .fields()
+                    .iter()
+                    .enumerate()
+                    .find_map(|(index, field)| {
+                        is_image_feature(&features, field.name())
+                            .then(|| (index, field.name().clone()))
+                    })
+            }),
     };
     let mut path_field = None;
     let (sample_column, sample_column_name, kind, struct_field) = match image {
@@ -229,6 +242,29 @@ const HF_METADATA_KEY: &str = "huggingface";
 
 /// The names of the `ClassLabel` feature `column` in `datasets`' metadata JSON, if it is one
 /// (`{"info": {"features": {column: {"_type": "ClassLabel", "names": [...]}}}}`).
+/// The Hugging Face features `datasets` wrote into a file's metadata, if any.
+fn hf_features(metadata: &ArrowReaderMetadata) -> Option<String> {
+    metadata
+        .metadata()
+        .file_metadata()
+        .key_value_metadata()?
+        .iter()
+        .find(|pair| pair.key == HF_METADATA_KEY)?
+        .value
+        .clone()
+}
+
+/// Whether the Hugging Face features `json` declare `column` an `Image`.
+fn is_image_feature(json: &str, column: &str) -> bool {
+    serde_json::from_str::<serde_json::Value>(json)
+        .ok()
+        .and_then(|value| {
+            let feature = value.get("info")?.get("features")?.get(column)?.clone();
+            Some(feature.get("_type")?.as_str()? == "Image")
+        })
+        .unwrap_or(false)
+}
+
 fn class_label_names(json: &str, column: &str) -> Option<Vec<String>> {
     let value: serde_json::Value = serde_json::from_str(json).ok()?;
     let feature = value.get("info")?.get("features")?.get(column)?;
@@ -308,5 +344,8 @@ mod tests {
         assert_eq!(class_label_names(json, "score"), None);
         assert_eq!(class_label_names(json, "missing"), None);
         assert_eq!(class_label_names("not json", "label"), None);
+        assert!(is_image_feature(json, "image"));
+        assert!(!is_image_feature(json, "label"));
+        assert!(!is_image_feature("not json", "image"));
     }
 }

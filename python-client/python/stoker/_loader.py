@@ -181,6 +181,11 @@ class Loader(FromDataset, SavedState):
             (default: ``label``, else the first ``ClassLabel`` feature, else, in MDS, ``cls``;
             an image set without one logs a warning that every label is 0). Labels are class
             indices: a negative one refuses the set. Not with :func:`stoker.mix`.
+        image_column: the image column of a Parquet file, Hugging Face folder or MDS set
+            (default: ``image``, ``jpg`` or ``png``, else the first ``Image`` feature
+            ``datasets`` wrote, else, in MDS, its one column encoded ``jpeg``, ``png`` or
+            ``pil``: several such columns, none named so, refuse the set). Not with
+            :func:`stoker.mix`.
         device: ``None`` or ``"cpu"`` (default): batches in host memory. ``"cuda"`` (the
             current device) or ``"cuda:N"``: batches delivered as tensors on that GPU. The
             slots are page-locked, each finished batch is copied on the loader's own CUDA
@@ -294,6 +299,7 @@ class Loader(FromDataset, SavedState):
         shuffle_window: int = 0,
         text_column: str | None = None,
         label_column: str | None = None,
+        image_column: str | None = None,
         device: str | None = None,
         pin_memory: bool = False,
         pinned_memory_budget: int | None = None,
@@ -334,6 +340,7 @@ class Loader(FromDataset, SavedState):
         self._shuffle_window = check_int(shuffle_window, "shuffle_window", 0, MAX_U32)
         self._text_column: str = check_text_column(text_column)
         label_column = check_text_column(label_column, "label_column")
+        image_column = check_text_column(image_column, "image_column")
         source_split = check_split(split)
         output_kind = resolve_output(output)
         placement.check_output(output_kind)
@@ -342,6 +349,7 @@ class Loader(FromDataset, SavedState):
         chosen = choose_source(
             source, pipeline, placement, remote=address is not None, format=self._format,
             text_column=self._text_column, split=source_split, label_column=label_column,
+            image_column=image_column,
         )
         self._mix, self._ops, self._source = chosen.mix, chosen.ops, chosen.label
         self._reading = chosen.reading()

@@ -85,6 +85,8 @@ class SourceSettings:
     text_column: str = ""
     # The label column of Parquet, Hugging Face and MDS sets; "": found by name.
     label_column: str = ""
+    # The image column of Parquet, Hugging Face and MDS sets; "": found by name or feature.
+    image_column: str = ""
     address: str | None = None
     worker_grace_s: float = 120.0
     token: str | None = None

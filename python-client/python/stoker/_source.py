@@ -42,6 +42,7 @@ class ChosenSource:
     text_column: str
     split: str
     label_column: str = ""
+    image_column: str = ""
 
     def reading(self) -> str:
         """What decides the bytes of a batch besides the plan, as a short digest a saved state
@@ -52,6 +53,9 @@ class ChosenSource:
             "text_column": self.text_column, "label_column": self.label_column,
             "split": self.split,
         }
+        # Only when named, so states saved before it existed keep their digest.
+        if self.image_column:
+            what["image_column"] = self.image_column
         if self.native_mix is not None:
             what["sources"] = [
                 [ops, source_format, text_column, split]
@@ -69,6 +73,7 @@ class ChosenSource:
             format=self.format,
             text_column=self.text_column,
             label_column=self.label_column,
+            image_column=self.image_column,
             mix=None if self.native_mix is None else self.native_mix.arguments(),
             uris=self.names,
             split=self.split,
@@ -86,6 +91,7 @@ def choose_source(
     text_column: str,
     split: str,
     label_column: str = "",
+    image_column: str = "",
 ) -> ChosenSource:
     """Resolves ``source`` (names, or a :class:`MixRequest`) and ``pipeline`` for a loader
     placed by ``placement``, read through a coordinator when ``remote``; arguments already
@@ -100,12 +106,14 @@ def choose_source(
             label=names[0] if len(names) == 1 else ",".join(names),
             job_name=os.path.basename(os.path.normpath(names[0])) or "python",
             mix=None, native_mix=None, format=format, text_column=text_column, split=split,
-            label_column=label_column,
+            label_column=label_column, image_column=image_column,
         )
     if split:
         raise ValueError("split= is for one source; a mix's sources name their own files")
     if label_column:
         raise ValueError("label_column= is for one source, not a mix")
+    if image_column:
+        raise ValueError("image_column= is for one source, not a mix")
     placement.refuse_mix()
     pipeline = list(pipeline)
     ops = check_pipeline(pipeline) if pipeline else []
