@@ -34,8 +34,10 @@ use super::scan::{IndexedSample, ShardIndex};
 const MAGIC: &[u8; 8] = b"STKTARIX";
 /// 2: members `.webp`, `.bmp`, `.tif`, `.tiff`, `.gif`, `.pbm`, `.pgm`, `.ppm` and `.pnm` are
 /// images too (version 1 indexed `.jpg`, `.jpeg` and `.png` only, and left out the samples whose
-/// image had another extension), so indexes of version 1 are rebuilt.
-const VERSION: u32 = 2;
+/// image had another extension), so indexes of version 1 are rebuilt. 3: an image whose file
+/// name holds a dot before its extension is counted as a problem (version 2 left it out
+/// unsaid).
+const VERSION: u32 = 3;
 /// The extension of cache files.
 pub(super) const CACHE_SUFFIX: &str = crate::files::TAR_INDEX_CACHE_SUFFIX;
 const SAMPLE_BYTES: u64 = 32;

@@ -9,7 +9,7 @@
 //! decoded) is scanned the same way at open, with a warning, and the index is kept in the local
 //! cache folder (`tar-indexes/`) so the next open on this machine does not scan again.
 //!
-//! Encoding (zstd-compressed): `STKTIDX1`, the shard count (u32 LE), then per shard its name
+//! Encoding (zstd-compressed): `STKTIDX2`, the shard count (u32 LE), then per shard its name
 //! (u16 length + UTF-8), size (u64), ETag (u16 length + bytes; 0: none), problem count (u64),
 //! sample count (u32) and per sample data offset (u64), size (u64), label (i64), member name
 //! (u16 length + bytes).
@@ -24,7 +24,13 @@ use crate::error::{Error, Result};
 /// The index object's name under the set's prefix.
 pub const TAR_INDEX_OBJECT: &str = "stoker-tar-index.bin";
 
-const MAGIC: &[u8; 8] = b"STKTIDX1";
+/// `STKTIDX2`: the indexing rules as `scan` applies them since images of every extension it
+/// decodes were indexed (`STKTIDX1` indexes, written before, left out the samples whose image
+/// was a `.webp`, `.bmp`, `.tif`, `.gif` or `.pnm`, and are scanned again; the rules' next
+/// change takes the next number).
+const MAGIC: &[u8; 8] = b"STKTIDX2";
+/// The magic of indexes written under earlier rules.
+const EARLIER_MAGIC: &[u8; 7] = b"STKTIDX";
 
 /// One shard of an index: its object as listed when indexed, and its samples.
 #[derive(Debug)]
@@ -106,8 +112,13 @@ pub(crate) fn decode(bytes: &[u8], uri: &str, max_bytes: usize) -> Result<Vec<In
         )));
     }
     let mut reader = Reader { bytes: &raw, at: 0 };
-    if reader.take(MAGIC.len()).map_err(|_| bad("too short"))? != MAGIC {
-        return Err(bad("not a Stoker tar index"));
+    let magic = reader.take(MAGIC.len()).map_err(|_| bad("too short"))?;
+    if magic != MAGIC {
+        return Err(bad(if magic.starts_with(EARLIER_MAGIC) {
+            "written under earlier indexing rules (run `stoker index` to write it again)"
+        } else {
+            "not a Stoker tar index"
+        }));
     }
     let cut = |_| bad("cut short");
     let count = reader.u32().map_err(cut)?;
@@ -230,6 +241,13 @@ mod tests {
             let short = zstd::bulk::compress(&raw[..cut], 3).unwrap();
             assert!(decode(&short, "u", 1 << 20).is_err(), "cut at {cut}");
         }
+        // An index of the earlier rules (which left out samples of some image extensions) is
+        // not read: the shards are scanned again.
+        let mut earlier = raw.clone();
+        earlier[..8].copy_from_slice(b"STKTIDX1");
+        let earlier = zstd::bulk::compress(&earlier, 3).unwrap();
+        let error = decode(&earlier, "u", 1 << 20).unwrap_err().to_string();
+        assert!(error.contains("earlier indexing rules"), "{error}");
         let mut past = shard("p.tar");
         past.size = 100;
         let bytes = encode(&[past], 1 << 20).unwrap();

@@ -170,6 +170,9 @@ struct PendingSample {
     bad_label: bool,
     /// Whether the pending sample holds any member.
     started: bool,
+    /// A member whose extension ends as an image's but starts with more of the file name
+    /// (`img_1.5x.jpg`: key `img_1`, extension `5x.jpg`): the image of no sample.
+    dotted_image: Option<String>,
 }
 
 /// Accumulates one shard's index and reports problems against the shard.
@@ -213,6 +216,15 @@ impl<'a> IndexBuilder<'a> {
                 if !pending.bad_label {
                     self.problem(&image.name, "image without a .cls or .json label member");
                 }
+            }
+            (None, _) if pending.dotted_image.is_some() => {
+                let member = pending.dotted_image.unwrap_or_default();
+                self.problem(
+                    &member,
+                    "image whose file name holds a dot before its extension: keys end at the \
+                     first dot of the file name (as WebDataset reads them), so this is no \
+                     sample's image; name it without the dot",
+                );
             }
             (None, Some((_, label_member))) => {
                 self.problem(&label_member, "label without an image member");
@@ -452,6 +464,16 @@ fn index_member<R: Read>(
     };
     let kind = member_kind(&extension);
     if kind == MemberKind::Other {
+        // `img_1.5x.jpg`: told of once its sample ends without an image (beside `x.jpg`, an
+        // `x.seg.png` is a member of its own kind, not a problem).
+        let last = extension.rsplit('.').next().unwrap_or_default();
+        if member_kind(last) == MemberKind::Image {
+            builder.member(key);
+            builder
+                .pending
+                .dotted_image
+                .get_or_insert_with(|| name.to_string());
+        }
         return;
     }
     builder.member(key);

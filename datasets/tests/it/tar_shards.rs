@@ -328,11 +328,21 @@ fn samples_missing_their_label_or_image_are_left_out() {
             ("negative.cls", b"-1"),
             ("good.jpg", b"good"),
             ("good.cls", b"0"),
+            // WebDataset's TarWriter writes key `img_1.5x` so: key `img_1`, no image.
+            ("img_1.5x.jpg", b"dotted"),
+            ("img_1.5x.cls", b"2"),
+            // Beside its image, a member of another kind (a mask) is no problem.
+            ("masked.jpg", b"masked"),
+            ("masked.seg.png", b"mask"),
+            ("masked.cls", b"1"),
         ],
     );
     let shards = TarShards::open(dir.path()).unwrap();
-    assert_eq!(read_all(&shards), [(b"good".to_vec(), 0)]);
-    assert_eq!(shards.index_stats().problems, 4);
+    assert_eq!(
+        read_all(&shards),
+        [(b"good".to_vec(), 0), (b"masked".to_vec(), 1)]
+    );
+    assert_eq!(shards.index_stats().problems, 5);
 }
 
 #[test]
