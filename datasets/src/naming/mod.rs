@@ -143,8 +143,8 @@ pub fn resolve_local(names: &[&str], split: Option<&str>) -> Result<LocalSource>
     for &name in names {
         files_named(name, &mut files)?;
     }
+    let mut files = once_each(files);
     sort_paths(&mut files);
-    files.dedup();
     let name = names.join(",");
     // One format first: files of two formats are refused as such, not as two splits.
     kind_of_files(&name, &files)?;
@@ -366,6 +366,16 @@ pub fn fuzz_names(root: &Path, text: &str) {
 }
 
 /// Sorts paths by their bytes: the order every machine computes alike.
+/// `files` with each file once, the first name of each kept: `a.tar`, `./a.tar`, its absolute
+/// path or a link to it are one file (compared by their canonical paths), read once.
+fn once_each(files: Vec<PathBuf>) -> Vec<PathBuf> {
+    let mut seen = std::collections::HashSet::new();
+    files
+        .into_iter()
+        .filter(|file| seen.insert(std::fs::canonicalize(file).unwrap_or_else(|_| file.clone())))
+        .collect()
+}
+
 pub(crate) fn sort_paths(paths: &mut [PathBuf]) {
     use std::os::unix::ffi::OsStrExt;
     paths.sort_by(|a, b| a.as_os_str().as_bytes().cmp(b.as_os_str().as_bytes()));

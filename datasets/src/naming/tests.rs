@@ -436,6 +436,19 @@ fn patterns_and_lists_resolve_to_sorted_files_once() {
             "s/shard-00010.tar"
         ]
     );
+    // One file by other names (relative with `./`, through a link): once, by its first name.
+    std::os::unix::fs::symlink(root.join("s/shard-00001.tar"), root.join("link.tar")).unwrap();
+    let dotted = format!("{}/s/./shard-00001.tar", root.display());
+    let aliases = resolve_local(
+        &[
+            &at(root, "s/shard-00001.tar"),
+            &dotted,
+            &at(root, "link.tar"),
+        ],
+        None,
+    )
+    .unwrap();
+    assert_eq!(names_of(root, aliases), ["s/shard-00001.tar"]);
     let gap = resolve_local(&[&at(root, "s/shard-{00000..00004}.tar")], None).unwrap_err();
     assert!(gap.to_string().contains("shard-00003.tar"), "{gap}");
     let folder = resolve_local(&[&at(root, "s"), &at(root, "s/other.tar")], None).unwrap_err();
