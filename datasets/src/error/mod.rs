@@ -110,6 +110,17 @@ pub enum Error {
         available: u64,
     },
 
+    /// A sample whose encoded bytes are more than [`crate::MAX_SAMPLE_BYTES`]: no image within
+    /// the decoders' pixel limit is that large, and read whole on each decode thread it would
+    /// take the process's memory first.
+    #[error("{what} is {bytes} bytes, more than the {} GiB a sample may take", crate::MAX_SAMPLE_BYTES >> 30)]
+    SampleTooLarge {
+        /// The sample (a file, or a shard's member).
+        what: String,
+        /// Its size.
+        bytes: u64,
+    },
+
     /// Reading a tar member failed for another reason than truncation.
     #[error("cannot read member {member} of tar shard {shard}: {source}")]
     ShardRead {

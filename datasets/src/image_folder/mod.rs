@@ -229,7 +229,7 @@ impl SampleSource for ImageFolder {
             index,
             len: self.len(),
         })?;
-        std::fs::read(&path).map_err(|source| Error::io(path, source))
+        read_bounded(&path)
     }
 
     fn class_names(&self) -> &[String] {
@@ -270,6 +270,35 @@ impl fmt::Debug for ImageFolder {
             .field("samples", &self.len())
             .finish()
     }
+}
+
+/// The file at `path`, unless it holds more than [`crate::MAX_SAMPLE_BYTES`].
+fn read_bounded(path: &std::path::Path) -> Result<Vec<u8>> {
+    use std::io::Read;
+    let file = std::fs::File::open(path).map_err(|source| Error::io(path, source))?;
+    let bytes = file
+        .metadata()
+        .map_err(|source| Error::io(path, source))?
+        .len();
+    if bytes > crate::MAX_SAMPLE_BYTES {
+        return Err(Error::SampleTooLarge {
+            what: path.display().to_string(),
+            bytes,
+        });
+    }
+    // Read to its end, not to its listed size: a file that grew since is read whole, up to
+    // the bound.
+    let mut data = Vec::with_capacity(usize::try_from(bytes).unwrap_or(0));
+    file.take(crate::MAX_SAMPLE_BYTES + 1)
+        .read_to_end(&mut data)
+        .map_err(|source| Error::io(path, source))?;
+    if data.len() as u64 > crate::MAX_SAMPLE_BYTES {
+        return Err(Error::SampleTooLarge {
+            what: path.display().to_string(),
+            bytes: data.len() as u64,
+        });
+    }
+    Ok(data)
 }
 
 #[cfg(test)]

@@ -301,6 +301,12 @@ impl SampleSource for TarShards {
         if sample.data_offset.saturating_add(sample.size) > shard.len {
             return Err(truncated());
         }
+        if sample.size > crate::MAX_SAMPLE_BYTES {
+            return Err(Error::SampleTooLarge {
+                what: format!("member {} of tar shard {}", member(), shard.path.display()),
+                bytes: sample.size,
+            });
+        }
         let size = usize::try_from(sample.size).map_err(|_| Error::ShardRead {
             shard: shard.path.clone(),
             member: member(),

@@ -445,3 +445,58 @@ fn written_shards_read_back_sample_for_sample() {
         Err(Error::Write(WriteError::ShardOutputNotEmpty(_)))
     ));
 }
+
+/// A member (or an image file) of more than 2 GiB is a bad sample naming it, read as nothing:
+/// read whole on each decode thread, a multi-gigabyte TIFF took the process's memory first. The
+/// files are sparse: no disk is used.
+#[test]
+fn a_sample_past_the_size_bound_is_refused_unread() {
+    use std::io::{Seek, SeekFrom, Write};
+    let dir = tempfile::tempdir().unwrap();
+    let huge = stoker_datasets::MAX_SAMPLE_BYTES + 1;
+    let header = |name: &str, size: u64| {
+        let mut header = tar::Header::new_gnu();
+        header.set_path(name).unwrap();
+        header.set_size(size);
+        header.set_mode(0o644);
+        header.set_cksum();
+        header.as_bytes().to_vec()
+    };
+    let shard = dir.path().join("big.tar");
+    let mut file = File::create(&shard).unwrap();
+    file.write_all(&header("0000.tif", huge)).unwrap();
+    let next = 512 + huge.div_ceil(512) * 512;
+    file.seek(SeekFrom::Start(next)).unwrap();
+    file.write_all(&header("0000.cls", 1)).unwrap();
+    file.write_all(&[b'1']).unwrap();
+    file.write_all(&[0u8; 511 + 1024]).unwrap();
+    // The small ones, in a shard of their own beside it.
+    write_shard(&dir.path().join("small.tar"), &as_refs(&three_samples()));
+    drop(file);
+    let shards = TarShards::open(dir.path()).unwrap();
+    assert_eq!(shards.len(), 4);
+    let error = shards.read(0).unwrap_err();
+    let message = error.to_string();
+    assert!(
+        matches!(error, Error::SampleTooLarge { bytes, .. } if bytes == huge)
+            && message.contains("member 0000.tif of tar shard")
+            && message.contains("more than the 2 GiB"),
+        "{message}"
+    );
+    assert!(shards.read(1).is_ok());
+
+    let folder = dir.path().join("folder/cat");
+    std::fs::create_dir_all(&folder).unwrap();
+    std::fs::write(folder.join("a.png"), b"small").unwrap();
+    File::create(folder.join("b.tif"))
+        .unwrap()
+        .set_len(huge)
+        .unwrap();
+    let images = stoker_datasets::ImageFolder::open(&dir.path().join("folder")).unwrap();
+    assert_eq!(images.read(0).unwrap(), b"small");
+    let message = images.read(1).unwrap_err().to_string();
+    assert!(
+        message.contains("b.tif") && message.contains("more than the 2 GiB"),
+        "{message}"
+    );
+}
