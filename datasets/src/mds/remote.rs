@@ -28,19 +28,19 @@ impl MdsDataset {
         let started = Instant::now();
         let location = s3_location(uri, "MDS shards in a store are named by s3://BUCKET/PREFIX")?;
         let store = cache.store(&location)?;
-        let listing = cache.list(&store, &location)?;
+        let mut listing = cache.list(&store, &location)?;
         let root = PathBuf::from(location.uri());
         let index_name = root.join(MDS_INDEX_FILE);
-        // One lookup per shard: a set of terabytes has tens of thousands of them.
-        let by_name: HashMap<&str, &ObjectMeta> = listing
+        let base = location.key_of("");
+        let index_meta = listing
             .iter()
-            .filter_map(|object| Some((object.location.filename()?, object)))
-            .collect();
-        let find = |name: &str| by_name.get(name).copied();
-        let index_meta = find(MDS_INDEX_FILE).ok_or_else(|| Error::NoRemoteObjects {
-            uri: location.uri(),
-            what: format!("MDS {MDS_INDEX_FILE}"),
-        })?;
+            .find(|object| {
+                object.location.as_ref().strip_prefix(base.as_str()) == Some(MDS_INDEX_FILE)
+            })
+            .ok_or_else(|| Error::NoRemoteObjects {
+                uri: location.uri(),
+                what: format!("MDS {MDS_INDEX_FILE}"),
+            })?;
         let index_object = cache
             .fetch_listed(&store, &location, std::slice::from_ref(index_meta))?
             .pop()
@@ -52,6 +52,34 @@ impl MdsDataset {
             .iter()
             .map(|entry| ShardEntry::of(entry, &index_name))
             .collect::<Result<_>>()?;
+        // Shards in folders below the prefix (`0/shard.00000.mds`, as Streaming's
+        // `merge_index` names them): one more listing per folder.
+        let folders: std::collections::BTreeSet<&str> = entries
+            .iter()
+            .flat_map(|entry| [entry.raw, entry.zip])
+            .flatten()
+            .filter_map(|name| name.rsplit_once('/').map(|(folder, _)| folder))
+            .collect();
+        if !folders.is_empty() {
+            let lister = cache.lister(&location.bucket)?;
+            for folder in folders {
+                let (objects, _) =
+                    cache.list_key_prefix(&lister, &format!("{base}{folder}/"), false)?;
+                listing.extend(objects);
+            }
+        }
+        // One lookup per shard: a set of terabytes has tens of thousands of them. By the path
+        // below the prefix, as the index names them.
+        let by_name: HashMap<&str, &ObjectMeta> = listing
+            .iter()
+            .filter_map(|object| {
+                Some((
+                    object.location.as_ref().strip_prefix(base.as_str())?,
+                    object,
+                ))
+            })
+            .collect();
+        let find = |name: &str| by_name.get(name).copied();
 
         // Each shard's object: its raw file when listed, else its compressed one.
         let mut objects: Vec<ObjectMeta> = Vec::with_capacity(entries.len());

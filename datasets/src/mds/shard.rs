@@ -34,7 +34,9 @@ pub(super) struct ShardFile {
     pub(super) copy: Option<CachedObject>,
 }
 
-/// The file name `info` (`raw_data` or `zip_data`) gives, checked to be a plain file name.
+/// The file name `info` (`raw_data` or `zip_data`) gives, checked to lie inside the folder: a
+/// file name, or a path below it (`0/shard.00000.mds`, as Streaming's `merge_index` writes for
+/// sets converted in parts); never `..`, `.` or an absolute path.
 pub(super) fn basename<'a>(info: &'a Value, path: &Path) -> Result<Option<&'a str>> {
     if info.is_null() {
         return Ok(None);
@@ -43,14 +45,17 @@ pub(super) fn basename<'a>(info: &'a Value, path: &Path) -> Result<Option<&'a st
         .get("basename")
         .and_then(Value::as_str)
         .ok_or_else(|| mds_error(path, "a shard's file has no basename"))?;
-    let mut parts = Path::new(name).components();
-    match (parts.next(), parts.next()) {
-        (Some(std::path::Component::Normal(_)), None) => Ok(Some(name)),
-        _ => Err(mds_error(
+    let below = !name.is_empty()
+        && Path::new(name)
+            .components()
+            .all(|part| matches!(part, std::path::Component::Normal(_)));
+    if !below {
+        return Err(mds_error(
             path,
             format!("shard file {name:?} is not a file name inside the folder"),
-        )),
+        ));
     }
+    Ok(Some(name))
 }
 
 /// Decompresses the local file `source`, compressed by `compression` (`zstd`, `gz`; a `:level`

@@ -328,6 +328,43 @@ fn damaged_shards_and_indexes_are_errors_naming_the_file() {
         error.contains("not a file name inside the folder"),
         "{error}"
     );
+    for outside in [
+        "/tmp/shard.00000.mds",
+        "./shard.00000.mds",
+        "a/../../shard.00000.mds",
+    ] {
+        std::fs::write(&index, text.replace("shard.00000.mds", outside)).unwrap();
+        let error = open(&dir, &MdsOptions::default(), temp.path())
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(
+            error.contains("not a file name inside the folder"),
+            "{outside}: {error}"
+        );
+    }
+}
+
+/// Streaming's `merge_index` over sets converted in parts names each shard by its part's
+/// folder (`0/shard.00000.mds`): read as the whole set.
+#[test]
+fn a_merged_index_names_shards_in_subfolders() {
+    let temp = tempfile::tempdir().unwrap();
+    let (columns, rows) = samples();
+    let whole = temp.path().join("whole");
+    write_mds(&whole, &columns, &rows, 4, None).unwrap();
+    let merged = temp.path().join("merged");
+    std::fs::create_dir_all(merged.join("0")).unwrap();
+    let index = std::fs::read_to_string(whole.join(MDS_INDEX_FILE)).unwrap();
+    for shard in ["shard.00000.mds", "shard.00001.mds", "shard.00002.mds"] {
+        std::fs::copy(whole.join(shard), merged.join("0").join(shard)).unwrap();
+    }
+    let index = index.replace("\"shard.", "\"0/shard.");
+    std::fs::write(merged.join(MDS_INDEX_FILE), index).unwrap();
+    let cache = temp.path().join("cache");
+    let dataset = open(&merged, &MdsOptions::default(), &cache).unwrap();
+    assert_eq!(dataset.len(), 10);
+    assert_eq!(dataset.read(7).unwrap(), vec![7; 10]);
 }
 
 /// `ids` as Streaming's `ndarray` encoding writes an array of them: the dtype's code unless the

@@ -183,3 +183,40 @@ fn split_folders_missing_shards_damage_and_a_small_cache_are_named() {
     // Only index.json was fetched.
     assert_eq!(server.counts.object_gets() - gets, 1);
 }
+
+/// Streaming's `merge_index` names shards by their part's folder (`0/shard.00000.mds`): under a
+/// prefix they are listed in their folders and read as the same set.
+#[test]
+fn a_merged_index_reads_shards_in_subfolders_of_the_prefix() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = S3Server::start(&dir.path().join("server"));
+    let bucket = server.bucket_dir(BUCKET);
+    let cache = cache(&server, &dir.path().join("cache"));
+    let whole = bucket.join("whole");
+    write_set(&whole, None);
+    let merged = bucket.join("merged");
+    std::fs::create_dir_all(merged.join("0")).unwrap();
+    for entry in std::fs::read_dir(&whole).unwrap() {
+        let path = entry.unwrap().path();
+        let name = path.file_name().unwrap().to_string_lossy().into_owned();
+        if name.starts_with("shard.") {
+            std::fs::copy(&path, merged.join("0").join(&name)).unwrap();
+        }
+    }
+    let index = std::fs::read_to_string(whole.join("index.json")).unwrap();
+    std::fs::write(
+        merged.join("index.json"),
+        index.replace("\"shard.", "\"0/shard."),
+    )
+    .unwrap();
+    let options = MdsOptions::default();
+    let whole = MdsDataset::open_remote(
+        &format!("s3://{BUCKET}/whole"),
+        Arc::clone(&cache),
+        &options,
+    )
+    .unwrap();
+    let merged =
+        MdsDataset::open_remote(&format!("s3://{BUCKET}/merged"), cache, &options).unwrap();
+    assert_same_samples(&merged, &whole);
+}
