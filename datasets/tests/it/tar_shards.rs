@@ -468,7 +468,7 @@ fn a_sample_past_the_size_bound_is_refused_unread() {
     let next = 512 + huge.div_ceil(512) * 512;
     file.seek(SeekFrom::Start(next)).unwrap();
     file.write_all(&header("0000.cls", 1)).unwrap();
-    file.write_all(&[b'1']).unwrap();
+    file.write_all(b"1").unwrap();
     file.write_all(&[0u8; 511 + 1024]).unwrap();
     // The small ones, in a shard of their own beside it.
     write_shard(&dir.path().join("small.tar"), &as_refs(&three_samples()));
