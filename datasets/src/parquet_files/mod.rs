@@ -100,6 +100,21 @@ struct DecodedGroup {
     paths: Vec<ArrayRef>,
 }
 
+/// Decoded bytes a record batch of a row group holds at most, as its rows average: a batch of
+/// a whole group of 1M rows, as pandas and pyarrow write them, would be gigabytes, and a
+/// binary column's past 2 GiB does not decode at all (its offsets are 32-bit).
+const BATCH_BYTES: u64 = 64 << 20;
+
+/// The rows of each record batch a row group of `rows` rows and `group_bytes` uncompressed
+/// bytes (all its columns: more than the ones read, so the batches err small) is decoded in.
+fn rows_per_batch(rows: u64, group_bytes: i64) -> usize {
+    let group_bytes = u64::try_from(group_bytes).unwrap_or(0).max(1);
+    let rows = rows.max(1);
+    let fitting = u128::from(rows) * u128::from(BATCH_BYTES) / u128::from(group_bytes);
+    let fitting = u64::try_from(fitting).unwrap_or(u64::MAX).clamp(1, rows);
+    usize::try_from(fitting).unwrap_or(usize::MAX)
+}
+
 impl DecodedGroup {
     /// The bytes of row `row` of the group, or `None` when the cell is null.
     fn cell(&self, row: usize) -> Option<&[u8]> {
@@ -220,7 +235,12 @@ impl ParquetDataset {
             .map_err(group_error)?;
             let mask =
                 ProjectionMask::roots(file.metadata.parquet_schema(), columns.iter().copied());
-            let batch_rows = usize::try_from(span.rows).unwrap_or(usize::MAX).max(1);
+            let group_bytes = file
+                .metadata
+                .metadata()
+                .row_group(span.chunk_in_file)
+                .total_byte_size();
+            let batch_rows = rows_per_batch(span.rows, group_bytes);
             let reader =
                 ParquetRecordBatchReaderBuilder::new_with_metadata(handle, file.metadata.clone())
                     .with_row_groups(vec![span.chunk_in_file])
@@ -412,5 +432,21 @@ impl std::fmt::Debug for ParquetDataset {
         let files = self.files.len();
         self.rows
             .debug_source(formatter, names, &self.root, files, column)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_row_group_is_decoded_in_batches_of_about_64_mib() {
+        // pandas' default: a million rows of 100 KB images, 100 GB: 671 rows a batch.
+        assert_eq!(rows_per_batch(1 << 20, 100_000 << 20), 671);
+        // Small groups whole; a row larger than the bound alone; nothing known: whole.
+        assert_eq!(rows_per_batch(256, 10 << 20), 256);
+        assert_eq!(rows_per_batch(10, 3 << 30), 1);
+        assert_eq!(rows_per_batch(100, 0), 100);
+        assert_eq!(rows_per_batch(0, -1), 1);
     }
 }

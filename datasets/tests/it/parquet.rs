@@ -175,6 +175,40 @@ fn rows_of_a_group_are_decoded_once_while_the_group_is_cached() {
     assert_eq!(small.row_group_decodes(), 4);
 }
 
+/// A row group of 160 MiB (as pandas writes them: a million rows a group, whatever their size)
+/// is decoded in batches of about 64 MiB, each row read back whole from its batch; one batch of
+/// a group past 2 GiB did not decode at all (a binary column's offsets are 32-bit).
+#[test]
+fn a_large_row_group_is_decoded_in_batches_and_read_back_whole() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("large.parquet");
+    let rows: Vec<Vec<u8>> = (0..20u8)
+        .map(|k| {
+            let mut row = vec![k; 8 << 20];
+            row[..8].copy_from_slice(&u64::from(k).to_le_bytes());
+            row
+        })
+        .collect();
+    let images: Vec<&[u8]> = rows.iter().map(Vec::as_slice).collect();
+    let labels: Vec<i32> = (0..20).collect();
+    let columns: Columns = vec![
+        ("image", binary(&images)),
+        ("label", Arc::new(Int32Array::from(labels)) as ArrayRef),
+    ];
+    write_file(&path, columns, 1 << 20);
+    let dataset = open(&path).unwrap();
+    assert_eq!(dataset.shard_sizes().unwrap(), vec![20]);
+    for index in [19u64, 0, 7, 8, 15] {
+        assert_eq!(
+            dataset.read(index).unwrap(),
+            rows[index as usize],
+            "row {index}"
+        );
+        assert_eq!(dataset.label(index), index as i64);
+    }
+    assert_eq!(dataset.row_group_decodes(), 1);
+}
+
 #[test]
 fn reads_from_many_threads_agree() {
     let dir = tempfile::tempdir().unwrap();
