@@ -209,6 +209,40 @@ fn a_large_row_group_is_decoded_in_batches_and_read_back_whole() {
     assert_eq!(dataset.row_group_decodes(), 1);
 }
 
+/// Files of every codec pandas and pyarrow offer but brotli read the same rows.
+#[test]
+fn files_of_each_codec_read_the_same_rows() {
+    use parquet::basic::{Compression, GzipLevel, ZstdLevel};
+    let dir = tempfile::tempdir().unwrap();
+    for (name, codec) in [
+        ("snappy", Compression::SNAPPY),
+        ("gzip", Compression::GZIP(GzipLevel::default())),
+        ("zstd", Compression::ZSTD(ZstdLevel::default())),
+        ("lz4", Compression::LZ4_RAW),
+        ("none", Compression::UNCOMPRESSED),
+    ] {
+        let path = dir.path().join(format!("{name}.parquet"));
+        let batch = RecordBatch::try_from_iter(image_columns(12)).unwrap();
+        let properties = WriterProperties::builder()
+            .set_compression(codec)
+            .set_max_row_group_row_count(Some(5))
+            .build();
+        let file = std::fs::File::create(&path).unwrap();
+        let mut writer = ArrowWriter::try_new(file, batch.schema(), Some(properties)).unwrap();
+        writer.write(&batch).unwrap();
+        writer.close().unwrap();
+        let dataset = open(&path).unwrap();
+        for index in 0..12 {
+            assert_eq!(
+                dataset.read(index).unwrap(),
+                format!("image {index}").into_bytes(),
+                "{name}"
+            );
+            assert_eq!(dataset.label(index), index as i64 % 3, "{name}");
+        }
+    }
+}
+
 #[test]
 fn reads_from_many_threads_agree() {
     let dir = tempfile::tempdir().unwrap();
