@@ -97,3 +97,30 @@ def test_select_columns_reads_numeric_columns_per_sample(
     np.testing.assert_array_equal(as_float[0]["label"], images[0]["label"].astype(np.float32))
     with pytest.raises(ValueError, match="not numeric"):
         make_loader(parquet_dataset, pipeline=[stoker.ops.SelectColumns(["image"])])
+
+
+@pytest.mark.parametrize("codec", ["gzip", "brotli"])
+def test_pandas_codecs_are_read_or_refused_at_open(
+    dataset: Path, tmp_path: Path, codec: str
+) -> None:
+    """``to_parquet(compression="gzip")`` reads as snappy does; brotli, not decoded here, is
+    refused when the set opens, naming the codec, not at every sample of a set without
+    labels."""
+    pq = pytest.importorskip("pyarrow.parquet")
+    import pyarrow as pa
+
+    images = [p.read_bytes() for p in sorted(dataset.rglob("*.jpg"))][:16]
+    table = pa.table({"image": images})
+    pq.write_table(table, tmp_path / "snappy.parquet")
+    pq.write_table(table, tmp_path / f"{codec}.parquet", compression=codec)
+
+    def first(name: str) -> np.ndarray:
+        with stoker.Loader(tmp_path / name, pipeline=stoker.vision.imagenet_eval(32),
+                           batch_size=8, num_threads=1, output="numpy") as loader:
+            return next(iter(loader))["image"].copy()
+
+    if codec == "gzip":
+        np.testing.assert_array_equal(first("gzip.parquet"), first("snappy.parquet"))
+    else:
+        with pytest.raises(stoker.DatasetError, match="compressed with BROTLI"):
+            first("brotli.parquet")

@@ -411,7 +411,8 @@ pub enum Error {
         source: parquet::errors::ParquetError,
     },
 
-    /// A Parquet file lacks a column the dataset needs, or holds it with an unusable type.
+    /// A Parquet file lacks a column the dataset needs, holds it with an unusable type, or is
+    /// compressed with a codec not read.
     #[error("parquet file {path}: {problem}")]
     ParquetColumn {
         /// The Parquet file.

@@ -10,6 +10,7 @@ use parquet::arrow::arrow_reader::{
     ArrowReaderMetadata, ArrowReaderOptions, ParquetRecordBatchReaderBuilder,
 };
 use parquet::arrow::ProjectionMask;
+use parquet::basic::Compression;
 use parquet::errors::ParquetError;
 use parquet::file::reader::Length;
 
@@ -57,6 +58,34 @@ pub(super) fn open_file(
         path: path.clone(),
         source,
     })?;
+    // A codec this build does not decode is refused now, not at every read (a set without
+    // labels would open and then fail each sample).
+    let unread = metadata
+        .metadata()
+        .row_groups()
+        .iter()
+        .flat_map(|group| group.columns())
+        .map(|column| column.compression())
+        .find(|codec| {
+            !matches!(
+                codec,
+                Compression::UNCOMPRESSED
+                    | Compression::SNAPPY
+                    | Compression::GZIP(_)
+                    | Compression::ZSTD(_)
+                    | Compression::LZ4
+                    | Compression::LZ4_RAW
+            )
+        });
+    if let Some(codec) = unread {
+        return Err(Error::ParquetColumn {
+            path: path.clone(),
+            problem: format!(
+                "its pages are compressed with {codec}, which Stoker does not decode (snappy, \
+                 gzip, zstd and lz4 are read): write it again with one of those"
+            ),
+        });
+    }
     let schema = Arc::clone(metadata.schema());
     let column_problem = |problem: String| Error::ParquetColumn {
         path: path.clone(),
