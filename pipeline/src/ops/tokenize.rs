@@ -138,6 +138,13 @@ impl TextTokenizer {
             path: path.to_path_buf(),
             source,
         })?;
+        if let Some(dropout) = bpe_dropout(&text) {
+            return Err(cannot_load(format!(
+                "its model's dropout is {dropout}: BPE dropout draws other tokens at every \
+                 encoding, so a batch would differ on another worker and on resume; set \
+                 \"dropout\" to null in the file"
+            )));
+        }
         // A file's truncation and padding (a model's input length, say) are not applied, as
         // `transformers` leaves them unapplied unless asked: packing splits a long document
         // across rows and pads only a batch's last row, where a file's padding would pack pad
@@ -337,6 +344,13 @@ pub fn train_bpe_tokenizer(texts: &[&str], vocab_size: usize, eos: &str, out: &P
 }
 
 /// The `tokenizer.json` text `text` with its `truncation` and `padding` set to none.
+/// The BPE dropout the `tokenizer.json` text `text` sets (its `model.dropout`), when above 0.
+fn bpe_dropout(text: &str) -> Option<f64> {
+    let config: serde_json::Value = serde_json::from_str(text).ok()?;
+    let dropout = config.get("model")?.get("dropout")?.as_f64()?;
+    (dropout > 0.0).then_some(dropout)
+}
+
 fn without_truncation_and_padding(text: &str) -> std::result::Result<String, String> {
     let mut config: serde_json::Value =
         serde_json::from_str(text).map_err(|error| error.to_string())?;
@@ -372,6 +386,26 @@ mod tests {
         // Byte-level: text never seen still encodes (no unknown token).
         assert!(!tokenizer.encode("zebra ünïcode 🦀").unwrap().is_empty());
         assert_eq!(tokenizer.encode("").unwrap(), Vec::<u32>::new());
+
+        // BPE dropout set in the file: refused (other tokens at every encoding); 0 or null
+        // is no dropout.
+        let mut config: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+        for (dropout, refused) in [
+            (serde_json::json!(0.3), true),
+            (serde_json::json!(0.0), false),
+        ] {
+            config["model"]["dropout"] = dropout;
+            let with_dropout = dir.path().join("dropout.json");
+            std::fs::write(&with_dropout, config.to_string()).unwrap();
+            match TextTokenizer::load(&with_dropout) {
+                Err(error) => {
+                    assert!(refused, "{error}");
+                    assert!(error.to_string().contains("dropout is 0.3"), "{error}");
+                }
+                Ok(_) => assert!(!refused, "dropout 0.3 was taken"),
+            }
+        }
     }
 
     #[test]

@@ -364,7 +364,10 @@ class Tokenize(Op):
 
     The file's own truncation and padding settings are left unapplied, as ``transformers``
     leaves them unless asked: :class:`PackSequences` splits long documents across rows and
-    pads only the last row.
+    pads only the last row. Text is encoded without the tokenizer's special tokens, as
+    ``encode(text, add_special_tokens=False)`` gives: no BOS (Llama's ``<|begin_of_text|>``,
+    ``<s>``) or ``[CLS]`` is added; :class:`PackSequences` puts an EOS after each document. A
+    file whose BPE model sets ``dropout`` is refused (it draws other tokens at each encoding).
 
     Args:
         tokenizer_path: path of the ``tokenizer.json``; must be followed by
