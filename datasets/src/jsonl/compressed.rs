@@ -77,6 +77,56 @@ pub(super) fn jsonl_files(folder: &Path) -> Result<Vec<PathBuf>> {
     Ok(files)
 }
 
+/// Entries looked at, at most, for JSONL files in the subfolders of a folder source.
+const SUBFOLDER_ENTRIES_LOOKED_AT: usize = 10_000;
+
+/// JSONL files in the subfolders of `folder` (at any depth, hidden folders left out), which a
+/// folder source does not read: how many were found (looking at 10,000 entries at most) and
+/// the first, relative to `folder`.
+pub(super) fn jsonl_files_below(folder: &Path) -> (usize, Option<PathBuf>) {
+    let mut pending: Vec<PathBuf> = match std::fs::read_dir(folder) {
+        Ok(entries) => entries
+            .filter_map(|entry| entry.ok().map(|entry| entry.path()))
+            .filter(|path| path.is_dir() && !is_hidden(path))
+            .collect(),
+        Err(_) => return (0, None),
+    };
+    pending.sort();
+    pending.reverse();
+    let (mut found, mut first, mut looked) = (0, None, 0);
+    while let Some(dir) = pending.pop() {
+        let Ok(entries) = std::fs::read_dir(&dir) else {
+            continue;
+        };
+        let mut paths: Vec<PathBuf> = entries.filter_map(|e| e.ok().map(|e| e.path())).collect();
+        paths.sort();
+        let mut folders = Vec::new();
+        for path in paths {
+            looked += 1;
+            if looked > SUBFOLDER_ENTRIES_LOOKED_AT {
+                return (found, first);
+            }
+            if path.is_dir() {
+                if !is_hidden(&path) {
+                    folders.push(path);
+                }
+            } else if is_jsonl_file_name(&path) {
+                found += 1;
+                if first.is_none() {
+                    first = path.strip_prefix(folder).ok().map(Path::to_path_buf);
+                }
+            }
+        }
+        pending.extend(folders.into_iter().rev());
+    }
+    (found, first)
+}
+
+fn is_hidden(path: &Path) -> bool {
+    path.file_name()
+        .is_some_and(|name| name.to_string_lossy().starts_with('.'))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -62,6 +62,8 @@ pub struct JsonlDocuments {
     label_field: Option<String>,
     /// The files' keys in the pool of open files (one per file, in order).
     pool_keys: Range<FileKey>,
+    /// What opening found that its user should be told (JSONL files it does not read).
+    notices: Vec<String>,
 }
 
 impl Drop for JsonlDocuments {
@@ -91,7 +93,22 @@ impl JsonlDocuments {
         cache: &dyn Fn() -> Result<ObjectCacheOptions>,
     ) -> Result<JsonlDocuments> {
         let (_, paths) = root_files(path, compressed::jsonl_files)?;
-        Self::open_listed_with_cache(path, paths, text_field, label_field, cache)
+        let mut documents =
+            Self::open_listed_with_cache(path, paths, text_field, label_field, cache)?;
+        if path.is_dir() {
+            let (below, first) = compressed::jsonl_files_below(path);
+            if let Some(first) = first {
+                documents.notices.push(format!(
+                    "{below} JSONL file(s) in subfolders of {} are not read (a folder source \
+                     reads the files directly in it), {} the first: name them with a pattern \
+                     such as {}/**/*.jsonl",
+                    path.display(),
+                    first.display(),
+                    path.display()
+                ));
+            }
+        }
+        Ok(documents)
     }
 
     /// Opens the JSONL files `paths` (a pattern's or list's, in this order) as
@@ -171,6 +188,7 @@ impl JsonlDocuments {
             text_field,
             label_field: None,
             pool_keys: FilePool::global().reserve_keys(files_count),
+            notices: Vec::new(),
         };
         documents.label_field = if label_field.is_empty() {
             let first = documents.record(0).ok();
@@ -506,6 +524,11 @@ impl SampleSource for JsonlDocuments {
 
     fn shard_sizes(&self) -> Option<Vec<u64>> {
         Some(self.files.iter().map(|f| f.lines.len() as u64).collect())
+    }
+
+    /// JSONL files in subfolders of a folder source, which it does not read.
+    fn notices(&self) -> Vec<String> {
+        self.notices.clone()
     }
 }
 

@@ -43,6 +43,34 @@ fn a_folder_of_files_is_indexed_in_name_order_skipping_blank_lines() {
     ));
 }
 
+/// A folder source reads the files directly in it; JSONL files in its subfolders are told of,
+/// with a pattern that reads them, not left out unsaid.
+#[test]
+fn jsonl_files_in_subfolders_are_told_of() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("a.jsonl"), "{\"text\": \"top\"}\n").unwrap();
+    let documents = JsonlDocuments::open(dir.path(), "", "").unwrap();
+    assert!(documents.notices().is_empty());
+    std::fs::create_dir_all(dir.path().join("sub/deeper")).unwrap();
+    std::fs::create_dir_all(dir.path().join(".cache")).unwrap();
+    std::fs::write(dir.path().join("sub/b.jsonl"), "{\"text\": \"b\"}\n").unwrap();
+    std::fs::write(dir.path().join("sub/deeper/c.jsonl"), "{\"text\": \"c\"}\n").unwrap();
+    std::fs::write(dir.path().join(".cache/d.jsonl"), "{\"text\": \"d\"}\n").unwrap();
+    let documents = JsonlDocuments::open(dir.path(), "", "").unwrap();
+    assert_eq!(documents.len(), 1);
+    let notices = documents.notices();
+    assert_eq!(notices.len(), 1, "{notices:?}");
+    assert!(
+        notices[0].starts_with("2 JSONL file(s) in subfolders")
+            && notices[0].contains("sub/b.jsonl the first")
+            && notices[0].contains("/**/*.jsonl"),
+        "{notices:?}"
+    );
+    // One file named: nothing to tell.
+    let one = JsonlDocuments::open(&dir.path().join("a.jsonl"), "", "").unwrap();
+    assert!(one.notices().is_empty());
+}
+
 #[test]
 fn other_fields_and_missing_labels() {
     let dir = tempfile::tempdir().unwrap();
