@@ -93,9 +93,9 @@ mod token_file;
 
 pub use cache_stats::CacheStats;
 
-/// The most bytes one encoded sample (an image file, a shard's member) is read as: 2 GiB,
-/// above any image within the decoders' default pixel limit (89,478,485 pixels of at most 16
-/// bytes each, uncompressed); a larger one is a bad sample, [`Error::SampleTooLarge`].
+/// The most bytes one encoded sample (an image file, a shard's member, a JSONL line) is read
+/// as: 2 GiB, above any image within the decoders' default pixel limit (89,478,485 pixels of at
+/// most 16 bytes each, uncompressed); a larger one is a bad sample, [`Error::SampleTooLarge`].
 pub const MAX_SAMPLE_BYTES: u64 = 2 << 30;
 pub use error::{Error, LabelError, ReadFault, Result, WriteError};
 pub use hf_folder::{looks_like_hf_dataset, HfColumnInfo, HfDataset, HfFeature, HfSummary};

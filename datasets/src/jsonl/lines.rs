@@ -129,6 +129,12 @@ impl JsonlFile {
             is_out_of_descriptors,
         );
         let opened = opened.map_err(|source| Error::io(&self.path, source))?;
+        if u64::from(line.len) > crate::MAX_SAMPLE_BYTES {
+            return Err(Error::SampleTooLarge {
+                what: format!("{}:{}", self.path.display(), line.line),
+                bytes: u64::from(line.len),
+            });
+        }
         let mut bytes = vec![0u8; line.len as usize];
         match opened.file.read_exact_at(&mut bytes, line.start) {
             Ok(()) => Ok(bytes),

@@ -334,3 +334,28 @@ fn damaged_or_oversized_compressed_files_are_errors_naming_the_file() {
     let error = JsonlDocuments::open_with_cache(&bomb, "", "", &capped).unwrap_err();
     assert!(error.to_string().contains("cache cap"), "{error}");
 }
+
+/// A line of more than 2 GiB is a bad sample naming it, never read (a document that size,
+/// parsed and tokenised, took several times its size per decode thread). Sparse: no disk used.
+#[test]
+fn a_line_past_the_size_bound_is_refused_unread() {
+    use std::io::{Seek, SeekFrom, Write};
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("docs.jsonl");
+    let mut file = std::fs::File::create(&path).unwrap();
+    file.write_all(b"{\"text\": \"small\"}\n").unwrap();
+    let end = file.stream_position().unwrap() + stoker_datasets::MAX_SAMPLE_BYTES + 1;
+    file.seek(SeekFrom::Start(end)).unwrap();
+    file.write_all(b"\n{\"text\": \"after\"}\n").unwrap();
+    drop(file);
+    let documents = JsonlDocuments::open(&path, "", "").unwrap();
+    assert_eq!(documents.len(), 3);
+    assert_eq!(text(&documents, 0), "small");
+    let error = documents.read(1).unwrap_err();
+    let message = error.to_string();
+    assert!(
+        matches!(error, Error::SampleTooLarge { .. }) && message.contains("docs.jsonl:2"),
+        "{message}"
+    );
+    assert_eq!(text(&documents, 2), "after");
+}
