@@ -64,6 +64,27 @@ pub fn looks_like_tar_shards(path: &Path) -> bool {
     }
 }
 
+/// The first gzip-compressed tar shard `path` is or holds (`*.tar.gz`, `*.tgz`), which are not
+/// read (a member is read by its offset in the shard); `None` when there is none.
+pub fn compressed_tar_shard(path: &Path) -> Option<std::path::PathBuf> {
+    let compressed = |path: &Path| {
+        let name = path
+            .file_name()
+            .map(|n| n.to_string_lossy().to_ascii_lowercase());
+        name.is_some_and(|name| name.ends_with(".tar.gz") || name.ends_with(".tgz"))
+    };
+    if path.is_file() {
+        return compressed(path).then(|| path.to_path_buf());
+    }
+    let mut found: Vec<std::path::PathBuf> = std::fs::read_dir(path)
+        .ok()?
+        .filter_map(|entry| entry.ok().map(|entry| entry.path()))
+        .filter(|path| path.is_file() && compressed(path))
+        .collect();
+    found.sort();
+    found.into_iter().next()
+}
+
 /// How the shard indexes of a [`TarShards`] were obtained.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct TarIndexStats {

@@ -139,7 +139,18 @@ pub fn open_source(
             DatasetFormat::TokenFile
         }
         DatasetFormat::Auto if looks_like_jsonl(path) => DatasetFormat::Jsonl,
-        DatasetFormat::Auto => DatasetFormat::ImageFolder,
+        DatasetFormat::Auto => {
+            // Not taken for an image folder ("no class folder"): said for what it is.
+            if let Some(shard) = stoker_datasets::compressed_tar_shard(path) {
+                return Err(Error::InvalidSpec(format!(
+                    "{} is a gzip-compressed tar shard, which Stoker does not read (a sample \
+                     is read by its offset in the shard): decompress the shards (gunzip, \
+                     keeping .tar) or write them uncompressed",
+                    shard.display()
+                )));
+            }
+            DatasetFormat::ImageFolder
+        }
         other => other,
     };
     match format {
@@ -587,5 +598,36 @@ mod tests {
         assert_eq!(source_names(&dataset), ["a.tar", "b.tar"]);
         assert_eq!(source_names(&named(&[])), Vec::<&str>::new());
         assert_eq!(source_split(&proto::DatasetSource::default()), None);
+    }
+
+    /// gzip-compressed tar shards are said to be what they are, not "no class folder".
+    #[test]
+    fn gzip_compressed_tar_shards_are_refused_for_what_they_are() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("shard-0.tar.gz"), b"\x1f\x8b").unwrap();
+        std::fs::write(dir.path().join("shard-1.tgz"), b"\x1f\x8b").unwrap();
+        let folder = dir.path().to_string_lossy().into_owned();
+        let one = dir
+            .path()
+            .join("shard-1.tgz")
+            .to_string_lossy()
+            .into_owned();
+        for (uri, named) in [(folder, "shard-0.tar.gz"), (one, "shard-1.tgz")] {
+            let Err(error) = open_source(&named_uri(&uri), &[]) else {
+                panic!("{uri} opened");
+            };
+            let message = error.to_string();
+            assert!(
+                message.contains(named) && message.contains("gzip-compressed tar shard"),
+                "{message}"
+            );
+        }
+    }
+
+    fn named_uri(uri: &str) -> proto::DatasetSource {
+        proto::DatasetSource {
+            uri: uri.to_string(),
+            ..proto::DatasetSource::default()
+        }
     }
 }
