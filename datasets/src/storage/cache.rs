@@ -436,16 +436,24 @@ impl ObjectCache {
             concurrency: self.options.concurrency,
             max_attempts: self.options.max_attempts,
         };
-        self.runtime.block_on(download::download_all(
-            Arc::clone(store),
-            &downloads,
-            plan,
-            &self.counters,
-        ))?;
-        drop(downloads);
-
-        let mut fetched = Vec::with_capacity(entries.len());
-        for ((position, entry, lock), mut part) in entries.into_iter().zip(parts) {
+        // Each entry is committed, and its lock turned shared, as soon as its bytes are in:
+        // another process waiting for it (a rank beside this one) takes it then, not once
+        // every object of the batch has come; one that fails leaves those done committed.
+        let pending: Vec<std::sync::Mutex<Option<(usize, Entry, File, PartFile)>>> = entries
+            .into_iter()
+            .zip(parts)
+            .map(|((position, entry, lock), part)| {
+                std::sync::Mutex::new(Some((position, entry, lock, part)))
+            })
+            .collect();
+        let fetched = std::sync::Mutex::new(Vec::with_capacity(pending.len()));
+        let done = |index: usize| -> Result<()> {
+            let taken = pending
+                .get(index)
+                .and_then(|slot| slot.lock().ok().and_then(|mut slot| slot.take()));
+            let Some((position, entry, lock, mut part)) = taken else {
+                return Ok(());
+            };
             commit(&entry, &part, entry.key.contains(RANGES_SUFFIX))?;
             part.committed = true;
             downgrade(&lock, &entry.lock)?;
@@ -457,7 +465,25 @@ impl ObjectCache {
             };
             counter.fetch_add(1, Ordering::Relaxed);
             debug!(uri = %entry.uri, bytes = entry.listed.size, "fetched object into the cache");
-            fetched.push((position, entry.into_cached(lock)));
+            if let Ok(mut fetched) = fetched.lock() {
+                fetched.push((position, entry.into_cached(lock)));
+            }
+            Ok(())
+        };
+        self.runtime.block_on(download::download_all(
+            Arc::clone(store),
+            &downloads,
+            plan,
+            &self.counters,
+            &done,
+        ))?;
+        drop(downloads);
+        let fetched = fetched.into_inner().unwrap_or_default();
+        if fetched.len() != pending.len() {
+            return Err(Error::cache(
+                &self.options.dir,
+                std::io::Error::other("a download ended without all its objects"),
+            ));
         }
         Ok(fetched)
     }
@@ -604,6 +630,35 @@ mod tests {
             evicted += cache.stats().evictions;
         }
         assert!(evicted > 0);
+        Ok(())
+    }
+
+    /// Whole objects fetched together are each committed as their bytes come in: one that
+    /// fails (gone from the store since its listing) leaves those already in committed, for
+    /// another process to take, not discarded with the batch.
+    #[test]
+    fn objects_fetched_together_are_committed_one_by_one() -> Result<()> {
+        let dir = tempfile::tempdir().map_err(|e| Error::io("tempdir", e))?;
+        let mut options = ObjectCacheOptions::new(dir.path());
+        // One GET at a time, in key order: `a.bin` lands before `b.bin` is asked for.
+        options.concurrency = 1;
+        let cache = ObjectCache::new(options.clone())?;
+        let (store, location, mut listing) = one_object(&cache, vec![7; 5000])?;
+        let mut gone = listing[0].clone();
+        gone.location = ObjectPath::from("set/b.bin");
+        listing.push(gone);
+        let error = cache
+            .fetch_listed(&store, &location, &listing)
+            .expect_err("b.bin is not in the store");
+        assert!(error.to_string().contains("b.bin"), "{error}");
+        // Another process's cache finds a.bin whole, and fetches nothing for it.
+        let other = ObjectCache::new(options)?;
+        let fetched = other.fetch_listed(&store, &location, &listing[..1])?;
+        assert_eq!(
+            std::fs::read(fetched[0].path()).map_err(|e| Error::io("a.bin", e))?,
+            vec![7; 5000]
+        );
+        assert_eq!(other.stats().requests, 0);
         Ok(())
     }
 

@@ -219,21 +219,46 @@ fn plan_requests(downloads: &[Download], part_size: u64) -> Vec<Request> {
 }
 
 /// Fetches every download into its file, `plan.concurrency` GETs at a time.
+/// Each download is handed to `done` (by its index) as soon as its last GET has landed, so its
+/// caller commits it and lets other processes have it while the rest are still on their way;
+/// the first error (a GET's or `done`'s) ends the downloads not yet done.
 pub(super) async fn download_all(
     store: Arc<Store>,
     downloads: &[Download],
     plan: FetchPlan,
     counters: &Counters,
+    done: &(dyn Fn(usize) -> Result<()> + Sync),
 ) -> Result<()> {
     let requests = plan_requests(downloads, plan.part_size);
+    let mut left = vec![0usize; downloads.len()];
+    for request in &requests {
+        for &position in request.part_of.iter().chain(&request.whole) {
+            left[position] += 1;
+        }
+    }
     let mut results = stream::iter(requests)
         .map(|request| {
             let store = Arc::clone(&store);
-            async move { fetch_request(&store, downloads, request, plan, counters).await }
+            async move {
+                let covered: Vec<usize> = request
+                    .part_of
+                    .iter()
+                    .chain(&request.whole)
+                    .copied()
+                    .collect();
+                fetch_request(&store, downloads, request, plan, counters)
+                    .await
+                    .map(|()| covered)
+            }
         })
         .buffer_unordered(plan.concurrency.max(1));
     while let Some(result) = results.next().await {
-        result?;
+        for position in result? {
+            left[position] -= 1;
+            if left[position] == 0 {
+                done(position)?;
+            }
+        }
     }
     Ok(())
 }
