@@ -18,6 +18,12 @@ use crate::error::{Error, Result};
 /// Ranges a read-ahead brings in at once (each holds two descriptors while it is fetched).
 const READ_AHEAD_AT_ONCE: usize = 32;
 
+/// How long a range read waits, in all, for entries another process (or a read-ahead) is
+/// fetching before it reads the ranges from the store itself: a ranged GET takes well under
+/// a second, while a stalled one is retried for minutes with the entry locked, and a decode
+/// thread must not wait that out (the store still has the bytes).
+const RANGE_WAIT: std::time::Duration = std::time::Duration::from_secs(3);
+
 /// The entry of bytes `range` of `object`.
 pub(super) fn range_wanted(object: &ObjectMeta, range: &Range<u64>) -> Wanted {
     let key = object.location.to_string();
@@ -41,9 +47,9 @@ impl ObjectCache {
     /// object's ETag like a whole object, evicted like one), so a dataset larger than the cache
     /// is read piece by piece. Ranges missing from the cache are fetched together, neighbours
     /// of one object in one GET (`download::MAX_COALESCE_GAP`). When the cache cannot hold
-    /// them (another process holds one of the entries past the lock deadline, or the cache's
-    /// own files fail: a full disk, a quota), the ranges are read from the store past the
-    /// cache rather than failing the read: the store still has them.
+    /// them (another process or the read-ahead holds one of the entries past [`RANGE_WAIT`],
+    /// or the cache's own files fail: a full disk, a quota), the ranges are read from the
+    /// store past the cache rather than failing the read: the store still has them.
     pub(super) fn read_ranges(
         &self,
         store: &Arc<Store>,
@@ -84,7 +90,8 @@ impl ObjectCache {
             .map(|range| range_wanted(object, range))
             .collect();
         let fetched_before = self.counters.bytes_fetched.load(Ordering::Relaxed);
-        let ready = self.materialise(store, location, wanted, true)?;
+        let wait = RANGE_WAIT.min(self.options.lock_timeout);
+        let ready = self.materialise(store, location, wanted, true, wait)?;
         let mut out = Vec::with_capacity(ready.len());
         for (cached, range) in ready.into_iter().zip(ranges) {
             let bytes = match cached.entry().read_checked()? {
@@ -92,8 +99,13 @@ impl ObjectCache {
                 None => {
                     // Torn by a crash: its metadata is gone now, so this fetches it again.
                     drop(cached);
-                    let again =
-                        self.materialise(store, location, vec![range_wanted(object, range)], true)?;
+                    let again = self.materialise(
+                        store,
+                        location,
+                        vec![range_wanted(object, range)],
+                        true,
+                        wait,
+                    )?;
                     let again = again.first().ok_or_else(|| Error::IncompleteObject {
                         uri: location.uri_of(object.location.as_ref()),
                         expected: range.end - range.start,
@@ -139,7 +151,7 @@ impl ObjectCache {
         let mut wanted = wanted.into_iter().peekable();
         while wanted.peek().is_some() {
             let some: Vec<Wanted> = wanted.by_ref().take(READ_AHEAD_AT_ONCE).collect();
-            drop(self.materialise(store, location, some, false)?);
+            drop(self.materialise(store, location, some, false, RANGE_WAIT)?);
         }
         self.after_range_fetch(fetched_before)
     }

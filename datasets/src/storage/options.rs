@@ -63,9 +63,10 @@ pub struct ObjectCacheOptions {
     /// Retries of one HTTP request by the object store client (exponential backoff from
     /// 100 ms up to 5 s) before it reports a failure.
     pub request_retries: usize,
-    /// How long to wait for an entry another process is fetching: past it, reads of byte
-    /// ranges (samples, an index) go to the store past the cache, and
-    /// [`ObjectCache::fetch`](super::ObjectCache::fetch) of whole objects fails.
+    /// How long to wait for an entry another process is fetching: past it,
+    /// [`ObjectCache::fetch`](super::ObjectCache::fetch) of whole objects fails. Reads of
+    /// byte ranges (samples, an index) wait 3 s at most (or this, if shorter), then read from
+    /// the store past the cache.
     pub lock_timeout: Duration,
     /// Connection settings over the `AWS_*` environment variables.
     pub s3: S3Settings,
