@@ -21,10 +21,13 @@
 //! short copy is fetched again. Nothing is kept in memory between runs: the folder is the
 //! cache, so a restarted process finds everything a previous one fetched.
 //!
+//! A whole object's copy lies under its version (`<key>.stoker-versions/<size>-<crc>`), so an
+//! object changed in the store is fetched as a new entry while another process still reads
+//! the old copy (which the cap evicts once nobody holds it); a range's entry is fetched again
+//! in place (each read holds it only while it copies from it).
+//!
 //! Limits: a copy is checked by size and ETag, not by a checksum of its bytes (a same-size
-//! corruption on local disk goes unnoticed); an object changed in the store while another
-//! process still reads the old copy is refetched only once that process lets go (the wait has
-//! the lock timeout as its deadline).
+//! corruption on local disk goes unnoticed).
 //!
 //! Descriptors: a [`CachedObject`] holds its lock until it is dropped or its user lets go of
 //! it ([`CachedObject::release`]). The remote sources read through ranges (tar shards, token
@@ -662,6 +665,37 @@ mod tests {
             vec![7; 5000]
         );
         assert_eq!(other.stats().requests, 0);
+        Ok(())
+    }
+
+    /// An object rewritten in the store while a process still holds its old copy (an older
+    /// job on the node) is fetched as a new entry by the next process, at once: it waited for
+    /// the old copy's lock, the lock timeout, and died. Each keeps reading its own version.
+    #[test]
+    fn a_new_version_is_fetched_beside_the_old_copy_another_process_holds() -> Result<()> {
+        let dir = tempfile::tempdir().map_err(|e| Error::io("tempdir", e))?;
+        let mut options = ObjectCacheOptions::new(dir.path());
+        options.lock_timeout = std::time::Duration::from_secs(2);
+        let older = ObjectCache::new(options.clone())?;
+        let (store, location, listing) = one_object(&older, vec![1; 100])?;
+        let held = older.fetch_listed(&store, &location, &listing)?;
+        older
+            .runtime
+            .block_on(store.put(
+                &ObjectPath::from("set/a.bin"),
+                PutPayload::from(vec![2; 100]),
+            ))
+            .map_err(|source| Error::ObjectStore {
+                uri: "set/a.bin".into(),
+                source,
+            })?;
+        let newer = ObjectCache::new(options)?;
+        let relisted = newer.list(&store, &location)?;
+        let fetched = newer.fetch_listed(&store, &location, &relisted)?;
+        let read =
+            |object: &CachedObject| std::fs::read(object.path()).map_err(|e| Error::io("copy", e));
+        assert_eq!(read(&fetched[0])?, vec![2; 100]);
+        assert_eq!(read(&held[0])?, vec![1; 100]);
         Ok(())
     }
 

@@ -34,6 +34,10 @@ pub(super) const PART_MARKER: &str = ".stoker-part-";
 pub(super) const INDEX_SUFFIX: &str = ".stoker-idx";
 /// The folder beside an object's entry holding its ranges' entries (`<start>-<end>`).
 pub(super) const RANGES_SUFFIX: &str = ".stoker-ranges";
+/// The folder holding a whole object's copies by version (`<size>-<crc32 of its ETag>`): a
+/// copy of a new version is another entry, so it is fetched while a process still reads the
+/// old one (which goes once nobody holds it, by the cap).
+pub(super) const VERSIONS_SUFFIX: &str = ".stoker-versions";
 /// The folder of copies made from local files (`derived.rs`), beside `s3/`.
 pub(super) const LOCAL_ROOT: &str = "local";
 
@@ -163,6 +167,21 @@ pub(super) enum Validity {
     Damaged(String),
 }
 
+/// The name of `object`'s version among its copies: its size and the CRC-32 of its ETag (of
+/// its last-modified time when the store gives no ETag). Two versions sharing a name still
+/// differ in their metadata, which every use checks.
+fn version_name(object: &ObjectMeta) -> String {
+    let version = match &object.e_tag {
+        Some(e_tag) => e_tag.clone(),
+        None => object.last_modified.to_rfc3339(),
+    };
+    format!(
+        "{}-{:08x}",
+        object.size,
+        crc32fast::hash(version.as_bytes())
+    )
+}
+
 pub(super) fn with_suffix(path: &Path, suffix: &str) -> PathBuf {
     let mut name = path.as_os_str().to_os_string();
     name.push(suffix);
@@ -185,6 +204,7 @@ impl Entry {
                         .location
                         .as_ref()
                         .contains(&format!("{RANGES_SUFFIX}/")))
+                || segment.ends_with(VERSIONS_SUFFIX)
                 || segment.contains(PART_MARKER)
         };
         if bad_segment(&location.bucket) || key.split('/').any(bad_segment) {
@@ -192,12 +212,17 @@ impl Entry {
                 uri,
                 reason: "the key cannot be cached: it has an empty, `.` or `..` segment or \
                          ends like one of the cache's own files (.stoker-meta, .stoker-lock, \
-                         .stoker-idx)"
+                         .stoker-idx, .stoker-versions)"
                     .into(),
             });
         }
         let mut data = dir.join("s3").join(&location.bucket);
         data.extend(key.split('/'));
+        // A whole object's copy lies under its version; a range's entry is checked against
+        // the object's version and fetched again in place (held only while it is read).
+        if !key.contains(&format!("{RANGES_SUFFIX}/")) {
+            data = with_suffix(&data, VERSIONS_SUFFIX).join(version_name(object));
+        }
         Ok(Entry {
             meta: with_suffix(&data, META_SUFFIX),
             lock: with_suffix(&data, LOCK_SUFFIX),
@@ -440,12 +465,33 @@ mod tests {
         };
         let entry =
             Entry::new(Path::new("/cache"), &location, &object("train/shard-0.tar")).unwrap();
-        assert_eq!(entry.data, Path::new("/cache/s3/b/train/shard-0.tar"));
+        // A whole object under its version (size 1, the CRC-32 of its last-modified time).
+        let version = crc32fast::hash(
+            chrono::DateTime::<chrono::Utc>::default()
+                .to_rfc3339()
+                .as_bytes(),
+        );
+        let copy = format!("/cache/s3/b/train/shard-0.tar.stoker-versions/1-{version:08x}");
+        assert_eq!(entry.data, Path::new(&copy));
+        assert_eq!(entry.lock, Path::new(&format!("{copy}.stoker-lock")));
+        // Another version is another entry; a range's entry has none.
+        let mut newer = object("train/shard-0.tar");
+        newer.e_tag = Some("\"b\"".into());
+        let newer = Entry::new(Path::new("/cache"), &location, &newer).unwrap();
+        assert_ne!(newer.data, entry.data);
+        assert_eq!(newer.data.parent(), entry.data.parent());
+        let range = Entry::new(
+            Path::new("/cache"),
+            &location,
+            &object("train/shard-0.tar.stoker-ranges/0-10"),
+        )
+        .unwrap();
         assert_eq!(
-            entry.lock,
-            Path::new("/cache/s3/b/train/shard-0.tar.stoker-lock")
+            range.data,
+            Path::new("/cache/s3/b/train/shard-0.tar.stoker-ranges/0-10")
         );
         for key in [
+            "x.tar.stoker-versions",
             "x.tar.stoker-meta",
             "x.stoker-lock",
             "x.tar.stoker-idx",
