@@ -58,6 +58,10 @@ use super::uri::{s3_location, RemoteLocation};
 use crate::cache_stats::CacheStats;
 use crate::error::{Error, Result};
 
+/// An entry being downloaded: its place among those asked for, the entry, its lock (held
+/// exclusive) and the file its bytes go to.
+type Downloading = (usize, Entry, File, PartFile);
+
 /// A bucket's client for listings by key prefix ([`ObjectCache::lister`]).
 pub(crate) struct Lister {
     client: Arc<dyn object_store::list::PaginatedListStore>,
@@ -445,7 +449,7 @@ impl ObjectCache {
         // Each entry is committed, and its lock turned shared, as soon as its bytes are in:
         // another process waiting for it (a rank beside this one) takes it then, not once
         // every object of the batch has come; one that fails leaves those done committed.
-        let pending: Vec<std::sync::Mutex<Option<(usize, Entry, File, PartFile)>>> = entries
+        let pending: Vec<std::sync::Mutex<Option<Downloading>>> = entries
             .into_iter()
             .zip(parts)
             .map(|((position, entry, lock), part)| {
