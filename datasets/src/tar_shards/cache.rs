@@ -36,7 +36,7 @@ const MAGIC: &[u8; 8] = b"STKTARIX";
 /// images too (version 1 indexed `.jpg`, `.jpeg` and `.png` only, and left out the samples whose
 /// image had another extension), so indexes of version 1 are rebuilt. 3: an image whose file
 /// name holds a dot before its extension is counted as a problem (version 2 left it out
-/// unsaid).
+/// unsaid), and a `.json` member without a label field beside a `.cls` is not (metadata).
 const VERSION: u32 = 3;
 /// The extension of cache files.
 pub(super) const CACHE_SUFFIX: &str = crate::files::TAR_INDEX_CACHE_SUFFIX;

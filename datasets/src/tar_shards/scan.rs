@@ -140,6 +140,18 @@ pub(super) fn parse_class_label(bytes: &[u8]) -> Option<i64> {
     std::str::from_utf8(bytes).ok()?.trim().parse().ok()
 }
 
+/// Whether a `.json` member is an object with a `label` or `cls` field (of any value): one
+/// without is a sample's metadata.
+fn json_names_a_label(bytes: &[u8]) -> bool {
+    serde_json::from_slice::<serde_json::Value>(bytes)
+        .ok()
+        .and_then(|value| {
+            let object = value.as_object()?;
+            Some(object.contains_key("label") || object.contains_key("cls"))
+        })
+        .unwrap_or(true)
+}
+
 /// Parses a `.json` member: an object with an integer `label` (or else `cls`) field.
 pub(super) fn parse_json_label(bytes: &[u8]) -> Option<i64> {
     let value: serde_json::Value = serde_json::from_slice(bytes).ok()?;
@@ -173,6 +185,8 @@ struct PendingSample {
     /// A member whose extension ends as an image's but starts with more of the file name
     /// (`img_1.5x.jpg`: key `img_1`, extension `5x.jpg`): the image of no sample.
     dotted_image: Option<String>,
+    /// A `.json` member without a `label` or `cls` field (metadata).
+    unlabelled_json: Option<String>,
 }
 
 /// Accumulates one shard's index and reports problems against the shard.
@@ -212,11 +226,16 @@ impl<'a> IndexBuilder<'a> {
                 };
                 self.index.push(&image.name, sample);
             }
-            (Some(image), None) => {
-                if !pending.bad_label {
-                    self.problem(&image.name, "image without a .cls or .json label member");
+            (Some(image), None) => match (pending.bad_label, pending.unlabelled_json) {
+                (true, _) => {}
+                (false, Some(json)) => self.problem(
+                    &json,
+                    "image whose .json member holds no label or cls field, and no .cls member",
+                ),
+                (false, None) => {
+                    self.problem(&image.name, "image without a .cls or .json label member")
                 }
-            }
+            },
             (None, _) if pending.dotted_image.is_some() => {
                 let member = pending.dotted_image.unwrap_or_default();
                 self.problem(
@@ -497,6 +516,15 @@ fn index_member<R: Read>(
                 return;
             }
             let from_cls = kind == MemberKind::ClassLabel;
+            if !from_cls && !json_names_a_label(&bytes) {
+                // A sample's metadata (`.json` without `label` or `cls`), not its label: a
+                // problem only if no `.cls` gives one.
+                builder
+                    .pending
+                    .unlabelled_json
+                    .get_or_insert_with(|| name.to_string());
+                return;
+            }
             let label = if from_cls {
                 parse_class_label(&bytes)
             } else {

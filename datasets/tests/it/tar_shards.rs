@@ -335,14 +335,24 @@ fn samples_missing_their_label_or_image_are_left_out() {
             ("masked.jpg", b"masked"),
             ("masked.seg.png", b"mask"),
             ("masked.cls", b"1"),
+            // Metadata beside a `.cls`: no problem; beside no label, the sample's one.
+            ("meta.jpg", b"meta"),
+            ("meta.json", br#"{"source": "x"}"#),
+            ("meta.cls", b"2"),
+            ("unlabelled.jpg", b"unlabelled"),
+            ("unlabelled.json", br#"{"source": "y"}"#),
         ],
     );
     let shards = TarShards::open(dir.path()).unwrap();
     assert_eq!(
         read_all(&shards),
-        [(b"good".to_vec(), 0), (b"masked".to_vec(), 1)]
+        [
+            (b"good".to_vec(), 0),
+            (b"masked".to_vec(), 1),
+            (b"meta".to_vec(), 2)
+        ]
     );
-    assert_eq!(shards.index_stats().problems, 5);
+    assert_eq!(shards.index_stats().problems, 6);
 }
 
 #[test]
