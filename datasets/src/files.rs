@@ -46,7 +46,12 @@ pub(crate) fn files_with_extension(folder: &Path, extension: &str) -> Result<Vec
     let mut files = Vec::new();
     for entry in entries {
         let path = entry.map_err(|source| Error::io(folder, source))?.path();
-        if has_extension(&path, extension) && path.is_file() {
+        // macOS's AppleDouble files (`._shard-0.tar`, beside each file copied from its disks)
+        // hold a file's attributes, never data.
+        let apple_double = path
+            .file_name()
+            .is_some_and(|name| name.as_encoded_bytes().starts_with(b"._"));
+        if has_extension(&path, extension) && path.is_file() && !apple_double {
             files.push(path);
         }
     }

@@ -153,6 +153,19 @@ impl TarShards {
         }
         let class_names = class_names(&root, max_label)?;
         let mut notices = Vec::new();
+        let sampleless: Vec<String> = shards
+            .iter()
+            .filter(|shard| shard.index.samples.is_empty())
+            .map(|shard| shard.path.display().to_string())
+            .collect();
+        if let Some(first) = sampleless.first() {
+            notices.push(format!(
+                "{} shard(s) of {} hold no sample (empty, cut short before their first \
+                 member, or not a tar archive), {first} the first",
+                sampleless.len(),
+                path.display()
+            ));
+        }
         if stats.problems > 0 {
             notices.push(format!(
                 "{}: {} problem(s) indexing the tar shards (an image without a .cls or .json \

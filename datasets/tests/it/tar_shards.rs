@@ -510,3 +510,23 @@ fn a_sample_past_the_size_bound_is_refused_unread() {
         "{message}"
     );
 }
+
+/// A shard that holds no sample (empty, cut short, not a tar) is told of by name; macOS's
+/// AppleDouble files beside shards (`._a.tar`) are not shards at all.
+#[test]
+fn shards_without_samples_are_told_of_and_apple_double_files_left_out() {
+    let dir = tempfile::tempdir().unwrap();
+    write_shard(&dir.path().join("a.tar"), &as_refs(&three_samples()));
+    std::fs::write(dir.path().join("empty.tar"), b"").unwrap();
+    std::fs::write(dir.path().join("._a.tar"), b"\0\x05\x16\x07 attributes").unwrap();
+    let shards = TarShards::open(dir.path()).unwrap();
+    assert_eq!(shards.len(), 3);
+    assert_eq!(shards.index_stats().shards, 2);
+    let notices = shards.notices();
+    assert!(
+        notices
+            .iter()
+            .any(|n| n.starts_with("1 shard(s)") && n.contains("empty.tar the first")),
+        "{notices:?}"
+    );
+}
