@@ -239,8 +239,11 @@ pub(crate) fn find_splits(root: &Path) -> Result<Option<SplitLayout>> {
             if inside.as_ref().is_some_and(|l| l.images) {
                 with_images = true;
             } else if folder.join(crate::MDS_INDEX_FILE).is_file()
-                || inside.is_some_and(|l| !l.data_files.is_empty())
+                || inside.as_ref().is_some_and(|l| !l.data_files.is_empty())
+                || (base == root && inside.is_some_and(|l| holds_split_folders_of_data(&l)))
             {
+                // The last: a hub configuration laid out by split folders (the hub's Parquet
+                // conversion, `default/train/0000.parquet`), read by split in its turn.
                 with_data.insert(name.clone(), folder.clone());
             }
         }
@@ -284,6 +287,17 @@ pub(crate) fn dict_splits_of(json: &serde_json::Value, path: &Path) -> Result<Ve
         .iter()
         .filter_map(|split| split.as_str().map(str::to_string))
         .collect())
+}
+
+/// Whether a folder holding no data files of its own has subfolders named like splits that
+/// hold data files (`default/` of the hub's Parquet conversion: `train/0000.parquet`).
+fn holds_split_folders_of_data(listing: &Listing) -> bool {
+    listing.data_files.is_empty()
+        && !listing.images
+        && listing.folders.iter().any(|(name, folder)| {
+            is_split_folder_name(name)
+                && Listing::of(folder).is_ok_and(|inner| !inner.data_files.is_empty())
+        })
 }
 
 /// An image folder laid out by split: every subfolder is named like a split, and one of them

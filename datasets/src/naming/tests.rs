@@ -101,6 +101,26 @@ fn a_hub_configs_folder_is_read_by_split_too() {
     );
 }
 
+/// The hub's Parquet conversion (`refs/convert/parquet`): `{config}/{split}/0000.parquet`.
+#[test]
+fn the_hubs_parquet_conversion_is_read_by_split() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    touch(
+        root,
+        &[
+            "default/train/0000.parquet",
+            "default/train/0001.parquet",
+            "default/test/0000.parquet",
+        ],
+    );
+    let source = root.display().to_string();
+    let message = resolve_local(&[&source], None).unwrap_err().to_string();
+    assert!(message.contains("test, train"), "{message}");
+    let train = resolve_local(&[&source], Some("train")).unwrap();
+    assert_eq!(names_of(root, train), ["path:default/train"]);
+}
+
 /// A split whose hub shards are not one whole set is refused, naming what is wrong: one
 /// missing would read as the whole split, short; an older export beside a newer one would
 /// repeat rows.
