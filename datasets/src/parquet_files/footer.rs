@@ -42,12 +42,13 @@ fn all_numeric(schema: &arrow_schema::Schema) -> bool {
 }
 
 /// Reads the footer of the file at `path` (its bytes from `source`) and finds the sample and
-/// label columns in its schema.
+/// label columns in its schema; `None` for a file of no rows (an empty shard: pandas writes
+/// its object columns as the null type), which adds nothing and is not held to the others.
 pub(super) fn open_file(
     path: PathBuf,
     source: FileBytes,
     options: &ParquetOptions,
-) -> Result<OpenedFile> {
+) -> Result<Option<OpenedFile>> {
     let handle = source.footer()?;
     let bytes = handle.len();
     let metadata = without_panics("parquet", || {
@@ -85,6 +86,10 @@ pub(super) fn open_file(
                  gzip, zstd and lz4 are read): write it again with one of those"
             ),
         });
+    }
+    if metadata.metadata().file_metadata().num_rows() == 0 {
+        tracing::info!(path = %path.display(), "a parquet file of no rows left out");
+        return Ok(None);
     }
     let schema = Arc::clone(metadata.schema());
     let column_problem = |problem: String| Error::ParquetColumn {
@@ -249,7 +254,7 @@ pub(super) fn open_file(
         (None, None) => None,
     };
 
-    Ok(OpenedFile {
+    Ok(Some(OpenedFile {
         file: ParquetFile {
             path,
             source,
@@ -263,7 +268,7 @@ pub(super) fn open_file(
         kind,
         label_column,
         class_names,
-    })
+    }))
 }
 
 /// The key of the features `datasets` writes into a Parquet file's metadata.

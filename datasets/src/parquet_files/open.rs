@@ -150,10 +150,12 @@ impl ParquetDataset {
         object_cache: Option<Arc<ObjectCache>>,
         started: Instant,
     ) -> Result<ParquetDataset> {
-        let opened: Vec<(OpenedFile, Option<Vec<i64>>)> = files
+        let opened: Vec<Option<(OpenedFile, Option<Vec<i64>>)>> = files
             .into_par_iter()
             .map(|(path, source)| {
-                let opened = open_file(path, source, options)?;
+                let Some(opened) = open_file(path, source, options)? else {
+                    return Ok(None);
+                };
                 let labels = opened
                     .label_column
                     .map(|column| {
@@ -166,11 +168,13 @@ impl ParquetDataset {
                             })
                     })
                     .transpose()?;
-                Ok((opened, labels))
+                Ok(Some((opened, labels)))
             })
             .collect::<Result<_>>()?;
-
-        let first = &opened[0].0;
+        let opened: Vec<(OpenedFile, Option<Vec<i64>>)> = opened.into_iter().flatten().collect();
+        let Some((first, _)) = opened.first() else {
+            return Err(Error::NoParquetRows(path.to_path_buf()));
+        };
         let sample_column = first.sample_column_name.clone();
         let sample_kind = first.kind;
         let label_column = first

@@ -243,6 +243,33 @@ fn files_of_each_codec_read_the_same_rows() {
     }
 }
 
+/// A shard of no rows (pandas writes an empty frame's object columns as the null type) adds
+/// nothing and is not held to the others' columns; a set of only such files has no rows.
+#[test]
+fn a_shard_of_no_rows_is_left_out() {
+    let dir = tempfile::tempdir().unwrap();
+    let empty: Columns = vec![
+        (
+            "image",
+            Arc::new(arrow_array::NullArray::new(0)) as ArrayRef,
+        ),
+        (
+            "label",
+            Arc::new(Int32Array::from(Vec::<i32>::new())) as ArrayRef,
+        ),
+    ];
+    write_file(&dir.path().join("part-0.parquet"), empty.clone(), 10);
+    let only_empty = open(dir.path()).unwrap_err();
+    assert!(
+        matches!(only_empty, Error::NoParquetRows(_)),
+        "{only_empty}"
+    );
+    write_file(&dir.path().join("part-1.parquet"), image_columns(5), 10);
+    let dataset = open(dir.path()).unwrap();
+    assert_eq!(dataset.len(), 5);
+    assert_eq!(dataset.read(4).unwrap(), b"image 4");
+}
+
 #[test]
 fn reads_from_many_threads_agree() {
     let dir = tempfile::tempdir().unwrap();
