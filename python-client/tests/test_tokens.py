@@ -242,7 +242,8 @@ def test_a_megatron_corpus_reads_with_the_dtype_its_index_names(tmp_path: Path) 
     prefix = tmp_path / "corpus_text_document"
     write_megatron(prefix, documents, code=4)
     flat = np.concatenate([np.asarray(d) for d in documents])
-    for source in (f"{prefix}.bin", f"{prefix}.idx"):
+    # By its .bin, its .idx, or its prefix as Megatron's --data-path names it.
+    for source in (f"{prefix}.bin", f"{prefix}.idx", str(prefix)):
         batches = load(source, [ops.TokenWindows(SEQ_LEN)], shuffle=False)
         rows = np.concatenate([b["tokens"] for b in batches])
         assert rows.dtype == np.uint32

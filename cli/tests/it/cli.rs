@@ -348,7 +348,8 @@ fn an_error_says_its_cause_once() {
     assert_eq!(stderr.matches("Is a directory").count(), 1, "{stderr}");
 }
 
-/// A Megatron corpus named by its `.idx` (as by its `.bin`) is read as token windows, and a
+/// A Megatron corpus named by its `.idx` or its prefix (as by its `.bin`) is read as token
+/// windows, and a
 /// pattern is judged by the files it names: the report names the pipeline run.
 #[test]
 fn a_megatron_index_and_a_pattern_choose_the_token_pipeline() {
@@ -370,6 +371,8 @@ fn a_megatron_index_and_a_pattern_choose_the_token_pipeline() {
         out.lines().last().unwrap_or_default().to_string()
     };
     assert_eq!(digest(&by_index), digest(&by_bin));
+    // By its prefix, as Megatron's --data-path names it.
+    assert_eq!(digest(&prefix), digest(&by_bin));
     let pattern = dir.path().join("corpus_*.bin");
     let report = stdout_of(&[
         "bench",

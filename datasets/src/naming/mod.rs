@@ -139,6 +139,12 @@ pub fn resolve_local(names: &[&str], split: Option<&str>) -> Result<LocalSource>
     if names.len() == 1 && Path::new(first).exists() {
         return resolve_path(Path::new(first), split);
     }
+    // A Megatron corpus by its prefix, as Megatron's `--data-path` names it: its `.bin`.
+    if names.len() == 1 && !is_pattern(first) {
+        if let Some((bin, _)) = crate::megatron_pair(Path::new(first)) {
+            return resolve_path(&bin, split);
+        }
+    }
     let mut files = Vec::new();
     for &name in names {
         files_named(name, &mut files)?;

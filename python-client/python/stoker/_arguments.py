@@ -102,7 +102,8 @@ def remote_source_path(source: object) -> str:
 
 def source_path(source: object) -> str:
     """The dataset ``source`` names: a local path (``file://`` URLs accepted, and checked to
-    exist here) or an ``s3://BUCKET/PREFIX`` URI (checked when the loader opens it)."""
+    exist here; a Megatron corpus's prefix, its ``.bin`` and ``.idx`` beside it, is one) or an
+    ``s3://BUCKET/PREFIX`` URI (checked when the loader opens it)."""
     if not isinstance(source, (str, os.PathLike)):
         raise ValueError(
             "source must be a path (str or os.PathLike) or an s3://BUCKET/PREFIX URI, "
@@ -123,7 +124,8 @@ def source_path(source: object) -> str:
         )
     if not path:
         raise ValueError("source must not be empty")
-    if not os.path.exists(path) and not is_pattern(path):
+    megatron_prefix = os.path.isfile(path + ".bin") and os.path.isfile(path + ".idx")
+    if not os.path.exists(path) and not is_pattern(path) and not megatron_prefix:
         raise FileNotFoundError(errno.ENOENT, f"source {path!r} does not exist", path)
     return path
 
