@@ -228,6 +228,15 @@ pub(crate) fn normalize_parameters(norm: &proto::Normalize) -> Result<([f32; 3],
             "Normalize std must be finite and non-zero, got {std:?}"
         )));
     }
+    // Pixels are scaled to [0, 1] first: statistics on the 0..255 scale (mmpretrain's
+    // 123.675, 58.395) would make every input nearly the same value, silently.
+    if mean.iter().any(|m| !(0.0..=1.0).contains(m)) || std.iter().any(|s| s.abs() > 1.0) {
+        return Err(invalid(format!(
+            "Normalize mean {mean:?} and std {std:?} must be on the [0, 1] scale the pixels are \
+             scaled to (mean in [0, 1], |std| at most 1): divide 0..255 statistics by 255 \
+             (123.675 -> 0.485); for 0..255 floats, Normalize((0, 0, 0), (1/255,) * 3)"
+        )));
+    }
     Ok((mean, std))
 }
 

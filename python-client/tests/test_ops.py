@@ -53,10 +53,10 @@ def test_to_dict_matches_the_native_contract() -> None:
     }
     assert Resize(256).to_dict() == {"op": "resize", "shorter_side": 256}
     assert RandomHorizontalFlip().to_dict() == {"op": "random_horizontal_flip", "p": 0.5}
-    assert Normalize((0.5, 0.5, 0.5), [1, 2, 3]).to_dict() == {
+    assert Normalize((0.5, 0.5, 0.5), [0.25, 0.5, 1]).to_dict() == {
         "op": "normalize",
         "mean": [0.5, 0.5, 0.5],
-        "std": [1.0, 2.0, 3.0],
+        "std": [0.25, 0.5, 1.0],
     }
     assert ToTensor("NCHW", "float32").to_dict() == {
         "op": "to_tensor",
@@ -85,6 +85,9 @@ def test_to_dict_matches_the_native_contract() -> None:
         (lambda: RandomResizedCrop(8, scale=0.5), "scale"),
         (lambda: RandomResizedCrop(8, ratio=(0, 1)), "ratio"),
         (lambda: RandomResizedCrop(8, ratio=(2, 1)), "ratio"),
+        # (0, 0) would read as "unset", torchvision's default range: refused, not reinterpreted.
+        (lambda: RandomResizedCrop(8, scale=(0, 0)), "scale upper bound must be above 0"),
+        (lambda: RandomResizedCrop(8, ratio=(0, 0)), "ratio upper bound must be above 0"),
         (lambda: Resize(0), "Resize size"),
         (lambda: Resize((224, 224)), "Resize size"),
         (lambda: CenterCrop(-1), "CenterCrop height"),
@@ -96,6 +99,9 @@ def test_to_dict_matches_the_native_contract() -> None:
         (lambda: Normalize((0.5, 0.5, 0.5), (1, 0, 1)), "std"),
         (lambda: Normalize((0.5, 0.5, float("inf")), (1, 1, 1)), "mean"),
         (lambda: Normalize("abc", (1, 1, 1)), "mean"),
+        # mmpretrain's statistics, on the 0..255 scale: refused, the pixels are on [0, 1].
+        (lambda: Normalize((123.675, 116.28, 103.53), (58.395, 57.12, 57.375)), "by 255"),
+        (lambda: Normalize((0.5, 0.5, 0.5), (2, 2, 2)), "at most 1"),
         (lambda: ToTensor("HWC"), "layout"),
         (lambda: ToTensor("NHWC", "float16"), "dtype"),
     ],

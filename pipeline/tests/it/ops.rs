@@ -754,6 +754,18 @@ fn pipeline_checks_name_the_op_at_fault() {
             ],
             "non-zero",
         ),
+        // Statistics on the 0..255 scale: refused, not applied to [0, 1] pixels.
+        (
+            vec![
+                decode_op(),
+                crop_op(224),
+                op(OpKind::Normalize(proto::Normalize {
+                    mean: vec![123.675, 116.28, 103.53],
+                    std: vec![58.395, 57.12, 57.375],
+                })),
+            ],
+            "divide 0..255 statistics by 255",
+        ),
         (
             vec![decode_op(), crop_op(224), crop_op(224)],
             "RandomResizedCrop is out of place",

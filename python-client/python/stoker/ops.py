@@ -1,6 +1,9 @@
 """Pipeline ops: the typed, declarative steps a Stoker pipeline is built from.
 
-Each op mirrors its torchvision namesake (same argument names, same defaults) and is checked
+Each op takes its torchvision namesake's argument names and defaults, with two differences
+its docstring states: :class:`ToTensor` keeps uint8 NHWC unless asked for float32 (the cheapest
+form to move), and :class:`Normalize` scales pixels to [0, 1] first (as torchvision's
+``ToTensor`` then ``Normalize`` do), so its statistics are on that scale. Each op is checked
 when it is constructed, so a bad op fails with a :class:`stoker.PipelineError` (a
 ``ValueError``) on the line that built it, before any thread starts or any file is read. Ops
 are data, not code: the Rust workers execute them, and :meth:`Op.to_dict` gives the exact
@@ -208,6 +211,13 @@ class RandomResizedCrop(Op):
         self.scale = (_float(low), _float(high))
         low, high = _pair(ratio, "RandomResizedCrop ratio")
         self.ratio = (_float(low), _float(high))
+        # (0, 0) on the wire means "unset" (torchvision's default range): a user's own (0, 0)
+        # would be read so, not as the range it is.
+        for name, (_, top) in (("scale", self.scale), ("ratio", self.ratio)):
+            if isinstance(top, (int, float)) and top <= 0:
+                raise PipelineError(
+                    f"RandomResizedCrop {name} upper bound must be above 0, got {top!r}"
+                )
         self._check()
 
     def _fields(self) -> dict[str, Any]:
@@ -287,8 +297,10 @@ class Normalize(Op):
     is float32 in NCHW layout unless a :class:`ToTensor` after it asks for NHWC.
 
     Args:
-        mean: three finite numbers, one per RGB channel, on the [0, 1] scale.
-        std: three finite, non-zero numbers, one per RGB channel.
+        mean: three finite numbers, one per RGB channel, on the [0, 1] scale (in [0, 1]).
+        std: three finite, non-zero numbers, one per RGB channel, at most 1 in magnitude.
+            Statistics on the 0..255 scale (``123.675``, ``58.395``) are refused: divide them
+            by 255.
     """
 
     proto_name = "normalize"
