@@ -138,7 +138,7 @@ pub(crate) fn list_class(
                     relative,
                     ancestors: ancestors.clone(),
                 });
-            } else if has_image_extension(name) {
+            } else if has_image_extension(name) && !entry_is_special(&entry) {
                 let start = file_names.len();
                 file_names.extend_from_slice(name);
                 file_spans.push((start, file_names.len()));
@@ -189,6 +189,14 @@ fn read_folder(path: &Path) -> Option<Vec<fs::DirEntry>> {
 }
 
 /// `os.DirEntry.is_dir()`: follows symlinks, and any error means "not a folder".
+/// Whether `entry` is neither a file nor a link (a named pipe, a socket, a device): opening a
+/// pipe named `x.jpg` blocks until a writer comes, forever. A link is looked through when read.
+fn entry_is_special(entry: &fs::DirEntry) -> bool {
+    entry
+        .file_type()
+        .is_ok_and(|file_type| !file_type.is_file() && !file_type.is_symlink())
+}
+
 fn entry_is_dir(entry: &fs::DirEntry) -> bool {
     match entry.file_type() {
         Ok(file_type) if file_type.is_symlink() => {

@@ -272,14 +272,24 @@ impl fmt::Debug for ImageFolder {
     }
 }
 
-/// The file at `path`, unless it holds more than [`crate::MAX_SAMPLE_BYTES`].
+/// The file at `path`, unless it holds more than [`crate::MAX_SAMPLE_BYTES`] or is not a
+/// regular file (a named pipe is opened without waiting for a writer, and refused).
 fn read_bounded(path: &std::path::Path) -> Result<Vec<u8>> {
     use std::io::Read;
-    let file = std::fs::File::open(path).map_err(|source| Error::io(path, source))?;
-    let bytes = file
-        .metadata()
-        .map_err(|source| Error::io(path, source))?
-        .len();
+    use std::os::unix::fs::OpenOptionsExt;
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK)
+        .open(path)
+        .map_err(|source| Error::io(path, source))?;
+    let metadata = file.metadata().map_err(|source| Error::io(path, source))?;
+    if !metadata.is_file() {
+        return Err(Error::io(
+            path,
+            std::io::Error::new(std::io::ErrorKind::InvalidInput, "not a regular file"),
+        ));
+    }
+    let bytes = metadata.len();
     if bytes > crate::MAX_SAMPLE_BYTES {
         return Err(Error::SampleTooLarge {
             what: path.display().to_string(),

@@ -370,3 +370,34 @@ fn measure_generating_five_thousand_images() {
         report.formats
     );
 }
+
+/// A named pipe called like an image is no sample (opening it waited for a writer, forever:
+/// every command, and a worker's decode thread, hung); one reached through a link is an error
+/// naming it, at once.
+#[test]
+fn named_pipes_are_never_waited_on() {
+    let dir = tempfile::tempdir().unwrap();
+    write_file(dir.path(), "a/one.png", b"one");
+    let mkfifo = |path: &Path| {
+        let name = std::ffi::CString::new(path.as_os_str().as_encoded_bytes()).unwrap();
+        // SAFETY: a valid NUL-terminated path.
+        assert_eq!(unsafe { libc::mkfifo(name.as_ptr(), 0o644) }, 0);
+    };
+    mkfifo(&dir.path().join("a/pipe.jpg"));
+    mkfifo(&dir.path().join("elsewhere.fifo"));
+    std::os::unix::fs::symlink(
+        dir.path().join("elsewhere.fifo"),
+        dir.path().join("a/zz.jpg"),
+    )
+    .unwrap();
+    let folder = ImageFolder::open(dir.path()).unwrap();
+    assert_eq!(folder.len(), 2, "the pipe is not listed; the link is");
+    assert_eq!(folder.read(0).unwrap(), b"one");
+    let started = Instant::now();
+    let error = folder.read(1).unwrap_err().to_string();
+    assert!(
+        error.contains("zz.jpg") && error.contains("not a regular file"),
+        "{error}"
+    );
+    assert!(started.elapsed().as_secs() < 5);
+}
