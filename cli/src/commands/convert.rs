@@ -66,6 +66,26 @@ fn open_folder(args: &ConvertArgs) -> anyhow::Result<ImageFolder> {
     ImageFolder::open(&path).with_context(cannot)
 }
 
+/// `path` with its links and `..` resolved, as far as it exists (an output folder not yet made
+/// is its nearest existing folder's resolved path and the rest as written).
+fn resolved(path: &std::path::Path) -> std::path::PathBuf {
+    let absolute = std::path::absolute(path).unwrap_or_else(|_| path.to_path_buf());
+    let mut existing = absolute.as_path();
+    let mut rest = Vec::new();
+    loop {
+        if let Ok(real) = existing.canonicalize() {
+            return rest.iter().rev().fold(real, |path, part| path.join(part));
+        }
+        match (existing.parent(), existing.file_name()) {
+            (Some(parent), Some(name)) => {
+                rest.push(name.to_os_string());
+                existing = parent;
+            }
+            _ => return absolute,
+        }
+    }
+}
+
 /// Runs the command.
 pub fn run(args: ConvertArgs) -> anyhow::Result<()> {
     let out = args.out.to_string_lossy().into_owned();
@@ -73,6 +93,16 @@ pub fn run(args: ConvertArgs) -> anyhow::Result<()> {
         return convert_to_bucket(args, &out);
     }
     let folder = open_folder(&args)?;
+    // Written inside the folder it reads, the output would be a class of it from then on: the
+    // image folder no longer opens ("no image file for the class ...").
+    let (from, to) = (resolved(folder.root()), resolved(&args.out));
+    if to.starts_with(&from) {
+        anyhow::bail!(
+            "--out {} lies inside the image folder {} it converts: write it elsewhere",
+            args.out.display(),
+            args.from.display()
+        );
+    }
     let max_bytes = args.shard_size.saturating_mul(1_000_000);
     let bar = ProgressBar::new(folder.len());
     bar.set_style(
@@ -120,7 +150,7 @@ pub fn run(args: ConvertArgs) -> anyhow::Result<()> {
             )
         }
     };
-    println!("{summary}");
+    super::summary(format_args!("{summary}"));
     Ok(())
 }
 
@@ -141,13 +171,13 @@ fn convert_to_bucket(args: ConvertArgs, uri: &str) -> anyhow::Result<()> {
     })?;
     let uploaded = upload_tar_set(&local, uri, &cache)
         .with_context(|| format!("cannot upload the tar shards to {uri}"))?;
-    println!(
+    super::summary(format_args!(
         "uploaded {} objects ({:.1} MB) to {uri}; wrote {} ({} samples, {} bytes)",
         uploaded.objects,
         uploaded.bytes as f64 / 1e6,
         uploaded.index.uri,
         uploaded.index.samples,
         uploaded.index.bytes
-    );
+    ));
     Ok(())
 }

@@ -19,9 +19,9 @@ pub fn run(args: IndexArgs) -> anyhow::Result<()> {
     let cache = ObjectCache::from_env().context("cannot set up the object cache")?;
     let written = write_tar_index(&args.uri, &cache)
         .with_context(|| format!("cannot index the tar shards at {}", args.uri))?;
-    println!(
+    super::summary(format_args!(
         "indexed {} shards, {} samples ({} bytes read); wrote {} ({} bytes)",
         written.shards, written.samples, written.shard_bytes, written.uri, written.bytes
-    );
+    ));
     Ok(())
 }

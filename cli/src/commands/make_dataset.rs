@@ -49,12 +49,12 @@ pub fn generate_with_progress(
 /// Runs the command.
 pub fn run(args: MakeDatasetArgs) -> anyhow::Result<()> {
     let generated = generate_with_progress(&args.out, args.count, args.seed)?;
-    println!(
+    super::summary(format_args!(
         "wrote {} images ({:.1} MB, {:.0} KB mean) to {}",
         generated.files,
         generated.total_bytes as f64 / 1e6,
         generated.total_bytes as f64 / generated.files.max(1) as f64 / 1e3,
         generated.root.display()
-    );
+    ));
     Ok(())
 }

@@ -57,13 +57,13 @@ pub fn run(args: MakeTokensArgs) -> anyhow::Result<()> {
         seed: args.seed,
     };
     write_synthetic_tokens(&args.out, &spec)?;
-    println!(
+    super::summary(format_args!(
         "wrote {} {} tokens ({:.1} MB) to {} in {:.1} s",
         args.tokens,
         dtype.name(),
         (args.tokens * dtype.size() as u64) as f64 / 1e6,
         args.out.display(),
         started.elapsed().as_secs_f64()
-    );
+    ));
     Ok(())
 }

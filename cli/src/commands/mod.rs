@@ -72,6 +72,23 @@ impl Cli {
     }
 }
 
+/// Prints the closing line of a command that wrote files: a reader gone by then (`| true`,
+/// `| head -0`) is no failure of the work done, which a panic on the closed pipe (exit 101)
+/// told scripts it was.
+pub(crate) fn summary(line: std::fmt::Arguments<'_>) {
+    use std::io::Write;
+    let mut out = std::io::stdout().lock();
+    if let Err(error) = out
+        .write_fmt(line)
+        .and_then(|()| out.write_all(b"\n"))
+        .and_then(|()| out.flush())
+    {
+        if error.kind() != std::io::ErrorKind::BrokenPipe {
+            tracing::warn!(%error, "cannot print the summary");
+        }
+    }
+}
+
 /// Runs the chosen subcommand.
 pub fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {

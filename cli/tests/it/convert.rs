@@ -175,6 +175,34 @@ fn non_empty_outputs_are_refused_clearly() {
         let message = String::from_utf8_lossy(&again.stderr);
         assert!(message.contains("not empty"), "{message}");
     }
+    // An output inside the folder it converts would be a class of it from then on.
+    let inside = folder.join("tars");
+    let refused = stoker(&convert_args(&folder, "tar", &inside, &[]));
+    let message = String::from_utf8_lossy(&refused.stderr);
+    assert!(
+        !refused.status.success() && message.contains("lies inside"),
+        "{message}"
+    );
+    assert!(!inside.exists());
+    assert!(stoker(&["inspect", "--data", folder.to_str().unwrap()])
+        .status
+        .success());
+
+    // A reader gone before the closing line (`| true`) is no failure of the work done.
+    let out = dir.path().join("piped");
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_stoker"))
+        .args(convert_args(&folder, "tar", &out, &[]))
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    drop(child.stdout.take());
+    let done = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&done.stderr);
+    assert!(
+        done.status.success() && !stderr.contains("panicked"),
+        "{stderr}"
+    );
 
     let help = stdout_of(&["convert", "--help"]);
     assert!(help.contains("--shard-size"), "{help}");
