@@ -318,11 +318,17 @@ fn named_file(path: &Path, name: &str, files: &mut Vec<PathBuf>) -> Result<()> {
 }
 
 /// The paths a source name can read under: the name itself when it exists or holds no
-/// pattern; else, for each name its braces expand to, that name (no glob in it) or the folder
+/// pattern (a Megatron corpus named by its prefix: its `.bin` and `.idx`); else, for each name its braces expand to, that name (no glob in it) or the folder
 /// its glob's literal head names. A worker holds each to its data roots before opening the
 /// source, so no brace or glob reaches past them (a glob never walks up: `..` is matched
 /// literally, and folders are only entered from their parent's listing).
 pub fn reach_of_name(name: &str) -> Result<Vec<PathBuf>> {
+    // A Megatron corpus by its prefix: the two files it reads.
+    if !Path::new(name).exists() && !is_pattern(name) {
+        if let Some((bin, idx)) = crate::megatron_pair(Path::new(name)) {
+            return Ok(vec![bin, idx]);
+        }
+    }
     if Path::new(name).exists() || !is_pattern(name) {
         return Ok(vec![PathBuf::from(name)]);
     }

@@ -542,3 +542,27 @@ fn kinds_of_named_files_are_one_format() {
         Err(Error::NotADataFile { .. })
     ));
 }
+
+/// A Megatron corpus named by its prefix reads its `.bin` and `.idx`: what a worker holds to
+/// its data roots (the prefix itself is no file, and was refused as missing there).
+#[test]
+fn a_megatron_prefix_reaches_its_two_files() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    touch(
+        root,
+        &["corpus_text_document.bin", "corpus_text_document.idx"],
+    );
+    let prefix = at(root, "corpus_text_document");
+    assert_eq!(
+        reach_of_name(&prefix).unwrap(),
+        [
+            root.join("corpus_text_document.bin"),
+            root.join("corpus_text_document.idx")
+        ]
+    );
+    assert_eq!(
+        names_of(root, resolve_local(&[&prefix], None).unwrap()),
+        ["path:corpus_text_document.bin"]
+    );
+}
