@@ -4,6 +4,7 @@ use std::path::PathBuf;
 
 mod fault;
 mod labels;
+mod tokens;
 mod writing;
 
 /// Everything that can go wrong while indexing, reading, generating or inspecting a dataset.
@@ -251,46 +252,9 @@ pub enum Error {
     #[error(transparent)]
     Labels(#[from] LabelError),
 
-    /// A token file whose length is not a whole number of tokens.
-    #[error(
-        "token file {path} has {bytes} bytes, not a multiple of the {dtype} token size: wrong \
-         dtype (set token_dtype, or name the file *.u32.bin for uint32) or a truncated file"
-    )]
-    TokenFileSize {
-        /// The file.
-        path: PathBuf,
-        /// Its length.
-        bytes: u64,
-        /// The dtype it was read as.
-        dtype: &'static str,
-    },
-
-    /// A Megatron index (`.idx`) that cannot be read as one: truncated, of another version or
-    /// dtype, or contradicting itself.
-    #[error("Megatron index {path}: {problem}")]
-    MegatronIndex {
-        /// The index file.
-        path: PathBuf,
-        /// What is wrong with it.
-        problem: String,
-    },
-
-    /// A Megatron data file (`.bin`) whose size is not the tokens its index counts.
-    #[error(
-        "Megatron data file {path} is {bytes} bytes, {which} than the {expected} bytes its index \
-         {index} counts (a truncated copy, or the .bin of another index)",
-        which = if .bytes < .expected { "shorter" } else { "longer" }
-    )]
-    MegatronBinSize {
-        /// The data file.
-        path: PathBuf,
-        /// Its size.
-        bytes: u64,
-        /// The size its index gives.
-        expected: u64,
-        /// The index file.
-        index: PathBuf,
-    },
+    /// A token file or a Megatron corpus that cannot be read as one.
+    #[error(transparent)]
+    Tokens(#[from] TokenError),
 
     /// An MDS dataset's `index.json` or shard that cannot be read: cut short, inconsistent
     /// with its index, or using what Stoker does not read.
@@ -300,17 +264,6 @@ pub enum Error {
         path: PathBuf,
         /// What is wrong.
         problem: String,
-    },
-
-    /// A token file with fewer tokens than one window.
-    #[error("token file {path} holds {tokens} tokens, fewer than one window of {window}")]
-    TokenFileTooShort {
-        /// The file.
-        path: PathBuf,
-        /// Tokens in the file.
-        tokens: u64,
-        /// Tokens per window (seq_len + 1).
-        window: u64,
     },
 
     /// A file read by position ends before a range its index promises: it was truncated or
@@ -607,6 +560,7 @@ pub type Result<T> = std::result::Result<T, Error>;
 
 pub use fault::ReadFault;
 pub use labels::LabelError;
+pub use tokens::TokenError;
 pub use writing::WriteError;
 
 #[cfg(feature = "fuzzing")]

@@ -21,7 +21,7 @@
 
 use std::path::{Path, PathBuf};
 
-use crate::error::{Error, Result};
+use crate::error::{Error, Result, TokenError};
 use crate::token_dtype::TokenDtype;
 use crate::token_file::TokenFile;
 
@@ -43,10 +43,11 @@ pub struct MegatronIndex {
 }
 
 fn refused(path: &Path, problem: impl Into<String>) -> Error {
-    Error::MegatronIndex {
+    TokenError::MegatronIndex {
         path: path.to_path_buf(),
         problem: problem.into(),
     }
+    .into()
 }
 
 /// Reads little-endian fields off the front of an index's bytes, naming the field that runs
@@ -234,12 +235,13 @@ impl MegatronIndex {
 fn check_bin_size(path: &Path, bytes: u64, index: &MegatronIndex, idx: &Path) -> Result<()> {
     let expected = index.tokens() * index.dtype.size() as u64;
     if bytes != expected {
-        return Err(Error::MegatronBinSize {
+        return Err(TokenError::MegatronBinSize {
             path: path.to_path_buf(),
             bytes,
             expected,
             index: idx.to_path_buf(),
-        });
+        }
+        .into());
     }
     Ok(())
 }

@@ -26,7 +26,7 @@ use serde::Serialize;
 use tracing::info;
 
 use crate::cache_stats::CacheStats;
-use crate::error::{Error, Result};
+use crate::error::{Error, Result, TokenError};
 use crate::file_bytes::FileBytes;
 use crate::mapped_file::MappedFile;
 use crate::sample_source::{SampleSource, TokenWindowShape};
@@ -190,20 +190,22 @@ impl TokenFile {
     fn over(path: PathBuf, data: FileBytes, dtype: TokenDtype, seq_len: u32) -> Result<TokenFile> {
         let bytes = data.len();
         if bytes % dtype.size() as u64 != 0 {
-            return Err(Error::TokenFileSize {
+            return Err(TokenError::TokenFileSize {
                 path,
                 bytes,
                 dtype: dtype.name(),
-            });
+            }
+            .into());
         }
         let tokens = bytes / dtype.size() as u64;
         let window = u64::from(seq_len) + 1;
         if tokens < window {
-            return Err(Error::TokenFileTooShort {
+            return Err(TokenError::TokenFileTooShort {
                 path,
                 tokens,
                 window,
-            });
+            }
+            .into());
         }
         let windows = (tokens - 1) / u64::from(seq_len);
         info!(

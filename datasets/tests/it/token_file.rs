@@ -5,7 +5,7 @@ use std::path::Path;
 
 use stoker_datasets::{
     looks_like_token_file, write_synthetic_tokens, Error, SampleSource, SyntheticTokensSpec,
-    TokenDtype, TokenFile,
+    TokenDtype, TokenError, TokenFile,
 };
 
 fn write_u16(path: &Path, tokens: impl Iterator<Item = u16>) {
@@ -80,7 +80,10 @@ fn odd_sized_and_short_files_are_clear_errors() {
     std::fs::write(&odd, [1u8, 0, 2, 0, 3]).unwrap();
     let error = TokenFile::open(&odd, TokenDtype::Uint16, 1).err().unwrap();
     assert!(
-        matches!(error, Error::TokenFileSize { bytes: 5, .. }),
+        matches!(
+            error,
+            Error::Tokens(TokenError::TokenFileSize { bytes: 5, .. })
+        ),
         "{error}"
     );
     assert!(error.to_string().contains("not a multiple"), "{error}");
@@ -90,21 +93,24 @@ fn odd_sized_and_short_files_are_clear_errors() {
     assert!(TokenFile::open(&six, TokenDtype::Uint16, 2).is_ok());
     assert!(matches!(
         TokenFile::open(&six, TokenDtype::Uint32, 1),
-        Err(Error::TokenFileSize { .. })
+        Err(Error::Tokens(TokenError::TokenFileSize { .. }))
     ));
     assert!(matches!(
         TokenFile::open(&six, TokenDtype::Uint16, 3),
-        Err(Error::TokenFileTooShort {
+        Err(Error::Tokens(TokenError::TokenFileTooShort {
             tokens: 3,
             window: 4,
             ..
-        })
+        }))
     ));
     let empty = dir.path().join("empty.bin");
     std::fs::write(&empty, []).unwrap();
     assert!(matches!(
         TokenFile::open(&empty, TokenDtype::Uint16, 3),
-        Err(Error::TokenFileTooShort { tokens: 0, .. })
+        Err(Error::Tokens(TokenError::TokenFileTooShort {
+            tokens: 0,
+            ..
+        }))
     ));
     assert!(matches!(
         TokenFile::open(&dir.path().join("missing.bin"), TokenDtype::Uint16, 3),

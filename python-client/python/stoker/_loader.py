@@ -37,6 +37,7 @@ from stoker._placement import Placement
 from stoker._saved_state import SavedState
 from stoker._settings import LoaderSettings, checked_settings
 from stoker._source import choose_source
+from stoker._stats import add_fractions
 from stoker.errors import StokerError
 from stoker.ops import Op
 
@@ -523,12 +524,7 @@ class Loader(FromDataset, SavedState):
         stats["thread_rule"] = self._thread_rule
         stage = self._feed.stage
         stats["device"] = f"cuda:{stage.index}" if stage is not None else "cpu"
-        span = float(stats.get("gpu_span_s") or 0.0)
-        stats["gpu_idle_fraction"] = float(stats.get("gpu_idle_s", 0.0)) / span if span > 0 else 0.0
-        lane_cost = float(stats.get("gpu_lane_cost_s", 0.0))
-        stats["gpu_lane_cost_fraction"] = lane_cost / span if span > 0 else 0.0
-        elapsed = float(stats.get("elapsed_s") or 0.0)
-        stats["stall_fraction"] = float(stats.get("wait_s", 0.0)) / elapsed if elapsed > 0 else 0.0
+        add_fractions(stats)
         return stats
 
     def close(self) -> None:
