@@ -73,13 +73,19 @@ pub(crate) fn root_files(
         }
         Err(source) => return Err(Error::io(path, source)),
     };
-    if metadata.is_dir() {
-        return Ok((path.to_path_buf(), list(path)?));
+    let (folder, files) = if metadata.is_dir() {
+        (path.to_path_buf(), list(path)?)
+    } else {
+        let folder = path
+            .parent()
+            .map_or_else(|| PathBuf::from("."), Path::to_path_buf);
+        (folder, vec![path.to_path_buf()])
+    };
+    // A worker's data roots hold every file, not only the name the job gave.
+    for file in &files {
+        crate::referenced_files::check_data_file(file)?;
     }
-    let folder = path
-        .parent()
-        .map_or_else(|| PathBuf::from("."), Path::to_path_buf);
-    Ok((folder, vec![path.to_path_buf()]))
+    Ok((folder, files))
 }
 /// Gives each file of a set written under a temporary name, `(temporary, final)`, its final
 /// name, once every file of the set is written (so a write stopped midway leaves no set a

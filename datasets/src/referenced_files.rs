@@ -1,10 +1,12 @@
-//! Files a dataset refers to by path rather than holds (Hugging Face `Image` cells, in Parquet or
-//! in a `save_to_disk` folder, whose `bytes` are null and whose `path` names the image): where
-//! such a file may be read from.
+//! Where a dataset's files may be read from: the files a dataset refers to by path rather than
+//! holds (Hugging Face `Image` cells, in Parquet or in a `save_to_disk` folder, whose `bytes`
+//! are null and whose `path` names the image), and every file of a dataset read from local
+//! disk, its links followed.
 //!
 //! In process any path the user's own dataset names is read. A worker daemon serves jobs from
 //! clients, so it confines them to its data roots ([`allow_referenced_files_under`]): a
-//! dataset inside a root must not make it read `/etc/shadow` by naming it in a cell.
+//! dataset inside a root must not make it read `/etc/shadow` by naming it in a cell, nor by a
+//! link to it planted among its files ([`check_data_file`]).
 
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
@@ -36,6 +38,29 @@ pub(crate) fn check_allowed(path: &Path) -> Result<(), String> {
     Err(format!(
         "refers to the image file {}, outside this worker's data roots",
         path.display()
+    ))
+}
+
+/// Checks that the dataset file `path` (a shard, a file of a folder or a pattern, an image, an
+/// index), its links followed, lies under the data roots, when a worker daemon set them; in
+/// process every file is read. The error names the file and where it leads.
+pub(crate) fn check_data_file(path: &Path) -> crate::error::Result<()> {
+    let Some(roots) = ROOTS.get() else {
+        return Ok(());
+    };
+    let canonical = std::fs::canonicalize(path).map_err(|source| Error::io(path, source))?;
+    if roots.iter().any(|root| canonical.starts_with(root)) {
+        return Ok(());
+    }
+    Err(Error::io(
+        path,
+        std::io::Error::new(
+            std::io::ErrorKind::PermissionDenied,
+            format!(
+                "it leads to {}, outside this worker's --data-root",
+                canonical.display()
+            ),
+        ),
     ))
 }
 

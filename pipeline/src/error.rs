@@ -61,6 +61,13 @@ pub fn kind_of_opening(error: &stoker_datasets::Error) -> ErrorKind {
         DatasetError::Io { source, .. } if source.kind() == std::io::ErrorKind::NotFound => {
             ErrorKind::NotFound
         }
+        // A file outside a worker's data roots (a link among a dataset's files), or one the
+        // worker may not read.
+        DatasetError::Io { source, .. }
+            if source.kind() == std::io::ErrorKind::PermissionDenied =>
+        {
+            ErrorKind::PermissionDenied
+        }
         DatasetError::NotADirectory(_) => ErrorKind::NotADirectory,
         DatasetError::UnsupportedScheme { .. }
         | DatasetError::InvalidUri { .. }

@@ -137,6 +137,15 @@ async fn malformed_jobs(client: &mut CoordinatorClient<Channel>, root: &Path, ou
         escape,
     );
     assert!(outside.exists());
+    // Links among the dataset's own files, the named path inside the root: a class folder, a
+    // folder a pattern enters.
+    for linked in [root.join("linked_class"), root.join("globs/l*/*.jsonl")] {
+        refused(
+            client.register_job(at_uri(good.clone(), &linked)).await,
+            Code::PermissionDenied,
+            escape,
+        );
+    }
     let tokenizer = OpKind::Tokenize(proto::Tokenize {
         tokenizer_path: "/dev/zero".into(),
     });
@@ -403,6 +412,24 @@ fn hostile_requests_get_clear_errors_while_a_good_client_reads_on() {
     let outside = dir.path().join("outside");
     common::make_images(&outside, 4);
     std::os::unix::fs::symlink(&outside, root.join("link")).unwrap();
+    // An image folder whose second class is a link out of the root, and a folder of JSONL
+    // files reached through a link that only a pattern enters.
+    common::make_images(&root.join("linked_class"), 4);
+    let class = std::fs::read_dir(&outside)
+        .unwrap()
+        .next()
+        .unwrap()
+        .unwrap()
+        .path();
+    std::os::unix::fs::symlink(&class, root.join("linked_class/zz_outside")).unwrap();
+    std::fs::create_dir_all(dir.path().join("outside_text")).unwrap();
+    std::fs::write(
+        dir.path().join("outside_text/secret.jsonl"),
+        "{\"text\": \"x\"}\n",
+    )
+    .unwrap();
+    std::fs::create_dir_all(root.join("globs")).unwrap();
+    std::os::unix::fs::symlink(dir.path().join("outside_text"), root.join("globs/lnk")).unwrap();
     let max_sessions = MAX_SESSIONS.to_string();
     let session_timeout = SESSION_TIMEOUT.as_millis().to_string();
     let coordinator = Daemon::coordinator_with(

@@ -155,6 +155,9 @@ impl HfDataset {
         }
         let paths = layout::data_files(path)?;
         let features = layout::features(path)?;
+        for file in &paths {
+            crate::referenced_files::check_data_file(file)?;
+        }
 
         let files: Vec<StreamFile> = paths
             .into_par_iter()

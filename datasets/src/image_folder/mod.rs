@@ -66,6 +66,13 @@ impl ImageFolder {
         if classes.is_empty() {
             return Err(Error::NoClasses(root.to_path_buf()));
         }
+        // A class folder linked outside a worker's data roots is refused whole at open; a
+        // file linked out is refused when read.
+        for class in &classes {
+            let name =
+                <std::ffi::OsStr as std::os::unix::ffi::OsStrExt>::from_bytes(&class.name_bytes);
+            crate::referenced_files::check_data_file(&root.join(name))?;
+        }
         if u32::try_from(classes.len()).is_err() {
             return Err(Error::TooLarge(root.to_path_buf()));
         }
@@ -277,6 +284,7 @@ impl fmt::Debug for ImageFolder {
 fn read_bounded(path: &std::path::Path) -> Result<Vec<u8>> {
     use std::io::Read;
     use std::os::unix::fs::OpenOptionsExt;
+    crate::referenced_files::check_data_file(path)?;
     let file = std::fs::OpenOptions::new()
         .read(true)
         .custom_flags(libc::O_NONBLOCK)

@@ -171,6 +171,7 @@ impl MdsDataset {
     ) -> Result<MdsDataset> {
         let started = std::time::Instant::now();
         let index_path = root.join(MDS_INDEX_FILE);
+        crate::referenced_files::check_data_file(&index_path)?;
         let text = std::fs::read(&index_path).map_err(|error| Error::io(&index_path, error))?;
         let (entries, columns) = parse_index(&text, &index_path)?;
         let shards: Vec<Shard> = entries

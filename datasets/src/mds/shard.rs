@@ -149,13 +149,17 @@ pub(super) fn local_shard_file(
     options: &dyn Fn() -> Result<ObjectCacheOptions>,
 ) -> Result<ShardFile> {
     match (entry.raw.map(|name| root.join(name)), entry.zip) {
-        (Some(raw), _) if raw.is_file() => Ok(ShardFile {
-            path: raw.clone(),
-            read_from: raw,
-            copy: None,
-        }),
+        (Some(raw), _) if raw.is_file() => {
+            crate::referenced_files::check_data_file(&raw)?;
+            Ok(ShardFile {
+                path: raw.clone(),
+                read_from: raw,
+                copy: None,
+            })
+        }
         (_, Some(zip)) => {
             let zip = root.join(zip);
+            crate::referenced_files::check_data_file(&zip)?;
             let copy = derived_copy(&options()?, &zip, "decompressed", &|source, out| {
                 decompress(&entry.compression, source, &zip, out)
             })?;

@@ -194,6 +194,7 @@ impl MegatronIndex {
                 format!("is {len} bytes, over the {MAX_INDEX_BYTES} read"),
             ));
         }
+        crate::referenced_files::check_data_file(path)?;
         let bytes = std::fs::read(path).map_err(|source| Error::io(path, source))?;
         MegatronIndex::parse(&bytes, path)
     }

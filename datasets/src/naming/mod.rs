@@ -151,6 +151,11 @@ pub fn resolve_local(names: &[&str], split: Option<&str>) -> Result<LocalSource>
     }
     let mut files = once_each(files);
     sort_paths(&mut files);
+    // A worker's data roots hold every file a pattern reaches (a folder it enters may be a
+    // link), not only the folder its literal head names.
+    for file in &files {
+        crate::referenced_files::check_data_file(file)?;
+    }
     let name = names.join(",");
     // One format first: files of two formats are refused as such, not as two splits.
     kind_of_files(&name, &files)?;

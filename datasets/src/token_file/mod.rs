@@ -116,6 +116,7 @@ impl TokenFile {
             }
             Err(source) => return Err(Error::io(path, source)),
         };
+        crate::referenced_files::check_data_file(path)?;
         let bytes = file
             .metadata()
             .map_err(|source| Error::io(path, source))?
