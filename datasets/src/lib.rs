@@ -132,9 +132,9 @@ pub use storage::{
 };
 pub use synthetic::{generate_imagenet_like, GeneratedDataset, SyntheticImageNetSpec};
 pub use tar_shards::{
-    compressed_tar_shard, looks_like_tar_shards, upload_tar_set, write_tar_index, write_tar_shards,
-    TarIndexStats, TarIndexWritten, TarSetUploaded, TarShards, TarShardsWriterOptions,
-    TarShardsWritten, CLASSES_FILE, TAR_INDEX_OBJECT,
+    check_empty_prefix, compressed_tar_shard, looks_like_tar_shards, upload_tar_set,
+    write_tar_index, write_tar_shards, TarIndexStats, TarIndexWritten, TarSetUploaded, TarShards,
+    TarShardsWriterOptions, TarShardsWritten, CLASSES_FILE, TAR_INDEX_OBJECT,
 };
 pub use token_dtype::TokenDtype;
 pub use token_file::{

@@ -11,8 +11,9 @@ use anyhow::Context;
 use clap::{Args, ValueEnum};
 use indicatif::{ProgressBar, ProgressStyle};
 use stoker_datasets::{
-    resolve_local, upload_tar_set, write_parquet, write_tar_shards, ImageFolder, LocalSource,
-    ObjectCache, ParquetWriterOptions, SampleSource, TarShardsWriterOptions,
+    check_empty_prefix, resolve_local, upload_tar_set, write_parquet, write_tar_shards,
+    ImageFolder, LocalSource, ObjectCache, ParquetWriterOptions, SampleSource,
+    TarShardsWriterOptions,
 };
 
 /// Target formats of `stoker convert`.
@@ -163,6 +164,8 @@ fn convert_to_bucket(args: ConvertArgs, uri: &str) -> anyhow::Result<()> {
         );
     }
     let cache = ObjectCache::from_env().context("cannot set up the object cache")?;
+    // Refused before the conversion, not after it.
+    check_empty_prefix(uri, &cache)?;
     let staging = tempfile::tempdir().context("cannot make a temporary folder")?;
     let local = staging.path().join("shards");
     run(ConvertArgs {

@@ -180,6 +180,22 @@ fn digest_over_s3_equals_the_local_digest_cold_and_warm() {
     );
     assert_eq!(digest, expected.lines().last().unwrap());
     assert!(!stderr.contains("no tar index object"), "{stderr}");
+    // Converting again onto the same prefix is refused before anything is written: its shards
+    // would have been read with the older set's as one.
+    let stderr = stoker_s3_refused(
+        &server,
+        &dir.path().join("convert-cache"),
+        &[
+            "convert",
+            "--from",
+            images.to_str().unwrap(),
+            "--to",
+            "tar",
+            "--out",
+            "s3://data/converted",
+        ],
+    );
+    assert!(stderr.contains("already holds"), "{stderr}");
     // A glob over the shards' keys and a brace list of two folders read what they name, from
     // the index objects beside the shards.
     let (digest, stderr) = stoker_s3(

@@ -46,7 +46,9 @@ use cache::ShardStamp;
 use scan::ShardIndex;
 
 pub use index_object::TAR_INDEX_OBJECT;
-pub use remote::{upload_tar_set, write_tar_index, TarIndexWritten, TarSetUploaded};
+pub use remote::{
+    check_empty_prefix, upload_tar_set, write_tar_index, TarIndexWritten, TarSetUploaded,
+};
 pub use write::{write_tar_shards, TarShardsWriterOptions, TarShardsWritten};
 
 /// The file next to the shards that names the classes, one per line, in label order.

@@ -256,10 +256,33 @@ pub struct TarSetUploaded {
     pub index: TarIndexWritten,
 }
 
+/// Refuses a prefix `uri` (`s3://BUCKET/PREFIX`) that already holds objects, for a set about
+/// to be written there: shards written over another set's would be read as one set with the
+/// rest of it.
+pub fn check_empty_prefix(uri: &str, cache: &ObjectCache) -> Result<()> {
+    let location = remote_location(uri)?;
+    let store = cache.store(&location)?;
+    let listing = cache.list(&store, &location)?;
+    match listing.first() {
+        None => Ok(()),
+        Some(first) => Err(Error::InvalidUri {
+            uri: uri.to_string(),
+            reason: format!(
+                "it already holds {} object(s), {} the first: write the set under an empty \
+                 prefix (its shards would be read with the others there as one set)",
+                listing.len(),
+                location.uri_of(first.location.as_ref())
+            ),
+        }),
+    }
+}
+
 /// Uploads the tar shards (and `classes.txt`) of the local folder `local` under `uri`
-/// (`s3://BUCKET/PREFIX`), then their index object, built from the local copies (nothing is
-/// read back but the listing, for the ETags the store gave them): `stoker convert --out s3://`.
+/// (`s3://BUCKET/PREFIX`), which must be empty ([`check_empty_prefix`]), then their index
+/// object, built from the local copies (nothing is read back but the listing, for the ETags the
+/// store gave them): `stoker convert --out s3://`.
 pub fn upload_tar_set(local: &Path, uri: &str, cache: &ObjectCache) -> Result<TarSetUploaded> {
+    check_empty_prefix(uri, cache)?;
     let location = remote_location(uri)?;
     let store = cache.store(&location)?;
     let mut files: Vec<PathBuf> = std::fs::read_dir(local)
