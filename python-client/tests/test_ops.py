@@ -299,3 +299,19 @@ def test_the_python_surface_only_shapes_arguments() -> None:
         ops.SelectColumns(["x"], dtype="uint8")
     with pytest.raises(stoker.PipelineError, match="supported token pipelines"):
         check_pipeline([ops.PackSequences(8), ops.Tokenize("t.json")])
+
+
+def test_numpy_and_torch_numbers_are_taken_as_numbers() -> None:
+    """Statistics and sizes often come as numpy or torch values: taken as the numbers they
+    hold, a bool still refused."""
+    np = pytest.importorskip("numpy")
+    mean = np.array([0.485, 0.456, 0.406], dtype=np.float32)
+    assert Normalize(mean, (0.229, 0.224, 0.225)).to_dict()["mean"] == [float(m) for m in mean]
+    assert RandomResizedCrop(np.int64(8)).size == (8, 8)
+    assert CenterCrop((np.int64(8), 9)).size == (8, 9)
+    assert RandomHorizontalFlip(np.float32(0.25)).p == 0.25
+    torch = pytest.importorskip("torch")
+    std = torch.tensor([0.229, 0.224, 0.225])
+    assert Normalize((0.5, 0.5, 0.5), std).to_dict()["std"] == [float(s) for s in std]
+    with pytest.raises(stoker.PipelineError, match="size"):
+        RandomResizedCrop(np.bool_(True))
