@@ -308,6 +308,7 @@ def test_numpy_and_torch_numbers_are_taken_as_numbers() -> None:
     mean = np.array([0.485, 0.456, 0.406], dtype=np.float32)
     assert Normalize(mean, (0.229, 0.224, 0.225)).to_dict()["mean"] == [float(m) for m in mean]
     assert RandomResizedCrop(np.int64(8)).size == (8, 8)
+    assert Resize(np.int64(256)).to_dict()["shorter_side"] == 256
     assert CenterCrop((np.int64(8), 9)).size == (8, 9)
     assert RandomHorizontalFlip(np.float32(0.25)).p == 0.25
     torch = pytest.importorskip("torch")

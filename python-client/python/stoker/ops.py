@@ -261,7 +261,7 @@ class Resize(Op):
                 f"Resize size must be an int (the shorter side, in 1..={MAX_SIDE}); "
                 f"for a fixed (height, width) use Resize then CenterCrop, got {size!r}"
             )
-        self.size = size
+        self.size = int(size)
         self._check()
 
     def _fields(self) -> dict[str, Any]:
