@@ -58,6 +58,17 @@ use super::uri::{s3_location, RemoteLocation};
 use crate::cache_stats::CacheStats;
 use crate::error::{Error, Result};
 
+/// How long [`ObjectCache::materialise`] waits for entries another process holds.
+#[derive(Debug, Clone, Copy)]
+pub(super) enum LockWait {
+    /// This long for each entry: whole objects, which another process commits one by one
+    /// as they come, so a long download is waited out as long as its objects keep coming.
+    Each(std::time::Duration),
+    /// This long for all of them together: byte ranges, which a reader fetches itself
+    /// past the cache when they do not come.
+    InAll(std::time::Duration),
+}
+
 /// An entry being downloaded: its place among those asked for, the entry, its lock (held
 /// exclusive) and the file its bytes go to.
 type Downloading = (usize, Entry, File, PartFile);
@@ -193,7 +204,8 @@ impl ObjectCache {
                 offset: 0,
             })
             .collect();
-        let ready = self.materialise(store, location, wanted, true, self.options.lock_timeout)?;
+        let wait = LockWait::Each(self.options.lock_timeout);
+        let ready = self.materialise(store, location, wanted, true, wait)?;
         self.enforce_cap()?;
         Ok(ready)
     }
@@ -306,14 +318,14 @@ impl ObjectCache {
 
     /// Brings `wanted` into the cache (hits as they are, the rest downloaded together) and
     /// returns them in order, each locked shared. Entries another process is fetching or
-    /// evicting are waited for `wait` in all, then [`Error::CacheLockTimeout`].
+    /// evicting are waited for as `wait` says, then [`Error::CacheLockTimeout`].
     pub(super) fn materialise(
         &self,
         store: &Arc<Store>,
         location: &RemoteLocation,
         wanted: Vec<Wanted>,
         reading: bool,
-        wait: std::time::Duration,
+        wait: LockWait,
     ) -> Result<Vec<CachedObject>> {
         let sources: Vec<(String, u64)> =
             wanted.iter().map(|w| (w.key.clone(), w.offset)).collect();
@@ -351,9 +363,15 @@ impl ObjectCache {
         }
         // Entries another process was fetching or evicting: wait for it, then use its copy or
         // fetch ours.
-        let deadline = Instant::now() + wait;
+        let deadline = match wait {
+            LockWait::InAll(wait) => Some(Instant::now() + wait),
+            LockWait::Each(_) => None,
+        };
         for (position, entry, lock) in contended {
-            let timeout = deadline.saturating_duration_since(Instant::now());
+            let timeout = match (wait, deadline) {
+                (_, Some(deadline)) => deadline.saturating_duration_since(Instant::now()),
+                (LockWait::Each(wait) | LockWait::InAll(wait), None) => wait,
+            };
             wait_for_lock(&lock, false, &entry.lock, timeout)?;
             if entry.is_valid() {
                 ready[position] = Some(self.hit(entry, lock, reading));

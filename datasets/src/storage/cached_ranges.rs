@@ -9,7 +9,7 @@ use std::sync::Arc;
 use object_store::ObjectMeta;
 use tracing::warn;
 
-use super::cache::{ObjectCache, Wanted};
+use super::cache::{LockWait, ObjectCache, Wanted};
 use super::entry::RANGES_SUFFIX;
 use super::s3_client::Store;
 use super::uri::RemoteLocation;
@@ -90,7 +90,7 @@ impl ObjectCache {
             .map(|range| range_wanted(object, range))
             .collect();
         let fetched_before = self.counters.bytes_fetched.load(Ordering::Relaxed);
-        let wait = RANGE_WAIT.min(self.options.lock_timeout);
+        let wait = LockWait::InAll(RANGE_WAIT.min(self.options.lock_timeout));
         let ready = self.materialise(store, location, wanted, true, wait)?;
         let mut out = Vec::with_capacity(ready.len());
         for (cached, range) in ready.into_iter().zip(ranges) {
@@ -151,7 +151,7 @@ impl ObjectCache {
         let mut wanted = wanted.into_iter().peekable();
         while wanted.peek().is_some() {
             let some: Vec<Wanted> = wanted.by_ref().take(READ_AHEAD_AT_ONCE).collect();
-            drop(self.materialise(store, location, some, false, RANGE_WAIT)?);
+            drop(self.materialise(store, location, some, false, LockWait::InAll(RANGE_WAIT))?);
         }
         self.after_range_fetch(fetched_before)
     }

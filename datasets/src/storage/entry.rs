@@ -5,12 +5,15 @@
 //! Layout under the cache folder, mirroring the bucket so the files read like the remote set:
 //!
 //! ```text
-//! s3/<bucket>/<key>                       the object's bytes, complete and verified
-//! s3/<bucket>/<key>.stoker-meta           JSON: size, ETag and last-modified of that copy
-//! s3/<bucket>/<key>.stoker-lock           the entry's lock file; its mtime is the last use
-//! s3/<bucket>/<key>.stoker-part-<pid>-<n> a download in progress
+//! s3/<bucket>/<key>.stoker-versions/<v>   the bytes of one version of the object (<v>: its
+//!                                         size and the CRC-32 of its ETag), complete and
+//!                                         verified
+//! ....stoker-versions/<v>.stoker-meta     JSON: size, ETag and last-modified of that copy
+//! ....stoker-versions/<v>.stoker-lock     the entry's lock file; its mtime is the last use
+//! ....stoker-versions/<v>.stoker-part-<pid>-<n>
+//!                                         a download in progress
 //! s3/<bucket>/<key>.stoker-ranges/<a>-<b> bytes a..b of the object, read lazily (an entry with
-//!                                         its own .stoker-meta / .stoker-lock)
+//!                                         its own .stoker-meta / .stoker-lock / parts)
 //! local/<absolute path>.<transform>-<source size>-<source mtime ns>
 //!                                         a copy made from a local file (`derived.rs`), with
 //!                                         the same .stoker-meta / .stoker-lock companions
