@@ -229,14 +229,17 @@ fn choose_split(root: &Path, layout: SplitLayout, split: Option<&str>) -> Result
         SplitLayout::Folders(mut folders) => {
             let folder = folders.remove(&chosen).ok_or_else(missing)?;
             // A hub repository's configuration (`cola/` holding `train-*`, `test-*`) is laid
-            // out by split itself: never read whole either.
+            // out by split itself: never read whole either. A folder whose files name one
+            // split, or some none, is the split's folder, read whole as before.
             match find_splits(&folder)? {
-                Some(inner) => choose_split(&folder, inner, None),
-                None => Ok(LocalSource::Path(folder)),
+                Some(inner) if holds_several_splits(&inner) => choose_split(&folder, inner, None),
+                _ => Ok(LocalSource::Path(folder)),
             }
         }
         SplitLayout::Files(mut groups) => {
             let files = groups.remove(&chosen).ok_or_else(missing)?;
+            // The split read must be one whole set of hub shards (the others are not read).
+            splits::check_shard_set(&root.display().to_string(), &chosen, &files)?;
             Ok(LocalSource::Files {
                 name: format!("{} (split {chosen})", root.display()),
                 files,
@@ -244,6 +247,12 @@ fn choose_split(root: &Path, layout: SplitLayout, split: Option<&str>) -> Result
         }
         SplitLayout::Unsplit(_) => Err(missing()),
     }
+}
+
+/// Whether `layout` names two splits or more, every file or folder of it in one.
+fn holds_several_splits(layout: &SplitLayout) -> bool {
+    let names = layout.names();
+    names.len() >= 2 && !names.iter().any(|name| name == splits::UNNAMED)
 }
 
 /// The files among `files` of the split asked for; all of them when they hold one split and
@@ -382,7 +391,6 @@ pub fn fuzz_names(root: &Path, text: &str) {
     let _ = reach_of_name(&name);
 }
 
-/// Sorts paths by their bytes: the order every machine computes alike.
 /// `files` with each file once, the first name of each kept: `a.tar`, `./a.tar`, its absolute
 /// path or a link to it are one file (compared by their canonical paths), read once.
 fn once_each(files: Vec<PathBuf>) -> Vec<PathBuf> {
@@ -393,6 +401,7 @@ fn once_each(files: Vec<PathBuf>) -> Vec<PathBuf> {
         .collect()
 }
 
+/// Sorts paths by their bytes: the order every machine computes alike.
 pub(crate) fn sort_paths(paths: &mut [PathBuf]) {
     use std::os::unix::ffi::OsStrExt;
     paths.sort_by(|a, b| a.as_os_str().as_bytes().cmp(b.as_os_str().as_bytes()));

@@ -16,7 +16,7 @@ use std::sync::Arc;
 
 use object_store::ObjectMeta;
 
-use super::splits::{check_shard_set, split_of_file_name, UNNAMED};
+use super::splits::{check_shard_set, split_of_file_name, split_of_shard_name, UNNAMED};
 use super::{
     braces, glob, is_pattern, kind_of, kind_of_files, pick_split, FileKind, HF_DICT_FILE,
     HF_INFO_FILE, HF_STATE_FILE,
@@ -230,8 +230,13 @@ fn of_split<T>(
     found.sort();
     found.dedup();
     let named: Vec<String> = found.iter().filter(|s| *s != UNNAMED).cloned().collect();
-    // A split's hub shards are one whole set, as in a local folder.
+    // A split's hub shards read from a prefix are one whole set, as in a local folder; a URI
+    // that names one shard reads that one.
+    let names_a_shard = split_of_shard_name(uri.rsplit('/').next().unwrap_or(uri)).is_some();
     let whole_set = |kept: &[T], split: &str| {
+        if names_a_shard {
+            return Ok(());
+        }
         let paths: Vec<std::path::PathBuf> = kept.iter().map(|item| name_of(item).into()).collect();
         check_shard_set(uri, split, &paths)
     };

@@ -101,6 +101,25 @@ fn a_hub_configs_folder_is_read_by_split_too() {
     );
 }
 
+/// A split's folder whose files name that one split, or some none, is read whole as before:
+/// only a folder of two named splits or more is a configuration to read by split.
+#[test]
+fn a_split_folder_of_one_named_split_is_read_whole() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    touch(
+        root,
+        &[
+            "train/train-00000-of-00001.parquet",
+            "train/extra.parquet",
+            "test/test-00000-of-00001.parquet",
+        ],
+    );
+    let source = root.display().to_string();
+    let train = resolve_local(&[&source], Some("train")).unwrap();
+    assert_eq!(names_of(root, train), ["path:train"]);
+}
+
 /// The hub's Parquet conversion (`refs/convert/parquet`): `{config}/{split}/0000.parquet`.
 #[test]
 fn the_hubs_parquet_conversion_is_read_by_split() {
@@ -152,13 +171,16 @@ fn a_hub_split_missing_a_shard_or_holding_two_sets_is_refused() {
             "data/train-00000-of-00001.parquet",
         ],
     );
-    let message = resolve_local(&[&source], Some("test"))
+    let message = resolve_local(&[&source], Some("train"))
         .unwrap_err()
         .to_string();
     assert!(
         message.contains("one of 3") && message.contains("one of 1"),
         "{message}"
     );
+    // Only the split read is held to it: the test split reads beside a damaged train split.
+    let test = resolve_local(&[&source], Some("test")).unwrap();
+    assert_eq!(names_of(root, test), ["data/test-00000-of-00001.parquet"]);
     std::fs::remove_file(root.join("data/train-00000-of-00001.parquet")).unwrap();
     touch(root, &["data/train-00001-of-00003-5b3c.parquet"]);
     let message = resolve_local(&[&source], Some("train"))

@@ -223,13 +223,17 @@ fn a_prefix_or_pattern_of_tar_shards_named_by_split_reads_one_split() {
             (&shard(1), "train-00002-of-00003.tar"),
         ],
     );
-    let cut = TarShards::open_remote_split("s3://data/cut", cache, Some("train"))
+    let cut = TarShards::open_remote_split("s3://data/cut", Arc::clone(&cache), Some("train"))
         .unwrap_err()
         .to_string();
     assert!(
         cut.contains("1 of its 3 shards are missing (00001)"),
         "{cut}"
     );
+    // One shard named by its URI is read, as locally.
+    let one = "s3://data/cut/train-00000-of-00003.tar";
+    let one = TarShards::open_remote_split(one, cache, None).unwrap();
+    assert_same_samples(&one, &local_set(&local, &[0]));
 }
 
 #[test]
