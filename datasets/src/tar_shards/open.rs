@@ -236,6 +236,10 @@ fn open_shard(path: PathBuf, fallback_cache_dir: Option<&Path>) -> Result<(Shard
 /// Class names from `classes.txt` in `root` when present, else `"0"` to `max_label`.
 fn class_names(root: &Path, max_label: Option<i64>) -> Result<Vec<String>> {
     let classes_file = root.join(CLASSES_FILE);
+    // Its lines go to the client as class names: a link out of a worker's roots is refused.
+    if classes_file.exists() {
+        crate::referenced_files::check_data_file(&classes_file)?;
+    }
     let text = match std::fs::read_to_string(&classes_file) {
         Ok(text) => text,
         Err(source) if source.kind() == std::io::ErrorKind::NotFound => {
