@@ -32,6 +32,11 @@ const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 /// Connections decided on but not yet taken by the server.
 const ACCEPT_QUEUE: usize = 64;
 
+/// Connections accepted and not yet taken by the server (in their handshake, or decided on
+/// and waiting for the queue): past this many, the next is accepted once one of these goes,
+/// so clients that connect and then say nothing hold a bounded number of descriptors.
+const PENDING_MOST: usize = 256;
+
 /// What a plaintext daemon writes to a TLS client before closing (not a TLS record, so the
 /// client's handshake fails as "not TLS").
 const PLAINTEXT_NOTICE: &[u8] = b"stoker: this daemon serves plaintext gRPC, not TLS\n";
@@ -359,8 +364,12 @@ pub(super) fn incoming(
     tls: Option<tokio_rustls::TlsAcceptor>,
 ) -> tokio_stream::wrappers::ReceiverStream<io::Result<ServerConnection>> {
     let (sender, receiver) = mpsc::channel(ACCEPT_QUEUE);
+    let pending = Arc::new(tokio::sync::Semaphore::new(PENDING_MOST));
     tokio::spawn(async move {
         loop {
+            let Ok(permit) = Arc::clone(&pending).acquire_owned().await else {
+                return;
+            };
             let accepted = tokio::select! {
                 accepted = listener.accept() => accepted,
                 () = sender.closed() => return,
@@ -377,9 +386,17 @@ pub(super) fn incoming(
             let sender = sender.clone();
             let tls = tls.clone();
             tokio::spawn(async move {
+                let _permit = permit;
                 match tokio::time::timeout(HANDSHAKE_TIMEOUT, classify(tcp, remote, tls)).await {
+                    // Not taken within the same time (the server holds all it may): dropped.
                     Ok(Some(connection)) => {
-                        let _ = sender.send(Ok(connection)).await;
+                        let queued = sender.send(Ok(connection));
+                        if tokio::time::timeout(HANDSHAKE_TIMEOUT, queued)
+                            .await
+                            .is_err()
+                        {
+                            tracing::debug!(peer = %remote, "connection dropped: the server took none within {HANDSHAKE_TIMEOUT:?}");
+                        }
                     }
                     Ok(None) => {}
                     Err(_) => {
