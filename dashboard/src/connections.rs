@@ -124,12 +124,26 @@ mod tests {
             waited < Duration::from_secs(5),
             "a half-sent head was held {waited:?}"
         );
-        // Idle (a kept-alive connection that never asks again) is cut the same way.
+        // A connection that never asks is cut the same way.
         let idle = TcpStream::connect(address).unwrap();
         let waited = closed_after(idle);
         assert!(
             waited < Duration::from_secs(5),
             "an idle connection was held {waited:?}"
+        );
+        // So is a kept-alive one that asked once and never again.
+        let mut kept = TcpStream::connect(address).unwrap();
+        kept.set_read_timeout(Some(Duration::from_secs(10)))
+            .unwrap();
+        kept.write_all(b"GET / HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+            .unwrap();
+        let mut answer = [0u8; 512];
+        let read = kept.read(&mut answer).unwrap();
+        assert!(String::from_utf8_lossy(&answer[..read]).ends_with("up"));
+        let waited = closed_after(kept);
+        assert!(
+            waited < Duration::from_secs(5),
+            "a kept-alive connection was held {waited:?}"
         );
     }
 

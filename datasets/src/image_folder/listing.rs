@@ -188,7 +188,6 @@ fn read_folder(path: &Path) -> Option<Vec<fs::DirEntry>> {
     }
 }
 
-/// `os.DirEntry.is_dir()`: follows symlinks, and any error means "not a folder".
 /// Whether `entry` is neither a file nor a link (a named pipe, a socket, a device): opening a
 /// pipe named `x.jpg` blocks until a writer comes, forever. A link is looked through when read.
 fn entry_is_special(entry: &fs::DirEntry) -> bool {
@@ -197,6 +196,7 @@ fn entry_is_special(entry: &fs::DirEntry) -> bool {
         .is_ok_and(|file_type| !file_type.is_file() && !file_type.is_symlink())
 }
 
+/// `os.DirEntry.is_dir()`: follows symlinks, and any error means "not a folder".
 fn entry_is_dir(entry: &fs::DirEntry) -> bool {
     match entry.file_type() {
         Ok(file_type) if file_type.is_symlink() => {

@@ -274,8 +274,6 @@ pub(super) fn open_file(
 /// The key of the features `datasets` writes into a Parquet file's metadata.
 const HF_METADATA_KEY: &str = "huggingface";
 
-/// The names of the `ClassLabel` feature `column` in `datasets`' metadata JSON, if it is one
-/// (`{"info": {"features": {column: {"_type": "ClassLabel", "names": [...]}}}}`).
 /// The Hugging Face features `datasets` wrote into a file's metadata, if any.
 fn hf_features(metadata: &ArrowReaderMetadata) -> Option<String> {
     metadata
@@ -299,6 +297,8 @@ fn is_image_feature(json: &str, column: &str) -> bool {
         .unwrap_or(false)
 }
 
+/// The names of the `ClassLabel` feature `column` in `datasets`' metadata JSON, if it is one
+/// (`{"info": {"features": {column: {"_type": "ClassLabel", "names": [...]}}}}`).
 fn class_label_names(json: &str, column: &str) -> Option<Vec<String>> {
     let value: serde_json::Value = serde_json::from_str(json).ok()?;
     let feature = value.get("info")?.get("features")?.get(column)?;

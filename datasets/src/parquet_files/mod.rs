@@ -151,6 +151,8 @@ pub struct ParquetDataset {
     sample_kind: ParquetSampleKind,
     label_column: Option<String>,
     cache: RowGroupCache<DecodedGroup>,
+    /// Record batches decoded so far (a row group is decoded in several when it is large).
+    batches_decoded: std::sync::atomic::AtomicU64,
     /// The object cache, for a dataset read from an object store.
     object_cache: Option<Arc<ObjectCache>>,
     /// The read-ahead thread of a dataset read from an object store.
@@ -179,6 +181,13 @@ impl ParquetDataset {
     /// Number of row-group decodes so far: how often a read missed the row-group cache.
     pub fn row_group_decodes(&self) -> u64 {
         self.cache.decodes()
+    }
+
+    /// Number of record batches decoded so far: a row group's decode takes one per about
+    /// 64 MiB of it.
+    pub fn record_batches_decoded(&self) -> u64 {
+        self.batches_decoded
+            .load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// Files, rows, row groups and columns.
@@ -252,6 +261,8 @@ impl ParquetDataset {
             let mut rows = 0u64;
             for batch in reader {
                 let batch = batch.map_err(|error| group_error(error.into()))?;
+                self.batches_decoded
+                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                 rows += batch.num_rows() as u64;
                 for (column, chunks) in batch.columns().iter().zip(decoded.iter_mut()) {
                     chunks.push(Arc::clone(column));

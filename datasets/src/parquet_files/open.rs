@@ -292,6 +292,7 @@ impl ParquetDataset {
             sample_kind,
             label_column,
             cache: RowGroupCache::new(options.cache_bytes),
+            batches_decoded: std::sync::atomic::AtomicU64::new(0),
             object_cache,
             read_ahead: None,
         })

@@ -207,6 +207,8 @@ fn a_large_row_group_is_decoded_in_batches_and_read_back_whole() {
         assert_eq!(dataset.label(index), index as i64);
     }
     assert_eq!(dataset.row_group_decodes(), 1);
+    // 160 MiB in batches of about 64: three (8 + 8 + 4 rows), where one was decoded before.
+    assert_eq!(dataset.record_batches_decoded(), 3);
 }
 
 /// Files of every codec pandas and pyarrow offer but brotli read the same rows.

@@ -343,7 +343,6 @@ pub fn train_bpe_tokenizer(texts: &[&str], vocab_size: usize, eos: &str, out: &P
     })
 }
 
-/// The `tokenizer.json` text `text` with its `truncation` and `padding` set to none.
 /// The BPE dropout the `tokenizer.json` text `text` sets (its `model.dropout`), when above 0.
 fn bpe_dropout(text: &str) -> Option<f64> {
     let config: serde_json::Value = serde_json::from_str(text).ok()?;
@@ -351,6 +350,7 @@ fn bpe_dropout(text: &str) -> Option<f64> {
     (dropout > 0.0).then_some(dropout)
 }
 
+/// The `tokenizer.json` text `text` with its `truncation` and `padding` set to none.
 fn without_truncation_and_padding(text: &str) -> std::result::Result<String, String> {
     let mut config: serde_json::Value =
         serde_json::from_str(text).map_err(|error| error.to_string())?;
