@@ -137,7 +137,14 @@ pub fn resolve_local(names: &[&str], split: Option<&str>) -> Result<LocalSource>
         return Err(Error::InvalidArgument("a source names no file".into()));
     };
     if names.len() == 1 && Path::new(first).exists() {
-        return resolve_path(Path::new(first), split);
+        let source = resolve_path(Path::new(first), split)?;
+        // A split's files, read as named files: held to a worker's roots like a pattern's.
+        if let LocalSource::Files { files, .. } = &source {
+            for file in files {
+                crate::referenced_files::check_data_file(file)?;
+            }
+        }
+        return Ok(source);
     }
     // A Megatron corpus by its prefix, as Megatron's `--data-path` names it: its `.bin`.
     if names.len() == 1 && !is_pattern(first) {
