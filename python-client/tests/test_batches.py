@@ -80,14 +80,14 @@ def test_normalize_gives_standardised_values(make_loader: Callable[..., stoker.L
         pipeline=[ops.CenterCrop(16), ops.ToTensor("NCHW", "float32")], shuffle=False, batch_size=8
     )
     normalized = make_loader(
-        pipeline=[ops.CenterCrop(16), ops.Normalize((0.5, 0.25, 0.0), (0.5, 0.25, 2.0))],
+        pipeline=[ops.CenterCrop(16), ops.Normalize((0.5, 0.25, 0.0), (0.5, 0.25, 0.75))],
         shuffle=False,
         batch_size=8,
     )
     unit = next(iter(unit_scaled))["image"]
     assert unit.min() >= 0.0 and unit.max() <= 1.0  # float32 is unit-scaled, like torchvision
     expected = (unit - np.array([0.5, 0.25, 0.0]).reshape(1, 3, 1, 1)) / np.array(
-        [0.5, 0.25, 2.0]
+        [0.5, 0.25, 0.75]
     ).reshape(1, 3, 1, 1)
     np.testing.assert_allclose(next(iter(normalized))["image"], expected, atol=1e-5)
 
