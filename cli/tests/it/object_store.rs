@@ -152,21 +152,18 @@ fn digest_over_s3_equals_the_local_digest_cold_and_warm() {
     );
 
     // `stoker convert --out s3://` uploads the shards and their index: the set reads the same.
-    let (converted, _) = stoker_s3(
-        &server,
-        &dir.path().join("convert-cache"),
-        &[
-            "convert",
-            "--from",
-            images.to_str().unwrap(),
-            "--to",
-            "tar",
-            "--out",
-            "s3://data/converted",
-            "--shard-size",
-            "1",
-        ],
-    );
+    let to_bucket = [
+        "convert",
+        "--from",
+        images.to_str().unwrap(),
+        "--to",
+        "tar",
+        "--out",
+        "s3://data/converted",
+        "--shard-size",
+        "1",
+    ];
+    let (converted, _) = stoker_s3(&server, &dir.path().join("convert-cache"), &to_bucket);
     assert!(
         converted.contains("wrote s3://data/converted/stoker-tar-index.bin (40 samples"),
         "{converted}"
@@ -182,19 +179,7 @@ fn digest_over_s3_equals_the_local_digest_cold_and_warm() {
     assert!(!stderr.contains("no tar index object"), "{stderr}");
     // Converting again onto the same prefix is refused before anything is written: its shards
     // would have been read with the older set's as one.
-    let stderr = stoker_s3_refused(
-        &server,
-        &dir.path().join("convert-cache"),
-        &[
-            "convert",
-            "--from",
-            images.to_str().unwrap(),
-            "--to",
-            "tar",
-            "--out",
-            "s3://data/converted",
-        ],
-    );
+    let stderr = stoker_s3_refused(&server, &dir.path().join("convert-cache"), &to_bucket);
     assert!(stderr.contains("already holds"), "{stderr}");
     // A glob over the shards' keys and a brace list of two folders read what they name, from
     // the index objects beside the shards.
