@@ -40,12 +40,26 @@ pub(crate) fn find_classes(root: &Path) -> Result<Vec<ClassFolder>> {
             let name = entry.file_name();
             classes.push(ClassFolder {
                 name_bytes: os_str_bytes(&name).to_vec(),
-                name: name.to_string_lossy().into_owned(),
+                name: class_name(os_str_bytes(&name)),
             });
         }
     }
     classes.sort_by(|left, right| compare_like_python(&left.name_bytes, &right.name_bytes));
     Ok(classes)
+}
+
+/// A class folder's name as text: its bytes as UTF-8, each byte that is not written as
+/// `\xNN` (as Python's `backslashreplace` does), so two folders whose names differ only there
+/// keep two names (the replacement character made them one).
+fn class_name(bytes: &[u8]) -> String {
+    let mut name = String::with_capacity(bytes.len());
+    for chunk in bytes.utf8_chunks() {
+        name.push_str(chunk.valid());
+        for byte in chunk.invalid() {
+            name.push_str(&format!("\\x{byte:02x}"));
+        }
+    }
+    name
 }
 
 /// The image files of one folder, names packed in one buffer.

@@ -401,3 +401,27 @@ fn named_pipes_are_never_waited_on() {
     );
     assert!(started.elapsed().as_secs() < 5);
 }
+
+/// Class folders whose names are not UTF-8 keep names of their own (each undecodable byte as
+/// `\xNN`): the replacement character made `a\xff` and `a\xfe` one class name, twice.
+#[test]
+fn class_folders_named_in_other_encodings_keep_distinct_names() {
+    use std::os::unix::ffi::OsStrExt;
+    let dir = tempfile::tempdir().unwrap();
+    for (folder, image) in [
+        (&b"a\xfe"[..], "one.png"),
+        (&b"a\xff"[..], "two.png"),
+        (&b"b"[..], "three.png"),
+    ] {
+        let class = dir.path().join(std::ffi::OsStr::from_bytes(folder));
+        std::fs::create_dir_all(&class).unwrap();
+        std::fs::write(class.join(image), image.as_bytes()).unwrap();
+    }
+    let folder = ImageFolder::open(dir.path()).unwrap();
+    assert_eq!(folder.class_names(), ["a\\xfe", "a\\xff", "b"]);
+    assert_eq!(
+        (0..3).map(|k| folder.label(k)).collect::<Vec<_>>(),
+        [0, 1, 2]
+    );
+    assert_eq!(folder.read(1).unwrap(), b"two.png");
+}
