@@ -454,16 +454,27 @@ pub(super) fn pil_as_pnm(bytes: &[u8]) -> Option<Vec<u8>> {
     let (width, height, mode_len) = (word(0)?, word(1)?, word(2)?);
     let mode = bytes.get(12..12 + mode_len)?;
     let pixels = bytes.get(12 + mode_len..)?;
-    let (magic, channels) = match mode {
-        b"RGB" => ("P6", 3),
-        b"L" => ("P5", 1),
+    // (magic, channels stored, channels kept): alpha is dropped, as PIL's `convert("RGB")`
+    // drops it.
+    let (magic, channels, kept) = match mode {
+        b"RGB" => ("P6", 3, 3),
+        b"RGBA" => ("P6", 4, 3),
+        b"L" => ("P5", 1, 1),
+        b"LA" => ("P5", 2, 1),
         _ => return None,
     };
     if pixels.len() != width.checked_mul(height)?.checked_mul(channels)? {
         return None;
     }
     let mut out = format!("{magic}\n{width} {height}\n255\n").into_bytes();
-    out.extend_from_slice(pixels);
+    if kept == channels {
+        out.extend_from_slice(pixels);
+    } else {
+        out.reserve(pixels.len() / channels * kept);
+        for pixel in pixels.chunks_exact(channels) {
+            out.extend_from_slice(&pixel[..kept]);
+        }
+    }
     Some(out)
 }
 

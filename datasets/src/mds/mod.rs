@@ -16,8 +16,9 @@
 //! whose encoding is an image's, else the one column encoded `jpeg`, `png` or `pil` (several
 //! refuse the set: Streaming's writer keeps columns in name order, so the first is no choice),
 //! else `text` (encoded `str`). Its bytes are the sample: `jpeg`, `png` and `bytes` as they are; `pil`
-//! (raw pixels after a width, height and mode header) becomes a binary PPM (mode `RGB`) or PGM
-//! (`L`) of the same pixels, which the decoder reads; other modes are bad samples; so does an
+//! (raw pixels after a width, height and mode header) becomes a binary PPM (mode `RGB`, or
+//! `RGBA` with its alpha dropped as PIL's `convert("RGB")` drops it) or PGM (`L`, `LA`) of the
+//! same pixels, which the decoder reads; other modes are bad samples; so does an
 //! `ndarray` of `uint8` pixels shaped `[height, width]` or `[height, width, 3]` (named by the
 //! column, or an image column by name), other arrays being bad samples. Labels come
 //! from the column named, else `label`, else `cls`, encoded `int`, `str_int`, `json` (an integer)
@@ -403,7 +404,7 @@ impl SampleSource for MdsDataset {
         let bad = |problem: String| mds_error(&shard.path, format!("sample {local}: {problem}"));
         match each.encoding {
             Encoding::Pil => pil_as_pnm(&bytes)
-                .ok_or_else(|| bad("a pil image of a mode other than RGB or L".into())),
+                .ok_or_else(|| bad("a pil image of a mode other than RGB, RGBA, L or LA".into())),
             Encoding::NdArray {
                 dtype,
                 static_shape,

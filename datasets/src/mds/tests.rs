@@ -159,7 +159,17 @@ fn pil_images_become_pnm_and_other_columns_are_refused_by_name() {
             b"1".to_vec(),
         ],
         vec![pil("L", &[7, 8], 1, 2), b" 5".to_vec(), b"12".to_vec()],
-        vec![pil("RGBA", &[0; 4], 1, 1), b"6".to_vec(), b"0".to_vec()],
+        vec![pil("CMYK", &[0; 4], 1, 1), b"6".to_vec(), b"0".to_vec()],
+        vec![
+            pil("RGBA", &[1, 2, 3, 250, 4, 5, 6, 0], 2, 1),
+            b"7".to_vec(),
+            b"2".to_vec(),
+        ],
+        vec![
+            pil("LA", &[9, 128, 10, 0], 1, 2),
+            b"8".to_vec(),
+            b"3".to_vec(),
+        ],
     ];
     let dir = temp.path().join("pil");
     write_mds(&dir, &columns, &rows, 10, None).unwrap();
@@ -171,12 +181,18 @@ fn pil_images_become_pnm_and_other_columns_are_refused_by_name() {
     assert_eq!(dataset.read(1).unwrap(), b"P5\n1 2\n255\n\x07\x08");
     let error = dataset.read(2).unwrap_err().to_string();
     assert!(
-        error.contains("shard.00000.mds") && error.contains("RGB or L"),
+        error.contains("shard.00000.mds") && error.contains("RGB, RGBA, L or LA"),
         "{error}"
     );
+    // Alpha dropped, as PIL's convert("RGB") drops it.
     assert_eq!(
-        (0..3).map(|k| dataset.label(k)).collect::<Vec<_>>(),
-        [4, 5, 6]
+        dataset.read(3).unwrap(),
+        b"P6\n2 1\n255\n\x01\x02\x03\x04\x05\x06"
+    );
+    assert_eq!(dataset.read(4).unwrap(), b"P5\n1 2\n255\n\x09\x0a");
+    assert_eq!(
+        (0..5).map(|k| dataset.label(k)).collect::<Vec<_>>(),
+        [4, 5, 6, 7, 8]
     );
     // A `json` column of integers is a label column too; one holding other values is not read.
     let by_json = MdsOptions {
@@ -185,8 +201,8 @@ fn pil_images_become_pnm_and_other_columns_are_refused_by_name() {
     };
     let dataset = open(&dir, &by_json, temp.path()).unwrap();
     assert_eq!(
-        (0..3).map(|k| dataset.label(k)).collect::<Vec<_>>(),
-        [1, 12, 0]
+        (0..5).map(|k| dataset.label(k)).collect::<Vec<_>>(),
+        [1, 12, 0, 2, 3]
     );
     let objects = temp.path().join("json-objects");
     let rows = vec![vec![b"x".to_vec(), br#"{"class": 1}"#.to_vec()]];
