@@ -82,9 +82,7 @@ pub(crate) fn root_files(
         (folder, vec![path.to_path_buf()])
     };
     // A worker's data roots hold every file, not only the name the job gave.
-    for file in &files {
-        crate::referenced_files::check_data_file(file)?;
-    }
+    crate::referenced_files::check_data_files(&files)?;
     Ok((folder, files))
 }
 /// Gives each file of a set written under a temporary name, `(temporary, final)`, its final

@@ -64,6 +64,11 @@ pub(crate) fn check_data_file(path: &Path) -> crate::error::Result<()> {
     ))
 }
 
+/// [`check_data_file`] of each of `files`.
+pub(crate) fn check_data_files(files: &[PathBuf]) -> crate::error::Result<()> {
+    files.iter().try_for_each(|file| check_data_file(file))
+}
+
 /// Reads the file `reference` names: an absolute path, or one relative to `base`, once
 /// [`check_allowed`] lets it; a refusal becomes the error `refused` makes of its reason.
 pub(crate) fn read_referenced(

@@ -155,9 +155,7 @@ impl HfDataset {
         }
         let paths = layout::data_files(path)?;
         let features = layout::features(path)?;
-        for file in &paths {
-            crate::referenced_files::check_data_file(file)?;
-        }
+        crate::referenced_files::check_data_files(&paths)?;
 
         let files: Vec<StreamFile> = paths
             .into_par_iter()

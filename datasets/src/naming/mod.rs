@@ -140,9 +140,7 @@ pub fn resolve_local(names: &[&str], split: Option<&str>) -> Result<LocalSource>
         let source = resolve_path(Path::new(first), split)?;
         // A split's files, read as named files: held to a worker's roots like a pattern's.
         if let LocalSource::Files { files, .. } = &source {
-            for file in files {
-                crate::referenced_files::check_data_file(file)?;
-            }
+            crate::referenced_files::check_data_files(files)?;
         }
         return Ok(source);
     }
@@ -160,9 +158,7 @@ pub fn resolve_local(names: &[&str], split: Option<&str>) -> Result<LocalSource>
     sort_paths(&mut files);
     // A worker's data roots hold every file a pattern reaches (a folder it enters may be a
     // link), not only the folder its literal head names.
-    for file in &files {
-        crate::referenced_files::check_data_file(file)?;
-    }
+    crate::referenced_files::check_data_files(&files)?;
     let name = names.join(",");
     // One format first: files of two formats are refused as such, not as two splits.
     kind_of_files(&name, &files)?;
