@@ -440,7 +440,7 @@ def test_rank_and_world_size_come_from_the_environment(
     monkeypatch.setenv("WORLD_SIZE", "4")
     loader = make_loader()
     assert (loader.rank, loader.world_size) == (2, 4)
-    assert (make_loader(rank=1).rank, make_loader(world_size=8).world_size) == (1, 8)
+    assert (make_loader(rank=1, world_size=8).rank, make_loader(rank=2).world_size) == (1, 4)
     monkeypatch.setenv("RANK", "4")
     with pytest.raises(ValueError, match="environment"):
         make_loader()

@@ -1,5 +1,5 @@
 """A Loader used from more than one thread: ``stats()`` from a monitoring thread while another
-iterates, and ``close()`` from another thread while ``next()`` waits."""
+iterates, ``close()`` from another thread while ``next()`` waits, and ``iter()`` meanwhile."""
 
 from __future__ import annotations
 
@@ -95,3 +95,39 @@ def test_close_from_another_thread_ends_a_waiting_next(lanes: dict[str, int]) ->
     assert loader.closed
     with pytest.raises(stoker.StokerError, match="closed"):
         loader.stats()
+
+
+class Indexed:
+    """Samples that are their index, 0.2 s each."""
+
+    def __len__(self) -> int:
+        return 32
+
+    def __getitem__(self, index: int) -> np.ndarray:
+        time.sleep(0.2)
+        return np.full(1, index, dtype=np.int64)
+
+
+def test_iter_while_another_thread_waits_in_next_starts_after_that_batch() -> None:
+    loader = stoker.Loader.from_dataset(
+        Indexed(), batch_size=4, num_threads=1, prefetch=1, shuffle=False, output="numpy",
+        timeout=60,
+    )
+    with loader:
+        first = iter(loader)
+        next(first)
+        taken: list[list[int]] = []
+
+        def take() -> None:
+            next(first)
+            taken.append(sorted(first.sample_indices))
+
+        waiting = threading.Thread(target=take)
+        waiting.start()
+        time.sleep(0.1)  # the other thread now waits for step 1, built in 0.8 s
+        second = iter(loader)
+        next(second)
+        waiting.join(30)
+        # Step 1 went to the thread that asked first; the new iterator starts at step 2.
+        assert taken == [[4, 5, 6, 7]]
+        assert sorted(second.sample_indices) == [8, 9, 10, 11]

@@ -403,7 +403,7 @@ def test_a_resize_resume_fits_the_pinned_budget_of_one_pool(torch: Any, dataset:
         state = old.state_dict()
     options = {"pin_memory": True, "prefetch": 2, "max_held_batches": 1, "seed": 9}
     budget = held + 3 * stride
-    with loader(dataset, world_size=3, pinned_memory_budget=budget, **options) as pinned:
+    with loader(dataset, rank=0, world_size=3, pinned_memory_budget=budget, **options) as pinned:
         pinned.load_state_dict(state)
         assert pinned.epoch == 1 and pinned.stats()["slot_capacity"] == 3
         # Taken before the run: a finished epoch advances the loader, and len() with it.

@@ -153,25 +153,71 @@ def distributed_defaults() -> tuple[int | None, int | None, str]:
     return values[0], values[1], "the RANK / WORLD_SIZE environment variables"
 
 
-def resolve_rank(rank: object, world_size: object) -> tuple[int, int]:
-    """Explicit values first, then torch.distributed / the environment, then 0 of 1."""
-    rank_origin = world_origin = ""
-    if rank is None or world_size is None:
-        default_rank, default_world, origin = distributed_defaults()
-        if rank is None and default_rank is not None:
-            rank, rank_origin = default_rank, f" (from {origin})"
-        if world_size is None and default_world is not None:
-            world_size, world_origin = default_world, f" (from {origin})"
-    world_size = check_int(
-        1 if world_size is None else world_size, f"world_size{world_origin}", 1, MAX_U32
+def resolve_rank(rank: object, world_size: object) -> tuple[int, int, str]:
+    """Explicit values first, then torch.distributed / the environment, then 0 of 1; with
+    where they came from ("" when both were passed).
+
+    The two come from one place: a rank given alone is paired with the default world size
+    only where the defaults give this very rank (and a world size alone likewise), and the
+    environment must give both RANK and WORLD_SIZE or neither. Otherwise every process of a
+    job would read as one rank (all rank 0 of N: the same share read N times, the rest
+    never), so it is a ValueError saying what to pass."""
+    if rank is not None and world_size is not None:
+        return (*_checked_rank(rank, "", world_size, ""), "")
+    default_rank, default_world, origin = distributed_defaults()
+    if rank is None and world_size is None:
+        if default_rank is None and default_world is None:
+            return 0, 1, "the default, no torch.distributed or RANK / WORLD_SIZE being set"
+        if default_rank is None or default_world is None:
+            present = "WORLD_SIZE" if default_rank is None else "RANK"
+            missing = "RANK" if default_rank is None else "WORLD_SIZE"
+            raise ValueError(
+                f"the environment sets {present}={os.environ.get(present)!r} but not {missing}, so "
+                "this process's share of the data is unknown (every process would read as "
+                "rank 0). Launchers that set only LOCAL_RANK/NODE_RANK before starting "
+                "torch.distributed (PyTorch Lightning's) need the loader built after it "
+                "starts (in train_dataloader()), or rank= and world_size= passed"
+            )
+        suffix = f" (from {origin})"
+        return (*_checked_rank(default_rank, suffix, default_world, suffix), f"from {origin}")
+    # One of the two given: paired with the defaults only where they agree with it.
+    if default_rank is None and default_world is None:
+        if world_size is not None and check_int(world_size, "world_size", 1, MAX_U32) > 1:
+            raise ValueError(
+                f"world_size={world_size!r} was given without rank=, and neither "
+                "torch.distributed nor the RANK environment variable gives one: pass rank= "
+                "too (every process would otherwise read as rank 0)"
+            )
+        checked = _checked_rank(0 if rank is None else rank, "",
+                                1 if world_size is None else world_size, "")
+        return (*checked, "the default, no torch.distributed or RANK / WORLD_SIZE being set")
+    given_name, given = ("rank", rank) if rank is not None else ("world_size", world_size)
+    default_given = default_rank if rank is not None else default_world
+    if default_rank is not None and default_world is not None and given == default_given:
+        suffix = f" (from {origin})"
+        return (*_checked_rank(default_rank, suffix, default_world, suffix), f"from {origin}")
+    raise ValueError(
+        f"{given_name}={given!r} was given alone, and the defaults ({origin}) are rank "
+        f"{_or_unset(default_rank)} of world size {_or_unset(default_world)}: pass rank= "
+        "and world_size= together (a data-parallel rank and size of their own, as with "
+        "tensor or pipeline parallelism, are both needed)"
     )
-    rank = check_int(0 if rank is None else rank, f"rank{rank_origin}", 0, MAX_U32)
-    if rank >= world_size:
+
+
+def _or_unset(value: int | None) -> str:
+    return "unset" if value is None else str(value)
+
+
+def _checked_rank(rank: object, rank_origin: str, world_size: object,
+                  world_origin: str) -> tuple[int, int]:
+    world = check_int(world_size, f"world_size{world_origin}", 1, MAX_U32)
+    rank_ = check_int(rank, f"rank{rank_origin}", 0, MAX_U32)
+    if rank_ >= world:
         raise ValueError(
-            f"rank {rank}{rank_origin} is out of range for world_size {world_size}{world_origin}: "
-            f"it must be in 0..{world_size}"
+            f"rank {rank_}{rank_origin} is out of range for world_size {world}{world_origin}: "
+            f"it must be in 0..{world}"
         )
-    return rank, world_size
+    return rank_, world
 
 
 def default_threads() -> tuple[int, str]:

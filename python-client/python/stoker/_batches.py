@@ -292,19 +292,20 @@ class BatchIterator(Iterator[dict[str, Any]]):
             raise StopIteration
         self._feed.handle()
         position = self._position
-        if position.generation != self._generation:
-            raise StokerError(
-                "this iterator is stale: iter(), set_epoch() or load_state_dict() was called on "
-                "its Loader since; iterate the Loader again"
-            )
-        taken = self._feed.next(self._generation)
-        if taken is None:
-            self._done = True
-            position.finish_epoch(self.epoch)
-            raise StopIteration
-        step, batch, self.sample_indices, self.bad_samples = taken
-        self.step = step
-        position.yielded(step)
+        with position.lock:
+            if position.generation != self._generation:
+                raise StokerError(
+                    "this iterator is stale: iter(), set_epoch() or load_state_dict() was "
+                    "called on its Loader since; iterate the Loader again"
+                )
+            taken = self._feed.next(self._generation)
+            if taken is None:
+                self._done = True
+                position.finish_epoch(self.epoch)
+                raise StopIteration
+            step, batch, self.sample_indices, self.bad_samples = taken
+            self.step = step
+            position.yielded(step)
         out: dict[str, Any] = batch
         return out
 

@@ -34,10 +34,11 @@ from stoker._batches import BatchFeed, BatchIterator, BatchMaker
 from stoker._dataset import DatasetSide, FromDataset
 from stoker._fork import ForkGuard
 from stoker._placement import Placement
+from stoker._rank_check import RankCheck
 from stoker._saved_state import SavedState
 from stoker._settings import LoaderSettings, checked_settings
 from stoker._source import choose_source
-from stoker._stats import add_fractions
+from stoker._stats import Stats
 from stoker.errors import StokerError
 from stoker.ops import Op
 
@@ -46,7 +47,7 @@ __all__ = ["BatchIterator", "Loader"]
 _log = logging.getLogger("stoker")
 
 
-class Loader(FromDataset, SavedState):
+class Loader(FromDataset, SavedState, Stats):
     """Loads batches of images or tokens, decoded, augmented or tokenised in Rust threads.
 
     Iterating yields one epoch of batches, each a dict of named tensors: ``"image"`` (uint8
@@ -126,9 +127,12 @@ class Loader(FromDataset, SavedState):
             affinity already narrowed by the launcher is used as it is. ``stats()["thread_rule"]``
             says which rule applied.
         rank: this process's part of each epoch; default: ``torch.distributed`` when it is
-            initialised, else the ``RANK`` environment variable, else 0.
-        world_size: how many parts; default: as for ``rank`` (``WORLD_SIZE``), else 1. Ranks
-            get disjoint parts of the same number of batches (short ranks wrap around).
+            initialised, else the ``RANK`` environment variable, else 0: the global rank (with
+            tensor or pipeline parallelism, pass the data-parallel rank and size).
+        world_size: how many parts; default: as for ``rank`` (``WORLD_SIZE``), else 1. One of
+            the two alone pairs only with defaults that agree. Ranks reading the same data with
+            the same settings get disjoint parts of the same number of batches (short ranks
+            wrap around); in a torch.distributed job the first ``iter()`` checks they do.
         prefetch: batches prepared ahead of the training loop, or ``"auto"``: a controller
             starts at twice the threads and sizes the depth from the stall, batch latency and
             step time it observes, within a 2 GiB budget.
@@ -406,6 +410,9 @@ class Loader(FromDataset, SavedState):
         # The position of the next batch to yield, which is what state_dict() saves.
         self._position = _resume.Position()
         self._fork.hold(self._native)
+        settings = self._settings
+        self._ranks = RankCheck(settings.rank, settings.world_size, settings.rank_origin)
+        self._ranks.post(self.state_dict, self.__len__)
 
     # -- properties -------------------------------------------------------------------------
 
@@ -469,11 +476,13 @@ class Loader(FromDataset, SavedState):
         ends it. ValueError when a refused load let go of the resumed epoch to run.
         """
         native = self._handle()
+        self._ranks.check(self.state_dict, self.__len__, self._settings.timeout_s)
         position = self._position
-        epoch, step = position.to_start(native.steps_in)
-        self._feed.drop_staged()
-        native.start_epoch(epoch, step)
-        position.start()
+        with position.lock:  # not while another thread's next() takes a batch: its step counts
+            epoch, step = position.to_start(native.steps_in)
+            self._feed.drop_staged()
+            native.start_epoch(epoch, step)
+            position.start()
         return BatchIterator(self._feed, position, epoch, self.__len__)
 
     def set_epoch(self, epoch: int) -> None:
@@ -484,7 +493,8 @@ class Loader(FromDataset, SavedState):
         so ``load_state_dict(s)`` then ``set_epoch(s["epoch"])`` still resumes mid-epoch.
         """
         self._handle()
-        self._position.set_epoch(check_int(epoch, "epoch", 0, MAX_U64))
+        with self._position.lock:
+            self._position.set_epoch(check_int(epoch, "epoch", 0, MAX_U64))
 
     # -- stats and lifetime -----------------------------------------------------------------
 
@@ -493,39 +503,6 @@ class Loader(FromDataset, SavedState):
         """URL of the stall dashboard (``/`` the page, ``/api/jobs``, ``/metrics``), or None
         when the loader was built without ``dashboard=``."""
         return self._handle().dashboard_url
-
-    def stats(self) -> dict[str, Any]:
-        """Counters since the loader was made.
-
-        Returns:
-            The native counters (``samples``, ``batches``, ``elapsed_s``, ``samples_per_s``,
-            ``wait_s`` (time the caller waited inside ``next()``), ``first_batch_s``, ``read_s``,
-            ``decode_s``, ``augment_s``, ``assemble_s`` (thread-seconds per stage),
-            ``bad_samples``, ``tokens_dropped`` (packed text: document tokens past a batch's
-            last row, dropped), ``in_flight``, ``prefetch_depth`` (the current depth, which
-            ``prefetch="auto"`` adjusts), ``slots_in_use``, ``slot_capacity``, ``pinned`` (every
-            slot page-locked), ``pinned_bytes``, ``pin_error`` (why the driver refused to lock a
-            slot, or None), ``pinned_device`` (the CUDA device whose context locks the slots,
-            chosen when the first batch goes out; None before, and for pageable slots),
-            ``gpu_idle_s`` and ``gpu_span_s`` (seconds the consumer's CUDA
-            stream sat idle waiting for a batch, over how much of its time: measured with events
-            once torch has started CUDA), ``gpu_lane_cost_s`` (with a GPU decode lane: seconds
-            that stream was busier on steps beside the lane's work than on steps with the lane
-            quiet, counted once ``gpu_lane_quiet_steps`` such steps give a baseline; they come
-            where the lane has nothing to build, and under ``decode="auto"`` from points it
-            builds all on the CPU)), ``thread_rule`` (how ``num_threads`` was chosen),
-            ``device`` (``"cpu"`` or ``"cuda:N"``), ``gpu_idle_fraction`` (``gpu_idle_s /
-            gpu_span_s``, the GPU's share of time waiting for data), ``gpu_lane_cost_fraction``
-            (``gpu_lane_cost_s / gpu_span_s``, the GPU's share of time the lane beside the step
-            cost it, which no wait shows) and ``stall_fraction``: ``wait_s / elapsed_s``, the
-            share of time the training loop spent waiting for data.
-        """
-        stats: dict[str, Any] = dict(self._handle().stats())
-        stats["thread_rule"] = self._thread_rule
-        stage = self._feed.stage
-        stats["device"] = f"cuda:{stage.index}" if stage is not None else "cpu"
-        add_fractions(stats)
-        return stats
 
     def close(self) -> None:
         """Stops the decode threads (from a dataset, its worker processes and threads).

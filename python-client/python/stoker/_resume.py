@@ -10,6 +10,7 @@ several ranks' states into the position they resume.
 from __future__ import annotations
 
 import os
+import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Final
@@ -79,6 +80,9 @@ class Position:
     # Set when a failed load_state_dict left the native loader without the loader of
     # `resized_epoch`: that epoch cannot be served until a state is loaded again.
     resized_lost: bool = False
+    # Held while a batch is taken and while iter(), set_epoch() or load_state_dict() move the
+    # position, so a next() of another thread never records its step over a new position.
+    lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
     def to_start(self, steps_in: Callable[[int], int]) -> tuple[int, int]:
         """The epoch and step an iterator starts now (see :meth:`start`), ``steps_in(e)``

@@ -116,4 +116,5 @@ class SavedState:
         """
         native = self._handle()
         saved = _resume.read_states(state, self.state_dict())
-        self._position.resume_saved(saved, native, self._settings.world_size)
+        with self._position.lock:
+            self._position.resume_saved(saved, native, self._settings.world_size)

@@ -46,6 +46,8 @@ class LoaderSettings:
     drop_last: bool
     rank: int
     world_size: int
+    # Where rank and world size came from ("": both passed), which the ranks' check reads.
+    rank_origin: str = ""
     # Batches prepared ahead; 0: a controller sizes the depth from the stall it observes.
     prefetch: int
     timeout_s: float
@@ -137,7 +139,7 @@ def checked_settings(
     ValueError names the first one out of range; rank and world size default as
     :func:`stoker._arguments.resolve_rank` says); the job's name and the pinning are the
     defaults until the constructor knows them (``dataclasses.replace``)."""
-    rank_, world = resolve_rank(rank, world_size)
+    rank_, world, rank_origin = resolve_rank(rank, world_size)
     return LoaderSettings(
         batch_size=check_int(batch_size, "batch_size", 1, MAX_U32),
         shuffle=check_bool(shuffle, "shuffle"),
@@ -145,6 +147,7 @@ def checked_settings(
         drop_last=check_bool(drop_last, "drop_last"),
         rank=rank_,
         world_size=world,
+        rank_origin=rank_origin,
         prefetch=check_prefetch(prefetch),
         timeout_s=check_seconds(timeout, "timeout"),
         max_held_batches=check_int(max_held_batches, "max_held_batches", 1, 4096),

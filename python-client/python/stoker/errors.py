@@ -13,8 +13,9 @@ Some also derive from the built-in a caller would reach for: :class:`PipelineErr
 - :class:`DecodeError`: a sample cannot be read or decoded under ``on_error="fail"``; the
   message names the file.
 - :class:`PipelineError`: the pipeline was refused by the native side.
-- :class:`LoaderTimeoutError`: a wait for a batch passed its deadline, or every batch slot is
-  held by the caller; the message says which.
+- :class:`LoaderTimeoutError`: a wait for a batch passed its deadline, every batch slot is
+  held by the caller, or ranks of a torch.distributed job did not make the loader in time; the
+  message says which.
 - :class:`WorkerUnavailableError`: distributed mode: no worker served the job for longer
   than ``worker_grace``; the message names the job and how long.
 - :class:`AuthenticationError` (a ``PermissionError``): distributed mode: a daemon refused the
