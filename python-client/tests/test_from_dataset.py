@@ -1323,3 +1323,25 @@ def test_a_dataset_that_does_not_pickle_is_refused_naming_fork(method: str) -> N
             Squares(4), batch_size=2, num_workers=1, multiprocessing_context=method,
             transform=lambda sample: sample,
         )
+
+
+def test_a_state_saved_with_other_native_ops_is_refused(tmp_path) -> None:
+    """The ops Stoker runs on the samples' images decide the batches like a native source's:
+    a state saved with other ones is refused naming them, as ``Loader``'s is."""
+    root = stoker._native.make_dataset(str(tmp_path / "images"), 12)
+    settings = dict(batch_size=4, output="numpy", num_threads=1)
+    crop = stoker.ops.RandomResizedCrop
+    with stoker.Loader.from_dataset(
+        JpegFiles(root), pipeline=[stoker.ops.DecodeImage(), crop(16)], **settings
+    ) as first:
+        next(iter(first))
+        state = first.state_dict()
+    with stoker.Loader.from_dataset(
+        JpegFiles(root), pipeline=[stoker.ops.DecodeImage(), crop(16)], **settings
+    ) as same:
+        same.load_state_dict(state)
+    with stoker.Loader.from_dataset(
+        JpegFiles(root), pipeline=[stoker.ops.DecodeImage(), crop(16, scale=(0.9, 1.0))],
+        **settings,
+    ) as other, pytest.raises(ValueError, match="reading: saved"):
+        other.load_state_dict(state)

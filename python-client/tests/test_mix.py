@@ -175,6 +175,56 @@ def test_a_mix_of_moved_files_resumes_and_a_source_of_another_size_is_named(
         loader.load_state_dict(state)
 
 
+def test_sources_of_one_file_name_in_other_folders_are_told_apart_on_resume(
+    tmp_path: Path,
+) -> None:
+    """``a/tokens.bin`` and ``b/tokens.bin`` of one size, listed the other way round: every
+    position would draw from the other file, so the state is refused; the whole tree moved
+    resumes."""
+    for folder, source in (("a", 0), ("b", 1)):
+        (tmp_path / folder).mkdir()
+        write_tokens(tmp_path / folder / "tokens.bin", source, 500)
+
+    def mixed(root: Path, order: str) -> stoker.Loader:
+        return stoker.mix({root / name / "tokens.bin": 1 for name in order},
+                          pipeline=[ops.TokenWindows(SEQ_LEN)], batch_size=8, output="numpy",
+                          seed=3)
+
+    with mixed(tmp_path, "ab") as loader:
+        iterator = iter(loader)
+        next(iterator)
+        state = loader.state_dict()
+    with mixed(tmp_path, "ba") as swapped, pytest.raises(ValueError, match="mix: saved"):
+        swapped.load_state_dict(state)
+    moved = tmp_path / "moved"
+    for name in "ab":
+        shutil.copytree(tmp_path / name, moved / name)
+    with mixed(moved, "ab") as loader:
+        loader.load_state_dict(state)
+
+
+def test_a_tokenizer_is_compared_by_its_contents_not_its_path(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    folders, tokenizer = text_sources(tmp_path)
+
+    def loader(path: str | Path) -> stoker.Loader:
+        return stoker.Loader(folders[0], pipeline=[ops.Tokenize(path), ops.PackSequences(48)],
+                             batch_size=4, output="numpy", num_threads=1)
+
+    with loader(tokenizer) as first:
+        next(iter(first))
+        state = first.state_dict()
+    monkeypatch.chdir(tokenizer.parent)
+    with loader("tokenizer.json") as relative:
+        relative.load_state_dict(state)  # the same tokenizer, named another way
+    # Another tokenizer at the same path gives other ids: refused.
+    _native.train_bpe_tokenizer([" ".join(reversed(WORDS))] * 20, str(tokenizer),
+                                vocab_size=280)
+    with loader(tokenizer) as other, pytest.raises(ValueError, match="reading: saved"):
+        other.load_state_dict(state)
+
+
 def test_a_mixed_epoch_resumes_on_another_world_size(token_files: tuple[Path, Path]) -> None:
     with token_mix(token_files, batch_size=100) as single:
         whole = Counter(rows(single))

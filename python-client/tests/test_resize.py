@@ -122,8 +122,9 @@ def test_states_that_disagree_or_leave_ranks_out_are_refused(
         loader.load_state_dict(states[:2])
     with pytest.raises(ValueError, match="disagree on epoch"):
         loader.load_state_dict([states[0], states[1], dict(states[2], epoch=4)])
-    with pytest.raises(ValueError, match="resizes"):
-        loader.load_state_dict(dict(states[0], resizes=[[1]]))
+    for malformed in ([[1]], [[0, 5]], [[0, "12"]]):
+        with pytest.raises(ValueError, match="resizes"):
+            loader.load_state_dict(dict(states[0], resizes=malformed))
     # Every rank once: a rank twice (and so a state too many) is refused.
     with pytest.raises(ValueError, match="each once"):
         loader.load_state_dict([*states, states[2]])

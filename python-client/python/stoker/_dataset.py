@@ -56,6 +56,7 @@ from stoker._samples import (
     sample_seed,
 )
 from stoker._settings import DatasetSettings, LoaderSettings, checked_settings
+from stoker._source import reading_digest
 from stoker._start_method import start_context
 from stoker.errors import DatasetError
 from stoker.ops import Op, check_pipeline
@@ -96,12 +97,16 @@ class DatasetSide:
         collate_fn: Callable[[list[Any]], Any] | None,
         name: str,
         saved: dict[str, Any],
+        reading: str | None = None,
     ) -> None:
         self.builder = builder
         self.layout = layout
         self.collate_fn = collate_fn
         self.name = name
         self.saved = saved
+        # The digest of ``pipeline``, Stoker's ops on the samples' encoded images (a state's
+        # "reading"); None without one.
+        self.reading = reading
 
     def batch(self, item: NativeBatch, torch: Any) -> Any:
         """The batch ``item`` holds, in the samples' structure (each leaf stacked to
@@ -301,9 +306,10 @@ class FromDataset:
         torch = import_torch("output='torch'") if output_kind == "torch" else None
         pinning = pinning.resolve(torch)
 
-        image = None
+        image = reading = None
         if pipeline is not None:
-            image = _native.ImagePipeline([op.to_dict() for op in check_pipeline(pipeline)])
+            ops = [op.to_dict() for op in check_pipeline(pipeline)]
+            image, reading = _native.ImagePipeline(ops), reading_digest({"ops": ops})
         # The first sample fixes the layout: read here in thread mode, by a worker in process
         # mode (so that this process never runs the dataset's code, nor starts what it starts).
         state = State(
@@ -341,7 +347,8 @@ class FromDataset:
             raise
         try:
             loader = cls._over_dataset(
-                native, DatasetSide(builder, layout, collate_fn, settings.job_name, saved),
+                native,
+                DatasetSide(builder, layout, collate_fn, settings.job_name, saved, reading),
                 settings, output_kind, rule,
             )
             _OPEN.add(loader)

@@ -389,6 +389,7 @@ class Loader(FromDataset, SavedState, Stats):
         self._closed = False  # set after _fork, which __del__ reads once this is set
         self._side, self._settings, self._thread_rule = side, settings, thread_rule
         self._shuffle_window = 0  # a Python dataset has no shards to shuffle by window
+        self._reading = side.reading
         self._source, self._ops, self._output = side.name, [], output
         self._torch = import_torch("output='torch'") if output == "torch" else None
         self._finish_init()

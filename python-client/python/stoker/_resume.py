@@ -220,8 +220,9 @@ def check_resizes(resizes: Any) -> list[tuple[int, list[int]]]:
         raise ValueError(f"state['resizes'] must be a list, got {type(resizes).__name__}")
     checked = []
     for resize in resizes:
-        if not isinstance(resize, Sequence) or len(resize) != 2:
-            raise ValueError(f"state['resizes'] holds {resize!r}, not [cursor, taken]")
+        if (not isinstance(resize, Sequence) or len(resize) != 2
+                or not isinstance(resize[1], Sequence) or isinstance(resize[1], (str, bytes))):
+            raise ValueError(f"state['resizes'] holds {resize!r}, not [cursor, [taken...]]")
         cursor = check_int(resize[0], "a resize cursor", 0, MAX_U64)
         taken = [check_int(t, "a resize position", 0, MAX_U64) for t in resize[1]]
         checked.append((cursor, taken))
@@ -292,8 +293,8 @@ def _version(fingerprint: str) -> str:
 def _normalised(value: Any, key: str) -> Any:
     """``value`` as compared: a mix's weights divided by their sum (the mix normalises them,
     so {a: 1, b: 1} is {a: 0.5, b: 0.5}), rounded off past 12 digits, and its sources named
-    by their last path component (the same files elsewhere, or named by a relative path, are
-    the same mix: what they hold is the dataset fingerprint's to compare)."""
+    below the folder all of them share (the same files elsewhere, or named by a relative path,
+    are the same mix; ``a/tokens.bin`` and ``b/tokens.bin`` in the other order are not)."""
     if key != "mix" or not isinstance(value, Mapping):
         return value
     sources = value.get("sources")
@@ -301,20 +302,26 @@ def _normalised(value: Any, key: str) -> Any:
         return value  # not a mix this build saved: compared as it is
     try:
         total = sum(float(weight) for _, weight in sources)
-        named = [[_last_parts(name), round(float(weight) / total, 12)]
-                 for name, weight in sources]
+        names = _below_shared_folder([name for name, _ in sources])
+        named = [[name, round(float(weight) / total, 12)]
+                 for name, (_, weight) in zip(names, sources, strict=True)]
     except (TypeError, ValueError, ZeroDivisionError):
         return value
     return {**value, "sources": named}
 
 
-def _last_parts(name: Any) -> Any:
-    """A mix source's name with each of its comma-separated paths cut to its last component."""
-    if not isinstance(name, str):
-        return name
-    return ",".join(
-        os.path.basename(os.path.normpath(part)) or part for part in name.split(",")
-    )
+def _below_shared_folder(names: list[Any]) -> list[Any]:
+    """Mix sources' names (each a comma-separated list of paths or URIs) with the folder every
+    path of every source starts with left out."""
+    if not all(isinstance(name, str) for name in names):
+        return names
+    paths = [[os.path.normpath(part) if "://" not in part else part for part in name.split(",")]
+             for name in names]
+    # The common prefix cut back to its last "/" (nothing when there is none); commonpath
+    # refuses a mix of absolute and relative paths, and URIs.
+    common = os.path.commonprefix([path for source in paths for path in source])  # noqa: RUF071
+    cut = common.rfind("/") + 1
+    return [",".join(path[cut:] for path in source) for source in paths]
 
 
 def read_states(

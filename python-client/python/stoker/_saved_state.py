@@ -103,9 +103,11 @@ class SavedState:
         dataset, named below the folder they all share. So a state saved over another dataset
         of the same size is refused; the dataset may move to another folder, machine or
         bucket. It also carries what decides the batches' bytes besides the plan (a digest of
-        the pipeline, format, columns and split: ``state["reading"]``) and whether a Python
-        dataset's loader saved it (``state["source"]``): a state of another pipeline or kind
-        of loader is refused unless the key is deleted. A file
+        the pipeline, a tokenizer by its file's contents, format, columns and split; under
+        ``from_dataset``, of ``pipeline`` when one is given: ``state["reading"]``) and whether
+        a Python dataset's loader saved it (``state["source"]``): a state of another pipeline
+        or kind of loader is refused unless the key is deleted. A mix's sources are compared
+        by their names below the folder they all share. A file
         changed in place under the same name is not seen. Delete the key to resume over a
         dataset changed on purpose.
 

@@ -58,11 +58,10 @@ class ChosenSource:
             what["image_column"] = self.image_column
         if self.native_mix is not None:
             what["sources"] = [
-                [ops, source_format, text_column, split]
+                [[_by_content(op) for op in ops], source_format, text_column, split]
                 for _, ops, _, source_format, text_column, _, split in self.native_mix.entries
             ]
-        text = json.dumps(what, sort_keys=True, default=str)
-        return "sha256:" + hashlib.sha256(text.encode()).hexdigest()[:32]
+        return reading_digest(what)
 
     def settings(self, **rest: Any) -> SourceSettings:
         """The native loader's settings of this source; ``rest`` are the fields the source
@@ -122,3 +121,27 @@ def choose_source(
         ops, ops, None, [], native_mix.source, native_mix.job_name, source, native_mix,
         format=format, text_column=text_column, split="",
     )
+
+
+def reading_digest(what: dict[str, Any]) -> str:
+    """The digest a state's ``reading`` holds of ``what`` (its ``ops``, op dicts, named by
+    content: a tokenizer by its file's bytes, not its path)."""
+    if "ops" in what:
+        what = {**what, "ops": [_by_content(op) for op in what["ops"]]}
+    text = json.dumps(what, sort_keys=True, default=str)
+    return "sha256:" + hashlib.sha256(text.encode()).hexdigest()[:32]
+
+
+def _by_content(op: Any) -> Any:
+    """An op's dict with a tokenizer named by the SHA-256 of its file (another tokenizer at the
+    same path gives other ids; the same one by another path, the same); by its path when it
+    cannot be read here (the native loader refuses it then, naming why)."""
+    if not isinstance(op, dict) or not isinstance(op.get("tokenizer_path"), str):
+        return op
+    try:
+        with open(op["tokenizer_path"], "rb") as file:
+            digest = hashlib.file_digest(file, "sha256").hexdigest()
+    except OSError:
+        return op
+    named = {key: value for key, value in op.items() if key != "tokenizer_path"}
+    return {**named, "tokenizer_sha256": digest}
