@@ -4,6 +4,7 @@ or in worker processes."""
 from __future__ import annotations
 
 import collections
+import errno
 import contextlib
 import os
 import re
@@ -1345,3 +1346,39 @@ def test_a_state_saved_with_other_native_ops_is_refused(tmp_path) -> None:
         **settings,
     ) as other, pytest.raises(ValueError, match="reading: saved"):
         other.load_state_dict(state)
+
+
+class FlakyStorage(Squares):
+    """Sample 5 fails to connect twice, then loads; sample 9's disk fails every time (EIO);
+    with ``memory``, sample 9 raises MemoryError instead."""
+
+    def __init__(self, length: int, memory: bool = False) -> None:
+        super().__init__(length)
+        self.memory = memory
+        self.tries: dict[int, int] = {}
+
+    def __getitem__(self, index: int):
+        self.tries[index] = self.tries.get(index, 0) + 1
+        if index == 5 and self.tries[index] <= 2:
+            raise ConnectionResetError("the object store hung up")
+        if index == 9:
+            if self.memory:
+                raise MemoryError
+            raise OSError(errno.EIO, "Input/output error")
+        return super().__getitem__(index)
+
+
+@pytest.mark.parametrize("mode", [{"num_threads": 1}, {"num_workers": 1}])
+def test_a_failing_machine_is_retried_and_never_replaced_as_a_bad_sample(mode) -> None:
+    """Under ``on_error="skip"`` a sample whose storage failed is not swapped for its
+    neighbour (a duplicate in the epoch, silently): tried again, then the batch fails."""
+    settings = dict(batch_size=4, shuffle=False, on_error="skip", output="numpy", timeout=60)
+    for memory in (False, True):
+        with stoker.Loader.from_dataset(FlakyStorage(12, memory), **settings, **mode) as loader:
+            it = iter(loader)
+            next(it)
+            second = next(it)  # sample 5 loads at its third try
+            assert list(second[1]) == [4, 5, 6, 7] and it.bad_samples == []
+            with pytest.raises(stoker.DecodeError, match="not replaced by another sample"):
+                next(it)
+            assert loader.stats()["bad_samples"] == 0

@@ -9,6 +9,7 @@ drawing from its own random stream (:func:`sample_seed`, :func:`sample_rng`).
 
 from __future__ import annotations
 
+import errno
 import random
 import sys
 import threading
@@ -39,6 +40,13 @@ __all__ = [
 
 # How many following samples the skip policy tries, as the native policy does.
 _MAX_SUBSTITUTE_TRIES: Final = 16
+# Errors of the machine or its storage (_machines_fault): never a bad sample; each sample is
+# tried again after these pauses (seconds) before the batch fails, as native reads are.
+_MACHINE_ERRNOS: Final = frozenset({
+    errno.EIO, errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.EAGAIN, errno.ESTALE,
+    errno.ETIMEDOUT, errno.ENETDOWN, errno.ENETUNREACH, errno.EHOSTUNREACH, errno.ENOLINK,
+})
+_MACHINE_RETRY_PAUSES: Final = (0.1, 0.5, 2.0)
 # Every field's region starts at a multiple of this from the slot's start (slots are at least
 # 16-byte aligned, which every dtype's view needs).
 _ALIGN: Final = 64
@@ -306,21 +314,47 @@ def _describe(index: int, error: BaseException) -> str:
     return f"dataset[{index}] raised {type(error).__name__}: {error}\n{text.rstrip()}"
 
 
+def _machines_fault(error: BaseException) -> bool:
+    """Whether ``error`` (or an exception it was raised ``from``) says the machine or its
+    storage failed, not the sample: memory, descriptors, I/O, the network, a timeout."""
+    seen: BaseException | None = error
+    for _ in range(8):
+        if seen is None:
+            return False
+        if isinstance(seen, (MemoryError, ConnectionError, TimeoutError)) or (
+            isinstance(seen, OSError) and seen.errno in _MACHINE_ERRNOS
+        ):
+            return True
+        seen = seen.__cause__
+    return False
+
+
 def _attempt(
     state: State, epoch: int, index: int, stream: int, destinations: list[Any], row: int
-) -> str | None:
+) -> tuple[str, bool] | None:
     """Loads sample ``index`` into row ``row`` (random stream of sample ``stream``); None, or
-    why it failed (index, exception and traceback)."""
-    try:
-        leaves = state.layout.leaves_of(_load(state, epoch, index, stream))
-        _write_row(state, epoch, stream, destinations, row, leaves)
-        return None
-    except Exception as error:
-        reason = _describe(index, error)
-        # The traceback's frames reach this one and the batch's arrays over the slot; an
-        # exception the dataset's code keeps must not keep them.
-        error.__traceback__ = None
-        return reason
+    why it failed (index, exception and traceback) and whether the machine failed rather than
+    the sample (:func:`_machines_fault`), tried again with backoff before it says so."""
+    pauses = iter(_MACHINE_RETRY_PAUSES)
+    tries = 0
+    while True:
+        tries += 1
+        try:
+            leaves = state.layout.leaves_of(_load(state, epoch, index, stream))
+            _write_row(state, epoch, stream, destinations, row, leaves)
+            return None
+        except Exception as error:
+            reason, machine = _describe(index, error), _machines_fault(error)
+            # The traceback's frames reach this one and the batch's arrays over the slot; an
+            # exception the dataset's code keeps must not keep them.
+            error.__traceback__ = None
+        if not machine:
+            return reason, False
+        pause = next(pauses, None)
+        if pause is None:
+            return (f"{reason}\n(a failure of the machine or its storage, not of the sample, "
+                    f"tried {tries} times: it is not replaced by another sample)"), True
+        time.sleep(pause)
 
 
 def _write_row(
@@ -356,16 +390,20 @@ def fill_batch(
         for row, index in enumerate(indices):
             if stopped is not None and stopped():
                 return bad, (index, "the loader was closed while this batch was loading")
-            reason = _attempt(state, epoch, index, index, destinations, row)
-            if reason is None:
+            failed = _attempt(state, epoch, index, index, destinations, row)
+            if failed is None:
                 continue
-            if state.on_error == "fail":
+            reason, machine = failed
+            if state.on_error == "fail" or machine:
                 return bad, (index, reason)
             for offset in range(1, min(_MAX_SUBSTITUTE_TRIES, state.length - 1) + 1):
                 substitute = (index + offset) % state.length
-                if _attempt(state, epoch, substitute, index, destinations, row) is None:
+                failed = _attempt(state, epoch, substitute, index, destinations, row)
+                if failed is None:
                     bad.append((index, reason, substitute))
                     break
+                if failed[1]:
+                    return bad, (substitute, failed[0])
             else:
                 return bad, (index, f"{reason}\n(and none of the next "
                              f"{_MAX_SUBSTITUTE_TRIES} samples loaded either)")
