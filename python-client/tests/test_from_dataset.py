@@ -4,8 +4,8 @@ or in worker processes."""
 from __future__ import annotations
 
 import collections
-import errno
 import contextlib
+import errno
 import os
 import re
 import select
@@ -1382,3 +1382,108 @@ def test_a_failing_machine_is_retried_and_never_replaced_as_a_bad_sample(mode) -
             with pytest.raises(stoker.DecodeError, match="not replaced by another sample"):
                 next(it)
             assert loader.stats()["bad_samples"] == 0
+
+
+_IMPORTS_TORCH = r"""
+import sys
+import numpy as np
+import stoker
+
+class TorchInside:
+    def __len__(self):
+        return 8
+
+    def __getitem__(self, index):
+        import torch  # first imported by the sample itself, in the worker
+        return torch.rand(3).numpy(), index
+
+if sys.argv[1] == "before":
+    import torch
+with stoker.Loader.from_dataset(TorchInside(), batch_size=4, seed=2, output="numpy",
+                                num_workers=2, multiprocessing_context="fork") as loader:
+    print(np.concatenate([batch[0] for batch in loader]).ravel().tolist())
+"""
+
+
+def test_a_sample_that_imports_torch_itself_draws_seeded() -> None:
+    """A worker seeds torch's generator per sample only once torch is imported: a sample that
+    imports it draws like one whose process had imported it before (loaded again, seeded)."""
+    from conftest import torch_or_skip
+
+    torch_or_skip()
+    runs = [
+        subprocess.run([sys.executable, "-c", _IMPORTS_TORCH, when], capture_output=True,
+                       text=True, timeout=120, check=True).stdout
+        for when in ("inside", "before")
+    ]
+    assert runs[0] == runs[1] and runs[0].strip()
+
+
+class ArgumentsKept(Squares):
+    """Each sample: the bytes its worker process's arguments still hold (multiprocessing keeps
+    a process's arguments for its whole life)."""
+
+    def __getitem__(self, index: int):
+        import multiprocessing
+
+        kept = getattr(multiprocessing.current_process(), "_args", ())
+        held = sum(len(a) for a in kept if isinstance(a, (bytes, bytearray)))
+        return np.array([held], dtype=np.int64), index
+
+
+@pytest.mark.parametrize("method", ["spawn", "forkserver"])
+def test_a_spawned_worker_holds_one_copy_of_the_dataset(method: str) -> None:
+    """Under spawn and forkserver the pickled dataset comes over the pipe and is dropped once
+    loaded: not a process argument, kept beside the loaded copy for the worker's life."""
+    with stoker.Loader.from_dataset(
+        ArgumentsKept(8), batch_size=4, output="numpy", num_workers=1,
+        multiprocessing_context=method, timeout=60,
+    ) as loader:
+        held = [int(v) for batch in loader for v in batch[0].ravel()]
+    assert held == [0] * 8
+
+
+def _workers_inside_a_daemon(report: Any) -> None:
+    try:
+        stoker.Loader.from_dataset(Squares(8), batch_size=4, num_workers=1).close()
+        report.put("made")
+    except Exception as error:
+        report.put(f"{type(error).__name__}: {error}")
+
+
+def test_worker_processes_inside_a_daemonic_process_are_refused_naming_the_way_out() -> None:
+    """A DataLoader worker is daemonic: multiprocessing refuses it children with a bare
+    AssertionError; the loader says what to use instead."""
+    import multiprocessing
+
+    context = multiprocessing.get_context("fork")
+    report = context.Queue()
+    daemon = context.Process(target=_workers_inside_a_daemon, args=(report,), daemon=True)
+    daemon.start()
+    try:
+        said = report.get(timeout=60)
+    finally:
+        daemon.join(30)
+    assert said.startswith("ValueError") and "num_threads" in said, said
+
+
+class Unprintable(Exception):
+    def __str__(self) -> str:
+        raise RuntimeError("no text for this one")
+
+
+class RaisesUnprintable(Squares):
+    def __getitem__(self, index: int):
+        if index == 2:
+            raise Unprintable
+        return super().__getitem__(index)
+
+
+def test_an_exception_whose_str_raises_is_still_a_bad_sample() -> None:
+    with stoker.Loader.from_dataset(
+        RaisesUnprintable(8), batch_size=4, on_error="skip", output="numpy", shuffle=False
+    ) as loader:
+        it = iter(loader)
+        assert list(next(it)[1]) == [0, 1, 3, 3]
+        (bad,) = it.bad_samples
+        assert "Unprintable: <its str() raised>" in bad["reason"]

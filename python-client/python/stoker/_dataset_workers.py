@@ -72,23 +72,25 @@ class _Arena:
             self.buffer.close()
 
 
-def _worker_main(conn: Any, state: State | bytes, dumps: str, loader_pid: int) -> None:
+def _worker_main(conn: Any, state: State | None, dumps: str, loader_pid: int) -> None:
     """A worker process: loads the batches it is sent straight into their slots, in the
     loader's shared slot mapping (sent once, as a descriptor, before the first batch). Its
     stacks go to a file in the folder ``dumps`` when the parent asks (:mod:`stoker._busy`).
 
-    Under spawn and forkserver ``state`` comes pickled and is loaded here, so that a failure
-    to do so (the dataset's module failing to import in a fresh interpreter, say) reaches the
-    parent with its traceback instead of dying in multiprocessing's bootstrap."""
+    Under spawn and forkserver ``state`` is None: it comes pickled over ``conn`` and is loaded
+    here, so that a failure to do so (the dataset's module failing to import in a fresh
+    interpreter, say) reaches the parent with its traceback instead of dying in
+    multiprocessing's bootstrap; and not as an argument of the process, whose arguments stay
+    referenced for its whole life (a second copy of the dataset in every worker)."""
     # Ctrl-C goes to the whole process group; the parent decides, its workers do not.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     listen_for_dumps(_dump_path(dumps, os.getpid()))
     threading.Thread(
         target=_exit_with_loader, args=(loader_pid,), name="stoker-loader-watch", daemon=True
     ).start()
-    if isinstance(state, bytes):
+    if state is None:
         try:
-            state = pickle.loads(state)
+            state = pickle.loads(conn.recv_bytes())
         except BaseException:
             with contextlib.suppress(OSError):
                 conn.send(("failed", traceback.format_exc()))
@@ -253,20 +255,40 @@ class _Worker:
         # one's end of the pipe and keep it open, so this lane would not see its worker die.
         with _STARTING:
             parent, child = self.context.Pipe()
+            pickled = self.state if isinstance(self.state, bytes) else None
             process = self.context.Process(
                 target=_worker_main,
-                args=(child, self.state, self.dumps, os.getpid()),
+                args=(child, None if pickled is not None else self.state, self.dumps,
+                      os.getpid()),
                 name=f"stoker-dataset-worker-{self.number}",
                 daemon=True,
             )
             # Listed before it starts: a fork by another thread meanwhile must not leave it on
             # the child's list of processes to end.
             _STARTED.add(process)
-            with main_not_rerun(self.context):
-                process.start()
+            try:
+                with main_not_rerun(self.context):
+                    process.start()
+            except AssertionError as error:
+                # multiprocessing's own check: a daemonic process (a DataLoader worker) may
+                # not start children.
+                _STARTED.discard(process)
+                parent.close()
+                child.close()
+                if "daemonic" not in str(error):
+                    raise
+                raise ValueError(
+                    "Loader.from_dataset(num_workers=...) starts worker processes, and this "
+                    "process is a daemonic one (a DataLoader worker, say), which may not have "
+                    "children: use num_threads=N here"
+                ) from None
             child.close()
         # Started before it is seen: close() may join it from another thread.
         self.process, self.conn = process, parent
+        if pickled is not None:
+            # A worker that dies before reading it is seen by the caller's next exchange.
+            with contextlib.suppress(OSError):
+                parent.send_bytes(pickled)
         self.arena: int | None = None
         if self.layout is not None:
             self.conn.send(("layout", self.layout))

@@ -275,12 +275,12 @@ def _load(state: State, epoch: int, index: int, stream: int | None = None) -> An
     ``stream`` (default ``index``; a substitute draws from the stream of the sample it
     replaces, as native sources do)."""
     _current.key = (state.seed, epoch, index if stream is None else stream)
+    torch = sys.modules.get("torch")
     try:
         if state.seed_globals:
             seed = sample_seed()
             random.seed(seed)
             np.random.seed(seed & 0xFFFF_FFFF)
-            torch = sys.modules.get("torch")
             if torch is not None:
                 # The CPU generator only: torch.manual_seed also seeds every accelerator's,
                 # 80 us against 1 us a sample.
@@ -288,9 +288,13 @@ def _load(state: State, epoch: int, index: int, stream: int | None = None) -> An
         sample = state.dataset[index]
         if state.transform is not None:
             sample = state.transform(sample)
-        return sample
     finally:
         _current.key = None
+    if state.seed_globals and torch is None and sys.modules.get("torch") is not None:
+        # The sample imported torch, and drew from its generator unseeded: loaded again, now
+        # that it is seeded like the others (once per process).
+        return _load(state, epoch, index, stream)
+    return sample
 
 
 NO_LAYOUT: Final = Layout((), ())
@@ -311,7 +315,11 @@ def probe(state: State) -> Layout:
 
 def _describe(index: int, error: BaseException) -> str:
     text = "".join(traceback.format_exception(type(error), error, error.__traceback__))
-    return f"dataset[{index}] raised {type(error).__name__}: {error}\n{text.rstrip()}"
+    try:
+        said = str(error)
+    except Exception:  # an exception class whose __str__ fails is still this sample's
+        said = "<its str() raised>"
+    return f"dataset[{index}] raised {type(error).__name__}: {said}\n{text.rstrip()}"
 
 
 def _machines_fault(error: BaseException) -> bool:
