@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
 use pyo3::prelude::*;
-use pyo3::types::PyList;
+use pyo3::types::{PyList, PyWeakrefMethods, PyWeakrefReference};
 use stoker_loader::{
     BatchSource, Built, EpochFeed, Error, IdleClock, LoaderMonitor, QueueFeed, Result, Slot,
     SourceInfo, StepContext, StepTask, TaskQueue,
@@ -32,8 +32,12 @@ const LANE_JOIN: Duration = Duration::from_secs(30);
 
 /// What builds a dataset loader's source (again, for an epoch resumed on another world size).
 pub(crate) struct DatasetRecipe {
-    /// The Python object whose `build` fills a batch.
-    pub builder: Arc<Py<PyAny>>,
+    /// A weak reference to the Python object whose `build` fills a batch: the Python loader
+    /// holds it, so a cycle through the dataset's code back to that loader (a `transform`
+    /// bound to an object holding the loader) stays one the garbage collector sees and
+    /// frees; a strong reference here, which it cannot see, kept every such loader, its
+    /// threads and its worker processes until exit.
+    pub builder: Arc<Py<PyWeakrefReference>>,
     /// Bytes per sample of each field, in field order.
     pub sample_bytes: Vec<usize>,
     /// Threads calling `build` at once: the decode threads, or one per worker process.
@@ -103,7 +107,7 @@ impl DatasetSource {
     fn start(
         spec: JobSpec,
         num_samples: u64,
-        builder: Arc<Py<PyAny>>,
+        builder: Arc<Py<PyWeakrefReference>>,
         sample_bytes: Vec<usize>,
         lanes: usize,
         waiting_on: String,
@@ -214,7 +218,7 @@ const LANE_POLL: Duration = Duration::from_millis(50);
 struct Lane {
     number: usize,
     of: usize,
-    builder: Arc<Py<PyAny>>,
+    builder: Arc<Py<PyWeakrefReference>>,
     idle: IdleClock,
     closing: Arc<AtomicBool>,
 }
@@ -450,7 +454,7 @@ struct Call<'a> {
 /// that failed the batch.
 fn build_in_python(
     py: Python<'_>,
-    builder: &Py<PyAny>,
+    builder: &Py<PyWeakrefReference>,
     call: Call<'_>,
     slot: &mut [u8],
     still_viewed: &mut Option<Py<SlotView>>,
@@ -471,8 +475,13 @@ fn build_in_python(
             "building step {step} of epoch {epoch} in Python: {e}\n{traceback}"
         ))
     };
+    let Some(builder) = builder.bind(py).upgrade() else {
+        return Err(Error::Stopped(
+            "the loader was garbage-collected while its batches were being built".into(),
+        ));
+    };
     let view = Bound::new(py, SlotView::new(slot)).map_err(python)?;
-    let outcome = builder.bind(py).call_method1(
+    let outcome = builder.call_method1(
         "build",
         (
             lane,

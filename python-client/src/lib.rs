@@ -8,6 +8,7 @@ mod errors;
 mod gpu_decode;
 mod image_pipeline;
 mod lane_helper;
+mod logs;
 mod mix_order;
 mod native_loader;
 mod ops;
@@ -170,6 +171,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(cuda_watch_streams, m)?)?;
     m.add_function(wrap_pyfunction!(make_tokens, m)?)?;
     m.add_function(wrap_pyfunction!(sample_seed, m)?)?;
+    m.add_function(wrap_pyfunction!(logs::forward_logs, m)?)?;
     m.add_function(wrap_pyfunction!(train_bpe_tokenizer, m)?)?;
     ops::register(m)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;

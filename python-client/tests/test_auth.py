@@ -68,15 +68,15 @@ def test_missing_and_wrong_tokens_raise_authentication_error(
 ) -> None:
     monkeypatch.delenv("STOKER_TOKEN", raising=False)
     with pytest.raises(stoker.AuthenticationError, match="requires a token"):
-        stoker.Loader(dataset, address=guarded, **_options())
+        stoker.Loader(dataset, address=guarded, **_options(rank=0))
     with pytest.raises(PermissionError, match="not one this daemon accepts"):
-        stoker.Loader(dataset, address=guarded, token="wrong", **_options())
+        stoker.Loader(dataset, address=guarded, token="wrong", **_options(rank=0))
 
 
 def test_tls_ca_makes_the_client_speak_tls(dataset: Path, guarded: str, tmp_path: Path) -> None:
     ca, _, _ = write_test_certificates(tmp_path, ["127.0.0.1"])
     with pytest.raises(stoker.TlsError, match="does not answer in TLS"):
-        stoker.Loader(dataset, address=guarded, token=TOKEN, tls_ca=ca, **_options())
+        stoker.Loader(dataset, address=guarded, token=TOKEN, tls_ca=ca, **_options(rank=0))
 
 
 def test_a_job_over_tls_with_a_token(dataset: Path, tmp_path: Path,
@@ -91,11 +91,11 @@ def test_a_job_over_tls_with_a_token(dataset: Path, tmp_path: Path,
 
 def test_security_arguments_need_the_distributed_mode(dataset: Path) -> None:
     with pytest.raises(ValueError, match="distributed mode only"):
-        stoker.Loader(dataset, token=TOKEN, **_options())
+        stoker.Loader(dataset, token=TOKEN, **_options(rank=0))
     with pytest.raises(ValueError, match="tls_server_name needs tls_ca"):
-        stoker.Loader(dataset, address="127.0.0.1:1", tls_server_name="x", **_options())
+        stoker.Loader(dataset, address="127.0.0.1:1", tls_server_name="x", **_options(rank=0))
     with pytest.raises(TypeError, match="token must be a str"):
-        stoker.Loader(dataset, address="127.0.0.1:1", token=b"bytes", **_options())
+        stoker.Loader(dataset, address="127.0.0.1:1", token=b"bytes", **_options(rank=0))
     with pytest.raises(ValueError, match="token"):
-        stoker.Loader(dataset, address="127.0.0.1:1", token="two words", **_options())
+        stoker.Loader(dataset, address="127.0.0.1:1", token="two words", **_options(rank=0))
 

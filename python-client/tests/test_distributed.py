@@ -52,14 +52,14 @@ def test_resume_mid_epoch_in_distributed_mode(dataset: Path, cluster: str) -> No
 def test_a_dataset_outside_the_workers_roots_is_refused(tmp_path: Path, cluster: str) -> None:
     outside = Path(stoker._native.make_dataset(str(tmp_path / "elsewhere"), 4))
     with pytest.raises(PermissionError, match="outside this worker's --data-root"):
-        stoker.Loader(outside, address=cluster, **_options())
+        stoker.Loader(outside, address=cluster, **_options(rank=0))
 
 
 def test_bad_addresses_are_value_errors(dataset: Path) -> None:
     with pytest.raises(ValueError, match="host:port"):
-        stoker.Loader(dataset, address="nowhere", **_options())
+        stoker.Loader(dataset, address="nowhere", **_options(rank=0))
     with pytest.raises(ValueError, match="worker_grace"):
-        stoker.Loader(dataset, address="127.0.0.1:1", worker_grace=0, **_options())
+        stoker.Loader(dataset, address="127.0.0.1:1", worker_grace=0, **_options(rank=0))
 
 
 def _describe(loader: stoker.Loader) -> dict[str, object]:
@@ -100,7 +100,7 @@ def test_all_workers_gone_raises_worker_unavailable(dataset: Path, tmp_path: Pat
          "--data-root", str(dataset), "--threads", "1"]
     )
     try:
-        loader = stoker.Loader(dataset, address=address, worker_grace=2, **_options())
+        loader = stoker.Loader(dataset, address=address, worker_grace=2, **_options(rank=0))
         batches = iter(loader)
         next(batches)
         worker.kill()
@@ -176,7 +176,7 @@ def test_jobs_sharded_over_two_coordinators_equal_the_in_process_ones(
                 break
         assert served == {0: 3, 1: 3}, served
         with pytest.raises(ValueError, match="empty entry"):
-            stoker.Loader(dataset, address=f"{addresses[0]},,{addresses[1]}", **_options())
+            stoker.Loader(dataset, address=f"{addresses[0]},,{addresses[1]}", **_options(rank=0))
     finally:
         for process in processes:
             process.kill()

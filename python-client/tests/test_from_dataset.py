@@ -1487,3 +1487,42 @@ def test_an_exception_whose_str_raises_is_still_a_bad_sample() -> None:
         assert list(next(it)[1]) == [0, 1, 3, 3]
         (bad,) = it.bad_samples
         assert "Unprintable: <its str() raised>" in bad["reason"]
+
+
+class Trainer:
+    """Holds its loader, whose transform is one of its own methods: a reference cycle through
+    the native loader."""
+
+    def __init__(self, mode: dict) -> None:
+        self.loader = stoker.Loader.from_dataset(
+            Squares(16), batch_size=4, output="numpy", transform=self.augment, **mode
+        )
+        next(iter(self.loader))
+
+    def augment(self, sample):
+        return sample
+
+
+@pytest.mark.parametrize("mode", [{"num_threads": 2}, {"num_workers": 1}])
+def test_a_loader_in_a_reference_cycle_is_collected_with_its_threads_and_workers(mode) -> None:
+    import gc
+    import weakref
+
+    threads_before = threading.active_count()
+    trainer = Trainer(mode)
+    loader = weakref.ref(trainer.loader)
+    workers = [w.process for w in trainer.loader._side.builder._workers] \
+        if "num_workers" in mode else []
+    del trainer
+    # A batch still being built ahead holds the dataset from its thread's frame until done.
+    deadline = time.monotonic() + 30
+    while gc.collect() >= 0 and loader() is not None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert loader() is None, "the cycle through the native loader was not collected"
+    deadline = time.monotonic() + 30
+    while threading.active_count() > threads_before and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert threading.active_count() <= threads_before
+    for process in workers:
+        process.join(30)
+        assert not process.is_alive()

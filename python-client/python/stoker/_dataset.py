@@ -276,7 +276,7 @@ class FromDataset:
         for name, value in (("transform", transform), ("collate_fn", collate_fn)):
             if value is not None and not callable(value):
                 raise TypeError(f"{name} must be callable or None, got {type(value).__name__}")
-        settings = checked_settings(
+        settings, rank_origin = checked_settings(
             batch_size=batch_size, shuffle=shuffle, seed=seed, drop_last=drop_last, rank=rank,
             world_size=world_size, prefetch=prefetch, timeout=timeout,
             max_held_batches=max_held_batches, dashboard=dashboard,
@@ -353,7 +353,7 @@ class FromDataset:
             loader = cls._over_dataset(
                 native,
                 DatasetSide(builder, layout, collate_fn, settings.job_name, saved, reading),
-                settings, output_kind, rule,
+                settings, output_kind, rule, rank_origin,
             )
             _OPEN.add(loader)
             return loader
@@ -365,7 +365,7 @@ class FromDataset:
     @classmethod
     def _over_dataset(
         cls, native: NativeLoader, side: DatasetSide, settings: LoaderSettings, output: str,
-        thread_rule: str,
+        thread_rule: str, rank_origin: str,
     ) -> Self:
         """The loader over ``native``, the native loader of the Python dataset ``side``
         loads (made by :class:`stoker.Loader`)."""

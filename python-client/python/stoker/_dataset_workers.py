@@ -44,6 +44,13 @@ _STARTED: weakref.WeakSet[Any] = weakref.WeakSet()
 # Held while a worker process is started, until the parent closes the child's end of its pipe.
 _STARTING = threading.Lock()
 
+# The parent's ends of the workers' pipes until closed. Held here, so that when a loader is in
+# a reference cycle (a transform bound to an object holding it) the collector does not finalise
+# them with the cycle: a Connection's __del__ closes its descriptor without marking it closed,
+# and the loader's own close() then closed the same number again (EBADF, or a descriptor
+# opened meanwhile). A pipe holds no reference back to the dataset.
+_OPEN_PIPES: set[Any] = set()
+
 
 def _forget_workers_in_child() -> None:
     """In a child made by ``fork()``: drops the parent's worker processes from multiprocessing's
@@ -285,6 +292,7 @@ class _Worker:
             child.close()
         # Started before it is seen: close() may join it from another thread.
         self.process, self.conn = process, parent
+        _OPEN_PIPES.add(parent)
         if pickled is not None:
             # A worker that dies before reading it is seen by the caller's next exchange.
             with contextlib.suppress(OSError):
@@ -354,6 +362,7 @@ class _Worker:
             raise StokerError(f"{why}; the loader is closing")
         exitcode = self.process.exitcode
         self.conn.close()
+        _OPEN_PIPES.discard(self.conn)
         self._start()
         if self.stopping:  # close() came meanwhile: this one stops too
             self._send_stop()
@@ -449,6 +458,7 @@ class _Worker:
                     self.process.kill()
                     self.process.join(timeout=5.0)
             self.conn.close()
+            _OPEN_PIPES.discard(self.conn)
         finally:
             self.lock.release()
 

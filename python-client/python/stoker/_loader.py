@@ -328,7 +328,7 @@ class Loader(FromDataset, SavedState, Stats):
             dtype=dtype, memory_format=memory_format, decode=decode, gpu_memory=gpu_memory,
             address=address,
         )
-        settings = checked_settings(
+        settings, self._rank_origin = checked_settings(
             batch_size=batch_size, shuffle=shuffle, seed=seed, drop_last=drop_last, rank=rank,
             world_size=world_size, prefetch=prefetch, timeout=timeout,
             max_held_batches=max_held_batches, dashboard=dashboard,
@@ -381,13 +381,14 @@ class Loader(FromDataset, SavedState, Stats):
     @classmethod
     def _over_dataset(
         cls, native: _native.NativeLoader, side: DatasetSide, settings: LoaderSettings,
-        output: str, thread_rule: str,
+        output: str, thread_rule: str, rank_origin: str,
     ) -> Self:
         self = cls.__new__(cls)
         self._native = native
         self._fork = ForkGuard()
         self._closed = False  # set after _fork, which __del__ reads once this is set
         self._side, self._settings, self._thread_rule = side, settings, thread_rule
+        self._rank_origin = rank_origin
         self._shuffle_window = 0  # a Python dataset has no shards to shuffle by window
         self._reading = side.reading
         self._source, self._ops, self._output = side.name, [], output
@@ -407,12 +408,13 @@ class Loader(FromDataset, SavedState, Stats):
         self._num_samples: int = self._native.num_samples
         for notice in self._native.notices:
             _log.warning("%s", notice)
+        _native.forward_logs()  # what opening it logged natively (a pool made smaller, say)
         self._dataset_fingerprint: str | None = self._native.dataset_fingerprint
         # The position of the next batch to yield, which is what state_dict() saves.
         self._position = _resume.Position()
         self._fork.hold(self._native)
         settings = self._settings
-        self._ranks = RankCheck(settings.rank, settings.world_size, settings.rank_origin)
+        self._ranks = RankCheck(settings.rank, settings.world_size, self._rank_origin)
         self._ranks.post(self.state_dict, self.__len__)
 
     # -- properties -------------------------------------------------------------------------
@@ -528,6 +530,7 @@ class Loader(FromDataset, SavedState, Stats):
         self._fork.release()
         if self._native is not None and not self._fork.forked:
             self._native.close()
+            _native.forward_logs()
 
     @property
     def closed(self) -> bool:

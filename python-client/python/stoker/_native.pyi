@@ -394,6 +394,9 @@ class ImagePipeline:
 def sample_seed(seed: int, epoch: int, index: int) -> int:
     """The 64-bit seed of a sample's random stream (the native pipelines' own)."""
 
+def forward_logs() -> None:
+    """Hands the native side's queued warnings and errors to the ``stoker`` logger now."""
+
 def make_dataset(out: str, count: int, seed: int = 0) -> str:
     """Writes a seeded ImageNet-like image folder (10 classes, JPEG) of ``count`` images under
     ``out`` and returns its root; reuses one already there with the same spec."""

@@ -46,8 +46,6 @@ class LoaderSettings:
     drop_last: bool
     rank: int
     world_size: int
-    # Where rank and world size came from ("": both passed), which the ranks' check reads.
-    rank_origin: str = ""
     # Batches prepared ahead; 0: a controller sizes the depth from the stall it observes.
     prefetch: int
     timeout_s: float
@@ -134,23 +132,24 @@ def checked_settings(
     max_held_batches: object,
     dashboard: int | str | None,
     dashboard_token_file: str | os.PathLike[str] | None,
-) -> LoaderSettings:
+) -> tuple[LoaderSettings, str]:
     """The arguments :class:`stoker.Loader` and ``Loader.from_dataset`` share, checked (a
     ValueError names the first one out of range; rank and world size default as
     :func:`stoker._arguments.resolve_rank` says); the job's name and the pinning are the
-    defaults until the constructor knows them (``dataclasses.replace``)."""
+    defaults until the constructor knows them (``dataclasses.replace``); with where rank and
+    world size came from ("" when both were passed), which the ranks' check reads."""
     rank_, world, rank_origin = resolve_rank(rank, world_size)
-    return LoaderSettings(
+    settings = LoaderSettings(
         batch_size=check_int(batch_size, "batch_size", 1, MAX_U32),
         shuffle=check_bool(shuffle, "shuffle"),
         seed=check_int(seed, "seed", 0, MAX_U64),
         drop_last=check_bool(drop_last, "drop_last"),
         rank=rank_,
         world_size=world,
-        rank_origin=rank_origin,
         prefetch=check_prefetch(prefetch),
         timeout_s=check_seconds(timeout, "timeout"),
         max_held_batches=check_int(max_held_batches, "max_held_batches", 1, 4096),
         dashboard=dashboard_address(dashboard),
         dashboard_token_file=dashboard_credential_path(dashboard, dashboard_token_file),
     )
+    return settings, rank_origin

@@ -28,15 +28,20 @@ pub(super) fn wait_for_batch<'py>(
     let batch = py.detach(|| {
         next(&mut || {
             closing.load(Ordering::SeqCst)
-                || Python::attach(|py| match py.check_signals() {
-                    Ok(()) => false,
-                    Err(error) => {
-                        signal = Some(error);
-                        true
+                || Python::attach(|py| {
+                    // What the native side logged meanwhile (a retry loop, say) shows now.
+                    crate::logs::forward(py);
+                    match py.check_signals() {
+                        Ok(()) => false,
+                        Err(error) => {
+                            signal = Some(error);
+                            true
+                        }
                     }
                 })
         })
     });
+    crate::logs::forward(py);
     let batch = match (batch, signal) {
         (Err(stoker_loader::Error::Interrupted), Some(error)) => return Err(error),
         (Err(stoker_loader::Error::Interrupted), None) => {

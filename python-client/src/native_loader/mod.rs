@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
-use pyo3::types::PyDict;
+use pyo3::types::{PyDict, PyWeakrefReference};
 use stoker_loader::{LaneWindow, Loader, RemoteOptions, StartDecodeLane, Token};
 use stoker_proto::v1 as proto;
 
@@ -163,7 +163,7 @@ impl NativeLoader {
         let mut recipe = Recipe::new(spec, lanes, &settings);
         recipe.dataset = Some((
             DatasetRecipe {
-                builder: Arc::new(builder),
+                builder: Arc::new(PyWeakrefReference::new(builder.bind(py))?.unbind()),
                 sample_bytes,
                 lanes,
                 waiting_on,

@@ -159,6 +159,7 @@ impl NativeLoader {
         address: Option<String>,
         settings: LoaderSettings,
     ) -> PyResult<Self> {
+        crate::logs::install();
         let loader = py
             .detach(|| recipe.build(recipe.spec.clone()))
             .map_err(from_loader)?;
