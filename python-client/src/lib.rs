@@ -8,6 +8,7 @@ mod errors;
 mod gpu_decode;
 mod image_pipeline;
 mod lane_helper;
+mod loader_watch;
 mod logs;
 mod mix_order;
 mod native_loader;
@@ -172,6 +173,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(make_tokens, m)?)?;
     m.add_function(wrap_pyfunction!(sample_seed, m)?)?;
     m.add_function(wrap_pyfunction!(logs::forward_logs, m)?)?;
+    m.add_function(wrap_pyfunction!(loader_watch::exit_with_loader, m)?)?;
     m.add_function(wrap_pyfunction!(train_bpe_tokenizer, m)?)?;
     ops::register(m)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;

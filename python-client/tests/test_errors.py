@@ -248,14 +248,16 @@ def test_ctrl_c_interrupts_a_waiting_next(dataset: Path) -> None:
 def test_the_native_sides_warnings_and_errors_reach_the_stoker_logger(
     make_loader: Callable[..., stoker.Loader], caplog: pytest.LogCaptureFixture
 ) -> None:
-    """The loader's native errors (here: every slot held, logged before the timeout is raised)
-    come out on logger ``stoker`` with their level, not into the void."""
+    """The loader's native warnings and errors come out on logger ``stoker`` with their level,
+    not into the void: here every slot held, warned while next() still waits (10 s, or half
+    the timeout) and logged as an error with the timeout."""
     loader = make_loader(prefetch=1, max_held_batches=1, timeout=1, num_threads=1)
     iterator = iter(loader)
     held = [next(iterator), next(iterator)]
     with caplog.at_level("WARNING", logger="stoker"), pytest.raises(stoker.LoaderTimeoutError):
         next(iterator)
     native = [r for r in caplog.records if r.name == "stoker" and "stoker_loader" in r.message]
-    assert [r.levelname for r in native] == ["ERROR"], caplog.records
-    assert "loader.next found no free batch slot" in native[0].message
+    assert [r.levelname for r in native] == ["WARNING", "ERROR"], caplog.records
+    assert "every batch slot is held by batches the training loop kept" in native[0].message
+    assert "loader.next found no free batch slot" in native[1].message
     del held

@@ -16,6 +16,10 @@ use crate::error::{Error, Result};
 
 /// How often a waiting `next()` asks whether it should give up (Ctrl-C).
 pub const INTERRUPT_CHECK: Duration = Duration::from_millis(100);
+/// How long `next()` waits with every slot held by the consumer before it warns: nothing but
+/// the consumer can end that wait (a single-threaded loop keeping its batches never will), so
+/// it says so long before the timeout.
+const SLOTS_HELD_WARNING: Duration = Duration::from_secs(10);
 
 /// Calls over which the producer's idle time is weighed against a stall.
 const IDLE_WINDOW_CALLS: usize = 64;
@@ -256,6 +260,7 @@ impl EpochStream {
                 stats.wait_began(started, step == 0);
             }
         }
+        let mut warned = false;
         while !self.ready.contains_key(&step) {
             let remaining = deadline.saturating_sub(started.elapsed());
             let slice = remaining.min(INTERRUPT_CHECK);
@@ -267,6 +272,18 @@ impl EpochStream {
                     self.next_to_dispatch += 1;
                     self.top_up();
                     continue;
+                }
+                if !warned && started.elapsed() >= SLOTS_HELD_WARNING.min(deadline / 2) {
+                    warned = true;
+                    tracing::warn!(
+                        step,
+                        capacity = slots.capacity(),
+                        waited = ?started.elapsed(),
+                        timeout = ?deadline,
+                        "every batch slot is held by batches the training loop kept (a list of \
+                         them, a tensor stored); next() waits until one is released or the \
+                         timeout passes"
+                    );
                 }
                 if started.elapsed() >= deadline {
                     let error = Error::SlotsHeld {

@@ -23,6 +23,7 @@ import weakref
 from pathlib import Path
 from typing import Any, NoReturn
 
+from stoker import _native
 from stoker._busy import LoadingLog, batch_text, describe, listen_for_dumps, read_dumps
 from stoker._samples import Layout, State, fill_batch, probe
 from stoker._start_method import main_not_rerun, unpicklable_part
@@ -92,9 +93,8 @@ def _worker_main(conn: Any, state: State | None, dumps: str, loader_pid: int) ->
     # Ctrl-C goes to the whole process group; the parent decides, its workers do not.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     listen_for_dumps(_dump_path(dumps, os.getpid()))
-    threading.Thread(
-        target=_exit_with_loader, args=(loader_pid,), name="stoker-loader-watch", daemon=True
-    ).start()
+    # A native thread: it needs no interpreter lock, which a sample in C code may hold.
+    _native.exit_with_loader(loader_pid)
     if state is None:
         try:
             state = pickle.loads(conn.recv_bytes())
@@ -168,59 +168,6 @@ def _live_pid(process: Any) -> int | None:
         return int(process.pid) if process.is_alive() else None
     except (AssertionError, ValueError, OSError):
         return None
-
-
-# Seconds between a worker's looks at whether the loader's process is still there.
-_LOADER_CHECK_S = 1.0
-
-
-def _exit_with_loader(loader_pid: int) -> None:
-    """Ends this worker process once the loader's process is gone (killed, by the OOM killer
-    say), also while a sample hangs: between samples the closed pipe would end it, in one it
-    would not. Under fork and spawn that process is the worker's parent; under forkserver the
-    parent is the fork server, which stays as long as its workers do, so the loader's process
-    itself is looked at: gone, a zombie, or its pid taken by a process started later. A look
-    that cannot tell (no ``/proc``, out of descriptors) ends nothing."""
-    parent = os.getppid()
-    born = _started_at(loader_pid)
-    while os.getppid() == parent:
-        now = _started_at(loader_pid)
-        if now is None or (born not in (None, _UNKNOWN) and now not in (_UNKNOWN, born)):
-            break
-        time.sleep(_LOADER_CHECK_S)
-    os._exit(0)
-
-
-# What _started_at gives when it cannot tell.
-_UNKNOWN = "?"
-
-
-def _started_at(pid: int) -> str | None:
-    """When process ``pid`` started (its ``/proc`` start time); None once it is gone or a
-    zombie; :data:`_UNKNOWN` when that cannot be told now (no ``/proc``: only whether a process
-    of that pid exists; or the look failed, out of descriptors say)."""
-    if not os.path.isdir("/proc/self"):
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return None
-        except OSError:
-            pass
-        return _UNKNOWN
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_bytes()
-    except FileNotFoundError:
-        return None
-    except OSError:
-        return _UNKNOWN
-    # The name before ")" may hold any bytes; the fields after it: state first, start time
-    # twentieth.
-    fields = stat.rsplit(b")", 1)[-1].split()
-    if len(fields) < 20:
-        return _UNKNOWN
-    if fields[0] == b"Z":
-        return None
-    return fields[19].decode("ascii", "replace")
 
 
 def _dump_path(dumps: str, pid: int) -> str:

@@ -394,6 +394,10 @@ class ImagePipeline:
 def sample_seed(seed: int, epoch: int, index: int) -> int:
     """The 64-bit seed of a sample's random stream (the native pipelines' own)."""
 
+def exit_with_loader(loader_pid: int) -> None:
+    """Starts a native thread that exits this process once its parent changes or the
+    process ``loader_pid`` is gone (a ``from_dataset`` worker's watch of its loader)."""
+
 def forward_logs() -> None:
     """Hands the native side's queued warnings and errors to the ``stoker`` logger now."""
 
