@@ -20,7 +20,6 @@ import threading
 import time
 import traceback
 import weakref
-from pathlib import Path
 from typing import Any, NoReturn
 
 from stoker import _native
