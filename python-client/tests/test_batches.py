@@ -218,6 +218,28 @@ def test_set_epoch_of_a_state_saved_at_an_epochs_end_runs_it_empty(
     assert read_indices(resumed) == read_indices(plain)
 
 
+def test_a_state_loaded_and_saved_again_before_a_batch_is_the_same_state(
+    make_loader: Callable[..., stoker.Loader],
+) -> None:
+    """A checkpoint taken right after a resume (before any batch) resumes like the state it
+    loaded: saved after epoch 0's last batch, set_epoch(0) then runs epoch 0 empty, not
+    again."""
+    loader = make_loader(batch_size=40)
+    read_indices(loader)
+    saved = dict(loader.state_dict(), epoch=0, step=len(loader))
+    resumed = make_loader(batch_size=40)
+    resumed.load_state_dict(saved)
+    again = resumed.state_dict()
+    assert (again["epoch"], again["step"]) == (0, len(loader))
+    twice = make_loader(batch_size=40)
+    twice.load_state_dict(again)
+    twice.set_epoch(0)
+    assert read_indices(twice) == []
+    # Unset by the first batch: then the position is the batch's.
+    next(iter(resumed))
+    assert (resumed.state_dict()["epoch"], resumed.state_dict()["step"]) == (1, 1)
+
+
 def test_iter_after_every_batch_without_stop_iteration_starts_the_next_epoch(
     make_loader: Callable[..., stoker.Loader],
 ) -> None:

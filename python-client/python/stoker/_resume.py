@@ -143,11 +143,16 @@ class Position:
 
     def saved(self) -> dict[str, Any]:
         """The position's part of a state: the next batch's epoch and step, and the current
-        epoch's resizes."""
-        resizes = self.resizes if self.resized_epoch == self.epoch else []
+        epoch's resizes. A loaded state that had finished its epoch, saved again before a
+        batch, is saved as it was loaded (its epoch at its end): as the next epoch's start it
+        would run that epoch again after ``set_epoch`` of the finished one."""
+        epoch, step = self.epoch, self.resume_step if self.resume_step is not None else self.step
+        if self.resume_finished is not None and self.resume_step is not None:
+            epoch, step = self.resume_finished
+        resizes = self.resizes if self.resized_epoch == epoch else []
         return {
-            "epoch": self.epoch,
-            "step": self.resume_step if self.resume_step is not None else self.step,
+            "epoch": epoch,
+            "step": step,
             "resizes": [[cursor, list(taken)] for cursor, taken in resizes],
         }
 
