@@ -1520,3 +1520,30 @@ def test_a_loader_in_a_reference_cycle_is_collected_with_its_threads_and_workers
     for process in workers:
         process.join(30)
         assert not process.is_alive()
+
+
+class Scaled(Squares):
+    """Samples scaled by an attribute the training loop may change."""
+
+    scale = 1
+
+    def __getitem__(self, index: int):
+        return np.full(1, index * self.scale, dtype=np.int64), index
+
+
+@pytest.mark.parametrize(("mode", "sees_the_change"),
+                         [({"num_threads": 1}, True), ({"num_workers": 1}, False)])
+def test_worker_processes_hold_the_dataset_as_it_was_when_they_started(
+    mode, sees_the_change
+) -> None:
+    """As the README says: a worker process (like DataLoader's persistent workers) keeps the
+    dataset it started with; threads read the live one."""
+    dataset = Scaled(8)
+    with stoker.Loader.from_dataset(dataset, batch_size=4, shuffle=False, prefetch=1,
+                                    output="numpy", **mode) as loader:
+        next(iter(loader))
+        dataset.scale = 10
+        loader.set_epoch(3)  # not the next epoch, whose first batch may be built already
+        values = [int(v) for batch in loader for v in batch[0].ravel()]
+    expected = [i * (10 if sees_the_change else 1) for i in range(8)]
+    assert sorted(values) == expected

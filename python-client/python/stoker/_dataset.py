@@ -224,7 +224,11 @@ class FromDataset:
           defined in a script read from stdin cannot be loaded there and is refused by
           name)). A worker loads a whole batch straight into its batch slot: the slots are
           one shared mapping (``memfd``, not ``/dev/shm``), so there are no pickled batches,
-          no copy after the worker's, and memory stays bounded by the slots. A worker that
+          no copy after the worker's, and the batches' memory stays bounded by the slots
+          (each worker's own is the dataset's: under fork, the Python objects it touches
+          are copied into it as DataLoader's workers copy them). Workers live as long as the
+          loader (as DataLoader's with ``persistent_workers=True``) and hold the dataset as
+          it was when they started: later changes to it do not reach them. A worker that
           cannot load the dataset (its module failing to import there, say) raises
           :class:`~stoker.DatasetError` with the end of its traceback.
 

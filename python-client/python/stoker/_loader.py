@@ -135,7 +135,8 @@ class Loader(FromDataset, SavedState, Stats):
             wrap around); in a torch.distributed job the first ``iter()`` checks they do.
         prefetch: batches prepared ahead of the training loop, or ``"auto"``: a controller
             starts at twice the threads and sizes the depth from the stall, batch latency and
-            step time it observes, within a 2 GiB budget.
+            step time it observes, up to as many batches as 2 GiB holds (at least 2, at
+            most 64).
         output: ``"torch"`` (tensors) or ``"numpy"`` (arrays); default: ``"torch"`` when torch
             can be imported, else ``"numpy"``.
         on_error: what a sample that cannot be read or decoded does: ``"skip"`` replaces it

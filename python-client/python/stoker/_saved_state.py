@@ -88,7 +88,9 @@ class SavedState:
         One dict is enough when every rank saved at the same step, as synchronous data-parallel
         training does; any rank's dict then resumes any rank (with ``decode="auto"`` a rank's own
         gives its own GPU split). With all the dicts, ranks that had gone further than the
-        slowest one are accounted for too.
+        slowest one are accounted for too. Every rank must load the same dict or the same list
+        (not each its own, saved at other steps): ranks resumed at different steps run
+        different step counts, and the job's collectives fall out of step.
 
         The world size may differ from the saved one: the rest of the saved epoch (the samples
         no rank had read) is then spread over this run's ranks, each sample once, in equal step
