@@ -602,8 +602,9 @@ def test_a_batch_whose_worker_dies_twice_is_an_error_naming_it() -> None:
         KillsItself(40), batch_size=4, output="numpy", num_workers=2, timeout=30, shuffle=False
     ) as loader, pytest.raises(
         stoker.StokerError,
-        match=r"worker process \d .*exited with code -9 while loading step 2 of epoch 0 "
-        r"\(dataset indices 8, 9, 10, 11\), as did the process started in its place",
+        match=r"worker process \d .*exited with code -9, SIGKILL while loading step 2 of epoch "
+        r"0 \(dataset indices 8, 9, 10, 11\) \(on dataset\[9\]\), as did the process started "
+        r"in its place",
     ):
         for _ in loader:
             pass
@@ -865,11 +866,11 @@ class HangsOn(Squares):
 @pytest.mark.parametrize(
     "mode, who",
     [
-        ({"num_threads": 2}, r"lane thread \d"),
-        ({"num_workers": 2}, r"dataset worker process \d \(pid \d+\)"),
+        ({"num_threads": 2}, r"lane thread \d \(on dataset\[9\]\)"),
+        ({"num_workers": 2}, r"dataset worker process \d \(pid \d+\) \(on dataset\[9\]\)"),
         (
             {"num_workers": 1, "multiprocessing_context": "spawn"},
-            r"dataset worker process 0 \(pid \d+\)",
+            r"dataset worker process 0 \(pid \d+\) \(on dataset\[9\]\)",
         ),
     ],
 )

@@ -6,6 +6,7 @@ the start method and ``__main__`` checks that let a dataset reach a fresh interp
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import mmap
 import multiprocessing
@@ -14,6 +15,7 @@ import os
 import pickle
 import shutil
 import signal
+import struct
 import sys
 import tempfile
 import threading
@@ -24,7 +26,7 @@ from typing import Any, NoReturn
 
 from stoker import _native
 from stoker._busy import LoadingLog, batch_text, describe, listen_for_dumps, read_dumps
-from stoker._samples import Layout, State, fill_batch, probe
+from stoker._samples import Layout, State, fill_batch, on_sample, probe
 from stoker._start_method import main_not_rerun, unpicklable_part
 from stoker.errors import DatasetError, LoaderTimeoutError, StokerError
 
@@ -40,6 +42,10 @@ _DEATH_CHECK = 0.1
 
 # Every worker process started, so that a child forked from this process forgets them.
 _STARTED: weakref.WeakSet[Any] = weakref.WeakSet()
+
+# The word a worker writes the dataset index it loads into (-1: none).
+_INDEX = struct.Struct("q")
+_INDEX_BYTES = mmap.PAGESIZE
 
 # Held while a worker process is started, until the parent closes the child's end of its pipe.
 _STARTING = threading.Lock()
@@ -108,6 +114,8 @@ def _worker_main(conn: Any, state: State | None, dumps: str, loader_pid: int) ->
     if torch is not None:
         torch.set_num_threads(1)
     arena: _Arena | None = None
+    # The sample being loaded, where the parent reads it (a word of a memfd it sends first).
+    index: mmap.mmap | None = None
     while True:
         try:
             message = conn.recv()
@@ -130,6 +138,11 @@ def _worker_main(conn: Any, state: State | None, dumps: str, loader_pid: int) ->
                     _reply_error(conn, "mapping the loader's slots", error)
                     return
                 continue
+            if message[0] == "index":
+                fd = multiprocessing.reduction.recv_handle(conn)
+                index = mmap.mmap(fd, _INDEX_BYTES)
+                os.close(fd)
+                continue
             if message[0] == "layout":
                 state.layout = message[1]
                 continue
@@ -143,8 +156,9 @@ def _worker_main(conn: Any, state: State | None, dumps: str, loader_pid: int) ->
             if arena is None:
                 raise RuntimeError("no slot mapping was sent before the first batch")
             view = arena.view[offset : offset + length]
+            tell = None if index is None else functools.partial(_INDEX.pack_into, index, 0)
             try:
-                bad, failure = fill_batch(state, epoch, indices, view)
+                bad, failure = fill_batch(state, epoch, indices, view, loading=tell)
             finally:
                 view.release()
             conn.send(("done", bad, failure))
@@ -193,6 +207,11 @@ class _Worker:
         self.start_method: str = context.get_start_method()
         self.layout: Layout | None = None
         self.stopping = False
+        # The dataset index the process is loading (-1: none), a word of a memfd it maps too:
+        # named by a timeout, and by the message of its death.
+        self._index_fd = os.memfd_create("stoker-worker-index", os.MFD_CLOEXEC)
+        os.ftruncate(self._index_fd, _INDEX_BYTES)
+        self._index = mmap.mmap(self._index_fd, _INDEX_BYTES)
         # Lane k of the loader, and of the loader of an epoch resumed on another world size,
         # share worker k: one exchange at a time. Whoever holds it is the only one to use,
         # replace or close ``conn``: a pipe is not safe to close from one thread while another
@@ -239,10 +258,13 @@ class _Worker:
         # Started before it is seen: close() may join it from another thread.
         self.process, self.conn = process, parent
         _OPEN_PIPES.add(parent)
-        if pickled is not None:
-            # A worker that dies before reading it is seen by the caller's next exchange.
-            with contextlib.suppress(OSError):
+        # A worker that dies before reading these is seen by the caller's next exchange.
+        with contextlib.suppress(OSError):
+            if pickled is not None:
                 parent.send_bytes(pickled)
+            _INDEX.pack_into(self._index, 0, -1)
+            parent.send(("index",))
+            multiprocessing.reduction.send_handle(parent, self._index_fd, process.pid)
         self.arena: int | None = None
         if self.layout is not None:
             self.conn.send(("layout", self.layout))
@@ -363,11 +385,24 @@ class _Worker:
             if deadline is not None and time.monotonic() >= deadline:
                 return False
 
+    def loading(self) -> int:
+        """The dataset index the process is loading now, -1 when none (or closed)."""
+        try:
+            index: int = _INDEX.unpack_from(self._index, 0)[0]
+        except ValueError:
+            return -1
+        return index
+
     def _died(self, doing: str) -> NoReturn:
         self.process.join(timeout=1.0)
+        code = self.process.exitcode
+        killed = ""
+        if isinstance(code, int) and code < 0:
+            with contextlib.suppress(ValueError):
+                killed = f", {signal.Signals(-code).name}"
         raise _WorkerDied(
             f"dataset worker process {self.number} (pid {self.process.pid}) exited with "
-            f"code {self.process.exitcode} while {doing}"
+            f"code {code}{killed} while {doing}{on_sample(self.loading())}"
         ) from None
 
     def ask_to_stop(self) -> None:
@@ -405,6 +440,9 @@ class _Worker:
                     self.process.join(timeout=5.0)
             self.conn.close()
             _OPEN_PIPES.discard(self.conn)
+            with contextlib.suppress(OSError, BufferError):
+                self._index.close()
+                os.close(self._index_fd)
         finally:
             self.lock.release()
 
@@ -498,7 +536,8 @@ class ProcessBuilder:
         stacks = read_dumps([(pid, _dump_path(self._dumps, pid)) for _, pid in loading if pid])
         now = time.monotonic()
         return describe([
-            (entry, f"dataset worker process {entry.lane} (pid {pid})", stacks.get(pid, ""))
+            (entry, f"dataset worker process {entry.lane} (pid {pid})"
+                    f"{on_sample(workers[entry.lane].loading())}", stacks.get(pid, ""))
             if pid is not None else (entry, f"dataset worker process {entry.lane} (exited)", "")
             for entry, pid in loading
         ], now)

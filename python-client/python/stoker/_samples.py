@@ -32,6 +32,7 @@ __all__ = [
     "ThreadBuilder",
     "fill_batch",
     "loading_epoch",
+    "on_sample",
     "probe",
     "rebuild",
     "sample_rng",
@@ -382,10 +383,32 @@ def _write_row(
 
 def fill_batch(
     state: State, epoch: int, indices: Sequence[int], view: Any,
-    stopped: Callable[[], bool] | None = None,
+    stopped: Callable[[], bool] | None = None, loading: Callable[[int], None] | None = None,
 ) -> tuple[list[tuple[int, str, int]], tuple[int, str] | None]:
     """Loads ``indices`` into ``view`` by the layout, under the bad-sample policy. Returns the
-    replaced samples as (index, reason, substitute) and the failure, if any, as (index, reason)."""
+    replaced samples as (index, reason, substitute) and the failure, if any, as (index, reason).
+    ``loading`` is told each dataset index as its loading starts, and -1 once the batch is
+    done (what a timeout or a worker's death then names)."""
+    try:
+        return _fill_batch(state, epoch, indices, view, stopped, loading or _nowhere)
+    finally:
+        if loading is not None:
+            loading(-1)
+
+
+def _nowhere(index: int) -> None:
+    pass
+
+
+def on_sample(index: int) -> str:
+    """`` (on dataset[i])`` for a lane loading sample ``i``; "" for -1 (none now)."""
+    return f" (on dataset[{index}])" if index >= 0 else ""
+
+
+def _fill_batch(
+    state: State, epoch: int, indices: Sequence[int], view: Any,
+    stopped: Callable[[], bool] | None, loading: Callable[[int], None],
+) -> tuple[list[tuple[int, str, int]], tuple[int, str] | None]:
     n = len(indices)
     destinations = [
         np.frombuffer(view, dtype=field.dtype, count=n * field.nbytes // field.dtype.itemsize,
@@ -398,6 +421,7 @@ def fill_batch(
         for row, index in enumerate(indices):
             if stopped is not None and stopped():
                 return bad, (index, "the loader was closed while this batch was loading")
+            loading(index)
             failed = _attempt(state, epoch, index, index, destinations, row)
             if failed is None:
                 continue
@@ -406,6 +430,7 @@ def fill_batch(
                 return bad, (index, reason)
             for offset in range(1, min(_MAX_SUBSTITUTE_TRIES, state.length - 1) + 1):
                 substitute = (index + offset) % state.length
+                loading(substitute)
                 failed = _attempt(state, epoch, substitute, index, destinations, row)
                 if failed is None:
                     bad.append((index, reason, substitute))
@@ -431,21 +456,27 @@ class ThreadBuilder:
         self._state = state
         self._closed = threading.Event()
         self._log = LoadingLog()
+        # The dataset index each lane thread is loading now (by thread), for a timeout.
+        self._index: dict[int, int] = {}
 
     def build(
         self, lane: int, epoch: int, step: int, indices: list[int], view: Any, shared: Any,
     ) -> Any:
         with self._log.loading(lane, batch_text(epoch, step, indices)):
-            return fill_batch(self._state, epoch, indices, view, self._closed.is_set)
+            thread = threading.get_ident()
+            return fill_batch(self._state, epoch, indices, view, self._closed.is_set,
+                              lambda index: self._index.__setitem__(thread, index))
 
     def loading_now(self) -> str:
         """What the lane threads are loading now, for how long, and where each is in Python
         code; "" when none is loading."""
         now = time.monotonic()
         loading = self._log.now()
-        return describe(
-            [(entry, f"lane thread {entry.lane}", where(entry.thread)) for entry in loading], now
-        )
+        return describe([
+            (entry, f"lane thread {entry.lane}{on_sample(self._index.get(entry.thread, -1))}",
+             where(entry.thread))
+            for entry in loading
+        ], now)
 
     def close(self) -> None:
         """Batches being loaded stop at their next sample."""
