@@ -95,26 +95,3 @@ pub(crate) fn exit_with_loader(loader_pid: i32) -> PyResult<()> {
         })?;
     Ok(())
 }
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_running_process_has_a_start_time_and_a_reaped_one_is_gone() {
-        let own = i32::try_from(std::process::id()).expect("a pid fits an i32");
-        assert!(matches!(started_at(own), Started::At(_)));
-        let mut child = std::process::Command::new("true")
-            .spawn()
-            .expect("true runs");
-        let pid = i32::try_from(child.id()).expect("a pid fits an i32");
-        child.wait().expect("true ends");
-        assert_eq!(started_at(pid), Started::Gone);
-        assert!(gone(
-            &Started::At(b"1".to_vec()),
-            &Started::At(b"2".to_vec())
-        ));
-        assert!(!gone(&Started::At(b"1".to_vec()), &Started::Unknown));
-        assert!(!gone(&Started::Unknown, &Started::At(b"2".to_vec())));
-    }
-}

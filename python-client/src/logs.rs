@@ -14,6 +14,7 @@ use std::fmt::Write as _;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, Once, PoisonError};
 
+use pyo3::exceptions::PyException;
 use pyo3::prelude::*;
 use tracing::field::{Field, Visit};
 use tracing::{Event, Level, Metadata, Subscriber};
@@ -26,7 +27,8 @@ const KEPT: usize = 256;
 const FORWARDED: [(&str, Level); 4] = [
     ("stoker_loader", Level::WARN),
     ("stoker_gpu", Level::WARN),
-    ("stoker_python", Level::WARN),
+    // This module's own (its library is named `_native`).
+    ("_native", Level::WARN),
     ("stoker_pipeline::ops::tokenize", Level::INFO),
 ];
 
@@ -124,31 +126,38 @@ pub(crate) fn install() {
 }
 
 /// Hands the queued events to `logging.getLogger("stoker")`, each at its level (and how many
-/// were dropped, if any); a failure of `logging` itself is left to it.
-pub(crate) fn forward(py: Python<'_>) {
+/// were dropped, if any). A failure of `logging` itself is left to it; an exception that is
+/// not an `Exception` (a `KeyboardInterrupt` a signal handler raised while a handler ran) is
+/// returned, so that a waiting `next()` ends with it rather than losing it.
+pub(crate) fn forward(py: Python<'_>) -> PyResult<()> {
     let records: Vec<Record> = {
         let mut waiting = WAITING.lock().unwrap_or_else(PoisonError::into_inner);
         waiting.drain(..).collect()
     };
     let dropped = DROPPED.swap(0, Ordering::Relaxed);
     if records.is_empty() && dropped == 0 {
-        return;
+        return Ok(());
     }
-    let Ok(logger) = py
+    let kept = |outcome: PyResult<Bound<'_, PyAny>>| match outcome {
+        Err(error) if !error.is_instance_of::<PyException>(py) => Err(error),
+        _ => Ok(()),
+    };
+    let logger = match py
         .import("logging")
         .and_then(|logging| logging.call_method1("getLogger", ("stoker",)))
-    else {
-        return;
+    {
+        Ok(logger) => logger,
+        Err(error) => return kept(Err(error)),
     };
     if dropped > 0 {
-        let _ = logger.call_method1(
+        kept(logger.call_method1(
             "warning",
             (
                 "%d native log messages were dropped (more than %d waiting)",
                 dropped,
                 KEPT,
             ),
-        );
+        ))?;
     }
     for record in records {
         let level = match record.level {
@@ -157,43 +166,14 @@ pub(crate) fn forward(py: Python<'_>) {
             Level::INFO => 20,
             _ => 10,
         };
-        let _ = logger.call_method1("log", (level, "%s [%s]", record.text, record.target));
+        kept(logger.call_method1("log", (level, "%s [%s]", record.text, record.target)))?;
     }
+    Ok(())
 }
 
 /// `forward_logs()`: hands the native side's queued warnings and errors to the `stoker`
 /// logger now.
 #[pyfunction]
-pub(crate) fn forward_logs(py: Python<'_>) {
-    forward(py);
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn only_the_loaders_side_is_forwarded_and_at_its_levels() {
-        let subscriber = tracing_subscriber::registry().with(Queue);
-        tracing::subscriber::with_default(subscriber, || {
-            tracing::warn!(target: "stoker_loader::client", step = 3, "slots are short");
-            tracing::info!(target: "stoker_loader::client", "chatter");
-            tracing::warn!(target: "stoker_pipeline::batch", "bad sample");
-            tracing::info!(target: "stoker_pipeline::ops::tokenize", "encoding with 0.23");
-        });
-        let waiting = WAITING.lock().unwrap_or_else(PoisonError::into_inner);
-        // Other tests of the crate may queue events too: only this test's texts are looked at.
-        let ours = [
-            "slots are short (step=3)",
-            "chatter",
-            "bad sample",
-            "encoding with 0.23",
-        ];
-        let texts: Vec<&str> = waiting
-            .iter()
-            .map(|r| r.text.as_str())
-            .filter(|text| ours.contains(text))
-            .collect();
-        assert_eq!(texts, ["slots are short (step=3)", "encoding with 0.23"]);
-    }
+pub(crate) fn forward_logs(py: Python<'_>) -> PyResult<()> {
+    forward(py)
 }

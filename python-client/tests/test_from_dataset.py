@@ -1548,3 +1548,27 @@ def test_worker_processes_hold_the_dataset_as_it_was_when_they_started(
         values = [int(v) for batch in loader for v in batch[0].ravel()]
     expected = [i * (10 if sees_the_change else 1) for i in range(8)]
     assert sorted(values) == expected
+
+
+def test_the_native_loader_watch_ends_its_process_once_the_loader_is_gone() -> None:
+    """The watch a worker process starts (``_native.exit_with_loader``) runs without the
+    interpreter's lock: it ends the process while the process sleeps, once the loader's
+    process is gone."""
+    loader_process = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+    watched = subprocess.Popen(
+        [sys.executable, "-c",
+         "import time; from stoker import _native; "
+         f"_native.exit_with_loader({loader_process.pid}); time.sleep(120); print('not ended')"],
+        stdout=subprocess.PIPE, text=True,
+    )
+    try:
+        time.sleep(1.0)
+        assert watched.poll() is None, "the watch ended its process with the loader alive"
+        loader_process.kill()
+        loader_process.wait(timeout=10)  # reaped: its /proc entry is gone
+        out, _ = watched.communicate(timeout=15)
+        assert watched.returncode == 0 and "not ended" not in out
+    finally:
+        for process in (loader_process, watched):
+            process.kill()
+            process.wait(timeout=10)

@@ -291,7 +291,8 @@ impl EpochStream {
                         capacity: slots.capacity(),
                         waited: started.elapsed(),
                     };
-                    tracing::error!(%error, "loader.next found no free batch slot");
+                    // Returned to the caller, which raises it: not logged as well.
+                    tracing::debug!(%error, "loader.next found no free batch slot");
                     self.record_wait(started.elapsed());
                     return Err(error);
                 }
@@ -325,7 +326,7 @@ impl EpochStream {
                             self.core.source.reading_now()
                         ),
                     };
-                    tracing::error!(%error, "loader.next timed out");
+                    tracing::debug!(%error, "loader.next timed out");
                     self.record_wait(started.elapsed());
                     return Err(error);
                 }

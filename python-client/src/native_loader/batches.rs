@@ -29,9 +29,9 @@ pub(super) fn wait_for_batch<'py>(
         next(&mut || {
             closing.load(Ordering::SeqCst)
                 || Python::attach(|py| {
-                    // What the native side logged meanwhile (a retry loop, say) shows now.
-                    crate::logs::forward(py);
-                    match py.check_signals() {
+                    // Ctrl-C first; then what the native side logged meanwhile (a retry loop,
+                    // say), whose handlers may meet a signal too.
+                    match py.check_signals().and_then(|()| crate::logs::forward(py)) {
                         Ok(()) => false,
                         Err(error) => {
                             signal = Some(error);
@@ -41,7 +41,7 @@ pub(super) fn wait_for_batch<'py>(
                 })
         })
     });
-    crate::logs::forward(py);
+    crate::logs::forward(py)?;
     let batch = match (batch, signal) {
         (Err(stoker_loader::Error::Interrupted), Some(error)) => return Err(error),
         (Err(stoker_loader::Error::Interrupted), None) => {
