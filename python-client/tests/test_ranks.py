@@ -42,6 +42,8 @@ def test_a_rank_or_world_size_alone_is_paired_only_with_defaults_that_agree(
     assert (make_loader(world_size=1).rank, make_loader(rank=0).world_size) == (0, 1)
     monkeypatch.setenv("RANK", "2")
     monkeypatch.setenv("WORLD_SIZE", "4")
+    # One rank alone (a rank-0-only evaluation loader) pairs with nothing.
+    assert (make_loader(world_size=1).rank, make_loader(world_size=1).world_size) == (0, 1)
     assert (make_loader(rank=2).world_size, make_loader(world_size=4).rank) == (4, 2)
     # rank=LOCAL_RANK beside a global world size: nodes would read each other's shares.
     with pytest.raises(ValueError, match=r"rank=1 was given alone.*rank 2 of world size 4"):

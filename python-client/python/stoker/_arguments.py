@@ -181,6 +181,8 @@ def resolve_rank(rank: object, world_size: object) -> tuple[int, int, str]:
         suffix = f" (from {origin})"
         return (*_checked_rank(default_rank, suffix, default_world, suffix), f"from {origin}")
     # One of the two given: paired with the defaults only where they agree with it.
+    if world_size is not None and is_int(world_size) and world_size == 1:
+        return 0, 1, ""  # one rank: there is no other to pair it with (a rank-0-only loader)
     if default_rank is None and default_world is None:
         if world_size is not None and check_int(world_size, "world_size", 1, MAX_U32) > 1:
             raise ValueError(

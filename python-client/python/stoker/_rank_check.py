@@ -7,19 +7,23 @@ others read too and leaves some unread, silently, or runs a step more and hangs 
 collectives. So where torch.distributed is initialised and the loader's world size is the
 process group's, each rank posts what decides its share (the ``state_dict()`` keys a resume
 compares, its rank and its epochs' step count) in the process group's store when the loader is
-made, and its first ``iter()`` waits for every rank's and raises naming what differs.
+made (or, for a loader made before torch.distributed started, at its first ``iter()``), and
+its first ``iter()`` waits for every rank's and raises naming what differs. The n-th loader
+the check applies to on each rank are compared with each other.
 """
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import sys
+import time
 from collections.abc import Callable, Mapping
 from datetime import timedelta
 from typing import Any, Final
 
-from stoker._resume import OPTIONAL_SPEC_KEYS, SPEC_KEYS
+from stoker._resume import OPTIONAL_SPEC_KEYS, SPEC_KEYS, normalised
 from stoker.errors import LoaderTimeoutError
 
 __all__ = ["RankCheck"]
@@ -59,7 +63,8 @@ class RankCheck:
 
     def __init__(self, rank: int, world_size: int, origin: str) -> None:
         self.rank, self.world_size, self.origin = rank, world_size, origin
-        self._serial = next(_serials) if world_size > 1 else None
+        # Taken when the loader first posts: only loaders the check applies to are numbered.
+        self._serial: int | None = None
         self._posted = False
         self._done = False
 
@@ -69,7 +74,7 @@ class RankCheck:
     def _group(self) -> tuple[Any, int] | None:
         """(store, this process's rank in it) when the check applies now, else None."""
         dist = _process_group()
-        if dist is None or self._serial is None:
+        if dist is None or self.world_size == 1:
             return None
         if int(dist.get_world_size()) != self.world_size:
             return None  # a data-parallel group of its own, passed explicitly
@@ -83,8 +88,10 @@ class RankCheck:
         if self._posted or (group := self._group()) is None:
             return
         store, rank = group
+        if self._serial is None:
+            self._serial = next(_serials)
         saved = state()
-        what = {key: saved.get(key) for key in COMPARED}
+        what = {key: normalised(saved.get(key), key) for key in COMPARED}
         what["rank"], what["steps"] = saved.get("rank"), steps()
         store.set(self._key(rank), json.dumps(what, sort_keys=True, default=str))
         self._posted = True
@@ -114,16 +121,21 @@ class RankCheck:
             return
         store = group[0]
         keys = [self._key(r) for r in range(world)]
-        try:
-            store.wait(keys, timedelta(seconds=timeout_s))
-        except RuntimeError:
-            missing = [r for r, key in enumerate(keys) if not store.check([key])]
-            raise LoaderTimeoutError(
-                f"{_ranks(missing)} did not make loader {self._serial} of world size "
-                f"{world} within {timeout_s:g}s (each rank posts its settings there when it "
-                "makes a loader, so that the ranks' shares are checked to fit together); a "
-                "loader only some ranks make needs rank=0, world_size=1"
-            ) from None
+        deadline = time.monotonic() + timeout_s
+        while not store.check(keys):
+            # In short waits, so that Ctrl-C (a signal handler) is seen between them.
+            if time.monotonic() >= deadline:
+                missing = [r for r, key in enumerate(keys) if not store.check([key])]
+                raise LoaderTimeoutError(
+                    f"{_ranks(missing)} did not make loader {self._serial} of world size "
+                    f"{world} within {timeout_s:g}s (each rank posts its settings when the "
+                    "check first applies to a loader, so that the ranks' shares are checked "
+                    "to fit together: the n-th such loader of each rank are compared); a "
+                    "loader only some ranks make needs rank=0, world_size=1"
+                )
+            left = max(0.01, deadline - time.monotonic())
+            with contextlib.suppress(RuntimeError):
+                store.wait(keys, timedelta(seconds=min(1.0, left)))
         posted = [json.loads(store.get(key)) for key in keys]
         problems = disagreements(posted)
         if problems:

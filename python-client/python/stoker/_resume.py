@@ -20,7 +20,7 @@ from stoker._arguments import MAX_U32, MAX_U64, check_int
 if TYPE_CHECKING:
     from stoker._native import NativeLoader
 
-__all__ = ["STATE_VERSION", "Position", "Saved", "check_state", "read_states"]
+__all__ = ["STATE_VERSION", "Position", "Saved", "check_state", "normalised", "read_states"]
 
 STATE_VERSION: Final = 1
 # Keys of state_dict() that must match on load: a batch is a function of these and the position.
@@ -258,7 +258,7 @@ def check_state(state: Any, ours: Mapping[str, Any]) -> None:
     differing = [
         key
         for key in (*SPEC_KEYS, "mix", *(k for k in OPTIONAL_SPEC_KEYS if k in state))
-        if _normalised(state.get(key), key) != _normalised(ours.get(key), key)
+        if normalised(state.get(key), key) != normalised(ours.get(key), key)
     ]
     if differing == ["num_samples"]:
         # No setting differs: the dataset changed size.
@@ -295,7 +295,7 @@ def _version(fingerprint: str) -> str:
     return fingerprint.partition(":")[0]
 
 
-def _normalised(value: Any, key: str) -> Any:
+def normalised(value: Any, key: str) -> Any:
     """``value`` as compared: a mix's weights divided by their sum (the mix normalises them,
     so {a: 1, b: 1} is {a: 0.5, b: 0.5}), rounded off past 12 digits, and its sources named
     below the folder all of them share (the same files elsewhere, or named by a relative path,
