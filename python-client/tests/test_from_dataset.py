@@ -1345,7 +1345,8 @@ def test_a_state_saved_with_other_native_ops_is_refused(tmp_path) -> None:
 
 class FlakyStorage(Squares):
     """Sample 5 fails to connect twice, then loads; sample 9's disk fails every time (EIO);
-    with ``memory``, sample 9 raises MemoryError instead."""
+    with ``memory``, sample 9 raises MemoryError instead; without, sample 2's address never
+    answers (a dead URL)."""
 
     def __init__(self, length: int, memory: bool = False) -> None:
         super().__init__(length)
@@ -1356,6 +1357,8 @@ class FlakyStorage(Squares):
         self.tries[index] = self.tries.get(index, 0) + 1
         if index == 5 and self.tries[index] <= 2:
             raise ConnectionResetError("the object store hung up")
+        if index == 2 and not self.memory:
+            raise TimeoutError("the URL did not answer")
         if index == 9:
             if self.memory:
                 raise MemoryError
@@ -1366,17 +1369,22 @@ class FlakyStorage(Squares):
 @pytest.mark.parametrize("mode", [{"num_threads": 1}, {"num_workers": 1}])
 def test_a_failing_machine_is_retried_and_never_replaced_as_a_bad_sample(mode) -> None:
     """Under ``on_error="skip"`` a sample whose storage failed is not swapped for its
-    neighbour (a duplicate in the epoch, silently): tried again, then the batch fails."""
+    neighbour (a duplicate in the epoch, silently): tried again, then the batch fails. A
+    network failure is tried again too, then it is the sample's (a dead address)."""
     settings = dict(batch_size=4, shuffle=False, on_error="skip", output="numpy", timeout=60)
     for memory in (False, True):
         with stoker.Loader.from_dataset(FlakyStorage(12, memory), **settings, **mode) as loader:
             it = iter(loader)
-            next(it)
+            first = next(it)
+            if not memory:
+                assert list(first[1]) == [0, 1, 3, 3]
+                (dead,) = it.bad_samples
+                assert "TimeoutError" in dead["reason"] and "(tried 4 times)" in dead["reason"]
             second = next(it)  # sample 5 loads at its third try
             assert list(second[1]) == [4, 5, 6, 7] and it.bad_samples == []
             with pytest.raises(stoker.DecodeError, match="not replaced by another sample"):
                 next(it)
-            assert loader.stats()["bad_samples"] == 0
+            assert loader.stats()["bad_samples"] == (0 if memory else 1)
 
 
 _IMPORTS_TORCH = r"""

@@ -215,6 +215,11 @@ def test_a_tokenizer_is_compared_by_its_contents_not_its_path(
     with loader(tokenizer) as first:
         next(iter(first))
         state = first.state_dict()
+    # A state saved before tokenizers were named by their contents (its reading by path).
+    with loader(tokenizer) as same:
+        older = dict(state, reading=same._reading_by_path)
+        assert older["reading"] not in (None, state["reading"])
+        same.load_state_dict(older)
     monkeypatch.chdir(tokenizer.parent)
     with loader("tokenizer.json") as relative:
         relative.load_state_dict(state)  # the same tokenizer, named another way

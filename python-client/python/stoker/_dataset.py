@@ -250,11 +250,12 @@ class FromDataset:
         Errors in the dataset's code follow ``on_error``: ``"fail"`` (default, as DataLoader)
         raises :class:`~stoker.DecodeError` naming the index, the exception and its traceback;
         ``"skip"`` replaces the sample by the next one that loads (as native sources do),
-        logged and listed in the iterator's ``bad_samples``. A failure of the machine or its
-        storage rather than of the sample (``MemoryError``, ``ConnectionError``,
-        ``TimeoutError``, an ``OSError`` of I/O, descriptors, memory or the network, or one
-        such an error was raised ``from``) is tried again after 0.1, 0.5 and 2 s, then raised
-        as a ``DecodeError`` under either policy: never replaced by another sample.
+        logged and listed in the iterator's ``bad_samples``. A failure of this machine or its
+        storage rather than of the sample (``MemoryError`` itself, an ``OSError`` of I/O,
+        descriptors or memory, or one such an error was raised ``from``) is tried again after
+        0.1, 0.5 and 2 s, then raised as a ``DecodeError`` under either policy: never replaced
+        by another sample. One of the network (``ConnectionError``, ``TimeoutError``, an
+        unreachable host) is tried again the same way, then it is the sample's.
 
         ``pin_memory`` and ``pinned_memory_budget`` are :class:`Loader`'s: the slots (with
         worker processes, the shared mapping they write into) are page-locked once, so the

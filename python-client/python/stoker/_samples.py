@@ -41,10 +41,13 @@ __all__ = [
 
 # How many following samples the skip policy tries, as the native policy does.
 _MAX_SUBSTITUTE_TRIES: Final = 16
-# Errors of the machine or its storage (_machines_fault): never a bad sample; each sample is
-# tried again after these pauses (seconds) before the batch fails, as native reads are.
+# Errors of this machine or its storage (_fault): never a bad sample; and of the network.
+# Each is tried again after these pauses (seconds), as native reads are; then the machine's
+# fail the batch, the network's are the sample's.
 _MACHINE_ERRNOS: Final = frozenset({
     errno.EIO, errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.EAGAIN, errno.ESTALE,
+})
+_NETWORK_ERRNOS: Final = frozenset({
     errno.ETIMEDOUT, errno.ENETDOWN, errno.ENETUNREACH, errno.EHOSTUNREACH, errno.ENOLINK,
 })
 _MACHINE_RETRY_PAUSES: Final = (0.1, 0.5, 2.0)
@@ -323,19 +326,26 @@ def _describe(index: int, error: BaseException) -> str:
     return f"dataset[{index}] raised {type(error).__name__}: {said}\n{text.rstrip()}"
 
 
-def _machines_fault(error: BaseException) -> bool:
-    """Whether ``error`` (or an exception it was raised ``from``) says the machine or its
-    storage failed, not the sample: memory, descriptors, I/O, the network, a timeout."""
+def _fault(error: BaseException) -> str | None:
+    """``"machine"`` when ``error`` (or an exception it was raised ``from``) says this machine
+    or its storage failed (memory, descriptors, I/O), ``"network"`` for the network or a
+    timeout, None for the sample's own failure."""
     seen: BaseException | None = error
     for _ in range(8):
         if seen is None:
-            return False
-        if isinstance(seen, (MemoryError, ConnectionError, TimeoutError)) or (
+            return None
+        # Only MemoryError itself: numpy's array error, a subclass, is what a header claiming
+        # an impossible size gives, the sample's fault.
+        if type(seen) is MemoryError or (
             isinstance(seen, OSError) and seen.errno in _MACHINE_ERRNOS
         ):
-            return True
+            return "machine"
+        if isinstance(seen, (ConnectionError, TimeoutError)) or (
+            isinstance(seen, OSError) and seen.errno in _NETWORK_ERRNOS
+        ):
+            return "network"
         seen = seen.__cause__
-    return False
+    return None
 
 
 def _attempt(
@@ -343,7 +353,8 @@ def _attempt(
 ) -> tuple[str, bool] | None:
     """Loads sample ``index`` into row ``row`` (random stream of sample ``stream``); None, or
     why it failed (index, exception and traceback) and whether the machine failed rather than
-    the sample (:func:`_machines_fault`), tried again with backoff before it says so."""
+    the sample (:func:`_fault`). A failure of the machine or the network is tried again with
+    backoff first; the network's, still failing, is then the sample's (a dead address)."""
     pauses = iter(_MACHINE_RETRY_PAUSES)
     tries = 0
     while True:
@@ -353,13 +364,15 @@ def _attempt(
             _write_row(state, epoch, stream, destinations, row, leaves)
             return None
         except Exception as error:
-            reason, machine = _describe(index, error), _machines_fault(error)
+            reason, fault = _describe(index, error), _fault(error)
             # The traceback's frames reach this one and the batch's arrays over the slot; an
             # exception the dataset's code keeps must not keep them.
             error.__traceback__ = None
-        if not machine:
+        if fault is None:
             return reason, False
         pause = next(pauses, None)
+        if pause is None and fault == "network":
+            return f"{reason}\n(tried {tries} times)", False
         if pause is None:
             return (f"{reason}\n(a failure of the machine or its storage, not of the sample, "
                     f"tried {tries} times: it is not replaced by another sample)"), True

@@ -37,8 +37,11 @@ class SavedState:
     _dataset_fingerprint: str | None
     _shuffle_window: int
     # What decides a batch's bytes besides the plan (pipeline, columns, format, split): a
-    # digest for Stoker's own sources; None under from_dataset (the Python code decides).
+    # digest for Stoker's own sources, and for from_dataset's native ops when it has some;
+    # None otherwise (the Python code decides). And the digest states saved before tokenizers
+    # were named by their contents carry, where it differs.
     _reading: str | None = None
+    _reading_by_path: str | None = None
     _native: NativeLoader | None
     _fork: ForkGuard
     _closed: bool
@@ -119,6 +122,13 @@ class SavedState:
                 disagree or leave ranks out.
         """
         native = self._handle()
-        saved = _resume.read_states(state, self.state_dict())
+        ours = self.state_dict()
+        given = [state] if isinstance(state, Mapping) else state
+        if self._reading_by_path is not None and any(
+            isinstance(one, Mapping) and one.get("reading") == self._reading_by_path
+            for one in (given if isinstance(given, Sequence) else [])
+        ):
+            ours["reading"] = self._reading_by_path  # saved when tokenizers were named by path
+        saved = _resume.read_states(state, ours)
         with self._position.lock:
             self._position.resume_saved(saved, native, self._settings.world_size)

@@ -44,7 +44,7 @@ class ChosenSource:
     label_column: str = ""
     image_column: str = ""
 
-    def reading(self) -> str:
+    def reading(self, by_content: bool = True) -> str:
         """What decides the bytes of a batch besides the plan, as a short digest a saved state
         carries: the pipeline, format, text and label columns and split (a mix's, each
         source's; not where the files lie, which the dataset's fingerprint covers)."""
@@ -56,12 +56,19 @@ class ChosenSource:
         # Only when named, so states saved before it existed keep their digest.
         if self.image_column:
             what["image_column"] = self.image_column
+        named = _by_content if by_content else _as_given
         if self.native_mix is not None:
             what["sources"] = [
-                [[_by_content(op) for op in ops], source_format, text_column, split]
+                [[named(op) for op in ops], source_format, text_column, split]
                 for _, ops, _, source_format, text_column, _, split in self.native_mix.entries
             ]
-        return reading_digest(what)
+        return reading_digest(what, by_content)
+
+    def reading_by_path(self) -> str | None:
+        """The digest states saved before tokenizers were named by content carry (by their
+        path), where it differs from :meth:`reading`: such a state still resumes."""
+        by_path = self.reading(by_content=False)
+        return by_path if by_path != self.reading() else None
 
     def settings(self, **rest: Any) -> SourceSettings:
         """The native loader's settings of this source; ``rest`` are the fields the source
@@ -123,13 +130,18 @@ def choose_source(
     )
 
 
-def reading_digest(what: dict[str, Any]) -> str:
+def reading_digest(what: dict[str, Any], by_content: bool = True) -> str:
     """The digest a state's ``reading`` holds of ``what`` (its ``ops``, op dicts, named by
-    content: a tokenizer by its file's bytes, not its path)."""
-    if "ops" in what:
+    content: a tokenizer by its file's bytes, not its path; by its path with
+    ``by_content=False``, as states saved before that carry it)."""
+    if "ops" in what and by_content:
         what = {**what, "ops": [_by_content(op) for op in what["ops"]]}
     text = json.dumps(what, sort_keys=True, default=str)
     return "sha256:" + hashlib.sha256(text.encode()).hexdigest()[:32]
+
+
+def _as_given(op: Any) -> Any:
+    return op
 
 
 def _by_content(op: Any) -> Any:
