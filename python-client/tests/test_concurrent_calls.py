@@ -118,13 +118,17 @@ def test_iter_while_another_thread_waits_in_next_starts_after_that_batch() -> No
         next(first)
         taken: list[list[int]] = []
 
+        asking = threading.Event()
+
         def take() -> None:
+            asking.set()
             next(first)
             taken.append(sorted(first.sample_indices))
 
         waiting = threading.Thread(target=take)
         waiting.start()
-        time.sleep(0.1)  # the other thread now waits for step 1, built in 0.8 s
+        asking.wait(10)
+        time.sleep(0.3)  # the other thread now waits for step 1, built in 0.8 s
         second = iter(loader)
         next(second)
         waiting.join(30)

@@ -218,7 +218,11 @@ class _Worker:
         # uses it (the descriptor's number goes to the next file opened, which the other
         # thread would then read, write or close).
         self.lock = threading.Lock()
-        self._start()
+        try:
+            self._start()
+        except BaseException:
+            self._close_index()
+            raise
 
     def _start(self) -> None:
         """Starts the process (and sends it the layout, once known); the slot mapping goes
@@ -385,6 +389,15 @@ class _Worker:
             if deadline is not None and time.monotonic() >= deadline:
                 return False
 
+    def _close_index(self) -> None:
+        """Lets go of the index word (a read of it meanwhile gives -1)."""
+        with contextlib.suppress(BufferError, ValueError):
+            self._index.close()
+        if self._index_fd >= 0:
+            with contextlib.suppress(OSError):
+                os.close(self._index_fd)
+            self._index_fd = -1
+
     def loading(self) -> int:
         """The dataset index the process is loading now, -1 when none (or closed)."""
         try:
@@ -440,9 +453,7 @@ class _Worker:
                     self.process.join(timeout=5.0)
             self.conn.close()
             _OPEN_PIPES.discard(self.conn)
-            with contextlib.suppress(OSError, BufferError):
-                self._index.close()
-                os.close(self._index_fd)
+            self._close_index()
         finally:
             self.lock.release()
 
