@@ -82,6 +82,13 @@ impl MixOrder {
         Ok(Self { order, sources })
     }
 
+    /// Where the window's counts give sources shares off their weights', in words (what a
+    /// native mix's loader says when it opens); `None` when every share is within.
+    #[getter]
+    fn rounding(&self) -> Option<String> {
+        self.order.rounding().map(str::to_string)
+    }
+
     /// Positions of an epoch.
     #[getter]
     fn epoch_len(&self) -> u64 {

@@ -476,3 +476,54 @@ def test_weights_that_normalise_the_same_are_the_same_mix(
     with stoker.mix({a: 0.5, b: 0.5}, pipeline=windows, batch_size=64, output="numpy") as halves:
         halves.load_state_dict(state)
         assert rows(batch for _, batch in zip(range(3), halves, strict=False)) == first
+
+
+def test_python_datasets_mixed_with_rounded_weights_are_warned_about(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    with caplog.at_level(logging.WARNING, logger="stoker"), stoker.mix(
+        {Numbers(0, 1000): 0.994, Numbers(100_000, 1000): 0.006}, batch_size=100,
+        output="numpy", epoch_end=1000,
+    ):
+        pass
+    assert any("source 1 asks 0.0060 of the mix and gets 0.0100" in r.getMessage()
+               for r in caplog.records), caplog.text
+
+
+def test_numpy_weights_and_counts_are_numbers(token_files: tuple[Path, Path]) -> None:
+    a, b = token_files
+    with stoker.mix({a: np.int64(7), b: np.float32(3.0)}, pipeline=[ops.TokenWindows(SEQ_LEN)],
+                    batch_size=8, window=np.int64(100), epoch_end=np.int64(800),
+                    output="numpy") as loader:
+        assert loader.num_samples == 800
+    with pytest.raises(ValueError, match="positive finite number"):
+        stoker.mix({a: 10**400, b: 1}, pipeline=[ops.TokenWindows(SEQ_LEN)], batch_size=8)
+
+
+def test_a_sources_own_source_column_is_refused_not_replaced(tmp_path: Path) -> None:
+    pq = pytest.importorskip("pyarrow.parquet")
+    import pyarrow as pa
+
+    for name, value in (("a", 100), ("b", 101)):
+        (tmp_path / name).mkdir()
+        pq.write_table(pa.table({"source": [value] * 20, "x": list(range(20))}),
+                       tmp_path / name / "part.parquet")
+    with pytest.raises(ValueError, match="tensor named 'source', which the mix adds"):
+        stoker.mix({tmp_path / "a": 1, tmp_path / "b": 1}, batch_size=4, output="numpy", window=4,
+                   pipeline=[ops.SelectColumns(["source", "x"])])
+
+
+def test_sources_of_other_class_names_are_told_to_share_one_label_space(
+    dataset: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    other = tmp_path / "other"
+    shutil.copytree(dataset, other)
+    for folder in sorted(p for p in other.iterdir() if p.is_dir()):
+        folder.rename(folder.with_name("other-" + folder.name))
+    with caplog.at_level(logging.WARNING, logger="stoker"), stoker.mix(
+        {dataset: 1, other: 1}, pipeline=stoker.vision.imagenet_eval(32), batch_size=8,
+        output="numpy",
+    ) as loader:
+        assert loader.classes == []
+    assert any("have other class names: their labels share one number space"
+               in r.getMessage() for r in caplog.records), caplog.text

@@ -61,6 +61,20 @@ impl MixedAssembler {
             return Err(Error::InvalidSpec("a mix needs at least one source".into()));
         };
         let reference = describe(&first.assembler.layout(1));
+        if first
+            .assembler
+            .layout(1)
+            .iter()
+            .any(|tensor| tensor.name == "source")
+        {
+            // The mix adds a `source` tensor: one of the sources' own of that name would be
+            // replaced by it, silently.
+            return Err(Error::InvalidSpec(
+                "mixed sources give a tensor named 'source', which the mix adds (each row's \
+                 source): select or name that column otherwise"
+                    .into(),
+            ));
+        }
         for (k, part) in parts.iter().enumerate().skip(1) {
             let layout = describe(&part.assembler.layout(1));
             if layout != reference {
@@ -108,6 +122,25 @@ impl MixedAssembler {
             order,
             class_names,
         })
+    }
+
+    /// Where the sources have labels of other class names, in words: their labels share one
+    /// number space (label 1 of one is not label 1 of the other), which the loader then says.
+    pub fn classes_notice(&self) -> Option<String> {
+        let named: Vec<(usize, &[String])> = self
+            .parts
+            .iter()
+            .enumerate()
+            .map(|(k, part)| (k, part.assembler.source().class_names()))
+            .filter(|(_, names)| !names.is_empty())
+            .collect();
+        let (first, names) = named.first()?;
+        let (other, _) = named.iter().find(|(_, other)| other != names)?;
+        Some(format!(
+            "mixed sources {first} and {other} have other class names: their labels share one \
+             number space (a label means one class in source {first} and another in source \
+             {other}), and the loader has no class names"
+        ))
     }
 
     /// The mix order.

@@ -332,8 +332,8 @@ impl Job {
 
     /// What opening the job's sources found that its user should be told once
     /// ([`SampleSource::notices`]), in source order, then its pipelines' (an id past the
-    /// tokenizer's, [`JobPipeline::notices`]), then a mix's weights rounded far off by its
-    /// window.
+    /// tokenizer's, [`JobPipeline::notices`]), then a mix's weights rounded off by its window
+    /// and its sources' labels of other class names.
     pub fn notices(&self) -> Vec<String> {
         let mut notices: Vec<String> = self
             .sources()
@@ -352,6 +352,7 @@ impl Job {
         }
         if let Builder::Mixed(mixed) = &self.builder {
             notices.extend(mixed.order().rounding().map(str::to_string));
+            notices.extend(mixed.classes_notice());
         }
         notices
     }

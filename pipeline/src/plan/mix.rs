@@ -224,9 +224,10 @@ pub fn window_counts(weights: &[f64], window: u32) -> Result<Vec<u64>> {
     Ok(counts)
 }
 
-/// Where `counts` of a `window` give a source a share more than a tenth off the share its
+/// Where `counts` of a `window` give a source a share more than a hundredth off the share its
 /// weight asks (a weight small beside the window's resolution: 0.005 of a window of 100 gets
-/// 0.01), in words, naming up to four such sources; `None` when every share is within.
+/// 0.01; three equal weights get 34, 33 and 33), in words, naming up to four such sources;
+/// `None` when every share is within.
 pub fn rounding_notice(weights: &[f64], counts: &[u64], window: u64) -> Option<String> {
     let largest = weights.iter().copied().fold(0.0, f64::max);
     let total: f64 = weights.iter().map(|w| w / largest).sum();
@@ -237,7 +238,7 @@ pub fn rounding_notice(weights: &[f64], counts: &[u64], window: u64) -> Option<S
         .filter_map(|(k, (w, &count))| {
             let asked = w / largest / total;
             let gets = count as f64 / window as f64;
-            ((gets - asked).abs() > asked / 10.0)
+            ((gets - asked).abs() > asked / 100.0)
                 .then(|| format!("source {k} asks {asked:.4} of the mix and gets {gets:.4}"))
         })
         .collect();
@@ -461,17 +462,24 @@ mod tests {
         assert_eq!(window_counts(&[1.0, 1.0, 1.0], 10).unwrap(), vec![4, 3, 3]);
         // 0.625 * 8 = 5, 0.375 * 8 = 3: exact.
         assert_eq!(window_counts(&[5.0, 3.0], 8).unwrap(), vec![5, 3]);
-        // Weights the window rounds far off are told; those it holds to within a tenth not.
+        // Weights the window rounds off are told; those it holds to within a hundredth not.
         let notice = rounding_notice(&[0.7, 0.2949, 0.0051], &[70, 29, 1], 100).unwrap();
         assert!(
             notice.contains("source 2 asks 0.0051 of the mix and gets 0.0100"),
             "{notice}"
         );
+        assert!(!notice.contains("source 0"), "{notice}");
+        assert_eq!(rounding_notice(&[0.7, 0.3], &[70, 30], 100), None);
+        // Equal weights a window cannot split evenly: 34 of 100 is 2% over a third.
+        let notice = rounding_notice(&[1.0, 1.0, 1.0], &[34, 33, 33], 100).unwrap();
         assert!(
-            !notice.contains("source 0") && !notice.contains("source 1"),
+            notice.contains("source 0 asks 0.3333 of the mix and gets 0.3400"),
             "{notice}"
         );
-        assert_eq!(rounding_notice(&[0.7, 0.3], &[70, 30], 100), None);
+        assert_eq!(
+            rounding_notice(&[1.0, 1.0, 1.0], &[100, 100, 100], 300),
+            None
+        );
         // Finite weights whose sum is not: the counts still fill the window.
         assert_eq!(window_counts(&[1e308, 1e308], 100).unwrap(), vec![50, 50]);
         assert_eq!(

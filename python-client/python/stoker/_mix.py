@@ -8,6 +8,9 @@ world_size, step): the same for any thread count, in-process or through a coordi
 
 from __future__ import annotations
 
+import logging
+import math
+import numbers
 import os
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Final, Literal
@@ -19,6 +22,8 @@ from stoker._samples import loading_epoch
 from stoker.ops import Op
 
 __all__ = ["Source", "megatron_blend", "mix"]
+
+_log = logging.getLogger("stoker")
 
 DEFAULT_WINDOW: Final = 100
 # The widest window the native side lays out (MAX_MIX_WINDOW).
@@ -58,6 +63,8 @@ class MixedDataset:
         self.args = (weights, self.lens, window, epoch_end, epoch_samples, seed, shuffle)
         self._order: _native.MixOrder | None = _native.MixOrder(*self.args)
         self.len = int(self._order.epoch_len)
+        if (rounding := self._order.rounding) is not None:
+            _log.warning("%s", rounding)  # as a native mix's loader says it
 
     def __len__(self) -> int:
         return self.len
@@ -165,11 +172,14 @@ def mix(
       largest remainders one more each until the counts sum to ``window`` (ties: the earlier
       source in ``sources``' order); so ``{a: 0.7, b: 0.3}`` with ``window=100`` is exactly
       70 of ``a`` and 30 of ``b`` in every window. A source whose count would be 0 is refused;
-      one whose count gives it a share more than a tenth off its weight's (0.015 of a window
-      of 100 is 0.01) is warned about when the loader opens: a larger ``window`` rounds less.
-      Windows start at the epoch's position 0; ranks stride the positions as they stride a
-      single source (rank ``r`` of ``W`` takes positions ``r, r + W, ...``), so the counts
-      hold for the run as a whole, not for each rank's share.
+      one whose count gives it a share more than a hundredth off its weight's (0.015 of a
+      window of 100 is 0.01; three equal weights get 34, 33 and 33 of 100, every window) is
+      warned about when the loader opens, for native sources and Python datasets alike: a
+      larger ``window`` rounds less (300 splits three ways evenly). Windows start at the
+      epoch's position 0; ranks stride the positions as they stride a single source (rank
+      ``r`` of ``W`` takes positions ``r, r + W, ...``), so the counts hold for the run as a
+      whole, not for each rank's share: without ``shuffle`` a rank's share may hold one
+      source only (``{a: 1, b: 1}`` on two ranks: rank 0 reads ``a``, rank 1 ``b``).
     - **Order.** With ``shuffle`` each window's positions are permuted (seeded by seed, epoch
       and window) and each source is read in its own shuffled order; without, the sources are
       interleaved evenly and read in dataset order. A source that runs out starts a fresh pass
@@ -182,8 +192,10 @@ def mix(
       them are never read: use ``"all_exhausted"`` or shuffle); ``"all_exhausted"`` is
       the whole windows it takes every source to give each of its samples once, the others
       restarting, ``max(ceil(len_k / count_k))`` windows; an int is that many positions, the
-      sources restarting as needed (its last window may be partial). :attr:`Loader.num_samples`
-      is an epoch's positions.
+      sources restarting as needed (its last window may be partial). Every epoch starts each
+      source's first pass again: with an int smaller than the sources, each epoch reads a
+      fresh draw of them with ``shuffle``, and the same first samples without (those past
+      them never read). :attr:`Loader.num_samples` is an epoch's positions.
 
     Python datasets mix too: with map-style datasets as the keys (``__getitem__`` and
     ``__len__``, such as ``torch.utils.data.Dataset``; all keys datasets, not mixed with native
@@ -194,8 +206,12 @@ def mix(
     Every batch carries ``"source"`` (int64 ``(B,)``): the index, in ``sources``' order, of
     each sample's source. Packed text (``[Tokenize, PackSequences]``) is tokenised per source
     and packed after mixing, so a row may hold documents of several sources; ``"source"`` is
-    then per document, indexed like ``"document_ids"``. ``"label"`` is each source's own label;
+    then per document, indexed like ``"document_ids"``, and the weights count documents, not
+    tokens (a source of short documents gives fewer tokens than its weight). ``"label"`` is
+    each source's own label: sources of other class names share one number space (a label
+    means one class in one and another in the other), which the loader says when it opens;
     :attr:`Loader.classes` lists the class names when every source has the same, else none.
+    A tensor of a source's own named ``"source"`` is refused (the mix adds that one).
 
     Args:
         sources: ``{source: weight}``, in the order that numbers them; a source is a path (or
@@ -227,14 +243,23 @@ def mix(
     if not sources:
         raise ValueError("sources is empty: a mix needs at least one source")
     for key, weight in sources.items():
-        if (
-            not isinstance(weight, (int, float))
-            or isinstance(weight, bool)
-            or not (weight > 0 and weight != float("inf"))
-        ):
-            raise ValueError(f"the weight of {key!r} must be a positive number, got {weight!r}")
-    if not isinstance(window, int) or isinstance(window, bool) or not 1 <= window <= MAX_WINDOW:
+        # Any real number (numpy's too: token counts from np.sum), as a finite float.
+        value = math.nan
+        if isinstance(weight, numbers.Real) and not isinstance(weight, bool):
+            try:
+                value = float(weight)
+            except OverflowError:  # an int past a float's range
+                value = math.inf
+        if not 0 < value < math.inf:
+            raise ValueError(
+                f"the weight of {key!r} must be a positive finite number, got {weight!r}"
+            )
+    if (not isinstance(window, numbers.Integral) or isinstance(window, bool)
+            or not 1 <= window <= MAX_WINDOW):
         raise ValueError(f"window must be an int in 1..={MAX_WINDOW}, got {window!r}")
+    window = int(window)
+    if isinstance(epoch_end, numbers.Integral) and not isinstance(epoch_end, bool):
+        epoch_end = int(epoch_end)
     if isinstance(epoch_end, bool) or not (
         epoch_end in _EPOCH_RULES or (isinstance(epoch_end, int) and 1 <= epoch_end <= 2**62)
     ):
@@ -265,7 +290,7 @@ def mix(
         checked.append((source, float(weight)))
     request = MixRequest(tuple(checked), window, rule, samples)
     return Loader(
-        request,  # type: ignore[arg-type]
+        request,
         pipeline=[] if pipeline is None else pipeline,
         batch_size=batch_size,
         **loader_args,

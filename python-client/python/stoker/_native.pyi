@@ -521,5 +521,8 @@ class MixOrder:
     @property
     def epoch_len(self) -> int:
         """Positions of an epoch."""
+    @property
+    def rounding(self) -> str | None:
+        """Where the window's counts give sources shares off their weights', in words."""
     def samples(self, epoch: int, positions: list[int]) -> list[tuple[int, int]]:
         """(source, index in the source) of each position of ``epoch``."""
