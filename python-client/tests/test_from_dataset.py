@@ -1580,3 +1580,19 @@ def test_the_native_loader_watch_ends_its_process_once_the_loader_is_gone() -> N
         for process in (loader_process, watched):
             process.kill()
             process.wait(timeout=10)
+
+
+def test_a_torch_iterable_dataset_with_a_len_is_refused_by_name() -> None:
+    from conftest import torch_or_skip
+
+    torch = torch_or_skip()
+
+    class Stream(torch.utils.data.IterableDataset):
+        def __iter__(self):
+            return iter(range(8))
+
+        def __len__(self) -> int:
+            return 8
+
+    with pytest.raises(TypeError, match="Stream is a torch IterableDataset"):
+        stoker.Loader.from_dataset(Stream(), batch_size=4)

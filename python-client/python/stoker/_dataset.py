@@ -27,6 +27,7 @@ import atexit
 # start replacements while the interpreter exits).
 import multiprocessing.util  # noqa: F401
 import os
+import sys
 import weakref
 from collections.abc import Callable, Iterable
 from dataclasses import replace
@@ -267,6 +268,14 @@ class FromDataset:
             ValueError: an argument is out of range.
             stoker.DatasetError: the dataset is empty, or ``dataset[0]`` raised.
         """
+        torch_data = sys.modules.get("torch.utils.data")
+        if torch_data is not None and isinstance(dataset, torch_data.IterableDataset):
+            # Its __getitem__ is torch's, which raises: it is read through __iter__ alone.
+            raise TypeError(
+                f"from_dataset needs a map-style dataset; {type(dataset).__name__} is a torch "
+                "IterableDataset (read in order through __iter__, with no sample at an index), "
+                "even with a __len__"
+            )
         if not hasattr(dataset, "__getitem__") or not hasattr(dataset, "__len__"):
             raise TypeError(
                 "from_dataset needs a map-style dataset (with __getitem__ and __len__), got "
