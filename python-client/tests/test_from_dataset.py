@@ -1596,3 +1596,20 @@ def test_a_torch_iterable_dataset_with_a_len_is_refused_by_name() -> None:
 
     with pytest.raises(TypeError, match="Stream is a torch IterableDataset"):
         stoker.Loader.from_dataset(Stream(), batch_size=4)
+
+
+def test_samples_whose_seeds_share_their_low_half_draw_apart() -> None:
+    """Samples 17629 and 39982 of seed 4, epoch 0, have seeds equal in their low 32 bits:
+    numpy's global generator is seeded with both halves, so they draw differently."""
+    low = [stoker._native.sample_seed(4, 0, i) & 0xFFFF_FFFF for i in (17629, 39982)]
+    assert low[0] == low[1]
+    with stoker.Loader.from_dataset(
+        GlobalDrawing(40_000), batch_size=1, seed=4, shuffle=False, output="numpy",
+        num_workers=1,
+    ) as loader:
+        state = loader.state_dict()
+        draws = []
+        for index in (17629, 39982):
+            loader.load_state_dict(dict(state, step=index))
+            draws.append(next(iter(loader))[0].copy())
+    assert not np.array_equal(draws[0], draws[1])
