@@ -28,6 +28,8 @@ def test_the_environment_gives_both_or_neither(
     with pytest.raises(ValueError, match="sets WORLD_SIZE='4' but not RANK"):
         make_loader()
     assert make_loader(rank=2, world_size=4).rank == 2
+    monkeypatch.setenv("WORLD_SIZE", "1")  # one process: its rank can only be 0
+    assert (make_loader().rank, make_loader().world_size) == (0, 1)
     monkeypatch.delenv("WORLD_SIZE")
     monkeypatch.setenv("RANK", "1")
     with pytest.raises(ValueError, match="sets RANK='1' but not WORLD_SIZE"):

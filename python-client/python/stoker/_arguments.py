@@ -168,6 +168,8 @@ def resolve_rank(rank: object, world_size: object) -> tuple[int, int, str]:
     if rank is None and world_size is None:
         if default_rank is None and default_world is None:
             return 0, 1, "the default, no torch.distributed or RANK / WORLD_SIZE being set"
+        if default_rank is None and default_world == 1:
+            return 0, 1, f"from {origin}"  # one process: rank 0 is the only one
         if default_rank is None or default_world is None:
             present = "WORLD_SIZE" if default_rank is None else "RANK"
             missing = "RANK" if default_rank is None else "WORLD_SIZE"

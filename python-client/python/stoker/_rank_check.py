@@ -31,8 +31,8 @@ __all__ = ["RankCheck"]
 # The state_dict() keys every rank must share (rank and position aside).
 COMPARED: Final = ("version", *SPEC_KEYS, *OPTIONAL_SPEC_KEYS, "mix", "dataset", "world_size")
 _PREFIX: Final = "stoker/ranks"
-# Loaders of world size above 1 made in this process, in order: the n-th of each rank are the
-# same loader of the job.
+# Loaders the check applies to in this process, numbered as they first post: the n-th of each
+# rank are the same loader of the job.
 _serials = itertools.count()
 
 
