@@ -610,6 +610,29 @@ def test_a_batch_whose_worker_dies_twice_is_an_error_naming_it() -> None:
             pass
 
 
+def test_under_skip_a_sample_that_ends_two_worker_processes_is_a_bad_sample() -> None:
+    """A sample that crashes native code (here: kills its process) ends the worker loading it
+    and the one started in its place: under on_error="skip" it is then a bad sample, and a
+    third process builds the batch without it."""
+    with stoker.Loader.from_dataset(
+        KillsItself(16), batch_size=4, output="numpy", num_workers=1, timeout=60,
+        shuffle=False, on_error="skip",
+    ) as loader:
+        it = iter(loader)
+        seen = []
+        for _ in range(4):
+            rows = next(it)[1].tolist()
+            seen.append((rows, [(b["sample_index"], b["substitute_index"], b["reason"])
+                                for b in it.bad_samples]))
+        assert seen[2][0] == [8, 10, 10, 11]
+        ((index, substitute, reason),) = seen[2][1]
+        assert (index, substitute) == (9, 10)
+        assert "ended the worker process loading it, twice" in reason and "SIGKILL" in reason
+        assert [rows for rows, _ in seen[:2] + seen[3:]] == [[0, 1, 2, 3], [4, 5, 6, 7],
+                                                             [12, 13, 14, 15]]
+        assert loader.stats()["bad_samples"] == 1
+
+
 class VerySlow(Squares):
     def __getitem__(self, index: int):
         time.sleep(0.2)

@@ -152,13 +152,14 @@ def _worker_main(conn: Any, state: State | None, dumps: str, loader_pid: int) ->
                 except (DatasetError, TypeError) as error:
                     conn.send(("refused", type(error).__name__, str(error)))
                 continue
-            _, epoch, indices, offset, length = message
+            _, epoch, indices, offset, length, *rest = message
             if arena is None:
                 raise RuntimeError("no slot mapping was sent before the first batch")
             view = arena.view[offset : offset + length]
             tell = None if index is None else functools.partial(_INDEX.pack_into, index, 0)
             try:
-                bad, failure = fill_batch(state, epoch, indices, view, loading=tell)
+                bad, failure = fill_batch(state, epoch, indices, view, loading=tell,
+                                          doomed=rest[0] if rest else None)
             finally:
                 view.release()
             conn.send(("done", bad, failure))
@@ -190,16 +191,24 @@ def _dump_path(dumps: str, pid: int) -> str:
 
 class _WorkerDied(StokerError):
     """A worker process exited (killed, crashed) while it had work: a batch is built again by
-    a new process, anything else is raised as it is."""
+    a new process, anything else is raised as it is. ``index``: the sample it was on (-1:
+    none, or not known)."""
+
+    def __init__(self, message: str, index: int = -1) -> None:
+        super().__init__(message)
+        self.index = index
 
 
 class _Worker:
     """Worker process ``number``, replaced by a new one when it dies (see :meth:`build`)."""
 
     def __init__(
-        self, context: Any, number: int, state: State | bytes, dumps: str, log: LoadingLog
+        self, context: Any, number: int, state: State | bytes, dumps: str, log: LoadingLog,
+        skip: bool = False,
     ) -> None:
         self.number = number
+        # on_error="skip": a sample that killed two processes is a bad sample.
+        self.skip = skip
         self.context = context
         self.state = state
         self.dumps = dumps
@@ -300,11 +309,24 @@ class _Worker:
                     # again, the same bytes (samples are seeded by their index). Twice is the
                     # dataset's doing, not chance: raised.
                     self._replace(str(died))
+                    first = died.index
                 try:
                     return self._build(shared, message, doing)
                 except _WorkerDied as died:
+                    if not (self.skip and died.index >= 0 and died.index == first):
+                        raise StokerError(
+                            f"{died}, as did the process started in its place"
+                        ) from None
+                    # The same sample ended two processes: under skip it is a bad sample, and
+                    # a third builds the batch without it.
+                    self._replace(str(died))
+                    doomed = {died.index: f"dataset[{died.index}] ended the worker process "
+                                          f"loading it, twice: {died}"}
+                try:
+                    return self._build(shared, (*message, doomed), doing)
+                except _WorkerDied as died:
                     raise StokerError(
-                        f"{died}, as did the process started in its place"
+                        f"{died}, after two processes ended on dataset[{first}]"
                     ) from None
         finally:
             # A stop asked while this exchange held the pipe is sent now: ask_to_stop marks
@@ -413,9 +435,10 @@ class _Worker:
         if isinstance(code, int) and code < 0:
             with contextlib.suppress(ValueError):
                 killed = f", {signal.Signals(-code).name}"
+        index = self.loading()
         raise _WorkerDied(
             f"dataset worker process {self.number} (pid {self.process.pid}) exited with "
-            f"code {code}{killed} while {doing}{on_sample(self.loading())}"
+            f"code {code}{killed} while {doing}{on_sample(index)}", index
         ) from None
 
     def ask_to_stop(self) -> None:
@@ -514,7 +537,8 @@ class ProcessBuilder:
             # The workers' stack files (see stoker._busy), removed by close().
             self._dumps = tempfile.mkdtemp(prefix="stoker-stacks-")
             for number in range(workers):
-                self._workers.append(_Worker(context, number, sent, self._dumps, self._log))
+                self._workers.append(_Worker(context, number, sent, self._dumps, self._log,
+                                             skip=state.on_error == "skip"))
         except BaseException:
             self.close()
             raise

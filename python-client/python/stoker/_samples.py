@@ -399,13 +399,16 @@ def _write_row(
 def fill_batch(
     state: State, epoch: int, indices: Sequence[int], view: Any,
     stopped: Callable[[], bool] | None = None, loading: Callable[[int], None] | None = None,
+    doomed: Mapping[int, str] | None = None,
 ) -> tuple[list[tuple[int, str, int]], tuple[int, str] | None]:
     """Loads ``indices`` into ``view`` by the layout, under the bad-sample policy. Returns the
     replaced samples as (index, reason, substitute) and the failure, if any, as (index, reason).
     ``loading`` is told each dataset index as its loading starts, and -1 once the batch is
-    done (what a timeout or a worker's death then names)."""
+    done (what a timeout or a worker's death then names). ``doomed`` samples are not loaded:
+    they fail with the reason given (ones that ended worker processes)."""
     try:
-        return _fill_batch(state, epoch, indices, view, stopped, loading or _nowhere)
+        return _fill_batch(state, epoch, indices, view, stopped, loading or _nowhere,
+                           doomed or {})
     finally:
         if loading is not None:
             loading(-1)
@@ -423,6 +426,7 @@ def on_sample(index: int) -> str:
 def _fill_batch(
     state: State, epoch: int, indices: Sequence[int], view: Any,
     stopped: Callable[[], bool] | None, loading: Callable[[int], None],
+    doomed: Mapping[int, str],
 ) -> tuple[list[tuple[int, str, int]], tuple[int, str] | None]:
     n = len(indices)
     destinations = [
@@ -437,7 +441,8 @@ def _fill_batch(
             if stopped is not None and stopped():
                 return bad, (index, "the loader was closed while this batch was loading")
             loading(index)
-            failed = _attempt(state, epoch, index, index, destinations, row)
+            failed = ((doomed[index], False) if index in doomed
+                      else _attempt(state, epoch, index, index, destinations, row))
             if failed is None:
                 continue
             reason, machine = failed
@@ -446,7 +451,8 @@ def _fill_batch(
             for offset in range(1, min(_MAX_SUBSTITUTE_TRIES, state.length - 1) + 1):
                 substitute = (index + offset) % state.length
                 loading(substitute)
-                failed = _attempt(state, epoch, substitute, index, destinations, row)
+                failed = ((doomed[substitute], False) if substitute in doomed
+                          else _attempt(state, epoch, substitute, index, destinations, row))
                 if failed is None:
                     bad.append((index, reason, substitute))
                     break
