@@ -84,6 +84,10 @@ attempt("agree", lambda: stoker.Loader(data, seed=3, **options))
 attempt("seed_per_rank", lambda: stoker.Loader(data, seed=rank, **options))
 attempt("one_file_more", lambda: stoker.Loader(data if rank == 0 else extra, **options))
 attempt("a_group_of_its_own", lambda: stoker.Loader(data, rank=0, world_size=1, **options))
+dist.barrier()
+# Every rank has read the posts of the checks above: the last to read took them away.
+store = dist.distributed_c10d._get_default_store()
+out["posts_left"] = [store.check([f"stoker/ranks/{n}/{r}"]) for n in range(3) for r in range(2)]
 if rank == 0:
     attempt("made_by_one_rank", lambda: stoker.Loader(data, **{**options, "timeout": 2}))
 dist.barrier()
@@ -139,5 +143,6 @@ def test_the_ranks_of_a_torch_distributed_job_are_checked_to_read_alike(
     (kind0, first0, steps0), (kind1, first1, steps1) = (r["agree"] for r in results)
     assert kind0 == kind1 == "ok" and steps0 == steps1 == 8
     assert not set(first0) & set(first1)
+    assert not any(results[0]["posts_left"]), results[0]["posts_left"]
     kind, message = results[0]["made_by_one_rank"]
     assert kind == "LoaderTimeoutError" and "rank 1 did not make loader" in message, message

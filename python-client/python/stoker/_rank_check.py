@@ -9,7 +9,8 @@ process group's, each rank posts what decides its share (the ``state_dict()`` ke
 compares, its rank and its epochs' step count) in the process group's store when the loader is
 made (or, for a loader made before torch.distributed started, at its first ``iter()``), and
 its first ``iter()`` waits for every rank's and raises naming what differs. The n-th loader
-the check applies to on each rank are compared with each other.
+the check applies to on each rank are compared with each other; the last rank to read the
+posts takes them away.
 """
 
 from __future__ import annotations
@@ -137,6 +138,12 @@ class RankCheck:
             with contextlib.suppress(RuntimeError):
                 store.wait(keys, timedelta(seconds=min(1.0, left)))
         posted = [json.loads(store.get(key)) for key in keys]
+        # The last rank to read takes the keys away: a store that outlives the job (a file
+        # store a run reuses) then holds no posts of it.
+        with contextlib.suppress(RuntimeError, AttributeError, NotImplementedError):
+            if store.add(f"{_PREFIX}/{self._serial}/read", 1) == world:
+                for key in (*keys, f"{_PREFIX}/{self._serial}/read"):
+                    store.delete_key(key)
         problems = disagreements(posted)
         if problems:
             raise ValueError(
