@@ -1,7 +1,7 @@
 """What a dataset loader's lanes are loading, for the message of a timeout: each batch being
-loaded, for how long, and where the dataset's Python code is in it (the lane thread's stack in
-thread mode; in process mode the worker's, which it writes on a signal through
-:mod:`faulthandler`).
+loaded, for how long, the sample it is on (in process mode an :class:`IndexWord` the worker
+writes), and where the dataset's Python code is in it (the lane thread's stack in thread mode;
+in process mode the worker's, which it writes on a signal through :mod:`faulthandler`).
 
 A ``LoaderTimeoutError`` of ``Loader.from_dataset`` thus names the ``__getitem__`` line a hung
 sample waits on, rather than only the batch it waits for.
@@ -11,10 +11,13 @@ from __future__ import annotations
 
 import contextlib
 import faulthandler
+import functools
 import itertools
+import mmap
 import os
 import re
 import signal
+import struct
 import sys
 import threading
 import time
@@ -27,7 +30,8 @@ from typing import IO, TypeVar
 T = TypeVar("T")
 
 __all__ = [
-    "Loading", "LoadingLog", "batch_text", "describe", "listen_for_dumps", "read_dumps", "where",
+    "IndexWord", "Loading", "LoadingLog", "batch_text", "describe", "listen_for_dumps",
+    "read_dumps", "where",
 ]
 
 # Frames a message shows, innermost first.
@@ -39,6 +43,46 @@ DUMP_WAIT_S = 1.0
 _PACKAGE = os.path.dirname(__file__)
 # The file a worker process's stacks go to (kept open for the process's life).
 _dump_file: IO[str] | None = None
+
+
+class IndexWord:
+    """The dataset index a worker process is loading (-1: none), in a word of a memfd the
+    parent makes and sends the worker (``fd``), which maps it too (:meth:`mapped`): the parent
+    reads it while the worker hangs, or after it died."""
+
+    _WORD = struct.Struct("q")
+
+    def __init__(self) -> None:
+        self.fd = os.memfd_create("stoker-worker-index", os.MFD_CLOEXEC)
+        os.ftruncate(self.fd, mmap.PAGESIZE)
+        self._map = mmap.mmap(self.fd, mmap.PAGESIZE)
+
+    @staticmethod
+    def mapped(fd: int) -> Callable[[int], None]:
+        """In the worker: what writes an index into the word of ``fd`` (closed here)."""
+        word = mmap.mmap(fd, mmap.PAGESIZE)
+        os.close(fd)
+        return functools.partial(IndexWord._WORD.pack_into, word, 0)
+
+    def set(self, index: int) -> None:
+        self._WORD.pack_into(self._map, 0, index)
+
+    def read(self) -> int:
+        """The index written last; -1 when none (or closed)."""
+        try:
+            index: int = self._WORD.unpack_from(self._map, 0)[0]
+        except ValueError:
+            return -1
+        return index
+
+    def close(self) -> None:
+        """Lets go of the word (a read meanwhile gives -1); once."""
+        with contextlib.suppress(BufferError, ValueError):
+            self._map.close()
+        if self.fd >= 0:
+            with contextlib.suppress(OSError):
+                os.close(self.fd)
+            self.fd = -1
 
 
 @dataclass(frozen=True)

@@ -6,7 +6,6 @@ the start method and ``__main__`` checks that let a dataset reach a fresh interp
 from __future__ import annotations
 
 import contextlib
-import functools
 import logging
 import mmap
 import multiprocessing
@@ -15,17 +14,24 @@ import os
 import pickle
 import shutil
 import signal
-import struct
 import sys
 import tempfile
 import threading
 import time
 import traceback
 import weakref
+from collections.abc import Callable
 from typing import Any, NoReturn
 
 from stoker import _native
-from stoker._busy import LoadingLog, batch_text, describe, listen_for_dumps, read_dumps
+from stoker._busy import (
+    IndexWord,
+    LoadingLog,
+    batch_text,
+    describe,
+    listen_for_dumps,
+    read_dumps,
+)
 from stoker._samples import Layout, State, fill_batch, on_sample, probe
 from stoker._start_method import main_not_rerun, unpicklable_part
 from stoker.errors import DatasetError, LoaderTimeoutError, StokerError
@@ -42,10 +48,6 @@ _DEATH_CHECK = 0.1
 
 # Every worker process started, so that a child forked from this process forgets them.
 _STARTED: weakref.WeakSet[Any] = weakref.WeakSet()
-
-# The word a worker writes the dataset index it loads into (-1: none).
-_INDEX = struct.Struct("q")
-_INDEX_BYTES = mmap.PAGESIZE
 
 # Held while a worker process is started, until the parent closes the child's end of its pipe.
 _STARTING = threading.Lock()
@@ -114,8 +116,8 @@ def _worker_main(conn: Any, state: State | None, dumps: str, loader_pid: int) ->
     if torch is not None:
         torch.set_num_threads(1)
     arena: _Arena | None = None
-    # The sample being loaded, where the parent reads it (a word of a memfd it sends first).
-    index: mmap.mmap | None = None
+    # Writes the sample being loaded where the parent reads it (the IndexWord it sends first).
+    tell: Callable[[int], None] | None = None
     while True:
         try:
             message = conn.recv()
@@ -139,9 +141,7 @@ def _worker_main(conn: Any, state: State | None, dumps: str, loader_pid: int) ->
                     return
                 continue
             if message[0] == "index":
-                fd = multiprocessing.reduction.recv_handle(conn)
-                index = mmap.mmap(fd, _INDEX_BYTES)
-                os.close(fd)
+                tell = IndexWord.mapped(multiprocessing.reduction.recv_handle(conn))
                 continue
             if message[0] == "layout":
                 state.layout = message[1]
@@ -156,7 +156,6 @@ def _worker_main(conn: Any, state: State | None, dumps: str, loader_pid: int) ->
             if arena is None:
                 raise RuntimeError("no slot mapping was sent before the first batch")
             view = arena.view[offset : offset + length]
-            tell = None if index is None else functools.partial(_INDEX.pack_into, index, 0)
             try:
                 bad, failure = fill_batch(state, epoch, indices, view, loading=tell,
                                           doomed=rest[0] if rest else None)
@@ -218,9 +217,7 @@ class _Worker:
         self.stopping = False
         # The dataset index the process is loading (-1: none), a word of a memfd it maps too:
         # named by a timeout, and by the message of its death.
-        self._index_fd = os.memfd_create("stoker-worker-index", os.MFD_CLOEXEC)
-        os.ftruncate(self._index_fd, _INDEX_BYTES)
-        self._index = mmap.mmap(self._index_fd, _INDEX_BYTES)
+        self._index = IndexWord()
         # Lane k of the loader, and of the loader of an epoch resumed on another world size,
         # share worker k: one exchange at a time. Whoever holds it is the only one to use,
         # replace or close ``conn``: a pipe is not safe to close from one thread while another
@@ -230,7 +227,7 @@ class _Worker:
         try:
             self._start()
         except BaseException:
-            self._close_index()
+            self._index.close()
             raise
 
     def _start(self) -> None:
@@ -275,9 +272,9 @@ class _Worker:
         with contextlib.suppress(OSError):
             if pickled is not None:
                 parent.send_bytes(pickled)
-            _INDEX.pack_into(self._index, 0, -1)
+            self._index.set(-1)
             parent.send(("index",))
-            multiprocessing.reduction.send_handle(parent, self._index_fd, process.pid)
+            multiprocessing.reduction.send_handle(parent, self._index.fd, process.pid)
         self.arena: int | None = None
         if self.layout is not None:
             self.conn.send(("layout", self.layout))
@@ -411,22 +408,9 @@ class _Worker:
             if deadline is not None and time.monotonic() >= deadline:
                 return False
 
-    def _close_index(self) -> None:
-        """Lets go of the index word (a read of it meanwhile gives -1)."""
-        with contextlib.suppress(BufferError, ValueError):
-            self._index.close()
-        if self._index_fd >= 0:
-            with contextlib.suppress(OSError):
-                os.close(self._index_fd)
-            self._index_fd = -1
-
     def loading(self) -> int:
         """The dataset index the process is loading now, -1 when none (or closed)."""
-        try:
-            index: int = _INDEX.unpack_from(self._index, 0)[0]
-        except ValueError:
-            return -1
-        return index
+        return self._index.read()
 
     def _died(self, doing: str) -> NoReturn:
         self.process.join(timeout=1.0)
@@ -476,7 +460,7 @@ class _Worker:
                     self.process.join(timeout=5.0)
             self.conn.close()
             _OPEN_PIPES.discard(self.conn)
-            self._close_index()
+            self._index.close()
         finally:
             self.lock.release()
 
