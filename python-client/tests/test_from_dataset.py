@@ -806,8 +806,10 @@ def test_worker_processes_end_with_their_killed_parent_even_mid_sample(
 ) -> None:
     script = tmp_path / "parent.py"  # a file: a fresh interpreter finds the dataset's class
     script.write_text(_PARENT_KILLED_MID_SAMPLE)
+    # The killed loader cannot remove its workers' stack folder: it goes under tmp_path.
     parent = subprocess.Popen(
-        [sys.executable, str(script), method], stdout=subprocess.PIPE, text=True
+        [sys.executable, str(script), method], stdout=subprocess.PIPE, text=True,
+        env={**os.environ, "TMPDIR": str(tmp_path)},
     )
     try:
         assert parent.stdout is not None
