@@ -149,6 +149,9 @@ class RankCheck:
             raise ValueError(
                 "the ranks of this torch.distributed job would read overlapping or incomplete "
                 "shares of the data, or different step counts: " + "; ".join(problems)
+                + f" (loader {self._serial} of each rank compared: the n-th loader each rank "
+                "makes with the job's world size; a loader only some ranks make needs "
+                "rank=0, world_size=1)"
             )
         self._done = True
 
