@@ -60,13 +60,9 @@ impl MixedAssembler {
         let Some(first) = parts.first() else {
             return Err(Error::InvalidSpec("a mix needs at least one source".into()));
         };
-        let reference = describe(&first.assembler.layout(1));
-        if first
-            .assembler
-            .layout(1)
-            .iter()
-            .any(|tensor| tensor.name == "source")
-        {
+        let first_layout = first.assembler.layout(1);
+        let reference = describe(&first_layout);
+        if first_layout.iter().any(|tensor| tensor.name == "source") {
             // The mix adds a `source` tensor: one of the sources' own of that name would be
             // replaced by it, silently.
             return Err(Error::InvalidSpec(

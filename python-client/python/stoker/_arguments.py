@@ -153,6 +153,10 @@ def distributed_defaults() -> tuple[int | None, int | None, str]:
     return values[0], values[1], "the RANK / WORLD_SIZE environment variables"
 
 
+# Where rank 0 of 1 comes from when nothing gives a rank or world size.
+_NO_DEFAULTS: Final = "the default, no torch.distributed or RANK / WORLD_SIZE being set"
+
+
 def resolve_rank(rank: object, world_size: object) -> tuple[int, int, str]:
     """Explicit values first, then torch.distributed / the environment, then 0 of 1; with
     where they came from ("" when both were passed).
@@ -167,7 +171,7 @@ def resolve_rank(rank: object, world_size: object) -> tuple[int, int, str]:
     default_rank, default_world, origin = distributed_defaults()
     if rank is None and world_size is None:
         if default_rank is None and default_world is None:
-            return 0, 1, "the default, no torch.distributed or RANK / WORLD_SIZE being set"
+            return 0, 1, _NO_DEFAULTS
         if default_rank is None and default_world == 1:
             return 0, 1, f"from {origin}"  # one process: rank 0 is the only one
         if default_rank is None or default_world is None:
@@ -194,7 +198,7 @@ def resolve_rank(rank: object, world_size: object) -> tuple[int, int, str]:
             )
         checked = _checked_rank(0 if rank is None else rank, "",
                                 1 if world_size is None else world_size, "")
-        return (*checked, "the default, no torch.distributed or RANK / WORLD_SIZE being set")
+        return (*checked, _NO_DEFAULTS)
     given_name, given = ("rank", rank) if rank is not None else ("world_size", world_size)
     default_given = default_rank if rank is not None else default_world
     if default_rank is not None and default_world is not None and given == default_given:

@@ -358,7 +358,7 @@ class Loader(FromDataset, SavedState, Stats):
             image_column=image_column,
         )
         self._mix, self._ops, self._source = chosen.mix, chosen.ops, chosen.label
-        self._reading, self._reading_by_path = chosen.reading(), chosen.reading_by_path()
+        self._reading, self._reading_by_path = chosen.readings()
         placement = placement.resolve(self._torch)
         self._decode = placement.decode
         self._settings = replace(

@@ -124,9 +124,9 @@ class SavedState:
         native = self._handle()
         ours = self.state_dict()
         given = [state] if isinstance(state, Mapping) else state
-        if self._reading_by_path is not None and any(
+        if self._reading_by_path is not None and isinstance(given, Sequence) and any(
             isinstance(one, Mapping) and one.get("reading") == self._reading_by_path
-            for one in (given if isinstance(given, Sequence) else [])
+            for one in given
         ):
             ours["reading"] = self._reading_by_path  # saved when tokenizers were named by path
         saved = _resume.read_states(state, ours)

@@ -64,11 +64,11 @@ class ChosenSource:
             ]
         return reading_digest(what, by_content)
 
-    def reading_by_path(self) -> str | None:
-        """The digest states saved before tokenizers were named by content carry (by their
-        path), where it differs from :meth:`reading`: such a state still resumes."""
-        by_path = self.reading(by_content=False)
-        return by_path if by_path != self.reading() else None
+    def readings(self) -> tuple[str, str | None]:
+        """:meth:`reading`, and the digest states saved before tokenizers were named by
+        content carry (by their path) where it differs: such a state still resumes."""
+        reading, by_path = self.reading(), self.reading(by_content=False)
+        return reading, by_path if by_path != reading else None
 
     def settings(self, **rest: Any) -> SourceSettings:
         """The native loader's settings of this source; ``rest`` are the fields the source
