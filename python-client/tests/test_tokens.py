@@ -111,6 +111,23 @@ def test_uint32_ids_under_a_uint16_name_are_refused_not_read_as_pairs(tmp_path: 
     np.testing.assert_array_equal(first[0], ids[: SEQ_LEN + 1])
 
 
+def test_numpy_default_int64_ids_are_refused_not_read_as_four_tokens(tmp_path: Path) -> None:
+    """``np.array(ids).tofile(path)`` writes int64, NumPy's default integer: read as uint16,
+    every id would be four tokens, three of them 0. Refused, naming the dtype to write."""
+    plain = tmp_path / "train.bin"
+    for vocabulary in (50_257, 128_256):
+        ids = np.arange(100 * SEQ_LEN + 1) * 7919 % vocabulary
+        ids[::9] = 3
+        np.array(ids).tofile(plain)
+        with pytest.raises(ValueError, match=r"holds 64-bit ids.*int64.*uint16"):
+            load(plain, [ops.TokenWindows(SEQ_LEN)])
+    # GPT-2's ids as uint16 read as they are.
+    ids = np.arange(100 * SEQ_LEN + 1) * 7919 % 50_257
+    ids.astype("<u2").tofile(plain)
+    first = load(plain, [ops.TokenWindows(SEQ_LEN)], shuffle=False)[0]["tokens"]
+    np.testing.assert_array_equal(first[0], ids[: SEQ_LEN + 1])
+
+
 def test_token_files_can_reach_torch(token_file: Path) -> None:
     torch = pytest.importorskip("torch")
     batch = load(token_file, [ops.TokenWindows(SEQ_LEN)], output="torch")[0]

@@ -95,14 +95,18 @@ pub fn run(args: ConvertArgs) -> anyhow::Result<()> {
     }
     let folder = open_folder(&args)?;
     // Written inside the folder it reads, the output would be a class of it from then on: the
-    // image folder no longer opens ("no image file for the class ...").
-    let (from, to) = (resolved(folder.root()), resolved(&args.out));
-    if to.starts_with(&from) {
-        anyhow::bail!(
-            "--out {} lies inside the image folder {} it converts: write it elsewhere",
-            args.out.display(),
-            args.from.display()
-        );
+    // image folder no longer opens ("no image file for the class ..."). Written inside the
+    // dataset's root beside its split (`--from data --split val --out data/val_tar`), it would
+    // be one more split of that dataset, met by every later reader of the root.
+    let to = resolved(&args.out);
+    for (inside, what) in [(folder.root(), "image folder"), (args.from.as_path(), "dataset")] {
+        if to.starts_with(resolved(inside)) {
+            anyhow::bail!(
+                "--out {} lies inside the {what} {} it converts: write it elsewhere",
+                args.out.display(),
+                inside.display()
+            );
+        }
     }
     let max_bytes = args.shard_size.saturating_mul(1_000_000);
     let bar = ProgressBar::new(folder.len());

@@ -187,6 +187,18 @@ fn non_empty_outputs_are_refused_clearly() {
     assert!(stoker(&["inspect", "--data", folder.to_str().unwrap()])
         .status
         .success());
+    // Nor beside the split it converts, inside the dataset's root: one more split there.
+    let split = dir.path().join("split");
+    common::make_images(&split.join("train"), 4);
+    common::make_images(&split.join("val"), 4);
+    let beside = split.join("val_tar");
+    let refused = stoker(&convert_args(&split, "tar", &beside, &["--split", "val"]));
+    let message = String::from_utf8_lossy(&refused.stderr);
+    assert!(
+        !refused.status.success() && message.contains("lies inside the dataset"),
+        "{message}"
+    );
+    assert!(!beside.exists());
 
     // A reader gone before the closing line (`| true`) is no failure of the work done.
     let out = dir.path().join("piped");

@@ -166,9 +166,14 @@ impl coordinator_server::Coordinator for CoordinatorService {
             .core
             .steps_per_epoch(job)
             .map_err(coordinator_status)?;
+        let described = state.descriptions.get(&job.0);
         Ok(Response::new(GetJobResponse {
             spec: Some(spec),
             steps_per_epoch,
+            num_samples: described.map_or(0, |described| described.num_samples),
+            dataset_fingerprint: described
+                .map(|described| described.dataset_fingerprint.clone())
+                .unwrap_or_default(),
         }))
     }
 

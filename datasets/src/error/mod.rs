@@ -236,6 +236,22 @@ pub enum Error {
         found: Vec<String>,
     },
 
+    /// A split named both by a folder's files and by a subfolder of it (`train.parquet` beside
+    /// `train/`): reading one would leave the other out, reading both might repeat rows.
+    #[error(
+        "{source_name} holds the {split:?} split twice: files named so, and the folder {}; \
+         keep one, or name the files to read with a pattern",
+        folder.display()
+    )]
+    SplitTwice {
+        /// The folder.
+        source_name: String,
+        /// The split.
+        split: String,
+        /// The subfolder named as the split.
+        folder: PathBuf,
+    },
+
     /// A split of a folder whose hub shards (`train-00000-of-00003.*`) are not one whole set:
     /// one missing (a download cut short) or of two sets (a new export over an older one).
     #[error("{source_name}: the {split:?} split's shards are not one whole set: {problem}")]

@@ -18,7 +18,7 @@ mod splits;
 
 use std::path::{Path, PathBuf};
 
-use tracing::info;
+use tracing::{info, warn};
 
 use crate::error::{Error, Result};
 pub(crate) use remote::{listed_of_split, objects_of_split};
@@ -259,8 +259,23 @@ fn holds_several_splits(layout: &SplitLayout) -> bool {
 }
 
 /// The files among `files` of the split asked for; all of them when they hold one split and
-/// none is asked for; refused when they span several and none is asked for.
+/// none is asked for; refused when they span several and none is asked for. Hub shards among
+/// them that are not one whole set are warned of (a pattern may name a few on purpose; a
+/// folder's split is refused instead).
 fn pick_split(name: &str, files: Vec<PathBuf>, split: Option<&str>) -> Result<Vec<PathBuf>> {
+    let picked = files_of_split(name, files, split)?;
+    let split_name = split
+        .map(str::to_string)
+        .or_else(|| picked.first().and_then(|file| split_of_file(file)))
+        .unwrap_or_default();
+    if let Err(problem) = splits::check_shard_set(name, &split_name, &picked) {
+        warn!(%problem, "reading the files named as given, though their hub shards are not one whole set");
+    }
+    Ok(picked)
+}
+
+/// [`pick_split`]'s choice, unchecked.
+fn files_of_split(name: &str, files: Vec<PathBuf>, split: Option<&str>) -> Result<Vec<PathBuf>> {
     match (group_files(&files), split) {
         (None, None) => Ok(files),
         (Some(groups), None) => Err(Error::SplitNeeded {

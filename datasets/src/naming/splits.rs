@@ -2,13 +2,16 @@
 //! whole: shards named `{split}-NNNNN-of-NNNNN.*` (any prefix is a split's name), files whose
 //! names hold a split's keyword as a word of their own (`train.jsonl`, `test.parquet`,
 //! `imagenet-val-0003.tar`), subfolders `{split}/` or `data/{split}/` of data files (any name), a
-//! `DatasetDict` folder (`dataset_dict.json`), and image folders whose subfolders are all split
-//! names (`train/`, `val/`, ...) holding class folders.
+//! `DatasetDict` folder (`dataset_dict.json`), and image folders with subfolders named like splits
+//! (`train/`, `val/`, ...) holding class folders. Split folders of data files beside loose data
+//! files are splits too, and so are folders of data files beside an image folder's splits.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-use super::{kind_of, sort_paths};
+use tracing::warn;
+
+use super::{kind_of, sort_paths, FileKind};
 use crate::error::{Error, Result};
 use crate::image_format::has_image_extension;
 use crate::split_names::{is_split_folder_name, split_keyword_in_file_name};
@@ -209,15 +212,43 @@ pub(crate) fn find_splits(root: &Path) -> Result<Option<SplitLayout>> {
                 let split = split_of_file_name(&name).unwrap_or_else(|| UNNAMED.to_string());
                 splits.entry(split).or_default().push(file.clone());
             }
-            if splits.keys().all(|split| split == UNNAMED) {
+            // Split folders of data files beside the loose files (`train/` beside
+            // `validation.parquet`) are splits too: never hidden by the files.
+            let split_folders = folders_of_data(&listing, true);
+            if splits.keys().all(|split| split == UNNAMED) && split_folders.is_empty() {
                 // A plain folder of data files: no split; under `data/` (a hub repository
                 // whose files are not named by split), those files.
+                // (A JSONL folder says so in its notices.)
+                let unread = folders_of_data(&listing, false);
+                let jsonl = listing
+                    .data_files
+                    .iter()
+                    .all(|file| kind_of(file) == Some(FileKind::Jsonl));
+                if !unread.is_empty() && !jsonl {
+                    warn!(
+                        folder = %base.display(),
+                        subfolders = ?unread.iter().map(|(name, _)| name).collect::<Vec<_>>(),
+                        "reading the data files of this folder only: its subfolders' data files \
+                         are not read (name them with a pattern, e.g. folder/**/*.parquet)"
+                    );
+                }
                 if base == root {
                     return Ok(None);
                 }
                 let mut files = listing.data_files;
                 sort_paths(&mut files);
                 return Ok(Some(SplitLayout::Unsplit(files)));
+            }
+            for (name, folder) in split_folders {
+                if splits.contains_key(&name) {
+                    return Err(Error::SplitTwice {
+                        source_name: base.display().to_string(),
+                        split: name,
+                        folder,
+                    });
+                }
+                let inside = Listing::of(&folder)?;
+                splits.insert(name, inside.data_files);
             }
             for files in splits.values_mut() {
                 sort_paths(files);
@@ -231,8 +262,22 @@ pub(crate) fn find_splits(root: &Path) -> Result<Option<SplitLayout>> {
             .filter(|(name, _)| !(base == root && name == "data"));
         let mut with_data = BTreeMap::new();
         let mut with_images = false;
+        // Folders named like splits holding anything, and whether one holds class folders
+        // (an image folder laid out by split).
+        let mut named_splits = BTreeMap::new();
+        let mut image_splits = false;
         for (name, folder) in candidates {
             let inside = Listing::of(folder).ok();
+            if is_split_folder_name(name) {
+                if let Some(inner) = &inside {
+                    if inner.images || !inner.folders.is_empty() || !inner.data_files.is_empty() {
+                        named_splits.insert(name.clone(), folder.clone());
+                    }
+                    image_splits |= inner.data_files.is_empty()
+                        && !inner.images
+                        && !inner.folders.is_empty();
+                }
+            }
             // A folder holding images is an image folder's class (a data file in it, or a
             // conversion written into it, stray), never a split of data files.
             if inside.as_ref().is_some_and(|l| l.images) {
@@ -246,16 +291,33 @@ pub(crate) fn find_splits(root: &Path) -> Result<Option<SplitLayout>> {
                 with_data.insert(name.clone(), folder.clone());
             }
         }
+        if base == root && image_splits {
+            // An image folder laid out by split (`train/cat/`, `val/cat/`): its splits are the
+            // folders named like one, and any folder of data files beside them (a conversion
+            // written there), never read whole with the splits taken as classes; folders of
+            // another name beside them (`samples/`) are not read.
+            named_splits.extend(with_data);
+            return Ok(Some(SplitLayout::Folders(named_splits)));
+        }
         if !with_data.is_empty() && !with_images {
             return Ok(Some(SplitLayout::Folders(with_data)));
         }
-        if base == root && image_split_folders(&listing) {
-            return Ok(Some(SplitLayout::Folders(
-                listing.folders.into_iter().collect(),
-            )));
-        }
     }
     Ok(None)
+}
+
+/// The subfolders of `listing` holding data files of their own, named like a split
+/// (`named_like_split`) or not.
+fn folders_of_data(listing: &Listing, named_like_split: bool) -> Vec<(String, PathBuf)> {
+    listing
+        .folders
+        .iter()
+        .filter(|(name, folder)| {
+            is_split_folder_name(name) == named_like_split
+                && Listing::of(folder).is_ok_and(|inner| !inner.data_files.is_empty())
+        })
+        .cloned()
+        .collect()
 }
 
 /// The splits of a Hugging Face `DatasetDict` folder (`dataset_dict.json`: `{"splits": [...]}`,
@@ -297,20 +359,6 @@ fn holds_split_folders_of_data(listing: &Listing) -> bool {
             is_split_folder_name(name)
                 && Listing::of(folder).is_ok_and(|inner| !inner.data_files.is_empty())
         })
-}
-
-/// An image folder laid out by split: every subfolder is named like a split, and one of them
-/// holds folders (its classes).
-fn image_split_folders(listing: &Listing) -> bool {
-    !listing.folders.is_empty()
-        && listing
-            .folders
-            .iter()
-            .all(|(name, _)| is_split_folder_name(name))
-        && listing
-            .folders
-            .iter()
-            .any(|(_, folder)| Listing::of(folder).is_ok_and(|l| !l.folders.is_empty()))
 }
 
 /// A folder's data files (by extension, [`kind_of`]) and subfolders (hidden ones left out),

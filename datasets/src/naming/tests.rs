@@ -246,6 +246,61 @@ fn split_folders_of_data_files_and_of_image_classes_are_splits() {
     );
 }
 
+/// An image folder's splits beside another folder (`samples/`, `__MACOSX/`) or beside a folder
+/// of data files (a conversion written into the root), and a split folder beside loose split
+/// files: splits all, never read whole with the splits taken as classes, nor one split hiding
+/// the others.
+#[test]
+fn splits_beside_other_folders_or_loose_files_are_never_hidden() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    touch(
+        root,
+        &[
+            "extra/train/cat/a.png",
+            "extra/val/cat/b.png",
+            "extra/samples/grid.png",
+            "converted/train/class_00/a.jpg",
+            "converted/val/class_02/b.jpg",
+            "converted/val_tar/shard-000000.tar",
+            "loose/train/part0.parquet",
+            "loose/validation.parquet",
+            "twice/train.parquet",
+            "twice/train/part0.parquet",
+        ],
+    );
+    let extra = at(root, "extra");
+    let message = resolve_local(&[&extra], None).unwrap_err().to_string();
+    assert!(message.contains("holds the splits train, val:"), "{message}");
+    assert_eq!(
+        names_of(root, resolve_local(&[&extra], Some("train")).unwrap()),
+        ["path:extra/train"]
+    );
+    let converted = at(root, "converted");
+    let message = resolve_local(&[&converted], None).unwrap_err().to_string();
+    assert!(message.contains("train, val, val_tar"), "{message}");
+    assert_eq!(
+        names_of(root, resolve_local(&[&converted], Some("val")).unwrap()),
+        ["path:converted/val"]
+    );
+    let loose = at(root, "loose");
+    let message = resolve_local(&[&loose], None).unwrap_err().to_string();
+    assert!(message.contains("train, validation"), "{message}");
+    assert_eq!(
+        names_of(root, resolve_local(&[&loose], Some("train")).unwrap()),
+        ["loose/train/part0.parquet"]
+    );
+    assert_eq!(
+        names_of(root, resolve_local(&[&loose], Some("validation")).unwrap()),
+        ["loose/validation.parquet"]
+    );
+    let twice = at(root, "twice");
+    assert!(matches!(
+        resolve_local(&[&twice], None),
+        Err(Error::SplitTwice { split, .. }) if split == "train"
+    ));
+}
+
 /// An image folder with a data file in one class folder (a stray Parquet file, a conversion
 /// written into the source) is an image folder: that class folder is no split read alone.
 #[test]

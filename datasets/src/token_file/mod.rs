@@ -47,40 +47,56 @@ pub fn looks_like_token_file(path: &Path) -> bool {
             .is_some_and(|extension| extension.eq_ignore_ascii_case("bin"))
 }
 
-/// Bytes of a token file's head [`TokenFile::holds_uint32_ids`] looks at: 64 KiB.
+/// Bytes of a token file's head [`TokenFile::wider_ids`] looks at: 64 KiB.
 const DTYPE_PROBE_BYTES: u64 = 64 << 10;
 
 /// Highest high half (a uint32's upper 16 bits) a uint32 id of a vocabulary in use has: ids
 /// below 1,048,576 (Llama 3's 128,256, Qwen's 151,646, Gemma's 256,000 and beyond).
 const UINT32_HIGH_HALF_MAX: u16 = 15;
 
-/// Whether `head`, little-endian 16-bit values, reads as uint32 ids: every second value (a
-/// uint32's high half) at most [`UINT32_HIGH_HALF_MAX`] while at least half the others are
-/// above it. Tokens of one vocabulary read as uint16 are alike at every position, so both never
-/// hold at once for them (a vocabulary of 16 ids fails the second); too short a head (under
-/// 256 pairs) is taken as uint16.
-fn head_reads_as_uint32(head: &[u8]) -> bool {
+/// Ids wider than the uint16 a file's name implies, found in its head.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WiderIds {
+    /// 32-bit ids (a vocabulary past 65,536, or int32/uint32 arrays).
+    Uint32,
+    /// 64-bit ids: NumPy's default integer (`np.array(ids).tofile(...)`).
+    Int64,
+}
+
+/// Whether `head`, little-endian 16-bit values, reads as ids `width` values wide (2: 32-bit,
+/// 4: 64-bit): every value after an id's first of each group at most [`UINT32_HIGH_HALF_MAX`]
+/// (the second) or 0 (the rest), while at least half the first values are above it. Tokens of
+/// one vocabulary read as uint16 are alike at every position, so both never hold at once for
+/// them (a vocabulary of 16 ids fails the second); too short a head (under 256 groups) is
+/// taken as uint16.
+fn head_reads_as(head: &[u8], width: usize) -> bool {
     let values: Vec<u16> = head
         .chunks_exact(2)
         .map(|pair| u16::from_le_bytes([pair[0], pair[1]]))
         .collect();
-    let pairs = values.len() / 2;
-    if pairs < 256 {
+    let count = values.len() / width;
+    if count < 256 {
         return false;
     }
-    let high_halves_small = values
-        .iter()
-        .skip(1)
-        .step_by(2)
-        .all(|&high| high <= UINT32_HIGH_HALF_MAX);
-    let low_halves_vary = values
-        .iter()
-        .step_by(2)
-        .filter(|&&low| low > UINT32_HIGH_HALF_MAX)
-        .count()
-        * 2
-        >= pairs;
-    high_halves_small && low_halves_vary
+    let groups = || values.chunks_exact(width);
+    let upper_parts_small = groups().all(|group| {
+        group[1] <= UINT32_HIGH_HALF_MAX && group[2..].iter().all(|&value| value == 0)
+    });
+    let first_parts_vary =
+        groups().filter(|group| group[0] > UINT32_HIGH_HALF_MAX).count() * 2 >= count;
+    upper_parts_small && first_parts_vary
+}
+
+/// The wider ids `head` holds, if it reads as any ([`head_reads_as`]): 64-bit first (a 64-bit
+/// id's upper half is also a 32-bit pair's, so it could pass as 32-bit ids too).
+fn head_holds_wider_ids(head: &[u8]) -> Option<WiderIds> {
+    if head_reads_as(head, 4) {
+        Some(WiderIds::Int64)
+    } else if head_reads_as(head, 2) {
+        Some(WiderIds::Uint32)
+    } else {
+        None
+    }
 }
 
 /// A token array cut into windows of `seq_len + 1` tokens; one window is one sample. Reading
@@ -172,19 +188,19 @@ impl TokenFile {
         Ok(self)
     }
 
-    /// Whether this file, opened as uint16 by its name, rather holds uint32 ids (a vocabulary
-    /// past 65,536 written by another tool under a plain `*.bin` name): its first 64 KiB,
-    /// read from the local map or the object, hold uint32 ids of under 1,048,576 (see
-    /// `head_reads_as_uint32`). Read as uint16, such a file trains on each id's halves as two
-    /// tokens. Always false for a file opened as uint32.
-    pub fn holds_uint32_ids(&self) -> Result<bool> {
+    /// The ids wider than uint16 this file holds when it was opened as uint16 by its name
+    /// (a vocabulary past 65,536 written by another tool under a plain `*.bin` name, or NumPy's
+    /// default int64): its first 64 KiB, read from the local map or the object, hold 32-bit or
+    /// 64-bit ids of under 1,048,576 (see `head_reads_as`). Read as uint16, such a file trains
+    /// on each id's parts as two or four tokens. Always `None` for a file opened as uint32.
+    pub fn wider_ids(&self) -> Result<Option<WiderIds>> {
         if self.dtype != TokenDtype::Uint16 {
-            return Ok(false);
+            return Ok(None);
         }
         let head = self
             .data
             .read_range(0..self.data.len().min(DTYPE_PROBE_BYTES))?;
-        Ok(head_reads_as_uint32(&head))
+        Ok(head_holds_wider_ids(&head))
     }
 
     /// The windows of `data`, checked.
@@ -462,20 +478,27 @@ mod tests {
         // Llama 3 (128,256: high halves 0 or 1), Qwen (151,646) and Gemma (256,000: up to 3),
         // and a million-id vocabulary (up to 15).
         for vocabulary in [128_256, 151_646, 256_000, 1_048_576] {
-            assert!(head_reads_as_uint32(&wide(vocabulary)), "{vocabulary}");
+            assert_eq!(
+                head_holds_wider_ids(&wide(vocabulary)),
+                Some(WiderIds::Uint32),
+                "{vocabulary}"
+            );
+        }
+        // NumPy's default int64, of GPT-2's vocabulary (every id under 65,536: one 16-bit
+        // value of four varies) and of Llama 3's; a few ids of 15 or under among them.
+        for vocabulary in [50_257, 128_256] {
+            let ids = (0..4096u64).map(move |i| if i % 9 == 0 { i % 16 } else { (i * 7919) % vocabulary });
+            let int64 = bytes_of(ids, |id| id.to_le_bytes().to_vec());
+            assert_eq!(head_holds_wider_ids(&int64), Some(WiderIds::Int64), "{vocabulary}");
         }
         // Ids below 65,536 as uint16: text, read as it is; so is a 16-id vocabulary.
         let narrow = (0..8192u32).map(|i| ((i * 7919) % 65_536) as u16);
-        assert!(!head_reads_as_uint32(&bytes_of(narrow, |id| id
-            .to_le_bytes()
-            .to_vec())));
+        assert_eq!(head_holds_wider_ids(&bytes_of(narrow, |id| id.to_le_bytes().to_vec())), None);
         let tiny = (0..8192u16).map(|i| i % 16);
-        assert!(!head_reads_as_uint32(&bytes_of(tiny, |id| id
-            .to_le_bytes()
-            .to_vec())));
+        assert_eq!(head_holds_wider_ids(&bytes_of(tiny, |id| id.to_le_bytes().to_vec())), None);
         // All zeros, and a head too short to tell: uint16.
-        assert!(!head_reads_as_uint32(&[0; 8192]));
-        assert!(!head_reads_as_uint32(&[5, 0, 0, 0]));
+        assert_eq!(head_holds_wider_ids(&[0; 8192]), None);
+        assert_eq!(head_holds_wider_ids(&[5, 0, 0, 0]), None);
     }
 
     #[test]
@@ -485,8 +508,8 @@ mod tests {
         std::io::Write::write_all(&mut file, &bytes_of(ids, |id| id.to_le_bytes().to_vec()))
             .expect("written");
         let as_uint16 = TokenFile::open(file.path(), TokenDtype::Uint16, 16).expect("opens");
-        assert!(as_uint16.holds_uint32_ids().expect("reads"));
+        assert_eq!(as_uint16.wider_ids().expect("reads"), Some(WiderIds::Uint32));
         let as_uint32 = TokenFile::open(file.path(), TokenDtype::Uint32, 16).expect("opens");
-        assert!(!as_uint32.holds_uint32_ids().expect("reads"));
+        assert_eq!(as_uint32.wider_ids().expect("reads"), None);
     }
 }

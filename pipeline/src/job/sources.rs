@@ -13,6 +13,7 @@ use stoker_datasets::{
     resolve_remote, DatasetLocation, FileKind, HfDataset, ImageFolder, JsonlDocuments, LocalSource,
     MdsDataset, MdsOptions, MdsTokenWindows, MegatronIndex, ObjectCache, ObjectCacheOptions,
     ParquetDataset, ParquetOptions, RemoteLayout, SampleSource, TarShards, TokenDtype, TokenFile,
+    WiderIds,
 };
 use stoker_proto::v1::{self as proto, op::Op as OpKind, DatasetFormat, JobSpec};
 
@@ -309,16 +310,25 @@ fn open_token_file(
 }
 
 /// `tokens`, unless its dtype came from its name (`given` false) as uint16 while its head holds
-/// uint32 ids: read so, it would train on each id's halves as two tokens, silently.
+/// wider ids: read so, it would train on each id's parts as two or four tokens, silently.
 fn checked_dtype(tokens: TokenFile, given: bool, name: &str) -> Result<Arc<dyn SampleSource>> {
-    if !given && tokens.holds_uint32_ids().map_err(Error::OpenDataset)? {
-        return Err(Error::InvalidSpec(format!(
+    if given {
+        return Ok(Arc::new(tokens));
+    }
+    match tokens.wider_ids().map_err(Error::OpenDataset)? {
+        None => Ok(Arc::new(tokens)),
+        Some(WiderIds::Uint32) => Err(Error::InvalidSpec(format!(
             "{name} is read as uint16 tokens by its name, but holds uint32 ids (every second \
              16-bit value of its head is a uint32's small high half): name it *.u32.bin, or \
              give the dataset's token_dtype"
-        )));
+        ))),
+        Some(WiderIds::Int64) => Err(Error::InvalidSpec(format!(
+            "{name} is read as uint16 tokens by its name, but holds 64-bit ids (of every four \
+             16-bit values of its head, the last two are 0: NumPy's default int64, as \
+             np.array(ids).tofile() writes): write it as uint16 (vocabularies up to 65,536) or \
+             uint32 under a *.u32.bin name, e.g. np.array(ids, dtype=np.uint16).tofile(path)"
+        ))),
     }
-    Ok(Arc::new(tokens))
 }
 
 /// The Megatron corpus `tokens`, with the document starts of its `index` when the pipeline's

@@ -6,9 +6,10 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use stoker_pipeline::open_sources;
+use stoker_datasets::SampleSource;
+use stoker_pipeline::{open_sources, Job};
 use stoker_proto::v1::coordinator_client::CoordinatorClient;
-use stoker_proto::v1::GetJobRequest;
+use stoker_proto::v1::{GetJobRequest, GetJobResponse, JobSpec};
 use stoker_rpc::transport::RpcChannel;
 use tonic::Status;
 
@@ -94,17 +95,16 @@ pub(super) async fn job_entry(
         *lock(&entry.used) = Instant::now();
         return Ok(entry.clone());
     }
-    let spec = client
+    let registered = client
         .get_job(GetJobRequest { job_id })
         .await
         .map_err(Unopened::Coordinator)?
-        .into_inner()
-        .spec
-        .ok_or_else(|| {
-            Unopened::Coordinator(Status::internal(format!(
-                "coordinator sent job {job_id} without a spec"
-            )))
-        })?;
+        .into_inner();
+    let spec = registered.spec.clone().ok_or_else(|| {
+        Unopened::Coordinator(Status::internal(format!(
+            "coordinator sent job {job_id} without a spec"
+        )))
+    })?;
     let opened = {
         let shared = shared.clone();
         let spec = spec.clone();
@@ -118,11 +118,13 @@ pub(super) async fn job_entry(
                     Unopened::Refused(status)
                 }
             })?;
-            shared
+            let fingerprint = shared
                 .check_dataset(
                     &spec,
                     &sources.iter().map(|s| s.as_ref()).collect::<Vec<_>>(),
                 )
+                .map_err(Unopened::Refused)?;
+            check_registered(&registered, &spec, &sources, &fingerprint)
                 .map_err(Unopened::Refused)?;
             Ok(sources)
         })
@@ -143,4 +145,49 @@ pub(super) async fn job_entry(
     lock(&shared.jobs).insert((place, job_id), entry.clone());
     tracing::info!(job = job_id, "job opened");
     Ok(entry)
+}
+
+/// Refuses to serve a job whose datasets this worker sees otherwise than the worker that
+/// described it when it was registered (other files on this node, or the data changed since):
+/// its batches would come from another sample order, or from other samples, silently. Steps
+/// per epoch are compared always (they are journaled); the sample count and fingerprint where
+/// the coordinator has them ([`GetJobResponse`]).
+fn check_registered(
+    registered: &GetJobResponse,
+    spec: &JobSpec,
+    sources: &[Arc<dyn SampleSource>],
+    fingerprint: &str,
+) -> std::result::Result<(), Status> {
+    let job = Job::with_sources(spec.clone(), sources.to_vec()).map_err(|e| error_status(&e))?;
+    let steps = job
+        .plan(job.first_epoch())
+        .map_err(|e| error_status(&e))?
+        .steps();
+    let samples = job.plan_config().num_samples;
+    let differs = if steps != registered.steps_per_epoch {
+        format!(
+            "{steps} steps per epoch here, {} as registered",
+            registered.steps_per_epoch
+        )
+    } else if registered.num_samples != 0 && samples != registered.num_samples {
+        format!(
+            "{samples} samples here, {} as registered",
+            registered.num_samples
+        )
+    } else if !registered.dataset_fingerprint.is_empty()
+        && fingerprint != registered.dataset_fingerprint
+    {
+        format!(
+            "as many samples, but other names, labels or classes (fingerprint {fingerprint} here, \
+             {} as registered)",
+            registered.dataset_fingerprint
+        )
+    } else {
+        return Ok(());
+    };
+    Err(Status::failed_precondition(format!(
+        "this worker's dataset is not the one the job was registered with: {differs}; give \
+         every worker the same files, or read the changed dataset as another job (another \
+         path or seed)"
+    )))
 }

@@ -746,6 +746,53 @@ fn a_reopened_job_over_renamed_files_of_the_same_count_is_refused() -> TestResul
     Ok(())
 }
 
+/// A worker that sees the job's dataset otherwise than the worker that described it at
+/// registration (it joined after the files changed; another node's copy) refuses the job rather
+/// than serving batches of another sample order silently: alone, the client hears why.
+#[test]
+fn a_worker_that_sees_another_dataset_than_the_registered_one_refuses_the_job() -> TestResult {
+    let (data, _state, network, mut cluster) = one_worker()?;
+    let (expected, _) = embedded(data.path())?;
+    let loader = remote(&network, data.path(), None)?;
+    let mut digest = BatchDigest::new();
+    for batch in loader.epoch(0, 0)? {
+        digest.update(&batch?);
+    }
+    assert_eq!(digest.hex(), expected);
+    // An image renamed on disk (as many samples, in another order); worker-b joins over the
+    // same folder, and worker-a leaves.
+    let class = std::fs::read_dir(data.path())?
+        .filter_map(|entry| entry.ok().map(|entry| entry.path()))
+        .find(|path| path.is_dir())
+        .ok_or("no class folder")?;
+    let first = std::fs::read_dir(&class)?
+        .filter_map(|entry| entry.ok().map(|entry| entry.path()))
+        .min()
+        .ok_or("an empty class")?;
+    let name = first.file_name().ok_or("no file name")?.to_string_lossy();
+    std::fs::rename(&first, class.join(format!("zz-{name}")))?;
+    let config = worker_config(&network, "worker-b:7001", data.path(), None)?;
+    cluster.add_worker(&network, config);
+    cluster.wait_for_workers(2)?;
+    let _ = cluster._stops.remove(1).send(());
+    let until = std::time::Instant::now() + Duration::from_secs(20);
+    while cluster.coordinator.workers().len() > 1 {
+        assert!(std::time::Instant::now() < until, "worker-a did not leave");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let error = loader
+        .epoch(1, 0)
+        .and_then(|stream| stream.collect::<stoker_loader::Result<Vec<_>>>())
+        .expect_err("worker-b's dataset is not the registered one");
+    let message = error.to_string();
+    assert!(
+        message.contains("not the one the job was registered with")
+            && message.contains("fingerprint"),
+        "{message}"
+    );
+    Ok(())
+}
+
 /// A worker that cannot open a job (its folder outside the worker's --data-root: a node whose
 /// mount failed) tells the client so, which takes that worker's share from the others: the
 /// epoch is the embedded one. Before, the worker's error ended the run though another worker
