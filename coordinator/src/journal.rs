@@ -125,7 +125,14 @@ impl Journal {
             source,
         })?;
         let path = state_dir.join(JOURNAL_FILE);
-        let database = open_database().map_err(journal_error)?;
+        // redb asserts on some damage (a file cut short of its header's layout) rather than
+        // returning an error: met here, it is an error naming the file, not a crash.
+        let database = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| open_database()))
+            .map_err(|panic| CoordinatorError::JournalDamaged {
+                path: path.clone(),
+                problem: stoker_pipeline::panic_text(panic.as_ref()),
+            })?
+            .map_err(journal_error)?;
         // Create both tables up front so that reading a fresh journal finds them.
         let txn = database.begin_write().map_err(journal_error)?;
         txn.open_table(JOBS).map_err(journal_error)?;
@@ -471,6 +478,35 @@ mod tests {
         let ids: Vec<u64> = contents.jobs.iter().map(|job| job.id).collect();
         assert!(ids.contains(&0) && ids.contains(&2), "{ids:?}");
         assert_eq!(contents.positions.get(&(0, 0, 0)), Some(&7));
+    }
+
+    /// A journal cut short (a partial copy or restore) made redb assert, and the coordinator
+    /// died with a backtrace; it is an error naming the file now, for every length cut to.
+    #[test]
+    fn a_journal_cut_short_is_an_error_naming_it_not_a_crash() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        {
+            let (mut journal, _) = Journal::open(dir.path()).expect("open");
+            journal.put_job(1, 10, b"a spec", None).expect("put");
+        }
+        let path = dir.path().join(JOURNAL_FILE);
+        let whole = std::fs::read(&path).expect("read");
+        for cut in [3000, 600, whole.len() / 2, whole.len() - 1] {
+            std::fs::write(&path, &whole[..cut]).expect("cut");
+            match Journal::open(dir.path()) {
+                // redb may also mend what it can read: the job is then there or not.
+                Ok(_) => {}
+                Err(error) => assert!(error.to_string().contains("journal"), "{cut}: {error}"),
+            }
+        }
+        std::fs::write(&path, &whole[..3000]).expect("cut");
+        let error = Journal::open(dir.path())
+            .err()
+            .expect("a journal cut to 3000 bytes");
+        assert!(
+            matches!(&error, CoordinatorError::JournalDamaged { path: named, .. } if *named == path),
+            "{error}"
+        );
     }
 
     #[test]

@@ -37,6 +37,7 @@ pub fn coordinator_status(error: CoordinatorError) -> Status {
         | CoordinatorError::RankOutOfRange { .. }
         | CoordinatorError::InvalidArgument(_) => ErrorKind::InvalidArgument,
         CoordinatorError::Journal(_)
+        | CoordinatorError::JournalDamaged { .. }
         | CoordinatorError::StateDir { .. }
         | CoordinatorError::CorruptSpec { .. }
         | CoordinatorError::CorruptPositions { .. } => ErrorKind::Internal,

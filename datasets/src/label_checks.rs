@@ -65,6 +65,24 @@ pub(crate) fn check_labels(
     })
 }
 
+/// Integer columns taken for the label, in this order, when no column is named, none is named
+/// `label` and none is a `ClassLabel`: the names other tools write (MosaicML Streaming's
+/// converters `y`, a `labels` or `target` column).
+pub(crate) const LABEL_FALLBACK_NAMES: [&str; 5] = ["labels", "cls", "target", "targets", "y"];
+
+/// Warns that `chosen` was taken as the label column among several that could be (`ClassLabel`
+/// columns: CIFAR-100's `fine_label` and `coarse_label`), naming the others.
+pub(crate) fn warn_of_label_choice(path: &Path, chosen: &str, candidates: &[&str]) {
+    if candidates.len() > 1 {
+        tracing::warn!(
+            path = %path.display(),
+            label_column = chosen,
+            candidates = ?candidates,
+            "several columns could be the label; the first is taken (label_column names another)"
+        );
+    }
+}
+
 /// The notice of an image dataset at `path` without a label column (`looked_for` says which
 /// columns would have been one; `columns`, its columns).
 pub(crate) fn no_label_column(path: &Path, looked_for: &str, columns: &[String]) -> String {

@@ -138,6 +138,6 @@ pub use tar_shards::{
 };
 pub use token_dtype::TokenDtype;
 pub use token_file::{
-    looks_like_token_file, write_synthetic_tokens, SyntheticTokensSpec, TokenFile, TokenFileReport, WiderIds,
-    MAX_SEQ_LEN,
+    looks_like_token_file, write_synthetic_tokens, SyntheticTokensSpec, TokenFile, TokenFileReport,
+    WiderIds, MAX_SEQ_LEN,
 };

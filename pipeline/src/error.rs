@@ -123,6 +123,19 @@ pub enum SampleError {
         /// Bytes of a window of the pipeline's seq_len and the source's dtype.
         expected: usize,
     },
+    /// Resized to its shorter side, the image's longer side would pass `u32::MAX` pixels.
+    #[error(
+        "image of {width}x{height} resized to a shorter side of {size} would be over \
+         4,294,967,295 pixels long"
+    )]
+    TooElongated {
+        /// Width from the header.
+        width: u32,
+        /// Height from the header.
+        height: u32,
+        /// The shorter side asked for.
+        size: u32,
+    },
     /// The image has more pixels than the job allows.
     #[error("image of {width}x{height} exceeds the limit of {limit} pixels")]
     TooManyPixels {

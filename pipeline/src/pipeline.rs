@@ -223,9 +223,14 @@ pub(crate) fn normalize_parameters(norm: &proto::Normalize) -> Result<([f32; 3],
             "Normalize mean must be finite, got {mean:?}"
         )));
     }
-    if std.iter().any(|s| !s.is_finite() || *s == 0.0) {
+    // A subnormal std (1e-40) is not 0 but divides pixels into infinities.
+    if std
+        .iter()
+        .any(|s| !s.is_finite() || s.abs() < f32::MIN_POSITIVE)
+    {
         return Err(invalid(format!(
-            "Normalize std must be finite and non-zero, got {std:?}"
+            "Normalize std must be finite and non-zero (at least {:e} in magnitude), got {std:?}",
+            f32::MIN_POSITIVE
         )));
     }
     // Pixels are scaled to [0, 1] first: statistics on the 0..255 scale (mmpretrain's
@@ -411,7 +416,13 @@ impl Pipeline {
     }
 
     /// Draws this sample's output window and flip from `rng` (always in the same order).
-    pub fn plan(&self, header: &ImageHeader, rng: &mut SampleRng) -> (SourceWindow, bool) {
+    /// Fails for an image whose resized longer side would pass `u32::MAX`
+    /// ([`SampleError::TooElongated`]).
+    pub fn plan(
+        &self,
+        header: &ImageHeader,
+        rng: &mut SampleRng,
+    ) -> std::result::Result<(SourceWindow, bool), SampleError> {
         let window = match &self.geometry {
             Geometry::RandomResizedCrop { range, .. } => SourceWindow::CropThenResize(
                 random_resized_crop_window(header.width, header.height, range, rng),
@@ -422,7 +433,13 @@ impl Pipeline {
                 width,
             } => {
                 let resized = match resize_shorter {
-                    Some(size) => resize_shorter_side(header.width, header.height, *size),
+                    Some(size) => resize_shorter_side(header.width, header.height, *size).ok_or(
+                        SampleError::TooElongated {
+                            width: header.width,
+                            height: header.height,
+                            size: *size,
+                        },
+                    )?,
                     None => (header.width, header.height),
                 };
                 SourceWindow::ResizeThenCrop {
@@ -435,7 +452,7 @@ impl Pipeline {
         // torchvision draws `torch.rand(1) < p`; drawing even when p is 0 or 1 keeps the stream
         // the same shape for every pipeline with a flip.
         let flip = self.flip_probability > 0.0 && rng.unit_f64() < self.flip_probability;
-        (window, flip)
+        Ok((window, flip))
     }
 
     /// Turns one sample's encoded bytes into its output tensor in `dest`
@@ -451,7 +468,7 @@ impl Pipeline {
         let started = Instant::now();
         scratch.trim();
         let header = decode::read_header(bytes, self.max_pixels)?;
-        let (window, flip) = self.plan(&header, rng);
+        let (window, flip) = self.plan(&header, rng)?;
         let (out_h, out_w) = self.output_size();
         let request = DecodeRequest {
             region: window.needed_region(),

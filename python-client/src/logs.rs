@@ -3,8 +3,9 @@
 //! The crates log through `tracing`; in a Python process nothing read those events, so a
 //! retry loop against an unreachable coordinator or a slot pool that shrank the prefetch
 //! depth said nothing. The module installs a `tracing` subscriber that keeps the events of the
-//! loader's side (the client library, the GPU half, this module: warnings and errors; and the
-//! tokenizer's notices) in a bounded queue once a loader is made, and [`forward`] hands them to `logging` on a thread
+//! loader's side (the client library, the GPU half, this module: warnings and errors; the
+//! tokenizer's notices; and what the datasets crate says of how a source's files and labels are
+//! taken) in a bounded queue once a loader is made, and [`forward`] hands them to `logging` on a thread
 //! that holds the interpreter: while `next()` waits (every check for Ctrl-C), when it returns,
 //! and where the Python side calls `forward_logs()`. What the Python side already says (a
 //! dataset's notices, bad samples) comes from other targets and is not sent twice.
@@ -24,12 +25,17 @@ use tracing_subscriber::layer::{Context, Layer, SubscriberExt};
 const KEPT: usize = 256;
 
 /// The targets forwarded and the least severe level of each.
-const FORWARDED: [(&str, Level); 4] = [
+const FORWARDED: [(&str, Level); 6] = [
     ("stoker_loader", Level::WARN),
     ("stoker_gpu", Level::WARN),
     // This module's own (its library is named `_native`).
     ("_native", Level::WARN),
     ("stoker_pipeline::ops::tokenize", Level::INFO),
+    // What a source's files are taken as, said nowhere else: a split folder's subfolders not
+    // read, hub shards named by a pattern that are not one set, a label column chosen among
+    // several.
+    ("stoker_datasets::naming", Level::WARN),
+    ("stoker_datasets::label_checks", Level::WARN),
 ];
 
 /// One event waiting: its level, target and text (message, then its fields).

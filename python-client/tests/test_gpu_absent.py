@@ -203,6 +203,11 @@ def test_the_lane_is_given_the_tail_as_the_stage_computes_it() -> None:
     _, planes = gpu.split_tail([*crop(), ops.ToTensor("NCHW", "uint8")], None, None)
     assert planes is not None
     assert gpu.lane_tail(planes) == ("uint8", True, None)
+    # ToTensor's strings in any case, as the CPU path takes them: the same layout on the GPU
+    # (lower-case "nhwc" came out NCHW there).
+    _, lower = gpu.split_tail([*crop(), ops.ToTensor("nhwc", "FLOAT32")], None, None)
+    assert lower is not None and (lower.layout, lower.dtype) == ("NHWC", "float32")
+    assert gpu.lane_tail(lower) == ("float32", False, ([1 / 255] * 3, [0.0] * 3))
 
 
 def test_the_tail_refuses_what_contradicts_the_pipeline() -> None:

@@ -82,19 +82,57 @@ def test_label_column_names_another_column_and_an_image_set_without_one_says_so(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     labels = class_index_of(dataset)
-    out = tmp_path / "target.parquet"
-    pq.write_table(image_table(dataset, target=labels), out)
-    assert labels_of(make_loader(out, shuffle=False, label_column="target")) == labels
+    out = tmp_path / "category.parquet"
+    pq.write_table(image_table(dataset, category=labels), out)
+    assert labels_of(make_loader(out, shuffle=False, label_column="category")) == labels
     with caplog.at_level(logging.WARNING, logger=LOADER_LOG):
         unlabelled = make_loader(out, shuffle=False)
     assert set(labels_of(unlabelled)) == {0}
-    assert any("no label column" in r.getMessage() and "target" in r.getMessage()
+    assert any("no label column" in r.getMessage() and "category" in r.getMessage()
                for r in caplog.records), caplog.text
     with pytest.raises(stoker.DatasetError, match="no label column named"):
         make_loader(out, label_column="missing")
     with pytest.raises(ValueError, match="label_column= is for one source"):
         stoker.mix({stoker.Source(out): 1.0, stoker.Source(out): 1.0}, batch_size=4,
-                   pipeline=stoker.vision.imagenet_train(32), label_column="target")
+                   pipeline=stoker.vision.imagenet_train(32), label_column="category")
+
+
+def test_label_columns_other_tools_name_are_taken_and_a_choice_among_class_labels_is_said(
+    dataset: Path,
+    tmp_path: Path,
+    make_loader: Callable[..., stoker.Loader],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """An integer ``labels``, ``target`` or ``y`` column (MosaicML Streaming's converters write
+    ``x``/``y``) is the label: it was left out, every label 0. Of two ClassLabel columns
+    (CIFAR-100's ``fine_label`` and ``coarse_label``) the first is taken, and that is said."""
+    labels = class_index_of(dataset)
+    for name in ("labels", "target", "y"):
+        out = tmp_path / f"{name}.parquet"
+        pq.write_table(image_table(dataset, **{name: labels}), out)
+        assert labels_of(make_loader(out, shuffle=False)) == labels, name
+    images = [path.read_bytes() for path in image_files(dataset)[:8]]
+    xy = tmp_path / "xy"
+    write_mds_columns(xy, {"x": "jpeg", "y": "str_int"},
+                      [[image, str(k % 3).encode()] for k, image in enumerate(images)],
+                      per_shard=4, compress=False)
+    assert labels_of(make_loader(xy, batch_size=4, shuffle=False)) == [k % 3 for k in range(8)]
+    datasets = datasets_or_skip()
+    files = image_files(dataset)
+    table = datasets.Dataset.from_dict({
+        "image": [str(path) for path in files], "coarse": [0] * len(files), "fine": labels,
+    })
+    table = table.cast_column("image", datasets.Image())
+    table = table.cast_column("coarse", datasets.ClassLabel(names=["all"]))
+    table = table.cast_column("fine", datasets.ClassLabel(names=class_names(dataset)))
+    out = tmp_path / "two.parquet"
+    table.to_parquet(str(out))
+    with caplog.at_level(logging.WARNING, logger=LOADER_LOG):
+        loader = make_loader(out, shuffle=False)
+    assert set(labels_of(loader)) == {0}
+    assert any("several columns could be the label" in r.getMessage()
+               and "fine" in r.getMessage() for r in caplog.records), caplog.text
+    assert labels_of(make_loader(out, shuffle=False, label_column="fine")) == labels
 
 
 def test_a_negative_label_refuses_the_set_naming_the_row(

@@ -88,6 +88,9 @@ def test_to_dict_matches_the_native_contract() -> None:
         # (0, 0) would read as "unset", torchvision's default range: refused, not reinterpreted.
         (lambda: RandomResizedCrop(8, scale=(0, 0)), "scale upper bound must be above 0"),
         (lambda: RandomResizedCrop(8, ratio=(0, 0)), "ratio upper bound must be above 0"),
+        # So would a bound that rounds to 0 as the float32 it travels as.
+        (lambda: RandomResizedCrop(8, scale=(0, 1e-46)), "scale upper bound must be above 0"),
+        (lambda: RandomResizedCrop(8, ratio=(1e-46, 1e-46)), "ratio upper bound must be above"),
         (lambda: Resize(0), "Resize size"),
         (lambda: Resize((224, 224)), "Resize size"),
         (lambda: CenterCrop(-1), "CenterCrop height"),
@@ -97,6 +100,8 @@ def test_to_dict_matches_the_native_contract() -> None:
         (lambda: RandomHorizontalFlip("0.5"), "p"),
         (lambda: Normalize((0.5, 0.5), (1, 1, 1)), "mean"),
         (lambda: Normalize((0.5, 0.5, 0.5), (1, 0, 1)), "std"),
+        # A subnormal std, not 0, made infinities.
+        (lambda: Normalize((0.5, 0.5, 0.5), (0.5, 1e-40, 0.5)), "std must be finite and non-zero"),
         (lambda: Normalize((0.5, 0.5, float("inf")), (1, 1, 1)), "mean"),
         (lambda: Normalize("abc", (1, 1, 1)), "mean"),
         # mmpretrain's statistics, on the 0..255 scale: refused, the pixels are on [0, 1].

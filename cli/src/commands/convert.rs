@@ -99,7 +99,10 @@ pub fn run(args: ConvertArgs) -> anyhow::Result<()> {
     // dataset's root beside its split (`--from data --split val --out data/val_tar`), it would
     // be one more split of that dataset, met by every later reader of the root.
     let to = resolved(&args.out);
-    for (inside, what) in [(folder.root(), "image folder"), (args.from.as_path(), "dataset")] {
+    for (inside, what) in [
+        (folder.root(), "image folder"),
+        (args.from.as_path(), "dataset"),
+    ] {
         if to.starts_with(resolved(inside)) {
             anyhow::bail!(
                 "--out {} lies inside the {what} {} it converts: write it elsewhere",

@@ -42,16 +42,17 @@ pub struct CoordinatorArgs {
     pub health: Option<SocketAddr>,
     #[command(flatten)]
     pub security: SecurityArgs,
-    /// A worker silent for this long loses its leases, which go back to the queue.
-    #[arg(long, default_value_t = 3000)]
+    /// A worker silent for this long loses its leases, which go back to the queue (at least
+    /// 100).
+    #[arg(long, default_value_t = 3000, value_parser = clap::value_parser!(u64).range(100..))]
     pub lease_timeout_ms: u64,
     /// A session whose client sent nothing (no credits, acknowledgements or stats) for this
-    /// long is closed, and its credits with it.
-    #[arg(long, default_value_t = 60_000)]
+    /// long is closed, and its credits with it (at least 100; there is no "never").
+    #[arg(long, default_value_t = 60_000, value_parser = clap::value_parser!(u64).range(100..))]
     pub session_timeout_ms: u64,
     /// Most sessions open at once (one per client, rank and epoch being read); a new one past
-    /// it is refused with RESOURCE_EXHAUSTED until one closes or times out.
-    #[arg(long, default_value_t = 65_536)]
+    /// it is refused with RESOURCE_EXHAUSTED until one closes or times out (at least 1).
+    #[arg(long, default_value_t = 65_536, value_parser = at_least_one)]
     pub max_sessions: usize,
     /// Largest weight a job may ask for at registration (a client's `job_weight`): jobs whose
     /// clients wait at the same time get leases in proportion to their weights, so this caps
@@ -109,13 +110,22 @@ fn dashboard_credentials(files: &[PathBuf], rpc: &ServerSecurity) -> anyhow::Res
     Ok(credentials)
 }
 
+/// A count of at least 1 (`--max-sessions`): 0 would refuse every session.
+fn at_least_one(text: &str) -> Result<usize, String> {
+    match text.parse::<usize>() {
+        Ok(0) => Err("must be at least 1".to_string()),
+        Ok(count) => Ok(count),
+        Err(error) => Err(error.to_string()),
+    }
+}
+
 /// Runs the daemon until Ctrl-C or SIGTERM.
 pub fn run(args: CoordinatorArgs) -> anyhow::Result<()> {
     let mut config = CoordinatorServiceConfig::default();
-    config.core.lease_timeout = Duration::from_millis(args.lease_timeout_ms.max(100));
-    config.session_timeout = Duration::from_millis(args.session_timeout_ms.max(100));
-    config.core.max_sessions = args.max_sessions.max(1);
-    config.core.max_job_weight = args.max_job_weight.max(1);
+    config.core.lease_timeout = Duration::from_millis(args.lease_timeout_ms);
+    config.session_timeout = Duration::from_millis(args.session_timeout_ms);
+    config.core.max_sessions = args.max_sessions;
+    config.core.max_job_weight = args.max_job_weight;
     config.core.job_retention =
         (args.job_retention_secs > 0).then(|| Duration::from_secs(args.job_retention_secs));
     config.shard = args.shard;

@@ -251,6 +251,18 @@ fn bad_arguments_fail_with_a_message() {
         let stderr = String::from_utf8_lossy(&output.stderr);
         assert!(stderr.contains("1..=65536"), "{stderr}");
     }
+    // 0 is no "never" for the timeouts (it was raised to 100 ms silently, closing every
+    // session after 100 ms of quiet), nor 0 sessions a limit.
+    for (flag, value, said) in [
+        ("--session-timeout-ms", "0", "100.."),
+        ("--lease-timeout-ms", "50", "100.."),
+        ("--max-sessions", "0", "at least 1"),
+    ] {
+        let output = stoker(&["coordinator", flag, value]);
+        assert_eq!(output.status.code(), Some(2), "{flag}");
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(stderr.contains(flag) && stderr.contains(said), "{stderr}");
+    }
 }
 
 /// A Megatron corpus of two documents of 300 int32 tokens in `dir`, laid out as Megatron's index

@@ -81,6 +81,18 @@ pub enum CoordinatorError {
     /// The journal (redb) failed. Boxed: redb's error is large and this path is rare.
     #[error("coordinator journal: {0}")]
     Journal(Box<redb::Error>),
+    /// The journal file is damaged in a way its database only met by panicking (a file cut
+    /// short: a partial copy or restore).
+    #[error(
+        "coordinator journal {path} is damaged ({problem}): restore it from a whole copy, or \
+         move it away to start with an empty journal"
+    )]
+    JournalDamaged {
+        /// The journal file.
+        path: std::path::PathBuf,
+        /// What the database said.
+        problem: String,
+    },
     /// The state directory could not be created.
     #[error("coordinator state directory {path}: {source}")]
     StateDir {

@@ -19,6 +19,7 @@ use serde_json::Value;
 
 use crate::arrow_rows::columns;
 use crate::error::{Error, Result};
+use crate::label_checks;
 use crate::parquet_files::{
     ParquetOptions, ParquetSampleKind, IMAGE_COLUMN_NAMES, LABEL_COLUMN_NAME, TEXT_COLUMN_NAME,
 };
@@ -316,10 +317,30 @@ pub(crate) fn choose_columns(
 
     let label_column = match &options.label_column {
         Some(name) => Some(find(name).ok_or_else(|| missing("label", name))?),
-        None => find(LABEL_COLUMN_NAME).or_else(|| {
-            (0..schema.fields().len())
-                .find(|&index| is_feature(index, |f| matches!(f, HfFeature::ClassLabel { .. })))
-        }),
+        None => find(LABEL_COLUMN_NAME)
+            .or_else(|| {
+                let class_labels: Vec<usize> = (0..schema.fields().len())
+                    .filter(|&index| {
+                        is_feature(index, |f| matches!(f, HfFeature::ClassLabel { .. }))
+                    })
+                    .collect();
+                let first = *class_labels.first()?;
+                let named: Vec<&str> = class_labels
+                    .iter()
+                    .map(|&index| schema.field(index).name().as_str())
+                    .collect();
+                label_checks::warn_of_label_choice(path, named[0], &named);
+                Some(first)
+            })
+            // Only beside images: a numeric set's `y` is one of its columns.
+            .or_else(|| {
+                if kind != ParquetSampleKind::Image {
+                    return None;
+                }
+                label_checks::LABEL_FALLBACK_NAMES.iter().find_map(|name| {
+                    find(name).filter(|&index| columns::is_integer(schema.field(index).data_type()))
+                })
+            }),
     };
     let mut class_names = None;
     if let Some(index) = label_column {

@@ -222,7 +222,7 @@ impl HfDataset {
             None if choice.kind == ParquetSampleKind::Image => {
                 let columns: Vec<String> =
                     schema.fields().iter().map(|f| f.name().clone()).collect();
-                let looked_for = "none named \"label\", no ClassLabel feature";
+                let looked_for = "none named label, no ClassLabel feature, no integer labels, cls, target, targets or y";
                 let notice = label_checks::no_label_column(path, looked_for, &columns);
                 (Vec::new(), Some(notice))
             }

@@ -428,6 +428,14 @@ pub(super) fn pick_label_column(
     {
         return Ok(Some(k));
     }
+    // The names other tools write, taken only when they hold integers (MosaicML Streaming's
+    // converters write `x`, `y`).
+    if let Some(k) = crate::label_checks::LABEL_FALLBACK_NAMES
+        .iter()
+        .find_map(|name| named(name).filter(|&k| labels_matter && is_label(&columns[k])))
+    {
+        return Ok(Some(k));
+    }
     match LABEL_NAMES.iter().find_map(|name| named(name)) {
         Some(k) if labels_matter => Err(mds_error(
             index,

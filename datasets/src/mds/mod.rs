@@ -244,7 +244,7 @@ impl MdsDataset {
             dataset.class_names = checked.class_names;
         } else if labels_matter {
             let names: Vec<String> = dataset.columns.iter().map(|c| c.name.clone()).collect();
-            let looked_for = "none named \"label\" or \"cls\"";
+            let looked_for = "none named label or cls, no integer labels, target, targets or y";
             let notice = label_checks::no_label_column(&dataset.root, looked_for, &names);
             dataset.notices.push(notice);
         }

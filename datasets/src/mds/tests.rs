@@ -83,6 +83,33 @@ fn samples_and_labels_read_back_plain_and_compressed() {
     }
 }
 
+/// MosaicML Streaming's own converters write `{"x": "jpeg", "y": "int"}`: `y` is the label
+/// (it was not looked for, and every label read 0); a `y` of another encoding is not taken.
+#[test]
+fn streamings_x_and_y_columns_are_image_and_label() {
+    let temp = tempfile::tempdir().unwrap();
+    let columns = vec![column("x", "jpeg", None), column("y", "int", Some(8))];
+    let rows = (0..4u8)
+        .map(|k| vec![vec![k; 3], i64::from(k % 3).to_le_bytes().to_vec()])
+        .collect::<Vec<_>>();
+    let dir = temp.path().join("xy");
+    write_mds(&dir, &columns, &rows, 4, None).unwrap();
+    let cache = temp.path().join("cache");
+    let dataset = open(&dir, &MdsOptions::default(), &cache).unwrap();
+    assert_eq!(
+        (0..4).map(|k| dataset.label(k)).collect::<Vec<_>>(),
+        [0, 1, 2, 0]
+    );
+    let columns = vec![column("x", "jpeg", None), column("y", "str", None)];
+    let rows = (0..4u8)
+        .map(|k| vec![vec![k; 3], b"a".to_vec()])
+        .collect::<Vec<_>>();
+    let dir = temp.path().join("text-y");
+    write_mds(&dir, &columns, &rows, 4, None).unwrap();
+    let dataset = open(&dir, &MdsOptions::default(), &cache).unwrap();
+    assert_eq!(dataset.label(1), 0);
+}
+
 /// MDSWriter keeps columns in name order: of `x` (jpeg) and `depth` (png), the first is no
 /// choice of the writer's, so neither is taken without being named.
 #[test]

@@ -273,9 +273,8 @@ pub(crate) fn find_splits(root: &Path) -> Result<Option<SplitLayout>> {
                     if inner.images || !inner.folders.is_empty() || !inner.data_files.is_empty() {
                         named_splits.insert(name.clone(), folder.clone());
                     }
-                    image_splits |= inner.data_files.is_empty()
-                        && !inner.images
-                        && !inner.folders.is_empty();
+                    image_splits |=
+                        inner.data_files.is_empty() && !inner.images && !inner.folders.is_empty();
                 }
             }
             // A folder holding images is an image folder's class (a data file in it, or a

@@ -271,7 +271,10 @@ fn splits_beside_other_folders_or_loose_files_are_never_hidden() {
     );
     let extra = at(root, "extra");
     let message = resolve_local(&[&extra], None).unwrap_err().to_string();
-    assert!(message.contains("holds the splits train, val:"), "{message}");
+    assert!(
+        message.contains("holds the splits train, val:"),
+        "{message}"
+    );
     assert_eq!(
         names_of(root, resolve_local(&[&extra], Some("train")).unwrap()),
         ["path:extra/train"]

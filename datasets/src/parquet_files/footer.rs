@@ -21,6 +21,7 @@ use super::{
 };
 use crate::arrow_rows::columns::{self, Cell};
 use crate::error::{without_panics, Error, Result};
+use crate::label_checks;
 
 /// A file's footer read, its columns resolved.
 pub(super) struct OpenedFile {
@@ -30,6 +31,8 @@ pub(super) struct OpenedFile {
     pub(super) kind: ParquetSampleKind,
     pub(super) label_column: Option<usize>,
     pub(super) class_names: Option<Vec<String>>,
+    /// The ClassLabel columns the label column was chosen among (none named, none `label`).
+    pub(super) label_candidates: Vec<String>,
 }
 
 /// Whether every column of `schema` is numeric (and there is at least one).
@@ -212,6 +215,21 @@ pub(super) fn open_file(
     // The label column: the one named, else `label`, else, as in a Hugging Face folder, the
     // first `ClassLabel` of the features `datasets` writes into the metadata (`to_parquet` of a
     // set whose labels are `labels`).
+    // The ClassLabel columns the label may be taken from when none is named and none is
+    // `label` (the dataset warns when there are several).
+    let label_candidates: Vec<String> = match (&options.label_column, find(LABEL_COLUMN_NAME)) {
+        (None, None) => metadata_value(HF_METADATA_KEY)
+            .map(|features| {
+                schema
+                    .fields()
+                    .iter()
+                    .map(|field| field.name().clone())
+                    .filter(|name| class_label_names(&features, name).is_some())
+                    .collect()
+            })
+            .unwrap_or_default(),
+        _ => Vec::new(),
+    };
     let label_column = match &options.label_column {
         Some(name) => Some(find(name).ok_or_else(|| {
             column_problem(format!(
@@ -219,11 +237,17 @@ pub(super) fn open_file(
                 names.join(", ")
             ))
         })?),
-        None => find(LABEL_COLUMN_NAME).or_else(|| {
-            let features = metadata_value(HF_METADATA_KEY)?;
-            (0..schema.fields().len())
-                .find(|&index| class_label_names(&features, schema.field(index).name()).is_some())
-        }),
+        None => find(LABEL_COLUMN_NAME)
+            .or_else(|| find(label_candidates.first()?))
+            // Only beside images: a numeric set's `y` is one of its columns.
+            .or_else(|| {
+                if kind != ParquetSampleKind::Image {
+                    return None;
+                }
+                label_checks::LABEL_FALLBACK_NAMES.iter().find_map(|name| {
+                    find(name).filter(|&index| columns::is_integer(schema.field(index).data_type()))
+                })
+            }),
     };
     if let Some(index) = label_column {
         let field = schema.field(index);
@@ -268,6 +292,7 @@ pub(super) fn open_file(
         kind,
         label_column,
         class_names,
+        label_candidates,
     }))
 }
 

@@ -180,6 +180,10 @@ impl ParquetDataset {
         let label_column = first
             .label_column
             .map(|index| first.file.metadata.schema().field(index).name().clone());
+        if let Some(label) = &label_column {
+            let candidates: Vec<&str> = first.label_candidates.iter().map(String::as_str).collect();
+            label_checks::warn_of_label_choice(path, label, &candidates);
+        }
         let class_names_from_metadata = first.class_names.clone();
         let mut files = Vec::with_capacity(opened.len());
         let mut groups = Vec::new();
@@ -256,7 +260,7 @@ impl ParquetDataset {
             None if sample_kind == ParquetSampleKind::Image => {
                 let notice = label_checks::no_label_column(
                     path,
-                    "none named \"label\", no ClassLabel feature",
+                    "none named label, no ClassLabel feature, no integer labels, cls, target, targets or y",
                     &column_names(&files[0]),
                 );
                 (Vec::new(), Some(notice))

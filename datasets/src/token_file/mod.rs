@@ -82,8 +82,11 @@ fn head_reads_as(head: &[u8], width: usize) -> bool {
     let upper_parts_small = groups().all(|group| {
         group[1] <= UINT32_HIGH_HALF_MAX && group[2..].iter().all(|&value| value == 0)
     });
-    let first_parts_vary =
-        groups().filter(|group| group[0] > UINT32_HIGH_HALF_MAX).count() * 2 >= count;
+    let first_parts_vary = groups()
+        .filter(|group| group[0] > UINT32_HIGH_HALF_MAX)
+        .count()
+        * 2
+        >= count;
     upper_parts_small && first_parts_vary
 }
 
@@ -487,15 +490,31 @@ mod tests {
         // NumPy's default int64, of GPT-2's vocabulary (every id under 65,536: one 16-bit
         // value of four varies) and of Llama 3's; a few ids of 15 or under among them.
         for vocabulary in [50_257, 128_256] {
-            let ids = (0..4096u64).map(move |i| if i % 9 == 0 { i % 16 } else { (i * 7919) % vocabulary });
+            let ids = (0..4096u64).map(move |i| {
+                if i % 9 == 0 {
+                    i % 16
+                } else {
+                    (i * 7919) % vocabulary
+                }
+            });
             let int64 = bytes_of(ids, |id| id.to_le_bytes().to_vec());
-            assert_eq!(head_holds_wider_ids(&int64), Some(WiderIds::Int64), "{vocabulary}");
+            assert_eq!(
+                head_holds_wider_ids(&int64),
+                Some(WiderIds::Int64),
+                "{vocabulary}"
+            );
         }
         // Ids below 65,536 as uint16: text, read as it is; so is a 16-id vocabulary.
         let narrow = (0..8192u32).map(|i| ((i * 7919) % 65_536) as u16);
-        assert_eq!(head_holds_wider_ids(&bytes_of(narrow, |id| id.to_le_bytes().to_vec())), None);
+        assert_eq!(
+            head_holds_wider_ids(&bytes_of(narrow, |id| id.to_le_bytes().to_vec())),
+            None
+        );
         let tiny = (0..8192u16).map(|i| i % 16);
-        assert_eq!(head_holds_wider_ids(&bytes_of(tiny, |id| id.to_le_bytes().to_vec())), None);
+        assert_eq!(
+            head_holds_wider_ids(&bytes_of(tiny, |id| id.to_le_bytes().to_vec())),
+            None
+        );
         // All zeros, and a head too short to tell: uint16.
         assert_eq!(head_holds_wider_ids(&[0; 8192]), None);
         assert_eq!(head_holds_wider_ids(&[5, 0, 0, 0]), None);
@@ -508,7 +527,10 @@ mod tests {
         std::io::Write::write_all(&mut file, &bytes_of(ids, |id| id.to_le_bytes().to_vec()))
             .expect("written");
         let as_uint16 = TokenFile::open(file.path(), TokenDtype::Uint16, 16).expect("opens");
-        assert_eq!(as_uint16.wider_ids().expect("reads"), Some(WiderIds::Uint32));
+        assert_eq!(
+            as_uint16.wider_ids().expect("reads"),
+            Some(WiderIds::Uint32)
+        );
         let as_uint32 = TokenFile::open(file.path(), TokenDtype::Uint32, 16).expect("opens");
         assert_eq!(as_uint32.wider_ids().expect("reads"), None);
     }

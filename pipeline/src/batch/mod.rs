@@ -435,7 +435,7 @@ impl BatchAssembler {
                 let mut rng = SampleRng::new(self.seed, epoch, rng_index);
                 if let Some(diverter) = target.diverter {
                     let header = read_header(&bytes, pipeline.max_pixels)?;
-                    let (window, flip) = pipeline.plan(&header, &mut rng);
+                    let (window, flip) = pipeline.plan(&header, &mut rng)?;
                     let offered = DivertedImage {
                         row: target.row,
                         sample: rng_index,

@@ -97,19 +97,22 @@ pub fn random_resized_crop_window(
 }
 
 /// torchvision's `Resize(size)` with an int: the shorter side becomes `size`, the longer one is
-/// scaled and truncated. Returns (width, height).
-pub fn resize_shorter_side(width: u32, height: u32, size: u32) -> (u32, u32) {
+/// scaled and truncated. Returns (width, height); `None` when the longer side would pass
+/// `u32::MAX` (a strip of one pixel by millions, scaled up).
+pub fn resize_shorter_side(width: u32, height: u32, size: u32) -> Option<(u32, u32)> {
     let (short, long) = if width <= height {
         (width, height)
     } else {
         (height, width)
     };
-    let new_long = (u64::from(size) * u64::from(long) / u64::from(short.max(1))) as u32;
-    if width <= height {
-        (size, new_long.max(1))
+    let new_long = u32::try_from(u64::from(size) * u64::from(long) / u64::from(short.max(1)))
+        .ok()?
+        .max(1);
+    Some(if width <= height {
+        (size, new_long)
     } else {
-        (new_long.max(1), size)
-    }
+        (new_long, size)
+    })
 }
 
 /// torchvision's `CenterCrop` offsets of a `crop` out of `image` along one axis. Negative when
@@ -138,10 +141,13 @@ mod tests {
     #[test]
     fn resize_matches_torchvision_sizes() {
         // torchvision: Resize(256) of 500x375 -> 341x256; of 375x500 -> 256x341.
-        assert_eq!(resize_shorter_side(500, 375, 256), (341, 256));
-        assert_eq!(resize_shorter_side(375, 500, 256), (256, 341));
-        assert_eq!(resize_shorter_side(300, 300, 224), (224, 224));
-        assert_eq!(resize_shorter_side(1, 1000, 224), (224, 224_000));
+        assert_eq!(resize_shorter_side(500, 375, 256), Some((341, 256)));
+        assert_eq!(resize_shorter_side(375, 500, 256), Some((256, 341)));
+        assert_eq!(resize_shorter_side(300, 300, 224), Some((224, 224)));
+        assert_eq!(resize_shorter_side(1, 1000, 224), Some((224, 224_000)));
+        // 300,000 x 1 to a shorter side of 16,384: 4,915,200,000 wide, past u32 (it wrapped
+        // to 620,232,704, a zoom 7.9 times off).
+        assert_eq!(resize_shorter_side(300_000, 1, 16_384), None);
     }
 
     #[test]

@@ -109,7 +109,7 @@ fn taken_rows_are_planned_as_on_the_cpu_and_left_for_the_taker() {
         // The window and flip are the sample's own draws, as the CPU makes them.
         let mut rng = SampleRng::new(9, 0, image.sample);
         assert_eq!(
-            pipeline.plan(&image.header, &mut rng),
+            pipeline.plan(&image.header, &mut rng).unwrap(),
             (image.window, image.flip)
         );
         // Built later on the CPU, the row is the one the CPU made.

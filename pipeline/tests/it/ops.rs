@@ -92,7 +92,7 @@ fn run_case(case: &Value) -> Vec<u8> {
             let resized = if shorter == 0 {
                 (width, height)
             } else {
-                stoker_pipeline::resize_shorter_side(width, height, shorter)
+                stoker_pipeline::resize_shorter_side(width, height, shorter).unwrap()
             };
             let r = case["resized"].as_array().unwrap();
             assert_eq!(

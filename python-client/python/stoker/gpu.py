@@ -357,12 +357,16 @@ def split_tail(
     normalize = cpu[-1] if cpu and isinstance(cpu[-1], Normalize) else None
     if normalize is not None:
         cpu.pop()
+    # ToTensor's layout and dtype in any case, as the native check takes them (None: the
+    # defaults), in the form the device stage compares.
+    given_layout = None if to_tensor is None else to_tensor.layout
+    given_dtype = None if to_tensor is None else to_tensor.dtype
     if normalize is not None:
-        layout = to_tensor.layout if to_tensor is not None else "NCHW"
+        layout = str(given_layout or "NCHW").upper()
         out_dtype = "float32"
     else:
-        layout = to_tensor.layout if to_tensor is not None else "NHWC"
-        out_dtype = to_tensor.dtype if to_tensor is not None else "uint8"
+        layout = str(given_layout or "NHWC").upper()
+        out_dtype = str(given_dtype or "uint8").lower()
     if dtype is not None:
         name = str(dtype).removeprefix("torch.")
         if name not in (*_FLOAT_DTYPES, "uint8"):

@@ -41,6 +41,7 @@ from __future__ import annotations
 import inspect
 import numbers
 import os
+import struct
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Sequence
 from typing import Any, ClassVar, Final, TypeGuard
@@ -106,6 +107,12 @@ def _as_list(value: object) -> object:
     if isinstance(value, Iterable) and not isinstance(value, (str, bytes)):
         return list(value)
     return value
+
+
+def _as_float32(value: float) -> float:
+    """``value`` as the float32 the native side reads (a value under float32's smallest is
+    0 there; one past its largest, infinity)."""
+    return float(struct.unpack("<f", struct.pack("<f", value))[0]) if abs(value) < 3.4e38 else value
 
 
 def _float(value: Any) -> Any:
@@ -225,10 +232,12 @@ class RandomResizedCrop(Op):
         self.ratio = (_float(low), _float(high))
         # (0, 0) on the wire means "unset" (torchvision's default range): a user's own (0, 0)
         # would be read so, not as the range it is.
+        # Bounds travel as float32: one that rounds to 0 there (1e-46) would read as unset too.
         for name, (_, top) in (("scale", self.scale), ("ratio", self.ratio)):
-            if isinstance(top, (int, float)) and top <= 0:
+            if isinstance(top, (int, float)) and _as_float32(top) <= 0:
                 raise PipelineError(
-                    f"RandomResizedCrop {name} upper bound must be above 0, got {top!r}"
+                    f"RandomResizedCrop {name} upper bound must be above 0 as a float32, got "
+                    f"{top!r}"
                 )
         self._check()
 
