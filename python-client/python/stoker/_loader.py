@@ -184,8 +184,10 @@ class Loader(FromDataset, SavedState, Stats):
             then samples within windows of W shards, keeping reads mostly sequential.
         text_column: the text field of JSONL documents (default ``"text"``).
         label_column: the label column of a Parquet file, Hugging Face folder or MDS set
-            (default: ``label``, else the first ``ClassLabel`` feature, else, in MDS, ``cls``;
-            an image set without one logs a warning that every label is 0). Labels are class
+            (default: ``label``, else the first ``ClassLabel`` feature, logging which when
+            there are several; else, beside images, an integer ``labels``, ``cls``, ``target``,
+            ``targets`` or ``y``; an image set without one logs a warning that every label is
+            0). Labels are class
             indices: a negative one refuses the set. Not with :func:`stoker.mix`.
         image_column: the image column of a Parquet file, Hugging Face folder or MDS set
             (default: ``image``, ``jpg`` or ``png``, else the first ``Image`` feature
