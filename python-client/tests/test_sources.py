@@ -5,6 +5,7 @@ batches equal those of the same files named another way."""
 
 from __future__ import annotations
 
+import logging
 import shutil
 import subprocess
 from collections import Counter
@@ -137,6 +138,43 @@ def test_an_image_folder_laid_out_by_split(dataset: Path, tmp_path: Path,
     assert val.classes == [c.name for c in classes[:2]]
     train = make_loader(root, split="train")
     assert train.num_samples == SAMPLE_COUNT
+
+
+def test_folders_beside_splits_never_make_them_classes_nor_hide_them(
+    dataset: Path, hub_folder: Path, tmp_path: Path, make_loader: Make,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """An image folder's splits beside another folder (``samples/``) were read whole, the
+    splits as classes; a split folder beside a loose split file was hidden by it; a plain
+    folder's subfolders of data files and a pattern of a hub set missing a shard went unsaid."""
+    classes = sorted(p for p in dataset.iterdir() if p.is_dir())
+    root = tmp_path / "imagenet"
+    for split in ("train", "val"):
+        for cls in classes[:2]:
+            shutil.copytree(cls, root / split / cls.name)
+    shutil.copytree(classes[2], root / "samples")
+    with pytest.raises(ValueError, match=r"the splits train, val:"):
+        make_loader(root)
+    assert make_loader(root, split="train").classes == [c.name for c in classes[:2]]
+    parts = sorted((hub_folder / "data").glob("train-*.parquet"))
+    loose = tmp_path / "loose"
+    (loose / "train").mkdir(parents=True)
+    shutil.copy(parts[0], loose / "train" / "part-0.parquet")
+    shutil.copy(hub_folder / "data" / "test-00000-of-00001.parquet", loose / "validation.parquet")
+    with pytest.raises(ValueError, match=r"the splits train, validation"):
+        make_loader(loose)
+    assert make_loader(loose, split="train").num_samples == make_loader(parts[0]).num_samples
+    plain = tmp_path / "plain"
+    (plain / "more").mkdir(parents=True)
+    shutil.copy(parts[0], plain / "part-0.parquet")
+    shutil.copy(parts[1], plain / "more" / "part-1.parquet")
+    with caplog.at_level(logging.WARNING, logger="stoker"):
+        make_loader(plain)
+        make_loader(f"{hub_folder}/data/train-0000[01]-of-*.parquet")
+    said = caplog.text
+    assert "subfolders' data files are not read" in said and "more" in said, said
+    assert len(parts) > 2, parts  # so the pattern leaves one out
+    assert "not one whole set" in said and "missing" in said, said
 
 
 def test_a_mix_source_is_a_list_a_pattern_or_a_split(tar_set: list[Path], hub_folder: Path,
