@@ -65,7 +65,7 @@ pub enum Error {
         message: String,
     },
     /// No worker served the job for longer than the worker grace period.
-    #[error("no worker has served job {job} (coordinator {coordinator}) for {unserved:?}, longer than the worker grace of {grace:?}; start stoker-worker daemons or raise worker_grace")]
+    #[error("no worker has served job {job} (coordinator {coordinator}) for {unserved:?}, longer than the worker grace of {grace:?}: {cause}")]
     WorkerUnavailable {
         /// The job's name at the coordinator.
         job: String,
@@ -75,6 +75,8 @@ pub enum Error {
         unserved: Duration,
         /// The grace period it passed.
         grace: Duration,
+        /// Why, and what to do: no worker stream open, or the coordinator not answering.
+        cause: String,
     },
     /// A thread pool could not be built.
     #[error("cannot start decode threads: {0}")]

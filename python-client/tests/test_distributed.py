@@ -3,6 +3,7 @@ and two real worker processes on 127.0.0.1, compared batch for batch with the in
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import numpy as np
@@ -108,6 +109,38 @@ def test_all_workers_gone_raises_worker_unavailable(dataset: Path, tmp_path: Pat
         with pytest.raises(stoker.WorkerUnavailableError, match="no worker has served job"):
             for _ in batches:
                 pass
+        loader.close()
+    finally:
+        for process in (worker, coordinator):
+            process.kill()
+            process.wait(timeout=10)
+
+
+def test_a_coordinator_gone_for_longer_than_the_grace_raises_worker_unavailable(
+    dataset: Path, tmp_path: Path
+) -> None:
+    """With the coordinator killed, no session opens, so no worker stream: that counts against
+    ``worker_grace`` as every worker gone does (it was waited on until ``timeout``, 600 s by
+    default, then blamed on the workers), and the error says the coordinator is the cause."""
+    coordinator, address = start_daemon(
+        [str(daemon_binary("stoker")), "coordinator", "--listen", "127.0.0.1:0",
+         "--state", str(tmp_path / "state")]
+    )
+    worker, _ = start_daemon(
+        [str(daemon_binary("stoker-worker")), "--coordinator", address,
+         "--data-root", str(dataset), "--threads", "1"]
+    )
+    try:
+        loader = stoker.Loader(dataset, address=address, worker_grace=2, **_options(rank=0))
+        batches = iter(loader)
+        next(batches)
+        coordinator.kill()
+        coordinator.wait(timeout=10)
+        started = time.monotonic()
+        with pytest.raises(stoker.WorkerUnavailableError, match="the coordinator does not answer"):
+            for _ in batches:
+                pass
+        assert time.monotonic() - started < 30, "well before the 60 s timeout"
         loader.close()
     finally:
         for process in (worker, coordinator):

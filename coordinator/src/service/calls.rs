@@ -468,6 +468,9 @@ impl CoordinatorService {
             entry.last_seen = now;
             (entry.job, entry.rank, entry.epoch, entry.steps_per_epoch)
         });
+        // A new (job, rank) is shown on the dashboard once the state's lock is let go: its
+        // registry's lock is held while a page's figures are written out.
+        let mut to_show = None;
         if let (Some((job, rank, _, _)), Some(stats)) = (entry, request.stats.as_ref()) {
             let threads = state.workers.values().map(|w| w.threads as usize).sum();
             let snapshot = client_snapshot(stats, threads);
@@ -478,9 +481,8 @@ impl CoordinatorService {
                 None => {
                     let latest = Arc::new(Mutex::new(snapshot));
                     state.monitors.insert((job, rank), latest.clone());
-                    if let Some(dashboard) = &self.dashboard {
-                        let name = job_name(&state.core, job);
-                        dashboard.register_job(&name, rank, LoaderMonitor::reported(latest));
+                    if self.dashboard.is_some() {
+                        to_show = Some((job_name(&state.core, job), rank, latest));
                     }
                 }
             }
@@ -506,6 +508,9 @@ impl CoordinatorService {
             Self::worker_infos(&state)
         };
         drop(state);
+        if let (Some(dashboard), Some((name, rank, latest))) = (&self.dashboard, to_show) {
+            dashboard.register_job(&name, rank, LoaderMonitor::reported(latest));
+        }
         // One waiting lease call woken per credit, not all of them: with thousands of workers
         // waiting, waking each for every credit costs the coordinator O(workers) per grant.
         // A call woken for work another took waits again; a call dropped before it ran hands

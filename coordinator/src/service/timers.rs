@@ -75,15 +75,21 @@ impl CoordinatorService {
         let Some(dashboard) = &self.dashboard else {
             return;
         };
-        let mut state = lock(&self.state);
-        let state = &mut *state;
-        let jobs: HashSet<u64> = state.core.jobs().map(|(id, _, _)| id.0).collect();
-        let last = &mut state.last_refresh;
-        last.forget_gone(&state.workers, &jobs, &state.clients);
-        dashboard.set_workers(worker_loads(&state.workers, last, DASHBOARD_REFRESH));
-        let serving = serving_workers(&mut state.serving, &state.workers, Instant::now());
-        dashboard.set_shares(job_shares(&state.core, last, DASHBOARD_REFRESH, serving));
-        let (live, wanted) = fleet(&state.workers, &state.clients, last);
+        // Figured under the state's lock, handed over after it: the dashboard's lock is held
+        // while a page's figures are written out, and every call waits on the state's.
+        let (workers, shares, (live, wanted)) = {
+            let mut state = lock(&self.state);
+            let state = &mut *state;
+            let jobs: HashSet<u64> = state.core.jobs().map(|(id, _, _)| id.0).collect();
+            let last = &mut state.last_refresh;
+            last.forget_gone(&state.workers, &jobs, &state.clients);
+            let workers = worker_loads(&state.workers, last, DASHBOARD_REFRESH);
+            let serving = serving_workers(&mut state.serving, &state.workers, Instant::now());
+            let shares = job_shares(&state.core, last, DASHBOARD_REFRESH, serving);
+            (workers, shares, fleet(&state.workers, &state.clients, last))
+        };
+        dashboard.set_workers(workers);
+        dashboard.set_shares(shares);
         dashboard.set_fleet(live, wanted);
     }
 

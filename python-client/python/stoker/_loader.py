@@ -154,8 +154,9 @@ class Loader(FromDataset, SavedState, Stats):
         timeout: seconds ``next()`` waits for a batch (or for a held slot to come back)
             before it raises :class:`~stoker.LoaderTimeoutError`; default 600 (at most 1e9).
         worker_grace: distributed mode: seconds batches may be wanted with no worker stream
-            open before ``next()`` raises :class:`~stoker.WorkerUnavailableError` naming the
-            job; default 120. Separate from ``timeout``, so workers leaving during a scale-down
+            open (every worker gone, or the coordinator not answering) before ``next()``
+            raises :class:`~stoker.WorkerUnavailableError` naming the job and which it was;
+            default 120. Separate from ``timeout``, so workers leaving during a scale-down
             or a rolling update (others take over) do not trip it.
         token: distributed mode: the shared token the daemons were started with
             (``--token-file``), sent on every call; default: the ``STOKER_TOKEN`` environment

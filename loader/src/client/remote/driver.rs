@@ -218,6 +218,15 @@ impl Driver {
                     if error_kinds::is_transient(&status)
                         || status.code() == Code::ResourceExhausted =>
                 {
+                    // No session, so no worker stream: batches wanted meanwhile count against
+                    // the worker grace, as with every worker gone (a coordinator down for good
+                    // would otherwise be waited on until the loader's own timeout).
+                    if self.requested.min(self.steps) > floor {
+                        self.unserved_since.get_or_insert_with(Instant::now);
+                        if self.unserved_too_long(Some(&status)) {
+                            return None;
+                        }
+                    }
                     let delay = backoff.next_delay();
                     tracing::warn!(coordinator = %self.address, %status, retry_in = ?delay, "cannot open the session; retrying");
                     tokio::time::sleep(delay).await;
@@ -233,14 +242,27 @@ impl Driver {
     }
 
     /// Whether batches have been wanted with no worker serving them for longer than the
-    /// grace; if so the consumer is told.
-    fn unserved_too_long(&mut self) -> bool {
+    /// grace; if so the consumer is told. `coordinator_down` is the coordinator's last answer
+    /// when it is what stands between the client and the workers.
+    fn unserved_too_long(&mut self, coordinator_down: Option<&tonic::Status>) -> bool {
         let Some(since) = self.unserved_since else {
             return false;
         };
         if since.elapsed() < self.worker_grace {
             return false;
         }
+        let cause = match coordinator_down {
+            None => "no worker stream is open; start stoker-worker daemons or raise \
+                     worker_grace"
+                .to_string(),
+            Some(status) => format!(
+                "the coordinator does not answer ({}: {}), and the workers are reached \
+                 through it; start it again (on its --state it resumes the job) or raise \
+                 worker_grace",
+                status.code(),
+                status.message()
+            ),
+        };
         let error = Error::WorkerUnavailable {
             job: format!(
                 "{} (id {}, rank {})",
@@ -251,6 +273,7 @@ impl Driver {
             coordinator: self.address.clone(),
             unserved: since.elapsed(),
             grace: self.worker_grace,
+            cause,
         };
         tracing::error!(%error, "no worker serves the job");
         let _ = self.batches.send(Err(error));
@@ -540,7 +563,7 @@ impl Driver {
                     let wanted = self.requested.min(self.steps) > received;
                     if open_streams.is_empty() && wanted {
                         self.unserved_since.get_or_insert_with(Instant::now);
-                        if self.unserved_too_long() {
+                        if self.unserved_too_long(None) {
                             break SessionEnd::Stop;
                         }
                     }

@@ -23,8 +23,9 @@
 //!   reopened as well (and logged), so a lost batch costs a delay, never a hang;
 //! - a coordinator at its session cap (`RESOURCE_EXHAUSTED`) is asked again with backoff, as
 //!   its silent sessions time out;
-//! - no worker stream open for [`RemoteOptions::worker_grace`] while batches are wanted: the
-//!   consumer gets [`Error::WorkerUnavailable`] naming the job and how long it went unserved.
+//! - no worker stream open for [`RemoteOptions::worker_grace`] while batches are wanted (every
+//!   worker gone, or the coordinator not answering, so no session): the consumer gets
+//!   [`Error::WorkerUnavailable`] naming the job, how long it went unserved and which cause.
 //!
 //! Dropping an epoch's feed (the loader closed, or the epoch left before its end) stops its
 //! driver, which acknowledges what arrived and closes the session, so the coordinator stops
@@ -63,8 +64,9 @@ pub struct RemoteOptions {
     pub connect_timeout: Duration,
     /// No batch for this long while the consumer waits: reopen the session.
     pub stall_reopen: Duration,
-    /// No worker stream open for this long while batches are wanted: fail with
-    /// [`Error::WorkerUnavailable`]. Separate from the `next()` deadline, so that workers
+    /// No worker stream open for this long while batches are wanted (every worker gone, or the
+    /// coordinator not answering): fail with [`Error::WorkerUnavailable`]. Separate from the
+    /// `next()` deadline, so that workers
     /// leaving during a scale-down or a rolling update do not trip it.
     pub worker_grace: Duration,
     /// Longest credits wanted back (steps the loader asked for) are held while the workers
