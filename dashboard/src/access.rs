@@ -197,17 +197,19 @@ pub(crate) async fn guard(State(gate): State<Arc<Gate>>, request: Request, next:
         );
         return refused("the credential in the URL is not one this dashboard accepts");
     }
-    let rest: Vec<String> = request
-        .uri()
-        .query()
-        .unwrap_or("")
-        .split('&')
-        .filter(|pair| !pair.is_empty() && !pair.starts_with("token="))
-        .map(str::to_string)
-        .collect();
-    let mut location = request.uri().path().to_string();
+    // The same page without the credential (by its decoded name: `tok%65n=` too), on this
+    // dashboard: a path of `//host/...` would send the browser to another site.
+    let rest: Vec<(String, String)> =
+        form_urlencoded::parse(request.uri().query().unwrap_or("").as_bytes())
+            .filter(|(name, _)| name != "token")
+            .map(|(name, value)| (name.into_owned(), value.into_owned()))
+            .collect();
+    let mut location = format!("/{}", request.uri().path().trim_start_matches('/'));
     if !rest.is_empty() {
-        location = format!("{location}?{}", rest.join("&"));
+        let query = form_urlencoded::Serializer::new(String::new())
+            .extend_pairs(&rest)
+            .finish();
+        location = format!("{location}?{query}");
     }
     let mut response = StatusCode::SEE_OTHER.into_response();
     let headers = response.headers_mut();

@@ -146,6 +146,12 @@ def test_a_dashboard_off_loopback_needs_a_credential(dataset: Path, tmp_path: Pa
         assert any(part.startswith("Max-Age=") for part in parts), parts
         assert credential not in cookie
         assert _answer(local + "/api/jobs", {"Cookie": parts[0]})[0] == 200
+        # The redirect stays on this dashboard (`//host/` was a link to another site) and
+        # leaves the credential out of the URL however its name is spelt (`tok%65n=`).
+        status, headers = _answer(local + f"//evil.example/x?token={credential}")
+        assert (status, headers.get("Location")) == (303, "/evil.example/x")
+        status, headers = _answer(local + f"/?tok%65n={credential}&a=1")
+        assert (status, headers.get("Location")) == (303, "/?a=1")
     finally:
         loader.close()
 

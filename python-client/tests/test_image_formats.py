@@ -227,3 +227,26 @@ def test_image_files_a_folder_does_not_take_are_logged_once_with_the_first(
         assert len(notices) == 1, notices
         assert "left out 2 image file(s)" in notices[0], notices
         assert str(tmp_path / "a" / "phone.heic") in notices[0], notices
+
+
+@pytest.mark.parametrize("size", [(896, 1200), (897, 1201)])
+def test_a_dct_scaled_resize_keeps_the_images_extent(size: tuple[int, int]) -> None:
+    """Decoded at 1/8 scale, 897 px come out 113 wide (112.125 rounded up): taking that width
+    for the image's extent stretched the resize, up to 16 grey levels off a full-size decode
+    of a gradient. Now within the blur the ``DecodeImage`` docs state (7.3 at most)."""
+    width, height = size
+    x, y = np.meshgrid(np.arange(width), np.arange(height))
+    gradient = np.stack([255 * x / width, 255 * y / height, 255 * (x + y) / (width + height)],
+                        axis=-1).astype(np.uint8)
+    data = saved(Image.fromarray(gradient), "JPEG", quality=95)
+    outs = []
+    for dct in (False, True):
+        pipeline = _native.ImagePipeline([
+            op.to_dict() for op in (ops.DecodeImage(dct_scaling=dct), ops.Resize(55),
+                                    ops.CenterCrop(48))
+        ])
+        out = np.zeros((48, 48, 3), np.uint8)
+        pipeline.process(data, 0, 0, 0, out)
+        outs.append(out.astype(np.int16))
+    difference = np.abs(outs[0] - outs[1])
+    assert difference.max() <= 7 and difference.mean() < 1.0, (difference.max(), difference.mean())

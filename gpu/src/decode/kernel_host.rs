@@ -226,6 +226,8 @@ fn the_kernel_resizes_as_the_cpu_path_does() {
         scaled_width: width,
         scaled_height: height,
         scale_eighths: 8,
+        original_width: width,
+        original_height: height,
     };
     let mut resizer = Resizer::new();
     let (mut values, mut differing, mut largest, mut signed) = (0usize, 0usize, 0u8, 0i64);

@@ -102,8 +102,12 @@ pub fn resample(
             }
         }
         SourceWindow::ResizeThenCrop { resized, left, top } => {
-            let factor_x = f64::from(decoded.width) / f64::from(resized.0);
-            let factor_y = f64::from(decoded.height) / f64::from(resized.1);
+            // Resized pixels to decoded ones by the image's true extent at the decode scale:
+            // a DCT-scaled decode rounds its size up (897 px at 1/8 is 113, not 112.125), and
+            // its width in place of the extent would stretch the whole mapping.
+            let scale = decoded.scale();
+            let factor_x = f64::from(decoded.original_width) * scale / f64::from(resized.0);
+            let factor_y = f64::from(decoded.original_height) * scale / f64::from(resized.1);
             // The output columns/rows that fall inside the resized image.
             let x0 = (-left).clamp(0, i64::from(out.0));
             let x1 = (i64::from(resized.0) - left).clamp(x0, i64::from(out.0));

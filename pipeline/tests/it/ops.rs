@@ -34,6 +34,8 @@ fn full_image(pixels: Vec<u8>, width: u32, height: u32) -> DecodedImage {
         scaled_width: width,
         scaled_height: height,
         scale_eighths: 8,
+        original_width: width,
+        original_height: height,
     }
 }
 

@@ -148,6 +148,8 @@ pub(super) fn decode_png(
     out.scaled_width = width;
     out.scaled_height = height;
     out.scale_eighths = 8;
+    out.original_width = width;
+    out.original_height = height;
     Ok(())
 }
 
@@ -194,6 +196,8 @@ pub(super) fn decode_with_image_crate(
     out.scaled_width = header.width;
     out.scaled_height = header.height;
     out.scale_eighths = 8;
+    out.original_width = header.width;
+    out.original_height = header.height;
     Ok(())
 }
 

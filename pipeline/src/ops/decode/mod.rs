@@ -89,6 +89,11 @@ pub struct DecodedImage {
     pub scaled_height: u32,
     /// The DCT scale used: `scale_num / 8` (8 means full size).
     pub scale_eighths: u32,
+    /// Width of the image as its header gives it (before any DCT scaling): its true extent
+    /// in decoded pixels is this times [`DecodedImage::scale`], which `scaled_width` rounds up.
+    pub original_width: u32,
+    /// See `original_width`.
+    pub original_height: u32,
 }
 
 impl DecodedImage {
@@ -438,6 +443,8 @@ impl JpegDecompressor {
         out.scaled_width = scaled_width;
         out.scaled_height = scaled_height;
         out.scale_eighths = eighths;
+        out.original_width = header.width;
+        out.original_height = header.height;
         Ok(())
     }
 }
