@@ -197,7 +197,10 @@ impl CoordinatorService {
         }
     }
 
-    /// Asks live workers, in turn, to open the job; the first answer decides.
+    /// Asks live workers, in turn, to open the job; the first that opens it describes it. A
+    /// worker that refuses it (the folder outside its --data-root, a mount missing on its
+    /// node) leaves it to the next, as a worker that cannot open a job mid-run leaves its
+    /// share to the others; the job is refused, with the first refusal, only when none opens it.
     pub(super) async fn describe(
         &self,
         spec: &JobSpec,
@@ -219,6 +222,7 @@ impl CoordinatorService {
                 continue;
             }
             let mut last_error = None;
+            let mut refusal = None;
             for worker in &workers {
                 let channel = self
                     .config
@@ -235,7 +239,12 @@ impl CoordinatorService {
                 )
                 .await
                 {
-                    Ok(Ok(response)) => return Ok(response.into_inner()),
+                    Ok(Ok(response)) => {
+                        if let Some(refused) = &refusal {
+                            tracing::warn!(worker = worker.worker_id, %refused, "a worker refused a job another opened");
+                        }
+                        return Ok(response.into_inner());
+                    }
                     Ok(Err(status)) if error_kinds::is_transient(&status) => {
                         tracing::warn!(worker = worker.worker_id, %status, "worker unreachable while checking a job");
                         last_error = Some(status);
@@ -244,7 +253,7 @@ impl CoordinatorService {
                         // The worker's kind goes back with its reason (or the kind of the
                         // connector's refusal, when the coordinator could not reach it).
                         let kind = error_kinds::kind_of_status(&status);
-                        return Err(error_kinds::with_kind(
+                        refusal.get_or_insert(error_kinds::with_kind(
                             Status::with_metadata(
                                 status.code(),
                                 format!(
@@ -266,9 +275,9 @@ impl CoordinatorService {
                     }
                 }
             }
-            return Err(
-                last_error.unwrap_or_else(|| Status::unavailable("no worker could check the job"))
-            );
+            return Err(refusal
+                .or(last_error)
+                .unwrap_or_else(|| Status::unavailable("no worker could check the job")));
         }
     }
 }

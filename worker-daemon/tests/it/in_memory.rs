@@ -793,6 +793,26 @@ fn a_worker_that_sees_another_dataset_than_the_registered_one_refuses_the_job() 
     Ok(())
 }
 
+/// Registration too: a job the first worker asked cannot open (its folder outside that
+/// worker's --data-root) is described by the next, and read; it was refused outright.
+#[test]
+fn a_job_the_first_worker_refuses_is_registered_through_another() -> TestResult {
+    let (_data, _state, network, mut cluster) = one_worker()?;
+    let elsewhere = tempfile::tempdir()?;
+    images(elsewhere.path())?;
+    let (expected, _) = embedded(elsewhere.path())?;
+    let config = worker_config(&network, "worker-b:7001", elsewhere.path(), None)?;
+    cluster.add_worker(&network, config);
+    cluster.wait_for_workers(2)?;
+    let loader = remote(&network, elsewhere.path(), None)?;
+    let mut digest = BatchDigest::new();
+    for batch in loader.epoch(0, 0)? {
+        digest.update(&batch?);
+    }
+    assert_eq!(digest.hex(), expected);
+    Ok(())
+}
+
 /// A worker that cannot open a job (its folder outside the worker's --data-root: a node whose
 /// mount failed) tells the client so, which takes that worker's share from the others: the
 /// epoch is the embedded one. Before, the worker's error ended the run though another worker
