@@ -3,6 +3,7 @@ and two real worker processes on 127.0.0.1, compared batch for batch with the in
 
 from __future__ import annotations
 
+import logging
 import time
 from pathlib import Path
 
@@ -146,6 +147,34 @@ def test_a_coordinator_gone_for_longer_than_the_grace_raises_worker_unavailable(
         for process in (worker, coordinator):
             process.kill()
             process.wait(timeout=10)
+
+
+def test_two_runs_of_identical_settings_read_right_and_are_told_why_they_reopen(
+    dataset: Path, cluster: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Two loaders of identical settings are one job, one session per rank, to a coordinator:
+    each reopens the other's session. Both still read the embedded batches, and a reopen's
+    warning says what causes it (it named nothing)."""
+    options = _options(rank=0, prefetch=4)
+    local = stoker.Loader(dataset, num_threads=1, **options)
+    expected = epoch_batches(local)
+    local.close()
+    first = stoker.Loader(dataset, address=cluster, **options)
+    second = stoker.Loader(dataset, address=cluster, **options)
+    try:
+        with caplog.at_level(logging.WARNING, logger="stoker"):
+            got: tuple[list[dict[str, np.ndarray]], list[dict[str, np.ndarray]]] = ([], [])
+            for a, b in zip(iter(first), iter(second), strict=True):
+                got[0].append({name: np.array(value) for name, value in a.items()})
+                got[1].append({name: np.array(value) for name, value in b.items()})
+        for batches in got:
+            assert_same_batches(batches, expected)
+        reopened = [r.getMessage() for r in caplog.records if "was opened again" in r.getMessage()]
+        assert reopened, "the two runs shared sessions (a reopen each time the other opened)"
+        assert all("another client reads the same job" in m for m in reopened), reopened
+    finally:
+        first.close()
+        second.close()
 
 
 def test_distributed_batches_are_zero_copy_views(dataset: Path, cluster: str) -> None:

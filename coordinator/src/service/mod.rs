@@ -393,7 +393,9 @@ impl CoordinatorService {
         if token.opening != current {
             return Err(Status::failed_precondition(format!(
                 "session {} was opened again (opening {current}) since opening {} this call \
-                 belongs to; it is not applied",
+                 belongs to; it is not applied (if this repeats: another client reads the same \
+                 job, rank and epoch, as two runs of identical settings on one coordinator do; \
+                 give each run its own seed)",
                 token.session_id, token.opening
             )));
         }
