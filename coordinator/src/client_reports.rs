@@ -67,5 +67,6 @@ pub(super) fn client_snapshot(stats: &ClientStats, threads: usize) -> MonitorSna
         slot_capacity: stats.prefetch_target as usize,
         slot_bytes: 0,
         threads,
+        report_age_s: None,
     }
 }

@@ -144,6 +144,10 @@ pub struct MonitorSnapshot {
     pub slot_bytes: usize,
     /// Decode threads.
     pub threads: usize,
+    /// Seconds since a remote client's last report, once it is older than the reports'
+    /// period allows ([`REPORT_STALE_AFTER`]); `None` while reports come, and for a loader in
+    /// this process.
+    pub report_age_s: Option<f64>,
 }
 
 /// Where a [`LoaderMonitor`] reads a loader's figures: the loader implements it over what it
@@ -174,9 +178,10 @@ struct Reported {
 
 impl MonitorSource for Reported {
     /// The latest report; once it is older than [`REPORT_STALE_AFTER`] (the client stopped,
-    /// paused between sessions, or died), with its elapsed time run on to now and nothing
-    /// else: the time passes with no batch taken, so the figures read idle, not a client
-    /// forever at the moment of its last report.
+    /// paused between sessions, died, or cannot reach the coordinator), with its elapsed time
+    /// run on to now, nothing else, and the report's age: the time passes with no batch
+    /// taken, not a client forever at the moment of its last report, and the verdict says
+    /// the reports stopped rather than guess why.
     fn snapshot(&self) -> MonitorSnapshot {
         let mut snapshot = self
             .latest
@@ -188,6 +193,7 @@ impl MonitorSource for Reported {
             *seen = (snapshot.stats.elapsed_s, Instant::now());
         } else if seen.1.elapsed() > REPORT_STALE_AFTER {
             snapshot.stats.elapsed_s += seen.1.elapsed().as_secs_f64();
+            snapshot.report_age_s = Some(seen.1.elapsed().as_secs_f64());
         }
         snapshot
     }

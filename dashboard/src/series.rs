@@ -56,6 +56,9 @@ pub enum Verdict {
     Balanced,
     /// The trainer waited less than 1% of the time.
     ComputeBound,
+    /// A remote client has sent no report for this many seconds: it stopped reading, ended,
+    /// or cannot reach the coordinator (whose figures cannot tell which).
+    Silent(u64),
 }
 
 impl std::fmt::Display for Verdict {
@@ -68,6 +71,11 @@ impl std::fmt::Display for Verdict {
             Self::LaneBeside => f.write_str("input-bound: GPU decode beside the step"),
             Self::Balanced => f.write_str("balanced"),
             Self::ComputeBound => f.write_str("compute-bound"),
+            Self::Silent(seconds) => write!(
+                f,
+                "no report for {seconds} s: the client stopped reading, ended, or cannot reach \
+                 the coordinator"
+            ),
         }
     }
 }
@@ -246,6 +254,8 @@ pub(crate) struct Point {
     pub bad_samples: u64,
     /// The GPU decode lane's split, rates and memory, when the loader has one.
     pub gpu_decode: Option<crate::GpuDecodeFigures>,
+    /// Seconds since a remote client's last report, when its reports stopped.
+    pub report_age_s: Option<f64>,
     #[serde(skip)]
     delta: Delta,
 }
@@ -346,6 +356,7 @@ impl JobSeries {
                 samples_total: stats.samples,
                 bad_samples: stats.bad_samples,
                 gpu_decode: stats.gpu_decode.clone(),
+                report_age_s: snapshot.report_age_s.map(|age| round(age, 1)),
                 delta,
             };
             self.points.push_back(point);
@@ -390,7 +401,10 @@ impl JobSeries {
         let mut time = TimePerSample::new(&sum, threads.unwrap_or(0), None, None);
         time.trainer_ms = step;
         let stall_pct = sum.stall_pct();
-        let verdict = verdict_of(&sum);
+        let verdict = match self.points.get(end).and_then(|point| point.report_age_s) {
+            Some(age) => Verdict::Silent(age as u64),
+            None => verdict_of(&sum),
+        };
         Window {
             seconds: round(sum.elapsed_s, 1),
             stall_pct,
@@ -420,7 +434,13 @@ fn verdict_of(sum: &Delta) -> Verdict {
             return Verdict::LaneBeside;
         }
     }
-    match sum.stall_pct() {
+    // The GPU's measured idle (events on the consumer's stream) counts as a wait: a loop that
+    // runs ahead of the GPU waits little in `next()` while the GPU waits for the batch.
+    let stall = match (sum.stall_pct(), sum.gpu_idle_pct()) {
+        (Some(host), Some(gpu)) => Some(host.max(gpu)),
+        (host, gpu) => host.or(gpu),
+    };
+    match stall {
         // Most of the wait was for the first batch of an epoch: the boundary, not a stage.
         Some(stall)
             if stall > INPUT_BOUND_STALL_PCT && sum.epoch_start_wait_s * 2.0 >= sum.wait_s =>
@@ -538,11 +558,13 @@ mod tests {
         }
     }
 
-    /// A remote client that stops reporting (it ended, paused between sessions, or died)
-    /// reads as time passing with nothing taken, so its verdict goes to idle; before, its last
-    /// report stood for the present and the job read "starting" until it was retired.
+    /// A remote client that stops reporting (it ended, paused between sessions, died, or
+    /// cannot reach the coordinator) reads as time passing with nothing taken, and its verdict
+    /// says the reports stopped, with their age: it read "idle" (a starved client cut off from
+    /// the coordinator looked like a paused one); before that, its last report stood for the
+    /// present and the job read "starting" until it was retired.
     #[test]
-    fn a_remote_client_that_stops_reporting_reads_as_idle_time() {
+    fn a_remote_client_that_stops_reporting_reads_as_silent() {
         let reported = LoaderStats {
             elapsed_s: 100.0,
             samples: 5000,
@@ -565,7 +587,11 @@ mod tests {
         assert_eq!((later.samples, later.wait_s), (5000, 1.0));
         registry.sample_all();
         let window = registry.jobs[0].window_ending(registry.jobs[0].points.len() - 1);
-        assert_eq!(window.verdict, Verdict::Idle);
+        assert_eq!(window.verdict, Verdict::Silent(2));
+        assert!(window
+            .verdict
+            .to_string()
+            .starts_with("no report for 2 s: the client stopped reading"));
         // A new report is taken as it is.
         latest.lock().unwrap().stats.elapsed_s = 103.0;
         assert_eq!(registry.jobs[0].monitor.snapshot().stats.elapsed_s, 103.0);
@@ -729,6 +755,18 @@ mod tests {
         assert_eq!(verdict_of(&first), Verdict::EpochBoundary);
         // Paused (an evaluation outside the loader, the run over): idle.
         assert_eq!(verdict_of(&delta(10.0, 0.0, 0, [0.0; 4])), Verdict::Idle);
+    }
+
+    /// The GPU's measured idle counts as a wait: a loop that runs ahead of the GPU waits
+    /// little in `next()` while the GPU sits idle for the batch; it read "compute-bound".
+    #[test]
+    fn a_gpu_idle_for_the_batch_is_input_bound_though_the_host_waited_little() {
+        let mut ahead = delta(10.0, 0.05, 1600, [1.0, 6.0, 1.0, 0.5]);
+        ahead.gpu_span_s = 10.0;
+        ahead.gpu_idle_s = 2.0;
+        assert_eq!(verdict_of(&ahead), Verdict::InputBound("decode"));
+        ahead.gpu_idle_s = 0.05;
+        assert_eq!(verdict_of(&ahead), Verdict::ComputeBound);
     }
 
     #[test]
