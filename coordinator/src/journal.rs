@@ -127,7 +127,7 @@ impl Journal {
         let path = state_dir.join(JOURNAL_FILE);
         // redb asserts on some damage (a file cut short of its header's layout) rather than
         // returning an error: met here, it is an error naming the file, not a crash.
-        let database = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| open_database()))
+        let database = std::panic::catch_unwind(std::panic::AssertUnwindSafe(&open_database))
             .map_err(|panic| CoordinatorError::JournalDamaged {
                 path: path.clone(),
                 problem: stoker_pipeline::panic_text(panic.as_ref()),
