@@ -452,38 +452,100 @@ pub(super) fn pick_label_column(
 /// The columns a label is looked for in, in order, when none is named.
 pub(super) const LABEL_NAMES: [&str; 2] = ["label", "cls"];
 
-/// A `pil` sample (width, height and mode length as `u32`, the mode, then raw pixels) as a
-/// binary PPM (`RGB`) or PGM (`L`); `None` for other modes or sizes that do not add up.
-pub(super) fn pil_as_pnm(bytes: &[u8]) -> Option<Vec<u8>> {
+/// A `pil` sample (width, height and mode length as `u32`, the mode, then the raw pixels of
+/// PIL's `tobytes()`) as a binary PPM (`P6`) or PGM (`P5`), converted as PIL's
+/// `convert("RGB")` converts it: alpha dropped (`RGBA`, `LA`), `CMYK` by Pillow's `cmyk2rgb`,
+/// `1` (bits, rows padded to a byte) as 0 or 255, `I;16`/`I;16B` clipped at 255. Err names
+/// what cannot be read: a `P` image (the encoding keeps no palette: PIL itself decodes it
+/// black), another mode, or sizes that do not add up.
+pub(super) fn pil_as_pnm(bytes: &[u8]) -> std::result::Result<Vec<u8>, String> {
     let word = |k: usize| {
         let b = bytes.get(4 * k..4 * k + 4)?;
         Some(u32::from_le_bytes([b[0], b[1], b[2], b[3]]) as usize)
     };
-    let (width, height, mode_len) = (word(0)?, word(1)?, word(2)?);
-    let mode = bytes.get(12..12 + mode_len)?;
-    let pixels = bytes.get(12 + mode_len..)?;
-    // (magic, channels stored, channels kept): alpha is dropped, as PIL's `convert("RGB")`
-    // drops it.
-    let (magic, channels, kept) = match mode {
-        b"RGB" => ("P6", 3, 3),
-        b"RGBA" => ("P6", 4, 3),
-        b"L" => ("P5", 1, 1),
-        b"LA" => ("P5", 2, 1),
-        _ => return None,
+    let cut_short = || "a pil image cut short of its header".to_string();
+    let (width, height, mode_len) = (
+        word(0).ok_or_else(cut_short)?,
+        word(1).ok_or_else(cut_short)?,
+        word(2).ok_or_else(cut_short)?,
+    );
+    let mode = bytes.get(12..12 + mode_len).ok_or_else(cut_short)?;
+    let pixels = bytes.get(12 + mode_len..).ok_or_else(cut_short)?;
+    let mode_name = String::from_utf8_lossy(mode).into_owned();
+    // Bytes per row as `tobytes()` lays them out.
+    let row_bytes = match mode {
+        b"1" => width.div_ceil(8),
+        b"L" | b"P" => width,
+        b"LA" | b"I;16" | b"I;16B" => width * 2,
+        b"RGB" => width * 3,
+        b"RGBA" | b"CMYK" => width * 4,
+        _ => {
+            return Err(format!(
+                "a pil image of mode {mode_name:?} (RGB, RGBA, CMYK, L, LA, 1 and I;16 are read)"
+            ))
+        }
     };
-    if pixels.len() != width.checked_mul(height)?.checked_mul(channels)? {
-        return None;
+    if mode == b"P" {
+        return Err(
+            "a pil image of mode \"P\": the pil encoding keeps no palette (PIL decodes it \
+             black); convert such images to RGB before writing them"
+                .to_string(),
+        );
     }
-    let mut out = format!("{magic}\n{width} {height}\n255\n").into_bytes();
-    if kept == channels {
-        out.extend_from_slice(pixels);
-    } else {
-        out.reserve(pixels.len() / channels * kept);
-        for pixel in pixels.chunks_exact(channels) {
-            out.extend_from_slice(&pixel[..kept]);
+    let size_matches = row_bytes
+        .checked_mul(height)
+        .is_some_and(|size| size == pixels.len());
+    if !size_matches {
+        return Err(format!(
+            "a pil image of mode {mode_name:?} whose {} pixel bytes are not {width}x{height}",
+            pixels.len()
+        ));
+    }
+    let rgb = matches!(mode, b"RGB" | b"RGBA" | b"CMYK");
+    let mut out =
+        format!("{}\n{width} {height}\n255\n", if rgb { "P6" } else { "P5" }).into_bytes();
+    out.reserve(width * height * if rgb { 3 } else { 1 });
+    match mode {
+        b"RGB" | b"L" => out.extend_from_slice(pixels),
+        b"RGBA" => pixels
+            .chunks_exact(4)
+            .for_each(|pixel| out.extend_from_slice(&pixel[..3])),
+        b"LA" => out.extend(pixels.chunks_exact(2).map(|pixel| pixel[0])),
+        b"CMYK" => {
+            for pixel in pixels.chunks_exact(4) {
+                let keep = 255 - u32::from(pixel[3]);
+                for &ink in &pixel[..3] {
+                    // Pillow's MULDIV255: (a * b + 128) with its high byte added, shifted.
+                    let product = u32::from(ink) * keep + 128;
+                    let inked = ((product >> 8) + product) >> 8;
+                    out.push(keep.saturating_sub(inked) as u8);
+                }
+            }
+        }
+        b"1" => {
+            for row in pixels.chunks_exact(row_bytes.max(1)) {
+                out.extend((0..width).map(|x| {
+                    if row[x / 8] & (0x80 >> (x % 8)) != 0 {
+                        255
+                    } else {
+                        0
+                    }
+                }));
+            }
+        }
+        _ => {
+            let big = mode == b"I;16B";
+            out.extend(pixels.chunks_exact(2).map(|pair| {
+                let value = if big {
+                    u16::from_be_bytes([pair[0], pair[1]])
+                } else {
+                    u16::from_le_bytes([pair[0], pair[1]])
+                };
+                value.min(255) as u8
+            }));
         }
     }
-    Some(out)
+    Ok(out)
 }
 
 /// The column whose `ndarray` values are token ids: the one named, else `tokens`, else

@@ -403,8 +403,7 @@ impl SampleSource for MdsDataset {
         let each = &self.columns[column];
         let bad = |problem: String| mds_error(&shard.path, format!("sample {local}: {problem}"));
         match each.encoding {
-            Encoding::Pil => pil_as_pnm(&bytes)
-                .ok_or_else(|| bad("a pil image of a mode other than RGB, RGBA, L or LA".into())),
+            Encoding::Pil => pil_as_pnm(&bytes).map_err(bad),
             Encoding::NdArray {
                 dtype,
                 static_shape,
