@@ -25,7 +25,7 @@ use tracing_subscriber::layer::{Context, Layer, SubscriberExt};
 const KEPT: usize = 256;
 
 /// The targets forwarded and the least severe level of each.
-const FORWARDED: [(&str, Level); 6] = [
+const FORWARDED: [(&str, Level); 7] = [
     ("stoker_loader", Level::WARN),
     ("stoker_gpu", Level::WARN),
     // This module's own (its library is named `_native`).
@@ -36,6 +36,9 @@ const FORWARDED: [(&str, Level); 6] = [
     // several.
     ("stoker_datasets::naming", Level::WARN),
     ("stoker_datasets::label_checks", Level::WARN),
+    // A tar member left out, and why (the first ones of each shard; opening's notice counts
+    // them all).
+    ("stoker_datasets::tar_shards::scan", Level::WARN),
 ];
 
 /// One event waiting: its level, target and text (message, then its fields).

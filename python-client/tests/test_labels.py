@@ -270,3 +270,26 @@ def test_tar_members_left_out_are_warned_about(
     assert any("problem(s) indexing the tar shards" in r.getMessage() for r in caplog.records), (
         caplog.text
     )
+
+
+def test_a_tar_set_with_no_complete_sample_says_why(
+    dataset: Path,
+    tmp_path: Path,
+    make_loader: Callable[..., stoker.Loader],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Keys with dots (``img.0.jpg`` beside ``img.0.cls``: the key is ``img``) form no sample:
+    the refusal said only "found no complete sample", the reasons went to no one."""
+    shards = tmp_path / "dotted"
+    shards.mkdir()
+    with tarfile.open(shards / "shard-000000.tar", "w") as tar:
+        for number, path in enumerate(image_files(dataset)[:4]):
+            for name, data in ((f"img.{number}.jpg", path.read_bytes()),
+                               (f"img.{number}.cls", b"1")):
+                info = tarfile.TarInfo(name)
+                info.size = len(data)
+                tar.addfile(info, io.BytesIO(data))
+    with caplog.at_level(logging.WARNING, logger=LOADER_LOG):
+        with pytest.raises(stoker.DatasetError, match=r"member\(s\) were left out.*first dot"):
+            make_loader(shards, batch_size=2)
+    assert any("tar shard problem" in r.getMessage() for r in caplog.records), caplog.text

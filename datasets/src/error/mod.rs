@@ -91,9 +91,20 @@ pub enum Error {
     /// Tar shards were found but no member group formed a complete sample (image + label).
     #[error(
         "found no complete sample (an image member and a .cls or .json label member with the \
-         same key) in the tar shards at {0}"
+         same key) in the tar shards at {path}{}",
+        if *problems == 0 { String::new() } else { format!(
+            "; {problems} member(s) were left out: the first ones are logged (a sample's \
+             members share the key before the first dot of their names, so img.0.jpg has the \
+             key img; a .cls member holds an integer; a .json label holds an integer label \
+             or cls field)"
+        ) }
     )]
-    NoTarSamples(PathBuf),
+    NoTarSamples {
+        /// The shards' folder, pattern or prefix.
+        path: PathBuf,
+        /// Members or samples left out while indexing.
+        problems: u64,
+    },
 
     /// A tar member's data runs past the end of its shard: the shard was cut short.
     #[error(

@@ -149,7 +149,10 @@ impl TarShards {
             max_label = max_label.max(shard.index.samples.iter().map(|sample| sample.label).max());
         }
         if len == 0 {
-            return Err(Error::NoTarSamples(path.to_path_buf()));
+            return Err(Error::NoTarSamples {
+                path: path.to_path_buf(),
+                problems: stats.problems,
+            });
         }
         let class_names = class_names(&root, max_label)?;
         let mut notices = Vec::new();

@@ -373,7 +373,7 @@ fn a_corrupt_header_keeps_the_samples_before_it() {
     std::fs::write(&shard, vec![0x42; 4096]).unwrap();
     assert!(matches!(
         TarShards::open(dir.path()),
-        Err(Error::NoTarSamples(_))
+        Err(Error::NoTarSamples { .. })
     ));
     // A header cut short at the end of the file.
     std::fs::write(

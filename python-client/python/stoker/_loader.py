@@ -367,15 +367,20 @@ class Loader(FromDataset, SavedState, Stats):
         self._settings = replace(
             settings, job_name=chosen.job_name, **placement.pinning_arguments(self._torch)
         )
-        self._native = _native.NativeLoader(
-            self._settings,
-            chosen.settings(
-                num_threads=threads, on_error=error_policy, shuffle_window=self._shuffle_window,
-                address=address, worker_grace_s=worker_grace, token=token,
-                tls_ca=None if tls_ca is None else os.fspath(tls_ca),
-                tls_server_name=tls_server_name, **placement.lane_arguments(chosen.tail),
-            ),
-        )
+        try:
+            self._native = _native.NativeLoader(
+                self._settings,
+                chosen.settings(
+                    num_threads=threads, on_error=error_policy,
+                    shuffle_window=self._shuffle_window, address=address,
+                    worker_grace_s=worker_grace, token=token,
+                    tls_ca=None if tls_ca is None else os.fspath(tls_ca),
+                    tls_server_name=tls_server_name, **placement.lane_arguments(chosen.tail),
+                ),
+            )
+        except BaseException:
+            _native.forward_logs()  # what opening logged before it failed (tar members left out)
+            raise
         try:
             self._finish_init(placement.stage(self._torch, chosen.tail))
         except BaseException:  # its threads, slots, port go now, not with the traceback
