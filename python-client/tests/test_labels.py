@@ -289,7 +289,9 @@ def test_a_tar_set_with_no_complete_sample_says_why(
                 info = tarfile.TarInfo(name)
                 info.size = len(data)
                 tar.addfile(info, io.BytesIO(data))
-    with caplog.at_level(logging.WARNING, logger=LOADER_LOG):
-        with pytest.raises(stoker.DatasetError, match=r"member\(s\) were left out.*first dot"):
-            make_loader(shards, batch_size=2)
+    with (
+        caplog.at_level(logging.WARNING, logger=LOADER_LOG),
+        pytest.raises(stoker.DatasetError, match=r"member\(s\) were left out.*first dot"),
+    ):
+        make_loader(shards, batch_size=2)
     assert any("tar shard problem" in r.getMessage() for r in caplog.records), caplog.text
