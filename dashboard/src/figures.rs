@@ -145,8 +145,7 @@ pub struct MonitorSnapshot {
     /// Decode threads.
     pub threads: usize,
     /// Seconds since a remote client's last report, once it is older than the reports'
-    /// period allows ([`REPORT_STALE_AFTER`]); `None` while reports come, and for a loader in
-    /// this process.
+    /// period allows (1.5 s); `None` while reports come, and for a loader in this process.
     pub report_age_s: Option<f64>,
 }
 

@@ -61,8 +61,33 @@ pub fn run(args: InspectArgs) -> anyhow::Result<()> {
     }
     let path = match resolve_local(&[&uri], args.split.as_deref())? {
         LocalSource::Path(path) => path,
-        LocalSource::Files { .. } => {
-            return inspect_opened(&args, &named(&uri), &[], "the files it names");
+        // Described by their kind, as a job reads them: JSONL as documents, token files as
+        // windows, the rest as samples.
+        LocalSource::Files { name, files } => {
+            return match stoker_datasets::kind_of_files(&name, &files)? {
+                stoker_datasets::FileKind::Jsonl => {
+                    let documents = JsonlDocuments::open_listed(
+                        std::path::Path::new(&name),
+                        files,
+                        &args.text_field,
+                        "",
+                    )?;
+                    print_jsonl(&args, &name, &documents)
+                }
+                stoker_datasets::FileKind::TokenFile => {
+                    let dataset = DatasetSource {
+                        token_dtype: match args.token_dtype.as_str() {
+                            "uint16" => proto::Dtype::Uint16,
+                            "uint32" => proto::Dtype::Uint32,
+                            _ => proto::Dtype::Unspecified,
+                        } as i32,
+                        ..named(&uri)
+                    };
+                    let windows = token_windows(args.seq_len);
+                    inspect_opened(&args, &dataset, &[windows], "the token files it names")
+                }
+                _ => inspect_opened(&args, &named(&uri), &[], "the files it names"),
+            };
         }
     };
     let here = || DatasetSource {
@@ -71,13 +96,12 @@ pub fn run(args: InspectArgs) -> anyhow::Result<()> {
         ..Default::default()
     };
     if super::is_megatron_corpus(&path) {
-        let windows = proto::Op {
-            op: Some(proto::op::Op::TokenWindows(proto::TokenWindows {
-                seq_len: args.seq_len,
-                ..Default::default()
-            })),
-        };
-        return inspect_opened(&args, &here(), &[windows], "Megatron corpus");
+        return inspect_opened(
+            &args,
+            &here(),
+            &[token_windows(args.seq_len)],
+            "Megatron corpus",
+        );
     }
     if stoker_datasets::looks_like_mds(&path) {
         return inspect_opened(&args, &here(), &[], "MDS shards");
@@ -110,7 +134,7 @@ pub fn run(args: InspectArgs) -> anyhow::Result<()> {
             "shards    {} ({} index files reused, {} built, {} problems)",
             stats.shards, stats.loaded_from_cache, stats.built, stats.problems
         );
-        println!("(size statistics are computed for ImageFolder datasets only so far)");
+        println!("(size statistics: name the shards with a pattern, e.g. folder/*.tar)");
         return Ok(());
     }
     if stoker_datasets::looks_like_hf_dataset(&args.data) {
@@ -357,14 +381,29 @@ fn inspect_tokens(args: &InspectArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// The op that cuts token sources into windows of `seq_len + 1` tokens.
+fn token_windows(seq_len: u32) -> proto::Op {
+    proto::Op {
+        op: Some(proto::op::Op::TokenWindows(proto::TokenWindows {
+            seq_len,
+            ..Default::default()
+        })),
+    }
+}
+
 fn inspect_jsonl(args: &InspectArgs) -> anyhow::Result<()> {
     let documents = JsonlDocuments::open(&args.data, &args.text_field, "")?;
+    print_jsonl(args, &args.data.display().to_string(), &documents)
+}
+
+/// The report of JSONL `documents`, named `name`.
+fn print_jsonl(args: &InspectArgs, name: &str, documents: &JsonlDocuments) -> anyhow::Result<()> {
     let report = documents.report();
     if args.json {
         println!("{}", serde_json::to_string(&report)?);
         return Ok(());
     }
-    println!("dataset   {} (jsonl)", args.data.display());
+    println!("dataset   {name} (jsonl)");
     println!("files     {}", report.files);
     println!("documents {}", report.documents);
     println!("malformed {}", report.malformed);

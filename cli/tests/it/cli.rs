@@ -342,6 +342,59 @@ fn inspect_finds_its_source_as_a_job_does() {
         assert_eq!(report["dtype"], "uint32", "{report}");
         assert_eq!(report["windows"], 74, "{report}");
     }
+    // JSONL named by split or pattern is described as documents (it was read as images:
+    // "formats unreadable 1"), and token files by a pattern as windows (it was refused for
+    // a pipeline nobody gave).
+    let jsonl = dir.path().join("jsonl");
+    std::fs::create_dir_all(&jsonl).unwrap();
+    std::fs::write(
+        jsonl.join("train.jsonl"),
+        "{\"text\": \"one\"}\n{\"text\": \"two\"}\n",
+    )
+    .unwrap();
+    std::fs::write(jsonl.join("test.jsonl"), "{\"text\": \"three\"}\n").unwrap();
+    let train = stdout_of(&[
+        "inspect",
+        "--data",
+        jsonl.to_str().unwrap(),
+        "--split",
+        "train",
+        "--json",
+    ]);
+    let train: serde_json::Value = serde_json::from_str(train.trim()).unwrap();
+    assert_eq!(train["documents"], 2, "{train}");
+    let parts = dir.path().join("parts");
+    std::fs::create_dir_all(&parts).unwrap();
+    std::fs::copy(jsonl.join("train.jsonl"), parts.join("part-0.jsonl")).unwrap();
+    std::fs::copy(jsonl.join("test.jsonl"), parts.join("part-1.jsonl")).unwrap();
+    let every = parts.join("part-*.jsonl");
+    let every = stdout_of(&["inspect", "--data", every.to_str().unwrap(), "--json"]);
+    let every: serde_json::Value = serde_json::from_str(every.trim()).unwrap();
+    assert_eq!(every["documents"], 3, "{every}");
+    let tokens = dir.path().join("tokens");
+    std::fs::create_dir_all(&tokens).unwrap();
+    for name in ["a.bin", "b.bin"] {
+        let ids: Vec<u8> = (0..100u16).flat_map(u16::to_le_bytes).collect();
+        std::fs::write(tokens.join(name), ids).unwrap();
+    }
+    // One token file by a pattern is read as windows; several are refused as a job refuses
+    // them (one source is one file), not for a pipeline nobody gave.
+    let one = tokens.join("a*.bin");
+    let windows = stdout_of(&["inspect", "--data", one.to_str().unwrap(), "--seq-len", "9"]);
+    assert!(windows.contains("window"), "{windows}");
+    let both = tokens.join("*.bin");
+    let refused = stoker(&[
+        "inspect",
+        "--data",
+        both.to_str().unwrap(),
+        "--seq-len",
+        "9",
+    ]);
+    let message = String::from_utf8_lossy(&refused.stderr);
+    assert!(
+        !refused.status.success() && message.contains("a token source is one file"),
+        "{message}"
+    );
 }
 
 /// An error's cause is said once, though the library's message quotes it.
