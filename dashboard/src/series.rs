@@ -427,26 +427,28 @@ fn verdict_of(sum: &Delta) -> Verdict {
     if sum.samples == 0 && sum.wait_s * 2.0 < sum.elapsed_s {
         return Verdict::Idle;
     }
-    // The lane's cost is GPU time no wait shows: named when it is above the input-bound line
-    // and more than the trainer waited.
-    if let Some(lane) = sum.gpu_lane_cost_pct() {
-        if lane > INPUT_BOUND_STALL_PCT && lane >= sum.stall_pct().unwrap_or(0.0) {
-            return Verdict::LaneBeside;
-        }
-    }
     // The GPU's measured idle (events on the consumer's stream) counts as a wait: a loop that
     // runs ahead of the GPU waits little in `next()` while the GPU waits for the batch.
-    let stall = match (sum.stall_pct(), sum.gpu_idle_pct()) {
+    let host = sum.stall_pct();
+    let stall = match (host, sum.gpu_idle_pct()) {
         (Some(host), Some(gpu)) => Some(host.max(gpu)),
         (host, gpu) => host.or(gpu),
     };
-    match stall {
-        // Most of the wait was for the first batch of an epoch: the boundary, not a stage.
-        Some(stall)
-            if stall > INPUT_BOUND_STALL_PCT && sum.epoch_start_wait_s * 2.0 >= sum.wait_s =>
-        {
-            Verdict::EpochBoundary
+    // The lane's cost is GPU time no wait shows: named when it is above the input-bound line
+    // and more than the trainer or the GPU waited.
+    if let Some(lane) = sum.gpu_lane_cost_pct() {
+        if lane > INPUT_BOUND_STALL_PCT && lane >= stall.unwrap_or(0.0) {
+            return Verdict::LaneBeside;
         }
+    }
+    // Most of the host's wait was for the first batch of an epoch: the boundary, not a stage
+    // (judged on the host's wait alone, which is what the epoch's start is counted in).
+    if host.is_some_and(|host| host > INPUT_BOUND_STALL_PCT)
+        && sum.epoch_start_wait_s * 2.0 >= sum.wait_s
+    {
+        return Verdict::EpochBoundary;
+    }
+    match stall {
         Some(stall) if stall > INPUT_BOUND_STALL_PCT => {
             Verdict::InputBound(dominant_stage(&sum.stages_s))
         }
@@ -765,6 +767,10 @@ mod tests {
         ahead.gpu_span_s = 10.0;
         ahead.gpu_idle_s = 2.0;
         assert_eq!(verdict_of(&ahead), Verdict::InputBound("decode"));
+        // No host wait at all: still the GPU's idle, not an epoch boundary (0 >= 0).
+        ahead.wait_s = 0.0;
+        assert_eq!(verdict_of(&ahead), Verdict::InputBound("decode"));
+        ahead.wait_s = 0.05;
         ahead.gpu_idle_s = 0.05;
         assert_eq!(verdict_of(&ahead), Verdict::ComputeBound);
     }

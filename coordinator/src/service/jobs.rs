@@ -198,9 +198,10 @@ impl CoordinatorService {
     }
 
     /// Asks live workers, in turn, to open the job; the first that opens it describes it. A
-    /// worker that refuses it (the folder outside its --data-root, a mount missing on its
-    /// node) leaves it to the next, as a worker that cannot open a job mid-run leaves its
-    /// share to the others; the job is refused, with the first refusal, only when none opens it.
+    /// worker that refuses it for a reason of its own (the folder outside its --data-root, a
+    /// path missing on its node, its security) leaves it to the next, as a worker that cannot
+    /// open a job mid-run leaves its share to the others; the job is refused with the first
+    /// such refusal when none opens it, and at once for any other refusal.
     pub(super) async fn describe(
         &self,
         spec: &JobSpec,
@@ -253,7 +254,7 @@ impl CoordinatorService {
                         // The worker's kind goes back with its reason (or the kind of the
                         // connector's refusal, when the coordinator could not reach it).
                         let kind = error_kinds::kind_of_status(&status);
-                        refusal.get_or_insert(error_kinds::with_kind(
+                        let refused = error_kinds::with_kind(
                             Status::with_metadata(
                                 status.code(),
                                 format!(
@@ -265,7 +266,22 @@ impl CoordinatorService {
                                 status.metadata().clone(),
                             ),
                             kind,
-                        ));
+                        );
+                        // Only a refusal about this worker (the folder outside its
+                        // --data-root, a path its node lacks, its own connection) is left to
+                        // the next: any other (a split to name, a format it cannot read) every
+                        // worker would give, each after as long.
+                        if !matches!(
+                            kind,
+                            ErrorKind::PermissionDenied
+                                | ErrorKind::NotFound
+                                | ErrorKind::NotADirectory
+                                | ErrorKind::Unauthenticated
+                                | ErrorKind::Tls
+                        ) {
+                            return Err(refused);
+                        }
+                        refusal.get_or_insert(refused);
                     }
                     Err(_) => {
                         last_error = Some(Status::deadline_exceeded(format!(

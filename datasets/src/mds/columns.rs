@@ -428,25 +428,26 @@ pub(super) fn pick_label_column(
     {
         return Ok(Some(k));
     }
-    // The names other tools write, taken only when they hold integers (MosaicML Streaming's
-    // converters write `x`, `y`).
-    if let Some(k) = crate::label_checks::LABEL_FALLBACK_NAMES
-        .iter()
-        .find_map(|name| named(name).filter(|&k| labels_matter && is_label(&columns[k])))
-    {
-        return Ok(Some(k));
-    }
     match LABEL_NAMES.iter().find_map(|name| named(name)) {
-        Some(k) if labels_matter => Err(mds_error(
-            index,
-            format!(
-                "label column {:?} is encoded {}: labels are int, str_int, json or a numpy \
-                 integer (label_column names another)",
-                columns[k].name, columns[k].encoding_name
-            ),
-        )),
-        _ => Ok(None),
+        Some(k) if labels_matter => {
+            return Err(mds_error(
+                index,
+                format!(
+                    "label column {:?} is encoded {}: labels are int, str_int, json or a \
+                     numpy integer (label_column names another)",
+                    columns[k].name, columns[k].encoding_name
+                ),
+            ))
+        }
+        Some(_) => return Ok(None),
+        None => {}
     }
+    // Beside images, the names other tools write, taken only when encoded as integers
+    // (MosaicML Streaming's converters write `x`, `y`; a `json` column may hold boxes or lists).
+    let integers = |c: &Column| matches!(c.encoding, Encoding::Integer(_) | Encoding::StrInt);
+    Ok(crate::label_checks::LABEL_FALLBACK_NAMES
+        .iter()
+        .find_map(|name| named(name).filter(|&k| labels_matter && integers(&columns[k]))))
 }
 
 /// The columns a label is looked for in, in order, when none is named.

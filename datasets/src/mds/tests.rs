@@ -108,6 +108,40 @@ fn streamings_x_and_y_columns_are_image_and_label() {
     write_mds(&dir, &columns, &rows, 4, None).unwrap();
     let dataset = open(&dir, &MdsOptions::default(), &cache).unwrap();
     assert_eq!(dataset.label(1), 0);
+    // A `json` `y` may hold boxes or lists: not taken either.
+    let columns = vec![column("x", "jpeg", None), column("y", "json", None)];
+    let rows = (0..4u8)
+        .map(|k| vec![vec![k; 3], b"[1, 2]".to_vec()])
+        .collect::<Vec<_>>();
+    let dir = temp.path().join("json-y");
+    write_mds(&dir, &columns, &rows, 4, None).unwrap();
+    let dataset = open(&dir, &MdsOptions::default(), &cache).unwrap();
+    assert_eq!(dataset.label(1), 0);
+    // A `label` of another encoding is refused, never passed over for `y`.
+    let columns = vec![
+        column("label", "str", None),
+        column("x", "jpeg", None),
+        column("y", "int", Some(8)),
+    ];
+    let rows = (0..4u8)
+        .map(|k| {
+            vec![
+                b"cat".to_vec(),
+                vec![k; 3],
+                i64::from(k).to_le_bytes().to_vec(),
+            ]
+        })
+        .collect::<Vec<_>>();
+    let dir = temp.path().join("str-label");
+    write_mds(&dir, &columns, &rows, 4, None).unwrap();
+    let refused = open(&dir, &MdsOptions::default(), &cache)
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(
+        refused.contains("label column \"label\" is encoded str"),
+        "{refused}"
+    );
 }
 
 /// MDSWriter keeps columns in name order: of `x` (jpeg) and `depth` (png), the first is no

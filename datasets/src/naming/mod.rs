@@ -268,8 +268,20 @@ fn pick_split(name: &str, files: Vec<PathBuf>, split: Option<&str>) -> Result<Ve
         .map(str::to_string)
         .or_else(|| picked.first().and_then(|file| split_of_file(file)))
         .unwrap_or_default();
-    if let Err(problem) = splits::check_shard_set(name, &split_name, &picked) {
-        warn!(%problem, "reading the files named as given, though their hub shards are not one whole set");
+    // Set by set: the shards of one folder (a pattern over several configurations' folders
+    // names one set in each).
+    let mut by_folder: std::collections::BTreeMap<Option<&Path>, Vec<PathBuf>> =
+        std::collections::BTreeMap::new();
+    for file in &picked {
+        by_folder
+            .entry(file.parent())
+            .or_default()
+            .push(file.clone());
+    }
+    for files in by_folder.values() {
+        if let Err(problem) = splits::check_shard_set(name, &split_name, files) {
+            warn!(%problem, "reading the files named as given, though their hub shards are not one whole set");
+        }
     }
     Ok(picked)
 }

@@ -212,14 +212,14 @@ pub(crate) fn find_splits(root: &Path) -> Result<Option<SplitLayout>> {
                 let split = split_of_file_name(&name).unwrap_or_else(|| UNNAMED.to_string());
                 splits.entry(split).or_default().push(file.clone());
             }
-            // Split folders of data files beside the loose files (`train/` beside
-            // `validation.parquet`) are splits too: never hidden by the files.
-            let split_folders = folders_of_data(&listing, true);
-            if splits.keys().all(|split| split == UNNAMED) && split_folders.is_empty() {
+            if splits.keys().all(|split| split == UNNAMED) {
                 // A plain folder of data files: no split; under `data/` (a hub repository
-                // whose files are not named by split), those files.
-                // (A JSONL folder says so in its notices.)
-                let unread = folders_of_data(&listing, false);
+                // whose files are not named by split), those files. Its subfolders' data
+                // files are not read, which is said (a JSONL folder says so in its notices).
+                let unread: Vec<(String, PathBuf)> = folders_of_data(&listing, true)
+                    .into_iter()
+                    .chain(folders_of_data(&listing, false))
+                    .collect();
                 let jsonl = listing
                     .data_files
                     .iter()
@@ -239,7 +239,10 @@ pub(crate) fn find_splits(root: &Path) -> Result<Option<SplitLayout>> {
                 sort_paths(&mut files);
                 return Ok(Some(SplitLayout::Unsplit(files)));
             }
-            for (name, folder) in split_folders {
+            // Split folders of data files beside loose split files (`train/` beside
+            // `validation.parquet`) are splits too: never hidden by the files.
+            for (name, folder) in folders_of_data(&listing, true) {
+                let name = name.to_lowercase();
                 if splits.contains_key(&name) {
                     return Err(Error::SplitTwice {
                         source_name: base.display().to_string(),
@@ -262,10 +265,10 @@ pub(crate) fn find_splits(root: &Path) -> Result<Option<SplitLayout>> {
             .filter(|(name, _)| !(base == root && name == "data"));
         let mut with_data = BTreeMap::new();
         let mut with_images = false;
-        // Folders named like splits holding anything, and whether one holds class folders
-        // (an image folder laid out by split).
+        // Folders named like splits holding anything, and how many hold class folders (an
+        // image folder laid out by split).
         let mut named_splits = BTreeMap::new();
-        let mut image_splits = false;
+        let mut image_splits = 0;
         for (name, folder) in candidates {
             let inside = Listing::of(folder).ok();
             if is_split_folder_name(name) {
@@ -273,8 +276,9 @@ pub(crate) fn find_splits(root: &Path) -> Result<Option<SplitLayout>> {
                     if inner.images || !inner.folders.is_empty() || !inner.data_files.is_empty() {
                         named_splits.insert(name.clone(), folder.clone());
                     }
-                    image_splits |=
-                        inner.data_files.is_empty() && !inner.images && !inner.folders.is_empty();
+                    if inner.data_files.is_empty() && !inner.images && !inner.folders.is_empty() {
+                        image_splits += 1;
+                    }
                 }
             }
             // A folder holding images is an image folder's class (a data file in it, or a
@@ -290,11 +294,19 @@ pub(crate) fn find_splits(root: &Path) -> Result<Option<SplitLayout>> {
                 with_data.insert(name.clone(), folder.clone());
             }
         }
-        if base == root && image_splits {
-            // An image folder laid out by split (`train/cat/`, `val/cat/`): its splits are the
-            // folders named like one, and any folder of data files beside them (a conversion
-            // written there), never read whole with the splits taken as classes; folders of
-            // another name beside them (`samples/`) are not read.
+        // An image folder laid out by split (`train/cat/`, `val/cat/`): every folder named
+        // like a split, one of them holding class folders; or two such beside folders of other
+        // names (`samples/`, a conversion written there), with no `data/` (a hub repository's).
+        // Its splits are the folders named like one and any folder of data files beside them,
+        // never read whole with the splits taken as classes; other folders are not read. (One
+        // class folder named `test`, holding folders of its own, is a class.)
+        let all_split_named = !listing.folders.is_empty()
+            && listing
+                .folders
+                .iter()
+                .all(|(name, _)| is_split_folder_name(name));
+        let beside_others = image_splits >= 2 && !root.join("data").is_dir();
+        if base == root && image_splits > 0 && (all_split_named || beside_others) {
             named_splits.extend(with_data);
             return Ok(Some(SplitLayout::Folders(named_splits)));
         }

@@ -304,6 +304,50 @@ fn splits_beside_other_folders_or_loose_files_are_never_hidden() {
     ));
 }
 
+/// What the rules above must not take for splits: one class folder named `test` holding
+/// folders of its own, a hub repository's `data/` beside a folder named like a split, loose
+/// unnamed files beside a split folder (read as before, the folder said to be unread), and a
+/// split folder spelt in capitals beside files of its split (held twice).
+#[test]
+fn one_split_named_folder_beside_others_is_no_split_layout() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    touch(
+        root,
+        &[
+            "classes/cat/a.png",
+            "classes/dog/c.png",
+            "classes/test/sub/d.png",
+            "hub/data/train-00000-of-00001.parquet",
+            "hub/eval/configs/x.png",
+            "corpus/tokens.bin",
+            "corpus/val/tokens.bin",
+            "capitals/train.parquet",
+            "capitals/Train/part0.parquet",
+        ],
+    );
+    let classes = at(root, "classes");
+    assert_eq!(
+        names_of(root, resolve_local(&[&classes], None).unwrap()),
+        ["path:classes"]
+    );
+    let hub = at(root, "hub");
+    assert_eq!(
+        names_of(root, resolve_local(&[&hub], None).unwrap()),
+        ["hub/data/train-00000-of-00001.parquet"]
+    );
+    let corpus = at(root, "corpus");
+    assert_eq!(
+        names_of(root, resolve_local(&[&corpus], None).unwrap()),
+        ["path:corpus"]
+    );
+    let capitals = at(root, "capitals");
+    assert!(matches!(
+        resolve_local(&[&capitals], None),
+        Err(Error::SplitTwice { split, .. }) if split == "train"
+    ));
+}
+
 /// An image folder with a data file in one class folder (a stray Parquet file, a conversion
 /// written into the source) is an image folder: that class folder is no split read alone.
 #[test]

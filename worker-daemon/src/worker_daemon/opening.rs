@@ -176,6 +176,9 @@ fn check_registered(
         )
     } else if !registered.dataset_fingerprint.is_empty()
         && fingerprint != registered.dataset_fingerprint
+        // Fingerprints of one version only (`v3:...`): a worker of another release, rolled
+        // out meanwhile, computes them otherwise.
+        && fingerprint.split(':').next() == registered.dataset_fingerprint.split(':').next()
     {
         format!(
             "as many samples, but other names, labels or classes (fingerprint {fingerprint} here, \

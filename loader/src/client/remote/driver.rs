@@ -220,8 +220,10 @@ impl Driver {
                 {
                     // No session, so no worker stream: batches wanted meanwhile count against
                     // the worker grace, as with every worker gone (a coordinator down for good
-                    // would otherwise be waited on until the loader's own timeout).
-                    if self.requested.min(self.steps) > floor {
+                    // would otherwise be waited on until the loader's own timeout). Not a
+                    // coordinator at its session cap: it answers, and frees places.
+                    if error_kinds::is_transient(&status) && self.requested.min(self.steps) > floor
+                    {
                         self.unserved_since.get_or_insert_with(Instant::now);
                         if self.unserved_too_long(Some(&status)) {
                             return None;
