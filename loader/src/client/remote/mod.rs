@@ -46,6 +46,7 @@ use stoker_rpc::transport::{Backoff, RpcChannel, MAX_MESSAGE_BYTES};
 use tokio::sync::mpsc;
 
 mod driver;
+mod opening;
 mod streams;
 mod unreachable;
 pub mod updates;
