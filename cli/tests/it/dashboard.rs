@@ -2,8 +2,9 @@
 //! `/metrics`; the page rendered by headless Chromium shows the API's figures; `/metrics` is
 //! valid Prometheus text. Also the library's `Dashboard` on its own: port 0, stop on drop.
 //!
-//! Chromium is Debian's `chromium` package at `/usr/bin/chromium`; `./dev test` installs it. The
-//! screenshot lands in `target/test-output/dashboard/dashboard.png`.
+//! Chromium is `STOKER_CHROMIUM` when set (`./dev test` sets it to the one it finds or installs),
+//! else Debian's `chromium` package at `/usr/bin/chromium`. The screenshot lands in
+//! `target/test-output/dashboard/dashboard.png`.
 
 #![allow(clippy::unwrap_used)] // tests fail loudly by design
 
@@ -249,13 +250,15 @@ pub(crate) fn run_with_limit(command: &mut Command, limit: Duration) -> Output {
 // ---------------------------------------------------------------------------------------------
 // Headless Chromium.
 
-fn chromium() -> &'static str {
+fn chromium() -> String {
+    let chromium = std::env::var("STOKER_CHROMIUM").unwrap_or_else(|_| CHROMIUM.to_string());
     assert!(
-        Path::new(CHROMIUM).exists(),
-        "{CHROMIUM} is missing: the dashboard test renders the page in Debian's chromium \
-         package. Run `./dev test`, which installs it (or `apt-get install chromium`)."
+        Path::new(&chromium).exists(),
+        "{chromium} is missing: the dashboard test renders the page in Chromium. Run \
+         `./dev test`, which finds or installs it (or `apt-get install chromium`, or set \
+         STOKER_CHROMIUM to its binary)."
     );
-    CHROMIUM
+    chromium
 }
 
 /// Chromium with a fresh profile, no network beyond the URL it is given, and virtual time so

@@ -2,9 +2,10 @@
 //! whole: shards named `{split}-NNNNN-of-NNNNN.*` (any prefix is a split's name), files whose
 //! names hold a split's keyword as a word of their own (`train.jsonl`, `test.parquet`,
 //! `imagenet-val-0003.tar`), subfolders `{split}/` or `data/{split}/` of data files (any name), a
-//! `DatasetDict` folder (`dataset_dict.json`), and image folders with subfolders named like splits
-//! (`train/`, `val/`, ...) holding class folders. Split folders of data files beside loose data
-//! files are splits too, and so are folders of data files beside an image folder's splits.
+//! `DatasetDict` folder (`dataset_dict.json`), and image folders whose subfolders are named like
+//! splits (`train/`, `val/`, ...), one holding class folders, or with two such beside folders of
+//! other names (and no `data/`). Split folders of data files beside loose split files are splits
+//! too, and so are folders of data files beside an image folder's splits.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};

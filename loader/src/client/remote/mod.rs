@@ -61,7 +61,9 @@ use stoker_dashboard::LoaderMonitor;
 /// How the remote source runs.
 #[derive(Debug, Clone)]
 pub struct RemoteOptions {
-    /// How long connecting and registering the job may take in all.
+    /// How long an unreachable coordinator is tried again while connecting and registering
+    /// the job. A registration the coordinator answers is waited for however long its workers
+    /// take to open the dataset (a first index of many shards may take minutes).
     pub connect_timeout: Duration,
     /// No batch for this long while the consumer waits: reopen the session.
     pub stall_reopen: Duration,
@@ -288,7 +290,6 @@ impl BatchSource for RemoteSource {
     }
 }
 
-/// Registers (or finds) the job, retrying while the coordinator is unreachable.
 /// What registering `spec` asks of the coordinator.
 fn register_request(spec: &JobSpec, options: &RemoteOptions) -> RegisterJobRequest {
     RegisterJobRequest {
@@ -297,6 +298,7 @@ fn register_request(spec: &JobSpec, options: &RemoteOptions) -> RegisterJobReque
     }
 }
 
+/// Registers (or finds) the job, retrying while the coordinator is unreachable.
 async fn register_job(
     channel: RpcChannel,
     request: RegisterJobRequest,
