@@ -143,8 +143,9 @@ pub struct JobArgs {
     /// JSONL text).
     #[arg(long)]
     pub tokenizer: Option<PathBuf>,
-    /// JSONL text: the field holding the text (default `text`); an MDS set: the column read
-    /// (default: its image column, else `text`; with `--seq-len` its token column).
+    /// JSONL text: the field holding the text (default `text`); an MDS set: the image column
+    /// read (the commands read MDS sets of images with the image pipeline; MDS text and token
+    /// sets are read from Python, with `Tokenize` or `TokenWindows`).
     #[arg(long)]
     pub text_field: Option<String>,
     /// Parquet, Hugging Face folders and MDS sets: the image column (default `image`, `jpg` or
