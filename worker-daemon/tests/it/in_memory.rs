@@ -746,6 +746,17 @@ fn a_reopened_job_over_renamed_files_of_the_same_count_is_refused() -> TestResul
     Ok(())
 }
 
+/// Stops worker-a (its stop is the one after the coordinator's) and waits until the
+/// coordinator has only the other worker.
+fn let_worker_a_go(cluster: &mut Cluster) {
+    let _ = cluster._stops.remove(1).send(());
+    let until = std::time::Instant::now() + Duration::from_secs(20);
+    while cluster.coordinator.workers().len() > 1 {
+        assert!(std::time::Instant::now() < until, "worker-a did not leave");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
 /// A worker that sees the job's dataset otherwise than the worker that described it at
 /// registration (it joined after the files changed; another node's copy) refuses the job rather
 /// than serving batches of another sample order silently: alone, the client hears why.
@@ -774,12 +785,7 @@ fn a_worker_that_sees_another_dataset_than_the_registered_one_refuses_the_job() 
     let config = worker_config(&network, "worker-b:7001", data.path(), None)?;
     cluster.add_worker(&network, config);
     cluster.wait_for_workers(2)?;
-    let _ = cluster._stops.remove(1).send(());
-    let until = std::time::Instant::now() + Duration::from_secs(20);
-    while cluster.coordinator.workers().len() > 1 {
-        assert!(std::time::Instant::now() < until, "worker-a did not leave");
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    let_worker_a_go(&mut cluster);
     let error = loader
         .epoch(1, 0)
         .and_then(|stream| stream.collect::<stoker_loader::Result<Vec<_>>>())
@@ -847,12 +853,7 @@ fn a_worker_that_cannot_open_the_job_leaves_it_to_the_others_and_fails_it_only_a
 
     // worker-a leaves (its stop is the one after the coordinator's): worker-b alone cannot
     // open the job, and the client hears so, naming it, instead of waiting.
-    let _ = cluster._stops.remove(1).send(());
-    let until = std::time::Instant::now() + Duration::from_secs(20);
-    while cluster.coordinator.workers().len() > 1 {
-        assert!(std::time::Instant::now() < until, "worker-a did not leave");
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    let_worker_a_go(&mut cluster);
     let error = loader
         .epoch(2, 0)
         .and_then(|stream| stream.collect::<stoker_loader::Result<Vec<_>>>())
