@@ -30,6 +30,16 @@ pub(crate) fn is_integer(data_type: &DataType) -> bool {
     data_type.is_integer()
 }
 
+/// The label column of an image table none names and none marks (no `label`, no
+/// `ClassLabel`): the first integer column of the names other tools write
+/// ([`LABEL_FALLBACK_NAMES`](crate::label_checks::LABEL_FALLBACK_NAMES)).
+pub(crate) fn fallback_label_column(schema: &arrow_schema::Schema) -> Option<usize> {
+    crate::label_checks::LABEL_FALLBACK_NAMES
+        .iter()
+        .filter_map(|name| schema.index_of(name).ok())
+        .find(|&index| is_integer(schema.field(index).data_type()))
+}
+
 /// Whether a column of `data_type` holds numbers that convert to `f32`.
 pub(crate) fn is_numeric(data_type: &DataType) -> bool {
     data_type.is_integer() || matches!(data_type, DataType::Float32 | DataType::Float64)

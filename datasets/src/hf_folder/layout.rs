@@ -334,12 +334,9 @@ pub(crate) fn choose_columns(
             })
             // Only beside images: a numeric set's `y` is one of its columns.
             .or_else(|| {
-                if kind != ParquetSampleKind::Image {
-                    return None;
-                }
-                label_checks::LABEL_FALLBACK_NAMES.iter().find_map(|name| {
-                    find(name).filter(|&index| columns::is_integer(schema.field(index).data_type()))
-                })
+                (kind == ParquetSampleKind::Image)
+                    .then(|| columns::fallback_label_column(schema))
+                    .flatten()
             }),
     };
     let mut class_names = None;

@@ -217,10 +217,7 @@ pub(crate) fn find_splits(root: &Path) -> Result<Option<SplitLayout>> {
                 // A plain folder of data files: no split; under `data/` (a hub repository
                 // whose files are not named by split), those files. Its subfolders' data
                 // files are not read, which is said (a JSONL folder says so in its notices).
-                let unread: Vec<(String, PathBuf)> = folders_of_data(&listing, true)
-                    .into_iter()
-                    .chain(folders_of_data(&listing, false))
-                    .collect();
+                let unread = folders_of_data(&listing);
                 let jsonl = listing
                     .data_files
                     .iter()
@@ -228,7 +225,7 @@ pub(crate) fn find_splits(root: &Path) -> Result<Option<SplitLayout>> {
                 if !unread.is_empty() && !jsonl {
                     warn!(
                         folder = %base.display(),
-                        subfolders = ?unread.iter().map(|(name, _)| name).collect::<Vec<_>>(),
+                        subfolders = ?unread.iter().map(|(name, _, _)| name).collect::<Vec<_>>(),
                         "reading the data files of this folder only: its subfolders' data files \
                          are not read (name them with a pattern, e.g. folder/**/*.parquet)"
                     );
@@ -242,7 +239,10 @@ pub(crate) fn find_splits(root: &Path) -> Result<Option<SplitLayout>> {
             }
             // Split folders of data files beside loose split files (`train/` beside
             // `validation.parquet`) are splits too: never hidden by the files.
-            for (name, folder) in folders_of_data(&listing, true) {
+            let split_folders = folders_of_data(&listing)
+                .into_iter()
+                .filter(|(name, _, _)| is_split_folder_name(name));
+            for (name, folder, files) in split_folders {
                 let name = name.to_lowercase();
                 if splits.contains_key(&name) {
                     return Err(Error::SplitTwice {
@@ -251,8 +251,7 @@ pub(crate) fn find_splits(root: &Path) -> Result<Option<SplitLayout>> {
                         folder,
                     });
                 }
-                let inside = Listing::of(&folder)?;
-                splits.insert(name, inside.data_files);
+                splits.insert(name, files);
             }
             for files in splits.values_mut() {
                 sort_paths(files);
@@ -318,17 +317,16 @@ pub(crate) fn find_splits(root: &Path) -> Result<Option<SplitLayout>> {
     Ok(None)
 }
 
-/// The subfolders of `listing` holding data files of their own, named like a split
-/// (`named_like_split`) or not.
-fn folders_of_data(listing: &Listing, named_like_split: bool) -> Vec<(String, PathBuf)> {
+/// The subfolders of `listing` holding data files of their own: each one's name, path and
+/// data files.
+fn folders_of_data(listing: &Listing) -> Vec<(String, PathBuf, Vec<PathBuf>)> {
     listing
         .folders
         .iter()
-        .filter(|(name, folder)| {
-            is_split_folder_name(name) == named_like_split
-                && Listing::of(folder).is_ok_and(|inner| !inner.data_files.is_empty())
+        .filter_map(|(name, folder)| {
+            let inner = Listing::of(folder).ok()?;
+            (!inner.data_files.is_empty()).then(|| (name.clone(), folder.clone(), inner.data_files))
         })
-        .cloned()
         .collect()
 }
 

@@ -21,7 +21,6 @@ use super::{
 };
 use crate::arrow_rows::columns::{self, Cell};
 use crate::error::{without_panics, Error, Result};
-use crate::label_checks;
 
 /// A file's footer read, its columns resolved.
 pub(super) struct OpenedFile {
@@ -214,9 +213,8 @@ pub(super) fn open_file(
     };
     // The label column: the one named, else `label`, else, as in a Hugging Face folder, the
     // first `ClassLabel` of the features `datasets` writes into the metadata (`to_parquet` of a
-    // set whose labels are `labels`).
-    // The ClassLabel columns the label may be taken from when none is named and none is
-    // `label` (the dataset warns when there are several).
+    // set whose labels are `labels`; the dataset warns when there are several of them, the
+    // `label_candidates`), else beside images the names other tools write.
     let label_candidates: Vec<String> = match (&options.label_column, find(LABEL_COLUMN_NAME)) {
         (None, None) => metadata_value(HF_METADATA_KEY)
             .map(|features| {
@@ -241,12 +239,9 @@ pub(super) fn open_file(
             .or_else(|| find(label_candidates.first()?))
             // Only beside images: a numeric set's `y` is one of its columns.
             .or_else(|| {
-                if kind != ParquetSampleKind::Image {
-                    return None;
-                }
-                label_checks::LABEL_FALLBACK_NAMES.iter().find_map(|name| {
-                    find(name).filter(|&index| columns::is_integer(schema.field(index).data_type()))
-                })
+                (kind == ParquetSampleKind::Image)
+                    .then(|| columns::fallback_label_column(&schema))
+                    .flatten()
             }),
     };
     if let Some(index) = label_column {

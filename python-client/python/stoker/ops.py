@@ -111,7 +111,7 @@ def _as_list(value: object) -> object:
 
 def _as_float32(value: float) -> float:
     """``value`` as the float32 the native side reads (a value under float32's smallest is
-    0 there; one past its largest, infinity)."""
+    0 there); one past float32's range as it is (infinite there, of the same sign)."""
     return float(struct.unpack("<f", struct.pack("<f", value))[0]) if abs(value) < 3.4e38 else value
 
 
