@@ -134,7 +134,7 @@ pub use synthetic::{generate_imagenet_like, GeneratedDataset, SyntheticImageNetS
 pub use tar_shards::{
     check_empty_prefix, compressed_tar_shard, looks_like_tar_shards, upload_tar_set,
     write_tar_index, write_tar_shards, TarIndexStats, TarIndexWritten, TarSetUploaded, TarShards,
-    TarShardsWriterOptions, TarShardsWritten, CLASSES_FILE, TAR_INDEX_OBJECT,
+    TarShardsWriterOptions, TarShardsWritten, CLASSES_FILE, TAR_INDEX_OBJECT, UNFINISHED_UPLOAD,
 };
 pub use token_dtype::TokenDtype;
 pub use token_file::{

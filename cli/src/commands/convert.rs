@@ -11,9 +11,9 @@ use anyhow::Context;
 use clap::{Args, ValueEnum};
 use indicatif::{ProgressBar, ProgressStyle};
 use stoker_datasets::{
-    check_empty_prefix, resolve_local, upload_tar_set, write_parquet, write_tar_shards,
-    ImageFolder, LocalSource, ObjectCache, ParquetWriterOptions, SampleSource,
-    TarShardsWriterOptions,
+    check_empty_prefix, parse_dataset_uri, resolve_local, upload_tar_set, write_parquet,
+    write_tar_shards, DatasetLocation, ImageFolder, LocalSource, ObjectCache, ParquetWriterOptions,
+    SampleSource, TarShardsWriterOptions,
 };
 
 /// Target formats of `stoker convert`.
@@ -88,10 +88,12 @@ fn resolved(path: &std::path::Path) -> std::path::PathBuf {
 }
 
 /// Runs the command.
-pub fn run(args: ConvertArgs) -> anyhow::Result<()> {
+pub fn run(mut args: ConvertArgs) -> anyhow::Result<()> {
     let out = args.out.to_string_lossy().into_owned();
-    if out.starts_with("s3://") {
-        return convert_to_bucket(args, &out);
+    // `S3://` is a bucket as readers take it; another scheme is refused, not made a folder.
+    match parse_dataset_uri(&out).with_context(|| format!("--out {out}"))? {
+        DatasetLocation::S3(_) => return convert_to_bucket(args, &out),
+        DatasetLocation::Local(path) => args.out = path,
     }
     let folder = open_folder(&args)?;
     // Written inside the folder it reads, the output would be a class of it from then on: the
@@ -181,8 +183,12 @@ fn convert_to_bucket(args: ConvertArgs, uri: &str) -> anyhow::Result<()> {
     })?;
     let uploaded = upload_tar_set(&local, uri, &cache)
         .with_context(|| format!("cannot upload the tar shards to {uri}"))?;
+    let replaced = match uploaded.replaced {
+        0 => String::new(),
+        n => format!(" (replacing the {n} objects an unfinished convert had left)"),
+    };
     super::summary(format_args!(
-        "uploaded {} objects ({:.1} MB) to {uri}; wrote {} ({} samples, {} bytes)",
+        "uploaded {} objects ({:.1} MB) to {uri}{replaced}; wrote {} ({} samples, {} bytes)",
         uploaded.objects,
         uploaded.bytes as f64 / 1e6,
         uploaded.index.uri,

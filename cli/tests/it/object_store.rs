@@ -181,6 +181,63 @@ fn digest_over_s3_equals_the_local_digest_cold_and_warm() {
     // would have been read with the older set's as one.
     let stderr = stoker_s3_refused(&server, &dir.path().join("convert-cache"), &to_bucket);
     assert!(stderr.contains("already holds"), "{stderr}");
+    // A convert cut short (its marker left beside the first shards it uploaded) is refused
+    // by readers, whole or by a pattern, rather than read as a smaller set; a convert to the
+    // same prefix replaces it.
+    let cut = server.bucket_dir("data").join("cut");
+    std::fs::create_dir_all(&cut).unwrap();
+    let mut names: Vec<String> = std::fs::read_dir(&bucket)
+        .unwrap()
+        .map(|entry| entry.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|name| name.ends_with(".tar"))
+        .collect();
+    names.sort();
+    for name in names
+        .iter()
+        .take(2)
+        .chain(["classes.txt".to_string()].iter())
+    {
+        std::fs::copy(bucket.join(name), cut.join(name)).unwrap();
+    }
+    std::fs::write(cut.join(stoker_datasets::UNFINISHED_UPLOAD), "unfinished").unwrap();
+    for data in ["s3://data/cut", "s3://data/cut/*.tar"] {
+        let stderr = stoker_s3_refused(
+            &server,
+            &dir.path().join("converted-cache"),
+            &one_batch(data),
+        );
+        assert!(
+            stderr.contains("stoker-convert-unfinished is there")
+                && stderr.contains("run the convert again"),
+            "{data}: {stderr}"
+        );
+    }
+    let to_cut = [&to_bucket[..6], &["s3://data/cut", "--shard-size", "1"]].concat();
+    let (converted, _) = stoker_s3(&server, &dir.path().join("convert-cache"), &to_cut);
+    assert!(
+        converted.contains("replacing the 4 objects an unfinished convert had left"),
+        "{converted}"
+    );
+    assert!(!cut.join(stoker_datasets::UNFINISHED_UPLOAD).exists());
+    let (digest, _) = stoker_s3(
+        &server,
+        &dir.path().join("converted-cache"),
+        &[&whole_epoch[..], &["--data", "s3://data/cut"]].concat(),
+    );
+    assert_eq!(digest, expected.lines().last().unwrap());
+    // Another scheme than s3:// is refused, not written to a folder named after it.
+    let refused = run_stoker_s3(
+        &server,
+        &dir.path().join("convert-cache"),
+        &[&to_bucket[..6], &["gs://data/elsewhere"]].concat(),
+    );
+    assert!(!refused.status.success());
+    assert!(
+        String::from_utf8_lossy(&refused.stderr).contains("gs://"),
+        "{}",
+        String::from_utf8_lossy(&refused.stderr)
+    );
+    assert!(!Path::new("gs:").exists());
     // A glob over the shards' keys and a brace list of two folders read what they name, from
     // the index objects beside the shards.
     let (digest, stderr) = stoker_s3(

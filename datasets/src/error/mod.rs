@@ -543,6 +543,18 @@ pub enum Error {
         what: String,
     },
 
+    /// Tar shards beside the marker of a `stoker convert` upload that did not finish: shards
+    /// are missing from the set.
+    #[error(
+        "{marker} is there: the `stoker convert` that wrote this set stopped before its last \
+         shards and index were uploaded, so shards are missing; run the convert again with the \
+         same --out (it replaces what the unfinished one wrote)"
+    )]
+    UnfinishedUpload {
+        /// The marker object.
+        marker: String,
+    },
+
     /// A downloaded object does not have the size its listing announced.
     #[error("object {uri} should hold {expected} bytes but {received} arrived")]
     IncompleteObject {
@@ -554,11 +566,12 @@ pub enum Error {
         received: u64,
     },
 
-    /// A cached object a running job reads was evicted, and fetched again it is no longer the
-    /// version the job indexed (it changed in the store).
+    /// An object a job listed was read again (a range not in the cache, a whole object) and the
+    /// store holds another version of it now (it was rewritten since the listing).
     #[error(
-        "object {uri} changed in the store while a job was reading it from the cache; the \
-         shard index no longer fits it: restart the job"
+        "object {uri} changed in the store since the job listed it (a read found another \
+         version): the dataset was rewritten while the job ran; restart the job to read the new \
+         version"
     )]
     ObjectChanged {
         /// The object.

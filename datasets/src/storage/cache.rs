@@ -316,6 +316,28 @@ impl ObjectCache {
             .block_on(download::put(store, location, key, bytes))
     }
 
+    /// Uploads the file `file` as the object `key` of `location`'s bucket, in parts of
+    /// `part_bytes` when it is larger ([`download::put_file`]).
+    pub(crate) fn put_file(
+        &self,
+        store: &Store,
+        location: &RemoteLocation,
+        key: &str,
+        file: &std::path::Path,
+        part_bytes: usize,
+    ) -> Result<()> {
+        self.counters.requests.fetch_add(1, Ordering::Relaxed);
+        self.runtime
+            .block_on(download::put_file(store, location, key, file, part_bytes))
+    }
+
+    /// Deletes the object `key` of `location`'s bucket.
+    pub(crate) fn delete(&self, store: &Store, location: &RemoteLocation, key: &str) -> Result<()> {
+        self.counters.requests.fetch_add(1, Ordering::Relaxed);
+        self.runtime
+            .block_on(download::delete(store, location, key))
+    }
+
     /// Brings `wanted` into the cache (hits as they are, the rest downloaded together) and
     /// returns them in order, each locked shared. Entries another process is fetching or
     /// evicting are waited for as `wait` says, then [`Error::CacheLockTimeout`].

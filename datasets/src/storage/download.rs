@@ -1,7 +1,7 @@
 //! The object store side of the cache tier: listings, whole objects and byte ranges downloaded
 //! by parallel ranged GETs (large ones in parts, neighbouring small ones of an object together),
 //! each retried with exponential backoff and jitter; whole reads and puts of small objects (the
-//! tar index).
+//! tar index), files uploaded in parts (`stoker convert --out s3://`), and deletes.
 //!
 //! Two retry layers, on purpose: the S3 client's own (`s3_client.rs`) retries each HTTP request
 //! (connection refused, 5xx, timeouts), and the loop here retries a part whose body was cut
@@ -421,6 +421,94 @@ pub(super) async fn put(
         .await
         .map_err(|source| Error::ObjectStore { uri, source })?;
     Ok(())
+}
+
+/// Writes the file at `file` as the object `key`: in one PUT up to `part_bytes`, else as a
+/// multipart upload of `part_bytes` parts (each its own request, retried by the client; a
+/// few in flight, one part read from the file at a time), so neither a slow link nor a shard
+/// past a PUT's size limit fails the upload. An upload that fails is aborted.
+pub(super) async fn put_file(
+    store: &Store,
+    location: &RemoteLocation,
+    key: &str,
+    file: &std::path::Path,
+    part_bytes: usize,
+) -> Result<()> {
+    let uri = location.uri_of(key);
+    let size = std::fs::metadata(file)
+        .map_err(|source| Error::io(file, source))?
+        .len();
+    if size <= part_bytes as u64 {
+        let bytes = std::fs::read(file).map_err(|source| Error::io(file, source))?;
+        return put(store, location, key, bytes).await;
+    }
+    let path = ObjectPath::parse(key).map_err(|source| Error::InvalidUri {
+        uri: uri.clone(),
+        reason: source.to_string(),
+    })?;
+    let failed = |source| Error::ObjectStore {
+        uri: uri.clone(),
+        source,
+    };
+    let upload = store.put_multipart(&path).await.map_err(failed)?;
+    let mut writer = object_store::WriteMultipart::new_with_chunk_size(upload, part_bytes);
+    let mut reader = File::open(file).map_err(|source| Error::io(file, source))?;
+    let mut buffer = vec![0u8; part_bytes];
+    let written: Result<()> = async {
+        loop {
+            writer
+                .wait_for_capacity(PARTS_IN_FLIGHT)
+                .await
+                .map_err(failed)?;
+            let read =
+                read_full(&mut reader, &mut buffer).map_err(|source| Error::io(file, source))?;
+            if read == 0 {
+                return Ok(());
+            }
+            writer.write(&buffer[..read]);
+        }
+    }
+    .await;
+    match written {
+        Ok(()) => writer.finish().await.map(drop).map_err(failed),
+        Err(error) => {
+            if let Err(abort) = writer.abort().await {
+                debug!(%uri, error = %abort, "cannot abort the multipart upload");
+            }
+            Err(error)
+        }
+    }
+}
+
+/// Parts of one multipart upload in flight at once.
+const PARTS_IN_FLIGHT: usize = 4;
+
+/// Reads into `buffer` until it is full or the file ends; the bytes read.
+fn read_full(reader: &mut File, buffer: &mut [u8]) -> std::io::Result<usize> {
+    use std::io::Read;
+    let mut filled = 0;
+    while filled < buffer.len() {
+        match reader.read(&mut buffer[filled..]) {
+            Ok(0) => break,
+            Ok(read) => filled += read,
+            Err(error) if error.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(error) => return Err(error),
+        }
+    }
+    Ok(filled)
+}
+
+/// Deletes the object `key` (one already gone is no error).
+pub(super) async fn delete(store: &Store, location: &RemoteLocation, key: &str) -> Result<()> {
+    let uri = location.uri_of(key);
+    let path = ObjectPath::parse(key).map_err(|source| Error::InvalidUri {
+        uri: uri.clone(),
+        reason: source.to_string(),
+    })?;
+    match store.delete(&path).await {
+        Ok(()) | Err(object_store::Error::NotFound { .. }) => Ok(()),
+        Err(source) => Err(Error::ObjectStore { uri, source }),
+    }
 }
 
 /// Writes `bytes` at `offset` of `download`'s part file off the async threads.

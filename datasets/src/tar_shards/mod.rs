@@ -21,6 +21,7 @@ pub(crate) mod index_object;
 mod open;
 mod remote;
 pub(crate) mod scan;
+mod upload;
 mod write;
 
 use std::fs::File;
@@ -46,9 +47,8 @@ use cache::ShardStamp;
 use scan::ShardIndex;
 
 pub use index_object::TAR_INDEX_OBJECT;
-pub use remote::{
-    check_empty_prefix, upload_tar_set, write_tar_index, TarIndexWritten, TarSetUploaded,
-};
+pub use remote::{write_tar_index, TarIndexWritten};
+pub use upload::{check_empty_prefix, upload_tar_set, TarSetUploaded, UNFINISHED_UPLOAD};
 pub use write::{write_tar_shards, TarShardsWriterOptions, TarShardsWritten};
 
 /// The file next to the shards that names the classes, one per line, in label order.

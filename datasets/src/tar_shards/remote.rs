@@ -24,7 +24,7 @@ use crate::storage::{
 /// The largest index object read (decompressed): about 20 million samples.
 const MAX_INDEX_BYTES: usize = 1 << 30;
 
-fn is_tar(name: &str) -> bool {
+pub(super) fn is_tar(name: &str) -> bool {
     Path::new(name)
         .extension()
         .is_some_and(|extension| extension.eq_ignore_ascii_case("tar"))
@@ -46,7 +46,7 @@ pub struct TarIndexWritten {
 }
 
 /// The location of `uri`, which must be `s3://`.
-fn remote_location(uri: &str) -> Result<RemoteLocation> {
+pub(super) fn remote_location(uri: &str) -> Result<RemoteLocation> {
     s3_location(
         uri,
         "tar shards in an object store are named by s3://BUCKET/PREFIX",
@@ -54,7 +54,10 @@ fn remote_location(uri: &str) -> Result<RemoteLocation> {
 }
 
 /// The tar shards of a listing, in key order.
-fn listed_shards(listing: &[ObjectMeta], location: &RemoteLocation) -> Result<Vec<ObjectMeta>> {
+pub(super) fn listed_shards(
+    listing: &[ObjectMeta],
+    location: &RemoteLocation,
+) -> Result<Vec<ObjectMeta>> {
     let shards: Vec<ObjectMeta> = listing
         .iter()
         .filter(|object| is_tar(object.location.filename().unwrap_or_default()))
@@ -224,7 +227,7 @@ pub fn write_tar_index(uri: &str, cache: &ObjectCache) -> Result<TarIndexWritten
 }
 
 /// Writes the index object of `indexed` (the `shards` listed under `location`) beside them.
-fn put_index(
+pub(super) fn put_index(
     cache: &ObjectCache,
     store: &Store,
     location: &RemoteLocation,
@@ -243,94 +246,6 @@ fn put_index(
     };
     cache.put(store, location, &key, bytes)?;
     Ok(written)
-}
-
-/// What [`upload_tar_set`] did.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct TarSetUploaded {
-    /// Objects written (shards, `classes.txt`), the index aside.
-    pub objects: usize,
-    /// Their bytes.
-    pub bytes: u64,
-    /// The index object written beside them.
-    pub index: TarIndexWritten,
-}
-
-/// Refuses a prefix `uri` (`s3://BUCKET/PREFIX`) that already holds objects, for a set about
-/// to be written there: shards written over another set's would be read as one set with the
-/// rest of it.
-pub fn check_empty_prefix(uri: &str, cache: &ObjectCache) -> Result<()> {
-    let location = remote_location(uri)?;
-    let store = cache.store(&location)?;
-    let listing = cache.list(&store, &location)?;
-    match listing.first() {
-        None => Ok(()),
-        Some(first) => Err(Error::InvalidUri {
-            uri: uri.to_string(),
-            reason: format!(
-                "it already holds {} object(s), {} the first: write the set under an empty \
-                 prefix (its shards would be read with the others there as one set)",
-                listing.len(),
-                location.uri_of(first.location.as_ref())
-            ),
-        }),
-    }
-}
-
-/// Uploads the tar shards (and `classes.txt`) of the local folder `local` under `uri`
-/// (`s3://BUCKET/PREFIX`), which must be empty ([`check_empty_prefix`]), then their index
-/// object, built from the local copies (nothing is read back but the listing, for the ETags the
-/// store gave them): `stoker convert --out s3://`.
-pub fn upload_tar_set(local: &Path, uri: &str, cache: &ObjectCache) -> Result<TarSetUploaded> {
-    check_empty_prefix(uri, cache)?;
-    let location = remote_location(uri)?;
-    let store = cache.store(&location)?;
-    let mut files: Vec<PathBuf> = std::fs::read_dir(local)
-        .map_err(|source| Error::io(local, source))?
-        .filter_map(|entry| entry.ok().map(|entry| entry.path()))
-        .filter(|path| {
-            let name = path.file_name().unwrap_or_default().to_string_lossy();
-            is_tar(&name) || name == CLASSES_FILE
-        })
-        .collect();
-    files.sort();
-    let folder = location.prefix.trim_end_matches('/').to_string();
-    let key_of = |name: &str| {
-        if folder.is_empty() {
-            name.to_string()
-        } else {
-            format!("{folder}/{name}")
-        }
-    };
-    let mut bytes = 0u64;
-    for file in &files {
-        let content = std::fs::read(file).map_err(|source| Error::io(file, source))?;
-        bytes += content.len() as u64;
-        let name = file.file_name().unwrap_or_default().to_string_lossy();
-        cache.put(&store, &location, &key_of(&name), content)?;
-    }
-    let listing = cache.list(&store, &location)?;
-    let shards = listed_shards(&listing, &location)?;
-    let indexed = shards
-        .iter()
-        .map(|object| {
-            let name = object.location.filename().unwrap_or_default().to_string();
-            let path = local.join(&name);
-            let file = std::fs::File::open(&path).map_err(|source| Error::io(&path, source))?;
-            Ok(IndexedShard {
-                index: scan_archive(&path, &file, object.size)?,
-                name,
-                size: object.size,
-                e_tag: object.e_tag.clone(),
-            })
-        })
-        .collect::<Result<Vec<_>>>()?;
-    let index = put_index(cache, &store, &location, &shards, &indexed, 0)?;
-    Ok(TarSetUploaded {
-        objects: files.len(),
-        bytes,
-        index,
-    })
 }
 
 /// The key of the index object beside `shards` (they share a prefix: the listing is one level).
@@ -438,6 +353,7 @@ fn open_tar_objects(
         local_key,
         whole_index,
     } = set;
+    super::upload::refuse_unfinished(&location, &shards, &listing)?;
     // The index object and `classes.txt` of the shards' one folder, when they share one.
     let folder = shards
         .first()

@@ -815,3 +815,36 @@ fn a_megatron_corpus_in_a_bucket_reads_with_the_dtype_of_its_index() {
         "{error}"
     );
 }
+
+/// `stoker convert --out s3://`'s upload: shards larger than a part go up as multipart uploads
+/// (several requests each), the set reads as the local one, and the marker that stood beside
+/// the shards while they went up is gone.
+#[test]
+fn a_set_uploaded_in_parts_reads_as_the_local_one_and_its_marker_is_gone() {
+    use std::sync::atomic::Ordering;
+    let dir = tempfile::tempdir().unwrap();
+    // Two shards of one 17 MiB sample: each over the 16 MiB part size.
+    let local_dir = byte_shards(dir.path(), 2, 1, 17 << 20);
+    let local = TarShards::open_with_cache_dir(&local_dir, None).unwrap();
+    let server = S3Server::start(&dir.path().join("server"));
+    std::fs::create_dir_all(server.bucket_dir(BUCKET)).unwrap();
+    let writer = cache(&server, &dir.path().join("writer-cache"));
+    let before = server.counts.other.load(Ordering::SeqCst);
+    let uploaded = stoker_datasets::upload_tar_set(&local_dir, "s3://data/parts", &writer).unwrap();
+    assert_eq!(
+        (uploaded.objects, uploaded.index.samples, uploaded.replaced),
+        (2, 2, 0)
+    );
+    // Per shard: a start, two parts and a completion; the marker's put and delete; the index.
+    let requests = server.counts.other.load(Ordering::SeqCst) - before;
+    assert!(
+        requests >= 11,
+        "{requests} requests: the shards went up whole"
+    );
+    let folder = server.bucket_dir(BUCKET).join("parts");
+    assert!(!folder.join(stoker_datasets::UNFINISHED_UPLOAD).exists());
+    let remote =
+        TarShards::open_remote("s3://data/parts", cache(&server, &dir.path().join("cache")))
+            .unwrap();
+    assert_same_samples(&remote, &local);
+}

@@ -389,6 +389,7 @@ async fn drive(
                 batch_bytes: 1,
                 class_names: Vec::new(),
                 dataset_fingerprint: String::new(),
+                tokenizer_digests: String::new(),
             })))
             .serve_with_incoming(incoming),
     );
