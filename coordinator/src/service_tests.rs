@@ -82,6 +82,7 @@ fn start_data_server(network: &MemoryNetwork, tokens: Vec<Token>) -> TestResult 
         batch_bytes: 1,
         class_names: Vec::new(),
         dataset_fingerprint: String::new(),
+        tokenizer_digests: String::new(),
     });
     let service = tonic::service::interceptor::InterceptedService::new(
         WorkerDataServer::new(describer),
@@ -776,6 +777,7 @@ async fn a_job_whose_dataset_changed_across_a_restart_is_registered_anew() -> Te
                 batch_bytes: 1,
                 class_names: Vec::new(),
                 dataset_fingerprint: String::new(),
+                tokenizer_digests: String::new(),
             })))
             .serve_with_incoming(network.listen(grown)),
     );

@@ -363,6 +363,14 @@ impl JobPipeline {
             .collect()
     }
 
+    /// The SHA-256 of the tokenizer file a packed text pipeline loaded (`None` for others).
+    pub fn tokenizer_sha256(&self) -> Option<&str> {
+        match self {
+            JobPipeline::PackedText(text) => Some(text.tokenizer.sha256()),
+            _ => None,
+        }
+    }
+
     /// The `seq_len` of a TokenWindows pipeline: a token file source needs it to cut windows.
     pub fn token_windows_seq_len(&self) -> Option<u32> {
         match self {

@@ -154,6 +154,29 @@ def test_ids_equal_hugging_faces(hf: Any, make: Any, tmp_path: Path) -> None:
     assert any(len(i) > 1000 for i in ids), "the long documents are long in tokens too"
 
 
+@pytest.mark.parametrize("added", ["plain", "stripped", "llama_first"])
+def test_tokens_a_user_added_get_hugging_faces_ids(hf: Any, added: str, tmp_path: Path) -> None:
+    # `add_tokens` on a SentencePiece-style file (Metaspace): the 1.0 line spaces such a token
+    # otherwise than 0.23 at a text's start, glued to letters, or stripped; the file is encoded
+    # by whichever line gives HF's ids.
+    tokenizer = sentencepiece_bpe(hf)
+    if added == "llama_first":
+        # Today's Llama and Mistral conversions: one leading space, no split on spaces.
+        tokenizer.pre_tokenizer = hf.pre_tokenizers.Metaspace(prepend_scheme="first", split=False)
+        tokenizer.add_tokens([hf.AddedToken("<m>", normalized=True)])
+    elif added == "stripped":
+        tokenizer.add_tokens([hf.AddedToken("<m>", lstrip=True, rstrip=True)])
+    else:
+        tokenizer.add_tokens(["<m>"])
+    path = tmp_path / "tokenizer.json"
+    tokenizer.save(str(path))
+    texts = ["a <m> d", "a<m>d", "<m>x", "x <m>", "the <m>cat<m> sat <m>", *CORPUS[:3]]
+    want = [e.ids for e in tokenizer.encode_batch(texts, add_special_tokens=False)]
+    ids, engine = _native.encode_texts(str(path), texts)
+    for text, got, expected in zip(texts, ids, want, strict=True):
+        assert got == expected, f"{text[:40]!r} on {engine}: {got[:12]} != {expected[:12]}"
+
+
 def test_a_file_1_0_cannot_read_is_encoded_by_0_23(hf: Any, tmp_path: Path) -> None:
     tokenizer = byte_level_bpe(hf)
     path = tmp_path / "tokenizer.json"

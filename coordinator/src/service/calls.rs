@@ -174,6 +174,9 @@ impl coordinator_server::Coordinator for CoordinatorService {
             dataset_fingerprint: described
                 .map(|described| described.dataset_fingerprint.clone())
                 .unwrap_or_default(),
+            tokenizer_digests: described
+                .map(|described| described.tokenizer_digests.clone())
+                .unwrap_or_default(),
         }))
     }
 

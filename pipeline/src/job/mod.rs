@@ -365,6 +365,20 @@ impl Job {
         }
     }
 
+    /// The SHA-256 of each tokenizer file the job's pipelines loaded, in source order, joined
+    /// by `,` (empty without one): workers whose files differ would give other ids.
+    pub fn tokenizer_digests(&self) -> String {
+        let pipelines: Vec<&JobPipeline> = match &self.builder {
+            Builder::Single(assembler) => vec![assembler.pipeline()],
+            Builder::Mixed(mixed) => mixed.pipelines().collect(),
+        };
+        pipelines
+            .into_iter()
+            .filter_map(JobPipeline::tokenizer_sha256)
+            .collect::<Vec<_>>()
+            .join(",")
+    }
+
     /// The fingerprint of the job's datasets (see [`fingerprint`]), which a saved state carries.
     pub fn dataset_fingerprint(&self) -> String {
         fingerprint(&self.sources())

@@ -367,6 +367,7 @@ impl worker_data_server::WorkerData for DataService {
                 batch_bytes: job.batch_bytes(batch_size) as u64,
                 class_names: job.class_names().to_vec(),
                 dataset_fingerprint,
+                tokenizer_digests: job.tokenizer_digests(),
             })
         })
         .await

@@ -150,8 +150,8 @@ pub(super) async fn job_entry(
 /// Refuses to serve a job whose datasets this worker sees otherwise than the worker that
 /// described it when it was registered (other files on this node, or the data changed since):
 /// its batches would come from another sample order, or from other samples, silently. Steps
-/// per epoch are compared always (they are journaled); the sample count and fingerprint where
-/// the coordinator has them ([`GetJobResponse`]).
+/// per epoch are compared always (they are journaled); the sample count, fingerprint and
+/// tokenizer files' digests where the coordinator has them ([`GetJobResponse`]).
 fn check_registered(
     registered: &GetJobResponse,
     spec: &JobSpec,
@@ -185,6 +185,16 @@ fn check_registered(
              {} as registered)",
             registered.dataset_fingerprint
         )
+    } else if !registered.tokenizer_digests.is_empty()
+        && job.tokenizer_digests() != registered.tokenizer_digests
+    {
+        let here = job.tokenizer_digests();
+        return Err(Status::failed_precondition(format!(
+            "this worker's tokenizer file is not the one the job was registered with (SHA-256 \
+             {here} here, {} as registered): its ids would differ from the other workers'; \
+             give every worker the same tokenizer.json",
+            registered.tokenizer_digests
+        )));
     } else {
         return Ok(());
     };

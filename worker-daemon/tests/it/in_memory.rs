@@ -799,6 +799,68 @@ fn a_worker_that_sees_another_dataset_than_the_registered_one_refuses_the_job() 
     Ok(())
 }
 
+/// The same for a text job's tokenizer: a worker whose `tokenizer.json` is another file than
+/// the describing worker's (a stale copy on its node) would give other ids for the same
+/// documents; it refuses the job, naming the tokenizer.
+#[test]
+fn a_worker_with_another_tokenizer_file_than_the_registered_one_refuses_the_job() -> TestResult {
+    let (data, _state, network, mut cluster) = one_worker()?;
+    let texts: Vec<String> = (0..40)
+        .map(|i| format!("document {i} says the cat sat on mat number {}", i * 7))
+        .collect();
+    let jsonl = data.path().join("text.jsonl");
+    let lines: Vec<String> = texts
+        .iter()
+        .map(|text| format!("{{\"text\": \"{text}\"}}"))
+        .collect();
+    std::fs::write(&jsonl, lines.join("\n"))?;
+    let tokenizer = data.path().join("tokenizer.json");
+    let refs: Vec<&str> = texts.iter().map(String::as_str).collect();
+    stoker_pipeline::train_bpe_tokenizer(&refs, 300, "<|endoftext|>", &tokenizer)?;
+    let op = |op| proto::Op { op: Some(op) };
+    let job = JobSpec {
+        dataset: Some(proto::DatasetSource {
+            uri: format!("file://{}", jsonl.display()),
+            ..proto::DatasetSource::default()
+        }),
+        pipeline: vec![
+            op(proto::op::Op::Tokenize(proto::Tokenize {
+                tokenizer_path: tokenizer.to_string_lossy().into_owned(),
+            })),
+            op(proto::op::Op::PackSequences(proto::PackSequences {
+                seq_len: 32,
+                eos_id: -1,
+                pad_id: 0,
+            })),
+        ],
+        batch_size: 4,
+        seed: 3,
+        world_size: 1,
+        ..JobSpec::default()
+    };
+    let loader = remote_epoch_by_epoch(&network, job)?;
+    for batch in loader.epoch(0, 0)? {
+        batch?;
+    }
+    // Another tokenizer at the same path (fewer merges: other ids); worker-b joins, worker-a
+    // leaves.
+    stoker_pipeline::train_bpe_tokenizer(&refs, 270, "<|endoftext|>", &tokenizer)?;
+    let config = worker_config(&network, "worker-b:7001", data.path(), None)?;
+    cluster.add_worker(&network, config);
+    cluster.wait_for_workers(2)?;
+    let_worker_a_go(&mut cluster);
+    let error = loader
+        .epoch(1, 0)
+        .and_then(|stream| stream.collect::<stoker_loader::Result<Vec<_>>>())
+        .expect_err("worker-b's tokenizer is not the registered one");
+    let message = error.to_string();
+    assert!(
+        message.contains("tokenizer file is not the one the job was registered with"),
+        "{message}"
+    );
+    Ok(())
+}
+
 /// Registration too: a job the first worker asked cannot open (its folder outside that
 /// worker's --data-root) is described by the next, and read; it was refused outright.
 #[test]
