@@ -251,6 +251,46 @@ def test_resume_on_another_world_size_follows_the_native_loader(tmp_path, mode) 
     assert set(seen) == set(range(40))
 
 
+class CountsCallers(Squares):
+    """Squares that records the most ``__getitem__`` calls in progress at once."""
+
+    def __init__(self, length: int) -> None:
+        super().__init__(length)
+        self.lock = threading.Lock()
+        self.now = self.most = 0
+
+    def __getitem__(self, index: int):
+        with self.lock:
+            self.now += 1
+            self.most = max(self.most, self.now)
+        try:
+            time.sleep(0.02)
+            return super().__getitem__(index)
+        finally:
+            with self.lock:
+                self.now -= 1
+
+
+def test_a_resume_on_another_world_size_mid_run_still_calls_the_dataset_one_at_a_time() -> None:
+    """The resized epoch's lane waits for the plain lane's batch in progress: with one thread
+    (the default, for datasets that are not thread-safe) ``dataset[i]`` is never called from
+    two threads at once, even when the state is loaded into a loader that is prefetching."""
+    settings = dict(batch_size=4, shuffle=True, seed=3, output="numpy")
+    with stoker.Loader.from_dataset(Squares(40), rank=0, world_size=2, **settings) as old:
+        it = iter(old)
+        next(it), next(it)
+        state = old.state_dict()
+    dataset = CountsCallers(40)
+    with stoker.Loader.from_dataset(dataset, **settings) as loader:
+        it = iter(loader)
+        next(it)
+        loader.load_state_dict(state)
+        it = iter(loader)
+        for _ in range(3):
+            next(it)
+    assert dataset.most == 1, dataset.most
+
+
 @pytest.mark.parametrize("mode", [{"num_threads": 2}, {"num_workers": 1}])
 def test_a_raising_getitem_names_its_index_exception_and_traceback(mode) -> None:
     with (

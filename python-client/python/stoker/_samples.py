@@ -479,11 +479,17 @@ class ThreadBuilder:
         self._log = LoadingLog()
         # The dataset index each lane thread is loading now (by thread), for a timeout.
         self._index: dict[int, int] = {}
+        # One lock per lane number: a resized epoch's lane k (a thread of its own) waits for
+        # the plain loader's lane k to finish its batch, so no more lanes call the dataset at
+        # once than the loader has (one by default: a dataset that is not thread-safe), as
+        # process mode's worker k serves both.
+        self._lanes: dict[int, threading.Lock] = {}
 
     def build(
         self, lane: int, epoch: int, step: int, indices: list[int], view: Any, shared: Any,
     ) -> Any:
-        with self._log.loading(lane, batch_text(epoch, step, indices)):
+        with self._lanes.setdefault(lane, threading.Lock()), \
+                self._log.loading(lane, batch_text(epoch, step, indices)):
             thread = threading.get_ident()
             return fill_batch(self._state, epoch, indices, view, self._closed.is_set,
                               lambda index: self._index.__setitem__(thread, index))
