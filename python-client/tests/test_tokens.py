@@ -161,6 +161,35 @@ def test_packed_text_rows_eos_and_boundaries(text: tuple[Path, Path]) -> None:
             np.testing.assert_array_equal(a[name], b[name])
 
 
+def test_a_text_pipeline_reads_the_text_column_beside_images(
+    text: tuple[Path, Path], tmp_path: Path
+) -> None:
+    """Captions beside images in Parquet: a tokenizing pipeline reads ``text`` (or the
+    ``text_column`` named), not the image column the file also has."""
+    pa, pq = pytest.importorskip("pyarrow"), pytest.importorskip("pyarrow.parquet")
+    _, tokenizer = text
+    texts = [document(i) for i in range(20)]
+    table = pa.table({
+        "image": pa.array([b"\xff\xd8\xff\xe0 not text \xff" for _ in texts], pa.binary()),
+        "text": texts,
+        "caption": texts[::-1],
+    })
+    pq.write_table(table, tmp_path / "captions.parquet")
+    pipeline = [ops.Tokenize(tokenizer), ops.PackSequences(SEQ_LEN, pad_id=1)]
+    reference = tmp_path / "plain"
+    reference.mkdir()
+    (reference / "a.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
+    (reference / "b.jsonl").write_text(
+        "".join(json.dumps({"text": t}) + "\n" for t in texts[::-1]))
+    for column, source in ((None, reference / "a.jsonl"), ("caption", reference / "b.jsonl")):
+        got = load(tmp_path / "captions.parquet", pipeline, shuffle=False, on_error="fail",
+                   text_column=column)
+        want = load(source, pipeline, shuffle=False, on_error="fail")
+        assert len(got) == len(want)
+        for a, b in zip(got, want, strict=True):
+            np.testing.assert_array_equal(a["input_ids"], b["input_ids"])
+
+
 def test_packing_ids_past_the_tokenizers_are_warned_about(
     text: tuple[Path, Path], caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -105,7 +105,16 @@ pub(super) fn open_file(
         .collect();
     let find = |name: &str| schema.index_of(name).ok();
 
+    if let (Some(image), Some(text)) = (&options.image_column, &options.text_column) {
+        return Err(column_problem(format!(
+            "both an image column ({image:?}) and a text column ({text:?}) are named: a sample \
+             is one of them; name the one to read"
+        )));
+    }
     let image = match &options.image_column {
+        // A text column named: that column, whatever image column the file has beside it
+        // (captions beside images).
+        None if options.text_column.is_some() => None,
         Some(name) => Some((
             find(name).ok_or_else(|| {
                 column_problem(format!(

@@ -335,6 +335,37 @@ fn text_columns_are_read_as_utf8_bytes() {
     assert_eq!(dataset.read(2).unwrap(), b"third document");
     assert_eq!(dataset.label(2), 0);
     assert!(dataset.class_names().is_empty());
+
+    // Captions beside images: the text column named is read, not the images beside it; an
+    // image column named too is refused (a sample is one of them).
+    let captioned = dir.path().join("captioned.parquet");
+    let images: Vec<&[u8]> = vec![b"\xff\xd8jpeg", b"\xff\xd8jpeg", b"\xff\xd8jpeg"];
+    write_file(
+        &captioned,
+        vec![
+            ("image", binary(&images)),
+            (
+                "caption",
+                Arc::new(StringArray::from(texts.to_vec())) as ArrayRef,
+            ),
+        ],
+        8,
+    );
+    let options = ParquetOptions {
+        text_column: Some("caption".into()),
+        ..ParquetOptions::default()
+    };
+    let dataset = ParquetDataset::open(&captioned, &options).unwrap();
+    assert_eq!(dataset.sample_kind(), ParquetSampleKind::Text);
+    assert_eq!(dataset.read(0).unwrap(), "première ligne".as_bytes());
+    let both = ParquetOptions {
+        image_column: Some("image".into()),
+        ..options
+    };
+    let error = ParquetDataset::open(&captioned, &both)
+        .unwrap_err()
+        .to_string();
+    assert!(error.contains("both an image column"), "{error}");
 }
 
 #[test]

@@ -170,9 +170,9 @@ pub fn open_source(
             )
             .map_err(Error::OpenDataset)?,
         )),
-        DatasetFormat::Parquet => open_parquet(path, dataset),
+        DatasetFormat::Parquet => open_parquet(path, dataset, ops),
         DatasetFormat::HfDataset => Ok(Arc::new(
-            HfDataset::open(path, &column_options(dataset)).map_err(Error::OpenDataset)?,
+            HfDataset::open(path, &column_options(dataset, ops)).map_err(Error::OpenDataset)?,
         )),
         DatasetFormat::Mds => open_mds(
             &|options| MdsDataset::open(path, options),
@@ -236,7 +236,7 @@ fn open_named_files(
             TarShards::open_files(display, files).map_err(Error::OpenDataset)?,
         )),
         FileKind::Parquet => Ok(Arc::new(
-            ParquetDataset::open_listed(display, files, &column_options(dataset))
+            ParquetDataset::open_listed(display, files, &column_options(dataset, ops))
                 .map_err(Error::OpenDataset)?,
         )),
         FileKind::Jsonl => Ok(Arc::new(
@@ -363,9 +363,13 @@ fn token_windows_seq_len(ops: &[proto::Op]) -> Option<u32> {
 }
 
 /// Opens a Parquet dataset with the columns the spec names ("" = pick by name).
-fn open_parquet(path: &Path, dataset: &proto::DatasetSource) -> Result<Arc<dyn SampleSource>> {
+fn open_parquet(
+    path: &Path,
+    dataset: &proto::DatasetSource,
+    ops: &[proto::Op],
+) -> Result<Arc<dyn SampleSource>> {
     Ok(Arc::new(
-        ParquetDataset::open(path, &column_options(dataset)).map_err(Error::OpenDataset)?,
+        ParquetDataset::open(path, &column_options(dataset, ops)).map_err(Error::OpenDataset)?,
     ))
 }
 
@@ -375,11 +379,15 @@ fn named(column: &str) -> Option<String> {
     (!column.is_empty()).then(|| column.to_string())
 }
 
-/// The columns the spec names for a Parquet or HF dataset ("" = pick by name).
-fn column_options(dataset: &proto::DatasetSource) -> ParquetOptions {
+/// The columns the spec names for a Parquet or HF dataset ("" = pick by name). A pipeline that
+/// tokenizes reads a text column (`text` unless one is named), never an image column beside it.
+fn column_options(dataset: &proto::DatasetSource, ops: &[proto::Op]) -> ParquetOptions {
+    let tokenizes = ops
+        .iter()
+        .any(|op| matches!(op.op, Some(OpKind::Tokenize(_))));
     ParquetOptions {
         image_column: named(&dataset.image_column),
-        text_column: named(&dataset.text_column),
+        text_column: named(&dataset.text_column).or_else(|| tokenizes.then(|| "text".to_string())),
         label_column: named(&dataset.label_column),
         ..ParquetOptions::default()
     }
@@ -475,7 +483,7 @@ fn open_remote_source(
             ParquetDataset::open_remote_split(
                 uri,
                 cache,
-                &column_options(dataset),
+                &column_options(dataset, ops),
                 split.as_deref(),
             )
             .map_err(Error::OpenDataset)?,
@@ -491,7 +499,7 @@ fn open_remote_source(
             .map_err(Error::OpenDataset)?,
         )),
         DatasetFormat::HfDataset => Ok(Arc::new(
-            HfDataset::open_remote(uri, cache, &column_options(dataset), split.as_deref())
+            HfDataset::open_remote(uri, cache, &column_options(dataset, ops), split.as_deref())
                 .map_err(Error::OpenDataset)?,
         )),
         DatasetFormat::Auto | DatasetFormat::ImageFolder => Ok(Arc::new(
@@ -533,7 +541,7 @@ fn open_remote_names(
             TarShards::open_remote_files(files, cache).map_err(Error::OpenDataset)?,
         )),
         FileKind::Parquet => Ok(Arc::new(
-            ParquetDataset::open_remote_files(files, cache, &column_options(dataset))
+            ParquetDataset::open_remote_files(files, cache, &column_options(dataset, ops))
                 .map_err(Error::OpenDataset)?,
         )),
         FileKind::TokenFile => match files.uris().as_slice() {
