@@ -25,12 +25,14 @@ use tracing_subscriber::layer::{Context, Layer, SubscriberExt};
 const KEPT: usize = 256;
 
 /// The targets forwarded and the least severe level of each.
-const FORWARDED: [(&str, Level); 7] = [
+const FORWARDED: [(&str, Level); 8] = [
     ("stoker_loader", Level::WARN),
     ("stoker_gpu", Level::WARN),
     // This module's own (its library is named `_native`).
     ("_native", Level::WARN),
     ("stoker_pipeline::ops::tokenize", Level::INFO),
+    // Packing that drops most of a batch's tokens, or pads most of its rows (said once).
+    ("stoker_pipeline::ops::pack", Level::WARN),
     // What a source's files are taken as, said nowhere else: a split folder's subfolders not
     // read, hub shards named by a pattern that are not one set, a label column chosen among
     // several.

@@ -210,11 +210,15 @@ def test_packing_ids_past_the_tokenizers_are_warned_about(
     assert "PackSequences" not in caplog.text
 
 
-def test_tokens_packing_drops_are_counted(text: tuple[Path, Path]) -> None:
+def test_tokens_packing_drops_are_counted(
+    text: tuple[Path, Path], caplog: pytest.LogCaptureFixture
+) -> None:
     """Rows too short for their batch's documents drop the rest: ``stats()["tokens_dropped"]``
     counts it, so the tokens delivered and dropped add up to the epoch's tokens (EOS included)
-    that rows long enough deliver whole."""
+    that rows long enough deliver whole. Each loader says once on logger ``stoker`` that it
+    drops most tokens, or pads most rows."""
     folder, tokenizer = text
+    caplog.set_level(logging.WARNING, logger="stoker")
 
     def delivered_and_dropped(seq_len: int) -> tuple[int, int]:
         pipeline = [ops.Tokenize(tokenizer), ops.PackSequences(seq_len)]
@@ -225,9 +229,14 @@ def test_tokens_packing_drops_are_counted(text: tuple[Path, Path]) -> None:
 
     whole, none_dropped = delivered_and_dropped(4096)
     assert none_dropped == 0
+    said = [r.getMessage() for r in caplog.records if "PackSequences" in r.getMessage()]
+    assert len(said) == 1 and "padded" in said[0] and "document_ids == -1" in said[0], said
+    caplog.clear()
     delivered, dropped = delivered_and_dropped(4)
     assert dropped > whole // 2
     assert delivered + dropped == whole
+    said = [r.getMessage() for r in caplog.records if "PackSequences" in r.getMessage()]
+    assert len(said) == 1 and "dropped" in said[0] and "raise seq_len" in said[0], said
 
 
 def test_bad_lines_are_skipped_or_fail_naming_file_and_line(text: tuple[Path, Path]) -> None:

@@ -114,6 +114,8 @@ pub struct BatchAssembler {
     policy: BadSamplePolicy,
     bad_samples_seen: AtomicU64,
     tokens_dropped: AtomicU64,
+    /// What packing said once of the tokens it dropped or the padding it wrote.
+    waste_said: crate::ops::pack::WasteSaid,
     /// Where its reads are marked while they run, with its source's number there.
     watch: Option<(Arc<ReadWatch>, u16)>,
 }
@@ -191,6 +193,7 @@ impl BatchAssembler {
             policy,
             bad_samples_seen: AtomicU64::new(0),
             tokens_dropped: AtomicU64::new(0),
+            waste_said: crate::ops::pack::WasteSaid::default(),
             watch: None,
         })
     }
@@ -380,6 +383,7 @@ impl BatchAssembler {
         assembled.dropped_tokens = summary.dropped_tokens;
         self.tokens_dropped
             .fetch_add(summary.dropped_tokens, Ordering::Relaxed);
+        crate::ops::pack::warn_once_of_waste(&summary, pack.seq_len, &self.waste_said);
     }
 
     /// Builds the batch of `indices` in a new buffer; see [`BatchAssembler::assemble_into`].

@@ -319,8 +319,8 @@ fn checked_dtype(tokens: TokenFile, given: bool, name: &str) -> Result<Arc<dyn S
         None => Ok(Arc::new(tokens)),
         Some(WiderIds::Uint32) => Err(Error::InvalidSpec(format!(
             "{name} is read as uint16 tokens by its name, but holds uint32 ids (every second \
-             16-bit value of its head is a uint32's small high half): name it *.u32.bin, or \
-             give the dataset's token_dtype"
+             16-bit value of its head is a uint32's small high half): name it *.u32.bin (the \
+             CLI also takes --token-dtype uint32)"
         ))),
         Some(WiderIds::Int64) => Err(Error::InvalidSpec(format!(
             "{name} is read as uint16 tokens by its name, but holds 64-bit ids (of every four \

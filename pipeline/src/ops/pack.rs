@@ -46,6 +46,47 @@ pub struct PackSummary {
     pub padding: u64,
 }
 
+/// Whether [`warn_once_of_waste`] said each of its two things yet (per loader).
+#[derive(Debug, Default)]
+pub struct WasteSaid {
+    dropped: std::sync::atomic::AtomicBool,
+    padded: std::sync::atomic::AtomicBool,
+}
+
+/// Says once per `said` that a batch's packing dropped over a quarter of its documents'
+/// tokens (documents much longer than the batch's rows hold: most of them never reach a
+/// row), or filled over half its positions with padding (documents much shorter than
+/// `seq_len`), with what to do; both are the rule, and easy to miss in a loss curve.
+pub fn warn_once_of_waste(summary: &PackSummary, seq_len: u32, said: &WasteSaid) {
+    use std::sync::atomic::Ordering;
+    let offered = summary.tokens + summary.dropped_tokens;
+    if summary.dropped_tokens * 4 > offered && !said.dropped.swap(true, Ordering::Relaxed) {
+        tracing::warn!(
+            dropped = summary.dropped_tokens,
+            of = offered,
+            seq_len,
+            "PackSequences dropped {} of the {offered} tokens of a batch: a batch of B \
+             documents fills B rows of seq_len tokens and drops the rest, so documents much \
+             longer than seq_len lose most of their tokens (stats()[\"tokens_dropped\"] counts \
+             them); raise seq_len, or write the tokens to a token file and read it with \
+             TokenWindows (said once)",
+            summary.dropped_tokens
+        );
+    }
+    let positions = summary.tokens + summary.padding;
+    if summary.padding * 2 > positions && !said.padded.swap(true, Ordering::Relaxed) {
+        tracing::warn!(
+            padding = summary.padding,
+            of = positions,
+            seq_len,
+            "PackSequences padded {} of the {positions} positions of a batch: its documents \
+             are much shorter than seq_len; mask the loss where document_ids == -1 (pad_id is \
+             a real token id), or lower seq_len (said once)",
+            summary.padding
+        );
+    }
+}
+
 fn put(bytes: &mut [u8], at: usize, value: i32) {
     bytes[at * 4..at * 4 + 4].copy_from_slice(&value.to_le_bytes());
 }

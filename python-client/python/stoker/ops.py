@@ -435,7 +435,11 @@ class PackSequences(Op):
         seq_len: tokens per row.
         eos_id: the id put after each document; -1 (default) takes the tokenizer's own EOS
             token (``<|endoftext|>``, ``</s>``, ``<eos>``...).
-        pad_id: the id that fills a short last row (default 0).
+        pad_id: the id that fills a short last row (default 0). It is a real token id (0 is
+            ``!`` in GPT-2's and Llama 3's vocabularies), and no labels or loss mask come with
+            the batch: mask the loss where ``document_ids == -1`` (for instance
+            ``labels = input_ids.masked_fill(document_ids == -1, -100)``), or the model learns
+            to predict padding.
     """
 
     proto_name = "pack_sequences"
