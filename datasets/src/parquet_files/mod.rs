@@ -24,6 +24,7 @@ mod open;
 mod options;
 mod page_checks;
 mod page_headers;
+mod raw_text;
 pub(crate) mod row_group_cache;
 mod write;
 
@@ -282,6 +283,26 @@ impl ParquetDataset {
             .unwrap_or_else(|message| Err(group_error(ParquetError::General(message))))
     }
 
+    /// The text column `root` of one row group as raw bytes ([`raw_text::raw_text_column`]).
+    fn raw_text_group(&self, span: &ChunkSpan, root: usize) -> Result<ArrayRef> {
+        let file = &self.files[span.file];
+        let handle =
+            file.source
+                .chunks(file.metadata.metadata(), &[span.chunk_in_file], &[root])?;
+        let read = || {
+            raw_text::raw_text_column(handle, file.metadata.metadata(), span.chunk_in_file, root)
+        };
+        without_panics("parquet", read)
+            .unwrap_or_else(|message| Err(ParquetError::General(message)))
+            .map_err(|source| Error::ParquetRowGroup {
+                path: file.path.clone(),
+                row_group: span.chunk_in_file,
+                first_row: span.first_row_in_file,
+                end_row: span.first_row_in_file + span.rows,
+                source,
+            })
+    }
+
     /// The decoded sample column of group `group`, from the cache when it is there.
     fn sample_group(&self, group: usize, span: &ChunkSpan) -> Result<Arc<DecodedGroup>> {
         let file = &self.files[span.file];
@@ -294,7 +315,20 @@ impl ParquetDataset {
             });
         };
         self.cache.get_or_decode(group, || {
-            let mut decoded = self.decode_columns(span, &[sample_column])?;
+            let mut decoded = match self.decode_columns(span, &[sample_column]) {
+                // Arrow refuses a text group with one cell that is not UTF-8: read raw, each
+                // cell is its own sample again (a bad one a bad sample).
+                Err(error) if self.sample_kind == ParquetSampleKind::Text => {
+                    match self.raw_text_group(span, sample_column) {
+                        Ok(column) => {
+                            tracing::debug!(%error, "a text row group read as raw bytes");
+                            vec![vec![column]]
+                        }
+                        Err(_) => return Err(error),
+                    }
+                }
+                decoded => decoded?,
+            };
             let mut chunks = decoded.pop().unwrap_or_default();
             let mut paths = Vec::new();
             if let Some(field) = file.struct_field {

@@ -874,3 +874,56 @@ fn scattered_damage_gives_errors_or_bytes_never_a_panic() {
     // decoder catches it later); the rest must show up as errors.
     assert!(failures > 0);
 }
+
+/// A text cell that is not UTF-8 fails its own sample only: Arrow's reader refuses the whole
+/// row group for it, so the group is read again as raw bytes; its other rows read as written.
+#[test]
+fn a_text_cell_that_is_not_utf8_fails_only_its_sample() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("docs.parquet");
+    let texts: Vec<String> = (0..64)
+        .map(|i| {
+            if i == 9 {
+                "BADCELL!".to_string()
+            } else {
+                format!("document {i}")
+            }
+        })
+        .collect();
+    let batch = RecordBatch::try_from_iter([(
+        "text",
+        Arc::new(StringArray::from(texts.clone())) as ArrayRef,
+    )])
+    .unwrap();
+    // Plain, uncompressed pages without statistics or checksums, so the cell's bytes are in
+    // the file as written and can be made invalid UTF-8 in place.
+    let properties = WriterProperties::builder()
+        .set_max_row_group_row_count(Some(64))
+        .set_dictionary_enabled(false)
+        .set_statistics_enabled(parquet::file::properties::EnabledStatistics::None)
+        .set_compression(parquet::basic::Compression::UNCOMPRESSED)
+        .build();
+    let file = std::fs::File::create(&path).unwrap();
+    let mut writer = ArrowWriter::try_new(file, batch.schema(), Some(properties)).unwrap();
+    writer.write(&batch).unwrap();
+    writer.close().unwrap();
+    let mut bytes = std::fs::read(&path).unwrap();
+    let at = bytes
+        .windows(8)
+        .position(|window| window == b"BADCELL!")
+        .unwrap();
+    bytes[at..at + 2].copy_from_slice(&[0xff, 0xfe]);
+    std::fs::write(&path, bytes).unwrap();
+
+    let dataset = open(&path).unwrap();
+    assert_eq!(dataset.sample_kind(), ParquetSampleKind::Text);
+    for (index, text) in texts.iter().enumerate() {
+        let read = dataset.read(index as u64).unwrap();
+        if index == 9 {
+            assert_eq!(&read[..2], &[0xff, 0xfe]);
+            assert!(std::str::from_utf8(&read).is_err());
+        } else {
+            assert_eq!(read, text.as_bytes(), "row {index}");
+        }
+    }
+}
