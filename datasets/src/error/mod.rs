@@ -581,7 +581,8 @@ pub enum Error {
     /// Another process held a cache entry's lock for longer than the deadline.
     #[error(
         "waited {waited_seconds} s for the lock of cache entry {path} (another process is \
-         fetching or evicting it); raise STOKER_CACHE_LOCK_TIMEOUT_SECS or check that process"
+         fetching or evicting it, and wrote nothing to it for the last \
+         STOKER_CACHE_LOCK_TIMEOUT_SECS, default 600); raise it or check that process"
     )]
     CacheLockTimeout {
         /// The entry's lock file.

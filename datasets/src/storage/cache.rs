@@ -61,8 +61,9 @@ use crate::error::{Error, Result};
 /// How long [`ObjectCache::materialise`] waits for entries another process holds.
 #[derive(Debug, Clone, Copy)]
 pub(super) enum LockWait {
-    /// This long for each entry: whole objects, which another process commits one by one
-    /// as they come, so a long download is waited out as long as its objects keep coming.
+    /// This long for each entry, counted from the holder's last write to it: whole objects,
+    /// which another process commits one by one as they come, so a long download is waited
+    /// out as long as its bytes keep coming.
     Each(std::time::Duration),
     /// This long for all of them together: byte ranges, which a reader fetches itself
     /// past the cache when they do not come.
@@ -394,13 +395,16 @@ impl ObjectCache {
                 (_, Some(deadline)) => deadline.saturating_duration_since(Instant::now()),
                 (LockWait::Each(wait) | LockWait::InAll(wait), None) => wait,
             };
-            wait_for_lock(&lock, false, &entry.lock, timeout)?;
+            // A whole object is waited for as long as its download keeps writing; a range is
+            // read past the cache once its short wait is over.
+            let written = matches!(wait, LockWait::Each(_)).then_some(entry.data.as_path());
+            wait_for_lock(&lock, false, &entry.lock, timeout, written)?;
             if entry.is_valid() {
                 ready[position] = Some(self.hit(entry, lock, reading));
                 continue;
             }
             unlock(&lock, &entry.lock)?;
-            wait_for_lock(&lock, true, &entry.lock, timeout)?;
+            wait_for_lock(&lock, true, &entry.lock, timeout, written)?;
             if entry.validity() == Validity::Valid {
                 downgrade(&lock, &entry.lock)?;
                 if entry.is_valid() {
@@ -409,7 +413,7 @@ impl ObjectCache {
                 }
                 // Evicted in the downgrade's gap: fetched again, under the exclusive lock.
                 unlock(&lock, &entry.lock)?;
-                wait_for_lock(&lock, true, &entry.lock, timeout)?;
+                wait_for_lock(&lock, true, &entry.lock, timeout, written)?;
             }
             for (position, object) in
                 self.download(store, vec![(position, entry, lock)], &sources, reading)?

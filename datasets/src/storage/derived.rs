@@ -115,12 +115,12 @@ pub fn derived_copy(
     // Shared first: a process making the copy holds the lock exclusive until it is complete,
     // then shared while it reads it, for the whole job; waiting for an exclusive lock would
     // wait for that job to end, not for the copy.
-    wait_for_lock(&lock, false, &lock_path, options.lock_timeout)?;
+    wait_for_lock(&lock, false, &lock_path, options.lock_timeout, Some(&data))?;
     if let Some(size) = is_valid(&data, &meta, identity) {
         return Ok(cached(size, lock));
     }
     unlock(&lock, &lock_path)?;
-    wait_for_lock(&lock, true, &lock_path, options.lock_timeout)?;
+    wait_for_lock(&lock, true, &lock_path, options.lock_timeout, Some(&data))?;
     if let Some(size) = is_valid(&data, &meta, identity) {
         downgrade(&lock, &lock_path)?;
         return Ok(cached(size, lock));

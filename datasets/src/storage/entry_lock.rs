@@ -25,21 +25,39 @@ pub(super) fn try_lock(file: &File, exclusive: bool, path: &Path) -> Result<bool
     }
 }
 
-/// Waits for a lock on `file`, polling, up to `timeout` (every wait has a deadline).
+/// Waits for a lock on `file`, polling, up to `timeout` (every wait has a deadline). With
+/// `written` (the entry's data path), the deadline counts from the last time the holder wrote
+/// to a part file of that entry (`<data>.stoker-part-*`), not from the start: a download or
+/// decompression that keeps writing is waited out however long it takes, one that stopped
+/// writing for `timeout` is not.
 pub(super) fn wait_for_lock(
     file: &File,
     exclusive: bool,
     path: &Path,
     timeout: Duration,
+    written: Option<&Path>,
 ) -> Result<()> {
     let started = Instant::now();
+    let mut clock = started;
+    let mut last_write = written.and_then(last_part_write);
+    let mut checked = started;
     let mut pause = Duration::from_millis(5);
     let mut logged = false;
     loop {
         if try_lock(file, exclusive, path)? {
             return Ok(());
         }
-        if started.elapsed() >= timeout {
+        if let Some(data) = written {
+            if checked.elapsed() >= PROGRESS_CHECK {
+                checked = Instant::now();
+                let now = last_part_write(data);
+                if now.is_some() && now != last_write {
+                    last_write = now;
+                    clock = Instant::now();
+                }
+            }
+        }
+        if clock.elapsed() >= timeout {
             return Err(Error::CacheLockTimeout {
                 path: path.to_path_buf(),
                 waited_seconds: started.elapsed().as_secs(),
@@ -52,6 +70,26 @@ pub(super) fn wait_for_lock(
         std::thread::sleep(pause);
         pause = (pause * 2).min(Duration::from_millis(200));
     }
+}
+
+/// How often a wait looks for the holder's writes.
+const PROGRESS_CHECK: Duration = Duration::from_millis(500);
+
+/// The latest modification time of the part files of the entry at `data` (another process's
+/// download or copy in progress); `None` when there is none.
+fn last_part_write(data: &Path) -> Option<SystemTime> {
+    let folder = data.parent()?;
+    let prefix = format!(
+        "{}{}",
+        data.file_name()?.to_string_lossy(),
+        super::entry::PART_MARKER
+    );
+    std::fs::read_dir(folder)
+        .ok()?
+        .filter_map(|entry| entry.ok())
+        .filter(|entry| entry.file_name().to_string_lossy().starts_with(&prefix))
+        .filter_map(|entry| entry.metadata().ok()?.modified().ok())
+        .max()
 }
 
 pub(super) fn unlock(file: &File, path: &Path) -> Result<()> {
@@ -100,8 +138,51 @@ mod tests {
             !try_lock(&first, false, &path).unwrap(),
             "a fetch blocks readers"
         );
-        let error = wait_for_lock(&first, false, &path, Duration::from_millis(50)).unwrap_err();
+        let error =
+            wait_for_lock(&first, false, &path, Duration::from_millis(50), None).unwrap_err();
         assert!(matches!(error, Error::CacheLockTimeout { .. }));
+    }
+
+    /// A wait for an entry whose holder keeps writing its part file lasts past the timeout,
+    /// counted from the last write; once the writes stop, it ends a timeout later.
+    #[test]
+    fn a_wait_lasts_while_the_holder_writes_the_entry() {
+        let dir = tempfile::tempdir().unwrap();
+        let data = dir.path().join("object");
+        let lock_path = dir.path().join("object.stoker-lock");
+        let holder = File::create(&lock_path).unwrap();
+        let waiter = File::open(&lock_path).unwrap();
+        assert!(try_lock(&holder, true, &lock_path).unwrap());
+        let part = dir.path().join("object.stoker-part-1-0");
+        let writing = std::thread::spawn(move || {
+            use std::io::Write;
+            let mut file = File::create(&part).unwrap();
+            // 2.4 s of writes, each a little over the 0.9 s timeout's third.
+            for _ in 0..8 {
+                std::thread::sleep(Duration::from_millis(300));
+                file.write_all(b"bytes").unwrap();
+                file.set_modified(SystemTime::now()).unwrap();
+            }
+            drop(file);
+            std::thread::sleep(Duration::from_millis(1500));
+            holder
+        });
+        let started = Instant::now();
+        let timeout = Duration::from_millis(900);
+        let error = wait_for_lock(&waiter, false, &lock_path, timeout, Some(&data)).unwrap_err();
+        let waited = started.elapsed();
+        assert!(matches!(error, Error::CacheLockTimeout { .. }));
+        assert!(
+            waited >= Duration::from_millis(2400) && waited < Duration::from_secs(10),
+            "{waited:?}"
+        );
+        let holder = writing.join().unwrap();
+        unlock(&holder, &lock_path).unwrap();
+        // Without a path to watch, the timeout counts from the start.
+        assert!(try_lock(&holder, true, &lock_path).unwrap());
+        let started = Instant::now();
+        wait_for_lock(&waiter, false, &lock_path, timeout, None).unwrap_err();
+        assert!(started.elapsed() < Duration::from_millis(2000));
     }
 
     #[test]

@@ -63,7 +63,8 @@ pub struct ObjectCacheOptions {
     /// Retries of one HTTP request by the object store client (exponential backoff from
     /// 100 ms up to 5 s) before it reports a failure.
     pub request_retries: usize,
-    /// How long to wait for an entry another process is fetching: past it,
+    /// How long to wait for an entry another process is fetching, counted from its last write
+    /// to the entry's part file (a download that keeps coming is waited out): past it,
     /// [`ObjectCache::fetch`](super::ObjectCache::fetch) of whole objects fails. Reads of
     /// byte ranges (samples, an index) wait 3 s at most (or this, if shorter), then read from
     /// the store past the cache.
