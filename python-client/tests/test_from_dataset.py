@@ -6,6 +6,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import errno
+import logging
 import os
 import re
 import select
@@ -517,6 +518,66 @@ def test_arguments_are_checked_before_any_work() -> None:
         stoker.Loader.from_dataset(Failing(20), transform=_divide_by_zero, num_workers=1)
     with pytest.raises(TypeError, match=r"sample\[1\] is a str"):
         stoker.Loader.from_dataset(Squares(4), transform=_with_text, num_workers=1)
+    # DataLoader's arguments from_dataset has no use for: what to do instead, by name.
+    for name, hint in [("worker_init_fn", "get_worker_info"), ("sampler", "stoker.mix"),
+                       ("generator", "sample_rng"), ("persistent_workers", "close()")]:
+        with pytest.raises(ValueError, match=rf"from_dataset does not take DataLoader's "
+                           rf"{name}=.*{re.escape(hint)}"):
+            stoker.Loader.from_dataset(Squares(4), **{name: None})
+    with pytest.raises(TypeError, match=r"unexpected keyword argument.*bogus"):
+        stoker.Loader.from_dataset(Squares(4), bogus=1)
+
+
+class FirstFails(Squares):
+    """dataset[0] raises on every call; the rest load."""
+
+    def __getitem__(self, index: int):
+        if index == 0:
+            raise ValueError("sample 0 is corrupt")
+        return super().__getitem__(index)
+
+
+class FirstFlaky(Squares):
+    """dataset[0]'s first read fails as a storage error does (EIO); the next succeeds."""
+
+    def __init__(self, length: int) -> None:
+        super().__init__(length)
+        self.failed = False
+
+    def __getitem__(self, index: int):
+        if index == 0 and not self.failed:
+            self.failed = True
+            raise OSError(errno.EIO, "Input/output error")
+        return super().__getitem__(index)
+
+
+def test_the_layout_probe_retries_storage_errors_and_skips_a_bad_first_sample(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """dataset[0] is read for the layout as a batch's sample is: a storage error tried again,
+    and under skip a bad first sample passed over (replaced in its batch, as any other)."""
+    with stoker.Loader.from_dataset(FirstFlaky(8), batch_size=4, output="numpy") as loader:
+        batches, _ = epoch_of(loader)
+    assert sorted(i for step in batches for i in step) == list(range(8))
+    with pytest.raises(stoker.DatasetError, match="sample 0 is corrupt"):
+        stoker.Loader.from_dataset(FirstFails(8), batch_size=4)
+    with caplog.at_level(logging.WARNING, logger="stoker"), stoker.Loader.from_dataset(
+        FirstFails(8), batch_size=4, on_error="skip", output="numpy"
+    ) as loader:
+        first = next(iter(loader))
+        assert loader.stats()["bad_samples"] == 1
+    assert "layout from dataset[1]" in caplog.text and "sample 0 is corrupt" in caplog.text
+    check_squares(first, [1, 1, 2, 3])
+
+
+def test_a_multiprocessing_context_object_is_taken_as_dataloader_takes_it() -> None:
+    import multiprocessing
+
+    context = multiprocessing.get_context("spawn")
+    with stoker.Loader.from_dataset(Squares(8), batch_size=4, num_workers=1, output="numpy",
+                                    multiprocessing_context=context) as loader:
+        batches, _ = epoch_of(loader)
+    assert sorted(i for step in batches for i in step) == list(range(8))
 
 
 def test_a_killed_worker_process_is_replaced_and_its_batch_built_again(

@@ -39,6 +39,37 @@ DATALOADER_ONLY: Final[Mapping[str, str]] = {
     "Dataset with its own transform: Loader.from_dataset(dataset, transform=...))",
 }
 
+# DataLoader arguments Loader.from_dataset has no use for, and what to do instead.
+FROM_DATASET_ONLY: Final[Mapping[str, str]] = {
+    "worker_init_fn": "worker processes run no init function (and "
+    "torch.utils.data.get_worker_info() is None in them): open per-process resources lazily "
+    "in __getitem__, e.g. a file opened on first use and kept in an attribute",
+    "sampler": "use shuffle, seed, rank and world_size (the order is planned in Rust); for "
+    "weighted sampling, stoker.mix over per-class subsets by weight",
+    "batch_sampler": "use batch_size and drop_last (batches are planned in Rust)",
+    "generator": "use seed=N, and stoker.sample_rng() for the dataset's own draws",
+    "persistent_workers": "worker processes live as long as the Loader; close() stops them",
+    "prefetch_factor": "use prefetch=N (batches in flight) or prefetch='auto'",
+    "pin_memory_device": "use pin_memory=True (page-locked slots, registered for every "
+    "device)",
+    "in_order": "batches always come in step order, which makes runs reproducible",
+}
+
+
+def refuse_unexpected_for_dataset(unsupported: Mapping[str, Any]) -> None:
+    """Refuses keyword arguments :meth:`~stoker.Loader.from_dataset` does not take: a
+    DataLoader one with a ValueError naming what to use instead, any other with a TypeError."""
+    for name in unsupported:
+        if name in FROM_DATASET_ONLY:
+            raise ValueError(
+                f"Loader.from_dataset does not take DataLoader's {name}=: "
+                f"{FROM_DATASET_ONLY[name]}"
+            )
+    if unsupported:
+        names = ", ".join(sorted(unsupported))
+        raise TypeError(f"Loader.from_dataset got unexpected keyword argument(s): {names}")
+
+
 # The ranges of the native side's integer arguments.
 MAX_U32: Final = 2**32 - 1
 MAX_U64: Final = 2**64 - 1

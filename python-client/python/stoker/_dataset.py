@@ -41,6 +41,7 @@ from stoker._arguments import (
     check_on_error,
     import_torch,
     is_int,
+    refuse_unexpected_for_dataset,
     resolve_output,
 )
 from stoker._dataset_workers import ProcessBuilder
@@ -169,7 +170,7 @@ class FromDataset:
         collate_fn: Any = None,
         num_threads: int | None = None,
         num_workers: int = 0,
-        multiprocessing_context: Literal["forkserver", "spawn", "fork"] | None = None,
+        multiprocessing_context: Literal["forkserver", "spawn", "fork"] | Any = None,
         rank: int | None = None,
         world_size: int | None = None,
         prefetch: int | Literal["auto"] = "auto",
@@ -182,6 +183,7 @@ class FromDataset:
         pipeline: Iterable[Op] | None = None,
         pin_memory: bool = False,
         pinned_memory_budget: int | None = None,
+        **unsupported: Any,
     ) -> Self:
         """A loader over a map-style dataset (``__getitem__`` and ``__len__``, such as a
         ``torch.utils.data.Dataset``), run under Stoker's planner.
@@ -215,7 +217,8 @@ class FromDataset:
           ``threading.local()``, which lasts the loader's life on each of its threads, or
           use ``num_workers``). Fast when the code releases the GIL (PIL decoding and
           resizing, numpy); pure-Python code runs one thread at a time.
-        - ``num_workers=N``: N worker processes (``multiprocessing_context``, by default the
+        - ``num_workers=N``: N worker processes (``multiprocessing_context``: a start method's
+          name or a ``multiprocessing.get_context(...)`` context; by default the
           start method the program set with ``multiprocessing.set_start_method``, as
           DataLoader takes it, else: ``"fork"``, the default on Linux (inherited; fastest to
           start and leanest;
@@ -287,6 +290,7 @@ class FromDataset:
                 f"the dataset has {length!r} samples; from_dataset needs at least one"
             )
         saved = dataset.saved_with_states() if isinstance(dataset, SavedWithStates) else {}
+        refuse_unexpected_for_dataset(unsupported)
         for name, value in (("transform", transform), ("collate_fn", collate_fn)):
             if value is not None and not callable(value):
                 raise TypeError(f"{name} must be callable or None, got {type(value).__name__}")

@@ -10,6 +10,7 @@ drawing from its own random stream (:func:`sample_seed`, :func:`sample_rng`).
 from __future__ import annotations
 
 import errno
+import logging
 import random
 import sys
 import threading
@@ -24,6 +25,8 @@ import numpy as np
 from stoker import _native
 from stoker._busy import LoadingLog, batch_text, describe, where
 from stoker.errors import DatasetError
+
+_log = logging.getLogger("stoker")
 
 __all__ = [
     "NO_LAYOUT",
@@ -308,15 +311,40 @@ NO_LAYOUT: Final = Layout((), ())
 
 def probe(state: State) -> Layout:
     """The layout of ``dataset[0]``; DatasetError when loading it fails, TypeError when a value
-    in it cannot be batched."""
-    try:
-        first = _load(state, 0, 0)
-    except Exception as error:
-        raise DatasetError(
-            "from_dataset reads dataset[0] to learn the samples' layout, and it failed: "
-            + _describe(0, error)
-        ) from error
-    return Layout.of(first, state.image)
+    in it cannot be batched. A failure of the machine or the network is tried again with
+    backoff first, as a batch's samples are; under ``on_error="skip"`` a ``dataset[0]`` that
+    fails on its own is passed over for the next samples, as a batch replaces it (the layout
+    is then the first one's that loads, said on logger ``stoker``)."""
+    candidates = (min(_MAX_SUBSTITUTE_TRIES, state.length - 1) + 1
+                  if state.on_error == "skip" else 1)
+    first_reason = ""
+    for index in range(candidates):
+        pauses = iter(_MACHINE_RETRY_PAUSES)
+        while True:
+            try:
+                sample = _load(state, 0, index)
+            except Exception as error:
+                fault, reason = _fault(error), _describe(index, error)
+                pause = next(pauses, None) if fault is not None else None
+                if pause is not None:
+                    time.sleep(pause)
+                    continue
+                if fault == "machine" or candidates == 1:
+                    raise DatasetError(
+                        "from_dataset reads dataset[0] to learn the samples' layout, and it "
+                        "failed: " + reason
+                    ) from error
+                first_reason = first_reason or reason
+                break
+            if index:
+                _log.warning("from_dataset takes the samples' layout from dataset[%d]: "
+                             "dataset[0] failed (a bad sample, replaced in its batch): %s",
+                             index, first_reason)
+            return Layout.of(sample, state.image)
+    raise DatasetError(
+        f"from_dataset reads dataset[0] to learn the samples' layout, and it failed, as did "
+        f"the next {candidates - 1}: {first_reason}"
+    )
 
 
 def _describe(index: int, error: BaseException) -> str:

@@ -76,6 +76,9 @@ def start_context(name: object, dataset: Any) -> Any:
     without importing them again."""
     if name is None:
         name = _default_start_method()
+    # A context object, as DataLoader takes it: multiprocessing.get_context("spawn").
+    if isinstance(name, multiprocessing.context.BaseContext):
+        name = name.get_start_method()
     if name not in ("spawn", "forkserver", "fork"):
         raise ValueError(
             f"multiprocessing_context must be 'forkserver', 'spawn' or 'fork', got {name!r}"
