@@ -347,11 +347,12 @@ impl Lane {
     }
 }
 
-/// A sample replaced under the skip policy, as Python reports it: (index, reason, substitute).
-type Replaced = (u64, String, u64);
+/// A sample replaced under the skip policy, as Python reports it: (index, reason, substitute,
+/// its name: `dataset[i]`, or a mix's source and sample).
+type Replaced = (u64, String, u64, String);
 
-/// The sample that failed a batch, as Python reports it: (index, reason).
-type Failed = (u64, String);
+/// The sample that failed a batch, as Python reports it: (index, reason, its name).
+type Failed = (u64, String, String);
 
 /// A writable window on a batch slot for the Python builder, through the buffer protocol. It
 /// counts the views taken of it (numpy's arrays hold theirs as long as they live) and takes no
@@ -450,8 +451,8 @@ struct Call<'a> {
 /// Calls `builder.build(lane, epoch, step, indices, view, shared)` with `view` a [`SlotView`]
 /// of `slot`, closed before this returns; `shared` is where the slot lies in a shared mapping (id, fd, size,
 /// offset), or `None`. `build` returns `(bad, failure)`: the samples replaced under the skip
-/// policy as `(index, reason, substitute)`, and `None` or the `(index, reason)` of a sample
-/// that failed the batch.
+/// policy as `(index, reason, substitute, name)`, and `None` or the `(index, reason, name)` of
+/// a sample that failed the batch.
 fn build_in_python(
     py: Python<'_>,
     builder: &Py<PyWeakrefReference>,
@@ -504,18 +505,18 @@ fn build_in_python(
         )));
     }
     let (bad, failure): (Vec<Replaced>, Option<Failed>) = outcome.extract().map_err(python)?;
-    if let Some((index, reason)) = failure {
+    if let Some((index, reason, path)) = failure {
         return Err(Error::Worker(stoker_pipeline::Error::BadSample {
             index,
-            path: format!("dataset[{index}]"),
+            path,
             reason,
         }));
     }
     Ok(bad
         .into_iter()
-        .map(|(index, reason, substitute)| proto::BadSample {
+        .map(|(index, reason, substitute, path)| proto::BadSample {
             sample_index: index,
-            path: format!("dataset[{index}]"),
+            path,
             reason,
             substitute_index: substitute,
         })

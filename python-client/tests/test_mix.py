@@ -414,6 +414,39 @@ def dataset_rows(batches: Any) -> list[tuple[int, int]]:
     return out
 
 
+class NumbersWithABadOne(Numbers):
+    """Numbers whose sample ``bad`` raises."""
+
+    def __init__(self, offset: int, count: int, bad: int) -> None:
+        super().__init__(offset, count)
+        self.bad = bad
+
+    def __getitem__(self, index: int) -> dict[str, Any]:
+        if index == self.bad:
+            raise ValueError(f"sample {index} is corrupt")
+        return super().__getitem__(index)
+
+
+@pytest.mark.parametrize("mode", [{"num_threads": 1}, {"num_workers": 1}])
+def test_a_bad_sample_of_a_mixed_dataset_is_replaced_from_its_own_source(mode: Any) -> None:
+    """Under skip a bad sample is replaced by the next one of its own dataset, as a native mix
+    replaces it, so each window keeps its counts; the bad sample is named by its dataset and
+    index, not by its mixed position."""
+    mixed = {NumbersWithABadOne(0, 20, bad=7): 0.5, Numbers(100_000, 20): 0.5}
+    with stoker.mix(mixed, batch_size=40, window=40, output="numpy", seed=3, on_error="skip",
+                    **mode) as loader:
+        rows = dataset_rows(loader)
+        stats = loader.stats()
+    assert Counter(s for s, _ in rows) == {0: 20, 1: 20}
+    assert 7 not in {v for s, v in rows if s == 0}
+    assert stats["bad_samples"] == 1
+    with (
+        pytest.raises(stoker.DecodeError, match=r"dataset 0\[7\] \(mixed position \d+\)"),
+        stoker.mix(mixed, batch_size=40, window=40, output="numpy", seed=3, **mode) as loader,
+    ):
+        list(loader)
+
+
 def test_a_mixed_datasets_order_is_made_once_and_left_out_of_its_pickle() -> None:
     mixed = MixedDataset(
         [Numbers(0, 800), Numbers(100_000, 400)], [0.7, 0.3], 1 << 20, "samples", 5000, 3, True

@@ -96,6 +96,29 @@ class MixedDataset:
             self._order = _native.MixOrder(*self.args)
         return self._order
 
+    def describe_position(self, epoch: int, position: int) -> str:
+        """How a bad sample is named: ``dataset k[i] (mixed position p)``."""
+        ((source, index),) = self.order().samples(epoch, [position])
+        return f"dataset {source}[{index}] (mixed position {position})"
+
+    def substitutes(self, epoch: int, position: int, count: int) -> list[int]:
+        """Up to ``count`` positions after ``position`` (wrapping) whose samples come from
+        its source: what replaces a bad sample, so its batch keeps each source's count, as a
+        native mix replaces a bad sample by the next one of its source."""
+        order = self.order()
+        ((source, _),) = order.samples(epoch, [position])
+        found: list[int] = []
+        step = 256
+        for start in range(1, self.len, step):
+            positions = [(position + offset) % self.len
+                         for offset in range(start, min(start + step, self.len))]
+            for at, (of, _) in zip(positions, order.samples(epoch, positions), strict=True):
+                if of == source:
+                    found.append(at)
+                    if len(found) == count:
+                        return found
+        return found
+
     def __getitem__(self, position: int) -> Any:
         ((source, index),) = self.order().samples(loading_epoch(), [position])
         sample = self.datasets[source][index]

@@ -277,6 +277,29 @@ class State:
     image: Any = None
 
 
+def sample_name(state: State, epoch: int, index: int) -> str:
+    """How a sample is named in reasons and paths: ``dataset[i]``, or what the dataset says
+    of its position ``i`` (a mix: the source and its sample)."""
+    describe = getattr(state.dataset, "describe_position", None)
+    if describe is not None:
+        try:
+            return str(describe(epoch, index))
+        except Exception:  # a name that cannot be given is no reason to fail the batch
+            pass
+    return f"dataset[{index}]"
+
+
+def _substitutes(state: State, epoch: int, index: int) -> list[int]:
+    """The indices tried in turn in place of a bad sample ``index``: the next ones, or those
+    the dataset gives (a mix: the next positions of the same source, so a batch keeps each
+    source's count)."""
+    count = min(_MAX_SUBSTITUTE_TRIES, state.length - 1)
+    chosen = getattr(state.dataset, "substitutes", None)
+    if chosen is not None:
+        return [int(i) for i in chosen(epoch, index, count)]
+    return [(index + offset) % state.length for offset in range(1, count + 1)]
+
+
 def _load(state: State, epoch: int, index: int, stream: int | None = None) -> Any:
     """``dataset[index]`` through the transform, drawing from the random stream of sample
     ``stream`` (default ``index``; a substitute draws from the stream of the sample it
@@ -324,7 +347,7 @@ def probe(state: State) -> Layout:
             try:
                 sample = _load(state, 0, index)
             except Exception as error:
-                fault, reason = _fault(error), _describe(index, error)
+                fault, reason = _fault(error), _describe(sample_name(state, 0, index), error)
                 pause = next(pauses, None) if fault is not None else None
                 if pause is not None:
                     time.sleep(pause)
@@ -347,13 +370,13 @@ def probe(state: State) -> Layout:
     )
 
 
-def _describe(index: int, error: BaseException) -> str:
+def _describe(name: str, error: BaseException) -> str:
     text = "".join(traceback.format_exception(type(error), error, error.__traceback__))
     try:
         said = str(error)
     except Exception:  # an exception class whose __str__ fails is still this sample's
         said = "<its str() raised>"
-    return f"dataset[{index}] raised {type(error).__name__}: {said}\n{text.rstrip()}"
+    return f"{name} raised {type(error).__name__}: {said}\n{text.rstrip()}"
 
 
 def _fault(error: BaseException) -> str | None:
@@ -394,7 +417,7 @@ def _attempt(
             _write_row(state, epoch, stream, destinations, row, leaves)
             return None
         except Exception as error:
-            reason, fault = _describe(index, error), _fault(error)
+            reason, fault = _describe(sample_name(state, epoch, index), error), _fault(error)
             # The traceback's frames reach this one and the batch's arrays over the slot; an
             # exception the dataset's code keeps must not keep them.
             error.__traceback__ = None
@@ -428,9 +451,10 @@ def fill_batch(
     state: State, epoch: int, indices: Sequence[int], view: Any,
     stopped: Callable[[], bool] | None = None, loading: Callable[[int], None] | None = None,
     doomed: Mapping[int, str] | None = None,
-) -> tuple[list[tuple[int, str, int]], tuple[int, str] | None]:
+) -> tuple[list[tuple[int, str, int, str]], tuple[int, str, str] | None]:
     """Loads ``indices`` into ``view`` by the layout, under the bad-sample policy. Returns the
-    replaced samples as (index, reason, substitute) and the failure, if any, as (index, reason).
+    replaced samples as (index, reason, substitute, name) and the failure, if any, as (index,
+    reason, name), a name as :func:`sample_name` gives it.
     ``loading`` is told each dataset index as its loading starts, and -1 once the batch is
     done (what a timeout or a worker's death then names). ``doomed`` samples are not loaded:
     they fail with the reason given (ones that ended worker processes)."""
@@ -455,7 +479,7 @@ def _fill_batch(
     state: State, epoch: int, indices: Sequence[int], view: Any,
     stopped: Callable[[], bool] | None, loading: Callable[[int], None],
     doomed: Mapping[int, str],
-) -> tuple[list[tuple[int, str, int]], tuple[int, str] | None]:
+) -> tuple[list[tuple[int, str, int, str]], tuple[int, str, str] | None]:
     n = len(indices)
     destinations = [
         np.frombuffer(view, dtype=field.dtype, count=n * field.nbytes // field.dtype.itemsize,
@@ -463,11 +487,15 @@ def _fill_batch(
         if field.nbytes else None
         for field, (offset, _) in zip(state.layout.fields, state.layout.regions(n), strict=False)
     ]
-    bad: list[tuple[int, str, int]] = []
+    bad: list[tuple[int, str, int, str]] = []
+
+    def failing(index: int, reason: str) -> tuple[int, str, str]:
+        return index, reason, sample_name(state, epoch, index)
+
     try:
         for row, index in enumerate(indices):
             if stopped is not None and stopped():
-                return bad, (index, "the loader was closed while this batch was loading")
+                return bad, failing(index, "the loader was closed while this batch was loading")
             loading(index)
             failed = ((doomed[index], False) if index in doomed
                       else _attempt(state, epoch, index, index, destinations, row))
@@ -475,20 +503,19 @@ def _fill_batch(
                 continue
             reason, machine = failed
             if state.on_error == "fail" or machine:
-                return bad, (index, reason)
-            for offset in range(1, min(_MAX_SUBSTITUTE_TRIES, state.length - 1) + 1):
-                substitute = (index + offset) % state.length
+                return bad, failing(index, reason)
+            for substitute in _substitutes(state, epoch, index):
                 loading(substitute)
                 failed = ((doomed[substitute], False) if substitute in doomed
                           else _attempt(state, epoch, substitute, index, destinations, row))
                 if failed is None:
-                    bad.append((index, reason, substitute))
+                    bad.append((index, reason, substitute, sample_name(state, epoch, index)))
                     break
                 if failed[1]:
-                    return bad, (substitute, failed[0])
+                    return bad, failing(substitute, failed[0])
             else:
-                return bad, (index, f"{reason}\n(and none of the next "
-                             f"{_MAX_SUBSTITUTE_TRIES} samples loaded either)")
+                return bad, failing(index, f"{reason}\n(and none of the next "
+                                    f"{_MAX_SUBSTITUTE_TRIES} samples loaded either)")
         return bad, None
     finally:
         # The slot's view is released when build() returns: no array may still export it.
