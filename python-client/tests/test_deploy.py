@@ -52,9 +52,13 @@ EXAMPLE_SECRETS = "secrets.example.yaml"
 TOKEN = "deploy-test-token-0123456789abcdef"
 DASHBOARD_TOKEN = "deploy-test-dashboard-credential-0123"
 DASHBOARD_SECRET = "stoker-dashboard-token"
-# The two Deployments (and the Services named after them).
+# The coordinator's Deployment and the workers' StatefulSet (and the Services named after them).
 COORDINATOR = "stoker-coordinator"
 WORKERS = "stoker-workers"
+# Their kinds: the workers are a StatefulSet because its pods get a DNS name of their own (their
+# hostname set, under the headless Service its serviceName names); a Deployment's pods get none,
+# subdomain or not, and the name a worker advertises would not resolve.
+KIND = {COORDINATOR: "Deployment", WORKERS: "StatefulSet"}
 
 
 # --- reading the manifests -----------------------------------------------------------------------
@@ -86,7 +90,7 @@ def get(kind: str, name: str) -> dict[str, Any]:
 
 
 def pod_spec(deployment: str) -> dict[str, Any]:
-    return get("Deployment", deployment)["spec"]["template"]["spec"]
+    return get(KIND[deployment], deployment)["spec"]["template"]["spec"]
 
 
 def only_container(deployment: str) -> dict[str, Any]:
@@ -117,7 +121,7 @@ def container_port(container: dict[str, Any], port: int | str) -> int:
 
 
 def pod_labels(deployment: str) -> dict[str, str]:
-    return get("Deployment", deployment)["spec"]["template"]["metadata"]["labels"]
+    return get(KIND[deployment], deployment)["spec"]["template"]["metadata"]["labels"]
 
 
 def selects(selector: dict[str, str], labels: dict[str, str]) -> bool:
@@ -149,7 +153,7 @@ def test_manifest_validates_against_the_kubernetes_schemas(path: Path, version: 
 
 
 def test_the_schema_check_catches_a_misspelt_field() -> None:
-    deployment = get("Deployment", WORKERS)
+    deployment = get(KIND[WORKERS], WORKERS)
     container = deployment["spec"]["template"]["spec"]["containers"][0]
     container["readinessProbe"]["periodSecond"] = 5
     with pytest.raises(kubernetes_validate.ValidationError, match="periodSecond"):
@@ -212,10 +216,13 @@ def test_the_services_lead_to_the_ports_the_daemons_listen_on() -> None:
 
 
 def test_workers_advertise_their_own_dns_name_and_dial_the_coordinators_service() -> None:
-    spec = pod_spec(WORKERS)
+    workers = get("StatefulSet", WORKERS)["spec"]
     worker = only_container(WORKERS)
     command = worker["command"]
-    subdomain = spec["subdomain"]
+    # Each pod's hostname is its name, under the headless Service the StatefulSet names.
+    subdomain = workers["serviceName"]
+    assert "subdomain" not in workers["template"]["spec"], "the StatefulSet sets it"
+    assert workers["podManagementPolicy"] == "Parallel", "started and stopped all at once"
     assert get("Service", subdomain)["spec"]["clusterIP"] == "None"
     listen_port = port_of(flag(command, "--listen"))
     assert flag(command, "--advertise") == (
@@ -303,7 +310,9 @@ def test_the_secrets_hold_the_files_the_security_flags_name(deployment: str) -> 
 
 def test_the_autoscaler_scales_the_workers_on_the_coordinators_gauge() -> None:
     hpa = get("HorizontalPodAutoscaler", WORKERS)["spec"]
-    assert hpa["scaleTargetRef"] == {"apiVersion": "apps/v1", "kind": "Deployment", "name": WORKERS}
+    assert hpa["scaleTargetRef"] == {
+        "apiVersion": "apps/v1", "kind": "StatefulSet", "name": WORKERS
+    }
     assert 1 <= hpa["minReplicas"] <= hpa["maxReplicas"]
     [metric] = hpa["metrics"]
     assert metric["type"] == "External"
@@ -311,7 +320,7 @@ def test_the_autoscaler_scales_the_workers_on_the_coordinators_gauge() -> None:
     # ceil(value / 1): the wanted count is the replica count.
     assert metric["external"]["target"] == {"type": "AverageValue", "averageValue": "1"}
     # The autoscaler owns the count: a `replicas` here would reset it at each apply.
-    assert "replicas" not in get("Deployment", WORKERS)["spec"]
+    assert "replicas" not in get("StatefulSet", WORKERS)["spec"]
 
     adapter = yaml.safe_load((DEPLOY / "prometheus-adapter-values.yaml").read_text())
     [rule] = adapter["rules"]["external"]
