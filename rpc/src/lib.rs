@@ -54,18 +54,44 @@ pub async fn listen(address: std::net::SocketAddr) -> std::io::Result<tokio::net
 }
 
 #[cfg(feature = "server")]
-/// Resolves at Ctrl-C or SIGTERM, for the daemons to stop cleanly.
+/// Resolves at Ctrl-C, SIGTERM or SIGHUP (a daemon started from a terminal that closes), for
+/// the daemons to stop cleanly.
 pub async fn shutdown_signal() {
-    let mut terminate =
-        tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut terminate = signal(SignalKind::terminate()).ok();
+    let mut hangup = signal(SignalKind::hangup()).ok();
     tokio::select! {
         _ = tokio::signal::ctrl_c() => {}
-        _ = async {
-            match terminate.as_mut() {
-                Some(signal) => { signal.recv().await; }
-                None => std::future::pending::<()>().await,
-            }
-        } => {}
+        _ = next_of(&mut terminate) => {}
+        _ = next_of(&mut hangup) => {}
+    }
+}
+
+#[cfg(feature = "server")]
+/// Resolves at the second stop signal (Ctrl-C, SIGTERM or SIGHUP) received after it is first
+/// polled: an operator's "stop now" while a daemon drains.
+pub async fn second_signal() {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut interrupt = signal(SignalKind::interrupt()).ok();
+    let mut terminate = signal(SignalKind::terminate()).ok();
+    let mut hangup = signal(SignalKind::hangup()).ok();
+    for _ in 0..2 {
+        tokio::select! {
+            _ = next_of(&mut interrupt) => {}
+            _ = next_of(&mut terminate) => {}
+            _ = next_of(&mut hangup) => {}
+        }
+    }
+}
+
+#[cfg(feature = "server")]
+/// The next delivery of `signal`; never, without one.
+async fn next_of(signal: &mut Option<tokio::signal::unix::Signal>) {
+    match signal {
+        Some(signal) => {
+            signal.recv().await;
+        }
+        None => std::future::pending::<()>().await,
     }
 }
 

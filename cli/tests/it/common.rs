@@ -225,8 +225,19 @@ impl Daemon {
         args: &[&str],
         log: impl Into<Stdio>,
     ) -> Daemon {
+        Daemon::start_with_env(program, args, log, &[])
+    }
+
+    /// [`Daemon::start_logging_to`] with `env` set in its environment.
+    pub fn start_with_env(
+        program: impl AsRef<std::ffi::OsStr>,
+        args: &[&str],
+        log: impl Into<Stdio>,
+        env: &[(&str, &str)],
+    ) -> Daemon {
         let mut child = Command::new(program)
             .args(args)
+            .envs(env.iter().copied())
             .stdout(Stdio::piped())
             .stderr(log)
             .spawn()
@@ -309,9 +320,18 @@ impl Daemon {
 
     /// Sends it SIGTERM (the way Kubernetes stops a pod), without waiting.
     pub fn terminate(&self) {
+        self.signal(libc::SIGTERM);
+    }
+
+    /// Sends it `signal`, without waiting.
+    pub fn signal(&self, signal: libc::c_int) {
         let pid = libc::pid_t::try_from(self.child.id()).expect("a pid");
         // SAFETY: kill(2) on our own child's pid, which is not reaped yet.
-        assert_eq!(unsafe { libc::kill(pid, libc::SIGTERM) }, 0, "SIGTERM sent");
+        assert_eq!(
+            unsafe { libc::kill(pid, signal) },
+            0,
+            "signal {signal} sent"
+        );
     }
 
     /// Waits up to `within` for it to exit; its status, if it did.

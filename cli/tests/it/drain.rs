@@ -9,6 +9,7 @@
 #![allow(clippy::unwrap_used)]
 
 use std::io::{Read, Write};
+use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use stoker_proto::v1::{OpenSessionRequest, RegisterJobRequest, SessionUpdateRequest};
@@ -291,4 +292,86 @@ fn a_coordinator_sent_sigterm_exits_though_a_client_keeps_its_session_stream_ope
         .expect("the coordinator exits within its grace and its journal's write");
     assert!(status.success(), "it exits 0: {status:?}");
     drop((requests, stream));
+}
+
+/// A worker stopped while a job it was asked to open is stuck (its `s3://` store accepts the
+/// connection and never answers) exits within its drain timeout: the stuck open does not hold
+/// it. Before, dropping its runtime waited for that open, as long as the store's timeouts.
+#[test]
+fn a_worker_stopped_while_a_job_open_is_stuck_still_exits() {
+    let dir = tempfile::tempdir().unwrap();
+    // A "store" that takes connections and says nothing.
+    let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let endpoint = format!("http://{}", silent.local_addr().unwrap());
+    std::thread::spawn(move || {
+        let mut held = Vec::new();
+        for stream in silent.incoming() {
+            held.push(stream);
+        }
+    });
+    let coordinator = Daemon::coordinator(&dir.path().join("state"), "127.0.0.1:0");
+    let args = [
+        "--coordinator",
+        coordinator.address.as_str(),
+        "--data-root",
+        dir.path().to_str().unwrap(),
+        "--threads",
+        "1",
+        "--drain-timeout-ms",
+        "1000",
+    ];
+    let env = [
+        ("AWS_ENDPOINT_URL", endpoint.as_str()),
+        ("AWS_ALLOW_HTTP", "true"),
+        ("AWS_ACCESS_KEY_ID", "key"),
+        ("AWS_SECRET_ACCESS_KEY", "secret"),
+        ("AWS_REGION", "us-east-1"),
+        ("STOKER_CACHE_DIR", dir.path().to_str().unwrap()),
+    ];
+    let mut worker = Daemon::start_with_env(common::worker_binary(), &args, Stdio::inherit(), &env);
+    // Registering the job has the coordinator ask the worker to open it: the open waits on the
+    // silent store (the registration with it; left behind).
+    let address = coordinator.address.clone();
+    std::thread::spawn(move || {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        runtime.block_on(async {
+            let mut client = common::coordinator_client(&address).await;
+            let _ = client
+                .register_job(RegisterJobRequest {
+                    spec: Some(common::spec_over(
+                        "s3://bucket/shards",
+                        stoker_pipeline::presets::imagenet_train(32),
+                        4,
+                    )),
+                    weight: 0,
+                })
+                .await;
+        });
+    });
+    std::thread::sleep(Duration::from_secs(2));
+    worker.terminate();
+    let status = worker
+        .wait_exit(Duration::from_secs(10))
+        .expect("the worker exits though an open is stuck");
+    assert!(status.success(), "it exits 0: {status:?}");
+}
+
+/// SIGHUP (the terminal a daemon was started from closing) drains and stops a worker and the
+/// coordinator as SIGTERM does, exit 0; it killed them, with no leave and no journal flush.
+#[test]
+fn sighup_stops_the_daemons_as_sigterm_does() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut coordinator = Daemon::coordinator(&dir.path().join("state"), "127.0.0.1:0");
+    let mut worker = Daemon::worker(&coordinator.address, dir.path());
+    std::thread::sleep(Duration::from_millis(500));
+    for daemon in [&mut worker, &mut coordinator] {
+        daemon.signal(libc::SIGHUP);
+        let status = daemon
+            .wait_exit(Duration::from_secs(15))
+            .expect("it stops on SIGHUP");
+        assert!(status.success(), "it exits 0: {status:?}");
+    }
 }

@@ -12,7 +12,7 @@ use clap::Parser;
 use stoker_rpc::health::{serve_health, Health};
 use stoker_rpc::network::Network;
 use stoker_rpc::security::SecurityArgs;
-use stoker_rpc::{daemon_runtime, init_logging, listen, shutdown_signal};
+use stoker_rpc::{daemon_runtime, init_logging, listen, second_signal, shutdown_signal};
 use stoker_worker_daemon::{run_worker, WorkerConfig, DELIVERY_TIMEOUT, DRAIN_TIMEOUT, JOB_IDLE};
 
 // Rust's allocations go to jemalloc: see the `stoker-alloc` crate.
@@ -98,7 +98,7 @@ fn run(args: Args) -> anyhow::Result<()> {
     )?);
     let (server_security, client_security) = args.security.load()?;
     let runtime = daemon_runtime()?;
-    runtime.block_on(async move {
+    let ran = runtime.block_on(async move {
         let health = Health::starting("not registered with the coordinator");
         let probes = match args.health {
             Some(address) => Some(listen(address).await?),
@@ -141,12 +141,23 @@ fn run(args: Args) -> anyhow::Result<()> {
             health,
             job_idle: Duration::from_secs(args.job_idle_s),
         };
+        // A second Ctrl-C or SIGTERM while the worker drains: it exits at once.
+        tokio::spawn(async {
+            second_signal().await;
+            eprintln!("stoker-worker: a second stop signal; exiting without finishing the drain");
+            std::process::exit(1);
+        });
         run_worker(config, listener, shutdown_signal()).await?;
         if let Some(probes) = probes {
             probes.abort();
         }
         Ok(())
-    })
+    });
+    // Work still running off the async threads (a job being opened from a store that does not
+    // answer, a batch being built) does not keep the drained worker from exiting: dropping the
+    // runtime would wait for it however long it takes.
+    runtime.shutdown_timeout(Duration::from_secs(1));
+    ran
 }
 
 fn main() -> ExitCode {
