@@ -1,8 +1,11 @@
 """A Loader used from more than one thread: ``stats()`` from a monitoring thread while another
-iterates, ``close()`` from another thread while ``next()`` waits, and ``iter()`` meanwhile."""
+iterates, ``close()`` from another thread while ``next()`` waits, and ``iter()`` meanwhile; and
+``close()`` from a signal handler that runs while ``next()`` waits on the same thread."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -95,6 +98,32 @@ def test_close_from_another_thread_ends_a_waiting_next(lanes: dict[str, int]) ->
     assert loader.closed
     with pytest.raises(stoker.StokerError, match="closed"):
         loader.stats()
+
+
+SIGNAL_HANDLER_CLOSES = """
+import os, signal, sys, threading
+import stoker
+root = stoker._native.make_dataset(sys.argv[1], 32)
+loader = stoker.Loader(root, pipeline=stoker.vision.imagenet_eval(16), batch_size=8,
+                       output="numpy", num_threads=1, prefetch=1, max_held_batches=1, timeout=60)
+def stop(*_):
+    loader.close()
+    sys.exit(3)
+signal.signal(signal.SIGTERM, stop)
+iterator = iter(loader)
+kept = [next(iterator), next(iterator)]  # every slot held: the next next() waits
+threading.Timer(0.5, lambda: os.kill(os.getpid(), signal.SIGTERM)).start()
+next(iterator)
+"""
+
+
+def test_close_from_a_signal_handler_during_next_ends_the_wait(tmp_path) -> None:
+    """A SIGTERM handler that closes the loader, run while ``next()`` waits on the same thread
+    (Python runs handlers there): the wait ends and the process exits as the handler says.
+    Before, ``close()`` waited for the lock that very ``next()`` held, for good."""
+    done = subprocess.run([sys.executable, "-c", SIGNAL_HANDLER_CLOSES, str(tmp_path / "data")],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 3, done.stderr
 
 
 class Indexed:

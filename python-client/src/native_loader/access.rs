@@ -111,6 +111,15 @@ impl Held {
     }
 }
 
+/// The mark of the thread waiting in `next_batch`, cleared when dropped.
+pub(super) struct Waiting<'a>(&'a std::sync::Mutex<Option<std::thread::ThreadId>>);
+
+impl Drop for Waiting<'_> {
+    fn drop(&mut self) {
+        *self.0.lock().unwrap_or_else(PoisonError::into_inner) = None;
+    }
+}
+
 /// The error of a call on a closed loader.
 pub(super) fn closed() -> PyErr {
     raise(Kind::Stoker, "the loader is closed".into())
@@ -131,6 +140,31 @@ impl NativeLoader {
         self.current
             .lock_py_attached(py)
             .unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Marks this thread as the one waiting in `next_batch` until the guard is dropped.
+    pub(super) fn waiting_here(&self) -> Waiting<'_> {
+        *self.waiting.lock().unwrap_or_else(PoisonError::into_inner) =
+            Some(std::thread::current().id());
+        Waiting(&self.waiting)
+    }
+
+    /// Whether this thread is the one waiting in `next_batch` (a call from a signal handler
+    /// Python runs during that wait).
+    pub(super) fn waits_here(&self) -> bool {
+        *self.waiting.lock().unwrap_or_else(PoisonError::into_inner)
+            == Some(std::thread::current().id())
+    }
+
+    /// Drops `current` (a stream taken out) and the loaders, the interpreter let go: the
+    /// plain loader, the resumed one, then the dashboard.
+    pub(super) fn let_go(&self, py: Python<'_>, current: Option<Current>) {
+        let mut held = std::mem::take(&mut *self.held(py));
+        py.detach(|| {
+            drop(current);
+            drop(held.resumed.take());
+            drop(held);
+        });
     }
 
     pub(super) fn is_closing(&self) -> bool {

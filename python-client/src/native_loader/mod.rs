@@ -43,6 +43,11 @@ pub(crate) struct NativeLoader {
     held: Mutex<Held>,
     /// The current epoch's stream.
     current: Mutex<Option<Current>>,
+    /// The thread waiting in `next_batch`, holding `current`, if any.
+    waiting: Mutex<Option<std::thread::ThreadId>>,
+    /// Set by a `close` that ran on the thread waiting in `next_batch` (a signal handler),
+    /// which left the stream and the loaders for that wait to drop on its way out.
+    close_deferred: AtomicBool,
     /// Set once `close` starts.
     closing: AtomicBool,
     address: Option<String>,
@@ -380,12 +385,22 @@ impl NativeLoader {
     /// from another thread ends the wait with StokerError.
     fn next_batch<'py>(&self, py: Python<'py>) -> PyResult<Option<Bound<'py, NativeBatch>>> {
         let mut current = self.current(py);
-        let current = self.started(&mut current)?;
-        let release = self.release_for(current);
-        let stream = &mut current.stream;
-        wait_for_batch(py, &self.closing, release, |interrupted| {
-            stream.next_batch_checked(interrupted)
-        })
+        let waiting = self.waiting_here();
+        let batch = (|| {
+            let current = self.started(&mut current)?;
+            let release = self.release_for(current);
+            let stream = &mut current.stream;
+            wait_for_batch(py, &self.closing, release, |interrupted| {
+                stream.next_batch_checked(interrupted)
+            })
+        })();
+        drop(waiting);
+        // Closed while it waited by a signal handler on this thread, which could not take the
+        // stream from under this wait: it goes now.
+        if self.close_deferred.swap(false, Ordering::SeqCst) {
+            self.let_go(py, current.take());
+        }
+        batch
     }
 
     /// The next batch if it has already arrived, else None (also at the end of the epoch, and
@@ -543,12 +558,14 @@ impl NativeLoader {
     /// already handed out stay valid.
     fn close(&self, py: Python<'_>) {
         self.closing.store(true, Ordering::SeqCst);
+        if self.waits_here() {
+            // A signal handler run while this thread waits in next_batch (a SIGTERM handler
+            // that closes the loader): that wait ends now and lets go of the stream and the
+            // loaders on its way out; taking them here would wait for itself.
+            self.close_deferred.store(true, Ordering::SeqCst);
+            return;
+        }
         let current = self.current(py).take();
-        let mut held = std::mem::take(&mut *self.held(py));
-        py.detach(|| {
-            drop(current);
-            drop(held.resumed.take());
-            drop(held); // the plain loader, then the dashboard
-        });
+        self.let_go(py, current);
     }
 }

@@ -190,6 +190,8 @@ impl NativeLoader {
                 charting_resumed: false,
             }),
             current: Mutex::new(None),
+            waiting: Mutex::new(None),
+            close_deferred: AtomicBool::new(false),
             closing: AtomicBool::new(false),
             address,
             recipe,
