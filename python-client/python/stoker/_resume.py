@@ -83,6 +83,10 @@ class Position:
     # Held while a batch is taken and while iter(), set_epoch() or load_state_dict() move the
     # position, so a next() of another thread never records its step over a new position.
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
+    # Held while the fields change together and while a state reads them, never while a batch
+    # is waited for: a state_dict() of a checkpoint thread sees a position before or after a
+    # move, never halfway (the next epoch with the old epoch's step).
+    fields: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
     def to_start(self, steps_in: Callable[[int], int]) -> tuple[int, int]:
         """The epoch and step an iterator starts now (see :meth:`start`), ``steps_in(e)``
@@ -113,43 +117,49 @@ class Position:
         (0 once an epoch ended or ``set_epoch`` chose one); returns the step. The resume step
         holds until a batch is yielded or the epoch ends, so an iterator started again before
         its first batch (a first ``next()`` interrupted or timed out) starts there again."""
-        step = self.resume_step if self.resume_step is not None else self.step
-        self.step = step
-        self.generation += 1
+        with self.fields:
+            step = self.resume_step if self.resume_step is not None else self.step
+            self.step = step
+            self.generation += 1
         return step
 
     def yielded(self, step: int) -> None:
         """The batch of ``step`` was handed out: the next is ``step + 1``; a resume is used."""
-        self.step = step + 1
-        self.resume_step = self.resume_finished = None
+        with self.fields:
+            self.step = step + 1
+            self.resume_step = self.resume_finished = None
 
     def set_epoch(self, epoch: int) -> None:
         """The next ``iter()`` runs ``epoch``, at the resume step when one was set for it (for
         the epoch a loaded state had finished: at its end, so it runs empty)."""
-        self.epoch = epoch
-        finished = self.resume_finished
-        if self.resume_step is not None and finished is not None and finished[0] == epoch:
-            self.resume_epoch, self.resume_step = finished
-        if self.resume_step is not None and self.resume_epoch != epoch:
-            self.resume_step = None
-        self.step = self.resume_step if self.resume_step is not None else 0
-        self.generation += 1
+        with self.fields:
+            self.epoch = epoch
+            finished = self.resume_finished
+            if self.resume_step is not None and finished is not None and finished[0] == epoch:
+                self.resume_epoch, self.resume_step = finished
+            if self.resume_step is not None and self.resume_epoch != epoch:
+                self.resume_step = None
+            self.step = self.resume_step if self.resume_step is not None else 0
+            self.generation += 1
 
     def finish_epoch(self, epoch: int) -> None:
         """``epoch`` ran to its end: the next batch is the next epoch's first."""
-        self.epoch = epoch + 1
-        self.step = 0
-        self.resume_step = self.resume_finished = None
+        with self.fields:
+            self.epoch = epoch + 1
+            self.step = 0
+            self.resume_step = self.resume_finished = None
 
     def saved(self) -> dict[str, Any]:
         """The position's part of a state: the next batch's epoch and step, and the current
         epoch's resizes. A loaded state that had finished its epoch, saved again before a
         batch, is saved as it was loaded (its epoch at its end): as the next epoch's start it
         would run that epoch again after ``set_epoch`` of the finished one."""
-        epoch, step = self.epoch, self.resume_step if self.resume_step is not None else self.step
-        if self.resume_finished is not None and self.resume_step is not None:
-            epoch, step = self.resume_finished
-        resizes = self.resizes if self.resized_epoch == epoch else []
+        with self.fields:
+            epoch = self.epoch
+            step = self.resume_step if self.resume_step is not None else self.step
+            if self.resume_finished is not None and self.resume_step is not None:
+                epoch, step = self.resume_finished
+            resizes = list(self.resizes) if self.resized_epoch == epoch else []
         return {
             "epoch": epoch,
             "step": step,
@@ -159,14 +169,16 @@ class Position:
     def resume(self, epoch: int, step: int, steps_in_epoch: int) -> None:
         """The next ``iter()`` starts at ``step`` of ``epoch`` (of ``steps_in_epoch``
         steps), or at the next epoch when that step is past the last batch."""
-        self.resume_finished = None
-        if step == steps_in_epoch:
-            # Saved right after the last batch (or nothing was left): the next epoch starts.
-            self.resume_finished = (epoch, step)
-            epoch, step = epoch + 1, 0
-        self.epoch = self.resume_epoch = epoch
-        self.step = self.resume_step = step
-        self.generation += 1
+        with self.fields:
+            self.resume_finished = None
+            if step == steps_in_epoch:
+                # Saved right after the last batch (or nothing was left): the next epoch
+                # starts.
+                self.resume_finished = (epoch, step)
+                epoch, step = epoch + 1, 0
+            self.epoch = self.resume_epoch = epoch
+            self.step = self.resume_step = step
+            self.generation += 1
 
     def next_batch(self, steps_in_epoch: int) -> tuple[int, int]:
         """The epoch and step of the next batch: the next epoch's first once this one (of
