@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import logging
 import math
 import types
 from collections.abc import Callable
@@ -238,6 +239,29 @@ def test_a_state_loaded_and_saved_again_before_a_batch_is_the_same_state(
     # Unset by the first batch: then the position is the batch's.
     next(iter(resumed))
     assert (resumed.state_dict()["epoch"], resumed.state_dict()["step"]) == (1, 1)
+
+
+def test_an_iter_that_goes_on_with_a_pass_left_early_says_so_once(
+    make_loader: Callable[..., stoker.Loader], caplog: pytest.LogCaptureFixture
+) -> None:
+    """Unlike DataLoader's, a new ``iter()`` goes on where the last pass over the epoch stopped
+    (a peek, a sanity check, a loop left early): said once per loader on logger ``stoker``, not
+    for a resume from a state or a new epoch."""
+    caplog.set_level(logging.WARNING, logger="stoker")
+    loader = make_loader(batch_size=16)
+    next(iter(loader))
+    rest = read_indices(loader)
+    said = [r.getMessage() for r in caplog.records if "goes on with epoch" in r.getMessage()]
+    assert len(said) == 1 and "at step 1" in said[0] and "set_epoch(0)" in said[0], said
+    assert len(rest) == loader.num_samples - 16
+    next(iter(loader))  # epoch 1, left after a batch
+    read_indices(loader)
+    assert len([r for r in caplog.records if "goes on with epoch" in r.getMessage()]) == 1
+    caplog.clear()
+    resumed = make_loader(batch_size=16)
+    resumed.load_state_dict(loader.state_dict())
+    read_indices(resumed)
+    assert "goes on with epoch" not in caplog.text
 
 
 def test_iter_after_every_batch_without_stop_iteration_starts_the_next_epoch(

@@ -9,6 +9,7 @@ several ranks' states into the position they resume.
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
 from collections.abc import Callable, Mapping, Sequence
@@ -21,6 +22,8 @@ if TYPE_CHECKING:
     from stoker._native import NativeLoader
 
 __all__ = ["STATE_VERSION", "Position", "Saved", "check_state", "normalised", "read_states"]
+
+_log = logging.getLogger("stoker")
 
 STATE_VERSION: Final = 1
 # Keys of state_dict() that must match on load: a batch is a function of these and the position.
@@ -87,6 +90,8 @@ class Position:
     # is waited for: a state_dict() of a checkpoint thread sees a position before or after a
     # move, never halfway (the next epoch with the old epoch's step).
     fields: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
+    # Whether an iter() that went on with a pass left before its end was said.
+    said_continuing: bool = False
 
     def to_start(self, steps_in: Callable[[int], int]) -> tuple[int, int]:
         """The epoch and step an iterator starts now (see :meth:`start`), ``steps_in(e)``
@@ -118,9 +123,18 @@ class Position:
         holds until a batch is yielded or the epoch ends, so an iterator started again before
         its first batch (a first ``next()`` interrupted or timed out) starts there again."""
         with self.fields:
+            continuing = self.resume_step is None and self.step > 0
             step = self.resume_step if self.resume_step is not None else self.step
             self.step = step
             self.generation += 1
+        if continuing and not self.said_continuing:
+            # Unlike DataLoader, whose every iter() reads the whole epoch: said once.
+            self.said_continuing = True
+            _log.warning(
+                "iter() goes on with epoch %d at step %d, where the last pass over it stopped "
+                "(a loop left early, a next(iter(loader)) peek, a sanity check): its first %d "
+                "batches are not read again; set_epoch(%d) reads the epoch from its start "
+                "(said once per loader)", self.epoch, step, step, self.epoch)
         return step
 
     def yielded(self, step: int) -> None:
