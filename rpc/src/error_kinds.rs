@@ -167,6 +167,24 @@ pub fn is_job_unopened(status: &Status) -> bool {
     status.metadata().contains_key(UNOPENED_METADATA)
 }
 
+/// The status metadata entry a coordinator sets on a transient error it relays from a worker
+/// it could not reach while checking a job (the coordinator itself answered).
+pub const WORKER_UNREACHABLE_METADATA: &str = "stoker-worker-unreachable";
+
+/// `status` marked as the coordinator's failure to reach a worker ([`WORKER_UNREACHABLE_METADATA`]).
+pub fn worker_unreachable(mut status: Status) -> Status {
+    status.metadata_mut().insert(
+        WORKER_UNREACHABLE_METADATA,
+        tonic::metadata::MetadataValue::from_static("1"),
+    );
+    status
+}
+
+/// Whether `status` is a coordinator's failure to reach a worker ([`worker_unreachable`]).
+pub fn is_worker_unreachable(status: &Status) -> bool {
+    status.metadata().contains_key(WORKER_UNREACHABLE_METADATA)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -248,7 +248,19 @@ impl CoordinatorService {
                     }
                     Ok(Err(status)) if error_kinds::is_transient(&status) => {
                         tracing::warn!(worker = worker.worker_id, %status, "worker unreachable while checking a job");
-                        last_error = Some(status);
+                        // Still transient (the client tries again), but named as what it is:
+                        // the coordinator answered, a worker did not.
+                        last_error = Some(error_kinds::worker_unreachable(Status::with_metadata(
+                            status.code(),
+                            format!(
+                                "the coordinator cannot reach worker {} at {} to open the job \
+                                 (is that address reachable from the coordinator?): {}",
+                                worker.worker_id,
+                                worker.data_address,
+                                status.message()
+                            ),
+                            status.metadata().clone(),
+                        )));
                     }
                     Ok(Err(status)) => {
                         // The worker's kind goes back with its reason (or the kind of the

@@ -956,6 +956,48 @@ fn a_coordinator_that_never_answers_is_unreachable_not_refusing() -> TestResult 
     Ok(())
 }
 
+/// A worker the coordinator cannot reach (the address it advertised leads nowhere: a name the
+/// cluster's DNS does not answer) is named as such: the client hears that the coordinator
+/// answers and which worker it could not reach, not that the coordinator is unreachable.
+#[test]
+fn a_worker_the_coordinator_cannot_reach_is_named_not_the_coordinator() -> TestResult {
+    let data = tempfile::tempdir()?;
+    images(data.path())?;
+    let state = tempfile::tempdir()?;
+    let network = MemoryNetwork::new();
+    let mut cluster = start_cluster_with(&network, data.path(), state.path(), &[], None, |_| {})?;
+    // Listening on one address, advertising another.
+    let config = worker_config(&network, "worker-gone:7001", data.path(), None)?;
+    let (stop, stopped) = oneshot::channel::<()>();
+    cluster._stops.push(stop);
+    let incoming = network.listen("worker-real:7001");
+    cluster
+        ._runtime
+        .spawn(run_worker_incoming(config, incoming, async {
+            let _ = stopped.await;
+        }));
+    cluster.wait_for_workers(1)?;
+    let error = Loader::remote(
+        COORDINATOR,
+        spec(data.path()),
+        LoaderOptions::default(),
+        RemoteOptions {
+            connect_timeout: Duration::from_secs(2),
+            network: Network::Memory(network.clone()),
+            ..RemoteOptions::default()
+        },
+    )
+    .err()
+    .ok_or("a job no worker could open")?;
+    let message = error.to_string();
+    assert!(
+        message.contains("coordinator coordinator:7070 answers, but could not reach a worker")
+            && message.contains("worker-gone:7001"),
+        "{message}"
+    );
+    Ok(())
+}
+
 /// The step of each batch as a reader thread takes it, and the thread (its epoch's digest).
 type EpochReader = (
     std::sync::mpsc::Receiver<u64>,

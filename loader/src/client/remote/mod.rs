@@ -323,18 +323,28 @@ async fn register_job(
             }
             Err(status) if error_kinds::is_transient(&status) && started.elapsed() < timeout => {
                 let delay = backoff.next_delay();
-                tracing::warn!(coordinator = address, %status, retry_in = ?delay, "coordinator unreachable");
+                if error_kinds::is_worker_unreachable(&status) {
+                    tracing::warn!(coordinator = address, %status, retry_in = ?delay, "the coordinator answers, but cannot reach a worker to open the job");
+                } else {
+                    tracing::warn!(coordinator = address, %status, retry_in = ?delay, "coordinator unreachable");
+                }
                 tokio::time::sleep(delay).await;
             }
             // Still unreachable when the connect timeout ran out: nothing refused the job.
             Err(status) if error_kinds::is_transient(&status) => {
-                return Err(error_from_status(
-                    &format!(
+                let what = if error_kinds::is_worker_unreachable(&status) {
+                    format!(
+                        "coordinator {address} answers, but could not reach a worker to open the \
+                         job within {:.0} s",
+                        timeout.as_secs_f64()
+                    )
+                } else {
+                    format!(
                         "could not reach coordinator {address} within {:.0} s",
                         timeout.as_secs_f64()
-                    ),
-                    &status,
-                ))
+                    )
+                };
+                return Err(error_from_status(&what, &status));
             }
             Err(status) => {
                 return Err(error_from_status(
