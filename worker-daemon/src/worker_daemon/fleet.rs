@@ -12,13 +12,14 @@ use super::leases::{task_loop, Draining};
 use super::{lock, Shared, WorkerConfig};
 
 /// Runs one task loop per coordinator of `coordinators` until every one has ended; aborting
-/// this future's task aborts them all.
+/// this future's task aborts them all. A loop that panics (a bug) ends them all, and the
+/// error says so: the worker then stops, rather than go on serving with no loop taking tasks.
 pub(super) async fn task_loops(
     config: WorkerConfig,
     coordinators: Vec<String>,
     shared: Arc<Shared>,
     draining: Draining,
-) {
+) -> Result<(), String> {
     let registrations = Arc::new(Registrations::new(
         config.health.clone(),
         coordinators.len(),
@@ -40,7 +41,21 @@ pub(super) async fn task_loops(
             draining.clone(),
         ));
     }
-    while set.join_next().await.is_some() {}
+    first_panic(set).await
+}
+
+/// Waits for every task of `set` to end; the first that panics ends the others, and its panic
+/// is the error.
+async fn first_panic(mut set: tokio::task::JoinSet<()>) -> Result<(), String> {
+    while let Some(ended) = set.join_next().await {
+        if let Err(error) = ended {
+            if error.is_panic() {
+                set.abort_all();
+                return Err(format!("a task loop panicked: {error}"));
+            }
+        }
+    }
+    Ok(())
 }
 
 /// A coordinator of the worker's list: its place (job ids are its own), its address, the
@@ -145,7 +160,24 @@ impl Registrations {
 mod tests {
     use stoker_rpc::health::{Health, Readiness};
 
-    use super::{share, Registrations, Shares};
+    use super::{first_panic, share, Registrations, Shares};
+
+    /// A task loop that panics ends the others (a coordinator's loop that would run on) and
+    /// is the error the worker stops with.
+    #[tokio::test]
+    async fn a_panicking_task_loop_ends_the_others_and_is_the_error() {
+        let mut set = tokio::task::JoinSet::new();
+        set.spawn(std::future::pending::<()>());
+        set.spawn(async { panic!("a bug in a task loop") });
+        let ended = tokio::time::timeout(std::time::Duration::from_secs(5), first_panic(set))
+            .await
+            .expect("the panic ends the wait");
+        let error = ended.expect_err("a panic is an error");
+        assert!(error.contains("panicked"), "{error}");
+        let mut quiet = tokio::task::JoinSet::new();
+        quiet.spawn(async {});
+        assert_eq!(first_panic(quiet).await, Ok(()));
+    }
 
     #[test]
     fn deliveries_are_split_by_the_sessions_waiting_at_each_coordinator() {

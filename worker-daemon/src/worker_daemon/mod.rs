@@ -516,6 +516,15 @@ where
             tasks.abort();
             return server_result(ended);
         }
+        ended = &mut tasks => {
+            // The task loops ended undrained (a panic): a worker taking no tasks, its
+            // heartbeat still renewing what it held, would hold its clients up; it stops.
+            let why = ended.map_err(|e| e.to_string()).and_then(|ended| ended).err();
+            let why = why.unwrap_or_else(|| "every task loop ended undrained".into());
+            tracing::error!(%why, "the worker stops");
+            server.abort();
+            return Err(Error::Stopped(why));
+        }
     }
     // Drain: no new leases, the held ones finished and reported, then leave.
     tracing::info!(within = ?drain_timeout, "stopping: draining the leases held");
