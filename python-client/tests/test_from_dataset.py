@@ -468,6 +468,30 @@ def test_samples_of_another_shape_are_refused_by_name() -> None:
         list(loader)
 
 
+class OneOddShape(Squares):
+    """Sample 5 has another shape than the rest."""
+
+    def __getitem__(self, index: int):
+        return np.zeros(2 if index == 5 else 4, dtype=np.float32)
+
+
+def test_under_skip_an_odd_shape_is_replaced_but_a_batch_mostly_of_other_shapes_fails() -> None:
+    """A sample of another shape is a bad sample under skip, replaced; but when most of a
+    batch is of other shapes the dataset's samples differ in layout (a transform that does not
+    resize), which skip would otherwise quietly replace by the few that match."""
+    with stoker.Loader.from_dataset(OneOddShape(12), batch_size=4, on_error="skip",
+                                    output="numpy") as loader:
+        batches = list(loader)
+        assert loader.stats()["bad_samples"] == 1
+    assert all(batch.shape == (4, 4) for batch in batches)
+    with (
+        stoker.Loader.from_dataset(Ragged(30), batch_size=6, on_error="skip",
+                                   output="numpy") as loader,
+        pytest.raises(stoker.DecodeError, match="of this batch's 6 samples have another"),
+    ):
+        list(loader)
+
+
 class KeysInAnyOrder(Squares):
     """Dicts whose keys come in another order every other sample (as JSON records may)."""
 

@@ -201,7 +201,10 @@ class FromDataset:
 
         Samples: ``dataset[0]`` is read once here to learn the layout; every sample must
         have its structure (a value, or tuples, lists and dicts of them) and, for each
-        numpy array, torch tensor, PIL image or number in it, the same dtype and shape. A
+        numpy array, torch tensor, PIL image or number in it, the same dtype and shape (a
+        sample that differs fails; under ``on_error="skip"`` it is replaced, unless most of
+        its batch differs too: then :class:`~stoker.DecodeError`, the dataset being of several
+        layouts). A
         batch has that structure with each value stacked to ``(batch, *shape)`` (numbers
         become int64, float64 or bool arrays), like DataLoader's default collation; with
         ``collate_fn``, the batch is ``collate_fn(samples)`` over the batch's samples,

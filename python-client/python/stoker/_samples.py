@@ -241,12 +241,13 @@ class Layout:
         return regions
 
     def leaves_of(self, sample: Any) -> list[Any]:
-        """The sample's leaves, checked against the layout; ValueError saying what differs."""
+        """The sample's leaves, checked against the layout; :class:`LayoutMismatch` (a
+        ValueError) saying what differs."""
         leaves: list[tuple[str, Any]] = []
         encoded = any(field.encoded for field in self.fields)
         template = _flatten(sample, "", leaves, encoded, self.template)
         if template != self.template:
-            raise ValueError(
+            raise LayoutMismatch(
                 "the sample's structure differs from dataset[0]'s: every sample must have the "
                 "same keys and nesting"
             )
@@ -254,12 +255,16 @@ class Layout:
             if field.encoded:
                 continue
             if array.shape != field.shape or array.dtype != field.dtype:
-                raise ValueError(
+                raise LayoutMismatch(
                     f"sample{path} is {array.dtype} {array.shape}, but dataset[0] had "
                     f"{field.dtype} {field.shape}: from_dataset needs the same dtype and shape "
                     "in every sample (pad or resize in the transform)"
                 )
         return [array for _, array in leaves]
+
+
+class LayoutMismatch(ValueError):
+    """A sample whose structure, dtype or shape is not dataset[0]'s."""
 
 
 @dataclass
@@ -403,11 +408,12 @@ def _fault(error: BaseException) -> str | None:
 
 def _attempt(
     state: State, epoch: int, index: int, stream: int, destinations: list[Any], row: int
-) -> tuple[str, bool] | None:
+) -> tuple[str, bool, bool] | None:
     """Loads sample ``index`` into row ``row`` (random stream of sample ``stream``); None, or
-    why it failed (index, exception and traceback) and whether the machine failed rather than
-    the sample (:func:`_fault`). A failure of the machine or the network is tried again with
-    backoff first; the network's, still failing, is then the sample's (a dead address)."""
+    why it failed (index, exception and traceback), whether the machine failed rather than
+    the sample (:func:`_fault`) and whether the sample has another layout than dataset[0]'s.
+    A failure of the machine or the network is tried again with backoff first; the network's,
+    still failing, is then the sample's (a dead address)."""
     pauses = iter(_MACHINE_RETRY_PAUSES)
     tries = 0
     while True:
@@ -418,17 +424,18 @@ def _attempt(
             return None
         except Exception as error:
             reason, fault = _describe(sample_name(state, epoch, index), error), _fault(error)
+            mismatch = isinstance(error, LayoutMismatch)
             # The traceback's frames reach this one and the batch's arrays over the slot; an
             # exception the dataset's code keeps must not keep them.
             error.__traceback__ = None
         if fault is None:
-            return reason, False
+            return reason, False, mismatch
         pause = next(pauses, None)
         if pause is None and fault == "network":
-            return f"{reason}\n(tried {tries} times)", False
+            return f"{reason}\n(tried {tries} times)", False, False
         if pause is None:
             return (f"{reason}\n(a failure of the machine or its storage, not of the sample, "
-                    f"tried {tries} times: it is not replaced by another sample)"), True
+                    f"tried {tries} times: it is not replaced by another sample)"), True, False
         time.sleep(pause)
 
 
@@ -492,21 +499,32 @@ def _fill_batch(
     def failing(index: int, reason: str) -> tuple[int, str, str]:
         return index, reason, sample_name(state, epoch, index)
 
+    mismatched = 0
     try:
         for row, index in enumerate(indices):
             if stopped is not None and stopped():
                 return bad, failing(index, "the loader was closed while this batch was loading")
             loading(index)
-            failed = ((doomed[index], False) if index in doomed
+            failed = ((doomed[index], False, False) if index in doomed
                       else _attempt(state, epoch, index, index, destinations, row))
             if failed is None:
                 continue
-            reason, machine = failed
+            reason, machine, mismatch = failed
             if state.on_error == "fail" or machine:
                 return bad, failing(index, reason)
+            mismatched += mismatch
+            if mismatched >= 2 and mismatched * 2 > n:
+                # Most of a batch in another layout: not bad samples but a dataset whose
+                # samples differ in shape (a transform that does not resize), which skip
+                # would quietly replace by the few of dataset[0]'s layout.
+                return bad, failing(index, (
+                    f"{mismatched} of this batch's {n} samples have another structure, dtype or "
+                    f"shape than dataset[0]: not bad samples to replace under on_error='skip' "
+                    f"but samples of other layouts; give every sample one layout (resize or "
+                    f"pad in the transform). The last: {reason}"))
             for substitute in _substitutes(state, epoch, index):
                 loading(substitute)
-                failed = ((doomed[substitute], False) if substitute in doomed
+                failed = ((doomed[substitute], False, False) if substitute in doomed
                           else _attempt(state, epoch, substitute, index, destinations, row))
                 if failed is None:
                     bad.append((index, reason, substitute, sample_name(state, epoch, index)))
