@@ -477,17 +477,17 @@ class OneOddShape(Squares):
 
 def test_under_skip_an_odd_shape_is_replaced_but_a_batch_mostly_of_other_shapes_fails() -> None:
     """A sample of another shape is a bad sample under skip, replaced; but when most of a
-    batch is of other shapes the dataset's samples differ in layout (a transform that does not
-    resize), which skip would otherwise quietly replace by the few that match."""
+    batch (of 8 or more) is of other shapes the dataset's samples differ in layout (a transform
+    that does not resize), which skip would otherwise quietly replace by the few that match."""
     with stoker.Loader.from_dataset(OneOddShape(12), batch_size=4, on_error="skip",
                                     output="numpy") as loader:
         batches = list(loader)
         assert loader.stats()["bad_samples"] == 1
     assert all(batch.shape == (4, 4) for batch in batches)
     with (
-        stoker.Loader.from_dataset(Ragged(30), batch_size=6, on_error="skip",
+        stoker.Loader.from_dataset(Ragged(30), batch_size=8, on_error="skip",
                                    output="numpy") as loader,
-        pytest.raises(stoker.DecodeError, match="of this batch's 6 samples have another"),
+        pytest.raises(stoker.DecodeError, match="of this batch's 8 samples have another"),
     ):
         list(loader)
 
@@ -585,13 +585,17 @@ def test_the_layout_probe_retries_storage_errors_and_skips_a_bad_first_sample(
     assert sorted(i for step in batches for i in step) == list(range(8))
     with pytest.raises(stoker.DatasetError, match="sample 0 is corrupt"):
         stoker.Loader.from_dataset(FirstFails(8), batch_size=4)
-    with caplog.at_level(logging.WARNING, logger="stoker"), stoker.Loader.from_dataset(
-        FirstFails(8), batch_size=4, on_error="skip", output="numpy"
-    ) as loader:
-        first = next(iter(loader))
-        assert loader.stats()["bad_samples"] == 1
-    assert "layout from dataset[1]" in caplog.text and "sample 0 is corrupt" in caplog.text
-    check_squares(first, [1, 1, 2, 3])
+    # In worker processes too: the note is logged in the loader's process.
+    for mode in ({"num_threads": 1}, {"num_workers": 1}):
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger="stoker"), stoker.Loader.from_dataset(
+            FirstFails(8), batch_size=4, on_error="skip", output="numpy", **mode
+        ) as loader:
+            first = next(iter(loader))
+            assert loader.stats()["bad_samples"] == 1
+        assert "layout from dataset[1]" in caplog.text, mode
+        assert "sample 0 is corrupt" in caplog.text, mode
+        check_squares(first, [1, 1, 2, 3])
 
 
 def test_a_multiprocessing_context_object_is_taken_as_dataloader_takes_it() -> None:

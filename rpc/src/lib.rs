@@ -55,11 +55,12 @@ pub async fn listen(address: std::net::SocketAddr) -> std::io::Result<tokio::net
 
 #[cfg(feature = "server")]
 /// Resolves at Ctrl-C, SIGTERM or SIGHUP (a daemon started from a terminal that closes), for
-/// the daemons to stop cleanly.
+/// the daemons to stop cleanly. A SIGHUP the process ignores (started under `nohup`) stays
+/// ignored.
 pub async fn shutdown_signal() {
     use tokio::signal::unix::{signal, SignalKind};
     let mut terminate = signal(SignalKind::terminate()).ok();
-    let mut hangup = signal(SignalKind::hangup()).ok();
+    let mut hangup = hangup_signal();
     tokio::select! {
         _ = tokio::signal::ctrl_c() => {}
         _ = next_of(&mut terminate) => {}
@@ -74,7 +75,7 @@ pub async fn second_signal() {
     use tokio::signal::unix::{signal, SignalKind};
     let mut interrupt = signal(SignalKind::interrupt()).ok();
     let mut terminate = signal(SignalKind::terminate()).ok();
-    let mut hangup = signal(SignalKind::hangup()).ok();
+    let mut hangup = hangup_signal();
     for _ in 0..2 {
         tokio::select! {
             _ = next_of(&mut interrupt) => {}
@@ -82,6 +83,23 @@ pub async fn second_signal() {
             _ = next_of(&mut hangup) => {}
         }
     }
+}
+
+#[cfg(feature = "server")]
+/// SIGHUP's deliveries, unless the process ignores it (`nohup`: the handler tokio installs
+/// would replace that).
+fn hangup_signal() -> Option<tokio::signal::unix::Signal> {
+    // SAFETY: sigaction(2) with no new action only writes the current one into `current`, a
+    // zeroed `sigaction` (a valid value of that plain C struct).
+    let ignored = unsafe {
+        let mut current: libc::sigaction = std::mem::zeroed();
+        libc::sigaction(libc::SIGHUP, std::ptr::null(), &mut current) == 0
+            && current.sa_sigaction == libc::SIG_IGN
+    };
+    if ignored {
+        return None;
+    }
+    tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()).ok()
 }
 
 #[cfg(feature = "server")]

@@ -360,13 +360,40 @@ fn a_worker_stopped_while_a_job_open_is_stuck_still_exits() {
 }
 
 /// SIGHUP (the terminal a daemon was started from closing) drains and stops a worker and the
-/// coordinator as SIGTERM does, exit 0; it killed them, with no leave and no journal flush.
+/// coordinator as SIGTERM does, exit 0; it killed them, with no leave and no journal flush. A
+/// daemon started under `nohup` keeps ignoring it.
 #[test]
 fn sighup_stops_the_daemons_as_sigterm_does() {
     let dir = tempfile::tempdir().unwrap();
     let mut coordinator = Daemon::coordinator(&dir.path().join("state"), "127.0.0.1:0");
     let mut worker = Daemon::worker(&coordinator.address, dir.path());
     std::thread::sleep(Duration::from_millis(500));
+    // Under `nohup` (SIGHUP ignored) it keeps running.
+    let worker_binary = common::worker_binary();
+    let root = dir.path().to_str().unwrap();
+    let mut nohup = Daemon::start(
+        "nohup",
+        &[
+            worker_binary.to_str().unwrap(),
+            "--coordinator",
+            coordinator.address.as_str(),
+            "--data-root",
+            root,
+            "--threads",
+            "1",
+        ],
+    );
+    std::thread::sleep(Duration::from_millis(500));
+    nohup.signal(libc::SIGHUP);
+    assert!(
+        nohup.wait_exit(Duration::from_secs(2)).is_none(),
+        "a worker under nohup ignores SIGHUP"
+    );
+    nohup.terminate();
+    let status = nohup
+        .wait_exit(Duration::from_secs(15))
+        .expect("SIGTERM stops it");
+    assert!(status.success(), "it exits 0: {status:?}");
     for daemon in [&mut worker, &mut coordinator] {
         daemon.signal(libc::SIGHUP);
         let status = daemon

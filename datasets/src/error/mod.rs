@@ -4,6 +4,7 @@ use std::path::PathBuf;
 
 mod fault;
 mod labels;
+mod tar_sets;
 mod tokens;
 mod writing;
 
@@ -283,6 +284,10 @@ pub enum Error {
     #[error(transparent)]
     Tokens(#[from] TokenError),
 
+    /// A tar set's index too large to write, or a set an upload left unfinished.
+    #[error(transparent)]
+    TarSet(#[from] TarSetError),
+
     /// An MDS dataset's `index.json` or shard that cannot be read: cut short, inconsistent
     /// with its index, or using what Stoker does not read.
     #[error("{}: {problem}", path.display())]
@@ -521,19 +526,6 @@ pub enum Error {
         /// What is wrong with it.
         reason: String,
     },
-    /// A tar index (`stoker index`, or kept locally after a scan) over the size an index may be.
-    #[error(
-        "the tar index of {samples} samples would take {bytes} bytes, over the {limit} bytes a \
-         tar index may hold; without one the set opens by scanning its shards"
-    )]
-    TarIndexTooLarge {
-        /// Samples it would describe.
-        samples: u64,
-        /// Its size before compression.
-        bytes: u64,
-        /// The most an index may take.
-        limit: u64,
-    },
     /// A prefix of an object store holds no object the format reads.
     #[error("found no {what} under {uri}")]
     NoRemoteObjects {
@@ -541,18 +533,6 @@ pub enum Error {
         uri: String,
         /// What was looked for, in words.
         what: String,
-    },
-
-    /// Tar shards beside the marker of a `stoker convert` upload that did not finish: shards
-    /// are missing from the set.
-    #[error(
-        "{marker} is there: the `stoker convert` that wrote this set stopped before its last \
-         shards and index were uploaded, so shards are missing; run the convert again with the \
-         same --out (it replaces what the unfinished one wrote)"
-    )]
-    UnfinishedUpload {
-        /// The marker object.
-        marker: String,
     },
 
     /// A downloaded object does not have the size its listing announced.
@@ -581,8 +561,8 @@ pub enum Error {
     /// Another process held a cache entry's lock for longer than the deadline.
     #[error(
         "waited {waited_seconds} s for the lock of cache entry {path} (another process is \
-         fetching or evicting it, and wrote nothing to it for the last \
-         STOKER_CACHE_LOCK_TIMEOUT_SECS, default 600); raise it or check that process"
+         fetching or evicting it; a whole object is waited for while its download writes): \
+         raise STOKER_CACHE_LOCK_TIMEOUT_SECS (default 600) or check that process"
     )]
     CacheLockTimeout {
         /// The entry's lock file.
@@ -601,6 +581,7 @@ pub type Result<T> = std::result::Result<T, Error>;
 
 pub use fault::ReadFault;
 pub use labels::LabelError;
+pub use tar_sets::TarSetError;
 pub use tokens::TokenError;
 pub use writing::WriteError;
 

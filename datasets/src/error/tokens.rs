@@ -10,7 +10,8 @@ pub enum TokenError {
     /// A token file whose length is not a whole number of tokens.
     #[error(
         "token file {path} has {bytes} bytes, not a multiple of the {dtype} token size: wrong \
-         dtype (set token_dtype, or name the file *.u32.bin for uint32) or a truncated file"
+         dtype (name the file *.u32.bin for uint32; the CLI takes --token-dtype) or a truncated \
+         file"
     )]
     TokenFileSize {
         /// The file.

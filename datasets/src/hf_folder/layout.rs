@@ -244,8 +244,20 @@ pub(crate) fn choose_columns(
         features.get(schema.field(index).name()).is_some_and(wanted)
     };
 
+    if let (Some(image), Some(text)) = (&options.image_column, &options.text_column) {
+        return Err(layout_error(
+            path,
+            format!(
+                "both an image column ({image:?}) and a text column ({text:?}) are named: a \
+                 sample is one of them; name the one to read"
+            ),
+        ));
+    }
     let image = match &options.image_column {
         Some(name) => Some(find(name).ok_or_else(|| missing("image", name))?),
+        // A text column named (or a tokenizing pipeline's): that column, whatever image
+        // column the folder has beside it.
+        None if options.text_column.is_some() => None,
         None => IMAGE_COLUMN_NAMES
             .iter()
             .find_map(|name| find(name))

@@ -289,7 +289,16 @@ impl ParquetDataset {
         let handle =
             file.source
                 .chunks(file.metadata.metadata(), &[span.chunk_in_file], &[root])?;
+        let checked = handle.try_clone(&file.path)?;
+        // The pages' checks first, as for Arrow's read (headers the reader would loop on,
+        // dictionaries claiming more than they hold).
         let read = || {
+            page_checks::check_pages(
+                checked,
+                file.metadata.metadata(),
+                &[span.chunk_in_file],
+                &[root],
+            )?;
             raw_text::raw_text_column(handle, file.metadata.metadata(), span.chunk_in_file, root)
         };
         without_panics("parquet", read)
@@ -316,9 +325,13 @@ impl ParquetDataset {
         };
         self.cache.get_or_decode(group, || {
             let mut decoded = match self.decode_columns(span, &[sample_column]) {
-                // Arrow refuses a text group with one cell that is not UTF-8: read raw, each
-                // cell is its own sample again (a bad one a bad sample).
-                Err(error) if self.sample_kind == ParquetSampleKind::Text => {
+                // Arrow refuses a text group with one cell that is not UTF-8 (its error says
+                // "non UTF-8"): read raw, each cell is its own sample again (a bad one a bad
+                // sample). Any other error stands.
+                Err(error)
+                    if self.sample_kind == ParquetSampleKind::Text
+                        && error.to_string().contains("non UTF-8") =>
+                {
                     match self.raw_text_group(span, sample_column) {
                         Ok(column) => {
                             tracing::debug!(%error, "a text row group read as raw bytes");

@@ -19,7 +19,7 @@ use std::io::Read;
 use object_store::ObjectMeta;
 
 use super::scan::{IndexedSample, ShardIndex};
-use crate::error::{Error, Result};
+use crate::error::{Error, Result, TarSetError};
 
 /// The index object's name under the set's prefix.
 pub const TAR_INDEX_OBJECT: &str = "stoker-tar-index.bin";
@@ -83,11 +83,11 @@ pub(crate) fn encode(shards: &[IndexedShard], max_bytes: usize) -> Result<Vec<u8
         }
     }
     if out.len() > max_bytes {
-        return Err(Error::TarIndexTooLarge {
+        return Err(Error::TarSet(TarSetError::TarIndexTooLarge {
             samples: shards.iter().map(|s| s.index.samples.len() as u64).sum(),
             bytes: out.len() as u64,
             limit: max_bytes as u64,
-        });
+        }));
     }
     zstd::bulk::compress(&out, 3).map_err(|source| Error::io("tar index", source))
 }
@@ -233,7 +233,7 @@ mod tests {
         // And never written past it.
         let error = encode(&shards, bound).unwrap_err();
         assert!(
-            matches!(error, Error::TarIndexTooLarge { samples, .. } if samples == 2 * shards[0].index.samples.len() as u64),
+            matches!(error, Error::TarSet(TarSetError::TarIndexTooLarge { samples, .. }) if samples == 2 * shards[0].index.samples.len() as u64),
             "{error}"
         );
         let raw = zstd::bulk::decompress(&bytes, 1 << 20).unwrap();

@@ -13,7 +13,7 @@ use super::index_object::{IndexedShard, TAR_INDEX_OBJECT};
 use super::remote::{is_tar, listed_shards, put_index, remote_location, TarIndexWritten};
 use super::scan::scan_archive;
 use super::CLASSES_FILE;
-use crate::error::{Error, Result};
+use crate::error::{Error, Result, TarSetError};
 use crate::storage::{ObjectCache, RemoteLocation, Store};
 
 /// The object an upload writes beside its shards before any of them and deletes after their
@@ -186,9 +186,9 @@ pub(super) fn refuse_unfinished(
             })
     });
     match marker {
-        Some(marker) => Err(Error::UnfinishedUpload {
+        Some(marker) => Err(Error::TarSet(TarSetError::UnfinishedUpload {
             marker: location.uri_of(marker.location.as_ref()),
-        }),
+        })),
         None => Ok(()),
     }
 }

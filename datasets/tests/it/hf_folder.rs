@@ -263,6 +263,35 @@ fn text_datasets_and_features_found_by_type() {
     assert!(dataset.class_names().is_empty());
     assert_eq!(dataset.label(1), 0);
 
+    // Captions beside an Image feature: the text column named is read, not the images; both
+    // named is refused.
+    let captioned = dir.path().join("captioned");
+    let pictures: ArrayRef = Arc::new(BinaryArray::from_iter_values([b"x0", b"x1", b"x2"]));
+    write_hf_folder(
+        &captioned,
+        &[vec![RecordBatch::try_from_iter(vec![
+            ("image", pictures),
+            ("caption", Arc::clone(&texts)),
+        ])
+        .unwrap()]],
+        &json!({
+            "image": {"_type": "Image"},
+            "caption": {"dtype": "string", "_type": "Value"},
+        }),
+    );
+    let named = |image: Option<&str>| ParquetOptions {
+        text_column: Some("caption".into()),
+        image_column: image.map(str::to_string),
+        ..ParquetOptions::default()
+    };
+    let dataset = HfDataset::open(&captioned, &named(None)).unwrap();
+    assert_eq!(dataset.sample_kind(), ParquetSampleKind::Text);
+    assert_eq!(dataset.read(1).unwrap(), b"beta");
+    let error = HfDataset::open(&captioned, &named(Some("image")))
+        .unwrap_err()
+        .to_string();
+    assert!(error.contains("both an image column"), "{error}");
+
     // Neither: the error lists the columns.
     let neither = dir.path().join("neither");
     write_hf_folder(

@@ -20,6 +20,7 @@ A batch comes back with the sample's structure, each leaf stacked (``(n, *shape)
 from __future__ import annotations
 
 import atexit
+import logging
 
 # Imported before `_close_at_exit` is registered below: exit handlers run newest first, so the
 # loaders close (and stop their worker processes) before multiprocessing's own handler, which
@@ -62,6 +63,8 @@ from stoker._source import reading_digest
 from stoker._start_method import start_context
 from stoker.errors import DatasetError
 from stoker.ops import Op, check_pipeline
+
+_log = logging.getLogger("stoker")
 
 if TYPE_CHECKING:
     from stoker._native import NativeBatch, NativeLoader
@@ -203,8 +206,8 @@ class FromDataset:
         have its structure (a value, or tuples, lists and dicts of them) and, for each
         numpy array, torch tensor, PIL image or number in it, the same dtype and shape (a
         sample that differs fails; under ``on_error="skip"`` it is replaced, unless most of
-        its batch differs too: then :class:`~stoker.DecodeError`, the dataset being of several
-        layouts). A
+        its batch, of 8 or more, differs too: then :class:`~stoker.DecodeError`, the dataset
+        being of several layouts). A
         batch has that structure with each value stacked to ``(batch, *shape)`` (numbers
         become int64, float64 or bool arrays), like DataLoader's default collation; with
         ``collate_fn``, the batch is ``collate_fn(samples)`` over the batch's samples,
@@ -272,7 +275,8 @@ class FromDataset:
             TypeError: ``dataset`` is not map-style, or a sample holds a value that cannot be
                 batched (the message names where in the sample).
             ValueError: an argument is out of range.
-            stoker.DatasetError: the dataset is empty, or ``dataset[0]`` raised.
+            stoker.DatasetError: the dataset is empty, or ``dataset[0]`` raised (under
+                ``on_error="skip"``: and the next samples tried in its place).
         """
         torch_data = sys.modules.get("torch.utils.data")
         if torch_data is not None and isinstance(dataset, torch_data.IterableDataset):
@@ -349,7 +353,9 @@ class FromDataset:
                 builder.close()
                 raise
         else:
-            layout = probe(state)
+            layout, note = probe(state)
+            if note:
+                _log.warning("%s", note)
             state.layout = layout
             builder = ThreadBuilder(state)
         try:

@@ -148,7 +148,7 @@ def _worker_main(conn: Any, state: State | None, dumps: str, loader_pid: int) ->
                 continue
             if message[0] == "probe":
                 try:
-                    conn.send(("layout", probe(state)))
+                    conn.send(("layout", *probe(state)))
                 except (DatasetError, TypeError) as error:
                     conn.send(("refused", type(error).__name__, str(error)))
                 continue
@@ -536,6 +536,8 @@ class ProcessBuilder:
             kind = TypeError if reply[1] == "TypeError" else DatasetError
             raise kind(reply[2])
         layout: Layout = reply[1]
+        if reply[2]:
+            _log.warning("%s", reply[2])  # in this process, where the logging is set up
         for worker in self._workers:
             worker.set_layout(layout)
         return layout

@@ -29,6 +29,8 @@ DEFAULT_WINDOW: Final = 100
 # The widest window the native side lays out (MAX_MIX_WINDOW).
 MAX_WINDOW: Final = 1 << 20
 _EPOCH_RULES: Final = ("first_exhausted", "all_exhausted")
+# How far past a bad sample's position its source's next samples are looked for.
+_SUBSTITUTE_SCAN: Final = 1 << 16
 
 
 def _is_dataset(value: object) -> bool:
@@ -96,22 +98,23 @@ class MixedDataset:
             self._order = _native.MixOrder(*self.args)
         return self._order
 
-    def describe_position(self, epoch: int, position: int) -> str:
+    def _stoker_describe_position(self, epoch: int, position: int) -> str:
         """How a bad sample is named: ``dataset k[i] (mixed position p)``."""
         ((source, index),) = self.order().samples(epoch, [position])
         return f"dataset {source}[{index}] (mixed position {position})"
 
-    def substitutes(self, epoch: int, position: int, count: int) -> list[int]:
-        """Up to ``count`` positions after ``position`` (wrapping) whose samples come from
-        its source: what replaces a bad sample, so its batch keeps each source's count, as a
-        native mix replaces a bad sample by the next one of its source."""
+    def _stoker_substitutes(self, epoch: int, position: int, count: int) -> list[int]:
+        """Up to ``count`` positions after ``position`` (wrapping, within the next
+        ``_SUBSTITUTE_SCAN`` positions) whose samples come from its source: what replaces a bad
+        sample, so its batch keeps each source's count (a native mix replaces a bad sample by
+        another of its source too)."""
         order = self.order()
         ((source, _),) = order.samples(epoch, [position])
         found: list[int] = []
-        step = 256
-        for start in range(1, self.len, step):
+        step, end = 256, min(self.len, _SUBSTITUTE_SCAN)
+        for start in range(1, end, step):
             positions = [(position + offset) % self.len
-                         for offset in range(start, min(start + step, self.len))]
+                         for offset in range(start, min(start + step, end))]
             for at, (of, _) in zip(positions, order.samples(epoch, positions), strict=True):
                 if of == source:
                     found.append(at)

@@ -89,7 +89,7 @@ class Position:
     # Held while the fields change together and while a state reads them, never while a batch
     # is waited for: a state_dict() of a checkpoint thread sees a position before or after a
     # move, never halfway (the next epoch with the old epoch's step).
-    fields: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
+    fields: threading.RLock = field(default_factory=threading.RLock, repr=False, compare=False)
     # Whether an iter() that went on with a pass left before its end was said.
     said_continuing: bool = False
 
@@ -110,7 +110,8 @@ class Position:
             )
         if self.resized_epoch is not None and self.resized_epoch < self.epoch:
             # Past the resumed epoch its loader (and so its resizes) are done, natively too.
-            self.resized_epoch, self.resizes, self.resized_lost = None, [], False
+            with self.fields:
+                self.resized_epoch, self.resizes, self.resized_lost = None, [], False
         # An iteration left early (a break, islice, a loop of a fixed number of batches) goes
         # on at its next batch, where state_dict() points: starting the epoch over would hand
         # out its first batches again, every pass, and a checkpoint taken meanwhile would
@@ -239,8 +240,9 @@ class Position:
                     self.resized_lost = native.resumed_epoch != self.resized_epoch
                 raise
             resized_epoch = saved.epoch
-        self.resized_epoch, self.resizes, self.resized_lost = resized_epoch, resizes, False
-        self.resume(saved.epoch, step, steps_in_epoch)
+        with self.fields:  # the resizes and the position they belong to, together
+            self.resized_epoch, self.resizes, self.resized_lost = resized_epoch, resizes, False
+            self.resume(saved.epoch, step, steps_in_epoch)
         if saved.decode_split is not None and saved.decode_split[0] == self.epoch:
             native.set_decode_split(self.epoch, self.step, saved.decode_split[1])
 

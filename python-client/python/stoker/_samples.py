@@ -10,7 +10,6 @@ drawing from its own random stream (:func:`sample_seed`, :func:`sample_rng`).
 from __future__ import annotations
 
 import errno
-import logging
 import random
 import sys
 import threading
@@ -25,8 +24,6 @@ import numpy as np
 from stoker import _native
 from stoker._busy import LoadingLog, batch_text, describe, where
 from stoker.errors import DatasetError
-
-_log = logging.getLogger("stoker")
 
 __all__ = [
     "NO_LAYOUT",
@@ -44,6 +41,9 @@ __all__ = [
 
 # How many following samples the skip policy tries, as the native policy does.
 _MAX_SUBSTITUTE_TRIES: Final = 16
+# The smallest batch whose samples, most of another layout than dataset[0]'s, fail it under
+# skip: a few odd samples in a small batch are bad samples, replaced.
+_LAYOUT_JUDGED_FROM: Final = 8
 # Errors of this machine or its storage (_fault): never a bad sample; and of the network.
 # Each is tried again after these pauses (seconds), as native reads are; then the machine's
 # fail the batch, the network's are the sample's.
@@ -285,7 +285,7 @@ class State:
 def sample_name(state: State, epoch: int, index: int) -> str:
     """How a sample is named in reasons and paths: ``dataset[i]``, or what the dataset says
     of its position ``i`` (a mix: the source and its sample)."""
-    describe = getattr(state.dataset, "describe_position", None)
+    describe = getattr(state.dataset, "_stoker_describe_position", None)
     if describe is not None:
         try:
             return str(describe(epoch, index))
@@ -299,9 +299,12 @@ def _substitutes(state: State, epoch: int, index: int) -> list[int]:
     the dataset gives (a mix: the next positions of the same source, so a batch keeps each
     source's count)."""
     count = min(_MAX_SUBSTITUTE_TRIES, state.length - 1)
-    chosen = getattr(state.dataset, "substitutes", None)
+    chosen = getattr(state.dataset, "_stoker_substitutes", None)
     if chosen is not None:
-        return [int(i) for i in chosen(epoch, index, count)]
+        try:
+            return [int(i) for i in chosen(epoch, index, count)]
+        except Exception:  # the plain rule, as for a dataset without one
+            pass
     return [(index + offset) % state.length for offset in range(1, count + 1)]
 
 
@@ -337,12 +340,14 @@ def _load(state: State, epoch: int, index: int, stream: int | None = None) -> An
 NO_LAYOUT: Final = Layout((), ())
 
 
-def probe(state: State) -> Layout:
-    """The layout of ``dataset[0]``; DatasetError when loading it fails, TypeError when a value
-    in it cannot be batched. A failure of the machine or the network is tried again with
-    backoff first, as a batch's samples are; under ``on_error="skip"`` a ``dataset[0]`` that
-    fails on its own is passed over for the next samples, as a batch replaces it (the layout
-    is then the first one's that loads, said on logger ``stoker``)."""
+def probe(state: State) -> tuple[Layout, str]:
+    """The layout of ``dataset[0]``, and what its user should be told of it ("" when
+    nothing); DatasetError when loading it fails, TypeError when a value in it cannot be
+    batched. A failure of the machine or the network is tried again with backoff first, as a
+    batch's samples are; under ``on_error="skip"`` a ``dataset[0]`` that fails on its own is
+    passed over for the next samples, as a batch replaces it (the layout is then the first
+    one's that loads, which the note says; the loader's process logs it on logger
+    ``stoker``)."""
     candidates = (min(_MAX_SUBSTITUTE_TRIES, state.length - 1) + 1
                   if state.on_error == "skip" else 1)
     first_reason = ""
@@ -364,11 +369,10 @@ def probe(state: State) -> Layout:
                     ) from error
                 first_reason = first_reason or reason
                 break
-            if index:
-                _log.warning("from_dataset takes the samples' layout from dataset[%d]: "
-                             "dataset[0] failed (a bad sample, replaced in its batch): %s",
-                             index, first_reason)
-            return Layout.of(sample, state.image)
+            note = (f"from_dataset takes the samples' layout from dataset[{index}]: "
+                    f"dataset[0] failed (a bad sample, replaced in its batch): {first_reason}"
+                    if index else "")
+            return Layout.of(sample, state.image), note
     raise DatasetError(
         f"from_dataset reads dataset[0] to learn the samples' layout, and it failed, as did "
         f"the next {candidates - 1}: {first_reason}"
@@ -513,7 +517,7 @@ def _fill_batch(
             if state.on_error == "fail" or machine:
                 return bad, failing(index, reason)
             mismatched += mismatch
-            if mismatched >= 2 and mismatched * 2 > n:
+            if n >= _LAYOUT_JUDGED_FROM and mismatched * 2 > n:
                 # Most of a batch in another layout: not bad samples but a dataset whose
                 # samples differ in shape (a transform that does not resize), which skip
                 # would quietly replace by the few of dataset[0]'s layout.
@@ -532,8 +536,8 @@ def _fill_batch(
                 if failed[1]:
                     return bad, failing(substitute, failed[0])
             else:
-                return bad, failing(index, f"{reason}\n(and none of the next "
-                                    f"{_MAX_SUBSTITUTE_TRIES} samples loaded either)")
+                return bad, failing(index, f"{reason}\n(and none of the samples tried in its "
+                                    f"place loaded either)")
         return bad, None
     finally:
         # The slot's view is released when build() returns: no array may still export it.

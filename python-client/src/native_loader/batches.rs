@@ -44,12 +44,12 @@ pub(super) fn wait_for_batch<'py>(
     crate::logs::forward(py)?;
     let batch = match (batch, signal) {
         (Err(stoker_loader::Error::Interrupted), Some(error)) => return Err(error),
-        (Err(stoker_loader::Error::Interrupted), None) => {
-            return Err(raise(
-                Kind::Stoker,
-                "the loader was closed (by another thread) while next() waited for a batch".into(),
-            ))
-        }
+        (Err(stoker_loader::Error::Interrupted), None) => return Err(raise(
+            Kind::Stoker,
+            "the loader was closed (by another thread, or a signal handler) while next() waited \
+                 for a batch"
+                .into(),
+        )),
         (batch, _) => batch.map_err(from_loader)?,
     };
     match batch {
