@@ -95,6 +95,45 @@ def test_skip_policy_is_deterministic(
     assert all(np.array_equal(a, b) for a, b in zip(*runs, strict=True))
 
 
+def test_an_interrupt_while_a_batch_is_made_loses_no_step(
+    make_loader: Callable[..., stoker.Loader], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A Ctrl-C (or any error) raised while a batch taken from the native side is made into
+    tensors, caught by a loop that goes on: the next ``next()`` gives that batch, not the one
+    after it, and the position counts it once."""
+    import stoker._batches as batches
+
+    loader = make_loader(batch_size=16)
+    want = [list(indices) for indices in _steps(make_loader(batch_size=16))]
+    made = batches.host_batch
+    calls = {"n": 0}
+
+    def interrupted_once(*args: object, **kwargs: object) -> object:
+        calls["n"] += 1
+        if calls["n"] == 3:
+            raise KeyboardInterrupt
+        return made(*args, **kwargs)
+
+    monkeypatch.setattr(batches, "host_batch", interrupted_once)
+    iterator = iter(loader)
+    got: list[list[int]] = []
+    while True:
+        try:
+            next(iterator)
+        except KeyboardInterrupt:
+            assert loader.state_dict()["step"] == 2, "the interrupted step is not counted"
+            continue
+        except StopIteration:
+            break
+        got.append(list(iterator.sample_indices))
+    assert got == want
+
+
+def _steps(loader: stoker.Loader) -> list[list[int]]:
+    iterator = iter(loader)
+    return [list(iterator.sample_indices) for _ in iterator]
+
+
 def test_close_is_idempotent_and_a_closed_loader_refuses_work(
     make_loader: Callable[..., stoker.Loader],
 ) -> None:

@@ -196,10 +196,14 @@ class BatchFeed:
             self._meter = GpuIdleMeter(torch, index, native.record_gpu_idle, native.lane_busy_s)
         # (the iterator generation it was taken for, the batch, or the error taking it raised).
         self._staged: tuple[int, Taken | Exception] | None = None
+        # A batch taken from the native loader whose making raised (a Ctrl-C caught by a loop
+        # that goes on, a failed pin): the next call makes it again rather than take the one
+        # after it, so no step is skipped.
+        self._unmade: tuple[int, Any] | None = None
 
     def drop_staged(self) -> None:
         """Forgets the batch staged ahead (a new iterator starts, or the loader closes)."""
-        self._staged = None
+        self._staged = self._unmade = None
 
     def next(self, generation: int) -> Taken | None:
         """The next batch for the iterator of ``generation``; None at the end of the epoch."""
@@ -210,15 +214,23 @@ class BatchFeed:
         try:
             taken = self._take_staged(generation)
             if taken is None:
-                try:
-                    item = native.next_batch()
-                except LoaderTimeoutError as error:
-                    raise self._explained(error) from None
+                unmade, self._unmade = self._unmade, None
+                if unmade is not None and unmade[0] == generation:
+                    item = unmade[1]
+                else:
+                    try:
+                        item = native.next_batch()
+                    except LoaderTimeoutError as error:
+                        raise self._explained(error) from None
                 if item is None:
                     if meter is not None:
                         meter.cancel()
                     return None
-                taken = self._make_batch(item)
+                try:
+                    taken = self._make_batch(item)
+                except BaseException:
+                    self._unmade = (generation, item)
+                    raise
             stage = self.stage
             if stage is not None:
                 step, staged, indices, bad = taken
