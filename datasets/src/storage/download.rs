@@ -426,7 +426,9 @@ pub(super) async fn put(
 /// Writes the file at `file` as the object `key`: in one PUT up to `part_bytes`, else as a
 /// multipart upload of `part_bytes` parts (each its own request, retried by the client; a
 /// few in flight, one part read from the file at a time), so neither a slow link nor a shard
-/// past a PUT's size limit fails the upload. An upload that fails is aborted.
+/// past a PUT's size limit fails the upload. An upload whose part fails while the file is read
+/// is aborted here, and one whose completion fails by object_store; a last part failing in the
+/// completion leaves its parts to the bucket's lifecycle rules.
 pub(super) async fn put_file(
     store: &Store,
     location: &RemoteLocation,

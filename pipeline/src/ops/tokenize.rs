@@ -6,8 +6,8 @@
 //! candidate): a rewrite with a SIMD pre-tokenizer, many times faster per core than 0.23 with
 //! identical ids. It reads a `tokenizer.json` in its canonical form, and older files after its
 //! own upgrade pass; a file it still cannot read, or cannot encode probe texts (many scripts,
-//! and each of the file's added tokens in context) with exactly as 0.23 does, is encoded by 0.23 as before (logged once, and said by
-//! [`TextTokenizer::engine`]). 0.23 also answers the vocabulary lookups (size, EOS) and
+//! and each of the file's added tokens in context) with exactly as 0.23 does, is encoded by
+//! 0.23 as before (logged once, and said by [`TextTokenizer::engine`]). 0.23 also answers the vocabulary lookups (size, EOS) and
 //! trains the test tokenizers. A file's own truncation and padding are left unapplied, as
 //! `transformers` leaves them unless asked: packing cuts and pads the rows itself.
 
@@ -71,9 +71,8 @@ fn load_v1(text: &str) -> std::result::Result<tokenizers_v1::pipeline::PipelineT
 }
 
 /// Text 1.0 and 0.23 must encode alike before 1.0 is trusted with a file (with the file's added
-/// tokens: [`probe_texts`]): letters, digits,
-/// punctuation, runs of whitespace, non-ASCII scripts, an emoji, and the special tokens of
-/// common tokenizers (a file 1.0 reads but cannot encode with, such as a `Split` regex outside
+/// tokens: [`probe_texts`]): letters, digits, punctuation, runs of whitespace, non-ASCII
+/// scripts, an emoji, and the special tokens of common tokenizers (a file 1.0 reads but cannot encode with, such as a `Split` regex outside
 /// its engines, fails here rather than on a sample).
 const PROBE: &str = "Stoker's probe: The quick brown fox, 123 4.5e-6 0xFF! \n\t  indented \
     Ünïcödé café Straße 日本語 中文 한국어 Здравствуйте العربية 🦀✨ \
@@ -247,8 +246,8 @@ impl TextTokenizer {
         &self.path
     }
 
-    /// The SHA-256 of the file's bytes as read, in hex: two files give the same ids only when
-    /// they are the same file.
+    /// The SHA-256 of the file's bytes as read, in hex: workers whose digests differ read
+    /// different files, which may give other ids.
     pub fn sha256(&self) -> &str {
         &self.sha256
     }
