@@ -208,6 +208,9 @@ const CHILD_ENV: &str = "STOKER_MAPPED_FILE_TEST_CHILD";
 
 /// Runs the ignored test `name` of this binary in a child process (at most 60 s).
 fn run_child(name: &str) -> Output {
+    // The child dies of SIGBUS before its temporary folder is removed: it makes it under one
+    // of this process's, removed when this returns.
+    let scratch = tempfile::tempdir().unwrap();
     let mut child = Command::new(std::env::current_exe().unwrap())
         .args([
             name,
@@ -217,6 +220,7 @@ fn run_child(name: &str) -> Output {
             "--test-threads=1",
         ])
         .env(CHILD_ENV, name)
+        .env("TMPDIR", scratch.path())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
