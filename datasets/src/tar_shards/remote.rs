@@ -336,7 +336,7 @@ struct TarObjects {
 }
 
 /// The folder of `key` (`""` at the top of the bucket).
-fn folder_of(key: &str) -> &str {
+pub(super) fn folder_of(key: &str) -> &str {
     key.rsplit_once('/').map_or("", |(folder, _)| folder)
 }
 

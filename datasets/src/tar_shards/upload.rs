@@ -10,7 +10,9 @@ use object_store::ObjectMeta;
 use tracing::warn;
 
 use super::index_object::{IndexedShard, TAR_INDEX_OBJECT};
-use super::remote::{is_tar, listed_shards, put_index, remote_location, TarIndexWritten};
+use super::remote::{
+    folder_of, is_tar, listed_shards, put_index, remote_location, TarIndexWritten,
+};
 use super::scan::scan_archive;
 use super::CLASSES_FILE;
 use crate::error::{Error, Result, TarSetError};
@@ -174,11 +176,6 @@ pub(super) fn refuse_unfinished(
     shards: &[ObjectMeta],
     listing: &[ObjectMeta],
 ) -> Result<()> {
-    let folder_of = |key: &str| {
-        key.rsplit_once('/')
-            .map_or("", |(folder, _)| folder)
-            .to_string()
-    };
     let marker = listing.iter().find(|object| {
         object.location.filename() == Some(UNFINISHED_UPLOAD)
             && shards.iter().any(|shard| {

@@ -171,13 +171,10 @@ impl TextTokenizer {
             path: path.to_path_buf(),
             source,
         })?;
-        let sha256 = {
-            use sha2::{Digest, Sha256};
-            Sha256::digest(text.as_bytes())
-                .iter()
-                .map(|byte| format!("{byte:02x}"))
-                .collect::<String>()
-        };
+        let sha256 = format!(
+            "{:x}",
+            <sha2::Sha256 as sha2::Digest>::digest(text.as_bytes())
+        );
         if let Some(dropout) = bpe_dropout(&text) {
             return Err(cannot_load(format!(
                 "its model's dropout is {dropout}: BPE dropout draws other tokens at every \
