@@ -457,7 +457,9 @@ fn a_helper_whose_loader_process_died_beside_a_forked_one_ends() {
         // SAFETY: ends this process at once, as a crash would.
         unsafe { libc::_exit(0) };
     }
-    // Its output is read up to its line only: the forked process holds the pipe open.
+    // Its output is read up to its line only: the forked process holds the pipe open. It
+    // makes its images under a folder of this process's, as its own end removes nothing.
+    let scratch = tempfile::tempdir().unwrap();
     let mut training = std::process::Command::new(std::env::current_exe().unwrap())
         .args([
             "--exact",
@@ -465,6 +467,7 @@ fn a_helper_whose_loader_process_died_beside_a_forked_one_ends() {
             "--nocapture",
         ])
         .env(TRAINING_PROCESS, "1")
+        .env("TMPDIR", scratch.path())
         .stdout(std::process::Stdio::piped())
         .spawn()
         .unwrap();
