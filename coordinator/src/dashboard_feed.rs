@@ -5,10 +5,14 @@
 //! of the time its trainer did *not* wait (a trainer that waited half the time would take twice
 //! as many batches if they were there); one worker's capacity is the batches the workers
 //! completed per second of time they had a batch in production (`busy_ns` in their reports).
-//! Wanted = ⌈[`HEADROOM`] × Σ demand / capacity⌉ (the workers there are, until a capacity is
-//! measured; 0 without clients).
+//! Wanted = ⌈[`HEADROOM`] × Σ demand / capacity⌉ (the workers there are, at least one, until a
+//! capacity is measured; 0 without clients). A client's figures are taken over its last
+//! [`DEMAND_WINDOW`] of reports, not between two, so a step longer than a refresh does not make
+//! its demand flip between nothing and several times what it takes. A client that took nothing
+//! over that window while its trainer waited most of it is starved: what it would take cannot be
+//! measured, so the count is never below the workers there are, nor below one.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::time::{Duration, Instant};
 
 use super::client_reports::job_name;
@@ -27,9 +31,9 @@ pub(super) struct LastRefresh {
     leased: HashMap<u64, u64>,
     /// Busy nanoseconds reported per worker.
     busy_ns: HashMap<u64, u64>,
-    /// Per (job, rank): (batches, wait ns, elapsed ns) of the last report used, and the demand
-    /// (batches/s) it gave.
-    clients: HashMap<(u64, u32), (ClientCounters, f64)>,
+    /// Per (job, rank): its reports' (batches, wait ns, elapsed ns) over the last
+    /// [`DEMAND_WINDOW`], oldest first, with one from before it.
+    clients: HashMap<(u64, u32), VecDeque<ClientCounters>>,
     /// Batches one worker builds per busy second (smoothed), once measured.
     capacity: Option<f64>,
 }
@@ -79,14 +83,80 @@ const MAX_STALL: f64 = 0.95;
 /// Clients silent this long no longer count towards the demand.
 const CLIENT_SILENCE: Duration = Duration::from_secs(10);
 
-/// Workers wanted for `demand` batches/s when one worker builds `capacity` batches/s.
-pub(super) fn workers_wanted(demand: f64, capacity: Option<f64>, workers: usize) -> u64 {
-    if demand <= 0.0 {
-        return 0;
+/// The span of a client's own time its demand is measured over.
+pub(super) const DEMAND_WINDOW: Duration = Duration::from_secs(10);
+
+/// The part of its time a trainer that took no batch waited, from which it is starved.
+const STARVED_STALL: f64 = 0.5;
+
+/// What the clients' reports say they want.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub(super) struct Demand {
+    /// Batches per second the clients would take if never kept waiting.
+    pub(super) batches_per_s: f64,
+    /// Some client took no batch over its window while its trainer waited most of it.
+    pub(super) starved: bool,
+}
+
+/// Workers wanted for `demand` when one worker builds `capacity` batches/s and `workers` are
+/// live.
+pub(super) fn workers_wanted(demand: Demand, capacity: Option<f64>, workers: usize) -> u64 {
+    let workers = workers as u64;
+    let measured = if demand.batches_per_s <= 0.0 {
+        0
+    } else {
+        match capacity.filter(|c| *c > 0.0) {
+            Some(capacity) => ((HEADROOM * demand.batches_per_s / capacity).ceil() as u64).max(1),
+            None => workers.max(1),
+        }
+    };
+    if demand.starved {
+        measured.max(workers).max(1)
+    } else {
+        measured
     }
-    match capacity.filter(|c| *c > 0.0) {
-        Some(capacity) => ((HEADROOM * demand / capacity).ceil() as u64).max(1),
-        None => workers as u64,
+}
+
+/// A client's demand over its window of reports (`window`, oldest first): the batches it took
+/// per second over the part of the time it did not wait, and whether it is starved.
+fn client_demand(window: &VecDeque<ClientCounters>) -> Demand {
+    let (Some(first), Some(last)) = (window.front(), window.back()) else {
+        return Demand::default();
+    };
+    if last.2 <= first.2 {
+        return Demand::default();
+    }
+    let elapsed = (last.2 - first.2) as f64 / 1e9;
+    let taken = last.0.saturating_sub(first.0);
+    let waited = last.1.saturating_sub(first.1) as f64 / 1e9 / elapsed;
+    if taken == 0 {
+        return Demand {
+            batches_per_s: 0.0,
+            starved: waited >= STARVED_STALL,
+        };
+    }
+    let stall = waited.min(MAX_STALL);
+    Demand {
+        batches_per_s: taken as f64 / elapsed / (1.0 - stall),
+        starved: false,
+    }
+}
+
+/// Adds the report `now` to a client's window, keeping one report from before
+/// [`DEMAND_WINDOW`]; a report whose clock went back (a client started again) starts it anew.
+fn take_report(window: &mut VecDeque<ClientCounters>, now: ClientCounters) {
+    match window.back() {
+        Some(last) if *last == now => return,
+        Some(last) if now.2 <= last.2 || now.0 < last.0 => window.clear(),
+        _ => {}
+    }
+    window.push_back(now);
+    let span = DEMAND_WINDOW.as_nanos() as u64;
+    while window
+        .get(1)
+        .is_some_and(|second| now.2.saturating_sub(second.2) >= span)
+    {
+        window.pop_front();
     }
 }
 
@@ -114,7 +184,7 @@ pub(super) fn fleet(
             None => measured,
         });
     }
-    let mut demand = 0.0;
+    let mut demand = Demand::default();
     for (key, entry) in clients {
         if entry.at.elapsed() > CLIENT_SILENCE {
             last.clients.remove(key);
@@ -125,18 +195,11 @@ pub(super) fn fleet(
             entry.stats.wait_ns,
             entry.stats.elapsed_ns,
         );
-        let estimate = match last.clients.get(key) {
-            Some(&(before, estimate)) if before == now => estimate,
-            Some(&(before, _)) if now.2 > before.2 => {
-                let elapsed = (now.2 - before.2) as f64 / 1e9;
-                let rate = now.0.saturating_sub(before.0) as f64 / elapsed;
-                let stall = (now.1.saturating_sub(before.1) as f64 / 1e9 / elapsed).min(MAX_STALL);
-                rate / (1.0 - stall)
-            }
-            _ => 0.0,
-        };
-        last.clients.insert(*key, (now, estimate));
-        demand += estimate;
+        let window = last.clients.entry(*key).or_default();
+        take_report(window, now);
+        let client = client_demand(window);
+        demand.batches_per_s += client.batches_per_s;
+        demand.starved |= client.starved;
     }
     let wanted = workers_wanted(demand, last.capacity, workers.len());
     (workers.len() as u64, wanted)
@@ -196,6 +259,35 @@ pub(super) fn serving_workers(
         .collect()
 }
 
+/// The decode threads one rank of `job` is shown against (its busy share, its stage times per
+/// sample): those of the live workers that leased the job's tasks within [`SERVING_WINDOW`] of
+/// `now`, shared equally among the job's reporting ranks, `rank` one of them (data-parallel
+/// ranks take batches at one pace); 0 when no worker served it lately.
+pub(super) fn rank_threads(
+    (job, rank): (u64, u32),
+    serving: &HashMap<u64, HashMap<u64, Instant>>,
+    workers: &BTreeMap<u64, WorkerEntry>,
+    clients: &BTreeMap<(u64, u32), ClientEntry>,
+    now: Instant,
+) -> usize {
+    let threads: usize = serving.get(&job).map_or(0, |by| {
+        by.iter()
+            .filter(|(_, last)| now.saturating_duration_since(**last) < SERVING_WINDOW)
+            .filter_map(|(worker, _)| workers.get(worker))
+            .map(|worker| worker.threads as usize)
+            .sum()
+    });
+    let ranks = 1 + clients
+        .keys()
+        .filter(|(other_job, other)| *other_job == job && *other != rank)
+        .count();
+    if threads == 0 {
+        0
+    } else {
+        ((threads + ranks / 2) / ranks).max(1)
+    }
+}
+
 /// A worker's name on the dashboard.
 fn worker_name(worker: &WorkerEntry) -> String {
     format!("worker {} ({})", worker.id, worker.data_address)
@@ -253,39 +345,168 @@ mod tests {
             last.recent_completed.insert(id, 1);
             last.busy_ns.insert(id, 1);
             last.leased.insert(id, 1);
-            last.clients.insert((id, 0), ((1, 1, 1), 1.0));
+            last.clients.insert((id, 0), VecDeque::from([(1, 1, 1)]));
         }
         let mut workers = BTreeMap::new();
-        workers.insert(
-            7,
-            WorkerEntry {
-                id: 7,
-                data_address: "w:1".into(),
-                threads: 1,
-                data_roots: Vec::new(),
-                registered_at: Instant::now(),
-                completed: 0,
-                failed: 0,
-                bad_samples: 0,
-                busy_ns: 0,
-            },
-        );
+        workers.insert(7, worker(7, 1));
         let jobs: HashSet<u64> = [3].into();
         last.forget_gone(&workers, &jobs, &BTreeMap::new());
         assert_eq!(last.held(), 4, "worker 7's three counters and job 3's");
         assert!(last.completed.contains_key(&7) && last.leased.contains_key(&3));
     }
 
+    fn worker(id: u64, threads: u32) -> WorkerEntry {
+        WorkerEntry {
+            id,
+            data_address: format!("w:{id}"),
+            threads,
+            data_roots: Vec::new(),
+            registered_at: Instant::now(),
+            completed: 0,
+            failed: 0,
+            bad_samples: 0,
+            busy_ns: 0,
+        }
+    }
+
+    /// A rank's figures were shown against every worker's threads: four ranks on a fleet
+    /// busy all the time read 25% busy each, and less beside another job.
+    #[test]
+    fn a_rank_is_shown_against_its_share_of_the_workers_serving_its_job() {
+        let now = Instant::now();
+        let workers: BTreeMap<u64, WorkerEntry> =
+            [(1, worker(1, 8)), (2, worker(2, 8)), (3, worker(3, 16))].into();
+        // Job 5 served by workers 1 and 2; worker 3 serves job 6 only.
+        let serving: HashMap<u64, HashMap<u64, Instant>> =
+            [(5, [(1, now), (2, now)].into()), (6, [(3, now)].into())].into();
+        let mut clients = BTreeMap::new();
+        assert_eq!(
+            rank_threads((5, 0), &serving, &workers, &clients, now),
+            16,
+            "the only rank"
+        );
+        for rank in 0..4 {
+            clients.insert((5, rank), client_entry(5, rank));
+        }
+        clients.insert((6, 0), client_entry(6, 0));
+        assert_eq!(rank_threads((5, 2), &serving, &workers, &clients, now), 4);
+        assert_eq!(rank_threads((6, 0), &serving, &workers, &clients, now), 16);
+        // A worker that served long ago, or is gone, counts for nothing.
+        let later = now + SERVING_WINDOW;
+        assert_eq!(rank_threads((5, 2), &serving, &workers, &clients, later), 0);
+    }
+
+    fn client_entry(job: u64, rank: u32) -> ClientEntry {
+        ClientEntry {
+            job,
+            rank,
+            epoch: 0,
+            stats: Default::default(),
+            acknowledged_position: 0,
+            steps_per_epoch: 0,
+            at: Instant::now(),
+        }
+    }
+
+    fn wanting(batches_per_s: f64) -> Demand {
+        Demand {
+            batches_per_s,
+            starved: false,
+        }
+    }
+
     #[test]
     fn wanted_follows_demand_over_capacity_with_headroom() {
         // 10 batches/s wanted, 4 per worker: 10 * 1.2 / 4 = 3.
-        assert_eq!(workers_wanted(10.0, Some(4.0), 2), 3);
+        assert_eq!(workers_wanted(wanting(10.0), Some(4.0), 2), 3);
         // Demand doubles: so does the count (rounded up).
-        assert_eq!(workers_wanted(20.0, Some(4.0), 2), 6);
+        assert_eq!(workers_wanted(wanting(20.0), Some(4.0), 2), 6);
         // A trickle still wants one; no demand wants none.
-        assert_eq!(workers_wanted(0.1, Some(4.0), 2), 1);
-        assert_eq!(workers_wanted(0.0, Some(4.0), 2), 0);
-        // Nothing measured yet: the workers there are.
-        assert_eq!(workers_wanted(5.0, None, 2), 2);
+        assert_eq!(workers_wanted(wanting(0.1), Some(4.0), 2), 1);
+        assert_eq!(workers_wanted(wanting(0.0), Some(4.0), 2), 0);
+        // Nothing measured yet: the workers there are, and one where there are none.
+        assert_eq!(workers_wanted(wanting(5.0), None, 2), 2);
+        assert_eq!(workers_wanted(wanting(5.0), None, 0), 1);
+    }
+
+    #[test]
+    fn a_starved_client_wants_at_least_the_workers_there_are_and_one_where_there_are_none() {
+        let starved = Demand {
+            batches_per_s: 0.0,
+            starved: true,
+        };
+        // Every worker gone (or a fleet starting from none) while a trainer waits.
+        assert_eq!(workers_wanted(starved, None, 0), 1);
+        assert_eq!(workers_wanted(starved, Some(4.0), 0), 1);
+        // Workers there, none of their batches reaching it: not fewer.
+        assert_eq!(workers_wanted(starved, Some(4.0), 3), 3);
+        // Beside another client's measured demand, the larger count.
+        let both = Demand {
+            batches_per_s: 20.0,
+            starved: true,
+        };
+        assert_eq!(workers_wanted(both, Some(4.0), 2), 6);
+    }
+
+    /// A client's report `at_ms` into its run having taken `batches` and waited `wait_ms`.
+    fn report(batches: u64, wait_ms: u64, at_ms: u64) -> ClientCounters {
+        (batches, wait_ms * 1_000_000, at_ms * 1_000_000)
+    }
+
+    #[test]
+    fn a_client_that_takes_nothing_while_its_trainer_waits_is_starved() {
+        let mut window = VecDeque::new();
+        // Reports every 500 ms, no batch, waiting all along.
+        for tick in 0..6u64 {
+            take_report(&mut window, report(40, tick * 500, tick * 500));
+        }
+        let demand = client_demand(&window);
+        assert!(demand.starved && demand.batches_per_s == 0.0, "{demand:?}");
+        // A trainer that takes nothing and does not wait (between epochs, evaluating) is not.
+        let mut idle = VecDeque::new();
+        for tick in 0..6u64 {
+            take_report(&mut idle, report(40, 0, tick * 500));
+        }
+        assert_eq!(client_demand(&idle), Demand::default());
+    }
+
+    #[test]
+    fn a_step_longer_than_a_refresh_gives_a_steady_demand() {
+        // A trainer stepping every 1.5 s, one batch per step, waiting 300 ms of each (the
+        // wait counted as it goes), reported every 500 ms: it would take 1 / 1.2 s = 0.83/s.
+        let mut window = VecDeque::new();
+        let mut estimates = Vec::new();
+        for tick in 0..80u64 {
+            let at = tick * 500;
+            let (steps, into) = (at / 1500, at % 1500);
+            let wait = steps * 300 + into.min(300);
+            take_report(&mut window, report(steps, wait, at));
+            if at >= 12_000 {
+                estimates.push(client_demand(&window).batches_per_s);
+            }
+        }
+        let (low, high) = estimates
+            .iter()
+            .fold((f64::MAX, 0f64), |(lo, hi), e| (lo.min(*e), hi.max(*e)));
+        assert!(
+            low > 0.75 && high < 0.92,
+            "the demand read {low:.2}..{high:.2} batches/s"
+        );
+        // The window holds 10 s of reports, not the whole run.
+        assert!(window.len() <= 22, "{} reports held", window.len());
+    }
+
+    #[test]
+    fn a_client_started_again_is_measured_from_its_new_reports() {
+        let mut window = VecDeque::new();
+        for tick in 0..10u64 {
+            take_report(&mut window, report(tick * 10, 0, tick * 1000));
+        }
+        // A new run under the same rank: its counters start over.
+        take_report(&mut window, report(2, 0, 1000));
+        assert_eq!(window.len(), 1);
+        take_report(&mut window, report(6, 0, 2000));
+        let demand = client_demand(&window);
+        assert!((demand.batches_per_s - 4.0).abs() < 1e-9, "{demand:?}");
     }
 }

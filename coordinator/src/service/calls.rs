@@ -21,6 +21,7 @@ use tonic::{Request, Response, Status, Streaming};
 use super::jobs::asks_another_weight;
 use super::{job_key, lock, CoordinatorService, SessionEntry};
 use crate::client_reports::{client_snapshot, job_name};
+use crate::dashboard_feed::rank_threads;
 use crate::registry::{ClientEntry, WorkerEntry};
 use crate::requests::validate_spec;
 use crate::status::coordinator_status;
@@ -475,7 +476,13 @@ impl CoordinatorService {
         // registry's lock is held while a page's figures are written out.
         let mut to_show = None;
         if let (Some((job, rank, _, _)), Some(stats)) = (entry, request.stats.as_ref()) {
-            let threads = state.workers.values().map(|w| w.threads as usize).sum();
+            let threads = rank_threads(
+                (job, rank),
+                &state.serving,
+                &state.workers,
+                &state.clients,
+                now,
+            );
             let snapshot = client_snapshot(stats, threads);
             match state.monitors.get(&(job, rank)) {
                 Some(latest) => {
