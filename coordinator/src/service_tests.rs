@@ -1197,3 +1197,66 @@ async fn a_job_with_no_session_open_for_its_retention_is_retired_and_registered_
     assert_eq!(get(again).await, None);
     Ok(())
 }
+
+/// The body of `GET path` from the dashboard at `address` (loopback: no credential).
+fn dashboard_get(address: std::net::SocketAddr, path: &str) -> std::io::Result<String> {
+    use std::io::{Read, Write};
+    let mut stream = std::net::TcpStream::connect(address)?;
+    stream.set_read_timeout(Some(Duration::from_secs(10)))?;
+    write!(
+        stream,
+        "GET {path} HTTP/1.0\r\nHost: {address}\r\nConnection: close\r\n\r\n"
+    )?;
+    let mut response = String::new();
+    stream.read_to_string(&mut response)?;
+    Ok(response)
+}
+
+/// A rank whose reports stopped stayed on the dashboard, sampled into its full history and
+/// exported on `/metrics` as current, until its job was retired (a day by default).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rank_silent_past_its_limit_leaves_the_dashboard() -> TestResult {
+    let network = MemoryNetwork::new();
+    let state = tempfile::tempdir()?;
+    let mut config = service_config(&network, Vec::new())?;
+    config.rank_forgotten_after = Duration::from_millis(1500);
+    let dashboard =
+        std::sync::Arc::new(stoker_dashboard::Dashboard::start("127.0.0.1:0".parse()?)?);
+    let address = dashboard.local_addr();
+    let service = CoordinatorService::open(state.path(), config)?.with_dashboard(dashboard);
+    let (service, _stop) = serve(&network, service);
+    start_data_server(&network, Vec::new())?;
+    let mut client = coordinator(&network, None);
+    register_worker(&mut client).await?;
+    let (job, session) = open(&mut client, 2).await?;
+    let request = SessionUpdateRequest {
+        session: Some(session),
+        stats: Some(stoker_proto::v1::ClientStats {
+            batches: 3,
+            samples: 24,
+            elapsed_ns: 1_000_000_000,
+            ..Default::default()
+        }),
+        ..SessionUpdateRequest::default()
+    };
+    client.update_session(request).await?;
+    let name = format!("\"name\":\"job {job} ");
+    let shown = tokio::task::spawn_blocking(move || dashboard_get(address, "/api/jobs")).await??;
+    assert!(shown.contains(&name), "the rank is charted: {shown}");
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    let mut left = false;
+    while !left && std::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(250)).await;
+        let (jobs, metrics) = tokio::task::spawn_blocking(move || {
+            Ok::<_, std::io::Error>((
+                dashboard_get(address, "/api/jobs")?,
+                dashboard_get(address, "/metrics")?,
+            ))
+        })
+        .await??;
+        left = !jobs.contains(&name) && !metrics.contains("stoker_samples_total{");
+    }
+    assert!(left, "the silent rank is still shown");
+    assert!(service.clients().is_empty(), "and its report forgotten");
+    Ok(())
+}

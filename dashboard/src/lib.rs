@@ -245,6 +245,18 @@ impl Dashboard {
             Err(_) => tracing::warn!("dashboard registry poisoned; jobs not forgotten"),
         }
     }
+
+    /// Stops charting the ranks `ranks` (job name, rank), and forgets their history.
+    pub fn forget_ranks(&self, ranks: &[(String, u32)]) {
+        match self.registry.lock() {
+            Ok(mut registry) => registry.jobs.retain(|job| {
+                !ranks
+                    .iter()
+                    .any(|(name, rank)| *name == job.name && *rank == job.rank)
+            }),
+            Err(_) => tracing::warn!("dashboard registry poisoned; ranks not forgotten"),
+        }
+    }
 }
 
 impl Drop for Dashboard {

@@ -1,6 +1,8 @@
 //! `/metrics`: every job's figures in the Prometheus text exposition format (version 0.0.4),
-//! labelled `job` and `rank`. Counters come from the newest reading's totals; per-interval
-//! gauges from the newest point, so they agree with the JSON API.
+//! labelled `stoker_job` and `rank` (not `job`, which Prometheus gives every series it scrapes
+//! and would rename ours to `exported_job`). Counters come from the newest reading's totals;
+//! gauges from the newest point, so they agree with the JSON API. Every label takes a bounded
+//! set of values per job.
 
 use std::fmt::Write;
 
@@ -127,7 +129,7 @@ const FAMILIES: &[Family] = &[
     Family {
         name: "stoker_samples_per_second",
         kind: "gauge",
-        help: "Samples yielded per second over the last sampling interval.",
+        help: "Samples yielded per second over the last 10 seconds.",
         samples: |job| one(job.points.back().and_then(|p| p.samples_per_s)),
     },
     Family {
@@ -200,7 +202,7 @@ const FAMILIES: &[Family] = &[
     Family {
         name: "stoker_decode_busy_ratio",
         kind: "gauge",
-        help: "Share of the decode threads' time spent working over the last sampling interval.",
+        help: "Share of the decode threads' time spent working over the last 10 seconds.",
         samples: |job| one(job.points.back().and_then(|p| p.busy_pct).map(|p| p / 100.0)),
     },
     Family {
@@ -218,14 +220,20 @@ const FAMILIES: &[Family] = &[
     Family {
         name: "stoker_verdict",
         kind: "gauge",
-        help: "1 for what holds the job back over the last 10 seconds, as the page says it.",
+        help: "1 for what holds the job back over the last 10 seconds, as the page says it (\"silent\" while a remote client's reports have stopped).",
         samples: |job| match job.points.len().checked_sub(1) {
             Some(end) => vec![(
-                Some(("verdict", job.window_ending(end).verdict.to_string())),
+                Some(("verdict", job.window_ending(end).verdict.label())),
                 Some(1.0),
             )],
             None => Vec::new(),
         },
+    },
+    Family {
+        name: "stoker_report_age_seconds",
+        kind: "gauge",
+        help: "Seconds since a remote client's last report, while its reports have stopped (absent otherwise).",
+        samples: |job| one(job.points.back().and_then(|p| p.report_age_s)),
     },
 ];
 
@@ -243,7 +251,7 @@ pub(crate) fn render(registry: &Registry) -> String {
                 };
                 let _ = write!(
                     out,
-                    "{}{{job=\"{}\",rank=\"{}\"",
+                    "{}{{stoker_job=\"{}\",rank=\"{}\"",
                     family.name,
                     escape(&job.name),
                     job.rank
@@ -276,7 +284,7 @@ pub(crate) fn render(registry: &Registry) -> String {
     out
 }
 
-/// The coordinator's families: each job's share of the workers, labelled `job` alone.
+/// The coordinator's families: each job's share of the workers, labelled `stoker_job` alone.
 fn render_shares(out: &mut String, shares: &[super::JobShare]) {
     type Read = fn(&super::JobShare) -> Option<f64>;
     let families: [(&str, &str, &str, Read); 5] = [
@@ -316,7 +324,11 @@ fn render_shares(out: &mut String, shares: &[super::JobShare]) {
         let _ = writeln!(out, "# TYPE {name} {kind}");
         for share in shares {
             if let Some(value) = read(share).filter(|v| v.is_finite()) {
-                let _ = writeln!(out, "{name}{{job=\"{}\"}} {value}", escape(&share.name));
+                let _ = writeln!(
+                    out,
+                    "{name}{{stoker_job=\"{}\"}} {value}",
+                    escape(&share.name)
+                );
             }
         }
     }

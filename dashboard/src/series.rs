@@ -80,6 +80,16 @@ impl std::fmt::Display for Verdict {
     }
 }
 
+impl Verdict {
+    /// The verdict as `/metrics` labels it: as said, but one value for every silent spell.
+    pub(crate) fn label(&self) -> String {
+        match self {
+            Self::Silent(_) => "silent".to_string(),
+            other => other.to_string(),
+        }
+    }
+}
+
 impl From<Verdict> for String {
     fn from(verdict: Verdict) -> Self {
         verdict.to_string()
@@ -172,10 +182,17 @@ impl Delta {
         })
     }
 
-    /// Share of the decode threads' time spent working, in percent.
+    /// Share of the decode threads' time spent working, in percent: at most 100 (a batch's
+    /// stage times are counted when it is handed out, so a stretch shorter than a batch's
+    /// making can hold more than its own time).
     fn busy_pct(&self, threads: usize) -> Option<f64> {
         let capacity = threads as f64 * self.wall_s;
-        (capacity > 0.0).then(|| round(100.0 * self.stages_s.iter().sum::<f64>() / capacity, 1))
+        (capacity > 0.0).then(|| {
+            round(
+                (100.0 * self.stages_s.iter().sum::<f64>() / capacity).min(100.0),
+                1,
+            )
+        })
     }
 
     /// Samples per batch over this stretch.
@@ -233,7 +250,7 @@ pub(crate) struct Point {
     /// Share of the GPU's time over the interval the decode lane beside the step cost it,
     /// percent (see `LoaderStats::gpu_lane_cost_s`; `None` where nothing measures it).
     pub gpu_lane_cost_pct: Option<f64>,
-    /// Samples yielded per second over the interval.
+    /// Samples yielded per second over the [`VERDICT_WINDOW`] up to the reading.
     pub samples_per_s: Option<f64>,
     /// Batches being built.
     pub in_flight: usize,
@@ -241,12 +258,14 @@ pub(crate) struct Point {
     pub prefetch_depth: usize,
     /// Smoothed time from requesting a batch to its arrival, ms (automatic prefetch only).
     pub batch_latency_ms: Option<f64>,
-    /// Where a sample's time went over the interval.
+    /// Where a sample's time went over the [`VERDICT_WINDOW`] up to the reading.
     #[serde(flatten)]
     pub time: TimePerSample,
-    /// Share of the decode threads' time spent working over the interval, percent.
+    /// Share of the decode threads' time spent working over the [`VERDICT_WINDOW`] up to the
+    /// reading, percent.
     pub busy_pct: Option<f64>,
-    /// Batches yielded per second over the interval (a "task" in embedded mode).
+    /// Batches yielded per second over the [`VERDICT_WINDOW`] up to the reading (a "task" in
+    /// embedded mode).
     pub batches_per_s: Option<f64>,
     /// Samples yielded since the loader started.
     pub samples_total: u64,
@@ -326,6 +345,10 @@ impl JobSeries {
         if let Some((then, before)) = &self.previous {
             let wall_s = now.saturating_duration_since(*then).as_secs_f64();
             let delta = Delta::between(before, &stats, wall_s);
+            // A batch's stage times land when it is handed out, so the rates are read over the
+            // window up to this reading: over one interval a long step reads as nothing, then
+            // as several times what it is.
+            let trailing = self.trailing(&delta);
             let threads = snapshot.threads;
             let batch_size = delta.batch_size().or_else(|| {
                 (stats.batches > 0).then(|| stats.samples as f64 / stats.batches as f64)
@@ -336,23 +359,23 @@ impl JobSeries {
                 stall_pct: delta.stall_pct(),
                 gpu_idle_pct: delta.gpu_idle_pct(),
                 gpu_lane_cost_pct: delta.gpu_lane_cost_pct(),
-                samples_per_s: delta.samples_per_s(),
+                samples_per_s: trailing.samples_per_s(),
                 in_flight: stats.in_flight,
                 prefetch_depth: stats.prefetch_depth,
                 batch_latency_ms: controller
                     .filter(|c| !c.latency_mean.is_zero())
                     .map(|c| round(c.latency_mean.as_secs_f64() * 1e3, 2)),
                 time: TimePerSample::new(
-                    &delta,
+                    &trailing,
                     threads,
                     controller
                         .map(|c| c.step_mean)
                         .filter(|step| !step.is_zero()),
                     batch_size,
                 ),
-                busy_pct: delta.busy_pct(threads),
-                batches_per_s: (delta.elapsed_s > 0.0)
-                    .then(|| round(delta.batches as f64 / delta.elapsed_s, 1)),
+                busy_pct: trailing.busy_pct(threads),
+                batches_per_s: (trailing.elapsed_s > 0.0)
+                    .then(|| round(trailing.batches as f64 / trailing.elapsed_s, 1)),
                 samples_total: stats.samples,
                 bad_samples: stats.bad_samples,
                 gpu_decode: stats.gpu_decode.clone(),
@@ -369,6 +392,17 @@ impl JobSeries {
         self.latest = Some(snapshot);
     }
 
+    /// The differences over the [`VERDICT_WINDOW`] that ends with `delta`, a reading not yet
+    /// kept.
+    fn trailing(&self, delta: &Delta) -> Delta {
+        let readings = window_readings();
+        let mut sum = *delta;
+        for point in self.points.iter().rev().take(readings - 1) {
+            sum.add(&point.delta);
+        }
+        sum
+    }
+
     /// The position of the newest reading taken at or before `at_ms` (the newest of all
     /// without `at_ms`).
     pub fn position_at(&self, at_ms: Option<u64>) -> Option<usize> {
@@ -383,7 +417,7 @@ impl JobSeries {
         let mut sum = Delta::default();
         let mut step = None;
         let mut threads = None;
-        let readings = (VERDICT_WINDOW.as_millis() / SAMPLE_INTERVAL.as_millis()).max(1) as usize;
+        let readings = window_readings();
         let first = (end + 1).saturating_sub(readings);
         for point in self
             .points
@@ -415,6 +449,11 @@ impl JobSeries {
             verdict,
         }
     }
+}
+
+/// Readings in a [`VERDICT_WINDOW`].
+fn window_readings() -> usize {
+    (VERDICT_WINDOW.as_millis() / SAMPLE_INTERVAL.as_millis()).max(1) as usize
 }
 
 /// What held the job back over a window's figures.
@@ -594,9 +633,68 @@ mod tests {
             .verdict
             .to_string()
             .starts_with("no report for 2 s: the client stopped reading"));
+        // `/metrics` labels the verdict with one value however long the silence (a label
+        // value per second was a new series per scrape), and gives the age as a gauge.
+        let text = super::super::metrics::render(&registry);
+        assert!(
+            text.contains("stoker_verdict{stoker_job=\"remote\",rank=\"0\",verdict=\"silent\"} 1"),
+            "{text}"
+        );
+        let age = text
+            .lines()
+            .find_map(|line| {
+                line.strip_prefix("stoker_report_age_seconds{stoker_job=\"remote\",rank=\"0\"} ")
+            })
+            .and_then(|value| value.parse::<f64>().ok());
+        assert!(age.is_some_and(|age| (2.0..3.0).contains(&age)), "{text}");
         // A new report is taken as it is.
         latest.lock().unwrap().stats.elapsed_s = 103.0;
         assert_eq!(registry.jobs[0].monitor.snapshot().stats.elapsed_s, 103.0);
+    }
+
+    /// A batch's stage times land when it is handed out: with a step of 4 s on one thread,
+    /// one interval read 0 samples/s and the next 2,000, the decode threads 800% busy.
+    #[test]
+    fn rates_over_steps_longer_than_an_interval_read_steady_and_busy_at_most_all() {
+        let latest = Arc::new(Mutex::new(MonitorSnapshot {
+            threads: 1,
+            ..MonitorSnapshot::default()
+        }));
+        let mut registry = Registry::default();
+        registry.register("slow", 0, LoaderMonitor::reported(Arc::clone(&latest)));
+        let start = Instant::now();
+        let (mut rates, mut busy) = (Vec::new(), Vec::new());
+        for tick in 0..60u64 {
+            {
+                let mut snapshot = latest.lock().unwrap();
+                let stats = &mut snapshot.stats;
+                stats.elapsed_s = tick as f64 * 0.5;
+                // A 1,000-sample batch every 4 s, its 4 s of decoding counted as it is handed.
+                let batches = tick / 8;
+                stats.batches = batches;
+                stats.samples = batches * 1000;
+                stats.decode_s = batches as f64 * 4.0;
+            }
+            let job = &mut registry.jobs[0];
+            job.sample(tick * 500, start + Duration::from_millis(tick * 500));
+            if tick >= 24 {
+                let point = job.points.back().unwrap();
+                rates.push(point.samples_per_s.unwrap());
+                busy.push(point.busy_pct.unwrap());
+            }
+        }
+        // 250 samples/s, read over 10 s: two or three batches' worth.
+        assert!(
+            rates.iter().all(|rate| (190.0..=310.0).contains(rate)),
+            "{rates:?}"
+        );
+        assert!(busy.iter().all(|b| *b <= 100.0), "{busy:?}");
+        let per_interval = Delta {
+            wall_s: 0.5,
+            stages_s: [0.0, 4.0, 0.0, 0.0],
+            ..Delta::default()
+        };
+        assert_eq!(per_interval.busy_pct(4), Some(100.0));
     }
 
     #[test]
@@ -643,10 +741,10 @@ mod tests {
         assert!(json["gpu_decode"]["lost"].is_null());
         let text = super::super::metrics::render(&registry);
         for line in [
-            "stoker_gpu_decode_share_ratio{job=\"lane\",rank=\"0\"} 0.625",
-            "stoker_decode_rows_per_second{job=\"lane\",rank=\"0\",lane=\"gpu\"} 8000",
-            "stoker_decode_rows_per_second{job=\"lane\",rank=\"0\",lane=\"cpu\"} 5000",
-            "stoker_gpu_decode_memory_cap_bytes{job=\"lane\",rank=\"0\"} 1073741824",
+            "stoker_gpu_decode_share_ratio{stoker_job=\"lane\",rank=\"0\"} 0.625",
+            "stoker_decode_rows_per_second{stoker_job=\"lane\",rank=\"0\",lane=\"gpu\"} 8000",
+            "stoker_decode_rows_per_second{stoker_job=\"lane\",rank=\"0\",lane=\"cpu\"} 5000",
+            "stoker_gpu_decode_memory_cap_bytes{stoker_job=\"lane\",rank=\"0\"} 1073741824",
         ] {
             assert!(text.contains(line), "{line} missing from\n{text}");
         }

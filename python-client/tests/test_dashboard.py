@@ -44,7 +44,7 @@ def test_dashboard_serves_the_loaders_figures(dataset: Path) -> None:
     assert "<canvas" in _get(url) or "dashboard.js" in _get(url)
     metrics = _get(url.rstrip("/") + "/metrics")
     assert "# TYPE stoker_stall_ratio gauge" in metrics
-    assert f'stoker_samples_total{{job="{dataset.name}",rank="0"}} 120' in metrics
+    assert f'stoker_samples_total{{stoker_job="{dataset.name}",rank="0"}} 120' in metrics
     loader.close()
     with pytest.raises(urllib.error.URLError):
         _get(url.rstrip("/") + "/api/jobs")
@@ -64,7 +64,9 @@ def _samples_charted(url: str, at_least: int) -> int:
 
 def test_an_epoch_resumed_on_another_world_size_is_charted(dataset: Path) -> None:
     """The loader serving an epoch resumed on another world size is the one charted while it
-    serves it (the plain one, which built nothing then, was), and the plain one again after."""
+    serves it (the plain one, which built nothing then, was), and the plain one again after;
+    both count into one set of figures, which ``stats()`` reads too (it read the plain
+    loader's alone, which did not move during the resized epoch)."""
     options: dict = {"pipeline": stoker.vision.imagenet_eval(32), "batch_size": 8,
                      "output": "numpy", "seed": 3}
     with stoker.Loader(dataset, rank=0, world_size=2, **options) as old:
@@ -78,9 +80,11 @@ def test_an_epoch_resumed_on_another_world_size_is_charted(dataset: Path) -> Non
         resumed = sum(len(batch["label"]) for batch in loader)
         assert resumed > 0
         assert _samples_charted(url, resumed) == resumed
-        # The next epoch is the plain loader's, charted afresh.
+        assert loader.stats()["samples"] == resumed
+        # The next epoch is the plain loader's, charted on from there.
         plain = sum(len(batch["label"]) for batch in loader)
-        assert _samples_charted(url, plain) == plain
+        assert _samples_charted(url, resumed + plain) == resumed + plain
+        assert loader.stats()["samples"] == resumed + plain
 
 
 @pytest.mark.parametrize("bad", [-1, 70000, "nohost", ":80", "host:port"])

@@ -659,7 +659,7 @@ fn demo_dashboard_page_matches_api_and_metrics_parse() {
     );
     let samples = parse_prometheus(&metrics.body)
         .unwrap_or_else(|e| panic!("{e}\n--- /metrics ---\n{}", metrics.body));
-    let labels = [("job", "demo"), ("rank", "0")];
+    let labels = [("stoker_job", "demo"), ("rank", "0")];
     // Nothing measured the GPU: the idle ratio is left out, the counters are 0.
     assert!(!metrics.body.contains("\nstoker_gpu_idle_ratio{"));
     assert!(metrics
@@ -830,7 +830,7 @@ fn dashboard_binds_port_zero_charts_a_loader_and_stops_on_drop() {
     assert_eq!(job["current"]["samples_total"], 24);
     let metrics = http_get(address, "/metrics");
     let samples = parse_prometheus(&metrics.body).unwrap();
-    let labels = [("job", "train \"a\""), ("rank", "3")];
+    let labels = [("stoker_job", "train \"a\""), ("rank", "3")];
     assert_eq!(
         metric(&samples, "stoker_samples_total", &labels),
         Some(24.0)

@@ -94,7 +94,7 @@ fn two_jobs_share_the_workers_and_both_finish_exactly_once() {
     // The jobs registered in either order: which id got which weight varies.
     let mut weights: Vec<&str> = metrics
         .lines()
-        .filter(|l| l.starts_with("stoker_job_weight{job=\"job "))
+        .filter(|l| l.starts_with("stoker_job_weight{stoker_job=\"job "))
         .filter_map(|l| l.rsplit(' ').next())
         .collect();
     weights.sort_unstable();
@@ -129,7 +129,7 @@ fn two_jobs_share_the_workers_and_both_finish_exactly_once() {
             let metrics = http_get(&http, "/metrics");
             let serving = metrics
                 .lines()
-                .filter(|l| l.starts_with("stoker_job_workers{job=\"job "))
+                .filter(|l| l.starts_with("stoker_job_workers{stoker_job=\"job "))
                 .filter(|l| l.rsplit(' ').next() != Some("0"))
                 .count();
             assert_eq!(serving, 2, "{metrics}");

@@ -63,6 +63,8 @@ pub struct CoordinatorServiceConfig {
     /// Its place in a fleet of coordinators, `(index, of)`: it registers only the jobs whose
     /// specs hash to `index` of `of` (`stoker_rpc::shards`). `None`: every job.
     pub shard: Option<(usize, usize)>,
+    /// A client rank that sent no report for this long leaves the dashboard.
+    pub rank_forgotten_after: Duration,
 }
 
 impl Default for CoordinatorServiceConfig {
@@ -83,6 +85,7 @@ impl Default for CoordinatorServiceConfig {
             client_security: ClientSecurity::default(),
             network: Network::Sockets,
             shard: None,
+            rank_forgotten_after: Duration::from_secs(300),
         }
     }
 }

@@ -6,6 +6,7 @@ use std::collections::HashSet;
 use std::time::{Duration, Instant};
 
 use super::{lock, CoordinatorService};
+use crate::client_reports::job_name;
 use crate::dashboard_feed::{fleet, job_shares, serving_workers, worker_loads};
 use crate::{CoordinatorError, SessionId};
 
@@ -77,17 +78,37 @@ impl CoordinatorService {
         };
         // Figured under the state's lock, handed over after it: the dashboard's lock is held
         // while a page's figures are written out, and every call waits on the state's.
-        let (workers, shares, (live, wanted)) = {
+        let (workers, shares, (live, wanted), gone) = {
             let mut state = lock(&self.state);
             let state = &mut *state;
+            // Ranks silent this long (their sessions ended, their processes gone) leave the
+            // dashboard: their job's other ranks and its share stay until it is retired.
+            let gone: Vec<(u64, u32)> = state
+                .clients
+                .iter()
+                .filter(|(_, client)| client.at.elapsed() >= self.config.rank_forgotten_after)
+                .map(|(key, _)| *key)
+                .collect();
+            for key in &gone {
+                state.clients.remove(key);
+                state.monitors.remove(key);
+            }
+            let gone: Vec<(String, u32)> = gone
+                .into_iter()
+                .map(|(job, rank)| (job_name(&state.core, job), rank))
+                .collect();
             let jobs: HashSet<u64> = state.core.jobs().map(|(id, _, _)| id.0).collect();
             let last = &mut state.last_refresh;
             last.forget_gone(&state.workers, &jobs, &state.clients);
             let workers = worker_loads(&state.workers, last, DASHBOARD_REFRESH);
             let serving = serving_workers(&mut state.serving, &state.workers, Instant::now());
             let shares = job_shares(&state.core, last, DASHBOARD_REFRESH, serving);
-            (workers, shares, fleet(&state.workers, &state.clients, last))
+            let fleet = fleet(&state.workers, &state.clients, last);
+            (workers, shares, fleet, gone)
         };
+        if !gone.is_empty() {
+            dashboard.forget_ranks(&gone);
+        }
         dashboard.set_workers(workers);
         dashboard.set_shares(shares);
         dashboard.set_fleet(live, wanted);

@@ -158,7 +158,7 @@ impl Loader {
     pub fn from_job(job: Job, options: LoaderOptions) -> Result<Loader> {
         let lane = options.start_lane(&job)?;
         let source = EmbeddedSource::start_with(job, options.threads, lane.clone())?;
-        Self::assemble(Box::new(source), lane, options, None)
+        Self::assemble(Box::new(source), lane, options, None, None)
     }
 
     /// The distributed mode: registers the job with the coordinator at `address`, whose
@@ -182,7 +182,7 @@ impl Loader {
 
     /// A loader over any batch source.
     pub fn with_source(source: Box<dyn BatchSource>, options: LoaderOptions) -> Result<Loader> {
-        Self::assemble(source, None, options, None)
+        Self::assemble(source, None, options, None, None)
     }
 
     /// The loader of an epoch resumed on another world size (`spec`: this loader's job with
@@ -192,7 +192,8 @@ impl Loader {
     /// the source `fresh` starts (a Python dataset's workers, a coordinator's). The two share
     /// slots and, in the embedded mode, one producer that builds steps in the order asked:
     /// while the new loader is read, this one has no stream open and no epoch started ahead
-    /// ([`Loader::cancel_started`]), else the batches it holds may leave the other none.
+    /// ([`Loader::cancel_started`]), else the batches it holds may leave the other none. The
+    /// two count into one set of figures: [`Loader::stats`] of either covers both.
     pub fn beside(
         &self,
         spec: JobSpec,
@@ -205,16 +206,24 @@ impl Loader {
             Some(source) => (source, self.core.lane.clone()),
             None => (fresh(spec)?, None),
         };
-        Self::assemble(source, lane, options, Some(Arc::clone(&self.core.slots)))
+        Self::assemble(
+            source,
+            lane,
+            options,
+            Some(Arc::clone(&self.core.slots)),
+            Some(Arc::clone(&self.core.stats)),
+        )
     }
 
     /// A loader over `source` (and the decode lane beside it), with the slots of `pool` when it
-    /// is given and fits the source's batches, else a pool of its own.
+    /// is given and fits the source's batches, else a pool of its own, and counting into
+    /// `stats` when given, else figures of its own.
     fn assemble(
         source: Box<dyn BatchSource>,
         lane: Option<Arc<dyn DecodeLane>>,
         options: LoaderOptions,
         pool: Option<Arc<SlotPool>>,
+        stats: Option<Arc<Mutex<StatsRecorder>>>,
     ) -> Result<Loader> {
         let info = source.info();
         let batch_bytes = info.batch_bytes as u64;
@@ -306,7 +315,7 @@ impl Loader {
                 controller,
                 deadline: options.deadline,
                 slots,
-                stats: Arc::new(Mutex::new(StatsRecorder::new())),
+                stats: stats.unwrap_or_else(|| Arc::new(Mutex::new(StatsRecorder::new()))),
                 // A resumed epoch has no next epoch in the same job.
                 prefetch_next_epoch: options.prefetch_next_epoch && !resumed_epoch_only,
                 successor: Mutex::new(None),
