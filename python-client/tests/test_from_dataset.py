@@ -326,6 +326,29 @@ def test_skip_replaces_a_raising_sample_by_the_next_one() -> None:
         assert loader.stats()["bad_samples"] == 1
 
 
+class LongBadRun(Squares):
+    """Samples 0 to 40 raise: a run of bad files longer than the next 16 (a folder's ``._*``
+    copies sorted ahead of its images)."""
+
+    def __getitem__(self, index: int) -> tuple[np.ndarray, int]:
+        if index <= 40:
+            raise ValueError(f"not an image: ._{index}")
+        return super().__getitem__(index)
+
+
+def test_skip_passes_over_a_run_of_bad_samples_longer_than_sixteen() -> None:
+    """The run ended under skip: none of the next 16 samples could replace sample 0; now 32,
+    64, 128... on are tried too, as the native policy does."""
+    with stoker.Loader.from_dataset(
+        LongBadRun(100), batch_size=4, on_error="skip", output="numpy", shuffle=False
+    ) as loader:
+        it = iter(loader)
+        first = next(it)
+        replaced = {bad["sample_index"]: bad["substitute_index"] for bad in it.bad_samples}
+    assert replaced == {0: 64, 1: 65, 2: 66, 3: 67}
+    assert list(first[1]) == [64, 65, 66, 67]
+
+
 class RetryingThenChaining(Squares):
     """Every third sample fails after retries, raising ``from`` the last failure: the
     exception chain (kept in a cycle with the dataset's frame) reaches the loader's frames."""

@@ -1,6 +1,6 @@
 //! The bad-input policy, sample by sample: under `skip` a sample that cannot be read or decoded
-//! is replaced by the next readable one in dataset order (deterministic, the batch keeps its
-//! shape) and reported; under `fail` it is an error naming the sample. Bad samples are counted
+//! is replaced by the first readable one of its [`substitute_offsets`] in dataset order
+//! (deterministic, the batch keeps its shape) and reported; under `fail` it is an error naming the sample. Bad samples are counted
 //! and logged at a bounded rate. A read that failed for another reason than the sample's own
 //! bytes (see `source_reads`) is an error under both policies, never a bad sample.
 
@@ -13,8 +13,22 @@ use super::BatchAssembler;
 use crate::error::{Error, Result, SampleError};
 use crate::pipeline::SampleTimings;
 
-/// How many following samples the skip policy tries before giving up on a slot.
+/// How many following samples the skip policy tries one by one, before it looks further on.
 pub const MAX_SUBSTITUTE_TRIES: u64 = 16;
+
+/// The offsets from a bad sample, in a dataset of `len`, of the samples tried in its place, in
+/// turn: the next [`MAX_SUBSTITUTE_TRIES`], then 32, 64, 128... on (wrapping round the end)
+/// while below `len`, so a run of bad files longer than the next few (a folder's AppleDouble
+/// `._*` copies, sorted ahead of the images they describe) is passed over, in a few more
+/// tries, rather than ending the run.
+pub fn substitute_offsets(len: u64) -> impl Iterator<Item = u64> {
+    let near = 1..=MAX_SUBSTITUTE_TRIES.min(len.saturating_sub(1));
+    let far = std::iter::successors(Some(2 * MAX_SUBSTITUTE_TRIES), |offset| {
+        offset.checked_mul(2)
+    })
+    .take_while(move |offset| *offset < len);
+    near.chain(far)
+}
 
 /// Log the first few bad samples in full, then one in this many.
 const BAD_SAMPLE_LOG_EVERY: u64 = 1000;
@@ -62,7 +76,9 @@ impl BatchAssembler {
             });
         }
         let len = self.source.len();
-        for offset in 1..=MAX_SUBSTITUTE_TRIES.min(len.saturating_sub(1)) {
+        let mut tried = 0u64;
+        for offset in substitute_offsets(len) {
+            tried += 1;
             let substitute = (index + offset) % len;
             match attempt(substitute, &mut timings) {
                 Ok(value) => {
@@ -91,7 +107,8 @@ impl BatchAssembler {
             index,
             path,
             reason: format!(
-                "{first_error}; and none of the next {MAX_SUBSTITUTE_TRIES} samples could replace it"
+                "{first_error}; and none of the {tried} samples tried after it (the next \
+                 {MAX_SUBSTITUTE_TRIES}, then 32, 64, 128... on) could replace it"
             ),
         })
     }
@@ -189,6 +206,75 @@ mod tests {
         assert_eq!(batch.bad_samples.len(), 1);
         assert_eq!(batch.bad_samples[0].substitute_index, 6);
         assert_eq!(assembler.bad_samples_seen(), 1);
+    }
+
+    /// 100 token windows, the first 41 missing by their own fault (a run of bad files, as a
+    /// folder's `._*` copies sort ahead of its images).
+    struct LongRun;
+
+    impl SampleSource for LongRun {
+        fn len(&self) -> u64 {
+            100
+        }
+        fn label(&self, _index: u64) -> i64 {
+            0
+        }
+        fn describe(&self, index: u64) -> String {
+            format!("window {index}")
+        }
+        fn read(&self, index: u64) -> stoker_datasets::Result<Vec<u8>> {
+            if index <= 40 {
+                return Err(stoker_datasets::Error::Io {
+                    path: format!("._{index}").into(),
+                    source: std::io::Error::from_raw_os_error(libc::ENOENT),
+                });
+            }
+            Ok([index as u8, 0].repeat(3))
+        }
+        fn class_names(&self) -> &[String] {
+            &[]
+        }
+        fn token_windows(&self) -> Option<TokenWindowShape> {
+            Some(TokenWindowShape {
+                dtype: TokenDtype::Uint16,
+                seq_len: 2,
+            })
+        }
+    }
+
+    #[test]
+    fn substitutes_are_the_next_sixteen_then_ever_further_on() {
+        let offsets = |len| substitute_offsets(len).collect::<Vec<u64>>();
+        assert_eq!(offsets(1), Vec::<u64>::new());
+        assert_eq!(offsets(10), (1..10).collect::<Vec<u64>>());
+        let mut expected: Vec<u64> = (1..=16).collect();
+        expected.extend([32, 64]);
+        assert_eq!(offsets(100), expected);
+        assert_eq!(substitute_offsets(u64::MAX).count(), 16 + 59);
+    }
+
+    /// A run of 41 bad samples ended the run under skip: none of the next 16 could replace
+    /// the first of them.
+    #[test]
+    fn a_run_of_bad_samples_longer_than_sixteen_is_passed_over() {
+        let assembler = BatchAssembler::new(
+            Arc::new(LongRun),
+            JobPipeline::TokenWindows {
+                seq_len: 2,
+                documents: false,
+            },
+            1,
+            BadSamplePolicy::Skip,
+        )
+        .unwrap();
+        let batch = assembler.assemble(KEY, &[0, 30, 40, 41]).unwrap();
+        let substitutes: Vec<(u64, u64)> = batch
+            .bad_samples
+            .iter()
+            .map(|bad| (bad.sample_index, bad.substitute_index))
+            .collect();
+        // 0: 1..=16 and 32 bad, 64 good; 30: 31..=40 bad, 41 good; 40: 41.
+        assert_eq!(substitutes, [(0, 64), (30, 41), (40, 41)]);
     }
 
     #[test]

@@ -39,7 +39,8 @@ __all__ = [
     "sample_seed",
 ]
 
-# How many following samples the skip policy tries, as the native policy does.
+# How many following samples the skip policy tries one by one before it looks 32, 64, 128...
+# on, as the native policy does.
 _MAX_SUBSTITUTE_TRIES: Final = 16
 # The smallest batch whose samples, most of another layout than dataset[0]'s, fail it under
 # skip: a few odd samples in a small batch are bad samples, replaced.
@@ -294,18 +295,30 @@ def sample_name(state: State, epoch: int, index: int) -> str:
     return f"dataset[{index}]"
 
 
+def _substitute_offsets(length: int) -> list[int]:
+    """The offsets from a bad sample, in a dataset of ``length``, of the samples tried in its
+    place, as the native policy takes them: the next 16, then 32, 64, 128... on while below
+    ``length`` (a run of bad files longer than the next few is passed over)."""
+    offsets = list(range(1, min(_MAX_SUBSTITUTE_TRIES, length - 1) + 1))
+    far = 2 * _MAX_SUBSTITUTE_TRIES
+    while far < length:
+        offsets.append(far)
+        far *= 2
+    return offsets
+
+
 def _substitutes(state: State, epoch: int, index: int) -> list[int]:
-    """The indices tried in turn in place of a bad sample ``index``: the next ones, or those
-    the dataset gives (a mix: the next positions of the same source, so a batch keeps each
-    source's count)."""
-    count = min(_MAX_SUBSTITUTE_TRIES, state.length - 1)
+    """The indices tried in turn in place of a bad sample ``index``: those of
+    ``_substitute_offsets``, or those the dataset gives (a mix: the next positions of the same
+    source, so a batch keeps each source's count)."""
     chosen = getattr(state.dataset, "_stoker_substitutes", None)
     if chosen is not None:
         try:
-            return [int(i) for i in chosen(epoch, index, count)]
+            return [int(i) for i in chosen(epoch, index, min(_MAX_SUBSTITUTE_TRIES,
+                                                             state.length - 1))]
         except Exception:  # the plain rule, as for a dataset without one
             pass
-    return [(index + offset) % state.length for offset in range(1, count + 1)]
+    return [(index + offset) % state.length for offset in _substitute_offsets(state.length)]
 
 
 def _load(state: State, epoch: int, index: int, stream: int | None = None) -> Any:
@@ -348,10 +361,9 @@ def probe(state: State) -> tuple[Layout, str]:
     passed over for the next samples, as a batch replaces it (the layout is then the first
     one's that loads, which the note says; the loader's process logs it on logger
     ``stoker``)."""
-    candidates = (min(_MAX_SUBSTITUTE_TRIES, state.length - 1) + 1
-                  if state.on_error == "skip" else 1)
+    candidates = [0, *_substitute_offsets(state.length)] if state.on_error == "skip" else [0]
     first_reason = ""
-    for index in range(candidates):
+    for index in candidates:
         pauses = iter(_MACHINE_RETRY_PAUSES)
         while True:
             try:
@@ -362,7 +374,7 @@ def probe(state: State) -> tuple[Layout, str]:
                 if pause is not None:
                     time.sleep(pause)
                     continue
-                if fault == "machine" or candidates == 1:
+                if fault == "machine" or len(candidates) == 1:
                     raise DatasetError(
                         "from_dataset reads dataset[0] to learn the samples' layout, and it "
                         "failed: " + reason
@@ -375,7 +387,7 @@ def probe(state: State) -> tuple[Layout, str]:
             return Layout.of(sample, state.image), note
     raise DatasetError(
         f"from_dataset reads dataset[0] to learn the samples' layout, and it failed, as did "
-        f"the next {candidates - 1}: {first_reason}"
+        f"the {len(candidates) - 1} tried after it: {first_reason}"
     )
 
 
