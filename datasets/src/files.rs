@@ -5,7 +5,7 @@
 
 use std::path::{Path, PathBuf};
 
-use crate::error::{Error, Result};
+use crate::error::{Error, Result, WriteError};
 
 /// The extension of the index caches written beside tar shards (`tar_shards/cache.rs`).
 pub(crate) const TAR_INDEX_CACHE_SUFFIX: &str = "stoker-idx";
@@ -40,12 +40,25 @@ pub(crate) fn has_extension(path: &Path, extension: &str) -> bool {
 }
 
 /// The `*.extension` files directly in `folder`, sorted by name (symbolic links followed, like
-/// the rest of the dataset code).
+/// the rest of the dataset code). A `*.extension.partial` file there, which a write stopped
+/// before it named its set's files leaves, is [`WriteError::UnfinishedWrite`]: the files named
+/// may be a part of the set.
 pub(crate) fn files_with_extension(folder: &Path, extension: &str) -> Result<Vec<PathBuf>> {
     let entries = std::fs::read_dir(folder).map_err(|source| Error::io(folder, source))?;
+    let unfinished = format!(".{extension}.partial");
     let mut files = Vec::new();
     for entry in entries {
         let path = entry.map_err(|source| Error::io(folder, source))?.path();
+        let name = lowercase_name(&path);
+        if name.ends_with(&unfinished) && !name.starts_with("._") {
+            return Err(WriteError::UnfinishedWrite {
+                folder: folder.to_path_buf(),
+                file: path
+                    .file_name()
+                    .map_or(name.clone(), |n| n.to_string_lossy().into_owned()),
+            }
+            .into());
+        }
         // macOS's AppleDouble files (`._shard-0.tar`, beside each file copied from its disks)
         // hold a file's attributes, never data.
         let apple_double = path
@@ -57,6 +70,16 @@ pub(crate) fn files_with_extension(folder: &Path, extension: &str) -> Result<Vec
     }
     files.sort();
     Ok(files)
+}
+
+/// Whether `folder` holds `*.extension` files, or one a write left unfinished (which opening it
+/// refuses by name, rather than it being taken for another format).
+pub(crate) fn folder_holds(folder: &Path, extension: &str) -> bool {
+    match files_with_extension(folder, extension) {
+        Ok(files) => !files.is_empty(),
+        Err(Error::Write(WriteError::UnfinishedWrite { .. })) => true,
+        Err(_) => false,
+    }
 }
 
 /// The files a dataset root names, and the folder they sit in: the root itself when it is a
@@ -88,14 +111,22 @@ pub(crate) fn root_files(
 /// Gives each file of a set written under a temporary name, `(temporary, final)`, its final
 /// name, once every file of the set is written (so a write stopped midway leaves no set a
 /// reader would open as whole); the final names, in order.
+/// A process stopped between two renames leaves the rest under their temporary names, which
+/// readers refuse ([`files_with_extension`]); the folder is synced after, so the names last.
 pub(crate) fn name_written_set(files: Vec<(PathBuf, PathBuf)>) -> Result<Vec<PathBuf>> {
-    files
+    let named: Vec<PathBuf> = files
         .into_iter()
         .map(|(temporary, path)| {
             std::fs::rename(&temporary, &path).map_err(|source| Error::io(&path, source))?;
             Ok(path)
         })
-        .collect()
+        .collect::<Result<_>>()?;
+    if let Some(folder) = named.first().and_then(|path| path.parent()) {
+        std::fs::File::open(folder)
+            .and_then(|folder| folder.sync_all())
+            .map_err(|source| Error::io(folder, source))?;
+    }
+    Ok(named)
 }
 
 /// Removes, best effort, the temporary files of a set whose write failed: those `files` written

@@ -18,6 +18,9 @@
 //! - [`HfDataset`]: a Hugging Face `datasets` folder as `save_to_disk` writes it (Arrow IPC
 //!   stream shards + `dataset_info.json`), its `Image`, string, `ClassLabel` and numeric
 //!   features mapped to samples, labels, class names and numeric columns; read by record batch.
+//! - [`local_format`]: the format a local path is read as when none is named, one rule for
+//!   every reader; a folder of data files of two formats, or of data files beside image
+//!   class folders, is refused by name.
 //! - [`resolve_local`]: what a source names: a path, a glob (`*`, `?`, `[...]`, `**`), a brace
 //!   range or list (`shard-{00000..01023}.tar`), or a list of those, resolved to files sorted
 //!   alike on every machine; a folder laid out by split is read one split at a time.
@@ -77,6 +80,7 @@ mod image_format;
 mod inspect;
 mod jsonl;
 mod label_checks;
+mod local_format;
 mod mapped_file;
 mod mds;
 mod megatron;
@@ -105,6 +109,7 @@ pub use inspect::{inspect_image_folder, inspect_samples, DatasetReport, Summary}
 pub use jsonl::{
     looks_like_jsonl, JsonlDocuments, JsonlReport, DEFAULT_LABEL_FIELD, DEFAULT_TEXT_FIELD,
 };
+pub use local_format::{local_format, LocalFormat};
 pub use mds::{
     looks_like_mds, write_mds, MdsColumn, MdsDataset, MdsOptions, MdsTokenWindows, MDS_INDEX_FILE,
 };

@@ -7,8 +7,8 @@ use std::path::PathBuf;
 use clap::Args;
 use stoker_datasets::{
     inspect_image_folder, inspect_samples, resolve_local, ColumnarSummary, DatasetReport,
-    ImageFolder, JsonlDocuments, LocalSource, ParquetDataset, ParquetOptions, ParquetSampleKind,
-    SampleSource,
+    ImageFolder, JsonlDocuments, LocalFormat, LocalSource, ParquetDataset, ParquetOptions,
+    ParquetSampleKind, SampleSource,
 };
 use stoker_datasets::{TokenDtype, TokenFile};
 use stoker_pipeline::DEFAULT_MAX_PIXELS;
@@ -44,6 +44,17 @@ pub struct InspectArgs {
     /// as it is never read whole).
     #[arg(long)]
     pub split: Option<String>,
+}
+
+impl InspectArgs {
+    /// The columns a Parquet file or a Hugging Face folder is read with: the image column
+    /// named, else found as a job finds it.
+    fn columns(&self) -> ParquetOptions {
+        ParquetOptions {
+            image_column: self.image_column.clone(),
+            ..ParquetOptions::default()
+        }
+    }
 }
 
 /// Runs the command: a source is found as a job finds it (a pattern, a list, a split), then
@@ -95,7 +106,9 @@ pub fn run(args: InspectArgs) -> anyhow::Result<()> {
         image_column: args.image_column.clone().unwrap_or_default(),
         ..Default::default()
     };
-    if super::is_megatron_corpus(&path) {
+    // The format a job would read the path as, by the one rule every reader follows.
+    let format = stoker_datasets::local_format(&path)?;
+    if format == LocalFormat::TokenFile && super::is_megatron_corpus(&path) {
         return inspect_opened(
             &args,
             &here(),
@@ -103,17 +116,17 @@ pub fn run(args: InspectArgs) -> anyhow::Result<()> {
             "Megatron corpus",
         );
     }
-    if stoker_datasets::looks_like_mds(&path) {
+    if format == LocalFormat::Mds {
         return inspect_opened(&args, &here(), &[], "MDS shards");
     }
     let args = InspectArgs { data: path, ..args };
-    if stoker_datasets::looks_like_token_file(&args.data) {
+    if format == LocalFormat::TokenFile {
         return inspect_tokens(&args);
     }
-    if stoker_datasets::looks_like_jsonl(&args.data) {
+    if format == LocalFormat::Jsonl {
         return inspect_jsonl(&args);
     }
-    if stoker_datasets::looks_like_tar_shards(&args.data) {
+    if format == LocalFormat::TarShards {
         let shards = stoker_datasets::TarShards::open(&args.data)?;
         let stats = shards.index_stats();
         if args.json {
@@ -137,10 +150,10 @@ pub fn run(args: InspectArgs) -> anyhow::Result<()> {
         println!("(size statistics: name the shards with a pattern, e.g. folder/*.tar)");
         return Ok(());
     }
-    if stoker_datasets::looks_like_hf_dataset(&args.data) {
+    if format == LocalFormat::HfDataset {
         return hf::inspect_hf(&args);
     }
-    if stoker_datasets::looks_like_parquet(&args.data) {
+    if format == LocalFormat::Parquet {
         return inspect_parquet(&args);
     }
     let folder = ImageFolder::open(&args.data)?;
@@ -206,7 +219,7 @@ fn inspect_opened(
 /// Files, row groups and columns, then the image statistics of the sample column (read from
 /// every row).
 fn inspect_parquet(args: &InspectArgs) -> anyhow::Result<()> {
-    let dataset = ParquetDataset::open(&args.data, &ParquetOptions::default())?;
+    let dataset = ParquetDataset::open(&args.data, &args.columns())?;
     print_columnar(
         args,
         &dataset,

@@ -285,10 +285,11 @@ impl JobArgs {
         }
     }
 
-    /// Whether `data` is read as JSONL text: JSONL files, or an `s3://` source (its objects are
-    /// not listed here) given a tokenizer.
+    /// Whether `data` is read as JSONL text: JSONL files (as a job reads the path), or an
+    /// `s3://` source (its objects are not listed here) given a tokenizer.
     fn is_text(&self, data: &std::path::Path) -> bool {
-        stoker_datasets::looks_like_jsonl(data)
+        stoker_datasets::local_format(data)
+            .is_ok_and(|format| format == stoker_datasets::LocalFormat::Jsonl)
             || (self.tokenizer.is_some() && data.to_string_lossy().starts_with("s3://"))
     }
 }

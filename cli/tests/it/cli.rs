@@ -691,3 +691,67 @@ fn a_worker_with_an_unusable_coordinator_address_exits_naming_it() {
     assert!(stderr.contains("cannot use --coordinator"), "{stderr}");
     assert!(stderr.contains("no such address"), "{stderr}");
 }
+
+/// A folder of tar shards with a stray `notes.jsonl`: `inspect` reported JSONL, `digest` asked
+/// for a tokenizer, and the loader read the shards. Images beside a stray Parquet file: the
+/// Parquet rows were trained on alone. Now each is refused alike, naming both.
+#[test]
+fn a_folder_of_two_formats_is_refused_alike_by_every_command() {
+    let dir = tempfile::tempdir().unwrap();
+    let images = dir.path().join("images");
+    common::make_images(&images, 8);
+    let shards = dir.path().join("shards");
+    stdout_of(&[
+        "convert",
+        "--from",
+        images.to_str().unwrap(),
+        "--to",
+        "tar",
+        "--out",
+        shards.to_str().unwrap(),
+    ]);
+    std::fs::write(shards.join("notes.jsonl"), "{\"text\": \"hello\"}\n").unwrap();
+    let parquet = dir.path().join("parquet");
+    stdout_of(&[
+        "convert",
+        "--from",
+        images.to_str().unwrap(),
+        "--to",
+        "parquet",
+        "--out",
+        parquet.to_str().unwrap(),
+    ]);
+    let written = std::fs::read_dir(&parquet)
+        .unwrap()
+        .next()
+        .unwrap()
+        .unwrap();
+    std::fs::copy(written.path(), images.join("stray.parquet")).unwrap();
+    for (folder, named) in [
+        (&shards, ["notes.jsonl (JSONL)", "(tar shards)"]),
+        (&images, ["stray.parquet (Parquet)", "(a folder of images)"]),
+    ] {
+        for command in ["inspect", "digest"] {
+            let refused = stoker(&[command, "--data", folder.to_str().unwrap()]);
+            let stderr = String::from_utf8_lossy(&refused.stderr);
+            assert!(!refused.status.success(), "{command} {folder:?}");
+            assert!(
+                stderr.contains("mixes formats") && named.iter().all(|n| stderr.contains(n)),
+                "{command}: {stderr}"
+            );
+        }
+    }
+    // `inspect --image-column` is the column read (it was left out for Parquet).
+    let refused = stoker(&[
+        "inspect",
+        "--data",
+        parquet.to_str().unwrap(),
+        "--image-column",
+        "photo",
+    ]);
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert!(
+        !refused.status.success() && stderr.contains("photo"),
+        "{stderr}"
+    );
+}

@@ -43,6 +43,19 @@ pub enum WriteError {
         source: png::EncodingError,
     },
 
+    /// A dataset folder holds a file a write left under its temporary name: the write (a
+    /// `stoker convert`) stopped before it named every file, so the set may be short.
+    #[error(
+        "{folder} holds {file}, left by a write (stoker convert) that did not finish: files of \
+         the set may be missing; write it again into an empty folder"
+    )]
+    UnfinishedWrite {
+        /// The dataset folder.
+        folder: PathBuf,
+        /// The file under its temporary name.
+        file: String,
+    },
+
     /// The folder tar shards were to be written to already holds files.
     #[error("{0} is not empty; write tar shards to an empty or new folder")]
     ShardOutputNotEmpty(PathBuf),

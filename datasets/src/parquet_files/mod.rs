@@ -73,7 +73,7 @@ pub fn looks_like_parquet(path: &Path) -> bool {
     if path.is_file() {
         return has_extension(path, "parquet");
     }
-    files_with_extension(path, "parquet").is_ok_and(|files| !files.is_empty())
+    crate::files::folder_holds(path, "parquet")
 }
 
 /// One Parquet file of the dataset.

@@ -60,10 +60,7 @@ pub fn looks_like_tar_shards(path: &Path) -> bool {
     if path.is_file() {
         return has_extension(path, "tar");
     }
-    match files_with_extension(path, "tar") {
-        Ok(shards) => !shards.is_empty(),
-        Err(_) => false,
-    }
+    crate::files::folder_holds(path, "tar")
 }
 
 /// The first gzip-compressed tar shard `path` is or holds (`*.tar.gz`, `*.tgz`), which are not

@@ -7,13 +7,12 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use stoker_datasets::{
-    is_pattern, kind_of, kind_of_files, looks_like_hf_dataset, looks_like_jsonl, looks_like_mds,
-    looks_like_parquet, looks_like_tar_shards, looks_like_token_file, megatron_pair, open_megatron,
+    is_pattern, kind_of, kind_of_files, local_format, megatron_pair, open_megatron,
     open_remote_megatron, parse_dataset_uri, remote_layout, remote_split_prefix, resolve_local,
-    resolve_remote, DatasetLocation, FileKind, HfDataset, ImageFolder, JsonlDocuments, LocalSource,
-    MdsDataset, MdsOptions, MdsTokenWindows, MegatronIndex, ObjectCache, ObjectCacheOptions,
-    ParquetDataset, ParquetOptions, RemoteLayout, SampleSource, TarShards, TokenDtype, TokenFile,
-    WiderIds,
+    resolve_remote, DatasetLocation, FileKind, HfDataset, ImageFolder, JsonlDocuments, LocalFormat,
+    LocalSource, MdsDataset, MdsOptions, MdsTokenWindows, MegatronIndex, ObjectCache,
+    ObjectCacheOptions, ParquetDataset, ParquetOptions, RemoteLayout, SampleSource, TarShards,
+    TokenDtype, TokenFile, WiderIds,
 };
 use stoker_proto::v1::{self as proto, op::Op as OpKind, DatasetFormat, JobSpec};
 
@@ -132,26 +131,15 @@ pub fn open_source(
     };
     let path = path.as_path();
     let format = match dataset.format() {
-        DatasetFormat::Auto if looks_like_tar_shards(path) => DatasetFormat::TarShards,
-        DatasetFormat::Auto if looks_like_hf_dataset(path) => DatasetFormat::HfDataset,
-        DatasetFormat::Auto if looks_like_mds(path) => DatasetFormat::Mds,
-        DatasetFormat::Auto if looks_like_parquet(path) => DatasetFormat::Parquet,
-        DatasetFormat::Auto if looks_like_token_file(path) || is_megatron_index(path) => {
-            DatasetFormat::TokenFile
-        }
-        DatasetFormat::Auto if looks_like_jsonl(path) => DatasetFormat::Jsonl,
-        DatasetFormat::Auto => {
-            // Not taken for an image folder ("no class folder"): said for what it is.
-            if let Some(shard) = stoker_datasets::compressed_tar_shard(path) {
-                return Err(Error::InvalidSpec(format!(
-                    "{} is a gzip-compressed tar shard, which Stoker does not read (a sample \
-                     is read by its offset in the shard): decompress the shards (gunzip, \
-                     keeping .tar) or write them uncompressed",
-                    shard.display()
-                )));
-            }
-            DatasetFormat::ImageFolder
-        }
+        DatasetFormat::Auto => match local_format(path).map_err(Error::OpenDataset)? {
+            LocalFormat::TarShards => DatasetFormat::TarShards,
+            LocalFormat::HfDataset => DatasetFormat::HfDataset,
+            LocalFormat::Mds => DatasetFormat::Mds,
+            LocalFormat::Parquet => DatasetFormat::Parquet,
+            LocalFormat::TokenFile => DatasetFormat::TokenFile,
+            LocalFormat::Jsonl => DatasetFormat::Jsonl,
+            LocalFormat::ImageFolder => image_folder_format(path)?,
+        },
         other => other,
     };
     match format {
@@ -514,11 +502,18 @@ fn open_remote_source(
     }
 }
 
-/// Whether `path` is the `.idx` of a Megatron corpus (its `.bin` beside it).
-fn is_megatron_index(path: &Path) -> bool {
-    path.extension()
-        .is_some_and(|e| e.eq_ignore_ascii_case("idx"))
-        && megatron_pair(path).is_some()
+/// The image folder format for a path no other format takes, unless it is or holds
+/// gzip-compressed tar shards, said for what they are (not "no class folder").
+fn image_folder_format(path: &Path) -> Result<DatasetFormat> {
+    if let Some(shard) = stoker_datasets::compressed_tar_shard(path) {
+        return Err(Error::InvalidSpec(format!(
+            "{} is a gzip-compressed tar shard, which Stoker does not read (a sample is read \
+             by its offset in the shard): decompress the shards (gunzip, keeping .tar) or \
+             write them uncompressed",
+            shard.display()
+        )));
+    }
+    Ok(DatasetFormat::ImageFolder)
 }
 
 /// Whether `name` is an `s3://` URI.

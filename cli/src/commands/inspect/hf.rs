@@ -1,7 +1,7 @@
 //! `stoker inspect` on a Hugging Face `datasets` folder: shards, record batches, columns with
 //! their features, then the image statistics of the sample column.
 
-use stoker_datasets::{HfDataset, HfFeature, ParquetOptions};
+use stoker_datasets::{HfDataset, HfFeature};
 
 use super::{print_columnar, Column, Format, InspectArgs};
 
@@ -18,7 +18,7 @@ fn feature_name(feature: Option<&HfFeature>) -> String {
 
 /// Runs the command on a `save_to_disk` folder.
 pub(super) fn inspect_hf(args: &InspectArgs) -> anyhow::Result<()> {
-    let dataset = HfDataset::open(&args.data, &ParquetOptions::default())?;
+    let dataset = HfDataset::open(&args.data, &args.columns())?;
     print_columnar(
         args,
         &dataset,
