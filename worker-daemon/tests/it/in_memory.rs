@@ -446,6 +446,34 @@ fn a_consumer_pausing_longer_than_stall_reopen_reopens_nothing() -> TestResult {
     Ok(())
 }
 
+/// A batch slower to build than `stall_reopen` (large images, a slow store) was leased again
+/// at every reopen, its build thrown away each time: the epoch never advanced. The wait
+/// doubles at each reopen for nothing, so the batches arrive and equal the embedded ones.
+#[test]
+fn batches_slower_to_build_than_the_stall_wait_still_arrive() -> TestResult {
+    let (data, _state, network, cluster) = one_worker_with(|config| config.threads = 1)?;
+    // Batches of 60 images on one thread, each longer to build than the 50 ms wait (and than
+    // the driver's 50 ms look at it).
+    let job = JobSpec {
+        batch_size: 60,
+        ..spec(data.path())
+    };
+    let (expected, steps) = embedded_of(job.clone())?;
+    let (taken, reader) = read_remote_epoch(
+        &network,
+        job,
+        1,
+        (Duration::from_secs(30), Duration::from_millis(50)),
+    )?;
+    let digest = reader.join().map_err(|_| "the reader panicked")??;
+    assert_eq!(digest, expected);
+    assert_eq!(taken.try_iter().count() as u64, steps);
+    // Some reopens while the wait grew (50 ms to 3.2 s at most), not one per batch.
+    let opens = cluster.coordinator.core_stats().session_opens;
+    assert!(opens <= 1 + 7, "{opens} session opens");
+    Ok(())
+}
+
 /// A client of another job (seed 4) over `data`, its job registered and its session open, as
 /// the coordinator's client of a trainer that will take nothing: the client, the job and the
 /// session.

@@ -44,8 +44,14 @@ pub(super) struct Driver {
     pub(super) rank: u32,
     pub(super) epoch: u64,
     pub(super) steps: u64,
+    /// No batch for this long while credits are out: the session is reopened. Doubled at each
+    /// such reopen, up to [`STALL_REOPEN_GROWTH`] times the setting, so a batch that takes
+    /// longer to build than the setting (large images, a slow store) arrives at last instead of
+    /// being leased again and again; for the rest of the epoch.
     pub(super) stall_reopen: Duration,
     pub(super) worker_grace: Duration,
+    /// The most `stall_reopen` grows to.
+    pub(super) stall_most: Duration,
     /// Longest wanted credits are held while the workers hold more than half the window's.
     pub(super) ack_interval: Duration,
     pub(super) batches: Sender<Result<Built>>,
@@ -63,6 +69,9 @@ pub(super) struct Driver {
     /// Since when no worker stream has been open while batches were wanted.
     pub(super) unserved_since: Option<Instant>,
 }
+
+/// How many times its setting the stall before a reopen grows to at most.
+pub(super) const STALL_REOPEN_GROWTH: u32 = 64;
 
 /// How long a reopen waits for the updates on their way to be applied.
 const REOPEN_WAIT: Duration = Duration::from_secs(1);
@@ -405,7 +414,10 @@ impl Driver {
                     // Not while an update is unanswered: its credits' wait has not begun.
                     let stalled = progress_at.elapsed() >= self.stall_reopen;
                     if wanted && outstanding > 0 && !updates.awaiting() && stalled {
-                        tracing::warn!(step = *floor, waited = ?progress_at.elapsed(), "no batch arrived; opening the session again");
+                        let waited = progress_at.elapsed();
+                        // A build longer than the wait would be leased again at every reopen.
+                        self.stall_reopen = (self.stall_reopen * 2).min(self.stall_most);
+                        tracing::warn!(step = *floor, ?waited, next_wait = ?self.stall_reopen, "no batch arrived; opening the session again");
                         break SessionEnd::Reopen;
                     }
                 }

@@ -20,7 +20,9 @@
 //!   stream cannot open yet (its address does not resolve or accept) is tried again every
 //!   500 ms while the coordinator lists it;
 //! - no batch for [`RemoteOptions::stall_reopen`] while the consumer waits: the session is
-//!   reopened as well (and logged), so a lost batch costs a delay, never a hang;
+//!   reopened as well (and logged), so a lost batch costs a delay, never a hang; the wait
+//!   doubles at each such reopen (up to 64 times), so a batch slower to build than the wait is
+//!   not leased again for good;
 //! - a coordinator at its session cap (`RESOURCE_EXHAUSTED`) is asked again with backoff, as
 //!   its silent sessions time out;
 //! - no worker stream open for [`RemoteOptions::worker_grace`] while batches are wanted (every
@@ -65,7 +67,9 @@ pub struct RemoteOptions {
     /// the job. A registration the coordinator answers is waited for however long its workers
     /// take to open the dataset (a first index of many shards may take minutes).
     pub connect_timeout: Duration,
-    /// No batch for this long while the consumer waits: reopen the session.
+    /// No batch for this long while the consumer waits: reopen the session. Each reopen for
+    /// that doubles the wait for the rest of the epoch, up to 64 times this, so batches that
+    /// take longer than this to build still arrive.
     pub stall_reopen: Duration,
     /// No worker stream open for this long while batches are wanted (every worker gone, or the
     /// coordinator not answering): fail with [`Error::WorkerUnavailable`]. Separate from the
@@ -267,6 +271,7 @@ impl BatchSource for RemoteSource {
             epoch,
             steps,
             stall_reopen: self.options.stall_reopen,
+            stall_most: self.options.stall_reopen * driver::STALL_REOPEN_GROWTH,
             worker_grace: self.options.worker_grace,
             ack_interval: self.options.ack_interval,
             batches: batches_tx,
