@@ -2,7 +2,6 @@
 //! counts, to size decode buffers and choose a pixel limit before training.
 
 use std::collections::BTreeMap;
-use std::fs::File;
 use std::io::{BufRead, BufReader};
 use std::path::Path;
 
@@ -255,8 +254,15 @@ fn bytes_header_facts(bytes: &[u8]) -> HeaderFacts {
     }
 }
 
+/// The header facts of the image file at `path`; a named pipe (or anything but a regular file)
+/// is opened without waiting for a writer and counted unreadable, as the loader refuses it.
 fn read_header_facts(path: &Path) -> HeaderFacts {
-    let file = match File::open(path) {
+    use std::os::unix::fs::OpenOptionsExt;
+    let file = match std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK)
+        .open(path)
+    {
         Ok(file) => file,
         Err(error) => {
             debug!(path = %path.display(), %error, "cannot open sample");
@@ -264,7 +270,11 @@ fn read_header_facts(path: &Path) -> HeaderFacts {
         }
     };
     let file_bytes = match file.metadata() {
-        Ok(metadata) => metadata.len(),
+        Ok(metadata) if metadata.is_file() => metadata.len(),
+        Ok(_) => {
+            debug!(path = %path.display(), "not a regular file");
+            return HeaderFacts::Unreadable;
+        }
         Err(error) => {
             debug!(path = %path.display(), %error, "cannot stat sample");
             return HeaderFacts::Unreadable;
@@ -319,5 +329,21 @@ mod tests {
         assert_eq!(even.p50, 2.5);
         assert_eq!(even.mean, 2.5);
         assert_eq!(Summary::of(&mut []), Summary::default());
+    }
+
+    /// A class folder's link to a named pipe made `stoker inspect` wait for a writer for good.
+    #[test]
+    fn a_named_pipe_is_unreadable_at_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let pipe = dir.path().join("p.jpg");
+        let name = std::ffi::CString::new(pipe.as_os_str().as_encoded_bytes()).unwrap();
+        // SAFETY: a NUL-terminated path, and a mode.
+        assert_eq!(unsafe { libc::mkfifo(name.as_ptr(), 0o600) }, 0);
+        let (done, finished) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let _ = done.send(matches!(read_header_facts(&pipe), HeaderFacts::Unreadable));
+        });
+        let unreadable = finished.recv_timeout(std::time::Duration::from_secs(10));
+        assert_eq!(unreadable, Ok(true));
     }
 }
