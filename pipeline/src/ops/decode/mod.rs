@@ -290,9 +290,9 @@ impl JpegDecompressor {
         let width = self.get(raw::TJPARAM_TJPARAM_JPEGWIDTH);
         let height = self.get(raw::TJPARAM_TJPARAM_JPEGHEIGHT);
         if width <= 0 || height <= 0 {
-            return Err(SampleError::Corrupt(format!(
-                "JPEG header gives size {width}x{height}"
-            )));
+            return Err(SampleError::Corrupt(
+                "libjpeg-turbo found no frame header (the JPEG is cut short or damaged)".into(),
+            ));
         }
         Ok((width as u32, height as u32))
     }
@@ -326,9 +326,12 @@ impl JpegDecompressor {
     ) -> Result<(), SampleError> {
         let size = self.read_header(bytes)?;
         if size != (header.width, header.height) {
+            // TurboJPEG leaves the last image's size where its header read stops before the
+            // frame (a stream cut inside its tables), so the size it gives is not named.
             return Err(SampleError::Corrupt(format!(
-                "JPEG header gives {}x{} to libjpeg-turbo but {}x{} to the marker scan",
-                size.0, size.1, header.width, header.height
+                "libjpeg-turbo does not read the {}x{} frame header the marker scan found (a \
+                 second frame header, or the JPEG cut short or damaged before it)",
+                header.width, header.height
             )));
         }
         let max_pixels = i32::try_from(request.max_pixels).unwrap_or(i32::MAX);
