@@ -755,3 +755,35 @@ fn a_folder_of_two_formats_is_refused_alike_by_every_command() {
         "{stderr}"
     );
 }
+
+/// `--shuffle-window` over an image folder (no shards) or with `--no-shuffle` did nothing,
+/// silently: it is said.
+#[test]
+fn a_shuffle_window_that_is_not_used_is_said() {
+    let dir = tempfile::tempdir().unwrap();
+    common::make_images(dir.path(), 8);
+    let data = dir.path().to_str().unwrap();
+    for (extra, said) in [
+        (None, "the source has no shards: shuffle_window is not used"),
+        (
+            Some("--no-shuffle"),
+            "shuffle is off: shuffle_window is not used",
+        ),
+    ] {
+        let mut args = vec![
+            "digest",
+            "--data",
+            data,
+            "--batch-size",
+            "4",
+            "--size",
+            "32",
+            "--shuffle-window",
+            "2",
+        ];
+        args.extend(extra);
+        let run = stoker(&args);
+        let stderr = String::from_utf8_lossy(&run.stderr);
+        assert!(run.status.success() && stderr.contains(said), "{stderr}");
+    }
+}

@@ -174,10 +174,26 @@ impl Job {
             let source = sources.remove(0);
             let pipeline = JobPipeline::from_ops(&spec.pipeline)?;
             let plan_config = PlanConfig::from_spec(&spec, source.len());
-            let shard_sizes = if spec.shuffle && spec.shuffle_window > 0 {
-                source.shard_sizes().map(Arc::from)
-            } else {
-                None
+            let shard_sizes = match (spec.shuffle, spec.shuffle_window) {
+                (_, 0) => None,
+                (false, window) => {
+                    tracing::warn!(
+                        shuffle_window = window,
+                        "shuffle is off: shuffle_window is not used"
+                    );
+                    None
+                }
+                (true, window) => {
+                    let sizes = source.shard_sizes().map(Arc::from);
+                    if sizes.is_none() {
+                        tracing::warn!(
+                            shuffle_window = window,
+                            "the source has no shards: shuffle_window is not used, the shuffle \
+                             is global"
+                        );
+                    }
+                    sizes
+                }
             };
             let watch = Arc::new(ReadWatch::default());
             let assembler = BatchAssembler::new(source, pipeline, spec.seed, spec.on_error())?
