@@ -36,9 +36,18 @@ pub(super) struct LastRefresh {
     clients: HashMap<(u64, u32), VecDeque<ClientCounters>>,
     /// Batches one worker builds per busy second (smoothed), once measured.
     capacity: Option<f64>,
+    /// When the last refresh was.
+    at: Option<Instant>,
 }
 
 impl LastRefresh {
+    /// The time since the last refresh (none before the first), this one `now`.
+    pub(super) fn since_last(&mut self, now: Instant) -> Option<Duration> {
+        self.at
+            .replace(now)
+            .map(|at| now.saturating_duration_since(at))
+    }
+
     /// Forgets the counters of workers, jobs and clients no longer there (a worker gone or
     /// registered again under a new id, a job retired, a client's session closed), so a
     /// coordinator serving job after job for months keeps only the live ones.
@@ -413,6 +422,23 @@ mod tests {
             batches_per_s,
             starved: false,
         }
+    }
+
+    #[test]
+    fn the_rates_are_over_the_time_since_the_last_refresh() {
+        let mut last = LastRefresh::default();
+        let start = Instant::now();
+        assert_eq!(last.since_last(start), None);
+        let late = start + Duration::from_millis(2300);
+        assert_eq!(last.since_last(late), Some(Duration::from_millis(2300)));
+        let workers: BTreeMap<u64, WorkerEntry> = [(1, worker(1, 4))].into();
+        worker_loads(&workers, &mut last, Duration::from_millis(500));
+        let mut busier = workers.clone();
+        busier.get_mut(&1).unwrap().completed = 23;
+        // 23 tasks over the 2.3 s that passed: 10/s, not 46/s over the planned 0.5 s.
+        let loads = worker_loads(&busier, &mut last, Duration::from_millis(2300));
+        let rate = loads[0].tasks_per_s.unwrap_or_default();
+        assert!((rate - 10.0).abs() < 1e-9, "{rate}");
     }
 
     #[test]

@@ -34,6 +34,8 @@ impl CoordinatorService {
         lock(&self.state).last_expire = Instant::now();
         let mut expire = tokio::time::interval(EXPIRE_EVERY);
         let mut refresh = tokio::time::interval(DASHBOARD_REFRESH);
+        // After a stall, one refresh over the time that passed, not a burst of them.
+        refresh.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             tokio::select! {
                 _ = refresh.tick() => self.refresh_dashboard(),
@@ -43,18 +45,37 @@ impl CoordinatorService {
     }
 
     /// Writes the acknowledged positions every `flush_every`, each write waited for before the
-    /// next is taken, until `stop` fires (a write in flight is finished first).
+    /// next is taken, until `stop` fires (a write in flight is finished first). After writes
+    /// that failed in a row (a full disk) the next waits twice as long each time, up to
+    /// [`FLUSH_BACKOFF_MOST`], so the log says it a few times, not ten times a second.
     pub(super) async fn run_flushes(self, mut stop: tokio::sync::oneshot::Receiver<()>) {
         let mut flush = tokio::time::interval(self.config.flush_every);
         // After a write that took long (a slow disk), the next one a period later, not a burst.
         flush.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut failed_in_a_row = 0u32;
         loop {
             tokio::select! {
                 _ = &mut stop => return,
                 _ = flush.tick() => {}
             }
-            if let Err(error) = self.flush_journal().await {
-                tracing::error!(%error, "coordinator journal flush failed; the positions stay for the next write");
+            match self.flush_journal().await {
+                Ok(()) if failed_in_a_row > 0 => {
+                    tracing::info!(
+                        failed = failed_in_a_row,
+                        "coordinator journal writes go through again"
+                    );
+                    failed_in_a_row = 0;
+                }
+                Ok(()) => {}
+                Err(error) => {
+                    failed_in_a_row += 1;
+                    let pause = flush_backoff(self.config.flush_every, failed_in_a_row);
+                    tracing::error!(%error, failed_in_a_row, next_try_in = ?pause, "coordinator journal flush failed; the positions stay for the next write");
+                    tokio::select! {
+                        _ = &mut stop => return,
+                        _ = tokio::time::sleep(pause) => {}
+                    }
+                }
             }
         }
     }
@@ -100,9 +121,11 @@ impl CoordinatorService {
             let jobs: HashSet<u64> = state.core.jobs().map(|(id, _, _)| id.0).collect();
             let last = &mut state.last_refresh;
             last.forget_gone(&state.workers, &jobs, &state.clients);
-            let workers = worker_loads(&state.workers, last, DASHBOARD_REFRESH);
+            // The rates are over the time since the last refresh, however late this one is.
+            let interval = last.since_last(Instant::now()).unwrap_or(DASHBOARD_REFRESH);
+            let workers = worker_loads(&state.workers, last, interval);
             let serving = serving_workers(&mut state.serving, &state.workers, Instant::now());
-            let shares = job_shares(&state.core, last, DASHBOARD_REFRESH, serving);
+            let shares = job_shares(&state.core, last, interval, serving);
             let fleet = fleet(&state.workers, &state.clients, last);
             (workers, shares, fleet, gone)
         };
@@ -179,6 +202,17 @@ impl CoordinatorService {
     }
 }
 
+/// The longest pause after journal writes that failed in a row.
+const FLUSH_BACKOFF_MOST: Duration = Duration::from_secs(10);
+
+/// The pause before the next journal write after `failed` failed in a row: `every` doubling,
+/// up to [`FLUSH_BACKOFF_MOST`].
+fn flush_backoff(every: Duration, failed: u32) -> Duration {
+    every
+        .saturating_mul(1 << failed.min(16))
+        .min(FLUSH_BACKOFF_MOST)
+}
+
 /// How often silent workers and sessions are looked for.
 const EXPIRE_EVERY: Duration = Duration::from_millis(250);
 
@@ -187,3 +221,17 @@ const STALL_EXCUSED_AFTER: Duration = Duration::from_millis(500);
 
 /// How often the dashboard's worker table is refreshed.
 const DASHBOARD_REFRESH: Duration = Duration::from_millis(500);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn failed_journal_writes_are_tried_again_ever_later_up_to_ten_seconds() {
+        let every = Duration::from_millis(100);
+        assert_eq!(flush_backoff(every, 1), Duration::from_millis(200));
+        assert_eq!(flush_backoff(every, 3), Duration::from_millis(800));
+        assert_eq!(flush_backoff(every, 7), FLUSH_BACKOFF_MOST);
+        assert_eq!(flush_backoff(every, u32::MAX), FLUSH_BACKOFF_MOST);
+    }
+}
