@@ -407,7 +407,7 @@ impl Driver {
                     let wanted = self.requested.min(self.steps) > received;
                     if open_streams.is_empty() && wanted {
                         self.unserved_since.get_or_insert_with(Instant::now);
-                        if self.unserved_too_long(None) {
+                        if self.unserved_too_long(None, unreachable.described(&workers)) {
                             break SessionEnd::Stop;
                         }
                     }

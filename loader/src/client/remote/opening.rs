@@ -125,7 +125,7 @@ impl Driver {
                     if error_kinds::is_transient(&status) && self.requested.min(self.steps) > floor
                     {
                         self.unserved_since.get_or_insert_with(Instant::now);
-                        if self.unserved_too_long(Some(&status)) {
+                        if self.unserved_too_long(Some(&status), None) {
                             return None;
                         }
                     }
@@ -145,19 +145,28 @@ impl Driver {
 
     /// Whether batches have been wanted with no worker serving them for longer than the
     /// grace; if so the consumer is told. `coordinator_down` is the coordinator's last answer
-    /// when it is what stands between the client and the workers.
-    pub(super) fn unserved_too_long(&mut self, coordinator_down: Option<&tonic::Status>) -> bool {
+    /// when it is what stands between the client and the workers; `unreachable` names the
+    /// workers the coordinator lists whose streams did not open, and why.
+    pub(super) fn unserved_too_long(
+        &mut self,
+        coordinator_down: Option<&tonic::Status>,
+        unreachable: Option<String>,
+    ) -> bool {
         let Some(since) = self.unserved_since else {
             return false;
         };
         if since.elapsed() < self.worker_grace {
             return false;
         }
-        let cause = match coordinator_down {
-            None => "no worker stream is open; start stoker-worker daemons or raise \
-                     worker_grace"
+        let cause = match (coordinator_down, unreachable) {
+            (None, None) => "no worker stream is open; start stoker-worker daemons or raise \
+                             worker_grace"
                 .to_string(),
-            Some(status) => format!(
+            (None, Some(workers)) => format!(
+                "the coordinator lists workers this client cannot open a stream to: \
+                 {workers}; check that their --advertise addresses are reachable from here"
+            ),
+            (Some(status), _) => format!(
                 "the coordinator does not answer ({}: {}), and the workers are reached \
                  through it; start it again (on its --state it resumes the job) or raise \
                  worker_grace",

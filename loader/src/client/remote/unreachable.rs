@@ -18,6 +18,8 @@ use super::UNREACHABLE_SAID_AFTER;
 pub(super) struct Unreachable {
     /// Since when each has failed to open, and whether that was said.
     failing: HashMap<u64, (Instant, bool)>,
+    /// Why each one's last try failed.
+    why: HashMap<u64, String>,
     /// The set the coordinator was last told of.
     told: Vec<u64>,
 }
@@ -26,10 +28,33 @@ impl Unreachable {
     /// `worker`'s stream opened.
     pub(super) fn opened(&mut self, worker: u64) {
         self.failing.remove(&worker);
+        self.why.remove(&worker);
+    }
+
+    /// The listed workers whose streams did not open, with their addresses and why, for the
+    /// error of a job no worker served: `None` when there is none.
+    pub(super) fn described(&self, workers: &[WorkerInfo]) -> Option<String> {
+        let mut failing: Vec<u64> = self
+            .why
+            .keys()
+            .copied()
+            .filter(|worker| workers.iter().any(|listed| listed.worker_id == *worker))
+            .collect();
+        failing.sort_unstable();
+        let named: Vec<String> = failing
+            .iter()
+            .map(|worker| {
+                let why = self.why.get(worker).map_or("", String::as_str);
+                format!("{} ({why})", address_of(workers, *worker))
+            })
+            .collect();
+        (!named.is_empty()).then(|| named.join(", "))
     }
 
     /// `worker`'s stream failed to open with `status`; `workers` is the list it is on.
     pub(super) fn failed(&mut self, worker: u64, workers: &[WorkerInfo], status: &Status) {
+        self.why
+            .insert(worker, format!("{}: {}", status.code(), status.message()));
         let (since, said) = self
             .failing
             .entry(worker)
@@ -141,5 +166,37 @@ mod tests {
             unreachable.take_change().map(|set| set.workers),
             Some(vec![])
         );
+    }
+
+    /// A job no worker served because the listed workers' advertised addresses do not reach
+    /// from the client read "no worker stream is open; start stoker-worker daemons".
+    #[test]
+    fn the_workers_that_did_not_open_are_named_with_why() {
+        let listed = |id: u64, address: &str| WorkerInfo {
+            worker_id: id,
+            data_address: address.into(),
+            ..WorkerInfo::default()
+        };
+        let workers = [listed(3, "pod-3:7001"), listed(7, "pod-7:7001")];
+        let mut unreachable = Unreachable::default();
+        assert_eq!(unreachable.described(&workers), None);
+        unreachable.failed(7, &workers, &Status::unavailable("dns error"));
+        unreachable.failed(3, &workers, &Status::unavailable("connection refused"));
+        let named = unreachable.described(&workers).unwrap_or_default();
+        assert!(
+            named.contains("pod-3:7001 (")
+                && named.contains("connection refused")
+                && named.contains("pod-7:7001 (")
+                && named.contains("dns error"),
+            "{named}"
+        );
+        // One whose stream opened, or no longer listed, is not named.
+        unreachable.opened(3);
+        let named = unreachable.described(&workers[1..]).unwrap_or_default();
+        assert!(
+            !named.contains("pod-3") && named.contains("pod-7"),
+            "{named}"
+        );
+        assert_eq!(unreachable.described(&workers[..1]), None);
     }
 }
