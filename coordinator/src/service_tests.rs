@@ -1260,3 +1260,31 @@ async fn a_rank_silent_past_its_limit_leaves_the_dashboard() -> TestResult {
     assert!(service.clients().is_empty(), "and its report forgotten");
     Ok(())
 }
+
+/// A worker that does not open a new job in time: the client's error read "could not reach
+/// coordinator X", though the coordinator answered; it names the worker and the setting now.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_too_slow_to_open_a_job_is_named_with_the_setting_to_raise() -> TestResult {
+    let network = MemoryNetwork::new();
+    let state = tempfile::tempdir()?;
+    let mut config = service_config(&network, Vec::new())?;
+    config.describe_timeout = Duration::from_millis(300);
+    let (_service, _stop) = serve(&network, CoordinatorService::open(state.path(), config)?);
+    // Connections to it are taken and never answered.
+    let _silent = network.listen("silent-worker:7001");
+    let mut client = coordinator(&network, None);
+    register_worker_at(&mut client, "silent-worker:7001").await?;
+    let status = tokio::time::timeout(Duration::from_secs(30), register_job(&mut client))
+        .await?
+        .expect_err("no worker opened the job");
+    assert!(
+        stoker_rpc::error_kinds::is_worker_unreachable(&status),
+        "{status:?}"
+    );
+    assert!(
+        status.message().contains("silent-worker:7001")
+            && status.message().contains("--describe-timeout-secs"),
+        "{status:?}"
+    );
+    Ok(())
+}

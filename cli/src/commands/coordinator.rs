@@ -68,6 +68,11 @@ pub struct CoordinatorArgs {
     /// step count or fingerprint. 0 keeps every job.
     #[arg(long, default_value_t = 86_400)]
     pub job_retention_secs: u64,
+    /// Longest a worker is given to open a new job's datasets when it registers (a first
+    /// index of many tar shards, or a listing of a large bucket, takes that long once); past
+    /// it the next worker is asked, and the registration fails once every worker took longer.
+    #[arg(long, default_value_t = 120, value_parser = clap::value_parser!(u64).range(1..))]
+    pub describe_timeout_secs: u64,
     /// This coordinator's place in a fleet, `I/N` (0-based): the Ith address of the list of N
     /// coordinators that clients (`address="a:7070,b:7070,c:7070"`) and workers
     /// (`--coordinator a:7070,b:7070,c:7070`) are given, in the same order. It registers only
@@ -129,6 +134,7 @@ pub fn run(args: CoordinatorArgs) -> anyhow::Result<()> {
     config.core.job_retention =
         (args.job_retention_secs > 0).then(|| Duration::from_secs(args.job_retention_secs));
     config.shard = args.shard;
+    config.describe_timeout = Duration::from_secs(args.describe_timeout_secs);
     let (server_security, client_security) = args.security.load()?;
     let access = DashboardAccess {
         credentials: dashboard_credentials(&args.dashboard_token_files, &server_security)?,

@@ -296,10 +296,15 @@ impl CoordinatorService {
                         refusal.get_or_insert(refused);
                     }
                     Err(_) => {
-                        last_error = Some(Status::deadline_exceeded(format!(
-                            "worker {} took over {:?} to open the job",
-                            worker.worker_id, self.config.describe_timeout
-                        )))
+                        // The coordinator answered, a worker did not in time: named as such.
+                        last_error = Some(error_kinds::worker_unreachable(
+                            Status::deadline_exceeded(format!(
+                                "worker {} at {} did not open the job's datasets within {:?} \
+                                 (a first index of a large set can take longer: raise the \
+                                 coordinator's --describe-timeout-secs)",
+                                worker.worker_id, worker.data_address, self.config.describe_timeout
+                            )),
+                        ))
                     }
                 }
             }

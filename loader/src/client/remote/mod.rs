@@ -64,8 +64,9 @@ use stoker_dashboard::LoaderMonitor;
 #[derive(Debug, Clone)]
 pub struct RemoteOptions {
     /// How long an unreachable coordinator is tried again while connecting and registering
-    /// the job. A registration the coordinator answers is waited for however long its workers
-    /// take to open the dataset (a first index of many shards may take minutes).
+    /// the job. A registration the coordinator answers is waited for as long as its workers
+    /// take to open the dataset, up to the coordinator's `--describe-timeout-secs` (120 s by
+    /// default) for each worker it asks.
     pub connect_timeout: Duration,
     /// No batch for this long while the consumer waits: reopen the session. Each reopen for
     /// that doubles the wait for the rest of the epoch, up to 64 times this, so batches that
