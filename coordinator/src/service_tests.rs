@@ -1288,3 +1288,47 @@ async fn a_worker_too_slow_to_open_a_job_is_named_with_the_setting_to_raise() ->
     );
     Ok(())
 }
+
+/// Workers handing a job's tasks back for a cause of their own (a store failing for every
+/// worker) left its client to time out naming no cause: the coordinator keeps the last reason,
+/// which `GetJob` gives.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_last_reason_a_task_went_back_is_given_with_the_job() -> TestResult {
+    let fixture = fixture(Vec::new())?;
+    let mut client = coordinator(&fixture.network, None);
+    let worker = register_worker(&mut client).await?;
+    let (job, _session) = open(&mut client, 2).await?;
+    let get = |client: &mut CoordinatorClient<RpcChannel>| {
+        let mut client = client.clone();
+        async move {
+            client
+                .get_job(stoker_proto::v1::GetJobRequest { job_id: job })
+                .await
+                .map(|answer| answer.into_inner())
+        }
+    };
+    let before = get(&mut client).await?;
+    assert_eq!(
+        (before.last_failure.as_str(), before.last_failure_age_s),
+        ("", 0)
+    );
+    let tasks = lease(&mut client, worker, 1).await?;
+    client
+        .report(ReportRequest {
+            worker_id: worker,
+            failed: tasks
+                .iter()
+                .map(|task| stoker_proto::v1::FailedTask {
+                    lease_id: task.lease_id,
+                    reason: "the store answers 503 Slow Down".into(),
+                    unclaimed: false,
+                })
+                .collect(),
+            ..ReportRequest::default()
+        })
+        .await?;
+    let after = get(&mut client).await?;
+    assert_eq!(after.last_failure, "the store answers 503 Slow Down");
+    assert!(after.last_failure_age_s < 5, "{after:?}");
+    Ok(())
+}

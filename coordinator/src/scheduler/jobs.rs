@@ -290,6 +290,13 @@ impl Coordinator {
         })
     }
 
+    /// Why a worker last handed back one of `job`'s tasks (it could not open the job's
+    /// datasets, or build or deliver the batch), and how long ago; `None` when none was.
+    pub fn last_failure(&self, job: JobId) -> Option<(&str, std::time::Duration)> {
+        let (reason, at) = self.jobs.get(&job)?.last_failure.as_ref()?;
+        Some((reason.as_str(), at.elapsed()))
+    }
+
     /// The spec of a job (workers need it to produce its batches).
     pub fn job_spec(&self, job: JobId) -> CoordinatorResult<&JobSpec> {
         self.jobs
@@ -317,6 +324,7 @@ impl Coordinator {
                 steps_per_epoch,
                 idle_since: None,
                 opened_since_look: false,
+                last_failure: None,
             },
         );
     }

@@ -265,6 +265,13 @@ impl Coordinator {
             return Ok(LeaseOutcome::Stale);
         };
         self.stats.failed_leases += 1;
+        if let Some(job) = self
+            .sessions
+            .get(&entry.session)
+            .and_then(|session| self.jobs.get_mut(&session.job))
+        {
+            job.last_failure = Some((reason.to_string(), Instant::now()));
+        }
         if let Some(session) = self.sessions.get(&entry.session) {
             tracing::warn!(
                 worker = worker.0,

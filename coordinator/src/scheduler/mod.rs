@@ -95,6 +95,8 @@ struct Job {
     idle_since: Option<Instant>,
     /// A session of it opened since [`Coordinator::idle_jobs`] last looked.
     opened_since_look: bool,
+    /// Why a worker last handed one of its tasks back, and when.
+    last_failure: Option<(String, Instant)>,
 }
 
 struct Worker {

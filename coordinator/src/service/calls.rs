@@ -168,7 +168,12 @@ impl coordinator_server::Coordinator for CoordinatorService {
             .steps_per_epoch(job)
             .map_err(coordinator_status)?;
         let described = state.descriptions.get(&job.0);
+        let failure = state.core.last_failure(job);
         Ok(Response::new(GetJobResponse {
+            last_failure: failure
+                .map(|(reason, _)| reason.to_string())
+                .unwrap_or_default(),
+            last_failure_age_s: failure.map_or(0, |(_, age)| age.as_secs()),
             spec: Some(spec),
             steps_per_epoch,
             num_samples: described.map_or(0, |described| described.num_samples),

@@ -89,8 +89,8 @@ pub trait BatchSource: Send + Sync {
         None
     }
 
-    /// What the source is reading right now, for a timeout's message (`"; the decode threads
-    /// are reading ..."`), or "" where it cannot tell.
+    /// What the source is reading right now, or why it waits, for a timeout's message (`";
+    /// the decode threads are reading ..."`), or "" where it cannot tell.
     fn reading_now(&self) -> String {
         String::new()
     }

@@ -132,6 +132,9 @@ impl RemoteOptions {
 /// Credits a remote loader starts with when the prefetch controller sizes the depth.
 const INITIAL_CREDITS: usize = 8;
 
+/// How long a timed-out wait asks the coordinator why.
+const WHY_ASK_TIMEOUT: Duration = Duration::from_secs(2);
+
 /// How long dropping an epoch's feed waits for its driver to close the session.
 const CLOSE_WAIT: Duration = Duration::from_millis(500);
 
@@ -246,6 +249,35 @@ impl BatchSource for RemoteSource {
 
     fn coordinator_job(&self) -> Option<u64> {
         Some(self.job_id())
+    }
+
+    /// Why a worker last handed one of the job's tasks back, as the coordinator says (asked
+    /// once the wait for a batch ran out, within [`WHY_ASK_TIMEOUT`]): the cause a timeout
+    /// names when every worker hands its tasks back (a store failing for all of them).
+    fn reading_now(&self) -> String {
+        let mut client = CoordinatorClient::new(self.channel.clone());
+        let request = stoker_proto::v1::GetJobRequest {
+            job_id: self.job_id(),
+        };
+        let asked = self.runtime.block_on(async {
+            tokio::time::timeout(WHY_ASK_TIMEOUT, client.get_job(request)).await
+        });
+        match asked {
+            Ok(Ok(answer)) => {
+                let answer = answer.into_inner();
+                if answer.last_failure.is_empty() {
+                    String::new()
+                } else {
+                    format!(
+                        "; the coordinator says a worker last handed one of its tasks back {} s \
+                         ago: {}",
+                        answer.last_failure_age_s, answer.last_failure
+                    )
+                }
+            }
+            Ok(Err(status)) => format!("; the coordinator could not be asked why: {status}"),
+            Err(_) => "; the coordinator did not say why within 2 s".to_string(),
+        }
     }
 
     fn open_epoch(
