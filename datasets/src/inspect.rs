@@ -34,7 +34,16 @@ pub struct DatasetReport {
     pub file_bytes: Summary,
     /// Readable samples with more than `pixel_limit` pixels (width x height).
     pub pixels_over_limit: u64,
+    /// The first [`UNREADABLE_NAMED`] unreadable samples, as the source names them (a path,
+    /// `file:row N`), in index order.
+    pub unreadable: Vec<String>,
+    /// Samples whose label is no class's (negative, or past the class names), where the source
+    /// has class names: a job reads them, a classifier's loss does not take them.
+    pub labels_outside_classes: u64,
 }
+
+/// How many unreadable samples a report names.
+pub const UNREADABLE_NAMED: usize = 20;
 
 /// Minimum, mean, maximum and median of a quantity; all zero when there is no value.
 #[derive(Debug, Clone, Copy, PartialEq, Default, Serialize)]
@@ -112,9 +121,9 @@ pub fn inspect_image_folder(folder: &ImageFolder, pixel_limit: u64) -> Result<Da
     let labels = (0..folder.len()).map(|index| folder.label(index));
     let report = summarise(
         folder.len(),
-        folder.class_names(),
-        labels,
+        (folder.class_names(), labels),
         facts,
+        &|index| folder.describe(index),
         pixel_limit,
     );
     info!(
@@ -128,23 +137,33 @@ pub fn inspect_image_folder(folder: &ImageFolder, pixel_limit: u64) -> Result<Da
 
 /// Counts classes and formats and summarises sizes. `facts` holds each sample's header facts
 /// with, for readable samples of no format Stoker decodes, the extension to report (empty:
-/// none known).
+/// none known); `describe` names a sample by its index.
 fn summarise(
     samples: u64,
-    class_names: &[String],
-    labels: impl Iterator<Item = i64>,
+    (class_names, labels): (&[String], impl Iterator<Item = i64>),
     facts: Vec<(HeaderFacts, Option<String>)>,
+    describe: &dyn Fn(u64) -> String,
     pixel_limit: u64,
 ) -> DatasetReport {
     let mut class_counts = vec![0u64; class_names.len()];
+    let mut labels_outside_classes = 0;
     for label in labels {
-        if let Some(count) = usize::try_from(label)
+        match usize::try_from(label)
             .ok()
             .and_then(|label| class_counts.get_mut(label))
         {
-            *count += 1;
+            Some(count) => *count += 1,
+            None if !class_names.is_empty() => labels_outside_classes += 1,
+            None => {}
         }
     }
+    let unreadable: Vec<String> = facts
+        .iter()
+        .enumerate()
+        .filter(|(_, (facts, _))| matches!(facts, HeaderFacts::Unreadable))
+        .take(UNREADABLE_NAMED)
+        .map(|(index, _)| describe(index as u64))
+        .collect();
 
     let mut format_counts: BTreeMap<String, u64> = BTreeMap::new();
     let mut widths = Vec::with_capacity(facts.len());
@@ -185,6 +204,8 @@ fn summarise(
         height: Summary::of(&mut heights),
         file_bytes: Summary::of(&mut file_sizes),
         pixels_over_limit,
+        unreadable,
+        labels_outside_classes,
     }
 }
 
@@ -226,9 +247,9 @@ pub fn inspect_samples(source: &dyn SampleSource, pixel_limit: u64) -> Result<Da
     let labels = (0..source.len()).map(|index| source.label(index));
     let report = summarise(
         source.len(),
-        source.class_names(),
-        labels,
+        (source.class_names(), labels),
         facts,
+        &|index| source.describe(index),
         pixel_limit,
     );
     info!(
@@ -329,6 +350,44 @@ mod tests {
         assert_eq!(even.p50, 2.5);
         assert_eq!(even.mean, 2.5);
         assert_eq!(Summary::of(&mut []), Summary::default());
+    }
+
+    /// `inspect` counted labels past the class names nowhere, and named no unreadable file
+    /// (only `-vv` logged them).
+    #[test]
+    fn unreadable_samples_are_named_and_labels_outside_the_classes_counted() {
+        let classes = ["a".to_string(), "b".to_string()];
+        let readable = || HeaderFacts::Readable {
+            format: ImageFormat::Jpeg,
+            width: 4,
+            height: 4,
+            file_bytes: 10,
+        };
+        let facts = vec![
+            (readable(), None),
+            (HeaderFacts::Unreadable, None),
+            (readable(), None),
+            (HeaderFacts::Unreadable, None),
+        ];
+        let report = summarise(
+            4,
+            (&classes, [0i64, 1, 5, -1].into_iter()),
+            facts,
+            &|index| format!("file {index}"),
+            u64::MAX,
+        );
+        assert_eq!(report.unreadable, ["file 1", "file 3"]);
+        assert_eq!(report.labels_outside_classes, 2);
+        assert_eq!(report.classes, [("a".to_string(), 1), ("b".to_string(), 1)]);
+        // Without class names a label is no class's by design: nothing to count.
+        let report = summarise(
+            1,
+            (&[], [7i64].into_iter()),
+            vec![(readable(), None)],
+            &|_| String::new(),
+            0,
+        );
+        assert_eq!(report.labels_outside_classes, 0);
     }
 
     /// A class folder's link to a named pipe made `stoker inspect` wait for a writer for good.

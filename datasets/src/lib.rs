@@ -105,7 +105,9 @@ pub use error::{Error, LabelError, ReadFault, Result, TarSetError, TokenError, W
 pub use hf_folder::{looks_like_hf_dataset, HfColumnInfo, HfDataset, HfFeature, HfSummary};
 pub use image_folder::ImageFolder;
 pub use image_format::{sniff_format, ImageFormat};
-pub use inspect::{inspect_image_folder, inspect_samples, DatasetReport, Summary};
+pub use inspect::{
+    inspect_image_folder, inspect_samples, DatasetReport, Summary, UNREADABLE_NAMED,
+};
 pub use jsonl::{
     looks_like_jsonl, JsonlDocuments, JsonlReport, DEFAULT_LABEL_FIELD, DEFAULT_TEXT_FIELD,
 };

@@ -366,6 +366,30 @@ fn print_report(report: &DatasetReport) {
             report.pixels_over_limit
         );
     }
+    if !report.unreadable.is_empty() {
+        let unreadable = report
+            .formats
+            .iter()
+            .find(|(name, _)| name == "unreadable")
+            .map_or(0, |(_, count)| *count);
+        let shown = report.unreadable.len() as u64;
+        let more = if unreadable > shown {
+            format!(" (the first {shown} of {unreadable})")
+        } else {
+            String::new()
+        };
+        println!("unreadable{more}:");
+        for name in &report.unreadable {
+            println!("  {name}");
+        }
+    }
+    if report.labels_outside_classes > 0 {
+        println!(
+            "labels outside the {} classes: {} (a job reads them as they are)",
+            report.classes.len(),
+            report.labels_outside_classes
+        );
+    }
 }
 
 fn inspect_tokens(args: &InspectArgs) -> anyhow::Result<()> {

@@ -787,3 +787,28 @@ fn a_shuffle_window_that_is_not_used_is_said() {
         assert!(run.status.success() && stderr.contains(said), "{stderr}");
     }
 }
+
+/// An unreadable image is named by `inspect` (only `-vv` named it).
+#[test]
+fn inspect_names_the_unreadable_images() {
+    let dir = tempfile::tempdir().unwrap();
+    common::make_images(dir.path(), 8);
+    let class = dir.path().join("class_01");
+    std::fs::write(class.join("notes.jpg"), b"not an image").unwrap();
+    std::fs::write(class.join("empty.png"), b"").unwrap();
+    let report = stdout_of(&["inspect", "--data", dir.path().to_str().unwrap()]);
+    assert!(report.contains("unreadable:"), "{report}");
+    for name in ["notes.jpg", "empty.png"] {
+        assert!(
+            report.lines().any(|line| line.trim_start().ends_with(name)),
+            "{name}: {report}"
+        );
+    }
+    let json = stdout_of(&["inspect", "--data", dir.path().to_str().unwrap(), "--json"]);
+    let value: serde_json::Value = serde_json::from_str(json.trim()).unwrap();
+    assert_eq!(
+        value["unreadable"].as_array().map(Vec::len),
+        Some(2),
+        "{value}"
+    );
+}
