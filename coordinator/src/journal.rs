@@ -126,11 +126,12 @@ impl Journal {
         })?;
         let path = state_dir.join(JOURNAL_FILE);
         // redb asserts on some damage (a file cut short of its header's layout) rather than
-        // returning an error: met here, it is an error naming the file, not a crash.
-        let database = std::panic::catch_unwind(std::panic::AssertUnwindSafe(&open_database))
-            .map_err(|panic| CoordinatorError::JournalDamaged {
+        // returning an error: met here, it is an error naming the file, not a crash (nor a
+        // panic's message and backtrace printed before it).
+        let database = stoker_pipeline::without_panics("redb", &open_database)
+            .map_err(|problem| CoordinatorError::JournalDamaged {
                 path: path.clone(),
-                problem: stoker_pipeline::panic_text(panic.as_ref()),
+                problem,
             })?
             .map_err(journal_error)?;
         // Create both tables up front so that reading a fresh journal finds them.

@@ -1,6 +1,8 @@
-//! A third-party decoder's panic on untrusted bytes (arrow, parquet) turned into the error of
-//! the one sample or file it was decoding, never a dead thread; and whether a panic now is one
-//! of those (the fuzz targets' panic hook lets only those unwind).
+//! A third-party decoder's panic on untrusted bytes (arrow, parquet; redb on a damaged journal)
+//! turned into the error of the one sample or file it was decoding, never a dead thread, and
+//! not printed as a crash (a panic hook, chained before whatever hook the process had, leaves
+//! such a panic to its error and lets every other through); and whether a panic now is one of
+//! those (the fuzz targets' panic hook lets only those unwind).
 
 thread_local! {
     /// How many [`without_panics`] calls this thread is inside.
@@ -15,12 +17,31 @@ pub(crate) fn panic_is_contained() -> bool {
     CONTAINING.with(|depth| depth.get() > 0)
 }
 
+/// Puts, once per process, a panic hook before the one the process has: a panic inside
+/// [`without_panics`] is logged at debug level (it becomes an error that says it), any other
+/// goes to the hook that was there.
+fn quiet_contained_panics() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        let previous = std::panic::take_hook();
+        std::panic::set_hook(Box::new(move |info| {
+            if CONTAINING.with(|depth| depth.get() > 0) {
+                tracing::debug!(%info, "a contained panic, turned into an error");
+            } else {
+                previous(info);
+            }
+        }));
+    });
+}
+
 /// Runs `decode` on untrusted bytes, turning a panic in a third-party `decoder` (named in the
-/// message, e.g. "parquet") into its message: one bad file or row group, not a dead thread.
-pub(crate) fn without_panics<T>(
+/// message, e.g. "parquet") into its message: one bad file or row group, not a dead thread,
+/// and no panic printed.
+pub fn without_panics<T>(
     decoder: &str,
     decode: impl FnOnce() -> T,
 ) -> std::result::Result<T, String> {
+    quiet_contained_panics();
     /// Leaves the contained region however `decode` ends.
     struct Inside;
     impl Drop for Inside {

@@ -96,6 +96,7 @@ mod token_dtype;
 mod token_file;
 
 pub use cache_stats::CacheStats;
+pub use decoder_panics::without_panics;
 
 /// The most bytes one encoded sample (an image file, a shard's member, a JSONL line) is read
 /// as: 2 GiB, above any image within the decoders' default pixel limit (89,478,485 pixels of at

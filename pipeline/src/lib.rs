@@ -86,3 +86,5 @@ pub use pipeline::{Geometry, Pipeline, SampleTimings, Scratch, IMAGE_ORDERS, MAX
 pub use plan::mix::source_seed;
 pub use plan::{resized_spec, EpochPlan, MixEnd, MixOrder, Permutation, PlanConfig, Resize};
 pub use rng::{sample_seed, SampleRng};
+/// A third-party library's panic on untrusted bytes as an error, not printed as a crash.
+pub use stoker_datasets::without_panics;

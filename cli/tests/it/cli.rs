@@ -812,3 +812,28 @@ fn inspect_names_the_unreadable_images() {
         "{value}"
     );
 }
+
+/// A coordinator on a journal cut short stops with the error naming it, without redb's panic
+/// message and backtrace printed before it as a crash's would be.
+#[test]
+fn a_damaged_journal_is_an_error_not_a_printed_panic() {
+    let state = tempfile::tempdir().unwrap();
+    drop(stoker_coordinator::CoordinatorService::open(state.path(), Default::default()).unwrap());
+    let journal = state.path().join(stoker_coordinator::JOURNAL_FILE);
+    let whole = std::fs::read(&journal).unwrap();
+    std::fs::write(&journal, &whole[..3000.min(whole.len() / 2)]).unwrap();
+    let run = Command::new(env!("CARGO_BIN_EXE_stoker"))
+        .args(["coordinator", "--listen", "127.0.0.1:0", "--state"])
+        .arg(state.path())
+        .env("RUST_BACKTRACE", "1")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&run.stderr);
+    assert!(!run.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("coordinator.redb is damaged")
+            && !stderr.contains("panicked at")
+            && !stderr.contains("stack backtrace"),
+        "{stderr}"
+    );
+}
