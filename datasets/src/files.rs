@@ -72,6 +72,26 @@ pub(crate) fn files_with_extension(folder: &Path, extension: &str) -> Result<Vec
     Ok(files)
 }
 
+/// Sample `index`'s bytes for a writer of a set (`stoker convert`): a sample that cannot be read
+/// by its own fault (a broken link, a file gone) is written empty, so the set holds the same
+/// samples in the same order and it reads back as the same bad sample (logged); a read that
+/// failed for another reason (the disk, descriptors) fails the write.
+pub(crate) fn read_or_placeholder(source: &dyn crate::SampleSource, index: u64) -> Result<Vec<u8>> {
+    match source.read(index) {
+        Ok(bytes) => Ok(bytes),
+        Err(error) if error.read_fault() == crate::ReadFault::Sample => {
+            tracing::warn!(
+                index,
+                sample = %source.describe(index),
+                %error,
+                "a sample that cannot be read is written empty: it reads back as the same bad sample"
+            );
+            Ok(Vec::new())
+        }
+        Err(error) => Err(error),
+    }
+}
+
 /// Whether `folder` holds `*.extension` files, or one a write left unfinished (which opening it
 /// refuses by name, rather than it being taken for another format).
 pub(crate) fn folder_holds(folder: &Path, extension: &str) -> bool {

@@ -328,3 +328,28 @@ fn a_datasets_notices_reach_the_commands_log() {
         "{log}"
     );
 }
+
+/// One broken link in the folder ended `convert` (training reads it as a bad sample): it is
+/// written empty, so the tar shards and the Parquet files give the folder's batches, the same
+/// substitute in its place.
+#[test]
+fn a_sample_that_cannot_be_read_is_converted_as_the_same_bad_sample() {
+    let dir = tempfile::tempdir().unwrap();
+    let folder = dir.path().join("folder");
+    common::make_images(&folder, 12);
+    std::os::unix::fs::symlink(dir.path().join("gone.jpg"), folder.join("class_01/aa.jpg"))
+        .unwrap();
+    let expected = digest_of_batches(&folder, "2", &["--no-shuffle"]);
+    for to in ["tar", "parquet"] {
+        let out = dir.path().join(to);
+        let done = stoker(&convert_args(&folder, to, &out, &[]));
+        let stderr = String::from_utf8_lossy(&done.stderr);
+        assert!(done.status.success(), "{to}: {stderr}");
+        assert!(stderr.contains("written empty"), "{to}: {stderr}");
+        assert_eq!(
+            digest_of_batches(&out, "2", &["--no-shuffle"]),
+            expected,
+            "{to}"
+        );
+    }
+}

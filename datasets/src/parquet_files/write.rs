@@ -245,7 +245,7 @@ pub fn write_parquet(
     let mut pending = PendingRows::default();
     let result = (|| -> Result<()> {
         for index in 0..source.len() {
-            let image = source.read(index)?;
+            let image = crate::files::read_or_placeholder(source, index)?;
             let full = current.as_ref().is_some_and(|file| {
                 file.rows + pending.len() as u64 > 0
                     && file.bytes_with(&pending) + image.len() as u64 > options.file_bytes

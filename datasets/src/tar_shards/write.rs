@@ -191,7 +191,7 @@ pub fn write_tar_shards(
     let mut finished: Vec<(PathBuf, PathBuf)> = Vec::new();
     let result = (|| -> Result<()> {
         for index in 0..source.len() {
-            let image = source.read(index)?;
+            let image = crate::files::read_or_placeholder(source, index)?;
             let described = source.describe(index);
             let extension = image_extension(&image, &described)?;
             let label = source.label(index).to_string();
