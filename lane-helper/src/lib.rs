@@ -280,6 +280,8 @@ enum Fault {
     Unsent,
     /// It answers with a device row though it has no device.
     DeviceRow,
+    /// It answers every batch as failed, as a lane whose CUDA context broke would.
+    Error,
 }
 
 /// The fault `value` asks for and after how many answers (`kind:count`), or why it is not one.
@@ -290,9 +292,11 @@ fn fault_of(value: &str) -> Result<(Fault, u64), String> {
         "garbage" => Fault::Garbage,
         "unsent" => Fault::Unsent,
         "device-row" => Fault::DeviceRow,
+        "error" => Fault::Error,
         other => {
             return Err(format!(
-                "{FAULT_VARIABLE}: no fault {other:?} (exit, garbage, unsent, device-row)"
+                "{FAULT_VARIABLE}: no fault {other:?} (exit, garbage, unsent, device-row, \
+                 error)"
             ))
         }
     };
@@ -370,6 +374,9 @@ fn serve_without_device(
                 if let Some(first) = built.cpu.pop() {
                     built.rows.push(first.row);
                 }
+            }
+            Some((Fault::Error, _)) => {
+                built.error = "CUDA_ERROR_ILLEGAL_ADDRESS (the test fault)".into();
             }
         }
         write_message(

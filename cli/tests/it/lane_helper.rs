@@ -274,6 +274,12 @@ fn a_helper_out_of_step_in_any_way_costs_the_run_nothing() {
         ),
         ("unsent:3", "which was not sent"),
         ("device-row:3", "device rows where its buffer holds 0"),
+        // Every batch answered as failed (a broken CUDA context): it served on, never lost,
+        // its share of each batch rebuilt on one thread, nothing said above debug.
+        (
+            "error:3",
+            "its lane failed 3 batches in a row, the last with: CUDA_ERROR",
+        ),
     ];
     for (fault, named) in faults {
         let env = [(NO_DEVICE_VARIABLE, "1"), (FAULT_VARIABLE, fault)];
@@ -286,6 +292,14 @@ fn a_helper_out_of_step_in_any_way_costs_the_run_nothing() {
         let helper = starter.helper().unwrap();
         let lost = helper.lost().expect("the helper is known lost");
         assert!(lost.contains(named), "{fault}: {lost}");
+        // Lost, it takes no share: the figures and the split a step saves say so (they said
+        // the split asked for, which a resume would have repeated).
+        assert_eq!(helper.figures().split_pct, 0.0, "{fault}");
+        assert_eq!(
+            stoker_loader::DecodeLane::split_at(&*helper, 9, 0),
+            0,
+            "{fault}"
+        );
         dropped_and_reaped(helper, loader, fault);
     }
 }

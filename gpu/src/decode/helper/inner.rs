@@ -64,6 +64,8 @@ pub(super) struct Inner {
     pub(super) returned: Condvar,
     /// Why the helper was lost; set once.
     pub(super) lost: Mutex<Option<String>>,
+    /// Batches the helper answered as failed since the last it built.
+    pub(super) failed_in_a_row: AtomicU64,
     /// Set when the lane shuts down.
     pub(super) closed: AtomicBool,
     pub(super) next_id: AtomicU64,
@@ -75,6 +77,9 @@ pub(super) struct Inner {
     /// once it is lost or the lane closed, and it ended: its pages went with it).
     pub(super) pinned: Mutex<Option<PinnedShare>>,
 }
+
+/// Batches in a row the helper answers as failed before it is taken as lost.
+pub(super) const FAILED_BATCHES_LOST_AFTER: u64 = 3;
 
 /// The buffer of a batch taken while the helper is lost: none (the batch is built on the CPU).
 pub(super) const NO_RING: usize = usize::MAX;
@@ -215,6 +220,9 @@ impl Inner {
             Some((Ok(()), built)) => Some(built),
             None => None,
         };
+        if built.as_ref().is_some_and(|built| built.error.is_empty()) {
+            self.failed_in_a_row.store(0, Ordering::Relaxed);
+        }
         let (positions, cpu): (Vec<u32>, Vec<(CpuRow, Option<usize>)>) = match &built {
             Some(built) if built.error.is_empty() && self.device.is_some() => (
                 built.rows.clone(),
@@ -232,7 +240,16 @@ impl Inner {
             ),
             Some(built) if built.error.is_empty() => (Vec::new(), all_cpu()),
             Some(built) => {
-                tracing::debug!(error = %built.error, step, "the helper could not build a batch; building its rows on the CPU");
+                // A lane whose context broke fails every batch: taken as lost after a few, so
+                // its share of each batch stops being sent to it.
+                let failed = self.failed_in_a_row.fetch_add(1, Ordering::Relaxed) + 1;
+                tracing::warn!(error = %built.error, step, failed_in_a_row = failed, "the GPU decode lane's helper could not build a batch; its rows are built on the CPU");
+                if failed >= FAILED_BATCHES_LOST_AFTER {
+                    self.lose(format!(
+                        "its lane failed {failed} batches in a row, the last with: {}",
+                        built.error
+                    ));
+                }
                 (Vec::new(), all_cpu())
             }
             None => (Vec::new(), all_cpu()),

@@ -215,6 +215,7 @@ impl HelperLane {
             free: Mutex::new((0..ring_slots).rev().collect()),
             returned: Condvar::new(),
             lost: Mutex::new(None),
+            failed_in_a_row: AtomicU64::new(0),
             closed: AtomicBool::new(false),
             next_id: AtomicU64::new(0),
             answer_timeout: helper.answer_timeout,
@@ -319,6 +320,9 @@ impl HelperLane {
             started.hardware,
         );
         figures.lost = lock(&inner.lost).clone();
+        if figures.lost.is_some() {
+            figures.split_pct = 0.0;
+        }
         figures
     }
 
@@ -489,6 +493,11 @@ impl super::backend::StepLane for HelperLane {
 
 impl DecodeLane for HelperLane {
     fn split_at(&self, epoch: u64, step: u64) -> u8 {
+        // A lost helper takes no share: the split a step saves (and a resume repeats) is the
+        // one it was built with.
+        if lock(&self.inner.lost).is_some() {
+            return 0;
+        }
         self.inner.split.split_at(epoch, step, &self.inner.stats)
     }
 
