@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 import stoker
+from stoker import _native
 
 _CHILD = """
 import json, os, sys
@@ -46,8 +47,9 @@ def test_a_whole_node_affinity_is_divided_by_local_world_size(dataset: Path) -> 
     if len(node) < 2:
         pytest.skip("needs at least 2 CPUs")
     threads, rule = _threads(dataset, node, "2")
-    assert threads == len(node) // 2
-    assert "LOCAL_WORLD_SIZE=2" in rule
+    # The node's CPUs, or fewer under a cgroup quota, which the division honours too.
+    assert threads == max(1, min(len(node), _native.available_threads()) // 2)
+    assert "LOCAL_WORLD_SIZE=2" in rule and "cgroup quota" in rule
 
 
 @needs_affinity

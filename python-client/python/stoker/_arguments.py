@@ -17,6 +17,8 @@ import sys
 from collections.abc import Callable, Mapping
 from typing import Any, Final, Literal, TypeGuard
 
+from stoker import _native
+
 # DataLoader arguments with no Stoker meaning, and what to use instead.
 DATALOADER_ONLY: Final[Mapping[str, str]] = {
     "num_workers": "use num_threads=N (decode threads in this process; no worker processes); "
@@ -273,9 +275,12 @@ def default_threads() -> tuple[int, str]:
     affinity = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None
     node = os.cpu_count()
     if local_world > 1 and affinity is not None and node is not None and affinity >= node:
+        # The affinity alone does not see a cgroup quota (a pod limited to 8 CPUs of 96).
+        available = min(affinity, _native.available_threads())
         return (
-            max(1, affinity // local_world),
-            f"{affinity} CPUs of the node divided by LOCAL_WORLD_SIZE={local_world}",
+            max(1, available // local_world),
+            f"{available} CPUs available to the node's ranks (affinity and cgroup quota) "
+            f"divided by LOCAL_WORLD_SIZE={local_world}",
         )
     if local_world > 1:
         return 0, f"the {affinity} CPUs of this rank's affinity (already split by the launcher)"

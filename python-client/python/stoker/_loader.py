@@ -1,4 +1,4 @@
-"""``stoker.Loader``: Stoker's training-loop side, a drop-in for torch's ``DataLoader``.
+"""``stoker.Loader``: Stoker's training-loop side, in the place of torch's ``DataLoader``.
 
 The loader's story in Python: its arguments checked before any thread starts or any file is
 read (:mod:`stoker._arguments`, :class:`stoker._placement.Placement`), handed to the native
@@ -122,8 +122,9 @@ class Loader(FromDataset, SavedState, Stats):
         num_threads: decode threads; ``None``: the CPUs this process may run on (affinity and
             cgroup quota), except under a launcher such as ``torchrun`` that starts
             ``LOCAL_WORLD_SIZE`` ranks on a node without pinning them: when this process's
-            affinity covers every CPU of the node, that count is divided by
-            ``LOCAL_WORLD_SIZE`` (so 8 ranks do not start 8 node's worth of threads); an
+            affinity covers every CPU of the node, the CPUs available (that affinity, or fewer
+            under a cgroup quota) are divided by ``LOCAL_WORLD_SIZE`` (so 8 ranks do not
+            start 8 node's worth of threads); an
             affinity already narrowed by the launcher is used as it is. ``stats()["thread_rule"]``
             says which rule applied.
         rank: this process's part of each epoch; default: ``torch.distributed`` when it is
@@ -470,7 +471,9 @@ class Loader(FromDataset, SavedState, Stats):
 
     @property
     def pipeline(self) -> list[Op]:
-        """The checked pipeline, led by its ``DecodeImage``."""
+        """The checked pipeline of a native source (an image pipeline led by its
+        ``DecodeImage``); empty for ``Loader.from_dataset``, whose ``pipeline=`` runs on the
+        bytes in each sample as the dataset's samples are loaded."""
         return list(self._ops)
 
     # -- iteration --------------------------------------------------------------------------
