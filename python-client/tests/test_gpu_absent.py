@@ -112,6 +112,8 @@ def test_device_needs_torch_output(make_loader: Callable[..., stoker.Loader]) ->
         ({"pin_memory": 1}, "pin_memory must be True or False"),
         ({"pinned_memory_budget": 0}, r"positive number of bytes \(this process's own\)"),
         ({"pinned_memory_budget": "4G"}, "pinned_memory_budget must be a positive"),
+        # Taken and ignored on a loader that locks no page.
+        ({"pinned_memory_budget": 1 << 30}, "only pin_memory=True or device='cuda' uses"),
         ({"device": "tpu"}, "device must be"),
         ({"device": "cuda:x"}, "device must be"),
     ],

@@ -85,6 +85,11 @@ class Placement:
             if pinned_memory_budget is None
             else check_budget(pinned_memory_budget)
         )
+        if index is None and not pin and pinned_memory_budget is not None:
+            raise ValueError(
+                "pinned_memory_budget bounds page-locked memory, which only pin_memory=True "
+                "or device='cuda' uses: give one of them, or leave the budget out"
+            )
         shown = None if device is None else str(device)
         return cls(shown, index, pin, budget, dtype, memory_format, decode_on, lane_memory)
 
