@@ -1790,3 +1790,34 @@ def test_samples_whose_seeds_share_their_low_half_draw_apart() -> None:
             loader.load_state_dict(dict(state, step=index))
             draws.append(next(iter(loader))[0].copy())
     assert not np.array_equal(draws[0], draws[1])
+
+
+_UNGUARDED_SCRIPT = """
+import sys
+import numpy as np
+import stoker
+
+class Squares:
+    def __len__(self):
+        return 12
+    def __getitem__(self, index):
+        return np.full(3, index * index, dtype=np.int64)
+
+try:
+    stoker.Loader.from_dataset(Squares(), batch_size=4, num_workers=1,
+                               multiprocessing_context="spawn", output="numpy", timeout=60)
+except stoker.DatasetError as error:
+    print("DatasetError:", error)
+"""
+
+
+def test_a_script_without_a_main_guard_under_spawn_is_told_what_to_do(tmp_path: Path) -> None:
+    """A spawned worker re-runs the script, whose loader it cannot start: the private
+    ``_WorkerDied`` reached the user, naming neither the cause nor the fix."""
+    script = tmp_path / "train.py"
+    script.write_text(_UNGUARDED_SCRIPT)
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                          timeout=120)
+    said = done.stdout.strip()
+    assert said.startswith("DatasetError: dataset worker process 0"), (said, done.stderr)
+    assert "if __name__ == \"__main__\":" in said and "'spawn'" in said, said

@@ -531,7 +531,14 @@ class ProcessBuilder:
         """The layout of ``dataset[0]``, read by worker 0 and sent to every worker."""
         first = self._workers[0]
         with first.lock:
-            reply = first.call(("probe",), "reading dataset[0]", timeout)
+            try:
+                reply = first.call(("probe",), "reading dataset[0]", timeout)
+            except _WorkerDied as died:
+                # Its own error went to its stderr, which is this process's.
+                hint = ("" if first.start_method == "fork" else
+                        f"; under the {first.start_method!r} start method a script must "
+                        "make the loader under `if __name__ == \"__main__\":`")
+                raise DatasetError(f"{died} (its error is on stderr above{hint})") from None
         if reply[0] == "refused":
             kind = TypeError if reply[1] == "TypeError" else DatasetError
             raise kind(reply[2])
