@@ -26,7 +26,8 @@ const HIERARCHY: [(&str, Option<&str>, &str); 9] = [
     (
         "DecodeError",
         None,
-        "A sample could not be read or decoded (raised under on_error=\"fail\"); the message \
+        "A sample could not be read or decoded (raised under on_error=\"fail\", or under \
+         \"skip\" when none of the samples tried in its place could be either); the message \
          names the file.",
     ),
     (

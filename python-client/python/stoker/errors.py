@@ -1,17 +1,21 @@
 """The exceptions Stoker raises, rooted at :class:`StokerError`.
 
 They are defined by the native module (so Rust errors map onto them without a translation
-layer) and re-exported here, so ``except stoker.StokerError`` catches every Stoker failure.
-Some also derive from the built-in a caller would reach for: :class:`PipelineError` is a
-``ValueError``, :class:`LoaderTimeoutError` a ``TimeoutError``; a missing path is Python's own
-``FileNotFoundError``.
+layer) and re-exported here, so ``except stoker.StokerError`` catches Stoker's failures to
+load data. Some also derive from the built-in a caller would reach for: :class:`PipelineError`
+is a ``ValueError``, :class:`LoaderTimeoutError` a ``TimeoutError``. Bad arguments and settings
+are Python's own: ``ValueError`` (an argument out of range, a ``load_state_dict`` of other
+settings), ``TypeError`` (an unknown keyword), ``FileNotFoundError`` (a missing path),
+``NotADirectoryError`` (a file where a folder is read) and ``PermissionError`` (a dataset
+outside the workers' ``--data-root``).
 
 - :class:`StokerError`: the root; also raised for using a closed loader, or one inherited
   across ``fork()``.
 - :class:`DatasetError`: the source cannot be opened or indexed (not an image folder, no
   samples, unreadable).
-- :class:`DecodeError`: a sample cannot be read or decoded under ``on_error="fail"``; the
-  message names the file.
+- :class:`DecodeError`: a sample cannot be read or decoded under ``on_error="fail"`` (or under
+  ``"skip"``, when none of the samples tried in its place can be either); the message names
+  the file.
 - :class:`PipelineError`: the pipeline was refused by the native side.
 - :class:`LoaderTimeoutError`: a wait for a batch passed its deadline, every batch slot is
   held by the caller, or ranks of a torch.distributed job did not make the loader in time; the
