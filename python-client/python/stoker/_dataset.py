@@ -240,7 +240,9 @@ class FromDataset:
           loader (as DataLoader's with ``persistent_workers=True``) and hold the dataset as
           it was when they started: later changes to it do not reach them. A worker that
           cannot load the dataset (its module failing to import there, say) raises
-          :class:`~stoker.DatasetError` with the end of its traceback.
+          :class:`~stoker.DatasetError` with the end of its traceback; one that dies as it
+          starts (a script without a ``__main__`` guard under spawn), a ``DatasetError`` saying
+          so, its own error on stderr.
 
         Determinism: :func:`stoker.sample_rng` (a numpy generator) and
         :func:`stoker.sample_seed` give the code a seed of (seed, epoch, index), the same for
