@@ -458,3 +458,20 @@ def test_steps_reported_beside_the_lane_show_their_cost_in_stats(
         native.record_gpu_idle(0.0, 0.01, 0.001)
     with pytest.raises(ValueError, match="finite and >= 0"):
         native.record_gpu_idle(0.0, 0.01, -1.0, 0.01)
+
+
+def test_auto_decoding_on_the_cpu_is_a_warning_once_per_reason(
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``decode="auto"`` that could not use the GPU lane said so at INFO, or (without a
+    device) not at all: a user who asked for the lane never learned it did not run."""
+    monkeypatch.setattr(gpu, "_AUTO_SAID", set())
+    with caplog.at_level("WARNING", logger="stoker"):
+        assert gpu.check_decode("auto", None, None, None)[0] == "cpu"
+        assert gpu.check_decode("auto", None, None, None)[0] == "cpu"
+        no_driver()
+        assert gpu.lane_decode("auto", 0) == "cpu"
+        assert gpu.lane_decode("auto", 0) == "cpu"
+    said = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert len(said) == 2, said
+    assert "no device= was given" in said[0] and "the GPU lane cannot run" in said[1], said

@@ -101,6 +101,17 @@ def check_budget(budget: object) -> int:
 
 _log = logging.getLogger("stoker")
 
+# What ``decode="auto"`` fell back to the CPU for, said once each per process.
+_AUTO_SAID: set[str] = set()
+
+
+def _auto_on_the_cpu(why: str) -> None:
+    """Says once per process (a warning on logger ``stoker``) why ``decode="auto"`` decodes
+    on the CPU: a user who asked for the GPU lane learns it does not run."""
+    if why not in _AUTO_SAID:
+        _AUTO_SAID.add(why)
+        _log.warning("decode='auto' decodes on the CPU: %s", why)
+
 _DECODES = ("cpu", "gpu", "auto")
 
 # The least gpu_memory taken: the lane needs room for two batches of rows and its decoding.
@@ -141,6 +152,8 @@ def check_decode(
                 "decode='gpu' decodes on the GPU the batches are delivered to: give "
                 "device='cuda' (or 'cuda:N')"
             )
+        _auto_on_the_cpu("the GPU lane decodes on the GPU the batches are delivered to, and "
+                         "no device= was given")
         return "cpu", memory
     return str(decode), memory
 
@@ -158,14 +171,14 @@ def cuda_library_dirs() -> list[str]:
 
 def lane_decode(decode: str, index: int) -> str:
     """``decode`` when the GPU decode lane can run on device ``index``; for ``"auto"`` where
-    it cannot, ``"cpu"`` (logged once); for ``"gpu"`` a :class:`~stoker.GpuUnavailableError`
-    naming what is missing."""
+    it cannot, ``"cpu"`` (a warning, once per reason); for ``"gpu"`` a
+    :class:`~stoker.GpuUnavailableError` naming what is missing."""
     problem = _native.gpu_decode_unavailable(index, cuda_library_dirs())
     if problem is None:
         return decode
     if decode == "gpu":
         raise GpuUnavailableError(f"decode='gpu' cannot run on cuda:{index}: {problem}")
-    _log.info("decode='auto' decodes on the CPU: the GPU lane cannot run (%s)", problem)
+    _auto_on_the_cpu(f"the GPU lane cannot run ({problem})")
     return "cpu"
 
 
