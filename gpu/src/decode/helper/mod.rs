@@ -33,7 +33,7 @@ use super::lane::{CpuRow, LaneDiverter, LaneSplit, LaneStats};
 use super::{GpuDecodeError, GpuDecodeOptions, LaneTask, RowTail};
 use inner::{end, lock, Inner, Pending, NO_RING};
 use process::{
-    discard, end_and_close, failed, open_device, read_answers, spawn, watch_answers,
+    check_started, discard, end_and_close, failed, open_device, read_answers, spawn, watch_answers,
     without_sigpipe, Spawned,
 };
 use wire::{image_message, write_message};
@@ -178,6 +178,10 @@ impl HelperLane {
             },
             _ => None,
         };
+        let answer = (tail.element.name(), tail.row_bytes(height, width));
+        if let Err(why) = check_started(&started, answer, batch_size) {
+            return Err(failed(&mut child, format!("its start answer: {why}")));
+        }
         let device = match started.device {
             false => None,
             true => match open_device(options.device, &started) {

@@ -183,6 +183,44 @@ pub(super) fn open_device(
     )
 }
 
+/// Whether a helper's start answer `started` describes output buffers this loader can read:
+/// rows of the tail's element type, 1 to [`MOST_RING_SLOTS`] buffers each holding a row at least
+/// and no more than a batch of `batch_size` rows of `row_bytes` (rounded up to 4 KiB); else why
+/// not. Checked before anything is opened or allocated from it.
+pub(super) fn check_started(
+    started: &HelperStarted,
+    (element, row_bytes): (&str, usize),
+    batch_size: usize,
+) -> Result<(), String> {
+    if !started.device {
+        return Ok(());
+    }
+    if started.rows_dtype != element {
+        return Err(format!(
+            "its rows are {}, where this loader reads {element}",
+            started.rows_dtype
+        ));
+    }
+    if !(1..=MOST_RING_SLOTS).contains(&started.ring_slots) {
+        return Err(format!("it names {} output buffers", started.ring_slots));
+    }
+    let most = batch_size
+        .saturating_mul(row_bytes)
+        .div_ceil(4096)
+        .saturating_mul(4096);
+    let slot = usize::try_from(started.ring_slot_bytes).unwrap_or(usize::MAX);
+    if slot < row_bytes || slot > most {
+        return Err(format!(
+            "its output buffers are {slot} bytes, where a row is {row_bytes} and a batch {most} \
+             at most"
+        ));
+    }
+    Ok(())
+}
+
+/// The most output buffers a helper may name (its lane plans 2 to 8).
+const MOST_RING_SLOTS: u32 = 8;
+
 /// The reader's thread: finishes each batch the helper answers; once its stdout ends (or says
 /// something out of step), takes it as lost and builds what it owed on the CPU.
 pub(super) fn read_answers(inner: &Arc<Inner>, stdout: BufReader<ChildStdout>) {
@@ -357,6 +395,70 @@ mod tests {
     use super::*;
     use std::io::Write;
     use std::os::unix::process::ExitStatusExt;
+
+    /// A start answer out of step with this loader (another build, a damaged pipe) set up
+    /// its buffers from unchecked numbers: events and a device allocation per named buffer,
+    /// rows of another element type read as this loader's.
+    #[test]
+    fn a_start_answer_out_of_step_is_refused_before_anything_is_opened() {
+        let row = 3 * 32 * 32;
+        let good = HelperStarted {
+            device: true,
+            rows_dtype: "uint8".into(),
+            ring_slots: 4,
+            ring_slot_bytes: (8 * row) as u64,
+            ..HelperStarted::default()
+        };
+        assert_eq!(check_started(&good, ("uint8", row), 8), Ok(()));
+        let cases = [
+            (
+                HelperStarted {
+                    rows_dtype: "float16".into(),
+                    ..good.clone()
+                },
+                "float16",
+            ),
+            (
+                HelperStarted {
+                    ring_slots: 0,
+                    ..good.clone()
+                },
+                "0 output buffers",
+            ),
+            (
+                HelperStarted {
+                    ring_slots: u32::MAX,
+                    ..good.clone()
+                },
+                "output buffers",
+            ),
+            (
+                HelperStarted {
+                    ring_slot_bytes: 10,
+                    ..good.clone()
+                },
+                "10 bytes",
+            ),
+            (
+                HelperStarted {
+                    ring_slot_bytes: u64::MAX,
+                    ..good.clone()
+                },
+                "a batch",
+            ),
+        ];
+        for (started, named) in cases {
+            let why = check_started(&started, ("uint8", row), 8).unwrap_err();
+            assert!(why.contains(named), "{why}");
+        }
+        // Without a device no buffer is opened: nothing to check.
+        let deviceless = HelperStarted {
+            device: false,
+            ring_slots: 0,
+            ..good
+        };
+        assert_eq!(check_started(&deviceless, ("uint8", row), 8), Ok(()));
+    }
 
     const CHILD: &str = "STOKER_TEST_SIGPIPE_CHILD";
     const NAME: &str = "decode::helper::process::tests::a_write_to_a_helper_that_ended_fails_and_this_process_lives_on";
