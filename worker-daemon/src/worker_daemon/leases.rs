@@ -23,6 +23,7 @@ use super::opening::{job_entry, OpenBackoff, Unopened};
 use super::reports::{
     heartbeat_loop, put_back_counts, report_loop, reported_tasks, take_report, unreported_lost,
 };
+use super::subscriptions::Found;
 use super::{lock, Outcome, Shared, WorkerConfig, LEAVE_RESERVE};
 
 /// How a spell of leasing from one registration ended.
@@ -386,8 +387,10 @@ async fn send_error(shared: &Shared, task: &TaskLease, status: Status) -> Outcom
     let wait = shared.delivery_timeout;
     let unclaimed =
         |why: &str| Outcome::Unclaimed(task.lease_id, format!("its error was not taken: {why}"));
-    let Some(sender) = shared.subscription(key, wait).await else {
-        return unclaimed("no stream from the client");
+    let sender = match shared.subscription(key, wait).await {
+        Found::Open(sender) => sender,
+        Found::Gone => return unclaimed("the client's stream of this opening closed"),
+        Found::NotYet => return unclaimed("no stream from the client"),
     };
     match tokio::time::timeout(wait, sender.send(Err(status))).await {
         Ok(Ok(())) => Outcome::Completed(task.lease_id),
@@ -407,10 +410,20 @@ async fn deliver(shared: &Shared, task: &TaskLease, batch: stoker_pipeline::Batc
     let wait = shared.delivery_timeout;
     let session = token.session_id;
     let unclaimed = |why: String| Outcome::Unclaimed(task.lease_id, why);
-    let Some(sender) = shared.subscription(key, wait).await else {
-        return unclaimed(format!(
-            "no stream from the client of session {session} within {wait:?}"
-        ));
+    let sender = match shared.subscription(key, wait).await {
+        Found::Open(sender) => sender,
+        // The client opened its session again (this lease is stale) or ended.
+        Found::Gone => {
+            return unclaimed(format!(
+                "the stream of this opening of session {session} closed (its client opened \
+                 the session again, or ended)"
+            ))
+        }
+        Found::NotYet => {
+            return unclaimed(format!(
+                "no stream from the client of session {session} within {wait:?}"
+            ))
+        }
     };
     // The wire's form only as it goes onto the client's stream.
     match tokio::time::timeout(wait, sender.send(Ok(batch.into()))).await {

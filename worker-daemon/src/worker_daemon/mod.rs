@@ -311,28 +311,23 @@ impl Shared {
         lock(&self.subscriptions).end_stalled(key, sender)
     }
 
-    /// Waits until the client of `key` has opened its stream, up to `wait`; `None` at once when
-    /// the stream it opened has closed.
-    async fn subscription(
-        &self,
-        key: Key,
-        wait: Duration,
-    ) -> Option<mpsc::Sender<client_stream::Item>> {
+    /// Waits until the client of `key` has opened its stream, up to `wait` (`NotYet` past it);
+    /// `Gone` at once when the stream it opened has closed.
+    async fn subscription(&self, key: Key, wait: Duration) -> Found {
         let deadline = tokio::time::Instant::now() + wait;
         loop {
             let notified = self.subscribed.notified();
             tokio::pin!(notified);
             notified.as_mut().enable();
             match lock(&self.subscriptions).find(&key) {
-                Found::Open(sender) => return Some(sender),
-                // Its process died, or it lost the stream and opens its session again, which
-                // grants the step again (this lease is then stale). Waiting would hold one of
-                // the worker's delivery permits, which other jobs' batches wait for.
-                Found::Gone => return None,
+                // Gone: its process died, or it lost the stream and opens its session again,
+                // which grants the step again (this lease is then stale). Waiting would hold
+                // one of the worker's delivery permits, which other jobs' batches wait for.
                 Found::NotYet => {}
+                found => return found,
             }
             if tokio::time::timeout_at(deadline, notified).await.is_err() {
-                return None;
+                return Found::NotYet;
             }
         }
     }
