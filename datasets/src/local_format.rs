@@ -1,8 +1,9 @@
 //! Which format a local dataset path is read as, decided in one place for the loader, `stoker
 //! inspect` and the command line's choice of pipeline, so the three never read one folder as
-//! different formats. A folder whose data files are of more than one format, or that holds data
-//! files beside image class folders, is refused by name: read as any one of them, the rest of
-//! the folder would be left out without a word.
+//! different formats. Tar shards take the Parquet and JSONL files beside them as what they are
+//! in the sets img2dataset writes (each shard's metadata); a folder of Parquet and JSONL files
+//! both, or of data files beside image class folders, is refused by name: read as any one of
+//! them, the rest of the folder would be left out without a word.
 
 use std::path::{Path, PathBuf};
 
@@ -35,8 +36,9 @@ pub enum LocalFormat {
 
 /// The format `path` is read as when none is named, in this order: tar shards, a Hugging Face
 /// folder, MDS shards, Parquet, a token file or Megatron corpus, JSONL, else an image folder.
-/// A folder holding data files of two formats (`.tar`, `.parquet`, `.jsonl`), or data files
-/// beside a subfolder of images, is [`Error::MixedFormats`].
+/// A folder holding Parquet and JSONL files both, or Parquet or JSONL files beside two or more
+/// subfolders of images (class folders: one may be the images a Parquet file's cells name by
+/// path), is [`Error::MixedFormats`]; a folder of tar shards is read as tar shards.
 pub fn local_format(path: &Path) -> Result<LocalFormat> {
     if path.is_dir() && !looks_like_hf_dataset(path) && !looks_like_mds(path) {
         check_one_format(path)?;
@@ -62,13 +64,17 @@ pub fn local_format(path: &Path) -> Result<LocalFormat> {
     })
 }
 
-/// Refuses a folder whose data files are of two formats, or that holds data files beside a
-/// subfolder of images. Hidden entries (`.stoker-idx`, a `.cache`) and macOS's AppleDouble
-/// `._*` files are passed over, as the formats' readers pass them over.
+/// Refuses a folder whose Parquet and JSONL files are both there, or that holds them beside two
+/// or more subfolders of images, unless tar shards are there (their sidecars). Hidden entries
+/// (`.stoker-idx`, a `.cache`) and macOS's AppleDouble `._*` files are passed over, as the
+/// formats' readers pass them over.
 fn check_one_format(folder: &Path) -> Result<()> {
+    if looks_like_tar_shards(folder) {
+        return Ok(());
+    }
     let entries = std::fs::read_dir(folder).map_err(|source| Error::io(folder, source))?;
     let mut data: Option<(FileKind, PathBuf)> = None;
-    let mut class_folder: Option<PathBuf> = None;
+    let mut class_folders: Vec<PathBuf> = Vec::new();
     let mut names: Vec<PathBuf> = Vec::new();
     for entry in entries {
         let path = entry.map_err(|source| Error::io(folder, source))?.path();
@@ -83,8 +89,8 @@ fn check_one_format(folder: &Path) -> Result<()> {
     names.sort();
     for path in names {
         if path.is_dir() {
-            if class_folder.is_none() && holds_an_image(&path) {
-                class_folder = Some(path);
+            if class_folders.len() < 2 && holds_an_image(&path) {
+                class_folders.push(path);
             }
             continue;
         }
@@ -108,11 +114,11 @@ fn check_one_format(folder: &Path) -> Result<()> {
             Some(_) => {}
         }
     }
-    match (data, class_folder) {
-        (Some((kind, file)), Some(class)) => Err(mixed(
+    match (data, class_folders.as_slice()) {
+        (Some((kind, file)), [first, _]) => Err(mixed(
             folder,
             (&file, kind.name()),
-            (&class, "a folder of images"),
+            (first, "a class folder of images"),
         )),
         _ => Ok(()),
     }
@@ -174,6 +180,29 @@ mod tests {
         assert_eq!(local_format(&file).unwrap(), LocalFormat::TarShards);
     }
 
+    /// Layouts users keep that the first version of the rule refused: img2dataset's shards
+    /// with each one's metadata (`00000.parquet`, `00000_stats.json`); a Parquet file whose
+    /// Image cells name files in a folder beside it.
+    #[test]
+    fn shards_with_their_metadata_and_parquet_with_its_images_are_read() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path();
+        for name in [
+            "00000.tar",
+            "00000.parquet",
+            "00000_stats.json",
+            "00001.tar",
+        ] {
+            touch(&root.join(name));
+        }
+        touch(&root.join("notes.jsonl"));
+        assert_eq!(local_format(root).unwrap(), LocalFormat::TarShards);
+        let parquet = tempfile::tempdir().unwrap();
+        touch(&parquet.path().join("data.parquet"));
+        touch(&parquet.path().join("images/1.jpg"));
+        assert_eq!(local_format(parquet.path()).unwrap(), LocalFormat::Parquet);
+    }
+
     /// A convert stopped between its renames left a set whose named files read as a smaller
     /// set (52 samples of 60, no word); one stopped before any left a folder read as an image
     /// folder without classes.
@@ -204,27 +233,29 @@ mod tests {
         }
     }
 
-    /// A stray `notes.jsonl` beside tar shards made `stoker inspect` report JSONL, the CLI ask
-    /// for a tokenizer and the loader read the shards; one stray Parquet file beside class
-    /// folders was trained on alone.
+    /// Parquet and JSONL files in one folder were read as Parquet by the loader and as JSONL
+    /// by `stoker inspect`; one stray Parquet file beside class folders was trained on alone.
     #[test]
-    fn a_folder_of_two_formats_or_of_data_beside_images_is_refused_by_name() {
+    fn a_folder_of_two_formats_or_of_data_beside_class_folders_is_refused_by_name() {
         let dir = tempfile::tempdir().unwrap();
         let root = dir.path();
-        touch(&root.join("shard-000000.tar"));
+        touch(&root.join("part-0.parquet"));
         touch(&root.join("notes.jsonl"));
         let message = local_format(root).unwrap_err().to_string();
         assert!(
             message.contains("notes.jsonl (JSONL)")
-                && message.contains("shard-000000.tar (tar shards)"),
+                && message.contains("part-0.parquet (Parquet)")
+                && message.contains("format="),
             "{message}"
         );
         let images = tempfile::tempdir().unwrap();
         touch(&images.path().join("cat/1.jpg"));
+        touch(&images.path().join("dog/1.jpg"));
         touch(&images.path().join("x.parquet"));
         let message = local_format(images.path()).unwrap_err().to_string();
         assert!(
-            message.contains("x.parquet (Parquet)") && message.contains("cat (a folder of images)"),
+            message.contains("x.parquet (Parquet)")
+                && message.contains("cat (a class folder of images)"),
             "{message}"
         );
     }

@@ -205,8 +205,8 @@ pub enum Error {
 
     /// Files of several formats named as one source.
     #[error(
-        "{source_name} mixes formats: {first} and {second}; name files of one format (mix \
-             sources of several with stoker.mix)"
+        "{source_name} mixes formats: {first} and {second}; name files of one format (a \
+             pattern), or the format (Python's format=); mix sources of several with stoker.mix"
     )]
     MixedFormats {
         /// The source as written.
