@@ -24,9 +24,19 @@ fn quiet_contained_panics() {
     static ONCE: std::sync::Once = std::sync::Once::new();
     ONCE.call_once(|| {
         let previous = std::panic::take_hook();
+        static FIRST: std::sync::Once = std::sync::Once::new();
         std::panic::set_hook(Box::new(move |info| {
             if CONTAINING.with(|depth| depth.get() > 0) {
-                tracing::debug!(%info, "a contained panic, turned into an error");
+                // The first one with where it was: a bug of Stoker's own in such a region
+                // would show nowhere else.
+                let mut said = false;
+                FIRST.call_once(|| {
+                    said = true;
+                    tracing::warn!(%info, "a contained panic, turned into an error (the first; later ones are logged at debug)");
+                });
+                if !said {
+                    tracing::debug!(%info, "a contained panic, turned into an error");
+                }
             } else {
                 previous(info);
             }
