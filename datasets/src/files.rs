@@ -72,23 +72,60 @@ pub(crate) fn files_with_extension(folder: &Path, extension: &str) -> Result<Vec
     Ok(files)
 }
 
-/// Sample `index`'s bytes for a writer of a set (`stoker convert`): a sample that cannot be read
-/// by its own fault (a broken link, a file gone) is written empty, so the set holds the same
-/// samples in the same order and it reads back as the same bad sample (logged); a read that
-/// failed for another reason (the disk, descriptors) fails the write.
-pub(crate) fn read_or_placeholder(source: &dyn crate::SampleSource, index: u64) -> Result<Vec<u8>> {
-    match source.read(index) {
-        Ok(bytes) => Ok(bytes),
-        Err(error) if error.read_fault() == crate::ReadFault::Sample => {
-            tracing::warn!(
-                index,
-                sample = %source.describe(index),
-                %error,
-                "a sample that cannot be read is written empty: it reads back as the same bad sample"
-            );
-            Ok(Vec::new())
+/// A writer of a set's reads (`stoker convert`): a sample that cannot be read by its own fault
+/// (a broken link, a file gone) is written empty, so the set holds the same samples in the same
+/// order and it reads back as the same bad sample; logged as the loader logs bad samples (the
+/// first 20, then one in 1,000), counted, and said in total at the end, where a set none of
+/// whose samples could be read fails (a folder this user may not read). A read that failed for
+/// another reason (the disk, descriptors) fails the write.
+#[derive(Debug, Default)]
+pub(crate) struct Placeholders {
+    written: u64,
+    first: Option<String>,
+}
+
+impl Placeholders {
+    /// Sample `index`'s bytes, or none for a sample that cannot be read by its own fault.
+    pub(crate) fn read(&mut self, source: &dyn crate::SampleSource, index: u64) -> Result<Vec<u8>> {
+        match source.read(index) {
+            Ok(bytes) => Ok(bytes),
+            Err(error) if error.read_fault() == crate::ReadFault::Sample => {
+                self.written += 1;
+                let said = format!("{}: {error}", source.describe(index));
+                if self.written <= 20 || self.written % 1000 == 0 {
+                    tracing::warn!(
+                        index,
+                        sample = %said,
+                        written_empty = self.written,
+                        "a sample that cannot be read is written empty: it reads back as the same bad sample"
+                    );
+                }
+                self.first.get_or_insert(said);
+                Ok(Vec::new())
+            }
+            Err(error) => Err(error),
         }
-        Err(error) => Err(error),
+    }
+
+    /// At the end of a write of `samples`: an error when none could be read, else the count
+    /// written empty said once.
+    pub(crate) fn finish(&self, samples: u64) -> Result<()> {
+        if self.written == 0 {
+            return Ok(());
+        }
+        let first = self.first.as_deref().unwrap_or_default();
+        if self.written == samples {
+            return Err(Error::InvalidArgument(format!(
+                "none of the {samples} samples could be read (the first: {first})"
+            )));
+        }
+        tracing::warn!(
+            written_empty = self.written,
+            samples,
+            first,
+            "samples that could not be read were written empty"
+        );
+        Ok(())
     }
 }
 
@@ -155,5 +192,45 @@ pub(crate) fn remove_written_set(files: &[(PathBuf, PathBuf)], open: Option<&Pat
     let temporaries = files.iter().map(|(temporary, _)| temporary.as_path());
     for temporary in temporaries.chain(open) {
         let _ = std::fs::remove_file(temporary);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::SampleSource;
+
+    /// Every sample gone (a folder its user may not read) was converted to a set of empty
+    /// samples, logged once per sample, and the convert succeeded.
+    #[test]
+    fn a_set_none_of_whose_samples_reads_is_not_written() {
+        let dir = tempfile::tempdir().unwrap();
+        let spec = crate::SyntheticImageNetSpec {
+            count: 4,
+            seed: 1,
+            classes: 2,
+        };
+        crate::generate_imagenet_like(dir.path(), &spec, &|_| {}).unwrap();
+        let folder = crate::ImageFolder::open(dir.path()).unwrap();
+        let mut placeholders = Placeholders::default();
+        let first = folder.path(0).unwrap();
+        std::fs::remove_file(&first).unwrap();
+        assert!(placeholders.read(&folder, 0).unwrap().is_empty());
+        assert!(!placeholders.read(&folder, 1).unwrap().is_empty());
+        assert!(placeholders.finish(folder.len()).is_ok(), "one of four");
+        for index in 0..folder.len() {
+            if let Some(path) = folder.path(index) {
+                let _ = std::fs::remove_file(path);
+            }
+        }
+        let mut none = Placeholders::default();
+        for index in 0..folder.len() {
+            assert!(none.read(&folder, index).unwrap().is_empty());
+        }
+        let error = none.finish(folder.len()).unwrap_err().to_string();
+        assert!(
+            error.contains("none of the 4 samples could be read"),
+            "{error}"
+        );
     }
 }

@@ -241,11 +241,12 @@ pub fn write_parquet(
         bytes: 0,
     };
     let mut current: Option<OpenFile> = None;
+    let mut placeholders = crate::files::Placeholders::default();
     let mut finished: Vec<(PathBuf, PathBuf)> = Vec::new();
     let mut pending = PendingRows::default();
     let result = (|| -> Result<()> {
         for index in 0..source.len() {
-            let image = crate::files::read_or_placeholder(source, index)?;
+            let image = placeholders.read(source, index)?;
             let full = current.as_ref().is_some_and(|file| {
                 file.rows + pending.len() as u64 > 0
                     && file.bytes_with(&pending) + image.len() as u64 > options.file_bytes
@@ -274,7 +275,7 @@ pub fn write_parquet(
         if let Some(file) = current.take() {
             file.close(&mut pending, &schema, &mut written, &mut finished)?;
         }
-        Ok(())
+        placeholders.finish(source.len())
     })();
     if let Err(error) = result {
         remove_written_set(&finished, current.as_ref().map(|f| f.temporary.as_path()));

@@ -187,11 +187,12 @@ pub fn write_tar_shards(
         )));
     }
     let mut current: Option<OpenShard> = None;
+    let mut placeholders = crate::files::Placeholders::default();
     // Shards written whole: (temporary name, final name).
     let mut finished: Vec<(PathBuf, PathBuf)> = Vec::new();
     let result = (|| -> Result<()> {
         for index in 0..source.len() {
-            let image = crate::files::read_or_placeholder(source, index)?;
+            let image = placeholders.read(source, index)?;
             let described = source.describe(index);
             let extension = image_extension(&image, &described)?;
             let label = source.label(index).to_string();
@@ -232,7 +233,7 @@ pub fn write_tar_shards(
             finished.push(shard);
             written.bytes += bytes;
         }
-        Ok(())
+        placeholders.finish(source.len())
     })();
     if let Err(error) = result {
         remove_written_set(&finished, current.as_ref().map(|s| s.temporary.as_path()));
