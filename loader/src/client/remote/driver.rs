@@ -45,10 +45,12 @@ pub(super) struct Driver {
     pub(super) epoch: u64,
     pub(super) steps: u64,
     /// No batch for this long while credits are out: the session is reopened. Doubled at each
-    /// such reopen, up to [`STALL_REOPEN_GROWTH`] times the setting, so a batch that takes
-    /// longer to build than the setting (large images, a slow store) arrives at last instead of
-    /// being leased again and again; for the rest of the epoch.
+    /// such reopen, up to `stall_most`, so a batch that takes longer to build than the setting
+    /// (large images, a slow store) arrives at last instead of being leased again and again;
+    /// halved again (down to `stall_base`) by each batch that comes within half of it.
     pub(super) stall_reopen: Duration,
+    /// The setting `stall_reopen` started at.
+    pub(super) stall_base: Duration,
     pub(super) worker_grace: Duration,
     /// The most `stall_reopen` grows to.
     pub(super) stall_most: Duration,
@@ -72,6 +74,18 @@ pub(super) struct Driver {
 
 /// How many times its setting the stall before a reopen grows to at most.
 pub(super) const STALL_REOPEN_GROWTH: u32 = 64;
+
+/// The longest the stall before a reopen grows to (where the setting is below it): half the
+/// loader's default deadline, so a batch lost in transit after a slow spell still costs a
+/// reopen, not the deadline.
+pub(super) const STALL_REOPEN_MOST: Duration = Duration::from_secs(300);
+
+/// The most the stall before a reopen grows to from the setting `base`.
+pub(super) fn stall_most(base: Duration) -> Duration {
+    base.saturating_mul(STALL_REOPEN_GROWTH)
+        .min(STALL_REOPEN_MOST)
+        .max(base)
+}
 
 /// How long a reopen waits for the updates on their way to be applied.
 const REOPEN_WAIT: Duration = Duration::from_secs(1);
@@ -324,6 +338,10 @@ impl Driver {
                         if session == token {
                             outstanding = outstanding.saturating_sub(1);
                         }
+                        // A batch well within the wait: the slow spell that grew it is over.
+                        if progress_at.elapsed() < self.stall_reopen / 2 {
+                            self.stall_reopen = (self.stall_reopen / 2).max(self.stall_base);
+                        }
                         progress_at = Instant::now();
                         ahead.insert(step);
                         while ahead.first() == Some(floor) {
@@ -465,5 +483,23 @@ impl Driver {
             close_session(&mut client, last).await;
         }
         end
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_stall_wait_grows_to_64_times_its_setting_but_not_past_300_s() {
+        let ms = Duration::from_millis;
+        assert_eq!(stall_most(ms(5)), ms(320));
+        assert_eq!(stall_most(Duration::from_secs(10)), STALL_REOPEN_MOST);
+        // A setting past the bound stays what it is; one meant to never reopen overflows not.
+        assert_eq!(
+            stall_most(Duration::from_secs(400)),
+            Duration::from_secs(400)
+        );
+        assert_eq!(stall_most(Duration::MAX), Duration::MAX);
     }
 }

@@ -21,8 +21,8 @@
 //!   500 ms while the coordinator lists it;
 //! - no batch for [`RemoteOptions::stall_reopen`] while the consumer waits: the session is
 //!   reopened as well (and logged), so a lost batch costs a delay, never a hang; the wait
-//!   doubles at each such reopen (up to 64 times), so a batch slower to build than the wait is
-//!   not leased again for good;
+//!   doubles at each such reopen (up to 64 times, at most 300 s) and halves again as batches
+//!   come quicker, so a batch slower to build than the wait is not leased again for good;
 //! - a coordinator at its session cap (`RESOURCE_EXHAUSTED`) is asked again with backoff, as
 //!   its silent sessions time out;
 //! - no worker stream open for [`RemoteOptions::worker_grace`] while batches are wanted (every
@@ -69,8 +69,9 @@ pub struct RemoteOptions {
     /// default) for each worker it asks.
     pub connect_timeout: Duration,
     /// No batch for this long while the consumer waits: reopen the session. Each reopen for
-    /// that doubles the wait for the rest of the epoch, up to 64 times this, so batches that
-    /// take longer than this to build still arrive.
+    /// that doubles the wait, up to 64 times this but no more than 300 s (unless this is
+    /// more), so batches that take longer than this to build still arrive; a batch that comes
+    /// within half the wait halves it again, down to this.
     pub stall_reopen: Duration,
     /// No worker stream open for this long while batches are wanted (every worker gone, or the
     /// coordinator not answering): fail with [`Error::WorkerUnavailable`]. Separate from the
@@ -255,6 +256,10 @@ impl BatchSource for RemoteSource {
     /// once the wait for a batch ran out, within [`WHY_ASK_TIMEOUT`]): the cause a timeout
     /// names when every worker hands its tasks back (a store failing for all of them).
     fn reading_now(&self) -> String {
+        // Not from within a runtime, where blocking on this one's would panic.
+        if tokio::runtime::Handle::try_current().is_ok() {
+            return String::new();
+        }
         let mut client = CoordinatorClient::new(self.channel.clone());
         let request = stoker_proto::v1::GetJobRequest {
             job_id: self.job_id(),
@@ -304,7 +309,8 @@ impl BatchSource for RemoteSource {
             epoch,
             steps,
             stall_reopen: self.options.stall_reopen,
-            stall_most: self.options.stall_reopen * driver::STALL_REOPEN_GROWTH,
+            stall_base: self.options.stall_reopen,
+            stall_most: driver::stall_most(self.options.stall_reopen),
             worker_grace: self.options.worker_grace,
             ack_interval: self.options.ack_interval,
             batches: batches_tx,
