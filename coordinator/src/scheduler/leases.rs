@@ -265,10 +265,13 @@ impl Coordinator {
             return Ok(LeaseOutcome::Stale);
         };
         self.stats.failed_leases += 1;
+        // A batch its client's stream did not take (a reopen, a client gone) is no failure of
+        // the job's to name to it later.
         if let Some(job) = self
             .sessions
             .get(&entry.session)
             .and_then(|session| self.jobs.get_mut(&session.job))
+            .filter(|_| credit_back)
         {
             job.last_failure = Some((reason.to_string(), Instant::now()));
         }

@@ -99,7 +99,7 @@ impl CoordinatorService {
         };
         // Figured under the state's lock, handed over after it: the dashboard's lock is held
         // while a page's figures are written out, and every call waits on the state's.
-        let (workers, shares, (live, wanted), gone) = {
+        let (workers, shares, (live, wanted)) = {
             let mut state = lock(&self.state);
             let state = &mut *state;
             // Ranks silent this long (their sessions ended, their processes gone) leave the
@@ -118,6 +118,11 @@ impl CoordinatorService {
                 .into_iter()
                 .map(|(job, rank)| (job_name(&state.core, job), rank))
                 .collect();
+            // Under the state's lock (rare: a rank silent for minutes), so a report that comes
+            // meanwhile registers the rank after this, not before (and is then not forgotten).
+            if !gone.is_empty() {
+                dashboard.forget_ranks(&gone);
+            }
             let jobs: HashSet<u64> = state.core.jobs().map(|(id, _, _)| id.0).collect();
             let last = &mut state.last_refresh;
             last.forget_gone(&state.workers, &jobs, &state.clients);
@@ -127,11 +132,8 @@ impl CoordinatorService {
             let serving = serving_workers(&mut state.serving, &state.workers, Instant::now());
             let shares = job_shares(&state.core, last, interval, serving);
             let fleet = fleet(&state.workers, &state.clients, last);
-            (workers, shares, fleet, gone)
+            (workers, shares, fleet)
         };
-        if !gone.is_empty() {
-            dashboard.forget_ranks(&gone);
-        }
         dashboard.set_workers(workers);
         dashboard.set_shares(shares);
         dashboard.set_fleet(live, wanted);
