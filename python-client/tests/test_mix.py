@@ -447,6 +447,32 @@ def test_a_bad_sample_of_a_mixed_dataset_is_replaced_from_its_own_source(mode: A
         list(loader)
 
 
+class NumbersWithABadRun(Numbers):
+    """Numbers whose first ``bad`` samples raise."""
+
+    def __init__(self, offset: int, count: int, bad: int) -> None:
+        super().__init__(offset, count)
+        self.bad = bad
+
+    def __getitem__(self, index: int) -> dict[str, Any]:
+        if index < self.bad:
+            raise ValueError(f"sample {index} is corrupt")
+        return super().__getitem__(index)
+
+
+def test_a_run_of_bad_samples_in_a_mixed_dataset_is_passed_over() -> None:
+    """A mixed source's run of 20 bad samples ended the run under skip: its replacements were
+    looked for among the next 16 of its samples only, not 32, 64... on as elsewhere."""
+    mixed = {NumbersWithABadRun(0, 200, bad=20): 0.5, Numbers(100_000, 200): 0.5}
+    with stoker.mix(mixed, batch_size=40, window=40, output="numpy", seed=3, on_error="skip",
+                    shuffle=False, num_threads=1) as loader:
+        rows = dataset_rows(loader)
+        stats = loader.stats()
+    assert Counter(s for s, _ in rows) == {0: 200, 1: 200}
+    assert not {v for s, v in rows if s == 0} & set(range(20))
+    assert stats["bad_samples"] == 20
+
+
 def test_a_mixed_datasets_order_is_made_once_and_left_out_of_its_pickle() -> None:
     mixed = MixedDataset(
         [Numbers(0, 800), Numbers(100_000, 400)], [0.7, 0.3], 1 << 20, "samples", 5000, 3, True

@@ -20,13 +20,19 @@ pub const MAX_SUBSTITUTE_TRIES: u64 = 16;
 /// turn: the next [`MAX_SUBSTITUTE_TRIES`], then 32, 64, 128... on (wrapping round the end)
 /// while below `len`, so a run of bad files longer than the next few (a folder's AppleDouble
 /// `._*` copies, sorted ahead of the images they describe) is passed over, in a few more
-/// tries, rather than ending the run.
+/// tries, rather than ending the run. A dataset of 33 samples or fewer has every other sample
+/// tried.
 pub fn substitute_offsets(len: u64) -> impl Iterator<Item = u64> {
-    let near = 1..=MAX_SUBSTITUTE_TRIES.min(len.saturating_sub(1));
+    let others = len.saturating_sub(1);
+    let near = if others <= 2 * MAX_SUBSTITUTE_TRIES {
+        1..=others
+    } else {
+        1..=MAX_SUBSTITUTE_TRIES
+    };
     let far = std::iter::successors(Some(2 * MAX_SUBSTITUTE_TRIES), |offset| {
         offset.checked_mul(2)
     })
-    .take_while(move |offset| *offset < len);
+    .take_while(move |offset| others > 2 * MAX_SUBSTITUTE_TRIES && *offset < len);
     near.chain(far)
 }
 
@@ -247,6 +253,9 @@ mod tests {
         let offsets = |len| substitute_offsets(len).collect::<Vec<u64>>();
         assert_eq!(offsets(1), Vec::<u64>::new());
         assert_eq!(offsets(10), (1..10).collect::<Vec<u64>>());
+        // Up to 33 samples, every other one (a run of 17 bad of 30 ended the run).
+        assert_eq!(offsets(30), (1..30).collect::<Vec<u64>>());
+        assert_eq!(offsets(33), (1..33).collect::<Vec<u64>>());
         let mut expected: Vec<u64> = (1..=16).collect();
         expected.extend([32, 64]);
         assert_eq!(offsets(100), expected);

@@ -298,8 +298,12 @@ def sample_name(state: State, epoch: int, index: int) -> str:
 def _substitute_offsets(length: int) -> list[int]:
     """The offsets from a bad sample, in a dataset of ``length``, of the samples tried in its
     place, as the native policy takes them: the next 16, then 32, 64, 128... on while below
-    ``length`` (a run of bad files longer than the next few is passed over)."""
-    offsets = list(range(1, min(_MAX_SUBSTITUTE_TRIES, length - 1) + 1))
+    ``length`` (a run of bad files longer than the next few is passed over); every other
+    sample up to 33."""
+    others = length - 1
+    if others <= 2 * _MAX_SUBSTITUTE_TRIES:  # a small dataset: every other sample
+        return list(range(1, others + 1))
+    offsets = list(range(1, _MAX_SUBSTITUTE_TRIES + 1))
     far = 2 * _MAX_SUBSTITUTE_TRIES
     while far < length:
         offsets.append(far)
@@ -309,16 +313,18 @@ def _substitute_offsets(length: int) -> list[int]:
 
 def _substitutes(state: State, epoch: int, index: int) -> list[int]:
     """The indices tried in turn in place of a bad sample ``index``: those of
-    ``_substitute_offsets``, or those the dataset gives (a mix: the next positions of the same
-    source, so a batch keeps each source's count)."""
+    ``_substitute_offsets``, or, where the dataset gives its own order of them (a mix: the next
+    positions of the same source, so a batch keeps each source's count), the ones at those
+    offsets in its order."""
+    offsets = _substitute_offsets(state.length)
     chosen = getattr(state.dataset, "_stoker_substitutes", None)
-    if chosen is not None:
+    if chosen is not None and offsets:
         try:
-            return [int(i) for i in chosen(epoch, index, min(_MAX_SUBSTITUTE_TRIES,
-                                                             state.length - 1))]
+            found = [int(i) for i in chosen(epoch, index, offsets[-1])]
+            return [found[offset - 1] for offset in offsets if offset <= len(found)]
         except Exception:  # the plain rule, as for a dataset without one
             pass
-    return [(index + offset) % state.length for offset in _substitute_offsets(state.length)]
+    return [(index + offset) % state.length for offset in offsets]
 
 
 def _load(state: State, epoch: int, index: int, stream: int | None = None) -> Any:
