@@ -13,8 +13,8 @@
 //!   runs this loop against each, over one decode pool, and keys the jobs it opened by the
 //!   coordinator's place in the list.
 //! - A batch it cannot deliver within [`WorkerConfig::delivery_timeout`] (no stream from the
-//!   client, or a stream that takes nothing: a client that stopped reading) is reported failed
-//!   and goes back to the queue; a stream that holds a batch and took none for that long is
+//!   client, or a stream that takes nothing: a client that stopped reading) is reported
+//!   unclaimed and goes back to the queue (without the session's credit); a stream that holds a batch and took none for that long is
 //!   ended, whether or not a delivery waits on it (`client_stream`), so it holds at most its
 //!   queue of batches meanwhile. Such a stream ends with `UNAVAILABLE` after what it queued,
 //!   and its client opens its session again (the batches it did not take were requeued with

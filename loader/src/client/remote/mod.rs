@@ -10,9 +10,10 @@
 //! - a worker stream that breaks after it was open may have swallowed batches the worker already
 //!   reported delivered, so the session is reopened: every unacknowledged step is leased again
 //!   and identical bytes arrive (determinism contract); copies of steps already received are
-//!   dropped. A stream the worker ends cleanly (a worker draining on SIGTERM, or one that
-//!   stopped waiting on this client) delivered all it held before its end: the session goes on,
-//!   and the worker gets a new stream if the coordinator still lists it;
+//!   dropped. A stream the worker ends cleanly (a worker draining on SIGTERM) delivered all it
+//!   held before its end: the session goes on, and the worker gets a new stream if the
+//!   coordinator still lists it; one a worker ended because this client took nothing from it
+//!   ends with `UNAVAILABLE`, lost, and the session opens again;
 //! - a coordinator that goes away is reconnected with backoff; the restarted coordinator has its
 //!   journal, a new incarnation, and the client opens its session again from the first step it
 //!   still needs;

@@ -175,7 +175,6 @@ mod tests {
         let listed = |id: u64, address: &str| WorkerInfo {
             worker_id: id,
             data_address: address.into(),
-            ..WorkerInfo::default()
         };
         let workers = [listed(3, "pod-3:7001"), listed(7, "pod-7:7001")];
         let mut unreachable = Unreachable::default();
