@@ -254,7 +254,7 @@ impl BatchSource for RemoteSource {
     }
 
     /// Why a worker last handed one of the job's tasks back, as the coordinator says (asked
-    /// once the wait for a batch ran out, within [`WHY_ASK_TIMEOUT`]): the cause a timeout
+    /// once the wait for a batch ran out, within 2 s): the cause a timeout
     /// names when every worker hands its tasks back (a store failing for all of them).
     fn reading_now(&self) -> String {
         // Not from within a runtime, where blocking on this one's would panic.
