@@ -39,8 +39,7 @@ __all__ = [
     "sample_seed",
 ]
 
-# How many following samples the skip policy tries one by one before it looks 32, 64, 128...
-# on, as the native policy does.
+# Samples after a bad one the skip policy tries one by one (then 32, 64... on), as natively.
 _MAX_SUBSTITUTE_TRIES: Final = 16
 # The smallest batch whose samples, most of another layout than dataset[0]'s, fail it under
 # skip: a few odd samples in a small batch are bad samples, replaced.
@@ -296,26 +295,19 @@ def sample_name(state: State, epoch: int, index: int) -> str:
 
 
 def _substitute_offsets(length: int) -> list[int]:
-    """The offsets from a bad sample, in a dataset of ``length``, of the samples tried in its
-    place, as the native policy takes them: the next 16, then 32, 64, 128... on while below
-    ``length`` (a run of bad files longer than the next few is passed over); every other
-    sample up to 33."""
+    """The offsets from a bad sample of the samples tried in its place, as natively: the next
+    16, then 32, 64, 128... on while below ``length``; every other sample up to 33."""
     others = length - 1
-    if others <= 2 * _MAX_SUBSTITUTE_TRIES:  # a small dataset: every other sample
+    if others <= 2 * _MAX_SUBSTITUTE_TRIES:
         return list(range(1, others + 1))
-    offsets = list(range(1, _MAX_SUBSTITUTE_TRIES + 1))
-    far = 2 * _MAX_SUBSTITUTE_TRIES
-    while far < length:
-        offsets.append(far)
-        far *= 2
-    return offsets
+    far = [1 << k for k in range(5, max(5, length.bit_length())) if 1 << k < length]
+    return list(range(1, _MAX_SUBSTITUTE_TRIES + 1)) + far
 
 
 def _substitutes(state: State, epoch: int, index: int) -> list[int]:
-    """The indices tried in turn in place of a bad sample ``index``: those of
-    ``_substitute_offsets``, or, where the dataset gives its own order of them (a mix: the next
-    positions of the same source, so a batch keeps each source's count), the ones at those
-    offsets in its order."""
+    """The indices tried in turn in place of a bad sample ``index``: at ``_substitute_offsets``,
+    in the dataset's own order of them where it gives one (a mix: the same source's next
+    positions, so a batch keeps each source's count)."""
     offsets = _substitute_offsets(state.length)
     chosen = getattr(state.dataset, "_stoker_substitutes", None)
     if chosen is not None and offsets:
