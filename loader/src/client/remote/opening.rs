@@ -163,8 +163,10 @@ impl Driver {
                              worker_grace"
                 .to_string(),
             (None, Some(workers)) => format!(
-                "the coordinator lists workers this client cannot open a stream to: \
-                 {workers}; check that their --advertise addresses are reachable from here"
+                "no worker stream is open, and the coordinator lists workers this client \
+                 cannot open one to: {workers} (a worker that ended stays listed until the \
+                 coordinator finds it silent; one that runs may advertise an address this \
+                 client cannot reach: check its --advertise)"
             ),
             (Some(status), _) => format!(
                 "the coordinator does not answer ({}: {}), and the workers are reached \
