@@ -40,20 +40,23 @@ pub enum LocalFormat {
 /// subfolders of images (class folders: one may be the images a Parquet file's cells name by
 /// path), is [`Error::MixedFormats`]; a folder of tar shards is read as tar shards.
 pub fn local_format(path: &Path) -> Result<LocalFormat> {
-    if path.is_dir() && !looks_like_hf_dataset(path) && !looks_like_mds(path) {
+    if looks_like_tar_shards(path) {
+        return Ok(LocalFormat::TarShards);
+    }
+    if looks_like_hf_dataset(path) {
+        return Ok(LocalFormat::HfDataset);
+    }
+    if looks_like_mds(path) {
+        return Ok(LocalFormat::Mds);
+    }
+    if path.is_dir() {
         check_one_format(path)?;
     }
     let megatron_index = path
         .extension()
         .is_some_and(|e| e.eq_ignore_ascii_case("idx"))
         && megatron_pair(path).is_some();
-    Ok(if looks_like_tar_shards(path) {
-        LocalFormat::TarShards
-    } else if looks_like_hf_dataset(path) {
-        LocalFormat::HfDataset
-    } else if looks_like_mds(path) {
-        LocalFormat::Mds
-    } else if looks_like_parquet(path) {
+    Ok(if looks_like_parquet(path) {
         LocalFormat::Parquet
     } else if looks_like_token_file(path) || megatron_index {
         LocalFormat::TokenFile
@@ -64,14 +67,11 @@ pub fn local_format(path: &Path) -> Result<LocalFormat> {
     })
 }
 
-/// Refuses a folder whose Parquet and JSONL files are both there, or that holds them beside two
-/// or more subfolders of images, unless tar shards are there (their sidecars). Hidden entries
+/// Refuses a folder (of no tar shards, Hugging Face or MDS set) whose Parquet and JSONL files
+/// are both there, or that holds them beside two or more subfolders of images. Hidden entries
 /// (`.stoker-idx`, a `.cache`) and macOS's AppleDouble `._*` files are passed over, as the
 /// formats' readers pass them over.
 fn check_one_format(folder: &Path) -> Result<()> {
-    if looks_like_tar_shards(folder) {
-        return Ok(());
-    }
     let entries = std::fs::read_dir(folder).map_err(|source| Error::io(folder, source))?;
     let mut data: Option<(FileKind, PathBuf)> = None;
     let mut class_folders: Vec<PathBuf> = Vec::new();
