@@ -1,7 +1,7 @@
 //! The bad-input policy, sample by sample: under `skip` a sample that cannot be read or decoded
 //! is replaced by the first readable one of its [`substitute_offsets`] in dataset order
-//! (deterministic, the batch keeps its shape) and reported; under `fail` it is an error naming the sample. Bad samples are counted
-//! and logged at a bounded rate. A read that failed for another reason than the sample's own
+//! (deterministic, the batch keeps its shape) and reported; under `fail` it is an error naming
+//! the sample. Bad samples are counted and logged at a bounded rate. A read that failed for another reason than the sample's own
 //! bytes (see `source_reads`) is an error under both policies, never a bad sample.
 
 use std::sync::atomic::Ordering;
@@ -148,13 +148,16 @@ mod tests {
     use crate::batch::BatchKey;
     use crate::job_pipeline::JobPipeline;
 
-    /// Token windows of 2 + 1 uint16 tokens, each filled with its index; sample 3 cannot be
-    /// read for lack of descriptors, samples 2 and 5 are missing (their own fault).
-    struct Windows;
+    /// `len` token windows of 2 + 1 uint16 tokens, each filled with its index; a window for
+    /// which `fails` gives an OS error code cannot be read, with that error.
+    struct Windows {
+        len: u64,
+        fails: fn(u64) -> Option<i32>,
+    }
 
     impl SampleSource for Windows {
         fn len(&self) -> u64 {
-            10
+            self.len
         }
         fn label(&self, _index: u64) -> i64 {
             0
@@ -163,16 +166,12 @@ mod tests {
             format!("window {index}")
         }
         fn read(&self, index: u64) -> stoker_datasets::Result<Vec<u8>> {
-            let failure = |code| {
-                Err(stoker_datasets::Error::Io {
+            match (self.fails)(index) {
+                Some(code) => Err(stoker_datasets::Error::Io {
                     path: format!("tokens.bin:{index}").into(),
                     source: std::io::Error::from_raw_os_error(code),
-                })
-            };
-            match index {
-                3 => failure(libc::EMFILE),
-                2 | 5 => failure(libc::ENOENT),
-                _ => Ok([index as u8, 0].repeat(3)),
+                }),
+                None => Ok([index as u8, 0].repeat(3)),
             }
         }
         fn class_names(&self) -> &[String] {
@@ -186,9 +185,10 @@ mod tests {
         }
     }
 
-    fn assembler() -> BatchAssembler {
+    /// The skip policy's assembler over `windows`.
+    fn assembler_of(windows: Windows) -> BatchAssembler {
         BatchAssembler::new(
-            Arc::new(Windows),
+            Arc::new(windows),
             JobPipeline::TokenWindows {
                 seq_len: 2,
                 documents: false,
@@ -197,6 +197,19 @@ mod tests {
             BadSamplePolicy::Skip,
         )
         .unwrap()
+    }
+
+    /// 10 windows: sample 3 cannot be read for lack of descriptors, samples 2 and 5 are
+    /// missing (their own fault).
+    fn assembler() -> BatchAssembler {
+        assembler_of(Windows {
+            len: 10,
+            fails: |index| match index {
+                3 => Some(libc::EMFILE),
+                2 | 5 => Some(libc::ENOENT),
+                _ => None,
+            },
+        })
     }
 
     const KEY: BatchKey = BatchKey {
@@ -214,40 +227,6 @@ mod tests {
         assert_eq!(assembler.bad_samples_seen(), 1);
     }
 
-    /// 100 token windows, the first 41 missing by their own fault (a run of bad files, as a
-    /// folder's `._*` copies sort ahead of its images).
-    struct LongRun;
-
-    impl SampleSource for LongRun {
-        fn len(&self) -> u64 {
-            100
-        }
-        fn label(&self, _index: u64) -> i64 {
-            0
-        }
-        fn describe(&self, index: u64) -> String {
-            format!("window {index}")
-        }
-        fn read(&self, index: u64) -> stoker_datasets::Result<Vec<u8>> {
-            if index <= 40 {
-                return Err(stoker_datasets::Error::Io {
-                    path: format!("._{index}").into(),
-                    source: std::io::Error::from_raw_os_error(libc::ENOENT),
-                });
-            }
-            Ok([index as u8, 0].repeat(3))
-        }
-        fn class_names(&self) -> &[String] {
-            &[]
-        }
-        fn token_windows(&self) -> Option<TokenWindowShape> {
-            Some(TokenWindowShape {
-                dtype: TokenDtype::Uint16,
-                seq_len: 2,
-            })
-        }
-    }
-
     #[test]
     fn substitutes_are_the_next_sixteen_then_ever_further_on() {
         let offsets = |len| substitute_offsets(len).collect::<Vec<u64>>();
@@ -263,19 +242,14 @@ mod tests {
     }
 
     /// A run of 41 bad samples ended the run under skip: none of the next 16 could replace
-    /// the first of them.
+    /// the first of them (100 windows, the first 41 missing by their own fault, as a folder's
+    /// `._*` copies sort ahead of its images).
     #[test]
     fn a_run_of_bad_samples_longer_than_sixteen_is_passed_over() {
-        let assembler = BatchAssembler::new(
-            Arc::new(LongRun),
-            JobPipeline::TokenWindows {
-                seq_len: 2,
-                documents: false,
-            },
-            1,
-            BadSamplePolicy::Skip,
-        )
-        .unwrap();
+        let assembler = assembler_of(Windows {
+            len: 100,
+            fails: |index| (index <= 40).then_some(libc::ENOENT),
+        });
         let batch = assembler.assemble(KEY, &[0, 30, 40, 41]).unwrap();
         let substitutes: Vec<(u64, u64)> = batch
             .bad_samples
