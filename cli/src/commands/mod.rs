@@ -172,9 +172,9 @@ pub struct JobArgs {
     #[arg(long)]
     pub drop_last: bool,
     /// Shards per shuffle window for sharded sources: tar shards, Parquet row groups, Hugging
-    /// Face record batches, MDS shards, JSONL files (0: global shuffle; W >= 1: shuffle the shard order, then
-    /// samples within windows of W shards, keeping reads mostly sequential; not used, and
-    /// logged, for a source without shards or with --no-shuffle).
+    /// Face record batches, MDS shards, JSONL files (0: global shuffle; W >= 1: shuffle the
+    /// shard order, then samples within windows of W shards, keeping reads mostly sequential;
+    /// not used, and logged, for a source without shards or with --no-shuffle).
     #[arg(long, default_value_t = 0)]
     pub shuffle_window: u32,
     /// This rank.

@@ -7,8 +7,8 @@
 //! identical ids. It reads a `tokenizer.json` in its canonical form, and older files after its
 //! own upgrade pass; a file it still cannot read, or cannot encode probe texts (many scripts,
 //! and each of the file's added tokens in context) with exactly as 0.23 does, is encoded by
-//! 0.23 as before (logged once, and said by [`TextTokenizer::engine`]). 0.23 also answers the vocabulary lookups (size, EOS) and
-//! trains the test tokenizers. A file's own truncation and padding are left unapplied, as
+//! 0.23 as before (logged once, and said by [`TextTokenizer::engine`]). 0.23 also answers the
+//! vocabulary lookups (size, EOS) and trains the test tokenizers. A file's own truncation and padding are left unapplied, as
 //! `transformers` leaves them unless asked: packing cuts and pads the rows itself.
 
 use std::path::{Path, PathBuf};
@@ -72,8 +72,9 @@ fn load_v1(text: &str) -> std::result::Result<tokenizers_v1::pipeline::PipelineT
 
 /// Text 1.0 and 0.23 must encode alike before 1.0 is trusted with a file (with the file's added
 /// tokens: [`probe_texts`]): letters, digits, punctuation, runs of whitespace, non-ASCII
-/// scripts, an emoji, and the special tokens of common tokenizers (a file 1.0 reads but cannot encode with, such as a `Split` regex outside
-/// its engines, fails here rather than on a sample).
+/// scripts, an emoji, and the special tokens of common tokenizers (a file 1.0 reads but cannot
+/// encode with, such as a `Split` regex outside its engines, fails here rather than on a
+/// sample).
 const PROBE: &str = "Stoker's probe: The quick brown fox, 123 4.5e-6 0xFF! \n\t  indented \
     Ünïcödé café Straße 日本語 中文 한국어 Здравствуйте العربية 🦀✨ \
     <|endoftext|> <|end_of_text|> </s> <eos> [CLS] [SEP] <unk>\r\n\n";

@@ -14,9 +14,9 @@
 //!   coordinator's place in the list.
 //! - A batch it cannot deliver within [`WorkerConfig::delivery_timeout`] (no stream from the
 //!   client, or a stream that takes nothing: a client that stopped reading) is reported
-//!   unclaimed and goes back to the queue (without the session's credit); a stream that holds a batch and took none for that long is
-//!   ended, whether or not a delivery waits on it (`client_stream`), so it holds at most its
-//!   queue of batches meanwhile. Such a stream ends with `UNAVAILABLE` after what it queued,
+//!   unclaimed and goes back to the queue (without the session's credit); a stream that holds
+//!   a batch and took none for that long is ended, whether or not a delivery waits on it
+//!   (`client_stream`), so it holds at most its queue of batches meanwhile. Such a stream ends with `UNAVAILABLE` after what it queued,
 //!   and its client opens its session again (the batches it did not take were requeued with
 //!   their credits spent); the drain's streams end cleanly.
 //! - Told to stop (the `shutdown` future of [`run_worker`]: SIGTERM or Ctrl-C for the binary), it
