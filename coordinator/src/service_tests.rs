@@ -10,9 +10,9 @@ use stoker_pipeline::ErrorKind;
 use stoker_proto::v1::coordinator_client::CoordinatorClient;
 use stoker_proto::v1::worker_data_server::WorkerDataServer;
 use stoker_proto::v1::{
-    CloseSessionRequest, DatasetSource, DescribeJobResponse, JobSpec, LeaseRequest, LeaveRequest,
-    OpenSessionRequest, RegisterJobRequest, RegisterWorkerRequest, ReportRequest, SessionToken,
-    SessionUpdateRequest, TaskLease,
+    CloseSessionRequest, DatasetSource, DescribeJobResponse, HeartbeatRequest, JobSpec,
+    LeaseRequest, LeaveRequest, OpenSessionRequest, RegisterJobRequest, RegisterWorkerRequest,
+    ReportRequest, SessionToken, SessionUpdateRequest, TaskLease,
 };
 use stoker_rpc::describe_only::DescribeOnly;
 use stoker_rpc::error_kinds::kind_of_status;
@@ -487,6 +487,49 @@ async fn a_worker_lost_with_its_leases_gives_them_to_another_and_its_late_report
     Ok(())
 }
 
+/// A worker restarted at its address before the coordinator found the old process silent
+/// replaces it at once: the old one's leases go back, and the list names the address once (two
+/// entries had clients open two streams to the one process, each ending the other's).
+#[tokio::test]
+async fn a_worker_registered_at_a_listed_address_replaces_the_one_listed_there() -> TestResult {
+    let fixture = fixture(Vec::new())?;
+    let mut client = coordinator(&fixture.network, None);
+    let mut stream = session_stream(&mut client).await?;
+    let session = stream.opened.session.ok_or("a session without a token")?;
+    let old = stream.worker;
+    stream.requests.send(SessionUpdateRequest {
+        session: Some(session),
+        grant_credits: 2,
+        workers_version: stream.opened.workers_version,
+        ..SessionUpdateRequest::default()
+    })?;
+    stream.answers.message().await?.ok_or("an answer")?;
+    assert_eq!(steps(&lease(&mut client, old, 4).await?), [0, 1]);
+    let new = register_worker(&mut client).await?;
+    assert_ne!(new, old);
+    // Gone at once, not once silent for its lease timeout.
+    let refused = client
+        .heartbeat(HeartbeatRequest { worker_id: old })
+        .await
+        .expect_err("the old worker is gone");
+    assert_eq!(refused.code(), Code::FailedPrecondition, "{refused}");
+    // Its leases are the new one's to take.
+    assert_eq!(steps(&lease(&mut client, new, 4).await?), [0, 1]);
+    stream.requests.send(SessionUpdateRequest {
+        session: Some(session),
+        workers_version: stream.opened.workers_version,
+        ..SessionUpdateRequest::default()
+    })?;
+    let listed = stream.answers.message().await?.ok_or("an answer")?;
+    let addresses: Vec<_> = listed
+        .workers
+        .iter()
+        .map(|w| w.data_address.as_str())
+        .collect();
+    assert_eq!(addresses, [DATA_SERVER], "{listed:?}");
+    Ok(())
+}
+
 #[tokio::test]
 async fn a_session_reopened_on_a_restarted_coordinator_resumes_where_it_was_acknowledged(
 ) -> TestResult {
@@ -606,7 +649,7 @@ async fn updates_on_the_session_stream_are_answered_in_turn_listing_workers_only
     assert_eq!(first.workers_version, stream.opened.workers_version);
     assert_eq!(steps(&lease(&mut client, stream.worker, 4).await?), [0, 1]);
     // A worker joins: the next answer lists both, under a new version.
-    register_worker(&mut client).await?;
+    register_worker_at(&mut client, "worker-b:7001").await?;
     stream
         .requests
         .send(update(0, vec![0, 1], first.workers_version))?;
@@ -655,7 +698,7 @@ async fn quiet_updates_are_answered_only_when_they_bring_workers_the_stream_has_
         [0, 1, 2, 3]
     );
     // A worker joins: the next quiet update is answered with the list, under its number.
-    let second = register_worker(&mut client).await?;
+    let second = register_worker_at(&mut client, "worker-b:7001").await?;
     stream.requests.send(update(3, 0, vec![0, 1], true))?;
     let listed = stream.answers.message().await?.ok_or("an answer")?;
     assert_eq!(

@@ -60,6 +60,29 @@ impl coordinator_server::Coordinator for CoordinatorService {
             )));
         }
         let mut state = lock(&self.state);
+        // One address serves one process: a worker registering where a live one is listed
+        // (restarted at the address it had, before the coordinator found the old one silent)
+        // replaces it. Clients would otherwise open a stream to each, which the one process
+        // there takes as one client's, each opening ending the other's, until the old entry
+        // expired; and its leases wait out that expiry too.
+        let replaced: Vec<u64> = state
+            .workers
+            .values()
+            .filter(|entry| entry.data_address == address)
+            .map(|entry| entry.id)
+            .collect();
+        let mut requeued = 0;
+        for old in replaced {
+            requeued += state.core.leave_worker(WorkerId(old)).unwrap_or(0);
+            state.worker_gone(old);
+            tracing::warn!(
+                worker = old,
+                address,
+                "a worker registered at the address of worker {old}, which is taken as gone and \
+                 its tasks go back to the queue (if two running workers advertise one address, \
+                 a Service's name say, give each its own --advertise)"
+            );
+        }
         let id = state.core.register_worker(Instant::now());
         state.worker_joined(WorkerEntry {
             id: id.0,
@@ -78,6 +101,10 @@ impl coordinator_server::Coordinator for CoordinatorService {
             threads = request.threads,
             "worker registered"
         );
+        drop(state);
+        if requeued > 0 {
+            self.work.notify_waiters();
+        }
         Ok(Response::new(RegisterWorkerResponse {
             worker_id: self.wire_worker(id)?,
             incarnation: self.incarnation,

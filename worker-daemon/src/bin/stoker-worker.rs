@@ -39,7 +39,8 @@ struct Args {
     listen: SocketAddr,
     /// Address clients reach the data server at, HOST:PORT, when it differs from --listen (for
     /// example when listening on 0.0.0.0). HOST may be a DNS name: with TLS, clients check the
-    /// worker's certificate against it.
+    /// worker's certificate against it. One worker's own: the coordinator takes a worker
+    /// registering at a listed address as the one there restarted, and drops that one.
     #[arg(long)]
     advertise: Option<String>,
     /// Decode threads (0: one per core).

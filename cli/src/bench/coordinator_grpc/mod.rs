@@ -394,12 +394,20 @@ async fn drive(
             .serve_with_incoming(incoming),
     );
     // Every simulated worker registers with every shard, as a worker given the list does.
+    // Each at an address of its own (a coordinator takes a second registration at one address
+    // as the process there restarted): the first at the describing server, which the
+    // coordinator asks first, the others at names no one dials.
     let mut workers = Vec::new();
     for address in addresses {
-        for channel in channels(address, &security, args.workers, args.connections)? {
+        let shard_channels = channels(address, &security, args.workers, args.connections)?;
+        for (index, channel) in shard_channels.into_iter().enumerate() {
+            let data_address = match index {
+                0 => data_address.clone(),
+                _ => format!("simulated-worker-{index}.invalid:7001"),
+            };
             let registered = CoordinatorClient::new(channel.clone())
                 .register_worker(RegisterWorkerRequest {
-                    data_address: data_address.clone(),
+                    data_address,
                     threads: 1,
                     data_roots: Vec::new(),
                 })
