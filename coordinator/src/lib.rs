@@ -32,4 +32,4 @@ pub use scheduler::{
     CoordinatorStats, ExpireReport, JobId, JobShareStats, JobWrite, Lease, LeaseId, LeaseOutcome,
     PositionWrite, SessionId, Step, TaskKey, WeightWrite, WorkerId, MAX_JOB_WEIGHT,
 };
-pub use service::{CoordinatorService, CoordinatorServiceConfig, StreamAnswers};
+pub use service::{CoordinatorService, CoordinatorServiceConfig, ServeError, StreamAnswers};

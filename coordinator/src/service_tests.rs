@@ -625,6 +625,43 @@ async fn a_stop_ends_the_service_within_its_grace_though_a_client_keeps_its_stre
     Ok(())
 }
 
+/// A stop whose last journal write fails ends the service with that error (the process exits
+/// non-zero), where it ended as if all were written: a supervisor could not tell.
+#[tokio::test]
+async fn a_stop_whose_last_journal_write_fails_ends_the_service_with_an_error() -> TestResult {
+    let network = MemoryNetwork::new();
+    let state = tempfile::tempdir()?;
+    let config = CoordinatorServiceConfig {
+        // No timed write takes the positions first: the stop's is the one that fails.
+        flush_every: Duration::from_secs(3600),
+        ..service_config(&network, Vec::new())?
+    };
+    let service = CoordinatorService::open(state.path(), config)?;
+    start_data_server(&network, Vec::new())?;
+    let (stop, stopped) = oneshot::channel::<()>();
+    let serving = tokio::spawn(service.clone().serve_incoming(
+        network.listen(COORDINATOR),
+        async {
+            let _ = stopped.await;
+        },
+    ));
+    let (mut client, worker, _, session, tasks) = steps_leased(&network, 2).await?;
+    report(&mut client, worker, &tasks).await?;
+    assert_eq!(update(&mut client, session, 0, vec![0, 1]).await?, 2);
+    drop(client);
+    service.fail_next_journal_write();
+    stop.send(())
+        .map_err(|()| "the coordinator already stopped")?;
+    let ended = tokio::time::timeout(crate::service::SHUTDOWN_GRACE * 3, serving).await??;
+    match ended {
+        Err(error @ crate::ServeError::LastFlush(_)) => {
+            assert!(error.to_string().contains("injected"), "{error}");
+        }
+        other => panic!("the stop ended with {other:?}"),
+    }
+    Ok(())
+}
+
 #[tokio::test]
 async fn updates_on_the_session_stream_are_answered_in_turn_listing_workers_only_when_changed(
 ) -> TestResult {

@@ -297,18 +297,20 @@ impl CoordinatorService {
         self,
         listener: tokio::net::TcpListener,
         shutdown: impl std::future::Future<Output = ()> + Send + 'static,
-    ) -> Result<(), tonic::transport::Error> {
+    ) -> Result<(), ServeError> {
         let incoming = self.config.server_security.incoming(listener);
         self.serve_incoming(incoming, shutdown).await
     }
 
     /// Serves the connections of `incoming` (a socket's, or an in-memory network's) until
-    /// `shutdown` resolves, with the expiry and flush timers; flushes the journal at the end.
+    /// `shutdown` resolves, with the expiry and flush timers; flushes the journal at the end,
+    /// and fails when that last flush does (the process's exit then says so to whatever
+    /// supervises it).
     pub async fn serve_incoming<IO, E>(
         self,
         incoming: impl tokio_stream::Stream<Item = Result<IO, E>> + Send + 'static,
         shutdown: impl std::future::Future<Output = ()> + Send + 'static,
-    ) -> Result<(), tonic::transport::Error>
+    ) -> Result<(), ServeError>
     where
         IO: stoker_rpc::network::Connection,
         E: Into<Box<dyn std::error::Error + Send + Sync>> + 'static,
@@ -360,19 +362,24 @@ impl CoordinatorService {
             let _ = flushes.await;
             self.flush_journal().await
         };
-        match tokio::time::timeout(SHUTDOWN_FLUSH_WAIT, last).await {
-            Ok(Ok(())) => {}
-            Ok(Err(error)) => {
-                tracing::error!(%error, "coordinator could not flush its journal at shutdown; the steps acknowledged since the last write will be redone after a restart");
-            }
-            Err(_) => {
-                tracing::error!(
-                    waited = ?SHUTDOWN_FLUSH_WAIT,
-                    "the journal's disk did not take the last positions in time; they are given up (the steps acknowledged since the last write that landed will be redone after a restart)"
-                );
-            }
+        let flushed = match tokio::time::timeout(SHUTDOWN_FLUSH_WAIT, last).await {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(error)) => Err(ServeError::LastFlush(error.to_string())),
+            Err(_) => Err(ServeError::LastFlush(format!(
+                "the journal's disk did not take them within {SHUTDOWN_FLUSH_WAIT:?}"
+            ))),
+        };
+        if let (Err(_), Err(error)) = (&result, &flushed) {
+            tracing::error!(%error, "and as the server failed");
         }
-        result
+        result?;
+        flushed
+    }
+
+    /// Makes the journal's next write fail as a full disk would (tests only).
+    #[cfg(test)]
+    pub(crate) fn fail_next_journal_write(&self) {
+        self.journal.fail_next_write();
     }
 
     fn check_token(&self, token: Option<&SessionToken>) -> Result<SessionToken, Status> {
@@ -427,6 +434,20 @@ impl CoordinatorService {
 
 /// How long a stopping coordinator waits for its clients' and workers' connections to end
 /// before it closes them (a client's update stream lasts as long as its session).
+/// Why [`CoordinatorService::serve`] ended with an error.
+#[derive(Debug, thiserror::Error)]
+pub enum ServeError {
+    /// The server failed.
+    #[error(transparent)]
+    Transport(#[from] tonic::transport::Error),
+    /// The journal did not take the last acknowledged positions as the service stopped.
+    #[error(
+        "the coordinator stopped without writing its last positions to the journal ({0}): the \
+         steps acknowledged since the last write that landed will be redone after a restart"
+    )]
+    LastFlush(String),
+}
+
 pub(crate) const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
 
 /// How long a stopping coordinator waits for its journal's last write.
