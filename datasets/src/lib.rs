@@ -102,7 +102,9 @@ pub use decoder_panics::without_panics;
 /// as: 2 GiB, above any image within the decoders' default pixel limit (89,478,485 pixels of at
 /// most 16 bytes each, uncompressed); a larger one is a bad sample, [`Error::SampleTooLarge`].
 pub const MAX_SAMPLE_BYTES: u64 = 2 << 30;
-pub use error::{Error, LabelError, ReadFault, Result, TarSetError, TokenError, WriteError};
+pub use error::{
+    CredentialsError, Error, LabelError, ReadFault, Result, TarSetError, TokenError, WriteError,
+};
 pub use hf_folder::{looks_like_hf_dataset, HfColumnInfo, HfDataset, HfFeature, HfSummary};
 pub use image_folder::ImageFolder;
 pub use image_format::{sniff_format, ImageFormat};

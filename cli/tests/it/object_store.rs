@@ -473,6 +473,91 @@ fn image_folders_mds_jsonl_and_tokens_in_a_bucket_digest_as_their_local_copies()
     );
 }
 
+/// The variables naming credentials, a region, an endpoint or a profile: a run given none of
+/// them reads the profile of the home folder's shared files.
+const AWS_VARIABLES: [&str; 11] = [
+    "AWS_ACCESS_KEY_ID",
+    "AWS_SECRET_ACCESS_KEY",
+    "AWS_SESSION_TOKEN",
+    "AWS_REGION",
+    "AWS_DEFAULT_REGION",
+    "AWS_ENDPOINT_URL",
+    "AWS_ENDPOINT_URL_S3",
+    "AWS_PROFILE",
+    "AWS_DEFAULT_PROFILE",
+    "AWS_SHARED_CREDENTIALS_FILE",
+    "AWS_CONFIG_FILE",
+];
+
+/// Keys, region and endpoint come from the AWS profile in `~/.aws` (as `aws configure` writes
+/// them) where the environment has none: the client used to skip the files and wait on an
+/// instance metadata service. A profile whose credentials come through single sign-on is
+/// refused at once, naming how to export them.
+#[test]
+fn a_profile_of_the_shared_aws_files_gives_the_keys_the_environment_lacks() {
+    let dir = tempfile::tempdir().unwrap();
+    let images = dir.path().join("images");
+    common::make_images(&images, 8);
+    let shards = dir.path().join("shards");
+    convert(&images, "tar", &shards, &[]);
+    let server = S3Server::start(&dir.path().join("server"));
+    let bucket = server.bucket_dir("data").join("train");
+    std::fs::create_dir_all(&bucket).unwrap();
+    for entry in std::fs::read_dir(&shards).unwrap() {
+        let path = entry.unwrap().path();
+        let name = path.file_name().unwrap().to_string_lossy().into_owned();
+        if name.ends_with(".tar") || name == "classes.txt" {
+            std::fs::copy(&path, bucket.join(&name)).unwrap();
+        }
+    }
+    let home = dir.path().join("home");
+    std::fs::create_dir_all(home.join(".aws")).unwrap();
+    std::fs::write(
+        home.join(".aws/credentials"),
+        format!(
+            "[trainer]\naws_access_key_id = {ACCESS_KEY}\naws_secret_access_key = {SECRET_KEY}\n"
+        ),
+    )
+    .unwrap();
+    std::fs::write(
+        home.join(".aws/config"),
+        format!(
+            "[profile trainer]\nregion = us-east-1\nendpoint_url = {}\n\n\
+             [profile corp]\nsso_session = corp\nregion = us-east-1\n",
+            server.endpoint()
+        ),
+    )
+    .unwrap();
+    let run = |profile: &str| {
+        let mut command = Command::new(env!("CARGO_BIN_EXE_stoker"));
+        command.args(one_batch("s3://data/train"));
+        for variable in AWS_VARIABLES {
+            command.env_remove(variable);
+        }
+        command
+            .env("HOME", &home)
+            .env("AWS_PROFILE", profile)
+            .env("STOKER_CACHE_DIR", dir.path().join("cache"))
+            .output()
+            .unwrap()
+    };
+    let read = run("trainer");
+    let stderr = String::from_utf8_lossy(&read.stderr);
+    assert!(read.status.success(), "{stderr}");
+    let local = common::stdout_of(&one_batch(shards.to_str().unwrap()));
+    assert_eq!(
+        String::from_utf8_lossy(&read.stdout).lines().last(),
+        local.lines().last()
+    );
+    let refused = run("corp");
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert!(!refused.status.success());
+    assert!(
+        stderr.contains("sso_session") && stderr.contains("export-credentials"),
+        "{stderr}"
+    );
+}
+
 #[test]
 fn unknown_schemes_are_refused_by_name() {
     let output = common::stoker(&["digest", "--data", "gs://bucket/train"]);

@@ -46,6 +46,7 @@ impl Error {
             | Error::CacheLockTimeout { .. }
             | Error::ObjectStore { .. }
             | Error::NoS3Client { .. }
+            | Error::Credentials(_)
             | Error::IncompleteObject { .. } => ReadFault::Source,
             _ => ReadFault::Sample,
         }

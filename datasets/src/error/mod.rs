@@ -2,6 +2,7 @@
 
 use std::path::PathBuf;
 
+mod credentials;
 mod fault;
 mod labels;
 mod tar_sets;
@@ -500,7 +501,10 @@ pub enum Error {
     },
 
     /// An object store request failed (after its retries).
-    #[error("object store request for {uri} failed: {source}")]
+    #[error(
+        "object store request for {uri} failed: {source}{}",
+        credentials::hint(source)
+    )]
     ObjectStore {
         /// The object or prefix the request was about.
         uri: String,
@@ -574,11 +578,15 @@ pub enum Error {
     /// The cache tier's configuration (environment variables or options) is invalid.
     #[error("invalid object cache setting: {0}")]
     CacheConfig(String),
+    /// An AWS profile's credentials could not be used.
+    #[error(transparent)]
+    Credentials(#[from] CredentialsError),
 }
 
 /// The crate's result type.
 pub type Result<T> = std::result::Result<T, Error>;
 
+pub use credentials::CredentialsError;
 pub use fault::ReadFault;
 pub use labels::LabelError;
 pub use tar_sets::TarSetError;

@@ -264,18 +264,29 @@ pub(super) async fn download_all(
 }
 
 fn is_transient(error: &object_store::Error) -> bool {
-    !matches!(
-        error,
-        object_store::Error::NotFound { .. }
-            | object_store::Error::InvalidPath { .. }
-            | object_store::Error::NotSupported { .. }
-            | object_store::Error::NotImplemented { .. }
-            | object_store::Error::Precondition { .. }
-            | object_store::Error::NotModified { .. }
-            | object_store::Error::PermissionDenied { .. }
-            | object_store::Error::Unauthenticated { .. }
-            | object_store::Error::UnknownConfigurationKey { .. }
-    )
+    !refused_for_the_request(&error.to_string())
+        && !matches!(
+            error,
+            object_store::Error::NotFound { .. }
+                | object_store::Error::InvalidPath { .. }
+                | object_store::Error::NotSupported { .. }
+                | object_store::Error::NotImplemented { .. }
+                | object_store::Error::Precondition { .. }
+                | object_store::Error::NotModified { .. }
+                | object_store::Error::PermissionDenied { .. }
+                | object_store::Error::Unauthenticated { .. }
+                | object_store::Error::UnknownConfigurationKey { .. }
+        )
+}
+
+/// Whether the store answered with a 4xx status other than a timeout (408) or a rate limit
+/// (429), as object_store writes it: the request itself is refused (an expired session token,
+/// a signature for another region, a malformed request), and sent again it fails again.
+/// object_store gives these as a generic error, status and store's code in its text.
+fn refused_for_the_request(text: &str) -> bool {
+    text.split("non-2xx status code: ").skip(1).any(|status| {
+        status.starts_with('4') && !status.starts_with("408") && !status.starts_with("429")
+    })
 }
 
 /// The pause before try `attempt + 1`: 200 ms doubling up to 10 s, with full jitter in the
@@ -529,6 +540,25 @@ async fn write_at(download: &Download, bytes: bytes::Bytes, offset: u64) -> Resu
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn a_request_the_store_refuses_is_not_tried_again() {
+        let generic = |text: &str| object_store::Error::Generic {
+            store: "S3",
+            source: text.to_string().into(),
+        };
+        let expired = "Error performing GET http://s3/b/k in 10ms - Server returned non-2xx \
+                       status code: 400 Bad Request: <Code>ExpiredToken</Code>";
+        assert!(!super::is_transient(&generic(expired)));
+        for passing in [
+            "Server returned non-2xx status code: 503 Service Unavailable: SlowDown",
+            "Server returned non-2xx status code: 429 Too Many Requests: ",
+            "Server returned non-2xx status code: 408 Request Timeout: ",
+            "error sending request: connection refused",
+        ] {
+            assert!(super::is_transient(&generic(passing)), "{passing}");
+        }
+    }
+
     use super::*;
 
     fn download(key: &str, offset: u64, size: u64) -> Download {

@@ -15,7 +15,8 @@ pub const DEFAULT_MAX_BYTES: u64 = 64 * 1024 * 1024 * 1024;
 
 /// S3 connection settings that override the standard `AWS_*` environment variables
 /// (`AWS_ACCESS_KEY_ID`, `AWS_SECRET_ACCESS_KEY`, `AWS_REGION`, `AWS_ENDPOINT_URL`,
-/// `AWS_ALLOW_HTTP`...). `None` leaves the environment's value.
+/// `AWS_ALLOW_HTTP`...) and the AWS profile's shared files. `None` leaves the environment's
+/// value.
 #[derive(Clone, Default)]
 pub struct S3Settings {
     /// Endpoint URL of an S3-compatible server (`http://127.0.0.1:9000`).
@@ -58,7 +59,9 @@ pub struct ObjectCacheOptions {
     /// Ranged GETs in flight at once.
     pub concurrency: usize,
     /// Tries per ranged GET before a fetch fails (each try is itself retried by the client on
-    /// connection errors and 5xx answers, `request_retries` times).
+    /// connection errors and 5xx answers, `request_retries` times within 90 s); an answer
+    /// refusing the request itself (a 4xx but 408 and 429: an expired token, another region) is
+    /// not tried again.
     pub max_attempts: u32,
     /// Retries of one HTTP request by the object store client (exponential backoff from
     /// 100 ms up to 5 s) before it reports a failure.

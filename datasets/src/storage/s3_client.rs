@@ -1,6 +1,7 @@
 //! The client the cache tier reads a bucket through. With the `s3` feature (the default of this
 //! crate; the loader, the worker daemon and the CLI ask for it) that is object_store's S3 client,
-//! configured from the standard `AWS_*` environment variables and [`S3Settings`]; without it an
+//! configured from the standard `AWS_*` environment variables, the AWS profile's keys, region
+//! and endpoint where those lack them, and [`S3Settings`]; without it an
 //! `s3://` URI still parses, and opening its bucket fails with [`Error::NoS3Client`], so the
 //! batch pipeline builds without an HTTP client or TLS.
 //!
@@ -18,10 +19,12 @@ use crate::error::{Error, Result};
 /// An object store client, as the cache tier holds it.
 pub(crate) type Store = dyn ObjectStore;
 
-/// An S3 client for `bucket`: the standard `AWS_*` environment variables, overridden by
-/// `settings`; plain HTTP is allowed for loopback endpoints (test and local servers) or when
-/// asked for. Each HTTP request is retried up to `request_retries` times with backoff
-/// (connection refused, 5xx, timeouts).
+/// An S3 client for `bucket`: the standard `AWS_*` environment variables and the AWS profile,
+/// overridden by `settings`; plain HTTP is allowed for loopback endpoints (test and local
+/// servers) or when asked for. Each HTTP request is retried up to `request_retries` times with
+/// backoff (connection errors, 5xx, 429) while less than 90 s have passed since it was first
+/// sent, so a request that ran into the 120 s request timeout is not (the reads above try
+/// again on their own).
 #[cfg(feature = "s3")]
 pub(super) fn connect(
     bucket: &str,
@@ -39,8 +42,13 @@ fn build(
     request_retries: usize,
 ) -> Result<object_store::aws::AmazonS3> {
     let timeout_from_env = std::env::var_os("AWS_TIMEOUT").is_some();
-    let builder = configure(
+    let from_env = with_profile(
         object_store::aws::AmazonS3Builder::from_env(),
+        settings,
+        &|name| std::env::var(name).ok(),
+    )?;
+    let builder = configure(
+        from_env,
         bucket,
         settings,
         request_retries,
@@ -74,6 +82,63 @@ pub(super) fn connect_lister(
     Err(Error::NoS3Client {
         uri: format!("s3://{bucket}"),
     })
+}
+
+/// `builder` (made from the environment, `var`) with what it lacks and neither it nor `settings`
+/// gives taken from the AWS profile of the shared files (`aws_profile.rs`): the keys and session
+/// token (unless the environment asks for unsigned requests), the region, the endpoint. The
+/// files are read only when something is missing, and a profile that cannot give keys fails
+/// only where keys were wanted from it.
+#[cfg(feature = "s3")]
+fn with_profile(
+    builder: object_store::aws::AmazonS3Builder,
+    settings: &S3Settings,
+    var: &dyn Fn(&str) -> Option<String>,
+) -> Result<object_store::aws::AmazonS3Builder> {
+    use object_store::aws::AmazonS3ConfigKey as Key;
+
+    let has = |key: Key| {
+        builder
+            .get_config_value(&key)
+            .is_some_and(|v| !v.is_empty())
+    };
+    let unsigned = builder
+        .get_config_value(&Key::SkipSignature)
+        .is_some_and(|v| v == "true");
+    let wants_keys = settings.access_key_id.is_none() && !has(Key::AccessKeyId) && !unsigned;
+    let wants_region = settings.region.is_none() && !has(Key::Region);
+    let wants_endpoint =
+        settings.endpoint.is_none() && !has(Key::Endpoint) && !has(Key::S3Endpoint);
+    if !(wants_keys || wants_region || wants_endpoint) {
+        return Ok(builder);
+    }
+    let profile = match super::aws_profile::read_profile(var) {
+        Ok(Some(profile)) => profile,
+        Ok(None) => return Ok(builder),
+        Err(error) if wants_keys => return Err(error.into()),
+        Err(error) => {
+            tracing::debug!(%error, "the AWS profile is not used (the environment gives the keys)");
+            return Ok(builder);
+        }
+    };
+    let mut builder = builder;
+    if wants_keys {
+        if let Some((id, secret)) = profile.keys {
+            builder = builder
+                .with_access_key_id(id)
+                .with_secret_access_key(secret);
+            if let Some(token) = profile.session_token {
+                builder = builder.with_token(token);
+            }
+        }
+    }
+    if let Some(region) = profile.region.filter(|_| wants_region) {
+        builder = builder.with_region(region);
+    }
+    if let Some(endpoint) = profile.endpoint_url.filter(|_| wants_endpoint) {
+        builder = builder.with_endpoint(endpoint);
+    }
+    Ok(builder)
 }
 
 /// `builder` (made from the environment) for `bucket` with `settings` over it: the retries,

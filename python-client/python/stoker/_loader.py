@@ -108,7 +108,8 @@ class Loader(FromDataset, SavedState, Stats):
             the same files is (tar shards, Parquet, JSONL, a ``save_to_disk`` folder, an image
             folder; a key ending in ``.parquet`` or ``.bin`` is a Parquet or token file),
             through the local object cache (``STOKER_CACHE_DIR``, ``STOKER_CACHE_MAX_BYTES``;
-            credentials and endpoint from the ``AWS_*`` variables): tar shards, Parquet and
+            credentials and endpoint from the ``AWS_*`` variables, else the ``~/.aws``
+            profile ``AWS_PROFILE`` names): tar shards, Parquet and
             token files by ranged GETs, an image folder an object per image, both read ahead
             of the loop; JSONL and ``save_to_disk`` shards fetched whole into the cache.
             ``stoker index s3://BUCKET/PREFIX`` writes the index that lets a tar set open
