@@ -7,8 +7,10 @@
 //! name, and a file is an image by its extension (the same rule as a local folder's). Keys
 //! directly under the prefix belong to no class and are left out, as torchvision leaves out
 //! files beside the class folders. A folder marker (a key ending in `/`, as consoles make) is a
-//! folder: a class folder holding no image is refused, as locally. Keys are UTF-8, so ordering
-//! their bytes is Python's order.
+//! folder: a class folder holding no image is refused, as locally. The client lists a marker
+//! without its `/`, so an empty object with no extension directly under the prefix is taken for
+//! a class folder's marker (a class folder of that name then holds no image unless others name
+//! it). Keys are UTF-8, so ordering their bytes is Python's order.
 //!
 //! Per sample the index keeps what a read needs to ask for the version listed: the file name
 //! (in the same packed buffer as a local folder's), its size, its ETag and last-modified time.
@@ -86,7 +88,12 @@ impl ImageFolder {
                 continue;
             };
             let Some((class, _)) = relative.split_once('/') else {
-                continue; // beside the class folders
+                // Beside the class folders; but a class folder's marker (`bird/`) arrives so too,
+                // without its `/`: an empty object whose name has no extension stands for one.
+                if object.size == 0 && !relative.is_empty() && !relative.contains('.') {
+                    classes.entry(relative.to_string()).or_default();
+                }
+                continue;
             };
             let folders = classes.entry(class.to_string()).or_default();
             let Some((folder, name)) = relative.rsplit_once('/') else {

@@ -122,6 +122,16 @@ fn an_image_folder_in_a_bucket_reads_in_the_order_torchvision_gives_its_local_co
         matches!(&error, Error::EmptyClasses { classes, .. } if classes == &["class_03"]),
         "{error}"
     );
+    // So is one a console made as a marker alone (`class_04/`, listed by the client without
+    // its `/`, as this empty object is): before, the class was left out, the ones after it
+    // shifted down by one.
+    std::fs::remove_dir_all(root.join("class_03")).unwrap();
+    std::fs::write(root.join("class_04"), b"").unwrap();
+    let error = ImageFolder::open_remote("s3://data/imgs", Arc::clone(&cache), None).unwrap_err();
+    assert!(
+        matches!(&error, Error::EmptyClasses { classes, .. } if classes == &["class_04"]),
+        "{error}"
+    );
     let error = ImageFolder::open_remote("s3://data/nothing", cache, None).unwrap_err();
     assert!(matches!(error, Error::NoClasses(_)), "{error}");
 }
