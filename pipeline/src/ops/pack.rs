@@ -6,7 +6,8 @@
 //! - the batch's documents are laid end to end in plan order, each followed by `eos_id`;
 //! - the stream fills row 0, then row 1, ...; a document may run on from one row to the next;
 //! - tokens past the last row are dropped (counted in [`PackSummary::dropped_tokens`]);
-//! - the rest of the last row, when the documents run out, is `pad_id`;
+//! - when the documents run out, the rest of that row and every row after it is `pad_id` (B
+//!   documents much shorter than `seq_len` leave whole rows of padding);
 //! - `position_ids` count from 0 at each document start **and at each row start** (a document
 //!   continued from the row before is a new sequence for attention, which never crosses rows),
 //!   so they stay below `seq_len`; padding has position 0;

@@ -185,8 +185,9 @@ impl TextTokenizer {
         }
         // A file's truncation and padding (a model's input length, say) are not applied, as
         // `transformers` leaves them unapplied unless asked: packing splits a long document
-        // across rows and pads only a batch's last row, where a file's padding would pack pad
-        // ids as a document's tokens and its truncation drop the rest of each document.
+        // across rows and pads only once a batch's documents end, where a file's padding
+        // would pack pad ids as a document's tokens and its truncation drop the rest of each
+        // document.
         let ignored: Vec<&str> = [
             ("truncation", tokenizer.get_truncation().is_some()),
             ("padding", tokenizer.get_padding().is_some()),

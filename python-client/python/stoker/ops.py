@@ -397,9 +397,11 @@ class Tokenize(Op):
 
     The file's own truncation and padding settings are left unapplied, as ``transformers``
     leaves them unless asked: :class:`PackSequences` splits long documents across rows and
-    pads only the last row. Text is encoded without the tokenizer's special tokens, as
-    ``encode(text, add_special_tokens=False)`` gives: no BOS (Llama's ``<|begin_of_text|>``,
-    ``<s>``) or ``[CLS]`` is added; :class:`PackSequences` puts an EOS after each document. A
+    pads only once the batch's documents end. Text is encoded as
+    ``encode(text, add_special_tokens=False)`` encodes it: no BOS (Llama's
+    ``<|begin_of_text|>``, ``<s>``) or ``[CLS]`` is added, while a special token's text inside
+    a document (``<|endoftext|>``) is read as that token, as HF reads it;
+    :class:`PackSequences` puts an EOS after each document. A
     file whose BPE model sets ``dropout`` is refused (it draws other tokens at each encoding).
 
     Args:
@@ -426,7 +428,11 @@ class PackSequences(Op):
     A batch's documents (``batch_size`` of them) are laid end to end in order and cut into
     ``batch_size`` rows; tokens past the last row are dropped (counted in the loader's
     ``stats()["tokens_dropped"]``: documents much longer than ``seq_len`` lose most of their
-    tokens), a short last row is padded.
+    tokens), and once the documents run out the rest of the rows is padding (documents much
+    shorter than ``seq_len`` leave whole rows of it). Nothing carries over between batches
+    (a batch is a function of its own documents), so this suits documents near ``seq_len``
+    tokens long; to train on every token of a corpus, write its tokens to a token file and
+    read it with :class:`TokenWindows`, which drops none.
     The batch holds int32 ``(B, seq_len)`` tensors ``"input_ids"``, ``"position_ids"``
     (0 at each document start and each row start) and ``"document_ids"`` (the document's
     place in the batch, -1 on padding: attend where they are equal).
@@ -435,9 +441,9 @@ class PackSequences(Op):
         seq_len: tokens per row.
         eos_id: the id put after each document; -1 (default) takes the tokenizer's own EOS
             token (``<|endoftext|>``, ``</s>``, ``<eos>``...).
-        pad_id: the id that fills a short last row (default 0). It is a real token id (0 is
-            ``!`` in GPT-2's and Llama 3's vocabularies), and no labels or loss mask come with
-            the batch: mask the loss where ``document_ids == -1`` (for instance
+        pad_id: the id that fills the rows the documents leave (default 0). It is a real
+            token id (0 is ``!`` in GPT-2's and Llama 3's vocabularies), and no labels or loss
+            mask come with the batch: mask the loss where ``document_ids == -1`` (for instance
             ``labels = input_ids.masked_fill(document_ids == -1, -100)``), or the model learns
             to predict padding.
     """
