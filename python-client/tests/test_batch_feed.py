@@ -25,14 +25,23 @@ class Native:
     one), ``try_next_batch`` takes one only when it is already built (``ready`` of them)."""
 
     def __init__(self, steps: int, ready: int = 99, fail_ahead_at: int | None = None) -> None:
+        self.steps = steps
         self.queue = deque(range(steps))
         self.ready = ready
         self.fail_ahead_at = fail_ahead_at
         self.waited: list[int] = []
         self.ahead: list[int] = []
+        self.handed_out: int | None = None
+        self.restarts: list[int] = []
 
     def _item(self, step: int) -> Any:
+        self.handed_out = step
         return (0, step, [], [step], [], None)
+
+    def start_epoch(self, epoch: int, step: int) -> None:
+        self.restarts.append(step)
+        self.queue = deque(range(step, self.steps))
+        self.handed_out = None
 
     def next_batch(self) -> Any:
         if not self.queue:
@@ -74,11 +83,15 @@ def feed_of(native: Native, stage: Stage | None) -> BatchFeed:
     return BatchFeed(lambda: native, make_batch, stage, None)  # type: ignore[arg-type]
 
 
-def steps(feed: BatchFeed, generation: int, count: int) -> list[int | None]:
+def steps(feed: BatchFeed, generation: int, count: int, start: int = 0) -> list[int | None]:
+    """What ``count`` calls of an iterator of ``generation`` get, its position at ``start``."""
     out: list[int | None] = []
+    expected = start
     for _ in range(count):
-        taken = feed.next(generation)
+        taken = feed.next(generation, 0, expected)
         out.append(None if taken is None else taken[0])
+        if taken is not None:
+            expected = taken[0] + 1
     return out
 
 
@@ -102,7 +115,7 @@ def test_a_batch_staged_for_an_older_iterator_is_not_handed_to_a_newer_one() -> 
     feed = feed_of(native, Stage())
     assert steps(feed, 1, 1) == [0]  # staged step 1 for generation 1
     # Generation 2 (a new iter(), set_epoch or load_state_dict) does not get it.
-    assert steps(feed, 2, 1) == [2]
+    assert steps(feed, 2, 1, start=2) == [2]
     assert native.waited == [0, 2]
 
 
@@ -111,7 +124,7 @@ def test_dropping_the_staged_batch_forgets_it() -> None:
     feed = feed_of(native, Stage())
     assert steps(feed, 1, 1) == [0]
     feed.drop_staged()
-    assert steps(feed, 1, 2) == [2, None]
+    assert steps(feed, 1, 2, start=2) == [2, None]
 
 
 def test_an_error_taking_a_batch_ahead_is_raised_by_the_call_that_would_return_it() -> None:
@@ -119,7 +132,23 @@ def test_an_error_taking_a_batch_ahead_is_raised_by_the_call_that_would_return_i
     feed = feed_of(native, Stage())
     assert steps(feed, 1, 1) == [0]  # this batch goes out although taking the next failed
     with pytest.raises(RuntimeError, match="step 1 failed"):
-        feed.next(1)
+        feed.next(1, 0, 1)
+
+
+@pytest.mark.parametrize("device", [False, True])
+def test_batches_handed_out_that_the_loop_never_got_are_taken_again(device: bool) -> None:
+    # The loop's position stayed at step 1 while the native side handed step 1 out (and, on
+    # the device, step 2 ahead): an exception took them as the calls returned. The epoch
+    # starts again at step 1 rather than go on at the step after the last handed out.
+    native = Native(4)
+    feed = feed_of(native, Stage() if device else None)
+    assert steps(feed, 1, 1) == [0]
+    native.next_batch()
+    if device:
+        feed.drop_staged()
+        native.try_next_batch()
+    assert steps(feed, 1, 4, start=1) == [1, 2, 3, None]
+    assert native.restarts == [1]
 
 
 def test_on_the_host_nothing_is_taken_ahead() -> None:

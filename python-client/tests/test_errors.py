@@ -8,6 +8,7 @@ import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -126,6 +127,50 @@ def test_an_interrupt_while_a_batch_is_made_loses_no_step(
         except StopIteration:
             break
         got.append(list(iterator.sample_indices))
+    assert got == want
+
+
+def test_an_interrupt_as_a_batch_is_handed_over_loses_no_step(
+    make_loader: Callable[..., stoker.Loader], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A Ctrl-C raised as the native call returns a batch (the batch never reaches the loop),
+    caught by a loop that goes on: the epoch goes on from that step. Before, the native stream
+    had moved past it and the loop got the step after it: one batch skipped, unseen."""
+    loader = make_loader(batch_size=16)
+    want = [list(indices) for indices in _steps(make_loader(batch_size=16))]
+    feed = loader._feed
+    native_of = feed.handle
+    calls = {"n": 0}
+
+    class LostOnReturn:
+        def __init__(self, native: Any) -> None:
+            self._native = native
+
+        def __getattr__(self, name: str) -> Any:
+            return getattr(self._native, name)
+
+        def next_batch(self) -> Any:
+            item = self._native.next_batch()
+            calls["n"] += 1
+            if calls["n"] == 3:
+                raise KeyboardInterrupt  # as the call returns: the batch is dropped
+            return item
+
+    monkeypatch.setattr(feed, "handle", lambda: LostOnReturn(native_of()))
+    iterator = iter(loader)
+    got: list[list[int]] = []
+    interrupted = 0
+    while True:
+        try:
+            next(iterator)
+        except KeyboardInterrupt:
+            interrupted += 1
+            assert loader.state_dict()["step"] == 2, "the lost step is not counted"
+            continue
+        except StopIteration:
+            break
+        got.append(list(iterator.sample_indices))
+    assert interrupted == 1
     assert got == want
 
 

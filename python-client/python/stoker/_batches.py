@@ -205,8 +205,9 @@ class BatchFeed:
         """Forgets the batch staged ahead (a new iterator starts, or the loader closes)."""
         self._staged = self._unmade = None
 
-    def next(self, generation: int) -> Taken | None:
-        """The next batch for the iterator of ``generation``; None at the end of the epoch."""
+    def next(self, generation: int, epoch: int, expected: int) -> Taken | None:
+        """The next batch for the iterator of ``generation``, which runs ``epoch`` and yielded
+        every step before ``expected``; None at the end of the epoch."""
         native = self.handle()
         meter = self._meter
         if meter is not None:
@@ -218,6 +219,21 @@ class BatchFeed:
                 if unmade is not None and unmade[0] == generation:
                     item = unmade[1]
                 else:
+                    handed = native.handed_out
+                    if handed is not None and handed >= expected:
+                        # Batches were handed out that the loop never got: an exception (a
+                        # Ctrl-C a loop catches and goes on after) raised as the native call
+                        # returned, or while the batch was made or staged. The epoch starts
+                        # again there, so no step is skipped.
+                        _log.debug(
+                            "steps %d..%d were handed out but not yielded; epoch %d goes on "
+                            "from step %d",
+                            expected,
+                            handed,
+                            epoch,
+                            expected,
+                        )
+                        native.start_epoch(epoch, expected)
                     try:
                         item = native.next_batch()
                     except LoaderTimeoutError as error:
@@ -310,7 +326,8 @@ class BatchIterator(Iterator[dict[str, Any]]):
                     "this iterator is stale: iter(), set_epoch() or load_state_dict() was "
                     "called on its Loader since; iterate the Loader again"
                 )
-            taken = self._feed.next(self._generation)
+            expected = position.step if position.resume_step is None else position.resume_step
+            taken = self._feed.next(self._generation, self.epoch, expected)
             if taken is None:
                 self._done = True
                 position.finish_epoch(self.epoch)

@@ -37,6 +37,9 @@ pub(super) struct Held {
 pub(super) struct Current {
     pub(super) stream: EpochStream,
     pub(super) slots: Arc<stoker_loader::SlotPool>,
+    /// The step of the last batch handed to Python: one Python did not get (an exception
+    /// raised as the call returned) is one it sees handed and not yielded.
+    pub(super) handed: Option<u64>,
 }
 
 /// How page-locked slots are let go, and their pool.

@@ -64,7 +64,7 @@ pub(crate) struct NativeBatch {
     /// The epoch it belongs to.
     epoch: u64,
     /// Its step in the epoch.
-    step: u64,
+    pub(super) step: u64,
     /// `(name, dtype, shape, Buffer)` per tensor: the image first, then the label.
     tensors: Py<PyList>,
     /// The samples of its rows, in row order.

@@ -375,7 +375,13 @@ impl NativeLoader {
             };
             let slots = Arc::clone(loader.slots());
             drop(loader);
-            started.map(|stream| stream.map(|stream| Current { stream, slots }))
+            started.map(|stream| {
+                stream.map(|stream| Current {
+                    stream,
+                    slots,
+                    handed: None,
+                })
+            })
         });
         *current = Some(started.ok_or_else(closed)?.map_err(from_loader)?);
         Ok(())
@@ -390,9 +396,13 @@ impl NativeLoader {
             let current = self.started(&mut current)?;
             let release = self.release_for(current);
             let stream = &mut current.stream;
-            wait_for_batch(py, &self.closing, release, |interrupted| {
+            let batch = wait_for_batch(py, &self.closing, release, |interrupted| {
                 stream.next_batch_checked(interrupted)
-            })
+            });
+            if let Ok(Some(batch)) = &batch {
+                current.handed = Some(batch.get().step);
+            }
+            batch
         })();
         drop(waiting);
         // Closed while it waited by a signal handler on this thread, which could not take the
@@ -414,9 +424,19 @@ impl NativeLoader {
         let current = self.started(&mut current)?;
         let release = self.release_for(current);
         match current.stream.try_next_batch().map_err(from_loader)? {
-            Some(batch) => native_batch(py, batch, release).map(Some),
+            Some(batch) => {
+                let batch = native_batch(py, batch, release)?;
+                current.handed = Some(batch.get().step);
+                Ok(Some(batch))
+            }
             None => Ok(None),
         }
+    }
+
+    /// The step of the last batch handed out in the current epoch, if any.
+    #[getter]
+    fn handed_out(&self, py: Python<'_>) -> Option<u64> {
+        self.current(py).as_ref().and_then(|current| current.handed)
     }
 
     /// The GPU's share of step `step` of `epoch` in sixteenths (`auto` decides it once for the
