@@ -218,6 +218,9 @@ class NativeLoader:
     def try_next_batch(self) -> NativeBatch | None:
         """The next batch if it has already arrived, else ``None`` (also at the end of the
         epoch); never waits."""
+    @property
+    def handed_out(self) -> int | None:
+        """The step of the last batch handed out in the current epoch, if any."""
     def decode_split(self, epoch: int, step: int) -> int | None:
         """The GPU decode lane's share of step ``step`` of ``epoch`` in sixteenths (``auto``
         decides it once for the point the step is in, then keeps it); None without a lane."""
