@@ -279,7 +279,9 @@ def test_iter_after_every_batch_without_stop_iteration_starts_the_next_epoch(
     plain.set_epoch(1)
     second = read_indices(plain)
     assert second != first
+    assert loader.epoch == 0, "the epoch read, until an iter() moves on"
     assert iter(loader).epoch == 1
+    assert loader.epoch == 1
     assert read_indices(loader) == second
     assert read_indices(resumed) == second
 

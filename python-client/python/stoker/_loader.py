@@ -447,7 +447,10 @@ class Loader(FromDataset, SavedState, Stats):
 
     @property
     def epoch(self) -> int:
-        """The epoch the next ``iter()`` runs."""
+        """The epoch being read, else the one the next ``iter()`` runs (the next one once
+        an epoch's ``StopIteration`` came, or the one ``set_epoch`` chose). A loop that
+        stopped at an epoch's last batch before its ``StopIteration`` (``zip``, ``islice``)
+        leaves it at that epoch, and the next ``iter()`` moves on to the one after."""
         return self._position.epoch
 
     @property
