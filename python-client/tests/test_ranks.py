@@ -57,7 +57,7 @@ def test_a_rank_or_world_size_alone_is_paired_only_with_defaults_that_agree(
 
 
 _RANK_SCRIPT = r"""
-import datetime, json, sys
+import datetime, json, sys, time
 import torch.distributed as dist
 import stoker
 
@@ -84,10 +84,27 @@ attempt("agree", lambda: stoker.Loader(data, seed=3, **options))
 attempt("seed_per_rank", lambda: stoker.Loader(data, seed=rank, **options))
 attempt("one_file_more", lambda: stoker.Loader(data if rank == 0 else extra, **options))
 attempt("a_group_of_its_own", lambda: stoker.Loader(data, rank=0, world_size=1, **options))
+
+def refused_twice():
+    # Rank 1 tries again at once, before rank 0 read the posts: each rank still reads the
+    # same refusal (a second try once counted as a second read, the posts went, and rank 0
+    # timed out blaming every rank).
+    loader = stoker.Loader(data, seed=rank, **options)  # posts its settings
+    if rank == 0:
+        time.sleep(1)
+    errors = []
+    for _ in range(2 if rank == 0 else 3):
+        try:
+            iter(loader)
+        except Exception as error:
+            errors.append(f"{type(error).__name__}: {error}")
+    raise ValueError(" | ".join(errors))
+
+attempt("refused_twice", refused_twice)
 dist.barrier()
 # Every rank has read the posts of the checks above: the last to read took them away.
 store = dist.distributed_c10d._get_default_store()
-out["posts_left"] = [store.check([f"stoker/ranks/{n}/{r}"]) for n in range(3) for r in range(2)]
+out["posts_left"] = [store.check([f"stoker/ranks/{n}/{r}"]) for n in range(4) for r in range(2)]
 if rank == 0:
     attempt("made_by_one_rank", lambda: stoker.Loader(data, **{**options, "timeout": 2}))
 dist.barrier()
@@ -139,6 +156,9 @@ def test_the_ranks_of_a_torch_distributed_job_are_checked_to_read_alike(
         assert kind == "ValueError", out
         assert "num_samples: 120 on rank 0, 121 on rank 1" in message, message
         assert out["a_group_of_its_own"][0] == "ok", out
+        tries = out["refused_twice"][1].split(" | ")
+        assert len(tries) == (2 if rank == 0 else 3), tries
+        assert all(t.startswith("ValueError") and "seed: 0 on rank 0" in t for t in tries), tries
     # Agreeing ranks read disjoint first batches, with as many steps each.
     (kind0, first0, steps0), (kind1, first1, steps1) = (r["agree"] for r in results)
     assert kind0 == kind1 == "ok" and steps0 == steps1 == 8

@@ -68,6 +68,10 @@ class RankCheck:
         self._serial: int | None = None
         self._posted = False
         self._done = False
+        # What the ranks' posts disagreed on, once read: a check tried again (a loop that
+        # catches the ValueError) says it again without reading the posts, which the last rank
+        # to read may have taken away, nor counting this rank's read twice.
+        self._refused: str | None = None
 
     def _key(self, rank: int) -> str:
         return f"{_PREFIX}/{self._serial}/{rank}"
@@ -105,6 +109,8 @@ class RankCheck:
         ``timeout_s``. Done once per loader, once it passes."""
         if self._done:
             return
+        if self._refused is not None:
+            raise ValueError(self._refused)
         dist = _process_group()
         if dist is None:
             return
@@ -146,13 +152,14 @@ class RankCheck:
                     store.delete_key(key)
         problems = disagreements(posted)
         if problems:
-            raise ValueError(
+            self._refused = (
                 "the ranks of this torch.distributed job would read overlapping or incomplete "
                 "shares of the data, or different step counts: " + "; ".join(problems)
                 + f" (loader {self._serial} of each rank compared: the n-th loader each rank "
                 "makes with the job's world size; a loader only some ranks make needs "
                 "rank=0, world_size=1)"
             )
+            raise ValueError(self._refused)
         self._done = True
 
 
