@@ -13,8 +13,10 @@
 //! go to a temporary file renamed over the entry only when every byte asked for has arrived
 //! (the store's ranged reads are checked for their length), and the metadata file is written
 //! last, so a crash leaves either no entry or an entry that fails its check and is fetched
-//! again. Lock files stay when their entry is evicted: deleting
-//! a lock file that another process has open would let two processes "hold" the same lock.
+//! again. An eviction removes the entry's lock file too, still holding it, and the folder of an
+//! object's ranges or versions once empty; a lock taken on a lock file removed meanwhile is
+//! taken again on the one its path names now (`entry_lock`), so two processes never hold one
+//! entry's lock through two files.
 //!
 //! An entry is valid when its metadata matches the listing (size and ETag, or last-modified
 //! when the store gives no ETag) and the data file has that size; a changed object or a cut
@@ -357,17 +359,17 @@ impl ObjectCache {
         let mut contended = Vec::new();
         for (position, object) in wanted.iter().map(|w| &w.meta).enumerate() {
             let entry = Entry::new(&self.options.dir, location, object)?;
-            let lock = entry.open_lock()?;
-            if try_lock(&lock, false, &entry.lock)? {
+            let mut lock = entry.open_lock()?;
+            if try_lock(&mut lock, false, &entry.lock)? {
                 if entry.is_valid() {
                     ready[position] = Some(self.hit(entry, lock, reading));
                     continue;
                 }
                 unlock(&lock, &entry.lock)?;
             }
-            if try_lock(&lock, true, &entry.lock)? {
+            if try_lock(&mut lock, true, &entry.lock)? {
                 if entry.validity() == Validity::Valid {
-                    downgrade(&lock, &entry.lock)?;
+                    downgrade(&mut lock, &entry.lock)?;
                     // Evicted in the downgrade's gap: fetched again below.
                     if entry.is_valid() {
                         ready[position] = Some(self.hit(entry, lock, reading));
@@ -390,7 +392,7 @@ impl ObjectCache {
             LockWait::InAll(wait) => Some(Instant::now() + wait),
             LockWait::Each(_) => None,
         };
-        for (position, entry, lock) in contended {
+        for (position, entry, mut lock) in contended {
             let timeout = match (wait, deadline) {
                 (_, Some(deadline)) => deadline.saturating_duration_since(Instant::now()),
                 (LockWait::Each(wait) | LockWait::InAll(wait), None) => wait,
@@ -398,22 +400,22 @@ impl ObjectCache {
             // A whole object is waited for as long as its download keeps writing; a range is
             // read past the cache once its short wait is over.
             let written = matches!(wait, LockWait::Each(_)).then_some(entry.data.as_path());
-            wait_for_lock(&lock, false, &entry.lock, timeout, written)?;
+            wait_for_lock(&mut lock, false, &entry.lock, timeout, written)?;
             if entry.is_valid() {
                 ready[position] = Some(self.hit(entry, lock, reading));
                 continue;
             }
             unlock(&lock, &entry.lock)?;
-            wait_for_lock(&lock, true, &entry.lock, timeout, written)?;
+            wait_for_lock(&mut lock, true, &entry.lock, timeout, written)?;
             if entry.validity() == Validity::Valid {
-                downgrade(&lock, &entry.lock)?;
+                downgrade(&mut lock, &entry.lock)?;
                 if entry.is_valid() {
                     ready[position] = Some(self.hit(entry, lock, reading));
                     continue;
                 }
                 // Evicted in the downgrade's gap: fetched again, under the exclusive lock.
                 unlock(&lock, &entry.lock)?;
-                wait_for_lock(&lock, true, &entry.lock, timeout, written)?;
+                wait_for_lock(&mut lock, true, &entry.lock, timeout, written)?;
             }
             for (position, object) in
                 self.download(store, vec![(position, entry, lock)], &sources, reading)?
@@ -505,12 +507,12 @@ impl ObjectCache {
             let taken = pending
                 .get(index)
                 .and_then(|slot| slot.lock().ok().and_then(|mut slot| slot.take()));
-            let Some((position, entry, lock, mut part)) = taken else {
+            let Some((position, entry, mut lock, mut part)) = taken else {
                 return Ok(());
             };
             commit(&entry, &part, entry.key.contains(RANGES_SUFFIX))?;
             part.committed = true;
-            downgrade(&lock, &entry.lock)?;
+            downgrade(&mut lock, &entry.lock)?;
             touch(&lock, &entry.lock);
             let counter = if reading {
                 &self.counters.misses
@@ -765,8 +767,8 @@ mod tests {
         if let Some(parent) = entry.lock.parent() {
             std::fs::create_dir_all(parent).map_err(|e| Error::io(parent, e))?;
         }
-        let held = File::create(&entry.lock).map_err(|e| Error::io(&entry.lock, e))?;
-        assert!(try_lock(&held, true, &entry.lock)?);
+        let mut held = File::create(&entry.lock).map_err(|e| Error::io(&entry.lock, e))?;
+        assert!(try_lock(&mut held, true, &entry.lock)?);
         let started = Instant::now();
         let read = cache.read_ranges(&store, &location, &listing[0], &[10..20, 30..40])?;
         assert_eq!(read, [data[10..20].to_vec(), data[30..40].to_vec()]);

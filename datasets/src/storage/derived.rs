@@ -101,7 +101,7 @@ pub fn derived_copy(
     if let Some(parent) = data.parent() {
         std::fs::create_dir_all(parent).map_err(|error| Error::cache(parent, error))?;
     }
-    let lock = OpenOptions::new()
+    let mut lock = OpenOptions::new()
         .read(true)
         .write(true)
         .create(true)
@@ -115,14 +115,26 @@ pub fn derived_copy(
     // Shared first: a process making the copy holds the lock exclusive until it is complete,
     // then shared while it reads it, for the whole job; waiting for an exclusive lock would
     // wait for that job to end, not for the copy.
-    wait_for_lock(&lock, false, &lock_path, options.lock_timeout, Some(&data))?;
+    wait_for_lock(
+        &mut lock,
+        false,
+        &lock_path,
+        options.lock_timeout,
+        Some(&data),
+    )?;
     if let Some(size) = is_valid(&data, &meta, identity) {
         return Ok(cached(size, lock));
     }
     unlock(&lock, &lock_path)?;
-    wait_for_lock(&lock, true, &lock_path, options.lock_timeout, Some(&data))?;
+    wait_for_lock(
+        &mut lock,
+        true,
+        &lock_path,
+        options.lock_timeout,
+        Some(&data),
+    )?;
     if let Some(size) = is_valid(&data, &meta, identity) {
-        downgrade(&lock, &lock_path)?;
+        downgrade(&mut lock, &lock_path)?;
         return Ok(cached(size, lock));
     }
 
@@ -160,7 +172,7 @@ pub fn derived_copy(
         source: error,
     })?;
     write_atomically(&meta, &text).map_err(|error| Error::cache(&meta, error))?;
-    downgrade(&lock, &lock_path)?;
+    downgrade(&mut lock, &lock_path)?;
     info!(
         source = %source.display(),
         copy = %data.display(),

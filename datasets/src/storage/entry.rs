@@ -20,7 +20,7 @@
 //! tar-indexes/<bucket>/...                remote tar sets' indexes (`tar_shards/remote.rs`)
 //! ```
 
-use std::fs::{File, OpenOptions};
+use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -237,16 +237,7 @@ impl Entry {
     }
 
     pub(super) fn open_lock(&self) -> Result<File> {
-        if let Some(parent) = self.lock.parent() {
-            std::fs::create_dir_all(parent).map_err(|source| Error::cache(parent, source))?;
-        }
-        OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .open(&self.lock)
-            .map_err(|source| Error::cache(&self.lock, source))
+        super::entry_lock::open_lock_file(&self.lock)
     }
 
     pub(super) fn validity(&self) -> Validity {

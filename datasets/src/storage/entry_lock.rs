@@ -1,7 +1,14 @@
 //! The cache entries' file locks (`flock` through fs4): shared while an entry is read, exclusive
 //! to fetch or evict it, waits with a deadline, and the lock file's mtime as the entry's last use.
+//!
+//! An eviction removes the entry's lock file too, while it holds it exclusive (else every
+//! entry ever read leaves a file, one per sample or token window read from a bucket). A lock
+//! taken on a descriptor opened before that removal locks a file no path names any more, and
+//! another process may lock the new file made at the same path meanwhile: so every lock taken
+//! here is checked to be on the file the path names now, and taken again on that one when not.
 
-use std::fs::File;
+use std::fs::{File, OpenOptions};
+use std::os::unix::fs::MetadataExt;
 use std::path::Path;
 use std::time::{Duration, Instant, SystemTime};
 
@@ -11,8 +18,62 @@ use tracing::{debug, info};
 
 use crate::error::{Error, Result};
 
-/// Tries to lock `file` without waiting. `Ok(false)`: someone else holds a conflicting lock.
-pub(super) fn try_lock(file: &File, exclusive: bool, path: &Path) -> Result<bool> {
+/// Opens the lock file at `path`, creating it and its folder where missing.
+pub(super) fn open_lock_file(path: &Path) -> Result<File> {
+    let mut tries = 0;
+    loop {
+        if let Some(parent) = path.parent() {
+            std::fs::create_dir_all(parent).map_err(|source| Error::cache(parent, source))?;
+        }
+        match OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(path)
+        {
+            Ok(file) => return Ok(file),
+            // An eviction took the emptied folder away between the two calls.
+            Err(error) if error.kind() == std::io::ErrorKind::NotFound && tries < 3 => tries += 1,
+            Err(source) => return Err(Error::cache(path, source)),
+        }
+    }
+}
+
+/// Whether `file` is the file `path` names now (an eviction removes a lock file it holds).
+fn is_current(file: &File, path: &Path) -> bool {
+    match (file.metadata(), std::fs::metadata(path)) {
+        (Ok(held), Ok(named)) => held.dev() == named.dev() && held.ino() == named.ino(),
+        _ => false,
+    }
+}
+
+/// Once a lock is taken on `file`: `true` when `file` is the lock file at `path`; else the lock
+/// goes and `file` becomes the file at `path` now, not yet locked.
+fn kept_or_reopened(file: &mut File, path: &Path) -> Result<bool> {
+    if is_current(file, path) {
+        return Ok(true);
+    }
+    let _ = FileExt::unlock(file);
+    *file = open_lock_file(path)?;
+    Ok(false)
+}
+
+/// Tries to lock the entry whose lock file is at `path`, through `file` (opened from it, and
+/// opened again from it when an eviction removed the one it was), without waiting.
+/// `Ok(false)`: someone else holds a conflicting lock.
+pub(super) fn try_lock(file: &mut File, exclusive: bool, path: &Path) -> Result<bool> {
+    loop {
+        if !try_lock_once(file, exclusive, path)? {
+            return Ok(false);
+        }
+        if kept_or_reopened(file, path)? {
+            return Ok(true);
+        }
+    }
+}
+
+fn try_lock_once(file: &File, exclusive: bool, path: &Path) -> Result<bool> {
     let attempt = if exclusive {
         FileExt::try_lock(file)
     } else {
@@ -31,7 +92,7 @@ pub(super) fn try_lock(file: &File, exclusive: bool, path: &Path) -> Result<bool
 /// decompression that keeps writing is waited out however long it takes, one that stopped
 /// writing for `timeout` is not.
 pub(super) fn wait_for_lock(
-    file: &File,
+    file: &mut File,
     exclusive: bool,
     path: &Path,
     timeout: Duration,
@@ -99,10 +160,16 @@ pub(super) fn unlock(file: &File, path: &Path) -> Result<()> {
 /// Turns the exclusive lock held on `file` into a shared one, marking the entry used first:
 /// `flock` converts a lock by dropping it and taking the other kind, and an evictor that tries
 /// the lock in that gap takes the least recently used entries first, so the entry goes
-/// there as the newest, not with a lock file's old time (left by an entry evicted before).
-pub(super) fn downgrade(file: &File, path: &Path) -> Result<()> {
+/// there as the newest. An entry evicted in that gap (its lock file removed) is locked shared
+/// through the file at `path` now, which the caller finds holding no valid entry.
+pub(super) fn downgrade(file: &mut File, path: &Path) -> Result<()> {
     touch(file, path);
-    FileExt::lock_shared(file).map_err(|source| Error::cache(path, source))
+    loop {
+        FileExt::lock_shared(file).map_err(|source| Error::cache(path, source))?;
+        if kept_or_reopened(file, path)? {
+            return Ok(());
+        }
+    }
 }
 
 /// Marks the entry as just used (the eviction order reads it back).
@@ -120,26 +187,26 @@ mod tests {
     fn locks_exclude_across_handles_of_one_process() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("entry.stoker-lock");
-        let first = File::create(&path).unwrap();
-        let second = File::open(&path).unwrap();
-        assert!(try_lock(&first, false, &path).unwrap());
+        let mut first = File::create(&path).unwrap();
+        let mut second = File::open(&path).unwrap();
+        assert!(try_lock(&mut first, false, &path).unwrap());
         assert!(
-            try_lock(&second, false, &path).unwrap(),
+            try_lock(&mut second, false, &path).unwrap(),
             "shared locks coexist"
         );
         unlock(&second, &path).unwrap();
         assert!(
-            !try_lock(&second, true, &path).unwrap(),
+            !try_lock(&mut second, true, &path).unwrap(),
             "a reader blocks eviction"
         );
         unlock(&first, &path).unwrap();
-        assert!(try_lock(&second, true, &path).unwrap());
+        assert!(try_lock(&mut second, true, &path).unwrap());
         assert!(
-            !try_lock(&first, false, &path).unwrap(),
+            !try_lock(&mut first, false, &path).unwrap(),
             "a fetch blocks readers"
         );
         let error =
-            wait_for_lock(&first, false, &path, Duration::from_millis(50), None).unwrap_err();
+            wait_for_lock(&mut first, false, &path, Duration::from_millis(50), None).unwrap_err();
         assert!(matches!(error, Error::CacheLockTimeout { .. }));
     }
 
@@ -150,9 +217,9 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let data = dir.path().join("object");
         let lock_path = dir.path().join("object.stoker-lock");
-        let holder = File::create(&lock_path).unwrap();
-        let waiter = File::open(&lock_path).unwrap();
-        assert!(try_lock(&holder, true, &lock_path).unwrap());
+        let mut holder = File::create(&lock_path).unwrap();
+        let mut waiter = File::open(&lock_path).unwrap();
+        assert!(try_lock(&mut holder, true, &lock_path).unwrap());
         let part = dir.path().join("object.stoker-part-1-0");
         let writing = std::thread::spawn(move || {
             use std::io::Write;
@@ -169,20 +236,51 @@ mod tests {
         });
         let started = Instant::now();
         let timeout = Duration::from_millis(900);
-        let error = wait_for_lock(&waiter, false, &lock_path, timeout, Some(&data)).unwrap_err();
+        let error =
+            wait_for_lock(&mut waiter, false, &lock_path, timeout, Some(&data)).unwrap_err();
         let waited = started.elapsed();
         assert!(matches!(error, Error::CacheLockTimeout { .. }));
         assert!(
             waited >= Duration::from_millis(2400) && waited < Duration::from_secs(10),
             "{waited:?}"
         );
-        let holder = writing.join().unwrap();
+        let mut holder = writing.join().unwrap();
         unlock(&holder, &lock_path).unwrap();
         // Without a path to watch, the timeout counts from the start.
-        assert!(try_lock(&holder, true, &lock_path).unwrap());
+        assert!(try_lock(&mut holder, true, &lock_path).unwrap());
         let started = Instant::now();
-        wait_for_lock(&waiter, false, &lock_path, timeout, None).unwrap_err();
+        wait_for_lock(&mut waiter, false, &lock_path, timeout, None).unwrap_err();
         assert!(started.elapsed() < Duration::from_millis(2000));
+    }
+
+    /// A lock taken through a descriptor of a lock file an eviction removed is taken on the
+    /// file the path names now: here another process holds that one, so the lock is refused,
+    /// where it was granted on the removed file and two processes held the entry.
+    #[test]
+    fn a_lock_file_removed_by_an_eviction_is_locked_again_where_its_path_is() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir
+            .path()
+            .join("ranges.stoker-ranges")
+            .join("0-8.stoker-lock");
+        let mut early = open_lock_file(&path).unwrap();
+        let mut evictor = open_lock_file(&path).unwrap();
+        assert!(try_lock(&mut evictor, true, &path).unwrap());
+        std::fs::remove_file(&path).unwrap();
+        std::fs::remove_dir(path.parent().unwrap()).unwrap();
+        drop(evictor);
+        let mut fetcher = open_lock_file(&path).unwrap();
+        assert!(try_lock(&mut fetcher, true, &path).unwrap());
+        assert!(!try_lock(&mut early, false, &path).unwrap());
+        unlock(&fetcher, &path).unwrap();
+        assert!(try_lock(&mut early, false, &path).unwrap());
+        assert!(is_current(&early, &path));
+        // A shared lock taken through a downgrade lands on the current file too.
+        unlock(&early, &path).unwrap();
+        std::fs::remove_file(&path).unwrap();
+        let mut stale = fetcher;
+        assert!(try_lock(&mut stale, true, &path).unwrap());
+        assert!(is_current(&stale, &path), "locked again on the new file");
     }
 
     #[test]
@@ -190,10 +288,10 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("entry.stoker-lock");
         // A lock file left by an entry evicted long ago.
-        let file = File::create(&path).unwrap();
+        let mut file = File::create(&path).unwrap();
         file.set_modified(SystemTime::UNIX_EPOCH).unwrap();
-        assert!(try_lock(&file, true, &path).unwrap());
-        downgrade(&file, &path).unwrap();
+        assert!(try_lock(&mut file, true, &path).unwrap());
+        downgrade(&mut file, &path).unwrap();
         let age = std::fs::metadata(&path)
             .unwrap()
             .modified()
@@ -202,9 +300,9 @@ mod tests {
             .unwrap();
         assert!(age < Duration::from_secs(60), "last use {age:?} ago");
         // Shared now: another reader gets in, an evictor does not.
-        let other = File::open(&path).unwrap();
-        assert!(try_lock(&other, false, &path).unwrap());
+        let mut other = File::open(&path).unwrap();
+        assert!(try_lock(&mut other, false, &path).unwrap());
         unlock(&other, &path).unwrap();
-        assert!(!try_lock(&other, true, &path).unwrap());
+        assert!(!try_lock(&mut other, true, &path).unwrap());
     }
 }

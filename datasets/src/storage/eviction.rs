@@ -9,7 +9,10 @@ use std::time::{Duration, SystemTime};
 
 use tracing::{debug, warn};
 
-use super::entry::{with_suffix, INDEX_SUFFIX, LOCAL_ROOT, LOCK_SUFFIX, META_SUFFIX, PART_MARKER};
+use super::entry::{
+    with_suffix, INDEX_SUFFIX, LOCAL_ROOT, LOCK_SUFFIX, META_SUFFIX, PART_MARKER, RANGES_SUFFIX,
+    VERSIONS_SUFFIX,
+};
 use super::entry_lock::try_lock;
 use super::stats::Counters;
 use crate::error::Result;
@@ -36,7 +39,7 @@ pub(super) fn evict_to_cap(dir: &Path, max_bytes: u64, counters: &Counters) -> R
         if total <= max_bytes {
             break;
         }
-        let lock = match OpenOptions::new()
+        let mut lock = match OpenOptions::new()
             .read(true)
             .write(true)
             .create(true)
@@ -49,7 +52,7 @@ pub(super) fn evict_to_cap(dir: &Path, max_bytes: u64, counters: &Counters) -> R
                 continue;
             }
         };
-        if !try_lock(&lock, true, &entry.lock)? {
+        if !try_lock(&mut lock, true, &entry.lock)? {
             continue;
         }
         // The metadata goes first: without it the entry is invalid whatever is left.
@@ -66,6 +69,22 @@ pub(super) fn evict_to_cap(dir: &Path, max_bytes: u64, counters: &Counters) -> R
                 }
             }
         }
+        // The lock file last, still held (see `entry_lock`), and the folder of an object's
+        // ranges or versions once it holds nothing: every entry read once left both.
+        match std::fs::remove_file(&entry.lock) {
+            Ok(()) => {}
+            Err(error) if error.kind() == std::io::ErrorKind::NotFound => {}
+            Err(error) => {
+                debug!(path = %entry.lock.display(), %error, "cannot remove an evicted lock file")
+            }
+        }
+        if let Some(folder) = entry.lock.parent().filter(|folder| {
+            let name = folder.file_name().unwrap_or_default().to_string_lossy();
+            name.ends_with(RANGES_SUFFIX) || name.ends_with(VERSIONS_SUFFIX)
+        }) {
+            let _ = std::fs::remove_dir(folder); // refused while it holds anything
+        }
+        drop(lock);
         total -= entry.size;
         counters.evictions.fetch_add(1, Ordering::Relaxed);
         counters
@@ -116,7 +135,7 @@ fn scan(folder: &Path, entries: &mut Vec<ScannedEntry>) {
             let data_name = data_name.strip_suffix(META_SUFFIX).unwrap_or(data_name);
             let lock = with_suffix(&path.with_file_name(data_name), LOCK_SUFFIX);
             let abandoned = match OpenOptions::new().read(true).write(true).open(&lock) {
-                Ok(file) => try_lock(&file, true, &lock).unwrap_or(false),
+                Ok(mut file) => try_lock(&mut file, true, &lock).unwrap_or(false),
                 Err(error) if error.kind() == std::io::ErrorKind::NotFound => true,
                 Err(_) => item
                     .metadata()
@@ -162,8 +181,8 @@ mod tests {
         std::fs::create_dir_all(&bucket).unwrap();
         // Two parts: one whose downloader holds its entry's lock, one nobody holds.
         let busy_lock = bucket.join("busy.stoker-lock");
-        let held = std::fs::File::create(&busy_lock).unwrap();
-        assert!(try_lock(&held, true, &busy_lock).unwrap());
+        let mut held = std::fs::File::create(&busy_lock).unwrap();
+        assert!(try_lock(&mut held, true, &busy_lock).unwrap());
         let busy = bucket.join("busy.stoker-part-4242-0");
         std::fs::write(&busy, b"half").unwrap();
         std::fs::File::create(bucket.join("left.stoker-lock")).unwrap();

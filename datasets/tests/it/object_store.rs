@@ -365,6 +365,14 @@ fn ranges_evicted_are_fetched_again() {
     let evictor = ObjectCache::new(zero).unwrap();
     evictor.enforce_cap().unwrap();
     assert!(evictor.stats().evictions >= local.len());
+    // Nothing of the ranges is left: their lock files went with them, and each shard's
+    // emptied range folder (every range ever read left a lock file, for good).
+    let left: Vec<_> = std::fs::read_dir(&ranges)
+        .unwrap()
+        .map(|entry| entry.unwrap().path())
+        .filter(|path| path.to_string_lossy().ends_with(".stoker-ranges"))
+        .collect();
+    assert!(left.is_empty(), "{left:?}");
     assert_same_samples(&remote, &local);
     assert_eq!(
         remote.cache_stats().unwrap().misses,
