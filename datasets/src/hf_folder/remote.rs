@@ -106,6 +106,7 @@ fn open_shards(
     location: &RemoteLocation,
     objects: &[ObjectMeta],
 ) -> Result<Vec<StreamFile>> {
+    cache.check_fits_whole(&location.uri(), "Arrow shards", objects)?;
     let copies = cache.fetch_listed(store, location, objects)?;
     objects
         .iter()

@@ -77,6 +77,7 @@ fn fetch_files(
     location: &RemoteLocation,
     objects: &[ObjectMeta],
 ) -> Result<Vec<JsonlFile>> {
+    cache.check_fits_whole(&location.uri(), "JSONL files", objects)?;
     let copies = cache.fetch_listed(store, location, objects)?;
     let mut files = Vec::with_capacity(copies.len());
     for (object, copy) in objects.iter().zip(copies) {

@@ -190,6 +190,28 @@ impl ObjectCache {
         Ok((location, ready))
     }
 
+    /// Refuses a set of `objects` a format reads whole (`what`, of `uri`) that is larger than
+    /// the cap: they are held in the cache for as long as they are read, so their download
+    /// would go past the cap and, where the disk is smaller, fail once it was full.
+    pub(crate) fn check_fits_whole(
+        &self,
+        uri: &str,
+        what: &str,
+        objects: &[ObjectMeta],
+    ) -> Result<()> {
+        let bytes: u64 = objects.iter().map(|object| object.size).sum();
+        let cap = self.options.max_bytes;
+        if bytes > cap {
+            return Err(Error::CacheConfig(format!(
+                "the {what} of {uri} are {bytes} bytes, over the cache tier's cap of {cap} \
+                 bytes (STOKER_CACHE_MAX_BYTES): they are read whole and held in the cache \
+                 while read; raise the cap on a disk that holds them, or write the set as \
+                 Parquet files, which are read by ranges"
+            )));
+        }
+        Ok(())
+    }
+
     /// Materialises the listed `objects` of `location`'s bucket whole and returns them in
     /// order, each locked in the cache for as long as it is kept (the objects a source reads
     /// whole: JSONL files, Arrow shards).

@@ -213,6 +213,19 @@ fn jsonl_objects_in_a_bucket_read_as_the_local_files() {
     assert_eq!(named.len(), 4);
     assert_eq!(named.read(2).unwrap(), b"three");
 
+    // Files larger than the cache's cap, which holds them whole while read, are refused at
+    // once (they were downloaded past the cap, and past a smaller disk's end).
+    let mut small = crate::object_store::options(&server, &dir.path().join("small-cache"));
+    small.max_bytes = 64;
+    let small = Arc::new(stoker_datasets::ObjectCache::new(small).unwrap());
+    let error = JsonlDocuments::open_remote("s3://data/text", small, "", "", None)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        error.contains("JSONL files of s3://data/text") && error.contains("cap of 64 bytes"),
+        "{error}"
+    );
+
     // A damaged compressed object names itself.
     std::fs::write(root.join("d.jsonl.gz"), b"\x1f\x8b\x08\x00garbage").unwrap();
     let error = JsonlDocuments::open_remote("s3://data/text", cache, "", "", None)

@@ -111,7 +111,8 @@ class Loader(FromDataset, SavedState, Stats):
             credentials and endpoint from the ``AWS_*`` variables, else the ``~/.aws``
             profile ``AWS_PROFILE`` names): tar shards, Parquet and
             token files by ranged GETs, an image folder an object per image, both read ahead
-            of the loop; JSONL and ``save_to_disk`` shards fetched whole into the cache.
+            of the loop; JSONL and ``save_to_disk`` shards fetched whole into the cache
+            (a set larger than its cap is refused).
             ``stoker index s3://BUCKET/PREFIX`` writes the index that lets a tar set open
             without reading its shards.
         pipeline: the ops, e.g. ``stoker.vision.imagenet_train(224)`` or a list of
