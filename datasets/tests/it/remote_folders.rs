@@ -258,6 +258,14 @@ fn a_save_to_disk_folder_in_a_bucket_reads_as_the_local_folder() {
         "{}",
         remote.describe(20)
     );
+    // Shards larger than the cache's cap, which holds them whole while read, are refused.
+    let mut small = crate::object_store::options(&server, &dir.path().join("small-cache"));
+    small.max_bytes = 64;
+    let small = Arc::new(stoker_datasets::ObjectCache::new(small).unwrap());
+    let error = HfDataset::open_remote("s3://data/saved", small, &options, None)
+        .unwrap_err()
+        .to_string();
+    assert!(error.contains("Arrow shards of s3://data/saved"), "{error}");
     // A `save_to_disk` folder that is not laid out by split has no split to pick.
     let no_split = HfDataset::open_remote(
         "s3://data/saved",
