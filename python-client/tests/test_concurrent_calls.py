@@ -126,6 +126,36 @@ def test_close_from_a_signal_handler_during_next_ends_the_wait(tmp_path) -> None
     assert done.returncode == 3, done.stderr
 
 
+SIGNAL_HANDLER_SETS_EPOCH = """
+import os, signal, sys, threading
+import stoker
+root = stoker._native.make_dataset(sys.argv[1], 32)
+loader = stoker.Loader(root, pipeline=stoker.vision.imagenet_eval(16), batch_size=8,
+                       output="numpy", num_threads=1, prefetch=1, max_held_batches=1, timeout=60)
+signal.signal(signal.SIGUSR1, lambda *_: loader.set_epoch(3))
+iterator = iter(loader)
+kept = [next(iterator), next(iterator)]  # every slot held: the next next() waits
+threading.Timer(0.5, lambda: os.kill(os.getpid(), signal.SIGUSR1)).start()
+try:
+    next(iterator)
+except stoker.StokerError as error:
+    print(error)
+    sys.exit(4)
+"""
+
+
+def test_set_epoch_from_a_signal_handler_during_next_is_refused_not_waited_for(tmp_path) -> None:
+    """A handler calling ``set_epoch()`` (``iter()`` and ``load_state_dict()`` alike) while
+    ``next()`` waits on the same thread: an error naming the call, where before it waited for
+    the lock that very ``next()`` held, for good."""
+    done = subprocess.run(
+        [sys.executable, "-c", SIGNAL_HANDLER_SETS_EPOCH, str(tmp_path / "data")],
+        capture_output=True, text=True, timeout=60,
+    )
+    assert done.returncode == 4, done.stderr
+    assert "set_epoch() was called while this thread's next() waits" in done.stdout, done.stdout
+
+
 class Indexed:
     """Samples that are their index, 0.2 s each."""
 

@@ -320,7 +320,7 @@ class BatchIterator(Iterator[dict[str, Any]]):
             raise StopIteration
         self._feed.handle()
         position = self._position
-        with position.lock:
+        with position.held("next()"):
             if position.generation != self._generation:
                 raise StokerError(
                     "this iterator is stale: iter(), set_epoch() or load_state_dict() was "

@@ -498,7 +498,7 @@ class Loader(FromDataset, SavedState, Stats):
         native = self._handle()
         self._ranks.check(self.state_dict, self.__len__, self._settings.timeout_s)
         position = self._position
-        with position.lock:  # not while another thread's next() takes a batch: its step counts
+        with position.held("iter()"):  # not while another thread's next() takes a batch
             epoch, step = position.to_start(native.steps_in)
             self._feed.drop_staged()
             native.start_epoch(epoch, step)
@@ -513,7 +513,7 @@ class Loader(FromDataset, SavedState, Stats):
         so ``load_state_dict(s)`` then ``set_epoch(s["epoch"])`` still resumes mid-epoch.
         """
         self._handle()
-        with self._position.lock:
+        with self._position.held("set_epoch()"):
             self._position.set_epoch(check_int(epoch, "epoch", 0, MAX_U64))
 
     # -- stats and lifetime -----------------------------------------------------------------

@@ -9,14 +9,16 @@ several ranks' states into the position they resume.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import threading
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Final
 
 from stoker._arguments import MAX_U32, MAX_U64, check_int
+from stoker.errors import StokerError
 
 if TYPE_CHECKING:
     from stoker._native import NativeLoader
@@ -92,6 +94,26 @@ class Position:
     fields: threading.RLock = field(default_factory=threading.RLock, repr=False, compare=False)
     # Whether an iter() that went on with a pass left before its end was said.
     said_continuing: bool = False
+    # The thread holding `lock` through `held`, which refuses that thread a second hold.
+    holder: int | None = field(default=None, repr=False, compare=False)
+
+    @contextlib.contextmanager
+    def held(self, what: str) -> Iterator[None]:
+        """Holds `lock` for ``what`` (a call, named in the error): a StokerError, not a wait
+        for good, when this thread holds it already (a signal handler or a ``collate_fn``
+        calling ``what`` while this thread's ``next()`` waits for a batch)."""
+        if self.holder == threading.get_ident():
+            raise StokerError(
+                f"{what} was called while this thread's next() waits for a batch (from a "
+                "signal handler, or from code next() runs): it would wait for itself; call "
+                "it between batches"
+            )
+        with self.lock:
+            self.holder = threading.get_ident()
+            try:
+                yield
+            finally:
+                self.holder = None
 
     def to_start(self, steps_in: Callable[[int], int]) -> tuple[int, int]:
         """The epoch and step an iterator starts now (see :meth:`start`), ``steps_in(e)``

@@ -130,5 +130,5 @@ class SavedState:
         ):
             ours["reading"] = self._reading_by_path  # saved when tokenizers were named by path
         saved = _resume.read_states(state, ours)
-        with self._position.lock:
+        with self._position.held("load_state_dict()"):
             self._position.resume_saved(saved, native, self._settings.world_size)
