@@ -241,11 +241,27 @@ where
         Ok(())
     }
 
-    /// Appends `len` bytes of the stream to `out`.
+    /// Appends `len` bytes of the stream to `out`, growing it as they come: a length a peer
+    /// declares and never sends costs nothing (it was allocated and zeroed whole at once, up
+    /// to the message limit).
     async fn read_into(&mut self, len: usize, out: &mut Vec<u8>) -> Result<(), Status> {
-        let start = out.len();
-        out.resize(start + len, 0);
-        self.read_exact(&mut out[start..]).await
+        let mut left = len;
+        while left > 0 {
+            if self.chunks.is_empty() && !self.pull().await? {
+                return Err(self.cut_short());
+            }
+            let Some(chunk) = self.chunks.front_mut() else {
+                continue;
+            };
+            let n = chunk.len().min(left);
+            out.extend_from_slice(&chunk[..n]);
+            chunk.advance(n);
+            if chunk.is_empty() {
+                self.chunks.pop_front();
+            }
+            left -= n;
+        }
+        Ok(())
     }
 
     /// One varint, counted against `remaining` bytes of the enclosing message.
