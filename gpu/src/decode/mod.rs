@@ -143,4 +143,11 @@ pub enum GpuDecodeError {
     /// The job cannot use the lane.
     #[error("{0}")]
     Unsupported(String),
+    /// The CUDA context broke (an error a stream sync returns after a failed call: every
+    /// later call of the process fails with it), so the batch fails rather than go to the CPU.
+    #[error(
+        "the CUDA context broke after a GPU decode call failed ({0}); every later CUDA call of \
+         this process fails: the run cannot go on (decode=\"cpu\" avoids the GPU lane)"
+    )]
+    Broken(String),
 }

@@ -85,7 +85,7 @@ impl Pipe {
             if used + placement.place > self.memory.arena_bytes
                 || staged + encoded > self.staging_bytes
             {
-                self.flush(&mut pending, out, &mut decoded, &mut fallback);
+                self.flush(&mut pending, out, &mut decoded, &mut fallback)?;
                 (used, staged) = (0, 0);
             }
             pending.push(Pending {
@@ -98,7 +98,7 @@ impl Pipe {
             used += placement.place;
             staged += encoded;
         }
-        self.flush(&mut pending, out, &mut decoded, &mut fallback);
+        self.flush(&mut pending, out, &mut decoded, &mut fallback)?;
 
         // Every place the kernel cropped from must have been written by the decode: one still
         // holding the poison laid before it is built on the CPU, and its row on the device
@@ -137,20 +137,24 @@ impl Pipe {
     }
 
     /// Decodes the pending images and crops them into the output rows from `decoded.len()`
-    /// on; images nvJPEG refuses go to `fallback`.
+    /// on; images nvJPEG refuses go to `fallback`. Fails only when the CUDA context broke.
     fn flush(
         &mut self,
         pending: &mut Vec<Pending>,
         out: u64,
         decoded: &mut Vec<Decoded>,
         fallback: &mut Vec<CpuRow>,
-    ) {
+    ) -> std::result::Result<(), GpuDecodeError> {
         if pending.is_empty() {
-            return;
+            return Ok(());
         }
-        let Err(error) = self.attempt(pending, out, decoded) else {
-            self.held = pending.drain(..).map(|p| p.item).collect();
-            return;
+        let error = match self.attempt(pending, out, decoded) {
+            Ok(()) => {
+                self.held = pending.drain(..).map(|p| p.item).collect();
+                return Ok(());
+            }
+            Err(broken @ GpuDecodeError::Broken(_)) => return Err(broken),
+            Err(error) => error,
         };
         // One image spoils its whole sub-batch (nvjpegDecodeBatched has one status for all):
         // each is tried alone (a lone image has had its try), and one refused by region is
@@ -159,36 +163,51 @@ impl Pipe {
         tracing::debug!(%error, images = pending.len(), pipe = self.index, "the GPU lane tries a sub-batch's images alone");
         let alone = pending.len() == 1;
         let mut held = Vec::new();
-        for mut one in pending.drain(..) {
-            let on_gpu = (!alone && self.decoded_alone(&one, out, decoded))
-                || (one.decode_whole(self.memory.arena_bytes)
-                    && self.decoded_alone(&one, out, decoded));
-            if on_gpu {
-                held.push(one.item);
-            } else {
-                fallback.push(CpuRow::of(&one.item));
+        for mut one in std::mem::take(pending) {
+            let tried = match (!alone).then(|| self.decoded_alone(&one, out, decoded)) {
+                Some(Ok(true)) => Ok(true),
+                Some(Err(broken)) => Err(broken),
+                None | Some(Ok(false)) => match one.decode_whole(self.memory.arena_bytes) {
+                    true => self.decoded_alone(&one, out, decoded),
+                    false => Ok(false),
+                },
+            };
+            match tried {
+                Ok(true) => held.push(one.item),
+                Ok(false) => fallback.push(CpuRow::of(&one.item)),
+                Err(broken) => {
+                    self.held = held;
+                    return Err(broken);
+                }
             }
         }
         self.held = held;
+        Ok(())
     }
 
     /// Decodes and crops one image alone; whether it went to the GPU (its work is done then,
-    /// since the next image reuses the arena).
-    fn decoded_alone(&mut self, one: &Pending, out: u64, decoded: &mut Vec<Decoded>) -> bool {
-        if self
-            .attempt(std::slice::from_ref(one), out, decoded)
-            .is_err()
-        {
-            return false;
+    /// since the next image reuses the arena). Fails only when the CUDA context broke.
+    fn decoded_alone(
+        &mut self,
+        one: &Pending,
+        out: u64,
+        decoded: &mut Vec<Decoded>,
+    ) -> std::result::Result<bool, GpuDecodeError> {
+        match self.attempt(std::slice::from_ref(one), out, decoded) {
+            Ok(()) => {}
+            Err(broken @ GpuDecodeError::Broken(_)) => return Err(broken),
+            Err(_) => return Ok(false),
         }
         // SAFETY: the event is the pipe's own.
         let _ = unsafe { result::event::synchronize(self.done) };
-        true
+        Ok(true)
     }
 
     /// [`Pipe::run_batch`], and after a failure a wait for whatever the failed calls queued on
     /// the pipe's stream (a copy of the staged JPEGs nvJPEG may still be making), so the next
-    /// try may reuse the staging and the decode parameters.
+    /// try may reuse the staging and the decode parameters. That wait failing is an error of
+    /// the work queued before, which CUDA keeps for every later call of the context: the
+    /// context broke, and the lane says so rather than send image after image to the CPU.
     fn attempt(
         &mut self,
         pending: &[Pending],
@@ -196,9 +215,14 @@ impl Pipe {
         decoded: &mut Vec<Decoded>,
     ) -> std::result::Result<(), GpuDecodeError> {
         let tried = self.run_batch(pending, out, decoded);
-        if tried.is_err() {
+        if let Err(error) = &tried {
             // SAFETY: the pipe's own stream.
-            let _ = unsafe { result::stream::synchronize(self.stream) };
+            if let Err(sticky) = unsafe { result::stream::synchronize(self.stream) } {
+                return Err(GpuDecodeError::Broken(format!(
+                    "cuStreamSynchronize: {}, after {error}",
+                    describe(sticky)
+                )));
+            }
         }
         tried
     }

@@ -261,8 +261,11 @@ impl Pipe {
         let Some(ring) = self.ring.take() else {
             return;
         };
-        // SAFETY: the event is the pipe's own.
-        if let Err(error) = unsafe { result::event::synchronize(self.done) } {
+        // The whole stream, not the decode's event alone: a failed batch may have queued the
+        // copies of CPU rows into the buffer after that event, which the next batch given
+        // this buffer would otherwise race.
+        // SAFETY: the pipe's own stream.
+        if let Err(error) = unsafe { result::stream::synchronize(self.stream) } {
             tracing::warn!(error = %describe(error), "waiting for a GPU lane pipe before reusing its buffer");
         }
         shared.put_ring(ring);
