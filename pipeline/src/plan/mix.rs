@@ -2,10 +2,11 @@
 //! of a mixed epoch holds. A pure function of (seed, epoch, position), like the plain order.
 //!
 //! The rule (the proto's `Mix` states it for users):
-//! - **Counts.** The weights are normalised to sum 1; source `k` gets `floor(share_k * window)`
+//! - **Counts.** The weights are normalised to sum 1 and rounded to 12 decimal places (the
+//!   precision a saved state compares them at); source `k` gets `floor(share_k * window)`
 //!   positions of every window, and the sources with the largest remainders one more each until
-//!   the counts sum to `window` (ties go to the earlier source). A source whose count comes out
-//!   0 is refused: it would never be read.
+//!   the counts sum to `window` (ties go to the earlier source), in exact arithmetic on those
+//!   shares. A source whose count comes out 0 is refused: it would never be read.
 //! - **Windows.** Epoch positions `[m * window, (m + 1) * window)` form window `m`. Without
 //!   shuffle each window is the same even interleave (the `j`-th sample of source `k` sits at
 //!   `(2j + 1) / (2 counts[k])` of the window, ties to the earlier source); with shuffle that
@@ -157,6 +158,10 @@ pub fn source_seed(seed: u64, source: usize) -> u64 {
     mix64(seed ^ mix64((source as u64).wrapping_add(1) ^ 0x4d49_5853_4545_4431))
 }
 
+/// The resolution of a source's share in [`window_counts`]: 10^-12, the digits to which a saved
+/// state's mix is compared.
+const SHARE_UNITS: f64 = 1e12;
+
 /// The counts per window of `weights` (see the module docs); errors name the weight at fault.
 pub fn window_counts(weights: &[f64], window: u32) -> Result<Vec<u64>> {
     if weights.is_empty() {
@@ -195,16 +200,21 @@ pub fn window_counts(weights: &[f64], window: u32) -> Result<Vec<u64>> {
         total = relative.iter().sum();
         &relative[..]
     };
-    let exact: Vec<f64> = weights.iter().map(|w| w / total * window as f64).collect();
-    let mut counts: Vec<u64> = exact.iter().map(|e| e.floor() as u64).collect();
+    // Each share as a whole number of 10^-12ths, the precision a saved state compares mixes
+    // at: the counts are then exact integer arithmetic on those, so weights that state the
+    // same shares ({7, 1} and {0.35, 0.05}) get the same counts, and a tie is a tie (in floats
+    // the remainders' rounding noise broke ties either way).
+    let units: Vec<u128> = weights
+        .iter()
+        .map(|w| (w / total * SHARE_UNITS).round() as u128)
+        .collect();
+    let denominator: u128 = units.iter().sum::<u128>().max(1);
+    let quotas: Vec<u128> = units.iter().map(|u| u * u128::from(window)).collect();
+    let mut counts: Vec<u64> = quotas.iter().map(|q| (q / denominator) as u64).collect();
     let assigned: u64 = counts.iter().sum();
     // Largest remainders first, the earlier source on ties (a stable sort keeps index order).
     let mut by_remainder: Vec<usize> = (0..weights.len()).collect();
-    by_remainder.sort_by(|&a, &b| {
-        let ra = exact[a] - counts[a] as f64;
-        let rb = exact[b] - counts[b] as f64;
-        rb.total_cmp(&ra)
-    });
+    by_remainder.sort_by_key(|&k| std::cmp::Reverse(quotas[k] % denominator));
     for &k in by_remainder
         .iter()
         .take(window.saturating_sub(assigned) as usize)
@@ -462,6 +472,24 @@ mod tests {
         assert_eq!(window_counts(&[1.0, 1.0, 1.0], 10).unwrap(), vec![4, 3, 3]);
         // 0.625 * 8 = 5, 0.375 * 8 = 3: exact.
         assert_eq!(window_counts(&[5.0, 3.0], 8).unwrap(), vec![5, 3]);
+        // Weights that state the same shares get the same counts, a tie going to the earlier
+        // source however the weights are written (in floats, 0.35 / 0.4 * 100 fell below 87.5
+        // and the later source took the tie: 87 / 13).
+        assert_eq!(window_counts(&[7.0, 1.0], 100).unwrap(), vec![88, 12]);
+        assert_eq!(window_counts(&[0.35, 0.05], 100).unwrap(), vec![88, 12]);
+        assert_eq!(window_counts(&[0.7, 0.1], 20).unwrap(), vec![18, 2]);
+        for scale in [1e-6, 1e-3, 0.1, 3.0, 1e3, 1e9] {
+            for weights in [[0.35, 0.05, 0.6], [0.01, 0.13, 0.86], [0.07, 0.21, 0.72]] {
+                let scaled: Vec<f64> = weights.iter().map(|w| w * scale).collect();
+                for window in [50, 100, 300] {
+                    assert_eq!(
+                        window_counts(&scaled, window).unwrap(),
+                        window_counts(&weights, window).unwrap(),
+                        "{weights:?} x {scale} over {window}"
+                    );
+                }
+            }
+        }
         // Weights the window rounds off are told; those it holds to within a hundredth not.
         let notice = rounding_notice(&[0.7, 0.2949, 0.0051], &[70, 29, 1], 100).unwrap();
         assert!(
