@@ -18,9 +18,15 @@ static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 /// after them, so it can still change them). `oversize_threshold:0`: allocations of 8 MiB and
 /// more (a batch's tensor buffer, a tonic message being encoded) stay in the ordinary arenas,
 /// which keep freed pages a while, rather than going to the one that hands them back at once.
+/// `background_thread:true`: a few threads of jemalloc's own give an arena's freed pages back
+/// once they went unused for the decay time (10 s), where an arena gave them back only as it
+/// allocated again, so the memory of a spike (a huge image, a long document, the row groups of
+/// a shuffled Parquet set) stayed with an idle thread for good. A process forked from one that
+/// runs them (a `from_dataset` worker) has none, and purges as it allocates.
 #[cfg(unix)]
 #[export_name = "_rjem_malloc_conf"]
-static MALLOC_CONF: ConfString = ConfString(c"oversize_threshold:0".as_ptr());
+static MALLOC_CONF: ConfString =
+    ConfString(c"oversize_threshold:0,background_thread:true".as_ptr());
 
 /// A pointer to a C string, as jemalloc reads its `malloc_conf`.
 #[cfg(unix)]
@@ -61,5 +67,26 @@ mod tests {
         assert_eq!(buffer.iter().map(|b| *b as usize).sum::<usize>(), 16 << 20);
         // Without the settings this is jemalloc's default, 8 MiB.
         assert_eq!(option(c"opt.oversize_threshold"), 0);
+        assert!(flag(c"opt.background_thread"), "jemalloc's default: off");
+        assert!(flag(c"background_thread"), "the threads run");
+    }
+
+    /// A `bool` option or setting of jemalloc, read through `mallctl`.
+    fn flag(name: &CStr) -> bool {
+        let mut value = false;
+        let mut len = std::mem::size_of::<bool>();
+        // SAFETY: `value` and `len` are valid for writes of a `bool`, the setting's type; no
+        // new value is given.
+        let status = unsafe {
+            tikv_jemalloc_sys::mallctl(
+                name.as_ptr(),
+                (&mut value as *mut bool).cast::<c_void>(),
+                &mut len,
+                std::ptr::null_mut(),
+                0,
+            )
+        };
+        assert_eq!(status, 0, "mallctl({name:?})");
+        value
     }
 }

@@ -456,7 +456,9 @@ impl Pipeline {
     }
 
     /// Turns one sample's encoded bytes into its output tensor in `dest`
-    /// (`bytes_per_sample()` bytes).
+    /// (`bytes_per_sample()` bytes). A scratch buffer grown past
+    /// [`decode::SCRATCH_KEEP_BYTES`] by this sample is let go as it returns, not kept until the
+    /// thread's next sample (a thread idle after a huge image held it meanwhile).
     pub fn process(
         &self,
         bytes: &[u8],
@@ -465,8 +467,21 @@ impl Pipeline {
         scratch: &mut Scratch,
         timings: &mut SampleTimings,
     ) -> std::result::Result<(), SampleError> {
-        let started = Instant::now();
+        let processed = self.process_kept(bytes, rng, dest, scratch, timings);
         scratch.trim();
+        processed
+    }
+
+    /// [`Self::process`], its scratch buffers as they are left.
+    fn process_kept(
+        &self,
+        bytes: &[u8],
+        rng: &mut SampleRng,
+        dest: &mut [u8],
+        scratch: &mut Scratch,
+        timings: &mut SampleTimings,
+    ) -> std::result::Result<(), SampleError> {
+        let started = Instant::now();
         let header = decode::read_header(bytes, self.max_pixels)?;
         let (window, flip) = self.plan(&header, rng)?;
         let (out_h, out_w) = self.output_size();
@@ -532,8 +547,8 @@ pub(crate) fn op_name(op: &OpKind) -> &'static str {
 mod tests {
     use super::*;
 
-    /// A buffer a very large image left is let go before the next sample; one of an ordinary
-    /// size is kept and reused.
+    /// A buffer grown past the keep size is let go by the time its sample is done; one of an
+    /// ordinary size is kept and reused.
     #[test]
     fn a_very_large_images_buffers_are_not_kept_for_the_next_sample() {
         let pipeline = Pipeline::from_ops(&crate::presets::imagenet_eval(32)).unwrap();
@@ -556,6 +571,10 @@ mod tests {
         pipeline
             .process(&jpeg, &mut rng, &mut dest, &mut scratch, &mut timings)
             .unwrap();
+        assert_eq!(scratch.decoded.pixels.capacity(), 0, "the large buffer went");
+        pipeline
+            .process(&jpeg, &mut rng, &mut dest, &mut scratch, &mut timings)
+            .unwrap();
         let kept = scratch.decoded.pixels.capacity();
         assert!(
             kept <= decode::SCRATCH_KEEP_BYTES && kept >= w * h * 3,
@@ -569,5 +588,38 @@ mod tests {
             kept,
             "an ordinary buffer is reused"
         );
+    }
+
+    /// The buffer a very large image grows is let go as its sample is done, not kept by an idle
+    /// thread until its next sample.
+    #[test]
+    fn a_very_large_images_buffer_goes_as_its_sample_is_done() {
+        let pipeline = Pipeline::from_ops(&crate::presets::imagenet_eval(32)).unwrap();
+        // 4,800 x 4,800 RGB: 69 MB, past the 64 MiB a thread keeps.
+        let side = 4800usize;
+        let pixels = vec![128u8; side * side * 3];
+        let image = turbojpeg::Image {
+            pixels: pixels.as_slice(),
+            width: side,
+            pitch: side * 3,
+            height: side,
+            format: turbojpeg::PixelFormat::RGB,
+        };
+        let jpeg = turbojpeg::compress(image, 50, turbojpeg::Subsamp::Sub2x2).unwrap();
+        drop(pixels);
+        let (out_h, out_w) = pipeline.output_size();
+        let mut dest = vec![0u8; out_h as usize * out_w as usize * 3];
+        let mut scratch = Scratch::default();
+        let mut rng = SampleRng::new(1, 0, 0);
+        let mut timings = SampleTimings::default();
+        pipeline
+            .process(&jpeg, &mut rng, &mut dest, &mut scratch, &mut timings)
+            .unwrap();
+        assert!(
+            dest.iter().all(|&v| v.abs_diff(128) <= 2),
+            "the image was decoded"
+        );
+        assert_eq!(scratch.decoded.pixels.capacity(), 0);
+        assert!(scratch.rgb.capacity() <= decode::SCRATCH_KEEP_BYTES);
     }
 }
