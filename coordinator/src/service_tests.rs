@@ -625,6 +625,79 @@ async fn a_stop_ends_the_service_within_its_grace_though_a_client_keeps_its_stre
     Ok(())
 }
 
+/// A data server whose `DescribeJob` takes 200 ms and counts its calls.
+#[derive(Clone, Default)]
+struct SlowDescriber(std::sync::Arc<std::sync::atomic::AtomicUsize>);
+
+#[tonic::async_trait]
+impl stoker_proto::v1::worker_data_server::WorkerData for SlowDescriber {
+    async fn describe_job(
+        &self,
+        _request: tonic::Request<stoker_proto::v1::DescribeJobRequest>,
+    ) -> Result<tonic::Response<DescribeJobResponse>, Status> {
+        self.0.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        Ok(tonic::Response::new(DescribeJobResponse {
+            num_samples: STEPS * 4,
+            steps_per_epoch: STEPS,
+            batch_bytes: 1,
+            ..DescribeJobResponse::default()
+        }))
+    }
+
+    type SubscribeStream = tokio_stream::Pending<Result<stoker_proto::v1::Batch, Status>>;
+
+    async fn subscribe(
+        &self,
+        _request: tonic::Request<stoker_proto::v1::SubscribeRequest>,
+    ) -> Result<tonic::Response<Self::SubscribeStream>, Status> {
+        Ok(tonic::Response::new(tokio_stream::pending()))
+    }
+}
+
+/// The ranks of a job registering at once have one worker describe it once: each used to ask
+/// on its own, and the worker opened the dataset once per rank at the same time (its index
+/// in memory as many times over).
+#[tokio::test]
+async fn ranks_registering_one_job_at_once_have_it_described_once() -> TestResult {
+    let network = MemoryNetwork::new();
+    let state = tempfile::tempdir()?;
+    let (_service, _stop) = start(&network, state.path(), Vec::new())?;
+    let describer = SlowDescriber::default();
+    tokio::spawn(
+        stoker_rpc::transport::server()
+            .add_service(WorkerDataServer::new(describer.clone()))
+            .serve_with_incoming(network.listen(DATA_SERVER)),
+    );
+    register_worker(&mut coordinator(&network, None)).await?;
+    let ranks: Vec<_> = (0..8)
+        .map(|rank| {
+            let mut client = coordinator(&network, None);
+            tokio::spawn(async move {
+                let request = RegisterJobRequest {
+                    spec: Some(JobSpec {
+                        rank,
+                        world_size: 8,
+                        ..spec()
+                    }),
+                    weight: 0,
+                };
+                client
+                    .register_job(request)
+                    .await
+                    .map(|r| r.into_inner().job_id)
+            })
+        })
+        .collect();
+    let mut ids = Vec::new();
+    for rank in ranks {
+        ids.push(rank.await??);
+    }
+    assert!(ids.iter().all(|&id| id == ids[0]), "{ids:?}");
+    assert_eq!(describer.0.load(std::sync::atomic::Ordering::SeqCst), 1);
+    Ok(())
+}
+
 /// A stop whose last journal write fails ends the service with that error (the process exits
 /// non-zero), where it ended as if all were written: a supervisor could not tell.
 #[tokio::test]

@@ -571,7 +571,11 @@ mod tests {
         pipeline
             .process(&jpeg, &mut rng, &mut dest, &mut scratch, &mut timings)
             .unwrap();
-        assert_eq!(scratch.decoded.pixels.capacity(), 0, "the large buffer went");
+        assert_eq!(
+            scratch.decoded.pixels.capacity(),
+            0,
+            "the large buffer went"
+        );
         pipeline
             .process(&jpeg, &mut rng, &mut dest, &mut scratch, &mut timings)
             .unwrap();

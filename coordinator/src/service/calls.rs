@@ -8,8 +8,8 @@ use std::time::{Duration, Instant};
 
 use stoker_proto::v1::coordinator_server;
 use stoker_proto::v1::{
-    self as proto, CloseSessionRequest, CloseSessionResponse, GetJobRequest, GetJobResponse,
-    HeartbeatRequest, HeartbeatResponse, LeaseRequest, LeaseResponse, LeaveRequest, LeaveResponse,
+    CloseSessionRequest, CloseSessionResponse, GetJobRequest, GetJobResponse, HeartbeatRequest,
+    HeartbeatResponse, LeaseRequest, LeaseResponse, LeaveRequest, LeaveResponse,
     OpenSessionRequest, OpenSessionResponse, RegisterJobRequest, RegisterJobResponse,
     RegisterWorkerRequest, RegisterWorkerResponse, ReportRequest, ReportResponse, SessionToken,
     SessionUpdateRequest, SessionUpdateResponse, TaskLease,
@@ -18,7 +18,6 @@ use stoker_rpc::transport;
 use tokio_stream::StreamExt;
 use tonic::{Request, Response, Status, Streaming};
 
-use super::jobs::asks_another_weight;
 use super::{job_key, lock, CoordinatorService, SessionEntry};
 use crate::client_reports::{client_snapshot, job_name};
 use crate::dashboard_feed::rank_threads;
@@ -60,29 +59,7 @@ impl coordinator_server::Coordinator for CoordinatorService {
             )));
         }
         let mut state = lock(&self.state);
-        // One address serves one process: a worker registering where a live one is listed
-        // (restarted at the address it had, before the coordinator found the old one silent)
-        // replaces it. Clients would otherwise open a stream to each, which the one process
-        // there takes as one client's, each opening ending the other's, until the old entry
-        // expired; and its leases wait out that expiry too.
-        let replaced: Vec<u64> = state
-            .workers
-            .values()
-            .filter(|entry| entry.data_address == address)
-            .map(|entry| entry.id)
-            .collect();
-        let mut requeued = 0;
-        for old in replaced {
-            requeued += state.core.leave_worker(WorkerId(old)).unwrap_or(0);
-            state.worker_gone(old);
-            tracing::warn!(
-                worker = old,
-                address,
-                "a worker registered at the address of worker {old}, which is taken as gone and \
-                 its tasks go back to the queue (if two running workers advertise one address, \
-                 a Service's name say, give each its own --advertise)"
-            );
-        }
+        let requeued = state.replace_workers_at(address);
         let id = state.core.register_worker(Instant::now());
         state.worker_joined(WorkerEntry {
             id: id.0,
@@ -222,50 +199,15 @@ impl coordinator_server::Coordinator for CoordinatorService {
         validate_spec(&spec)?;
         self.check_shard(&spec)?;
         let spec = job_key(spec);
-        let answer = |id: JobId, described: &proto::DescribeJobResponse| {
-            Response::new(RegisterJobResponse {
-                job_id: id.0,
-                steps_per_epoch: described.steps_per_epoch,
-                num_samples: described.num_samples,
-                batch_bytes: described.batch_bytes,
-                class_names: described.class_names.clone(),
-                dataset_fingerprint: described.dataset_fingerprint.clone(),
-            })
-        };
-        // A job registered and described in this run, its weight as asked: answered at once.
-        let known = {
-            let mut state = lock(&self.state);
-            let described = state
-                .core
-                .jobs_of_spec(&spec)
-                .into_iter()
-                .find_map(|(id, _)| Some((id, state.descriptions.get(&id.0)?.clone())));
-            match described {
-                Some((id, described)) => {
-                    if !asks_another_weight(&state.core, id, weight)? {
-                        state.core.job_in_use(id);
-                        return Ok(answer(id, &described));
-                    }
-                    Some(described)
-                }
-                None => None,
-            }
-        };
-        let described = match known {
-            Some(described) => described,
-            None => self.describe(&spec).await?,
-        };
-        // On a task of its own, so a client that hangs up mid-write does not leave the write
-        // half handed back.
-        let id = tokio::spawn(
-            self.clone()
-                .register_described(spec, described.clone(), weight),
-        )
-        .await
-        .map_err(|error| {
-            Status::internal(format!("the job's registration did not finish: {error}"))
-        })??;
-        Ok(answer(id, &described))
+        let (id, described) = self.register(spec, weight).await?;
+        Ok(Response::new(RegisterJobResponse {
+            job_id: id.0,
+            steps_per_epoch: described.steps_per_epoch,
+            num_samples: described.num_samples,
+            batch_bytes: described.batch_bytes,
+            class_names: described.class_names,
+            dataset_fingerprint: described.dataset_fingerprint,
+        }))
     }
 
     async fn open_session(

@@ -3,7 +3,10 @@
 //! answered), and retired with what the service and the dashboard kept of them.
 
 use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
+
+use prost::Message;
 
 use stoker_pipeline::ErrorKind;
 use stoker_proto::v1::worker_data_client::WorkerDataClient;
@@ -16,6 +19,37 @@ use super::{lock, CoordinatorService, State};
 use crate::client_reports::job_name;
 use crate::status::coordinator_status;
 use crate::{Coordinator, JobId};
+
+/// Per job spec being described (its encoding), the turn its registrations take in order; an
+/// entry goes once nobody holds or waits for it.
+pub(super) type DescribeTurns = Arc<Mutex<HashMap<Vec<u8>, Arc<tokio::sync::Mutex<()>>>>>;
+
+/// What the service knows of a job spec a client registers.
+enum Known {
+    /// Registered and described in this run, its weight as asked: answered at once.
+    Answered(JobId, proto::DescribeJobResponse),
+    /// Described, with another weight asked.
+    Described(proto::DescribeJobResponse),
+    /// Not described in this run.
+    Unknown,
+}
+
+/// A registration's turn at describing its spec; lets the entry go when it was the last.
+struct DescribeTurn {
+    turns: DescribeTurns,
+    key: Vec<u8>,
+    held: tokio::sync::OwnedMutexGuard<()>,
+}
+
+impl Drop for DescribeTurn {
+    fn drop(&mut self) {
+        let mut turns = self.turns.lock().unwrap_or_else(|p| p.into_inner());
+        // The map's and this turn's alone: nobody waits for it (a waiter holds one too).
+        if Arc::strong_count(tokio::sync::OwnedMutexGuard::mutex(&self.held)) == 2 {
+            turns.remove(&self.key);
+        }
+    }
+}
 
 /// Whether giving `job` the `weight` a registration asks for (0: none) changes its weight.
 pub(super) fn asks_another_weight(
@@ -31,6 +65,71 @@ pub(super) fn asks_another_weight(
 }
 
 impl CoordinatorService {
+    /// Registers the job of `spec` (its ranks' key), describing it first unless this run did:
+    /// one description at a time per spec, so the ranks of a job registering together have
+    /// one worker open its dataset once, not once per rank at the same time. Returns the
+    /// job's id and description.
+    pub(super) async fn register(
+        &self,
+        spec: JobSpec,
+        weight: u32,
+    ) -> Result<(JobId, proto::DescribeJobResponse), Status> {
+        let mut turn = None;
+        let described = loop {
+            match self.known(&spec, weight)? {
+                Known::Answered(id, described) => return Ok((id, described)),
+                Known::Described(described) => break described,
+                Known::Unknown if turn.is_some() => break self.describe(&spec).await?,
+                Known::Unknown => turn = Some(self.describe_turn(&spec).await),
+            }
+        };
+        // On a task of its own, so a client that hangs up mid-write does not leave the write
+        // half handed back.
+        let id = tokio::spawn(
+            self.clone()
+                .register_described(spec, described.clone(), weight),
+        )
+        .await
+        .map_err(|error| {
+            Status::internal(format!("the job's registration did not finish: {error}"))
+        })??;
+        drop(turn);
+        Ok((id, described))
+    }
+
+    /// What this run knows of `spec`, a registration asking `weight` (0: none) of it.
+    fn known(&self, spec: &JobSpec, weight: u32) -> Result<Known, Status> {
+        let mut state = lock(&self.state);
+        let described = state
+            .core
+            .jobs_of_spec(spec)
+            .into_iter()
+            .find_map(|(id, _)| Some((id, state.descriptions.get(&id.0)?.clone())));
+        Ok(match described {
+            Some((id, described)) if !asks_another_weight(&state.core, id, weight)? => {
+                state.core.job_in_use(id);
+                Known::Answered(id, described)
+            }
+            Some((_, described)) => Known::Described(described),
+            None => Known::Unknown,
+        })
+    }
+
+    /// Waits for `spec`'s turn at being described.
+    async fn describe_turn(&self, spec: &JobSpec) -> DescribeTurn {
+        let key = spec.encode_to_vec();
+        let gate = {
+            let mut turns = self.describing.lock().unwrap_or_else(|p| p.into_inner());
+            Arc::clone(turns.entry(key.clone()).or_default())
+        };
+        let held = gate.lock_owned().await;
+        DescribeTurn {
+            turns: Arc::clone(&self.describing),
+            key,
+            held,
+        }
+    }
+
     /// Refuses a job this coordinator's shard does not own: its clients were given another
     /// address list than its workers and coordinators (or another order).
     pub(super) fn check_shard(&self, spec: &JobSpec) -> Result<(), Status> {

@@ -129,6 +129,33 @@ impl State {
         self.workers_version += 1;
     }
 
+    /// One address serves one process: a worker registering where a live one is listed
+    /// (restarted at the address it had, before the coordinator found the old one silent)
+    /// replaces it. Clients would otherwise open a stream to each, which the one process there
+    /// takes as one client's, each opening ending the other's, until the old entry expired;
+    /// and its leases would wait out that expiry too. Returns the tasks that went back.
+    fn replace_workers_at(&mut self, address: &str) -> u64 {
+        let replaced: Vec<u64> = self
+            .workers
+            .values()
+            .filter(|entry| entry.data_address == address)
+            .map(|entry| entry.id)
+            .collect();
+        let mut requeued = 0;
+        for old in replaced {
+            requeued += self.core.leave_worker(crate::WorkerId(old)).unwrap_or(0);
+            self.worker_gone(old);
+            tracing::warn!(
+                worker = old,
+                address,
+                "a worker registered at the address of worker {old}, which is taken as gone and \
+                 its tasks go back to the queue (if two running workers advertise one address, \
+                 a Service's name say, give each its own --advertise)"
+            );
+        }
+        requeued
+    }
+
     /// A worker left or was lost: the list has a new version if it was in it.
     fn worker_gone(&mut self, id: u64) -> Option<WorkerEntry> {
         let entry = self.workers.remove(&id)?;
@@ -149,6 +176,10 @@ pub struct CoordinatorService {
     /// Held while a job's registration or weight is journaled (outside the state's lock), so
     /// they are written in turn and two ranks registering one job agree on its id.
     registrations: Arc<tokio::sync::Mutex<()>>,
+    /// Per job spec (its encoding) being described, the turn its registrations wait for: the
+    /// ranks of a job register together, and one worker opening the dataset once per rank at
+    /// once took its memory as many times over.
+    describing: jobs::DescribeTurns,
     config: Arc<CoordinatorServiceConfig>,
 }
 
@@ -206,6 +237,7 @@ impl CoordinatorService {
             incarnation,
             work: Arc::new(Notify::new()),
             registrations: Arc::new(tokio::sync::Mutex::new(())),
+            describing: jobs::DescribeTurns::default(),
             config: Arc::new(config),
         }
     }
