@@ -279,8 +279,15 @@ impl fmt::Debug for ImageFolder {
     }
 }
 
-/// The file at `path`, unless it holds more than [`crate::MAX_SAMPLE_BYTES`] or is not a
-/// regular file (a named pipe is opened without waiting for a writer, and refused).
+/// Files larger than this have their first bytes checked before the rest is read.
+const SNIFFED_PAST: u64 = 4 << 20;
+
+/// The bytes [`crate::sniff_format`] reads a format from.
+const SNIFFED_BYTES: u64 = 16;
+
+/// The file at `path`, unless it holds more than [`crate::MAX_SAMPLE_BYTES`], is not a regular
+/// file (a named pipe is opened without waiting for a writer, and refused), or is larger than
+/// 4 MiB and starts as no image format does.
 fn read_bounded(path: &std::path::Path) -> Result<Vec<u8>> {
     use std::io::Read;
     use std::os::unix::fs::OpenOptionsExt;
@@ -304,11 +311,32 @@ fn read_bounded(path: &std::path::Path) -> Result<Vec<u8>> {
             bytes,
         });
     }
+    let mut file = file.take(crate::MAX_SAMPLE_BYTES + 1);
+    let mut data = Vec::with_capacity(usize::try_from(bytes).unwrap_or(0));
+    // A large file whose first bytes are no image format's (a video or an archive named
+    // `.jpg`) is a bad sample before the rest is read: it was read whole, on every thread
+    // that met it, every epoch, only for the decoder to refuse it.
+    if bytes > SNIFFED_PAST {
+        (&mut file)
+            .take(SNIFFED_BYTES)
+            .read_to_end(&mut data)
+            .map_err(|source| Error::io(path, source))?;
+        if crate::sniff_format(&data) == crate::ImageFormat::Other {
+            return Err(Error::io(
+                path,
+                std::io::Error::new(
+                    std::io::ErrorKind::InvalidData,
+                    format!(
+                        "a file of {bytes} bytes whose first bytes are no image format's \
+                         (JPEG, PNG, WebP, BMP, TIFF, PNM, GIF); not read further"
+                    ),
+                ),
+            ));
+        }
+    }
     // Read to its end, not to its listed size: a file that grew since is read whole, up to
     // the bound.
-    let mut data = Vec::with_capacity(usize::try_from(bytes).unwrap_or(0));
-    file.take(crate::MAX_SAMPLE_BYTES + 1)
-        .read_to_end(&mut data)
+    file.read_to_end(&mut data)
         .map_err(|source| Error::io(path, source))?;
     if data.len() as u64 > crate::MAX_SAMPLE_BYTES {
         return Err(Error::SampleTooLarge {
@@ -327,6 +355,26 @@ mod tests {
         let path = root.join(relative);
         std::fs::create_dir_all(path.parent().unwrap()).unwrap();
         std::fs::write(path, relative.as_bytes()).unwrap();
+    }
+
+    /// A large file that starts as no image does is a bad sample, found from its first bytes;
+    /// a large image is read whole, as a small file of any bytes is (the decoder judges it).
+    #[test]
+    fn a_large_file_that_is_no_image_is_refused_from_its_first_bytes() {
+        let temp = tempfile::tempdir().unwrap();
+        touch(temp.path(), "a/small.jpg");
+        let mut png = vec![0u8; 5 << 20];
+        png[..8].copy_from_slice(&[0x89, b'P', b'N', b'G', 0x0D, 0x0A, 0x1A, 0x0A]);
+        std::fs::write(temp.path().join("a/large.png"), &png).unwrap();
+        std::fs::write(temp.path().join("a/video.jpg"), vec![0u8; 5 << 20]).unwrap();
+        let folder = ImageFolder::open(temp.path()).unwrap();
+        let names: Vec<String> = (0..3).map(|i| folder.describe(i)).collect();
+        let at = |name: &str| names.iter().position(|n| n.contains(name)).unwrap() as u64;
+        assert_eq!(folder.read(at("small.jpg")).unwrap(), b"a/small.jpg");
+        assert_eq!(folder.read(at("large.png")).unwrap(), png);
+        let error = folder.read(at("video.jpg")).unwrap_err();
+        assert_eq!(error.read_fault(), crate::ReadFault::Sample, "{error}");
+        assert!(error.to_string().contains("no image format"), "{error}");
     }
 
     #[test]
