@@ -51,8 +51,10 @@ struct Args {
     #[arg(long = "data-root")]
     data_roots: Vec<PathBuf>,
     /// Tasks leased ahead of the one being built; twice this many may be in flight at once
-    /// (building, or built and waiting for their client), split between the coordinators of
-    /// a fleet by the sessions waiting at each (each share rounded up, at least one).
+    /// (building, or built and waiting for a place in their client's stream), split between
+    /// the coordinators of a fleet by the sessions waiting at each (each share rounded up, at
+    /// least one). Each client's stream queues up to 8 built batches besides, within the
+    /// credits that client granted, so a worker may hold that many more batches per client.
     #[arg(long, default_value_t = 2)]
     lease_ahead: u32,
     /// Least milliseconds between two reports of finished tasks to the coordinator: what
