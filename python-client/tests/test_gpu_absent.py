@@ -242,6 +242,22 @@ def test_the_default_pinned_budget_divides_the_node_by_its_ranks(
     assert eight == one // 8 and "LOCAL_WORLD_SIZE=8" in rule
 
 
+def test_the_default_pinned_budget_keeps_to_a_containers_memory_limit(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    # A pod limited to 1 GiB on a larger host: a quarter of the limit, not of the host.
+    limit = tmp_path / "memory.max"
+    limit.write_text("1073741824\n")
+    monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
+    monkeypatch.setattr(gpu, "CGROUP_MEMORY_LIMITS", (str(limit),))
+    budget, rule = gpu.default_pinned_budget()
+    assert budget == (1 << 30) // 4 and "cgroup limit's" in rule, rule
+    # No limit set ("max"): the node's memory, as before.
+    limit.write_text("max\n")
+    budget, rule = gpu.default_pinned_budget()
+    assert budget > 0 and "node's" in rule, rule
+
+
 def test_without_a_driver_no_device_is_active() -> None:
     no_driver()
     assert _native.cuda_active_devices() == []  # nothing started, nothing raised

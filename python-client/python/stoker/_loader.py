@@ -220,8 +220,8 @@ class Loader(FromDataset, SavedState, Stats):
             False). Implied by ``device="cuda"``.
         pinned_memory_budget: bytes of page-locked memory this process may hold: the slots
             and the room beside them for labels, and the GPU decode lane's staging and
-            nvJPEG's pinned buffers; default: a quarter of the node's memory divided by
-            ``LOCAL_WORLD_SIZE``. The slot pool (and
+            nvJPEG's pinned buffers; default: a quarter of the node's memory (or of its
+            cgroup's limit where lower) divided by ``LOCAL_WORLD_SIZE``. The slot pool (and
             the prefetch ceiling) is made smaller to fit; fewer than ``max_held_batches + 2``
             slots raise :class:`~stoker.GpuUnavailableError`.
         dtype: with ``device="cuda"``: the image's dtype on the device, ``"float32"``,

@@ -29,6 +29,7 @@ the time the GPU sat idle waiting for a batch.
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import logging
 import math
@@ -81,12 +82,22 @@ def parse_device(device: object) -> int | None:
 
 
 def default_pinned_budget() -> tuple[int, str]:
-    """The pinned budget of one rank in bytes, and the rule: a quarter of the node's memory,
-    divided by ``LOCAL_WORLD_SIZE`` (the ranks sharing the node)."""
-    node = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    """The pinned budget of one rank in bytes, and the rule: a quarter of the node's memory (or
+    of the container's cgroup limit where lower), divided by ``LOCAL_WORLD_SIZE``."""
+    memory, whose = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"), "node's"
+    for path in CGROUP_MEMORY_LIMITS:  # cgroup v2, then v1 ("max" or a huge number: none)
+        with contextlib.suppress(OSError, ValueError):
+            with open(path) as file:
+                limit = int(file.read().strip())
+            memory, whose = (limit, "cgroup limit's") if limit < memory else (memory, whose)
+            break
     text = os.environ.get("LOCAL_WORLD_SIZE", "").strip()
     local = int(text) if text.isdigit() and int(text) > 0 else 1
-    return node // 4 // local, f"a quarter of the node's {node} bytes / LOCAL_WORLD_SIZE={local}"
+    rule = f"a quarter of the {whose} {memory} bytes / LOCAL_WORLD_SIZE={local}"
+    return memory // 4 // local, rule
+
+
+CGROUP_MEMORY_LIMITS = ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes")
 
 
 def check_budget(budget: object) -> int:
