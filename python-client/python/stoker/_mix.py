@@ -244,7 +244,10 @@ def mix(
             ``s3://`` URI, or a pattern) or a :class:`Source` with its own pipeline, split, or
             list of names read as one source. Weights are positive
             numbers, normalised to sum 1. Every source's batches must have the same tensors
-            (names, dtypes, shapes, labels or not), else a ValueError names the two that differ.
+            (names, dtypes, shapes, labels or not), else a ValueError names the two that differ
+            (Python datasets' samples are not read up front: there the first sample whose
+            layout is not mixed position 0's raises a DecodeError, or is a bad sample under
+            ``on_error="skip"``).
         batch_size: samples per batch.
         window: positions per window, the span over which counts are exact; at most 2**20,
             and at most 2**22 positions laid out per batch (a batch's positions fall in about

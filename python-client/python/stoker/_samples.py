@@ -256,7 +256,8 @@ class Layout:
                 continue
             if array.shape != field.shape or array.dtype != field.dtype:
                 raise LayoutMismatch(
-                    f"sample{path} is {array.dtype} {array.shape}, but dataset[0] had "
+                    f"sample{path} is {array.dtype} {array.shape}, but the sample at index 0 "
+                    "(probed as the loader was made; of a mix, mixed position 0) had "
                     f"{field.dtype} {field.shape}: from_dataset needs the same dtype and shape "
                     "in every sample (pad or resize in the transform)"
                 )
