@@ -221,9 +221,8 @@ class FromDataset:
           call ``dataset[i]`` at the same time, so the dataset must be safe to call from
           several threads (an open file it seeks and reads is not: keep one per thread in a
           ``threading.local()``, which lasts the loader's life on each of its threads, or
-          use ``num_workers`` with each worker opening its own, in ``worker_init_fn`` or at
-          its first ``dataset[i]``: one opened before the workers fork is shared by them,
-          offset and all). Fast when the code releases the GIL (PIL decoding and
+          use ``num_workers`` with each worker opening its own at its first ``dataset[i]``:
+          one opened before the workers fork is shared by them, offset and all). Fast when the code releases the GIL (PIL decoding and
           resizing, numpy); pure-Python code runs one thread at a time.
         - ``num_workers=N``: N worker processes (``multiprocessing_context``: a start method's
           name or a ``multiprocessing.get_context(...)`` context; by default the

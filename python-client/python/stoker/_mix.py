@@ -227,7 +227,7 @@ def mix(
     ``__len__``, such as ``torch.utils.data.Dataset``; all keys datasets, not mixed with native
     sources), the mix runs under :meth:`Loader.from_dataset` (its arguments, such as
     ``num_workers``, go in ``loader_args``) with the same rule; each sample gains its source (a
-    dict sample a ``"source"`` key, a tuple one more item).
+    dict sample a ``"source"`` key, a tuple one more item: a named tuple becomes a plain one).
 
     Every batch carries ``"source"`` (int64 ``(B,)``): the index, in ``sources``' order, of
     each sample's source. Packed text (``[Tokenize, PackSequences]``) is tokenised per source
