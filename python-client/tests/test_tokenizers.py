@@ -16,6 +16,7 @@ elsewhere.
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -208,3 +209,64 @@ def test_a_file_1_0_cannot_read_is_encoded_by_0_23(hf: Any, tmp_path: Path) -> N
     assert engine.startswith("0.23: "), engine
     assert ids == want
     assert expected  # the plain file encoded too
+
+
+def _byte_alphabet() -> list[str]:
+    """GPT-2's byte-level alphabet: the 256 characters bytes are mapped to."""
+    kept = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1),
+            *range(ord("®"), ord("ÿ") + 1)]
+    extra = [byte for byte in range(256) if byte not in kept]
+    return [chr(c) for c in kept] + [chr(256 + n) for n in range(len(extra))]
+
+
+_LOADS_ONE_BATCH = """
+import sys
+import stoker
+from stoker import ops
+loader = stoker.Loader(sys.argv[1], format="jsonl", text_column="text", batch_size=2, shuffle=False,
+                       output="numpy", pipeline=[ops.Tokenize(sys.argv[2]), ops.PackSequences(16)])
+print(next(iter(loader))["input_ids"][0][:4].tolist())
+"""
+
+
+def test_a_tokenizer_the_fast_reader_panics_on_loads_without_a_printed_panic(
+    tmp_path: Path,
+) -> None:
+    """A byte-level BPE of 65,536 merges (every pair of its 256 characters): the 1.0 reader
+    panics on it (a u16 index overflows), which is contained and the file read by 0.23; the
+    panic was printed, backtrace and all, for every loader made."""
+    import subprocess
+    import sys
+
+    alphabet = _byte_alphabet()
+    vocab = {c: i for i, c in enumerate(alphabet)}
+    merges = []
+    for a in alphabet:
+        for b in alphabet:
+            vocab[a + b] = len(vocab)
+            merges.append(f"{a} {b}")
+    byte_level = {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True,
+                  "use_regex": True}
+    tokenizer = tmp_path / "tokenizer.json"
+    tokenizer.write_text(json.dumps({
+        "version": "1.0", "truncation": None, "padding": None, "normalizer": None,
+        "added_tokens": [{"id": len(vocab), "content": "<|endoftext|>", "single_word": False,
+                          "lstrip": False, "rstrip": False, "normalized": False,
+                          "special": True}],
+        "pre_tokenizer": byte_level, "post_processor": None, "decoder": byte_level,
+        "model": {"type": "BPE", "dropout": None, "unk_token": None,
+                  "continuing_subword_prefix": None, "end_of_word_suffix": None,
+                  "fuse_unk": False, "byte_fallback": False, "ignore_merges": False,
+                  "vocab": vocab, "merges": merges},
+    }))
+    docs = tmp_path / "docs.jsonl"
+    docs.write_text('{"text": "hello world"}\n{"text": "another document"}\n')
+    done = subprocess.run([sys.executable, "-c", _LOADS_ONE_BATCH, str(docs), str(tokenizer)],
+                          capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "RUST_BACKTRACE": "1"})
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "panicked" not in done.stderr, done.stderr[-3000:]
+    # The ids Hugging Face's tokenizers gives the same text.
+    hf = pytest.importorskip("tokenizers")
+    ids = hf.Tokenizer.from_file(str(tokenizer)).encode("hello world", add_special_tokens=False).ids
+    assert json.loads(done.stdout.strip().splitlines()[-1]) == ids[:4], done.stdout

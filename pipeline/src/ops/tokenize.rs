@@ -58,7 +58,9 @@ pub enum TokenizerEngine {
 /// Reads `text` (a `tokenizer.json`) with the 1.0 line: as it is, or after 1.0's upgrade pass
 /// for files written by older versions. Never panics (a panic in the reader is an error).
 fn load_v1(text: &str) -> std::result::Result<tokenizers_v1::pipeline::PipelineTokenizer, String> {
-    std::panic::catch_unwind(|| match tokenizers_v1::from_json(text) {
+    // Contained: a panic of the reader (a BPE of 65,536 merges, in 1.0.0-rc.3) is this error,
+    // not a backtrace printed for every loader made.
+    crate::without_panics("tokenizers 1.0", || match tokenizers_v1::from_json(text) {
         Ok(tokenizer) => Ok(tokenizer),
         Err(direct) => {
             let canonical = tokenizers_v1::canonicalize_str(text)
@@ -67,7 +69,7 @@ fn load_v1(text: &str) -> std::result::Result<tokenizers_v1::pipeline::PipelineT
                 .map_err(|error| format!("{direct}; after its upgrade pass: {error}"))
         }
     })
-    .unwrap_or_else(|panic| Err(format!("the reader panicked: {}", panic_text(&*panic))))
+    .unwrap_or_else(Err)
 }
 
 /// Text 1.0 and 0.23 must encode alike before 1.0 is trusted with a file (with the file's added
@@ -110,14 +112,14 @@ fn agrees_on_probe(
 ) -> std::result::Result<(), String> {
     for text in probe_texts(legacy) {
         let mut tokens = Vec::new();
-        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        crate::without_panics("tokenizers 1.0", || {
             fast.encode_into(
                 &text,
                 &tokenizers_v1::pipeline::EncodeOptions::no_specials(),
                 &mut tokens,
             )
-        }))
-        .map_err(|panic| format!("encoding a probe text panicked: {}", panic_text(&*panic)))?
+        })
+        .map_err(|panic| format!("encoding a probe text: {panic}"))?
         .map_err(|error| format!("encoding a probe text: {error}"))?;
         let expected = legacy
             .encode_fast(text.as_str(), false)
@@ -161,12 +163,8 @@ impl TextTokenizer {
         };
         // tokenizers 0.23 panics on some malformed files (a `decoder` it cannot deserialise:
         // found by the `tokenizer` fuzz target); a bad file is an error, not a dead worker.
-        let loaded = std::panic::catch_unwind(|| Tokenizer::from_file(path)).map_err(|panic| {
-            cannot_load(format!(
-                "the tokenizer parser panicked: {}",
-                panic_text(&*panic)
-            ))
-        })?;
+        let loaded = crate::without_panics("tokenizers 0.23", || Tokenizer::from_file(path))
+            .map_err(cannot_load)?;
         let mut tokenizer = loaded.map_err(|error| cannot_load(error.to_string()))?;
         let mut text = std::fs::read_to_string(path).map_err(|source| Error::Io {
             path: path.to_path_buf(),

@@ -222,8 +222,9 @@ class FromDataset:
           several threads (an open file it seeks and reads is not: keep one per thread in a
           ``threading.local()``, which lasts the loader's life on each of its threads, or
           use ``num_workers`` with each worker opening its own at its first ``dataset[i]``:
-          one opened before the workers fork is shared by them, offset and all). Fast when the code releases the GIL (PIL decoding and
-          resizing, numpy); pure-Python code runs one thread at a time.
+          one opened before the workers fork is shared by them, offset and all). Fast when
+          the code releases the GIL (PIL decoding and resizing, numpy); pure-Python code runs
+          one thread at a time.
         - ``num_workers=N``: N worker processes (``multiprocessing_context``: a start method's
           name or a ``multiprocessing.get_context(...)`` context; by default the
           start method the program set with ``multiprocessing.set_start_method``, as
