@@ -10,6 +10,7 @@ import logging
 import os
 import re
 import select
+import shutil
 import signal
 import subprocess
 import sys
@@ -1821,3 +1822,26 @@ def test_a_script_without_a_main_guard_under_spawn_is_told_what_to_do(tmp_path: 
     said = done.stdout.strip()
     assert said.startswith("DatasetError: dataset worker process 0"), (said, done.stderr)
     assert "if __name__ == \"__main__\":" in said and "'spawn'" in said, said
+
+
+def test_stack_folders_a_killed_loader_left_are_removed_by_the_next() -> None:
+    """The workers' stack folder of a loader killed before its ``close()`` (SIGKILL, the OOM
+    killer) stayed in the temp folder for good; the next loader with workers removes the
+    folders of processes that are gone, and keeps those of live ones."""
+    import tempfile
+
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True, check=True)
+    dead = int(gone.stdout)
+    left = Path(tempfile.mkdtemp(prefix=f"stoker-stacks-{dead}-"))
+    (left / "stack-0").write_text("a stack file")
+    live = Path(tempfile.mkdtemp(prefix=f"stoker-stacks-{os.getpid()}-"))
+    try:
+        with stoker.Loader.from_dataset(Squares(8), batch_size=4, output="numpy",
+                                        num_workers=1) as loader:
+            assert len(list(loader)) == 2
+        assert not left.exists()
+        assert live.exists()
+    finally:
+        shutil.rmtree(left, ignore_errors=True)
+        shutil.rmtree(live, ignore_errors=True)

@@ -16,9 +16,11 @@ import itertools
 import mmap
 import os
 import re
+import shutil
 import signal
 import struct
 import sys
+import tempfile
 import threading
 import time
 import traceback
@@ -31,8 +33,34 @@ T = TypeVar("T")
 
 __all__ = [
     "IndexWord", "Loading", "LoadingLog", "batch_text", "describe", "listen_for_dumps",
-    "read_dumps", "where",
+    "read_dumps", "stacks_folder", "where",
 ]
+
+STACKS_PREFIX = "stoker-stacks-"
+
+
+def stacks_folder() -> str:
+    """A new folder for a loader's workers' stack files (``close()`` removes it), named by this
+    process's id; first, the folders of processes that are gone (a loader killed before its
+    ``close()``: SIGKILL, the OOM killer) are removed."""
+    base = tempfile.gettempdir()
+    with contextlib.suppress(OSError):
+        for name in os.listdir(base):
+            pid = name[len(STACKS_PREFIX):].partition("-")[0]
+            if name.startswith(STACKS_PREFIX) and pid.isdigit() and not _alive(int(pid)):
+                shutil.rmtree(os.path.join(base, name), ignore_errors=True)
+    return tempfile.mkdtemp(prefix=f"{STACKS_PREFIX}{os.getpid()}-")
+
+
+def _alive(pid: int) -> bool:
+    """Whether process ``pid`` exists (one of another user's counts as alive)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        return True
+    return True
 
 # Frames a message shows, innermost first.
 SHOWN_FRAMES = 4

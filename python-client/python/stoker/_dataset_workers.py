@@ -15,7 +15,6 @@ import pickle
 import shutil
 import signal
 import sys
-import tempfile
 import threading
 import time
 import traceback
@@ -31,6 +30,7 @@ from stoker._busy import (
     describe,
     listen_for_dumps,
     read_dumps,
+    stacks_folder,
 )
 from stoker._samples import Layout, State, fill_batch, on_sample, probe
 from stoker._start_method import main_not_rerun, unpicklable_part
@@ -519,7 +519,7 @@ class ProcessBuilder:
                 ) from error
         try:
             # The workers' stack files (see stoker._busy), removed by close().
-            self._dumps = tempfile.mkdtemp(prefix="stoker-stacks-")
+            self._dumps = stacks_folder()
             for number in range(workers):
                 self._workers.append(_Worker(context, number, sent, self._dumps, self._log,
                                              skip=state.on_error == "skip"))
