@@ -456,9 +456,9 @@ impl Pipeline {
     }
 
     /// Turns one sample's encoded bytes into its output tensor in `dest`
-    /// (`bytes_per_sample()` bytes). A scratch buffer grown past
-    /// [`decode::SCRATCH_KEEP_BYTES`] by this sample is let go as it returns, not kept until the
-    /// thread's next sample (a thread idle after a huge image held it meanwhile).
+    /// (`bytes_per_sample()` bytes). A scratch buffer grown past 64 MiB by this sample is let
+    /// go as it returns, not kept until the thread's next sample (a thread idle after a huge
+    /// image held it meanwhile).
     pub fn process(
         &self,
         bytes: &[u8],
