@@ -41,16 +41,16 @@ unsafe impl Sync for ConfString {}
 mod tests {
     use std::ffi::{c_void, CStr};
 
-    /// A `size_t` option of jemalloc, read through `mallctl`.
-    fn option(name: &CStr) -> usize {
-        let mut value: usize = usize::MAX;
-        let mut len = std::mem::size_of::<usize>();
-        // SAFETY: `value` and `len` are valid for writes of a `size_t`, the option's type; no
-        // new value is given.
+    /// A setting of jemalloc of type `T` (`size_t` or `bool`, as the setting is), read
+    /// through `mallctl`.
+    fn setting<T: Copy>(name: &CStr, mut value: T) -> T {
+        let mut len = std::mem::size_of::<T>();
+        // SAFETY: `value` and `len` are valid for writes of a `T`, the setting's type (the
+        // callers name settings of their own type); no new value is given.
         let status = unsafe {
             tikv_jemalloc_sys::mallctl(
                 name.as_ptr(),
-                (&mut value as *mut usize).cast::<c_void>(),
+                (&mut value as *mut T).cast::<c_void>(),
                 &mut len,
                 std::ptr::null_mut(),
                 0,
@@ -66,27 +66,9 @@ mod tests {
         let buffer = vec![1u8; 16 << 20];
         assert_eq!(buffer.iter().map(|b| *b as usize).sum::<usize>(), 16 << 20);
         // Without the settings this is jemalloc's default, 8 MiB.
-        assert_eq!(option(c"opt.oversize_threshold"), 0);
-        assert!(flag(c"opt.background_thread"), "jemalloc's default: off");
-        assert!(flag(c"background_thread"), "the threads run");
-    }
-
-    /// A `bool` option or setting of jemalloc, read through `mallctl`.
-    fn flag(name: &CStr) -> bool {
-        let mut value = false;
-        let mut len = std::mem::size_of::<bool>();
-        // SAFETY: `value` and `len` are valid for writes of a `bool`, the setting's type; no
-        // new value is given.
-        let status = unsafe {
-            tikv_jemalloc_sys::mallctl(
-                name.as_ptr(),
-                (&mut value as *mut bool).cast::<c_void>(),
-                &mut len,
-                std::ptr::null_mut(),
-                0,
-            )
-        };
-        assert_eq!(status, 0, "mallctl({name:?})");
-        value
+        assert_eq!(setting(c"opt.oversize_threshold", usize::MAX), 0);
+        // jemalloc's default is off; the second is whether the threads run.
+        assert!(setting(c"opt.background_thread", false));
+        assert!(setting(c"background_thread", false));
     }
 }
