@@ -6,13 +6,15 @@ use std::path::PathBuf;
 /// Why the credentials of an AWS profile could not be used.
 #[derive(Debug, thiserror::Error)]
 pub enum CredentialsError {
-    /// `AWS_PROFILE` names a profile neither shared file holds.
+    /// `AWS_PROFILE` (or `AWS_DEFAULT_PROFILE`) names a profile neither shared file holds.
     #[error(
-        "AWS_PROFILE={profile} names a profile that neither {} nor {} holds",
+        "{variable}={profile} names a profile that neither {} nor {} holds",
         credentials.display(),
         config.display()
     )]
     UnknownProfile {
+        /// The variable that named it.
+        variable: &'static str,
         /// The profile asked for.
         profile: String,
         /// The credentials file looked in.

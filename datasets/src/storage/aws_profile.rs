@@ -1,5 +1,5 @@
 //! An AWS profile of the shared files (`~/.aws/credentials` and `~/.aws/config`, or the files
-//! `AWS_SHARED_CREDENTIALS_FILE` and `AWS_CONFIG_FILE` name), read as the AWS CLI reads it for
+//! `AWS_SHARED_CREDENTIALS_FILE` and `AWS_CONFIG_FILE` name), in the AWS CLI's layout, read for
 //! what an S3 client needs: static keys, the region and an endpoint. object_store's client
 //! reads the environment and then asks a web identity, a container or the instance metadata
 //! service, never these files, so a laptop's `aws configure` or an `AWS_PROFILE` went unread
@@ -8,8 +8,9 @@
 //! The profile is `AWS_PROFILE` (else `AWS_DEFAULT_PROFILE`, else `default`). Keys are looked
 //! for in the credentials file first, then in the config file (`[profile NAME]`, or `[default]`).
 //! A profile whose credentials come from `credential_process`, single sign-on, an assumed role
-//! or a web identity file is refused by name, since the client runs none of them; a profile
-//! named by `AWS_PROFILE` that neither file holds is refused too.
+//! or a web identity file is refused by name (static keys beside such a setting too: the CLI
+//! would not sign with them), since the client runs none of them; a profile named by
+//! `AWS_PROFILE` that neither file holds is refused too.
 
 use std::path::{Path, PathBuf};
 
@@ -44,10 +45,12 @@ const SOURCED: [&str; 5] = [
 pub(super) fn read_profile(
     var: &dyn Fn(&str) -> Option<String>,
 ) -> Result<Option<Profile>, CredentialsError> {
-    let asked = var("AWS_PROFILE")
-        .or_else(|| var("AWS_DEFAULT_PROFILE"))
-        .filter(|name| !name.is_empty());
-    let name = asked.clone().unwrap_or_else(|| "default".to_string());
+    let asked = ["AWS_PROFILE", "AWS_DEFAULT_PROFILE"]
+        .into_iter()
+        .find_map(|variable| Some((variable, var(variable).filter(|name| !name.is_empty())?)));
+    let name = asked
+        .as_ref()
+        .map_or_else(|| "default".to_string(), |(_, name)| name.clone());
     let home = var("HOME").filter(|home| !home.is_empty());
     let file = |variable: &str, default: &str| {
         var(variable)
@@ -59,20 +62,18 @@ pub(super) fn read_profile(
     let config_path = file("AWS_CONFIG_FILE", ".aws/config");
     let credentials = credentials_path.as_deref().map(load).transpose()?.flatten();
     let config = config_path.as_deref().map(load).transpose()?.flatten();
-    let config_section = if name == "default" {
-        name.clone()
-    } else {
-        format!("profile {name}")
-    };
     let in_credentials = credentials
         .as_ref()
         .and_then(|ini| ini.section(Some(name.as_str())));
-    let in_config = config
-        .as_ref()
-        .and_then(|ini| ini.section(Some(config_section.as_str())));
+    // The config file names a profile `[profile NAME]`, the default one `[default]` too.
+    let in_config = config.as_ref().and_then(|ini| {
+        ini.section(Some(format!("profile {name}").as_str()))
+            .or_else(|| ini.section(Some("default")).filter(|_| name == "default"))
+    });
     if in_credentials.is_none() && in_config.is_none() {
         return match asked {
-            Some(profile) => Err(CredentialsError::UnknownProfile {
+            Some((variable, profile)) => Err(CredentialsError::UnknownProfile {
+                variable,
                 profile,
                 credentials: credentials_path.unwrap_or_default(),
                 config: config_path.unwrap_or_default(),
@@ -104,7 +105,7 @@ pub(super) fn read_profile(
         }
         (None, None) => None,
     };
-    if keys.is_none() {
+    {
         let sourced = [
             (in_credentials, credentials_path.as_deref()),
             (in_config, config_path.as_deref()),
@@ -231,6 +232,11 @@ sso_account_id = 1234
 [profile role]
 role_arn = arn:aws:iam::1:role/r
 source_profile = default
+
+[profile keyed-role]
+aws_access_key_id = AKIROLE
+aws_secret_access_key = rolesecret
+role_arn = arn:aws:iam::1:role/r
 ";
 
     #[test]
@@ -264,6 +270,15 @@ source_profile = default
         );
         let legacy = read(Some(CREDENTIALS), None, &[("AWS_DEFAULT_PROFILE", "work")]).unwrap();
         assert_eq!(legacy.unwrap().keys.unwrap().0, "AKIWORK");
+        let missing = read(None, Some(CONFIG), &[("AWS_DEFAULT_PROFILE", "gone")]).unwrap_err();
+        assert!(
+            missing.to_string().starts_with("AWS_DEFAULT_PROFILE=gone"),
+            "{missing}"
+        );
+        // The config file may name the default profile `[profile default]`.
+        let spelled = "[profile default]\nregion = ap-south-1\n";
+        let profile = read(None, Some(spelled), &[]).unwrap().unwrap();
+        assert_eq!(profile.region.as_deref(), Some("ap-south-1"));
     }
 
     #[test]
@@ -294,7 +309,12 @@ source_profile = default
 
     #[test]
     fn credentials_the_client_cannot_make_are_refused_naming_how_they_are_made() {
-        for (profile, how) in [("sso", "sso_session"), ("role", "role_arn")] {
+        // Keys beside a role too: the CLI would assume the role with them, not sign with them.
+        for (profile, how) in [
+            ("sso", "sso_session"),
+            ("role", "role_arn"),
+            ("keyed-role", "role_arn"),
+        ] {
             let error =
                 read(Some(CREDENTIALS), Some(CONFIG), &[("AWS_PROFILE", profile)]).unwrap_err();
             let text = error.to_string();

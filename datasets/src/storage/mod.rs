@@ -28,10 +28,10 @@
 //! [`Error::NoS3Client`](crate::Error::NoS3Client).
 //!
 //! Credentials and endpoint come from the standard environment variables (`AWS_ACCESS_KEY_ID`,
-//! `AWS_SECRET_ACCESS_KEY`, `AWS_REGION`, `AWS_ENDPOINT_URL`...; see [`S3Settings`]), what those
-//! leave out from the AWS profile's shared files (`AWS_PROFILE`, `~/.aws/credentials` and
-//! `~/.aws/config`: static keys, region, endpoint), then from a web identity, a container's or
-//! the instance's role; the
+//! `AWS_SECRET_ACCESS_KEY`, `AWS_REGION`, `AWS_ENDPOINT_URL`...; see [`S3Settings`]), a web
+//! identity they name, what those leave out from the AWS profile's shared files (`AWS_PROFILE`,
+//! `~/.aws/credentials` and `~/.aws/config`: static keys, region, endpoint), then a container's
+//! or the instance's role; the
 //! cache from `STOKER_CACHE_DIR` and `STOKER_CACHE_MAX_BYTES` (see
 //! [`ObjectCacheOptions::from_env`]).
 //!

@@ -105,7 +105,11 @@ fn with_profile(
     let unsigned = builder
         .get_config_value(&Key::SkipSignature)
         .is_some_and(|v| v == "true");
-    let wants_keys = settings.access_key_id.is_none() && !has(Key::AccessKeyId) && !unsigned;
+    // A web identity the environment names (IRSA) comes before the shared files, as in the
+    // AWS CLI's chain; object_store's client uses it.
+    let web_identity = has(Key::WebIdentityTokenFile) && has(Key::RoleArn);
+    let wants_keys =
+        settings.access_key_id.is_none() && !has(Key::AccessKeyId) && !unsigned && !web_identity;
     let wants_region = settings.region.is_none() && !has(Key::Region);
     let wants_endpoint =
         settings.endpoint.is_none() && !has(Key::Endpoint) && !has(Key::S3Endpoint);
@@ -252,6 +256,35 @@ mod tests {
             ..S3Settings::default()
         };
         assert!(connect("bucket", &settings, 0).is_ok());
+    }
+
+    /// A profile's keys fill what the environment lacks, but not beside a web identity the
+    /// environment names (IRSA), which comes first as in the AWS CLI's chain.
+    #[cfg(feature = "s3")]
+    #[test]
+    fn a_profiles_keys_are_used_unless_the_environment_names_a_web_identity() {
+        use object_store::aws::{AmazonS3Builder, AmazonS3ConfigKey as Key};
+
+        let home = tempfile::tempdir().unwrap();
+        std::fs::create_dir(home.path().join(".aws")).unwrap();
+        std::fs::write(
+            home.path().join(".aws/credentials"),
+            "[default]\naws_access_key_id = AKIFILE\naws_secret_access_key = s\n",
+        )
+        .unwrap();
+        let home_dir = home.path().display().to_string();
+        let var = |name: &str| (name == "HOME").then(|| home_dir.clone());
+        let settings = S3Settings::default();
+        let built = with_profile(AmazonS3Builder::new(), &settings, &var).unwrap();
+        assert_eq!(
+            built.get_config_value(&Key::AccessKeyId).as_deref(),
+            Some("AKIFILE")
+        );
+        let irsa = AmazonS3Builder::new()
+            .with_config(Key::WebIdentityTokenFile, "/var/run/secrets/token")
+            .with_config(Key::RoleArn, "arn:aws:iam::1:role/pod");
+        let built = with_profile(irsa, &settings, &var).unwrap();
+        assert_eq!(built.get_config_value(&Key::AccessKeyId), None);
     }
 
     #[cfg(feature = "s3")]
