@@ -368,6 +368,7 @@ mod tests {
         WorkerEntry {
             id,
             data_address: format!("w:{id}"),
+            instance: 0,
             threads,
             data_roots: Vec::new(),
             registered_at: Instant::now(),

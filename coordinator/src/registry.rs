@@ -13,6 +13,8 @@ pub struct WorkerEntry {
     pub id: u64,
     /// Where clients reach its data server.
     pub data_address: String,
+    /// Its process's random instance (0: not said).
+    pub instance: u64,
     /// Its decode threads.
     pub threads: u32,
     /// Its `--data-root` folders.

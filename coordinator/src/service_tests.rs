@@ -184,6 +184,7 @@ async fn register_worker_at(
         data_address: address.into(),
         threads: 1,
         data_roots: Vec::new(),
+        instance: 0,
     };
     let registered = client.register_worker(request).await?.into_inner();
     Ok(registered.worker_id)
@@ -530,6 +531,42 @@ async fn a_worker_registered_at_a_listed_address_replaces_the_one_listed_there()
     Ok(())
 }
 
+/// Two running workers advertising one address: the second replaces the first, and the first,
+/// registering again, is refused naming the setting, where the two took turns replacing each
+/// other (each time putting the other's leases back). A process that restarts there replaces
+/// whoever is listed; one registering again as itself replaces its own entry.
+#[tokio::test]
+async fn a_worker_replaced_at_its_address_is_refused_there_while_another_holds_it() -> TestResult {
+    let fixture = fixture(Vec::new())?;
+    let mut client = coordinator(&fixture.network, None);
+    let register = |instance: u64| RegisterWorkerRequest {
+        data_address: "worker-b:7001".into(),
+        threads: 1,
+        data_roots: Vec::new(),
+        instance,
+    };
+    client.register_worker(register(1)).await?;
+    client.register_worker(register(2)).await?;
+    let refused = client
+        .register_worker(register(1))
+        .await
+        .expect_err("the first process came back while the second holds the address");
+    assert_eq!(refused.code(), Code::AlreadyExists, "{refused}");
+    assert!(refused.message().contains("--advertise"), "{refused}");
+    // The second registering again as itself, then a restart there (a new process).
+    client.register_worker(register(2)).await?;
+    client.register_worker(register(3)).await?;
+    let at: Vec<u64> = fixture
+        .service
+        .workers()
+        .iter()
+        .filter(|w| w.data_address == "worker-b:7001")
+        .map(|w| w.instance)
+        .collect();
+    assert_eq!(at, [3]);
+    Ok(())
+}
+
 #[tokio::test]
 async fn a_session_reopened_on_a_restarted_coordinator_resumes_where_it_was_acknowledged(
 ) -> TestResult {
@@ -625,9 +662,10 @@ async fn a_stop_ends_the_service_within_its_grace_though_a_client_keeps_its_stre
     Ok(())
 }
 
-/// A data server whose `DescribeJob` takes 200 ms and counts its calls.
+/// A data server whose `DescribeJob` takes 200 ms and counts its calls; it refuses every job
+/// when `.1` says so.
 #[derive(Clone, Default)]
-struct SlowDescriber(std::sync::Arc<std::sync::atomic::AtomicUsize>);
+struct SlowDescriber(std::sync::Arc<std::sync::atomic::AtomicUsize>, bool);
 
 #[tonic::async_trait]
 impl stoker_proto::v1::worker_data_server::WorkerData for SlowDescriber {
@@ -637,6 +675,9 @@ impl stoker_proto::v1::worker_data_server::WorkerData for SlowDescriber {
     ) -> Result<tonic::Response<DescribeJobResponse>, Status> {
         self.0.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
         tokio::time::sleep(Duration::from_millis(200)).await;
+        if self.1 {
+            return Err(Status::invalid_argument("no such dataset here"));
+        }
         Ok(tonic::Response::new(DescribeJobResponse {
             num_samples: STEPS * 4,
             steps_per_epoch: STEPS,
@@ -660,10 +701,20 @@ impl stoker_proto::v1::worker_data_server::WorkerData for SlowDescriber {
 /// in memory as many times over).
 #[tokio::test]
 async fn ranks_registering_one_job_at_once_have_it_described_once() -> TestResult {
+    for refused in [false, true] {
+        ranks_registering_at_once(refused).await?;
+    }
+    Ok(())
+}
+
+/// Eight ranks registering one job at once against a describer that refuses it or not: one
+/// description, and every rank the same answer (a refusal was tried again by each waiting
+/// rank in turn, the eighth answered after eight descriptions).
+async fn ranks_registering_at_once(refused: bool) -> TestResult {
     let network = MemoryNetwork::new();
     let state = tempfile::tempdir()?;
     let (_service, _stop) = start(&network, state.path(), Vec::new())?;
-    let describer = SlowDescriber::default();
+    let describer = SlowDescriber(std::sync::Arc::default(), refused);
     tokio::spawn(
         stoker_rpc::transport::server()
             .add_service(WorkerDataServer::new(describer.clone()))
@@ -689,12 +740,21 @@ async fn ranks_registering_one_job_at_once_have_it_described_once() -> TestResul
             })
         })
         .collect();
-    let mut ids = Vec::new();
+    let mut answers = Vec::new();
     for rank in ranks {
-        ids.push(rank.await??);
+        answers.push(rank.await?.map_err(|status| status.code()));
     }
-    assert!(ids.iter().all(|&id| id == ids[0]), "{ids:?}");
-    assert_eq!(describer.0.load(std::sync::atomic::Ordering::SeqCst), 1);
+    assert!(answers.iter().all(|a| *a == answers[0]), "{answers:?}");
+    assert_eq!(answers[0].is_err(), refused, "{answers:?}");
+    let described = describer.0.load(std::sync::atomic::Ordering::SeqCst);
+    if refused {
+        // A rank whose call came after the refusal was answered (a loaded machine) tries
+        // anew: at most one more; each of the eight tried in turn before.
+        assert!(described <= 2, "{described} descriptions");
+    } else {
+        // A late rank finds the job registered.
+        assert_eq!(described, 1);
+    }
     Ok(())
 }
 

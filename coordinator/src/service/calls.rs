@@ -59,11 +59,12 @@ impl coordinator_server::Coordinator for CoordinatorService {
             )));
         }
         let mut state = lock(&self.state);
-        let requeued = state.replace_workers_at(address);
+        let requeued = state.replace_workers_at(address, request.instance)?;
         let id = state.core.register_worker(Instant::now());
         state.worker_joined(WorkerEntry {
             id: id.0,
             data_address: address.to_string(),
+            instance: request.instance,
             threads: request.threads,
             data_roots: request.data_roots,
             registered_at: Instant::now(),

@@ -20,9 +20,13 @@ use crate::client_reports::job_name;
 use crate::status::coordinator_status;
 use crate::{Coordinator, JobId};
 
-/// Per job spec being described (its encoding), the turn its registrations take in order; an
-/// entry goes once nobody holds or waits for it.
-pub(super) type DescribeTurns = Arc<Mutex<HashMap<Vec<u8>, Arc<tokio::sync::Mutex<()>>>>>;
+/// Per job spec being described (its encoding), the turn its registrations take in order, and
+/// the refusal of the last description tried while others waited (which they answer with,
+/// rather than each trying in turn); an entry goes once nobody holds or waits for it.
+pub(super) type DescribeTurns = Arc<Mutex<HashMap<Vec<u8>, Arc<tokio::sync::Mutex<Failed>>>>>;
+
+/// Why the description a turn's holder tried failed, if it did.
+type Failed = Option<Status>;
 
 /// What the service knows of a job spec a client registers.
 enum Known {
@@ -38,7 +42,7 @@ enum Known {
 struct DescribeTurn {
     turns: DescribeTurns,
     key: Vec<u8>,
-    held: tokio::sync::OwnedMutexGuard<()>,
+    held: tokio::sync::OwnedMutexGuard<Failed>,
 }
 
 impl Drop for DescribeTurn {
@@ -74,13 +78,25 @@ impl CoordinatorService {
         spec: JobSpec,
         weight: u32,
     ) -> Result<(JobId, proto::DescribeJobResponse), Status> {
-        let mut turn = None;
+        let mut turn: Option<DescribeTurn> = None;
         let described = loop {
-            match self.known(&spec, weight)? {
-                Known::Answered(id, described) => return Ok((id, described)),
-                Known::Described(described) => break described,
-                Known::Unknown if turn.is_some() => break self.describe(&spec).await?,
-                Known::Unknown => turn = Some(self.describe_turn(&spec).await),
+            match (self.known(&spec, weight)?, turn.as_mut()) {
+                (Known::Answered(id, described), _) => return Ok((id, described)),
+                (Known::Described(described), _) => break described,
+                (Known::Unknown, Some(turn)) => match self.describe(&spec).await {
+                    Ok(described) => break described,
+                    Err(refused) => {
+                        *turn.held = Some(refused.clone());
+                        return Err(refused);
+                    }
+                },
+                (Known::Unknown, None) => {
+                    let taken = self.describe_turn(&spec).await;
+                    if let Some(refused) = taken.held.as_ref() {
+                        return Err(refused.clone());
+                    }
+                    turn = Some(taken);
+                }
             }
         };
         // On a task of its own, so a client that hangs up mid-write does not leave the write

@@ -105,6 +105,8 @@ struct State {
     /// Counters at the last dashboard refresh, for the per-second figures.
     last_refresh: LastRefresh,
     workers: BTreeMap<u64, WorkerEntry>,
+    /// Per data address, the worker processes (instances) a registration there replaced.
+    replaced: HashMap<String, std::collections::HashSet<u64>>,
     /// Changes with every worker that joins or goes (never 0), so a session's update lists
     /// the workers only when its client's list is out of date.
     workers_version: u64,
@@ -134,15 +136,40 @@ impl State {
     /// replaces it. Clients would otherwise open a stream to each, which the one process there
     /// takes as one client's, each opening ending the other's, until the old entry expired;
     /// and its leases would wait out that expiry too. Returns the tasks that went back.
-    fn replace_workers_at(&mut self, address: &str) -> u64 {
-        let replaced: Vec<u64> = self
+    ///
+    /// A process replaced at an address that registers there again while another holds it is
+    /// refused: two running workers advertise one address, and would otherwise take turns
+    /// replacing each other, each time putting the other's leases back.
+    fn replace_workers_at(&mut self, address: &str, instance: u64) -> Result<u64, Status> {
+        let listed: Vec<(u64, u64)> = self
             .workers
             .values()
             .filter(|entry| entry.data_address == address)
-            .map(|entry| entry.id)
+            .map(|entry| (entry.id, entry.instance))
             .collect();
+        let displaced = self.replaced.get(address);
+        if instance != 0
+            && displaced.is_some_and(|gone| gone.contains(&instance))
+            && listed.iter().any(|&(_, other)| other != instance)
+        {
+            return Err(with_kind(
+                Status::already_exists(format!(
+                    "another worker process registered at {address} after this one and holds \
+                     it: two running workers advertise one address; give each its own \
+                     --advertise"
+                )),
+                ErrorKind::InvalidArgument,
+            ));
+        }
         let mut requeued = 0;
-        for old in replaced {
+        for (old, old_instance) in listed {
+            if old_instance != 0 && old_instance != instance {
+                let gone = self.replaced.entry(address.to_string()).or_default();
+                if gone.len() >= REPLACED_KEPT {
+                    gone.clear();
+                }
+                gone.insert(old_instance);
+            }
             requeued += self.core.leave_worker(crate::WorkerId(old)).unwrap_or(0);
             self.worker_gone(old);
             tracing::warn!(
@@ -153,7 +180,7 @@ impl State {
                  a Service's name say, give each its own --advertise)"
             );
         }
-        requeued
+        Ok(requeued)
     }
 
     /// A worker left or was lost: the list has a new version if it was in it.
@@ -224,6 +251,7 @@ impl CoordinatorService {
                 monitors: HashMap::new(),
                 last_refresh: LastRefresh::default(),
                 workers: BTreeMap::new(),
+                replaced: HashMap::new(),
                 workers_version: 1,
                 sessions: HashMap::new(),
                 clients: BTreeMap::new(),
@@ -464,8 +492,6 @@ impl CoordinatorService {
     }
 }
 
-/// How long a stopping coordinator waits for its clients' and workers' connections to end
-/// before it closes them (a client's update stream lasts as long as its session).
 /// Why [`CoordinatorService::serve`] ended with an error.
 #[derive(Debug, thiserror::Error)]
 pub enum ServeError {
@@ -480,6 +506,11 @@ pub enum ServeError {
     LastFlush(String),
 }
 
+/// Replaced instances kept per address (a restarted worker adds one each time).
+const REPLACED_KEPT: usize = 64;
+
+/// How long a stopping coordinator waits for its clients' and workers' connections to end
+/// before it closes them (a client's update stream lasts as long as its session).
 pub(crate) const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
 
 /// How long a stopping coordinator waits for its journal's last write.

@@ -10,7 +10,8 @@
 //! folder: a class folder holding no image is refused, as locally. The client lists a marker
 //! without its `/`, so an empty object with no extension directly under the prefix is taken for
 //! a class folder's marker (a class folder of that name then holds no image unless others name
-//! it). Keys are UTF-8, so ordering their bytes is Python's order.
+//! it), but for names starting with `_` or `.` (Spark's `_SUCCESS`); a marker of a class name
+//! holding a dot is still left out. Keys are UTF-8, so ordering their bytes is Python's order.
 //!
 //! Per sample the index keeps what a read needs to ask for the version listed: the file name
 //! (in the same packed buffer as a local folder's), its size, its ETag and last-modified time.
@@ -89,8 +90,10 @@ impl ImageFolder {
             };
             let Some((class, _)) = relative.split_once('/') else {
                 // Beside the class folders; but a class folder's marker (`bird/`) arrives so too,
-                // without its `/`: an empty object whose name has no extension stands for one.
-                if object.size == 0 && !relative.is_empty() && !relative.contains('.') {
+                // without its `/`: an empty object whose name has no extension stands for one
+                // (not one named as a job's flag is, `_SUCCESS`, or a hidden one).
+                let flag = relative.starts_with('_') || relative.starts_with('.');
+                if object.size == 0 && !relative.is_empty() && !relative.contains('.') && !flag {
                     classes.entry(relative.to_string()).or_default();
                 }
                 continue;

@@ -126,6 +126,7 @@ fn an_image_folder_in_a_bucket_reads_in_the_order_torchvision_gives_its_local_co
     // its `/`, as this empty object is): before, the class was left out, the ones after it
     // shifted down by one.
     std::fs::remove_dir_all(root.join("class_03")).unwrap();
+    std::fs::write(root.join("_SUCCESS"), b"").unwrap(); // a job's flag, not a class
     std::fs::write(root.join("class_04"), b"").unwrap();
     let error = ImageFolder::open_remote("s3://data/imgs", Arc::clone(&cache), None).unwrap_err();
     assert!(

@@ -101,6 +101,7 @@ pub(super) async fn task_loop(
         let registered = client
             .register_worker(RegisterWorkerRequest {
                 data_address: config.advertise.clone(),
+                instance: shared.instance,
                 threads: shared.threads as u32,
                 data_roots: shared
                     .roots

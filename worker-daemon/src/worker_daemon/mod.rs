@@ -130,6 +130,8 @@ struct JobEntry {
 
 struct Shared {
     roots: Vec<PathBuf>,
+    /// This daemon's random instance, told at every registration (0 is never used).
+    instance: u64,
     subscriptions: Mutex<Subscriptions>,
     subscribed: Notify,
     /// By (the coordinator's place in the address list, job id): two coordinators' job ids
@@ -462,6 +464,7 @@ where
         .build()
         .map_err(|e| Error::Threads(e.to_string()))?;
     let shared = Arc::new(Shared {
+        instance: stoker_rpc::transport::random_u64().max(1),
         roots: canonical_roots(&config.data_roots)?,
         subscriptions: Mutex::new(Subscriptions::default()),
         subscribed: Notify::new(),

@@ -410,6 +410,7 @@ async fn drive(
                     data_address,
                     threads: 1,
                     data_roots: Vec::new(),
+                    instance: 0,
                 })
                 .await?
                 .into_inner();
