@@ -143,11 +143,12 @@ pub enum GpuDecodeError {
     /// The job cannot use the lane.
     #[error("{0}")]
     Unsupported(String),
-    /// The CUDA context broke (an error a stream sync returns after a failed call: every
-    /// later call of the process fails with it), so the batch fails rather than go to the CPU.
+    /// The CUDA context broke (an error CUDA keeps for every later call of the context, a
+    /// kernel's fault, met by a sync after a failed call), so the batch fails rather than go
+    /// to the CPU image by image.
     #[error(
-        "the CUDA context broke after a GPU decode call failed ({0}); every later CUDA call of \
-         this process fails: the run cannot go on (decode=\"cpu\" avoids the GPU lane)"
+        "the GPU decode lane's CUDA context broke ({0}): every later CUDA call in that context \
+         fails (decode=\"cpu\" avoids the GPU lane)"
     )]
     Broken(String),
 }

@@ -109,8 +109,8 @@ class Position:
                 "it between batches"
             )
         with self.lock:
-            self.holder = threading.get_ident()
             try:
+                self.holder = threading.get_ident()
                 yield
             finally:
                 self.holder = None

@@ -248,8 +248,8 @@ class Layout:
         template = _flatten(sample, "", leaves, encoded, self.template)
         if template != self.template:
             raise LayoutMismatch(
-                "the sample's structure differs from dataset[0]'s: every sample must have the "
-                "same keys and nesting"
+                "the sample's structure differs from that of the sample at index 0: every "
+                "sample must have the same keys and nesting"
             )
         for (path, array), field in zip(leaves, self.fields, strict=True):
             if field.encoded:
@@ -265,7 +265,7 @@ class Layout:
 
 
 class LayoutMismatch(ValueError):
-    """A sample whose structure, dtype or shape is not dataset[0]'s."""
+    """A sample whose structure, dtype or shape is not that of the sample at index 0."""
 
 
 @dataclass

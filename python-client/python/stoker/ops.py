@@ -432,7 +432,7 @@ class PackSequences(Op):
     shorter than ``seq_len`` leave whole rows of it). Nothing carries over between batches
     (a batch is a function of its own documents), so this suits documents near ``seq_len``
     tokens long; to train on every token of a corpus, write its tokens to a token file and
-    read it with :class:`TokenWindows`, which drops none.
+    read it with :class:`TokenWindows`, which drops only the file's last, too short window.
     The batch holds int32 ``(B, seq_len)`` tensors ``"input_ids"``, ``"position_ids"``
     (0 at each document start and each row start) and ``"document_ids"`` (the document's
     place in the batch, -1 on padding: attend where they are equal).

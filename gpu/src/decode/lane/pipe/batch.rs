@@ -199,8 +199,13 @@ impl Pipe {
             Err(_) => return Ok(false),
         }
         // SAFETY: the event is the pipe's own.
-        let _ = unsafe { result::event::synchronize(self.done) };
-        Ok(true)
+        match unsafe { result::event::synchronize(self.done) } {
+            Err(sticky) if is_sticky(&sticky) => Err(GpuDecodeError::Broken(format!(
+                "cuEventSynchronize: {}, after an image decoded alone",
+                describe(sticky)
+            ))),
+            _ => Ok(true),
+        }
     }
 
     /// [`Pipe::run_batch`], and after a failure a wait for whatever the failed calls queued on
@@ -217,11 +222,17 @@ impl Pipe {
         let tried = self.run_batch(pending, out, decoded);
         if let Err(error) = &tried {
             // SAFETY: the pipe's own stream.
-            if let Err(sticky) = unsafe { result::stream::synchronize(self.stream) } {
-                return Err(GpuDecodeError::Broken(format!(
-                    "cuStreamSynchronize: {}, after {error}",
-                    describe(sticky)
-                )));
+            match unsafe { result::stream::synchronize(self.stream) } {
+                Err(sticky) if is_sticky(&sticky) => {
+                    return Err(GpuDecodeError::Broken(format!(
+                        "cuStreamSynchronize: {}, after {error}",
+                        describe(sticky)
+                    )));
+                }
+                Err(other) => {
+                    tracing::debug!(error = %describe(other), "waiting for a GPU lane pipe's stream after a failed decode")
+                }
+                Ok(()) => {}
             }
         }
         tried
@@ -469,9 +480,41 @@ fn poison_tail(decoded: usize, len: usize) -> Vec<u8> {
     (decoded - len..decoded).map(|at| pattern[at % 4]).collect()
 }
 
+/// Whether `error` is one CUDA keeps for every later call of its context (a kernel's fault:
+/// an illegal address or instruction, a failed launch, an uncorrectable ECC error...), as the
+/// CUDA programming guide lists them, rather than one of a call alone.
+fn is_sticky(error: &DriverError) -> bool {
+    use sys::cudaError_enum::*;
+    matches!(
+        error.0,
+        CUDA_ERROR_ILLEGAL_ADDRESS
+            | CUDA_ERROR_LAUNCH_FAILED
+            | CUDA_ERROR_ILLEGAL_INSTRUCTION
+            | CUDA_ERROR_MISALIGNED_ADDRESS
+            | CUDA_ERROR_INVALID_ADDRESS_SPACE
+            | CUDA_ERROR_INVALID_PC
+            | CUDA_ERROR_HARDWARE_STACK_ERROR
+            | CUDA_ERROR_ASSERT
+            | CUDA_ERROR_ECC_UNCORRECTABLE
+            | CUDA_ERROR_LAUNCH_TIMEOUT
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_kernels_fault_breaks_the_context_a_calls_own_error_does_not() {
+        use cudarc::driver::sys::cudaError_enum::*;
+        assert!(is_sticky(&DriverError(CUDA_ERROR_ILLEGAL_ADDRESS)));
+        assert!(is_sticky(&DriverError(CUDA_ERROR_LAUNCH_FAILED)));
+        assert!(!is_sticky(&DriverError(CUDA_ERROR_INVALID_VALUE)));
+        assert!(!is_sticky(&DriverError(CUDA_ERROR_INVALID_CONTEXT)));
+        assert!(!is_sticky(&DriverError(
+            CUDA_ERROR_STREAM_CAPTURE_INVALIDATED
+        )));
+    }
 
     #[test]
     fn the_fault_hook_takes_a_positive_count_and_ignores_anything_else() {
