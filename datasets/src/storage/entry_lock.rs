@@ -275,12 +275,23 @@ mod tests {
         unlock(&fetcher, &path).unwrap();
         assert!(try_lock(&mut early, false, &path).unwrap());
         assert!(is_current(&early, &path));
-        // A shared lock taken through a downgrade lands on the current file too.
+        // An exclusive lock taken through a descriptor of a removed file lands on the current
+        // file too, and so does the shared lock a downgrade takes.
         unlock(&early, &path).unwrap();
         std::fs::remove_file(&path).unwrap();
         let mut stale = fetcher;
         assert!(try_lock(&mut stale, true, &path).unwrap());
         assert!(is_current(&stale, &path), "locked again on the new file");
+        let mut downgraded = open_lock_file(&path).unwrap();
+        assert!(try_lock(&mut downgraded, true, &path).is_ok_and(|taken| !taken));
+        unlock(&stale, &path).unwrap();
+        assert!(try_lock(&mut downgraded, true, &path).unwrap());
+        std::fs::remove_file(&path).unwrap();
+        downgrade(&mut downgraded, &path).unwrap();
+        assert!(
+            is_current(&downgraded, &path),
+            "shared on the file the path names"
+        );
     }
 
     #[test]

@@ -254,6 +254,11 @@ where
                 continue;
             };
             let n = chunk.len().min(left);
+            // Room for what came and as much again (at most what is left): a few growths, and
+            // never more than the declared length in all.
+            if out.capacity() - out.len() < n {
+                out.reserve_exact(left.min(n.max(out.len())));
+            }
             out.extend_from_slice(&chunk[..n]);
             chunk.advance(n);
             if chunk.is_empty() {
