@@ -85,6 +85,22 @@ fn convert(images: &Path, format: &str, out: &Path, extra: &[&str]) {
     common::stdout_of(&[&args[..], extra].concat());
 }
 
+/// Copies the tar shards in `shards` and their `classes.txt` to `bucket` (a folder the test's
+/// S3 server serves); returns how many.
+fn upload_shards(shards: &Path, bucket: &Path) -> usize {
+    std::fs::create_dir_all(bucket).unwrap();
+    let mut objects = 0;
+    for entry in std::fs::read_dir(shards).unwrap() {
+        let path = entry.unwrap().path();
+        let name = path.file_name().unwrap().to_string_lossy().into_owned();
+        if name.ends_with(".tar") || name == "classes.txt" {
+            std::fs::copy(&path, bucket.join(&name)).unwrap();
+            objects += 1;
+        }
+    }
+    objects
+}
+
 #[test]
 fn digest_over_s3_equals_the_local_digest_cold_and_warm() {
     let dir = tempfile::tempdir().unwrap();
@@ -96,16 +112,7 @@ fn digest_over_s3_equals_the_local_digest_cold_and_warm() {
 
     let server = S3Server::start(&dir.path().join("server"));
     let bucket = server.bucket_dir("data").join("train");
-    std::fs::create_dir_all(&bucket).unwrap();
-    let mut objects = 0;
-    for entry in std::fs::read_dir(&shards).unwrap() {
-        let path = entry.unwrap().path();
-        let name = path.file_name().unwrap().to_string_lossy().into_owned();
-        if name.ends_with(".tar") || name == "classes.txt" {
-            std::fs::copy(&path, bucket.join(&name)).unwrap();
-            objects += 1;
-        }
-    }
+    let objects = upload_shards(&shards, &bucket) as u64;
     assert!(objects >= 3, "several shards and classes.txt");
     let cache = dir.path().join("cache");
     let local = shards.to_str().unwrap();
@@ -501,15 +508,7 @@ fn a_profile_of_the_shared_aws_files_gives_the_keys_the_environment_lacks() {
     let shards = dir.path().join("shards");
     convert(&images, "tar", &shards, &[]);
     let server = S3Server::start(&dir.path().join("server"));
-    let bucket = server.bucket_dir("data").join("train");
-    std::fs::create_dir_all(&bucket).unwrap();
-    for entry in std::fs::read_dir(&shards).unwrap() {
-        let path = entry.unwrap().path();
-        let name = path.file_name().unwrap().to_string_lossy().into_owned();
-        if name.ends_with(".tar") || name == "classes.txt" {
-            std::fs::copy(&path, bucket.join(&name)).unwrap();
-        }
-    }
+    upload_shards(&shards, &server.bucket_dir("data").join("train"));
     let home = dir.path().join("home");
     std::fs::create_dir_all(home.join(".aws")).unwrap();
     std::fs::write(
