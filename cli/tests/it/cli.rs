@@ -703,15 +703,7 @@ fn a_folder_of_two_formats_is_refused_alike_by_every_command() {
     common::make_images(&images, 8);
     let (shards, parquet) = (dir.path().join("shards"), dir.path().join("parquet"));
     for (to, out) in [("tar", &shards), ("parquet", &parquet)] {
-        stdout_of(&[
-            "convert",
-            "--from",
-            images.to_str().unwrap(),
-            "--to",
-            to,
-            "--out",
-            out.to_str().unwrap(),
-        ]);
+        stdout_of(&common::convert_args(&images, to, out, &[]));
     }
     // `inspect --image-column` is the column read (it was left out for Parquet).
     let refused = stoker(&[

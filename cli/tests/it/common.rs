@@ -145,6 +145,26 @@ fn newest_file(dir: &Path) -> Option<(PathBuf, std::time::SystemTime)> {
     newest
 }
 
+/// `stoker convert` of `folder` to `to` at `out`, with `extra` flags.
+pub fn convert_args<'a>(
+    folder: &'a Path,
+    to: &'a str,
+    out: &'a Path,
+    extra: &[&'a str],
+) -> Vec<&'a str> {
+    let mut args = vec![
+        "convert",
+        "--from",
+        folder.to_str().expect("a UTF-8 path"),
+        "--to",
+        to,
+        "--out",
+        out.to_str().expect("a UTF-8 path"),
+    ];
+    args.extend_from_slice(extra);
+    args
+}
+
 /// Runs `stoker` and returns its stdout, failing the test (with its stderr) if it fails.
 pub fn stdout_of(args: &[&str]) -> String {
     let output = stoker(args);

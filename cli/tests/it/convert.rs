@@ -6,27 +6,7 @@
 
 use std::path::Path;
 
-use crate::common::{self, stdout_of, stoker};
-
-/// `stoker convert` of `folder` to `to` at `out`, with `extra` flags.
-fn convert_args<'a>(
-    folder: &'a Path,
-    to: &'a str,
-    out: &'a Path,
-    extra: &[&'a str],
-) -> Vec<&'a str> {
-    let mut args = vec![
-        "convert",
-        "--from",
-        folder.to_str().unwrap(),
-        "--to",
-        to,
-        "--out",
-        out.to_str().unwrap(),
-    ];
-    args.extend_from_slice(extra);
-    args
-}
+use crate::common::{self, convert_args, stdout_of, stoker};
 
 /// The digest of the first 5 batches of `data`.
 fn digest(data: &Path, extra: &[&str]) -> String {

@@ -73,16 +73,7 @@ fn one_batch(data: &str) -> [&str; 7] {
 
 /// `stoker convert` of the image folder `images` to `format` in `out`, with `extra` flags.
 fn convert(images: &Path, format: &str, out: &Path, extra: &[&str]) {
-    let args = [
-        "convert",
-        "--from",
-        images.to_str().unwrap(),
-        "--to",
-        format,
-        "--out",
-        out.to_str().unwrap(),
-    ];
-    common::stdout_of(&[&args[..], extra].concat());
+    common::stdout_of(&common::convert_args(images, format, out, extra));
 }
 
 /// Copies the tar shards in `shards` and their `classes.txt` to `bucket` (a folder the test's
