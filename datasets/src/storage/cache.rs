@@ -3,8 +3,10 @@
 //!
 //! The parts, one module each: `entry` (an entry's files on disk, its check against the
 //! listing, the commit of a download), `entry_lock` (the entry locks), `download` (the S3
-//! side), `eviction` (the size cap), `options` and `stats`. This module ties them together:
-//! [`ObjectCache::fetch`] lists, checks, locks and downloads.
+//! side), `materialise` (entries brought in for a read: hits, downloads, waits for another
+//! process's, an entry evicted as its lock is turned shared fetched again), `eviction` (the
+//! size cap), `options` and `stats`. This module ties them together: [`ObjectCache::fetch`]
+//! lists, checks, locks and downloads.
 //!
 //! Concurrency: every entry has a lock file locked with `flock` (through fs4). A reader holds
 //! a shared lock for as long as it uses the file (a [`CachedObject`] keeps it); a fetch or an
@@ -37,20 +39,17 @@
 //! entry is protected from eviction while it is being read, not for the source's whole life;
 //! an entry evicted in between is fetched again on its next read.
 
-use std::fs::{File, OpenOptions};
+use std::fs::File;
 use std::ops::Range;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
 use object_store::ObjectMeta;
-use tracing::{debug, info};
+use tracing::info;
 
-use super::download::{self, Download, FetchPlan};
-use super::entry::{
-    commit, with_suffix, CachedObject, Entry, PartFile, Validity, PART_MARKER, RANGES_SUFFIX,
-};
-use super::entry_lock::{downgrade, touch, try_lock, unlock, wait_for_lock};
+use super::download::{self, FetchPlan};
+use super::entry::{CachedObject, Entry, PartFile};
 use super::eviction::evict_to_cap;
 use super::fetch_meter::FetchMeter;
 use super::options::ObjectCacheOptions;
@@ -74,7 +73,7 @@ pub(super) enum LockWait {
 
 /// An entry being downloaded: its place among those asked for, the entry, its lock (held
 /// exclusive) and the file its bytes go to.
-type Downloading = (usize, Entry, File, PartFile);
+pub(super) type Downloading = (usize, Entry, File, PartFile);
 
 /// A bucket's client for listings by key prefix ([`ObjectCache::lister`]).
 pub(crate) struct Lister {
@@ -88,9 +87,9 @@ pub(crate) struct Lister {
 /// but any number of instances and processes may share one folder.
 pub struct ObjectCache {
     pub(super) options: ObjectCacheOptions,
-    runtime: tokio::runtime::Runtime,
+    pub(super) runtime: tokio::runtime::Runtime,
     pub(super) counters: Counters,
-    next_part: AtomicU64,
+    pub(super) next_part: AtomicU64,
     /// Bytes fetched by range reads into the folder since the cap was last enforced, by
     /// every process using it.
     pub(super) fetch_meter: FetchMeter,
@@ -363,209 +362,6 @@ impl ObjectCache {
             .block_on(download::delete(store, location, key))
     }
 
-    /// Brings `wanted` into the cache (hits as they are, the rest downloaded together) and
-    /// returns them in order, each locked shared. Entries another process is fetching or
-    /// evicting are waited for as `wait` says, then [`Error::CacheLockTimeout`].
-    pub(super) fn materialise(
-        &self,
-        store: &Arc<Store>,
-        location: &RemoteLocation,
-        wanted: Vec<Wanted>,
-        reading: bool,
-        wait: LockWait,
-    ) -> Result<Vec<CachedObject>> {
-        let sources: Vec<(String, u64)> =
-            wanted.iter().map(|w| (w.key.clone(), w.offset)).collect();
-        let mut ready: Vec<Option<CachedObject>> = wanted.iter().map(|_| None).collect();
-        let mut to_fetch = Vec::new();
-        let mut contended = Vec::new();
-        for (position, object) in wanted.iter().map(|w| &w.meta).enumerate() {
-            let entry = Entry::new(&self.options.dir, location, object)?;
-            let mut lock = entry.open_lock()?;
-            if try_lock(&mut lock, false, &entry.lock)? {
-                if entry.is_valid() {
-                    ready[position] = Some(self.hit(entry, lock, reading));
-                    continue;
-                }
-                unlock(&lock, &entry.lock)?;
-            }
-            if try_lock(&mut lock, true, &entry.lock)? {
-                if entry.validity() == Validity::Valid {
-                    downgrade(&mut lock, &entry.lock)?;
-                    // Evicted in the downgrade's gap: fetched again below.
-                    if entry.is_valid() {
-                        ready[position] = Some(self.hit(entry, lock, reading));
-                        continue;
-                    }
-                    contended.push((position, entry, lock));
-                } else {
-                    to_fetch.push((position, entry, lock));
-                }
-            } else {
-                contended.push((position, entry, lock));
-            }
-        }
-        for (position, object) in self.download(store, to_fetch, &sources, reading)? {
-            ready[position] = Some(object);
-        }
-        // Entries another process was fetching or evicting: wait for it, then use its copy or
-        // fetch ours.
-        let deadline = match wait {
-            LockWait::InAll(wait) => Some(Instant::now() + wait),
-            LockWait::Each(_) => None,
-        };
-        for (position, entry, mut lock) in contended {
-            let timeout = match (wait, deadline) {
-                (_, Some(deadline)) => deadline.saturating_duration_since(Instant::now()),
-                (LockWait::Each(wait) | LockWait::InAll(wait), None) => wait,
-            };
-            // A whole object is waited for as long as its download keeps writing; a range is
-            // read past the cache once its short wait is over.
-            let written = matches!(wait, LockWait::Each(_)).then_some(entry.data.as_path());
-            wait_for_lock(&mut lock, false, &entry.lock, timeout, written)?;
-            if entry.is_valid() {
-                ready[position] = Some(self.hit(entry, lock, reading));
-                continue;
-            }
-            unlock(&lock, &entry.lock)?;
-            wait_for_lock(&mut lock, true, &entry.lock, timeout, written)?;
-            if entry.validity() == Validity::Valid {
-                downgrade(&mut lock, &entry.lock)?;
-                if entry.is_valid() {
-                    ready[position] = Some(self.hit(entry, lock, reading));
-                    continue;
-                }
-                // Evicted in the downgrade's gap: fetched again, under the exclusive lock.
-                unlock(&lock, &entry.lock)?;
-                wait_for_lock(&mut lock, true, &entry.lock, timeout, written)?;
-            }
-            for (position, object) in
-                self.download(store, vec![(position, entry, lock)], &sources, reading)?
-            {
-                ready[position] = Some(object);
-            }
-        }
-        Ok(ready.into_iter().flatten().collect())
-    }
-
-    /// Records a hit on an entry whose lock is held shared.
-    fn hit(&self, entry: Entry, lock: File, reading: bool) -> CachedObject {
-        touch(&lock, &entry.lock);
-        if reading {
-            self.counters.hits.fetch_add(1, Ordering::Relaxed);
-            self.counters
-                .bytes_from_cache
-                .fetch_add(entry.listed.size, Ordering::Relaxed);
-        }
-        entry.into_cached(lock)
-    }
-
-    /// Downloads entries whose locks are held exclusive, commits them, and returns them with
-    /// their locks turned shared.
-    fn download(
-        &self,
-        store: &Arc<Store>,
-        entries: Vec<(usize, Entry, File)>,
-        sources: &[(String, u64)],
-        reading: bool,
-    ) -> Result<Vec<(usize, CachedObject)>> {
-        if entries.is_empty() {
-            return Ok(Vec::new());
-        }
-        let mut parts = Vec::with_capacity(entries.len());
-        for (_, entry, _) in &entries {
-            let number = self.next_part.fetch_add(1, Ordering::Relaxed);
-            let path = with_suffix(
-                &entry.data,
-                &format!("{PART_MARKER}{}-{number}", std::process::id()),
-            );
-            let file = OpenOptions::new()
-                .read(true)
-                .write(true)
-                .create(true)
-                .truncate(true)
-                .open(&path)
-                .map_err(|source| Error::cache(&path, source))?;
-            let part = PartFile {
-                path,
-                file: Arc::new(file),
-                committed: false,
-            };
-            part.file
-                .set_len(entry.listed.size)
-                .map_err(|source| Error::cache(&part.path, source))?;
-            parts.push(part);
-        }
-        let downloads: Vec<Download> = entries
-            .iter()
-            .zip(&parts)
-            .map(|((position, entry, _), part)| Download {
-                key: sources[*position].0.clone(),
-                e_tag: entry.listed.e_tag.clone(),
-                uri: entry.uri.clone(),
-                size: entry.listed.size,
-                offset: sources[*position].1,
-                file: Arc::clone(&part.file),
-                part: part.path.clone(),
-            })
-            .collect();
-        let plan = FetchPlan {
-            part_size: self.options.part_size,
-            concurrency: self.options.concurrency,
-            max_attempts: self.options.max_attempts,
-        };
-        // Each entry is committed, and its lock turned shared, as soon as its bytes are in:
-        // another process waiting for it (a rank beside this one) takes it then, not once
-        // every object of the batch has come; one that fails leaves those done committed.
-        let pending: Vec<std::sync::Mutex<Option<Downloading>>> = entries
-            .into_iter()
-            .zip(parts)
-            .map(|((position, entry, lock), part)| {
-                std::sync::Mutex::new(Some((position, entry, lock, part)))
-            })
-            .collect();
-        let fetched = std::sync::Mutex::new(Vec::with_capacity(pending.len()));
-        let done = |index: usize| -> Result<()> {
-            let taken = pending
-                .get(index)
-                .and_then(|slot| slot.lock().ok().and_then(|mut slot| slot.take()));
-            let Some((position, entry, mut lock, mut part)) = taken else {
-                return Ok(());
-            };
-            commit(&entry, &part, entry.key.contains(RANGES_SUFFIX))?;
-            part.committed = true;
-            downgrade(&mut lock, &entry.lock)?;
-            touch(&lock, &entry.lock);
-            let counter = if reading {
-                &self.counters.misses
-            } else {
-                &self.counters.read_ahead
-            };
-            counter.fetch_add(1, Ordering::Relaxed);
-            debug!(uri = %entry.uri, bytes = entry.listed.size, "fetched object into the cache");
-            if let Ok(mut fetched) = fetched.lock() {
-                fetched.push((position, entry.into_cached(lock)));
-            }
-            Ok(())
-        };
-        self.runtime.block_on(download::download_all(
-            Arc::clone(store),
-            &downloads,
-            plan,
-            &self.counters,
-            &done,
-        ))?;
-        drop(downloads);
-        let fetched = fetched.into_inner().unwrap_or_default();
-        if fetched.len() != pending.len() {
-            return Err(Error::cache(
-                &self.options.dir,
-                std::io::Error::other("a download ended without all its objects"),
-            ));
-        }
-        Ok(fetched)
-    }
-
     /// Evicts least-recently-used entries nobody holds until the cached objects fit the cap.
     /// Entries in use (locked by any process) are skipped; leftover downloads of dead
     /// processes are removed on the way.
@@ -582,7 +378,8 @@ mod tests {
 
     use super::super::cached_ranges::range_wanted;
     use super::*;
-    use crate::storage::entry::{LOCK_SUFFIX, META_SUFFIX};
+    use crate::storage::entry::{LOCK_SUFFIX, META_SUFFIX, PART_MARKER};
+    use crate::storage::entry_lock::try_lock;
 
     /// The cache reads through whatever object store it is given: an in-memory one here, in
     /// the builds with and without the S3 client alike.

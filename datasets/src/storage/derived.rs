@@ -14,7 +14,7 @@
 //! file renamed into place when complete; the size cap and LRU eviction count it like any
 //! entry, and never evict one in use.
 
-use std::fs::{File, OpenOptions};
+use std::fs::File;
 use std::io::Write;
 use std::path::{Component, Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -26,8 +26,9 @@ use tracing::info;
 use super::entry::{
     with_suffix, write_atomically, CachedObject, LOCAL_ROOT, LOCK_SUFFIX, META_SUFFIX, PART_MARKER,
 };
-use super::entry_lock::{downgrade, touch, unlock, wait_for_lock};
+use super::entry_lock::{downgrade, open_lock_file, touch, unlock, wait_for_lock};
 use super::eviction::evict_to_cap;
+use super::materialise::MAX_FETCHES;
 use super::options::ObjectCacheOptions;
 use super::stats::Counters;
 use crate::error::{Error, Result};
@@ -98,57 +99,65 @@ pub fn derived_copy(
     let data = copy_path(&options.dir, source, transform, identity)?;
     let meta = with_suffix(&data, META_SUFFIX);
     let lock_path = with_suffix(&data, LOCK_SUFFIX);
-    if let Some(parent) = data.parent() {
-        std::fs::create_dir_all(parent).map_err(|error| Error::cache(parent, error))?;
-    }
-    let mut lock = OpenOptions::new()
-        .read(true)
-        .write(true)
-        .create(true)
-        .truncate(false)
-        .open(&lock_path)
-        .map_err(|error| Error::cache(&lock_path, error))?;
+    let mut lock = open_lock_file(&lock_path)?;
     let cached = |size: u64, lock: File| {
         touch(&lock, &lock_path);
         CachedObject::local(source, data.clone(), size, lock)
     };
-    // Shared first: a process making the copy holds the lock exclusive until it is complete,
-    // then shared while it reads it, for the whole job; waiting for an exclusive lock would
-    // wait for that job to end, not for the copy.
-    wait_for_lock(
-        &mut lock,
-        false,
-        &lock_path,
-        options.lock_timeout,
-        Some(&data),
-    )?;
-    if let Some(size) = is_valid(&data, &meta, identity) {
-        return Ok(cached(size, lock));
+    let (timeout, written) = (options.lock_timeout, Some(data.as_path()));
+    // An eviction may take the copy as a lock is turned shared: it is made again, a few
+    // times at most.
+    for _ in 0..MAX_FETCHES {
+        // Shared first: a process making the copy holds the lock exclusive until it is
+        // complete, then shared while it reads it, for the whole job; waiting for an exclusive
+        // lock would wait for that job to end, not for the copy.
+        wait_for_lock(&mut lock, false, &lock_path, timeout, written)?;
+        if let Some(size) = is_valid(&data, &meta, identity) {
+            return Ok(cached(size, lock));
+        }
+        unlock(&lock, &lock_path)?;
+        wait_for_lock(&mut lock, true, &lock_path, timeout, written)?;
+        if is_valid(&data, &meta, identity).is_none() {
+            make_copy(options.max_bytes, source, &data, &meta, identity, make)?;
+        }
+        downgrade(&mut lock, &lock_path, timeout, written)?;
+        if let Some(size) = is_valid(&data, &meta, identity) {
+            let object = cached(size, lock);
+            evict_to_cap(&options.dir, options.max_bytes, &Counters::default())?;
+            return Ok(object);
+        }
+        unlock(&lock, &lock_path)?;
     }
-    unlock(&lock, &lock_path)?;
-    wait_for_lock(
-        &mut lock,
-        true,
-        &lock_path,
-        options.lock_timeout,
-        Some(&data),
-    )?;
-    if let Some(size) = is_valid(&data, &meta, identity) {
-        downgrade(&mut lock, &lock_path)?;
-        return Ok(cached(size, lock));
-    }
+    Err(Error::cache(
+        &data,
+        std::io::Error::other(format!(
+            "evicted by another reader each of the {MAX_FETCHES} times it was made, before it \
+             could be read: the cache cap ({} bytes) is smaller than the files in use at once",
+            options.max_bytes
+        )),
+    ))
+}
 
+/// Makes the copy of `source` at `data` through `make`, its metadata at `meta` written last;
+/// the lock is held exclusive.
+fn make_copy(
+    max_bytes: u64,
+    source: &Path,
+    data: &Path,
+    meta: &Path,
+    identity: (u64, u128),
+    make: &dyn Fn(&Path, &mut dyn Write) -> Result<()>,
+) -> Result<()> {
     let started = std::time::Instant::now();
     let part = with_suffix(
-        &data,
+        data,
         &format!(
             "{PART_MARKER}{}-{}",
             std::process::id(),
             NEXT_PART.fetch_add(1, Ordering::Relaxed)
         ),
     );
-    let made = write_part(&part, source, options.max_bytes, make);
-    let size = match made {
+    let size = match write_part(&part, source, max_bytes, make) {
         Ok(size) => size,
         Err(error) => {
             let _ = std::fs::remove_file(&part);
@@ -156,23 +165,22 @@ pub fn derived_copy(
         }
     };
     // Invalidate first so no reader trusts old metadata with new bytes in between.
-    match std::fs::remove_file(&meta) {
+    match std::fs::remove_file(meta) {
         Ok(()) => {}
         Err(error) if error.kind() == std::io::ErrorKind::NotFound => {}
-        Err(error) => return Err(Error::cache(&meta, error)),
+        Err(error) => return Err(Error::cache(meta, error)),
     }
-    std::fs::rename(&part, &data).map_err(|error| Error::cache(&data, error))?;
+    std::fs::rename(&part, data).map_err(|error| Error::cache(data, error))?;
     let recorded = DerivedMeta {
         source_size: identity.0,
         source_modified_ns: identity.1,
         size,
     };
     let text = serde_json::to_vec(&recorded).map_err(|error| Error::Manifest {
-        path: meta.clone(),
+        path: meta.to_path_buf(),
         source: error,
     })?;
-    write_atomically(&meta, &text).map_err(|error| Error::cache(&meta, error))?;
-    downgrade(&mut lock, &lock_path)?;
+    write_atomically(meta, &text).map_err(|error| Error::cache(meta, error))?;
     info!(
         source = %source.display(),
         copy = %data.display(),
@@ -180,9 +188,7 @@ pub fn derived_copy(
         elapsed_ms = started.elapsed().as_millis() as u64,
         "made a derived copy in the cache tier"
     );
-    let object = cached(size, lock);
-    evict_to_cap(&options.dir, options.max_bytes, &Counters::default())?;
-    Ok(object)
+    Ok(())
 }
 
 /// Writes the copy into `part` through a writer that refuses to pass `max_bytes`; its size.

@@ -160,16 +160,19 @@ pub(super) fn unlock(file: &File, path: &Path) -> Result<()> {
 /// Turns the exclusive lock held on `file` into a shared one, marking the entry used first:
 /// `flock` converts a lock by dropping it and taking the other kind, and an evictor that tries
 /// the lock in that gap takes the least recently used entries first, so the entry goes
-/// there as the newest. An entry evicted in that gap (its lock file removed) is locked shared
-/// through the file at `path` now, which the caller finds holding no valid entry.
-pub(super) fn downgrade(file: &mut File, path: &Path) -> Result<()> {
+/// there as the newest. Another process may take the lock exclusive in that gap (an evictor,
+/// or a fetch of the file the path names after an eviction): the shared lock is waited for
+/// as [`wait_for_lock`] waits, up to `timeout`. An entry evicted in that gap (its lock file
+/// removed) is locked shared through the file at `path` now, which the caller finds holding
+/// no valid entry.
+pub(super) fn downgrade(
+    file: &mut File,
+    path: &Path,
+    timeout: Duration,
+    written: Option<&Path>,
+) -> Result<()> {
     touch(file, path);
-    loop {
-        FileExt::lock_shared(file).map_err(|source| Error::cache(path, source))?;
-        if kept_or_reopened(file, path)? {
-            return Ok(());
-        }
-    }
+    wait_for_lock(file, false, path, timeout, written)
 }
 
 /// Marks the entry as just used (the eviction order reads it back).
@@ -287,11 +290,38 @@ mod tests {
         unlock(&stale, &path).unwrap();
         assert!(try_lock(&mut downgraded, true, &path).unwrap());
         std::fs::remove_file(&path).unwrap();
-        downgrade(&mut downgraded, &path).unwrap();
+        downgrade(&mut downgraded, &path, Duration::from_secs(5), None).unwrap();
         assert!(
             is_current(&downgraded, &path),
             "shared on the file the path names"
         );
+    }
+
+    /// A downgrade whose lock file an eviction replaced, the new one held exclusive by another
+    /// process (fetching it, or stopped), ends at its timeout: it waited for good.
+    #[test]
+    fn a_downgrade_onto_a_file_held_exclusive_elsewhere_ends_at_its_timeout() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("entry.stoker-lock");
+        let mut ours = open_lock_file(&path).unwrap();
+        assert!(try_lock(&mut ours, true, &path).unwrap());
+        std::fs::remove_file(&path).unwrap();
+        let mut other = open_lock_file(&path).unwrap();
+        assert!(try_lock(&mut other, true, &path).unwrap());
+        let (sender, receiver) = std::sync::mpsc::channel();
+        let downgraded = path.clone();
+        std::thread::spawn(move || {
+            let timeout = Duration::from_millis(300);
+            let _ = sender.send(downgrade(&mut ours, &downgraded, timeout, None));
+        });
+        let result = receiver
+            .recv_timeout(Duration::from_secs(20))
+            .expect("the downgrade returns");
+        assert!(
+            matches!(result, Err(Error::CacheLockTimeout { .. })),
+            "{result:?}"
+        );
+        unlock(&other, &path).unwrap();
     }
 
     #[test]
@@ -302,7 +332,7 @@ mod tests {
         let mut file = File::create(&path).unwrap();
         file.set_modified(SystemTime::UNIX_EPOCH).unwrap();
         assert!(try_lock(&mut file, true, &path).unwrap());
-        downgrade(&mut file, &path).unwrap();
+        downgrade(&mut file, &path, Duration::from_secs(5), None).unwrap();
         let age = std::fs::metadata(&path)
             .unwrap()
             .modified()

@@ -47,6 +47,7 @@ mod entry;
 mod entry_lock;
 mod eviction;
 mod fetch_meter;
+mod materialise;
 mod options;
 mod prefetch;
 mod remote_object;
