@@ -329,17 +329,52 @@ def test_the_autoscaler_scales_the_workers_on_the_coordinators_gauge() -> None:
     assert "name" not in rule, "served under its Prometheus name"
     assert re.fullmatch(r"max\(<<\.Series>>\{<<\.LabelMatchers>>\}\)", rule["metricsQuery"])
 
-    # Prometheus finds the gauge where the coordinator serves it, without the token.
-    template = get("Deployment", COORDINATOR)["spec"]["template"]
-    annotations = template["metadata"]["annotations"]
+    # Prometheus finds the gauge where the coordinator serves it, without the token, over
+    # HTTPS, checking the certificate for a name it holds: it dials the pod's IP address.
+    job = scrape_job()
     command = only_container(COORDINATOR)["command"]
-    assert annotations["prometheus.io/scrape"] == "true"
-    assert annotations["prometheus.io/port"] == str(port_of(flag(command, "--http")))
-    assert annotations["prometheus.io/path"] == "/metrics"
     assert "--metrics-without-token" in command
-    # The dashboard serves HTTPS with the daemons' certificate: the scraper is told so.
     assert "--tls-cert" in command
-    assert annotations["prometheus.io/scheme"] == "https"
+    assert (job["scheme"], job["metrics_path"]) == ("https", "/metrics")
+    assert job["tls_config"]["server_name"] == COORDINATOR
+    assert f"`{COORDINATOR}`" in (DEPLOY / "README.md").read_text(), "a name the cert must hold"
+    [keep, namespace] = job["relabel_configs"]
+    assert keep["action"] == "keep"
+    assert namespace == {"source_labels": ["__meta_kubernetes_namespace"],
+                         "target_label": "namespace"}
+
+    def kept(deployment: str, port: int) -> bool:
+        labels = {re.sub(r"[^A-Za-z0-9_]", "_", name): value
+                  for name, value in pod_labels(deployment).items()}
+        values = []
+        for source in keep["source_labels"]:
+            if source == "__meta_kubernetes_pod_container_port_number":
+                values.append(str(port))
+            else:
+                values.append(labels.get(source.removeprefix("__meta_kubernetes_pod_label_"), ""))
+        return re.fullmatch(keep["regex"], ";".join(values)) is not None
+
+    http = port_of(flag(command, "--http"))
+    assert kept(COORDINATOR, http)
+    assert not kept(COORDINATOR, port_of(flag(command, "--listen")))
+    assert not kept(WORKERS, http)
+    # A job driven by pod annotations would scrape the IP address and fail every scrape.
+    annotations = get("Deployment", COORDINATOR)["spec"]["template"]["metadata"]["annotations"]
+    assert not [name for name in annotations if name.startswith("prometheus.io/")]
+
+
+def scrape_job() -> dict[str, Any]:
+    """The Prometheus scrape job of ``deploy/prometheus-scrape.yaml``."""
+    [job] = yaml.safe_load((DEPLOY / "prometheus-scrape.yaml").read_text())
+    assert job["job_name"] == COORDINATOR
+    return dict(job)
+
+
+@pytest.mark.parametrize("deployment", [COORDINATOR, WORKERS])
+def test_the_daemon_is_not_pid_1_of_its_pod(deployment: str) -> None:
+    # PID 1 drops a signal it has no handler for: a SIGTERM before the daemon's handler is
+    # installed (the coordinator opening its journal) waited for the grace period's SIGKILL.
+    assert pod_spec(deployment)["shareProcessNamespace"] is True
 
 
 # --- the image -----------------------------------------------------------------------------------
@@ -458,15 +493,31 @@ def free_port() -> int:
         return int(probe.getsockname()[1])
 
 
-def http_answer(port: int, path: str, tls_ca: str | None = None) -> tuple[int, str] | None:
-    """Status and body of ``GET path`` on 127.0.0.1:port (over HTTPS to ``localhost``, trusting
-    ``tls_ca``, when it is given), or None when nothing answers."""
+class NamedHTTPSConnection(http.client.HTTPSConnection):
+    """HTTPS to 127.0.0.1 whose certificate is checked for ``server_name``, as a Prometheus
+    scrape job with ``tls_config.server_name`` dials a pod's IP address."""
+
+    def __init__(self, port: int, context: ssl.SSLContext, server_name: str) -> None:
+        super().__init__("127.0.0.1", port, timeout=3, context=context)
+        self.tls_context = context
+        self.server_name = server_name
+
+    def connect(self) -> None:
+        http.client.HTTPConnection.connect(self)
+        self.sock = self.tls_context.wrap_socket(self.sock, server_hostname=self.server_name)
+
+
+def http_answer(port: int, path: str, tls_ca: str | None = None,
+                server_name: str = "localhost") -> tuple[int, str] | None:
+    """Status and body of ``GET path`` on 127.0.0.1:port (over HTTPS, trusting ``tls_ca`` and
+    checking the certificate for ``server_name``, when it is given), or None when nothing
+    answers."""
     connection: http.client.HTTPConnection
     if tls_ca is None:
         connection = http.client.HTTPConnection("127.0.0.1", port, timeout=3)
     else:
         context = ssl.create_default_context(cafile=tls_ca)
-        connection = http.client.HTTPSConnection("localhost", port, timeout=3, context=context)
+        connection = NamedHTTPSConnection(port, context, server_name)
     try:
         connection.request("GET", path)
         response = connection.getresponse()
@@ -603,7 +654,9 @@ def probes(deployment: str, pod: LocalPod) -> dict[str, tuple[int, str]]:
 
 
 def metric(port: int, name: str, tls_ca: str) -> float | None:
-    answer = http_answer(port, "/metrics", tls_ca)
+    """``name``'s value on the coordinator's /metrics at ``port``, scraped as the scrape job
+    of ``deploy/prometheus-scrape.yaml`` does."""
+    answer = http_answer(port, "/metrics", tls_ca, scrape_job()["tls_config"]["server_name"])
     if answer is None or answer[0] != 200:
         return None
     found = re.search(rf"^{name} (\S+)$", answer[1], re.MULTILINE)
@@ -657,7 +710,8 @@ def copied(loader: stoker.Loader) -> tuple[list[dict[str, np.ndarray]], list[int
 def test_process_the_containers_commands_serve_an_epoch_and_stop_on_sigterm(
     dataset: Path, tmp_path: Path
 ) -> None:
-    ca, cert, key = write_test_certificates(tmp_path, ["localhost"])
+    # The names deploy/README.md has the certificate hold, the cluster's DNS names as localhost.
+    ca, cert, key = write_test_certificates(tmp_path, ["localhost", COORDINATOR])
     secrets = {
         "stoker-token": {"token": TOKEN},
         DASHBOARD_SECRET: {"token": DASHBOARD_TOKEN},
@@ -692,9 +746,18 @@ def test_process_the_containers_commands_serve_an_epoch_and_stop_on_sigterm(
             for port, path in probes(WORKERS, worker).values():
                 wait_for_200(port, path)
 
-        annotations = get("Deployment", COORDINATOR)["spec"]["template"]["metadata"]["annotations"]
-        scraped = coordinator.local_port(int(annotations["prometheus.io/port"]))
+        scraped = coordinator.local_port(
+            port_of(flag(only_container(COORDINATOR)["command"], "--http")))
         assert wait_for_metric(scraped, "stoker_workers", ca, 2) == 2
+        # The certificate checked for the IP address the scrape dials, as a job without
+        # server_name checks it: refused.
+        with pytest.raises(ssl.SSLCertVerificationError):
+            connection = NamedHTTPSConnection(scraped, ssl.create_default_context(cafile=ca),
+                                              "127.0.0.1")
+            try:
+                connection.request("GET", "/metrics")
+            finally:
+                connection.close()
 
         options: dict[str, Any] = {
             "pipeline": stoker.vision.imagenet_train(SMALL_CROP), "batch_size": 16,
