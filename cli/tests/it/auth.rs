@@ -832,3 +832,69 @@ fn bench_transport_states_tls_beside_plaintext() {
         "{report}"
     );
 }
+
+/// The coordinator command lines of the top README, joined across their `\` continuations.
+fn readme_coordinator_commands() -> Vec<String> {
+    let readme = Path::new(env!("CARGO_MANIFEST_DIR")).join("../README.md");
+    let text = std::fs::read_to_string(readme).unwrap();
+    let mut commands = Vec::new();
+    let mut lines = text.lines();
+    while let Some(line) = lines.next() {
+        if !line.starts_with("stoker coordinator ") {
+            continue;
+        }
+        let mut command = line.to_string();
+        while command.ends_with('\\') {
+            command.pop();
+            command.push(' ');
+            command.push_str(lines.next().unwrap_or_default().trim());
+        }
+        commands.push(command);
+    }
+    commands
+}
+
+/// The README's coordinator commands start as written, its files and ports put in place
+/// (optional flags in brackets given): two of them served a dashboard off loopback without
+/// its credential, which the coordinator refuses as it starts.
+#[test]
+fn the_readmes_coordinator_commands_start_as_written() {
+    let commands = readme_coordinator_commands();
+    assert!(commands.len() >= 2, "{commands:?}");
+    let dir = tempfile::tempdir().unwrap();
+    let keys = keys(dir.path());
+    let pki = certificates(&dir.path().join("pki"));
+    for (n, command) in commands.iter().enumerate() {
+        let state = dir.path().join(format!("state-{n}"));
+        let args: Vec<String> = command
+            .split_whitespace()
+            .skip(1)
+            .map(|word| match word.trim_matches(['[', ']']) {
+                "/var/lib/stoker" => path(&state).to_string(),
+                "/etc/stoker/token" => path(&keys.token).to_string(),
+                "/etc/stoker/dashboard-token" => path(&keys.credential).to_string(),
+                "coord.pem" => path(&pki.cert).to_string(),
+                "coord.key" => path(&pki.key).to_string(),
+                "ca.pem" => path(&pki.ca).to_string(),
+                // Its own port, on the interface the README names.
+                address if address.contains(':') => {
+                    format!("{}:0", address.rsplit_once(':').unwrap().0)
+                }
+                other => other.to_string(),
+            })
+            .collect();
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let log = dir.path().join(format!("coordinator-{n}.log"));
+        let file = File::create(&log).unwrap();
+        let started = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            Daemon::start_logging_to(env!("CARGO_BIN_EXE_stoker"), &args, file)
+        }));
+        let logged = std::fs::read_to_string(&log).unwrap_or_default();
+        let mut daemon = started
+            .unwrap_or_else(|_| panic!("the README's `{command}` does not start: {logged}"));
+        assert!(
+            daemon.wait_exit(Duration::from_millis(500)).is_none(),
+            "the README's `{command}` exited: {logged}"
+        );
+    }
+}
