@@ -67,6 +67,7 @@ pub(super) fn client_snapshot(stats: &ClientStats, threads: usize) -> MonitorSna
         slot_capacity: stats.prefetch_target as usize,
         slot_bytes: 0,
         threads,
+        threads_shared: true,
         report_age_s: None,
     }
 }

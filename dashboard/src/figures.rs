@@ -144,6 +144,10 @@ pub struct MonitorSnapshot {
     pub slot_bytes: usize,
     /// Decode threads.
     pub threads: usize,
+    /// Whether `threads` are remote workers' shared with other jobs (the coordinator's
+    /// estimate of a rank's share), not the loader's own: their busy share then names no
+    /// verdict.
+    pub threads_shared: bool,
     /// Seconds since a remote client's last report, once it is older than the reports'
     /// period allows (1.5 s); `None` while reports come, and for a loader in this process.
     pub report_age_s: Option<f64>,

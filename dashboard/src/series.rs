@@ -26,6 +26,10 @@ const MIN_VERDICT_SECONDS: f64 = 2.0;
 /// Stall above this share of the time means the input pipeline holds the trainer back.
 const INPUT_BOUND_STALL_PCT: f64 = 5.0;
 
+/// Below this share of their time busy, the decode threads are not what an input-bound job
+/// waits on, and no stage of theirs is named.
+const DECODE_THREADS_BUSY_PCT: f64 = 50.0;
+
 /// Stall below this share of the time means the trainer is the bottleneck.
 const COMPUTE_BOUND_STALL_PCT: f64 = 1.0;
 
@@ -47,6 +51,10 @@ pub enum Verdict {
     /// The trainer waited more than 5% of the time; the named stage costs the most ("no batch
     /// built" when no batch was built over the window).
     InputBound(&'static str),
+    /// The trainer waited more than 5% of the time while the decode threads were busy less
+    /// than half of theirs: the wait is elsewhere (batches handed over one by one, the wire, a
+    /// remote worker, the GPU decode lane), not in a stage of theirs.
+    NotTheDecodeThreads,
     /// The trainer waited more than 5% of the time, mostly for the first batch of an epoch.
     EpochBoundary,
     /// The GPU decode lane's work beside the training step cost the consumer's GPU stream more
@@ -67,6 +75,9 @@ impl std::fmt::Display for Verdict {
             Self::Starting => f.write_str("starting"),
             Self::Idle => f.write_str("idle"),
             Self::InputBound(stage) => write!(f, "input-bound: {stage}"),
+            Self::NotTheDecodeThreads => {
+                f.write_str("input-bound: not the decode threads (mostly idle)")
+            }
             Self::EpochBoundary => f.write_str("input-bound: epoch boundary"),
             Self::LaneBeside => f.write_str("input-bound: GPU decode beside the step"),
             Self::Balanced => f.write_str("balanced"),
@@ -429,15 +440,17 @@ impl JobSeries {
             // The trainer's step is already a smoothed figure: the newest one stands for the window.
             step = point.time.trainer_ms;
         }
+        let mut own_threads = None;
         if let Some(snapshot) = &self.latest {
             threads = Some(snapshot.threads);
+            own_threads = (!snapshot.threads_shared).then_some(snapshot.threads);
         }
         let mut time = TimePerSample::new(&sum, threads.unwrap_or(0), None, None);
         time.trainer_ms = step;
         let stall_pct = sum.stall_pct();
         let verdict = match self.points.get(end).and_then(|point| point.report_age_s) {
             Some(age) => Verdict::Silent(age as u64),
-            None => verdict_of(&sum),
+            None => verdict_of(&sum, own_threads),
         };
         Window {
             seconds: round(sum.elapsed_s, 1),
@@ -456,8 +469,9 @@ fn window_readings() -> usize {
     (VERDICT_WINDOW.as_millis() / SAMPLE_INTERVAL.as_millis()).max(1) as usize
 }
 
-/// What held the job back over a window's figures.
-fn verdict_of(sum: &Delta) -> Verdict {
+/// What held the job back over a window's figures, `threads` decode threads building its
+/// batches (unknown: `None`).
+fn verdict_of(sum: &Delta, threads: Option<usize>) -> Verdict {
     if sum.elapsed_s < MIN_VERDICT_SECONDS {
         return Verdict::Starting;
     }
@@ -489,7 +503,15 @@ fn verdict_of(sum: &Delta) -> Verdict {
     }
     match stall {
         Some(stall) if stall > INPUT_BOUND_STALL_PCT => {
-            Verdict::InputBound(dominant_stage(&sum.stages_s))
+            let busy = threads.filter(|&n| n > 0).and_then(|n| sum.busy_pct(n));
+            let stage = dominant_stage(&sum.stages_s);
+            // A stage is named only where the threads were busy enough to be what is waited
+            // on (a window with no batch built names that).
+            if stage != NO_BATCH_BUILT && busy.is_some_and(|busy| busy < DECODE_THREADS_BUSY_PCT) {
+                Verdict::NotTheDecodeThreads
+            } else {
+                Verdict::InputBound(stage)
+            }
         }
         Some(stall) if stall < COMPUTE_BOUND_STALL_PCT => Verdict::ComputeBound,
         Some(_) => Verdict::Balanced,
@@ -815,15 +837,15 @@ mod tests {
         slowed.gpu_span_s = 10.0;
         slowed.gpu_lane_cost_s = 2.0;
         assert_eq!(slowed.gpu_lane_cost_pct(), Some(20.0));
-        assert_eq!(verdict_of(&slowed), Verdict::LaneBeside);
+        assert_eq!(verdict_of(&slowed, None), Verdict::LaneBeside);
         // Under the line: the verdict the wait gives.
         slowed.gpu_lane_cost_s = 0.3;
-        assert_eq!(verdict_of(&slowed), Verdict::ComputeBound);
+        assert_eq!(verdict_of(&slowed, None), Verdict::ComputeBound);
         // A wait larger than the lane's cost names the stage it waits on.
         let mut waiting = delta(10.0, 3.0, 1000, [0.0, 4.0, 1.0, 0.0]);
         waiting.gpu_span_s = 10.0;
         waiting.gpu_lane_cost_s = 1.0;
-        assert_eq!(verdict_of(&waiting), Verdict::InputBound("decode"));
+        assert_eq!(verdict_of(&waiting, None), Verdict::InputBound("decode"));
         // Nothing measured on the GPU: no lane figure.
         assert_eq!(delta(10.0, 0.0, 1000, [0.0; 4]).gpu_lane_cost_pct(), None);
     }
@@ -832,29 +854,35 @@ mod tests {
     fn a_stall_mostly_at_epoch_starts_is_named_as_such() {
         let mut boundary = delta(10.0, 1.0, 1000, [0.0, 4.0, 1.0, 0.0]);
         boundary.epoch_start_wait_s = 0.8;
-        assert_eq!(verdict_of(&boundary), Verdict::EpochBoundary);
+        assert_eq!(verdict_of(&boundary, None), Verdict::EpochBoundary);
         let mut decode = delta(10.0, 1.0, 1000, [0.0, 4.0, 1.0, 0.0]);
         decode.epoch_start_wait_s = 0.2;
-        assert_eq!(verdict_of(&decode), Verdict::InputBound("decode"));
+        assert_eq!(verdict_of(&decode, None), Verdict::InputBound("decode"));
         let mut quiet = delta(10.0, 0.05, 1000, [0.0, 4.0, 1.0, 0.0]);
         quiet.epoch_start_wait_s = 0.05;
-        assert_eq!(verdict_of(&quiet), Verdict::ComputeBound);
+        assert_eq!(verdict_of(&quiet, None), Verdict::ComputeBound);
     }
 
     #[test]
     fn a_trainer_blocked_for_the_whole_window_is_input_bound_not_idle() {
         // Each batch takes longer than the window: no sample, the wait the whole time.
         let blocked = delta(10.0, 10.0, 0, [0.0; 4]);
-        assert_eq!(verdict_of(&blocked), Verdict::InputBound(NO_BATCH_BUILT));
         assert_eq!(
-            verdict_of(&blocked).to_string(),
+            verdict_of(&blocked, None),
+            Verdict::InputBound(NO_BATCH_BUILT)
+        );
+        assert_eq!(
+            verdict_of(&blocked, None).to_string(),
             "input-bound: no batch built"
         );
         let mut first = delta(10.0, 10.0, 0, [0.0; 4]);
         first.epoch_start_wait_s = 10.0;
-        assert_eq!(verdict_of(&first), Verdict::EpochBoundary);
+        assert_eq!(verdict_of(&first, None), Verdict::EpochBoundary);
         // Paused (an evaluation outside the loader, the run over): idle.
-        assert_eq!(verdict_of(&delta(10.0, 0.0, 0, [0.0; 4])), Verdict::Idle);
+        assert_eq!(
+            verdict_of(&delta(10.0, 0.0, 0, [0.0; 4]), None),
+            Verdict::Idle
+        );
     }
 
     /// The GPU's measured idle counts as a wait: a loop that runs ahead of the GPU waits
@@ -864,13 +892,13 @@ mod tests {
         let mut ahead = delta(10.0, 0.05, 1600, [1.0, 6.0, 1.0, 0.5]);
         ahead.gpu_span_s = 10.0;
         ahead.gpu_idle_s = 2.0;
-        assert_eq!(verdict_of(&ahead), Verdict::InputBound("decode"));
+        assert_eq!(verdict_of(&ahead, None), Verdict::InputBound("decode"));
         // No host wait at all: still the GPU's idle, not an epoch boundary (0 >= 0).
         ahead.wait_s = 0.0;
-        assert_eq!(verdict_of(&ahead), Verdict::InputBound("decode"));
+        assert_eq!(verdict_of(&ahead, None), Verdict::InputBound("decode"));
         ahead.wait_s = 0.05;
         ahead.gpu_idle_s = 0.05;
-        assert_eq!(verdict_of(&ahead), Verdict::ComputeBound);
+        assert_eq!(verdict_of(&ahead, None), Verdict::ComputeBound);
     }
 
     #[test]
@@ -892,5 +920,27 @@ mod tests {
         assert_eq!(round(12.345_67, 1), 12.3);
         assert_eq!(round(0.25, 1), 0.3);
         assert_eq!(round(2.0 / 3.0, 2), 0.67);
+    }
+
+    /// A trainer waiting while the decode threads sat mostly idle (tiny batches handed over
+    /// one by one, the wire, a remote worker) waits on none of their stages: the verdict named
+    /// the largest of them ("input-bound: read" at 0% busy), sending the user to speed up what
+    /// is not slow.
+    #[test]
+    fn a_wait_with_the_decode_threads_mostly_idle_names_no_stage_of_theirs() {
+        // 83% stall; 0.01 s of stage time on 8 threads over 10 s.
+        let idle = delta(10.0, 8.3, 1000, [0.01, 0.0, 0.0, 0.0]);
+        assert_eq!(verdict_of(&idle, Some(8)), Verdict::NotTheDecodeThreads);
+        assert_eq!(
+            verdict_of(&idle, Some(8)).to_string(),
+            "input-bound: not the decode threads (mostly idle)"
+        );
+        // One thread busy 9 s of 10: the stage is named; sixteen, barely busy: not.
+        let busy = delta(10.0, 8.3, 1000, [0.0, 8.0, 1.0, 0.0]);
+        assert_eq!(verdict_of(&busy, Some(1)), Verdict::InputBound("decode"));
+        assert_eq!(verdict_of(&busy, Some(16)), Verdict::NotTheDecodeThreads);
+        // Threads unknown (none reported): the stage, as before.
+        assert_eq!(verdict_of(&idle, None), Verdict::InputBound("read"));
+        assert_eq!(verdict_of(&idle, Some(0)), Verdict::InputBound("read"));
     }
 }

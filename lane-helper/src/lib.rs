@@ -15,7 +15,9 @@ use std::io::{BufReader, BufWriter, IsTerminal, Read, Write};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use stoker_gpu::helper_wire::{image_of, read_message, tail_of, write_message, HELPER_PROTOCOL};
+use stoker_gpu::helper_wire::{
+    image_of, read_message, tail_of, write_message, HELPER_PROTOCOL, LOADER_PID_VARIABLE,
+};
 use stoker_gpu::{served_pinned_limit, DecodeMode, GpuDecodeOptions, GpuLane, RowsBuilt, RowsTask};
 use stoker_proto::v1::{
     helper_reply, helper_request, HelperBuilt, HelperCpuRow, HelperReply, HelperRequest,
@@ -100,18 +102,29 @@ pub fn run(arguments: &[std::ffi::OsString]) -> u8 {
 /// How often the helper looks whether the loader's process still runs.
 const LOADER_CHECK: Duration = Duration::from_millis(500);
 
-/// Ends this process (status 1) within [`LOADER_CHECK`] of the end of its parent as it started,
-/// the loader's process (which starts it directly; a wrapper that does not exec it would be
-/// watched instead): a helper left running would hold its share of the GPU's memory. Its stdin
-/// ends with the loader's process, unless a process forked from that one (without an exec)
-/// holds a copy; so this watches for the helper being handed to another parent (init or a
-/// subreaper), which happens as the loader's process ends. The exit is immediate (`_exit`: no
-/// exit handlers run beside the lane's threads); the system frees the process's GPU memory.
+/// Ends this process (status 1) within [`LOADER_CHECK`] of the end of the loader's process: a
+/// helper left running would hold its share of the GPU's memory. Its stdin ends with the
+/// loader's process, unless a process forked from that one (without an exec) holds a copy; so
+/// this watches for the helper being handed to another parent (init or a subreaper), which
+/// happens as its parent ends, and, where the loader named itself ([`LOADER_PID_VARIABLE`]), for
+/// that process to end: a loader that ended before this thread first read its parent left it
+/// watching init for good. The parent it watches is the one it has as it starts, the loader
+/// itself or a wrapper that does not exec it. The exit is immediate (`_exit`: no exit handlers
+/// run beside the lane's threads); the system frees the process's GPU memory.
 fn watch_the_loader() {
-    let loader = std::os::unix::process::parent_id();
+    let parent = std::os::unix::process::parent_id();
+    let loader = std::env::var(LOADER_PID_VARIABLE)
+        .ok()
+        .and_then(|pid| pid.parse::<u32>().ok())
+        // Where /proc cannot be read, the parent alone is watched.
+        .filter(|_| process_runs(std::process::id()) == Some(true));
+    let ended = move || {
+        std::os::unix::process::parent_id() != parent
+            || loader.is_some_and(|pid| process_runs(pid) == Some(false))
+    };
     let watch = move || loop {
-        std::thread::sleep(LOADER_CHECK);
-        if std::os::unix::process::parent_id() != loader {
+        if ended() {
+            let loader = loader.unwrap_or(parent);
             tracing::error!(
                 loader,
                 "the loader's process ended; the lane's helper ends too"
@@ -120,12 +133,27 @@ fn watch_the_loader() {
             // SAFETY: ends the process at once; nothing after it runs.
             unsafe { libc::_exit(1) };
         }
+        std::thread::sleep(LOADER_CHECK);
     };
     if let Err(error) = std::thread::Builder::new()
         .name("stoker-lane-helper-loader".into())
         .spawn(watch)
     {
         tracing::warn!(%error, "no thread to watch the loader's process; the helper ends with its stdin only");
+    }
+}
+
+/// Whether process `pid` runs (it exists and has not ended: a zombie, ended but not yet reaped,
+/// does not run), from `/proc`; `None` where that cannot be read.
+fn process_runs(pid: u32) -> Option<bool> {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        // The state is the field after the command name, which closes with the last `)`.
+        Ok(stat) => {
+            let state = stat.rsplit_once(')')?.1.split_whitespace().next()?;
+            Some(!matches!(state, "Z" | "X" | "x"))
+        }
+        Err(error) if error.kind() == std::io::ErrorKind::NotFound => Some(false),
+        Err(_) => None,
     }
 }
 

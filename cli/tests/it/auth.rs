@@ -890,8 +890,8 @@ fn the_readmes_coordinator_commands_start_as_written() {
             Daemon::start_logging_to(env!("CARGO_BIN_EXE_stoker"), &args, file)
         }));
         let logged = std::fs::read_to_string(&log).unwrap_or_default();
-        let mut daemon = started
-            .unwrap_or_else(|_| panic!("the README's `{command}` does not start: {logged}"));
+        let mut daemon =
+            started.unwrap_or_else(|_| panic!("the README's `{command}` does not start: {logged}"));
         assert!(
             daemon.wait_exit(Duration::from_millis(500)).is_none(),
             "the README's `{command}` exited: {logged}"

@@ -577,3 +577,114 @@ fn the_helpers_page_locked_memory_is_reserved_within_this_processs_pinned_budget
         "{error}"
     );
 }
+
+/// A helper whose loader ended before the helper first read its parent (the parent it then
+/// read, here this test, lives on, and a forked process holds its stdin) ends within a few of
+/// its checks: it watched that parent for good, with its share of the GPU's memory. A helper
+/// whose loader runs stays.
+#[test]
+fn a_helper_whose_loader_ended_as_it_started_ends() {
+    let mut ended = std::process::Command::new("true").spawn().unwrap();
+    let gone = ended.id().to_string();
+    ended.wait().unwrap();
+    let ours = std::process::id().to_string();
+    let start = |loader: &str| {
+        std::process::Command::new(common::helper_binary())
+            .env(NO_DEVICE_VARIABLE, "1")
+            .env(stoker_gpu::helper_wire::LOADER_PID_VARIABLE, loader)
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .unwrap()
+    };
+    let mut orphaned = start(&gone);
+    let mut served = start(&ours);
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    let mut status = None;
+    while status.is_none() && std::time::Instant::now() < deadline {
+        status = orphaned.try_wait().unwrap();
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let alive = served.try_wait().unwrap().is_none();
+    let _ = orphaned.kill();
+    let _ = served.kill();
+    let _ = (orphaned.wait(), served.wait());
+    assert_eq!(status.and_then(|s| s.code()), Some(1), "{status:?}");
+    assert!(alive, "the helper of a running loader stays");
+}
+
+/// A source whose second read of sample `panics_at` panics: the decode threads read each
+/// sample once, and a batch the helper gives back is built on the CPU from a second read.
+struct PanicsOnSecondRead {
+    inner: Arc<dyn stoker_datasets::SampleSource>,
+    panics_at: u64,
+    reads: std::sync::atomic::AtomicU64,
+}
+
+impl stoker_datasets::SampleSource for PanicsOnSecondRead {
+    fn len(&self) -> u64 {
+        self.inner.len()
+    }
+    fn label(&self, index: u64) -> i64 {
+        self.inner.label(index)
+    }
+    fn describe(&self, index: u64) -> String {
+        self.inner.describe(index)
+    }
+    fn read(&self, index: u64) -> stoker_datasets::Result<Vec<u8>> {
+        if index == self.panics_at
+            && self.reads.fetch_add(1, std::sync::atomic::Ordering::SeqCst) >= 1
+        {
+            panic!("a second read of sample {index}");
+        }
+        self.inner.read(index)
+    }
+    fn class_names(&self) -> &[String] {
+        self.inner.class_names()
+    }
+}
+
+/// A panic as a batch the helper gave back is built on the CPU (on the thread that reads the
+/// helper's answers) fails that step with the panic named, as in the lane without a helper:
+/// the step never came, and the loader waited out its timeout.
+#[test]
+fn a_panic_building_a_batch_the_helper_gave_back_fails_its_step() {
+    let (_dir, spec) = images(16);
+    let source = stoker_pipeline::open_sources(&spec).unwrap().remove(0);
+    let source = Arc::new(PanicsOnSecondRead {
+        inner: source,
+        panics_at: 3,
+        reads: 0.into(),
+    });
+    let job = stoker_pipeline::Job::with_source(spec, source).unwrap();
+    let starter = deviceless(DecodeMode::Gpu, Duration::from_secs(60));
+    let loader = Loader::from_job(
+        job,
+        LoaderOptions {
+            threads: 2,
+            prefetch_next_epoch: false,
+            decode_lane: Some(Arc::clone(&starter) as Arc<dyn StartDecodeLane>),
+            deadline: Duration::from_secs(20),
+            ..LoaderOptions::default()
+        },
+    )
+    .unwrap();
+    let started = std::time::Instant::now();
+    let results: Vec<_> = loader.epoch(0, 0).unwrap().collect();
+    let errors: Vec<String> = results
+        .iter()
+        .filter_map(|r| r.as_ref().err().map(|e| e.to_string()))
+        .collect();
+    assert!(
+        errors
+            .iter()
+            .any(|e| e.contains("panicked") && e.contains("a second read of sample 3")),
+        "{errors:?} after {:?}",
+        started.elapsed()
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(15),
+        "{:?}",
+        started.elapsed()
+    );
+}

@@ -55,6 +55,7 @@ impl MonitorSource for LocalSources {
             slot_capacity: slots.as_ref().map_or(0, |pool| pool.capacity()),
             slot_bytes: slots.as_ref().map_or(0, |pool| pool.slot_bytes()),
             threads: self.threads,
+            threads_shared: false,
             report_age_s: None,
         }
     }

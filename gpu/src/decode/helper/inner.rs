@@ -194,8 +194,39 @@ impl Inner {
     }
 
     /// Finishes a batch: the rows `built` names for the CPU (every image sent, without an
-    /// answer) built into the slot, the helper's rows handed out with it.
+    /// answer) built into the slot, the helper's rows handed out with it. A panic on the way
+    /// (the job's code building a row) fails this batch, as in the lane without a helper, and
+    /// gives its buffer back if nothing had taken it yet: it ended the thread, the reader's,
+    /// the watch's or the producer's, and the batch's step never came.
     pub(super) fn finish(self: &Arc<Self>, pending: Pending, built: Option<HelperBuilt>) -> Built {
+        let (step, started, ring) = (pending.step, pending.started, pending.ring);
+        let ring_taken = std::cell::Cell::new(false);
+        let finished = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            self.finish_batch(pending, built, &ring_taken)
+        }));
+        finished.unwrap_or_else(|panic| {
+            if !ring_taken.get() {
+                self.put_ring(ring);
+            }
+            Built {
+                step,
+                service: started.elapsed(),
+                result: Err(Error::Stopped(format!(
+                    "the GPU decode lane panicked building step {step}: {}",
+                    stoker_pipeline::panic_text(&*panic)
+                ))),
+            }
+        })
+    }
+
+    /// [`Inner::finish`] unguarded; `ring_taken` set once the batch's buffer is given back or
+    /// handed on.
+    fn finish_batch(
+        self: &Arc<Self>,
+        pending: Pending,
+        built: Option<HelperBuilt>,
+        ring_taken: &std::cell::Cell<bool>,
+    ) -> Built {
         let Pending {
             job,
             epoch,
@@ -279,6 +310,7 @@ impl Inner {
         // The helper's rows, copied here; if they cannot be (the helper lost meanwhile, or
         // the copy failing), they are built here too.
         let mut on_cpu = cpu.len();
+        ring_taken.set(true);
         let device_rows = match made {
             Err(error) => {
                 self.put_ring(ring);

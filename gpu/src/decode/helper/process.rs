@@ -65,6 +65,10 @@ pub(super) fn spawn(
     // it and go on) does not end the lane; the helper ends when its stdin does.
     let mut child = command
         .process_group(0)
+        .env(
+            super::wire::LOADER_PID_VARIABLE,
+            std::process::id().to_string(),
+        )
         .envs(helper.env.iter().map(|(k, v)| (k, v)))
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())

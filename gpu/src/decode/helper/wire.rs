@@ -16,6 +16,11 @@ use crate::decode::{Element, RowTail};
 /// left in its pinned budget, within which the helper keeps to a limit it answers).
 pub const HELPER_PROTOCOL: u32 = 3;
 
+/// The environment variable a loader starts its helper with: the loader's process id, which
+/// the helper watches from its first instant (its parent as it reads it may already be another
+/// process, the loader having ended as the helper started).
+pub const LOADER_PID_VARIABLE: &str = "STOKER_LANE_HELPER_LOADER";
+
 /// The largest message either side reads: a batch of large JPEGs fits many times over; a length
 /// past it is a stream out of step, not a message.
 pub const MAX_MESSAGE: usize = 1 << 30;
