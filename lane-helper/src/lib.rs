@@ -30,7 +30,8 @@ pub const NO_DEVICE_VARIABLE: &str = "STOKER_LANE_HELPER_NO_DEVICE";
 /// A second test hook, read only by the helper without a device: `kind:count` makes it go out
 /// of step once it has answered `count` batches (`exit`: it exits without answering;
 /// `garbage`: it writes a length no answer has; `unsent`: it answers a batch not sent;
-/// `device-row`: it names a device row it cannot have), so the loader's side of each is
+/// `device-row`: it names a device row it cannot have; `error`: it answers every later batch as
+/// failed, as a lane whose CUDA context broke would), so the loader's side of each is
 /// exercised through real pipes.
 pub const FAULT_VARIABLE: &str = "STOKER_LANE_HELPER_FAULT";
 
