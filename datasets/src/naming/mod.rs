@@ -170,7 +170,7 @@ pub fn resolve_local(names: &[&str], split: Option<&str>) -> Result<LocalSource>
 fn resolve_path(path: &Path, split: Option<&str>) -> Result<LocalSource> {
     if path.is_dir() {
         if let Some(layout) = find_splits(path)? {
-            return choose_split(path, layout, split);
+            return choose_split(path, layout, split, 0);
         }
     }
     match split {
@@ -186,7 +186,18 @@ fn resolve_path(path: &Path, split: Option<&str>) -> Result<LocalSource> {
     }
 }
 
-fn choose_split(root: &Path, layout: SplitLayout, split: Option<&str>) -> Result<LocalSource> {
+/// How deep a split layout's folders are looked into for another split layout (a hub
+/// repository's configuration folder, then its split's folder): no further, so a folder that
+/// leads back to one above it (a link) ends.
+const SPLIT_NESTING: u8 = 2;
+
+/// The split `split` of `layout` (of `root`, `depth` folders into a split layout).
+fn choose_split(
+    root: &Path,
+    layout: SplitLayout,
+    split: Option<&str>,
+    depth: u8,
+) -> Result<LocalSource> {
     if let SplitLayout::Unsplit(files) = layout {
         return match split {
             None => Ok(LocalSource::Files {
@@ -203,10 +214,14 @@ fn choose_split(root: &Path, layout: SplitLayout, split: Option<&str>) -> Result
     // One folder (`default/`, a hub repository's one configuration) whose files are named by
     // split, asked for a split it holds: that folder's.
     if let (SplitLayout::Folders(folders), Some(asked)) = (&layout, split) {
-        if let (1, false) = (folders.len(), folders.contains_key(asked)) {
+        if let (1, false, true) = (
+            folders.len(),
+            folders.contains_key(asked),
+            depth < SPLIT_NESTING,
+        ) {
             if let Some(folder) = folders.values().next() {
                 if let Some(inner) = find_splits(folder)? {
-                    return choose_split(folder, inner, split);
+                    return choose_split(folder, inner, split, depth + 1);
                 }
             }
         }
@@ -235,7 +250,9 @@ fn choose_split(root: &Path, layout: SplitLayout, split: Option<&str>) -> Result
             // out by split itself: never read whole either. A folder whose files name one
             // split, or some none, is the split's folder, read whole as before.
             match find_splits(&folder)? {
-                Some(inner) if holds_several_splits(&inner) => choose_split(&folder, inner, None),
+                Some(inner) if holds_several_splits(&inner) && depth < SPLIT_NESTING => {
+                    choose_split(&folder, inner, None, depth + 1)
+                }
                 _ => Ok(LocalSource::Path(folder)),
             }
         }

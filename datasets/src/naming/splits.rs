@@ -346,9 +346,12 @@ pub(crate) fn dict_splits(root: &Path) -> Result<Option<Vec<String>>> {
     dict_splits_of(&json, &path).map(Some)
 }
 
-/// The splits the `dataset_dict.json` at `path` (parsed: `json`) lists.
+/// The splits the `dataset_dict.json` at `path` (parsed: `json`) lists, each the name of a
+/// folder beside it: a name that is not one plain folder name (empty, `.`, `..`, a path) is
+/// refused (`""` named the dataset's own folder again, and its reading recursed until the
+/// stack overflowed; `/etc` was listed as the split).
 pub(crate) fn dict_splits_of(json: &serde_json::Value, path: &Path) -> Result<Vec<String>> {
-    Ok(json
+    let splits: Vec<String> = json
         .get("splits")
         .and_then(serde_json::Value::as_array)
         .ok_or_else(|| Error::HfDataset {
@@ -357,7 +360,21 @@ pub(crate) fn dict_splits_of(json: &serde_json::Value, path: &Path) -> Result<Ve
         })?
         .iter()
         .filter_map(|split| split.as_str().map(str::to_string))
-        .collect())
+        .collect();
+    for split in &splits {
+        let mut components = Path::new(split).components();
+        let plain = matches!(
+            (components.next(), components.next()),
+            (Some(std::path::Component::Normal(name)), None) if name == split.as_str()
+        );
+        if !plain {
+            return Err(Error::HfDataset {
+                path: path.to_path_buf(),
+                problem: format!("split {split:?} is not the name of a folder beside it"),
+            });
+        }
+    }
+    Ok(splits)
 }
 
 /// Whether a folder holding no data files of its own has subfolders named like splits that

@@ -496,6 +496,44 @@ fn a_dataset_dict_folder_reads_the_split_named() {
     );
 }
 
+/// A `dataset_dict.json` naming a split that is no folder name beside it is refused: `""`
+/// named the dataset's own folder again and its reading recursed until the stack overflowed
+/// (the training process died of SIGSEGV), `/etc` was listed as the split.
+#[test]
+fn a_dataset_dict_split_that_is_no_folder_name_is_refused() {
+    for split in ["", ".", "..", "/etc", "a/b", "train/"] {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path();
+        let splits = serde_json::json!({ "splits": [split] }).to_string();
+        std::fs::write(root.join("dataset_dict.json"), splits).unwrap();
+        touch(root, &["a/b/state.json"]);
+        let source = root.display().to_string();
+        for asked in [None, Some("train")] {
+            let message = resolve_local(&[&source], asked).unwrap_err().to_string();
+            assert!(message.contains("is not the name of a folder"), "{split:?}: {message}");
+        }
+    }
+}
+
+/// A split's folder that leads back to the dataset's (a link) is looked into twice at most:
+/// the reading went down `loop/loop/loop/...` until the path was too long for the system.
+#[test]
+fn a_split_folder_linking_back_to_its_dataset_ends() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    std::fs::write(root.join("dataset_dict.json"), r#"{"splits": ["loop"]}"#).unwrap();
+    std::os::unix::fs::symlink(root, root.join("loop")).unwrap();
+    let source = root.display().to_string();
+    let message = resolve_local(&[&source], Some("train"))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        message.contains("has no split \"train\"; its splits are loop")
+            && message.matches("loop").count() < 6,
+        "{message}"
+    );
+}
+
 #[test]
 fn plain_folders_and_files_are_read_as_before() {
     let dir = tempfile::tempdir().unwrap();
