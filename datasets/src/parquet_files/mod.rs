@@ -106,13 +106,21 @@ struct DecodedGroup {
 /// binary column's past 2 GiB does not decode at all (its offsets are 32-bit).
 const BATCH_BYTES: u64 = 64 << 20;
 
+/// Rows a record batch holds at most, whatever the footer says: the decoder sizes its buffers
+/// for a batch's rows before it reads them, and a footer's row count is the file's word (a
+/// 14 KB file announcing 2^30 rows had 4 GiB allocated per decode thread).
+const BATCH_ROWS: u64 = 64 * 1024;
+
 /// The rows of each record batch a row group of `rows` rows and `group_bytes` uncompressed
-/// bytes (all its columns: more than the ones read, so the batches err small) is decoded in.
+/// bytes (all its columns: more than the ones read, so the batches err small) is decoded in,
+/// [`BATCH_ROWS`] at most.
 fn rows_per_batch(rows: u64, group_bytes: i64) -> usize {
     let group_bytes = u64::try_from(group_bytes).unwrap_or(0).max(1);
     let rows = rows.max(1);
     let fitting = u128::from(rows) * u128::from(BATCH_BYTES) / u128::from(group_bytes);
-    let fitting = u64::try_from(fitting).unwrap_or(u64::MAX).clamp(1, rows);
+    let fitting = u64::try_from(fitting)
+        .unwrap_or(u64::MAX)
+        .clamp(1, rows.min(BATCH_ROWS));
     usize::try_from(fitting).unwrap_or(usize::MAX)
 }
 
@@ -506,5 +514,8 @@ mod tests {
         assert_eq!(rows_per_batch(10, 3 << 30), 1);
         assert_eq!(rows_per_batch(100, 0), 100);
         assert_eq!(rows_per_batch(0, -1), 1);
+        // A footer's row count sizes no batch past 64 Ki rows: 2^30 rows claimed by 14 KB.
+        assert_eq!(rows_per_batch(1 << 30, 14_000), 65_536);
+        assert_eq!(rows_per_batch(u64::MAX, 0), 65_536);
     }
 }
