@@ -318,9 +318,12 @@ impl JobPipeline {
                     })?,
                 };
                 if tokenizer.vocab_size() > i32::MAX as usize {
-                    return Err(invalid(
-                        "token ids do not fit int32 (a vocabulary above 2^31 - 1)",
-                    ));
+                    return Err(invalid(format!(
+                        "the tokenizer {} has ids up to {}, past int32's (2^31 - 1): \
+                         PackSequences writes int32 ids",
+                        tokenizer_path.display(),
+                        tokenizer.vocab_size() - 1
+                    )));
                 }
                 Ok(JobPipeline::PackedText(PackedText {
                     tokenizer: Arc::new(tokenizer),
@@ -484,6 +487,44 @@ mod tests {
             panic!("not packed text")
         };
         assert_eq!(given.pack.eos_id, 42);
+    }
+
+    /// A tokenizer numbering a token past int32's ids is refused: the count of its entries
+    /// (three) was taken for its largest id, and id 3,000,000,000 was packed as -1294967296.
+    #[test]
+    fn a_tokenizer_with_ids_past_int32_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("tokenizer.json");
+        let tokenizer = serde_json::json!({
+            "version": "1.0",
+            "truncation": null,
+            "padding": null,
+            "added_tokens": [],
+            "normalizer": null,
+            "pre_tokenizer": {"type": "Whitespace"},
+            "post_processor": null,
+            "decoder": null,
+            "model": {
+                "type": "WordLevel",
+                "vocab": {"[UNK]": 0, "</s>": 1, "hello": 3_000_000_000u64},
+                "unk_token": "[UNK]"
+            }
+        });
+        std::fs::write(&path, tokenizer.to_string()).unwrap();
+        let loaded = crate::ops::tokenize::TextTokenizer::load(&path).unwrap();
+        assert_eq!(loaded.vocab_size(), 3_000_000_001);
+        let ops = [
+            op(OpKind::Tokenize(proto::Tokenize {
+                tokenizer_path: path.to_string_lossy().into_owned(),
+            })),
+            op(OpKind::PackSequences(proto::PackSequences {
+                seq_len: 32,
+                eos_id: -1,
+                pad_id: 0,
+            })),
+        ];
+        let error = JobPipeline::from_ops(&ops).unwrap_err().to_string();
+        assert!(error.contains("ids up to 3000000000"), "{error}");
     }
 
     #[test]

@@ -44,6 +44,8 @@ pub struct TextTokenizer {
     fast_failed: std::sync::atomic::AtomicBool,
     /// The SHA-256 of the file's bytes, in hex.
     sha256: String,
+    /// One past the largest id of its vocabulary with added tokens.
+    id_bound: usize,
 }
 
 /// Which `tokenizers` line encodes a [`TextTokenizer`]'s text.
@@ -220,8 +222,16 @@ impl TextTokenizer {
                 (None, Some(problem))
             }
         };
+        // Ids are the file's word: a vocabulary of three entries may hold id 3,000,000,000.
+        let id_bound = tokenizer
+            .get_vocab(true)
+            .values()
+            .max()
+            .map_or(0, |&id| id as usize + 1)
+            .max(tokenizer.get_vocab_size(true));
         Ok(TextTokenizer {
             path: path.to_path_buf(),
+            id_bound,
             tokenizer,
             fast,
             fast_problem,
@@ -249,9 +259,10 @@ impl TextTokenizer {
         &self.sha256
     }
 
-    /// Ids the tokenizer can produce (its vocabulary with added tokens).
+    /// One past the largest id the tokenizer can produce (of its vocabulary with added
+    /// tokens): its entry count where ids run 0..n, more where the file numbers them past that.
     pub fn vocab_size(&self) -> usize {
-        self.tokenizer.get_vocab_size(true)
+        self.id_bound
     }
 
     /// The first token `other` gives another id than this tokenizer does (their vocabularies
