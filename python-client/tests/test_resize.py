@@ -128,6 +128,14 @@ def test_states_that_disagree_or_leave_ranks_out_are_refused(
     # Every rank once: a rank twice (and so a state too many) is refused.
     with pytest.raises(ValueError, match="each once"):
         loader.load_state_dict([*states, states[2]])
+    # A world size no job has: refused before a step is held for each of its ranks (a list of
+    # 2^32 - 1 steps, 32 GiB, was built first).
+    started = time.monotonic()
+    with pytest.raises(ValueError, match="world_size"):
+        loader.load_state_dict(dict(states[0], world_size=2**32 - 1))
+    assert time.monotonic() - started < 5
+    with pytest.raises(ValueError, match="world_size"):
+        make_loader(batch_size=BATCH, rank=0, world_size=2**20 + 1, seed=9)
 
 
 def test_a_later_resume_on_the_same_world_size_leaves_the_resized_epoch(

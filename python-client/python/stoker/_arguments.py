@@ -75,6 +75,9 @@ def refuse_unexpected_for_dataset(unsupported: Mapping[str, Any]) -> None:
 # The ranges of the native side's integer arguments.
 MAX_U32: Final = 2**32 - 1
 MAX_U64: Final = 2**64 - 1
+# The most ranks a job has: past any cluster, and a saved state claiming more (its steps are
+# held per rank) is not one a loader wrote.
+MAX_WORLD_SIZE: Final = 2**20
 
 
 def is_int(value: object) -> TypeGuard[int]:
@@ -223,7 +226,7 @@ def resolve_rank(rank: object, world_size: object) -> tuple[int, int, str]:
     if world_size is not None and is_int(world_size) and world_size == 1:
         return 0, 1, ""  # one rank: there is no other to pair it with (a rank-0-only loader)
     if default_rank is None and default_world is None:
-        if world_size is not None and check_int(world_size, "world_size", 1, MAX_U32) > 1:
+        if world_size is not None and check_int(world_size, "world_size", 1, MAX_WORLD_SIZE) > 1:
             raise ValueError(
                 f"world_size={world_size!r} was given without rank=, and neither "
                 "torch.distributed nor the RANK environment variable gives one: pass rank= "
@@ -251,7 +254,7 @@ def _or_unset(value: int | None) -> str:
 
 def _checked_rank(rank: object, rank_origin: str, world_size: object,
                   world_origin: str) -> tuple[int, int]:
-    world = check_int(world_size, f"world_size{world_origin}", 1, MAX_U32)
+    world = check_int(world_size, f"world_size{world_origin}", 1, MAX_WORLD_SIZE)
     rank_ = check_int(rank, f"rank{rank_origin}", 0, MAX_U32)
     if rank_ >= world:
         raise ValueError(

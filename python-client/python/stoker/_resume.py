@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Final
 
-from stoker._arguments import MAX_U32, MAX_U64, check_int
+from stoker._arguments import MAX_U32, MAX_U64, MAX_WORLD_SIZE, check_int
 from stoker.errors import StokerError
 
 if TYPE_CHECKING:
@@ -393,7 +393,7 @@ def read_states(
     for one in states:
         check_state(one, ours)
     first = states[0]
-    old_world = check_int(first["world_size"], "state['world_size']", 1, MAX_U32)
+    old_world = check_int(first["world_size"], "state['world_size']", 1, MAX_WORLD_SIZE)
     epoch = check_int(first["epoch"], "state['epoch']", 0, MAX_U64)
     resizes = check_resizes(first.get("resizes", []))
     for one in states[1:]:
