@@ -136,7 +136,10 @@ pub(crate) fn decode(bytes: &[u8], uri: &str, max_bytes: usize) -> Result<Vec<In
         for _ in 0..samples {
             let data_offset = reader.u64().map_err(cut)?;
             let sample_size = reader.u64().map_err(cut)?;
-            let label = reader.u64().map_err(cut)? as i64;
+            // A label past i64's range reads as negative: refused, as a shard's scan refuses
+            // a negative label.
+            let label = i64::try_from(reader.u64().map_err(cut)?)
+                .map_err(|_| bad(&format!("a sample of {name} has a negative label")))?;
             let member = reader.string().map_err(cut)?;
             if data_offset
                 .checked_add(sample_size)
@@ -206,7 +209,7 @@ mod tests {
     use super::*;
 
     fn shard(name: &str) -> IndexedShard {
-        let index = ShardIndex::of(0, &[("a/0.jpg", 512, 1000, -1), ("a/1.jpg", 2560, 1000, 0)]);
+        let index = ShardIndex::of(0, &[("a/0.jpg", 512, 1000, 3), ("a/1.jpg", 2560, 1000, 0)]);
         IndexedShard {
             name: name.into(),
             size: 10_000,
@@ -253,5 +256,11 @@ mod tests {
         let bytes = encode(&[past], 1 << 20).unwrap();
         let error = decode(&bytes, "u", 1 << 20).unwrap_err().to_string();
         assert!(error.contains("past its end"), "{error}");
+        // A negative label (no scan writes one) is refused: the set was served with label -1.
+        let mut negative = shard("n.tar");
+        negative.index = ShardIndex::of(0, &[("a/0.jpg", 512, 1000, -1)]);
+        let bytes = encode(&[negative], 1 << 20).unwrap();
+        let error = decode(&bytes, "u", 1 << 20).unwrap_err().to_string();
+        assert!(error.contains("negative label"), "{error}");
     }
 }
