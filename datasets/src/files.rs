@@ -1,7 +1,9 @@
 //! Finding a dataset's files: the tar, Parquet and JSONL sources all take one file or a folder
 //! of them ([`root_files`]), found by extension (a JSONL file's: [`is_jsonl_file_name`]); and
 //! the files a writer of a set wrote under temporary names, named once the set is whole
-//! ([`name_written_set`]) or removed when it is not ([`remove_written_set`]).
+//! ([`name_written_set`]) or removed when it is not ([`remove_written_set`]); and the small
+//! files a dataset's reading starts from (a manifest, a class list, an index cache) read as
+//! regular files of a bounded size ([`read_small_file`]).
 
 use std::path::{Path, PathBuf};
 
@@ -194,6 +196,44 @@ pub(crate) fn remove_written_set(files: &[(PathBuf, PathBuf)], open: Option<&Pat
         let _ = std::fs::remove_file(temporary);
     }
 }
+
+/// The bytes of the small file at `path` (a manifest, a class list, an index cache): refused
+/// when it is not a regular file (a named pipe waited for a writer for good; a link to
+/// `/dev/zero` was read until memory ran out) or holds more than `max_bytes`.
+pub(crate) fn read_small_file(path: &Path, max_bytes: u64) -> std::io::Result<Vec<u8>> {
+    use std::io::Read;
+    use std::os::unix::fs::OpenOptionsExt;
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK)
+        .open(path)?;
+    let metadata = file.metadata()?;
+    if !metadata.is_file() {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidInput,
+            "not a regular file",
+        ));
+    }
+    let too_large = || {
+        std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            format!("larger than the {max_bytes} bytes such a file holds"),
+        )
+    };
+    if metadata.len() > max_bytes {
+        return Err(too_large());
+    }
+    let mut bytes = Vec::with_capacity(usize::try_from(metadata.len()).unwrap_or(0));
+    file.take(max_bytes + 1).read_to_end(&mut bytes)?;
+    if bytes.len() as u64 > max_bytes {
+        return Err(too_large());
+    }
+    Ok(bytes)
+}
+
+/// The most bytes a manifest or class list of a dataset is read as (`dataset_dict.json`,
+/// `state.json`, `dataset_info.json`, an MDS `index.json`, `classes.txt`).
+pub(crate) const MAX_MANIFEST_BYTES: u64 = 256 << 20;
 
 #[cfg(test)]
 mod tests {

@@ -61,7 +61,8 @@ fn layout_error(path: &Path, problem: impl Into<String>) -> Error {
 /// Reads and parses one JSON file of the folder.
 fn read_json(path: &Path) -> Result<Value> {
     crate::referenced_files::check_data_file(path)?;
-    let text = std::fs::read(path).map_err(|source| Error::io(path, source))?;
+    let text = crate::files::read_small_file(path, crate::files::MAX_MANIFEST_BYTES)
+        .map_err(|source| Error::io(path, source))?;
     parse_json(&text, path)
 }
 

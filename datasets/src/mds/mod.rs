@@ -67,7 +67,7 @@ pub const MDS_INDEX_FILE: &str = "index.json";
 pub fn looks_like_mds(path: &Path) -> bool {
     let index = path.join(MDS_INDEX_FILE);
     index.is_file()
-        && std::fs::read(&index)
+        && crate::files::read_small_file(&index, crate::files::MAX_MANIFEST_BYTES)
             .ok()
             .and_then(|bytes| serde_json::from_slice::<Value>(&bytes).ok())
             .and_then(|json| {
@@ -173,7 +173,8 @@ impl MdsDataset {
         let started = std::time::Instant::now();
         let index_path = root.join(MDS_INDEX_FILE);
         crate::referenced_files::check_data_file(&index_path)?;
-        let text = std::fs::read(&index_path).map_err(|error| Error::io(&index_path, error))?;
+        let text = crate::files::read_small_file(&index_path, crate::files::MAX_MANIFEST_BYTES)
+            .map_err(|error| Error::io(&index_path, error))?;
         let (entries, columns) = parse_index(&text, &index_path)?;
         let shards: Vec<Shard> = entries
             .iter()

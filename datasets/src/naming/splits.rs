@@ -337,9 +337,10 @@ pub(crate) fn dict_splits(root: &Path) -> Result<Option<Vec<String>>> {
     if !path.is_file() {
         return Ok(None);
     }
-    let text = std::fs::read_to_string(&path).map_err(|source| Error::io(&path, source))?;
+    let text = crate::files::read_small_file(&path, crate::files::MAX_MANIFEST_BYTES)
+        .map_err(|source| Error::io(&path, source))?;
     let json: serde_json::Value =
-        serde_json::from_str(&text).map_err(|source| Error::Manifest {
+        serde_json::from_slice(&text).map_err(|source| Error::Manifest {
             path: path.clone(),
             source,
         })?;

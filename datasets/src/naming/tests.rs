@@ -510,7 +510,10 @@ fn a_dataset_dict_split_that_is_no_folder_name_is_refused() {
         let source = root.display().to_string();
         for asked in [None, Some("train")] {
             let message = resolve_local(&[&source], asked).unwrap_err().to_string();
-            assert!(message.contains("is not the name of a folder"), "{split:?}: {message}");
+            assert!(
+                message.contains("is not the name of a folder"),
+                "{split:?}: {message}"
+            );
         }
     }
 }

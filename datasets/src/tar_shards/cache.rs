@@ -228,9 +228,12 @@ pub(super) fn decode(
     Ok(index)
 }
 
+/// The most bytes an index cache is read as: a shard's index holds tens of bytes a sample.
+const TAR_INDEX_CACHE_BYTES: u64 = 1 << 30;
+
 /// Loads the cache at `path` if it describes the shard `stamp` describes; logs why not.
 pub(super) fn load(path: &Path, stamp: &ShardStamp, check_path: bool) -> Option<ShardIndex> {
-    let bytes = match std::fs::read(path) {
+    let bytes = match crate::files::read_small_file(path, TAR_INDEX_CACHE_BYTES) {
         Ok(bytes) => bytes,
         Err(source) if source.kind() == std::io::ErrorKind::NotFound => return None,
         Err(source) => {

@@ -484,6 +484,34 @@ mod tests {
         assert!(shards.describe(4).contains("c.tar"));
     }
 
+    /// A `classes.txt` or an index cache that is no regular file (a named pipe, a link to
+    /// `/dev/zero`) is refused or passed over at once: the pipe waited for a writer for good,
+    /// the link was read until memory ran out.
+    #[test]
+    fn files_beside_the_shards_that_are_no_regular_files_end_at_once() {
+        let dir = tempfile::tempdir().unwrap();
+        write_shard(&dir.path().join("a.tar"), "a", 2);
+        let cache = dir.path().join(format!("a.tar.{}", crate::files::TAR_INDEX_CACHE_SUFFIX));
+        std::os::unix::fs::symlink("/dev/zero", &cache).unwrap();
+        let fifo = std::ffi::CString::new(
+            dir.path().join(CLASSES_FILE).to_string_lossy().into_owned(),
+        )
+        .unwrap();
+        // SAFETY: makes a named pipe at a path of this test's folder.
+        assert_eq!(unsafe { libc::mkfifo(fifo.as_ptr(), 0o644) }, 0);
+        let started = std::time::Instant::now();
+        let error = TarShards::open_with_cache_dir(dir.path(), None)
+            .err()
+            .expect("a classes.txt that is a pipe is refused")
+            .to_string();
+        assert!(error.contains("not a regular file"), "{error}");
+        assert!(started.elapsed() < std::time::Duration::from_secs(5));
+        // Without the pipe, the link is passed over as no cache and the shard scanned.
+        std::fs::remove_file(dir.path().join(CLASSES_FILE)).unwrap();
+        let shards = TarShards::open_with_cache_dir(dir.path(), None).unwrap();
+        assert_eq!(shards.len(), 2);
+    }
+
     #[test]
     fn a_fingerprint_key_names_the_shard_and_the_whole_member() {
         let dir = tempfile::tempdir().unwrap();

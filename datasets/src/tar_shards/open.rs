@@ -243,8 +243,14 @@ fn class_names(root: &Path, max_label: Option<i64>) -> Result<Vec<String>> {
     if classes_file.exists() {
         crate::referenced_files::check_data_file(&classes_file)?;
     }
-    let text = match std::fs::read_to_string(&classes_file) {
-        Ok(text) => text,
+    let text = match crate::files::read_small_file(&classes_file, crate::files::MAX_MANIFEST_BYTES)
+    {
+        Ok(bytes) => String::from_utf8(bytes).map_err(|_| {
+            Error::io(
+                &classes_file,
+                std::io::Error::new(std::io::ErrorKind::InvalidData, "not UTF-8 text"),
+            )
+        })?,
         Err(source) if source.kind() == std::io::ErrorKind::NotFound => {
             return numbered_class_names(root, max_label)
         }
