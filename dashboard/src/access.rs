@@ -169,7 +169,10 @@ pub(crate) async fn guard(State(gate): State<Arc<Gate>>, request: Request, next:
             tracing::warn!(%host, "loopback dashboard refused a request for another host");
             return (
                 StatusCode::FORBIDDEN,
-                [(header::CONTENT_TYPE, "text/plain; charset=utf-8")],
+                [
+                    (header::CONTENT_TYPE, "text/plain; charset=utf-8"),
+                    (header::CONNECTION, "close"),
+                ],
                 format!(
                     "this dashboard answers requests for its address or localhost, not {host}\n"
                 ),
@@ -257,6 +260,8 @@ fn refused(why: &str) -> Response {
         [
             (header::WWW_AUTHENTICATE, "Bearer"),
             (header::CONTENT_TYPE, "text/plain; charset=utf-8"),
+            // A refused client keeps no connection open for its next try.
+            (header::CONNECTION, "close"),
         ],
         format!(
             "{why} (not the RPC token): open /?token=CREDENTIAL once (the browser then keeps \

@@ -1,10 +1,14 @@
-//! The dashboard's connections, plain or TLS, served one task each with two bounds a process
-//! that also trains needs: how many it holds at once, and how long a client may take to send
-//! a request's head (idle keep-alive time included). Without them a client that opens
-//! connections and sends nothing, or a byte a minute, holds a file descriptor each for as long
-//! as it likes, until the training process runs out of them.
+//! The dashboard's connections, plain or TLS, served one task each with the bounds a process
+//! that also trains needs: how many it holds at once, how many of them one address holds, and
+//! how long a client may take to send a request's head (idle keep-alive time included).
+//! Without them a client that opens connections and sends nothing, or a byte a minute, holds a
+//! file descriptor each for as long as it likes, until the training process runs out of them;
+//! and one client holding every connection (no credential needed: a refusal closes its
+//! connection, but it can open another) kept every page and scraper out.
 
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::net::{IpAddr, SocketAddr};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use axum::serve::Listener;
@@ -17,6 +21,9 @@ use tokio::sync::Semaphore;
 pub(crate) struct ConnectionLimits {
     /// Connections held at once; a further one is accepted once one of these ends.
     pub(crate) most: usize,
+    /// Connections one client address holds at once; a further one from it is closed as it
+    /// comes.
+    pub(crate) per_address: usize,
     /// How long a connection may take to send a request's head, counted from when the server
     /// starts reading it (so also the longest a kept-alive connection may sit idle).
     pub(crate) head_within: Duration,
@@ -24,9 +31,11 @@ pub(crate) struct ConnectionLimits {
 
 impl ConnectionLimits {
     /// The dashboard's: a page polls once a second on one or two connections, so 128 is room
-    /// for many tabs and scrapers; 20 s is far above the time a browser on a slow link takes.
+    /// for many tabs and scrapers, 32 of them from one address; 20 s is far above the time a
+    /// browser on a slow link takes.
     pub(crate) const DASHBOARD: ConnectionLimits = ConnectionLimits {
         most: 128,
+        per_address: 32,
         head_within: Duration::from_secs(20),
     };
 }
@@ -35,15 +44,20 @@ impl ConnectionLimits {
 /// dropped (the tasks it spawned end with the runtime).
 pub(crate) async fn serve_within<L>(mut listener: L, app: axum::Router, limits: ConnectionLimits)
 where
-    L: Listener,
+    L: Listener<Addr = SocketAddr>,
 {
     let held = Arc::new(Semaphore::new(limits.most));
+    let by_address: Arc<Mutex<HashMap<IpAddr, usize>>> = Arc::default();
     loop {
         // Not closed while this holds it; were it, nothing more is served.
         let Ok(permit) = Arc::clone(&held).acquire_owned().await else {
             return;
         };
-        let (io, _) = listener.accept().await;
+        let (io, peer) = listener.accept().await;
+        let Some(from) = AddressHeld::take(&by_address, peer.ip(), limits.per_address) else {
+            tracing::debug!(%peer, "dashboard client holds its most connections; closed");
+            continue;
+        };
         let service = TowerToHyperService::new(app.clone());
         tokio::spawn(async move {
             let mut builder = hyper::server::conn::http1::Builder::new();
@@ -53,8 +67,46 @@ where
             if let Err(error) = builder.serve_connection(TokioIo::new(io), service).await {
                 tracing::debug!(%error, "dashboard connection ended");
             }
-            drop(permit);
+            drop((from, permit));
         });
+    }
+}
+
+/// One connection counted against its client's address, let go when dropped.
+struct AddressHeld {
+    counts: Arc<Mutex<HashMap<IpAddr, usize>>>,
+    address: IpAddr,
+}
+
+impl AddressHeld {
+    /// Counts a connection from `address`, unless it holds `most` already.
+    fn take(
+        counts: &Arc<Mutex<HashMap<IpAddr, usize>>>,
+        address: IpAddr,
+        most: usize,
+    ) -> Option<AddressHeld> {
+        let mut held = counts.lock().unwrap_or_else(|p| p.into_inner());
+        let count = held.entry(address).or_insert(0);
+        if *count >= most {
+            return None;
+        }
+        *count += 1;
+        Some(AddressHeld {
+            counts: Arc::clone(counts),
+            address,
+        })
+    }
+}
+
+impl Drop for AddressHeld {
+    fn drop(&mut self) {
+        let mut held = self.counts.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(count) = held.get_mut(&self.address) {
+            *count -= 1;
+            if *count == 0 {
+                held.remove(&self.address);
+            }
+        }
     }
 }
 
@@ -114,6 +166,7 @@ mod tests {
     fn a_client_that_never_finishes_its_head_is_cut_off() {
         let address = start(ConnectionLimits {
             most: 8,
+            per_address: 8,
             head_within: Duration::from_millis(300),
         });
         assert!(get(address).ends_with("up"));
@@ -151,6 +204,7 @@ mod tests {
     fn connections_past_the_most_wait_for_one_to_end() {
         let address = start(ConnectionLimits {
             most: 2,
+            per_address: 2,
             head_within: Duration::from_millis(500),
         });
         let held: Vec<TcpStream> = (0..2)
@@ -167,5 +221,55 @@ mod tests {
             started.elapsed()
         );
         drop(held);
+    }
+
+    /// A connection from 127.0.0.2 (another address of the loopback).
+    fn connect_from_another_address(address: SocketAddr) -> TcpStream {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        runtime.block_on(async {
+            let socket = tokio::net::TcpSocket::new_v4().unwrap();
+            socket.bind("127.0.0.2:0".parse().unwrap()).unwrap();
+            let stream = socket.connect(address).await.unwrap().into_std().unwrap();
+            stream.set_nonblocking(false).unwrap();
+            stream
+        })
+    }
+
+    /// One client holding its most connections (idle, or re-asking within the head timeout)
+    /// is closed on a further one at once, and the rest of the room serves other clients: one
+    /// client held every connection, and no page or scraper was answered.
+    #[test]
+    fn one_address_holds_its_most_connections_and_no_more() {
+        let address = start(ConnectionLimits {
+            most: 8,
+            per_address: 2,
+            head_within: Duration::from_secs(10),
+        });
+        let held: Vec<TcpStream> = (0..2)
+            .map(|_| TcpStream::connect(address).unwrap())
+            .collect();
+        std::thread::sleep(Duration::from_millis(100));
+        let waited = closed_after(TcpStream::connect(address).unwrap());
+        assert!(
+            waited < Duration::from_secs(2),
+            "a third connection of one address was held {waited:?}"
+        );
+        let mut other = connect_from_another_address(address);
+        other
+            .set_read_timeout(Some(Duration::from_secs(10)))
+            .unwrap();
+        other
+            .write_all(b"GET / HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n")
+            .unwrap();
+        let mut answer = String::new();
+        other.read_to_string(&mut answer).unwrap();
+        assert!(answer.ends_with("up"), "{answer}");
+        drop(held);
+        // Let go: the address is served again.
+        std::thread::sleep(Duration::from_millis(100));
+        assert!(get(address).ends_with("up"));
     }
 }

@@ -589,6 +589,21 @@ fn the_dashboard_off_loopback_wants_its_own_credential_then_a_cookie() {
     assert!(refused.body.contains("?token="), "{}", refused.body);
     assert_eq!(http_get_with(http, "/metrics", &[]).status, 401);
     assert_eq!(http_get_with(http, "/?token=wrong", &[]).status, 401);
+    // A refusal closes its connection, though the client asked to keep it: a client without
+    // the credential holds none open (it held its connections for the head timeout, 20 s).
+    let mut kept = std::net::TcpStream::connect(http).unwrap();
+    kept.set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    write!(kept, "GET /metrics HTTP/1.1\r\nHost: {http}\r\n\r\n").unwrap();
+    let started = Instant::now();
+    let mut answer = String::new();
+    kept.read_to_string(&mut answer).unwrap();
+    assert!(answer.starts_with("HTTP/1.1 401"), "{answer}");
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "{:?}",
+        started.elapsed()
+    );
 
     // The RPC token opens no page: not in the URL, not as a bearer.
     assert_eq!(

@@ -491,12 +491,13 @@ mod tests {
     fn files_beside_the_shards_that_are_no_regular_files_end_at_once() {
         let dir = tempfile::tempdir().unwrap();
         write_shard(&dir.path().join("a.tar"), "a", 2);
-        let cache = dir.path().join(format!("a.tar.{}", crate::files::TAR_INDEX_CACHE_SUFFIX));
+        let cache = dir
+            .path()
+            .join(format!("a.tar.{}", crate::files::TAR_INDEX_CACHE_SUFFIX));
         std::os::unix::fs::symlink("/dev/zero", &cache).unwrap();
-        let fifo = std::ffi::CString::new(
-            dir.path().join(CLASSES_FILE).to_string_lossy().into_owned(),
-        )
-        .unwrap();
+        let fifo =
+            std::ffi::CString::new(dir.path().join(CLASSES_FILE).to_string_lossy().into_owned())
+                .unwrap();
         // SAFETY: makes a named pipe at a path of this test's folder.
         assert_eq!(unsafe { libc::mkfifo(fifo.as_ptr(), 0o644) }, 0);
         let started = std::time::Instant::now();
