@@ -168,8 +168,8 @@ pub struct LoaderMonitor {
     source: Arc<dyn MonitorSource>,
 }
 
-/// How long a remote client's last report stands for the present before its clock is taken to
-/// run on without it (it reports every half second while it reads).
+/// How long a remote client's last report stands for the present before it is taken as
+/// silent (it reports every half second while it reads).
 pub(crate) const REPORT_STALE_AFTER: Duration = Duration::from_millis(1500);
 
 /// The latest figures a remote client reported, and when this monitor first saw them (by the
@@ -181,10 +181,11 @@ struct Reported {
 
 impl MonitorSource for Reported {
     /// The latest report; once it is older than [`REPORT_STALE_AFTER`] (the client stopped,
-    /// paused between sessions, died, or cannot reach the coordinator), with its elapsed time
-    /// run on to now, nothing else, and the report's age: the time passes with no batch
-    /// taken, not a client forever at the moment of its last report, and the verdict says
-    /// the reports stopped rather than guess why.
+    /// paused between sessions, died, or cannot reach the coordinator), with the report's
+    /// age: the verdict says the reports stopped rather than guess why, and no share of the
+    /// time is given (the client's wait since then is unknown: its elapsed time run on
+    /// without its wait read as 0% stall, a starving client cut off from the coordinator as a
+    /// healthy one, and its run time counter stepped back when reports came again).
     fn snapshot(&self) -> MonitorSnapshot {
         let mut snapshot = self
             .latest
@@ -195,7 +196,6 @@ impl MonitorSource for Reported {
         if seen.0 != snapshot.stats.elapsed_s {
             *seen = (snapshot.stats.elapsed_s, Instant::now());
         } else if seen.1.elapsed() > REPORT_STALE_AFTER {
-            snapshot.stats.elapsed_s += seen.1.elapsed().as_secs_f64();
             snapshot.report_age_s = Some(seen.1.elapsed().as_secs_f64());
         }
         snapshot

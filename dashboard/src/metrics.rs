@@ -40,17 +40,28 @@ fn one(value: Option<f64>) -> Samples {
     vec![(None, value)]
 }
 
+/// Whether the job's newest reading is of a remote client whose reports stopped: its shares
+/// of time and its rates are unknown then, and left out.
+fn silent(job: &JobSeries) -> bool {
+    job.points.back().is_some_and(|p| p.report_age_s.is_some())
+}
+
 const FAMILIES: &[Family] = &[
     Family {
         name: "stoker_stall_ratio",
         kind: "gauge",
-        help: "Share of the last sampling interval the trainer spent waiting for a batch.",
-        samples: |job| one(job.points.back().and_then(|p| p.stall_pct).map(|p| p / 100.0)),
+        help: "Share of the last sampling interval the trainer spent waiting for a batch (absent for a remote client whose reports stopped).",
+        samples: |job| {
+            one(job.points.back().and_then(|p| p.stall_pct).map(|p| p / 100.0))
+                .into_iter()
+                .filter(|_| !silent(job))
+                .collect()
+        },
     },
     Family {
         name: "stoker_stall_ratio_window",
         kind: "gauge",
-        help: "Share of the last 10 seconds the trainer spent waiting for a batch.",
+        help: "Share of the last 10 seconds the trainer spent waiting for a batch (absent for a remote client whose reports stopped).",
         samples: |job| {
             let window = job
                 .points
@@ -58,6 +69,9 @@ const FAMILIES: &[Family] = &[
                 .checked_sub(1)
                 .map(|end| job.window_ending(end));
             one(window.and_then(|w| w.stall_pct).map(|p| p / 100.0))
+                .into_iter()
+                .filter(|_| !silent(job))
+                .collect()
         },
     },
     Family {
@@ -129,8 +143,13 @@ const FAMILIES: &[Family] = &[
     Family {
         name: "stoker_samples_per_second",
         kind: "gauge",
-        help: "Samples yielded per second over the last 10 seconds.",
-        samples: |job| one(job.points.back().and_then(|p| p.samples_per_s)),
+        help: "Samples yielded per second over the last 10 seconds (absent for a remote client whose reports stopped).",
+        samples: |job| {
+            one(job.points.back().and_then(|p| p.samples_per_s))
+                .into_iter()
+                .filter(|_| !silent(job))
+                .collect()
+        },
     },
     Family {
         name: "stoker_samples_total",

@@ -622,10 +622,10 @@ mod tests {
     }
 
     /// A remote client that stops reporting (it ended, paused between sessions, died, or
-    /// cannot reach the coordinator) reads as time passing with nothing taken, and its verdict
-    /// says the reports stopped, with their age: it read "idle" (a starved client cut off from
-    /// the coordinator looked like a paused one); before that, its last report stood for the
-    /// present and the job read "starting" until it was retired.
+    /// cannot reach the coordinator) has its verdict say the reports stopped, with their age,
+    /// and no share of time or rate on `/metrics`: its clock was run on without its wait, and
+    /// a starving client cut off from the coordinator read 0% stall; before that it read
+    /// "idle", and before that its last report stood for the present.
     #[test]
     fn a_remote_client_that_stops_reporting_reads_as_silent() {
         let reported = LoaderStats {
@@ -646,8 +646,10 @@ mod tests {
         assert_eq!(registry.jobs[0].monitor.snapshot().stats.elapsed_s, 100.0);
         std::thread::sleep(REPORT_STALE_AFTER + Duration::from_millis(600));
         let later = registry.jobs[0].monitor.snapshot().stats;
-        assert!(later.elapsed_s >= 102.0, "{}", later.elapsed_s);
-        assert_eq!((later.samples, later.wait_s), (5000, 1.0));
+        assert_eq!(
+            (later.elapsed_s, later.samples, later.wait_s),
+            (100.0, 5000, 1.0)
+        );
         registry.sample_all();
         let window = registry.jobs[0].window_ending(registry.jobs[0].points.len() - 1);
         assert_eq!(window.verdict, Verdict::Silent(2));
@@ -669,6 +671,17 @@ mod tests {
             })
             .and_then(|value| value.parse::<f64>().ok());
         assert!(age.is_some_and(|age| (2.0..3.0).contains(&age)), "{text}");
+        for unknown in [
+            "stoker_stall_ratio{",
+            "stoker_stall_ratio_window{",
+            "stoker_samples_per_second{",
+        ] {
+            assert!(!text.contains(unknown), "{unknown} while silent: {text}");
+        }
+        assert!(
+            text.contains("stoker_run_seconds_total{stoker_job=\"remote\",rank=\"0\"} 100\n"),
+            "{text}"
+        );
         // A new report is taken as it is.
         latest.lock().unwrap().stats.elapsed_s = 103.0;
         assert_eq!(registry.jobs[0].monitor.snapshot().stats.elapsed_s, 103.0);
