@@ -87,6 +87,14 @@ def test_an_epoch_resumed_on_another_world_size_is_charted(dataset: Path) -> Non
         assert loader.stats()["samples"] == resumed + plain
 
 
+def test_a_dashboard_address_may_name_its_host(dataset: Path) -> None:
+    # "host:port" as the docs say: "localhost:0" was refused as not host:port.
+    with stoker.Loader(dataset, pipeline=stoker.vision.imagenet_eval(32), batch_size=8,
+                       dashboard="localhost:0") as loader:
+        assert loader.dashboard_url is not None
+        assert loader.dashboard_url.startswith("http://127.0.0.1:"), loader.dashboard_url
+
+
 @pytest.mark.parametrize("bad", [-1, 70000, "nohost", ":80", "host:port"])
 def test_bad_dashboard_addresses_are_refused(dataset: Path, bad: object) -> None:
     with pytest.raises(ValueError, match="dashboard"):

@@ -128,11 +128,23 @@ pub(super) fn start_dashboard(
     let Some((address, token_file)) = dashboard else {
         return Ok(None);
     };
-    let address: std::net::SocketAddr = address.parse().map_err(|e| {
-        PyValueError::new_err(format!(
-            "dashboard address {address:?} is not host:port ({e})"
-        ))
-    })?;
+    // A host name is resolved (`localhost:8321`), its first IPv4 address taken where it has
+    // one.
+    let resolved: Vec<std::net::SocketAddr> = std::net::ToSocketAddrs::to_socket_addrs(&address)
+        .map_err(|e| {
+            PyValueError::new_err(format!(
+                "dashboard address {address:?} is not a host:port that resolves ({e})"
+            ))
+        })?
+        .collect();
+    let address = resolved
+        .iter()
+        .find(|address| address.is_ipv4())
+        .or(resolved.first())
+        .copied()
+        .ok_or_else(|| {
+            PyValueError::new_err(format!("dashboard address {address:?} resolves to nothing"))
+        })?;
     let credentials = match token_file {
         Some(path) => vec![Token::read(&path)
             .map_err(|e| PyValueError::new_err(format!("dashboard_token_file: {e}")))?],
