@@ -21,6 +21,7 @@
 mod access;
 mod connections;
 mod figures;
+mod fork;
 mod metrics;
 mod routes;
 mod series;
@@ -128,6 +129,8 @@ pub struct Dashboard {
     registry: Arc<Mutex<Registry>>,
     shutdown: Option<oneshot::Sender<()>>,
     thread: Option<JoinHandle<()>>,
+    /// Its listening socket, recorded to be closed in a child made by `fork()`.
+    forked_close: Option<fork::Recorded>,
 }
 
 impl Dashboard {
@@ -165,6 +168,7 @@ impl Dashboard {
                 addr: address,
                 source,
             })?;
+        let forked_close = fork::record(std::os::fd::AsRawFd::as_raw_fd(&listener));
         let runtime = tokio::runtime::Builder::new_current_thread()
             .enable_io()
             .enable_time()
@@ -188,6 +192,7 @@ impl Dashboard {
             registry,
             shutdown: Some(shutdown),
             thread: Some(thread),
+            forked_close: Some(forked_close),
         })
     }
 
@@ -261,6 +266,9 @@ impl Dashboard {
 
 impl Drop for Dashboard {
     fn drop(&mut self) {
+        // Cleared before the socket closes (as the server thread ends), so its number,
+        // reused by the parent, is never closed in a child.
+        drop(self.forked_close.take());
         if let Some(shutdown) = self.shutdown.take() {
             // The server thread may already be gone; nothing to stop then.
             let _ = shutdown.send(());
