@@ -394,6 +394,14 @@ async function poll() {
   const status = document.getElementById("status");
   try {
     const response = await fetch(`/api/jobs?since=${lastT}`, { cache: "no-store" });
+    if (response.status === 401) {
+      // The cookie expired (or the credential changed): the server answers, but not to us.
+      status.className = "status down";
+      status.textContent =
+        "signed out: open this page again with ?token=CREDENTIAL (the credential is not the RPC token)";
+      setTimeout(poll, pollMs * 10);
+      return;
+    }
     if (!response.ok) throw new Error(`HTTP ${response.status}`);
     const data = await response.json();
     pollMs = data.poll_ms;
