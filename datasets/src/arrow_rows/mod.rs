@@ -52,7 +52,7 @@ impl ArrowRows {
         let mut len = 0u64;
         for span in &spans {
             starts.push(len);
-            len += span.rows;
+            len = len.saturating_add(span.rows);
         }
         ArrowRows {
             spans,

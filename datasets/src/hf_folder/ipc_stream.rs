@@ -180,6 +180,18 @@ impl StreamFile {
                         ));
                     }
                     let rows = non_negative(batch.length(), "row count", &path)?;
+                    // Every row of a column takes a bit of its body at least (a validity or
+                    // boolean bit, an offset, a value): a count past that is the file's word
+                    // alone (2^62 rows in a few bytes opened as a set of 2^62 samples).
+                    if rows > body_len.saturating_mul(8) {
+                        return Err(stream_error(
+                            &path,
+                            format!(
+                                "the record batch at byte {position} claims {rows} rows in a \
+                                 body of {body_len} bytes"
+                            ),
+                        ));
+                    }
                     batches.push(BatchBlock {
                         header,
                         body_offset: header_end,
@@ -396,5 +408,47 @@ mod tests {
         let mut counts = [3i64].into_iter();
         assert_eq!(buffer_count(&DataType::Utf8View, &mut counts, v5), Ok(5));
         assert!(buffer_count(&DataType::Utf8View, &mut counts, v5).is_err());
+    }
+
+    /// A record batch claiming more rows than its body can hold is refused: 2^62 rows written
+    /// over 12,345 opened as a set of 2^62 samples.
+    #[test]
+    fn a_batch_claiming_more_rows_than_its_body_holds_is_refused() {
+        use arrow_array::{BinaryArray, RecordBatch};
+        let schema = Arc::new(arrow_schema::Schema::new(vec![Field::new(
+            "text",
+            DataType::Binary,
+            false,
+        )]));
+        let rows: Vec<&[u8]> = vec![b"ab"; 12_345];
+        let batch = RecordBatch::try_new(
+            Arc::clone(&schema),
+            vec![Arc::new(BinaryArray::from_vec(rows))],
+        )
+        .unwrap();
+        let mut bytes = Vec::new();
+        let mut writer = arrow_ipc::writer::StreamWriter::try_new(&mut bytes, &schema).unwrap();
+        writer.write(&batch).unwrap();
+        writer.finish().unwrap();
+        drop(writer);
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("data-00000-of-00001.arrow");
+        std::fs::write(&path, &bytes).unwrap();
+        assert_eq!(
+            StreamFile::open(path.clone()).unwrap().batches[0].rows,
+            12_345
+        );
+        // The row counts in the batch's message (the batch's and its column's), patched.
+        let count = 12_345i64.to_le_bytes();
+        let at: Vec<usize> = (0..bytes.len() - 8)
+            .filter(|&i| bytes[i..i + 8] == count)
+            .collect();
+        assert_eq!(at.len(), 2, "{at:?}");
+        for at in at {
+            bytes[at..at + 8].copy_from_slice(&(1i64 << 62).to_le_bytes());
+        }
+        std::fs::write(&path, &bytes).unwrap();
+        let error = StreamFile::open(path).err().expect("refused").to_string();
+        assert!(error.contains("claims 4611686018427387904 rows"), "{error}");
     }
 }

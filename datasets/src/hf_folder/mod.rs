@@ -208,8 +208,17 @@ impl HfDataset {
                     first_row_in_file,
                     rows: block.rows,
                 });
-                first_row_in_file += block.rows;
-                len += block.rows;
+                // Each batch's count is bounded by its body; their sum is checked too.
+                let (Some(next), Some(total)) = (
+                    first_row_in_file.checked_add(block.rows),
+                    len.checked_add(block.rows),
+                ) else {
+                    return Err(Error::HfDataset {
+                        path: path.to_path_buf(),
+                        problem: "its record batches' row counts add up past 2^64".into(),
+                    });
+                };
+                (first_row_in_file, len) = (next, total);
             }
         }
         if len == 0 {

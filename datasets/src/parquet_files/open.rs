@@ -224,8 +224,16 @@ impl ParquetDataset {
                     first_row_in_file,
                     rows,
                 });
-                first_row_in_file += rows;
-                len += rows;
+                // Counts are the footer's word: a sum past u64 wrapped to a small set.
+                let (Some(next), Some(total)) =
+                    (first_row_in_file.checked_add(rows), len.checked_add(rows))
+                else {
+                    return Err(Error::ParquetColumn {
+                        path: opened.file.path,
+                        problem: "its row groups' row counts add up past 2^64".into(),
+                    });
+                };
+                (first_row_in_file, len) = (next, total);
             }
             if let Some(file_labels) = file_labels {
                 if file_labels.len() as u64 != first_row_in_file {

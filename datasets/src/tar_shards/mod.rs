@@ -502,8 +502,7 @@ mod tests {
         assert_eq!(unsafe { libc::mkfifo(fifo.as_ptr(), 0o644) }, 0);
         let started = std::time::Instant::now();
         let error = TarShards::open_with_cache_dir(dir.path(), None)
-            .err()
-            .expect("a classes.txt that is a pipe is refused")
+            .expect_err("a classes.txt that is a pipe is refused")
             .to_string();
         assert!(error.contains("not a regular file"), "{error}");
         assert!(started.elapsed() < std::time::Duration::from_secs(5));
