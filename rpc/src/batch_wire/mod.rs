@@ -258,6 +258,30 @@ mod tests {
         );
     }
 
+    /// A message within the size limit whose tensor entries or indices would take many times
+    /// its size once read (a million empty tensors, millions of one-byte indices) is refused.
+    #[test]
+    fn a_message_of_countless_small_entries_is_refused() {
+        let frame = |body: Vec<u8>| {
+            let mut framed = vec![0u8];
+            framed.extend((body.len() as u32).to_be_bytes());
+            framed.extend(body);
+            VecDeque::from([Bytes::from(framed)])
+        };
+        let tensors_key = (TENSORS_FIELD << 3 | 2) as u8;
+        let empty_tensors: Vec<u8> = [tensors_key, 0].repeat(1_000_000);
+        let (read, _) = read_all(frame(empty_tensors), Some(ok_trailers()), 1 << 20);
+        let error = read.last().and_then(|r| r.as_ref().err()).expect("refused");
+        assert!(error.message().contains("tensors"), "{error:?}");
+        let indices = Batch {
+            sample_indices: vec![1; 20_000_000],
+            ..Batch::default()
+        };
+        let (read, _) = read_all(frame(indices.encode_to_vec()), Some(ok_trailers()), 1 << 20);
+        let error = read.last().and_then(|r| r.as_ref().err()).expect("refused");
+        assert!(error.message().contains("fields besides"), "{error:?}");
+    }
+
     /// Chunks, then an error from below gRPC (a reset stream, a dropped connection).
     struct Breaking(VecDeque<Bytes>, Option<Status>);
 

@@ -154,6 +154,14 @@ fn broken(error: StdError) -> Status {
     Status::unavailable(format!("the stream broke: {}", status.message()))
 }
 
+/// Tensors one batch message holds at most (a batch has a handful: images or token ids,
+/// labels, positions, documents, sources, columns).
+pub(crate) const MAX_TENSORS: usize = 256;
+
+/// Bytes of a batch message's fields besides its tensors at most (its sample indices, bad
+/// samples and timings: tens of bytes a sample), which decode into up to eight times as much.
+pub(crate) const MAX_FIELD_BYTES: usize = 16 << 20;
+
 fn malformed(what: &str) -> Status {
     Status::internal(format!("malformed batch message: {what}"))
 }
@@ -401,18 +409,30 @@ where
             )));
         }
         let tensors_key = u64::from(TENSORS_FIELD << 3 | WireType::LengthDelimited as u32);
+        // What a message's size alone does not bound: an empty tensor entry takes two bytes and
+        // an index one, each a struct or a u64 once read (512 MiB of them were gigabytes).
         let mut fields = Vec::new();
         let mut tensors = Vec::new();
         let mut landed = Vec::new();
         while remaining > 0 {
             let key = self.varint(&mut remaining).await?;
             if key == tensors_key {
+                if tensors.len() >= MAX_TENSORS {
+                    return Err(malformed(&format!(
+                        "a batch of more than {MAX_TENSORS} tensors"
+                    )));
+                }
                 let len = self.length(&mut remaining).await?;
                 let (tensor, place) = self.tensor(len, landing).await?;
                 tensors.push(tensor);
                 landed.push(place);
             } else {
                 self.raw_field(key, &mut remaining, &mut fields).await?;
+                if fields.len() > MAX_FIELD_BYTES {
+                    return Err(malformed(&format!(
+                        "a batch whose fields besides its tensors pass {MAX_FIELD_BYTES} bytes"
+                    )));
+                }
             }
         }
         let mut batch =
