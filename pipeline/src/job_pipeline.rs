@@ -305,7 +305,7 @@ impl JobPipeline {
                 eos_id,
                 pad_id,
             } => {
-                let tokenizer = TextTokenizer::load(tokenizer_path)?;
+                let tokenizer = TextTokenizer::shared(tokenizer_path)?;
                 let eos_id = match eos_id {
                     Some(id) => id,
                     None => tokenizer.eos_id().ok_or_else(|| {
@@ -326,7 +326,7 @@ impl JobPipeline {
                     )));
                 }
                 Ok(JobPipeline::PackedText(PackedText {
-                    tokenizer: Arc::new(tokenizer),
+                    tokenizer,
                     pack: PackSpec {
                         seq_len,
                         eos_id,

@@ -12,6 +12,7 @@
 //! `transformers` leaves them unless asked: packing cuts and pads the rows itself.
 
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use tokenizers::models::bpe::{BpeTrainerBuilder, BPE};
 use tokenizers::normalizers::NormalizerWrapper;
@@ -145,7 +146,48 @@ impl std::fmt::Debug for TextTokenizer {
     }
 }
 
+/// The tokenizers this process has loaded and still uses, by path, with the file's identity
+/// (device, inode, size, modification time) as it was read.
+type Loaded = std::collections::HashMap<PathBuf, (FileIdentity, std::sync::Weak<TextTokenizer>)>;
+static LOADED: std::sync::Mutex<Option<Loaded>> = std::sync::Mutex::new(None);
+
+/// What tells one version of a file from another without reading it.
+type FileIdentity = (u64, u64, u64, Option<std::time::SystemTime>);
+
+fn identity_of(path: &Path) -> Option<FileIdentity> {
+    use std::os::unix::fs::MetadataExt;
+    let metadata = std::fs::metadata(path).ok()?;
+    Some((
+        metadata.dev(),
+        metadata.ino(),
+        metadata.len(),
+        metadata.modified().ok(),
+    ))
+}
+
 impl TextTokenizer {
+    /// The `tokenizer.json` at `path`, loaded once for every job of this process that uses
+    /// that version of the file while one holds it: a worker builds a job per rank, and each
+    /// loaded its own copy (86 MB a rank of a 400K-word vocabulary; 2.3 GB for 24 ranks).
+    pub fn shared(path: &Path) -> Result<Arc<TextTokenizer>> {
+        let identity = identity_of(path);
+        let mut loaded = LOADED.lock().unwrap_or_else(|p| p.into_inner());
+        let loaded = loaded.get_or_insert_with(Default::default);
+        if let (Some(identity), Some((known, tokenizer))) = (identity, loaded.get(path)) {
+            if *known == identity {
+                if let Some(tokenizer) = tokenizer.upgrade() {
+                    return Ok(tokenizer);
+                }
+            }
+        }
+        let tokenizer = Arc::new(TextTokenizer::load(path)?);
+        loaded.retain(|_, (_, tokenizer)| tokenizer.strong_count() > 0);
+        if let Some(identity) = identity {
+            loaded.insert(path.to_path_buf(), (identity, Arc::downgrade(&tokenizer)));
+        }
+        Ok(tokenizer)
+    }
+
     /// Loads a `tokenizer.json`.
     pub fn load(path: &Path) -> Result<TextTokenizer> {
         if !path.is_file() {
@@ -543,5 +585,23 @@ mod tests {
             error.to_string().contains("cannot load the tokenizer"),
             "{error}"
         );
+    }
+
+    /// A tokenizer file is loaded once while a job of the process holds it (a worker builds
+    /// a job per rank, each loaded its own), and again once the file changes.
+    #[test]
+    fn a_tokenizer_file_is_loaded_once_while_it_is_in_use() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("tokenizer.json");
+        crate::train_bpe_tokenizer(&["hello world", "hello there"], 280, "</s>", &path).unwrap();
+        let first = TextTokenizer::shared(&path).unwrap();
+        let second = TextTokenizer::shared(&path).unwrap();
+        assert!(Arc::ptr_eq(&first, &second));
+        // Another version of the file: loaded anew.
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        crate::train_bpe_tokenizer(&["other words", "other things"], 270, "</s>", &path).unwrap();
+        let changed = TextTokenizer::shared(&path).unwrap();
+        assert!(!Arc::ptr_eq(&first, &changed));
+        assert_ne!(first.sha256(), changed.sha256());
     }
 }
