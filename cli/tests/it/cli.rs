@@ -666,6 +666,31 @@ fn demo_refuses_a_dashboard_off_loopback_without_a_credential() {
     );
 }
 
+/// A lease-ahead past what a coordinator leases at once is refused as the worker starts: the
+/// coordinator refused each lease, and the worker registered again and again, serving
+/// nothing while its probe said ready.
+#[test]
+fn a_worker_leasing_ahead_past_the_coordinators_most_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = std::process::Command::new(common::worker_binary())
+        .args([
+            "--coordinator",
+            "127.0.0.1:1",
+            "--lease-ahead",
+            "5000",
+            "--data-root",
+        ])
+        .arg(dir.path())
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains("--lease-ahead") && stderr.contains("4096"),
+        "{stderr}"
+    );
+}
+
 #[test]
 fn a_worker_with_an_unusable_coordinator_address_exits_naming_it() {
     let dir = tempfile::tempdir().unwrap();

@@ -55,7 +55,9 @@ struct Args {
     /// the coordinators of a fleet by the sessions waiting at each (each share rounded up, at
     /// least one). Each client's stream queues up to 8 built batches besides, within the
     /// credits that client granted, so a worker may hold that many more batches per client.
-    #[arg(long, default_value_t = 2)]
+    /// At most 4096, the most a coordinator leases in one call (it refused more, and the
+    /// worker registered again and again, serving nothing).
+    #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u32).range(0..=4096))]
     lease_ahead: u32,
     /// Least milliseconds between two reports of finished tasks to the coordinator: what
     /// finishes meanwhile goes in one report, or with the next lease call when that comes
