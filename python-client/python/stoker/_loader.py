@@ -525,8 +525,9 @@ class Loader(FromDataset, SavedState, Stats):
         return self._handle().dashboard_url
 
     def close(self) -> None:
-        """Stops the decode threads (from a dataset, its worker processes and threads).
-        Idempotent; batches already yielded stay valid."""
+        """Stops the loader: no batch is built after it (a batch being built when it is called
+        finishes on its thread, holding its slot until then; from a dataset, its worker
+        processes and threads end). Idempotent; batches already yielded stay valid."""
         if self._closed:
             return
         try:
