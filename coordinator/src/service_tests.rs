@@ -665,7 +665,11 @@ async fn a_stop_ends_the_service_within_its_grace_though_a_client_keeps_its_stre
 /// A data server whose `DescribeJob` takes 200 ms and counts its calls; it refuses every job
 /// when `.1` says so.
 #[derive(Clone, Default)]
-struct SlowDescriber(std::sync::Arc<std::sync::atomic::AtomicUsize>, bool);
+struct SlowDescriber(
+    std::sync::Arc<std::sync::atomic::AtomicUsize>,
+    bool,
+    std::sync::Arc<std::sync::atomic::AtomicBool>,
+);
 
 #[tonic::async_trait]
 impl stoker_proto::v1::worker_data_server::WorkerData for SlowDescriber {
@@ -675,7 +679,7 @@ impl stoker_proto::v1::worker_data_server::WorkerData for SlowDescriber {
     ) -> Result<tonic::Response<DescribeJobResponse>, Status> {
         self.0.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
         tokio::time::sleep(Duration::from_millis(200)).await;
-        if self.1 {
+        if self.1 || self.2.load(std::sync::atomic::Ordering::SeqCst) {
             return Err(Status::invalid_argument("no such dataset here"));
         }
         Ok(tonic::Response::new(DescribeJobResponse {
@@ -714,7 +718,7 @@ async fn ranks_registering_at_once(refused: bool) -> TestResult {
     let network = MemoryNetwork::new();
     let state = tempfile::tempdir()?;
     let (_service, _stop) = start(&network, state.path(), Vec::new())?;
-    let describer = SlowDescriber(std::sync::Arc::default(), refused);
+    let describer = SlowDescriber(std::sync::Arc::default(), refused, Default::default());
     tokio::spawn(
         stoker_rpc::transport::server()
             .add_service(WorkerDataServer::new(describer.clone()))
@@ -755,6 +759,42 @@ async fn ranks_registering_at_once(refused: bool) -> TestResult {
         // A late rank finds the job registered.
         assert_eq!(described, 1);
     }
+    Ok(())
+}
+
+/// A refusal that waiting registrations, since gone, were to take answers no registration
+/// that comes after it: the spec is described anew. It answered every later registration of
+/// the spec, however long after its cause was fixed.
+#[tokio::test]
+async fn a_refusal_whose_waiters_left_is_not_the_answer_to_later_registrations() -> TestResult {
+    let network = MemoryNetwork::new();
+    let state = tempfile::tempdir()?;
+    let (service, _stop) = start(&network, state.path(), Vec::new())?;
+    let refusing = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(true));
+    let describer = SlowDescriber(std::sync::Arc::default(), false, refusing.clone());
+    tokio::spawn(
+        stoker_rpc::transport::server()
+            .add_service(WorkerDataServer::new(describer.clone()))
+            .serve_with_incoming(network.listen(DATA_SERVER)),
+    );
+    register_worker(&mut coordinator(&network, None)).await?;
+    let first = tokio::spawn({
+        let service = service.clone();
+        async move { service.register(spec(), 0).await }
+    });
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    // A registration waits for the first's description, and leaves once it failed, before it
+    // took its turn (its client gone).
+    let mut waiting = Box::pin(service.register(spec(), 0));
+    let still = tokio::time::timeout(Duration::from_millis(20), &mut waiting).await;
+    assert!(still.is_err(), "the second registration waits");
+    assert!(first.await?.is_err(), "the description was refused");
+    drop(waiting);
+    // The cause gone: the next registration describes the spec and is answered.
+    refusing.store(false, std::sync::atomic::Ordering::SeqCst);
+    let later = service.register(spec(), 0).await;
+    assert!(later.is_ok(), "{:?}", later.err());
+    assert_eq!(describer.0.load(std::sync::atomic::Ordering::SeqCst), 2);
     Ok(())
 }
 

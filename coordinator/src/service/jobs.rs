@@ -25,8 +25,18 @@ use crate::{Coordinator, JobId};
 /// rather than each trying in turn); an entry goes once nobody holds or waits for it.
 pub(super) type DescribeTurns = Arc<Mutex<HashMap<Vec<u8>, Arc<tokio::sync::Mutex<Failed>>>>>;
 
-/// Why the description a turn's holder tried failed, if it did.
-type Failed = Option<Status>;
+/// Why the description a turn's holder tried failed, if it did, and when (its ticket): it
+/// answers the registrations that were waiting then, not one that came later (which describes
+/// anew: the waiters of a failure, cancelled, left it to answer every later registration of
+/// the spec, however long after its cause was gone).
+type Failed = Option<(Status, u64)>;
+
+/// Orders registrations' waits and descriptions' failures.
+static TICKETS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+fn ticket() -> u64 {
+    TICKETS.fetch_add(1, std::sync::atomic::Ordering::SeqCst)
+}
 
 /// What the service knows of a job spec a client registers.
 enum Known {
@@ -73,7 +83,7 @@ impl CoordinatorService {
     /// one description at a time per spec, so the ranks of a job registering together have
     /// one worker open its dataset once, not once per rank at the same time. Returns the
     /// job's id and description.
-    pub(super) async fn register(
+    pub(crate) async fn register(
         &self,
         spec: JobSpec,
         weight: u32,
@@ -86,14 +96,17 @@ impl CoordinatorService {
                 (Known::Unknown, Some(turn)) => match self.describe(&spec).await {
                     Ok(described) => break described,
                     Err(refused) => {
-                        *turn.held = Some(refused.clone());
+                        *turn.held = Some((refused.clone(), ticket()));
                         return Err(refused);
                     }
                 },
                 (Known::Unknown, None) => {
+                    let waited_from = ticket();
                     let taken = self.describe_turn(&spec).await;
-                    if let Some(refused) = taken.held.as_ref() {
-                        return Err(refused.clone());
+                    if let Some((refused, at)) = taken.held.as_ref() {
+                        if *at > waited_from {
+                            return Err(refused.clone());
+                        }
                     }
                     turn = Some(taken);
                 }
