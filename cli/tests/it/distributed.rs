@@ -928,9 +928,8 @@ fn a_job_retired_while_its_client_was_cut_off_is_registered_again_and_read_on() 
 
 #[test]
 fn a_client_whose_job_was_retired_and_its_dataset_changed_meanwhile_stops_with_an_error() {
-    // Forty more images while the client is cut off: registered again, the job has more steps.
-    // A worker that never saw the dataset describes it (one that did refuses the change
-    // itself, and the client stops with its error).
+    // Forty more images while the client is cut off: registered again, the job has more steps,
+    // and the client, which reads the old epoch, stops with an error naming both counts.
     let seen = read_cut_off_until_retired(true, |data| {
         let class = std::fs::read_dir(data)
             .unwrap()
@@ -955,4 +954,57 @@ fn a_client_whose_job_was_retired_and_its_dataset_changed_meanwhile_stops_with_a
     assert!(error.to_string().contains(said), "{error}");
     // The changed dataset is a job of its own at the coordinator, as any new client sees it.
     assert!(seen.known.1, "{:?}", seen.again);
+}
+
+/// A dataset changed between two runs of a coordinator (its state wiped) is read as a job of
+/// its own by a worker that served the old one: the worker refused it for good ("the dataset
+/// changed since this worker first opened the job"), and the registration failed at once.
+#[test]
+fn a_dataset_changed_between_coordinator_runs_is_read_by_a_worker_that_served_it_before() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    common::make_images(&data, 64);
+    let address = format!("127.0.0.1:{}", free_port());
+    let mut coordinator = Daemon::coordinator(&dir.path().join("state-1"), &address);
+    let _worker = Daemon::worker(&address, dir.path());
+    let epoch_of = |address: &str| -> Vec<u64> {
+        let loader = stoker_loader::Loader::remote(
+            address,
+            common::train_spec(&data, 8),
+            stoker_loader::LoaderOptions::default(),
+            stoker_loader::RemoteOptions {
+                connect_timeout: Duration::from_secs(30),
+                ..stoker_loader::RemoteOptions::default()
+            },
+        )
+        .unwrap();
+        let mut indices: Vec<u64> = loader
+            .epoch(0, 0)
+            .unwrap()
+            .flat_map(|batch| batch.unwrap().sample_indices)
+            .collect();
+        indices.sort_unstable();
+        indices
+    };
+    assert_eq!(epoch_of(&address), (0..64).collect::<Vec<u64>>());
+    coordinator.kill();
+    common::make_images(&dir.path().join("more"), 40);
+    let class = std::fs::read_dir(&data)
+        .unwrap()
+        .map(|entry| entry.unwrap().path())
+        .find(|path| path.is_dir())
+        .unwrap();
+    for (n, image) in std::fs::read_dir(dir.path().join("more"))
+        .unwrap()
+        .map(|entry| entry.unwrap().path())
+        .filter(|path| path.is_dir())
+        .flat_map(|folder| std::fs::read_dir(folder).unwrap())
+        .enumerate()
+    {
+        let image = image.unwrap().path();
+        let extension = image.extension().unwrap().to_string_lossy().into_owned();
+        std::fs::copy(&image, class.join(format!("added-{n}.{extension}"))).unwrap();
+    }
+    let _again = Daemon::coordinator(&dir.path().join("state-2"), &address);
+    assert_eq!(epoch_of(&address), (0..104).collect::<Vec<u64>>());
 }

@@ -149,11 +149,15 @@ struct Shared {
     closing: AtomicBool,
     /// See [`WorkerConfig::job_idle`].
     job_idle: Duration,
-    /// The sample count per source and the fingerprint of each job spec's datasets this worker
-    /// opened (to describe the job or to serve it), from its first open (by a hash of the spec: kept when the job is let go and
-    /// across coordinator runs, so a reopen that finds another dataset is refused).
-    opened_datasets: Mutex<HashMap<u64, (Vec<u64>, String)>>,
+    /// The sample count per source and fingerprint of each job's datasets as first opened here
+    /// to serve it: kept when the job is let go and across a restart of its coordinator (which
+    /// keeps its id); a registration of the spec anew is another job.
+    opened_datasets: Mutex<HashMap<OpenedJob, (Vec<u64>, String)>>,
 }
+
+/// A job as [`Shared::check_dataset`] records it: its coordinator's place, its id, a hash of
+/// its spec.
+type OpenedJob = (usize, u64, u64);
 
 fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
     mutex.lock().unwrap_or_else(|p| p.into_inner())
@@ -197,22 +201,26 @@ impl Shared {
         taken
     }
 
-    /// Records the sample counts and fingerprint ([`stoker_pipeline::dataset_fingerprint`]) of the
-    /// datasets of a job opened now, or refuses them when they differ from those this worker
-    /// first opened the same spec with: its epochs would mix two orders, and the fingerprint
-    /// the coordinator gave the job's clients would name another dataset. A file rewritten in
-    /// place under its name is not seen. Returns the fingerprint.
+    /// The fingerprint ([`stoker_pipeline::dataset_fingerprint`]) of a job's datasets opened
+    /// now; opened to serve job `serving` (place, id), recorded, or refused when they differ
+    /// from its first open here (its epochs would mix two orders, its clients' fingerprint name
+    /// another dataset). A description (`serving` none) is of the dataset as it is (refused
+    /// there, a changed dataset was refused for good). A file rewritten in place is not seen.
     fn check_dataset(
         &self,
+        serving: Option<(usize, u64)>,
         spec: &JobSpec,
         sources: &[&dyn SampleSource],
     ) -> std::result::Result<String, Status> {
         use std::hash::{Hash, Hasher};
-        let mut hasher = std::collections::hash_map::DefaultHasher::new();
-        prost::Message::encode_to_vec(spec).hash(&mut hasher);
-        let key = hasher.finish();
         let lengths: Vec<u64> = sources.iter().map(|source| source.len()).collect();
         let fingerprint = stoker_pipeline::dataset_fingerprint(sources);
+        let Some((place, job_id)) = serving else {
+            return Ok(fingerprint);
+        };
+        let mut hasher = std::collections::hash_map::DefaultHasher::new();
+        prost::Message::encode_to_vec(spec).hash(&mut hasher);
+        let key = (place, job_id, hasher.finish());
         let mut opened = lock(&self.opened_datasets);
         let changed = match opened.get(&key) {
             Some((first, _)) if *first != lengths => format!(
@@ -355,7 +363,7 @@ impl worker_data_server::WorkerData for DataService {
         let answer = tokio::task::spawn_blocking(move || {
             let job = shared.open_job(&spec)?;
             // What the coordinator hands the job's clients is what this worker will serve.
-            let dataset_fingerprint = shared.check_dataset(&spec, &job.sources())?;
+            let dataset_fingerprint = shared.check_dataset(None, &spec, &job.sources())?;
             let plan = job.plan(job.first_epoch()).map_err(|e| error_status(&e))?;
             let batch_size = job.plan_config().batch_size as usize;
             Ok::<_, Status>(DescribeJobResponse {

@@ -120,6 +120,7 @@ pub(super) async fn job_entry(
             })?;
             let fingerprint = shared
                 .check_dataset(
+                    Some((place, job_id)),
                     &spec,
                     &sources.iter().map(|s| s.as_ref()).collect::<Vec<_>>(),
                 )
