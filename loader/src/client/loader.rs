@@ -145,7 +145,7 @@ impl Core {
 
 /// The batches of one job, for one rank, epoch after epoch.
 pub struct Loader {
-    core: Arc<Core>,
+    pub(crate) core: Arc<Core>,
 }
 
 impl Loader {

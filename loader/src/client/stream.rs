@@ -117,6 +117,25 @@ impl EpochStream {
         self.next_step
     }
 
+    /// Whether this stream, of `loader`, is `epoch` at `start_step`, as [`Loader::epoch`]
+    /// would start it now (no split set since that its batches may not carry): it can go on,
+    /// keeping what it built ahead, and the time until its next batch is asked for is no
+    /// step of the consumer's. A loop that left an epoch early and takes it up again in a new
+    /// iterator had every batch built ahead cancelled and built again.
+    pub fn goes_on(&mut self, loader: &crate::Loader, epoch: u64, start_step: u64) -> bool {
+        let same = Arc::ptr_eq(&self.core, &loader.core)
+            && self.epoch == epoch
+            && self.next_step == start_step
+            && !self
+                .core
+                .discard_started
+                .load(std::sync::atomic::Ordering::Relaxed);
+        if same {
+            self.last_return = None;
+        }
+        same
+    }
+
     /// Batches asked for and not yet yielded (this epoch's, and the next one's started early).
     pub fn in_flight(&self) -> usize {
         (self.next_to_dispatch - self.next_step) as usize

@@ -360,6 +360,12 @@ impl NativeLoader {
             (loader, done, plain, start_step)
         };
         let mut current = self.current(py);
+        // The stream already at this epoch and step goes on, keeping what it built ahead.
+        let plain_epoch = done.is_none() && plain.is_none() && !self.is_closing();
+        let live = current.as_mut().map(|current| &mut current.stream);
+        if plain_epoch && live.is_some_and(|live| live.goes_on(&loader, epoch, start_step)) {
+            return Ok(());
+        }
         // Drop the previous stream first: its unstarted work is cancelled (except the next
         // epoch's start, which `epoch` takes over when it asks for that epoch).
         let previous = current.take();
