@@ -688,3 +688,79 @@ fn a_panic_building_a_batch_the_helper_gave_back_fails_its_step() {
         started.elapsed()
     );
 }
+
+/// Set in the child of the test below: it is the loader's process, paused by its parent.
+const PAUSED_PROCESS: &str = "STOKER_TEST_PAUSED_LOADER";
+
+/// A job suspended past the helper's answer timeout (its processes stopped, then resumed, the
+/// helper a moment after the loader) keeps its helper: the watch, waking after the pause,
+/// counted the pause as the helper's and killed it.
+#[test]
+fn a_loader_paused_past_the_answer_timeout_keeps_its_helper() {
+    if std::env::var_os(PAUSED_PROCESS).is_some() {
+        let (_dir, spec) = images(64);
+        let starter = deviceless(DecodeMode::Gpu, Duration::from_secs(2));
+        let loader = loader(&spec, &starter).unwrap();
+        let mut batches = loader.epoch(0, 0).unwrap();
+        batches.next().unwrap().unwrap();
+        let helper = starter.helper().expect("the helper lane runs").pid();
+        println!("reading {helper}");
+        use std::io::Write;
+        std::io::stdout().flush().unwrap();
+        for batch in batches {
+            batch.unwrap();
+            std::thread::sleep(Duration::from_millis(300));
+        }
+        let lost = starter.helper().expect("the helper lane runs").lost();
+        println!("lost {lost:?}");
+        return;
+    }
+    let mut paused = std::process::Command::new(std::env::current_exe().unwrap())
+        .args([
+            "--exact",
+            "lane_helper::a_loader_paused_past_the_answer_timeout_keeps_its_helper",
+            "--nocapture",
+        ])
+        .env(PAUSED_PROCESS, "1")
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let pid = paused.id() as i32;
+    let stdout = paused.stdout.take().unwrap();
+    let (said, lines) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in std::io::BufRead::lines(std::io::BufReader::new(stdout)).map_while(Result::ok) {
+            let _ = said.send(line);
+        }
+    });
+    let wait_for = |prefix: &str| {
+        let deadline = std::time::Instant::now() + Duration::from_secs(120);
+        while let Ok(line) = lines.recv_timeout(deadline - std::time::Instant::now()) {
+            if line.starts_with(prefix) {
+                return Some(line);
+            }
+        }
+        None
+    };
+    let reading = wait_for("reading ");
+    if let Some(helper) = reading
+        .as_deref()
+        .and_then(|line| line.strip_prefix("reading ")?.parse::<i32>().ok())
+    {
+        // SAFETY: signals the child this test started and the helper it started.
+        unsafe {
+            libc::kill(helper, libc::SIGSTOP);
+            std::thread::sleep(Duration::from_millis(150));
+            libc::kill(pid, libc::SIGSTOP);
+            std::thread::sleep(Duration::from_secs(3));
+            libc::kill(pid, libc::SIGCONT);
+            std::thread::sleep(Duration::from_millis(300));
+            libc::kill(helper, libc::SIGCONT);
+        }
+    }
+    let lost = wait_for("lost ");
+    let _ = paused.kill();
+    let _ = paused.wait();
+    assert!(reading.is_some(), "the child never read");
+    assert_eq!(lost.as_deref(), Some("lost None"));
+}

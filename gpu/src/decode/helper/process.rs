@@ -8,7 +8,7 @@ use std::os::unix::process::CommandExt;
 use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use stoker_proto::v1::{
     helper_reply, helper_request, HelperEnd, HelperReply, HelperRequest, HelperStart, HelperStarted,
@@ -283,12 +283,16 @@ const OUTPUT_ENDED: &str = "its output ended";
 const EXIT_GRACE: Duration = Duration::from_millis(500);
 
 /// The watch's thread: takes the helper as lost when a batch has waited for its answer longer
-/// than the answer timeout.
+/// than the answer timeout, this process running: a wait counts from the end of a pause of the
+/// process (stopped with Ctrl-Z or SIGSTOP, a suspended job or machine), which this thread
+/// sees as a sleep that lasted far longer than asked. The helper, in a process group of its
+/// own, answered meanwhile, and a helper healthy all along was killed as the process went on.
 pub(super) fn watch_answers(inner: &Arc<Inner>) {
+    let mut counted_from = Instant::now();
     while !inner.closed.load(Ordering::Relaxed) && lock(&inner.lost).is_none() {
         let oldest = lock(&inner.pending)
             .values()
-            .map(|p| p.sent_at.elapsed())
+            .map(|p| p.sent_at.elapsed().min(counted_from.elapsed()))
             .max();
         if let Some(waited) = oldest.filter(|&w| w > inner.answer_timeout) {
             inner.lose(format!(
@@ -297,9 +301,16 @@ pub(super) fn watch_answers(inner: &Arc<Inner>) {
             ));
             return;
         }
+        let slept_from = Instant::now();
         std::thread::sleep(Duration::from_millis(50));
+        if slept_from.elapsed() > PAUSED {
+            counted_from = Instant::now();
+        }
     }
 }
+
+/// A sleep of the watch's this much longer than asked is a pause of the process.
+const PAUSED: Duration = Duration::from_secs(1);
 
 /// Runs `write` with SIGPIPE blocked on this thread, so that a write to a helper that died
 /// fails (`EPIPE`) instead of ending this process, whatever the process does with SIGPIPE
