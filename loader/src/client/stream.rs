@@ -117,7 +117,7 @@ impl EpochStream {
         self.next_step
     }
 
-    /// Whether this stream, of `loader`, is `epoch` at `start_step`, as [`Loader::epoch`]
+    /// Whether this stream, of `loader`, is `epoch` at `start_step`, as [`crate::Loader::epoch`]
     /// would start it now (no split set since that its batches may not carry): it can go on,
     /// keeping what it built ahead, and the time until its next batch is asked for is no
     /// step of the consumer's. A loop that left an epoch early and takes it up again in a new
