@@ -26,8 +26,7 @@ const MIN_VERDICT_SECONDS: f64 = 2.0;
 /// Stall above this share of the time means the input pipeline holds the trainer back.
 const INPUT_BOUND_STALL_PCT: f64 = 5.0;
 
-/// Below this share of their time busy, the decode threads are not what an input-bound job
-/// waits on, and no stage of theirs is named.
+/// Decode threads busy less than this share are not what an input-bound job waits on.
 const DECODE_THREADS_BUSY_PCT: f64 = 50.0;
 
 /// Stall below this share of the time means the trainer is the bottleneck.
@@ -505,8 +504,7 @@ fn verdict_of(sum: &Delta, threads: Option<usize>) -> Verdict {
         Some(stall) if stall > INPUT_BOUND_STALL_PCT => {
             let busy = threads.filter(|&n| n > 0).and_then(|n| sum.busy_pct(n));
             let stage = dominant_stage(&sum.stages_s);
-            // A stage is named only where the threads were busy enough to be what is waited
-            // on (a window with no batch built names that).
+            // A stage only where the threads were busy enough (or no batch built: named so).
             if stage != NO_BATCH_BUILT && busy.is_some_and(|busy| busy < DECODE_THREADS_BUSY_PCT) {
                 Verdict::NotTheDecodeThreads
             } else {
