@@ -26,7 +26,8 @@ static HANDLER: Once = Once::new();
 /// A listening socket recorded for closing in forked children, until dropped.
 #[derive(Debug)]
 pub(crate) struct Recorded {
-    entry: Option<usize>,
+    /// The table's entry and the socket recorded in it.
+    entry: Option<(usize, RawFd)>,
 }
 
 /// Records `socket` (a dashboard's listening socket) to be closed in any child forked while
@@ -47,13 +48,17 @@ pub(crate) fn record(socket: RawFd) -> Recorded {
         slot.compare_exchange(EMPTY, socket, Ordering::SeqCst, Ordering::SeqCst)
             .is_ok()
     });
-    Recorded { entry }
+    Recorded {
+        entry: entry.map(|entry| (entry, socket)),
+    }
 }
 
 impl Drop for Recorded {
     fn drop(&mut self) {
-        if let Some(entry) = self.entry {
-            SOCKETS[entry].store(EMPTY, Ordering::SeqCst);
+        // Only its own socket: in a forked child the entry was emptied, and may record another.
+        if let Some((entry, socket)) = self.entry {
+            let _ =
+                SOCKETS[entry].compare_exchange(socket, EMPTY, Ordering::SeqCst, Ordering::SeqCst);
         }
     }
 }

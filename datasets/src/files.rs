@@ -232,7 +232,7 @@ pub(crate) fn read_small_file(path: &Path, max_bytes: u64) -> std::io::Result<Ve
 }
 
 /// The most bytes a manifest or class list of a dataset is read as (`dataset_dict.json`,
-/// `state.json`, `dataset_info.json`, an MDS `index.json`, `classes.txt`).
+/// `state.json`, `dataset_info.json`, `classes.txt`).
 pub(crate) const MAX_MANIFEST_BYTES: u64 = 256 << 20;
 
 #[cfg(test)]

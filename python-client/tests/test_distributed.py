@@ -123,6 +123,13 @@ def test_no_worker_or_no_coordinator_past_the_grace_raises_worker_unavailable(
             for _ in batches:
                 pass
         assert time.monotonic() - started < 30, "well before the 60 s timeout"
+        if killed == "worker":
+            # A worker back, iterating again reads on: a new session, not the one that stopped.
+            worker, _ = start_daemon(
+                [str(daemon_binary("stoker-worker")), "--coordinator", address,
+                 "--data-root", str(dataset), "--threads", "1"]
+            )
+            assert sum(1 for _ in loader) > 0
         loader.close()
     finally:
         for process in (worker, coordinator):

@@ -180,10 +180,17 @@ impl StreamFile {
                         ));
                     }
                     let rows = non_negative(batch.length(), "row count", &path)?;
-                    // Every row of a column takes a bit of its body at least (a validity or
-                    // boolean bit, an offset, a value): a count past that is the file's word
-                    // alone (2^62 rows in a few bytes opened as a set of 2^62 samples).
-                    if rows > body_len.saturating_mul(8) {
+                    // Every row of a column with buffers takes a bit of its body at least (a
+                    // validity or boolean bit, an offset, a value): a count past that is the
+                    // file's word alone (2^62 rows in a few bytes opened as a set of 2^62
+                    // samples). Columns of nulls alone take none.
+                    let buffered = schema.as_ref().is_some_and(|schema| {
+                        schema
+                            .fields()
+                            .iter()
+                            .any(|field| field.data_type() != &DataType::Null)
+                    });
+                    if buffered && rows > body_len.saturating_mul(8) {
                         return Err(stream_error(
                             &path,
                             format!(

@@ -63,11 +63,14 @@ pub use writer::{write_mds, MdsColumn};
 /// The file that makes a folder an MDS dataset.
 pub const MDS_INDEX_FILE: &str = "index.json";
 
+/// The most bytes an MDS `index.json` is read as (a few hundred a shard: millions of shards).
+const MAX_INDEX_BYTES: u64 = 1 << 30;
+
 /// Whether `path` is a folder holding an MDS `index.json` (its shards' format `mds`).
 pub fn looks_like_mds(path: &Path) -> bool {
     let index = path.join(MDS_INDEX_FILE);
     index.is_file()
-        && crate::files::read_small_file(&index, crate::files::MAX_MANIFEST_BYTES)
+        && crate::files::read_small_file(&index, MAX_INDEX_BYTES)
             .ok()
             .and_then(|bytes| serde_json::from_slice::<Value>(&bytes).ok())
             .and_then(|json| {
@@ -173,7 +176,7 @@ impl MdsDataset {
         let started = std::time::Instant::now();
         let index_path = root.join(MDS_INDEX_FILE);
         crate::referenced_files::check_data_file(&index_path)?;
-        let text = crate::files::read_small_file(&index_path, crate::files::MAX_MANIFEST_BYTES)
+        let text = crate::files::read_small_file(&index_path, MAX_INDEX_BYTES)
             .map_err(|error| Error::io(&index_path, error))?;
         let (entries, columns) = parse_index(&text, &index_path)?;
         let shards: Vec<Shard> = entries

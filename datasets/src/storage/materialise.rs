@@ -98,7 +98,7 @@ impl ObjectCache {
                 contended.push_back((position, entry, lock, 0));
             }
         }
-        let fetched = self.download(store, to_fetch, &sources, reading)?;
+        let fetched = self.download(store, to_fetch, &sources, reading, wait)?;
         for (position, object) in fetched.objects {
             ready[position] = Some(object);
         }
@@ -137,7 +137,13 @@ impl ObjectCache {
             if fetches >= MAX_FETCHES {
                 return Err(evicted_as_fetched(&entry, self.options.max_bytes, fetches));
             }
-            let fetched = self.download(store, vec![(position, entry, lock)], &sources, reading)?;
+            let fetched = self.download(
+                store,
+                vec![(position, entry, lock)],
+                &sources,
+                reading,
+                wait,
+            )?;
             for (position, object) in fetched.objects {
                 ready[position] = Some(object);
             }
@@ -168,6 +174,7 @@ impl ObjectCache {
         entries: Vec<(usize, Entry, File)>,
         sources: &[(String, u64)],
         reading: bool,
+        wait: LockWait,
     ) -> Result<Fetched> {
         let mut fetched = Fetched {
             objects: Vec::new(),
@@ -240,12 +247,8 @@ impl ObjectCache {
             part.committed = true;
             #[cfg(test)]
             tests::evict_in_gap(&self.options.dir, &lock, &entry.lock);
-            downgrade(
-                &mut lock,
-                &entry.lock,
-                self.options.lock_timeout,
-                Some(&entry.data),
-            )?;
+            // As long as a wait for this entry lasts (a range's is short).
+            downgrade(&mut lock, &entry.lock, wait.longest(), wait.written(&entry))?;
             touch(&lock, &entry.lock);
             let counter = if reading {
                 &self.counters.misses

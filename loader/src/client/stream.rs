@@ -55,6 +55,9 @@ pub struct EpochStream {
     /// An error the feed gave [`EpochStream::try_next_batch`], which does not raise: the next
     /// [`EpochStream::next_batch`] does (a feed may hand out an error once only).
     pending: Option<Error>,
+    /// Whether it gave an error other than an interruption: a stream to start again, not go on
+    /// with (a remote session that stopped gives its error once, then nothing).
+    failed: bool,
 }
 
 impl EpochStream {
@@ -99,6 +102,7 @@ impl EpochStream {
             successor: None,
             successor_failed: false,
             pending: None,
+            failed: false,
         }
     }
 
@@ -118,12 +122,15 @@ impl EpochStream {
     }
 
     /// Whether this stream, of `loader`, is `epoch` at `start_step`, as [`crate::Loader::epoch`]
-    /// would start it now (no split set since that its batches may not carry): it can go on,
-    /// keeping what it built ahead, and the time until its next batch is asked for is no
-    /// step of the consumer's. A loop that left an epoch early and takes it up again in a new
-    /// iterator had every batch built ahead cancelled and built again.
+    /// would start it now (no split set since that its batches may not carry, no error given
+    /// but an interruption: a failed stream, a remote session stopped, is started again): it
+    /// can go on, keeping what it built ahead, and the time until its next batch is asked for
+    /// is no step of the consumer's. A loop that left an epoch early and takes it up again in
+    /// a new iterator had every batch built ahead cancelled and built again.
     pub fn goes_on(&mut self, loader: &crate::Loader, epoch: u64, start_step: u64) -> bool {
         let same = Arc::ptr_eq(&self.core, &loader.core)
+            && !self.failed
+            && self.pending.is_none()
             && self.epoch == epoch
             && self.next_step == start_step
             && !self
@@ -265,6 +272,18 @@ impl EpochStream {
         &mut self,
         interrupted: &mut dyn FnMut() -> bool,
     ) -> Result<Option<Batch>> {
+        let next = self.wait_for_next(interrupted);
+        if next
+            .as_ref()
+            .is_err_and(|error| !matches!(error, Error::Interrupted))
+        {
+            self.failed = true;
+        }
+        next
+    }
+
+    /// [`EpochStream::next_batch_checked`], but for what a failure leaves.
+    fn wait_for_next(&mut self, interrupted: &mut dyn FnMut() -> bool) -> Result<Option<Batch>> {
         if let Some(error) = self.pending.take() {
             return Err(error);
         }
@@ -383,7 +402,9 @@ impl EpochStream {
                 }
             }
         }
-        self.hand_out(Instant::now(), step).map(Some)
+        let handed = self.hand_out(Instant::now(), step);
+        self.failed |= handed.is_err();
+        handed.map(Some)
     }
 
     /// Takes `step` (arrived) out of the reorder buffer, feeds the controller what this call

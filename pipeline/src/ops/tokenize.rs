@@ -169,18 +169,23 @@ impl TextTokenizer {
     /// The `tokenizer.json` at `path`, loaded once for every job of this process that uses
     /// that version of the file while one holds it: a worker builds a job per rank, and each
     /// loaded its own copy (86 MB a rank of a 400K-word vocabulary; 2.3 GB for 24 ranks).
+    /// The load itself runs without the table's lock (another job's tokenizer is not held up
+    /// behind it); of two loads of one file at once, the first kept serves both.
     pub fn shared(path: &Path) -> Result<Arc<TextTokenizer>> {
         let identity = identity_of(path);
-        let mut loaded = LOADED.lock().unwrap_or_else(|p| p.into_inner());
-        let loaded = loaded.get_or_insert_with(Default::default);
-        if let (Some(identity), Some((known, tokenizer))) = (identity, loaded.get(path)) {
-            if *known == identity {
-                if let Some(tokenizer) = tokenizer.upgrade() {
-                    return Ok(tokenizer);
-                }
-            }
+        let known = |loaded: &mut Option<Loaded>| {
+            let (known, tokenizer) = loaded.as_ref()?.get(path)?;
+            (Some(*known) == identity).then(|| tokenizer.upgrade())?
+        };
+        if let Some(tokenizer) = known(&mut LOADED.lock().unwrap_or_else(|p| p.into_inner())) {
+            return Ok(tokenizer);
         }
         let tokenizer = Arc::new(TextTokenizer::load(path)?);
+        let mut loaded = LOADED.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(first) = known(&mut loaded) {
+            return Ok(first);
+        }
+        let loaded = loaded.get_or_insert_with(Default::default);
         loaded.retain(|_, (_, tokenizer)| tokenizer.strong_count() > 0);
         if let Some(identity) = identity {
             loaded.insert(path.to_path_buf(), (identity, Arc::downgrade(&tokenizer)));

@@ -273,11 +273,17 @@ mod tests {
         let (read, _) = read_all(frame(empty_tensors), Some(ok_trailers()), 1 << 20);
         let error = read.last().and_then(|r| r.as_ref().err()).expect("refused");
         assert!(error.message().contains("tensors"), "{error:?}");
-        let indices = Batch {
-            sample_indices: vec![1; 20_000_000],
-            ..Batch::default()
-        };
-        let (read, _) = read_all(frame(indices.encode_to_vec()), Some(ok_trailers()), 1 << 20);
+        // 40 million one-byte indices, packed (field 5).
+        let count: usize = 40_000_000;
+        let mut indices = vec![5 << 3 | 2];
+        let mut length = count;
+        while length >= 0x80 {
+            indices.push((length as u8 & 0x7f) | 0x80);
+            length >>= 7;
+        }
+        indices.push(length as u8);
+        indices.resize(indices.len() + count, 1);
+        let (read, _) = read_all(frame(indices), Some(ok_trailers()), 1 << 20);
         let error = read.last().and_then(|r| r.as_ref().err()).expect("refused");
         assert!(error.message().contains("fields besides"), "{error:?}");
     }

@@ -154,13 +154,14 @@ fn broken(error: StdError) -> Status {
     Status::unavailable(format!("the stream broke: {}", status.message()))
 }
 
-/// Tensors one batch message holds at most (a batch has a handful: images or token ids,
-/// labels, positions, documents, sources, columns).
-pub(crate) const MAX_TENSORS: usize = 256;
+/// Tensors one batch message holds at most: a handful (images or token ids, labels,
+/// positions, documents, sources), or one per column a `SelectColumns` names, far below this.
+pub(crate) const MAX_TENSORS: usize = 65_536;
 
 /// Bytes of a batch message's fields besides its tensors at most (its sample indices, bad
-/// samples and timings: tens of bytes a sample), which decode into up to eight times as much.
-pub(crate) const MAX_FIELD_BYTES: usize = 16 << 20;
+/// samples with their paths and reasons, timings: a few hundred bytes a sample at most, for
+/// 65,536 samples), which decode into up to eight times as much.
+pub(crate) const MAX_FIELD_BYTES: usize = 32 << 20;
 
 fn malformed(what: &str) -> Status {
     Status::internal(format!("malformed batch message: {what}"))

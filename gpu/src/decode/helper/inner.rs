@@ -310,16 +310,21 @@ impl Inner {
         // The helper's rows, copied here; if they cannot be (the helper lost meanwhile, or
         // the copy failing), they are built here too.
         let mut on_cpu = cpu.len();
-        ring_taken.set(true);
         let device_rows = match made {
             Err(error) => {
                 self.put_ring(ring);
+                ring_taken.set(true);
                 Err(error)
             }
+            // The rows made of the buffer (its last step) give it back when let go.
             Ok(()) => match self.copy_rows(ring, positions.clone(), &replaced) {
-                Ok(device_rows) => Ok(device_rows),
+                Ok(device_rows) => {
+                    ring_taken.set(true);
+                    Ok(device_rows)
+                }
                 Err(why) => {
                     self.put_ring(ring);
+                    ring_taken.set(true);
                     if let Some(why) = why {
                         self.lose(format!("copying its rows for step {step}: {why}"));
                     }
