@@ -333,6 +333,13 @@ impl StreamFile {
     }
 }
 
+/// `a + b`, or why not: buffer counts come from the file (a view column's variadic count is
+/// the file's word, up to i64's range), and a sum that wrapped could pass the check that every
+/// buffer is accounted for.
+fn plus(a: usize, b: usize) -> std::result::Result<usize, &'static str> {
+    a.checked_add(b).ok_or("buffer counts past any file's")
+}
+
 /// How many IPC buffers a column of `data_type` has (the layout arrow-ipc's reader walks).
 fn buffer_count(
     data_type: &DataType,
@@ -346,20 +353,24 @@ fn buffer_count(
             let extra = variadic
                 .next()
                 .ok_or("a view column has no variadic buffer count")?;
-            2 + usize::try_from(extra).map_err(|_| "negative variadic buffer count")?
+            plus(
+                2,
+                usize::try_from(extra).map_err(|_| "negative variadic buffer count")?,
+            )?
         }
         DataType::List(child) | DataType::LargeList(child) | DataType::Map(child, _) => {
-            2 + buffer_count(child.data_type(), variadic, version)?
+            plus(2, buffer_count(child.data_type(), variadic, version)?)?
         }
         DataType::ListView(child) | DataType::LargeListView(child) => {
-            3 + buffer_count(child.data_type(), variadic, version)?
+            plus(3, buffer_count(child.data_type(), variadic, version)?)?
         }
         DataType::FixedSizeList(child, _) => {
-            1 + buffer_count(child.data_type(), variadic, version)?
+            plus(1, buffer_count(child.data_type(), variadic, version)?)?
         }
-        DataType::Struct(fields) => {
-            1 + children_buffer_count(fields.iter().map(|f| f.data_type()), variadic, version)?
-        }
+        DataType::Struct(fields) => plus(
+            1,
+            children_buffer_count(fields.iter().map(|f| f.data_type()), variadic, version)?,
+        )?,
         DataType::RunEndEncoded(run_ends, values) => children_buffer_count(
             [run_ends.data_type(), values.data_type()].into_iter(),
             variadic,
@@ -369,10 +380,13 @@ fn buffer_count(
             let own = usize::from(version < MetadataVersion::V5)
                 + 1
                 + usize::from(*mode == UnionMode::Dense);
-            own + children_buffer_count(
-                fields.iter().map(|(_, field)| field.data_type()),
-                variadic,
-                version,
+            plus(
+                own,
+                children_buffer_count(
+                    fields.iter().map(|(_, field)| field.data_type()),
+                    variadic,
+                    version,
+                )?,
             )?
         }
         // Validity and values (fixed-width, boolean, fixed-size binary, dictionary keys).
@@ -388,7 +402,7 @@ fn children_buffer_count<'a>(
 ) -> std::result::Result<usize, &'static str> {
     let mut total = 0;
     for child in children {
-        total += buffer_count(child, variadic, version)?;
+        total = plus(total, buffer_count(child, variadic, version)?)?;
     }
     Ok(total)
 }
@@ -415,6 +429,14 @@ mod tests {
         let mut counts = [3i64].into_iter();
         assert_eq!(buffer_count(&DataType::Utf8View, &mut counts, v5), Ok(5));
         assert!(buffer_count(&DataType::Utf8View, &mut counts, v5).is_err());
+        // Two view columns whose variadic counts add up past usize: refused, not wrapped to
+        // a small count that the check of every buffer accounted for could pass.
+        let two_views = DataType::Struct(Fields::from(vec![
+            Field::new("a", DataType::Utf8View, true),
+            Field::new("b", DataType::Utf8View, true),
+        ]));
+        let mut huge = [i64::MAX, i64::MAX, i64::MAX].into_iter();
+        assert!(buffer_count(&two_views, &mut huge, v5).is_err());
     }
 
     /// A record batch claiming more rows than its body can hold is refused: 2^62 rows written
