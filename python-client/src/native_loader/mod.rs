@@ -360,8 +360,10 @@ impl NativeLoader {
             (loader, done, plain, start_step)
         };
         let mut current = self.current(py);
-        // The stream already at this epoch and step goes on, keeping what it built ahead.
-        let plain_epoch = done.is_none() && plain.is_none() && !self.is_closing();
+        // In process, the stream already at this epoch and step goes on with what it built
+        // ahead (a remote one opens its session again, as identical runs sharing it expect).
+        let plain_epoch =
+            done.is_none() && plain.is_none() && !self.is_closing() && self.address.is_none();
         let live = current.as_mut().map(|current| &mut current.stream);
         if plain_epoch && live.is_some_and(|live| live.goes_on(&loader, epoch, start_step)) {
             return Ok(());
