@@ -411,3 +411,59 @@ pub async fn coordinator_client(
         .await
         .expect("a connection to the coordinator")
 }
+
+/// A source over another that counts its reads, and can be slowed down or made to panic on
+/// one sample (once `panic_after` reads of it have passed: 0 panics on the first).
+pub struct TestSource {
+    inner: std::sync::Arc<dyn stoker_datasets::SampleSource>,
+    /// Reads of every sample so far.
+    pub reads: std::sync::atomic::AtomicU64,
+    delay: Duration,
+    panic_on: Option<u64>,
+    panic_after: u64,
+    reads_of_panic_on: std::sync::atomic::AtomicU64,
+}
+
+impl TestSource {
+    pub fn new(
+        inner: std::sync::Arc<dyn stoker_datasets::SampleSource>,
+        delay: Duration,
+        panic_on: Option<u64>,
+        panic_after: u64,
+    ) -> TestSource {
+        TestSource {
+            inner,
+            reads: 0.into(),
+            delay,
+            panic_on,
+            panic_after,
+            reads_of_panic_on: 0.into(),
+        }
+    }
+}
+
+impl stoker_datasets::SampleSource for TestSource {
+    fn len(&self) -> u64 {
+        self.inner.len()
+    }
+    fn label(&self, index: u64) -> i64 {
+        self.inner.label(index)
+    }
+    fn describe(&self, index: u64) -> String {
+        self.inner.describe(index)
+    }
+    fn read(&self, index: u64) -> stoker_datasets::Result<Vec<u8>> {
+        use std::sync::atomic::Ordering;
+        self.reads.fetch_add(1, Ordering::SeqCst);
+        if Some(index) == self.panic_on
+            && self.reads_of_panic_on.fetch_add(1, Ordering::SeqCst) >= self.panic_after
+        {
+            panic!("test source told to panic on sample {index}");
+        }
+        std::thread::sleep(self.delay);
+        self.inner.read(index)
+    }
+    fn class_names(&self) -> &[String] {
+        self.inner.class_names()
+    }
+}

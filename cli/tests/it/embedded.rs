@@ -3,7 +3,7 @@
 
 #![allow(clippy::unwrap_used)] // tests fail loudly by design
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -13,7 +13,7 @@ use stoker_loader::{Error, Loader, LoaderOptions};
 use stoker_pipeline::Job;
 use stoker_proto::v1::JobSpec;
 
-use crate::common::{self, digest, epoch_batches};
+use crate::common::{self, digest, epoch_batches, TestSource};
 
 #[test]
 fn batches_are_bit_identical_for_any_thread_count() {
@@ -124,47 +124,14 @@ fn resuming_mid_epoch_gives_the_same_batches() {
     assert!(loader.epoch(3, 99).is_err());
 }
 
-/// A source that counts reads and can be slowed down or made to panic.
-struct TestSource {
-    inner: stoker_datasets::ImageFolder,
-    reads: AtomicU64,
-    delay: Duration,
-    panic_on: Option<u64>,
-}
-
-impl SampleSource for TestSource {
-    fn len(&self) -> u64 {
-        self.inner.len()
-    }
-    fn label(&self, index: u64) -> i64 {
-        self.inner.label(index)
-    }
-    fn describe(&self, index: u64) -> String {
-        self.inner.describe(index)
-    }
-    fn read(&self, index: u64) -> stoker_datasets::Result<Vec<u8>> {
-        self.reads.fetch_add(1, Ordering::SeqCst);
-        assert_ne!(Some(index), self.panic_on, "test source told to panic");
-        std::thread::sleep(self.delay);
-        self.inner.read(index)
-    }
-    fn class_names(&self) -> &[String] {
-        self.inner.class_names()
-    }
-}
-
 fn test_loader(
     dir: &std::path::Path,
     delay: Duration,
     panic_on: Option<u64>,
     options: LoaderOptions,
 ) -> (Loader, Arc<TestSource>) {
-    let source = Arc::new(TestSource {
-        inner: stoker_datasets::ImageFolder::open(dir).unwrap(),
-        reads: AtomicU64::new(0),
-        delay,
-        panic_on,
-    });
+    let folder = stoker_datasets::ImageFolder::open(dir).unwrap();
+    let source = Arc::new(TestSource::new(Arc::new(folder), delay, panic_on, 0));
     let spec = JobSpec {
         shuffle: false,
         ..common::train_spec(dir, 4)

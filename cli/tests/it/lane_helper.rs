@@ -613,49 +613,16 @@ fn a_helper_whose_loader_ended_as_it_started_ends() {
     assert!(alive, "the helper of a running loader stays");
 }
 
-/// A source whose second read of sample `panics_at` panics: the decode threads read each
-/// sample once, and a batch the helper gives back is built on the CPU from a second read.
-struct PanicsOnSecondRead {
-    inner: Arc<dyn stoker_datasets::SampleSource>,
-    panics_at: u64,
-    reads: std::sync::atomic::AtomicU64,
-}
-
-impl stoker_datasets::SampleSource for PanicsOnSecondRead {
-    fn len(&self) -> u64 {
-        self.inner.len()
-    }
-    fn label(&self, index: u64) -> i64 {
-        self.inner.label(index)
-    }
-    fn describe(&self, index: u64) -> String {
-        self.inner.describe(index)
-    }
-    fn read(&self, index: u64) -> stoker_datasets::Result<Vec<u8>> {
-        if index == self.panics_at
-            && self.reads.fetch_add(1, std::sync::atomic::Ordering::SeqCst) >= 1
-        {
-            panic!("a second read of sample {index}");
-        }
-        self.inner.read(index)
-    }
-    fn class_names(&self) -> &[String] {
-        self.inner.class_names()
-    }
-}
-
 /// A panic as a batch the helper gave back is built on the CPU (on the thread that reads the
 /// helper's answers) fails that step with the panic named, as in the lane without a helper:
 /// the step never came, and the loader waited out its timeout.
 #[test]
 fn a_panic_building_a_batch_the_helper_gave_back_fails_its_step() {
     let (_dir, spec) = images(16);
+    // The decode threads read each sample once; a batch the helper gives back is built on
+    // the CPU from a second read, which panics on sample 3.
     let source = stoker_pipeline::open_sources(&spec).unwrap().remove(0);
-    let source = Arc::new(PanicsOnSecondRead {
-        inner: source,
-        panics_at: 3,
-        reads: 0.into(),
-    });
+    let source = Arc::new(common::TestSource::new(source, Duration::ZERO, Some(3), 1));
     let job = stoker_pipeline::Job::with_source(spec, source).unwrap();
     let starter = deviceless(DecodeMode::Gpu, Duration::from_secs(60));
     let loader = Loader::from_job(
@@ -678,7 +645,7 @@ fn a_panic_building_a_batch_the_helper_gave_back_fails_its_step() {
     assert!(
         errors
             .iter()
-            .any(|e| e.contains("panicked") && e.contains("a second read of sample 3")),
+            .any(|e| e.contains("panicked") && e.contains("told to panic on sample 3")),
         "{errors:?} after {:?}",
         started.elapsed()
     );
