@@ -197,11 +197,11 @@ pub(crate) fn remove_written_set(files: &[(PathBuf, PathBuf)], open: Option<&Pat
     }
 }
 
-/// The bytes of the small file at `path` (a manifest, a class list, an index cache): refused
-/// when it is not a regular file (a named pipe waited for a writer for good; a link to
-/// `/dev/zero` was read until memory ran out) or holds more than `max_bytes`.
-pub(crate) fn read_small_file(path: &Path, max_bytes: u64) -> std::io::Result<Vec<u8>> {
-    use std::io::Read;
+/// The file at `path` opened for reading, with its metadata, refused (`InvalidInput`) when
+/// it is not a regular file: a named pipe is opened without waiting for a writer, and refused.
+pub(crate) fn open_regular_file(
+    path: &Path,
+) -> std::io::Result<(std::fs::File, std::fs::Metadata)> {
     use std::os::unix::fs::OpenOptionsExt;
     let file = std::fs::OpenOptions::new()
         .read(true)
@@ -214,6 +214,15 @@ pub(crate) fn read_small_file(path: &Path, max_bytes: u64) -> std::io::Result<Ve
             "not a regular file",
         ));
     }
+    Ok((file, metadata))
+}
+
+/// The bytes of the small file at `path` (a manifest, a class list, an index cache): refused
+/// when it is not a regular file (a named pipe waited for a writer for good; a link to
+/// `/dev/zero` was read until memory ran out) or holds more than `max_bytes`.
+pub(crate) fn read_small_file(path: &Path, max_bytes: u64) -> std::io::Result<Vec<u8>> {
+    use std::io::Read;
+    let (file, metadata) = open_regular_file(path)?;
     let too_large = || {
         std::io::Error::new(
             std::io::ErrorKind::InvalidData,

@@ -278,26 +278,10 @@ fn bytes_header_facts(bytes: &[u8]) -> HeaderFacts {
 /// The header facts of the image file at `path`; a named pipe (or anything but a regular file)
 /// is opened without waiting for a writer and counted unreadable, as the loader refuses it.
 fn read_header_facts(path: &Path) -> HeaderFacts {
-    use std::os::unix::fs::OpenOptionsExt;
-    let file = match std::fs::OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_NONBLOCK)
-        .open(path)
-    {
-        Ok(file) => file,
+    let (file, file_bytes) = match crate::files::open_regular_file(path) {
+        Ok((file, metadata)) => (file, metadata.len()),
         Err(error) => {
             debug!(path = %path.display(), %error, "cannot open sample");
-            return HeaderFacts::Unreadable;
-        }
-    };
-    let file_bytes = match file.metadata() {
-        Ok(metadata) if metadata.is_file() => metadata.len(),
-        Ok(_) => {
-            debug!(path = %path.display(), "not a regular file");
-            return HeaderFacts::Unreadable;
-        }
-        Err(error) => {
-            debug!(path = %path.display(), %error, "cannot stat sample");
             return HeaderFacts::Unreadable;
         }
     };

@@ -290,20 +290,9 @@ const SNIFFED_BYTES: u64 = 16;
 /// 4 MiB and starts as no image format does.
 fn read_bounded(path: &std::path::Path) -> Result<Vec<u8>> {
     use std::io::Read;
-    use std::os::unix::fs::OpenOptionsExt;
     crate::referenced_files::check_data_file(path)?;
-    let file = std::fs::OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_NONBLOCK)
-        .open(path)
-        .map_err(|source| Error::io(path, source))?;
-    let metadata = file.metadata().map_err(|source| Error::io(path, source))?;
-    if !metadata.is_file() {
-        return Err(Error::io(
-            path,
-            std::io::Error::new(std::io::ErrorKind::InvalidInput, "not a regular file"),
-        ));
-    }
+    let (file, metadata) =
+        crate::files::open_regular_file(path).map_err(|source| Error::io(path, source))?;
     let bytes = metadata.len();
     if bytes > crate::MAX_SAMPLE_BYTES {
         return Err(Error::SampleTooLarge {
