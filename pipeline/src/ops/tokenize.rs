@@ -149,7 +149,8 @@ impl std::fmt::Debug for TextTokenizer {
 /// The tokenizers this process has loaded and still uses, by path, with the file's identity
 /// (device, inode, size, modification time) as it was read.
 type Loaded = std::collections::HashMap<PathBuf, (FileIdentity, std::sync::Weak<TextTokenizer>)>;
-static LOADED: std::sync::Mutex<Option<Loaded>> = std::sync::Mutex::new(None);
+static LOADED: std::sync::LazyLock<std::sync::Mutex<Loaded>> =
+    std::sync::LazyLock::new(Default::default);
 
 /// What tells one version of a file from another without reading it.
 type FileIdentity = (u64, u64, u64, Option<std::time::SystemTime>);
@@ -173,19 +174,18 @@ impl TextTokenizer {
     /// behind it); of two loads of one file at once, the first kept serves both.
     pub fn shared(path: &Path) -> Result<Arc<TextTokenizer>> {
         let identity = identity_of(path);
-        let known = |loaded: &mut Option<Loaded>| {
-            let (known, tokenizer) = loaded.as_ref()?.get(path)?;
+        let known = |loaded: &Loaded| {
+            let (known, tokenizer) = loaded.get(path)?;
             (Some(*known) == identity).then(|| tokenizer.upgrade())?
         };
-        if let Some(tokenizer) = known(&mut LOADED.lock().unwrap_or_else(|p| p.into_inner())) {
+        if let Some(tokenizer) = known(&LOADED.lock().unwrap_or_else(|p| p.into_inner())) {
             return Ok(tokenizer);
         }
         let tokenizer = Arc::new(TextTokenizer::load(path)?);
         let mut loaded = LOADED.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(first) = known(&mut loaded) {
+        if let Some(first) = known(&loaded) {
             return Ok(first);
         }
-        let loaded = loaded.get_or_insert_with(Default::default);
         loaded.retain(|_, (_, tokenizer)| tokenizer.strong_count() > 0);
         if let Some(identity) = identity {
             loaded.insert(path.to_path_buf(), (identity, Arc::downgrade(&tokenizer)));
