@@ -40,10 +40,15 @@ fn one(value: Option<f64>) -> Samples {
     vec![(None, value)]
 }
 
-/// Whether the job's newest reading is of a remote client whose reports stopped: its shares
-/// of time and its rates are unknown then, and left out.
-fn silent(job: &JobSeries) -> bool {
-    job.points.back().is_some_and(|p| p.report_age_s.is_some())
+/// [`one`], left out while the job's newest reading is of a remote client whose reports
+/// stopped: its shares of time and its rates are unknown then.
+fn one_unless_silent(job: &JobSeries, value: Option<f64>) -> Samples {
+    let silent = job.points.back().is_some_and(|p| p.report_age_s.is_some());
+    if silent {
+        Vec::new()
+    } else {
+        one(value)
+    }
 }
 
 const FAMILIES: &[Family] = &[
@@ -52,10 +57,10 @@ const FAMILIES: &[Family] = &[
         kind: "gauge",
         help: "Share of the last sampling interval the trainer spent waiting for a batch (absent for a remote client whose reports stopped).",
         samples: |job| {
-            one(job.points.back().and_then(|p| p.stall_pct).map(|p| p / 100.0))
-                .into_iter()
-                .filter(|_| !silent(job))
-                .collect()
+            one_unless_silent(
+                job,
+                job.points.back().and_then(|p| p.stall_pct).map(|p| p / 100.0),
+            )
         },
     },
     Family {
@@ -68,10 +73,7 @@ const FAMILIES: &[Family] = &[
                 .len()
                 .checked_sub(1)
                 .map(|end| job.window_ending(end));
-            one(window.and_then(|w| w.stall_pct).map(|p| p / 100.0))
-                .into_iter()
-                .filter(|_| !silent(job))
-                .collect()
+            one_unless_silent(job, window.and_then(|w| w.stall_pct).map(|p| p / 100.0))
         },
     },
     Family {
@@ -144,12 +146,7 @@ const FAMILIES: &[Family] = &[
         name: "stoker_samples_per_second",
         kind: "gauge",
         help: "Samples yielded per second over the last 10 seconds (absent for a remote client whose reports stopped).",
-        samples: |job| {
-            one(job.points.back().and_then(|p| p.samples_per_s))
-                .into_iter()
-                .filter(|_| !silent(job))
-                .collect()
-        },
+        samples: |job| one_unless_silent(job, job.points.back().and_then(|p| p.samples_per_s)),
     },
     Family {
         name: "stoker_samples_total",
