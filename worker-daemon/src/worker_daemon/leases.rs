@@ -19,12 +19,12 @@ use super::error_status;
 use stoker_rpc::transport::{Backoff, RpcChannel, MAX_MESSAGE_BYTES};
 
 use super::fleet::Place;
-use super::opening::{job_entry, OpenBackoff, Unopened};
+use super::opening::{OpenBackoff, Openings, Unopened};
 use super::reports::{
     heartbeat_loop, put_back_counts, report_loop, reported_tasks, take_report, unreported_lost,
 };
 use super::subscriptions::Found;
-use super::{lock, Outcome, Shared, WorkerConfig, LEAVE_RESERVE};
+use super::{lock, JobEntry, Outcome, Shared, WorkerConfig, LEAVE_RESERVE};
 
 /// How a spell of leasing from one registration ended.
 enum Ended {
@@ -208,6 +208,16 @@ async fn serve_leases(
     let reserve = LEAVE_RESERVE.min(config.drain_timeout / 4);
     let mut open_backoff = OpenBackoff::default();
     let mut leases = LeaseCalls::new(client.clone());
+    let mut openings = Openings::new(place.index);
+    let serving = Serving {
+        shared,
+        place,
+        deliveries: &deliveries,
+        most_deliveries,
+        draining: &draining,
+        reserve,
+        outcomes: &outcomes_tx,
+    };
     let status = loop {
         if draining.borrow().is_some() {
             break None;
@@ -222,7 +232,8 @@ async fn serve_leases(
             .lease(LeaseRequest {
                 worker_id,
                 max_tasks: config.lease_ahead.max(1),
-                wait_ms: 1000,
+                // While a job opens, its waiting tasks are looked at again soon.
+                wait_ms: if openings.under_way() { 50 } else { 1000 },
                 report,
             })
             .await;
@@ -241,88 +252,39 @@ async fn serve_leases(
         // The shortest wait of the jobs whose tasks went back untried, while no task of this
         // lease was served.
         let mut only_handed_back = (!tasks.is_empty()).then_some(OpenBackoff::MOST);
-        // Once the drain's time for deliveries is up, what is left goes back to the coordinator
-        // for another worker.
-        let handed_back = |task: &TaskLease| Outcome::Failed(task.lease_id, STOPPING.into());
+        // First the tasks whose job's opening ended since the last lease, then this lease's.
+        for (job, opened, waiting) in openings.ended(shared).await {
+            match opened {
+                Ok(entry) => {
+                    open_backoff.opened(job);
+                    for task in waiting {
+                        serving.build(entry.clone(), task).await;
+                    }
+                }
+                Err(unopened) => {
+                    let reason = unopened.status().message().to_string();
+                    let pause = open_backoff.failed(job, Instant::now(), &reason);
+                    if let Unopened::Refused(_) = unopened {
+                        tracing::warn!(job, %reason, ?pause, "cannot open the job's datasets on this worker: its clients are told and its tasks go to other workers");
+                    } else {
+                        tracing::warn!(job, %reason, ?pause, "cannot open the job's datasets; its tasks go back untried until the next try");
+                    }
+                    for task in waiting {
+                        serving.unopened(&unopened, task).await;
+                    }
+                }
+            }
+        }
         for task in tasks {
-            let permit = share_permit(&deliveries, most_deliveries, place);
-            let Some(Ok(permit)) = before_drain_due(permit, draining.clone(), reserve).await else {
-                let _ = outcomes_tx.send(handed_back(&task));
-                continue;
-            };
             if let Some((wait, reason)) = open_backoff.wait(task.job_id, Instant::now()) {
                 let _ = outcomes_tx.send(Outcome::Failed(task.lease_id, reason));
                 only_handed_back = only_handed_back.map(|least| least.min(wait));
                 continue;
             }
             only_handed_back = None;
-            let opened = job_entry(shared, &mut client, place.index, task.job_id);
-            let Some(opened) = before_drain_due(opened, draining.clone(), reserve).await else {
-                let _ = outcomes_tx.send(handed_back(&task));
-                continue;
-            };
-            let entry = match opened {
-                Ok(entry) => {
-                    open_backoff.opened(task.job_id);
-                    entry
-                }
-                // A dataset this worker cannot open (gone from its disk, outside its
-                // --data-root, not a dataset, changed since first opened) fails the same way
-                // here next time: the client hears why, marked as this worker's own failure
-                // (it takes its batches from the others, and fails once every worker has said
-                // so), and the task goes back to the queue for another worker. The job's
-                // next tasks go back untried for a while. One that may open later (a store or
-                // disk failing) is only handed back.
-                Err(Unopened::Refused(status)) => {
-                    let reason = status.message().to_string();
-                    let pause = open_backoff.failed(task.job_id, Instant::now(), &reason);
-                    tracing::warn!(job = task.job_id, %reason, ?pause, "cannot open the job's datasets on this worker: its clients are told and its tasks go to other workers");
-                    let sent = send_error(shared, &task, error_kinds::job_unopened(status));
-                    let _ = before_drain_due(sent, draining.clone(), reserve).await;
-                    let _ = outcomes_tx.send(Outcome::Failed(task.lease_id, reason));
-                    continue;
-                }
-                Err(Unopened::Dataset(status) | Unopened::Coordinator(status)) => {
-                    let reason = status.message().to_string();
-                    let pause = open_backoff.failed(task.job_id, Instant::now(), &reason);
-                    tracing::warn!(job = task.job_id, %reason, ?pause, "cannot open the job's datasets; its tasks go back untried until the next try");
-                    let _ = outcomes_tx.send(Outcome::Failed(task.lease_id, reason));
-                    continue;
-                }
-            };
-            let built = {
-                let shared = shared.clone();
-                tokio::task::spawn_blocking(move || shared.build(&entry, &task))
-            };
-            // A build still running at the deadline finishes on its own; its batch is dropped.
-            let Some(built) = before_drain_due(built, draining.clone(), reserve).await else {
-                let _ = outcomes_tx.send(handed_back(&task));
-                continue;
-            };
-            let status = match built {
-                Ok(Ok(batch)) => {
-                    // Reported while the lease loop or the drain waits for it; a delivery still
-                    // waiting when the drain gives up on it is returned by the leave instead.
-                    let (shared, outcomes) = (shared.clone(), outcomes_tx.downgrade());
-                    tokio::spawn(async move {
-                        let outcome = deliver(&shared, &task, batch).await;
-                        if let Some(outcomes) = outcomes.upgrade() {
-                            let _ = outcomes.send(outcome);
-                        }
-                        drop(permit);
-                    });
-                    continue;
-                }
-                // Under the fail policy a bad sample fails the batch: the client must hear about
-                // it, not wait for a retry that fails the same way.
-                Ok(Err(error)) => error_status(&error),
-                // A build is a function of the task: tried again it panics again, so the client
-                // hears of it, as of a decode thread's panic in-process.
-                Err(panic) => Status::internal(format!("a worker's batch build panicked: {panic}")),
-            };
-            let sent = send_error(shared, &task, status);
-            let outcome = before_drain_due(sent, draining.clone(), reserve).await;
-            let _ = outcomes_tx.send(outcome.unwrap_or_else(|| handed_back(&task)));
+            if let Some((entry, task)) = openings.open_or_wait(shared, &client, task) {
+                serving.build(entry, task).await;
+            }
         }
         if let Some(wait) = only_handed_back {
             // Nothing this worker can serve came: lease again when a job's next try is due.
@@ -338,6 +300,11 @@ async fn serve_leases(
         reporter.abort();
         unreported_lost(lock(&unreported).len(), &status);
         return Ended::Lost(status);
+    }
+    // What waits for its job's opening goes back for another worker.
+    for task in openings.take_waiting() {
+        let reason = "the worker is stopping; the job's datasets were still opening";
+        let _ = outcomes_tx.send(Outcome::Failed(task.lease_id, reason.into()));
     }
     // The drain, by its deadline (the loop ends here only once it has one): the deliveries,
     // then the last report, then the leave, each by a point of its own, the last a little
@@ -376,6 +343,92 @@ async fn serve_leases(
         Err(_) => tracing::warn!("the coordinator did not answer the leave in time"),
     }
     Ended::Drained
+}
+
+/// What a spell of leasing serves its tasks with.
+struct Serving<'a> {
+    shared: &'a Arc<Shared>,
+    place: &'a Place,
+    deliveries: &'a Arc<Semaphore>,
+    most_deliveries: u32,
+    draining: &'a Draining,
+    reserve: Duration,
+    outcomes: &'a mpsc::UnboundedSender<Outcome>,
+}
+
+impl Serving<'_> {
+    /// `task` goes back to the coordinator for another worker: the drain's time for
+    /// deliveries is up.
+    fn handed_back(&self, task: &TaskLease) {
+        let _ = (self.outcomes).send(Outcome::Failed(task.lease_id, STOPPING.into()));
+    }
+
+    /// Builds `task`'s batch on the decode pool once the loop's deliveries in flight are under
+    /// its share, and delivers it on a task of its own (or sends its error to the client).
+    async fn build(&self, entry: Arc<JobEntry>, task: TaskLease) {
+        let (shared, draining) = (self.shared, self.draining);
+        let permit = share_permit(self.deliveries, self.most_deliveries, self.place);
+        let Some(Ok(permit)) = before_drain_due(permit, draining.clone(), self.reserve).await
+        else {
+            return self.handed_back(&task);
+        };
+        let built = {
+            let shared = shared.clone();
+            tokio::task::spawn_blocking(move || shared.build(&entry, &task))
+        };
+        // A build still running at the deadline finishes on its own; its batch is dropped.
+        let Some(built) = before_drain_due(built, draining.clone(), self.reserve).await else {
+            return self.handed_back(&task);
+        };
+        let status = match built {
+            Ok(Ok(batch)) => {
+                // Reported while the lease loop or the drain waits for it; a delivery still
+                // waiting when the drain gives up on it is returned by the leave instead.
+                let (shared, outcomes) = (shared.clone(), self.outcomes.downgrade());
+                tokio::spawn(async move {
+                    let outcome = deliver(&shared, &task, batch).await;
+                    if let Some(outcomes) = outcomes.upgrade() {
+                        let _ = outcomes.send(outcome);
+                    }
+                    drop(permit);
+                });
+                return;
+            }
+            // Under the fail policy a bad sample fails the batch: the client must hear about
+            // it, not wait for a retry that fails the same way.
+            Ok(Err(error)) => error_status(&error),
+            // A build is a function of the task: tried again it panics again, so the client
+            // hears of it, as of a decode thread's panic in-process.
+            Err(panic) => Status::internal(format!("a worker's batch build panicked: {panic}")),
+        };
+        self.send_error(&task, status).await;
+    }
+
+    /// Sends `status` to `task`'s client, by the drain's deadline.
+    async fn send_error(&self, task: &TaskLease, status: Status) {
+        let sent = send_error(self.shared, task, status);
+        let outcome = before_drain_due(sent, self.draining.clone(), self.reserve).await;
+        let _ = (self.outcomes)
+            .send(outcome.unwrap_or_else(|| Outcome::Failed(task.lease_id, STOPPING.into())));
+    }
+
+    /// `task`'s job did not open on this worker. A dataset that will not open here (gone from
+    /// its disk, outside its --data-root, not a dataset, changed since first opened) is told to
+    /// its client, marked as this worker's own failure (the client takes its batches from the
+    /// others, and fails once every worker has said so), and goes back to the queue for
+    /// another worker; one that may open later (a store or disk failing) is only handed back.
+    async fn unopened(&self, unopened: &Unopened, task: TaskLease) {
+        let reason = unopened.status().message().to_string();
+        if let Unopened::Refused(status) = unopened {
+            let sent = send_error(
+                self.shared,
+                &task,
+                error_kinds::job_unopened(status.clone()),
+            );
+            let _ = before_drain_due(sent, self.draining.clone(), self.reserve).await;
+        }
+        let _ = (self.outcomes).send(Outcome::Failed(task.lease_id, reason));
+    }
 }
 
 /// Sends a batch's error to its client's stream: complete once it is in the stream, unclaimed

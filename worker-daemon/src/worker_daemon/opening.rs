@@ -1,5 +1,5 @@
-//! A job's datasets opened for its first task on this worker: its spec asked of the
-//! coordinator, its paths held under the data roots, the failures another try may pass (the
+//! A job's datasets opened for its first task on this worker, in a task of its own while the
+//! worker serves its other jobs: its spec asked of the coordinator, its paths held under the data roots, the failures another try may pass (the
 //! task handed back) and those it will not (the client told), and the pause between tries.
 
 use std::collections::HashMap;
@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use stoker_datasets::SampleSource;
 use stoker_pipeline::{open_sources, Job};
 use stoker_proto::v1::coordinator_client::CoordinatorClient;
-use stoker_proto::v1::{GetJobRequest, GetJobResponse, JobSpec};
+use stoker_proto::v1::{GetJobRequest, GetJobResponse, JobSpec, TaskLease};
 use stoker_rpc::transport::RpcChannel;
 use tonic::Status;
 
@@ -60,10 +60,19 @@ impl OpenBackoff {
 /// not be opened in a way that may pass (a store or file system failing, the machine short of
 /// descriptors: the task is handed back); or in a way that will not (a path that is not there
 /// or outside --data-root, data that is not a dataset, a changed dataset: the client is told).
+#[derive(Clone)]
 pub(super) enum Unopened {
     Coordinator(Status),
     Dataset(Status),
     Refused(Status),
+}
+
+impl Unopened {
+    pub(super) fn status(&self) -> &Status {
+        match self {
+            Self::Coordinator(status) | Self::Dataset(status) | Self::Refused(status) => status,
+        }
+    }
 }
 
 /// Whether opening a job's datasets failed in a way another try may not repeat.
@@ -85,16 +94,121 @@ pub(super) fn may_pass(error: &stoker_pipeline::Error) -> bool {
     }
 }
 
-pub(super) async fn job_entry(
-    shared: &Arc<Shared>,
-    client: &mut CoordinatorClient<RpcChannel>,
+/// The jobs one spell of leasing is opening, each in a task of its own, with the tasks waiting
+/// for each: a job whose datasets take long to open (a large folder listed, a slow store, a
+/// coordinator slow to answer) holds up no other job's tasks on this worker. An opened job
+/// enters the worker's table only when the loop takes it ([`Openings::ended`]); dropped (the
+/// coordinator lost, the drain), the openings are aborted and enter nothing, so a job id of a
+/// coordinator's run before never names a job opened since.
+pub(super) struct Openings {
+    place: usize,
+    jobs: HashMap<u64, Opening>,
+}
+
+struct Opening {
+    task: tokio::task::JoinHandle<std::result::Result<JobEntry, Unopened>>,
+    waiting: Vec<TaskLease>,
+}
+
+/// A job whose opening ended: its id, the job or why it did not open, the tasks that waited.
+pub(super) type Ended = (
+    u64,
+    std::result::Result<Arc<JobEntry>, Unopened>,
+    Vec<TaskLease>,
+);
+
+impl Openings {
+    /// The openings of the loop against the coordinator at `place` in the list.
+    pub(super) fn new(place: usize) -> Self {
+        Self {
+            place,
+            jobs: HashMap::new(),
+        }
+    }
+
+    /// The job of `task` with it, if this worker has it open; else `task` waits for the job's
+    /// opening, started now unless it is under way.
+    pub(super) fn open_or_wait(
+        &mut self,
+        shared: &Arc<Shared>,
+        client: &CoordinatorClient<RpcChannel>,
+        task: TaskLease,
+    ) -> Option<(Arc<JobEntry>, TaskLease)> {
+        let (place, job_id) = (self.place, task.job_id);
+        if let Some(entry) = lock(&shared.jobs).get(&(place, job_id)) {
+            *lock(&entry.used) = Instant::now();
+            return Some((entry.clone(), task));
+        }
+        let opening = self.jobs.entry(job_id).or_insert_with(|| Opening {
+            task: tokio::spawn(open_job(shared.clone(), client.clone(), place, job_id)),
+            waiting: Vec::new(),
+        });
+        opening.waiting.push(task);
+        None
+    }
+
+    /// Whether a job is being opened.
+    pub(super) fn under_way(&self) -> bool {
+        !self.jobs.is_empty()
+    }
+
+    /// The openings that have ended, each with the tasks that waited for it; the jobs opened
+    /// enter the worker's table.
+    pub(super) async fn ended(&mut self, shared: &Shared) -> Vec<Ended> {
+        let done: Vec<u64> = (self.jobs.iter())
+            .filter(|(_, opening)| opening.task.is_finished())
+            .map(|(&job, _)| job)
+            .collect();
+        let mut ended = Vec::with_capacity(done.len());
+        for job in done {
+            let Some(opening) = self.jobs.remove(&job) else {
+                continue;
+            };
+            let opened = match opening.task.await {
+                Ok(Ok(entry)) => {
+                    let entry = Arc::new(entry);
+                    lock(&shared.jobs).insert((self.place, job), entry.clone());
+                    tracing::info!(job, "job opened");
+                    Ok(entry)
+                }
+                Ok(Err(unopened)) => Err(unopened),
+                Err(error) => Err(Unopened::Dataset(Status::internal(format!(
+                    "opening job {job} ended: {error}"
+                )))),
+            };
+            ended.push((job, opened, opening.waiting));
+        }
+        ended
+    }
+
+    /// Every task waiting, its job's opening aborted.
+    pub(super) fn take_waiting(&mut self) -> Vec<TaskLease> {
+        let jobs = std::mem::take(&mut self.jobs);
+        jobs.into_values()
+            .flat_map(|opening| {
+                opening.task.abort();
+                opening.waiting
+            })
+            .collect()
+    }
+}
+
+impl Drop for Openings {
+    fn drop(&mut self) {
+        for opening in self.jobs.values() {
+            opening.task.abort();
+        }
+    }
+}
+
+/// Job `job_id` of the coordinator at `place`: its spec asked of the coordinator, its
+/// datasets opened and checked against the registration.
+async fn open_job(
+    shared: Arc<Shared>,
+    mut client: CoordinatorClient<RpcChannel>,
     place: usize,
     job_id: u64,
-) -> std::result::Result<Arc<JobEntry>, Unopened> {
-    if let Some(entry) = lock(&shared.jobs).get(&(place, job_id)) {
-        *lock(&entry.used) = Instant::now();
-        return Ok(entry.clone());
-    }
+) -> std::result::Result<JobEntry, Unopened> {
     let registered = client
         .get_job(GetJobRequest { job_id })
         .await
@@ -106,7 +220,6 @@ pub(super) async fn job_entry(
         )))
     })?;
     let opened = {
-        let shared = shared.clone();
         let spec = spec.clone();
         tokio::task::spawn_blocking(move || {
             check_root(&shared.roots, &spec).map_err(Unopened::Refused)?;
@@ -136,16 +249,13 @@ pub(super) async fn job_entry(
             )))
         })??
     };
-    let entry = Arc::new(JobEntry {
+    Ok(JobEntry {
         spec,
         used: Mutex::new(Instant::now()),
         sources: opened,
         ranks: Mutex::new(HashMap::new()),
         plans: Mutex::new(HashMap::new()),
-    });
-    lock(&shared.jobs).insert((place, job_id), entry.clone());
-    tracing::info!(job = job_id, "job opened");
-    Ok(entry)
+    })
 }
 
 /// Refuses to serve a job whose datasets this worker sees otherwise than the worker that

@@ -354,10 +354,11 @@ fn the_loader_asks_for_an_answer_only_for_many_acks_on_the_way_at_the_epochs_end
     for (k, batch) in loader.epoch(0, 0)?.enumerate() {
         digest.update(&batch?);
         // As fast as the batches come (credits granted with some outstanding go quiet), but
-        // for one pause long enough for every batch asked for to arrive: the credit after it
-        // is granted with nothing outstanding, starts the stall clock and asks.
+        // for one pause long enough for every batch asked for to arrive (two of the worker's
+        // lease round trips, whatever their phase): the credit after it is granted with
+        // nothing outstanding, starts the stall clock and asks.
         if k == 4 {
-            std::thread::sleep(Duration::from_millis(300));
+            std::thread::sleep(Duration::from_millis(600));
         }
     }
     assert_eq!(digest.hex(), expected);
@@ -611,6 +612,72 @@ fn a_dead_clients_closed_stream_holds_up_no_other_jobs_epoch() -> TestResult {
     let stats = cluster.coordinator.core_stats();
     assert!(stats.failed_leases >= 1, "{stats:?}");
     Ok(())
+}
+
+/// A job slow to open on a worker (a large folder listed, a slow store; here its spec held at
+/// the coordinator) holds up no other job's epoch on that worker: the worker opens it beside
+/// the tasks it serves, and builds its waiting tasks once it has opened. Before, the worker's
+/// task loop waited on the opening, and every other job it served with it.
+#[test]
+fn a_job_slow_to_open_holds_up_no_other_jobs_epoch_on_the_worker() -> TestResult {
+    let recorded = proxy::Recorded::default();
+    let (data, _state, network, cluster) =
+        one_worker_behind(proxy::Proxy::Recording(recorded.clone()))?;
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    // The slow job: its client's stream open, four credits granted, its spec held.
+    let (slow, mut stream) = runtime.block_on(async {
+        let (mut client, job_id, session) = other_jobs_session(&network, data.path()).await?;
+        recorded.hold_job(job_id);
+        let security = ClientSecurity::new(None, None, None)?;
+        let mut worker = proto::worker_data_client::WorkerDataClient::new(
+            Network::Memory(network.clone()).channel(WORKER, &security)?,
+        );
+        let stream = worker
+            .subscribe(proto::SubscribeRequest { session, job_id })
+            .await?
+            .into_inner();
+        grant(&mut client, session, 4).await?;
+        Ok::<_, Box<dyn std::error::Error>>((job_id, stream))
+    })?;
+    let leased = std::time::Instant::now();
+    while cluster.coordinator.job_share(slow).leased == 0 {
+        assert!(leased.elapsed() < Duration::from_secs(10), "never leased");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // Another job's whole epoch while the slow one opens, as the embedded loader reads it.
+    let (expected, steps) = embedded(data.path())?;
+    let (done, read) = std::sync::mpsc::channel();
+    let reader = {
+        let (network, data) = (network.clone(), data.path().to_path_buf());
+        std::thread::spawn(move || {
+            let epoch = || -> stoker_loader::Result<(String, u64)> {
+                let loader = remote(&network, &data, None)?;
+                let mut digest = BatchDigest::new();
+                let mut read = 0;
+                for batch in loader.epoch(0, 0)? {
+                    digest.update(&batch?);
+                    read += 1;
+                }
+                Ok((digest.hex(), read))
+            };
+            let _ = done.send(epoch());
+        })
+    };
+    let epoch = read.recv_timeout(Duration::from_secs(30));
+    recorded.release_job(slow);
+    let _ = reader.join();
+    let (digest, read) = epoch.map_err(|_| "the epoch waited on the other job's opening")??;
+    assert_eq!((digest, read), (expected, steps));
+    // The slow job's waiting tasks are built once it opens, and reach its client.
+    runtime.block_on(async {
+        for _ in 0..4 {
+            let batch = tokio::time::timeout(Duration::from_secs(20), stream.message()).await;
+            assert!(matches!(batch, Ok(Ok(Some(_)))), "{batch:?}");
+        }
+        Ok(())
+    })
 }
 
 #[test]

@@ -1,9 +1,10 @@
 //! The coordinator service behind a proxy a test controls. As an *older* build it refuses the
 //! update and lease streams as unimplemented (what tonic answers for a method it does not
 //! know), and clients and workers must go on with a call each; *recording*, it passes every
-//! call through, keeps what each session update asked of the coordinator and may hold each
-//! lease request a while.
+//! call through, keeps what each session update asked of the coordinator, may hold each lease
+//! request a while, and holds the answers about the jobs a test names until it lets them go.
 
+use std::collections::HashSet;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -42,16 +43,34 @@ pub struct Update {
     pub acks: usize,
 }
 
-/// The session updates forwarded so far, in the order they came, and how long each of a
+/// The session updates forwarded so far, in the order they came, how long each of a
 /// worker's lease requests is held before the coordinator takes it (a slow worker, so the
-/// client waits with credits outstanding).
+/// client waits with credits outstanding), and the jobs whose `GetJob` answers are held (a
+/// worker's opening of them waits).
 #[derive(Clone, Default)]
-pub struct Recorded(Arc<Mutex<Vec<Update>>>, Duration);
+pub struct Recorded(
+    Arc<Mutex<Vec<Update>>>,
+    Duration,
+    Arc<tokio::sync::watch::Sender<HashSet<u64>>>,
+);
 
 impl Recorded {
     /// Records, holding each lease request on a lease stream for `delay`.
     pub fn with_lease_delay(delay: Duration) -> Self {
-        Self(Arc::default(), delay)
+        Self(Arc::default(), delay, Arc::default())
+    }
+
+    /// Holds every `GetJob` of `job` until [`release_job`](Self::release_job).
+    pub fn hold_job(&self, job: u64) {
+        self.2.send_modify(|held| {
+            held.insert(job);
+        });
+    }
+
+    pub fn release_job(&self, job: u64) {
+        self.2.send_modify(|held| {
+            held.remove(&job);
+        });
     }
 
     pub fn updates(&self) -> Vec<Update> {
@@ -176,6 +195,11 @@ impl coordinator_server::Coordinator for Coordinator {
         &self,
         request: Request<GetJobRequest>,
     ) -> Result<Response<GetJobResponse>, Status> {
+        if let Proxy::Recording(recorded) = &self.proxy {
+            let job = request.get_ref().job_id;
+            let mut held = recorded.2.subscribe();
+            let _ = held.wait_for(|held| !held.contains(&job)).await;
+        }
         self.current.get_job(request).await
     }
 
