@@ -10,7 +10,7 @@
 //! the mark is dropped. Anything else stays invalid and is explained by the strict parse.
 
 /// The UTF-8 byte-order mark.
-const BOM: &[u8] = b"\xEF\xBB\xBF";
+pub(super) const BOM: &[u8] = b"\xEF\xBB\xBF";
 
 /// `line` without a leading byte-order mark.
 pub(super) fn without_bom(line: &[u8]) -> &[u8] {

@@ -11,6 +11,8 @@ use crate::error::{Error, Result};
 use crate::file_pool::{is_out_of_descriptors, FileKey, FilePool, PooledFile};
 use crate::storage::CachedObject;
 
+use super::lenient::BOM;
+
 /// One indexed line.
 #[derive(Debug, Clone, Copy)]
 pub(super) struct LineRef {
@@ -38,16 +40,32 @@ pub(super) struct JsonlFile {
 /// The line being scanned at open.
 struct LineScan {
     start: u64,
+    /// Whitespace so far, after a byte-order mark if the line opens with one (a line of a mark
+    /// alone is blank, as a reader of the text sees it).
     blank: bool,
+    /// How many of the line's bytes so far are the byte-order mark's first ones; more than
+    /// the mark's length once the line is past where one may stand.
+    mark: usize,
     ends_with_cr: bool,
     number: u32,
 }
 
 impl LineScan {
     fn take(&mut self, bytes: &[u8]) {
-        if let Some(last) = bytes.last() {
-            self.blank &= bytes.iter().all(u8::is_ascii_whitespace);
-            self.ends_with_cr = *last == b'\r';
+        let Some(last) = bytes.last() else {
+            return;
+        };
+        self.ends_with_cr = *last == b'\r';
+        for &byte in bytes {
+            if !self.blank {
+                break;
+            }
+            if BOM.get(self.mark) == Some(&byte) {
+                self.mark += 1;
+                continue;
+            }
+            self.mark = BOM.len() + 1;
+            self.blank = byte.is_ascii_whitespace();
         }
     }
 
@@ -57,7 +75,8 @@ impl LineScan {
             .number
             .checked_add(1)
             .ok_or_else(|| Error::TooLarge(path.to_path_buf()))?;
-        if !self.blank {
+        // A line cut short inside a mark is no blank line but a bad document.
+        if !self.blank || (1..BOM.len()).contains(&self.mark) {
             let len = end - self.start - u64::from(self.ends_with_cr);
             let len = u32::try_from(len).map_err(|_| Error::MalformedRecord {
                 path: path.to_path_buf(),
@@ -72,6 +91,7 @@ impl LineScan {
         }
         self.start = end + 1;
         self.blank = true;
+        self.mark = 0;
         self.ends_with_cr = false;
         Ok(())
     }
@@ -90,6 +110,7 @@ impl JsonlFile {
         let mut scan = LineScan {
             start: 0,
             blank: true,
+            mark: 0,
             ends_with_cr: false,
             number: 0,
         };

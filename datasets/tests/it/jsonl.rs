@@ -118,6 +118,35 @@ fn what_pythons_json_writes_is_read_as_it_reads_it_back() {
     assert_eq!(documents.report().malformed, 1);
 }
 
+/// A line holding a byte-order mark and nothing else is blank, as a reader of the text sees
+/// it (also with the mark across the index's read chunks): before, it was a document, a bad
+/// sample replaced by a neighbour, which then trained twice. A line cut short inside a mark,
+/// or with one after its whitespace, stays a bad document.
+#[test]
+fn a_line_of_a_byte_order_mark_alone_is_blank() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("docs.jsonl");
+    std::fs::write(&path, "\u{FEFF}\r\n{\"text\": \"only\"}\n\u{FEFF}  \n").unwrap();
+    let documents = JsonlDocuments::open(&path, "", "").unwrap();
+    assert_eq!(documents.len(), 1);
+    assert_eq!(text(&documents, 0), "only");
+    // The mark's bytes on both sides of the index's 1 MiB read.
+    let first = format!("{{\"text\": \"a\"}}{}\n", " ".repeat((1 << 20) - 15));
+    assert_eq!(first.len(), (1 << 20) - 1);
+    std::fs::write(&path, format!("{first}\u{FEFF}\n{{\"text\": \"b\"}}\n")).unwrap();
+    let documents = JsonlDocuments::open(&path, "", "").unwrap();
+    assert_eq!(documents.len(), 2);
+    assert_eq!(text(&documents, 1), "b");
+    let mut bytes = b"\xEF\xBB\n  \xEF\xBB\xBF\n".to_vec();
+    bytes.extend_from_slice(b"{\"text\": \"c\"}\n");
+    std::fs::write(&path, bytes).unwrap();
+    let documents = JsonlDocuments::open(&path, "", "").unwrap();
+    assert_eq!(documents.len(), 3);
+    assert!(documents.read(0).is_err());
+    assert!(documents.read(1).is_err());
+    assert_eq!(text(&documents, 2), "c");
+}
+
 #[test]
 fn malformed_lines_are_bad_samples_naming_file_and_line() {
     let dir = tempfile::tempdir().unwrap();
