@@ -1416,11 +1416,14 @@ def test_a_script_read_from_stdin_runs_under_each_start_method(method: str) -> N
     assert done.stdout.strip() == str([i * i for i in range(12)])
 
 
+@pytest.mark.parametrize("via", ["stdin", "-c"])
 @pytest.mark.parametrize("method", ["forkserver", "spawn"])
 def test_a_class_defined_in_a_stdin_script_is_refused_by_name_in_a_fresh_interpreter(
-    method: str,
+    method: str, via: str
 ) -> None:
-    done = _run_script(_STDIN_SCRIPT, method, "script-class")
+    """Also from ``python -c`` (and an interactive session), whose main module has no file:
+    it was let through, and each worker failed to find the class."""
+    done = _run_script(_STDIN_SCRIPT, method, "script-class", via=via)
     assert done.returncode != 0
     assert "ValueError" in done.stderr and "cannot be run again" in done.stderr, done.stderr
     assert "multiprocessing_context='fork'" in done.stderr
@@ -1441,10 +1444,15 @@ class Flaky:
 """
 
 
-@pytest.mark.parametrize("method", ["forkserver", "spawn"])
+@pytest.mark.parametrize(
+    ("method", "workers"), [("forkserver", 1), ("spawn", 1), ("forkserver", 8)]
+)
 def test_a_dataset_whose_module_fails_to_import_in_the_worker_names_the_failure(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, method: str
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, method: str, workers: int
 ) -> None:
+    """With many workers the first has failed and exited before it is asked for anything:
+    its failure, left on its pipe, is read (it was lost, and the error blamed a missing main
+    guard)."""
     # Importable in this process only (a fork server or a spawned worker is another one).
     (tmp_path / "flaky_dataset.py").write_text(_FLAKY_MODULE.replace("{pid}", str(os.getpid())))
     monkeypatch.syspath_prepend(str(tmp_path))
@@ -1453,7 +1461,8 @@ def test_a_dataset_whose_module_fails_to_import_in_the_worker_names_the_failure(
 
     with pytest.raises(stoker.DatasetError) as raised:
         stoker.Loader.from_dataset(
-            flaky_dataset.Flaky(), batch_size=2, num_workers=1, multiprocessing_context=method
+            flaky_dataset.Flaky(), batch_size=2, num_workers=workers,
+            multiprocessing_context=method,
         )
     message = str(raised.value)
     assert f"could not load the dataset sent to it ({method})" in message
@@ -1845,3 +1854,49 @@ def test_stack_folders_a_killed_loader_left_are_removed_by_the_next() -> None:
     finally:
         shutil.rmtree(left, ignore_errors=True)
         shutil.rmtree(live, ignore_errors=True)
+
+
+def test_a_worker_that_cannot_map_its_index_word_stops_and_never_answers_out_of_step(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Worker 1 fails to map the word it tells the sample it loads in (out of descriptors,
+    say): its failure answers the batch sent next, and it stops. Before, it went on: the
+    reply came on top of the one its first batch gave, and every later batch of it took the
+    batch before's reply as its own, its slot handed on unwritten (rows of zeros)."""
+    import multiprocessing
+
+    import stoker._busy
+
+    mapped = stoker._busy.IndexWord.mapped
+
+    def failing_in_worker_1(fd: int) -> Any:
+        if multiprocessing.current_process().name == "stoker-dataset-worker-1":
+            os.close(fd)
+            raise OSError(errno.EMFILE, "Too many open files")
+        return mapped(fd)
+
+    # Forked workers inherit the patch; their replacements too, so worker 1 fails each time.
+    monkeypatch.setattr(stoker._busy.IndexWord, "mapped", staticmethod(failing_in_worker_1))
+    with stoker.Loader.from_dataset(
+        _SlowCounts(), batch_size=4, num_workers=2, multiprocessing_context="fork",
+        shuffle=False, output="numpy",
+    ) as loader:
+        for _ in range(4):
+            rows: list[int] = []
+            with contextlib.suppress(stoker.StokerError):
+                for batch in loader:
+                    rows.extend(int(v) for v in batch[:, 0])
+            # Whatever came is what was asked, in order: no slot read before it was written
+            # (zeros, or the batch it held before).
+            assert rows == list(range(rows[0], rows[0] + len(rows))) if rows else True, rows
+
+
+class _SlowCounts:
+    """Sample i is [i + 1, i + 1], 5 ms in the making."""
+
+    def __len__(self) -> int:
+        return 40
+
+    def __getitem__(self, index: int) -> Any:
+        time.sleep(0.005)
+        return np.full(2, index + 1, dtype=np.int64)

@@ -1,39 +1,34 @@
-"""``Loader.from_dataset``'s worker processes: each maps the loader's shared slots (a
-``memfd`` sent once as a descriptor) and loads the batches it is sent straight into them, and
-the start method and ``__main__`` checks that let a dataset reach a fresh interpreter.
+"""``Loader.from_dataset``'s worker processes, the parent's side: each started (the start
+method and ``__main__`` checks that let a dataset reach a fresh interpreter), sent its batches,
+replaced when it dies, and closed. What runs in the process is :mod:`stoker._worker_process`.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
-import mmap
 import multiprocessing
 import multiprocessing.reduction
 import os
 import pickle
 import shutil
 import signal
-import sys
 import threading
 import time
-import traceback
 import weakref
-from collections.abc import Callable
 from typing import Any, NoReturn
 
-from stoker import _native
 from stoker._busy import (
     IndexWord,
     LoadingLog,
     batch_text,
     describe,
-    listen_for_dumps,
     read_dumps,
     stacks_folder,
 )
-from stoker._samples import Layout, State, fill_batch, on_sample, probe
+from stoker._samples import Layout, State, on_sample
 from stoker._start_method import main_not_rerun, unpicklable_part
+from stoker._worker_process import dump_path, worker_main
 from stoker.errors import DatasetError, LoaderTimeoutError, StokerError
 
 __all__ = ["ProcessBuilder"]
@@ -73,107 +68,6 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_forget_workers_in_child)
 
 
-class _Arena:
-    """A worker's mapping of the loader's shared slots."""
-
-    def __init__(self, fd: int, size: int) -> None:
-        self.buffer = mmap.mmap(fd, size)
-        self.view = memoryview(self.buffer)
-
-    def close(self) -> None:
-        self.view.release()
-        # An array the dataset's code kept may still view it: the mapping is left to it then.
-        with contextlib.suppress(BufferError):
-            self.buffer.close()
-
-
-def _worker_main(conn: Any, state: State | None, dumps: str, loader_pid: int) -> None:
-    """A worker process: loads the batches it is sent straight into their slots, in the
-    loader's shared slot mapping (sent once, as a descriptor, before the first batch). Its
-    stacks go to a file in the folder ``dumps`` when the parent asks (:mod:`stoker._busy`).
-
-    Under spawn and forkserver ``state`` is None: it comes pickled over ``conn`` and is loaded
-    here, so that a failure to do so (the dataset's module failing to import in a fresh
-    interpreter, say) reaches the parent with its traceback instead of dying in
-    multiprocessing's bootstrap; and not as an argument of the process, whose arguments stay
-    referenced for its whole life (a second copy of the dataset in every worker)."""
-    # Ctrl-C goes to the whole process group; the parent decides, its workers do not.
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    listen_for_dumps(_dump_path(dumps, os.getpid()))
-    # A native thread: it needs no interpreter lock, which a sample in C code may hold.
-    _native.exit_with_loader(loader_pid)
-    if state is None:
-        try:
-            state = pickle.loads(conn.recv_bytes())
-        except BaseException:
-            with contextlib.suppress(OSError):
-                conn.send(("failed", traceback.format_exc()))
-            return
-    assert isinstance(state, State)
-    # One thread per worker process, as DataLoader's workers: N processes each running torch's
-    # intra-op pool would oversubscribe the cores.
-    torch = sys.modules.get("torch")
-    if torch is not None:
-        torch.set_num_threads(1)
-    arena: _Arena | None = None
-    # Writes the sample being loaded where the parent reads it (the IndexWord it sends first).
-    tell: Callable[[int], None] | None = None
-    while True:
-        try:
-            message = conn.recv()
-        except (EOFError, OSError):
-            return  # the parent is gone
-        if message is None:
-            return
-        try:
-            if message[0] == "arena":
-                # Nothing is sent back for the mapping: a failure here (out of descriptors or
-                # of address space) is the reply to the batch that comes with it, and then
-                # this worker stops.
-                try:
-                    fd = multiprocessing.reduction.recv_handle(conn)
-                    if arena is not None:
-                        arena.close()
-                    arena = _Arena(fd, message[1])
-                    os.close(fd)
-                except BaseException as error:
-                    _reply_error(conn, "mapping the loader's slots", error)
-                    return
-                continue
-            if message[0] == "index":
-                tell = IndexWord.mapped(multiprocessing.reduction.recv_handle(conn))
-                continue
-            if message[0] == "layout":
-                state.layout = message[1]
-                continue
-            if message[0] == "probe":
-                try:
-                    conn.send(("layout", *probe(state)))
-                except (DatasetError, TypeError) as error:
-                    conn.send(("refused", type(error).__name__, str(error)))
-                continue
-            _, epoch, indices, offset, length, *rest = message
-            if arena is None:
-                raise RuntimeError("no slot mapping was sent before the first batch")
-            view = arena.view[offset : offset + length]
-            try:
-                bad, failure = fill_batch(state, epoch, indices, view, loading=tell,
-                                          doomed=rest[0] if rest else None)
-            finally:
-                view.release()
-            conn.send(("done", bad, failure))
-        except BaseException as error:
-            _reply_error(conn, f"handling {message[0]!r}", error)
-
-
-def _reply_error(conn: Any, doing: str, error: BaseException) -> None:
-    """Sends the parent what failed in this worker outside the dataset's samples, with its
-    traceback (a reply that cannot be pickled, say)."""
-    text = "".join(traceback.format_exception(type(error), error, error.__traceback__))
-    with contextlib.suppress(OSError):
-        conn.send(("error", f"{doing}: {text.rstrip()}"))
-
-
 def _live_pid(process: Any) -> int | None:
     """The pid of ``process`` while it runs (a dead worker's pid may be another process's
     by now, which must not be signalled); None once it exited."""
@@ -181,11 +75,6 @@ def _live_pid(process: Any) -> int | None:
         return int(process.pid) if process.is_alive() else None
     except (AssertionError, ValueError, OSError):
         return None
-
-
-def _dump_path(dumps: str, pid: int) -> str:
-    """Where worker process ``pid`` writes its stacks."""
-    return os.path.join(dumps, f"{pid}.stacks")
 
 
 class _WorkerDied(StokerError):
@@ -239,7 +128,7 @@ class _Worker:
             parent, child = self.context.Pipe()
             pickled = self.state if isinstance(self.state, bytes) else None
             process = self.context.Process(
-                target=_worker_main,
+                target=worker_main,
                 args=(child, None if pickled is not None else self.state, self.dumps,
                       os.getpid()),
                 name=f"stoker-dataset-worker-{self.number}",
@@ -275,15 +164,17 @@ class _Worker:
             self._index.set(-1)
             parent.send(("index",))
             multiprocessing.reduction.send_handle(parent, self._index.fd, process.pid)
+            if self.layout is not None:
+                parent.send(("layout", self.layout))
         self.arena: int | None = None
-        if self.layout is not None:
-            self.conn.send(("layout", self.layout))
 
     def set_layout(self, layout: Layout) -> None:
-        """Sends the samples' layout (and keeps it for a replacement)."""
+        """Sends the samples' layout (and keeps it for a replacement); a worker gone by then
+        is seen, and replaced with it, at its next exchange."""
         with self.lock:
             self.layout = layout
-            self.conn.send(("layout", layout))
+            with contextlib.suppress(OSError):
+                self.conn.send(("layout", layout))
 
     def build(
         self, epoch: int, step: int, indices: list[int], view: memoryview,
@@ -366,8 +257,16 @@ class _Worker:
         """Sends ``message`` and returns the worker's reply; a StokerError when it died or
         failed outside the dataset's code, LoaderTimeoutError when ``timeout`` passed."""
         try:
-            self.conn.send(message)
-            answered = self._answered(timeout)
+            try:
+                self.conn.send(message)
+            except OSError:
+                # Gone before it read this: a reply it left says why (its failure to load
+                # the dataset sent to it, say).
+                if not self.conn.poll(0):
+                    raise
+                answered: bool | None = True
+            else:
+                answered = self._answered(timeout)
             if answered is None:
                 self._died(doing)
             if answered:
@@ -502,10 +401,10 @@ class ProcessBuilder:
         self._log = LoadingLog()
         self._dumps = ""
         # A fresh interpreter gets the state pickled here and loads it itself (see
-        # `_worker_main`); a forked worker inherits it as it is. Plain pickle, by value: the
-        # same bytes go to every worker and to replacements, and torch's reductions for
-        # process handover (tensors moved to shared memory, passed by a handle one process
-        # takes) would serve only the first.
+        # `stoker._worker_process.worker_main`); a forked worker inherits it as it is. Plain
+        # pickle, by value: the same bytes go to every worker and to replacements, and
+        # torch's reductions for process handover (tensors moved to shared memory, passed by
+        # a handle one process takes) would serve only the first.
         sent: State | bytes = state
         method = context.get_start_method()
         if method != "fork":
@@ -561,7 +460,7 @@ class ProcessBuilder:
         workers = self._workers
         loading = [(entry, _live_pid(workers[entry.lane].process))
                    for entry in self._log.now() if entry.lane < len(workers)]
-        stacks = read_dumps([(pid, _dump_path(self._dumps, pid)) for _, pid in loading if pid])
+        stacks = read_dumps([(pid, dump_path(self._dumps, pid)) for _, pid in loading if pid])
         now = time.monotonic()
         return describe([
             (entry, f"dataset worker process {entry.lane} (pid {pid})"

@@ -44,13 +44,13 @@ def _default_start_method() -> str:
 
 def _main_reimportable() -> bool:
     """Whether a fresh interpreter can run the main module again, as spawn and forkserver do
-    to find what it defines: not when it came from stdin (``python -``) or an interactive
-    session."""
+    to find what it defines: not when it came from stdin (``python -``), from ``python -c``
+    or an interactive session (a notebook's too), which have no file to run."""
     main = sys.modules.get("__main__")
     if main is None or getattr(main, "__spec__", None) is not None:
         return True
     path = getattr(main, "__file__", None)
-    return path is None or os.path.isfile(path)
+    return path is not None and os.path.isfile(path)
 
 
 @contextlib.contextmanager
@@ -87,7 +87,8 @@ def start_context(name: object, dataset: Any) -> Any:
         raise ValueError(
             f"multiprocessing_context={name!r} starts a fresh interpreter, which cannot load "
             f"the dataset: its class {type(dataset).__name__} is defined in a main module that "
-            "cannot be run again (a script read from stdin or an interactive session). Use "
+            "cannot be run again (a script read from stdin or given to python -c, or an "
+            "interactive session). Use "
             "multiprocessing_context='fork', or define the class in a module"
         )
     context = multiprocessing.get_context(str(name))
