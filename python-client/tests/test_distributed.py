@@ -4,6 +4,7 @@ and two real worker processes on 127.0.0.1, compared batch for batch with the in
 from __future__ import annotations
 
 import logging
+import socket
 import time
 from pathlib import Path
 
@@ -135,6 +136,34 @@ def test_no_worker_or_no_coordinator_past_the_grace_raises_worker_unavailable(
         for process in (worker, coordinator):
             process.kill()
             process.wait(timeout=10)
+
+
+def test_a_coordinator_out_of_reach_or_without_a_worker_at_the_start_raises_past_the_grace(
+    dataset: Path, tmp_path: Path
+) -> None:
+    """The constructor waits ``worker_grace`` for the coordinator to answer and have a worker
+    for the job, as a run does mid-way, then raises ``WorkerUnavailableError`` saying which:
+    before, it waited a fixed 60 s, raised a plain ``StokerError``, and said the coordinator
+    could not be reached when it answered with no worker."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        nobody = f"127.0.0.1:{probe.getsockname()[1]}"
+    started = time.monotonic()
+    unreachable = f"could not reach coordinator {nobody} within 2 s"
+    with pytest.raises(stoker.WorkerUnavailableError, match=unreachable):
+        stoker.Loader(dataset, address=nobody, worker_grace=2, **_options(rank=0))
+    assert time.monotonic() - started < 30
+    coordinator, address = start_daemon(
+        [str(daemon_binary("stoker")), "coordinator", "--listen", "127.0.0.1:0",
+         "--state", str(tmp_path / "state")]
+    )
+    try:
+        expected = f"coordinator {address} answers, but had no worker for the job within 2 s"
+        with pytest.raises(stoker.WorkerUnavailableError, match=expected):
+            stoker.Loader(dataset, address=address, worker_grace=2, **_options(rank=0))
+    finally:
+        coordinator.kill()
+        coordinator.wait(timeout=10)
 
 
 def test_two_runs_of_identical_settings_read_right_and_are_told_why_they_reopen(

@@ -96,13 +96,13 @@ class Loader(FromDataset, SavedState, Stats):
             shards, Parquet, JSONL, or one token file). A name that exists as written is taken
             as written. The dataset: an image folder laid out like
             torchvision's ImageFolder (``root/<class>/<image>``), tar shards, a token file
-            (``*.bin``; ``*.u32.bin`` holds uint32 tokens, any other name uint16), JSON Lines
-            text (a ``.jsonl`` file or a folder of them; ``.jsonl.gz`` and ``.jsonl.zst`` are
-            decompressed once into the cache tier), Parquet files, or a Hugging Face
-            ``datasets`` folder as ``Dataset.save_to_disk`` writes it (its ``Image`` or string
+            (``*.bin``; ``*.u32.bin`` and ``*.uint32.bin`` hold uint32 tokens, any other name
+            uint16), JSON Lines text (a ``.jsonl`` file or a folder of them; ``.jsonl.gz`` and
+            ``.jsonl.zst`` are decompressed once into the cache tier), Parquet files, or a Hugging
+            Face ``datasets`` folder as ``Dataset.save_to_disk`` writes it (its ``Image`` or string
             column gives the samples, its ``ClassLabel`` the labels and :attr:`classes`; for a
-            ``DatasetDict`` pass one split's folder), or Mosaic Streaming's MDS shards (a folder
-            of ``index.json`` and its ``shard.NNNNN.mds`` files, zstd/gz-compressed ones
+            ``DatasetDict`` pass one split's folder), or Mosaic Streaming's MDS shards (a folder of
+            ``index.json`` and its ``shard.NNNNN.mds`` files, zstd/gz-compressed ones
             decompressed once into the cache tier). The format is picked from the files
             unless ``format`` names it. ``s3://BUCKET/PREFIX`` is read as a local folder of
             the same files is (tar shards, Parquet, JSONL, a ``save_to_disk`` folder, an image
@@ -159,8 +159,9 @@ class Loader(FromDataset, SavedState, Stats):
         worker_grace: distributed mode: seconds batches may be wanted with no worker stream
             open (every worker gone, or the coordinator not answering) before ``next()``
             raises :class:`~stoker.WorkerUnavailableError` naming the job and which it was;
-            default 120. Separate from ``timeout``, so workers leaving during a scale-down
-            or a rolling update (others take over) do not trip it.
+            default 120; the constructor waits as long for the coordinator to answer with a
+            worker for the job, then raises the same. Separate from ``timeout``, so workers
+            leaving during a scale-down or a rolling update (others take over) do not trip it.
         token: distributed mode: the shared token the daemons were started with
             (``--token-file``), sent on every call; default: the ``STOKER_TOKEN`` environment
             variable, if set. A refusal raises :class:`~stoker.AuthenticationError`.

@@ -141,7 +141,7 @@ impl NativeLoader {
         let mut recipe = Recipe::new(spec, num_threads, &settings);
         recipe.options.decode_lane = lane.clone().map(|lane| lane as Arc<dyn StartDecodeLane>);
         recipe.lane = lane;
-        recipe.remote = remote;
+        recipe.remote_at(remote);
         Self::from_recipe(py, recipe, address, settings)
     }
 

@@ -72,6 +72,20 @@ impl Recipe {
         }
     }
 
+    /// Served by the coordinator at this address with these options (`None`: in process). The
+    /// coordinator (or a worker for the job) out of reach at the start is waited for as long
+    /// as mid-run: `worker_grace`.
+    pub(super) fn remote_at(&mut self, remote: Option<(String, RemoteOptions)>) {
+        self.remote = remote.map(|(address, options)| {
+            let connect_timeout = options.worker_grace;
+            let options = RemoteOptions {
+                connect_timeout,
+                ..options
+            };
+            (address, options)
+        });
+    }
+
     pub(super) fn build(&self, spec: JobSpec) -> stoker_loader::Result<Loader> {
         if let Some((dataset, num_samples)) = &self.dataset {
             let source = dataset.build(spec, *num_samples)?;

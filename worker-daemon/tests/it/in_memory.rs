@@ -1048,6 +1048,38 @@ fn a_coordinator_that_never_answers_is_unreachable_not_refusing() -> TestResult 
         message.contains("could not reach coordinator coordinator:7070 within 1 s"),
         "{message}"
     );
+    // Stopped as a client mid-run is when its coordinator stops answering.
+    assert_eq!(error.kind(), ErrorKind::WorkerUnavailable);
+    Ok(())
+}
+
+/// A coordinator with no worker registered answers: the loader says so once the connect
+/// timeout ran out, not that the coordinator is unreachable.
+#[test]
+fn a_coordinator_without_a_worker_is_named_answering() -> TestResult {
+    let data = tempfile::tempdir()?;
+    let state = tempfile::tempdir()?;
+    let network = MemoryNetwork::new();
+    let _cluster = start_cluster(&network, data.path(), state.path(), &[], None)?;
+    let error = Loader::remote(
+        COORDINATOR,
+        spec(data.path()),
+        LoaderOptions::default(),
+        RemoteOptions {
+            connect_timeout: Duration::from_secs(1),
+            network: Network::Memory(network.clone()),
+            ..RemoteOptions::default()
+        },
+    )
+    .err()
+    .ok_or("a loader with no worker")?;
+    let message = error.to_string();
+    assert!(
+        message.contains("coordinator coordinator:7070 answers, but had no worker for the job")
+            && message.contains("no worker is registered"),
+        "{message}"
+    );
+    assert_eq!(error.kind(), ErrorKind::WorkerUnavailable);
     Ok(())
 }
 

@@ -57,15 +57,16 @@ pub mod updates;
 use super::landing::SLOT_ALIGN;
 use super::slots::Slot;
 use super::source::{receive, BatchSource, Built, EpochFeed, IdleClock, SourceInfo};
-use crate::error::{error_from_status, Error, Result};
+use crate::error::{error_from_status, Error, ErrorKind, Result};
 use driver::Driver;
 use stoker_dashboard::LoaderMonitor;
 
 /// How the remote source runs.
 #[derive(Debug, Clone)]
 pub struct RemoteOptions {
-    /// How long an unreachable coordinator is tried again while connecting and registering
-    /// the job. A registration the coordinator answers is waited for as long as its workers
+    /// How long an unreachable coordinator, or one with no worker for the job, is tried again
+    /// while connecting and registering the job; then the loader stops with a
+    /// `WorkerUnavailable` error, as when that happens mid-run. A registration the coordinator answers is waited for as long as its workers
     /// take to open the dataset, up to the coordinator's `--describe-timeout-secs` (120 s by
     /// default) for each worker it asks.
     pub connect_timeout: Duration,
@@ -375,21 +376,25 @@ async fn register_job(
                 }
                 tokio::time::sleep(delay).await;
             }
-            // Still unreachable when the connect timeout ran out: nothing refused the job.
+            // Still unreachable, or still without a worker, when the connect timeout ran out:
+            // nothing refused the job. The client stops as it does when this happens mid-run.
             Err(status) if error_kinds::is_transient(&status) => {
-                let what = if error_kinds::is_worker_unreachable(&status) {
+                let within = format!("within {:.0} s", timeout.as_secs_f64());
+                let context = if error_kinds::is_worker_unreachable(&status) {
                     format!(
                         "coordinator {address} answers, but could not reach a worker to open the \
-                         job within {:.0} s",
-                        timeout.as_secs_f64()
+                         job {within}"
                     )
+                } else if error_kinds::kind_of_status(&status) == ErrorKind::WorkerUnavailable {
+                    format!("coordinator {address} answers, but had no worker for the job {within}")
                 } else {
-                    format!(
-                        "could not reach coordinator {address} within {:.0} s",
-                        timeout.as_secs_f64()
-                    )
+                    format!("could not reach coordinator {address} {within}")
                 };
-                return Err(error_from_status(&what, &status));
+                return Err(Error::Remote {
+                    kind: ErrorKind::WorkerUnavailable,
+                    context,
+                    message: status.message().to_string(),
+                });
             }
             Err(status) => {
                 return Err(error_from_status(
