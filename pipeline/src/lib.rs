@@ -64,8 +64,8 @@ pub use batch::{
 pub use error::{kind_of_opening, panic_text, Error, ErrorKind, Result, SampleError, ERROR_KINDS};
 pub use job::{
     check_spec_shape, fingerprint as dataset_fingerprint, open_source, open_sources, plan_for_spec,
-    source_names, source_split, spec_sources, BatchBuffer, Job, FINGERPRINT_SAMPLES,
-    MAX_BATCH_SIZE, MAX_WORLD_SIZE,
+    source_names, source_split, spec_sources, token_dtype_fits, BatchBuffer, Job,
+    FINGERPRINT_SAMPLES, MAX_BATCH_SIZE, MAX_WORLD_SIZE,
 };
 pub use job_pipeline::{
     check_op, lacks_decode_image, token_dtype_proto, JobPipeline, PackedText, SelectedColumns,

@@ -399,6 +399,10 @@ fn inspect_tokens(args: &InspectArgs) -> anyhow::Result<()> {
         _ => TokenDtype::from_file_name(&args.data),
     };
     let file = TokenFile::open(&args.data, dtype, args.seq_len)?;
+    if args.token_dtype == "auto" {
+        // Refused as a job refuses it.
+        stoker_pipeline::token_dtype_fits(&file, &args.data.display().to_string())?;
+    }
     let report = file.report()?;
     if args.json {
         println!("{}", serde_json::to_string(&report)?);

@@ -395,6 +395,31 @@ fn inspect_finds_its_source_as_a_job_does() {
         !refused.status.success() && message.contains("a token source is one file"),
         "{message}"
     );
+    // A `.bin` of uint32 ids is refused as a job refuses it (it was reported as uint16
+    // tokens, twice as many); read as uint32 when told so.
+    let wide = dir.path().join("wide.bin");
+    let ids: Vec<u8> = (0..4096u32)
+        .flat_map(|i| (70_000 + i).to_le_bytes())
+        .collect();
+    std::fs::write(&wide, ids).unwrap();
+    let refused = stoker(&[
+        "inspect",
+        "--data",
+        wide.to_str().unwrap(),
+        "--seq-len",
+        "9",
+    ]);
+    let message = String::from_utf8_lossy(&refused.stderr);
+    assert!(
+        !refused.status.success() && message.contains("holds uint32 ids"),
+        "{message}"
+    );
+    let told = ["--token-dtype", "uint32", "--seq-len", "9"];
+    let report = stdout_of(&[&["inspect", "--data", wide.to_str().unwrap()], &told[..]].concat());
+    assert!(
+        report.contains("tokens    4096") && report.contains("uint32"),
+        "{report}"
+    );
 }
 
 /// An error's cause is said once, though the library's message quotes it.

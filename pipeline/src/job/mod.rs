@@ -19,7 +19,9 @@ mod fingerprint;
 mod sources;
 
 pub use fingerprint::{fingerprint, SAMPLED as FINGERPRINT_SAMPLES};
-pub use sources::{open_source, open_sources, source_names, source_split, spec_sources};
+pub use sources::{
+    open_source, open_sources, source_names, source_split, spec_sources, token_dtype_fits,
+};
 
 /// Larger batches than this are refused as a likely mistake (a 1M-image batch of 224x224 RGB
 /// would need 150 GB).

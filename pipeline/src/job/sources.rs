@@ -297,14 +297,20 @@ fn open_token_file(
     checked_dtype(tokens, named.is_some(), &path.display().to_string())
 }
 
-/// `tokens`, unless its dtype came from its name (`given` false) as uint16 while its head holds
-/// wider ids: read so, it would train on each id's parts as two or four tokens, silently.
+/// `tokens`, unless its dtype came from its name (`given` false) and [`token_dtype_fits`]
+/// refuses it.
 fn checked_dtype(tokens: TokenFile, given: bool, name: &str) -> Result<Arc<dyn SampleSource>> {
-    if given {
-        return Ok(Arc::new(tokens));
+    if !given {
+        token_dtype_fits(&tokens, name)?;
     }
+    Ok(Arc::new(tokens))
+}
+
+/// Refuses token file `tokens` (called `name`), read as uint16 by its name, whose head holds
+/// wider ids: read so, it would train on each id's parts as two or four tokens, silently.
+pub fn token_dtype_fits(tokens: &TokenFile, name: &str) -> Result<()> {
     match tokens.wider_ids().map_err(Error::OpenDataset)? {
-        None => Ok(Arc::new(tokens)),
+        None => Ok(()),
         Some(WiderIds::Uint32) => Err(Error::InvalidSpec(format!(
             "{name} is read as uint16 tokens by its name, but holds uint32 ids (every second \
              16-bit value of its head is a uint32's small high half): name it *.u32.bin (the \
