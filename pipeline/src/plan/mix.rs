@@ -221,14 +221,25 @@ pub fn window_counts(weights: &[f64], window: u32) -> Result<Vec<u64>> {
     {
         counts[k] += 1;
     }
-    if let Some(k) = counts.iter().position(|&c| c == 0) {
-        let share = weights[k] / total;
+    let starved: Vec<usize> = (0..counts.len()).filter(|&k| counts[k] == 0).collect();
+    if let Some(&k) = starved.first() {
+        // The window that gives every starved source a position: its share of it is >= 1.
+        let needed = (starved.iter())
+            .map(|&k| (total / weights[k]).ceil())
+            .fold(0.0, f64::max);
+        let remedy = if needed <= f64::from(MAX_MIX_WINDOW) {
+            format!("raise the window to at least {needed} or the weight")
+        } else {
+            format!("a window would need {needed:.3e}, past the most ({MAX_MIX_WINDOW}): raise the weight")
+        };
+        let others = match starved.len() {
+            1 => String::new(),
+            n => format!(" and {} other sources", n - 1),
+        };
+        let (weight, share) = (weights[k], weights[k] / total);
         return Err(Error::InvalidSpec(format!(
-            "mixed source {k} (weight {}, {:.4} of the mix) gets 0 of the {window} positions \
-             of a window; raise the window to at least {} or the weight",
-            weights[k],
-            share,
-            (1.0 / share).ceil()
+            "mixed source {k} (weight {weight:.6e}, {share:.2e} of the mix){others} gets 0 of \
+             the {window} positions of a window; {remedy}"
         )));
     }
     Ok(counts)
@@ -522,6 +533,14 @@ mod tests {
             (vec![f64::NAN], "source 0"),
             (vec![1.0, -2.0], "source 1"),
             (vec![1000.0, 1.0], "raise the window to at least 1001"),
+            // The window every starved source needs, not the first one's alone.
+            (
+                vec![1.0, 0.004, 0.001],
+                "source 1 (weight 4.000000e-3, 3.98e-3 of the mix) and 1 other sources gets 0 \
+                 of the 100 positions of a window; raise the window to at least 1005",
+            ),
+            (vec![1.0, 1e-7], "past the most (1048576): raise the weight"),
+            (vec![1.0, 1e-300], "a window would need 1.000e300"),
         ] {
             let message = window_counts(&weights, 100).unwrap_err().to_string();
             assert!(message.contains(needle), "{weights:?}: {message}");
