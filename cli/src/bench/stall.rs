@@ -48,7 +48,8 @@ pub struct StallBench {
     /// Fixed depths to compare with the controller.
     #[arg(long, value_delimiter = ',', default_value = "2,8")]
     pub fixed: Vec<usize>,
-    /// Print one JSON object as the last line.
+    /// Print the JSON object alone (without it, the table comes before it; it is the last
+    /// line either way).
     #[arg(long)]
     pub json: bool,
 }
