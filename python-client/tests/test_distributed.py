@@ -149,7 +149,7 @@ def test_a_coordinator_out_of_reach_or_without_a_worker_at_the_start_raises_past
         probe.bind(("127.0.0.1", 0))
         nobody = f"127.0.0.1:{probe.getsockname()[1]}"
     started = time.monotonic()
-    unreachable = f"could not reach coordinator {nobody} within 2 s"
+    unreachable = f"could not reach coordinator {nobody} after [0-9]+ s"
     with pytest.raises(stoker.WorkerUnavailableError, match=unreachable):
         stoker.Loader(dataset, address=nobody, worker_grace=2, **_options(rank=0))
     assert time.monotonic() - started < 30
@@ -158,7 +158,7 @@ def test_a_coordinator_out_of_reach_or_without_a_worker_at_the_start_raises_past
          "--state", str(tmp_path / "state")]
     )
     try:
-        expected = f"coordinator {address} answers, but had no worker for the job within 2 s"
+        expected = f"coordinator {address} answers, but had no worker for the job after [0-9]+ s"
         with pytest.raises(stoker.WorkerUnavailableError, match=expected):
             stoker.Loader(dataset, address=address, worker_grace=2, **_options(rank=0))
     finally:

@@ -1900,3 +1900,40 @@ class _SlowCounts:
     def __getitem__(self, index: int) -> Any:
         time.sleep(0.005)
         return np.full(2, index + 1, dtype=np.int64)
+
+
+def test_a_worker_replaced_after_failing_alone_is_named_with_its_failure(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Worker 1 fails once, outside the dataset's code, and exits before its first batch: its
+    replacement serves, and the warning that names the replacement says what the first one
+    said (it said only "exit code 0")."""
+    import multiprocessing
+
+    import stoker._busy
+
+    mapped = stoker._busy.IndexWord.mapped
+    failed_once = tmp_path / "failed-once"
+
+    def failing_once_in_worker_1(fd: int) -> Any:
+        if multiprocessing.current_process().name == "stoker-dataset-worker-1":
+            with contextlib.suppress(FileExistsError):
+                failed_once.touch(exist_ok=False)
+                os.close(fd)
+                raise OSError(errno.EMFILE, "Too many open files")
+        return mapped(fd)
+
+    monkeypatch.setattr(stoker._busy.IndexWord, "mapped", staticmethod(failing_once_in_worker_1))
+    with stoker.Loader.from_dataset(
+        _SlowCounts(), batch_size=4, num_workers=2, multiprocessing_context="fork",
+        shuffle=False, output="numpy",
+    ) as loader:
+        deadline = time.monotonic() + 10
+        while not failed_once.exists() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        time.sleep(0.5)  # worker 1 has exited
+        with caplog.at_level(logging.WARNING, logger="stoker"):
+            rows = [int(v) for batch in loader for v in batch[:, 0]]
+    assert rows == list(range(1, 41))
+    replaced = [r.getMessage() for r in caplog.records if "replaced by pid" in r.getMessage()]
+    assert replaced and "Too many open files" in replaced[0], replaced

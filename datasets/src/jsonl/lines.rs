@@ -64,8 +64,10 @@ impl LineScan {
                 self.mark += 1;
                 continue;
             }
+            // Bytes of a mark cut short are no whitespace.
+            let cut_short = (1..BOM.len()).contains(&self.mark);
             self.mark = BOM.len() + 1;
-            self.blank = byte.is_ascii_whitespace();
+            self.blank = !cut_short && byte.is_ascii_whitespace();
         }
     }
 

@@ -137,14 +137,15 @@ fn a_line_of_a_byte_order_mark_alone_is_blank() {
     let documents = JsonlDocuments::open(&path, "", "").unwrap();
     assert_eq!(documents.len(), 2);
     assert_eq!(text(&documents, 1), "b");
-    let mut bytes = b"\xEF\xBB\n  \xEF\xBB\xBF\n".to_vec();
+    let mut bytes = b"\xEF\xBB\n  \xEF\xBB\xBF\n\xEF\xBB\r\n\xEF \n".to_vec();
     bytes.extend_from_slice(b"{\"text\": \"c\"}\n");
     std::fs::write(&path, bytes).unwrap();
     let documents = JsonlDocuments::open(&path, "", "").unwrap();
-    assert_eq!(documents.len(), 3);
-    assert!(documents.read(0).is_err());
-    assert!(documents.read(1).is_err());
-    assert_eq!(text(&documents, 2), "c");
+    assert_eq!(documents.len(), 5);
+    for bad in 0..4 {
+        assert!(documents.read(bad).is_err(), "line {}", bad + 1);
+    }
+    assert_eq!(text(&documents, 4), "c");
 }
 
 #[test]

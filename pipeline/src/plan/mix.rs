@@ -234,12 +234,19 @@ pub fn window_counts(weights: &[f64], window: u32) -> Result<Vec<u64>> {
         };
         let others = match starved.len() {
             1 => String::new(),
+            2 => " and 1 other source".to_string(),
             n => format!(" and {} other sources", n - 1),
         };
         let (weight, share) = (weights[k], weights[k] / total);
+        // Plain digits where they read well, else powers of ten (1e-300 is 300 digits).
+        let weight = if (1e-3..1e6).contains(&weight) {
+            format!("{weight}")
+        } else {
+            format!("{weight:.6e}")
+        };
         return Err(Error::InvalidSpec(format!(
-            "mixed source {k} (weight {weight:.6e}, {share:.2e} of the mix){others} gets 0 of \
-             the {window} positions of a window; {remedy}"
+            "mixed source {k} (weight {weight}, {share:.2e} of the mix){others} gets 0 of the \
+             {window} positions of a window; {remedy}"
         )));
     }
     Ok(counts)
@@ -536,10 +543,14 @@ mod tests {
             // The window every starved source needs, not the first one's alone.
             (
                 vec![1.0, 0.004, 0.001],
-                "source 1 (weight 4.000000e-3, 3.98e-3 of the mix) and 1 other sources gets 0 \
-                 of the 100 positions of a window; raise the window to at least 1005",
+                "source 1 (weight 0.004, 3.98e-3 of the mix) and 1 other source gets 0 of the \
+                 100 positions of a window; raise the window to at least 1005",
             ),
             (vec![1.0, 1e-7], "past the most (1048576): raise the weight"),
+            (
+                vec![1.0, 1e-300],
+                "weight 1.000000e-300, 1.00e-300 of the mix",
+            ),
             (vec![1.0, 1e-300], "a window would need 1.000e300"),
         ] {
             let message = window_counts(&weights, 100).unwrap_err().to_string();

@@ -187,7 +187,7 @@ class _Worker:
         try:
             with self.lock, self.log.loading(self.number, doing):
                 if not self.process.is_alive() and not self.stopping:
-                    self._replace(f"it died before {doing}")
+                    self._replace(f"it died before {doing}{self._last_words()}")
                 try:
                     return self._build(shared, message, doing)
                 except _WorkerDied as died:
@@ -321,8 +321,19 @@ class _Worker:
         index = self.loading()
         raise _WorkerDied(
             f"dataset worker process {self.number} (pid {self.process.pid}) exited with "
-            f"code {code}{killed} while {doing}{on_sample(index)}", index
+            f"code {code}{killed} while {doing}{on_sample(index)}{self._last_words()}", index
         ) from None
+
+    def _last_words(self) -> str:
+        """What a dead worker sent that nobody read (its failure outside the dataset's
+        samples), as the end of a message; "" when it left nothing."""
+        try:
+            reply = self.conn.recv() if self.conn.poll(0) else None
+        except Exception:  # cut short as it died
+            return ""
+        if not (isinstance(reply, tuple) and reply and reply[0] in ("error", "failed")):
+            return ""
+        return f" (it said: {_last_lines(str(reply[-1]), 2)})"
 
     def ask_to_stop(self) -> None:
         """Asks the worker to exit once its current batch is done (and not to be replaced): at

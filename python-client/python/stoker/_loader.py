@@ -160,8 +160,8 @@ class Loader(FromDataset, SavedState, Stats):
             open (every worker gone, or the coordinator not answering) before ``next()``
             raises :class:`~stoker.WorkerUnavailableError` naming the job and which it was;
             default 120; the constructor waits as long for the coordinator to answer with a
-            worker for the job, then raises the same. Separate from ``timeout``, so workers
-            leaving during a scale-down or a rolling update (others take over) do not trip it.
+            worker for the job (its answer without one takes 15 s), then raises the same.
+            Separate from ``timeout``: workers leaving in a scale-down do not trip it.
         token: distributed mode: the shared token the daemons were started with
             (``--token-file``), sent on every call; default: the ``STOKER_TOKEN`` environment
             variable, if set. A refusal raises :class:`~stoker.AuthenticationError`.

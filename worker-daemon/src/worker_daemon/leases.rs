@@ -19,7 +19,7 @@ use super::error_status;
 use stoker_rpc::transport::{Backoff, RpcChannel, MAX_MESSAGE_BYTES};
 
 use super::fleet::Place;
-use super::opening::{OpenBackoff, Openings, Unopened};
+use super::opening::{OpenBackoff, Opened, Openings, Unopened};
 use super::reports::{
     heartbeat_loop, put_back_counts, report_loop, reported_tasks, take_report, unreported_lost,
 };
@@ -36,6 +36,13 @@ enum Ended {
 
 /// Why a task goes back untried: the drain's time for deliveries is up.
 const STOPPING: &str = "the worker is stopping and had no time left to deliver it";
+
+/// Why a task goes back untried: its job's opening on this worker holds its most tasks.
+const STILL_OPENING: &str = "this worker is still opening the job's datasets";
+
+/// How soon a loop whose lease brought only tasks of a job it is opening (handed back) leases
+/// again.
+const OPENING_RECHECK: Duration = Duration::from_millis(250);
 
 /// Most time a task loop whose share of the worker is taken waits before it looks at the
 /// shares again (they move with what the other coordinators say).
@@ -208,7 +215,7 @@ async fn serve_leases(
     let reserve = LEAVE_RESERVE.min(config.drain_timeout / 4);
     let mut open_backoff = OpenBackoff::default();
     let mut leases = LeaseCalls::new(client.clone());
-    let mut openings = Openings::new(place.index);
+    let mut openings = Openings::new(place.index, config.lease_ahead as usize);
     let serving = Serving {
         shared,
         place,
@@ -237,7 +244,8 @@ async fn serve_leases(
                 report,
             })
             .await;
-        // Leased even if the drain started meanwhile: these are finished like the others.
+        // Leased even if the drain started meanwhile: these are finished like the others (but
+        // for those left waiting for their job's opening, which go back once the loop ends).
         let tasks = match leased {
             Ok(response) => {
                 place.shares.note(place.index, response.waiting_sessions);
@@ -249,15 +257,17 @@ async fn serve_leases(
                 break Some(status);
             }
         };
-        // The shortest wait of the jobs whose tasks went back untried, while no task of this
-        // lease was served.
-        let mut only_handed_back = (!tasks.is_empty()).then_some(OpenBackoff::MOST);
+        // Whether a task was served (built, or left waiting for its job's opening), and the
+        // shortest wait of the jobs whose tasks went back untried.
+        let (leased_any, mut served, mut least_wait) =
+            (!tasks.is_empty(), false, OpenBackoff::MOST);
         // First the tasks whose job's opening ended since the last lease, then this lease's.
         for (job, opened, waiting) in openings.ended(shared).await {
             match opened {
                 Ok(entry) => {
                     open_backoff.opened(job);
                     for task in waiting {
+                        served = true;
                         serving.build(entry.clone(), task).await;
                     }
                 }
@@ -265,12 +275,18 @@ async fn serve_leases(
                     let reason = unopened.status().message().to_string();
                     let pause = open_backoff.failed(job, Instant::now(), &reason);
                     if let Unopened::Refused(_) = unopened {
-                        tracing::warn!(job, %reason, ?pause, "cannot open the job's datasets on this worker: its clients are told and its tasks go to other workers");
+                        tracing::warn!(job, %reason, ?pause, "cannot open the job's datasets on this worker: a client is told and its tasks go to other workers");
                     } else {
                         tracing::warn!(job, %reason, ?pause, "cannot open the job's datasets; its tasks go back untried until the next try");
                     }
+                    // One client hears of it, as when the opening held up the loop; the other
+                    // tasks go back untried.
+                    let mut waiting = waiting.into_iter();
+                    if let Some(first) = waiting.next() {
+                        serving.unopened(&unopened, first).await;
+                    }
                     for task in waiting {
-                        serving.unopened(&unopened, task).await;
+                        let _ = outcomes_tx.send(Outcome::Failed(task.lease_id, reason.clone()));
                     }
                 }
             }
@@ -278,14 +294,22 @@ async fn serve_leases(
         for task in tasks {
             if let Some((wait, reason)) = open_backoff.wait(task.job_id, Instant::now()) {
                 let _ = outcomes_tx.send(Outcome::Failed(task.lease_id, reason));
-                only_handed_back = only_handed_back.map(|least| least.min(wait));
+                least_wait = least_wait.min(wait);
                 continue;
             }
-            only_handed_back = None;
-            if let Some((entry, task)) = openings.open_or_wait(shared, &client, task) {
-                serving.build(entry, task).await;
+            match openings.open_or_wait(shared, &client, task) {
+                Opened::Ready(entry, task) => {
+                    served = true;
+                    serving.build(entry, task).await;
+                }
+                Opened::Waiting => served = true,
+                Opened::Full(task) => {
+                    let _ = outcomes_tx.send(Outcome::Failed(task.lease_id, STILL_OPENING.into()));
+                    least_wait = least_wait.min(OPENING_RECHECK);
+                }
             }
         }
+        let only_handed_back = (leased_any && !served).then_some(least_wait);
         if let Some(wait) = only_handed_back {
             // Nothing this worker can serve came: lease again when a job's next try is due.
             let mut draining = draining.clone();

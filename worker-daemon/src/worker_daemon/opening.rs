@@ -96,13 +96,27 @@ pub(super) fn may_pass(error: &stoker_pipeline::Error) -> bool {
 
 /// The jobs one spell of leasing is opening, each in a task of its own, with the tasks waiting
 /// for each: a job whose datasets take long to open (a large folder listed, a slow store, a
-/// coordinator slow to answer) holds up no other job's tasks on this worker. An opened job
+/// coordinator slow to answer) holds up no other job's tasks on this worker. A job holds as
+/// many waiting tasks as the worker leases ahead, no more: the others go back untried, for
+/// workers that have it open (held here, they would wait out the opening). An opened job
 /// enters the worker's table only when the loop takes it ([`Openings::ended`]); dropped (the
 /// coordinator lost, the drain), the openings are aborted and enter nothing, so a job id of a
 /// coordinator's run before never names a job opened since.
 pub(super) struct Openings {
     place: usize,
+    /// The most tasks one job's opening holds.
+    most_waiting: usize,
     jobs: HashMap<u64, Opening>,
+}
+
+/// What becomes of a task whose job may not be open.
+pub(super) enum Opened {
+    /// Its job is open: the task is built with it.
+    Ready(Arc<JobEntry>, TaskLease),
+    /// It waits for its job's opening.
+    Waiting,
+    /// Its job's opening holds as many tasks as it may: it goes back untried.
+    Full(TaskLease),
 }
 
 struct Opening {
@@ -118,33 +132,38 @@ pub(super) type Ended = (
 );
 
 impl Openings {
-    /// The openings of the loop against the coordinator at `place` in the list.
-    pub(super) fn new(place: usize) -> Self {
+    /// The openings of the loop against the coordinator at `place` in the list, each holding
+    /// `most_waiting` tasks at most (at least one).
+    pub(super) fn new(place: usize, most_waiting: usize) -> Self {
         Self {
             place,
+            most_waiting: most_waiting.max(1),
             jobs: HashMap::new(),
         }
     }
 
-    /// The job of `task` with it, if this worker has it open; else `task` waits for the job's
-    /// opening, started now unless it is under way.
+    /// `task` with its job, if this worker has it open; else `task` waits for the job's
+    /// opening, started now unless it is under way (or goes back when that holds its most).
     pub(super) fn open_or_wait(
         &mut self,
         shared: &Arc<Shared>,
         client: &CoordinatorClient<RpcChannel>,
         task: TaskLease,
-    ) -> Option<(Arc<JobEntry>, TaskLease)> {
+    ) -> Opened {
         let (place, job_id) = (self.place, task.job_id);
         if let Some(entry) = lock(&shared.jobs).get(&(place, job_id)) {
             *lock(&entry.used) = Instant::now();
-            return Some((entry.clone(), task));
+            return Opened::Ready(entry.clone(), task);
         }
         let opening = self.jobs.entry(job_id).or_insert_with(|| Opening {
             task: tokio::spawn(open_job(shared.clone(), client.clone(), place, job_id)),
             waiting: Vec::new(),
         });
+        if opening.waiting.len() >= self.most_waiting {
+            return Opened::Full(task);
+        }
         opening.waiting.push(task);
-        None
+        Opened::Waiting
     }
 
     /// Whether a job is being opened.

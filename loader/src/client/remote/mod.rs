@@ -379,7 +379,8 @@ async fn register_job(
             // Still unreachable, or still without a worker, when the connect timeout ran out:
             // nothing refused the job. The client stops as it does when this happens mid-run.
             Err(status) if error_kinds::is_transient(&status) => {
-                let within = format!("within {:.0} s", timeout.as_secs_f64());
+                // The coordinator's own wait for a worker may outlast the timeout.
+                let within = format!("after {:.0} s", started.elapsed().as_secs_f64());
                 let context = if error_kinds::is_worker_unreachable(&status) {
                     format!(
                         "coordinator {address} answers, but could not reach a worker to open the \
