@@ -191,7 +191,10 @@ impl MegatronIndex {
         if len > MAX_INDEX_BYTES {
             return Err(refused(
                 path,
-                format!("is {len} bytes, over the {MAX_INDEX_BYTES} read"),
+                format!(
+                    "is {len} bytes, over the {MAX_INDEX_BYTES} read: split the corpus into \
+                     several prefixes"
+                ),
             ));
         }
         crate::referenced_files::check_data_file(path)?;
@@ -324,7 +327,8 @@ pub fn open_remote_megatron(
         return Err(refused(
             &idx,
             format!(
-                "is {} bytes, over the {MAX_INDEX_BYTES} read",
+                "is {} bytes, over the {MAX_INDEX_BYTES} read: split the corpus into several \
+                 prefixes",
                 object.size()
             ),
         ));

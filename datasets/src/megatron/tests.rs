@@ -109,3 +109,23 @@ fn an_index_that_contradicts_itself_is_refused_by_name() {
     let error = MegatronIndex::parse(&huge, &idx).unwrap_err().to_string();
     assert!(error.contains("sequence lengths"), "{error}");
 }
+
+/// An index past the 2 GiB read (a sparse file here) is refused before it is read, saying
+/// what to do.
+#[test]
+fn an_index_past_the_read_is_refused_naming_the_remedy() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_, idx) =
+        write_megatron_corpus(&dir.path().join("big"), &documents(), TokenDtype::Uint16).unwrap();
+    std::fs::File::options()
+        .write(true)
+        .open(&idx)
+        .unwrap()
+        .set_len(MAX_INDEX_BYTES + 1)
+        .unwrap();
+    let message = MegatronIndex::read(&idx).unwrap_err().to_string();
+    assert!(
+        message.contains("over the 2147483648 read") && message.contains("several prefixes"),
+        "{message}"
+    );
+}
