@@ -321,3 +321,47 @@ def test_numpy_and_torch_numbers_are_taken_as_numbers() -> None:
     assert Normalize((0.5, 0.5, 0.5), std).to_dict()["std"] == [float(s) for s in std]
     with pytest.raises(stoker.PipelineError, match="size"):
         RandomResizedCrop(np.bool_(True))
+
+
+@pytest.mark.parametrize(
+    ("make", "field"),
+    [
+        (lambda: ops.PackSequences(8, eos_id=None), "eos_id"),
+        (lambda: RandomHorizontalFlip(None), "p"),
+        (lambda: RandomResizedCrop(8, scale=(None, 0.5)), "scale_min"),
+        (lambda: ops.TokenWindows(None), "seq_len"),
+    ],
+)
+def test_none_where_an_op_takes_no_default_is_refused(make: Any, field: str) -> None:
+    """The wire reads an unset field as 0: ``eos_id=None`` (a tokenizer's ``eos_token_id``
+    that is ``None``) packed token id 0 as EOS, ``RandomHorizontalFlip(None)`` never flipped."""
+    with pytest.raises(stoker.PipelineError, match=f"{field} must be given"):
+        make()
+
+
+def test_numpy_numbers_are_taken_as_pythons_by_every_op() -> None:
+    np = pytest.importorskip("numpy")
+    assert ops.TokenWindows(np.int64(8)) == ops.TokenWindows(8)
+    assert ops.PackSequences(8, eos_id=np.int32(3)) == ops.PackSequences(8, eos_id=3)
+    assert DecodeImage(max_pixels=np.int64(1000)) == DecodeImage(1000)
+    assert RandomHorizontalFlip(np.float32(0.25)) == RandomHorizontalFlip(0.25)
+
+
+def test_to_tensor_defaults_follow_normalize() -> None:
+    """``ToTensor()`` after a Normalize is float32 (its uint8 default was refused there, with
+    a hint to leave unset what the signature could not), in the layout it names (NHWC by
+    default), as the device stage reads it. Names it does not take are refused by name."""
+    norm = Normalize((0.5, 0.5, 0.5), (0.25, 0.25, 0.25))
+    for tail, shape, dtype in [
+        ([ToTensor()], (8, 8, 3), "uint8"),
+        ([norm], (3, 8, 8), "float32"),
+        ([norm, ToTensor()], (8, 8, 3), "float32"),
+        ([norm, ToTensor("NCHW")], (3, 8, 8), "float32"),
+        ([ToTensor("NCHW")], (3, 8, 8), "uint8"),
+    ]:
+        chain = [DecodeImage(), CenterCrop(8), *tail]
+        pipeline = _native.ImagePipeline([op.to_dict() for op in chain])
+        assert (tuple(pipeline.shape), pipeline.dtype) == (shape, dtype), tail
+    for bad in [dict(dtype="unspecified"), dict(layout="CHW"), dict(dtype=3), dict(layout=None)]:
+        with pytest.raises(stoker.PipelineError, match="ToTensor"):
+            ToTensor(**bad)

@@ -288,7 +288,7 @@ class NormalizeDict(TypedDict):
 class ToTensorDict(TypedDict):
     op: Literal["to_tensor"]
     layout: str
-    dtype: str
+    dtype: str | None
 
 class TokenWindowsDict(TypedDict):
     op: Literal["token_windows"]

@@ -127,6 +127,18 @@ def _float(value: Any) -> Any:
     return value
 
 
+def _plain(value: object) -> Any:
+    """numpy's integers and floats (and lists of them) as Python's, which the native side
+    reads; anything else as it is."""
+    if isinstance(value, (list, tuple)):
+        return type(value)(map(_plain, value))
+    if _is_int(value) and not isinstance(value, int):
+        return int(value)
+    if isinstance(value, numbers.Real) and not isinstance(value, (bool, int, float)):
+        return float(value)
+    return value
+
+
 def _numbers(value: object) -> Any:
     """An iterable (not a string) as a tuple, numbers as floats; anything else as it is."""
     listed = _as_list(value)
@@ -144,12 +156,21 @@ class Op(ABC):
     def _fields(self) -> dict[str, Any]:
         """The op's fields, named as in its proto message."""
 
+    #: The fields that may be ``None`` (the default); the wire reads ``None`` as 0 or the
+    #: first enum value, so anywhere else it is refused (``eos_id=None`` was token id 0).
+    _optional: ClassVar[tuple[str, ...]] = ()
+
     def to_dict(self) -> dict[str, Any]:
         """The op as the native loader receives it: ``"op"`` names the proto's op, the other
-        keys are its message's fields (enum values by name, ``None`` for the default)."""
-        return {"op": self.proto_name, **self._fields()}
+        keys are its message's fields (enum values by name, ``None`` for the default; numpy's
+        numbers as Python's)."""
+        return {"op": self.proto_name, **{k: _plain(v) for k, v in self._fields().items()}}
 
     def _check(self) -> None:
+        for name, value in self._fields().items():
+            listed = value if isinstance(value, (list, tuple)) else [value]
+            if name not in self._optional and any(item is None for item in listed):
+                raise PipelineError(f"{type(self).__name__} {name} must be given, got {value!r}")
         _native.check_op(self.to_dict())
 
     def __repr__(self) -> str:
@@ -315,7 +336,8 @@ class Normalize(Op):
     """Scales pixels to [0, 1], subtracts ``mean`` and divides by ``std``, per channel.
 
     The same as torchvision's ``ToTensor()`` followed by ``Normalize(mean, std)``. The output
-    is float32 in NCHW layout unless a :class:`ToTensor` after it asks for NHWC.
+    is float32, in NCHW layout, or in the one a :class:`ToTensor` after it names (NHWC by
+    default).
 
     Args:
         mean: three finite numbers, one per RGB channel, on the [0, 1] scale (in [0, 1]).
@@ -340,16 +362,26 @@ class ToTensor(Op):
 
     ``dtype="float32"`` scales pixels to [0, 1] as torchvision's ``ToTensor`` does;
     ``"uint8"`` keeps the raw 0..255 values. Images travel as uint8 NHWC by default, the
-    cheapest form to move (4x less than float32); convert or normalise on the GPU.
+    cheapest form to move (4x less than float32); convert or normalise on the GPU. A
+    :class:`Normalize` without a ToTensor after it gives NCHW float32.
 
     Args:
         layout: ``"NHWC"`` (batch, height, width, channel) or ``"NCHW"``.
-        dtype: ``"uint8"`` or ``"float32"``.
+        dtype: ``"uint8"``, ``"float32"``, or ``None`` (default) for uint8, float32 after a
+            Normalize (where uint8 is refused).
     """
 
     proto_name = "to_tensor"
+    _optional = ("dtype",)
 
-    def __init__(self, layout: str = "NHWC", dtype: str = "uint8") -> None:
+    def __init__(self, layout: str = "NHWC", dtype: str | None = None) -> None:
+        for name, value, names in (("layout", layout, ("NHWC", "NCHW")),
+                                   ("dtype", dtype, ("uint8", "float32"))):
+            if value is not None and (not isinstance(value, str) or value.upper() not in
+                                      (n.upper() for n in names)):
+                raise PipelineError(
+                    f"ToTensor {name} must be {names[0]!r} or {names[1]!r}, got {value!r}"
+                )
         self.layout = layout
         self.dtype = dtype
         self._check()
@@ -481,6 +513,7 @@ class SelectColumns(Op):
     """
 
     proto_name = "select_columns"
+    _optional = ("dtype",)
 
     def __init__(self, names: Sequence[str], dtype: str | None = None) -> None:
         self.names = _as_list(names)
