@@ -166,6 +166,7 @@ pub fn register(module: &Bound<'_, PyModule>) -> PyResult<()> {
     module.add("TOKEN_ORDERS", stoker_pipeline::TOKEN_ORDERS)?;
     module.add("COLUMNS_ORDER", stoker_pipeline::COLUMNS_ORDER)?;
     module.add("MAX_SIDE", stoker_pipeline::MAX_SIDE)?;
+    module.add("MAX_BATCH_SIZE", stoker_pipeline::MAX_BATCH_SIZE)?;
     module.add("MAX_SEQ_LEN", stoker_datasets::MAX_SEQ_LEN)?;
     module.add("DEFAULT_MAX_PIXELS", stoker_pipeline::DEFAULT_MAX_PIXELS)?;
     Ok(())

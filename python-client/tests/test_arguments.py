@@ -19,6 +19,8 @@ from stoker import ops
         ({"batch_size": 0}, "batch_size"),
         ({"batch_size": 2.0}, "batch_size"),
         ({"batch_size": True}, "batch_size"),
+        # The range said is the one taken (it said 1..=2**32-1).
+        ({"batch_size": 65537}, r"batch_size must be an int in 1\.\.=65536"),
         ({"shuffle": 1}, "shuffle"),
         ({"seed": -1}, "seed"),
         ({"seed": 2**64}, "seed"),
@@ -155,3 +157,14 @@ def test_checks_run_before_the_source_is_touched(
     # A bad pipeline is reported even when the folder is also missing: nothing was opened.
     with pytest.raises(ValueError, match="Resize alone"):
         make_loader(tmp_path / "missing", pipeline=[ops.Resize(8)])
+
+
+def test_numpy_numbers_are_taken_as_pythons(make_loader: Callable[..., stoker.Loader]) -> None:
+    """A seed or a size from a numpy array or a config parsed with numpy (they were refused as
+    not ints, where ops took them)."""
+    np = pytest.importorskip("numpy")
+    loader = make_loader(
+        batch_size=np.int64(4), seed=np.uint32(3), timeout=np.float32(5), prefetch=np.int8(2)
+    )
+    assert loader.batch_size == 4 and sum(1 for _ in loader) > 0
+    assert stoker.vision.imagenet_train(np.int64(32)) == stoker.vision.imagenet_train(32)

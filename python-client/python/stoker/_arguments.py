@@ -12,6 +12,7 @@ from __future__ import annotations
 import errno
 import importlib
 import math
+import numbers
 import os
 import sys
 from collections.abc import Callable, Mapping
@@ -81,7 +82,8 @@ MAX_WORLD_SIZE: Final = 2**20
 
 
 def is_int(value: object) -> TypeGuard[int]:
-    return isinstance(value, int) and not isinstance(value, bool)
+    # numpy's integers count; bool, an int subclass, does not.
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
 
 
 def check_int(value: object, name: str, low: int, high: int) -> int:
@@ -374,15 +376,14 @@ MAX_SECONDS: Final = 1e9
 
 def check_seconds(value: object, name: str) -> float:
     """A positive, finite number of seconds, at most ``MAX_SECONDS``."""
-    if (
-        not isinstance(value, (int, float))
-        or isinstance(value, bool)
-        or not (math.isfinite(value) and 0 < value <= MAX_SECONDS)
-    ):
+    # numpy's numbers count; bool, an int subclass, does not.
+    real = isinstance(value, numbers.Real) and not isinstance(value, bool)
+    seconds = float(value) if real else None  # type: ignore[arg-type]
+    if seconds is None or not (math.isfinite(seconds) and 0 < seconds <= MAX_SECONDS):
         raise ValueError(
             f"{name} must be a positive number of seconds up to {MAX_SECONDS:.0e}, got {value!r}"
         )
-    return float(value)
+    return seconds
 
 
 def resolve_output(output: object) -> Literal["torch", "numpy"]:

@@ -352,6 +352,8 @@ COLUMNS_ORDER: Final[str]
 """The op list of Parquet numeric columns."""
 MAX_SIDE: Final[int]
 """The largest output side an image op accepts."""
+MAX_BATCH_SIZE: Final[int]
+"""The largest batch a loader takes."""
 MAX_SEQ_LEN: Final[int]
 """The longest token row."""
 DEFAULT_MAX_PIXELS: Final[int]

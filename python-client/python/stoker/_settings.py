@@ -15,7 +15,6 @@ from typing import Any, Literal
 
 from stoker import _native
 from stoker._arguments import (
-    MAX_U32,
     MAX_U64,
     check_bool,
     check_int,
@@ -140,7 +139,7 @@ def checked_settings(
     world size came from ("" when both were passed), which the ranks' check reads."""
     rank_, world, rank_origin = resolve_rank(rank, world_size)
     settings = LoaderSettings(
-        batch_size=check_int(batch_size, "batch_size", 1, MAX_U32),
+        batch_size=check_int(batch_size, "batch_size", 1, _native.MAX_BATCH_SIZE),
         shuffle=check_bool(shuffle, "shuffle"),
         seed=check_int(seed, "seed", 0, MAX_U64),
         drop_last=check_bool(drop_last, "drop_last"),

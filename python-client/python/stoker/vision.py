@@ -9,6 +9,7 @@ without, on the CPU workers.
 
 from __future__ import annotations
 
+from stoker._arguments import is_int
 from stoker.ops import (
     MAX_SIDE,
     CenterCrop,
@@ -29,7 +30,7 @@ IMAGENET_STD: tuple[float, float, float] = (0.229, 0.224, 0.225)
 
 def _check_size(size: object, recipe: str, largest: int) -> None:
     # Checked here so the message names the recipe's argument, not the op it feeds.
-    if not isinstance(size, int) or isinstance(size, bool) or not 1 <= size <= largest:
+    if not is_int(size) or not 1 <= size <= largest:
         raise ValueError(f"{recipe} size must be an int in 1..={largest}, got {size!r}")
 
 
