@@ -194,7 +194,9 @@ class DecodeImage(Op):
 
     JPEG (CMYK and YCCK too), PNG, WebP, BMP, TIFF, PBM/PGM/PPM and GIF (the first frame),
     told apart by their bytes, not their names; alpha is dropped, gray replicated. Anything
-    else is a bad sample (see ``Loader(on_error=...)``).
+    else is a bad sample (see ``Loader(on_error=...)``). Where PIL differs: 16-bit gray
+    (PNG, TIFF, PGM) keeps its high byte, where PIL clips it at 255 (nearly white); a PNM of
+    a maximum other than 255 may round one level apart.
 
     Args:
         max_pixels: refuse images with more pixels than this (a decompression-bomb guard).
