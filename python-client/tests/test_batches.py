@@ -294,8 +294,14 @@ def test_iter_after_every_batch_without_stop_iteration_starts_the_next_epoch(
         ({"batch_size": 8}, "batch_size"),
         ({"num_samples": 7}, "num_samples"),
         ({"version": 2}, "version"),
+        ({"version": True}, "version"),
         ({"step": 1000}, "past the end"),
         ({"shuffle_window": 3}, "shuffle_window"),
+        # An epoch with none after it (at its end it resumed at 2**64 and failed with an
+        # OverflowError at iter()), a rank its world does not hold (both taken before).
+        ({"epoch": 2**64 - 1}, "epoch"),
+        ({"rank": 7}, "rank"),
+        ({"rank": "x"}, "rank"),
     ],
 )
 def test_load_state_dict_names_the_mismatch(

@@ -173,21 +173,19 @@ def test_a_refused_state_leaves_the_resized_epoch_as_it_was(
     assert rest == _read(again)[0]
 
 
-def test_a_resized_epoch_whose_loader_a_refused_state_let_go_is_not_served_plain(
+def test_a_state_past_the_resized_epochs_end_is_refused_and_the_epoch_goes_on(
     make_loader: Callable[..., stoker.Loader],
 ) -> None:
+    """Its own resized state, past the end of the resized epoch, is refused before the
+    resized epoch's loader goes (it went first: the epoch could not be read until a state was
+    loaded again, and len() counted the plain epoch)."""
     resized_state = _saved_in_epoch_1(make_loader, 4, 2)
     loader = make_loader_resumed(make_loader, resized_state, world_size=2)
+    steps = len(loader)
     head, mid_state = _read(loader, 1)
-    # Its own resized state, past the end of the resized epoch: the native loader lets go of
-    # the resized epoch's loader before it finds that out.
     with pytest.raises(ValueError, match="past the end"):
         loader.load_state_dict(dict(mid_state, step=10**6))
-    # The position stands, but its epoch cannot be served until a state is loaded again.
-    assert loader.state_dict() == mid_state
-    with pytest.raises(ValueError, match="load a state again"):
-        iter(loader)
-    loader.load_state_dict(mid_state)
+    assert loader.state_dict() == mid_state and len(loader) == steps
     again = make_loader_resumed(make_loader, resized_state, world_size=2)
     assert head + _read(loader)[0] == _read(again)[0]
 
@@ -264,3 +262,33 @@ def test_a_resized_epoch_is_built_on_the_loaders_own_threads_and_slots(
     stats = loader.stats()
     assert stats["slots_in_use"] >= len(held), stats
     del held
+
+
+def test_a_finished_resized_epoch_stays_finished_through_an_iter_before_its_first_batch(
+    make_loader: Callable[..., stoker.Loader],
+) -> None:
+    """2 ranks read all of epoch 1 (stopping at its last batch); 3 ranks load their states:
+    nothing of epoch 1 is left, so the position is epoch 2. A state saved after an ``iter()``
+    and before its first batch (an emergency checkpoint) says epoch 1 is done: it said epoch
+    1 from its start with no resizes, and a run restarted on it read epoch 1 again; and
+    ``set_epoch(1)`` after that ``iter()`` runs epoch 1 empty (it read it plain)."""
+    states = []
+    for rank in range(2):
+        loader = make_loader(batch_size=BATCH, rank=rank, world_size=2, seed=9)
+        loader.set_epoch(1)
+        states.append(_read(loader, len(loader))[1])
+        loader.close()
+    resumed = make_loader(batch_size=BATCH, rank=0, world_size=3, seed=9)
+    resumed.load_state_dict(states)
+    assert resumed.epoch == 2
+    iter(resumed)
+    checkpoint = resumed.state_dict()
+    restarted = make_loader(batch_size=BATCH, rank=0, world_size=3, seed=9)
+    restarted.load_state_dict(checkpoint)
+    assert restarted.epoch == 2, checkpoint
+    plain = make_loader(batch_size=BATCH, rank=0, world_size=3, seed=9)
+    plain.set_epoch(2)
+    assert _read(restarted, 1)[0] == _read(plain, 1)[0]
+    resumed.set_epoch(1)
+    assert _read(resumed)[0] == []
+    assert resumed.epoch == 2

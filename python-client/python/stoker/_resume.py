@@ -75,6 +75,9 @@ class Position:
     # moved on to the next epoch: set_epoch(epoch) then runs that epoch empty rather than
     # again from its start.
     resume_finished: tuple[int, int] | None = None
+    # That finished epoch's resizes, which its state carries still once an iter() let go of
+    # the epoch's loader (its steps counted without them are the plain epoch's).
+    finished_resizes: list[tuple[int, list[int]]] = field(default_factory=list)
     # The epoch resumed on another world size, if any, and its resizes ((cursor, taken)
     # pairs, oldest first), which a state saves while that epoch runs.
     resized_epoch: int | None = None
@@ -124,6 +127,12 @@ class Position:
             # Every batch was handed out, but the loop stopped before StopIteration (zip, islice,
             # a break at the last step): the next epoch, where state_dict() already points.
             self.finish_epoch(self.epoch)
+        finished = self.resume_finished
+        if self.resume_step is not None and finished is not None and finished[0] == self.epoch:
+            # A loaded state's finished epoch, chosen again by set_epoch: it runs empty, on
+            # whichever loader serves it now (the resumed one may be gone, and the plain one
+            # would read it from its start).
+            return self.epoch, steps_in(self.epoch)
         if self.resized_lost and self.epoch == self.resized_epoch:
             raise ValueError(
                 f"a failed load_state_dict let go of the loader of epoch {self.epoch} as "
@@ -194,9 +203,9 @@ class Position:
         with self.fields:
             epoch = self.epoch
             step = self.resume_step if self.resume_step is not None else self.step
-            if self.resume_finished is not None and self.resume_step is not None:
-                epoch, step = self.resume_finished
             resizes = list(self.resizes) if self.resized_epoch == epoch else []
+            if self.resume_finished is not None and self.resume_step is not None:
+                (epoch, step), resizes = self.resume_finished, list(self.finished_resizes)
         return {
             "epoch": epoch,
             "step": step,
@@ -212,6 +221,7 @@ class Position:
                 # Saved right after the last batch (or nothing was left): the next epoch
                 # starts.
                 self.resume_finished = (epoch, step)
+                self.finished_resizes = list(self.resizes) if self.resized_epoch == epoch else []
                 epoch, step = epoch + 1, 0
             self.epoch = self.resume_epoch = epoch
             self.step = self.resume_step = step
@@ -300,7 +310,7 @@ def check_state(state: Any, ours: Mapping[str, Any]) -> None:
         raise ValueError(
             f"state is missing {', '.join(missing)}: it does not come from Loader.state_dict()"
         )
-    if state["version"] != STATE_VERSION:
+    if type(state["version"]) is not int or state["version"] != STATE_VERSION:
         raise ValueError(
             f"state version {state['version']!r} is not supported "
             f"(this build reads {STATE_VERSION})"
@@ -394,7 +404,8 @@ def read_states(
         check_state(one, ours)
     first = states[0]
     old_world = check_int(first["world_size"], "state['world_size']", 1, MAX_WORLD_SIZE)
-    epoch = check_int(first["epoch"], "state['epoch']", 0, MAX_U64)
+    # The epoch after it must be one too (a state at its end resumes there).
+    epoch = check_int(first["epoch"], "state['epoch']", 0, MAX_U64 - 1)
     resizes = check_resizes(first.get("resizes", []))
     for one in states[1:]:
         for key in ("epoch", "world_size"):
@@ -403,6 +414,7 @@ def read_states(
         if check_resizes(one.get("resizes", [])) != resizes:
             raise ValueError("the states disagree on their resizes")
     if len(states) == 1:
+        check_int(first["rank"], f"state['rank'] (of {old_world} ranks)", 0, old_world - 1)
         step = check_int(first["step"], "state['step']", 0, MAX_U64)
         steps = [step] * old_world
     else:

@@ -184,7 +184,23 @@ pub(super) fn resize_chain(spec: &proto::JobSpec) -> Vec<super::PyResize> {
 }
 
 /// Steps of `epoch` for `spec`'s rank under its resized epoch (dataset of `num_samples`).
-pub(super) fn resized_steps(spec: &proto::JobSpec, num_samples: u64, epoch: u64) -> PyResult<u64> {
+/// The steps of `epoch` as `spec` resizes it, refusing a `start_step` past them.
+pub(super) fn steps_left_from(
+    spec: &proto::JobSpec,
+    num_samples: u64,
+    epoch: u64,
+    start_step: u64,
+) -> PyResult<u64> {
+    let steps = resized_steps(spec, num_samples, epoch)?;
+    if start_step > steps {
+        return Err(pyo3::exceptions::PyValueError::new_err(format!(
+            "step {start_step} is past the end of the resumed epoch ({steps} steps)"
+        )));
+    }
+    Ok(steps)
+}
+
+fn resized_steps(spec: &proto::JobSpec, num_samples: u64, epoch: u64) -> PyResult<u64> {
     let resizes = spec.resized_epoch.as_ref().map_or_else(Vec::new, |r| {
         r.resizes
             .iter()

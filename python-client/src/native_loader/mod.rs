@@ -23,7 +23,7 @@ use crate::errors::from_loader;
 
 use access::{closed, Current, Held};
 pub(crate) use batches::NativeBatch;
-use batches::{native_batch, resize_chain, resized_steps, slot_stats, wait_for_batch};
+use batches::{native_batch, resize_chain, slot_stats, steps_left_from, wait_for_batch};
 use recipe::Recipe;
 
 use crate::settings::{DatasetSettings, LoaderSettings, SourceSettings};
@@ -221,7 +221,9 @@ impl NativeLoader {
             (spec, 0)
         };
         let chain = resize_chain(&spec);
-        let nothing_left = start_step == 0 && resized_steps(&spec, num_samples, epoch)? == 0;
+        // Refused before the resumed loader there is goes: a refusal leaves it served.
+        let steps_left = steps_left_from(&spec, num_samples, epoch, start_step)?;
+        let nothing_left = start_step == 0 && steps_left == 0;
         let previous = self
             .held(py)
             .let_go_of_resumed(nothing_left.then_some(epoch));
@@ -241,20 +243,15 @@ impl NativeLoader {
             })
             .map_err(from_loader)?;
         let steps_in_epoch = loader.steps_per_epoch();
-        let refused = if start_step > steps_in_epoch {
-            PyValueError::new_err(format!(
-                "step {start_step} is past the end of the resumed epoch ({steps_in_epoch} steps)"
-            ))
-        } else {
+        {
             let mut held = self.held(py);
             if held.loader.is_some() {
                 held.resumed = Some((epoch, Arc::new(loader)));
                 return Ok((start_step, steps_in_epoch, chain));
             }
-            closed() // by another thread meanwhile
-        };
+        }
         py.detach(|| drop(loader));
-        Err(refused)
+        Err(closed()) // by another thread meanwhile
     }
 
     /// The epoch resumed on another world size whose loader this one holds, if any (a failed
