@@ -168,3 +168,5 @@ def test_numpy_numbers_are_taken_as_pythons(make_loader: Callable[..., stoker.Lo
     )
     assert loader.batch_size == 4 and sum(1 for _ in loader) > 0
     assert stoker.vision.imagenet_train(np.int64(32)) == stoker.vision.imagenet_train(32)
+    # 224 * 256 in an int16 wraps: the recipe computes in Python's ints.
+    assert stoker.vision.imagenet_eval(np.int16(224)) == stoker.vision.imagenet_eval(224)

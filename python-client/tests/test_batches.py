@@ -312,6 +312,21 @@ def test_load_state_dict_names_the_mismatch(
         loader.load_state_dict(dict(loader.state_dict(), **change))
 
 
+def test_a_state_saved_when_to_tensor_spelled_out_uint8_resumes(
+    make_loader: Callable[..., stoker.Loader],
+) -> None:
+    """``ToTensor()`` sent uint8 as its dtype before it defaulted to unset (float32 after a
+    Normalize): a state saved then, over ``vision.imagenet_eval``'s pipeline say, resumes; and
+    one whose numbers are numpy's (read back from an array) too."""
+    eval_ops = stoker.vision.imagenet_eval(32)
+    spelled = [*eval_ops[:-1], ops.ToTensor("NHWC", "uint8")]
+    saved = make_loader(pipeline=spelled).state_dict()
+    make_loader(pipeline=eval_ops).load_state_dict(saved)
+    np = pytest.importorskip("numpy")
+    as_numpy = {k: np.int64(v) if type(v) is int else v for k, v in saved.items()}
+    make_loader(pipeline=eval_ops).load_state_dict(as_numpy)
+
+
 def test_a_state_of_another_pipeline_or_kind_of_loader_is_refused(
     make_loader: Callable[..., stoker.Loader], dataset: Path
 ) -> None:

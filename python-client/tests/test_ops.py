@@ -345,6 +345,8 @@ def test_numpy_numbers_are_taken_as_pythons_by_every_op() -> None:
     assert ops.PackSequences(8, eos_id=np.int32(3)) == ops.PackSequences(8, eos_id=3)
     assert DecodeImage(max_pixels=np.int64(1000)) == DecodeImage(1000)
     assert RandomHorizontalFlip(np.float32(0.25)) == RandomHorizontalFlip(0.25)
+    # Equal ops hash alike (a set of ops, a dict keyed by them).
+    assert len({ops.TokenWindows(8), ops.TokenWindows(np.int64(8))}) == 1
 
 
 def test_to_tensor_defaults_follow_normalize() -> None:

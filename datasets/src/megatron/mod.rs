@@ -193,7 +193,7 @@ impl MegatronIndex {
                 path,
                 format!(
                     "is {len} bytes, over the {MAX_INDEX_BYTES} read: split the corpus into \
-                     several prefixes"
+                     several prefixes, read as a blend (stoker.megatron_blend)"
                 ),
             ));
         }
@@ -328,7 +328,7 @@ pub fn open_remote_megatron(
             &idx,
             format!(
                 "is {} bytes, over the {MAX_INDEX_BYTES} read: split the corpus into several \
-                 prefixes",
+                 prefixes, read as a blend (stoker.megatron_blend)",
                 object.size()
             ),
         ));

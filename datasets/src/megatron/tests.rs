@@ -125,7 +125,7 @@ fn an_index_past_the_read_is_refused_naming_the_remedy() {
         .unwrap();
     let message = MegatronIndex::read(&idx).unwrap_err().to_string();
     assert!(
-        message.contains("over the 2147483648 read") && message.contains("several prefixes"),
+        message.contains("over the 2147483648 read") && message.contains("stoker.megatron_blend"),
         "{message}"
     );
 }

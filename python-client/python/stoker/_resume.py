@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Final
 
-from stoker._arguments import MAX_U32, MAX_U64, MAX_WORLD_SIZE, check_int
+from stoker._arguments import MAX_U32, MAX_U64, MAX_WORLD_SIZE, check_int, is_int
 from stoker.errors import StokerError
 
 if TYPE_CHECKING:
@@ -310,7 +310,7 @@ def check_state(state: Any, ours: Mapping[str, Any]) -> None:
         raise ValueError(
             f"state is missing {', '.join(missing)}: it does not come from Loader.state_dict()"
         )
-    if type(state["version"]) is not int or state["version"] != STATE_VERSION:
+    if not is_int(state["version"]) or state["version"] != STATE_VERSION:
         raise ValueError(
             f"state version {state['version']!r} is not supported "
             f"(this build reads {STATE_VERSION})"

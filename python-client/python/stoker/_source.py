@@ -49,7 +49,7 @@ class ChosenSource:
         carries: the pipeline, format, text and label columns and split (a mix's, each
         source's; not where the files lie, which the dataset's fingerprint covers)."""
         what: dict[str, Any] = {
-            "ops": [op.to_dict() for op in self.ops], "format": self.format,
+            "ops": _as_read([op.to_dict() for op in self.ops]), "format": self.format,
             "text_column": self.text_column, "label_column": self.label_column,
             "split": self.split,
         }
@@ -59,7 +59,7 @@ class ChosenSource:
         named = _by_content if by_content else _as_given
         if self.native_mix is not None:
             what["sources"] = [
-                [[named(op) for op in ops], source_format, text_column, split]
+                [[named(op) for op in _as_read(ops)], source_format, text_column, split]
                 for _, ops, _, source_format, text_column, _, split in self.native_mix.entries
             ]
         return reading_digest(what, by_content)
@@ -138,6 +138,19 @@ def reading_digest(what: dict[str, Any], by_content: bool = True) -> str:
         what = {**what, "ops": [_by_content(op) for op in what["ops"]]}
     text = json.dumps(what, sort_keys=True, default=str)
     return "sha256:" + hashlib.sha256(text.encode()).hexdigest()[:32]
+
+
+def _as_read(ops: list[Any]) -> list[Any]:
+    """Op dicts with a ToTensor's unset dtype as the one it gives (uint8; float32 after a
+    Normalize): a state saved when ``ToTensor()`` spelled out uint8 keeps its digest."""
+    normalized, read = False, []
+    for op in ops:
+        kind = op.get("op") if isinstance(op, dict) else None
+        normalized = normalized or kind == "normalize"
+        if kind == "to_tensor" and op.get("dtype") is None:
+            op = {**op, "dtype": "float32" if normalized else "uint8"}
+        read.append(op)
+    return read
 
 
 def _as_given(op: Any) -> Any:

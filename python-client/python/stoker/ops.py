@@ -186,7 +186,8 @@ class Op(ABC):
         )
 
     def __hash__(self) -> int:
-        return hash(repr(self))
+        # As __eq__ sees it: numpy's numbers as Python's.
+        return hash(repr(self.to_dict()))
 
 
 class DecodeImage(Op):

@@ -28,10 +28,12 @@ IMAGENET_MEAN: tuple[float, float, float] = (0.485, 0.456, 0.406)
 IMAGENET_STD: tuple[float, float, float] = (0.229, 0.224, 0.225)
 
 
-def _check_size(size: object, recipe: str, largest: int) -> None:
-    # Checked here so the message names the recipe's argument, not the op it feeds.
+def _check_size(size: object, recipe: str, largest: int) -> int:
+    # Checked here so the message names the recipe's argument, not the op it feeds; a
+    # Python int, whose arithmetic does not wrap as a numpy int16's does.
     if not is_int(size) or not 1 <= size <= largest:
         raise ValueError(f"{recipe} size must be an int in 1..={largest}, got {size!r}")
+    return int(size)
 
 
 def imagenet_train(size: int = 224) -> list[Op]:
@@ -47,7 +49,7 @@ def imagenet_train(size: int = 224) -> list[Op]:
         ``[DecodeImage(dct_scaling=True), RandomResizedCrop(size), RandomHorizontalFlip(),
         ToTensor()]``.
     """
-    _check_size(size, "imagenet_train", MAX_SIDE)
+    size = _check_size(size, "imagenet_train", MAX_SIDE)
     return [
         DecodeImage(dct_scaling=True),
         RandomResizedCrop(size),
@@ -67,5 +69,5 @@ def imagenet_eval(size: int = 224) -> list[Op]:
         ``[DecodeImage(), Resize(size * 256 // 224), CenterCrop(size), ToTensor()]``.
     """
     # The resize before the crop is 256/224 larger and must itself fit the limit.
-    _check_size(size, "imagenet_eval", MAX_SIDE * 224 // 256)
+    size = _check_size(size, "imagenet_eval", MAX_SIDE * 224 // 256)
     return [DecodeImage(), Resize(size * 256 // 224), CenterCrop(size), ToTensor()]

@@ -183,7 +183,6 @@ pub(super) fn resize_chain(spec: &proto::JobSpec) -> Vec<super::PyResize> {
     resizes.map(|z| (z.cursor, z.taken.clone())).collect()
 }
 
-/// Steps of `epoch` for `spec`'s rank under its resized epoch (dataset of `num_samples`).
 /// The steps of `epoch` as `spec` resizes it, refusing a `start_step` past them.
 pub(super) fn steps_left_from(
     spec: &proto::JobSpec,
@@ -200,6 +199,7 @@ pub(super) fn steps_left_from(
     Ok(steps)
 }
 
+/// Steps of `epoch` for `spec`'s rank under its resized epoch (dataset of `num_samples`).
 fn resized_steps(spec: &proto::JobSpec, num_samples: u64, epoch: u64) -> PyResult<u64> {
     let resizes = spec.resized_epoch.as_ref().map_or_else(Vec::new, |r| {
         r.resizes
