@@ -1863,24 +1863,9 @@ def test_a_worker_that_cannot_map_its_index_word_stops_and_never_answers_out_of_
     say): its failure answers the batch sent next, and it stops. Before, it went on: the
     reply came on top of the one its first batch gave, and every later batch of it took the
     batch before's reply as its own, its slot handed on unwritten (rows of zeros)."""
-    import multiprocessing
-
-    import stoker._busy
-
-    mapped = stoker._busy.IndexWord.mapped
-
-    def failing_in_worker_1(fd: int) -> Any:
-        if multiprocessing.current_process().name == "stoker-dataset-worker-1":
-            os.close(fd)
-            raise OSError(errno.EMFILE, "Too many open files")
-        return mapped(fd)
-
-    # Forked workers inherit the patch; their replacements too, so worker 1 fails each time.
-    monkeypatch.setattr(stoker._busy.IndexWord, "mapped", staticmethod(failing_in_worker_1))
-    with stoker.Loader.from_dataset(
-        _SlowCounts(), batch_size=4, num_workers=2, multiprocessing_context="fork",
-        shuffle=False, output="numpy",
-    ) as loader:
+    # Its replacements too fail each time.
+    _index_word_failing_in_worker_1(monkeypatch, lambda: True)
+    with _slow_counts_loader() as loader:
         for _ in range(4):
             rows: list[int] = []
             with contextlib.suppress(stoker.StokerError):
@@ -1889,6 +1874,60 @@ def test_a_worker_that_cannot_map_its_index_word_stops_and_never_answers_out_of_
             # Whatever came is what was asked, in order: no slot read before it was written
             # (zeros, or the batch it held before).
             assert rows == list(range(rows[0], rows[0] + len(rows))) if rows else True, rows
+
+
+def test_a_worker_replaced_after_failing_alone_is_named_with_its_failure(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Worker 1 fails once, outside the dataset's code, and exits before its first batch: its
+    replacement serves, and the warning that names the replacement says what the first one
+    said (it said only "exit code 0")."""
+    failed_once = tmp_path / "failed-once"
+
+    def first_time() -> bool:
+        try:
+            failed_once.touch(exist_ok=False)
+        except FileExistsError:
+            return False
+        return True
+
+    _index_word_failing_in_worker_1(monkeypatch, first_time)
+    with _slow_counts_loader() as loader:
+        deadline = time.monotonic() + 10
+        while not failed_once.exists() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        time.sleep(0.5)  # worker 1 has exited
+        with caplog.at_level(logging.WARNING, logger="stoker"):
+            rows = [int(v) for batch in loader for v in batch[:, 0]]
+    assert rows == list(range(1, 41))
+    replaced = [r.getMessage() for r in caplog.records if "replaced by pid" in r.getMessage()]
+    assert replaced and "Too many open files" in replaced[0], replaced
+
+
+def _index_word_failing_in_worker_1(monkeypatch: pytest.MonkeyPatch, fails: Any) -> None:
+    """Worker 1's mapping of its sample-index word fails (out of descriptors) whenever
+    ``fails()`` says so; forked workers, and their replacements, inherit the patch."""
+    import multiprocessing
+
+    import stoker._busy
+
+    mapped = stoker._busy.IndexWord.mapped
+
+    def mapping(fd: int) -> Any:
+        if multiprocessing.current_process().name == "stoker-dataset-worker-1" and fails():
+            os.close(fd)
+            raise OSError(errno.EMFILE, "Too many open files")
+        return mapped(fd)
+
+    monkeypatch.setattr(stoker._busy.IndexWord, "mapped", staticmethod(mapping))
+
+
+def _slow_counts_loader() -> stoker.Loader:
+    """Two forked workers over :class:`_SlowCounts`, in order."""
+    return stoker.Loader.from_dataset(
+        _SlowCounts(), batch_size=4, num_workers=2, multiprocessing_context="fork",
+        shuffle=False, output="numpy",
+    )
 
 
 class _SlowCounts:
@@ -1900,40 +1939,3 @@ class _SlowCounts:
     def __getitem__(self, index: int) -> Any:
         time.sleep(0.005)
         return np.full(2, index + 1, dtype=np.int64)
-
-
-def test_a_worker_replaced_after_failing_alone_is_named_with_its_failure(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
-) -> None:
-    """Worker 1 fails once, outside the dataset's code, and exits before its first batch: its
-    replacement serves, and the warning that names the replacement says what the first one
-    said (it said only "exit code 0")."""
-    import multiprocessing
-
-    import stoker._busy
-
-    mapped = stoker._busy.IndexWord.mapped
-    failed_once = tmp_path / "failed-once"
-
-    def failing_once_in_worker_1(fd: int) -> Any:
-        if multiprocessing.current_process().name == "stoker-dataset-worker-1":
-            with contextlib.suppress(FileExistsError):
-                failed_once.touch(exist_ok=False)
-                os.close(fd)
-                raise OSError(errno.EMFILE, "Too many open files")
-        return mapped(fd)
-
-    monkeypatch.setattr(stoker._busy.IndexWord, "mapped", staticmethod(failing_once_in_worker_1))
-    with stoker.Loader.from_dataset(
-        _SlowCounts(), batch_size=4, num_workers=2, multiprocessing_context="fork",
-        shuffle=False, output="numpy",
-    ) as loader:
-        deadline = time.monotonic() + 10
-        while not failed_once.exists() and time.monotonic() < deadline:
-            time.sleep(0.01)
-        time.sleep(0.5)  # worker 1 has exited
-        with caplog.at_level(logging.WARNING, logger="stoker"):
-            rows = [int(v) for batch in loader for v in batch[:, 0]]
-    assert rows == list(range(1, 41))
-    replaced = [r.getMessage() for r in caplog.records if "replaced by pid" in r.getMessage()]
-    assert replaced and "Too many open files" in replaced[0], replaced

@@ -1042,24 +1042,30 @@ fn a_worker_that_cannot_open_the_job_leaves_it_to_the_others_and_fails_it_only_a
     Ok(())
 }
 
+/// The error of a remote loader of [`spec`] over `data` on `network` that does not start
+/// within `connect_timeout`.
+fn remote_refusal(
+    network: &MemoryNetwork,
+    data: &Path,
+    connect_timeout: Duration,
+) -> Result<stoker_loader::Error, Box<dyn std::error::Error>> {
+    let options = RemoteOptions {
+        connect_timeout,
+        network: Network::Memory(network.clone()),
+        ..RemoteOptions::default()
+    };
+    Loader::remote(COORDINATOR, spec(data), LoaderOptions::default(), options)
+        .err()
+        .ok_or_else(|| "the loader started".into())
+}
+
 /// A coordinator nobody answers for is said to be unreachable once the connect timeout ran
 /// out, not to have refused the job.
 #[test]
 fn a_coordinator_that_never_answers_is_unreachable_not_refusing() -> TestResult {
     let data = tempfile::tempdir()?;
     let network = MemoryNetwork::new();
-    let error = Loader::remote(
-        COORDINATOR,
-        spec(data.path()),
-        LoaderOptions::default(),
-        RemoteOptions {
-            connect_timeout: Duration::from_secs(1),
-            network: Network::Memory(network),
-            ..RemoteOptions::default()
-        },
-    )
-    .err()
-    .ok_or("a loader with no coordinator")?;
+    let error = remote_refusal(&network, data.path(), Duration::from_secs(1))?;
     let message = error.to_string();
     assert!(
         message.contains("could not reach coordinator coordinator:7070 after "),
@@ -1078,18 +1084,7 @@ fn a_coordinator_without_a_worker_is_named_answering() -> TestResult {
     let state = tempfile::tempdir()?;
     let network = MemoryNetwork::new();
     let _cluster = start_cluster(&network, data.path(), state.path(), &[], None)?;
-    let error = Loader::remote(
-        COORDINATOR,
-        spec(data.path()),
-        LoaderOptions::default(),
-        RemoteOptions {
-            connect_timeout: Duration::from_secs(1),
-            network: Network::Memory(network.clone()),
-            ..RemoteOptions::default()
-        },
-    )
-    .err()
-    .ok_or("a loader with no worker")?;
+    let error = remote_refusal(&network, data.path(), Duration::from_secs(1))?;
     let message = error.to_string();
     assert!(
         message.contains("coordinator coordinator:7070 answers, but had no worker for the job")
@@ -1121,18 +1116,7 @@ fn a_worker_the_coordinator_cannot_reach_is_named_not_the_coordinator() -> TestR
             let _ = stopped.await;
         }));
     cluster.wait_for_workers(1)?;
-    let error = Loader::remote(
-        COORDINATOR,
-        spec(data.path()),
-        LoaderOptions::default(),
-        RemoteOptions {
-            connect_timeout: Duration::from_secs(2),
-            network: Network::Memory(network.clone()),
-            ..RemoteOptions::default()
-        },
-    )
-    .err()
-    .ok_or("a job no worker could open")?;
+    let error = remote_refusal(&network, data.path(), Duration::from_secs(2))?;
     let message = error.to_string();
     assert!(
         message.contains("coordinator coordinator:7070 answers, but could not reach a worker")
