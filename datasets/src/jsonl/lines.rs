@@ -65,10 +65,15 @@ impl LineScan {
                 continue;
             }
             // Bytes of a mark cut short are no whitespace.
-            let cut_short = (1..BOM.len()).contains(&self.mark);
+            let cut_short = self.mark_cut_short();
             self.mark = BOM.len() + 1;
             self.blank = !cut_short && byte.is_ascii_whitespace();
         }
+    }
+
+    /// Whether the line so far is part of a byte-order mark, no whole one.
+    fn mark_cut_short(&self) -> bool {
+        (1..BOM.len()).contains(&self.mark)
     }
 
     /// Ends the line at byte `end` (its newline or the end of the file).
@@ -78,7 +83,7 @@ impl LineScan {
             .checked_add(1)
             .ok_or_else(|| Error::TooLarge(path.to_path_buf()))?;
         // A line cut short inside a mark is no blank line but a bad document.
-        if !self.blank || (1..BOM.len()).contains(&self.mark) {
+        if !self.blank || self.mark_cut_short() {
             let len = end - self.start - u64::from(self.ends_with_cr);
             let len = u32::try_from(len).map_err(|_| Error::MalformedRecord {
                 path: path.to_path_buf(),

@@ -283,7 +283,7 @@ async fn serve_leases(
                     // tasks go back untried.
                     let mut waiting = waiting.into_iter();
                     if let Some(first) = waiting.next() {
-                        serving.unopened(&unopened, first).await;
+                        serving.unopened(&unopened, &reason, first).await;
                     }
                     for task in waiting {
                         let _ = outcomes_tx.send(Outcome::Failed(task.lease_id, reason.clone()));
@@ -431,9 +431,12 @@ impl Serving<'_> {
     /// Sends `status` to `task`'s client, by the drain's deadline.
     async fn send_error(&self, task: &TaskLease, status: Status) {
         let sent = send_error(self.shared, task, status);
-        let outcome = before_drain_due(sent, self.draining.clone(), self.reserve).await;
-        let _ = (self.outcomes)
-            .send(outcome.unwrap_or_else(|| Outcome::Failed(task.lease_id, STOPPING.into())));
+        match before_drain_due(sent, self.draining.clone(), self.reserve).await {
+            Some(outcome) => {
+                let _ = (self.outcomes).send(outcome);
+            }
+            None => self.handed_back(task),
+        }
     }
 
     /// `task`'s job did not open on this worker. A dataset that will not open here (gone from
@@ -441,8 +444,7 @@ impl Serving<'_> {
     /// its client, marked as this worker's own failure (the client takes its batches from the
     /// others, and fails once every worker has said so), and goes back to the queue for
     /// another worker; one that may open later (a store or disk failing) is only handed back.
-    async fn unopened(&self, unopened: &Unopened, task: TaskLease) {
-        let reason = unopened.status().message().to_string();
+    async fn unopened(&self, unopened: &Unopened, reason: &str, task: TaskLease) {
         if let Unopened::Refused(status) = unopened {
             let sent = send_error(
                 self.shared,
@@ -451,7 +453,7 @@ impl Serving<'_> {
             );
             let _ = before_drain_due(sent, self.draining.clone(), self.reserve).await;
         }
-        let _ = (self.outcomes).send(Outcome::Failed(task.lease_id, reason));
+        let _ = (self.outcomes).send(Outcome::Failed(task.lease_id, reason.to_string()));
     }
 }
 

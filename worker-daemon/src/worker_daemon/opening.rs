@@ -1,6 +1,7 @@
 //! A job's datasets opened for its first task on this worker, in a task of its own while the
-//! worker serves its other jobs: its spec asked of the coordinator, its paths held under the data roots, the failures another try may pass (the
-//! task handed back) and those it will not (the client told), and the pause between tries.
+//! worker serves its other jobs: its spec asked of the coordinator, its paths held under the
+//! data roots, the failures another try may pass (the task handed back) and those it will not
+//! (the client told), and the pause between tries.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -60,7 +61,6 @@ impl OpenBackoff {
 /// not be opened in a way that may pass (a store or file system failing, the machine short of
 /// descriptors: the task is handed back); or in a way that will not (a path that is not there
 /// or outside --data-root, data that is not a dataset, a changed dataset: the client is told).
-#[derive(Clone)]
 pub(super) enum Unopened {
     Coordinator(Status),
     Dataset(Status),

@@ -66,9 +66,9 @@ use stoker_dashboard::LoaderMonitor;
 pub struct RemoteOptions {
     /// How long an unreachable coordinator, or one with no worker for the job, is tried again
     /// while connecting and registering the job; then the loader stops with a
-    /// `WorkerUnavailable` error, as when that happens mid-run. A registration the coordinator answers is waited for as long as its workers
-    /// take to open the dataset, up to the coordinator's `--describe-timeout-secs` (120 s by
-    /// default) for each worker it asks.
+    /// `WorkerUnavailable` error, as when that happens mid-run. A registration the coordinator
+    /// answers is waited for as long as its workers take to open the dataset, up to the
+    /// coordinator's `--describe-timeout-secs` (120 s by default) for each worker it asks.
     pub connect_timeout: Duration,
     /// No batch for this long while the consumer waits: reopen the session. Each reopen for
     /// that doubles the wait, up to 64 times this but no more than 300 s (unless this is
