@@ -324,14 +324,28 @@ pub fn tar_index(data: &[u8]) {
     }
 }
 
-/// A Megatron `.idx` as opening a corpus reads it: never panics, and an index that parses
-/// holds together (its documents' starts run up from 0 to its token count).
+/// A Megatron `.idx` as opening a corpus reads it: never panics, an index that parses holds
+/// together (its documents' starts run up from 0 to its token count), and a read an element at
+/// a time, with or without the starts, finds what the whole read does.
 pub fn megatron_index(data: &[u8]) {
-    let Ok(index) = crate::MegatronIndex::parse(data, std::path::Path::new("fuzz.idx")) else {
+    let path = std::path::Path::new("fuzz.idx");
+    let whole = crate::MegatronIndex::parse(data, path);
+    let bytes = crate::megatron::InMemory(data);
+    let by_one = crate::MegatronIndex::read_from(&bytes, path, true, 1);
+    assert_eq!(
+        whole.as_ref().map_err(ToString::to_string),
+        by_one.as_ref().map_err(ToString::to_string)
+    );
+    let Ok(index) = whole else {
         return;
     };
-    let starts = index.document_starts();
-    assert_eq!(starts.len(), index.documents() + 1);
+    let counted = crate::MegatronIndex::read_from(&bytes, path, false, 1).ok();
+    assert_eq!(
+        counted.map(|c| (c.tokens(), c.sequences(), c.documents())),
+        Some((index.tokens(), index.sequences(), index.documents()))
+    );
+    let starts = index.document_starts().unwrap_or_default();
+    assert_eq!(starts.len() as u64, index.documents() + 1);
     assert_eq!(starts.first(), Some(&0));
     assert_eq!(starts.last(), Some(&index.tokens()));
     assert!(starts.windows(2).all(|pair| pair[0] <= pair[1]));

@@ -798,23 +798,28 @@ fn a_megatron_corpus_in_a_bucket_reads_with_the_dtype_of_its_index() {
         Arc::clone(&cache),
         None,
         8,
+        true,
     )
     .unwrap()
     .unwrap();
     assert_eq!(remote.dtype(), TokenDtype::Uint32);
     assert_eq!(index.documents(), 30);
-    let (local_tokens, _) = open_megatron(&bin, None, 8).unwrap();
+    let (local_tokens, _) = open_megatron(&bin, None, 8, true).unwrap();
     assert_same_samples(&remote, &local_tokens);
+    // The documents' starts, read from the object by ranges, are the local file's.
+    assert_eq!(remote.document_starts(), local_tokens.document_starts());
+    assert_eq!(remote.document_starts().map(<[u64]>::len), Some(31));
 
     // Without an index beside it the object is a flat token file.
     std::fs::copy(&bin, target.join("flat.bin")).unwrap();
-    let flat = open_remote_megatron("s3://data/mg/flat.bin", Arc::clone(&cache), None, 8).unwrap();
+    let flat =
+        open_remote_megatron("s3://data/mg/flat.bin", Arc::clone(&cache), None, 8, false).unwrap();
     assert!(flat.is_none());
     // A .bin shorter than its index says: an error naming it.
     let data = std::fs::read(&bin).unwrap();
     std::fs::write(target.join("short.bin"), &data[..data.len() - 4]).unwrap();
     std::fs::copy(&idx, target.join("short.idx")).unwrap();
-    let error = open_remote_megatron("s3://data/mg/short.bin", cache, None, 8)
+    let error = open_remote_megatron("s3://data/mg/short.bin", cache, None, 8, false)
         .err()
         .unwrap()
         .to_string();

@@ -10,9 +10,9 @@ use stoker_datasets::{
     is_pattern, kind_of, kind_of_files, local_format, megatron_pair, open_megatron,
     open_remote_megatron, parse_dataset_uri, remote_layout, remote_split_prefix, resolve_local,
     resolve_remote, DatasetLocation, FileKind, HfDataset, ImageFolder, JsonlDocuments, LocalFormat,
-    LocalSource, MdsDataset, MdsOptions, MdsTokenWindows, MegatronIndex, ObjectCache,
-    ObjectCacheOptions, ParquetDataset, ParquetOptions, RemoteLayout, SampleSource, TarShards,
-    TokenDtype, TokenFile, WiderIds,
+    LocalSource, MdsDataset, MdsOptions, MdsTokenWindows, ObjectCache, ObjectCacheOptions,
+    ParquetDataset, ParquetOptions, RemoteLayout, SampleSource, TarShards, TokenDtype, TokenFile,
+    WiderIds,
 };
 use stoker_proto::v1::{self as proto, op::Op as OpKind, DatasetFormat, JobSpec};
 
@@ -287,9 +287,10 @@ fn open_token_file(
     })?;
     // A Megatron corpus (the .bin beside its .idx): the dtype is the index's.
     if megatron_pair(path).is_some() {
-        let (tokens, index) =
-            open_megatron(path, token_dtype(dataset)?, seq_len).map_err(Error::OpenDataset)?;
-        return with_documents(tokens, &index, ops);
+        let documents = wants_document_boundaries(ops);
+        let (tokens, _) = open_megatron(path, token_dtype(dataset)?, seq_len, documents)
+            .map_err(Error::OpenDataset)?;
+        return Ok(Arc::new(tokens));
     }
     let named = token_dtype(dataset)?;
     let dtype = named.unwrap_or_else(|| TokenDtype::from_file_name(path));
@@ -325,23 +326,8 @@ pub fn token_dtype_fits(tokens: &TokenFile, name: &str) -> Result<()> {
     }
 }
 
-/// The Megatron corpus `tokens`, with the document starts of its `index` when the pipeline's
-/// `TokenWindows` asks for document boundaries (kept only then: a `u64` per document).
-fn with_documents(
-    tokens: TokenFile,
-    index: &MegatronIndex,
-    ops: &[proto::Op],
-) -> Result<Arc<dyn SampleSource>> {
-    if !wants_document_boundaries(ops) {
-        return Ok(Arc::new(tokens));
-    }
-    let tokens = tokens
-        .with_document_starts(index.document_starts())
-        .map_err(Error::OpenDataset)?;
-    Ok(Arc::new(tokens))
-}
-
-/// Whether the op list's `TokenWindows` op asks for document boundaries.
+/// Whether the op list's `TokenWindows` op asks for document boundaries (a Megatron corpus's
+/// starts are read, a `u64` per document, only then).
 fn wants_document_boundaries(ops: &[proto::Op]) -> bool {
     ops.iter().any(
         |op| matches!(&op.op, Some(OpKind::TokenWindows(windows)) if windows.document_boundaries),
@@ -464,10 +450,11 @@ fn open_remote_source(
             })?;
             let dtype = token_dtype(dataset)?;
             // A Megatron corpus (its .idx beside the .bin): the dtype is the index's.
-            let megatron = open_remote_megatron(uri, Arc::clone(&cache), dtype, seq_len)
+            let documents = wants_document_boundaries(ops);
+            let megatron = open_remote_megatron(uri, Arc::clone(&cache), dtype, seq_len, documents)
                 .map_err(Error::OpenDataset)?;
-            if let Some((tokens, index)) = megatron {
-                return with_documents(tokens, &index, ops);
+            if let Some((tokens, _)) = megatron {
+                return Ok(Arc::new(tokens));
             }
             let tokens =
                 TokenFile::open_remote(uri, cache, dtype, seq_len).map_err(Error::OpenDataset)?;
