@@ -75,6 +75,7 @@ mod files;
 #[doc(hidden)]
 pub mod fuzz_targets;
 mod hf_folder;
+mod image_file;
 mod image_folder;
 mod image_format;
 mod inspect;

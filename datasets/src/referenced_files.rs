@@ -68,20 +68,3 @@ pub(crate) fn check_data_file(path: &Path) -> crate::error::Result<()> {
 pub(crate) fn check_data_files(files: &[PathBuf]) -> crate::error::Result<()> {
     files.iter().try_for_each(|file| check_data_file(file))
 }
-
-/// Reads the file `reference` names: an absolute path, or one relative to `base`, once
-/// [`check_allowed`] lets it; a refusal becomes the error `refused` makes of its reason.
-pub(crate) fn read_referenced(
-    reference: &str,
-    base: &Path,
-    refused: impl FnOnce(String) -> Error,
-) -> crate::error::Result<Vec<u8>> {
-    let path = Path::new(reference);
-    let path = if path.is_absolute() {
-        path.to_path_buf()
-    } else {
-        base.join(path)
-    };
-    check_allowed(&path).map_err(refused)?;
-    std::fs::read(&path).map_err(|source| Error::io(path, source))
-}

@@ -9,11 +9,12 @@
 //! `Value`s are numeric columns for the SelectColumns op.
 //!
 //! An `Image` cell whose `bytes` are null but whose `path` is set (an image kept as a file
-//! reference rather than embedded) is read from that file when the path is relative and stays
-//! inside the dataset folder. Absolute paths and paths leaving the folder are refused (that
-//! sample's read fails, naming the path): a worker reads only under its data roots, and a
-//! dataset must not make it read elsewhere. Current `datasets` releases embed the bytes in
-//! `save_to_disk` (re-saving an older folder embeds them), so this is the rarer case.
+//! reference rather than embedded) is read from that file, a path relative to the dataset
+//! folder or an absolute one, as an image folder's file is (bounded; no named pipe): in process
+//! wherever it is, in a worker daemon only under its data roots (elsewhere that sample's read
+//! fails, naming the path), so a dataset cannot make a worker read another file. Current
+//! `datasets` releases embed the bytes in `save_to_disk` (re-saving an older folder embeds
+//! them), so this is the rarer case.
 //!
 //! The same folder under an `s3://` prefix (`remote.rs`) is read from copies of its objects
 //! fetched whole into the cache tier; images kept as paths are not read from there.
@@ -366,7 +367,7 @@ impl HfDataset {
                  `datasets`, which embeds them, or `stoker convert` it)"
             )));
         }
-        crate::referenced_files::read_referenced(reference, &self.root, refused)
+        crate::image_file::read_referenced(reference, &self.root, refused)
     }
 }
 

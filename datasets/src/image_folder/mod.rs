@@ -236,7 +236,7 @@ impl SampleSource for ImageFolder {
             index,
             len: self.len(),
         })?;
-        read_bounded(&path)
+        crate::image_file::read_bounded(&path)
     }
 
     fn class_names(&self) -> &[String] {
@@ -277,63 +277,6 @@ impl fmt::Debug for ImageFolder {
             .field("samples", &self.len())
             .finish()
     }
-}
-
-/// Files larger than this have their first bytes checked before the rest is read.
-const SNIFFED_PAST: u64 = 4 << 20;
-
-/// The bytes [`crate::sniff_format`] reads a format from.
-const SNIFFED_BYTES: u64 = 16;
-
-/// The file at `path`, unless it holds more than [`crate::MAX_SAMPLE_BYTES`], is not a regular
-/// file (a named pipe is opened without waiting for a writer, and refused), or is larger than
-/// 4 MiB and starts as no image format does.
-fn read_bounded(path: &std::path::Path) -> Result<Vec<u8>> {
-    use std::io::Read;
-    crate::referenced_files::check_data_file(path)?;
-    let (file, metadata) =
-        crate::files::open_regular_file(path).map_err(|source| Error::io(path, source))?;
-    let bytes = metadata.len();
-    if bytes > crate::MAX_SAMPLE_BYTES {
-        return Err(Error::SampleTooLarge {
-            what: path.display().to_string(),
-            bytes,
-        });
-    }
-    let mut file = file.take(crate::MAX_SAMPLE_BYTES + 1);
-    let mut data = Vec::with_capacity(usize::try_from(bytes).unwrap_or(0));
-    // A large file whose first bytes are no image format's (a video or an archive named
-    // `.jpg`) is a bad sample before the rest is read: it was read whole, on every thread
-    // that met it, every epoch, only for the decoder to refuse it.
-    if bytes > SNIFFED_PAST {
-        (&mut file)
-            .take(SNIFFED_BYTES)
-            .read_to_end(&mut data)
-            .map_err(|source| Error::io(path, source))?;
-        if crate::sniff_format(&data) == crate::ImageFormat::Other {
-            return Err(Error::io(
-                path,
-                std::io::Error::new(
-                    std::io::ErrorKind::InvalidData,
-                    format!(
-                        "a file of {bytes} bytes whose first bytes are no image format's \
-                         (JPEG, PNG, WebP, BMP, TIFF, PNM, GIF); not read further"
-                    ),
-                ),
-            ));
-        }
-    }
-    // Read to its end, not to its listed size: a file that grew since is read whole, up to
-    // the bound.
-    file.read_to_end(&mut data)
-        .map_err(|source| Error::io(path, source))?;
-    if data.len() as u64 > crate::MAX_SAMPLE_BYTES {
-        return Err(Error::SampleTooLarge {
-            what: path.display().to_string(),
-            bytes: data.len() as u64,
-        });
-    }
-    Ok(data)
 }
 
 #[cfg(test)]

@@ -98,6 +98,8 @@ fn walk(
         // The index caches written beside tar shards are Stoker's, not data (`train-*` would
         // otherwise take them once a first run has written them).
         let is_own = crate::files::is_tar_index_cache_name(&name);
+        // macOS's AppleDouble files (`._train.parquet`) hold a file's attributes, never data.
+        let apple_double = name.starts_with("._");
         let candidate = if written.is_empty() {
             name.into_owned()
         } else if written.ends_with('/') {
@@ -120,7 +122,7 @@ fn walk(
         };
         if is_dir && depth < max_depth {
             walk(&path, &candidate, depth + 1, max_depth, matcher, found)?;
-        } else if is_file && !is_own && matcher.is_match(&candidate) {
+        } else if is_file && !is_own && !apple_double && matcher.is_match(&candidate) {
             found.push(path);
         }
     }

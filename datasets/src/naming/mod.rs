@@ -178,6 +178,14 @@ fn resolve_path(path: &Path, split: Option<&str>) -> Result<LocalSource> {
         Some(split) if path.is_file() && split_of_file(path).as_deref() == Some(split) => {
             Ok(LocalSource::Path(path.to_path_buf()))
         }
+        Some(split) if path.is_dir() => match splits::split_folder_of(path, split)? {
+            Some(folder) => Ok(LocalSource::Path(folder)),
+            None => Err(Error::NoSuchSplit {
+                source_name: path.display().to_string(),
+                split: split.to_string(),
+                found: Vec::new(),
+            }),
+        },
         Some(split) => Err(Error::NoSuchSplit {
             source_name: path.display().to_string(),
             split: split.to_string(),

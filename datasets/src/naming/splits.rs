@@ -269,6 +269,9 @@ pub(crate) fn find_splits(root: &Path) -> Result<Option<SplitLayout>> {
         // image folder laid out by split).
         let mut named_splits = BTreeMap::new();
         let mut image_splits = 0;
+        // Folders named like splits holding images directly (Hugging Face's imagefolder lays
+        // out `train/` and `test/` so, with a `metadata.jsonl` each).
+        let mut flat_image_splits = 0;
         for (name, folder) in candidates {
             let inside = Listing::of(folder).ok();
             if is_split_folder_name(name) {
@@ -278,6 +281,9 @@ pub(crate) fn find_splits(root: &Path) -> Result<Option<SplitLayout>> {
                     }
                     if inner.data_files.is_empty() && !inner.images && !inner.folders.is_empty() {
                         image_splits += 1;
+                    }
+                    if inner.images {
+                        flat_image_splits += 1;
                     }
                 }
             }
@@ -306,7 +312,12 @@ pub(crate) fn find_splits(root: &Path) -> Result<Option<SplitLayout>> {
                 .iter()
                 .all(|(name, _)| is_split_folder_name(name));
         let beside_others = image_splits >= 2 && !root.join("data").is_dir();
-        if base == root && image_splits > 0 && (all_split_named || beside_others) {
+        // Two or more folders, all named like splits, one holding images directly: splits too
+        // (in the root or in `data/`), never one image folder whose classes are its splits
+        // (nor, under `data/`, one class `data`). Each is then an image folder of its own,
+        // which needs class folders. One such folder alone is read as it was (a class).
+        let flat_splits = flat_image_splits > 0 && all_split_named && named_splits.len() >= 2;
+        if flat_splits || (base == root && image_splits > 0 && (all_split_named || beside_others)) {
             named_splits.extend(with_data);
             return Ok(Some(SplitLayout::Folders(named_splits)));
         }
@@ -315,6 +326,18 @@ pub(crate) fn find_splits(root: &Path) -> Result<Option<SplitLayout>> {
         }
     }
     Ok(None)
+}
+
+/// The folder of `root` named like the split `split` (in any case) holding data files of its
+/// own, when there is one: a split asked of a folder whose loose data files are named by no
+/// split, beside split folders (`tokens.bin` beside `val/`; `preview.parquet` beside `train/`
+/// and `validation/`), which is read as those loose files when no split is asked.
+pub(crate) fn split_folder_of(root: &Path, split: &str) -> Result<Option<PathBuf>> {
+    let listing = Listing::of(root)?;
+    Ok(folders_of_data(&listing)
+        .into_iter()
+        .find(|(name, _, _)| is_split_folder_name(name) && name.eq_ignore_ascii_case(split))
+        .map(|(_, folder, _)| folder))
 }
 
 /// The subfolders of `listing` holding data files of their own: each one's name, path and
@@ -409,10 +432,13 @@ impl Listing {
                 .file_name()
                 .map(|name| name.to_string_lossy().into_owned())
                 .unwrap_or_default();
+            if name.starts_with('.') {
+                // Hidden (`.git/`, `.cache/`), or macOS's AppleDouble `._train.parquet` beside
+                // each file copied from its disks: never data, nor a split.
+                continue;
+            }
             if path.is_dir() {
-                if !name.starts_with('.') {
-                    folders.push((name, path));
-                }
+                folders.push((name, path));
             } else if path.is_file() && kind_of(&path).is_some() {
                 data_files.push(path);
             } else if has_image_extension(name.to_ascii_lowercase().as_bytes()) {

@@ -731,3 +731,106 @@ fn a_megatron_prefix_reaches_its_two_files() {
         ["path:corpus_text_document.bin"]
     );
 }
+
+/// Hugging Face's imagefolder layout, each split's images lying in its folder beside a
+/// `metadata.jsonl` (in the root or under `data/`): splits, never one image folder whose
+/// classes are the splits (or, under `data/`, one class `data` holding every split), train and
+/// test read as one set. One such folder alone is an image folder's class, as before.
+#[test]
+fn split_folders_holding_images_directly_are_splits() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    touch(
+        root,
+        &[
+            "flat/train/0001.png",
+            "flat/train/metadata.jsonl",
+            "flat/test/0002.png",
+            "flat/test/metadata.jsonl",
+            "hub/README.md",
+            "hub/data/train/0001.jpg",
+            "hub/data/validation/0002.jpg",
+            "one/train/0001.png",
+            "one/cat/0002.png",
+        ],
+    );
+    for (name, folder) in [("flat", "flat/train"), ("hub", "hub/data/train")] {
+        let named = at(root, name);
+        let message = resolve_local(&[&named], None).unwrap_err().to_string();
+        assert!(message.contains("train"), "{name}: {message}");
+        assert_eq!(
+            names_of(root, resolve_local(&[&named], Some("train")).unwrap()),
+            [format!("path:{folder}")]
+        );
+    }
+    // A class named like a split beside one that is not: classes.
+    let one = at(root, "one");
+    assert_eq!(
+        names_of(root, resolve_local(&[&one], None).unwrap()),
+        ["path:one"]
+    );
+}
+
+/// macOS's AppleDouble files (`._train.parquet`, beside each file copied from its disks) are
+/// no split's files, nor splits of their own, nor matched by a pattern.
+#[test]
+fn apple_double_files_are_never_data() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    touch(
+        root,
+        &[
+            "keyword/train.parquet",
+            "keyword/._train.parquet",
+            "keyword/test.parquet",
+            "keyword/._test.parquet",
+            "hub/train-00000-of-00001.parquet",
+            "hub/._train-00000-of-00001.parquet",
+            "hub/test-00000-of-00001.parquet",
+        ],
+    );
+    let keyword = at(root, "keyword");
+    assert_eq!(
+        names_of(root, resolve_local(&[&keyword], Some("train")).unwrap()),
+        ["keyword/train.parquet"]
+    );
+    let hub = at(root, "hub");
+    let message = resolve_local(&[&hub], None).unwrap_err().to_string();
+    assert!(!message.contains("._"), "{message}");
+    let pattern = format!("{}/keyword/*.parquet", root.display());
+    assert_eq!(
+        names_of(root, resolve_local(&[&pattern], Some("train")).unwrap()),
+        ["keyword/train.parquet"]
+    );
+}
+
+/// Split folders of data files beside a loose file named by no split (`preview.parquet`): the
+/// loose file is read when no split is asked (with a warning, as before), and a split asked is
+/// its folder (it was not found: the loose file hid the folders).
+#[test]
+fn a_split_asked_beside_unnamed_loose_files_is_its_folder() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    touch(
+        root,
+        &[
+            "set/train/p0.parquet",
+            "set/train/p1.parquet",
+            "set/validation/p0.parquet",
+            "set/preview.parquet",
+        ],
+    );
+    let set = at(root, "set");
+    assert_eq!(
+        names_of(root, resolve_local(&[&set], None).unwrap()),
+        ["path:set"]
+    );
+    assert_eq!(
+        names_of(root, resolve_local(&[&set], Some("train")).unwrap()),
+        ["path:set/train"]
+    );
+    assert!(matches!(
+        resolve_local(&[&set], Some("test")),
+        Err(Error::NoSuchSplit { .. })
+    ));
+}

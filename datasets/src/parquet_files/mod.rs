@@ -410,7 +410,7 @@ impl ParquetDataset {
             )));
         };
         let base = local.parent().unwrap_or(Path::new("."));
-        crate::referenced_files::read_referenced(reference, base, refused)
+        crate::image_file::read_referenced(reference, base, refused)
     }
 }
 

@@ -118,10 +118,15 @@ enum MemberKind {
 
 /// Splits a member path into its sample key and lowercased extension: `dir/0001.jpg` gives
 /// `("dir/0001", "jpg")`. The extension is everything after the first dot of the file name
-/// (`0001.seg.png` has extension `seg.png`). `None` when the file name has no dot.
+/// (`0001.seg.png` has extension `seg.png`). `None` when the file name has no dot, or starts
+/// with one: a hidden file, or the AppleDouble `._0001.jpg` macOS's tar writes beside each
+/// file with extended attributes, is no sample's member (WebDataset skips them alike).
 pub(super) fn split_key(name: &str) -> Option<(&str, String)> {
     let file_start = name.rfind('/').map_or(0, |slash| slash + 1);
     let dot = file_start + name[file_start..].find('.')?;
+    if dot == file_start {
+        return None;
+    }
     Some((&name[..dot], name[dot + 1..].to_ascii_lowercase()))
 }
 
@@ -187,6 +192,9 @@ struct PendingSample {
     dotted_image: Option<String>,
     /// A `.json` member without a `label` or `cls` field (metadata).
     unlabelled_json: Option<String>,
+    /// A `.json` member whose `label` or `cls` is no non-negative integer (a class name, as
+    /// some writers keep beside a `.cls`): a problem only if no `.cls` gives the label.
+    unusable_json: Option<String>,
 }
 
 /// Accumulates one shard's index and reports problems against the shard.
@@ -228,6 +236,10 @@ impl<'a> IndexBuilder<'a> {
             }
             (Some(image), None) => match (pending.bad_label, pending.unlabelled_json) {
                 (true, _) => {}
+                (false, _) if pending.unusable_json.is_some() => self.problem(
+                    &pending.unusable_json.unwrap_or_default(),
+                    "label member is not a non-negative integer label",
+                ),
                 (false, Some(json)) => self.problem(
                     &json,
                     "image whose .json member holds no label or cls field, and no .cls member",
@@ -530,6 +542,13 @@ fn index_member<R: Read>(
             } else {
                 parse_json_label(&bytes)
             };
+            if !from_cls && label.is_none_or(|label| label < 0) {
+                builder
+                    .pending
+                    .unusable_json
+                    .get_or_insert_with(|| name.to_string());
+                return;
+            }
             builder.label(name.to_string(), label, from_cls);
         }
         MemberKind::Other => {}
@@ -703,6 +722,46 @@ mod tests {
             Some(("0001", "seg.png".to_string()))
         );
         assert_eq!(split_key("dir/README"), None);
+        assert_eq!(split_key("dir/._0001.jpg"), None);
+        assert_eq!(split_key(".hidden.jpg"), None);
+    }
+
+    /// A `.json` naming its class by name beside the `.cls` that gives the label: the sample is
+    /// read with the `.cls` label and no problem (every sample was one); alone, it is one.
+    #[test]
+    fn an_unusable_json_label_beside_a_cls_is_no_problem() {
+        let bytes = tar_of(&[
+            ("0001.cls", b"3"),
+            ("0001.json", br#"{"label": "tench"}"#),
+            ("0001.jpg", b"jpeg"),
+            ("0002.json", br#"{"label": "tench"}"#),
+            ("0002.jpg", b"jpeg"),
+        ]);
+        let (index, _) = scan(&bytes);
+        assert_eq!(index.samples.len(), 1);
+        assert_eq!(index.samples[0].label, 3);
+        assert_eq!(index.problems, 1, "the sample with no usable label");
+    }
+
+    /// A shard written by macOS's tar over files with extended attributes: an AppleDouble
+    /// `._` member before each file. Every sample is read, with no problem told (each `._`
+    /// member ended the sample before it, the label's and the image's apart).
+    #[test]
+    fn macos_apple_double_members_are_no_samples_members() {
+        let bytes = tar_of(&[
+            ("._0001.cls", b"attrs"),
+            ("0001.cls", b"3"),
+            ("._0001.jpg", b"attrs"),
+            ("0001.jpg", b"jpeg"),
+            ("._0002.cls", b"attrs"),
+            ("0002.cls", b"4"),
+            ("._0002.jpg", b"attrs"),
+            ("0002.jpg", b"jpeg"),
+        ]);
+        let (index, _) = scan(&bytes);
+        assert_eq!(index.problems, 0);
+        assert_eq!(index.samples.len(), 2);
+        assert_eq!((index.samples[0].label, index.samples[1].label), (3, 4));
     }
 
     #[test]

@@ -320,6 +320,21 @@ fn an_image_kept_as_a_path_is_read_from_the_folder() {
     std::fs::remove_file(root.join("ref.png")).unwrap();
     let error = dataset.read(8).unwrap_err().to_string();
     assert!(error.contains("ref.png"), "{error}");
+    // A referenced path that is no regular file (a named pipe, which waited for a writer for
+    // good) is refused at once, as an image folder's file is.
+    let fifo = std::ffi::CString::new(root.join("ref.png").display().to_string()).unwrap();
+    assert_eq!(unsafe { libc::mkfifo(fifo.as_ptr(), 0o600) }, 0);
+    let (done, finished) = std::sync::mpsc::channel();
+    let reading = std::thread::spawn(move || {
+        let outcome = dataset.read(8).map_err(|error| error.to_string());
+        let _ = done.send(());
+        outcome
+    });
+    finished
+        .recv_timeout(std::time::Duration::from_secs(10))
+        .expect("a read of a named pipe returns");
+    let error = reading.join().unwrap().unwrap_err();
+    assert!(error.contains("not a regular file"), "{error}");
 
     // References may leave the folder (an absolute path, or one relative to the folder), as
     // `datasets` writes them for images it did not embed: read in process (a worker daemon
