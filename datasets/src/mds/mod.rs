@@ -299,6 +299,7 @@ impl MdsDataset {
                 is_out_of_descriptors,
             )
             .map_err(|error| Error::io(&shard.path, error))?;
+        shard.check_unchanged(&pooled.file)?;
         let begin = u64::from(shard.offsets[local]);
         let end = u64::from(shard.offsets[local + 1]);
         let sample_error =

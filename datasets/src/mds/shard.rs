@@ -20,6 +20,8 @@ pub(super) struct Shard {
     pub(super) read_from: PathBuf,
     /// The samples' byte offsets, `n + 1` of them.
     pub(super) offsets: Vec<u32>,
+    /// The file read from as it was opened: its device, inode, length and modification time.
+    identity: (u64, u64, u64, (i64, i64)),
     /// The copy in the cache tier, locked while the shard is read.
     _copy: Option<CachedObject>,
 }
@@ -186,10 +188,8 @@ impl Shard {
             copy,
         } = shard;
         let file = File::open(&read_from).map_err(|error| Error::io(&path, error))?;
-        let bytes = file
-            .metadata()
-            .map_err(|error| Error::io(&path, error))?
-            .len();
+        let metadata = file.metadata().map_err(|error| Error::io(&path, error))?;
+        let bytes = metadata.len();
         let mut word = [0u8; 4];
         read_exact_at(&file, &path, &mut word, 0)?;
         let count = u64::from(u32::from_le_bytes(word));
@@ -234,7 +234,33 @@ impl Shard {
             path,
             read_from,
             offsets,
+            identity: identity_of(&metadata),
             _copy: copy,
         })
     }
+
+    /// Refuses `file` (the shard opened again to read it, by its path) when it is not the file
+    /// opened with the dataset: replaced or rewritten since (another conversion into the same
+    /// folder), the offsets read then would point into other bytes, other samples read under
+    /// the labels read at open. The job stops, naming the file; never bad samples replaced.
+    pub(super) fn check_unchanged(&self, file: &File) -> Result<()> {
+        let metadata = file
+            .metadata()
+            .map_err(|error| Error::io(&self.path, error))?;
+        if identity_of(&metadata) == self.identity {
+            return Ok(());
+        }
+        Err(Error::FileReplaced {
+            path: self.path.clone(),
+            opened_len: self.identity.2,
+            now_len: metadata.len(),
+        })
+    }
+}
+
+/// A file's device, inode, length and modification time.
+fn identity_of(metadata: &std::fs::Metadata) -> (u64, u64, u64, (i64, i64)) {
+    use std::os::unix::fs::MetadataExt;
+    let modified = (metadata.mtime(), metadata.mtime_nsec());
+    (metadata.dev(), metadata.ino(), metadata.len(), modified)
 }

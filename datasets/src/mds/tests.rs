@@ -397,15 +397,28 @@ fn damaged_shards_and_indexes_are_errors_naming_the_file() {
         .to_string();
     assert!(error.contains("backwards"), "{error}");
 
-    // A sample whose sizes do not add up is a bad sample naming the shard and the sample.
-    std::fs::write(&shard, &bytes).unwrap();
-    let dataset = open(&dir, &MdsOptions::default(), temp.path()).unwrap();
-    let mut sized = bytes.clone();
+    // A sample whose sizes do not add up is a bad sample naming the shard and the sample (in
+    // a set without labels: a labelled one reads each sample's label at open, which refuses
+    // it there).
+    let unlabelled = temp.path().join("unlabelled");
+    let rows_unlabelled: Vec<Vec<Vec<u8>>> = rows.iter().map(|row| row[..2].to_vec()).collect();
+    write_mds(&unlabelled, &columns[..2], &rows_unlabelled, 4, None).unwrap();
+    let shard = unlabelled.join("shard.00001.mds");
+    let mut sized = std::fs::read(&shard).unwrap();
     let first = u32::from_le_bytes([sized[4], sized[5], sized[6], sized[7]]) as usize;
     sized[first..first + 4].copy_from_slice(&1000u32.to_le_bytes());
     std::fs::write(&shard, &sized).unwrap();
-    let error = dataset.read(4).unwrap_err().to_string();
-    assert!(error.contains("shard.00001.mds: sample 0"), "{error}");
+    let dataset = open(&unlabelled, &MdsOptions::default(), temp.path()).unwrap();
+    let error = dataset.read(4).unwrap_err();
+    assert_eq!(
+        error.read_fault(),
+        crate::error::ReadFault::Sample,
+        "{error}"
+    );
+    assert!(
+        error.to_string().contains("shard.00001.mds: sample 0"),
+        "{error}"
+    );
 
     // A damaged compressed shard names itself.
     let zipped = temp.path().join("zipped");
@@ -771,4 +784,48 @@ fn uint8_ndarray_images_become_pnm_and_other_arrays_are_bad_samples() {
             "{error}"
         );
     }
+}
+
+/// A set converted again into its folder while it is open (samples of fixed sizes, in another
+/// order: the same shard sizes): read at the offsets found at open, its samples were other
+/// images under the labels read then, or bad samples replaced. The job stops, naming the file.
+#[test]
+fn a_shard_rewritten_under_the_open_dataset_is_refused_by_name() {
+    let temp = tempfile::tempdir().unwrap();
+    let columns = vec![
+        column("image", "jpeg", Some(4)),
+        column("label", "int", Some(8)),
+    ];
+    let rows = |order: &dyn Fn(u8) -> u8| -> Vec<Vec<Vec<u8>>> {
+        (0..8u8)
+            .map(|k| {
+                vec![
+                    vec![order(k); 4],
+                    i64::from(order(k)).to_le_bytes().to_vec(),
+                ]
+            })
+            .collect()
+    };
+    let dir = temp.path().join("set");
+    write_mds(&dir, &columns, &rows(&|k| k), 4, None).unwrap();
+    let dataset = open(&dir, &MdsOptions::default(), &temp.path().join("cache")).unwrap();
+    assert_eq!(dataset.read(1).unwrap(), vec![1; 4]);
+    let shard = dir.join("shard.00000.mds");
+    let before = std::fs::read(&shard).unwrap();
+    let again = temp.path().join("again");
+    write_mds(&again, &columns, &rows(&|k| 7 - k), 4, None).unwrap();
+    let rewritten = std::fs::read(again.join("shard.00000.mds")).unwrap();
+    assert_eq!(rewritten.len(), before.len());
+    // In place, as a writer truncating the file writes it (its inode kept), a moment later.
+    std::thread::sleep(std::time::Duration::from_millis(20));
+    std::fs::write(&shard, &rewritten).unwrap();
+    // Let the pool open it again, as it does once it has closed the file.
+    FilePool::global().forget(dataset.pool_keys.clone());
+    let error = dataset.read(1).unwrap_err();
+    assert_eq!(
+        error.read_fault(),
+        crate::error::ReadFault::Source,
+        "{error}"
+    );
+    assert!(error.to_string().contains("shard.00000.mds"), "{error}");
 }

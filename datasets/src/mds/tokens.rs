@@ -30,9 +30,9 @@ pub struct MdsTokenWindows {
 impl MdsDataset {
     /// The dataset's token column cut into windows of `seq_len + 1` tokens. The flat token file
     /// (and the documents' starts) is written into the cache tier of `cache` on the first call
-    /// and reused while `index.json` is unchanged. An id the dtype cannot hold (negative, or
-    /// over `uint16`'s range when that is asked for), a float array or a damaged one is an error
-    /// naming the shard and sample.
+    /// and reused while `index.json` and the shards are unchanged. An id the dtype cannot hold
+    /// (negative, or over `uint16`'s range when that is asked for), a float array or a damaged
+    /// one is an error naming the shard and sample.
     pub fn token_windows(
         &self,
         windows: &MdsTokenWindows,
@@ -47,10 +47,11 @@ impl MdsDataset {
                 _ => TokenDtype::Uint32,
             },
         };
+        let shards = self.shards_version()?;
         let copy = derived_copy(
             cache,
             &self.index_file,
-            &format!("tokens-{column}-{}", dtype.name()),
+            &format!("tokens-{column}-{}-{shards:08x}", dtype.name()),
             &|_, out| self.write_tokens(column, dtype, out),
         )?;
         let name = self
@@ -63,7 +64,7 @@ impl MdsDataset {
         let starts = derived_copy(
             cache,
             &self.index_file,
-            &format!("document-starts-{column}"),
+            &format!("document-starts-{column}-{shards:08x}"),
             &|_, out| self.write_document_starts(column, out),
         )?;
         let bytes = std::fs::read(starts.path()).map_err(|error| Error::io(&index_name, error))?;
@@ -72,6 +73,28 @@ impl MdsDataset {
             .map(|word| u64::from_le_bytes(word.try_into().unwrap_or_default()))
             .collect();
         tokens.with_document_starts(starts)
+    }
+
+    /// The version of the shards' bytes the copies are made from: a checksum of each shard's
+    /// local file, size and modification time (an object's copy in the cache tier is written
+    /// anew when the object changes). Shards rewritten under an unchanged `index.json` (samples
+    /// of one size, as a fixed-length token conversion writes them; only the shards uploaded
+    /// again) make new copies, never the old tokens.
+    fn shards_version(&self) -> Result<u32> {
+        let mut checksum = crc32fast::Hasher::new();
+        for shard in &self.shards {
+            let metadata = std::fs::metadata(&shard.read_from)
+                .map_err(|error| Error::io(&shard.read_from, error))?;
+            let modified = metadata
+                .modified()
+                .ok()
+                .and_then(|time| time.duration_since(std::time::UNIX_EPOCH).ok())
+                .map_or(0, |since| since.as_nanos());
+            checksum.update(shard.read_from.as_os_str().as_encoded_bytes());
+            checksum.update(&metadata.len().to_le_bytes());
+            checksum.update(&modified.to_le_bytes());
+        }
+        Ok(checksum.finalize())
     }
 
     /// The integer type of column `column`'s values: the encoding's, else the first sample's.

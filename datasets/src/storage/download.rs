@@ -334,11 +334,20 @@ async fn fetch_request(
     Ok(())
 }
 
+/// Whether a GET answered with a version (its ETag, `answered`) other than the one `listed`:
+/// the tags compared without their quotes and weak mark (stores quote them in one place and not
+/// another); an answer without a tag, or a listing without one, tells nothing.
+fn another_version(listed: Option<&str>, answered: Option<&str>) -> bool {
+    let bare = |tag: &str| tag.trim_start_matches("W/").trim_matches('"').to_owned();
+    matches!((listed, answered), (Some(listed), Some(answered)) if bare(listed) != bare(answered))
+}
+
 /// Bytes `range` of the object `key` (`uri` in messages), in memory: one ranged GET, tried
 /// again with backoff after a transient failure or a short answer, up to `plan.max_attempts`.
 /// With `e_tag` (the version listed) the GET asks for that version only (If-Match): an object
 /// rewritten since is [`Error::ObjectChanged`], never bytes of the new version at the old
-/// version's offsets. An empty range is empty bytes, without a request.
+/// version's offsets, also from a store that ignores the If-Match (the answer's ETag is
+/// compared). An empty range is empty bytes, without a request.
 #[allow(clippy::too_many_arguments)]
 pub(super) async fn get_range(
     store: &Store,
@@ -366,6 +375,13 @@ pub(super) async fn get_range(
             ..GetOptions::default()
         };
         let answer = match store.get_opts(&path, options).await {
+            // A store that ignored the If-Match (some S3-compatible ones do) answered with
+            // another version: its bytes are never taken for the listed one's.
+            Ok(answer) if another_version(e_tag, answer.meta.e_tag.as_deref()) => {
+                return Err(Error::ObjectChanged {
+                    uri: uri.to_string(),
+                });
+            }
             Ok(answer) => answer.bytes().await,
             Err(error) => Err(error),
         };

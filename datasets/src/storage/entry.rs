@@ -52,6 +52,49 @@ pub struct CachedObject {
     entry: Entry,
     /// Holds the entry's shared lock; closing it releases the lock.
     lock: Option<File>,
+    /// A derived copy's bytes, counted as this process's in its cache folder while held.
+    held: Option<HeldCopy>,
+}
+
+/// Bytes of the derived copies (`derived.rs`) this process holds, per cache folder: a copy is
+/// made only in the room the cap leaves beside them, since none of them can be evicted.
+static HELD_COPIES: std::sync::Mutex<std::collections::BTreeMap<PathBuf, u64>> =
+    std::sync::Mutex::new(std::collections::BTreeMap::new());
+
+/// A held derived copy's bytes, counted in [`HELD_COPIES`] until dropped.
+#[derive(Debug)]
+struct HeldCopy {
+    dir: PathBuf,
+    size: u64,
+}
+
+impl HeldCopy {
+    fn new(dir: &Path, size: u64) -> HeldCopy {
+        let mut held = HELD_COPIES.lock().unwrap_or_else(|p| p.into_inner());
+        *held.entry(dir.to_path_buf()).or_default() += size;
+        HeldCopy {
+            dir: dir.to_path_buf(),
+            size,
+        }
+    }
+}
+
+impl Drop for HeldCopy {
+    fn drop(&mut self) {
+        let mut held = HELD_COPIES.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(bytes) = held.get_mut(&self.dir) {
+            *bytes = bytes.saturating_sub(self.size);
+            if *bytes == 0 {
+                held.remove(&self.dir);
+            }
+        }
+    }
+}
+
+/// Bytes of the derived copies this process holds in the cache folder `dir`.
+pub(super) fn held_copies(dir: &Path) -> u64 {
+    let held = HELD_COPIES.lock().unwrap_or_else(|p| p.into_inner());
+    held.get(dir).copied().unwrap_or(0)
 }
 
 impl CachedObject {
@@ -94,12 +137,20 @@ impl CachedObject {
     /// Lets go of the entry's lock (and its descriptor): the entry may be evicted from now on.
     pub fn release(&mut self) {
         self.lock = None;
+        self.held = None;
     }
 
-    /// A copy made from the local file `source` (see `derived.rs`), holding `lock` (locked
-    /// shared by the caller).
-    pub(super) fn local(source: &Path, path: PathBuf, size: u64, lock: File) -> CachedObject {
+    /// A copy made from the local file `source` (see `derived.rs`) in the cache folder `dir`,
+    /// holding `lock` (locked shared by the caller); its bytes count as this process's there.
+    pub(super) fn local(
+        dir: &Path,
+        source: &Path,
+        path: PathBuf,
+        size: u64,
+        lock: File,
+    ) -> CachedObject {
         CachedObject {
+            held: Some(HeldCopy::new(dir, size)),
             entry: Entry {
                 key: source.to_string_lossy().into_owned(),
                 uri: format!("file://{}", source.display()),
@@ -269,6 +320,7 @@ impl Entry {
         CachedObject {
             entry: self,
             lock: Some(lock),
+            held: None,
         }
     }
 

@@ -26,6 +26,8 @@ const STALE_PART_AGE: Duration = Duration::from_secs(24 * 60 * 60);
 /// (locked by any process) are skipped; leftover downloads of dead processes are removed on
 /// the way.
 pub(super) fn evict_to_cap(dir: &Path, max_bytes: u64, counters: &Counters) -> Result<()> {
+    #[cfg(test)]
+    tests::count_walk(dir);
     let mut entries = Vec::new();
     // Remote objects, and copies made from local files (`derived.rs`).
     scan(&dir.join("s3"), &mut entries);
@@ -171,7 +173,22 @@ fn scan(folder: &Path, entries: &mut Vec<ScannedEntry>) {
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
+    /// Walks of each cache folder (for the tests that count them).
+    static WALKS: std::sync::Mutex<std::collections::BTreeMap<std::path::PathBuf, u64>> =
+        std::sync::Mutex::new(std::collections::BTreeMap::new());
+
+    pub(in crate::storage) fn count_walk(dir: &Path) {
+        let mut walks = WALKS.lock().unwrap_or_else(|p| p.into_inner());
+        *walks.entry(dir.to_path_buf()).or_default() += 1;
+    }
+
+    /// The walks of the cache folder `dir` so far.
+    pub(in crate::storage) fn walks_of(dir: &Path) -> u64 {
+        let walks = WALKS.lock().unwrap_or_else(|p| p.into_inner());
+        walks.get(dir).copied().unwrap_or(0)
+    }
+
     use super::*;
 
     #[test]

@@ -26,6 +26,11 @@ fn column(name: &str, encoding: &str, size: Option<u32>) -> MdsColumn {
 /// 9 samples: bytes of their own as `jpeg`, an int64 label, a uint32 `tokens` array of `k + 1`
 /// ids (its dtype named, its shape in the sample).
 fn write_set(dir: &Path, compression: Option<&str>) {
+    write_shifted_set(dir, compression, 0);
+}
+
+/// [`write_set`] with every token id `shift` more: the same sizes, so the same `index.json`.
+fn write_shifted_set(dir: &Path, compression: Option<&str>, shift: u32) {
     let columns = [
         column("image", "jpeg", None),
         column("label", "int", Some(8)),
@@ -35,7 +40,7 @@ fn write_set(dir: &Path, compression: Option<&str>) {
         .map(|k| {
             let mut tokens = vec![1 << 2, k + 1];
             for id in 0..=u32::from(k) {
-                tokens.extend_from_slice(&(id * 7 + u32::from(k)).to_le_bytes());
+                tokens.extend_from_slice(&(id * 7 + u32::from(k) + shift).to_le_bytes());
             }
             vec![
                 vec![k; 10 + usize::from(k)],
@@ -101,6 +106,45 @@ fn mds_shards_in_a_bucket_read_as_the_same_local_folder() {
         assert_eq!(remote.document_starts().unwrap()[..4], [0, 1, 3, 6]);
         assert_same_samples(&remote, &local);
     }
+}
+
+/// Shards uploaded again under the same `index.json` (fixed-size samples convert to the same
+/// sizes: only the shards change, their index does not): the token copy made from the old ones
+/// is not reused, the windows hold the new ids.
+#[test]
+fn shards_uploaded_again_under_the_same_index_give_their_new_tokens() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = S3Server::start(&dir.path().join("server"));
+    let root = server.bucket_dir(BUCKET).join("mds/again");
+    write_set(&root, None);
+    let cache = cache(&server, &dir.path().join("cache"));
+    let windows = MdsTokenWindows {
+        seq_len: 6,
+        ..MdsTokenWindows::default()
+    };
+    let tokens_only = MdsOptions {
+        tokens_only: true,
+        ..MdsOptions::default()
+    };
+    let first_window = |cache: &Arc<ObjectCache>| {
+        MdsDataset::open_remote("s3://data/mds/again", Arc::clone(cache), &tokens_only)
+            .unwrap()
+            .token_windows(&windows, cache.options())
+            .unwrap()
+            .read(0)
+            .unwrap()
+    };
+    let before = first_window(&cache);
+    let index = std::fs::read(root.join("index.json")).unwrap();
+    let shifted = dir.path().join("shifted");
+    write_shifted_set(&shifted, None, 1000);
+    assert_eq!(std::fs::read(shifted.join("index.json")).unwrap(), index);
+    for shard in ["shard.00000.mds", "shard.00001.mds", "shard.00002.mds"] {
+        std::fs::copy(shifted.join(shard), root.join(shard)).unwrap();
+    }
+    let after = first_window(&cache);
+    assert_ne!(after, before);
+    assert_eq!(u32::from_le_bytes(after[..4].try_into().unwrap()), 1000);
 }
 
 #[test]
