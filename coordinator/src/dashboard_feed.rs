@@ -415,6 +415,7 @@ mod tests {
             acknowledged_position: 0,
             steps_per_epoch: 0,
             at: Instant::now(),
+            session: 0,
         }
     }
 

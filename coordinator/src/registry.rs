@@ -48,4 +48,6 @@ pub struct ClientEntry {
     pub steps_per_epoch: u64,
     /// When the report came.
     pub at: Instant,
+    /// The session that sent it.
+    pub session: u64,
 }

@@ -1022,18 +1022,7 @@ async fn a_job_whose_dataset_changed_across_a_restart_is_registered_anew() -> Te
     let (second, _stop) = restart(&network, state.path(), stop).await?;
     // The workers now see a dataset of 12 steps under the same spec.
     let grown = "worker-b:7001";
-    tokio::spawn(
-        stoker_rpc::transport::server()
-            .add_service(WorkerDataServer::new(DescribeOnly(DescribeJobResponse {
-                num_samples: 48,
-                steps_per_epoch: 12,
-                batch_bytes: 1,
-                class_names: Vec::new(),
-                dataset_fingerprint: String::new(),
-                tokenizer_digests: String::new(),
-            })))
-            .serve_with_incoming(network.listen(grown)),
-    );
+    start_describer(&network, grown, 12, 48);
     let mut client = coordinator(&network, None);
     register_worker_at(&mut client, grown).await?;
     let registered = client
@@ -1054,6 +1043,101 @@ async fn a_job_whose_dataset_changed_across_a_restart_is_registered_anew() -> Te
         .await?
         .into_inner();
     assert_eq!(job.steps_per_epoch, 12);
+    Ok(())
+}
+
+/// Serves on `address` of `network` a data server describing every job as `steps` steps of
+/// `samples` samples.
+fn start_describer(network: &MemoryNetwork, address: &'static str, steps: u64, samples: u64) {
+    tokio::spawn(
+        stoker_rpc::transport::server()
+            .add_service(WorkerDataServer::new(DescribeOnly(DescribeJobResponse {
+                num_samples: samples,
+                steps_per_epoch: steps,
+                batch_bytes: 1,
+                class_names: Vec::new(),
+                dataset_fingerprint: String::new(),
+                tokenizer_digests: String::new(),
+            })))
+            .serve_with_incoming(network.listen(address)),
+    );
+}
+
+/// The same as across a restart, within one coordinator run: a job's description answered
+/// every later registration of its spec for the whole run (the new run's clients got the old
+/// step count, and workers opening the grown dataset refused the job). Once no session of it
+/// is open, a registration past `description_reused_for` has a worker describe it again.
+#[tokio::test]
+async fn a_job_whose_dataset_changed_between_runs_of_one_coordinator_is_registered_anew(
+) -> TestResult {
+    let network = MemoryNetwork::new();
+    let state = tempfile::tempdir()?;
+    let mut config = service_config(&network, Vec::new())?;
+    // Shorter than the lease timeout, so the workers stay live through the waits below.
+    config.description_reused_for = Duration::from_millis(100);
+    let (service, _stop) = serve(&network, CoordinatorService::open(state.path(), config)?);
+    start_data_server(&network, Vec::new())?;
+    let mut client = coordinator(&network, None);
+    let first = register_worker(&mut client).await?;
+    let (before, session) = open(&mut client, 1).await?;
+    // The dataset grows to 12 steps; the worker that saw 8 leaves.
+    client.leave(LeaveRequest { worker_id: first }).await?;
+    let grown = "worker-b:7001";
+    start_describer(&network, grown, 12, 48);
+    register_worker_at(&mut client, grown).await?;
+    // While a session of it is open, past the reuse: the run's later ranks are answered as
+    // its first were, no worker asked (a run's ranks read one dataset).
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    assert_eq!(register_job(&mut client).await?, before);
+    client
+        .close_session(CloseSessionRequest {
+            session: Some(session),
+        })
+        .await?;
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    let registered = client
+        .register_job(RegisterJobRequest {
+            spec: Some(spec()),
+            weight: 0,
+        })
+        .await?
+        .into_inner();
+    assert_eq!(registered.steps_per_epoch, 12);
+    assert_ne!(registered.job_id, before);
+    assert_eq!(service.core_stats().jobs, 2);
+    Ok(())
+}
+
+/// A job whose epoch leaves no batch per rank (3 samples, batch 4, drop_last) was refused as
+/// "steps_per_epoch must be at least 1", a field no user sets: the refusal says it in the
+/// spec's terms now.
+#[tokio::test]
+async fn a_job_leaving_no_batch_per_rank_is_refused_in_its_own_terms() -> TestResult {
+    let network = MemoryNetwork::new();
+    let state = tempfile::tempdir()?;
+    let (_service, _stop) = start(&network, state.path(), Vec::new())?;
+    let address = "worker-small:7001";
+    start_describer(&network, address, 0, 3);
+    let mut client = coordinator(&network, None);
+    register_worker_at(&mut client, address).await?;
+    let error = client
+        .register_job(RegisterJobRequest {
+            spec: Some(JobSpec {
+                drop_last: true,
+                ..spec()
+            }),
+            weight: 0,
+        })
+        .await
+        .expect_err("a job of no batch was registered");
+    assert_eq!(error.code(), tonic::Code::InvalidArgument);
+    let message = error.message();
+    assert!(
+        message.contains("3 samples")
+            && message.contains("batches of 4")
+            && message.contains("drop_last"),
+        "{message}"
+    );
     Ok(())
 }
 
@@ -1514,6 +1598,41 @@ async fn a_rank_silent_past_its_limit_leaves_the_dashboard() -> TestResult {
     Ok(())
 }
 
+/// Without a dashboard (no `--http`) a silent rank's report was held until its job retired
+/// (never, with a retention of 0): one entry per rank that ever reported. Let go alike now.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_silent_ranks_report_is_let_go_without_a_dashboard_too() -> TestResult {
+    let network = MemoryNetwork::new();
+    let state = tempfile::tempdir()?;
+    let mut config = service_config(&network, Vec::new())?;
+    config.rank_forgotten_after = Duration::from_millis(500);
+    let (service, _stop) = serve(&network, CoordinatorService::open(state.path(), config)?);
+    start_data_server(&network, Vec::new())?;
+    let mut client = coordinator(&network, None);
+    register_worker(&mut client).await?;
+    let (_, session) = open(&mut client, 2).await?;
+    let request = SessionUpdateRequest {
+        session: Some(session),
+        stats: Some(stoker_proto::v1::ClientStats {
+            batches: 3,
+            elapsed_ns: 1_000_000_000,
+            ..Default::default()
+        }),
+        ..SessionUpdateRequest::default()
+    };
+    client.update_session(request).await?;
+    assert_eq!(service.clients().len(), 1, "the report is held");
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while !service.clients().is_empty() && std::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(
+        service.clients().is_empty(),
+        "the silent rank's report is held"
+    );
+    Ok(())
+}
+
 /// A worker that does not open a new job in time: the client's error read "could not reach
 /// coordinator X", though the coordinator answered; it names the worker and the setting now.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -1583,5 +1702,60 @@ async fn the_last_reason_a_task_went_back_is_given_with_the_job() -> TestResult 
     let after = get(&mut client).await?;
     assert_eq!(after.last_failure, "the store answers 503 Slow Down");
     assert!(after.last_failure_age_s < 5, "{after:?}");
+    Ok(())
+}
+
+/// Two sessions of one (job, rank) (its next epoch opened early, or two runs of the same
+/// settings): a report of one older than the other's kept replaced it, and the rank's figures
+/// went back (`/metrics`' counters down). The newer is kept now, until it goes quiet.
+#[tokio::test]
+async fn an_older_report_of_another_session_of_a_rank_never_takes_the_newer_ones_place(
+) -> TestResult {
+    let Fixture {
+        network,
+        service,
+        state: _state,
+        stop: _stop,
+    } = fixture(Vec::new())?;
+    let mut client = coordinator(&network, None);
+    register_worker(&mut client).await?;
+    let (job, first) = open(&mut client, 1).await?;
+    let second = client
+        .open_session(OpenSessionRequest {
+            job_id: job,
+            rank: 0,
+            epoch: 1,
+            start_step: 0,
+            resume_from_journal: false,
+        })
+        .await?
+        .into_inner()
+        .session
+        .ok_or("a session without a token")?;
+    let report = |session: SessionToken, elapsed_s: u64| SessionUpdateRequest {
+        session: Some(session),
+        stats: Some(stoker_proto::v1::ClientStats {
+            batches: elapsed_s,
+            elapsed_ns: elapsed_s * 1_000_000_000,
+            ..Default::default()
+        }),
+        ..SessionUpdateRequest::default()
+    };
+    client.update_session(report(second, 10)).await?;
+    client.update_session(report(first, 9)).await?;
+    let kept: Vec<u64> = service
+        .clients()
+        .iter()
+        .map(|c| c.stats.elapsed_ns)
+        .collect();
+    assert_eq!(kept, [10_000_000_000], "the newer report is kept");
+    // Its own session's later report is taken as it is.
+    client.update_session(report(second, 11)).await?;
+    let kept: Vec<u64> = service
+        .clients()
+        .iter()
+        .map(|c| c.stats.elapsed_ns)
+        .collect();
+    assert_eq!(kept, [11_000_000_000]);
     Ok(())
 }

@@ -329,6 +329,11 @@ impl Coordinator {
         );
     }
 
+    /// Whether a session of `job` is open.
+    pub fn has_open_session(&self, job: JobId) -> bool {
+        self.sessions.values().any(|session| session.job == job)
+    }
+
     /// Counts a use of `job` (a client registering it) as a session opened, for
     /// [`idle_jobs`](Self::idle_jobs): a job handed to a client is not retired before it opens
     /// its first session.

@@ -27,6 +27,10 @@ use crate::status::coordinator_status;
 use crate::{CoordinatorError, JobId, Lease, LeaseId, SessionId, Step, WorkerId};
 use stoker_dashboard::LoaderMonitor;
 
+/// How long the figures a session of a (job, rank) reported hold off an older report of
+/// another session of it: a few of a client's report periods (half a second).
+const REPORTS_OVERLAP: Duration = Duration::from_secs(3);
+
 /// Most waiting lease calls one grant wakes (one per credit up to this).
 const MAX_WAKES: u64 = 64;
 
@@ -447,10 +451,23 @@ impl CoordinatorService {
             entry.last_seen = now;
             (entry.job, entry.rank, entry.epoch, entry.steps_per_epoch)
         });
+        // Two sessions of one (job, rank) report (a loader's next epoch opened early, two runs
+        // of the same settings): a report older than the one kept from the other session (its
+        // client's time shorter) is dropped, so the figures never go back (`/metrics`'
+        // counters went down, and the fleet's demand read nothing) unless the other's went
+        // quiet.
+        let stats = request.stats.as_ref().filter(|stats| {
+            let kept = entry.and_then(|(job, rank, _, _)| state.clients.get(&(job, rank)));
+            !kept.is_some_and(|kept| {
+                kept.session != id
+                    && kept.stats.elapsed_ns > stats.elapsed_ns
+                    && now.duration_since(kept.at) < REPORTS_OVERLAP
+            })
+        });
         // A new (job, rank) is shown on the dashboard once the state's lock is let go: its
         // registry's lock is held while a page's figures are written out.
         let mut to_show = None;
-        if let (Some((job, rank, _, _)), Some(stats)) = (entry, request.stats.as_ref()) {
+        if let (Some((job, rank, _, _)), Some(stats)) = (entry, stats) {
             let threads = rank_threads(
                 (job, rank),
                 &state.serving,
@@ -472,17 +489,18 @@ impl CoordinatorService {
                 }
             }
         }
-        if let (Some((job, rank, epoch, steps_per_epoch)), Some(stats)) = (entry, request.stats) {
+        if let (Some((job, rank, epoch, steps_per_epoch)), Some(stats)) = (entry, stats) {
             state.clients.insert(
                 (job, rank),
                 ClientEntry {
                     job,
                     rank,
                     epoch,
-                    stats,
+                    stats: *stats,
                     acknowledged_position: position.0,
                     steps_per_epoch,
                     at: now,
+                    session: id,
                 },
             );
         }

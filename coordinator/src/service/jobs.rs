@@ -31,6 +31,14 @@ pub(super) type DescribeTurns = Arc<Mutex<HashMap<Vec<u8>, Arc<tokio::sync::Mute
 /// the spec, however long after its cause was gone).
 type Failed = Option<(Status, u64)>;
 
+impl State {
+    /// Keeps what a worker `described` of the job `id`, now.
+    fn described(&mut self, id: JobId, described: proto::DescribeJobResponse) {
+        self.descriptions.insert(id.0, described);
+        self.described_at.insert(id.0, Instant::now());
+    }
+}
+
 /// Orders registrations' waits and descriptions' failures.
 static TICKETS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 
@@ -129,10 +137,20 @@ impl CoordinatorService {
     /// What this run knows of `spec`, a registration asking `weight` (0: none) of it.
     fn known(&self, spec: &JobSpec, weight: u32) -> Result<Known, Status> {
         let mut state = lock(&self.state);
+        // A description of a job no session has open, older than the registrations of one run
+        // take, is asked again: the dataset may have changed since.
+        let fresh = |id: JobId| {
+            state.core.has_open_session(id)
+                || state
+                    .described_at
+                    .get(&id.0)
+                    .is_some_and(|at| at.elapsed() < self.config.description_reused_for)
+        };
         let described = state
             .core
             .jobs_of_spec(spec)
             .into_iter()
+            .filter(|&(id, _)| fresh(id))
             .find_map(|(id, _)| Some((id, state.descriptions.get(&id.0)?.clone())));
         Ok(match described {
             Some((id, described)) if !asks_another_weight(&state.core, id, weight)? => {
@@ -190,6 +208,9 @@ impl CoordinatorService {
         described: proto::DescribeJobResponse,
         weight: u32,
     ) -> Result<JobId, Status> {
+        if described.steps_per_epoch == 0 {
+            return Err(no_batch_per_rank(&spec, described.num_samples));
+        }
         // Nothing to write (the ranks of a journaled job after a restart): not in turn.
         if let Some(id) = self.registered_as_asked(&spec, &described, weight)? {
             return Ok(id);
@@ -221,7 +242,7 @@ impl CoordinatorService {
                 .core
                 .weight_written(&write, outcome)
                 .map_err(coordinator_status)?;
-            state.descriptions.insert(id.0, described);
+            state.described(id, described);
             state.core.job_in_use(id);
             return Ok(id);
         }
@@ -241,7 +262,7 @@ impl CoordinatorService {
             .core
             .job_written(write, outcome)
             .map_err(coordinator_status)?;
-        state.descriptions.insert(id.0, described);
+        state.described(id, described);
         state.core.job_in_use(id);
         if let Some((before, steps_before)) = earlier {
             tracing::warn!(
@@ -276,7 +297,7 @@ impl CoordinatorService {
         if asks_another_weight(&state.core, id, weight)? {
             return Ok(None);
         }
-        state.descriptions.insert(id.0, described.clone());
+        state.described(id, described.clone());
         state.core.job_in_use(id);
         Ok(Some(id))
     }
@@ -311,6 +332,7 @@ impl CoordinatorService {
             .collect();
         for job in &retired {
             state.descriptions.remove(job);
+            state.described_at.remove(job);
             state.serving.remove(job);
         }
         state.monitors.retain(|(job, _), _| !retired.contains(job));
@@ -445,3 +467,22 @@ impl CoordinatorService {
 
 /// Longest time between two looks for jobs to retire.
 const RETIRE_LOOK_EVERY: Duration = Duration::from_secs(5);
+
+/// The refusal of a job whose epoch leaves no batch for a rank (the core serves a step at
+/// least), in the spec's terms: its `num_samples`, ranks and batch size.
+fn no_batch_per_rank(spec: &JobSpec, num_samples: u64) -> Status {
+    let (batch, world) = (spec.batch_size, spec.world_size.max(1));
+    let why = if spec.drop_last {
+        "with drop_last, a rank's last partial batch is dropped"
+    } else {
+        "a rank with no sample has no batch"
+    };
+    error_kinds::status(
+        ErrorKind::InvalidArgument,
+        format!(
+            "the dataset's {num_samples} samples over {world} ranks in batches of {batch} leave \
+             no batch per rank in an epoch ({why}): use a smaller batch_size or fewer ranks, or \
+             more data"
+        ),
+    )
+}

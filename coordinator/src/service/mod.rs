@@ -63,8 +63,13 @@ pub struct CoordinatorServiceConfig {
     /// Its place in a fleet of coordinators, `(index, of)`: it registers only the jobs whose
     /// specs hash to `index` of `of` (`stoker_rpc::shards`). `None`: every job.
     pub shard: Option<(usize, usize)>,
-    /// A client rank that sent no report for this long leaves the dashboard.
+    /// A client rank that sent no report for this long leaves the dashboard (and its report
+    /// is let go).
     pub rank_forgotten_after: Duration,
+    /// How long a job's description answers its registrations once no session of it is open:
+    /// the ranks of one run registering together share one; a registration later asks a worker
+    /// again (the dataset may have changed between runs).
+    pub description_reused_for: Duration,
 }
 
 impl Default for CoordinatorServiceConfig {
@@ -86,6 +91,7 @@ impl Default for CoordinatorServiceConfig {
             network: Network::Sockets,
             shard: None,
             rank_forgotten_after: Duration::from_secs(300),
+            description_reused_for: Duration::from_secs(60),
         }
     }
 }
@@ -115,6 +121,11 @@ struct State {
     /// What a worker said of each job when it was registered (kept in memory: after a restart
     /// the job is described again when a client registers it).
     descriptions: HashMap<u64, proto::DescribeJobResponse>,
+    /// When a worker last described each job: a registration is answered with the description
+    /// while a session of the job is open or for `description_reused_for` after, and asks a
+    /// worker again later (a dataset changed between two runs is seen within one
+    /// coordinator run too, not only across a restart).
+    described_at: HashMap<u64, Instant>,
     /// Per job, the workers leased one of its tasks and when they last were (the dashboard
     /// shows who serves each job; old entries go at each refresh; empty without a dashboard).
     serving: HashMap<u64, HashMap<u64, Instant>>,
@@ -256,6 +267,7 @@ impl CoordinatorService {
                 sessions: HashMap::new(),
                 clients: BTreeMap::new(),
                 descriptions: HashMap::new(),
+                described_at: HashMap::new(),
                 serving: HashMap::new(),
                 last_expire: Instant::now(),
                 last_retire_look: Instant::now(),

@@ -94,15 +94,13 @@ impl CoordinatorService {
     }
 
     pub(super) fn refresh_dashboard(&self) {
-        let Some(dashboard) = &self.dashboard else {
-            return;
-        };
         // Figured under the state's lock, handed over after it: the dashboard's lock is held
         // while a page's figures are written out, and every call waits on the state's.
         let (workers, shares, (live, wanted)) = {
             let mut state = lock(&self.state);
             let state = &mut *state;
-            // Ranks silent this long (their sessions ended, their processes gone) leave the
+            // Ranks silent this long (their sessions ended, their processes gone) are let go,
+            // with or without a dashboard (a rank's report is held until then), and leave the
             // dashboard: their job's other ranks and its share stay until it is retired.
             let gone: Vec<(u64, u32)> = state
                 .clients
@@ -114,6 +112,9 @@ impl CoordinatorService {
                 state.clients.remove(key);
                 state.monitors.remove(key);
             }
+            let Some(dashboard) = &self.dashboard else {
+                return;
+            };
             let gone: Vec<(String, u32)> = gone
                 .into_iter()
                 .map(|(job, rank)| (job_name(&state.core, job), rank))
@@ -134,9 +135,11 @@ impl CoordinatorService {
             let fleet = fleet(&state.workers, &state.clients, last);
             (workers, shares, fleet)
         };
-        dashboard.set_workers(workers);
-        dashboard.set_shares(shares);
-        dashboard.set_fleet(live, wanted);
+        if let Some(dashboard) = &self.dashboard {
+            dashboard.set_workers(workers);
+            dashboard.set_shares(shares);
+            dashboard.set_fleet(live, wanted);
+        }
     }
 
     /// Drops the workers and sessions silent too long, once the coordinator's own stalls are
