@@ -25,6 +25,7 @@ mod fork;
 mod metrics;
 mod routes;
 mod series;
+mod verdict;
 
 use std::net::{SocketAddr, TcpListener};
 use std::sync::{Arc, Mutex};

@@ -92,7 +92,10 @@ const FAMILIES: &[Family] = &[
         name: "stoker_gpu_idle_ratio",
         kind: "gauge",
         help: "Share of the GPU's time over the last sampling interval its stream sat idle waiting for a batch (measured with CUDA events; absent where nothing measures it).",
-        samples: |job| one(job.points.back().and_then(|p| p.gpu_idle_pct).map(|p| p / 100.0)),
+        samples: |job| {
+            let idle = job.points.back().and_then(|p| p.gpu_idle_pct);
+            one_unless_silent(job, idle.map(|p| p / 100.0))
+        },
     },
     Family {
         name: "stoker_gpu_idle_seconds_total",
@@ -219,7 +222,9 @@ const FAMILIES: &[Family] = &[
         name: "stoker_decode_busy_ratio",
         kind: "gauge",
         help: "Share of the decode threads' time spent working over the last 10 seconds.",
-        samples: |job| one(job.points.back().and_then(|p| p.busy_pct).map(|p| p / 100.0)),
+        samples: |job| {
+            one_unless_silent(job, job.points.back().and_then(|p| p.busy_pct).map(|p| p / 100.0))
+        },
     },
     Family {
         name: "stoker_batch_slots_in_use",

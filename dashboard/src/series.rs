@@ -9,6 +9,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use serde::Serialize;
 
+pub(crate) use crate::verdict::Verdict;
 use crate::{LoaderMonitor, LoaderStats, MonitorSnapshot};
 
 /// Time between two readings of a job.
@@ -37,74 +38,6 @@ pub(crate) const STAGES: [&str; 4] = ["read", "decode", "augment", "assemble"];
 
 /// The input-bound verdict's "stage" when no batch was built over the window.
 const NO_BATCH_BUILT: &str = "no batch built";
-
-/// What holds a job back, in words.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-#[serde(into = "String")]
-pub enum Verdict {
-    /// Too little data yet.
-    Starting,
-    /// No batches were taken over the window and the trainer waited for less than half of it
-    /// (the run ended or the trainer paused).
-    Idle,
-    /// The trainer waited more than 5% of the time; the named stage costs the most ("no batch
-    /// built" when no batch was built over the window).
-    InputBound(&'static str),
-    /// The trainer waited more than 5% of the time while the decode threads were busy less
-    /// than half of theirs: the wait is elsewhere (batches handed over one by one, the wire, a
-    /// remote worker, the GPU decode lane), not in a stage of theirs.
-    NotTheDecodeThreads,
-    /// The trainer waited more than 5% of the time, mostly for the first batch of an epoch.
-    EpochBoundary,
-    /// The GPU decode lane's work beside the training step cost the consumer's GPU stream more
-    /// than 5% of its time, and more than the trainer waited: no wait in `next()` shows it.
-    LaneBeside,
-    /// The trainer waited between 1% and 5% of the time.
-    Balanced,
-    /// The trainer waited less than 1% of the time.
-    ComputeBound,
-    /// A remote client has sent no report for this many seconds: it stopped reading, ended,
-    /// or cannot reach the coordinator (whose figures cannot tell which).
-    Silent(u64),
-}
-
-impl std::fmt::Display for Verdict {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            Self::Starting => f.write_str("starting"),
-            Self::Idle => f.write_str("idle"),
-            Self::InputBound(stage) => write!(f, "input-bound: {stage}"),
-            Self::NotTheDecodeThreads => {
-                f.write_str("input-bound: not the decode threads (mostly idle)")
-            }
-            Self::EpochBoundary => f.write_str("input-bound: epoch boundary"),
-            Self::LaneBeside => f.write_str("input-bound: GPU decode beside the step"),
-            Self::Balanced => f.write_str("balanced"),
-            Self::ComputeBound => f.write_str("compute-bound"),
-            Self::Silent(seconds) => write!(
-                f,
-                "no report for {seconds} s: the client stopped reading, ended, or cannot reach \
-                 the coordinator"
-            ),
-        }
-    }
-}
-
-impl Verdict {
-    /// The verdict as `/metrics` labels it: as said, but one value for every silent spell.
-    pub(crate) fn label(&self) -> String {
-        match self {
-            Self::Silent(_) => "silent".to_string(),
-            other => other.to_string(),
-        }
-    }
-}
-
-impl From<Verdict> for String {
-    fn from(verdict: Verdict) -> Self {
-        verdict.to_string()
-    }
-}
 
 /// Raw differences between two readings, kept to aggregate windows exactly.
 #[derive(Debug, Clone, Copy, Default)]
@@ -383,7 +316,10 @@ impl JobSeries {
                         .filter(|step| !step.is_zero()),
                     batch_size,
                 ),
-                busy_pct: trailing.busy_pct(threads),
+                // A silent remote client's threads: unknown.
+                busy_pct: (snapshot.report_age_s.is_none())
+                    .then(|| trailing.busy_pct(threads))
+                    .flatten(),
                 batches_per_s: (trailing.elapsed_s > 0.0)
                     .then(|| round(trailing.batches as f64 / trailing.elapsed_s, 1)),
                 samples_total: stats.samples,
@@ -590,11 +526,17 @@ impl Registry {
     }
 }
 
-/// Milliseconds since the Unix epoch (0 if the clock is before it).
+/// Milliseconds since the Unix epoch (0 if the clock is before it) as the wall clock read
+/// them at the first call, counted on since by the monotonic clock: a wall clock stepped back
+/// (NTP, a restored snapshot) would give readings older than the page's last, which it never
+/// asks for again, so the charts froze as long as the step.
 pub(crate) fn unix_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as u64)
+    static ANCHOR: std::sync::OnceLock<(Instant, u64)> = std::sync::OnceLock::new();
+    let (at, ms) = ANCHOR.get_or_init(|| {
+        let ms = SystemTime::now().duration_since(UNIX_EPOCH);
+        (Instant::now(), ms.map_or(0, |d| d.as_millis() as u64))
+    });
+    ms + at.elapsed().as_millis() as u64
 }
 
 #[cfg(test)]
@@ -635,6 +577,7 @@ mod tests {
         };
         let latest = Arc::new(Mutex::new(MonitorSnapshot {
             stats: reported.clone(),
+            threads: 4,
             ..MonitorSnapshot::default()
         }));
         let mut registry = Registry::default();
@@ -673,6 +616,7 @@ mod tests {
             "stoker_stall_ratio{",
             "stoker_stall_ratio_window{",
             "stoker_samples_per_second{",
+            "stoker_decode_busy_ratio{",
         ] {
             assert!(!text.contains(unknown), "{unknown} while silent: {text}");
         }
@@ -680,6 +624,8 @@ mod tests {
             text.contains("stoker_run_seconds_total{stoker_job=\"remote\",rank=\"0\"} 100\n"),
             "{text}"
         );
+        let current = registry.jobs[0].points.back().unwrap();
+        assert_eq!(current.busy_pct, None, "no busy share while silent");
         // A new report is taken as it is.
         latest.lock().unwrap().stats.elapsed_s = 103.0;
         assert_eq!(registry.jobs[0].monitor.snapshot().stats.elapsed_s, 103.0);
