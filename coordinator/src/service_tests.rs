@@ -1049,6 +1049,17 @@ async fn a_job_whose_dataset_changed_across_a_restart_is_registered_anew() -> Te
 /// Serves on `address` of `network` a data server describing every job as `steps` steps of
 /// `samples` samples.
 fn start_describer(network: &MemoryNetwork, address: &'static str, steps: u64, samples: u64) {
+    start_describer_of(network, address, steps, samples, "");
+}
+
+/// [`start_describer`] of datasets of the `fingerprint`.
+fn start_describer_of(
+    network: &MemoryNetwork,
+    address: &'static str,
+    steps: u64,
+    samples: u64,
+    fingerprint: &str,
+) {
     tokio::spawn(
         stoker_rpc::transport::server()
             .add_service(WorkerDataServer::new(DescribeOnly(DescribeJobResponse {
@@ -1056,7 +1067,7 @@ fn start_describer(network: &MemoryNetwork, address: &'static str, steps: u64, s
                 steps_per_epoch: steps,
                 batch_bytes: 1,
                 class_names: Vec::new(),
-                dataset_fingerprint: String::new(),
+                dataset_fingerprint: fingerprint.to_string(),
                 tokenizer_digests: String::new(),
             })))
             .serve_with_incoming(network.listen(address)),
@@ -1105,6 +1116,42 @@ async fn a_job_whose_dataset_changed_between_runs_of_one_coordinator_is_register
     assert_eq!(registered.steps_per_epoch, 12);
     assert_ne!(registered.job_id, before);
     assert_eq!(service.core_stats().jobs, 2);
+    Ok(())
+}
+
+/// A dataset changed between two runs into another of the same step count (other samples, its
+/// fingerprint another): described again, it is registered as a new job, never under the old
+/// one's id (whose workers, holding the old dataset open, would serve the new run's batches
+/// from it, the new ones' from the new: one epoch of both).
+#[tokio::test]
+async fn a_dataset_changed_into_one_of_the_same_steps_is_a_new_job() -> TestResult {
+    let network = MemoryNetwork::new();
+    let state = tempfile::tempdir()?;
+    let mut config = service_config(&network, Vec::new())?;
+    config.description_reused_for = Duration::from_millis(100);
+    let (service, _stop) = serve(&network, CoordinatorService::open(state.path(), config)?);
+    let mut client = coordinator(&network, None);
+    let before = "worker-before:7001";
+    start_describer_of(&network, before, 8, 32, "before");
+    let first = register_worker_at(&mut client, before).await?;
+    let old = register_job(&mut client).await?;
+    client.leave(LeaveRequest { worker_id: first }).await?;
+    let after = "worker-after:7001";
+    start_describer_of(&network, after, 8, 32, "after");
+    register_worker_at(&mut client, after).await?;
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    let registered = client
+        .register_job(RegisterJobRequest {
+            spec: Some(spec()),
+            weight: 0,
+        })
+        .await?
+        .into_inner();
+    assert_ne!(registered.job_id, old);
+    assert_eq!(registered.dataset_fingerprint, "after");
+    assert_eq!(service.core_stats().jobs, 2);
+    // Its later ranks are answered with the new job.
+    assert_eq!(register_job(&mut client).await?, registered.job_id);
     Ok(())
 }
 

@@ -91,7 +91,7 @@ const FAMILIES: &[Family] = &[
     Family {
         name: "stoker_gpu_idle_ratio",
         kind: "gauge",
-        help: "Share of the GPU's time over the last sampling interval its stream sat idle waiting for a batch (measured with CUDA events; absent where nothing measures it).",
+        help: "Share of the GPU's time over the last sampling interval its stream sat idle waiting for a batch (measured with CUDA events; absent where nothing measures it, and for a remote client whose reports stopped).",
         samples: |job| {
             let idle = job.points.back().and_then(|p| p.gpu_idle_pct);
             one_unless_silent(job, idle.map(|p| p / 100.0))
@@ -221,7 +221,7 @@ const FAMILIES: &[Family] = &[
     Family {
         name: "stoker_decode_busy_ratio",
         kind: "gauge",
-        help: "Share of the decode threads' time spent working over the last 10 seconds.",
+        help: "Share of the decode threads' time spent working over the last 10 seconds (absent for a remote client whose reports stopped).",
         samples: |job| {
             one_unless_silent(job, job.points.back().and_then(|p| p.busy_pct).map(|p| p / 100.0))
         },

@@ -298,7 +298,12 @@ impl coordinator_server::Coordinator for CoordinatorService {
         let id = token.session_id;
         let mut state = lock(&self.state);
         Self::check_opening(&state.core, &token)?;
-        state.sessions.remove(&id);
+        if let Some(closed) = state.sessions.remove(&id) {
+            // The job's description answers registrations for a while after its last session.
+            if let Some(at) = state.described_at.get_mut(&closed.job) {
+                *at = Instant::now();
+            }
+        }
         state
             .core
             .close_session(SessionId(id))

@@ -37,6 +37,24 @@ impl State {
         self.descriptions.insert(id.0, described);
         self.described_at.insert(id.0, Instant::now());
     }
+
+    /// The newest job of `spec` registered over the dataset a worker `described`: its step
+    /// count, and its sample count and fingerprint where this run kept its description (after
+    /// a restart none is kept: the step count decides, as the journal has no more).
+    fn job_of(&self, spec: &JobSpec, described: &proto::DescribeJobResponse) -> Option<JobId> {
+        let same_samples = |id: JobId| {
+            self.descriptions.get(&id.0).is_none_or(|kept| {
+                kept.num_samples == described.num_samples
+                    && kept.dataset_fingerprint == described.dataset_fingerprint
+            })
+        };
+        self.core
+            .jobs_of_spec(spec)
+            .into_iter()
+            .rev()
+            .find(|&(id, steps)| steps == described.steps_per_epoch && same_samples(id))
+            .map(|(id, _)| id)
+    }
 }
 
 /// Orders registrations' waits and descriptions' failures.
@@ -48,11 +66,12 @@ fn ticket() -> u64 {
 
 /// What the service knows of a job spec a client registers.
 enum Known {
-    /// Registered and described in this run, its weight as asked: answered at once.
+    /// Registered and described in this run, lately or with a session open, its weight as
+    /// asked: answered at once.
     Answered(JobId, proto::DescribeJobResponse),
     /// Described, with another weight asked.
     Described(proto::DescribeJobResponse),
-    /// Not described in this run.
+    /// Not described in this run, or not lately with no session open: described again.
     Unknown,
 }
 
@@ -87,7 +106,8 @@ pub(super) fn asks_another_weight(
 }
 
 impl CoordinatorService {
-    /// Registers the job of `spec` (its ranks' key), describing it first unless this run did:
+    /// Registers the job of `spec` (its ranks' key), describing it first unless this run did
+    /// lately or a session of it is open (`description_reused_for`):
     /// one description at a time per spec, so the ranks of a job registering together have
     /// one worker open its dataset once, not once per rank at the same time. Returns the
     /// job's id and description.
@@ -140,21 +160,24 @@ impl CoordinatorService {
         // A description of a job no session has open, older than the registrations of one run
         // take, is asked again: the dataset may have changed since.
         let fresh = |id: JobId| {
-            state.core.has_open_session(id)
-                || state
-                    .described_at
-                    .get(&id.0)
-                    .is_some_and(|at| at.elapsed() < self.config.description_reused_for)
+            state
+                .described_at
+                .get(&id.0)
+                .is_some_and(|at| at.elapsed() < self.config.description_reused_for)
+                || state.core.has_open_session(id)
         };
         let described = state
             .core
             .jobs_of_spec(spec)
             .into_iter()
+            .rev()
             .filter(|&(id, _)| fresh(id))
             .find_map(|(id, _)| Some((id, state.descriptions.get(&id.0)?.clone())));
         Ok(match described {
             Some((id, described)) if !asks_another_weight(&state.core, id, weight)? => {
                 state.core.job_in_use(id);
+                // In use: its description answers for as long again.
+                state.described_at.insert(id.0, Instant::now());
                 Known::Answered(id, described)
             }
             Some((_, described)) => Known::Described(described),
@@ -222,9 +245,8 @@ impl CoordinatorService {
         let steps = described.steps_per_epoch;
         let (registered, earlier) = {
             let state = lock(&self.state);
-            let jobs = state.core.jobs_of_spec(&spec);
-            let registered = jobs.iter().find(|(_, known)| *known == steps).map(|j| j.0);
-            (registered, jobs.first().copied())
+            let registered = state.job_of(&spec, &described);
+            (registered, state.core.jobs_of_spec(&spec).last().copied())
         };
         if let Some(id) = registered {
             // Registered, its weight to change.
@@ -248,7 +270,9 @@ impl CoordinatorService {
         }
         // A journaled job of another step count was registered over another dataset than the
         // workers see now: served as it was, its clients would wait for steps the core never
-        // leases, so the job is registered anew.
+        // leases, so the job is registered anew. So is one of the same step count described
+        // anew over other samples (a changed dataset of the same size): workers that hold the
+        // old one open serve its sessions only, never a batch of the new run.
         let write = lock(&self.state)
             .core
             .job_write(spec, steps, weight)
@@ -276,8 +300,9 @@ impl CoordinatorService {
         Ok(id)
     }
 
-    /// The job of `spec` with the step count a worker `described`, when it is registered and
-    /// its weight is as asked (nothing to write); its description kept.
+    /// The job of `spec` a worker `described` (its step count, and its samples when this run
+    /// described it before), when it is registered and its weight is as asked (nothing to
+    /// write); its description kept.
     pub(super) fn registered_as_asked(
         &self,
         spec: &JobSpec,
@@ -285,13 +310,7 @@ impl CoordinatorService {
         weight: u32,
     ) -> Result<Option<JobId>, Status> {
         let mut state = lock(&self.state);
-        let steps = described.steps_per_epoch;
-        let Some((id, _)) = state
-            .core
-            .jobs_of_spec(spec)
-            .into_iter()
-            .find(|(_, known)| *known == steps)
-        else {
+        let Some(id) = state.job_of(spec, described) else {
             return Ok(None);
         };
         if asks_another_weight(&state.core, id, weight)? {

@@ -66,9 +66,9 @@ pub struct CoordinatorServiceConfig {
     /// A client rank that sent no report for this long leaves the dashboard (and its report
     /// is let go).
     pub rank_forgotten_after: Duration,
-    /// How long a job's description answers its registrations once no session of it is open:
-    /// the ranks of one run registering together share one; a registration later asks a worker
-    /// again (the dataset may have changed between runs).
+    /// How long a job's description answers its registrations once no session of it is open,
+    /// counted from its last use: the ranks of one run registering together share one; a
+    /// registration later asks a worker again (the dataset may have changed between runs).
     pub description_reused_for: Duration,
 }
 
@@ -121,9 +121,10 @@ struct State {
     /// What a worker said of each job when it was registered (kept in memory: after a restart
     /// the job is described again when a client registers it).
     descriptions: HashMap<u64, proto::DescribeJobResponse>,
-    /// When a worker last described each job: a registration is answered with the description
-    /// while a session of the job is open or for `description_reused_for` after, and asks a
-    /// worker again later (a dataset changed between two runs is seen within one
+    /// When a worker last described each job, or a registration was answered with it or a
+    /// session of it closed: a registration is answered with the description while a session
+    /// of the job is open or for `description_reused_for` after that, and asks a worker again
+    /// later (a dataset changed between two runs is seen within one
     /// coordinator run too, not only across a restart).
     described_at: HashMap<u64, Instant>,
     /// Per job, the workers leased one of its tasks and when they last were (the dashboard

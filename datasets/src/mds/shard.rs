@@ -20,8 +20,8 @@ pub(super) struct Shard {
     pub(super) read_from: PathBuf,
     /// The samples' byte offsets, `n + 1` of them.
     pub(super) offsets: Vec<u32>,
-    /// The file read from as it was opened: its device, inode, length and modification time.
-    identity: (u64, u64, u64, (i64, i64)),
+    /// The file read from as it was opened: its device, inode and length.
+    identity: (u64, u64, u64),
     /// The copy in the cache tier, locked while the shard is read.
     _copy: Option<CachedObject>,
 }
@@ -240,9 +240,12 @@ impl Shard {
     }
 
     /// Refuses `file` (the shard opened again to read it, by its path) when it is not the file
-    /// opened with the dataset: replaced or rewritten since (another conversion into the same
-    /// folder), the offsets read then would point into other bytes, other samples read under
-    /// the labels read at open. The job stops, naming the file; never bad samples replaced.
+    /// opened with the dataset: another file put in its place (a conversion or a copy written
+    /// beside it and renamed over it, as rsync does), or one of another length; the offsets
+    /// read at open would point into other bytes, other samples read under the labels read
+    /// then. The job stops, naming the file; never bad samples replaced. Its modification time
+    /// is not compared (shards touched to keep a scratch purge away are the same); a shard
+    /// rewritten in place at the same length is not told.
     pub(super) fn check_unchanged(&self, file: &File) -> Result<()> {
         let metadata = file
             .metadata()
@@ -258,9 +261,8 @@ impl Shard {
     }
 }
 
-/// A file's device, inode, length and modification time.
-fn identity_of(metadata: &std::fs::Metadata) -> (u64, u64, u64, (i64, i64)) {
+/// A file's device, inode and length.
+fn identity_of(metadata: &std::fs::Metadata) -> (u64, u64, u64) {
     use std::os::unix::fs::MetadataExt;
-    let modified = (metadata.mtime(), metadata.mtime_nsec());
-    (metadata.dev(), metadata.ino(), metadata.len(), modified)
+    (metadata.dev(), metadata.ino(), metadata.len())
 }

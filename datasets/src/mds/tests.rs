@@ -786,9 +786,10 @@ fn uint8_ndarray_images_become_pnm_and_other_arrays_are_bad_samples() {
     }
 }
 
-/// A set converted again into its folder while it is open (samples of fixed sizes, in another
-/// order: the same shard sizes): read at the offsets found at open, its samples were other
-/// images under the labels read then, or bad samples replaced. The job stops, naming the file.
+/// A set converted again while it is open (samples of fixed sizes, in another order: the same
+/// shard sizes), its shard copied over the old one by a rename: read at the offsets found at
+/// open, its samples were other images under the labels read then, or bad samples replaced.
+/// The job stops, naming the file. A shard only touched reads on.
 #[test]
 fn a_shard_rewritten_under_the_open_dataset_is_refused_by_name() {
     let temp = tempfile::tempdir().unwrap();
@@ -816,10 +817,18 @@ fn a_shard_rewritten_under_the_open_dataset_is_refused_by_name() {
     write_mds(&again, &columns, &rows(&|k| 7 - k), 4, None).unwrap();
     let rewritten = std::fs::read(again.join("shard.00000.mds")).unwrap();
     assert_eq!(rewritten.len(), before.len());
-    // In place, as a writer truncating the file writes it (its inode kept), a moment later.
-    std::thread::sleep(std::time::Duration::from_millis(20));
-    std::fs::write(&shard, &rewritten).unwrap();
-    // Let the pool open it again, as it does once it has closed the file.
+    // Touched (its modification time only): the same file.
+    let file = std::fs::File::options().write(true).open(&shard).unwrap();
+    file.set_modified(std::time::SystemTime::now() + std::time::Duration::from_secs(60))
+        .unwrap();
+    drop(file);
+    FilePool::global().forget(dataset.pool_keys.clone());
+    assert_eq!(dataset.read(1).unwrap(), vec![1; 4]);
+    // Another file renamed over it, as rsync puts a new version in place; the pool opens it
+    // again once it has closed the old one.
+    let beside = dir.join("shard.00000.mds.new");
+    std::fs::write(&beside, &rewritten).unwrap();
+    std::fs::rename(&beside, &shard).unwrap();
     FilePool::global().forget(dataset.pool_keys.clone());
     let error = dataset.read(1).unwrap_err();
     assert_eq!(

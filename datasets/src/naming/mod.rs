@@ -179,11 +179,11 @@ fn resolve_path(path: &Path, split: Option<&str>) -> Result<LocalSource> {
             Ok(LocalSource::Path(path.to_path_buf()))
         }
         Some(split) if path.is_dir() => match splits::split_folder_of(path, split)? {
-            Some(folder) => Ok(LocalSource::Path(folder)),
-            None => Err(Error::NoSuchSplit {
+            Ok(folder) => Ok(LocalSource::Path(folder)),
+            Err(found) => Err(Error::NoSuchSplit {
                 source_name: path.display().to_string(),
                 split: split.to_string(),
-                found: Vec::new(),
+                found,
             }),
         },
         Some(split) => Err(Error::NoSuchSplit {

@@ -332,12 +332,25 @@ pub(crate) fn find_splits(root: &Path) -> Result<Option<SplitLayout>> {
 /// own, when there is one: a split asked of a folder whose loose data files are named by no
 /// split, beside split folders (`tokens.bin` beside `val/`; `preview.parquet` beside `train/`
 /// and `validation/`), which is read as those loose files when no split is asked.
-pub(crate) fn split_folder_of(root: &Path, split: &str) -> Result<Option<PathBuf>> {
+/// `Err` lists the split folders there are (none: the folder is not laid out by split).
+pub(crate) fn split_folder_of(
+    root: &Path,
+    split: &str,
+) -> Result<std::result::Result<PathBuf, Vec<String>>> {
     let listing = Listing::of(root)?;
-    Ok(folders_of_data(&listing)
+    let folders: Vec<(String, PathBuf, Vec<PathBuf>)> = folders_of_data(&listing)
         .into_iter()
-        .find(|(name, _, _)| is_split_folder_name(name) && name.eq_ignore_ascii_case(split))
-        .map(|(_, folder, _)| folder))
+        .filter(|(name, _, _)| is_split_folder_name(name))
+        .collect();
+    Ok(
+        match folders
+            .iter()
+            .find(|(name, _, _)| name.eq_ignore_ascii_case(split))
+        {
+            Some((_, folder, _)) => Ok(folder.clone()),
+            None => Err(folders.into_iter().map(|(name, _, _)| name).collect()),
+        },
+    )
 }
 
 /// The subfolders of `listing` holding data files of their own: each one's name, path and

@@ -90,8 +90,10 @@ fn is_valid(data: &Path, meta: &Path, source: (u64, u128)) -> Option<u64> {
 /// shared (never evicted) while the returned object lives.
 ///
 /// `make` writes the whole copy to the file it is given; a copy larger than the room the cache's
-/// cap leaves beside the copies this process holds in it is refused, so a decompression bomb,
-/// or the copies of many compressed files one open makes and holds, fill no disk beyond it.
+/// cap leaves beside the copies this process holds in it is refused (`StorageFull`, naming
+/// the cap), so a decompression bomb, or the copies of many compressed files one open makes
+/// and holds, stop there rather than fill the disk (threads making copies at once may each
+/// take the same room; other processes' copies are evicted only once not in use).
 pub fn derived_copy(
     options: &ObjectCacheOptions,
     source: &Path,
@@ -387,6 +389,9 @@ mod tests {
             .collect();
         let first = derived_copy(&options, &sources[0], "upper", &upper).unwrap();
         let second = derived_copy(&options, &sources[1], "upper", &upper).unwrap();
+        // One copy held twice (two loaders over one file) counts once.
+        let second_again = derived_copy(&options, &sources[1], "upper", &upper).unwrap();
+        assert_eq!(held_copies(&options.dir), 16);
         let error = derived_copy(&options, &sources[2], "upper", &upper)
             .unwrap_err()
             .to_string();
@@ -397,7 +402,7 @@ mod tests {
         drop(first);
         let third = derived_copy(&options, &sources[2], "upper", &upper).unwrap();
         assert_eq!(std::fs::read(third.path()).unwrap(), b"EIGHTBYT");
-        drop((second, third));
+        drop((second, second_again, third));
         assert_eq!(held_copies(&options.dir), 0);
     }
 

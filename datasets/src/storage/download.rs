@@ -335,11 +335,28 @@ async fn fetch_request(
 }
 
 /// Whether a GET answered with a version (its ETag, `answered`) other than the one `listed`:
-/// the tags compared without their quotes and weak mark (stores quote them in one place and not
-/// another); an answer without a tag, or a listing without one, tells nothing.
+/// the tags compared without their quotes, weak mark and case (stores quote them in one place
+/// and not another); an answer without a tag, or a listing without one, tells nothing.
 fn another_version(listed: Option<&str>, answered: Option<&str>) -> bool {
-    let bare = |tag: &str| tag.trim_start_matches("W/").trim_matches('"').to_owned();
-    matches!((listed, answered), (Some(listed), Some(answered)) if bare(listed) != bare(answered))
+    let bare = |tag: &str| {
+        tag.trim_start_matches("W/")
+            .trim_matches('"')
+            .to_ascii_lowercase()
+    };
+    let (Some(listed), Some(answered)) = (listed, answered) else {
+        return false;
+    };
+    let another = bare(listed) != bare(answered);
+    if another {
+        // Said, so that a store whose listings and answers spell one tag two ways shows why
+        // every read of it fails.
+        tracing::warn!(
+            listed,
+            answered,
+            "a GET answered with another ETag than the listing's"
+        );
+    }
+    another
 }
 
 /// Bytes `range` of the object `key` (`uri` in messages), in memory: one ranged GET, tried

@@ -20,6 +20,7 @@
 //! tar-indexes/<bucket>/...                remote tar sets' indexes (`tar_shards/remote.rs`)
 //! ```
 
+use std::collections::BTreeMap;
 use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -56,25 +57,31 @@ pub struct CachedObject {
     held: Option<HeldCopy>,
 }
 
-/// Bytes of the derived copies (`derived.rs`) this process holds, per cache folder: a copy is
+/// The derived copies (`derived.rs`) this process holds, per cache folder: each copy's size
+/// and how many of its objects hold it (two loaders over one file hold one copy). A copy is
 /// made only in the room the cap leaves beside them, since none of them can be evicted.
-static HELD_COPIES: std::sync::Mutex<std::collections::BTreeMap<PathBuf, u64>> =
-    std::sync::Mutex::new(std::collections::BTreeMap::new());
+type HeldCopies = BTreeMap<PathBuf, BTreeMap<PathBuf, (u64, usize)>>;
+static HELD_COPIES: std::sync::Mutex<HeldCopies> = std::sync::Mutex::new(BTreeMap::new());
 
-/// A held derived copy's bytes, counted in [`HELD_COPIES`] until dropped.
+/// A held derived copy, counted in [`HELD_COPIES`] until dropped.
 #[derive(Debug)]
 struct HeldCopy {
     dir: PathBuf,
-    size: u64,
+    data: PathBuf,
 }
 
 impl HeldCopy {
-    fn new(dir: &Path, size: u64) -> HeldCopy {
+    fn new(dir: &Path, data: &Path, size: u64) -> HeldCopy {
         let mut held = HELD_COPIES.lock().unwrap_or_else(|p| p.into_inner());
-        *held.entry(dir.to_path_buf()).or_default() += size;
+        let copy = held
+            .entry(dir.to_path_buf())
+            .or_default()
+            .entry(data.to_path_buf())
+            .or_insert((size, 0));
+        copy.1 += 1;
         HeldCopy {
             dir: dir.to_path_buf(),
-            size,
+            data: data.to_path_buf(),
         }
     }
 }
@@ -82,19 +89,25 @@ impl HeldCopy {
 impl Drop for HeldCopy {
     fn drop(&mut self) {
         let mut held = HELD_COPIES.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(bytes) = held.get_mut(&self.dir) {
-            *bytes = bytes.saturating_sub(self.size);
-            if *bytes == 0 {
+        if let Some(copies) = held.get_mut(&self.dir) {
+            if let Some(copy) = copies.get_mut(&self.data) {
+                copy.1 -= 1;
+                if copy.1 == 0 {
+                    copies.remove(&self.data);
+                }
+            }
+            if copies.is_empty() {
                 held.remove(&self.dir);
             }
         }
     }
 }
 
-/// Bytes of the derived copies this process holds in the cache folder `dir`.
+/// Bytes of the derived copies this process holds in the cache folder `dir`, each once.
 pub(super) fn held_copies(dir: &Path) -> u64 {
     let held = HELD_COPIES.lock().unwrap_or_else(|p| p.into_inner());
-    held.get(dir).copied().unwrap_or(0)
+    held.get(dir)
+        .map_or(0, |copies| copies.values().map(|(size, _)| size).sum())
 }
 
 impl CachedObject {
@@ -150,7 +163,7 @@ impl CachedObject {
         lock: File,
     ) -> CachedObject {
         CachedObject {
-            held: Some(HeldCopy::new(dir, size)),
+            held: Some(HeldCopy::new(dir, &path, size)),
             entry: Entry {
                 key: source.to_string_lossy().into_owned(),
                 uri: format!("file://{}", source.display()),

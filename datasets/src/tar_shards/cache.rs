@@ -36,8 +36,11 @@ const MAGIC: &[u8; 8] = b"STKTARIX";
 /// images too (version 1 indexed `.jpg`, `.jpeg` and `.png` only, and left out the samples whose
 /// image had another extension), so indexes of version 1 are rebuilt. 3: an image whose file
 /// name holds a dot before its extension is counted as a problem (version 2 left it out
-/// unsaid), and a `.json` member without a label field beside a `.cls` is not (metadata).
-const VERSION: u32 = 3;
+/// unsaid), and a `.json` member without a label field beside a `.cls` is not (metadata). 4:
+/// members whose file name starts with a dot (macOS's AppleDouble `._0001.jpg`) belong to no
+/// sample (version 3 took them for members of the sample of key `""` or `dir/`, each ending the
+/// sample before it), and a `.json` label that is no integer beside a `.cls` is no problem.
+const VERSION: u32 = 4;
 /// The extension of cache files.
 pub(super) const CACHE_SUFFIX: &str = crate::files::TAR_INDEX_CACHE_SUFFIX;
 const SAMPLE_BYTES: u64 = 32;

@@ -9,7 +9,7 @@
 //! decoded) is scanned the same way at open, with a warning, and the index is kept in the local
 //! cache folder (`tar-indexes/`) so the next open on this machine does not scan again.
 //!
-//! Encoding (zstd-compressed): `STKTIDX2`, the shard count (u32 LE), then per shard its name
+//! Encoding (zstd-compressed): `STKTIDX3`, the shard count (u32 LE), then per shard its name
 //! (u16 length + UTF-8), size (u64), ETag (u16 length + bytes; 0: none), problem count (u64),
 //! sample count (u32) and per sample data offset (u64), size (u64), label (i64), member name
 //! (u16 length + bytes).
@@ -24,11 +24,12 @@ use crate::error::{Error, Result, TarSetError};
 /// The index object's name under the set's prefix.
 pub const TAR_INDEX_OBJECT: &str = "stoker-tar-index.bin";
 
-/// `STKTIDX2`: the indexing rules as `scan` applies them since images of every extension it
-/// decodes were indexed (`STKTIDX1` indexes, written before, left out the samples whose image
-/// was a `.webp`, `.bmp`, `.tif`, `.gif` or `.pnm`, and are scanned again; the rules' next
-/// change takes the next number).
-const MAGIC: &[u8; 8] = b"STKTIDX2";
+/// `STKTIDX3`: the indexing rules as `scan` applies them since members whose file name starts
+/// with a dot (macOS's AppleDouble `._0001.jpg`) belong to no sample (`STKTIDX2` indexes took
+/// them for members, each ending the sample before it; `STKTIDX1` ones, older, left out the
+/// samples whose image was a `.webp`, `.bmp`, `.tif`, `.gif` or `.pnm`): earlier ones are
+/// scanned again; the rules' next change takes the next number.
+const MAGIC: &[u8; 8] = b"STKTIDX3";
 /// The magic of indexes written under earlier rules.
 const EARLIER_MAGIC: &[u8; 7] = b"STKTIDX";
 
@@ -244,10 +245,10 @@ mod tests {
             let short = zstd::bulk::compress(&raw[..cut], 3).unwrap();
             assert!(decode(&short, "u", 1 << 20).is_err(), "cut at {cut}");
         }
-        // An index of the earlier rules (which left out samples of some image extensions) is
-        // not read: the shards are scanned again.
+        // An index of the earlier rules (which took AppleDouble files for members) is not read:
+        // the shards are scanned again.
         let mut earlier = raw.clone();
-        earlier[..8].copy_from_slice(b"STKTIDX1");
+        earlier[..8].copy_from_slice(b"STKTIDX2");
         let earlier = zstd::bulk::compress(&earlier, 3).unwrap();
         let error = decode(&earlier, "u", 1 << 20).unwrap_err().to_string();
         assert!(error.contains("earlier indexing rules"), "{error}");
