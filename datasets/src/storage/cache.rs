@@ -599,6 +599,26 @@ mod tests {
         Ok(())
     }
 
+    /// A cache in a new folder (kept while the first lives) and an empty in-memory store.
+    fn cache_in_memory() -> Result<(tempfile::TempDir, ObjectCache, InMemory)> {
+        let dir = tempfile::tempdir().map_err(|e| Error::io("tempdir", e))?;
+        let cache = ObjectCache::new(ObjectCacheOptions::new(dir.path()))?;
+        Ok((dir, cache, InMemory::new()))
+    }
+
+    /// Writes `bytes` as `set/a.bin` of `memory`.
+    fn put_a_bin(cache: &ObjectCache, memory: &InMemory, bytes: Vec<u8>) -> Result<()> {
+        let path = ObjectPath::from("set/a.bin");
+        cache
+            .runtime
+            .block_on(memory.put(&path, PutPayload::from(bytes)))
+            .map(|_| ())
+            .map_err(|source| Error::ObjectStore {
+                uri: "set/a.bin".into(),
+                source,
+            })
+    }
+
     /// A store that ignores the If-Match asked of it (some S3-compatible ones do): a GET
     /// answers with whatever version the object is now.
     #[derive(Debug)]
@@ -675,19 +695,8 @@ mod tests {
     #[test]
     #[allow(clippy::single_range_in_vec_init)] // one range among the ranges read
     fn a_store_ignoring_if_match_never_serves_another_version() -> Result<()> {
-        let dir = tempfile::tempdir().map_err(|e| Error::io("tempdir", e))?;
-        let cache = ObjectCache::new(ObjectCacheOptions::new(dir.path()))?;
-        let memory = InMemory::new();
-        let path = ObjectPath::from("set/a.bin");
-        let put = |bytes: Vec<u8>| {
-            cache
-                .runtime
-                .block_on(memory.put(&path, PutPayload::from(bytes)))
-                .map_err(|source| Error::ObjectStore {
-                    uri: "set/a.bin".into(),
-                    source,
-                })
-        };
+        let (_dir, cache, memory) = cache_in_memory()?;
+        let put = |bytes: Vec<u8>| put_a_bin(&cache, &memory, bytes);
         put(vec![1; 1000])?;
         let store: Arc<Store> = Arc::new(IgnoresIfMatch(memory.clone()));
         let location = s3_location("s3://bucket/set", "a test prefix")?;
@@ -709,19 +718,8 @@ mod tests {
     #[test]
     #[allow(clippy::single_range_in_vec_init)] // one range among the ranges read
     fn a_range_of_an_object_rewritten_since_its_listing_is_refused() -> Result<()> {
-        let dir = tempfile::tempdir().map_err(|e| Error::io("tempdir", e))?;
-        let cache = ObjectCache::new(ObjectCacheOptions::new(dir.path()))?;
-        let memory = InMemory::new();
-        let path = ObjectPath::from("set/a.bin");
-        let put = |bytes: Vec<u8>| {
-            cache
-                .runtime
-                .block_on(memory.put(&path, PutPayload::from(bytes)))
-                .map_err(|source| Error::ObjectStore {
-                    uri: "set/a.bin".into(),
-                    source,
-                })
-        };
+        let (_dir, cache, memory) = cache_in_memory()?;
+        let put = |bytes: Vec<u8>| put_a_bin(&cache, &memory, bytes);
         put(vec![1; 1000])?;
         let store: Arc<Store> = Arc::new(memory.clone());
         let location = s3_location("s3://bucket/set", "a test prefix")?;

@@ -33,6 +33,7 @@ const DOWNLOAD_BATCH: usize = 64;
 
 /// What a download brought: entries committed and locked shared, each with its place among
 /// those asked for, and entries evicted between their commit and their lock's downgrade.
+#[derive(Default)]
 struct Fetched {
     objects: Vec<(usize, CachedObject)>,
     evicted: Vec<(usize, Entry, File)>,
@@ -183,10 +184,7 @@ impl ObjectCache {
         reading: bool,
         wait: LockWait,
     ) -> Result<Fetched> {
-        let mut fetched = Fetched {
-            objects: Vec::new(),
-            evicted: Vec::new(),
-        };
+        let mut fetched = Fetched::default();
         while !entries.is_empty() {
             let rest = entries.split_off(entries.len().min(DOWNLOAD_BATCH));
             let batch = self.download_batch(store, entries, sources, reading, wait)?;
@@ -206,10 +204,7 @@ impl ObjectCache {
         reading: bool,
         wait: LockWait,
     ) -> Result<Fetched> {
-        let mut fetched = Fetched {
-            objects: Vec::new(),
-            evicted: Vec::new(),
-        };
+        let mut fetched = Fetched::default();
         let mut parts = Vec::with_capacity(entries.len());
         for (_, entry, _) in &entries {
             let number = self.next_part.fetch_add(1, Ordering::Relaxed);
