@@ -192,11 +192,18 @@ async fn register_worker_at(
 
 /// Registers the job of [`spec`] (weight 0); its id.
 async fn register_job(client: &mut CoordinatorClient<RpcChannel>) -> Result<u64, Status> {
+    Ok(registration(client).await?.job_id)
+}
+
+/// Registers the job of [`spec`] (weight 0); the coordinator's answer.
+async fn registration(
+    client: &mut CoordinatorClient<RpcChannel>,
+) -> Result<stoker_proto::v1::RegisterJobResponse, Status> {
     let request = RegisterJobRequest {
         spec: Some(spec()),
         weight: 0,
     };
-    Ok(client.register_job(request).await?.into_inner().job_id)
+    Ok(client.register_job(request).await?.into_inner())
 }
 
 /// A job of [`spec`] and rank 0's session on it, with `credits` granted.
@@ -1025,13 +1032,7 @@ async fn a_job_whose_dataset_changed_across_a_restart_is_registered_anew() -> Te
     start_describer(&network, grown, 12, 48);
     let mut client = coordinator(&network, None);
     register_worker_at(&mut client, grown).await?;
-    let registered = client
-        .register_job(RegisterJobRequest {
-            spec: Some(spec()),
-            weight: 0,
-        })
-        .await?
-        .into_inner();
+    let registered = registration(&mut client).await?;
     // The client's step count is the one the core serves (before: 12 here, 8 in the core).
     assert_eq!(registered.steps_per_epoch, 12);
     assert_ne!(registered.job_id, before);
@@ -1106,13 +1107,7 @@ async fn a_job_whose_dataset_changed_between_runs_of_one_coordinator_is_register
         })
         .await?;
     tokio::time::sleep(Duration::from_millis(150)).await;
-    let registered = client
-        .register_job(RegisterJobRequest {
-            spec: Some(spec()),
-            weight: 0,
-        })
-        .await?
-        .into_inner();
+    let registered = registration(&mut client).await?;
     assert_eq!(registered.steps_per_epoch, 12);
     assert_ne!(registered.job_id, before);
     assert_eq!(service.core_stats().jobs, 2);
@@ -1140,13 +1135,7 @@ async fn a_dataset_changed_into_one_of_the_same_steps_is_a_new_job() -> TestResu
     start_describer_of(&network, after, 8, 32, "after");
     register_worker_at(&mut client, after).await?;
     tokio::time::sleep(Duration::from_millis(150)).await;
-    let registered = client
-        .register_job(RegisterJobRequest {
-            spec: Some(spec()),
-            weight: 0,
-        })
-        .await?
-        .into_inner();
+    let registered = registration(&mut client).await?;
     assert_ne!(registered.job_id, old);
     assert_eq!(registered.dataset_fingerprint, "after");
     assert_eq!(service.core_stats().jobs, 2);
