@@ -12,6 +12,12 @@ use crate::error::{Error, Result, WriteError};
 /// The extension of the index caches written beside tar shards (`tar_shards/cache.rs`).
 pub(crate) const TAR_INDEX_CACHE_SUFFIX: &str = "stoker-idx";
 
+/// Whether the file `name` is one of macOS's AppleDouble files (`._shard-0.tar`, beside each
+/// file copied from its disks): they hold a file's attributes, never data.
+pub(crate) fn is_apple_double(name: &[u8]) -> bool {
+    name.starts_with(b"._")
+}
+
 /// Whether a file named `name` is an index cache written beside a tar shard (or its temporary,
 /// `<...>.stoker-idx.tmp-<pid>`): Stoker's own file, never data a pattern names.
 pub(crate) fn is_tar_index_cache_name(name: &str) -> bool {
@@ -52,7 +58,7 @@ pub(crate) fn files_with_extension(folder: &Path, extension: &str) -> Result<Vec
     for entry in entries {
         let path = entry.map_err(|source| Error::io(folder, source))?.path();
         let name = lowercase_name(&path);
-        if name.ends_with(&unfinished) && !name.starts_with("._") {
+        if name.ends_with(&unfinished) && !is_apple_double(name.as_bytes()) {
             return Err(WriteError::UnfinishedWrite {
                 folder: folder.to_path_buf(),
                 file: path
@@ -61,11 +67,9 @@ pub(crate) fn files_with_extension(folder: &Path, extension: &str) -> Result<Vec
             }
             .into());
         }
-        // macOS's AppleDouble files (`._shard-0.tar`, beside each file copied from its disks)
-        // hold a file's attributes, never data.
         let apple_double = path
             .file_name()
-            .is_some_and(|name| name.as_encoded_bytes().starts_with(b"._"));
+            .is_some_and(|name| is_apple_double(name.as_encoded_bytes()));
         if has_extension(&path, extension) && path.is_file() && !apple_double {
             files.push(path);
         }

@@ -98,8 +98,7 @@ fn walk(
         // The index caches written beside tar shards are Stoker's, not data (`train-*` would
         // otherwise take them once a first run has written them).
         let is_own = crate::files::is_tar_index_cache_name(&name);
-        // macOS's AppleDouble files (`._train.parquet`) hold a file's attributes, never data.
-        let apple_double = name.starts_with("._");
+        let apple_double = crate::files::is_apple_double(name.as_bytes());
         let candidate = if written.is_empty() {
             name.into_owned()
         } else if written.ends_with('/') {
