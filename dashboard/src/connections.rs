@@ -1,9 +1,10 @@
 //! The dashboard's connections, plain or TLS, served one task each with the bounds a process
-//! that also trains needs: how many it holds at once, how many of them one address holds, and
-//! how long a client may take to send a request's head (idle keep-alive time included).
-//! Without them a client that opens connections and sends nothing, or a byte a minute, holds a
-//! file descriptor each for as long as it likes, until the training process runs out of them;
-//! and one client holding every connection (no credential needed: a refusal closes its
+//! that also trains needs: how many it holds at once, how many of them one address holds, how
+//! long a client may take to send a request's head (idle keep-alive time included), and how
+//! long an answer may wait for the client to read on. Without them a client that opens
+//! connections and sends nothing, or a byte a minute, or asks and never reads the answer, holds
+//! a file descriptor each for as long as it likes, until the training process runs out of
+//! them; and one client holding every connection (no credential needed: a refusal closes its
 //! connection, but it can open another) kept every page and scraper out.
 
 use std::collections::HashMap;
@@ -28,16 +29,20 @@ pub(crate) struct ConnectionLimits {
     /// How long a connection may take to send a request's head, counted from when the server
     /// starts reading it (so also the longest a kept-alive connection may sit idle).
     pub(crate) head_within: Duration,
+    /// How long a write of the answer may make no progress (the client reads nothing more)
+    /// before the connection is closed.
+    pub(crate) write_within: Duration,
 }
 
 impl ConnectionLimits {
     /// The dashboard's: a page polls once a second on one or two connections, so 128 is room
     /// for many tabs and scrapers, 32 of them from one address; 20 s is far above the time a
-    /// browser on a slow link takes.
+    /// browser on a slow link takes to send a head or to read on.
     pub(crate) const DASHBOARD: ConnectionLimits = ConnectionLimits {
         most: 128,
         per_address: 32,
         head_within: Duration::from_secs(20),
+        write_within: Duration::from_secs(20),
     };
 }
 
@@ -66,12 +71,15 @@ where
             continue;
         };
         let service = TowerToHyperService::new(app.clone());
+        let mut io = tokio_io_timeout::TimeoutStream::new(io);
+        io.set_write_timeout(Some(limits.write_within));
         tokio::spawn(async move {
             let mut builder = hyper::server::conn::http1::Builder::new();
             builder
                 .timer(TokioTimer::new())
                 .header_read_timeout(limits.head_within);
-            if let Err(error) = builder.serve_connection(TokioIo::new(io), service).await {
+            let io = TokioIo::new(Box::pin(io));
+            if let Err(error) = builder.serve_connection(io, service).await {
                 tracing::debug!(%error, "dashboard connection ended");
             }
             drop((from, permit));
@@ -137,7 +145,11 @@ mod tests {
                 .unwrap();
             runtime.block_on(async move {
                 let listener = tokio::net::TcpListener::from_std(listener).unwrap();
-                let app = axum::Router::new().route("/", axum::routing::get(|| async { "up" }));
+                // An answer larger than the sockets' buffers hold between them.
+                let big = || async { vec![b'x'; 32 << 20] };
+                let app = axum::Router::new()
+                    .route("/", axum::routing::get(|| async { "up" }))
+                    .route("/big", axum::routing::get(big));
                 serve_within(listener, app, limits).await;
             });
         });
@@ -175,6 +187,7 @@ mod tests {
             most: 8,
             per_address: 8,
             head_within: Duration::from_millis(300),
+            write_within: Duration::from_secs(10),
         });
         assert!(get(address).ends_with("up"));
         let mut slow = TcpStream::connect(address).unwrap();
@@ -207,12 +220,39 @@ mod tests {
         );
     }
 
+    /// A client that asks and never reads the answer held its connection for good (the
+    /// answer's write pending): now closed once the write makes no progress for a while.
+    #[test]
+    fn a_client_that_never_reads_its_answer_is_cut_off() {
+        let address = start(ConnectionLimits {
+            most: 1,
+            per_address: 1,
+            head_within: Duration::from_secs(10),
+            write_within: Duration::from_millis(300),
+        });
+        let mut stalled = TcpStream::connect(address).unwrap();
+        stalled
+            .write_all(b"GET /big HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+            .unwrap();
+        // The room's one connection is the stalled one's until its write is given up on; then
+        // the next is served (before, never: `get` failed on its 10 s read timeout).
+        let started = Instant::now();
+        assert!(get(address).ends_with("up"));
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "a client that does not read held its connection {:?}",
+            started.elapsed()
+        );
+        drop(stalled);
+    }
+
     #[test]
     fn connections_past_the_most_wait_for_one_to_end() {
         let address = start(ConnectionLimits {
             most: 2,
             per_address: 2,
             head_within: Duration::from_millis(500),
+            write_within: Duration::from_secs(10),
         });
         let held: Vec<TcpStream> = (0..2)
             .map(|_| TcpStream::connect(address).unwrap())
@@ -255,6 +295,7 @@ mod tests {
             most: 8,
             per_address: 2,
             head_within: Duration::from_secs(10),
+            write_within: Duration::from_secs(10),
         });
         // Within half the room a client takes more than its share (four here, all held).
         let mut held: Vec<TcpStream> = (0..4)
