@@ -1,10 +1,12 @@
 //! What the coordinator's dashboard shows of the jobs and clients it serves: job names, and
 //! clients' reports turned into the same figures an embedded loader's monitor gives.
 
-use stoker_proto::v1::ClientStats;
+use std::time::Duration;
+
+use stoker_proto::v1::{ClientStats, DepthChange, PrefetchControl};
 
 use crate::{Coordinator, JobId};
-use stoker_dashboard::{LoaderStats, MonitorSnapshot};
+use stoker_dashboard::{ChangeReason, ControllerSnapshot, LoaderStats, MonitorSnapshot};
 
 /// A job's name on the dashboard: its id and the last part of its dataset path (a mix: of
 /// each, joined by `+`).
@@ -61,13 +63,47 @@ pub(super) fn client_snapshot(stats: &ClientStats, threads: usize) -> MonitorSna
             // Remote clients decode nothing themselves: no GPU lane to report.
             gpu_decode: None,
         },
-        controller: None,
-        fixed_prefetch: Some(stats.prefetch_target as usize),
+        controller: stats.prefetch_control.as_ref().map(controller_view),
+        // A client that reports no controller's view fixes its depth (or is of a version
+        // before the view was reported).
+        fixed_prefetch: stats
+            .prefetch_control
+            .is_none()
+            .then_some(stats.prefetch_target as usize),
         slots_in_use: stats.queue_depth as usize,
         slot_capacity: stats.prefetch_target as usize,
         slot_bytes: 0,
         threads,
         threads_shared: true,
         report_age_s: None,
+    }
+}
+
+/// A client's prefetch controller as its report tells it (an unknown reason reads as the
+/// start).
+fn controller_view(control: &PrefetchControl) -> ControllerSnapshot {
+    let last_change = match control.last_change() {
+        DepthChange::Startup => ChangeReason::Startup,
+        DepthChange::Stall => ChangeReason::Stall,
+        DepthChange::Idle => ChangeReason::Idle,
+        DepthChange::LittlesLaw => ChangeReason::LittlesLaw,
+        DepthChange::Budget => ChangeReason::Budget,
+    };
+    ControllerSnapshot {
+        target_depth: control.target_depth as usize,
+        budget_depth: control.budget_depth as usize,
+        latency_mean: Duration::from_nanos(control.latency_mean_ns),
+        latency_std: Duration::from_nanos(control.latency_std_ns),
+        step_mean: Duration::from_nanos(control.step_mean_ns),
+        step_std: Duration::from_nanos(control.step_std_ns),
+        littles_depth: control.littles_depth as usize,
+        stall_floor_depth: control.stall_floor_depth as usize,
+        // A share, whatever the report says.
+        stall_fraction: if control.stall_fraction.is_finite() {
+            control.stall_fraction.clamp(0.0, 1.0)
+        } else {
+            0.0
+        },
+        last_change,
     }
 }

@@ -82,6 +82,9 @@ struct JobView<'a> {
     threads: usize,
     slots_in_use: usize,
     slot_capacity: usize,
+    /// Whether the loader's prefetch controller chooses its depth (and measures the trainer's
+    /// step); false: the depth is fixed, or nothing reported yet.
+    automatic_prefetch: bool,
     verdict: Verdict,
     /// The newest reading (or the one asked for with `at`).
     current: Option<&'a Point>,
@@ -160,6 +163,7 @@ fn job_view<'a>(
         threads,
         slots_in_use: snapshot.map_or(0, |s| s.slots_in_use),
         slot_capacity: snapshot.map_or(0, |s| s.slot_capacity),
+        automatic_prefetch: snapshot.is_some_and(|s| s.controller.is_some()),
         verdict: window
             .as_ref()
             .map_or(Verdict::Starting, |w| w.verdict.clone()),

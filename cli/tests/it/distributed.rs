@@ -476,7 +476,19 @@ fn clients_report_to_the_coordinator_dashboard() {
         Daemon::worker(&coordinator.address, dir.path()),
         Daemon::worker(&coordinator.address, dir.path()),
     ];
-    let loader = remote(&coordinator.address, spec(&data, 0)).unwrap();
+    // Automatic prefetch: the client's controller measures the trainer's step, and its
+    // reports carry what it measured (before, the page read "fixed prefetch" for every
+    // remote client and showed no step or batch latency).
+    let automatic = LoaderOptions {
+        prefetch: 0,
+        deadline: Duration::from_secs(60),
+        ..LoaderOptions::default()
+    };
+    let options = RemoteOptions {
+        connect_timeout: Duration::from_secs(30),
+        ..RemoteOptions::default()
+    };
+    let loader = Loader::remote(&coordinator.address, spec(&data, 0), automatic, options).unwrap();
     let mut samples = 0;
     for batch in loader.epoch(0, 0).unwrap() {
         samples += batch.unwrap().sample_indices.len() as u64;
@@ -498,6 +510,7 @@ fn clients_report_to_the_coordinator_dashboard() {
         if let Some(job) = job {
             if job["current"]["samples_total"].as_u64().unwrap_or(0) > 0
                 && job["workers"].as_array().is_some_and(|w| w.len() == 2)
+                && job["current"]["trainer_ms"].is_number()
             {
                 break job;
             }
@@ -511,6 +524,10 @@ fn clients_report_to_the_coordinator_dashboard() {
     assert!(job["name"].as_str().unwrap().contains("data"), "{job}");
     let workers = job["workers"].as_array().unwrap();
     assert!(workers.iter().all(|w| w["kind"] == "daemon"), "{job}");
+    assert_eq!(job["automatic_prefetch"], true, "{job}");
+    // 100 ms between next() calls over 8 samples: about 12.5 ms a sample.
+    let trainer_ms = job["current"]["trainer_ms"].as_f64().unwrap_or(0.0);
+    assert!((8.0..40.0).contains(&trainer_ms), "{job}");
     let metrics = http_get(&http, "/metrics");
     assert!(
         metrics
@@ -518,6 +535,12 @@ fn clients_report_to_the_coordinator_dashboard() {
             .any(|l| l.starts_with("stoker_samples_total{") && l.contains("rank=\"0\"")),
         "{metrics}"
     );
+    let step = metrics
+        .lines()
+        .find(|l| l.starts_with("stoker_trainer_step_seconds{") && l.contains("rank=\"0\""))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|value| value.parse::<f64>().ok());
+    assert!(step.is_some_and(|s| (0.06..0.3).contains(&s)), "{metrics}");
     assert!(metrics.contains("stoker_stall_ratio"), "{metrics}");
 }
 

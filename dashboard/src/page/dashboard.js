@@ -297,7 +297,7 @@ function drawLines(canvas, lines, options) {
 }
 
 // Two horizontal bars on one scale: the input pipeline's stages stacked, and the trainer.
-function drawTime(canvas, window) {
+function drawTime(canvas, window, automaticPrefetch) {
   const { ctx, width, height } = prepare(canvas);
   const left = 92, right = 14, top = 26, bottom = 30;
   const plotW = width - left - right, plotH = height - top - bottom;
@@ -346,7 +346,8 @@ function drawTime(canvas, window) {
   } else {
     ctx.textAlign = "left";
     ctx.fillStyle = "#9ca3af";
-    ctx.fillText("not measured (fixed prefetch)", left + 6, rows[1].y + barH / 2);
+    const why = automaticPrefetch ? "not measured yet" : "not measured (fixed prefetch)";
+    ctx.fillText(why, left + 6, rows[1].y + barH / 2);
   }
 
   let legendX = 8;
@@ -364,7 +365,7 @@ function drawTime(canvas, window) {
   }
 }
 
-function drawCharts(key, state, window, now) {
+function drawCharts(key, state, window, now, automaticPrefetch) {
   const series = state.series;
   const pick = (field) => series.map((p) => [p.t_ms, p[field]]);
   drawLines(document.getElementById(`job-${key}-chart-stall`), [
@@ -385,7 +386,7 @@ function drawCharts(key, state, window, now) {
     { label: "in flight", color: "#7c3aed", values: pick("in_flight") },
     { label: "prefetch depth", color: "#9ca3af", dash: [5, 3], values: pick("prefetch_depth") },
   ], { now, yLabel: "batches", yMin: 2 });
-  drawTime(document.getElementById(`job-${key}-chart-time`), window);
+  drawTime(document.getElementById(`job-${key}-chart-time`), window, automaticPrefetch);
 }
 
 // ---- polling ----
@@ -424,7 +425,7 @@ async function poll() {
       const oldest = data.now_ms - historyMs;
       while (state.series.length && state.series[0].t_ms < oldest) state.series.shift();
       updateFigures(job);
-      drawCharts(job.key, state, job.window, data.now_ms);
+      drawCharts(job.key, state, job.window, data.now_ms, job.automatic_prefetch);
     }
     // A job the server no longer lists (retired: no session for --job-retention-secs) leaves
     // the page too.

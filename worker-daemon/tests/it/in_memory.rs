@@ -339,6 +339,24 @@ fn an_epoch_through_a_coordinator_without_the_update_and_lease_streams_equals_th
     Ok(())
 }
 
+/// An `OpenSession` answer without its session token (a coordinator of another version, a
+/// proxy that changed it) stopped the epoch naming no cause ("the session driver stopped").
+#[test]
+fn a_session_answer_without_its_token_is_named_as_the_cause() -> TestResult {
+    let (data, _state, network, _cluster) = one_worker_behind(proxy::Proxy::NoSessionToken)?;
+    let loader = remote(&network, data.path(), None)?;
+    let error = loader
+        .epoch(0, 0)
+        .and_then(|stream| stream.collect::<stoker_loader::Result<Vec<_>>>())
+        .expect_err("no session was opened");
+    let message = error.to_string();
+    assert!(
+        message.contains("no session token") && message.contains(COORDINATOR),
+        "{message}"
+    );
+    Ok(())
+}
+
 #[test]
 fn the_loader_asks_for_an_answer_only_for_many_acks_on_the_way_at_the_epochs_end_and_for_credits_that_start_its_clock(
 ) -> TestResult {

@@ -99,6 +99,8 @@ pub enum Proxy {
     Older(Refusals),
     /// Passes everything through, recording each session update.
     Recording(Recorded),
+    /// Passes everything through but the session token of each `OpenSession` answer.
+    NoSessionToken,
 }
 
 #[derive(Clone)]
@@ -174,6 +176,9 @@ impl coordinator_server::Coordinator for Coordinator {
                 });
                 Ok(Response::new(self.current.lease_answers(requests)))
             }
+            Proxy::NoSessionToken => Ok(Response::new(
+                self.current.lease_answers(request.into_inner()),
+            )),
         }
     }
 
@@ -214,7 +219,11 @@ impl coordinator_server::Coordinator for Coordinator {
         &self,
         request: Request<OpenSessionRequest>,
     ) -> Result<Response<OpenSessionResponse>, Status> {
-        self.current.open_session(request).await
+        let mut answer = self.current.open_session(request).await?;
+        if let Proxy::NoSessionToken = &self.proxy {
+            answer.get_mut().session = None;
+        }
+        Ok(answer)
     }
 
     async fn update_session(
@@ -245,6 +254,9 @@ impl coordinator_server::Coordinator for Coordinator {
                 });
                 Ok(Response::new(self.current.update_answers(updates)))
             }
+            Proxy::NoSessionToken => Ok(Response::new(
+                self.current.update_answers(request.into_inner()),
+            )),
         }
     }
 

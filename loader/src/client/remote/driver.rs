@@ -320,7 +320,7 @@ impl Driver {
                         self.unserved_since = None;
                         unreachable.opened(worker);
                     }
-                    Some(Arrival::Batch { session, batch: landed, received }) => {
+                    Some(Arrival::Batch { batch: landed, received }) => {
                         let batch = &landed.wire.batch;
                         let step = batch.step;
                         if batch.epoch != self.epoch || batch.rank != self.rank || step >= self.steps {
@@ -333,11 +333,9 @@ impl Driver {
                             landed.give_back(&self.free_slots);
                             continue;
                         }
-                        // A batch sent on a stream of an earlier opening of the session spent
-                        // none of this opening's credits.
-                        if session == token {
-                            outstanding = outstanding.saturating_sub(1);
-                        }
+                        // Every stream sending here is of this opening of the session (the
+                        // channel is the opening's own): the batch spent one of its credits.
+                        outstanding = outstanding.saturating_sub(1);
                         // A batch well within the wait: the slow spell that grew it is over.
                         if progress_at.elapsed() < self.stall_reopen / 2 {
                             self.stall_reopen = (self.stall_reopen / 2).max(self.stall_base);

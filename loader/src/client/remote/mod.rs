@@ -20,8 +20,9 @@
 //! - a worker that joins shows up in the coordinator's answers and gets a stream; one whose
 //!   stream cannot open yet (its address does not resolve or accept) is tried again every
 //!   500 ms while the coordinator lists it;
-//! - no batch for [`RemoteOptions::stall_reopen`] while the consumer waits: the session is
-//!   reopened as well (and logged), so a lost batch costs a delay, never a hang; the wait
+//! - no batch for [`RemoteOptions::stall_reopen`] while batches are asked for and credits are
+//!   out (whether or not the consumer waits in `next()` meanwhile): the session is reopened as
+//!   well (and logged), so a lost batch costs a delay, never a hang; the wait
 //!   doubles at each such reopen (up to 64 times, at most 300 s) and halves again as batches
 //!   come quicker, so a batch slower to build than the wait is not leased again for good;
 //! - a coordinator at its session cap (`RESOURCE_EXHAUSTED`) is asked again with backoff, as
@@ -59,7 +60,7 @@ use super::slots::Slot;
 use super::source::{receive, BatchSource, Built, EpochFeed, IdleClock, SourceInfo};
 use crate::error::{error_from_status, Error, ErrorKind, Result};
 use driver::Driver;
-use stoker_dashboard::LoaderMonitor;
+use stoker_dashboard::{ChangeReason, ControllerSnapshot, LoaderMonitor};
 
 /// How the remote source runs.
 #[derive(Debug, Clone)]
@@ -70,7 +71,8 @@ pub struct RemoteOptions {
     /// answers is waited for as long as its workers take to open the dataset, up to the
     /// coordinator's `--describe-timeout-secs` (120 s by default) for each worker it asks.
     pub connect_timeout: Duration,
-    /// No batch for this long while the consumer waits: reopen the session. Each reopen for
+    /// No batch for this long while batches are asked for and credits are out (the consumer
+    /// waiting in `next()` or not): reopen the session. Each reopen for
     /// that doubles the wait, up to 64 times this but no more than 300 s (unless this is
     /// more), so batches that take longer than this to build still arrive; a batch that comes
     /// within half the wait halves it again, down to this.
@@ -488,6 +490,33 @@ pub(super) fn client_stats(monitor: &LoaderMonitor) -> stoker_proto::v1::ClientS
             assemble_ns: ns(stats.assemble_s),
             transfer_ns: 0,
         }),
+        prefetch_control: snapshot.controller.as_ref().map(prefetch_control),
+    }
+}
+
+/// The prefetch controller's view as the client reports it.
+fn prefetch_control(view: &ControllerSnapshot) -> stoker_proto::v1::PrefetchControl {
+    use stoker_proto::v1::DepthChange;
+    let ns = |d: Duration| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX);
+    let depth = |n: usize| u32::try_from(n).unwrap_or(u32::MAX);
+    let last_change = match view.last_change {
+        ChangeReason::Startup => DepthChange::Startup,
+        ChangeReason::Stall => DepthChange::Stall,
+        ChangeReason::Idle => DepthChange::Idle,
+        ChangeReason::LittlesLaw => DepthChange::LittlesLaw,
+        ChangeReason::Budget => DepthChange::Budget,
+    };
+    stoker_proto::v1::PrefetchControl {
+        target_depth: depth(view.target_depth),
+        budget_depth: depth(view.budget_depth),
+        latency_mean_ns: ns(view.latency_mean),
+        latency_std_ns: ns(view.latency_std),
+        step_mean_ns: ns(view.step_mean),
+        step_std_ns: ns(view.step_std),
+        littles_depth: depth(view.littles_depth),
+        stall_floor_depth: depth(view.stall_floor_depth),
+        stall_fraction: view.stall_fraction,
+        last_change: last_change.into(),
     }
 }
 

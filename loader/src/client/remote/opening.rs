@@ -77,7 +77,18 @@ impl Driver {
                 Ok(response) => {
                     let response = response.into_inner();
                     backoff.reset();
-                    let token = response.session?;
+                    let Some(token) = response.session else {
+                        // Said, not only stopped on: the run would end naming no cause.
+                        let _ = self.batches.send(Err(Error::Remote {
+                            kind: ErrorKind::Internal,
+                            context: format!("opening a session at coordinator {}", self.address),
+                            message: "the coordinator's answer holds no session token (a \
+                                      coordinator of another version, or a proxy that \
+                                      changed the answer)"
+                                .into(),
+                        }));
+                        return None;
+                    };
                     return Some((token, response.workers, response.workers_version));
                 }
                 Err(status) if status.code() == Code::NotFound => {

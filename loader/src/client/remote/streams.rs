@@ -21,8 +21,6 @@ pub(super) enum Arrival {
     /// The stream is open.
     Opened { worker: u64 },
     Batch {
-        /// The session (and its opening) of the stream it came on.
-        session: SessionToken,
         batch: Box<Landed>,
         /// When the batch's bytes had arrived.
         received: Instant,
@@ -105,7 +103,6 @@ pub(super) async fn stream_worker(
         match next_landed(&mut reader, &slots).await {
             Ok(Some(landed)) => {
                 let arrival = Arrival::Batch {
-                    session: token,
                     batch: Box::new(landed),
                     received: Instant::now(),
                 };
