@@ -53,6 +53,21 @@ impl Error {
     }
 }
 
+impl Error {
+    /// Whether the dataset changed under the job (a file rewritten or replaced, an object of
+    /// another version, or of another size than listed): every reader of it sees the change,
+    /// so no other try, and no other worker, reads the job's dataset as it was.
+    pub fn dataset_changed(&self) -> bool {
+        matches!(
+            self,
+            Error::FileChanged { .. }
+                | Error::FileReplaced { .. }
+                | Error::ObjectChanged { .. }
+                | Error::IncompleteObject { .. }
+        )
+    }
+}
+
 /// Whose fault a failed system call is; see [`ReadFault`].
 pub(crate) fn io_fault(error: &std::io::Error) -> ReadFault {
     if error.kind() == std::io::ErrorKind::OutOfMemory {

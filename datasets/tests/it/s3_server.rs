@@ -38,6 +38,9 @@ pub struct RequestCounts {
     pub stop_at_object_get: AtomicU64,
     /// Set when the server stopped by itself.
     pub stopped_by_itself: AtomicBool,
+    /// GETs of objects whose key ends with this are refused as unsigned requests are (403
+    /// AccessDenied, as a store answers a token that expired); `None` (default): none.
+    pub refuse_gets_ending: std::sync::Mutex<Option<String>>,
 }
 
 impl RequestCounts {
@@ -154,8 +157,9 @@ fn serve(root: PathBuf, port: u16, counts: Arc<RequestCounts>) -> (Running, u16)
                 let s3 = service.clone();
                 let counts = Arc::clone(&counts);
                 let stop = Arc::clone(&stop);
-                let counted = hyper::service::service_fn(move |request| {
+                let counted = hyper::service::service_fn(move |mut request| {
                     count(&counts, &stop, &request);
+                    refuse_if_asked(&counts, &mut request);
                     let s3 = s3.clone();
                     async move { hyper::service::Service::call(&s3, request).await }
                 });
@@ -192,6 +196,21 @@ async fn bind(port: u16) -> tokio::net::TcpListener {
                 tokio::time::sleep(Duration::from_millis(50)).await;
             }
             Err(error) => panic!("cannot bind 127.0.0.1:{port}: {error}"),
+        }
+    }
+}
+
+/// Takes the signature off an object GET [`RequestCounts::refuse_gets_ending`] names: the
+/// server then refuses it.
+fn refuse_if_asked<B>(counts: &RequestCounts, request: &mut hyper::Request<B>) {
+    let refused = counts
+        .refuse_gets_ending
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+        .clone();
+    if let Some(ending) = refused {
+        if request.method() == hyper::Method::GET && request.uri().path().ends_with(&ending) {
+            request.headers_mut().remove(hyper::header::AUTHORIZATION);
         }
     }
 }

@@ -19,7 +19,7 @@ use super::error_status;
 use stoker_rpc::transport::{Backoff, RpcChannel, MAX_MESSAGE_BYTES};
 
 use super::fleet::Place;
-use super::opening::{OpenBackoff, Opened, Openings, Unopened};
+use super::opening::{this_workers_own, OpenBackoff, Opened, Openings, Unopened};
 use super::reports::{
     heartbeat_loop, put_back_counts, report_loop, reported_tasks, take_report, unreported_lost,
 };
@@ -268,7 +268,8 @@ async fn serve_leases(
                     open_backoff.opened(job);
                     for task in waiting {
                         served = true;
-                        serving.build(entry.clone(), task).await;
+                        let end = serving.build(entry.clone(), task).await;
+                        note_build(&mut open_backoff, job, end);
                     }
                 }
                 Err(unopened) => {
@@ -297,10 +298,12 @@ async fn serve_leases(
                 least_wait = least_wait.min(wait);
                 continue;
             }
+            let job = task.job_id;
             match openings.open_or_wait(shared, &client, task) {
                 Opened::Ready(entry, task) => {
                     served = true;
-                    serving.build(entry, task).await;
+                    let end = serving.build(entry, task).await;
+                    note_build(&mut open_backoff, job, end);
                 }
                 Opened::Waiting => served = true,
                 Opened::Full(task) => {
@@ -369,6 +372,38 @@ async fn serve_leases(
     Ended::Drained
 }
 
+/// What a build's end means for the job's next tries on this worker: a failure of its own
+/// spaces them as a failed opening does (its next tasks go back untried meanwhile), a batch
+/// built ends the spacing.
+fn note_build(backoff: &mut OpenBackoff, job: u64, end: BuildEnd) {
+    match end {
+        BuildEnd::HandedBack(reason) => {
+            let pause = backoff.failed(job, Instant::now(), &reason);
+            tracing::warn!(
+                job,
+                %reason,
+                ?pause,
+                "a batch failed on this worker's own storage or machine: it goes back for \
+                 another worker, and the job's tasks go back untried until the next try"
+            );
+        }
+        BuildEnd::Built => backoff.opened(job),
+        BuildEnd::Told | BuildEnd::Stopping => {}
+    }
+}
+
+/// How serving one task ended.
+enum BuildEnd {
+    /// Built, and on its way to the client.
+    Built,
+    /// Its error went to the client (a bad sample under the fail policy, a panic).
+    Told,
+    /// Handed back for another worker, for a cause of this worker's own.
+    HandedBack(String),
+    /// Handed back: the drain's time is up.
+    Stopping,
+}
+
 /// What a spell of leasing serves its tasks with.
 struct Serving<'a> {
     shared: &'a Arc<Shared>,
@@ -388,13 +423,15 @@ impl Serving<'_> {
     }
 
     /// Builds `task`'s batch on the decode pool once the loop's deliveries in flight are under
-    /// its share, and delivers it on a task of its own (or sends its error to the client).
-    async fn build(&self, entry: Arc<JobEntry>, task: TaskLease) {
+    /// its share, and delivers it on a task of its own (or sends its error to the client, or
+    /// hands the task back when the failure is this worker's own).
+    async fn build(&self, entry: Arc<JobEntry>, task: TaskLease) -> BuildEnd {
         let (shared, draining) = (self.shared, self.draining);
         let permit = share_permit(self.deliveries, self.most_deliveries, self.place);
         let Some(Ok(permit)) = before_drain_due(permit, draining.clone(), self.reserve).await
         else {
-            return self.handed_back(&task);
+            self.handed_back(&task);
+            return BuildEnd::Stopping;
         };
         let built = {
             let shared = shared.clone();
@@ -402,7 +439,8 @@ impl Serving<'_> {
         };
         // A build still running at the deadline finishes on its own; its batch is dropped.
         let Some(built) = before_drain_due(built, draining.clone(), self.reserve).await else {
-            return self.handed_back(&task);
+            self.handed_back(&task);
+            return BuildEnd::Stopping;
         };
         let status = match built {
             Ok(Ok(batch)) => {
@@ -416,7 +454,14 @@ impl Serving<'_> {
                     }
                     drop(permit);
                 });
-                return;
+                return BuildEnd::Built;
+            }
+            // This worker's disk, mount, store access or machine failed it: another worker
+            // may build it (the client hearing of it ended its run).
+            Ok(Err(error)) if this_workers_own(&error) => {
+                let reason = format!("the worker could not build the batch: {error}");
+                let _ = (self.outcomes).send(Outcome::Failed(task.lease_id, reason.clone()));
+                return BuildEnd::HandedBack(reason);
             }
             // Under the fail policy a bad sample fails the batch: the client must hear about
             // it, not wait for a retry that fails the same way.
@@ -426,6 +471,7 @@ impl Serving<'_> {
             Err(panic) => Status::internal(format!("a worker's batch build panicked: {panic}")),
         };
         self.send_error(&task, status).await;
+        BuildEnd::Told
     }
 
     /// Sends `status` to `task`'s client, by the drain's deadline.

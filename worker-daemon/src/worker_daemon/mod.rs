@@ -7,6 +7,11 @@
 //!   with `PERMISSION_DENIED` saying so (`data_roots`).
 //! - It produces only what it was leased, and the coordinator leases a session only against the
 //!   credits its client granted: memory stays bounded at both ends.
+//! - A batch that fails on a bad sample under the fail policy fails for the client; one that
+//!   fails on the worker's own storage or machine (its disk or mount, the store refusing or not
+//!   answering it, short of descriptors past the reads' retries) goes back for another worker,
+//!   and the job's next tasks on this one go back untried for a pause (250 ms, doubling up to
+//!   5 s) until a try builds a batch again.
 //! - When the coordinator goes away it re-registers with backoff (a restarted coordinator gets a
 //!   new incarnation; streams of the old one end and clients open new ones).
 //! - Given a fleet's list of coordinators (jobs sharded over them, `stoker_rpc::shards`), it
@@ -155,7 +160,7 @@ struct Shared {
     opened_datasets: Mutex<HashMap<OpenedJob, (Vec<u64>, String)>>,
 }
 
-/// A job as [`Shared::check_dataset`] records it: its coordinator's place, its id, a hash of
+/// A job as [`Shared::record_dataset`] records it: its coordinator's place, its id, a hash of
 /// its spec.
 type OpenedJob = (usize, u64, u64);
 
@@ -201,46 +206,50 @@ impl Shared {
         taken
     }
 
-    /// The fingerprint ([`stoker_pipeline::dataset_fingerprint`]) of a job's datasets opened
-    /// now; opened to serve job `serving` (place, id), recorded, or refused when they differ
-    /// from its first open here (its epochs would mix two orders, its clients' fingerprint name
-    /// another dataset). A description (`serving` none) is of the dataset as it is (refused
-    /// there, a changed dataset was refused for good). A file rewritten in place is not seen.
+    /// Refuses job `job_id`'s datasets (of the coordinator at `place`) as opened now to serve
+    /// it when they differ from its first open here (its epochs would mix two orders, its
+    /// clients' fingerprint name another dataset); `None` when none was recorded yet, else the
+    /// key to record the view under ([`Shared::record_dataset`]). A file rewritten in place is
+    /// not seen.
     fn check_dataset(
         &self,
-        serving: Option<(usize, u64)>,
+        (place, job_id): (usize, u64),
         spec: &JobSpec,
         sources: &[&dyn SampleSource],
-    ) -> std::result::Result<String, Status> {
+        fingerprint: &str,
+    ) -> std::result::Result<Option<(OpenedJob, Vec<u64>)>, Status> {
         use std::hash::{Hash, Hasher};
         let lengths: Vec<u64> = sources.iter().map(|source| source.len()).collect();
-        let fingerprint = stoker_pipeline::dataset_fingerprint(sources);
-        let Some((place, job_id)) = serving else {
-            return Ok(fingerprint);
-        };
         let mut hasher = std::collections::hash_map::DefaultHasher::new();
         prost::Message::encode_to_vec(spec).hash(&mut hasher);
         let key = (place, job_id, hasher.finish());
-        let mut opened = lock(&self.opened_datasets);
+        let opened = lock(&self.opened_datasets);
         let changed = match opened.get(&key) {
             Some((first, _)) if *first != lengths => format!(
                 "{first:?} samples per source then, {lengths:?} now (its epochs would mix two \
                  orders)"
             ),
-            Some((_, first)) if *first != fingerprint => format!(
+            Some((_, first)) if first != fingerprint => format!(
                 "as many samples, but other names, labels or classes (fingerprint {first} then, \
                  {fingerprint} now)"
             ),
-            Some(_) => return Ok(fingerprint),
-            None => {
-                opened.insert(key, (lengths, fingerprint.clone()));
-                return Ok(fingerprint);
-            }
+            Some(_) => return Ok(None),
+            None => return Ok(Some((key, lengths))),
         };
         Err(Status::failed_precondition(format!(
             "the dataset changed since this worker first opened the job: {changed}; restore it, \
              or read the changed dataset as another job (another path or seed)"
         )))
+    }
+
+    /// Records a job's datasets as first opened here ([`Shared::check_dataset`]'s key), once
+    /// they matched the job's registration: a view the job was refused under is never the one
+    /// recorded (it was, and a worker that first saw a copy still syncing refused the job for
+    /// good once the copy was whole, as "changed since this worker first opened the job").
+    fn record_dataset(&self, (key, lengths): (OpenedJob, Vec<u64>), fingerprint: &str) {
+        lock(&self.opened_datasets)
+            .entry(key)
+            .or_insert_with(|| (lengths, fingerprint.to_string()));
     }
 
     fn open_job(&self, spec: &JobSpec) -> std::result::Result<Job, Status> {
@@ -363,7 +372,7 @@ impl worker_data_server::WorkerData for DataService {
         let answer = tokio::task::spawn_blocking(move || {
             let job = shared.open_job(&spec)?;
             // What the coordinator hands the job's clients is what this worker will serve.
-            let dataset_fingerprint = shared.check_dataset(None, &spec, &job.sources())?;
+            let dataset_fingerprint = job.dataset_fingerprint();
             let plan = job.plan(job.first_epoch()).map_err(|e| error_status(&e))?;
             let batch_size = job.plan_config().batch_size as usize;
             Ok::<_, Status>(DescribeJobResponse {

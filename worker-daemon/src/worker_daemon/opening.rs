@@ -17,8 +17,10 @@ use tonic::Status;
 use super::{check_root, error_status, lock, JobEntry, Shared};
 
 /// Tries at opening a job whose datasets failed to open in a way that may pass (a disk or
-/// store failing, the machine short of descriptors), spaced: the next try after 250 ms, each
-/// one after twice the pause before, up to 5 s. Until then a task of that job is handed back
+/// store failing, the machine short of descriptors), or at building its batches once a build
+/// failed for such a cause of this worker's own ([`this_workers_own`]), spaced: the next try
+/// after 250 ms, each one after twice the pause before, up to 5 s (a build that succeeds
+/// ends the spacing, as an opening does). Until then a task of that job is handed back
 /// at once, untried (another worker may open it), and a lease that brought nothing else
 /// pauses this worker's leasing until the next try is due (at most a second at a time): else
 /// the task is leased, failed and requeued by this worker as fast as the coordinator
@@ -90,6 +92,21 @@ pub(super) fn may_pass(error: &stoker_pipeline::Error) -> bool {
             }
         }
         stoker_pipeline::Error::Io { .. } => true,
+        _ => false,
+    }
+}
+
+/// Whether building a batch failed through this worker's own storage or machine (its disk or
+/// mount failing, the store refusing or not answering it, short of descriptors or memory past
+/// the reads' own retries) rather than through the batch's samples or a dataset changed under
+/// the job: another worker may build it, so the task goes back rather than the error to the
+/// client (whose run it ended).
+pub(super) fn this_workers_own(error: &stoker_pipeline::Error) -> bool {
+    use stoker_datasets::ReadFault;
+    match error {
+        stoker_pipeline::Error::Dataset(error) => {
+            error.read_fault() != ReadFault::Sample && !error.dataset_changed()
+        }
         _ => false,
     }
 }
@@ -250,15 +267,16 @@ async fn open_job(
                     Unopened::Refused(status)
                 }
             })?;
-            let fingerprint = shared
-                .check_dataset(
-                    Some((place, job_id)),
-                    &spec,
-                    &sources.iter().map(|s| s.as_ref()).collect::<Vec<_>>(),
-                )
+            let views: Vec<&dyn SampleSource> = sources.iter().map(|s| s.as_ref()).collect();
+            let fingerprint = stoker_pipeline::dataset_fingerprint(&views);
+            let first = shared
+                .check_dataset((place, job_id), &spec, &views, &fingerprint)
                 .map_err(Unopened::Refused)?;
             check_registered(&registered, &spec, &sources, &fingerprint)
                 .map_err(Unopened::Refused)?;
+            if let Some(first) = first {
+                shared.record_dataset(first, &fingerprint);
+            }
             Ok(sources)
         })
         .await

@@ -926,6 +926,17 @@ fn a_worker_that_sees_another_dataset_than_the_registered_one_refuses_the_job() 
             && message.contains("fingerprint"),
         "{message}"
     );
+    // The file put back (the node's copy whole again): worker-b serves the job. The view it
+    // refused was recorded as its first, and every later opening was refused against it, as
+    // "the dataset changed since this worker first opened the job".
+    std::fs::rename(class.join(format!("zz-{name}")), &first)?;
+    drop(loader);
+    let loader = remote(&network, data.path(), None)?;
+    let mut digest = BatchDigest::new();
+    for batch in loader.epoch(0, 0)? {
+        digest.update(&batch?);
+    }
+    assert_eq!(digest.hex(), expected);
     Ok(())
 }
 
