@@ -420,6 +420,30 @@ def test_slots_come_back_from_many_threads(torch: Any, dataset: Path) -> None:
             held.append(batch["image"].to("cuda", non_blocking=True))
             thread = threading.Thread(target=lambda b=batch: b.clear())
             thread.start()
+def test_a_closed_loader_whose_batch_is_kept_holds_one_slot_of_the_budget(
+    torch: Any, dataset: Path
+) -> None:
+    """A view of one batch kept past ``close()`` (an image kept for logging) held the closed
+    loader's whole pool: its page-locked slots and their share of the pinned budget, so a
+    loader made next within the same budget was refused. Only the kept batch's slot is held
+    now; dropped, that goes too."""
+    gc.collect()
+    with pytest.raises(stoker.GpuUnavailableError, match=r"slots of \d+ bytes") as refused:
+        loader(dataset, pin_memory=True, pinned_memory_budget=1, prefetch=2, max_held_batches=1)
+    found = re.search(r"(\d+) of them held by .* slots of (\d+) bytes", str(refused.value))
+    assert found is not None, refused.value
+    held, stride = int(found.group(1)), int(found.group(2))
+    options = {"pin_memory": True, "prefetch": 2, "max_held_batches": 1}
+    # Room for one pool of three slots and one slot more.
+    budget = held + 4 * stride
+    with loader(dataset, pinned_memory_budget=budget, **options) as first:
+        kept = next(iter(first))["image"][0]
+    with loader(dataset, pinned_memory_budget=budget, **options) as second:
+        assert sum(1 for _ in second) > 0
+    del kept
+    gc.collect()
+
+
             thread.join()
             del batch
         torch.cuda.synchronize()

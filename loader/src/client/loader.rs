@@ -17,7 +17,7 @@ use super::lane_cost::LaneWindow;
 use super::monitor::LocalSources;
 use super::prefetch::{ControllerConfig, ControllerSnapshot, PrefetchController};
 use super::remote::{RemoteOptions, RemoteSource};
-use super::slots::{pinned_reserved, slot_stride, PageLocker, SlotPool};
+use super::slots::{pinned_reserved, slot_stride, PageLocker, PoolUser, SlotPool};
 use super::source::{BatchSource, SourceInfo};
 use super::stats::StatsRecorder;
 use super::stream::{EpochStream, Successor};
@@ -99,6 +99,8 @@ pub(crate) struct Core {
     pub(crate) controller: Option<Arc<Mutex<PrefetchController>>>,
     pub(crate) deadline: Duration,
     pub(crate) slots: Arc<SlotPool>,
+    /// This loader's use of `slots`: the pool closes when the last loader over it goes.
+    _slots_user: PoolUser,
     pub(crate) stats: Arc<Mutex<StatsRecorder>>,
     pub(crate) prefetch_next_epoch: bool,
     /// The next epoch's feed, started by a stream that reached its end, waiting to be adopted.
@@ -314,6 +316,7 @@ impl Loader {
                 prefetch,
                 controller,
                 deadline: options.deadline,
+                _slots_user: slots.user(),
                 slots,
                 stats: stats.unwrap_or_else(|| Arc::new(Mutex::new(StatsRecorder::new()))),
                 // A resumed epoch has no next epoch in the same job.

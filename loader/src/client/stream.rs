@@ -212,6 +212,9 @@ impl EpochStream {
             .map(|at| started.saturating_duration_since(at));
         self.last_return = Some(Instant::now());
         let Some(controller) = &self.core.controller else {
+            // Nothing reads the arrivals' latencies at a fixed depth (kept, they grew by one
+            // a batch for the whole epoch).
+            self.arrived_latencies.clear();
             return;
         };
         // A wait while the producer never ran dry means building is slower than the consumer:
@@ -567,6 +570,89 @@ mod tests {
         fn producer_idle(&self) -> Duration {
             Duration::ZERO
         }
+    }
+
+    /// A source whose batches are built as soon as they are asked for.
+    struct Ready {
+        info: SourceInfo,
+    }
+
+    struct ReadyFeed {
+        steps: u64,
+        requested: std::collections::VecDeque<(u64, Slot)>,
+    }
+
+    impl BatchSource for Ready {
+        fn info(&self) -> &SourceInfo {
+            &self.info
+        }
+
+        fn open_epoch(&self, _: u64, _: u64, _: LoaderMonitor) -> Result<Box<dyn EpochFeed>> {
+            Ok(Box::new(ReadyFeed {
+                steps: self.info.steps_per_epoch,
+                requested: Default::default(),
+            }))
+        }
+    }
+
+    impl EpochFeed for ReadyFeed {
+        fn steps(&self) -> u64 {
+            self.steps
+        }
+
+        fn request(&mut self, step: u64, slot: Slot) {
+            self.requested.push_back((step, slot));
+        }
+
+        fn recv(&mut self, _: Duration) -> Result<Option<Built>> {
+            Ok(self.requested.pop_front().map(|(step, _slot)| Built {
+                step,
+                service: Duration::from_micros(1),
+                result: Ok(Batch::default()),
+            }))
+        }
+
+        fn producer_idle(&self) -> Duration {
+            Duration::ZERO
+        }
+    }
+
+    /// At a fixed depth no controller reads the arrivals' latencies: they were kept all the
+    /// same, one a batch for the whole epoch (a text epoch of millions of steps: megabytes).
+    #[test]
+    fn a_fixed_depth_keeps_no_latency_per_batch() -> Result<()> {
+        let source = Ready {
+            info: SourceInfo {
+                steps_per_epoch: 1000,
+                batch_bytes: 64,
+                initial_depth: 2,
+                waiting_on: "on a test feed".into(),
+                ..SourceInfo::default()
+            },
+        };
+        let options = LoaderOptions {
+            prefetch: 2,
+            ..LoaderOptions::default()
+        };
+        let loader = Loader::with_source(Box::new(source), options)?;
+        let mut stream = loader.epoch(0, 0)?;
+        let mut batches = 0;
+        while stream.next_batch()?.is_some() {
+            batches += 1;
+        }
+        assert_eq!(batches, 1000);
+        assert!(
+            stream.arrived_latencies.len() <= 2,
+            "{} latencies kept",
+            stream.arrived_latencies.len()
+        );
+        // The loader gone (and its stream), its pool is closed: no slot of it kept for later.
+        let pool = Arc::clone(loader.slots());
+        drop(stream);
+        assert!(!pool.is_closed(), "the loader still uses it");
+        drop(loader);
+        assert!(pool.is_closed());
+        Ok(())
     }
 
     #[test]

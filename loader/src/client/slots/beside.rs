@@ -40,11 +40,15 @@ impl SlotPool {
     /// batches are no larger), within the pinned budget this pool was made with.
     ///
     /// `None`, and the caller keeps its own (pageable) bytes: for a pool that does not pin, for
-    /// no bytes at all, when the room could not be made (the budget has no space for it left:
-    /// said once in the log), when the parts do not fit a slot beside, or while every slot
-    /// beside is held.
+    /// no bytes at all, for a closed pool, when the room could not be made (the budget has no
+    /// space for it left: said once in the log), when the parts do not fit a slot beside, or
+    /// while every slot beside is held.
     pub fn pin_beside(&self, parts: &[&[u8]]) -> Option<Vec<Bytes>> {
         let pinning = self.pinning.as_ref()?;
+        if self.is_closed() {
+            // No room is made for a pool no loader uses (it would never be let go).
+            return None;
+        }
         let (starts, len) = places(parts.iter().map(|part| part.len()));
         if len == 0 {
             return None;

@@ -29,8 +29,9 @@ pub(super) struct Pinning {
     /// The process's pinned budget the pool was made within (a pool beside it takes its
     /// part of the same).
     pub(super) budget_bytes: u64,
-    /// Held for its drop: the pool's slots' part of the pinned budget.
-    pub(super) _share: PinnedShare,
+    /// The pool's slots' part of the pinned budget: given back slot by slot once the pool
+    /// closed, the rest when it is dropped.
+    pub(super) share: Mutex<PinnedShare>,
     pub(super) slots: Mutex<PinSlots>,
 }
 
@@ -158,6 +159,36 @@ pub fn slot_stride(bytes: usize) -> usize {
 // time, which is the only writer through this process's mapping.
 unsafe impl Send for Arena {}
 unsafe impl Sync for Arena {}
+
+impl Arena {
+    /// Gives slot `index`'s pages back to the system (a hole punched in the `memfd`, or the
+    /// anonymous pages dropped); they read as zeros when next written.
+    pub(super) fn release_pages(&self, index: usize) {
+        let offset = index * self.stride;
+        // SAFETY: the range is slot `index`'s, inside the mapping, and no one uses it now.
+        let released = unsafe {
+            match &self.fd {
+                Some(fd) => libc::fallocate(
+                    fd.as_raw_fd(),
+                    libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE,
+                    offset as libc::off_t,
+                    self.stride as libc::off_t,
+                ),
+                None => libc::madvise(
+                    self.base.add(offset).cast(),
+                    self.stride,
+                    libc::MADV_DONTNEED,
+                ),
+            }
+        };
+        if released != 0 {
+            tracing::debug!(
+                error = %std::io::Error::last_os_error(),
+                "could not release an idle slot's pages"
+            );
+        }
+    }
+}
 
 impl Drop for Arena {
     fn drop(&mut self) {

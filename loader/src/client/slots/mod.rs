@@ -16,9 +16,11 @@ use std::time::Duration;
 use bytes::Bytes;
 
 mod beside;
+mod closing;
 mod memory;
 mod page_lock;
 
+pub use closing::PoolUser;
 pub use memory::{pinned_reserved, slot_stride, PinnedPoolError, PinnedShare};
 use memory::{Arena, PinSlots, PinStatus, Pinning};
 pub use page_lock::PageLocker;
@@ -36,6 +38,9 @@ struct PoolState {
     free: Vec<Buffer>,
     /// Slots that exist (free or in use).
     allocated: usize,
+    /// No loader uses the pool any more (see `closing`): it hands out no slot, and each that
+    /// comes back is let go rather than kept.
+    closed: bool,
 }
 
 /// A bounded pool of equally sized batch buffers.
@@ -52,6 +57,8 @@ pub struct SlotPool {
     released: Condvar,
     /// The process that made the pool; see [`SlotPool::give_back`].
     owner: u32,
+    /// The loaders using the pool ([`SlotPool::user`]).
+    users: std::sync::atomic::AtomicUsize,
 }
 
 /// Where a shared pool's slots are, for another process to map them
@@ -86,6 +93,7 @@ impl SlotPool {
             state: Mutex::new(PoolState::default()),
             released: Condvar::new(),
             owner: std::process::id(),
+            users: Default::default(),
         })
     }
 
@@ -106,6 +114,7 @@ impl SlotPool {
             state: Mutex::new(PoolState::default()),
             released: Condvar::new(),
             owner: std::process::id(),
+            users: Default::default(),
         }))
     }
 
@@ -138,7 +147,7 @@ impl SlotPool {
         let pinning = Pinning {
             locker,
             budget_bytes,
-            _share: share,
+            share: Mutex::new(share),
             slots: Mutex::new(PinSlots::default()),
         };
         Ok(Arc::new(SlotPool {
@@ -150,6 +159,7 @@ impl SlotPool {
             state: Mutex::new(PoolState::default()),
             released: Condvar::new(),
             owner: std::process::id(),
+            users: Default::default(),
         }))
     }
 
@@ -307,6 +317,9 @@ impl SlotPool {
 
     fn take_locked(self: &Arc<Self>, state: &mut PoolState, len: usize) -> Option<Slot> {
         debug_assert!(len <= self.slot_bytes);
+        if state.closed {
+            return None;
+        }
         let buffer = match state.free.pop() {
             Some(buffer) => buffer,
             None if state.allocated < self.capacity => {
@@ -349,46 +362,33 @@ impl SlotPool {
                 .as_ref()
                 .is_some_and(|p| p.status(index) == PinStatus::Locked)
         };
-        if let (
-            Buffer::Arena(index),
-            Some(Arena {
-                fd: Some(fd),
-                stride,
-                ..
-            }),
-        ) = (&buffer, &self.arena)
-        {
-            if locked(*index) {
-                // Locked pages stay: see `SlotPool::pinned`.
-                return self.put_free(buffer);
-            }
-            // A shared slot's pages go back to the system while it waits in the pool, so the
-            // memory held follows the batches alive (being written, waiting or held), as
-            // memory freed batch by batch would, not the most the pool ever had at once.
-            // SAFETY: the range is this slot's, inside the memfd, and no one uses it now.
-            let freed = unsafe {
-                libc::fallocate(
-                    fd.as_raw_fd(),
-                    libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE,
-                    (*index * stride) as libc::off_t,
-                    *stride as libc::off_t,
-                )
-            };
-            if freed != 0 {
-                tracing::debug!(
-                    error = %std::io::Error::last_os_error(),
-                    "could not release an idle shared slot's pages"
-                );
+        if let (Buffer::Arena(index), Some(arena)) = (&buffer, &self.arena) {
+            if arena.fd.is_some() {
+                if locked(*index) {
+                    // Locked pages stay: see `SlotPool::pinned`.
+                    return self.put_free(buffer);
+                }
+                // A shared slot's pages go back to the system while it waits in the pool, so
+                // the memory held follows the batches alive (being written, waiting or held),
+                // as memory freed batch by batch would, not the most the pool ever had at once.
+                arena.release_pages(*index);
             }
         }
         self.put_free(buffer);
     }
 
     fn put_free(&self, buffer: Buffer) {
-        if let Ok(mut state) = self.state.lock() {
-            state.free.push(buffer);
+        let retired = match self.state.lock() {
+            Ok(mut state) if !state.closed => {
+                state.free.push(buffer);
+                None
+            }
+            _ => Some(buffer),
+        };
+        match retired {
+            Some(buffer) => self.retire(buffer),
+            None => self.released.notify_all(),
         }
-        self.released.notify_all();
     }
 }
 
@@ -719,6 +719,49 @@ mod tests {
         );
         // Its share of the budget is back: the same pool fits again.
         assert!(SlotPool::pinned(slot_bytes, capacity, false, locker, budget).is_ok());
+    }
+
+    /// A pool whose loaders were all gone let go of nothing while one view of one batch
+    /// lived: the free slots' memory and page locks, and the whole pool's share of the pinned
+    /// budget, so a loader made later found the budget held. Closed now: the free slots go at
+    /// once, a held one as it comes back.
+    #[test]
+    fn a_pool_no_loader_uses_lets_go_of_its_slots_and_its_budget() {
+        let _ledger = LEDGER.lock().unwrap_or_else(|p| p.into_inner());
+        let locker = Arc::new(Recording::default());
+        let (slot_bytes, capacity) = (100, 4);
+        let stride = slot_stride(slot_bytes) as u64;
+        let before = pinned_reserved();
+        let budget = before + capacity as u64 * stride;
+        let pool = SlotPool::pinned(slot_bytes, capacity, false, locker.clone(), budget)
+            .expect("the pool fits its budget");
+        let (first_user, second_user) = (pool.user(), pool.user());
+        // Three slots go out (the locker refuses the first); two come back, one is kept.
+        let mut slots: Vec<Slot> = (0..3).map(|_| pool.try_take(8).unwrap()).collect();
+        let starts: Vec<usize> = slots
+            .iter_mut()
+            .map(|slot| slot.as_mut_slice().as_ptr() as usize)
+            .collect();
+        for &start in &starts {
+            pool.pin_for_hand_out(start as *const u8);
+        }
+        let kept = slots.pop().unwrap();
+        drop(slots);
+        assert_eq!(pinned_reserved(), budget);
+        drop(first_user);
+        assert!(!pool.is_closed(), "another loader still uses it");
+        drop(second_user);
+        assert!(pool.is_closed() && pool.try_take(8).is_none());
+        // The free slot that was locked is unlocked; the free ones and the one never made give
+        // their part back: the held slot's part stays.
+        assert_eq!(*lock(&locker.unlocked), vec![starts[1]]);
+        assert_eq!(pinned_reserved(), before + stride);
+        drop(kept);
+        assert_eq!(*lock(&locker.unlocked), vec![starts[1], starts[2]]);
+        assert_eq!(pinned_reserved(), before);
+        // The pool's drop unlocks none of them again.
+        drop(pool);
+        assert_eq!(lock(&locker.unlocked).len(), 2);
     }
 
     #[test]
