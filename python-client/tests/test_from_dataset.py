@@ -471,6 +471,40 @@ def test_collate_fn_and_transform_see_single_samples() -> None:
     assert seen == [4, 4, 2]
 
 
+def test_a_collate_fn_that_fails_on_one_batch_spends_that_batch_only() -> None:
+    """A ``collate_fn`` raising on one batch, in a loop that catches the error and goes on:
+    the next ``next()`` gives the batch after it, as DataLoader does, and a state saved then
+    resumes after it. Before, the failed batch was kept to be made again, and raised the same
+    error on every call for good."""
+
+    def collate(samples: list[Any]) -> list[int]:
+        indices = [int(s[1]) for s in samples]
+        if 4 in indices:
+            raise ValueError("no batch holding sample 4")
+        return indices
+
+    def run() -> tuple[list[Any], dict[str, Any]]:
+        with stoker.Loader.from_dataset(
+            Squares(12), batch_size=4, output="numpy", num_threads=1, collate_fn=collate,
+        ) as loader:
+            iterator = iter(loader)
+            outcomes: list[Any] = []
+            state: dict[str, Any] = {}
+            while len(outcomes) < 6:
+                try:
+                    outcomes.append(next(iterator))
+                except ValueError as error:
+                    outcomes.append(str(error))
+                    state = loader.state_dict()
+                except StopIteration:
+                    break
+            return outcomes, state
+
+    outcomes, state = run()
+    assert outcomes == [[0, 1, 2, 3], "no batch holding sample 4", [8, 9, 10, 11]]
+    assert state["step"] == 2, state
+
+
 def test_torch_output_keeps_the_structure() -> None:
     torch = pytest.importorskip("torch")
     with stoker.Loader.from_dataset(

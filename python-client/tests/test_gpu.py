@@ -110,6 +110,14 @@ def test_pinned_slots_of_a_wrapped_dataset_and_of_worker_processes(torch: Any) -
             assert batch.is_pinned(), f"num_workers={workers}"
             assert batch[:, 0, 0].tolist() == [0.0, 1.0, 2.0, 3.0]
             assert wrapped.stats()["pinned"] is True
+    # What a collate_fn returns is its own memory: pinned as DataLoader pins it (it was not).
+    with stoker.Loader.from_dataset(
+        data, batch_size=4, pin_memory=True, output="torch",
+        collate_fn=torch.utils.data.default_collate,
+    ) as collated:
+        batch = next(iter(collated))
+        assert batch.is_pinned()
+        assert batch[:, 0, 0].tolist() == [0.0, 1.0, 2.0, 3.0]
 
 
 def test_remote_batches_land_in_pinned_slots(torch: Any, dataset: Path, tmp_path: Path) -> None:
@@ -412,14 +420,6 @@ def test_a_resize_resume_fits_the_pinned_budget_of_one_pool(torch: Any, dataset:
         assert pinned.stats()["pinned"]
 
 
-def test_slots_come_back_from_many_threads(torch: Any, dataset: Path) -> None:
-    """Batches released from other Python threads are fenced and come back too."""
-    with loader(dataset, pin_memory=True, prefetch=2, max_held_batches=2) as pinned:
-        held: list[Any] = []
-        for batch in pinned:
-            held.append(batch["image"].to("cuda", non_blocking=True))
-            thread = threading.Thread(target=lambda b=batch: b.clear())
-            thread.start()
 def test_a_closed_loader_whose_batch_is_kept_holds_one_slot_of_the_budget(
     torch: Any, dataset: Path
 ) -> None:
@@ -444,6 +444,14 @@ def test_a_closed_loader_whose_batch_is_kept_holds_one_slot_of_the_budget(
     gc.collect()
 
 
+def test_slots_come_back_from_many_threads(torch: Any, dataset: Path) -> None:
+    """Batches released from other Python threads are fenced and come back too."""
+    with loader(dataset, pin_memory=True, prefetch=2, max_held_batches=2) as pinned:
+        held: list[Any] = []
+        for batch in pinned:
+            held.append(batch["image"].to("cuda", non_blocking=True))
+            thread = threading.Thread(target=lambda b=batch: b.clear())
+            thread.start()
             thread.join()
             del batch
         torch.cuda.synchronize()

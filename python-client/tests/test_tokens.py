@@ -190,6 +190,52 @@ def test_a_text_pipeline_reads_the_text_column_beside_images(
             np.testing.assert_array_equal(a["input_ids"], b["input_ids"])
 
 
+def test_an_interrupt_as_a_batchs_log_records_are_handed_over_loses_no_step(
+    text: tuple[Path, Path],
+) -> None:
+    """A handler of the ``stoker`` logger that raises (a Ctrl-C met while it writes) as the
+    records the native side logged are handed over, just after a batch was taken: that batch
+    went with the error, and a loop that caught it and went on got the step after it, one
+    step never seen. The epoch goes on from that step now."""
+    import time
+
+    folder, tokenizer = text
+    pipeline = [ops.Tokenize(tokenizer), ops.PackSequences(4)]
+    settings: dict[str, Any] = {"batch_size": 8, "num_threads": 1, "seed": 3}
+    want = [batch["input_ids"].copy() for batch in load(folder, pipeline, **settings)]
+
+    class Interrupting(logging.Handler):
+        raised = 0
+
+        def emit(self, record: logging.LogRecord) -> None:
+            if "PackSequences dropped" in record.getMessage() and not self.raised:
+                self.raised += 1
+                raise KeyboardInterrupt
+
+    handler = Interrupting()
+    logger = logging.getLogger("stoker")
+    logger.addHandler(handler)
+    got: list[Any] = []
+    try:
+        with stoker.Loader(folder, pipeline=pipeline, output="numpy", **settings) as loader:
+            iterator = iter(loader)
+            while True:
+                # The batch (and the record its packing logged) is ready before next() asks.
+                time.sleep(0.05)
+                try:
+                    got.append(next(iterator)["input_ids"].copy())
+                except KeyboardInterrupt:
+                    continue
+                except StopIteration:
+                    break
+    finally:
+        logger.removeHandler(handler)
+    assert handler.raised == 1
+    assert len(got) == len(want)
+    for a, b in zip(got, want, strict=True):
+        np.testing.assert_array_equal(a, b)
+
+
 def test_packing_ids_past_the_tokenizers_are_warned_about(
     text: tuple[Path, Path], caplog: pytest.LogCaptureFixture
 ) -> None:

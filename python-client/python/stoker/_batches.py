@@ -29,6 +29,7 @@ __all__ = [
     "BatchFeed",
     "BatchIterator",
     "BatchMaker",
+    "BatchSpent",
     "Taken",
     "host_batch",
     "weakly",
@@ -45,6 +46,20 @@ _log = logging.getLogger("stoker")
 
 # Per-sample logs are capped: a folder full of bad files should not drown the training log.
 MAX_LOGGED_BAD_SAMPLES: Final = 20
+
+
+class BatchSpent(Exception):
+    """What a batch maker raises for an error of the user's code on that batch (its
+    ``collate_fn``): the batch is spent, as DataLoader's is, the error raised as it was, and
+    the next ``next()`` gives the batch after it. Kept to be made again, as a batch whose
+    making met a Ctrl-C is, it raised the same error for good in a loop that catches it and
+    goes on."""
+
+    def __init__(self, error: Exception) -> None:
+        super().__init__(str(error))
+        self.error = error
+        # The spent batch's step, set by the feed that took it.
+        self.step = -1
 
 
 def host_batch(
@@ -244,6 +259,9 @@ class BatchFeed:
                     return None
                 try:
                     taken = self._make_batch(item)
+                except BatchSpent as spent:
+                    spent.step = item.step
+                    raise
                 except BaseException:
                     self._unmade = (generation, item)
                     raise
@@ -255,6 +273,9 @@ class BatchFeed:
                     ahead = native.try_next_batch()
                     if ahead is not None:
                         self._staged = (generation, self._make_batch(ahead))
+                except BatchSpent as spent:  # raised by the next call, this batch goes out
+                    spent.step = ahead.step if ahead is not None else -1
+                    self._staged = (generation, spent)
                 except Exception as error:  # raised by the next call, this batch goes out
                     self._staged = (generation, error)
         except BaseException:
@@ -327,7 +348,16 @@ class BatchIterator(Iterator[dict[str, Any]]):
                     "called on its Loader since; iterate the Loader again"
                 )
             expected = position.step if position.resume_step is None else position.resume_step
-            taken = self._feed.next(self._generation, self.epoch, expected)
+            spent: Exception | None = None
+            try:
+                taken = self._feed.next(self._generation, self.epoch, expected)
+            except BatchSpent as error:
+                # Counted as handed out, so the next call goes on after it (and a state saved
+                # now resumes after it).
+                position.yielded(error.step)
+                spent = error.error
+            if spent is not None:
+                raise spent
             if taken is None:
                 self._done = True
                 position.finish_epoch(self.epoch)

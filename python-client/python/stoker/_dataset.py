@@ -45,6 +45,7 @@ from stoker._arguments import (
     refuse_unexpected_for_dataset,
     resolve_output,
 )
+from stoker._batches import BatchSpent
 from stoker._dataset_workers import ProcessBuilder
 from stoker._placement import Placement
 from stoker._samples import (
@@ -103,10 +104,14 @@ class DatasetSide:
         name: str,
         saved: dict[str, Any],
         reading: str | None = None,
+        pin_collated: bool = False,
     ) -> None:
         self.builder = builder
         self.layout = layout
         self.collate_fn = collate_fn
+        # pin_memory with torch output: what collate_fn returns is memory of its own, not the
+        # page-locked slot, and is pinned as DataLoader pins it.
+        self.pin_collated = pin_collated and collate_fn is not None
         self.name = name
         self.saved = saved
         # The digest of ``pipeline``, Stoker's ops on the samples' encoded images (a state's
@@ -128,7 +133,14 @@ class DatasetSide:
         if self.collate_fn is not None:
             samples = [rebuild(self.layout.template, [leaf[i] for leaf in leaves])
                        for i in range(n)]
-            batch = self.collate_fn(samples)
+            try:
+                batch = self.collate_fn(samples)
+            except Exception as error:  # the user's error on this batch: the batch is spent
+                raise BatchSpent(error) from None
+            if self.pin_collated and torch is not None:
+                from torch.utils.data._utils.pin_memory import pin_memory
+
+                batch = pin_memory(batch)  # type: ignore[no-untyped-call]
         else:
             batch = rebuild(self.layout.template, leaves)
         return batch
@@ -273,7 +285,8 @@ class FromDataset:
 
         ``pin_memory`` and ``pinned_memory_budget`` are :class:`Loader`'s: the slots (with
         worker processes, the shared mapping they write into) are page-locked once, so the
-        batch's tensors report ``is_pinned()``.
+        batch's tensors report ``is_pinned()``; with ``collate_fn`` and ``output="torch"``, the
+        tensors of the batch it returns are copied into pinned memory, as DataLoader does.
 
         Raises:
             TypeError: ``dataset`` is not map-style, or a sample holds a value that cannot be
@@ -383,7 +396,10 @@ class FromDataset:
         try:
             loader = cls._over_dataset(
                 native,
-                DatasetSide(builder, layout, collate_fn, settings.job_name, saved, reading),
+                DatasetSide(
+                    builder, layout, collate_fn, settings.job_name, saved, reading,
+                    pin_collated=pinning.pin_memory and torch is not None,
+                ),
                 settings, output_kind, rule, rank_origin,
             )
             _OPEN.add(loader)

@@ -17,11 +17,15 @@ use crate::errors::{from_loader, raise, Kind};
 
 /// Runs a blocking `next_batch_checked` with the GIL released, looking for Ctrl-C and for
 /// `closing` (set by a `close()` from another thread) every `INTERRUPT_CHECK`, and turns the
-/// batch into its [`NativeBatch`].
+/// batch into its [`NativeBatch`]. `taken` is the step of the batch taken from the stream,
+/// set even when what follows raises (a log handler meeting Ctrl-C as the records logged
+/// meanwhile are handed over): the caller counts that step as handed out, so the iterator
+/// starts the epoch again there rather than go on past a batch it never yielded.
 pub(super) fn wait_for_batch<'py>(
     py: Python<'py>,
     closing: &AtomicBool,
     release: Option<(Arc<PinnedRelease>, Arc<stoker_loader::SlotPool>)>,
+    taken: &mut Option<u64>,
     next: impl Send + FnOnce(&mut dyn FnMut() -> bool) -> stoker_loader::Result<Option<Batch>>,
 ) -> PyResult<Option<Bound<'py, NativeBatch>>> {
     let mut signal: Option<PyErr> = None;
@@ -41,6 +45,9 @@ pub(super) fn wait_for_batch<'py>(
                 })
         })
     });
+    if let Ok(Some(batch)) = &batch {
+        *taken = Some(batch.step);
+    }
     crate::logs::forward(py)?;
     let batch = match (batch, signal) {
         (Err(stoker_loader::Error::Interrupted), Some(error)) => return Err(error),

@@ -401,11 +401,12 @@ impl NativeLoader {
             let current = self.started(&mut current)?;
             let release = self.release_for(current);
             let stream = &mut current.stream;
-            let batch = wait_for_batch(py, &self.closing, release, |interrupted| {
+            let mut taken = None;
+            let batch = wait_for_batch(py, &self.closing, release, &mut taken, |interrupted| {
                 stream.next_batch_checked(interrupted)
             });
-            if let Ok(Some(batch)) = &batch {
-                current.handed = Some(batch.get().step);
+            if taken.is_some() {
+                current.handed = taken;
             }
             batch
         })();
@@ -430,9 +431,9 @@ impl NativeLoader {
         let release = self.release_for(current);
         match current.stream.try_next_batch().map_err(from_loader)? {
             Some(batch) => {
-                let batch = native_batch(py, batch, release)?;
-                current.handed = Some(batch.get().step);
-                Ok(Some(batch))
+                // Counted before it is made a Python object, which may raise.
+                current.handed = Some(batch.step);
+                native_batch(py, batch, release).map(Some)
             }
             None => Ok(None),
         }
