@@ -67,15 +67,7 @@ fn check_under_roots(
     path: &Path,
     what: &str,
 ) -> std::result::Result<(), Status> {
-    let canonical = std::fs::canonicalize(path).map_err(|e| {
-        error_kinds::status(
-            ErrorKind::NotFound,
-            format!(
-                "{what} {} cannot be opened on this worker: {e}",
-                path.display()
-            ),
-        )
-    })?;
+    let canonical = std::fs::canonicalize(path).map_err(|e| unresolved(what, path, e))?;
     if roots.iter().any(|root| canonical.starts_with(root)) {
         return Ok(());
     }
@@ -88,6 +80,33 @@ fn check_under_roots(
             listed.join(", ")
         ),
     ))
+}
+
+/// Why `path` (the `what` of a job) could not be resolved: not there (`NotFound`), not allowed
+/// (`PermissionDenied`), or its file system failing for now (a stale NFS handle, an I/O error,
+/// short of descriptors: `UNAVAILABLE`, which the opener hands back for another try rather
+/// than tell the client, whose run ended on a passing failover).
+fn unresolved(what: &str, path: &Path, error: std::io::Error) -> Status {
+    use stoker_datasets::ReadFault;
+    let message = format!(
+        "{what} {} cannot be opened on this worker: {error}",
+        path.display()
+    );
+    let kind = error.kind();
+    let fault = stoker_datasets::Error::Io {
+        path: path.to_path_buf(),
+        source: error,
+    }
+    .read_fault();
+    match (fault, kind) {
+        (ReadFault::Source | ReadFault::Resource, _) => {
+            Status::unavailable(format!("{message} (may pass: tried again)"))
+        }
+        (_, std::io::ErrorKind::PermissionDenied) => {
+            error_kinds::status(ErrorKind::PermissionDenied, message)
+        }
+        _ => error_kinds::status(ErrorKind::NotFound, message),
+    }
 }
 
 #[cfg(test)]
@@ -103,6 +122,35 @@ mod tests {
             }),
             ..JobSpec::default()
         }
+    }
+
+    /// A path whose resolution failed for a while (a stale NFS handle, an I/O error) read as
+    /// not found, and the client was told: its run ended on a file server's failover. It may
+    /// pass now (the opener hands the task back); one not allowed says so.
+    #[test]
+    fn a_path_the_file_system_fails_to_resolve_for_now_may_pass() {
+        let path = Path::new("/data/train");
+        for code in [libc::ESTALE, libc::EIO, libc::ETIMEDOUT, libc::EMFILE] {
+            let status = unresolved("dataset", path, std::io::Error::from_raw_os_error(code));
+            assert!(error_kinds::is_transient(&status), "{code}: {status:?}");
+        }
+        let missing = unresolved(
+            "dataset",
+            path,
+            std::io::Error::from_raw_os_error(libc::ENOENT),
+        );
+        assert!(!error_kinds::is_transient(&missing));
+        assert_eq!(error_kinds::kind_of_status(&missing), ErrorKind::NotFound);
+        let denied = unresolved(
+            "dataset",
+            path,
+            std::io::Error::from_raw_os_error(libc::EACCES),
+        );
+        assert_eq!(
+            error_kinds::kind_of_status(&denied),
+            ErrorKind::PermissionDenied
+        );
+        assert!(denied.message().contains("/data/train"), "{denied:?}");
     }
 
     #[test]

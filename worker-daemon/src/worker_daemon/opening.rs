@@ -11,6 +11,7 @@ use stoker_datasets::SampleSource;
 use stoker_pipeline::{open_sources, Job};
 use stoker_proto::v1::coordinator_client::CoordinatorClient;
 use stoker_proto::v1::{GetJobRequest, GetJobResponse, JobSpec, TaskLease};
+use stoker_rpc::error_kinds;
 use stoker_rpc::transport::RpcChannel;
 use tonic::Status;
 
@@ -258,7 +259,14 @@ async fn open_job(
     let opened = {
         let spec = spec.clone();
         tokio::task::spawn_blocking(move || {
-            check_root(&shared.roots, &spec).map_err(Unopened::Refused)?;
+            check_root(&shared.roots, &spec).map_err(|status| {
+                // A file system failing as the paths were resolved may pass.
+                if error_kinds::is_transient(&status) {
+                    Unopened::Dataset(status)
+                } else {
+                    Unopened::Refused(status)
+                }
+            })?;
             let sources = open_sources(&spec).map_err(|error| {
                 let status = error_status(&error);
                 if may_pass(&error) {
