@@ -559,58 +559,63 @@ fn unknown_schemes_are_refused_by_name() {
     );
 }
 
+/// Two S3 servers over copies of one tar set (indexed), the 40-image fixture; the local
+/// digest of the whole epoch.
+fn two_stores_of_one_set(dir: &Path) -> ([S3Server; 2], String) {
+    let images = dir.join("images");
+    common::make_images(&images, 40);
+    let shards = dir.join("shards");
+    convert(&images, "tar", &shards, &["--shard-size", "1"]);
+    let servers = [
+        S3Server::start(&dir.join("server-a")),
+        S3Server::start(&dir.join("server-b")),
+    ];
+    for (server, name) in servers.iter().zip(["a", "b"]) {
+        upload_shards(&shards, &server.bucket_dir("data").join("train"));
+        let cache = dir.join(format!("index-cache-{name}"));
+        stoker_s3(server, &cache, &["index", "s3://data/train"]);
+    }
+    let local =
+        common::stdout_of(&[&WHOLE_EPOCH[..], &["--data", shards.to_str().unwrap()]].concat());
+    (servers, local.lines().last().unwrap().to_string())
+}
+
+/// A worker of `coordinator` reading through `server`, its cache in `dir/worker-cache-NAME`.
+fn worker_of(server: &S3Server, coordinator: &str, dir: &Path, name: &str) -> common::Daemon {
+    let cache = dir.join(format!("worker-cache-{name}"));
+    let endpoint = server.endpoint();
+    let env = [
+        ("AWS_ENDPOINT_URL", endpoint.as_str()),
+        ("AWS_ACCESS_KEY_ID", ACCESS_KEY),
+        ("AWS_SECRET_ACCESS_KEY", SECRET_KEY),
+        ("AWS_REGION", "us-east-1"),
+        ("STOKER_CACHE_DIR", cache.to_str().unwrap()),
+    ];
+    let root = dir.to_str().unwrap();
+    let args = [
+        "--coordinator",
+        coordinator,
+        "--data-root",
+        root,
+        "--threads",
+        "1",
+    ];
+    let log = std::process::Stdio::inherit();
+    common::Daemon::start_with_env(common::worker_binary(), &args, log, &env)
+}
+
 /// A store that refuses one worker's reads of the shards while it serves the job's index (a
 /// token of that node's that expired; its endpoint another store that lost them): the batches
 /// that worker fails are its own failures, handed back, and the worker that can read builds
 /// them; the epoch is the local one. Before, the first such failure reached the client as the
-/// batch's error and ended its run.
+/// batch's error and ended its run. Alone, the worker tells the client after a few tries, by
+/// name, rather than leave it waiting for its deadline.
 #[test]
 fn a_store_refusing_one_workers_reads_leaves_its_batches_to_the_other() {
     let dir = tempfile::tempdir().unwrap();
-    let images = dir.path().join("images");
-    common::make_images(&images, 40);
-    let shards = dir.path().join("shards");
-    convert(&images, "tar", &shards, &["--shard-size", "1"]);
-    let servers = [
-        S3Server::start(&dir.path().join("server-a")),
-        S3Server::start(&dir.path().join("server-b")),
-    ];
-    for (server, name) in servers.iter().zip(["a", "b"]) {
-        upload_shards(&shards, &server.bucket_dir("data").join("train"));
-        let cache = dir.path().join(format!("index-cache-{name}"));
-        stoker_s3(server, &cache, &["index", "s3://data/train"]);
-    }
+    let (servers, local) = two_stores_of_one_set(dir.path());
     *servers[0].counts.refuse_gets_ending.lock().unwrap() = Some(".tar".into());
-
     let coordinator = common::Daemon::coordinator(&dir.path().join("state"), "127.0.0.1:0");
-    let root = dir.path().to_str().unwrap();
-    let _workers: Vec<common::Daemon> = servers
-        .iter()
-        .zip(["a", "b"])
-        .map(|(server, name)| {
-            let cache = dir.path().join(format!("worker-cache-{name}"));
-            let endpoint = server.endpoint();
-            let env = [
-                ("AWS_ENDPOINT_URL", endpoint.as_str()),
-                ("AWS_ACCESS_KEY_ID", ACCESS_KEY),
-                ("AWS_SECRET_ACCESS_KEY", SECRET_KEY),
-                ("AWS_REGION", "us-east-1"),
-                ("STOKER_CACHE_DIR", cache.to_str().unwrap()),
-            ];
-            let args = [
-                "--coordinator",
-                coordinator.address.as_str(),
-                "--data-root",
-                root,
-                "--threads",
-                "1",
-            ];
-            let log = std::process::Stdio::inherit();
-            common::Daemon::start_with_env(common::worker_binary(), &args, log, &env)
-        })
-        .collect();
-    let local =
-        common::stdout_of(&[&WHOLE_EPOCH[..], &["--data", shards.to_str().unwrap()]].concat());
     let remote_args = [
         &WHOLE_EPOCH[..],
         &[
@@ -621,6 +626,35 @@ fn a_store_refusing_one_workers_reads_leaves_its_batches_to_the_other() {
         ],
     ]
     .concat();
-    let (remote, _) = stoker_s3(&servers[1], &dir.path().join("client-cache"), &remote_args);
-    assert_eq!(remote, local.lines().last().unwrap());
+    {
+        let _workers = [
+            worker_of(&servers[0], &coordinator.address, dir.path(), "a"),
+            worker_of(&servers[1], &coordinator.address, dir.path(), "b"),
+        ];
+        let (remote, _) = stoker_s3(&servers[1], &dir.path().join("client-cache"), &remote_args);
+        assert_eq!(remote, local);
+    }
+    // Worker a alone, under a coordinator of its own.
+    let coordinator = common::Daemon::coordinator(&dir.path().join("state-alone"), "127.0.0.1:0");
+    let _alone = worker_of(&servers[0], &coordinator.address, dir.path(), "alone");
+    let remote_args = [
+        &WHOLE_EPOCH[..],
+        &[
+            "--data",
+            "s3://data/train",
+            "--address",
+            &coordinator.address,
+        ],
+    ]
+    .concat();
+    let mut command = Command::new(env!("CARGO_BIN_EXE_stoker"));
+    command.args(&remote_args);
+    let output =
+        crate::dashboard::run_with_limit(&mut command, std::time::Duration::from_secs(120));
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(!output.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("403") && stderr.contains("tried 3 times on this worker"),
+        "{stderr}"
+    );
 }

@@ -55,8 +55,9 @@ impl Error {
 
 impl Error {
     /// Whether the dataset changed under the job (a file rewritten or replaced, an object of
-    /// another version, or of another size than listed): every reader of it sees the change,
-    /// so no other try, and no other worker, reads the job's dataset as it was.
+    /// another version, of another size than listed, or gone since it was listed): every
+    /// reader of it sees the change, so no other try, and no other worker, reads the job's
+    /// dataset as it was.
     pub fn dataset_changed(&self) -> bool {
         matches!(
             self,
@@ -64,6 +65,11 @@ impl Error {
                 | Error::FileReplaced { .. }
                 | Error::ObjectChanged { .. }
                 | Error::IncompleteObject { .. }
+                | Error::ObjectStore {
+                    source: object_store::Error::NotFound { .. }
+                        | object_store::Error::Precondition { .. },
+                    ..
+                }
         )
     }
 }

@@ -628,6 +628,34 @@ mod tests {
         assert_eq!(shard.read_fault(), ReadFault::Resource);
     }
 
+    /// A worker hands a batch back for a failure of its own storage (another worker may build
+    /// it), never for a dataset changed under the job, which every worker sees: an object
+    /// gone since the listing is such a change, a store refusing the worker is not.
+    #[test]
+    fn a_dataset_changed_under_the_job_is_told_from_a_storage_failure() {
+        let store = |source| Error::ObjectStore {
+            uri: "s3://data/train/a.tar".into(),
+            source,
+        };
+        let gone = store(object_store::Error::NotFound {
+            path: "train/a.tar".into(),
+            source: "404".into(),
+        });
+        assert!(gone.dataset_changed() && gone.read_fault() == ReadFault::Source);
+        let refused = store(object_store::Error::PermissionDenied {
+            path: "train/a.tar".into(),
+            source: "403".into(),
+        });
+        assert!(!refused.dataset_changed() && refused.read_fault() == ReadFault::Source);
+        let changed = Error::FileReplaced {
+            path: "/data/a.mds".into(),
+            opened_len: 10,
+            now_len: 12,
+        };
+        assert!(changed.dataset_changed());
+        assert!(!io_error(libc::EIO).dataset_changed());
+    }
+
     #[test]
     fn a_cache_file_that_cannot_be_used_is_never_the_samples_fault() {
         let cache = |code| {

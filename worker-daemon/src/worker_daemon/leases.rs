@@ -4,6 +4,7 @@
 //! cadence (`reports.rs`); register again when the coordinator is lost or restarted; on the
 //! drain, finish what is held, report it and leave.
 
+use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -216,6 +217,7 @@ async fn serve_leases(
     let mut open_backoff = OpenBackoff::default();
     let mut leases = LeaseCalls::new(client.clone());
     let mut openings = Openings::new(place.index, config.lease_ahead as usize);
+    let own_failures = Mutex::new(HashMap::new());
     let serving = Serving {
         shared,
         place,
@@ -224,6 +226,7 @@ async fn serve_leases(
         draining: &draining,
         reserve,
         outcomes: &outcomes_tx,
+        own_failures: &own_failures,
     };
     let status = loop {
         if draining.borrow().is_some() {
@@ -267,6 +270,12 @@ async fn serve_leases(
                 Ok(entry) => {
                     open_backoff.opened(job);
                     for task in waiting {
+                        // One of them failed on this worker's own storage: the rest go back
+                        // untried until the next try is due, as a new lease's would.
+                        if let Some((_, reason)) = open_backoff.wait(job, Instant::now()) {
+                            let _ = outcomes_tx.send(Outcome::Failed(task.lease_id, reason));
+                            continue;
+                        }
                         served = true;
                         let end = serving.build(entry.clone(), task).await;
                         note_build(&mut open_backoff, job, end);
@@ -413,7 +422,22 @@ struct Serving<'a> {
     draining: &'a Draining,
     reserve: Duration,
     outcomes: &'a mpsc::UnboundedSender<Outcome>,
+    /// The steps whose builds failed on this worker's own storage or machine, with how many
+    /// times: see [`OWN_FAILURES_PER_STEP`].
+    own_failures: &'a Mutex<HashMap<StepKey, u32>>,
 }
+
+/// A step of a job's epoch, for one rank.
+type StepKey = (u64, u64, u32, u64);
+
+/// How many times this worker hands one step back for a failure of its own before it tells
+/// the client: a failure every worker meets (one worker, a file server failing for all, a
+/// store refusing every node) reaches the client after a few spaced tries rather than at its
+/// deadline, and one worker's fault leaves the step to the others meanwhile.
+pub(super) const OWN_FAILURES_PER_STEP: u32 = 3;
+
+/// The most steps [`Serving::own_failures`] remembers: past it, it starts over.
+const OWN_FAILURES_KEPT: usize = 4096;
 
 impl Serving<'_> {
     /// `task` goes back to the coordinator for another worker: the drain's time for
@@ -458,10 +482,23 @@ impl Serving<'_> {
             }
             // This worker's disk, mount, store access or machine failed it: another worker
             // may build it (the client hearing of it ended its run).
-            Ok(Err(error)) if this_workers_own(&error) => {
+            Ok(Err(error)) if this_workers_own(&error) && self.hand_back_again(&task) => {
                 let reason = format!("the worker could not build the batch: {error}");
                 let _ = (self.outcomes).send(Outcome::Failed(task.lease_id, reason.clone()));
                 return BuildEnd::HandedBack(reason);
+            }
+            // Not UNAVAILABLE: the client would take it for a lost stream and lease the step
+            // again.
+            Ok(Err(error)) if this_workers_own(&error) => {
+                let status = error_status(&error);
+                error_kinds::status(
+                    error_kinds::kind_of_status(&status),
+                    format!(
+                        "{} (tried {OWN_FAILURES_PER_STEP} times on this worker, handed back \
+                         between tries)",
+                        status.message()
+                    ),
+                )
             }
             // Under the fail policy a bad sample fails the batch: the client must hear about
             // it, not wait for a retry that fails the same way.
@@ -472,6 +509,24 @@ impl Serving<'_> {
         };
         self.send_error(&task, status).await;
         BuildEnd::Told
+    }
+
+    /// Whether `task`'s step, failed on this worker's own storage or machine, goes back once
+    /// more (counted), or has failed here [`OWN_FAILURES_PER_STEP`] times and its error goes to
+    /// the client.
+    fn hand_back_again(&self, task: &TaskLease) -> bool {
+        let key = (task.job_id, task.epoch, task.rank, task.step);
+        let mut failures = lock(self.own_failures);
+        if failures.len() >= OWN_FAILURES_KEPT && !failures.contains_key(&key) {
+            failures.clear();
+        }
+        let tries = failures.entry(key).or_insert(0);
+        *tries += 1;
+        if *tries < OWN_FAILURES_PER_STEP {
+            return true;
+        }
+        failures.remove(&key);
+        false
     }
 
     /// Sends `status` to `task`'s client, by the drain's deadline.

@@ -11,7 +11,9 @@
 //!   fails on the worker's own storage or machine (its disk or mount, the store refusing or not
 //!   answering it, short of descriptors past the reads' retries) goes back for another worker,
 //!   and the job's next tasks on this one go back untried for a pause (250 ms, doubling up to
-//!   5 s) until a try builds a batch again.
+//!   5 s) until a try builds a batch again. A step that failed so three times on this worker
+//!   fails for the client (a failure every worker meets is told after a few tries, not at the
+//!   client's deadline).
 //! - When the coordinator goes away it re-registers with backoff (a restarted coordinator gets a
 //!   new incarnation; streams of the old one end and clients open new ones).
 //! - Given a fleet's list of coordinators (jobs sharded over them, `stoker_rpc::shards`), it
