@@ -505,6 +505,51 @@ def test_a_collate_fn_that_fails_on_one_batch_spends_that_batch_only() -> None:
     assert state["step"] == 2, state
 
 
+def test_a_spent_batchs_replaced_samples_are_still_logged(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A batch whose ``collate_fn`` raised is spent, never made again: the samples it replaced
+    under ``on_error="skip"`` are logged all the same (they were logged only once a batch was
+    made)."""
+
+    def collate(samples: list[Any]) -> list[int]:
+        raise ValueError("no batch at all")
+
+    with (
+        caplog.at_level(logging.WARNING, logger="stoker"),
+        stoker.Loader.from_dataset(
+            Failing(20), batch_size=5, on_error="skip", output="numpy", num_threads=1,
+            collate_fn=collate,
+        ) as loader,
+    ):
+        iterator = iter(loader)
+        for _ in range(4):
+            with pytest.raises(ValueError, match="no batch at all"):
+                next(iterator)
+        with pytest.raises(StopIteration):
+            next(iterator)
+    assert "skipped bad sample" in caplog.text and "(index 13)" in caplog.text, caplog.text
+
+
+def test_pin_memory_with_a_collate_fn_where_nothing_pins_warns_and_loads() -> None:
+    """``pin_memory=True`` where no driver can page-lock (a CPU machine) is one warning and
+    pageable batches, as DataLoader runs without an accelerator; with a ``collate_fn`` too
+    (pinning its batch there raised on every batch)."""
+    torch = pytest.importorskip("torch")
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is here: pinning works")
+    data = [np.full((4, 4), i, dtype=np.float32) for i in range(8)]
+    with (
+        pytest.warns(UserWarning),
+        stoker.Loader.from_dataset(
+            data, batch_size=4, pin_memory=True, output="torch",
+            collate_fn=torch.utils.data.default_collate,
+        ) as loader,
+    ):
+        batches = list(loader)
+    assert [b[:, 0, 0].tolist() for b in batches] == [[0.0, 1.0, 2.0, 3.0], [4.0, 5.0, 6.0, 7.0]]
+
+
 def test_torch_output_keeps_the_structure() -> None:
     torch = pytest.importorskip("torch")
     with stoker.Loader.from_dataset(

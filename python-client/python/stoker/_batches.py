@@ -165,7 +165,12 @@ class BatchMaker:
             if self._pin_unsettled:
                 self._settle_pinning()
             if self._rebuild is not None:
-                batch = self._rebuild(item, self._torch)
+                try:
+                    batch = self._rebuild(item, self._torch)
+                except BatchSpent:
+                    # Spent, never made again: the samples it replaced are told now.
+                    self._bad_log.note(item.bad_samples)
+                    raise
             else:
                 batch = host_batch(item.tensors, self._torch, self._pin_small)
         self._bad_log.note(item.bad_samples)

@@ -398,7 +398,11 @@ class FromDataset:
                 native,
                 DatasetSide(
                     builder, layout, collate_fn, settings.job_name, saved, reading,
-                    pin_collated=pinning.pin_memory and torch is not None,
+                    # Where pinning works here (with no driver it is one warning and
+                    # pageable slots, as DataLoader runs without an accelerator).
+                    pin_collated=(
+                        pinning.pin_memory and pinning.pinned_on is not None and torch is not None
+                    ),
                 ),
                 settings, output_kind, rule, rank_origin,
             )

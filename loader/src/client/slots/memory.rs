@@ -22,7 +22,8 @@ pub(super) struct Arena {
 
 /// Page-locking of a pool's slots: the driver hook that registers them (which may choose its
 /// device when the first slot is locked), where each slot stands, and the share of the
-/// process's pinned budget the pool holds (given back when the pool is dropped).
+/// process's pinned budget the pool holds (given back slot by slot once the pool is closed,
+/// the rest when it is dropped).
 #[derive(Debug)]
 pub(super) struct Pinning {
     pub(super) locker: Arc<dyn PageLocker>,

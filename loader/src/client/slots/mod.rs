@@ -7,7 +7,8 @@
 //! ([`SlotPool::shared`]: a `memfd` that other processes map too, so they can write a batch
 //! straight into its slot), and/or page-locked for a GPU ([`SlotPool::pinned`]: each slot is
 //! registered with the device driver through a [`PageLocker`] once, when the first batch built
-//! in it is handed out, and stays so until the pool is dropped; never per batch).
+//! in it is handed out, and stays so until the pool is dropped, or closed with no loader over
+//! it and the slot back (`closing`); never per batch).
 
 use std::os::fd::{AsRawFd, RawFd};
 use std::sync::{Arc, Condvar, Mutex, OnceLock};
@@ -120,7 +121,8 @@ impl SlotPool {
 
     /// Like [`SlotPool::new`] (or [`SlotPool::shared`] when `shared`), each slot page-locked by
     /// `locker` when its first batch is handed out ([`SlotPool::pin_for_hand_out`]; a driver
-    /// context is opened then, not here) and until the pool is dropped (never per batch), so
+    /// context is opened then, not here) and until the pool is dropped or closed and the slot
+    /// back ([`SlotPool::user`]; never per batch), so
     /// copies to the device read it by DMA (and torch reports it pinned). The slots (`capacity` times `slot_stride(slot_bytes)` bytes) are
     /// reserved against `budget_bytes`, the most page-locked slot memory the pools of this
     /// process may hold together; when they do not
@@ -252,7 +254,8 @@ impl SlotPool {
 
     /// Page-locks the slot holding `ptr` the first time a batch in it is handed out (in a
     /// pinned pool; at once otherwise, and for a slot locked before). Each slot is locked once
-    /// and stays locked until the pool is dropped. Locking 38 MB takes about 10 ms: done here,
+    /// and stays locked until the pool is dropped (or closed, once the slot is back). Locking
+    /// 38 MB takes about 10 ms: done here,
     /// one slot at a time as batches go out, it never holds back the first batch behind the
     /// whole queue's slots, nor competes with the decode threads for the process's memory map
     /// all at once. A slot the driver refuses stays pageable (it still works; copies from it
