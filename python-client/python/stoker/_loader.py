@@ -528,10 +528,9 @@ class Loader(FromDataset, SavedState, Stats):
     def close(self) -> None:
         """Stops the loader: no batch is built after it (a batch being built when it is called
         finishes on its thread, holding its slot until then; from a dataset, its worker
-        processes and threads end). Idempotent; batches already yielded stay valid. The batch
-        buffers no batch holds are let go (their memory, page locks and share of the pinned
-        budget) once the loader is closed or collected, and each held one once its last view
-        is dropped."""
+        processes and threads end). Idempotent; batches already yielded stay valid. Buffers no
+        batch holds are let go then (memory, page locks, pinned budget), a held one with its
+        last view."""
         if self._closed:
             return
         try:

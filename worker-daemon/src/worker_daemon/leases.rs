@@ -4,7 +4,6 @@
 //! cadence (`reports.rs`); register again when the coordinator is lost or restarted; on the
 //! drain, finish what is held, report it and leave.
 
-use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -21,6 +20,7 @@ use stoker_rpc::transport::{Backoff, RpcChannel, MAX_MESSAGE_BYTES};
 
 use super::fleet::Place;
 use super::opening::{this_workers_own, OpenBackoff, Opened, Openings, Unopened};
+use super::own_failures::{note_build, BuildEnd, OwnFailures, OWN_FAILURES_PER_STEP};
 use super::reports::{
     heartbeat_loop, put_back_counts, report_loop, reported_tasks, take_report, unreported_lost,
 };
@@ -217,7 +217,7 @@ async fn serve_leases(
     let mut open_backoff = OpenBackoff::default();
     let mut leases = LeaseCalls::new(client.clone());
     let mut openings = Openings::new(place.index, config.lease_ahead as usize);
-    let own_failures = Mutex::new(HashMap::new());
+    let own_failures = OwnFailures::default();
     let serving = Serving {
         shared,
         place,
@@ -270,8 +270,7 @@ async fn serve_leases(
                 Ok(entry) => {
                     open_backoff.opened(job);
                     for task in waiting {
-                        // One of them failed on this worker's own storage: the rest go back
-                        // untried until the next try is due, as a new lease's would.
+                        // After a failure of this worker's own, the rest go back untried.
                         if let Some((_, reason)) = open_backoff.wait(job, Instant::now()) {
                             let _ = outcomes_tx.send(Outcome::Failed(task.lease_id, reason));
                             continue;
@@ -381,38 +380,6 @@ async fn serve_leases(
     Ended::Drained
 }
 
-/// What a build's end means for the job's next tries on this worker: a failure of its own
-/// spaces them as a failed opening does (its next tasks go back untried meanwhile), a batch
-/// built ends the spacing.
-fn note_build(backoff: &mut OpenBackoff, job: u64, end: BuildEnd) {
-    match end {
-        BuildEnd::HandedBack(reason) => {
-            let pause = backoff.failed(job, Instant::now(), &reason);
-            tracing::warn!(
-                job,
-                %reason,
-                ?pause,
-                "a batch failed on this worker's own storage or machine: it goes back for \
-                 another worker, and the job's tasks go back untried until the next try"
-            );
-        }
-        BuildEnd::Built => backoff.opened(job),
-        BuildEnd::Told | BuildEnd::Stopping => {}
-    }
-}
-
-/// How serving one task ended.
-enum BuildEnd {
-    /// Built, and on its way to the client.
-    Built,
-    /// Its error went to the client (a bad sample under the fail policy, a panic).
-    Told,
-    /// Handed back for another worker, for a cause of this worker's own.
-    HandedBack(String),
-    /// Handed back: the drain's time is up.
-    Stopping,
-}
-
 /// What a spell of leasing serves its tasks with.
 struct Serving<'a> {
     shared: &'a Arc<Shared>,
@@ -422,22 +389,8 @@ struct Serving<'a> {
     draining: &'a Draining,
     reserve: Duration,
     outcomes: &'a mpsc::UnboundedSender<Outcome>,
-    /// The steps whose builds failed on this worker's own storage or machine, with how many
-    /// times: see [`OWN_FAILURES_PER_STEP`].
-    own_failures: &'a Mutex<HashMap<StepKey, u32>>,
+    own_failures: &'a OwnFailures,
 }
-
-/// A step of a job's epoch, for one rank.
-type StepKey = (u64, u64, u32, u64);
-
-/// How many times this worker hands one step back for a failure of its own before it tells
-/// the client: a failure every worker meets (one worker, a file server failing for all, a
-/// store refusing every node) reaches the client after a few spaced tries rather than at its
-/// deadline, and one worker's fault leaves the step to the others meanwhile.
-pub(super) const OWN_FAILURES_PER_STEP: u32 = 3;
-
-/// The most steps [`Serving::own_failures`] remembers: past it, it starts over.
-const OWN_FAILURES_KEPT: usize = 4096;
 
 impl Serving<'_> {
     /// `task` goes back to the coordinator for another worker: the drain's time for
@@ -482,13 +435,14 @@ impl Serving<'_> {
             }
             // This worker's disk, mount, store access or machine failed it: another worker
             // may build it (the client hearing of it ended its run).
-            Ok(Err(error)) if this_workers_own(&error) && self.hand_back_again(&task) => {
+            Ok(Err(error))
+                if this_workers_own(&error) && self.own_failures.hand_back_again(&task) =>
+            {
                 let reason = format!("the worker could not build the batch: {error}");
                 let _ = (self.outcomes).send(Outcome::Failed(task.lease_id, reason.clone()));
                 return BuildEnd::HandedBack(reason);
             }
-            // Not UNAVAILABLE: the client would take it for a lost stream and lease the step
-            // again.
+            // Not UNAVAILABLE: the client would take it for a lost stream, the step leased again.
             Ok(Err(error)) if this_workers_own(&error) => {
                 let status = error_status(&error);
                 error_kinds::status(
@@ -509,24 +463,6 @@ impl Serving<'_> {
         };
         self.send_error(&task, status).await;
         BuildEnd::Told
-    }
-
-    /// Whether `task`'s step, failed on this worker's own storage or machine, goes back once
-    /// more (counted), or has failed here [`OWN_FAILURES_PER_STEP`] times and its error goes to
-    /// the client.
-    fn hand_back_again(&self, task: &TaskLease) -> bool {
-        let key = (task.job_id, task.epoch, task.rank, task.step);
-        let mut failures = lock(self.own_failures);
-        if failures.len() >= OWN_FAILURES_KEPT && !failures.contains_key(&key) {
-            failures.clear();
-        }
-        let tries = failures.entry(key).or_insert(0);
-        *tries += 1;
-        if *tries < OWN_FAILURES_PER_STEP {
-            return true;
-        }
-        failures.remove(&key);
-        false
     }
 
     /// Sends `status` to `task`'s client, by the drain's deadline.

@@ -59,6 +59,7 @@ mod data_roots;
 mod fleet;
 mod leases;
 mod opening;
+mod own_failures;
 mod reports;
 mod subscriptions;
 
@@ -159,12 +160,8 @@ struct Shared {
     /// The sample count per source and fingerprint of each job's datasets as first opened here
     /// to serve it: kept when the job is let go and across a restart of its coordinator (which
     /// keeps its id); a registration of the spec anew is another job.
-    opened_datasets: Mutex<HashMap<OpenedJob, (Vec<u64>, String)>>,
+    opened_datasets: Mutex<HashMap<opening::OpenedJob, (Vec<u64>, String)>>,
 }
-
-/// A job as [`Shared::record_dataset`] records it: its coordinator's place, its id, a hash of
-/// its spec.
-type OpenedJob = (usize, u64, u64);
 
 fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
     mutex.lock().unwrap_or_else(|p| p.into_inner())
@@ -206,52 +203,6 @@ impl Shared {
             !take
         });
         taken
-    }
-
-    /// Refuses job `job_id`'s datasets (of the coordinator at `place`) as opened now to serve
-    /// it when they differ from its first open here (its epochs would mix two orders, its
-    /// clients' fingerprint name another dataset); `None` when none was recorded yet, else the
-    /// key to record the view under ([`Shared::record_dataset`]). A file rewritten in place is
-    /// not seen.
-    fn check_dataset(
-        &self,
-        (place, job_id): (usize, u64),
-        spec: &JobSpec,
-        sources: &[&dyn SampleSource],
-        fingerprint: &str,
-    ) -> std::result::Result<Option<(OpenedJob, Vec<u64>)>, Status> {
-        use std::hash::{Hash, Hasher};
-        let lengths: Vec<u64> = sources.iter().map(|source| source.len()).collect();
-        let mut hasher = std::collections::hash_map::DefaultHasher::new();
-        prost::Message::encode_to_vec(spec).hash(&mut hasher);
-        let key = (place, job_id, hasher.finish());
-        let opened = lock(&self.opened_datasets);
-        let changed = match opened.get(&key) {
-            Some((first, _)) if *first != lengths => format!(
-                "{first:?} samples per source then, {lengths:?} now (its epochs would mix two \
-                 orders)"
-            ),
-            Some((_, first)) if first != fingerprint => format!(
-                "as many samples, but other names, labels or classes (fingerprint {first} then, \
-                 {fingerprint} now)"
-            ),
-            Some(_) => return Ok(None),
-            None => return Ok(Some((key, lengths))),
-        };
-        Err(Status::failed_precondition(format!(
-            "the dataset changed since this worker first opened the job: {changed}; restore it, \
-             or read the changed dataset as another job (another path or seed)"
-        )))
-    }
-
-    /// Records a job's datasets as first opened here ([`Shared::check_dataset`]'s key), once
-    /// they matched the job's registration: a view the job was refused under is never the one
-    /// recorded (it was, and a worker that first saw a copy still syncing refused the job for
-    /// good once the copy was whole, as "changed since this worker first opened the job").
-    fn record_dataset(&self, (key, lengths): (OpenedJob, Vec<u64>), fingerprint: &str) {
-        lock(&self.opened_datasets)
-            .entry(key)
-            .or_insert_with(|| (lengths, fingerprint.to_string()));
     }
 
     fn open_job(&self, spec: &JobSpec) -> std::result::Result<Job, Status> {

@@ -97,6 +97,58 @@ pub(super) fn may_pass(error: &stoker_pipeline::Error) -> bool {
     }
 }
 
+/// A job as [`Shared::record_dataset`] records it: its coordinator's place, its id, a hash of
+/// its spec.
+pub(super) type OpenedJob = (usize, u64, u64);
+
+impl Shared {
+    /// Refuses job `job_id`'s datasets (of the coordinator at `place`) as opened now to serve
+    /// it when they differ from its first open here (its epochs would mix two orders, its
+    /// clients' fingerprint name another dataset); `None` when none was recorded yet, else the
+    /// key to record the view under ([`Shared::record_dataset`]). A file rewritten in place is
+    /// not seen.
+    fn check_dataset(
+        &self,
+        (place, job_id): (usize, u64),
+        spec: &JobSpec,
+        sources: &[&dyn SampleSource],
+        fingerprint: &str,
+    ) -> std::result::Result<Option<(OpenedJob, Vec<u64>)>, Status> {
+        use std::hash::{Hash, Hasher};
+        let lengths: Vec<u64> = sources.iter().map(|source| source.len()).collect();
+        let mut hasher = std::collections::hash_map::DefaultHasher::new();
+        prost::Message::encode_to_vec(spec).hash(&mut hasher);
+        let key = (place, job_id, hasher.finish());
+        let opened = lock(&self.opened_datasets);
+        let changed = match opened.get(&key) {
+            Some((first, _)) if *first != lengths => format!(
+                "{first:?} samples per source then, {lengths:?} now (its epochs would mix two \
+                 orders)"
+            ),
+            Some((_, first)) if first != fingerprint => format!(
+                "as many samples, but other names, labels or classes (fingerprint {first} then, \
+                 {fingerprint} now)"
+            ),
+            Some(_) => return Ok(None),
+            None => return Ok(Some((key, lengths))),
+        };
+        Err(Status::failed_precondition(format!(
+            "the dataset changed since this worker first opened the job: {changed}; restore it, \
+             or read the changed dataset as another job (another path or seed)"
+        )))
+    }
+
+    /// Records a job's datasets as first opened here ([`Shared::check_dataset`]'s key), once
+    /// they matched the job's registration: a view the job was refused under is never the one
+    /// recorded (it was, and a worker that first saw a copy still syncing refused the job for
+    /// good once the copy was whole, as "changed since this worker first opened the job").
+    fn record_dataset(&self, (key, lengths): (OpenedJob, Vec<u64>), fingerprint: &str) {
+        lock(&self.opened_datasets)
+            .entry(key)
+            .or_insert_with(|| (lengths, fingerprint.to_string()));
+    }
+}
+
 /// Whether building a batch failed through this worker's own storage or machine (its disk or
 /// mount failing, the store refusing or not answering it, short of descriptors or memory past
 /// the reads' own retries) rather than through the batch's samples or a dataset changed under
