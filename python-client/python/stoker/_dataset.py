@@ -138,9 +138,8 @@ class DatasetSide:
             except Exception as error:  # the user's error on this batch: the batch is spent
                 raise BatchSpent(error) from None
             if self.pin_collated and torch is not None:
-                from torch.utils.data._utils.pin_memory import pin_memory
-
-                batch = pin_memory(batch)  # type: ignore[no-untyped-call]
+                # DataLoader's own pinning of a collated batch (torch is optional: by name).
+                batch = torch.utils.data._utils.pin_memory.pin_memory(batch)
         else:
             batch = rebuild(self.layout.template, leaves)
         return batch
