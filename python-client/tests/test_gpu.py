@@ -394,16 +394,22 @@ def test_pin_memory_locks_through_the_device_in_use_at_the_first_batch(
     assert "followed" in done.stdout
 
 
-def test_a_resize_resume_fits_the_pinned_budget_of_one_pool(torch: Any, dataset: Path) -> None:
-    """The epoch resumed on another world size is built in the loader's own page-locked
-    slots: a budget that holds one pool is enough (a second pool would be refused)."""
+def pinned_held_and_stride(dataset: Path) -> tuple[int, int]:
+    """What the pools of this process hold of the pinned budget (pools other loaders still
+    hold, freed once their fences pass, count against it) and one slot's stride, read from
+    the refusal of a loader of a budget of one byte."""
     gc.collect()
     with pytest.raises(stoker.GpuUnavailableError, match=r"slots of \d+ bytes") as refused:
         loader(dataset, pin_memory=True, pinned_memory_budget=1, prefetch=2, max_held_batches=1)
-    # Pools other loaders still hold (freed once their fences pass) count against the budget.
     found = re.search(r"(\d+) of them held by .* slots of (\d+) bytes", str(refused.value))
     assert found is not None, refused.value
-    held, stride = int(found.group(1)), int(found.group(2))
+    return int(found.group(1)), int(found.group(2))
+
+
+def test_a_resize_resume_fits_the_pinned_budget_of_one_pool(torch: Any, dataset: Path) -> None:
+    """The epoch resumed on another world size is built in the loader's own page-locked
+    slots: a budget that holds one pool is enough (a second pool would be refused)."""
+    held, stride = pinned_held_and_stride(dataset)
     with loader(dataset, rank=0, world_size=2, seed=9) as old:
         old.set_epoch(1)
         for _, _batch in zip(range(2), old, strict=False):
@@ -427,12 +433,7 @@ def test_a_closed_loader_whose_batch_is_kept_holds_one_slot_of_the_budget(
     loader's whole pool: its page-locked slots and their share of the pinned budget, so a
     loader made next within the same budget was refused. Only the kept batch's slot is held
     now; dropped, that goes too."""
-    gc.collect()
-    with pytest.raises(stoker.GpuUnavailableError, match=r"slots of \d+ bytes") as refused:
-        loader(dataset, pin_memory=True, pinned_memory_budget=1, prefetch=2, max_held_batches=1)
-    found = re.search(r"(\d+) of them held by .* slots of (\d+) bytes", str(refused.value))
-    assert found is not None, refused.value
-    held, stride = int(found.group(1)), int(found.group(2))
+    held, stride = pinned_held_and_stride(dataset)
     options = {"pin_memory": True, "prefetch": 2, "max_held_batches": 1}
     # Room for one pool of three slots and one slot more.
     budget = held + 4 * stride

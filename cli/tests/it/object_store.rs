@@ -580,6 +580,15 @@ fn two_stores_of_one_set(dir: &Path) -> ([S3Server; 2], String) {
     (servers, local.lines().last().unwrap().to_string())
 }
 
+/// `stoker digest` of the whole epoch of `s3://data/train` from the coordinator at `address`.
+fn whole_epoch_at(address: &str) -> Vec<&str> {
+    [
+        &WHOLE_EPOCH[..],
+        &["--data", "s3://data/train", "--address", address],
+    ]
+    .concat()
+}
+
 /// A worker of `coordinator` reading through `server`, its cache in `dir/worker-cache-NAME`.
 fn worker_of(server: &S3Server, coordinator: &str, dir: &Path, name: &str) -> common::Daemon {
     let cache = dir.join(format!("worker-cache-{name}"));
@@ -616,16 +625,7 @@ fn a_store_refusing_one_workers_reads_leaves_its_batches_to_the_other() {
     let (servers, local) = two_stores_of_one_set(dir.path());
     *servers[0].counts.refuse_gets_ending.lock().unwrap() = Some(".tar".into());
     let coordinator = common::Daemon::coordinator(&dir.path().join("state"), "127.0.0.1:0");
-    let remote_args = [
-        &WHOLE_EPOCH[..],
-        &[
-            "--data",
-            "s3://data/train",
-            "--address",
-            &coordinator.address,
-        ],
-    ]
-    .concat();
+    let remote_args = whole_epoch_at(&coordinator.address);
     {
         let _workers = [
             worker_of(&servers[0], &coordinator.address, dir.path(), "a"),
@@ -637,16 +637,7 @@ fn a_store_refusing_one_workers_reads_leaves_its_batches_to_the_other() {
     // Worker a alone, under a coordinator of its own.
     let coordinator = common::Daemon::coordinator(&dir.path().join("state-alone"), "127.0.0.1:0");
     let _alone = worker_of(&servers[0], &coordinator.address, dir.path(), "alone");
-    let remote_args = [
-        &WHOLE_EPOCH[..],
-        &[
-            "--data",
-            "s3://data/train",
-            "--address",
-            &coordinator.address,
-        ],
-    ]
-    .concat();
+    let remote_args = whole_epoch_at(&coordinator.address);
     let mut command = Command::new(env!("CARGO_BIN_EXE_stoker"));
     command.args(&remote_args);
     let output =
