@@ -12,7 +12,14 @@ import numpy as np
 import pytest
 
 import stoker
-from conftest import SMALL_CROP, assert_same_batches, daemon_binary, epoch_batches, start_daemon
+from conftest import (
+    SMALL_CROP,
+    assert_same_batches,
+    daemon_binary,
+    epoch_batches,
+    running_cluster,
+    start_daemon,
+)
 
 
 def _options(**overrides: object) -> dict[str, object]:
@@ -50,6 +57,48 @@ def test_resume_mid_epoch_in_distributed_mode(dataset: Path, cluster: str) -> No
         assert_same_batches(rest, batches[2:])
     finally:
         loader.close()
+
+
+def _outcomes(loader: stoker.Loader) -> tuple[list[str], list[dict[str, np.ndarray]]]:
+    """One epoch read by a loop that catches a bad sample's error and goes on: per step
+    "batch" or the error's first words, and the batches (copied)."""
+    steps: list[str] = []
+    batches: list[dict[str, np.ndarray]] = []
+    batch_iter = iter(loader)
+    while True:
+        try:
+            batch = next(batch_iter)
+        except StopIteration:
+            return steps, batches
+        except stoker.DecodeError as error:
+            assert "bad sample" in str(error), error
+            steps.append("DecodeError")
+            continue
+        steps.append("batch")
+        batches.append({name: np.array(value, copy=True) for name, value in batch.items()})
+
+
+def test_a_bad_sample_under_the_fail_policy_fails_its_step_alone_as_in_process(
+    bad_dataset: Path, tmp_path: Path
+) -> None:
+    """A loop that catches a bad sample's error and goes on gets the same epoch from the
+    workers as in process: the same steps fail, the others are the same batches, and the epoch
+    ends. Before, the first such error stopped the remote loader's session for good."""
+    options = _options(batch_size=2, world_size=1, on_error="fail")
+    local = stoker.Loader(bad_dataset, num_threads=1, **options)
+    try:
+        want = _outcomes(local)
+    finally:
+        local.close()
+    assert want[0].count("DecodeError") == 3, want[0]
+    with running_cluster(bad_dataset, tmp_path / "state") as address:
+        remote = stoker.Loader(bad_dataset, address=address, **options)
+        try:
+            got = _outcomes(remote)
+        finally:
+            remote.close()
+    assert got[0] == want[0]
+    assert_same_batches(got[1], want[1])
 
 
 def test_a_dataset_outside_the_workers_roots_is_refused(tmp_path: Path, cluster: str) -> None:

@@ -167,6 +167,29 @@ pub fn is_job_unopened(status: &Status) -> bool {
     status.metadata().contains_key(UNOPENED_METADATA)
 }
 
+/// The status metadata entry a worker sets on the error of one batch it could not build (a bad
+/// sample under the fail policy, a failure of its own told once tried enough): the batch's step,
+/// so the client fails that step alone, as the embedded loader does, and reads on past it.
+pub const FAILED_STEP_METADATA: &str = "stoker-failed-step";
+
+/// `status` as the error of the batch of `step` ([`FAILED_STEP_METADATA`]).
+pub fn failed_step_of(mut status: Status, step: u64) -> Status {
+    status.metadata_mut().insert(
+        FAILED_STEP_METADATA,
+        tonic::metadata::MetadataValue::from(step),
+    );
+    status
+}
+
+/// The step whose batch `status` is the error of, if it is one ([`failed_step_of`]).
+pub fn failed_step(status: &Status) -> Option<u64> {
+    status
+        .metadata()
+        .get(FAILED_STEP_METADATA)
+        .and_then(|value| value.to_str().ok())
+        .and_then(|step| step.parse().ok())
+}
+
 /// The status metadata entry a coordinator sets on a transient error it relays from a worker
 /// it could not reach while checking a job (the coordinator itself answered).
 pub const WORKER_UNREACHABLE_METADATA: &str = "stoker-worker-unreachable";
@@ -198,6 +221,20 @@ mod tests {
             kind_of_status(&Status::data_loss("corrupt")),
             ErrorKind::Decode
         );
+    }
+
+    #[test]
+    fn a_batchs_error_carries_its_step_and_keeps_its_kind() {
+        let failed = failed_step_of(status(ErrorKind::Decode, "a.jpg is corrupt"), 41);
+        assert_eq!(failed_step(&failed), Some(41));
+        assert_eq!(kind_of_status(&failed), ErrorKind::Decode);
+        assert_eq!(failed_step(&status(ErrorKind::Decode, "no step")), None);
+        let mut garbled = Status::internal("x");
+        garbled.metadata_mut().insert(
+            FAILED_STEP_METADATA,
+            tonic::metadata::MetadataValue::from_static("forty"),
+        );
+        assert_eq!(failed_step(&garbled), None);
     }
 
     #[test]

@@ -18,13 +18,13 @@ use stoker_rpc::lease_calls::LeaseCalls;
 use super::error_status;
 use stoker_rpc::transport::{Backoff, RpcChannel, MAX_MESSAGE_BYTES};
 
+use super::delivery::{before_drain_due, deliver, send_error};
 use super::fleet::Place;
 use super::opening::{this_workers_own, OpenBackoff, Opened, Openings, Unopened};
 use super::own_failures::{note_build, BuildEnd, OwnFailures, OWN_FAILURES_PER_STEP};
 use super::reports::{
     heartbeat_loop, put_back_counts, report_loop, reported_tasks, take_report, unreported_lost,
 };
-use super::subscriptions::Found;
 use super::{lock, JobEntry, Outcome, Shared, WorkerConfig, LEAVE_RESERVE};
 
 /// How a spell of leasing from one registration ended.
@@ -292,7 +292,7 @@ async fn serve_leases(
                     // tasks go back untried.
                     let mut waiting = waiting.into_iter();
                     if let Some(first) = waiting.next() {
-                        serving.unopened(&unopened, &reason, first).await;
+                        serving.unopened(&unopened, &reason, first);
                     }
                     for task in waiting {
                         let _ = outcomes_tx.send(Outcome::Failed(task.lease_id, reason.clone()));
@@ -421,16 +421,11 @@ impl Serving<'_> {
         };
         let status = match built {
             Ok(Ok(batch)) => {
-                // Reported while the lease loop or the drain waits for it; a delivery still
-                // waiting when the drain gives up on it is returned by the leave instead.
-                let (shared, outcomes) = (shared.clone(), self.outcomes.downgrade());
-                tokio::spawn(async move {
-                    let outcome = deliver(&shared, &task, batch).await;
-                    if let Some(outcomes) = outcomes.upgrade() {
-                        let _ = outcomes.send(outcome);
-                    }
-                    drop(permit);
-                });
+                let shared = shared.clone();
+                self.spawn_sending(
+                    Some(permit),
+                    async move { deliver(&shared, &task, batch).await },
+                );
                 return BuildEnd::Built;
             }
             // This worker's disk, mount, store access or machine failed it: another worker
@@ -461,19 +456,33 @@ impl Serving<'_> {
             // hears of it, as of a decode thread's panic in-process.
             Err(panic) => Status::internal(format!("a worker's batch build panicked: {panic}")),
         };
-        self.send_error(&task, status).await;
+        // Marked with its step: the client fails that step alone and reads on.
+        let status = error_kinds::failed_step_of(status, task.step);
+        let shared = shared.clone();
+        self.spawn_sending(Some(permit), async move {
+            send_error(&shared, &task, status).await
+        });
         BuildEnd::Told
     }
 
-    /// Sends `status` to `task`'s client, by the drain's deadline.
-    async fn send_error(&self, task: &TaskLease, status: Status) {
-        let sent = send_error(self.shared, task, status);
-        match before_drain_due(sent, self.draining.clone(), self.reserve).await {
-            Some(outcome) => {
-                let _ = (self.outcomes).send(outcome);
+    /// Runs `sending` (a batch's delivery or its error) on a task of its own, holding `permit`
+    /// (a delivery in flight) if given: the loop leases and builds on meanwhile, whatever the
+    /// client's stream makes it wait. Its outcome is reported while the lease loop or the
+    /// drain waits for it; one still waiting when the drain gives up on it goes back with the
+    /// leave instead.
+    fn spawn_sending(
+        &self,
+        permit: Option<OwnedSemaphorePermit>,
+        sending: impl std::future::Future<Output = Outcome> + Send + 'static,
+    ) {
+        let outcomes = self.outcomes.downgrade();
+        tokio::spawn(async move {
+            let outcome = sending.await;
+            if let Some(outcomes) = outcomes.upgrade() {
+                let _ = outcomes.send(outcome);
             }
-            None => self.handed_back(task),
-        }
+            drop(permit);
+        });
     }
 
     /// `task`'s job did not open on this worker. A dataset that will not open here (gone from
@@ -481,120 +490,21 @@ impl Serving<'_> {
     /// its client, marked as this worker's own failure (the client takes its batches from the
     /// others, and fails once every worker has said so), and goes back to the queue for
     /// another worker; one that may open later (a store or disk failing) is only handed back.
-    async fn unopened(&self, unopened: &Unopened, reason: &str, task: TaskLease) {
-        if let Unopened::Refused(status) = unopened {
-            let sent = send_error(
-                self.shared,
-                &task,
-                error_kinds::job_unopened(status.clone()),
-            );
-            let _ = before_drain_due(sent, self.draining.clone(), self.reserve).await;
-        }
-        let _ = (self.outcomes).send(Outcome::Failed(task.lease_id, reason.to_string()));
-    }
-}
-
-/// Sends a batch's error to its client's stream: complete once it is in the stream, unclaimed
-/// when the client had no stream or took nothing (the step is tried again for it).
-async fn send_error(shared: &Shared, task: &TaskLease, status: Status) -> Outcome {
-    let Some(token) = &task.session else {
-        return Outcome::Failed(task.lease_id, "lease without a session".into());
-    };
-    let key = super::subscriptions::key_of(token);
-    let wait = shared.delivery_timeout;
-    let unclaimed =
-        |why: &str| Outcome::Unclaimed(task.lease_id, format!("its error was not taken: {why}"));
-    let sender = match shared.subscription(key, wait).await {
-        Found::Open(sender) => sender,
-        Found::Gone => return unclaimed("the client's stream of this opening closed"),
-        Found::NotYet => return unclaimed("no stream from the client"),
-    };
-    match tokio::time::timeout(wait, sender.send(Err(status))).await {
-        Ok(Ok(())) => Outcome::Completed(task.lease_id),
-        Ok(Err(_)) => unclaimed("the client closed its stream"),
-        Err(_) => {
-            shared.end_subscription(key, &sender);
-            unclaimed("the client's stream took nothing")
-        }
-    }
-}
-
-async fn deliver(shared: &Shared, task: &TaskLease, batch: stoker_pipeline::Batch) -> Outcome {
-    let Some(token) = &task.session else {
-        return Outcome::Failed(task.lease_id, "lease without a session".into());
-    };
-    let key = super::subscriptions::key_of(token);
-    let wait = shared.delivery_timeout;
-    let session = token.session_id;
-    let unclaimed = |why: String| Outcome::Unclaimed(task.lease_id, why);
-    let sender = match shared.subscription(key, wait).await {
-        Found::Open(sender) => sender,
-        // The client opened its session again (this lease is stale) or ended.
-        Found::Gone => {
-            return unclaimed(format!(
-                "the stream of this opening of session {session} closed (its client opened \
-                 the session again, or ended)"
-            ))
-        }
-        Found::NotYet => {
-            return unclaimed(format!(
-                "no stream from the client of session {session} within {wait:?}"
-            ))
-        }
-    };
-    // The wire's form only as it goes onto the client's stream.
-    match tokio::time::timeout(wait, sender.send(Ok(batch.into()))).await {
-        Ok(Ok(())) => Outcome::Completed(task.lease_id),
-        Ok(Err(_)) => unclaimed(format!("the client of session {session} closed its stream")),
-        Err(_) => {
-            // Said once per stream: the deliveries waiting beside this one end it too.
-            if shared.end_subscription(key, &sender) {
-                tracing::warn!(
-                    session,
-                    waited = ?wait,
-                    "client stream took no batch; ending it"
-                );
-            }
-            unclaimed(format!(
-                "the client of session {session} took no batch within {wait:?}; its stream is ended"
-            ))
-        }
-    }
-}
-
-/// When deliveries must be done once the drain has started: its deadline less `reserve`.
-fn deliveries_due(draining: &Draining, reserve: Duration) -> Option<tokio::time::Instant> {
-    draining.borrow().map(|deadline| {
-        deadline
-            .checked_sub(reserve)
-            .unwrap_or_else(tokio::time::Instant::now)
-    })
-}
-
-/// What `work` gives; `None` once the drain has started and its time for deliveries is up
-/// (`work` then not started, or dropped: a wait that began before the drain is bounded too).
-async fn before_drain_due<T>(
-    work: impl std::future::Future<Output = T>,
-    mut draining: Draining,
-    reserve: Duration,
-) -> Option<T> {
-    tokio::pin!(work);
-    loop {
-        if let Some(due) = deliveries_due(&draining, reserve) {
-            if tokio::time::Instant::now() >= due {
-                return None;
-            }
-            return tokio::time::timeout_at(due, work).await.ok();
-        }
-        tokio::select! {
-            done = &mut work => return Some(done),
-            changed = draining.changed() => {
-                if changed.is_err() {
-                    // No drain can start any more.
-                    return Some(work.await);
-                }
-            }
-        }
+    /// The client is told on a task of its own, by the drain's deadline.
+    fn unopened(&self, unopened: &Unopened, reason: &str, task: TaskLease) {
+        let handed_back = Outcome::Failed(task.lease_id, reason.to_string());
+        let Unopened::Refused(status) = unopened else {
+            let _ = (self.outcomes).send(handed_back);
+            return;
+        };
+        let status = error_kinds::job_unopened(status.clone());
+        let (shared, draining, reserve) =
+            (self.shared.clone(), self.draining.clone(), self.reserve);
+        self.spawn_sending(None, async move {
+            let sent = send_error(&shared, &task, status);
+            let _ = before_drain_due(sent, draining, reserve).await;
+            handed_back
+        });
     }
 }
 

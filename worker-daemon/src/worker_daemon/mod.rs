@@ -56,6 +56,7 @@ use stoker_rpc::security::{ClientSecurity, ServerSecurity};
 use stoker_rpc::transport::{self, MAX_MESSAGE_BYTES};
 
 mod data_roots;
+mod delivery;
 mod fleet;
 mod leases;
 mod opening;

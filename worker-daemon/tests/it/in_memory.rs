@@ -499,24 +499,34 @@ fn batches_slower_to_build_than_the_stall_wait_still_arrive() -> TestResult {
 async fn other_jobs_session(
     network: &MemoryNetwork,
     data: &Path,
-) -> Result<
-    (
-        proto::coordinator_client::CoordinatorClient<stoker_rpc::transport::RpcChannel>,
-        u64,
-        Option<proto::SessionToken>,
-    ),
-    Box<dyn std::error::Error>,
-> {
+) -> Result<Session, Box<dyn std::error::Error>> {
+    let job = JobSpec {
+        seed: 4,
+        ..spec(data)
+    };
+    session_of(network, job).await
+}
+
+/// A coordinator client, a job's id and a session of it.
+type Session = (
+    proto::coordinator_client::CoordinatorClient<stoker_rpc::transport::RpcChannel>,
+    u64,
+    Option<proto::SessionToken>,
+);
+
+/// A client of `job`, its job registered and its session open, as the coordinator's client of
+/// a trainer that will take nothing: the client, the job and the session.
+async fn session_of(
+    network: &MemoryNetwork,
+    job: JobSpec,
+) -> Result<Session, Box<dyn std::error::Error>> {
     let security = ClientSecurity::new(None, None, None)?;
     let mut client = proto::coordinator_client::CoordinatorClient::new(
         Network::Memory(network.clone()).channel(COORDINATOR, &security)?,
     );
     let job_id = client
         .register_job(proto::RegisterJobRequest {
-            spec: Some(JobSpec {
-                seed: 4,
-                ..spec(data)
-            }),
+            spec: Some(job),
             weight: 0,
         })
         .await?
@@ -640,6 +650,125 @@ fn a_dead_clients_closed_stream_holds_up_no_other_jobs_epoch() -> TestResult {
     );
     let stats = cluster.coordinator.core_stats();
     assert!(stats.failed_leases >= 1, "{stats:?}");
+    Ok(())
+}
+
+/// A client whose batches all fail (every sample corrupt, the fail policy) and who never opens
+/// its stream holds up no other job's epoch on the worker: each error waits for that client's
+/// stream on a task of its own, as a delivery does. Before, the worker's lease loop waited for
+/// it (up to the delivery timeout, 10 s here, for a stream that never comes), and every job
+/// the worker served with it.
+#[test]
+fn a_batch_error_no_client_takes_holds_up_no_other_jobs_epoch() -> TestResult {
+    let root = tempfile::tempdir()?;
+    let (good, bad) = (root.path().join("good"), root.path().join("bad"));
+    images(&good)?;
+    std::fs::create_dir_all(bad.join("cls"))?;
+    for name in ["a", "b", "c", "d", "e", "f"] {
+        std::fs::write(
+            bad.join("cls").join(format!("{name}.jpg")),
+            b"\xff\xd8 not a jpeg",
+        )?;
+    }
+    let state = tempfile::tempdir()?;
+    let network = MemoryNetwork::new();
+    let _cluster = start_cluster_with(
+        &network,
+        root.path(),
+        state.path(),
+        &[WORKER],
+        None,
+        |config| config.delivery_timeout = Duration::from_secs(10),
+    )?;
+    let failing = JobSpec {
+        batch_size: 2,
+        on_error: proto::BadSamplePolicy::Fail as i32,
+        ..spec(&bad)
+    };
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    runtime.block_on(async {
+        let (mut client, _job, session) = session_of(&network, failing).await?;
+        grant(&mut client, session, 2).await
+    })?;
+    let started = std::time::Instant::now();
+    let loader = remote(&network, &good, None)?;
+    let steps = loader.steps_per_epoch();
+    let mut seen = Vec::new();
+    for batch in loader.epoch(0, 0)? {
+        seen.push(batch?.step);
+    }
+    assert_eq!(seen, (0..steps).collect::<Vec<_>>());
+    let took = started.elapsed();
+    assert!(
+        took < Duration::from_secs(8),
+        "the live epoch took {took:?} beside the failing job's errors"
+    );
+    Ok(())
+}
+
+/// One outcome per step of an epoch: the batch's samples, or its error's kind (the failing
+/// file named in it); and the digest of the batches that came.
+type Outcomes = (Vec<Result<Vec<u64>, ErrorKind>>, String);
+
+/// The outcomes of `batches`, each error checked to name `file`.
+fn outcomes_of(
+    batches: impl Iterator<Item = stoker_loader::Result<stoker_loader::Batch>>,
+    file: &str,
+) -> Outcomes {
+    let mut digest = BatchDigest::new();
+    let mut outcomes = Vec::new();
+    for batch in batches {
+        outcomes.push(match batch {
+            Ok(batch) => {
+                digest.update(&batch);
+                Ok(batch.sample_indices.clone())
+            }
+            Err(error) => {
+                assert!(error.to_string().contains(file), "{error}");
+                Err(error.kind())
+            }
+        });
+    }
+    (outcomes, digest.hex())
+}
+
+/// A batch that fails on a worker (a corrupt sample under the fail policy) fails that step
+/// alone, as in process: the client raises its error for that step and reads on, every other
+/// batch bit-identical to the embedded loader's, and the epoch ends. Before, the first such
+/// error stopped the client's session: every later `next()` raised "the session driver
+/// stopped", and the epoch never ended.
+#[test]
+fn a_batch_that_fails_on_a_worker_fails_that_step_alone_as_in_process() -> TestResult {
+    let data = tempfile::tempdir()?;
+    images(data.path())?;
+    let class = std::fs::read_dir(data.path())?
+        .flatten()
+        .map(|entry| entry.path())
+        .find(|path| path.is_dir())
+        .ok_or("no class folder")?;
+    // Eight: more failed steps than the loader has slots.
+    for n in 0..8 {
+        let corrupt = class.join(format!("zz_corrupt_{n}.jpg"));
+        std::fs::write(corrupt, b"\xff\xd8\xff\xe0 not really a jpeg")?;
+    }
+    let state = tempfile::tempdir()?;
+    let network = MemoryNetwork::new();
+    let workers = ["worker-a:7001", "worker-b:7002"];
+    let cluster = start_cluster(&network, data.path(), state.path(), &workers, None)?;
+    cluster.wait_for_workers(2)?;
+    let job = JobSpec {
+        on_error: proto::BadSamplePolicy::Fail as i32,
+        ..spec(data.path())
+    };
+    let embedded = Loader::new(job.clone(), LoaderOptions::default())?;
+    let want = outcomes_of(embedded.epoch(0, 0)?, "zz_corrupt_");
+    let failed = want.0.iter().filter(|o| o.is_err()).count();
+    assert!((6..want.0.len()).contains(&failed), "{want:?}");
+    let loader = remote_epoch_by_epoch(&network, job)?;
+    let got = outcomes_of(loader.epoch(0, 0)?, "zz_corrupt_");
+    assert_eq!(got, want);
     Ok(())
 }
 

@@ -369,6 +369,37 @@ impl Driver {
                             break SessionEnd::Stop;
                         }
                     }
+                    // A batch the worker could not build (a bad sample under the fail policy):
+                    // that step fails alone, as in process, and the epoch goes on. The worker's
+                    // stream ended with the error, and what it queued behind it went with it:
+                    // the session opens again past the step, the others leased again.
+                    Some(Arrival::BatchFailed { worker, step, status }) => {
+                        if step >= self.steps || step < *floor || ahead.contains(&step) {
+                            tracing::debug!(step, "a duplicate batch's error dropped");
+                            break SessionEnd::Reopen;
+                        }
+                        ahead.insert(step);
+                        while ahead.first() == Some(floor) {
+                            ahead.pop_first();
+                            *floor += 1;
+                        }
+                        // The step's slot goes back to the pool, as in process (left queued,
+                        // one per failed step, they would hold the pool's slots for good); its
+                        // wait counts from the oldest open request, as a batch's does.
+                        let oldest = lock(&self.free_slots).pop_front();
+                        let service = oldest.map_or(Duration::ZERO, |(_, at)| at.elapsed());
+                        if *floor + ahead.len() as u64 >= self.requested {
+                            self.idle_since.get_or_insert_with(Instant::now);
+                        }
+                        let worker = address_of(&workers, worker);
+                        let context = format!("worker {worker} could not build step {step}");
+                        let result = Err(error_from_status(&context, &status));
+                        let built = Built { step, service, result };
+                        if self.batches.send(Ok(built)).is_err() {
+                            break SessionEnd::Stop;
+                        }
+                        break SessionEnd::Reopen;
+                    }
                     Some(Arrival::Failed { worker, status }) => {
                         let context = format!("worker {} could not build a batch", address_of(&workers, worker));
                         let _ = self.batches.send(Err(error_from_status(&context, &status)));

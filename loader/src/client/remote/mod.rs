@@ -25,6 +25,10 @@
 //!   well (and logged), so a lost batch costs a delay, never a hang; the wait
 //!   doubles at each such reopen (up to 64 times, at most 300 s) and halves again as batches
 //!   come quicker, so a batch slower to build than the wait is not leased again for good;
+//! - a batch a worker could not build (a bad sample under the fail policy; its error carries the
+//!   step) fails that step alone, as in process: the consumer gets the error for that step and
+//!   reads on; the worker's stream ended with the error, so the session is reopened, the step
+//!   acknowledged first;
 //! - a coordinator at its session cap (`RESOURCE_EXHAUSTED`) is asked again with backoff, as
 //!   its silent sessions time out;
 //! - no worker stream open for [`RemoteOptions::worker_grace`] while batches are wanted (every

@@ -25,9 +25,18 @@ pub(super) enum Arrival {
         /// When the batch's bytes had arrived.
         received: Instant,
     },
-    /// A batch the worker could not build (fail policy), or the job it could not open
-    /// ([`error_kinds::is_job_unopened`]): the consumer gets the error, the second kind only
-    /// once no listed worker is left that has not sent it.
+    /// The batch of `step` the worker could not build (a bad sample under the fail policy; the
+    /// status carries the step, [`error_kinds::failed_step`]): the consumer gets the error for
+    /// that step and the epoch goes on, as in process. The worker's stream ended with it.
+    BatchFailed {
+        worker: u64,
+        step: u64,
+        status: Status,
+    },
+    /// The job the worker could not open ([`error_kinds::is_job_unopened`]), told to the
+    /// consumer once no listed worker is left that has not sent it, or an error the worker sent
+    /// without a step (one of an older worker's batches): the consumer gets it, and the
+    /// session stops.
     Failed { worker: u64, status: Status },
     /// The worker refused the stream (token or TLS): a setting to fix, not worth a retry.
     Refused { address: String, status: Status },
@@ -116,19 +125,25 @@ pub(super) async fn stream_worker(
                 });
                 return;
             }
-            Err(status)
-                if status.code() == Code::Unavailable
-                    || status.code() == Code::Unknown
-                    || status.code() == Code::Cancelled =>
-            {
-                let _ = arrivals.send(lost(true, status));
-                return;
-            }
             Err(status) => {
-                let _ = arrivals.send(Arrival::Failed {
-                    worker: worker.worker_id,
-                    status,
-                });
+                let arrival = if let Some(step) = error_kinds::failed_step(&status) {
+                    Arrival::BatchFailed {
+                        worker: worker.worker_id,
+                        step,
+                        status,
+                    }
+                } else if matches!(
+                    status.code(),
+                    Code::Unavailable | Code::Unknown | Code::Cancelled
+                ) {
+                    lost(true, status)
+                } else {
+                    Arrival::Failed {
+                        worker: worker.worker_id,
+                        status,
+                    }
+                };
+                let _ = arrivals.send(arrival);
                 return;
             }
         }
