@@ -2,12 +2,16 @@
 //! into, the stream the data server sends from (counting the batches it takes), and the watch
 //! that tells when the client stopped taking them.
 //!
-//! A delivery that waits past the delivery timeout on a full queue ends the stream, but that
-//! alone misses a stream whose queue is not full: a client that granted fewer credits than the
-//! queue holds, or whose session closed before the worker filled it, never has a delivery
-//! waiting on it, and would keep its queued batches for as long as its connection lives. The
-//! [`StallWatch`] closes that gap: a stream that holds a batch and takes none for the delivery
-//! timeout is stalled, whether or not a delivery is waiting.
+//! A stream's [`Progress`] counts the batches the data server took from its queue and the data
+//! frames it sent of them (at most 1 MiB each: HTTP/2 asks for the next only as the client's
+//! window has room), so a client reading a large batch slowly over a slow link is seen reading
+//! all along. A delivery waits on a full queue for as long as the stream makes progress, and
+//! ends it once it made none for the delivery timeout ([`queue`]). That alone misses a stream
+//! whose queue is not full: a client that granted fewer credits than the queue holds, or whose
+//! session closed before the worker filled it, never has a delivery waiting on it, and would
+//! keep its queued batches for as long as its connection lives. The [`StallWatch`] closes that
+//! gap: a stream that holds a batch and makes no progress for the delivery timeout is stalled,
+//! whether or not a delivery is waiting.
 //!
 //! A stream ended for a stall ([`StallMark::set`]) does not end cleanly: after the batches
 //! already queued it says `UNAVAILABLE`, so its client opens its session again. Deliveries it
@@ -22,18 +26,35 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use stoker_proto::v1::Batch;
+use stoker_rpc::batch_wire::FramesSent;
 use tokio::sync::mpsc;
 use tonic::Status;
 
 /// What travels on a client stream.
 pub(super) type Item = std::result::Result<Batch, Status>;
 
+/// How far a client stream got: the batches the data server took from its queue and the data
+/// frames it sent of them, one count.
+#[derive(Debug, Clone, Default)]
+pub(super) struct Progress(Arc<AtomicU64>);
+
+impl Progress {
+    fn now(&self) -> u64 {
+        self.0.load(Ordering::Relaxed)
+    }
+
+    /// The count the data server's body adds its frames to.
+    pub(super) fn frames_sent(&self) -> FramesSent {
+        FramesSent(Arc::clone(&self.0))
+    }
+}
+
 /// The stream the data server answers `Subscribe` with: the receiving end of the stream's
 /// queue, counting what the server takes from it; once the queue is done, the stall's status
 /// if the stream was ended for one.
 pub struct ClientStream {
     receiver: mpsc::Receiver<Item>,
-    taken: Arc<AtomicU64>,
+    progress: Progress,
     stalled: StallMark,
     /// The queue is done (and the stall's status, if any, said).
     done: bool,
@@ -49,20 +70,60 @@ impl tokio_stream::Stream for ClientStream {
         }
         match this.receiver.poll_recv(cx) {
             Poll::Ready(Some(item)) => {
-                this.taken.fetch_add(1, Ordering::Relaxed);
+                this.progress.0.fetch_add(1, Ordering::Relaxed);
                 Poll::Ready(Some(item))
             }
             Poll::Ready(None) => {
                 this.done = true;
                 Poll::Ready(this.stalled.0.load(Ordering::Acquire).then(|| {
                     Err(Status::unavailable(
-                        "this worker ended the stream: it took no batch within the worker's \
+                        "this worker ended the stream: it sent nothing within the worker's \
                          delivery timeout, and the batches it did not take went back to the \
                          coordinator; open the session again",
                     ))
                 }))
             }
             Poll::Pending => Poll::Pending,
+        }
+    }
+}
+
+impl ClientStream {
+    /// The stream's progress, which deliveries and the watch read.
+    pub(super) fn progress(&self) -> Progress {
+        self.progress.clone()
+    }
+}
+
+/// How a delivery's [`queue`] ended.
+pub(super) enum Queued {
+    /// The item is in the stream's queue.
+    Done,
+    /// The client closed the stream.
+    Closed,
+    /// The queue stayed full and the stream made no progress for the whole wait.
+    Stalled,
+}
+
+/// Puts `item` in the queue of `sender`'s stream, waiting while it is full for as long as the
+/// stream's `progress` moves within each `wait`: a client reading a large batch slowly is
+/// waited for, one that stopped reading is not.
+pub(super) async fn queue(
+    sender: &mpsc::Sender<Item>,
+    progress: &Progress,
+    item: Item,
+    wait: Duration,
+) -> Queued {
+    loop {
+        let before = progress.now();
+        match tokio::time::timeout(wait, sender.reserve()).await {
+            Ok(Ok(room)) => {
+                room.send(item);
+                return Queued::Done;
+            }
+            Ok(Err(_)) => return Queued::Closed,
+            Err(_) if progress.now() != before => {}
+            Err(_) => return Queued::Stalled,
         }
     }
 }
@@ -81,7 +142,7 @@ impl StallMark {
 /// never keeps an ended stream open.
 pub(super) struct StallWatch {
     sender: mpsc::WeakSender<Item>,
-    taken: Arc<AtomicU64>,
+    progress: Progress,
 }
 
 /// A stream of `capacity` queued batches: the sender deliveries use, the stream the server
@@ -90,15 +151,15 @@ pub(super) fn client_stream(
     capacity: usize,
 ) -> (mpsc::Sender<Item>, ClientStream, StallWatch, StallMark) {
     let (sender, receiver) = mpsc::channel(capacity);
-    let taken = Arc::new(AtomicU64::new(0));
+    let progress = Progress::default();
     let watch = StallWatch {
         sender: sender.downgrade(),
-        taken: taken.clone(),
+        progress: progress.clone(),
     };
     let stalled = StallMark::default();
     let stream = ClientStream {
         receiver,
-        taken,
+        progress,
         stalled: stalled.clone(),
         done: false,
     };
@@ -106,12 +167,12 @@ pub(super) fn client_stream(
 }
 
 impl StallWatch {
-    /// Resolves with a sender of the stream once it has held at least one batch and taken
-    /// none for `timeout` (checked every quarter of it, so within 1.5 x `timeout`), or with
+    /// Resolves with a sender of the stream once it has held at least one batch and made no
+    /// progress for `timeout` (checked every quarter of it, so within 1.5 x `timeout`), or with
     /// `None` once the stream is gone: every sender dropped (it ended) or the client closed it.
     pub(super) async fn stalled(self, timeout: Duration) -> Option<mpsc::Sender<Item>> {
         let tick = (timeout / 4).max(Duration::from_millis(1));
-        let mut last_taken = self.taken.load(Ordering::Relaxed);
+        let mut last = self.progress.now();
         let mut stalled_since = None;
         loop {
             tokio::time::sleep(tick).await;
@@ -119,14 +180,14 @@ impl StallWatch {
             if sender.is_closed() {
                 return None;
             }
-            let taken = self.taken.load(Ordering::Relaxed);
+            let now = self.progress.now();
             let queued = sender.max_capacity() - sender.capacity();
-            if queued == 0 || taken != last_taken {
-                last_taken = taken;
+            if queued == 0 || now != last {
+                last = now;
                 stalled_since = None;
                 continue;
             }
-            // Seen now with a batch queued and nothing taken since the last look: the stall
+            // Seen now with a batch queued and no progress since the last look: the stall
             // began no later than this.
             let since = *stalled_since.get_or_insert_with(tokio::time::Instant::now);
             if since.elapsed() >= timeout {
@@ -183,6 +244,49 @@ mod tests {
         drop(sender);
         assert!(watch.await.unwrap().is_none());
         assert!(stream.next().await.is_none());
+    }
+
+    #[tokio::test]
+    async fn a_stream_sending_a_large_batch_slowly_is_not_stalled_and_waited_for() {
+        let (sender, mut stream, watch, _) = client_stream(1);
+        let progress = stream.progress();
+        let frames = progress.frames_sent();
+        let watch = tokio::spawn(watch.stalled(TIMEOUT));
+        sender.send(batch(0)).await.unwrap();
+        // The server takes batch 0 and sends it in frames, one every half timeout, for four
+        // timeouts, while batch 1 waits in the queue and batch 2 for room in it.
+        assert_eq!(stream.next().await.unwrap().unwrap().step, 0);
+        sender.send(batch(1)).await.unwrap();
+        let waiting = tokio::spawn({
+            let (sender, progress) = (sender.clone(), progress.clone());
+            async move { queue(&sender, &progress, batch(2), TIMEOUT).await }
+        });
+        for _ in 0..8 {
+            tokio::time::sleep(TIMEOUT / 2).await;
+            frames.0.fetch_add(1, Ordering::Relaxed);
+        }
+        assert!(!watch.is_finished(), "a stream sending frames stalled");
+        assert!(
+            !waiting.is_finished(),
+            "a delivery gave up on a stream sending frames"
+        );
+        assert_eq!(stream.next().await.unwrap().unwrap().step, 1);
+        assert!(matches!(waiting.await.unwrap(), Queued::Done));
+        assert_eq!(stream.next().await.unwrap().unwrap().step, 2);
+        // Then no frame, with a batch waiting for room: the delivery gives up, and the watch
+        // fires.
+        sender.send(batch(3)).await.unwrap();
+        let started = tokio::time::Instant::now();
+        let stuck = queue(&sender, &progress, batch(4), TIMEOUT).await;
+        assert!(matches!(stuck, Queued::Stalled));
+        assert!(started.elapsed() >= TIMEOUT);
+        let stalled = tokio::time::timeout(TIMEOUT * 10, watch).await;
+        assert!(stalled.expect("the watch fires").unwrap().is_some());
+        drop(stream);
+        assert!(matches!(
+            queue(&sender, &progress, batch(5), TIMEOUT).await,
+            Queued::Closed
+        ));
     }
 
     #[tokio::test]

@@ -367,6 +367,90 @@ fn late_worker_epoch(opens_after: Duration) {
     let _ = std::net::TcpStream::connect(("127.0.0.1", advertised));
 }
 
+/// Relays every connection to `from` to `to`, the bytes from `to` back at about
+/// `bytes_per_s` (a slow link between a worker and its client).
+fn slow_relay(from: u16, to: u16, bytes_per_s: usize) {
+    use std::io::{Read, Write};
+    let listener = std::net::TcpListener::bind(("127.0.0.1", from)).unwrap();
+    std::thread::spawn(move || {
+        for client in listener.incoming() {
+            let Ok(mut client) = client else { continue };
+            let Ok(mut server) = std::net::TcpStream::connect(("127.0.0.1", to)) else {
+                continue;
+            };
+            let (mut up_from, mut up_to) =
+                (client.try_clone().unwrap(), server.try_clone().unwrap());
+            std::thread::spawn(move || {
+                let _ = std::io::copy(&mut up_from, &mut up_to);
+                let _ = up_to.shutdown(std::net::Shutdown::Write);
+            });
+            std::thread::spawn(move || {
+                let mut piece = vec![0u8; 64 << 10];
+                while let Ok(read) = server.read(&mut piece) {
+                    if read == 0 || client.write_all(&piece[..read]).is_err() {
+                        break;
+                    }
+                    let pause = read as f64 / bytes_per_s as f64;
+                    std::thread::sleep(Duration::from_secs_f64(pause));
+                }
+                let _ = client.shutdown(std::net::Shutdown::Write);
+            });
+        }
+    });
+}
+
+/// A client reading batches larger than its link carries within the worker's delivery timeout
+/// (40 images of 224x224x3 bytes, 6 MB, at 4 MiB/s: 1.4 s each; the timeout 0.8 s) is reading,
+/// not stalled: the worker sees each MiB of a batch go, ends none of its streams, and the
+/// epoch comes whole. Before, the worker counted whole batches only: a stream sending one
+/// batch for longer than the timeout with the next queued was ended as stalled, again and
+/// again.
+#[test]
+fn a_client_reading_large_batches_over_a_slow_link_is_not_taken_for_stalled() {
+    let (dir, data, coordinator) = cluster();
+    let (advertised, listening) = (free_port(), free_port());
+    let log = dir.path().join("worker.log");
+    let _worker = Daemon::worker_logging_to(
+        &coordinator.address,
+        dir.path(),
+        &[
+            "--listen",
+            &format!("127.0.0.1:{listening}"),
+            "--advertise",
+            &format!("127.0.0.1:{advertised}"),
+            "--delivery-timeout-ms",
+            "800",
+        ],
+        std::fs::File::create(&log).unwrap(),
+    );
+    slow_relay(advertised, listening, 4 << 20);
+    let large = common::spec_over(
+        &data.to_string_lossy(),
+        stoker_pipeline::presets::imagenet_train(224),
+        40,
+    );
+    let (want, steps) = embedded(large.clone());
+    let loader = remote_with(
+        &coordinator.address,
+        large,
+        Duration::from_secs(60),
+        Duration::from_secs(60),
+    )
+    .unwrap();
+    let mut digest = BatchDigest::new();
+    let mut seen = Vec::new();
+    for batch in loader.epoch(0, 0).unwrap() {
+        let batch = batch.unwrap();
+        assert!(batch.tensors[0].data.len() > 6_000_000 || batch.step + 1 == steps.len() as u64);
+        digest.update(&batch);
+        seen.push(batch.step);
+    }
+    assert_eq!(seen, steps.keys().copied().collect::<Vec<_>>());
+    assert_eq!(digest.hex(), want);
+    let log = std::fs::read_to_string(&log).unwrap();
+    assert!(!log.contains("ending it"), "a stream was ended:\n{log}");
+}
+
 #[test]
 fn malformed_and_unauthorised_requests_get_errors_that_name_the_problem() {
     let dir = fixture();

@@ -8,7 +8,8 @@
 //!
 //! - **sending** ([`WorkerDataService`], [`BatchStreamBody`]): a batch becomes a list of chunks,
 //!   the framing and small fields in one and each tensor's bytes as the batch's own `Bytes`, which
-//!   HTTP/2 writes to the socket from where they lie;
+//!   HTTP/2 writes to the socket from where they lie, in frames of at most [`SEND_SLICE`] (slices,
+//!   no copy) that a [`FramesSent`] counts as the client reads;
 //! - **receiving** ([`subscribe`], [`BatchReader`]): the body's frames are parsed as they arrive,
 //!   and each tensor's bytes are copied once, from the HTTP/2 receive buffer straight into the
 //!   place a [`Landing`] gives (the client's slot).
@@ -40,7 +41,7 @@ mod send;
 pub use receive::{
     subscribe, BatchReader, BufferLanding, ChunkBody, CopyCounts, Landing, OwnBuffers, WireBatch,
 };
-pub use send::{encode_batch, BatchStreamBody, WorkerDataService};
+pub use send::{encode_batch, BatchStreamBody, FramesSent, WorkerDataService, SEND_SLICE};
 
 #[cfg(test)]
 mod tests {
@@ -328,6 +329,43 @@ mod tests {
             assert_eq!(status.code(), Code::Unavailable, "{status}");
             assert!(status.message().starts_with("the stream broke"), "{status}");
         }
+    }
+
+    #[test]
+    fn a_large_tensor_goes_in_frames_of_a_mib_each_counted_and_reads_back() {
+        use http_body::Body;
+        let batch = sample_batch(&[SEND_SLICE * 3 + 12_345, 100], 7);
+        let sent = FramesSent::default();
+        let source = tokio_stream::iter(vec![Ok(batch.clone()), Err(Status::data_loss("x"))]);
+        let mut body = BatchStreamBody::new(source, 64 << 20).counting(sent.clone());
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .expect("runtime");
+        let mut frames = VecDeque::new();
+        let mut trailers = None;
+        runtime.block_on(async {
+            while let Some(frame) =
+                std::future::poll_fn(|cx| std::pin::Pin::new(&mut body).poll_frame(cx)).await
+            {
+                match frame.expect("a frame").into_data() {
+                    Ok(data) => frames.push_back(data),
+                    Err(frame) => trailers = frame.into_trailers().ok(),
+                }
+            }
+        });
+        assert!(frames.iter().all(|f| f.len() <= SEND_SLICE));
+        assert!(frames.len() >= 4, "{} frames", frames.len());
+        assert_eq!(
+            sent.0.load(std::sync::atomic::Ordering::Relaxed),
+            frames.len() as u64
+        );
+        let (read, _) = read_all(frames, trailers, 8 << 20);
+        assert_eq!(read.len(), 2);
+        assert_eq!(read[0].as_ref().expect("the batch"), &batch);
+        assert_eq!(
+            read[1].as_ref().expect_err("its error").code(),
+            Code::DataLoss
+        );
     }
 
     proptest! {

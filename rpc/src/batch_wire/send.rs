@@ -5,6 +5,7 @@ use std::collections::VecDeque;
 use std::convert::Infallible;
 use std::future::poll_fn;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
@@ -104,13 +105,26 @@ pub(super) fn trailers_of(status: &Status) -> HeaderMap {
     trailers
 }
 
-/// The response body of `Subscribe`: each batch `source` yields as [`encode_batch`]'s chunks,
-/// then the stream's status as trailers (`OK` when `source` ends, its error otherwise).
+/// The most bytes one data frame of a [`BatchStreamBody`] carries (the transport's HTTP/2 frame
+/// size): a larger chunk, a tensor's bytes, goes as slices of it, without a copy.
+pub const SEND_SLICE: usize = 1 << 20;
+
+/// The data frames a [`BatchStreamBody`] has handed to HTTP/2. It asks for the next one only
+/// once the client's flow-control window has room, so the count moves while the client reads,
+/// within a large batch too, and stops when it stops reading. A `Subscribe` service that puts
+/// one in its response's extensions ([`tonic::Response::extensions_mut`]) gets it counted.
+#[derive(Debug, Clone, Default)]
+pub struct FramesSent(pub Arc<AtomicU64>);
+
+/// The response body of `Subscribe`: each batch `source` yields as [`encode_batch`]'s chunks
+/// (in frames of at most [`SEND_SLICE`] bytes), then the stream's status as trailers (`OK` when
+/// `source` ends, its error otherwise).
 pub struct BatchStreamBody<S> {
     source: S,
     chunks: VecDeque<Bytes>,
     max_message: usize,
     done: bool,
+    sent: Option<FramesSent>,
 }
 
 impl<S> BatchStreamBody<S> {
@@ -121,6 +135,15 @@ impl<S> BatchStreamBody<S> {
             chunks: VecDeque::new(),
             max_message,
             done: false,
+            sent: None,
+        }
+    }
+
+    /// Counts each data frame it hands on in `sent`.
+    pub fn counting(self, sent: FramesSent) -> Self {
+        BatchStreamBody {
+            sent: Some(sent),
+            ..self
         }
     }
 }
@@ -138,7 +161,13 @@ where
     ) -> Poll<Option<Result<http_body::Frame<Bytes>, Status>>> {
         let this = self.get_mut();
         loop {
-            if let Some(chunk) = this.chunks.pop_front() {
+            if let Some(mut chunk) = this.chunks.pop_front() {
+                if chunk.len() > SEND_SLICE {
+                    this.chunks.push_front(chunk.split_off(SEND_SLICE));
+                }
+                if let Some(sent) = &this.sent {
+                    sent.0.fetch_add(1, Ordering::Relaxed);
+                }
                 return Poll::Ready(Some(Ok(http_body::Frame::data(chunk))));
             }
             if this.done {
@@ -254,7 +283,10 @@ where
         subscribe,
     );
     let (metadata, stream, extensions) = service.subscribe(request).await?.into_parts();
-    let body = BatchStreamBody::new(Box::pin(stream), max_message);
+    let mut body = BatchStreamBody::new(Box::pin(stream), max_message);
+    if let Some(sent) = extensions.get::<FramesSent>() {
+        body = body.counting(sent.clone());
+    }
     let mut response = http::Response::new(TonicBody::new(body));
     *response.headers_mut() = metadata.into_headers();
     response.headers_mut().insert(

@@ -66,8 +66,9 @@ struct Args {
     report_interval_ms: u64,
     #[command(flatten)]
     security: SecurityArgs,
-    /// How long a finished batch waits for its client's stream to open, or to take it, before
-    /// it goes back to the queue; a stream that took nothing for that long is ended.
+    /// How long a finished batch waits for its client's stream to open, or for room in it while
+    /// the stream sends nothing, before it goes back to the queue; a stream that holds a batch
+    /// and sent nothing for that long is ended.
     #[arg(long, default_value_t = DELIVERY_TIMEOUT.as_millis() as u64)]
     delivery_timeout_ms: u64,
     /// On SIGTERM or Ctrl-C: how long the worker may take to finish and deliver the batches it

@@ -1,5 +1,6 @@
 //! What a worker puts on a client's stream for a task (its batch, or the batch's error), each
-//! bounded by the worker's delivery timeout: the outcome the coordinator is told (completed, or
+//! bounded by the worker's delivery timeout (to wait for the stream to open, and for room in its
+//! queue while the stream makes no progress): the outcome the coordinator is told (completed, or
 //! unclaimed when the client had no stream or took nothing), and the drain's deadline such work
 //! is held to.
 
@@ -7,6 +8,8 @@ use std::time::Duration;
 
 use stoker_proto::v1::TaskLease;
 use tonic::Status;
+
+use crate::client_stream::{queue, Queued};
 
 use super::leases::Draining;
 use super::subscriptions::Found;
@@ -22,15 +25,15 @@ pub(super) async fn send_error(shared: &Shared, task: &TaskLease, status: Status
     let wait = shared.delivery_timeout;
     let unclaimed =
         |why: &str| Outcome::Unclaimed(task.lease_id, format!("its error was not taken: {why}"));
-    let sender = match shared.subscription(key, wait).await {
-        Found::Open(sender) => sender,
+    let (sender, progress) = match shared.subscription(key, wait).await {
+        Found::Open(sender, progress) => (sender, progress),
         Found::Gone => return unclaimed("the client's stream of this opening closed"),
         Found::NotYet => return unclaimed("no stream from the client"),
     };
-    match tokio::time::timeout(wait, sender.send(Err(status))).await {
-        Ok(Ok(())) => Outcome::Completed(task.lease_id),
-        Ok(Err(_)) => unclaimed("the client closed its stream"),
-        Err(_) => {
+    match queue(&sender, &progress, Err(status), wait).await {
+        Queued::Done => Outcome::Completed(task.lease_id),
+        Queued::Closed => unclaimed("the client closed its stream"),
+        Queued::Stalled => {
             shared.end_subscription(key, &sender);
             unclaimed("the client's stream took nothing")
         }
@@ -49,8 +52,8 @@ pub(super) async fn deliver(
     let wait = shared.delivery_timeout;
     let session = token.session_id;
     let unclaimed = |why: String| Outcome::Unclaimed(task.lease_id, why);
-    let sender = match shared.subscription(key, wait).await {
-        Found::Open(sender) => sender,
+    let (sender, progress) = match shared.subscription(key, wait).await {
+        Found::Open(sender, progress) => (sender, progress),
         // The client opened its session again (this lease is stale) or ended.
         Found::Gone => {
             return unclaimed(format!(
@@ -65,20 +68,21 @@ pub(super) async fn deliver(
         }
     };
     // The wire's form only as it goes onto the client's stream.
-    match tokio::time::timeout(wait, sender.send(Ok(batch.into()))).await {
-        Ok(Ok(())) => Outcome::Completed(task.lease_id),
-        Ok(Err(_)) => unclaimed(format!("the client of session {session} closed its stream")),
-        Err(_) => {
+    match queue(&sender, &progress, Ok(batch.into()), wait).await {
+        Queued::Done => Outcome::Completed(task.lease_id),
+        Queued::Closed => unclaimed(format!("the client of session {session} closed its stream")),
+        Queued::Stalled => {
             // Said once per stream: the deliveries waiting beside this one end it too.
             if shared.end_subscription(key, &sender) {
                 tracing::warn!(
                     session,
                     waited = ?wait,
-                    "client stream took no batch; ending it"
+                    "client stream sent nothing within the delivery timeout; ending it"
                 );
             }
             unclaimed(format!(
-                "the client of session {session} took no batch within {wait:?}; its stream is ended"
+                "the client of session {session} read nothing of its stream within {wait:?}; \
+                 its stream is ended"
             ))
         }
     }

@@ -20,9 +20,10 @@
 //!   runs this loop against each, over one decode pool, and keys the jobs it opened by the
 //!   coordinator's place in the list.
 //! - A batch it cannot deliver within [`WorkerConfig::delivery_timeout`] (no stream from the
-//!   client, or a stream that takes nothing: a client that stopped reading) is reported
-//!   unclaimed and goes back to the queue (without the session's credit); a stream that holds
-//!   a batch and took none for that long is ended, whether or not a delivery waits on it
+//!   client, or a stream that sends nothing: a client that stopped reading; one that reads a
+//!   large batch slowly sends a frame at a time) is reported unclaimed and goes back to the
+//!   queue (without the session's credit); a stream that holds a batch and sent nothing for
+//!   that long is ended, whether or not a delivery waits on it
 //!   (`client_stream`), so it holds at most its queue of batches meanwhile. Such a stream ends with `UNAVAILABLE` after what it queued,
 //!   and its client opens its session again (the batches it did not take were requeued with
 //!   their credits spent); the drain's streams end cleanly.
@@ -112,8 +113,9 @@ pub struct WorkerConfig {
     pub client_security: ClientSecurity,
     /// Where the coordinator's address leads (sockets; an in-memory network in tests).
     pub network: Network,
-    /// How long a finished batch waits for its client's stream to open, or to take it, before
-    /// it is reported failed (and a stream that took nothing is ended).
+    /// How long a finished batch waits for its client's stream to open, or for room in it while
+    /// the stream sends nothing, before it is reported failed (and a stream that sent nothing
+    /// is ended).
     pub delivery_timeout: Duration,
     /// Once told to stop, how long the worker may take to finish the leases it holds, leave
     /// the coordinator and send what its clients' streams hold; it stops then in any case.
@@ -354,6 +356,7 @@ impl worker_data_server::WorkerData for DataService {
             .session
             .ok_or_else(|| Status::invalid_argument("session token is missing"))?;
         let (sender, stream, watch, stalled) = client_stream::client_stream(STREAM_QUEUE);
+        let progress = stream.progress();
         let key = key_of(&token);
         {
             let mut subscriptions = lock(&self.shared.subscriptions);
@@ -361,7 +364,12 @@ impl worker_data_server::WorkerData for DataService {
             if self.shared.closing.load(Ordering::Acquire) {
                 return Err(Status::unavailable("this worker is stopping"));
             }
-            subscriptions.opened(key, Subscription { sender, stalled });
+            let subscription = Subscription {
+                sender,
+                progress: progress.clone(),
+                stalled,
+            };
+            subscriptions.opened(key, subscription);
         }
         self.shared.subscribed.notify_waiters();
         tracing::debug!(
@@ -376,11 +384,18 @@ impl worker_data_server::WorkerData for DataService {
             let wait = shared.delivery_timeout;
             if let Some(sender) = watch.stalled(wait).await {
                 if shared.end_subscription(key, &sender) {
-                    tracing::warn!(session = key.1, waited = ?wait, "client stream took no batch; ending it");
+                    tracing::warn!(
+                        session = key.1,
+                        waited = ?wait,
+                        "client stream sent nothing within the delivery timeout; ending it"
+                    );
                 }
             }
         });
-        Ok(Response::new(stream))
+        // The body counts the frames it sends there: a large batch read slowly is progress.
+        let mut response = Response::new(stream);
+        response.extensions_mut().insert(progress.frames_sent());
+        Ok(response)
     }
 }
 

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use stoker_proto::v1::SessionToken;
 use tokio::sync::mpsc;
 
-use crate::client_stream::{self, StallMark};
+use crate::client_stream::{self, Progress, StallMark};
 
 /// A client stream's session: the coordinator's incarnation, the session's id and its opening
 /// (a reopened session's streams are new ones).
@@ -19,9 +19,11 @@ pub(super) fn key_of(token: &SessionToken) -> Key {
     (token.incarnation, token.session_id, token.opening)
 }
 
-/// One open stream: what deliveries send into, and the mark its end reads.
+/// One open stream: what deliveries send into, how far its client got, and the mark its end
+/// reads.
 pub(super) struct Subscription {
     pub(super) sender: mpsc::Sender<client_stream::Item>,
+    pub(super) progress: Progress,
     pub(super) stalled: StallMark,
 }
 
@@ -33,8 +35,8 @@ const GONE_KEPT: Duration = Duration::from_secs(600);
 
 /// What a delivery finds for its session.
 pub(super) enum Found {
-    /// Its open stream.
-    Open(mpsc::Sender<client_stream::Item>),
+    /// Its open stream, and how far its client got.
+    Open(mpsc::Sender<client_stream::Item>, Progress),
     /// Its stream of this opening closed: nothing will take the batch.
     Gone,
     /// No stream yet: its client may be opening one.
@@ -70,7 +72,9 @@ impl Subscriptions {
     /// What a delivery to `key` finds.
     pub(super) fn find(&self, key: &Key) -> Found {
         match self.open.get(key) {
-            Some(sub) if !sub.sender.is_closed() => Found::Open(sub.sender.clone()),
+            Some(sub) if !sub.sender.is_closed() => {
+                Found::Open(sub.sender.clone(), sub.progress.clone())
+            }
             Some(_) => Found::Gone,
             None if self.gone.contains_key(key) => Found::Gone,
             None => Found::NotYet,
