@@ -11,9 +11,12 @@ use tonic::Status;
 
 use crate::client_stream::{queue, Queued};
 
-use super::leases::Draining;
 use super::subscriptions::Found;
 use super::{Outcome, Shared};
+
+/// The drain's deadline once it has started (`None` before): by then the worker has finished,
+/// reported and left.
+pub(super) type Draining = tokio::sync::watch::Receiver<Option<tokio::time::Instant>>;
 
 /// Sends a batch's error to its client's stream: complete once it is in the stream, unclaimed
 /// when the client had no stream or took nothing (the step is tried again for it).

@@ -8,7 +8,8 @@ use std::sync::{Arc, Mutex};
 
 use stoker_rpc::health::Health;
 
-use super::leases::{task_loop, Draining};
+use super::delivery::Draining;
+use super::leases::task_loop;
 use super::{lock, Shared, WorkerConfig};
 
 /// Runs one task loop per coordinator of `coordinators` until every one has ended; aborting

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use stoker_proto::v1::coordinator_client::CoordinatorClient;
 use stoker_proto::v1::{LeaseRequest, LeaveRequest, RegisterWorkerRequest, TaskLease};
-use tokio::sync::{mpsc, watch, AcquireError, OwnedSemaphorePermit, Semaphore};
+use tokio::sync::{mpsc, AcquireError, OwnedSemaphorePermit, Semaphore};
 use tonic::Status;
 
 use stoker_rpc::error_kinds;
@@ -18,7 +18,7 @@ use stoker_rpc::lease_calls::LeaseCalls;
 use super::error_status;
 use stoker_rpc::transport::{Backoff, RpcChannel, MAX_MESSAGE_BYTES};
 
-use super::delivery::{before_drain_due, deliver, send_error};
+use super::delivery::{before_drain_due, deliver, send_error, Draining};
 use super::fleet::Place;
 use super::opening::{this_workers_own, OpenBackoff, Opened, Openings, Unopened};
 use super::own_failures::{note_build, BuildEnd, OwnFailures, OWN_FAILURES_PER_STEP};
@@ -69,10 +69,6 @@ async fn share_permit(
         let _ = tokio::time::timeout(SHARE_RECHECK, freed).await;
     }
 }
-
-/// The drain's deadline once it has started (`None` before): by then the worker has finished,
-/// reported and left.
-pub(super) type Draining = watch::Receiver<Option<tokio::time::Instant>>;
 
 /// Register, lease, build, deliver, report; again from registration when the coordinator is
 /// lost or forgets this worker; returns once the drain starts and the worker has left.
@@ -429,7 +425,7 @@ impl Serving<'_> {
                 return BuildEnd::Built;
             }
             // This worker's disk, mount, store access or machine failed it: another worker
-            // may build it (the client hearing of it ended its run).
+            // may build it (the client would fail the step for a failure of this worker's).
             Ok(Err(error))
                 if this_workers_own(&error) && self.own_failures.hand_back_again(&task) =>
             {
@@ -456,11 +452,18 @@ impl Serving<'_> {
             // hears of it, as of a decode thread's panic in-process.
             Err(panic) => Status::internal(format!("a worker's batch build panicked: {panic}")),
         };
-        // Marked with its step: the client fails that step alone and reads on.
+        // Marked with its step: the client fails that step alone and reads on. An error holds
+        // no batch: it waits for its client without a delivery permit (other jobs' batches
+        // take them), by the drain's deadline.
+        drop(permit);
         let status = error_kinds::failed_step_of(status, task.step);
-        let shared = shared.clone();
-        self.spawn_sending(Some(permit), async move {
-            send_error(&shared, &task, status).await
+        let (shared, draining, reserve) = (shared.clone(), draining.clone(), self.reserve);
+        self.spawn_sending(None, async move {
+            let sent = send_error(&shared, &task, status);
+            let stopping = || Outcome::Failed(task.lease_id, STOPPING.into());
+            before_drain_due(sent, draining, reserve)
+                .await
+                .unwrap_or_else(stopping)
         });
         BuildEnd::Told
     }

@@ -7,7 +7,8 @@
 //!   with `PERMISSION_DENIED` saying so (`data_roots`).
 //! - It produces only what it was leased, and the coordinator leases a session only against the
 //!   credits its client granted: memory stays bounded at both ends.
-//! - A batch that fails on a bad sample under the fail policy fails for the client; one that
+//! - A batch that fails on a bad sample under the fail policy fails for the client (that step
+//!   alone: its error carries the step, and the client reads on past it); one that
 //!   fails on the worker's own storage or machine (its disk or mount, the store refusing or not
 //!   answering it, short of descriptors past the reads' retries) goes back for another worker,
 //!   and the job's next tasks on this one go back untried for a pause (250 ms, doubling up to

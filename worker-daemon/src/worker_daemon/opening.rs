@@ -153,7 +153,7 @@ impl Shared {
 /// mount failing, the store refusing or not answering it, short of descriptors or memory past
 /// the reads' own retries) rather than through the batch's samples or a dataset changed under
 /// the job: another worker may build it, so the task goes back rather than the error to the
-/// client (whose run it ended).
+/// client (which would fail the step with it).
 pub(super) fn this_workers_own(error: &stoker_pipeline::Error) -> bool {
     use stoker_datasets::ReadFault;
     match error {

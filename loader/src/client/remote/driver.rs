@@ -23,7 +23,7 @@ use super::streams::{stream_worker, Arrival, Streams};
 use super::unreachable::{address_of, Unopened, Unreachable};
 use super::updates::{close_session, Due, Hold, Pending, Updates, ANSWER_AFTER_ACKS};
 use super::{client_stats, STREAM_RETRY};
-use crate::client::landing::{lock, SlotQueue};
+use crate::client::landing::{lock, Landed, SlotQueue};
 use crate::client::slots::Slot;
 use crate::client::source::{Built, IdleClock};
 use crate::error::{error_from_status, Result};
@@ -70,6 +70,9 @@ pub(super) struct Driver {
     pub(super) idle_since: Option<Instant>,
     /// Since when no worker stream has been open while batches were wanted.
     pub(super) unserved_since: Option<Instant>,
+    /// Slots owed to the pool by failed steps whose slot a duplicate's landing held: the next
+    /// ones given back go to the pool instead of the queue.
+    pub(super) owed_slots: usize,
 }
 
 /// How many times its setting the stall before a reopen grows to at most.
@@ -127,6 +130,16 @@ impl Driver {
                 Err(mpsc::error::TryRecvError::Empty) => return true,
                 Err(mpsc::error::TryRecvError::Disconnected) => return false,
             }
+        }
+    }
+
+    /// Gives `landed`'s slot back to the queue, or to the pool while failed steps owe it one.
+    fn give_back(&mut self, landed: Landed) {
+        if self.owed_slots > 0 {
+            self.owed_slots -= 1;
+            drop(landed);
+        } else {
+            landed.give_back(&self.free_slots);
         }
     }
 
@@ -325,12 +338,12 @@ impl Driver {
                         let step = batch.step;
                         if batch.epoch != self.epoch || batch.rank != self.rank || step >= self.steps {
                             tracing::warn!(epoch = batch.epoch, rank = batch.rank, step, "batch for another session dropped");
-                            landed.give_back(&self.free_slots);
+                            self.give_back(*landed);
                             continue;
                         }
                         if step < *floor || ahead.contains(&step) {
                             tracing::debug!(step, "duplicate batch dropped");
-                            landed.give_back(&self.free_slots);
+                            self.give_back(*landed);
                             continue;
                         }
                         // Every stream sending here is of this opening of the session (the
@@ -387,6 +400,10 @@ impl Driver {
                         // one per failed step, they would hold the pool's slots for good); its
                         // wait counts from the oldest open request, as a batch's does.
                         let oldest = lock(&self.free_slots).pop_front();
+                        if oldest.is_none() {
+                            // A duplicate's landing holds it: taken when that gives it back.
+                            self.owed_slots += 1;
+                        }
                         let service = oldest.map_or(Duration::ZERO, |(_, at)| at.elapsed());
                         if *floor + ahead.len() as u64 >= self.requested {
                             self.idle_since.get_or_insert_with(Instant::now);
@@ -475,7 +492,7 @@ impl Driver {
         // again): their slots go back to the queue.
         while let Ok(arrival) = arrivals.try_recv() {
             if let Arrival::Batch { batch, .. } = arrival {
-                batch.give_back(&self.free_slots);
+                self.give_back(*batch);
             }
         }
         if !updates.all_applied() {

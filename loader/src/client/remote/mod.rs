@@ -28,7 +28,8 @@
 //! - a batch a worker could not build (a bad sample under the fail policy; its error carries the
 //!   step) fails that step alone, as in process: the consumer gets the error for that step and
 //!   reads on; the worker's stream ended with the error, so the session is reopened, the step
-//!   acknowledged first;
+//!   acknowledged first (each such step costs a reopen: the batches in flight then are leased
+//!   and built again);
 //! - a coordinator at its session cap (`RESOURCE_EXHAUSTED`) is asked again with backoff, as
 //!   its silent sessions time out;
 //! - no worker stream open for [`RemoteOptions::worker_grace`] while batches are wanted (every
@@ -329,6 +330,7 @@ impl BatchSource for RemoteSource {
             idle: idle.clone(),
             idle_since: Some(Instant::now()),
             unserved_since: None,
+            owed_slots: 0,
         };
         let task = self.runtime.spawn(driver.run(start_step));
         Ok(Box::new(RemoteFeed {

@@ -126,17 +126,19 @@ pub(super) async fn stream_worker(
                 return;
             }
             Err(status) => {
-                let arrival = if let Some(step) = error_kinds::failed_step(&status) {
+                // A stream that broke is lost, whatever step its status names: the step is
+                // leased again rather than failed for good.
+                let arrival = if matches!(
+                    status.code(),
+                    Code::Unavailable | Code::Unknown | Code::Cancelled
+                ) {
+                    lost(true, status)
+                } else if let Some(step) = error_kinds::failed_step(&status) {
                     Arrival::BatchFailed {
                         worker: worker.worker_id,
                         step,
                         status,
                     }
-                } else if matches!(
-                    status.code(),
-                    Code::Unavailable | Code::Unknown | Code::Cancelled
-                ) {
-                    lost(true, status)
                 } else {
                     Arrival::Failed {
                         worker: worker.worker_id,
