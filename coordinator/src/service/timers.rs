@@ -150,9 +150,7 @@ impl CoordinatorService {
         // Read under the lock: a look that waited for it was not looking meanwhile.
         let now = Instant::now();
         let since = now.saturating_duration_since(std::mem::replace(&mut state.last_expire, now));
-        if since >= STALL_EXCUSED_AFTER {
-            // All of it: the silence counted is what came before the last look.
-            let stalled = since;
+        if let Some(stalled) = excused(since) {
             tracing::warn!(
                 ?stalled,
                 "the coordinator could not look for silent workers and clients for a while (a paused machine, no CPU); that time is not counted against them"
@@ -224,12 +222,52 @@ const EXPIRE_EVERY: Duration = Duration::from_millis(250);
 /// A look for silent workers this long after the last one found the coordinator stalled.
 const STALL_EXCUSED_AFTER: Duration = Duration::from_millis(500);
 
+/// The part of `since` (the time since the last look for silent workers) excused as the
+/// coordinator's own stall: none below [`STALL_EXCUSED_AFTER`]; above it, all but the look's
+/// own interval, so looks that keep coming late (a contended lock, a starved process) still
+/// count that much of each gap against a worker or client gone silent, which is dropped.
+fn excused(since: Duration) -> Option<Duration> {
+    (since >= STALL_EXCUSED_AFTER).then(|| since.saturating_sub(EXPIRE_EVERY))
+}
+
 /// How often the dashboard's worker table is refreshed.
 const DASHBOARD_REFRESH: Duration = Duration::from_millis(500);
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn looks_that_keep_coming_late_still_drop_a_dead_worker() {
+        use crate::scheduler::Coordinator;
+        use crate::CoordinatorConfig;
+        let config = CoordinatorConfig {
+            lease_timeout: Duration::from_secs(3),
+            ..CoordinatorConfig::default()
+        };
+        let mut core = Coordinator::in_memory(config);
+        let t0 = Instant::now();
+        let dead = core.register_worker(t0);
+        let (mut now, late) = (t0, Duration::from_millis(600));
+        let mut dropped_at = None;
+        for look in 1..=100 {
+            now += late;
+            if let Some(stalled) = excused(late) {
+                core.excuse_stall(stalled, now);
+            }
+            if core.expire(now).workers.contains(&dead) {
+                dropped_at = Some(look);
+                break;
+            }
+        }
+        // 250 ms of each 600 ms gap counts: the 3 s timeout at the twelfth look. Before, the
+        // whole gap was excused at every look, and the worker never dropped.
+        assert_eq!(dropped_at, Some(12));
+        // A real stall (a paused machine) is excused but for one look's interval.
+        let paused = Duration::from_secs(30);
+        assert_eq!(excused(paused), Some(paused - EXPIRE_EVERY));
+        assert_eq!(excused(Duration::from_millis(300)), None);
+    }
 
     #[test]
     fn failed_journal_writes_are_tried_again_ever_later_up_to_ten_seconds() {
