@@ -46,7 +46,7 @@ impl JournalWriter {
             Some(journal) => Self::lock(journal).put_job(
                 write.id.0,
                 write.steps_per_epoch,
-                &write.encoded,
+                (&write.encoded, &write.described),
                 write.weight,
             ),
             None => Ok(()),

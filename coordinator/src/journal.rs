@@ -1,5 +1,7 @@
-//! The coordinator's journal: job specs and per-(job, rank, epoch) acknowledged positions in an
-//! embedded redb file, so a restarted coordinator loses nothing a client acknowledged.
+//! The coordinator's journal: job specs (with what a worker described of their datasets, and
+//! their weights) and per-(job, rank, epoch) acknowledged positions in an embedded redb file,
+//! so a restarted coordinator loses nothing a client acknowledged, and its workers check their
+//! datasets against the one each job was registered over.
 //!
 //! Positions change by the thousands between two writes (every rank of every job moves), so a
 //! write appends them as one entry of a log table (one insert and one commit, whatever the
@@ -33,6 +35,11 @@ const POSITION_LOG: TableDefinition<u64, &[u8]> = TableDefinition::new("acked_lo
 
 /// job id -> its weight (jobs never given one are absent: weight 1).
 const WEIGHTS: TableDefinition<u64, u32> = TableDefinition::new("weights");
+
+/// job id -> what a worker described of its datasets when it was registered (a protobuf
+/// `DescribeJobResponse`: sample count, fingerprint, tokenizer digests), which workers check
+/// their own view against after a restart too (absent for a job of an older journal).
+const DESCRIPTIONS: TableDefinition<u64, &[u8]> = TableDefinition::new("descriptions");
 
 /// Position writes between two folds of the log into `ACKED`.
 pub(crate) const FOLD_EVERY: u64 = 64;
@@ -140,6 +147,7 @@ impl Journal {
         txn.open_table(ACKED).map_err(journal_error)?;
         txn.open_table(POSITION_LOG).map_err(journal_error)?;
         txn.open_table(WEIGHTS).map_err(journal_error)?;
+        txn.open_table(DESCRIPTIONS).map_err(journal_error)?;
         txn.commit().map_err(journal_error)?;
 
         let txn = database.begin_read().map_err(journal_error)?;
@@ -185,6 +193,16 @@ impl Journal {
             let (job, weight) = row.map_err(journal_error)?;
             weights.insert(job.value(), weight.value());
         }
+        let mut descriptions = HashMap::new();
+        for row in txn
+            .open_table(DESCRIPTIONS)
+            .map_err(journal_error)?
+            .iter()
+            .map_err(journal_error)?
+        {
+            let (job, described) = row.map_err(journal_error)?;
+            descriptions.insert(job.value(), described.value().to_vec());
+        }
         tracing::info!(
             path = %path.display(),
             jobs = jobs.len(),
@@ -207,6 +225,7 @@ impl Journal {
                 jobs,
                 positions,
                 weights,
+                descriptions,
             },
         ))
     }
@@ -260,12 +279,13 @@ impl Journal {
         written
     }
 
-    /// Durably records a job, and its weight when it has one, in one transaction.
+    /// Durably records a job, its weight when it has one and its description when a worker
+    /// gave one (not empty), in one transaction.
     pub fn put_job(
         &mut self,
         id: u64,
         steps_per_epoch: u64,
-        spec: &[u8],
+        (spec, described): (&[u8], &[u8]),
         weight: Option<u32>,
     ) -> CoordinatorResult<()> {
         self.write(|_, txn| {
@@ -273,6 +293,12 @@ impl Journal {
                 .map_err(journal_error)?
                 .insert(id, (steps_per_epoch, spec))
                 .map_err(journal_error)?;
+            if !described.is_empty() {
+                txn.open_table(DESCRIPTIONS)
+                    .map_err(journal_error)?
+                    .insert(id, described)
+                    .map_err(journal_error)?;
+            }
             if let Some(weight) = weight {
                 txn.open_table(WEIGHTS)
                     .map_err(journal_error)?
@@ -295,8 +321,9 @@ impl Journal {
     }
 
     /// Durably records acknowledged positions, deletes the `pruned` ones and the rows of the
-    /// `retired_jobs` (spec and weight), all in one transaction: positions appended to the
-    /// log, or, every [`FOLD_EVERY`]th write, folded with the log into the positions table.
+    /// `retired_jobs` (spec, weight and description), all in one transaction: positions
+    /// appended to the log, or, every [`FOLD_EVERY`]th write, folded with the log into the
+    /// positions table.
     pub fn write_positions(
         &mut self,
         positions: impl Iterator<Item = (PositionKey, u64)>,
@@ -323,9 +350,11 @@ impl Journal {
             if !retired_jobs.is_empty() {
                 let mut jobs = txn.open_table(JOBS).map_err(journal_error)?;
                 let mut weights = txn.open_table(WEIGHTS).map_err(journal_error)?;
+                let mut descriptions = txn.open_table(DESCRIPTIONS).map_err(journal_error)?;
                 for job in retired_jobs {
                     jobs.remove(job).map_err(journal_error)?;
                     weights.remove(job).map_err(journal_error)?;
+                    descriptions.remove(job).map_err(journal_error)?;
                 }
             }
             Ok(fold)
@@ -456,12 +485,14 @@ mod tests {
         });
         {
             let (mut journal, _) = Journal::open_with(dir.path(), open).expect("open");
-            journal.put_job(0, 10, b"first", None).expect("a job");
+            journal
+                .put_job(0, 10, (b"first", b""), None)
+                .expect("a job");
             journal
                 .write_positions([((0, 0, 0), 3)].into_iter(), &[], &[])
                 .expect("positions");
             full.store(true, Ordering::SeqCst);
-            assert!(journal.put_job(1, 10, b"lost", None).is_err());
+            assert!(journal.put_job(1, 10, (b"lost", b""), None).is_err());
             assert!(journal
                 .write_positions([((0, 0, 0), 5)].into_iter(), &[], &[])
                 .is_err());
@@ -472,7 +503,7 @@ mod tests {
                 .write_positions([((0, 0, 0), 7)].into_iter(), &[], &[])
                 .expect("positions once there is room");
             journal
-                .put_job(2, 10, b"second", None)
+                .put_job(2, 10, (b"second", b""), None)
                 .expect("a job once there is room");
         }
         let (_, contents) = Journal::open(dir.path()).expect("reopen");
@@ -488,7 +519,7 @@ mod tests {
         let dir = tempfile::tempdir().expect("tempdir");
         {
             let (mut journal, _) = Journal::open(dir.path()).expect("open");
-            journal.put_job(1, 10, b"a spec", None).expect("put");
+            journal.put_job(1, 10, (b"a spec", b""), None).expect("put");
         }
         let path = dir.path().join(JOURNAL_FILE);
         let whole = std::fs::read(&path).expect("read");

@@ -10,9 +10,9 @@ use stoker_pipeline::ErrorKind;
 use stoker_proto::v1::coordinator_client::CoordinatorClient;
 use stoker_proto::v1::worker_data_server::WorkerDataServer;
 use stoker_proto::v1::{
-    CloseSessionRequest, DatasetSource, DescribeJobResponse, HeartbeatRequest, JobSpec,
-    LeaseRequest, LeaveRequest, OpenSessionRequest, RegisterJobRequest, RegisterWorkerRequest,
-    ReportRequest, SessionToken, SessionUpdateRequest, TaskLease,
+    CloseSessionRequest, DatasetSource, DescribeJobResponse, GetJobRequest, HeartbeatRequest,
+    JobSpec, LeaseRequest, LeaveRequest, OpenSessionRequest, RegisterJobRequest,
+    RegisterWorkerRequest, ReportRequest, SessionToken, SessionUpdateRequest, TaskLease,
 };
 use stoker_rpc::describe_only::DescribeOnly;
 use stoker_rpc::error_kinds::kind_of_status;
@@ -28,6 +28,9 @@ const COORDINATOR: &str = "coordinator:7070";
 const DATA_SERVER: &str = "worker-a:7001";
 const STEPS: u64 = 8;
 const LEASE_TIMEOUT: Duration = Duration::from_millis(400);
+/// The fingerprint and tokenizer digests the describing data server gives its dataset.
+const FINGERPRINT: &str = "a1b2c3";
+const TOKENIZERS: &str = "tokenizer.json=d4e5";
 
 type TestResult = Result<(), Box<dyn std::error::Error>>;
 
@@ -81,8 +84,8 @@ fn start_data_server(network: &MemoryNetwork, tokens: Vec<Token>) -> TestResult 
         steps_per_epoch: STEPS,
         batch_bytes: 1,
         class_names: Vec::new(),
-        dataset_fingerprint: String::new(),
-        tokenizer_digests: String::new(),
+        dataset_fingerprint: FINGERPRINT.into(),
+        tokenizer_digests: TOKENIZERS.into(),
     });
     let service = tonic::service::interceptor::InterceptedService::new(
         WorkerDataServer::new(describer),
@@ -596,6 +599,33 @@ async fn a_session_reopened_on_a_restarted_coordinator_resumes_where_it_was_ackn
     let session = reopened.session.ok_or("a session without a token")?;
     let worker = register_worker(&mut client).await?;
     assert_eq!(granted(&mut client, session, 1, worker).await?, [3]);
+    Ok(())
+}
+
+/// A restarted coordinator gives workers what its job was registered over, as the first run
+/// did: a worker that opens the job only after the restart (autoscaled, restarted) checks its
+/// own view of the dataset against it, and refuses a copy of the same size with other files or
+/// another tokenizer. Before, the description was kept in memory only: after a restart a job
+/// whose clients reopened their sessions (none registers again) was given out with no sample
+/// count, fingerprint or digests, and a worker with another copy served it unchecked.
+#[tokio::test]
+async fn a_restarted_coordinator_gives_workers_the_dataset_its_job_was_registered_over(
+) -> TestResult {
+    let (network, state, stop) = restartable()?;
+    let mut client = coordinator(&network, None);
+    register_worker(&mut client).await?;
+    let job = register_job(&mut client).await?;
+    let described = |answer: stoker_proto::v1::GetJobResponse| {
+        let (samples, fingerprint) = (answer.num_samples, answer.dataset_fingerprint);
+        (samples, fingerprint, answer.tokenizer_digests)
+    };
+    let want = (STEPS * 4, FINGERPRINT.to_string(), TOKENIZERS.to_string());
+    let first = client.get_job(GetJobRequest { job_id: job }).await?;
+    assert_eq!(described(first.into_inner()), want);
+    let (_, _stop) = restart(&network, state.path(), stop).await?;
+    let mut client = coordinator(&network, None);
+    let second = client.get_job(GetJobRequest { job_id: job }).await?;
+    assert_eq!(described(second.into_inner()), want);
     Ok(())
 }
 

@@ -15,6 +15,9 @@ pub struct JobWrite {
     pub(crate) weight: Option<u32>,
     pub(super) spec: JobSpec,
     pub(crate) encoded: Vec<u8>,
+    /// What a worker described of the job (an encoded `DescribeJobResponse`), journaled with
+    /// it; empty when none did.
+    pub(crate) described: Vec<u8>,
 }
 
 impl JobWrite {
@@ -97,6 +100,7 @@ impl Coordinator {
             weight: (weight > 0).then(|| weight.clamp(1, self.weight_cap())),
             encoded: spec.encode_to_vec(),
             spec,
+            described: Vec::new(),
         })
     }
 
@@ -114,6 +118,7 @@ impl Coordinator {
             spec,
             weight,
             encoded,
+            described: _,
         } = write;
         outcome?;
         if self.journaled {

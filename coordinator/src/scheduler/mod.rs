@@ -147,6 +147,8 @@ pub struct Coordinator {
     /// Acknowledged positions of (job, rank, epoch)s without a session (from the journal, or
     /// closed), consulted when one opens; in key order, so a rank's epochs are one range.
     resume_positions: BTreeMap<PositionKey, u64>,
+    /// What the journal held of its jobs' descriptions, until the service takes them.
+    restored_descriptions: HashMap<u64, Vec<u8>>,
     /// Positions changed and not yet written (each stays until a write of its value lands).
     dirty_positions: FastMap<PositionKey, u64>,
     /// Positions dropped and not yet deleted from the journal, in the order dropped.
@@ -239,6 +241,7 @@ impl Coordinator {
             next_session: 0,
             session_index: FastMap::default(),
             resume_positions: BTreeMap::new(),
+            restored_descriptions: HashMap::new(),
             dirty_positions: FastMap::default(),
             pruned_positions: Vec::new(),
             pruned_written: 0,
@@ -273,6 +276,9 @@ impl Coordinator {
         }
         coordinator.next_job = coordinator.first_free_job_id();
         coordinator.resume_positions = contents.positions.into_iter().collect();
+        let mut descriptions = contents.descriptions;
+        descriptions.retain(|job, _| coordinator.jobs.contains_key(&JobId(*job)));
+        coordinator.restored_descriptions = descriptions;
         // Capped by this run's limit, which may be lower than the one they were given under.
         let cap = coordinator.weight_cap();
         for (job, weight) in contents.weights {
@@ -282,6 +288,12 @@ impl Coordinator {
             }
         }
         Ok(coordinator)
+    }
+
+    /// What the journal held of its jobs' descriptions (encoded `DescribeJobResponse`s), taken
+    /// once by the service that serves this core.
+    pub(crate) fn take_restored_descriptions(&mut self) -> HashMap<u64, Vec<u8>> {
+        std::mem::take(&mut self.restored_descriptions)
     }
 
     /// Whether a journal keeps this core (its writes are to be made).

@@ -148,4 +148,7 @@ pub(crate) struct JournalContents {
     pub positions: HashMap<PositionKey, u64>,
     /// Weights of the jobs given one.
     pub weights: HashMap<u64, u32>,
+    /// What a worker described of each job when it was registered (an encoded
+    /// `DescribeJobResponse`; none for a job of an older journal).
+    pub descriptions: HashMap<u64, Vec<u8>>,
 }

@@ -39,8 +39,8 @@ impl State {
     }
 
     /// The newest job of `spec` registered over the dataset a worker `described`: its step
-    /// count, and its sample count and fingerprint where this run kept its description (after
-    /// a restart none is kept: the step count decides, as the journal has no more).
+    /// count, and its sample count and fingerprint where its description is kept (journaled
+    /// with the job; a job of an older journal has none: the step count decides).
     fn job_of(&self, spec: &JobSpec, described: &proto::DescribeJobResponse) -> Option<JobId> {
         let same_samples = |id: JobId| {
             self.descriptions.get(&id.0).is_none_or(|kept| {
@@ -273,10 +273,11 @@ impl CoordinatorService {
         // leases, so the job is registered anew. So is one of the same step count described
         // anew over other samples (a changed dataset of the same size): workers that hold the
         // old one open serve its sessions only, never a batch of the new run.
-        let write = lock(&self.state)
+        let mut write = lock(&self.state)
             .core
             .job_write(spec, steps, weight)
             .map_err(coordinator_status)?;
+        write.described = described.encode_to_vec();
         let journal = self.journal.clone();
         let (write, outcome) = write_off_the_lock(write, move |write| journal.write_job(write))
             .await

@@ -15,6 +15,7 @@ use std::path::Path;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
+use prost::Message;
 use stoker_pipeline::ErrorKind;
 use stoker_proto::v1::coordinator_server::CoordinatorServer;
 use stoker_proto::v1::{self as proto, JobSpec, SessionToken, WorkerInfo};
@@ -118,8 +119,8 @@ struct State {
     workers_version: u64,
     sessions: HashMap<u64, SessionEntry>,
     clients: BTreeMap<(u64, u32), ClientEntry>,
-    /// What a worker said of each job when it was registered (kept in memory: after a restart
-    /// the job is described again when a client registers it).
+    /// What a worker said of each job when it was registered (journaled with the job, and
+    /// read back after a restart; described again when a client registers it).
     descriptions: HashMap<u64, proto::DescribeJobResponse>,
     /// When a worker last described each job, or a registration was answered with it or a
     /// session of it closed: a registration is answered with the description while a session
@@ -250,7 +251,17 @@ impl CoordinatorService {
 
     /// A service over an existing core and its journal (tests, in-memory use).
     pub fn with_core(durable: Durable, config: CoordinatorServiceConfig) -> Self {
-        let (core, journal) = durable.into_parts();
+        let (mut core, journal) = durable.into_parts();
+        // Kept with their jobs, so a worker that opens one after a restart checks its view
+        // against the one registered (a description that does not decode is left out).
+        let descriptions = core
+            .take_restored_descriptions()
+            .into_iter()
+            .filter_map(|(job, bytes)| {
+                let described = proto::DescribeJobResponse::decode(bytes.as_slice()).ok()?;
+                Some((job, described))
+            })
+            .collect();
         let incarnation = transport::random_u64();
         tracing::info!(
             incarnation,
@@ -267,7 +278,7 @@ impl CoordinatorService {
                 workers_version: 1,
                 sessions: HashMap::new(),
                 clients: BTreeMap::new(),
-                descriptions: HashMap::new(),
+                descriptions,
                 described_at: HashMap::new(),
                 serving: HashMap::new(),
                 last_expire: Instant::now(),
