@@ -443,6 +443,27 @@ async fn a_task_reported_twice_and_a_step_acknowledged_twice_count_once() -> Tes
 /// An update or a close of an earlier opening of a session (a late one, or an old feed's as a
 /// new feed reopens the same session) is refused: its credits, acknowledgements and close are
 /// not the current opening's client's.
+/// An update acknowledging more steps than one may is refused by name before it takes the
+/// coordinator's lock, and applies nothing; the session goes on.
+#[tokio::test]
+async fn an_update_acknowledging_too_many_steps_at_once_is_refused() -> TestResult {
+    use crate::service::calls::MAX_ACKS_PER_UPDATE;
+    let fixture = fixture(Vec::new())?;
+    let mut client = coordinator(&fixture.network, None);
+    let worker = register_worker(&mut client).await?;
+    let (_, session) = open(&mut client, 0).await?;
+    let flood = vec![1; MAX_ACKS_PER_UPDATE + 1];
+    let refused = update(&mut client, session, 4, flood).await.unwrap_err();
+    assert_eq!(refused.code(), Code::InvalidArgument, "{refused:?}");
+    assert!(refused.message().contains("at most 65536"), "{refused:?}");
+    // Nothing of it applied: no credit granted, step 1 not acknowledged.
+    assert!(lease(&mut client, worker, 4).await?.is_empty());
+    assert_eq!(granted(&mut client, session, 2, worker).await?, [0, 1]);
+    let most = vec![1; MAX_ACKS_PER_UPDATE];
+    assert_eq!(update(&mut client, session, 0, most).await?, 0);
+    Ok(())
+}
+
 #[tokio::test]
 async fn an_update_or_close_of_an_earlier_opening_is_refused() -> TestResult {
     let fixture = fixture(Vec::new())?;

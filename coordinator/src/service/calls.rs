@@ -34,6 +34,13 @@ const REPORTS_OVERLAP: Duration = Duration::from_secs(3);
 /// Most waiting lease calls one grant wakes (one per credit up to this).
 const MAX_WAKES: u64 = 64;
 
+/// Most steps one session update may acknowledge. A client acknowledges what arrived since its
+/// last update (a few hundred at most before it waits for an answer) and, after a reopen, what
+/// it holds beyond its position (its prefetch): one acknowledging millions (a broken or
+/// hostile client) would hold the coordinator's lock, every other job's calls with it, for
+/// seconds.
+pub(crate) const MAX_ACKS_PER_UPDATE: usize = 1 << 16;
+
 fn task_lease(lease: &Lease, incarnation: u64) -> TaskLease {
     TaskLease {
         lease_id: lease.lease_id.0,
@@ -421,6 +428,12 @@ impl CoordinatorService {
         known: u64,
     ) -> Result<SessionUpdateResponse, Status> {
         let token = self.check_token(request.session.as_ref())?;
+        if request.acknowledged.len() > MAX_ACKS_PER_UPDATE {
+            return Err(Status::invalid_argument(format!(
+                "a session update acknowledges {} steps; at most {MAX_ACKS_PER_UPDATE} go in one",
+                request.acknowledged.len()
+            )));
+        }
         let id = token.session_id;
         let session = SessionId(id);
         let mut state = lock(&self.state);

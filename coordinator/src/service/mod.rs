@@ -26,7 +26,7 @@ use stoker_rpc::transport::{self, MAX_MESSAGE_BYTES};
 use tokio::sync::Notify;
 use tonic::Status;
 
-mod calls;
+pub(crate) mod calls;
 mod jobs;
 mod timers;
 
