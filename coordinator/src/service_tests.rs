@@ -29,7 +29,7 @@ const DATA_SERVER: &str = "worker-a:7001";
 const STEPS: u64 = 8;
 const LEASE_TIMEOUT: Duration = Duration::from_millis(400);
 /// The fingerprint and tokenizer digests the describing data server gives its dataset.
-const FINGERPRINT: &str = "a1b2c3";
+const FINGERPRINT: &str = "v3:a1b2c3";
 const TOKENIZERS: &str = "tokenizer.json=d4e5";
 
 type TestResult = Result<(), Box<dyn std::error::Error>>;
@@ -647,6 +647,43 @@ async fn a_restarted_coordinator_gives_workers_the_dataset_its_job_was_registere
     let mut client = coordinator(&network, None);
     let second = client.get_job(GetJobRequest { job_id: job }).await?;
     assert_eq!(described(second.into_inner()), want);
+    Ok(())
+}
+
+/// After a restart, a job registered again is the journaled one (its acknowledged positions
+/// resume) when the workers describe its dataset with a fingerprint of another version (a
+/// release rolled out meanwhile computes them otherwise), and a new one when a fingerprint of
+/// the same version differs (the dataset changed). Before its description was journaled, the
+/// step count alone decided.
+#[tokio::test]
+async fn a_job_registered_after_a_restart_is_the_journaled_one_unless_its_dataset_changed(
+) -> TestResult {
+    let (network, state, stop) = restartable()?;
+    let mut client = coordinator(&network, None);
+    register_worker(&mut client).await?;
+    let job = register_job(&mut client).await?;
+    let (_, stop) = restart(&network, state.path(), stop).await?;
+    start_describer_of(
+        &network,
+        "worker-b:7001",
+        STEPS,
+        STEPS * 4,
+        "v4:computed-otherwise",
+    );
+    let mut client = coordinator(&network, None);
+    register_worker_at(&mut client, "worker-b:7001").await?;
+    assert_eq!(register_job(&mut client).await?, job);
+    let (_, _stop) = restart(&network, state.path(), stop).await?;
+    start_describer_of(
+        &network,
+        "worker-c:7001",
+        STEPS,
+        STEPS * 4,
+        "v3:another-dataset",
+    );
+    let mut client = coordinator(&network, None);
+    register_worker_at(&mut client, "worker-c:7001").await?;
+    assert_ne!(register_job(&mut client).await?, job);
     Ok(())
 }
 

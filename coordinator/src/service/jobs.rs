@@ -44,8 +44,9 @@ impl State {
     fn job_of(&self, spec: &JobSpec, described: &proto::DescribeJobResponse) -> Option<JobId> {
         let same_samples = |id: JobId| {
             self.descriptions.get(&id.0).is_none_or(|kept| {
-                kept.num_samples == described.num_samples
-                    && kept.dataset_fingerprint == described.dataset_fingerprint
+                let counts = [kept.num_samples, described.num_samples];
+                (counts.contains(&0) || counts[0] == counts[1])
+                    && same_fingerprint(&kept.dataset_fingerprint, &described.dataset_fingerprint)
             })
         };
         self.core
@@ -55,6 +56,21 @@ impl State {
             .find(|&(id, steps)| steps == described.steps_per_epoch && same_samples(id))
             .map(|(id, _)| id)
     }
+}
+
+/// Whether two descriptions' fingerprints say their datasets are one, as far as they can: a
+/// missing one, or one of another version (`v3:...`: a worker of another release, rolled out
+/// across a restart, computes them otherwise), says nothing, as a worker's own check takes it.
+fn same_fingerprint(kept: &str, described: &str) -> bool {
+    kept.is_empty()
+        || described.is_empty()
+        || fingerprint_version(kept) != fingerprint_version(described)
+        || kept == described
+}
+
+/// A fingerprint's version (`v3` of `v3:...`; none for one without).
+fn fingerprint_version(fingerprint: &str) -> Option<&str> {
+    fingerprint.split_once(':').map(|(version, _)| version)
 }
 
 /// Orders registrations' waits and descriptions' failures.

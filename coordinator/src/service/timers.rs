@@ -150,7 +150,7 @@ impl CoordinatorService {
         // Read under the lock: a look that waited for it was not looking meanwhile.
         let now = Instant::now();
         let since = now.saturating_duration_since(std::mem::replace(&mut state.last_expire, now));
-        if let Some(stalled) = excused(since) {
+        if let Some(stalled) = excused(since, self.config.core.lease_timeout) {
             tracing::warn!(
                 ?stalled,
                 "the coordinator could not look for silent workers and clients for a while (a paused machine, no CPU); that time is not counted against them"
@@ -224,10 +224,12 @@ const STALL_EXCUSED_AFTER: Duration = Duration::from_millis(500);
 
 /// The part of `since` (the time since the last look for silent workers) excused as the
 /// coordinator's own stall: none below [`STALL_EXCUSED_AFTER`]; above it, all but the look's
-/// own interval, so looks that keep coming late (a contended lock, a starved process) still
-/// count that much of each gap against a worker or client gone silent, which is dropped.
-fn excused(since: Duration) -> Option<Duration> {
-    (since >= STALL_EXCUSED_AFTER).then(|| since.saturating_sub(EXPIRE_EVERY))
+/// own interval (or a quarter of `lease_timeout`, if less: a live worker's heartbeat may be
+/// that old already), so looks that keep coming late (a contended lock, a starved process)
+/// still count that much of each gap against a worker or client gone silent, which is dropped.
+fn excused(since: Duration, lease_timeout: Duration) -> Option<Duration> {
+    let counted = EXPIRE_EVERY.min(lease_timeout / 4);
+    (since >= STALL_EXCUSED_AFTER).then(|| since.saturating_sub(counted))
 }
 
 /// How often the dashboard's worker table is refreshed.
@@ -252,7 +254,7 @@ mod tests {
         let mut dropped_at = None;
         for look in 1..=100 {
             now += late;
-            if let Some(stalled) = excused(late) {
+            if let Some(stalled) = excused(late, Duration::from_secs(3)) {
                 core.excuse_stall(stalled, now);
             }
             if core.expire(now).workers.contains(&dead) {
@@ -263,10 +265,14 @@ mod tests {
         // 250 ms of each 600 ms gap counts: the 3 s timeout at the twelfth look. Before, the
         // whole gap was excused at every look, and the worker never dropped.
         assert_eq!(dropped_at, Some(12));
-        // A real stall (a paused machine) is excused but for one look's interval.
-        let paused = Duration::from_secs(30);
-        assert_eq!(excused(paused), Some(paused - EXPIRE_EVERY));
-        assert_eq!(excused(Duration::from_millis(300)), None);
+        // A real stall (a paused machine) is excused but for one look's interval, or a quarter
+        // of a lease timeout shorter than four of them (a live worker's last heartbeat may be
+        // that old at the look before the stall).
+        let (paused, lease) = (Duration::from_secs(30), Duration::from_secs(3));
+        assert_eq!(excused(paused, lease), Some(paused - EXPIRE_EVERY));
+        let short = Duration::from_millis(300);
+        assert_eq!(excused(paused, short), Some(paused - short / 4));
+        assert_eq!(excused(Duration::from_millis(300), lease), None);
     }
 
     #[test]
