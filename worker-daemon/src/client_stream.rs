@@ -114,9 +114,13 @@ pub(super) async fn queue(
     item: Item,
     wait: Duration,
 ) -> Queued {
+    // One wait for room throughout, so it keeps its place in line behind the deliveries that
+    // came first.
+    let room = sender.reserve();
+    tokio::pin!(room);
     loop {
         let before = progress.now();
-        match tokio::time::timeout(wait, sender.reserve()).await {
+        match tokio::time::timeout(wait, &mut room).await {
             Ok(Ok(room)) => {
                 room.send(item);
                 return Queued::Done;

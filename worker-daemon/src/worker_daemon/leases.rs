@@ -470,9 +470,9 @@ impl Serving<'_> {
 
     /// Runs `sending` (a batch's delivery or its error) on a task of its own, holding `permit`
     /// (a delivery in flight) if given: the loop leases and builds on meanwhile, whatever the
-    /// client's stream makes it wait. Its outcome is reported while the lease loop or the
-    /// drain waits for it; one still waiting when the drain gives up on it goes back with the
-    /// leave instead.
+    /// client's stream makes it wait. Its outcome is reported while the lease loop runs, or
+    /// the drain waits for the deliveries' permits (not for a send holding none); one still
+    /// waiting when the drain is done goes back with the leave instead.
     fn spawn_sending(
         &self,
         permit: Option<OwnedSemaphorePermit>,

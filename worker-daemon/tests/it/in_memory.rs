@@ -606,6 +606,25 @@ fn a_client_that_never_takes_its_batches_is_leased_no_more_once_its_credits_are_
     Ok(())
 }
 
+/// A live client's epoch over `data`, checked whole and done within 8 s beside `beside` (another
+/// client's tasks on the same worker).
+fn live_epoch_in_time(network: &MemoryNetwork, data: &Path, beside: &str) -> TestResult {
+    let started = std::time::Instant::now();
+    let loader = remote(network, data, None)?;
+    let steps = loader.steps_per_epoch();
+    let mut seen = Vec::new();
+    for batch in loader.epoch(0, 0)? {
+        seen.push(batch?.step);
+    }
+    assert_eq!(seen, (0..steps).collect::<Vec<_>>());
+    let took = started.elapsed();
+    assert!(
+        took < Duration::from_secs(8),
+        "the live epoch took {took:?} beside {beside}"
+    );
+    Ok(())
+}
+
 /// A client that dies after opening its stream (the stream closes; its session stays open
 /// until the coordinator's session timeout, and its credits keep its tasks leased) holds none of
 /// the worker's deliveries: each of its tasks comes back unclaimed as soon as it is built, so
@@ -635,19 +654,7 @@ fn a_dead_clients_closed_stream_holds_up_no_other_jobs_epoch() -> TestResult {
         tokio::time::sleep(Duration::from_millis(200)).await;
         grant(&mut client, session, 16).await
     })?;
-    let started = std::time::Instant::now();
-    let loader = remote(&network, data.path(), None)?;
-    let steps = loader.steps_per_epoch();
-    let mut seen = Vec::new();
-    for batch in loader.epoch(0, 0)? {
-        seen.push(batch?.step);
-    }
-    assert_eq!(seen, (0..steps).collect::<Vec<_>>());
-    let took = started.elapsed();
-    assert!(
-        took < Duration::from_secs(8),
-        "the live epoch took {took:?} beside the dead client's tasks"
-    );
+    live_epoch_in_time(&network, data.path(), "the dead client's tasks")?;
     let stats = cluster.coordinator.core_stats();
     assert!(stats.failed_leases >= 1, "{stats:?}");
     Ok(())
@@ -693,20 +700,7 @@ fn a_batch_error_no_client_takes_holds_up_no_other_jobs_epoch() -> TestResult {
         let (mut client, _job, session) = session_of(&network, failing).await?;
         grant(&mut client, session, 8).await
     })?;
-    let started = std::time::Instant::now();
-    let loader = remote(&network, &good, None)?;
-    let steps = loader.steps_per_epoch();
-    let mut seen = Vec::new();
-    for batch in loader.epoch(0, 0)? {
-        seen.push(batch?.step);
-    }
-    assert_eq!(seen, (0..steps).collect::<Vec<_>>());
-    let took = started.elapsed();
-    assert!(
-        took < Duration::from_secs(8),
-        "the live epoch took {took:?} beside the failing job's errors"
-    );
-    Ok(())
+    live_epoch_in_time(&network, &good, "the failing job's errors")
 }
 
 /// One outcome per step of an epoch: the batch's samples, or its error's kind (the failing

@@ -143,6 +143,14 @@ impl Driver {
         }
     }
 
+    /// Pays the slots owed from the queue, as far as it holds them (a landing cut off puts its
+    /// slot back there itself).
+    fn settle_owed_slots(&mut self) {
+        while self.owed_slots > 0 && lock(&self.free_slots).pop_front().is_some() {
+            self.owed_slots -= 1;
+        }
+    }
+
     fn add_request(&mut self, slot: Slot) {
         lock(&self.free_slots).push_back((slot, Instant::now()));
         self.requested += 1;
@@ -463,6 +471,7 @@ impl Driver {
                     }
                 }, if held_until.is_some() => {}
                 _ = tick.tick() => {
+                    self.settle_owed_slots();
                     let now = Instant::now();
                     if retry_at.values().any(|at| *at <= now) {
                         subscribe_all(&workers, &mut streams, &mut retry_at);
