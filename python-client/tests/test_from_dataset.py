@@ -711,6 +711,28 @@ def test_a_multiprocessing_context_object_is_taken_as_dataloader_takes_it() -> N
     assert sorted(i for step in batches for i in step) == list(range(8))
 
 
+def test_a_start_interrupted_after_its_process_started_leaves_no_worker_behind(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A Ctrl-C (or any error) as a started worker is sent its state ends that process and
+    its pipe. Before, it was left waiting on the pipe (it ignores SIGINT) until the
+    interpreter exited: one more per interrupted attempt in a notebook."""
+    import multiprocessing
+    import multiprocessing.reduction
+
+    def interrupted(*_: object) -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(multiprocessing.reduction, "send_handle", interrupted)
+    for method in ("fork", "spawn"):
+        with pytest.raises(KeyboardInterrupt):
+            stoker.Loader.from_dataset(Squares(8), batch_size=4, num_workers=2, output="numpy",
+                                       multiprocessing_context=method)
+        left = [p.name for p in multiprocessing.active_children()
+                if p.name.startswith("stoker-dataset-worker-")]
+        assert left == [], (method, left)
+
+
 def test_a_killed_worker_process_is_replaced_and_its_batch_built_again(
     caplog: pytest.LogCaptureFixture,
 ) -> None:

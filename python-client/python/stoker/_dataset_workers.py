@@ -157,15 +157,25 @@ class _Worker:
         # Started before it is seen: close() may join it from another thread.
         self.process, self.conn = process, parent
         _OPEN_PIPES.add(parent)
-        # A worker that dies before reading these is seen by the caller's next exchange.
-        with contextlib.suppress(OSError):
-            if pickled is not None:
-                parent.send_bytes(pickled)
-            self._index.set(-1)
-            parent.send(("index",))
-            multiprocessing.reduction.send_handle(parent, self._index.fd, process.pid)
-            if self.layout is not None:
-                parent.send(("layout", self.layout))
+        try:
+            # A worker that dies before reading these is seen by the caller's next exchange.
+            with contextlib.suppress(OSError):
+                if pickled is not None:
+                    parent.send_bytes(pickled)
+                self._index.set(-1)
+                parent.send(("index",))
+                multiprocessing.reduction.send_handle(parent, self._index.fd, process.pid)
+                if self.layout is not None:
+                    parent.send(("layout", self.layout))
+        except BaseException:
+            # Interrupted mid-start (a Ctrl-C during a long send): the child, which ignores
+            # SIGINT, would wait on its pipe until this interpreter exits; it goes now.
+            with contextlib.suppress(OSError, ValueError):
+                process.kill()
+                process.join(timeout=5.0)
+            parent.close()
+            _OPEN_PIPES.discard(parent)
+            raise
         self.arena: int | None = None
 
     def set_layout(self, layout: Layout) -> None:
